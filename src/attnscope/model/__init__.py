@@ -1,0 +1,8 @@
+"""Analytic models: pure Python, no torch, no triton, answers in milliseconds.
+
+tiles.py     the tile arithmetic (the one place it lives): rows, loaded/skipped/masked KV tiles
+traffic.py   logical HBM bytes of the naive baseline and FlashAttention-2, itemised
+footprint.py the memory scopes of spec §1.2 and §3.3, and shared-memory fit
+roofline.py  the device table and the roofline (ridge point, intensity, time floor)
+amdahl.py    Amdahl's law, sensitivity, and carrying a projection to an outer boundary
+"""

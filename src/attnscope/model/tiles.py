@@ -1,0 +1,190 @@
+"""Tile arithmetic of FlashAttention-2: the one place it lives.
+
+The traffic model, the float64 reference and the Triton launchers all take their tile counts and causal
+bounds from here (spec §2, §2.1; FA-2 §3.1.1).
+
+Conventions
+-----------
+- Everything a user sees is 1-based, as in the spec: query tile ``i`` covers rows
+  ``B_r (i-1) + 1 .. min(B_r i, Nq)`` and KV tile ``j`` covers columns ``B_c (j-1) + 1 .. min(B_c j, Nk)``.
+  Ragged last tiles are exact (they are shorter, never padded).
+- Causal alignment is bottom-right: key ``c`` is permitted for query ``r`` iff ``c <= r + (Nk - Nq)``.
+  When ``Nq == Nk`` that is the ordinary ``c <= r`` (top-left and bottom-right coincide), which is what
+  SDPA's ``is_causal`` does; when ``Nq != Nk`` it is flash-attn >= 2.1's convention (the last query
+  sees every key). With ``Nq > Nk`` the first ``Nq - Nk`` rows have no permitted key at all.
+- Two operations, never conflated (spec §2.1): the **skip bound** drops KV tiles whose every column is
+  in the future of every row of the query tile (exact, changes only the cost); the **mask** sets the
+  future entries of the tiles that straddle the diagonal to -inf (changes the result).
+
+For a query tile the KV tiles partition into ``full`` (loaded, no mask arithmetic), ``masked`` (loaded,
+straddling the diagonal) and ``skipped`` (never loaded); ``loaded = full + masked`` and ``full`` always
+precede ``masked``. Unmasked attention loads every tile and masks none (the ragged last tile needs only
+a bounds check, which is not a causal mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnscope.errors import InputError, positive_int
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ``a`` and positive ``b``."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A tiling of an ``Nq x Nk`` score matrix into ``block_q x block_kv`` tiles."""
+
+    nq: int
+    nk: int
+    block_q: int = 128
+    block_kv: int = 64
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        positive_int("nq", self.nq)
+        positive_int("nk", self.nk)
+        positive_int("block_q", self.block_q)
+        positive_int("block_kv", self.block_kv)
+
+    @property
+    def n_q_tiles(self) -> int:
+        """T_r = ceil(Nq / B_r): query tiles, one program (CTA) each per (batch, head)."""
+        return cdiv(self.nq, self.block_q)
+
+    @property
+    def n_kv_tiles(self) -> int:
+        """T_c = ceil(Nk / B_c)."""
+        return cdiv(self.nk, self.block_kv)
+
+    @property
+    def offset(self) -> int:
+        """Nk - Nq: the bottom-right shift of the diagonal."""
+        return self.nk - self.nq
+
+    # --- 1-based geometry ------------------------------------------------------------------------
+    def rows(self, i: int) -> tuple[int, int]:
+        """Rows (1-based, inclusive) of query tile ``i``."""
+        self._check_query_tile(i)
+        return (self.block_q * (i - 1) + 1, min(self.block_q * i, self.nq))
+
+    def cols(self, j: int) -> tuple[int, int]:
+        """Columns (1-based, inclusive) of KV tile ``j``."""
+        if not (isinstance(j, int) and 1 <= j <= self.n_kv_tiles):
+            raise InputError(f"kv_tile: expected an integer in 1..{self.n_kv_tiles}, got {j!r}")
+        return (self.block_kv * (j - 1) + 1, min(self.block_kv * j, self.nk))
+
+    def kv_bounds(self, i: int) -> tuple[int, int]:
+        """``(n_full, n_loaded)`` for query tile ``i`` (1-based).
+
+        KV tiles ``1..n_full`` are loaded without mask arithmetic, ``n_full+1..n_loaded`` are loaded and
+        masked, ``n_loaded+1..T_c`` are skipped. Closed form of the skip bound:
+
+        - tile j is loaded iff its first column is permitted for the tile's last row:
+          ``B_c (j-1) + 1 <= r_last + (Nk - Nq)``, so ``n_loaded = clamp(ceil((r_last + off) / B_c), 0, T_c)``;
+        - tile j needs no mask iff its last column is permitted for the tile's first row:
+          ``min(B_c j, Nk) <= r_first + off``, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)``
+          (and every tile when ``r_first + off >= Nk``).
+        """
+        r0, r1 = self.rows(i)
+        if not self.causal:
+            return (self.n_kv_tiles, self.n_kv_tiles)
+        off = self.offset
+        n_loaded = min(max(cdiv(r1 + off, self.block_kv), 0), self.n_kv_tiles) if r1 + off > 0 else 0
+        n_full = self.n_kv_tiles if r0 + off >= self.nk else min(max((r0 + off) // self.block_kv, 0),
+                                                                 self.n_kv_tiles)
+        return (n_full, n_loaded)
+
+    def schedule(self, i: int) -> TileSchedule:
+        """The causal (or unmasked) schedule of query tile ``i`` (1-based)."""
+        n_full, n_loaded = self.kv_bounds(i)
+        masked = list(range(n_full + 1, n_loaded + 1))
+        return TileSchedule(
+            query_tile=i,
+            rows=self.rows(i),
+            loaded=list(range(1, n_loaded + 1)),
+            skipped=list(range(n_loaded + 1, self.n_kv_tiles + 1)),
+            full=list(range(1, n_full + 1)),
+            masked=masked,
+            row_classes={j: self.row_classes(i, j) for j in masked},
+        )
+
+    def row_classes(self, i: int, j: int) -> dict[str, tuple[int, int] | None]:
+        """For KV tile ``j`` seen from query tile ``i``: which rows see it fully masked, triangular
+        (partly permitted), or fully permitted. Each value is an inclusive 1-based row range or None.
+
+        Row r sees tile j (columns c0..c1) fully masked iff ``c0 > r + off``, fully permitted iff
+        ``c1 <= r + off``, triangular otherwise; the three ranges are contiguous and in that order.
+        """
+        r0, r1 = self.rows(i)
+        c0, c1 = self.cols(j)
+        off = self.offset if self.causal else None
+
+        def clamp(lo: int, hi: int) -> tuple[int, int] | None:
+            lo, hi = max(lo, r0), min(hi, r1)
+            return (lo, hi) if lo <= hi else None
+
+        if off is None:
+            return {"masked": None, "triangular": None, "permitted": (r0, r1)}
+        # masked: r + off < c0  <=>  r <= c0 - off - 1;  permitted: r >= c1 - off
+        return {
+            "masked": clamp(r0, c0 - off - 1),
+            "triangular": clamp(c0 - off, c1 - off - 1),
+            "permitted": clamp(c1 - off, r1),
+        }
+
+    def kv_rows_loaded(self, i: int) -> int:
+        """Number of K rows (= V rows) query tile ``i`` reads: the sum of the loaded tiles' widths."""
+        _, n_loaded = self.kv_bounds(i)
+        return min(n_loaded * self.block_kv, self.nk)
+
+    def permitted(self, r: int, c: int) -> bool:
+        """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""
+        return (not self.causal) or c <= r + self.offset
+
+    def _check_query_tile(self, i: int) -> None:
+        if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
+            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {i!r}")
+
+
+@dataclass(frozen=True)
+class TileSchedule:
+    """What one query tile does. All indices 1-based; ``rows`` inclusive."""
+
+    query_tile: int
+    rows: tuple[int, int]
+    loaded: list[int]
+    skipped: list[int]
+    full: list[int]
+    masked: list[int]
+    row_classes: dict[int, dict[str, tuple[int, int] | None]]
+
+    def to_json(self) -> dict:
+        return {
+            "query_tile": self.query_tile,
+            "rows": list(self.rows),
+            "loaded": self.loaded,
+            "skipped": self.skipped,
+            "full": self.full,
+            "masked": self.masked,
+            "row_classes": {
+                str(j): {k: (list(v) if v else None) for k, v in rc.items()}
+                for j, rc in self.row_classes.items()
+            },
+        }
+
+
+def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
+    """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it per program.
+
+    For the query tile starting at row ``start_m * block_q`` (0-based), returns ``(lo, hi)``: columns
+    ``[0, lo)`` need no mask, ``[lo, hi)`` are loaded and masked, ``[hi, Nk)`` are skipped; ``lo`` and
+    ``hi`` are multiples of ``block_kv`` or ``Nk``. The Triton kernels compute the same expression
+    in-kernel (they cannot call Python); tests hold the two against each other.
+    """
+    g = Grid(nq, nk, block_q, block_kv, causal=True)
+    n_full, n_loaded = g.kv_bounds(start_m + 1)
+    return (min(n_full * block_kv, nk), min(n_loaded * block_kv, nk))
