@@ -1,0 +1,79 @@
+"""What the prefill and decode launchers share: optional-dependency import, input checks, device facts.
+
+Every check raises `InputError` (a ValueError) naming the argument with "expected ..., got ...", or
+`NotImplementedError` listing what is supported. Nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import os
+
+from attnscope.errors import InputError
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+INSTALL_HINT = "pip install 'attnscope[kernels]'  (torch and triton)"
+
+
+def import_torch_triton():
+    """Import torch and triton, or raise ImportError with the install command."""
+    try:
+        import torch
+        import triton
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(f"attnscope kernels need torch and triton: {INSTALL_HINT} ({e})") from e
+    return torch, triton
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU (TRITON_INTERPRET=1, set before triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def supported_dtypes(torch):
+    return (torch.float16, torch.bfloat16)
+
+
+def check_tensor(torch, name: str, t, rank: int, layout: str):
+    """Type, rank, dtype, and unit stride in the last dimension."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise InputError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in supported_dtypes(torch):
+        raise NotImplementedError(
+            f"{name}: dtype {t.dtype} is not supported; supported: torch.float16, torch.bfloat16")
+    if t.stride(-1) != 1:
+        raise InputError(f"{name}: expected unit stride in the last (head_dim) dimension, "
+                         f"got strides {tuple(t.stride())}")
+
+
+def check_same(name: str, what: str, expected, got) -> None:
+    if expected != got:
+        raise InputError(f"{name}: expected {what} {expected}, got {got}")
+
+
+def check_device(torch, tensors: dict) -> None:
+    """All on one device; CUDA, or CPU under TRITON_INTERPRET=1."""
+    devices = {n: t.device for n, t in tensors.items()}
+    first_name, first = next(iter(devices.items()))
+    for n, d in devices.items():
+        if d != first:
+            raise InputError(f"{n}: expected device {first} (as {first_name}), got {d}")
+    if first.type == "cpu" and not interpreting():
+        raise InputError(f"{first_name}: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 "
+                         f"set before triton is imported), got device {first}")
+    if first.type not in ("cpu", "cuda"):
+        raise InputError(f"{first_name}: expected a CUDA device, got {first}")
+
+
+def check_head_dim(d: int) -> None:
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(
+            f"head_dim {d} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+
+
+def num_sms(torch, device) -> int:
+    """Streaming multiprocessors of ``device`` (132 on an H200); 132 under the interpreter."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,118 @@
+"""Amdahl's law on a stated time share (spec §5), and carrying a projection to an outer boundary.
+
+    speedup = 1 / ((1 - f) + f / S)
+
+``f`` is the *time* share of the part being sped up, measured inside a stated boundary (a layer, the
+GPU prefill span); ``S`` is that part's own speedup measured on the same shapes. A FLOP share is not a
+time share (spec §5.1): the formula accepts any number in [0, 1], the caller must say what it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from attnscope.errors import InputError
+
+#: The sensitivity rows of spec §5 (the 15 % / 40 % / 65 % table).
+DEFAULT_SENSITIVITY = (0.15, 0.40, 0.65)
+
+
+def _check(f: float, s: float) -> None:
+    if not (isinstance(f, (int, float)) and math.isfinite(f) and 0.0 <= f <= 1.0):
+        raise InputError(f"f: expected a time share in [0, 1], got {f!r}")
+    if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0.0):
+        raise InputError(f"s: expected a kernel speedup > 0, got {s!r}")
+
+
+def speedup(f: float, s: float) -> float:
+    """Overall speedup when a part taking time share ``f`` gets ``s`` times faster."""
+    _check(f, s)
+    return 1.0 / ((1.0 - f) + f / s)
+
+
+def reduction(f: float, s: float) -> float:
+    """Latency reduction, 1 - 1/speedup (0.1071 for f = 0.15, s = 3.5)."""
+    return 1.0 - 1.0 / speedup(f, s)
+
+
+@dataclass(frozen=True)
+class Projection:
+    f: float
+    s: float
+    speedup: float
+    reduction: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def project(f: float, s: float) -> Projection:
+    return Projection(f=f, s=s, speedup=speedup(f, s), reduction=reduction(f, s))
+
+
+def sensitivity(s: float, fs=DEFAULT_SENSITIVITY) -> list[Projection]:
+    """One projection per time share in ``fs`` for the same kernel speedup ``s``."""
+    return [project(f, s) for f in fs]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A projection carried from an inner boundary to an outer one.
+
+    The inner segment (e.g. GPU prefill, ``inner_ms``) contains the part sped up (``part_ms``, e.g.
+    attention); the outer boundary (e.g. client TTFT, ``outer_ms``) adds segments held fixed — an
+    assumption the caller must state (queue dwell, network and serialisation do not move).
+    """
+
+    part_ms: float
+    inner_ms: float
+    outer_ms: float
+    s: float
+    inner_projected_ms: float
+    outer_projected_ms: float
+
+    @property
+    def f_inner(self) -> float:
+        return self.part_ms / self.inner_ms
+
+    @property
+    def inner_speedup(self) -> float:
+        return self.inner_ms / self.inner_projected_ms
+
+    @property
+    def outer_speedup(self) -> float:
+        return self.outer_ms / self.outer_projected_ms
+
+    @property
+    def inner_reduction(self) -> float:
+        return 1.0 - self.inner_projected_ms / self.inner_ms
+
+    @property
+    def outer_reduction(self) -> float:
+        return 1.0 - self.outer_projected_ms / self.outer_ms
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(f_inner=self.f_inner, inner_speedup=self.inner_speedup, outer_speedup=self.outer_speedup,
+                 inner_reduction=self.inner_reduction, outer_reduction=self.outer_reduction)
+        return d
+
+
+def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float) -> Boundary:
+    """Speed up ``part_ms`` by ``s`` inside ``inner_ms``, and carry the saving to ``outer_ms``.
+
+    Spec exit task: part 116.0 ms of a 290.0 ms prefill inside a 380.0 ms TTFT, S = 3.00 gives a
+    212.67 ms prefill (1.3636x) and a 302.67 ms TTFT (1.2555x).
+    """
+    for name, v in (("part_ms", part_ms), ("inner_ms", inner_ms), ("outer_ms", outer_ms)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise InputError(f"{name}: expected a finite duration >= 0 ms, got {v!r}")
+    if not 0 < inner_ms <= outer_ms:
+        raise InputError(f"inner_ms: expected 0 < inner_ms <= outer_ms ({outer_ms!r}), got {inner_ms!r}")
+    if part_ms > inner_ms:
+        raise InputError(f"part_ms: expected at most the inner segment ({inner_ms!r} ms), got {part_ms!r}")
+    _check(part_ms / inner_ms, s)
+    saved = part_ms - part_ms / s
+    return Boundary(part_ms=part_ms, inner_ms=inner_ms, outer_ms=outer_ms, s=s,
+                    inner_projected_ms=inner_ms - saved, outer_projected_ms=outer_ms - saved)
