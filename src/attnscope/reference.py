@@ -1,0 +1,473 @@
+"""The float64 reference: the readable specification the kernels are checked against.
+
+Three forms of the same attention forward, in NumPy float64 (no torch):
+
+- `naive_attention`: the explicit three-step baseline, S = Q K^T * scale, P = softmax(S), O = P V, with
+  the whole ``Nq x Nk`` score matrix materialised (what the unfused path writes to HBM).
+- `tiled_attention`: FlashAttention-2's forward as the kernel runs it (FA-2 Algorithm 1; spec §2, §3):
+  query tiles outer, KV tiles inner, the causal skip bound and the masked (diagonal) tiles taken from
+  `attnscope.model.tiles`, the mask applied *before* the running max sees the scores, the unnormalised
+  accumulator rescaled by ``alpha = exp(m_old - m_new)`` and one division at the end. ``normalized=True``
+  runs FlashAttention-1's form (accumulator kept normalised, a division per tile); both must agree.
+- `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)`` into the whole, the
+  specification of the decode kernel's second phase.
+
+`online_softmax_trace` replays the recurrence for one query row given its score tiles directly; it is
+what ``attnscope trace`` prints (spec §3.2).
+
+Names follow the kernels (STYLE.md): running max ``m_i``, running normaliser ``l_i``, unnormalised
+accumulator ``acc``, rescale factor ``alpha``.
+
+Conventions (shared with the Triton kernels, which must match them):
+
+- Shapes: ``q [..., Nq, d]``, ``k [..., Nk, d]``, ``v [..., Nk, dv]``; leading (batch, head) dims
+  broadcast. Dimension -3 is heads: when ``q`` has ``Hq`` heads and ``k``/``v`` have ``Hkv`` with
+  ``Hq % Hkv == 0`` (GQA/MQA), query head ``h`` reads kv head ``h // (Hq // Hkv)``.
+- ``scale`` defaults to ``1/sqrt(d)``. LSE is the natural-log logsumexp of the *scaled* scores.
+- Causal alignment is bottom-right (`model/tiles.py`): key ``c`` is visible to query ``r`` iff
+  ``c <= r + (Nk - Nq)``; with ``Nq == Nk`` that is SDPA's ``is_causal``.
+- ``exp(-inf - m)`` is 0, never NaN: a region with no permitted key adds nothing to ``l_i`` or ``acc``.
+  A query row with no permitted key at all (the first ``Nq - Nk`` rows when ``Nq > Nk``, causal) returns
+  an output row of zeros and ``LSE = -inf``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnscope.errors import InputError, positive_int
+from attnscope.model.tiles import Grid
+
+__all__ = ["naive_attention", "tiled_attention", "combine", "online_softmax_trace", "TraceStep", "Trace"]
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+def _as_float64(name: str, x, min_ndim: int) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{name}: expected an array of real numbers, got {type(x).__name__} ({e})") from e
+    if a.ndim < min_ndim:
+        raise InputError(f"{name}: expected an array with at least {min_ndim} dimensions, "
+                         f"got shape {a.shape}")
+    if a.size and not np.all(np.isfinite(a)):
+        raise InputError(f"{name}: expected finite values, got {int(np.sum(~np.isfinite(a)))} non-finite")
+    return a
+
+
+def _prepare(q, k, v, scale):
+    """Validate, convert to float64, expand GQA heads and broadcast the leading dims.
+
+    Returns ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale.
+    """
+    q = _as_float64("q", q, 2)
+    k = _as_float64("k", k, 2)
+    v = _as_float64("v", v, 2)
+    nq, d = q.shape[-2:]
+    nk = k.shape[-2]
+    if nq < 1 or d < 1:
+        raise InputError(f"q: expected shape [..., Nq, d] with Nq >= 1 and d >= 1, got {q.shape}")
+    if nk < 1:
+        raise InputError(f"k: expected shape [..., Nk, d] with Nk >= 1, got {k.shape}")
+    if k.shape[-1] != d:
+        raise InputError(f"k: expected head dim d = {d} (as q), got shape {k.shape}")
+    if v.shape[-2] != nk:
+        raise InputError(f"v: expected Nk = {nk} rows (as k), got shape {v.shape}")
+    if v.shape[-1] < 1:
+        raise InputError(f"v: expected a value width >= 1, got shape {v.shape}")
+    if k.shape[:-2] != v.shape[:-2]:
+        raise InputError(f"v: expected leading dims {k.shape[:-2]} (as k), got shape {v.shape}")
+    # GQA / MQA: dimension -3 is heads; repeat each kv head for its group of query heads.
+    if q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        hq, hkv = q.shape[-3], k.shape[-3]
+        if hkv == 0 or hq % hkv:
+            raise InputError(f"k: expected a number of heads (dim -3) dividing q's {hq}, got shape {k.shape}")
+        k = np.repeat(k, hq // hkv, axis=-3)
+        v = np.repeat(v, hq // hkv, axis=-3)
+    try:
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    except ValueError as e:
+        raise InputError(f"k: expected leading dims broadcastable with q's {q.shape[:-2]}, "
+                         f"got shape {k.shape}") from e
+    q = np.broadcast_to(q, lead + q.shape[-2:])
+    k = np.broadcast_to(k, lead + k.shape[-2:])
+    v = np.broadcast_to(v, lead + v.shape[-2:])
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise InputError(f"scale: expected a finite real number or None, got {scale!r}")
+    return q, k, v, float(scale)
+
+
+def _causal_permitted(nq: int, nk: int) -> np.ndarray:
+    """[Nq, Nk] boolean: key c visible to query r iff c <= r + (Nk - Nq) (bottom-right, tiles.py)."""
+    offset = Grid(nq, nk, causal=True).offset
+    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + offset
+
+
+# --- the baseline ---------------------------------------------------------------------------------
+def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+    """Attention the textbook way: three steps, the full score matrix materialised.
+
+    Parameters
+    ----------
+    q : array [..., Nq, d]
+    k : array [..., Nk, d]
+    v : array [..., Nk, dv]
+        Leading dims broadcast; dim -3 is heads, GQA when q's heads are a multiple of k's.
+    causal : bool, default False
+        Bottom-right aligned causal mask (``c <= r + Nk - Nq``).
+    scale : float, optional
+        Defaults to ``1/sqrt(d)``.
+    return_lse : bool, default False
+        Also return the natural-log logsumexp of the scaled scores, [..., Nq].
+
+    Returns
+    -------
+    o : float64 array [..., Nq, dv]  (rows with no permitted key are zeros)
+    lse : float64 array [..., Nq]    (only with ``return_lse``; -inf for rows with no permitted key)
+
+    Example
+    -------
+    >>> o = naive_attention(np.ones((4, 8)), np.ones((6, 8)), np.eye(6, 3), causal=True)
+    """
+    q, k, v, scale = _prepare(q, k, v, scale)
+    nq, nk = q.shape[-2], k.shape[-2]
+    s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]   step 1: scores
+    if causal:
+        s = np.where(_causal_permitted(nq, nk), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)  # [..., Nq, 1]
+    m_safe = np.where(np.isneginf(m), 0.0, m)  # a row with no key: exp(-inf - 0) = 0, not NaN
+    e = np.exp(s - m_safe)
+    l_row = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, l_row, out=np.zeros_like(e), where=l_row > 0)  # step 2: probabilities
+    o = p @ v  # [..., Nq, dv]                                       step 3: output
+    if not return_lse:
+        return o
+    with np.errstate(divide="ignore"):
+        lse = (m_safe + np.log(l_row))[..., 0]  # log(0) = -inf for rows with no key
+    return o, lse
+
+
+# --- the online-softmax recurrence (one place; the tiled loop and the trace both call it) ----------
+def _online_update(m_i, l_i, acc, s, v_j):
+    """One KV tile of the FA-2 recurrence (spec §3.1) for a block of rows.
+
+    m_i, l_i [..., R]; acc [..., R, dv]; s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv].
+    Returns ``(m_new, alpha, l_new, acc_new)``.
+    """
+    m_new = np.maximum(m_i, s.max(axis=-1))  # [..., R]
+    # While a row has seen no permitted key m_new = -inf; subtracting 0 instead keeps every exp(-inf - .)
+    # exactly 0 (alpha and p), where -inf - (-inf) would be NaN.
+    m_base = np.where(np.isneginf(m_new), 0.0, m_new)
+    alpha = np.exp(m_i - m_base)  # [..., R]      rescales the old state onto the new max
+    p = np.exp(s - m_base[..., None])  # [..., R, Bc]
+    l_new = alpha * l_i + p.sum(axis=-1)
+    acc_new = alpha[..., None] * acc + p @ v_j  # [..., R, dv]
+    return m_new, alpha, l_new, acc_new, p
+
+
+def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
+    """The causal mask on one straddling tile: -inf where column > row + offset (0-based indices).
+
+    s [..., R, C] holds rows ``row0..row0+R-1`` and columns ``col0..col0+C-1``. A module-level function
+    so a test can replace it and watch the checks catch an omitted mask.
+    """
+    rows = row0 + np.arange(s.shape[-2])[:, None]
+    cols = col0 + np.arange(s.shape[-1])[None, :]
+    return np.where(cols <= rows + offset, s, -np.inf)
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """The state of one query row after one KV tile.
+
+    ``row`` is 0-based (an index into Nq); ``query_tile``/``kv_tile`` are 1-based as in `model/tiles.py`.
+    m, alpha, l are arrays over the leading dims (floats when there are none); acc is [..., dv].
+    ``alpha`` on the first tile is ``exp(-inf - m) = 0``: there is no previous state to rescale.
+    """
+
+    row: int
+    query_tile: int
+    kv_tile: int
+    masked: bool
+    m: np.ndarray
+    alpha: np.ndarray
+    l: np.ndarray
+    acc: np.ndarray
+
+
+def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 128,
+                    block_kv: int = 64, normalized: bool = False, trace_rows: Sequence[int] | None = None,
+                    *, _apply_mask: bool = True):
+    """FlashAttention-2 forward, tile by tile, in float64.
+
+    Query tiles outer, KV tiles inner. For query tile i the KV tiles ``1..n_full`` are processed without
+    mask arithmetic, ``n_full+1..n_loaded`` are masked (they straddle the diagonal), and the rest are
+    skipped (never loaded) -- both counts from ``Grid.kv_bounds`` in `model/tiles.py`. The skip bound
+    changes only the cost; the mask changes the result, and it is applied before the running max.
+
+    Parameters
+    ----------
+    q : array [..., Nq, d]
+    k : array [..., Nk, d]
+    v : array [..., Nk, dv]
+        Leading dims broadcast; dim -3 is heads, GQA when q's heads are a multiple of k's.
+    causal : bool, default False
+        Bottom-right aligned causal attention.
+    scale : float, optional
+        Defaults to ``1/sqrt(d)``.
+    block_q, block_kv : int, default 128, 64
+        Tile sizes B_r and B_c (the spec's). Ragged last tiles are exact.
+    normalized : bool, default False
+        Run FlashAttention-1's form: keep the accumulator normalised (``o_i``), dividing every tile.
+    trace_rows : sequence of int, optional
+        0-based query rows whose state (m, alpha, l, acc) is recorded after every tile they see. In the
+        FA-1 form ``acc`` is the normalised ``o_i``.
+
+    Returns
+    -------
+    o : float64 array [..., Nq, dv]  (zeros for a row with no permitted key)
+    lse : float64 array [..., Nq]    (natural log; -inf for a row with no permitted key)
+    trace : dict row -> list[TraceStep]   (only when ``trace_rows`` is given)
+
+    Example
+    -------
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((3, 2, 17, 8))
+    >>> o, lse = tiled_attention(q, k, v, causal=True, block_q=8, block_kv=4)
+    """
+    q, k, v, scale = _prepare(q, k, v, scale)
+    grid = Grid(q.shape[-2], k.shape[-2], positive_int("block_q", block_q),
+                positive_int("block_kv", block_kv), causal=bool(causal))
+    lead, nq, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
+    traced = _trace_rows(trace_rows, nq)
+    trace: dict[int, list[TraceStep]] = {r: [] for r in traced}
+
+    o = np.zeros(lead + (nq, dv))  # [..., Nq, dv]
+    lse = np.full(lead + (nq,), -np.inf)  # [..., Nq]
+    for i in range(1, grid.n_q_tiles + 1):  # outer loop: one program (CTA) per query tile
+        r0, r1 = grid.rows(i)  # 1-based inclusive
+        q_i = q[..., r0 - 1:r1, :]  # [..., Br, d]   loaded once
+        rows = r1 - r0 + 1
+        m_i = np.full(lead + (rows,), -np.inf)
+        l_i = np.zeros(lead + (rows,))
+        acc = np.zeros(lead + (rows, dv))  # unnormalised (FA-2) or normalised o_i (FA-1)
+        n_full, n_loaded = grid.kv_bounds(i)
+        for j in range(1, n_loaded + 1):  # inner loop; tiles n_loaded+1.. are skipped (skip bound)
+            c0, c1 = grid.cols(j)
+            k_j = k[..., c0 - 1:c1, :]  # [..., Bc, d]
+            v_j = v[..., c0 - 1:c1, :]  # [..., Bc, dv]
+            s = (q_i @ np.swapaxes(k_j, -1, -2)) * scale  # [..., Br, Bc]   never leaves the tile
+            masked = j > n_full
+            if masked and _apply_mask:
+                s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset)  # before the running max sees it
+            if normalized:
+                m_new, alpha, l_new, _, p = _online_update(m_i, l_i, np.zeros_like(acc), s, v_j)
+                # FA-1: o_new = (alpha l_old / l_new) o_old + (p V_j) / l_new; a row with l_new = 0 stays 0
+                safe = np.where(l_new > 0, l_new, 1.0)
+                acc = np.where((l_new > 0)[..., None],
+                               ((alpha * l_i / safe)[..., None] * acc + (p @ v_j) / safe[..., None]), 0.0)
+            else:
+                m_new, alpha, l_new, acc, _ = _online_update(m_i, l_i, acc, s, v_j)
+            m_i, l_i = m_new, l_new
+            for r in traced:
+                if r0 - 1 <= r < r1:
+                    t = r - (r0 - 1)
+                    trace[r].append(TraceStep(row=r, query_tile=i, kv_tile=j, masked=masked,
+                                              m=_scalar(m_i[..., t]), alpha=_scalar(alpha[..., t]),
+                                              l=_scalar(l_i[..., t]), acc=acc[..., t, :].copy()))
+        has_key = l_i > 0  # [..., Br]
+        if normalized:
+            o[..., r0 - 1:r1, :] = acc
+        else:  # the one division, after the last tile
+            o[..., r0 - 1:r1, :] = np.divide(acc, l_i[..., None], out=np.zeros_like(acc),
+                                             where=has_key[..., None])
+        with np.errstate(divide="ignore"):
+            lse[..., r0 - 1:r1] = np.where(has_key, m_i + np.log(np.where(has_key, l_i, 1.0)), -np.inf)
+    if trace_rows is None:
+        return o, lse
+    return o, lse, trace
+
+
+def _trace_rows(trace_rows, nq: int) -> list[int]:
+    if trace_rows is None:
+        return []
+    rows = list(trace_rows) if not isinstance(trace_rows, int) else [trace_rows]
+    for r in rows:
+        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 0 <= r < nq):
+            raise InputError(f"trace_rows: expected 0-based row indices in 0..{nq - 1}, got {r!r}")
+    return sorted({int(r) for r in rows})
+
+
+def _scalar(x):
+    return float(x) if np.ndim(x) == 0 else x.copy()
+
+
+# --- split-KV combine (Flash-Decoding's reduction) -------------------------------------------------
+def combine(partials):
+    """Merge split-KV partial results into the whole (the Flash-Decoding reduction).
+
+    Split ``s`` attended to its own slice of the keys and produced a normalised output ``O_s`` and its
+    logsumexp ``LSE_s``. The whole is ``LSE = log sum_s exp(LSE_s)`` and ``O = sum_s exp(LSE_s - LSE) O_s``.
+    A split that saw no permitted key (``LSE_s = -inf``) has weight 0; a row for which every split is
+    empty gets zeros and ``LSE = -inf``.
+
+    Parameters
+    ----------
+    partials : sequence of (o, lse) pairs, o [..., N, dv] and lse [..., N], all of one shape.
+
+    Returns
+    -------
+    o : float64 array [..., N, dv]
+    lse : float64 array [..., N]
+
+    Example
+    -------
+    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 1, 16))
+    >>> parts = [tiled_attention(q, k[a:b], v[a:b]) for a, b in ((0, 1),)]
+    >>> o, lse = combine(parts)
+    """
+    try:
+        parts = list(partials)
+    except TypeError as e:
+        raise InputError("partials: expected a sequence of (o, lse) pairs, "
+                         f"got {type(partials).__name__}") from e
+    if not parts:
+        raise InputError("partials: expected at least one (o, lse) pair, got none")
+    os_, lses = [], []
+    for n, part in enumerate(parts):
+        if not (isinstance(part, (tuple, list)) and len(part) == 2):
+            raise InputError(f"partials[{n}]: expected an (o, lse) pair, got {type(part).__name__}")
+        o_s = np.asarray(part[0], dtype=np.float64)
+        lse_s = np.asarray(part[1], dtype=np.float64)
+        if o_s.ndim < 1 or o_s.shape[:-1] != lse_s.shape:
+            raise InputError(f"partials[{n}]: expected o [..., N, dv] and lse [..., N], got shapes "
+                             f"{o_s.shape} and {lse_s.shape}")
+        if os_ and o_s.shape != os_[0].shape:
+            raise InputError(f"partials[{n}]: expected o of shape {os_[0].shape} (as partials[0]), "
+                             f"got {o_s.shape}")
+        if np.any(np.isnan(lse_s)) or np.any(np.isposinf(lse_s)) or not np.all(np.isfinite(o_s)):
+            raise InputError(f"partials[{n}]: expected finite o and lse in [-inf, inf), got NaN or inf")
+        os_.append(o_s)
+        lses.append(lse_s)
+    lse_all = np.stack(lses)  # [S, ..., N]
+    m = lse_all.max(axis=0)  # [..., N]
+    m_base = np.where(np.isneginf(m), 0.0, m)
+    w = np.exp(lse_all - m_base)  # [S, ..., N]   exp(-inf - .) = 0
+    total = w.sum(axis=0)
+    o = np.zeros_like(os_[0])
+    for w_s, o_s in zip(w, os_, strict=True):
+        o += w_s[..., None] * o_s
+    has_key = total > 0
+    o = np.divide(o, total[..., None], out=np.zeros_like(o), where=has_key[..., None])
+    with np.errstate(divide="ignore"):
+        lse = np.where(has_key, m_base + np.log(np.where(has_key, total, 1.0)), -np.inf)
+    return o, lse
+
+
+# --- the trace of one row (spec §3.2) -------------------------------------------------------------
+@dataclass(frozen=True)
+class Trace:
+    """`online_softmax_trace`'s result. ``steps[n]`` has keys tile (1-based), m, alpha (None for tile 1),
+    l, acc; ``weights`` is the global softmax over all scores and ``reference`` its weighted sum."""
+
+    steps: list[dict]
+    output: list[float]
+    reference: list[float]
+    weights: list[float]
+    max_abs_diff: float
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "output": self.output, "reference": self.reference,
+                "weights": self.weights, "max_abs_diff": self.max_abs_diff}
+
+
+def online_softmax_trace(tiles) -> Trace:
+    """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
+
+    Parameters
+    ----------
+    tiles : sequence of (scores, values): scores [n_j] (already scaled), values [n_j, dv]; any number of
+        tiles, each non-empty, one value width throughout; all numbers finite.
+
+    Returns
+    -------
+    Trace: the state (m, alpha, l, acc) after each tile, the output ``acc / l``, and the check against
+    the global softmax over all the scores at once.
+
+    Example
+    -------
+    >>> t = online_softmax_trace([([8, 6], [[1, 2], [3, 4]]), ([10, 7], [[5, 6], [7, 8]])])
+    >>> [round(x, 4) for x in t.output]
+    [4.6025, 5.6025]
+    """
+    if isinstance(tiles, (str, bytes)) or not isinstance(tiles, Sequence) or len(tiles) == 0:
+        raise InputError(f"tiles: expected a non-empty list of tiles, got {tiles!r}"[:200])
+    scores_all, values_all = [], []
+    dv = None
+    for n, tile in enumerate(tiles, start=1):
+        if not (isinstance(tile, (tuple, list)) and len(tile) == 2):
+            raise InputError(f"tile {n}: expected a (scores, values) pair, got {tile!r}"[:200])
+        s = _tile_array(f"tile {n} scores", tile[0], 1)
+        val = _tile_array(f"tile {n} values", tile[1], 2)
+        if s.shape[0] == 0:
+            raise InputError(f"tile {n} scores: expected at least one score, got an empty list")
+        if val.shape[0] != s.shape[0]:
+            raise InputError(f"tile {n} values: expected {s.shape[0]} rows (one per score), "
+                             f"got {val.shape[0]}")
+        if dv is None:
+            dv = val.shape[1]
+            if dv == 0:
+                raise InputError(f"tile {n} values: expected rows of width >= 1, got width 0")
+        elif val.shape[1] != dv:
+            raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {val.shape[1]}")
+        scores_all.append(s)
+        values_all.append(val)
+
+    m_i = np.full((1,), -np.inf)
+    l_i = np.zeros((1,))
+    acc = np.zeros((1, dv))
+    steps = []
+    for n, (s, val) in enumerate(zip(scores_all, values_all, strict=True), start=1):
+        m_i, alpha, l_i, acc, _ = _online_update(m_i, l_i, acc, s[None, :], val)
+        steps.append({"tile": n, "m": float(m_i[0]), "alpha": None if n == 1 else float(alpha[0]),
+                      "l": float(l_i[0]), "acc": acc[0].tolist()})
+    output = acc[0] / l_i[0]  # the one division
+
+    s_all = np.concatenate(scores_all)  # the global softmax over the whole row at once
+    w = np.exp(s_all - s_all.max())
+    w /= w.sum()
+    reference = w @ np.concatenate(values_all)
+    return Trace(steps=steps, output=output.tolist(), reference=reference.tolist(), weights=w.tolist(),
+                 max_abs_diff=float(np.max(np.abs(output - reference))))
+
+
+def _tile_array(name: str, x, ndim: int) -> np.ndarray:
+    what = "a list of numbers" if ndim == 1 else "a list of rows of numbers"
+    if isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(
+            isinstance(e, (str, bytes, bool, dict)) or e is None for e in _flat(x))):
+        raise InputError(f"{name}: expected {what}, got {x!r}"[:200])
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{name}: expected {what} (rows of one width), got {x!r}"[:200]) from e
+    if a.ndim != ndim and not (ndim == 2 and a.ndim == 1 and a.size == 0):
+        raise InputError(f"{name}: expected {what}, got an array of shape {a.shape}")
+    if a.ndim == 1 and ndim == 2:
+        a = a.reshape(0, 0)
+    if not np.all(np.isfinite(a)):
+        raise InputError(f"{name}: expected finite numbers, got {a.ravel()[~np.isfinite(a.ravel())][0]}")
+    return a
+
+
+def _flat(x):
+    for e in x:
+        if isinstance(e, (list, tuple)):
+            yield from _flat(e)
+        else:
+            yield e
