@@ -1,0 +1,459 @@
+"""Split-KV decode attention (Flash-Decoding) in Triton.
+
+Algorithm: Dao, Haziza, Massa, Sizov, *Flash-Decoding for long-context inference* (2023); spec §6 and
+§6.1. With one query token per sequence, FlashAttention-2's query blocking collapses to T_r = 1 tile, so
+a prefill kernel launches only B x H programs and most of the GPU idles. Flash-Decoding parallelises
+the axis that is long, the KV sequence:
+
+- **phase 1** (`_attnscope_decode_split_kernel`), grid ``(B * Hkv, num_splits)``: each program takes
+  one (batch, kv head) and one contiguous chunk of that sequence's keys, and streams the chunk through
+  the online softmax for *all* ``G = Hq / Hkv`` query heads that share the kv head (GQA), so every K/V
+  byte leaves HBM once. It writes a normalised partial output ``O_s`` (fp32) and the partial
+  logsumexp ``lse_s`` of its chunk.
+- **phase 2** (`_attnscope_decode_combine_kernel`), grid ``(B * Hq,)``: the logsumexp merge
+  ``lse = log sum_s exp(lse_s)``, ``O = sum_s exp(lse_s - lse) O_s``, run with the same running state
+  (``m_i``, ``l_i``, ``acc``) as the online softmax, over splits instead of keys.
+  `attnscope.reference.combine` is its float64 specification: a split that saw no keys has
+  ``lse_s = -inf`` and weight 0; if every split is empty the output is 0 and LSE = -inf, never NaN.
+  With ``num_splits == 1`` phase 2 is skipped: phase 1 writes the final output in q's dtype.
+
+Units. Scores are kept in base 2: ``qk_scale = sm_scale * log2(e)`` is folded into the scale so the
+kernel calls ``exp2``; the running max ``m_i`` and the partial ``lse_s`` written by phase 1 are base-2
+(``lse2``). Only the public LSE is natural-log: ``lse = lse2 * ln(2)``.
+
+Split geometry (per sequence). Sequence b has ``cache_seqlens[b]`` keys, ``n_blocks = ceil(len /
+BLOCK_N)`` key blocks, and split s takes blocks ``[s * bps, (s + 1) * bps)`` with ``bps = ceil(n_blocks
+/ num_splits)``; so every split of a sequence but the last has the same whole number of blocks, only
+the last block of the last non-empty split is ragged, and a short sequence's trailing splits are empty.
+Splitting each sequence by its own length (not by L_max) keeps a ragged batch balanced.
+
+Performance notes (for the H200 benchmark, `bench/decode.py`; not measured here, this machine has no GPU)
+----------------------------------------------------------------------------------------------------------
+Decode attention does ~2 FLOPs per byte of KV, far below the H200's ~200 FLOP/byte ridge: it is purely
+bandwidth-bound, so the floor is the bytes (`logical_bytes`) over the measured read ceiling:
+
+    KV read      2 * B * Hkv * sum_b(len_b)/B * d * elt   (K and V, once each: the GQA group shares it)
+    q read       B * Hq * d * elt
+    partials     B * Hq * S * (d + 1) * 4   written by phase 1, read again by phase 2   (S > 1 only)
+    output       B * Hq * d * elt  (+ B * Hq * 4 for the LSE)
+
+e.g. B = 1, Hkv = 8, L = 4096, d = 128, bf16: KV = 16 MiB -> 3.5 us at 4.8 TB/s, comparable to two
+kernel launches, so small shapes are latency-bound and the split count matters more than the loop;
+B = 64, Hkv = 8, L = 128k: KV = 32 GiB -> ~7 ms, where only streaming efficiency matters.
+
+What the kernel does for bandwidth: BLOCK_N of 64-256 keys per iteration with 2-4 pipeline stages
+(several K/V tiles in flight per program), 16-byte vector loads along d (unit stride, strides that are
+multiples of 8 elements are specialised by Triton), int64 addressing (a 128k-token cache is > 2^31
+elements), and enough programs (`default_num_splits`) to keep every SM streaming. The score and PV
+products of a GQA group use ``tl.dot`` with the group padded to 16 rows (the MMA minimum; the pad rows
+read q = 0 and are never stored), which costs nothing on a bandwidth-bound kernel; for G = 1 the padded
+MMA wastes 15/16 of its work, so an elementwise multiply + ``tl.sum`` path exists (``use_dot=False``,
+the default for G = 1); which wins is for the benchmark to say. Not done yet, candidates if the
+benchmark misses its target: TMA tensor descriptors for K/V, an unmasked main loop with a masked tail,
+and fusing the combine into phase 1 (last program of a row merges, via an atomic counter) to save one
+launch on small shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from attnscope.errors import InputError
+from attnscope.kernels._common import (
+    check_device,
+    check_head_dim,
+    check_same,
+    check_tensor,
+    import_torch_triton,
+    interpreting,
+    num_sms,
+)
+from attnscope.model.tiles import cdiv
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
+MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
+MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
+SPLIT_CAP = 128  # the heuristic's cap: 128 splits already fill 132 SMs from a single (batch, kv head)
+WAVES = 4  # programs the heuristic aims for, in multiples of the SM count
+
+
+def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *, waves: int = WAVES,
+                       min_keys: int = MIN_KEYS_PER_SPLIT, cap: int = SPLIT_CAP) -> int:
+    """How many KV splits phase 1 uses when ``num_splits`` is not given.
+
+    Without splitting, decode launches ``batch * kv_heads`` programs. Split just enough to launch about
+    ``waves * sms`` programs (several per SM, so the tail of the grid is short and each SM has loads in
+    flight from more than one program), but never so far that a split holds fewer than ``min_keys``
+    keys (its fixed costs, a prologue and a partial write of ``G x (d + 1)`` floats, would stop being
+    amortised), and never more than ``cap``:
+
+        num_splits = clamp(ceil(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
+
+    Parameters
+    ----------
+    batch, kv_heads : int
+        B and Hkv; ``batch * kv_heads`` programs per split.
+    seqlen : int
+        The longest sequence (max of ``cache_seqlens``, or L_max when the lengths are not read).
+    sms : int
+        Streaming multiprocessors (132 on an H100/H200).
+
+    Examples
+    --------
+    >>> default_num_splits(1, 8, 4096)     # 8 programs: split, but keep >= 256 keys per split
+    16
+    >>> default_num_splits(64, 8, 131072)  # 512 programs already ~4 waves on 132 SMs
+    2
+    """
+    for name, value in (("batch", batch), ("kv_heads", kv_heads), ("sms", sms), ("waves", waves),
+                        ("min_keys", min_keys), ("cap", cap)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise InputError(f"{name}: expected a positive integer, got {value!r}")
+    if not (isinstance(seqlen, int) and not isinstance(seqlen, bool) and seqlen >= 0):
+        raise InputError(f"seqlen: expected a non-negative integer, got {seqlen!r}")
+    want = cdiv(waves * sms, batch * kv_heads)
+    by_length = max(1, seqlen // min_keys)
+    return max(1, min(want, by_length, cap))
+
+
+def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head_dim: int, elt: int,
+                  num_splits: int, return_lse: bool = False) -> dict[str, int]:
+    """Logical HBM bytes of one `flash_decode` call, itemised (the benchmark's napkin math).
+
+    ``total_keys`` is ``sum_b cache_seqlens[b]`` (``B * L_max`` when all sequences are full); ``elt`` is
+    the element size of q/K/V (2 for fp16/bf16). Partials exist only when ``num_splits > 1``.
+    """
+    kv = 2 * kv_heads * total_keys * head_dim * elt  # K and V, each byte once per step (GQA shared)
+    q = batch * q_heads * head_dim * elt  # the one query row per head
+    partial = batch * q_heads * num_splits * (head_dim + 1) * 4 if num_splits > 1 else 0  # O_s, lse_s fp32
+    out = batch * q_heads * head_dim * elt + (batch * q_heads * 4 if return_lse else 0)
+    return {
+        "kv_read": kv,
+        "q_read": q,
+        "partial_write": partial,  # phase 1
+        "partial_read": partial,  # phase 2
+        "out_write": out,
+        "total": kv + q + 2 * partial + out,
+    }
+
+
+def _configs(triton):
+    """Phase-1 candidates, autotuned per (HEAD_DIM, GROUP, USE_DOT, SPLIT), never per sequence length.
+
+    The kernel is a streaming read: what matters is bytes in flight per SM, i.e. BLOCK_N x d x 2 (K and
+    V) x stages. 64-256 keys x 2-4 stages spans 64-256 KiB of loads in flight (the top end is pruned
+    where it overflows shared memory); 4 warps suffice for a G <= 16 row tile, 8 help with the wide
+    BLOCK_N = 256 tiles. Under the interpreter one small config keeps CPU tests fast and still makes
+    multi-block splits, ragged last blocks and empty splits common at the tested lengths.
+    """
+    if interpreting():
+        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+        for n, w, s in [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 2), (256, 8, 2), (256, 8, 3)]
+    ]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs whose pipelined K/V tiles would not fit in ~200 KiB of shared memory."""
+    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
+    kept = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * d * 2 <= 200 * 1024]
+    return kept or configs[:1]
+
+
+@functools.lru_cache(maxsize=1)
+def _build():
+    """Define the kernels (needs triton); cached so triton is imported only on first use."""
+    torch, triton = import_torch_triton()
+    import triton.language as tl
+
+    @triton.autotune(configs=_configs(triton), key=["HEAD_DIM", "GROUP", "USE_DOT", "SPLIT"],
+                     prune_configs_by={"early_config_prune": _prune})
+    @triton.jit
+    def _attnscope_decode_split_kernel(
+        Q, K, V, SEQLENS, O, LSE,
+        stride_qb, stride_qh,
+        stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn,
+        stride_ob, stride_oh, stride_os,
+        stride_lb, stride_lh, stride_ls,
+        stride_sb,
+        n_kv_heads, l_max, num_splits, qk_scale,
+        GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
+        BLOCK_G: tl.constexpr,  # G padded: to a power of two, and to >= 16 rows for tl.dot
+        HEAD_DIM: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        USE_DOT: tl.constexpr,  # tl.dot on the padded group, else elementwise multiply + tl.sum
+        SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
+        HAS_SEQLENS: tl.constexpr,
+    ):
+        pid_bh = tl.program_id(0)  # b * Hkv + kv head
+        split = tl.program_id(1)
+        b = (pid_bh // n_kv_heads).to(tl.int64)
+        h_kv = (pid_bh % n_kv_heads).to(tl.int64)
+        seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
+
+        # this split's keys [lo, hi): whole BLOCK_N blocks, the sequence's own length split evenly
+        blocks_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
+        lo = split * blocks_per_split * BLOCK_N
+        hi = tl.minimum(lo + blocks_per_split * BLOCK_N, seqlen)
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, HEAD_DIM)
+        offs_n = tl.arange(0, BLOCK_N)
+        g_mask = offs_g < GROUP
+        q_heads = h_kv * GROUP + offs_g  # [BLOCK_G] query heads sharing kv head h_kv
+        q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None], other=0.0)  # [BLOCK_G, d]; pad rows are 0
+        if not USE_DOT:
+            q = q.to(tl.float32) * qk_scale  # exact enough: one fp32 rounding per element
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
+
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max of the base-2 scores
+        l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(s - m_i)
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+        # Each block iterated holds >= 1 valid key (lo + j * BLOCK_N < hi), so m_new is finite and
+        # alpha = exp2(-inf - m_new) = 0 on the first block: no NaN without extra guards.
+        for start_n in tl.range(lo, hi, BLOCK_N):
+            rows = start_n + offs_n  # [BLOCK_N] key positions
+            n_mask = rows < hi
+            rows64 = rows.to(tl.int64)
+            k = tl.load(k_base + rows64[:, None] * stride_kn + offs_d[None, :], mask=n_mask[:, None],
+                        other=0.0)  # [BLOCK_N, d]
+            if USE_DOT:
+                s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], fp32 accumulate
+            else:
+                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_G]
+            alpha = tl.exp2(m_i - m_new)  # rescale of the old state
+            p = tl.exp2(s - m_new[:, None])  # [BLOCK_G, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + rows64[:, None] * stride_vn + offs_d[None, :], mask=n_mask[:, None],
+                        other=0.0)  # [BLOCK_N, d]
+            if USE_DOT:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # [BLOCK_G, d]
+            else:
+                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            m_i = m_new
+
+        empty = l_i == 0.0  # this split saw no key (short sequence, or cache_seqlens[b] == 0)
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]  # [BLOCK_G, d]; 0 where empty
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # [BLOCK_G]
+        o_ptrs = O + b * stride_ob + q_heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
+        lse_ptrs = LSE + b * stride_lb + q_heads * stride_lh + split * stride_ls
+        if SPLIT:
+            tl.store(o_ptrs, o, mask=g_mask[:, None])  # partial O_s, fp32, normalised within the split
+            tl.store(lse_ptrs, lse2, mask=g_mask)  # partial lse_s, base 2
+        else:
+            tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=g_mask[:, None])
+            tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=g_mask)  # ln(2): natural-log LSE
+
+    @triton.jit
+    def _attnscope_decode_combine_kernel(
+        O_PART, LSE_PART, O, LSE,
+        stride_pb, stride_ph, stride_ps,
+        stride_qb, stride_qh, stride_qs,
+        stride_ob, stride_oh,
+        stride_lb, stride_lh,
+        n_q_heads, num_splits,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_S: tl.constexpr,  # splits merged per iteration
+    ):
+        pid = tl.program_id(0)  # b * Hq + query head
+        b = (pid // n_q_heads).to(tl.int64)
+        h = (pid % n_q_heads).to(tl.int64)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, HEAD_DIM)
+
+        # The online softmax again, over splits: lse_s plays the score, O_s the value row.
+        m_i = tl.full([], float("-inf"), tl.float32)  # running max of lse_s (base 2)
+        l_i = tl.zeros([], tl.float32)  # sum_s exp2(lse_s - m_i)
+        acc = tl.zeros([HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - m_i) * O_s
+        for s0 in range(0, num_splits, BLOCK_S):
+            s_mask = s0 + offs_s < num_splits
+            lse_s = tl.load(LSE_PART + b * stride_qb + h * stride_qh + (s0 + offs_s) * stride_qs,
+                            mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+            o_s = tl.load(O_PART + b * stride_pb + h * stride_ph + (s0 + offs_s)[:, None] * stride_ps
+                          + offs_d[None, :], mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
+            m_new = tl.maximum(m_i, tl.max(lse_s, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights are 0
+            alpha = tl.exp2(m_i - m_safe)
+            w = tl.exp2(lse_s - m_safe)  # [BLOCK_S]; 0 for empty splits
+            l_i = l_i * alpha + tl.sum(w, 0)
+            acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
+            m_i = m_new
+
+        empty = l_i == 0.0  # every split empty: cache_seqlens[b] == 0
+        o = acc / tl.where(empty, 1.0, l_i)
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(O + b * stride_ob + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
+        tl.store(LSE + b * stride_lb + h * stride_lh, lse)
+
+    return torch, triton, _attnscope_decode_split_kernel, _attnscope_decode_combine_kernel
+
+
+def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale, use_dot):
+    """Validate everything that needs no device read; return the shape facts."""
+    check_tensor(torch, "q", q, 4, "[B, Hq, 1, d]")
+    check_tensor(torch, "k_cache", k_cache, 4, "[B, Hkv, L_max, d]")
+    check_tensor(torch, "v_cache", v_cache, 4, "[B, Hkv, L_max, d]")
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    if cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor):
+            raise InputError(f"cache_seqlens: expected a torch.Tensor of int32 [B] or None, "
+                             f"got {type(cache_seqlens).__name__}")
+        tensors["cache_seqlens"] = cache_seqlens
+    check_device(torch, tensors)
+    B, Hq, Nq, d = q.shape
+    if Nq != 1:
+        raise InputError(f"q: expected one query token per sequence, shape [B, Hq, 1, d], got shape "
+                         f"{tuple(q.shape)} (use attnscope.flash_attention for Nq > 1)")
+    check_same("k_cache", "batch (as q)", B, k_cache.shape[0])
+    check_same("k_cache", "head_dim (as q)", d, k_cache.shape[3])
+    check_same("k_cache", "dtype (as q)", q.dtype, k_cache.dtype)
+    check_same("v_cache", "dtype (as q)", q.dtype, v_cache.dtype)
+    check_same("v_cache", "shape (as k_cache)", tuple(k_cache.shape), tuple(v_cache.shape))
+    Hkv, L_max = k_cache.shape[1], k_cache.shape[2]
+    if B == 0 or Hq == 0:
+        raise InputError(f"q: expected B >= 1 and Hq >= 1, got shape {tuple(q.shape)}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads "
+                         f"({Hkv}), got Hq = {Hq}")
+    if L_max == 0:
+        raise InputError(f"k_cache: expected L_max >= 1, got shape {tuple(k_cache.shape)}")
+    check_head_dim(d)
+    if cache_seqlens is not None:
+        if cache_seqlens.dtype != torch.int32:
+            raise InputError(f"cache_seqlens: expected dtype torch.int32, got {cache_seqlens.dtype}")
+        if tuple(cache_seqlens.shape) != (B,):
+            raise InputError(f"cache_seqlens: expected shape ({B},) (one length per sequence), "
+                             f"got {tuple(cache_seqlens.shape)}")
+    if num_splits is not None:
+        if not (isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits > 0):
+            raise InputError(f"num_splits: expected a positive integer or None, got {num_splits!r}")
+        if num_splits > MAX_NUM_SPLITS:
+            raise NotImplementedError(f"num_splits: at most {MAX_NUM_SPLITS} supported, got {num_splits}")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+    if use_dot is not None and not isinstance(use_dot, bool):
+        raise InputError(f"use_dot: expected True, False or None, got {use_dot!r}")
+    return B, Hq, d, Hkv, L_max
+
+
+def _check_seqlen_values(cache_seqlens, L_max: int) -> int:
+    """Read the lengths back to the host (one small device->host copy, a sync) and check them.
+
+    Returns the longest length, which the split heuristic then uses instead of L_max.
+    """
+    lo, hi = (int(x) for x in cache_seqlens.aminmax())
+    if lo < 0 or hi > L_max:
+        bad = lo if lo < 0 else hi
+        raise InputError(f"cache_seqlens: expected values in [0, L_max = {L_max}], got {bad}")
+    return hi
+
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
+                 *, check_seqlens: bool = True, use_dot: bool | None = None):
+    """Decode attention for one new token per sequence against a KV cache (split-KV, Flash-Decoding).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Hq, 1, d]
+        The new token's queries, fp16 or bf16, CUDA (or CPU under ``TRITON_INTERPRET=1``).
+    k_cache, v_cache : torch.Tensor, [B, Hkv, L_max, d]
+        The caches, q's dtype; ``Hq`` a multiple of ``Hkv`` (GQA / MQA: query head ``i`` reads kv head
+        ``i // (Hq / Hkv)``, as SDPA's ``enable_gqa``). Any strides with a unit last stride, e.g. a
+        ``[B, L_max, Hkv, d]`` buffer viewed as ``buf.transpose(1, 2)``, without a copy.
+    cache_seqlens : torch.Tensor, int32 [B], optional
+        Valid keys of each sequence (positions ``0 .. len - 1`` are attended); defaults to L_max for
+        all. A length of 0 gives output 0 and LSE = -inf.
+    num_splits : int, optional
+        KV splits per sequence; defaults to `default_num_splits` (of B, Hkv, the longest length and
+        the SM count). 1 runs phase 1 only.
+    scale : float, optional
+        Softmax scale; defaults to ``1/sqrt(d)``.
+    return_lse : bool
+        Also return the natural-log logsumexp of each head's scores.
+    check_seqlens : bool, keyword-only
+        Check ``0 <= cache_seqlens <= L_max`` (default). That reads the lengths back to the host, a
+        device sync that also breaks CUDA-graph capture; pass False to skip it (out-of-range lengths
+        then give undefined results) and the heuristic uses L_max instead of the longest length.
+    use_dot : bool, optional, keyword-only
+        Compute the group's scores with ``tl.dot`` on the group padded to 16 rows (default for G > 1)
+        or elementwise (default for G = 1, where the MMA would be 15/16 padding). A benchmark knob.
+
+    Returns
+    -------
+    o : torch.Tensor, [B, Hq, 1, d], q's dtype
+    lse : torch.Tensor, [B, Hq, 1], float32, natural log — only when ``return_lse``.
+
+    Supported: d in {64, 128}; fp16 and bf16. Anything else raises NotImplementedError; malformed input
+    raises ValueError naming the argument.
+
+    Example
+    -------
+    >>> q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k = v = torch.randn(4, 8, 32768, 128, device="cuda", dtype=torch.bfloat16)
+    >>> lens = torch.tensor([32768, 100, 0, 5000], device="cuda", dtype=torch.int32)
+    >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
+    """
+    torch, _ = import_torch_triton()
+    B, Hq, d, Hkv, L_max = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale,
+                                         use_dot)
+    longest = L_max
+    if cache_seqlens is not None and check_seqlens:
+        longest = _check_seqlen_values(cache_seqlens, L_max)
+    group = Hq // Hkv
+    if num_splits is None:
+        num_splits = default_num_splits(B, Hkv, longest, num_sms(torch, q.device))
+    if use_dot is None:
+        use_dot = group > 1
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+
+    _, _, split_kernel, combine_kernel = _build()
+    o = torch.empty((B, Hq, 1, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=q.device)
+    split = num_splits > 1
+    if split:
+        o_part = torch.empty((B, Hq, num_splits, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = o, lse  # phase 1 writes the final result
+    seqlens = cache_seqlens if cache_seqlens is not None else lse  # a placeholder pointer, never read
+    block_g = _next_pow2(group)
+    if use_dot:
+        block_g = max(16, block_g)  # tl.dot needs M >= 16
+
+    split_kernel[(B * Hkv, num_splits)](
+        q, k_cache, v_cache, seqlens, o_part, lse_part,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+        seqlens.stride(0),
+        Hkv, L_max, num_splits, sm_scale * LOG2E,
+        GROUP=group, BLOCK_G=block_g, HEAD_DIM=d, USE_DOT=use_dot, SPLIT=split,
+        HAS_SEQLENS=cache_seqlens is not None,
+    )
+    if split:
+        combine_kernel[(B * Hq,)](
+            o_part, lse_part, o, lse,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+            o.stride(0), o.stride(1),
+            lse.stride(0), lse.stride(1),
+            Hq, num_splits,
+            HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(num_splits)),
+        )
+    return (o, lse) if return_lse else o
+
+
+def _next_pow2(n: int) -> int:
+    """Smallest power of two >= n (triton.next_power_of_2 without importing triton)."""
+    return 1 << max(0, n - 1).bit_length()
