@@ -1,7 +1,353 @@
-"""Subcommands of the `attnscope` CLI for this layer (being written)."""
+"""The analytic subcommands: `traffic`, `footprint`, `tiles`, `amdahl` (model/; CPU, no torch).
+
+Each parses its flags, calls one model function and prints a table, or JSON with `--json`. With no
+arguments each reproduces the spec's worked example (N = 4,096, d = 128, FP16, B_r = 128, B_c = 64).
+"""
 
 from __future__ import annotations
 
+import argparse
+
+from attnscope.cli._out import GiB, KiB, MiB, print_json, table
+
+SPEC = "(spec default: %(default)s)"
+
+
+def _console():
+    """A rich console; when stdout is not a terminal (a pipe, a test) it is wide enough for our tables."""
+    from rich.console import Console
+
+    c = Console(highlight=False, soft_wrap=False)
+    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
+
+
+def _size(b: int | float) -> str:
+    """Binary size with its unit: GiB from 1 GiB, MiB from 1 MiB, else KiB (2 decimals)."""
+    if b >= GiB:
+        return f"{b / GiB:,.2f} GiB"
+    if b >= MiB:
+        return f"{b / MiB:,.2f} MiB"
+    return f"{b / KiB:,.2f} KiB"
+
+
+def _span(xs: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1..3, 5'; [] -> 'none'."""
+    if not xs:
+        return "none"
+    out, start, prev = [], xs[0], xs[0]
+    for x in xs[1:] + [None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(str(start) if start == prev else f"{start}..{prev}")
+        if x is not None:
+            start = prev = x
+    return ", ".join(out)
+
+
+def _shape_flags(p: argparse.ArgumentParser, d: bool = True, dtype: bool = True) -> None:
+    p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
+    p.add_argument("--nq", type=int, default=None, help="query length, overrides --n")
+    p.add_argument("--nk", type=int, default=None, help="key/value length, overrides --n")
+    if d:
+        p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
+    if dtype:
+        p.add_argument("--dtype", default="fp16", help=f"element type: fp16, bf16, fp32, fp8 {SPEC}")
+    p.add_argument("--block-q", type=int, default=128, help=f"query tile B_r, rows {SPEC}")
+    p.add_argument("--block-kv", type=int, default=64, help=f"key/value tile B_c, rows {SPEC}")
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
 
 def configure(sub) -> None:
-    """Add this module's subcommands to `sub` (argparse subparsers)."""
+    """Add `traffic`, `footprint`, `tiles` and `amdahl` to `sub` (argparse subparsers)."""
+    from attnscope.model.traffic import ROW_NAMES, SPEC_ROWS
+
+    p = sub.add_parser("traffic",
+                       help="logical HBM bytes: naive vs FlashAttention-2, itemised (spec §1.1, §4)",
+                       description="Logical HBM traffic per (batch, query head), exact bytes, reads/writes "
+                                   "split; ratios only within one masking condition.")
+    _shape_flags(p)
+    p.add_argument("--batch", type=int, default=1,
+                   help="batch size; totals are printed beside per-head bytes")
+    p.add_argument("--heads", type=int, default=1,
+                   help="query heads; totals are printed beside per-head bytes")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="K/V heads for GQA/MQA (divides --heads; default --heads); bytes stay per query "
+                        "head as the kernel issues them")
+    p.add_argument("--lse", action="store_true", help="the flash kernels also write the FP32 logsumexp "
+                                                      "(4 B per query row)")
+    p.add_argument("--rows", default=",".join(SPEC_ROWS),
+                   help=f"comma-separated configurations, or 'all': {', '.join(ROW_NAMES)} "
+                        "(default: the spec's four §4 rows)")
+    p.add_argument("--ratio", nargs=2, metavar=("BASELINE", "CONFIG"), default=None,
+                   help="also print BASELINE total / CONFIG total (same masking condition only)")
+    p.add_argument("--items", action="store_true", help="print the itemised ledger of every kernel")
+    p.add_argument("--device", default=None,
+                   help="add roofline lines for a device: a100, h100, h200 (ridge, FLOP/byte, time floor)")
+    _json_flag(p)
+    p.set_defaults(func=cmd_traffic)
+
+    p = sub.add_parser("footprint", help="memory scopes: per head, layer peak, training, CTA state, SRAM fit",
+                       description="The memory scopes of spec §1.2 and §3.3 and the tile buffers' SRAM fit, "
+                                   "each with the assumption it rests on.")
+    _shape_flags(p)
+    p.add_argument("--heads", type=int, default=32, help=f"query heads of one layer {SPEC}")
+    p.add_argument("--layers", type=int, default=32, help=f"transformer layers {SPEC}")
+    p.add_argument("--batch", type=int, default=1, help=f"sequences {SPEC}")
+    p.add_argument("--device", default=None, help="check SRAM fit on one device: a100, h100, h200 "
+                                                  "(default: all)")
+    _json_flag(p)
+    p.set_defaults(func=cmd_footprint)
+
+    p = sub.add_parser("tiles", help="causal schedule of a query tile: loaded, skipped, masked KV tiles",
+                       description="Which KV tiles one query tile loads, skips and masks (spec §2.1; "
+                                   "1-based tiles and rows, as in the spec).")
+    _shape_flags(p, d=False, dtype=False)
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                   help="causal masking, bottom-right aligned when Nq != Nk (default: causal)")
+    p.add_argument("--query-tile", type=int, default=5, help=f"query tile i, 1-based {SPEC}")
+    _json_flag(p)
+    p.set_defaults(func=cmd_tiles)
+
+    p = sub.add_parser("amdahl", help="end-to-end speedup from a time share and a kernel speedup (spec §5)",
+                       description="speedup = 1 / ((1 - f) + f / S). f must be a measured *time* share, "
+                                   "not a FLOP share (spec §5.1).")
+    p.add_argument("--f", type=float, action="append", default=None,
+                   help="time share of the part sped up, in [0, 1]; may repeat (the first is the headline, "
+                        "all of them form the sensitivity table; default 0.15 with the spec's 15/40/65 %% "
+                        "table)")
+    p.add_argument("--s", type=float, default=3.5, help=f"kernel speedup of that part, > 0 {SPEC}")
+    p.add_argument("--part-ms", type=float, default=None,
+                   help="carry to an outer boundary: the part's time in ms (with --inner-ms, --outer-ms)")
+    p.add_argument("--inner-ms", type=float, default=None, help="inner boundary in ms, e.g. GPU prefill")
+    p.add_argument("--outer-ms", type=float, default=None,
+                   help="outer boundary in ms, e.g. client TTFT; its other segments are held fixed")
+    _json_flag(p)
+    p.set_defaults(func=cmd_amdahl)
+
+
+# --- traffic ----------------------------------------------------------------------------------------
+def cmd_traffic(args) -> int:
+    from attnscope.errors import expect
+    from attnscope.model import roofline as rl
+    from attnscope.model.traffic import ROW_NAMES, traffic
+
+    names = [x.strip() for x in args.rows.split(",") if x.strip()]
+    names = ROW_NAMES if names == ["all"] else names
+    t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
+                batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
+    ratio = None
+    if args.ratio:
+        expect(all(x in t.rows for x in args.ratio), "ratio", "two of the configurations counted ("
+               + ", ".join(t.rows) + ")", " ".join(args.ratio))
+        ratio = (args.ratio[0], args.ratio[1], t.ratio(*args.ratio))
+    dev = rl.device(args.device) if args.device else None
+    bh = t.config.batch_heads
+    points = {r.name: rl.roofline(r, dev, t.config.dtype) for r in t.rows.values()} if dev else {}
+
+    if args.json:
+        out = t.to_json()
+        if ratio:
+            out["ratio"] = {"baseline": ratio[0], "config": ratio[1], "ratio": ratio[2]}
+        if dev:
+            out["device"] = dev.to_json()
+            out["device"]["ridge"] = rl.ridge(dev, t.config.dtype)
+            for row in out["rows"]:
+                pts = points[row["name"]]
+                row["roofline"] = [p.to_json() for p in pts]
+                row["floor_s"] = rl.time_floor(pts)
+                if bh != 1:
+                    row["floor_s_all"] = rl.time_floor(rl.roofline(t[row["name"]], dev, t.config.dtype, bh))
+        print_json(out)
+        return 0
+
+    c = t.config
+    con = _console()
+    shape = (f"Nq = {c.nq:,}, Nk = {c.nk:,}, d = {c.d}, {c.dtype} ({c.b} B), B_r = {c.block_q}, "
+             f"B_c = {c.block_kv}" + (", with LSE write" if c.lse else ""))
+    cols = ["Configuration", "Reads MiB", "Writes MiB", "Total MiB", "Reads B", "Writes B", "Total B",
+            "Reduction vs matched baseline"]
+    if bh != 1:
+        cols.append(f"Total x {bh} (B x H) MiB")
+    body = []
+    for r in t.rows.values():
+        x = t.matched_ratio(r.name)
+        if r.baseline == r.name:
+            red = f"1.00x ({r.condition} baseline)"
+        elif x is None:
+            red = f"(add {r.baseline} for the ratio)"
+        else:
+            red = f"{x:.2f}x vs {r.baseline}"
+        line = [r.label, f"{r.reads / MiB:,.2f}", f"{r.writes / MiB:,.2f}", f"{r.total / MiB:,.2f}",
+                f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", red]
+        if bh != 1:
+            line.append(f"{r.total * bh / MiB:,.2f}")
+        body.append(line)
+    gqa = f"; GQA {c.heads}/{c.kv_heads}: K/V counted per query head, as the kernel issues them" \
+        if c.kv_heads != c.heads else ""
+    con.print(table(f"Logical HBM traffic, one (batch, query head): {shape}", cols, body,
+                    caption="Logical bytes: cold cache, no L2 reuse, no sector padding (spec §4). Ratios "
+                            "only within one masking condition; unmasked and causal are separate "
+                            f"experiments{gqa}."))
+    passes = []
+    if "flash" in t.rows:
+        passes.append(f"unmasked {t.kv_passes(False):g}")
+    if "flash-causal" in t.rows:
+        passes.append(f"causal {t.kv_passes(True):g}")
+    if passes:
+        con.print(f"FA-2 passes over K/V ({-(-c.nq // c.block_q)} query tiles): " + ", ".join(passes))
+    if ratio:
+        con.print(f"ratio {ratio[0]} / {ratio[1]}: {ratio[2]:.2f}x (total bytes, same masking condition)")
+    if "naive-causal-eager" in t.rows:
+        con.print("naive-causal-eager assumes:")
+        for a in t["naive-causal-eager"].assumptions:
+            con.print(f"  - {a}")
+    if args.items:
+        for r in t.rows.values():
+            items = [[k.name, tr.tensor, tr.direction, f"{tr.nbytes:,}", f"{tr.nbytes / MiB:,.2f}", tr.what]
+                     for k in r.kernels for tr in k.transfers]
+            items.append(["Total", "", "reads", f"{r.reads:,}", f"{r.reads / MiB:,.2f}", ""])
+            items.append(["", "", "writes", f"{r.writes:,}", f"{r.writes / MiB:,.2f}", ""])
+            items.append(["", "", "total", f"{r.total:,}", f"{r.total / MiB:,.2f}", ""])
+            con.print(table(f"{r.label}: ledger", ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], items,
+                            caption="; ".join(r.assumptions)))
+    if dev:
+        _print_roofline(con, t, dev, points)
+    return 0
+
+
+def _print_roofline(con, t, dev, points) -> None:
+    from attnscope.model import roofline as rl
+
+    c = t.config
+    pk = rl.peak(dev, c.dtype)
+    con.print(f"\nRoofline on {dev.label}: {pk / rl.TERA:,.0f} TFLOP/s dense {c.dtype} / "
+              f"{dev.hbm / rl.TERA:g} TB/s HBM = ridge {rl.ridge(dev, c.dtype):.0f} FLOP/byte; "
+              f"elementwise work at the {dev.fp32 / rl.TERA:g} TFLOP/s FP32 CUDA-core peak. "
+              f"L2 {dev.l2 / MiB:g} MiB, {dev.sms} SMs.")
+    body = []
+    for r in t.rows.values():
+        for p in points[r.name]:
+            body.append([r.name, p.name, f"{p.flops:,}", f"{p.nbytes:,}", f"{p.intensity:,.1f}", p.bound,
+                         f"{p.floor_s * 1e6:,.2f}"])
+        body.append([r.name, "time floor (kernels in sequence)", "", "", "", "",
+                     f"{rl.time_floor(points[r.name]) * 1e6:,.2f}"])
+    con.print(table("Per (batch, query head): intensity and time floor = "
+                    "max(FLOPs / peak, bytes / bandwidth)",
+                    ["Configuration", "Kernel", "FLOPs", "HBM bytes", "FLOP/byte", "Bound", "Floor µs"], body,
+                    caption="Peaks are dense and not sustained; a floor is a bound no kernel beats, not a "
+                            "prediction. " + "; ".join(f"{k}: {v}" for k, v in dev.sources.items()
+                                                        if k in ("flops", "hbm"))))
+
+
+# --- footprint --------------------------------------------------------------------------------------
+def cmd_footprint(args) -> int:
+    from attnscope.model.footprint import footprint
+
+    f = footprint(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
+                  heads=args.heads, layers=args.layers, batch=args.batch,
+                  devices=None if args.device is None else [args.device])
+    if args.json:
+        print_json(f.to_json())
+        return 0
+    p = f.params
+    con = _console()
+    shape = (f"Nq = {p['nq']:,}, Nk = {p['nk']:,}, d = {p['d']}, {p['dtype']}, B_r = {p['block_q']}, "
+             f"B_c = {p['block_kv']}, {p['heads']} heads, {p['layers']} layers, batch {p['batch']}")
+    con.print(table(f"Memory scopes: {shape}", ["Scope", "Counts", "Bytes", "Size", "Assumption"],
+                    [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in f.scopes]))
+    con.print(table("Tile buffers of one CTA (SRAM)", ["Buffer", "Counts", "Bytes", "Size", "Assumption"],
+                    [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in f.tiles]))
+    con.print(table("Shared-memory fit", ["Device", "Buffers", "Size", "Per-block max", "Carve-out", "Fits"],
+                    [[x.device, x.what, _size(x.nbytes), _size(x.limit), _size(x.carveout),
+                      "yes" if x.fits else "NO"] for x in f.fits],
+                    caption="Per-block max is the opt-in limit of one thread block; the carve-out is per SM "
+                            "(CUDA Programming Guide). Extra pipeline stages add a K and a V tile each."))
+    return 0
+
+
+# --- tiles ------------------------------------------------------------------------------------------
+def cmd_tiles(args) -> int:
+    from attnscope.model.tiles import Grid
+
+    nq = args.n if args.nq is None else args.nq
+    nk = args.n if args.nk is None else args.nk
+    g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal)
+    s = g.schedule(args.query_tile)
+    passes = sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1)) / nk
+    if args.json:
+        out = s.to_json()
+        out.update(params={"nq": nq, "nk": nk, "block_q": g.block_q, "block_kv": g.block_kv,
+                           "causal": g.causal},
+                   n_q_tiles=g.n_q_tiles, n_kv_tiles=g.n_kv_tiles,
+                   kv_rows_loaded=g.kv_rows_loaded(s.query_tile),
+                   cols={str(j): list(g.cols(j)) for j in s.loaded}, kv_passes=passes)
+        print_json(out)
+        return 0
+    con = _console()
+    r0, r1 = s.rows
+    con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q}, B_c = {g.block_kv}, "
+              f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: "
+              f"{g.n_q_tiles} query tiles x {g.n_kv_tiles} KV tiles (1-based)")
+    con.print(f"Query tile {s.query_tile}: rows {r0}..{r1} ({r1 - r0 + 1} rows)")
+    con.print(f"  loads   KV tiles {_span(s.loaded)} ({len(s.loaded)} of {g.n_kv_tiles}; "
+              f"{g.kv_rows_loaded(s.query_tile):,} K rows and as many V rows)")
+    con.print(f"  skips   KV tiles {_span(s.skipped)} ({len(s.skipped)}: every column in the future, "
+              "never loaded)")
+    con.print(f"  full    KV tiles {_span(s.full)} (loaded, no mask arithmetic)")
+    con.print(f"  masked  KV tiles {_span(s.masked)} (loaded, straddle the diagonal: mask before m and l)")
+    body = []
+    for j in s.masked:
+        c0, c1 = g.cols(j)
+        rc = s.row_classes[j]
+        body.append([str(j), f"{c0}..{c1}"] + [f"{v[0]}..{v[1]}" if v else "-"
+                                                for v in (rc["masked"], rc["triangular"], rc["permitted"])])
+    if body:
+        con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", "Rows fully masked",
+                                                                 "Rows triangular", "Rows fully permitted"],
+                        body))
+    con.print(f"Whole grid: {passes:g} passes over K/V")
+    return 0
+
+
+# --- amdahl -----------------------------------------------------------------------------------------
+def cmd_amdahl(args) -> int:
+    from attnscope.errors import InputError
+    from attnscope.model import amdahl
+
+    fs = args.f or [0.15]
+    head = amdahl.project(fs[0], args.s)
+    table_fs = fs if len(fs) > 1 else amdahl.DEFAULT_SENSITIVITY
+    sens = amdahl.sensitivity(args.s, table_fs)
+    carry_args = (args.part_ms, args.inner_ms, args.outer_ms)
+    bound = None
+    if any(x is not None for x in carry_args):
+        if any(x is None for x in carry_args):
+            raise InputError("part_ms: expected --part-ms, --inner-ms and --outer-ms together, got "
+                             f"{[x for x in carry_args]!r}")
+        bound = amdahl.carry(*carry_args, args.s)
+    if args.json:
+        out = head.to_json()
+        out["sensitivity"] = [x.to_json() for x in sens]
+        if bound:
+            out["carry"] = bound.to_json()
+        print_json(out)
+        return 0
+    con = _console()
+    con.print(f"f = {head.f:g} (time share), S = {head.s:g}: speedup = 1 / ((1 - f) + f / S) = "
+              f"{head.speedup:.3f}x, latency reduction {head.reduction * 100:.2f} %")
+    con.print(table(f"Sensitivity, same S = {args.s:g}", ["f (time share)", "Speedup", "Latency reduction"],
+                    [[f"{x.f * 100:g} %", f"{x.speedup:.3f}x", f"{x.reduction * 100:.2f} %"] for x in sens],
+                    caption="f must be a measured time share inside a stated boundary; a FLOP share is not a "
+                            "time share (spec §5.1)."))
+    if bound:
+        con.print(f"Inner boundary: {bound.inner_ms:g} ms -> {bound.inner_projected_ms:.2f} ms "
+                  f"({bound.inner_speedup:.4f}x, {bound.inner_reduction * 100:.2f} % reduction; "
+                  f"f = {bound.f_inner:.4f})")
+        con.print(f"Outer boundary: {bound.outer_ms:g} ms -> {bound.outer_projected_ms:.2f} ms "
+                  f"({bound.outer_speedup:.4f}x, {bound.outer_reduction * 100:.2f} % reduction), holding the "
+                  f"other {bound.outer_ms - bound.inner_ms:g} ms fixed (an assumption, not a measurement)")
+    return 0
