@@ -240,8 +240,9 @@ def _check_inputs(q, k, v, scale):
     return B, Hq, Nq, d, Hkv, Nk
 
 
-def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool):
-    kernel = _attnscope_fwd_kernel
+def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool, config: dict | None = None):
+    """Check, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, WARP_SPEC, num_warps, num_stages) bypasses
+    the autotuner: bench/tune_prefill.py times each candidate that way."""
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v, scale)
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
@@ -252,6 +253,7 @@ def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool):
     def grid(meta):
         return (cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # T_r query tiles x (batch, head)
 
+    kernel = _attnscope_fwd_kernel if config is None else _attnscope_fwd_kernel.fn
     kernel[grid](
         q, k, v, o, lse,
         q.stride(0), q.stride(1), q.stride(2),
@@ -260,6 +262,7 @@ def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool):
         B, Hq, Hkv, Nq, Nk, sm_scale * LOG2E,
         n_bucket,
         HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
+        **(config or {}),
     )
     return o, lse
 

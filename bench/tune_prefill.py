@@ -1,0 +1,79 @@
+"""Time every candidate block configuration of the prefill kernel, autotuner bypassed, beside SDPA.
+
+    PYTHONPATH=src python bench/tune_prefill.py --d 128 --n 4096 --n 16384 [--out FILE.json]
+
+For picking the pruned config list in kernels/fwd.py: each config is checked against SDPA FLASH's
+output (max abs diff) and timed (median, CUDA events); peers SDPA FLASH and CUDNN on the same tensors.
+"""
+
+import argparse
+import itertools
+import json
+import sys
+import time
+
+import torch
+import triton
+
+from attnscope.kernels import fwd
+from attnscope.measure.bench import _sdpa
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--d", type=int, action="append")
+    p.add_argument("--n", type=int, action="append")
+    p.add_argument("--causal", type=int, action="append")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--bm", type=int, action="append")
+    p.add_argument("--bn", type=int, action="append")
+    p.add_argument("--warps", type=int, action="append")
+    p.add_argument("--stages", type=int, action="append")
+    p.add_argument("--ws", type=int, action="append")
+    p.add_argument("--out")
+    a = p.parse_args()
+    results = []
+    flash, cudnn = _sdpa(torch, "flash"), _sdpa(torch, "cudnn")
+    for d, causal, n in itertools.product(a.d or [128], a.causal or [0, 1], a.n or [4096, 16384]):
+        b = max(1, a.tokens // n)
+        q, k, v = (torch.randn(b, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * b * a.heads * n * n * d * (0.5 if causal else 1)
+        ref = flash(q, k, v, bool(causal))
+        peers = {}
+        for name, fn in (("flash", flash), ("cudnn", cudnn)):
+            ms = triton.testing.do_bench(lambda fn=fn: fn(q, k, v, bool(causal)), warmup=25, rep=100,
+                                         return_mode="median")
+            peers[name] = flops / ms / 1e9
+        print(f"d={d} causal={causal} N={n} B={b}: flash {peers['flash']:.0f} cudnn {peers['cudnn']:.0f} TFLOP/s",
+              flush=True)
+        for bm, bn, w, s, ws in itertools.product(a.bm or [128], a.bn or [64, 128], a.warps or [4, 8],
+                                                  a.stages or [2, 3, 4], a.ws or [0, 1]):
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, WARP_SPEC=bool(ws), num_warps=w, num_stages=s)
+            t0 = time.time()
+            try:
+                o, _ = fwd._launch(q, k, v, bool(causal), None, False, config=cfg)
+                torch.cuda.synchronize()
+                diff = (o.float() - ref.float()).abs().max().item()
+                ms = triton.testing.do_bench(lambda cfg=cfg: fwd._launch(q, k, v, bool(causal), None, False,
+                                                                         config=cfg),
+                                             warmup=25, rep=100, return_mode="median")
+                tf = flops / ms / 1e9
+                row = dict(d=d, causal=causal, n=n, cfg=cfg, tflops=tf, diff=diff, **{f"vs_{k}": tf / v_ for k, v_ in
+                                                                                       peers.items()})
+                print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws}: {tf:6.1f} TFLOP/s  /cudnn {tf / peers['cudnn']:.3f} "
+                      f"/flash {tf / peers['flash']:.3f}  maxdiff {diff:.2e}  ({time.time() - t0:.1f}s)", flush=True)
+            except Exception as e:  # noqa: BLE001
+                row = dict(d=d, causal=causal, n=n, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
+                print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws}: FAILED {row['error'][:150]}", flush=True)
+            results.append(row)
+        results.append(dict(d=d, causal=causal, n=n, peers=peers))
+        del q, k, v
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
