@@ -1,0 +1,159 @@
+"""model/tiles.py: the spec's causal schedule (§2.1, exercise 4) and properties against a dense mask."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnscope.errors import InputError
+from attnscope.model.tiles import Grid, causal_kv_bounds0
+
+SPEC = Grid(4096, 4096, 128, 64, causal=True)
+
+
+# --- the spec's numbers -----------------------------------------------------------------------------
+def test_spec_grid_sizes():
+    # §2: "for each Q tile Q_i, i = 1..32", "j = 1 .. 64 if unmasked"
+    assert SPEC.n_q_tiles == 32
+    assert SPEC.n_kv_tiles == 64
+
+
+def test_exercise4_query_tile_5():
+    # Exercise 4: query tile 5 covers rows 513-640, loads j = 1 ... 10, tiles 1-8 unmasked, 9 and 10 masked.
+    s = SPEC.schedule(5)
+    assert s.rows == (513, 640)
+    assert s.loaded == list(range(1, 11))
+    assert s.skipped == list(range(11, 65))
+    assert s.full == list(range(1, 9))
+    assert s.masked == [9, 10]
+    assert SPEC.cols(9) == (513, 576)
+    assert SPEC.cols(10) == (577, 640)
+
+
+def test_exercise4_row_classes_of_the_diagonal_tiles():
+    s = SPEC.schedule(5)
+    t9, t10 = s.row_classes[9], s.row_classes[10]
+    # Tile 9 (columns 513-576) is fully permitted for the lower rows 577-640 ...
+    lo, hi = t9["permitted"]
+    assert lo <= 577 and hi == 640
+    # ... and diagonal for the upper rows 513-576: no row there sees it fully masked, and the rows before
+    # the diagonal's last one are triangular (row 576 sees columns 513..576, all of them: c <= r).
+    assert t9["masked"] is None
+    assert t9["triangular"] == (513, 575)
+    # Tile 10 (columns 577-640) is entirely future for rows 513-576 and diagonal for rows 577-640.
+    assert t10["masked"] == (513, 576)
+    assert t10["triangular"] == (577, 639)
+    assert t10["permitted"] == (640, 640)
+
+
+@pytest.mark.parametrize("i", [1, 2, 5, 17, 32])
+def test_spec_skip_bound_is_2i_and_two_diagonal_tiles(i):
+    # §2.1: query tile i loads j = 1 .. 2i; the tiles straddling the diagonal are j = 2i-1 and j = 2i.
+    s = SPEC.schedule(i)
+    assert s.rows == (128 * (i - 1) + 1, 128 * i)
+    assert s.loaded == list(range(1, 2 * i + 1))
+    assert s.masked == [2 * i - 1, 2 * i]
+    assert SPEC.kv_rows_loaded(i) == 128 * i
+
+
+def test_spec_json_of_tile_5():
+    j = SPEC.schedule(5).to_json()
+    assert j["query_tile"] == 5 and j["rows"] == [513, 640] and j["masked"] == [9, 10]
+    assert j["loaded"] == list(range(1, 11)) and j["skipped"] == list(range(11, 65))
+
+
+def test_unmasked_loads_everything_masks_nothing():
+    g = Grid(4096, 4096, 128, 64, causal=False)
+    s = g.schedule(5)
+    assert s.loaded == list(range(1, 65)) and s.masked == [] and s.skipped == []
+    assert g.kv_rows_loaded(5) == 4096
+
+
+# --- properties against a dense causal mask ---------------------------------------------------------
+grids = st.builds(
+    lambda nq, nk, bq, bkv, causal: Grid(nq, nk, bq, bkv, causal=causal),
+    st.integers(1, 97), st.integers(1, 97), st.integers(1, 40), st.integers(1, 40), st.booleans())
+
+
+def _dense(g: Grid) -> np.ndarray:
+    r = np.arange(1, g.nq + 1)[:, None]
+    c = np.arange(1, g.nk + 1)[None, :]
+    return (c <= r + (g.nk - g.nq)) if g.causal else np.ones((g.nq, g.nk), bool)
+
+
+@settings(max_examples=150, deadline=None)
+@given(grids)
+def test_partition_of_kv_tiles(g):
+    every = list(range(1, g.n_kv_tiles + 1))
+    for i in range(1, g.n_q_tiles + 1):
+        s = g.schedule(i)
+        assert sorted(s.loaded + s.skipped) == every
+        assert sorted(s.full + s.masked) == s.loaded
+        assert not set(s.full) & set(s.masked)
+        assert s.full == s.loaded[: len(s.full)]  # full tiles precede masked ones
+
+
+@settings(max_examples=150, deadline=None)
+@given(grids)
+def test_closed_form_agrees_with_brute_force(g):
+    allowed = _dense(g)
+    for i in range(1, g.n_q_tiles + 1):
+        s = g.schedule(i)
+        r0, r1 = s.rows
+        assert (r0, r1) == ((i - 1) * g.block_q + 1, min(i * g.block_q, g.nq))
+        rows_read = 0
+        for j in range(1, g.n_kv_tiles + 1):
+            c0, c1 = (j - 1) * g.block_kv + 1, min(j * g.block_kv, g.nk)
+            block = allowed[r0 - 1:r1, c0 - 1:c1]
+            if not block.any():
+                assert j in s.skipped, (i, j)
+            elif block.all():
+                assert j in s.full, (i, j)
+                rows_read += c1 - c0 + 1
+            else:
+                assert j in s.masked, (i, j)
+                rows_read += c1 - c0 + 1
+                rc = s.row_classes[j]
+                for r in range(r0, r1 + 1):
+                    n = int(allowed[r - 1, c0 - 1:c1].sum())
+                    kind = "masked" if n == 0 else "permitted" if n == c1 - c0 + 1 else "triangular"
+                    span = rc[kind]
+                    assert span is not None and span[0] <= r <= span[1], (i, j, r, kind, rc)
+        assert g.kv_rows_loaded(i) == rows_read
+
+
+@settings(max_examples=100, deadline=None)
+@given(grids)
+def test_zero_based_twin_matches(g):
+    if not g.causal:
+        return
+    for i in range(1, g.n_q_tiles + 1):
+        n_full, n_loaded = g.kv_bounds(i)
+        lo, hi = causal_kv_bounds0(i - 1, g.nq, g.nk, g.block_q, g.block_kv)
+        assert (lo, hi) == (min(n_full * g.block_kv, g.nk), min(n_loaded * g.block_kv, g.nk))
+
+
+@settings(max_examples=100, deadline=None)
+@given(grids)
+def test_permitted_matches_dense_mask(g):
+    allowed = _dense(g)
+    for r in {1, g.nq, (g.nq + 1) // 2}:
+        for c in {1, g.nk, (g.nk + 1) // 2}:
+            assert g.permitted(r, c) == bool(allowed[r - 1, c - 1])
+
+
+# --- bad input ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("i", [0, 33, -1, True, 2.0])
+def test_query_tile_out_of_range(i):
+    with pytest.raises(InputError, match=r"query_tile: expected an integer in 1\.\.32, got"):
+        SPEC.schedule(i)
+
+
+@pytest.mark.parametrize("kw", [dict(nq=0), dict(nk=-3), dict(block_q=0), dict(block_kv=-64)])
+def test_non_positive_sizes(kw):
+    args = dict(nq=16, nk=16, block_q=4, block_kv=4) | kw
+    name = next(iter(kw))
+    with pytest.raises(InputError, match=rf"{name}: expected a positive integer, got"):
+        Grid(**args)
