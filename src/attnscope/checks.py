@@ -1,0 +1,510 @@
+"""The algorithm checks behind ``attnscope verify``: plain functions that return `CheckResult`s.
+
+Reference checks (float64 NumPy, milliseconds each, on fresh seeded random inputs):
+
+1. tiled = naive, unmasked and causal, over shapes with ragged tiles, Nq != Nk, GQA;
+2. a small causal case (N = 16, B_r = 8, B_c = 4) whose diagonal tiles are checked row by row: the state
+   (m, l, acc) of every row after every loaded tile against sums taken directly over the permitted keys;
+3. omitting the mask while keeping the skip bound gives a *different* answer (passes when detected);
+4. no NaN for fully-masked tile regions and rows with no permitted key (zeros, LSE = -inf);
+5. FA-1's normalised form = FA-2's unnormalised form;
+6. split-KV combine of partials = whole.
+
+Kernel checks run the same comparisons on the Triton kernels through the public API
+(`attnscope.flash_attention`, `attnscope.flash_decode`) when they exist and can run; see `kernel_status`
+for when that is. Their tolerance follows flash-attn's test suite: the kernel's error against the float64
+reference may be at most twice PyTorch's own attention error at that dtype on the same inputs, plus 1e-3.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from attnscope import reference
+from attnscope.errors import choice
+from attnscope.model.tiles import Grid
+
+REL_TOL = 1e-12  # float64 tiled vs naive: the orderings differ, the mathematics does not
+MASK_DETECT = 1e-6  # check 3 passes when omitting the mask moves the output by more than this
+KERNEL_MODES = ("auto", "on", "off")
+KERNEL_ABS_SLACK = 1e-3  # the "+ 1e-3" of the 2x-torch tolerance
+KERNEL_LSE_TOL = 2e-3  # fp32 LSE over the same fp16/bf16 inputs the reference reads; error is ~1e-6,
+#                        the slack covers exp2/log2 rewriting and fp32 summation order over long rows
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One line of ``attnscope verify``. ``passed`` is None when the check was not run."""
+
+    name: str
+    passed: bool | None
+    error: float | None  # the measured quantity (an error, or for check 3 the size of the difference)
+    tolerance: float | None
+    detail: str
+
+    @property
+    def status(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"status": self.status}
+
+
+# --- comparison helpers ---------------------------------------------------------------------------
+def rel_error(o, o_ref) -> float:
+    """max |o - o_ref| / max |o_ref| (inf on NaN or shape mismatch; 0 when both are all zeros)."""
+    o, o_ref = np.asarray(o, dtype=np.float64), np.asarray(o_ref, dtype=np.float64)
+    if o.shape != o_ref.shape or np.isnan(o).any():
+        return float("inf")
+    diff = float(np.max(np.abs(o - o_ref), initial=0.0))
+    return diff / max(float(np.max(np.abs(o_ref), initial=0.0)), np.finfo(np.float64).tiny)
+
+
+def lse_error(lse, lse_ref) -> float:
+    """max |lse - lse_ref| / max(1, |lse_ref|) over finite entries; inf if the -inf pattern differs."""
+    lse, lse_ref = np.asarray(lse, dtype=np.float64), np.asarray(lse_ref, dtype=np.float64)
+    if lse.shape != lse_ref.shape or np.isnan(lse).any() or not np.array_equal(np.isneginf(lse),
+                                                                               np.isneginf(lse_ref)):
+        return float("inf")
+    fin = np.isfinite(lse_ref)
+    if not fin.any():
+        return 0.0
+    return float(np.max(np.abs(lse[fin] - lse_ref[fin]) / np.maximum(1.0, np.abs(lse_ref[fin]))))
+
+
+def _qkv(rng, lead_q, lead_kv, nq, nk, d, dv):
+    q = 2.0 * rng.standard_normal(lead_q + (nq, d))  # std 2: peaky rows, so the running max moves
+    k = rng.standard_normal(lead_kv + (nk, d))
+    v = rng.standard_normal(lead_kv + (nk, dv))
+    return q, k, v
+
+
+# (lead_q, lead_kv, Nq, Nk, d, dv, B_r, B_c): ragged tiles, Nq != Nk both ways, GQA, MQA, one row
+SHAPES = (
+    ((2, 3), (2, 3), 17, 17, 8, 8, 8, 4),
+    ((2, 4), (2, 2), 97, 97, 16, 16, 16, 8),
+    ((3, 2), (3, 1), 40, 23, 8, 5, 8, 4),
+    ((1, 2), (1, 2), 5, 30, 8, 8, 4, 8),
+    ((1, 1), (1, 1), 1, 1, 4, 4, 128, 64),
+    ((1, 2), (1, 2), 300, 257, 32, 32, 128, 64),
+)
+
+
+def _shape_label(shape) -> str:
+    lead_q, lead_kv, nq, nk, d, _, bq, bk = shape
+    return f"{lead_q}/{lead_kv} Nq={nq} Nk={nk} d={d} B_r={bq} B_c={bk}"
+
+
+# --- the reference checks -------------------------------------------------------------------------
+def check_tiled_equals_naive(rng) -> CheckResult:
+    """Check 1: the tiled FA-2 forward equals the naive three-step baseline (O and LSE)."""
+    worst, where = 0.0, ""
+    for shape in SHAPES:
+        lead_q, lead_kv, nq, nk, d, dv, bq, bk = shape
+        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
+        for causal in (False, True):
+            o_ref, lse_ref = reference.naive_attention(q, k, v, causal=causal, return_lse=True)
+            o, lse = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
+            err = max(rel_error(o, o_ref), lse_error(lse, lse_ref))
+            if err >= worst:
+                worst, where = err, f"{'causal' if causal else 'unmasked'} {_shape_label(shape)}"
+    return CheckResult("1 tiled = naive (unmasked and causal)", worst < REL_TOL, worst, REL_TOL,
+                       f"{len(SHAPES)} shapes x 2 (ragged tiles, Nq != Nk, GQA); worst at {where}")
+
+
+def check_diagonal_rows(rng, n: int = 16, block_q: int = 8, block_kv: int = 4, d: int = 8) -> CheckResult:
+    """Check 2: every row's state after every loaded tile, on a small causal case, against direct sums.
+
+    For row r after KV tile j, the state must be the softmax statistics of the keys the row may see among
+    the columns loaded so far: m = their max, l = sum exp(s - m), acc = sum exp(s - m) v. This checks the
+    diagonal (masked) tiles row by row -- fully masked rows must leave the state untouched, triangular
+    rows must take exactly their permitted prefix -- and the skip bound (each row sees exactly its query
+    tile's loaded tiles).
+    """
+    grid = Grid(n, n, block_q, block_kv, causal=True)
+    q, k, v = _qkv(rng, (), (), n, n, d, d)
+    scale = 1.0 / np.sqrt(d)
+    s_full = (q @ k.T) * scale  # [N, N], computed directly
+    o, lse, trace = reference.tiled_attention(q, k, v, causal=True, block_q=block_q, block_kv=block_kv,
+                                              trace_rows=range(n))
+    worst, states, problems = 0.0, 0, []
+    for r in range(n):
+        i = r // block_q + 1
+        _, n_loaded = grid.kv_bounds(i)
+        steps = trace[r]
+        if [st.kv_tile for st in steps] != list(range(1, n_loaded + 1)):
+            problems.append(f"row {r} saw tiles {[st.kv_tile for st in steps]}, expected 1..{n_loaded}")
+            continue
+        for st in steps:
+            c1 = grid.cols(st.kv_tile)[1]  # last column loaded so far (1-based)
+            cols = np.arange(c1)
+            keep = cols <= r + grid.offset  # 0-based permitted rule, written out here, not taken from tiles
+            s = s_full[r, :c1][keep]
+            if s.size == 0:
+                ok = np.isneginf(st.m) and st.l == 0 and not np.any(st.acc) and not np.isnan(st.alpha)
+                worst = worst if ok else float("inf")
+            else:
+                m = s.max()
+                p = np.exp(s - m)
+                worst = max(worst, abs(st.m - m) / max(1.0, abs(m)), rel_error(st.l, p.sum()),
+                            rel_error(st.acc, p @ v[:c1][keep]))
+            states += 1
+        keep = np.arange(n) <= r + grid.offset  # the whole row, once more, against the plain softmax
+        w = np.exp(s_full[r][keep] - s_full[r][keep].max())
+        worst = max(worst, rel_error(o[r], (w / w.sum()) @ v[keep]),
+                    lse_error(lse[r], s_full[r][keep].max() + np.log(w.sum())))
+    masked = {i: grid.schedule(i).masked for i in range(1, grid.n_q_tiles + 1)}
+    passed = worst < REL_TOL and not problems
+    detail = (f"N={n} B_r={block_q} B_c={block_kv}: {states} row states after each loaded tile "
+              f"(masked tiles per query tile {masked}) against direct sums over permitted keys")
+    if problems:
+        detail += "; " + "; ".join(problems[:3])
+    return CheckResult("2 diagonal tiles, row by row", passed, worst, REL_TOL, detail)
+
+
+def check_mask_omitted(rng, n: int = 64, block_q: int = 16, block_kv: int = 8, d: int = 16) -> CheckResult:
+    """Check 3: keep the skip bound, omit the mask -> a different answer. Passes when that is detected."""
+    q, k, v = _qkv(rng, (1, 2), (1, 2), n, n, d, d)
+    o_ref = reference.naive_attention(q, k, v, causal=True)
+    o_bad, _ = reference.tiled_attention(q, k, v, causal=True, block_q=block_q, block_kv=block_kv,
+                                         _apply_mask=False)
+    diff = np.abs(o_bad - o_ref).max(axis=-1)  # [..., N]
+    size = float(diff.max())
+    rows = int(np.sum(diff.max(axis=tuple(range(diff.ndim - 1))) > MASK_DETECT))
+    detected = size > MASK_DETECT
+    verdict = "detected" if detected else "NOT detected: the unmasked skip-bounded loop matched"
+    return CheckResult("3 mask omitted (skip bound kept) differs", detected, size, MASK_DETECT,
+                       f"N={n} B_r={block_q} B_c={block_kv}: max |diff| = {size:.3g}, {rows} of {n} rows "
+                       f"attend to future keys; {verdict}")
+
+
+def check_no_nan(rng) -> CheckResult:
+    """Check 4: fully masked tile regions and rows with no permitted key give no NaN; empty rows give
+    zeros and LSE = -inf, in the naive, FA-2, FA-1 and combine paths."""
+    bad: list[str] = []
+    count = 0
+    # (a) Nq > Nk, bottom-right: the first Nq - Nk rows see no key; (b) N = 16: the upper half of each
+    # query tile sees its last loaded tile fully masked.
+    for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):
+        q, k, v = _qkv(rng, (2,), (2,), nq, nk, 8, 8)
+        empty = np.arange(nq) + (nk - nq) < 0  # rows with no permitted key
+        outs = {"naive": reference.naive_attention(q, k, v, causal=True, return_lse=True)}
+        o2, l2, tr = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
+                                               trace_rows=range(nq))
+        outs["FA-2"] = (o2, l2)
+        outs["FA-1"] = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
+                                                 normalized=True)
+        half = nk // 2  # split-KV partials of a non-causal decode on the same rows, one split empty
+        parts = [reference.tiled_attention(q, k[..., :half, :], v[..., :half, :], block_q=bq, block_kv=bk),
+                 (np.zeros_like(o2), np.full(l2.shape, -np.inf)),
+                 reference.tiled_attention(q, k[..., half:, :], v[..., half:, :], block_q=bq, block_kv=bk)]
+        outs["combine"] = reference.combine(parts)
+        for name, (o, lse) in outs.items():
+            nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
+            count += nans
+            if nans:
+                bad.append(f"{name} Nq={nq} Nk={nk}: {nans} NaN")
+            if name != "combine" and (np.any(o[..., empty, :]) or not np.all(np.isneginf(lse[..., empty]))
+                                      or np.any(np.isneginf(lse[..., ~empty]))):
+                count += 1
+                bad.append(f"{name} Nq={nq} Nk={nk}: empty rows not (zeros, -inf)")
+        trace_nans = sum(int(np.isnan(np.concatenate([np.ravel(x) for x in (st.m, st.alpha, st.l, st.acc)]))
+                             .sum()) for steps in tr.values() for st in steps)
+        count += trace_nans
+        if trace_nans:
+            bad.append(f"trace Nq={nq} Nk={nk}: {trace_nans} NaN")
+    detail = ("Nq=40 > Nk=23 (17 rows with no key) and N=16 (fully masked upper halves): naive, FA-2, "
+              "FA-1, trace, combine with an empty split")
+    return CheckResult("4 no NaN on masked regions and empty rows", not bad, float(count), 0.0,
+                       detail + ("; " + "; ".join(bad[:3]) if bad else ""))
+
+
+def check_fa1_equals_fa2(rng) -> CheckResult:
+    """Check 5: FlashAttention-1's normalised accumulator gives FlashAttention-2's result."""
+    worst = 0.0
+    for shape in SHAPES[:4]:
+        lead_q, lead_kv, nq, nk, d, dv, bq, bk = shape
+        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
+        for causal in (False, True):
+            o2, l2 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
+            o1, l1 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk,
+                                               normalized=True)
+            worst = max(worst, rel_error(o1, o2), lse_error(l1, l2))
+    return CheckResult("5 FA-1 normalised = FA-2 unnormalised", worst < REL_TOL, worst, REL_TOL,
+                       "4 shapes x (unmasked, causal)")
+
+
+def split_points(rng, nk: int, n_splits: int) -> list[int]:
+    """Sorted cut points 0 = c_0 <= ... <= c_S = nk (splits may be empty)."""
+    cuts = np.sort(rng.integers(0, nk + 1, size=n_splits - 1))
+    return [0, *map(int, cuts), nk]
+
+
+def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
+    """Split-KV partials: attention of ``q`` over each key slice ``cuts[s]:cuts[s+1]`` (non-causal),
+    ``(o_s, lse_s)``; an empty slice gives ``(zeros, -inf)``."""
+    q64 = np.asarray(q, dtype=np.float64)
+    parts = []
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        if b > a:
+            parts.append(reference.tiled_attention(q, k[..., a:b, :], v[..., a:b, :], scale=scale,
+                                                   block_kv=block_kv))
+        else:
+            lead = np.broadcast_shapes(q64.shape[:-2], np.shape(v)[:-2])
+            parts.append((np.zeros(lead + (q64.shape[-2], np.shape(v)[-1])),
+                          np.full(lead + (q64.shape[-2],), -np.inf)))
+    return parts
+
+
+def check_combine(rng) -> CheckResult:
+    """Check 6: the Flash-Decoding combine of split-KV partials equals attention over all the keys.
+
+    Non-causal (as decode is: the new token sees the whole cache); random splits, some empty.
+    """
+    worst, cases = 0.0, 0
+    for lead_q, lead_kv, nq, nk in (((2, 4), (2, 2), 1, 97), ((3, 2), (3, 2), 5, 64), ((1, 1), (1, 1), 1, 1)):
+        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, 16, 16)
+        o_ref, lse_ref = reference.naive_attention(q, k, v, return_lse=True)
+        for n_splits in (1, 2, 3, 7):
+            o, lse = reference.combine(split_kv(q, k, v, split_points(rng, nk, n_splits), block_kv=16))
+            worst = max(worst, rel_error(o, o_ref), lse_error(lse, lse_ref))
+            cases += 1
+    return CheckResult("6 split-KV combine = whole", worst < REL_TOL, worst, REL_TOL,
+                       f"{cases} cases: 1, 2, 3, 7 random splits (empty splits allowed), GQA, Nk up to 97")
+
+
+REFERENCE_CHECKS = (check_tiled_equals_naive, check_diagonal_rows, check_mask_omitted, check_no_nan,
+                    check_fa1_equals_fa2, check_combine)
+
+
+def reference_checks(seed: int = 0) -> list[CheckResult]:
+    """Run the six reference checks on fresh inputs drawn from ``numpy.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    return [check(rng) for check in REFERENCE_CHECKS]
+
+
+# --- the kernels ----------------------------------------------------------------------------------
+def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
+    """Can the Triton kernels run here? Returns ``(runnable, how or why not, kernel modules present)``.
+
+    - ``off``: never.
+    - ``auto``: when the kernel modules exist, torch and triton import, and there is a CUDA GPU or the
+      user set ``TRITON_INTERPRET=1`` (CPU interpreter). It never turns the interpreter on by itself, so
+      ``attnscope verify`` stays fast on a laptop.
+    - ``on``: as auto, but on a machine without a GPU it sets ``TRITON_INTERPRET=1`` for this process
+      (possible only before triton is first imported) and runs them on the CPU; if they still cannot
+      run, that is reported as a failure.
+    """
+    choice("kernels", mode, KERNEL_MODES)
+    if mode == "off":
+        return False, "not run (--kernels off)", []
+    present = [m for m in ("fwd", "decode") if _module_exists(f"attnscope.kernels.{m}")]
+    if not present:
+        return False, "not run: attnscope.kernels.fwd and attnscope.kernels.decode are not present", []
+    if not (_module_exists("torch") and _module_exists("triton")):
+        return (False, "not run: torch and triton are not installed (pip install 'attnscope[kernels]')",
+                present)
+    import torch
+
+    if torch.cuda.is_available():
+        return True, f"on {torch.cuda.get_device_name()}", present
+    if _interpreting():
+        return True, "on the CPU under TRITON_INTERPRET=1 (no CUDA GPU)", present
+    if mode == "on":
+        if "triton" in sys.modules:
+            return False, ("not run: no CUDA GPU, and triton was imported before TRITON_INTERPRET=1 could "
+                           "be set"), present
+        os.environ["TRITON_INTERPRET"] = "1"
+        return True, "on the CPU under TRITON_INTERPRET=1 (set by --kernels on; no CUDA GPU)", present
+    return False, ("not run: no CUDA GPU and TRITON_INTERPRET is not set (--kernels on runs them under the "
+                   "Triton CPU interpreter)"), present
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_checks(seed: int = 0, mode: str = "auto") -> list[CheckResult]:
+    """The kernel checks, or one SKIP line (``auto``/``off``) or FAIL line (``on``) saying why not."""
+    runnable, how, present = kernel_status(mode)
+    if not runnable:
+        return [CheckResult("kernels", False if mode == "on" else None, None, None, how)]
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "Triton CPU interpreter"
+    rng = np.random.default_rng(seed + 1)
+    results = []
+    if "fwd" in present:
+        results += [_guard(f"K1 flash_attention = reference [{where}]", _kernel_fwd_equals_ref, torch, device,
+                           rng),
+                    _guard("K4 flash_attention: no NaN, empty rows (zeros, -inf)", _kernel_fwd_empty_rows,
+                           torch, device, rng)]
+    else:
+        results.append(CheckResult("flash_attention", None, None, None, "not run: attnscope.kernels.fwd is "
+                                                                        "not present"))
+    if "decode" in present:
+        results += [_guard(f"K1 flash_decode = reference [{where}]", _kernel_decode_equals_ref, torch, device,
+                           rng),
+                    _guard("K6 flash_decode: any num_splits = reference", _kernel_decode_splits, torch,
+                           device, rng)]
+    else:
+        results.append(CheckResult("flash_decode", None, None, None, "not run: attnscope.kernels.decode is "
+                                                                     "not present"))
+    return results
+
+
+def _guard(name, fn, *args) -> CheckResult:
+    """Run one kernel check; an exception is that check's failure, reported on its line."""
+    try:
+        return fn(name, *args)
+    except Exception as e:  # a crashing kernel fails its check, it does not abort verify
+        return CheckResult(name, False, None, None, f"raised {type(e).__name__}: {e}".splitlines()[0][:300])
+
+
+def _torch_error(torch, q, k, v, permitted, scale, o_ref) -> float:
+    """max |o - o_ref| of PyTorch's own SDPA at q's dtype, over rows with at least one permitted key.
+
+    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B or 1, 1, Nq, Nk]; o_ref float64 numpy.
+    """
+    import torch.nn.functional as F
+
+    group = q.shape[1] // k.shape[1]
+    mask = torch.as_tensor(permitted, device=q.device)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, Hq, Nk, d]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    has_key = np.broadcast_to(permitted.any(axis=-1), o_ref.shape[:-1])
+    diff = np.abs(o.double().cpu().numpy() - o_ref)[has_key]
+    return float(diff.max(initial=0.0))
+
+
+def _lowp(torch, rng, shape, dtype, device, std=1.0):
+    return (std * torch.from_numpy(rng.standard_normal(shape))).to(dtype=dtype, device=device)
+
+
+def _np(t):
+    return t.double().cpu().numpy()
+
+
+def _compare_kernel(name, o, lse, o_ref, lse_ref, torch_err, what) -> CheckResult:
+    o, lse = _np(o), _np(lse)
+    err = float(np.abs(o - o_ref).max()) if not np.isnan(o).any() else float("inf")
+    tol = 2 * torch_err + KERNEL_ABS_SLACK
+    l_err = lse_error(lse, lse_ref)
+    passed = err <= tol and l_err <= KERNEL_LSE_TOL
+    return CheckResult(name, passed, err, tol, f"{what}; torch's own error {torch_err:.2e}; "
+                                               f"LSE rel err {l_err:.2e} (tol {KERNEL_LSE_TOL:g})")
+
+
+# (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
+FWD_SHAPES = ((2, 4, 2, 97, 97, 64, "float16"), (1, 2, 2, 37, 100, 64, "float16"),
+              (1, 4, 1, 70, 33, 128, "float16"), (1, 2, 2, 65, 65, 64, "bfloat16"))
+
+
+def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
+    import attnscope
+
+    results = []
+    for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
+        if dt == "bfloat16" and device.type == "cpu":
+            continue  # the interpreter's bf16 tl.dot multiplies bit patterns (triton-lang/triton#11584)
+        dtype = getattr(torch, dt)
+        q = _lowp(torch, rng, (b, hq, nq, d), dtype, device, std=2.0)
+        k = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
+        v = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
+        for causal in (False, True):
+            o_ref, lse_ref = reference.naive_attention(_np(q), _np(k), _np(v), causal=causal, return_lse=True)
+            permitted = np.ones((nq, nk), bool) if not causal else (np.arange(nk)[None] <=
+                                                                     np.arange(nq)[:, None] + nk - nq)
+            torch_err = _torch_error(torch, q, k, v, permitted[None, None], None, o_ref)
+            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+            results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
+                                           f"worst of the shapes x 2: B={b} Hq={hq} "
+                                           f"Hkv={hkv} Nq={nq} Nk={nk} d={d} {dt} "
+                                           f"{'causal' if causal else 'unmasked'}"))
+    worst = _worst(results)
+    if device.type == "cpu":
+        worst = replace(worst, detail=worst.detail + "; bfloat16 not run: the Triton interpreter does not "
+                                                      "support bf16 tl.dot (triton-lang/triton#11584)")
+    return worst
+
+
+def _worst(results: list[CheckResult]) -> CheckResult:
+    """The first failure, or else the case closest to its tolerance."""
+    failed = [r for r in results if not r.passed]
+    return failed[0] if failed else max(results, key=lambda r: r.error / r.tolerance)
+
+
+def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
+    import attnscope
+
+    b, h, nq, nk, d = 1, 2, 40, 23, 64
+    q = _lowp(torch, rng, (b, h, nq, d), torch.float16, device)
+    k = _lowp(torch, rng, (b, h, nk, d), torch.float16, device)
+    v = _lowp(torch, rng, (b, h, nk, d), torch.float16, device)
+    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+    o, lse = _np(o), _np(lse)
+    empty = np.arange(nq) + nk - nq < 0
+    nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
+    ok_empty = not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
+    return CheckResult(name, nans == 0 and ok_empty, float(nans), 0.0,
+                       f"causal Nq={nq} > Nk={nk}: {int(empty.sum())} rows with no key "
+                       f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN")
+
+
+def _decode_case(torch, device, rng, dtype=None):
+    b, hq, hkv, cap, d = 3, 4, 2, 100, 64
+    dtype = dtype or torch.float16
+    q = _lowp(torch, rng, (b, hq, 1, d), dtype, device, std=2.0)
+    k = _lowp(torch, rng, (b, hkv, cap, d), dtype, device)
+    v = _lowp(torch, rng, (b, hkv, cap, d), dtype, device)
+    seqlens = np.array([97, 1, 50])
+    o_ref = np.zeros((b, hq, 1, d))
+    lse_ref = np.zeros((b, hq, 1))
+    for i, n in enumerate(seqlens):
+        o_ref[i], lse_ref[i] = reference.naive_attention(_np(q[i]), _np(k[i, :, :n]), _np(v[i, :, :n]),
+                                                         return_lse=True)
+    permitted = (np.arange(cap)[None, :] < seqlens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    torch_err = _torch_error(torch, q, k, v, permitted, None, o_ref)
+    sl = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    return q, k, v, sl, o_ref, lse_ref, torch_err
+
+
+def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
+    import attnscope
+
+    q, k, v, sl, o_ref, lse_ref, torch_err = _decode_case(torch, device, rng)
+    o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, return_lse=True)
+    return _compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
+                           "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64 float16")
+
+
+def _kernel_decode_splits(name, torch, device, rng) -> CheckResult:
+    import attnscope
+
+    q, k, v, sl, o_ref, lse_ref, torch_err = _decode_case(torch, device, rng)
+    results = []
+    for n_splits in (1, 3, 8):
+        o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, num_splits=n_splits, return_lse=True)
+        results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
+                                       f"num_splits 1, 3, 8 (worst: {n_splits}) on cache_seqlens "
+                                       "[97, 1, 50]"))
+    return _worst(results)
+
+
+def run_all(seed: int = 0, kernels: str = "auto") -> list[CheckResult]:
+    """Reference checks, then kernel checks (or the line saying why they were not run)."""
+    choice("kernels", kernels, KERNEL_MODES)
+    return reference_checks(seed) + kernel_checks(seed, kernels)
