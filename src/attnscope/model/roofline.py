@@ -4,7 +4,8 @@ One source of truth for device facts (DESIGN.md): peak dense FLOP/s, HBM bandwid
 shared-memory carve-out, each with the source it comes from. Peaks are dense (no sparsity), at boost
 clock, and are not sustained rates: the ridge point is arithmetic on peaks, not a property of a kernel.
 
-Rates are decimal (TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s); sizes are binary (KiB = 1024 B).
+Rates are decimal (TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s), written as float literals (2.039e12) so
+they are the exact numbers of their sources; sizes are binary (KiB = 1024 B).
 
     ridge      = peak FLOP/s / HBM B/s                       [FLOP/byte]
     intensity  = kernel FLOPs / kernel HBM bytes             [FLOP/byte]
@@ -55,7 +56,7 @@ _CUDA_GUIDE = ("CUDA C++ Programming Guide, Technical Specifications per Compute
 DEVICES: dict[str, Device] = {
     "a100": Device(
         name="a100", label="NVIDIA A100 SXM4 80GB",
-        tensor_fp16=312 * TERA, fp32=19.5 * TERA, tensor_fp8=None, hbm=2.039 * TERA,
+        tensor_fp16=312e12, fp32=19.5e12, tensor_fp8=None, hbm=2.039e12,
         l2=40 * MiB, sms=108, smem_carveout=164 * KiB, smem_per_block=163 * KiB,
         sources={
             "flops": "NVIDIA A100 datasheet: 312 TFLOPS FP16/BF16 Tensor Core dense, 19.5 TFLOPS FP32",
@@ -67,7 +68,7 @@ DEVICES: dict[str, Device] = {
         }),
     "h100": Device(
         name="h100", label="NVIDIA H100 SXM5 80GB",
-        tensor_fp16=989 * TERA, fp32=67 * TERA, tensor_fp8=1979 * TERA, hbm=3.35 * TERA,
+        tensor_fp16=989e12, fp32=67e12, tensor_fp8=1979e12, hbm=3.35e12,
         l2=50 * MiB, sms=132, smem_carveout=228 * KiB, smem_per_block=227 * KiB,
         sources={
             "flops": "NVIDIA H100 datasheet (SXM): 1,979 TFLOPS FP16/BF16 and 3,958 FP8 with sparsity, "
@@ -80,7 +81,7 @@ DEVICES: dict[str, Device] = {
         }),
     "h200": Device(
         name="h200", label="NVIDIA H200 SXM 141GB",
-        tensor_fp16=989 * TERA, fp32=67 * TERA, tensor_fp8=1979 * TERA, hbm=4.8 * TERA,
+        tensor_fp16=989e12, fp32=67e12, tensor_fp8=1979e12, hbm=4.8e12,
         l2=50 * MiB, sms=132, smem_carveout=228 * KiB, smem_per_block=227 * KiB,
         sources={
             "flops": "NVIDIA H200 datasheet (SXM): 1,979 TFLOPS FP16/BF16 and 3,958 FP8 with sparsity, "
