@@ -1,0 +1,289 @@
+"""DRAM bytes from Nsight Compute: build the ``ncu`` command, run one call under it, parse the CSV.
+
+The measured call runs in a child process (``python -m attnscope.measure.ncu --child SPEC``) that
+
+1. builds the inputs and warms the call up (compilation, autotuning, cuBLAS heuristics),
+2. evicts the L2 by reading a scratch buffer twice its size (clean lines: evicting them later costs no
+   DRAM write), so every measurement starts from the same cold-cache state the physical estimate
+   assumes,
+3. starts the profiler (``cudaProfilerStart``), launches a marker kernel (``torch.cuda._sleep``, kernel
+   ``spin_kernel``) and the call once, synchronises, and stops the profiler (``cudaProfilerStop``).
+
+``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
+marker separates the calls when one child measures several configurations (bench/record_fixtures.py).
+
+``--cache-control none`` (the default here) leaves the L2 alone between kernels, as inference does:
+naive attention's softmax may read S from L2 where S fits. ``all`` (ncu's own default) flushes it
+before every kernel, which forbids inter-kernel reuse. ``--clock-control none`` keeps the clocks as
+the driver sets them.
+
+Parsing is pure Python and tested on a CPU with recorded CSV files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from attnscope.errors import choice
+
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+CACHE_CONTROL = ("none", "all")
+IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel (aten/src/ATen/cuda/Sleep.cu)
+
+#: Unit multipliers ncu may print (decimal prefixes; binary ones accepted too).
+_UNITS = {"byte": 1, "kbyte": 10**3, "mbyte": 10**6, "gbyte": 10**9, "tbyte": 10**12,
+          "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "kibyte": 2**10, "mibyte": 2**20, "gibyte": 2**30}
+
+
+class NcuError(RuntimeError):
+    """ncu is missing, not permitted, or produced nothing to parse. The message is one line."""
+
+
+@dataclass(frozen=True)
+class KernelBytes:
+    """DRAM bytes of one profiled kernel launch."""
+
+    id: int
+    name: str
+    read: int
+    write: int
+
+    @property
+    def total(self) -> int:
+        return self.read + self.write
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "name": self.name, "read": self.read, "write": self.write, "total": self.total}
+
+
+# --- the command -----------------------------------------------------------------------------------
+def find_ncu() -> str:
+    """Path of the ncu executable (PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin); NcuError if none."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", "ncu"), os.X_OK):
+            return os.path.join(root, "bin", "ncu")
+    raise NcuError("ncu (Nsight Compute CLI) not found on PATH or in $CUDA_HOME/bin; install Nsight Compute "
+                   "or add it to PATH")
+
+
+def ncu_command(child: list[str], log_file: str, ncu: str = "ncu", cache_control: str = "none",
+                metrics=METRICS) -> list[str]:
+    """The ncu command line that measures DRAM bytes of the profiled range of ``child``.
+
+    ``--print-units base`` asks for plain bytes; ``--log-file`` keeps the CSV apart from the child's
+    own output.
+    """
+    choice("cache_control", cache_control, CACHE_CONTROL)
+    return [ncu, "--metrics", ",".join(metrics), "--clock-control", "none", "--cache-control", cache_control,
+            "--profile-from-start", "off", "--csv", "--print-units", "base", "--log-file", log_file, *child]
+
+
+def child_command(specs: list[dict]) -> list[str]:
+    """The child process: this module with ``--child`` and the configurations as JSON."""
+    return [sys.executable, "-m", "attnscope.measure.ncu", "--child", json.dumps(specs)]
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+def check_output(text: str) -> None:
+    """Raise NcuError with one clear line for ncu's known failure messages."""
+    if "ERR_NVGPUCTRPERM" in text:
+        raise NcuError("ncu: access to GPU performance counters is not permitted (ERR_NVGPUCTRPERM); run as "
+                       "root, or load the driver with NVreg_RestrictProfilingToAdminUsers=0")
+    if "No kernels were profiled" in text:
+        raise NcuError("ncu: no kernels were profiled (did the child reach cudaProfilerStart?)")
+
+
+def _number(value: str, unit: str) -> float:
+    v = value.strip().replace(",", "")
+    if v in ("", "n/a", "N/A"):
+        raise ValueError(f"no value ({value!r})")
+    scale = _UNITS.get(unit.strip().lower())
+    if scale is None:
+        raise ValueError(f"unknown unit {unit!r}")
+    return float(v) * scale
+
+
+def parse_csv(text: str) -> list[KernelBytes]:
+    """Parse ``ncu --csv`` output (one row per kernel and metric) into one record per kernel launch.
+
+    Lines before the CSV header (``==PROF==`` messages, the child's output) are skipped; the header is
+    the first line that names "Kernel Name" and "Metric Value". Raises NcuError when there is none.
+    """
+    check_output(text)
+    lines = text.splitlines()
+    start = next((i for i, s in enumerate(lines) if '"Kernel Name"' in s and '"Metric Value"' in s), None)
+    if start is None:
+        raise NcuError("ncu: no CSV metric table in the output (was --csv given, and did a kernel run?)")
+    rows = csv.DictReader(io.StringIO("\n".join(s for s in lines[start:] if s.startswith('"'))))
+    by_id: dict[int, dict] = {}
+    for r in rows:
+        metric = r.get("Metric Name", "")
+        if metric not in METRICS:
+            continue
+        kid = int(r["ID"])
+        rec = by_id.setdefault(kid, {"name": r["Kernel Name"], "read": 0, "write": 0})
+        nbytes = int(round(_number(r["Metric Value"], r.get("Metric Unit", "byte") or "byte")))
+        rec["read" if metric == METRICS[0] else "write"] += nbytes
+    return [KernelBytes(k, v["name"], v["read"], v["write"]) for k, v in sorted(by_id.items())]
+
+
+def split_at_markers(ks: list[KernelBytes], marker: str = MARKER) -> list[list[KernelBytes]]:
+    """Split a kernel list into calls at each marker kernel (the markers themselves are dropped).
+
+    Kernels before the first marker are dropped too; with no marker at all the whole list is one call.
+    """
+    if not any(marker in k.name for k in ks):
+        return [list(ks)]
+    out: list[list[KernelBytes]] = []
+    for k in ks:
+        if marker in k.name:
+            out.append([])
+        elif out:
+            out[-1].append(k)
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One call's DRAM bytes, per kernel and in total, with the ncu version and cache control."""
+
+    kernels: list[KernelBytes]
+    cache_control: str
+    ncu_version: str = ""
+
+    @property
+    def read(self) -> int:
+        return sum(k.read for k in self.kernels)
+
+    @property
+    def write(self) -> int:
+        return sum(k.write for k in self.kernels)
+
+    @property
+    def total(self) -> int:
+        return self.read + self.write
+
+    def to_json(self) -> dict:
+        return {"read": self.read, "write": self.write, "total": self.total,
+                "cache_control": self.cache_control, "ncu_version": self.ncu_version,
+                "kernels": [k.to_json() for k in self.kernels]}
+
+
+def ncu_version(ncu: str) -> str:
+    try:
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def run(specs: list[dict], cache_control: str = "none", timeout_s: float = 600.0) -> tuple[str, str]:
+    """Run the child for ``specs`` under ncu; return (CSV text, the child's combined output).
+
+    Raises NcuError (one line) when ncu is missing, counters are not permitted, or the child fails.
+    """
+    ncu = find_ncu()
+    fd, log = tempfile.mkstemp(suffix=".csv")
+    os.close(fd)
+    try:
+        cmd = ncu_command(child_command(specs), log, ncu=ncu, cache_control=cache_control)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise NcuError(f"ncu: timed out after {timeout_s:.0f} s") from e
+        with open(log, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    finally:
+        os.unlink(log)
+    output = (p.stdout or "") + (p.stderr or "")
+    check_output(text + output)
+    if p.returncode != 0 and '"Metric Value"' not in text:
+        last = (output.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+        raise NcuError(f"ncu: the measured process failed: {last}")
+    return text, output
+
+
+def pair(specs_status: list[dict], calls: list[list[KernelBytes]]) -> list[tuple[dict, list[KernelBytes]]]:
+    """Pair each configuration whose marker ran with its segment of kernels, in order."""
+    marked = [s for s in specs_status if s.get("marked")]
+    return list(zip(marked, calls, strict=False))
+
+
+def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
+            causal: bool = False, cache_control: str = "none") -> Measured:
+    """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring)."""
+    choice("impl", impl, IMPLS)
+    spec = {"impl": impl, "n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal}
+    text, _ = run([spec], cache_control=cache_control)
+    calls = split_at_markers(parse_csv(text))
+    return Measured(calls[0] if calls else [], cache_control, ncu_version(find_ncu()))
+
+
+# --- the child -------------------------------------------------------------------------------------
+def _child(specs: list[dict]) -> int:
+    """Warm up, evict L2, and run each configuration once inside a profiler range (see module doc)."""
+    import torch
+
+    from attnscope.measure.backends import attention_fn, torch_dtype
+
+    cudart = torch.cuda.cudart()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size or 64 * 2**20
+    scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda").fill_(1.0)
+    status = []
+    for spec in specs:
+        marked = False
+        try:
+            dt = torch_dtype(torch, spec.get("dtype", "fp16"))
+            shape = (spec.get("batch", 1), spec["heads"], spec["n"], spec["d"])
+            q, k, v = (torch.randn(shape, device="cuda", dtype=dt) for _ in range(3))
+            fn = attention_fn(spec["impl"], bool(spec.get("causal", False)))
+            for _ in range(2):
+                fn(q, k, v)
+            torch.cuda.synchronize()
+            scratch.sum()  # read 2x L2 of clean lines: the call starts from a cold L2
+            torch.cuda.synchronize()
+            cudart.cudaProfilerStart()
+            try:
+                torch.cuda._sleep(1000)  # the marker kernel
+                marked = True
+                fn(q, k, v)
+                torch.cuda.synchronize()
+            finally:
+                cudart.cudaProfilerStop()
+            status.append({**spec, "ok": True, "marked": True})
+            del q, k, v
+        except Exception as e:  # one failing configuration (OOM, refused shape) must not lose the rest
+            first = (str(e).strip().splitlines() or [""])[0]
+            status.append({**spec, "ok": False, "marked": marked, "error": f"{type(e).__name__}: {first}"})
+            torch.cuda.empty_cache()
+    print("ATTNSCOPE_STATUS " + json.dumps(status))
+    return 0
+
+
+def child_status(output: str) -> list[dict]:
+    """The per-configuration status line the child prints, or [] if absent. Each entry is the spec with
+    ``ok``, ``marked`` (its marker kernel ran, so it owns one segment of `split_at_markers`) and
+    ``error``."""
+    for line in output.splitlines():
+        if line.startswith("ATTNSCOPE_STATUS "):
+            return json.loads(line[len("ATTNSCOPE_STATUS "):])
+    return []
+
+
+if __name__ == "__main__":  # pragma: no cover - runs on the GPU machine under ncu
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        sys.exit(_child(json.loads(sys.argv[2])))
+    sys.exit("usage: python -m attnscope.measure.ncu --child SPECS_JSON")

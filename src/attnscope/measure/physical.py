@@ -1,0 +1,304 @@
+"""An L2-aware estimate of the DRAM bytes an attention call moves (what ``ncu`` measures).
+
+The logical model (model/traffic.py) assumes a cold cache: every read of a byte is a DRAM read. The GPU
+has an L2 (50-60 MB on H100/H200) in front of DRAM, so a read is served from L2 when the bytes touched
+since the same data was last touched (its *reuse distance*) fit in the L2. Two reuses decide attention:
+
+- **producer -> consumer** (naive): GEMM 1 writes S, the softmax reads it back, writes P, GEMM 2 reads
+  P. One head's S at N = 4,096 is 32 MiB: with one head it fits in a 60 MB L2 and much of the read-back
+  hits; with 32 heads S is 1 GiB, the reader starts at the head the writer wrote first, and nothing
+  hits (spec §6: "fitting is not the same as hitting").
+- **K/V re-reads** (fused kernels): every query tile of a head re-reads that head's K and V. CTAs are
+  launched query tile fastest (grid ``(T_r, B*H)``), so the CTAs running at once (SMs x CTAs per SM)
+  cover a few heads, and their K/V (2 MiB per head at N = 4,096, d = 128) is read from DRAM once and
+  then served by L2: measured bytes fall to about Q + K + V + O.
+
+Method: replay the call's accesses, in launch order, against an LRU cache of the L2's capacity, in
+chunks (a fraction of the L2, never finer than one tile). A read miss is a DRAM read. Writes go to DRAM
+once each (``writes="through"``, the default, which matches the H200 measurements: ncu counts the
+output's writes even where it would fit in L2); ``writes="back"`` counts a dirty chunk only when it is
+evicted during the call. The fused kernels are replayed in waves of concurrently running CTAs: within a
+wave the CTAs of one head read each K/V chunk once between them. The call starts with an empty (clean)
+L2, as `measure/ncu.py`'s child arranges.
+
+This is an estimate with stated simplifications (LRU, not the hardware's policy; one L2, not two
+partitions; waves, not dynamic CTA scheduling; sector rounding ignored). Its error against ncu is the
+test, reported in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from attnscope.errors import choice, expect, positive_int
+from attnscope.model import traffic as _traffic
+from attnscope.model.tiles import Grid, cdiv
+
+IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
+
+#: Tiles (B_r, B_c) and resident CTAs per SM assumed per implementation (fp16/bf16, d <= 128, SM90).
+#: They set only the wave structure (how many heads' K/V are live at once) and the ragged tiles; the
+#: estimate is insensitive to them while a wave's K/V fits in L2.
+#: flash: PyTorch's FlashAttention-2 fwd kernel traits for d = 128; efficient: CUTLASS mem-eff 64x64;
+#: cudnn: its SM90 fprop kernels use 128-row tiles; attnscope: the autotuner's usual pick (kernels/fwd.py).
+_TILES = {"flash": (128, 64, 2), "efficient": (64, 64, 2), "cudnn": (128, 128, 1), "attnscope": (128, 64, 1)}
+#: Implementations that write the FP32 logsumexp in an inference forward (PyTorch's flash always does).
+_WRITES_LSE = {"flash": True, "efficient": False, "cudnn": False, "attnscope": False}
+STAT_BYTES = _traffic.STAT_BYTES
+
+
+@dataclass
+class KernelEstimate:
+    """One kernel of the call: logical bytes (cold cache) and the L2-aware DRAM estimate, whole call."""
+
+    name: str
+    logical_read: int = 0
+    logical_write: int = 0
+    read: int = 0
+    write: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.read + self.write
+
+    @property
+    def logical_total(self) -> int:
+        return self.logical_read + self.logical_write
+
+    def to_json(self) -> dict:
+        return {"kernel": self.name, "logical_read": self.logical_read, "logical_write": self.logical_write,
+                "read": self.read, "write": self.write, "total": self.total}
+
+
+@dataclass
+class Estimate:
+    """The estimate for one call (bytes for the whole call; ``per_head`` divides by batch x heads)."""
+
+    impl: str
+    params: dict
+    kernels: list[KernelEstimate] = field(default_factory=list)
+
+    @property
+    def read(self) -> int:
+        return sum(k.read for k in self.kernels)
+
+    @property
+    def write(self) -> int:
+        return sum(k.write for k in self.kernels)
+
+    @property
+    def total(self) -> int:
+        return self.read + self.write
+
+    @property
+    def logical_total(self) -> int:
+        return sum(k.logical_total for k in self.kernels)
+
+    @property
+    def batch_heads(self) -> int:
+        return self.params["batch"] * self.params["heads"]
+
+    def per_head(self, nbytes: int) -> float:
+        return nbytes / self.batch_heads
+
+    def to_json(self) -> dict:
+        return {"impl": self.impl, "params": self.params, "read": self.read, "write": self.write,
+                "total": self.total, "logical_total": self.logical_total,
+                "kernels": [k.to_json() for k in self.kernels]}
+
+
+class _LRU:
+    """An LRU cache of ``capacity`` bytes holding variable-size chunks; counts DRAM bytes per kernel."""
+
+    def __init__(self, capacity: int, writes: str):
+        self.capacity = capacity
+        self.writes = writes
+        self.used = 0
+        self.lines: OrderedDict = OrderedDict()  # key -> [size, dirty]
+        self.k: KernelEstimate | None = None  # the kernel DRAM bytes are charged to
+
+    def touch(self, key, size: int, write: bool) -> None:
+        k = self.k
+        if write:
+            k.logical_write += size
+        else:
+            k.logical_read += size
+        line = self.lines.get(key)
+        if line is not None:
+            self.lines.move_to_end(key)
+            line[1] = line[1] or write
+        else:
+            if not write:
+                k.read += size  # a read miss comes from DRAM; a write allocates without reading
+            self.lines[key] = [size, write]
+            self.used += size
+            while self.used > self.capacity:
+                _, (sz, dirty) = self.lines.popitem(last=False)
+                self.used -= sz
+                if dirty and self.writes == "back":
+                    k.write += sz
+        if write and self.writes == "through":
+            k.write += size
+
+
+def _chunks(total_rows: int, rows_per_chunk: int, row_bytes: int):
+    """(index, bytes) of each chunk of a [total_rows, *] tensor cut every ``rows_per_chunk`` rows."""
+    for c in range(cdiv(total_rows, rows_per_chunk)):
+        rows = min(rows_per_chunk, total_rows - c * rows_per_chunk)
+        yield c, rows * row_bytes
+
+
+def _naive(cache: _LRU, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
+    """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
+    order, S/P streamed row block by row block. Mirrors `measure.share.naive_attention`."""
+    s_rows = max(1, chunk // (nk * b))  # rows of S per chunk
+    m_rows = max(1, chunk // nk)       # rows of the bool mask per chunk
+    qd_rows = max(1, chunk // (d * b))  # rows of Q/K/V/O per chunk
+    s_in = "S"
+
+    def kernel(name):
+        k = KernelEstimate(name)
+        est.kernels.append(k)
+        cache.k = k
+
+    kernel("GEMM (QK^T)")
+    for h in range(bh):
+        for c, sz in _chunks(nq, qd_rows, d * b):
+            cache.touch(("Q", h, c), sz, False)
+        for c, sz in _chunks(nk, qd_rows, d * b):
+            cache.touch(("K", h, c), sz, False)
+        for c, sz in _chunks(nq, s_rows, nk * b):
+            cache.touch(("S", h, c), sz, True)
+    if causal:
+        kernel("masked_fill")
+        for h in range(bh):
+            for c, sz in _chunks(nq, s_rows, nk * b):
+                cache.touch(("S", h, c), sz, False)
+                r0, r1 = c * s_rows, min((c + 1) * s_rows, nq)
+                for mc in range(r0 // m_rows, cdiv(r1, m_rows)):
+                    m_sz = (min((mc + 1) * m_rows, nq) - mc * m_rows) * nk
+                    cache.touch(("mask", mc), m_sz, False)
+                cache.touch(("S'", h, c), sz, True)
+        s_in = "S'"
+    kernel("softmax")
+    for h in range(bh):
+        for c, sz in _chunks(nq, s_rows, nk * b):
+            cache.touch((s_in, h, c), sz, False)
+            cache.touch(("P", h, c), sz, True)
+    kernel("GEMM (PV)")
+    for h in range(bh):
+        for c, sz in _chunks(nk, qd_rows, d * b):
+            cache.touch(("V", h, c), sz, False)
+        for c, sz in _chunks(nq, s_rows, nk * b):
+            cache.touch(("P", h, c), sz, False)
+        for c, sz in _chunks(nq, qd_rows, d * b):
+            cache.touch(("O", h, c), sz, True)
+
+
+def _fused(cache: _LRU, est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, bh: int, causal: bool,
+           chunk: int, concurrent: int, block_q: int, block_kv: int):
+    """One fused kernel, CTAs (query tile fastest, then batch-head) run in waves of ``concurrent``."""
+    k = KernelEstimate(f"{impl} forward (fused)")
+    est.kernels.append(k)
+    cache.k = k
+    g = Grid(nq, nk, block_q, block_kv, causal=causal)
+    kv_rows = block_kv * max(1, chunk // (block_kv * d * b))  # K/V rows per chunk, whole tiles
+    ctas = [(h, i) for h in range(bh) for i in range(1, g.n_q_tiles + 1)]
+    lse = _WRITES_LSE[impl]
+    for w in range(0, len(ctas), concurrent):
+        wave = ctas[w:w + concurrent]
+        need: dict[int, int] = {}  # head -> K/V rows the wave's CTAs of that head load (the most of any)
+        for h, i in wave:
+            r0, r1 = g.rows(i)
+            cache.touch(("Q", h, i), (r1 - r0 + 1) * d * b, False)
+            need[h] = max(need.get(h, 0), g.kv_rows_loaded(i))
+        for j in range(cdiv(max(need.values()), kv_rows)):
+            for h, rows in need.items():
+                if j * kv_rows < rows:
+                    sz = (min((j + 1) * kv_rows, nk) - j * kv_rows) * d * b
+                    cache.touch(("K", h, j), sz, False)
+                    cache.touch(("V", h, j), sz, False)
+        for h, i in wave:
+            r0, r1 = g.rows(i)
+            cache.touch(("O", h, i), (r1 - r0 + 1) * d * b, True)
+            if lse:
+                cache.touch(("LSE", h, i), (r1 - r0 + 1) * STAT_BYTES, True)
+
+
+def device_facts(device: str = "h200") -> tuple[int, int]:
+    """(L2 bytes, SMs) of a device from model/roofline.py, the one table of device facts."""
+    from attnscope.model.roofline import device as _device
+
+    dev = _device(device)
+    return dev.l2, dev.sms
+
+
+def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
+             causal: bool = False, *, l2_bytes: int | None = None, sms: int | None = None,
+             device: str = "h200", ctas_per_sm: int | None = None, writes: str = "through",
+             chunks_per_l2: int = 256) -> Estimate:
+    """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
+
+    Parameters
+    ----------
+    impl: naive (the explicit 3-kernel baseline; causal adds a masked_fill kernel), flash, cudnn,
+        efficient or attnscope (fused).
+    n, d, heads, batch, dtype, causal: the call, inputs ``[batch, heads, n, d]`` (4096, 128, 32, 1, fp16).
+    l2_bytes, sms: the device's L2 capacity and SM count; default to ``device``'s entry in
+        model/roofline.py (pass the values read from the running GPU where there is one).
+    ctas_per_sm: resident CTAs per SM of a fused kernel (defaults per implementation).
+    writes: "through" (every write reaches DRAM once) or "back" (only dirty evictions during the call).
+    chunks_per_l2: granularity of the replay: the L2 holds this many chunks.
+
+    Returns
+    -------
+    Estimate: ``.total`` bytes for the call, ``.per_head(.total)``, per-kernel ``.kernels``.
+    """
+    choice("impl", impl, IMPLS)
+    choice("writes", writes, ("through", "back"))
+    for name, v in (("n", n), ("d", d), ("heads", heads), ("batch", batch), ("chunks_per_l2", chunks_per_l2)):
+        positive_int(name, v)
+    b = _traffic.DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16", "fp32"))]
+    dev_l2, dev_sms = device_facts(device)
+    l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
+    sms = dev_sms if sms is None else positive_int("sms", sms)
+    cache = _LRU(l2, writes)
+    chunk = max(4096, l2 // chunks_per_l2)
+    params = {"n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal,
+              "l2_bytes": l2, "sms": sms, "writes": writes, "chunk_bytes": chunk}
+    est = Estimate(impl, params)
+    if impl == "naive":
+        _naive(cache, est, n, n, d, b, batch * heads, causal, chunk)
+    else:
+        bq, bk, per_sm = _TILES[impl]
+        per_sm = per_sm if ctas_per_sm is None else positive_int("ctas_per_sm", ctas_per_sm)
+        params.update(block_q=bq, block_kv=bk, ctas_per_sm=per_sm)
+        _fused(cache, est, impl, n, n, d, b, batch * heads, causal, chunk, sms * per_sm, bq, bk)
+    return est
+
+
+def logical(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
+            causal: bool = False) -> int:
+    """Logical bytes of the call from model/traffic.py (whole call): the row that describes what runs.
+
+    naive -> ``naive`` or ``naive-causal-eager`` (what `naive_attention` does: full S, a bool mask and
+    an out-of-place masked_fill); fused -> ``flash`` or ``flash-causal`` with that implementation's
+    tiles and its logsumexp write.
+    """
+    choice("impl", impl, IMPLS)
+    if impl == "naive":
+        row = "naive-causal-eager" if causal else "naive"
+        t = _traffic.traffic(n, d, dtype, batch=batch, heads=heads, rows=(row,))
+    else:
+        bq, bk, _ = _TILES[impl]
+        row = "flash-causal" if causal else "flash"
+        t = _traffic.traffic(n, d, dtype, bq, bk, batch=batch, heads=heads, lse=_WRITES_LSE[impl],
+                             rows=(row,))
+    return t[row].total * t.config.batch_heads
+
+
+def error(estimated: float, measured: float) -> float:
+    """Relative error of an estimate against a measurement: estimated / measured - 1."""
+    expect(measured > 0, "measured", "a positive byte count", measured)
+    return estimated / measured - 1.0
