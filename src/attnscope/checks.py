@@ -46,6 +46,7 @@ class CheckResult:
     error: float | None  # the measured quantity (an error, or for check 3 the size of the difference)
     tolerance: float | None
     detail: str
+    compare: str = "<"  # how error must stand to tolerance to pass: "<" (an error) or ">" (a detected effect)
 
     @property
     def status(self) -> str:
@@ -180,7 +181,7 @@ def check_mask_omitted(rng, n: int = 64, block_q: int = 16, block_kv: int = 8, d
     verdict = "detected" if detected else "NOT detected: the unmasked skip-bounded loop matched"
     return CheckResult("3 mask omitted (skip bound kept) differs", detected, size, MASK_DETECT,
                        f"N={n} B_r={block_q} B_c={block_kv}: max |diff| = {size:.3g}, {rows} of {n} rows "
-                       f"attend to future keys; {verdict}")
+                       f"attend to future keys; {verdict}", compare=">")
 
 
 def check_no_nan(rng) -> CheckResult:
@@ -221,7 +222,7 @@ def check_no_nan(rng) -> CheckResult:
     detail = ("Nq=40 > Nk=23 (17 rows with no key) and N=16 (fully masked upper halves): naive, FA-2, "
               "FA-1, trace, combine with an empty split")
     return CheckResult("4 no NaN on masked regions and empty rows", not bad, float(count), 0.0,
-                       detail + ("; " + "; ".join(bad[:3]) if bad else ""))
+                       detail + ("; " + "; ".join(bad[:3]) if bad else ""), compare="=")
 
 
 def check_fa1_equals_fa2(rng) -> CheckResult:
@@ -338,32 +339,33 @@ def _interpreting() -> bool:
 
 def kernel_checks(seed: int = 0, mode: str = "auto") -> list[CheckResult]:
     """The kernel checks, or one SKIP line (``auto``/``off``) or FAIL line (``on``) saying why not."""
+    return list(iter_kernel_checks(seed, mode))
+
+
+def iter_kernel_checks(seed: int = 0, mode: str = "auto"):
+    """`kernel_checks`, one result at a time (the CLI prints each as it finishes)."""
     runnable, how, present = kernel_status(mode)
     if not runnable:
-        return [CheckResult("kernels", False if mode == "on" else None, None, None, how)]
+        yield CheckResult("kernels", False if mode == "on" else None, None, None, how)
+        return
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     where = torch.cuda.get_device_name() if device.type == "cuda" else "Triton CPU interpreter"
     rng = np.random.default_rng(seed + 1)
-    results = []
     if "fwd" in present:
-        results += [_guard(f"K1 flash_attention = reference [{where}]", _kernel_fwd_equals_ref, torch, device,
-                           rng),
-                    _guard("K4 flash_attention: no NaN, empty rows (zeros, -inf)", _kernel_fwd_empty_rows,
-                           torch, device, rng)]
+        yield _guard(f"K1 flash_attention = reference [{where}]", _kernel_fwd_equals_ref, torch, device, rng)
+        yield _guard("K4 flash_attention: no NaN, empty rows (zeros, -inf)", _kernel_fwd_empty_rows, torch,
+                     device, rng)
     else:
-        results.append(CheckResult("flash_attention", None, None, None, "not run: attnscope.kernels.fwd is "
-                                                                        "not present"))
+        yield CheckResult("flash_attention", None, None, None,
+                          "not run: attnscope.kernels.fwd is not present")
     if "decode" in present:
-        results += [_guard(f"K1 flash_decode = reference [{where}]", _kernel_decode_equals_ref, torch, device,
-                           rng),
-                    _guard("K6 flash_decode: any num_splits = reference", _kernel_decode_splits, torch,
-                           device, rng)]
+        yield _guard(f"K1 flash_decode = reference [{where}]", _kernel_decode_equals_ref, torch, device, rng)
+        yield _guard("K6 flash_decode: any num_splits = reference", _kernel_decode_splits, torch, device, rng)
     else:
-        results.append(CheckResult("flash_decode", None, None, None, "not run: attnscope.kernels.decode is "
-                                                                     "not present"))
-    return results
+        yield CheckResult("flash_decode", None, None, None,
+                          "not run: attnscope.kernels.decode is not present")
 
 
 def _guard(name, fn, *args) -> CheckResult:
@@ -404,8 +406,9 @@ def _compare_kernel(name, o, lse, o_ref, lse_ref, torch_err, what) -> CheckResul
     tol = 2 * torch_err + KERNEL_ABS_SLACK
     l_err = lse_error(lse, lse_ref)
     passed = err <= tol and l_err <= KERNEL_LSE_TOL
+    compare = "<="
     return CheckResult(name, passed, err, tol, f"{what}; torch's own error {torch_err:.2e}; "
-                                               f"LSE rel err {l_err:.2e} (tol {KERNEL_LSE_TOL:g})")
+                                               f"LSE rel err {l_err:.2e} (tol {KERNEL_LSE_TOL:g})", compare)
 
 
 # (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
@@ -461,7 +464,7 @@ def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
     ok_empty = not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
     return CheckResult(name, nans == 0 and ok_empty, float(nans), 0.0,
                        f"causal Nq={nq} > Nk={nk}: {int(empty.sum())} rows with no key "
-                       f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN")
+                       f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN", compare="=")
 
 
 def _decode_case(torch, device, rng, dtype=None):
@@ -504,7 +507,16 @@ def _kernel_decode_splits(name, torch, device, rng) -> CheckResult:
     return _worst(results)
 
 
-def run_all(seed: int = 0, kernels: str = "auto") -> list[CheckResult]:
-    """Reference checks, then kernel checks (or the line saying why they were not run)."""
+def iter_checks(seed: int = 0, kernels: str = "auto"):
+    """The reference checks, then the kernel checks (or the line saying why they were not run), one
+    result at a time."""
     choice("kernels", kernels, KERNEL_MODES)
-    return reference_checks(seed) + kernel_checks(seed, kernels)
+    rng = np.random.default_rng(seed)
+    for check in REFERENCE_CHECKS:
+        yield check(rng)
+    yield from iter_kernel_checks(seed, kernels)
+
+
+def run_all(seed: int = 0, kernels: str = "auto") -> list[CheckResult]:
+    """All of `iter_checks` as a list."""
+    return list(iter_checks(seed, kernels))

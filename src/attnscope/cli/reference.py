@@ -1,7 +1,149 @@
-"""Subcommands of the `attnscope` CLI for this layer (being written)."""
+"""The reference subcommands: `trace` (the online-softmax state, spec §3.2) and `verify` (the checks).
+
+Both run on a CPU in well under two seconds on the float64 reference (reference.py, checks.py); neither
+imports torch at module level. `verify` imports torch only to ask whether the kernels can run.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+
+from attnscope.cli._out import print_json, table
+from attnscope.errors import InputError
+
+# Spec §3.2: one query row, d = 2, two tiles of two keys each.
+SPEC_TILES = [
+    {"scores": [8.0, 6.0], "values": [[1.0, 2.0], [3.0, 4.0]]},
+    {"scores": [10.0, 7.0], "values": [[5.0, 6.0], [7.0, 8.0]]},
+]
+MATCH_TOL = 1e-9  # the trace and the global softmax differ only by float64 rounding
+
 
 def configure(sub) -> None:
-    """Add this module's subcommands to `sub` (argparse subparsers)."""
+    """Add `trace` and `verify` to `sub` (argparse subparsers)."""
+    p = sub.add_parser(
+        "trace", help="online-softmax state (m, alpha, l, acc) after each tile, checked against the softmax",
+        description="Replay FlashAttention-2's online softmax for one query row whose scores arrive tile by "
+                    "tile: the state after each tile, the one final division, and the check against the "
+                    "global softmax. With no --input: the spec's §3.2 two-tile example.")
+    p.add_argument("--input", metavar="FILE", default=None,
+                   help='JSON file ("-" for stdin): {"tiles": [{"scores": [8, 6], '
+                        '"values": [[1, 2], [3, 4]]}, ...]}; any number of tiles, scores already scaled, '
+                        "one value width throughout (default: the spec's §3.2 example)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser(
+        "verify", help="check tiled = naive, the diagonal tiles, the mask, NaN-freedom, FA-1 = FA-2, combine",
+        description="Check the algorithm on fresh seeded random inputs: one PASS/FAIL line per check with "
+                    "the measured error; exit code 1 if any check fails. The Triton kernels are checked too "
+                    "where they can run.")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
+    p.add_argument("--kernels", default="auto", choices=("auto", "on", "off"),
+                   help="check the Triton kernels as well: auto = when a CUDA GPU is present or "
+                        "TRITON_INTERPRET=1 is set; on = always, turning on the Triton CPU interpreter when "
+                        "there is no GPU (slow; a failure if they cannot run); off = never "
+                        "(default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    p.set_defaults(func=cmd_verify)
+
+
+# --- trace ----------------------------------------------------------------------------------------
+def load_tiles(path: str) -> list[tuple[list, list]]:
+    """Read the ``--input`` JSON into ``[(scores, values), ...]``; any problem is one InputError line."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()  # noqa: SIM115
+    except OSError as e:
+        raise InputError(f"--input: expected a readable JSON file, got {path!r} ({e.strerror})") from e
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"--input: expected valid JSON, got {e.msg} at line {e.lineno} column {e.colno} "
+                         f"of {path!r}") from e
+    if not isinstance(doc, dict) or "tiles" not in doc:
+        raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {_brief(doc)}')
+    tiles = doc["tiles"]
+    if not isinstance(tiles, list) or not tiles:
+        raise InputError(f'tiles: expected a non-empty list of {{"scores": [...], "values": [[...], ...]}}, '
+                         f"got {_brief(tiles)}")
+    out = []
+    for n, tile in enumerate(tiles, start=1):
+        if not isinstance(tile, dict) or set(tile) != {"scores", "values"}:
+            raise InputError(f'tile {n}: expected an object with exactly "scores" and "values", '
+                             f"got {_brief(tile)}")
+        out.append((tile["scores"], tile["values"]))
+    return out
+
+
+def _brief(x) -> str:
+    s = json.dumps(x) if not isinstance(x, str) else repr(x)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, list):
+        return "[" + ", ".join(f"{v:.4f}" for v in x) + "]"
+    return f"{x:.4f}"
+
+
+def cmd_trace(args) -> int:
+    from attnscope.reference import online_softmax_trace
+
+    tiles = load_tiles(args.input) if args.input else [(t["scores"], t["values"]) for t in SPEC_TILES]
+    tr = online_softmax_trace(tiles)
+    scale = max(1.0, max(abs(x) for x in tr.reference))
+    ok = tr.max_abs_diff <= MATCH_TOL * scale
+    if args.json:
+        print_json(tr.to_json())
+        return 0 if ok else 1
+
+    from rich.console import Console
+
+    rows = [[st["tile"], _fmt([float(x) for x in tiles[st["tile"] - 1][0]]), _fmt(st["m"]),
+             _fmt(st["alpha"]), _fmt(st["l"]), _fmt(st["acc"])] for st in tr.steps]
+    src = "spec §3.2" if not args.input else args.input
+    c = Console(highlight=False, soft_wrap=False)
+    c = c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
+    c.print(table(f"Online softmax, one query row, state after each tile ({src})",
+                  ["tile", "scores", "m", "alpha = exp(m_old - m)", "l", "acc (unnormalised)"], rows,
+                  caption="alpha rescales the old l and acc onto the new max; tile 1 has no old state."))
+    all_scores = [float(x) for t in tiles for x in t[0]]
+    c.print(f"output     O = acc / l = {_fmt(tr.output)}   (the one division, after the last tile)")
+    c.print(f"reference  softmax over all scores {_fmt(all_scores)}: weights {_fmt(tr.weights)}, "
+            f"weighted sum {_fmt(tr.reference)}")
+    c.print(f"max |O - reference| = {tr.max_abs_diff:.2e}: "
+            + ("match" if ok else f"MISMATCH (more than {MATCH_TOL:g} x {scale:.4g})"))
+    return 0 if ok else 1
+
+
+# --- verify ---------------------------------------------------------------------------------------
+def _measure(r) -> str:
+    if r.error is None:
+        return ""
+    tol = "" if r.tolerance is None else f" {r.compare} {r.tolerance:.0e}"
+    return f"{r.error:.2e}{tol}"
+
+
+def cmd_verify(args) -> int:
+    from attnscope import checks
+
+    if args.seed < 0:
+        raise InputError(f"--seed: expected a non-negative integer, got {args.seed}")
+    results = []
+    for r in checks.iter_checks(args.seed, args.kernels):
+        results.append(r)
+        if not args.json:
+            print(f"{r.status}  {r.name:<46} {_measure(r):>22}  {r.detail}", flush=True)
+    failed = [r for r in results if r.passed is False]
+    if args.json:
+        print_json({"seed": args.seed, "kernels": args.kernels, "passed": not failed,
+                    "checks": [r.to_json() for r in results]})
+    else:
+        n_pass = sum(r.passed is True for r in results)
+        print(f"{n_pass} passed, {len(failed)} failed, {len(results) - n_pass - len(failed)} not run "
+              f"(seed {args.seed})")
+    return 1 if failed else 0
+
