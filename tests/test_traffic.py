@@ -194,6 +194,17 @@ def test_linear_in_batch_heads_and_per_query_head_under_gqa(p, batch, hk):
             assert row["reads_all"] == batch * heads * per.reads
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 200))
+def test_causal_flops_count_permitted_pairs(nq, nk):
+    # DESIGN: 4 Nq Nk d halved for causal when Nq == Nk; otherwise the exact permitted (row, key) pairs.
+    t = traffic(None, nq=nq, nk=nk, d=8, rows=["flash-causal"])
+    r = np.arange(1, nq + 1)[:, None]
+    c = np.arange(1, nk + 1)[None, :]
+    pairs = nq * nk // 2 if nq == nk else int((c <= r + (nk - nq)).sum())
+    assert t["flash-causal"].flops == 4 * pairs * 8
+
+
 def test_json_shape():
     j = traffic().to_json()
     assert set(j) == {"params", "rows"}

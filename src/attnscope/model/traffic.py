@@ -194,8 +194,10 @@ def _causal_pairs(c: Config) -> int:
     and Triton benchmark convention, DESIGN.md), else the exact count of permitted (row, key) pairs."""
     if c.nq == c.nk:
         return c.nq * c.nk // 2
-    off = c.nk - c.nq  # row r (1-based) sees keys 1..min(r + off, Nk)
-    return sum(min(max(r + off, 0), c.nk) for r in range(1, c.nq + 1))
+    # Row r (1-based) sees keys 1..r + off with off = Nk - Nq; the last row sees all Nk keys, and rows with
+    # r + off <= 0 see none. The counts r + off run over max(1, 1 + off) .. Nk: an arithmetic series.
+    first = max(1, 1 + c.nk - c.nq)
+    return (first + c.nk) * (c.nk - first + 1) // 2
 
 
 def _flash(c: Config, causal: bool) -> Row:
