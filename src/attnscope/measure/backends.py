@@ -192,12 +192,9 @@ def attention_fn(impl: str, causal: bool):
     return run
 
 
-def profile_kernels(fn, annotation: str = "attnscope::call",
-                    keep_trace: str | None = None) -> list[KernelEvent]:
-    """Run ``fn()`` once under torch.profiler (CPU + CUDA) and return the kernels it launched.
-
-    The Chrome trace is written to ``keep_trace`` when given (a temporary file otherwise).
-    """
+def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
+    """Run ``fn()`` once inside ``record_function(annotation)`` under torch.profiler (CPU + CUDA) and
+    return the Chrome trace as a dict."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -209,13 +206,21 @@ def profile_kernels(fn, annotation: str = "attnscope::call",
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
-        trace = load_trace(path)
+        return load_trace(path)
     finally:
         os.unlink(path)
-    if keep_trace:
-        with gzip.open(keep_trace, "wt", encoding="utf-8") if keep_trace.endswith(".gz") \
-                else open(keep_trace, "w", encoding="utf-8") as f:
-            json.dump(trace, f)
+
+
+def save_trace(trace: dict, path: str) -> None:
+    """Write a Chrome trace as JSON, gzip-compressed when ``path`` ends in ``.gz``."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        json.dump(trace, f)
+
+
+def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:
+    """The kernels ``fn()`` launches, from one profiled run (see `profile_trace`)."""
+    trace = profile_trace(fn, annotation)
     return kernels_within(trace, annotation) or kernels(trace)
 
 
