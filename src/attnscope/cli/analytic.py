@@ -295,8 +295,8 @@ def cmd_tiles(args) -> int:
     con.print(f"Query tile {s.query_tile}: rows {r0}..{r1} ({r1 - r0 + 1} rows)")
     con.print(f"  loads   KV tiles {_span(s.loaded)} ({len(s.loaded)} of {g.n_kv_tiles}; "
               f"{g.kv_rows_loaded(s.query_tile):,} K rows and as many V rows)")
-    con.print(f"  skips   KV tiles {_span(s.skipped)} ({len(s.skipped)}: every column in the future, "
-              "never loaded)")
+    why = ": every column in the future, never loaded" if g.causal else "; unmasked loads every tile"
+    con.print(f"  skips   KV tiles {_span(s.skipped)} ({len(s.skipped)}{why})")
     con.print(f"  full    KV tiles {_span(s.full)} (loaded, no mask arithmetic)")
     con.print(f"  masked  KV tiles {_span(s.masked)} (loaded, straddle the diagonal: mask before m and l)")
     body = []
