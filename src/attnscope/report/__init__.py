@@ -1,0 +1,49 @@
+"""The latency attribution report: a serving trace in, a defended one-page projection out.
+
+    schema.py       load and validate the trace (YAML or JSON); default_trace.py: the spec's Document QA trace
+    evidence.py     optional inputs: client TTFT samples, vLLM histograms, a torch.profiler trace
+    attribution.py  the numbers (Amdahl via model/amdahl.py) and the sentences that state them
+    render.py       Markdown and one self-contained HTML page
+
+`build(...)` runs the four in order and writes the files. No torch; scipy and prometheus_client only
+when their evidence is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnscope.errors import choice
+
+FORMATS = ("md", "html", "both")
+
+
+def build(trace_path=None, out_dir="attnscope-report", fmt: str = "both", samples_path=None,
+          metrics_paths=None, profile_path=None):
+    """Write `report.md` and/or `report.html` into `out_dir`; return (report, [paths written]).
+
+    trace_path: a YAML/JSON trace, defaults to the spec's Document QA trace. metrics_paths: (BEFORE,
+    AFTER) Prometheus text scrapes. Bad input raises `InputError` naming the field or the flag.
+    """
+    from attnscope.report import attribution, evidence, render, schema
+
+    choice("--format", fmt, FORMATS)
+    trace = schema.load(trace_path)
+    s = evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms) if samples_path else None
+    m = (evidence.metrics(metrics_paths[0], metrics_paths[1], trace.targets.p95_ttft_ms, trace.targets.tpot_ms)
+         if metrics_paths else None)
+    p = evidence.profile(profile_path) if profile_path else None
+    report = attribution.attribute(trace, samples=s, metrics=m, profile=p)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = Path(trace_path).name if trace_path else "the spec's Document QA trace (synthetic)"
+    written = []
+    if fmt in ("md", "both"):
+        path = out / "report.md"
+        path.write_text(render.markdown(report), encoding="utf-8")
+        written.append(path)
+    if fmt in ("html", "both"):
+        path = out / "report.html"
+        path.write_text(render.html_page(report, source=source), encoding="utf-8")
+        written.append(path)
+    return report, written

@@ -1,0 +1,157 @@
+"""The numbers of the latency attribution report, and the sentences that state them.
+
+Every Amdahl number comes from `model/amdahl.py`: `carry` takes the attention part of the prefill
+span, sped up by S, to the prefill boundary and then to the client TTFT boundary with the other
+segments held fixed (an assumption the report states). Render only formats what is built here, so the
+Markdown and the HTML say the same thing.
+
+FLOP share (spec §5.1), per prompt token of a causal prefill of P tokens:
+    dense  = 2 * params                          (one multiply-add per weight)
+    attn   = 4 * (P / 2) * d * heads * layers     (QK^T and PV, 2 FLOPs each, over P/2 keys on average)
+    share  = attn / (dense + attn)                (3.25 % at P = 2,048; 6.29 % at P = 4,096 for 8B)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnscope.model import amdahl
+from attnscope.report.schema import Trace
+
+#: The attention time shares of the sensitivity table (spec §5's rows), beside the operating point.
+SENSITIVITY_SHARES = amdahl.DEFAULT_SENSITIVITY
+FLOP_SHARE_FORMULA = "attn / (dense + attn); per prompt token dense = 2·params, attn = 2·P·d·heads·layers FLOPs"
+
+
+def flop_share(params: float, prompt_tokens: int, d: int, heads: int, layers: int) -> tuple[float, float, float]:
+    """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring)."""
+    dense = 2.0 * params
+    attn = 4.0 * (prompt_tokens / 2.0) * d * heads * layers  # QK^T + PV over P/2 keys on average
+    return dense, attn, attn / (dense + attn)
+
+
+@dataclass(frozen=True)
+class SegmentRow:
+    name: str
+    ms: float
+    share: float  # of client TTFT
+    projected_ms: float
+    source: str
+    note: str
+
+
+@dataclass
+class Report:
+    trace: Trace
+    rows: list[SegmentRow]
+    attention_ms: float
+    attention_source: str
+    boundary: amdahl.Boundary
+    naive_ms: float  # TTFT / S: the kernel-vs-end-to-end mistake
+    flop_dense: float
+    flop_attn: float
+    flop_share: float
+    flop_speedup: float  # what Amdahl at the FLOP share would (wrongly) predict for the prefill
+    sensitivity: list[amdahl.Projection]
+    ttft_meets_target: bool  # this trace only
+    projected_meets_target: bool
+    tpot_meets_target: bool
+    observations: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    boundary_errors: list[tuple[str, str]] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
+    samples: object = None  # evidence.SampleStats
+    metrics: list = field(default_factory=list)  # evidence.HistogramDiff
+    profile: object = None  # evidence.ProfileShare
+
+
+def _queue_segment(trace: Trace):
+    return next((s for s in trace.segments if "queue" in s.name.lower()), None)
+
+
+def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
+    """Build the report's numbers and sentences; evidence (from `evidence.py`) changes what it touches."""
+    t, w = trace, trace.workload
+    attention_ms, attention_source = t.attention_ms, t.prefill_source
+    if profile is not None:  # a measured split replaces the trace's assumed one
+        attention_ms = profile.share * t.prefill_ms
+        attention_source = f"torch.profiler: {profile.share:.1%} of the prefill span ({profile.span})"
+    b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)
+    saved = attention_ms - attention_ms / t.speedup
+    rows = [SegmentRow(s.name, s.ms, s.ms / t.ttft_ms, s.ms - saved if s.name == t.prefill_segment else s.ms,
+                       s.source, s.note) for s in t.segments]
+    if t.unattributed_ms > 1e-9:
+        rows.append(SegmentRow("Unattributed", t.unattributed_ms, t.unattributed_ms / t.ttft_ms,
+                               t.unattributed_ms, t.ttft_source, "Client TTFT minus the serial segments"))
+    dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers)
+    fs = sorted(set(SENSITIVITY_SHARES) | {round(b.f_inner, 6)})
+    r = Report(
+        trace=t, rows=rows, attention_ms=attention_ms, attention_source=attention_source, boundary=b,
+        naive_ms=t.ttft_ms / t.speedup, flop_dense=dense, flop_attn=attn, flop_share=fshare,
+        flop_speedup=amdahl.speedup(fshare, t.speedup), sensitivity=amdahl.sensitivity(t.speedup, fs),
+        ttft_meets_target=t.ttft_ms <= t.targets.p95_ttft_ms,
+        projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
+        tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms, samples=samples, metrics=list(metrics or []),
+        profile=profile)
+    _sentences(r)
+    return r
+
+
+def _sentences(r: Report) -> None:
+    t, b, tg = r.trace, r.boundary, r.trace.targets
+    pre = t.segment(t.prefill_segment)
+    cmp_ttft = "within" if r.ttft_meets_target else "exceeds"
+    cmp_tpot = "within" if r.tpot_meets_target else "outside"
+    r.observations = [
+        f"For this trace, TTFT {t.ttft_ms:.1f} ms {cmp_ttft} the {tg.p95_ttft_ms:.1f} ms target; decode "
+        f"TPOT {t.tpot_ms:.1f} ms is {cmp_tpot} the {tg.tpot_ms:.1f} ms budget.",
+        f"{pre.name} is {pre.ms / t.ttft_ms:.1%} of TTFT; inside it, attention is {b.f_inner:.1%} "
+        f"({r.attention_ms:.1f} ms).",
+    ]
+    if r.samples is None:
+        r.observations.append("A single trace says nothing about p95: service p95 compliance is unknown "
+                              "without a distribution of requests.")
+    else:
+        s = r.samples
+        word = {"accept": "met", "reject": "missed", "inconclusive": "undecided"}[s.verdict]
+        r.observations.append(f"From {s.n} client samples the p95 TTFT target is {word} ({s.verdict}: "
+                              f"p95 {s.p95:.1f} ms; see Evidence).")
+    r.assumptions = [
+        "client TTFT is the sum of strictly serial, non-overlapping segments (synchronized clocks)",
+        f"S = {t.speedup:.2f}× holds over the whole timed attention part ({r.attention_ms:.1f} ms) on matching "
+        "shapes; the rest of the prefill does not move",
+        "every other segment, queue dwell included, stays at its traced duration",
+    ]
+    q = _queue_segment(t)
+    queue_text = (f"Holding {q.name.lower()} at {q.ms:.1f} ms is a static assumption; queuing under load "
+                  "must be measured." if q else
+                  "Holding the non-prefill segments fixed is a static assumption; queuing under load "
+                  "must be measured.")
+    qm = next((m for m in r.metrics if m.name == "vllm:request_queue_time_seconds"), None)
+    if q is not None and qm is not None:
+        queue_text += (f" Server histogram over the run: queue p50 {qm.p50_ms:.1f} ms, p95 {qm.p95_ms:.1f} ms "
+                       f"(this trace: {q.ms:.1f} ms).")
+    r.boundary_errors = [
+        ("Kernel vs. end-to-end", f"Applying {t.speedup:.2f}× to TTFT predicts {t.ttft_ms:.1f} / {t.speedup:.2f} "
+         f"= {r.naive_ms:.1f} ms, ignoring non-attention compute and queue dwell; the projection is "
+         f"{b.outer_projected_ms:.2f} ms."),
+        ("FLOP share vs. time share", f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = "
+         f"{t.workload.prompt_tokens:,} (formula below); Amdahl on it predicts {r.flop_speedup:.3f}× for the "
+         f"prefill, not {b.inner_speedup:.4f}×: FLOPs omit the non-matmul work and stalls in the "
+         f"{b.f_inner:.1%} time share."),
+        ("Unmeasured components", queue_text),
+    ]
+    pm = next((m for m in r.metrics if m.name == "vllm:request_prefill_time_seconds"), None)
+    r.plan = [
+        "Confirm fused dispatch under sdpa_kernel(SDPBackend.FLASH_ATTENTION) from profiler kernel names "
+        "(attnscope which).",
+        f"Check GPU prefill against the {b.inner_projected_ms:.2f} ms projection with matched spans "
+        "(CUDA events, torch.profiler; attnscope share)."
+        + (f" Server prefill p50 over the run: {pm.p50_ms:.1f} ms." if pm else ""),
+        "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
+        f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
+        f"{tg.p95_ttft_ms:g} ms." if r.samples is None or r.samples.verdict == "inconclusive" else
+        f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
+        "Measure DRAM bytes with Nsight Compute (dram__bytes_read.sum, dram__bytes_write.sum): the logical "
+        "model is an algorithmic count, not a hardware reading (attnscope bytes).",
+    ]

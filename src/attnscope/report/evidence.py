@@ -1,0 +1,435 @@
+"""Optional evidence for the report: client TTFT samples, server histograms, a profiler trace.
+
+- `samples(path, target_ms)`: p50 / p95 / p99 of client TTFT samples and an exact, distribution-free
+  95 % confidence interval for p95 from binomial order statistics, with a verdict against the target.
+- `metrics(before, after, ...)`: two Prometheus text scrapes of a vLLM server, histograms diffed
+  (after - before = the run), quantiles interpolated within buckets, coarse-bucket warnings.
+- `profile(path)`: the attention kernels' share of the prefill span in a torch.profiler Chrome trace.
+
+scipy and prometheus_client are imported inside the functions that need them, so a plain report
+does not pay for them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnscope.errors import InputError
+
+# ------------------------------------------------------------------------------------------ samples
+
+#: Confidence of each one-sided bound used by the verdict, and of the two-sided interval shown.
+CONFIDENCE = 0.95
+Q95 = 0.95
+NEEDED_CAP = 200_000  # the sample-size search stops here
+
+
+def _read_text(path, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{flag}: expected a readable file, got {str(path)!r} ({e.strerror})") from None
+
+
+def read_samples(path) -> list[float]:
+    """TTFT samples in ms from a JSON list (or {"ttft_ms": [...]}) or a CSV (one value per row; a
+    header row is allowed; with several columns, the one named ttft_ms)."""
+    text = _read_text(path, "--samples")
+    flag = f"--samples {Path(path).name}"
+    if Path(path).suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{flag}: expected a JSON list of TTFT samples in ms, got invalid JSON "
+                             f"({e.msg} at line {e.lineno})") from None
+        if isinstance(data, dict) and "ttft_ms" in data:
+            data = data["ttft_ms"]
+        if not isinstance(data, list):
+            raise InputError(f"{flag}: expected a JSON list of TTFT samples in ms (or {{\"ttft_ms\": [...]}}), "
+                             f"got {type(data).__name__}")
+        values = data
+    else:
+        rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+        col = 0
+        if rows and len(rows[0]) > 1:
+            header = [c.strip().lower() for c in rows[0]]
+            if "ttft_ms" not in header:
+                raise InputError(f"{flag}: expected one column, or a header with a ttft_ms column, got "
+                                 f"{rows[0]!r}")
+            col = header.index("ttft_ms")
+        if rows:
+            try:
+                float(rows[0][col])
+            except ValueError:
+                rows = rows[1:]  # a header row
+        values = []
+        for i, r in enumerate(rows):
+            try:
+                values.append(float(r[col]))
+            except (ValueError, IndexError):
+                raise InputError(f"{flag}: expected a number in ms on data row {i + 1}, got {r!r}") from None
+    out = []
+    for i, v in enumerate(values):
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        if not ok:
+            raise InputError(f"{flag}: expected TTFT samples >= 0 ms, got {v!r} at index {i}")
+        out.append(float(v))
+    if not out:
+        raise InputError(f"{flag}: expected at least one TTFT sample, got none")
+    return out
+
+
+def order_stat_ranks(n: int, q: float = Q95, confidence: float = CONFIDENCE) -> tuple[int | None, int | None]:
+    """1-based ranks (lower, upper) of the exact one-sided `confidence` bounds on the q-quantile.
+
+    With B ~ Binomial(n, q) the count of samples below the true quantile x_q (continuous law):
+    P(X(u) >= x_q) = P(B <= u - 1) and P(X(l) <= x_q) = P(B >= l). `upper` is the smallest u with
+    P(B <= u - 1) >= confidence, None when even u = n is not enough (1 - q**n < confidence: for p95 at
+    95 %, fewer than 59 samples). `lower` is the largest l with P(B >= l) >= confidence, None if none.
+    """
+    from scipy.stats import binom
+
+    k = int(binom.ppf(confidence, n, q))  # smallest k with P(B <= k) >= confidence
+    upper = k + 1 if k + 1 <= n else None
+    k = int(binom.ppf(1 - confidence, n, q))  # largest k with P(B <= k) <= 1 - confidence
+    if binom.cdf(k, n, q) > 1 - confidence:
+        k -= 1
+    lower = k + 1 if k >= 0 else None
+    return lower, upper
+
+
+def _nearest_rank(xs: list[float], q: float) -> float:
+    return xs[max(0, math.ceil(q * len(xs)) - 1)]
+
+
+def samples_needed(frac_le_target: float, n_now: int, q: float = Q95,
+                   confidence: float = CONFIDENCE) -> int | None:
+    """Smallest total n > n_now at which the verdict would be decided if the observed distribution held
+    (F = frac_le_target, the fraction of samples <= target): accept when F > q and the upper bound's rank
+    u(n) <= n * F; reject when F < q and the lower bound's rank l(n) > n * F. None when F = q (the
+    observed quantile sits at the target) or not decided below NEEDED_CAP."""
+    import numpy as np
+    from scipy.stats import binom
+
+    if frac_le_target == q:
+        return None
+    n = np.arange(n_now + 1, NEEDED_CAP + 1)
+    have = n * frac_le_target
+    if frac_le_target > q:
+        u = binom.ppf(confidence, n, q) + 1
+        decided = (u <= n) & (u <= have + 1e-9)
+    else:
+        k = binom.ppf(1 - confidence, n, q)
+        k = np.where(binom.cdf(k, n, q) > 1 - confidence, k - 1, k)
+        decided = (k + 1 >= 1) & (k + 1 > have + 1e-9)
+    idx = np.flatnonzero(decided)
+    return int(n[idx[0]]) if idx.size else None
+
+
+@dataclass(frozen=True)
+class SampleStats:
+    n: int
+    p50: float
+    p95: float
+    p99: float
+    ci_low: float | None  # two-sided exact 95 % interval for p95 (each tail <= 2.5 %)
+    ci_high: float | None
+    lower_bound: float | None  # one-sided 95 % bounds, used by the verdict
+    upper_bound: float | None
+    target_ms: float
+    frac_le_target: float
+    verdict: str  # accept | reject | inconclusive
+    needed: int | None
+    trace_percentile: float | None  # where the trace's TTFT sits among the samples, %
+    warnings: tuple[str, ...] = field(default=())
+
+
+def samples(path, target_ms: float, trace_ttft_ms: float | None = None) -> SampleStats:
+    """Summarise client TTFT samples against the p95 target (nearest-rank percentiles)."""
+    xs = sorted(read_samples(path))
+    n = len(xs)
+    lo1, up1 = order_stat_ranks(n, Q95, CONFIDENCE)
+    lo2, up2 = order_stat_ranks(n, Q95, 1 - (1 - CONFIDENCE) / 2)
+    lower = xs[lo1 - 1] if lo1 else None
+    upper = xs[up1 - 1] if up1 else None
+    frac = sum(x <= target_ms for x in xs) / n
+    if upper is not None and upper <= target_ms:
+        verdict = "accept"
+    elif lower is not None and lower > target_ms:
+        verdict = "reject"
+    else:
+        verdict = "inconclusive"
+    needed = None if verdict != "inconclusive" else samples_needed(frac, n)
+    warnings = ["Samples taken under load are correlated (shared batches, a shared queue); the interval "
+                "assumes independent draws, so treat it as optimistic and prefer samples from separate "
+                "runs or spaced in time."]
+    if up1 is None:
+        warnings.append(f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot "
+                        "be accepted from this set.")
+    pct = None
+    if trace_ttft_ms is not None:
+        pct = 100.0 * sum(x <= trace_ttft_ms for x in xs) / n
+    return SampleStats(
+        n=n, p50=_nearest_rank(xs, 0.50), p95=_nearest_rank(xs, 0.95), p99=_nearest_rank(xs, 0.99),
+        ci_low=xs[lo2 - 1] if lo2 else None, ci_high=xs[up2 - 1] if up2 else None,
+        lower_bound=lower, upper_bound=upper, target_ms=target_ms, frac_le_target=frac, verdict=verdict,
+        needed=needed, trace_percentile=pct, warnings=tuple(warnings))
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+#: vLLM histograms read from the scrapes: name -> (label, role). ITL falls back to the older TPOT name.
+VLLM_HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": "TTFT (server-side)",
+    "vllm:request_queue_time_seconds": "Queue time",
+    "vllm:request_prefill_time_seconds": "Prefill time",
+    "vllm:inter_token_latency_seconds": "Inter-token latency",
+    "vllm:e2e_request_latency_seconds": "End-to-end latency",
+}
+ITL_FALLBACK = "vllm:time_per_output_token_seconds"
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A cumulative histogram in seconds: `bounds[i]` is bucket i's `le` (the last is +inf)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]  # cumulative
+    count: float
+    sum: float
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket holding rank q * count (Prometheus'
+        histogram_quantile); a rank in the +Inf bucket returns the highest finite bound."""
+        if self.count <= 0:
+            return math.nan
+        rank = q * self.count
+        prev_bound, prev_count = 0.0, 0.0
+        for b, c in zip(self.bounds, self.counts, strict=True):
+            if c >= rank:
+                if math.isinf(b):
+                    return prev_bound
+                if c == prev_count:
+                    return b
+                return prev_bound + (b - prev_bound) * (rank - prev_count) / (c - prev_count)
+            prev_bound, prev_count = b, c
+        return prev_bound
+
+    def bucket_of(self, x: float) -> tuple[float, float, float, float]:
+        """(low, high, cumulative count at low, at high) of the bucket (low, high] holding x."""
+        prev_bound, prev_count = 0.0, 0.0
+        for b, c in zip(self.bounds, self.counts, strict=True):
+            if x <= b:
+                return prev_bound, b, prev_count, c
+            prev_bound, prev_count = b, c
+        return prev_bound, math.inf, prev_count, self.count
+
+
+def _histograms(text: str, flag: str) -> dict[str, Histogram]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Histogram] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as e:  # the parser raises ValueError and others on malformed text
+        raise InputError(f"{flag}: expected Prometheus text exposition format, got a parse error ({e})") from None
+    for fam in families:
+        if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
+            continue
+        buckets: dict[float, float] = {}
+        count = total = 0.0
+        for s in fam.samples:  # summed over label sets (engines, models)
+            if s.name.endswith("_bucket"):
+                le = float("inf") if s.labels["le"] in ("+Inf", "Inf") else float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+            elif s.name.endswith("_count"):
+                count += s.value
+            elif s.name.endswith("_sum"):
+                total += s.value
+        if buckets:
+            bounds = tuple(sorted(buckets))
+            out[fam.name] = Histogram(bounds, tuple(buckets[b] for b in bounds), count, total)
+    return out
+
+
+@dataclass(frozen=True)
+class HistogramDiff:
+    name: str
+    label: str
+    hist: Histogram
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    target_ms: float | None = None
+    meets: str | None = None  # "yes" | "no" | "undetermined" (p95 vs target)
+    warning: str | None = None
+
+
+def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
+    if before is None:
+        return after
+    if before.bounds != after.bounds:
+        raise InputError(f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
+                         f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds")
+    counts = tuple(a - b for a, b in zip(after.counts, before.counts, strict=True))
+    if any(c < 0 for c in counts) or after.count < before.count:
+        raise InputError(f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
+                         "(was the server restarted between the scrapes?)")
+    return Histogram(after.bounds, counts, after.count - before.count, after.sum - before.sum)
+
+
+def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, str | None]:
+    """Does the q-quantile meet the target? Decidable only at bucket edges: returns (meets, warning)."""
+    low, high, c_low, c_high = h.bucket_of(target_s)
+    if c_low >= q * h.count:
+        return "yes", None  # the quantile is at most `low` <= target
+    if c_high < q * h.count:
+        return "no", None  # the quantile is above `high` >= target
+    if target_s == high:
+        return "yes", None
+    hi = "+Inf" if math.isinf(high) else f"{high * 1e3:g}"
+    return "undetermined", (f"the target {target_s * 1e3:g} ms and the p{round(q * 100)} both fall in the "
+                            f"coarse bucket ({low * 1e3:g}, {hi}] ms: the interpolated quantile assumes a "
+                            "uniform spread inside it and cannot accept or reject the target")
+
+
+def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: float) -> list[HistogramDiff]:
+    """Diff the vLLM histograms of two scrapes; p50/p95/p99 in ms; p95 checked against the targets."""
+    before = _histograms(_read_text(before_path, "--metrics BEFORE"), "--metrics BEFORE")
+    after = _histograms(_read_text(after_path, "--metrics AFTER"), "--metrics AFTER")
+    if "vllm:inter_token_latency_seconds" not in after and ITL_FALLBACK in after:
+        after["vllm:inter_token_latency_seconds"] = after.pop(ITL_FALLBACK)
+        if ITL_FALLBACK in before:
+            before["vllm:inter_token_latency_seconds"] = before.pop(ITL_FALLBACK)
+    found = [n for n in VLLM_HISTOGRAMS if n in after]
+    if not found:
+        raise InputError("--metrics AFTER: expected at least one vLLM histogram (" + ", ".join(VLLM_HISTOGRAMS)
+                         + "), got none")
+    targets = {"vllm:time_to_first_token_seconds": ttft_target_ms,
+               "vllm:inter_token_latency_seconds": tpot_target_ms}
+    out = []
+    for name in found:
+        h = _diff(name, before.get(name), after[name])
+        if h.count <= 0:
+            continue
+        target = targets.get(name)
+        meets = warning = None
+        if target is not None:
+            meets, warning = _check_target(h, target / 1e3)
+        out.append(HistogramDiff(
+            name=name, label=VLLM_HISTOGRAMS[name], hist=h, p50_ms=h.quantile(0.5) * 1e3,
+            p95_ms=h.quantile(0.95) * 1e3, p99_ms=h.quantile(0.99) * 1e3, mean_ms=h.sum / h.count * 1e3,
+            target_ms=target, meets=meets, warning=warning))
+    if not out:
+        raise InputError("--metrics: expected requests between BEFORE and AFTER, got no new observations")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ profile
+
+#: A kernel counts as attention when its name matches (flash-attn, FA via SDPA "pytorch_flash::",
+#: xformers/mem-efficient "fmha_cutlassF", cuDNN "sdpa"/"fmha", Triton "_attn_fwd", unfused softmax).
+ATTENTION_KERNEL = re.compile(r"flash|fmha|attn|attention|sdpa|cutlassf|mem_eff|softmax", re.IGNORECASE)
+#: Or when it runs inside a record_function range whose name matches this (wrap an unfused path,
+#: whose GEMMs have generic names, in `record_function("attention")`).
+ATTENTION_RANGE = re.compile(r"attn|attention", re.IGNORECASE)
+#: The prefill span: the first record_function range whose name matches this.
+PREFILL_RANGE = re.compile(r"prefill", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ProfileShare:
+    span: str  # how the span was found
+    span_ms: float
+    busy_ms: float  # union of kernel time inside the span
+    attention_ms: float  # union of attention-kernel time inside the span
+    share: float  # attention_ms / span_ms
+    kernels: int
+    attention_kernels: int
+    top: tuple[tuple[str, float], ...]  # the largest attention kernels by total ms
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total / 1e3  # Chrome traces are in microseconds
+
+
+def profile(path) -> ProfileShare:
+    """Attention kernels' share of the prefill span in a torch.profiler Chrome trace (`export_chrome_trace`).
+
+    The span is a GPU-side range ("gpu_user_annotation") named like `prefill`; else a CPU range
+    ("user_annotation") whose kernels are matched through their launches' correlation ids; else the
+    extent of all kernels. Kernel time is a union of intervals (overlapping streams count once).
+    """
+    flag = f"--profile {Path(path).name}"
+    try:
+        data = json.loads(_read_text(path, "--profile"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{flag}: expected a Chrome trace JSON, got invalid JSON ({e.msg})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise InputError(f"{flag}: expected a Chrome trace with a traceEvents list, got {type(data).__name__}")
+    xs = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+          and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    kernels = [e for e in xs if str(e.get("cat", "")).lower() == "kernel"]
+    if not kernels:
+        raise InputError(f"{flag}: expected GPU kernel events (cat \"kernel\"), got none; profile with "
+                         "ProfilerActivity.CUDA")
+    gpu_ranges = [e for e in xs if e.get("cat") == "gpu_user_annotation"]
+    cpu_ranges = [e for e in xs if e.get("cat") == "user_annotation"]
+
+    def inside(e, lo, hi):
+        return e["ts"] >= lo and e["ts"] + e["dur"] <= hi
+
+    gspan = next((e for e in gpu_ranges if PREFILL_RANGE.search(str(e.get("name", "")))), None)
+    cspan = next((e for e in cpu_ranges if PREFILL_RANGE.search(str(e.get("name", "")))), None)
+    if gspan is not None:
+        lo, hi = gspan["ts"], gspan["ts"] + gspan["dur"]
+        in_span = [k for k in kernels if inside(k, lo, hi)]
+        how = f"GPU range {gspan['name']!r}"
+    elif cspan is not None:
+        lo, hi = cspan["ts"], cspan["ts"] + cspan["dur"]
+        corr = {(e.get("args") or {}).get("correlation") for e in xs
+                if e.get("cat") == "cuda_runtime" and inside(e, lo, hi)}
+        corr.discard(None)
+        in_span = [k for k in kernels if (k.get("args") or {}).get("correlation") in corr]
+        if in_span:
+            lo = min(k["ts"] for k in in_span)
+            hi = max(k["ts"] + k["dur"] for k in in_span)
+        how = f"kernels launched in CPU range {cspan['name']!r}"
+    else:
+        in_span = kernels
+        lo = min(k["ts"] for k in kernels)
+        hi = max(k["ts"] + k["dur"] for k in kernels)
+        how = "all kernels (no range named like 'prefill')"
+    if not in_span:
+        raise InputError(f"{flag}: expected kernels inside the prefill span ({how}), got none")
+    attn_ranges = [(e["ts"], e["ts"] + e["dur"]) for e in gpu_ranges if ATTENTION_RANGE.search(str(e.get("name")))]
+
+    def is_attention(k) -> bool:
+        if ATTENTION_KERNEL.search(str(k.get("name", ""))):
+            return True
+        return any(a <= k["ts"] and k["ts"] + k["dur"] <= b for a, b in attn_ranges)
+
+    attn = [k for k in in_span if is_attention(k)]
+    span_ms = (hi - lo) / 1e3
+    attention_ms = _union_ms([(k["ts"], k["ts"] + k["dur"]) for k in attn])
+    by_name: dict[str, float] = {}
+    for k in attn:
+        by_name[str(k.get("name"))] = by_name.get(str(k.get("name")), 0.0) + k["dur"] / 1e3
+    top = tuple(sorted(by_name.items(), key=lambda kv: -kv[1])[:3])
+    return ProfileShare(span=how, span_ms=span_ms, busy_ms=_union_ms([(k["ts"], k["ts"] + k["dur"]) for k in in_span]),
+                        attention_ms=attention_ms, share=min(1.0, attention_ms / span_ms) if span_ms > 0 else 0.0,
+                        kernels=len(in_span), attention_kernels=len(attn), top=top)

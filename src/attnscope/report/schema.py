@@ -1,0 +1,261 @@
+"""The trace a report starts from: load YAML or JSON, validate it, name the field when it is wrong.
+
+A trace is one request's critical path, assumed strictly serial (client TTFT = the sum of the
+segments), the split of the GPU prefill segment into attention and the rest, decode TPOT, the service
+targets, and a proposed change (a kernel speedup S on the prefill's attention part). Field by field:
+
+    title            str, optional
+    workload         model (str), params (float, default 8.0e9), dtype (str), layers, heads, d,
+                     concurrency, prompt_tokens, output_tokens (positive ints)
+    targets          p95_ttft_ms (> 0), and tpot_ms or tokens_per_s (> 0; both must agree if given)
+    segments         list of {name (unique str), ms (>= 0), source (str), note (str, optional)}
+    ttft             optional {ms, source}: the client timer; at least the segments' sum (a larger
+                     value leaves an "unattributed" remainder, held fixed like the other segments)
+    prefill          segment (a segment name), attention_ms or attention_share (in [0, 1]), source
+    decode           tpot_ms (> 0), source (optional)
+    change           description, segment (must be the prefill segment), speedup (S > 0), source
+
+Unknown fields are errors (a typo must not be silently ignored). YAML is read with `yaml.safe_load`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnscope.errors import InputError, expect
+
+DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    dtype: str
+    layers: int
+    heads: int
+    d: int
+    concurrency: int
+    prompt_tokens: int
+    output_tokens: int
+    params: float = DEFAULT_PARAMS
+
+
+@dataclass(frozen=True)
+class Targets:
+    p95_ttft_ms: float
+    tpot_ms: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    ms: float
+    source: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Trace:
+    title: str
+    workload: Workload
+    targets: Targets
+    segments: tuple[Segment, ...]
+    ttft_ms: float  # the client TTFT: the timer if given, else the segments' sum
+    ttft_source: str
+    prefill_segment: str
+    attention_ms: float
+    prefill_source: str
+    tpot_ms: float
+    decode_source: str
+    change_description: str
+    change_segment: str
+    speedup: float
+    change_source: str
+
+    def segment(self, name: str) -> Segment:
+        for s in self.segments:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.segment(self.prefill_segment).ms
+
+    @property
+    def unattributed_ms(self) -> float:
+        return self.ttft_ms - sum(s.ms for s in self.segments)
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+def load(path: str | Path | None = None) -> Trace:
+    """Read a trace file (.yaml, .yml or .json) and validate it; None gives the spec's default trace."""
+    if path is None:
+        from attnscope.report.default_trace import DEFAULT_TRACE_YAML
+
+        return parse(DEFAULT_TRACE_YAML, "default trace")
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"TRACE: expected a readable file, got {str(p)!r} ({e.strerror})") from None
+    return parse(text, str(p), as_json=p.suffix.lower() == ".json")
+
+
+def parse(text: str, where: str = "trace", as_json: bool = False) -> Trace:
+    """Parse trace text (YAML, which includes JSON, unless `as_json`) and validate it."""
+    if as_json:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"TRACE: expected valid JSON in {where}, got an error at line {e.lineno}: "
+                             f"{e.msg}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise InputError(f"TRACE: expected valid YAML in {where}, got a parse error{at}") from None
+    return validate(data)
+
+
+# ------------------------------------------------------------------------------------------ validate
+
+
+def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
+    expect(isinstance(data, dict), name, "a mapping", type(data).__name__)
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise InputError(f"{name}.{unknown[0]}: unknown field; expected one of {', '.join(sorted(allowed))}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise InputError(f"{name}.{missing[0]}: missing required field")
+    return data
+
+
+def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
+    v = data.get(key, default)
+    expect(isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string", v)
+    return v
+
+
+def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
+    v = data.get(key)
+    if isinstance(v, str):  # YAML 1.1 reads 8.0e9 (no sign in the exponent) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if positive:
+        expect(ok and v > 0, f"{name}.{key}", "a finite number > 0", v)
+    else:
+        expect(ok and v >= 0, f"{name}.{key}", "a finite duration >= 0 ms", v)
+    return float(v)
+
+
+def _int(data: dict, key: str, name: str) -> int:
+    v = data.get(key)
+    expect(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{name}.{key}", "a positive integer", v)
+    return v
+
+
+def validate(data) -> Trace:
+    """Check a parsed trace (a dict) and build a `Trace`; raises `InputError` naming the field."""
+    top = _mapping(data, "trace", {"title", "workload", "targets", "segments", "ttft", "prefill", "decode",
+                                   "change"},
+                   {"workload", "targets", "segments", "prefill", "decode", "change"})
+    title = _str(top, "title", "trace", default="Latency attribution report")
+
+    w = _mapping(top["workload"], "workload",
+                 {"model", "params", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens",
+                  "output_tokens"},
+                 {"model", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens"})
+    workload = Workload(
+        model=_str(w, "model", "workload"), dtype=_str(w, "dtype", "workload"),
+        layers=_int(w, "layers", "workload"), heads=_int(w, "heads", "workload"), d=_int(w, "d", "workload"),
+        concurrency=_int(w, "concurrency", "workload"), prompt_tokens=_int(w, "prompt_tokens", "workload"),
+        output_tokens=_int(w, "output_tokens", "workload"),
+        params=_num(w, "params", "workload", positive=True) if "params" in w else DEFAULT_PARAMS)
+
+    t = _mapping(top["targets"], "targets", {"p95_ttft_ms", "tpot_ms", "tokens_per_s"}, {"p95_ttft_ms"})
+    p95 = _num(t, "p95_ttft_ms", "targets", positive=True)
+    expect("tpot_ms" in t or "tokens_per_s" in t, "targets", "tpot_ms or tokens_per_s", sorted(t))
+    tpot = _num(t, "tpot_ms", "targets", positive=True) if "tpot_ms" in t else None
+    tps = _num(t, "tokens_per_s", "targets", positive=True) if "tokens_per_s" in t else None
+    if tpot is not None and tps is not None:
+        expect(math.isclose(tpot * tps, 1000.0, rel_tol=1e-3), "targets.tokens_per_s",
+               f"1000 / tpot_ms = {1000.0 / tpot:g} (tpot_ms is {tpot:g})", tps)
+    tpot = tpot if tpot is not None else 1000.0 / tps
+    targets = Targets(p95_ttft_ms=p95, tpot_ms=tpot, tokens_per_s=tps if tps is not None else 1000.0 / tpot)
+
+    segs_raw = top["segments"]
+    expect(isinstance(segs_raw, list) and len(segs_raw) > 0, "segments", "a non-empty list", segs_raw)
+    segments: list[Segment] = []
+    for i, s in enumerate(segs_raw):
+        name = f"segments[{i}]"
+        s = _mapping(s, name, {"name", "ms", "source", "note"}, {"name", "ms", "source"})
+        seg = Segment(name=_str(s, "name", name), ms=_num(s, "ms", name), source=_str(s, "source", name),
+                      note=_str(s, "note", name, default=""))
+        expect(seg.name not in {x.name for x in segments}, f"{name}.name", "a unique segment name", seg.name)
+        segments.append(seg)
+    total = sum(s.ms for s in segments)
+    expect(total > 0, "segments", "a total duration > 0 ms", total)
+    names = [s.name for s in segments]
+
+    ttft_ms, ttft_source = total, "sum of the serial segments"
+    if "ttft" in top:
+        tt = _mapping(top["ttft"], "ttft", {"ms", "source"}, {"ms"})
+        ttft_ms = _num(tt, "ms", "ttft", positive=True)
+        ttft_source = _str(tt, "source", "ttft", default="client timer")
+        # shares over 100 %: the serial segments cannot take longer than the client saw
+        expect(total <= ttft_ms * (1 + 1e-9), "ttft.ms",
+               f"at least the segments' sum {total:g} ms (their shares would exceed 100 %)", ttft_ms)
+
+    p = _mapping(top["prefill"], "prefill", {"segment", "attention_ms", "attention_share", "source"},
+                 {"segment"})
+    pseg = _str(p, "segment", "prefill")
+    expect(pseg in names, "prefill.segment", "one of the segment names (" + ", ".join(names) + ")", pseg)
+    prefill_ms = segments[names.index(pseg)].ms
+    expect(prefill_ms > 0, "prefill.segment", "a segment with a duration > 0 ms", pseg)
+    expect(("attention_ms" in p) != ("attention_share" in p), "prefill",
+           "exactly one of attention_ms or attention_share", sorted(p))
+    if "attention_ms" in p:
+        attn = _num(p, "attention_ms", "prefill")
+        expect(attn <= prefill_ms, "prefill.attention_ms",
+               f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)", attn)
+    else:
+        v = p["attention_share"]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
+        expect(ok, "prefill.attention_share", "a fraction in [0, 1] (a share over 100 % is impossible)", v)
+        attn = float(v) * prefill_ms
+
+    dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
+    c = _mapping(top["change"], "change", {"description", "segment", "speedup", "source"},
+                 {"segment", "speedup"})
+    cseg = _str(c, "segment", "change")
+    expect(cseg in names, "change.segment", "one of the segment names (" + ", ".join(names) + ")", cseg)
+    if cseg != pseg:
+        raise NotImplementedError(f"change.segment: only the split prefill segment ({pseg!r}) is supported "
+                                  f"(the speedup applies to its attention part), got {cseg!r}")
+    s = c.get("speedup")
+    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
+    expect(ok, "change.speedup", "a kernel speedup S > 0", s)
+
+    return Trace(
+        title=title, workload=workload, targets=targets, segments=tuple(segments), ttft_ms=ttft_ms,
+        ttft_source=ttft_source, prefill_segment=pseg, attention_ms=attn,
+        prefill_source=_str(p, "source", "prefill", default="trace"),
+        tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
+        decode_source=_str(dd, "source", "decode", default="trace"),
+        change_description=_str(c, "description", "change", default="Faster attention kernel"),
+        change_segment=cseg, speedup=float(s), change_source=_str(c, "source", "change", default="assumed"))
