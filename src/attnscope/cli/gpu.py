@@ -1,7 +1,274 @@
-"""Subcommands of the `attnscope` CLI for this layer (being written)."""
+"""The GPU subcommands: `which`, `bytes`, `share` (measure/) and `bench` (measure/bench.py).
+
+Each needs torch with a CUDA GPU (`bytes` also needs Nsight Compute's ``ncu``); without one it says so
+in one line and exits 2. Nothing here imports torch at module level: the parser builds on any machine.
+`bytes --estimate-only` needs no GPU: it prints the logical model and the L2-aware estimate.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+
+from attnscope.cli._out import MiB, print_json, table
+
+SPEC = "(default: %(default)s)"
+
+
+def _console():
+    from rich.console import Console
+
+    c = Console(highlight=False, soft_wrap=False)
+    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
+
+
+def gpu_problem() -> str | None:
+    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return "needs torch with CUDA: pip install 'attnscope[kernels]'"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def _no_gpu(command: str) -> int | None:
+    why = gpu_problem()
+    if why:
+        print(f"attnscope {command}: error: {why}", file=sys.stderr)
+        return 2
+    return None
+
+
+def _fail(command: str, message: str, code: int = 2) -> int:
+    print(f"attnscope {command}: error: {message}", file=sys.stderr)
+    return code
+
+
+def _shape(p: argparse.ArgumentParser, heads: int = 32) -> None:
+    p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
+    p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
+    p.add_argument("--heads", type=int, default=heads, help=f"attention heads {SPEC}")
+    p.add_argument("--batch", type=int, default=1, help=f"batch size {SPEC}")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
+    p.add_argument("--causal", action="store_true", help="causal attention (default: unmasked)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+# --- which -----------------------------------------------------------------------------------------
+def _which(args) -> int:
+    from attnscope.measure import backends
+
+    if (code := _no_gpu("which")) is not None:
+        return code
+    r = backends.which(args.backend, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
+    if args.json:
+        print_json(r.to_json())
+    else:
+        c = _console()
+        rows = [[_short(k.name), backends.family(k.name), f"{k.dur_us:,.1f}"] for k in r.kernels]
+        shape = f"[{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
+                ("causal" if args.causal else "unmasked")
+        c.print(table(f"Kernels launched by one call, {shape}", ["kernel", "family", "device µs"], rows))
+        if r.error:
+            c.print(f"{args.backend} refused this input: {r.error}")
+        verdict = "ok" if r.ok else "NOT the backend asked for"
+        c.print(f"asked: {r.asked}   ran: {r.ran}   ({verdict})")
+    return 0 if r.ok else 1
+
+
+# --- bytes -----------------------------------------------------------------------------------------
+def _bytes(args) -> int:
+    from attnscope.measure import ncu, physical
+
+    l2, sms = args.l2_bytes, args.sms
+    measured = None
+    if not args.estimate_only:
+        if (code := _no_gpu("bytes")) is not None:
+            return code
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        l2 = l2 or props.L2_cache_size
+        sms = sms or props.multi_processor_count
+        try:
+            measured = ncu.measure(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
+                                   cache_control=args.cache_control)
+        except ncu.NcuError as e:
+            return _fail("bytes", str(e))
+    est = physical.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
+                            l2_bytes=l2, sms=sms, device=args.device)
+    logical = physical.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
+    bh = args.batch * args.heads
+    if args.json:
+        out = {"impl": args.impl, "params": est.params, "logical": logical, "estimate": est.to_json(),
+               "measured": measured.to_json() if measured else None}
+        if measured and measured.total:
+            out["estimate_error"] = physical.error(est.total, measured.total)
+            out["logical_error"] = physical.error(logical, measured.total)
+        print_json(out)
+        return 0
+
+    def per_head(b):
+        return f"{b / bh / MiB:,.2f}"
+
+    rows = [["logical model (cold cache, model/traffic.py)", "", "", per_head(logical),
+             f"{physical.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
+            ["physical estimate (L2-aware, measure/physical.py)", per_head(est.read), per_head(est.write),
+             per_head(est.total),
+             f"{physical.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
+    if measured:
+        rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
+                     per_head(measured.write), per_head(measured.total), ""])
+    c = _console()
+    shape = f"{args.impl}, [{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
+            ("causal" if args.causal else "unmasked")
+    c.print(table(f"DRAM bytes per (batch, head), MiB: {shape}",
+                  ["", "read", "write", "total", "vs measured"], rows,
+                  caption=f"L2 {est.params['l2_bytes'] / MiB:,.1f} MiB, {est.params['sms']} SMs"))
+    if measured:
+        krows = [[_short(k.name), per_head(k.read), per_head(k.write)] for k in measured.kernels]
+        c.print(table("Measured per kernel (MiB per head)", ["kernel", "read", "write"], krows,
+                      caption=measured.ncu_version or None))
+    erows = [[k.name, per_head(k.logical_read + k.logical_write), per_head(k.read), per_head(k.write)]
+             for k in est.kernels]
+    c.print(table("Estimate per kernel (MiB per head)", ["kernel", "touched", "DRAM read", "DRAM write"],
+                  erows))
+    return 0
+
+
+# --- share -----------------------------------------------------------------------------------------
+def _share(args) -> int:
+    from attnscope.errors import InputError
+    from attnscope.measure import share
+
+    if args.project_to is not None and args.project_to == args.attention:
+        raise InputError(f"project_to: expected an attention other than --attention ({args.attention}), "
+                         f"got {args.project_to!r}")
+    if (code := _no_gpu("share")) is not None:
+        return code
+    c = _console()
+    if args.project_to is None:
+        r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
+        if args.json:
+            print_json(r.to_json())
+            return 0
+        _print_share(c, r)
+        return 0
+    loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
+                             args.reps)
+    if args.json:
+        print_json(loop.to_json())
+        return 0
+    _print_share(c, loop.share)
+    a, b = loop.baseline, loop.candidate
+    rows = [["f_time (profiler, baseline prefill)", f"{loop.f_time:.3f}"],
+            [f"attention alone: {a} / {b} (ms)", f"{loop.kernel_ms[a]:,.3f} / {loop.kernel_ms[b]:,.3f}"],
+            ["S_kernel", f"{loop.s_kernel:.3f}x"],
+            ["projected prefill speedup (Amdahl)", f"{loop.projected:.3f}x"],
+            [f"prefill: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
+            ["measured prefill speedup", f"{loop.measured:.3f}x"],
+            ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
+    c.print(table(f"Closed loop: {a} -> {b}, P = {loop.p:,}, {loop.layers} layers", ["", ""], rows))
+    return 0
+
+
+def _print_share(c, r) -> None:
+    rows = [[_short(n, 80), f"{ms:,.3f}", "attention" if att else ""] for n, ms, att in r.top]
+    c.print(table(f"Longest kernels of one prefill ({r.attention}, P = {r.p:,}, {r.layers} layers)",
+                  ["kernel", "ms", ""], rows))
+    c.print(f"f_time = {r.attention_ms:,.3f} ms attention / {r.total_ms:,.3f} ms of kernels = {r.f_time:.3f}"
+            f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
+
+
+# --- bench (the lead's sweep driver) ---------------------------------------------------------------
+def _bench_missing(why: str):
+    def go(args) -> int:
+        return _fail("bench", f"the sweep driver attnscope.measure.bench is not available: {why}")
+
+    return go
+
+
+def _bench_runner(run):
+    def go(args) -> int:
+        if (code := _no_gpu("bench")) is not None:
+            return code
+        return run(args)
+
+    return go
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
+                       description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
+                                   "baseline; TFLOP/s, TB/s, ratios, plots.")
+    try:
+        from attnscope.measure import bench
+
+        bench.add_arguments(p)
+    except Exception as e:  # a missing or broken driver must not take the other commands down
+        p.set_defaults(func=_bench_missing(f"{type(e).__name__}: {e}"))
+        return
+    p.set_defaults(func=_bench_runner(bench.run))
+
 
 def configure(sub) -> None:
-    """Add this module's subcommands to `sub` (argparse subparsers)."""
+    """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
+    from attnscope.measure.backends import BACKENDS
+    from attnscope.measure.ncu import CACHE_CONTROL, IMPLS
+    from attnscope.measure.share import ATTENTIONS
+
+    p = sub.add_parser("which", help="which SDPA backend actually ran, from profiler kernel names (GPU)",
+                       description="Run one attention call with dispatch restricted to one backend (so an "
+                                   "input it cannot take fails instead of falling back), record the "
+                                   "launched kernels with torch.profiler and name the backend they show. "
+                                   "Exit 1 when the asked backend did not run.")
+    p.add_argument("--backend", default="flash", choices=BACKENDS,
+                   help=f"backend to restrict dispatch to; auto reports SDPA's own choice {SPEC}")
+    _shape(p)
+    p.set_defaults(func=_which)
+
+    p = sub.add_parser("bytes", help="ncu DRAM bytes beside the logical model and an L2-aware estimate "
+                                     "(GPU + ncu)",
+                       description="Measure one call's DRAM bytes with Nsight Compute "
+                                   "(dram__bytes_read.sum, dram__bytes_write.sum; profiler started and "
+                                   "stopped around the call after warm-up) and print them beside the logical "
+                                   "model and the physical estimate.")
+    p.add_argument("--impl", default="flash", choices=IMPLS, help=f"implementation measured {SPEC}")
+    _shape(p)
+    p.add_argument("--cache-control", default="none", choices=CACHE_CONTROL,
+                   help="ncu --cache-control: none keeps L2 between kernels as inference does; all flushes "
+                        f"it before each kernel {SPEC}")
+    p.add_argument("--estimate-only", action="store_true",
+                   help="no GPU, no ncu: print the logical model and the physical estimate only")
+    p.add_argument("--device", default="h200", help=f"device table entry for --estimate-only {SPEC}")
+    p.add_argument("--l2-bytes", type=int, default=None,
+                   help="L2 capacity for the estimate (default: read from the GPU, or the --device entry)")
+    p.add_argument("--sms", type=int, default=None,
+                   help="SM count for the estimate (default: read from the GPU, or the --device entry)")
+    p.set_defaults(func=_bytes)
+
+    p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill from torch.profiler "
+                                     "(GPU); --project-to closes the Amdahl loop",
+                       description="Build a Llama-shaped decoder (hidden 4096, 32 heads, d 128, MLP 14336, "
+                                   "random weights), profile a prefill, print f_time beside the FLOP share. "
+                                   "With --project-to, project the prefill speedup from f_time and the "
+                                   "kernel speedup, then swap the kernel and measure it.")
+    p.add_argument("--attention", default="flash", choices=ATTENTIONS,
+                   help=f"attention used in the prefill (the baseline of --project-to) {SPEC}")
+    p.add_argument("--prefill", "-P", type=int, default=4096, help=f"prompt tokens P {SPEC}")
+    p.add_argument("--layers", type=int, default=2, help=f"decoder layers {SPEC}")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
+    p.add_argument("--project-to", default=None, choices=ATTENTIONS,
+                   help="candidate attention: project with Amdahl, then swap it in and measure")
+    p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
+    p.add_argument("--trace", default=None, metavar="FILE.json.gz", help="keep the profiler Chrome trace")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(func=_share)
+
+    _add_bench(sub)
