@@ -186,6 +186,7 @@ def _build():
         HEAD_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr,
         USE_DOT: tl.constexpr,  # tl.dot on the padded group, else elementwise multiply + tl.sum
+        EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
         SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
         HAS_SEQLENS: tl.constexpr,
     ):
@@ -224,7 +225,9 @@ def _build():
             k = tl.load(k_base + rows64[:, None] * stride_kn + offs_d[None, :], mask=n_mask[:, None],
                         other=0.0)  # [BLOCK_N, d]
             if USE_DOT:
-                s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], fp32 accumulate
+                kt = tl.trans(k)  # [d, BLOCK_N]
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+                s = s * qk_scale  # [BLOCK_G, BLOCK_N], base-2 scaled scores, fp32
             else:
                 s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
             s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -235,7 +238,15 @@ def _build():
             v = tl.load(v_base + rows64[:, None] * stride_vn + offs_d[None, :], mask=n_mask[:, None],
                         other=0.0)  # [BLOCK_N, d]
             if USE_DOT:
-                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # [BLOCK_G, d]
+                if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+                    bits = p.to(tl.uint32, bitcast=True)
+                    p = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+                p_lo = p.to(v.dtype)  # P in the input dtype for the MMA, as FlashAttention does
+                acc = acc * alpha[:, None]
+                if EMULATE_BF16:
+                    acc = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), acc)  # [BLOCK_G, d]
+                else:
+                    acc = tl.dot(p_lo, v, acc)  # [BLOCK_G, d]
             else:
                 acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             m_i = m_new
@@ -249,6 +260,9 @@ def _build():
             tl.store(o_ptrs, o, mask=g_mask[:, None])  # partial O_s, fp32, normalised within the split
             tl.store(lse_ptrs, lse2, mask=g_mask)  # partial lse_s, base 2
         else:
+            if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+                bits = o.to(tl.uint32, bitcast=True)
+                o = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
             tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=g_mask[:, None])
             tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=g_mask)  # ln(2): natural-log LSE
 
@@ -262,6 +276,7 @@ def _build():
         n_q_heads, num_splits,
         HEAD_DIM: tl.constexpr,
         BLOCK_S: tl.constexpr,  # splits merged per iteration
+        EMULATE_BF16: tl.constexpr,
     ):
         pid = tl.program_id(0)  # b * Hq + query head
         b = (pid // n_q_heads).to(tl.int64)
@@ -290,6 +305,9 @@ def _build():
         empty = l_i == 0.0  # every split empty: cache_seqlens[b] == 0
         o = acc / tl.where(empty, 1.0, l_i)
         lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+            bits = o.to(tl.uint32, bitcast=True)
+            o = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
         tl.store(O + b * stride_ob + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
         tl.store(LSE + b * stride_lb + h * stride_lh, lse)
 
@@ -415,7 +433,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         use_dot = group > 1
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
 
-    _, _, split_kernel, combine_kernel = _build()
+    _, _, split_kernel, _ = _build()
     o = torch.empty((B, Hq, 1, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=q.device)
     split = num_splits > 1
@@ -439,19 +457,39 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         seqlens.stride(0),
         Hkv, L_max, num_splits, sm_scale * LOG2E,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=d, USE_DOT=use_dot, SPLIT=split,
+        EMULATE_BF16=_emulate_bf16(torch, q.dtype),
         HAS_SEQLENS=cache_seqlens is not None,
     )
     if split:
-        combine_kernel[(B * Hq,)](
-            o_part, lse_part, o, lse,
-            o_part.stride(0), o_part.stride(1), o_part.stride(2),
-            lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-            o.stride(0), o.stride(1),
-            lse.stride(0), lse.stride(1),
-            Hq, num_splits,
-            HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(num_splits)),
-        )
+        _combine(o_part, lse_part, o, lse)
     return (o, lse) if return_lse else o
+
+
+def _combine(o_part, lse_part, o, lse) -> None:
+    """Phase 2: merge ``o_part`` [B, Hq, S, d] fp32 and base-2 ``lse_part`` [B, Hq, S] into ``o``
+    [B, Hq, 1, d] (its dtype) and the natural-log ``lse`` [B, Hq, 1] (fp32), in place."""
+    torch, _, _, combine_kernel = _build()
+    B, Hq, S, d = o_part.shape
+    combine_kernel[(B * Hq,)](
+        o_part, lse_part, o, lse,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+        o.stride(0), o.stride(1),
+        lse.stride(0), lse.stride(1),
+        Hq, S,
+        HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(S)), EMULATE_BF16=_emulate_bf16(torch, o.dtype),
+    )
+
+
+def _emulate_bf16(torch, dtype) -> bool:
+    """Work around two bf16 defects of Triton 3.6's interpreter (CPU tests only; never on a GPU).
+
+    Its ``tl.dot`` multiplies bf16 operands as their raw uint16 bit patterns, and its fp32 -> bf16 cast
+    truncates instead of rounding to nearest even. So under the interpreter with bf16 the kernels
+    multiply in fp32 (a product of two bf16 values is exact in fp32: what the tensor cores compute) and
+    round to nearest even with integer arithmetic before each cast, making the cast exact.
+    """
+    return interpreting() and dtype == torch.bfloat16
 
 
 def _next_pow2(n: int) -> int:

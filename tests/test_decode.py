@@ -1,0 +1,361 @@
+"""Split-KV decode kernel (attnscope.kernels.decode) against a float64 reference.
+
+On a machine without a GPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py), so shapes are
+small. The error bound is flash-attn's: the kernel's max error against float64 attention on the same
+(low-precision) inputs is at most 2x PyTorch SDPA's own error at that dtype, plus 1e-3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import attnscope  # noqa: E402
+from attnscope import reference  # noqa: E402
+from attnscope.errors import InputError  # noqa: E402
+from attnscope.kernels import _common, decode  # noqa: E402
+from attnscope.kernels.decode import default_num_splits, flash_decode, logical_bytes  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+def make_inputs(B, Hq, Hkv, L, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, 1, d, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, L, d, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, L, d, generator=g).to(dtype)
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+
+
+def reference_decode(q, k, v, lens, scale=None):
+    """float64 masked attention: o [B, Hq, 1, d], natural-log lse [B, Hq, 1] (-inf for empty rows)."""
+    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
+    B, Hq, _, d = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # query head i reads kv head i // G
+    s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(d))  # [B, Hq, 1, L]
+    valid = torch.arange(L)[None, None, None, :] < lens.cpu().long()[:, None, None, None]
+    s = s.masked_fill(~valid, -math.inf)
+    lse = torch.logsumexp(s, -1)  # [B, Hq, 1]
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: 0
+    return p @ v, lse
+
+
+def torch_error(q, k, v, lens, ref_o, scale=None):
+    """Max |SDPA - reference| with SDPA run in the inputs' dtype, per sequence on its valid keys."""
+    err = 0.0
+    for b, n in enumerate(lens.tolist()):
+        if n == 0:
+            continue
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], scale=scale, enable_gqa=True)
+        err = max(err, (o.double().cpu() - ref_o[b:b + 1]).abs().max().item())
+    return err
+
+
+@contextlib.contextmanager
+def poisoned_empty():
+    """Make torch.empty return NaN-filled float tensors, so anything the kernels fail to write shows."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        torch.empty = real
+
+
+def run_and_check(q, k, v, lens, num_splits, scale=None, **kw):
+    with poisoned_empty():
+        o, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, scale=scale,
+                              return_lse=True, **kw)
+    B, Hq, _, d = q.shape
+    assert o.shape == (B, Hq, 1, d) and o.dtype == q.dtype
+    assert lse.shape == (B, Hq, 1) and lse.dtype == torch.float32
+    assert not torch.isnan(o).any(), "output has unwritten (NaN) elements"
+    assert not torch.isnan(lse).any(), "lse has unwritten (NaN) elements"
+    lens_cpu = lens if lens is not None else torch.full((B,), k.shape[2], dtype=torch.int32)
+    ref_o, ref_lse = reference_decode(q, k, v, lens_cpu, scale)
+    err = (o.double().cpu() - ref_o).abs().max().item()
+    bound = 2 * torch_error(q, k, v, lens_cpu, ref_o, scale) + 1e-3
+    assert err <= bound, f"max error {err:.3g} > bound {bound:.3g}"
+    empty = lens_cpu.cpu() == 0
+    assert (o.cpu()[empty] == 0).all(), "a sequence with no keys must give exactly 0"
+    assert torch.isneginf(lse.cpu()[empty]).all(), "a sequence with no keys must give LSE = -inf"
+    # LSE from fp32 accumulation of exact low-precision products: far tighter than the output's bound
+    finite = ~empty
+    lse_err = (lse.double().cpu()[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lse_err <= 1e-3, f"lse error {lse_err:.3g}"
+    return o, lse
+
+
+# --- correctness over the issue's grid ------------------------------------------------------------------
+LENGTHS = (1, 7, 64, 1000)
+GROUPS = (1, 4, 8)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("L", LENGTHS)
+def test_matches_reference(L, group, dtype):
+    # Ragged lengths in one batch, including 0 and 1; d and num_splits vary across the grid so that
+    # both head dims meet every length and group, and the split counts 1..8 all occur.
+    i, j, m = LENGTHS.index(L), GROUPS.index(group), list(DTYPES).index(dtype)
+    d = (64, 128)[(i + j + m) % 2]
+    num_splits = (3 * i + 2 * j + m) % 8 + 1
+    Hkv = 2
+    q, k, v = make_inputs(4, group * Hkv, Hkv, L, d, DTYPES[dtype], seed=100 * i + 10 * j + m)
+    lens = torch.tensor([L, 0, 1, max(1, 2 * L // 3)], dtype=torch.int32, device=DEVICE)
+    run_and_check(q, k, v, lens, num_splits)
+
+
+@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("num_splits", range(1, 9))
+def test_every_split_count(num_splits, d):
+    # 97 keys = 6 blocks of 16 + 1 under the interpreter's BLOCK_N: uneven splits, empty trailing splits
+    q, k, v = make_inputs(3, 8, 2, 97, d, torch.float16, seed=num_splits + d)
+    lens = torch.tensor([97, 17, 0], dtype=torch.int32, device=DEVICE)
+    run_and_check(q, k, v, lens, num_splits)
+
+
+@pytest.mark.parametrize("use_dot", (True, False))
+@pytest.mark.parametrize("group", (1, 4))
+def test_dot_and_elementwise_paths(group, use_dot):
+    q, k, v = make_inputs(2, group * 2, 2, 150, 64, torch.bfloat16, seed=group)
+    lens = torch.tensor([150, 33], dtype=torch.int32, device=DEVICE)
+    run_and_check(q, k, v, lens, 3, use_dot=use_dot)
+
+
+def test_strided_caches_match_contiguous():
+    # The cache as serving engines hold it: a [B, L_max, Hkv, d] buffer viewed as [B, Hkv, L_max, d],
+    # with L_max larger than the keys in use; q a slice of a [B, 2, Hq, d] buffer.
+    B, Hq, Hkv, L, d = 3, 8, 2, 200, 64
+    g = torch.Generator().manual_seed(7)
+    kbuf = torch.randn(B, L + 40, Hkv, d, generator=g).half().to(DEVICE)
+    vbuf = torch.randn(B, L + 40, Hkv, d, generator=g).half().to(DEVICE)
+    qbuf = torch.randn(B, 2, Hq, d, generator=g).half().to(DEVICE)
+    k, v, q = kbuf.transpose(1, 2), vbuf.transpose(1, 2), qbuf[:, :1].transpose(1, 2)
+    assert not k.is_contiguous() and not q.is_contiguous()
+    lens = torch.tensor([200, 1, 131], dtype=torch.int32, device=DEVICE)
+    o, lse = run_and_check(q, k, v, lens, 4)
+    o_c, lse_c = flash_decode(q.contiguous(), k.contiguous(), v.contiguous(), lens, num_splits=4,
+                              return_lse=True)
+    assert torch.equal(o, o_c) and torch.equal(lse, lse_c)
+
+
+def test_default_lengths_and_heuristic_split():
+    # cache_seqlens=None means every sequence is L_max long; num_splits=None takes the heuristic, which
+    # for B * Hkv = 2 programs and 1000 keys is 3 splits (1000 // 256), so phase 2 runs.
+    q, k, v = make_inputs(2, 4, 1, 1000, 128, torch.float16, seed=3)
+    assert default_num_splits(2, 1, 1000, _common.num_sms(torch, q.device)) == 3
+    o, lse = run_and_check(q, k, v, None, None)
+    full = torch.full((2,), 1000, dtype=torch.int32, device=DEVICE)
+    o2, lse2 = flash_decode(q, k, v, full, num_splits=3, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("num_splits", (1, 4))
+def test_all_sequences_empty(num_splits):
+    q, k, v = make_inputs(2, 4, 2, 10, 64, torch.float16, seed=5)
+    lens = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    with poisoned_empty():
+        o, lse = flash_decode(q, k, v, lens, num_splits=num_splits, return_lse=True)
+    assert (o == 0).all() and torch.isneginf(lse).all()
+
+
+def test_scale_and_return_shapes():
+    q, k, v = make_inputs(2, 4, 4, 40, 64, torch.bfloat16, seed=9)
+    lens = torch.tensor([40, 23], dtype=torch.int32, device=DEVICE)
+    run_and_check(q, k, v, lens, 2, scale=0.3)
+    o = flash_decode(q, k, v, lens, num_splits=2, scale=0.3)
+    assert isinstance(o, torch.Tensor) and o.shape == (2, 4, 1, 64)
+
+
+def test_public_entry_point():
+    q, k, v = make_inputs(1, 8, 2, 50, 64, torch.float16, seed=11)
+    o = attnscope.flash_decode(q, k, v, num_splits=2)
+    ref_o, _ = reference_decode(q, k, v, torch.tensor([50], dtype=torch.int32))
+    assert (o.double().cpu() - ref_o).abs().max().item() < 1e-2
+
+
+def test_one_split_skips_phase_two(monkeypatch):
+    calls = []
+    real = decode._combine
+    monkeypatch.setattr(decode, "_combine", lambda *a: (calls.append(a[0].shape), real(*a)))
+    q, k, v = make_inputs(1, 4, 2, 64, 64, torch.float16, seed=1)
+    flash_decode(q, k, v, num_splits=1)
+    assert calls == []
+    flash_decode(q, k, v, num_splits=3)
+    assert calls == [(1, 4, 3, 64)]  # partials [B, Hq, S, d]
+
+
+def test_combine_kernel_matches_reference_combine():
+    # Phase 2 alone against its specification, reference.combine: random partials with empty splits
+    # (lse = -inf) scattered, one head whose splits are all empty, and S = 20 > BLOCK_S = 16 so the
+    # merge runs over two chunks.
+    B, Hq, S, d = 2, 3, 20, 64
+    rng = np.random.default_rng(0)
+    o_part = rng.standard_normal((B, Hq, S, d)).astype(np.float32)
+    lse_nat = (3 * rng.standard_normal((B, Hq, S))).astype(np.float32)
+    lse_nat[rng.random((B, Hq, S)) < 0.3] = -np.inf
+    lse_nat[1, 2, :] = -np.inf
+    o_part[np.isneginf(lse_nat)] = 0.0  # as phase 1 writes an empty split
+    exp_o, exp_lse = reference.combine([(o_part[:, :, s], lse_nat[:, :, s]) for s in range(S)])
+    o = torch.empty(B, Hq, 1, d, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
+    lse = torch.empty(B, Hq, 1, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
+    lse2 = torch.from_numpy(lse_nat * np.float32(decode.LOG2E)).to(DEVICE)  # phase 1 writes base 2
+    decode._combine(torch.from_numpy(o_part).to(DEVICE), lse2, o, lse)
+    np.testing.assert_allclose(o[:, :, 0].cpu().numpy(), exp_o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[:, :, 0].cpu().numpy(), exp_lse, rtol=1e-5, atol=1e-5)
+    assert (o[1, 2] == 0).all() and torch.isneginf(lse[1, 2]).all()
+
+
+# --- the split heuristic ---------------------------------------------------------------------------------
+def test_default_num_splits_cases():
+    # 4 waves on 132 SMs is 528 programs.
+    assert default_num_splits(1, 8, 4096) == 16  # wants 66, but 4096 keys allow only 16 x 256
+    assert default_num_splits(1, 32, 131072) == 17  # ceil(528 / 32)
+    assert default_num_splits(16, 8, 4096) == 5  # ceil(528 / 128)
+    assert default_num_splits(64, 8, 131072) == 2  # 512 programs: one more split evens the tail
+    assert default_num_splits(128, 8, 131072) == 1  # 1024 programs already
+    assert default_num_splits(1, 1, 10**8) == 128  # the cap
+    assert default_num_splits(1, 8, 300) == 1 and default_num_splits(1, 8, 0) == 1  # too short to split
+    assert default_num_splits(1, 8, 4096, sms=16) == 8  # ceil(4 * 16 / 8)
+
+
+def test_default_num_splits_properties():
+    for B in (1, 2, 3, 8, 64):
+        for Hkv in (1, 4, 8, 32):
+            prev = None
+            for L in (0, 1, 255, 256, 1000, 4096, 32768, 131072, 10**6):
+                s = default_num_splits(B, Hkv, L)
+                assert 1 <= s <= decode.SPLIT_CAP
+                assert s == 1 or L // s >= decode.MIN_KEYS_PER_SPLIT  # every split keeps >= 256 keys
+                assert (B * Hkv) * (s - 1) < 4 * 132  # never more splitting than the wave target needs
+                assert prev is None or s >= prev  # longer sequences never get fewer splits
+                prev = s
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"batch": 0}, "batch: expected a positive integer, got 0"),
+    ({"kv_heads": True}, "kv_heads: expected a positive integer, got True"),
+    ({"seqlen": -1}, "seqlen: expected a non-negative integer, got -1"),
+    ({"sms": 1.5}, "sms: expected a positive integer, got 1.5"),
+])
+def test_default_num_splits_errors(kwargs, match):
+    args = {"batch": 1, "kv_heads": 8, "seqlen": 4096, **kwargs}
+    with pytest.raises(InputError, match=match.replace("(", r"\(")):
+        default_num_splits(**args)
+
+
+def test_logical_bytes_ledger():
+    # B = 1, Hq = 32, Hkv = 8, L = 4096, d = 128, bf16, 16 splits
+    b = logical_bytes(1, 32, 8, 4096, 128, 2, 16, return_lse=True)
+    assert b["kv_read"] == 2 * 8 * 4096 * 128 * 2 == 16 * 2**20
+    assert b["q_read"] == 32 * 128 * 2
+    assert b["partial_write"] == b["partial_read"] == 32 * 16 * 129 * 4
+    assert b["out_write"] == 32 * 128 * 2 + 32 * 4
+    assert b["total"] == sum(v for key, v in b.items() if key != "total")
+    assert logical_bytes(1, 32, 8, 4096, 128, 2, 1)["partial_write"] == 0  # one split: no partials
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+def _ok(B=2, Hq=4, Hkv=2, L=8, d=64, dtype=torch.float16):
+    q, k, v = make_inputs(B, Hq, Hkv, L, d, dtype, seed=0)
+    return q, k, v
+
+
+def _lens(values, dtype=torch.int32, device=DEVICE):
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+
+@pytest.mark.parametrize("build, exc, match", [
+    (lambda q, k, v: (q[:, :, 0], k, v, {}), InputError, r"q: expected a 4-d tensor \[B, Hq, 1, d\]"),
+    (lambda q, k, v: (q, [1], v, {}), InputError, "k_cache: expected a torch.Tensor"),
+    (lambda q, k, v: (q.expand(2, 4, 2, 64), k, v, {}), InputError, "q: expected one query token"),
+    (lambda q, k, v: (q, k[:1], v[:1], {}), InputError, "k_cache: expected batch .as q. 2, got 1"),
+    (lambda q, k, v: (q, k[..., :32], v[..., :32], {}), InputError, "k_cache: expected head_dim .as q. 64"),
+    (lambda q, k, v: (q, k.bfloat16(), v.bfloat16(), {}), InputError, "k_cache: expected dtype .as q."),
+    (lambda q, k, v: (q, k, v.bfloat16(), {}), InputError, "v_cache: expected dtype .as q."),
+    (lambda q, k, v: (q, k, v[:, :, :5], {}), InputError, "v_cache: expected shape .as k_cache."),
+    (lambda q, k, v: (q[:, :3], k, v, {}), InputError, "multiple of the kv heads .2., got Hq = 3"),
+    (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0], {}), InputError, "k_cache: expected L_max >= 1"),
+    (lambda q, k, v: (q[:0], k[:0], v[:0], {}), InputError, "q: expected B >= 1 and Hq >= 1"),
+    (lambda q, k, v: (q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous(), {}),
+     NotImplementedError, "head_dim 32 is not supported; supported: 64, 128"),
+    (lambda q, k, v: (q.float(), k.float(), v.float(), {}), NotImplementedError,
+     "dtype torch.float32 is not supported; supported: torch.float16, torch.bfloat16"),
+    (lambda q, k, v: (q, k.transpose(2, 3).contiguous().transpose(2, 3), v, {}), InputError,
+     "k_cache: expected unit stride in the last"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": [8, 8]}), InputError,
+     "cache_seqlens: expected a torch.Tensor of int32"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([8, 8], torch.int64)}), InputError,
+     "cache_seqlens: expected dtype torch.int32, got torch.int64"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([8, 8, 8])}), InputError,
+     r"cache_seqlens: expected shape \(2,\) .one length per sequence., got \(3,\)"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([[8], [8]])}), InputError,
+     r"cache_seqlens: expected shape \(2,\)"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([3, -1])}), InputError,
+     r"cache_seqlens: expected values in \[0, L_max = 8\], got -1"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([9, 0])}), InputError,
+     r"cache_seqlens: expected values in \[0, L_max = 8\], got 9"),
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([8, 8], device="meta")}), InputError,
+     "cache_seqlens: expected device"),
+    (lambda q, k, v: (q, k.to("meta"), v, {}), InputError, "k_cache: expected device"),
+    (lambda q, k, v: (q, k, v, {"num_splits": 0}), InputError,
+     "num_splits: expected a positive integer or None, got 0"),
+    (lambda q, k, v: (q, k, v, {"num_splits": True}), InputError, "num_splits: expected a positive integer"),
+    (lambda q, k, v: (q, k, v, {"num_splits": 2.0}), InputError, "num_splits: expected a positive integer"),
+    (lambda q, k, v: (q, k, v, {"num_splits": 1025}), NotImplementedError,
+     "num_splits: at most 1024 supported, got 1025"),
+    (lambda q, k, v: (q, k, v, {"scale": 0.0}), InputError, "scale: expected a finite positive number"),
+    (lambda q, k, v: (q, k, v, {"scale": float("nan")}), InputError, "scale: expected a finite positive"),
+    (lambda q, k, v: (q, k, v, {"use_dot": "yes"}), InputError, "use_dot: expected True, False or None"),
+])
+def test_bad_input(build, exc, match):
+    q, k, v, kw = build(*_ok())
+    with pytest.raises(exc, match=match):
+        flash_decode(q, k, v, **kw)
+
+
+def test_errors_are_value_errors():
+    q, k, v = _ok()
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flash_decode(q, k, v, cache_seqlens=_lens([9, 0]))
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    q, k, v = _ok()
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    with pytest.raises(InputError, match="q: expected CUDA tensors .or CPU tensors with TRITON_INTERPRET=1"):
+        flash_decode(q.cpu(), k.cpu(), v.cpu())
+
+
+def test_check_seqlens_false_skips_the_device_read(monkeypatch):
+    def boom(*a):
+        raise AssertionError("lengths were read back")
+
+    monkeypatch.setattr(decode, "_check_seqlen_values", boom)
+    q, k, v = _ok()
+    lens = _lens([8, 3])
+    o = flash_decode(q, k, v, lens, num_splits=2, check_seqlens=False)
+    ref_o, _ = reference_decode(q, k, v, lens)
+    assert (o.double().cpu() - ref_o).abs().max().item() < 1e-2
+    with pytest.raises(AssertionError, match="read back"):
+        flash_decode(q, k, v, lens, num_splits=2)
