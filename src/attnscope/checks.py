@@ -249,17 +249,10 @@ def split_points(rng, nk: int, n_splits: int) -> list[int]:
 def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
     """Split-KV partials: attention of ``q`` over each key slice ``cuts[s]:cuts[s+1]`` (non-causal),
     ``(o_s, lse_s)``; an empty slice gives ``(zeros, -inf)``."""
-    q64 = np.asarray(q, dtype=np.float64)
-    parts = []
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        if b > a:
-            parts.append(reference.tiled_attention(q, k[..., a:b, :], v[..., a:b, :], scale=scale,
-                                                   block_kv=block_kv))
-        else:
-            lead = np.broadcast_shapes(q64.shape[:-2], np.shape(v)[:-2])
-            parts.append((np.zeros(lead + (q64.shape[-2], np.shape(v)[-1])),
-                          np.full(lead + (q64.shape[-2],), -np.inf)))
-    return parts
+    parts = [reference.tiled_attention(q, k[..., a:b, :], v[..., a:b, :], scale=scale, block_kv=block_kv)
+             if b > a else None for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    o_1, lse_1 = next(p for p in parts if p is not None)  # the shapes an empty split must have
+    return [p if p is not None else (np.zeros_like(o_1), np.full_like(lse_1, -np.inf)) for p in parts]
 
 
 def check_combine(rng) -> CheckResult:
