@@ -59,8 +59,9 @@ def load_tiles(path: str) -> list[tuple[list, list]]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
+        where = "stdin" if path == "-" else repr(path)
         raise InputError(f"--input: expected valid JSON, got {e.msg} at line {e.lineno} column {e.colno} "
-                         f"of {path!r}") from e
+                         f"of {where}") from e
     if not isinstance(doc, dict) or "tiles" not in doc:
         raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {_brief(doc)}')
     tiles = doc["tiles"]
