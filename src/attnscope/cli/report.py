@@ -15,28 +15,52 @@ DEFAULT_OUT = "attnscope-report"
 def configure(sub) -> None:
     """Add `report` to `sub` (argparse subparsers)."""
     p = sub.add_parser(
-        "report", help="one-page latency attribution report (Markdown + HTML) from a serving trace",
+        "report",
+        help="one-page latency attribution report (Markdown + HTML) from a serving trace",
         description="Turn a serving trace, an attention time share and a kernel speedup into a one-page "
-                    "latency attribution report: segment shares, Amdahl at the prefill and client TTFT "
-                    "boundaries, the boundary errors, a next measurement plan.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("trace", nargs="?", metavar="TRACE", default=None,
-                   help="trace file, YAML or JSON (schema: README; template: --print-trace); "
-                        "default: the spec's Document QA trace")
-    p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
-                   help="output directory for report.md / report.html")
+        "latency attribution report: segment shares, Amdahl at the prefill and client TTFT "
+        "boundaries, the boundary errors, a next measurement plan.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "trace",
+        nargs="?",
+        metavar="TRACE",
+        default=None,
+        help="trace file, YAML or JSON (schema: README; template: --print-trace); "
+        "default: the spec's Document QA trace",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", default=DEFAULT_OUT, help="output directory for report.md / report.html"
+    )
     p.add_argument("--format", default="both", choices=("md", "html", "both"), help="what to write")
-    p.add_argument("--samples", metavar="FILE", default=None,
-                   help="client TTFT samples in ms (CSV column or JSON list): p50/p95/p99, exact 95%% CI "
-                        "for p95, accept/reject/inconclusive against the target")
-    p.add_argument("--metrics", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
-                   help="two Prometheus text scrapes of a vLLM server, before and after the run: "
-                        "histograms diffed, quantiles interpolated within buckets")
-    p.add_argument("--profile", metavar="FILE", default=None,
-                   help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill span "
-                        "replaces the trace's assumed split")
-    p.add_argument("--print-trace", action="store_true",
-                   help="print the default trace (a template for your own) and exit")
+    p.add_argument(
+        "--samples",
+        metavar="FILE",
+        default=None,
+        help="client TTFT samples in ms (CSV column or JSON list): p50/p95/p99, exact 95%% CI "
+        "for p95, accept/reject/inconclusive against the target",
+    )
+    p.add_argument(
+        "--metrics",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        default=None,
+        help="two Prometheus text scrapes of a vLLM server, before and after the run: "
+        "histograms diffed, quantiles interpolated within buckets",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        default=None,
+        help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill span "
+        "replaces the trace's assumed split",
+    )
+    p.add_argument(
+        "--print-trace",
+        action="store_true",
+        help="print the default trace (a template for your own) and exit",
+    )
     p.set_defaults(func=run)
 
 
@@ -50,9 +74,11 @@ def run(args) -> int:
 
     report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile)
     b, t = report.boundary, report.trace
-    print(f"TTFT {t.ttft_ms:.1f} ms -> projected {b.outer_projected_ms:.2f} ms ({b.outer_speedup:.4f}x, "
-          f"{100 * b.outer_reduction:.2f} % reduction); prefill {t.prefill_ms:.1f} -> "
-          f"{b.inner_projected_ms:.2f} ms ({b.inner_speedup:.4f}x)")
+    print(
+        f"TTFT {t.ttft_ms:.1f} ms -> projected {b.outer_projected_ms:.2f} ms ({b.outer_speedup:.4f}x, "
+        f"{100 * b.outer_reduction:.2f} % reduction); prefill {t.prefill_ms:.1f} -> "
+        f"{b.inner_projected_ms:.2f} ms ({b.inner_speedup:.4f}x)"
+    )
     if report.samples is not None:
         print(f"p95 TTFT verdict from {report.samples.n} samples: {report.samples.verdict}")
     for path in paths:

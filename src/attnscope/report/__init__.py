@@ -18,8 +18,14 @@ from attnscope.errors import choice
 FORMATS = ("md", "html", "both")
 
 
-def build(trace_path=None, out_dir="attnscope-report", fmt: str = "both", samples_path=None,
-          metrics_paths=None, profile_path=None):
+def build(
+    trace_path=None,
+    out_dir="attnscope-report",
+    fmt: str = "both",
+    samples_path=None,
+    metrics_paths=None,
+    profile_path=None,
+):
     """Write `report.md` and/or `report.html` into `out_dir`; return (report, [paths written]).
 
     trace_path: a YAML/JSON trace, defaults to the spec's Document QA trace. metrics_paths: (BEFORE,
@@ -30,8 +36,11 @@ def build(trace_path=None, out_dir="attnscope-report", fmt: str = "both", sample
     choice("--format", fmt, FORMATS)
     trace = schema.load(trace_path)
     s = evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms) if samples_path else None
-    m = (evidence.metrics(metrics_paths[0], metrics_paths[1], trace.targets.p95_ttft_ms, trace.targets.tpot_ms)
-         if metrics_paths else None)
+    m = (
+        evidence.metrics(metrics_paths[0], metrics_paths[1], trace.targets.p95_ttft_ms, trace.targets.tpot_ms)
+        if metrics_paths
+        else None
+    )
     p = evidence.profile(profile_path) if profile_path else None
     report = attribution.attribute(trace, samples=s, metrics=m, profile=p)
     out = Path(out_dir)

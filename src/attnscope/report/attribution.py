@@ -20,10 +20,14 @@ from attnscope.report.schema import Trace
 
 #: The attention time shares of the sensitivity table (spec §5's rows), beside the operating point.
 SENSITIVITY_SHARES = amdahl.DEFAULT_SENSITIVITY
-FLOP_SHARE_FORMULA = "attn / (dense + attn); per prompt token dense = 2·params, attn = 2·P·d·heads·layers FLOPs"
+FLOP_SHARE_FORMULA = (
+    "attn / (dense + attn); per prompt token dense = 2·params, attn = 2·P·d·heads·layers FLOPs"
+)
 
 
-def flop_share(params: float, prompt_tokens: int, d: int, heads: int, layers: int) -> tuple[float, float, float]:
+def flop_share(
+    params: float, prompt_tokens: int, d: int, heads: int, layers: int
+) -> tuple[float, float, float]:
     """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring)."""
     dense = 2.0 * params
     attn = 4.0 * (prompt_tokens / 2.0) * d * heads * layers  # QK^T + PV over P/2 keys on average
@@ -78,21 +82,49 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
         attention_source = f"torch.profiler: {profile.share:.1%} of the prefill span ({profile.span})"
     b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)
     saved = attention_ms - attention_ms / t.speedup
-    rows = [SegmentRow(s.name, s.ms, s.ms / t.ttft_ms, s.ms - saved if s.name == t.prefill_segment else s.ms,
-                       s.source, s.note) for s in t.segments]
+    rows = [
+        SegmentRow(
+            s.name,
+            s.ms,
+            s.ms / t.ttft_ms,
+            s.ms - saved if s.name == t.prefill_segment else s.ms,
+            s.source,
+            s.note,
+        )
+        for s in t.segments
+    ]
     if t.unattributed_ms > 1e-9:
-        rows.append(SegmentRow("Unattributed", t.unattributed_ms, t.unattributed_ms / t.ttft_ms,
-                               t.unattributed_ms, t.ttft_source, "Client TTFT minus the serial segments"))
+        rows.append(
+            SegmentRow(
+                "Unattributed",
+                t.unattributed_ms,
+                t.unattributed_ms / t.ttft_ms,
+                t.unattributed_ms,
+                t.ttft_source,
+                "Client TTFT minus the serial segments",
+            )
+        )
     dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers)
     fs = sorted(set(SENSITIVITY_SHARES) | {round(b.f_inner, 6)})
     r = Report(
-        trace=t, rows=rows, attention_ms=attention_ms, attention_source=attention_source, boundary=b,
-        naive_ms=t.ttft_ms / t.speedup, flop_dense=dense, flop_attn=attn, flop_share=fshare,
-        flop_speedup=amdahl.speedup(fshare, t.speedup), sensitivity=amdahl.sensitivity(t.speedup, fs),
+        trace=t,
+        rows=rows,
+        attention_ms=attention_ms,
+        attention_source=attention_source,
+        boundary=b,
+        naive_ms=t.ttft_ms / t.speedup,
+        flop_dense=dense,
+        flop_attn=attn,
+        flop_share=fshare,
+        flop_speedup=amdahl.speedup(fshare, t.speedup),
+        sensitivity=amdahl.sensitivity(t.speedup, fs),
         ttft_meets_target=t.ttft_ms <= t.targets.p95_ttft_ms,
         projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
-        tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms, samples=samples, metrics=list(metrics or []),
-        profile=profile)
+        tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms,
+        samples=samples,
+        metrics=list(metrics or []),
+        profile=profile,
+    )
     _sentences(r)
     return r
 
@@ -109,49 +141,64 @@ def _sentences(r: Report) -> None:
         f"({r.attention_ms:.1f} ms).",
     ]
     if r.samples is None:
-        r.observations.append("A single trace says nothing about p95: service p95 compliance is unknown "
-                              "without a distribution of requests.")
+        r.observations.append(
+            "A single trace says nothing about p95: service p95 compliance is unknown "
+            "without a distribution of requests."
+        )
     else:
         s = r.samples
         word = {"accept": "met", "reject": "missed", "inconclusive": "undecided"}[s.verdict]
-        r.observations.append(f"From {s.n} client samples the p95 TTFT target is {word} ({s.verdict}: "
-                              f"p95 {s.p95:.1f} ms; see Evidence).")
+        r.observations.append(
+            f"From {s.n} client samples the p95 TTFT target is {word} ({s.verdict}: "
+            f"p95 {s.p95:.1f} ms; see Evidence)."
+        )
     r.assumptions = [
-        "client TTFT is the sum of strictly serial, non-overlapping segments (synchronized clocks)",
-        f"S = {t.speedup:.2f}× holds over the whole timed attention part ({r.attention_ms:.1f} ms) on matching "
-        "shapes; the rest of the prefill does not move",
-        "every other segment, queue dwell included, stays at its traced duration",
+        "TTFT is the sum of serial, non-overlapping segments (synchronized clocks)",
+        f"S = {t.speedup:.2f}× holds over all {r.attention_ms:.1f} ms of attention on matching shapes",
+        "the rest of the prefill and every other segment, queue dwell included, do not move",
     ]
     q = _queue_segment(t)
-    queue_text = (f"Holding {q.name.lower()} at {q.ms:.1f} ms is a static assumption; queuing under load "
-                  "must be measured." if q else
-                  "Holding the non-prefill segments fixed is a static assumption; queuing under load "
-                  "must be measured.")
+    queue_text = (
+        f"Holding {q.name.lower()} at {q.ms:.1f} ms is a static assumption; queuing under load "
+        "must be measured."
+        if q
+        else "Holding the non-prefill segments fixed is a static assumption; queuing under load "
+        "must be measured."
+    )
     qm = next((m for m in r.metrics if m.name == "vllm:request_queue_time_seconds"), None)
     if q is not None and qm is not None:
-        queue_text += (f" Server histogram over the run: queue p50 {qm.p50_ms:.1f} ms, p95 {qm.p95_ms:.1f} ms "
-                       f"(this trace: {q.ms:.1f} ms).")
+        queue_text += (
+            f" Server histogram: queue p50 {qm.p50_ms:.1f} ms, p95 {qm.p95_ms:.1f} ms (trace {q.ms:.1f} ms)."
+        )
     r.boundary_errors = [
-        ("Kernel vs. end-to-end", f"Applying {t.speedup:.2f}× to TTFT predicts {t.ttft_ms:.1f} / {t.speedup:.2f} "
-         f"= {r.naive_ms:.1f} ms, ignoring non-attention compute and queue dwell; the projection is "
-         f"{b.outer_projected_ms:.2f} ms."),
-        ("FLOP share vs. time share", f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = "
-         f"{t.workload.prompt_tokens:,} (formula below); Amdahl on it predicts {r.flop_speedup:.3f}× for the "
-         f"prefill, not {b.inner_speedup:.4f}×: FLOPs omit the non-matmul work and stalls in the "
-         f"{b.f_inner:.1%} time share."),
+        (
+            "Kernel vs. end-to-end",
+            f"Applying {t.speedup:.2f}× to TTFT predicts {t.ttft_ms:.1f} / {t.speedup:.2f} "
+            f"= {r.naive_ms:.1f} ms, ignoring non-attention compute and queue dwell; the projection is "
+            f"{b.outer_projected_ms:.2f} ms.",
+        ),
+        (
+            "FLOP share vs. time share",
+            f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = "
+            f"{t.workload.prompt_tokens:,} (formula below); Amdahl on it predicts "
+            f"{r.flop_speedup:.3f}× for the prefill, not {b.inner_speedup:.4f}×: FLOPs omit the "
+            "non-matmul work and stalls in the "
+            f"{b.f_inner:.1%} time share.",
+        ),
         ("Unmeasured components", queue_text),
     ]
     pm = next((m for m in r.metrics if m.name == "vllm:request_prefill_time_seconds"), None)
     r.plan = [
-        "Confirm fused dispatch under sdpa_kernel(SDPBackend.FLASH_ATTENTION) from profiler kernel names "
+        "Confirm fused dispatch under sdpa_kernel(SDPBackend.FLASH_ATTENTION) by kernel name "
         "(attnscope which).",
         f"Check GPU prefill against the {b.inner_projected_ms:.2f} ms projection with matched spans "
         "(CUDA events, torch.profiler; attnscope share)."
-        + (f" Server prefill p50 over the run: {pm.p50_ms:.1f} ms." if pm else ""),
+        + (f" Server prefill p50 now {pm.p50_ms:.1f} ms." if pm else ""),
         "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
         f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
-        f"{tg.p95_ttft_ms:g} ms." if r.samples is None or r.samples.verdict == "inconclusive" else
-        f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
+        f"{tg.p95_ttft_ms:g} ms."
+        if r.samples is None or r.samples.verdict == "inconclusive"
+        else f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
         "Measure DRAM bytes with Nsight Compute (dram__bytes_read.sum, dram__bytes_write.sum): the logical "
         "model is an algorithmic count, not a hardware reading (attnscope bytes).",
     ]

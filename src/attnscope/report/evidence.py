@@ -46,13 +46,17 @@ def read_samples(path) -> list[float]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"{flag}: expected a JSON list of TTFT samples in ms, got invalid JSON "
-                             f"({e.msg} at line {e.lineno})") from None
+            raise InputError(
+                f"{flag}: expected a JSON list of TTFT samples in ms, got invalid JSON "
+                f"({e.msg} at line {e.lineno})"
+            ) from None
         if isinstance(data, dict) and "ttft_ms" in data:
             data = data["ttft_ms"]
         if not isinstance(data, list):
-            raise InputError(f"{flag}: expected a JSON list of TTFT samples in ms (or {{\"ttft_ms\": [...]}}), "
-                             f"got {type(data).__name__}")
+            raise InputError(
+                f'{flag}: expected a JSON list of TTFT samples in ms (or {{"ttft_ms": [...]}}), '
+                f"got {type(data).__name__}"
+            )
         values = data
     else:
         rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
@@ -60,8 +64,9 @@ def read_samples(path) -> list[float]:
         if rows and len(rows[0]) > 1:
             header = [c.strip().lower() for c in rows[0]]
             if "ttft_ms" not in header:
-                raise InputError(f"{flag}: expected one column, or a header with a ttft_ms column, got "
-                                 f"{rows[0]!r}")
+                raise InputError(
+                    f"{flag}: expected one column, or a header with a ttft_ms column, got {rows[0]!r}"
+                )
             col = header.index("ttft_ms")
         if rows:
             try:
@@ -108,8 +113,9 @@ def _nearest_rank(xs: list[float], q: float) -> float:
     return xs[max(0, math.ceil(q * len(xs)) - 1)]
 
 
-def samples_needed(frac_le_target: float, n_now: int, q: float = Q95,
-                   confidence: float = CONFIDENCE) -> int | None:
+def samples_needed(
+    frac_le_target: float, n_now: int, q: float = Q95, confidence: float = CONFIDENCE
+) -> int | None:
     """Smallest total n > n_now at which the verdict would be decided if the observed distribution held
     (F = frac_le_target, the fraction of samples <= target): accept when F > q and the upper bound's rank
     u(n) <= n * F; reject when F < q and the lower bound's rank l(n) > n * F. None when F = q (the
@@ -166,31 +172,45 @@ def samples(path, target_ms: float, trace_ttft_ms: float | None = None) -> Sampl
     else:
         verdict = "inconclusive"
     needed = None if verdict != "inconclusive" else samples_needed(frac, n)
-    warnings = ["Samples taken under load are correlated (shared batches, a shared queue); the interval "
-                "assumes independent draws, so treat it as optimistic and prefer samples from separate "
-                "runs or spaced in time."]
+    warnings = [
+        "Samples taken under load are correlated (shared batches and queue); the interval assumes "
+        "independent draws, so it is optimistic."
+    ]
     if up1 is None:
-        warnings.append(f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot "
-                        "be accepted from this set.")
+        warnings.append(
+            f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot "
+            "be accepted from this set."
+        )
     pct = None
     if trace_ttft_ms is not None:
         pct = 100.0 * sum(x <= trace_ttft_ms for x in xs) / n
     return SampleStats(
-        n=n, p50=_nearest_rank(xs, 0.50), p95=_nearest_rank(xs, 0.95), p99=_nearest_rank(xs, 0.99),
-        ci_low=xs[lo2 - 1] if lo2 else None, ci_high=xs[up2 - 1] if up2 else None,
-        lower_bound=lower, upper_bound=upper, target_ms=target_ms, frac_le_target=frac, verdict=verdict,
-        needed=needed, trace_percentile=pct, warnings=tuple(warnings))
+        n=n,
+        p50=_nearest_rank(xs, 0.50),
+        p95=_nearest_rank(xs, 0.95),
+        p99=_nearest_rank(xs, 0.99),
+        ci_low=xs[lo2 - 1] if lo2 else None,
+        ci_high=xs[up2 - 1] if up2 else None,
+        lower_bound=lower,
+        upper_bound=upper,
+        target_ms=target_ms,
+        frac_le_target=frac,
+        verdict=verdict,
+        needed=needed,
+        trace_percentile=pct,
+        warnings=tuple(warnings),
+    )
 
 
 # ------------------------------------------------------------------------------------------ metrics
 
 #: vLLM histograms read from the scrapes: name -> (label, role). ITL falls back to the older TPOT name.
 VLLM_HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds": "TTFT (server-side)",
-    "vllm:request_queue_time_seconds": "Queue time",
-    "vllm:request_prefill_time_seconds": "Prefill time",
-    "vllm:inter_token_latency_seconds": "Inter-token latency",
-    "vllm:e2e_request_latency_seconds": "End-to-end latency",
+    "vllm:time_to_first_token_seconds": "TTFT (server)",
+    "vllm:request_queue_time_seconds": "Queue",
+    "vllm:request_prefill_time_seconds": "Prefill",
+    "vllm:inter_token_latency_seconds": "Inter-token",
+    "vllm:e2e_request_latency_seconds": "End-to-end",
 }
 ITL_FALLBACK = "vllm:time_per_output_token_seconds"
 
@@ -238,7 +258,9 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # the parser raises ValueError and others on malformed text
-        raise InputError(f"{flag}: expected Prometheus text exposition format, got a parse error ({e})") from None
+        raise InputError(
+            f"{flag}: expected Prometheus text exposition format, got a parse error ({e})"
+        ) from None
     for fam in families:
         if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
             continue
@@ -268,7 +290,7 @@ class HistogramDiff:
     p99_ms: float
     mean_ms: float
     target_ms: float | None = None
-    meets: str | None = None  # "yes" | "no" | "undetermined" (p95 vs target)
+    meets: str | None = None  # "yes" | "no" | "undecided" (p95 vs target; decidable at bucket edges only)
     warning: str | None = None
 
 
@@ -276,12 +298,16 @@ def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
     if before is None:
         return after
     if before.bounds != after.bounds:
-        raise InputError(f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
-                         f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds")
+        raise InputError(
+            f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
+            f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds"
+        )
     counts = tuple(a - b for a, b in zip(after.counts, before.counts, strict=True))
     if any(c < 0 for c in counts) or after.count < before.count:
-        raise InputError(f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
-                         "(was the server restarted between the scrapes?)")
+        raise InputError(
+            f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
+            "(was the server restarted between the scrapes?)"
+        )
     return Histogram(after.bounds, counts, after.count - before.count, after.sum - before.sum)
 
 
@@ -295,9 +321,11 @@ def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, s
     if target_s == high:
         return "yes", None
     hi = "+Inf" if math.isinf(high) else f"{high * 1e3:g}"
-    return "undetermined", (f"the target {target_s * 1e3:g} ms and the p{round(q * 100)} both fall in the "
-                            f"coarse bucket ({low * 1e3:g}, {hi}] ms: the interpolated quantile assumes a "
-                            "uniform spread inside it and cannot accept or reject the target")
+    return "undecided", (
+        f"the {target_s * 1e3:g} ms target and the p{round(q * 100)} share the coarse bucket "
+        f"({low * 1e3:g}, {hi}] ms: interpolation assumes a uniform spread inside it, so this "
+        "histogram cannot accept or reject the target"
+    )
 
 
 def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: float) -> list[HistogramDiff]:
@@ -310,10 +338,15 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
             before["vllm:inter_token_latency_seconds"] = before.pop(ITL_FALLBACK)
     found = [n for n in VLLM_HISTOGRAMS if n in after]
     if not found:
-        raise InputError("--metrics AFTER: expected at least one vLLM histogram (" + ", ".join(VLLM_HISTOGRAMS)
-                         + "), got none")
-    targets = {"vllm:time_to_first_token_seconds": ttft_target_ms,
-               "vllm:inter_token_latency_seconds": tpot_target_ms}
+        raise InputError(
+            "--metrics AFTER: expected at least one vLLM histogram ("
+            + ", ".join(VLLM_HISTOGRAMS)
+            + "), got none"
+        )
+    targets = {
+        "vllm:time_to_first_token_seconds": ttft_target_ms,
+        "vllm:inter_token_latency_seconds": tpot_target_ms,
+    }
     out = []
     for name in found:
         h = _diff(name, before.get(name), after[name])
@@ -323,10 +356,20 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         meets = warning = None
         if target is not None:
             meets, warning = _check_target(h, target / 1e3)
-        out.append(HistogramDiff(
-            name=name, label=VLLM_HISTOGRAMS[name], hist=h, p50_ms=h.quantile(0.5) * 1e3,
-            p95_ms=h.quantile(0.95) * 1e3, p99_ms=h.quantile(0.99) * 1e3, mean_ms=h.sum / h.count * 1e3,
-            target_ms=target, meets=meets, warning=warning))
+        out.append(
+            HistogramDiff(
+                name=name,
+                label=VLLM_HISTOGRAMS[name],
+                hist=h,
+                p50_ms=h.quantile(0.5) * 1e3,
+                p95_ms=h.quantile(0.95) * 1e3,
+                p99_ms=h.quantile(0.99) * 1e3,
+                mean_ms=h.sum / h.count * 1e3,
+                target_ms=target,
+                meets=meets,
+                warning=warning,
+            )
+        )
     if not out:
         raise InputError("--metrics: expected requests between BEFORE and AFTER, got no new observations")
     return out
@@ -380,13 +423,22 @@ def profile(path) -> ProfileShare:
         raise InputError(f"{flag}: expected a Chrome trace JSON, got invalid JSON ({e.msg})") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
-        raise InputError(f"{flag}: expected a Chrome trace with a traceEvents list, got {type(data).__name__}")
-    xs = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
-          and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+        raise InputError(
+            f"{flag}: expected a Chrome trace with a traceEvents list, got {type(data).__name__}"
+        )
+    xs = [
+        e
+        for e in events
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and isinstance(e.get("ts"), (int, float))
+        and isinstance(e.get("dur"), (int, float))
+    ]
     kernels = [e for e in xs if str(e.get("cat", "")).lower() == "kernel"]
     if not kernels:
-        raise InputError(f"{flag}: expected GPU kernel events (cat \"kernel\"), got none; profile with "
-                         "ProfilerActivity.CUDA")
+        raise InputError(
+            f'{flag}: expected GPU kernel events (cat "kernel"), got none; profile with ProfilerActivity.CUDA'
+        )
     gpu_ranges = [e for e in xs if e.get("cat") == "gpu_user_annotation"]
     cpu_ranges = [e for e in xs if e.get("cat") == "user_annotation"]
 
@@ -401,8 +453,11 @@ def profile(path) -> ProfileShare:
         how = f"GPU range {gspan['name']!r}"
     elif cspan is not None:
         lo, hi = cspan["ts"], cspan["ts"] + cspan["dur"]
-        corr = {(e.get("args") or {}).get("correlation") for e in xs
-                if e.get("cat") == "cuda_runtime" and inside(e, lo, hi)}
+        corr = {
+            (e.get("args") or {}).get("correlation")
+            for e in xs
+            if e.get("cat") == "cuda_runtime" and inside(e, lo, hi)
+        }
         corr.discard(None)
         in_span = [k for k in kernels if (k.get("args") or {}).get("correlation") in corr]
         if in_span:
@@ -416,7 +471,9 @@ def profile(path) -> ProfileShare:
         how = "all kernels (no range named like 'prefill')"
     if not in_span:
         raise InputError(f"{flag}: expected kernels inside the prefill span ({how}), got none")
-    attn_ranges = [(e["ts"], e["ts"] + e["dur"]) for e in gpu_ranges if ATTENTION_RANGE.search(str(e.get("name")))]
+    attn_ranges = [
+        (e["ts"], e["ts"] + e["dur"]) for e in gpu_ranges if ATTENTION_RANGE.search(str(e.get("name")))
+    ]
 
     def is_attention(k) -> bool:
         if ATTENTION_KERNEL.search(str(k.get("name", ""))):
@@ -430,6 +487,13 @@ def profile(path) -> ProfileShare:
     for k in attn:
         by_name[str(k.get("name"))] = by_name.get(str(k.get("name")), 0.0) + k["dur"] / 1e3
     top = tuple(sorted(by_name.items(), key=lambda kv: -kv[1])[:3])
-    return ProfileShare(span=how, span_ms=span_ms, busy_ms=_union_ms([(k["ts"], k["ts"] + k["dur"]) for k in in_span]),
-                        attention_ms=attention_ms, share=min(1.0, attention_ms / span_ms) if span_ms > 0 else 0.0,
-                        kernels=len(in_span), attention_kernels=len(attn), top=top)
+    return ProfileShare(
+        span=how,
+        span_ms=span_ms,
+        busy_ms=_union_ms([(k["ts"], k["ts"] + k["dur"]) for k in in_span]),
+        attention_ms=attention_ms,
+        share=min(1.0, attention_ms / span_ms) if span_ms > 0 else 0.0,
+        kernels=len(in_span),
+        attention_kernels=len(attn),
+        top=top,
+    )

@@ -42,9 +42,15 @@ def _workload_rows(r: Report) -> list[tuple[str, str]]:
     return [
         ("Model", f"{w.model}, {w.params / 1e9:g}B params, {w.dtype}"),
         ("Shape", f"{w.layers} layers · {w.heads} query heads · d = {w.d}"),
-        ("Load", f"C = {w.concurrency} closed-loop · P = {w.prompt_tokens:,} · O = {w.output_tokens:,} tokens"),
-        ("Targets", f"p95 TTFT ≤ {tg.p95_ttft_ms:g} ms · decode ≥ {tg.tokens_per_s:g} tokens/s "
-                    f"(TPOT ≤ {tg.tpot_ms:g} ms)"),
+        (
+            "Load",
+            f"C = {w.concurrency} closed-loop · P = {w.prompt_tokens:,} · O = {w.output_tokens:,} tokens",
+        ),
+        (
+            "Targets",
+            f"p95 TTFT ≤ {tg.p95_ttft_ms:g} ms · decode ≥ {tg.tokens_per_s:g} tokens/s "
+            f"(TPOT ≤ {tg.tpot_ms:g} ms)",
+        ),
     ]
 
 
@@ -68,9 +74,19 @@ def _impact_lines(r: Report) -> list[str]:
 def _verdict_line(r: Report) -> str:
     b, tg = r.boundary, r.trace.targets
     side = "below" if r.projected_meets_target else "above"
-    return (f"Conditional projection for this single trace: {b.outer_projected_ms:.2f} ms, {side} the "
-            f"{tg.p95_ttft_ms:g} ms target; service p95 compliance stays unverified until a post-change "
-            "distribution is collected.")
+    return (
+        f"Conditional projection for this single trace: {b.outer_projected_ms:.2f} ms, {side} the "
+        f"{tg.p95_ttft_ms:g} ms target; service p95 compliance stays unverified until a post-change "
+        "distribution is collected."
+    )
+
+
+def _kernel_short(name: str) -> str:
+    """'void ns::kern<...>(...)' -> 'ns::kern': template and argument lists dropped."""
+    name = name.removeprefix("void ").strip()
+    for ch in "<(":
+        name = name.split(ch, 1)[0]
+    return name[:60]
 
 
 def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
@@ -78,8 +94,13 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
     out = []
     if r.samples is not None:
         s = r.samples
-        ci = (f"[{s.ci_low:.1f}, {s.ci_high:.1f}] ms" if s.ci_low is not None and s.ci_high is not None
-              else f"[{s.ci_low:.1f} ms, no upper end]" if s.ci_low is not None else "none")
+        ci = (
+            f"[{s.ci_low:.1f}, {s.ci_high:.1f}] ms"
+            if s.ci_low is not None and s.ci_high is not None
+            else f"[{s.ci_low:.1f} ms, no upper end]"
+            if s.ci_low is not None
+            else "none"
+        )
         up = f"{s.upper_bound:.1f} ms" if s.upper_bound is not None else "none (n < 59)"
         low = f"{s.lower_bound:.1f} ms" if s.lower_bound is not None else "none"
         lines = [
@@ -88,13 +109,19 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
             f"p95 exact 95 % CI (binomial order statistics, distribution-free): {ci}; one-sided 95 % bounds: "
             f"lower {low}, upper {up}.",
             f"Verdict vs p95 ≤ {s.target_ms:g} ms: {s.verdict.upper()}"
-            + (f"; about {s.needed:,} samples in total would decide it if the distribution held."
-               if s.needed else "; the sample size to decide cannot be estimated (observed p95 at the target)."
-               if s.verdict == "inconclusive" else "."),
+            + (
+                f"; about {s.needed:,} samples in total would decide it if the distribution held."
+                if s.needed
+                else "; the sample size to decide cannot be estimated (observed p95 at the target)."
+                if s.verdict == "inconclusive"
+                else "."
+            ),
         ]
         if s.trace_percentile is not None:
-            lines.append(f"This trace's {r.trace.ttft_ms:.1f} ms sits at the {s.trace_percentile:.0f}th "
-                         "percentile of the samples.")
+            lines.append(
+                f"This trace's {r.trace.ttft_ms:.1f} ms has percentile rank {s.trace_percentile:.0f} % "
+                "among the samples."
+            )
         out.append(("Client TTFT samples (--samples)", lines, list(s.warnings)))
     if r.metrics:
         lines, warns = [], []
@@ -102,25 +129,31 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
             extra = ""
             if m.target_ms is not None:
                 extra = f"; p95 ≤ {m.target_ms:g} ms: {m.meets}"
-            lines.append(f"{m.label} ({m.name}, {m.hist.count:g} obs.): p50 {m.p50_ms:.1f} · p95 {m.p95_ms:.1f} · "
-                         f"p99 {m.p99_ms:.1f} · mean {m.mean_ms:.1f} ms{extra}")
+            lines.append(
+                f"{m.label} ({m.name}, {m.hist.count:g} obs.): p50 {m.p50_ms:.1f} · p95 {m.p95_ms:.1f} · "
+                f"p99 {m.p99_ms:.1f} · mean {m.mean_ms:.1f} ms{extra}"
+            )
             if m.warning:
                 warns.append(f"{m.label}: {m.warning}.")
-        warns.append("Server histograms exclude client network and serialization; quantiles are interpolated "
-                     "within buckets (histogram_quantile), exact only at bucket edges.")
+        warns.append(
+            "Server histograms exclude client network and serialization; quantiles are interpolated "
+            "within buckets (histogram_quantile), exact only at bucket edges."
+        )
         out.append(("Server histograms, AFTER − BEFORE (--metrics)", lines, warns))
     if r.profile is not None:
         p = r.profile
-        top = ", ".join(f"{n[:48]} {ms:.1f} ms" for n, ms in p.top) or "none"
+        top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
         lines = [
             f"Span: {p.span}, {p.span_ms:.1f} ms; kernels busy {p.busy_ms:.1f} ms ({p.kernels} kernels).",
-            f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the span; "
-            f"this share replaces the trace's assumed split. Largest: {top}.",
+            f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the "
+            f"span; this share replaces the trace's assumed split. Largest: {top}.",
         ]
         warns = []
         if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
-            warns.append(f"The profiled span ({p.span_ms:.1f} ms) differs from the trace's prefill "
-                         f"({r.trace.prefill_ms:.1f} ms) by more than 10 %: profiler overhead or another shape.")
+            warns.append(
+                f"The profiled span ({p.span_ms:.1f} ms) differs from the trace's prefill "
+                f"({r.trace.prefill_ms:.1f} ms) by more than 10 %: profiler overhead or another shape."
+            )
         out.append(("Profiler split (--profile)", lines, warns))
     return out
 
@@ -130,28 +163,59 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
 
 def markdown(r: Report) -> str:
     t, b = r.trace, r.boundary
-    L = [f"# {_md(t.title)}", "",
-         "*Latency attribution report (attnscope). One trace; projections are conditional on it.*", "",
-         "## 1. Workload and targets", ""]
+    L = [
+        f"# {_md(t.title)}",
+        "",
+        "*Latency attribution report (attnscope). One trace; projections are conditional on it.*",
+        "",
+        "## 1. Workload and targets",
+        "",
+    ]
     L += [f"- **{k}**: {_md(v)}" for k, v in _workload_rows(r)]
-    L += ["", "## 2. Trace timings", "",
-          "| Segment | Measurement source | Trace | Share of TTFT | Projected | Notes |",
-          "| --- | --- | ---: | ---: | ---: | --- |"]
+    L += [
+        "",
+        "## 2. Trace timings",
+        "",
+        "| Segment | Measurement source | Trace | Share of TTFT | Projected | Notes |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
     for row in r.rows:
-        L.append(f"| {_md(row.name)} | {_md(row.source)} | {_ms(row.ms)} | {_pct(row.share)} | "
-                 f"{_ms(row.projected_ms, 2)} | {_md(row.note)} |")
-    L.append(f"| **Client TTFT (this trace)** | {_md(t.ttft_source)} | **{_ms(t.ttft_ms)}** | 100.0% | "
-             f"**{_ms(b.outer_projected_ms, 2)}** | single trace |")
-    L.append(f"| Decode TPOT | {_md(t.decode_source)} | {_ms(t.tpot_ms)} | | | budget {t.targets.tpot_ms:g} ms |")
+        L.append(
+            f"| {_md(row.name)} | {_md(row.source)} | {_ms(row.ms)} | {_pct(row.share)} | "
+            f"{_ms(row.projected_ms, 2)} | {_md(row.note)} |"
+        )
+    L.append(
+        f"| **Client TTFT (this trace)** | {_md(t.ttft_source)} | **{_ms(t.ttft_ms)}** | 100.0% | "
+        f"**{_ms(b.outer_projected_ms, 2)}** | single trace |"
+    )
+    L.append(
+        f"| Decode TPOT | {_md(t.decode_source)} | {_ms(t.tpot_ms)} | | | budget {t.targets.tpot_ms:g} ms |"
+    )
     L += ["", "## 3. Observations", ""] + [f"- {_md(o)}" for o in r.observations]
-    L += ["", "## 4. Proposed change", "",
-          f"{_md(t.change_description)}: S_kernel = {t.speedup:.2f}× on the attention part of "
-          f"{_md(t.prefill_segment)} ({r.attention_ms:.1f} ms; split from {_md(r.attention_source)}; "
-          f"S from {_md(t.change_source)}).", "",
-          "## 5. Projected impact (Amdahl, model/amdahl.py)", "", "```"] + _impact_lines(r) + ["```", "",
-          _md(_verdict_line(r)), "", "Assumptions:", ""] + [f"- {_md(a)}" for a in r.assumptions]
-    L += ["", f"Sensitivity at the prefill boundary, S = {t.speedup:.2f}×:", "",
-          "| f_attn (time share) | Prefill speedup | Prefill reduction |", "| ---: | ---: | ---: |"]
+    L += (
+        [
+            "",
+            "## 4. Proposed change",
+            "",
+            f"{_md(t.change_description)}: S_kernel = {t.speedup:.2f}× on the attention part of "
+            f"{_md(t.prefill_segment)} ({r.attention_ms:.1f} ms; split from {_md(r.attention_source)}; "
+            f"S from {_md(t.change_source)}).",
+            "",
+            "## 5. Projected impact (Amdahl, model/amdahl.py)",
+            "",
+            "```",
+        ]
+        + _impact_lines(r)
+        + ["```", "", _md(_verdict_line(r)), "", "Assumptions:", ""]
+        + [f"- {_md(a)}" for a in r.assumptions]
+    )
+    L += [
+        "",
+        f"Sensitivity at the prefill boundary, S = {t.speedup:.2f}×:",
+        "",
+        "| f_attn (time share) | Prefill speedup | Prefill reduction |",
+        "| ---: | ---: | ---: |",
+    ]
     for p in r.sensitivity:
         mark = " (this trace)" if math.isclose(p.f, b.f_inner, abs_tol=1e-6) else ""
         L.append(f"| {_pct(p.f)}{mark} | {p.speedup:.4f}× | {_pct(p.reduction, 2)} |")
@@ -162,7 +226,12 @@ def markdown(r: Report) -> str:
     if ev:
         L += ["", "## 8. Evidence", ""]
         for head, lines, warns in ev:
-            L += [f"**{_md(head)}**", ""] + [f"- {_md(x)}" for x in lines] + [f"- ⚠ {_md(w)}" for w in warns] + [""]
+            L += (
+                [f"**{_md(head)}**", ""]
+                + [f"- {_md(x)}" for x in lines]
+                + [f"- ⚠ {_md(w)}" for w in warns]
+                + [""]
+            )
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -197,29 +266,41 @@ def _bar_svg(r: Report, width: int = 360) -> str:
     for k, (label, after) in enumerate((("Before", False), ("After", True))):
         y = top + k * (bar_h + 10)
         total = b.outer_projected_ms if after else t.ttft_ms
-        parts.append(f'<text x="{left - 4}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="end" class="lbl">{label}</text>')
+        parts.append(
+            f'<text x="{left - 4}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="end" class="lbl">{label}</text>'
+        )
         x = left
         for name, ms, col in pieces(after):
             w = ms * scale
-            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{col}">'
-                         f'<title>{_e(name)}: {ms:.2f} ms</title></rect>')
+            parts.append(
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{col}">'
+                f"<title>{_e(name)}: {ms:.2f} ms</title></rect>"
+            )
             if w > 30:
                 fg = "#fff" if col == ATTENTION else "#222"
-                parts.append(f'<text x="{x + w / 2:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="middle" '
-                             f'class="val" fill="{fg}">{ms:.1f}</text>')
+                parts.append(
+                    f'<text x="{x + w / 2:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="middle" '
+                    f'class="val" fill="{fg}">{ms:.1f}</text>'
+                )
             x += w
-        parts.append(f'<text x="{x + 3:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" class="lbl tot">{total:.1f}</text>')
+        parts.append(
+            f'<text x="{x + 3:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" class="lbl tot">{total:.1f}</text>'
+        )
     # axis and target line
     ya = top + 2 * (bar_h + 10) - 4
     tx = left + t.targets.p95_ttft_ms * scale
     if t.targets.p95_ttft_ms <= t.ttft_ms:
-        parts.append(f'<line x1="{tx:.2f}" y1="{top - 5}" x2="{tx:.2f}" y2="{ya}" class="target"/>'
-                     f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="middle" class="tick tgt">p95 target '
-                     f'{t.targets.p95_ttft_ms:g} ms</text>')
+        parts.append(
+            f'<line x1="{tx:.2f}" y1="{top - 5}" x2="{tx:.2f}" y2="{ya}" class="target"/>'
+            f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="middle" class="tick tgt">p95 target '
+            f"{t.targets.p95_ttft_ms:g} ms</text>"
+        )
     for v in _ticks(t.ttft_ms):
         x = left + v * scale
-        parts.append(f'<line x1="{x:.2f}" y1="{ya}" x2="{x:.2f}" y2="{ya + 3}" class="axis"/>'
-                     f'<text x="{x:.2f}" y="{ya + 11}" text-anchor="middle" class="tick">{v:g}</text>')
+        parts.append(
+            f'<line x1="{x:.2f}" y1="{ya}" x2="{x:.2f}" y2="{ya + 3}" class="axis"/>'
+            f'<text x="{x:.2f}" y="{ya + 11}" text-anchor="middle" class="tick">{v:g}</text>'
+        )
     parts.append(f'<line x1="{left}" y1="{ya}" x2="{width - right}" y2="{ya}" class="axis"/>')
     # legend: two columns
     legend = [(f"{t.prefill_segment}: attention", ATTENTION), (f"{t.prefill_segment}: rest", rest_color)]
@@ -229,12 +310,16 @@ def _bar_svg(r: Report, width: int = 360) -> str:
     for k, (name, col) in enumerate(legend):
         text = name if len(name) <= 40 else name[:39] + "…"
         lx, yy = left + (k % 2) * col_w, ly + (k // 2) * 11
-        parts.append(f'<rect x="{lx:.1f}" y="{yy - 7}" width="8" height="8" fill="{col}"/>'
-                     f'<text x="{lx + 11:.1f}" y="{yy}" class="tick">{_e(text)}</text>')
+        parts.append(
+            f'<rect x="{lx:.1f}" y="{yy - 7}" width="8" height="8" fill="{col}"/>'
+            f'<text x="{lx + 11:.1f}" y="{yy}" class="tick">{_e(text)}</text>'
+        )
     ly = ly + ((len(legend) - 1) // 2) * 11
     height = ly + 6
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
-            f'role="img" aria-label="TTFT segments before and after (ms)">' + "".join(parts) + "</svg>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
+        f'role="img" aria-label="TTFT segments before and after (ms)">' + "".join(parts) + "</svg>"
+    )
 
 
 def _ticks(vmax: float, n: int = 5) -> list[float]:
@@ -244,7 +329,7 @@ def _ticks(vmax: float, n: int = 5) -> list[float]:
     return [k * step for k in range(int(vmax / step) + 1)]
 
 
-def _curve_svg(r: Report, width: int = 360, height: int = 150) -> str:
+def _curve_svg(r: Report, width: int = 360, height: int = 136) -> str:
     """Prefill speedup against attention time share for this S; the operating point and the FLOP-share
     point marked."""
     from attnscope.model import amdahl
@@ -264,41 +349,53 @@ def _curve_svg(r: Report, width: int = 360, height: int = 150) -> str:
     pts = " ".join(f"{px(k / 100):.1f},{py(amdahl.speedup(k / 100, s)):.1f}" for k in range(101))
     parts = [f'<polyline points="{pts}" class="curve"/>']
     for v in ticks_y:
-        parts.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{width - right}" y2="{py(v):.1f}" class="grid"/>'
-                     f'<text x="{left - 3}" y="{py(v) + 3:.1f}" text-anchor="end" class="tick">{v:.2f}×</text>')
+        parts.append(
+            f'<line x1="{left}" y1="{py(v):.1f}" x2="{width - right}" y2="{py(v):.1f}" class="grid"/>'
+            f'<text x="{left - 3}" y="{py(v) + 3:.1f}" text-anchor="end" class="tick">{v:.2f}×</text>'
+        )
     for k in range(0, 101, 20):
-        parts.append(f'<text x="{px(k / 100):.1f}" y="{height - bottom + 11}" text-anchor="middle" '
-                     f'class="tick">{k}%</text>')
-    parts.append(f'<text x="{(left + width - right) / 2:.1f}" y="{height - 3}" text-anchor="middle" class="tick">'
-                 f'attention time share of prefill (S = {s:.2f}×)</text>')
+        parts.append(
+            f'<text x="{px(k / 100):.1f}" y="{height - bottom + 11}" text-anchor="middle" '
+            f'class="tick">{k}%</text>'
+        )
+    parts.append(
+        f'<text x="{(left + width - right) / 2:.1f}" y="{height - 3}" text-anchor="middle" class="tick">'
+        f"attention time share of prefill (S = {s:.2f}×)</text>"
+    )
     fx, fy = px(b.f_inner), py(b.inner_speedup)
     gx, gy = px(r.flop_share), py(r.flop_speedup)
-    parts.append(f'<line x1="{fx:.1f}" y1="{fy:.1f}" x2="{fx:.1f}" y2="{py(ymin):.1f}" class="drop"/>'
-                 f'<circle cx="{fx:.1f}" cy="{fy:.1f}" r="3.5" class="op"/>'
-                 f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3" class="ghost"/>')
+    parts.append(
+        f'<line x1="{fx:.1f}" y1="{fy:.1f}" x2="{fx:.1f}" y2="{py(ymin):.1f}" class="drop"/>'
+        f'<circle cx="{fx:.1f}" cy="{fy:.1f}" r="3.5" class="op"/>'
+        f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3" class="ghost"/>'
+    )
     # a legend in the empty upper-left corner instead of labels that could cross the curve
     lx, ly = left + 8, top + 10
-    parts.append(f'<circle cx="{lx:.1f}" cy="{ly - 3:.1f}" r="3.5" class="op"/>'
-                 f'<text x="{lx + 7:.1f}" y="{ly:.1f}" class="lbl">this trace: f = {_pct(b.f_inner)} → '
-                 f'{b.inner_speedup:.4f}×</text>'
-                 f'<circle cx="{lx:.1f}" cy="{ly + 9:.1f}" r="3" class="ghost"/>'
-                 f'<text x="{lx + 7:.1f}" y="{ly + 12:.1f}" class="tick">FLOP share {_pct(r.flop_share)} → '
-                 f'{r.flop_speedup:.3f}× (not a time share: invalid)</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
-            f'aria-label="Amdahl sensitivity curve">' + "".join(parts) + "</svg>")
+    parts.append(
+        f'<circle cx="{lx:.1f}" cy="{ly - 3:.1f}" r="3.5" class="op"/>'
+        f'<text x="{lx + 7:.1f}" y="{ly:.1f}" class="lbl">this trace: f = {_pct(b.f_inner)} → '
+        f"{b.inner_speedup:.4f}×</text>"
+        f'<circle cx="{lx:.1f}" cy="{ly + 9:.1f}" r="3" class="ghost"/>'
+        f'<text x="{lx + 7:.1f}" y="{ly + 12:.1f}" class="tick">FLOP share {_pct(r.flop_share)} → '
+        f"{r.flop_speedup:.3f}× (not a time share: invalid)</text>"
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
+        f'aria-label="Amdahl sensitivity curve">' + "".join(parts) + "</svg>"
+    )
 
 
 # ------------------------------------------------------------------------------------------- HTML
 
 CSS = """
-@page { margin: 9mm 10mm; }
+@page { margin: 8mm 9mm; }
 * { box-sizing: border-box; }
-body { font: 7.4pt/1.28 "DejaVu Sans", "Liberation Sans", Helvetica, Arial, sans-serif; color: #1d2329;
+body { font: 7.3pt/1.24 "DejaVu Sans", "Liberation Sans", Helvetica, Arial, sans-serif; color: #1d2329;
        margin: 0 auto; max-width: 190mm; padding: 0; }
 header { border-bottom: 2px solid #1d2329; padding-bottom: 2px; margin-bottom: 4px; }
 h1 { font-size: 12pt; margin: 0; letter-spacing: -0.01em; }
 header .meta { color: #5b6670; font-size: 7pt; }
-h2 { font-size: 8pt; margin: 5px 0 2px; text-transform: uppercase; letter-spacing: 0.04em; color: #2b4c6f;
+h2 { font-size: 8pt; margin: 4px 0 1px; text-transform: uppercase; letter-spacing: 0.04em; color: #2b4c6f;
      border-bottom: 1px solid #c9d3dc; padding-bottom: 1px; }
 .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 0 12px; }
 .grid5 { display: grid; grid-template-columns: 1.22fr 1fr; gap: 0 14px; align-items: start; }
@@ -331,26 +428,37 @@ svg .op { fill: #a3261b; } svg .ghost { fill: #fff; stroke: #7a4a00; stroke-widt
 svg .drop { stroke: #a3261b; stroke-width: 0.8; stroke-dasharray: 2 2; }
 .sub { font-weight: 600; color: #2b4c6f; margin-top: 3px; }
 .sens th { width: 31%; white-space: nowrap; border-bottom: 1px solid #e3e8ec; } .sens td { width: 23%; }
-table.segs th:nth-child(1) { width: 19%; } table.segs th:nth-child(2) { width: 26%; }
-.ev { display: grid; grid-template-columns: repeat(auto-fit, minmax(0, 1fr)); gap: 0 12px; }
+table.segs th:nth-child(1) { width: 21%; } table.segs th:nth-child(2) { width: 27%; }
+.grid > div > div + div { margin-top: 2px; }
+table.hist td, table.hist th { padding: 0.5px 3px; white-space: nowrap; }
 footer { margin-top: 5px; border-top: 1px solid #c9d3dc; padding-top: 2px; font-size: 6.8pt; color: #5b6670; }
 @media screen { body { padding: 12px; } }
 """
 
 
-def _table(head: list[tuple[str, bool]], rows: list[list[tuple[str, bool]]], total=None, cls: str = "",
-           after=()) -> str:
+def _table(
+    head: list[tuple[str, bool]], rows: list[list[tuple[str, bool]]], total=None, cls: str = "", after=()
+) -> str:
     h = "".join(f'<th class="n">{_e(c)}</th>' if num else f"<th>{_e(c)}</th>" for c, num in head)
     body = []
     for row in rows:
-        body.append("<tr>" + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>"
-                                     for c, num in row) + "</tr>")
+        body.append(
+            "<tr>"
+            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in row)
+            + "</tr>"
+        )
     if total:
-        body.append('<tr class="total">' + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>"
-                                                   for c, num in total) + "</tr>")
+        body.append(
+            '<tr class="total">'
+            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in total)
+            + "</tr>"
+        )
     for row in after:
-        body.append("<tr>" + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>"
-                                     for c, num in row) + "</tr>")
+        body.append(
+            "<tr>"
+            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in row)
+            + "</tr>"
+        )
     return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
@@ -359,46 +467,185 @@ def _ul(items, cls: str = "") -> str:
     return "<ul>" + "".join(f"<li{c}>{x}</li>" for x in items) + "</ul>"
 
 
+def _evidence_html(r: Report) -> str:
+    """Section 8, compact enough to share the page: samples and profile left, histograms right."""
+    left, right = [], []
+    if r.samples is not None:
+        s = r.samples
+        ci = (
+            f"[{s.ci_low:.1f}, {s.ci_high:.1f}]"
+            if s.ci_low is not None and s.ci_high is not None
+            else f"[{s.ci_low:.1f}, none]"
+            if s.ci_low is not None
+            else "none"
+        )
+        up = f"{s.upper_bound:.1f}" if s.upper_bound is not None else "none (n &lt; 59)"
+        low = f"{s.lower_bound:.1f}" if s.lower_bound is not None else "none"
+        cls = {"accept": "good", "reject": "bad"}.get(s.verdict, "warn")
+        need = (
+            f" About {s.needed:,} samples in all would decide it if the distribution held."
+            if s.needed
+            else ""
+        )
+        where = (
+            f" This trace's {r.trace.ttft_ms:.1f} ms has percentile rank {s.trace_percentile:.0f} %."
+            if s.trace_percentile is not None
+            else ""
+        )
+        left.append(
+            f"<div><b>Client TTFT samples</b> (n = {s.n}): p50 {s.p50:.1f} · p95 {s.p95:.1f} · "
+            f"p99 {s.p99:.1f} ms (nearest rank). p95 exact 95 % CI (binomial order statistics) {ci} ms; "
+            "one-sided 95 % bounds "
+            f'{low} / {up} ms. Verdict on p95 ≤ {s.target_ms:g} ms: <span class="{cls}">{s.verdict.upper()}'
+            f'</span>.{_e(need)}{_e(where)} <span class="warn">{_e(" ".join(s.warnings))}</span></div>'
+        )
+    if r.profile is not None:
+        p = r.profile
+        top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
+        warn = ""
+        if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
+            warn = (
+                f' <span class="warn">The span differs from the trace\'s {r.trace.prefill_ms:.1f} ms prefill '
+                "by over 10 %.</span>"
+            )
+        left.append(
+            f"<div><b>Profiler split</b>: {_e(p.span)}, {p.span_ms:.1f} ms ({p.kernels} kernels, busy "
+            f"{p.busy_ms:.1f} ms); attention {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = "
+            f"<b>{_pct(p.share)}</b>, replacing the assumed split. Largest: {_e(top)}.{warn}</div>"
+        )
+    if r.metrics:
+        rows = []
+        for m in r.metrics:
+            check = "" if m.meets is None else f"{m.meets} ({m.target_ms:g})"
+            rows.append(
+                [
+                    (m.label, False),
+                    (f"{m.hist.count:,.0f}", True),
+                    (f"{m.p50_ms:.1f}", True),
+                    (f"{m.p95_ms:.1f}", True),
+                    (f"{m.p99_ms:.1f}", True),
+                    (f"{m.mean_ms:.1f}", True),
+                    (check, False),
+                ]
+            )
+        warns = [f"{m.label}: {m.warning}." for m in r.metrics if m.warning]
+        warns.append(
+            "Server-side: no client network or serialization; quantiles interpolated within buckets."
+        )
+        right.append(
+            "<div><b>vLLM histograms, AFTER − BEFORE</b> (ms)"
+            + _table(
+                [
+                    ("Histogram", False),
+                    ("Obs.", True),
+                    ("p50", True),
+                    ("p95", True),
+                    ("p99", True),
+                    ("Mean", True),
+                    ("p95 ≤ target", False),
+                ],
+                rows,
+                cls="hist",
+            )
+            + f'<span class="warn">{_e(" ".join(warns))}</span></div>'
+        )
+    if not left and not right:
+        return ""
+    if left and right:
+        return (
+            f'<h2>8 · Evidence</h2><div class="grid"><div>{"".join(left)}</div>'
+            f"<div>{''.join(right)}</div></div>"
+        )
+    return f'<h2>8 · Evidence</h2><div class="grid">{"".join(left + right)}</div>'
+
+
 def html_page(r: Report, source: str = "the spec's Document QA trace") -> str:
     t, b, tg = r.trace, r.boundary, r.trace.targets
-    seg_rows = [[(x.name, False), (x.source, False), (f"{x.ms:.1f}", True), (_pct(x.share), True),
-                 (f"{x.projected_ms:.2f}", True), (x.note, False)] for x in r.rows]
-    decode_row = ([("Decode TPOT", False), (t.decode_source, False), (f"{t.tpot_ms:.1f}", True), ("", True),
-                     ("", True), (f"per token; budget {tg.tpot_ms:g} ms", False)],)
-    segs = _table([("Serial segment", False), ("Measurement source", False), ("Trace ms", True),
-                   ("Share", True), ("Projected", True), ("Notes", False)], seg_rows,
-                  total=[("Client TTFT (this trace)", False), (t.ttft_source, False), (f"{t.ttft_ms:.1f}", True),
-                         ("100.0%", True), (f"{b.outer_projected_ms:.2f}", True), ("single trace", False)], cls="segs", after=decode_row)
+    seg_rows = [
+        [
+            (x.name, False),
+            (x.source, False),
+            (f"{x.ms:.1f}", True),
+            (_pct(x.share), True),
+            (f"{x.projected_ms:.2f}", True),
+            (x.note, False),
+        ]
+        for x in r.rows
+    ]
+    decode_row = (
+        [
+            ("Decode TPOT", False),
+            (t.decode_source, False),
+            (f"{t.tpot_ms:.1f}", True),
+            ("", True),
+            ("", True),
+            (f"per token; budget {tg.tpot_ms:g} ms", False),
+        ],
+    )
+    segs = _table(
+        [
+            ("Serial segment", False),
+            ("Measurement source", False),
+            ("Trace ms", True),
+            ("Share", True),
+            ("Projected", True),
+            ("Notes", False),
+        ],
+        seg_rows,
+        total=[
+            ("Client TTFT (this trace)", False),
+            (t.ttft_source, False),
+            (f"{t.ttft_ms:.1f}", True),
+            ("100.0%", True),
+            (f"{b.outer_projected_ms:.2f}", True),
+            ("single trace", False),
+        ],
+        cls="segs",
+        after=decode_row,
+    )
     obs = []
     for o in r.observations:
         obs.append(_e(o))
     ttft_cls = "good" if r.ttft_meets_target else "bad"
     tpot_cls = "good" if r.tpot_meets_target else "bad"
-    status = (f'TTFT <span class="{ttft_cls}">{t.ttft_ms:.1f} ms</span> vs {tg.p95_ttft_ms:g} ms target · '
-              f'TPOT <span class="{tpot_cls}">{t.tpot_ms:.1f} ms</span> vs {tg.tpot_ms:g} ms · '
-              f'projected TTFT <b>{b.outer_projected_ms:.2f} ms</b> ({b.outer_speedup:.4f}×)')
-    cells = [(_pct(p.f, 0) + (" (trace)" if math.isclose(p.f, b.f_inner, abs_tol=1e-6) else ""),
-              f"{p.speedup:.4f}×", _pct(p.reduction, 2)) for p in r.sensitivity]
-    sens = ('<table class="sens"><tr><th>f_attn (time)</th>' + "".join(f'<td class="n">{_e(c[0])}</td>'
-                                                                             for c in cells)
-            + '</tr><tr><th>S_prefill</th>' + "".join(f'<td class="n">{_e(c[1])}</td>' for c in cells)
-            + '</tr><tr><th>Prefill reduction</th>' + "".join(f'<td class="n">{_e(c[2])}</td>' for c in cells)
-            + "</tr></table>")
+    status = (
+        f'TTFT <span class="{ttft_cls}">{t.ttft_ms:.1f} ms</span> vs {tg.p95_ttft_ms:g} ms target · '
+        f'TPOT <span class="{tpot_cls}">{t.tpot_ms:.1f} ms</span> vs {tg.tpot_ms:g} ms · '
+        f"projected TTFT <b>{b.outer_projected_ms:.2f} ms</b> ({b.outer_speedup:.4f}×) · p95 compliance: "
+    )
+    if r.samples is None:
+        status += "unknown (single trace)"
+    else:
+        cls = {"accept": "good", "reject": "bad"}.get(r.samples.verdict, "warn")
+        status += f'<span class="{cls}">{r.samples.verdict}</span> from {r.samples.n} samples'
+    cells = [
+        (
+            _pct(p.f, 0) + (" (trace)" if math.isclose(p.f, b.f_inner, abs_tol=1e-6) else ""),
+            f"{p.speedup:.4f}×",
+            _pct(p.reduction, 2),
+        )
+        for p in r.sensitivity
+    ]
+    sens = (
+        '<table class="sens"><tr><th>f_attn (time)</th>'
+        + "".join(f'<td class="n">{_e(c[0])}</td>' for c in cells)
+        + "</tr><tr><th>S_prefill</th>"
+        + "".join(f'<td class="n">{_e(c[1])}</td>' for c in cells)
+        + "</tr><tr><th>Prefill reduction</th>"
+        + "".join(f'<td class="n">{_e(c[2])}</td>' for c in cells)
+        + "</tr></table>"
+    )
     errors = [f"<b>{_e(k)}.</b> {_e(v)}" for k, v in r.boundary_errors]
-    evidence = ""
-    items = _evidence_items(r)
-    if items:
-        blocks = []
-        for head, lines, warns in items:
-            blocks.append(f"<div><b>{_e(head)}</b>" + _ul([_e(x) for x in lines] +
-                                                         [f'<span class="warn">⚠ {_e(w)}</span>' for w in warns])
-                          + "</div>")
-        evidence = '<h2>8 · Evidence</h2><div class="ev">' + "".join(blocks) + "</div>"
+    evidence = _evidence_html(r)
     wl = _workload_rows(r)
-    kv = "".join(f"<tr><th>{_e(wl[i][0])}</th><td>{_e(wl[i][1])}</td><th>{_e(wl[i + 1][0])}</th>"
-                 f"<td>{_e(wl[i + 1][1])}</td></tr>" for i in range(0, len(wl), 2))
+    kv = "".join(
+        f"<tr><th>{_e(wl[i][0])}</th><td>{_e(wl[i][1])}</td><th>{_e(wl[i + 1][0])}</th>"
+        f"<td>{_e(wl[i + 1][1])}</td></tr>"
+        for i in range(0, len(wl), 2)
+    )
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(t.title)}</title><style>{CSS}</style></head><body>",
         f'<header><h1>{_e(t.title)}</h1><div class="meta">Latency attribution report (attnscope) · '
@@ -411,8 +658,8 @@ def html_page(r: Report, source: str = "the spec's Document QA trace") -> str:
         f"<div>{_e(t.change_description)}: <b>S_kernel = {t.speedup:.2f}×</b> on the attention part of "
         f"{_e(t.prefill_segment)} ({r.attention_ms:.1f} ms). Split: {_e(r.attention_source)}. "
         f"S: {_e(t.change_source)}.</div></div>",
-        f'<div><figure>{_bar_svg(r)}<figcaption>Client TTFT by segment (ms), this trace, before and after the '
-        "change.</figcaption></figure></div></div>",
+        f"<div><figure>{_bar_svg(r)}<figcaption>Client TTFT by segment (ms), this trace, before and "
+        "after the change.</figcaption></figure></div></div>",
         '<div class="grid5"><div><h2>5 · Projected impact (Amdahl)</h2>'
         f'<div class="math">{_e(chr(10).join(_impact_lines(r)))}</div>'
         f"<div>{_e(_verdict_line(r))}</div>"
@@ -422,8 +669,7 @@ def html_page(r: Report, source: str = "the spec's Document QA trace") -> str:
         '<div class="grid"><div><h2>6 · Boundary errors to avoid</h2>' + _ul(errors) + "</div>",
         "<div><h2>7 · Next measurement plan</h2>" + _ul([_e(p) for p in r.plan]) + "</div></div>",
         evidence,
-        f"<footer>FLOP share = {_e(FLOP_SHARE_FORMULA)} (here {r.flop_dense:.3g} and {r.flop_attn:.3g}). "
-        "Amdahl: speedup = 1 / ((1 − f) + f / S), f a measured time share. All timings come from the inputs."
+        f"<footer>FLOP share = {_e(FLOP_SHARE_FORMULA)}. Amdahl: 1 / ((1 − f) + f / S), f a time share."
         "</footer>",
         "</body></html>",
     ]

@@ -20,6 +20,7 @@ Unknown fields are errors (a typo must not be silently ignored). YAML is read wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -114,8 +115,9 @@ def parse(text: str, where: str = "trace", as_json: bool = False) -> Trace:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"TRACE: expected valid JSON in {where}, got an error at line {e.lineno}: "
-                             f"{e.msg}") from None
+            raise InputError(
+                f"TRACE: expected valid JSON in {where}, got an error at line {e.lineno}: {e.msg}"
+            ) from None
     else:
         import yaml
 
@@ -144,17 +146,17 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
 
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
     v = data.get(key, default)
-    expect(isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string", v)
+    expect(
+        isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string", v
+    )
     return v
 
 
 def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
     v = data.get(key)
     if isinstance(v, str):  # YAML 1.1 reads 8.0e9 (no sign in the exponent) as a string
-        try:
+        with contextlib.suppress(ValueError):
             v = float(v)
-        except ValueError:
-            pass
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if positive:
         expect(ok and v > 0, f"{name}.{key}", "a finite number > 0", v)
@@ -171,21 +173,31 @@ def _int(data: dict, key: str, name: str) -> int:
 
 def validate(data) -> Trace:
     """Check a parsed trace (a dict) and build a `Trace`; raises `InputError` naming the field."""
-    top = _mapping(data, "trace", {"title", "workload", "targets", "segments", "ttft", "prefill", "decode",
-                                   "change"},
-                   {"workload", "targets", "segments", "prefill", "decode", "change"})
+    top = _mapping(
+        data,
+        "trace",
+        {"title", "workload", "targets", "segments", "ttft", "prefill", "decode", "change"},
+        {"workload", "targets", "segments", "prefill", "decode", "change"},
+    )
     title = _str(top, "title", "trace", default="Latency attribution report")
 
-    w = _mapping(top["workload"], "workload",
-                 {"model", "params", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens",
-                  "output_tokens"},
-                 {"model", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens"})
+    w = _mapping(
+        top["workload"],
+        "workload",
+        {"model", "params", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens"},
+        {"model", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens"},
+    )
     workload = Workload(
-        model=_str(w, "model", "workload"), dtype=_str(w, "dtype", "workload"),
-        layers=_int(w, "layers", "workload"), heads=_int(w, "heads", "workload"), d=_int(w, "d", "workload"),
-        concurrency=_int(w, "concurrency", "workload"), prompt_tokens=_int(w, "prompt_tokens", "workload"),
+        model=_str(w, "model", "workload"),
+        dtype=_str(w, "dtype", "workload"),
+        layers=_int(w, "layers", "workload"),
+        heads=_int(w, "heads", "workload"),
+        d=_int(w, "d", "workload"),
+        concurrency=_int(w, "concurrency", "workload"),
+        prompt_tokens=_int(w, "prompt_tokens", "workload"),
         output_tokens=_int(w, "output_tokens", "workload"),
-        params=_num(w, "params", "workload", positive=True) if "params" in w else DEFAULT_PARAMS)
+        params=_num(w, "params", "workload", positive=True) if "params" in w else DEFAULT_PARAMS,
+    )
 
     t = _mapping(top["targets"], "targets", {"p95_ttft_ms", "tpot_ms", "tokens_per_s"}, {"p95_ttft_ms"})
     p95 = _num(t, "p95_ttft_ms", "targets", positive=True)
@@ -193,8 +205,12 @@ def validate(data) -> Trace:
     tpot = _num(t, "tpot_ms", "targets", positive=True) if "tpot_ms" in t else None
     tps = _num(t, "tokens_per_s", "targets", positive=True) if "tokens_per_s" in t else None
     if tpot is not None and tps is not None:
-        expect(math.isclose(tpot * tps, 1000.0, rel_tol=1e-3), "targets.tokens_per_s",
-               f"1000 / tpot_ms = {1000.0 / tpot:g} (tpot_ms is {tpot:g})", tps)
+        expect(
+            math.isclose(tpot * tps, 1000.0, rel_tol=1e-3),
+            "targets.tokens_per_s",
+            f"1000 / tpot_ms = {1000.0 / tpot:g} (tpot_ms is {tpot:g})",
+            tps,
+        )
     tpot = tpot if tpot is not None else 1000.0 / tps
     targets = Targets(p95_ttft_ms=p95, tpot_ms=tpot, tokens_per_s=tps if tps is not None else 1000.0 / tpot)
 
@@ -204,8 +220,12 @@ def validate(data) -> Trace:
     for i, s in enumerate(segs_raw):
         name = f"segments[{i}]"
         s = _mapping(s, name, {"name", "ms", "source", "note"}, {"name", "ms", "source"})
-        seg = Segment(name=_str(s, "name", name), ms=_num(s, "ms", name), source=_str(s, "source", name),
-                      note=_str(s, "note", name, default=""))
+        seg = Segment(
+            name=_str(s, "name", name),
+            ms=_num(s, "ms", name),
+            source=_str(s, "source", name),
+            note=_str(s, "note", name, default=""),
+        )
         expect(seg.name not in {x.name for x in segments}, f"{name}.name", "a unique segment name", seg.name)
         segments.append(seg)
     total = sum(s.ms for s in segments)
@@ -218,21 +238,34 @@ def validate(data) -> Trace:
         ttft_ms = _num(tt, "ms", "ttft", positive=True)
         ttft_source = _str(tt, "source", "ttft", default="client timer")
         # shares over 100 %: the serial segments cannot take longer than the client saw
-        expect(total <= ttft_ms * (1 + 1e-9), "ttft.ms",
-               f"at least the segments' sum {total:g} ms (their shares would exceed 100 %)", ttft_ms)
+        expect(
+            total <= ttft_ms * (1 + 1e-9),
+            "ttft.ms",
+            f"at least the segments' sum {total:g} ms (their shares would exceed 100 %)",
+            ttft_ms,
+        )
 
-    p = _mapping(top["prefill"], "prefill", {"segment", "attention_ms", "attention_share", "source"},
-                 {"segment"})
+    p = _mapping(
+        top["prefill"], "prefill", {"segment", "attention_ms", "attention_share", "source"}, {"segment"}
+    )
     pseg = _str(p, "segment", "prefill")
     expect(pseg in names, "prefill.segment", "one of the segment names (" + ", ".join(names) + ")", pseg)
     prefill_ms = segments[names.index(pseg)].ms
     expect(prefill_ms > 0, "prefill.segment", "a segment with a duration > 0 ms", pseg)
-    expect(("attention_ms" in p) != ("attention_share" in p), "prefill",
-           "exactly one of attention_ms or attention_share", sorted(p))
+    expect(
+        ("attention_ms" in p) != ("attention_share" in p),
+        "prefill",
+        "exactly one of attention_ms or attention_share",
+        sorted(p),
+    )
     if "attention_ms" in p:
         attn = _num(p, "attention_ms", "prefill")
-        expect(attn <= prefill_ms, "prefill.attention_ms",
-               f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)", attn)
+        expect(
+            attn <= prefill_ms,
+            "prefill.attention_ms",
+            f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)",
+            attn,
+        )
     else:
         v = p["attention_share"]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
@@ -240,22 +273,34 @@ def validate(data) -> Trace:
         attn = float(v) * prefill_ms
 
     dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
-    c = _mapping(top["change"], "change", {"description", "segment", "speedup", "source"},
-                 {"segment", "speedup"})
+    c = _mapping(
+        top["change"], "change", {"description", "segment", "speedup", "source"}, {"segment", "speedup"}
+    )
     cseg = _str(c, "segment", "change")
     expect(cseg in names, "change.segment", "one of the segment names (" + ", ".join(names) + ")", cseg)
     if cseg != pseg:
-        raise NotImplementedError(f"change.segment: only the split prefill segment ({pseg!r}) is supported "
-                                  f"(the speedup applies to its attention part), got {cseg!r}")
+        raise NotImplementedError(
+            f"change.segment: only the split prefill segment ({pseg!r}) is supported "
+            f"(the speedup applies to its attention part), got {cseg!r}"
+        )
     s = c.get("speedup")
     ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
     expect(ok, "change.speedup", "a kernel speedup S > 0", s)
 
     return Trace(
-        title=title, workload=workload, targets=targets, segments=tuple(segments), ttft_ms=ttft_ms,
-        ttft_source=ttft_source, prefill_segment=pseg, attention_ms=attn,
+        title=title,
+        workload=workload,
+        targets=targets,
+        segments=tuple(segments),
+        ttft_ms=ttft_ms,
+        ttft_source=ttft_source,
+        prefill_segment=pseg,
+        attention_ms=attn,
         prefill_source=_str(p, "source", "prefill", default="trace"),
         tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
         decode_source=_str(dd, "source", "decode", default="trace"),
         change_description=_str(c, "description", "change", default="Faster attention kernel"),
-        change_segment=cseg, speedup=float(s), change_source=_str(c, "source", "change", default="assumed"))
+        change_segment=cseg,
+        speedup=float(s),
+        change_source=_str(c, "source", "change", default="assumed"),
+    )
