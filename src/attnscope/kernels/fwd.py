@@ -50,46 +50,45 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
 
 
-def _configs(triton):
-    """Candidate block configurations.
+# Candidate configs per head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages). Measured on the H200 with
+# bench/tune_prefill.py (BENCHMARKS.md, "prefill config sweep"): for d = 128, BLOCK_M = 128 with 4 warps
+# and 2 stages wins (512-532 TFLOP/s unmasked, 448-511 causal): its ~96 KiB of shared memory and one
+# warpgroup per CTA let two CTAs share an SM, so one CTA's softmax overlaps the other's wgmma.
+# BLOCK_N = 128 with 4 warps spills (<= 205 TFLOP/s) and is not listed. Warp specialisation
+# (tl.range(..., warp_specialize=True)) failed to compile with 4 warps and changed nothing measurable
+# with 8 warps on sm_90 under Triton 3.6, so no config uses it.
+CONFIGS = {
+    128: [(128, 64, 4, 2), (128, 128, 8, 3), (128, 64, 8, 3)],
+    64: [(128, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3)],
+}
 
-    BLOCK_M = 128 with 8 warps gives two warpgroups of 64 rows each, the wgmma shape Hopper wants;
-    BLOCK_N 64 or 128 trades shared memory (stages x (K + V) tiles) against the number of softmax
-    rescales per row; 3 stages hide HBM latency behind two tiles of compute. Under the interpreter a
-    single small config keeps CPU tests fast and still exercises multi-tile, ragged and diagonal paths.
-    """
+
+def _configs(triton):
+    """All candidates; `_prune` keeps those listed for the call's head_dim. Under the interpreter a single
+    small config keeps CPU tests fast and still exercises multi-tile, ragged and diagonal paths."""
     if interpreting():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "WARP_SPEC": False}, num_warps=4, num_stages=1)]
-    cfgs = []
-    for bm, bn, w, s, ws in [
-        (128, 64, 8, 3, False),
-        (128, 128, 8, 3, False),
-        (128, 64, 4, 3, False),
-        (64, 64, 4, 3, False),
-        (128, 128, 8, 2, False),
-        (128, 64, 8, 2, True),
-        (128, 128, 8, 2, True),
-    ]:
-        cfgs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPEC": ws}, num_warps=w, num_stages=s))
-    return cfgs
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "WARP_SPEC": False, "LAZY_RESCALE": False},
+                              num_warps=4, num_stages=1)]
+    seen = sorted({c for cs in CONFIGS.values() for c in cs})
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPEC": False, "LAZY_RESCALE": False},
+                          num_warps=w, num_stages=s) for bm, bn, w, s in seen]
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs that cannot fit or make no sense for this head_dim."""
-    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    kept = []
-    for c in configs:
-        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        smem = 2 * (bm * d + c.num_stages * 2 * bn * d)  # Q tile + stages x (K, V) tiles, 2-byte dtypes
-        if smem <= 200 * 1024:
-            kept.append(c)
+    """Keep the configs listed for this head_dim."""
+    if interpreting():
+        return configs
+    d = named_args.get("HEAD_DIM", kwargs.get("HEAD_DIM"))
+    wanted = set(CONFIGS.get(d, ()))
+    kept = [c for c in configs
+            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
     return kept or configs[:1]
 
 
 @triton.jit
 def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr):
+               CAUSAL: tl.constexpr, LAZY_RESCALE: tl.constexpr):
     """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form."""
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N] scores, fp32, never leave the SM
@@ -102,14 +101,33 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         m_ij = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # no key yet: exp2(-inf - 0) = 0, not NaN
         p = tl.math.exp2(qk - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)  # rescale of the old state onto the new max
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_ij
+    elif LAZY_RESCALE:
+        # Lazy rescale (as FlashAttention-4): move the base only when some row's max grew by more than
+        # 8 in log2 units; otherwise keep the stale base (p <= 2^8, harmless in fp32 / bf16) and skip
+        # the alpha exp2 and the acc multiply. Exact either way: l and acc share the base m_i.
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if tl.max(m_ij - m_i, 0) > 8.0:
+            alpha = tl.math.exp2(m_i - m_ij)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_ij
+        p = tl.math.exp2(qk * qk_scale - m_i[:, None])
     else:
         m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-    alpha = tl.math.exp2(m_i - m_ij)  # rescale of the old state onto the new max
-    l_i = l_i * alpha + tl.sum(p, 1)
+        alpha = tl.math.exp2(m_i - m_ij)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_ij
+    l_i = l_i + tl.sum(p, 1)
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, l_i, m_ij
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_i
+
 
 @triton.autotune(configs=_configs(triton), key=["HEAD_DIM", "CAUSAL", "N_BUCKET", "STORE_LSE"],
                  prune_configs_by={"early_config_prune": _prune})
@@ -123,6 +141,7 @@ def _attnscope_fwd_kernel(
     N_BUCKET,  # autotune key only: power-of-two bucket of max(Nq, Nk)
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -179,11 +198,11 @@ def _attnscope_fwd_kernel(
     # Stage 1: tiles every row may see entirely: no mask arithmetic.
     for start_n in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPEC):
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL)
+                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, LAZY_RESCALE)
     # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
     for start_n in tl.range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL)
+                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, LAZY_RESCALE)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

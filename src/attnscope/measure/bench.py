@@ -45,7 +45,8 @@ def _require_gpu():
     try:
         import torch
     except ImportError:
-        print("attnscope bench: needs torch and a CUDA GPU: pip install 'attnscope[kernels]'", file=sys.stderr)
+        print("attnscope bench: needs torch and a CUDA GPU: pip install 'attnscope[kernels]'",
+              file=sys.stderr)
         raise SystemExit(2) from None
     if not torch.cuda.is_available():
         print("attnscope bench: needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)",
@@ -146,7 +147,7 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                                     f"2 x {ref_err:.3g} + 1e-3; not timed")
                                 row["ms"][name] = None
                                 continue
-                            ms = _median_ms(lambda fn=fn: fn(q, k, v, causal))
+                            ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c))
                             row["ms"][name] = ms
                             row["tflops"][name] = flops / ms / 1e9
                         except Exception as e:  # noqa: BLE001
@@ -164,7 +165,6 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                         f"{k}={_fmt(t.get(k))}" for k in impls) +
                         f" | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)}"
                         f" | err attnscope={_fmt(row['err'].get('attnscope'), 5)} flash={_fmt(ref_err, 5)}")
-                    del q, k, v
                     torch.cuda.empty_cache()
     return results
 
@@ -174,7 +174,6 @@ def read_ceiling(torch, gib=4):
     x = torch.randn(gib * 2**30 // 2, device="cuda", dtype=torch.bfloat16)
     ms = _median_ms(lambda: x.sum(dtype=torch.float32))
     tbs = x.numel() * 2 / ms / 1e9
-    del x
     torch.cuda.empty_cache()
     return tbs
 
@@ -195,10 +194,10 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
             row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
                    "err": {}}
             impls = {
-                "attnscope": lambda: attnscope.flash_decode(q, k, v),
-                "attnscope_1split": lambda: attnscope.flash_decode(q, k, v, num_splits=1),
-                "flash": lambda: flash(q, k, v, False, gqa=hq != hkv),
-                "cudnn": lambda: cudnn(q, k, v, False, gqa=hq != hkv),
+                "attnscope": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v),
+                "attnscope_1split": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v, num_splits=1),
+                "flash": lambda q=q, k=k, v=v, g=hq != hkv: flash(q, k, v, False, gqa=g),
+                "cudnn": lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g),
             }
             ref_err = None
             for name, fn in impls.items():
@@ -231,7 +230,6 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
             log(f"decode B={b:2d} Hq={hq} Hkv={hkv:2d} L={L:6d} KV={row['kv_mib']:8.1f} MiB | " +
                 " ".join(f"{k}={_fmt(t.get(k), 2)}" for k in impls) +
                 f" TB/s | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)}")
-            del q, k, v
             torch.cuda.empty_cache()
     return results
 
@@ -240,7 +238,8 @@ def environment(torch) -> dict:
     import triton
 
     p = torch.cuda.get_device_properties(0)
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": p.name, "sms": p.multi_processor_count,
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": p.name,
+            "sms": p.multi_processor_count, "l2_bytes": p.L2_cache_size,
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version()}
 
