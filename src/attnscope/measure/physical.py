@@ -153,7 +153,6 @@ def _naive(cache: _LRU, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int
     """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
     order, S/P streamed row block by row block. Mirrors `measure.share.naive_attention`."""
     s_rows = max(1, chunk // (nk * b))  # rows of S per chunk
-    m_rows = max(1, chunk // nk)       # rows of the bool mask per chunk
     qd_rows = max(1, chunk // (d * b))  # rows of Q/K/V/O per chunk
     s_in = "S"
 
@@ -175,10 +174,7 @@ def _naive(cache: _LRU, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int
         for h in range(bh):
             for c, sz in _chunks(nq, s_rows, nk * b):
                 cache.touch(("S", h, c), sz, False)
-                r0, r1 = c * s_rows, min((c + 1) * s_rows, nq)
-                for mc in range(r0 // m_rows, cdiv(r1, m_rows)):
-                    m_sz = (min((mc + 1) * m_rows, nq) - mc * m_rows) * nk
-                    cache.touch(("mask", mc), m_sz, False)
+                cache.touch(("mask", c), sz // b, False)  # the same rows of the bool mask, 1 B each
                 cache.touch(("S'", h, c), sz, True)
         s_in = "S'"
     kernel("softmax")
