@@ -232,6 +232,10 @@ def markdown(r: Report) -> str:
                 + [f"- ⚠ {_md(w)}" for w in warns]
                 + [""]
             )
+    L += ["", "---", "",
+          f"*FLOP share = {_md(FLOP_SHARE_FORMULA)}: dense {r.flop_dense:.3g}, attention "
+          f"{r.flop_attn:.3g} FLOPs per prompt token. Amdahl: speedup = 1 / ((1 − f) + f / S), "
+          "f a measured time share (model/amdahl.py).*"]
     return "\n".join(L).rstrip() + "\n"
 
 
