@@ -1,0 +1,134 @@
+"""measure/share.py: FLOP share, the naive baseline, the decoder, f_time from a trace, the closed loop."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from attnscope.measure import share
+from attnscope.measure.backends import backend_of, kernels_within
+from attnscope.measure.share import ClosedLoop, LlamaShape, flops, share_from_trace
+
+DATA = Path(__file__).parent / "data" / "measure"
+RECORDED = DATA / "recorded"
+
+
+def test_flop_share_matches_the_lessons_figures():
+    s8b = LlamaShape(layers=32)
+    # spec exit task: "Attention is ~6% of FLOPs at P = 4,096"; §5.1: 3.2 % at P = 2,048
+    assert 0.055 < flops(s8b, 4096)["share"] < 0.07
+    assert abs(flops(s8b, 2048)["share"] - 0.032) < 0.005
+    # attention grows as P^2 and the rest as P: the attention/rest ratio doubles with P
+    r = [flops(s8b, p)["attention"] / flops(s8b, p)["other"] for p in (4096, 8192)]
+    assert r[1] == pytest.approx(2 * r[0], rel=1e-12)
+    assert flops(s8b, 4096, causal=False)["attention"] == 2 * flops(s8b, 4096)["attention"]
+    f = flops(s8b, 1024)
+    assert f["total"] == f["attention"] + f["other"]
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match=r"heads: expected heads x head_dim == hidden \(4096\), "
+                                         r"got 30 x 128"):
+        LlamaShape(heads=30)
+    with pytest.raises(ValueError, match=r"layers: expected a positive integer, got 0"):
+        LlamaShape(layers=0)
+    with pytest.raises(ValueError, match=r"p: expected a positive integer, got -1"):
+        flops(LlamaShape(), -1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_attention_matches_sdpa(causal):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 97, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = share.naive_attention(q, k, v, causal=causal)
+    assert out.shape == (3, 2, 97, 16)
+    assert (out - ref).abs().max().item() < 1e-12
+
+
+def test_decoder_runs_and_uses_its_attention():
+    torch = pytest.importorskip("torch")
+    small = LlamaShape(hidden=64, heads=4, head_dim=16, mlp=96, layers=2)
+    x = torch.randn(1, 37, 64, dtype=torch.float64)
+    outs = {}
+    with torch.inference_mode():
+        for a in ("naive", "math"):
+            outs[a] = share.build_decoder(small, a, device="cpu", dtype=torch.float64)(x)
+    assert outs["naive"].shape == (1, 37, 64) and torch.isfinite(outs["naive"]).all()
+    assert (outs["naive"] - outs["math"]).abs().max().item() < 1e-10  # same weights (seed), same math
+    # causal: the first token's output cannot depend on later tokens
+    y = x.clone()
+    y[:, 10:] += 1.0
+    with torch.inference_mode():
+        out_y = share.build_decoder(small, "naive", device="cpu", dtype=torch.float64)(y)
+    assert (out_y[:, :10] - outs["naive"][:, :10]).abs().max().item() < 1e-10
+    assert (out_y[:, 10:] - outs["naive"][:, 10:]).abs().max().item() > 1e-3
+
+
+def test_build_decoder_refuses_unknown_attention():
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=r"attention: expected one of naive, flash, cudnn, efficient, math, "
+                                         r"attnscope, got 'sdpa'"):
+        share.build_decoder(LlamaShape(hidden=64, heads=4, head_dim=16, mlp=96, layers=1), "sdpa",
+                            device="cpu")
+
+
+def test_share_from_handmade_trace():
+    trace = json.loads((DATA / "trace_handmade.json").read_text())
+    r = share_from_trace(trace, "flash", 4096, LlamaShape(layers=1))
+    # prefill kernels: correlation 1-4 (300 + 150 + 50 + 100 us); attention: 2 and 3 (150 + 50 us)
+    assert r.kernels == 4
+    assert r.total_ms == pytest.approx(0.6) and r.attention_ms == pytest.approx(0.2)
+    assert r.f_time == pytest.approx(1 / 3)
+    assert r.top[0][1] == pytest.approx(0.3) and r.top[0][2] is False
+    assert [a for _, _, a in r.top].count(True) == 2
+    assert r.flop_share == flops(LlamaShape(layers=1), 4096)["share"]
+    assert r.to_json()["f_time"] == pytest.approx(1 / 3)
+
+
+def test_closed_loop_arithmetic_is_the_exit_task():
+    # spec exit task: f = 0.40, S = 3.00 -> 1.3636x; a prefill of 290.0 ms going to 212.67 ms
+    loop = ClosedLoop("naive", "attnscope", 4096, 32, 0.40, {"naive": 3.0, "attnscope": 1.0},
+                      {"naive": 290.0, "attnscope": 212.67})
+    assert loop.s_kernel == 3.0
+    assert loop.projected == pytest.approx(1.3636, abs=1e-4)
+    assert loop.measured == pytest.approx(290.0 / 212.67)
+    assert abs(loop.error) < 1e-4
+    slower = ClosedLoop("naive", "attnscope", 4096, 32, 0.40, {"naive": 3.0, "attnscope": 1.0},
+                        {"naive": 290.0, "attnscope": 250.0})
+    assert slower.error > 0  # Amdahl promised more than the swap delivered
+    assert slower.to_json()["projected_speedup"] == pytest.approx(1.3636, abs=1e-4)
+
+
+def _recorded(name):
+    path = RECORDED / name
+    if not path.exists():
+        return None
+    with (gzip.open(path, "rt", encoding="utf-8") if name.endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
+@pytest.mark.skipif(_recorded("traces.json.gz") is None, reason="no recorded traces yet")
+@pytest.mark.parametrize("attention, backend", [("flash", "flash"), ("naive", "math")])
+def test_recorded_prefill_trace(attention, backend):
+    rec = _recorded("traces.json.gz")[f"prefill_{attention}"]
+    r = share_from_trace(rec["trace"], attention, rec["p"], LlamaShape(layers=rec["layers"]))
+    assert r.f_time == pytest.approx(rec["share"]["f_time"])
+    assert 0.0 < r.f_time < 1.0 and r.kernels >= 10 * rec["layers"]
+    attn = kernels_within(rec["trace"], share.ANNOTATION)
+    assert backend_of([k.name for k in attn]) == backend
+
+
+@pytest.mark.skipif(_recorded("closed_loop.json") is None, reason="no recorded closed loop yet")
+def test_recorded_closed_loop_is_consistent():
+    from attnscope.model.amdahl import speedup
+
+    runs = [r for r in _recorded("closed_loop.json")["runs"] if "error" not in r]
+    assert runs
+    for r in runs:
+        s = r["kernel_ms"][r["baseline"]] / r["kernel_ms"][r["candidate"]]
+        assert r["projected_speedup"] == pytest.approx(speedup(r["f_time"], s))
+        measured = r["prefill_ms"][r["baseline"]] / r["prefill_ms"][r["candidate"]]
+        assert r["measured_speedup"] == pytest.approx(measured)
