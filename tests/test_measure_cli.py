@@ -82,9 +82,8 @@ def test_parser_builds_without_torch():
 def test_bench_guard_when_the_driver_is_missing(monkeypatch, capsys):
     import argparse
 
-    from attnscope.cli import gpu
-
     import attnscope.measure
+    from attnscope.cli import gpu
 
     monkeypatch.setitem(sys.modules, "attnscope.measure.bench", None)  # import raises ImportError
     monkeypatch.delattr(attnscope.measure, "bench", raising=False)
