@@ -3,6 +3,10 @@ run conditions and verdicts (with fake kernels, and with the real ones where the
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -123,8 +127,12 @@ def test_cpu_without_interpreter(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(checks, "_module_exists", lambda n: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(checks, "_nvidia_driver_present", lambda: False)
     runnable, why, _ = checks.kernel_status("auto")
-    assert not runnable and "TRITON_INTERPRET is not set" in why
+    assert not runnable and "no NVIDIA driver" in why and "TRITON_INTERPRET is not set" in why
+    monkeypatch.setattr(checks, "_nvidia_driver_present", lambda: True)  # a driver, but torch sees no GPU
+    runnable, why, _ = checks.kernel_status("auto")
+    assert not runnable and why.startswith("not run: no CUDA GPU and TRITON_INTERPRET is not set")
     # on: would turn the interpreter on, but triton is already imported in this process
     runnable, why, _ = checks.kernel_status("on")
     assert not runnable and "triton was imported before" in why
@@ -212,3 +220,11 @@ def test_real_kernels_pass_where_they_can_run():
         pytest.skip(f"kernels {why}")
     res = checks.kernel_checks(0, "auto")
     assert all(r.passed for r in res), [(r.name, r.detail) for r in res]
+
+
+def test_auto_without_a_driver_does_not_import_torch():
+    code = ("import sys; from attnscope import checks; checks._nvidia_driver_present = lambda: False; "
+            "[r] = checks.kernel_checks(0, 'auto'); assert r.passed is None, r; "
+            "assert 'torch' not in sys.modules")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

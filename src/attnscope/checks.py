@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
 
@@ -303,6 +304,10 @@ def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
     if not (_module_exists("torch") and _module_exists("triton")):
         return (False, "not run: torch and triton are not installed (pip install 'attnscope[kernels]')",
                 present)
+    if mode == "auto" and not _interpreting() and not _nvidia_driver_present():
+        # skip importing torch (about a second) when no GPU can be there
+        return False, ("not run: no NVIDIA driver (so no CUDA GPU) and TRITON_INTERPRET is not set "
+                       "(--kernels on runs them under the Triton CPU interpreter)"), present
     import torch
 
     if torch.cuda.is_available():
@@ -324,6 +329,13 @@ def _module_exists(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def _nvidia_driver_present() -> bool:
+    """A cheap necessary condition for a CUDA GPU: the driver's device node (Linux; /dev/dxg under WSL2)
+    or nvidia-smi on the PATH."""
+    nodes = ("/dev/nvidiactl", "/dev/dxg")
+    return any(os.path.exists(p) for p in nodes) or shutil.which("nvidia-smi") is not None
 
 
 def _interpreting() -> bool:

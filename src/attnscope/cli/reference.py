@@ -137,7 +137,7 @@ def cmd_verify(args) -> int:
     for r in checks.iter_checks(args.seed, args.kernels):
         results.append(r)
         if not args.json:
-            print(f"{r.status}  {r.name:<46} {_measure(r):>22}  {r.detail}", flush=True)
+            print(f"{r.status}  {r.name:<56} {_measure(r):>20}  {r.detail}", flush=True)
     failed = [r for r in results if r.passed is False]
     if args.json:
         print_json({"seed": args.seed, "kernels": args.kernels, "passed": not failed,
