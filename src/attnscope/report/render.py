@@ -280,7 +280,7 @@ def _bar_svg(r: Report, width: int = 360) -> str:
                 f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{col}">'
                 f"<title>{_e(name)}: {ms:.2f} ms</title></rect>"
             )
-            if w > 30:
+            if w > 20:  # room for a 4-character label at 7.5 px
                 fg = "#fff" if col == ATTENTION else "#222"
                 parts.append(
                     f'<text x="{x + w / 2:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="middle" '

@@ -1,0 +1,104 @@
+"""The HTML page: every input string escaped, nothing fetched, one printed page (headless Chromium)."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnscope.report import attribution, build, render, schema
+from attnscope.report.default_trace import DEFAULT_TRACE_YAML
+
+DATA = Path(__file__).parent / "data" / "report"
+EVIL = "<script>alert(1)</script>"
+
+
+def _evil_trace():
+    d = yaml.safe_load(DEFAULT_TRACE_YAML)
+    d["title"] = EVIL
+    d["workload"]["model"] = '"><img src=x onerror=alert(2)>'
+    d["segments"][0].update(name=EVIL, source="a & b < c", note="| pipe |")
+    d["segments"][2]["name"] = "GPU <b>prefill</b>"
+    d["prefill"]["segment"] = d["change"]["segment"] = "GPU <b>prefill</b>"
+    d["change"]["description"] = "</style><script>x()</script>"
+    return schema.validate(d)
+
+
+def test_input_strings_render_as_text_in_html():
+    page = render.html_page(attribution.attribute(_evil_trace()), source=EVIL)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script" not in page.lower() and "<img" not in page and "<b>prefill" not in page
+    assert "&lt;/style&gt;" in page and page.count("</style>") == 1
+    assert "a &amp; b &lt; c" in page
+
+
+def test_input_strings_are_neutralised_in_markdown():
+    md = render.markdown(attribution.attribute(_evil_trace()))
+    assert "<script" not in md and "<img" not in md
+    assert "&lt;script&gt;" in md and "\\| pipe \\|" in md  # pipes cannot break the table
+
+
+def test_page_is_self_contained(tmp_path):
+    _, paths = build(None, tmp_path, "html", DATA / "ttft_samples.csv",
+                     (DATA / "vllm_before.prom", DATA / "vllm_after.prom"), DATA / "prefill_profile.json")
+    page = paths[0].read_text()
+    for bad in ("src=", "href=", "url(", "@import", "<link", "<script", "<iframe"):
+        assert bad not in page, bad
+    assert set(re.findall(r"https?://[^\s\"']+", page)) == {"http://www.w3.org/2000/svg"}  # namespace only
+    assert page.count("<svg") == 2  # the stacked TTFT bar and the Amdahl curve
+
+
+def test_charts_carry_the_numbers():
+    r = attribution.attribute(schema.load())
+    bar = render._bar_svg(r)
+    assert ">116.0<" in bar and ">38.7<" in bar  # attention before and after S = 3
+    assert ">380.0<" in bar and ">302.7<" in bar  # the two totals
+    curve = render._curve_svg(r)
+    assert "1.3636×" in curve and "6.3%" in curve  # operating point and FLOP-share point
+
+
+# --------------------------------------------------------------------------------------- one page
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _pages(html: Path, tmp_path: Path, size: str | None) -> int:
+    exe = _chromium()
+    if exe is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("headless Chromium is required in CI for the one-page test: apt-get install chromium")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    if size:  # force the paper size; without it Chromium prints on its default (Letter)
+        html = html.with_name(f"{html.stem}-{size}.html")
+        src = html.with_name("report.html").read_text()
+        html.write_text(src.replace("@page {", f"@page {{ size: {size};", 1))
+    pdf = tmp_path / f"{html.stem}.pdf"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--print-to-pdf={pdf}",
+                    "--no-pdf-header-footer", html.as_uri()], check=True, capture_output=True, timeout=120)
+    return len(re.findall(rb"/Type\s*/Page(?!s)", pdf.read_bytes()))
+
+
+@pytest.mark.parametrize("evidence_given", [False, True], ids=["default", "all-evidence"])
+def test_report_prints_on_one_page(tmp_path, evidence_given):
+    extra = ((DATA / "ttft_samples.csv", (DATA / "vllm_before.prom", DATA / "vllm_after.prom"),
+              DATA / "prefill_profile.json") if evidence_given else (None, None, None))
+    _, paths = build(None, tmp_path, "html", *extra)
+    for size in (None, "A4"):
+        assert _pages(paths[0], tmp_path, size) == 1, size
+
+
+def test_page_counter_counts_pages(tmp_path):
+    long = tmp_path / "report.html"
+    long.write_text("<html><body>" + "<p>line</p>" * 400 + "</body></html>")
+    assert _pages(long, tmp_path, None) > 1  # the counter can fail
