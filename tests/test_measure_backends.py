@@ -114,3 +114,16 @@ def test_recorded_which_trace():
     ks = kernels_within(t["trace"], t["annotation"])
     assert ks and backend_of([k.name for k in ks]) == "flash"
     assert all(k.dur_us > 0 for k in ks)
+
+
+def test_annotation_falls_back_to_its_gpu_range_when_no_launch_is_linked():
+    # a trace without driver-API launch events (Triton kernels then have no CPU-side launch): the
+    # range's GPU projection decides
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "attnscope::attention", "tid": 1, "ts": 10, "dur": 5},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "attnscope::attention", "tid": 7, "ts": 100,
+         "dur": 60},
+        {"ph": "X", "cat": "kernel", "name": "_attnscope_fwd_kernel", "ts": 110, "dur": 40, "args": {}},
+        {"ph": "X", "cat": "kernel", "name": "gemm_after", "ts": 170, "dur": 40, "args": {"correlation": 9}},
+    ]}
+    assert [k.name for k in kernels_within(trace, "attnscope::attention")] == ["_attnscope_fwd_kernel"]

@@ -130,7 +130,14 @@ def kernels_within(trace, annotation: str) -> list[KernelEvent]:
             ts = float(e["ts"])
             if corr is not None and any(t == e.get("tid") and a <= ts <= b for t, a, b in ranges):
                 inside.add(corr)
-    return [k for k in kernels(trace) if k.correlation in inside]
+    found = [k for k in kernels(trace) if k.correlation in inside]
+    if found or not ranges:
+        return found
+    # no launch linked (a build that does not trace driver-API launches): fall back to the range's GPU
+    # projection, the ``gpu_user_annotation`` events, and take the kernels that start inside it
+    gpu = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+           for e in events if e.get("cat") == "gpu_user_annotation" and e.get("name") == annotation]
+    return [k for k in kernels(trace) if any(a <= k.ts_us <= b for a, b in gpu)]
 
 
 # --- running a call (GPU) --------------------------------------------------------------------------

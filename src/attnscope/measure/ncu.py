@@ -27,6 +27,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -200,15 +201,24 @@ def run(specs: list[dict], cache_control: str = "none", timeout_s: float = 600.0
     os.close(fd)
     try:
         cmd = ncu_command(child_command(specs), log, ncu=ncu, cache_control=cache_control)
+        # the child imports attnscope from wherever this process found it (installed or a source tree)
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+        # a session of its own, so a timeout can stop ncu *and* the child it launched
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            out, err = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
             raise NcuError(f"ncu: timed out after {timeout_s:.0f} s") from e
         with open(log, encoding="utf-8", errors="replace") as f:
             text = f.read()
     finally:
         os.unlink(log)
-    output = (p.stdout or "") + (p.stderr or "")
+    output = (out or "") + (err or "")
     check_output(text + output)
     if p.returncode != 0 and '"Metric Value"' not in text:
         last = (output.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
@@ -227,7 +237,10 @@ def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int 
     """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring)."""
     choice("impl", impl, IMPLS)
     spec = {"impl": impl, "n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal}
-    text, _ = run([spec], cache_control=cache_control)
+    text, output = run([spec], cache_control=cache_control)
+    status = child_status(output)
+    if status and not status[0].get("ok"):
+        raise NcuError(f"ncu: the measured call failed: {status[0].get('error', 'unknown error')}")
     calls = split_at_markers(parse_csv(text))
     return Measured(calls[0] if calls else [], cache_control, ncu_version(find_ncu()))
 

@@ -116,11 +116,11 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
     choice("attention", attention, ATTENTIONS)
     dtype = dtype or torch.float16
     attn = attention_fn(attention, causal=True)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
-    def weight(*dims):
-        w = torch.randn(*dims, generator=gen) * (1.0 / math.sqrt(dims[-1]))
-        return nn.Parameter(w.to(device=device, dtype=dtype), requires_grad=False)
+    def weight(*dims):  # N(0, 1/fan_in), drawn on the device (fast), then cast
+        w = torch.randn(*dims, generator=gen, device=device) * (1.0 / math.sqrt(dims[-1]))
+        return nn.Parameter(w.to(dtype), requires_grad=False)
 
     def rms_norm(x, w):
         x32 = x.float()
@@ -141,9 +141,9 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
             B, P, _ = x.shape
             qkv = nn.functional.linear(rms_norm(x, self.norm1), self.wqkv)  # [B, P, 3h]
             q, k, v = qkv.view(B, P, 3, shape.heads, shape.head_dim).permute(2, 0, 3, 1, 4)  # [B, H, P, d]
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.contiguous()  # all contiguous, every impl alike
             with torch.profiler.record_function(ANNOTATION):
-                o = attn(q, k, v.contiguous())  # [B, H, P, d]
+                o = attn(q, k, v)  # [B, H, P, d]
             x = x + nn.functional.linear(o.transpose(1, 2).reshape(B, P, -1), self.wo)
             gate, up = nn.functional.linear(rms_norm(x, self.norm2), self.w_gate_up).chunk(2, dim=-1)
             return x + nn.functional.linear(nn.functional.silu(gate) * up, self.w_down)
