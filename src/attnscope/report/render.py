@@ -13,7 +13,7 @@ import math
 from attnscope.report.attribution import FLOP_SHARE_FORMULA, Report
 
 # Muted, print-safe colours; attention is the saturated one because it is what the change touches.
-PALETTE = ("#8da0cb", "#e5a15d", "#9ccfb8", "#d99ac4", "#b9b37a", "#a6a6a6", "#7fb3d5", "#c9a27e")
+PALETTE = ("#8da0cb", "#e5a15d", "#d99ac4", "#b9b37a", "#a6a6a6", "#7fb3d5", "#c9a27e", "#c6c6e8")
 ATTENTION = "#1f7a5a"
 
 
@@ -246,7 +246,8 @@ def _bar_svg(r: Report, width: int = 360) -> str:
     """Stacked TTFT bars, before and after, on one time axis; the prefill split into attention and rest."""
     t, b = r.trace, r.boundary
     left, right, bar_h, top = 40, 34, 22, 16
-    scale = (width - left - right) / t.ttft_ms
+    vmax = max(t.ttft_ms, b.outer_projected_ms, t.targets.p95_ttft_ms)  # a slowdown (S < 1) still fits
+    scale = (width - left - right) / vmax
     colors = {}
     i = 0
     for row in r.rows:
@@ -293,13 +294,12 @@ def _bar_svg(r: Report, width: int = 360) -> str:
     # axis and target line
     ya = top + 2 * (bar_h + 10) - 4
     tx = left + t.targets.p95_ttft_ms * scale
-    if t.targets.p95_ttft_ms <= t.ttft_ms:
-        parts.append(
-            f'<line x1="{tx:.2f}" y1="{top - 5}" x2="{tx:.2f}" y2="{ya}" class="target"/>'
-            f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="middle" class="tick tgt">p95 target '
-            f"{t.targets.p95_ttft_ms:g} ms</text>"
-        )
-    for v in _ticks(t.ttft_ms):
+    parts.append(
+        f'<line x1="{tx:.2f}" y1="{top - 5}" x2="{tx:.2f}" y2="{ya}" class="target"/>'
+        f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="middle" class="tick tgt">p95 target '
+        f"{t.targets.p95_ttft_ms:g} ms</text>"
+    )
+    for v in _ticks(vmax):
         x = left + v * scale
         parts.append(
             f'<line x1="{x:.2f}" y1="{ya}" x2="{x:.2f}" y2="{ya + 3}" class="axis"/>'
@@ -339,7 +339,7 @@ def _curve_svg(r: Report, width: int = 360, height: int = 136) -> str:
     from attnscope.model import amdahl
 
     s, b = r.trace.speedup, r.boundary
-    left, right, top, bottom = 34, 10, 8, 24
+    left, right, top, bottom = 40, 10, 8, 24
     ymax = max(s, 1.0)
     ymin = min(1.0, s)
     ticks_y = [ymin + (ymax - ymin) * k / 4 for k in range(5)]
@@ -366,6 +366,8 @@ def _curve_svg(r: Report, width: int = 360, height: int = 136) -> str:
         f'<text x="{(left + width - right) / 2:.1f}" y="{height - 3}" text-anchor="middle" class="tick">'
         f"attention time share of prefill (S = {s:.2f}×)</text>"
     )
+    parts.append(f'<text x="9" y="{(top + height - bottom) / 2:.1f}" text-anchor="middle" class="tick" '
+                 f'transform="rotate(-90 9 {(top + height - bottom) / 2:.1f})">prefill speedup</text>')
     fx, fy = px(b.f_inner), py(b.inner_speedup)
     gx, gy = px(r.flop_share), py(r.flop_speedup)
     parts.append(
@@ -374,7 +376,7 @@ def _curve_svg(r: Report, width: int = 360, height: int = 136) -> str:
         f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="3" class="ghost"/>'
     )
     # a legend in the empty upper-left corner instead of labels that could cross the curve
-    lx, ly = left + 8, top + 10
+    lx, ly = left + 8, (top + 10 if s >= 1 else height - bottom - 16)  # the corner the curve leaves empty
     parts.append(
         f'<circle cx="{lx:.1f}" cy="{ly - 3:.1f}" r="3.5" class="op"/>'
         f'<text x="{lx + 7:.1f}" y="{ly:.1f}" class="lbl">this trace: f = {_pct(b.f_inner)} → '
