@@ -226,9 +226,12 @@ def save_trace(trace: dict, path: str) -> None:
 
 
 def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:
-    """The kernels ``fn()`` launches, from one profiled run (see `profile_trace`)."""
-    trace = profile_trace(fn, annotation)
-    return kernels_within(trace, annotation) or kernels(trace)
+    """The kernels ``fn()`` launches, from one profiled run (see `profile_trace`).
+
+    All the trace's kernels: the profiler ran around ``fn()`` alone (after a synchronise), so nothing
+    else launched, and no launch path (runtime, driver, cuDNN's own) can hide a kernel from the answer.
+    """
+    return kernels(profile_trace(fn, annotation))
 
 
 def which(backend: str = "flash", n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1,
