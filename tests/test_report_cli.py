@@ -43,6 +43,17 @@ def test_default_report_writes_both_and_prints_paths_last(tmp_path, capsys):
     assert "<svg" in (out / "report.html").read_text()
 
 
+def test_json_output_carries_the_numbers(tmp_path, capsys):
+    assert main(["report", "--out", str(tmp_path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [round(100 * s["share"], 1) for s in d["segments"]] == [3.9, 17.1, 76.3, 2.6]
+    assert round(d["boundary"]["outer_projected_ms"], 2) == 302.67
+    assert round(d["boundary"]["inner_speedup"], 4) == 1.3636
+    assert round(d["naive_ms"], 1) == 126.7
+    assert d["ttft_meets_target_this_trace"] is False and d["tpot_meets_target"] is True
+    assert d["paths"] == [str(tmp_path / "report.md"), str(tmp_path / "report.html")]
+
+
 def test_format_md_only_and_json_trace(tmp_path, capsys):
     p = _trace(tmp_path, name="trace.json")
     assert main(["report", str(p), "--out", str(tmp_path / "o"), "--format", "md"]) == 0

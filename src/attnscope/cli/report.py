@@ -57,6 +57,11 @@ def configure(sub) -> None:
         "replaces the trace's assumed split",
     )
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report's numbers as JSON (the files are still written; their paths are in it)",
+    )
+    p.add_argument(
         "--print-trace",
         action="store_true",
         help="print the default trace (a template for your own) and exit",
@@ -74,6 +79,11 @@ def run(args) -> int:
 
     report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile)
     b, t = report.boundary, report.trace
+    if args.json:
+        from attnscope.cli._out import print_json
+
+        print_json(_numbers(report, paths))
+        return 0
     print(
         f"TTFT {t.ttft_ms:.1f} ms -> projected {b.outer_projected_ms:.2f} ms ({b.outer_speedup:.4f}x, "
         f"{100 * b.outer_reduction:.2f} % reduction); prefill {t.prefill_ms:.1f} -> "
@@ -84,3 +94,34 @@ def run(args) -> int:
     for path in paths:
         print(f"report: {path}")
     return 0
+
+
+def _numbers(report, paths) -> dict:
+    """The report's numbers for machines: segments, both boundaries, the boundary errors, the evidence."""
+    b, t = report.boundary, report.trace
+    out = {
+        "ttft_ms": t.ttft_ms,
+        "segments": [{"name": r.name, "ms": r.ms, "share": r.share, "projected_ms": r.projected_ms}
+                     for r in report.rows],
+        "attention_ms": report.attention_ms,
+        "speedup": t.speedup,
+        "boundary": b.to_json(),
+        "naive_ms": report.naive_ms,
+        "flop_share": report.flop_share,
+        "ttft_meets_target_this_trace": report.ttft_meets_target,
+        "tpot_ms": t.tpot_ms,
+        "tpot_meets_target": report.tpot_meets_target,
+        "paths": [str(p) for p in paths],
+    }
+    if report.samples is not None:
+        s = report.samples
+        out["samples"] = {k: getattr(s, k) for k in ("n", "p50", "p95", "p99", "ci_low", "ci_high",
+                                                      "lower_bound", "upper_bound", "verdict", "needed")}
+    if report.metrics:
+        out["metrics"] = {m.name: {"count": m.hist.count, "p50_ms": m.p50_ms, "p95_ms": m.p95_ms,
+                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets}
+                          for m in report.metrics}
+    if report.profile is not None:
+        out["profile"] = {"span_ms": report.profile.span_ms, "attention_ms": report.profile.attention_ms,
+                          "share": report.profile.share}
+    return out
