@@ -19,7 +19,8 @@ what no longer fits):
 6. closed_loop.json `share --attention naive --project-to attnscope` at P = 2k, 4k, 16k (if time allows).
 7. log.txt         everything printed, errors with tracebacks.
 
-A summary table is printed last.
+A summary table is printed last. On a CPU, ``python bench/record_fixtures.py --table ncu.json.gz`` turns
+a recorded ncu.json.gz into the Markdown grid table for BENCHMARKS.md (measured, logical, estimate).
 """
 
 from __future__ import annotations
@@ -274,7 +275,51 @@ def main() -> int:
     return 0
 
 
+def grid_table(path: str) -> str:
+    """Markdown table of a recorded ncu.json.gz: measured vs logical vs the L2-aware estimate, per call
+    (MiB per head), for BENCHMARKS.md. Runs on a CPU:
+
+        python bench/record_fixtures.py --table tests/data/measure/recorded/ncu.json.gz
+    """
+    from attnscope.measure import ncu, physical
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rec = json.load(f)
+    env = rec["env"]
+    lines = [f"GPU {env.get('gpu')}, L2 {env['l2_bytes'] / 2**20:.1f} MiB, {env['sms']} SMs, torch "
+             f"{env.get('torch')}, {env.get('ncu_version')}, recorded {env.get('date')}", "",
+             "| impl | N | d | heads | causal | cache | measured | logical | estimate | est. error | "
+             "logical error |", "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    worst = 0.0
+    for run in rec["runs"]:
+        if not run.get("csv"):
+            lines.append(f"| run {run['name']} failed: {run.get('error', '')[:80]} |||||||||||")
+            continue
+        calls = ncu.split_at_markers(ncu.parse_csv(run["csv"]))
+        for spec, ks in ncu.pair(run["status"], calls):
+            if not spec.get("ok") or not ks:
+                continue
+            bh = spec["batch"] * spec["heads"]
+            measured = sum(k.total for k in ks)
+            lg = physical.logical(spec["impl"], spec["n"], spec["d"], spec["heads"], spec["batch"],
+                                  spec["dtype"], spec["causal"])
+            est = physical.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec["batch"],
+                                    spec["dtype"], spec["causal"], l2_bytes=env["l2_bytes"], sms=env["sms"])
+            err = physical.error(est.total, measured)
+            if run["cache_control"] == "none":
+                worst = max(worst, abs(err))
+            lines.append(f"| {spec['impl']} | {spec['n']} | {spec['d']} | {spec['heads']} | "
+                         f"{spec['causal']} | {run['cache_control']} | {measured / bh / 2**20:.2f} | "
+                         f"{lg / bh / 2**20:.2f} | {est.total / bh / 2**20:.2f} | {err:+.1%} | "
+                         f"{physical.error(lg, measured):+.1%} |")
+    lines += ["", f"Worst |estimate error| with cache-control none: {worst:.1%} (goal: 15 %)."]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(grid_table(sys.argv[2]))
+        sys.exit(0)
     code = 1
     try:
         code = main()
