@@ -7,8 +7,6 @@ torch.profiler Chrome trace.
 
 from __future__ import annotations
 
-import argparse
-
 DEFAULT_OUT = "attnscope-report"
 
 
@@ -20,7 +18,6 @@ def configure(sub) -> None:
         description="Turn a serving trace, an attention time share and a kernel speedup into a one-page "
         "latency attribution report: segment shares, Amdahl at the prefill and client TTFT "
         "boundaries, the boundary errors, a next measurement plan.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "trace",
@@ -31,9 +28,14 @@ def configure(sub) -> None:
         "default: the spec's Document QA trace",
     )
     p.add_argument(
-        "--out", metavar="DIR", default=DEFAULT_OUT, help="output directory for report.md / report.html"
+        "--out",
+        metavar="DIR",
+        default=DEFAULT_OUT,
+        help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT})",
     )
-    p.add_argument("--format", default="both", choices=("md", "html", "both"), help="what to write")
+    p.add_argument(
+        "--format", default="both", choices=("md", "html", "both"), help="what to write (default: both)"
+    )
     p.add_argument(
         "--samples",
         metavar="FILE",
@@ -101,8 +103,10 @@ def _numbers(report, paths) -> dict:
     b, t = report.boundary, report.trace
     out = {
         "ttft_ms": t.ttft_ms,
-        "segments": [{"name": r.name, "ms": r.ms, "share": r.share, "projected_ms": r.projected_ms}
-                     for r in report.rows],
+        "segments": [
+            {"name": r.name, "ms": r.ms, "share": r.share, "projected_ms": r.projected_ms}
+            for r in report.rows
+        ],
         "attention_ms": report.attention_ms,
         "speedup": t.speedup,
         "boundary": b.to_json(),
@@ -115,13 +119,37 @@ def _numbers(report, paths) -> dict:
     }
     if report.samples is not None:
         s = report.samples
-        out["samples"] = {k: getattr(s, k) for k in ("n", "p50", "p95", "p99", "ci_low", "ci_high",
-                                                      "lower_bound", "upper_bound", "verdict", "needed")}
+        out["samples"] = {
+            k: getattr(s, k)
+            for k in (
+                "n",
+                "p50",
+                "p95",
+                "p99",
+                "ci_low",
+                "ci_high",
+                "lower_bound",
+                "upper_bound",
+                "verdict",
+                "needed",
+            )
+        }
     if report.metrics:
-        out["metrics"] = {m.name: {"count": m.hist.count, "p50_ms": m.p50_ms, "p95_ms": m.p95_ms,
-                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets}
-                          for m in report.metrics}
+        out["metrics"] = {
+            m.name: {
+                "count": m.hist.count,
+                "p50_ms": m.p50_ms,
+                "p95_ms": m.p95_ms,
+                "p99_ms": m.p99_ms,
+                "mean_ms": m.mean_ms,
+                "meets": m.meets,
+            }
+            for m in report.metrics
+        }
     if report.profile is not None:
-        out["profile"] = {"span_ms": report.profile.span_ms, "attention_ms": report.profile.attention_ms,
-                          "share": report.profile.share}
+        out["profile"] = {
+            "span_ms": report.profile.span_ms,
+            "attention_ms": report.profile.attention_ms,
+            "share": report.profile.share,
+        }
     return out
