@@ -79,6 +79,7 @@ def test_sample_file_formats(tmp_path):
     assert evidence.read_samples(_write(tmp_path, [3, 1.5], "s.csv")) == [3.0, 1.5]
     (tmp_path / "h.csv").write_text("ttft_ms\n4\n5\n")
     assert evidence.read_samples(tmp_path / "h.csv") == [4.0, 5.0]
+    assert len(evidence.read_samples(DATA / "ttft_samples_small.json")) == 40
 
 
 @pytest.mark.parametrize("name, text, needle", [

@@ -89,10 +89,11 @@ def _pages(html: Path, tmp_path: Path, size: str | None) -> int:
     return len(re.findall(rb"/Type\s*/Page(?!s)", pdf.read_bytes()))
 
 
-@pytest.mark.parametrize("evidence_given", [False, True], ids=["default", "all-evidence"])
-def test_report_prints_on_one_page(tmp_path, evidence_given):
-    extra = ((DATA / "ttft_samples.csv", (DATA / "vllm_before.prom", DATA / "vllm_after.prom"),
-              DATA / "prefill_profile.json") if evidence_given else (None, None, None))
+@pytest.mark.parametrize("samples", [None, "ttft_samples.csv", "ttft_samples_small.json"],
+                         ids=["default", "all-evidence", "all-evidence-few-samples"])
+def test_report_prints_on_one_page(tmp_path, samples):
+    extra = ((DATA / samples, (DATA / "vllm_before.prom", DATA / "vllm_after.prom"),
+              DATA / "prefill_profile.json") if samples else (None, None, None))
     _, paths = build(None, tmp_path, "html", *extra)
     for size in (None, "A4"):
         assert _pages(paths[0], tmp_path, size) == 1, size
