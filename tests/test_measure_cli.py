@@ -93,3 +93,85 @@ def test_bench_guard_when_the_driver_is_missing(monkeypatch, capsys):
     assert args.func(args) == 2
     assert capsys.readouterr().err.startswith("attnscope bench: error: the sweep driver "
                                               "attnscope.measure.bench is not available: ")
+
+
+# --- the GPU paths, with the measurement replaced by recorded-shape stand-ins ---------------------------
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+
+
+@pytest.mark.parametrize("asked, ran, code", [("flash", "flash", 0), ("flash", "math", 1),
+                                              ("auto", "cudnn", 0)])
+def test_which_output_and_exit_code(fake_gpu, monkeypatch, capsys, asked, ran, code):
+    from attnscope.measure import backends
+
+    def fake_which(backend, n, d, heads, batch, dtype, causal):
+        ks = [backends.KernelEvent("void pytorch_flash::flash_fwd_kernel<...>", 0.0, 812.5)]
+        return backends.WhichResult(backend, ran, backend == "auto" or ran == backend,
+                                    {"n": n, "d": d, "heads": heads}, ks)
+
+    monkeypatch.setattr(backends, "which", fake_which)
+    assert main(["which", "--backend", asked, "--causal"]) == code
+    out = capsys.readouterr().out
+    assert f"asked: {asked}   ran: {ran}" in out
+    assert "[1, 32, 4096, 128] fp16, causal" in out and "812.5" in out
+    assert ("NOT the backend asked for" in out) == (code == 1)
+
+
+def test_which_refused_input(fake_gpu, monkeypatch, capsys):
+    from attnscope.measure import backends
+
+    monkeypatch.setattr(backends, "which", lambda *a: backends.WhichResult(
+        "flash", "none", False, {}, [], "No available kernel. Aborting execution."))
+    assert main(["which", "--backend", "flash", "--d", "512"]) == 1
+    out = capsys.readouterr().out
+    assert "flash refused this input: No available kernel. Aborting execution." in out
+
+
+def test_bytes_with_a_measurement(fake_gpu, monkeypatch, capsys):
+    from pathlib import Path
+
+    from attnscope.measure import ncu
+
+    csv = (Path(__file__).parent / "data" / "measure" / "ncu_handmade.csv").read_text()
+    flash_call = ncu.split_at_markers(ncu.parse_csv(csv))[1]  # read 96 MiB, write 32 MiB
+    monkeypatch.setattr(ncu, "measure", lambda *a, **k: ncu.Measured(flash_call, "none", "ncu 2025.3"))
+    assert main(["bytes", "--impl", "flash", "--l2-bytes", "60000000", "--sms", "132", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured"]["total"] == 128 * 2**20
+    assert out["estimate_error"] == pytest.approx(out["estimate"]["total"] / (128 * 2**20) - 1)
+    assert main(["bytes", "--impl", "flash", "--l2-bytes", "60000000", "--sms", "132"]) == 0
+    text = capsys.readouterr().out
+    assert "measured (ncu, cache-control none)" in text and "ncu 2025.3" in text
+
+
+def test_bytes_ncu_missing_is_one_line(fake_gpu, monkeypatch, capsys):
+    from attnscope.measure import ncu
+
+    def missing(*a, **k):
+        raise ncu.NcuError("ncu (Nsight Compute CLI) not found on PATH or in $CUDA_HOME/bin")
+
+    monkeypatch.setattr(ncu, "measure", missing)
+    assert main(["bytes", "--l2-bytes", "60000000", "--sms", "132"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "attnscope bytes: error: ncu (Nsight Compute CLI) not found on PATH or in " \
+                                "$CUDA_HOME/bin\n"
+
+
+def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
+    from attnscope.measure import share
+
+    r = share.ShareResult("naive", 4096, 2, 40.0, 100.0, 0.0645, 50, [("softmax_warp_forward", 12.0, True)])
+    monkeypatch.setattr(share, "measure_share", lambda *a, **k: r)
+    assert main(["share", "--attention", "naive"]) == 0
+    out = capsys.readouterr().out
+    assert "f_time = 40.000 ms attention / 100.000 ms of kernels = 0.400" in out and "FLOP share 0.065" in out
+    loop = share.ClosedLoop("naive", "attnscope", 4096, 2, 0.40, {"naive": 3.0, "attnscope": 1.0},
+                            {"naive": 100.0, "attnscope": 80.0}, r)
+    monkeypatch.setattr(share, "closed_loop", lambda *a, **k: loop)
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    out = capsys.readouterr().out
+    assert "1.364x" in out and "1.250x" in out and "+9.1%" in out  # 1.3636 / 1.25 - 1

@@ -91,11 +91,12 @@ def _bytes(args) -> int:
     if not args.estimate_only:
         if (code := _no_gpu("bytes")) is not None:
             return code
-        import torch
+        if not (l2 and sms):  # the running GPU's own L2 and SM count
+            import torch
 
-        props = torch.cuda.get_device_properties(0)
-        l2 = l2 or props.L2_cache_size
-        sms = sms or props.multi_processor_count
+            props = torch.cuda.get_device_properties(0)
+            l2 = l2 or props.L2_cache_size
+            sms = sms or props.multi_processor_count
         try:
             measured = ncu.measure(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                                    cache_control=args.cache_control)
