@@ -10,7 +10,7 @@ permitted for every row of the query tile and run without any mask arithmetic; t
 straddle the diagonal (or are the ragged last tile) and are masked *before* the running max sees the
 scores; tiles ``[hi, Nk)`` are skipped (the skip bound). ``lo`` and ``hi`` are the closed forms of
 `attnscope.model.tiles.Grid.kv_bounds`, recomputed in-kernel per program (a kernel cannot call Python;
-`tests/test_fwd.py` holds the two against each other through `causal_kv_bounds0`). Alignment is
+`tests/test_fwd.py` holds the two against each other). Alignment is
 bottom-right: key c is visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key produce
 0 and LSE = -inf, never NaN.
 
@@ -46,6 +46,8 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
+from attnscope.kernels._tl import round_bf16  # noqa: E402
+
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
 
@@ -54,11 +56,13 @@ LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
 # bench/tune_prefill.py (BENCHMARKS.md, "prefill config sweep"): for d = 128, BLOCK_M = 128 with 4 warps
 # and 2 stages wins (512-532 TFLOP/s unmasked, 448-511 causal): its ~96 KiB of shared memory and one
 # warpgroup per CTA let two CTAs share an SM, so one CTA's softmax overlaps the other's wgmma.
-# BLOCK_N = 128 with 4 warps spills (<= 205 TFLOP/s) and is not listed. Warp specialisation
+# BLOCK_N = 128 with 4 warps spills (<= 205 TFLOP/s) and is not listed; BLOCK_M = 64 (3-4 CTAs per SM)
+# trails by 10-20 %. The lazy rescale (LAZY_RESCALE, FlashAttention-4's trick) costs 10-20 % here: its
+# block-uniform branch needs a cross-warp reduction and breaks the loop's pipelining. Warp specialisation
 # (tl.range(..., warp_specialize=True)) failed to compile with 4 warps and changed nothing measurable
 # with 8 warps on sm_90 under Triton 3.6, so no config uses it.
 CONFIGS = {
-    128: [(128, 64, 4, 2), (128, 128, 8, 3), (128, 64, 8, 3)],
+    128: [(128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
     64: [(128, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3)],
 }
 
@@ -88,10 +92,11 @@ def _prune(configs, named_args, **kwargs):
 @triton.jit
 def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+               CAUSAL: tl.constexpr, LAZY_RESCALE: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form."""
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N] scores, fp32, never leave the SM
+    # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM (fp32 operands: interpreter + bf16 only)
+    qk = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
     if MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keep = offs_n[None, :] < NK  # ragged last tile: columns past Nk
@@ -125,8 +130,39 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
         m_i = m_ij
     l_i = l_i + tl.sum(p, 1)
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    acc = tl.dot(p.to(v.dtype), v, acc)
+    # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
+    acc = tl.dot(round_bf16(p), v.to(tl.float32), acc) if EMULATE_BF16 else tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """KV columns of query tile ``start_m`` (0-based): ``[0, lo)`` run unmasked, ``[lo, hi)`` masked,
+    ``[hi, Nk)`` skipped. The closed form of `model.tiles.Grid.kv_bounds` (via `causal_kv_bounds0`),
+    except that the ragged last tile always goes to the masked stage (it needs a bounds check even when
+    fully permitted). tests/test_fwd.py runs this helper under the interpreter against tiles.py.
+    """
+    if CAUSAL:
+        r_first = start_m * BLOCK_M + 1 + (NK - NQ)  # first row (1-based) + diagonal offset
+        r_last = start_m * BLOCK_M + BLOCK_M
+        if r_last > NQ:
+            r_last = NQ
+        r_last = r_last + (NK - NQ)
+        if r_last < 0:
+            r_last = 0
+        if r_first < 0:
+            r_first = 0
+        hi = tl.cdiv(r_last, BLOCK_N) * BLOCK_N  # skip bound: tiles past it are never loaded
+        if hi > NK:
+            hi = NK
+        full = (r_first // BLOCK_N) * BLOCK_N  # tiles every row of the query tile sees whole
+    else:
+        hi = NK
+        full = NK
+    lo = (NK // BLOCK_N) * BLOCK_N  # the ragged last tile always goes to the masked stage
+    if full < lo:
+        lo = full
+    return lo, hi
 
 
 @triton.autotune(configs=_configs(triton), key=["HEAD_DIM", "CAUSAL", "N_BUCKET", "STORE_LSE"],
@@ -141,7 +177,7 @@ def _attnscope_fwd_kernel(
     N_BUCKET,  # autotune key only: power-of-two bucket of max(Nq, Nk)
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -171,42 +207,22 @@ def _attnscope_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
     q = desc_q.load([b, h, start_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
 
-    # KV bounds: the closed form of model/tiles.py Grid.kv_bounds, in 0-based element units.
-    if CAUSAL:
-        r_first = start_m * BLOCK_M + 1 + (NK - NQ)  # first row (1-based) + diagonal offset
-        r_last = start_m * BLOCK_M + BLOCK_M
-        if r_last > NQ:
-            r_last = NQ
-        r_last = r_last + (NK - NQ)
-        if r_last < 0:
-            r_last = 0
-        if r_first < 0:
-            r_first = 0
-        hi = tl.cdiv(r_last, BLOCK_N) * BLOCK_N  # skip bound: tiles past it are never loaded
-        if hi > NK:
-            hi = NK
-        # tiles [0, full) need no mask (tiles.py caps full at Nk when r_first >= Nk, which the
-        # min with the last complete tile below makes unnecessary here)
-        full = (r_first // BLOCK_N) * BLOCK_N
-    else:
-        hi = NK
-        full = NK
-    lo = (NK // BLOCK_N) * BLOCK_N  # the ragged last tile always goes to stage 2
-    if full < lo:
-        lo = full
+    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
 
     # Stage 1: tiles every row may see entirely: no mask arithmetic.
     for start_n in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPEC):
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, LAZY_RESCALE)
+                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, LAZY_RESCALE, EMULATE_BF16)
     # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
     for start_n in tl.range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, LAZY_RESCALE)
+                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, LAZY_RESCALE, EMULATE_BF16)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
+    if EMULATE_BF16:
+        o = round_bf16(o)
     desc_o.store([b, h, start_m * BLOCK_M, 0], o.to(O.dtype.element_ty).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:
         lse = m_i * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf + -inf = -inf for empty rows
@@ -281,6 +297,7 @@ def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool, config
         B, Hq, Hkv, Nq, Nk, sm_scale * LOG2E,
         n_bucket,
         HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
+        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
         **(config or {}),
     )
     return o, lse
