@@ -32,7 +32,7 @@ Performance notes (for the H200 benchmark, `bench/decode.py`; not measured here,
 Decode attention does ~2 FLOPs per byte of KV, far below the H200's ~200 FLOP/byte ridge: it is purely
 bandwidth-bound, so the floor is the bytes (`logical_bytes`) over the measured read ceiling:
 
-    KV read      2 * B * Hkv * sum_b(len_b)/B * d * elt   (K and V, once each: the GQA group shares it)
+    KV read      2 * Hkv * sum_b(len_b) * d * elt   (K and V, once each: the GQA group shares them)
     q read       B * Hq * d * elt
     partials     B * Hq * S * (d + 1) * 4   written by phase 1, read again by phase 2   (S > 1 only)
     output       B * Hq * d * elt  (+ B * Hq * 4 for the LSE)
@@ -41,17 +41,24 @@ e.g. B = 1, Hkv = 8, L = 4096, d = 128, bf16: KV = 16 MiB -> 3.5 us at 4.8 TB/s,
 kernel launches, so small shapes are latency-bound and the split count matters more than the loop;
 B = 64, Hkv = 8, L = 128k: KV = 32 GiB -> ~7 ms, where only streaming efficiency matters.
 
-What the kernel does for bandwidth: BLOCK_N of 64-256 keys per iteration with 2-4 pipeline stages
-(several K/V tiles in flight per program), 16-byte vector loads along d (unit stride, strides that are
-multiples of 8 elements are specialised by Triton), int64 addressing (a 128k-token cache is > 2^31
-elements), and enough programs (`default_num_splits`) to keep every SM streaming. The score and PV
-products of a GQA group use ``tl.dot`` with the group padded to 16 rows (the MMA minimum; the pad rows
-read q = 0 and are never stored), which costs nothing on a bandwidth-bound kernel; for G = 1 the padded
-MMA wastes 15/16 of its work, so an elementwise multiply + ``tl.sum`` path exists (``use_dot=False``,
-the default for G = 1); which wins is for the benchmark to say. Not done yet, candidates if the
-benchmark misses its target: TMA tensor descriptors for K/V, an unmasked main loop with a masked tail,
-and fusing the combine into phase 1 (last program of a row merges, via an atomic counter) to save one
-launch on small shapes.
+What the kernel does for bandwidth: BLOCK_N of 64-256 keys per iteration, the KV loop software-pipelined
+``STAGES`` deep (cp.async multi-buffering: STAGES - 1 K/V tiles in flight per program), 16-byte loads
+along d (unit last stride; Triton specialises strides divisible by 16), int64 addressing (a 128k-token
+cache is > 2^31 elements), and enough programs (`default_num_splits`) to keep every SM streaming.
+
+Group products: ``tl.dot`` on the group padded to 16 rows (the MMA minimum M; the pad rows read q = 0
+and are never stored). Padding wastes tensor-core work (15/16 of it for G = 1), but tensor cores are idle
+in a bandwidth-bound kernel anyway, and this is the default for every G: the MMA keeps register use low
+and needs no [G, BLOCK_N, d] fp32 temporaries. The alternative, an elementwise multiply + ``tl.sum``
+(``use_dot=False``), is exact in fp32 but holds a [BLOCK_N, d] fp32 product per group row in registers.
+Compiled ahead of time for sm_90 on a CPU-only machine (triton.compile, GPUTarget("cuda", 90, 32), then
+ptxas -v), bf16, d = 128, BLOCK_N = 128, 3 stages: the dot path uses mma.sync m16n8k16 (wgmma needs M
+>= 64, not worth padding to), ~136 KiB shared memory and 135 registers (G = 1, 4 warps) / 86 (G = 8, 8
+warps), no spills; the elementwise path ~130 KiB and 254 registers for G = 1, and spills at G = 4 (255
+registers). Both are cp.async-pipelined. So the elementwise path is a knob for the benchmark to try on
+G = 1 (MHA), not a default. Not done yet, candidates if the benchmark misses its target: TMA tensor
+descriptors for K/V, an unmasked main loop with a masked tail, and fusing the combine into phase 1 (the
+last program of a row merges, via an atomic counter) to save one launch on small shapes.
 """
 
 from __future__ import annotations
@@ -142,24 +149,30 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
 def _configs(triton):
     """Phase-1 candidates, autotuned per (HEAD_DIM, GROUP, USE_DOT, SPLIT), never per sequence length.
 
-    The kernel is a streaming read: what matters is bytes in flight per SM, i.e. BLOCK_N x d x 2 (K and
-    V) x stages. 64-256 keys x 2-4 stages spans 64-256 KiB of loads in flight (the top end is pruned
-    where it overflows shared memory); 4 warps suffice for a G <= 16 row tile, 8 help with the wide
-    BLOCK_N = 256 tiles. Under the interpreter one small config keeps CPU tests fast and still makes
-    multi-block splits, ragged last blocks and empty splits common at the tested lengths.
+    The kernel is a streaming read: what matters is bytes in flight per SM, (STAGES - 1) x BLOCK_N x d x
+    2 (K and V) x 2 bytes: 32-192 KiB per program over this set at d = 128 (one program per SM at the top
+    end, two or three at the bottom); configs that overflow shared memory are pruned. 4 warps suffice
+    for a 16-row group tile; 8 help with the wide BLOCK_N = 256 tiles. Under the interpreter one small
+    config keeps CPU tests fast and still makes multi-block splits, ragged last blocks and empty splits
+    common at the tested lengths.
     """
     if interpreting():
-        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 16, "STAGES": 1}, num_warps=4, num_stages=1)]
     return [
-        triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-        for n, w, s in [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 2), (256, 8, 2), (256, 8, 3)]
+        triton.Config({"BLOCK_N": n, "STAGES": s}, num_warps=w, num_stages=s)
+        for n, w, s in [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2), (256, 8, 3)]
     ]
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs whose pipelined K/V tiles would not fit in ~200 KiB of shared memory."""
+    """Drop configs whose K/V buffers would not fit in shared memory (227 KiB per block on sm_90).
+
+    The pipeliner keeps STAGES - 1 K and V tiles of 2-byte elements, plus ~12 KiB for the group tile
+    and layout conversions (measured by compiling for sm_90: 136 KiB at BLOCK_N = 128, d = 128, 3 stages).
+    """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    kept = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * d * 2 <= 200 * 1024]
+    kept = [c for c in configs
+            if (c.kwargs["STAGES"] - 1) * 2 * c.kwargs["BLOCK_N"] * d * 2 + 16 * 1024 <= 227 * 1024]
     return kept or configs[:1]
 
 
@@ -185,6 +198,7 @@ def _build():
         BLOCK_G: tl.constexpr,  # G padded: to a power of two, and to >= 16 rows for tl.dot
         HEAD_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        STAGES: tl.constexpr,  # software-pipeline depth of the KV loop (cp.async multi-buffering)
         USE_DOT: tl.constexpr,  # tl.dot on the padded group, else elementwise multiply + tl.sum
         EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
         SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
@@ -218,7 +232,7 @@ def _build():
         acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
         # Each block iterated holds >= 1 valid key (lo + j * BLOCK_N < hi), so m_new is finite and
         # alpha = exp2(-inf - m_new) = 0 on the first block: no NaN without extra guards.
-        for start_n in tl.range(lo, hi, BLOCK_N):
+        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
             rows = start_n + offs_n  # [BLOCK_N] key positions
             n_mask = rows < hi
             rows64 = rows.to(tl.int64)
@@ -402,8 +416,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         device sync that also breaks CUDA-graph capture; pass False to skip it (out-of-range lengths
         then give undefined results) and the heuristic uses L_max instead of the longest length.
     use_dot : bool, optional, keyword-only
-        Compute the group's scores with ``tl.dot`` on the group padded to 16 rows (default for G > 1)
-        or elementwise (default for G = 1, where the MMA would be 15/16 padding). A benchmark knob.
+        Compute the group's products with ``tl.dot`` on the group padded to 16 rows (default, every G)
+        or elementwise in fp32 (False; see the module notes on why that is not the default). A
+        benchmark knob.
 
     Returns
     -------
@@ -430,7 +445,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, longest, num_sms(torch, q.device))
     if use_dot is None:
-        use_dot = group > 1
+        use_dot = True  # see the module notes: pipelined MMA, low register use, for every G
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
 
     _, _, split_kernel, _ = _build()
