@@ -127,3 +127,13 @@ def test_annotation_falls_back_to_its_gpu_range_when_no_launch_is_linked():
         {"ph": "X", "cat": "kernel", "name": "gemm_after", "ts": 170, "dur": 40, "args": {"correlation": 9}},
     ]}
     assert [k.name for k in kernels_within(trace, "attnscope::attention")] == ["_attnscope_fwd_kernel"]
+
+
+@pytest.mark.parametrize("impl", ["math", "naive"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_fn_on_the_cpu(impl, causal):
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(2, 3, 33, 16, dtype=torch.float64) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = backends.attention_fn(impl, causal)(q, k, v)
+    assert (out - ref).abs().max().item() < 1e-12

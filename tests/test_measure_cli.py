@@ -175,3 +175,15 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out
     assert "1.364x" in out and "1.250x" in out and "+9.1%" in out  # 1.3636 / 1.25 - 1
+
+
+def test_runtime_failure_is_one_line_exit_1(fake_gpu, monkeypatch, capsys):
+    from attnscope.measure import share
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB\nmore detail")
+
+    monkeypatch.setattr(share, "measure_share", oom)
+    assert main(["share", "--prefill", "65536"]) == 1
+    assert capsys.readouterr().err == "attnscope share: error: RuntimeError: CUDA out of memory. Tried to " \
+                                      "allocate 16.00 GiB\n"

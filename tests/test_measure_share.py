@@ -132,3 +132,12 @@ def test_recorded_closed_loop_is_consistent():
         assert r["projected_speedup"] == pytest.approx(speedup(r["f_time"], s))
         measured = r["prefill_ms"][r["baseline"]] / r["prefill_ms"][r["candidate"]]
         assert r["measured_speedup"] == pytest.approx(measured)
+
+
+def test_a_trace_without_attention_kernels_is_refused():
+    trace = json.loads((DATA / "trace_handmade.json").read_text())
+    for e in trace["traceEvents"]:
+        if e.get("name") == "attnscope::attention":
+            e["name"] = "something else"
+    with pytest.raises(RuntimeError, match="no kernel was found inside the 'attnscope::attention' ranges"):
+        share_from_trace(trace, "flash", 4096, LlamaShape(layers=1))

@@ -46,6 +46,22 @@ def _fail(command: str, message: str, code: int = 2) -> int:
     return code
 
 
+def _one_line(command: str):
+    """Wrap a command so a runtime failure on the GPU (out of memory, a backend that cannot run) prints
+    one line and exits 1 instead of a traceback."""
+    def wrap(fn):
+        def go(args) -> int:
+            try:
+                return fn(args)
+            except RuntimeError as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                return _fail(command, f"{type(e).__name__}: {first}", code=1)
+
+        return go
+
+    return wrap
+
+
 def _shape(p: argparse.ArgumentParser, heads: int = 32) -> None:
     p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
     p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
@@ -232,7 +248,7 @@ def configure(sub) -> None:
     p.add_argument("--backend", default="flash", choices=BACKENDS,
                    help=f"backend to restrict dispatch to; auto reports SDPA's own choice {SPEC}")
     _shape(p)
-    p.set_defaults(func=_which)
+    p.set_defaults(func=_one_line("which")(_which))
 
     p = sub.add_parser("bytes", help="ncu DRAM bytes beside the logical model and an L2-aware estimate "
                                      "(GPU + ncu)",
@@ -252,7 +268,7 @@ def configure(sub) -> None:
                    help="L2 capacity for the estimate (default: read from the GPU, or the --device entry)")
     p.add_argument("--sms", type=int, default=None,
                    help="SM count for the estimate (default: read from the GPU, or the --device entry)")
-    p.set_defaults(func=_bytes)
+    p.set_defaults(func=_one_line("bytes")(_bytes))
 
     p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill from torch.profiler "
                                      "(GPU); --project-to closes the Amdahl loop",
@@ -270,6 +286,6 @@ def configure(sub) -> None:
     p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
     p.add_argument("--trace", default=None, metavar="FILE.json.gz", help="keep the profiler Chrome trace")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.set_defaults(func=_share)
+    p.set_defaults(func=_one_line("share")(_share))
 
     _add_bench(sub)

@@ -226,6 +226,9 @@ def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareR
 
     every = kernels_within(trace, PREFILL) or kernels(trace)
     attn = {(k.correlation, k.ts_us) for k in kernels_within(trace, ANNOTATION)}
+    if not attn:
+        raise RuntimeError(f"no kernel was found inside the {ANNOTATION!r} ranges of the trace: f_time "
+                           "cannot be measured from it")
     total = sum(k.dur_us for k in every) / 1e3
     att = sum(k.dur_us for k in every if (k.correlation, k.ts_us) in attn) / 1e3
     longest = sorted(every, key=lambda k: -k.dur_us)[:8]
