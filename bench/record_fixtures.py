@@ -170,9 +170,13 @@ def main() -> int:
                 model(x)
                 torch.cuda.synchronize()
                 trace = backends.profile_trace(lambda model=model, x=x: model(x), share.PREFILL)
-            r = share.share_from_trace(trace, attention, 1024, shape)
-            out[f"prefill_{attention}"] = {"p": 1024, "layers": 2, "share": r.to_json(), "trace": trace}
-            notes.append(f"{attention} f_time {r.f_time:.3f}")
+            out[f"prefill_{attention}"] = {"p": 1024, "layers": 2, "trace": trace}
+            try:  # keep the trace even if it cannot be read: that is what the CPU tests are for
+                r = share.share_from_trace(trace, attention, 1024, shape)
+                out[f"prefill_{attention}"]["share"] = r.to_json()
+                notes.append(f"{attention} f_time {r.f_time:.3f}")
+            except RuntimeError as e:
+                notes.append(f"{attention}: {e}")
             del model, x
             torch.cuda.empty_cache()
         write_json("traces.json.gz", out, gz=True)
@@ -222,9 +226,11 @@ def main() -> int:
     def cli(args, timeout):
         t = time.time()
         cmd = [sys.executable, "-m", "attnscope", *args]
+        env = env_with_src()
+        # ncu's own timeout fires first and stops ncu and its child; killing the CLI would orphan them
+        env["ATTNSCOPE_NCU_TIMEOUT_S"] = str(max(10, timeout - 20))
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env_with_src(),
-                               cwd=ROOT)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
             rc, text = p.returncode, p.stdout + ("\n[stderr]\n" + p.stderr if p.stderr.strip() else "")
         except subprocess.TimeoutExpired:
             rc, text = "timeout", ""

@@ -233,11 +233,16 @@ def pair(specs_status: list[dict], calls: list[list[KernelBytes]]) -> list[tuple
 
 
 def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
-            causal: bool = False, cache_control: str = "none") -> Measured:
-    """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring)."""
+            causal: bool = False, cache_control: str = "none", timeout_s: float | None = None) -> Measured:
+    """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring).
+
+    ``timeout_s`` defaults to $ATTNSCOPE_NCU_TIMEOUT_S, else 600 s.
+    """
     choice("impl", impl, IMPLS)
     spec = {"impl": impl, "n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal}
-    text, output = run([spec], cache_control=cache_control)
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
+    text, output = run([spec], cache_control=cache_control, timeout_s=timeout_s)
     status = child_status(output)
     if status and not status[0].get("ok"):
         raise NcuError(f"ncu: the measured call failed: {status[0].get('error', 'unknown error')}")
