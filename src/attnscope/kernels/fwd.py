@@ -29,7 +29,6 @@ What makes it fast on sm_90 (H100/H200):
 
 from __future__ import annotations
 
-import functools
 import math
 
 from attnscope.errors import InputError
@@ -303,23 +302,22 @@ def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool, config
     return o, lse
 
 
-@functools.lru_cache(maxsize=1)
-def _custom_op():
-    """Register `attnscope::flash_attention` so torch.compile traces through it without a graph break."""
-    schema = "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse) -> (Tensor, Tensor)"
+# Registered at import (torch.compile cannot trace a registration): `attnscope::flash_attention`, so
+# torch.compile sees one opaque op with a fake (shape-only) implementation instead of a graph break.
+_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse) -> (Tensor, Tensor)"
 
-    @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=schema)
-    def op(q, k, v, causal, scale, return_lse):
-        return _launch(q, k, v, causal, scale, return_lse)
 
-    @op.register_fake
-    def _(q, k, v, causal, scale, return_lse):
-        B, Hq, Nq, d = q.shape
-        o = q.new_empty((B, Hq, Nq, d))
-        lse = q.new_empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32)
-        return o, lse
+@torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
+def _op(q, k, v, causal, scale, return_lse):
+    return _launch(q, k, v, causal, scale, return_lse)
 
-    return op
+
+@_op.register_fake
+def _(q, k, v, causal, scale, return_lse):
+    B, Hq, Nq, d = q.shape
+    o = q.new_empty((B, Hq, Nq, d))
+    lse = q.new_empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32)
+    return o, lse
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
@@ -354,9 +352,11 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> q = k = v = torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention(q, k, v, causal=True)
     """
-    # Validate eagerly (clear errors even under torch.compile), then go through the custom op.
-    _check_inputs(q, k, v, scale)
+    # Validate eagerly for a clear error at the call site; under torch.compile the op's own launch
+    # validates at run time (dynamo cannot trace storage_offset()).
+    if not torch.compiler.is_compiling():
+        _check_inputs(q, k, v, scale)
     d = q.shape[-1]
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-    o, lse = _custom_op()(q, k, v, bool(causal), sm_scale, bool(return_lse))
+    o, lse = _op(q, k, v, bool(causal), sm_scale, bool(return_lse))
     return (o, lse) if return_lse else o

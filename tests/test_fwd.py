@@ -1,0 +1,227 @@
+"""The Triton FA-2 forward kernel against the float64 reference (CPU: TRITON_INTERPRET=1, small shapes).
+
+Bound (STYLE.md, flash-attn's test suite): the kernel's max error against float64 is at most twice
+PyTorch's own attention error at the same dtype against the same reference, plus 1e-3 absolute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from attnscope import reference  # noqa: E402
+from attnscope.kernels import _common  # noqa: E402
+from attnscope.model.tiles import causal_kv_bounds0  # noqa: E402
+
+fwd = pytest.importorskip("attnscope.kernels.fwd")
+import attnscope  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not _common.interpreting():
+    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+NS = (1, 17, 64, 97, 128, 200)
+
+
+def _inputs(b, hq, hkv, nq, nk, d, dtype, strided, seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def make(h, n):
+        if strided:  # a [B, N, H, d] buffer seen as [B, H, N, d]: no copy, non-contiguous
+            return torch.randn(b, n, h, d, generator=g).to(dtype).to(DEVICE).transpose(1, 2)
+        return torch.randn(b, h, n, d, generator=g).to(dtype).to(DEVICE)
+
+    return make(hq, nq), make(hkv, nk), make(hkv, nk)
+
+
+def _torch_attention(q, k, v, causal):
+    """PyTorch's own attention at the input dtype (its error sets the bound); bottom-right causal mask."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    nq, nk = q.shape[2], k.shape[2]
+    mask = None
+    if causal:
+        r = torch.arange(nq, device=q.device)[:, None]
+        c = torch.arange(nk, device=q.device)[None, :]
+        mask = c <= r + (nk - nq)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _poisoned_empty(monkeypatch):
+    """Make the launcher's torch.empty return NaN-filled tensors, so an unwritten element shows."""
+    real_empty = torch.empty
+
+    class _Torch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*a, **kw):
+            t = real_empty(*a, **kw)
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+            return t
+
+    monkeypatch.setattr(fwd, "torch", _Torch())
+
+
+# Every (Nq, Nk) pair of the issue's list, causal both ways; GQA ratio, head dim, dtype and layout cycle
+# through their values so each appears across many pairs (the full product is too slow interpreted).
+CASES = []
+for i, ((nq, nk), causal) in enumerate(itertools.product(itertools.product(NS, NS), (False, True))):
+    CASES.append((nq, nk, causal, (1, 4)[i % 2], (64, 128)[(i // 2) % 2],
+                  ("float16", "bfloat16")[(i // 4) % 2], i % 3 == 0))
+
+
+@pytest.mark.parametrize("nq,nk,causal,group,d,dtype,strided", CASES)
+def test_matches_float64_reference(monkeypatch, nq, nk, causal, group, d, dtype, strided):
+    dt = getattr(torch, dtype)
+    hkv = 1 if nq * nk > 10_000 else 2
+    b = 1 if nq * nk > 10_000 else 2
+    q, k, v = _inputs(b, hkv * group, hkv, nq, nk, d, dt, strided, seed=nq * 1000 + nk + causal)
+    _poisoned_empty(monkeypatch)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+    monkeypatch.undo()
+    assert o.shape == q.shape and o.dtype == dt and lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    assert not torch.isnan(o).any(), "NaN in the output: an element was not written (or a 0/0)"
+    assert not torch.isnan(lse).any()
+
+    ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
+                                         return_lse=True)
+    has_key = np.isfinite(rlse)  # rows with no visible key (Nq > Nk, bottom-right causal)
+    err = np.abs(o.double().cpu().numpy() - ro)[has_key].max(initial=0.0)
+    t_out = _torch_attention(q, k, v, causal).double().cpu().numpy()
+    torch_err = np.abs(t_out - ro)[has_key].max(initial=0.0)
+    assert err <= 2 * torch_err + 1e-3, f"kernel error {err:.3g} > 2 x torch's {torch_err:.3g} + 1e-3"
+    lse_np = lse.cpu().numpy()
+    assert np.abs(lse_np - rlse)[has_key].max(initial=0.0) < 1e-3
+    # empty rows: exactly 0 and LSE = -inf, as the reference
+    assert (o.double().cpu().numpy()[~has_key] == 0).all()
+    assert (lse_np[~has_key] == -np.inf).all()
+
+
+def test_scale_argument():
+    q, k, v = _inputs(1, 2, 2, 33, 45, 64, torch.float16, False, seed=1)
+    o = attnscope.flash_attention(q, k, v, scale=0.3)
+    ro = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), scale=0.3)
+    o_default = attnscope.flash_attention(q, k, v)
+    assert np.abs(o.double().cpu().numpy() - ro).max() < 2e-3
+    assert (o != o_default).any()
+
+
+def test_causal_mask_changes_the_answer():
+    q, k, v = _inputs(1, 1, 1, 40, 40, 64, torch.float16, False, seed=2)
+    diff = attnscope.flash_attention(q, k, v, causal=True) - attnscope.flash_attention(q, k, v)
+    assert diff.abs().max() > 0.1
+
+
+def test_kv_bounds_helper_matches_tiles_py():
+    """The in-kernel closed form of the skip bound (fwd._kv_bounds) equals model/tiles.py's."""
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+
+    @triton.jit
+    def probe(OUT, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        m = tl.program_id(0)
+        lo, hi = fwd._kv_bounds(m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        tl.store(OUT + 2 * m, lo)
+        tl.store(OUT + 2 * m + 1, hi)
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        nq, nk = (int(x) for x in rng.integers(1, 300, 2))
+        bm, bn = int(rng.choice([16, 32, 64, 128])), int(rng.choice([16, 32, 64]))
+        for causal in (False, True):
+            tiles_q = math.ceil(nq / bm)
+            out = torch.zeros(2 * tiles_q, dtype=torch.int32, device=DEVICE)
+            probe[(tiles_q,)](out, nq, nk, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal)
+            got = out.view(-1, 2).tolist()
+            for m in range(tiles_q):
+                if causal:
+                    full, hi = causal_kv_bounds0(m, nq, nk, bm, bn)
+                else:
+                    full, hi = nk, nk
+                lo = min(full, (nk // bn) * bn)  # the ragged last tile is always bounds-checked
+                assert got[m] == [lo, hi], (nq, nk, bm, bn, causal, m)
+
+
+def test_custom_op_registration_opcheck():
+    q, k, v = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=3)
+    op = fwd._op
+    assert torch.ops.attnscope.flash_attention.default is not None
+    torch.library.opcheck(op, (q, k, v, True, 0.125, True),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_runs_inside_torch_compile_without_graph_break():
+    q, k, v = _inputs(1, 2, 2, 20, 24, 64, torch.float16, False, seed=4)
+
+    def f(q, k, v):
+        return attnscope.flash_attention(q * 1.0, k, v, causal=True) + 1.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # fullgraph: a break would raise
+    assert torch.equal(compiled(q, k, v), f(q, k, v))
+
+
+# ---- errors: each documented error, with its message --------------------------------------------
+def _good(**over):
+    q, k, v = _inputs(1, 4, 2, 8, 8, 64, torch.float16, False, seed=5)
+    args = {"q": q, "k": k, "v": v}
+    args.update(over)
+    return args
+
+
+F16 = torch.float16
+
+
+def _z(*shape, dtype=F16, device=None):
+    return torch.zeros(*shape, dtype=dtype, device=device or DEVICE)
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    ({"q": _z(4, 8, 64)}, ValueError, "q: expected a 4-d tensor [B, Hq, Nq, d]"),
+    ({"k": _z(2, 2, 8, 64)}, ValueError, "k: expected batch 1, got 2"),
+    ({"v": _z(1, 2, 8, 128)}, ValueError, "v: expected head_dim 64, got 128"),
+    ({"k": _z(1, 2, 8, 64, dtype=torch.bfloat16)}, ValueError, "k: expected dtype (as q)"),
+    ({"k": _z(1, 3, 8, 64), "v": _z(1, 3, 8, 64)}, ValueError, "multiple of the kv heads (3), got Hq = 4"),
+    ({"q": _z(1, 4, 0, 64)}, ValueError, "q: expected Nq >= 1"),
+    ({"k": _z(1, 2, 0, 64), "v": _z(1, 2, 0, 64)}, ValueError, "k: expected Nk >= 1"),
+    ({"q": _z(1, 4, 8, 64, dtype=torch.float32)}, NotImplementedError, "supported: torch.float16, torch.bfloat16"),
+    ({"q": _z(1, 4, 8, 96), "k": _z(1, 2, 8, 96), "v": _z(1, 2, 8, 96)}, NotImplementedError,
+     "head_dim 96 is not supported"),
+    ({"q": _z(1, 4, 8, 64, device="meta")}, ValueError, "k: expected device meta"),
+    ({"q": "not a tensor"}, ValueError, "q: expected a torch.Tensor"),
+    ({"q": _z(1, 4, 64, 8).transpose(2, 3)}, ValueError, "unit stride"),
+])
+def test_bad_input_is_a_clear_error(over, exc, msg):
+    with pytest.raises(exc) as e:
+        attnscope.flash_attention(**_good(**over))
+    assert msg in str(e.value)
+
+
+def test_bad_scale():
+    with pytest.raises(ValueError, match="scale: expected a finite positive number"):
+        attnscope.flash_attention(**_good(), scale=-1.0)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU-tensor error only exists without a GPU")
+def test_cpu_tensors_without_interpreter_is_an_error(monkeypatch):
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="expected CUDA tensors .*TRITON_INTERPRET=1"):
+        attnscope.flash_attention(**_good())
+
+
+def test_missing_extra_gives_install_command():
+    """Without torch/triton the kernels raise ImportError naming the install command."""
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "try:\n    import attnscope.kernels.fwd\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "pip install 'attnscope[kernels]'" in out
