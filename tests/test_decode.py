@@ -134,9 +134,11 @@ def test_every_split_count(num_splits, d):
 
 
 @pytest.mark.parametrize("use_dot", (True, False))
-@pytest.mark.parametrize("group", (1, 4))
+@pytest.mark.parametrize("group", (1, 4, 32))
 def test_dot_and_elementwise_paths(group, use_dot):
-    q, k, v = make_inputs(2, group * 2, 2, 150, 64, torch.bfloat16, seed=group)
+    # group 32 with one kv head is MQA: a 32-row group tile, no padding
+    Hkv = 1 if group == 32 else 2
+    q, k, v = make_inputs(2, group * Hkv, Hkv, 150, 64, torch.bfloat16, seed=group)
     lens = torch.tensor([150, 33], dtype=torch.int32, device=DEVICE)
     run_and_check(q, k, v, lens, 3, use_dot=use_dot)
 
