@@ -227,6 +227,16 @@ def test_combine_kernel_matches_reference_combine():
     assert (o[1, 2] == 0).all() and torch.isneginf(lse[1, 2]).all()
 
 
+def test_self_check_passes_and_would_fail(monkeypatch):
+    rows = decode.self_check(dtypes=("bf16",))
+    assert len(rows) == 3 and all(r["ok"] for r in rows), rows
+    assert all(0 <= r["max_err"] <= r["bound"] for r in rows)
+    # a kernel that is off by a little more than the bound must be reported, not passed
+    real = decode.flash_decode
+    monkeypatch.setattr(decode, "flash_decode", lambda *a, **kw: real(*a, **kw) + 0.02)
+    assert not any(r["ok"] for r in decode.self_check(dtypes=("fp16",)))
+
+
 # --- the split heuristic ---------------------------------------------------------------------------------
 def test_default_num_splits_cases():
     # 4 waves on 132 SMs is 528 programs.

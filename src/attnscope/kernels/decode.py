@@ -480,6 +480,49 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     return (o, lse) if return_lse else o
 
 
+def self_check(device=None, dtypes=("fp16", "bf16"), seed: int = 0) -> list[dict]:
+    """Run `flash_decode` on a few small ragged cases and hold it against float64 attention.
+
+    For `attnscope verify` and the benchmark's "check first" step. Cases: GQA 1, 4, 8; d 64 and 128;
+    lengths (L, 0, 1, ...) in one batch; 1 split and the heuristic's. Bound (flash-attn's): max error
+    <= 2 x SDPA's own error at that dtype on the same inputs + 1e-3. Returns one dict per case with
+    ``case``, ``max_err``, ``bound``, ``ok`` (``ok`` also requires no NaN and exact zeros for empty
+    sequences).
+
+    device: defaults to CUDA when available, else CPU (needs TRITON_INTERPRET=1).
+    """
+    torch, _ = import_torch_triton()
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for dtype_name in dtypes:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+        for B, Hq, Hkv, L, d, num_splits in [(3, 4, 4, 333, 64, None), (3, 8, 2, 1000, 128, 1),
+                                             (3, 16, 2, 1000, 128, None)]:
+            q, k, v = (torch.randn(*shape, generator=gen).to(dtype).to(device)
+                       for shape in ((B, Hq, 1, d), (B, Hkv, L, d), (B, Hkv, L, d)))
+            lens = torch.tensor([L, 0, 1], dtype=torch.int32)
+            o = flash_decode(q, k, v, lens.to(device), num_splits=num_splits)
+            # float64 and low-precision references, one sequence at a time on its valid keys
+            err, torch_err, empty_ok = 0.0, 0.0, True
+            for b, n in enumerate(lens.tolist()):
+                if n == 0:
+                    empty_ok = bool((o[b] == 0).all())
+                    continue
+                args = (q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    *(t.cpu().double() for t in args), enable_gqa=True)
+                low = torch.nn.functional.scaled_dot_product_attention(*args, enable_gqa=True)
+                err = max(err, (o[b:b + 1].cpu().double() - ref).abs().max().item())
+                torch_err = max(torch_err, (low.cpu().double() - ref).abs().max().item())
+            bound = 2 * torch_err + 1e-3
+            ok = empty_ok and not bool(torch.isnan(o).any()) and err <= bound
+            rows.append({"case": f"{dtype_name} B={B} Hq={Hq} Hkv={Hkv} L={L} d={d} lens=[{L},0,1] "
+                                 f"splits={num_splits or 'auto'}",
+                         "max_err": err, "bound": bound, "ok": ok})
+    return rows
+
+
 def _combine(o_part, lse_part, o, lse) -> None:
     """Phase 2: merge ``o_part`` [B, Hq, S, d] fp32 and base-2 ``lse_part`` [B, Hq, S] into ``o``
     [B, Hq, 1, d] (its dtype) and the natural-log ``lse`` [B, Hq, 1] (fp32), in place."""
