@@ -390,7 +390,7 @@ def _check_seqlen_values(cache_seqlens, L_max: int) -> int:
 
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
-                 *, check_seqlens: bool = True, use_dot: bool | None = None):
+                 *, check_seqlens: bool = True, use_dot: bool | None = None, _config: dict | None = None):
     """Decode attention for one new token per sequence against a KV cache (split-KV, Flash-Decoding).
 
     Parameters
@@ -462,7 +462,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs M >= 16
 
-    split_kernel[(B * Hkv, num_splits)](
+    # _config (BLOCK_N, STAGES, num_warps, num_stages) bypasses the autotuner: bench/tune_decode.py
+    launch = split_kernel if _config is None else split_kernel.fn
+    launch[(B * Hkv, num_splits)](
         q, k_cache, v_cache, seqlens, o_part, lse_part,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -474,6 +476,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=d, USE_DOT=use_dot, SPLIT=split,
         EMULATE_BF16=_emulate_bf16(torch, q.dtype),
         HAS_SEQLENS=cache_seqlens is not None,
+        **(_config or {}),
     )
     if split:
         _combine(o_part, lse_part, o, lse)
