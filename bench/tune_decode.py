@@ -16,7 +16,8 @@ import triton
 from attnscope.kernels import decode
 from attnscope.measure.bench import DECODE_GRID, DECODE_LS, _sdpa
 
-CONFIGS = [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2), (256, 8, 3), (64, 4, 3), (32, 4, 4)]
+CONFIGS = [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2), (256, 8, 3), (64, 4, 3),
+           (32, 4, 4)]
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -33,7 +34,7 @@ def main():
             v = torch.randn(b, hkv, L, 128, device="cuda", dtype=torch.bfloat16)
             kv = 2 * k.numel() * 2
 
-            def tbs(fn):
+            def tbs(fn, kv=kv):
                 return kv / triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") / 1e9
 
             ref = tbs(lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g))

@@ -50,24 +50,28 @@ def main():
               f"cudnn {peers['cudnn']:.0f} TFLOP/s", flush=True)
         for bm, bn, w, s, ws, lz in itertools.product(a.bm or [128], a.bn or [64, 128], a.warps or [4, 8],
                                                   a.stages or [2, 3, 4], a.ws or [0], a.lazy or [0]):
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, WARP_SPEC=bool(ws), LAZY_RESCALE=bool(lz), num_warps=w, num_stages=s)
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, WARP_SPEC=bool(ws), LAZY_RESCALE=bool(lz), num_warps=w,
+                       num_stages=s)
             t0 = time.time()
             try:
                 o, _ = fwd._launch(q, k, v, bool(causal), None, False, config=cfg)
                 torch.cuda.synchronize()
                 diff = (o.float() - ref.float()).abs().max().item()
                 ms = triton.testing.do_bench(
-                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal): fwd._launch(q, k, v, c, None, False, config=cfg),
+                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal): fwd._launch(q, k, v, c, None, False,
+                                                                               config=cfg),
                     warmup=25, rep=100, return_mode="median")
                 tf = flops / ms / 1e9
                 row = dict(d=d, causal=causal, n=n, cfg=cfg, tflops=tf, diff=diff,
                            vs_cudnn=tf / peers["cudnn"], vs_flash=tf / peers["flash"])
                 print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws} lazy={lz}: {tf:6.1f} TFLOP/s  "
-                      f"/cudnn {tf / peers['cudnn']:.3f} /flash {tf / peers['flash']:.3f}  maxdiff {diff:.2e}  "
+                      f"/cudnn {tf / peers['cudnn']:.3f} /flash {tf / peers['flash']:.3f}  "
+                      f"maxdiff {diff:.2e}  "
                       f"({time.time() - t0:.1f}s)", flush=True)
             except Exception as e:  # noqa: BLE001
                 row = dict(d=d, causal=causal, n=n, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
-                print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws} lazy={lz}: FAILED {row['error'][:150]}", flush=True)
+                print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws} lazy={lz}: FAILED {row['error'][:150]}",
+                      flush=True)
             results.append(row)
         results.append(dict(d=d, causal=causal, n=n, peers=peers))
         torch.cuda.empty_cache()

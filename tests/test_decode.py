@@ -240,14 +240,15 @@ def test_self_check_passes_and_would_fail(monkeypatch):
 # --- the split heuristic ---------------------------------------------------------------------------------
 def test_default_num_splits_cases():
     # 4 waves on 132 SMs is 528 programs.
-    assert default_num_splits(1, 8, 4096) == 16  # wants 66, but 4096 keys allow only 16 x 256
-    assert default_num_splits(1, 32, 131072) == 17  # ceil(528 / 32)
-    assert default_num_splits(16, 8, 4096) == 5  # ceil(528 / 128)
-    assert default_num_splits(64, 8, 131072) == 2  # 512 programs: one more split evens the tail
+    assert default_num_splits(1, 8, 4096) == 16  # 132 // 8 = 16, and 4096 keys allow 16 x 256
+    assert default_num_splits(1, 8, 1024) == 4  # wants 16, but 1024 keys allow only 4 x 256
+    assert default_num_splits(1, 32, 131072) == 4  # 132 // 32
+    assert default_num_splits(16, 8, 4096) == 1  # 128 programs already fill the SMs
+    assert default_num_splits(64, 8, 131072) == 1  # 512 programs
     assert default_num_splits(128, 8, 131072) == 1  # 1024 programs already
     assert default_num_splits(1, 1, 10**8) == 128  # the cap
     assert default_num_splits(1, 8, 300) == 1 and default_num_splits(1, 8, 0) == 1  # too short to split
-    assert default_num_splits(1, 8, 4096, sms=16) == 8  # ceil(4 * 16 / 8)
+    assert default_num_splits(1, 8, 4096, sms=16) == 2  # 16 // 8
 
 
 def test_default_num_splits_properties():
@@ -258,7 +259,7 @@ def test_default_num_splits_properties():
                 s = default_num_splits(B, Hkv, L)
                 assert 1 <= s <= decode.SPLIT_CAP
                 assert s == 1 or L // s >= decode.MIN_KEYS_PER_SPLIT  # every split keeps >= 256 keys
-                assert (B * Hkv) * (s - 1) < 4 * 132  # never more splitting than the wave target needs
+                assert s == 1 or B * Hkv * s <= 132  # never more programs than one wave
                 assert prev is None or s >= prev  # longer sequences never get fewer splits
                 prev = s
 

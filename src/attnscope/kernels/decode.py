@@ -76,27 +76,29 @@ from attnscope.kernels._common import (
     interpreting,
     num_sms,
 )
-from attnscope.model.tiles import cdiv
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
 MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
 MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
 SPLIT_CAP = 128  # the heuristic's cap: 128 splits already fill 132 SMs from a single (batch, kv head)
-WAVES = 4  # programs the heuristic aims for, in multiples of the SM count
+WAVES = 1  # programs the heuristic aims for, in multiples of the SM count (measured: one wave wins)
 
 
 def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *, waves: int = WAVES,
                        min_keys: int = MIN_KEYS_PER_SPLIT, cap: int = SPLIT_CAP) -> int:
     """How many KV splits phase 1 uses when ``num_splits`` is not given.
 
-    Without splitting, decode launches ``batch * kv_heads`` programs. Split just enough to launch about
-    ``waves * sms`` programs (several per SM, so the tail of the grid is short and each SM has loads in
-    flight from more than one program), but never so far that a split holds fewer than ``min_keys``
-    keys (its fixed costs, a prologue and a partial write of ``G x (d + 1)`` floats, would stop being
-    amortised), and never more than ``cap``:
+    Without splitting, decode launches ``batch * kv_heads`` programs. Split until about ``waves * sms``
+    programs run (one wave: with 3 pipeline stages one program per SM already streams at the bandwidth
+    ceiling, and every extra split costs a partial write, a longer combine and, at small sizes, more
+    than it saves), but never so far that a split holds fewer than ``min_keys`` keys, and never more
+    than ``cap``:
 
-        num_splits = clamp(ceil(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
+        num_splits = clamp(floor(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
+
+    Measured on the H200 (bench/tune_decode.py, BENCHMARKS.md), the best split count over 1..128 was
+    4 for B x Hkv = 32, 16 for 8, and 1 for 128 and 512 at L >= 32k: what this formula gives.
 
     Parameters
     ----------
@@ -109,10 +111,10 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
 
     Examples
     --------
-    >>> default_num_splits(1, 8, 4096)     # 8 programs: split, but keep >= 256 keys per split
+    >>> default_num_splits(1, 8, 4096)     # 8 programs: 16 splits fill 128 SMs, 256 keys each
     16
-    >>> default_num_splits(64, 8, 131072)  # 512 programs already ~4 waves on 132 SMs
-    2
+    >>> default_num_splits(64, 8, 131072)  # 512 programs already fill 132 SMs
+    1
     """
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("sms", sms), ("waves", waves),
                         ("min_keys", min_keys), ("cap", cap)):
@@ -120,7 +122,7 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
             raise InputError(f"{name}: expected a positive integer, got {value!r}")
     if not (isinstance(seqlen, int) and not isinstance(seqlen, bool) and seqlen >= 0):
         raise InputError(f"seqlen: expected a non-negative integer, got {seqlen!r}")
-    want = cdiv(waves * sms, batch * kv_heads)
+    want = (waves * sms) // (batch * kv_heads)
     by_length = max(1, seqlen // min_keys)
     return max(1, min(want, by_length, cap))
 
@@ -158,10 +160,10 @@ def _configs(triton):
     """
     if interpreting():
         return [triton.Config({"BLOCK_N": 16, "STAGES": 1}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_N": n, "STAGES": s}, num_warps=w, num_stages=s)
-        for n, w, s in [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2), (256, 8, 3)]
-    ]
+    # Measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N = 128, 4 warps, 3 stages is
+    # the best or within 2 % of the best of 8 configs at every point of the issue's grid, so it is the
+    # only one: no autotuning, and no autotuner bookkeeping on the launch path.
+    return [triton.Config({"BLOCK_N": 128, "STAGES": 3}, num_warps=4, num_stages=3)]
 
 
 def _prune(configs, named_args, **kwargs):

@@ -352,11 +352,14 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> q = k = v = torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention(q, k, v, causal=True)
     """
-    # Validate eagerly for a clear error at the call site; under torch.compile the op's own launch
-    # validates at run time (dynamo cannot trace storage_offset()).
-    if not torch.compiler.is_compiling():
-        _check_inputs(q, k, v, scale)
-    d = q.shape[-1]
-    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-    o, lse = _op(q, k, v, bool(causal), sm_scale, bool(return_lse))
+    d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+    if torch.compiler.is_compiling():
+        # torch.compile sees one opaque op (no graph break); the launch inside validates at run time
+        o, lse = _op(q, k, v, bool(causal), sm_scale, bool(return_lse))
+    else:
+        # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
+        o, lse = _launch(q, k, v, bool(causal), sm_scale, bool(return_lse))
     return (o, lse) if return_lse else o

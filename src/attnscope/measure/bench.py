@@ -9,6 +9,9 @@ Method (METHOD.md of the device notes, and DESIGN.md "Numbers"):
 - timings are medians of CUDA-event timings after warm-up (`triton.testing.do_bench`);
 - TFLOP/s = 4 * B * H * Nq * Nk * d / time, halved for causal when Nq == Nk (flash-attn's convention);
   decode TB/s = K and V bytes read / time;
+- decode is timed both as CUDA-graph replays (every column; how serving engines run decode, and the
+  kernels' own time) and eagerly (host launch overhead included: ~10 us for SDPA's C++ dispatch, more
+  for a Python launcher, which dominates at the smallest shapes);
 - every peer runs in the same process on the same tensors; SDPA backends are forced with
   `torch.nn.attention.sdpa_kernel`, so a backend that cannot take the input reports "n/a" instead of
   silently falling back.
@@ -55,9 +58,13 @@ def _require_gpu():
     return torch
 
 
-def _median_ms(fn) -> float:
+def _median_ms(fn, graph: bool = False) -> float:
+    """Median ms over repetitions with CUDA events; ``graph``: replays of a captured CUDA graph, which
+    leaves host launch overhead out (how serving engines run decode)."""
     import triton
 
+    if graph:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
@@ -192,7 +199,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
             v = torch.randn(b, hkv, L, d, device="cuda", dtype=dtype)
             kv_bytes = 2 * b * hkv * L * d * q.element_size()
             row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
-                   "err": {}}
+                   "tbs_eager": {}, "err": {}}
             impls = {
                 "attnscope": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v),
                 "attnscope_1split": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v, num_splits=1),
@@ -216,9 +223,10 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
                         log(f"  FAIL {name} B={b} Hkv={hkv} L={L}: err {err:.3g} > 2 x {ref_err:.3g} + 1e-3")
                         row["ms"][name] = None
                         continue
-                    ms = _median_ms(fn)
+                    ms = _median_ms(fn, graph=True)
                     row["ms"][name] = ms
                     row["tbs"][name] = kv_bytes / ms / 1e9
+                    row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
                 except Exception as e:  # noqa: BLE001
                     row["ms"][name] = None
                     log(f"  {name} n/a at B={b} Hq={hq} Hkv={hkv} L={L}: {type(e).__name__}: {str(e)[:120]}")
@@ -227,9 +235,10 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
             row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
             row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
             results.append(row)
-            log(f"decode B={b:2d} Hq={hq} Hkv={hkv:2d} L={L:6d} KV={row['kv_mib']:8.1f} MiB | " +
+            log(f"decode B={b:2d} Hq={hq} Hkv={hkv:2d} L={L:6d} KV={row['kv_mib']:8.1f} MiB | graph: " +
                 " ".join(f"{k}={_fmt(t.get(k), 2)}" for k in impls) +
-                f" TB/s | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)}")
+                f" TB/s | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)} | eager: " +
+                " ".join(f"{k}={_fmt(row['tbs_eager'].get(k), 2)}" for k in impls))
             torch.cuda.empty_cache()
     return results
 
