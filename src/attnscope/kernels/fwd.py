@@ -47,6 +47,7 @@ import triton.language as tl  # noqa: E402
 
 from attnscope.kernels._tl import round_bf16  # noqa: E402
 
+last_compiled = None  # set by every launch (registers, spills, shared memory: bench/diag_fwd.py)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
 
@@ -288,7 +289,8 @@ def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool, config
         return (cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # T_r query tiles x (batch, head)
 
     kernel = _attnscope_fwd_kernel if config is None else _attnscope_fwd_kernel.fn
-    kernel[grid](
+    global last_compiled  # the CompiledKernel of the latest launch: bench/diag_fwd.py reads its resources
+    last_compiled = kernel[grid](
         q, k, v, o, lse,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
