@@ -274,9 +274,12 @@ def main() -> int:
                 res.append({"p": p, "error": f"{type(e).__name__}: {e}"})
                 torch.cuda.empty_cache()
         write_json("closed_loop.json", {"env": env, "runs": res})
+        # a failed run is {"p", "error": message}; a finished run's "error" is the projection's relative
+        # error (a float), so tell them apart by the speedups
         return "; ".join(f"P={r['p']}: " + (f"proj {r['projected_speedup']:.2f}x meas "
-                                             f"{r['measured_speedup']:.2f}x" if "error" not in r
-                                             else r["error"][:40]) for r in res)
+                                             f"{r['measured_speedup']:.2f}x ({r['error']:+.1%})"
+                                             if "projected_speedup" in r else str(r["error"])[:40])
+                         for r in res)
 
     return 0
 

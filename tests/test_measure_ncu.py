@@ -121,6 +121,8 @@ def test_recorded_csv_parses_into_one_segment_per_marked_call():
             if spec.get("ok"):
                 assert ks, spec
                 assert all(k.read >= 0 and k.write >= 0 for k in ks)
-                # every call writes O at least: [B, H, N, d] in 2-byte elements, give or take the L2
-                o = spec["batch"] * spec["heads"] * spec["n"] * spec["d"] * 2
-                assert sum(k.write for k in ks) >= 0.5 * o, (spec, [k.to_json() for k in ks])
+                # the child starts each call from an L2 full of clean scratch lines, so every call reads
+                # its inputs Q, K, V ([B, H, N, d] each, 2-byte elements) from DRAM at least once. (Writes
+                # have no such floor: the L2 is write-back and what fits stays dirty in it past the call.)
+                qkv = 3 * spec["batch"] * spec["heads"] * spec["n"] * spec["d"] * 2
+                assert sum(k.read for k in ks) >= 0.95 * qkv, (spec, [k.to_json() for k in ks])

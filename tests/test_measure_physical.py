@@ -45,7 +45,8 @@ def test_logical_is_the_traffic_model_for_what_runs():
                                           ("flash", True), ("attnscope", True), ("efficient", False)])
 def test_no_useful_l2_gives_the_logical_model(impl, causal):
     # one CTA at a time and an L2 of one K tile: nothing is ever re-read from L2
-    e = estimate(impl, 256, 64, 2, causal=causal, l2_bytes=8192, sms=1, ctas_per_sm=1)
+    e = estimate(impl, 256, 64, 2, causal=causal, l2_bytes=8192, sms=1, ctas_per_sm=1, l2_fraction=1.0,
+                 writes="through")
     assert e.total == logical(impl, 256, 64, 2, causal=causal)
     assert e.read + e.write == sum(k.read + k.write for k in e.kernels)
 
@@ -54,15 +55,36 @@ def test_no_useful_l2_gives_the_logical_model(impl, causal):
                                           ("cudnn", True)])
 def test_an_l2_that_holds_everything_reads_each_input_once(impl, causal):
     n, d, heads = 512, 64, 4
-    e = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30)
+    e = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30, writes="through")
     qkv = 3 * heads * n * d * 2
     mask = n * n if (impl == "naive" and causal) else 0
     assert e.read == qkv + mask
     lg = logical(impl, n, d, heads, causal=causal)
     assert e.write == sum(k.logical_write for k in e.kernels)  # write-through: every write reaches DRAM
     assert e.total < lg
-    back = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30, writes="back")
+    back = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30)  # the default: write-back
     assert back.write == 0 and back.read == e.read  # write-back: nothing is evicted during the call
+    rnd = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30, policy="random")
+    assert rnd.total == back.total  # nothing is ever evicted, whatever the policy
+
+
+def test_half_the_l2_per_copy():
+    # one head of naive at N = 2,048, d = 128: S, P are 8 MiB each; Q, K, V 0.5 MiB each
+    full = estimate("naive", 2048, 128, 1, l2_bytes=24 * MiB, l2_fraction=1.0)
+    half = estimate("naive", 2048, 128, 1, l2_bytes=24 * MiB)
+    assert half.params["l2_fraction"] == 0.5 and half.total == estimate(
+        "naive", 2048, 128, 1, l2_bytes=12 * MiB, l2_fraction=1.0).total
+    assert full.read == 3 * 2048 * 128 * 2 and full.write == 0  # 18 MiB touched fit in 24 MiB
+    assert half.total > full.total  # but not in 12 MiB: S/P chunks are evicted dirty or re-read
+
+
+def test_writes_reach_dram_only_when_evicted():
+    # 32 heads of flash at N = 4,096: O is 32 MiB; the last heads' O is still dirty in L2 at the end
+    back = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
+    through = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132, writes="through")
+    o_and_lse = 32 * 4096 * (128 * 2 + 4)
+    assert through.write == o_and_lse
+    assert 0 < back.write < o_and_lse - 4 * MiB and back.read == through.read
 
 
 def test_more_l2_never_costs_more():
@@ -90,6 +112,10 @@ def test_errors():
         estimate("math")
     with pytest.raises(ValueError, match=r"writes: expected one of through, back, got 'sometimes'"):
         estimate("flash", writes="sometimes")
+    with pytest.raises(ValueError, match=r"policy: expected one of random, lru, got 'fifo'"):
+        estimate("flash", policy="fifo")
+    with pytest.raises(ValueError, match=r"l2_fraction: expected a fraction in \(0, 1\], got 0"):
+        estimate("flash", l2_fraction=0)
     with pytest.raises(ValueError, match=r"dtype: expected one of fp16, bf16, fp32, got 'fp8'"):
         estimate("flash", dtype="fp8")
     with pytest.raises(ValueError, match=r"l2_bytes: expected a positive integer, got 0"):

@@ -126,13 +126,17 @@ def test_recorded_prefill_trace(attention, backend):
 def test_recorded_closed_loop_is_consistent():
     from attnscope.model.amdahl import speedup
 
-    runs = [r for r in _recorded("closed_loop.json")["runs"] if "error" not in r]
+    # a run that failed is recorded as {"p": ..., "error": "<message>"}; a finished run's "error" is the
+    # relative error of the projection (a float)
+    runs = [r for r in _recorded("closed_loop.json")["runs"] if "projected_speedup" in r]
     assert runs
     for r in runs:
+        assert r["p"] == r["share"]["p"] and r["f_time"] == pytest.approx(r["share"]["f_time"])
         s = r["kernel_ms"][r["baseline"]] / r["kernel_ms"][r["candidate"]]
         assert r["projected_speedup"] == pytest.approx(speedup(r["f_time"], s))
         measured = r["prefill_ms"][r["baseline"]] / r["prefill_ms"][r["candidate"]]
         assert r["measured_speedup"] == pytest.approx(measured)
+        assert r["error"] == pytest.approx(r["projected_speedup"] / r["measured_speedup"] - 1)
 
 
 def test_a_trace_without_attention_kernels_is_refused():

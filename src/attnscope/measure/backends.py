@@ -15,8 +15,10 @@ Kernel-name table (substring of the lower-cased name; first match wins; torch 2.
                           attentionkernel                        PyTorchMemEffAttention::AttentionKernel<..>)
     cudnn      cudnn      cudnn + one of sdpa/fmha/flash/fprop   cudnn_generated_fort_native_sdpa_sm90_...
     softmax    (math)     softmax                                softmax_warp_forward, cunn_SoftMaxForward
-    gemm       (math)     gemm, xmma, cutlass, bmm, s16816,      sm90_xmma_gemm_f16f16_..., ampere_..._gemm
-                          s1688
+    gemm       (math)     gemm, xmma, cutlass, bmm, s16816,      sm90_xmma_gemm_f16f16_..., ampere_..._gemm,
+                          s1688, nvjet                           nvjet_sm90_hsh_256x128_..._coopA_TNT
+                                                                 (cuBLASLt's nvJet GEMMs: torch 2.11 + CUDA
+                                                                 13 on the H200 launch these for bmm)
     other      -          anything else (elementwise, copies, casts, fill, masks)
 
 The backend of a call is its fused family when exactly one fused family (attnscope, flash, efficient,
@@ -50,7 +52,7 @@ _TABLE = (
     ("efficient", lambda s: "fmha_cutlass" in s or "pytorchmemeffattention" in s or "attentionkernel" in s),
     ("cudnn", lambda s: "cudnn" in s and any(t in s for t in ("sdpa", "fmha", "flash", "fprop"))),
     ("softmax", lambda s: "softmax" in s),
-    ("gemm", lambda s: any(t in s for t in ("gemm", "xmma", "cutlass", "bmm", "s16816", "s1688"))),
+    ("gemm", lambda s: any(t in s for t in ("gemm", "xmma", "cutlass", "bmm", "s16816", "s1688", "nvjet"))),
 )
 
 

@@ -13,17 +13,29 @@ since the same data was last touched (its *reuse distance*) fit in the L2. Two r
   cover a few heads, and their K/V (2 MiB per head at N = 4,096, d = 128) is read from DRAM once and
   then served by L2: measured bytes fall to about Q + K + V + O.
 
-Method: replay the call's accesses, in launch order, against an LRU cache of the L2's capacity, in
-chunks (a fraction of the L2, never finer than one tile). A read miss is a DRAM read. Writes go to DRAM
-once each (``writes="through"``, the default, which matches the H200 measurements: ncu counts the
-output's writes even where it would fit in L2); ``writes="back"`` counts a dirty chunk only when it is
-evicted during the call. The fused kernels are replayed in waves of concurrently running CTAs: within a
-wave the CTAs of one head read each K/V chunk once between them. The call starts with an empty (clean)
-L2, as `measure/ncu.py`'s child arranges.
+Method: replay the call's accesses, in launch order, against an LRU cache, in chunks (a fraction of
+the cache, never finer than one tile). A read miss is a DRAM read. Three physical facts, each read off
+the H200 recordings (tests/data/measure/recorded/, BENCHMARKS_measure.md), set the cache:
 
-This is an estimate with stated simplifications (LRU, not the hardware's policy; one L2, not two
-partitions; waves, not dynamic CTA scheduling; sector rounding ignored). Its error against ncu is the
-test, reported in BENCHMARKS.md.
+- **Write-back, write-allocate.** A write allocates a line without reading it and reaches DRAM only
+  when the dirty line is evicted; what is still dirty when the call ends is not counted by ncu. (One
+  head of flash at N = 4,096: ncu reads Q + K + V = 3.0 MiB and writes 0.00 MiB: O stays in L2.)
+  ``writes="through"`` (every write reaches DRAM once) is kept for comparison.
+- **Half the L2 per copy of the data** (``l2_fraction=0.5``). The H100/H200 L2 is two partitions; a
+  line used by SMs on both sides is held in both. Measured: a kernel that streams writes leaves
+  about 28 MiB of them dirty in the 60 MiB L2 whatever it writes (S of 32, 128 or 512 MiB at one head,
+  64 MiB at 32 heads): 30 MiB less the inputs it also holds.
+- **CTAs resident at once.** The fused kernels are replayed in waves of concurrently running CTAs
+  (query tile fastest, grid ``(T_r, B*H)``): within a wave the CTAs of one head read each K/V chunk
+  once between them, so K/V re-reads hit while a wave's K/V fits.
+
+The call starts with an L2 of clean lines, as `measure/ncu.py`'s child arranges. Known misses
+(stated simplifications: LRU, not the hardware's policy; waves, not dynamic CTA scheduling; sector
+rounding ignored): when a producer's output is just larger than the cache (naive, one head, N = 4,096:
+S is 32 MiB) LRU's scan evicts everything before it is read back, while the hardware keeps about half
+of it; causal fused kernels at N = 16,384 with 32 heads, where unequal CTA lengths spread the resident
+CTAs over more heads than a wave holds. The error against ncu is the test, reported in
+BENCHMARKS_measure.md.
 """
 
 from __future__ import annotations
@@ -108,15 +120,39 @@ class Estimate:
                 "kernels": [k.to_json() for k in self.kernels]}
 
 
-class _LRU:
-    """An LRU cache of ``capacity`` bytes holding variable-size chunks; counts DRAM bytes per kernel."""
+class _Cache:
+    """A cache of ``capacity`` bytes holding variable-size chunks; counts DRAM bytes per kernel.
 
-    def __init__(self, capacity: int, writes: str):
+    ``policy``: "random" evicts a uniformly chosen resident chunk (seeded: the estimate is
+    deterministic), "lru" the least recently used one.
+    """
+
+    def __init__(self, capacity: int, writes: str, policy: str = "lru", seed: int = 0):
+        import random
+
         self.capacity = capacity
         self.writes = writes
+        self.policy = policy
+        self.rng = random.Random(seed)
         self.used = 0
-        self.lines: OrderedDict = OrderedDict()  # key -> [size, dirty]
+        self.lines: OrderedDict = OrderedDict()  # key -> [size, dirty, slot]
+        self.keys: list = []  # resident keys, for a uniform random choice (swap-remove)
         self.k: KernelEstimate | None = None  # the kernel DRAM bytes are charged to
+
+    def _evict(self) -> None:
+        if self.policy == "lru":
+            key, line = next(iter(self.lines.items()))
+        else:
+            key = self.keys[self.rng.randrange(len(self.keys))]
+            line = self.lines[key]
+        del self.lines[key]
+        last = self.keys.pop()
+        if last != key:  # move the last key into the evicted one's slot
+            self.keys[line[2]] = last
+            self.lines[last][2] = line[2]
+        self.used -= line[0]
+        if line[1] and self.writes == "back":
+            self.k.write += line[0]
 
     def touch(self, key, size: int, write: bool) -> None:
         k = self.k
@@ -131,13 +167,11 @@ class _LRU:
         else:
             if not write:
                 k.read += size  # a read miss comes from DRAM; a write allocates without reading
-            self.lines[key] = [size, write]
+            while self.used + size > self.capacity and self.lines:
+                self._evict()
+            self.lines[key] = [size, write, len(self.keys)]
+            self.keys.append(key)
             self.used += size
-            while self.used > self.capacity:
-                _, (sz, dirty) = self.lines.popitem(last=False)
-                self.used -= sz
-                if dirty and self.writes == "back":
-                    k.write += sz
         if write and self.writes == "through":
             k.write += size
 
@@ -149,7 +183,7 @@ def _chunks(total_rows: int, rows_per_chunk: int, row_bytes: int):
         yield c, rows * row_bytes
 
 
-def _naive(cache: _LRU, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
+def _naive(cache: _Cache, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
     """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
     order, S/P streamed row block by row block. Mirrors `measure.share.naive_attention`."""
     s_rows = max(1, chunk // (nk * b))  # rows of S per chunk
@@ -192,7 +226,7 @@ def _naive(cache: _LRU, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int
             cache.touch(("O", h, c), sz, True)
 
 
-def _fused(cache: _LRU, est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, bh: int, causal: bool,
+def _fused(cache: _Cache, est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, bh: int, causal: bool,
            chunk: int, concurrent: int, block_q: int, block_kv: int):
     """One fused kernel, CTAs (query tile fastest, then batch-head) run in waves of ``concurrent``."""
     k = KernelEstimate(f"{impl} forward (fused)")
@@ -232,8 +266,8 @@ def device_facts(device: str = "h200") -> tuple[int, int]:
 
 def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
              causal: bool = False, *, l2_bytes: int | None = None, sms: int | None = None,
-             device: str = "h200", ctas_per_sm: int | None = None, writes: str = "through",
-             chunks_per_l2: int = 256) -> Estimate:
+             device: str = "h200", ctas_per_sm: int | None = None, writes: str = "back",
+             policy: str = "lru", l2_fraction: float = 0.5, chunks_per_l2: int = 256) -> Estimate:
     """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
 
     Parameters
@@ -244,8 +278,11 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     l2_bytes, sms: the device's L2 capacity and SM count; default to ``device``'s entry in
         model/roofline.py (pass the values read from the running GPU where there is one).
     ctas_per_sm: resident CTAs per SM of a fused kernel (defaults per implementation).
-    writes: "through" (every write reaches DRAM once) or "back" (only dirty evictions during the call).
-    chunks_per_l2: granularity of the replay: the L2 holds this many chunks.
+    writes: "back" (only dirty lines evicted during the call reach DRAM; the hardware's behaviour) or
+        "through" (every write reaches DRAM once).
+    policy: "lru" (default) or "random" eviction (seeded, so deterministic).
+    l2_fraction: the share of the L2 one copy of the data can use (0.5: two partitions, see above).
+    chunks_per_l2: granularity of the replay: the cache holds this many chunks.
 
     Returns
     -------
@@ -253,16 +290,19 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     """
     choice("impl", impl, IMPLS)
     choice("writes", writes, ("through", "back"))
+    choice("policy", policy, ("random", "lru"))
+    expect(0 < l2_fraction <= 1, "l2_fraction", "a fraction in (0, 1]", l2_fraction)
     for name, v in (("n", n), ("d", d), ("heads", heads), ("batch", batch), ("chunks_per_l2", chunks_per_l2)):
         positive_int(name, v)
     b = _traffic.DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16", "fp32"))]
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
-    cache = _LRU(l2, writes)
-    chunk = max(4096, l2 // chunks_per_l2)
+    cache = _Cache(int(l2 * l2_fraction), writes, policy)
+    chunk = max(4096, int(l2 * l2_fraction) // chunks_per_l2)
     params = {"n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal,
-              "l2_bytes": l2, "sms": sms, "writes": writes, "chunk_bytes": chunk}
+              "l2_bytes": l2, "sms": sms, "writes": writes, "policy": policy, "l2_fraction": l2_fraction,
+              "chunk_bytes": chunk}
     est = Estimate(impl, params)
     if impl == "naive":
         _naive(cache, est, n, n, d, b, batch * heads, causal, chunk)
