@@ -26,9 +26,11 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
     return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
 
 
-def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False):
-    """Split-KV decode (Flash-Decoding, Triton). See `attnscope.kernels.decode.flash_decode`."""
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
+                 **options):
+    """Split-KV decode (Flash-Decoding, Triton). See `attnscope.kernels.decode.flash_decode` (``options``:
+    ``check_seqlens``, ``use_dot``)."""
     from attnscope.kernels.decode import flash_decode as _impl
 
     return _impl(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits, scale=scale,
-                 return_lse=return_lse)
+                 return_lse=return_lse, **options)

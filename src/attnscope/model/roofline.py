@@ -82,13 +82,14 @@ DEVICES: dict[str, Device] = {
     "h200": Device(
         name="h200", label="NVIDIA H200 SXM 141GB",
         tensor_fp16=989e12, fp32=67e12, tensor_fp8=1979e12, hbm=4.8e12,
-        l2=50 * MiB, sms=132, smem_carveout=228 * KiB, smem_per_block=227 * KiB,
+        l2=60 * MiB, sms=132, smem_carveout=228 * KiB, smem_per_block=227 * KiB,
         sources={
             "flops": "NVIDIA H200 datasheet (SXM): 1,979 TFLOPS FP16/BF16 and 3,958 FP8 with sparsity, "
                      "so 989 and 1,979 dense; 67 TFLOPS FP32",
             "hbm": "NVIDIA H200 datasheet (SXM): 4.8 TB/s HBM3e, 141 GB",
-            "l2": "not in the H200 datasheet; H200 is the H100 SXM5's GH100 configuration (132 SMs), whose "
-                  "whitepaper gives 50 MB. Check torch.cuda.get_device_properties(0).L2_cache_size",
+            "l2": "not in the H200 datasheet; measured: torch.cuda.get_device_properties(0).L2_cache_size "
+                  "= 62,914,560 B (60 MiB) on this project's H200, 2026-11-29 (the H100 SXM5 whitepaper "
+                  "gives 50 MB for its GH100)",
             "sms": "same GH100 configuration as H100 SXM5: 132 SMs",
             "smem": f"{_CUDA_GUIDE}, compute capability 9.0: 228 KB per SM, 227 KB per block",
         }),

@@ -84,7 +84,8 @@ class Grid:
         masked, ``n_loaded+1..T_c`` are skipped. Closed form of the skip bound:
 
         - tile j is loaded iff its first column is permitted for the tile's last row:
-          ``B_c (j-1) + 1 <= r_last + (Nk - Nq)``, so ``n_loaded = clamp(ceil((r_last + off) / B_c), 0, T_c)``;
+          ``B_c (j-1) + 1 <= r_last + (Nk - Nq)``,
+          so ``n_loaded = clamp(ceil((r_last + off) / B_c), 0, T_c)``;
         - tile j needs no mask iff its last column is permitted for the tile's first row:
           ``min(B_c j, Nk) <= r_first + off``, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)``
           (and every tile when ``r_first + off >= Nk``).
