@@ -58,6 +58,8 @@ _TILES = {"flash": (128, 64, 2), "efficient": (64, 64, 2), "cudnn": (128, 128, 1
 #: Implementations that write the FP32 logsumexp in an inference forward (PyTorch's flash always does).
 _WRITES_LSE = {"flash": True, "efficient": False, "cudnn": False, "attnscope": False}
 STAT_BYTES = _traffic.STAT_BYTES
+#: Column bands P is cut into for GEMM 2's read order (see `_naive`).
+BANDS = 16
 
 
 @dataclass
@@ -185,9 +187,15 @@ def _chunks(total_rows: int, rows_per_chunk: int, row_bytes: int):
 
 def _naive(cache: _Cache, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
     """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
-    order, S/P streamed row block by row block. Mirrors `measure.share.naive_attention`."""
+    order. Mirrors `measure.share.naive_attention`. S is written and read row block by row block; GEMM 2
+    reads P one column band at a time across all rows, because its output O is [nq, d]: its few tiles'
+    CTAs (128 of them at one head, N = 4,096..16,384, in the H200 recordings) are all resident at once
+    and march along the K dimension together."""
     s_rows = max(1, chunk // (nk * b))  # rows of S per chunk
     qd_rows = max(1, chunk // (d * b))  # rows of Q/K/V/O per chunk
+    band = cdiv(nk, min(BANDS, nk))  # columns of P per band
+    n_bands = cdiv(nk, band)
+    p_rows = s_rows * n_bands  # rows of a block of P: its pieces (one per band) are about a chunk each
     s_in = "S"
 
     def kernel(name):
@@ -212,16 +220,23 @@ def _naive(cache: _Cache, est: Estimate, nq: int, nk: int, d: int, b: int, bh: i
                 cache.touch(("S'", h, c), sz, True)
         s_in = "S'"
     kernel("softmax")
+    s_chunks = list(_chunks(nq, s_rows, nk * b))
     for h in range(bh):
-        for c, sz in _chunks(nq, s_rows, nk * b):
-            cache.touch((s_in, h, c), sz, False)
-            cache.touch(("P", h, c), sz, True)
+        for c, sz in _chunks(nq, p_rows, nk * b):  # a block of n_bands chunks of S's rows
+            for cs, s_sz in s_chunks[c * n_bands:(c + 1) * n_bands]:
+                cache.touch((s_in, h, cs), s_sz, False)
+            for j in range(n_bands):  # P in column bands, as GEMM 2 reads it
+                c0, c1 = j * band, min(nk, (j + 1) * band)
+                cache.touch(("P", h, c, j), sz * (c1 - c0) // nk, True)
     kernel("GEMM (PV)")
+    # O = P V is [nq, d]: its few output tiles' CTAs run at once and march along the K dimension
+    # together, so P is read one column band at a time across all its rows (with V's rows of that band)
     for h in range(bh):
-        for c, sz in _chunks(nk, qd_rows, d * b):
-            cache.touch(("V", h, c), sz, False)
-        for c, sz in _chunks(nq, s_rows, nk * b):
-            cache.touch(("P", h, c), sz, False)
+        for j in range(n_bands):
+            c0, c1 = j * band, min(nk, (j + 1) * band)
+            cache.touch(("V", h, j), (c1 - c0) * d * b, False)
+            for c, sz in _chunks(nq, p_rows, nk * b):
+                cache.touch(("P", h, c, j), sz * (c1 - c0) // nk, False)
         for c, sz in _chunks(nq, qd_rows, d * b):
             cache.touch(("O", h, c), sz, True)
 
