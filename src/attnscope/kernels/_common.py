@@ -11,6 +11,7 @@ import os
 from attnscope.errors import InputError
 
 SUPPORTED_HEAD_DIMS = (64, 128)
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
 INSTALL_HINT = "pip install 'attnscope[kernels]'  (torch and triton)"
 
 

@@ -7,8 +7,10 @@ multiply in fp32 and round with `round_bf16` before casting, which reproduces wh
 On a GPU the flag that selects this path is always False and none of it is compiled.
 """
 
-import triton
-import triton.language as tl
+from attnscope.kernels._common import import_torch_triton
+
+_, triton = import_torch_triton()  # ImportError names the install command when the extra is missing
+import triton.language as tl  # noqa: E402
 
 
 @triton.jit

@@ -68,6 +68,7 @@ import math
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import (
+    LOG2E,
     check_device,
     check_head_dim,
     check_same,
@@ -77,8 +78,9 @@ from attnscope.kernels._common import (
     num_sms,
 )
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
-LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
+# The kernels below resolve helpers as module globals (Triton's JIT reads globals, not closures).
+from attnscope.kernels._tl import round_bf16  # noqa: E402  (interpreter-only bf16 rounding)
+
 MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
 MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
 SPLIT_CAP = 128  # the heuristic's cap: 128 splits already fill 132 SMs from a single (batch, kv head)
@@ -180,7 +182,7 @@ def _prune(configs, named_args, **kwargs):
 
 @functools.lru_cache(maxsize=1)
 def _build():
-    """Define the kernels (needs triton); cached so triton is imported only on first use."""
+    """Define the kernels; cached, so they are built once per process."""
     torch, triton = import_torch_triton()
     import triton.language as tl
 
@@ -255,8 +257,7 @@ def _build():
                         other=0.0)  # [BLOCK_N, d]
             if USE_DOT:
                 if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                    bits = p.to(tl.uint32, bitcast=True)
-                    p = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+                    p = round_bf16(p)
                 p_lo = p.to(v.dtype)  # P in the input dtype for the MMA, as FlashAttention does
                 acc = acc * alpha[:, None]
                 if EMULATE_BF16:
@@ -277,8 +278,7 @@ def _build():
             tl.store(lse_ptrs, lse2, mask=g_mask)  # partial lse_s, base 2
         else:
             if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                bits = o.to(tl.uint32, bitcast=True)
-                o = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+                o = round_bf16(o)
             tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=g_mask[:, None])
             tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=g_mask)  # ln(2): natural-log LSE
 
@@ -322,8 +322,7 @@ def _build():
         o = acc / tl.where(empty, 1.0, l_i)
         lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-            bits = o.to(tl.uint32, bitcast=True)
-            o = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+            o = round_bf16(o)
         tl.store(O + b * stride_ob + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
         tl.store(LSE + b * stride_lb + h * stride_lh, lse)
 

@@ -33,6 +33,7 @@ import math
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import (
+    LOG2E,
     check_device,
     check_head_dim,
     check_same,
@@ -48,8 +49,6 @@ import triton.language as tl  # noqa: E402
 from attnscope.kernels._tl import round_bf16  # noqa: E402
 
 last_compiled = None  # set by every launch (registers, spills, shared memory: bench/diag_fwd.py)
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
-LN2 = 0.6931471805599453  # ln(2): natural-log LSE = base-2 LSE * ln(2)
 
 
 # Candidate configs per head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages). Measured on the H200 with
