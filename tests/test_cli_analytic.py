@@ -220,3 +220,14 @@ def test_traffic_answers_under_half_a_second():
         best = min(best, time.perf_counter() - t0)
         assert p.returncode == 0
     assert best < 0.5, f"attnscope traffic took {best:.3f} s"
+
+
+def test_output_into_a_closed_pipe_is_not_a_traceback():
+    """`attnscope tiles --json | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    cmd = f"{sys.executable} -m attnscope tiles --json | head -1"
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    assert r.stdout.strip() == "{"
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr

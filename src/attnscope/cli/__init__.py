@@ -16,6 +16,7 @@ unsupported combinations (`NotImplementedError`) print one line and exit 2, with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from attnscope import __version__
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, NotImplementedError) as e:
         print(f"attnscope {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
