@@ -297,7 +297,9 @@ def grid_table(path: str) -> str:
     env = rec["env"]
     lines = [f"GPU {env.get('gpu')}, L2 {env['l2_bytes'] / 2**20:.1f} MiB, {env['sms']} SMs, torch "
              f"{env.get('torch')}, {env.get('ncu_version')}, recorded {env.get('date')}", "",
-             "| impl | N | d | heads | causal | cache | measured | logical | estimate | est. error | "
+             "MiB per (batch, head). cache: ncu --cache-control (none: the L2 is left alone between kernels, "
+             "what the estimate models; all: ncu flushes it before every kernel, shown for reference only).",
+             "", "| impl | N | d | heads | causal | cache | measured | logical | estimate | est. error | "
              "logical error |", "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     errs: list[tuple[float, str]] = []  # (error, point) with cache-control none
     for run in rec["runs"]:

@@ -35,7 +35,8 @@ def test_explains_the_h200_measurements(impl, heads, measured_mib):
 
 def test_logical_is_the_traffic_model_for_what_runs():
     assert logical("naive", 4096, 128, 1) == 138_412_032                      # spec §1.1: 132.00 MiB
-    assert logical("efficient", 4096, 128, 1) == traffic(4096, 128, "fp16", 64, 64)["flash"].total
+    # efficient's tiles are the recorded kernel's: fmha_cutlassF_f16_aligned_64x128 (64 queries, 128 keys)
+    assert logical("efficient", 4096, 128, 1) == traffic(4096, 128, "fp16", 64, 128)["flash"].total
     assert logical("flash", 4096, 128, 1) == 69_206_016 + 4096 * 4           # spec §4.1 + FP32 logsumexp
     eager = traffic(4096, 128, rows=("naive-causal-eager",))["naive-causal-eager"].total
     assert logical("naive", 4096, 128, 32, causal=True) == 32 * eager
@@ -153,3 +154,16 @@ def test_recorded_grid_within_15_percent():
             misses.append(f"{spec['impl']} n={spec['n']} d={spec['d']} h={spec['heads']} "
                           f"causal={spec['causal']}: {err:+.1%}")
     assert not misses, "\n".join(misses)
+
+
+def test_random_replacement_keeps_part_of_a_just_too_large_output():
+    # one head, N = 4,096: S is 32 MiB, one copy of the data gets 30 MiB of the H200's L2. LRU evicts
+    # each line of S just before the softmax reads it back; a random replacement (and the H200, which
+    # read 17.64 of the 32 MiB from DRAM) keeps part of it.
+    lru = estimate("naive", 4096, 128, 1, l2_bytes=60 * MiB, sms=132, policy="lru")
+    rnd = estimate("naive", 4096, 128, 1, l2_bytes=60 * MiB, sms=132)
+    softmax_read = {e.params["policy"]: e.kernels[1].read for e in (lru, rnd)}
+    assert [k.name for k in rnd.kernels][1] == "softmax"
+    assert softmax_read["lru"] == 32 * MiB
+    assert 8 * MiB < softmax_read["random"] < 24 * MiB
+    assert rnd.total == estimate("naive", 4096, 128, 1, l2_bytes=60 * MiB, sms=132).total  # seeded

@@ -5,17 +5,17 @@ has an L2 (50-60 MB on H100/H200) in front of DRAM, so a read is served from L2 
 since the same data was last touched (its *reuse distance*) fit in the L2. Two reuses decide attention:
 
 - **producer -> consumer** (naive): GEMM 1 writes S, the softmax reads it back, writes P, GEMM 2 reads
-  P. One head's S at N = 4,096 is 32 MiB: with one head it fits in a 60 MB L2 and much of the read-back
-  hits; with 32 heads S is 1 GiB, the reader starts at the head the writer wrote first, and nothing
-  hits (spec §6: "fitting is not the same as hitting").
+  P. One head's S at N = 4,096 is 32 MiB, about what one copy of the data gets of the H200's L2 (see
+  below): part of the read-back hits; with 32 heads S is 1 GiB, the reader starts at the head the
+  writer wrote first, and nothing hits (spec §6: "fitting is not the same as hitting").
 - **K/V re-reads** (fused kernels): every query tile of a head re-reads that head's K and V. CTAs are
   launched query tile fastest (grid ``(T_r, B*H)``), so the CTAs running at once (SMs x CTAs per SM)
   cover a few heads, and their K/V (2 MiB per head at N = 4,096, d = 128) is read from DRAM once and
   then served by L2: measured bytes fall to about Q + K + V + O.
 
-Method: replay the call's accesses, in launch order, against an LRU cache, in chunks (a fraction of
-the cache, never finer than one tile). A read miss is a DRAM read. Three physical facts, each read off
-the H200 recordings (tests/data/measure/recorded/, BENCHMARKS_measure.md), set the cache:
+Method: replay the call's accesses, in launch order, against a cache, in chunks (a fraction of the
+cache, never finer than one tile). A read miss is a DRAM read. Four physical facts, each read off the
+H200 recordings (tests/data/measure/recorded/, BENCHMARKS_measure.md), set the cache:
 
 - **Write-back, write-allocate.** A write allocates a line without reading it and reaches DRAM only
   when the dirty line is evicted; what is still dirty when the call ends is not counted by ncu. (One
@@ -25,17 +25,22 @@ the H200 recordings (tests/data/measure/recorded/, BENCHMARKS_measure.md), set t
   line used by SMs on both sides is held in both. Measured: a kernel that streams writes leaves
   about 28 MiB of them dirty in the 60 MiB L2 whatever it writes (S of 32, 128 or 512 MiB at one head,
   64 MiB at 32 heads): 30 MiB less the inputs it also holds.
+- **Not LRU.** A GPU L2 does not evict the least recently used line of the whole cache; the replay
+  evicts a uniformly chosen resident chunk (``policy="random"``, seeded, so the estimate is
+  deterministic). The difference shows where a producer's output is just larger than the cache (naive,
+  one head, N = 4,096: S is 32 MiB): LRU evicts every line of S just before the softmax reads it back
+  (0 MiB hit), the H200 serves 14.4 MiB of it from L2, a random replacement keeps a similar part.
+  ``policy="lru"`` is kept for comparison.
 - **CTAs resident at once.** The fused kernels are replayed in waves of concurrently running CTAs
   (query tile fastest, grid ``(T_r, B*H)``): within a wave the CTAs of one head read each K/V chunk
-  once between them, so K/V re-reads hit while a wave's K/V fits.
+  once between them, so K/V re-reads hit while a wave's K/V fits. Naive GEMM 2 (O = P V) has few
+  output tiles, all resident, which march along K together: it reads P one column band at a time.
 
-The call starts with an L2 of clean lines, as `measure/ncu.py`'s child arranges. Known misses
-(stated simplifications: LRU, not the hardware's policy; waves, not dynamic CTA scheduling; sector
-rounding ignored): when a producer's output is just larger than the cache (naive, one head, N = 4,096:
-S is 32 MiB) LRU's scan evicts everything before it is read back, while the hardware keeps about half
-of it; causal fused kernels at N = 16,384 with 32 heads, where unequal CTA lengths spread the resident
-CTAs over more heads than a wave holds. The error against ncu is the test, reported in
-BENCHMARKS_measure.md.
+The call starts with an L2 of clean lines, as `measure/ncu.py`'s child arranges. Stated
+simplifications: one cache of half the L2, not two partitions; waves, not dynamic CTA scheduling;
+sector rounding ignored. Known miss: causal fused kernels with large K/V per head (flash, N = 16,384,
+d = 128, 32 heads: -32 %), where unequal CTA lengths spread the resident CTAs over more heads than a
+wave holds. The error against ncu at every recorded point is in BENCHMARKS_measure.md.
 """
 
 from __future__ import annotations
@@ -52,9 +57,11 @@ IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
 #: Tiles (B_r, B_c) and resident CTAs per SM assumed per implementation (fp16/bf16, d <= 128, SM90).
 #: They set only the wave structure (how many heads' K/V are live at once) and the ragged tiles; the
 #: estimate is insensitive to them while a wave's K/V fits in L2.
-#: flash: PyTorch's FlashAttention-2 fwd kernel traits for d = 128; efficient: CUTLASS mem-eff 64x64;
+#: flash: PyTorch's FlashAttention-2 fwd kernel traits for d = 128 (Flash_fwd_kernel_traits<128, 128, 64,
+#: 4>, recorded); efficient: CUTLASS mem-eff 64 queries x 128 keys (fmha_cutlassF_f16_aligned_64x128,
+#: recorded);
 #: cudnn: its SM90 fprop kernels use 128-row tiles; attnscope: the autotuner's usual pick (kernels/fwd.py).
-_TILES = {"flash": (128, 64, 2), "efficient": (64, 64, 2), "cudnn": (128, 128, 1), "attnscope": (128, 64, 1)}
+_TILES = {"flash": (128, 64, 2), "efficient": (64, 128, 2), "cudnn": (128, 128, 1), "attnscope": (128, 64, 1)}
 #: Implementations that write the FP32 logsumexp in an inference forward (PyTorch's flash always does).
 _WRITES_LSE = {"flash": True, "efficient": False, "cudnn": False, "attnscope": False}
 STAT_BYTES = _traffic.STAT_BYTES
@@ -129,7 +136,7 @@ class _Cache:
     deterministic), "lru" the least recently used one.
     """
 
-    def __init__(self, capacity: int, writes: str, policy: str = "lru", seed: int = 0):
+    def __init__(self, capacity: int, writes: str, policy: str = "random", seed: int = 0):
         import random
 
         self.capacity = capacity
@@ -282,7 +289,7 @@ def device_facts(device: str = "h200") -> tuple[int, int]:
 def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
              causal: bool = False, *, l2_bytes: int | None = None, sms: int | None = None,
              device: str = "h200", ctas_per_sm: int | None = None, writes: str = "back",
-             policy: str = "lru", l2_fraction: float = 0.5, chunks_per_l2: int = 256) -> Estimate:
+             policy: str = "random", l2_fraction: float = 0.5, chunks_per_l2: int = 256) -> Estimate:
     """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
 
     Parameters
@@ -295,7 +302,7 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     ctas_per_sm: resident CTAs per SM of a fused kernel (defaults per implementation).
     writes: "back" (only dirty lines evicted during the call reach DRAM; the hardware's behaviour) or
         "through" (every write reaches DRAM once).
-    policy: "lru" (default) or "random" eviction (seeded, so deterministic).
+    policy: "random" (default: a uniformly chosen resident chunk, seeded, so deterministic) or "lru".
     l2_fraction: the share of the L2 one copy of the data can use (0.5: two partitions, see above).
     chunks_per_l2: granularity of the replay: the cache holds this many chunks.
 
