@@ -11,7 +11,7 @@ Kernel-name table (substring of the lower-cased name; first match wins; torch 2.
     attnscope  attnscope  starts with ``_attnscope_``            _attnscope_fwd_kernel, _attnscope_decode_*
     flash      flash      flash_fwd                              pytorch_flash::flash_fwd_kernel<...>,
                                                                  flash_fwd_splitkv_kernel, ..._combine_kernel
-    efficient  efficient  fmha_cutlass, pytorchmemeffattention,  fmha_cutlassF_f16_aligned_64x64_rf_sm80(
+    efficient  efficient  fmha_cutlass, pytorchmemeffattention,  fmha_cutlassF_f16_aligned_64x128_rf_sm80(
                           attentionkernel                        PyTorchMemEffAttention::AttentionKernel<..>)
     cudnn      cudnn      cudnn + one of sdpa/fmha/flash/fprop   cudnn_generated_fort_native_sdpa_sm90_...
     softmax    (math)     softmax                                softmax_warp_forward, cunn_SoftMaxForward
