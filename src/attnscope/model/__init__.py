@@ -5,4 +5,9 @@ traffic.py   logical HBM bytes of the naive baseline and FlashAttention-2, itemi
 footprint.py the memory scopes of spec §1.2 and §3.3, and shared-memory fit
 roofline.py  the device table and the roofline (ridge point, intensity, time floor)
 amdahl.py    Amdahl's law, sensitivity, and carrying a projection to an outer boundary
+
+DESIGN note: DESIGN.md writes the traffic call as ``attnscope.model.traffic(n=...)``; here it is
+``attnscope.model.traffic.traffic(n=...)``. Rebinding the package attribute ``traffic`` from the module
+to the function would make ``from attnscope.model import traffic`` mean two different things depending
+on import order, so the module keeps its name and the function lives in it.
 """
