@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,20 +80,32 @@ def test_parser_builds_without_torch():
     assert out.strip() == "[]"
 
 
-def test_bench_guard_when_the_driver_is_missing(monkeypatch, capsys):
-    import argparse
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
-    import attnscope.measure
-    from attnscope.cli import gpu
 
-    monkeypatch.setitem(sys.modules, "attnscope.measure.bench", None)  # import raises ImportError
-    monkeypatch.delattr(attnscope.measure, "bench", raising=False)
-    parser = argparse.ArgumentParser()
-    gpu._add_bench(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench"])
-    assert args.func(args) == 2
-    assert capsys.readouterr().err.startswith("attnscope bench: error: the sweep driver "
-                                              "attnscope.measure.bench is not available: ")
+def test_bench_from_json_needs_no_gpu_and_redraws_plots(tmp_path, capsys):
+    """`attnscope bench --from-json` prints a recorded run and draws its plots on a CPU."""
+    pytest.importorskip("matplotlib")
+    prefill = RESULTS / "h200-2026-11-29-prefill.json"
+    rc = main(["bench", "--from-json", str(prefill), "--plots", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "bfloat16 d=128 causal=1 N=16384 B= 1 | attnscope=535.5" in out  # the recorded number
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill_roofline.png", "prefill_tflops.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())
+    decode = RESULTS / "h200-2026-11-29-decode.json"
+    rc = main(["bench", "--from-json", str(decode), "--plots", str(tmp_path)])
+    assert rc == 0 and (tmp_path / "decode_tbs.png").exists()
+
+
+def test_bench_from_json_bad_file(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    assert main(["bench", "--from-json", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--from-json: expected a result with 'prefill' or 'decode' rows, got list" in err
+    assert main(["bench", "--from-json", str(tmp_path / "missing.json")]) == 2
+    assert "--from-json: expected a JSON file written by `attnscope bench --json`" in capsys.readouterr().err
 
 
 # --- the GPU paths, with the measurement replaced by recorded-shape stand-ins ---------------------------

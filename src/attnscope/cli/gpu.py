@@ -203,35 +203,24 @@ def _print_share(c, r) -> None:
             f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
 
 
-# --- bench (the lead's sweep driver) ---------------------------------------------------------------
-def _bench_missing(why: str):
-    def go(args) -> int:
-        return _fail("bench", f"the sweep driver attnscope.measure.bench is not available: {why}")
+# --- bench (measure/bench.py: the sweep driver) ----------------------------------------------------
+def _bench(args) -> int:
+    from attnscope.measure import bench
 
-    return go
-
-
-def _bench_runner(run):
-    def go(args) -> int:
-        if (code := _no_gpu("bench")) is not None:
-            return code
-        return run(args)
-
-    return go
+    if not args.from_json and (code := _no_gpu("bench")) is not None:  # --from-json needs no GPU
+        return code
+    return bench.run(args)
 
 
 def _add_bench(sub) -> None:
+    from attnscope.measure import bench  # stdlib-only at import: the parser stays torch-free
+
     p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
                        description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
-                                   "baseline; TFLOP/s, TB/s, ratios, plots.")
-    try:
-        from attnscope.measure import bench
-
-        bench.add_arguments(p)
-    except Exception as e:  # a missing or broken driver must not take the other commands down
-        p.set_defaults(func=_bench_missing(f"{type(e).__name__}: {e}"))
-        return
-    p.set_defaults(func=_bench_runner(bench.run))
+                                   "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
+                                   "run without a GPU.")
+    bench.add_arguments(p)
+    p.set_defaults(func=_bench)
 
 
 def configure(sub) -> None:

@@ -41,6 +41,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -253,7 +255,45 @@ def environment(torch) -> dict:
             "cudnn": torch.backends.cudnn.version()}
 
 
+def summarize(result: dict, log=print) -> None:
+    """One line per measured point of a recorded run (the same lines the sweep prints)."""
+    for row in result.get("prefill", []) + result.get("prefill_fp16", []):
+        t = row["tflops"]
+        log(f"{row['dtype']} d={row['d']:3d} causal={int(row['causal'])} N={row['n']:5d} "
+            f"B={row['batch']:2d} | "
+            + " ".join(f"{k}={_fmt(v)}" for k, v in t.items())
+            + f" | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+    for row in result.get("decode", []):
+        log(f"decode B={row['batch']:2d} Hq={row['hq']} Hkv={row['hkv']:2d} L={row['L']:6d} | "
+            + " ".join(f"{k}={_fmt(v, 2)}" for k, v in row["tbs"].items())
+            + f" TB/s | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+
+
+def _from_json(args) -> int:
+    from attnscope.errors import InputError
+
+    try:
+        with open(args.from_json) as f:
+            result = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"--from-json: expected a JSON file written by `attnscope bench --json`, got "
+                         f"{args.from_json!r} ({e})") from None
+    if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
+        raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
+                         f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
+    print("# " + json.dumps(result.get("env", {})))
+    summarize(result)
+    if args.plots:
+        from attnscope.measure.plots import write_plots
+
+        for path in write_plots(result, args.plots):
+            print(f"plot: {path}")
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "from_json", None):
+        return _from_json(args)
     torch = _require_gpu()
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
@@ -280,5 +320,6 @@ def run(args) -> int:
     if args.plots:
         from attnscope.measure.plots import write_plots
 
-        write_plots(out, args.plots)
+        for path in write_plots(out, args.plots):
+            print(f"plot: {path}")
     return 0
