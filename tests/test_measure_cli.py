@@ -85,7 +85,6 @@ RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 def test_bench_from_json_needs_no_gpu_and_redraws_plots(tmp_path, capsys):
     """`attnscope bench --from-json` prints a recorded run and draws its plots on a CPU."""
-    pytest.importorskip("matplotlib")
     prefill = RESULTS / "h200-2026-11-29-prefill.json"
     rc = main(["bench", "--from-json", str(prefill), "--plots", str(tmp_path)])
     out = capsys.readouterr().out
