@@ -89,20 +89,25 @@ def _kernel_short(name: str) -> str:
     return name[:60]
 
 
+def _p95_bounds(s, unit: str, lt: str = "<") -> tuple[str, str, str]:
+    """The p95 interval, one-sided upper and lower bounds as text (``lt`` is '<' or its HTML escape)."""
+    if s.ci_low is not None and s.ci_high is not None:
+        ci = f"[{s.ci_low:.1f}, {s.ci_high:.1f}]{unit}"
+    elif s.ci_low is not None:
+        ci = f"[{s.ci_low:.1f}{unit}, no upper end]"
+    else:
+        ci = "none"
+    up = f"{s.upper_bound:.1f}{unit}" if s.upper_bound is not None else f"none (n {lt} 59)"
+    low = f"{s.lower_bound:.1f}{unit}" if s.lower_bound is not None else "none"
+    return ci, up, low
+
+
 def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
     """(heading, lines, warnings) per evidence input given."""
     out = []
     if r.samples is not None:
         s = r.samples
-        ci = (
-            f"[{s.ci_low:.1f}, {s.ci_high:.1f}] ms"
-            if s.ci_low is not None and s.ci_high is not None
-            else f"[{s.ci_low:.1f} ms, no upper end]"
-            if s.ci_low is not None
-            else "none"
-        )
-        up = f"{s.upper_bound:.1f} ms" if s.upper_bound is not None else "none (n < 59)"
-        low = f"{s.lower_bound:.1f} ms" if s.lower_bound is not None else "none"
+        ci, up, low = _p95_bounds(s, unit=" ms")
         lines = [
             f"n = {s.n}: p50 {s.p50:.1f} ms · p95 {s.p95:.1f} ms · p99 {s.p99:.1f} ms (nearest rank); "
             f"{_pct(s.frac_le_target)} of samples ≤ {s.target_ms:g} ms.",
@@ -478,15 +483,7 @@ def _evidence_html(r: Report) -> str:
     left, right = [], []
     if r.samples is not None:
         s = r.samples
-        ci = (
-            f"[{s.ci_low:.1f}, {s.ci_high:.1f}]"
-            if s.ci_low is not None and s.ci_high is not None
-            else f"[{s.ci_low:.1f}, none]"
-            if s.ci_low is not None
-            else "none"
-        )
-        up = f"{s.upper_bound:.1f}" if s.upper_bound is not None else "none (n &lt; 59)"
-        low = f"{s.lower_bound:.1f}" if s.lower_bound is not None else "none"
+        ci, up, low = _p95_bounds(s, unit="", lt="&lt;")
         cls = {"accept": "good", "reject": "bad"}.get(s.verdict, "warn")
         need = (
             f" About {s.needed:,} samples in all would decide it if the distribution held."
