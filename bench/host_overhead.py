@@ -1,6 +1,13 @@
-"""Host-side cost of one eager call of each launcher (no GPU work waited on): cProfile over many calls.
+"""Host-side cost of one eager call of each launcher (no GPU work waited on), and where it goes.
 
     PYTHONPATH=src python bench/host_overhead.py
+
+Each call is made 500 times in a loop after warm-up and the loop's wall time divided by 500: at these
+small shapes the GPU finishes each kernel before the host has issued the next, so this is the host's
+time per call. Variants: `flash_decode` as shipped (fused merge, one launch through the cached compiled
+kernel), with the separate combine kernel (two launches), with one split, and each through Triton's
+``JITFunction.run`` instead of the cached binary; SDPA inside ``sdpa_kernel(...)`` (how the benchmark
+pins a backend) and with default dispatch. A cProfile of the shipped call follows.
 """
 
 import cProfile
@@ -11,6 +18,7 @@ import time
 import torch
 
 import attnscope
+from attnscope.kernels import decode
 
 
 def main():
@@ -21,14 +29,38 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    def flash():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return sdpa(q, k, v, enable_gqa=True)
+    def pinned(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, enable_gqa=True)
+        return call
 
-    calls = {"flash_decode": lambda: attnscope.flash_decode(q, k, v),
-             "flash_decode 1 split": lambda: attnscope.flash_decode(q, k, v, num_splits=1),
-             "flash_attention": lambda: attnscope.flash_attention(qp, qp, qp),
-             "sdpa flash (decode shape)": flash}
+    launchers = decode._launchers()
+
+    def jit_path(fn):
+        def call():
+            for launcher in launchers:
+                launcher.enabled = False
+            try:
+                return fn()
+            finally:
+                for launcher in launchers:
+                    launcher.enabled = True
+        return call
+
+    calls = {
+        "flash_decode (fused merge, cached binary)": lambda: attnscope.flash_decode(q, k, v),
+        "flash_decode fuse_combine=False (2 launches)": lambda: attnscope.flash_decode(q, k, v,
+                                                                                        fuse_combine=False),
+        "flash_decode num_splits=1": lambda: attnscope.flash_decode(q, k, v, num_splits=1),
+        "flash_decode via JITFunction.run": jit_path(lambda: attnscope.flash_decode(q, k, v)),
+        "flash_decode fuse_combine=False via JITFunction.run": jit_path(
+            lambda: attnscope.flash_decode(q, k, v, fuse_combine=False)),
+        "flash_attention (prefill, N=256)": lambda: attnscope.flash_attention(qp, qp, qp),
+        "sdpa FLASH in sdpa_kernel (decode shape)": pinned(SDPBackend.FLASH_ATTENTION),
+        "sdpa CUDNN in sdpa_kernel (decode shape)": pinned(SDPBackend.CUDNN_ATTENTION),
+        "sdpa default dispatch (decode shape)": lambda: sdpa(q, k, v, enable_gqa=True),
+    }
     for name, fn in calls.items():
         for _ in range(50):
             fn()
@@ -45,7 +77,7 @@ def main():
         attnscope.flash_decode(q, k, v)
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,13 @@ what no longer fits):
 4. ncu.json.gz     ncu CSV output (dram__bytes_read.sum / dram__bytes_write.sum) for a grid of calls,
                    one ncu run per group, most important first: naive and flash at N = 4,096 (heads 32
                    and 1, d 128, causal both ways); the d = 128 grid N 1k-16k; cudnn, efficient and
-                   attnscope at N = 4,096; the d = 64 grid; the N = 4,096 points with cache-control all.
+                   attnscope at N = 4,096, then over N 1k-16k; heads 4, 8, 16; bf16; batch 4; the d = 64
+                   grid; the N = 4,096 points with cache-control all.
                    Each run keeps its CSV, the child's per-call status and the ncu version.
 5. smoke.txt       `attnscope which / bytes / share` run end to end: command, exit code, output.
-6. closed_loop.json `share --attention naive --project-to attnscope` at P = 2k, 4k, 16k (if time allows).
+6. closed_loop.json `share --attention naive --project-to attnscope` and `--attention flash --project-to
+                   attnscope` at P = 2k, 4k, 16k, `--attention naive --project-to cudnn` at 4k (as time
+                   allows).
 7. log.txt         everything printed, errors with tracebacks.
 
 A summary table is printed last. On a CPU, ``python bench/record_fixtures.py --table ncu.json.gz`` turns
@@ -186,7 +189,8 @@ def main() -> int:
 
     def ncu_run(name, specs, cache_control, timeout):
         t = time.time()
-        rec = {"name": name, "cache_control": cache_control, "specs": specs}
+        rec = {"name": name, "cache_control": cache_control, "specs": specs,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         try:
             text, output = ncu.run(specs, cache_control=cache_control, timeout_s=timeout)
             rec.update(csv=text, status=ncu.child_status(output), output_tail=output[-4000:])
@@ -200,14 +204,19 @@ def main() -> int:
         log(f"  ncu {name} ({cache_control}): {rec.get('note') or rec.get('error')} "
             f"in {rec['seconds']:.0f} s")
 
-    def grid(impls, ns, heads, ds, causals):
-        return [{"impl": i, "n": n, "d": d, "heads": h, "batch": 1, "dtype": "fp16", "causal": c}
+    def grid(impls, ns, heads, ds, causals, dtype="fp16", batch=1):
+        return [{"impl": i, "n": n, "d": d, "heads": h, "batch": batch, "dtype": dtype, "causal": c}
                 for i in impls for n in ns for h in heads for d in ds for c in causals]
 
     key = grid(("naive", "flash"), (4096,), (32, 1), (128,), (False, True))
     fused = grid(("cudnn", "efficient", "attnscope"), (4096,), (32, 1), (128,), (False, True))
     rest128 = grid(("naive", "flash"), (1024, 2048, 8192, 16384), (1, 32), (128,), (False, True))
     rest64 = grid(("naive", "flash"), (1024, 2048, 4096, 8192, 16384), (1, 32), (64,), (False, True))
+    both = (False, True)
+    fused_n = grid(("cudnn", "efficient", "attnscope"), (1024, 2048, 8192, 16384), (1, 32), (128,), both)
+    heads_mid = grid(("naive", "flash", "cudnn", "attnscope"), (4096,), (4, 8, 16), (128,), both)
+    bf16 = grid(("naive", "flash", "cudnn", "attnscope"), (4096,), (1, 32), (128,), both, dtype="bf16")
+    batched = grid(("naive", "flash", "attnscope"), (4096,), (8,), (128,), both, batch=4)
 
     def ncu_part(name, specs, cache_control, need_s, timeout):
         @part(f"ncu {name}", need_s=need_s)
@@ -258,27 +267,38 @@ def main() -> int:
         return ", ".join(f"{s['cmd'].split()[1]}:{s['rc']}" for s in smoke)
 
     ncu_part("fused", fused, "none", 60, 150)
+    ncu_part("fused-grid", fused_n, "none", 90, 200)
+    ncu_part("heads", heads_mid, "none", 60, 150)
+    ncu_part("bf16", bf16, "none", 45, 120)
+    ncu_part("batch", batched, "none", 45, 120)
     ncu_part("grid-d64", rest64, "none", 90, 150)
     ncu_part("key-flush", key, "all", 45, 90)
 
     @part("closed loop", need_s=90)
     def _loop():
+        # naive -> attnscope (the spec's exit task), then the choice a user faces: SDPA FLASH -> attnscope,
+        # and naive -> SDPA CUDNN
         res = []
-        for p in (2048, 4096, 16384):
-            if left() < 45:
-                res.append({"p": p, "error": "skipped (time)"})
-                continue
-            try:
-                res.append(share.closed_loop("naive", "attnscope", p=p, layers=2, reps=5).to_json())
-            except Exception as e:
-                res.append({"p": p, "error": f"{type(e).__name__}: {e}"})
-                torch.cuda.empty_cache()
-        write_json("closed_loop.json", {"env": env, "runs": res})
+        for baseline, candidate, ps in (("naive", "attnscope", (2048, 4096, 16384)),
+                                        ("flash", "attnscope", (2048, 4096, 16384)),
+                                        ("naive", "cudnn", (4096,))):
+            for p in ps:
+                if left() < 45:
+                    res.append({"p": p, "baseline": baseline, "candidate": candidate,
+                                "error": "skipped (time)"})
+                    continue
+                try:
+                    res.append(share.closed_loop(baseline, candidate, p=p, layers=2, reps=5).to_json())
+                except Exception as e:
+                    res.append({"p": p, "baseline": baseline, "candidate": candidate,
+                                "error": f"{type(e).__name__}: {e}"})
+                    torch.cuda.empty_cache()
+                write_json("closed_loop.json", {"env": env, "runs": res})  # rewritten after every run
         # a failed run is {"p", "error": message}; a finished run's "error" is the projection's relative
         # error (a float), so tell them apart by the speedups
-        return "; ".join(f"P={r['p']}: " + (f"proj {r['projected_speedup']:.2f}x meas "
-                                             f"{r['measured_speedup']:.2f}x ({r['error']:+.1%})"
-                                             if "projected_speedup" in r else str(r["error"])[:40])
+        return "; ".join(f"{r['baseline']}->{r['candidate']} P={r['p']}: " +
+                         (f"proj {r['projected_speedup']:.2f}x meas {r['measured_speedup']:.2f}x "
+                          f"({r['error']:+.1%})" if "projected_speedup" in r else str(r["error"])[:40])
                          for r in res)
 
     return 0

@@ -124,13 +124,15 @@ def test_matches_reference(L, group, dtype):
     run_and_check(q, k, v, lens, num_splits)
 
 
+@pytest.mark.parametrize("fuse", (True, False))
 @pytest.mark.parametrize("d", (64, 128))
 @pytest.mark.parametrize("num_splits", range(1, 9))
-def test_every_split_count(num_splits, d):
-    # 97 keys = 6 blocks of 16 + 1 under the interpreter's BLOCK_N: uneven splits, empty trailing splits
+def test_every_split_count(num_splits, d, fuse):
+    # 97 keys = 6 blocks of 16 + 1 under the interpreter's BLOCK_N: uneven splits, empty trailing splits;
+    # the merge in the last program and in a separate kernel
     q, k, v = make_inputs(3, 8, 2, 97, d, torch.float16, seed=num_splits + d)
     lens = torch.tensor([97, 17, 0], dtype=torch.int32, device=DEVICE)
-    run_and_check(q, k, v, lens, num_splits)
+    run_and_check(q, k, v, lens, num_splits, fuse_combine=fuse)
 
 
 @pytest.mark.parametrize("use_dot", (True, False))
@@ -195,15 +197,51 @@ def test_public_entry_point():
     assert (o.double().cpu() - ref_o).abs().max().item() < 1e-2
 
 
-def test_one_split_skips_phase_two(monkeypatch):
+def test_one_split_skips_phase_two_and_the_fused_merge_skips_the_second_launch(monkeypatch):
     calls = []
     real = decode._combine
     monkeypatch.setattr(decode, "_combine", lambda *a: (calls.append(a[0].shape), real(*a)))
     q, k, v = make_inputs(1, 4, 2, 64, 64, torch.float16, seed=1)
     flash_decode(q, k, v, num_splits=1)
     assert calls == []
-    flash_decode(q, k, v, num_splits=3)
+    flash_decode(q, k, v, num_splits=3, fuse_combine=False)
     assert calls == [(1, 4, 3, 64)]  # partials [B, Hq, S, d]
+    flash_decode(q, k, v, num_splits=3)  # the default merges in the last program: one launch
+    assert calls == [(1, 4, 3, 64)]
+
+
+@pytest.mark.parametrize("fuse", (True, False))
+def test_fused_and_separate_merge_agree_and_the_counters_reset(fuse):
+    # The fused merge leaves its counters at 0 (else the next call's last program would never merge and
+    # the NaN-poisoned output would show); repeated calls give the same bits; both merges agree.
+    q, k, v = make_inputs(3, 8, 2, 300, 64, torch.bfloat16, seed=21)
+    lens = torch.tensor([300, 0, 77], dtype=torch.int32, device=DEVICE)
+    first = run_and_check(q, k, v, lens, 5, fuse_combine=fuse)
+    for _ in range(2):
+        again = run_and_check(q, k, v, lens, 5, fuse_combine=fuse)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    other = flash_decode(q, k, v, lens, num_splits=5, fuse_combine=not fuse, return_lse=True)
+    assert (other[0].float() - first[0].float()).abs().max().item() <= 1e-2
+    assert (other[1] - first[1]).nan_to_num(0.0).abs().max().item() <= 1e-5
+    sem = decode._semaphores(torch, q.device, 6)
+    assert int(sem.abs().sum()) == 0
+
+
+def test_fused_merge_over_many_chunks():
+    # MQA with 32 query heads at d = 128: a merge chunk holds 4096 // (32 * 128) = 1 split, so 8 splits
+    # take 8 chunks; forced fused (the default would use the separate combine here).
+    assert not decode._fuse_by_default(32, 8, 128)
+    q, k, v = make_inputs(2, 32, 1, 260, 128, torch.float16, seed=33)
+    lens = torch.tensor([260, 129], dtype=torch.int32, device=DEVICE)
+    run_and_check(q, k, v, lens, 8, fuse_combine=True)
+
+
+def test_fuse_by_default():
+    assert decode._fuse_by_default(4, 16, 128)  # B = 1, Hq = 32, Hkv = 8: 32 KiB of partials
+    assert decode._fuse_by_default(1, 128, 128)  # 64 KiB: the bound
+    assert not decode._fuse_by_default(2, 128, 128)  # 128 KiB
+    assert not decode._fuse_by_default(32, 128, 128)  # MQA with 128 splits: 2 MiB for one program
+    assert decode._fuse_by_default(3, 32, 128) == decode._fuse_by_default(4, 32, 128)  # G padded to 2^k
 
 
 def test_combine_kernel_matches_reference_combine():
@@ -340,6 +378,8 @@ def _lens(values, dtype=torch.int32, device=DEVICE):
     (lambda q, k, v: (q, k, v, {"scale": 0.0}), InputError, "scale: expected a finite positive number"),
     (lambda q, k, v: (q, k, v, {"scale": float("nan")}), InputError, "scale: expected a finite positive"),
     (lambda q, k, v: (q, k, v, {"use_dot": "yes"}), InputError, "use_dot: expected True, False or None"),
+    (lambda q, k, v: (q, k, v, {"fuse_combine": 1}), InputError,
+     "fuse_combine: expected True, False or None, got 1"),
 ])
 def test_bad_input(build, exc, match):
     q, k, v, kw = build(*_ok())
@@ -397,16 +437,20 @@ def compile_(fn, types, constexprs, warps, stages):
 
 
 def split_types(n):
-    return {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "O": "*fp32", "LSE": "*fp32",
+    return {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "O_PART": "*fp32",
+            "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32",
             "qk_scale": "fp32"}.get(n, "i32")
 
 
-split_types.pointers = ("Q", "K", "V", "SEQLENS", "O", "LSE")
-for use_dot in (True, False):
-    c = compile_(split_kernel.fn, split_types,
+split_types.pointers = ("Q", "K", "V", "SEQLENS", "O_PART", "LSE_PART", "O", "LSE", "SEM")
+for use_dot, fuse in ((True, False), (False, False), (True, True)):
+    c = compile_(split_kernel, split_types,
                  dict(GROUP=4, BLOCK_G=16 if use_dot else 4, HEAD_DIM=128, BLOCK_N=128, STAGES=3,
-                      USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, HAS_SEQLENS=True), warps=4, stages=3)
-    print("split", use_dot, c.metadata.shared, "cp.async" in c.asm["ptx"], "mma.sync" in c.asm["ptx"])
+                      USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse, MERGE_G=4, MERGE_S=8,
+                      WRITE_LSE=True, HAS_SEQLENS=True), warps=4, stages=3)
+    ptx = c.asm["ptx"]
+    print("split", use_dot, fuse, c.metadata.shared, "cp.async" in ptx, "mma.sync" in ptx,
+          "atom.global.gpu.acq_rel.add" in ptx, "ld.global.cg" in ptx)
 
 
 def combine_types(n):
@@ -435,8 +479,10 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     splits = [row for row in rows if row[0] == "split"]
-    assert len(splits) == 2 and any(row[0] == "combine" for row in rows), r.stdout
-    for _, use_dot, shared, pipelined, mma in splits:
+    assert len(splits) == 3 and any(row[0] == "combine" for row in rows), r.stdout
+    for _, use_dot, fuse, shared, pipelined, mma, atomic, cg in splits:
         assert int(shared) <= 227 * 1024, splits
         assert pipelined == "True", f"KV loop not software-pipelined: {splits}"
+        # the fused merge: a gpu-scope acq_rel ticket, and partials read at L2 (ld.global.cg)
+        assert atomic == fuse and cg == fuse, splits
         assert mma == use_dot, splits  # the dot path uses tensor cores, the elementwise path does not

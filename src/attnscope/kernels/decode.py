@@ -150,34 +150,25 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
     }
 
 
-def _configs(triton):
-    """Phase-1 candidates, autotuned per (HEAD_DIM, GROUP, USE_DOT, SPLIT), never per sequence length.
+def _block_config() -> dict:
+    """The phase-1 block config: BLOCK_N keys per iteration, STAGES-deep KV pipeline, warps.
 
-    The kernel is a streaming read: what matters is bytes in flight per SM, (STAGES - 1) x BLOCK_N x d x
-    2 (K and V) x 2 bytes: 32-192 KiB per program over this set at d = 128 (one program per SM at the top
-    end, two or three at the bottom); configs that overflow shared memory are pruned. 4 warps suffice
-    for a 16-row group tile; 8 help with the wide BLOCK_N = 256 tiles. Under the interpreter one small
-    config keeps CPU tests fast and still makes multi-block splits, ragged last blocks and empty splits
-    common at the tested lengths.
+    Measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N = 128, 4 warps, 3 stages is the
+    best or within 2 % of the best of 8 configs (BLOCK_N 64-256, 4/8 warps, 2-4 stages) at every point
+    of the issue's grid, so it is the only one: no autotuner and no autotuner bookkeeping on the launch
+    path. Bytes in flight per program: (STAGES - 1) x BLOCK_N x d x 2 (K and V) x 2 bytes = 128 KiB at
+    d = 128. Under the interpreter one small block keeps CPU tests fast and still makes multi-block
+    splits, ragged last blocks and empty splits common at the tested lengths.
     """
     if interpreting():
-        return [triton.Config({"BLOCK_N": 16, "STAGES": 1}, num_warps=4, num_stages=1)]
-    # Measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N = 128, 4 warps, 3 stages is
-    # the best or within 2 % of the best of 8 configs at every point of the issue's grid, so it is the
-    # only one: no autotuning, and no autotuner bookkeeping on the launch path.
-    return [triton.Config({"BLOCK_N": 128, "STAGES": 3}, num_warps=4, num_stages=3)]
+        return {"BLOCK_N": 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+    return {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4, "num_stages": 3}
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop configs whose K/V buffers would not fit in shared memory (227 KiB per block on sm_90).
-
-    The pipeliner keeps STAGES - 1 K and V tiles of 2-byte elements, plus ~12 KiB for the group tile
-    and layout conversions (measured by compiling for sm_90: 136 KiB at BLOCK_N = 128, d = 128, 3 stages).
-    """
-    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    kept = [c for c in configs
-            if (c.kwargs["STAGES"] - 1) * 2 * c.kwargs["BLOCK_N"] * d * 2 + 16 * 1024 <= 227 * 1024]
-    return kept or configs[:1]
+#: The fused merge (see `_fuse_by_default`) holds at most this many bytes of partials per last program.
+FUSE_MAX_BYTES = 64 * 1024
+#: Elements of one merge chunk [MERGE_G, MERGE_S, d] (fp32; 32 registers per thread at 4 warps).
+MERGE_ELEMS = 4096
 
 
 @functools.lru_cache(maxsize=1)
@@ -186,16 +177,15 @@ def _build():
     torch, triton = import_torch_triton()
     import triton.language as tl
 
-    @triton.autotune(configs=_configs(triton), key=["HEAD_DIM", "GROUP", "USE_DOT", "SPLIT"],
-                     prune_configs_by={"early_config_prune": _prune})
-    @triton.jit
+    # n_kv_heads, l_max and num_splits vary per call but never need value specialisation (SPLIT and
+    # HAS_SEQLENS are constexprs): not specialising them keeps one binary per layout, which is also what
+    # lets `_FastLaunch` key its cache on strides and alignment alone.
+    @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits"])
     def _attnscope_decode_split_kernel(
-        Q, K, V, SEQLENS, O, LSE,
+        Q, K, V, SEQLENS, O_PART, LSE_PART, O, LSE, SEM,
         stride_qb, stride_qh,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
-        stride_ob, stride_oh, stride_os,
-        stride_lb, stride_lh, stride_ls,
         stride_sb,
         n_kv_heads, l_max, num_splits, qk_scale,
         GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
@@ -206,8 +196,15 @@ def _build():
         USE_DOT: tl.constexpr,  # tl.dot on the padded group, else elementwise multiply + tl.sum
         EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
         SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
+        FUSE: tl.constexpr,  # SPLIT only: the last program of each (batch, kv head) merges the partials
+        MERGE_G: tl.constexpr,  # FUSE: G padded to a power of two
+        MERGE_S: tl.constexpr,  # FUSE: splits merged per chunk
+        WRITE_LSE: tl.constexpr,  # the caller asked for the LSE (else LSE is not written)
         HAS_SEQLENS: tl.constexpr,
     ):
+        # Buffers attnscope allocates are contiguous, so their offsets are computed, not passed:
+        # O_PART [B, Hq, S, d] and LSE_PART [B, Hq, S] fp32; O [B, Hq, 1, d]; LSE [B, Hq, 1]; SEM
+        # [>= B * Hkv] int32, zero between calls. Row r = b * Hq + query head.
         pid_bh = tl.program_id(0)  # b * Hkv + kv head
         split = tl.program_id(1)
         b = (pid_bh // n_kv_heads).to(tl.int64)
@@ -271,16 +268,61 @@ def _build():
         empty = l_i == 0.0  # this split saw no key (short sequence, or cache_seqlens[b] == 0)
         o = acc / tl.where(empty, 1.0, l_i)[:, None]  # [BLOCK_G, d]; 0 where empty
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # [BLOCK_G]
-        o_ptrs = O + b * stride_ob + q_heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
-        lse_ptrs = LSE + b * stride_lb + q_heads * stride_lh + split * stride_ls
+        n_q_heads = n_kv_heads * GROUP
+        q_rows = b * n_q_heads + q_heads  # [BLOCK_G] rows b * Hq + h of the outputs
         if SPLIT:
-            tl.store(o_ptrs, o, mask=g_mask[:, None])  # partial O_s, fp32, normalised within the split
-            tl.store(lse_ptrs, lse2, mask=g_mask)  # partial lse_s, base 2
+            part = q_rows * num_splits + split  # [BLOCK_G] row of O_PART / LSE_PART
+            tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=g_mask[:, None])
+            tl.store(LSE_PART + part, lse2, mask=g_mask)  # partial lse_s, base 2
+            if FUSE:
+                # Phase 2 in the same launch: every program takes a ticket after its partials are out
+                # (the barrier orders all its threads' stores before the release of the gpu-scope
+                # acq_rel atomic); the program that draws the last ticket has seen, through the acquire,
+                # every other program's partials, and merges them. It then resets the counter, so the
+                # next launch on this stream finds it at 0 (CUTLASS's semaphore pattern).
+                tl.debug_barrier()
+                ticket = tl.atomic_add(SEM + pid_bh, 1, sem="acq_rel", scope="gpu")
+                if ticket == num_splits - 1:
+                    offs_mg = tl.arange(0, MERGE_G)
+                    offs_ms = tl.arange(0, MERGE_S)
+                    mg_mask = offs_mg < GROUP
+                    rows_m = b * n_q_heads + h_kv * GROUP + offs_mg  # [MERGE_G]
+                    # the online softmax again, over splits: lse_s plays the score, O_s the value row
+                    mm = tl.full([MERGE_G], float("-inf"), tl.float32)  # running max of lse_s
+                    ll = tl.zeros([MERGE_G], tl.float32)  # sum_s exp2(lse_s - mm)
+                    aa = tl.zeros([MERGE_G, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
+                    for s0 in range(0, num_splits, MERGE_S):
+                        sp = s0 + offs_ms  # [MERGE_S]
+                        ok = mg_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_G, MERGE_S]
+                        idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_G, MERGE_S]
+                        # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
+                        lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                        o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                                      mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+                        m_new = tl.maximum(mm, tl.max(lse_s, 1))  # [MERGE_G]
+                        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far
+                        alpha = tl.exp2(mm - m_safe)
+                        w = tl.exp2(lse_s - m_safe[:, None])  # [MERGE_G, MERGE_S]; 0 for empty splits
+                        ll = ll * alpha + tl.sum(w, 1)
+                        aa = aa * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 1)
+                        mm = m_new
+                    done = ll == 0.0  # every split empty: cache_seqlens[b] == 0
+                    o_f = aa / tl.where(done, 1.0, ll)[:, None]
+                    if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+                        o_f = round_bf16(o_f)
+                    tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
+                             mask=mg_mask[:, None])
+                    if WRITE_LSE:
+                        lse_f = tl.where(done, float("-inf"), mm + tl.log2(tl.where(done, 1.0, ll)))
+                        tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mg_mask)  # natural log
+                    tl.atomic_xchg(SEM + pid_bh, 0)  # ready for the next launch
         else:
             if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
                 o = round_bf16(o)
-            tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=g_mask[:, None])
-            tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=g_mask)  # ln(2): natural-log LSE
+            tl.store(O + q_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                     mask=g_mask[:, None])
+            if WRITE_LSE:
+                tl.store(LSE + q_rows, lse2 * 0.6931471805599453, mask=g_mask)  # ln(2): natural-log LSE
 
     @triton.jit
     def _attnscope_decode_combine_kernel(
@@ -329,7 +371,100 @@ def _build():
     return torch, triton, _attnscope_decode_split_kernel, _attnscope_decode_combine_kernel
 
 
-def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale, use_dot):
+# --- launching ------------------------------------------------------------------------------------------
+#: Triton versions whose CompiledKernel launcher `_FastLaunch` has been checked against (on the H200:
+#: tests/test_decode.py on CUDA tensors). Others launch through JITFunction.run, which is always right.
+FAST_LAUNCH_TRITON = ("3.6.",)
+
+
+def _int_spec(x: int) -> int:
+    """What Triton's launcher specialises an int argument on: == 1, divisible by 16, fits in int32."""
+    return 1 if x == 1 else (2 if x % 16 == 0 else 0) + (0 if -2**31 <= x < 2**31 else 4)
+
+
+class _FastLaunch:
+    """Launch a ``@triton.jit`` kernel through its compiled binary, skipping ``JITFunction.run``.
+
+    Why: at the small decode shapes the kernel runs for a few microseconds, and Python launch cost is
+    what an eager call measures. ``JITFunction.run`` re-derives the specialisation of every argument,
+    builds a string cache key, and reads Triton's settings on every call (tens of microseconds for ~30
+    arguments, bench/host_overhead.py); a CompiledKernel's launcher only packs the arguments.
+
+    How: the first launch of each specialisation goes through ``JITFunction.run`` (which compiles and
+    returns the CompiledKernel); it is cached under a key that holds everything Triton specialises the
+    binary on: the constexprs and launch options, the dtypes (through the constexprs: q's dtype, the
+    placeholders that SPLIT / HAS_SEQLENS select), each pointer's 16-byte alignment, and each int's
+    ``_int_spec`` (the size arguments are ``do_not_specialize``). Later launches with the same key call
+    the binary's launcher on the current stream. Under the interpreter, and with Triton versions not in
+    `FAST_LAUNCH_TRITON`, every launch goes through ``JITFunction.run``.
+    """
+
+    def __init__(self, jit_fn, triton):
+        self.jit_fn = jit_fn
+        self.cache: dict = {}
+        self.enabled = (not interpreting()) and triton.__version__.startswith(FAST_LAUNCH_TRITON)
+
+    def __call__(self, grid, pointers, ints, scalars, constexprs: dict, options: dict):
+        """Launch with ``pointers`` (tensors), then ``ints``, then ``scalars`` in signature order."""
+        if not self.enabled:
+            return self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
+        key = (pointers[0].device.index, tuple(constexprs.values()), tuple(options.values()),
+               tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers), tuple(_int_spec(x) for x in ints))
+        compiled = self.cache.get(key)
+        if compiled is None:
+            compiled = self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
+            self.cache[key] = compiled
+            return compiled
+        compiled[grid](*pointers, *ints, *scalars, *constexprs.values())
+        return compiled
+
+
+@functools.lru_cache(maxsize=1)
+def _launchers():
+    torch, triton, split_kernel, combine_kernel = _build()
+    return _FastLaunch(split_kernel, triton), _FastLaunch(combine_kernel, triton)
+
+
+_SEMAPHORES: dict = {}
+_RETIRED: list = []  # replaced counter buffers: a captured CUDA graph may still point at one
+
+
+def _semaphores(torch, device, n: int):
+    """Zeroed int32 counters for the fused merge, one per (batch, kv head), cached per (device, stream).
+
+    The kernel leaves every counter it used at 0, so a buffer is allocated (zeroed) once and reused.
+    Launches on one stream run in order, so they can share it; another stream gets its own. A buffer is
+    never freed (a CUDA graph captured with it keeps its address). During CUDA-graph capture with no
+    buffer cached for the capture stream, a fresh zeroed one is allocated inside the graph (its memset
+    replays with it) and not cached. A captured graph shares its capture stream's buffer: replay it on
+    that stream, or where no other flash_decode call runs on that stream at the same time.
+    """
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _SEMAPHORES.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    fresh = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return fresh  # belongs to the graph being captured
+    if buf is not None:
+        _RETIRED.append(buf)
+    _SEMAPHORES[key] = fresh
+    return fresh
+
+
+def _fuse_by_default(group: int, num_splits: int, head_dim: int) -> bool:
+    """Merge in the last program (one launch) unless its share of partials is large.
+
+    The fused merge runs in one program per (batch, kv head), which reads ``G x S x d`` fp32 partials
+    alone; the separate combine kernel spreads them over B x Hq programs. Up to `FUSE_MAX_BYTES` (64 KiB:
+    e.g. G = 4 and 16 splits at d = 128, G = 1 and 128 splits) one program reads them in a few L2
+    round trips, less than a second launch costs (measured: bench/decode_variants.py, BENCHMARKS.md).
+    """
+    return _next_pow2(group) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
+
+
+def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale, use_dot, fuse_combine):
     """Validate everything that needs no device read; return the shape facts."""
     check_tensor(torch, "q", q, 4, "[B, Hq, 1, d]")
     check_tensor(torch, "k_cache", k_cache, 4, "[B, Hkv, L_max, d]")
@@ -375,6 +510,8 @@ def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale, 
         raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
     if use_dot is not None and not isinstance(use_dot, bool):
         raise InputError(f"use_dot: expected True, False or None, got {use_dot!r}")
+    if fuse_combine is not None and not isinstance(fuse_combine, bool):
+        raise InputError(f"fuse_combine: expected True, False or None, got {fuse_combine!r}")
     return B, Hq, d, Hkv, L_max
 
 
@@ -390,8 +527,14 @@ def _check_seqlen_values(cache_seqlens, L_max: int) -> int:
     return hi
 
 
+@functools.lru_cache(maxsize=16)
+def _sms(torch, device) -> int:
+    return num_sms(torch, device)
+
+
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
-                 *, check_seqlens: bool = True, use_dot: bool | None = None, _config: dict | None = None):
+                 *, check_seqlens: bool = True, use_dot: bool | None = None,
+                 fuse_combine: bool | None = None, _config: dict | None = None):
     """Decode attention for one new token per sequence against a KV cache (split-KV, Flash-Decoding).
 
     Parameters
@@ -420,6 +563,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         Compute the group's products with ``tl.dot`` on the group padded to 16 rows (default, every G)
         or elementwise in fp32 (False; see the module notes on why that is not the default). A
         benchmark knob.
+    fuse_combine : bool, optional, keyword-only
+        With more than one split: merge the partials in the last program of each (batch, kv head), in
+        the same launch (True), or in a second kernel (False). Default: `_fuse_by_default`. A
+        benchmark knob; both give the same result within rounding.
 
     Returns
     -------
@@ -438,48 +585,55 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     """
     torch, _ = import_torch_triton()
     B, Hq, d, Hkv, L_max = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale,
-                                         use_dot)
+                                         use_dot, fuse_combine)
     longest = L_max
     if cache_seqlens is not None and check_seqlens:
         longest = _check_seqlen_values(cache_seqlens, L_max)
     group = Hq // Hkv
+    device = q.device
     if num_splits is None:
-        num_splits = default_num_splits(B, Hkv, longest, num_sms(torch, q.device))
+        num_splits = default_num_splits(B, Hkv, longest, _sms(torch, device))
     if use_dot is None:
         use_dot = True  # see the module notes: pipelined MMA, low register use, for every G
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
 
-    _, _, split_kernel, _ = _build()
-    o = torch.empty((B, Hq, 1, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=q.device)
+    o = torch.empty((B, Hq, 1, d), dtype=q.dtype, device=device)
+    lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device) if return_lse else o
     split = num_splits > 1
+    fuse = split and (fuse_combine if fuse_combine is not None else _fuse_by_default(group, num_splits, d))
     if split:
-        o_part = torch.empty((B, Hq, num_splits, d), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+        o_part = torch.empty((B, Hq, num_splits, d), dtype=torch.float32, device=device)
+        lse_part = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=device)
+        if not fuse and not return_lse:
+            lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device)  # the combine writes it
     else:
-        o_part, lse_part = o, lse  # phase 1 writes the final result
-    seqlens = cache_seqlens if cache_seqlens is not None else lse  # a placeholder pointer, never read
+        o_part, lse_part = o, o  # placeholders, never touched
+    sem = _semaphores(torch, device, B * Hkv) if fuse else o  # placeholder when not fused
+    seqlens = cache_seqlens if cache_seqlens is not None else o  # a placeholder pointer, never read
     block_g = _next_pow2(group)
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs M >= 16
+    merge_g = _next_pow2(group)
+    merge_s = max(1, min(_next_pow2(num_splits), MERGE_ELEMS // (merge_g * d)))
 
-    # _config (BLOCK_N, STAGES, num_warps, num_stages) bypasses the autotuner: bench/tune_decode.py
-    launch = split_kernel if _config is None else split_kernel.fn
-    launch[(B * Hkv, num_splits)](
-        q, k_cache, v_cache, seqlens, o_part, lse_part,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-        seqlens.stride(0),
-        Hkv, L_max, num_splits, sm_scale * LOG2E,
-        GROUP=group, BLOCK_G=block_g, HEAD_DIM=d, USE_DOT=use_dot, SPLIT=split,
-        EMULATE_BF16=_emulate_bf16(torch, q.dtype),
-        HAS_SEQLENS=cache_seqlens is not None,
-        **(_config or {}),
+    # _config (BLOCK_N, STAGES, num_warps, num_stages) overrides the measured config: bench/tune_decode.py
+    cfg = _config or _block_config()
+    split_launch, _ = _launchers()
+    split_launch(
+        (B * Hkv, num_splits),
+        (q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem),
+        (q.stride(0), q.stride(1),
+         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), seqlens.stride(0)),
+        (Hkv, L_max, num_splits, sm_scale * LOG2E),
+        {"GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
+         "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
+         "SPLIT": split, "FUSE": fuse,
+         "MERGE_G": merge_g, "MERGE_S": merge_s, "WRITE_LSE": return_lse,
+         "HAS_SEQLENS": cache_seqlens is not None},
+        {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
     )
-    if split:
+    if split and not fuse:
         _combine(o_part, lse_part, o, lse)
     return (o, lse) if return_lse else o
 
@@ -528,18 +682,22 @@ def self_check(device=None, dtypes=("fp16", "bf16"), seed: int = 0) -> list[dict
 
 
 def _combine(o_part, lse_part, o, lse) -> None:
-    """Phase 2: merge ``o_part`` [B, Hq, S, d] fp32 and base-2 ``lse_part`` [B, Hq, S] into ``o``
-    [B, Hq, 1, d] (its dtype) and the natural-log ``lse`` [B, Hq, 1] (fp32), in place."""
-    torch, _, _, combine_kernel = _build()
+    """Phase 2 as its own kernel: merge ``o_part`` [B, Hq, S, d] fp32 and base-2 ``lse_part`` [B, Hq, S]
+    into ``o`` [B, Hq, 1, d] (its dtype) and the natural-log ``lse`` [B, Hq, 1] (fp32), in place."""
+    torch, _ = import_torch_triton()
+    _, combine_launch = _launchers()
     B, Hq, S, d = o_part.shape
-    combine_kernel[(B * Hq,)](
-        o_part, lse_part, o, lse,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-        o.stride(0), o.stride(1),
-        lse.stride(0), lse.stride(1),
-        Hq, S,
-        HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(S)), EMULATE_BF16=_emulate_bf16(torch, o.dtype),
+    combine_launch(
+        (B * Hq,),
+        (o_part, lse_part, o, lse),
+        (o_part.stride(0), o_part.stride(1), o_part.stride(2),
+         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+         o.stride(0), o.stride(1),
+         lse.stride(0), lse.stride(1),
+         Hq, S),
+        (),
+        {"HEAD_DIM": d, "BLOCK_S": min(16, _next_pow2(S)), "EMULATE_BF16": _emulate_bf16(torch, o.dtype)},
+        {},
     )
 
 

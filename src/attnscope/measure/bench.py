@@ -46,6 +46,50 @@ def add_arguments(p) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
+class Progress:
+    """A progress bar for the sweep, on stderr; the result lines go to stdout, between redraws.
+
+    On a terminal the bar is redrawn in place (``\r``) after every point, with the elapsed time and an
+    estimate of the time left (mean time per point so far x points left); elsewhere (a log file, CI)
+    each step prints one bar line, so the record stays readable.
+    """
+
+    def __init__(self, total: int, stream=None, width: int = 28, tty: bool | None = None, clock=time.time):
+        self.total, self.done, self.width = max(1, total), 0, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        self.clock, self.t0, self._shown = clock, clock(), 0
+
+    def line(self, label: str = "") -> str:
+        filled = round(self.width * self.done / self.total)
+        elapsed = self.clock() - self.t0
+        eta = elapsed / self.done * (self.total - self.done) if self.done else None
+        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+                f"{elapsed:.0f} s" + (f", ~{eta:.0f} s left" if eta is not None else "")
+                + (f"  {label}" if label else ""))
+
+    def step(self, label: str = "") -> None:
+        self.done = min(self.total, self.done + 1)
+        text = self.line(label)
+        if self.tty:
+            self.stream.write("\r" + text.ljust(self._shown))
+            self._shown = len(text)
+            if self.done == self.total:
+                self.stream.write("\n")
+                self._shown = 0
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def log(self, text: str) -> None:
+        """Print a result line to stdout without tearing the bar."""
+        if self.tty and self._shown:
+            self.stream.write("\r" + " " * self._shown + "\r")
+            self.stream.flush()
+            self._shown = 0
+        print(text, flush=True)
+
+
 def _require_gpu():
     try:
         import torch
@@ -118,7 +162,7 @@ def _fmt(x, nd=1):
 
 
 # ----------------------------------------------------------------------------------------------------
-def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print):
+def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, progress=None):
     import attnscope
 
     dtypes = dtypes or [torch.bfloat16]
@@ -174,6 +218,8 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                         f"{k}={_fmt(t.get(k))}" for k in impls) +
                         f" | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)}"
                         f" | err attnscope={_fmt(row['err'].get('attnscope'), 5)} flash={_fmt(ref_err, 5)}")
+                    if progress is not None:
+                        progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
                     torch.cuda.empty_cache()
     return results
 
@@ -187,7 +233,7 @@ def read_ceiling(torch, gib=4):
     return tbs
 
 
-def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print):
+def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print, progress=None):
     import attnscope
 
     dtype = dtype or torch.bfloat16
@@ -241,6 +287,8 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
                 " ".join(f"{k}={_fmt(t.get(k), 2)}" for k in impls) +
                 f" TB/s | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)} | eager: " +
                 " ".join(f"{k}={_fmt(row['tbs_eager'].get(k), 2)}" for k in impls))
+            if progress is not None:
+                progress.step(f"decode B={b} Hkv={hkv} L={L}")
             torch.cuda.empty_cache()
     return results
 
@@ -300,19 +348,25 @@ def run(args) -> int:
     out = {"env": env}
     ds = args.d or [64, 128]
     ns = args.n or (list(PREFILL_NS) if not args.quick else [1024, 4096])
-    if args.kind in ("prefill", "all"):
+    grid = DECODE_GRID if not args.quick else DECODE_GRID[1:3]
+    ls = DECODE_LS if not args.quick else (4096, 32768)
+    prefill = args.kind in ("prefill", "all")
+    fp16_extra = prefill and not args.quick
+    decode = args.kind in ("decode", "all")
+    total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
+    progress = Progress(total)
+    log = progress.log
+    if prefill:
         out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
-                                       log=lambda s: print(s, flush=True))
-        if not args.quick:
+                                       log=log, progress=progress)
+        if fp16_extra:
             out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
                                                 naive=not args.no_naive, dtypes=[torch.float16],
-                                                log=lambda s: print(s, flush=True))
-    if args.kind in ("decode", "all"):
+                                                log=log, progress=progress)
+    if decode:
         out["read_ceiling_tbs"] = read_ceiling(torch)
-        print(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s", flush=True)
-        grid = DECODE_GRID if not args.quick else DECODE_GRID[1:3]
-        ls = DECODE_LS if not args.quick else (4096, 32768)
-        out["decode"] = decode_sweep(torch, grid, ls, log=lambda s: print(s, flush=True))
+        log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
+        out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
