@@ -415,7 +415,7 @@ class _FastLaunch:
             compiled = self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
             self.cache[key] = compiled
             return compiled
-        compiled[grid](*pointers, *ints, *scalars, *constexprs.values())
+        compiled[(*grid, 1, 1)[:3]](*pointers, *ints, *scalars, *constexprs.values())  # a 3-d grid
         return compiled
 
 
