@@ -223,8 +223,9 @@ def test_fused_and_separate_merge_agree_and_the_counters_reset(fuse):
     other = flash_decode(q, k, v, lens, num_splits=5, fuse_combine=not fuse, return_lse=True)
     assert (other[0].float() - first[0].float()).abs().max().item() <= 1e-2
     assert (other[1] - first[1]).nan_to_num(0.0).abs().max().item() <= 1e-5
-    sem = decode._semaphores(torch, q.device, 6)
-    assert int(sem.abs().sum()) == 0
+    if fuse:
+        sem = decode._scratch(torch, q.device, "sem", 6, torch.int32, zero=True)
+        assert sem.numel() >= 6 and int(sem.abs().sum()) == 0
 
 
 def test_fused_merge_over_many_chunks():
@@ -486,3 +487,47 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         # the fused merge: a gpu-scope acq_rel ticket, and partials read at L2 (ld.global.cg)
         assert atomic == fuse and cg == fuse, splits
         assert mma == use_dot, splits  # the dot path uses tensor cores, the elementwise path does not
+
+
+# --- the launcher: cached binaries and CUDA graphs ---------------------------------------------------
+def test_a_misaligned_view_gets_its_own_binary():
+    # The cached-binary launch (GPU) keys on each pointer's 16-byte alignment and each stride's
+    # divisibility: the same shapes from a buffer offset by one element must not reuse the aligned binary
+    B, Hq, Hkv, L, d = 2, 8, 2, 300, 64
+    q, k, v = make_inputs(B, Hq, Hkv, L, d, torch.float16, seed=41)
+    lens = torch.tensor([300, 123], dtype=torch.int32, device=DEVICE)
+    run_and_check(q, k, v, lens, 3)
+    kbuf = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEVICE)
+    k_odd = kbuf[1:].view_as(k)
+    k_odd.copy_(k)
+    assert k_odd.data_ptr() % 16 != 0
+    o_odd = run_and_check(q, k_odd, v, lens, 3)[0]
+    assert torch.equal(o_odd, flash_decode(q, k, v, lens, num_splits=3))
+    if DEVICE == "cuda":
+        launcher = decode._launchers()[0]
+        aligned = {key[3][1][1] for key in launcher.cache}  # k_cache's alignment flag per cached binary
+        assert aligned == {True, False}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_cuda_graph_capture_takes_its_own_buffers_and_the_separate_merge(monkeypatch):
+    q, k, v = make_inputs(1, 32, 8, 4096, 128, torch.bfloat16, seed=43)
+    eager = flash_decode(q, k, v)
+    calls = []
+    real = decode._combine
+    monkeypatch.setattr(decode, "_combine", lambda *a: (calls.append(a[0].shape), real(*a)))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flash_decode(q, k, v)  # eager on the side stream: fused, one launch
+    torch.cuda.current_stream().wait_stream(side)
+    assert calls == []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_decode(q, k, v)
+    assert calls == [(1, 32, 16, 128)]  # captured: two kernels, graph-owned partials
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert (out.float() - eager.float()).abs().max().item() <= 1e-2
+    assert torch.equal(flash_decode(q, k, v), eager)  # eager calls after the capture are unaffected

@@ -382,6 +382,11 @@ def _int_spec(x: int) -> int:
     return 1 if x == 1 else (2 if x % 16 == 0 else 0) + (0 if -2**31 <= x < 2**31 else 4)
 
 
+def _ptr_spec(t) -> tuple:
+    """What Triton's launcher specialises a tensor argument on: its dtype and 16-byte alignment."""
+    return t.dtype, t.data_ptr() % 16 == 0
+
+
 class _FastLaunch:
     """Launch a ``@triton.jit`` kernel through its compiled binary, skipping ``JITFunction.run``.
 
@@ -409,7 +414,7 @@ class _FastLaunch:
         if not self.enabled:
             return self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
         key = (pointers[0].device.index, tuple(constexprs.values()), tuple(options.values()),
-               tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers), tuple(_int_spec(x) for x in ints))
+               tuple(map(_ptr_spec, pointers)), tuple(map(_int_spec, ints)))
         compiled = self.cache.get(key)
         if compiled is None:
             compiled = self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
@@ -425,41 +430,39 @@ def _launchers():
     return _FastLaunch(split_kernel, triton), _FastLaunch(combine_kernel, triton)
 
 
-_SEMAPHORES: dict = {}
-_RETIRED: list = []  # replaced counter buffers: a captured CUDA graph may still point at one
+_SCRATCH: dict = {}
 
 
-def _semaphores(torch, device, n: int):
-    """Zeroed int32 counters for the fused merge, one per (batch, kv head), cached per (device, stream).
+def _scratch(torch, device, name: str, n: int, dtype, zero: bool = False):
+    """A flat scratch buffer of >= ``n`` elements, cached per (device, current stream, name).
 
-    The kernel leaves every counter it used at 0, so a buffer is allocated (zeroed) once and reused.
-    Launches on one stream run in order, so they can share it; another stream gets its own. A buffer is
-    never freed (a CUDA graph captured with it keeps its address). During CUDA-graph capture with no
-    buffer cached for the capture stream, a fresh zeroed one is allocated inside the graph (its memset
-    replays with it) and not cached. A captured graph shares its capture stream's buffer: replay it on
-    that stream, or where no other flash_decode call runs on that stream at the same time.
+    Why: at small decode shapes every host microsecond shows in an eager call, and the partials (fp32
+    O_s and lse_s) and the fused merge's counters are the same few hundred KiB call after call. Calls on
+    one stream run in order, so they can share one buffer; another stream gets its own. The counters
+    (``zero=True``) are zeroed once: the kernel leaves every counter it used at 0. During CUDA-graph
+    capture `flash_decode` does not use this cache (a graph gets buffers of its own, allocated inside
+    the capture), so a graph never shares scratch memory with eager calls.
     """
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _SEMAPHORES.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    fresh = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return fresh  # belongs to the graph being captured
-    if buf is not None:
-        _RETIRED.append(buf)
-    _SEMAPHORES[key] = fresh
-    return fresh
+    key = (device.type, device.index, stream, name)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < n:
+        buf = (torch.zeros if zero else torch.empty)(max(n, 1024), dtype=dtype, device=device)
+        _SCRATCH[key] = buf  # a replaced buffer is freed in stream order: only this stream used it
+    return buf
 
 
 def _fuse_by_default(group: int, num_splits: int, head_dim: int) -> bool:
     """Merge in the last program (one launch) unless its share of partials is large.
 
     The fused merge runs in one program per (batch, kv head), which reads ``G x S x d`` fp32 partials
-    alone; the separate combine kernel spreads them over B x Hq programs. Up to `FUSE_MAX_BYTES` (64 KiB:
-    e.g. G = 4 and 16 splits at d = 128, G = 1 and 128 splits) one program reads them in a few L2
-    round trips, less than a second launch costs (measured: bench/decode_variants.py, BENCHMARKS.md).
+    alone; the separate combine kernel spreads them over B x Hq programs. Measured on the H200
+    (bench/decode_variants.py, BENCHMARKS.md): up to `FUSE_MAX_BYTES` (64 KiB: e.g. G = 4 and 16
+    splits at d = 128) the fused merge costs ~1 us of kernel time more than a second kernel, and saves
+    a launch (tens of microseconds of host time, which is what an eager call at small shapes is made
+    of); at MQA with 128 splits (2 MiB for one program) it costs 45 us. So: fused eagerly when the
+    partials are small; never by default during CUDA-graph capture, where a second launch costs nothing
+    on the host (`flash_decode` checks that).
     """
     return _next_pow2(group) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
 
@@ -600,15 +603,25 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     o = torch.empty((B, Hq, 1, d), dtype=q.dtype, device=device)
     lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device) if return_lse else o
     split = num_splits > 1
-    fuse = split and (fuse_combine if fuse_combine is not None else _fuse_by_default(group, num_splits, d))
+    capturing = split and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if fuse_combine is None:  # see _fuse_by_default; in a CUDA graph the second launch is free
+        fuse_combine = not capturing and _fuse_by_default(group, num_splits, d)
+    fuse = split and fuse_combine
+    o_part = lse_part = sem = o  # placeholders, never touched without SPLIT / FUSE
     if split:
-        o_part = torch.empty((B, Hq, num_splits, d), dtype=torch.float32, device=device)
-        lse_part = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=device)
+        n_rows = B * Hq * num_splits
+        if capturing:  # the graph's own buffers (see _scratch)
+            o_part = torch.empty(n_rows * d, dtype=torch.float32, device=device)
+            lse_part = torch.empty(n_rows, dtype=torch.float32, device=device)
+            if fuse:
+                sem = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
+        else:
+            o_part = _scratch(torch, device, "o_part", n_rows * d, torch.float32)
+            lse_part = _scratch(torch, device, "lse_part", n_rows, torch.float32)
+            if fuse:
+                sem = _scratch(torch, device, "sem", B * Hkv, torch.int32, zero=True)
         if not fuse and not return_lse:
             lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device)  # the combine writes it
-    else:
-        o_part, lse_part = o, o  # placeholders, never touched
-    sem = _semaphores(torch, device, B * Hkv) if fuse else o  # placeholder when not fused
     seqlens = cache_seqlens if cache_seqlens is not None else o  # a placeholder pointer, never read
     block_g = _next_pow2(group)
     if use_dot:
@@ -634,7 +647,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
     )
     if split and not fuse:
-        _combine(o_part, lse_part, o, lse)
+        n_rows = B * Hq * num_splits
+        _combine(o_part[:n_rows * d].view(B, Hq, num_splits, d), lse_part[:n_rows].view(B, Hq, num_splits),
+                 o, lse)
     return (o, lse) if return_lse else o
 
 
