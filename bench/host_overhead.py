@@ -4,10 +4,9 @@
 
 Each call is made 500 times in a loop after warm-up and the loop's wall time divided by 500: at these
 small shapes the GPU finishes each kernel before the host has issued the next, so this is the host's
-time per call. Variants: `flash_decode` as shipped (fused merge, one launch through the cached compiled
-kernel), with the separate combine kernel (two launches), with one split, and each through Triton's
-``JITFunction.run`` instead of the cached binary; SDPA inside ``sdpa_kernel(...)`` (how the benchmark
-pins a backend) and with default dispatch. A cProfile of the shipped call follows.
+time per call. Variants: `flash_decode` as shipped (fused merge, one launch), with the separate combine
+kernel (two launches), with one split; SDPA inside ``sdpa_kernel(...)`` (how the benchmark pins a
+backend) and with default dispatch. A cProfile of the shipped call follows.
 """
 
 import cProfile
@@ -18,7 +17,6 @@ import time
 import torch
 
 import attnscope
-from attnscope.kernels import decode
 
 
 def main():
@@ -35,27 +33,11 @@ def main():
                 return sdpa(q, k, v, enable_gqa=True)
         return call
 
-    launchers = decode._launchers()
-
-    def jit_path(fn):
-        def call():
-            for launcher in launchers:
-                launcher.enabled = False
-            try:
-                return fn()
-            finally:
-                for launcher in launchers:
-                    launcher.enabled = True
-        return call
-
     calls = {
-        "flash_decode (fused merge, cached binary)": lambda: attnscope.flash_decode(q, k, v),
+        "flash_decode (fused merge, one launch)": lambda: attnscope.flash_decode(q, k, v),
         "flash_decode fuse_combine=False (2 launches)": lambda: attnscope.flash_decode(q, k, v,
                                                                                         fuse_combine=False),
         "flash_decode num_splits=1": lambda: attnscope.flash_decode(q, k, v, num_splits=1),
-        "flash_decode via JITFunction.run": jit_path(lambda: attnscope.flash_decode(q, k, v)),
-        "flash_decode fuse_combine=False via JITFunction.run": jit_path(
-            lambda: attnscope.flash_decode(q, k, v, fuse_combine=False)),
         "flash_attention (prefill, N=256)": lambda: attnscope.flash_attention(qp, qp, qp),
         "sdpa FLASH in sdpa_kernel (decode shape)": pinned(SDPBackend.FLASH_ATTENTION),
         "sdpa CUDNN in sdpa_kernel (decode shape)": pinned(SDPBackend.CUDNN_ATTENTION),

@@ -10,9 +10,16 @@ the axis that is long, the KV sequence:
   the online softmax for *all* ``G = Hq / Hkv`` query heads that share the kv head (GQA), so every K/V
   byte leaves HBM once. It writes a normalised partial output ``O_s`` (fp32) and the partial
   logsumexp ``lse_s`` of its chunk.
-- **phase 2** (`_attnscope_decode_combine_kernel`), grid ``(B * Hq,)``: the logsumexp merge
-  ``lse = log sum_s exp(lse_s)``, ``O = sum_s exp(lse_s - lse) O_s``, run with the same running state
-  (``m_i``, ``l_i``, ``acc``) as the online softmax, over splits instead of keys.
+- **phase 2**, the logsumexp merge ``lse = log sum_s exp(lse_s)``, ``O = sum_s exp(lse_s - lse) O_s``,
+  run with the same running state (``m_i``, ``l_i``, ``acc``) as the online softmax, over splits instead
+  of keys. Two ways, same arithmetic: **fused** into phase 1 (each program takes a ticket from a
+  gpu-scope atomic counter after writing its partials; the one that draws the last ticket for its
+  (batch, kv head) merges that group's partials and resets the counter), so a call is one launch; or a
+  **separate kernel** (`_attnscope_decode_combine_kernel`, grid ``(B * Hq,)``). `_fuse_by_default`
+  picks: fused for eager calls with small partials (one launch saves tens of microseconds of host time
+  at small shapes), separate under CUDA-graph capture (launches cost nothing there, and a separate
+  kernel spreads the merge over more programs) and when one program would merge a lot (MQA, many
+  splits).
   `attnscope.reference.combine` is its float64 specification: a split that saw no keys has
   ``lse_s = -inf`` and weight 0; if every split is empty the output is 0 and LSE = -inf, never NaN.
   With ``num_splits == 1`` phase 2 is skipped: phase 1 writes the final output in q's dtype.
@@ -27,8 +34,8 @@ BLOCK_N)`` key blocks, and split s takes blocks ``[s * bps, (s + 1) * bps)`` wit
 the last block of the last non-empty split is ragged, and a short sequence's trailing splits are empty.
 Splitting each sequence by its own length (not by L_max) keeps a ragged batch balanced.
 
-Performance notes (for the H200 benchmark, `bench/decode.py`; not measured here, this machine has no GPU)
-----------------------------------------------------------------------------------------------------------
+Performance notes (measured numbers: BENCHMARKS.md, `bench/decode.py`, `bench/decode_variants.py`)
+-----------------------------------------------------------------------------------------------------
 Decode attention does ~2 FLOPs per byte of KV, far below the H200's ~200 FLOP/byte ridge: it is purely
 bandwidth-bound, so the floor is the bytes (`logical_bytes`) over the measured read ceiling:
 
@@ -56,9 +63,12 @@ ptxas -v), bf16, d = 128, BLOCK_N = 128, 3 stages: the dot path uses mma.sync m1
 >= 64, not worth padding to), ~136 KiB shared memory and 135 registers (G = 1, 4 warps) / 86 (G = 8, 8
 warps), no spills; the elementwise path ~130 KiB and 254 registers for G = 1, and spills at G = 4 (255
 registers). Both are cp.async-pipelined. So the elementwise path is a knob for the benchmark to try on
-G = 1 (MHA), not a default. Not done yet, candidates if the benchmark misses its target: TMA tensor
-descriptors for K/V, an unmasked main loop with a masked tail, and fusing the combine into phase 1 (the
-last program of a row merges, via an atomic counter) to save one launch on small shapes.
+G = 1 (MHA), not a default. Not tried: TMA tensor descriptors for K/V, an unmasked main loop with a
+masked tail (the kernel already streams at the measured read ceiling at large sizes).
+
+Host side (eager calls): one launch (fused merge), the partials and counters in a per-stream cached
+scratch buffer (`_scratch`), one config (no autotuner). What remains is input checking and Triton's
+``JITFunction.run`` (bench/host_overhead.py).
 """
 
 from __future__ import annotations
@@ -178,8 +188,7 @@ def _build():
     import triton.language as tl
 
     # n_kv_heads, l_max and num_splits vary per call but never need value specialisation (SPLIT and
-    # HAS_SEQLENS are constexprs): not specialising them keeps one binary per layout, which is also what
-    # lets `_FastLaunch` key its cache on strides and alignment alone.
+    # HAS_SEQLENS are constexprs): not specialising them keeps one binary per layout.
     @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits"])
     def _attnscope_decode_split_kernel(
         Q, K, V, SEQLENS, O_PART, LSE_PART, O, LSE, SEM,
@@ -372,84 +381,46 @@ def _build():
 
 
 # --- launching ------------------------------------------------------------------------------------------
-#: Triton versions whose CompiledKernel launcher `_FastLaunch` has been checked against (on the H200:
-#: tests/test_decode.py on CUDA tensors). Others launch through JITFunction.run, which is always right.
-FAST_LAUNCH_TRITON = ("3.6.",)
-
-
-def _int_spec(x: int) -> int:
-    """What Triton's launcher specialises an int argument on: == 1, divisible by 16, fits in int32."""
-    return 1 if x == 1 else (2 if x % 16 == 0 else 0) + (0 if -2**31 <= x < 2**31 else 4)
-
-
-def _ptr_spec(t) -> tuple:
-    """What Triton's launcher specialises a tensor argument on: its dtype and 16-byte alignment."""
-    return t.dtype, t.data_ptr() % 16 == 0
-
-
-class _FastLaunch:
-    """Launch a ``@triton.jit`` kernel through its compiled binary, skipping ``JITFunction.run``.
-
-    Why: at the small decode shapes the kernel runs for a few microseconds, and Python launch cost is
-    what an eager call measures. ``JITFunction.run`` re-derives the specialisation of every argument,
-    builds a string cache key, and reads Triton's settings on every call (tens of microseconds for ~30
-    arguments, bench/host_overhead.py); a CompiledKernel's launcher only packs the arguments.
-
-    How: the first launch of each specialisation goes through ``JITFunction.run`` (which compiles and
-    returns the CompiledKernel); it is cached under a key that holds everything Triton specialises the
-    binary on: the constexprs and launch options, the dtypes (through the constexprs: q's dtype, the
-    placeholders that SPLIT / HAS_SEQLENS select), each pointer's 16-byte alignment, and each int's
-    ``_int_spec`` (the size arguments are ``do_not_specialize``). Later launches with the same key call
-    the binary's launcher on the current stream. Under the interpreter, and with Triton versions not in
-    `FAST_LAUNCH_TRITON`, every launch goes through ``JITFunction.run``.
-    """
-
-    def __init__(self, jit_fn, triton):
-        self.jit_fn = jit_fn
-        self.cache: dict = {}
-        self.enabled = (not interpreting()) and triton.__version__.startswith(FAST_LAUNCH_TRITON)
-
-    def __call__(self, grid, pointers, ints, scalars, constexprs: dict, options: dict):
-        """Launch with ``pointers`` (tensors), then ``ints``, then ``scalars`` in signature order."""
-        if not self.enabled:
-            return self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
-        key = (pointers[0].device.index, tuple(constexprs.values()), tuple(options.values()),
-               tuple(map(_ptr_spec, pointers)), tuple(map(_int_spec, ints)))
-        compiled = self.cache.get(key)
-        if compiled is None:
-            compiled = self.jit_fn[grid](*pointers, *ints, *scalars, **constexprs, **options)
-            self.cache[key] = compiled
-            return compiled
-        compiled[(*grid, 1, 1)[:3]](*pointers, *ints, *scalars, *constexprs.values())  # a 3-d grid
-        return compiled
-
-
 @functools.lru_cache(maxsize=1)
 def _launchers():
-    torch, triton, split_kernel, combine_kernel = _build()
-    return _FastLaunch(split_kernel, triton), _FastLaunch(combine_kernel, triton)
+    """(phase-1 kernel, combine kernel), launched through Triton's ``JITFunction.run``.
+
+    Tried and measured on the H200 host (bench/host_overhead.py, BENCHMARKS.md): caching each
+    specialisation's CompiledKernel and calling its launcher directly was 14-33 us per call *slower*
+    than ``JITFunction.run``, whose argument specialisation is native code in Triton 3.6. What cut the
+    host time was launching once instead of twice (the fused merge) and not allocating the partials.
+    """
+    _, _, split_kernel, combine_kernel = _build()
+    return split_kernel, combine_kernel
 
 
 _SCRATCH: dict = {}
 
 
-def _scratch(torch, device, name: str, n: int, dtype, zero: bool = False):
-    """A flat scratch buffer of >= ``n`` elements, cached per (device, current stream, name).
+def _scratch(torch, device, part_elems: int, lse_elems: int, sem_elems: int):
+    """Flat fp32 partials (O_s, lse_s) and int32 counters, cached per (device, current stream).
 
-    Why: at small decode shapes every host microsecond shows in an eager call, and the partials (fp32
-    O_s and lse_s) and the fused merge's counters are the same few hundred KiB call after call. Calls on
-    one stream run in order, so they can share one buffer; another stream gets its own. The counters
-    (``zero=True``) are zeroed once: the kernel leaves every counter it used at 0. During CUDA-graph
-    capture `flash_decode` does not use this cache (a graph gets buffers of its own, allocated inside
-    the capture), so a graph never shares scratch memory with eager calls.
+    Why: at small decode shapes every host microsecond shows in an eager call, and the partials and the
+    fused merge's counters are the same few hundred KiB call after call. Calls on one stream run in
+    order, so they can share one set; another stream gets its own. The counters are zeroed once: the
+    kernel leaves every counter it used at 0. During CUDA-graph capture `flash_decode` does not use this
+    cache (a graph gets buffers of its own, allocated inside the capture), so a graph never shares
+    scratch memory with eager calls. A replaced (too small) buffer is freed in stream order: only this
+    stream used it.
     """
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-    key = (device.type, device.index, stream, name)
-    buf = _SCRATCH.get(key)
-    if buf is None or buf.numel() < n:
-        buf = (torch.zeros if zero else torch.empty)(max(n, 1024), dtype=dtype, device=device)
-        _SCRATCH[key] = buf  # a replaced buffer is freed in stream order: only this stream used it
-    return buf
+    key = (device.type, device.index, stream)
+    bufs = _SCRATCH.get(key)
+    if bufs is None or bufs[0].numel() < part_elems or bufs[1].numel() < lse_elems \
+            or bufs[2].numel() < sem_elems:
+        old = bufs or (None, None, None)
+        grow = [max(n, 1024) if (b is None or b.numel() < n) else None
+                for n, b in zip((part_elems, lse_elems, sem_elems), old, strict=True)]
+        bufs = (torch.empty(grow[0], dtype=torch.float32, device=device) if grow[0] else old[0],
+                torch.empty(grow[1], dtype=torch.float32, device=device) if grow[1] else old[1],
+                torch.zeros(grow[2], dtype=torch.int32, device=device) if grow[2] else old[2])
+        _SCRATCH[key] = bufs
+    return bufs
 
 
 def _fuse_by_default(group: int, num_splits: int, head_dim: int) -> bool:
@@ -616,10 +587,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
             if fuse:
                 sem = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
         else:
-            o_part = _scratch(torch, device, "o_part", n_rows * d, torch.float32)
-            lse_part = _scratch(torch, device, "lse_part", n_rows, torch.float32)
+            o_part, lse_part, sems = _scratch(torch, device, n_rows * d, n_rows, B * Hkv if fuse else 0)
             if fuse:
-                sem = _scratch(torch, device, "sem", B * Hkv, torch.int32, zero=True)
+                sem = sems
         if not fuse and not return_lse:
             lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device)  # the combine writes it
     seqlens = cache_seqlens if cache_seqlens is not None else o  # a placeholder pointer, never read
@@ -631,20 +601,19 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
 
     # _config (BLOCK_N, STAGES, num_warps, num_stages) overrides the measured config: bench/tune_decode.py
     cfg = _config or _block_config()
-    split_launch, _ = _launchers()
-    split_launch(
-        (B * Hkv, num_splits),
-        (q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem),
-        (q.stride(0), q.stride(1),
-         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), seqlens.stride(0)),
-        (Hkv, L_max, num_splits, sm_scale * LOG2E),
-        {"GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
+    split_kernel, _ = _launchers()
+    split_kernel[(B * Hkv, num_splits)](
+        q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), seqlens.stride(0),
+        Hkv, L_max, num_splits, sm_scale * LOG2E,
+        **{"GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
          "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
          "SPLIT": split, "FUSE": fuse,
          "MERGE_G": merge_g, "MERGE_S": merge_s, "WRITE_LSE": return_lse,
          "HAS_SEQLENS": cache_seqlens is not None},
-        {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split and not fuse:
         n_rows = B * Hq * num_splits
@@ -700,19 +669,16 @@ def _combine(o_part, lse_part, o, lse) -> None:
     """Phase 2 as its own kernel: merge ``o_part`` [B, Hq, S, d] fp32 and base-2 ``lse_part`` [B, Hq, S]
     into ``o`` [B, Hq, 1, d] (its dtype) and the natural-log ``lse`` [B, Hq, 1] (fp32), in place."""
     torch, _ = import_torch_triton()
-    _, combine_launch = _launchers()
+    _, combine_kernel = _launchers()
     B, Hq, S, d = o_part.shape
-    combine_launch(
-        (B * Hq,),
-        (o_part, lse_part, o, lse),
-        (o_part.stride(0), o_part.stride(1), o_part.stride(2),
-         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-         o.stride(0), o.stride(1),
-         lse.stride(0), lse.stride(1),
-         Hq, S),
-        (),
-        {"HEAD_DIM": d, "BLOCK_S": min(16, _next_pow2(S)), "EMULATE_BF16": _emulate_bf16(torch, o.dtype)},
-        {},
+    combine_kernel[(B * Hq,)](
+        o_part, lse_part, o, lse,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+        o.stride(0), o.stride(1),
+        lse.stride(0), lse.stride(1),
+        Hq, S,
+        HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(S)), EMULATE_BF16=_emulate_bf16(torch, o.dtype),
     )
 
 
