@@ -38,9 +38,18 @@ H200 recordings (tests/data/measure/recorded/, BENCHMARKS_measure.md), set the c
 
 The call starts with an L2 of clean lines, as `measure/ncu.py`'s child arranges. Stated
 simplifications: one cache of half the L2, not two partitions; waves, not dynamic CTA scheduling;
-sector rounding ignored. Known miss: causal fused kernels with large K/V per head (flash, N = 16,384,
-d = 128, 32 heads: -32 %), where unequal CTA lengths spread the resident CTAs over more heads than a
-wave holds. The error against ncu at every recorded point is in BENCHMARKS_measure.md.
+sector rounding ignored. Known misses (4 of the 186 recorded points, BENCHMARKS.md):
+
+- causal fused kernels with large K/V per head (flash, N = 16,384, d = 128, 32 heads: -32 %), where
+  unequal CTA lengths spread the resident CTAs over more heads than a wave holds;
+- fused kernels at N = 16,384, d = 128, 32 heads, unmasked (cudnn, efficient, attnscope: +21 to
+  +23 %): their resident CTAs cover about one head per wave, the next head's K/V is re-read about 24 MiB of
+  traffic later, random replacement loses about half of it and the H200 none. LRU for the fused
+  kernels fits them but not the naive producer->consumer points that random replacement fits; no
+  single policy tried (LRU, random, random among the older part, set-associative LRU, RRIP with hit
+  promotion) fits both. DESIGN note: a policy that tells reads re-used by many CTAs from streamed
+  producer output is the next step; it needs recordings that isolate the two (e.g. a K/V re-read
+  microbenchmark at controlled reuse distances).
 """
 
 from __future__ import annotations
