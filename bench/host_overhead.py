@@ -5,8 +5,11 @@
 Each call is made 500 times in a loop after warm-up and the loop's wall time divided by 500: at these
 small shapes the GPU finishes each kernel before the host has issued the next, so this is the host's
 time per call. Variants: `flash_decode` as shipped (fused merge, one launch), with the separate combine
-kernel (two launches), with one split; SDPA inside ``sdpa_kernel(...)`` (how the benchmark pins a
-backend) and with default dispatch. A cProfile of the shipped call follows.
+kernel (two launches), with one split, and each launch mode of `decode.LAUNCH` ("direct": repeat calls
+skip the checks and call the compiled kernel's launcher; "jit": skip the checks, launch through
+JITFunction.run; "off": check and launch through JITFunction.run every call); SDPA inside
+``sdpa_kernel(...)`` (how the benchmark pins a backend) and with default dispatch. A cProfile of the
+shipped call follows.
 """
 
 import cProfile
@@ -17,6 +20,7 @@ import time
 import torch
 
 import attnscope
+from attnscope.kernels import decode
 
 
 def main():
@@ -33,8 +37,24 @@ def main():
                 return sdpa(q, k, v, enable_gqa=True)
         return call
 
+    def mode(m, **kw):
+        def call():
+            decode.LAUNCH = m
+            try:
+                return attnscope.flash_decode(q, k, v, **kw)
+            finally:
+                decode.LAUNCH = shipped
+        return call
+
+    shipped = decode.LAUNCH
     calls = {
-        "flash_decode (fused merge, one launch)": lambda: attnscope.flash_decode(q, k, v),
+        f"flash_decode (fused merge, one launch; LAUNCH={shipped!r}, as shipped)":
+            lambda: attnscope.flash_decode(q, k, v),
+        "flash_decode LAUNCH='direct'": mode("direct"),
+        "flash_decode LAUNCH='jit'": mode("jit"),
+        "flash_decode LAUNCH='off'": mode("off"),
+        "flash_decode num_splits=1 LAUNCH='direct'": mode("direct", num_splits=1),
+        "flash_decode num_splits=1 LAUNCH='off'": mode("off", num_splits=1),
         "flash_decode fuse_combine=False (2 launches)": lambda: attnscope.flash_decode(q, k, v,
                                                                                         fuse_combine=False),
         "flash_decode num_splits=1": lambda: attnscope.flash_decode(q, k, v, num_splits=1),

@@ -537,3 +537,103 @@ def test_cuda_graph_capture_takes_its_own_buffers_and_the_separate_merge(monkeyp
     torch.cuda.synchronize()
     assert (out.float() - eager.float()).abs().max().item() <= 1e-2
     assert torch.equal(flash_decode(q, k, v), eager)  # eager calls after the capture are unaffected
+
+
+# --- the planned (cached) launch path ----------------------------------------------------------------------
+@pytest.fixture
+def fresh_plans(monkeypatch):
+    monkeypatch.setattr(decode, "_PLANS", {})
+    return decode._PLANS
+
+
+def test_repeat_calls_reuse_the_plan_and_agree_with_the_unplanned_path(fresh_plans, monkeypatch):
+    q, k, v = make_inputs(3, 8, 2, 100, 64, torch.float16, seed=51)
+    checks = []
+    real = decode._check_inputs
+    monkeypatch.setattr(decode, "_check_inputs", lambda *a: (checks.append(1), real(*a))[1])
+    lens = torch.tensor([100, 0, 37], dtype=torch.int32, device=DEVICE)
+    first = flash_decode(q, k, v, lens, num_splits=4, return_lse=True)
+    assert len(fresh_plans) == 1 and len(checks) == 1
+    # same layout, new values (different tensors at the same shapes): the plan is reused, no re-check
+    q2, k2, v2 = make_inputs(3, 8, 2, 100, 64, torch.float16, seed=52)
+    lens2 = torch.tensor([5, 100, 0], dtype=torch.int32, device=DEVICE)
+    o2, lse2 = flash_decode(q2, k2, v2, lens2, num_splits=4, return_lse=True)
+    assert len(fresh_plans) == 1 and len(checks) == 1
+    ref_o, ref_lse = reference_decode(q2, k2, v2, lens2)
+    assert (o2.double().cpu() - ref_o).abs().max().item() <= 2 * torch_error(q2, k2, v2, lens2, ref_o) + 1e-3
+    assert torch.isneginf(lse2[2]).all() and (o2[2] == 0).all()
+    # the same call without plans gives the same bits
+    monkeypatch.setattr(decode, "LAUNCH", "off")
+    o_off, lse_off = flash_decode(q2, k2, v2, lens2, num_splits=4, return_lse=True)
+    assert torch.equal(o_off, o2) and torch.equal(lse_off, lse2)
+    assert torch.equal(flash_decode(q, k, v, lens, num_splits=4, return_lse=True)[0], first[0])
+
+
+def test_plan_records_follow_the_longest_length(fresh_plans):
+    # num_splits from the heuristic depends on the longest valid length, which is read on every call
+    q, k, v = make_inputs(2, 4, 4, 3000, 64, torch.float16, seed=53)
+    for lens in ([3000, 10], [300, 10], [10, 2999]):
+        t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        o = flash_decode(q, k, v, t)
+        ref_o, _ = reference_decode(q, k, v, t)
+        assert (o.double().cpu() - ref_o).abs().max().item() <= 2 * torch_error(q, k, v, t, ref_o) + 1e-3
+    (plan,) = fresh_plans.values()
+    assert sorted(plan.records) == [300, 2999, 3000]
+    assert plan.records[3000].grid[1] == default_num_splits(2, 4, 3000, decode._sms(torch, q.device))
+    assert plan.records[300].grid[1] == default_num_splits(2, 4, 300, decode._sms(torch, q.device))
+
+
+def test_a_planned_layout_still_checks_values_and_options(fresh_plans):
+    q, k, v = make_inputs(2, 4, 4, 64, 64, torch.float16, seed=54)
+    lens = torch.tensor([64, 3], dtype=torch.int32, device=DEVICE)
+    flash_decode(q, k, v, lens, num_splits=1)
+    assert len(fresh_plans) == 1
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max = 64\], got 65"):
+        flash_decode(q, k, v, torch.tensor([65, 3], dtype=torch.int32, device=DEVICE), num_splits=1)
+    with pytest.raises(InputError, match="num_splits: expected a positive integer or None, got True"):
+        flash_decode(q, k, v, lens, num_splits=True)  # True == 1, but not the plan of 1
+    with pytest.raises(InputError, match="fuse_combine: expected True, False or None, got 1"):
+        flash_decode(q, k, v, lens, num_splits=2, fuse_combine=1)
+
+
+def test_plan_key_tells_layouts_apart():
+    q, k, v = make_inputs(1, 4, 4, 64, 64, torch.float16, seed=55)
+    key = decode._plan_key(q, k, v, None, None, None, False, True, None, None)
+    assert key == decode._plan_key(q.clone(), k.clone(), v.clone(), None, None, None, False, True, None, None)
+    kbuf = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEVICE)
+    k_odd = kbuf[1:].view_as(k)
+    others = [
+        (q, k_odd, v, None),  # same shape and strides, a pointer off 16-byte alignment
+        (q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None),  # other strides
+        (q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), None),
+        (q, k, v, torch.tensor([64], dtype=torch.int32, device=DEVICE)),
+    ]
+    for qq, kk, vv, sl in others:
+        assert decode._plan_key(qq, kk, vv, sl, None, None, False, True, None, None) != key
+    assert decode._plan_key(q, k, v, None, 1, None, False, True, None, None) != \
+        decode._plan_key(q, k, v, None, True, None, False, True, None, None)
+    assert decode._plan_key("q", k, v, None, None, None, False, True, None, None) is None  # checks will say
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled-kernel launcher needs a GPU")
+def test_direct_launch_matches_jit_launch_on_gpu(fresh_plans, monkeypatch):
+    q, k, v = make_inputs(2, 32, 8, 4096, 128, torch.bfloat16, seed=56)
+    lens = torch.tensor([4096, 1000], dtype=torch.int32, device=DEVICE)
+    firsts = {}
+    for fuse in (True, False):
+        first = firsts[fuse] = flash_decode(q, k, v, lens, fuse_combine=fuse, return_lse=True)
+        again = flash_decode(q, k, v, lens, fuse_combine=fuse, return_lse=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = flash_decode(q, k, v, lens, fuse_combine=fuse, return_lse=True)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        for got in (again, on_side):
+            assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+    for plan in fresh_plans.values():  # the repeat calls went through the binary's launcher
+        assert all(rec.compiled is not None for rec in plan.records.values())
+    monkeypatch.setattr(decode, "LAUNCH", "off")
+    for fuse in (True, False):
+        off = flash_decode(q, k, v, lens, fuse_combine=fuse, return_lse=True)
+        assert torch.equal(off[0], firsts[fuse][0]) and torch.equal(off[1], firsts[fuse][1])

@@ -67,8 +67,10 @@ G = 1 (MHA), not a default. Not tried: TMA tensor descriptors for K/V, an unmask
 masked tail (the kernel already streams at the measured read ceiling at large sizes).
 
 Host side (eager calls): one launch (fused merge), the partials and counters in a per-stream cached
-scratch buffer (`_scratch`), one config (no autotuner). What remains is input checking and Triton's
-``JITFunction.run`` (bench/host_overhead.py).
+scratch buffer (`_scratch`), one config (no autotuner), and a plan per input layout (`_plan_key`,
+`_launch_planned`): a repeat call with a layout already checked skips the checks and launches the
+compiled binary directly. 91.6 -> 54.3 us of host time per call on the H200 host (bench/host_overhead.py),
+which is what lets an eager call at the smallest shapes keep up with SDPA's C++ dispatch.
 """
 
 from __future__ import annotations
@@ -383,12 +385,15 @@ def _build():
 # --- launching ------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _launchers():
-    """(phase-1 kernel, combine kernel), launched through Triton's ``JITFunction.run``.
+    """(phase-1 kernel, combine kernel), as ``@triton.jit`` functions.
 
-    Tried and measured on the H200 host (bench/host_overhead.py, BENCHMARKS.md): caching each
-    specialisation's CompiledKernel and calling its launcher directly was 14-33 us per call *slower*
-    than ``JITFunction.run``, whose argument specialisation is native code in Triton 3.6. What cut the
-    host time was launching once instead of twice (the fused merge) and not allocating the partials.
+    The first call with a layout launches through ``JITFunction.run``; repeat calls take the planned
+    path (`_launch_planned`). Measured on the H200 host, one process (bench/host_overhead.py,
+    2026-11-30): checks + ``JITFunction.run`` every call 91.6 us; checks skipped, ``JITFunction.run``
+    55.2 us; checks skipped, the binary's launcher 54.3 us. So what pays is not re-checking a layout
+    already checked; Triton 3.6's ``JITFunction.run`` (native argument specialisation) costs about what
+    calling the binary's launcher does. (An earlier try that re-derived a specialisation key per call
+    before the launcher measured slower than ``JITFunction.run``.)
     """
     _, _, split_kernel, combine_kernel = _build()
     return split_kernel, combine_kernel
@@ -408,8 +413,16 @@ def _scratch(torch, device, part_elems: int, lse_elems: int, sem_elems: int):
     scratch memory with eager calls. A replaced (too small) buffer is freed in stream order: only this
     stream used it.
     """
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
+    index = device.index
+    if device.type == "cuda" and index is None:  # torch.device("cuda"): the current device
+        index = torch.cuda.current_device()
+    stream = torch._C._cuda_getCurrentRawStream(index) if device.type == "cuda" else 0
+    return _scratch_on(torch, device, index, stream, part_elems, lse_elems, sem_elems)
+
+
+def _scratch_on(torch, device, index, stream: int, part_elems: int, lse_elems: int, sem_elems: int):
+    """`_scratch` for a known device index and raw stream handle."""
+    key = (device.type, index, stream)
     bufs = _SCRATCH.get(key)
     if bufs is None or bufs[0].numel() < part_elems or bufs[1].numel() < lse_elems \
             or bufs[2].numel() < sem_elems:
@@ -558,13 +571,24 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
     """
     torch, _ = import_torch_triton()
-    B, Hq, d, Hkv, L_max = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale,
-                                         use_dot, fuse_combine)
+    key = _plan_key(q, k_cache, v_cache, cache_seqlens, num_splits, scale, return_lse, check_seqlens, use_dot,
+                    fuse_combine) if _config is None and LAUNCH != "off" else None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale, use_dot,
+                              fuse_combine)
+    else:
+        facts = plan.facts
+    B, Hq, d, Hkv, L_max = facts
     longest = L_max
     if cache_seqlens is not None and check_seqlens:
         longest = _check_seqlen_values(cache_seqlens, L_max)
-    group = Hq // Hkv
     device = q.device
+    rec = plan.records.get(longest) if plan is not None else None
+    if rec is not None and not (rec.split and rec.cuda and torch.cuda.is_current_stream_capturing()):
+        return _launch_planned(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse)
+
+    group = Hq // Hkv
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, longest, _sms(torch, device))
     if use_dot is None:
@@ -579,8 +603,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         fuse_combine = not capturing and _fuse_by_default(group, num_splits, d)
     fuse = split and fuse_combine
     o_part = lse_part = sem = o  # placeholders, never touched without SPLIT / FUSE
+    n_rows = B * Hq * num_splits
     if split:
-        n_rows = B * Hq * num_splits
         if capturing:  # the graph's own buffers (see _scratch)
             o_part = torch.empty(n_rows * d, dtype=torch.float32, device=device)
             lse_part = torch.empty(n_rows, dtype=torch.float32, device=device)
@@ -602,23 +626,145 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     # _config (BLOCK_N, STAGES, num_warps, num_stages) overrides the measured config: bench/tune_decode.py
     cfg = _config or _block_config()
     split_kernel, _ = _launchers()
-    split_kernel[(B * Hkv, num_splits)](
-        q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), seqlens.stride(0),
-        Hkv, L_max, num_splits, sm_scale * LOG2E,
-        **{"GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
-         "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
-         "SPLIT": split, "FUSE": fuse,
-         "MERGE_G": merge_g, "MERGE_S": merge_s, "WRITE_LSE": return_lse,
-         "HAS_SEQLENS": cache_seqlens is not None},
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    named = {
+        "stride_qb": q.stride(0), "stride_qh": q.stride(1),
+        "stride_kb": k_cache.stride(0), "stride_kh": k_cache.stride(1), "stride_kn": k_cache.stride(2),
+        "stride_vb": v_cache.stride(0), "stride_vh": v_cache.stride(1), "stride_vn": v_cache.stride(2),
+        "stride_sb": seqlens.stride(0),
+        "n_kv_heads": Hkv, "l_max": L_max, "num_splits": num_splits, "qk_scale": sm_scale * LOG2E,
+        "GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
+        "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
+        "SPLIT": split, "FUSE": fuse, "MERGE_G": merge_g, "MERGE_S": merge_s, "WRITE_LSE": return_lse,
+        "HAS_SEQLENS": cache_seqlens is not None,
+    }
+    rest = tuple(named[n] for n in split_kernel.arg_names[len(_TENSOR_ARGS):])
+    grid = (B * Hkv, num_splits)
+    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    compiled = split_kernel[grid](q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rest,
+                                  **options)
     if split and not fuse:
-        n_rows = B * Hq * num_splits
         _combine(o_part[:n_rows * d].view(B, Hq, num_splits, d), lse_part[:n_rows].view(B, Hq, num_splits),
                  o, lse)
+    if key is not None and not capturing:
+        if plan is None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            plan = _PLANS[key] = _Plan(facts)
+        plan.records[longest] = _Record(
+            device, split, fuse, grid, rest, options, compiled if _direct_launch_ok(compiled) else None,
+            (B, Hq, 1, d), n_rows, d, B * Hkv if fuse else 0, (B, Hq, num_splits))
+    return (o, lse) if return_lse else o
+
+
+# --- the planned (cached) launch path --------------------------------------------------------------------
+#: "direct": repeat calls with an already-seen layout skip the input checks and launch the cached
+#: compiled kernel's launcher; "jit": skip the checks, launch through JITFunction.run; "off": neither.
+#: A benchmark knob (bench/host_overhead.py times all three in one process).
+LAUNCH = "direct"
+#: Layouts remembered (the cache is cleared when full; a serving loop sees a handful).
+MAX_PLANS = 512
+#: Triton versions whose CompiledKernel launcher signature `_launch_planned` has been checked against on
+#: the H200 (tests/test_decode.py on CUDA tensors); others launch through JITFunction.run.
+DIRECT_LAUNCH_TRITON = ("3.6.",)
+_TENSOR_ARGS = ("Q", "K", "V", "SEQLENS", "O_PART", "LSE_PART", "O", "LSE", "SEM")
+_PLANS: dict = {}
+
+
+class _Plan:
+    """What one input layout validated to, and a launch record per longest sequence length."""
+
+    __slots__ = ("facts", "records")
+
+    def __init__(self, facts):
+        self.facts = facts
+        self.records: dict = {}
+
+
+class _Record:
+    """Everything a launch needs that does not change between calls with the same layout."""
+
+    __slots__ = ("device", "cuda", "index", "split", "fuse", "grid", "rest", "options", "compiled", "o_shape",
+                 "n_rows", "d", "sem_elems", "part_shape")
+
+    def __init__(self, device, split, fuse, grid, rest, options, compiled, o_shape, n_rows, d, sem_elems,
+                 part_shape):
+        self.device, self.cuda, self.index = device, device.type == "cuda", device.index
+        self.split, self.fuse, self.grid, self.rest, self.options = split, fuse, grid, rest, options
+        self.compiled, self.o_shape, self.n_rows, self.d = compiled, o_shape, n_rows, d
+        self.sem_elems, self.part_shape = sem_elems, part_shape
+
+
+def _plan_key(q, k, v, seqlens, num_splits, scale, return_lse, check_seqlens, use_dot, fuse_combine):
+    """A hashable description of everything the input checks and the compiled binary depend on: each
+    tensor's type, shape, strides, dtype, device and 16-byte alignment (Triton specialises pointers on
+    it), and each option with its type (``True == 1`` must not reuse the plan of ``1``). None when the
+    input is not even tensors: the checks then run and raise."""
+    try:
+        parts = [(type(t), t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in (q, k, v)]
+        if seqlens is not None:
+            parts.append((type(seqlens), seqlens.shape, seqlens.stride(), seqlens.dtype, seqlens.device,
+                          seqlens.data_ptr() % 16))
+        parts.append((type(num_splits), num_splits, type(scale), scale, bool(return_lse), bool(check_seqlens),
+                      type(use_dot), use_dot, type(fuse_combine), fuse_combine))
+        key = tuple(parts)
+        hash(key)
+        return key
+    except Exception:  # malformed input: let _check_inputs say what was expected
+        return None
+
+
+_KNOBS = None  # triton.knobs.runtime, once a direct launch is possible (its launch hooks are read per call)
+
+
+def _direct_launch_ok(compiled) -> bool:
+    global _KNOBS
+    if LAUNCH != "direct" or compiled is None or interpreting():
+        return False
+    import triton
+
+    if not (triton.__version__.startswith(DIRECT_LAUNCH_TRITON) and hasattr(compiled, "packed_metadata")):
+        return False
+    _KNOBS = triton.knobs.runtime
+    return True
+
+
+def _launch_planned(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse):
+    """The repeat-call path: the layout was checked before, so allocate the output and launch.
+
+    Why: at small decode shapes the kernel runs for ~10 us and an eager call is made of host time. The
+    first call with a layout runs every check and launches through ``JITFunction.run``, which compiles
+    (or finds) the binary and returns it; the record keeps the binary and the launch arguments that do
+    not change. A repeat call builds the key (shapes, strides, dtypes, devices, alignment, options),
+    allocates the output and calls the binary's launcher on the current stream: the same binary
+    ``JITFunction.run`` would pick, since the key holds everything Triton specialises on. Launch hooks
+    (a profiler's) are honoured by falling back to ``JITFunction.run`` while one is set.
+    """
+    device = rec.device
+    o = torch.empty(rec.o_shape, dtype=q.dtype, device=device)
+    lse = torch.empty(rec.o_shape[:3], dtype=torch.float32, device=device) if return_lse else o
+    o_part = lse_part = sem = o
+    stream = torch._C._cuda_getCurrentRawStream(rec.index) if rec.cuda else 0
+    if rec.split:
+        o_part, lse_part, sems = _scratch_on(torch, device, rec.index, stream, rec.n_rows * rec.d, rec.n_rows,
+                                             rec.sem_elems)
+        if rec.fuse:
+            sem = sems
+        elif not return_lse:
+            lse = torch.empty(rec.o_shape[:3], dtype=torch.float32, device=device)
+    seqlens = cache_seqlens if cache_seqlens is not None else o
+    c = rec.compiled
+    if c is not None and LAUNCH == "direct" and _KNOBS.launch_enter_hook is None \
+            and _KNOBS.launch_exit_hook is None:
+        g0, g1 = rec.grid
+        c.run(g0, g1, 1, stream, c.function, c.packed_metadata, None, None, None,
+              q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rec.rest)
+    else:
+        split_kernel, _ = _launchers()
+        split_kernel[rec.grid](q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rec.rest,
+                               **rec.options)
+    if rec.split and not rec.fuse:
+        n, (B, Hq, S), d = rec.n_rows, rec.part_shape, rec.d
+        _combine(o_part[:n * d].view(B, Hq, S, d), lse_part[:n].view(B, Hq, S), o, lse)
     return (o, lse) if return_lse else o
 
 
