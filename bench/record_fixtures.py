@@ -319,8 +319,8 @@ def grid_table(path: str) -> str:
              f"{env.get('torch')}, {env.get('ncu_version')}, recorded {env.get('date')}", "",
              "MiB per (batch, head). cache: ncu --cache-control (none: the L2 is left alone between kernels, "
              "what the estimate models; all: ncu flushes it before every kernel, shown for reference only).",
-             "", "| impl | N | d | heads | causal | cache | measured | logical | estimate | est. error | "
-             "logical error |", "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+             "", "| impl | N | d | heads | batch | dtype | causal | cache | measured | logical | estimate | "
+             "est. error | logical error |", "|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
     errs: list[tuple[float, str]] = []  # (error, point) with cache-control none
     for run in rec["runs"]:
         if not run.get("csv"):
@@ -339,15 +339,20 @@ def grid_table(path: str) -> str:
             err = physical.error(est.total, measured)
             if run["cache_control"] == "none":
                 errs.append((err, f"{spec['impl']} N={spec['n']} d={spec['d']} heads={spec['heads']} "
-                                  f"{'causal' if spec['causal'] else 'unmasked'}"))
+                                  + (f"batch={spec['batch']} " if spec["batch"] != 1 else "")
+                                  + (f"{spec['dtype']} " if spec["dtype"] != "fp16" else "")
+                                  + f"{'causal' if spec['causal'] else 'unmasked'}"))
             lines.append(f"| {spec['impl']} | {spec['n']} | {spec['d']} | {spec['heads']} | "
-                         f"{spec['causal']} | {run['cache_control']} | {measured / bh / 2**20:.2f} | "
+                         f"{spec['batch']} | {spec['dtype']} | {spec['causal']} | {run['cache_control']} | "
+                         f"{measured / bh / 2**20:.2f} | "
                          f"{lg / bh / 2**20:.2f} | {est.total / bh / 2**20:.2f} | {err:+.1%} | "
                          f"{physical.error(lg, measured):+.1%} |")
     if errs:
         out = [f"{p} ({e:+.1%})" for e, p in errs if abs(e) > 0.15]
+        within = {b: sum(abs(e) <= b for e, _ in errs) for b in (0.05, 0.10, 0.15)}
         lines += ["", f"Estimate error with cache-control none over {len(errs)} points: from "
-                  f"{min(e for e, _ in errs):+.1%} to {max(e for e, _ in errs):+.1%}; worst |error| "
+                  f"{min(e for e, _ in errs):+.1%} to {max(e for e, _ in errs):+.1%}; within +-5 %: "
+                  f"{within[0.05]}, +-10 %: {within[0.10]}, +-15 %: {within[0.15]}; worst |error| "
                   f"{max(abs(e) for e, _ in errs):.1%} (goal: 15 %); outside +-15 %: {len(out)}"
                   + (": " + "; ".join(out) if out else "") + "."]
     return "\n".join(lines)

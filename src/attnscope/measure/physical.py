@@ -15,7 +15,7 @@ since the same data was last touched (its *reuse distance*) fit in the L2. Two r
 
 Method: replay the call's accesses, in launch order, against a cache, in chunks (a fraction of the
 cache, never finer than one tile). A read miss is a DRAM read. Four physical facts, each read off the
-H200 recordings (tests/data/measure/recorded/, BENCHMARKS_measure.md), set the cache:
+H200 recordings (tests/data/measure/recorded/, BENCHMARKS.md), set the cache:
 
 - **Write-back, write-allocate.** A write allocates a line without reading it and reaches DRAM only
   when the dirty line is evicted; what is still dirty when the call ends is not counted by ncu. (One
