@@ -578,9 +578,9 @@ def test_plan_records_follow_the_longest_length(fresh_plans):
         ref_o, _ = reference_decode(q, k, v, t)
         assert (o.double().cpu() - ref_o).abs().max().item() <= 2 * torch_error(q, k, v, t, ref_o) + 1e-3
     (plan,) = fresh_plans.values()
-    assert sorted(plan.records) == [300, 2999, 3000]
-    assert plan.records[3000].grid[1] == default_num_splits(2, 4, 3000, decode._sms(torch, q.device))
-    assert plan.records[300].grid[1] == default_num_splits(2, 4, 300, decode._sms(torch, q.device))
+    assert sorted(plan.records) == [(300, False), (2999, False), (3000, False)]  # (longest, capturing)
+    assert plan.records[3000, False].grid[1] == default_num_splits(2, 4, 3000, decode._sms(torch, q.device))
+    assert plan.records[300, False].grid[1] == default_num_splits(2, 4, 300, decode._sms(torch, q.device))
 
 
 def test_a_planned_layout_still_checks_values_and_options(fresh_plans):

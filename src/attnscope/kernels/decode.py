@@ -68,7 +68,7 @@ masked tail (the kernel already streams at the measured read ceiling at large si
 
 Host side (eager calls): one launch (fused merge), the partials and counters in a per-stream cached
 scratch buffer (`_scratch`), one config (no autotuner), and a plan per input layout (`_plan_key`,
-`_launch_planned`): a repeat call with a layout already checked skips the checks and launches the
+`_launch`): a repeat call with a layout already checked skips the checks and launches the
 compiled binary directly. 91.6 -> 54.3 us of host time per call on the H200 host (bench/host_overhead.py),
 which is what lets an eager call at the smallest shapes keep up with SDPA's C++ dispatch.
 """
@@ -388,7 +388,7 @@ def _launchers():
     """(phase-1 kernel, combine kernel), as ``@triton.jit`` functions.
 
     The first call with a layout launches through ``JITFunction.run``; repeat calls take the planned
-    path (`_launch_planned`). Measured on the H200 host, one process (bench/host_overhead.py,
+    path (`_launch`). Measured on the H200 host, one process (bench/host_overhead.py,
     2026-11-30): checks + ``JITFunction.run`` every call 91.6 us; checks skipped, ``JITFunction.run``
     55.2 us; checks skipped, the binary's launcher 54.3 us. So what pays is not re-checking a layout
     already checked; Triton 3.6's ``JITFunction.run`` (native argument specialisation) costs about what
@@ -578,100 +578,42 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, num_splits, scale, use_dot,
                               fuse_combine)
     else:
-        facts = plan.facts
-    B, Hq, d, Hkv, L_max = facts
-    longest = L_max
+        facts = plan.facts  # this layout was checked before: the key holds everything the checks read
+    longest = facts[4]
     if cache_seqlens is not None and check_seqlens:
-        longest = _check_seqlen_values(cache_seqlens, L_max)
+        longest = _check_seqlen_values(cache_seqlens, facts[4])
     device = q.device
-    rec = plan.records.get(longest) if plan is not None else None
-    if rec is not None and not (rec.split and rec.cuda and torch.cuda.is_current_stream_capturing()):
-        return _launch_planned(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse)
-
-    group = Hq // Hkv
-    if num_splits is None:
-        num_splits = default_num_splits(B, Hkv, longest, _sms(torch, device))
-    if use_dot is None:
-        use_dot = True  # see the module notes: pipelined MMA, low register use, for every G
-    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-
-    o = torch.empty((B, Hq, 1, d), dtype=q.dtype, device=device)
-    lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device) if return_lse else o
-    split = num_splits > 1
-    capturing = split and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if fuse_combine is None:  # see _fuse_by_default; in a CUDA graph the second launch is free
-        fuse_combine = not capturing and _fuse_by_default(group, num_splits, d)
-    fuse = split and fuse_combine
-    o_part = lse_part = sem = o  # placeholders, never touched without SPLIT / FUSE
-    n_rows = B * Hq * num_splits
-    if split:
-        if capturing:  # the graph's own buffers (see _scratch)
-            o_part = torch.empty(n_rows * d, dtype=torch.float32, device=device)
-            lse_part = torch.empty(n_rows, dtype=torch.float32, device=device)
-            if fuse:
-                sem = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
-        else:
-            o_part, lse_part, sems = _scratch(torch, device, n_rows * d, n_rows, B * Hkv if fuse else 0)
-            if fuse:
-                sem = sems
-        if not fuse and not return_lse:
-            lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=device)  # the combine writes it
-    seqlens = cache_seqlens if cache_seqlens is not None else o  # a placeholder pointer, never read
-    block_g = _next_pow2(group)
-    if use_dot:
-        block_g = max(16, block_g)  # tl.dot needs M >= 16
-    merge_g = _next_pow2(group)
-    merge_s = max(1, min(_next_pow2(num_splits), MERGE_ELEMS // (merge_g * d)))
-
-    # _config (BLOCK_N, STAGES, num_warps, num_stages) overrides the measured config: bench/tune_decode.py
-    cfg = _config or _block_config()
-    split_kernel, _ = _launchers()
-    named = {
-        "stride_qb": q.stride(0), "stride_qh": q.stride(1),
-        "stride_kb": k_cache.stride(0), "stride_kh": k_cache.stride(1), "stride_kn": k_cache.stride(2),
-        "stride_vb": v_cache.stride(0), "stride_vh": v_cache.stride(1), "stride_vn": v_cache.stride(2),
-        "stride_sb": seqlens.stride(0),
-        "n_kv_heads": Hkv, "l_max": L_max, "num_splits": num_splits, "qk_scale": sm_scale * LOG2E,
-        "GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
-        "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
-        "SPLIT": split, "FUSE": fuse, "MERGE_G": merge_g, "MERGE_S": merge_s, "WRITE_LSE": return_lse,
-        "HAS_SEQLENS": cache_seqlens is not None,
-    }
-    rest = tuple(named[n] for n in split_kernel.arg_names[len(_TENSOR_ARGS):])
-    grid = (B * Hkv, num_splits)
-    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    compiled = split_kernel[grid](q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rest,
-                                  **options)
-    if split and not fuse:
-        _combine(o_part[:n_rows * d].view(B, Hq, num_splits, d), lse_part[:n_rows].view(B, Hq, num_splits),
-                 o, lse)
-    if key is not None and not capturing:
-        if plan is None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            plan = _PLANS[key] = _Plan(facts)
-        plan.records[longest] = _Record(
-            device, split, fuse, grid, rest, options, compiled if _direct_launch_ok(compiled) else None,
-            (B, Hq, 1, d), n_rows, d, B * Hkv if fuse else 0, (B, Hq, num_splits))
-    return (o, lse) if return_lse else o
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    rec = plan.records.get((longest, capturing)) if plan is not None else None
+    if rec is None:
+        rec = _record(torch, q, k_cache, v_cache, cache_seqlens, facts, longest, capturing, num_splits, scale,
+                      return_lse, use_dot, fuse_combine, _config)
+        if key is not None:
+            if plan is None:
+                if len(_PLANS) >= MAX_PLANS:
+                    _PLANS.clear()
+                plan = _PLANS[key] = _Plan(facts)
+            plan.records[(longest, capturing)] = rec
+    return _launch(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse, capturing)
 
 
-# --- the planned (cached) launch path --------------------------------------------------------------------
-#: "direct": repeat calls with an already-seen layout skip the input checks and launch the cached
-#: compiled kernel's launcher; "jit": skip the checks, launch through JITFunction.run; "off": neither.
-#: A benchmark knob (bench/host_overhead.py times all three in one process).
+# --- launching: a record per (input layout, longest length, capture), cached in a plan ------------------
+#: "direct": repeat calls with a layout already checked skip the input checks and call the compiled
+#: kernel's launcher; "jit": skip the checks, launch through JITFunction.run; "off": check and build the
+#: launch record on every call. A benchmark knob (bench/host_overhead.py times the three in one process).
 LAUNCH = "direct"
 #: Layouts remembered (the cache is cleared when full; a serving loop sees a handful).
 MAX_PLANS = 512
-#: Triton versions whose CompiledKernel launcher signature `_launch_planned` has been checked against on
-#: the H200 (tests/test_decode.py on CUDA tensors); others launch through JITFunction.run.
+#: Triton versions whose CompiledKernel launcher signature `_launch` has been checked against on the H200
+#: (tests/test_decode.py on CUDA tensors); others launch through JITFunction.run.
 DIRECT_LAUNCH_TRITON = ("3.6.",)
-_TENSOR_ARGS = ("Q", "K", "V", "SEQLENS", "O_PART", "LSE_PART", "O", "LSE", "SEM")
 _PLANS: dict = {}
 
 
 class _Plan:
-    """What one input layout validated to, and a launch record per longest sequence length."""
+    """What one input layout checked to (``facts``: B, Hq, d, Hkv, L_max) and its launch records, keyed
+    by (longest valid length, capturing a CUDA graph): the split count depends on the first, the merge
+    and the scratch buffers on the second."""
 
     __slots__ = ("facts", "records")
 
@@ -686,11 +628,12 @@ class _Record:
     __slots__ = ("device", "cuda", "index", "split", "fuse", "grid", "rest", "options", "compiled", "o_shape",
                  "n_rows", "d", "sem_elems", "part_shape")
 
-    def __init__(self, device, split, fuse, grid, rest, options, compiled, o_shape, n_rows, d, sem_elems,
-                 part_shape):
-        self.device, self.cuda, self.index = device, device.type == "cuda", device.index
+    def __init__(self, device, split, fuse, grid, rest, options, o_shape, n_rows, d, sem_elems, part_shape):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.index = device.index if device.index is not None or not self.cuda else 0
         self.split, self.fuse, self.grid, self.rest, self.options = split, fuse, grid, rest, options
-        self.compiled, self.o_shape, self.n_rows, self.d = compiled, o_shape, n_rows, d
+        self.compiled = None  # the binary, once a JITFunction.run launch returned one that can be called
+        self.o_shape, self.n_rows, self.d = o_shape, n_rows, d
         self.sem_elems, self.part_shape = sem_elems, part_shape
 
 
@@ -713,6 +656,50 @@ def _plan_key(q, k, v, seqlens, num_splits, scale, return_lse, check_seqlens, us
         return None
 
 
+def _record(torch, q, k_cache, v_cache, cache_seqlens, facts, longest, capturing, num_splits, scale,
+            return_lse, use_dot, fuse_combine, config):
+    """The launch record of a checked call: split count, merge, block sizes, grid and the kernel's
+    non-tensor arguments in signature order."""
+    B, Hq, d, Hkv, L_max = facts
+    group = Hq // Hkv
+    device = q.device
+    if num_splits is None:
+        num_splits = default_num_splits(B, Hkv, longest, _sms(torch, device))
+    if use_dot is None:
+        use_dot = True  # see the module notes: pipelined MMA, low register use, for every G
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    split = num_splits > 1
+    if fuse_combine is None:  # see _fuse_by_default; in a CUDA graph the second launch is free
+        fuse_combine = not capturing and _fuse_by_default(group, num_splits, d)
+    fuse = split and fuse_combine
+    block_g = _next_pow2(group)
+    if use_dot:
+        block_g = max(16, block_g)  # tl.dot needs M >= 16
+    merge_g = _next_pow2(group)
+    merge_s = max(1, min(_next_pow2(num_splits), MERGE_ELEMS // (merge_g * d)))
+    # config (BLOCK_N, STAGES, num_warps, num_stages) overrides the measured one: bench/tune_decode.py
+    cfg = config or _block_config()
+    split_kernel, _ = _launchers()
+    named = {
+        "stride_qb": q.stride(0), "stride_qh": q.stride(1),
+        "stride_kb": k_cache.stride(0), "stride_kh": k_cache.stride(1), "stride_kn": k_cache.stride(2),
+        "stride_vb": v_cache.stride(0), "stride_vh": v_cache.stride(1), "stride_vn": v_cache.stride(2),
+        # without lengths SEQLENS is a placeholder (the output), never read
+        "stride_sb": cache_seqlens.stride(0) if cache_seqlens is not None else Hq * d,
+        "n_kv_heads": Hkv, "l_max": L_max, "num_splits": num_splits, "qk_scale": sm_scale * LOG2E,
+        "GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
+        "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
+        "SPLIT": split, "FUSE": fuse, "MERGE_G": merge_g, "MERGE_S": merge_s, "WRITE_LSE": return_lse,
+        "HAS_SEQLENS": cache_seqlens is not None,
+    }
+    rest = tuple(named[n] for n in split_kernel.arg_names[_N_TENSOR_ARGS:])
+    return _Record(device, split, fuse, (B * Hkv, num_splits), rest,
+                   {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}, (B, Hq, 1, d),
+                   B * Hq * num_splits, d, B * Hkv if fuse else 0, (B, Hq, num_splits))
+
+
+#: The kernel's leading tensor arguments: Q, K, V, SEQLENS, O_PART, LSE_PART, O, LSE, SEM.
+_N_TENSOR_ARGS = 9
 _KNOBS = None  # triton.knobs.runtime, once a direct launch is possible (its launch hooks are read per call)
 
 
@@ -728,30 +715,37 @@ def _direct_launch_ok(compiled) -> bool:
     return True
 
 
-def _launch_planned(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse):
-    """The repeat-call path: the layout was checked before, so allocate the output and launch.
+def _launch(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse, capturing):
+    """Allocate the output, find the partials' buffers, launch phase 1 (and phase 2 if separate).
 
-    Why: at small decode shapes the kernel runs for ~10 us and an eager call is made of host time. The
-    first call with a layout runs every check and launches through ``JITFunction.run``, which compiles
-    (or finds) the binary and returns it; the record keeps the binary and the launch arguments that do
-    not change. A repeat call builds the key (shapes, strides, dtypes, devices, alignment, options),
-    allocates the output and calls the binary's launcher on the current stream: the same binary
-    ``JITFunction.run`` would pick, since the key holds everything Triton specialises on. Launch hooks
-    (a profiler's) are honoured by falling back to ``JITFunction.run`` while one is set.
+    Why a record: at small decode shapes the kernel runs for ~10 us and an eager call is made of host
+    time. The first call with a layout launches through ``JITFunction.run``, which compiles (or finds)
+    the binary and returns it; the record keeps it. A repeat call calls the binary's launcher on the
+    current stream: the binary ``JITFunction.run`` would pick, since the plan key holds everything
+    Triton specialises on (argument types, 16-byte alignment, the int arguments' values through the
+    strides and shapes). While a launch hook is set (a profiler's), launches go through
+    ``JITFunction.run``, which calls it.
+
+    Partials: eagerly the per-stream cached scratch (`_scratch`); under CUDA-graph capture fresh buffers
+    the graph owns.
     """
     device = rec.device
     o = torch.empty(rec.o_shape, dtype=q.dtype, device=device)
-    lse = torch.empty(rec.o_shape[:3], dtype=torch.float32, device=device) if return_lse else o
-    o_part = lse_part = sem = o
+    need_lse = return_lse or (rec.split and not rec.fuse)  # the separate merge always writes the LSE
+    lse = torch.empty(rec.o_shape[:3], dtype=torch.float32, device=device) if need_lse else o
+    o_part = lse_part = sem = o  # placeholders, never touched without SPLIT / FUSE
     stream = torch._C._cuda_getCurrentRawStream(rec.index) if rec.cuda else 0
     if rec.split:
-        o_part, lse_part, sems = _scratch_on(torch, device, rec.index, stream, rec.n_rows * rec.d, rec.n_rows,
-                                             rec.sem_elems)
+        n, d = rec.n_rows, rec.d
+        if capturing:
+            o_part = torch.empty(n * d, dtype=torch.float32, device=device)
+            lse_part = torch.empty(n, dtype=torch.float32, device=device)
+            sems = torch.zeros(rec.sem_elems, dtype=torch.int32, device=device) if rec.fuse else o
+        else:
+            o_part, lse_part, sems = _scratch_on(torch, device, rec.index, stream, n * d, n, rec.sem_elems)
         if rec.fuse:
             sem = sems
-        elif not return_lse:
-            lse = torch.empty(rec.o_shape[:3], dtype=torch.float32, device=device)
-    seqlens = cache_seqlens if cache_seqlens is not None else o
+    seqlens = cache_seqlens if cache_seqlens is not None else o  # a placeholder pointer, never read
     c = rec.compiled
     if c is not None and LAUNCH == "direct" and _KNOBS.launch_enter_hook is None \
             and _KNOBS.launch_exit_hook is None:
@@ -760,10 +754,12 @@ def _launch_planned(torch, rec, q, k_cache, v_cache, cache_seqlens, return_lse):
               q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rec.rest)
     else:
         split_kernel, _ = _launchers()
-        split_kernel[rec.grid](q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rec.rest,
-                               **rec.options)
+        c = split_kernel[rec.grid](q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse, sem, *rec.rest,
+                                   **rec.options)
+        if rec.compiled is None and _direct_launch_ok(c):
+            rec.compiled = c
     if rec.split and not rec.fuse:
-        n, (B, Hq, S), d = rec.n_rows, rec.part_shape, rec.d
+        (B, Hq, S), n, d = rec.part_shape, rec.n_rows, rec.d
         _combine(o_part[:n * d].view(B, Hq, S, d), lse_part[:n].view(B, Hq, S), o, lse)
     return (o, lse) if return_lse else o
 
