@@ -47,7 +47,9 @@ sector rounding ignored. Known misses (4 of the 186 recorded points, BENCHMARKS.
   traffic later, random replacement loses about half of it and the H200 none. LRU for the fused
   kernels fits them but not the naive producer->consumer points that random replacement fits; no
   single policy tried (LRU, random, random among the older part, set-associative LRU, RRIP with hit
-  promotion) fits both. DESIGN note: a policy that tells reads re-used by many CTAs from streamed
+  promotion, random with shared K/V protected while its head is resident) fits both; the last fits
+  these three within 1 % but moves flash (two heads' K/V live at once) to -19 % at N = 16,384.
+  DESIGN note: a policy that tells reads re-used by many CTAs from streamed
   producer output is the next step; it needs recordings that isolate the two (e.g. a K/V re-read
   microbenchmark at controlled reuse distances).
 """
