@@ -4,6 +4,7 @@ tiles.py     the tile arithmetic (the one place it lives): rows, loaded/skipped/
 traffic.py   logical HBM bytes of the naive baseline and FlashAttention-2, itemised
 footprint.py the memory scopes of spec §1.2 and §3.3, and shared-memory fit
 roofline.py  the device table and the roofline (ridge point, intensity, time floor)
+flops.py     attention FLOPs (forward, backward): the one definition
 amdahl.py    Amdahl's law, sensitivity, and carrying a projection to an outer boundary
 
 DESIGN note: DESIGN.md writes the traffic call as ``attnscope.model.traffic(n=...)``; here it is
