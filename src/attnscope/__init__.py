@@ -5,7 +5,7 @@ Layers (data flows downward; a module imports only from layers below it):
     cli/         the `attnscope` command: parse, call one function, print
     report/      latency attribution report
     measure/     GPU only: timing, SDPA backend check, ncu counters, profiler time share
-    kernels/     Triton: FA-2 prefill forward, split-KV decode
+    kernels/     Triton: FA-2 prefill forward (dense and packed varlen), split-KV decode
     reference.py float64 NumPy reference
     model/       analytic, pure Python
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attention", "flash_decode", "__version__"]
+__all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "__version__"]
 
 
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
@@ -24,6 +24,15 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
     from attnscope.kernels.fwd import flash_attention as _impl
 
     return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                           scale=None, return_lse=False, check_seqlens=True):
+    """Packed variable-length FA-2 forward (Triton). See `attnscope.kernels.varlen.flash_attention_varlen`."""
+    from attnscope.kernels.varlen import flash_attention_varlen as _impl
+
+    return _impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
+                 return_lse=return_lse, check_seqlens=check_seqlens)
 
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,

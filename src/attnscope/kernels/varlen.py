@@ -1,0 +1,302 @@
+"""Packed variable-length FlashAttention-2 forward (prefill of a batch of prompts of different lengths).
+
+Algorithm: the FA-2 forward of `attnscope.kernels.fwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
+Algorithm 1, §3.1.1: online softmax, two-stage causal KV loop, skip bound, exp2 with log2(e) folded into
+the scale), run per sequence of a packed batch.
+
+Layout (flash-attn's varlen): ``q [total_q, Hq, d]``, ``k, v [total_k, Hkv, d]``; sequence ``s`` owns q rows
+``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` and k/v rows ``cu_seqlens_k[s] : cu_seqlens_k[s+1]``; output
+``[total_q, Hq, d]``, LSE ``[Hq, total_q]`` fp32. Causal alignment is bottom-right per sequence (key c is
+visible to query r iff ``c <= r + Nk_s - Nq_s``); rows with no visible key (a sequence with no keys, or
+the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf.
+
+Scheduling: no padding to ``max_seqlen``. The launcher builds, on the device and without a host sync, a
+flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of them, padded to the
+host-known bound ``min(B * ceil(max_seqlen_q / BLOCK_M), ceil(total_q / BLOCK_M) + B)`` with idle items
+that exit at once -- sorted heaviest first by the number of K/V rows the tile loads, and launches a 1-D
+grid over work items x query heads (heads fastest, so GQA heads sharing a K/V head run side by side and
+share it through L2). A batch of very unequal lengths thus fills the machine like one long sequence, and
+the long tiles start first so the short ones fill the tail. The list is rebuilt on every call (about a
+dozen tiny device ops).
+
+Loads are plain masked pointer loads (a TMA descriptor cannot stop at a sequence boundary); any strides
+with a unit last stride work. Row offsets are computed in int64. Tile configs are fixed per head_dim (no
+autotuning; see CONFIGS). Under TRITON_INTERPRET=1 bf16 products run in fp32 with `round_bf16`, as in
+the dense forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attnscope.errors import InputError
+from attnscope.kernels._common import (
+    LOG2E,
+    check_device,
+    check_head_dim,
+    check_same,
+    check_tensor,
+    import_torch_triton,
+    interpreting,
+)
+
+torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
+import triton.language as tl  # noqa: E402
+
+from attnscope.kernels._tl import round_bf16  # noqa: E402
+from attnscope.kernels.fwd import _kv_bounds  # noqa: E402  (the in-kernel twin of tiles.causal_kv_bounds0)
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
+# (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
+# 4 warps, 3 stages. The varlen kernel runs the same inner loop with pointer loads instead of TMA, so the
+# same shapes are taken; the sm_90 compile (registers, spills, shared memory) is in the helper's report.
+CONFIGS = {128: (128, 64, 4, 2), 64: (128, 128, 4, 3)}
+INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-tile, ragged and diagonal
+
+
+@triton.jit
+def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stride_kn, stride_vn,
+                 qk_scale, NQ, NK, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form."""
+    cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
+    rows64 = cols.to(tl.int64)
+    if MASKED:
+        in_seq = cols < NK
+        k = tl.load(k_ptrs + rows64[:, None] * stride_kn, mask=in_seq[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs + rows64[:, None] * stride_kn)
+    # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM
+    qk = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
+    if MASKED:
+        keep = in_seq[None, :]  # ragged last tile: columns past Nk_s
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))  # mask BEFORE the running max (spec §2.1)
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        m_ij = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # no key yet: exp2(-inf - 0) = 0, not NaN
+        p = tl.math.exp2(qk - m_ij[:, None])
+    else:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+    alpha = tl.math.exp2(m_i - m_ij)  # rescale of the old state onto the new max
+    acc = acc * alpha[:, None]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=in_seq[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs + rows64[:, None] * stride_vn)
+    # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
+    acc = tl.dot(round_bf16(p), v.to(tl.float32), acc) if EMULATE_BF16 else tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_ij
+
+
+@triton.jit
+def _attnscope_varlen_kernel(
+    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    H, HKV, TOTAL_Q, qk_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    w = pid // H  # work item (heaviest first); heads fastest so GQA siblings run together
+    h = pid % H
+    s = tl.load(WORK_SEQ + w)
+    if s < 0:  # idle item: the grid is sized by a host-known bound, not the device-side count
+        return
+    start_m = tl.load(WORK_TILE + w)
+    hk = h // (H // HKV)  # GQA: query heads h share kv head h // group
+    q0 = tl.load(CU_Q + s)
+    NQ = tl.load(CU_Q + s + 1) - q0
+    k0 = tl.load(CU_K + s)
+    NK = tl.load(CU_K + s + 1) - k0
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # 0-based query rows of this tile, in the sequence
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < NQ
+    q_rows = (q0 + offs_m).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    k_ptrs = K + k0.to(tl.int64) * stride_kt + hk * stride_kh + offs_d[None, :]
+    v_ptrs = V + k0.to(tl.int64) * stride_vt + hk * stride_vh + offs_d[None, :]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain, scaled)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
+
+    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
+    for start_n in range(0, lo, BLOCK_N):
+        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stride_kt,
+                                     stride_vt, qk_scale, NQ, NK, False, CAUSAL, EMULATE_BF16)
+    # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
+    for start_n in range(lo, hi, BLOCK_N):
+        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stride_kt,
+                                     stride_vt, qk_scale, NQ, NK, True, CAUSAL, EMULATE_BF16)
+
+    # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if EMULATE_BF16:
+        o = round_bf16(o)
+    tl.store(O + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+    if STORE_LSE:
+        lse = m_i * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
+        tl.store(LSE + h.to(tl.int64) * TOTAL_Q + q_rows, lse, mask=row_ok)
+
+
+# --- the launcher: check, build the work list, allocate, launch ---------------------------------------
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
+    check_tensor(torch, "q", q, 3, "[total_q, Hq, d]")
+    check_tensor(torch, "k", k, 3, "[total_k, Hkv, d]")
+    check_tensor(torch, "v", v, 3, "[total_k, Hkv, d]")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise InputError(f"{name}: expected an int32 torch.Tensor [B + 1], got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise InputError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise InputError(f"{name}: expected a 1-d tensor [B + 1] with B >= 1, "
+                             f"got shape {tuple(cu.shape)}")
+    check_device(torch, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
+    check_same("cu_seqlens_k", "length (B + 1, as cu_seqlens_q)", cu_seqlens_q.shape[0],
+               cu_seqlens_k.shape[0])
+    total_q, Hq, d = q.shape
+    total_k, Hkv = k.shape[0], k.shape[1]
+    check_same("k", "head_dim", d, k.shape[2])
+    check_same("k", "dtype (as q)", q.dtype, k.dtype)
+    check_same("v", "dtype (as q)", q.dtype, v.dtype)
+    check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
+    if Hq == 0 or Hkv == 0 or Hq % Hkv != 0:
+        raise InputError(f"q: expected the number of query heads ({Hq}) to be a positive multiple of the "
+                         f"kv heads ({Hkv})")
+    check_head_dim(d)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not (_is_int(value) and value >= 0):
+            raise InputError(f"{name}: expected a non-negative int, got {value!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+    return total_q, Hq, d, total_k, Hkv
+
+
+def _check_seqlens(cu, name: str, total: int, max_seqlen: int, max_name: str) -> None:
+    """The value checks of one cu_seqlens: one device -> host copy of the whole array (a sync)."""
+    vals = cu.tolist()
+    if vals[0] != 0:
+        raise InputError(f"{name}: expected cu_seqlens[0] == 0, got {vals[0]}")
+    lens = [b - a for a, b in zip(vals[:-1], vals[1:], strict=True)]
+    bad = next((i for i, n in enumerate(lens) if n < 0), None)
+    if bad is not None:
+        raise InputError(f"{name}: expected non-decreasing values, got {vals[bad]} then {vals[bad + 1]} "
+                         f"at index {bad}")
+    if vals[-1] != total:
+        raise InputError(f"{name}: expected the last value to equal the packed length {total}, "
+                         f"got {vals[-1]}")
+    if max(lens) > max_seqlen:
+        raise InputError(f"{max_name}: expected >= the longest sequence ({max(lens)}), got {max_seqlen}")
+
+
+def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool):
+    """(sequence, query tile) pairs, heaviest first, padded with sequence -1 to ``n_items``; on the device,
+    no host sync. Weight of an item: the K/V rows its query tile loads (`_kv_bounds`'s ``hi``)."""
+    nq = (cu_q[1:] - cu_q[:-1]).long()  # [B]
+    nk = (cu_k[1:] - cu_k[:-1]).long()
+    tiles = (nq + block_m - 1) // block_m  # [B] query tiles per sequence
+    ends = torch.cumsum(tiles, 0)  # [B] exclusive end of each sequence's items
+    w = torch.arange(n_items, device=cu_q.device)
+    seq = torch.searchsorted(ends, w, right=True).clamp_(max=nq.shape[0] - 1)  # [W]
+    tile = w - (ends[seq] - tiles[seq])
+    valid = w < ends[-1]
+    if causal:  # rows of the tile's last query + the diagonal offset, clamped to [0, Nk]
+        r_last = torch.minimum((tile + 1) * block_m, nq[seq]) + nk[seq] - nq[seq]
+        weight = torch.minimum(r_last.clamp(min=0), nk[seq])
+    else:
+        weight = nk[seq]
+    weight = torch.where(valid, weight + 1, torch.zeros_like(weight))  # +1: an item with no keys still runs
+    order = torch.argsort(weight, descending=True, stable=True)
+    seq = torch.where(valid, seq, -1)[order].to(torch.int32)
+    tile = torch.where(valid, tile, 0)[order].to(torch.int32)
+    return seq, tile
+
+
+def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
+            check_seqlens, config=None):
+    total_q, Hq, d, total_k, Hkv = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                 max_seqlen_k, scale)
+    if check_seqlens:
+        _check_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, "max_seqlen_q")
+        _check_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, "max_seqlen_k")
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    o = torch.empty((total_q, Hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((Hq, total_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
+    if total_q == 0:
+        return o, lse
+    block_m, block_n, num_warps, num_stages = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[d])
+    B = cu_seqlens_q.shape[0] - 1
+    n_items = min(B * -(-max(max_seqlen_q, 1) // block_m), -(-total_q // block_m) + B)
+    seq, tile = _work_items(cu_seqlens_q, cu_seqlens_k, n_items, block_m, bool(causal))
+    _attnscope_varlen_kernel[(n_items * Hq,)](
+        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seq, tile,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        o.stride(0), o.stride(1),
+        Hq, Hkv, total_q, sm_scale * LOG2E,
+        HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
+        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return o, lse
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                           causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                           check_seqlens: bool = True):
+    """FlashAttention-2 forward over a packed batch of variable-length sequences (flash-attn's varlen API).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [total_q, Hq, d]
+        Queries of all sequences, packed along dim 0; fp16 or bf16, CUDA (or CPU under
+        ``TRITON_INTERPRET=1``); any strides with a unit last stride.
+    k, v : torch.Tensor, [total_k, Hkv, d]
+        Keys and values, packed the same way; ``Hq`` a multiple of ``Hkv`` (GQA / MQA).
+    cu_seqlens_q, cu_seqlens_k : torch.Tensor, int32 [B + 1], on the tensors' device
+        Cumulative lengths: sequence ``s`` owns q rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` and k/v rows
+        ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``; starts at 0, non-decreasing, ends at total_q / total_k.
+        Empty sequences are allowed (a sequence with queries but no keys gives 0 and LSE = -inf).
+    max_seqlen_q, max_seqlen_k : int
+        Upper bounds of the per-sequence lengths (they size the launch grid; need not be exact).
+    causal : bool
+        Bottom-right causal mask per sequence: key c visible to query r iff ``c <= r + Nk_s - Nq_s``.
+    scale : float, optional
+        Softmax scale; defaults to ``1/sqrt(d)``.
+    return_lse : bool
+        Also return the natural-log logsumexp, [Hq, total_q] float32 (flash-attn's varlen layout).
+    check_seqlens : bool
+        Check the *values* of cu_seqlens (start 0, non-decreasing, end = total, longest <= max_seqlen).
+        That copies both arrays to the host: a device sync per call. Pass False in a serving loop that
+        builds cu_seqlens itself (wrong values then give wrong results or out-of-bounds reads).
+
+    Returns
+    -------
+    o : torch.Tensor, [total_q, Hq, d], q's dtype (contiguous)
+    lse : torch.Tensor, [Hq, total_q], float32 — only when ``return_lse``.
+
+    Supported: d in {64, 128}; fp16 and bf16 (NotImplementedError otherwise); malformed input raises
+    ValueError naming the argument.
+
+    Example
+    -------
+    >>> cu = torch.tensor([0, 100, 4196], dtype=torch.int32, device="cuda")
+    >>> q = k = v = torch.randn(4196, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> o = attnscope.flash_attention_varlen(q, k, v, cu, cu, 4096, 4096, causal=True)
+    """
+    o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bool(causal), scale,
+                     return_lse, check_seqlens)
+    return (o, lse) if return_lse else o
