@@ -87,6 +87,22 @@ def configure(sub) -> None:
     p.add_argument("--items", action="store_true", help="print the itemised ledger of every kernel")
     p.add_argument("--device", default=None,
                    help="add roofline lines for a device: a100, h100, h200 (ridge, FLOP/byte, time floor)")
+    g = p.add_argument_group("serving layouts (whole-batch ledgers instead of one (batch, head))")
+    g.add_argument("--lengths", default=None, metavar="N1,N2,...",
+                   help="packed variable-length prefill: query lengths of the sequences (0 allowed); "
+                        "bytes per query head summed over the sequences; uses --d, --dtype, --block-q, "
+                        "--block-kv, --heads, --kv-heads, --lse, --rows")
+    g.add_argument("--kv-lengths", default=None, metavar="N1,N2,...",
+                   help="packed: key lengths per sequence (default: --lengths)")
+    g.add_argument("--cache-lens", default=None, metavar="L1,L2,...",
+                   help="decode / chunked prefill against a KV cache: keys per sequence (counting the "
+                        "--nq new queries); the whole call's bytes; with --page-size a paged cache")
+    g.add_argument("--page-size", type=int, default=None,
+                   help="paged KV cache: rows per page, a power of two (block-table reads, the unused "
+                        "tail of each last page); without it a dense cache of --capacity rows")
+    g.add_argument("--capacity", type=int, default=None,
+                   help="dense cache rows per sequence (default: the longest --cache-lens)")
+    g.add_argument("--splits", type=int, default=1, help="split-KV programs per sequence (default 1)")
     _json_flag(p)
     p.set_defaults(func=cmd_traffic)
 
@@ -137,6 +153,11 @@ def cmd_traffic(args) -> int:
 
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
     names = ROW_NAMES if names == ["all"] else names
+    if args.lengths is not None or args.cache_lens is not None:
+        return _cmd_serving(args, names)
+    for flag in ("kv_lengths", "page_size", "capacity"):
+        expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"),
+               "to come with --lengths or --cache-lens", getattr(args, flag))
     t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
                 batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
     ratio = None
@@ -216,6 +237,78 @@ def cmd_traffic(args) -> int:
                             caption="; ".join(r.assumptions)))
     if dev:
         _print_roofline(con, t, dev, points)
+    return 0
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    from attnscope.errors import InputError
+
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def _cmd_serving(args, names) -> int:
+    """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
+    from attnscope.errors import expect
+    from attnscope.model.traffic import packed, paged
+
+    expect(args.lengths is None or args.cache_lens is None, "--cache-lens", "not together with --lengths",
+           args.cache_lens)
+    expect(args.device is None and args.ratio is None, "--device",
+           "no --device / --ratio with --lengths or --cache-lens", args.device or args.ratio)
+    con = _console()
+    if args.lengths is not None:
+        for flag in ("page_size", "capacity"):
+            expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "only with --cache-lens",
+                   getattr(args, flag))
+        lk = _int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
+        p = packed(_int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
+                   heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
+        if args.json:
+            print_json(p.to_json())
+            return 0
+        c = p.config
+        body = []
+        for r in p.rows.values():
+            base = p.rows.get(r.baseline)
+            red = f"{base.total / r.total:.2f}x vs {r.baseline}" if base is not None and base is not r else ""
+            body.append([r.label, f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", f"{r.total / MiB:,.2f}",
+                         f"{r.total * c.heads / MiB:,.2f}", red])
+        con.print(table(f"Packed prefill, {len(p.lengths_q)} sequences ({sum(p.lengths_q):,} query / "
+                        f"{sum(p.lengths_k):,} key rows), d = {c.d}, {c.dtype}, B_r = {c.block_q}, "
+                        f"B_c = {c.block_kv}, {p.work_items} work items: bytes per query head",
+                        ["Configuration", "Reads B", "Writes B", "Total B", "Total MiB",
+                         f"Total x {c.heads} heads MiB", "Reduction"], body,
+                        caption="Each sequence's dense ledger, summed line by line (logical bytes, bottom-"
+                                "right causal per sequence)."))
+        rows = p.rows.values()
+    else:
+        expect(args.kv_lengths is None, "--kv-lengths", "only with --lengths", args.kv_lengths)
+        g = paged(_int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
+                  dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
+                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)
+        if args.json:
+            print_json(g.to_json())
+            return 0
+        r = g.row
+        body = [[k.name, t.tensor, t.direction, f"{t.nbytes:,}", f"{t.nbytes / MiB:,.2f}", t.what]
+                for k in r.kernels for t in k.transfers]
+        body.append(["Total", "", "", f"{r.total:,}", f"{r.total / MiB:,.2f}", "reads + writes"])
+        body.append(["allocated, not read", "K, V", "", f"{g.tail:,}", f"{g.tail / MiB:,.2f}",
+                     "end of each last page" if g.page_size else "cache rows past each length"])
+        con.print(table(f"{r.label}: {len(g.cache_lens)} sequences, {sum(g.cache_lens):,} keys, "
+                        f"d = {g.config.d}, {g.config.dtype}, Hq = {g.config.heads}, "
+                        f"Hkv = {g.config.kv_heads}: the whole call",
+                        ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], body,
+                        caption="; ".join(r.assumptions)))
+        rows = [r]
+    if args.items and args.lengths is not None:
+        for r in rows:
+            items = [[k.name, t.tensor, t.direction, f"{t.nbytes:,}", t.what] for k in r.kernels
+                     for t in k.transfers]
+            con.print(table(f"{r.label}: ledger", ["Kernel", "Tensor", "Dir", "Bytes", "What"], items))
     return 0
 
 
