@@ -240,3 +240,42 @@ def test_cpu_tensors_without_interpreter_error():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "q: expected CUDA tensors" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_and_pointer_paths_agree(causal):
+    """Whole K/V tiles by TMA (aligned K/V, the default) or by pointer loads (forced, or a K/V whose base
+    is not 16-byte aligned) give the same bits."""
+    lq, lk = [37, 0, 70], [50, 9, 70]
+    g = torch.Generator().manual_seed(6)
+    q = _packed(sum(lq), 2, 64, torch.float16, False, g)
+    k, v = (_packed(sum(lk), 2, 64, torch.float16, False, g) for _ in range(2))
+    args = (q, k, v, _cu(lq), _cu(lk), 70, 70, causal, None, True, True)
+    o_tma, lse_tma = varlen._launch(*args, tma=True)
+    o_ptr, lse_ptr = varlen._launch(*args, tma=False)
+    assert torch.equal(o_tma, o_ptr) and torch.equal(lse_tma, lse_ptr)
+    # an odd base address (2 bytes past a 16-byte boundary): the launcher must take the pointer path
+    buf = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEVICE)
+    k_odd = buf[1:].view(k.shape)
+    k_odd.copy_(k)
+    assert not varlen._tma_ok(k_odd, v) and varlen._tma_ok(k, v)
+    o_odd = attnscope.flash_attention_varlen(q, k_odd, v, _cu(lq), _cu(lk), 70, 70, causal=causal)
+    assert torch.equal(o_odd, o_tma)
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_no_leak_from_neighbouring_sequences(tma):
+    """Rows a ragged tile reads past its sequence's end (TMA) must not reach the result, not even inf/NaN:
+    poisoning one sequence's K/V leaves the others' outputs bit-identical."""
+    lq = [20, 13, 30]  # ragged for the interpreter's 16-key tiles
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (_packed(63, 2, 64, torch.float16, False, g) for _ in range(3))
+    cu = _cu(lq)
+    args = (cu, cu, 30, 30, True, None, False, True)
+    clean, _ = varlen._launch(q, k, v, *args, tma=tma)
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    q2[20:33] = float("nan")  # sequence 1 (rows 20..32), right after sequence 0's ragged last tile
+    k2[20:33] = float("nan")
+    v2[20:33] = float("inf")
+    dirty, _ = varlen._launch(q2, k2, v2, *args, tma=tma)
+    assert torch.equal(dirty[:20], clean[:20]) and torch.equal(dirty[33:], clean[33:])

@@ -19,10 +19,14 @@ share it through L2). A batch of very unequal lengths thus fills the machine lik
 the long tiles start first so the short ones fill the tail. The list is rebuilt on every call (about a
 dozen tiny device ops).
 
-Loads are plain masked pointer loads (a TMA descriptor cannot stop at a sequence boundary); any strides
-with a unit last stride work. Row offsets are computed in int64. Tile configs are fixed per head_dim (no
-autotuning; see CONFIGS). Under TRITON_INTERPRET=1 bf16 products run in fp32 with `round_bf16`, as in
-the dense forward.
+Loads: K and V tiles come by TMA, through descriptors over the whole packed ``[total_k, Hkv, d]``, when
+K and V are 16-byte aligned (any contiguous tensor), else by predicated pointer loads. A descriptor
+cannot stop at a sequence boundary, so a ragged last tile reads rows of the next sequence (zeros past the
+tensor's end); the masked stage gives them score -inf and V row 0 by selects, so nothing leaks, not even
+a NaN. Q (once per program) and O use predicated pointer loads and stores: Q by TMA compiled to more
+spills on sm_90. Any strides with a unit last stride work. Row offsets are computed in int64.
+Tile configs are fixed per head_dim (no autotuning; see CONFIGS). Under TRITON_INTERPRET=1 bf16
+products run in fp32 with `round_bf16`, as in the dense forward.
 """
 
 from __future__ import annotations
@@ -44,24 +48,36 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels._tl import round_bf16  # noqa: E402
-from attnscope.kernels.fwd import _kv_bounds  # noqa: E402  (the in-kernel twin of tiles.causal_kv_bounds0)
+from attnscope.kernels.fwd import (  # noqa: E402
+    _kv_bounds,  # the in-kernel twin of tiles.causal_kv_bounds0
+    _set_allocator,  # scratch for device-side tensor descriptors
+)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
-# 4 warps, 3 stages. The varlen kernel runs the same inner loop with pointer loads instead of TMA, so the
-# same shapes are taken; the sm_90 compile (registers, spills, shared memory) is in the helper's report.
+# 4 warps, 3 stages. The varlen kernel runs the same inner loop (K/V by TMA too), so the same shapes are
+# taken. Compiled for sm_90 on a CPU (Triton 3.6, ptxas -v), bf16, TMA path: d = 128 255 registers,
+# 172 / 192 B spill stores (unmasked / causal; the dense forward: 100 / 124), 96 KiB shared memory;
+# d = 64 255 registers, 20 / 100 B spill stores, 113 KiB. The pointer path spills more (276 / 552 B, d = 128).
 CONFIGS = {128: (128, 64, 4, 2), 64: (128, 128, 4, 3)}
 INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-tile, ragged and diagonal
 
 
 @triton.jit
-def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stride_kn, stride_vn,
-                 qk_scale, NQ, NK, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form."""
+def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n, start_n, stride_kn,
+                 stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+                 EMULATE_BF16: tl.constexpr):
+    """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
+    With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
+    tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
+    not even a NaN, reaches the result. Without TMA the loads are predicated instead."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
     rows64 = cols.to(tl.int64)
-    if MASKED:
-        in_seq = cols < NK
+    in_seq = cols < NK
+    if USE_TMA:
+        k = desc_k.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
+    elif MASKED:
         k = tl.load(k_ptrs + rows64[:, None] * stride_kn, mask=in_seq[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs + rows64[:, None] * stride_kn)
@@ -81,7 +97,11 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stri
     alpha = tl.math.exp2(m_i - m_ij)  # rescale of the old state onto the new max
     acc = acc * alpha[:, None]
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
+    if USE_TMA:
+        v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
+        if MASKED:
+            v = tl.where(in_seq[:, None], v, 0.0)  # rows of the next sequence: 0 * inf would be NaN
+    elif MASKED:
         v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=in_seq[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs + rows64[:, None] * stride_vn)
@@ -94,9 +114,9 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stri
 def _attnscope_varlen_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H, HKV, TOTAL_Q, qk_scale,
+    H, HKV, TOTAL_Q, TOTAL_K, qk_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     w = pid // H  # work item (heaviest first); heads fastest so GQA siblings run together
@@ -120,6 +140,16 @@ def _attnscope_varlen_kernel(
                 other=0.0)
     k_ptrs = K + k0.to(tl.int64) * stride_kt + hk * stride_kh + offs_d[None, :]
     v_ptrs = V + k0.to(tl.int64) * stride_vt + hk * stride_vh + offs_d[None, :]
+    if USE_TMA:  # [total_k, Hkv, d] seen whole; the masked stage discards rows past the sequence
+        desc_k = tl.make_tensor_descriptor(K, shape=[TOTAL_K, HKV, HEAD_DIM],
+                                           strides=[stride_kt, stride_kh, 1],
+                                           block_shape=[BLOCK_N, 1, HEAD_DIM])
+        desc_v = tl.make_tensor_descriptor(V, shape=[TOTAL_K, HKV, HEAD_DIM],
+                                           strides=[stride_vt, stride_vh, 1],
+                                           block_shape=[BLOCK_N, 1, HEAD_DIM])
+    else:
+        desc_k = K  # unused placeholders
+        desc_v = V
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain, scaled)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
@@ -128,12 +158,14 @@ def _attnscope_varlen_kernel(
     lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
     # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
     for start_n in range(0, lo, BLOCK_N):
-        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stride_kt,
-                                     stride_vt, qk_scale, NQ, NK, False, CAUSAL, EMULATE_BF16)
+        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
+                                     start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
+                                     False, CAUSAL, USE_TMA, EMULATE_BF16)
     # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
     for start_n in range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, stride_kt,
-                                     stride_vt, qk_scale, NQ, NK, True, CAUSAL, EMULATE_BF16)
+        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
+                                     start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
+                                     True, CAUSAL, USE_TMA, EMULATE_BF16)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -226,8 +258,17 @@ def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool):
     return seq, tile
 
 
+def _tma_ok(k, v) -> bool:
+    """TMA needs 16-byte aligned strides and base addresses (true of any contiguous [total, H, d])."""
+    return all((x * t.element_size()) % 16 == 0
+               for t in (k, v) for x in (*t.stride()[:2], t.storage_offset()))
+
+
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
-            check_seqlens, config=None):
+            check_seqlens, config=None, tma=None):
+    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
+    and the tests; both paths give the same result."""
     total_q, Hq, d, total_k, Hkv = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                  max_seqlen_k, scale)
     if check_seqlens:
@@ -242,12 +283,16 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     B = cu_seqlens_q.shape[0] - 1
     n_items = min(B * -(-max(max_seqlen_q, 1) // block_m), -(-total_q // block_m) + B)
     seq, tile = _work_items(cu_seqlens_q, cu_seqlens_k, n_items, block_m, bool(causal))
+    use_tma = _tma_ok(k, v) if tma is None else bool(tma)
+    if use_tma:
+        _set_allocator(q.device)
     _attnscope_varlen_kernel[(n_items * Hq,)](
         q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seq, tile,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
-        Hq, Hkv, total_q, sm_scale * LOG2E,
+        Hq, Hkv, total_q, total_k, sm_scale * LOG2E,
         HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
+        USE_TMA=use_tma,
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
     )
