@@ -57,8 +57,9 @@ from attnscope.kernels.fwd import (  # noqa: E402
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
 # 4 warps, 3 stages. The varlen kernel runs the same inner loop (K/V by TMA too), so the same shapes are
 # taken. Compiled for sm_90 on a CPU (Triton 3.6, ptxas -v), bf16, TMA path: d = 128 255 registers,
-# 172 / 192 B spill stores (unmasked / causal; the dense forward: 100 / 124), 96 KiB shared memory;
-# d = 64 255 registers, 20 / 100 B spill stores, 113 KiB. The pointer path spills more (276 / 552 B, d = 128).
+# 168 / 188 B spill stores (unmasked / causal; the dense forward: 100 / 124), 96 KiB shared memory;
+# d = 64 255 registers, 20 / 100 B spill stores, 113 KiB. Pointer path: 276 / 568 B (d = 128), 36 / 56 B
+# (d = 64). Not measured on a GPU yet (bench/varlen.py times both paths).
 CONFIGS = {128: (128, 64, 4, 2), 64: (128, 128, 4, 3)}
 INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-tile, ragged and diagonal
 
@@ -126,6 +127,8 @@ def _attnscope_varlen_kernel(
         return
     start_m = tl.load(WORK_TILE + w)
     hk = h // (H // HKV)  # GQA: query heads h share kv head h // group
+    h64 = h.to(tl.int64)  # head offsets in int64 too: a [H, total, d] buffer seen as [total, H, d] is legal
+    hk64 = hk.to(tl.int64)
     q0 = tl.load(CU_Q + s)
     NQ = tl.load(CU_Q + s + 1) - q0
     k0 = tl.load(CU_K + s)
@@ -136,10 +139,10 @@ def _attnscope_varlen_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < NQ
     q_rows = (q0 + offs_m).to(tl.int64)
-    q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=row_ok[:, None],
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h64 * stride_qh + offs_d[None, :], mask=row_ok[:, None],
                 other=0.0)
-    k_ptrs = K + k0.to(tl.int64) * stride_kt + hk * stride_kh + offs_d[None, :]
-    v_ptrs = V + k0.to(tl.int64) * stride_vt + hk * stride_vh + offs_d[None, :]
+    k_ptrs = K + k0.to(tl.int64) * stride_kt + hk64 * stride_kh + offs_d[None, :]
+    v_ptrs = V + k0.to(tl.int64) * stride_vt + hk64 * stride_vh + offs_d[None, :]
     if USE_TMA:  # [total_k, Hkv, d] seen whole; the masked stage discards rows past the sequence
         desc_k = tl.make_tensor_descriptor(K, shape=[TOTAL_K, HKV, HEAD_DIM],
                                            strides=[stride_kt, stride_kh, 1],
@@ -172,11 +175,11 @@ def _attnscope_varlen_kernel(
     o = acc / l_safe[:, None]
     if EMULATE_BF16:
         o = round_bf16(o)
-    tl.store(O + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+    tl.store(O + q_rows[:, None] * stride_ot + h64 * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     if STORE_LSE:
         lse = m_i * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
-        tl.store(LSE + h.to(tl.int64) * TOTAL_Q + q_rows, lse, mask=row_ok)
+        tl.store(LSE + h64 * TOTAL_Q + q_rows, lse, mask=row_ok)
 
 
 # --- the launcher: check, build the work list, allocate, launch ---------------------------------------
