@@ -16,6 +16,11 @@ Rows (each belongs to one masking condition; ratios are taken only within a cond
 Bytes are per (batch, query head). With GQA (kv_heads < heads) they are the bytes *as the kernel issues
 them*: every query head's program reads its K/V head itself, so K and V are counted once per query head
 even though heads/kv_heads query heads share them (L2 may serve the repeats; this model does not).
+
+Serving layouts (at the end of the file): `packed`, a packed variable-length prefill, is the line-by-line
+sum of its sequences' dense ledgers plus the varlen kernel's work-list reads; `paged`, one split-KV
+decode / chunked-prefill step against a paged (or dense) KV cache, whole call: block-table reads, K/V
+valid rows once per kv head, split partials, and the allocated-but-unread tail of each last page.
 """
 
 from __future__ import annotations
