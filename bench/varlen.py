@@ -207,7 +207,7 @@ def _impls(torch, attnscope, q, k, v, cu, lens, causal, g, no_flex):
 
         block_mask = create_block_mask(doc_mask, None, None, total, total, device=q.device, _compile=True)
         flex = torch.compile(flex_attention, dynamic=False)
-        qf, kf, vf = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, total, d]
+        qf, kf, vf = (t.transpose(0, 1)[None].contiguous() for t in (q, k, v))  # [1, H, total, d]
         impls["flex"] = (lambda: flex(qf, kf, vf, block_mask=block_mask, enable_gqa=g > 1),
                          lambda out, s: packed_view(out[0].transpose(0, 1), s), True)
 
