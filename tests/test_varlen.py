@@ -279,3 +279,34 @@ def test_no_leak_from_neighbouring_sequences(tma):
     v2[20:33] = float("inf")
     dirty, _ = varlen._launch(q2, k2, v2, *args, tma=tma)
     assert torch.equal(dirty[:20], clean[:20]) and torch.equal(dirty[33:], clean[33:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_real_tiles_length_mix(d, causal):
+    """The GPU configs (128-row query tiles, TMA): a mix of 0..1500-token sequences with Nq != Nk, GQA 4,
+    bf16, per sequence against float64 (2 x SDPA's own error + 1e-3)."""
+    rng = np.random.default_rng(d + causal)
+    lq = [int(x) for x in rng.integers(0, 1500, 10)] + [0, 1, 129]
+    lk = [max(0, n + int(rng.integers(-200, 300))) for n in lq]
+    g = torch.Generator().manual_seed(11)
+    q = _packed(sum(lq), 8, d, torch.bfloat16, False, g)
+    k, v = (_packed(sum(lk), 2, d, torch.bfloat16, False, g) for _ in range(2))
+    cq, ck = _cu(lq), _cu(lk)
+    o, lse = attnscope.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal,
+                                              return_lse=True)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    for s, (nq, nk) in enumerate(zip(lq, lk, strict=True)):
+        if nq == 0 or nk == 0:
+            continue
+        a, c = int(cq[s]), int(ck[s])
+        qs, ks, vs = q[a:a + nq].transpose(0, 1), k[c:c + nk].transpose(0, 1), v[c:c + nk].transpose(0, 1)
+        ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (qs, ks, vs)),
+                                             causal=causal, return_lse=True)
+        has_key = np.isfinite(rlse)
+        err = np.abs(o[a:a + nq].transpose(0, 1).double().cpu().numpy() - ro)[has_key].max(initial=0.0)
+        t_out = _torch_attention(qs, ks, vs, causal).double().numpy()
+        torch_err = np.abs(t_out - ro)[has_key].max(initial=0.0)
+        assert err <= 2 * torch_err + 1e-3, f"seq {s} ({nq}, {nk}): {err:.3g} > 2 x {torch_err:.3g} + 1e-3"
