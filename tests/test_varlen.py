@@ -152,6 +152,15 @@ def test_all_sequences_empty_gives_empty_output():
     assert o.shape == (0, 2, 64) and lse.shape == (2, 0)
 
 
+def test_no_keys_at_all_gives_zeros_and_minus_inf():
+    g = torch.Generator().manual_seed(8)
+    q = _packed(8, 2, 64, torch.float16, False, g)
+    k = v = torch.zeros(0, 1, 64, dtype=torch.float16, device=DEVICE)
+    o, lse = attnscope.flash_attention_varlen(q, k, v, _cu([3, 5]), _cu([0, 0]), 5, 0, causal=True,
+                                              return_lse=True)
+    assert (o == 0).all() and (lse == -torch.inf).all()
+
+
 def test_work_items_cover_every_tile_once_heaviest_first():
     lq, lk = [100, 0, 7, 64, 33], [100, 5, 200, 10, 33]
     n_items = 20

@@ -286,7 +286,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     B = cu_seqlens_q.shape[0] - 1
     n_items = min(B * -(-max(max_seqlen_q, 1) // block_m), -(-total_q // block_m) + B)
     seq, tile = _work_items(cu_seqlens_q, cu_seqlens_k, n_items, block_m, bool(causal))
-    use_tma = _tma_ok(k, v) if tma is None else bool(tma)
+    use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
     if use_tma:
         _set_allocator(q.device)
     _attnscope_varlen_kernel[(n_items * Hq,)](
