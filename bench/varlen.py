@@ -1,7 +1,8 @@
 """Packed variable-length prefill (issue 14): attnscope varlen vs SDPA FLASH on nested jagged tensors, Flex
 attention with a document mask, and padded dense attnscope, on the same inputs in the same run.
 
-    PYTHONPATH=src python bench/varlen.py [--quick] [--json out.json]
+    PYTHONPATH=src python bench/varlen.py [--quick] [--no-flex] [--json out.json]
+    PYTHONPATH=src python bench/varlen.py --compile-only   # no GPU: sm_90 registers / spills / smem
 
 A realistic length mix: 64 sequences with lengths drawn uniformly from 128 to 8,192 (seed 0; --quick:
 16 sequences, 128 to 2,048), bf16, d = 128, Hq = 32 with Hkv = 32 and 8 (GQA), causal and not.
@@ -46,7 +47,12 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="16 sequences of 128..2048, MHA only: a smoke run")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes ~10-30 s)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="no GPU needed: compile every kernel variant for sm_90 and print registers, spills "
+                        "and shared memory (ptxas -v), then exit")
     args = p.parse_args(argv)
+    if args.compile_only:
+        return compile_report()
 
     import torch
     import triton
@@ -126,6 +132,48 @@ def main(argv=None) -> int:
             json.dump({"env": environment(torch), "lengths": lens, "d": d, "dtype": "bf16",
                        "results": results}, f, indent=2)
     return 1 if failed else 0
+
+
+def compile_report() -> int:
+    """Compile each (head_dim, causal, TMA) variant for sm_90 without a GPU; print ptxas's resource use."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attnscope.kernels import varlen
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    fn = varlen._attnscope_varlen_kernel
+    names = fn.arg_names
+    types = ["*bf16"] * 4 + ["*fp32"] + ["*i32"] * 4 + ["i32"] * 8 + ["i32"] * 4 + ["fp32"]
+    sig = dict(zip(names, types, strict=False)) | {n: "constexpr" for n in names[len(types):]}
+    # what the launcher's specialisation sees at run time: pointers and strides divisible by 16
+    div16 = [i for i, n in enumerate(names[:len(types)])
+             if n.startswith("stride") or (types[i].startswith("*"))]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
+    for d, (bm, bn, warps, stages) in varlen.CONFIGS.items():
+        for tma in (True, False):
+            for causal in (False, True):
+                cx = {"HEAD_DIM": d, "CAUSAL": causal, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
+                      "USE_TMA": tma, "EMULATE_BF16": False}
+                k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
+                                   target=GPUTarget("cuda", 90, 32),
+                                   options={"num_warps": warps, "num_stages": stages})
+                with tempfile.TemporaryDirectory() as t:
+                    with open(os.path.join(t, "k.ptx"), "w") as f:
+                        f.write(k.asm["ptx"])
+                    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(t, "k.ptx"), "-o",
+                                        os.path.join(t, "k.cubin")], capture_output=True, text=True)
+                info = " | ".join(x.split("info    :")[-1].strip() for x in r.stderr.splitlines()
+                                  if "spill" in x or "Used" in x)
+                print(f"bf16 d={d} {'causal' if causal else 'unmasked'} {'tma' if tma else 'pointer'} "
+                      f"BLOCK {bm}x{bn} {warps} warps {stages} stages: shared {k.metadata.shared} B | {info}",
+                      flush=True)
+    return 0
 
 
 def _ref_err(case, out_of) -> float:
