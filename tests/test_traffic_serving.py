@@ -31,7 +31,7 @@ def _lines(row):
 def test_packed_is_the_sum_of_dense_ledgers(lq, lk, lse):
     lk_ = lq if lk is None else lk
     p = tr.packed(lq, lk, d=64, dtype="bf16", block_q=32, block_kv=16, heads=4, kv_heads=2, lse=lse,
-                  rows=tr.ROW_NAMES)
+                  rows=tr.ROW_NAMES, tma=False)  # pointer loads: nothing past a sequence is read
     items = sum(-(-a // 32) for a in lq)
     assert p.work_items == items
     for name in tr.ROW_NAMES:
@@ -75,14 +75,38 @@ def _brute_kv_rows(nq, nk, bq, bkv, causal):
     return rows
 
 
+def _brute_tma_rows(lq, lk, bq, bkv, causal):
+    """K rows TMA reads: every loaded KV tile whole, up to the end of the packed tensor."""
+    total_k, k0, rows = sum(lk), 0, 0
+    for nq, nk in zip(lq, lk, strict=True):
+        for t in range(-(-nq // bq)) if nk else ():
+            last = max((c for r in range(t * bq, min((t + 1) * bq, nq)) for c in range(nk)
+                        if not causal or c <= r + nk - nq), default=-1)
+            for j in range(last // bkv + 1 if last >= 0 else 0):
+                rows += min(k0 + (j + 1) * bkv, total_k) - (k0 + j * bkv)
+        k0 += nk
+    return rows
+
+
+MIXES_KV = [([5, 0, 40, 17, 33], [5, 3, 70, 0, 20]), ([50, 7, 64, 100], [50, 90, 30, 100]),
+            ([3, 33, 1], [40, 9, 77]), ([20, 50, 9], [89, 50, 9])]
+
+
+@pytest.mark.parametrize("lq,lk", MIXES_KV)
 @pytest.mark.parametrize("causal", [False, True])
-def test_packed_flash_kv_bytes_brute_force(causal):
-    lq, lk = [5, 0, 40, 17, 33], [5, 3, 70, 0, 20]
-    row = tr.packed(lq, lk, d=64, dtype="fp16", block_q=16, block_kv=8,
-                    rows=["flash-causal" if causal else "flash"])["flash-causal" if causal else "flash"]
-    k_bytes = sum(t.nbytes for k in row.kernels for t in k.transfers if t.tensor == "K")
-    want = sum(_brute_kv_rows(a, b, 16, 8, causal) for a, b in zip(lq, lk, strict=True) if a and b) * 64 * 2
-    assert k_bytes == want
+@pytest.mark.parametrize("bq,bkv", [(16, 8), (8, 32)])  # (8, 32): several query tiles load a ragged tile
+def test_packed_flash_kv_bytes_brute_force(lq, lk, causal, bq, bkv):
+    name = "flash-causal" if causal else "flash"
+    for tma in (False, True):
+        row = tr.packed(lq, lk, d=64, dtype="fp16", block_q=bq, block_kv=bkv, rows=[name], tma=tma)[name]
+        k_bytes = sum(t.nbytes for k in row.kernels for t in k.transfers if t.tensor == "K")
+        v_bytes = sum(t.nbytes for k in row.kernels for t in k.transfers if t.tensor == "V")
+        if tma:
+            want = _brute_tma_rows(lq, lk, bq, bkv, causal) * 64 * 2
+        else:
+            pairs = [(a, b) for a, b in zip(lq, lk, strict=True) if a and b]
+            want = sum(_brute_kv_rows(a, b, bq, bkv, causal) for a, b in pairs) * 64 * 2
+        assert k_bytes == v_bytes == want, (tma, k_bytes, want)
 
 
 def test_packed_single_sequence_equals_dense():
@@ -191,6 +215,15 @@ def test_cli_packed_json_matches_model(capsys):
         [(r.name, r.total, 8 * r.total) for r in p.rows.values()]
 
 
+def test_cli_packed_no_tma(capsys):
+    rc, out, err = _run(capsys, "traffic", "--lengths", "100,30", "--no-tma", "--rows", "flash", "--json")
+    assert rc == 0, err
+    no_tma = tr.packed([100, 30], rows=["flash"], tma=False)["flash"].total
+    assert json.loads(out)["rows"][0]["total"] == no_tma
+    # 100 keys in 64-row tiles: the ragged tile reads 28 rows of the next sequence, K and V, fp16, d = 128
+    assert tr.packed([100, 30], rows=["flash"])["flash"].total - no_tma == 2 * 28 * 128 * 2
+
+
 def test_cli_packed_table(capsys):
     rc, out, _ = _run(capsys, "traffic", "--lengths", "4096")
     p = tr.packed([4096])
@@ -215,6 +248,7 @@ def test_cli_paged_json_and_table(capsys):
     (["--lengths", "3", "--cache-lens", "3"], "--cache-lens: expected not together with --lengths"),
     (["--lengths", "3", "--page-size", "16"], "--page-size: expected only with --cache-lens"),
     (["--cache-lens", "3", "--kv-lengths", "3"], "--kv-lengths: expected only with --lengths"),
+    (["--cache-lens", "3", "--no-tma"], "--no-tma: expected only with --lengths"),
     (["--cache-lens", "30", "--page-size", "12"], "page_size: expected a power of two"),
     (["--page-size", "16"], "--page-size: expected to come with --lengths or --cache-lens"),
     (["--lengths", "3", "--device", "h200"], "--device: expected no --device / --ratio"),

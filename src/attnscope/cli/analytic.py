@@ -94,6 +94,9 @@ def configure(sub) -> None:
                         "--block-kv, --heads, --kv-heads, --lse, --rows")
     g.add_argument("--kv-lengths", default=None, metavar="N1,N2,...",
                    help="packed: key lengths per sequence (default: --lengths)")
+    g.add_argument("--no-tma", action="store_true",
+                   help="packed: the kernel's pointer-load path (ragged K/V tiles read no rows past their "
+                        "sequence; default: TMA, which reads whole tiles and discards the extra rows)")
     g.add_argument("--cache-lens", default=None, metavar="L1,L2,...",
                    help="decode / chunked prefill against a KV cache: keys per sequence (counting the "
                         "--nq new queries); the whole call's bytes; with --page-size a paged cache")
@@ -158,6 +161,7 @@ def cmd_traffic(args) -> int:
     for flag in ("kv_lengths", "page_size", "capacity"):
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"),
                "to come with --lengths or --cache-lens", getattr(args, flag))
+    expect(not args.no_tma, "--no-tma", "to come with --lengths", args.no_tma)
     t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
                 batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
     ratio = None
@@ -265,7 +269,7 @@ def _cmd_serving(args, names) -> int:
                    getattr(args, flag))
         lk = _int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
         p = packed(_int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
-                   heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
+                   heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma)
         if args.json:
             print_json(p.to_json())
             return 0
@@ -286,6 +290,7 @@ def _cmd_serving(args, names) -> int:
         rows = p.rows.values()
     else:
         expect(args.kv_lengths is None, "--kv-lengths", "only with --lengths", args.kv_lengths)
+        expect(not args.no_tma, "--no-tma", "only with --lengths", args.no_tma)
         g = paged(_int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
                   block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)

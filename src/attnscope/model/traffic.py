@@ -493,20 +493,27 @@ class Packed:
 
 def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q: int = 128,
            block_kv: int = 64, *, heads: int = 1, kv_heads: int | None = None, lse: bool = False,
-           rows=SPEC_ROWS) -> Packed:
+           rows=SPEC_ROWS, tma: bool = True) -> Packed:
     """Logical HBM bytes of a packed variable-length prefill (`flash_attention_varlen`), per query head.
 
     Each sequence with queries and keys contributes its dense ledger (``traffic`` with Nq_s, Nk_s; tiles
     from model/tiles.py, causal bottom-right per sequence); the packed rows are those ledgers summed line
     by line. A sequence with queries but no keys reads Q and writes O (zeros; and the LSE) and nothing
     else; one with no queries moves nothing. The flash rows add the varlen kernel's own metadata: per
-    work item (sequence, query tile) 6 int32 (the item and the sequence's cu_seqlens bounds). Cost: one
-    dense ledger per sequence (a loop over the B sequences, never over tokens).
+    work item (sequence, query tile) 6 int32 (the item and the sequence's cu_seqlens bounds); and with
+    ``tma`` (the kernel's default for aligned K/V) the rows its ragged K/V tiles read past a sequence's end
+    (a TMA tile is whole up to the end of the packed tensor; the kernel discards those rows): for each
+    query tile that loads the sequence's ragged last KV tile, ``min(k0 + T_c B_c, total_k) - (k0 + Nk)``
+    rows of K and of V. Cost: one dense ledger per sequence (a loop over the B sequences, never over
+    tokens) and a closed form per sequence for the ragged-tile count.
 
     Parameters
     ----------
-    lengths_q: query lengths of the B sequences (>= 0). lengths_k: key lengths (default: lengths_q).
+    lengths_q: query lengths of the B sequences (>= 0), in packing order. lengths_k: key lengths
+        (default: lengths_q).
     d, dtype, block_q, block_kv, heads, kv_heads, lse, rows: as `traffic`.
+    tma: K/V by TMA (True, the kernel's default for 16-byte aligned K/V) or by predicated loads (False:
+        no rows past a sequence are read).
     """
     lq = _lengths("lengths_q", lengths_q)
     lk = lq if lengths_k is None else _lengths("lengths_k", lengths_k)
@@ -534,14 +541,42 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
             row = _add_bytes(row, extra)
         if name.startswith("flash"):
             k = row.kernels[0]
-            meta = _r("meta", items * VARLEN_ITEM_BYTES,
-                      f"work list + cu_seqlens: {items} (sequence, query tile) items x 6 int32")
+            extra = [_r("meta", items * VARLEN_ITEM_BYTES,
+                        f"work list + cu_seqlens: {items} (sequence, query tile) items x 6 int32")]
+            if tma:
+                over = _ragged_overread_rows(lq, lk, block_q, block_kv, name == "flash-causal")
+                extra += [_r("K", over * d * cfg.b, f"K rows past the sequence ends read by ragged TMA tiles "
+                                                    f"and discarded ({over} rows)"),
+                          _r("V", over * d * cfg.b, "V, the same rows")]
             row = Row(row.name, row.label, row.condition, row.baseline,
-                      (Kernel(k.name, k.flops, k.unit, k.transfers + (meta,)),),
+                      (Kernel(k.name, k.flops, k.unit, k.transfers + tuple(extra)),),
                       row.assumptions + ("building the work list on the device (O(B) int32, once per call, "
                                          "shared by all heads) and the grid's idle items are not counted",))
         out[name] = row
     return Packed(lq, lk, cfg, out, items)
+
+
+def _ragged_overread_rows(lq, lk, block_q: int, block_kv: int, causal: bool) -> int:
+    """K rows (= V rows) that TMA tiles read past their sequence's end, per query head, summed over the
+    sequences (closed form per sequence). Sequence s's last KV tile is ragged when Nk % B_c != 0; every
+    query tile that loads it (all T_r unmasked; causal, those whose last row r1 satisfies
+    ``r1 + Nk - Nq > (T_c - 1) B_c``: a suffix of the tiles, always including the last) reads
+    ``min(k0 + T_c B_c, total_k) - (k0 + Nk)`` extra rows (zeros past the tensor's end are not read)."""
+    total_k = sum(lk)
+    k0 = 0
+    rows = 0
+    for nq, nk in zip(lq, lk, strict=True):
+        if nq and nk and nk % block_kv:
+            t_r, t_c = -(-nq // block_q), -(-nk // block_kv)
+            if causal:
+                # tiles i < T_r (r1 = i B_r) load tile T_c iff i B_r > (T_c - 1) B_c - (Nk - Nq) = x
+                x = (t_c - 1) * block_kv - (nk - nq)
+                n_tiles = max(0, t_r - 1 - max(x // block_q, 0)) + 1 if x >= 0 else t_r
+            else:
+                n_tiles = t_r
+            rows += n_tiles * (min(k0 + t_c * block_kv, total_k) - (k0 + nk))
+        k0 += nk
+    return rows
 
 
 @dataclass(frozen=True)
