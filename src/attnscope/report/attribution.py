@@ -79,7 +79,8 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
     attention_ms, attention_source = t.attention_ms, t.prefill_source
     if profile is not None:  # a measured split replaces the trace's assumed one
         attention_ms = profile.share * t.prefill_ms
-        attention_source = f"torch.profiler: {profile.share:.1%} of the prefill span ({profile.span})"
+        attention_source = (f"torch.profiler: {profile.share:.1%} of the prefill's kernel time "
+                            f"({profile.span})")
     b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)
     saved = attention_ms - attention_ms / t.speedup
     rows = [

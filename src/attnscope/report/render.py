@@ -151,7 +151,8 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
         lines = [
             f"Span: {p.span}, {p.span_ms:.1f} ms; kernels busy {p.busy_ms:.1f} ms ({p.kernels} kernels).",
             f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the "
-            f"span; this share replaces the trace's assumed split. Largest: {top}.",
+            f"prefill's kernel time (as `attnscope share`); this share replaces the trace's assumed split. "
+            f"Largest: {top}.",
         ]
         warns = []
         if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
@@ -514,7 +515,8 @@ def _evidence_html(r: Report) -> str:
         left.append(
             f"<div><b>Profiler split</b>: {_e(p.span)}, {p.span_ms:.1f} ms ({p.kernels} kernels, busy "
             f"{p.busy_ms:.1f} ms); attention {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = "
-            f"<b>{_pct(p.share)}</b>, replacing the assumed split. Largest: {_e(top)}.{warn}</div>"
+            f"<b>{_pct(p.share)}</b> of the kernel time, replacing the assumed split. Largest: {_e(top)}."
+            f"{warn}</div>"
         )
     if r.metrics:
         rows = []
