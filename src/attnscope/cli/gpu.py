@@ -212,14 +212,28 @@ def _bench(args) -> int:
     return bench.run(args)
 
 
-def _add_bench(sub) -> None:
-    from attnscope.measure import bench  # stdlib-only at import: the parser stays torch-free
+def add_bench_arguments(p) -> None:
+    """The arguments of `attnscope bench` (also used by bench/prefill.py and bench/decode.py)."""
+    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
+                   help="which sweep to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
+    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
+    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
+    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
+    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
+    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
 
+
+def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
                        description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
                                    "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
                                    "run without a GPU.")
-    bench.add_arguments(p)
+    add_bench_arguments(p)
     p.set_defaults(func=_bench)
 
 

@@ -7,6 +7,7 @@ imports torch at module level. `verify` imports torch only to ask whether the ke
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from attnscope.cli._out import print_json, table
@@ -133,6 +134,8 @@ def cmd_verify(args) -> int:
 
     if args.seed < 0:
         raise InputError(f"--seed: expected a non-negative integer, got {args.seed}")
+    if checks.interpreter_wanted(args.kernels):  # --kernels on without a GPU: the Triton CPU interpreter
+        os.environ["TRITON_INTERPRET"] = "1"
     results = []
     for r in checks.iter_checks(args.seed, args.kernels):
         results.append(r)

@@ -114,14 +114,23 @@ def attention_fn(impl: str, causal: bool):
         return lambda q, k, v: naive_attention(q, k, v, causal=causal)
     if impl == "auto":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    call = sdpa(impl)
+    return lambda q, k, v: call(q, k, v, causal)
+
+
+def sdpa(backend: str):
+    """``f(q, k, v, causal, gqa=False)``: SDPA restricted to one backend (flash, cudnn, efficient, math)
+    with ``sdpa_kernel``, so an input it cannot take raises instead of falling back. The one SDPA map."""
+    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    choice("backend", backend, ("flash", "cudnn", "efficient", "math"))
     sdpb = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[impl]
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
 
-    def run(q, k, v):
+    def run(q, k, v, causal=False, gqa=False):
         with sdpa_kernel(sdpb):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     return run
 

@@ -1,13 +1,15 @@
 """The benchmark sweep driver: attnscope's kernels against PyTorch SDPA backends, same inputs, same run.
 
-Used by `attnscope bench`, `bench/prefill.py` and `bench/decode.py`. GPU only; never run by tests.
+Used by `attnscope bench` (its arguments: cli/gpu.py), `bench/prefill.py` and `bench/decode.py`. GPU
+only; never run by tests.
 
 Method (METHOD.md of the device notes, and DESIGN.md "Numbers"):
 - correctness first: before a kernel is timed at a shape, its output is checked at that full shape
   against a float64 reference (on a sample of heads, computed on the GPU), with the bound
-  ``err(kernel) <= 2 * err(SDPA FLASH at the same dtype) + 1e-3``; a kernel that fails is not timed;
+  the one rule of `attnscope.checks.kernel_tolerance` (2 x SDPA FLASH's error at the same dtype +
+  1e-3); a kernel that fails is not timed;
 - timings are medians of CUDA-event timings after warm-up (`triton.testing.do_bench`);
-- TFLOP/s = 4 * B * H * Nq * Nk * d / time, halved for causal when Nq == Nk (flash-attn's convention);
+- TFLOP/s = `attnscope.model.flops.attention_flops` / time (4·B·H·Nq·Nk·d, halved for causal);
   decode TB/s = K and V bytes read / time;
 - decode is timed both as CUDA-graph replays (every column; how serving engines run decode, and the
   kernels' own time) and eagerly (host launch overhead included: ~10 us for SDPA's C++ dispatch, more
@@ -22,86 +24,49 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
+
+from attnscope.checks import kernel_tolerance, within_tolerance
+from attnscope.measure.backends import naive_attention, require_cuda, sdpa
+from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
 DECODE_GRID = ((1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8))
 DECODE_LS = (4096, 32768, 131072)
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
-                   help="which sweep to run (default: all)")
-    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
-    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
-    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
-    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
-    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
-    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
-    p.add_argument("--from-json", metavar="FILE",
-                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
-
-
-# ----------------------------------------------------------------------------------------------------
 class Progress:
-    """A progress bar for the sweep, on stderr; the result lines go to stdout, between redraws.
+    """The sweep's progress: a `rich.progress` bar on stderr; result lines print above it (stdout)."""
 
-    On a terminal the bar is redrawn in place (``\r``) after every point, with the elapsed time and an
-    estimate of the time left (mean time per point so far x points left); elsewhere (a log file, CI)
-    each step prints one bar line, so the record stays readable.
-    """
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as Bar
 
-    def __init__(self, total: int, stream=None, width: int = 28, tty: bool | None = None, clock=time.time):
-        self.total, self.done, self.width = max(1, total), 0, width
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
-        self.clock, self.t0, self._shown = clock, clock(), 0
-
-    def line(self, label: str = "") -> str:
-        filled = round(self.width * self.done / self.total)
-        elapsed = self.clock() - self.t0
-        eta = elapsed / self.done * (self.total - self.done) if self.done else None
-        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:.0f} s" + (f", ~{eta:.0f} s left" if eta is not None else "")
-                + (f"  {label}" if label else ""))
+        self.total, self.done = max(1, total), 0
+        self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+        self._task = self._bar.add_task("bench", total=self.total)
+        self._bar.start()
 
     def step(self, label: str = "") -> None:
         self.done = min(self.total, self.done + 1)
-        text = self.line(label)
-        if self.tty:
-            self.stream.write("\r" + text.ljust(self._shown))
-            self._shown = len(text)
-            if self.done == self.total:
-                self.stream.write("\n")
-                self._shown = 0
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        self._bar.update(self._task, completed=self.done, description=label or "bench")
+        if self.done == self.total:
+            self.close()
 
     def log(self, text: str) -> None:
-        """Print a result line to stdout without tearing the bar."""
-        if self.tty and self._shown:
-            self.stream.write("\r" + " " * self._shown + "\r")
-            self.stream.flush()
-            self._shown = 0
+        """Print a result line to stdout; while the bar is live, rich prints it above the bar."""
         print(text, flush=True)
 
-
-def _require_gpu():
-    try:
-        import torch
-    except ImportError:
-        print("attnscope bench: needs torch and a CUDA GPU: pip install 'attnscope[kernels]'",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    if not torch.cuda.is_available():
-        print("attnscope bench: needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)",
-              file=sys.stderr)
-        raise SystemExit(2)
-    return torch
+    def close(self) -> None:
+        self._bar.stop()
 
 
 def _median_ms(fn, graph: bool = False) -> float:
@@ -112,31 +77,6 @@ def _median_ms(fn, graph: bool = False) -> float:
     if graph:
         return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def _sdpa(torch, backend_name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend_name]
-
-    def call(q, k, v, causal, gqa=False):
-        with sdpa_kernel(backend):
-            return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-    return call
-
-
-def _naive(torch):
-    def call(q, k, v, causal):  # the spec's explicit 3-kernel baseline, S and P in the input dtype
-        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        if causal:
-            n = q.shape[-2]
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-        return torch.softmax(s, dim=-1) @ v
-
-    return call
 
 
 def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
@@ -167,10 +107,9 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
 
     dtypes = dtypes or [torch.bfloat16]
     impls = {"attnscope": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c),
-             "flash": _sdpa(torch, "flash"), "cudnn": _sdpa(torch, "cudnn"),
-             "efficient": _sdpa(torch, "efficient")}
-    if naive:
-        impls["naive"] = _naive(torch)
+             "flash": sdpa("flash"), "cudnn": sdpa("cudnn"), "efficient": sdpa("efficient")}
+    if naive:  # the baseline the traffic model counts (measure/backends.py)
+        impls["naive"] = lambda q, k, v, c: naive_attention(q, k, v, causal=c)
     results = []
     for dtype in dtypes:
         for d in ds:
@@ -179,7 +118,7 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                     b = max(1, tokens // n)
                     torch.manual_seed(n + d)
                     q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                    flops = 4 * b * heads * n * n * d * (0.5 if causal else 1.0)
+                    flops = attention_flops(b, heads, n, n, d, causal)
                     row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
                            "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
                     # correctness first, at the full shape
@@ -195,9 +134,10 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                             err = _ref_error(torch, out, q, k, v, causal)
                             del out
                             row["err"][name] = err
-                            if name == "attnscope" and ref_err is not None and not err <= 2 * ref_err + 1e-3:
+                            checked = name == "attnscope" and ref_err is not None
+                            if checked and not within_tolerance(err, ref_err):
                                 log(f"  FAIL attnscope d={d} causal={causal} n={n}: err {err:.3g} > "
-                                    f"2 x {ref_err:.3g} + 1e-3; not timed")
+                                    f"{kernel_tolerance(ref_err):.3g} (2 x {ref_err:.3g} + 1e-3); not timed")
                                 row["ms"][name] = None
                                 continue
                             ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c))
@@ -238,7 +178,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
 
     dtype = dtype or torch.bfloat16
     results = []
-    flash, cudnn = _sdpa(torch, "flash"), _sdpa(torch, "cudnn")
+    flash, cudnn = sdpa("flash"), sdpa("cudnn")
     for (b, hq, hkv) in grid:
         for L in ls:
             torch.manual_seed(L + b)
@@ -267,7 +207,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
                         # reference error of SDPA at this dtype: computed on the first kernel's turn
                         ref_err = _ref_error(torch, flash(q, k, v, False, gqa=hq != hkv), q, k, v, False,
                                              heads=min(hq, 8))
-                    if name.startswith("attnscope") and not err <= 2 * ref_err + 1e-3:
+                    if name.startswith("attnscope") and not within_tolerance(err, ref_err):
                         log(f"  FAIL {name} B={b} Hkv={hkv} L={L}: err {err:.3g} > 2 x {ref_err:.3g} + 1e-3")
                         row["ms"][name] = None
                         continue
@@ -342,7 +282,7 @@ def _from_json(args) -> int:
 def run(args) -> int:
     if getattr(args, "from_json", None):
         return _from_json(args)
-    torch = _require_gpu()
+    torch = require_cuda()
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
     out = {"env": env}
@@ -356,6 +296,24 @@ def run(args) -> int:
     total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
     progress = Progress(total)
     log = progress.log
+    try:
+        _sweeps(torch, args, out, ds, ns, grid, ls, prefill, fp16_extra, decode, log, progress)
+    finally:
+        progress.close()
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.plots:
+        from attnscope.measure.plots import write_plots
+
+        for path in write_plots(out, args.plots):
+            print(f"plot: {path}")
+    return 0
+
+
+def _sweeps(torch, args, out, ds, ns, grid, ls, prefill, fp16_extra, decode, log, progress) -> None:
+    """The sweeps `run` asked for, their rows stored in ``out``."""
     if prefill:
         out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
                                        log=log, progress=progress)
@@ -367,13 +325,3 @@ def run(args) -> int:
         out["read_ceiling_tbs"] = read_ceiling(torch)
         log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
         out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    if args.plots:
-        from attnscope.measure.plots import write_plots
-
-        for path in write_plots(out, args.plots):
-            print(f"plot: {path}")
-    return 0
