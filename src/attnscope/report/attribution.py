@@ -7,7 +7,7 @@ Markdown and the HTML say the same thing.
 
 FLOP share (spec §5.1), per prompt token of a causal prefill of P tokens:
     dense  = 2 * params                          (one multiply-add per weight)
-    attn   = 4 * (P / 2) * d * heads * layers     (QK^T and PV, 2 FLOPs each, over P/2 keys on average)
+    attn   = attention_flops(1, heads, P, P, d, causal) / P * layers   (model/flops.py: 4·(P/2)·d·heads)
     share  = attn / (dense + attn)                (3.25 % at P = 2,048; 6.29 % at P = 4,096 for 8B)
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnscope.model import amdahl
+from attnscope.model.flops import attention_flops
 from attnscope.report.schema import Trace
 
 #: The attention time shares of the sensitivity table (spec §5's rows), beside the operating point.
@@ -30,7 +31,8 @@ def flop_share(
 ) -> tuple[float, float, float]:
     """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring)."""
     dense = 2.0 * params
-    attn = 4.0 * (prompt_tokens / 2.0) * d * heads * layers  # QK^T + PV over P/2 keys on average
+    # model/flops.py's causal count over the prompt, per token: 4 * (P/2) * d * heads per layer
+    attn = layers * attention_flops(1, heads, prompt_tokens, prompt_tokens, d, causal=True) / prompt_tokens
     return dense, attn, attn / (dense + attn)
 
 
