@@ -310,7 +310,8 @@ def grid_table(path: str) -> str:
 
         python bench/record_fixtures.py --table tests/data/measure/recorded/ncu.json.gz
     """
-    from attnscope.measure import ncu, physical
+    from attnscope.measure import ncu
+    from attnscope.model import l2 as physical
 
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rec = json.load(f)

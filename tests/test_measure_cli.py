@@ -36,7 +36,7 @@ def test_without_a_gpu_one_line_and_exit_2(argv, capsys):
 
 
 def test_bytes_estimate_only_json(capsys):
-    from attnscope.measure.physical import estimate
+    from attnscope.model.l2 import estimate
 
     assert main(["bytes", "--estimate-only", "--impl", "naive", "--heads", "1", "--l2-bytes", "60000000",
                  "--sms", "132", "--json"]) == 0

@@ -100,7 +100,8 @@ def _which(args) -> int:
 
 # --- bytes -----------------------------------------------------------------------------------------
 def _bytes(args) -> int:
-    from attnscope.measure import ncu, physical
+    from attnscope.measure import ncu
+    from attnscope.model import l2 as physical
 
     l2, sms = args.l2_bytes, args.sms
     measured = None
@@ -136,7 +137,7 @@ def _bytes(args) -> int:
 
     rows = [["logical model (cold cache, model/traffic.py)", "", "", per_head(logical),
              f"{physical.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
-            ["physical estimate (L2-aware, measure/physical.py)", per_head(est.read), per_head(est.write),
+            ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
              per_head(est.total),
              f"{physical.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
     if measured:

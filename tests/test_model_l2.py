@@ -1,4 +1,4 @@
-"""measure/physical.py: the L2-aware DRAM estimate against the H200 measurements, and its limits (CPU).
+"""model/l2.py: the L2-aware DRAM estimate against the H200 measurements, and its limits (CPU).
 
 The three measured numbers are issue 7's (H200, ncu, 2026-11-29; N = 4,096, d = 128, fp16, unmasked):
 naive 32 heads 130.7 MiB per head, naive 1 head 85.6 MiB, SDPA FLASH 32 heads 4.0 MiB. The goal is
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attnscope.measure import ncu, physical
-from attnscope.measure.physical import error, estimate, logical
+from attnscope.measure import ncu
+from attnscope.model import l2 as physical
+from attnscope.model.l2 import error, estimate, logical
 from attnscope.model.traffic import traffic
 
 MiB = 2**20
@@ -49,7 +50,8 @@ def test_no_useful_l2_gives_the_logical_model(impl, causal):
     e = estimate(impl, 256, 64, 2, causal=causal, l2_bytes=8192, sms=1, ctas_per_sm=1, l2_fraction=1.0,
                  writes="through")
     assert e.total == logical(impl, 256, 64, 2, causal=causal)
-    assert e.read + e.write == sum(k.read + k.write for k in e.kernels)
+    # and kernel by kernel: every byte each kernel touches is a DRAM byte, read as read, write as write
+    assert [(k.read, k.write) for k in e.kernels] == [(k.logical_read, k.logical_write) for k in e.kernels]
 
 
 @pytest.mark.parametrize("impl, causal", [("naive", False), ("naive", True), ("flash", False),
