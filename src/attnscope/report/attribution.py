@@ -135,11 +135,11 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
 def _sentences(r: Report) -> None:
     t, b, tg = r.trace, r.boundary, r.trace.targets
     pre = t.segment(t.prefill_segment)
-    cmp_ttft = "within" if r.ttft_meets_target else "exceeds"
-    cmp_tpot = "within" if r.tpot_meets_target else "outside"
+    cmp_ttft = "meets (≤)" if r.ttft_meets_target else "is above"
+    cmp_tpot = "meets (≤)" if r.tpot_meets_target else "is above"
     r.observations = [
-        f"For this trace, TTFT {t.ttft_ms:.1f} ms {cmp_ttft} the {tg.p95_ttft_ms:.1f} ms target; decode "
-        f"TPOT {t.tpot_ms:.1f} ms is {cmp_tpot} the {tg.tpot_ms:.1f} ms budget.",
+        f"For this trace, TTFT {t.ttft_ms:.1f} ms {cmp_ttft} the p95 target of {tg.p95_ttft_ms:g} ms (one "
+        f"request, not a p95); decode TPOT {t.tpot_ms:.1f} ms {cmp_tpot} the {tg.tpot_ms:.1f} ms budget.",
         f"{pre.name} is {pre.ms / t.ttft_ms:.1%} of TTFT; inside it, attention is {b.f_inner:.1%} "
         f"({r.attention_ms:.1f} ms).",
     ]
@@ -198,10 +198,19 @@ def _sentences(r: Report) -> None:
         "(CUDA events, torch.profiler; attnscope share)."
         + (f" Server prefill p50 now {pm.p50_ms:.1f} ms." if pm else ""),
         "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
-        f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
-        f"{tg.p95_ttft_ms:g} ms."
+        _samples_plan(r.samples, tg.p95_ttft_ms)
         if r.samples is None or r.samples.verdict == "inconclusive"
         else f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
         "Measure DRAM bytes with Nsight Compute (dram__bytes_read.sum, dram__bytes_write.sum): the logical "
         "model is an algorithmic count, not a hardware reading (attnscope bytes).",
     ]
+
+
+def _samples_plan(s, target_ms: float) -> str:
+    """How many client samples to collect: the estimate from the samples given, else the minimum (59:
+    the smallest n whose largest sample bounds p95 from above with 95 % confidence)."""
+    if s is not None and s.needed:
+        return (f"Collect about {s.needed:,} independent client TTFT samples in all ({s.n:,} so far; the "
+                f"estimate from the samples given) to accept or reject p95 ≤ {target_ms:g} ms.")
+    return (f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
+            f"{target_ms:g} ms.")

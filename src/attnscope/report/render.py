@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
+from attnscope.errors import InputError
 from attnscope.report.attribution import FLOP_SHARE_FORMULA, Report
 
 # Muted, print-safe colours; attention is the saturated one because it is what the change touches.
@@ -17,17 +19,44 @@ PALETTE = ("#8da0cb", "#e5a15d", "#d99ac4", "#b9b37a", "#a6a6a6", "#7fb3d5", "#c
 ATTENTION = "#1f7a5a"
 
 
+# Control characters (C0, DEL, C1) and the bidi controls that reorder what follows them (U+202A-U+202E,
+# U+2066-U+2069, U+200E/F, U+061C): shown as a visible <U+XXXX> instead of acting on the page.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Markdown syntax that would make text from an input file into a link, an image, code or a tag.
+_MD_SYNTAX = re.compile(r"([\\`*_\[\]!|])")
+
+
+def _visible(s: object) -> str:
+    return _INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(s))
+
+
 def _e(s: object) -> str:
-    return html.escape(str(s), quote=True)
+    """HTML-safe text: escaped, control and bidi characters shown as <U+XXXX>."""
+    return html.escape(_visible(s), quote=True)
 
 
 def _md(s: object) -> str:
-    """Markdown-safe text: raw HTML is neutralised and table pipes escaped."""
-    return html.escape(str(s), quote=False).replace("|", "\\|").replace("\n", " ")
+    """Markdown-safe text: control and bidi characters shown as <U+XXXX>, raw HTML escaped, and every
+    character Markdown reads as link, image, code or emphasis syntax (and table pipes) backslash-escaped,
+    so no input string becomes a link or a tag."""
+    return _MD_SYNTAX.sub(r"\\\1", html.escape(_visible(s), quote=False)).replace("\n", " ")
+
+
+def _finite(x: float, what: str) -> float:
+    """A number an SVG coordinate is computed from; inf or NaN is refused with one line."""
+    if not math.isfinite(x):
+        raise InputError(f"{what}: expected a finite number to draw, got {x}")
+    return x
+
+
+def _val(x: float, projected: bool = False) -> str:
+    """The one format of a time in ms (no unit): measured to 0.1 ms, projected to 0.01 ms. The tables
+    and the chart's labels both use it."""
+    return f"{x:,.{2 if projected else 1}f}"
 
 
 def _ms(x: float, nd: int = 1) -> str:
-    return f"{x:,.{nd}f} ms"
+    return f"{_val(x, projected=nd == 2)} ms" if nd in (1, 2) else f"{x:,.{nd}f} ms"
 
 
 def _pct(x: float, nd: int = 1) -> str:
@@ -62,7 +91,8 @@ def _impact_lines(r: Report) -> list[str]:
         f"f_attn = {r.attention_ms:.1f} / {t.prefill_ms:.1f} = {f:.2f} (rest {1 - f:.2f}), "
         f"S_kernel = {t.speedup:.2f}×",
         f"S_prefill = 1 / ({1 - f:.2f} + {f:.2f} / {t.speedup:.2f}) = {b.inner_speedup:.4f}×",
-        f"T_prefill = {rest:.1f} + {r.attention_ms:.1f} / {t.speedup:.2f} = {b.inner_projected_ms:.2f} ms "
+        f"T_prefill = {rest:.1f} + {r.attention_ms:.1f} / {t.speedup:.2f} = {rest:.1f} + "
+        f"{_val(r.attention_ms / t.speedup, projected=True)} = {b.inner_projected_ms:.2f} ms "
         f"({_pct(b.inner_reduction, 2)} reduction)",
         f"T_client = {t.ttft_ms - t.prefill_ms:.1f} (held fixed) + {b.inner_projected_ms:.2f} = "
         f"{b.outer_projected_ms:.2f} ms",
@@ -251,9 +281,13 @@ def markdown(r: Report) -> str:
 def _bar_svg(r: Report, width: int = 360) -> str:
     """Stacked TTFT bars, before and after, on one time axis; the prefill split into attention and rest."""
     t, b = r.trace, r.boundary
-    left, right, bar_h, top = 40, 34, 22, 16
+    left, right, bar_h, top = 40, 46, 22, 16  # the right margin holds a total like "1,018.75"
+    for x, what in ((t.ttft_ms, "ttft_ms"), (b.outer_projected_ms, "projected TTFT (check speedup)"),
+                    (r.attention_ms, "attention_ms"), (t.targets.p95_ttft_ms, "targets.p95_ttft_ms")):
+        _finite(x, what)
     vmax = max(t.ttft_ms, b.outer_projected_ms, t.targets.p95_ttft_ms)  # a slowdown (S < 1) still fits
     scale = (width - left - right) / vmax
+    tx = left + t.targets.p95_ttft_ms * scale  # the target line
     colors = {}
     i = 0
     for row in r.rows:
@@ -287,23 +321,29 @@ def _bar_svg(r: Report, width: int = 360) -> str:
                 f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{col}">'
                 f"<title>{_e(name)}: {ms:.2f} ms</title></rect>"
             )
-            if w > 20:  # room for a 4-character label at 7.5 px
+            text = _val(ms, projected=after and col == ATTENTION)  # as the tables print it
+            if w > 4.6 * len(text) + 4:  # room for the label at 7.5 px
                 fg = "#fff" if col == ATTENTION else "#222"
                 parts.append(
                     f'<text x="{x + w / 2:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="middle" '
-                    f'class="val" fill="{fg}">{ms:.1f}</text>'
+                    f'class="val" fill="{fg}">{text}</text>'
                 )
             x += w
+        label = _val(total, projected=after)
+        lx = x + 3
+        if lx - 3 <= tx <= lx + 5 * len(label):  # the target line would cross the total: step past it
+            lx = tx + 3
         parts.append(
-            f'<text x="{x + 3:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" class="lbl tot">{total:.1f}</text>'
+            f'<text x="{lx:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" class="lbl tot">{label}</text>'
         )
-    # axis and target line
+    # axis and target line; its label anchored so it stays inside the chart
     ya = top + 2 * (bar_h + 10) - 4
-    tx = left + t.targets.p95_ttft_ms * scale
+    tlabel = f"p95 target {t.targets.p95_ttft_ms:g} ms"
+    half = 2.5 * len(tlabel)  # 7 pt sans: under 5 px a character
+    anchor = "end" if tx + half > width - 2 else ("start" if tx - half < 2 else "middle")
     parts.append(
         f'<line x1="{tx:.2f}" y1="{top - 5}" x2="{tx:.2f}" y2="{ya}" class="target"/>'
-        f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="middle" class="tick tgt">p95 target '
-        f"{t.targets.p95_ttft_ms:g} ms</text>"
+        f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="{anchor}" class="tick tgt">{tlabel}</text>'
     )
     for v in _ticks(vmax):
         x = left + v * scale
@@ -345,6 +385,10 @@ def _curve_svg(r: Report, width: int = 360, height: int = 136) -> str:
     from attnscope.model import amdahl
 
     s, b = r.trace.speedup, r.boundary
+    for x, what in ((s, "speedup"), (b.inner_speedup, "prefill speedup"), (r.flop_speedup, "FLOP speedup")):
+        _finite(x, what)
+    if not 1e-6 <= s <= 1e6:
+        raise InputError(f"speedup: expected a kernel speedup between 1e-06 and 1e+06 to draw, got {s:g}")
     left, right, top, bottom = 40, 10, 8, 24
     ymax = max(s, 1.0)
     ymin = min(1.0, s)
