@@ -132,11 +132,12 @@ def test_target_label_stays_inside_the_chart_when_ttft_is_near_the_target():
     d["targets"]["p95_ttft_ms"] = 380.125  # the trace's TTFT: the target line sits at the bars' right end
     bar = render._bar_svg(attribution.attribute(schema.validate(d)))
     width = float(re.search(r'viewBox="0 0 (\d+)', bar).group(1))
-    target = re.search(r'<text x="([0-9.]+)" y="[0-9.-]+" text-anchor="(\w+)" class="tick tgt">([^<]*)<', bar)
+    target = re.search(r'<text x="([0-9.]+)" y="[0-9.-]+" text-anchor="(\w+)" class="tick tgt">([^<]*)<',
+                       bar)
     x, anchor, text = float(target.group(1)), target.group(2), target.group(3)
     extent = 5.0 * len(text)  # 7 pt sans: under 5 px a character
     lo = {"start": x, "middle": x - extent / 2, "end": x - extent}[anchor]
-    assert 0 <= lo and lo + extent <= width, (anchor, x, text)  # the whole label inside the chart
+    assert lo >= 0 and lo + extent <= width, (anchor, x, text)  # the whole label inside the chart
     line_x = float(re.search(r'<line x1="([0-9.]+)"[^>]*class="target"', bar).group(1))
     total = re.search(r'<text x="([0-9.]+)" y="[0-9.]+" class="lbl tot">380.0<', bar)
     assert float(total.group(1)) + 5.0 * len("380.0") <= width + 0.5
