@@ -10,27 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnscope.cli._out import MiB, print_json, table
+from attnscope.cli._out import MiB, console, print_json, table
+from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
-
-
-def _console():
-    from rich.console import Console
-
-    c = Console(highlight=False, soft_wrap=False)
-    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
-
-
-def gpu_problem() -> str | None:
-    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device."""
-    try:
-        import torch
-    except ImportError:
-        return "needs torch with CUDA: pip install 'attnscope[kernels]'"
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"
-    return None
 
 
 def _no_gpu(command: str) -> int | None:
@@ -86,7 +69,7 @@ def _which(args) -> int:
     if args.json:
         print_json(r.to_json())
     else:
-        c = _console()
+        c = console()
         rows = [[_short(k.name), backends.family(k.name), f"{k.dur_us:,.1f}"] for k in r.kernels]
         shape = f"[{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
                 ("causal" if args.causal else "unmasked")
@@ -143,7 +126,7 @@ def _bytes(args) -> int:
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])
-    c = _console()
+    c = console()
     shape = f"{args.impl}, [{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
             ("causal" if args.causal else "unmasked")
     c.print(table(f"DRAM bytes per (batch, head), MiB: {shape}",
@@ -170,7 +153,7 @@ def _share(args) -> int:
                          f"got {args.project_to!r}")
     if (code := _no_gpu("share")) is not None:
         return code
-    c = _console()
+    c = console()
     if args.project_to is None:
         r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
         if args.json:

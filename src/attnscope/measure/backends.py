@@ -86,14 +86,25 @@ class WhichResult:
                 "kernels": [k.to_json() for k in self.kernels]}
 
 
-def require_cuda():
-    """Import torch and check for a CUDA device; raise RuntimeError with one line otherwise."""
+def gpu_problem() -> str | None:
+    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device. The one
+    GPU-presence check: `require_cuda`, the CLI and the bench use it."""
     try:
         import torch
-    except ImportError as e:
-        raise RuntimeError(f"needs torch with CUDA: pip install 'attnscope[kernels]' ({e})") from e
+    except ImportError:
+        return "needs torch with CUDA: pip install 'attnscope[kernels]'"
     if not torch.cuda.is_available():
-        raise RuntimeError("needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return "needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def require_cuda():
+    """Import torch and check for a CUDA device; raise RuntimeError with `gpu_problem`'s line otherwise."""
+    why = gpu_problem()
+    if why:
+        raise RuntimeError(why)
+    import torch
+
     return torch
 
 
