@@ -151,15 +151,16 @@ def _recorded_points():
 #   reads K and V about twice there (causal CTAs of unequal length fall out of step); neither LRU nor
 #   random replacement with dynamic CTA scheduling reproduces it.
 # - cudnn / efficient / attnscope, N = 16,384, d = 128, 32 heads, unmasked: measured exactly Q + K + V + O
-#   (15.8-16.0 MiB per head), estimated +21 to +23 %: the resident CTAs cover about one head per wave, the
-#   next head's K/V (8 MiB) is re-read about 24 MiB of traffic later, and random replacement evicts about
+#   (15.8-16.0 MiB per head), estimated +22 to +23 % (attnscope +15 %: two CTAs per SM cover more
+#   heads): the resident CTAs cover about one head per wave, the next head's K/V (8 MiB) is re-read
+#   about 24 MiB of traffic later, and random replacement evicts about
 #   half of it; the H200 keeps all of it. LRU for the fused kernels fits these (185 of 186 points) but
 #   breaks the naive producer->consumer points that random replacement fits, and no single policy tried
 #   (LRU, random, random among the older part, set-associative LRU, RRIP with hit promotion) fits both.
 KNOWN_MISS = {("flash", 16384, 128, 32, True): (-0.35, -0.25),
               ("cudnn", 16384, 128, 32, False): (0.15, 0.28),
               ("efficient", 16384, 128, 32, False): (0.15, 0.28),
-              ("attnscope", 16384, 128, 32, False): (0.15, 0.28)}
+              ("attnscope", 16384, 128, 32, False): (0.10, 0.20)}  # +15.0 %: two CTAs per SM (fwd.py)
 
 
 @pytest.mark.skipif(not _recorded_points(), reason="no recorded ncu grid yet")
