@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from attnscope import chrome_trace
 from attnscope.errors import choice, positive_int
-from attnscope.measure.decoder import ANNOTATION, ATTENTIONS, PREFILL, LlamaShape, build_decoder  # noqa: F401
+from attnscope.measure.decoder import ATTENTIONS, PREFILL, LlamaShape, build_decoder
 from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
 

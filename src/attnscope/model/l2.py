@@ -174,7 +174,7 @@ def _chunks(total_rows: int, rows_per_chunk: int, row_bytes: int):
 
 def _naive(cache: _Cache, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
     """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
-    order. Mirrors `measure.share.naive_attention`. S is written and read row block by row block; GEMM 2
+    order. Mirrors `measure.backends.naive_attention`. S is written and read row block by row block; GEMM 2
     reads P one column band at a time across all rows, because its output O is [nq, d]: its few tiles'
     CTAs (128 of them at one head, N = 4,096..16,384, in the H200 recordings) are all resident at once
     and march along the K dimension together."""
