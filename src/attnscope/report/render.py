@@ -492,30 +492,15 @@ footer { margin-top: 5px; border-top: 1px solid #c9d3dc; padding-top: 2px; font-
 """
 
 
-def _table(
-    head: list[tuple[str, bool]], rows: list[list[tuple[str, bool]]], total=None, cls: str = "", after=()
-) -> str:
-    h = "".join(f'<th class="n">{_e(c)}</th>' if num else f"<th>{_e(c)}</th>" for c, num in head)
-    body = []
-    for row in rows:
-        body.append(
-            "<tr>"
-            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in row)
-            + "</tr>"
-        )
-    if total:
-        body.append(
-            '<tr class="total">'
-            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in total)
-            + "</tr>"
-        )
-    for row in after:
-        body.append(
-            "<tr>"
-            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in row)
-            + "</tr>"
-        )
-    return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+def _table(head, rows, total=None, cls: str = "", after=()) -> str:
+    """An HTML table; each cell is (text, numeric): numeric cells right-aligned. ``total`` is bold."""
+    def tr(row, tag="td", klass=""):
+        cells = "".join(f'<{tag} class="n">{_e(c)}</{tag}>' if num else f"<{tag}>{_e(c)}</{tag}>"
+                        for c, num in row)
+        return f'<tr class="{klass}">{cells}</tr>' if klass else f"<tr>{cells}</tr>"
+
+    body = [tr(row) for row in rows] + ([tr(total, klass="total")] if total else []) + [tr(a) for a in after]
+    return f'<table class="{cls}"><thead>{tr(head, "th")}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def _ul(items, cls: str = "") -> str:
@@ -563,41 +548,16 @@ def _evidence_html(r: Report) -> str:
             f"{warn}</div>"
         )
     if r.metrics:
-        rows = []
-        for m in r.metrics:
-            check = "" if m.meets is None else f"{m.meets} ({m.target_ms:g})"
-            rows.append(
-                [
-                    (m.label, False),
-                    (f"{m.hist.count:,.0f}", True),
-                    (f"{m.p50_ms:.1f}", True),
-                    (f"{m.p95_ms:.1f}", True),
-                    (f"{m.p99_ms:.1f}", True),
-                    (f"{m.mean_ms:.1f}", True),
-                    (check, False),
-                ]
-            )
+        rows = [[(m.label, False), (f"{m.hist.count:,.0f}", True)]
+                + [(f"{v:.1f}", True) for v in (m.p50_ms, m.p95_ms, m.p99_ms, m.mean_ms)]
+                + [("" if m.meets is None else f"{m.meets} ({m.target_ms:g})", False)] for m in r.metrics]
         warns = [f"{m.label}: {m.warning}." for m in r.metrics if m.warning]
-        warns.append(
-            "Server-side: no client network or serialization; quantiles interpolated within buckets."
-        )
-        right.append(
-            "<div><b>vLLM histograms, AFTER − BEFORE</b> (ms)"
-            + _table(
-                [
-                    ("Histogram", False),
-                    ("Obs.", True),
-                    ("p50", True),
-                    ("p95", True),
-                    ("p99", True),
-                    ("Mean", True),
-                    ("p95 ≤ target", False),
-                ],
-                rows,
-                cls="hist",
-            )
-            + f'<span class="warn">{_e(" ".join(warns))}</span></div>'
-        )
+        warns.append("Server-side: no client network or serialization; quantiles interpolated within "
+                     "buckets.")
+        head = [("Histogram", False)] + [(c, True) for c in ("Obs.", "p50", "p95", "p99", "Mean")] \
+            + [("p95 ≤ target", False)]
+        right.append("<div><b>vLLM histograms, AFTER − BEFORE</b> (ms)" + _table(head, rows, cls="hist")
+                     + f'<span class="warn">{_e(" ".join(warns))}</span></div>')
     if not left and not right:
         return ""
     if left and right:
@@ -610,51 +570,16 @@ def _evidence_html(r: Report) -> str:
 
 def html_page(r: Report, source: str = "the spec's Document QA trace") -> str:
     t, b, tg = r.trace, r.boundary, r.trace.targets
-    seg_rows = [
-        [
-            (x.name, False),
-            (x.source, False),
-            (f"{x.ms:.1f}", True),
-            (_pct(x.share), True),
-            (f"{x.projected_ms:.2f}", True),
-            (x.note, False),
-        ]
-        for x in r.rows
-    ]
-    decode_row = (
-        [
-            ("Decode TPOT", False),
-            (t.decode_source, False),
-            (f"{t.tpot_ms:.1f}", True),
-            ("", True),
-            ("", True),
-            (f"per token; budget {tg.tpot_ms:g} ms", False),
-        ],
-    )
-    segs = _table(
-        [
-            ("Serial segment", False),
-            ("Measurement source", False),
-            ("Trace ms", True),
-            ("Share", True),
-            ("Projected", True),
-            ("Notes", False),
-        ],
-        seg_rows,
-        total=[
-            ("Client TTFT (this trace)", False),
-            (t.ttft_source, False),
-            (f"{t.ttft_ms:.1f}", True),
-            ("100.0%", True),
-            (f"{b.outer_projected_ms:.2f}", True),
-            ("single trace", False),
-        ],
-        cls="segs",
-        after=decode_row,
-    )
-    obs = []
-    for o in r.observations:
-        obs.append(_e(o))
+    seg_rows = [[(x.name, False), (x.source, False), (_val(x.ms), True), (_pct(x.share), True),
+                 (_val(x.projected_ms, projected=True), True), (x.note, False)] for x in r.rows]
+    decode_row = ([("Decode TPOT", False), (t.decode_source, False), (_val(t.tpot_ms), True), ("", True),
+                   ("", True), (f"per token; budget {tg.tpot_ms:g} ms", False)],)
+    head = [("Serial segment", False), ("Measurement source", False), ("Trace ms", True), ("Share", True),
+            ("Projected", True), ("Notes", False)]
+    total = [("Client TTFT (this trace)", False), (t.ttft_source, False), (_val(t.ttft_ms), True),
+             ("100.0%", True), (_val(b.outer_projected_ms, projected=True), True), ("single trace", False)]
+    segs = _table(head, seg_rows, total=total, cls="segs", after=decode_row)
+    obs = [_e(o) for o in r.observations]
     ttft_cls = "good" if r.ttft_meets_target else "bad"
     tpot_cls = "good" if r.tpot_meets_target else "bad"
     status = (
