@@ -1,6 +1,7 @@
 """cli/gpu.py: `which`, `bytes`, `share`, `bench` without a GPU, and `bytes --estimate-only` (CPU)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,12 +91,15 @@ def test_bench_from_json_needs_no_gpu_and_redraws_plots(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "bfloat16 d=128 causal=1 N=16384 B= 1 | attnscope=535.5" in out  # the recorded number
+    assert " TFLOP/s | /cudnn=" in out  # with its unit
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill_roofline.png", "prefill_tflops.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())
     decode = RESULTS / "h200-2026-11-30-decode.json"
     rc = main(["bench", "--from-json", str(decode), "--plots", str(tmp_path)])
     assert rc == 0 and (tmp_path / "decode_tbs.png").exists()
-    assert "decode B= 1 Hq=32 Hkv= 8 L=  4096 | attnscope=1.94" in capsys.readouterr().out  # recorded
+    out = capsys.readouterr().out
+    assert re.search(r"decode B= 1 Hq=32 Hkv= 8 L=  4096 KV= +[0-9.]+ MiB \| graph: attnscope=1\.94", out)
+    assert "TB/s" in out  # recorded, with its unit
 
 
 def test_bench_from_json_bad_file(tmp_path, capsys):

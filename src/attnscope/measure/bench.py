@@ -154,10 +154,7 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                     row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
                     row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
                     results.append(row)
-                    log(f"{row['dtype']} d={d:3d} causal={int(causal)} N={n:5d} B={b:2d} | " + " ".join(
-                        f"{k}={_fmt(t.get(k))}" for k in impls) +
-                        f" | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)}"
-                        f" | err attnscope={_fmt(row['err'].get('attnscope'), 5)} flash={_fmt(ref_err, 5)}")
+                    log(prefill_line(row))
                     if progress is not None:
                         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
                     torch.cuda.empty_cache()
@@ -223,10 +220,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
             row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
             row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
             results.append(row)
-            log(f"decode B={b:2d} Hq={hq} Hkv={hkv:2d} L={L:6d} KV={row['kv_mib']:8.1f} MiB | graph: " +
-                " ".join(f"{k}={_fmt(t.get(k), 2)}" for k in impls) +
-                f" TB/s | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)} | eager: " +
-                " ".join(f"{k}={_fmt(row['tbs_eager'].get(k), 2)}" for k in impls))
+            log(decode_line(row))
             if progress is not None:
                 progress.step(f"decode B={b} Hkv={hkv} L={L}")
             torch.cuda.empty_cache()
@@ -243,18 +237,34 @@ def environment(torch) -> dict:
             "cudnn": torch.backends.cudnn.version()}
 
 
+def prefill_line(row: dict) -> str:
+    """One prefill point as the sweep prints it and `--from-json` replays it."""
+    err = row.get("err", {})
+    errs = (f" | err attnscope={_fmt(err.get('attnscope'), 5)} flash={_fmt(err.get('flash'), 5)}"
+            if err else "")
+    return (f"{row['dtype']} d={row['d']:3d} causal={int(row['causal'])} N={row['n']:5d} "
+            f"B={row['batch']:2d} | " + " ".join(f"{k}={_fmt(v)}" for k, v in row["tflops"].items())
+            + f" TFLOP/s | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}"
+            + errs)
+
+
+def decode_line(row: dict) -> str:
+    """One decode point (CUDA-graph TB/s, then eager) as the sweep prints it and `--from-json` replays it."""
+    def rates(d):
+        return " ".join(f"{k}={_fmt(v, 2)}" for k, v in d.items()) + " TB/s"
+
+    eager = f" | eager: {rates(row['tbs_eager'])}" if row.get("tbs_eager") else ""
+    return (f"decode B={row['batch']:2d} Hq={row['hq']} Hkv={row['hkv']:2d} L={row['L']:6d} "
+            f"KV={row['kv_mib']:8.1f} MiB | graph: {rates(row['tbs'])} | "
+            f"/cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}" + eager)
+
+
 def summarize(result: dict, log=print) -> None:
     """One line per measured point of a recorded run (the same lines the sweep prints)."""
     for row in result.get("prefill", []) + result.get("prefill_fp16", []):
-        t = row["tflops"]
-        log(f"{row['dtype']} d={row['d']:3d} causal={int(row['causal'])} N={row['n']:5d} "
-            f"B={row['batch']:2d} | "
-            + " ".join(f"{k}={_fmt(v)}" for k, v in t.items())
-            + f" | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+        log(prefill_line(row))
     for row in result.get("decode", []):
-        log(f"decode B={row['batch']:2d} Hq={row['hq']} Hkv={row['hkv']:2d} L={row['L']:6d} | "
-            + " ".join(f"{k}={_fmt(v, 2)}" for k, v in row["tbs"].items())
-            + f" TB/s | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+        log(decode_line(row))
 
 
 def _from_json(args) -> int:
