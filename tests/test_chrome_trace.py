@@ -62,6 +62,7 @@ def test_overlapping_streams_count_once():
     ("dur", -5, r"traceEvents\[1\]\.dur: expected a finite number >= 0, got -5"),
     ("dur", "10", r"traceEvents\[1\]\.dur: expected a finite number >= 0, got 10"),
     ("ts", None, r"traceEvents\[1\]\.ts: expected a finite number, got None"),
+    ("dur", None, r"traceEvents\[1\]\.dur: expected a finite number >= 0, got None"),
     ("ts", -math.inf, r"traceEvents\[1\]\.ts: expected a finite number, got -inf"),
     ("args", [1, 2], r"traceEvents\[1\]\.args: expected an object, got list"),
     ("args", "x", r"traceEvents\[1\]\.args: expected an object, got str"),

@@ -137,7 +137,7 @@ def events(trace, where: str = "trace") -> list[dict]:
         field = f"{where}: traceEvents[{i}]"
         if not _number(e.get("ts")):
             raise InputError(f"{field}.ts: expected a finite number, got {str(e.get('ts'))[:40]}")
-        dur = e.get("dur", 0)
+        dur = e.get("dur", 0 if e["cat"] in _LAUNCH else None)  # a launch's own length is not used
         if not _number(dur) or dur < 0:
             raise InputError(f"{field}.dur: expected a finite number >= 0, got {str(dur)[:40]}")
         if not isinstance(e.get("args", {}), dict):
