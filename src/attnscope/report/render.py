@@ -132,6 +132,21 @@ def _p95_bounds(s, unit: str, lt: str = "<") -> tuple[str, str, str]:
     return ci, up, low
 
 
+def _profile_text(r: Report) -> tuple[list[str], list[str]]:
+    """The --profile evidence, (lines, warnings), for both pages."""
+    p = r.profile
+    top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
+    lines = [f"Span: {p.span}, {p.span_ms:.1f} ms; kernels busy {p.busy_ms:.1f} ms ({p.kernels} kernels).",
+             f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the "
+             f"prefill's kernel time (as `attnscope share`); this share replaces the trace's assumed split. "
+             f"Largest: {top}."]
+    warns = []
+    if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
+        warns.append(f"The profiled span ({p.span_ms:.1f} ms) differs from the trace's prefill "
+                     f"({r.trace.prefill_ms:.1f} ms) by more than 10 %: profiler overhead or another shape.")
+    return lines, warns
+
+
 def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
     """(heading, lines, warnings) per evidence input given."""
     out = []
@@ -176,20 +191,7 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
         )
         out.append(("Server histograms, AFTER − BEFORE (--metrics)", lines, warns))
     if r.profile is not None:
-        p = r.profile
-        top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
-        lines = [
-            f"Span: {p.span}, {p.span_ms:.1f} ms; kernels busy {p.busy_ms:.1f} ms ({p.kernels} kernels).",
-            f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the "
-            f"prefill's kernel time (as `attnscope share`); this share replaces the trace's assumed split. "
-            f"Largest: {top}.",
-        ]
-        warns = []
-        if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
-            warns.append(
-                f"The profiled span ({p.span_ms:.1f} ms) differs from the trace's prefill "
-                f"({r.trace.prefill_ms:.1f} ms) by more than 10 %: profiler overhead or another shape."
-            )
+        lines, warns = _profile_text(r)
         out.append(("Profiler split (--profile)", lines, warns))
     return out
 
@@ -533,20 +535,9 @@ def _evidence_html(r: Report) -> str:
             f'</span>.{_e(need)}{_e(where)} <span class="warn">{_e(" ".join(s.warnings))}</span></div>'
         )
     if r.profile is not None:
-        p = r.profile
-        top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
-        warn = ""
-        if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
-            warn = (
-                f' <span class="warn">The span differs from the trace\'s {r.trace.prefill_ms:.1f} ms prefill '
-                "by over 10 %.</span>"
-            )
-        left.append(
-            f"<div><b>Profiler split</b>: {_e(p.span)}, {p.span_ms:.1f} ms ({p.kernels} kernels, busy "
-            f"{p.busy_ms:.1f} ms); attention {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = "
-            f"<b>{_pct(p.share)}</b> of the kernel time, replacing the assumed split. Largest: {_e(top)}."
-            f"{warn}</div>"
-        )
+        lines, warns = _profile_text(r)
+        left.append(f"<div><b>Profiler split</b>: {_e(' '.join(lines))}"
+                    f' <span class="warn">{_e(" ".join(warns))}</span></div>')
     if r.metrics:
         rows = [[(m.label, False), (f"{m.hist.count:,.0f}", True)]
                 + [(f"{v:.1f}", True) for v in (m.p50_ms, m.p95_ms, m.p99_ms, m.mean_ms)]
