@@ -39,19 +39,12 @@ class Progress:
     """The sweep's progress: a `rich.progress` bar on stderr; result lines print above it (stdout)."""
 
     def __init__(self, total: int):
+        from rich import progress as rp
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-        from rich.progress import Progress as Bar
 
         self.total, self.done = max(1, total), 0
-        self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+        self._bar = rp.Progress(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
+                                console=Console(stderr=True))
         self._task = self._bar.add_task("bench", total=self.total)
         self._bar.start()
 
@@ -67,6 +60,12 @@ class Progress:
 
     def close(self) -> None:
         self._bar.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _median_ms(fn, graph: bool = False) -> float:
@@ -304,12 +303,19 @@ def run(args) -> int:
     fp16_extra = prefill and not args.quick
     decode = args.kind in ("decode", "all")
     total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
-    progress = Progress(total)
-    log = progress.log
-    try:
-        _sweeps(torch, args, out, ds, ns, grid, ls, prefill, fp16_extra, decode, log, progress)
-    finally:
-        progress.close()
+    with Progress(total) as progress:
+        log = progress.log
+        if prefill:
+            out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
+                                           log=log, progress=progress)
+            if fp16_extra:
+                out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
+                                                    naive=not args.no_naive, dtypes=[torch.float16],
+                                                    log=log, progress=progress)
+        if decode:
+            out["read_ceiling_tbs"] = read_ceiling(torch)
+            log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
+            out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -321,17 +327,3 @@ def run(args) -> int:
             print(f"plot: {path}")
     return 0
 
-
-def _sweeps(torch, args, out, ds, ns, grid, ls, prefill, fp16_extra, decode, log, progress) -> None:
-    """The sweeps `run` asked for, their rows stored in ``out``."""
-    if prefill:
-        out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
-                                       log=log, progress=progress)
-        if fp16_extra:
-            out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
-                                                naive=not args.no_naive, dtypes=[torch.float16],
-                                                log=log, progress=progress)
-    if decode:
-        out["read_ceiling_tbs"] = read_ceiling(torch)
-        log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
-        out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
