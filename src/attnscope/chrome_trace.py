@@ -177,9 +177,6 @@ class _Ranges:
                     out.append([a, b])
             self.merged[key] = ([a for a, _ in out], [b for _, b in out])
 
-    def __bool__(self) -> bool:
-        return bool(self.merged)
-
     def covers(self, key, a: float, b: float) -> bool:
         starts, ends = self.merged.get(key, ((), ()))
         i = bisect.bisect_right(starts, a) - 1
@@ -210,12 +207,12 @@ def _within(evs, ks, match) -> list[KernelEvent]:
     """Kernels launched inside a CPU range whose name satisfies ``match`` (by correlation); if no launch
     is linked (a build that does not trace driver launches), those inside its GPU projection."""
     cpu = _ranges(evs, "user_annotation", match, True)
-    corr = _launched_in(evs, cpu) if cpu else set()
+    corr = _launched_in(evs, cpu) if cpu.merged else set()
     found = [k for k in ks if k.correlation is not None and k.correlation in corr]
     if found:
         return found
     gpu = _ranges(evs, "gpu_user_annotation", match, False)
-    return [k for k in ks if gpu.covers(None, k.ts_us, k.ts_us + k.dur_us)] if gpu else []
+    return [k for k in ks if gpu.covers(None, k.ts_us, k.ts_us + k.dur_us)]
 
 
 def kernels_within(trace, annotation: str, where: str = "trace") -> list[KernelEvent]:

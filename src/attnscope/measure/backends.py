@@ -31,11 +31,6 @@ BACKENDS = ("flash", "cudnn", "efficient", "math", "attnscope", "auto")
 DTYPES = ("fp16", "bf16")
 
 
-def load_trace(path: str) -> dict:
-    """Read a Chrome trace written by ``prof.export_chrome_trace`` (``.json`` or ``.json.gz``)."""
-    return chrome_trace.load(path, str(path))
-
-
 # --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
 _MASKS: dict = {}
 
@@ -160,7 +155,7 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
-        return load_trace(path)
+        return chrome_trace.load(path, path)
     finally:
         os.unlink(path)
 
