@@ -9,10 +9,11 @@ bf16, d = 128, (B, Hq, Hkv) in {(1,32,32), (1,32,8), (16,32,8), (64,32,8)}, L in
 import argparse
 import sys
 
+from attnscope.cli.gpu import add_bench_arguments
 from attnscope.measure import bench
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_arguments(p)
+    add_bench_arguments(p)
     args = p.parse_args(["--kind", "decode", *sys.argv[1:]])
     sys.exit(bench.run(args))

@@ -11,16 +11,17 @@ import triton
 
 import attnscope
 from attnscope.kernels import fwd
-from attnscope.measure.bench import _sdpa
+from attnscope.measure.backends import sdpa
+from attnscope.model.flops import attention_flops
 
 
 def main():
-    cudnn = _sdpa(torch, "cudnn")
+    cudnn = sdpa("cudnn")
     for d, n in ((128, 4096), (128, 16384), (64, 4096)):
         for causal in (False, True):
             b = 16384 // n
             q, k, v = (torch.randn(b, 32, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            flops = 4 * b * 32 * n * n * d * (0.5 if causal else 1)
+            flops = attention_flops(b, 32, n, n, d, causal)
             attnscope.flash_attention(q, k, v, causal=causal)
             best = fwd._attnscope_fwd_kernel.best_config
             cfg = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)

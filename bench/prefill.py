@@ -9,10 +9,11 @@ Each kernel is checked against float64 at the full shape before it is timed (mea
 import argparse
 import sys
 
+from attnscope.cli.gpu import add_bench_arguments
 from attnscope.measure import bench
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_arguments(p)
+    add_bench_arguments(p)
     args = p.parse_args(["--kind", "prefill", *sys.argv[1:]])
     sys.exit(bench.run(args))

@@ -14,7 +14,8 @@ import torch
 import triton
 
 from attnscope.kernels import decode
-from attnscope.measure.bench import DECODE_GRID, DECODE_LS, _sdpa
+from attnscope.measure.backends import sdpa
+from attnscope.measure.bench import DECODE_GRID, DECODE_LS
 
 CONFIGS = [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2), (256, 8, 3), (64, 4, 3),
            (32, 4, 4)]
@@ -25,7 +26,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     a = p.parse_args()
-    cudnn = _sdpa(torch, "cudnn")
+    cudnn = sdpa("cudnn")
     rows = []
     for b, hq, hkv in DECODE_GRID:
         for L in DECODE_LS:

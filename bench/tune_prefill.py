@@ -16,7 +16,7 @@ import torch
 import triton
 
 from attnscope.kernels import fwd
-from attnscope.measure.bench import _sdpa
+from attnscope.measure.backends import sdpa
 
 
 def main():
@@ -35,7 +35,7 @@ def main():
     p.add_argument("--out")
     a = p.parse_args()
     results = []
-    flash, cudnn = _sdpa(torch, "flash"), _sdpa(torch, "cudnn")
+    flash, cudnn = sdpa("flash"), sdpa("cudnn")
     for d, causal, n in itertools.product(a.d or [128], a.causal or [0, 1], a.n or [4096, 16384]):
         b = max(1, a.tokens // n)
         q, k, v = (torch.randn(b, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

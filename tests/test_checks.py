@@ -228,3 +228,29 @@ def test_auto_without_a_driver_does_not_import_torch():
             "assert 'torch' not in sys.modules")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# --- the one kernel-vs-reference rule; no environment writes -------------------------------------------
+def test_kernel_tolerance_is_factor_times_torch_error_plus_slack():
+    assert checks.kernel_tolerance(0.01) == pytest.approx(0.021)
+    assert checks.kernel_tolerance(0.01, factor=checks.GRAD_FACTOR) == pytest.approx(0.031)
+    assert checks.within_tolerance(0.021, 0.01) and not checks.within_tolerance(0.0211, 0.01)
+    assert checks.within_tolerance(0.0305, 0.01, factor=3) and not checks.within_tolerance(float("nan"), 0.01)
+
+
+def test_kernel_status_writes_no_environment(monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    before = dict(os.environ)
+    for mode in ("auto", "on", "off"):
+        checks.kernel_status(mode)
+    assert dict(os.environ) == before
+
+
+def test_interpreter_wanted_only_for_on_without_a_gpu_before_triton_loads():
+    assert not checks.interpreter_wanted("auto") and not checks.interpreter_wanted("off")
+    code = ("import sys, os; from attnscope import checks; checks._nvidia_driver_present = lambda: False; "
+            "assert checks.interpreter_wanted('on'); assert 'TRITON_INTERPRET' not in os.environ; "
+            "import triton; assert not checks.interpreter_wanted('on')")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

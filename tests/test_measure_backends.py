@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attnscope import chrome_trace
 from attnscope.measure import backends
 from attnscope.measure.backends import backend_of, family, kernels, kernels_within
 
@@ -76,7 +77,7 @@ def test_trace_kernels_and_annotation_ranges():
 def test_load_trace_gz_roundtrip(tmp_path):
     trace = json.loads((DATA / "trace_handmade.json").read_text())
     backends.save_trace(trace, str(tmp_path / "t.json.gz"))
-    assert backends.load_trace(str(tmp_path / "t.json.gz")) == trace
+    assert chrome_trace.load(tmp_path / "t.json.gz") == trace
 
 
 def test_which_validates_before_touching_the_gpu():
@@ -109,7 +110,7 @@ def test_recorded_kernel_names_classify_as_the_backend_that_ran():
 
 @pytest.mark.skipif(not (RECORDED / "traces.json.gz").exists(), reason="no recorded traces yet")
 def test_recorded_which_trace():
-    traces = backends.load_trace(str(RECORDED / "traces.json.gz"))
+    traces = chrome_trace.load(RECORDED / "traces.json.gz")
     t = traces["which_flash_fp16"]
     ks = kernels_within(t["trace"], t["annotation"])
     assert ks and backend_of([k.name for k in ks]) == "flash"

@@ -1,6 +1,7 @@
 """cli/gpu.py: `which`, `bytes`, `share`, `bench` without a GPU, and `bytes --estimate-only` (CPU)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ def test_without_a_gpu_one_line_and_exit_2(argv, capsys):
 
 
 def test_bytes_estimate_only_json(capsys):
-    from attnscope.measure.physical import estimate
+    from attnscope.model.l2 import estimate
 
     assert main(["bytes", "--estimate-only", "--impl", "naive", "--heads", "1", "--l2-bytes", "60000000",
                  "--sms", "132", "--json"]) == 0
@@ -90,12 +91,15 @@ def test_bench_from_json_needs_no_gpu_and_redraws_plots(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "bfloat16 d=128 causal=1 N=16384 B= 1 | attnscope=535.5" in out  # the recorded number
+    assert " TFLOP/s | /cudnn=" in out  # with its unit
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill_roofline.png", "prefill_tflops.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())
     decode = RESULTS / "h200-2026-11-30-decode.json"
     rc = main(["bench", "--from-json", str(decode), "--plots", str(tmp_path)])
     assert rc == 0 and (tmp_path / "decode_tbs.png").exists()
-    assert "decode B= 1 Hq=32 Hkv= 8 L=  4096 | attnscope=1.94" in capsys.readouterr().out  # recorded
+    out = capsys.readouterr().out
+    assert re.search(r"decode B= 1 Hq=32 Hkv= 8 L=  4096 KV= +[0-9.]+ MiB \| graph: attnscope=1\.94", out)
+    assert "TB/s" in out  # recorded, with its unit
 
 
 def test_bench_from_json_bad_file(tmp_path, capsys):
@@ -202,45 +206,7 @@ def test_runtime_failure_is_one_line_exit_1(fake_gpu, monkeypatch, capsys):
                                       "allocate 16.00 GiB\n"
 
 
-# --- the sweep's progress bar (measure/bench.py) ----------------------------------------------------------
-def test_progress_bar_on_a_terminal_and_in_a_log():
-    import io
-
-    from attnscope.measure.bench import Progress
-
-    now = [100.0]
-    term = io.StringIO()
-    p = Progress(4, stream=term, width=8, tty=True, clock=lambda: now[0])
-    now[0] += 10
-    p.step("prefill N=1024")
-    assert term.getvalue() == "\r[##......] 1/4 10 s, ~30 s left  prefill N=1024"
-    now[0] += 10
-    p.step("N=2048")
-    assert term.getvalue().endswith("\r[####....] 2/4 20 s, ~20 s left  N=2048" + " " * 8)  # over the old
-    p.step()
-    p.step()
-    assert term.getvalue().endswith("[########] 4/4 20 s, ~0 s left\n")  # a newline after the last step
-    log = io.StringIO()
-    q = Progress(2, stream=log, width=4, tty=False, clock=lambda: now[0])
-    q.step("a")
-    q.step("b")
-    assert log.getvalue().splitlines() == ["[##..] 1/2 0 s, ~0 s left  a", "[####] 2/2 0 s, ~0 s left  b"]
-
-
-def test_progress_log_clears_the_bar_before_a_result_line(capsys):
-    import io
-
-    from attnscope.measure.bench import Progress
-
-    term = io.StringIO()
-    p = Progress(3, stream=term, width=3, tty=True, clock=lambda: 0.0)
-    p.step("x")
-    p.log("result line")
-    assert capsys.readouterr().out == "result line\n"
-    shown = len("[#..] 1/3 0 s, ~0 s left  x")
-    assert term.getvalue().endswith("\r" + " " * shown + "\r")
-
-
+# --- the sweep's progress (measure/bench.py, rich.progress) ----------------------------------------------
 @pytest.mark.parametrize("argv, total", [(["--kind", "all"], 2 * 2 * 6 + 2 + 12),
                                          (["--kind", "decode", "--quick"], 4),
                                          (["--kind", "prefill", "--d", "128", "--n", "4096"], 2 + 2)])
@@ -264,12 +230,14 @@ def test_bench_run_counts_every_point_of_the_sweep(monkeypatch, capsys, argv, to
         seen.append(progress)
         return []
 
-    monkeypatch.setattr(bench, "_require_gpu", lambda: argparse.Namespace(float16="fp16"))
+    monkeypatch.setattr(bench, "require_cuda", lambda: argparse.Namespace(float16="fp16"))
     monkeypatch.setattr(bench, "environment", lambda torch: {})
     monkeypatch.setattr(bench, "read_ceiling", lambda torch: 4.0)
     monkeypatch.setattr(bench, "prefill_sweep", fake_prefill)
     monkeypatch.setattr(bench, "decode_sweep", fake_decode)
+    from attnscope.cli.gpu import add_bench_arguments
+
     p = argparse.ArgumentParser()
-    bench.add_arguments(p)
+    add_bench_arguments(p)
     assert bench.run(p.parse_args(argv)) == 0
     assert seen and seen[-1].total == total and seen[-1].done == total

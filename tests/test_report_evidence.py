@@ -170,7 +170,9 @@ def test_profile_cpu_range_uses_correlation(tmp_path):
     extent = (max(e["ts"] + e["dur"] for e in ks) - min(e["ts"] for e in ks)) / 1e3
     assert p.kernels == len(ks) == 20
     assert p.span_ms == pytest.approx(extent)
-    assert p.share == pytest.approx(116.0 / extent)
+    # the share is of kernel time (the kernels do not overlap here: their sum)
+    assert p.busy_ms == pytest.approx(sum(e["dur"] for e in ks) / 1e3)
+    assert p.share == pytest.approx(116.0 / p.busy_ms)
 
 
 def test_profile_attention_range_counts_generic_kernels(tmp_path):
@@ -183,7 +185,7 @@ def test_profile_attention_range_counts_generic_kernels(tmp_path):
     ]
     (tmp_path / "t.json").write_text(json.dumps(ev))
     p = evidence.profile(tmp_path / "t.json")
-    assert p.attention_kernels == 2 and p.share == pytest.approx(0.40)
+    assert p.attention_kernels == 2 and p.share == pytest.approx(40 / 70)  # of the kernel time
 
 
 def test_profile_errors(tmp_path):

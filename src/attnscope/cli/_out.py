@@ -28,9 +28,12 @@ def print_json(obj) -> None:
 
 
 def console():
+    """The one rich console of the CLI: no highlighting, no soft wrap; 200 columns when not a terminal
+    (a pipe or a log file keeps every number whole)."""
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    c = Console(highlight=False, soft_wrap=False)
+    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
 
 
 def table(title: str, columns: list[str], rows: list[list], caption: str | None = None):

@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from attnscope.cli._out import GiB, KiB, MiB, print_json, table
+from attnscope.cli._out import GiB, KiB, MiB, console, print_json, table
 
 SPEC = "(spec default: %(default)s)"
-
-
-def _console():
-    """A rich console; when stdout is not a terminal (a pipe, a test) it is wide enough for our tables."""
-    from rich.console import Console
-
-    c = Console(highlight=False, soft_wrap=False)
-    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
 
 
 def _size(b: int | float) -> str:
@@ -190,7 +182,7 @@ def cmd_traffic(args) -> int:
         return 0
 
     c = t.config
-    con = _console()
+    con = console()
     shape = (f"Nq = {c.nq:,}, Nk = {c.nk:,}, d = {c.d}, {c.dtype} ({c.b} B), B_r = {c.block_q}, "
              f"B_c = {c.block_kv}" + (", with LSE write" if c.lse else ""))
     cols = ["Configuration", "Reads MiB", "Writes MiB", "Total MiB", "Reads B", "Writes B", "Total B",
@@ -352,7 +344,7 @@ def cmd_footprint(args) -> int:
         print_json(f.to_json())
         return 0
     p = f.params
-    con = _console()
+    con = console()
     shape = (f"Nq = {p['nq']:,}, Nk = {p['nk']:,}, d = {p['d']}, {p['dtype']}, B_r = {p['block_q']}, "
              f"B_c = {p['block_kv']}, {p['heads']} heads, {p['layers']} layers, batch {p['batch']}")
     con.print(table(f"Memory scopes: {shape}", ["Scope", "Counts", "Bytes", "Size", "Assumption"],
@@ -385,7 +377,7 @@ def cmd_tiles(args) -> int:
                    cols={str(j): list(g.cols(j)) for j in s.loaded}, kv_passes=passes)
         print_json(out)
         return 0
-    con = _console()
+    con = console()
     r0, r1 = s.rows
     con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q}, B_c = {g.block_kv}, "
               f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: "
@@ -434,7 +426,7 @@ def cmd_amdahl(args) -> int:
             out["carry"] = bound.to_json()
         print_json(out)
         return 0
-    con = _console()
+    con = console()
     con.print(f"f = {head.f:g} (time share), S = {head.s:g}: speedup = 1 / ((1 - f) + f / S) = "
               f"{head.speedup:.3f}x, latency reduction {head.reduction * 100:.2f} %")
     con.print(table(f"Sensitivity, same S = {args.s:g}", ["f (time share)", "Speedup", "Latency reduction"],

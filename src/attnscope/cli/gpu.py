@@ -10,27 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnscope.cli._out import MiB, print_json, table
+from attnscope.cli._out import MiB, console, print_json, table
+from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
-
-
-def _console():
-    from rich.console import Console
-
-    c = Console(highlight=False, soft_wrap=False)
-    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
-
-
-def gpu_problem() -> str | None:
-    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device."""
-    try:
-        import torch
-    except ImportError:
-        return "needs torch with CUDA: pip install 'attnscope[kernels]'"
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"
-    return None
 
 
 def _no_gpu(command: str) -> int | None:
@@ -86,7 +69,7 @@ def _which(args) -> int:
     if args.json:
         print_json(r.to_json())
     else:
-        c = _console()
+        c = console()
         rows = [[_short(k.name), backends.family(k.name), f"{k.dur_us:,.1f}"] for k in r.kernels]
         shape = f"[{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
                 ("causal" if args.causal else "unmasked")
@@ -100,7 +83,8 @@ def _which(args) -> int:
 
 # --- bytes -----------------------------------------------------------------------------------------
 def _bytes(args) -> int:
-    from attnscope.measure import ncu, physical
+    from attnscope.measure import ncu
+    from attnscope.model import l2 as physical
 
     l2, sms = args.l2_bytes, args.sms
     measured = None
@@ -136,13 +120,13 @@ def _bytes(args) -> int:
 
     rows = [["logical model (cold cache, model/traffic.py)", "", "", per_head(logical),
              f"{physical.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
-            ["physical estimate (L2-aware, measure/physical.py)", per_head(est.read), per_head(est.write),
+            ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
              per_head(est.total),
              f"{physical.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])
-    c = _console()
+    c = console()
     shape = f"{args.impl}, [{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
             ("causal" if args.causal else "unmasked")
     c.print(table(f"DRAM bytes per (batch, head), MiB: {shape}",
@@ -169,7 +153,7 @@ def _share(args) -> int:
                          f"got {args.project_to!r}")
     if (code := _no_gpu("share")) is not None:
         return code
-    c = _console()
+    c = console()
     if args.project_to is None:
         r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
         if args.json:
@@ -212,14 +196,28 @@ def _bench(args) -> int:
     return bench.run(args)
 
 
-def _add_bench(sub) -> None:
-    from attnscope.measure import bench  # stdlib-only at import: the parser stays torch-free
+def add_bench_arguments(p) -> None:
+    """The arguments of `attnscope bench` (also used by bench/prefill.py and bench/decode.py)."""
+    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
+                   help="which sweep to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
+    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
+    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
+    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
+    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
+    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
 
+
+def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
                        description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
                                    "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
                                    "run without a GPU.")
-    bench.add_arguments(p)
+    add_bench_arguments(p)
     p.set_defaults(func=_bench)
 
 

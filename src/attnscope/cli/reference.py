@@ -7,9 +7,10 @@ imports torch at module level. `verify` imports torch only to ask whether the ke
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from attnscope.cli._out import print_json, table
+from attnscope.cli._out import console, print_json, table
 from attnscope.errors import InputError
 
 # Spec §3.2: one query row, d = 2, two tiles of two keys each.
@@ -101,13 +102,10 @@ def cmd_trace(args) -> int:
         print_json(tr.to_json())
         return 0 if ok else 1
 
-    from rich.console import Console
-
     rows = [[st["tile"], _fmt([float(x) for x in tiles[st["tile"] - 1][0]]), _fmt(st["m"]),
              _fmt(st["alpha"]), _fmt(st["l"]), _fmt(st["acc"])] for st in tr.steps]
     src = "spec §3.2" if not args.input else args.input
-    c = Console(highlight=False, soft_wrap=False)
-    c = c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
+    c = console()
     c.print(table(f"Online softmax, one query row, state after each tile ({src})",
                   ["tile", "scores", "m", "alpha = exp(m_old - m)", "l", "acc (unnormalised)"], rows,
                   caption="alpha rescales the old l and acc onto the new max; tile 1 has no old state."))
@@ -133,6 +131,8 @@ def cmd_verify(args) -> int:
 
     if args.seed < 0:
         raise InputError(f"--seed: expected a non-negative integer, got {args.seed}")
+    if checks.interpreter_wanted(args.kernels):  # --kernels on without a GPU: the Triton CPU interpreter
+        os.environ["TRITON_INTERPRET"] = "1"
     results = []
     for r in checks.iter_checks(args.seed, args.kernels):
         results.append(r)

@@ -55,8 +55,8 @@ def configure(sub) -> None:
         "--profile",
         metavar="FILE",
         default=None,
-        help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill span "
-        "replaces the trace's assumed split",
+        help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill's kernel time "
+        "(as `attnscope share`) replaces the trace's assumed split",
     )
     p.add_argument(
         "--json",

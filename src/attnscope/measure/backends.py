@@ -3,27 +3,12 @@
 An eligibility check answers "could it run?"; this module answers "did it run?". It restricts SDPA's
 dispatch to one backend with ``torch.nn.attention.sdpa_kernel`` (so an input that backend cannot take
 raises instead of silently falling back), records the launched kernels with ``torch.profiler``, and
-classifies each kernel by its name with the table below.
+classifies each kernel by its name.
 
-Kernel-name table (substring of the lower-cased name; first match wins; torch 2.x on SM80/SM90):
-
-    family     backend    matches                                examples
-    attnscope  attnscope  starts with ``_attnscope_``            _attnscope_fwd_kernel, _attnscope_decode_*
-    flash      flash      flash_fwd                              pytorch_flash::flash_fwd_kernel<...>,
-                                                                 flash_fwd_splitkv_kernel, ..._combine_kernel
-    efficient  efficient  fmha_cutlass, pytorchmemeffattention,  fmha_cutlassF_f16_aligned_64x128_rf_sm80(
-                          attentionkernel                        PyTorchMemEffAttention::AttentionKernel<..>)
-    cudnn      cudnn      cudnn + one of sdpa/fmha/flash/fprop   cudnn_generated_fort_native_sdpa_sm90_...
-    softmax    (math)     softmax                                softmax_warp_forward, cunn_SoftMaxForward
-    gemm       (math)     gemm, xmma, cutlass, bmm, s16816,      sm90_xmma_gemm_f16f16_..., ampere_..._gemm,
-                          s1688, nvjet                           nvjet_sm90_hsh_256x128_..._coopA_TNT
-                                                                 (cuBLASLt's nvJet GEMMs: torch 2.11 + CUDA
-                                                                 13 on the H200 launch these for bmm)
-    other      -          anything else (elementwise, copies, casts, fill, masks)
-
-The backend of a call is its fused family when exactly one fused family (attnscope, flash, efficient,
-cudnn) appears; ``math`` when no fused kernel appears but both a GEMM and a softmax do (the bmm +
-softmax + bmm chain); otherwise ``unknown``. Two fused families in one call is ``mixed``.
+Kernel families (attnscope, flash, efficient, cudnn, softmax, gemm, other) come from the one
+kernel-name table in attnscope/chrome_trace.py, shared with `share` and `report --profile`. The backend
+of a call is its fused family when exactly one appears, ``math`` for GEMM + softmax and no fused
+kernel, ``mixed`` for two fused families, otherwise ``unknown``.
 
 The classification is pure Python and runs on a CPU; running a call needs torch and a CUDA GPU.
 """
@@ -32,114 +17,51 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 
+from attnscope import chrome_trace
+from attnscope.chrome_trace import FUSED, KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
 from attnscope.errors import choice, positive_int
 
 #: Backends `attnscope which --backend` accepts; ``auto`` is SDPA's own default dispatch.
 BACKENDS = ("flash", "cudnn", "efficient", "math", "attnscope", "auto")
-#: Kernel families, fused ones first.
-FUSED = ("attnscope", "flash", "efficient", "cudnn")
 DTYPES = ("fp16", "bf16")
 
-#: (family, predicate on the lower-cased name). Order matters: fused families before gemm/softmax,
-#: because fused kernels' names can contain "cutlass" or "flash".
-_TABLE = (
-    ("attnscope", lambda s: s.startswith("_attnscope_")),
-    ("flash", lambda s: "flash_fwd" in s and "cudnn" not in s),
-    ("efficient", lambda s: "fmha_cutlass" in s or "pytorchmemeffattention" in s or "attentionkernel" in s),
-    ("cudnn", lambda s: "cudnn" in s and any(t in s for t in ("sdpa", "fmha", "flash", "fprop"))),
-    ("softmax", lambda s: "softmax" in s),
-    ("gemm", lambda s: any(t in s for t in ("gemm", "xmma", "cutlass", "bmm", "s16816", "s1688", "nvjet"))),
-)
+
+# --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
+_MASKS: dict = {}
 
 
-def family(name: str) -> str:
-    """The family of one kernel name (see the module table); ``other`` when nothing matches."""
-    s = name.strip().lower()
-    for fam, match in _TABLE:
-        if match(s):
-            return fam
-    return "other"
+def _future_mask(torch, n: int, device):
+    """Bool [n, n], True above the diagonal (the future); built once per (n, device) and cached, so
+    building it is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
+    key = (n, str(device))
+    if key not in _MASKS:
+        _MASKS[key] = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+    return _MASKS[key]
 
 
-def backend_of(names) -> str:
-    """The backend a list of launched kernel names shows: a fused family, ``math``, ``mixed`` or
-    ``unknown`` (see the module docstring for the rule)."""
-    fams = {family(n) for n in names}
-    fused = [f for f in FUSED if f in fams]
-    if len(fused) == 1:
-        return fused[0]
-    if len(fused) > 1:
-        return "mixed"
-    if "gemm" in fams and "softmax" in fams:
-        return "math"
-    return "unknown"
+def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """The explicit materialising baseline (spec §1): three kernels, four with the causal mask.
 
-
-# --- profiler traces -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KernelEvent:
-    """One GPU kernel from a torch.profiler Chrome trace: name, start and duration in microseconds,
-    and the correlation id that links it to the CPU-side launch."""
-
-    name: str
-    ts_us: float
-    dur_us: float
-    correlation: int | None = None
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "family": family(self.name), "ts_us": self.ts_us, "dur_us": self.dur_us}
-
-
-def load_trace(path: str) -> dict:
-    """Read a Chrome trace written by ``prof.export_chrome_trace`` (``.json`` or ``.json.gz``)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _events(trace) -> list[dict]:
-    return trace["traceEvents"] if isinstance(trace, dict) else list(trace)
-
-
-def kernels(trace) -> list[KernelEvent]:
-    """GPU kernels of a Chrome trace (events of category ``kernel``), in start order."""
-    out = []
-    for e in _events(trace):
-        if e.get("cat") == "kernel" and e.get("ph", "X") == "X":
-            corr = (e.get("args") or {}).get("correlation")
-            out.append(KernelEvent(e["name"], float(e["ts"]), float(e.get("dur", 0.0)), corr))
-    return sorted(out, key=lambda k: k.ts_us)
-
-
-def kernels_within(trace, annotation: str) -> list[KernelEvent]:
-    """Kernels launched (on the CPU side) inside any ``record_function(annotation)`` range.
-
-    The link is the correlation id: a kernel's id equals the id of the runtime or driver call that
-    launched it (``cudaLaunchKernel``, ``cuLaunchKernelEx`` for Triton), and that call's timestamp lies
-    within the annotation's CPU range on the same thread.
+    q, k, v: [B, H, N, d] (Nq == Nk when causal). S = scale * Q K^T is one batched GEMM (baddbmm with
+    alpha = scale, so no separate scaling kernel), masked_fill with a cached bool mask when causal
+    (out of place), softmax in the input dtype, then O = P V.
     """
-    events = _events(trace)
-    ranges = [(e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-              for e in events if e.get("cat") == "user_annotation" and e.get("name") == annotation]
-    inside = set()
-    for e in events:
-        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
-            corr = (e.get("args") or {}).get("correlation")
-            ts = float(e["ts"])
-            if corr is not None and any(t == e.get("tid") and a <= ts <= b for t, a, b in ranges):
-                inside.add(corr)
-    found = [k for k in kernels(trace) if k.correlation in inside]
-    if found or not ranges:
-        return found
-    # no launch linked (a build that does not trace driver-API launches): fall back to the range's GPU
-    # projection, the ``gpu_user_annotation`` events, and take the kernels that start inside it
-    gpu = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-           for e in events if e.get("cat") == "gpu_user_annotation" and e.get("name") == annotation]
-    return [k for k in kernels(trace) if any(a <= k.ts_us <= b for a, b in gpu)]
+    import torch
+
+    B, H, Nq, d = q.shape
+    Nk = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q3, k3, v3 = q.reshape(B * H, Nq, d), k.reshape(B * H, Nk, d), v.reshape(B * H, Nk, d)
+    s = torch.baddbmm(q3.new_empty(1, 1, 1), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)  # S [B*H, Nq, Nk]
+    if causal:
+        s = s.masked_fill(_future_mask(torch, Nq, q.device), float("-inf"))
+    p = torch.softmax(s, dim=-1)  # P [B*H, Nq, Nk], input dtype
+    return torch.bmm(p, v3).view(B, H, Nq, d)  # O [B, H, Nq, d]
 
 
 # --- running a call (GPU) --------------------------------------------------------------------------
@@ -159,14 +81,25 @@ class WhichResult:
                 "kernels": [k.to_json() for k in self.kernels]}
 
 
-def require_cuda():
-    """Import torch and check for a CUDA device; raise RuntimeError with one line otherwise."""
+def gpu_problem() -> str | None:
+    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device. The one
+    GPU-presence check: `require_cuda`, the CLI and the bench use it."""
     try:
         import torch
-    except ImportError as e:
-        raise RuntimeError(f"needs torch with CUDA: pip install 'attnscope[kernels]' ({e})") from e
+    except ImportError:
+        return "needs torch with CUDA: pip install 'attnscope[kernels]'"
     if not torch.cuda.is_available():
-        raise RuntimeError("needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return "needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def require_cuda():
+    """Import torch and check for a CUDA device; raise RuntimeError with `gpu_problem`'s line otherwise."""
+    why = gpu_problem()
+    if why:
+        raise RuntimeError(why)
+    import torch
+
     return torch
 
 
@@ -184,19 +117,26 @@ def attention_fn(impl: str, causal: bool):
 
         return lambda q, k, v: attnscope.flash_attention(q, k, v, causal=causal)
     if impl == "naive":
-        from attnscope.measure.share import naive_attention
-
         return lambda q, k, v: naive_attention(q, k, v, causal=causal)
     if impl == "auto":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    call = sdpa(impl)
+    return lambda q, k, v: call(q, k, v, causal)
+
+
+def sdpa(backend: str):
+    """``f(q, k, v, causal, gqa=False)``: SDPA restricted to one backend (flash, cudnn, efficient, math)
+    with ``sdpa_kernel``, so an input it cannot take raises instead of falling back. The one SDPA map."""
+    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    choice("backend", backend, ("flash", "cudnn", "efficient", "math"))
     sdpb = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[impl]
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
 
-    def run(q, k, v):
+    def run(q, k, v, causal=False, gqa=False):
         with sdpa_kernel(sdpb):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     return run
 
@@ -215,7 +155,7 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
-        return load_trace(path)
+        return chrome_trace.load(path, path)
     finally:
         os.unlink(path)
 

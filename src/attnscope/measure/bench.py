@@ -1,13 +1,15 @@
 """The benchmark sweep driver: attnscope's kernels against PyTorch SDPA backends, same inputs, same run.
 
-Used by `attnscope bench`, `bench/prefill.py` and `bench/decode.py`. GPU only; never run by tests.
+Used by `attnscope bench` (its arguments: cli/gpu.py), `bench/prefill.py` and `bench/decode.py`. GPU
+only; never run by tests.
 
 Method (METHOD.md of the device notes, and DESIGN.md "Numbers"):
 - correctness first: before a kernel is timed at a shape, its output is checked at that full shape
   against a float64 reference (on a sample of heads, computed on the GPU), with the bound
-  ``err(kernel) <= 2 * err(SDPA FLASH at the same dtype) + 1e-3``; a kernel that fails is not timed;
+  the one rule of `attnscope.checks.kernel_tolerance` (2 x SDPA FLASH's error at the same dtype +
+  1e-3); a kernel that fails is not timed;
 - timings are medians of CUDA-event timings after warm-up (`triton.testing.do_bench`);
-- TFLOP/s = 4 * B * H * Nq * Nk * d / time, halved for causal when Nq == Nk (flash-attn's convention);
+- TFLOP/s = `attnscope.model.flops.attention_flops` / time (4·B·H·Nq·Nk·d, halved for causal);
   decode TB/s = K and V bytes read / time;
 - decode is timed both as CUDA-graph replays (every column; how serving engines run decode, and the
   kernels' own time) and eagerly (host launch overhead included: ~10 us for SDPA's C++ dispatch, more
@@ -22,86 +24,48 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
+
+from attnscope.checks import kernel_tolerance, within_tolerance
+from attnscope.measure.backends import naive_attention, require_cuda, sdpa
+from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
 DECODE_GRID = ((1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8))
 DECODE_LS = (4096, 32768, 131072)
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
-                   help="which sweep to run (default: all)")
-    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
-    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
-    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
-    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
-    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
-    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
-    p.add_argument("--from-json", metavar="FILE",
-                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
-
-
-# ----------------------------------------------------------------------------------------------------
 class Progress:
-    """A progress bar for the sweep, on stderr; the result lines go to stdout, between redraws.
+    """The sweep's progress: a `rich.progress` bar on stderr; result lines print above it (stdout)."""
 
-    On a terminal the bar is redrawn in place (``\r``) after every point, with the elapsed time and an
-    estimate of the time left (mean time per point so far x points left); elsewhere (a log file, CI)
-    each step prints one bar line, so the record stays readable.
-    """
+    def __init__(self, total: int):
+        from rich import progress as rp
+        from rich.console import Console
 
-    def __init__(self, total: int, stream=None, width: int = 28, tty: bool | None = None, clock=time.time):
-        self.total, self.done, self.width = max(1, total), 0, width
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
-        self.clock, self.t0, self._shown = clock, clock(), 0
-
-    def line(self, label: str = "") -> str:
-        filled = round(self.width * self.done / self.total)
-        elapsed = self.clock() - self.t0
-        eta = elapsed / self.done * (self.total - self.done) if self.done else None
-        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:.0f} s" + (f", ~{eta:.0f} s left" if eta is not None else "")
-                + (f"  {label}" if label else ""))
+        self.total, self.done = max(1, total), 0
+        self._bar = rp.Progress(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
+                                console=Console(stderr=True))
+        self._task = self._bar.add_task("bench", total=self.total)
+        self._bar.start()
 
     def step(self, label: str = "") -> None:
         self.done = min(self.total, self.done + 1)
-        text = self.line(label)
-        if self.tty:
-            self.stream.write("\r" + text.ljust(self._shown))
-            self._shown = len(text)
-            if self.done == self.total:
-                self.stream.write("\n")
-                self._shown = 0
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        self._bar.update(self._task, completed=self.done, description=label or "bench")
+        if self.done == self.total:
+            self.close()
 
     def log(self, text: str) -> None:
-        """Print a result line to stdout without tearing the bar."""
-        if self.tty and self._shown:
-            self.stream.write("\r" + " " * self._shown + "\r")
-            self.stream.flush()
-            self._shown = 0
+        """Print a result line to stdout; while the bar is live, rich prints it above the bar."""
         print(text, flush=True)
 
+    def close(self) -> None:
+        self._bar.stop()
 
-def _require_gpu():
-    try:
-        import torch
-    except ImportError:
-        print("attnscope bench: needs torch and a CUDA GPU: pip install 'attnscope[kernels]'",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    if not torch.cuda.is_available():
-        print("attnscope bench: needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)",
-              file=sys.stderr)
-        raise SystemExit(2)
-    return torch
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _median_ms(fn, graph: bool = False) -> float:
@@ -112,31 +76,6 @@ def _median_ms(fn, graph: bool = False) -> float:
     if graph:
         return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def _sdpa(torch, backend_name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend_name]
-
-    def call(q, k, v, causal, gqa=False):
-        with sdpa_kernel(backend):
-            return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-    return call
-
-
-def _naive(torch):
-    def call(q, k, v, causal):  # the spec's explicit 3-kernel baseline, S and P in the input dtype
-        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        if causal:
-            n = q.shape[-2]
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-        return torch.softmax(s, dim=-1) @ v
-
-    return call
 
 
 def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
@@ -167,10 +106,9 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
 
     dtypes = dtypes or [torch.bfloat16]
     impls = {"attnscope": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c),
-             "flash": _sdpa(torch, "flash"), "cudnn": _sdpa(torch, "cudnn"),
-             "efficient": _sdpa(torch, "efficient")}
-    if naive:
-        impls["naive"] = _naive(torch)
+             "flash": sdpa("flash"), "cudnn": sdpa("cudnn"), "efficient": sdpa("efficient")}
+    if naive:  # the baseline the traffic model counts (measure/backends.py)
+        impls["naive"] = lambda q, k, v, c: naive_attention(q, k, v, causal=c)
     results = []
     for dtype in dtypes:
         for d in ds:
@@ -179,7 +117,7 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                     b = max(1, tokens // n)
                     torch.manual_seed(n + d)
                     q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                    flops = 4 * b * heads * n * n * d * (0.5 if causal else 1.0)
+                    flops = attention_flops(b, heads, n, n, d, causal)
                     row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
                            "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
                     # correctness first, at the full shape
@@ -195,9 +133,10 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                             err = _ref_error(torch, out, q, k, v, causal)
                             del out
                             row["err"][name] = err
-                            if name == "attnscope" and ref_err is not None and not err <= 2 * ref_err + 1e-3:
+                            checked = name == "attnscope" and ref_err is not None
+                            if checked and not within_tolerance(err, ref_err):
                                 log(f"  FAIL attnscope d={d} causal={causal} n={n}: err {err:.3g} > "
-                                    f"2 x {ref_err:.3g} + 1e-3; not timed")
+                                    f"{kernel_tolerance(ref_err):.3g} (2 x {ref_err:.3g} + 1e-3); not timed")
                                 row["ms"][name] = None
                                 continue
                             ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c))
@@ -214,10 +153,7 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                     row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
                     row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
                     results.append(row)
-                    log(f"{row['dtype']} d={d:3d} causal={int(causal)} N={n:5d} B={b:2d} | " + " ".join(
-                        f"{k}={_fmt(t.get(k))}" for k in impls) +
-                        f" | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)}"
-                        f" | err attnscope={_fmt(row['err'].get('attnscope'), 5)} flash={_fmt(ref_err, 5)}")
+                    log(prefill_line(row))
                     if progress is not None:
                         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
                     torch.cuda.empty_cache()
@@ -238,7 +174,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
 
     dtype = dtype or torch.bfloat16
     results = []
-    flash, cudnn = _sdpa(torch, "flash"), _sdpa(torch, "cudnn")
+    flash, cudnn = sdpa("flash"), sdpa("cudnn")
     for (b, hq, hkv) in grid:
         for L in ls:
             torch.manual_seed(L + b)
@@ -267,7 +203,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
                         # reference error of SDPA at this dtype: computed on the first kernel's turn
                         ref_err = _ref_error(torch, flash(q, k, v, False, gqa=hq != hkv), q, k, v, False,
                                              heads=min(hq, 8))
-                    if name.startswith("attnscope") and not err <= 2 * ref_err + 1e-3:
+                    if name.startswith("attnscope") and not within_tolerance(err, ref_err):
                         log(f"  FAIL {name} B={b} Hkv={hkv} L={L}: err {err:.3g} > 2 x {ref_err:.3g} + 1e-3")
                         row["ms"][name] = None
                         continue
@@ -283,10 +219,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
             row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
             row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
             results.append(row)
-            log(f"decode B={b:2d} Hq={hq} Hkv={hkv:2d} L={L:6d} KV={row['kv_mib']:8.1f} MiB | graph: " +
-                " ".join(f"{k}={_fmt(t.get(k), 2)}" for k in impls) +
-                f" TB/s | /cudnn={_fmt(row['vs_cudnn'], 3)} /flash={_fmt(row['vs_flash'], 3)} | eager: " +
-                " ".join(f"{k}={_fmt(row['tbs_eager'].get(k), 2)}" for k in impls))
+            log(decode_line(row))
             if progress is not None:
                 progress.step(f"decode B={b} Hkv={hkv} L={L}")
             torch.cuda.empty_cache()
@@ -303,18 +236,34 @@ def environment(torch) -> dict:
             "cudnn": torch.backends.cudnn.version()}
 
 
+def prefill_line(row: dict) -> str:
+    """One prefill point as the sweep prints it and `--from-json` replays it."""
+    err = row.get("err", {})
+    errs = (f" | err attnscope={_fmt(err.get('attnscope'), 5)} flash={_fmt(err.get('flash'), 5)}"
+            if err else "")
+    return (f"{row['dtype']} d={row['d']:3d} causal={int(row['causal'])} N={row['n']:5d} "
+            f"B={row['batch']:2d} | " + " ".join(f"{k}={_fmt(v)}" for k, v in row["tflops"].items())
+            + f" TFLOP/s | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}"
+            + errs)
+
+
+def decode_line(row: dict) -> str:
+    """One decode point (CUDA-graph TB/s, then eager) as the sweep prints it and `--from-json` replays it."""
+    def rates(d):
+        return " ".join(f"{k}={_fmt(v, 2)}" for k, v in d.items()) + " TB/s"
+
+    eager = f" | eager: {rates(row['tbs_eager'])}" if row.get("tbs_eager") else ""
+    return (f"decode B={row['batch']:2d} Hq={row['hq']} Hkv={row['hkv']:2d} L={row['L']:6d} "
+            f"KV={row['kv_mib']:8.1f} MiB | graph: {rates(row['tbs'])} | "
+            f"/cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}" + eager)
+
+
 def summarize(result: dict, log=print) -> None:
     """One line per measured point of a recorded run (the same lines the sweep prints)."""
     for row in result.get("prefill", []) + result.get("prefill_fp16", []):
-        t = row["tflops"]
-        log(f"{row['dtype']} d={row['d']:3d} causal={int(row['causal'])} N={row['n']:5d} "
-            f"B={row['batch']:2d} | "
-            + " ".join(f"{k}={_fmt(v)}" for k, v in t.items())
-            + f" | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+        log(prefill_line(row))
     for row in result.get("decode", []):
-        log(f"decode B={row['batch']:2d} Hq={row['hq']} Hkv={row['hkv']:2d} L={row['L']:6d} | "
-            + " ".join(f"{k}={_fmt(v, 2)}" for k, v in row["tbs"].items())
-            + f" TB/s | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+        log(decode_line(row))
 
 
 def _from_json(args) -> int:
@@ -342,7 +291,7 @@ def _from_json(args) -> int:
 def run(args) -> int:
     if getattr(args, "from_json", None):
         return _from_json(args)
-    torch = _require_gpu()
+    torch = require_cuda()
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
     out = {"env": env}
@@ -354,19 +303,19 @@ def run(args) -> int:
     fp16_extra = prefill and not args.quick
     decode = args.kind in ("decode", "all")
     total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
-    progress = Progress(total)
-    log = progress.log
-    if prefill:
-        out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
-                                       log=log, progress=progress)
-        if fp16_extra:
-            out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
-                                                naive=not args.no_naive, dtypes=[torch.float16],
-                                                log=log, progress=progress)
-    if decode:
-        out["read_ceiling_tbs"] = read_ceiling(torch)
-        log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
-        out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
+    with Progress(total) as progress:
+        log = progress.log
+        if prefill:
+            out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
+                                           log=log, progress=progress)
+            if fp16_extra:
+                out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
+                                                    naive=not args.no_naive, dtypes=[torch.float16],
+                                                    log=log, progress=progress)
+        if decode:
+            out["read_ceiling_tbs"] = read_ceiling(torch)
+            log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
+            out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -377,3 +326,4 @@ def run(args) -> int:
         for path in write_plots(out, args.plots):
             print(f"plot: {path}")
     return 0
+

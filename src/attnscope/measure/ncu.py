@@ -4,8 +4,8 @@ The measured call runs in a child process (``python -m attnscope.measure.ncu --c
 
 1. builds the inputs and warms the call up (compilation, autotuning, cuBLAS heuristics),
 2. evicts the L2 by reading a scratch buffer twice its size (clean lines: evicting them later costs no
-   DRAM write), so every measurement starts from the same cold-cache state the physical estimate
-   assumes,
+   DRAM write), so every measurement starts from the same cold-cache state the L2-aware estimate
+   (model/l2.py) assumes,
 3. starts the profiler (``cudaProfilerStart``), launches a marker kernel (``torch.cuda._sleep``, kernel
    ``spin_kernel``) and the call once, synchronises, and stops the profiler (``cudaProfilerStop``).
 

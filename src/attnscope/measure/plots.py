@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from attnscope.model import roofline, traffic
+from attnscope.model.flops import attention_flops
 
 IMPLS = ("attnscope", "flash", "cudnn", "efficient", "naive")
 
@@ -83,7 +84,7 @@ def prefill_roofline(rows: list[dict], env: dict, path: str, device: str = "h200
             if r["causal"]:
                 name += "-causal-eager" if impl == "naive" else "-causal"
             row = t[name]
-            flops = 4 * r["n"] * r["n"] * r["d"] * (0.5 if r["causal"] else 1)  # per (batch, head), credited
+            flops = attention_flops(1, 1, r["n"], r["n"], r["d"], r["causal"])  # per (batch, head), credited
             ax.scatter([flops / row.total], [tf], s=28, color=colors.get(impl, "gray"),
                        marker=markers.get((r["d"], r["causal"]), "x"))
     for impl, c in colors.items():

@@ -7,7 +7,7 @@ Markdown and the HTML say the same thing.
 
 FLOP share (spec §5.1), per prompt token of a causal prefill of P tokens:
     dense  = 2 * params                          (one multiply-add per weight)
-    attn   = 4 * (P / 2) * d * heads * layers     (QK^T and PV, 2 FLOPs each, over P/2 keys on average)
+    attn   = attention_flops(1, heads, P, P, d, causal) / P * layers   (model/flops.py: 4·(P/2)·d·heads)
     share  = attn / (dense + attn)                (3.25 % at P = 2,048; 6.29 % at P = 4,096 for 8B)
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnscope.model import amdahl
+from attnscope.model.flops import attention_flops
 from attnscope.report.schema import Trace
 
 #: The attention time shares of the sensitivity table (spec §5's rows), beside the operating point.
@@ -30,7 +31,8 @@ def flop_share(
 ) -> tuple[float, float, float]:
     """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring)."""
     dense = 2.0 * params
-    attn = 4.0 * (prompt_tokens / 2.0) * d * heads * layers  # QK^T + PV over P/2 keys on average
+    # model/flops.py's causal count over the prompt, per token: 4 * (P/2) * d * heads per layer
+    attn = layers * attention_flops(1, heads, prompt_tokens, prompt_tokens, d, causal=True) / prompt_tokens
     return dense, attn, attn / (dense + attn)
 
 
@@ -79,7 +81,8 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
     attention_ms, attention_source = t.attention_ms, t.prefill_source
     if profile is not None:  # a measured split replaces the trace's assumed one
         attention_ms = profile.share * t.prefill_ms
-        attention_source = f"torch.profiler: {profile.share:.1%} of the prefill span ({profile.span})"
+        attention_source = (f"torch.profiler: {profile.share:.1%} of the prefill's kernel time "
+                            f"({profile.span})")
     b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)
     saved = attention_ms - attention_ms / t.speedup
     rows = [
@@ -132,11 +135,11 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
 def _sentences(r: Report) -> None:
     t, b, tg = r.trace, r.boundary, r.trace.targets
     pre = t.segment(t.prefill_segment)
-    cmp_ttft = "within" if r.ttft_meets_target else "exceeds"
-    cmp_tpot = "within" if r.tpot_meets_target else "outside"
+    cmp_ttft = "meets (≤)" if r.ttft_meets_target else "is above"
+    cmp_tpot = "meets (≤)" if r.tpot_meets_target else "is above"
     r.observations = [
-        f"For this trace, TTFT {t.ttft_ms:.1f} ms {cmp_ttft} the {tg.p95_ttft_ms:.1f} ms target; decode "
-        f"TPOT {t.tpot_ms:.1f} ms is {cmp_tpot} the {tg.tpot_ms:.1f} ms budget.",
+        f"For this trace, TTFT {t.ttft_ms:.1f} ms {cmp_ttft} the p95 target of {tg.p95_ttft_ms:g} ms (one "
+        f"request, not a p95); decode TPOT {t.tpot_ms:.1f} ms {cmp_tpot} the {tg.tpot_ms:.1f} ms budget.",
         f"{pre.name} is {pre.ms / t.ttft_ms:.1%} of TTFT; inside it, attention is {b.f_inner:.1%} "
         f"({r.attention_ms:.1f} ms).",
     ]
@@ -195,10 +198,19 @@ def _sentences(r: Report) -> None:
         "(CUDA events, torch.profiler; attnscope share)."
         + (f" Server prefill p50 now {pm.p50_ms:.1f} ms." if pm else ""),
         "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
-        f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
-        f"{tg.p95_ttft_ms:g} ms."
+        _samples_plan(r.samples, tg.p95_ttft_ms)
         if r.samples is None or r.samples.verdict == "inconclusive"
         else f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
         "Measure DRAM bytes with Nsight Compute (dram__bytes_read.sum, dram__bytes_write.sum): the logical "
         "model is an algorithmic count, not a hardware reading (attnscope bytes).",
     ]
+
+
+def _samples_plan(s, target_ms: float) -> str:
+    """How many client samples to collect: the estimate from the samples given, else the minimum (59:
+    the smallest n whose largest sample bounds p95 from above with 95 % confidence)."""
+    if s is not None and s.needed:
+        return (f"Collect about {s.needed:,} independent client TTFT samples in all ({s.n:,} so far; the "
+                f"estimate from the samples given) to accept or reject p95 ≤ {target_ms:g} ms.")
+    return (f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
+            f"{target_ms:g} ms.")

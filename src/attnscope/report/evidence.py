@@ -4,7 +4,8 @@
   95 % confidence interval for p95 from binomial order statistics, with a verdict against the target.
 - `metrics(before, after, ...)`: two Prometheus text scrapes of a vLLM server, histograms diffed
   (after - before = the run), quantiles interpolated within buckets, coarse-bucket warnings.
-- `profile(path)`: the attention kernels' share of the prefill span in a torch.profiler Chrome trace.
+- `profile(path)`: attention's share of the prefill's kernel time in a torch.profiler Chrome trace
+  (attnscope/chrome_trace.py: the same rule and definition as `attnscope share`).
 
 scipy and prometheus_client are imported inside the functions that need them, so a plain report
 does not pay for them.
@@ -16,10 +17,10 @@ import csv
 import io
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnscope import chrome_trace
 from attnscope.errors import InputError
 
 # ------------------------------------------------------------------------------------------ samples
@@ -377,123 +378,12 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
 
 # ------------------------------------------------------------------------------------------ profile
 
-#: A kernel counts as attention when its name matches (flash-attn, FA via SDPA "pytorch_flash::",
-#: xformers/mem-efficient "fmha_cutlassF", cuDNN "sdpa"/"fmha", Triton "_attn_fwd", unfused softmax).
-ATTENTION_KERNEL = re.compile(r"flash|fmha|attn|attention|sdpa|cutlassf|mem_eff|softmax", re.IGNORECASE)
-#: Or when it runs inside a record_function range whose name matches this (wrap an unfused path,
-#: whose GEMMs have generic names, in `record_function("attention")`).
-ATTENTION_RANGE = re.compile(r"attn|attention", re.IGNORECASE)
-#: The prefill span: the first record_function range whose name matches this.
-PREFILL_RANGE = re.compile(r"prefill", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class ProfileShare:
-    span: str  # how the span was found
-    span_ms: float
-    busy_ms: float  # union of kernel time inside the span
-    attention_ms: float  # union of attention-kernel time inside the span
-    share: float  # attention_ms / span_ms
-    kernels: int
-    attention_kernels: int
-    top: tuple[tuple[str, float], ...]  # the largest attention kernels by total ms
-
-
-def _union_ms(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total / 1e3  # Chrome traces are in microseconds
+#: The share's one definition and the one rule for "what is attention": attnscope/chrome_trace.py.
+ProfileShare = chrome_trace.Share
 
 
 def profile(path) -> ProfileShare:
-    """Attention kernels' share of the prefill span in a torch.profiler Chrome trace (`export_chrome_trace`).
-
-    The span is a GPU-side range ("gpu_user_annotation") named like `prefill`; else a CPU range
-    ("user_annotation") whose kernels are matched through their launches' correlation ids; else the
-    extent of all kernels. Kernel time is a union of intervals (overlapping streams count once).
-    """
-    flag = f"--profile {Path(path).name}"
-    try:
-        data = json.loads(_read_text(path, "--profile"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{flag}: expected a Chrome trace JSON, got invalid JSON ({e.msg})") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise InputError(
-            f"{flag}: expected a Chrome trace with a traceEvents list, got {type(data).__name__}"
-        )
-    xs = [
-        e
-        for e in events
-        if isinstance(e, dict)
-        and e.get("ph") == "X"
-        and isinstance(e.get("ts"), (int, float))
-        and isinstance(e.get("dur"), (int, float))
-    ]
-    kernels = [e for e in xs if str(e.get("cat", "")).lower() == "kernel"]
-    if not kernels:
-        raise InputError(
-            f'{flag}: expected GPU kernel events (cat "kernel"), got none; profile with ProfilerActivity.CUDA'
-        )
-    gpu_ranges = [e for e in xs if e.get("cat") == "gpu_user_annotation"]
-    cpu_ranges = [e for e in xs if e.get("cat") == "user_annotation"]
-
-    def inside(e, lo, hi):
-        return e["ts"] >= lo and e["ts"] + e["dur"] <= hi
-
-    gspan = next((e for e in gpu_ranges if PREFILL_RANGE.search(str(e.get("name", "")))), None)
-    cspan = next((e for e in cpu_ranges if PREFILL_RANGE.search(str(e.get("name", "")))), None)
-    if gspan is not None:
-        lo, hi = gspan["ts"], gspan["ts"] + gspan["dur"]
-        in_span = [k for k in kernels if inside(k, lo, hi)]
-        how = f"GPU range {gspan['name']!r}"
-    elif cspan is not None:
-        lo, hi = cspan["ts"], cspan["ts"] + cspan["dur"]
-        corr = {
-            (e.get("args") or {}).get("correlation")
-            for e in xs
-            if e.get("cat") == "cuda_runtime" and inside(e, lo, hi)
-        }
-        corr.discard(None)
-        in_span = [k for k in kernels if (k.get("args") or {}).get("correlation") in corr]
-        if in_span:
-            lo = min(k["ts"] for k in in_span)
-            hi = max(k["ts"] + k["dur"] for k in in_span)
-        how = f"kernels launched in CPU range {cspan['name']!r}"
-    else:
-        in_span = kernels
-        lo = min(k["ts"] for k in kernels)
-        hi = max(k["ts"] + k["dur"] for k in kernels)
-        how = "all kernels (no range named like 'prefill')"
-    if not in_span:
-        raise InputError(f"{flag}: expected kernels inside the prefill span ({how}), got none")
-    attn_ranges = [
-        (e["ts"], e["ts"] + e["dur"]) for e in gpu_ranges if ATTENTION_RANGE.search(str(e.get("name")))
-    ]
-
-    def is_attention(k) -> bool:
-        if ATTENTION_KERNEL.search(str(k.get("name", ""))):
-            return True
-        return any(a <= k["ts"] and k["ts"] + k["dur"] <= b for a, b in attn_ranges)
-
-    attn = [k for k in in_span if is_attention(k)]
-    span_ms = (hi - lo) / 1e3
-    attention_ms = _union_ms([(k["ts"], k["ts"] + k["dur"]) for k in attn])
-    by_name: dict[str, float] = {}
-    for k in attn:
-        by_name[str(k.get("name"))] = by_name.get(str(k.get("name")), 0.0) + k["dur"] / 1e3
-    top = tuple(sorted(by_name.items(), key=lambda kv: -kv[1])[:3])
-    return ProfileShare(
-        span=how,
-        span_ms=span_ms,
-        busy_ms=_union_ms([(k["ts"], k["ts"] + k["dur"]) for k in in_span]),
-        attention_ms=attention_ms,
-        share=min(1.0, attention_ms / span_ms) if span_ms > 0 else 0.0,
-        kernels=len(in_span),
-        attention_kernels=len(attn),
-        top=top,
-    )
+    """Attention's share of the prefill in a torch.profiler Chrome trace (`export_chrome_trace`), by
+    `attnscope.chrome_trace.attention_share`: the rule and the definition `attnscope share` uses."""
+    where = f"--profile {Path(path).name}"
+    return chrome_trace.attention_share(chrome_trace.load(path, where), where)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
+from attnscope.errors import InputError
 from attnscope.report.attribution import FLOP_SHARE_FORMULA, Report
 
 # Muted, print-safe colours; attention is the saturated one because it is what the change touches.
@@ -17,17 +19,44 @@ PALETTE = ("#8da0cb", "#e5a15d", "#d99ac4", "#b9b37a", "#a6a6a6", "#7fb3d5", "#c
 ATTENTION = "#1f7a5a"
 
 
+# Control characters (C0, DEL, C1) and the bidi controls that reorder what follows them (U+202A-U+202E,
+# U+2066-U+2069, U+200E/F, U+061C): shown as a visible <U+XXXX> instead of acting on the page.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Markdown syntax that would make text from an input file into a link, an image, code or a tag.
+_MD_SYNTAX = re.compile(r"([\\`*_\[\]!|])")
+
+
+def _visible(s: object) -> str:
+    return _INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(s))
+
+
 def _e(s: object) -> str:
-    return html.escape(str(s), quote=True)
+    """HTML-safe text: escaped, control and bidi characters shown as <U+XXXX>."""
+    return html.escape(_visible(s), quote=True)
 
 
 def _md(s: object) -> str:
-    """Markdown-safe text: raw HTML is neutralised and table pipes escaped."""
-    return html.escape(str(s), quote=False).replace("|", "\\|").replace("\n", " ")
+    """Markdown-safe text: control and bidi characters shown as <U+XXXX>, raw HTML escaped, and every
+    character Markdown reads as link, image, code or emphasis syntax (and table pipes) backslash-escaped,
+    so no input string becomes a link or a tag."""
+    return _MD_SYNTAX.sub(r"\\\1", html.escape(_visible(s), quote=False)).replace("\n", " ")
+
+
+def _finite(x: float, what: str) -> float:
+    """A number an SVG coordinate is computed from; inf or NaN is refused with one line."""
+    if not math.isfinite(x):
+        raise InputError(f"{what}: expected a finite number to draw, got {x}")
+    return x
+
+
+def _val(x: float, projected: bool = False) -> str:
+    """The one format of a time in ms (no unit): measured to 0.1 ms, projected to 0.01 ms. The tables
+    and the chart's labels both use it."""
+    return f"{x:,.{2 if projected else 1}f}"
 
 
 def _ms(x: float, nd: int = 1) -> str:
-    return f"{x:,.{nd}f} ms"
+    return f"{_val(x, projected=nd == 2)} ms" if nd in (1, 2) else f"{x:,.{nd}f} ms"
 
 
 def _pct(x: float, nd: int = 1) -> str:
@@ -62,7 +91,8 @@ def _impact_lines(r: Report) -> list[str]:
         f"f_attn = {r.attention_ms:.1f} / {t.prefill_ms:.1f} = {f:.2f} (rest {1 - f:.2f}), "
         f"S_kernel = {t.speedup:.2f}×",
         f"S_prefill = 1 / ({1 - f:.2f} + {f:.2f} / {t.speedup:.2f}) = {b.inner_speedup:.4f}×",
-        f"T_prefill = {rest:.1f} + {r.attention_ms:.1f} / {t.speedup:.2f} = {b.inner_projected_ms:.2f} ms "
+        f"T_prefill = {rest:.1f} + {r.attention_ms:.1f} / {t.speedup:.2f} = {rest:.1f} + "
+        f"{_val(r.attention_ms / t.speedup, projected=True)} = {b.inner_projected_ms:.2f} ms "
         f"({_pct(b.inner_reduction, 2)} reduction)",
         f"T_client = {t.ttft_ms - t.prefill_ms:.1f} (held fixed) + {b.inner_projected_ms:.2f} = "
         f"{b.outer_projected_ms:.2f} ms",
@@ -100,6 +130,21 @@ def _p95_bounds(s, unit: str, lt: str = "<") -> tuple[str, str, str]:
     up = f"{s.upper_bound:.1f}{unit}" if s.upper_bound is not None else f"none (n {lt} 59)"
     low = f"{s.lower_bound:.1f}{unit}" if s.lower_bound is not None else "none"
     return ci, up, low
+
+
+def _profile_text(r: Report) -> tuple[list[str], list[str]]:
+    """The --profile evidence, (lines, warnings), for both pages."""
+    p = r.profile
+    top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
+    lines = [f"Span: {p.span}, {p.span_ms:.1f} ms; kernels busy {p.busy_ms:.1f} ms ({p.kernels} kernels).",
+             f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the "
+             f"prefill's kernel time (as `attnscope share`); this share replaces the trace's assumed split. "
+             f"Largest: {top}."]
+    warns = []
+    if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
+        warns.append(f"The profiled span ({p.span_ms:.1f} ms) differs from the trace's prefill "
+                     f"({r.trace.prefill_ms:.1f} ms) by more than 10 %: profiler overhead or another shape.")
+    return lines, warns
 
 
 def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
@@ -146,19 +191,7 @@ def _evidence_items(r: Report) -> list[tuple[str, list[str], list[str]]]:
         )
         out.append(("Server histograms, AFTER − BEFORE (--metrics)", lines, warns))
     if r.profile is not None:
-        p = r.profile
-        top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
-        lines = [
-            f"Span: {p.span}, {p.span_ms:.1f} ms; kernels busy {p.busy_ms:.1f} ms ({p.kernels} kernels).",
-            f"Attention: {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = {_pct(p.share)} of the "
-            f"span; this share replaces the trace's assumed split. Largest: {top}.",
-        ]
-        warns = []
-        if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
-            warns.append(
-                f"The profiled span ({p.span_ms:.1f} ms) differs from the trace's prefill "
-                f"({r.trace.prefill_ms:.1f} ms) by more than 10 %: profiler overhead or another shape."
-            )
+        lines, warns = _profile_text(r)
         out.append(("Profiler split (--profile)", lines, warns))
     return out
 
@@ -250,9 +283,13 @@ def markdown(r: Report) -> str:
 def _bar_svg(r: Report, width: int = 360) -> str:
     """Stacked TTFT bars, before and after, on one time axis; the prefill split into attention and rest."""
     t, b = r.trace, r.boundary
-    left, right, bar_h, top = 40, 34, 22, 16
+    left, right, bar_h, top = 40, 46, 22, 16  # the right margin holds a total like "1,018.75"
+    for x, what in ((t.ttft_ms, "ttft_ms"), (b.outer_projected_ms, "projected TTFT (check speedup)"),
+                    (r.attention_ms, "attention_ms"), (t.targets.p95_ttft_ms, "targets.p95_ttft_ms")):
+        _finite(x, what)
     vmax = max(t.ttft_ms, b.outer_projected_ms, t.targets.p95_ttft_ms)  # a slowdown (S < 1) still fits
     scale = (width - left - right) / vmax
+    tx = left + t.targets.p95_ttft_ms * scale  # the target line
     colors = {}
     i = 0
     for row in r.rows:
@@ -286,23 +323,29 @@ def _bar_svg(r: Report, width: int = 360) -> str:
                 f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{col}">'
                 f"<title>{_e(name)}: {ms:.2f} ms</title></rect>"
             )
-            if w > 20:  # room for a 4-character label at 7.5 px
+            text = _val(ms, projected=after and col == ATTENTION)  # as the tables print it
+            if w > 4.6 * len(text) + 4:  # room for the label at 7.5 px
                 fg = "#fff" if col == ATTENTION else "#222"
                 parts.append(
                     f'<text x="{x + w / 2:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" text-anchor="middle" '
-                    f'class="val" fill="{fg}">{ms:.1f}</text>'
+                    f'class="val" fill="{fg}">{text}</text>'
                 )
             x += w
+        label = _val(total, projected=after)
+        lx = x + 3
+        if lx - 3 <= tx <= lx + 5 * len(label):  # the target line would cross the total: step past it
+            lx = tx + 3
         parts.append(
-            f'<text x="{x + 3:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" class="lbl tot">{total:.1f}</text>'
+            f'<text x="{lx:.2f}" y="{y + bar_h / 2 + 3.5:.1f}" class="lbl tot">{label}</text>'
         )
-    # axis and target line
+    # axis and target line; its label anchored so it stays inside the chart
     ya = top + 2 * (bar_h + 10) - 4
-    tx = left + t.targets.p95_ttft_ms * scale
+    tlabel = f"p95 target {t.targets.p95_ttft_ms:g} ms"
+    half = 2.5 * len(tlabel)  # 7 pt sans: under 5 px a character
+    anchor = "end" if tx + half > width - 2 else ("start" if tx - half < 2 else "middle")
     parts.append(
         f'<line x1="{tx:.2f}" y1="{top - 5}" x2="{tx:.2f}" y2="{ya}" class="target"/>'
-        f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="middle" class="tick tgt">p95 target '
-        f"{t.targets.p95_ttft_ms:g} ms</text>"
+        f'<text x="{tx:.2f}" y="{top - 7}" text-anchor="{anchor}" class="tick tgt">{tlabel}</text>'
     )
     for v in _ticks(vmax):
         x = left + v * scale
@@ -344,6 +387,10 @@ def _curve_svg(r: Report, width: int = 360, height: int = 136) -> str:
     from attnscope.model import amdahl
 
     s, b = r.trace.speedup, r.boundary
+    for x, what in ((s, "speedup"), (b.inner_speedup, "prefill speedup"), (r.flop_speedup, "FLOP speedup")):
+        _finite(x, what)
+    if not 1e-6 <= s <= 1e6:
+        raise InputError(f"speedup: expected a kernel speedup between 1e-06 and 1e+06 to draw, got {s:g}")
     left, right, top, bottom = 40, 10, 8, 24
     ymax = max(s, 1.0)
     ymin = min(1.0, s)
@@ -447,30 +494,15 @@ footer { margin-top: 5px; border-top: 1px solid #c9d3dc; padding-top: 2px; font-
 """
 
 
-def _table(
-    head: list[tuple[str, bool]], rows: list[list[tuple[str, bool]]], total=None, cls: str = "", after=()
-) -> str:
-    h = "".join(f'<th class="n">{_e(c)}</th>' if num else f"<th>{_e(c)}</th>" for c, num in head)
-    body = []
-    for row in rows:
-        body.append(
-            "<tr>"
-            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in row)
-            + "</tr>"
-        )
-    if total:
-        body.append(
-            '<tr class="total">'
-            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in total)
-            + "</tr>"
-        )
-    for row in after:
-        body.append(
-            "<tr>"
-            + "".join(f'<td class="n">{_e(c)}</td>' if num else f"<td>{_e(c)}</td>" for c, num in row)
-            + "</tr>"
-        )
-    return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+def _table(head, rows, total=None, cls: str = "", after=()) -> str:
+    """An HTML table; each cell is (text, numeric): numeric cells right-aligned. ``total`` is bold."""
+    def tr(row, tag="td", klass=""):
+        cells = "".join(f'<{tag} class="n">{_e(c)}</{tag}>' if num else f"<{tag}>{_e(c)}</{tag}>"
+                        for c, num in row)
+        return f'<tr class="{klass}">{cells}</tr>' if klass else f"<tr>{cells}</tr>"
+
+    body = [tr(row) for row in rows] + ([tr(total, klass="total")] if total else []) + [tr(a) for a in after]
+    return f'<table class="{cls}"><thead>{tr(head, "th")}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def _ul(items, cls: str = "") -> str:
@@ -503,55 +535,20 @@ def _evidence_html(r: Report) -> str:
             f'</span>.{_e(need)}{_e(where)} <span class="warn">{_e(" ".join(s.warnings))}</span></div>'
         )
     if r.profile is not None:
-        p = r.profile
-        top = ", ".join(f"{_kernel_short(n)} {ms:.1f} ms" for n, ms in p.top) or "none"
-        warn = ""
-        if abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms:
-            warn = (
-                f' <span class="warn">The span differs from the trace\'s {r.trace.prefill_ms:.1f} ms prefill '
-                "by over 10 %.</span>"
-            )
-        left.append(
-            f"<div><b>Profiler split</b>: {_e(p.span)}, {p.span_ms:.1f} ms ({p.kernels} kernels, busy "
-            f"{p.busy_ms:.1f} ms); attention {p.attention_ms:.1f} ms in {p.attention_kernels} kernels = "
-            f"<b>{_pct(p.share)}</b>, replacing the assumed split. Largest: {_e(top)}.{warn}</div>"
-        )
+        lines, warns = _profile_text(r)
+        left.append(f"<div><b>Profiler split</b>: {_e(' '.join(lines))}"
+                    f' <span class="warn">{_e(" ".join(warns))}</span></div>')
     if r.metrics:
-        rows = []
-        for m in r.metrics:
-            check = "" if m.meets is None else f"{m.meets} ({m.target_ms:g})"
-            rows.append(
-                [
-                    (m.label, False),
-                    (f"{m.hist.count:,.0f}", True),
-                    (f"{m.p50_ms:.1f}", True),
-                    (f"{m.p95_ms:.1f}", True),
-                    (f"{m.p99_ms:.1f}", True),
-                    (f"{m.mean_ms:.1f}", True),
-                    (check, False),
-                ]
-            )
+        rows = [[(m.label, False), (f"{m.hist.count:,.0f}", True)]
+                + [(f"{v:.1f}", True) for v in (m.p50_ms, m.p95_ms, m.p99_ms, m.mean_ms)]
+                + [("" if m.meets is None else f"{m.meets} ({m.target_ms:g})", False)] for m in r.metrics]
         warns = [f"{m.label}: {m.warning}." for m in r.metrics if m.warning]
-        warns.append(
-            "Server-side: no client network or serialization; quantiles interpolated within buckets."
-        )
-        right.append(
-            "<div><b>vLLM histograms, AFTER − BEFORE</b> (ms)"
-            + _table(
-                [
-                    ("Histogram", False),
-                    ("Obs.", True),
-                    ("p50", True),
-                    ("p95", True),
-                    ("p99", True),
-                    ("Mean", True),
-                    ("p95 ≤ target", False),
-                ],
-                rows,
-                cls="hist",
-            )
-            + f'<span class="warn">{_e(" ".join(warns))}</span></div>'
-        )
+        warns.append("Server-side: no client network or serialization; quantiles interpolated within "
+                     "buckets.")
+        head = [("Histogram", False)] + [(c, True) for c in ("Obs.", "p50", "p95", "p99", "Mean")] \
+            + [("p95 ≤ target", False)]
+        right.append("<div><b>vLLM histograms, AFTER − BEFORE</b> (ms)" + _table(head, rows, cls="hist")
+                     + f'<span class="warn">{_e(" ".join(warns))}</span></div>')
     if not left and not right:
         return ""
     if left and right:
@@ -564,51 +561,16 @@ def _evidence_html(r: Report) -> str:
 
 def html_page(r: Report, source: str = "the spec's Document QA trace") -> str:
     t, b, tg = r.trace, r.boundary, r.trace.targets
-    seg_rows = [
-        [
-            (x.name, False),
-            (x.source, False),
-            (f"{x.ms:.1f}", True),
-            (_pct(x.share), True),
-            (f"{x.projected_ms:.2f}", True),
-            (x.note, False),
-        ]
-        for x in r.rows
-    ]
-    decode_row = (
-        [
-            ("Decode TPOT", False),
-            (t.decode_source, False),
-            (f"{t.tpot_ms:.1f}", True),
-            ("", True),
-            ("", True),
-            (f"per token; budget {tg.tpot_ms:g} ms", False),
-        ],
-    )
-    segs = _table(
-        [
-            ("Serial segment", False),
-            ("Measurement source", False),
-            ("Trace ms", True),
-            ("Share", True),
-            ("Projected", True),
-            ("Notes", False),
-        ],
-        seg_rows,
-        total=[
-            ("Client TTFT (this trace)", False),
-            (t.ttft_source, False),
-            (f"{t.ttft_ms:.1f}", True),
-            ("100.0%", True),
-            (f"{b.outer_projected_ms:.2f}", True),
-            ("single trace", False),
-        ],
-        cls="segs",
-        after=decode_row,
-    )
-    obs = []
-    for o in r.observations:
-        obs.append(_e(o))
+    seg_rows = [[(x.name, False), (x.source, False), (_val(x.ms), True), (_pct(x.share), True),
+                 (_val(x.projected_ms, projected=True), True), (x.note, False)] for x in r.rows]
+    decode_row = ([("Decode TPOT", False), (t.decode_source, False), (_val(t.tpot_ms), True), ("", True),
+                   ("", True), (f"per token; budget {tg.tpot_ms:g} ms", False)],)
+    head = [("Serial segment", False), ("Measurement source", False), ("Trace ms", True), ("Share", True),
+            ("Projected", True), ("Notes", False)]
+    total = [("Client TTFT (this trace)", False), (t.ttft_source, False), (_val(t.ttft_ms), True),
+             ("100.0%", True), (_val(b.outer_projected_ms, projected=True), True), ("single trace", False)]
+    segs = _table(head, seg_rows, total=total, cls="segs", after=decode_row)
+    obs = [_e(o) for o in r.observations]
     ttft_cls = "good" if r.ttft_meets_target else "bad"
     tpot_cls = "good" if r.tpot_meets_target else "bad"
     status = (

@@ -1,57 +1,25 @@
-"""An L2-aware estimate of the DRAM bytes an attention call moves (what ``ncu`` measures).
+"""An L2-aware estimate of the DRAM bytes an attention call moves (what ``ncu`` measures; spec §6).
 
-The logical model (model/traffic.py) assumes a cold cache: every read of a byte is a DRAM read. The GPU
-has an L2 (50-60 MB on H100/H200) in front of DRAM, so a read is served from L2 when the bytes touched
-since the same data was last touched (its *reuse distance*) fit in the L2. Two reuses decide attention:
+The logical model (model/traffic.py) assumes a cold cache. The GPU's L2 (50-60 MB on H100/H200) serves
+a read when the bytes touched since the data was last touched (its reuse distance) fit. Two reuses
+decide attention: producer -> consumer (naive: GEMM 1 writes S, the softmax reads it back, GEMM 2
+reads P) and K/V re-reads (fused kernels: every query tile of a head re-reads that head's K and V).
 
-- **producer -> consumer** (naive): GEMM 1 writes S, the softmax reads it back, writes P, GEMM 2 reads
-  P. One head's S at N = 4,096 is 32 MiB, about what one copy of the data gets of the H200's L2 (see
-  below): part of the read-back hits; with 32 heads S is 1 GiB, the reader starts at the head the
-  writer wrote first, and nothing hits (spec §6: "fitting is not the same as hitting").
-- **K/V re-reads** (fused kernels): every query tile of a head re-reads that head's K and V. CTAs are
-  launched query tile fastest (grid ``(T_r, B*H)``), so the CTAs running at once (SMs x CTAs per SM)
-  cover a few heads, and their K/V (2 MiB per head at N = 4,096, d = 128) is read from DRAM once and
-  then served by L2: measured bytes fall to about Q + K + V + O.
+Method: replay the call's accesses in launch order against a cache, in chunks (a fraction of the cache,
+never finer than one tile); a read miss is a DRAM read. The cache (each fact read off the H200
+recordings in tests/data/measure/recorded/, BENCHMARKS.md "attnscope bytes"):
 
-Method: replay the call's accesses, in launch order, against a cache, in chunks (a fraction of the
-cache, never finer than one tile). A read miss is a DRAM read. Four physical facts, each read off the
-H200 recordings (tests/data/measure/recorded/, BENCHMARKS.md), set the cache:
+- write-back, write-allocate: a write reaches DRAM only when its dirty line is evicted; lines still
+  dirty at the end are not counted by ncu (``writes="through"`` kept for comparison);
+- half the L2 per copy of the data (``l2_fraction=0.5``): the L2 is two partitions that duplicate
+  lines used by SMs on both sides;
+- random replacement of a resident chunk (``policy="random"``, seeded: deterministic), not LRU
+  (``policy="lru"`` kept for comparison);
+- fused kernels run in waves of resident CTAs (SMs x CTAs per SM; grid ``(T_r, B*H)``, query tile
+  fastest), so a wave's CTAs of one head read each K/V chunk once between them.
 
-- **Write-back, write-allocate.** A write allocates a line without reading it and reaches DRAM only
-  when the dirty line is evicted; what is still dirty when the call ends is not counted by ncu. (One
-  head of flash at N = 4,096: ncu reads Q + K + V = 3.0 MiB and writes 0.00 MiB: O stays in L2.)
-  ``writes="through"`` (every write reaches DRAM once) is kept for comparison.
-- **Half the L2 per copy of the data** (``l2_fraction=0.5``). The H100/H200 L2 is two partitions; a
-  line used by SMs on both sides is held in both. Measured: a kernel that streams writes leaves
-  about 28 MiB of them dirty in the 60 MiB L2 whatever it writes (S of 32, 128 or 512 MiB at one head,
-  64 MiB at 32 heads): 30 MiB less the inputs it also holds.
-- **Not LRU.** A GPU L2 does not evict the least recently used line of the whole cache; the replay
-  evicts a uniformly chosen resident chunk (``policy="random"``, seeded, so the estimate is
-  deterministic). The difference shows where a producer's output is just larger than the cache (naive,
-  one head, N = 4,096: S is 32 MiB): LRU evicts every line of S just before the softmax reads it back
-  (0 MiB hit), the H200 serves 14.4 MiB of it from L2, a random replacement keeps a similar part.
-  ``policy="lru"`` is kept for comparison.
-- **CTAs resident at once.** The fused kernels are replayed in waves of concurrently running CTAs
-  (query tile fastest, grid ``(T_r, B*H)``): within a wave the CTAs of one head read each K/V chunk
-  once between them, so K/V re-reads hit while a wave's K/V fits. Naive GEMM 2 (O = P V) has few
-  output tiles, all resident, which march along K together: it reads P one column band at a time.
-
-The call starts with an L2 of clean lines, as `measure/ncu.py`'s child arranges. Stated
-simplifications: one cache of half the L2, not two partitions; waves, not dynamic CTA scheduling;
-sector rounding ignored. Known misses (4 of the 186 recorded points, BENCHMARKS.md):
-
-- causal fused kernels with large K/V per head (flash, N = 16,384, d = 128, 32 heads: -32 %), where
-  unequal CTA lengths spread the resident CTAs over more heads than a wave holds;
-- fused kernels at N = 16,384, d = 128, 32 heads, unmasked (cudnn, efficient, attnscope: +21 to
-  +23 %): their resident CTAs cover about one head per wave, the next head's K/V is re-read about 24 MiB of
-  traffic later, random replacement loses about half of it and the H200 none. LRU for the fused
-  kernels fits them but not the naive producer->consumer points that random replacement fits; no
-  single policy tried (LRU, random, random among the older part, set-associative LRU, RRIP with hit
-  promotion, random with shared K/V protected while its head is resident) fits both; the last fits
-  these three within 1 % but moves flash (two heads' K/V live at once) to -19 % at N = 16,384.
-  DESIGN note: a policy that tells reads re-used by many CTAs from streamed
-  producer output is the next step; it needs recordings that isolate the two (e.g. a K/V re-read
-  microbenchmark at controlled reuse distances).
+Pure Python, no GPU: `attnscope bytes --estimate-only`. The call starts with clean lines (as
+measure/ncu.py arranges). Simplifications and the grid points it misses: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -71,8 +39,9 @@ IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
 #: flash: PyTorch's FlashAttention-2 fwd kernel traits for d = 128 (Flash_fwd_kernel_traits<128, 128, 64,
 #: 4>, recorded); efficient: CUTLASS mem-eff 64 queries x 128 keys (fmha_cutlassF_f16_aligned_64x128,
 #: recorded);
-#: cudnn: its SM90 fprop kernels use 128-row tiles; attnscope: the autotuner's usual pick (kernels/fwd.py).
-_TILES = {"flash": (128, 64, 2), "efficient": (64, 128, 2), "cudnn": (128, 128, 1), "attnscope": (128, 64, 1)}
+#: cudnn: its SM90 fprop kernels use 128-row tiles; attnscope: kernels/fwd.py's d = 128 config
+#: (BLOCK_M 128, BLOCK_N 64, 4 warps, ~96 KiB of shared memory: two CTAs share an SM).
+_TILES = {"flash": (128, 64, 2), "efficient": (64, 128, 2), "cudnn": (128, 128, 1), "attnscope": (128, 64, 2)}
 #: Implementations that write the FP32 logsumexp in an inference forward (PyTorch's flash always does).
 _WRITES_LSE = {"flash": True, "efficient": False, "cudnn": False, "attnscope": False}
 STAT_BYTES = _traffic.STAT_BYTES
@@ -205,7 +174,7 @@ def _chunks(total_rows: int, rows_per_chunk: int, row_bytes: int):
 
 def _naive(cache: _Cache, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
     """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
-    order. Mirrors `measure.share.naive_attention`. S is written and read row block by row block; GEMM 2
+    order. Mirrors `measure.backends.naive_attention`. S is written and read row block by row block; GEMM 2
     reads P one column band at a time across all rows, because its output O is [nq, d]: its few tiles'
     CTAs (128 of them at one head, N = 4,096..16,384, in the H200 recordings) are all resident at once
     and march along the K dimension together."""

@@ -1,0 +1,293 @@
+"""One reader of torch.profiler Chrome traces, one rule for "what is attention", one share (spec §5, §6.2).
+
+Used by `attnscope share` (measure/share.py), `attnscope which` (measure/backends.py) and
+`attnscope report --profile` (report/evidence.py), so the three cannot disagree. Pure Python: no torch.
+
+Events read (``ph`` "X"; microseconds): ``kernel`` (GPU kernels), ``cuda_runtime``/``cuda_driver``
+(their launches; ``args.correlation`` links a launch to its kernel), ``user_annotation`` (a
+``record_function`` range on the CPU) and ``gpu_user_annotation`` (its projection on the GPU).
+Every such event is checked: ``ts`` finite, ``dur`` finite and >= 0, ``args`` an object, ``name`` a
+string; anything else is an InputError naming the event and the field.
+
+- **Prefill span**: the ranges whose name contains the word ``prefill`` (``attnscope::prefill``,
+  ``prefill``). Their GPU projection when the trace has one (span = its duration, kernels = those
+  inside it); else the kernels launched inside the CPU range (span = their extent); else all kernels.
+- **Attention**: a kernel launched inside (CPU range, by correlation) or running inside (GPU range)
+  a range whose name contains the word ``attention`` or ``attn`` -- whole words only, so
+  ``attnscope::prefill`` is not attention but ``attnscope::attention`` and ``self_attn`` are; or a
+  kernel whose name is a fused attention kernel (`family` below) or contains the word attn/attention.
+- **Share** = attention kernel time / the prefill's kernel time (both a union of intervals, so
+  overlapping streams count once). Kernel time, not the wall span: under the profiler the CPU launch
+  path slows and the GPU idles between kernels (2.2 ms of kernels in a 5.7 ms span on the recorded
+  H200 trace), gaps that an unprofiled prefill does not have. Applied to a measured prefill time it
+  assumes a GPU-bound prefill; the span is reported beside it.
+
+Range matching is sorted intervals + bisection: O(n log n) in the number of events.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnscope.errors import InputError
+
+#: Kernel families, fused attention ones first.
+FUSED = ("attnscope", "flash", "efficient", "cudnn")
+
+#: (family, predicate on the lower-cased kernel name); first match wins (torch 2.x, SM80/SM90).
+#: Fused families come before gemm/softmax because fused kernels' names can contain "cutlass" or "flash".
+_TABLE = (
+    ("attnscope", lambda s: s.startswith("_attnscope_")),
+    ("flash", lambda s: "flash_fwd" in s and "cudnn" not in s),
+    ("efficient", lambda s: "fmha_cutlass" in s or "pytorchmemeffattention" in s or "attentionkernel" in s),
+    ("cudnn", lambda s: "cudnn" in s and any(t in s for t in ("sdpa", "fmha", "flash", "fprop"))),
+    ("softmax", lambda s: "softmax" in s),
+    ("gemm", lambda s: any(t in s for t in ("gemm", "xmma", "cutlass", "bmm", "s16816", "s1688", "nvjet"))),
+)
+
+_ATTENTION_WORD = re.compile(r"(?<![a-z0-9])(attn|attention)(?![a-z0-9])", re.IGNORECASE)
+_PREFILL_WORD = re.compile(r"(?<![a-z0-9])prefill(?![a-z0-9])", re.IGNORECASE)
+_LAUNCH = ("cuda_runtime", "cuda_driver")
+_CHECKED = ("kernel", "user_annotation", "gpu_user_annotation") + _LAUNCH
+
+
+def family(name: str) -> str:
+    """The family of one kernel name (see the table above); ``other`` when nothing matches."""
+    s = name.strip().lower()
+    for fam, match in _TABLE:
+        if match(s):
+            return fam
+    return "other"
+
+
+def backend_of(names) -> str:
+    """The backend a list of kernel names shows: the fused family when exactly one appears; ``mixed``
+    for two; ``math`` for GEMM + softmax and no fused kernel; else ``unknown``."""
+    fams = {family(n) for n in names}
+    fused = [f for f in FUSED if f in fams]
+    if len(fused) == 1:
+        return fused[0]
+    if len(fused) > 1:
+        return "mixed"
+    return "math" if "gemm" in fams and "softmax" in fams else "unknown"
+
+
+def is_attention_range(name: str) -> bool:
+    """True when a range's name contains the whole word ``attention`` or ``attn``."""
+    return bool(_ATTENTION_WORD.search(name))
+
+
+def is_attention_kernel(name: str) -> bool:
+    """True for a fused attention kernel's name, or one containing the whole word attn/attention."""
+    return family(name) in FUSED or bool(_ATTENTION_WORD.search(name))
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One GPU kernel: name, start and duration in microseconds, the launch's correlation id."""
+
+    name: str
+    ts_us: float
+    dur_us: float
+    correlation: int | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "family": family(self.name), "ts_us": self.ts_us, "dur_us": self.dur_us}
+
+
+# --- reading and checking ---------------------------------------------------------------------------
+def load(path, where: str = "trace"):
+    """Read a Chrome trace (``.json`` or ``.json.gz``); bad files are an InputError naming ``where``."""
+    try:
+        raw = Path(path).read_bytes()
+        if str(path).endswith(".gz"):
+            raw = gzip.decompress(raw)
+        return json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise InputError(f"{where}: expected a readable Chrome trace, got {str(path)!r} ({e})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{where}: expected UTF-8 JSON, got bytes that are not UTF-8") from None
+    except RecursionError:
+        raise InputError(f"{where}: expected a Chrome trace, got JSON nested too deeply") from None
+    except (json.JSONDecodeError, ValueError) as e:
+        raise InputError(f"{where}: expected a Chrome trace JSON, got invalid JSON ({str(e)[:120]})") \
+            from None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def events(trace, where: str = "trace") -> list[dict]:
+    """The checked ``X`` events of the categories this module reads (see the module docstring)."""
+    evs = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(evs, list):
+        raise InputError(f"{where}: expected a Chrome trace with a traceEvents list, "
+                         f"got {type(trace).__name__}")
+    out = []
+    for i, e in enumerate(evs):
+        if not isinstance(e, dict) or e.get("cat") not in _CHECKED or e.get("ph", "X") != "X":
+            continue
+        field = f"{where}: traceEvents[{i}]"
+        if not _number(e.get("ts")):
+            raise InputError(f"{field}.ts: expected a finite number, got {str(e.get('ts'))[:40]}")
+        dur = e.get("dur", 0 if e["cat"] in _LAUNCH else None)  # a launch's own length is not used
+        if not _number(dur) or dur < 0:
+            raise InputError(f"{field}.dur: expected a finite number >= 0, got {str(dur)[:40]}")
+        if not isinstance(e.get("args", {}), dict):
+            raise InputError(f"{field}.args: expected an object, got {type(e['args']).__name__}")
+        if not isinstance(e.get("name", ""), str):
+            raise InputError(f"{field}.name: expected a string, got {type(e['name']).__name__}")
+        out.append(e)
+    return out
+
+
+def _kernels(evs) -> list[KernelEvent]:
+    ks = [KernelEvent(e.get("name", ""), float(e["ts"]), float(e.get("dur", 0)),
+                      (e.get("args") or {}).get("correlation")) for e in evs if e["cat"] == "kernel"]
+    return sorted(ks, key=lambda k: k.ts_us)
+
+
+def kernels(trace, where: str = "trace") -> list[KernelEvent]:
+    """GPU kernels of a Chrome trace, in start order."""
+    return _kernels(events(trace, where))
+
+
+# --- ranges: merged intervals and bisection ----------------------------------------------------------
+class _Ranges:
+    """Disjoint [a, b] intervals (merged), keyed by thread; `covers` is one bisection."""
+
+    def __init__(self, spans):
+        by_key: dict = {}
+        for key, a, b in spans:
+            by_key.setdefault(key, []).append((a, b))
+        self.merged = {}
+        for key, ivs in by_key.items():
+            out: list[list[float]] = []
+            for a, b in sorted(ivs):
+                if out and a <= out[-1][1]:
+                    out[-1][1] = max(out[-1][1], b)
+                else:
+                    out.append([a, b])
+            self.merged[key] = ([a for a, _ in out], [b for _, b in out])
+
+    def covers(self, key, a: float, b: float) -> bool:
+        starts, ends = self.merged.get(key, ((), ()))
+        i = bisect.bisect_right(starts, a) - 1
+        return i >= 0 and b <= ends[i]
+
+    def total(self) -> float:
+        return sum(b - a for starts, ends in self.merged.values() for a, b in zip(starts, ends, strict=True))
+
+
+def _launched_in(evs, cpu: _Ranges) -> set:
+    """Correlation ids of the launches whose timestamp lies inside ``cpu`` on the same thread."""
+    out = set()
+    for e in evs:
+        if e["cat"] in _LAUNCH:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None and cpu.covers(e.get("tid"), float(e["ts"]), float(e["ts"])):
+                out.add(corr)
+    return out
+
+
+def _ranges(evs, cat: str, match, by_thread: bool) -> _Ranges:
+    return _Ranges(((e.get("tid") if by_thread else None), float(e["ts"]),
+                    float(e["ts"]) + float(e.get("dur", 0)))
+                   for e in evs if e["cat"] == cat and match(e.get("name", "")))
+
+
+def _within(evs, ks, match) -> list[KernelEvent]:
+    """Kernels launched inside a CPU range whose name satisfies ``match`` (by correlation); if no launch
+    is linked (a build that does not trace driver launches), those inside its GPU projection."""
+    cpu = _ranges(evs, "user_annotation", match, True)
+    corr = _launched_in(evs, cpu) if cpu.merged else set()
+    found = [k for k in ks if k.correlation is not None and k.correlation in corr]
+    if found:
+        return found
+    gpu = _ranges(evs, "gpu_user_annotation", match, False)
+    return [k for k in ks if gpu.covers(None, k.ts_us, k.ts_us + k.dur_us)]
+
+
+def kernels_within(trace, annotation: str, where: str = "trace") -> list[KernelEvent]:
+    """Kernels launched inside any ``record_function(annotation)`` range (exact name)."""
+    evs = events(trace, where)
+    return _within(evs, _kernels(evs), lambda n: n == annotation)
+
+
+# --- the share ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Share:
+    """Attention's share of one prefill (see the module docstring for every rule)."""
+
+    span: str                # how the prefill span was found
+    span_ms: float           # the prefill's wall span on the GPU
+    busy_ms: float           # union of the prefill's kernel time
+    attention_ms: float      # union of the attention kernels' time
+    kernels: int
+    attention_kernels: int
+    top: tuple               # ((name, ms), ...) the largest attention kernels by total time
+    longest: tuple           # ((name, ms, is_attention), ...) the 8 longest kernels of the prefill
+
+    @property
+    def share(self) -> float:
+        """attention_ms / busy_ms: the one definition of attention's time share."""
+        return min(1.0, self.attention_ms / self.busy_ms) if self.busy_ms > 0 else 0.0
+
+
+def _union_ms(ks) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted((k.ts_us, k.ts_us + k.dur_us) for k in ks):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total / 1e3
+
+
+def attention_share(trace, where: str = "trace") -> Share:
+    """Attention's share of the prefill in a Chrome trace (a dict, or the traceEvents list).
+
+    Raises InputError (naming ``where``) when the trace has no kernels, no kernel in the prefill span,
+    or no attention kernel.
+    """
+    evs = events(trace, where)
+    ks = _kernels(evs)
+    if not ks:
+        raise InputError(f'{where}: expected GPU kernel events (cat "kernel"), got none; '
+                         "profile with ProfilerActivity.CUDA")
+    named = [e for e in evs if _PREFILL_WORD.search(e.get("name", ""))]
+    gpu_prefill = [e for e in named if e["cat"] == "gpu_user_annotation"]
+    cpu_prefill = [e for e in named if e["cat"] == "user_annotation"]
+    if gpu_prefill:
+        rng = _ranges(evs, "gpu_user_annotation", _PREFILL_WORD.search, False)
+        in_span = [k for k in ks if rng.covers(None, k.ts_us, k.ts_us + k.dur_us)]
+        span_us, how = rng.total(), f"GPU range {gpu_prefill[0]['name']!r}"
+    else:
+        if cpu_prefill:
+            in_span = _within(evs, ks, _PREFILL_WORD.search)
+            how = f"kernels launched in CPU range {cpu_prefill[0]['name']!r}"
+        else:
+            in_span, how = ks, "all kernels (no range named with the word 'prefill')"
+        span_us = max(k.ts_us + k.dur_us for k in in_span) - min(k.ts_us for k in in_span) if in_span else 0.0
+    if not in_span:
+        raise InputError(f"{where}: expected kernels inside the prefill span ({how}), got none")
+    ranged = {id(k) for k in _within(evs, in_span, is_attention_range)}
+    attn = [k for k in in_span if id(k) in ranged or is_attention_kernel(k.name)]
+    if not attn:
+        raise InputError(f"{where}: expected attention kernels in the prefill (a fused attention kernel, or "
+                         "kernels inside a range named with the word 'attention'), got none")
+    by_name: dict[str, float] = {}
+    for k in attn:
+        by_name[k.name] = by_name.get(k.name, 0.0) + k.dur_us / 1e3
+    attn_ids = {id(k) for k in attn}
+    longest = sorted(in_span, key=lambda k: -k.dur_us)[:8]
+    return Share(span=how, span_ms=span_us / 1e3, busy_ms=_union_ms(in_span), attention_ms=_union_ms(attn),
+                 kernels=len(in_span), attention_kernels=len(attn),
+                 top=tuple(sorted(by_name.items(), key=lambda kv: -kv[1])[:3]),
+                 longest=tuple((k.name, k.dur_us / 1e3, id(k) in attn_ids) for k in longest))
