@@ -43,16 +43,15 @@ def build(
     )
     p = evidence.profile(profile_path) if profile_path else None
     report = attribution.attribute(trace, samples=s, metrics=m, profile=p)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from attnscope.inputs import out_dir as make_out_dir
+    from attnscope.inputs import write_all
+
     source = Path(trace_path).name if trace_path else "the spec's Document QA trace (synthetic)"
-    written = []
+    files = {}  # everything is rendered before the first byte is written: all or nothing
     if fmt in ("md", "both"):
-        path = out / "report.md"
-        path.write_text(render.markdown(report), encoding="utf-8")
-        written.append(path)
+        files["report.md"] = render.markdown(report)
     if fmt in ("html", "both"):
-        path = out / "report.html"
-        path.write_text(render.html_page(report, source=source), encoding="utf-8")
-        written.append(path)
+        files["report.html"] = render.html_page(report, source=source)
+    out = make_out_dir(out_dir, "--out")
+    written = write_all({out / name: text for name, text in files.items()}, "--out")
     return report, written
