@@ -42,8 +42,15 @@ def configure(sub) -> None:
         "--samples",
         metavar="FILE",
         default=None,
-        help="client TTFT samples in ms (CSV column or JSON list): p50/p95/p99, exact 95%% CI "
-        "for p95, accept/reject/inconclusive against the target",
+        help="client TTFT samples: a CSV with a ttft_ms or ttft_s column, a JSON {\"ttft_ms\": [...]} or "
+        "{\"ttft_s\": [...]}, or a `vllm bench serve --save-result --save-detailed` result (its ttfts); "
+        "p50/p95/p99, exact 95%% CI for p95, accept/reject/inconclusive against the target",
+    )
+    p.add_argument(
+        "--samples-unit",
+        choices=("ms", "s"),
+        default=None,
+        help="unit of --samples values when the file does not name it (bare numbers)",
     )
     p.add_argument(
         "--metrics",
@@ -84,7 +91,8 @@ def run(args) -> int:
     from attnscope.report import build
 
     fresh_default = args.out == DEFAULT_OUT and not Path(DEFAULT_OUT).exists()
-    report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile)
+    report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile,
+                          samples_unit=args.samples_unit)
     if fresh_default:  # like .pytest_cache: the default output directory keeps itself out of git
         from attnscope.inputs import write_atomic
 

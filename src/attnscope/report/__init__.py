@@ -25,6 +25,7 @@ def build(
     samples_path=None,
     metrics_paths=None,
     profile_path=None,
+    samples_unit=None,
 ):
     """Write `report.md` and/or `report.html` into `out_dir`; return (report, [paths written]).
 
@@ -35,7 +36,11 @@ def build(
 
     choice("--format", fmt, FORMATS)
     trace = schema.load(trace_path)
-    s = evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms) if samples_path else None
+    s = (
+        evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms, samples_unit)
+        if samples_path
+        else None
+    )
     m = (
         evidence.metrics(metrics_paths[0], metrics_paths[1], trace.targets.p95_ttft_ms, trace.targets.tpot_ms)
         if metrics_paths
