@@ -270,45 +270,77 @@ def cmd_footprint(args) -> int:
 
 
 # --- tiles ------------------------------------------------------------------------------------------
+def _ranges(lo: int, hi: int) -> str:
+    """Tiles lo..hi (1-based, inclusive) as text; 'none' when empty."""
+    return "none" if hi < lo else (str(lo) if lo == hi else f"{lo}..{hi}")
+
+
+#: Largest grid for which `tiles --json` lists every tile number (beyond: first/last/count only).
+JSON_LIST_LIMIT = 4096
+#: Masked tiles shown in the row-class table (first and last halves; the rest elided with a note).
+TABLE_ROWS = 24
+
+
 def cmd_tiles(args) -> int:
     from attnscope.model.tiles import Grid
 
     nq = args.n if args.nq is None else args.nq
     nk = args.n if args.nk is None else args.nk
     g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal)
-    s = g.schedule(args.query_tile)
-    passes = sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1)) / nk
+    i = args.query_tile
+    r0, r1 = g.rows(i)  # validates the query tile
+    n_full, n_loaded = g.kv_bounds(i)
+    tc = g.n_kv_tiles
+    passes = g.kv_rows_total() / nk
+    masked = range(n_full + 1, n_loaded + 1)
+    shown = list(masked) if len(masked) <= TABLE_ROWS else \
+        list(masked[: TABLE_ROWS // 2]) + list(masked[-(TABLE_ROWS // 2):])
     if args.json:
-        out = s.to_json()
+        spans = {"loaded": (1, n_loaded), "skipped": (n_loaded + 1, tc), "full": (1, n_full),
+                 "masked": (n_full + 1, n_loaded)}
+        out = {"query_tile": i, "rows": [r0, r1]}
+        listed = tc <= JSON_LIST_LIMIT
+        for k, (a, b) in spans.items():
+            out[k] = list(range(a, b + 1)) if listed else None
+            out[k + "_span"] = {"first": a, "last": b, "count": max(0, b - a + 1)} if b >= a else None
+        out["row_classes"] = {str(j): {k: (list(v) if v else None) for k, v in g.row_classes(i, j).items()}
+                              for j in shown}
         out.update(params={"nq": nq, "nk": nk, "block_q": g.block_q, "block_kv": g.block_kv,
                            "causal": g.causal},
-                   n_q_tiles=g.n_q_tiles, n_kv_tiles=g.n_kv_tiles,
-                   kv_rows_loaded=g.kv_rows_loaded(s.query_tile),
-                   cols={str(j): list(g.cols(j)) for j in s.loaded}, kv_passes=passes)
+                   n_q_tiles=g.n_q_tiles, n_kv_tiles=tc, kv_rows_loaded=g.kv_rows_loaded(i),
+                   cols={str(j): list(g.cols(j)) for j in range(1, n_loaded + 1)} if listed else None,
+                   kv_passes=passes)
+        if not listed or len(shown) < len(masked):
+            out["elided"] = (f"tile lists are given only up to {JSON_LIST_LIMIT:,} KV tiles and row classes "
+                             f"for {TABLE_ROWS} masked tiles (first and last); the *_span fields are exact")
         print_json(out)
         return 0
     con = _console()
-    r0, r1 = s.rows
-    con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q}, B_c = {g.block_kv}, "
+    qt = "query tile" if g.n_q_tiles == 1 else "query tiles"
+    kt = "KV tile" if tc == 1 else "KV tiles"
+    con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q:,}, B_c = {g.block_kv:,}, "
               f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: "
-              f"{g.n_q_tiles} query tiles x {g.n_kv_tiles} KV tiles (1-based)")
-    con.print(f"Query tile {s.query_tile}: rows {r0}..{r1} ({r1 - r0 + 1} rows)")
-    con.print(f"  loads   KV tiles {_span(s.loaded)} ({len(s.loaded)} of {g.n_kv_tiles}; "
-              f"{g.kv_rows_loaded(s.query_tile):,} K rows and as many V rows)")
+              f"{g.n_q_tiles:,} {qt} x {tc:,} {kt} (1-based)")
+    con.print(f"Query tile {i:,}: rows {r0:,}..{r1:,} ({r1 - r0 + 1:,} rows)")
+    con.print(f"  loads   KV tiles {_ranges(1, n_loaded)} ({n_loaded:,} of {tc:,}; "
+              f"{g.kv_rows_loaded(i):,} K rows and as many V rows)")
     why = ": every column in the future, never loaded" if g.causal else "; unmasked loads every tile"
-    con.print(f"  skips   KV tiles {_span(s.skipped)} ({len(s.skipped)}{why})")
-    con.print(f"  full    KV tiles {_span(s.full)} (loaded, no mask arithmetic)")
-    con.print(f"  masked  KV tiles {_span(s.masked)} (loaded, straddle the diagonal: mask before m and l)")
+    con.print(f"  skips   KV tiles {_ranges(n_loaded + 1, tc)} ({tc - n_loaded:,}{why})")
+    con.print(f"  full    KV tiles {_ranges(1, n_full)} (loaded, no mask arithmetic)")
+    con.print(f"  masked  KV tiles {_ranges(n_full + 1, n_loaded)} (loaded, straddle the diagonal: mask "
+              "before m and l)")
     body = []
-    for j in s.masked:
+    for j in shown:
         c0, c1 = g.cols(j)
-        rc = s.row_classes[j]
+        rc = g.row_classes(i, j)
         body.append([str(j), f"{c0}..{c1}"] + [f"{v[0]}..{v[1]}" if v else "-"
                                                 for v in (rc["masked"], rc["triangular"], rc["permitted"])])
     if body:
+        note = None if len(shown) == len(masked) else \
+            f"{len(masked) - len(shown):,} masked tiles in the middle not shown (--json gives the spans)"
         con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", "Rows fully masked",
                                                                  "Rows triangular", "Rows fully permitted"],
-                        body))
+                        body, caption=note))
     con.print(f"Whole grid: {passes:g} passes over K/V")
     return 0
 
