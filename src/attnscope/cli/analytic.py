@@ -358,9 +358,12 @@ def cmd_amdahl(args) -> int:
     bound = None
     if any(x is not None for x in carry_args):
         if any(x is None for x in carry_args):
-            raise InputError("part_ms: expected --part-ms, --inner-ms and --outer-ms together, got "
-                             f"{[x for x in carry_args]!r}")
-        bound = amdahl.carry(*carry_args, args.s)
+            given = [f for f, x in zip(("--part-ms", "--inner-ms", "--outer-ms"), carry_args, strict=True)
+                     if x is not None]
+            raise InputError("--part-ms: expected --part-ms, --inner-ms and --outer-ms together, got only "
+                             + ", ".join(given))
+        bound = amdahl.carry(*carry_args, args.s, names={"part_ms": "--part-ms", "inner_ms": "--inner-ms",
+                                                         "outer_ms": "--outer-ms", "s": "--s"})
     if args.json:
         out = head.to_json()
         out["sensitivity"] = [x.to_json() for x in sens]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from attnscope.errors import InputError, expect
 from attnscope.inputs import number_text
+from attnscope.model import amdahl
 
 DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
 
@@ -140,7 +141,7 @@ _BIDI = {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "
          "\u200e", "\u200f", "\u061c"}
 #: Largest duration accepted anywhere in a trace (ms): about 11.6 days; beyond it arithmetic on shares
 #: and projections stops being meaningful long before it stops being finite.
-MAX_MS = 1e9
+MAX_MS = amdahl.MAX_MS
 #: Bounds of the other positive numbers (name -> (lo, hi)): outside them a product or a reciprocal in
 #: the report would print 0, inf or nan.
 BOUNDS = {
@@ -149,7 +150,7 @@ BOUNDS = {
     "tpot_ms": (1e-6, MAX_MS),
     "p95_ttft_ms": (1e-6, MAX_MS),
     "ms": (1e-6, MAX_MS),
-    "speedup": (1e-3, 1e6),
+    "speedup": (amdahl.S_MIN, amdahl.S_MAX),
 }
 
 
