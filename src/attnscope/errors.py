@@ -29,7 +29,18 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
     numbers are repr()'d and cut to `limit` characters; control and bidi characters are escaped.
     """
     if isinstance(value, (dict, list, tuple, set, frozenset)):
-        return f"{type(value).__name__} of {len(value)} item{'' if len(value) == 1 else 's'}"
+        import reprlib
+
+        r = reprlib.Repr()  # bounded at every level: never walks more than a few items
+        r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 6, 6, 4, 6
+        r.maxstring, r.maxlong, r.maxother = 30, 30, 30
+        try:
+            text = r.repr(value)
+        except Exception:
+            text = f"<{type(value).__name__}>"
+        if len(text) > limit:
+            return f"{type(value).__name__} of {len(value)} item{'' if len(value) == 1 else 's'}"
+        return text
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 190:
         # ~57 digits: a giant int is never converted to text in full
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
