@@ -56,13 +56,13 @@ def test_bytes_estimate_only_table(capsys):
 
 def test_bytes_refuses_bad_input(capsys):
     assert main(["bytes", "--estimate-only", "--heads", "0"]) == 2
-    assert "attnscope bytes: error: heads: expected a positive integer, got 0" in capsys.readouterr().err
+    assert "attnscope bytes: error: --heads: expected a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_share_project_to_itself_is_refused(capsys):
     assert main(["share", "--attention", "flash", "--project-to", "flash"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("attnscope share: error: project_to: expected an attention other than --attention "
+    assert err == ("attnscope share: error: --project-to: expected an attention other than --attention "
                    "(flash), got 'flash'")
 
 
