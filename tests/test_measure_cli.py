@@ -105,7 +105,7 @@ def test_bench_from_json_bad_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--from-json: expected a result with 'prefill' or 'decode' rows, got list" in err
     assert main(["bench", "--from-json", str(tmp_path / "missing.json")]) == 2
-    assert "--from-json: expected a JSON file written by `attnscope bench --json`" in capsys.readouterr().err
+    assert "--from-json: expected a readable file" in capsys.readouterr().err
 
 
 # --- the GPU paths, with the measurement replaced by recorded-shape stand-ins ---------------------------

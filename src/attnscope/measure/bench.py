@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 
@@ -39,10 +38,13 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
     p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
     p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
+    p.add_argument("--json", action="store_true", help="print all results as JSON on stdout (as every "
+                                                       "other --json does)")
+    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
+                                                 "--from-json reads it back)")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
     p.add_argument("--from-json", metavar="FILE",
-                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
+                   help="no GPU: print and plot a recorded run (a file --out wrote) instead of measuring")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -310,7 +312,7 @@ def summarize(result: dict, log=print) -> None:
         log(f"{row['dtype']} d={row['d']:3d} causal={int(row['causal'])} N={row['n']:5d} "
             f"B={row['batch']:2d} | "
             + " ".join(f"{k}={_fmt(v)}" for k, v in t.items())
-            + f" | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
+            + f" TFLOP/s | /cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}")
     for row in result.get("decode", []):
         log(f"decode B={row['batch']:2d} Hq={row['hq']} Hkv={row['hkv']:2d} L={row['L']:6d} | "
             + " ".join(f"{k}={_fmt(v, 2)}" for k, v in row["tbs"].items())
@@ -319,13 +321,9 @@ def summarize(result: dict, log=print) -> None:
 
 def _from_json(args) -> int:
     from attnscope.errors import InputError
+    from attnscope.inputs import load_json
 
-    try:
-        with open(args.from_json) as f:
-            result = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"--from-json: expected a JSON file written by `attnscope bench --json`, got "
-                         f"{args.from_json!r} ({e})") from None
+    result = load_json(args.from_json, "--from-json")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
                          f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
@@ -367,10 +365,12 @@ def run(args) -> int:
         out["read_ceiling_tbs"] = read_ceiling(torch)
         log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
         out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
+    if args.out:
+        from attnscope.inputs import write_atomic
+
+        write_atomic(args.out, json.dumps(out, indent=1), "--out")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        print(json.dumps(out, indent=1))
     if args.plots:
         from attnscope.measure.plots import write_plots
 
