@@ -38,8 +38,9 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
     p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
     p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", action="store_true", help="print all results as JSON on stdout (as every "
-                                                       "other --json does)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print all results as JSON on stdout, as every other --json does (with FILE, the "
+                        "form bench/*.py scripts use: write them to FILE, like --out)")
     p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
                                                  "--from-json reads it back)")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
@@ -365,11 +366,12 @@ def run(args) -> int:
         out["read_ceiling_tbs"] = read_ceiling(torch)
         log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
         out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
-    if args.out:
-        from attnscope.inputs import write_atomic
+    from attnscope.inputs import write_atomic
 
-        write_atomic(args.out, json.dumps(out, indent=1), "--out")
-    if args.json:
+    for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
+        if path:
+            write_atomic(path, json.dumps(out, indent=1), flag)
+    if args.json == "-":
         print(json.dumps(out, indent=1))
     if args.plots:
         from attnscope.measure.plots import write_plots
