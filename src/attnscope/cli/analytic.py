@@ -11,6 +11,8 @@ import argparse
 from attnscope.cli._out import GiB, KiB, MiB, print_json, table
 
 SPEC = "(spec default: %(default)s)"
+#: Where the "spec §N" references in help and output are explained.
+MODEL_DOC = "docs/model.md"
 
 
 def _console():
@@ -189,7 +191,8 @@ def cmd_traffic(args) -> int:
     gqa = f"; GQA {c.heads}/{c.kv_heads}: K/V counted per query head, as the kernel issues them" \
         if c.kv_heads != c.heads else ""
     con.print(table(f"Logical HBM traffic, one (batch, query head): {shape}", cols, body,
-                    caption="Logical bytes: cold cache, no L2 reuse, no sector padding (spec §4). Ratios "
+                    caption="Logical bytes: cold cache, no L2 reuse, no sector padding "
+                            f"(spec §4, see {MODEL_DOC}). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
     passes = []
@@ -198,7 +201,8 @@ def cmd_traffic(args) -> int:
     if "flash-causal" in t.rows:
         passes.append(f"causal {t.kv_passes(True):g}")
     if passes:
-        con.print(f"FA-2 passes over K/V ({-(-c.nq // c.block_q)} query tiles): " + ", ".join(passes))
+        tr = -(-c.nq // c.block_q)
+        con.print(f"FA-2 passes over K/V ({tr:,} query tile{'' if tr == 1 else 's'}): " + ", ".join(passes))
     if ratio:
         con.print(f"ratio {ratio[0]} / {ratio[1]}: {ratio[2]:.2f}x (total bytes, same masking condition)")
     if "naive-causal-eager" in t.rows:
