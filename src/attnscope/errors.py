@@ -97,7 +97,10 @@ def check_scale(value: object, name: str = "scale") -> float | None:
     if value is None:
         return None
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    ok = ok and math.isfinite(float(value)) and 0 < float(value) <= 1e4  # type: ignore[arg-type]
+    try:
+        ok = ok and math.isfinite(float(value)) and 0 < float(value) <= 1e4  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond float range
+        ok = False
     expect(ok, name, "None or a finite real number in (0, 1e4]", value)
     return float(value)  # type: ignore[arg-type]
 

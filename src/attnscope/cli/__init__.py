@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (InputError, NotImplementedError) as e:
-        line = " ".join(str(e).split())  # always one line
+        line = " ".join(str(e).split())  # always one line, and a bounded one
+        line = line if len(line) <= 300 else line[:297] + "..."
         print(f"attnscope {args.command}: error: {_flag_name(line, args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours

@@ -325,6 +325,10 @@ def _from_json(args) -> int:
     from attnscope.inputs import load_json
 
     result = load_json(args.from_json, "--from-json")
+    if args.plots:  # refuse a bad --plots before printing anything
+        from attnscope.inputs import out_dir
+
+        out_dir(args.plots, "--plots")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
                          f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")

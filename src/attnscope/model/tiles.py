@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnscope.errors import InputError, positive_int
+from attnscope.errors import InputError, positive_int, short
 
 #: Largest T_c for which `Grid.schedule` builds explicit lists of tile numbers.
 MAX_LISTED = 1 << 20
@@ -95,7 +95,7 @@ class Grid:
     def cols(self, j: int) -> tuple[int, int]:
         """Columns (1-based, inclusive) of KV tile ``j``."""
         if not (isinstance(j, int) and 1 <= j <= self.n_kv_tiles):
-            raise InputError(f"kv_tile: expected an integer in 1..{self.n_kv_tiles}, got {j!r}")
+            raise InputError(f"kv_tile: expected an integer in 1..{self.n_kv_tiles}, got {short(j)}")
         return (self.block_kv * (j - 1) + 1, min(self.block_kv * j, self.nk))
 
     def kv_bounds(self, i: int) -> tuple[int, int]:
@@ -202,7 +202,7 @@ class Grid:
 
     def _check_query_tile(self, i: int) -> None:
         if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
-            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {i!r}")
+            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def _read_text(path, flag: str) -> str:
 def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
     """The factor to ms from the file's own unit (`found`) and the --samples-unit flag (`unit`)."""
     if unit is not None and unit not in UNITS:
-        raise InputError(f"--samples-unit: expected one of {', '.join(UNITS)}, got {unit!r}")
+        raise InputError(f"--samples-unit: expected one of {', '.join(UNITS)}, got {short(unit)}")
     if found and unit and found != unit:
         raise InputError(f"--samples-unit: expected the file's own unit ({found}), got {unit}")
     u = found or unit

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, expect, short
 from attnscope.inputs import number_text
 from attnscope.model import amdahl
 
@@ -309,7 +309,7 @@ def validate(data) -> Trace:
     if cseg != pseg:
         raise NotImplementedError(
             f"change.segment: only the split prefill segment ({pseg!r}) is supported "
-            f"(the speedup applies to its attention part), got {cseg!r}"
+            f"(the speedup applies to its attention part), got {short(cseg)}"
         )
     s = c.get("speedup")
     lo, hi = BOUNDS["speedup"]
