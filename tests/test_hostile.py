@@ -219,6 +219,9 @@ def _file_cases():
     def metrics_after(p, tmp):
         return ["report", "--metrics", DATA / "vllm_before.prom", p, "--out", tmp / "out"]
 
+    def profile(p, tmp):
+        return ["report", "--profile", p, "--out", tmp / "out"]
+
     def trace_input(p, tmp):
         return ["trace", "--input", p]
 
@@ -232,6 +235,7 @@ def _file_cases():
         ("samples-json", samples, "s.json", "--samples"),
         ("metrics-before", metrics_before, "b.prom", "--metrics BEFORE"),
         ("metrics-after", metrics_after, "a.prom", "--metrics AFTER"),
+        ("report-profile", profile, "p.json", "--profile"),
         ("trace-input", trace_input, "i.json", "--input"),
         ("bench-from-json", from_json, "r.json", "--from-json"),
     ]

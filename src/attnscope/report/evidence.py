@@ -12,7 +12,6 @@ does not pay for them.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -506,11 +505,10 @@ def profile(path) -> ProfileShare:
     ("user_annotation") whose kernels are matched through their launches' correlation ids; else the
     extent of all kernels. Kernel time is a union of intervals (overlapping streams count once).
     """
+    from attnscope.inputs import load_json
+
     flag = f"--profile {Path(path).name}"
-    try:
-        data = json.loads(_read_text(path, "--profile"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{flag}: expected a Chrome trace JSON, got invalid JSON ({e.msg})") from None
+    data = load_json(path, "--profile")  # UTF-8, size, depth, giant ints: one line naming --profile
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise InputError(
