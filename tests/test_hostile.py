@@ -155,6 +155,10 @@ FLAGS = [
     (["amdahl", "--part-ms", "1", "--inner-ms", "2", "--outer-ms", "3", "--s", "1e-9"], "--s"),
     # verify, bytes (estimate only: no GPU needed)
     (["verify", "--seed", "-1"], "--seed"),
+    (["traffic", "--n", str(10**400)], "--n"),
+    (["traffic", "--batch", str(10**400)], "--batch"),
+    (["footprint", "--layers", str(10**30)], "--layers"),
+    (["tiles", "--block-q", str(10**400)], "--block-q"),
     (["bytes", "--estimate-only", "--n", "0"], "--n"),
     (["bytes", "--estimate-only", "--heads", "0"], "--heads"),
     (["bytes", "--estimate-only", "--batch", "-1"], "--batch"),
@@ -174,6 +178,7 @@ ARGPARSE = [
     (["traffic", "--n", "1e3"], "--n"),
     (["traffic", "--n", ""], "--n"),
     (["traffic", "--bogus"], "--bogus"),
+    (["traffic", "--n", "9" * 5000], "--n"),  # beyond Python's int/str limit: argparse's own line
     (["amdahl", "--s", "fast"], "--s"),
     (["tiles", "--query-tile", "1.5"], "--query-tile"),
     (["report", "--format", "pdf"], "--format"),

@@ -62,10 +62,16 @@ def expect(cond: bool, name: str, expected: str, got: object) -> None:
         raise InputError(f"{name}: expected {expected}, got {short(got)}")
 
 
+#: Largest size accepted for any dimension (sequence length, head dim, batch, heads, tile): far beyond
+#: any real shape, small enough that every byte count, FLOP count and ratio stays inside float range.
+MAX_DIM = 10**24
+
+
 def positive_int(name: str, value: object) -> int:
-    """Validate a positive integer (bools are refused) and return it."""
+    """Validate a positive integer (bools are refused) up to `MAX_DIM` and return it."""
     expect(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
            "a positive integer", value)
+    expect(value <= MAX_DIM, name, "a positive integer up to 10^24", value)  # type: ignore[operator]
     return value  # type: ignore[return-value]
 
 
