@@ -374,6 +374,43 @@ def test_bad_trace_field(capsys, tmp_path, edit, needle):
     assert "xxxxxxxxxx" * 10 not in line  # a long value is cut, never echoed in full
 
 
+def test_segments_summing_past_the_bound_name_segments_not_internals(capsys, tmp_path):
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    for seg in data["segments"]:
+        seg["ms"] = 9e8
+    data.pop("ttft", None)
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    line = refused(capsys, ["report", p, "--out", tmp_path / "out"], "segments: expected a total duration")
+    assert "outer_ms" not in line and "part_ms" not in line
+
+
+@pytest.mark.parametrize("extreme", [(1.0, 1e-3, 1e-3, 1e-6), (1e16, 1e9, 1e6, 3e8)], ids=["low", "high"])
+def test_report_at_the_bounds_prints_no_nan_or_inf(capsys, tmp_path, extreme):
+    params, tps, s, ms = extreme
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["workload"]["params"] = params
+    data["targets"].pop("tpot_ms", None)
+    data["targets"]["tokens_per_s"] = tps
+    data["change"]["speedup"] = s
+    for seg in data["segments"]:
+        if seg["name"] != data["prefill"]["segment"]:
+            seg["ms"] = ms
+    data.pop("ttft", None)
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    answered(capsys, ["report", p, "--out", tmp_path / "o"], limit_s=10)
+    for f in ("report.md", "report.html"):
+        text = (tmp_path / "o" / f).read_text()
+        assert not NONFINITE.search(text) and "∞" not in text, f
+
+
+def test_default_out_keeps_itself_out_of_git(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    answered(capsys, ["report"], limit_s=10)
+    assert (tmp_path / "attnscope-report" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
 def test_linear_segment_uniqueness(capsys, tmp_path):
     segs = [{"name": f"s{i}", "ms": 0.001, "source": "x"} for i in range(50_000)]
     data = yaml.safe_load(DEFAULT_TRACE_YAML)

@@ -258,6 +258,7 @@ def validate(data) -> Trace:
         segments.append(seg)
     total = sum(s.ms for s in segments)
     expect(total > 0, "segments", "a total duration > 0 ms", total)
+    expect(total <= MAX_MS, "segments", f"a total duration of at most {MAX_MS:g} ms", total)
     names = [s.name for s in segments]
 
     ttft_ms, ttft_source = total, "sum of the serial segments"
