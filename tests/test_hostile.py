@@ -335,6 +335,8 @@ TRACE_FIELDS = [
     (lambda d: d["segments"][0].update(name="line\nbreak"), "segments[0].name: expected printable text"),
     (lambda d: d["segments"][0].update(source="x" * 1_000_000 + "\x00"), "segments[0].source: expected"),
     (lambda d: d.update(title="\u2066hidden\u2069"), "trace.title: expected printable text"),
+    (lambda d: d["workload"].update({"k" * 1_000_000: 1}), "workload.'kkkkk"),
+    (lambda d: d["workload"].update({"a\u202eb": 1}), "workload.'a\\u202eb': unknown field"),
     (lambda d: d["change"].update(speedup=1e308), "change.speedup: expected a kernel speedup S in"),
     (lambda d: d["change"].update(speedup=1e-320), "change.speedup: expected a kernel speedup S in"),
     (lambda d: d["change"].update(speedup=True), "change.speedup: expected a kernel speedup S in"),

@@ -129,10 +129,12 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
     expect(isinstance(data, dict), name, "a mapping", type(data).__name__)
     unknown = sorted(str(k) for k in data if k not in allowed)
     if unknown:
-        raise InputError(f"{name}.{unknown[0]}: unknown field; expected one of {', '.join(sorted(allowed))}")
+        field = unknown[0] if unknown[0].isidentifier() and len(unknown[0]) <= 40 else short(unknown[0], 40)
+        raise InputError(f"{name}.{field}: unknown field; expected one of {', '.join(sorted(allowed))}, "
+                         "got this one (a typo?)")
     missing = sorted(required - set(data))
     if missing:
-        raise InputError(f"{name}.{missing[0]}: missing required field")
+        raise InputError(f"{name}.{missing[0]}: missing required field; expected a value, got none")
     return data
 
 
