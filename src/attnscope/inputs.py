@@ -36,7 +36,6 @@ from attnscope.errors import InputError, short
 MAX_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 100
 MAX_INT_DIGITS = 30
-MAX_CSV_FIELD = 1 << 16
 
 
 def _name(path) -> str:
@@ -197,7 +196,8 @@ def load_yaml(path, field: str, text: str | None = None):
 
 
 def read_csv(path, field: str, text: str | None = None) -> list[list[str]]:
-    """Rows of a CSV file (blank rows dropped); a field over `MAX_CSV_FIELD` characters is one line."""
+    """Rows of a CSV file (blank rows dropped); a field over the csv module's limit (128 Ki characters) is
+    one InputError line, not `_csv.Error`."""
     text = read_text(path, field) if text is None else text
     try:
         return [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
