@@ -70,12 +70,12 @@ def test_f_outside_unit_interval(f):
 
 @pytest.mark.parametrize("s", [0.0, -1.0, math.nan])
 def test_s_not_positive(s):
-    with pytest.raises(InputError, match=r"s: expected a kernel speedup > 0, got"):
+    with pytest.raises(InputError, match=r"s: expected a kernel speedup in \[0.001, 1e\+06\], got"):
         amdahl.speedup(0.15, s)
 
 
 def test_carry_bad_boundaries():
-    with pytest.raises(InputError, match=r"part_ms: expected at most the inner segment"):
+    with pytest.raises(InputError, match=r"part_ms: expected at most inner_ms"):
         amdahl.carry(300.0, 290.0, 380.0, 3.0)
     with pytest.raises(InputError, match=r"inner_ms: expected 0 < inner_ms <= outer_ms"):
         amdahl.carry(100.0, 400.0, 380.0, 3.0)

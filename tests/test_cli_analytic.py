@@ -142,37 +142,37 @@ def test_amdahl_repeated_f_and_carry(capsys):
 
 # --- bad input: one line on stderr, exit 2, no traceback ------------------------------------------------
 BAD = [
-    (["traffic", "--n", "0"], "nq: expected a positive integer, got 0"),
-    (["traffic", "--n", "-4"], "nq: expected a positive integer, got -4"),
-    (["traffic", "--nk", "0"], "nk: expected a positive integer, got 0"),
-    (["traffic", "--d", "0"], "d: expected a positive integer, got 0"),
-    (["traffic", "--block-q", "0"], "block_q: expected a positive integer, got 0"),
-    (["traffic", "--block-kv", "-64"], "block_kv: expected a positive integer, got -64"),
-    (["traffic", "--batch", "0"], "batch: expected a positive integer, got 0"),
-    (["traffic", "--heads", "8", "--kv-heads", "3"], "kv_heads: expected a divisor of heads (8), got 3"),
-    (["traffic", "--dtype", "fp64"], "dtype: expected one of fp16, bf16, fp32, fp8, got 'fp64'"),
-    (["traffic", "--device", "tpu"], "device: expected one of a100, h100, h200, got 'tpu'"),
-    (["traffic", "--rows", "naive,sdpa"], "row: expected one of naive, flash, naive-causal-ideal"),
+    (["traffic", "--n", "0"], "--n: expected a positive integer, got 0"),
+    (["traffic", "--n", "-4"], "--n: expected a positive integer, got -4"),
+    (["traffic", "--nk", "0"], "--nk: expected a positive integer, got 0"),
+    (["traffic", "--d", "0"], "--d: expected a positive integer, got 0"),
+    (["traffic", "--block-q", "0"], "--block-q: expected a positive integer, got 0"),
+    (["traffic", "--block-kv", "-64"], "--block-kv: expected a positive integer, got -64"),
+    (["traffic", "--batch", "0"], "--batch: expected a positive integer, got 0"),
+    (["traffic", "--heads", "8", "--kv-heads", "3"], "--kv-heads: expected a divisor of heads (8), got 3"),
+    (["traffic", "--dtype", "fp64"], "--dtype: expected one of fp16, bf16, fp32, fp8, got 'fp64'"),
+    (["traffic", "--device", "tpu"], "--device: expected one of a100, h100, h200, got 'tpu'"),
+    (["traffic", "--rows", "naive,sdpa"], "--rows: expected one of naive, flash, naive-causal-ideal"),
     (["traffic", "--ratio", "naive", "flash-causal"], "a cross-condition ratio mixes the masking change"),
     (["traffic", "--rows", "naive,flash", "--ratio", "naive", "flash-causal"],
-     "ratio: expected two of the configurations counted"),
+     "--ratio: expected two of the configurations counted"),
     (["traffic", "--dtype", "fp8", "--device", "a100"], "no FP8 Tensor Cores; supported on h100, h200"),
     (["traffic", "--n", "abc"], "invalid int value: 'abc'"),
-    (["tiles", "--query-tile", "33"], "query_tile: expected an integer in 1..32, got 33"),
-    (["tiles", "--query-tile", "0"], "query_tile: expected an integer in 1..32, got 0"),
-    (["tiles", "--block-kv", "0"], "block_kv: expected a positive integer, got 0"),
-    (["footprint", "--heads", "0"], "heads: expected a positive integer, got 0"),
-    (["footprint", "--layers", "-1"], "layers: expected a positive integer, got -1"),
-    (["footprint", "--device", "v100"], "device: expected one of a100, h100, h200, got 'v100'"),
-    (["footprint", "--dtype", "int4"], "dtype: expected one of fp16, bf16, fp32, fp8, got 'int4'"),
-    (["amdahl", "--f", "1.5"], "f: expected a time share in [0, 1], got 1.5"),
-    (["amdahl", "--f", "-0.1"], "f: expected a time share in [0, 1], got -0.1"),
-    (["amdahl", "--f", "0.15", "--f", "2"], "f: expected a time share in [0, 1], got 2.0"),
-    (["amdahl", "--s", "0"], "s: expected a kernel speedup > 0, got 0.0"),
-    (["amdahl", "--s", "-2"], "s: expected a kernel speedup > 0, got -2.0"),
+    (["tiles", "--query-tile", "33"], "--query-tile: expected an integer in 1..32, got 33"),
+    (["tiles", "--query-tile", "0"], "--query-tile: expected an integer in 1..32, got 0"),
+    (["tiles", "--block-kv", "0"], "--block-kv: expected a positive integer, got 0"),
+    (["footprint", "--heads", "0"], "--heads: expected a positive integer, got 0"),
+    (["footprint", "--layers", "-1"], "--layers: expected a positive integer, got -1"),
+    (["footprint", "--device", "v100"], "--device: expected one of a100, h100, h200, got 'v100'"),
+    (["footprint", "--dtype", "int4"], "--dtype: expected one of fp16, bf16, fp32, fp8, got 'int4'"),
+    (["amdahl", "--f", "1.5"], "--f: expected a time share in [0, 1], got 1.5"),
+    (["amdahl", "--f", "-0.1"], "--f: expected a time share in [0, 1], got -0.1"),
+    (["amdahl", "--f", "0.15", "--f", "2"], "--f: expected a time share in [0, 1], got 2.0"),
+    (["amdahl", "--s", "0"], "--s: expected a kernel speedup in [0.001, 1e+06], got 0.0"),
+    (["amdahl", "--s", "-2"], "--s: expected a kernel speedup in [0.001, 1e+06], got -2.0"),
     (["amdahl", "--part-ms", "116"], "expected --part-ms, --inner-ms and --outer-ms together"),
     (["amdahl", "--part-ms", "300", "--inner-ms", "290", "--outer-ms", "380"],
-     "part_ms: expected at most the inner segment"),
+     "--part-ms: expected at most --inner-ms (290 ms), got 300"),
 ]
 
 
@@ -197,7 +197,7 @@ def test_subprocess_bad_input_exit_2():
     assert p.returncode == 2
     assert p.stdout == ""
     assert p.stderr.strip().splitlines() == [
-        "attnscope traffic: error: dtype: expected one of fp16, bf16, fp32, fp8, got 'fp64'"]
+        "attnscope traffic: error: --dtype: expected one of fp16, bf16, fp32, fp8, got 'fp64'"]
 
 
 def test_traffic_imports_neither_torch_nor_triton():

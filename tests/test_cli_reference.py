@@ -95,11 +95,11 @@ BAD = [
     ('{"tiles": [{"scores": [8], "values": [[1, 2]]}, {"scores": [9], "values": [[1]]}]}',
      "tile 2 values: expected rows of width 2 (as tile 1), got 1"),
     ('{"tiles": [{"scores": [8, NaN], "values": [[1], [2]]}]}',
-     "tile 1 scores: expected finite numbers, got nan"),
+     "--input: expected finite numbers (NaN and Infinity are not JSON), got NaN"),
     ('{"tiles": [{"scores": [8, 1e999], "values": [[1], [2]]}]}',
-     "tile 1 scores: expected finite numbers, got inf"),
+     "--input: expected a finite number, got '1e999' (overflows a float)"),
     ('{"tiles": [{"scores": [8], "values": [[-Infinity]]}]}',
-     "tile 1 values: expected finite numbers, got -inf"),
+     "--input: expected finite numbers (NaN and Infinity are not JSON), got -Infinity"),
     ('{"tiles": []}', "tiles: expected a non-empty list"),
     ('{"tiles": [{"scores": [], "values": []}]}', "tile 1 scores: expected at least one score"),
     ('{"tiles": [{"scores": [8, 6], "values": [[1, 2], [3, 4]]}',
@@ -126,7 +126,7 @@ def test_trace_bad_input_is_one_line_and_exit_2(tmp_path, capsys, text, message)
 
 def test_trace_missing_file(tmp_path, capsys):
     rc, _, err = run(capsys, "trace", "--input", str(tmp_path / "nope.json"))
-    assert rc == 2 and "--input: expected a readable JSON file" in err and "No such file" in err
+    assert rc == 2 and "--input: expected a readable file" in err and "No such file" in err
     assert err.count("\n") == 1
 
 

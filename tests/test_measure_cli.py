@@ -57,13 +57,13 @@ def test_bytes_estimate_only_table(capsys):
 
 def test_bytes_refuses_bad_input(capsys):
     assert main(["bytes", "--estimate-only", "--heads", "0"]) == 2
-    assert "attnscope bytes: error: heads: expected a positive integer, got 0" in capsys.readouterr().err
+    assert "attnscope bytes: error: --heads: expected a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_share_project_to_itself_is_refused(capsys):
     assert main(["share", "--attention", "flash", "--project-to", "flash"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("attnscope share: error: project_to: expected an attention other than --attention "
+    assert err == ("attnscope share: error: --project-to: expected an attention other than --attention "
                    "(flash), got 'flash'")
 
 
@@ -109,7 +109,7 @@ def test_bench_from_json_bad_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--from-json: expected a result with 'prefill' or 'decode' rows, got list" in err
     assert main(["bench", "--from-json", str(tmp_path / "missing.json")]) == 2
-    assert "--from-json: expected a JSON file written by `attnscope bench --json`" in capsys.readouterr().err
+    assert "--from-json: expected a readable file" in capsys.readouterr().err
 
 
 # --- the GPU paths, with the measurement replaced by recorded-shape stand-ins ---------------------------

@@ -39,8 +39,12 @@ def test_no_upper_bound_on_p95_below_59_samples():
 
 
 def _write(tmp_path, values, name="s.json"):
+    """Samples in ms, the unit named by the key or the header."""
     p = tmp_path / name
-    p.write_text(json.dumps(values) if name.endswith(".json") else "\n".join(map(str, values)) + "\n")
+    if name.endswith(".json"):
+        p.write_text(json.dumps(values if isinstance(values, dict) else {"ttft_ms": values}))
+    else:
+        p.write_text("ttft_ms\n" + "\n".join(map(str, values)) + "\n")
     return p
 
 
@@ -77,17 +81,27 @@ def test_fixture_samples_consistent_with_bounds():
 def test_sample_file_formats(tmp_path):
     assert evidence.read_samples(_write(tmp_path, {"ttft_ms": [1, 2]}, "d.json")) == [1.0, 2.0]
     assert evidence.read_samples(_write(tmp_path, [3, 1.5], "s.csv")) == [3.0, 1.5]
-    (tmp_path / "h.csv").write_text("ttft_ms\n4\n5\n")
-    assert evidence.read_samples(tmp_path / "h.csv") == [4.0, 5.0]
-    assert len(evidence.read_samples(DATA / "ttft_samples_small.json")) == 40
+    (tmp_path / "h.csv").write_text("ttft_s\n0.004\n0.5\n")
+    assert evidence.read_samples(tmp_path / "h.csv") == [4.0, 500.0]
+    (tmp_path / "bare.csv").write_text("4\n5\n")
+    assert evidence.read_samples(tmp_path / "bare.csv", unit="s") == [4000.0, 5000.0]
+    assert len(evidence.read_samples(DATA / "ttft_samples_small.json", unit="ms")) == 40
+    # a `vllm bench serve --save-result --save-detailed` file: ttfts in seconds, failed requests left out
+    (tmp_path / "vllm.json").write_text(json.dumps({"ttfts": [0.25, 0.0, 0.5], "errors": ["", "timeout", ""],
+                                                   "mean_ttft_ms": 375.0}))
+    assert evidence.read_samples(tmp_path / "vllm.json") == [250.0, 500.0]
 
 
 @pytest.mark.parametrize("name, text, needle", [
-    ("a.csv", "a,b\n1,2\n", "expected one column, or a header with a ttft_ms column"),
-    ("b.csv", "ttft_ms\n1\nfast\n", "expected a number in ms on data row 2"),
-    ("c.json", "[1, -2]", "expected TTFT samples >= 0 ms, got -2 at index 1"),
-    ("d.json", "{\"x\": 1}", "expected a JSON list of TTFT samples in ms"),
-    ("e.json", "[", "got invalid JSON"),
+    ("a.csv", "a,b\n1,2\n", "expected one column, or a header with a ttft_ms or ttft_s column"),
+    ("b.csv", "ttft_ms\n1\nfast\n", "expected a plain decimal number on data row 2, got 'fast'"),
+    ("c.json", '{"ttft_ms": [1, -2]}', "expected TTFT samples >= 0 (and finite), got -2 at index 1"),
+    ("d.json", "{\"x\": 1}", "expected a JSON list of TTFT samples"),
+    ("e.json", "[", "expected valid JSON"),
+    ("g.csv", "1OO\n200\n", "expected a unit"),
+    ("h.csv", "ttft_ms\n1OO\n200\n", "expected a plain decimal number on data row 1, got '1OO'"),
+    ("i.csv", "ttft_ms\n1_000\n", "expected a plain decimal number on data row 1, got '1_000'"),
+    ("j.json", "[1, 2]", "expected a unit: a ttft_ms or ttft_s column/key, or --samples-unit"),
     ("f.csv", "", "expected at least one TTFT sample, got none"),
 ])
 def test_bad_samples(tmp_path, name, text, needle):

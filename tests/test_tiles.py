@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscope.errors import InputError
-from attnscope.model.tiles import Grid, causal_kv_bounds0
+from attnscope.model.tiles import Grid, causal_kv_bounds0, floor_sum
 
 SPEC = Grid(4096, 4096, 128, 64, causal=True)
 
@@ -157,3 +157,27 @@ def test_non_positive_sizes(kw):
     name = next(iter(kw))
     with pytest.raises(InputError, match=rf"{name}: expected a positive integer, got"):
         Grid(**args)
+
+
+# --- closed forms -------------------------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 60), m=st.integers(1, 50), a=st.integers(0, 120), b=st.integers(0, 120))
+def test_floor_sum_equals_the_sum(n, m, a, b):
+    assert floor_sum(n, m, a, b) == sum((a * t + b) // m for t in range(n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(nq=st.integers(1, 400), nk=st.integers(1, 400), bq=st.integers(1, 80), bkv=st.integers(1, 80),
+       causal=st.booleans())
+def test_kv_rows_total_is_the_sum_over_query_tiles(nq, nk, bq, bkv, causal):
+    g = Grid(nq, nk, bq, bkv, causal=causal)
+    assert g.kv_rows_total() == sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1))
+
+
+def test_kv_rows_total_is_constant_time():
+    import time
+
+    t0 = time.perf_counter()
+    g = Grid(10**18, 10**18 + 12345, 128, 1, causal=True)
+    g.kv_rows_total()
+    assert time.perf_counter() - t0 < 0.05

@@ -1,32 +1,132 @@
-"""The one exception type for bad input.
+"""The one exception type for bad input, and the small validators every layer shares.
 
 `InputError` is a `ValueError` (so API users catch `ValueError` as DESIGN.md promises); the CLI turns
 it, and `NotImplementedError`, into one line on stderr and exit code 2. Anything else that escapes is
 a bug and keeps its traceback.
+
+Every message echoes the offending value through `short()`: at most ~60 characters, one line, control
+characters escaped, never `repr()` of an unbounded object (a 5 MB string or a YAML alias bomb would
+otherwise be expanded into the message).
 """
 
 from __future__ import annotations
+
+import math
+import numbers
+
+#: Longest echo of a bad value inside an error message.
+ECHO_CHARS = 60
 
 
 class InputError(ValueError):
     """Bad input: the message names the argument and says what was expected and what was got."""
 
 
+def short(value: object, limit: int = ECHO_CHARS) -> str:
+    """A one-line, bounded description of `value` for an error message.
+
+    Containers are described by type and length (their contents are never walked); strings and
+    numbers are repr()'d and cut to `limit` characters; control and bidi characters are escaped.
+    """
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
+        import reprlib
+
+        r = reprlib.Repr()  # bounded at every level: never walks more than a few items
+        r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 6, 6, 4, 6
+        r.maxstring, r.maxlong, r.maxother = 30, 30, 30
+        try:
+            text = r.repr(value)
+        except Exception:
+            text = f"<{type(value).__name__}>"
+        if len(text) > limit:
+            return f"{type(value).__name__} of {len(value)} item{'' if len(value) == 1 else 's'}"
+        return text
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 190:
+        # ~57 digits: a giant int is never converted to text in full
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    if isinstance(value, str) and len(value) > 4 * limit:
+        value = value[: 4 * limit]
+        text = repr(value)[:-1] + "..."
+    else:
+        try:
+            text = repr(value)
+        except Exception:  # a hostile __repr__: describe the type only
+            text = f"<{type(value).__name__}>"
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def expect(cond: bool, name: str, expected: str, got: object) -> None:
-    """Raise `InputError("{name}: expected {expected}, got {got!r}")` unless `cond`."""
+    """Raise `InputError("{name}: expected {expected}, got {short(got)}")` unless `cond`."""
     if not cond:
-        raise InputError(f"{name}: expected {expected}, got {got!r}")
+        raise InputError(f"{name}: expected {expected}, got {short(got)}")
+
+
+#: Largest size accepted for any dimension (sequence length, head dim, batch, heads, tile): far beyond
+#: any real shape, small enough that every byte count, FLOP count and ratio stays inside float range.
+MAX_DIM = 10**24
 
 
 def positive_int(name: str, value: object) -> int:
-    """Validate a positive integer (bools are refused) and return it."""
+    """Validate a positive integer (bools are refused) up to `MAX_DIM` and return it."""
     expect(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
            "a positive integer", value)
+    expect(value <= MAX_DIM, name, "a positive integer up to 10^24", value)  # type: ignore[operator]
     return value  # type: ignore[return-value]
 
 
 def choice(name: str, value: object, valid) -> str:
     """Validate a string option against `valid`, listing the valid ones in the error."""
     valid = list(valid)
-    expect(value in valid, name, "one of " + ", ".join(map(str, valid)), value)
+    expect(isinstance(value, str) and value in valid, name, "one of " + ", ".join(map(str, valid)), value)
     return value  # type: ignore[return-value]
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Validate a real `bool` (not 0/1, not "no", not a tensor) and return it.
+
+    For public API flags such as `flash_attention(causal=...)`: `causal="no"` is truthy and would
+    silently mean causal.
+    """
+    expect(isinstance(value, bool), name, "True or False", value)
+    return value  # type: ignore[return-value]
+
+
+def check_scale(value: object, name: str = "scale") -> float | None:
+    """Validate an attention softmax scale: None (meaning 1/sqrt(d)) or a finite real > 0, not a bool.
+
+    Bounded above by 1e4: the kernels multiply scores by scale * log2(e) in FP32, and a scale like 1e37
+    overflows that product to inf and the softmax to NaN where float64 SDPA stays finite. No
+    practical attention uses a scale above 1e4 (1/sqrt(d) <= 1; temperature-sharpened variants stay
+    within 10^2).
+    """
+    if value is None:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    try:
+        ok = ok and math.isfinite(float(value)) and 0 < float(value) <= 1e4  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond float range
+        ok = False
+    expect(ok, name, "None or a finite real number in (0, 1e4]", value)
+    return float(value)  # type: ignore[arg-type]
+
+
+def finite_number(name: str, value: object, lo: float | None = None, hi: float | None = None,
+                  lo_open: bool = False, what: str = "a finite number") -> float:
+    """Validate a finite real (not bool) within [lo, hi] (lo excluded when `lo_open`) and return it."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok:
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except OverflowError:
+            ok = False
+        else:
+            ok = math.isfinite(v) and (lo is None or (v > lo if lo_open else v >= lo))
+            ok = ok and (hi is None or v <= hi)
+    if not ok:
+        rng = ""
+        if lo is not None or hi is not None:
+            left = "(" if lo_open else "["
+            rng = f" in {left}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        expect(False, name, what + rng, value)
+    return v

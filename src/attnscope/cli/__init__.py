@@ -25,13 +25,34 @@ from attnscope.errors import InputError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
-        self.exit(2, f"attnscope {self.prog.split()[-1]}: error: {message}\n")
+        # self.prog is "attnscope" for the top level and "attnscope traffic" for a subcommand
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message if len(message) <= 300 else message[:297] + '...'}\n")
+
+
+def _flag_name(message: str, args) -> str:
+    """Name the command-line flag, not the model's parameter: "nq: ..." -> "--n: ..." when the user
+    gave --n, "block_kv: ..." -> "--block-kv: ...". Messages already naming a flag or a file field
+    are left as they are."""
+    head, sep, rest = message.partition(": ")
+    if not sep or head.startswith("-") or not head.isidentifier():
+        return message
+    given = vars(args)
+    if head == "row" and "rows" in given:
+        return f"--rows: {rest}"
+    if head in ("nq", "nk") and given.get(head) is None and "n" in given:
+        return f"--n: {rest}"
+    if head in given and head not in ("func", "command"):
+        return f"--{head.replace('_', '-')}: {rest}"
+    return message
 
 
 def build_parser() -> argparse.ArgumentParser:
     from attnscope.cli import analytic, gpu, reference, report
 
-    parser = _Parser(prog="attnscope", description="Attention data movement, checkable; attention, fast.")
+    parser = _Parser(prog="attnscope", description="Attention data movement, checkable; attention, fast.",
+                     epilog="\"spec §N\" in help and output: a section of the FlashAttention lesson the "
+                            "analytic model reproduces; docs/model.md explains each one.")
     parser.add_argument("--version", action="version", version=f"attnscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (analytic, reference, report, gpu):
@@ -48,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (InputError, NotImplementedError) as e:
-        print(f"attnscope {args.command}: error: {e}", file=sys.stderr)
+        line = " ".join(str(e).split())  # always one line, and a bounded one
+        line = line if len(line) <= 300 else line[:297] + "..."
+        print(f"attnscope {args.command}: error: {_flag_name(line, args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 MiB = 1024**2
@@ -36,15 +37,29 @@ def console():
     return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
 
 
+_NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?\s*[x%]?")
+
+
 def table(title: str, columns: list[str], rows: list[list], caption: str | None = None):
-    """A rich table; numeric-looking columns right-aligned."""
+    """A rich table; columns after the first right-aligned.
+
+    Numbers are never cut with an ellipsis on a narrow terminal (80-100 columns): a column whose cells
+    are all numbers gets the width of its longest number (`min_width`) and no wrapping; the label
+    columns wrap instead, and anything still too wide folds onto a second line rather than losing
+    digits (`overflow="fold"`).
+    """
     from rich.table import Table
 
+    cells = [[str(x) for x in r] for r in rows]
     t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    for r in rows:
-        t.add_row(*[str(x) for x in r])
+        col = [r[i] for r in cells if i < len(r)]
+        numeric = bool(col) and all(_NUMBER.fullmatch(x.strip()) or x.strip() in ("", "-") for x in col)
+        width = max((len(x) for x in col), default=0) if numeric else None
+        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold",
+                     min_width=width, no_wrap=numeric)
+    for r in cells:
+        t.add_row(*r)
     return t
 
 

@@ -11,6 +11,8 @@ import argparse
 from attnscope.cli._out import GiB, KiB, MiB, console, print_json, table
 
 SPEC = "(spec default: %(default)s)"
+#: Where the "spec §N" references in help and output are explained.
+MODEL_DOC = "docs/model.md"
 
 
 def _size(b: int | float) -> str:
@@ -206,7 +208,8 @@ def cmd_traffic(args) -> int:
     gqa = f"; GQA {c.heads}/{c.kv_heads}: K/V counted per query head, as the kernel issues them" \
         if c.kv_heads != c.heads else ""
     con.print(table(f"Logical HBM traffic, one (batch, query head): {shape}", cols, body,
-                    caption="Logical bytes: cold cache, no L2 reuse, no sector padding (spec §4). Ratios "
+                    caption="Logical bytes: cold cache, no L2 reuse, no sector padding "
+                            f"(spec §4, see {MODEL_DOC}). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
     passes = []
@@ -215,7 +218,8 @@ def cmd_traffic(args) -> int:
     if "flash-causal" in t.rows:
         passes.append(f"causal {t.kv_passes(True):g}")
     if passes:
-        con.print(f"FA-2 passes over K/V ({-(-c.nq // c.block_q)} query tiles): " + ", ".join(passes))
+        tr = -(-c.nq // c.block_q)
+        con.print(f"FA-2 passes over K/V ({tr:,} query tile{'' if tr == 1 else 's'}): " + ", ".join(passes))
     if ratio:
         con.print(f"ratio {ratio[0]} / {ratio[1]}: {ratio[2]:.2f}x (total bytes, same masking condition)")
     if "naive-causal-eager" in t.rows:
@@ -254,7 +258,7 @@ def _cmd_serving(args, names) -> int:
            args.cache_lens)
     expect(args.device is None and args.ratio is None, "--device",
            "no --device / --ratio with --lengths or --cache-lens", args.device or args.ratio)
-    con = _console()
+    con = console()
     if args.lengths is not None:
         for flag in ("page_size", "capacity"):
             expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "only with --cache-lens",
@@ -360,45 +364,77 @@ def cmd_footprint(args) -> int:
 
 
 # --- tiles ------------------------------------------------------------------------------------------
+def _ranges(lo: int, hi: int) -> str:
+    """Tiles lo..hi (1-based, inclusive) as text; 'none' when empty."""
+    return "none" if hi < lo else (str(lo) if lo == hi else f"{lo}..{hi}")
+
+
+#: Largest grid for which `tiles --json` lists every tile number (beyond: first/last/count only).
+JSON_LIST_LIMIT = 4096
+#: Masked tiles shown in the row-class table (first and last halves; the rest elided with a note).
+TABLE_ROWS = 24
+
+
 def cmd_tiles(args) -> int:
     from attnscope.model.tiles import Grid
 
     nq = args.n if args.nq is None else args.nq
     nk = args.n if args.nk is None else args.nk
     g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal)
-    s = g.schedule(args.query_tile)
-    passes = sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1)) / nk
+    i = args.query_tile
+    r0, r1 = g.rows(i)  # validates the query tile
+    n_full, n_loaded = g.kv_bounds(i)
+    tc = g.n_kv_tiles
+    passes = g.kv_rows_total() / nk
+    masked = range(n_full + 1, n_loaded + 1)
+    shown = list(masked) if len(masked) <= TABLE_ROWS else \
+        list(masked[: TABLE_ROWS // 2]) + list(masked[-(TABLE_ROWS // 2):])
     if args.json:
-        out = s.to_json()
+        spans = {"loaded": (1, n_loaded), "skipped": (n_loaded + 1, tc), "full": (1, n_full),
+                 "masked": (n_full + 1, n_loaded)}
+        out = {"query_tile": i, "rows": [r0, r1]}
+        listed = tc <= JSON_LIST_LIMIT
+        for k, (a, b) in spans.items():
+            out[k] = list(range(a, b + 1)) if listed else None
+            out[k + "_span"] = {"first": a, "last": b, "count": max(0, b - a + 1)} if b >= a else None
+        out["row_classes"] = {str(j): {k: (list(v) if v else None) for k, v in g.row_classes(i, j).items()}
+                              for j in shown}
         out.update(params={"nq": nq, "nk": nk, "block_q": g.block_q, "block_kv": g.block_kv,
                            "causal": g.causal},
-                   n_q_tiles=g.n_q_tiles, n_kv_tiles=g.n_kv_tiles,
-                   kv_rows_loaded=g.kv_rows_loaded(s.query_tile),
-                   cols={str(j): list(g.cols(j)) for j in s.loaded}, kv_passes=passes)
+                   n_q_tiles=g.n_q_tiles, n_kv_tiles=tc, kv_rows_loaded=g.kv_rows_loaded(i),
+                   cols={str(j): list(g.cols(j)) for j in range(1, n_loaded + 1)} if listed else None,
+                   kv_passes=passes)
+        if not listed or len(shown) < len(masked):
+            out["elided"] = (f"tile lists are given only up to {JSON_LIST_LIMIT:,} KV tiles and row classes "
+                             f"for {TABLE_ROWS} masked tiles (first and last); the *_span fields are exact")
         print_json(out)
         return 0
     con = console()
-    r0, r1 = s.rows
-    con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q}, B_c = {g.block_kv}, "
+    qt = "query tile" if g.n_q_tiles == 1 else "query tiles"
+    kt = "KV tile" if tc == 1 else "KV tiles"
+    con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q:,}, B_c = {g.block_kv:,}, "
               f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: "
-              f"{g.n_q_tiles} query tiles x {g.n_kv_tiles} KV tiles (1-based)")
-    con.print(f"Query tile {s.query_tile}: rows {r0}..{r1} ({r1 - r0 + 1} rows)")
-    con.print(f"  loads   KV tiles {_span(s.loaded)} ({len(s.loaded)} of {g.n_kv_tiles}; "
-              f"{g.kv_rows_loaded(s.query_tile):,} K rows and as many V rows)")
+              f"{g.n_q_tiles:,} {qt} x {tc:,} {kt} (1-based)")
+    con.print(f"Query tile {i:,}: rows {r0:,}..{r1:,} ({r1 - r0 + 1:,} rows)")
+    con.print(f"  loads   KV tiles {_ranges(1, n_loaded)} ({n_loaded:,} of {tc:,}; "
+              f"{g.kv_rows_loaded(i):,} K rows and as many V rows)")
     why = ": every column in the future, never loaded" if g.causal else "; unmasked loads every tile"
-    con.print(f"  skips   KV tiles {_span(s.skipped)} ({len(s.skipped)}{why})")
-    con.print(f"  full    KV tiles {_span(s.full)} (loaded, no mask arithmetic)")
-    con.print(f"  masked  KV tiles {_span(s.masked)} (loaded, straddle the diagonal: mask before m and l)")
+    con.print(f"  skips   KV tiles {_ranges(n_loaded + 1, tc)} ({tc - n_loaded:,}{why})")
+    con.print(f"  full    KV tiles {_ranges(1, n_full)} (loaded, no mask arithmetic)")
+    con.print(f"  masked  KV tiles {_ranges(n_full + 1, n_loaded)} (loaded, straddle the diagonal: mask "
+              "before m and l)")
     body = []
-    for j in s.masked:
+    for j in shown:
         c0, c1 = g.cols(j)
-        rc = s.row_classes[j]
+        rc = g.row_classes(i, j)
         body.append([str(j), f"{c0}..{c1}"] + [f"{v[0]}..{v[1]}" if v else "-"
                                                 for v in (rc["masked"], rc["triangular"], rc["permitted"])])
     if body:
+        note = None if len(shown) == len(masked) else \
+            f"{len(masked) - len(shown):,} masked tiles in the middle not shown (--json gives the spans)"
         con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", "Rows fully masked",
                                                                  "Rows triangular", "Rows fully permitted"],
-                        body))
+                        body, caption=note))
     con.print(f"Whole grid: {passes:g} passes over K/V")
     return 0
 
@@ -416,9 +452,12 @@ def cmd_amdahl(args) -> int:
     bound = None
     if any(x is not None for x in carry_args):
         if any(x is None for x in carry_args):
-            raise InputError("part_ms: expected --part-ms, --inner-ms and --outer-ms together, got "
-                             f"{[x for x in carry_args]!r}")
-        bound = amdahl.carry(*carry_args, args.s)
+            given = [f for f, x in zip(("--part-ms", "--inner-ms", "--outer-ms"), carry_args, strict=True)
+                     if x is not None]
+            raise InputError("--part-ms: expected --part-ms, --inner-ms and --outer-ms together, got only "
+                             + ", ".join(given))
+        bound = amdahl.carry(*carry_args, args.s, names={"part_ms": "--part-ms", "inner_ms": "--inner-ms",
+                                                         "outer_ms": "--outer-ms", "s": "--s"})
     if args.json:
         out = head.to_json()
         out["sensitivity"] = [x.to_json() for x in sens]

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from attnscope.cli._out import MiB, console, print_json, table
+from attnscope.errors import InputError
 from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
@@ -82,10 +83,23 @@ def _which(args) -> int:
 
 
 # --- bytes -----------------------------------------------------------------------------------------
+#: Largest Q + K + V + O the estimate accepts: the largest single-GPU memory shipping (288 GB, B300 and
+#: MI355X); beyond it there is no call to measure and the cache simulation would run for hours.
+MAX_TENSOR_BYTES = 288 * 10**9
+
+
 def _bytes(args) -> int:
+    from attnscope.errors import positive_int
     from attnscope.measure import ncu
     from attnscope.model import l2 as physical
 
+    for flag, v in (("--n", args.n), ("--d", args.d), ("--heads", args.heads), ("--batch", args.batch)):
+        positive_int(flag, v)
+    tensors = 4 * args.batch * args.heads * args.n * args.d * (2 if args.dtype in ("fp16", "bf16") else 4)
+    if tensors > MAX_TENSOR_BYTES:
+        raise InputError(f"--n: expected Q, K, V and O to fit one GPU (at most {MAX_TENSOR_BYTES / 1e9:g} GB "
+                         f"with --batch {args.batch}, --heads {args.heads}, --d {args.d}), got "
+                         f"{tensors / 1e9:,.4g} GB")
     l2, sms = args.l2_bytes, args.sms
     measured = None
     if not args.estimate_only:
@@ -118,7 +132,11 @@ def _bytes(args) -> int:
     def per_head(b):
         return f"{b / bh / MiB:,.2f}"
 
-    rows = [["logical model (cold cache, model/traffic.py)", "", "", per_head(logical),
+    # the logical row counts the implementation's logsumexp write (why it reads 66.02 where `traffic`
+    # says 66.00 MiB): say so. The table lives beside the estimate (h11 moves it to model/).
+    lse = getattr(physical, "_WRITES_LSE", {}).get(args.impl, False)
+    label = "logical model (cold cache, model/traffic.py" + (", incl. the 4 B/row LSE write)" if lse else ")")
+    rows = [[label, "", "", per_head(logical),
              f"{physical.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
             ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
              per_head(est.total),
@@ -145,7 +163,6 @@ def _bytes(args) -> int:
 
 # --- share -----------------------------------------------------------------------------------------
 def _share(args) -> int:
-    from attnscope.errors import InputError
     from attnscope.measure import share
 
     if args.project_to is not None and args.project_to == args.attention:
@@ -206,7 +223,11 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
     p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
     p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print all results as JSON on stdout, as every other --json does (with FILE, the "
+                        "form bench/*.py scripts use: write them to FILE, like --out)")
+    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
+                                                 "--from-json reads it back)")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
     p.add_argument("--from-json", metavar="FILE",
                    help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")

@@ -6,11 +6,9 @@ imports torch at module level. `verify` imports torch only to ask whether the ke
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
-from attnscope.cli._out import console, print_json, table
+from attnscope.cli._out import print_json, table
 from attnscope.errors import InputError
 
 # Spec §3.2: one query row, d = 2, two tiles of two keys each.
@@ -51,18 +49,20 @@ def configure(sub) -> None:
 
 
 # --- trace ----------------------------------------------------------------------------------------
+#: Largest |value| accepted from --input, divided by the number of keys: the unnormalised accumulator
+#: sums up to that many values in float64, which must not overflow to inf (a false MISMATCH against a
+#: finite reference). Scores may be any finite float: only differences from the running max are
+#: exponentiated, and a difference that overflows to -inf is an exact exp() = 0.
+MAX_ABS = 1e300
+#: Steps shown in the table (first and last halves); --json always gives every step.
+TABLE_STEPS = 40
+
+
 def load_tiles(path: str) -> list[tuple[list, list]]:
     """Read the ``--input`` JSON into ``[(scores, values), ...]``; any problem is one InputError line."""
-    try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()  # noqa: SIM115
-    except OSError as e:
-        raise InputError(f"--input: expected a readable JSON file, got {path!r} ({e.strerror})") from e
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        where = "stdin" if path == "-" else repr(path)
-        raise InputError(f"--input: expected valid JSON, got {e.msg} at line {e.lineno} column {e.colno} "
-                         f"of {where}") from e
+    from attnscope.inputs import load_json
+
+    doc = load_json(path, "--input")
     if not isinstance(doc, dict) or "tiles" not in doc:
         raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {_brief(doc)}')
     tiles = doc["tiles"]
@@ -70,17 +70,28 @@ def load_tiles(path: str) -> list[tuple[list, list]]:
         raise InputError(f'tiles: expected a non-empty list of {{"scores": [...], "values": [[...], ...]}}, '
                          f"got {_brief(tiles)}")
     out = []
+    n_keys = 0
     for n, tile in enumerate(tiles, start=1):
         if not isinstance(tile, dict) or set(tile) != {"scores", "values"}:
             raise InputError(f'tile {n}: expected an object with exactly "scores" and "values", '
                              f"got {_brief(tile)}")
         out.append((tile["scores"], tile["values"]))
+        if isinstance(tile["scores"], list):
+            n_keys += len(tile["scores"])
+    limit = MAX_ABS / max(1, n_keys)
+    for n, (_, vals) in enumerate(out, start=1):
+        rows = [r for r in vals if isinstance(r, list)] if isinstance(vals, list) else []
+        for v in (x for r in rows for x in r):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not abs(v) <= limit:
+                raise InputError(f"tile {n} values: expected |v| <= {limit:.3g} (float64 headroom for the "
+                                 f"sum over {n_keys:,} keys), got {_brief(v)}")
     return out
 
 
 def _brief(x) -> str:
-    s = json.dumps(x) if not isinstance(x, str) else repr(x)
-    return s if len(s) <= 80 else s[:77] + "..."
+    from attnscope.errors import short
+
+    return short(x)
 
 
 def _fmt(x) -> str:
@@ -91,28 +102,47 @@ def _fmt(x) -> str:
     return f"{x:.4f}"
 
 
+def _fmt_short(xs: list, keep: int = 8) -> str:
+    """A list for a table cell: the first and last few entries, the count when elided."""
+    if len(xs) <= keep:
+        return _fmt(xs)
+    return _fmt(xs[: keep // 2])[:-1] + f", ... ({len(xs) - keep:,} more), " + _fmt(xs[-(keep // 2):])[1:]
+
+
 def cmd_trace(args) -> int:
     from attnscope.reference import online_softmax_trace
 
     tiles = load_tiles(args.input) if args.input else [(t["scores"], t["values"]) for t in SPEC_TILES]
-    tr = online_softmax_trace(tiles)
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # m_old - m_new = -inf near the float limit: exp() = 0 exactly
+        tr = online_softmax_trace(tiles)
     scale = max(1.0, max(abs(x) for x in tr.reference))
     ok = tr.max_abs_diff <= MATCH_TOL * scale
     if args.json:
         print_json(tr.to_json())
         return 0 if ok else 1
 
-    rows = [[st["tile"], _fmt([float(x) for x in tiles[st["tile"] - 1][0]]), _fmt(st["m"]),
-             _fmt(st["alpha"]), _fmt(st["l"]), _fmt(st["acc"])] for st in tr.steps]
+    from rich.console import Console
+
+    steps = tr.steps
+    shown = steps if len(steps) <= TABLE_STEPS else steps[: TABLE_STEPS // 2] + steps[-(TABLE_STEPS // 2):]
+    rows = [[st["tile"], _fmt_short([float(x) for x in tiles[st["tile"] - 1][0]]), _fmt(st["m"]),
+             _fmt(st["alpha"]), _fmt(st["l"]), _fmt_short(st["acc"])] for st in shown]
     src = "spec §3.2" if not args.input else args.input
-    c = console()
+    c = Console(highlight=False, soft_wrap=False)
+    c = c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
+    note = "alpha rescales the old l and acc onto the new max; tile 1 has no old state."
+    if len(shown) < len(steps):
+        note += (f" {len(steps) - len(shown):,} middle tiles not shown (of {len(steps):,}); --json gives "
+                 "every step.")
     c.print(table(f"Online softmax, one query row, state after each tile ({src})",
                   ["tile", "scores", "m", "alpha = exp(m_old - m)", "l", "acc (unnormalised)"], rows,
-                  caption="alpha rescales the old l and acc onto the new max; tile 1 has no old state."))
+                  caption=note))
     all_scores = [float(x) for t in tiles for x in t[0]]
-    c.print(f"output     O = acc / l = {_fmt(tr.output)}   (the one division, after the last tile)")
-    c.print(f"reference  softmax over all scores {_fmt(all_scores)}: weights {_fmt(tr.weights)}, "
-            f"weighted sum {_fmt(tr.reference)}")
+    c.print(f"output     O = acc / l = {_fmt_short(tr.output)}   (the one division, after the last tile)")
+    c.print(f"reference  softmax over all scores {_fmt_short(all_scores)}: weights {_fmt_short(tr.weights)}, "
+            f"weighted sum {_fmt_short(tr.reference)}")
     c.print(f"max |O - reference| = {tr.max_abs_diff:.2e}: "
             + ("match" if ok else f"MISMATCH (more than {MATCH_TOL:g} x {scale:.4g})"))
     return 0 if ok else 1

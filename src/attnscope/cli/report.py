@@ -31,7 +31,9 @@ def configure(sub) -> None:
         "--out",
         metavar="DIR",
         default=DEFAULT_OUT,
-        help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT})",
+        help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, created with a "
+        ".gitignore of its own so it never shows up as untracked); each file is written atomically and "
+        "a symlink at the destination is refused",
     )
     p.add_argument(
         "--format", default="both", choices=("md", "html", "both"), help="what to write (default: both)"
@@ -40,8 +42,15 @@ def configure(sub) -> None:
         "--samples",
         metavar="FILE",
         default=None,
-        help="client TTFT samples in ms (CSV column or JSON list): p50/p95/p99, exact 95%% CI "
-        "for p95, accept/reject/inconclusive against the target",
+        help="client TTFT samples: a CSV with a ttft_ms or ttft_s column, a JSON {\"ttft_ms\": [...]} or "
+        "{\"ttft_s\": [...]}, or a `vllm bench serve --save-result --save-detailed` result (its ttfts); "
+        "p50/p95/p99, exact 95%% CI for p95, accept/reject/inconclusive against the target",
+    )
+    p.add_argument(
+        "--samples-unit",
+        choices=("ms", "s"),
+        default=None,
+        help="unit of --samples values when the file does not name it (bare numbers)",
     )
     p.add_argument(
         "--metrics",
@@ -77,9 +86,17 @@ def run(args) -> int:
 
         print(DEFAULT_TRACE_YAML, end="")
         return 0
+    from pathlib import Path
+
     from attnscope.report import build
 
-    report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile)
+    fresh_default = args.out == DEFAULT_OUT and not Path(DEFAULT_OUT).exists()
+    report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile,
+                          samples_unit=args.samples_unit)
+    if fresh_default:  # like .pytest_cache: the default output directory keeps itself out of git
+        from attnscope.inputs import write_atomic
+
+        write_atomic(Path(DEFAULT_OUT) / ".gitignore", "# created by attnscope report\n*\n")
     b, t = report.boundary, report.trace
     if args.json:
         from attnscope.cli._out import print_json

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 
 from attnscope.checks import kernel_tolerance, within_tolerance
@@ -268,13 +267,13 @@ def summarize(result: dict, log=print) -> None:
 
 def _from_json(args) -> int:
     from attnscope.errors import InputError
+    from attnscope.inputs import load_json
 
-    try:
-        with open(args.from_json) as f:
-            result = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"--from-json: expected a JSON file written by `attnscope bench --json`, got "
-                         f"{args.from_json!r} ({e})") from None
+    result = load_json(args.from_json, "--from-json")
+    if args.plots:  # refuse a bad --plots before printing anything
+        from attnscope.inputs import out_dir
+
+        out_dir(args.plots, "--plots")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
                          f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
@@ -316,10 +315,13 @@ def run(args) -> int:
             out["read_ceiling_tbs"] = read_ceiling(torch)
             log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
             out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    from attnscope.inputs import write_atomic
+
+    for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
+        if path:
+            write_atomic(path, json.dumps(out, indent=1), flag)
+    if args.json == "-":
+        print(json.dumps(out, indent=1))
     if args.plots:
         from attnscope.measure.plots import write_plots
 

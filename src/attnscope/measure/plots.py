@@ -130,7 +130,9 @@ def decode_tbs(rows: list[dict], env: dict, ceiling: float | None, path: str) ->
 
 def write_plots(result: dict, out_dir: str) -> list[str]:
     """Write every plot the result has data for; returns the paths."""
-    os.makedirs(out_dir, exist_ok=True)
+    from attnscope.inputs import out_dir as checked_dir
+
+    checked_dir(out_dir, "--plots")  # one line for a file, a path under a file, an unwritable place
     env = result.get("env", {})
     paths = []
     if result.get("prefill"):

@@ -12,17 +12,25 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, short
 
 #: The sensitivity rows of spec §5 (the 15 % / 40 % / 65 % table).
 DEFAULT_SENSITIVITY = (0.15, 0.40, 0.65)
+#: Accepted kernel speedups: a 1000x slowdown to a 10^6x speedup. Outside this range the projection is
+#: no longer a number anyone can defend, and 1/S or f/S leave the float range (S = 1e-320 divides by
+#: zero, S = 1e308 prints "inf").
+S_MIN, S_MAX = 1e-3, 1e6
+#: Longest accepted duration, ms (about 11.6 days): the boundary arithmetic stays exact to print.
+MAX_MS = 1e9
 
 
-def _check(f: float, s: float) -> None:
-    if not (isinstance(f, (int, float)) and math.isfinite(f) and 0.0 <= f <= 1.0):
-        raise InputError(f"f: expected a time share in [0, 1], got {f!r}")
-    if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0.0):
-        raise InputError(f"s: expected a kernel speedup > 0, got {s!r}")
+def _check(f: float, s: float, f_name: str = "f", s_name: str = "s") -> None:
+    ok = isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and 0.0 <= f <= 1.0
+    if not ok:
+        raise InputError(f"{f_name}: expected a time share in [0, 1], got {short(f)}")
+    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and S_MIN <= s <= S_MAX
+    if not ok:
+        raise InputError(f"{s_name}: expected a kernel speedup in [{S_MIN:g}, {S_MAX:g}], got {short(s)}")
 
 
 def speedup(f: float, s: float) -> float:
@@ -99,20 +107,27 @@ class Boundary:
         return d
 
 
-def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float) -> Boundary:
+def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float, names: dict | None = None) -> Boundary:
     """Speed up ``part_ms`` by ``s`` inside ``inner_ms``, and carry the saving to ``outer_ms``.
 
     Spec exit task: part 116.0 ms of a 290.0 ms prefill inside a 380.0 ms TTFT, S = 3.00 gives a
     212.67 ms prefill (1.3636x) and a 302.67 ms TTFT (1.2555x).
+
+    names: what the caller's user calls each argument ({"part_ms": "--part-ms", ...}), so an error
+    names the input field, not this function's parameter.
     """
+    n = {"part_ms": "part_ms", "inner_ms": "inner_ms", "outer_ms": "outer_ms", "s": "s", **(names or {})}
     for name, v in (("part_ms", part_ms), ("inner_ms", inner_ms), ("outer_ms", outer_ms)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise InputError(f"{name}: expected a finite duration >= 0 ms, got {v!r}")
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_MS
+        if not ok:
+            raise InputError(f"{n[name]}: expected a finite duration in [0, {MAX_MS:g}] ms, got {short(v)}")
     if not 0 < inner_ms <= outer_ms:
-        raise InputError(f"inner_ms: expected 0 < inner_ms <= outer_ms ({outer_ms!r}), got {inner_ms!r}")
+        raise InputError(f"{n['inner_ms']}: expected 0 < {n['inner_ms']} <= {n['outer_ms']} ({outer_ms:g}), "
+                         f"got {inner_ms:g}")
     if part_ms > inner_ms:
-        raise InputError(f"part_ms: expected at most the inner segment ({inner_ms!r} ms), got {part_ms!r}")
-    _check(part_ms / inner_ms, s)
+        raise InputError(f"{n['part_ms']}: expected at most {n['inner_ms']} ({inner_ms:g} ms), "
+                         f"got {part_ms:g}")
+    _check(part_ms / inner_ms, s, f_name=f"{n['part_ms']} / {n['inner_ms']}", s_name=n["s"])
     saved = part_ms - part_ms / s
     return Boundary(part_ms=part_ms, inner_ms=inner_ms, outer_ms=outer_ms, s=s,
                     inner_projected_ms=inner_ms - saved, outer_projected_ms=outer_ms - saved)

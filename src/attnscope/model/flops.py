@@ -26,7 +26,7 @@ def visible_pairs(nq: int, nk: int, causal: bool) -> int:
     if not causal:
         return nq * nk
     off = nk - nq  # row r sees keys 0 .. r + off
-    # rows with 1..nk visible keys: r + off + 1 in [1, nk]  ->  r in [max(0, -off), nq - 1] (r + off < nk always)
+    # rows with 1..nk visible keys: r + off + 1 in [1, nk], i.e. r in [max(0, -off), nq - 1]
     first = max(0, -off)
     rows = nq - first
     if rows <= 0:

@@ -26,7 +26,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnscope.errors import InputError, positive_int
+from attnscope.errors import InputError, positive_int, short
+
+#: Largest T_c for which `Grid.schedule` builds explicit lists of tile numbers.
+MAX_LISTED = 1 << 20
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum_{t=0}^{n-1} floor((a t + b) / m) for n >= 0, m > 0, a >= 0, b >= 0, in O(log m) steps (the
+    Euclid-like reduction of the lattice-point count under a line)."""
+    total = 0
+    while True:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            return total
+        n, b = divmod(y_max, m)
+        m, a = a, m
 
 
 def cdiv(a: int, b: int) -> int:
@@ -74,7 +95,7 @@ class Grid:
     def cols(self, j: int) -> tuple[int, int]:
         """Columns (1-based, inclusive) of KV tile ``j``."""
         if not (isinstance(j, int) and 1 <= j <= self.n_kv_tiles):
-            raise InputError(f"kv_tile: expected an integer in 1..{self.n_kv_tiles}, got {j!r}")
+            raise InputError(f"kv_tile: expected an integer in 1..{self.n_kv_tiles}, got {short(j)}")
         return (self.block_kv * (j - 1) + 1, min(self.block_kv * j, self.nk))
 
     def kv_bounds(self, i: int) -> tuple[int, int]:
@@ -100,8 +121,15 @@ class Grid:
         return (n_full, n_loaded)
 
     def schedule(self, i: int) -> TileSchedule:
-        """The causal (or unmasked) schedule of query tile ``i`` (1-based)."""
+        """The causal (or unmasked) schedule of query tile ``i`` (1-based), as explicit lists.
+
+        The lists grow with T_c, so they are built only up to `MAX_LISTED` KV tiles; beyond that
+        `kv_bounds(i)` gives the same answer as two integers (the CLI prints ranges from it).
+        """
         n_full, n_loaded = self.kv_bounds(i)
+        if self.n_kv_tiles > MAX_LISTED or n_loaded - n_full > MAX_LISTED // 64:
+            raise InputError(f"block_kv: expected at most {MAX_LISTED:,} KV tiles (and {MAX_LISTED // 64:,} "
+                             f"masked) for explicit tile lists, got {self.n_kv_tiles:,}; use kv_bounds(i)")
         masked = list(range(n_full + 1, n_loaded + 1))
         return TileSchedule(
             query_tile=i,
@@ -142,13 +170,39 @@ class Grid:
         _, n_loaded = self.kv_bounds(i)
         return min(n_loaded * self.block_kv, self.nk)
 
+    def kv_rows_total(self) -> int:
+        """K rows (= V rows) streamed by the whole grid: the sum of `kv_rows_loaded(i)` over every query
+        tile, in closed form (constant time in N).
+
+        Unmasked: T_r * Nk. Causal: for every query tile but the last, rows_i = min(B_c * ceil((B_r i +
+        off) / B_c), Nk) (0 when B_r i + off <= 0). The tiles split into three runs of i -- none loaded,
+        a ceiling of a linear function, all Nk -- and the middle run is a floor sum, summed in
+        O(log) steps by `floor_sum`. The last tile (rows end at Nq, not B_r T_r) is added directly.
+        """
+        tr, nk, bq, bc, off = self.n_q_tiles, self.nk, self.block_q, self.block_kv, self.offset
+        if not self.causal:
+            return tr * nk
+        total = self.kv_rows_loaded(tr)
+        m = tr - 1  # tiles 1..m have r_last = B_r * i
+        if m <= 0:
+            return total
+        i0 = max(1, -off // bq + 1)  # first i with B_r i + off > 0
+        i1 = max(i0, (bc * (self.n_kv_tiles - 1) - off) // bq + 1)  # first i loading every KV tile
+        lo, hi = i0, min(i1 - 1, m)  # the middle run: Bc * ceil((B_r i + off) / B_c)
+        if hi >= lo:
+            # ceil(x / bc) = floor((x + bc - 1) / bc); i = lo + t, t = 0 .. hi - lo
+            total += bc * floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
+        if m >= i1:
+            total += (m - i1 + 1) * nk
+        return total
+
     def permitted(self, r: int, c: int) -> bool:
         """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""
         return (not self.causal) or c <= r + self.offset
 
     def _check_query_tile(self, i: int) -> None:
         if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
-            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {i!r}")
+            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def _flash(c: Config, causal: bool) -> Row:
     tile that loads them -- exactly the rows of the KV tiles model/tiles.py says it loads."""
     g = c.grid(causal)
     q = c.nq * c.d * c.b
-    kv_rows = sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1))  # K rows (= V rows) streamed
+    kv_rows = g.kv_rows_total()  # K rows (= V rows) streamed
     pairs = _causal_pairs(c) if causal else c.nq * c.nk
     passes = f"{kv_rows / c.nk:g} passes over K" if kv_rows else "no KV tile loaded"
     transfers = [
@@ -347,7 +347,7 @@ class Traffic:
     def kv_passes(self, causal: bool) -> float:
         """Complete passes over K (= over V) the FA-2 forward makes (spec §4.2: 16.5 causal at N = 4,096)."""
         g = self.config.grid(causal)
-        return sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1)) / self.config.nk
+        return g.kv_rows_total() / self.config.nk
 
     def to_json(self) -> dict:
         bh = self.config.batch_heads

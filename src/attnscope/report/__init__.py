@@ -25,6 +25,7 @@ def build(
     samples_path=None,
     metrics_paths=None,
     profile_path=None,
+    samples_unit=None,
 ):
     """Write `report.md` and/or `report.html` into `out_dir`; return (report, [paths written]).
 
@@ -35,7 +36,11 @@ def build(
 
     choice("--format", fmt, FORMATS)
     trace = schema.load(trace_path)
-    s = evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms) if samples_path else None
+    s = (
+        evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms, samples_unit)
+        if samples_path
+        else None
+    )
     m = (
         evidence.metrics(metrics_paths[0], metrics_paths[1], trace.targets.p95_ttft_ms, trace.targets.tpot_ms)
         if metrics_paths
@@ -43,16 +48,15 @@ def build(
     )
     p = evidence.profile(profile_path) if profile_path else None
     report = attribution.attribute(trace, samples=s, metrics=m, profile=p)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from attnscope.inputs import out_dir as make_out_dir
+    from attnscope.inputs import write_all
+
     source = Path(trace_path).name if trace_path else "the spec's Document QA trace (synthetic)"
-    written = []
+    files = {}  # everything is rendered before the first byte is written: all or nothing
     if fmt in ("md", "both"):
-        path = out / "report.md"
-        path.write_text(render.markdown(report), encoding="utf-8")
-        written.append(path)
+        files["report.md"] = render.markdown(report)
     if fmt in ("html", "both"):
-        path = out / "report.html"
-        path.write_text(render.html_page(report, source=source), encoding="utf-8")
-        written.append(path)
+        files["report.html"] = render.html_page(report, source=source)
+    out = make_out_dir(out_dir, "--out")
+    written = write_all({out / name: text for name, text in files.items()}, "--out")
     return report, written

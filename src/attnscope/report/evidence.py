@@ -13,15 +13,12 @@ does not pay for them.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnscope import chrome_trace
-from attnscope.errors import InputError
+from attnscope.errors import InputError, short
 
 # ------------------------------------------------------------------------------------------ samples
 
@@ -31,61 +28,107 @@ Q95 = 0.95
 NEEDED_CAP = 200_000  # the sample-size search stops here
 
 
+#: Units a sample file can state, as a column / key suffix or with --samples-unit: factor to ms.
+UNITS = {"ms": 1.0, "s": 1e3}
+#: Known sample columns / keys (a CSV's first row is a header only when it names one of these).
+SAMPLE_COLUMNS = {"ttft_ms": "ms", "ttft_s": "s"}
+#: Samples whose median is further than this factor from the trace's own TTFT are refused: a unit slip
+#: (seconds read as ms is 1000x) would otherwise give a confident wrong verdict.
+PLAUSIBLE_FACTOR = 30.0
+
+
 def _read_text(path, flag: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{flag}: expected a readable file, got {str(path)!r} ({e.strerror})") from None
+    from attnscope.inputs import read_text
+
+    return read_text(path, flag)
 
 
-def read_samples(path) -> list[float]:
-    """TTFT samples in ms from a JSON list (or {"ttft_ms": [...]}) or a CSV (one value per row; a
-    header row is allowed; with several columns, the one named ttft_ms)."""
-    text = _read_text(path, "--samples")
+def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
+    """The factor to ms from the file's own unit (`found`) and the --samples-unit flag (`unit`)."""
+    if unit is not None and unit not in UNITS:
+        raise InputError(f"--samples-unit: expected one of {', '.join(UNITS)}, got {short(unit)}")
+    if found and unit and found != unit:
+        raise InputError(f"--samples-unit: expected the file's own unit ({found}), got {unit}")
+    u = found or unit
+    if u is None:
+        raise InputError(f"{flag}: expected a unit: a ttft_ms or ttft_s column/key, or --samples-unit ms|s, "
+                         "got bare numbers")
+    return UNITS[u]
+
+
+def _vllm_bench(data: dict, flag: str) -> list:
+    """Per-request TTFTs (seconds) of a `vllm bench serve --save-result --save-detailed` result; failed
+    requests (a non-empty `errors` entry, whose TTFT vLLM records as 0) are left out."""
+    ttfts = data["ttfts"]
+    if not isinstance(ttfts, list):
+        raise InputError(f"{flag}: expected ttfts to be a list (vllm bench serve result), got {short(ttfts)}")
+    errors = data.get("errors")
+    if isinstance(errors, list) and len(errors) == len(ttfts):
+        ttfts = [t for t, e in zip(ttfts, errors, strict=True) if not e]
+    return ttfts
+
+
+def read_samples(path, unit: str | None = None) -> list[float]:
+    """TTFT samples in ms from a JSON list or {"ttft_ms"|"ttft_s": [...]}, a `vllm bench serve` result
+    JSON saved with detailed results ({"ttfts": [...]} in seconds), or a CSV (one value per row, or a
+    ttft_ms / ttft_s column named in a header row).
+
+    The unit must be stated: by the column or key name, or by `unit` ("ms" or "s", --samples-unit).
+    A first CSV row is a header only when it names a known column; "1OO" or "1_000" are errors.
+    """
+    from attnscope.inputs import load_json, number_text, read_csv
+
     flag = f"--samples {Path(path).name}"
+    flag = flag if len(flag) < 80 else "--samples"
     if Path(path).suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(
-                f"{flag}: expected a JSON list of TTFT samples in ms, got invalid JSON "
-                f"({e.msg} at line {e.lineno})"
-            ) from None
-        if isinstance(data, dict) and "ttft_ms" in data:
-            data = data["ttft_ms"]
+        data = load_json(path, flag)
+        found = None
+        if isinstance(data, dict) and "ttfts" in data:
+            data, found = _vllm_bench(data, flag), "s"
+        elif isinstance(data, dict) and len(set(data) & set(SAMPLE_COLUMNS)) == 1:
+            key = next(k for k in SAMPLE_COLUMNS if k in data)
+            data, found = data[key], SAMPLE_COLUMNS[key]
         if not isinstance(data, list):
             raise InputError(
-                f'{flag}: expected a JSON list of TTFT samples in ms (or {{"ttft_ms": [...]}}), '
-                f"got {type(data).__name__}"
+                f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, {{"ttft_s": '
+                f'[...]}}, a vllm bench serve result with ttfts), got {type(data).__name__}'
             )
+        factor = _unit_of(found, unit, flag)
         values = data
     else:
-        rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
-        col = 0
-        if rows and len(rows[0]) > 1:
-            header = [c.strip().lower() for c in rows[0]]
-            if "ttft_ms" not in header:
-                raise InputError(
-                    f"{flag}: expected one column, or a header with a ttft_ms column, got {rows[0]!r}"
-                )
-            col = header.index("ttft_ms")
+        rows = read_csv(path, flag)
+        if not rows:
+            raise InputError(f"{flag}: expected at least one TTFT sample, got none")
+        col, found = 0, None
         if rows:
-            try:
-                float(rows[0][col])
-            except ValueError:
-                rows = rows[1:]  # a header row
+            header = [c.strip().lower() for c in rows[0]]
+            named = [h for h in header if h in SAMPLE_COLUMNS]
+            if len(named) > 1:
+                raise InputError(f"{flag}: expected one TTFT column, got {', '.join(named)}")
+            if named:
+                col, found = header.index(named[0]), SAMPLE_COLUMNS[named[0]]
+                rows = rows[1:]
+            elif len(header) > 1:
+                raise InputError(
+                    f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
+                    f"{short(rows[0])}"
+                )
+        factor = _unit_of(found, unit, flag)
         values = []
         for i, r in enumerate(rows):
-            try:
-                values.append(float(r[col]))
-            except (ValueError, IndexError):
-                raise InputError(f"{flag}: expected a number in ms on data row {i + 1}, got {r!r}") from None
+            cell = r[col].strip() if col < len(r) else ""
+            if not number_text(cell):
+                raise InputError(
+                    f"{flag}: expected a plain decimal number on data row {i + 1}, got {short(cell)}"
+                )
+            values.append(float(cell))
     out = []
     for i, v in enumerate(values):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = ok and math.isfinite(float(v)) and 0 <= v <= 1e9
         if not ok:
-            raise InputError(f"{flag}: expected TTFT samples >= 0 ms, got {v!r} at index {i}")
-        out.append(float(v))
+            raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at index {i}")
+        out.append(float(v) * factor)
     if not out:
         raise InputError(f"{flag}: expected at least one TTFT sample, got none")
     return out
@@ -157,10 +200,25 @@ class SampleStats:
     warnings: tuple[str, ...] = field(default=())
 
 
-def samples(path, target_ms: float, trace_ttft_ms: float | None = None) -> SampleStats:
-    """Summarise client TTFT samples against the p95 target (nearest-rank percentiles)."""
-    xs = sorted(read_samples(path))
+def samples(
+    path, target_ms: float, trace_ttft_ms: float | None = None, unit: str | None = None
+) -> SampleStats:
+    """Summarise client TTFT samples against the p95 target (nearest-rank percentiles).
+
+    unit: "ms" or "s" when the file does not name it (see `read_samples`). With `trace_ttft_ms`, a
+    median further than `PLAUSIBLE_FACTOR` from it is refused as a likely unit slip.
+    """
+    xs = sorted(read_samples(path, unit))
     n = len(xs)
+    if trace_ttft_ms is not None and trace_ttft_ms > 0:
+        med = _nearest_rank(xs, 0.5)
+        if not (trace_ttft_ms / PLAUSIBLE_FACTOR <= med <= trace_ttft_ms * PLAUSIBLE_FACTOR):
+            raise InputError(
+                f"--samples: expected TTFTs within {PLAUSIBLE_FACTOR:g}x of the trace's "
+                f"{trace_ttft_ms:g} ms, "
+                f"got a median of {med:.4g} ms (wrong unit? name the column ttft_ms or ttft_s, or pass "
+                "--samples-unit)"
+            )
     lo1, up1 = order_stat_ranks(n, Q95, CONFIDENCE)
     lo2, up2 = order_stat_ranks(n, Q95, 1 - (1 - CONFIDENCE) / 2)
     lower = xs[lo1 - 1] if lo1 else None
@@ -265,20 +323,51 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
     for fam in families:
         if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
             continue
+        name = f"{flag}: {fam.name}"
         buckets: dict[float, float] = {}
         count = total = 0.0
+        has_count = False
         for s in fam.samples:  # summed over label sets (engines, models)
+            if not math.isfinite(s.value) or s.value < 0:
+                raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
             if s.name.endswith("_bucket"):
-                le = float("inf") if s.labels["le"] in ("+Inf", "Inf") else float(s.labels["le"])
+                raw = s.labels.get("le")
+                if raw is None:
+                    raise InputError(f"{name}: expected an le label on every _bucket sample, got none")
+                le = math.inf if raw in ("+Inf", "Inf") else _le(raw, name)
                 buckets[le] = buckets.get(le, 0.0) + s.value
             elif s.name.endswith("_count"):
                 count += s.value
+                has_count = True
             elif s.name.endswith("_sum"):
                 total += s.value
-        if buckets:
-            bounds = tuple(sorted(buckets))
-            out[fam.name] = Histogram(bounds, tuple(buckets[b] for b in bounds), count, total)
+        if not buckets:
+            continue
+        if math.inf not in buckets:
+            raise InputError(f'{name}: expected a le="+Inf" bucket, got none')
+        bounds = tuple(sorted(buckets))
+        counts = tuple(buckets[b] for b in bounds)
+        for i in range(1, len(bounds)):
+            if counts[i] < counts[i - 1]:
+                raise InputError(
+                    f"{name}: expected cumulative bucket counts non-decreasing in le, got {counts[i - 1]:g} "
+                    f"at le={bounds[i - 1]:g} then {counts[i]:g} at le={bounds[i]:g}"
+                )
+        if has_count and count != counts[-1]:
+            raise InputError(
+                f"{name}: expected _count equal to the +Inf bucket ({counts[-1]:g}), got {count:g}"
+            )
+        out[fam.name] = Histogram(bounds, counts, counts[-1], total)
     return out
+
+
+def _le(raw: str, name: str) -> float:
+    """A bucket bound: a finite number >= 0 (latencies)."""
+    from attnscope.inputs import number_text
+
+    if not number_text(raw) or not (0 <= float(raw) < math.inf):
+        raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
+    return float(raw)
 
 
 @dataclass(frozen=True)

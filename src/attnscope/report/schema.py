@@ -15,18 +15,21 @@ targets, and a proposed change (a kernel speedup S on the prefill's attention pa
     decode           tpot_ms (> 0), source (optional)
     change           description, segment (must be the prefill segment), speedup (S > 0), source
 
-Unknown fields are errors (a typo must not be silently ignored). YAML is read with `yaml.safe_load`.
+Unknown fields are errors (a typo must not be silently ignored). YAML is read by `attnscope.inputs`
+(a SafeLoader without aliases or duplicate keys). Strings may not hold control or bidi-override
+characters (they would reach the page raw); numbers are finite and bounded (`MAX_VALUE`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, expect, short
+from attnscope.inputs import number_text
+from attnscope.model import amdahl
 
 DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
 
@@ -96,37 +99,26 @@ class Trace:
 
 
 def load(path: str | Path | None = None) -> Trace:
-    """Read a trace file (.yaml, .yml or .json) and validate it; None gives the spec's default trace."""
+    """Read a trace file (.yaml, .yml or .json) and validate it; None gives the spec's default trace.
+
+    The file is read through `attnscope.inputs` (strict UTF-8, bounded size and nesting, no YAML
+    aliases or duplicate keys, no giant integers): every problem is one `InputError` naming TRACE.
+    """
     if path is None:
         from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
         return parse(DEFAULT_TRACE_YAML, "default trace")
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"TRACE: expected a readable file, got {str(p)!r} ({e.strerror})") from None
-    return parse(text, str(p), as_json=p.suffix.lower() == ".json")
+    from attnscope.inputs import read_text
+
+    text = read_text(path, "TRACE")
+    return parse(text, str(path), as_json=Path(path).suffix.lower() == ".json")
 
 
 def parse(text: str, where: str = "trace", as_json: bool = False) -> Trace:
     """Parse trace text (YAML, which includes JSON, unless `as_json`) and validate it."""
-    if as_json:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(
-                f"TRACE: expected valid JSON in {where}, got an error at line {e.lineno}: {e.msg}"
-            ) from None
-    else:
-        import yaml
+    from attnscope.inputs import load_json, load_yaml
 
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise InputError(f"TRACE: expected valid YAML in {where}, got a parse error{at}") from None
+    data = load_json(where, "TRACE", text=text) if as_json else load_yaml(where, "TRACE", text=text)
     return validate(data)
 
 
@@ -137,11 +129,40 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
     expect(isinstance(data, dict), name, "a mapping", type(data).__name__)
     unknown = sorted(str(k) for k in data if k not in allowed)
     if unknown:
-        raise InputError(f"{name}.{unknown[0]}: unknown field; expected one of {', '.join(sorted(allowed))}")
+        field = unknown[0] if unknown[0].isidentifier() and len(unknown[0]) <= 40 else short(unknown[0], 40)
+        raise InputError(f"{name}.{field}: unknown field; expected one of {', '.join(sorted(allowed))}, "
+                         "got this one (a typo?)")
     missing = sorted(required - set(data))
     if missing:
-        raise InputError(f"{name}.{missing[0]}: missing required field")
+        raise InputError(f"{name}.{missing[0]}: missing required field; expected a value, got none")
     return data
+
+
+#: Bidirectional-text controls (LRE..RLO, LRI..PDI, LRM/RLM, ALM): they reorder how the page reads.
+_BIDI = {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
+         "\u200e", "\u200f", "\u061c"}
+#: Largest duration accepted anywhere in a trace (ms): about 11.6 days; beyond it arithmetic on shares
+#: and projections stops being meaningful long before it stops being finite.
+MAX_MS = amdahl.MAX_MS
+#: Bounds of the other positive numbers (name -> (lo, hi)): outside them a product or a reciprocal in
+#: the report would print 0, inf or nan.
+BOUNDS = {
+    "params": (1.0, 1e16),
+    "tokens_per_s": (1e-3, 1e9),
+    "tpot_ms": (1e-6, MAX_MS),
+    "p95_ttft_ms": (1e-6, MAX_MS),
+    "ms": (1e-6, MAX_MS),
+    "speedup": (amdahl.S_MIN, amdahl.S_MAX),
+}
+
+
+def _clean_text(v: str, field: str) -> str:
+    """Refuse control characters (tab allowed) and bidi overrides: they would reach the page raw."""
+    for i, ch in enumerate(v):
+        if ch in _BIDI or (not ch.isprintable() and ch != "\t"):
+            raise InputError(f"{field}: expected printable text without control or bidi-override characters, "
+                             f"got U+{ord(ch):04X} at character {i}")
+    return v
 
 
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
@@ -149,25 +170,32 @@ def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
     expect(
         isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string", v
     )
-    return v
+    return _clean_text(v, f"{name}.{key}")
 
 
 def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
     v = data.get(key)
     if isinstance(v, str):  # YAML 1.1 reads 8.0e9 (no sign in the exponent) as a string
         with contextlib.suppress(ValueError):
-            v = float(v)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            v = float(v) if number_text(v) else v
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    try:
+        ok = ok and math.isfinite(float(v))
+    except OverflowError:
+        ok = False
+    lo, hi = BOUNDS.get(key, (1e-6, MAX_MS))
     if positive:
-        expect(ok and v > 0, f"{name}.{key}", "a finite number > 0", v)
+        expect(ok and lo <= v <= hi, f"{name}.{key}", f"a finite number in [{lo:g}, {hi:g}]", v)
     else:
         expect(ok and v >= 0, f"{name}.{key}", "a finite duration >= 0 ms", v)
+        expect(v <= MAX_MS, f"{name}.{key}", f"a duration of at most {MAX_MS:g} ms", v)
     return float(v)
 
 
 def _int(data: dict, key: str, name: str) -> int:
     v = data.get(key)
-    expect(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{name}.{key}", "a positive integer", v)
+    expect(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 10**12, f"{name}.{key}",
+           "a positive integer up to 10^12", v)
     return v
 
 
@@ -217,6 +245,7 @@ def validate(data) -> Trace:
     segs_raw = top["segments"]
     expect(isinstance(segs_raw, list) and len(segs_raw) > 0, "segments", "a non-empty list", segs_raw)
     segments: list[Segment] = []
+    seen: set[str] = set()
     for i, s in enumerate(segs_raw):
         name = f"segments[{i}]"
         s = _mapping(s, name, {"name", "ms", "source", "note"}, {"name", "ms", "source"})
@@ -226,10 +255,12 @@ def validate(data) -> Trace:
             source=_str(s, "source", name),
             note=_str(s, "note", name, default=""),
         )
-        expect(seg.name not in {x.name for x in segments}, f"{name}.name", "a unique segment name", seg.name)
+        expect(seg.name not in seen, f"{name}.name", "a unique segment name", seg.name)
+        seen.add(seg.name)
         segments.append(seg)
     total = sum(s.ms for s in segments)
     expect(total > 0, "segments", "a total duration > 0 ms", total)
+    expect(total <= MAX_MS, "segments", f"a total duration of at most {MAX_MS:g} ms", total)
     names = [s.name for s in segments]
 
     ttft_ms, ttft_source = total, "sum of the serial segments"
@@ -281,11 +312,12 @@ def validate(data) -> Trace:
     if cseg != pseg:
         raise NotImplementedError(
             f"change.segment: only the split prefill segment ({pseg!r}) is supported "
-            f"(the speedup applies to its attention part), got {cseg!r}"
+            f"(the speedup applies to its attention part), got {short(cseg)}"
         )
     s = c.get("speedup")
-    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
-    expect(ok, "change.speedup", "a kernel speedup S > 0", s)
+    lo, hi = BOUNDS["speedup"]
+    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and lo <= s <= hi
+    expect(ok, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
 
     return Trace(
         title=title,

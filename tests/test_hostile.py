@@ -1,0 +1,839 @@
+"""Hostile input, as a new user or an attacker would give it: every flag class, every file the project
+reads, every --out, the Python API. Each bad input must give exit 2 (CLI) or InputError/ValueError (API),
+exactly one stderr line naming the field with "expected ... got", in under 2 s, with no traceback, no
+nan/inf printed and nothing written; each valid edge input must give a finite answer fast.
+
+The CLI runs in-process (`attnscope.cli.main`) so the suite stays fast on a shared CPU; a few cases run
+through a subprocess to prove the exit code end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnscope import errors, inputs
+from attnscope.cli import main
+from attnscope.errors import InputError
+from attnscope.report.default_trace import DEFAULT_TRACE_YAML
+
+DATA = Path(__file__).parent / "data" / "report"
+LIMIT_S = 2.0
+NONFINITE = re.compile(r"\b(nan|inf|-inf)\b", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+@pytest.fixture(scope="module", autouse=True)
+def _warm_imports():
+    """scipy and prometheus_client are imported once per process on first use (seconds on a busy
+    shared CPU); the 2 s budget is for the work on the input, so pay for the imports up front."""
+    pytest.importorskip("scipy.stats")
+    pytest.importorskip("prometheus_client.parser")
+
+
+def run(capsys, argv):
+    t0 = time.perf_counter()
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own usage errors exit from the parser
+        rc = e.code
+    dt = time.perf_counter() - t0
+    out, err = capsys.readouterr()
+    return rc, out, err, dt
+
+
+def refused(capsys, argv, field, argparse_error=False, out_dir=None):
+    """Run argv and check the refusal contract; returns the one error line."""
+    before = _listing(out_dir)
+    rc, out, err, dt = run(capsys, argv)
+    assert rc == 2, (rc, out, err)
+    assert out == "", out
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert "Traceback" not in err and "Error:" not in line.split(": error: ")[0]
+    assert line.startswith("attnscope"), line
+    assert field in line, (field, line)
+    if not argparse_error:
+        assert "expected" in line and "got" in line, line
+    assert len(line) < 400, line
+    assert dt < LIMIT_S, f"{argv}: {dt:.2f} s"
+    assert _listing(out_dir) == before, "something was written on failure"
+    return line
+
+
+def _listing(d):
+    if d is None:
+        return None
+    d = Path(d)
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*")) if d.exists() else None
+
+
+def answered(capsys, argv, limit_s=LIMIT_S):
+    rc, out, err, dt = run(capsys, argv)
+    assert rc == 0, (rc, err)
+    assert err == "", err
+    assert not NONFINITE.search(out), NONFINITE.search(out)
+    assert dt < limit_s, f"{argv}: {dt:.2f} s"
+    return out
+
+
+def _trace_text(edit=None, fmt="yaml"):
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    if edit:
+        edit(data)
+    return json.dumps(data) if fmt == "json" else yaml.safe_dump(data, allow_unicode=True)
+
+
+# ------------------------------------------------------------------------------------- 1. CLI flags
+FLAGS = [
+    # traffic
+    (["traffic", "--n", "0"], "--n"),
+    (["traffic", "--n", "-1"], "--n"),
+    (["traffic", "--nq", "0"], "--nq"),
+    (["traffic", "--nk", "-7"], "--nk"),
+    (["traffic", "--d", "0"], "--d"),
+    (["traffic", "--d", "-128"], "--d"),
+    (["traffic", "--block-q", "0"], "--block-q"),
+    (["traffic", "--block-kv", "-1"], "--block-kv"),
+    (["traffic", "--batch", "0"], "--batch"),
+    (["traffic", "--heads", "0"], "--heads"),
+    (["traffic", "--heads", "8", "--kv-heads", "3"], "--kv-heads"),
+    (["traffic", "--heads", "8", "--kv-heads", "0"], "--kv-heads"),
+    (["traffic", "--dtype", "fp64"], "--dtype"),
+    (["traffic", "--dtype", ""], "--dtype"),
+    (["traffic", "--dtype", "fp16\u202e"], "--dtype"),
+    (["traffic", "--rows", "naive,sdpa"], "--rows"),
+    (["traffic", "--rows", "x" * 5000], "--rows"),
+    (["traffic", "--device", "tpu"], "--device"),
+    (["traffic", "--ratio", "naive", "flash-causal"], "ratio"),
+    (["traffic", "--rows", "naive,flash", "--ratio", "naive", "nope"], "--ratio"),
+    # footprint
+    (["footprint", "--heads", "0"], "--heads"),
+    (["footprint", "--layers", "-1"], "--layers"),
+    (["footprint", "--batch", "0"], "--batch"),
+    (["footprint", "--n", "0"], "--n"),
+    (["footprint", "--device", "v100"], "--device"),
+    (["footprint", "--dtype", "int4"], "--dtype"),
+    (["footprint", "--block-kv", "0"], "--block-kv"),
+    # tiles
+    (["tiles", "--query-tile", "0"], "--query-tile"),
+    (["tiles", "--query-tile", "-3"], "--query-tile"),
+    (["tiles", "--query-tile", "33"], "--query-tile"),
+    (["tiles", "--query-tile", str(10**400)], "--query-tile"),
+    (["tiles", "--block-kv", "0"], "--block-kv"),
+    (["tiles", "--block-q", "-128"], "--block-q"),
+    (["tiles", "--n", "0"], "--n"),
+    # amdahl
+    (["amdahl", "--f", "1.5"], "--f"),
+    (["amdahl", "--f", "-0.1"], "--f"),
+    (["amdahl", "--f", "nan"], "--f"),
+    (["amdahl", "--f", "inf"], "--f"),
+    (["amdahl", "--f", "0.15", "--f", "2"], "--f"),
+    (["amdahl", "--s", "0"], "--s"),
+    (["amdahl", "--s", "-2"], "--s"),
+    (["amdahl", "--s", "nan"], "--s"),
+    (["amdahl", "--s", "inf"], "--s"),
+    (["amdahl", "--s", "1e-320"], "--s"),
+    (["amdahl", "--s", "1e308"], "--s"),
+    (["amdahl", "--part-ms", "116"], "--part-ms"),
+    (["amdahl", "--part-ms", "300", "--inner-ms", "290", "--outer-ms", "380"], "--part-ms"),
+    (["amdahl", "--part-ms", "100", "--inner-ms", "400", "--outer-ms", "380"], "--inner-ms"),
+    (["amdahl", "--part-ms", "1", "--inner-ms", "2", "--outer-ms", "1e308"], "--outer-ms"),
+    (["amdahl", "--part-ms", "-1", "--inner-ms", "2", "--outer-ms", "3"], "--part-ms"),
+    (["amdahl", "--part-ms", "nan", "--inner-ms", "2", "--outer-ms", "3"], "--part-ms"),
+    (["amdahl", "--part-ms", "1", "--inner-ms", "0", "--outer-ms", "3"], "--inner-ms"),
+    (["amdahl", "--part-ms", "1", "--inner-ms", "2", "--outer-ms", "3", "--s", "1e-9"], "--s"),
+    # verify, bytes (estimate only: no GPU needed)
+    (["verify", "--seed", "-1"], "--seed"),
+    (["traffic", "--n", str(10**400)], "--n"),
+    (["traffic", "--batch", str(10**400)], "--batch"),
+    (["footprint", "--layers", str(10**30)], "--layers"),
+    (["tiles", "--block-q", str(10**400)], "--block-q"),
+    (["bytes", "--estimate-only", "--n", "0"], "--n"),
+    (["bytes", "--estimate-only", "--heads", "0"], "--heads"),
+    (["bytes", "--estimate-only", "--batch", "-1"], "--batch"),
+    (["bytes", "--estimate-only", "--d", "0"], "--d"),
+    (["bytes", "--estimate-only", "--n", str(10**22)], "--n"),
+    (["bytes", "--estimate-only", "--n", str(10**9)], "--n"),
+]
+
+
+@pytest.mark.parametrize("argv, field", FLAGS, ids=[" ".join(a)[:60] for a, _ in FLAGS])
+def test_bad_flag(capsys, argv, field):
+    refused(capsys, argv, field)
+
+
+ARGPARSE = [
+    (["traffic", "--n", "abc"], "--n"),
+    (["traffic", "--n", "1e3"], "--n"),
+    (["traffic", "--n", ""], "--n"),
+    (["traffic", "--bogus"], "--bogus"),
+    (["traffic", "--n", "9" * 5000], "--n"),  # beyond Python's int/str limit: argparse's own line
+    (["amdahl", "--s", "fast"], "--s"),
+    (["tiles", "--query-tile", "1.5"], "--query-tile"),
+    (["report", "--format", "pdf"], "--format"),
+    (["report", "--samples-unit", "min"], "--samples-unit"),
+    (["verify", "--kernels", "maybe"], "--kernels"),
+    (["nonsense"], "COMMAND"),
+]
+
+
+@pytest.mark.parametrize("argv, field", ARGPARSE, ids=[" ".join(a)[:60] for a, _ in ARGPARSE])
+def test_argparse_errors_one_line_with_prog(capsys, argv, field):
+    line = refused(capsys, argv, field, argparse_error=True)
+    assert "attnscope attnscope" not in line
+    sub = argv[0] != "nonsense" and not argv[-1].startswith("--bogus")  # unknown flags: the top parser
+    assert line.startswith(f"attnscope {argv[0]}: error:" if sub else "attnscope: error:")
+
+
+# -------------------------------------------------------------------------------- 2. files, by class
+#: Hostile contents common to every file input: name -> (bytes, the words the error must contain).
+def _deep_json(n=100_000):
+    return ("[" * n + "]" * n).encode()
+
+
+COMMON = {
+    "non_utf8": (b"ttft_ms\n\xff\xfe 12\n", "expected UTF-8"),
+    "latin1": ("caf\u00e9: 1\n".encode("latin-1"), "expected UTF-8"),
+}
+
+
+def _file_cases():
+    """(id, command builder, file name, content, needle). The builder takes the file path and tmp dir."""
+    cases = []
+
+    def report_trace(p, tmp):
+        return ["report", p, "--out", tmp / "out"]
+
+    def samples(p, tmp):
+        return ["report", "--samples", p, "--out", tmp / "out"]
+
+    def metrics_before(p, tmp):
+        return ["report", "--metrics", p, DATA / "vllm_after.prom", "--out", tmp / "out"]
+
+    def metrics_after(p, tmp):
+        return ["report", "--metrics", DATA / "vllm_before.prom", p, "--out", tmp / "out"]
+
+    def profile(p, tmp):
+        return ["report", "--profile", p, "--out", tmp / "out"]
+
+    def trace_input(p, tmp):
+        return ["trace", "--input", p]
+
+    def from_json(p, tmp):
+        return ["bench", "--from-json", p]
+
+    readers = [
+        ("report-yaml", report_trace, "t.yaml", "TRACE"),
+        ("report-json", report_trace, "t.json", "TRACE"),
+        ("samples-csv", samples, "s.csv", "--samples"),
+        ("samples-json", samples, "s.json", "--samples"),
+        ("metrics-before", metrics_before, "b.prom", "--metrics BEFORE"),
+        ("metrics-after", metrics_after, "a.prom", "--metrics AFTER"),
+        ("report-profile", profile, "p.json", "--profile"),
+        ("trace-input", trace_input, "i.json", "--input"),
+        ("bench-from-json", from_json, "r.json", "--from-json"),
+    ]
+    for rid, build, name, field in readers:
+        for cid, (content, needle) in COMMON.items():
+            cases.append((f"{rid}-{cid}", build, name, content, (field, needle)))
+        cases.append((f"{rid}-missing", build, None, None, (field, "expected a readable file")))
+        cases.append((f"{rid}-directory", build, "DIR", None, (field, "expected a readable file, got a dir")))
+        if name.endswith(".json"):
+            cases.append((f"{rid}-deep", build, name, _deep_json(), (field, "expected JSON nested at most")))
+            cases.append(
+                (
+                    f"{rid}-bigint",
+                    build,
+                    name,
+                    b'{"x": ' + b"9" * 400 + b"}",
+                    (field, "expected an integer of at most 30 digits, got 400 digits"),
+                )
+            )
+            cases.append((f"{rid}-nan", build, name, b'{"x": NaN}', (field, "expected finite numbers")))
+            cases.append(
+                (f"{rid}-overflow", build, name, b'{"x": 1e999}', (field, "expected a finite number"))
+            )
+            cases.append((f"{rid}-truncated", build, name, b'{"x": [1, 2', (field, "expected valid JSON")))
+    # YAML-only classes (the report trace)
+    ycases = [
+        ("deep", ("a: " + "[" * 100_000 + "]" * 100_000 + "\n").encode(), "expected YAML nested at most"),
+        (
+            "alias-bomb",
+            (
+                b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nworkload: *c\n"
+            ),
+            "expected no YAML anchors",
+        ),
+        ("alias", _trace_text().replace("title:", "x: &t 1\ntitle:").encode(), "expected no YAML anchors"),
+        ("duplicate-key", (_trace_text() + "segments: []\n").encode(), "expected unique keys"),
+        (
+            "bigint",
+            _trace_text(lambda d: d["workload"].update(layers=10**400)).encode(),
+            "expected an integer of at most 30 digits, got 401 digits",
+        ),
+        ("python-tag", b"workload: !!python/object:os.system [ls]\n", "expected valid YAML"),
+        ("garbage", b"{{{:::\n", "expected valid YAML"),
+        ("empty", b"", "trace: expected a mapping"),
+        ("list", b"- 1\n- 2\n", "trace: expected a mapping"),
+    ]
+    for cid, content, needle in ycases:
+        field = "trace" if needle.startswith("trace:") else "TRACE"
+        cases.append((f"report-yaml-{cid}", report_trace, "t.yaml", content, (field, needle)))
+    # CSV field over the csv module's limit
+    cases.append(
+        (
+            "samples-csv-huge-field",
+            samples,
+            "s.csv",
+            b'ttft_ms\n"' + b"1" * 200_000 + b'"\n',
+            ("--samples s.csv", "expected CSV with fields under"),
+        )
+    )
+    return cases
+
+
+FILE_CASES = _file_cases()
+
+
+@pytest.mark.parametrize("cid, build, name, content, needle", FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_bad_file(capsys, tmp_path, cid, build, name, content, needle):
+    if name is None:
+        p = tmp_path / "missing.json"
+    elif name == "DIR":
+        p = tmp_path / "adir.json"
+        p.mkdir()
+    else:
+        p = tmp_path / name
+        p.write_bytes(content)
+    field, needle = needle
+    line = refused(capsys, build(p, tmp_path), field, out_dir=tmp_path)
+    assert needle in line, line
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- 3. trace field values
+TRACE_FIELDS = [
+    (lambda d: d["segments"][0].update(ms=float("nan")), "segments[0].ms: expected a finite duration"),
+    (lambda d: d["segments"][0].update(ms=1e308), "segments[0].ms: expected a duration of at most"),
+    (lambda d: d["segments"][0].update(ms=-1), "segments[0].ms: expected a finite duration >= 0 ms"),
+    (lambda d: d["segments"][0].update(ms=True), "segments[0].ms: expected a finite duration"),
+    (lambda d: d["segments"][0].update(ms="1_000"), "segments[0].ms: expected a finite duration"),
+    (lambda d: d["segments"][0].update(name="net\u202ework"), "segments[0].name: expected printable text"),
+    (lambda d: d["segments"][0].update(name="a\x1b[31mred"), "segments[0].name: expected printable text"),
+    (lambda d: d["segments"][0].update(name="line\nbreak"), "segments[0].name: expected printable text"),
+    (lambda d: d["segments"][0].update(source="x" * 1_000_000 + "\x00"), "segments[0].source: expected"),
+    (lambda d: d.update(title="\u2066hidden\u2069"), "trace.title: expected printable text"),
+    (lambda d: d["workload"].update({"k" * 1_000_000: 1}), "workload.'kkkkk"),
+    (lambda d: d["workload"].update({"a\u202eb": 1}), "workload.'a\\u202eb': unknown field"),
+    (lambda d: d["change"].update(speedup=1e308), "change.speedup: expected a kernel speedup S in"),
+    (lambda d: d["change"].update(speedup=1e-320), "change.speedup: expected a kernel speedup S in"),
+    (lambda d: d["change"].update(speedup=True), "change.speedup: expected a kernel speedup S in"),
+    (lambda d: d["workload"].update(params=1e-300), "workload.params: expected a finite number in"),
+    (lambda d: d["workload"].update(params=1e300), "workload.params: expected a finite number in"),
+    (lambda d: d["targets"].update(tokens_per_s=1e-300), "targets.tokens_per_s: expected a finite number in"),
+    (lambda d: d["targets"].update(tokens_per_s=1e300), "targets.tokens_per_s: expected a finite number in"),
+    (
+        lambda d: d["targets"].update(p95_ttft_ms=float("inf")),
+        "targets.p95_ttft_ms: expected a finite number",
+    ),
+    (lambda d: d["workload"].update(layers=10**13), "workload.layers: expected a positive integer up to"),
+    (lambda d: d["workload"].update(heads=1.5), "workload.heads: expected a positive integer"),
+    (
+        lambda d: (d["prefill"].pop("attention_ms"), d["prefill"].update(attention_share=float("nan"))),
+        "prefill.attention_share: expected",
+    ),
+    (
+        lambda d: d["segments"].extend([{"name": "x" * 200, "ms": 1, "source": "s"} for _ in range(2)]),
+        "segments[5].name: expected a unique segment name, got 'xxxx",
+    ),
+    (
+        lambda d: d.update(segments=[{"name": "a", "ms": 1, "source": "s"} for _ in range(3)]),
+        "segments[1].name: expected",
+    ),
+    (lambda d: d["segments"].__setitem__(0, ["not", "a", "mapping"]), "segments[0]: expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("edit, needle", TRACE_FIELDS, ids=[n[:50] for _, n in TRACE_FIELDS])
+def test_bad_trace_field(capsys, tmp_path, edit, needle):
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    edit(data)
+    p = tmp_path / "t.yaml"  # YAML carries NaN and inf, which JSON cannot
+    p.write_text(yaml.safe_dump(data, allow_unicode=True, width=10**9))
+    line = refused(capsys, ["report", p, "--out", tmp_path / "out"], needle, out_dir=tmp_path)
+    assert "xxxxxxxxxx" * 10 not in line  # a long value is cut, never echoed in full
+
+
+def test_segments_summing_past_the_bound_name_segments_not_internals(capsys, tmp_path):
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    for seg in data["segments"]:
+        seg["ms"] = 9e8
+    data.pop("ttft", None)
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    line = refused(capsys, ["report", p, "--out", tmp_path / "out"], "segments: expected a total duration")
+    assert "outer_ms" not in line and "part_ms" not in line
+
+
+@pytest.mark.parametrize("extreme", [(1.0, 1e-3, 1e-3, 1e-6), (1e16, 1e9, 1e6, 3e8)], ids=["low", "high"])
+def test_report_at_the_bounds_prints_no_nan_or_inf(capsys, tmp_path, extreme):
+    params, tps, s, ms = extreme
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["workload"]["params"] = params
+    data["targets"].pop("tpot_ms", None)
+    data["targets"]["tokens_per_s"] = tps
+    data["change"]["speedup"] = s
+    for seg in data["segments"]:
+        if seg["name"] != data["prefill"]["segment"]:
+            seg["ms"] = ms
+    data.pop("ttft", None)
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    answered(capsys, ["report", p, "--out", tmp_path / "o"], limit_s=10)
+    for f in ("report.md", "report.html"):
+        text = (tmp_path / "o" / f).read_text()
+        assert not NONFINITE.search(text) and "∞" not in text, f
+
+
+def test_default_out_keeps_itself_out_of_git(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    answered(capsys, ["report"], limit_s=10)
+    assert (tmp_path / "attnscope-report" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+def test_linear_segment_uniqueness(capsys, tmp_path):
+    segs = [{"name": f"s{i}", "ms": 0.001, "source": "x"} for i in range(50_000)]
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["segments"] = data["segments"] + segs + [dict(segs[-1])]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(data))
+    refused(capsys, ["report", p, "--out", tmp_path / "out"], "expected a unique segment name, got 's49999'")
+
+
+# ---------------------------------------------------------------------------------- 4. samples files
+SAMPLES = [
+    ("a.csv", "1OO\n200\n", "expected a unit"),
+    ("b.csv", "ttft_ms\n1OO\n200\n", "expected a plain decimal number on data row 1, got '1OO'"),
+    ("c.csv", "ttft_ms\n1_000\n", "got '1_000'"),
+    ("d.csv", "ttft_ms\nnan\n", "got 'nan'"),
+    ("e.csv", "ttft_ms\ninf\n", "got 'inf'"),
+    ("f.csv", "ttft_ms\n" + "9" * 400 + "\n", "expected a plain decimal number on data row 1"),
+    ("g.csv", "ttft_ms,ttft_s\n1,2\n", "expected one TTFT column"),
+    ("h.csv", "a,b\n1,2\n", "expected one column, or a header with a ttft_ms or ttft_s column"),
+    ("i.csv", "ttft_ms\n-5\n", "expected TTFT samples >= 0"),
+    ("j.csv", "ttft_s\n0.3\n0.4\n", None),  # 300 and 400 ms: a valid file, answered (see the test)
+    ("k.csv", "ttft_ms\n0.3\n0.4\n", "expected TTFTs within 30x of the trace's 380 ms"),
+    ("l.json", "[1, 2]", "expected a unit"),
+    ("m.json", '{"ttft_ms": [1, true]}', "expected TTFT samples >= 0 (and finite), got True"),
+    ("n.json", '{"ttft_ms": "300"}', "expected a JSON list of TTFT samples"),
+    ("o.json", '{"ttfts": 3}', "expected ttfts to be a list"),
+    (
+        "p.json",
+        '{"ttfts": [0.3, 0.4], "errors": ["", ""]}',
+        "--samples-unit: expected the file's own unit (s)",
+    ),
+    ("q.csv", "", "expected at least one TTFT sample"),
+    ("r.json", '{"ttft_ms": []}', "expected at least one TTFT sample"),
+]
+
+
+@pytest.mark.parametrize("name, text, needle", SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_bad_samples(capsys, tmp_path, name, text, needle):
+    p = tmp_path / name
+    p.write_text(text)
+    argv = ["report", "--samples", p, "--out", tmp_path / "out"]
+    if name == "p.json":
+        argv += ["--samples-unit", "ms"]
+    if name == "j.csv":  # seconds, named by the column: a valid file, the verdict is computed in ms
+        out = answered(capsys, argv, limit_s=10)  # a whole report with the sample-size search
+        assert "verdict from 2 samples" in out
+        return
+    refused(capsys, argv, "--samples" if name != "p.json" else "--samples-unit", out_dir=tmp_path)
+
+
+def test_seconds_are_not_read_as_milliseconds(capsys, tmp_path):
+    """The new user's trap: p95 ~ 0.5 "ms" accepted against a 350 ms target. Seconds must count as 1000x."""
+    xs = [0.30 + 0.30 * i / 199 for i in range(200)]  # 300..600 ms
+    p = tmp_path / "s.csv"
+    p.write_text("ttft_s\n" + "\n".join(f"{x:.4f}" for x in xs) + "\n")
+    rc, out, err, _ = run(capsys, ["report", "--samples", p, "--out", tmp_path / "o", "--json"])
+    assert rc == 0, err
+    s = json.loads(out)["samples"]
+    assert s["verdict"] == "reject" and 500 < s["p95"] < 600
+
+
+def test_vllm_bench_result_is_read(capsys, tmp_path):
+    ttfts = [0.32 + 0.0001 * i for i in range(100)] + [0.0]
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps({"ttfts": ttfts, "errors": [""] * 100 + ["timeout"], "mean_ttft_ms": 325.0}))
+    rc, out, err, _ = run(capsys, ["report", "--samples", p, "--out", tmp_path / "o", "--json"])
+    assert rc == 0, err
+    s = json.loads(out)["samples"]
+    assert s["n"] == 100 and math.isclose(s["p50"], (0.32 + 0.0001 * 49) * 1e3)
+
+
+# ---------------------------------------------------------------------------------- 5. metrics files
+def _prom(buckets, count=None, name="vllm:time_to_first_token_seconds", extra=""):
+    lines = [f"# TYPE {name} histogram"]
+    for le, c in buckets:
+        lab = "" if le is None else f'le="{le}"'
+        lines.append(f"{name}_bucket{{{lab}}} {c}")
+    total = buckets[-1][1] if count is None else count
+    lines.append(f"{name}_count {total}")
+    lines.append(f"{name}_sum 1.0")
+    return "\n".join(lines) + "\n" + extra
+
+
+METRICS = [
+    ("non-monotonic", _prom([("0.1", 5), ("0.5", 3), ("+Inf", 8)]), "non-decreasing"),
+    ("negative-le", _prom([("-0.1", 1), ("0.5", 3), ("+Inf", 8)]), "expected le to be a number >= 0"),
+    ("abc-le", _prom([("abc", 1), ("+Inf", 8)]), "expected le to be a number >= 0 or +Inf, got 'abc'"),
+    ("nan-le", _prom([("NaN", 1), ("+Inf", 8)]), "expected le to be a number"),
+    ("no-le", _prom([(None, 1), ("+Inf", 8)]), "expected an le label"),
+    ("count-mismatch", _prom([("0.5", 3), ("+Inf", 8)], count=9), "expected _count equal to the +Inf bucket"),
+    ("no-inf", _prom([("0.5", 3), ("1.0", 8)]), 'expected a le="+Inf" bucket'),
+    ("nan-value", _prom([("0.5", "NaN"), ("+Inf", 8)]), "expected finite counts >= 0, got nan"),
+    ("inf-value", _prom([("0.5", "+Inf"), ("+Inf", 8)]), "expected finite counts >= 0, got inf"),
+    ("neg-value", _prom([("0.5", -1), ("+Inf", 8)]), "expected finite counts >= 0"),
+    ("garbage", "vllm:time_to_first_token_seconds_bucket{le=\n", "expected Prometheus text"),
+    ("no-histograms", "# nothing here\n", "expected at least one vLLM histogram"),
+]
+
+
+@pytest.mark.parametrize("cid, text, needle", METRICS, ids=[m[0] for m in METRICS])
+def test_bad_metrics(capsys, tmp_path, cid, text, needle):
+    a = tmp_path / "after.prom"
+    a.write_text(text)
+    argv = ["report", "--metrics", DATA / "vllm_before.prom", a, "--out", tmp_path / "out"]
+    line = refused(capsys, argv, "--metrics AFTER", out_dir=tmp_path)
+    assert needle in line, line
+
+
+# ----------------------------------------------------------------------------------- 6. trace --input
+TRACE_INPUT = [
+    (
+        '{"tiles": [{"scores": [1e308, 1e308], "values": [[1e308], [1e308]]}]}',
+        "tile 1 values: expected |v| <=",
+    ),
+    ('{"tiles": [{"scores": [1, 2], "values": [[1e300], [1e300]]}]}', "tile 1 values: expected |v| <="),
+    ('{"tiles": []}', "tiles: expected a non-empty list"),
+    ('{"tiles": [[1, 2]]}', 'tile 1: expected an object with exactly "scores" and "values"'),
+    ('{"tiles": [{"scores": [1], "values": [[1], [2]]}]}', "tile 1 values: expected 1 rows"),
+    ('{"tiles": [{"scores": ["a"], "values": [[1]]}]}', "tile 1 scores: expected a list of numbers"),
+    ('{"tiles": [{"scores": [true], "values": [[1]]}]}', "tile 1 scores: expected a list of numbers"),
+    ("[1, 2]", '--input: expected an object {"tiles": [...]}'),
+]
+
+
+@pytest.mark.parametrize("text, needle", TRACE_INPUT, ids=[n[:40] for _, n in TRACE_INPUT])
+def test_bad_trace_input(capsys, tmp_path, text, needle):
+    p = tmp_path / "i.json"
+    p.write_text(text)
+    refused(capsys, ["trace", "--input", p], needle)
+
+
+@pytest.mark.parametrize(
+    "tiles, expect",
+    [
+        ([{"scores": [1e308, 1e308], "values": [[1.0], [2.0]]}, {"scores": [1e308], "values": [[3.0]]}], 2.0),
+        (
+            [{"scores": [-1e308], "values": [[3.0]]}, {"scores": [1e308, -1e308], "values": [[1.0], [2.0]]}],
+            1.0,
+        ),
+        ([{"scores": [0.0], "values": [[1e299]]}, {"scores": [0.0], "values": [[1e299]]}], 1e299),
+    ],
+    ids=["equal-1e308", "pm-1e308", "values-1e299"],
+)
+def test_trace_at_the_float_limit_matches(capsys, tmp_path, tiles, expect):
+    """Scores near the float64 limit: only differences are exponentiated (one overflowing to -inf is an
+    exact exp() = 0, and no numpy warning reaches stderr); the check must say match."""
+    p = tmp_path / "i.json"
+    p.write_text(json.dumps({"tiles": tiles}))
+    out = answered(capsys, ["trace", "--input", p, "--json"])
+    j = json.loads(out)
+    assert j["output"] == [pytest.approx(expect)] and j["max_abs_diff"] <= 1e-9 * max(1.0, abs(expect))
+
+
+def test_trace_200k_tiles_table_is_elided(capsys, tmp_path):
+    n = 2_000  # the elision logic is size-independent; 2,000 keeps the float64 reference fast here
+    p = tmp_path / "i.json"
+    p.write_text(json.dumps({"tiles": [{"scores": [i % 7 * 0.1], "values": [[1.0]]} for i in range(n)]}))
+    out = answered(capsys, ["trace", "--input", p])
+    assert f"{n - 40:,} middle tiles not shown" in " ".join(out.split())
+    assert out.count("\n") < 150
+
+
+# ------------------------------------------------------------------------------------------ 7. --out
+def test_out_is_an_existing_file(capsys, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("keep")
+    refused(capsys, ["report", "--out", f], "--out: expected a directory, got an existing file")
+    assert f.read_text() == "keep"
+
+
+def test_out_under_a_file(capsys, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("keep")
+    refused(capsys, ["report", "--out", f / "sub"], "--out: expected a directory, got a path under the file")
+
+
+def test_out_symlink_at_report_is_not_written_through(capsys, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    target = tmp_path / "outside.md"
+    (out / "report.md").symlink_to(target)
+    refused(capsys, ["report", "--out", out], "got a symlink (refusing to write through it)")
+    assert not target.exists()
+    assert not (out / "report.html").exists()  # nothing written: all or nothing
+
+
+def test_out_name_too_long(capsys, tmp_path):
+    refused(capsys, ["report", "--out", tmp_path / ("a" * 300)], "--out: expected a writable directory")
+
+
+def test_out_unwritable(capsys, tmp_path):
+    refused(capsys, ["report", "--out", "/proc/attnscope-nope"], "--out: expected a writable directory")
+
+
+def test_bench_out_under_a_file(capsys, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    refused(
+        capsys,
+        ["bench", "--from-json", "bench/results/h200-2026-11-29-prefill.json", "--plots", f / "p"],
+        "--plots: expected a directory, got a path under the file",
+    )
+
+
+def test_report_written_atomically(capsys, tmp_path):
+    out = tmp_path / "o"
+    answered(capsys, ["report", "--out", out])
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.md"]  # no temp files left
+
+
+def test_write_atomic_refuses_symlink_and_leaves_no_temp(tmp_path):
+    (tmp_path / "l").symlink_to(tmp_path / "t")
+    with pytest.raises(InputError, match="got a symlink"):
+        inputs.write_atomic(tmp_path / "l", "x")
+    inputs.write_atomic(tmp_path / "ok", "y")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l", "ok"]
+
+
+# -------------------------------------------------------------------- 8. analytic commands at extremes
+def test_traffic_1e12_under_half_a_second(capsys):
+    t0 = time.perf_counter()
+    out = answered(capsys, ["traffic", "--n", str(10**12), "--json"])
+    assert time.perf_counter() - t0 < 0.5
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    # closed form against the spec's formula: causal passes = (T_r + 1) / 2 when B_r = 2 B_c divides N
+    tr = 10**12 // 128
+    assert rows["flash-causal"]["reads"] == (10**12 + (tr + 1) * 10**12) * 128 * 2
+
+
+def test_traffic_1e22_answers(capsys):
+    out = answered(capsys, ["traffic", "--n", str(10**22), "--json"])
+    assert json.loads(out)["rows"][0]["total"] > 10**44
+
+
+def test_tiles_1e9_block_kv_1_is_bounded(capsys):
+    out = answered(capsys, ["tiles", "--n", str(10**9), "--block-kv", "1", "--json"])
+    j = json.loads(out)
+    assert j["loaded"] is None and j["loaded_span"] == {"first": 1, "last": 640, "count": 640}
+    assert len(out) < 100_000
+    answered(capsys, ["tiles", "--n", str(10**9), "--block-kv", "1", "--query-tile", str(10**9 // 128)])
+
+
+@pytest.mark.parametrize(
+    "nq, nk, bq, bkv",
+    [(1, 1, 1, 1), (97, 1537, 128, 64), (1537, 97, 64, 16), (4096, 4096, 128, 64), (1000, 3000, 7, 13)],
+)
+def test_kv_rows_total_closed_form_equals_the_sum(nq, nk, bq, bkv):
+    from attnscope.model.tiles import Grid
+
+    for causal in (False, True):
+        g = Grid(nq, nk, bq, bkv, causal=causal)
+        assert g.kv_rows_total() == sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1))
+
+
+def test_amdahl_tiny_share_is_finite(capsys):
+    out = answered(capsys, ["amdahl", "--f", "1e-320", "--s", "3"])
+    assert "1.000x" in out
+
+
+def test_bytes_estimate_names_the_lse(capsys):
+    out = answered(capsys, ["bytes", "--estimate-only", "--heads", "1"])
+    assert "incl. the 4 B/row LSE write" in out
+
+
+def test_tables_never_cut_numbers_at_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from attnscope.cli._out import table
+
+    rows = [
+        [
+            "FlashAttention-2, unmasked, a long label",
+            "69,206,016",
+            "68,157,440",
+            "1,048,576",
+            "66.00",
+            "2.00x vs naive",
+        ]
+    ] * 2
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(
+        table("t", ["Configuration", "Total B", "Reads B", "Writes B", "Total MiB", "Reduction"], rows)
+    )
+    text = buf.getvalue()
+    assert "\u2026" not in text
+    for n in ("69,206,016", "68,157,440", "1,048,576", "66.00"):
+        assert n in text
+
+
+# ---------------------------------------------------------------------------------- 9. Python API
+API = [
+    (lambda: errors.check_scale(True), "scale: expected None or a finite real"),
+    (lambda: errors.check_scale(1e37), "scale: expected None or a finite real"),
+    (lambda: errors.check_scale(float("nan")), "scale: expected"),
+    (lambda: errors.check_scale(0.0), "scale: expected"),
+    (lambda: errors.check_scale(-1), "scale: expected"),
+    (lambda: errors.check_scale("0.1"), "scale: expected"),
+    (lambda: errors.check_scale(10**400), "scale: expected"),
+    (lambda: errors.check_bool("causal", "no"), "causal: expected True or False, got 'no'"),
+    (lambda: errors.check_bool("causal", 1), "causal: expected True or False, got 1"),
+    (lambda: errors.check_bool("return_lse", None), "return_lse: expected True or False"),
+    (lambda: __import__("attnscope.model.traffic", fromlist=["x"]).traffic(0), "nq: expected"),
+    (
+        lambda: __import__("attnscope.model.traffic", fromlist=["x"]).traffic(
+            4096, 128, "fp16", 128, 64, rows=["nope"]
+        ),
+        "row: expected",
+    ),
+    (lambda: __import__("attnscope.model.tiles", fromlist=["x"]).Grid(0, 1), "nq: expected"),
+    (
+        lambda: (
+            __import__("attnscope.model.tiles", fromlist=["x"]).Grid(10**9, 10**9, 1, 1, True).schedule(1)
+        ),
+        "block_kv: expected at most",
+    ),
+    (lambda: __import__("attnscope.model.amdahl", fromlist=["x"]).speedup(0.5, 1e-320), "s: expected"),
+    (lambda: __import__("attnscope.model.amdahl", fromlist=["x"]).speedup(True, 2), "f: expected"),
+    (
+        lambda: __import__("attnscope.model.amdahl", fromlist=["x"]).carry(
+            5, 2, 3, 2, names={"part_ms": "attn"}
+        ),
+        "attn: expected at most",
+    ),
+    (lambda: __import__("attnscope.model.roofline", fromlist=["x"]).device("tpu"), "device: expected"),
+    (lambda: __import__("attnscope.report.schema", fromlist=["x"]).validate([]), "trace: expected a mapping"),
+    (lambda: __import__("attnscope.report.schema", fromlist=["x"]).parse("a: &x 1\nb: *x\n"), "TRACE:"),
+    (
+        lambda: __import__("attnscope.report.evidence", fromlist=["x"]).read_samples(
+            DATA / "ttft_samples.csv", unit="min"
+        ),
+        "--samples-unit: expected one of ms, s",
+    ),
+    (lambda: __import__("attnscope.reference", fromlist=["x"]).online_softmax_trace([]), "tiles: expected"),
+    (lambda: inputs.load_json("-", "--input", text="[" * 1000 + "]" * 1000), "--input: expected JSON nested"),
+    (lambda: inputs.load_yaml("x.yaml", "TRACE", text="a: 1\na: 2\n"), "TRACE: expected unique keys"),
+]
+
+
+@pytest.mark.parametrize("call, needle", API, ids=[n[:50] for _, n in API])
+def test_api_bad_input(call, needle):
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError) as e:
+        call()
+    assert isinstance(e.value, InputError)
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg and len(msg) < 400, msg
+    assert time.perf_counter() - t0 < LIMIT_S
+
+
+def test_short_never_expands_a_huge_value():
+    big = list(range(10**6))
+    assert len(errors.short(big)) <= errors.ECHO_CHARS
+    assert "digits" in errors.short(10**5000)
+    assert errors.short("a\u202eb\x00") == "'a\\u202eb\\x00'"
+    nested = []
+    for _ in range(10_000):
+        nested = [nested]
+    assert len(errors.short(nested)) <= errors.ECHO_CHARS
+
+
+def test_check_scale_and_bool_accept_good_values():
+    assert errors.check_scale(None) is None
+    assert errors.check_scale(0.125) == 0.125 and errors.check_scale(2) == 2.0
+    assert errors.check_bool("causal", True) is True
+
+
+# --------------------------------------------------------------------- 10. kernels' arguments (CPU)
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+def _z(t, *shape):
+    return t.randn(*shape).to(t.float16)
+
+
+KERNEL = [
+    ("q-list", lambda t: ([[1.0]], _z(t, 1, 1, 4, 64), _z(t, 1, 1, 4, 64)), {}, "q: expected a torch.Tensor"),
+    ("q-rank3", lambda t: (_z(t, 1, 4, 64), _z(t, 1, 1, 4, 64), _z(t, 1, 1, 4, 64)), {}, "q: expected a 4-d"),
+    ("k-rank5", lambda t: (_z(t, 1, 1, 4, 64), _z(t, 1, 1, 1, 4, 64), _z(t, 1, 1, 4, 64)), {}, "k: expected"),
+    ("scale-nan", lambda t: (_z(t, 1, 1, 4, 64),) * 3, {"scale": float("nan")}, "scale: expected"),
+    ("scale-neg", lambda t: (_z(t, 1, 1, 4, 64),) * 3, {"scale": -1.0}, "scale: expected"),
+    ("scale-str", lambda t: (_z(t, 1, 1, 4, 64),) * 3, {"scale": "0.1"}, "scale: expected"),
+]
+
+
+@pytest.mark.parametrize("cid, make, kw, needle", KERNEL, ids=[k[0] for k in KERNEL])
+def test_kernel_bad_arguments(torch, cid, make, kw, needle):
+    import attnscope
+
+    args = make(torch)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        attnscope.flash_attention(*args, **kw)
+    assert time.perf_counter() - t0 < LIMIT_S
+
+
+# ------------------------------------------------------------------------- 11. end to end (processes)
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["traffic", "--n", "0"], "attnscope traffic: error: --n: expected a positive integer, got 0"),
+        (
+            ["report", "--samples", "/nonexistent/x.csv"],
+            "attnscope report: error: --samples x.csv: expected a readable",
+        ),
+        (["amdahl", "--s", "1e-320"], "attnscope amdahl: error: --s: expected a kernel speedup in"),
+    ],
+)
+def test_subprocess_exit_code(tmp_path, argv, needle):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    p = subprocess.run(
+        [sys.executable, "-m", "attnscope", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [p.stderr.strip()] and p.stderr.startswith(needle), p.stderr
+    assert list(tmp_path.iterdir()) == []
