@@ -268,9 +268,12 @@ def _bwd_dq_kernel(
 
 # --- the launcher ---------------------------------------------------------------------------------
 def _check_inputs(do, q, k, v, o, lse, scale):
-    for name, t, layout in (("do", do, "[B, Hq, Nq, d]"), ("q", q, "[B, Hq, Nq, d]"), ("k", k, "[B, Hkv, Nk, d]"),
-                            ("v", v, "[B, Hkv, Nk, d]"), ("o", o, "[B, Hq, Nq, d]")):
+    for name, t, layout in (("do", do, "[B, Hq, Nq, d]"), ("q", q, "[B, Hq, Nq, d]"),
+                            ("k", k, "[B, Hkv, Nk, d]"), ("v", v, "[B, Hkv, Nk, d]"),
+                            ("o", o, "[B, Hq, Nq, d]")):
         check_tensor(torch, name, t, 4, layout)
+    if not isinstance(lse, torch.Tensor):
+        raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq], got {type(lse).__name__}")
     check_device(torch, {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse})
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -281,8 +284,8 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     check_same("do", "shape (as q)", tuple(q.shape), tuple(do.shape))
     for name, t in (("k", k), ("v", v), ("o", o), ("do", do)):
         check_same(name, "dtype (as q)", q.dtype, t.dtype)
-    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, Hq, Nq) or lse.dtype != torch.float32:
-        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+    if tuple(lse.shape) != (B, Hq, Nq) or lse.dtype != torch.float32:
+        got = f"{tuple(lse.shape)} {lse.dtype}"
         raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq] = {(B, Hq, Nq)}, got {got}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads ({Hkv}), "
@@ -359,9 +362,50 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
     dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-    bm, bn, warps, stages = (INTERPRET_CONFIG[1], INTERPRET_CONFIG[0], 4, 1) if interpreting() else DQ_CONFIGS[d]
+    bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
     _bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
         q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
         HEAD_DIM=d, CAUSAL=bool(causal), BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate,
         num_warps=warps, num_stages=stages)
     return dq, dk, dv
+
+
+# --- autograd for `attnscope::flash_attention` ----------------------------------------------------
+# The backward is a custom op of its own, so torch.compile sees it as one opaque node (no graph break)
+# and torch.library.opcheck can test it.
+_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? dlse, bool causal, "
+               "float scale, bool deterministic) -> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.custom_op("attnscope::flash_attention_backward", mutates_args=(), schema=_BWD_SCHEMA)
+def _bwd_op(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
+    return flash_attention_backward(do, q, k, v, o, lse, causal, scale, deterministic=deterministic,
+                                    dlse=dlse)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, return_lse = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if not ctx.return_lse:
+        raise RuntimeError("attnscope::flash_attention: the backward needs the LSE; call the op with "
+                           "return_lse=True (attnscope.flash_attention does so when an input requires grad)")
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
+        grad_o = grad_o.contiguous()
+    dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, False)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("attnscope::flash_attention", _backward, setup_context=_setup_context)
