@@ -204,8 +204,20 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: N = 1k and 4k, d = 128 only")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     p.add_argument("--flex-all", action="store_true", help="time Flex at every shape (a compile per shape)")
+    p.add_argument("--dkdv", metavar="BM,BN,WARPS,STAGES", default=None,
+                   help="try another dK/dV config for both head dims (default: bwd.DKDV_CONFIGS)")
+    p.add_argument("--dq", metavar="BM,BN,WARPS,STAGES", default=None,
+                   help="try another dQ-pass config for both head dims (default: bwd.DQ_CONFIGS)")
     args = p.parse_args(argv)
     torch = _require_gpu()
+    from attnscope.kernels import bwd
+
+    for flag, table in ((args.dkdv, bwd.DKDV_CONFIGS), (args.dq, bwd.DQ_CONFIGS)):
+        if flag:
+            cfg = tuple(int(x) for x in flag.split(","))
+            if len(cfg) != 4:
+                p.error(f"expected BM,BN,WARPS,STAGES, got {flag!r}")
+            table.update({64: cfg, 128: cfg})  # this process only: the table the launcher reads
     t0 = time.time()
     ns = (1024, 4096) if args.quick else (1024, 4096, 16384)
     ds = (128,) if args.quick else (64, 128)
@@ -218,6 +230,7 @@ def main(argv=None) -> int:
     else:
         print("all gradients match float64 (3 x SDPA FLASH's error + 1e-3) at every shape")
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "dkdv_configs": dict(bwd.DKDV_CONFIGS), "dq_configs": dict(bwd.DQ_CONFIGS),
            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")
