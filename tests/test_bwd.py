@@ -236,6 +236,7 @@ def _good(**over):
       "do": _z(1, 4, 8, 96)}, NotImplementedError, "head_dim 96 is not supported"),
     ({"do": _z(1, 4, 8, 64, dtype=torch.float32)}, NotImplementedError, "supported: torch.float16"),
     ({"scale": -1.0}, ValueError, "scale: expected a finite positive number"),
+    ({"dlse": torch.zeros(1, 4, 9)}, ValueError, "dlse: expected None or a tensor [B, Hq, Nq]"),
 ])
 def test_bad_input_is_a_clear_error(over, exc, msg):
     with pytest.raises(exc) as e:

@@ -336,6 +336,12 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     >>> dq, dk, dv = flash_attention_backward(torch.randn_like(o), q, k, v, o, lse, True, None)
     """
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(do, q, k, v, o, lse, scale)
+    if dlse is not None and (not isinstance(dlse, torch.Tensor) or tuple(dlse.shape) != (B, Hq, Nq)
+                             or dlse.device != q.device):
+        got = (f"{tuple(dlse.shape)} on {dlse.device}" if isinstance(dlse, torch.Tensor)
+               else type(dlse).__name__)
+        raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
+                         f"got {got}")
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     emulate = interpreting() and q.dtype == torch.bfloat16
     dev = q.device
