@@ -49,10 +49,11 @@ from attnscope.kernels._tl import round_bf16  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head_dim: a first choice after the Triton
 # tutorial's FA-2 backward (few query rows against many resident keys for dK/dV, the mirror for dQ),
-# picked by compiling the candidates for sm_90 and reading ptxas's register/spill report (dK/dV holds
-# K, V, dK and dV of its KV tile in registers: every candidate sits at 255 registers; 64 x 128 with 8
-# warps spills least). To be timed on the H200 with bench/backward.py. No runtime autotuning.
-DKDV_CONFIGS = {64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
+# picked by compiling candidates for sm_90 and reading ptxas's register/spill report: dK/dV holds K, V,
+# dK and dV of its KV tile in registers, so 4 warps spill at every size tried and 8 warps with 32 query
+# rows against 128 keys spill least (none at d = 64). To be timed on the H200 with bench/backward.py
+# (--dkdv / --dq try others). No runtime autotuning.
+DKDV_CONFIGS = {64: (32, 128, 8, 2), 128: (32, 128, 8, 2)}
 DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)}
 PRE_BLOCK_M = 64  # 128 rows x d = 128 spills (ptxas, sm_90)
 INTERPRET_CONFIG = (16, 32, 4, 1)  # CPU tests: small tiles, still multi-tile, ragged and diagonal
