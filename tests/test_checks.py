@@ -22,7 +22,7 @@ def by_number(results):
 @pytest.mark.parametrize("seed", [0, 7])
 def test_reference_checks_pass(seed):
     res = checks.reference_checks(seed)
-    assert [r.name[0] for r in res] == list("123456")
+    assert [r.name[0] for r in res] == list("1234567")
     assert all(r.passed is True for r in res), [(r.name, r.detail) for r in res]
     for r in res:
         assert r.error is not None and r.tolerance is not None

@@ -5,7 +5,7 @@ Layers (data flows downward; a module imports only from layers below it):
     cli/         the `attnscope` command: parse, call one function, print
     report/      latency attribution report
     measure/     GPU only: timing, SDPA backend check, ncu counters, profiler time share
-    kernels/     Triton: FA-2 prefill forward (dense and packed varlen), split-KV decode
+    kernels/     Triton: FA-2 prefill forward (dense and packed varlen) and backward, split-KV decode
     reference.py float64 NumPy reference
     model/       analytic, pure Python
 
@@ -20,7 +20,8 @@ __all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "__versi
 
 
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
-    """FlashAttention-2 forward (Triton). See `attnscope.kernels.fwd.flash_attention`."""
+    """FlashAttention-2 forward (Triton), differentiable (FA-2 backward in `attnscope.kernels.bwd`).
+    See `attnscope.kernels.fwd.flash_attention`."""
     from attnscope.kernels.fwd import flash_attention as _impl
 
     return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)

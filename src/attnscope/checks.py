@@ -8,7 +8,8 @@ Reference checks (float64 NumPy, milliseconds each, on fresh seeded random input
 3. omitting the mask while keeping the skip bound gives a *different* answer (passes when detected);
 4. no NaN for fully-masked tile regions and rows with no permitted key (zeros, LSE = -inf);
 5. FA-1's normalised form = FA-2's unnormalised form;
-6. split-KV combine of partials = whole.
+6. split-KV combine of partials = whole;
+7. the backward (recomputed from LSE) = a central finite difference of the naive forward.
 
 Kernel checks run the same comparisons on the Triton kernels through the public API
 (`attnscope.flash_attention`, `attnscope.flash_decode`) when they exist and can run (`kernel_status`),
@@ -277,12 +278,40 @@ def check_combine(rng) -> CheckResult:
                        f"{cases} cases: 1, 2, 3, 7 random splits (empty splits allowed), GQA, Nk up to 97")
 
 
+def check_backward(rng, h: float = 1e-5, tol: float = 1e-7) -> CheckResult:
+    """Check 7: `reference.attention_backward` against directional central differences of
+    ``f = sum(dO * naive_attention(q, k, v))`` in float64, one random direction per input (q, k, v), over
+    unmasked and causal cases with GQA, ragged Nq != Nk and rows with no permitted key."""
+    worst, where = 0.0, ""
+    for lead_q, lead_kv, nq, nk, d in (((2, 4), (2, 2), 9, 13, 8), ((1, 2), (1, 2), 13, 7, 4),
+                                       ((1, 3), (1, 1), 17, 17, 8)):
+        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, d)
+        do = rng.standard_normal(lead_q + (nq, d))
+        for causal in (False, True):
+            o, lse = reference.naive_attention(q, k, v, causal=causal, return_lse=True)
+            grads = reference.attention_backward(do, q, k, v, o, lse, causal=causal)
+            for i, name in enumerate("qkv"):
+                e = rng.standard_normal(grads[i].shape)
+                args_p, args_m = [q, k, v], [q, k, v]
+                args_p[i], args_m[i] = args_p[i] + h * e, args_m[i] - h * e
+                fd = (np.sum(do * reference.naive_attention(*args_p, causal=causal))
+                      - np.sum(do * reference.naive_attention(*args_m, causal=causal))) / (2 * h)
+                an = float(np.sum(grads[i] * e))
+                err = abs(fd - an) / max(1.0, abs(an))
+                if not np.isfinite(an) or err >= worst:
+                    worst = err if np.isfinite(an) else float("inf")
+                    where = f"d{name} {'causal' if causal else 'unmasked'} {lead_q}/{lead_kv} Nq={nq} Nk={nk}"
+    return CheckResult("7 backward = finite difference of naive", bool(worst < tol), float(worst), tol,
+                       f"dQ, dK, dV along random directions, 3 shapes x 2 (GQA, Nq != Nk, empty rows); "
+                       f"worst at {where}")
+
+
 REFERENCE_CHECKS = (check_tiled_equals_naive, check_diagonal_rows, check_mask_omitted, check_no_nan,
-                    check_fa1_equals_fa2, check_combine)
+                    check_fa1_equals_fa2, check_combine, check_backward)
 
 
 def reference_checks(seed: int = 0) -> list[CheckResult]:
-    """Run the six reference checks on fresh inputs drawn from ``numpy.random.default_rng(seed)``."""
+    """Run the reference checks on fresh inputs drawn from ``numpy.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     return [check(rng) for check in REFERENCE_CHECKS]
 

@@ -9,6 +9,8 @@ Three forms of the same attention forward, in NumPy float64 (no torch):
   `attnscope.model.tiles`, the mask applied *before* the running max sees the scores, the unnormalised
   accumulator rescaled by ``alpha = exp(m_old - m_new)`` and one division at the end. ``normalized=True``
   runs FlashAttention-1's form (accumulator kept normalised, a division per tile); both must agree.
+- `attention_backward`: FA-2's backward (Algorithm 2) in closed form: P recomputed from Q, K and the saved
+  LSE (no N x N matrix kept from the forward), ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``.
 - `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)`` into the whole, the
   specification of the decode kernel's second phase.
 
@@ -42,7 +44,8 @@ import numpy as np
 from attnscope.errors import InputError, positive_int
 from attnscope.model.tiles import Grid
 
-__all__ = ["naive_attention", "tiled_attention", "combine", "online_softmax_trace", "TraceStep", "Trace"]
+__all__ = ["naive_attention", "tiled_attention", "attention_backward", "combine", "online_softmax_trace",
+           "TraceStep", "Trace"]
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -471,3 +474,67 @@ def _flat(x):
             yield from _flat(e)
         else:
             yield e
+
+
+# --- the backward ---------------------------------------------------------------------------------
+def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
+    """FlashAttention-2's backward (Algorithm 2) in float64, P recomputed from the saved LSE.
+
+    ``P = exp(S - LSE)`` (masked entries and rows with LSE = -inf give 0), ``D = rowsum(dO * O)``,
+    ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``.
+    GQA: the kv heads' gradients are summed over their group of query heads.
+
+    Parameters
+    ----------
+    do, o : array [..., Hq, Nq, dv]
+        Upstream gradient and the forward's output.
+    q : array [..., Hq, Nq, d]
+    k : array [..., Hkv, Nk, d]
+    v : array [..., Hkv, Nk, dv]
+    lse : array [..., Hq, Nq]
+        The forward's natural-log logsumexp of the scaled scores (-inf for rows with no permitted key).
+    causal, scale : as `naive_attention`.
+
+    Returns
+    -------
+    dq, dk, dv : float64 arrays shaped like q, k, v (rows with no permitted key contribute 0).
+
+    Example
+    -------
+    >>> o, lse = naive_attention(q, k, v, causal=True, return_lse=True)
+    >>> dq, dk, dv = attention_backward(do, q, k, v, o, lse, causal=True)
+    """
+    k_shape, v_shape = np.shape(k), np.shape(v)
+    q, k, v, scale = _prepare(q, k, v, scale)
+    nq, nk = q.shape[-2], k.shape[-2]
+    do = _as_float64("do", do, 2)
+    o = np.asarray(o, dtype=np.float64)
+    lse = np.asarray(lse, dtype=np.float64)
+    if do.shape != q.shape[:-1] + (v.shape[-1],) or o.shape != do.shape:
+        raise InputError(f"do: expected shape {q.shape[:-1] + (v.shape[-1],)} (as o), got {do.shape}")
+    if lse.shape != q.shape[:-1]:
+        raise InputError(f"lse: expected shape {q.shape[:-1]}, got {lse.shape}")
+    s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]  recomputed, never stored by the forward
+    keep = np.isfinite(lse)[..., None]  # rows with no permitted key: P = 0
+    if causal:
+        keep = keep & _causal_permitted(nq, nk)
+    lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
+    p = np.where(keep, np.exp(np.where(keep, s, 0.0) - lse_safe), 0.0)  # [..., Nq, Nk]
+    d_row = np.sum(do * o, axis=-1, keepdims=True)  # D = rowsum(dO * O)  [..., Nq, 1]
+    dv_full = np.swapaxes(p, -1, -2) @ do  # [..., Nk, dv]
+    dp = do @ np.swapaxes(v, -1, -2)  # [..., Nq, Nk]
+    ds = p * (dp - d_row)
+    dq = scale * (ds @ k)  # [..., Nq, d]
+    dk_full = scale * (np.swapaxes(ds, -1, -2) @ q)  # [..., Nk, d]
+    return dq, _reduce_to(dk_full, k_shape), _reduce_to(dv_full, v_shape)
+
+
+def _reduce_to(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a gradient over the GQA group (dim -3) and over broadcast leading dims back to ``shape``."""
+    if len(shape) >= 3 and g.shape[-3] != shape[-3]:
+        group = g.shape[-3] // shape[-3]
+        g = g.reshape(g.shape[:-3] + (shape[-3], group) + g.shape[-2:]).sum(axis=-3)
+    while g.ndim > len(shape):
+        g = g.sum(axis=0)
+    axes = tuple(i for i, (a, b) in enumerate(zip(g.shape, shape, strict=True)) if b == 1 and a != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g

@@ -76,6 +76,9 @@ def configure(sub) -> None:
     p.add_argument("--rows", default=",".join(SPEC_ROWS),
                    help=f"comma-separated configurations, or 'all': {', '.join(ROW_NAMES)} "
                         "(default: the spec's four §4 rows)")
+    p.add_argument("--pass", dest="pass_", default="forward", choices=("forward", "backward"),
+                   help="forward (default) or backward: the naive backward (P and the mask kept) vs the "
+                        "FA-2 backward (atomic or separate-pass dQ); --rows defaults to all backward rows")
     p.add_argument("--ratio", nargs=2, metavar=("BASELINE", "CONFIG"), default=None,
                    help="also print BASELINE total / CONFIG total (same masking condition only)")
     p.add_argument("--items", action="store_true", help="print the itemised ledger of every kernel")
@@ -156,8 +159,15 @@ def cmd_traffic(args) -> int:
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"),
                "to come with --lengths or --cache-lens", getattr(args, flag))
     expect(not args.no_tma, "--no-tma", "to come with --lengths", args.no_tma)
-    t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
-                batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
+    if getattr(args, "pass_", "forward") == "backward":
+        from attnscope.model.traffic import BACKWARD_ROWS, SPEC_ROWS, backward_traffic
+
+        names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
+        t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
+                             batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, rows=names)
+    else:
+        t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
+                    batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
     ratio = None
     if args.ratio:
         expect(all(x in t.rows for x in args.ratio), "ratio", "two of the configurations counted ("

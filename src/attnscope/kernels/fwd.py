@@ -357,10 +357,14 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
-    if torch.compiler.is_compiling():
-        # torch.compile sees one opaque op (no graph break); the launch inside validates at run time
-        o, lse = _op(q, k, v, bool(causal), sm_scale, bool(return_lse))
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    if torch.compiler.is_compiling() or grad:
+        # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
+        o, lse = _op(q, k, v, bool(causal), sm_scale, bool(return_lse) or grad)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
         o, lse = _launch(q, k, v, bool(causal), sm_scale, bool(return_lse))
     return (o, lse) if return_lse else o
+
+
+from attnscope.kernels import bwd as _bwd  # noqa: E402,F401  registers the autograd formula of _op

@@ -1,0 +1,244 @@
+"""Backward benchmark (issue 13): attnscope's FA-2 backward vs SDPA FLASH / CUDNN / EFFICIENT / Flex.
+
+    PYTHONPATH=src python bench/backward.py [--quick] [--json out.json]
+
+bf16, H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not. Per shape, every
+implementation is first checked against float64 on one head at the full shape (dQ, dK, dV within
+3 x SDPA FLASH's own bf16 error + 1e-3), then timed (triton.testing.do_bench, median): backward only
+(the gradient of a retained forward graph; attnscope's backward called directly) and forward +
+backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward). attnscope runs
+twice: dQ by atomics (default) and the deterministic separate dQ pass. Flex (torch.compile'd
+flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
+Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
+naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from attnscope.model.flops import attention_flops
+from attnscope.model.footprint import footprint
+
+
+def _require_gpu():
+    try:
+        import torch
+    except ImportError:
+        print("bench/backward.py: needs torch and a CUDA GPU: pip install 'attnscope[kernels]'",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    if not torch.cuda.is_available():
+        print("bench/backward.py: needs a CUDA GPU; none is visible", file=sys.stderr)
+        raise SystemExit(2)
+    return torch
+
+
+def _impls(torch, causal, d, n, flex_all):
+    """name -> f(q, k, v) returning o (autograd-tracked) for the peers."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import attnscope
+
+    def sdpa_with(backend):
+        def f(q, k, v):
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, is_causal=causal)
+        return f
+
+    impls = {"attnscope": lambda q, k, v: attnscope.flash_attention(q, k, v, causal=causal),
+             "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
+             "sdpa_cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
+             "sdpa_efficient": sdpa_with(SDPBackend.EFFICIENT_ATTENTION)}
+    if flex_all or (d == 128 and n == 1024):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, fullgraph=True)
+        mask = None
+        if causal:
+            mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
+        impls["flex"] = lambda q, k, v: flex(q, k, v, block_mask=mask)
+    return impls
+
+
+def _ref_grads(torch, q, k, v, do, causal):
+    """float64 gradients of head 0 of batch 0 (autograd of the naive float64 attention)."""
+    qs, ks, vs = (t[:1, :1].detach().double().requires_grad_() for t in (q, k, v))
+    s = qs @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    (torch.softmax(s, -1) @ vs).backward(do[:1, :1].double())
+    return qs.grad, ks.grad, vs.grad
+
+
+def _grad_err(g, ref):
+    return max((a[:1, :1].double() - r).abs().max().item() for a, r in zip(g, ref, strict=True))
+
+
+def _ms(torch, fn):
+    import triton
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log):
+    """Check, then time, every implementation at one shape; returns (row, failures)."""
+    from attnscope.kernels import bwd, fwd
+
+    b = max(1, tokens // n)
+    g = torch.Generator(device="cuda").manual_seed(n + d + causal)
+    q, k, v, do = (torch.randn(b, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    ref = _ref_grads(torch, q, k, v, do, causal)
+    impls = _impls(torch, causal, d, n, flex_all)
+    errs = {}
+    for name, f in impls.items():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        errs[name] = _grad_err(torch.autograd.grad(f(*leaves), leaves, do), ref)
+    o, lse = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
+    errs["attnscope_det"] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None,
+                                                                   deterministic=True), ref)
+    torch_err = errs["sdpa_flash"]
+    failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > 3 x SDPA FLASH's "
+                f"{torch_err:.3g} + 1e-3" for name in ("attnscope", "attnscope_det")
+                if not errs[name] <= 3 * torch_err + 1e-3]
+
+    row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "grad_err": errs,
+           "backward_ms": {}, "fwd_bwd_ms": {}}
+    # backward only: attnscope's kernels called directly; the peers through a retained graph
+    for name, det in (("attnscope", False), ("attnscope_det", True)):
+        row["backward_ms"][name] = _ms(torch, lambda det=det: bwd.flash_attention_backward(
+            do, q, k, v, o, lse, causal, None, deterministic=det))
+    for name, f in impls.items():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        if name != "attnscope":
+            out = f(*leaves)
+            row["backward_ms"][name] = _ms(torch, lambda out=out, leaves=leaves: torch.autograd.grad(
+                out, leaves, do, retain_graph=True))
+        row["fwd_bwd_ms"][name] = _ms(torch, lambda f=f, leaves=leaves: torch.autograd.grad(
+            f(*leaves), leaves, do))
+
+    def fwd_bwd_det():
+        o2, lse2 = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
+        return bwd.flash_attention_backward(do, q, k, v, o2, lse2, causal, None, deterministic=True)
+
+    row["fwd_bwd_ms"]["attnscope_det"] = _ms(torch, fwd_bwd_det)
+    fl_b = attention_flops(b, heads, n, n, d, causal, "backward")
+    fl_fb = attention_flops(b, heads, n, n, d, causal, "forward+backward")
+    row["backward_tflops"] = {k_: fl_b / (ms * 1e9) for k_, ms in row["backward_ms"].items()}
+    row["fwd_bwd_tflops"] = {k_: fl_fb / (ms * 1e9) for k_, ms in row["fwd_bwd_ms"].items()}
+    bt = row["backward_tflops"]
+    log(f"d={d:3d} {'causal  ' if causal else 'unmasked'} N={n:6d} B={b:2d}  backward TFLOP/s: "
+        + "  ".join(f"{k_} {x:6.1f}" for k_, x in bt.items())
+        + f"  | x FLASH {bt['attnscope'] / bt['sdpa_flash']:.2f}"
+        + f"  x CUDNN {bt['attnscope'] / bt['sdpa_cudnn']:.2f}")
+    log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())
+        + f"  | grad err attnscope {errs['attnscope']:.2e} (SDPA FLASH {torch_err:.2e})")
+    return row, failures
+
+
+def sweep(torch, ns, ds, tokens, heads, flex_all, log):
+    rows, failures = [], []
+    for d in ds:
+        for causal in (False, True):
+            for n in ns:
+                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log)
+                rows.append(row)
+                failures += bad
+                torch.cuda.empty_cache()
+    return rows, failures
+
+
+def peak_memory(torch, n=8192, heads=32, d=128, log=print):
+    """Peak bytes allocated by forward + backward (inputs, gradients and everything transient included),
+    causal, batch 1, beside the analytic counts."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import attnscope
+
+    def naive(q, k, v):
+        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    def flash(q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa(q, k, v, is_causal=True)
+
+    res = {}
+    for name, f in (("attnscope", lambda q, k, v: attnscope.flash_attention(q, k, v, causal=True)),
+                    ("sdpa_flash", flash), ("naive", naive)):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        q, k, v, do = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        f(*leaves).backward(do)
+        torch.cuda.synchronize()
+        res[name] = torch.cuda.max_memory_allocated() - base
+        del q, k, v, do, leaves
+    tensor = heads * n * d * 2  # one [1, H, N, d] bf16 tensor
+    fa_model = 8 * tensor + 2 * heads * n * 4 + heads * n * d * 4  # q k v o dO dq dk dv, LSE + D, fp32 dQ
+    scopes = footprint(n=n, d=d, dtype="bf16", heads=heads, layers=1)
+    retention = scopes["training retention, all layers"].nbytes
+    gib = 2 ** 30
+    log(f"peak memory fwd+bwd, N={n} H={heads} d={d} causal bf16 (GiB): "
+        + "  ".join(f"{k_} {x / gib:.2f}" for k_, x in res.items())
+        + f"  | attnscope / FLASH {res['attnscope'] / res['sdpa_flash']:.3f}")
+    log(f"  model: FA-2 tensors (q k v o dO dq dk dv + LSE, D + fp32 dQ accumulator) "
+        f"{fa_model / gib:.2f} GiB; "
+        f"`attnscope footprint --n {n} --heads {heads} --layers 1 --dtype bf16` training retention "
+        f"(S+P kept, one layer) {retention / gib:.2f} GiB (+ 8 inputs/gradients {8 * tensor / gib:.2f} GiB)")
+    return {"measured_bytes": res, "model_fa2_bytes": fa_model, "io_tensors_bytes": 8 * tensor,
+            "footprint_training_retention_bytes": retention}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: N = 1k and 4k, d = 128 only")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    p.add_argument("--flex-all", action="store_true", help="time Flex at every shape (a compile per shape)")
+    p.add_argument("--dkdv", metavar="BM,BN,WARPS,STAGES", default=None,
+                   help="try another dK/dV config for both head dims (default: bwd.DKDV_CONFIGS)")
+    p.add_argument("--dq", metavar="BM,BN,WARPS,STAGES", default=None,
+                   help="try another dQ-pass config for both head dims (default: bwd.DQ_CONFIGS)")
+    args = p.parse_args(argv)
+    torch = _require_gpu()
+    from attnscope.kernels import bwd
+
+    for flag, table in ((args.dkdv, bwd.DKDV_CONFIGS), (args.dq, bwd.DQ_CONFIGS)):
+        if flag:
+            cfg = tuple(int(x) for x in flag.split(","))
+            if len(cfg) != 4:
+                p.error(f"expected BM,BN,WARPS,STAGES, got {flag!r}")
+            table.update({64: cfg, 128: cfg})  # this process only: the table the launcher reads
+    t0 = time.time()
+    ns = (1024, 4096) if args.quick else (1024, 4096, 16384)
+    ds = (128,) if args.quick else (64, 128)
+    print(f"backward bench: bf16, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against float64 "
+          "at every shape before timing it", flush=True)
+    rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True))
+    mem = peak_memory(torch, log=lambda s: print(s, flush=True))
+    if failures:
+        print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)
+    else:
+        print("all gradients match float64 (3 x SDPA FLASH's error + 1e-3) at every shape")
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "dkdv_configs": dict(bwd.DKDV_CONFIGS), "dq_configs": dict(bwd.DQ_CONFIGS),
+           "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
+           "seconds": round(time.time() - t0, 1)}
+    print(f"done in {env['seconds']} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"environment": env, "rows": rows, "memory": mem, "failures": failures}, fh, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""FlashAttention-2 backward in Triton, and the autograd formula of `attnscope::flash_attention`.
+
+Algorithm: Dao, *FlashAttention-2*, arXiv:2307.08691, Algorithm 2 and §3.1.2 (spec §2.2): nothing
+``N x N`` is kept from the forward; every tile of ``P = exp(S - LSE)`` is recomputed from Q, K and the
+saved natural-log LSE. Three kernels:
+
+1. preprocess, one program per (query tile, batch x query head): ``D = rowsum(dO * O)`` in fp32;
+2. dK/dV, one program per (KV tile, batch x kv head): K and V stay in registers; the loop runs over the
+   query heads of the GQA group and, inside, over query tiles, so dK/dV are reduced over the group in
+   registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
+   ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
+   buffer with atomics (one read-modify-write per KV tile);
+3. ``deterministic=True``: dQ in a separate pass, one program per (query tile, batch x query head)
+   looping over KV tiles (it re-reads K and V), the bit-reproducible variant.
+
+Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
+the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
+query tiles ``[0, lo)`` are skipped (they see none of the KV tile), ``[lo, hi)`` straddle the diagonal
+and are masked, ``[hi, Nq)`` see the whole tile and run without mask arithmetic (tests/test_bwd.py
+holds it against `model.tiles.Grid`). Out-of-range query rows load LSE = +inf (P = 0); rows with no
+visible key (LSE = -inf) are masked everywhere, so they contribute zero, never NaN.
+
+Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
+loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
+the forward. Configs: a fixed table per head_dim (no autotune), to be tuned on the H200.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attnscope.errors import InputError
+from attnscope.kernels._common import (
+    LOG2E,
+    check_device,
+    check_head_dim,
+    check_same,
+    check_tensor,
+    import_torch_triton,
+    interpreting,
+)
+from attnscope.model.tiles import cdiv
+
+torch, triton = import_torch_triton()
+import triton.language as tl  # noqa: E402
+
+from attnscope.kernels import fwd as _fwd  # noqa: E402
+from attnscope.kernels._tl import round_bf16  # noqa: E402
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head_dim: a first choice after the Triton
+# tutorial's FA-2 backward (few query rows against many resident keys for dK/dV, the mirror for dQ),
+# picked by compiling candidates for sm_90 and reading ptxas's register/spill report: dK/dV holds K, V,
+# dK and dV of its KV tile in registers, so 4 warps spill at every size tried and 8 warps with 32 query
+# rows against 128 keys spill least (none at d = 64). To be timed on the H200 with bench/backward.py
+# (--dkdv / --dq try others). No runtime autotuning.
+DKDV_CONFIGS = {64: (32, 128, 8, 2), 128: (32, 128, 8, 2)}
+DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)}
+PRE_BLOCK_M = 64  # 128 rows x d = 128 spills (ptxas, sm_90)
+INTERPRET_CONFIG = (16, 32, 4, 1)  # CPU tests: small tiles, still multi-tile, ragged and diagonal
+
+
+@triton.jit
+def _mm(a, b, acc, EMULATE_BF16: tl.constexpr):
+    """acc + a @ b; under the interpreter with bf16 the product is taken in fp32 (see _tl.py)."""
+    if EMULATE_BF16:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
+    """fp32 -> the input dtype for the next tensor-core matmul (rounded as the GPU would)."""
+    if EMULATE_BF16:
+        return round_bf16(x)
+    return x.to(dtype)
+
+
+@triton.jit
+def _q_bounds(start_n, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Query rows of KV tile ``start_n`` (0-based element offset): ``[0, lo)`` skipped, ``[lo, hi)``
+    masked, ``[hi, Nq)`` unmasked; lo, hi multiples of BLOCK_M (hi may pass Nq). The mirror of
+    `_kv_bounds`: row r sees column c iff ``r >= c - (Nk - Nq)``. The ragged last KV tile is always
+    masked (its columns past Nk need a bounds check)."""
+    if CAUSAL:
+        first = start_n - (NK - NQ)  # first row seeing the tile's first column
+        if first < 0:
+            first = 0
+        lo = (first // BLOCK_M) * BLOCK_M
+        c_last = start_n + BLOCK_N - 1
+        if c_last > NK - 1:
+            c_last = NK - 1
+        full = c_last - (NK - NQ)  # first row seeing the tile's last column
+        if full < 0:
+            full = 0
+        hi = tl.cdiv(full, BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        hi = 0
+    if start_n + BLOCK_N > NK:
+        hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
+                    H, NQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = offs_m[:, None] < NQ
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=row,
+                other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :], mask=row,
+                 other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # D = rowsum(dO * O)  [BLOCK_M]
+    tl.store(DELTA + pid_bh * NQ + offs_m, delta, mask=offs_m < NQ)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+               stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M])."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < NQ
+    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok[None, :],
+                  other=0.0)  # Q^T [d, BLOCK_M]
+    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok[:, None],
+                 other=0.0)  # [BLOCK_M, d]
+    lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))  # log2 domain; +inf: P = 0
+    delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+    s_t = _mm(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # S^T = K Q^T
+    if MASKED:
+        keep = (offs_n[:, None] < NK) & (lse2[None, :] > float("-inf"))
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
+        p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse2[None, :]), 0.0)
+    else:
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # P^T [BLOCK_N, BLOCK_M]
+    dv = _mm(_lowp(p_t, do.dtype, EMULATE_BF16), do, dv, EMULATE_BF16)  # dV += P^T dO
+    dp_t = _mm(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # dP^T = V dO^T
+    ds_t = p_t * (dp_t - delta[None, :])  # dS^T = P^T * (dP^T - D)
+    ds_lp = _lowp(ds_t, do.dtype, EMULATE_BF16)
+    dk = _mm(ds_lp, tl.trans(q_t), dk, EMULATE_BF16)  # dK += dS^T Q  (scaled at the end)
+    if ATOMIC_DQ:
+        dq = _mm(tl.trans(ds_lp), k, tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), EMULATE_BF16) * sm_scale
+        tl.atomic_add(DQ + dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq, mask=row_ok[:, None],
+                      sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE2, DELTA, DK, DV, DQ,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    H, HKV, NQ, NK, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    group = H // HKV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n[:, None] < NK
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=col_ok, other=0.0)  # [BLOCK_N, d], resident
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                mask=col_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo, hi = _q_bounds(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    n_hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
+    for g in range(0, group):  # GQA: the group's query heads, reduced in registers
+        h = hk * group + g
+        q_base = b * stride_qb + h * stride_qh
+        do_base = b * stride_dob + h * stride_doh
+        row_base = (b * H + h) * NQ
+        dq_base = row_base * HEAD_DIM
+        for start_m in range(lo, hi, BLOCK_M):  # straddling the diagonal / ragged: masked
+            dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ATOMIC_DQ, EMULATE_BF16)
+        for start_m in range(hi, n_hi, BLOCK_M):  # every row sees the whole tile: no mask arithmetic
+            dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ATOMIC_DQ, EMULATE_BF16)
+    out = (b * HKV + hk) * NK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+             qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+             CAUSAL: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < NK
+    k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+    v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+    s = _mm(q, k_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        keep = col_ok[None, :] & (lse2[:, None] > float("-inf"))
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
+        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
+    else:
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+    dp = _mm(do, v_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # dP = dO V^T
+    ds = p * (dp - delta[:, None])
+    dq = _mm(_lowp(ds, q.dtype, EMULATE_BF16), tl.trans(k_t), dq, EMULATE_BF16)  # dQ += dS K
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE2, DELTA, DQ,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    H, HKV, NQ, NK, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    start_m = pid_m
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - pid_m  # heaviest query tiles first
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // (H // HKV)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < NQ
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
+    k_base = b * stride_kb + hk * stride_kh
+    v_base = b * stride_vb + hk * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    lo, hi = _fwd._kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, lo, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                      qk_scale, NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, EMULATE_BF16)
+    for start_n in range(lo, hi, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                      qk_scale, NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, EMULATE_BF16)
+    tl.store(DQ + pid_bh * NQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --- the launcher ---------------------------------------------------------------------------------
+def _check_inputs(do, q, k, v, o, lse, scale):
+    for name, t, layout in (("do", do, "[B, Hq, Nq, d]"), ("q", q, "[B, Hq, Nq, d]"),
+                            ("k", k, "[B, Hkv, Nk, d]"), ("v", v, "[B, Hkv, Nk, d]"),
+                            ("o", o, "[B, Hq, Nq, d]")):
+        check_tensor(torch, name, t, 4, layout)
+    if not isinstance(lse, torch.Tensor):
+        raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq], got {type(lse).__name__}")
+    check_device(torch, {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse})
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    check_same("k", "batch", B, k.shape[0])
+    check_same("k", "head_dim", d, k.shape[3])
+    check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
+    check_same("o", "shape (as q)", tuple(q.shape), tuple(o.shape))
+    check_same("do", "shape (as q)", tuple(q.shape), tuple(do.shape))
+    for name, t in (("k", k), ("v", v), ("o", o), ("do", do)):
+        check_same(name, "dtype (as q)", q.dtype, t.dtype)
+    if tuple(lse.shape) != (B, Hq, Nq) or lse.dtype != torch.float32:
+        got = f"{tuple(lse.shape)} {lse.dtype}"
+        raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq] = {(B, Hq, Nq)}, got {got}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads ({Hkv}), "
+                         f"got Hq = {Hq}")
+    if min(B, Hq, Nq, Nk) == 0:
+        raise InputError(f"q: expected B, Hq, Nq, Nk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_head_dim(d)
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+    return B, Hq, Nq, d, Hkv, Nk
+
+
+def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | None,
+                             deterministic: bool = False, dlse=None):
+    """FlashAttention-2 backward: the gradients of ``o = attention(q, k, v)``.
+
+    Parameters
+    ----------
+    do : torch.Tensor, [B, Hq, Nq, d]
+        Gradient of the output; q's dtype, any strides with a unit last stride.
+    q : torch.Tensor, [B, Hq, Nq, d]
+    k, v : torch.Tensor, [B, Hkv, Nk, d]
+    o : torch.Tensor, [B, Hq, Nq, d]
+        The forward's output.
+    lse : torch.Tensor, [B, Hq, Nq], float32
+        The forward's natural-log logsumexp (``return_lse=True``); -inf for rows with no visible key.
+    causal : bool
+        Bottom-right causal mask, as the forward.
+    scale : float or None
+        Softmax scale; None means ``1/sqrt(d)``.
+    deterministic : bool, default False
+        False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass). True: dQ in a
+        separate pass over the KV tiles (bit-reproducible, re-reads K and V).
+    dlse : torch.Tensor, [B, Hq, Nq], optional
+        Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
+
+    Returns
+    -------
+    dq : [B, Hq, Nq, d]; dk, dv : [B, Hkv, Nk, d] (summed over each kv head's group of query heads),
+    q's dtype, contiguous.
+
+    Example
+    -------
+    >>> o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+    >>> dq, dk, dv = flash_attention_backward(torch.randn_like(o), q, k, v, o, lse, True, None)
+    """
+    B, Hq, Nq, d, Hkv, Nk = _check_inputs(do, q, k, v, o, lse, scale)
+    if dlse is not None and (not isinstance(dlse, torch.Tensor) or tuple(dlse.shape) != (B, Hq, Nq)
+                             or dlse.device != q.device):
+        got = (f"{tuple(dlse.shape)} on {dlse.device}" if isinstance(dlse, torch.Tensor)
+               else type(dlse).__name__)
+        raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
+                         f"got {got}")
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    emulate = interpreting() and q.dtype == torch.bfloat16
+    dev = q.device
+    dk = torch.empty((B, Hkv, Nk, d), dtype=q.dtype, device=dev)
+    dv = torch.empty((B, Hkv, Nk, d), dtype=q.dtype, device=dev)
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
+    lse2 = (lse * LOG2E).contiguous()  # log2 domain, as the kernels' exp2
+
+    pre_m = 16 if interpreting() else PRE_BLOCK_M
+    _bwd_preprocess[(cdiv(Nq, pre_m), B * Hq)](o, do, delta, o.stride(0), o.stride(1), o.stride(2),
+                                              do.stride(0), do.stride(1), do.stride(2), Hq, Nq,
+                                              HEAD_DIM=d, BLOCK_M=pre_m)
+    if dlse is not None:
+        delta = delta - dlse.to(torch.float32)  # d LSE / d S = P: dS = P * (dP - (D - dLSE))
+
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    qk_scale = sm_scale * LOG2E
+    bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
+    atomic = not deterministic
+    dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
+    _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
+        q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
+        HEAD_DIM=d, CAUSAL=bool(causal), ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate,
+        num_warps=warps, num_stages=stages)
+    if atomic:
+        return dq_acc.to(q.dtype), dk, dv
+    dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
+    bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
+    _bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
+        q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
+        HEAD_DIM=d, CAUSAL=bool(causal), BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate,
+        num_warps=warps, num_stages=stages)
+    return dq, dk, dv
+
+
+# --- autograd for `attnscope::flash_attention` ----------------------------------------------------
+# The backward is a custom op of its own, so torch.compile sees it as one opaque node (no graph break)
+# and torch.library.opcheck can test it.
+_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? dlse, bool causal, "
+               "float scale, bool deterministic) -> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.custom_op("attnscope::flash_attention_backward", mutates_args=(), schema=_BWD_SCHEMA)
+def _bwd_op(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
+    return flash_attention_backward(do, q, k, v, o, lse, causal, scale, deterministic=deterministic,
+                                    dlse=dlse)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, return_lse = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if not ctx.return_lse:
+        raise RuntimeError("attnscope::flash_attention: the backward needs the LSE; call the op with "
+                           "return_lse=True (attnscope.flash_attention does so when an input requires grad)")
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
+        grad_o = grad_o.contiguous()
+    dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, False)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("attnscope::flash_attention", _backward, setup_context=_setup_context)

@@ -1,0 +1,269 @@
+"""The Triton FA-2 backward against the float64 reference backward (CPU: TRITON_INTERPRET=1, small shapes).
+
+Bound (flash-attn's rule for gradients): each of dQ, dK, dV has a max error against float64 of at most
+three times PyTorch's own gradient error at the same dtype against the same reference, plus 1e-3.
+PyTorch's error: autograd through its math attention (SDPA with an explicit mask) in that dtype.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from attnscope import checks, reference  # noqa: E402
+from attnscope.kernels import _common  # noqa: E402
+from attnscope.model.tiles import Grid  # noqa: E402
+
+bwd = pytest.importorskip("attnscope.kernels.bwd")
+fwd = pytest.importorskip("attnscope.kernels.fwd")
+import attnscope  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not _common.interpreting():
+    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+NS = (1, 17, 64, 97, 128, 200)
+
+
+def _inputs(b, hq, hkv, nq, nk, d, dtype, strided, seed, device=DEVICE):
+    g = torch.Generator().manual_seed(seed)
+
+    def make(h, n):
+        if strided:  # a [B, N, H, d] buffer seen as [B, H, N, d]: no copy, non-contiguous
+            return torch.randn(b, n, h, d, generator=g).to(dtype).to(device).transpose(1, 2)
+        return torch.randn(b, h, n, d, generator=g).to(dtype).to(device)
+
+    return make(hq, nq), make(hkv, nk), make(hkv, nk), make(hq, nq)
+
+
+def _mask(nq, nk, device):
+    r = torch.arange(nq, device=device)[:, None]
+    return torch.arange(nk, device=device)[None, :] <= r + (nk - nq)
+
+
+def _torch_grads(q, k, v, do, causal):
+    """PyTorch's own gradients at the input dtype (math attention with an explicit bottom-right mask;
+    rows with no visible key are zeroed as the kernel and the reference define them)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = s.masked_fill(~_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(q.dtype)  # empty rows: 0/0 -> 0
+    (p @ vv).backward(do)
+    return q.grad, k.grad, v.grad
+
+
+def _ref_grads(q, k, v, do, causal):
+    qn, kn, vn, don = (t.double().cpu().numpy() for t in (q, k, v, do))
+    o, lse = reference.naive_attention(qn, kn, vn, causal=causal, return_lse=True)
+    return reference.attention_backward(don, qn, kn, vn, o, lse, causal=causal), np.isfinite(lse)
+
+
+def _check_grads(got, torch_g, ref, names="qkv"):
+    for name, a, t, r in zip(names, got, torch_g, ref, strict=True):
+        assert a.shape == t.shape and a.dtype == t.dtype, (name, a.shape, t.shape)
+        a = a.double().cpu().numpy()
+        assert np.isfinite(a).all(), f"d{name}: NaN/inf"
+        err = np.abs(a - r).max()
+        torch_err = np.abs(t.double().cpu().numpy() - r).max()
+        assert err <= 3 * torch_err + 1e-3, \
+            f"d{name}: kernel error {err:.3g} > 3 x torch's {torch_err:.3g} + 1e-3"
+
+
+# Every (Nq, Nk) pair of the forward's list once; causal, GQA ratio, head dim, dtype and layout cycle
+# across the pairs (each value meets many pairs) so the interpreted run stays bounded.
+CASES = []
+for i, (nq, nk) in enumerate(itertools.product(NS, NS)):
+    CASES.append((nq, nk, i % 2 == 1, (1, 4)[(i // 2) % 2], (64, 128)[(i // 3) % 2],
+                  ("float16", "bfloat16")[(i // 4) % 2], i % 5 == 0))
+
+
+@pytest.mark.parametrize("nq,nk,causal,group,d,dtype,strided", CASES)
+def test_gradients_match_float64_reference(nq, nk, causal, group, d, dtype, strided):
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(1, group, 1, nq, nk, d, dt, strided, seed=nq * 1000 + nk)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+    ref, has_key = _ref_grads(q, k, v, do, causal)
+    torch_g = _torch_grads(q, k, v, do, causal)
+    got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=(nq + nk) % 2 == 0)
+    _check_grads(got, torch_g, ref)
+    assert (got[0].float().cpu().numpy()[~has_key] == 0).all()  # rows with no visible key: zero gradient
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_through_flash_attention(causal):
+    """attnscope.flash_attention is differentiable; LSE's gradient is included when returned."""
+    q, k, v, do = _inputs(2, 4, 2, 37, 29, 64, torch.float16, False, seed=11)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attnscope.flash_attention(*leaves, causal=causal)
+    o.backward(do)
+    ref, _ = _ref_grads(q, k, v, do, causal)
+    _check_grads([t.grad for t in leaves], _torch_grads(q, k, v, do, causal), ref)
+
+    for t in leaves:
+        t.grad = None
+    o, lse = attnscope.flash_attention(*leaves, causal=causal, return_lse=True)
+    lse.sum().backward()  # d LSE / d S = P: dQ = scale * P K
+    qn, kn = q.double().numpy(), k.double().numpy().repeat(2, 1)
+    s = qn @ np.swapaxes(kn, -1, -2) / 8.0
+    if causal:
+        s = np.where(_mask(37, 29, "cpu").numpy(), s, -np.inf)
+    with np.errstate(invalid="ignore"):  # rows with no visible key: -inf - -inf, zeroed below
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p = np.nan_to_num(p / p.sum(-1, keepdims=True))
+    dq_ref = p @ kn / 8.0
+    assert np.abs(leaves[0].grad.double().numpy() - dq_ref).max() < 2e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_deterministic_and_atomic_dq_agree(dtype):
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(2, 4, 1, 75, 90, 64, dt, True, seed=12)
+    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+    a = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, deterministic=False)
+    b = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, deterministic=True)
+    b2 = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, deterministic=True)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])  # dK, dV: the same kernel either way
+    tol = 1e-2 if dt == torch.bfloat16 else 2e-3
+    assert (a[0].float() - b[0].float()).abs().max() <= tol * b[0].float().abs().max()
+    assert all(torch.equal(x, y) for x, y in zip(b, b2, strict=True))  # bit-reproducible
+
+
+def test_q_bounds_helper_matches_tiles_py():
+    """The dK/dV kernel's mirrored bound (`_q_bounds`) against model/tiles.py's Grid: query tiles below
+    lo see none of the KV tile, tiles from hi on see all of it, and lo/hi are the tightest such bounds."""
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+
+    @triton.jit
+    def probe(OUT, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        n = tl.program_id(0)
+        lo, hi = bwd._q_bounds(n * BLOCK_N, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        tl.store(OUT + 2 * n, lo)
+        tl.store(OUT + 2 * n + 1, hi)
+
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        nq, nk = (int(x) for x in rng.integers(1, 300, 2))
+        bm, bn = (16, 32, 64)[int(rng.integers(3))], (16, 32, 64)[int(rng.integers(3))]
+        causal = bool(rng.integers(2))
+        g = Grid(nq, nk, bm, bn, causal=causal)
+        out = torch.full((2 * g.n_kv_tiles,), -7, dtype=torch.int32)
+        probe[(g.n_kv_tiles,)](out, nq, nk, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal)
+        got = out.view(-1, 2).tolist()
+        # per (query tile i, kv tile j), 1-based as Grid: loaded (not skipped) / whole (no mask needed)
+        for j in range(1, g.n_kv_tiles + 1):
+            loaded = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[1] >= j]
+            whole = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[0] >= j]
+            lo_ref = (min(loaded) - 1) * bm if loaded else None
+            ragged = j * bn > nk
+            hi_ref = g.n_q_tiles * bm if (ragged or not whole) else (min(whole) - 1) * bm
+            lo, hi = got[j - 1]
+            if lo_ref is None:
+                assert lo >= nq or hi <= lo, (nq, nk, bm, bn, causal, j)
+            else:
+                assert lo == lo_ref and max(hi, lo) == max(hi_ref, lo), (nq, nk, bm, bn, causal, j, lo, hi)
+
+
+def test_backward_op_opcheck_and_forward_opcheck_with_gradients():
+    q, k, v, do = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=3)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(fwd._op, (*leaves, True, 0.125, True))  # includes test_autograd_registration
+    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+    torch.library.opcheck(bwd._bwd_op, (do, q, k, v, o, lse, None, True, 0.125, True))
+
+
+def test_compiled_training_step_has_no_graph_break():
+    q, k, v, _ = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=4)
+    w = torch.randn(64, 64, dtype=torch.float16, requires_grad=True)
+
+    def loss_fn(q, k, v, w):
+        return attnscope.flash_attention(q @ w, k, v, causal=True).float().square().sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")  # fullgraph: a break raises
+    compiled(q, k, v, w).backward()
+    g_compiled = w.grad.clone()
+    w.grad = None
+    loss_fn(q, k, v, w).backward()
+    assert torch.equal(g_compiled, w.grad)
+
+
+def test_backward_check_detects_a_wrong_backward(monkeypatch):
+    """verify's check 7 fails when the backward drops D (the softmax Jacobian's row term)."""
+    real = reference.attention_backward
+
+    def wrong(do, q, k, v, o, lse, causal=False, scale=None):
+        return real(do, q, k, v, np.zeros_like(np.asarray(o)), lse, causal, scale)
+
+    monkeypatch.setattr(reference, "attention_backward", wrong)
+    assert checks.check_backward(np.random.default_rng(0)).passed is False
+
+
+# ---- errors: each documented error, with its message --------------------------------------------
+F16 = torch.float16
+
+
+def _z(*shape, dtype=F16):
+    return torch.zeros(*shape, dtype=dtype, device=DEVICE)
+
+
+def _good(**over):
+    q, k, v, do = _inputs(1, 4, 2, 8, 8, 64, F16, False, seed=5)
+    o, lse = attnscope.flash_attention(q, k, v, return_lse=True)
+    args = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse, "causal": False, "scale": None}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    ({"do": _z(1, 4, 9, 64)}, ValueError, "do: expected shape (as q) (1, 4, 8, 64)"),
+    ({"o": _z(1, 4, 8, 64, dtype=torch.bfloat16)}, ValueError, "o: expected dtype (as q)"),
+    ({"lse": torch.zeros(1, 4, 8, dtype=torch.float16)}, ValueError, "lse: expected a float32 tensor"),
+    ({"lse": "x"}, ValueError, "lse: expected a float32 tensor [B, Hq, Nq], got str"),
+    ({"k": _z(1, 3, 8, 64), "v": _z(1, 3, 8, 64)}, ValueError, "multiple of the kv heads (3), got Hq = 4"),
+    ({"v": _z(1, 2, 9, 64)}, ValueError, "v: expected shape (as k)"),
+    ({"q": _z(4, 8, 64)}, ValueError, "q: expected a 4-d tensor [B, Hq, Nq, d]"),
+    ({"do": _z(1, 4, 64, 8).transpose(2, 3)}, ValueError, "do: expected unit stride"),
+    ({"q": _z(1, 4, 8, 96), "k": _z(1, 2, 8, 96), "v": _z(1, 2, 8, 96), "o": _z(1, 4, 8, 96),
+      "do": _z(1, 4, 8, 96)}, NotImplementedError, "head_dim 96 is not supported"),
+    ({"do": _z(1, 4, 8, 64, dtype=torch.float32)}, NotImplementedError, "supported: torch.float16"),
+    ({"scale": -1.0}, ValueError, "scale: expected a finite positive number"),
+    ({"dlse": torch.zeros(1, 4, 9)}, ValueError, "dlse: expected None or a tensor [B, Hq, Nq]"),
+])
+def test_bad_input_is_a_clear_error(over, exc, msg):
+    with pytest.raises(exc) as e:
+        bwd.flash_attention_backward(**_good(**over))
+    assert msg in str(e.value)
+
+
+def test_op_without_lse_cannot_backward():
+    q, k, v, do = _inputs(1, 2, 1, 8, 8, 64, F16, False, seed=6)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, _ = fwd._op(*leaves, False, 0.125, False)
+    with pytest.raises(RuntimeError, match="the backward needs the LSE"):
+        o.backward(do)
+
+
+# ---- GPU: full-size check ------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n,d,causal,group", [(1000, 128, True, 4), (2048, 64, False, 1),
+                                              (1537, 128, False, 8), (4096, 128, True, 1)])
+def test_gpu_gradients_full_size(n, d, causal, group):
+    q, k, v, do = _inputs(2, 4 * group, 4, n, n, d, torch.bfloat16, False, seed=n, device="cuda")
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+    for det in (False, True):
+        got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=det)
+        # reference on a slice (batch 0, the first kv head's group) keeps float64 NumPy cheap
+        sl = (slice(0, 1), slice(0, group))
+        ref, _ = _ref_grads(q[sl], k[:1, :1], v[:1, :1], do[sl], causal)
+        torch_g = _torch_grads(q[sl], k[:1, :1], v[:1, :1], do[sl], causal)
+        _check_grads((got[0][sl], got[1][:1, :1], got[2][:1, :1]), torch_g, ref)
