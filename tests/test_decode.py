@@ -413,6 +413,10 @@ def test_check_seqlens_false_skips_the_device_read(monkeypatch):
 # --- the GPU build, checked without a GPU -----------------------------------------------------------------
 SM90_COMPILE = r"""
 import inspect
+import os
+import re
+import subprocess
+import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -440,22 +444,40 @@ def split_types(n):
 
 split_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O", "LSE", "SEM")
 # name, use_dot, fuse, block_m, paged, page_size, chunk: decode (MMA, elementwise, fused merge), paged
-# pages of 16 and 64, chunked prefill with a 64-row tile (dense and paged)
+# pages of 16 and 64, chunked prefill with 32- and 128-row tiles (dense and paged), each with the block
+# config the plan picks for its row tile (decode._block_config)
 VARIANTS = [("decode", True, False, 16, False, 1, False),
             ("elementwise", False, False, 4, False, 1, False),
             ("fused", True, True, 16, False, 1, False), ("paged16", True, True, 16, True, 16, False),
-            ("paged64", True, False, 16, True, 64, False), ("chunk", True, False, 64, False, 1, True),
-            ("chunk_paged", True, False, 64, True, 16, True)]
+            ("paged64", True, False, 16, True, 64, False), ("chunk32", True, True, 32, False, 1, True),
+            ("chunk128", True, False, 128, False, 1, True),
+            ("chunk128_paged", True, False, 128, True, 16, True)]
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 without ptxas)
+    if not os.path.exists(PTXAS):
+        return -1
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(c.asm["ptx"])
+    r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
+                       text=True)
+    os.unlink(f.name)
+    return int(re.search(r"(\d+) bytes spill stores", r.stderr).group(1))
+
+
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
+    cfg = decode._block_config(block_m)
     c = compile_(split_kernel, split_types,
-                 dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=128, STAGES=3,
-                      USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse, MERGE_M=min(block_m, 4)
-                      if not chunk else block_m, MERGE_S=8, WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged,
-                      PAGE_SIZE=page, CHUNK=chunk), warps=4, stages=3)
+                 dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
+                      USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
+                      MERGE_M=block_m if chunk else min(block_m, 4), MERGE_S=8 if block_m <= 16 else 1,
+                      WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged, PAGE_SIZE=page, CHUNK=chunk),
+                 warps=cfg["num_warps"], stages=cfg["num_stages"])
     ptx = c.asm["ptx"]
     mma = "mma.sync" in ptx or "wgmma" in ptx
     print("split", name, use_dot, fuse, c.metadata.shared, "cp.async" in ptx, mma,
-          "atom.global.gpu.acq_rel.add" in ptx, "ld.global.cg" in ptx)
+          "atom.global.gpu.acq_rel.add" in ptx, "ld.global.cg" in ptx, spills(c))
 
 
 def combine_types(n):
@@ -484,8 +506,10 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     splits = [row for row in rows if row[0] == "split"]
-    assert len(splits) == 7 and any(row[0] == "combine" for row in rows), r.stdout
-    for _, _, use_dot, fuse, shared, pipelined, mma, atomic, cg in splits:
+    assert len(splits) == 8 and any(row[0] == "combine" for row in rows), r.stdout
+    for _, name, use_dot, fuse, shared, pipelined, mma, atomic, cg, spilled in splits:
+        # every variant with the block config the plan picks fits its registers (elementwise: a knob)
+        assert name == "elementwise" or int(spilled) <= 0, f"{name} spills {spilled} bytes: {splits}"
         assert int(shared) <= 227 * 1024, splits
         assert pipelined == "True", f"KV loop not software-pipelined: {splits}"
         # the fused merge: a gpu-scope acq_rel ticket, and partials read at L2 (ld.global.cg)

@@ -115,18 +115,22 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
     }
 
 
-def _block_config() -> dict:
-    """The phase-1 block config: BLOCK_N keys per iteration, STAGES-deep KV pipeline, warps.
+def _block_config(block_m: int = 16) -> dict:
+    """The phase-1 block config for a row tile of ``block_m`` rows: BLOCK_N keys per iteration,
+    STAGES-deep KV pipeline, warps.
 
-    Measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N = 128, 4 warps, 3 stages is the
-    best or within 2 % of the best of 8 configs (BLOCK_N 64-256, 4/8 warps, 2-4 stages) at every point
-    of the issue's grid, so it is the only one: no autotuner and no autotuner bookkeeping on the launch
-    path. Bytes in flight per program: (STAGES - 1) x BLOCK_N x d x 2 (K and V) x 2 bytes = 128 KiB at
-    d = 128. Under the interpreter one small block keeps CPU tests fast and still makes multi-block
-    splits, ragged last blocks and empty splits common at the tested lengths.
+    Decode (``block_m <= 32``), measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N =
+    128, 4 warps, 3 stages is the best or within 2 % of the best of 8 configs at every point of the
+    issue's grid, so it is the only one: no autotuner on the launch path. Chunked prefill tiles (64 or
+    128 rows) use BLOCK_N = 64 and 8 warps: compiled for sm_90 on a CPU (ptxas -v, d = 128, bf16),
+    64 rows x 128 keys with 4 warps spills (255 registers), 64 x 64 / 8 warps uses 180 registers and
+    128 x 64 / 8 warps 170, without spills (not yet timed on a GPU). Under the interpreter one small
+    block keeps CPU tests fast and still makes multi-block splits, ragged blocks and empty splits common.
     """
     if interpreting():
         return {"BLOCK_N": 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+    if block_m > 32:
+        return {"BLOCK_N": 64, "STAGES": 3, "num_warps": 8, "num_stages": 3}
     return {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4, "num_stages": 3}
 
 
@@ -134,9 +138,9 @@ def _block_config() -> dict:
 FUSE_MAX_BYTES = 64 * 1024
 #: Elements of one merge chunk [MERGE_M, MERGE_S, d] (fp32; 32 registers per thread at 4 warps).
 MERGE_ELEMS = 4096
-#: Row-tile cap (heads x queries per program): 64 on a GPU, 16 under the interpreter (so CPU tests run
+#: Row-tile cap (heads x queries per program): 128 on a GPU, 16 under the interpreter (so CPU tests run
 #: several row tiles).
-BLOCK_M_MAX = 64
+BLOCK_M_MAX = 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
@@ -536,11 +540,11 @@ class DecodePlan:
         group = Hq // Hkv
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
-        cfg = dict(_config or _block_config())  # overrides: bench/tune_decode.py
         cap = 16 if interpreting() else BLOCK_M_MAX
         block_m = min(_next_pow2(rows), cap)
         if use_dot:
             block_m = max(16, block_m)  # tl.dot needs M >= 16
+        cfg = dict(_config or _block_config(block_m))  # overrides: bench/tune_decode.py
         m_tiles = -(-rows // block_m)
         longest = L_max if max_seqlen is None else max_seqlen
         if num_splits is None:
