@@ -6,7 +6,8 @@
 B = 1, Hq = 32, Hkv = 8, L = 4096, d = 128, bf16: the smallest decode shape of issue 14, where the kernel
 runs for a few microseconds and an eager call is made of host time. Each call is made 500 times after
 warm-up and the loop's wall time divided by 500 (the GPU finishes each kernel before the host issues the
-next, so this is host time per call). Variants: plan.run (fused merge: one launch), plan.run with the
+next, so this is host time per call). Variants: plan.run (fused merge: one launch), plan.run writing
+into a given ``out``, plan.run with the
 separate merge (two launches), plan.run with one split, plan.run on a paged cache (pages of 16),
 flash_decode with and without check_seqlens, SDPA FLASH / CUDNN in ``sdpa_kernel`` and default
 dispatch. A cProfile of plan.run follows.
@@ -43,6 +44,7 @@ def main():
     one = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, num_splits=1)
     paged = attnscope.decode_plan(q, kp, vp, lens, table, check_seqlens=False)
     ref = sdpa(q, k, v, enable_gqa=True)
+    out = torch.empty_like(q)
     for pl, args_ in ((plan, (q, k, v, lens)), (sep, (q, k, v, lens)), (one, (q, k, v, lens)),
                       (paged, (q, kp, vp, lens, table))):
         err = (pl.run(*args_).float() - ref.float()).abs().max().item()
@@ -57,6 +59,7 @@ def main():
 
     calls = {
         "plan.run (fused merge, one launch)": lambda: plan.run(q, k, v, lens),
+        "plan.run out= (no allocation)": lambda: plan.run(q, k, v, lens, out=out),
         "plan.run (separate merge, two launches)": lambda: sep.run(q, k, v, lens),
         "plan.run (num_splits=1)": lambda: one.run(q, k, v, lens),
         "plan.run (paged, page 16)": lambda: paged.run(q, kp, vp, lens, table),

@@ -776,3 +776,22 @@ def test_block_table_entries_past_the_length_are_not_checked_or_read():
     assert not torch.isnan(o).any()
     with pytest.raises(InputError, match=r"got -7 at \[1, 1\]"):
         flash_decode(q, kp, vp, _lens([32, 17]), block_table=table)
+
+
+def test_plan_run_writes_into_given_outputs():
+    q, k, v = make_inputs(2, 4, 2, 40, 64, torch.float16, seed=63)
+    lens = _lens([40, 3])
+    plan = decode.decode_plan(q, k, v, lens, num_splits=2, return_lse=True)
+    out = torch.full((2, 4, 1, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    lse_out = torch.full((2, 4, 1), float("nan"), dtype=torch.float32, device=DEVICE)
+    o, lse = plan.run(q, k, v, lens, out=out, lse_out=lse_out)
+    assert o is out and lse is lse_out
+    o2, lse2 = plan.run(q, k, v, lens)
+    assert torch.equal(o2, out) and torch.equal(lse2, lse_out)
+    with pytest.raises(InputError, match=r"out: expected a contiguous tensor of shape \(2, 4, 1, 64\)"):
+        plan.run(q, k, v, lens, out=out.float())
+    with pytest.raises(InputError, match="lse_out: expected a contiguous tensor"):
+        plan.run(q, k, v, lens, lse_out=lse_out[:1])
+    no_lse = decode.decode_plan(q, k, v, lens, num_splits=2)
+    with pytest.raises(InputError, match="lse_out: expected None .the plan was made with return_lse=False."):
+        no_lse.run(q, k, v, lens, lse_out=lse_out)

@@ -603,12 +603,14 @@ class DecodePlan:
                                   f"make a new plan")
         return None
 
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None):
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, out=None, lse_out=None):
         """Launch on tensors with the planned layouts (values may change freely).
 
         Returns ``o`` [B, Hq, Nq, d] in q's dtype, and ``lse`` [B, Hq, Nq] fp32 (natural log) when the
-        plan was made with ``return_lse``. Raises `InputError` if a tensor's shape, strides, dtype or
-        device differ from the plan's, or (``check_seqlens``) a length or used page index is out of range.
+        plan was made with ``return_lse``. ``out`` / ``lse_out``: contiguous tensors of those shapes and
+        dtypes to write into instead of allocating (``lse_out`` only with ``return_lse``). Raises
+        `InputError` if a tensor's shape, strides, dtype or device differ from the plan's, or
+        (``check_seqlens``) a length or used page index is out of range.
         """
         layout = self.layout
         if ((q.shape, q.stride(), q.dtype, q.device) != layout[0]
@@ -628,8 +630,19 @@ class DecodePlan:
                 _check_block_table_values(self._torch, block_table, self.page_size, self.num_pages,
                                           self.L_max)
         torch = self._torch
-        o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.need_lse else o
+        if out is None:
+            o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
+        else:
+            _check_out(torch, "out", out, self.o_shape, self.dtype, self.device)
+            o = out
+        if lse_out is not None:
+            if not self.return_lse:
+                raise InputError("lse_out: expected None (the plan was made with return_lse=False), "
+                                 "got a tensor")
+            _check_out(torch, "lse_out", lse_out, self.lse_shape, torch.float32, self.device)
+            lse = lse_out
+        else:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.need_lse else o
         o_part = self.o_part if self.split else o  # placeholders are never touched
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
@@ -641,6 +654,15 @@ class DecodePlan:
             self._combine_kernel[self._combine_grid](o_part, lse_part, o, lse, self.num_splits,
                                                      **self._combine_consts)
         return (o, lse) if self.return_lse else o
+
+
+def _check_out(torch, name, t, shape, dtype, device):
+    if not (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
+            and t.device == device and t.is_contiguous()):
+        got = f"shape {tuple(t.shape)}, {t.dtype}, {t.device}, contiguous={t.is_contiguous()}" \
+            if isinstance(t, torch.Tensor) else type(t).__name__
+        raise InputError(f"{name}: expected a contiguous tensor of shape {shape}, {dtype} on {device}, "
+                         f"got {got}")
 
 
 def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **options) -> DecodePlan:
