@@ -627,29 +627,42 @@ def to_paged(k, v, lens, page_size, gen, shared_prefix_pages=0, spare=3):
     return k, v, kp.to(DEVICE), vp.to(DEVICE), table.to(DEVICE)
 
 
-def reference_chunk(q, k, v, lens, scale=None):
-    """float64 attention of q [B, Hq, Nq, d] (the last Nq positions) on dense k, v [B, Hkv, L, d]:
-    reference.py's naive causal attention per sequence (bottom-right), rows with no key -> 0, LSE -inf."""
+def gather_pages(kp, table, b, n):
+    """Sequence b's first n keys from a paged cache [P, page_size, Hkv, d] -> dense [Hkv, n, d]."""
+    ps = kp.shape[1]
+    idx = torch.arange(n)
+    pages = table[b].cpu().long()[idx // ps]
+    return kp.cpu()[pages, idx % ps].transpose(0, 1)
+
+
+def reference_chunk(q, k, v, lens, scale=None, table=None):
+    """float64 attention of q [B, Hq, Nq, d] (the last Nq positions of each sequence): per sequence,
+    its keys (dense k, v [B, Hkv, L, d], or gathered from pages through ``table``) through
+    `reference.naive_attention` with bottom-right causal; rows with no key -> 0 and LSE -inf."""
     B, Hq, Nq, d = q.shape
     o = torch.zeros(B, Hq, Nq, d, dtype=torch.float64)
     lse = torch.full((B, Hq, Nq), -math.inf, dtype=torch.float64)
-    G = Hq // k.shape[1]
-    scale = scale if scale is not None else 1 / math.sqrt(d)
     for b in range(B):
         n = int(lens[b])
-        kb = k[b, :, :n].double().cpu().repeat_interleave(G, 0)  # [Hq, n, d]
-        vb = v[b, :, :n].double().cpu().repeat_interleave(G, 0)
-        qb = q[b].double().cpu()
-        pos = n - Nq + torch.arange(Nq)  # positions of the queries; negative ones see nothing
-        s = (qb @ kb.transpose(-1, -2)) * scale  # [Hq, Nq, n]
-        s = s.masked_fill(torch.arange(n)[None, None, :] > pos[None, :, None], -math.inf)
-        lse[b] = torch.logsumexp(s, -1)
-        o[b] = (torch.exp(s - lse[b][..., None]).nan_to_num(0.0)) @ vb
+        if n == 0:
+            continue
+        if table is None:
+            kb, vb = k[b, :, :n].cpu(), v[b, :, :n].cpu()
+        else:
+            kb, vb = gather_pages(k, table, b, n), gather_pages(v, table, b, n)
+        ob, lb = reference.naive_attention(q[b].double().cpu().numpy(), kb.double().numpy(),
+                                           vb.double().numpy(), causal=True, scale=scale, return_lse=True)
+        o[b], lse[b] = torch.from_numpy(ob), torch.from_numpy(lb)
     return o, lse
 
 
-def check_chunk(o, lse, q, k, v, lens, scale=None):
+def check_chunk(o, lse, q, k, v, lens, scale=None, paged=None):
+    """``paged``: (k_pages, v_pages, table): the reference gathers from the pages; k, v are the dense
+    copy (for SDPA's own error, and checked equal to the gathered keys)."""
     ref_o, ref_lse = reference_chunk(q, k, v, lens, scale)
+    if paged is not None:
+        gathered = reference_chunk(q, paged[0], paged[1], lens, scale, table=paged[2])
+        assert torch.equal(gathered[0], ref_o) and torch.equal(gathered[1], ref_lse)
     # PyTorch's own error at this dtype: SDPA with the same bottom-right mask, per sequence
     B, Hq, Nq, d = q.shape
     torch_err = 0.0
@@ -689,7 +702,7 @@ def test_paged_decode_matches_reference(page_size, group, dtype, num_splits, sha
     with poisoned_empty():
         o, lse = flash_decode(q, kp, vp, lens.to(DEVICE), num_splits=num_splits, return_lse=True,
                               block_table=table)
-    check_chunk(o, lse, q, k, v, lens)
+    check_chunk(o, lse, q, k, v, lens, paged=(kp, vp, table))
     dense = flash_decode(q, k.to(DEVICE), v.to(DEVICE), lens.to(DEVICE), num_splits=num_splits or 1)
     assert (o.float() - dense.float()).abs().max().item() <= 1e-2
 
@@ -715,7 +728,7 @@ def test_chunked_queries_match_causal_reference(nq, group, dtype, num_splits, pa
     with poisoned_empty():
         o, lse = flash_decode(q, kc, vc, lens.to(DEVICE), num_splits=num_splits, return_lse=True,
                               block_table=table)
-    check_chunk(o, lse, q, k, v, lens)
+    check_chunk(o, lse, q, k, v, lens, paged=(kc, vc, table) if paged else None)
 
 
 def test_chunked_fused_and_separate_merge_agree():
