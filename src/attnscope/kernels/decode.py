@@ -96,10 +96,12 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
 
 def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head_dim: int, elt: int,
                   num_splits: int, return_lse: bool = False) -> dict[str, int]:
-    """Logical HBM bytes of one `flash_decode` call, itemised (the benchmark's napkin math).
+    """Logical HBM bytes of one Nq = 1 `flash_decode` call on a dense cache, itemised (bench/decode.py
+    divides the total by the measured time for its TB/s column).
 
     ``total_keys`` is ``sum_b cache_seqlens[b]`` (``B * L_max`` when all sequences are full); ``elt`` is
-    the element size of q/K/V (2 for fp16/bf16). Partials exist only when ``num_splits > 1``.
+    the element size of q/K/V (2 for fp16/bf16). Partials exist only when ``num_splits > 1``. A paged
+    cache adds the block-table reads (4 bytes per page used), not counted here.
     """
     kv = 2 * kv_heads * total_keys * head_dim * elt  # K and V, each byte once per step (GQA shared)
     q = batch * q_heads * head_dim * elt  # the one query row per head
