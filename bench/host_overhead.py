@@ -1,18 +1,21 @@
-"""Host-side cost of one eager call of each launcher (no GPU work waited on), and where it goes.
+"""Host-side cost of one eager decode call (no GPU work waited on): `DecodePlan.run` vs the one-line
+`flash_decode` (a plan per call) vs SDPA, and where plan.run's time goes.
 
-    PYTHONPATH=src python bench/host_overhead.py
+    PYTHONPATH=src python bench/host_overhead.py [--json out.json]
 
-Each call is made 500 times in a loop after warm-up and the loop's wall time divided by 500: at these
-small shapes the GPU finishes each kernel before the host has issued the next, so this is the host's
-time per call. Variants: `flash_decode` as shipped (fused merge, one launch), with the separate combine
-kernel (two launches), with one split, and each launch mode of `decode.LAUNCH` ("direct": repeat calls
-skip the checks and call the compiled kernel's launcher; "jit": skip the checks, launch through
-JITFunction.run; "off": check and launch through JITFunction.run every call); SDPA inside
-``sdpa_kernel(...)`` (how the benchmark pins a backend) and with default dispatch. A cProfile of the
-shipped call follows.
+B = 1, Hq = 32, Hkv = 8, L = 4096, d = 128, bf16: the smallest decode shape of issue 14, where the kernel
+runs for a few microseconds and an eager call is made of host time. Each call is made 500 times after
+warm-up and the loop's wall time divided by 500 (the GPU finishes each kernel before the host issues the
+next, so this is host time per call). Variants: plan.run (fused merge: one launch), plan.run writing
+into a given ``out``, plan.run with the
+separate merge (two launches), plan.run with one split, plan.run on a paged cache (pages of 16),
+flash_decode with and without check_seqlens, SDPA FLASH / CUDNN in ``sdpa_kernel`` and default
+dispatch. A cProfile of plan.run follows.
 """
 
+import argparse
 import cProfile
+import json
 import pstats
 import sys
 import time
@@ -20,16 +23,33 @@ import time
 import torch
 
 import attnscope
-from attnscope.kernels import decode
 
 
 def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args()
     q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
-    qp = torch.randn(1, 32, 256, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((1,), 4096, device="cuda", dtype=torch.int32)
+    kp = k[0].transpose(0, 1).reshape(256, 16, 8, 128).contiguous()
+    vp = v[0].transpose(0, 1).reshape(256, 16, 8, 128).contiguous()
+    table = torch.arange(256, device="cuda", dtype=torch.int32).view(1, 256)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False)
+    sep = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, fuse_combine=False)
+    one = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, num_splits=1)
+    paged = attnscope.decode_plan(q, kp, vp, lens, table, check_seqlens=False)
+    ref = sdpa(q, k, v, enable_gqa=True)
+    out = torch.empty_like(q)
+    for pl, args_ in ((plan, (q, k, v, lens)), (sep, (q, k, v, lens)), (one, (q, k, v, lens)),
+                      (paged, (q, kp, vp, lens, table))):
+        err = (pl.run(*args_).float() - ref.float()).abs().max().item()
+        assert err < 2e-2, f"plan output differs from SDPA by {err}"
+    print(f"all results match SDPA; splits={plan.num_splits} fused={plan.fuse}", flush=True)
 
     def pinned(backend):
         def call():
@@ -37,49 +57,47 @@ def main():
                 return sdpa(q, k, v, enable_gqa=True)
         return call
 
-    def mode(m, **kw):
-        def call():
-            decode.LAUNCH = m
-            try:
-                return attnscope.flash_decode(q, k, v, **kw)
-            finally:
-                decode.LAUNCH = shipped
-        return call
-
-    shipped = decode.LAUNCH
     calls = {
-        f"flash_decode (fused merge, one launch; LAUNCH={shipped!r}, as shipped)":
-            lambda: attnscope.flash_decode(q, k, v),
-        "flash_decode LAUNCH='direct'": mode("direct"),
-        "flash_decode LAUNCH='jit'": mode("jit"),
-        "flash_decode LAUNCH='off'": mode("off"),
-        "flash_decode num_splits=1 LAUNCH='direct'": mode("direct", num_splits=1),
-        "flash_decode num_splits=1 LAUNCH='off'": mode("off", num_splits=1),
-        "flash_decode fuse_combine=False (2 launches)": lambda: attnscope.flash_decode(q, k, v,
-                                                                                        fuse_combine=False),
-        "flash_decode num_splits=1": lambda: attnscope.flash_decode(q, k, v, num_splits=1),
-        "flash_attention (prefill, N=256)": lambda: attnscope.flash_attention(qp, qp, qp),
-        "sdpa FLASH in sdpa_kernel (decode shape)": pinned(SDPBackend.FLASH_ATTENTION),
-        "sdpa CUDNN in sdpa_kernel (decode shape)": pinned(SDPBackend.CUDNN_ATTENTION),
-        "sdpa default dispatch (decode shape)": lambda: sdpa(q, k, v, enable_gqa=True),
+        "plan.run (fused merge, one launch)": lambda: plan.run(q, k, v, lens),
+        "plan.run out= (no allocation)": lambda: plan.run(q, k, v, lens, out=out),
+        "plan.run (separate merge, two launches)": lambda: sep.run(q, k, v, lens),
+        "plan.run (num_splits=1)": lambda: one.run(q, k, v, lens),
+        "plan.run (paged, page 16)": lambda: paged.run(q, kp, vp, lens, table),
+        "flash_decode check_seqlens=False (plan per call)":
+            lambda: attnscope.flash_decode(q, k, v, lens, check_seqlens=False),
+        "flash_decode (checks lengths: a sync)": lambda: attnscope.flash_decode(q, k, v, lens),
+        "sdpa FLASH in sdpa_kernel": pinned(SDPBackend.FLASH_ATTENTION),
+        "sdpa CUDNN in sdpa_kernel": pinned(SDPBackend.CUDNN_ATTENTION),
+        "sdpa default dispatch": lambda: sdpa(q, k, v, enable_gqa=True),
     }
+    results = {}
     for name, fn in calls.items():
-        for _ in range(50):
-            fn()
+        try:
+            for _ in range(50):
+                fn()
+        except Exception as e:  # noqa: BLE001 - a backend that refuses the shape is reported
+            print(f"{name}: n/a ({type(e).__name__})", flush=True)
+            continue
         torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(500):
             fn()
         host = (time.perf_counter() - t) / 500 * 1e6
         torch.cuda.synchronize()
+        results[name] = host
         print(f"{name}: {host:.1f} us host time per call", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(500):
-        attnscope.flash_decode(q, k, v)
+        plan.run(q, k, v, lens)
     prof.disable()
     torch.cuda.synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(), "us": results}, f,
+                      indent=1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "__version__"]
+__all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "decode_plan", "__version__"]
 
 
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
@@ -38,9 +38,18 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
                  **options):
-    """Split-KV decode (Flash-Decoding, Triton). See `attnscope.kernels.decode.flash_decode` (``options``:
-    ``check_seqlens``, ``use_dot``)."""
+    """Split-KV decode / chunked prefill, dense or paged cache (Triton). See
+    `attnscope.kernels.decode.flash_decode` (``options``: ``block_table``, ``check_seqlens``, ``use_dot``,
+    ``fuse_combine``)."""
     from attnscope.kernels.decode import flash_decode as _impl
 
     return _impl(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits, scale=scale,
                  return_lse=return_lse, **options)
+
+
+def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **options):
+    """Plan a decode layout once, then ``plan.run(q, k_cache, v_cache, cache_seqlens, block_table)``
+    (CUDA-graph capturable). See `attnscope.kernels.decode.DecodePlan`."""
+    from attnscope.kernels.decode import DecodePlan
+
+    return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, **options)

@@ -1,7 +1,7 @@
 """The benchmark sweep driver: attnscope's kernels against PyTorch SDPA backends, same inputs, same run.
 
-Used by `attnscope bench` (its arguments: cli/gpu.py), `bench/prefill.py` and `bench/decode.py`. GPU
-only; never run by tests.
+Used by `attnscope bench` (its arguments: cli/gpu.py) and `bench/prefill.py`. GPU only; never run by
+tests.
 
 Method (METHOD.md of the device notes, and DESIGN.md "Numbers"):
 - correctness first: before a kernel is timed at a shape, its output is checked at that full shape
