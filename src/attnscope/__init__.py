@@ -19,11 +19,11 @@ __version__ = "0.1.0"
 __all__ = ["flash_attention", "flash_decode", "__version__"]
 
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, config=None):
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, config=None, impl="auto"):
     """FlashAttention-2 forward (Triton). See `attnscope.kernels.fwd.flash_attention`."""
     from attnscope.kernels.fwd import flash_attention as _impl
 
-    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse, config=config)
+    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse, config=config, impl=impl)
 
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,

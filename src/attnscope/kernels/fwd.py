@@ -75,6 +75,23 @@ CONFIG_TABLE = (
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
+#: Variants (head_dim, dtype name, causal) for which ``impl="auto"`` picks the Gluon Hopper kernel
+#: (kernels/fwd_hopper.py) on sm_90: only those measured correct and faster than the portable kernel on the
+#: GPU. Empty: the Hopper kernel compiles for sm_90 but has not been run on a GPU yet (``impl="hopper"``).
+HOPPER_VALIDATED: frozenset = frozenset()
+IMPLS = ("auto", "portable", "hopper")
+
+
+def _hopper_possible(q) -> str | None:
+    """None when the Gluon Hopper kernel can run on ``q``'s device, else the reason it cannot."""
+    if interpreting() or q.device.type != "cuda":
+        return "it needs a CUDA sm_90 GPU (Gluon kernels do not run in the interpreter)"
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap != (9, 0):
+        return f"it needs sm_90 (Hopper), got sm_{cap[0]}{cap[1]}"
+    return None
+
+
 def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
     """The table's config for head dim ``d``, ``causal``, ``n = max(Nq, Nk)`` (interpreter: a small one)."""
     if interpreting():
@@ -269,8 +286,27 @@ def _check_config(config) -> FwdConfig:
     return cfg
 
 
+def _pick_impl(impl, q, d, causal, qk_scale, cfg) -> str:
+    if impl not in IMPLS:
+        raise InputError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "hopper":
+        why = _hopper_possible(q)
+        if why is not None:
+            raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
+        if qk_scale > 1.0:
+            raise NotImplementedError("impl='hopper': scale * log2(e) > 1 is not supported; "
+                                      "supported: impl='portable' (any finite scale)")
+        if cfg is not None:
+            raise InputError("config: applies to impl='portable' only, got impl='hopper'")
+        return "hopper"
+    if (impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None
+            and (d, str(q.dtype).replace("torch.", ""), causal) in HOPPER_VALIDATED):
+        return "hopper"
+    return "portable"
+
+
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-           config: FwdConfig | None = None):
+           config: FwdConfig | None = None, impl: str = "auto"):
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
@@ -280,11 +316,16 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     _check_flags(causal, scale, return_lse)
     cfg = _check_config(config)
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
-    if cfg is None:
-        cfg = pick_config(d, causal, max(Nq, Nk))
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
+    chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
+    if chosen == "hopper":
+        from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
+
+        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse)
+    if cfg is None:
+        cfg = pick_config(d, causal, max(Nq, Nk))
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
@@ -303,18 +344,19 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
 
 # Registered at import (torch.compile cannot trace a registration): `attnscope::flash_attention`, so
 # torch.compile sees one opaque op with a fake (shape-only) implementation instead of a graph break.
-_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse, int[]? config) "
-           "-> (Tensor, Tensor)")
+_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse, int[]? config, "
+           "str impl) -> (Tensor, Tensor)")
 
 
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
-def _op(q, k, v, causal, scale, return_lse, config):
-    o, lse, _ = launch(q, k, v, causal, scale, return_lse, None if config is None else FwdConfig(*config))
+def _op(q, k, v, causal, scale, return_lse, config, impl):
+    o, lse, _ = launch(q, k, v, causal, scale, return_lse, None if config is None else FwdConfig(*config),
+                       impl)
     return o, lse
 
 
 @_op.register_fake
-def _(q, k, v, causal, scale, return_lse, config):
+def _(q, k, v, causal, scale, return_lse, config, impl):
     B, Hq, Nq, d = q.shape
     o = q.new_empty((B, Hq, Nq, d))
     lse = q.new_empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32)
@@ -322,7 +364,7 @@ def _(q, k, v, causal, scale, return_lse, config):
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                    config: FwdConfig | None = None):
+                    config: FwdConfig | None = None, impl: str = "auto"):
     """FlashAttention-2 forward.
 
     Parameters
@@ -344,6 +386,10 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     config : FwdConfig, optional
         Block configuration ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` instead of the measured
         table's (`CONFIG_TABLE`); each distinct config compiles once per process.
+    impl : {"auto", "portable", "hopper"}
+        ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel
+        (kernels/fwd_hopper.py, experimental; needs an sm_90 GPU and ``scale * log2(e) <= 1``);
+        ``"auto"``: hopper for the variants in `HOPPER_VALIDATED` (none yet), else portable.
 
     Returns
     -------
@@ -364,8 +410,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         # torch.compile sees one opaque op (no graph break); the launch inside validates at run time
         d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
-        o, lse = _op(q, k, v, causal, sm_scale, return_lse, None if cfg is None else list(cfg))
+        o, lse = _op(q, k, v, causal, sm_scale, return_lse, None if cfg is None else list(cfg), impl)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg)
+        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl)
     return (o, lse) if return_lse else o
