@@ -1,7 +1,7 @@
 """Prefill benchmark (issue 15): attnscope portable and hopper vs SDPA CUDNN, SDPA FLASH and compiled
 FlexAttention, same inputs, same run; then the first-call latency of every kernel variant.
 
-    PYTHONPATH=src python bench/prefill.py [--quick] [--json out.json] [--no-flex] [--no-first-call]
+    PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
 
 Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
 and not. Step 1 checks every implementation at every grid point at the full shape against float64
@@ -27,7 +27,7 @@ import json, sys, time, torch
 import attnscope
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()  # CUDA context outside the timed calls
 rows = []
-for impl in ("portable", "hopper"):
+for impl in sys.argv[1:]:
     for d in (128, 64):
         for dtype in (torch.bfloat16, torch.float16):
             for causal in (False, True):
@@ -49,14 +49,14 @@ print(json.dumps(rows))
 """
 
 
-def first_call_latency(log=print) -> list[dict]:
+def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
     """First-call seconds per variant, cold and warm Triton cache (two child processes, one cache dir)."""
     out = []
     with tempfile.TemporaryDirectory(prefix="attnscope-triton-cache-") as cache:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
         for state in ("cold", "warm"):
-            r = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True,
-                               timeout=600)
+            r = subprocess.run([sys.executable, "-c", _FIRST_CALL, *impls], env=env, capture_output=True,
+                               text=True, timeout=600)
             if r.returncode != 0:
                 raise RuntimeError(f"first-call child ({state}) failed:\n{r.stderr[-3000:]}")
             for row in json.loads(r.stdout.strip().splitlines()[-1]):
@@ -69,7 +69,7 @@ def first_call_latency(log=print) -> list[dict]:
     return out
 
 
-def _impls(torch, flex: bool):
+def _impls(torch, flex: bool, hopper: bool = True):
     import attnscope
     from attnscope.measure.bench import _sdpa
 
@@ -79,6 +79,8 @@ def _impls(torch, flex: bool):
         "cudnn": _sdpa(torch, "cudnn"),
         "flash": _sdpa(torch, "flash"),
     }
+    if not hopper:
+        del impls["hopper"]
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -107,6 +109,7 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compiles)")
     p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
+    p.add_argument("--no-hopper", action="store_true", help="leave out impl='hopper' (e.g. if it fails)")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--heads", type=int, default=32)
     a = p.parse_args()
@@ -121,7 +124,7 @@ def main() -> int:
         return 2
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
-    impls = _impls(torch, flex=not a.no_flex)
+    impls = _impls(torch, flex=not a.no_flex, hopper=not a.no_hopper)
     ns = [1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384]
     points = [(d, c, n) for d in (128, 64) for c in (False, True) for n in ns]
 
@@ -175,7 +178,7 @@ def main() -> int:
         torch.cuda.empty_cache()
     out = {"env": env, "prefill": rows, "failures": failures}
     if not a.no_first_call:
-        out["first_call"] = first_call_latency()
+        out["first_call"] = first_call_latency(impls=[i for i in ("portable", "hopper") if i in impls])
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
