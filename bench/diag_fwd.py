@@ -1,5 +1,5 @@
 """What stands between the prefill kernel and CUDNN: the compiler's resource report for the chosen
-config, the autotuner's choice, and host overhead (public call vs a direct launch of the same config).
+config (kernels/fwd.py's table), and host overhead (public call vs a direct launch of the same config).
 
     PYTHONPATH=src python bench/diag_fwd.py
 """
@@ -22,18 +22,15 @@ def main():
             b = 16384 // n
             q, k, v = (torch.randn(b, 32, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = attention_flops(b, 32, n, n, d, causal)
-            attnscope.flash_attention(q, k, v, causal=causal)
-            best = fwd._attnscope_fwd_kernel.best_config
-            cfg = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
-            ck = fwd._launch(q, k, v, causal, None, False, config=cfg) and fwd.last_compiled
+            best = cfg = fwd.pick_config(d, causal, n)
+            ck = fwd.launch(q, k, v, causal, config=cfg)[2]
             res = f"regs {ck.n_regs} spills {ck.n_spills} smem {ck.metadata.shared} B"
 
             def tf(fn, flops=flops):
                 return flops / triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") / 1e9
 
             pub = tf(lambda q=q, k=k, v=v, c=causal: attnscope.flash_attention(q, k, v, causal=c))
-            direct = tf(lambda q=q, k=k, v=v, c=causal, cfg=cfg: fwd._launch(q, k, v, c, None, False,
-                                                                              config=cfg))
+            direct = tf(lambda q=q, k=k, v=v, c=causal, cfg=cfg: fwd.launch(q, k, v, c, config=cfg))
             g = triton.testing.do_bench_cudagraph(
                 lambda q=q, k=k, v=v, c=causal: attnscope.flash_attention(q, k, v, causal=c), rep=200,
                 return_mode="median")

@@ -1,19 +1,190 @@
-"""Prefill benchmark (issue 4): attnscope vs SDPA FLASH / CUDNN / EFFICIENT / naive, same inputs, same run.
+"""Prefill benchmark (issue 15): attnscope portable and hopper vs SDPA CUDNN, SDPA FLASH and compiled
+FlexAttention, same inputs, same run; then the first-call latency of every kernel variant.
 
-    PYTHONPATH=src python bench/prefill.py [--quick] [--json out.json]
+    PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
 
-bf16, H = 32, B*N = 16,384, N in {512 .. 16k}, d in {64, 128}, causal and not; plus fp16 at N = 4096.
-Each kernel is checked against float64 at the full shape before it is timed (measure/bench.py).
+Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
+and not. Step 1 checks every implementation at every grid point at the full shape against float64
+(measure/bench.py's `_ref_error`: heads 0-1, the last 2,048 rows; bound 2 x SDPA FLASH's error + 1e-3);
+one that fails (or raises) is reported and not timed. Step 2 times the rest (triton.testing.do_bench,
+median). TFLOP/s from `model.flops.attention_flops`.
+
+First call: a child process per cache state runs each variant (d x causal x {bf16, fp16} x impl) once and
+times that first call (host wall clock to completion; compile included), CUDA already initialised.
+"cold": TRITON_CACHE_DIR is a fresh empty directory; "warm": a second process with the same directory.
+No call runs an autotuning sweep (configs come from tables).
 """
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 
-from attnscope.cli.gpu import add_bench_arguments
-from attnscope.measure import bench
+_FIRST_CALL = r"""
+import json, sys, time, torch
+import attnscope
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()  # CUDA context outside the timed calls
+rows = []
+for impl in sys.argv[1:]:
+    for d in (128, 64):
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (False, True):
+                q, k, v = (torch.randn(2, 32, 1024, d, device="cuda", dtype=dtype) for _ in range(3))
+                torch.cuda.synchronize()
+                row = dict(impl=impl, d=d, dtype=str(dtype).split(".")[-1], causal=causal)
+                try:
+                    t0 = time.perf_counter()
+                    attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
+                    torch.cuda.synchronize()
+                    t1 = time.perf_counter()
+                    attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
+                    torch.cuda.synchronize()
+                    row.update(first_s=t1 - t0, second_s=time.perf_counter() - t1)
+                except Exception as e:  # a failing variant is reported, not fatal
+                    row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
+                rows.append(row)
+print(json.dumps(rows))
+"""
+
+
+def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
+    """First-call seconds per variant, cold and warm Triton cache (two child processes, one cache dir)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="attnscope-triton-cache-") as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache)
+        for state in ("cold", "warm"):
+            r = subprocess.run([sys.executable, "-c", _FIRST_CALL, *impls], env=env, capture_output=True,
+                               text=True, timeout=600)
+            if r.returncode != 0:
+                raise RuntimeError(f"first-call child ({state}) failed:\n{r.stderr[-3000:]}")
+            for row in json.loads(r.stdout.strip().splitlines()[-1]):
+                row["cache"] = state
+                out.append(row)
+                what = (f"{row['first_s']:.2f} s (second call {row['second_s'] * 1e3:.1f} ms)"
+                        if "error" not in row else f"FAILED {row['error']}")
+                log(f"first call, {state} cache: {row['impl']} d={row['d']} {row['dtype']} "
+                    f"causal={int(row['causal'])}: {what}")
+    return out
+
+
+def _impls(torch, flex: bool, hopper: bool = True):
+    import attnscope
+    from attnscope.measure.bench import _sdpa
+
+    impls = {
+        "portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable"),
+        "hopper": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="hopper"),
+        "cudnn": _sdpa(torch, "cudnn"),
+        "flash": _sdpa(torch, "flash"),
+    }
+    if not hopper:
+        del impls["hopper"]
+    if flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention)
+        masks = {}
+
+        def causal_mod(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+
+        def flex_call(q, k, v, c):
+            mask = None
+            if c:
+                key = (q.shape[2], k.shape[2])
+                if key not in masks:  # built once per shape, outside the timed calls
+                    masks[key] = create_block_mask(causal_mod, None, None, key[0], key[1], device="cuda")
+                mask = masks[key]
+            return compiled(q, k, v, block_mask=mask)
+
+        impls["flex"] = flex_call
+    return impls
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="N in {1k, 4k} only")
+    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
+    p.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compiles)")
+    p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
+    p.add_argument("--no-hopper", action="store_true", help="leave out impl='hopper' (e.g. if it fails)")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--heads", type=int, default=32)
+    a = p.parse_args()
+
+    import torch
+
+    from attnscope.measure.bench import _median_ms, _ref_error, environment
+    from attnscope.model.flops import attention_flops
+
+    if not torch.cuda.is_available():
+        print("bench/prefill.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    env = environment(torch)
+    print("# " + json.dumps(env), flush=True)
+    impls = _impls(torch, flex=not a.no_flex, hopper=not a.no_hopper)
+    ns = [1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384]
+    points = [(d, c, n) for d in (128, 64) for c in (False, True) for n in ns]
+
+    def inputs(d, n):
+        torch.manual_seed(n + d)
+        b = max(1, a.tokens // n)
+        return [torch.randn(b, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+    # Step 1: correctness of every implementation at every point, full shape, before any timing.
+    ok, errs, failures = {}, {}, []
+    for d, c, n in points:
+        q, k, v = inputs(d, n)
+        ref = _ref_error(torch, impls["flash"](q, k, v, c), q, k, v, c)
+        for name, fn in impls.items():
+            try:
+                err = _ref_error(torch, fn(q, k, v, c), q, k, v, c)
+            except Exception as e:  # noqa: BLE001 - reported, and that implementation is not timed here
+                err, why = None, f"{type(e).__name__}: {str(e)[:160]}"
+            else:
+                why = None if err <= 2 * ref + 1e-3 else f"err {err:.3g} > 2 x {ref:.3g} + 1e-3"
+            errs[(d, c, n, name)] = err
+            ok[(d, c, n, name)] = why is None
+            if why:
+                failures.append(f"{name} d={d} causal={int(c)} N={n}: {why}")
+        del q, k, v
+        torch.cuda.empty_cache()
+    for f in failures:
+        print("  FAIL (not timed) " + f, flush=True)
+    print("all results match, starting benchmarks" if not failures else
+          f"{len(failures)} check(s) failed (listed above); timing the rest", flush=True)
+
+    # Step 2: time what passed.
+    rows = []
+    for d, c, n in points:
+        q, k, v = inputs(d, n)
+        flops = attention_flops(q.shape[0], a.heads, n, n, d, c, "forward")
+        row = {"dtype": "bfloat16", "d": d, "causal": c, "n": n, "batch": q.shape[0], "heads": a.heads,
+               "flops": flops, "tflops": {}, "err": {}}
+        for name, fn in impls.items():
+            row["err"][name] = errs[(d, c, n, name)]
+            if ok[(d, c, n, name)]:
+                ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=c: fn(q, k, v, c))
+                row["tflops"][name] = flops / ms / 1e9
+        t = row["tflops"]
+        cu = t.get("cudnn")
+        print(f"d={d:3d} causal={int(c)} N={n:5d} | " + " ".join(f"{k}={t[k]:.1f}" for k in t) +
+              (f" | /cudnn portable={t['portable'] / cu:.3f}" if cu and "portable" in t else "") +
+              (f" hopper={t['hopper'] / cu:.3f}" if cu and "hopper" in t else ""), flush=True)
+        rows.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    out = {"env": env, "prefill": rows, "failures": failures}
+    if not a.no_first_call:
+        out["first_call"] = first_call_latency(impls=[i for i in ("portable", "hopper") if i in impls])
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_arguments(p)
-    args = p.parse_args(["--kind", "prefill", *sys.argv[1:]])
-    sys.exit(bench.run(args))
+    sys.exit(main())

@@ -1,8 +1,8 @@
-"""Time every candidate block configuration of the prefill kernel, autotuner bypassed, beside SDPA.
+"""Time candidate block configurations of the prefill kernel (``config=`` bypasses the table), beside SDPA.
 
     PYTHONPATH=src python bench/tune_prefill.py --d 128 --n 4096 --n 16384 [--out FILE.json]
 
-For picking the pruned config list in kernels/fwd.py: each config is checked against SDPA FLASH's
+For picking the rows of kernels/fwd.py's CONFIG_TABLE: each config is checked against SDPA FLASH's
 output (max abs diff) and timed (median, CUDA events); peers SDPA FLASH and CUDNN on the same tensors.
 """
 
@@ -30,8 +30,6 @@ def main():
     p.add_argument("--bn", type=int, action="append")
     p.add_argument("--warps", type=int, action="append")
     p.add_argument("--stages", type=int, action="append")
-    p.add_argument("--ws", type=int, action="append")
-    p.add_argument("--lazy", type=int, action="append")
     p.add_argument("--out")
     a = p.parse_args()
     results = []
@@ -48,29 +46,29 @@ def main():
             peers[name] = flops / ms / 1e9
         print(f"d={d} causal={causal} N={n} B={b}: flash {peers['flash']:.0f} "
               f"cudnn {peers['cudnn']:.0f} TFLOP/s", flush=True)
-        for bm, bn, w, s, ws, lz in itertools.product(a.bm or [128], a.bn or [64, 128], a.warps or [4, 8],
-                                                  a.stages or [2, 3, 4], a.ws or [0], a.lazy or [0]):
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, WARP_SPEC=bool(ws), LAZY_RESCALE=bool(lz), num_warps=w,
-                       num_stages=s)
+        for bm, bn, w, s in itertools.product(a.bm or [128], a.bn or [64, 128], a.warps or [4, 8],
+                                              a.stages or [2, 3, 4]):
+            cfg = fwd.FwdConfig(bm, bn, w, s)
             t0 = time.time()
             try:
-                o, _ = fwd._launch(q, k, v, bool(causal), None, False, config=cfg)
+                o = fwd.flash_attention(q, k, v, bool(causal), config=cfg)
                 torch.cuda.synchronize()
                 diff = (o.float() - ref.float()).abs().max().item()
                 ms = triton.testing.do_bench(
-                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal): fwd._launch(q, k, v, c, None, False,
-                                                                               config=cfg),
+                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal): fwd.flash_attention(q, k, v, c,
+                                                                                        config=cfg),
                     warmup=25, rep=100, return_mode="median")
                 tf = flops / ms / 1e9
-                row = dict(d=d, causal=causal, n=n, cfg=cfg, tflops=tf, diff=diff,
+                row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(), tflops=tf, diff=diff,
                            vs_cudnn=tf / peers["cudnn"], vs_flash=tf / peers["flash"])
-                print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws} lazy={lz}: {tf:6.1f} TFLOP/s  "
+                print(f"  bm={bm} bn={bn} w={w} s={s}: {tf:6.1f} TFLOP/s  "
                       f"/cudnn {tf / peers['cudnn']:.3f} /flash {tf / peers['flash']:.3f}  "
                       f"maxdiff {diff:.2e}  "
                       f"({time.time() - t0:.1f}s)", flush=True)
             except Exception as e:  # noqa: BLE001
-                row = dict(d=d, causal=causal, n=n, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
-                print(f"  bm={bm} bn={bn} w={w} s={s} ws={ws} lazy={lz}: FAILED {row['error'][:150]}",
+                row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(),
+                           error=f"{type(e).__name__}: {str(e)[:200]}")
+                print(f"  bm={bm} bn={bn} w={w} s={s}: FAILED {row['error'][:150]}",
                       flush=True)
             results.append(row)
         results.append(dict(d=d, causal=causal, n=n, peers=peers))

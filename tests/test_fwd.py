@@ -83,12 +83,27 @@ for i, ((nq, nk), causal) in enumerate(itertools.product(itertools.product(NS, N
 
 @pytest.mark.parametrize("nq,nk,causal,group,d,dtype,strided", CASES)
 def test_matches_float64_reference(monkeypatch, nq, nk, causal, group, d, dtype, strided):
+    _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl="portable")
+
+
+def _is_sm90():
+    return DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("nq,nk,causal,group,d,dtype,strided", CASES)
+def test_hopper_matches_float64_reference(monkeypatch, nq, nk, causal, group, d, dtype, strided):
+    _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl="hopper")
+
+
+def _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl):
     dt = getattr(torch, dtype)
     hkv = 1 if nq * nk > 10_000 else 2
     b = 1 if nq * nk > 10_000 else 2
     q, k, v = _inputs(b, hkv * group, hkv, nq, nk, d, dt, strided, seed=nq * 1000 + nk + causal)
     _poisoned_empty(monkeypatch)
-    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
     monkeypatch.undo()
     assert o.shape == q.shape and o.dtype == dt and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     assert not torch.isnan(o).any(), "NaN in the output: an element was not written (or a 0/0)"
@@ -157,7 +172,7 @@ def test_custom_op_registration_opcheck():
     q, k, v = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=3)
     op = fwd._op
     assert torch.ops.attnscope.flash_attention.default is not None
-    torch.library.opcheck(op, (q, k, v, True, 0.125, True),
+    torch.library.opcheck(op, (q, k, v, True, 0.125, True, None, "auto"),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -208,9 +223,112 @@ def test_bad_input_is_a_clear_error(over, exc, msg):
     assert msg in str(e.value)
 
 
-def test_bad_scale():
-    with pytest.raises(ValueError, match="scale: expected a finite positive number"):
-        attnscope.flash_attention(**_good(), scale=-1.0)
+@pytest.mark.parametrize("kw,msg", [
+    ({"scale": -1.0}, "scale: expected a finite positive number or None, got -1.0"),
+    ({"scale": 0.0}, "scale: expected a finite positive number"),
+    ({"scale": float("inf")}, "scale: expected a finite positive number"),
+    ({"scale": float("nan")}, "scale: expected a finite positive number"),
+    ({"scale": True}, "scale: expected a finite positive number or None, got True"),
+    ({"scale": "0.1"}, "scale: expected a finite positive number"),
+    ({"causal": "no"}, "causal: expected True or False, got 'no'"),
+    ({"causal": 1}, "causal: expected True or False, got 1"),
+    ({"return_lse": None}, "return_lse: expected True or False, got None"),
+    ({"config": (128, 64)}, "config: expected FwdConfig(BLOCK_M, BLOCK_N, num_warps, num_stages)"),
+    ({"config": (96, 64, 4, 2)}, "config: expected powers of two"),
+    ({"config": (128, 64, 4, 0)}, "config: expected powers of two"),
+])
+def test_bad_flags_are_clear_errors(kw, msg):
+    with pytest.raises(ValueError) as e:
+        attnscope.flash_attention(**_good(), **kw)
+    assert msg in str(e.value)
+
+
+@pytest.mark.parametrize("scale", [1e30, 1e37])
+@pytest.mark.parametrize("causal", [False, True])
+def test_huge_scale_is_finite_and_matches_float64(scale, causal):
+    """A huge finite scale turns softmax into a row arg-max: finite output, no inf - inf = NaN."""
+    q, k, v = _inputs(1, 2, 1, 23, 37, 64, torch.float16, False, seed=11)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
+                                         scale=scale, return_lse=True)
+    assert torch.isfinite(o).all()
+    assert np.abs(o.double().cpu().numpy() - ro).max() < 1e-3
+    lse_np = lse.cpu().numpy()
+    fits = np.abs(rlse) < 1e38  # the LSE itself is representable in fp32: relative error small
+    assert np.all(np.abs(lse_np[fits] - rlse[fits]) <= 1e-5 * np.abs(rlse[fits]))
+    assert np.all(np.isposinf(lse_np[~fits]) | (np.abs(lse_np[~fits] - rlse[~fits]) <= 1e-5 * rlse[~fits]))
+
+
+def test_config_override_gives_the_same_answer():
+    q, k, v = _inputs(1, 2, 2, 70, 90, 64, torch.float16, False, seed=12)
+    ro = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True)
+    for cfg in (fwd.FwdConfig(16, 32, 4, 1), fwd.FwdConfig(64, 16, 4, 1)):
+        o = attnscope.flash_attention(q, k, v, causal=True, config=cfg)
+        assert np.abs(o.double().cpu().numpy() - ro).max() < 2e-3, cfg
+
+
+def test_config_table_covers_every_supported_variant(monkeypatch):
+    """Every (d, causal) the public call accepts has a measured row, for any N (no autotuning)."""
+    monkeypatch.setattr(fwd, "interpreting", lambda: False)
+    for d in _common.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            for n in (1, 1000, 1 << 20):
+                cfg = fwd.pick_config(d, causal, n)
+                assert isinstance(cfg, fwd.FwdConfig) and cfg.BLOCK_M in (64, 128)
+    with pytest.raises(NotImplementedError, match="head_dim 96: no measured config"):
+        fwd.pick_config(96, False, 10)
+
+
+def test_impl_argument_errors():
+    with pytest.raises(ValueError, match="impl: expected one of auto, portable, hopper, got 'fast'"):
+        attnscope.flash_attention(**_good(), impl="fast")
+    if not _is_sm90():
+        with pytest.raises(NotImplementedError, match="impl='hopper': it needs .*supported elsewhere"):
+            attnscope.flash_attention(**_good(), impl="hopper")
+
+
+def test_auto_is_portable_until_a_hopper_variant_is_validated(monkeypatch):
+    """impl='auto' never picks the Gluon kernel for a variant missing from HOPPER_VALIDATED."""
+    q = _good()["q"]
+    monkeypatch.setattr(fwd, "_hopper_possible", lambda q: None)  # pretend sm_90
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None) == "portable"
+    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", frozenset({(64, "float16", False)}))
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None) == "hopper"
+    assert fwd._pick_impl("auto", q, 64, True, 0.18, None) == "portable"
+    assert fwd._pick_impl("auto", q, 64, False, 2.0, None) == "portable"  # huge scale: portable only
+    with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
+        fwd._pick_impl("hopper", q, 64, False, 2.0, None)
+
+
+def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
+    """One Gluon variant compiled for sm_90 without a GPU: producer/consumer register split present."""
+    pytest.importorskip("triton.experimental.gluon")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from attnscope.kernels import fwd_hopper as hop
+
+    sig = hop.signature(128, "bf16")
+    k = triton.compile(GluonASTSource(fn=hop._attnscope_fwd_hopper_kernel, signature=sig,
+                                      constexprs=hop.constexprs(128, True, True)),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24" in ptx  # the 1-warp TMA producer gives registers back
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU (compiled kernels)")
+def test_one_compile_per_variant_on_gpu():
+    """Different N, B, head counts and strides reuse one compiled kernel per (d, dtype, causal, lse)."""
+    seen = set()
+    for b, hq, hkv, nq, nk, strided in ((1, 4, 2, 100, 300, False), (2, 8, 8, 4096, 4096, True),
+                                        (3, 2, 1, 1, 17, False)):
+        q, k, v = _inputs(b, hq, hkv, nq, nk, 128, torch.bfloat16, strided, seed=nq)
+        _, _, compiled = fwd.launch(q, k, v, causal=True)
+        seen.add(id(compiled))
+    assert len(seen) == 1
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU-tensor error only exists without a GPU")

@@ -19,12 +19,12 @@ __version__ = "0.1.0"
 __all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "decode_plan", "__version__"]
 
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, config=None, impl="auto"):
     """FlashAttention-2 forward (Triton), differentiable (FA-2 backward in `attnscope.kernels.bwd`).
     See `attnscope.kernels.fwd.flash_attention`."""
     from attnscope.kernels.fwd import flash_attention as _impl
 
-    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse, config=config, impl=impl)
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,

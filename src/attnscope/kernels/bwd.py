@@ -398,7 +398,7 @@ def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, return_lse = inputs
+    q, k, v, causal, scale, return_lse = inputs[:6]  # then config, impl (no gradient)
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
@@ -414,7 +414,7 @@ def _backward(ctx, grad_o, grad_lse):
     elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
         grad_o = grad_o.contiguous()
     dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, False)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 torch.library.register_autograd("attnscope::flash_attention", _backward, setup_context=_setup_context)

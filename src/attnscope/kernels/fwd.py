@@ -1,35 +1,32 @@
-"""FlashAttention-2 forward (prefill) in Triton.
+"""FlashAttention-2 forward (prefill) in Triton: the portable kernel (any sm_80+ GPU, and the CPU tests).
 
 Algorithm: Dao, *FlashAttention-2*, arXiv:2307.08691, Algorithm 1 and §3.1.1. One program per
 (query tile, batch x query head); Q tile in registers, K/V tiles streamed through shared memory; the
 online softmax keeps the running max ``m_i``, normaliser ``l_i`` and unnormalised accumulator ``acc``
-on chip; one division at the end. Names match `attnscope.reference` (m, alpha, l, acc) and spec §3.
+on chip (the names of `attnscope.reference` and spec §3); one division at the end.
 
-Causal attention runs the KV loop in two stages, as spec §2.1 insists: tiles ``[0, lo)`` are entirely
-permitted for every row of the query tile and run without any mask arithmetic; tiles ``[lo, hi)``
-straddle the diagonal (or are the ragged last tile) and are masked *before* the running max sees the
-scores; tiles ``[hi, Nk)`` are skipped (the skip bound). ``lo`` and ``hi`` are the closed forms of
-`attnscope.model.tiles.Grid.kv_bounds`, recomputed in-kernel per program (a kernel cannot call Python;
-`tests/test_fwd.py` holds the two against each other). Alignment is
-bottom-right: key c is visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key produce
-0 and LSE = -inf, never NaN.
+Causal attention runs the KV loop in two stages (spec §2.1): tiles ``[0, lo)`` are permitted for every
+row of the query tile and run without mask arithmetic; tiles ``[lo, hi)`` straddle the diagonal (or are
+the ragged last tile) and are masked *before* the running max sees the scores; tiles ``[hi, Nk)`` are
+skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bounds`, recomputed
+in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
+visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
-What makes it fast on sm_90 (H100/H200):
-- ``exp2`` with log2(e) folded into the softmax scale (one FMA per score instead of a multiply + exp);
-- Q/K/V/O moved by tensor descriptors (TMA bulk copies; out-of-bounds rows of ragged tiles read as 0
-  and are not written back), 4-D descriptors so any strides with a unit last dimension work, including
-  a transposed [B, N, H, d] view, without a copy;
-- software pipelining of the KV loop (``num_stages``) and, where it wins, warp specialisation
-  (``tl.range(..., warp_specialize=True)``: producer warps issue TMA loads while consumer warpgroups
-  run wgmma);
-- causal query tiles launched heaviest first, so the short tiles fill the tail of the grid;
-- a small pruned config set per (head_dim, causal), autotuned once per power-of-two bucket of the
-  sequence lengths, not for every N.
+Layout: q, o ``[B, Hq, Nq, d]``, k, v ``[B, Hkv, Nk, d]``, any strides with a unit last stride (e.g. a
+transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descriptors: out-of-bounds rows
+of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
+scale (one FMA per score). Causal query tiles launch heaviest first.
+
+Block configurations come from a measured table (`CONFIG_TABLE`, per head dim, causal and N; from the
+sweeps in BENCHMARKS.md), not from runtime autotuning: the first call of each variant costs one compile
+and no timing sweep. ``config=FwdConfig(...)`` overrides the table (bench/tune_prefill.py sweeps that
+way). The compiled kernel of a call is returned by `launch` for resource reports (bench/diag_fwd.py).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import (
@@ -45,89 +42,105 @@ from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from attnscope.kernels._tl import round_bf16  # noqa: E402
 
-last_compiled = None  # set by every launch (registers, spills, shared memory: bench/diag_fwd.py)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
 
 
-# Candidate configs per head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages). Measured on the H200 with
-# bench/tune_prefill.py (BENCHMARKS.md, "prefill config sweep"): for d = 128, BLOCK_M = 128 with 4 warps
-# and 2 stages wins (512-532 TFLOP/s unmasked, 448-511 causal): its ~96 KiB of shared memory and one
-# warpgroup per CTA let two CTAs share an SM, so one CTA's softmax overlaps the other's wgmma.
-# BLOCK_N = 128 with 4 warps spills (<= 205 TFLOP/s) and is not listed; BLOCK_M = 64 (3-4 CTAs per SM)
-# trails by 10-20 %. The lazy rescale (LAZY_RESCALE, FlashAttention-4's trick) costs 10-20 % here: its
-# block-uniform branch needs a cross-warp reduction and breaks the loop's pipelining. Warp specialisation
-# (tl.range(..., warp_specialize=True)) failed to compile with 4 warps and changed nothing measurable
-# with 8 warps on sm_90 under Triton 3.6, so no config uses it.
-CONFIGS = {
-    128: [(128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
-    64: [(128, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3)],
-}
+class FwdConfig(NamedTuple):
+    """One block configuration of the portable forward kernel."""
+
+    BLOCK_M: int  # query rows per program
+    BLOCK_N: int  # key/value rows per loop iteration
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the KV loop
 
 
-def _configs(triton):
-    """All candidates; `_prune` keeps those listed for the call's head_dim. Under the interpreter a single
-    small config keeps CPU tests fast and still exercises multi-tile, ragged and diagonal paths."""
+#: Measured config table: (head_dim, causal, largest max(Nq, Nk) the row covers or None = any) -> config,
+#: first matching row wins; the same for fp16 and bf16 (the fp16 point of the 2026-11-29 sweep ran the
+#: bf16 winner). Source: bench/tune_prefill.py and bench/diag_fwd.py on the H200, 2026-11-29 (BENCHMARKS.md,
+#: "What stands in the way ..."): d = 128 (128, 64, 4, 2) at 4k and 16k, causal or not; d = 64 unmasked
+#: (128, 128, 4, 3), causal (128, 64, 4, 3) at 4k. No sweep found a different winner by N, so one row per
+#: (d, causal) covers every N.
+CONFIG_TABLE = (
+    (128, False, None, FwdConfig(128, 64, 4, 2)),
+    (128, True, None, FwdConfig(128, 64, 4, 2)),
+    (64, False, None, FwdConfig(128, 128, 4, 3)),
+    (64, True, None, FwdConfig(128, 64, 4, 3)),
+)
+#: Under the interpreter one small config keeps CPU tests fast and still exercises multi-tile, ragged and
+#: diagonal paths.
+INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
+
+
+#: Variants (head_dim, dtype name, causal) for which ``impl="auto"`` picks the Gluon Hopper kernel
+#: (kernels/fwd_hopper.py) on sm_90: only those measured correct and faster than the portable kernel on the
+#: GPU. Empty: the Hopper kernel compiles for sm_90 but has not been run on a GPU yet (``impl="hopper"``).
+HOPPER_VALIDATED: frozenset = frozenset()
+IMPLS = ("auto", "portable", "hopper")
+
+
+def _hopper_possible(q) -> str | None:
+    """None when the Gluon Hopper kernel can run on ``q``'s device, else the reason it cannot."""
+    if interpreting() or q.device.type != "cuda":
+        return "it needs a CUDA sm_90 GPU (Gluon kernels do not run in the interpreter)"
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap != (9, 0):
+        return f"it needs sm_90 (Hopper), got sm_{cap[0]}{cap[1]}"
+    return None
+
+
+def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
+    """The table's config for head dim ``d``, ``causal``, ``n = max(Nq, Nk)`` (interpreter: a small one)."""
     if interpreting():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "WARP_SPEC": False, "LAZY_RESCALE": False},
-                              num_warps=4, num_stages=1)]
-    seen = sorted({c for cs in CONFIGS.values() for c in cs})
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPEC": False, "LAZY_RESCALE": False},
-                          num_warps=w, num_stages=s) for bm, bn, w, s in seen]
-
-
-def _prune(configs, named_args, **kwargs):
-    """Keep the configs listed for this head_dim."""
-    if interpreting():
-        return configs
-    d = named_args.get("HEAD_DIM", kwargs.get("HEAD_DIM"))
-    wanted = set(CONFIGS.get(d, ()))
-    kept = [c for c in configs
-            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
-    return kept or configs[:1]
+        return INTERPRETER_CONFIG
+    for td, tc, n_max, cfg in CONFIG_TABLE:
+        if td == d and tc == causal and (n_max is None or n <= n_max):
+            return cfg
+    raise NotImplementedError(f"head_dim {d}: no measured config; supported: "
+                              f"{sorted({row[0] for row in CONFIG_TABLE})}")
 
 
 @triton.jit
 def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, LAZY_RESCALE: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form."""
+               CAUSAL: tl.constexpr, MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form; returns (acc, l_i, m_i).
+
+    ``m_i`` is the running max in log2 units (scores x ``qk_scale``), except with ``MAX_UNSCALED``
+    (``qk_scale > 1``): then ``m_i`` is the max of the raw scores and the scale is applied to the
+    differences ``s - m_i <= 0``, so a huge scale gives exp2(-inf) = 0, never inf - inf = NaN.
+    """
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM (fp32 operands: interpreter + bf16 only)
-    qk = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
+    s = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
     if MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keep = offs_n[None, :] < NK  # ragged last tile: columns past Nk
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
-        qk = tl.where(keep, qk * qk_scale, float("-inf"))  # mask BEFORE the running max (spec §2.1)
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        m_ij = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # no key yet: exp2(-inf - 0) = 0, not NaN
-        p = tl.math.exp2(qk - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)  # rescale of the old state onto the new max
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
-        m_i = m_ij
-    elif LAZY_RESCALE:
-        # Lazy rescale (as FlashAttention-4): move the base only when some row's max grew by more than
-        # 8 in log2 units; otherwise keep the stale base (p <= 2^8, harmless in fp32 / bf16) and skip
-        # the alpha exp2 and the acc multiply. Exact either way: l and acc share the base m_i.
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if tl.max(m_ij - m_i, 0) > 8.0:
-            alpha = tl.math.exp2(m_i - m_ij)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_ij
-        p = tl.math.exp2(qk * qk_scale - m_i[:, None])
+        if not MAX_UNSCALED:
+            s = s * qk_scale
+        s = tl.where(keep, s, float("-inf"))  # mask BEFORE the running max (spec §2.1)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf - 0) = 0, not NaN
+        if MAX_UNSCALED:
+            p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
+        else:
+            p = tl.math.exp2(s - m_new[:, None])
+    elif MAX_UNSCALED:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
     else:
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
-        m_i = m_ij
-    l_i = l_i + tl.sum(p, 1)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
+    # rescale of the old state onto the new max
+    alpha = tl.math.exp2((m_i - m_new) * qk_scale) if MAX_UNSCALED else tl.math.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    m_i = m_new
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
     acc = tl.dot(round_bf16(p), v.to(tl.float32), acc) if EMULATE_BF16 else tl.dot(p.to(v.dtype), v, acc)
@@ -164,19 +177,14 @@ def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
     return lo, hi
 
 
-@triton.autotune(configs=_configs(triton), key=["HEAD_DIM", "CAUSAL", "N_BUCKET", "STORE_LSE"],
-                 prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+
+@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale"])
 def _attnscope_fwd_kernel(
-    Q, K, V, O, LSE,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
+    desc_q, desc_k, desc_v, desc_o, LSE,
     B, H, HKV, NQ, NK, qk_scale,
-    N_BUCKET,  # autotune key only: power-of-two bucket of max(Nq, Nk)
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -187,21 +195,8 @@ def _attnscope_fwd_kernel(
     h = pid_bh % H
     hk = h // (H // HKV)  # GQA: query heads h share kv head h // group
 
-    desc_q = tl.make_tensor_descriptor(Q, shape=[B, H, NQ, HEAD_DIM],
-                                       strides=[stride_qb, stride_qh, stride_qm, 1],
-                                       block_shape=[1, 1, BLOCK_M, HEAD_DIM])
-    desc_k = tl.make_tensor_descriptor(K, shape=[B, HKV, NK, HEAD_DIM],
-                                       strides=[stride_kb, stride_kh, stride_kn, 1],
-                                       block_shape=[1, 1, BLOCK_N, HEAD_DIM])
-    desc_v = tl.make_tensor_descriptor(V, shape=[B, HKV, NK, HEAD_DIM],
-                                       strides=[stride_vb, stride_vh, stride_vn, 1],
-                                       block_shape=[1, 1, BLOCK_N, HEAD_DIM])
-    desc_o = tl.make_tensor_descriptor(O, shape=[B, H, NQ, HEAD_DIM],
-                                       strides=[H * NQ * HEAD_DIM, NQ * HEAD_DIM, HEAD_DIM, 1],
-                                       block_shape=[1, 1, BLOCK_M, HEAD_DIM])
-
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # 0-based query rows of this tile
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain, scaled)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (see _attn_tile for its units)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
     q = desc_q.load([b, h, start_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
@@ -209,36 +204,37 @@ def _attnscope_fwd_kernel(
     lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
 
     # Stage 1: tiles every row may see entirely: no mask arithmetic.
-    for start_n in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPEC):
+    for start_n in tl.range(0, lo, BLOCK_N):
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, LAZY_RESCALE, EMULATE_BF16)
+                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, MAX_UNSCALED, EMULATE_BF16)
     # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
     for start_n in tl.range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, LAZY_RESCALE, EMULATE_BF16)
+                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, MAX_UNSCALED, EMULATE_BF16)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if EMULATE_BF16:
         o = round_bf16(o)
-    desc_o.store([b, h, start_m * BLOCK_M, 0], o.to(O.dtype.element_ty).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    desc_o.store([b, h, start_m * BLOCK_M, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:
-        lse = m_i * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf + -inf = -inf for empty rows
+        m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
+        lse = m_log2 * LN2 + tl.log(l_i)  # natural log; -inf + -inf = -inf for empty rows
         tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
+def _check_flags(causal, scale, return_lse) -> None:
+    """The non-tensor arguments: real bools, and a finite positive real scale (not a bool)."""
+    for name, val in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(val, bool):
+            raise InputError(f"{name}: expected True or False, got {val!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
 
-def _set_allocator(device) -> None:
-    """Device-side tensor descriptors need a scratch allocator (128 B per descriptor per program)."""
 
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(alloc)
-
-
-def _check_inputs(q, k, v, scale):
+def _check_inputs(q, k, v):
     check_tensor(torch, "q", q, 4, "[B, Hq, Nq, d]")
     check_tensor(torch, "k", k, 4, "[B, Hkv, Nk, d]")
     check_tensor(torch, "v", v, 4, "[B, Hkv, Nk, d]")
@@ -269,59 +265,106 @@ def _check_inputs(q, k, v, scale):
                 f"{name}: strides {tuple(t.stride())} / base address are not 16-byte aligned; supported: "
                 f"tensors whose strides (in elements) are multiples of {16 // t.element_size()} "
                 f"(any contiguous tensor or transposed view of one)")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
     return B, Hq, Nq, d, Hkv, Nk
 
 
-def _launch(q, k, v, causal: bool, scale: float | None, return_lse: bool, config: dict | None = None):
-    """Check, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, WARP_SPEC, num_warps, num_stages) bypasses
-    the autotuner: bench/tune_prefill.py times each candidate that way."""
-    B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v, scale)
-    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+
+def _check_config(config) -> FwdConfig:
+    if config is None:
+        return None
+    try:
+        cfg = FwdConfig(*config)
+    except TypeError:
+        raise InputError(f"config: expected FwdConfig(BLOCK_M, BLOCK_N, num_warps, num_stages), "
+                         f"got {config!r}") from None
+    pow2 = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
+               for x in (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps))
+    if not pow2 or not (16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256) or not (
+            isinstance(cfg.num_stages, int) and 1 <= cfg.num_stages <= 8):
+        raise InputError(f"config: expected powers of two BLOCK_M, BLOCK_N in [16, 256], num_warps, and "
+                         f"num_stages in [1, 8], got {tuple(cfg)}")
+    return cfg
+
+
+def _pick_impl(impl, q, d, causal, qk_scale, cfg) -> str:
+    if impl not in IMPLS:
+        raise InputError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "hopper":
+        why = _hopper_possible(q)
+        if why is not None:
+            raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
+        if qk_scale > 1.0:
+            raise NotImplementedError("impl='hopper': scale * log2(e) > 1 is not supported; "
+                                      "supported: impl='portable' (any finite scale)")
+        if cfg is not None:
+            raise InputError("config: applies to impl='portable' only, got impl='hopper'")
+        return "hopper"
+    if (impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None
+            and (d, str(q.dtype).replace("torch.", ""), causal) in HOPPER_VALIDATED):
+        return "hopper"
+    return "portable"
+
+
+def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+           config: FwdConfig | None = None, impl: str = "auto"):
+    """Check, allocate, launch; returns ``(o, lse, compiled)``.
+
+    ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
+    ``.metadata.shared``: the resource report bench/diag_fwd.py prints). ``lse`` is a 1-element dummy
+    unless ``return_lse``. Arguments as `flash_attention`.
+    """
+    _check_flags(causal, scale, return_lse)
+    cfg = _check_config(config)
+    B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
+    qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
+    chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
-    _set_allocator(q.device)
-    n_bucket = 1 << max(Nq, Nk).bit_length()
+    if chosen == "hopper":
+        from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
-    def grid(meta):
-        return (cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # T_r query tiles x (batch, head)
+        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse)
+    if cfg is None:
+        cfg = pick_config(d, causal, max(Nq, Nk))
+    bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
 
-    kernel = _attnscope_fwd_kernel if config is None else _attnscope_fwd_kernel.fn
-    global last_compiled  # the CompiledKernel of the latest launch: bench/diag_fwd.py reads its resources
-    last_compiled = kernel[grid](
-        q, k, v, o, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        B, Hq, Hkv, Nq, Nk, sm_scale * LOG2E,
-        n_bucket,
-        HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
+    def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
+
+    compiled = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)](  # T_r query tiles x (batch, head)
+        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse,
+        B, Hq, Hkv, Nq, Nk, qk_scale,
+        HEAD_DIM=d, CAUSAL=causal, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
+        MAX_UNSCALED=qk_scale > 1.0,  # see _attn_tile: keeps huge scales free of inf - inf
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
-        **(config or {}),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return o, lse
+    return o, lse, compiled
 
 
 # Registered at import (torch.compile cannot trace a registration): `attnscope::flash_attention`, so
 # torch.compile sees one opaque op with a fake (shape-only) implementation instead of a graph break.
-_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse) -> (Tensor, Tensor)"
+_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse, int[]? config, "
+           "str impl) -> (Tensor, Tensor)")
 
 
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
-def _op(q, k, v, causal, scale, return_lse):
-    return _launch(q, k, v, causal, scale, return_lse)
+def _op(q, k, v, causal, scale, return_lse, config, impl):
+    o, lse, _ = launch(q, k, v, causal, scale, return_lse, None if config is None else FwdConfig(*config),
+                       impl)
+    return o, lse
 
 
 @_op.register_fake
-def _(q, k, v, causal, scale, return_lse):
+def _(q, k, v, causal, scale, return_lse, config, impl):
     B, Hq, Nq, d = q.shape
     o = q.new_empty((B, Hq, Nq, d))
     lse = q.new_empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32)
     return o, lse
 
 
-def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                    config: FwdConfig | None = None, impl: str = "auto"):
     """FlashAttention-2 forward.
 
     Parameters
@@ -336,9 +379,17 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         (identical to SDPA's ``is_causal`` when Nq == Nk). Rows with no visible key give 0 and
         LSE = -inf.
     scale : float, optional
-        Softmax scale; defaults to ``1/sqrt(d)``.
+        Softmax scale, finite and positive; defaults to ``1/sqrt(d)``. Any finite scale gives a finite
+        output (a huge one tends to the arg-max row); the LSE is +inf where its true value exceeds fp32.
     return_lse : bool
         Also return the natural-log logsumexp of each row.
+    config : FwdConfig, optional
+        Block configuration ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` instead of the measured
+        table's (`CONFIG_TABLE`); each distinct config compiles once per process.
+    impl : {"auto", "portable", "hopper"}
+        ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel
+        (kernels/fwd_hopper.py, experimental; needs an sm_90 GPU and ``scale * log2(e) <= 1``);
+        ``"auto"``: hopper for the variants in `HOPPER_VALIDATED` (none yet), else portable.
 
     Returns
     -------
@@ -353,17 +404,17 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> q = k = v = torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention(q, k, v, causal=True)
     """
-    d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
-    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+    _check_flags(causal, scale, return_lse)
+    cfg = _check_config(config)
     grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
     if torch.compiler.is_compiling() or grad:
         # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
-        o, lse = _op(q, k, v, bool(causal), sm_scale, bool(return_lse) or grad)
+        d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
+        sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+        o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse = _launch(q, k, v, bool(causal), sm_scale, bool(return_lse))
+        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl)
     return (o, lse) if return_lse else o
 
 

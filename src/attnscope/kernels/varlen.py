@@ -50,7 +50,6 @@ import triton.language as tl  # noqa: E402
 from attnscope.kernels._tl import round_bf16  # noqa: E402
 from attnscope.kernels.fwd import (  # noqa: E402
     _kv_bounds,  # the in-kernel twin of tiles.causal_kv_bounds0
-    _set_allocator,  # scratch for device-side tensor descriptors
 )
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
@@ -265,6 +264,16 @@ def _tma_ok(k, v) -> bool:
     """TMA needs 16-byte aligned strides and base addresses (true of any contiguous [total, H, d])."""
     return all((x * t.element_size()) % 16 == 0
                for t in (k, v) for x in (*t.stride()[:2], t.storage_offset()))
+
+
+def _set_allocator(device) -> None:
+    """Device-side tensor descriptors need a scratch allocator (128 B per descriptor per program); set on
+    each TMA launch because Triton keeps one process-wide allocator and the device may differ."""
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
