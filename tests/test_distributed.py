@@ -1,0 +1,182 @@
+"""Context parallelism on CPU: two gloo processes, kernels under TRITON_INTERPRET=1, vs float64.
+
+One spawn (two ranks) runs every case, so the file costs one process start-up; a bounded join makes a
+hang fail fast instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mp = pytest.importorskip("torch.multiprocessing")
+
+from attnscope import reference  # noqa: E402
+from attnscope.errors import InputError  # noqa: E402
+
+WORLD = 2
+TIMEOUT_S = 240
+
+# (name, B, Hq, Hkv, N, d, dtype, causal): N = 13 and 11 are not divisible by 2P = 4 (ragged chunks)
+CASES = [
+    ("causal_ragged_fp16", 1, 2, 2, 13, 64, "float16", True),
+    ("unmasked_ragged_fp16", 1, 2, 2, 11, 64, "float16", False),
+    ("causal_gqa_bf16", 1, 4, 2, 16, 64, "bfloat16", True),
+    ("unmasked_gqa_bf16", 2, 4, 1, 9, 64, "bfloat16", False),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reference(q, k, v, causal):
+    g = q.shape[1] // k.shape[1]
+    k64 = k.double().repeat_interleave(g, 1).numpy()
+    v64 = v.double().repeat_interleave(g, 1).numpy()
+    return reference.naive_attention(q.double().numpy(), k64, v64, causal=causal, return_lse=True)
+
+
+def _torch_error(q, k, v, causal, o_ref):
+    g = q.shape[1] // k.shape[1]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=causal)
+    return float(np.abs(o.double().numpy() - o_ref).max())
+
+
+def _worker(rank, port, qout):
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch.distributed as dist
+
+    from attnscope import distributed as ad
+
+    results = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=WORLD)
+        for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(CASES):
+            g = torch.Generator().manual_seed(1000 + i)  # same inputs on both ranks
+            dtype = getattr(torch, dt)
+            q = torch.randn(B, Hq, N, d, generator=g).to(dtype)
+            k = torch.randn(B, Hkv, N, d, generator=g).to(dtype)
+            v = torch.randn(B, Hkv, N, d, generator=g).to(dtype)
+            # shard / unshard round trip, bit-exact
+            rt = all(torch.equal(ad.unshard(ad.shard(t, causal), causal), t) for t in (q, k, v))
+            ql, kl, vl = (ad.shard(t, causal) for t in (q, k, v))
+            o_loc, lse_loc = ad.ring_attention(ql, kl, vl, causal=causal, return_lse=True)
+            o = ad.unshard(o_loc, causal)
+            lse = ad.unshard(lse_loc.unsqueeze(-1), causal).squeeze(-1)
+            if rank == 0:
+                o_ref, lse_ref = _reference(q, k, v, causal)
+                results[name] = dict(
+                    roundtrip=rt, dtype=str(o.dtype), shape=tuple(o.shape), local=tuple(o_loc.shape),
+                    err=float(np.abs(o.double().numpy() - o_ref).max()),
+                    lse_err=float(np.abs(lse.double().numpy() - lse_ref).max()),
+                    torch_err=_torch_error(q, k, v, causal, o_ref),
+                    finite=bool(torch.isfinite(o).all()))
+        # bad input: a shard that does not match the layout of `shard`
+        try:
+            x = torch.randn(1, 2, 5 + 3 * rank, 64, dtype=torch.float16)
+            ad.ring_attention(x, x, x, causal=True)
+            results["bad_layout"] = "no error"
+        except InputError as e:
+            results["bad_layout"] = str(e)
+        dist.destroy_process_group()
+    except Exception:  # report to the parent instead of hanging it
+        results["error"] = traceback.format_exc()
+    if rank == 0:
+        qout.put(results)
+
+
+@pytest.fixture(scope="module")
+def ring_results():
+    ctx = mp.get_context("spawn")
+    qout = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, qout)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    try:
+        res = qout.get(timeout=TIMEOUT_S)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert "error" not in res, res.get("error")
+    return res
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_ring_matches_float64(ring_results, case):
+    name, B, Hq, _, N, d, dt, _ = case
+    r = ring_results[name]
+    assert r["roundtrip"], "unshard(shard(x)) != x"
+    assert r["shape"] == (B, Hq, N, d) and r["dtype"] == f"torch.{dt}"
+    assert r["local"][2] in (N // WORLD, N - N // WORLD)
+    assert r["finite"]
+    tol = 2 * r["torch_err"] + 1e-3
+    assert r["err"] <= tol, (r["err"], tol)
+    assert r["lse_err"] <= 1e-2, r["lse_err"]  # fp32 LSE of fp16/bf16 scores
+
+
+def test_ring_bad_layout(ring_results):
+    assert "q: expected rank" in ring_results["bad_layout"], ring_results["bad_layout"]
+
+
+def test_chunk_sizes_pad_free():
+    from attnscope.distributed import chunk_sizes
+
+    for n in (0, 1, 13, 1000):
+        for c in (2, 4, 8):
+            s = chunk_sizes(n, c)
+            assert sum(s) == n and max(s) - min(s) <= 1 and s == sorted(s, reverse=True)
+
+
+def test_merge_matches_reference_combine_and_empty_rows():
+    from attnscope.kernels.merge import merge_
+
+    g = torch.Generator().manual_seed(3)
+    parts = []
+    for _ in range(3):
+        o = torch.randn(2, 3, 7, 16, generator=g)
+        lse = torch.randn(2, 3, 7, generator=g) * 4
+        o[0, 0, 0], lse[0, 0, 0] = 0.0, -float("inf")  # row 0 empty in every partial
+        o[1, 2, 3], lse[1, 2, 3] = 0.0, -float("inf") if not parts else lse[1, 2, 3]
+        parts.append((o, lse))
+    acc = torch.zeros(2, 3, 7, 16)
+    acc_lse = torch.full((2, 3, 7), -float("inf"))
+    for o, lse in parts:
+        merge_(acc, acc_lse, o.half(), lse)
+    # the partials went in as fp16: the reference combines the same rounded values
+    ro, rl = reference.combine([(o.half().double().numpy(), lse.double().numpy()) for o, lse in parts])
+    assert not torch.isnan(acc).any()
+    assert float(np.abs(acc.double().numpy() - ro).max()) < 1e-5
+    assert torch.isneginf(acc_lse[0, 0, 0]) and torch.all(acc[0, 0, 0] == 0)
+    fin = np.isfinite(rl)
+    assert float(np.abs(acc_lse.double().numpy()[fin] - rl[fin]).max()) < 1e-5
+
+
+def test_merge_bad_shape():
+    from attnscope.kernels.merge import merge_
+
+    with pytest.raises(InputError, match="o_part: expected shape"):
+        merge_(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3), torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4))
+
+
+def test_backward_without_bwd_kernel_is_explicit():
+    import importlib.util
+
+    from attnscope.distributed import ring as ring_mod
+
+    if importlib.util.find_spec("attnscope.kernels.bwd") is not None:
+        pytest.skip("attnscope.kernels.bwd exists: the backward is checked by test_ring_backward")
+    with pytest.raises(NotImplementedError, match="flash_attention_backward"):
+        ring_mod._import_bwd()
