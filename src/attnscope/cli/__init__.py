@@ -29,12 +29,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from attnscope.cli import analytic, gpu, reference, report
+    from attnscope.cli import analytic, gpu, reference, report, ring
 
     parser = _Parser(prog="attnscope", description="Attention data movement, checkable; attention, fast.")
     parser.add_argument("--version", action="version", version=f"attnscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (analytic, reference, report, gpu):
+    for module in (analytic, reference, report, gpu, ring):
         module.configure(sub)
     return parser
 
