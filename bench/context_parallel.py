@@ -116,7 +116,7 @@ def _cp_run(torch, dist, mesh, q, k, v, causal, backend, iters):
 
     _cp_options.enable_load_balance = bool(causal)
     qc, kc, vc = q.clone(), k.clone(), v.clone()
-    with sdpa_kernel(backend), context_parallel(mesh, buffers=(qc, kc, vc), buffer_seq_dims=(2, 2, 2)):
+    with sdpa_kernel(backend), context_parallel(mesh, buffers=[qc, kc, vc], buffer_seq_dims=[2, 2, 2]):
         def fn():
             return torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=causal)
         return _time(fn, iters, dist, torch)
@@ -206,7 +206,9 @@ def main() -> int:
     if not _check(args, torch, dist, ad, attnscope, rank):
         say("correctness check FAILED: not timing")
         return 1
-    say("all results match, starting benchmarks")
+    from torch.distributed.tensor.experimental._attention import _cp_options
+    say(f"all results match, starting benchmarks (torch context_parallel rotate method: "
+        f"{_cp_options.rotate_method.name})")
     rows = []
     for mask in masks:
         causal = mask == "causal"

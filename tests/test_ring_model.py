@@ -35,7 +35,7 @@ def test_prediction_closed_form(p, causal):
     assert x.kv_bytes == 2 * b * hkv * m * d * 2
     assert x.transfer_s == pytest.approx(x.kv_bytes / (gbps * 1e9))
     merge = b * h * m * (d * 10 + 12) / device("h200").hbm
-    want = (p - 1) * max(x.compute_s, x.transfer_s) + x.compute_s + p * (merge + ring.STEP_OVERHEAD_S)
+    want = (p - 1) * (max(x.compute_s, x.transfer_s) + merge) + x.compute_s + p * ring.STEP_OVERHEAD_S
     assert x.total_s == pytest.approx(want)
     assert x.bound == ("link" if x.transfer_s > x.compute_s else "compute")
     # the P steps add up to the whole sequence's work (equal steps in the balanced layout)

@@ -179,7 +179,11 @@ def _ring_forward(q, k, v, causal, scale, group):
             vv = vc if kh is None else vc[:, :, :kh]
             if hi > lo and kk.shape[2] > 0:
                 ob, lb = flash_attention(q[:, :, lo:hi], kk, vv, causal=cflag, scale=scale, return_lse=True)
-                merge_(o[:, :, lo:hi], lse[:, :, lo:hi], ob, lb)
+                if step == 0 and lo == 0 and hi == nq:  # first block covers every row: no merge needed
+                    o.copy_(ob)
+                    lse.copy_(lb)
+                else:
+                    merge_(o[:, :, lo:hi], lse[:, :, lo:hi], ob, lb)
         if reqs is not None:
             for r_ in reqs:
                 r_.wait()

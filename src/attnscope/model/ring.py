@@ -7,7 +7,7 @@ costs its compute alone:
 
     compute  = attention_flops(block) / kernel rate            (FLOPs: `model.flops.attention_flops`)
     transfer = K + V bytes of one block / link bandwidth       (2 * B * Hkv * N/P * d * elt)
-    total    = sum_{i < P-1} max(compute, transfer) + compute + P * merge + P * step overhead
+    total    = sum_{i < P-1} max(compute, transfer) + compute + (P-1) * merge + P * step overhead
 
 Causal, load-balanced layout (rank i holds chunks i and 2P-1-i): every step does the same work,
 (N/P)^2 / 2 query-key pairs (step 0: one causal block; the others: one unmasked half block), so the
@@ -133,8 +133,8 @@ def predict(ranks: int, n: int, heads: int, kv_heads: int | None = None, d: int 
     transfer = kv_bytes / bw if ranks > 1 else 0.0
     merge_bytes = batch * heads * n_local * (d * (4 + 4 + elt) + 3 * 4)  # acc r+w fp32, partial, 3 LSE
     merge = merge_bytes / spec.hbm
-    total = ((ranks - 1) * max(compute, transfer) + compute
-             + ranks * (merge + STEP_OVERHEAD_S))
+    total = ((ranks - 1) * max(compute, transfer) + compute   # the first step's block is copied, not merged
+             + (ranks - 1) * merge + ranks * STEP_OVERHEAD_S)
     whole = attention_flops(batch, heads, n, n, d, causal)
     single = whole / rate
     return RingPrediction(
