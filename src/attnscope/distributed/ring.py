@@ -226,8 +226,10 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
             lo, hi, kh, cflag = plan
             kh = kc.shape[2] if kh is None else kh
             if hi > lo and kh > 0:
-                dqb, dkb, dvb = bwd(do[:, :, lo:hi], q[:, :, lo:hi], kc[:, :, :kh], vc[:, :, :kh],
-                                    o[:, :, lo:hi], lse[:, :, lo:hi], cflag, scale)
+                # sub-blocks as contiguous tensors: the block backward may assume a packed layout
+                rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
+                dqb, dkb, dvb = bwd(rows[0], rows[1], kc[:, :, :kh].contiguous(), vc[:, :, :kh].contiguous(),
+                                    rows[2], rows[3], cflag, scale)
                 dq[:, :, lo:hi] += dqb.float()
                 dkc[:, :, :kh] += dkb.float()
                 dvc[:, :, :kh] += dvb.float()
