@@ -51,22 +51,27 @@ def _torch_error(q, k, v, causal, o_ref):
     return float(np.abs(o.double().numpy() - o_ref).max())
 
 
-def _worker(rank, port, qout):
-    os.environ["TRITON_INTERPRET"] = "1"
+GPU_CASES = [("gpu_causal_ragged_bf16", 1, 4, 4, 4099, 128, "bfloat16", True),
+             ("gpu_unmasked_gqa_fp16", 2, 8, 2, 2053, 64, "float16", False)]
+
+
+def _worker(rank, port, qout, cases=CASES, device="cpu"):
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        torch.cuda.set_device(rank)
     import torch.distributed as dist
 
     from attnscope import distributed as ad
 
     results = {}
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=WORLD)
-        for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(CASES):
+        dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=WORLD)
+        for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(cases):
             g = torch.Generator().manual_seed(1000 + i)  # same inputs on both ranks
             dtype = getattr(torch, dt)
-            q = torch.randn(B, Hq, N, d, generator=g).to(dtype)
-            k = torch.randn(B, Hkv, N, d, generator=g).to(dtype)
-            v = torch.randn(B, Hkv, N, d, generator=g).to(dtype)
+            q, k, v = (torch.randn(B, h, N, d, generator=g).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
             # shard / unshard round trip, bit-exact
             rt = all(torch.equal(ad.unshard(ad.shard(t, causal), causal), t) for t in (q, k, v))
             ql, kl, vl = (ad.shard(t, causal) for t in (q, k, v))
@@ -74,6 +79,7 @@ def _worker(rank, port, qout):
             o = ad.unshard(o_loc, causal)
             lse = ad.unshard(lse_loc.unsqueeze(-1), causal).squeeze(-1)
             if rank == 0:
+                q, k, v, o, lse = (t.cpu() for t in (q, k, v, o, lse))
                 o_ref, lse_ref = _reference(q, k, v, causal)
                 results[name] = dict(
                     roundtrip=rt, dtype=str(o.dtype), shape=tuple(o.shape), local=tuple(o_loc.shape),
@@ -83,7 +89,7 @@ def _worker(rank, port, qout):
                     finite=bool(torch.isfinite(o).all()))
         # bad input: a shard that does not match the layout of `shard`
         try:
-            x = torch.randn(1, 2, 5 + 3 * rank, 64, dtype=torch.float16)
+            x = torch.randn(1, 2, 5 + 3 * rank, 64, dtype=torch.float16, device=device)
             ad.ring_attention(x, x, x, causal=True)
             results["bad_layout"] = "no error"
         except InputError as e:
@@ -95,12 +101,11 @@ def _worker(rank, port, qout):
         qout.put(results)
 
 
-@pytest.fixture(scope="module")
-def ring_results():
+def _spawn(cases, device):
     ctx = mp.get_context("spawn")
     qout = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, qout)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_worker, args=(r, port, qout, cases, device)) for r in range(WORLD)]
     for p in procs:
         p.start()
     try:
@@ -114,10 +119,14 @@ def ring_results():
     return res
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_ring_matches_float64(ring_results, case):
+@pytest.fixture(scope="module")
+def ring_results():
+    return _spawn(CASES, "cpu")
+
+
+def _check_case(results, case):
     name, B, Hq, _, N, d, dt, _ = case
-    r = ring_results[name]
+    r = results[name]
     assert r["roundtrip"], "unshard(shard(x)) != x"
     assert r["shape"] == (B, Hq, N, d) and r["dtype"] == f"torch.{dt}"
     assert r["local"][2] in (N // WORLD, N - N // WORLD)
@@ -125,6 +134,22 @@ def test_ring_matches_float64(ring_results, case):
     tol = 2 * r["torch_err"] + 1e-3
     assert r["err"] <= tol, (r["err"], tol)
     assert r["lse_err"] <= 1e-2, r["lse_err"]  # fp32 LSE of fp16/bf16 scores
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_ring_matches_float64(ring_results, case):
+    _check_case(ring_results, case)
+
+
+@pytest.mark.gpu
+def test_ring_nccl_two_gpus():
+    """Two GPUs over NCCL (the lead's GPU run): ragged N, GQA, both masks, vs float64."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    res = _spawn(GPU_CASES, "cuda")
+    for case in GPU_CASES:
+        _check_case(res, case)
+    assert "q: expected rank" in res["bad_layout"], res["bad_layout"]
 
 
 def test_ring_bad_layout(ring_results):
