@@ -48,14 +48,14 @@ def _flag_name(message: str, args) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from attnscope.cli import analytic, gpu, reference, report
+    from attnscope.cli import analytic, gpu, reference, report, ring
 
     parser = _Parser(prog="attnscope", description="Attention data movement, checkable; attention, fast.",
                      epilog="\"spec §N\" in help and output: a section of the FlashAttention lesson the "
                             "analytic model reproduces; docs/model.md explains each one.")
     parser.add_argument("--version", action="version", version=f"attnscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (analytic, reference, report, gpu):
+    for module in (analytic, reference, report, gpu, ring):
         module.configure(sub)
     return parser
 

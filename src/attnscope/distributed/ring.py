@@ -1,0 +1,300 @@
+"""Ring attention: shard / unshard and the ring forward + backward (see the package docstring)."""
+
+from __future__ import annotations
+
+from attnscope.errors import InputError
+
+
+def chunk_sizes(n: int, chunks: int) -> list[int]:
+    """Sizes of `chunks` pad-free chunks of n tokens: the first ``n % chunks`` get one more."""
+    if not (isinstance(n, int) and n >= 0):
+        raise InputError(f"n: expected a non-negative integer, got {n!r}")
+    return [n // chunks + (1 if j < n % chunks else 0) for j in range(chunks)]
+
+
+def _world(group):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise InputError("group: expected an initialised torch.distributed process group, got none "
+                         "(call torch.distributed.init_process_group first)")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _rank_chunks(rank: int, p: int, causal: bool) -> tuple[int, ...]:
+    return (rank, 2 * p - 1 - rank) if causal else (rank,)
+
+
+def _bounds(n: int, p: int, causal: bool):
+    c = 2 * p if causal else p
+    sizes = chunk_sizes(n, c)
+    starts = [sum(sizes[:j]) for j in range(c)]
+    return sizes, starts
+
+
+def _check_x(x, name="x"):
+    if not hasattr(x, "dim") or x.dim() != 4:
+        raise InputError(f"{name}: expected a 4-D tensor [B, H, N, d], got "
+                         f"{tuple(x.shape) if hasattr(x, 'shape') else type(x).__name__}")
+
+
+def shard(x, causal: bool, group=None):
+    """This rank's shard of the whole sequence x [B, H, N, d] (dim 2).
+
+    Unmasked: contiguous slice i of P. Causal: chunks i and 2P-1-i of 2P, concatenated (load balance).
+    Pad-free for any N (`chunk_sizes`). Returns a contiguous [B, H, N_local, d] tensor.
+    """
+    import torch
+
+    _check_x(x)
+    rank, p = _world(group)
+    sizes, starts = _bounds(x.shape[2], p, causal)
+    parts = [x[:, :, starts[j]:starts[j] + sizes[j]] for j in _rank_chunks(rank, p, causal)]
+    return torch.cat(parts, dim=2).contiguous()
+
+
+def _all_lengths(n_local: int, device, group) -> list[int]:
+    import torch
+    import torch.distributed as dist
+
+    _, p = _world(group)
+    mine = torch.tensor([n_local], dtype=torch.int64, device=device)
+    out = [torch.empty_like(mine) for _ in range(p)]
+    dist.all_gather(out, mine, group=group)
+    return [int(t.item()) for t in out]
+
+
+def unshard(x, causal: bool, group=None):
+    """Inverse of `shard`: all-gather every rank's [B, H, N_local, d] and return the whole [B, H, N, d]."""
+    import torch
+    import torch.distributed as dist
+
+    _check_x(x)
+    rank, p = _world(group)
+    lens = _all_lengths(x.shape[2], x.device, group)
+    n = sum(lens)
+    sizes, _ = _bounds(n, p, causal)
+    for r in range(p):  # every rank's length must match the layout of `shard`
+        want = sum(sizes[j] for j in _rank_chunks(r, p, causal))
+        if lens[r] != want:
+            raise InputError(f"x: expected rank {r} to hold {want} tokens of N = {n} "
+                             f"({'causal' if causal else 'unmasked'} layout), got {lens[r]}")
+    # gather into equal-size buffers (gloo and NCCL all_gather need equal shapes)
+    m = max(lens)
+    buf = x.new_zeros(x.shape[0], x.shape[1], m, x.shape[3])
+    buf[:, :, :x.shape[2]] = x
+    bufs = [torch.empty_like(buf) for _ in range(p)]
+    dist.all_gather(bufs, buf.contiguous(), group=group)
+    pieces = [None] * (2 * p if causal else p)
+    for r in range(p):
+        off = 0
+        for j in _rank_chunks(r, p, causal):
+            pieces[j] = bufs[r][:, :, off:off + sizes[j]]
+            off += sizes[j]
+    return torch.cat(pieces, dim=2)
+
+
+class _Ring:
+    """One ring pass over a process group: post the exchange of the blocks held now, then wait."""
+
+    def __init__(self, group, rank: int, p: int):
+        import torch.distributed as dist
+
+        self.dist, self.group, self.p = dist, group, p
+        # global ranks of the neighbours (P2POp takes global ranks)
+        self.nxt = dist.get_global_rank(group, (rank + 1) % p) if group is not None else (rank + 1) % p
+        self.prv = dist.get_global_rank(group, (rank - 1) % p) if group is not None else (rank - 1) % p
+
+    def start(self, sends, recvs):
+        ops = [self.dist.P2POp(self.dist.isend, t, self.nxt, self.group) for t in sends]
+        ops += [self.dist.P2POp(self.dist.irecv, t, self.prv, self.group) for t in recvs]
+        return self.dist.batch_isend_irecv(ops)
+
+
+def _step_plan(r: int, s: int, p: int, causal: bool, lens_src: tuple[int, int] | None, n_q: tuple[int, int]):
+    """Which sub-block rank r computes with the K/V of rank s.
+
+    Returns (q_lo, q_hi, k_hi, causal_flag) — queries [q_lo, q_hi) against keys [0, k_hi) — or None
+    to skip. `n_q` = (low chunk, high chunk) lengths of rank r; `lens_src` = those of rank s.
+    """
+    nq = n_q[0] + n_q[1]
+    if not causal:
+        return 0, nq, None, False
+    if s == r:
+        return 0, nq, None, True
+    if s < r:
+        return 0, nq, lens_src[0], False  # all queries see chunk s; none see chunk 2P-1-s
+    return n_q[0], nq, None, False  # s > r: only the high chunk's queries, all keys
+
+
+def _check_qkv(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_x(t, name)
+    if k.shape != v.shape:
+        raise InputError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] != k.shape[2]:
+        raise InputError(f"k: expected [B, Hkv, N_local, d] with q's B, N_local and d {tuple(q.shape)}, "
+                         f"got {tuple(k.shape)}")
+
+
+def _layout(q, causal, group):
+    rank, p = _world(group)
+    lens = _all_lengths(q.shape[2], q.device, group)
+    n = sum(lens)
+    sizes, _ = _bounds(n, p, causal)
+    chunks = [tuple(sizes[j] for j in _rank_chunks(r, p, causal)) for r in range(p)]
+    for r in range(p):
+        if sum(chunks[r]) != lens[r]:
+            raise InputError(f"q: expected rank {r} to hold {sum(chunks[r])} tokens of N = {n} "
+                             f"(the layout of `shard`), got {lens[r]}")
+    if causal:
+        return rank, p, [c for c in chunks]
+    return rank, p, [(c[0], 0) for c in chunks]
+
+
+def _ring_forward(q, k, v, causal, scale, group):
+    import torch
+
+    from attnscope.kernels.fwd import flash_attention
+    from attnscope.kernels.merge import merge_
+
+    rank, p, chunks = _layout(q, causal, group)
+    ring = _Ring(group, rank, p)
+    B, Hq, nq, d = q.shape
+    o = torch.zeros(B, Hq, nq, d, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, Hq, nq), -float("inf"), dtype=torch.float32, device=q.device)
+    kc, vc = k.contiguous(), v.contiguous()
+    for step in range(p):
+        src = (rank - step) % p
+        reqs = None
+        if step + 1 < p:  # post the exchange first so it overlaps this step's kernel
+            n_in = sum(chunks[(rank - step - 1) % p])
+            kn = kc.new_empty(B, kc.shape[1], n_in, d)
+            vn = vc.new_empty(B, vc.shape[1], n_in, d)
+            reqs = ring.start([kc, vc], [kn, vn])
+        plan = _step_plan(rank, src, p, causal, chunks[src], chunks[rank])
+        if plan is not None:
+            lo, hi, kh, cflag = plan
+            kk = kc if kh is None else kc[:, :, :kh]
+            vv = vc if kh is None else vc[:, :, :kh]
+            if hi > lo and kk.shape[2] > 0:
+                ob, lb = flash_attention(q[:, :, lo:hi], kk, vv, causal=cflag, scale=scale, return_lse=True)
+                if step == 0 and lo == 0 and hi == nq:  # first block covers every row: no merge needed
+                    o.copy_(ob)
+                    lse.copy_(lb)
+                else:
+                    merge_(o[:, :, lo:hi], lse[:, :, lo:hi], ob, lb)
+        if reqs is not None:
+            for r_ in reqs:
+                r_.wait()
+            kc, vc = kn, vn
+    return o.to(q.dtype), lse, chunks
+
+
+def _import_bwd():
+    try:
+        from attnscope.kernels.bwd import flash_attention_backward
+    except ImportError as e:  # the backward kernel lands with issue 13
+        raise NotImplementedError("ring_attention backward needs attnscope.kernels.bwd."
+                                  "flash_attention_backward (issue 13); supported now: forward only") from e
+    return flash_attention_backward
+
+
+def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
+    """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps."""
+    import torch
+
+    bwd = _import_bwd()
+    rank, p = _world(group)
+    ring = _Ring(group, rank, p)
+    dq = torch.zeros_like(q, dtype=torch.float32)
+    kc, vc = k.contiguous(), v.contiguous()
+    dkc = torch.zeros_like(kc, dtype=torch.float32)
+    dvc = torch.zeros_like(vc, dtype=torch.float32)
+    B, _, _, d = q.shape
+    do = do.contiguous()
+    for step in range(p):
+        src = (rank - step) % p
+        plan = _step_plan(rank, src, p, causal, chunks[src], chunks[rank])
+        reqs = None
+        if step + 1 < p:  # K/V for the next step can move now; dK/dV only after this step's kernel
+            n_in = sum(chunks[(rank - step - 1) % p])
+            kn = kc.new_empty(B, kc.shape[1], n_in, d)
+            vn = vc.new_empty(B, vc.shape[1], n_in, d)
+            reqs = ring.start([kc, vc], [kn, vn])
+        if plan is not None:
+            lo, hi, kh, cflag = plan
+            kh = kc.shape[2] if kh is None else kh
+            if hi > lo and kh > 0:
+                # sub-blocks as contiguous tensors: the block backward may assume a packed layout
+                rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
+                dqb, dkb, dvb = bwd(rows[0], rows[1], kc[:, :, :kh].contiguous(), vc[:, :, :kh].contiguous(),
+                                    rows[2], rows[3], cflag, scale)
+                dq[:, :, lo:hi] += dqb.float()
+                dkc[:, :, :kh] += dkb.float()
+                dvc[:, :, :kh] += dvb.float()
+        # pass dK/dV on (after P-1 passes plus this final one they are home)
+        n_in = sum(chunks[(rank - step - 1) % p])
+        dkn = dkc.new_empty(B, dkc.shape[1], n_in, d)
+        dvn = dvc.new_empty(B, dvc.shape[1], n_in, d)
+        greqs = ring.start([dkc, dvc], [dkn, dvn]) if p > 1 else []
+        for r_ in list(reqs or []) + list(greqs):
+            r_.wait()
+        if p > 1:
+            dkc, dvc = dkn, dvn
+        if reqs is not None:
+            kc, vc = kn, vn
+    return dq.to(q.dtype), dkc.to(k.dtype), dvc.to(v.dtype)
+
+
+def _autograd_fn():
+    import torch
+
+    class _RingAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, group):
+            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale, ctx.group, ctx.chunks = causal, scale, group, chunks
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks)
+            return dq, dk, dv, None, None, None
+
+    return _RingAttention
+
+
+def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, group=None,
+                   return_lse: bool = False):
+    """Attention over a sequence sharded across the ranks of `group` (ring attention).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Hq, N_local, d] — this rank's shard (`shard(q, causal)`), fp16 or bf16.
+    k, v : torch.Tensor, [B, Hkv, N_local, d] — shards in the same layout; Hq a multiple of Hkv.
+    causal : bool — token-level causal over the whole sequence (needs the causal layout of `shard`).
+    scale : float, optional — softmax scale; defaults to 1/sqrt(d).
+    group : torch.distributed ProcessGroup, optional — defaults to the world.
+    return_lse : bool — also return the natural-log logsumexp of each local row.
+
+    Returns
+    -------
+    o : [B, Hq, N_local, d], q's dtype (this rank's rows of the whole attention output);
+    lse : [B, Hq, N_local], float32 — only when ``return_lse``.
+
+    Differentiable when `attnscope.kernels.bwd` exists (ring pass of dK/dV); otherwise backward raises
+    NotImplementedError. Example: ``o = unshard(ring_attention(*(shard(t, True) for t in (q, k, v)),
+    causal=True), True)``.
+    """
+    import math
+
+    _check_qkv(q, k, v)
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    o, lse = _autograd_fn().apply(q, k, v, bool(causal), sm_scale, group)
+    return (o, lse) if return_lse else o
