@@ -133,11 +133,12 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log):
     row["fwd_bwd_ms"]["attnscope_det"] = _ms(torch, fwd_bwd_det)
     fl_b = attention_flops(b, heads, n, n, d, causal, "backward")
     fl_fb = attention_flops(b, heads, n, n, d, causal, "forward+backward")
-    row["backward_tflops"] = {k_: fl_b / (ms * 1e9) for k_, ms in row["backward_ms"].items()}
+    row["backward_tflops"] = {k_: (fl_b / (ms * 1e9) if ms else None)
+                              for k_, ms in row["backward_ms"].items()}
     row["fwd_bwd_tflops"] = {k_: fl_fb / (ms * 1e9) for k_, ms in row["fwd_bwd_ms"].items()}
     bt = row["backward_tflops"]
     log(f"d={d:3d} {'causal  ' if causal else 'unmasked'} N={n:6d} B={b:2d}  backward TFLOP/s: "
-        + "  ".join(f"{k_} {x:6.1f}" for k_, x in bt.items())
+        + "  ".join(f"{k_} {x:6.1f}" if x else f"{k_} -" for k_, x in bt.items())
         + f"  | x FLASH {bt['attnscope'] / bt['sdpa_flash']:.2f}"
         + f"  x CUDNN {bt['attnscope'] / bt['sdpa_cudnn']:.2f}")
     log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())

@@ -71,13 +71,13 @@ def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
 
 def _impls(torch, flex: bool, hopper: bool = True):
     import attnscope
-    from attnscope.measure.bench import _sdpa
+    from attnscope.measure.backends import sdpa
 
     impls = {
         "portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable"),
         "hopper": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="hopper"),
-        "cudnn": _sdpa(torch, "cudnn"),
-        "flash": _sdpa(torch, "flash"),
+        "cudnn": sdpa("cudnn"),
+        "flash": sdpa("flash"),
     }
     if not hopper:
         del impls["hopper"]

@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "attnscope"
 #: prefix of a module's name that is listed decides its rank.
 RANKS = {
     "attnscope.errors": 0,
+    "attnscope.inputs": 0,         # safe file reading and atomic writes (standard library only)
     "attnscope.model": 1,
     "attnscope.chrome_trace": 1,   # pure-Python trace reader shared by measure/ and report/
     "attnscope.reference": 2,

@@ -96,7 +96,7 @@ def test_cli_table(capsys):
 
 @pytest.mark.parametrize("argv, msg", [
     (["ring", "--ranks", "2,x"], "ranks: expected"),
-    (["ring", "--heads", "32", "--kv-heads", "5"], "kv_heads: expected"),
+    (["ring", "--heads", "32", "--kv-heads", "5"], "--kv-heads: expected"),
     (["ring", "--device", "tpu"], "tpu"),
 ])
 def test_cli_bad_input_one_line_exit_2(capsys, argv, msg):

@@ -81,4 +81,4 @@ def test_cli_traffic_pass_backward(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in doc["rows"]] == list(tr.BACKWARD_ROWS)
     assert main(["traffic", "--pass", "backward", "--rows", "flash-backward,bogus"]) == 2
-    assert "row: expected one of naive-backward" in capsys.readouterr().err
+    assert "rows: expected one of naive-backward" in capsys.readouterr().err

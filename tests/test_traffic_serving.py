@@ -249,7 +249,7 @@ def test_cli_paged_json_and_table(capsys):
     (["--lengths", "3", "--page-size", "16"], "--page-size: expected only with --cache-lens"),
     (["--cache-lens", "3", "--kv-lengths", "3"], "--kv-lengths: expected only with --lengths"),
     (["--cache-lens", "3", "--no-tma"], "--no-tma: expected only with --lengths"),
-    (["--cache-lens", "30", "--page-size", "12"], "page_size: expected a power of two"),
+    (["--cache-lens", "30", "--page-size", "12"], "--page-size: expected a power of two"),
     (["--page-size", "16"], "--page-size: expected to come with --lengths or --cache-lens"),
     (["--lengths", "3", "--device", "h200"], "--device: expected no --device / --ratio"),
 ])

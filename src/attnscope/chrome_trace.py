@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import gzip
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -103,21 +102,19 @@ class KernelEvent:
 
 # --- reading and checking ---------------------------------------------------------------------------
 def load(path, where: str = "trace"):
-    """Read a Chrome trace (``.json`` or ``.json.gz``); bad files are an InputError naming ``where``."""
+    """Read a Chrome trace (``.json`` or ``.json.gz``) through `attnscope.inputs` (UTF-8, size, depth,
+    giant integers, NaN/inf); a bad file is an InputError naming ``where``."""
+    from attnscope.inputs import load_json
+
+    if not str(path).endswith(".gz"):
+        return load_json(path, where)
     try:
-        raw = Path(path).read_bytes()
-        if str(path).endswith(".gz"):
-            raw = gzip.decompress(raw)
-        return json.loads(raw.decode("utf-8"))
+        text = gzip.decompress(Path(path).read_bytes()).decode("utf-8")
     except OSError as e:
-        raise InputError(f"{where}: expected a readable Chrome trace, got {str(path)!r} ({e})") from None
+        raise InputError(f"{where}: expected a readable gzip Chrome trace, got {str(path)!r} ({e})") from None
     except UnicodeDecodeError:
         raise InputError(f"{where}: expected UTF-8 JSON, got bytes that are not UTF-8") from None
-    except RecursionError:
-        raise InputError(f"{where}: expected a Chrome trace, got JSON nested too deeply") from None
-    except (json.JSONDecodeError, ValueError) as e:
-        raise InputError(f"{where}: expected a Chrome trace JSON, got invalid JSON ({str(e)[:120]})") \
-            from None
+    return load_json(path, where, text=text)
 
 
 def _number(v) -> bool:

@@ -1,4 +1,6 @@
-"""@triton.jit helpers shared by the prefill and decode kernels.
+"""@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels.
+
+`_kv_bounds`: the causal KV-tile bounds of a query tile, the in-kernel twin of model/tiles.py.
 
 Only the interpreter workaround lives here: Triton 3.6's CPU interpreter (TRITON_INTERPRET=1, used by
 the CPU tests) computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16 casts instead of rounding to
@@ -21,4 +23,34 @@ def round_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 
 
-__all__ = ["round_bf16", "triton"]
+@triton.jit
+def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """KV columns of query tile ``start_m`` (0-based): ``[0, lo)`` run unmasked, ``[lo, hi)`` masked,
+    ``[hi, Nk)`` skipped. The closed form of `model.tiles.Grid.kv_bounds` (via `causal_kv_bounds0`),
+    except that the ragged last tile always goes to the masked stage (it needs a bounds check even when
+    fully permitted). tests/test_fwd.py runs this helper under the interpreter against tiles.py.
+    """
+    if CAUSAL:
+        r_first = start_m * BLOCK_M + 1 + (NK - NQ)  # first row (1-based) + diagonal offset
+        r_last = start_m * BLOCK_M + BLOCK_M
+        if r_last > NQ:
+            r_last = NQ
+        r_last = r_last + (NK - NQ)
+        if r_last < 0:
+            r_last = 0
+        if r_first < 0:
+            r_first = 0
+        hi = tl.cdiv(r_last, BLOCK_N) * BLOCK_N  # skip bound: tiles past it are never loaded
+        if hi > NK:
+            hi = NK
+        full = (r_first // BLOCK_N) * BLOCK_N  # tiles every row of the query tile sees whole
+    else:
+        hi = NK
+        full = NK
+    lo = (NK // BLOCK_N) * BLOCK_N  # the ragged last tile always goes to the masked stage
+    if full < lo:
+        lo = full
+    return lo, hi
+
+
+__all__ = ["_kv_bounds", "round_bf16", "triton"]

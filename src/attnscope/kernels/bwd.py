@@ -44,8 +44,7 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels import fwd as _fwd  # noqa: E402
-from attnscope.kernels._tl import round_bf16  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, round_bf16  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head_dim: a first choice after the Triton
 # tutorial's FA-2 backward (few query rows against many resident keys for dK/dV, the mirror for dQ),
@@ -258,7 +257,7 @@ def _bwd_dq_kernel(
     k_base = b * stride_kb + hk * stride_kh
     v_base = b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    lo, hi = _fwd._kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, lo, BLOCK_N):
         dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                       qk_scale, NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, EMULATE_BF16)

@@ -44,7 +44,7 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._tl import round_bf16  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, round_bf16  # noqa: E402
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
 
@@ -145,37 +145,6 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
     acc = tl.dot(round_bf16(p), v.to(tl.float32), acc) if EMULATE_BF16 else tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_i
-
-
-@triton.jit
-def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """KV columns of query tile ``start_m`` (0-based): ``[0, lo)`` run unmasked, ``[lo, hi)`` masked,
-    ``[hi, Nk)`` skipped. The closed form of `model.tiles.Grid.kv_bounds` (via `causal_kv_bounds0`),
-    except that the ragged last tile always goes to the masked stage (it needs a bounds check even when
-    fully permitted). tests/test_fwd.py runs this helper under the interpreter against tiles.py.
-    """
-    if CAUSAL:
-        r_first = start_m * BLOCK_M + 1 + (NK - NQ)  # first row (1-based) + diagonal offset
-        r_last = start_m * BLOCK_M + BLOCK_M
-        if r_last > NQ:
-            r_last = NQ
-        r_last = r_last + (NK - NQ)
-        if r_last < 0:
-            r_last = 0
-        if r_first < 0:
-            r_first = 0
-        hi = tl.cdiv(r_last, BLOCK_N) * BLOCK_N  # skip bound: tiles past it are never loaded
-        if hi > NK:
-            hi = NK
-        full = (r_first // BLOCK_N) * BLOCK_N  # tiles every row of the query tile sees whole
-    else:
-        hi = NK
-        full = NK
-    lo = (NK // BLOCK_N) * BLOCK_N  # the ragged last tile always goes to the masked stage
-    if full < lo:
-        lo = full
-    return lo, hi
-
 
 
 @triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale"])

@@ -47,10 +47,7 @@ from attnscope.kernels._common import (
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import round_bf16  # noqa: E402
-from attnscope.kernels.fwd import (  # noqa: E402
-    _kv_bounds,  # the in-kernel twin of tiles.causal_kv_bounds0
-)
+from attnscope.kernels._tl import _kv_bounds, round_bf16  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
