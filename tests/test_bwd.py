@@ -176,7 +176,8 @@ def test_q_bounds_helper_matches_tiles_py():
 def test_backward_op_opcheck_and_forward_opcheck_with_gradients():
     q, k, v, do = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=3)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    torch.library.opcheck(fwd._op, (*leaves, True, 0.125, True))  # includes test_autograd_registration
+    # opcheck includes test_autograd_registration
+    torch.library.opcheck(fwd._op, (*leaves, True, 0.125, True, None, "auto"))
     o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
     torch.library.opcheck(bwd._bwd_op, (do, q, k, v, o, lse, None, True, 0.125, True))
 
@@ -247,7 +248,7 @@ def test_bad_input_is_a_clear_error(over, exc, msg):
 def test_op_without_lse_cannot_backward():
     q, k, v, do = _inputs(1, 2, 1, 8, 8, 64, F16, False, seed=6)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    o, _ = fwd._op(*leaves, False, 0.125, False)
+    o, _ = fwd._op(*leaves, False, 0.125, False, None, "auto")
     with pytest.raises(RuntimeError, match="the backward needs the LSE"):
         o.backward(do)
 

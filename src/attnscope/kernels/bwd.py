@@ -415,5 +415,3 @@ def _backward(ctx, grad_o, grad_lse):
     dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, False)
     return dq, dk, dv, None, None, None, None, None
 
-
-torch.library.register_autograd("attnscope::flash_attention", _backward, setup_context=_setup_context)

@@ -387,4 +387,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     return (o, lse) if return_lse else o
 
 
-from attnscope.kernels import bwd as _bwd  # noqa: E402,F401  registers the autograd formula of _op
+from attnscope.kernels import bwd as _bwd  # noqa: E402  the FA-2 backward: the autograd formula of _op
+
+torch.library.register_autograd("attnscope::flash_attention", _bwd._backward,
+                               setup_context=_bwd._setup_context)
