@@ -102,15 +102,15 @@ def test_load_reads_gz_and_refuses_bad_files(tmp_path):
     (tmp_path / "t.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
     assert ct.load(tmp_path / "t.json.gz") == trace
     (tmp_path / "b.json").write_bytes(b"\xff\xfe{")
-    with pytest.raises(InputError, match=r"^--profile b.json: expected UTF-8 JSON"):
+    with pytest.raises(InputError, match=r"^--profile b.json: expected UTF-8"):
         ct.load(tmp_path / "b.json", "--profile b.json")
     (tmp_path / "j.json").write_text("{")
-    with pytest.raises(InputError, match=r"^x: expected a Chrome trace JSON, got invalid JSON"):
+    with pytest.raises(InputError, match=r"^x: expected valid JSON"):
         ct.load(tmp_path / "j.json", "x")
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(InputError, match=r"^x: expected a Chrome trace"):
+    with pytest.raises(InputError, match=r"^x: expected JSON nested at most"):
         ct.load(tmp_path / "deep.json", "x")
-    with pytest.raises(InputError, match=r"^x: expected a readable Chrome trace"):
+    with pytest.raises(InputError, match=r"^x: expected a readable file"):
         ct.load(tmp_path / "missing.json", "x")
 
 
