@@ -94,7 +94,13 @@ def _pages(html: Path, tmp_path: Path, size: str | None) -> int:
     return len(re.findall(rb"/Type\s*/Page(?!s)", pdf.read_bytes()))
 
 
-@pytest.mark.parametrize("samples", [None, "ttft_samples.csv", "ttft_samples_small.json"],
+# Known regression after the 2026-11-30 merge (issue 11 stays open for it): with every evidence file and
+# fewer than 59 samples the page spills onto a second one. Strict: this fails as soon as it fits again.
+_TWO_PAGES = pytest.mark.xfail(strict=True, reason="all evidence + few samples prints on 2 pages (issue 11)")
+
+
+@pytest.mark.parametrize("samples", [None, "ttft_samples.csv",
+                                     pytest.param("ttft_samples_small.json", marks=_TWO_PAGES)],
                          ids=["default", "all-evidence", "all-evidence-few-samples"])
 def test_report_prints_on_one_page(tmp_path, samples):
     extra = ((DATA / samples, (DATA / "vllm_before.prom", DATA / "vllm_after.prom"),
