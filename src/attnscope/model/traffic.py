@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from attnscope.errors import InputError, choice, expect, positive_int
 from attnscope.model.flops import visible_pairs
-from attnscope.model.tiles import Grid
+from attnscope.model.tiles import Grid, floor_sum
 
 #: Bytes per element of each supported input dtype.
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
@@ -697,24 +697,6 @@ BACKWARD_ROWS = ("naive-backward", "flash-backward", "flash-backward-det", "naiv
                  "flash-causal-backward", "flash-causal-backward-det")
 
 
-def _floor_sum(n: int, m: int, a: int, b: int) -> int:
-    """sum_{t=0}^{n-1} floor((a t + b) / m) for n >= 0, m > 0, a, b >= 0, in O(log m) steps (Euclid-like
-    reduction). The same helper is being added to model/tiles.py (issue 12): use that one once merged."""
-    total = 0
-    while n > 0:
-        if a >= m:
-            total += (n - 1) * n // 2 * (a // m)
-            a %= m
-        if b >= m:
-            total += n * (b // m)
-            b %= m
-        y_max = a * n + b
-        if y_max < m:
-            break
-        n, b = divmod(y_max, m)
-        m, a = a, m
-    return total
-
 
 def _loaded_pairs(g: Grid) -> tuple[int, int]:
     """``(pairs, full_rows)``: (query tile, KV tile) pairs the FA-2 grid loads -- sum over query tiles of
@@ -734,7 +716,7 @@ def _loaded_pairs(g: Grid) -> tuple[int, int]:
     i1 = max(i0, (bc * (tc - 1) - off) // bq + 1)        # first i loading every KV tile
     lo, hi = i0, min(i1 - 1, m)
     if hi >= lo:                                         # ceil(x / B_c) = floor((x + B_c - 1) / B_c)
-        pairs += _floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
+        pairs += floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
     if m >= i1:
         pairs += (m - i1 + 1) * tc
         full += m - i1 + 1
