@@ -10,8 +10,9 @@ saved natural-log LSE. Three kernels:
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
    ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
    buffer with atomics (one read-modify-write per KV tile);
-3. ``deterministic=True``: dQ in a separate pass, one program per (query tile, batch x query head)
-   looping over KV tiles (it re-reads K and V), the bit-reproducible variant.
+3. ``deterministic=True`` (the default, and autograd's): dQ in a separate pass, one program per (query
+   tile, batch x query head) looping over KV tiles (it re-reads K and V); bit-reproducible, and faster
+   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward).
 
 Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
 the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
@@ -302,7 +303,7 @@ def _check_inputs(do, q, k, v, o, lse, scale):
 
 
 def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | None,
-                             deterministic: bool = False, dlse=None):
+                             deterministic: bool = True, dlse=None):
     """FlashAttention-2 backward: the gradients of ``o = attention(q, k, v)``.
 
     Parameters
@@ -319,7 +320,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         Bottom-right causal mask, as the forward.
     scale : float or None
         Softmax scale; None means ``1/sqrt(d)``.
-    deterministic : bool, default False
+    deterministic : bool, default True
         False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass). True: dQ in a
         separate pass over the KV tiles (bit-reproducible, re-reads K and V).
     dlse : torch.Tensor, [B, Hq, Nq], optional
@@ -412,6 +413,6 @@ def _backward(ctx, grad_o, grad_lse):
         grad_o = torch.zeros_like(o)
     elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
         grad_o = grad_o.contiguous()
-    dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, False)
+    dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, True)
     return dq, dk, dv, None, None, None, None, None
 
