@@ -231,8 +231,13 @@ def _block_backward64(do, q, k, v, o, lse, causal, scale, deterministic=False):
     return dq.to(q.dtype), fold(dk).to(k.dtype), fold(dv).to(v.dtype)
 
 
-def _bwd_worker(rank, port, qout, fake=False):
-    os.environ["TRITON_INTERPRET"] = "1"
+GPU_BWD_CASES = [("causal_ragged_bwd_bf16_gpu", 1, 8, 2, 3001, 128, "bfloat16", True),
+                 ("unmasked_bwd_fp16_gpu", 2, 4, 4, 2047, 64, "float16", False)]
+
+
+def _bwd_worker(rank, port, qout, fake=False, device="cpu"):
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
     import sys
     import types
 
@@ -249,12 +254,15 @@ def _bwd_worker(rank, port, qout, fake=False):
 
     results = {}
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=WORLD)
-        for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(BWD_CASES):
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group("gloo" if device == "cpu" else "nccl",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+        cases = BWD_CASES if device == "cpu" else GPU_BWD_CASES
+        for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(cases):
             g = torch.Generator().manual_seed(2000 + i)
             dtype = getattr(torch, dt)
-            q, k, v, do = (torch.randn(B, h, N, d, generator=g).to(dtype) for h in (Hq, Hkv, Hkv, Hq))
+            q, k, v, do = (torch.randn(B, h, N, d, generator=g).to(device, dtype) for h in (Hq, Hkv, Hkv, Hq))
             ql, kl, vl = (ad.shard(t, causal).requires_grad_() for t in (q, k, v))
             o = ad.ring_attention(ql, kl, vl, causal=causal)
             o.backward(ad.shard(do, causal))
@@ -277,11 +285,11 @@ def _bwd_worker(rank, port, qout, fake=False):
         qout.put(results)
 
 
-def _run_bwd(fake):
+def _run_bwd(fake, device="cpu"):
     ctx = mp.get_context("spawn")
     qout = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_bwd_worker, args=(r, port, qout, fake)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_bwd_worker, args=(r, port, qout, fake, device)) for r in range(WORLD)]
     for p in procs:
         p.start()
     try:
@@ -292,17 +300,21 @@ def _run_bwd(fake):
             if p.is_alive():
                 p.kill()
     assert "error" not in res, res.get("error")
-    for name, *_ in BWD_CASES:
+    for name, *_ in (BWD_CASES if device == "cpu" else GPU_BWD_CASES):
         for which, (err, torch_err) in zip("qkv", res[name], strict=True):
             assert err <= 3 * torch_err + 1e-3, (name, "d" + which, err, torch_err)
 
 
 def test_ring_backward():
-    import importlib.util
-
-    if importlib.util.find_spec("attnscope.kernels.bwd") is None:
-        pytest.skip("attnscope.kernels.bwd (issue 13) is not on this branch")
     _run_bwd(fake=False)
+
+
+@pytest.mark.gpu
+def test_ring_backward_nccl_two_gpus():
+    """The ring's backward over NCCL on two GPUs with the real block backward: ragged N, GQA, vs float64."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    _run_bwd(fake=False, device="cuda")
 
 
 def test_ring_backward_pass_with_float64_block_backward():
