@@ -53,6 +53,15 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 CONFIGS = {128: (64, 128, 2), 64: (64, 128, 3)}
 
 
+#: Variants bench/prefill.py times beside the default (name -> ping-pong on?, configs per head dim):
+#: the ablation without the ping-pong hand-off, and a deeper K/V ring (d = 128: 229,800 B of shared memory).
+VARIANTS = {
+    "hopper": (True, CONFIGS),
+    "hopper_nopp": (False, CONFIGS),
+    "hopper_deep": (True, {128: (64, 128, 3), 64: (64, 128, 4)}),
+}
+
+
 def config(d: int):
     """(BM per warpgroup, BLOCK_N, STAGES) for head dim ``d``."""
     return CONFIGS[d]
@@ -145,7 +154,7 @@ def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, 
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
     mbarrier.arrive(k_empty.index(sj))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # p_op: the async A operand
     mbarrier.arrive(v_empty.index(sp))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
@@ -197,7 +206,7 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
         _turn_wait(turn, n_tiles, WG, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
         _turn_pass(turn, WG, PINGPONG)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
 
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # empty rows: acc = 0 -> o = 0
