@@ -7,8 +7,9 @@ Variants: the portable Triton kernel (kernels/fwd.py, its table config) and ever
 (kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring), d in {64, 128} x {fp16, bf16}
 x causal. Without ``--gpu``: registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from
 the compiled kernel's metadata, and the `setmaxnreg` register split of the warp-specialised partitions
-read from the PTX. With ``--gpu``: each variant is launched once on a small input and the compiled
-kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) are printed.
+read from the PTX. With ``--gpu [--variant NAME]``: each variant is launched once on a small ragged GQA input
+(bf16, B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and
+the compiled kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
 The ptxas "Used N registers" of a warp-specialised kernel is the launch budget (65,536 / threads);
 the per-partition budgets are the `setmaxnreg` values; spills are reported for the whole kernel.
 """
@@ -89,32 +90,49 @@ def cpu_report() -> int:
     return 0
 
 
-def gpu_report() -> int:
+def gpu_report(names) -> int:
+    """Launch each variant (bf16, no LSE: the compiles bench/prefill.py reuses) on a small ragged GQA input,
+    check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's resources."""
     import torch
 
-    for name in ["portable", *fwd_hopper.VARIANTS]:
+    from attnscope.measure.backends import sdpa
+    from attnscope.measure.bench import _ref_error
+
+    bad = 0
+    for name in names:
         for d in (64, 128):
-            for dtype in (torch.float16, torch.bfloat16):
-                for causal in (False, True):
-                    q, k, v = (torch.randn(1, 2, 300, d, device="cuda", dtype=dtype) for _ in range(3))
-                    if name == "portable":
-                        _, _, c = fwd.launch(q, k, v, causal=causal, return_lse=True, impl="portable")
-                    else:
-                        pingpong, cfgs = fwd_hopper.VARIANTS[name]
-                        o = torch.empty_like(q)
-                        lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
-                        c = fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, True,
-                                              pingpong, cfgs[d])
-                    torch.cuda.synchronize()
-                    print(f"{name:11s} d={d:3d} {str(dtype)[6:]} causal={int(causal)}: n_regs {c.n_regs} "
-                          f"n_spills {c.n_spills} shared {c.metadata.shared} B", flush=True)
-    return 0
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(d + causal)
+                q = torch.randn(2, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                        for _ in range(2))
+                if name == "portable":
+                    o, _, c = fwd.launch(q, k, v, causal=causal, impl="portable")
+                else:
+                    pingpong, cfgs = fwd_hopper.VARIANTS[name]
+                    o = torch.full_like(q, float("nan"))
+                    lse = torch.empty(1, device="cuda", dtype=torch.float32)
+                    c = fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, False,
+                                          pingpong, cfgs[d])
+                torch.cuda.synchronize()
+                ref = _ref_error(torch, sdpa("flash")(q, k, v, causal, gqa=True), q, k, v, causal, heads=4)
+                err = _ref_error(torch, o, q, k, v, causal, heads=4)
+                ok = err <= 2 * ref + 1e-3  # NaN (an unwritten element) fails too
+                bad += not ok
+                print(f"{name:11s} d={d:3d} bf16 causal={int(causal)}: n_regs {c.n_regs} "
+                      f"n_spills {c.n_spills} shared {c.metadata.shared} B | err {err:.3g} "
+                      f"(bound {2 * ref + 1e-3:.3g}) {'ok' if ok else 'FAIL'}", flush=True)
+    return 1 if bad else 0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true", help="launch each variant, print the loaded kernel metadata")
-    return gpu_report() if p.parse_args().gpu else cpu_report()
+    p.add_argument("--variant", action="append", help="with --gpu: portable or a fwd_hopper.VARIANTS name")
+    a = p.parse_args()
+    if a.gpu:
+        return gpu_report(a.variant or ["portable", *fwd_hopper.VARIANTS])
+    return cpu_report()
 
 
 if __name__ == "__main__":
