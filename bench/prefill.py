@@ -60,7 +60,7 @@ def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
         for state in ("cold", "warm"):
             r = subprocess.run([sys.executable, "-c", _FIRST_CALL, *impls], env=env, capture_output=True,
-                               text=True, timeout=600)
+                               text=True, timeout=150)
             if r.returncode != 0:
                 raise RuntimeError(f"first-call child ({state}) failed:\n{r.stderr[-3000:]}")
             for row in json.loads(r.stdout.strip().splitlines()[-1]):
@@ -222,16 +222,20 @@ def main() -> int:
         rows.append(row)
         del q, k, v
         torch.cuda.empty_cache()
-    out = {"env": env, "prefill": rows, "failures": failures}
+    out = {"env": env, "prefill": rows, "failures": failures, "summary": _summary(rows)}
+    for line in out["summary"]:
+        print(line, flush=True)
+
+    def save():
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+
+    save()  # the timings survive a later timeout in the first-call children
     if not a.no_first_call:
         out["first_call"] = first_call_latency(impls=[i for i in ("portable", "hopper") if i in impls])
-    out["summary"] = _summary(rows)
-    for line in out["summary"]:
-        print(line)
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        save()
     return 0
 
 
