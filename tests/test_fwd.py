@@ -316,16 +316,22 @@ def test_impl_argument_errors():
 
 
 def test_auto_is_portable_until_a_hopper_variant_is_validated(monkeypatch):
-    """impl='auto' never picks the Gluon kernel for a variant missing from HOPPER_VALIDATED."""
+    """impl='auto' picks the Gluon kernel only inside a HOPPER_VALIDATED row (d, dtype, causal, N range)."""
     q = _good()["q"]
     monkeypatch.setattr(fwd, "_hopper_possible", lambda q: None)  # pretend sm_90
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None) == "portable"
-    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", frozenset({(64, "float16", False)}))
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None) == "hopper"
-    assert fwd._pick_impl("auto", q, 64, True, 0.18, None) == "portable"
-    assert fwd._pick_impl("auto", q, 64, False, 2.0, None) == "portable"  # huge scale: portable only
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "portable"
+    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ((64, "float16", False, 2048, 8192),
+                                                  (64, "float16", True, 4096, None)))
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "hopper"
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 2048) == "hopper"  # bounds inclusive
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 1024) == "portable"  # below the row's range
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 16384) == "portable"  # above it
+    assert fwd._pick_impl("auto", q, 64, True, 0.18, None, 1 << 20) == "hopper"  # open upper bound
+    assert fwd._pick_impl("auto", q, 128, False, 0.18, None, 4096) == "portable"  # other head dim
+    assert fwd._pick_impl("auto", q, 64, False, 2.0, None, 4096) == "portable"  # huge scale: portable only
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, fwd.FwdConfig(64, 64, 4, 2), 4096) == "portable"
     with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
-        fwd._pick_impl("hopper", q, 64, False, 2.0, None)
+        fwd._pick_impl("hopper", q, 64, False, 2.0, None, 4096)
 
 
 def _compile_hopper(d, dtype, causal, pingpong):
