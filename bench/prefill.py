@@ -2,12 +2,16 @@
 FlexAttention, same inputs, same run; then the first-call latency of every kernel variant.
 
     PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
+        [--hopper-variants hopper,hopper_nopp,hopper_deep] [--d 128] [--n 8192]
 
 Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
 and not. Step 1 checks every implementation at every grid point at the full shape against float64
 (measure/bench.py's `_ref_error`: heads 0-1, the last 2,048 rows; bound 2 x SDPA FLASH's error + 1e-3);
 one that fails (or raises) is reported and not timed. Step 2 times the rest (triton.testing.do_bench,
-median). TFLOP/s from `model.flops.attention_flops`.
+median). TFLOP/s from `model.flops.attention_flops`. Hopper variants (kernels/fwd_hopper.py VARIANTS):
+"hopper" is the public impl="hopper" (ping-pong, table config); "hopper_nopp" drops the ping-pong hand-off
+between the consumer warpgroups; "hopper_deep" has a deeper K/V ring. The closing "summary" lines give,
+per variant, the issue's targets: min ratio to CUDNN at N >= 4k and at N = 1k, and to the portable kernel.
 
 First call: a child process per cache state runs each variant (d x causal x {bf16, fp16} x impl) once and
 times that first call (host wall clock to completion; compile included), CUDA already initialised.
@@ -56,7 +60,7 @@ def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
         for state in ("cold", "warm"):
             r = subprocess.run([sys.executable, "-c", _FIRST_CALL, *impls], env=env, capture_output=True,
-                               text=True, timeout=600)
+                               text=True, timeout=150)
             if r.returncode != 0:
                 raise RuntimeError(f"first-call child ({state}) failed:\n{r.stderr[-3000:]}")
             for row in json.loads(r.stdout.strip().splitlines()[-1]):
@@ -69,18 +73,34 @@ def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
     return out
 
 
-def _impls(torch, flex: bool, hopper: bool = True):
+def _hopper_variant(torch, name):
+    """A `fwd_hopper.VARIANTS` entry as a callable: the public path's allocation, the variant's launch."""
+    import math
+
+    from attnscope.kernels import fwd, fwd_hopper
+
+    pingpong, cfgs = fwd_hopper.VARIANTS[name]
+
+    def call(q, k, v, c):
+        d = q.shape[-1]
+        o = torch.empty_like(q)
+        lse = torch.empty(1, device=q.device, dtype=torch.float32)
+        fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), c, False, pingpong, cfgs[d])
+        return o
+
+    return call
+
+
+def _impls(torch, flex: bool, hopper=("hopper",)):
     import attnscope
     from attnscope.measure.backends import sdpa
 
-    impls = {
-        "portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable"),
-        "hopper": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="hopper"),
-        "cudnn": sdpa("cudnn"),
-        "flash": sdpa("flash"),
-    }
-    if not hopper:
-        del impls["hopper"]
+    impls = {"portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable")}
+    for name in hopper:  # "hopper" is the public impl="hopper"; the others are fwd_hopper.VARIANTS ablations
+        impls[name] = (_hopper_variant(torch, name) if name != "hopper" else
+                       lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="hopper"))
+    impls["cudnn"] = sdpa("cudnn")
+    impls["flash"] = sdpa("flash")
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -103,13 +123,37 @@ def _impls(torch, flex: bool, hopper: bool = True):
     return impls
 
 
+def _summary(rows) -> list[str]:
+    """Per Hopper variant, the issue's targets: min ratio to CUDNN at N >= 4k and at 1k, and to portable."""
+    lines = []
+    names = sorted({k for r in rows for k in r["tflops"] if k.startswith("hopper")})
+    for name in names:
+        for d in sorted({r["d"] for r in rows}):
+            for c in (False, True):
+                sel = [r for r in rows if r["d"] == d and r["causal"] == c and name in r["tflops"]
+                       and "cudnn" in r["tflops"] and "portable" in r["tflops"]]
+                if not sel:
+                    continue
+                cu_long = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] >= 4096]
+                cu_1k = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] <= 1024]
+                port = [r["tflops"][name] / r["tflops"]["portable"] for r in sel]
+                fmt = lambda xs: f"{min(xs):.3f}" if xs else "-"  # noqa: E731
+                lines.append(f"summary {name} d={d} causal={int(c)}: min /cudnn N>=4k {fmt(cu_long)}, "
+                             f"N=1k {fmt(cu_1k)}; min /portable {fmt(port)}")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N in {1k, 4k} only")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compiles)")
     p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
-    p.add_argument("--no-hopper", action="store_true", help="leave out impl='hopper' (e.g. if it fails)")
+    p.add_argument("--no-hopper", action="store_true", help="leave out every Gluon Hopper variant")
+    p.add_argument("--hopper-variants", default="hopper,hopper_nopp,hopper_deep",
+                   help="comma-separated fwd_hopper.VARIANTS names to time (default: all three)")
+    p.add_argument("--d", type=int, action="append", help="head dim(s) (default 128 and 64)")
+    p.add_argument("--n", type=int, action="append", help="sequence length(s) (default 1k-16k)")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--heads", type=int, default=32)
     a = p.parse_args()
@@ -124,9 +168,10 @@ def main() -> int:
         return 2
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
-    impls = _impls(torch, flex=not a.no_flex, hopper=not a.no_hopper)
-    ns = [1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384]
-    points = [(d, c, n) for d in (128, 64) for c in (False, True) for n in ns]
+    hopper = () if a.no_hopper else tuple(x for x in a.hopper_variants.split(",") if x)
+    impls = _impls(torch, flex=not a.no_flex, hopper=hopper)
+    ns = a.n or ([1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384])
+    points = [(d, c, n) for d in (a.d or (128, 64)) for c in (False, True) for n in ns]
 
     def inputs(d, n):
         torch.manual_seed(n + d)
@@ -170,19 +215,27 @@ def main() -> int:
                 row["tflops"][name] = flops / ms / 1e9
         t = row["tflops"]
         cu = t.get("cudnn")
+        ours = [k for k in t if k not in ("cudnn", "flash", "flex")]
+        ratios = " ".join(f"{k}={t[k] / cu:.3f}" for k in ours) if cu else ""
         print(f"d={d:3d} causal={int(c)} N={n:5d} | " + " ".join(f"{k}={t[k]:.1f}" for k in t) +
-              (f" | /cudnn portable={t['portable'] / cu:.3f}" if cu and "portable" in t else "") +
-              (f" hopper={t['hopper'] / cu:.3f}" if cu and "hopper" in t else ""), flush=True)
+              (f" | /cudnn {ratios}" if ratios else ""), flush=True)
         rows.append(row)
         del q, k, v
         torch.cuda.empty_cache()
-    out = {"env": env, "prefill": rows, "failures": failures}
+    out = {"env": env, "prefill": rows, "failures": failures, "summary": _summary(rows)}
+    for line in out["summary"]:
+        print(line, flush=True)
+
+    def save():
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+
+    save()  # the timings survive a later timeout in the first-call children
     if not a.no_first_call:
         out["first_call"] = first_call_latency(impls=[i for i in ("portable", "hopper") if i in impls])
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        save()
     return 0
 
 

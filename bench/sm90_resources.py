@@ -1,13 +1,23 @@
-"""Compile every prefill kernel variant for sm_90 WITHOUT a GPU and print the compiler's resource report.
+"""Compile every prefill kernel variant for sm_90 and print the compiler's resource report.
 
-    PYTHONPATH=src python bench/sm90_resources.py
+    PYTHONPATH=src python bench/sm90_resources.py          # no GPU needed (Triton's bundled ptxas)
+    PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched kernels' metadata
 
-For the portable Triton kernel (kernels/fwd.py, its table config) and the Gluon Hopper kernel
-(kernels/fwd_hopper.py): d in {64, 128} x {fp16, bf16} x causal. Registers and spills from Triton's
-bundled `ptxas -v --gpu-name sm_90a`; shared memory from the compiled kernel's metadata.
+Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
+(kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring), d in {64, 128} x {fp16, bf16}
+x causal. Without ``--gpu``: registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from
+the compiled kernel's metadata, and the `setmaxnreg` register split of the warp-specialised partitions
+read from the PTX. With ``--gpu [--variant NAME]``: each variant is launched once on a small ragged GQA input
+(bf16, B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and
+the compiled kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
+The ptxas "Used N registers" of a warp-specialised kernel is the launch budget (65,536 / threads);
+the per-partition budgets are the `setmaxnreg` values; spills are reported for the whole kernel.
 """
 
+import argparse
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,14 +39,21 @@ def ptxas_report(ptx: str) -> str:
             f.write(ptx)
         r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(tmp, "k.o")],
                            capture_output=True, text=True)
+    keep = ("registers", "spill", "serializ", "Performance")  # C7515: wgmma serialised (must not appear)
     return " ".join(line.split(":", 1)[-1].strip() for line in r.stderr.splitlines()
-                    if "registers" in line or "spill" in line)
+                    if any(w in line for w in keep))
+
+
+def setmaxnreg(ptx: str) -> str:
+    """The distinct register budgets the partitions switch to (setmaxnreg inc/dec values)."""
+    vals = sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    return "setmaxnreg " + "/".join(map(str, vals)) if vals else "no setmaxnreg"
 
 
 CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "STORE_LSE", "BLOCK_M", "BLOCK_N", "MAX_UNSCALED", "EMULATE_BF16")
 
 
-def portable(d, dt, causal):
+def portable(d, dt, causal, name="portable"):
     cfg = fwd.CONFIG_TABLE[[(r[0], r[1]) for r in fwd.CONFIG_TABLE].index((d, causal))][3]
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
     sig = {"desc_q": f"tensordesc<{dt}[1,1,{bm},{d}]>", "desc_k": f"tensordesc<{dt}[1,1,{bn},{d}]>",
@@ -50,23 +67,73 @@ def portable(d, dt, causal):
     return tuple(cfg), k
 
 
-def hopper(d, dt, causal):
+def hopper(d, dt, causal, name="hopper"):
+    pingpong, cfgs = fwd_hopper.VARIANTS[name]
+    cfg = cfgs[d]
     k = triton.compile(GluonASTSource(fn=fwd_hopper._attnscope_fwd_hopper_kernel,
-                                      signature=fwd_hopper.signature(d, dt),
-                                      constexprs=fwd_hopper.constexprs(d, causal, True)),
+                                      signature=fwd_hopper.signature(d, dt, cfg),
+                                      constexprs=fwd_hopper.constexprs(d, causal, True, pingpong, cfg)),
                        target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
-    return (fwd_hopper.BLOCK_M, *fwd_hopper.config(d)), k
+    return (*cfg, f"pingpong={int(pingpong)}"), k
 
 
-def main() -> int:
-    for name, build in (("portable", portable), ("hopper", hopper)):
+def cpu_report() -> int:
+    builds = [("portable", portable)] + [(n, hopper) for n in fwd_hopper.VARIANTS]
+    for name, build in builds:
         for d in (64, 128):
             for dt in ("fp16", "bf16"):
                 for causal in (False, True):
-                    cfg, k = build(d, dt, causal)
-                    print(f"{name:8s} d={d:3d} {dt} causal={int(causal)} config={cfg}: "
-                          f"smem {k.metadata.shared} B | {ptxas_report(k.asm['ptx'])}", flush=True)
+                    cfg, k = build(d, dt, causal, name)
+                    ptx = k.asm["ptx"]
+                    print(f"{name:11s} d={d:3d} {dt} causal={int(causal)} config={cfg}: "
+                          f"smem {k.metadata.shared} B | {ptxas_report(ptx)} | {setmaxnreg(ptx)}", flush=True)
     return 0
+
+
+def gpu_report(names) -> int:
+    """Launch each variant (bf16, no LSE: the compiles bench/prefill.py reuses) on a small ragged GQA input,
+    check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's resources."""
+    import torch
+
+    from attnscope.measure.backends import sdpa
+    from attnscope.measure.bench import _ref_error
+
+    bad = 0
+    for name in names:
+        for d in (64, 128):
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(d + causal)
+                q = torch.randn(2, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                        for _ in range(2))
+                if name == "portable":
+                    o, _, c = fwd.launch(q, k, v, causal=causal, impl="portable")
+                else:
+                    pingpong, cfgs = fwd_hopper.VARIANTS[name]
+                    o = torch.full_like(q, float("nan"))
+                    lse = torch.empty(1, device="cuda", dtype=torch.float32)
+                    c = fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, False,
+                                          pingpong, cfgs[d])
+                torch.cuda.synchronize()
+                kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # SDPA's bound without GQA
+                ref = _ref_error(torch, sdpa("flash")(q, kr, vr, causal), q, kr, vr, causal, heads=4)
+                err = _ref_error(torch, o, q, k, v, causal, heads=4)
+                ok = err <= 2 * ref + 1e-3  # NaN (an unwritten element) fails too
+                bad += not ok
+                print(f"{name:11s} d={d:3d} bf16 causal={int(causal)}: n_regs {c.n_regs} "
+                      f"n_spills {c.n_spills} shared {c.metadata.shared} B | err {err:.3g} "
+                      f"(bound {2 * ref + 1e-3:.3g}) {'ok' if ok else 'FAIL'}", flush=True)
+    return 1 if bad else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true", help="launch each variant, print the loaded kernel metadata")
+    p.add_argument("--variant", action="append", help="with --gpu: portable or a fwd_hopper.VARIANTS name")
+    a = p.parse_args()
+    if a.gpu:
+        return gpu_report(a.variant or ["portable", *fwd_hopper.VARIANTS])
+    return cpu_report()
 
 
 if __name__ == "__main__":

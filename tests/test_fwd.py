@@ -90,9 +90,37 @@ def _is_sm90():
     return DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
 
 
+# The Gluon kernel (GPU only): a small set that still hits each path of its schedule — CTAs of 2 x 64 rows
+# whose warpgroups split the unmasked/masked loops differently, CTAs with no KV tile (Nq > Nk causal), the
+# K/V ring wrapping many times (Nk >= 1000), ragged tiles on both sides, GQA, strided views, both dtypes
+# and head dims. Eight compiled variants (d x dtype x causal), so a cold cache costs eight compiles.
+HOPPER_CASES = [
+    (1, 1, False, 1, 64, "float16", False),
+    (1, 1, True, 4, 128, "bfloat16", True),
+    (17, 200, True, 1, 128, "float16", False),
+    (200, 17, True, 4, 64, "bfloat16", False),
+    (200, 17, False, 1, 128, "bfloat16", True),
+    (97, 64, False, 4, 64, "float16", True),
+    (64, 97, True, 1, 64, "bfloat16", False),
+    (128, 128, True, 1, 128, "float16", False),
+    (129, 257, False, 4, 128, "bfloat16", False),
+    (300, 300, True, 1, 64, "float16", True),
+    (300, 300, True, 4, 128, "bfloat16", False),
+    (300, 300, False, 1, 128, "float16", False),
+    (640, 384, True, 1, 128, "bfloat16", False),
+    (384, 640, True, 4, 64, "float16", False),
+    (1000, 1000, True, 1, 128, "bfloat16", True),
+    (1000, 1000, False, 4, 64, "bfloat16", False),
+    (1000, 1500, True, 1, 64, "float16", False),
+    (1500, 1000, False, 1, 128, "float16", False),
+    (2048, 2048, True, 4, 128, "float16", False),
+    (2048, 2048, False, 1, 64, "bfloat16", True),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("nq,nk,causal,group,d,dtype,strided", CASES)
+@pytest.mark.parametrize("nq,nk,causal,group,d,dtype,strided", HOPPER_CASES)
 def test_hopper_matches_float64_reference(monkeypatch, nq, nk, causal, group, d, dtype, strided):
     _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl="hopper")
 
@@ -288,45 +316,82 @@ def test_impl_argument_errors():
 
 
 def test_auto_is_portable_until_a_hopper_variant_is_validated(monkeypatch):
-    """impl='auto' never picks the Gluon kernel for a variant missing from HOPPER_VALIDATED."""
+    """impl='auto' picks the Gluon kernel only inside a HOPPER_VALIDATED row (d, dtype, causal, N range)."""
     q = _good()["q"]
     monkeypatch.setattr(fwd, "_hopper_possible", lambda q: None)  # pretend sm_90
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None) == "portable"
-    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", frozenset({(64, "float16", False)}))
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None) == "hopper"
-    assert fwd._pick_impl("auto", q, 64, True, 0.18, None) == "portable"
-    assert fwd._pick_impl("auto", q, 64, False, 2.0, None) == "portable"  # huge scale: portable only
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "portable"
+    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ((64, "float16", False, 2048, 8192),
+                                                  (64, "float16", True, 4096, None)))
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "hopper"
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 2048) == "hopper"  # bounds inclusive
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 1024) == "portable"  # below the row's range
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 16384) == "portable"  # above it
+    assert fwd._pick_impl("auto", q, 64, True, 0.18, None, 1 << 20) == "hopper"  # open upper bound
+    assert fwd._pick_impl("auto", q, 128, False, 0.18, None, 4096) == "portable"  # other head dim
+    assert fwd._pick_impl("auto", q, 64, False, 2.0, None, 4096) == "portable"  # huge scale: portable only
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, fwd.FwdConfig(64, 64, 4, 2), 4096) == "portable"
     with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
-        fwd._pick_impl("hopper", q, 64, False, 2.0, None)
+        fwd._pick_impl("hopper", q, 64, False, 2.0, None, 4096)
 
 
-def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
-    """One Gluon variant compiled for sm_90 without a GPU: producer/consumer register split present."""
-    pytest.importorskip("triton.experimental.gluon")
+def _compile_hopper(d, dtype, causal, pingpong):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from attnscope.kernels import fwd_hopper as hop
 
-    sig = hop.signature(128, "bf16")
-    k = triton.compile(GluonASTSource(fn=hop._attnscope_fwd_hopper_kernel, signature=sig,
-                                      constexprs=hop.constexprs(128, True, True)),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
+    src = GluonASTSource(fn=hop._attnscope_fwd_hopper_kernel, signature=hop.signature(d, dtype),
+                         constexprs=hop.constexprs(d, causal, True, pingpong))
+    return triton.compile(src,
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
+
+
+def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
+    """The Gluon kernel compiled for sm_90 without a GPU has FA-3's structure in its PTX: TMA, async wgmma
+    with a wait that leaves one group in flight (softmax under P V), a 24-register producer and 240-register
+    consumers, no spills; the ping-pong hand-off adds mbarrier waits and arrivals to the build without it."""
+    pytest.importorskip("triton.experimental.gluon")
+    import os
+    import re
+    import tempfile
+
+    import triton
+
+    k = _compile_hopper(64, "bf16", False, True)
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # S_j waited for alone, P V still in flight
     assert "setmaxnreg.dec.sync.aligned.u32 \t24" in ptx  # the 1-warp TMA producer gives registers back
+    assert "setmaxnreg.inc.sync.aligned.u32 \t240" in ptx  # consumer warpgroup 1 takes them
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "k.ptx"), "w") as f:
+            f.write(ptx)
+        rep = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True, check=True).stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in rep and "serialized" not in rep
+    nopp = _compile_hopper(64, "bf16", False, False).asm["ptx"]
+
+    def count(pat, text):
+        return len(re.findall(pat, text))
+
+    assert count(r"mbarrier\.arrive\.shared", ptx) > count(r"mbarrier\.arrive\.shared", nopp)
+    assert count(r"mbarrier\.try_wait", ptx) > count(r"mbarrier\.try_wait", nopp)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU (compiled kernels)")
-def test_one_compile_per_variant_on_gpu():
+@pytest.mark.parametrize("impl", ["portable", "hopper"])
+def test_one_compile_per_variant_on_gpu(impl):
     """Different N, B, head counts and strides reuse one compiled kernel per (d, dtype, causal, lse)."""
+    if impl == "hopper" and not _is_sm90():
+        pytest.skip("the Gluon Hopper kernel needs an sm_90 GPU")
     seen = set()
     for b, hq, hkv, nq, nk, strided in ((1, 4, 2, 100, 300, False), (2, 8, 8, 4096, 4096, True),
                                         (3, 2, 1, 1, 17, False)):
         q, k, v = _inputs(b, hq, hkv, nq, nk, 128, torch.bfloat16, strided, seed=nq)
-        _, _, compiled = fwd.launch(q, k, v, causal=True)
+        _, _, compiled = fwd.launch(q, k, v, causal=True, impl=impl)
         seen.add(id(compiled))
     assert len(seen) == 1
 

@@ -75,10 +75,11 @@ CONFIG_TABLE = (
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
-#: Variants (head_dim, dtype name, causal) for which ``impl="auto"`` picks the Gluon Hopper kernel
-#: (kernels/fwd_hopper.py) on sm_90: only those measured correct and faster than the portable kernel on the
-#: GPU. Empty: the Hopper kernel compiles for sm_90 but has not been run on a GPU yet (``impl="hopper"``).
-HOPPER_VALIDATED: frozenset = frozenset()
+#: Measured table for ``impl="auto"``: rows ``(head_dim, dtype name, causal, n_min, n_max)`` (``n_max`` None
+#: = no upper bound; n = max(Nq, Nk)) where the Gluon Hopper kernel (kernels/fwd_hopper.py) was measured
+#: correct and faster than the portable kernel on an sm_90 GPU (bench/prefill.py, BENCHMARKS.md). Empty
+#: until measured: ``impl="auto"`` runs the portable kernel everywhere; ``impl="hopper"`` forces Gluon.
+HOPPER_VALIDATED: tuple = ()
 IMPLS = ("auto", "portable", "hopper")
 
 
@@ -255,7 +256,13 @@ def _check_config(config) -> FwdConfig:
     return cfg
 
 
-def _pick_impl(impl, q, d, causal, qk_scale, cfg) -> str:
+def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> bool:
+    """True when a `HOPPER_VALIDATED` row covers head dim ``d``, ``dtype`` ("bfloat16"...), ``causal``, n."""
+    return any(td == d and tt == dtype and tc == causal and n >= lo and (hi is None or n <= hi)
+               for td, tt, tc, lo, hi in HOPPER_VALIDATED)
+
+
+def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
     if impl not in IMPLS:
         raise InputError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
     if impl == "hopper":
@@ -269,7 +276,7 @@ def _pick_impl(impl, q, d, causal, qk_scale, cfg) -> str:
             raise InputError("config: applies to impl='portable' only, got impl='hopper'")
         return "hopper"
     if (impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None
-            and (d, str(q.dtype).replace("torch.", ""), causal) in HOPPER_VALIDATED):
+            and _hopper_validated(d, str(q.dtype).replace("torch.", ""), causal, n)):
         return "hopper"
     return "portable"
 
@@ -286,7 +293,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     cfg = _check_config(config)
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
-    chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg)
+    chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg, max(Nq, Nk))
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if chosen == "hopper":
@@ -356,9 +363,10 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         Block configuration ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` instead of the measured
         table's (`CONFIG_TABLE`); each distinct config compiles once per process.
     impl : {"auto", "portable", "hopper"}
-        ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel
-        (kernels/fwd_hopper.py, experimental; needs an sm_90 GPU and ``scale * log2(e) <= 1``);
-        ``"auto"``: hopper for the variants in `HOPPER_VALIDATED` (none yet), else portable.
+        ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
+        FlashAttention-3's warp-specialised ping-pong schedule (kernels/fwd_hopper.py, experimental;
+        needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: hopper where the measured table
+        `HOPPER_VALIDATED` (d, dtype, causal, N range) says it wins (empty: nowhere yet), else portable.
 
     Returns
     -------

@@ -1,19 +1,30 @@
-"""FlashAttention forward for Hopper (sm_90) in Gluon: EXPERIMENTAL, compiled but not yet run on a GPU.
+"""FlashAttention forward for Hopper (sm_90) in Gluon, with FlashAttention-3's structure. EXPERIMENTAL.
 
-Algorithm: the online softmax of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 1) with the
-producer/consumer structure of FlashAttention-3 (Shah et al., arXiv:2407.08608, §3.1): a producer
-partition of one warp (few registers, `gl.warp_specialize`'s ``worker_num_regs``) issues TMA copies of
-K and V tiles into a ``STAGES``-deep shared-memory ring, signalling ``k_ready``/``v_ready`` mbarriers;
-the consumer (default partition, two warpgroups = 8 warps, 64 query rows each of a 128-row tile) runs
-S = Q K^T and O += P V on the tensor cores with `warpgroup_mma`, the base-2 online softmax in registers
-(log2 e folded into the scale), and releases each ring slot through ``kv_empty``. Not yet in it (FA-3
-§3.1-3.2): ping-pong scheduling between the two warpgroups and overlapping the softmax of one tile with
-the next tile's QK^T.
+Algorithm: the online softmax of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 1) scheduled as in
+FlashAttention-3 (Shah et al., arXiv:2407.08608): a CTA owns ``2 x BM`` query rows of one (batch, head)
+and runs three partitions (`gl.warp_specialize`):
 
-Contract as `attnscope.kernels.fwd` (GQA, ragged N, bottom-right causal with Nq != Nk, empty rows 0 and
-LSE -inf, LSE output, fp16/bf16, d 64/128, strided inputs through host-built 4-D TMA descriptors
-``[B, H, N, d]``). Dispatch: `fwd.flash_attention(impl="hopper")` only; ``impl="auto"`` uses it for the
-variants listed in `fwd.HOPPER_VALIDATED` (none until measured on the GPU).
+- producer (1 warp, ``PRODUCER_REGS`` registers after `setmaxnreg`): TMA loads of both Q tiles, then K
+  and V tiles into a ``STAGES``-deep shared-memory ring; ``k_ready``/``v_ready`` mbarriers (TMA byte
+  counts) hand a slot to the consumers, ``k_empty``/``v_empty`` (2 arrivals: both consumers) hand it back.
+- two consumer warpgroups (4 warps each, ``CONSUMER_REGS`` registers), warpgroup ``w`` owning query rows
+  ``[w BM, (w+1) BM)`` of the CTA tile: S = Q K^T and O += P V with asynchronous `warpgroup_mma`
+  (Q and K, V from shared memory, P from registers), base-2 online softmax with log2 e in the scale.
+
+Overlap inside a warpgroup (§3.2, "intra-warpgroup pipelining"): iteration j issues S_j = Q K_j^T and
+then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstanding=1)`), computes the
+softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong between the
+warpgroups (§3.1): the issue of each iteration's two GEMMs is a critical section handed back and forth
+through two ``turn`` mbarriers, so one warpgroup's softmax runs while the other's GEMMs occupy the
+tensor cores (FA-3 uses named barriers; Gluon 3.6 has none, an mbarrier pair does the same ordering).
+``PINGPONG=False`` drops the hand-off (an ablation for the benchmark).
+
+Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
+mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
+``c <= r + Nk - Nq``); tile 0 is always masked (the pipeline's prologue). Empty rows give 0, LSE -inf.
+Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides (ragged tiles read 0, clipped on
+store); O is staged through the warpgroup's Q buffer. Contract as `attnscope.kernels.fwd`; dispatch via
+``impl="hopper"``, or ``impl="auto"`` for the variants in `fwd.HOPPER_VALIDATED` (measured wins only).
 """
 
 from __future__ import annotations
@@ -32,123 +43,187 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-BLOCK_M = 128  # query rows per CTA: two consumer warpgroups x 64 rows
-NUM_WARPS = 8  # the consumer (default) partition
+NUM_WARPS = 4  # the default partition = consumer warpgroup 0
+PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
+CONSUMER_REGS = gl.constexpr(240)  # setmaxnreg of consumer warpgroup 1 (a worker partition)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+
+#: (head_dim) -> (BM rows per consumer warpgroup, BLOCK_N, STAGES): shared memory is 2 Q tiles +
+#: STAGES x (K + V); the CTA covers 2 x BM query rows. Compile report: bench/sm90_resources.py.
+CONFIGS = {128: (64, 128, 2), 64: (64, 128, 3)}
+
+
+#: Variants bench/prefill.py times beside the default (name -> ping-pong on?, configs per head dim):
+#: the ablation without the ping-pong hand-off, and a deeper K/V ring (d = 128: 229,800 B of shared memory).
+VARIANTS = {
+    "hopper": (True, CONFIGS),
+    "hopper_nopp": (False, CONFIGS),
+    "hopper_deep": (True, {128: (64, 128, 3), 64: (64, 128, 4)}),
+}
 
 
 def config(d: int):
-    """(BLOCK_N, STAGES) per head dim: shared memory Q + STAGES x (K + V) tiles + O staging."""
-    return (64, 3) if d == 128 else (128, 3)
+    """(BM per warpgroup, BLOCK_N, STAGES) for head dim ``d``."""
+    return CONFIGS[d]
 
 
 @gluon.jit
-def _kv_bounds(start_m, NQ, NK, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """``[0, lo)`` unmasked, ``[lo, hi)`` masked, rest skipped: the same closed form as fwd._kv_bounds."""
+def _kv_hi(row0, rows, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """End of the KV range of query rows ``[row0, row0 + rows)``, rounded up to whole tiles (<= Nk)."""
     hi = NK
+    if CAUSAL:
+        r_last = gl.maximum(gl.minimum(row0 + rows, NQ) + (NK - NQ), 0)
+        hi = gl.minimum(gl.cdiv(r_last, BN) * BN, NK)
+    return hi
+
+
+@gluon.jit
+def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tiles ``[0, lo)`` are seen whole by every row from ``row0`` on (the ragged last tile never is)."""
     full = NK
     if CAUSAL:
-        r_first = gl.maximum(start_m * BM + 1 + (NK - NQ), 0)
-        r_last = gl.maximum(gl.minimum(start_m * BM + BM, NQ) + (NK - NQ), 0)
-        hi = gl.minimum(gl.cdiv(r_last, BN) * BN, NK)
-        full = (r_first // BN) * BN
-    lo = gl.minimum(full, (NK // BN) * BN)
-    return lo, hi
+        full = (gl.maximum(row0 + 1 + (NK - NQ), 0) // BN) * BN
+    return gl.minimum(full, (NK // BN) * BN)
 
 
 @gluon.jit
-def _producer(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, b, hk, hi,
-              BN: gl.constexpr, STAGES: gl.constexpr):
-    n_tiles = gl.cdiv(hi, BN)
+def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
     for i in range(n_tiles):
         s = i % STAGES
-        ph = (i // STAGES) & 1
-        mbarrier.wait(kv_empty.index(s), ph ^ 1)  # a fresh barrier passes parity 1 at once
+        ph = ((i // STAGES) & 1) ^ 1  # a fresh barrier passes parity 1 at once: the first round is free
+        mbarrier.wait(k_empty.index(s), ph)
         mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_k, [b, hk, i * BN, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), ph)
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_v, [b, hk, i * BN, 0], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
-def _tile(i, acc, l_i, m_i, q2, k_smem, v_smem, k_ready, v_ready, kv_empty, offs_m, qk_scale, NQ, NK,
-          s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
-          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-          MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    s_idx = i % STAGES
-    ph = (i // STAGES) & 1
-    mbarrier.wait(k_ready.index(s_idx), ph)
-    kt = k_smem.index(s_idx).reshape([BN, D]).permute((1, 0))
-    s = warpgroup_mma(q2, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+def _turn_wait(turn, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Start of warpgroup WG's k-th GEMM-issue section: strict alternation, warpgroup 0 first."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (k + 1 - WG) & 1)
+
+
+@gluon.jit
+def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online-softmax update of one score tile: (p, alpha, m_new, l_new), base 2, max before exp."""
     if MASKED:
-        offs_n = i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         keep = offs_n[None, :] < NK
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
         s = gl.where(keep, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_new = gl.where(m_new == float("-inf"), 0.0, m_new)
+        m_new = gl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: p = 0, not NaN
         p = gl.exp2(s - m_new[:, None])
     else:
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
+        p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
     alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    m_i = m_new
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-    mbarrier.wait(v_ready.index(s_idx), ph)
-    acc = warpgroup_mma(p_op, v_smem.index(s_idx).reshape([BN, D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(kv_empty.index(s_idx), count=1)
-    return acc, l_i, m_i
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
-def _consumer(desc_q, desc_o, LSE, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty,
-              b, h, pid_bh, start_m, lo, hi, NQ, NK, qk_scale,
-              BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, num_warps: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
+          qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+          MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """KV tile j >= 1: issue S_j and O += P_{j-1} V_{j-1}; softmax(S_j) under the P V product."""
+    sj = j % STAGES
+    sp = (j - 1) % STAGES
+    mbarrier.wait(k_ready.index(sj), (j // STAGES) & 1)
+    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+    _turn_wait(turn, j, WG, PINGPONG)
+    kt = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
+    s_tok = warpgroup_mma(q, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+    o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
+    _turn_pass(turn, WG, PINGPONG)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
+    mbarrier.arrive(k_empty.index(sj))
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # p_op: the async A operand
+    mbarrier.arrive(v_empty.index(sp))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+    return acc, p_op, m_i, l_i
+
+
+@gluon.jit
+def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
+              BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    offs_m = start_m * BM + gl.arange(0, BM, layout=row_layout)
+    row0 = row0_cta + WG * BM
+    offs_m = row0 + gl.arange(0, BM, layout=row_layout)
     m_i = gl.full([BM], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BM], gl.float32, row_layout)
     acc = gl.zeros([BM, D], gl.float32, o_layout)
-    mbarrier.wait(q_bar, 0)
-    q2 = q_smem.reshape([BM, D])
+    q = q_smem.index(WG).reshape([BM, D])
+    mbarrier.wait(q_bar.index(WG), 0)
+    if n_tiles > 0:
+        n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
+        # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
+        mbarrier.wait(k_ready.index(0), 0)
+        _turn_wait(turn, 0, WG, PINGPONG)
+        kt = k_smem.index(0).reshape([BN, D]).permute((1, 0))
+        s_tok = warpgroup_mma(q, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+        _turn_pass(turn, WG, PINGPONG)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(0))
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
+            acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                                        v_empty, turn, offs_m, qk_scale, NQ, NK, s_layout, o_layout,
+                                        p_layout, BM, BN, D, STAGES, WG, False, CAUSAL, PINGPONG)
+        for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
+            acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                                        v_empty, turn, offs_m, qk_scale, NQ, NK, s_layout, o_layout,
+                                        p_layout, BM, BN, D, STAGES, WG, True, CAUSAL, PINGPONG)
+        # epilogue: O += P_last V_last
+        last = n_tiles - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        _turn_wait(turn, n_tiles, WG, PINGPONG)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
+        _turn_pass(turn, WG, PINGPONG)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        mbarrier.arrive(v_empty.index(last % STAGES))
 
-    n_lo = lo // BN
-    for i in range(0, n_lo):  # tiles every row sees whole: no mask
-        acc, l_i, m_i = _tile(i, acc, l_i, m_i, q2, k_smem, v_smem, k_ready, v_ready, kv_empty, offs_m,
-                              qk_scale, NQ, NK, s_layout, p_layout, o_layout, BM, BN, D, STAGES,
-                              False, CAUSAL)
-    for i in range(n_lo, gl.cdiv(hi, BN)):  # diagonal and ragged tiles: masked before the max
-        acc, l_i, m_i = _tile(i, acc, l_i, m_i, q2, k_smem, v_smem, k_ready, v_ready, kv_empty, offs_m,
-                              qk_scale, NQ, NK, s_layout, p_layout, o_layout, BM, BN, D, STAGES,
-                              True, CAUSAL)
-
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # empty rows: acc = 0 -> o = 0
     o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
-    o_smem.reshape([BM, D]).store(o.to(desc_o.dtype))
+    q.store(o.to(desc_o.dtype))  # Q is dead: its buffer stages O for the TMA store
     fence_async_shared()
-    tma.async_copy_shared_to_global(desc_o, [b, h, start_m * BM, 0], o_smem)
+    tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], q_smem.index(WG))
     tma.store_wait(pendings=0)
     if STORE_LSE:
-        lse = m_i * LN2 + gl.log(l_i)
+        lse = m_i * LN2 + gl.log(l_i)  # -inf for empty rows
         gl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
 @gluon.jit
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -160,65 +235,79 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)
+    row0 = start_m * (2 * BM)
+    n_tiles = gl.cdiv(_kv_hi(row0, 2 * BM, NQ, NK, BN, CAUSAL), BN)  # both warpgroups run every tile
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, desc_q.block_type.shape, desc_q.layout)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, desc_o.block_type.shape, desc_o.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(q_bar.index(w), count=1)
+        mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(kv_empty.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(s), count=2)
     fence_async_shared()
-    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_q, [b, h, start_m * BM, 0], q_bar, q_smem)
 
-    lo, hi = _kv_bounds(start_m, NQ, NK, BM, BN, CAUSAL)
     gl.warp_specialize(
-        [(_consumer, (desc_q, desc_o, LSE, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty,
-                      b, h, pid_bh, start_m, lo, hi, NQ, NK, qk_scale, BM, BN, D, STAGES, CAUSAL, STORE_LSE,
-                      num_warps)),
-         (_producer, (desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, b, hk, hi, BN, STAGES))],
-        [1], [24])
+        [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, CAUSAL, STORE_LSE,
+                      PINGPONG)),
+         (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, CAUSAL, STORE_LSE,
+                      PINGPONG)),
+         (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                      v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def signature(d: int, dtype: str):
+def signature(d: int, dtype: str, cfg=None):
     """Signature for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"): resource reports."""
-    bn, _ = config(d)
+    bm, bn, _ = cfg or config(d)
 
     def ds(rows):
         elem = gl.bfloat16 if dtype == "bf16" else gl.float16
         lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
-    return {"desc_q": ds(BLOCK_M), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(BLOCK_M), "LSE": "*fp32",
-            "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "CAUSAL": "constexpr",
-            "STORE_LSE": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+    return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
+            "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32",
+            **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, return_lse: bool):
-    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": config(d)[1], "num_warps": NUM_WARPS}
+def constexprs(d: int, causal: bool, return_lse: bool, pingpong: bool = True, cfg=None):
+    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": (cfg or config(d))[2], "PINGPONG": pingpong,
+            "num_warps": NUM_WARPS}
 
 
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool):
-    """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place."""
+def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, pingpong: bool = True,
+           cfg: tuple | None = None):
+    """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place.
+
+    ``pingpong=False`` and ``cfg=(BM, BLOCK_N, STAGES)`` select benchmark variants (bench/prefill.py);
+    the default is `config`'s entry with ping-pong. Returns the compiled kernel (``.n_regs``,
+    ``.n_spills``, ``.metadata.shared``).
+    """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    bn, _ = config(d)
+    bm, bn, _ = cfg or config(d)
 
     def desc(t, rows):
         block = [1, 1, rows, d]
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
 
-    return _attnscope_fwd_hopper_kernel[(triton.cdiv(Nq, BLOCK_M), B * Hq)](
-        desc(q, BLOCK_M), desc(k, bn), desc(v, bn), desc(o, BLOCK_M), lse, Hq, Hkv, Nq, Nk, qk_scale,
-        **constexprs(d, causal, return_lse))
+    return _attnscope_fwd_hopper_kernel[(triton.cdiv(Nq, 2 * bm), B * Hq)](
+        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse, Hq, Hkv, Nq, Nk, qk_scale,
+        **constexprs(d, causal, return_lse, pingpong, cfg))
