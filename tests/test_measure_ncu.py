@@ -381,3 +381,54 @@ def test_calibration_ratios_and_slope():
         ncu.exact_bytes({"kind": "sum", "bytes": 6})
     assert [(s["kind"], s["bytes"]) for s in physical.CALIBRATION] == [
         (k, s * g) for k in ("copy", "sum", "fill") for s in (1, 4)]
+
+
+def test_sweep_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+    grid = tmp_path / "g.csv"
+    grid.write_text("impl,B,H,N,d,causal\nflash,1,8,4096,128,false\ncudnn,2,3,999,64,true\n")
+    written = []
+
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+        pts = [_point(specs[0], 3 * 8 * 2**20, 8 * 2**20), ncu.Point(specs[1], None, "RuntimeError: refused")]
+        progress(pts[:1], 2)
+        written.append(json.loads((tmp_path / "s.json").read_text()))  # the partial file, after group 1
+        progress(pts, 2)
+        return pts
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    out = tmp_path / "s.json"
+    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
+    assert main(argv) == 1  # a point could not be measured
+    text = capsys.readouterr().out
+    assert "estimate vs ncu over 1 points" in text
+    assert "not measured: cudnn B=2 H=3 N=999 d=64 fp16 causal: RuntimeError: refused" in text
+    assert written[0]["env"]["partial"] == "1/2"
+    saved = json.loads(out.read_text())
+    assert [p["error"] for p in saved["points"]] == [None, "RuntimeError: refused"]
+    assert saved["summary"]["count"] == 1 and "partial" not in saved["env"]
+    rows, _ = physical.rows_from_json(out)  # and it reads back
+    assert rows[0].measured == 4 * 8 * 2**20
+    assert main(["bytes", "--sweep", str(grid), "--per-child", "0", "--l2-bytes", "1", "--sms", "1"]) == 2
+    assert "--per-child: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_calibrate_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+
+    def fake_many(specs, **kw):
+        assert specs == list(physical.CALIBRATION)
+        return [_point(s, *(int(0.98 * x) for x in ncu.exact_bytes(s))) for s in specs]
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    out = tmp_path / "c.json"
+    assert main(["bytes", "--calibrate", "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "counter / exact" in text and "0.9800" in text
+    saved = json.loads(out.read_text())
+    assert saved["kind"] == "attnscope-bytes-calibration"
+    assert {r["bytes"] for r in saved["rows"] if r["kind"] == "copy"} == {2**30, 4 * 2**30, "slope"}

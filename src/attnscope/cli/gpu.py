@@ -216,13 +216,18 @@ def _bytes_sweep(args) -> int:
         _write_or_print(args, {"kind": "attnscope-bytes-reevaluated", "env": env,
                                "rows": [r.to_json() for r in rows], "summary": physical.summarize(rows)})
         return 0
+    from attnscope.errors import positive_int
+
+    positive_int("--per-child", args.per_child)
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
     if (code := _no_gpu("bytes")) is not None:
         return code
-    import torch
+    l2, sms = args.l2_bytes, args.sms
+    if not (l2 and sms):  # the running GPU's own L2 and SM count
+        import torch
 
-    props = torch.cuda.get_device_properties(0)
-    l2, sms = args.l2_bytes or props.L2_cache_size, args.sms or props.multi_processor_count
+        props = torch.cuda.get_device_properties(0)
+        l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
     env = _env(l2, sms)
 
     def progress(done, total):
