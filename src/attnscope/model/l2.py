@@ -19,20 +19,23 @@ tiles, W = (C / U + 1) kv + C (q + o). Re-read miss fraction ``miss(W / capacity
 capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal kernels that walk K/V from the diagonal down
 (FlashAttention-2) spread a set's readers over the longest CTA's lifetime, s = longest / mean CTA
 (closed form from model/tiles.py), so their window is s C CTAs wide and a set is re-read s (U - 1) / C
-times; kernels that walk K/V forwards keep a set's readers in step (s = 1).
+times; kernels that walk K/V forwards keep a set's readers in step (s = 1) and a causal re-read costs the
+mean share of the set a CTA loads.
 
 Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
 inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
 T the call's total insertions; what is resident is not counted. Naive attention (`_naive`) uses the same
-survival for S and P read back by the next kernel (a fluid replay at a fixed 32 samples per buffer).
+survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
+reads a head's P one column band at a time; the causal mask is re-read one head later).
 
-Measured vs assumed (BENCHMARKS.md "attnscope bytes"; bench/l2_reuse.py measures the first three):
-capacity = half the L2 (measured on the 2026-11-29 recordings: ~28 MiB of writes stay dirty in the
-60 MiB L2); ramp 1.3 (assumed; bench/l2_reuse.py A); ctas_per_sm (attnscope: compiled sm_90 registers and
-shared memory; FLASH, EFFICIENT, cuDNN: assumed from their tiles); grid orders (attnscope: kernels/fwd.py;
-FLASH (m, b, h), EFFICIENT (m, h, b): their sources; cuDNN: assumed (m, h, b)); K/V direction (FLASH
-backwards: its source; others forwards: assumed); FLASH split-KV below 0.8 x 2 x SMs CTAs (its
-heuristic), partials resident in L2 when they fit.
+Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"): capacity = half the L2 (measured on the
+2026-11-29 recordings: ~28 MiB of writes stay dirty in the 60 MiB L2); ramp 1.3 (chosen on that
+development grid); bench/l2_reuse.py measures both (and the order and write-back effects), and
+bench/gpu/bytes.sh's ncu occupancy step the CTAs per SM. ctas_per_sm: attnscope from its sm_90 compile
+(registers, shared memory), FLASH, EFFICIENT, cuDNN assumed from their tiles; grid orders: attnscope
+kernels/fwd.py, FLASH (m, b, h) and EFFICIENT (m, h, b) from their sources, cuDNN assumed (m, h, b); K/V
+direction: FLASH backwards (its source), the others forwards (assumed); FLASH split-KV below 0.8 x 2 x
+SMs CTAs (its heuristic), partials resident in L2 when they fit.
 """
 
 from __future__ import annotations
@@ -217,8 +220,9 @@ def _retained(start: float, size: float, t_end: float, cap: float, total_span: f
 
 def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
            causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None) -> None:
-    ker = KERNELS[impl].get(-d if causal else d) or KERNELS[impl].get(d) or \
-        KERNELS[impl][min(KERNELS[impl], key=lambda x: (abs(abs(x) - d), x))]
+    table = KERNELS[impl]
+    ker = table.get(-d if causal else d) or table.get(d) or \
+        table[min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))]
     per_sm = ker.ctas_per_sm if per_sm is None else per_sm
     c = sms * per_sm
     g = Grid(nq, nk, ker.block_q, ker.block_kv, causal=causal)
