@@ -22,9 +22,14 @@ C. causal-like: as B, head-major, but work item i of a set reads only the first 
 D. write-back: a kernel that writes W bytes (fill), then one that reads them back (producer ->
    consumer, naive attention's S): DRAM writes of the first (what does not stay dirty in L2) and reads
    of the second (what the L2 kept).
+E. streaming: as B with 128 readers per set (N = 16k, d = 128), each reader also reading a private Q
+   tile and writing a private O tile (2 x 32 KiB) or not: do streamed-once bytes push K/V out of the L2?
+   (model/l2.py counts the resident CTAs' Q and O in a wave's working set; the two predictions are
+   printed.)
 
-The last line printed is ``L2_PARAMS {json}``: the values to put in model/l2.py's `H200_L2_PARAMS`
-(capacity, ramp, dirty_bytes) with the run's date and GPU. Needs a CUDA GPU, Triton and ncu.
+The run ends with ``L2_PARAMS {json}`` (capacity in bytes, ramp, dirty_bytes, the GPU) and the line to
+paste into model/l2.py (``H200_L2_PARAMS = L2Params(capacity=<fraction of the L2>, ramp=...)``); E
+says whether the resident CTAs' Q/O belong in a wave's working set. Needs a CUDA GPU, Triton and ncu.
 """
 
 from __future__ import annotations
@@ -46,13 +51,16 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _reread(src, out, n_items, T, SETS, TILES, P, ORDER: tl.constexpr, CAUSAL: tl.constexpr,
-                BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
-        """Persistent program pid takes work items pid, pid + P, ...; item w reads set h's tiles."""
+    def _reread(src, out, stream, n_items, T, SETS, TILES, P, ORDER: tl.constexpr, CAUSAL: tl.constexpr,
+                BACKWARD: tl.constexpr, BLOCK: tl.constexpr, QT: tl.constexpr, OT: tl.constexpr):
+        """Persistent program pid takes work items pid, pid + P, ...; item w reads set h's tiles, and
+        streams QT private tiles in (a Q tile) and OT private tiles out (an O tile) once each."""
         pid = tl.program_id(0)
         acc = tl.zeros([BLOCK], tl.float32)
         offs = tl.arange(0, BLOCK)
         for w in range(pid, n_items, P):
+            for q in range(QT):
+                acc += tl.load(stream + (w * (QT + OT) + q) * BLOCK + offs)
             if ORDER == 0:  # head-major: the T items of one set are consecutive
                 h = w // T
                 i = w % T
@@ -67,6 +75,8 @@ def _kernel():
                 if BACKWARD:
                     t = n_t - 1 - j
                 acc += tl.load(src + (h.to(tl.int64) * TILES + t) * BLOCK + offs)
+            for o in range(OT):
+                tl.store(stream + (w * (QT + OT) + QT + o) * BLOCK + offs, acc)
         tl.store(out + pid, tl.sum(acc, 0))
 
     return _reread
@@ -80,7 +90,7 @@ def experiments(sms: int, quick: bool) -> list[dict]:
     for w in dists:  # A: a chunk of 4 tiles (64 KiB) per item, R = 3 passes, tile-major = cyclic
         sets = w * MiB // (4 * TILE * 4)
         ex.append({"exp": "distance", "W": w * MiB, "sets": sets, "T": 3, "tiles": 4, "order": 1,
-                   "P": 2 * sms, "causal": False, "backward": False})
+                   "P": 2 * sms, "causal": False, "backward": False, "qt": 0, "ot": 0})
     kvs = [4, 8, 16] if quick else [2, 4, 8, 12, 16, 24]
     for kv in kvs:  # B: 32 sets, T = 16 readers per set
         for k in (1, 2):
@@ -89,11 +99,17 @@ def experiments(sms: int, quick: bool) -> list[dict]:
                     continue  # tile-major is all misses once sets x kv >> L2: one size shows it
                 ex.append({"exp": "order", "kv": kv * MiB, "sets": 32, "T": 16,
                            "tiles": kv * MiB // (TILE * 4), "order": order, "P": k * sms, "causal": False,
-                           "backward": False})
+                           "backward": False, "qt": 0, "ot": 0})
     for kv in ([4, 16] if quick else [2, 4, 8, 16]):  # C: causal-like, forwards and backwards
         for backward in (False, True):
             ex.append({"exp": "causal", "kv": kv * MiB, "sets": 32, "T": 16, "tiles": kv * MiB // (TILE * 4),
-                       "order": 0, "P": 2 * sms, "causal": True, "backward": backward})
+                       "order": 0, "P": 2 * sms, "causal": True, "backward": backward, "qt": 0, "ot": 0})
+    for kv in ([8] if quick else [4, 8, 12]):  # E: attention-like, 128 readers per set (N = 16k at d = 128)
+        for k in (1, 2):
+            for qo in (0, 2):  # each reader also streams a Q tile in and an O tile out (2 x 32 KiB), or not
+                ex.append({"exp": "stream", "kv": kv * MiB, "sets": 16, "T": 128,
+                           "tiles": kv * MiB // (TILE * 4), "order": 0, "P": k * sms, "causal": False,
+                           "backward": False, "qt": qo, "ot": qo})
     for w in ([16, 32, 64] if quick else [8, 16, 24, 32, 40, 48, 64, 128]):  # D: fill then read back
         ex.append({"exp": "writeback", "W": w * MiB})
     return ex
@@ -110,6 +126,9 @@ def child(specs: list[dict]) -> int:
     big = max(s.get("W", 0) or s["sets"] * s["tiles"] * TILE * 4 for s in specs)
     src = torch.ones(big // 4 + TILE, dtype=torch.float32, device="cuda")
     out = torch.empty(1 << 16, dtype=torch.float32, device="cuda")
+    n_stream = max((s.get("sets", 0) * s.get("T", 0) * (s.get("qt", 0) + s.get("ot", 0)) for s in specs),
+                   default=0)
+    stream = torch.ones(max(1, n_stream) * TILE, dtype=torch.float32, device="cuda")
     status = []
     for s in specs:
         try:
@@ -124,9 +143,9 @@ def child(specs: list[dict]) -> int:
                 n_items = s["sets"] * s["T"]
 
                 def run(s=s, n_items=n_items):
-                    kern[(s["P"],)](src, out, n_items, s["T"], s["sets"], s["tiles"], s["P"],
+                    kern[(s["P"],)](src, out, stream, n_items, s["T"], s["sets"], s["tiles"], s["P"],
                                     ORDER=s["order"], CAUSAL=s["causal"], BACKWARD=s["backward"],
-                                    BLOCK=TILE, num_warps=4)
+                                    BLOCK=TILE, QT=s["qt"], OT=s["ot"], num_warps=4)
             run()  # compile / warm
             torch.cuda.synchronize()
             scratch.sum()  # clean lines: a cold L2
@@ -208,12 +227,13 @@ def main() -> int:
             r["hit"] = 1 - back.read / s["W"] if back else None
         else:
             kv = s["tiles"] * TILE * 4
-            r["amplification"] = read / (s["sets"] * kv)
-            if hasattr(model, "wave_rereads"):
-                r["model"] = model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"],
-                                                kv_bytes=kv, other_bytes=0, causal=s["causal"],
-                                                backward=s["backward"], l2_bytes=l2,
-                                                order="head" if s["order"] == 0 else "tile")
+            q_bytes = s["sets"] * s["T"] * s["qt"] * TILE * 4  # the streamed Q tiles: read once each
+            r["amplification"] = (read - q_bytes) / (s["sets"] * kv)
+            other = (s["qt"] + s["ot"]) * TILE * 4
+            for key, ob in (("model", other), ("model_no_stream", 0)):
+                r[key] = model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
+                                            other_bytes=ob, causal=s["causal"], backward=s["backward"],
+                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile")
         rows.append(r)
     for s in status:
         if not s.get("ok"):
@@ -223,13 +243,15 @@ def main() -> int:
     for r in (r for r in rows if r["exp"] == "distance"):
         print(f"  W {r['W'] / MiB:7.1f} MiB  ({r['W'] / l2:5.2f} x L2)  DRAM read "
               f"{r['read'] / MiB:9.1f} MiB  miss {r['miss']:+.3f}")
-    print("\nB/C. K/V read amplification (DRAM read / sets x kv): measured vs model/l2.py")
-    for r in (r for r in rows if r["exp"] in ("order", "causal")):
+    print("\nB/C/E. K/V read amplification (DRAM K/V read / sets x kv): measured vs model/l2.py (E: with the "
+          "readers' streamed Q/O counted in the wave's working set, as the model does, and without)")
+    for r in (r for r in rows if r["exp"] in ("order", "causal", "stream")):
         how = ("head-major" if r["order"] == 0 else "tile-major") + \
-            (f", causal {'backward' if r['backward'] else 'forward'}" if r["causal"] else "")
-        model_s = f"  model {r['model']:.3f}" if "model" in r else ""
-        print(f"  kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, P {r['P']:4d} ({how}): "
-              f"measured {r['amplification']:.3f}{model_s}")
+            (f", causal {'backward' if r['backward'] else 'forward'}" if r["causal"] else "") + \
+            (f", streams {r['qt']}+{r['ot']} tiles" if r["qt"] or r["ot"] else "")
+        extra = f" (without streams {r['model_no_stream']:.3f})" if r["exp"] == "stream" else ""
+        print(f"  {r['exp']:6s} kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, "
+              f"P {r['P']:4d} ({how}): measured {r['amplification']:.3f}  model {r['model']:.3f}{extra}")
     print("\nD. write-back: fill W, then read it back")
     for r in (r for r in rows if r["exp"] == "writeback"):
         hit = r["hit"] if r["hit"] is not None else float("nan")
@@ -248,6 +270,12 @@ def main() -> int:
                                                  "torch": torch.__version__},
                                          "rows": rows, "params": params}, indent=1), "--json")
     print("\nL2_PARAMS " + json.dumps(params))
+    if params["capacity"] and params["ramp"]:
+        import datetime
+
+        day = datetime.date.today().isoformat()
+        print(f"model/l2.py: H200_L2_PARAMS = L2Params(capacity={params['capacity'] / l2:.3f}, "
+              f"ramp={params['ramp']:.2f}, source=\"bench/l2_reuse.py, {params['gpu']}, {day}\")")
     return 0 if all(s.get("ok") for s in status) else 1
 
 
