@@ -254,3 +254,24 @@ def test_random_replacement_keeps_part_of_a_just_too_large_output():
     e = estimate("naive", 4096, 128, 1, l2_bytes=H200_L2, sms=132)
     assert [k.name for k in e.kernels][1] == "softmax"
     assert 0.35 * 32 * MiB < e.kernels[1].read < 0.75 * 32 * MiB
+
+
+def test_one_wave_in_step_reads_each_set_once():
+    # 256 CTAs of one 16 MiB set all start in the first of 264 slots: no wave re-reads it
+    assert physical.wave_rereads(1, 256, 264, 16 * MiB, 64 * 1024, l2_bytes=60 * MiB) == 1.0
+    # 2 sets of 256: the second set's CTAs straddle the wave boundary; its 16 MiB + 16.5 MiB of Q/O exceed
+    # the 30 MiB: re-read
+    assert physical.wave_rereads(2, 256, 264, 16 * MiB, 64 * 1024, l2_bytes=60 * MiB) > 1.0
+
+
+def test_gqa_heads_split_by_the_batch_reread_their_kv_set():
+    # FLASH's grid is (m, b, h): with batch > 1 the 8 query heads of a kv head are B T_r CTAs apart. At
+    # B = 1 they are adjacent (one set, read once); at B = 16 the 15 other batches' 8 MiB sets come between
+    def kv_read(batch):
+        e = estimate("flash", 16384, 128, 8, batch, kv_heads=1, l2_bytes=H200_L2, sms=132)
+        return e.read / batch - 8 * 16384 * 128 * 2  # K/V bytes read per batch
+    assert kv_read(1) == pytest.approx(8 * MiB, rel=0.02)
+    assert kv_read(16) > 4 * 8 * MiB
+    # EFFICIENT's grid is (m, h, b): the group stays adjacent whatever the batch
+    e = estimate("efficient", 16384, 128, 8, 16, kv_heads=1, l2_bytes=H200_L2, sms=132)
+    assert e.read / 16 - 8 * 16384 * 128 * 2 == pytest.approx(8 * MiB, rel=0.02)

@@ -20,7 +20,8 @@ capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal kernels that walk K/
 (FlashAttention-2) spread a set's readers over the longest CTA's lifetime, s = longest / mean CTA
 (closed form from model/tiles.py), so their window is s C CTAs wide and a set is re-read s (U - 1) / C
 times; kernels that walk K/V forwards keep a set's readers in step (s = 1) and a causal re-read costs the
-mean share of the set a CTA loads.
+mean share of the set a CTA loads. Where the batch sits between the g query heads of a GQA group (FLASH's
+(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
 
 Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
 inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
@@ -118,7 +119,8 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
     if order == "head":
         window = min(sets, s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
-        passes = s * (per_set - 1) / c  # extra waves a set's readers fall into
+        # extra waves a set's readers fall into (none when every CTA runs in the first wave, in step)
+        passes = min(s * (per_set - 1) / c, max(0.0, s * sets * per_set / c - 1.0))
     else:
         window = min(sets, s * c)
         # sets > C: each reader is in another wave; else a wave reads every set once
@@ -242,6 +244,9 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set * (frac if not ker.backward else 1.0)
+    if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
+        between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
+        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / cap, params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{impl} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
