@@ -268,8 +268,13 @@ def _print_rows(c, rows, caption: str) -> None:
     def mib(r, b):
         return f"{b / (r.spec.get('batch', 1) * r.spec['heads']) / MiB:,.2f}"
 
+    def below(r):  # the estimate's own reason for being under the compulsory bytes, if it is
+        if r.estimate >= r.compulsory:
+            return ""
+        return "; ".join(f"{why.split(' (')[0]}: -{mib(r, b)}" for why, b in r.credits)
+
     trows = [[r.label(), mib(r, r.measured), mib(r, r.estimate), mib(r, r.compulsory), f"{r.error:+.1%}",
-              "; ".join(why for why, _ in r.credits)] for r in rows]
+              below(r)] for r in rows]
     c.print(table("DRAM bytes per (batch, head), MiB: ncu vs the L2-aware estimate",
                   ["point", "measured", "estimate", "compulsory", "error", "below compulsory because"],
                   trows, caption=caption))
