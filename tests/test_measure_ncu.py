@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from attnscope.measure import ncu
+from attnscope.cli import main
+from attnscope.errors import InputError
+from attnscope.measure import ncu, physical
 from attnscope.measure.ncu import KernelBytes, NcuError, parse_csv, split_at_markers
 
 DATA = Path(__file__).parent / "data" / "measure"
@@ -126,3 +128,307 @@ def test_recorded_csv_parses_into_one_segment_per_marked_call():
                 # have no such floor: the L2 is write-back and what fits stays dirty in it past the call.)
                 qkv = 3 * spec["batch"] * spec["heads"] * spec["n"] * spec["d"] * 2
                 assert sum(k.read for k in ks) >= 0.95 * qkv, (spec, [k.to_json() for k in ks])
+
+
+# --- attnscope bytes --sweep / --from-json / --calibrate (measure/physical.py) ---------------------------
+
+HELDOUT = Path(__file__).resolve().parents[1] / "bench" / "grids" / "heldout.csv"
+GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
+
+
+def test_grid_csv_parses_into_specs(tmp_path):
+    p = tmp_path / "g.csv"
+    p.write_text("# a comment line\n" + GRID)
+    specs = physical.parse_grid(p)
+    assert specs == [{"impl": "flash", "batch": 2, "heads": 12, "n": 3001, "d": 128, "causal": True,
+                      "dtype": "bf16", "kv_heads": 4},
+                     {"impl": "naive", "batch": 1, "heads": 3, "n": 777, "d": 64, "causal": False,
+                      "dtype": "fp16"}]
+    # the same points as JSON and as YAML
+    js = tmp_path / "g.json"
+    js.write_text(json.dumps({"points": [{"impl": "flash", "b": 2, "h": 12, "hkv": 4, "n": 3001, "d": 128,
+                                          "causal": True, "dtype": "bf16"},
+                                         {"impl": "naive", "heads": 3, "n": 777, "d": 64}]}))
+    assert physical.parse_grid(js) == specs
+    ym = tmp_path / "g.yaml"
+    ym.write_text("- {impl: flash, B: 2, H: 12, Hkv: 4, N: 3001, d: 128, causal: yes, dtype: bf16}\n"
+                  "- {impl: naive, H: 3, N: 777, d: 64}\n")
+    assert physical.parse_grid(ym) == specs
+
+
+def test_the_heldout_grid_is_fresh_and_complete():
+    specs = physical.parse_grid(HELDOUT)
+    assert len(specs) >= 40
+    assert {s["impl"] for s in specs} == set(physical.ncu.IMPLS)
+    assert max(s["n"] for s in specs) >= 32000
+    assert any(s["n"] % 2 for s in specs) and any(s["heads"] % 2 for s in specs)
+    assert any(s["batch"] > 1 for s in specs) and any(s.get("kv_heads") for s in specs)
+    # not the development grid (recorded ncu points) nor the 22 shapes it named
+    dev = {(s["impl"], s["n"], s["heads"], s["batch"]) for s, *_ in _dev_points()}
+    assert not {(s["impl"], s["n"], s["heads"], s["batch"]) for s in specs} & dev
+    assert not {(s["n"], s["heads"]) for s in specs} & {(3000, 12), (6144, 24), (12288, 40), (24576, 8)}
+    assert len({tuple(sorted(s.items())) for s in specs}) == len(specs)
+
+
+def _dev_points():
+    path = RECORDED / "ncu.json.gz"
+    if not path.exists():
+        return []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rec = json.load(f)
+    return [(s,) for run in rec["runs"] for s in run["status"]]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("impl,H,N,d\nmath,8,1024,64\n", "GRID row 2: impl: expected one of naive, flash"),
+    ("impl,H,N,d\nflash,0,1024,64\n", "GRID row 2: heads: expected a positive integer"),
+    ("impl,H,N,d\nflash,8,1e3,64\n", "GRID row 2: n: expected a positive integer"),
+    ("impl,H,N,d\nflash,8,-5,64\n", "GRID row 2: n: expected a positive integer"),
+    ("impl,H,N,d\nflash,8," + "9" * 400 + ",64\n", "GRID row 2: n: expected a positive integer"),
+    ("impl,H,N,d,causal\nflash,8,64,64,maybe\n", "GRID row 2: causal: expected true or false"),
+    ("impl,H,N,d,dtype\nflash,8,64,64,fp8\n", "GRID row 2: dtype: expected one of fp16, bf16"),
+    ("impl,H,Hkv,N,d\nflash,8,3,64,64\n", "GRID row 2: kv_heads: expected a divisor of heads (8)"),
+    ("impl,H,N,d,colour\nflash,8,64,64,red\n", "GRID row 2: expected columns impl, batch"),
+    ("impl,H,N,d,h\nflash,8,64,64,8\n", "GRID row 2: expected each column once"),
+    ("impl,H,N\nflash,8,64\n", "GRID row 2: d: expected a value, got none"),
+    ("impl,H,N,d\nflash,8,64\n", "GRID row 2: expected 4 fields"),
+    ("impl,H,N,d\n", "GRID: expected at least one point"),
+    ("", "GRID: expected a header row"),
+    ("impl,H,N,d\nnaive,64,1000000,128\n", "GRID row 2: n: expected the point's tensors to fit one GPU"),
+    ("impl,H,N,d\n" + "flash,8,64,64\n" * 401, "GRID: expected at most 400 points"),
+])
+def test_bad_grids_are_one_line(tmp_path, text, words):
+    p = tmp_path / "g.csv"
+    p.write_text(text)
+    with pytest.raises(InputError) as e:
+        physical.parse_grid(p)
+    assert words in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("g.json", '{"points": 5}', "GRID: expected a list of points"),
+    ("g.json", '[1, 2]', "GRID row 1: expected a mapping"),
+    ("g.json", '[{"impl": "flash", "h": 8, "n": 64, "d": 64, "causal": "nan"}]', "causal: expected true"),
+    ("g.json", '[{"impl": "flash", "h": 8, "n": 64, "d": 64, "causal": 2}]', "causal: expected true"),
+    ("g.json", '[{"impl": "flash", "h": 8.5, "n": 64, "d": 64}]', "heads: expected a positive integer"),
+    ("g.json", '[{"impl": "flash", "h": true, "n": 64, "d": 64}]', "heads: expected a positive integer"),
+    ("g.json", "[" * 200 + "]" * 200, "GRID: expected JSON nested at most"),
+    ("g.yaml", "- &a {impl: flash}\n- *a\n", "GRID: expected no YAML anchors"),
+    ("g.csv", b"impl,H,N,d\nflash,8,\xff,64\n", "GRID: expected UTF-8 text"),
+])
+def test_hostile_grid_files(tmp_path, name, content, words):
+    p = tmp_path / name
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(InputError) as e:
+        physical.parse_grid(p)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_valid_but_unmeasured_points_are_not_implemented(tmp_path):
+    p = tmp_path / "g.csv"
+    p.write_text("impl,H,Hkv,N,d\nnaive,8,2,64,64\n")
+    with pytest.raises(NotImplementedError, match=r"GRID row 2: naive with kv_heads != heads is not"):
+        physical.parse_grid(p)
+    p.write_text("impl,H,N,d\nflash,8,64,96\n")
+    with pytest.raises(NotImplementedError, match=r"GRID row 2: d: 96 is not measured; supported: 64, 128"):
+        physical.parse_grid(p)
+
+
+def _row(err, compulsory=100, credits=()):
+    return physical.Row({"impl": "flash", "batch": 1, "heads": 8, "n": 1000 + int(err * 1000), "d": 64},
+                        1000, int(round(1000 * (1 + err))), compulsory, credits)
+
+
+def test_distribution_counts_and_worst_points():
+    rows = [_row(e) for e in (0.0, 0.04, -0.05, 0.07, -0.12, 0.15, 0.3)]
+    s = physical.summarize(rows, worst=3)
+    assert s["count"] == 7
+    assert s["within"] == {"5%": 3, "10%": 4, "15%": 6}
+    assert [w["error"] for w in s["worst"]] == pytest.approx([0.3, 0.15, -0.12])
+    assert s["mean_abs_error"] == pytest.approx((0 + 0.04 + 0.05 + 0.07 + 0.12 + 0.15 + 0.3) / 7)
+    lines = physical.summary_lines(s)
+    assert lines[0].startswith("estimate vs ncu over 7 points: ±5%: 3/7, ±10%: 4/7, ±15%: 6/7")
+    assert "(+30.0%)" in lines[1] and lines[2] == "below the compulsory bytes without a stated reason: 0"
+
+
+def test_distribution_flags_an_estimate_below_compulsory_without_a_reason():
+    silent = _row(-0.5, compulsory=900)
+    said = _row(-0.5, compulsory=900, credits=(("O still dirty", 400),))
+    s = physical.summarize([silent, said])
+    assert s["silently_below_compulsory"] == [silent.label()]
+    assert physical.summary_lines(physical.summarize([])) == ["no measured points"]
+
+
+def test_compare_uses_the_estimate_and_its_floor():
+    spec = {"impl": "cudnn", "batch": 2, "heads": 6, "kv_heads": 2, "n": 1500, "d": 64, "causal": True,
+            "dtype": "fp16"}
+    (row,) = physical.compare([(spec, 5_000_000), (spec, 0)], 62_914_560, 132)
+    from attnscope.model import l2
+
+    e = l2.estimate("cudnn", 1500, 64, 6, 2, "fp16", True, kv_heads=2, l2_bytes=62_914_560, sms=132)
+    assert (row.estimate, row.compulsory, row.measured) == (e.total, e.compulsory, 5_000_000)
+    assert row.error == pytest.approx(e.total / 5_000_000 - 1) and not row.silently_below
+
+
+def _sweep_file(tmp_path, points):
+    data = physical.sweep_json(points, [], {"l2_bytes": 62_914_560, "sms": 132, "gpu": "NVIDIA H200"})
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+def _point(spec, read, write):
+    return ncu.Point(spec, ncu.Measured([KernelBytes(1, "k", read, write)], "none", "ncu x"))
+
+
+def test_from_json_reevaluates_a_recorded_sweep(tmp_path, capsys):
+    a = {"impl": "flash", "batch": 1, "heads": 8, "n": 4096, "d": 128, "causal": False, "dtype": "fp16"}
+    b = {**a, "impl": "naive", "causal": True}
+    p = _sweep_file(tmp_path, [_point(a, 3 * 8 * 2**20, 8 * 2**20), ncu.Point(b, None, "OOM")])
+    rows, env = physical.rows_from_json(p)
+    assert [r.spec["impl"] for r in rows] == ["flash"] and env["gpu"] == "NVIDIA H200"
+    out = tmp_path / "re.json"
+    assert main(["bytes", "--from-json", str(p), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "estimate vs ncu over 1 points" in text and "flash B=1 H=8 N=4096 d=128 fp16 unmasked" in text
+    saved = json.loads(out.read_text())
+    assert saved["summary"]["count"] == 1 and saved["rows"][0]["measured"] == 4 * 8 * 2**20
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"kind": "something else"}', "--from-json: expected a file `attnscope bytes --sweep --json` wrote"),
+    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 0, "sms": 132}, "points": []}',
+     "--from-json: env.l2_bytes: expected a positive integer"),
+    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 1, "sms": 1}, "points": [{"spec": '
+     '{"impl": "flash", "heads": 8, "n": 64, "d": 64}, "measured": {"total": -1}}]}',
+     "measured.total: expected a byte count"),
+    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 1, "sms": 1}, "points": [{"spec": '
+     '{"impl": "x", "heads": 8, "n": 64, "d": 64}, "measured": {"total": 5}}]}',
+     "--from-json point 1: impl: expected one of"),
+])
+def test_from_json_refuses_bad_files(tmp_path, capsys, content, words):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    assert main(["bytes", "--from-json", str(p)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and words in err
+
+
+def test_sweep_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: "needs a CUDA GPU; none is visible")
+    p = tmp_path / "g.csv"
+    p.write_text(GRID)
+    for argv in (["bytes", "--sweep", str(p)], ["bytes", "--calibrate"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == "attnscope bytes: error: needs a CUDA GPU; none is visible\n"
+    # a bad grid is refused before the GPU is asked for
+    p.write_text("impl,H,N,d\nflash,8,64\n")
+    assert main(["bytes", "--sweep", str(p)]) == 2
+    assert "GRID row 2: expected 4 fields" in capsys.readouterr().err
+    assert main(["bytes", "--sweep", str(p), "--calibrate"]) == 2
+    assert "expected one of --sweep, --from-json, --calibrate" in capsys.readouterr().err
+    assert main(["bytes", "--json", "x.json"]) == 2
+    assert "--json: expected no file name without --sweep" in capsys.readouterr().err
+
+
+def test_measure_many_pairs_groups_and_keeps_failures(monkeypatch):
+    specs = [{"impl": "flash", "heads": 1, "n": 64, "d": 64, "i": i} for i in range(5)]
+    csv_text = (DATA / "ncu_handmade.csv").read_text()  # two marked calls: [gemm, softmax], [flash]
+    calls = []
+
+    def fake_run(group, cache_control="none", timeout_s=0):
+        calls.append(len(group))
+        if group[0]["i"] == 4:
+            raise NcuError("ncu: timed out after 1 s")
+        oom = "OutOfMemoryError: CUDA out of memory"
+        status = [{**group[0], "ok": True, "marked": True},
+                  {**group[1], "ok": False, "marked": False, "error": oom}]
+        status += [{**s, "ok": True, "marked": True} for s in group[2:]]
+        return csv_text, "ATTNSCOPE_STATUS " + json.dumps(status)
+
+    monkeypatch.setattr(ncu, "run", fake_run)
+    monkeypatch.setattr(ncu, "find_ncu", lambda: "ncu")
+    monkeypatch.setattr(ncu, "ncu_version", lambda n: "ncu 2025")
+    seen = []
+    pts = ncu.measure_many(specs, per_child=4, progress=lambda done, total: seen.append((len(done), total)))
+    assert calls == [4, 1] and seen == [(4, 5), (5, 5)]
+    assert [p.measured.total if p.measured else p.error for p in pts] == [
+        2_097_152 + 33_554_432 + 6_500_000 + 32_768_500, "OutOfMemoryError: CUDA out of memory",
+        100_663_296 + 33_554_432, "no profiled kernels for this call", "ncu: timed out after 1 s"]
+
+
+def test_calibration_ratios_and_slope():
+    def pt(kind, size, read, write):
+        return _point({"kind": kind, "bytes": size}, read, write)
+
+    g = 2**30
+    rows = physical.calibration_rows([
+        pt("copy", g, g, g - 20 * 2**20), pt("copy", 4 * g, 4 * g, 4 * g - 20 * 2**20),
+        pt("sum", g, int(1.02 * g), 0), ncu.Point({"kind": "fill", "bytes": g}, None, "ncu: timed out")])
+    by = {(r["kind"], r["bytes"]): r for r in rows}
+    assert by[("copy", g)]["ratio"] == pytest.approx((2 * g - 20 * 2**20) / (2 * g))
+    assert by[("copy", "slope")]["ratio"] == pytest.approx(1.0)  # the dirty residue cancels
+    assert by[("sum", g)]["ratio"] == pytest.approx(1.02) and ("sum", "slope") not in by
+    assert by[("fill", g)]["error"] == "ncu: timed out"
+    assert ncu.exact_bytes({"kind": "copy", "bytes": 8}) == (8, 8)
+    assert ncu.exact_bytes({"kind": "sum", "bytes": 8}) == (8, 0)
+    with pytest.raises(ValueError, match=r"kind: expected one of copy, sum, fill, got 'move'"):
+        ncu.exact_bytes({"kind": "move", "bytes": 8})
+    with pytest.raises(ValueError, match=r"bytes: expected a positive multiple of 4, got 6"):
+        ncu.exact_bytes({"kind": "sum", "bytes": 6})
+    assert [(s["kind"], s["bytes"]) for s in physical.CALIBRATION] == [
+        (k, s * g) for k in ("copy", "sum", "fill") for s in (1, 4)]
+
+
+def test_sweep_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+    grid = tmp_path / "g.csv"
+    grid.write_text("impl,B,H,N,d,causal\nflash,1,8,4096,128,false\ncudnn,2,3,999,64,true\n")
+    written = []
+
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+        pts = [_point(specs[0], 3 * 8 * 2**20, 8 * 2**20), ncu.Point(specs[1], None, "RuntimeError: refused")]
+        progress(pts[:1], 2)
+        written.append(json.loads((tmp_path / "s.json").read_text()))  # the partial file, after group 1
+        progress(pts, 2)
+        return pts
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    out = tmp_path / "s.json"
+    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
+    assert main(argv) == 1  # a point could not be measured
+    text = capsys.readouterr().out
+    assert "estimate vs ncu over 1 points" in text
+    assert "not measured: cudnn B=2 H=3 N=999 d=64 fp16 causal: RuntimeError: refused" in text
+    assert written[0]["env"]["partial"] == "1/2"
+    saved = json.loads(out.read_text())
+    assert [p["error"] for p in saved["points"]] == [None, "RuntimeError: refused"]
+    assert saved["summary"]["count"] == 1 and "partial" not in saved["env"]
+    rows, _ = physical.rows_from_json(out)  # and it reads back
+    assert rows[0].measured == 4 * 8 * 2**20
+    assert main(["bytes", "--sweep", str(grid), "--per-child", "0", "--l2-bytes", "1", "--sms", "1"]) == 2
+    assert "--per-child: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_calibrate_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+
+    def fake_many(specs, **kw):
+        assert specs == list(physical.CALIBRATION)
+        return [_point(s, *(int(0.98 * x) for x in ncu.exact_bytes(s))) for s in specs]
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    out = tmp_path / "c.json"
+    assert main(["bytes", "--calibrate", "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "counter / exact" in text and "0.9800" in text
+    saved = json.loads(out.read_text())
+    assert saved["kind"] == "attnscope-bytes-calibration"
+    assert {r["bytes"] for r in saved["rows"] if r["kind"] == "copy"} == {2**30, 4 * 2**30, "slope"}

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnscope.measure import ncu
 from attnscope.model import l2 as physical
@@ -17,7 +19,7 @@ from attnscope.model.l2 import error, estimate, logical
 from attnscope.model.traffic import traffic
 
 MiB = 2**20
-H200_L2 = 60 * 10**6  # "60 MB", the issue's figure for this H200
+H200_L2 = 62_914_560  # the recorded H200's L2_cache_size (tests/data/measure/recorded/env.json): 60 MiB
 RECORDED = Path(__file__).parent / "data" / "measure" / "recorded"
 
 
@@ -45,30 +47,27 @@ def test_logical_is_the_traffic_model_for_what_runs():
 
 @pytest.mark.parametrize("impl, causal", [("naive", False), ("naive", True), ("flash", False),
                                           ("flash", True), ("attnscope", True), ("efficient", False)])
-def test_no_useful_l2_gives_the_logical_model(impl, causal):
-    # one CTA at a time and an L2 of one K tile: nothing is ever re-read from L2
-    e = estimate(impl, 256, 64, 2, causal=causal, l2_bytes=8192, sms=1, ctas_per_sm=1, l2_fraction=1.0,
-                 writes="through")
-    assert e.total == logical(impl, 256, 64, 2, causal=causal)
-    # and kernel by kernel: every byte each kernel touches is a DRAM byte, read as read, write as write
-    assert [(k.read, k.write) for k in e.kernels] == [(k.logical_read, k.logical_write) for k in e.kernels]
+def test_a_tiny_l2_reads_every_reread_from_dram(impl, causal):
+    # an L2 of a few KiB and one CTA at a time: every K/V re-read and every read-back misses
+    n, d, heads = 1024, 64, 2
+    e = estimate(impl, n, d, heads, causal=causal, l2_bytes=8192, sms=1, ctas_per_sm=1)
+    lg = logical(impl, n, d, heads, causal=causal)
+    assert e.total >= 0.97 * lg, (e.total, lg)
+    assert e.total <= lg + 2 * heads * n * d * 2  # never more than every touched byte (+ split-KV partials)
+    assert e.credits == [] or sum(b for _, b in e.credits) < 8192
 
 
 @pytest.mark.parametrize("impl, causal", [("naive", False), ("naive", True), ("flash", False),
-                                          ("cudnn", True)])
+                                          ("cudnn", True), ("efficient", False), ("attnscope", True)])
 def test_an_l2_that_holds_everything_reads_each_input_once(impl, causal):
     n, d, heads = 512, 64, 4
-    e = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30, writes="through")
+    e = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30)
     qkv = 3 * heads * n * d * 2
     mask = n * n if (impl == "naive" and causal) else 0
     assert e.read == qkv + mask
-    lg = logical(impl, n, d, heads, causal=causal)
-    assert e.write == sum(k.logical_write for k in e.kernels)  # write-through: every write reaches DRAM
-    assert e.total < lg
-    back = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30)  # the default: write-back
-    assert back.write == 0 and back.read == e.read  # write-back: nothing is evicted during the call
-    rnd = estimate(impl, n, d, heads, causal=causal, l2_bytes=2**30, policy="random")
-    assert rnd.total == back.total  # nothing is ever evicted, whatever the policy
+    assert e.write == 0  # write-back: nothing is evicted during the call ...
+    assert e.credits and e.credits[0][0].startswith("O still dirty")  # ... and the output's absence is named
+    assert e.total + sum(b for _, b in e.credits) >= e.compulsory - 1
 
 
 def test_half_the_l2_per_copy():
@@ -78,22 +77,94 @@ def test_half_the_l2_per_copy():
     assert half.params["l2_fraction"] == 0.5 and half.total == estimate(
         "naive", 2048, 128, 1, l2_bytes=12 * MiB, l2_fraction=1.0).total
     assert full.read == 3 * 2048 * 128 * 2 and full.write == 0  # 18 MiB touched fit in 24 MiB
-    assert half.total > full.total  # but not in 12 MiB: S/P chunks are evicted dirty or re-read
+    assert half.total > full.total  # but not in 12 MiB: S/P pieces are evicted dirty or re-read
 
 
 def test_writes_reach_dram_only_when_evicted():
     # 32 heads of flash at N = 4,096: O is 32 MiB; the last heads' O is still dirty in L2 at the end
-    back = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
-    through = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132, writes="through")
+    e = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
     o_and_lse = 32 * 4096 * (128 * 2 + 4)
-    assert through.write == o_and_lse
-    assert 0 < back.write < o_and_lse - 4 * MiB and back.read == through.read
+    assert 0 < e.write < o_and_lse - 4 * MiB
+    assert sum(b for _, b in e.credits) == pytest.approx(o_and_lse - e.write, abs=2)
 
 
 def test_more_l2_never_costs_more():
-    totals = [estimate("naive", 2048, 128, 1, l2_bytes=mb * MiB).total for mb in (4, 8, 16, 24, 32, 64)]
-    assert totals == sorted(totals, reverse=True)
-    assert totals[0] > totals[-1]
+    for impl, n, heads, causal in (("naive", 2048, 1, False), ("naive", 4096, 2, True),
+                                   ("flash", 16384, 32, True), ("cudnn", 8192, 32, False)):
+        totals = [estimate(impl, n, 128, heads, causal=causal, l2_bytes=mb * MiB).total
+                  for mb in (4, 8, 16, 24, 32, 64, 128)]
+        assert totals == sorted(totals, reverse=True), (impl, totals)
+        assert totals[0] > totals[-1]
+
+
+def test_cost_does_not_grow_with_n():
+    import time
+
+    def timed(n):
+        t = time.perf_counter()
+        for impl in physical.IMPLS:
+            estimate(impl, n, 128, 32, causal=True)
+        return time.perf_counter() - t
+
+    timed(1024)
+    small, large = min(timed(1024) for _ in range(3)), min(timed(2**22) for _ in range(3))
+    assert large < 3 * small + 0.01, (small, large)
+
+
+def test_wave_rereads_head_major_vs_tile_major():
+    l2 = 60 * MiB
+    # 32 sets of 8 MiB, 128 readers each (N = 16k, d = 128), 264 at a time: head-major keeps a wave on ~3
+    # sets (24 MiB fits the 30 MiB one copy gets): read once; tile-major spans all 32 sets (256 MiB): every
+    # wave of 264 readers re-reads every set
+    head = physical.wave_rereads(32, 128, 264, 8 * MiB, l2_bytes=l2, order="head")
+    tile = physical.wave_rereads(32, 128, 264, 8 * MiB, l2_bytes=l2, order="tile")
+    assert head == 1.0 and tile == pytest.approx(32 * 128 / 264)
+    # 16 readers per set: a head-major wave spans ~17 sets (136 MiB): the sets cut by a wave boundary
+    # (15 of 264 readers on average) are re-read
+    assert physical.wave_rereads(32, 16, 264, 8 * MiB, l2_bytes=l2) == pytest.approx(1 + 15 / 264)
+    # a set bigger than the L2 share: the readers that start a wave later re-read it
+    assert physical.wave_rereads(4, 200, 132, 40 * MiB, l2_bytes=l2) > 1.0
+    # backwards causal readers spread over twice a wave: more re-reads than forwards ones
+    fwd = physical.wave_rereads(32, 128, 264, 8 * MiB, 64 * 1024, causal=True, l2_bytes=l2)
+    bwd = physical.wave_rereads(32, 128, 264, 8 * MiB, 64 * 1024, causal=True, backward=True, l2_bytes=l2)
+    assert 1.0 <= fwd < bwd
+
+
+def test_miss_curve():
+    assert physical.miss(0.5) == 0.0 and physical.miss(1.0) == 0.0
+    assert physical.miss(1.15, ramp=1.3) == pytest.approx(0.5)
+    assert physical.miss(2.0) == 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(impl=st.sampled_from(physical.IMPLS), n=st.integers(1, 40_000),
+       d=st.sampled_from([32, 64, 80, 128, 256]), heads=st.integers(1, 64),
+       group=st.sampled_from([1, 2, 3, 4, 8]), batch=st.integers(1, 9),
+       causal=st.booleans(), dtype=st.sampled_from(["fp16", "bf16", "fp32"]),
+       l2_mib=st.sampled_from([1, 6, 40, 60, 256]), sms=st.sampled_from([1, 13, 108, 132]))
+def test_never_below_compulsory_without_saying_why(impl, n, d, heads, group, batch, causal, dtype, l2_mib,
+                                                   sms):
+    kv = heads if impl == "naive" else max(1, heads // group)
+    heads = heads if heads % kv == 0 else kv * group
+    e = estimate(impl, n, d, heads, batch, dtype, causal, kv_heads=kv, l2_bytes=l2_mib * MiB, sms=sms)
+    b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+    qkv = batch * n * d * b * (heads + 2 * kv)
+    out = batch * heads * n * d * b + (batch * heads * n * 4 if impl == "flash" else 0)
+    assert e.compulsory == qkv + out
+    assert e.read >= qkv - 4  # inputs are read at least once: nothing is resident from an earlier kernel
+    credited = sum(x for _, x in e.credits)
+    assert all(why and x > 0 for why, x in e.credits)
+    assert e.total >= e.compulsory - credited - 4, (e.total, e.compulsory, e.credits)
+    assert credited <= out + 4  # only output can be credited (dirty in L2 at the end)
+    assert e.total <= 1.05 * logical_bound(impl, n, d, heads, batch, b, causal, kv) + 4 * e.compulsory
+
+
+def logical_bound(impl, n, d, heads, batch, b, causal, kv):
+    """Every byte the call touches, read or written, once per touch (no cache at all)."""
+    if impl == "naive":
+        return logical(impl, n, d, heads, batch, "fp16" if b == 2 else "fp32", causal) * (2 if b == 4 else 1)
+    bh = batch * heads
+    return bh * n * d * b * 2 + 2 * bh * n * n * d * b / 64 + batch * kv * 2 * n * d * b
 
 
 def test_per_kernel_ledger_names():
@@ -113,10 +184,14 @@ def test_errors():
     with pytest.raises(ValueError, match=r"impl: expected one of naive, flash, cudnn, efficient, attnscope, "
                                          r"got 'math'"):
         estimate("math")
-    with pytest.raises(ValueError, match=r"writes: expected one of through, back, got 'sometimes'"):
-        estimate("flash", writes="sometimes")
-    with pytest.raises(ValueError, match=r"policy: expected one of random, lru, got 'fifo'"):
-        estimate("flash", policy="fifo")
+    with pytest.raises(ValueError, match=r"ramp: expected a number > 1, got 1"):
+        estimate("flash", ramp=1)
+    with pytest.raises(ValueError, match=r"kv_heads: expected a divisor of heads \(32\), got 5"):
+        estimate("flash", kv_heads=5)
+    with pytest.raises(NotImplementedError, match=r"kv_heads: naive attention with kv_heads != heads"):
+        estimate("naive", kv_heads=8)
+    with pytest.raises(ValueError, match=r"order: expected one of head, tile, got 'random'"):
+        physical.wave_rereads(2, 2, 2, 1, order="random", l2_bytes=10)
     with pytest.raises(ValueError, match=r"l2_fraction: expected a fraction in \(0, 1\], got 0"):
         estimate("flash", l2_fraction=0)
     with pytest.raises(ValueError, match=r"dtype: expected one of fp16, bf16, fp32, got 'fp8'"):
@@ -145,22 +220,14 @@ def _recorded_points():
     return points
 
 
-# The recorded points the estimate does not reach within +-15 % (issue 7's goal), each held to its
-# measured band so that a change there (better or worse) is seen:
-# - flash, N = 16,384, d = 128, 32 heads, causal: measured 24.99 MiB per head, estimated -31.5 %: the H200
-#   reads K and V about twice there (causal CTAs of unequal length fall out of step); neither LRU nor
-#   random replacement with dynamic CTA scheduling reproduces it.
-# - cudnn / efficient / attnscope, N = 16,384, d = 128, 32 heads, unmasked: measured exactly Q + K + V + O
-#   (15.8-16.0 MiB per head), estimated +22 to +23 % (attnscope +15 %: two CTAs per SM cover more
-#   heads): the resident CTAs cover about one head per wave, the next head's K/V (8 MiB) is re-read
-#   about 24 MiB of traffic later, and random replacement evicts about
-#   half of it; the H200 keeps all of it. LRU for the fused kernels fits these (185 of 186 points) but
-#   breaks the naive producer->consumer points that random replacement fits, and no single policy tried
-#   (LRU, random, random among the older part, set-associative LRU, RRIP with hit promotion) fits both.
-KNOWN_MISS = {("flash", 16384, 128, 32, True): (-0.35, -0.25),
-              ("cudnn", 16384, 128, 32, False): (0.15, 0.28),
-              ("efficient", 16384, 128, 32, False): (0.15, 0.28),
-              ("attnscope", 16384, 128, 32, False): (0.10, 0.20)}  # +15.0 %: two CTAs per SM (fwd.py)
+# The recorded point the estimate does not reach within +-15 % (issue 7's goal), held to its measured band
+# so that a change there (better or worse) is seen: attnscope, N = 16,384, d = 128, 32 heads, unmasked:
+# measured Q + K + V + O exactly (16.0 MiB per head), estimated about +23 %: the compiled kernel fits two
+# CTAs per SM (255 registers, 98,336 B of shared memory), so a wave spans ~3 heads' K/V plus 264 Q/O tiles
+# (41 MiB > 30 MiB) and the straddling heads are re-read; the H200 re-read none. SDPA FLASH with the same
+# tiles and CTAs per SM does re-read (+3.6 MiB per head at that point): what tells the two apart is not
+# in the model (bench/l2_reuse.py and the ncu occupancy step of bench/gpu/bytes.sh look at it).
+KNOWN_MISS = {("attnscope", 16384, 128, 32, False): (0.18, 0.28)}
 
 
 @pytest.mark.skipif(not _recorded_points(), reason="no recorded ncu grid yet")
@@ -181,13 +248,30 @@ def test_recorded_grid_within_15_percent():
 
 
 def test_random_replacement_keeps_part_of_a_just_too_large_output():
-    # one head, N = 4,096: S is 32 MiB, one copy of the data gets 30 MiB of the H200's L2. LRU evicts
-    # each line of S just before the softmax reads it back; a random replacement (and the H200, which
-    # read 17.64 of the 32 MiB from DRAM) keeps part of it.
-    lru = estimate("naive", 4096, 128, 1, l2_bytes=60 * MiB, sms=132, policy="lru")
-    rnd = estimate("naive", 4096, 128, 1, l2_bytes=60 * MiB, sms=132)
-    softmax_read = {e.params["policy"]: e.kernels[1].read for e in (lru, rnd)}
-    assert [k.name for k in rnd.kernels][1] == "softmax"
-    assert softmax_read["lru"] == 32 * MiB
-    assert 8 * MiB < softmax_read["random"] < 24 * MiB
-    assert rnd.total == estimate("naive", 4096, 128, 1, l2_bytes=60 * MiB, sms=132).total  # seeded
+    # one head, N = 4,096: S is 32 MiB, one copy of the data gets 30 MiB of the H200's L2. LRU would evict
+    # each line of S just before the softmax reads it back; the H200 read 17.64 of the 32 MiB from DRAM,
+    # and the fluid random replacement keeps part of it too.
+    e = estimate("naive", 4096, 128, 1, l2_bytes=H200_L2, sms=132)
+    assert [k.name for k in e.kernels][1] == "softmax"
+    assert 0.35 * 32 * MiB < e.kernels[1].read < 0.75 * 32 * MiB
+
+
+def test_one_wave_in_step_reads_each_set_once():
+    # 256 CTAs of one 16 MiB set all start in the first of 264 slots: no wave re-reads it
+    assert physical.wave_rereads(1, 256, 264, 16 * MiB, 64 * 1024, l2_bytes=60 * MiB) == 1.0
+    # 2 sets of 256: the second set's CTAs straddle the wave boundary; its 16 MiB + 16.5 MiB of Q/O exceed
+    # the 30 MiB: re-read
+    assert physical.wave_rereads(2, 256, 264, 16 * MiB, 64 * 1024, l2_bytes=60 * MiB) > 1.0
+
+
+def test_gqa_heads_split_by_the_batch_reread_their_kv_set():
+    # FLASH's grid is (m, b, h): with batch > 1 the 8 query heads of a kv head are B T_r CTAs apart. At
+    # B = 1 they are adjacent (one set, read once); at B = 16 the 15 other batches' 8 MiB sets come between
+    def kv_read(batch):
+        e = estimate("flash", 16384, 128, 8, batch, kv_heads=1, l2_bytes=H200_L2, sms=132)
+        return e.read / batch - 8 * 16384 * 128 * 2  # K/V bytes read per batch
+    assert kv_read(1) == pytest.approx(8 * MiB, rel=0.02)
+    assert kv_read(16) > 4 * 8 * MiB
+    # EFFICIENT's grid is (m, h, b): the group stays adjacent whatever the batch
+    e = estimate("efficient", 16384, 128, 8, 16, kv_heads=1, l2_bytes=H200_L2, sms=132)
+    assert e.read / 16 - 8 * 16384 * 128 * 2 == pytest.approx(8 * MiB, rel=0.02)

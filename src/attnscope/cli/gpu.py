@@ -46,14 +46,15 @@ def _one_line(command: str):
     return wrap
 
 
-def _shape(p: argparse.ArgumentParser, heads: int = 32) -> None:
+def _shape(p: argparse.ArgumentParser, heads: int = 32, json_flag: bool = True) -> None:
     p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
     p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
     p.add_argument("--heads", type=int, default=heads, help=f"attention heads {SPEC}")
     p.add_argument("--batch", type=int, default=1, help=f"batch size {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
     p.add_argument("--causal", action="store_true", help="causal attention (default: unmasked)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _short(name: str, width: int = 90) -> str:
@@ -93,6 +94,12 @@ def _bytes(args) -> int:
     from attnscope.measure import ncu
     from attnscope.model import l2 as physical
 
+    if args.sweep or args.from_json or args.calibrate:
+        return _bytes_sweep(args)
+    if args.json not in (None, "-"):
+        raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
+                         f"stdout), got {args.json!r}")
+
     for flag, v in (("--n", args.n), ("--d", args.d), ("--heads", args.heads), ("--batch", args.batch)):
         positive_int(flag, v)
     tensors = 4 * args.batch * args.heads * args.n * args.d * (2 if args.dtype in ("fp16", "bf16") else 4)
@@ -120,8 +127,10 @@ def _bytes(args) -> int:
                             l2_bytes=l2, sms=sms, device=args.device)
     logical = physical.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
+    credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
     if args.json:
-        out = {"impl": args.impl, "params": est.params, "logical": logical, "estimate": est.to_json(),
+        out = {"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
+               "estimate": est.to_json(),
                "measured": measured.to_json() if measured else None}
         if measured and measured.total:
             out["estimate_error"] = physical.error(est.total, measured.total)
@@ -158,7 +167,119 @@ def _bytes(args) -> int:
              for k in est.kernels]
     c.print(table("Estimate per kernel (MiB per head)", ["kernel", "touched", "DRAM read", "DRAM write"],
                   erows))
+    c.print(f"compulsory (Q, K, V read once, O{' + LSE' if lse else ''} written once): "
+            f"{per_head(est.compulsory)} MiB per head"
+            + (f"; the estimate is below it by what it states: {credits}" if credits else ""))
     return 0
+
+
+def _env(l2: int, sms: int) -> dict:
+    import datetime
+    import platform
+
+    env = {"l2_bytes": l2, "sms": sms, "python": platform.python_version(),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return env
+
+
+def _write_or_print(args, obj) -> None:
+    import json
+
+    from attnscope.cli._out import _clean
+    from attnscope.inputs import write_atomic
+
+    if args.json == "-":
+        print_json(obj)
+    elif args.json:
+        write_atomic(args.json, json.dumps(_clean(obj), indent=1) + "\n", "--json")
+
+
+def _bytes_sweep(args) -> int:
+    """--sweep GRID (measure every point), --from-json FILE (re-evaluate a recorded sweep, no GPU),
+    --calibrate (streams of known size through the same ncu path)."""
+    from attnscope.measure import ncu, physical
+
+    if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
+        raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
+    c = console()
+    if args.from_json:
+        rows, env = physical.rows_from_json(args.from_json, l2_bytes=args.l2_bytes, sms=args.sms)
+        _print_rows(c, rows, f"recorded {env.get('date', '?')} on {env.get('gpu', '?')}")
+        _write_or_print(args, {"kind": "attnscope-bytes-reevaluated", "env": env,
+                               "rows": [r.to_json() for r in rows], "summary": physical.summarize(rows)})
+        return 0
+    from attnscope.errors import positive_int
+
+    positive_int("--per-child", args.per_child)
+    specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
+    if (code := _no_gpu("bytes")) is not None:
+        return code
+    l2, sms = args.l2_bytes, args.sms
+    if not (l2 and sms):  # the running GPU's own L2 and SM count
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
+    env = _env(l2, sms)
+
+    def progress(done, total):
+        print(f"measured {len(done)}/{total}", file=sys.stderr, flush=True)
+        if args.sweep and args.json not in (None, "-"):  # keep what is measured if the run is cut short
+            part = physical.compare([(p.spec, p.measured.total) for p in done if p.measured], l2, sms)
+            _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"}))
+
+    try:
+        points = ncu.measure_many(specs, cache_control=args.cache_control, per_child=args.per_child,
+                                  progress=progress)
+    except ncu.NcuError as e:
+        return _fail("bytes", str(e))
+    env["ncu"] = next((p.measured.ncu_version for p in points if p.measured), "")
+    failed = [p for p in points if p.measured is None]
+    if args.calibrate:
+        crows = physical.calibration_rows(points)
+        rows = [[r["kind"], f"{r['bytes'] / 2**30:g} GiB" if isinstance(r["bytes"], int) else r["bytes"],
+                 f"{r.get('read', 0) / MiB:,.1f}", f"{r.get('write', 0) / MiB:,.1f}",
+                 f"{r['ratio']:.4f}" if "ratio" in r else r.get("error", "")] for r in crows]
+        c.print(table("Counter calibration: ncu DRAM bytes vs the exact bytes of known streams",
+                      ["stream", "size", "read MiB", "write MiB", "counter / exact"], rows,
+                      caption=f"{env.get('gpu', '')}, {env['ncu']}, cache-control {args.cache_control}"))
+        _write_or_print(args, {"kind": "attnscope-bytes-calibration", "env": env, "rows": crows,
+                               "points": [p.to_json() for p in points]})
+        return 1 if failed else 0
+    rows = physical.compare([(p.spec, p.measured.total) for p in points if p.measured], l2, sms)
+    _print_rows(c, rows, f"{env.get('gpu', '')}, {env['ncu']}")
+    for p in failed:
+        c.print(f"not measured: {physical.Row(p.spec, 1, 0, 0, ()).label()}: {p.error}")
+    _write_or_print(args, physical.sweep_json(points, rows, env))
+    return 1 if failed else 0
+
+
+def _print_rows(c, rows, caption: str) -> None:
+    from attnscope.measure import physical
+
+    def mib(r, b):
+        return f"{b / (r.spec.get('batch', 1) * r.spec['heads']) / MiB:,.2f}"
+
+    def below(r):  # the estimate's own reason for being under the compulsory bytes, if it is
+        if r.estimate >= r.compulsory:
+            return ""
+        return "; ".join(f"{why.split(' (')[0]}: -{mib(r, b)}" for why, b in r.credits)
+
+    trows = [[r.label(), mib(r, r.measured), mib(r, r.estimate), mib(r, r.compulsory), f"{r.error:+.1%}",
+              below(r)] for r in rows]
+    c.print(table("DRAM bytes per (batch, head), MiB: ncu vs the L2-aware estimate",
+                  ["point", "measured", "estimate", "compulsory", "error", "below compulsory because"],
+                  trows, caption=caption))
+    for line in physical.summary_lines(physical.summarize(rows)):
+        c.print(line)
 
 
 # --- share -----------------------------------------------------------------------------------------
@@ -265,7 +386,20 @@ def configure(sub) -> None:
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
     p.add_argument("--impl", default="flash", choices=IMPLS, help=f"implementation measured {SPEC}")
-    _shape(p)
+    _shape(p, json_flag=False)
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print JSON instead of tables; with --sweep/--calibrate/--from-json and FILE, write "
+                        "every point's counters to FILE (atomically)")
+    p.add_argument("--sweep", metavar="GRID", default=None,
+                   help="measure every point of GRID (CSV with a header impl,B,H,Hkv,N,d,causal,dtype; or a "
+                        "JSON / YAML list of such objects) and print the estimate's error distribution")
+    p.add_argument("--from-json", metavar="FILE", default=None,
+                   help="no GPU: re-evaluate the current estimate against a sweep that --sweep --json wrote")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure a 1 and 4 GiB device copy, fp32 sum and fill through the same ncu path and "
+                        "print counter / exact byte ratios")
+    p.add_argument("--per-child", type=int, default=8,
+                   help=f"points measured per ncu process in --sweep {SPEC}")
     p.add_argument("--cache-control", default="none", choices=CACHE_CONTROL,
                    help="ncu --cache-control: none keeps L2 between kernels as inference does; all flushes "
                         f"it before each kernel {SPEC}")

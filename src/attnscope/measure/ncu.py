@@ -10,7 +10,12 @@ The measured call runs in a child process (``python -m attnscope.measure.ncu --c
    ``spin_kernel``) and the call once, synchronises, and stops the profiler (``cudaProfilerStop``).
 
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
-marker separates the calls when one child measures several configurations (bench/record_fixtures.py).
+marker separates the calls when one child measures several configurations (bench/record_fixtures.py,
+`measure_many`, `attnscope bytes --sweep`). A spec is an attention call (``impl``, ``batch``, ``heads``,
+``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``, ``d``, ``dtype``, ``causal``) or a calibration
+stream of known size (``kind``: ``copy`` = ``dst.copy_(src)``, ``sum`` = fp32 ``x.sum()``, ``fill`` =
+``x.fill_(1)``; ``bytes``): `exact_bytes` gives its exact DRAM bytes, so the counters themselves are
+checked through this same path (`attnscope bytes --calibrate`).
 
 ``--cache-control none`` (the default here) leaves the L2 alone between kernels, as inference does:
 naive attention's softmax may read S from L2 where S fits. ``all`` (ncu's own default) flushes it
@@ -33,11 +38,13 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from attnscope.errors import choice
+from attnscope.errors import InputError, choice, short
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 CACHE_CONTROL = ("none", "all")
 IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
+#: Calibration streams of known size (see the module docstring and `exact_bytes`).
+STREAMS = ("copy", "sum", "fill")
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel (aten/src/ATen/cuda/Sleep.cu)
 
 #: Unit multipliers ncu may print (decimal prefixes; binary ones accepted too).
@@ -191,16 +198,18 @@ def ncu_version(ncu: str) -> str:
     return out.strip().splitlines()[-1] if out.strip() else ""
 
 
-def run(specs: list[dict], cache_control: str = "none", timeout_s: float = 600.0) -> tuple[str, str]:
-    """Run the child for ``specs`` under ncu; return (CSV text, the child's combined output).
+def run_child(child: list[str], cache_control: str = "none", timeout_s: float = 600.0) -> tuple[str, str]:
+    """Run the process ``child`` (an argv) under ncu; return (CSV text, the child's combined output).
 
-    Raises NcuError (one line) when ncu is missing, counters are not permitted, or the child fails.
+    The child must start and stop the profiler around what it measures (see the module docstring; the
+    bench scripts' own children do). Raises NcuError (one line) when ncu is missing, counters are not
+    permitted, the child fails, or ``timeout_s`` passes (ncu and the child are then killed).
     """
     ncu = find_ncu()
     fd, log = tempfile.mkstemp(suffix=".csv")
     os.close(fd)
     try:
-        cmd = ncu_command(child_command(specs), log, ncu=ncu, cache_control=cache_control)
+        cmd = ncu_command(child, log, ncu=ncu, cache_control=cache_control)
         # the child imports attnscope from wherever this process found it (installed or a source tree)
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -226,6 +235,11 @@ def run(specs: list[dict], cache_control: str = "none", timeout_s: float = 600.0
     return text, output
 
 
+def run(specs: list[dict], cache_control: str = "none", timeout_s: float = 600.0) -> tuple[str, str]:
+    """Run this module's child for ``specs`` under ncu (`run_child`); (CSV text, child output)."""
+    return run_child(child_command(specs), cache_control=cache_control, timeout_s=timeout_s)
+
+
 def pair(specs_status: list[dict], calls: list[list[KernelBytes]]) -> list[tuple[dict, list[KernelBytes]]]:
     """Pair each configuration whose marker ran with its segment of kernels, in order."""
     marked = [s for s in specs_status if s.get("marked")]
@@ -233,13 +247,16 @@ def pair(specs_status: list[dict], calls: list[list[KernelBytes]]) -> list[tuple
 
 
 def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
-            causal: bool = False, cache_control: str = "none", timeout_s: float | None = None) -> Measured:
+            causal: bool = False, cache_control: str = "none", timeout_s: float | None = None,
+            kv_heads: int | None = None) -> Measured:
     """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring).
 
     ``timeout_s`` defaults to $ATTNSCOPE_NCU_TIMEOUT_S, else 600 s.
     """
     choice("impl", impl, IMPLS)
     spec = {"impl": impl, "n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal}
+    if kv_heads is not None and kv_heads != heads:
+        spec["kv_heads"] = kv_heads
     if timeout_s is None:
         timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
     text, output = run([spec], cache_control=cache_control, timeout_s=timeout_s)
@@ -250,12 +267,106 @@ def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int 
     return Measured(calls[0] if calls else [], cache_control, ncu_version(find_ncu()))
 
 
+def exact_bytes(spec: dict) -> tuple[int, int]:
+    """Exact (read, write) DRAM bytes of a calibration stream spec (``kind`` in STREAMS, ``bytes``).
+
+    copy: reads and writes ``bytes``; sum: reads ``bytes`` (its few-byte result is not counted); fill:
+    writes ``bytes``. The write side counts only what leaves the L2 during the kernel: up to about the
+    L2's size can stay dirty (write-back), which is why calibration measures two sizes and also reports
+    the slope between them.
+    """
+    kind = choice("kind", spec.get("kind"), STREAMS)
+    n = spec.get("bytes")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0 and n % 4 == 0):
+        raise InputError(f"bytes: expected a positive multiple of 4, got {short(n)}")
+    return {"copy": (n, n), "sum": (n, 0), "fill": (0, n)}[kind]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One spec of `measure_many`: its DRAM bytes, or the one-line reason it has none."""
+
+    spec: dict
+    measured: Measured | None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"spec": self.spec, "measured": self.measured.to_json() if self.measured else None,
+                "error": self.error}
+
+
+def measure_many(specs: list[dict], cache_control: str = "none", per_child: int = 8,
+                 timeout_s: float | None = None, progress=None) -> list[Point]:
+    """Measure several specs (attention calls and calibration streams) under ncu, ``per_child`` to one
+    child process (one start-up of ncu, torch and the kernels' compilation per group; a group that times
+    out or crashes loses only its own points). ``timeout_s`` is per group (default
+    $ATTNSCOPE_NCU_TIMEOUT_S, else 600 s). ``progress(points so far, total)`` is called after each group
+    (`attnscope bytes --sweep` writes its JSON there, so a run cut short keeps what it measured).
+    """
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
+    version = ncu_version(find_ncu())
+    out: list[Point] = []
+    for g in range(0, len(specs), per_child):
+        group = specs[g:g + per_child]
+        try:
+            text, output = run(group, cache_control=cache_control, timeout_s=timeout_s)
+            status = child_status(output)
+            calls = split_at_markers(parse_csv(text)) if '"Metric Value"' in text else []
+        except NcuError as e:
+            if "not permitted" in str(e) or "not found" in str(e):
+                raise
+            out += [Point(s, None, str(e)) for s in group]
+        else:
+            if not status:
+                last = (output.strip().splitlines() or ["no status line"])[-1]
+                out += [Point(s, None, f"the child printed no status: {short(last, 120)}") for s in group]
+            else:
+                paired = {id(st): ks for st, ks in pair(status, calls)}
+                for s, st in zip(group, status, strict=False):
+                    if not st.get("ok"):
+                        out.append(Point(s, None, st.get("error", "unknown error")))
+                    elif id(st) not in paired:
+                        out.append(Point(s, None, "no profiled kernels for this call"))
+                    else:
+                        out.append(Point(s, Measured(paired[id(st)], cache_control, version)))
+                out += [Point(s, None, "the child stopped before this call") for s in group[len(status):]]
+        if progress is not None:
+            progress(list(out), len(specs))
+    return out
+
+
 # --- the child -------------------------------------------------------------------------------------
+def _call(torch, spec: dict):
+    """(fn, args) for one spec: an attention call on fresh inputs, or a calibration stream."""
+    from attnscope.measure.backends import attention_fn, sdpa, torch_dtype
+
+    if spec.get("kind"):
+        exact_bytes(spec)  # validates kind and size
+        n = spec["bytes"] // 4
+        src = torch.ones(n, dtype=torch.float32, device="cuda")
+        if spec["kind"] == "copy":
+            dst = torch.empty_like(src)
+            return (lambda: dst.copy_(src)), (src, dst)
+        if spec["kind"] == "sum":
+            return (lambda: src.sum()), (src,)
+        return (lambda: src.fill_(1.0)), (src,)
+    dt = torch_dtype(torch, spec.get("dtype", "fp16"))
+    b, h, n, d = spec.get("batch", 1), spec["heads"], spec["n"], spec["d"]
+    hkv = spec.get("kv_heads") or h
+    q = torch.randn((b, h, n, d), device="cuda", dtype=dt)
+    k, v = (torch.randn((b, hkv, n, d), device="cuda", dtype=dt) for _ in range(2))
+    causal = bool(spec.get("causal", False))
+    if hkv != h and spec["impl"] in ("flash", "cudnn", "efficient"):
+        call = sdpa(spec["impl"])
+        return (lambda: call(q, k, v, causal, True)), (q, k, v)
+    fn = attention_fn(spec["impl"], causal)
+    return (lambda: fn(q, k, v)), (q, k, v)
+
+
 def _child(specs: list[dict]) -> int:
     """Warm up, evict L2, and run each configuration once inside a profiler range (see module doc)."""
     import torch
-
-    from attnscope.measure.backends import attention_fn, torch_dtype
 
     cudart = torch.cuda.cudart()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size or 64 * 2**20
@@ -264,12 +375,9 @@ def _child(specs: list[dict]) -> int:
     for spec in specs:
         marked = False
         try:
-            dt = torch_dtype(torch, spec.get("dtype", "fp16"))
-            shape = (spec.get("batch", 1), spec["heads"], spec["n"], spec["d"])
-            q, k, v = (torch.randn(shape, device="cuda", dtype=dt) for _ in range(3))
-            fn = attention_fn(spec["impl"], bool(spec.get("causal", False)))
+            fn, keep = _call(torch, spec)
             for _ in range(2):
-                fn(q, k, v)
+                fn()
             torch.cuda.synchronize()
             scratch.sum()  # read 2x L2 of clean lines: the call starts from a cold L2
             torch.cuda.synchronize()
@@ -277,16 +385,16 @@ def _child(specs: list[dict]) -> int:
             try:
                 torch.cuda._sleep(1000)  # the marker kernel
                 marked = True
-                fn(q, k, v)
+                fn()
                 torch.cuda.synchronize()
             finally:
                 cudart.cudaProfilerStop()
             status.append({**spec, "ok": True, "marked": True})
-            del q, k, v
+            del fn, keep
         except Exception as e:  # one failing configuration (OOM, refused shape) must not lose the rest
             first = (str(e).strip().splitlines() or [""])[0]
             status.append({**spec, "ok": False, "marked": marked, "error": f"{type(e).__name__}: {first}"})
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     print("ATTNSCOPE_STATUS " + json.dumps(status))
     return 0
 

@@ -1,54 +1,135 @@
 """An L2-aware estimate of the DRAM bytes an attention call moves (what ``ncu`` measures; spec §6).
 
-The logical model (model/traffic.py) assumes a cold cache. The GPU's L2 (50-60 MB on H100/H200) serves
-a read when the bytes touched since the data was last touched (its reuse distance) fit. Two reuses
-decide attention: producer -> consumer (naive: GEMM 1 writes S, the softmax reads it back, GEMM 2
-reads P) and K/V re-reads (fused kernels: every query tile of a head re-reads that head's K and V).
+The logical model (model/traffic.py) assumes a cold cache. The GPU's L2 serves a read when the bytes
+touched since the data was last touched (its reuse distance) fit. Two reuses decide attention: K/V
+re-reads by the CTAs of a fused kernel, and producer -> consumer (naive: GEMM 1 writes S, the softmax
+reads it back, GEMM 2 reads P). Closed forms, cost independent of N, pure Python.
 
-Method: replay the call's accesses in launch order against a cache, in chunks (a fraction of the cache,
-never finer than one tile); a read miss is a DRAM read. The cache (each fact read off the H200
-recordings in tests/data/measure/recorded/, BENCHMARKS.md "attnscope bytes"):
+Floor. Q, K, V are read at least once (the call starts from a cold L2: measure/ncu.py evicts it with
+clean lines, so no input is resident from an earlier kernel) and O (+ LSE) is written once; the estimate
+goes below those compulsory bytes only by a *credit* it names (`Estimate.credits`): output still dirty
+in the write-back L2 when the call ends, which ncu does not count. `estimate` asserts the floor.
 
-- write-back, write-allocate: a write reaches DRAM only when its dirty line is evicted; lines still
-  dirty at the end are not counted by ncu (``writes="through"`` kept for comparison);
-- half the L2 per copy of the data (``l2_fraction=0.5``): the L2 is two partitions that duplicate
-  lines used by SMs on both sides;
-- random replacement of a resident chunk (``policy="random"``, seeded: deterministic), not LRU
-  (``policy="lru"`` kept for comparison);
-- fused kernels run in waves of resident CTAs (SMs x CTAs per SM; grid ``(T_r, B*H)``, query tile
-  fastest), so a wave's CTAs of one head read each K/V chunk once between them.
+Fused kernels (`wave_rereads`). CTAs start in their grid's linear order (`KERNELS`: query tile fastest,
+then batch/head as each grid lays them out), ``SMs x ctas_per_sm`` at a time (a wave). The U CTAs that
+share one K/V set (one kv head of one batch; U = T_r, or g T_r when the g query heads of a GQA group are
+adjacent in the order) fall into 1 + (U - 1) / C waves on average; each wave after the first re-reads the
+set unless it survived one wave's worth of traffic: the K/V of the sets the wave spans plus its Q and O
+tiles, W = (C / U + 1) kv + C (q + o). Re-read miss fraction ``miss(W / capacity)``: 0 up to the
+capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal kernels that walk K/V from the diagonal down
+(FlashAttention-2) spread a set's readers over the longest CTA's lifetime, s = longest / mean CTA
+(closed form from model/tiles.py), so their window is s C CTAs wide and a set is re-read s (U - 1) / C
+times; kernels that walk K/V forwards keep a set's readers in step (s = 1) and a causal re-read costs the
+mean share of the set a CTA loads. Where the batch sits between the g query heads of a GQA group (FLASH's
+(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
 
-Pure Python, no GPU: `attnscope bytes --estimate-only`. The call starts with clean lines (as
-measure/ncu.py arranges). Simplifications and the grid points it misses: BENCHMARKS.md.
+Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
+inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
+T the call's total insertions; what is resident is not counted. Naive attention (`_naive`) uses the same
+survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
+reads a head's P one column band at a time; the causal mask is re-read one head later).
+
+Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"): capacity = half the L2 (measured on the
+2026-11-29 recordings: ~28 MiB of writes stay dirty in the 60 MiB L2); ramp 1.3 (chosen on that
+development grid); bench/l2_reuse.py measures both (and the order and write-back effects), and
+bench/gpu/bytes.sh's ncu occupancy step the CTAs per SM. ctas_per_sm: attnscope from its sm_90 compile
+(registers, shared memory), FLASH, EFFICIENT, cuDNN assumed from their tiles; grid orders: attnscope
+kernels/fwd.py, FLASH (m, b, h) and EFFICIENT (m, h, b) from their sources, cuDNN assumed (m, h, b); K/V
+direction: FLASH backwards (its source), the others forwards (assumed); FLASH split-KV below 0.8 x 2 x
+SMs CTAs (its heuristic), partials resident in L2 when they fit.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
 from attnscope.model import traffic as _traffic
 from attnscope.model.tiles import Grid, cdiv
 
 IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
-
-#: Tiles (B_r, B_c) and resident CTAs per SM assumed per implementation (fp16/bf16, d <= 128, SM90).
-#: They set only the wave structure (how many heads' K/V are live at once) and the ragged tiles; the
-#: estimate is insensitive to them while a wave's K/V fits in L2.
-#: flash: PyTorch's FlashAttention-2 fwd kernel traits for d = 128 (Flash_fwd_kernel_traits<128, 128, 64,
-#: 4>, recorded); efficient: CUTLASS mem-eff 64 queries x 128 keys (fmha_cutlassF_f16_aligned_64x128,
-#: recorded);
-#: cudnn: its SM90 fprop kernels use 128-row tiles; attnscope: kernels/fwd.py's d = 128 config
-#: (BLOCK_M 128, BLOCK_N 64, 4 warps, ~96 KiB of shared memory: two CTAs share an SM).
-_TILES = {"flash": (128, 64, 2), "efficient": (64, 128, 2), "cudnn": (128, 128, 1), "attnscope": (128, 64, 2)}
-#: Implementations that write the FP32 logsumexp in an inference forward (PyTorch's flash always does).
-_WRITES_LSE = {"flash": True, "efficient": False, "cudnn": False, "attnscope": False}
 STAT_BYTES = _traffic.STAT_BYTES
-#: Column bands P is cut into for GEMM 2's read order (see `_naive`).
-BANDS = 16
 
 
+class Kernel(NamedTuple):
+    """What the estimate assumes about one fused kernel (see the module docstring: measured or assumed)."""
+
+    block_q: int  # query rows per CTA
+    block_kv: int  # K/V rows per step
+    ctas_per_sm: int  # co-resident CTAs per SM
+    order: str  # grid order after the query tile: "bh" (batch outer, heads adjacent) or "hb" (heads outer)
+    backward: bool  # causal K/V walked from the diagonal down (FlashAttention-2)
+    lse: bool  # writes the FP32 logsumexp in an inference forward
+
+
+#: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one.
+#: flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>; recorded kernel
+#: names), grid (m_blocks, b, h), n_block loop from the diagonal down. efficient: CUTLASS mem-eff 64 x 128
+#: (fmha_cutlassF_f16_aligned_64x128, recorded), grid (m_blocks, h, b). cudnn: sm90 flash fprop, 128-row
+#: tiles and one CTA per SM assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H); CTAs per SM
+#: from the sm_90 compile (bench/sm90_resources.py: d 128 255 registers, 98,336 B shared: 2; d 64 unmasked
+#: 115,712 B: 1; d 64 causal 66,560 B, 197 registers: 2).
+KERNELS = {
+    "flash": {128: Kernel(128, 64, 2, "bh", True, True), 64: Kernel(128, 128, 2, "bh", True, True)},
+    "efficient": {128: Kernel(64, 128, 2, "hb", False, False), 64: Kernel(64, 64, 2, "hb", False, False)},
+    "cudnn": {128: Kernel(128, 128, 1, "hb", False, False), 64: Kernel(128, 128, 1, "hb", False, False)},
+    "attnscope": {128: Kernel(128, 64, 2, "bh", False, False), 64: Kernel(128, 128, 1, "bh", False, False),
+                  -64: Kernel(128, 64, 2, "bh", False, False)},  # -d: the causal config where it differs
+}
+_WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
+
+
+@dataclass(frozen=True)
+class L2Params:
+    """The L2 behaviour the estimate assumes: ``capacity`` (fraction of the L2 one copy of the data can
+    use) and ``ramp`` (re-reads all miss from ``ramp`` x capacity). bench/l2_reuse.py prints both."""
+
+    capacity: float = 0.5
+    ramp: float = 1.3
+    source: str = ("capacity from the 2026-11-29 H200 recordings; ramp assumed (bench/l2_reuse.py measures "
+                   "both)")
+
+
+H200_L2_PARAMS = L2Params()
+
+
+def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
+    """Fraction of re-reads that miss when the data touched between two uses is ``ratio`` x capacity."""
+    if ratio <= 1.0:
+        return 0.0
+    return min(1.0, (ratio - 1.0) / max(ramp - 1.0, 1e-9))
+
+
+def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, other_bytes: float = 0.0,
+                 causal: bool = False, backward: bool = False, order: str = "head", *,
+                 l2_bytes: int, spread: float | None = None, params: L2Params = H200_L2_PARAMS) -> float:
+    """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
+
+    ``sets`` K/V sets of ``kv_bytes`` each, every set read by ``per_set`` CTAs; ``concurrent`` CTAs run
+    at once; each CTA also moves ``other_bytes`` once (its Q and O tiles). ``order`` "head": a set's CTAs
+    are consecutive in launch order (attention grids); "tile": consecutive CTAs read different sets.
+    ``causal`` + ``backward``: readers of unequal length that walk the set from its end, spread over the
+    longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean).
+    """
+    choice("order", order, ("head", "tile"))
+    cap = params.capacity * l2_bytes
+    c = max(1, concurrent)
+    s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
+    if order == "head":
+        window = min(sets, s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
+        # extra waves a set's readers fall into (none when every CTA runs in the first wave, in step)
+        passes = min(s * (per_set - 1) / c, max(0.0, s * sets * per_set / c - 1.0))
+    else:
+        window = min(sets, s * c)
+        # sets > C: each reader is in another wave; else a wave reads every set once
+        passes = per_set - 1 if sets > s * c else max(0.0, per_set * sets / c - 1)
+    work = window * kv_bytes + min(c, sets * per_set) * other_bytes  # Q, O: the resident CTAs'
+    return 1.0 + passes * miss(work / cap, params.ramp)
+
+
+# --- the estimate --------------------------------------------------------------------------------------
 @dataclass
 class KernelEstimate:
     """One kernel of the call: logical bytes (cold cache) and the L2-aware DRAM estimate, whole call."""
@@ -74,11 +155,17 @@ class KernelEstimate:
 
 @dataclass
 class Estimate:
-    """The estimate for one call (bytes for the whole call; ``per_head`` divides by batch x heads)."""
+    """The estimate for one call (bytes for the whole call; ``per_head`` divides by batch x heads).
+
+    ``compulsory``: Q, K, V read once and O (+ LSE) written once. ``credits``: (reason, bytes) by which the
+    estimate is below the compulsory bytes, each named; ``total >= compulsory - sum(credits)`` always.
+    """
 
     impl: str
     params: dict
     kernels: list[KernelEstimate] = field(default_factory=list)
+    compulsory: int = 0
+    credits: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def read(self) -> int:
@@ -105,157 +192,172 @@ class Estimate:
 
     def to_json(self) -> dict:
         return {"impl": self.impl, "params": self.params, "read": self.read, "write": self.write,
-                "total": self.total, "logical_total": self.logical_total,
-                "kernels": [k.to_json() for k in self.kernels]}
+                "total": self.total, "logical_total": self.logical_total, "compulsory": self.compulsory,
+                "credits": [list(c) for c in self.credits], "kernels": [k.to_json() for k in self.kernels]}
 
 
-class _Cache:
-    """A cache of ``capacity`` bytes holding variable-size chunks; counts DRAM bytes per kernel.
-
-    ``policy``: "random" evicts a uniformly chosen resident chunk (seeded: the estimate is
-    deterministic), "lru" the least recently used one.
-    """
-
-    def __init__(self, capacity: int, writes: str, policy: str = "random", seed: int = 0):
-        import random
-
-        self.capacity = capacity
-        self.writes = writes
-        self.policy = policy
-        self.rng = random.Random(seed)
-        self.used = 0
-        self.lines: OrderedDict = OrderedDict()  # key -> [size, dirty, slot]
-        self.keys: list = []  # resident keys, for a uniform random choice (swap-remove)
-        self.k: KernelEstimate | None = None  # the kernel DRAM bytes are charged to
-
-    def _evict(self) -> None:
-        if self.policy == "lru":
-            key, line = next(iter(self.lines.items()))
-        else:
-            key = self.keys[self.rng.randrange(len(self.keys))]
-            line = self.lines[key]
-        del self.lines[key]
-        last = self.keys.pop()
-        if last != key:  # move the last key into the evicted one's slot
-            self.keys[line[2]] = last
-            self.lines[last][2] = line[2]
-        self.used -= line[0]
-        if line[1] and self.writes == "back":
-            self.k.write += line[0]
-
-    def touch(self, key, size: int, write: bool) -> None:
-        k = self.k
-        if write:
-            k.logical_write += size
-        else:
-            k.logical_read += size
-        line = self.lines.get(key)
-        if line is not None:
-            self.lines.move_to_end(key)
-            line[1] = line[1] or write
-        else:
-            if not write:
-                k.read += size  # a read miss comes from DRAM; a write allocates without reading
-            while self.used + size > self.capacity and self.lines:
-                self._evict()
-            self.lines[key] = [size, write, len(self.keys)]
-            self.keys.append(key)
-            self.used += size
-        if write and self.writes == "through":
-            k.write += size
+def _survival(t_write: float, t_end: float, cap: float) -> float:
+    """Probability that a byte inserted at insertion-time ``t_write`` is resident at ``t_end`` (random
+    replacement once ``cap`` bytes have been inserted)."""
+    return math.exp(-max(0.0, t_end - max(t_write, cap)) / cap)
 
 
-def _chunks(total_rows: int, rows_per_chunk: int, row_bytes: int):
-    """(index, bytes) of each chunk of a [total_rows, *] tensor cut every ``rows_per_chunk`` rows."""
-    for c in range(cdiv(total_rows, rows_per_chunk)):
-        rows = min(rows_per_chunk, total_rows - c * rows_per_chunk)
-        yield c, rows * row_bytes
+def _retained(start: float, size: float, t_end: float, cap: float, total_span: float | None = None) -> float:
+    """Bytes of a buffer of ``size`` written uniformly over insertion-times [start, start + span] still
+    resident at ``t_end`` (closed form of the integral of `_survival`)."""
+    span = size if total_span is None else total_span
+    if size <= 0 or span <= 0:
+        return 0.0
+    a, b = start, start + span
+    # below cap the survival is exp(-(t_end - cap)/cap), constant; above it exp(-(t_end - t)/cap)
+    lo = min(max(a, 0.0), cap)
+    hi = min(b, cap)
+    part1 = max(0.0, hi - lo) * math.exp(-max(0.0, t_end - cap) / cap)
+    a2, b2 = max(a, cap), max(b, cap)
+    part2 = 0.0
+    if b2 > a2:
+        part2 = cap * (math.exp(-max(0.0, t_end - b2) / cap) - math.exp(-max(0.0, t_end - a2) / cap))
+    return size / span * (part1 + part2)
 
 
-def _naive(cache: _Cache, est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, chunk: int):
-    """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV); each batched over (batch, head) in
-    order. Mirrors `measure.backends.naive_attention`. S is written and read row block by row block; GEMM 2
-    reads P one column band at a time across all rows, because its output O is [nq, d]: its few tiles'
-    CTAs (128 of them at one head, N = 4,096..16,384, in the H200 recordings) are all resident at once
-    and march along the K dimension together."""
-    s_rows = max(1, chunk // (nk * b))  # rows of S per chunk
-    qd_rows = max(1, chunk // (d * b))  # rows of Q/K/V/O per chunk
-    band = cdiv(nk, min(BANDS, nk))  # columns of P per band
-    n_bands = cdiv(nk, band)
-    p_rows = s_rows * n_bands  # rows of a block of P: its pieces (one per band) are about a chunk each
-    s_in = "S"
-
-    def kernel(name):
-        k = KernelEstimate(name)
-        est.kernels.append(k)
-        cache.k = k
-
-    kernel("GEMM (QK^T)")
-    for h in range(bh):
-        for c, sz in _chunks(nq, qd_rows, d * b):
-            cache.touch(("Q", h, c), sz, False)
-        for c, sz in _chunks(nk, qd_rows, d * b):
-            cache.touch(("K", h, c), sz, False)
-        for c, sz in _chunks(nq, s_rows, nk * b):
-            cache.touch(("S", h, c), sz, True)
-    if causal:
-        kernel("masked_fill")
-        for h in range(bh):
-            for c, sz in _chunks(nq, s_rows, nk * b):
-                cache.touch(("S", h, c), sz, False)
-                cache.touch(("mask", c), sz // b, False)  # the same rows of the bool mask, 1 B each
-                cache.touch(("S'", h, c), sz, True)
-        s_in = "S'"
-    kernel("softmax")
-    s_chunks = list(_chunks(nq, s_rows, nk * b))
-    for h in range(bh):
-        for c, sz in _chunks(nq, p_rows, nk * b):  # a block of n_bands chunks of S's rows
-            for cs, s_sz in s_chunks[c * n_bands:(c + 1) * n_bands]:
-                cache.touch((s_in, h, cs), s_sz, False)
-            for j in range(n_bands):  # P in column bands, as GEMM 2 reads it
-                c0, c1 = j * band, min(nk, (j + 1) * band)
-                cache.touch(("P", h, c, j), sz * (c1 - c0) // nk, True)
-    kernel("GEMM (PV)")
-    # O = P V is [nq, d]: its few output tiles' CTAs run at once and march along the K dimension
-    # together, so P is read one column band at a time across all its rows (with V's rows of that band)
-    for h in range(bh):
-        for j in range(n_bands):
-            c0, c1 = j * band, min(nk, (j + 1) * band)
-            cache.touch(("V", h, j), (c1 - c0) * d * b, False)
-            for c, sz in _chunks(nq, p_rows, nk * b):
-                cache.touch(("P", h, c, j), sz * (c1 - c0) // nk, False)
-        for c, sz in _chunks(nq, qd_rows, d * b):
-            cache.touch(("O", h, c), sz, True)
-
-
-def _fused(cache: _Cache, est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, bh: int, causal: bool,
-           chunk: int, concurrent: int, block_q: int, block_kv: int):
-    """One fused kernel, CTAs (query tile fastest, then batch-head) run in waves of ``concurrent``."""
+def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
+           causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None) -> None:
+    table = KERNELS[impl]
+    ker = table.get(-d if causal else d) or table.get(d) or \
+        table[min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))]
+    per_sm = ker.ctas_per_sm if per_sm is None else per_sm
+    c = sms * per_sm
+    g = Grid(nq, nk, ker.block_q, ker.block_kv, causal=causal)
+    tr = g.n_q_tiles
+    bh = batch * heads
+    group = heads // kv_heads
+    adjacent = group if (ker.order == "hb" or batch == 1) else 1  # GQA heads adjacent in the launch order
+    sets = batch * kv_heads * (group // adjacent)  # K/V sets as the order sees them (a set re-used later
+    per_set = tr * adjacent  # by non-adjacent query heads counts as another set)
+    kv_set = 2 * nk * d * b
+    mean_rows = g.kv_rows_total() / tr
+    frac = mean_rows / nk  # mean share of K/V a CTA loads
+    spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
+    q_o = 2 * ker.block_q * d * b
+    amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
+                       spread=spread, params=params)
+    kq, ko = bh * nq * d * b, bh * nq * d * b
+    kv_once = batch * kv_heads * kv_set
+    extra = (amp - 1.0) * sets * kv_set * (frac if not ker.backward else 1.0)
+    if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
+        between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
+        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / cap, params.ramp)
+    lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{impl} forward (fused)")
+    k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
+    k.logical_write = ko + lse
+    k.read = int(round(kq + kv_once + min(extra, k.logical_read - kq - kv_once)))
+    out = ko + lse
+    split = impl == "flash" and bh * tr < 0.8 * 2 * sms  # FA-2's split-KV heuristic (num_splits > 1)
+    if split:  # fp32 partial O + LSE per split, read back by the combine kernel: resident when they fit
+        n_splits = max(1, min(128, int(0.8 * 2 * sms) // max(1, bh * tr), cdiv(nk, 128)))
+        partial = n_splits * bh * nq * (d * 4 + STAT_BYTES) if n_splits > 1 else 0
+        spill = max(0.0, partial - cap)
+        k.read += int(spill)
+        k.write += int(spill)
+    inserted = k.read + out
+    # O is written as the CTAs finish: spread over the kernel's whole stream of insertions
+    kept = _retained(0.0, out, inserted, cap, total_span=inserted)
+    k.write += int(round(out - kept))
     est.kernels.append(k)
-    cache.k = k
-    g = Grid(nq, nk, block_q, block_kv, causal=causal)
-    kv_rows = block_kv * max(1, chunk // (block_kv * d * b))  # K/V rows per chunk, whole tiles
-    ctas = [(h, i) for h in range(bh) for i in range(1, g.n_q_tiles + 1)]
-    lse = _WRITES_LSE[impl]
-    for w in range(0, len(ctas), concurrent):
-        wave = ctas[w:w + concurrent]
-        need: dict[int, int] = {}  # head -> K/V rows the wave's CTAs of that head load (the most of any)
-        for h, i in wave:
-            r0, r1 = g.rows(i)
-            cache.touch(("Q", h, i), (r1 - r0 + 1) * d * b, False)
-            need[h] = max(need.get(h, 0), g.kv_rows_loaded(i))
-        for j in range(cdiv(max(need.values()), kv_rows)):
-            for h, rows in need.items():
-                if j * kv_rows < rows:
-                    sz = (min((j + 1) * kv_rows, nk) - j * kv_rows) * d * b
-                    cache.touch(("K", h, j), sz, False)
-                    cache.touch(("V", h, j), sz, False)
-        for h, i in wave:
-            r0, r1 = g.rows(i)
-            cache.touch(("O", h, i), (r1 - r0 + 1) * d * b, True)
-            if lse:
-                cache.touch(("LSE", h, i), (r1 - r0 + 1) * STAT_BYTES, True)
+    if kept >= 1:
+        est.credits.append((DIRTY_O, int(round(kept))))
+
+
+def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, cap: float) -> None:
+    """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV), each over (batch, head) in order.
+
+    Fluid random replacement: each buffer is cut into `SAMPLES` pieces that remember when they were
+    inserted; a piece read back hits with `_survival`; misses, writes and cold reads advance the time.
+    GEMM 2 reads P one column band at a time across all rows of a head (its few output tiles' CTAs run
+    at once and march along K together), so within a head P is read in another order than written.
+    """
+    n = SAMPLES
+    qk = 2 * bh * nq * d * b
+    s_tot = bh * nq * nk * b
+    s_head = s_tot / bh
+    piece = s_tot / n
+
+    def kernel(name, lr, lw):
+        k = KernelEstimate(name, lr, lw)
+        est.kernels.append(k)
+        return k
+
+    # GEMM 1: Q, K cold; S written piece by piece (Q and K reads interleaved in proportion)
+    k1 = kernel("GEMM (QK^T)", qk, s_tot)
+    k1.read = qk
+    step = (qk + s_tot) / n
+    times = [(i + 1) * step for i in range(n)]
+    t = float(qk + s_tot)
+    dirty = [(k1, times, s_tot)]  # (kernel, piece times, bytes): written buffers, for the write-backs
+    if causal:
+        mask = nq * nk  # the bool mask, 1 B per element, the same rows re-read by every head
+        km = kernel("masked_fill", s_tot + bh * mask, s_tot)
+        # the mask: cold once, then re-read one head later (reuse distance D = 2 S_head + mask); the heads
+        # read before the call has inserted `cap` bytes hit, the others survive D with exp(-D / cap)
+        dist = 2 * s_head + mask
+        free = min(bh - 1, max(0, int((cap - t) // dist)))
+        mask_dram = mask + (bh - 1 - free) * mask * (1 - math.exp(-dist / cap))
+        times, t, misses = _stream(times, piece, t, cap, extra=mask_dram / n)
+        km.read = int(round(misses + mask_dram))
+        dirty.append((km, times, s_tot))
+    ks = kernel("softmax", s_tot, s_tot)
+    times, t, misses = _stream(times, piece, t, cap)
+    ks.read = int(round(misses))
+    dirty.append((ks, times, s_tot))
+    # GEMM 2: V cold; P read band by band within each head
+    v_bytes, o_bytes = bh * nk * d * b, bh * nq * d * b
+    k2 = kernel("GEMM (PV)", s_tot + v_bytes, o_bytes)
+    start, span, misses = t, (v_bytes + o_bytes) / bh, 0.0  # P hits insert nothing
+    if bh >= n:  # a piece holds whole heads: read in write order
+        for i, tw in enumerate(times):
+            misses += (1 - _survival(tw, start + (i + 0.5) / n * bh * span + misses, cap)) * piece
+    else:
+        rb = n // bh  # row blocks (pieces) per head; the last head takes the remainder
+        bands = min(BANDS, nk)
+        for h in range(bh):
+            rows = range(h * rb, n if h == bh - 1 else (h + 1) * rb)
+            for j in range(bands):
+                for r_i, i in enumerate(rows):
+                    now = start + (h + (j * len(rows) + r_i + 0.5) / (bands * len(rows))) * span + misses
+                    misses += (1 - _survival(times[i], now, cap)) * piece / bands
+    k2.read = int(round(v_bytes + misses))
+    t = start + v_bytes + o_bytes + misses
+    # write-backs: what is not resident at the end is written, charged to the kernel that wrote it
+    for k, ts, size in dirty:
+        k.write = int(round(size - sum(_survival(x, t, cap) for x in ts) * size / n))
+    kept = _retained(t - o_bytes, o_bytes, t, cap)
+    k2.write = int(round(o_bytes - kept))
+    if kept >= 1:
+        est.credits.append((DIRTY_O, int(round(kept))))
+
+
+def _stream(src: list[float], piece: float, t: float, cap: float, extra: float = 0.0):
+    """A kernel that reads the pieces ``src`` in order and writes a buffer of the same size in the same
+    order (plus ``extra`` bytes of other reads per piece). Returns (the new pieces' times, the time at
+    the end, the bytes of ``src`` that missed)."""
+    out, misses = [], 0.0
+    for tw in src:
+        m = (1 - _survival(tw, t, cap)) * piece
+        misses += m
+        t += m + piece + extra
+        out.append(t)
+    return out, t, misses
+
+
+DIRTY_O = ("O still dirty in the write-back L2 when the call ends (ncu counts a write only when its line is "
+           "evicted)")
+
+
+#: Pieces per buffer in the naive replay (fixed: the estimate's cost does not grow with N).
+SAMPLES = 32
+#: Column bands P is read in by GEMM 2.
+BANDS = 16
 
 
 def device_facts(device: str = "h200") -> tuple[int, int]:
@@ -266,10 +368,19 @@ def device_facts(device: str = "h200") -> tuple[int, int]:
     return dev.l2, dev.sms
 
 
+def compulsory(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str = "fp16",
+               kv_heads: int | None = None) -> int:
+    """Q, K, V read once and O (+ the implementation's LSE) written once, bytes for the whole call."""
+    b = _traffic.DTYPE_BYTES[dtype]
+    hkv = heads if kv_heads is None else kv_heads
+    lse = batch * heads * n * STAT_BYTES if _WRITES_LSE.get(impl, False) else 0
+    return batch * n * d * b * (2 * heads + 2 * hkv) + lse
+
+
 def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
-             causal: bool = False, *, l2_bytes: int | None = None, sms: int | None = None,
-             device: str = "h200", ctas_per_sm: int | None = None, writes: str = "back",
-             policy: str = "random", l2_fraction: float = 0.5, chunks_per_l2: int = 256) -> Estimate:
+             causal: bool = False, *, kv_heads: int | None = None, l2_bytes: int | None = None,
+             sms: int | None = None, device: str = "h200", ctas_per_sm: int | None = None,
+             l2_fraction: float | None = None, ramp: float | None = None) -> Estimate:
     """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
 
     Parameters
@@ -277,42 +388,48 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     impl: naive (the explicit 3-kernel baseline; causal adds a masked_fill kernel), flash, cudnn,
         efficient or attnscope (fused).
     n, d, heads, batch, dtype, causal: the call, inputs ``[batch, heads, n, d]`` (4096, 128, 32, 1, fp16).
+    kv_heads: K/V heads (GQA; default ``heads``); naive needs ``kv_heads == heads``.
     l2_bytes, sms: the device's L2 capacity and SM count; default to ``device``'s entry in
         model/roofline.py (pass the values read from the running GPU where there is one).
-    ctas_per_sm: resident CTAs per SM of a fused kernel (defaults per implementation).
-    writes: "back" (only dirty lines evicted during the call reach DRAM; the hardware's behaviour) or
-        "through" (every write reaches DRAM once).
-    policy: "random" (default: a uniformly chosen resident chunk, seeded, so deterministic) or "lru".
-    l2_fraction: the share of the L2 one copy of the data can use (0.5: two partitions, see above).
-    chunks_per_l2: granularity of the replay: the cache holds this many chunks.
+    ctas_per_sm: co-resident CTAs per SM of a fused kernel (default: `KERNELS`).
+    l2_fraction, ramp: override `H200_L2_PARAMS` (capacity as a fraction of the L2; see `miss`).
 
     Returns
     -------
-    Estimate: ``.total`` bytes for the call, ``.per_head(.total)``, per-kernel ``.kernels``.
+    Estimate: ``.total`` bytes for the call, ``.per_head(.total)``, ``.kernels``, ``.compulsory``,
+    ``.credits``.
     """
     choice("impl", impl, IMPLS)
-    choice("writes", writes, ("through", "back"))
-    choice("policy", policy, ("random", "lru"))
-    expect(0 < l2_fraction <= 1, "l2_fraction", "a fraction in (0, 1]", l2_fraction)
-    for name, v in (("n", n), ("d", d), ("heads", heads), ("batch", batch), ("chunks_per_l2", chunks_per_l2)):
+    for name, v in (("n", n), ("d", d), ("heads", heads), ("batch", batch)):
         positive_int(name, v)
+    hkv = heads if kv_heads is None else positive_int("kv_heads", kv_heads)
+    expect(heads % hkv == 0, "kv_heads", f"a divisor of heads ({heads})", hkv)
+    if impl == "naive" and hkv != heads:
+        raise NotImplementedError("kv_heads: naive attention with kv_heads != heads is not modelled; "
+                                  "supported: flash, cudnn, efficient, attnscope")
     b = _traffic.DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16", "fp32"))]
+    frac = H200_L2_PARAMS.capacity if l2_fraction is None else l2_fraction
+    expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
+    rp = H200_L2_PARAMS.ramp if ramp is None else ramp
+    expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
+    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given")
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
-    cache = _Cache(int(l2 * l2_fraction), writes, policy)
-    chunk = max(4096, int(l2 * l2_fraction) // chunks_per_l2)
-    params = {"n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal,
-              "l2_bytes": l2, "sms": sms, "writes": writes, "policy": policy, "l2_fraction": l2_fraction,
-              "chunk_bytes": chunk}
-    est = Estimate(impl, params)
+    per_sm = None if ctas_per_sm is None else positive_int("ctas_per_sm", ctas_per_sm)
+    cap = frac * l2
+    info = {"n": n, "d": d, "heads": heads, "kv_heads": hkv, "batch": batch, "dtype": dtype, "causal": causal,
+            "l2_bytes": l2, "sms": sms, "l2_fraction": frac, "ramp": rp}
+    est = Estimate(impl, info, compulsory=compulsory(impl, n, d, heads, batch, dtype, hkv))
     if impl == "naive":
-        _naive(cache, est, n, n, d, b, batch * heads, causal, chunk)
+        _naive(est, n, n, d, b, batch * heads, causal, cap)
     else:
-        bq, bk, per_sm = _TILES[impl]
-        per_sm = per_sm if ctas_per_sm is None else positive_int("ctas_per_sm", ctas_per_sm)
-        params.update(block_q=bq, block_kv=bk, ctas_per_sm=per_sm)
-        _fused(cache, est, impl, n, n, d, b, batch * heads, causal, chunk, sms * per_sm, bq, bk)
+        _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm)
+    # the floor: inputs are read at least once (cold L2); anything below the compulsory bytes is credited
+    qkv = batch * n * d * b * (heads + 2 * hkv)
+    assert est.read >= qkv - len(est.kernels), (est.read, qkv)
+    assert est.total >= est.compulsory - sum(x for _, x in est.credits) - len(est.kernels) - 1, \
+        (est.total, est.compulsory, est.credits)
     return est
 
 
@@ -329,10 +446,10 @@ def logical(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int 
         row = "naive-causal-eager" if causal else "naive"
         t = _traffic.traffic(n, d, dtype, batch=batch, heads=heads, rows=(row,))
     else:
-        bq, bk, _ = _TILES[impl]
+        ker = KERNELS[impl][128]
         row = "flash-causal" if causal else "flash"
-        t = _traffic.traffic(n, d, dtype, bq, bk, batch=batch, heads=heads, lse=_WRITES_LSE[impl],
-                             rows=(row,))
+        t = _traffic.traffic(n, d, dtype, ker.block_q, ker.block_kv, batch=batch, heads=heads,
+                             lse=_WRITES_LSE[impl], rows=(row,))
     return t[row].total * t.config.batch_heads
 
 

@@ -1,0 +1,283 @@
+"""What the GPU's L2 keeps: re-reads at controlled reuse distances and CTA orders, DRAM bytes by ncu.
+
+    PYTHONPATH=src python bench/l2_reuse.py [--quick] [--json out.json]
+
+One Triton kernel (`_reread`) is run in four experiments, each kernel launch profiled by ncu through
+measure/ncu.py's own path (`ncu.run_child`: dram__bytes_read.sum / dram__bytes_write.sum,
+--cache-control none, --clock-control none, the L2 evicted with clean lines before each launch, one
+marker kernel per launch):
+
+A. distance: a buffer of W bytes read R = 3 times in the same kernel, chunk c of pass p read by work
+   item p * M + c (so each chunk is re-read after exactly W bytes of other reads). Miss fraction of a
+   re-read m(W) = (DRAM read - W) / ((R - 1) W). This is the replacement curve model/l2.py's `miss`
+   assumes: 0 up to an effective capacity, then a ramp. Fitted here: ``capacity`` (bytes, the largest W
+   with m <= 0.05, interpolated) and ``ramp`` (W / capacity where m reaches 0.95).
+B. order: ``sets`` K/V-like sets of ``kv`` bytes each, every set read whole by ``T`` work items (query
+   tiles), work items taken in head-major order (query tile fastest: what FlashAttention's grids do) or
+   tile-major order (set fastest), by P = SMs x k persistent programs (P is the concurrency: a wave).
+   DRAM read / (sets x kv) is the K/V read amplification; model/l2.py's `wave_rereads` prints its
+   prediction beside each.
+C. causal-like: as B, head-major, but work item i of a set reads only the first (i + 1) / T of it,
+   forwards (tile 0 first, attnscope's kernel) or backwards (diagonal first, FlashAttention-2's loop).
+D. write-back: a kernel that writes W bytes (fill), then one that reads them back (producer ->
+   consumer, naive attention's S): DRAM writes of the first (what does not stay dirty in L2) and reads
+   of the second (what the L2 kept).
+E. streaming: as B with 128 readers per set (N = 16k, d = 128), each reader also reading a private Q
+   tile and writing a private O tile (2 x 32 KiB) or not: do streamed-once bytes push K/V out of the L2?
+   (model/l2.py counts the resident CTAs' Q and O in a wave's working set; the two predictions are
+   printed.)
+
+The run ends with ``L2_PARAMS {json}`` (capacity in bytes, ramp, dirty_bytes, the GPU) and the line to
+paste into model/l2.py (``H200_L2_PARAMS = L2Params(capacity=<fraction of the L2>, ramp=...)``); E
+says whether the resident CTAs' Q/O belong in a wave's working set. Needs a CUDA GPU, Triton and ncu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+MiB = 2**20
+TILE = 4096  # fp32 elements per load: 16 KiB, one K/V tile of 64 rows x d = 128 in fp16
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _reread(src, out, stream, n_items, T, SETS, TILES, P, ORDER: tl.constexpr, CAUSAL: tl.constexpr,
+                BACKWARD: tl.constexpr, BLOCK: tl.constexpr, QT: tl.constexpr, OT: tl.constexpr):
+        """Persistent program pid takes work items pid, pid + P, ...; item w reads set h's tiles, and
+        streams QT private tiles in (a Q tile) and OT private tiles out (an O tile) once each."""
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], tl.float32)
+        offs = tl.arange(0, BLOCK)
+        for w in range(pid, n_items, P):
+            for q in range(QT):
+                acc += tl.load(stream + (w * (QT + OT) + q) * BLOCK + offs)
+            if ORDER == 0:  # head-major: the T items of one set are consecutive
+                h = w // T
+                i = w % T
+            else:  # tile-major: consecutive items are different sets
+                h = w % SETS
+                i = w // SETS
+            n_t = TILES
+            if CAUSAL:
+                n_t = ((i + 1) * TILES + T - 1) // T
+            for j in range(0, n_t):
+                t = j
+                if BACKWARD:
+                    t = n_t - 1 - j
+                acc += tl.load(src + (h.to(tl.int64) * TILES + t) * BLOCK + offs)
+            for o in range(OT):
+                tl.store(stream + (w * (QT + OT) + QT + o) * BLOCK + offs, acc)
+        tl.store(out + pid, tl.sum(acc, 0))
+
+    return _reread
+
+
+def experiments(sms: int, quick: bool) -> list[dict]:
+    """The launches, in order. Each: name, what to pass to the kernel, and the bytes it must read."""
+    ex = []
+    dists = [8, 16, 24, 28, 32, 36, 40, 48, 64, 96] if quick else \
+        [8, 16, 20, 24, 28, 30, 32, 34, 36, 40, 44, 48, 56, 64, 80, 96, 128]
+    for w in dists:  # A: a chunk of 4 tiles (64 KiB) per item, R = 3 passes, tile-major = cyclic
+        sets = w * MiB // (4 * TILE * 4)
+        ex.append({"exp": "distance", "W": w * MiB, "sets": sets, "T": 3, "tiles": 4, "order": 1,
+                   "P": 2 * sms, "causal": False, "backward": False, "qt": 0, "ot": 0})
+    kvs = [4, 8, 16] if quick else [2, 4, 8, 12, 16, 24]
+    for kv in kvs:  # B: 32 sets, T = 16 readers per set
+        for k in (1, 2):
+            for order in (0, 1):
+                if order == 1 and kv != kvs[1]:
+                    continue  # tile-major is all misses once sets x kv >> L2: one size shows it
+                ex.append({"exp": "order", "kv": kv * MiB, "sets": 32, "T": 16,
+                           "tiles": kv * MiB // (TILE * 4), "order": order, "P": k * sms, "causal": False,
+                           "backward": False, "qt": 0, "ot": 0})
+    for kv in ([4, 16] if quick else [2, 4, 8, 16]):  # C: causal-like, forwards and backwards
+        for backward in (False, True):
+            ex.append({"exp": "causal", "kv": kv * MiB, "sets": 32, "T": 16, "tiles": kv * MiB // (TILE * 4),
+                       "order": 0, "P": 2 * sms, "causal": True, "backward": backward, "qt": 0, "ot": 0})
+    for kv in ([8] if quick else [4, 8, 12]):  # E: attention-like, 128 readers per set (N = 16k at d = 128)
+        for k in (1, 2):
+            for qo in (0, 2):  # each reader also streams a Q tile in and an O tile out (2 x 32 KiB), or not
+                ex.append({"exp": "stream", "kv": kv * MiB, "sets": 16, "T": 128,
+                           "tiles": kv * MiB // (TILE * 4), "order": 0, "P": k * sms, "causal": False,
+                           "backward": False, "qt": qo, "ot": qo})
+    for w in ([16, 32, 64] if quick else [8, 16, 24, 32, 40, 48, 64, 128]):  # D: fill then read back
+        ex.append({"exp": "writeback", "W": w * MiB})
+    return ex
+
+
+# --- the child (runs under ncu) ----------------------------------------------------------------------
+def child(specs: list[dict]) -> int:
+    import torch
+
+    kern = _kernel()
+    cudart = torch.cuda.cudart()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda").fill_(1.0)
+    big = max(s.get("W", 0) or s["sets"] * s["tiles"] * TILE * 4 for s in specs)
+    src = torch.ones(big // 4 + TILE, dtype=torch.float32, device="cuda")
+    out = torch.empty(1 << 16, dtype=torch.float32, device="cuda")
+    n_stream = max((s.get("sets", 0) * s.get("T", 0) * (s.get("qt", 0) + s.get("ot", 0)) for s in specs),
+                   default=0)
+    stream = torch.ones(max(1, n_stream) * TILE, dtype=torch.float32, device="cuda")
+    status = []
+    for s in specs:
+        try:
+            if s["exp"] == "writeback":
+                n = s["W"] // 4
+                view = src[:n]
+
+                def run(view=view):
+                    view.fill_(2.0)
+                    view.sum()
+            else:
+                n_items = s["sets"] * s["T"]
+
+                def run(s=s, n_items=n_items):
+                    kern[(s["P"],)](src, out, stream, n_items, s["T"], s["sets"], s["tiles"], s["P"],
+                                    ORDER=s["order"], CAUSAL=s["causal"], BACKWARD=s["backward"],
+                                    BLOCK=TILE, QT=s["qt"], OT=s["ot"], num_warps=4)
+            run()  # compile / warm
+            torch.cuda.synchronize()
+            scratch.sum()  # clean lines: a cold L2
+            torch.cuda.synchronize()
+            cudart.cudaProfilerStart()
+            try:
+                torch.cuda._sleep(1000)
+                run()
+                torch.cuda.synchronize()
+            finally:
+                cudart.cudaProfilerStop()
+            status.append({**s, "ok": True, "marked": True})
+        except Exception as e:  # keep the other experiments
+            status.append({**s, "ok": False, "marked": False, "error": f"{type(e).__name__}: {e}"[:200]})
+    print("ATTNSCOPE_STATUS " + json.dumps(status))
+    return 0
+
+
+# --- the parent ----------------------------------------------------------------------------------------
+def fit_distance(rows: list[dict]) -> dict:
+    """capacity: W where the miss fraction crosses 0.05; ramp: (W where it crosses 0.95) / capacity."""
+    pts = sorted((r["W"], r["miss"]) for r in rows)
+
+    def crossing(level):
+        for (w0, m0), (w1, m1) in zip(pts, pts[1:], strict=False):
+            if m0 <= level < m1:
+                return w0 + (level - m0) / (m1 - m0) * (w1 - w0)
+        return None
+
+    cap, full = crossing(0.05), crossing(0.95)
+    return {"capacity": int(cap) if cap else None, "ramp": (full / cap) if (cap and full) else None}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
+    p.add_argument("--json", metavar="PATH", help="write every point and the fitted parameters to PATH")
+    p.add_argument("--timeout", type=float, default=400.0, help="seconds for the ncu run (default 400)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        return child(json.loads(a.child))
+
+    from attnscope.measure import ncu
+    from attnscope.measure.backends import gpu_problem
+    from attnscope.model import l2 as model
+
+    if why := gpu_problem():
+        print(f"l2_reuse: error: {why}", file=sys.stderr)
+        return 2
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    specs = experiments(sms, a.quick)
+    print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 / MiB:.1f} MiB; {len(specs)} launches "
+          "under ncu", flush=True)
+    try:
+        me = os.path.abspath(__file__)
+        text, output = ncu.run_child([sys.executable, me, "--child", json.dumps(specs)], timeout_s=a.timeout)
+    except ncu.NcuError as e:
+        print(f"l2_reuse: error: {e}", file=sys.stderr)
+        return 2
+    status = ncu.child_status(output)
+    calls = ncu.split_at_markers(ncu.parse_csv(text))
+    rows = []
+    for s, ks in ncu.pair(status, calls):
+        read, write = sum(k.read for k in ks), sum(k.write for k in ks)
+        r = {**s, "read": read, "write": write, "kernels": [k.to_json() for k in ks]}
+        if s["exp"] == "distance":
+            w = s["sets"] * s["tiles"] * TILE * 4
+            r["W"] = w
+            r["miss"] = (read - w) / ((s["T"] - 1) * w)
+        elif s["exp"] == "writeback":
+            fill, back = (ks + [None, None])[:2]
+            r["fill_write"] = fill.write if fill else None
+            r["readback_read"] = back.read if back else None
+            r["dirty_kept"] = s["W"] - fill.write if fill else None
+            r["hit"] = 1 - back.read / s["W"] if back else None
+        else:
+            kv = s["tiles"] * TILE * 4
+            q_bytes = s["sets"] * s["T"] * s["qt"] * TILE * 4  # the streamed Q tiles: read once each
+            r["amplification"] = (read - q_bytes) / (s["sets"] * kv)
+            other = (s["qt"] + s["ot"]) * TILE * 4
+            for key, ob in (("model", other), ("model_no_stream", 0)):
+                r[key] = model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
+                                            other_bytes=ob, causal=s["causal"], backward=s["backward"],
+                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile")
+        rows.append(r)
+    for s in status:
+        if not s.get("ok"):
+            print(f"failed: {s['exp']}: {s.get('error')}")
+
+    print("\nA. miss fraction of a re-read vs reuse distance W (cyclic, 3 passes)")
+    for r in (r for r in rows if r["exp"] == "distance"):
+        print(f"  W {r['W'] / MiB:7.1f} MiB  ({r['W'] / l2:5.2f} x L2)  DRAM read "
+              f"{r['read'] / MiB:9.1f} MiB  miss {r['miss']:+.3f}")
+    print("\nB/C/E. K/V read amplification (DRAM K/V read / sets x kv): measured vs model/l2.py (E: with the "
+          "readers' streamed Q/O counted in the wave's working set, as the model does, and without)")
+    for r in (r for r in rows if r["exp"] in ("order", "causal", "stream")):
+        how = ("head-major" if r["order"] == 0 else "tile-major") + \
+            (f", causal {'backward' if r['backward'] else 'forward'}" if r["causal"] else "") + \
+            (f", streams {r['qt']}+{r['ot']} tiles" if r["qt"] or r["ot"] else "")
+        extra = f" (without streams {r['model_no_stream']:.3f})" if r["exp"] == "stream" else ""
+        print(f"  {r['exp']:6s} kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, "
+              f"P {r['P']:4d} ({how}): measured {r['amplification']:.3f}  model {r['model']:.3f}{extra}")
+    print("\nD. write-back: fill W, then read it back")
+    for r in (r for r in rows if r["exp"] == "writeback"):
+        hit = r["hit"] if r["hit"] is not None else float("nan")
+        print(f"  W {r['W'] / MiB:6.1f} MiB: fill wrote {(r['fill_write'] or 0) / MiB:7.1f} MiB (kept dirty "
+              f"{(r['dirty_kept'] or 0) / MiB:6.1f}); read-back hit {hit:.3f}")
+    fit = fit_distance([r for r in rows if r["exp"] == "distance"])
+    kept = [r["dirty_kept"] for r in rows if r["exp"] == "writeback" and r.get("dirty_kept") is not None
+            and r["W"] >= 2 * l2]
+    params = {"capacity": fit["capacity"], "ramp": fit["ramp"],
+              "dirty_bytes": int(sum(kept) / len(kept)) if kept else None,
+              "gpu": torch.cuda.get_device_name(0), "l2_bytes": l2, "sms": sms}
+    if a.json:
+        from attnscope.inputs import write_atomic
+
+        write_atomic(a.json, json.dumps({"env": {"gpu": params["gpu"], "l2_bytes": l2, "sms": sms,
+                                                 "torch": torch.__version__},
+                                         "rows": rows, "params": params}, indent=1), "--json")
+    print("\nL2_PARAMS " + json.dumps(params))
+    if params["capacity"] and params["ramp"]:
+        import datetime
+
+        day = datetime.date.today().isoformat()
+        print(f"model/l2.py: H200_L2_PARAMS = L2Params(capacity={params['capacity'] / l2:.3f}, "
+              f"ramp={params['ramp']:.2f}, source=\"bench/l2_reuse.py, {params['gpu']}, {day}\")")
+    return 0 if all(s.get("ok") for s in status) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Physical DRAM bytes over a grid: the estimate (model/l2.py) held against ncu, point by point.
+
+`attnscope bytes --sweep GRID` reads a grid of shapes (`parse_grid`: CSV with a header, a JSON list
+of objects, or YAML; the fields of `FIELDS`), measures each point with measure/ncu.py's child (several
+points per ncu process, `ncu.measure_many`), and prints the estimate's error distribution
+(`summarize`: how many points are within ±5/10/15 %, the worst ones, and any estimate below the
+compulsory bytes that does not say why). The JSON it writes keeps the raw counters of every point, so
+`--from-json` re-evaluates the current estimate against a recorded sweep without a GPU.
+
+`attnscope bytes --calibrate` measures streams of known size through the same ncu path
+(`CALIBRATION`: a device copy, a read-only fp32 sum, a write-only fill, at two sizes) and prints the
+counter / exact ratios (`calibration_rows`); the slope between the two sizes cancels what stays dirty
+in the L2 at the end of a kernel.
+
+Everything here but the measuring itself is pure Python and tested on a CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnscope import inputs
+from attnscope.errors import InputError, expect, short
+from attnscope.measure import ncu
+
+#: Grid columns: canonical name -> (accepted spellings, default or None when required).
+FIELDS = {
+    "impl": (("impl",), None),
+    "batch": (("batch", "b"), 1),
+    "heads": (("heads", "h"), None),
+    "kv_heads": (("kv_heads", "hkv"), 0),  # 0: as many as heads
+    "n": (("n",), None),
+    "d": (("d",), None),
+    "causal": (("causal",), False),
+    "dtype": (("dtype",), "fp16"),
+}
+#: Most points in one grid (each is a GPU call under ncu: about 2-5 s).
+MAX_POINTS = 400
+#: Largest Q + K + V + O (and, for naive, S and P) of one point: what one 141 GB H200 can hold with room.
+MAX_POINT_BYTES = 80 * 10**9
+HEAD_DIMS = (64, 128)
+TRUE, FALSE = ("true", "1", "yes", "y", "t"), ("false", "0", "no", "n", "f", "")
+#: ``attnscope bytes --calibrate``: streams of 1 GiB and 4 GiB (two sizes: the slope between them cancels
+#: the few MiB a write-back L2 keeps dirty past the end of a kernel).
+CALIBRATION = tuple({"kind": k, "bytes": s * 2**30} for k in ncu.STREAMS for s in (1, 4))
+
+
+def _int(where: str, name: str, value) -> int:
+    if isinstance(value, str) and inputs.number_text(value) and value.strip().lstrip("+").isdigit():
+        value = int(value.strip().lstrip("+"))
+    expect(isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 10**9,
+           f"{where}: {name}", "a positive integer up to 10^9", value)
+    return value
+
+
+def _bool(where: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    raise InputError(f"{where}: causal: expected true or false, got {short(value)}")
+
+
+def point(raw: dict, where: str) -> dict:
+    """One validated grid point as an ncu spec (``kv_heads`` only where it differs from ``heads``).
+
+    ``raw`` maps column names (any spelling of `FIELDS`, any case) to values (text from a CSV, or JSON /
+    YAML scalars); ``where`` names the row in errors ("GRID row 3"). Raises InputError (one line) for an
+    unknown or missing column and a bad value; NotImplementedError for a valid combination that cannot
+    be measured (naive with GQA, a head dim without kernels).
+    """
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping of column -> value, got {short(raw)}")
+    names = {alias: canon for canon, (aliases, _) in FIELDS.items() for alias in aliases}
+    got: dict = {}
+    for key, value in raw.items():
+        canon = names.get(str(key).strip().lower())
+        if canon is None:
+            raise InputError(f"{where}: expected columns {', '.join(FIELDS)}, got an unknown column "
+                             f"{short(key)}")
+        if canon in got:
+            raise InputError(f"{where}: expected each column once, got {canon} twice")
+        got[canon] = value.strip() if isinstance(value, str) else value
+    for canon, (_, default) in FIELDS.items():
+        if canon not in got or got[canon] in ("", None):
+            if default is None:
+                raise InputError(f"{where}: {canon}: expected a value, got none")
+            got[canon] = default
+    impl = got["impl"]
+    if impl not in ncu.IMPLS:
+        raise InputError(f"{where}: impl: expected one of {', '.join(ncu.IMPLS)}, got {short(impl)}")
+    spec = {"impl": impl, "batch": _int(where, "batch", got["batch"]),
+            "heads": _int(where, "heads", got["heads"]),
+            "n": _int(where, "n", got["n"]), "d": _int(where, "d", got["d"]),
+            "causal": _bool(where, got["causal"])}
+    dtype = got["dtype"]
+    if dtype not in ("fp16", "bf16"):
+        raise InputError(f"{where}: dtype: expected one of fp16, bf16, got {short(dtype)}")
+    spec["dtype"] = dtype
+    hkv = got["kv_heads"]
+    hkv = spec["heads"] if hkv in (0, "0") else _int(where, "kv_heads", hkv)
+    if spec["heads"] % hkv:
+        raise InputError(f"{where}: kv_heads: expected a divisor of heads ({spec['heads']}), got {hkv}")
+    if hkv != spec["heads"]:
+        if impl == "naive":
+            raise NotImplementedError(f"{where}: naive with kv_heads != heads is not measured; supported: "
+                                      "GQA with flash, cudnn, efficient, attnscope")
+        spec["kv_heads"] = hkv
+    if spec["d"] not in HEAD_DIMS:
+        raise NotImplementedError(f"{where}: d: {spec['d']} is not measured; supported: "
+                                  f"{', '.join(map(str, HEAD_DIMS))}")
+    elt = 2
+    bh, n, d = spec["batch"] * spec["heads"], spec["n"], spec["d"]
+    size = (2 * bh + 2 * spec["batch"] * hkv) * n * d * elt
+    if impl == "naive":
+        size += (3 if spec["causal"] else 2) * bh * n * n * elt + (n * n if spec["causal"] else 0)
+    if size > MAX_POINT_BYTES:
+        raise InputError(f"{where}: n: expected the point's tensors to fit one GPU (at most "
+                         f"{MAX_POINT_BYTES / 1e9:g} GB), got {size / 1e9:,.4g} GB")
+    return spec
+
+
+def parse_grid(path, field: str = "GRID", text: str | None = None) -> list[dict]:
+    """The points of a grid file as validated ncu specs (see `point`).
+
+    Format by extension: ``.json`` (a list of objects, or ``{"points": [...]}``), ``.yaml``/``.yml`` (the
+    same), anything else CSV with a header row. Lines of a CSV starting with ``#`` are comments. Every
+    error is one InputError line naming ``field`` and the row.
+    """
+    name = str(path).lower()
+    if name.endswith(".json") or name.endswith((".yaml", ".yml")):
+        data = (inputs.load_json if name.endswith(".json") else inputs.load_yaml)(path, field, text)
+        if isinstance(data, dict) and set(data) == {"points"}:
+            data = data["points"]
+        if not isinstance(data, list):
+            raise InputError(f"{field}: expected a list of points (or {{\"points\": [...]}}), got "
+                             f"{short(data)}")
+        rows = [(i + 1, r) for i, r in enumerate(data)]
+    else:
+        table = [r for r in inputs.read_csv(path, field, text) if not r[0].lstrip().startswith("#")]
+        if not table:
+            raise InputError(f"{field}: expected a header row and at least one point, got an empty file")
+        header = [h.strip() for h in table[0]]
+        rows = []
+        for i, r in enumerate(table[1:], start=2):
+            if len(r) != len(header):
+                raise InputError(f"{field} row {i}: expected {len(header)} fields (the header's), got "
+                                 f"{len(r)}")
+            rows.append((i, dict(zip(header, r, strict=True))))
+    if not rows:
+        raise InputError(f"{field}: expected at least one point, got none")
+    if len(rows) > MAX_POINTS:
+        raise InputError(f"{field}: expected at most {MAX_POINTS} points, got {len(rows):,}")
+    return [point(r, f"{field} row {i}") for i, r in rows]
+
+
+# --- the comparison -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One measured point against the estimate."""
+
+    spec: dict
+    measured: int  # DRAM bytes, ncu (read + write)
+    estimate: int
+    compulsory: int  # Q, K, V read once + O (+ LSE) written once
+    credits: tuple  # (reason, bytes) the estimate subtracts below the compulsory bytes, each stated
+
+    @property
+    def error(self) -> float:
+        return self.estimate / self.measured - 1.0
+
+    @property
+    def silently_below(self) -> bool:
+        """Below the compulsory bytes by more than the credits it states (never, by construction)."""
+        return self.estimate < self.compulsory - sum(b for _, b in self.credits)
+
+    def label(self) -> str:
+        s = self.spec
+        kv = f"/{s['kv_heads']}" if s.get("kv_heads") else ""
+        return (f"{s['impl']} B={s.get('batch', 1)} H={s['heads']}{kv} N={s['n']} d={s['d']} "
+                f"{s.get('dtype', 'fp16')} {'causal' if s.get('causal') else 'unmasked'}")
+
+    def to_json(self) -> dict:
+        return {"spec": self.spec, "measured": self.measured, "estimate": self.estimate,
+                "compulsory": self.compulsory, "credits": [list(c) for c in self.credits],
+                "error": self.error}
+
+
+def estimate_of(spec: dict, l2_bytes: int, sms: int):
+    """model/l2.py's estimate for an ncu spec."""
+    from attnscope.model import l2
+
+    return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
+                       spec.get("dtype", "fp16"), bool(spec.get("causal")), kv_heads=spec.get("kv_heads"),
+                       l2_bytes=l2_bytes, sms=sms)
+
+
+def compare(measured: list[tuple[dict, int]], l2_bytes: int, sms: int) -> list[Row]:
+    """Rows for (spec, measured DRAM bytes) pairs; points measured as 0 bytes are skipped."""
+    rows = []
+    for spec, total in measured:
+        if not total:
+            continue
+        e = estimate_of(spec, l2_bytes, sms)
+        rows.append(Row(spec, int(total), e.total, e.compulsory, tuple(e.credits)))
+    return rows
+
+
+BANDS = (0.05, 0.10, 0.15)
+
+
+def summarize(rows: list[Row], worst: int = 8) -> dict:
+    """The error distribution: count, within each of `BANDS`, mean |error|, the ``worst`` points, and
+    the points whose estimate is below the compulsory bytes without a stated reason."""
+    errs = [abs(r.error) for r in rows]
+    ranked = sorted(rows, key=lambda r: -abs(r.error))
+    return {"count": len(rows),
+            "within": {f"{b:.0%}": sum(e <= b + 1e-12 for e in errs) for b in BANDS},
+            "mean_abs_error": sum(errs) / len(errs) if errs else None,
+            "worst": [{"point": r.label(), "error": r.error} for r in ranked[:worst]],
+            "silently_below_compulsory": [r.label() for r in rows if r.silently_below]}
+
+
+def summary_lines(s: dict) -> list[str]:
+    """The distribution as plain lines (the CLI prints them under the table)."""
+    n = s["count"]
+    if not n:
+        return ["no measured points"]
+    within = ", ".join(f"±{k}: {v}/{n}" for k, v in s["within"].items())
+    lines = [f"estimate vs ncu over {n} points: {within}; mean |error| {s['mean_abs_error']:.1%}",
+             "worst: " + "; ".join(f"{w['point']} ({w['error']:+.1%})" for w in s["worst"])]
+    below = s["silently_below_compulsory"]
+    lines.append(f"below the compulsory bytes without a stated reason: {len(below)}"
+                 + (": " + "; ".join(below) if below else ""))
+    return lines
+
+
+def sweep_json(points: list[ncu.Point], rows: list[Row], env: dict) -> dict:
+    """What `--sweep --json` writes: the environment, every point's raw counters (or its error), the
+    rows and the summary. `rows_from_json` reads it back."""
+    return {"kind": "attnscope-bytes-sweep", "env": env, "points": [p.to_json() for p in points],
+            "rows": [r.to_json() for r in rows], "summary": summarize(rows)}
+
+
+def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None,
+                   sms: int | None = None) -> tuple[list[Row], dict]:
+    """Re-evaluate the current estimate against a recorded sweep (no GPU): (rows, env)."""
+    data = inputs.load_json(path, field)
+    if not (isinstance(data, dict) and data.get("kind") == "attnscope-bytes-sweep"
+            and isinstance(data.get("points"), list) and isinstance(data.get("env"), dict)):
+        raise InputError(f"{field}: expected a file `attnscope bytes --sweep --json` wrote, got "
+                         f"{short(data)}")
+    env = data["env"]
+    l2 = l2_bytes or env.get("l2_bytes")
+    sm = sms or env.get("sms")
+    expect(isinstance(l2, int) and l2 > 0, f"{field}: env.l2_bytes", "a positive integer", l2)
+    expect(isinstance(sm, int) and sm > 0, f"{field}: env.sms", "a positive integer", sm)
+    pairs = []
+    for i, p in enumerate(data["points"]):
+        m = p.get("measured") if isinstance(p, dict) else None
+        if m is None:
+            continue
+        spec = point({k: v for k, v in p["spec"].items() if k in FIELDS}, f"{field} point {i + 1}")
+        total = m.get("total") if isinstance(m, dict) else None
+        expect(isinstance(total, int) and total >= 0, f"{field} point {i + 1}: measured.total",
+               "a byte count", total)
+        pairs.append((spec, total))
+    return compare(pairs, l2, sm), env
+
+
+def calibration_rows(points: list[ncu.Point]) -> list[dict]:
+    """Counter / exact ratios of each calibration stream, and the slope between its two sizes.
+
+    Each row: kind, bytes, exact and measured read/write, ratio (measured / exact, of the side that is
+    not zero; for copy, of the total). The slope rows use (measured(large) - measured(small)) /
+    (exact(large) - exact(small)).
+    """
+    out, by_kind = [], {}
+    for p in points:
+        if p.measured is None:
+            out.append({"kind": p.spec["kind"], "bytes": p.spec["bytes"], "error": p.error})
+            continue
+        er, ew = ncu.exact_bytes(p.spec)
+        m = p.measured
+        exact, got = er + ew, (m.read if not ew else m.write if not er else m.total)
+        row = {"kind": p.spec["kind"], "bytes": p.spec["bytes"], "exact_read": er, "exact_write": ew,
+               "read": m.read, "write": m.write, "ratio": got / exact}
+        out.append(row)
+        by_kind.setdefault(p.spec["kind"], []).append((exact, got))
+    for kind, pts in by_kind.items():
+        if len(pts) >= 2:
+            (e0, g0), (e1, g1) = sorted(pts)[0], sorted(pts)[-1]
+            if e1 > e0:
+                out.append({"kind": kind, "bytes": "slope", "ratio": (g1 - g0) / (e1 - e0)})
+    return out
