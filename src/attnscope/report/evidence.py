@@ -232,13 +232,12 @@ def samples(
         verdict = "inconclusive"
     needed = None if verdict != "inconclusive" else samples_needed(frac, n)
     warnings = [
-        "Samples taken under load are correlated (shared batches and queue); the interval assumes "
-        "independent draws, so it is optimistic."
+        "Samples under load are correlated (shared batches, queue): the interval, which assumes "
+        "independent draws, is optimistic."
     ]
     if up1 is None:
         warnings.append(
-            f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot "
-            "be accepted from this set."
+            f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot be accepted."
         )
     pct = None
     if trace_ttft_ms is not None:
@@ -413,8 +412,7 @@ def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, s
     hi = "+Inf" if math.isinf(high) else f"{high * 1e3:g}"
     return "undecided", (
         f"the {target_s * 1e3:g} ms target and the p{round(q * 100)} share the coarse bucket "
-        f"({low * 1e3:g}, {hi}] ms: interpolation assumes a uniform spread inside it, so this "
-        "histogram cannot accept or reject the target"
+        f"({low * 1e3:g}, {hi}] ms, so this histogram cannot accept or reject the target"
     )
 
 
