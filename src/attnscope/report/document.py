@@ -95,61 +95,22 @@ def _kernel_short(name: str) -> str:
 def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
     """The whole report as a `Document` (module docstring); `source` names the trace on the page."""
     t, b, tg, w = r.trace, r.boundary, r.trace.targets, r.trace.workload
-    summary = para("TTFT ", (f"{val(t.ttft_ms)} ms", "good" if r.ttft_meets_target else "bad"),
-                   f" vs {tg.p95_ttft_ms:g} ms target · TPOT ",
-                   (f"{val(t.tpot_ms)} ms", "good" if r.tpot_meets_target else "bad"),
-                   f" vs {tg.tpot_ms:g} ms · projected ",
-                   (f"{val(b.outer_projected_ms, True)} ms ({b.outer_speedup:.4f}×)", "b"), " · p95 compliance: ")
-    if r.samples is None:
-        summary += para("unknown (single trace)")
-    else:
-        summary += para((r.samples.verdict, _TONE[r.samples.verdict]), f" (n = {r.samples.n})")
     workload = Bullets(tuple(para((k, "b"), f": {v}") for k, v in (
         ("Model", f"{w.model}, {w.params / 1e9:g}B params, {w.dtype}"),
         ("Shape", f"{w.layers} layers · {w.heads} query heads · d = {w.d}"),
-        ("Load", f"C = {w.concurrency} closed-loop · P = {w.prompt_tokens:,} · O = {w.output_tokens:,} tokens"),
+        ("Load", f"C = {w.concurrency} closed-loop · P = {w.prompt_tokens:,} · O = {w.output_tokens:,} "
+                 "tokens"),
         ("Targets", f"p95 TTFT ≤ {tg.p95_ttft_ms:g} ms · decode ≥ {tg.tokens_per_s:g} tokens/s "
                     f"(TPOT ≤ {tg.tpot_ms:g} ms)"))), cls="kv")
-    rows = [(x.name, x.source, val(x.ms), pct(x.share), val(x.projected_ms, True), x.note) for x in r.rows]
-    rows.append(("Client TTFT (this trace)", t.ttft_source, val(t.ttft_ms), "100.0%",
-                 val(b.outer_projected_ms, True), "single trace"))
-    rows.append(("Decode TPOT", t.decode_source, val(t.tpot_ms), "", "", f"per token; budget {tg.tpot_ms:g} ms"))
-    timings = Table(("Segment", "Measurement source", "Trace ms", "Share", "Projected ms", "Notes"),
-                    tuple(rows), (False, False, True, True, True, False), strong=(len(rows) - 2,), cls="segs")
     change = Paragraph(para(f"{t.change_description}: ", (f"S_kernel = {t.speedup:.2f}×", "b"),
                             f" on the attention part of {t.prefill_segment} ({val(r.attention_ms)} ms; split "
                             f"from {r.attention_source}; S from {t.change_source})."))
-    sens = [(pct(p.f, 0) + (" (trace)" if abs(p.f - b.f_inner) < 1e-6 else ""), f"{p.speedup:.4f}×",
-             pct(p.reduction, 2)) for p in r.sensitivity]
-    sens_table = Table(("f_attn (time share)",) + tuple(c[0] for c in sens),
-                       (("Prefill speedup",) + tuple(c[1] for c in sens),
-                        ("Prefill reduction",) + tuple(c[2] for c in sens)),
-                       (False,) + (True,) * len(sens),
-                       caption=f"Sensitivity at the prefill boundary, S = {t.speedup:.2f}×", cls="sens")
-    f, rest = b.f_inner, t.prefill_ms - r.attention_ms
-    side = "below" if r.projected_meets_target else "above"
-    impact = (
-        Code((f"f_attn = {val(r.attention_ms)} / {val(t.prefill_ms)} = {f:.2f} (rest {1 - f:.2f}), "
-              f"S_kernel = {t.speedup:.2f}×",
-              f"S_prefill = 1 / ({1 - f:.2f} + {f:.2f} / {t.speedup:.2f}) = {b.inner_speedup:.4f}×",
-              f"T_prefill = {val(rest)} + {val(r.attention_ms)} / {t.speedup:.2f} = {val(rest)} + "
-              f"{val(r.attention_ms / t.speedup, True)} = {val(b.inner_projected_ms, True)} ms "
-              f"({pct(b.inner_reduction, 2)} reduction)",
-              f"T_client = {val(t.ttft_ms - t.prefill_ms)} (held fixed) + {val(b.inner_projected_ms, True)} = "
-              f"{val(b.outer_projected_ms, True)} ms",
-              f"S_client = {val(t.ttft_ms)} / {val(b.outer_projected_ms, True)} = {b.outer_speedup:.4f}× "
-              f"({pct(b.outer_reduction, 2)} reduction)")),
-        Paragraph(para(f"Conditional projection for this single trace: {val(b.outer_projected_ms, True)} ms, "
-                       f"{side} the {tg.p95_ttft_ms:g} ms target; service p95 compliance stays unverified "
-                       "until a post-change distribution is collected.")),
-        Paragraph(para("Assumes: " + "; ".join(r.assumptions) + "."), small=True),
-    )
     sections = [
         Section("Workload and targets", (workload,)),
-        Section("Trace timings (serial critical path)", (timings,)),
+        Section("Trace timings (serial critical path)", (_timings(r),)),
         Section("Observations", (Bullets(tuple(para(o) for o in r.observations)),), aside=(figures.bar(r),)),
         Section("Proposed change", (change,)),
-        Section("Projected impact (Amdahl, model/amdahl.py)", impact, aside=(figures.curve(r), sens_table)),
+        Section("Projected impact (Amdahl, model/amdahl.py)", _impact(r), aside=(figures.curve(r), _sens(r))),
         Section("Boundary errors to avoid", (Bullets(tuple(para((f"{k}.", "b"), f" {v}")
                                                            for k, v in r.boundary_errors)),), half=True),
         Section("Next measurement plan", (Bullets(tuple(para(p) for p in r.plan)),), half=True),
@@ -157,11 +118,65 @@ def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
     evidence = _evidence(r)
     if evidence is not None:
         sections.append(evidence)
+    summary = para("TTFT ", (f"{val(t.ttft_ms)} ms", "good" if r.ttft_meets_target else "bad"),
+                   f" vs {tg.p95_ttft_ms:g} ms target · TPOT ",
+                   (f"{val(t.tpot_ms)} ms", "good" if r.tpot_meets_target else "bad"),
+                   f" vs {tg.tpot_ms:g} ms · projected ",
+                   (f"{val(b.outer_projected_ms, True)} ms ({b.outer_speedup:.4f}×)", "b"),
+                   " · p95 compliance: ",
+                   *(["unknown (single trace)"] if r.samples is None else
+                     [(r.samples.verdict, _TONE[r.samples.verdict]), f" (n = {r.samples.n})"]))
     footer = para(f"FLOP share = {FLOP_SHARE_FORMULA}: dense {r.flop_dense:.3g}, attention {r.flop_attn:.3g} "
                   "FLOPs per prompt token. Amdahl: speedup = 1 / ((1 − f) + f / S), f a measured time share "
                   "(model/amdahl.py).")
     return Document(t.title, f"Latency attribution report (attnscope) · input: {source} · one trace; "
                     "projections are conditional on it", summary, tuple(sections), footer)
+
+
+def _timings(r: Report) -> Table:
+    """Section 2: the serial segments, the client TTFT they add up to, and decode TPOT."""
+    t, b = r.trace, r.boundary
+    rows = [(x.name, x.source, val(x.ms), pct(x.share), val(x.projected_ms, True), x.note) for x in r.rows]
+    rows.append(("Client TTFT (this trace)", t.ttft_source, val(t.ttft_ms), "100.0%",
+                 val(b.outer_projected_ms, True), "single trace"))
+    rows.append(("Decode TPOT", t.decode_source, val(t.tpot_ms), "", "",
+                 f"per token; budget {t.targets.tpot_ms:g} ms"))
+    return Table(("Segment", "Measurement source", "Trace ms", "Share", "Projected ms", "Notes"), tuple(rows),
+                 (False, False, True, True, True, False), strong=(len(rows) - 2,), cls="segs")
+
+
+def _impact(r: Report) -> tuple:
+    """Section 5: Amdahl worked through both boundaries, the verdict it allows, its assumptions."""
+    t, b, s = r.trace, r.boundary, r.trace.speedup
+    f, rest, new = b.f_inner, t.prefill_ms - r.attention_ms, val(b.outer_projected_ms, True)
+    side = "below" if r.projected_meets_target else "above"
+    return (
+        Code((f"f_attn = {val(r.attention_ms)} / {val(t.prefill_ms)} = {f:.2f} (rest {1 - f:.2f}), "
+              f"S_kernel = {s:.2f}×",
+              f"S_prefill = 1 / ({1 - f:.2f} + {f:.2f} / {s:.2f}) = {b.inner_speedup:.4f}×",
+              f"T_prefill = {val(rest)} + {val(r.attention_ms)} / {s:.2f} = {val(rest)} + "
+              f"{val(r.attention_ms / s, True)} = {val(b.inner_projected_ms, True)} ms "
+              f"({pct(b.inner_reduction, 2)} reduction)",
+              f"T_client = {val(t.ttft_ms - t.prefill_ms)} (held fixed) + {val(b.inner_projected_ms, True)} "
+              f"= {new} ms",
+              f"S_client = {val(t.ttft_ms)} / {new} = {b.outer_speedup:.4f}× "
+              f"({pct(b.outer_reduction, 2)} reduction)")),
+        Paragraph(para(f"Conditional projection for this single trace: {new} ms, {side} the "
+                       f"{t.targets.p95_ttft_ms:g} ms target; service p95 compliance stays unverified until "
+                       "a post-change distribution is collected.")),
+        Paragraph(para("Assumes: " + "; ".join(r.assumptions) + "."), small=True),
+    )
+
+
+def _sens(r: Report) -> Table:
+    """Prefill speedup and reduction at the spec's attention shares and this trace's, one column each."""
+    cols = [(pct(p.f, 0) + (" (trace)" if abs(p.f - r.boundary.f_inner) < 1e-6 else ""), f"{p.speedup:.4f}×",
+             pct(p.reduction, 2)) for p in r.sensitivity]
+    head, speedups, reductions = zip(*cols, strict=True)
+    return Table(("f_attn (time share)", *head), (("Prefill speedup", *speedups),
+                                                  ("Prefill reduction", *reductions)),
+                 (False,) + (True,) * len(cols), cls="sens",
+                 caption=f"Sensitivity at the prefill boundary, S = {r.trace.speedup:.2f}×")
 
 
 def _evidence(r: Report) -> Section | None:
@@ -193,21 +208,20 @@ def _evidence(r: Report) -> Section | None:
                           "exact only at bucket edges.",
                           *((f" {m.label}: {m.warning}.", "warn") for m in r.metrics if m.warning)))
     if r.profile is not None:
-        p = r.profile
+        p, prefill_ms = r.profile, r.trace.prefill_ms
         top = ", ".join(f"{_kernel_short(n)} {val(ms)} ms" for n, ms in p.top) or "none"
-        off = abs(p.span_ms - r.trace.prefill_ms) > 0.1 * r.trace.prefill_ms
-        notes.append(para(("Profiler split (--profile)", "b"),
-                          f": span {p.span}, {val(p.span_ms)} ms; kernels busy {val(p.busy_ms)} ms ({p.kernels} "
-                          f"kernels). Attention: {val(p.attention_ms)} ms in {p.attention_kernels} kernels = "
-                          f"{pct(p.share)} of the prefill's kernel time (as `attnscope share`); this share replaces "
-                          f"the trace's assumed split. Largest: {top}.",
-                          *([(f" The profiled span ({val(p.span_ms)} ms) differs from the trace's prefill "
-                              f"({val(r.trace.prefill_ms)} ms) by more than 10 %: profiler overhead or another "
-                              "shape.", "warn")] if off else [])))
-    if not notes:
-        return None
+        off = abs(p.span_ms - prefill_ms) > 0.1 * prefill_ms
+        notes.append(para(
+            ("Profiler split (--profile)", "b"),
+            f": span {p.span}, {val(p.span_ms)} ms; kernels busy {val(p.busy_ms)} ms ({p.kernels} kernels). "
+            f"Attention: {val(p.attention_ms)} ms in {p.attention_kernels} kernels = {pct(p.share)} of the "
+            "prefill's kernel time (as `attnscope share`); this share replaces the trace's assumed split. "
+            f"Largest: {top}.",
+            *([(f" The profiled span ({val(p.span_ms)} ms) differs from the trace's prefill "
+                f"({val(prefill_ms)} ms) by more than 10 %: profiler overhead or another shape.", "warn")]
+              if off else [])))
     if not rows:
-        return Section("Evidence", (Bullets(tuple(notes)),))
+        return Section("Evidence", (Bullets(tuple(notes)),)) if notes else None
     table = Table(("Source (ms)", "n", "p50", "p95", "p99", "Mean", "p95 ≤ target"), tuple(rows),
                   (False, True, True, True, True, True, False), cls="ev")
     # the profiler's note under the table, the samples' (the longest) and the histograms' beside it

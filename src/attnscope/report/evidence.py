@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attnscope import chrome_trace
 from attnscope.errors import InputError, short
+from attnscope.inputs import read_text
 
 # ------------------------------------------------------------------------------------------ samples
 
@@ -35,12 +36,6 @@ SAMPLE_COLUMNS = {"ttft_ms": "ms", "ttft_s": "s"}
 #: Samples whose median is further than this factor from the trace's own TTFT are refused: a unit slip
 #: (seconds read as ms is 1000x) would otherwise give a confident wrong verdict.
 PLAUSIBLE_FACTOR = 30.0
-
-
-def _read_text(path, flag: str) -> str:
-    from attnscope.inputs import read_text
-
-    return read_text(path, flag)
 
 
 def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
@@ -100,19 +95,16 @@ def read_samples(path, unit: str | None = None) -> list[float]:
         if not rows:
             raise InputError(f"{flag}: expected at least one TTFT sample, got none")
         col, found = 0, None
-        if rows:
-            header = [c.strip().lower() for c in rows[0]]
-            named = [h for h in header if h in SAMPLE_COLUMNS]
-            if len(named) > 1:
-                raise InputError(f"{flag}: expected one TTFT column, got {', '.join(named)}")
-            if named:
-                col, found = header.index(named[0]), SAMPLE_COLUMNS[named[0]]
-                rows = rows[1:]
-            elif len(header) > 1:
-                raise InputError(
-                    f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
-                    f"{short(rows[0])}"
-                )
+        header = [c.strip().lower() for c in rows[0]]
+        named = [h for h in header if h in SAMPLE_COLUMNS]
+        if len(named) > 1:
+            raise InputError(f"{flag}: expected one TTFT column, got {', '.join(named)}")
+        if named:
+            col, found = header.index(named[0]), SAMPLE_COLUMNS[named[0]]
+            rows = rows[1:]
+        elif len(header) > 1:
+            raise InputError(f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
+                             f"{short(rows[0])}")
         factor = _unit_of(found, unit, flag)
         values = []
         for i, r in enumerate(rows):
@@ -418,8 +410,8 @@ def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, s
 
 def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: float) -> list[HistogramDiff]:
     """Diff the vLLM histograms of two scrapes; p50/p95/p99 in ms; p95 checked against the targets."""
-    before = _histograms(_read_text(before_path, "--metrics BEFORE"), "--metrics BEFORE")
-    after = _histograms(_read_text(after_path, "--metrics AFTER"), "--metrics AFTER")
+    before = _histograms(read_text(before_path, "--metrics BEFORE"), "--metrics BEFORE")
+    after = _histograms(read_text(after_path, "--metrics AFTER"), "--metrics AFTER")
     if "vllm:inter_token_latency_seconds" not in after and ITL_FALLBACK in after:
         after["vllm:inter_token_latency_seconds"] = after.pop(ITL_FALLBACK)
         if ITL_FALLBACK in before:

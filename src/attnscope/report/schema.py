@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,9 +139,10 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
     return data
 
 
-#: Bidirectional-text controls (LRE..RLO, LRI..PDI, LRM/RLM, ALM): they reorder how the page reads.
-_BIDI = {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
-         "\u200e", "\u200f", "\u061c"}
+#: Control characters (C0, DEL, C1) and the bidi controls that reorder how the page reads (LRE..RLO,
+#: LRI..PDI, LRM/RLM, ALM): a trace may not hold them (tab aside); render.py shows any that arrive from
+#: an evidence file as a visible <U+XXXX>.
+INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 #: Largest duration accepted anywhere in a trace (ms): about 11.6 days; beyond it arithmetic on shares
 #: and projections stops being meaningful long before it stops being finite.
 MAX_MS = amdahl.MAX_MS
@@ -158,8 +160,10 @@ BOUNDS = {
 
 def _clean_text(v: str, field: str) -> str:
     """Refuse control characters (tab allowed) and bidi overrides: they would reach the page raw."""
+    if v.isprintable() and not INVISIBLE.search(v):
+        return v
     for i, ch in enumerate(v):
-        if ch in _BIDI or (not ch.isprintable() and ch != "\t"):
+        if ch != "\t" and (INVISIBLE.match(ch) or not ch.isprintable()):
             raise InputError(f"{field}: expected printable text without control or bidi-override characters, "
                              f"got U+{ord(ch):04X} at character {i}")
     return v
