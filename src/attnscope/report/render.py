@@ -16,14 +16,16 @@ from functools import cache
 from markupsafe import Markup
 
 from attnscope.report.document import Document
-from attnscope.report.schema import INVISIBLE
 
+# Control characters (C0, DEL, C1) and the bidi controls that reorder what follows them (U+202A-U+202E,
+# U+2066-U+2069, U+200E/F, U+061C): shown as a visible <U+XXXX> instead of acting on the page.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # Markdown syntax that would make text from an input file into a link, an image, code or a tag.
 _MD_SYNTAX = re.compile(r"([\\`*_\[\]!|])")
 
 
 def _visible(s: object) -> str:
-    return INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(s))
+    return _INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(s))
 
 
 def _md(s: object) -> str:
