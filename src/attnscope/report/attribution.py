@@ -95,49 +95,21 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
                             f"({profile.span})")
     b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)
     saved = attention_ms - attention_ms / t.speedup
-    rows = [
-        SegmentRow(
-            s.name,
-            s.ms,
-            s.ms / t.ttft_ms,
-            s.ms - saved if s.name == t.prefill_segment else s.ms,
-            s.source,
-            s.note,
-        )
-        for s in t.segments
-    ]
-    if t.unattributed_ms > 1e-9:
-        rows.append(
-            SegmentRow(
-                "Unattributed",
-                t.unattributed_ms,
-                t.unattributed_ms / t.ttft_ms,
-                t.unattributed_ms,
-                t.ttft_source,
-                "Client TTFT minus the serial segments",
-            )
-        )
+    rows = [SegmentRow(s.name, s.ms, s.ms / t.ttft_ms, s.ms - saved if s.name == t.prefill_segment else s.ms,
+                       s.source, s.note) for s in t.segments]
+    u = t.unattributed_ms
+    if u > 1e-9:
+        rows.append(SegmentRow("Unattributed", u, u / t.ttft_ms, u, t.ttft_source,
+                               "Client TTFT minus the serial segments"))
     dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers)
     fs = sorted(set(SENSITIVITY_SHARES) | {round(b.f_inner, 6)})
-    r = Report(
-        trace=t,
-        rows=rows,
-        attention_ms=attention_ms,
-        attention_source=attention_source,
-        boundary=b,
-        naive_ms=t.ttft_ms / t.speedup,
-        flop_dense=dense,
-        flop_attn=attn,
-        flop_share=fshare,
-        flop_speedup=amdahl.speedup(fshare, t.speedup),
-        sensitivity=amdahl.sensitivity(t.speedup, fs),
-        ttft_meets_target=t.ttft_ms <= t.targets.p95_ttft_ms,
-        projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
-        tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms,
-        samples=samples,
-        metrics=list(metrics or []),
-        profile=profile,
-    )
+    r = Report(trace=t, rows=rows, attention_ms=attention_ms, attention_source=attention_source, boundary=b,
+               naive_ms=t.ttft_ms / t.speedup, flop_dense=dense, flop_attn=attn, flop_share=fshare,
+               flop_speedup=amdahl.speedup(fshare, t.speedup), sensitivity=amdahl.sensitivity(t.speedup, fs),
+               ttft_meets_target=t.ttft_ms <= t.targets.p95_ttft_ms,
+               projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
+               tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms,
+               samples=samples, metrics=list(metrics or []), profile=profile)
     _sentences(r)
     return r
 

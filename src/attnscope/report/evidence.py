@@ -223,33 +223,16 @@ def samples(
     else:
         verdict = "inconclusive"
     needed = None if verdict != "inconclusive" else samples_needed(frac, n)
-    warnings = [
-        "Samples under load are correlated (shared batches, queue): the interval, which assumes "
-        "independent draws, is optimistic."
-    ]
+    warnings = ("Samples under load are correlated (shared batches, queue): the interval, which assumes "
+                "independent draws, is optimistic.",)
     if up1 is None:
-        warnings.append(
-            f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot be accepted."
-        )
-    pct = None
-    if trace_ttft_ms is not None:
-        pct = 100.0 * sum(x <= trace_ttft_ms for x in xs) / n
-    return SampleStats(
-        n=n,
-        p50=_nearest_rank(xs, 0.50),
-        p95=_nearest_rank(xs, 0.95),
-        p99=_nearest_rank(xs, 0.99),
-        ci_low=xs[lo2 - 1] if lo2 else None,
-        ci_high=xs[up2 - 1] if up2 else None,
-        lower_bound=lower,
-        upper_bound=upper,
-        target_ms=target_ms,
-        frac_le_target=frac,
-        verdict=verdict,
-        needed=needed,
-        trace_percentile=pct,
-        warnings=tuple(warnings),
-    )
+        warnings += (f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot be "
+                     "accepted.",)
+    pct = None if trace_ttft_ms is None else 100.0 * sum(x <= trace_ttft_ms for x in xs) / n
+    return SampleStats(n, _nearest_rank(xs, 0.50), _nearest_rank(xs, 0.95), _nearest_rank(xs, 0.99),
+                       ci_low=xs[lo2 - 1] if lo2 else None, ci_high=xs[up2 - 1] if up2 else None,
+                       lower_bound=lower, upper_bound=upper, target_ms=target_ms, frac_le_target=frac,
+                       verdict=verdict, needed=needed, trace_percentile=pct, warnings=warnings)
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -418,15 +401,10 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
             before["vllm:inter_token_latency_seconds"] = before.pop(ITL_FALLBACK)
     found = [n for n in VLLM_HISTOGRAMS if n in after]
     if not found:
-        raise InputError(
-            "--metrics AFTER: expected at least one vLLM histogram ("
-            + ", ".join(VLLM_HISTOGRAMS)
-            + "), got none"
-        )
-    targets = {
-        "vllm:time_to_first_token_seconds": ttft_target_ms,
-        "vllm:inter_token_latency_seconds": tpot_target_ms,
-    }
+        raise InputError(f"--metrics AFTER: expected at least one vLLM histogram "
+                         f"({', '.join(VLLM_HISTOGRAMS)}), got none")
+    targets = {"vllm:time_to_first_token_seconds": ttft_target_ms,
+               "vllm:inter_token_latency_seconds": tpot_target_ms}
     out = []
     for name in found:
         h = _diff(name, before.get(name), after[name])
@@ -436,20 +414,9 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         meets = warning = None
         if target is not None:
             meets, warning = _check_target(h, target / 1e3)
-        out.append(
-            HistogramDiff(
-                name=name,
-                label=VLLM_HISTOGRAMS[name],
-                hist=h,
-                p50_ms=h.quantile(0.5) * 1e3,
-                p95_ms=h.quantile(0.95) * 1e3,
-                p99_ms=h.quantile(0.99) * 1e3,
-                mean_ms=h.sum / h.count * 1e3,
-                target_ms=target,
-                meets=meets,
-                warning=warning,
-            )
-        )
+        p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
+        out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, h.sum / h.count * 1e3, target,
+                                 meets, warning))
     if not out:
         raise InputError("--metrics: expected requests between BEFORE and AFTER, got no new observations")
     return out
