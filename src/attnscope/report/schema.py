@@ -156,6 +156,8 @@ BOUNDS = {
 def _clean_text(v: str, field: str) -> str:
     """Refuse control characters (tab allowed) and bidi overrides (LRE..RLO, LRI..PDI, LRM/RLM, ALM: not
     printable either) that would reorder how the page reads."""
+    if v.isprintable():
+        return v
     for i, ch in enumerate(v):
         if ch != "\t" and not ch.isprintable():
             raise InputError(f"{field}: expected printable text without control or bidi-override characters, "
