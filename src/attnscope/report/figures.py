@@ -110,10 +110,10 @@ def bar(r, width: int = 360) -> Figure:
     out.append(_s("line", x1=left, y1=ya, x2=width - right, y2=ya, class_="axis"))
     legend = [(f"{t.prefill_segment}: attention", ATTENTION), (f"{t.prefill_segment}: rest", REST)]
     legend += list(colors.items())
-    for k, (name, col) in enumerate(legend):  # two columns
+    for k, (name, col) in enumerate(legend):  # two columns of at most 34 characters (160 px)
         lx, yy = left + (k % 2) * (width - left) / 2, ya + 23 + (k // 2) * 11
         out += [_s("rect", x=float(lx), y=yy - 7, width=8, height=8, fill=col),
-                _s("text", name if len(name) <= 40 else name[:39] + "…", x=lx + 11, y=yy, class_="tick")]
+                _s("text", name if len(name) <= 34 else name[:33] + "…", x=lx + 11, y=yy, class_="tick")]
     height = ya + 29 + ((len(legend) - 1) // 2) * 11
     return Figure("TTFT segments before and after (ms)",
                   "Client TTFT by segment (ms), before and after the change.", width, height,

@@ -67,7 +67,7 @@ def markdown(doc: Document) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-@cache
+@cache  # one Environment per process: the templates are compiled once
 def _env():
     import jinja2
 
