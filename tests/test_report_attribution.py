@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from attnscope.report import attribution, render, schema
+from attnscope.report import attribution, document, render, schema
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_sensitivity_rows_include_spec_rows_and_operating_point(rep):
 
 
 def test_markdown_states_every_worked_value(rep):
-    md = render.markdown(rep)
+    md = render.markdown(document.build(rep))
     for s in ("380.0 ms", "3.9%", "17.1%", "76.3%", "2.6%", "1.3636×", "212.67 ms", "26.67%", "302.67 ms",
               "1.2555×", "20.35%", "126.7 ms", "32.0 ms", "40.0 ms", "6.3%"):
         assert s in md, s

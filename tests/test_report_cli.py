@@ -84,6 +84,9 @@ def test_evidence_inputs_change_the_report(tmp_path, capsys):
     assert "## 8. Evidence" in md and "Profiler split" in md and "AFTER − BEFORE" in md
     assert "unknown without a distribution" not in md  # the samples replaced that sentence
     assert "Server histogram: queue p50 159.6 ms" in md  # the queue assumption now cites the histogram
+    page = (tmp_path / "report.html").read_text()  # the page says the same (one document, two renderings)
+    assert "8 · Evidence" in page and "Profiler split" in page and "AFTER − BEFORE" in page
+    assert "unknown without a distribution" not in page and "Server histogram: queue p50 159.6 ms" in page
 
 
 # ------------------------------------------------------------------------------- bad input, one line each

@@ -1,5 +1,7 @@
-"""The HTML page: every input string escaped, nothing fetched, one printed page (headless Chromium)."""
+"""The report rendered once: one Document, the same sections and tables in Markdown and in HTML, every
+input string escaped, nothing fetched, one printed page (headless Chromium)."""
 
+import html
 import os
 import re
 import shutil
@@ -10,11 +12,18 @@ import pytest
 import yaml
 
 from attnscope.errors import InputError
-from attnscope.report import attribution, build, render, schema
+from attnscope.report import attribution, build, document, render, schema
 from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
 DATA = Path(__file__).parent / "data" / "report"
 EVIL = "<script>alert(1)</script>"
+ALL_EVIDENCE = (DATA / "ttft_samples.csv", (DATA / "vllm_before.prom", DATA / "vllm_after.prom"),
+                DATA / "prefill_profile.json")
+
+
+def _pages_of(trace=None, source="test"):
+    doc = document.build(attribution.attribute(trace or schema.load()), source=source)
+    return render.markdown(doc), render.html_page(doc)
 
 
 def _evil_trace():
@@ -29,7 +38,7 @@ def _evil_trace():
 
 
 def test_input_strings_render_as_text_in_html():
-    page = render.html_page(attribution.attribute(_evil_trace()), source=EVIL)
+    _, page = _pages_of(_evil_trace(), source=EVIL)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<script" not in page.lower() and "<img" not in page and "<b>prefill" not in page
     assert "&lt;/style&gt;" in page and page.count("</style>") == 1
@@ -37,14 +46,55 @@ def test_input_strings_render_as_text_in_html():
 
 
 def test_input_strings_are_neutralised_in_markdown():
-    md = render.markdown(attribution.attribute(_evil_trace()))
+    md, _ = _pages_of(_evil_trace())
     assert "<script" not in md and "<img" not in md
     assert "&lt;script&gt;" in md and "\\| pipe \\|" in md  # pipes cannot break the table
 
 
+def test_control_and_bidi_characters_are_shown_not_obeyed_on_both_pages():
+    # the trace refuses them, but evidence files (a kernel name, a histogram label) reach the renderers
+    doc = document.Document("t\u202e", "s", document.para("x"), (document.Section(
+        "A\x07", (document.Paragraph(document.para("evil\u202eexe", ("\x1b[31m", "warn"))),)),),
+        document.para("f\u2066"))
+    for page in (render.markdown(doc), render.html_page(doc)):
+        assert not re.search("[\x00-\x08\x0b-\x1f\u202e\u2066]", page)
+        for code in ("202E", "0007", "001B", "2066"):
+            assert f"&lt;U+{code}&gt;" in page, code
+
+
+def _md_tables(md: str) -> list[list[list[str]]]:
+    tables, cur = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            if not all(re.fullmatch(r"-+:?", c) for c in cells):
+                cur.append([html.unescape(re.sub(r"\\(.)", r"\1", c.replace("**", ""))) for c in cells])
+        elif cur:
+            tables, cur = tables + [cur], []
+    return tables
+
+
+def _html_tables(page: str) -> list[list[list[str]]]:
+    return [[[html.unescape(c) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row)]
+             for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)]
+            for table in re.findall(r"<table.*?</table>", page, re.S)]
+
+
+@pytest.mark.parametrize("evidence", [False, True], ids=["plain", "all-evidence"])
+def test_markdown_and_html_say_the_same_thing(tmp_path, evidence):
+    _, paths = build(None, tmp_path, "both", *(ALL_EVIDENCE if evidence else (None, None, None)))
+    md, page = (p.read_text(encoding="utf-8") for p in paths)
+    md_heads = re.findall(r"^## (\d+)\. (.+)$", md, re.M)
+    html_heads = [tuple(html.unescape(h).split(" · ", 1)) for h in re.findall(r"<h2>(.*?)</h2>", page)]
+    assert md_heads == html_heads and len(md_heads) == (8 if evidence else 7)
+    assert _md_tables(md) == _html_tables(page)  # every table, cell for cell
+    assert len(_md_tables(md)) == (3 if evidence else 2)  # segments, sensitivity, evidence
+    for text in ("1.3636×", "302.67 ms", "126.7 ms", "attnscope which"):
+        assert text in md and text in page, text
+
+
 def test_page_is_self_contained(tmp_path):
-    _, paths = build(None, tmp_path, "html", DATA / "ttft_samples.csv",
-                     (DATA / "vllm_before.prom", DATA / "vllm_after.prom"), DATA / "prefill_profile.json")
+    _, paths = build(None, tmp_path, "html", *ALL_EVIDENCE)
     page = paths[0].read_text()
     for bad in ("src=", "href=", "url(", "@import", "<link", "<script", "<iframe"):
         assert bad not in page, bad
@@ -52,16 +102,18 @@ def test_page_is_self_contained(tmp_path):
     assert page.count("<svg") == 2  # the stacked TTFT bar and the Amdahl curve
 
 
+def _svgs(page: str) -> list[str]:
+    return re.findall(r"<svg.*?</svg>", page, re.S)
+
+
 def test_charts_carry_the_numbers():
-    r = attribution.attribute(schema.load())
-    bar = render._bar_svg(r)
+    md, page = _pages_of()
+    bar, curve = _svgs(page)
     assert ">116.0<" in bar and ">38.67<" in bar  # attention before and after S = 3
     assert ">380.0<" in bar and ">302.67<" in bar  # the two totals
     # every number on the bars is printed as the Markdown tables print it (one formatter)
-    md = render.markdown(r)
     labels = re.findall(r'class="(?:val|lbl tot)"[^>]*>([0-9.,]+)<', bar)
     assert len(labels) >= 6 and all(x in md for x in labels), labels
-    curve = render._curve_svg(r)
     assert "1.3636×" in curve and "6.3%" in curve  # operating point and FLOP-share point
 
 
@@ -76,31 +128,25 @@ def _chromium() -> str | None:
     return None
 
 
-def _pages(html: Path, tmp_path: Path, size: str | None) -> int:
+def _pages(page: Path, tmp_path: Path, size: str | None) -> int:
     exe = _chromium()
     if exe is None:
         if os.environ.get("CI") == "true":
             pytest.fail("headless Chromium is required in CI for the one-page test: apt-get install chromium")
         pytest.skip("chromium not installed (apt-get install chromium)")
     if size:  # force the paper size; without it Chromium prints on its default (Letter)
-        html = html.with_name(f"{html.stem}-{size}.html")
-        src = html.with_name("report.html").read_text()
-        html.write_text(src.replace("@page {", f"@page {{ size: {size};", 1))
-    pdf = tmp_path / f"{html.stem}.pdf"
+        page = page.with_name(f"{page.stem}-{size}.html")
+        src = page.with_name("report.html").read_text()
+        page.write_text(src.replace("@page {", f"@page {{ size: {size};", 1))
+    pdf = tmp_path / f"{page.stem}.pdf"
     subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
                     f"--user-data-dir={tmp_path / 'profile'}", f"--print-to-pdf={pdf}",
-                    "--no-pdf-header-footer", html.as_uri()], check=True, capture_output=True, timeout=120)
+                    "--no-pdf-header-footer", page.as_uri()], check=True, capture_output=True, timeout=120)
     return len(re.findall(rb"/Type\s*/Page(?!s)", pdf.read_bytes()))
 
 
-# Known regression after the 2026-11-30 merge (issue 11 stays open for it): with every evidence file and
-# fewer than 59 samples the page spills onto a second one. Strict: this fails as soon as it fits again.
-_TWO_PAGES = pytest.mark.xfail(strict=True, reason="all evidence + few samples prints on 2 pages (issue 11)")
-
-
-@pytest.mark.parametrize("samples", [None, "ttft_samples.csv",
-                                     pytest.param("ttft_samples_small.json", marks=_TWO_PAGES)],
+@pytest.mark.parametrize("samples", [None, "ttft_samples.csv", "ttft_samples_small.json"],
                          ids=["default", "all-evidence", "all-evidence-few-samples"])
 def test_report_prints_on_one_page(tmp_path, samples):
     extra = ((DATA / samples, (DATA / "vllm_before.prom", DATA / "vllm_after.prom"),
@@ -122,9 +168,7 @@ def test_page_counter_counts_pages(tmp_path):
 def test_markdown_links_control_and_bidi_characters_are_neutralised():
     d = yaml.safe_load(DEFAULT_TRACE_YAML)
     d["segments"][0]["name"] = "[x](javascript:alert(1)) ![i](http://e/x.png) `code`"
-    t = schema.validate(d)
-    r = attribution.attribute(t)
-    md = render.markdown(r)
+    md, _ = _pages_of(schema.validate(d))
     assert "[x](javascript" not in md and "![i](" not in md  # no live link or image
     assert "\\[x\\](javascript:alert(1))" in md and "\\!\\[i\\]" in md and "\\`code\\`" in md
     # control and bidi characters are refused where the trace is read, naming the field
@@ -136,7 +180,7 @@ def test_markdown_links_control_and_bidi_characters_are_neutralised():
 def test_target_label_stays_inside_the_chart_when_ttft_is_near_the_target():
     d = yaml.safe_load(DEFAULT_TRACE_YAML)
     d["targets"]["p95_ttft_ms"] = 380.125  # the trace's TTFT: the target line sits at the bars' right end
-    bar = render._bar_svg(attribution.attribute(schema.validate(d)))
+    bar = _svgs(_pages_of(schema.validate(d))[1])[0]
     width = float(re.search(r'viewBox="0 0 (\d+)', bar).group(1))
     target = re.search(r'<text x="([0-9.]+)" y="[0-9.-]+" text-anchor="(\w+)" class="tick tgt">([^<]*)<',
                        bar)
@@ -160,7 +204,7 @@ def test_svg_never_gets_inf_or_nan():
         return
     with pytest.raises(ValueError, match=r"^speedup: expected a kernel speedup between 1e-06 and 1e\+06 to "
                                          r"draw, got 1e\+308$"):
-        render.html_page(r)
+        document.build(r)
 
 
 def test_the_plan_asks_for_the_samples_it_computed(tmp_path):

@@ -5,6 +5,7 @@ paths: share's JSON (share_from_trace, what `share --json` prints), the report's
 """
 
 import gzip
+import html
 import json
 import re
 from pathlib import Path
@@ -37,9 +38,9 @@ def test_share_and_report_profile_agree(key, tmp_path, capsys):
     reported = json.loads(capsys.readouterr().out)["profile"]["share"]
     assert abs(reported - shared) < 0.005
     md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
-    html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    page = html.unescape((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     on_md = re.search(r"kernels = ([0-9.]+)% of the prefill's kernel time", md)
-    on_html = re.search(r"kernels = ([0-9.]+)% of the prefill&#x27;s kernel time", html)
+    on_html = re.search(r"kernels = ([0-9.]+)% of the prefill's kernel time", page)
     assert on_md and on_html, "the page does not state the profiler share"
     for page in (on_md, on_html):
         assert abs(float(page.group(1)) / 100 - shared) < 0.005

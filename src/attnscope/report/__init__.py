@@ -3,9 +3,10 @@
     schema.py       load and validate the trace (YAML or JSON); default_trace.py: the spec's Document QA trace
     evidence.py     optional inputs: client TTFT samples, vLLM histograms, a torch.profiler trace
     attribution.py  the numbers (Amdahl via model/amdahl.py) and the sentences that state them
-    render.py       Markdown and one self-contained HTML page
+    document.py     the report as one document (sections, tables, figures.py's SVG shapes), built once
+    render.py       that document as Markdown and as one self-contained HTML page (Jinja2 templates/)
 
-`build(...)` runs the four in order and writes the files. No torch; scipy and prometheus_client only
+`build(...)` runs them in order and writes the files. No torch; scipy and prometheus_client only
 when their evidence is given.
 """
 
@@ -32,7 +33,7 @@ def build(
     trace_path: a YAML/JSON trace, defaults to the spec's Document QA trace. metrics_paths: (BEFORE,
     AFTER) Prometheus text scrapes. Bad input raises `InputError` naming the field or the flag.
     """
-    from attnscope.report import attribution, evidence, render, schema
+    from attnscope.report import attribution, document, evidence, render, schema
 
     choice("--format", fmt, FORMATS)
     trace = schema.load(trace_path)
@@ -52,11 +53,12 @@ def build(
     from attnscope.inputs import write_all
 
     source = Path(trace_path).name if trace_path else "the spec's Document QA trace (synthetic)"
+    doc = document.build(report, source)
     files = {}  # everything is rendered before the first byte is written: all or nothing
     if fmt in ("md", "both"):
-        files["report.md"] = render.markdown(report)
+        files["report.md"] = render.markdown(doc)
     if fmt in ("html", "both"):
-        files["report.html"] = render.html_page(report, source=source)
+        files["report.html"] = render.html_page(doc)
     out = make_out_dir(out_dir, "--out")
     written = write_all({out / name: text for name, text in files.items()}, "--out")
     return report, written

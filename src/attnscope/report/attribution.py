@@ -26,6 +26,16 @@ FLOP_SHARE_FORMULA = (
 )
 
 
+def val(x: float, projected: bool = False) -> str:
+    """The one format of a time in ms (no unit): measured to 0.1 ms, projected to 0.01 ms. The report's
+    tables, text and chart labels all use it."""
+    return f"{x:,.{2 if projected else 1}f}"
+
+
+def pct(x: float, nd: int = 1) -> str:
+    return f"{100 * x:.{nd}f}%"
+
+
 def flop_share(
     params: float, prompt_tokens: int, d: int, heads: int, layers: int
 ) -> tuple[float, float, float]:
@@ -85,49 +95,21 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
                             f"({profile.span})")
     b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)
     saved = attention_ms - attention_ms / t.speedup
-    rows = [
-        SegmentRow(
-            s.name,
-            s.ms,
-            s.ms / t.ttft_ms,
-            s.ms - saved if s.name == t.prefill_segment else s.ms,
-            s.source,
-            s.note,
-        )
-        for s in t.segments
-    ]
-    if t.unattributed_ms > 1e-9:
-        rows.append(
-            SegmentRow(
-                "Unattributed",
-                t.unattributed_ms,
-                t.unattributed_ms / t.ttft_ms,
-                t.unattributed_ms,
-                t.ttft_source,
-                "Client TTFT minus the serial segments",
-            )
-        )
+    rows = [SegmentRow(s.name, s.ms, s.ms / t.ttft_ms, s.ms - saved if s.name == t.prefill_segment else s.ms,
+                       s.source, s.note) for s in t.segments]
+    u = t.unattributed_ms
+    if u > 1e-9:
+        rows.append(SegmentRow("Unattributed", u, u / t.ttft_ms, u, t.ttft_source,
+                               "Client TTFT minus the serial segments"))
     dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers)
     fs = sorted(set(SENSITIVITY_SHARES) | {round(b.f_inner, 6)})
-    r = Report(
-        trace=t,
-        rows=rows,
-        attention_ms=attention_ms,
-        attention_source=attention_source,
-        boundary=b,
-        naive_ms=t.ttft_ms / t.speedup,
-        flop_dense=dense,
-        flop_attn=attn,
-        flop_share=fshare,
-        flop_speedup=amdahl.speedup(fshare, t.speedup),
-        sensitivity=amdahl.sensitivity(t.speedup, fs),
-        ttft_meets_target=t.ttft_ms <= t.targets.p95_ttft_ms,
-        projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
-        tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms,
-        samples=samples,
-        metrics=list(metrics or []),
-        profile=profile,
-    )
+    r = Report(trace=t, rows=rows, attention_ms=attention_ms, attention_source=attention_source, boundary=b,
+               naive_ms=t.ttft_ms / t.speedup, flop_dense=dense, flop_attn=attn, flop_share=fshare,
+               flop_speedup=amdahl.speedup(fshare, t.speedup), sensitivity=amdahl.sensitivity(t.speedup, fs),
+               ttft_meets_target=t.ttft_ms <= t.targets.p95_ttft_ms,
+               projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
+               tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms,
+               samples=samples, metrics=list(metrics or []), profile=profile)
     _sentences(r)
     return r
 
@@ -192,8 +174,7 @@ def _sentences(r: Report) -> None:
     ]
     pm = next((m for m in r.metrics if m.name == "vllm:request_prefill_time_seconds"), None)
     r.plan = [
-        "Confirm fused dispatch under sdpa_kernel(SDPBackend.FLASH_ATTENTION) by kernel name "
-        "(attnscope which).",
+        "Confirm by kernel name that prefill dispatches the fused flash kernel (attnscope which).",
         f"Check GPU prefill against the {b.inner_projected_ms:.2f} ms projection with matched spans "
         "(CUDA events, torch.profiler; attnscope share)."
         + (f" Server prefill p50 now {pm.p50_ms:.1f} ms." if pm else ""),
@@ -201,8 +182,8 @@ def _sentences(r: Report) -> None:
         _samples_plan(r.samples, tg.p95_ttft_ms)
         if r.samples is None or r.samples.verdict == "inconclusive"
         else f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
-        "Measure DRAM bytes with Nsight Compute (dram__bytes_read.sum, dram__bytes_write.sum): the logical "
-        "model is an algorithmic count, not a hardware reading (attnscope bytes).",
+        "Measure DRAM bytes with Nsight Compute (attnscope bytes): the logical byte model is an "
+        "algorithmic count, not a hardware reading.",
     ]
 
 
@@ -210,7 +191,7 @@ def _samples_plan(s, target_ms: float) -> str:
     """How many client samples to collect: the estimate from the samples given, else the minimum (59:
     the smallest n whose largest sample bounds p95 from above with 95 % confidence)."""
     if s is not None and s.needed:
-        return (f"Collect about {s.needed:,} independent client TTFT samples in all ({s.n:,} so far; the "
-                f"estimate from the samples given) to accept or reject p95 ≤ {target_ms:g} ms.")
+        return (f"Collect about {s.needed:,} independent client TTFT samples in all ({s.n:,} so far) to "
+                f"accept or reject p95 ≤ {target_ms:g} ms.")
     return (f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
             f"{target_ms:g} ms.")

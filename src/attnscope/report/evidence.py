@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attnscope import chrome_trace
 from attnscope.errors import InputError, short
+from attnscope.inputs import read_text
 
 # ------------------------------------------------------------------------------------------ samples
 
@@ -35,12 +36,6 @@ SAMPLE_COLUMNS = {"ttft_ms": "ms", "ttft_s": "s"}
 #: Samples whose median is further than this factor from the trace's own TTFT are refused: a unit slip
 #: (seconds read as ms is 1000x) would otherwise give a confident wrong verdict.
 PLAUSIBLE_FACTOR = 30.0
-
-
-def _read_text(path, flag: str) -> str:
-    from attnscope.inputs import read_text
-
-    return read_text(path, flag)
 
 
 def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
@@ -100,19 +95,16 @@ def read_samples(path, unit: str | None = None) -> list[float]:
         if not rows:
             raise InputError(f"{flag}: expected at least one TTFT sample, got none")
         col, found = 0, None
-        if rows:
-            header = [c.strip().lower() for c in rows[0]]
-            named = [h for h in header if h in SAMPLE_COLUMNS]
-            if len(named) > 1:
-                raise InputError(f"{flag}: expected one TTFT column, got {', '.join(named)}")
-            if named:
-                col, found = header.index(named[0]), SAMPLE_COLUMNS[named[0]]
-                rows = rows[1:]
-            elif len(header) > 1:
-                raise InputError(
-                    f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
-                    f"{short(rows[0])}"
-                )
+        header = [c.strip().lower() for c in rows[0]]
+        named = [h for h in header if h in SAMPLE_COLUMNS]
+        if len(named) > 1:
+            raise InputError(f"{flag}: expected one TTFT column, got {', '.join(named)}")
+        if named:
+            col, found = header.index(named[0]), SAMPLE_COLUMNS[named[0]]
+            rows = rows[1:]
+        elif len(header) > 1:
+            raise InputError(f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
+                             f"{short(rows[0])}")
         factor = _unit_of(found, unit, flag)
         values = []
         for i, r in enumerate(rows):
@@ -231,34 +223,16 @@ def samples(
     else:
         verdict = "inconclusive"
     needed = None if verdict != "inconclusive" else samples_needed(frac, n)
-    warnings = [
-        "Samples taken under load are correlated (shared batches and queue); the interval assumes "
-        "independent draws, so it is optimistic."
-    ]
+    warnings = ("Samples under load are correlated (shared batches, queue): the interval, which assumes "
+                "independent draws, is optimistic.",)
     if up1 is None:
-        warnings.append(
-            f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot "
-            "be accepted from this set."
-        )
-    pct = None
-    if trace_ttft_ms is not None:
-        pct = 100.0 * sum(x <= trace_ttft_ms for x in xs) / n
-    return SampleStats(
-        n=n,
-        p50=_nearest_rank(xs, 0.50),
-        p95=_nearest_rank(xs, 0.95),
-        p99=_nearest_rank(xs, 0.99),
-        ci_low=xs[lo2 - 1] if lo2 else None,
-        ci_high=xs[up2 - 1] if up2 else None,
-        lower_bound=lower,
-        upper_bound=upper,
-        target_ms=target_ms,
-        frac_le_target=frac,
-        verdict=verdict,
-        needed=needed,
-        trace_percentile=pct,
-        warnings=tuple(warnings),
-    )
+        warnings += (f"No 95 % upper bound on p95 exists below 59 samples (here {n}): the target cannot be "
+                     "accepted.",)
+    pct = None if trace_ttft_ms is None else 100.0 * sum(x <= trace_ttft_ms for x in xs) / n
+    return SampleStats(n, _nearest_rank(xs, 0.50), _nearest_rank(xs, 0.95), _nearest_rank(xs, 0.99),
+                       ci_low=xs[lo2 - 1] if lo2 else None, ci_high=xs[up2 - 1] if up2 else None,
+                       lower_bound=lower, upper_bound=upper, target_ms=target_ms, frac_le_target=frac,
+                       verdict=verdict, needed=needed, trace_percentile=pct, warnings=warnings)
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -413,30 +387,24 @@ def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, s
     hi = "+Inf" if math.isinf(high) else f"{high * 1e3:g}"
     return "undecided", (
         f"the {target_s * 1e3:g} ms target and the p{round(q * 100)} share the coarse bucket "
-        f"({low * 1e3:g}, {hi}] ms: interpolation assumes a uniform spread inside it, so this "
-        "histogram cannot accept or reject the target"
+        f"({low * 1e3:g}, {hi}] ms, so this histogram cannot accept or reject the target"
     )
 
 
 def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: float) -> list[HistogramDiff]:
     """Diff the vLLM histograms of two scrapes; p50/p95/p99 in ms; p95 checked against the targets."""
-    before = _histograms(_read_text(before_path, "--metrics BEFORE"), "--metrics BEFORE")
-    after = _histograms(_read_text(after_path, "--metrics AFTER"), "--metrics AFTER")
+    before = _histograms(read_text(before_path, "--metrics BEFORE"), "--metrics BEFORE")
+    after = _histograms(read_text(after_path, "--metrics AFTER"), "--metrics AFTER")
     if "vllm:inter_token_latency_seconds" not in after and ITL_FALLBACK in after:
         after["vllm:inter_token_latency_seconds"] = after.pop(ITL_FALLBACK)
         if ITL_FALLBACK in before:
             before["vllm:inter_token_latency_seconds"] = before.pop(ITL_FALLBACK)
     found = [n for n in VLLM_HISTOGRAMS if n in after]
     if not found:
-        raise InputError(
-            "--metrics AFTER: expected at least one vLLM histogram ("
-            + ", ".join(VLLM_HISTOGRAMS)
-            + "), got none"
-        )
-    targets = {
-        "vllm:time_to_first_token_seconds": ttft_target_ms,
-        "vllm:inter_token_latency_seconds": tpot_target_ms,
-    }
+        raise InputError(f"--metrics AFTER: expected at least one vLLM histogram "
+                         f"({', '.join(VLLM_HISTOGRAMS)}), got none")
+    targets = {"vllm:time_to_first_token_seconds": ttft_target_ms,
+               "vllm:inter_token_latency_seconds": tpot_target_ms}
     out = []
     for name in found:
         h = _diff(name, before.get(name), after[name])
@@ -446,20 +414,9 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         meets = warning = None
         if target is not None:
             meets, warning = _check_target(h, target / 1e3)
-        out.append(
-            HistogramDiff(
-                name=name,
-                label=VLLM_HISTOGRAMS[name],
-                hist=h,
-                p50_ms=h.quantile(0.5) * 1e3,
-                p95_ms=h.quantile(0.95) * 1e3,
-                p99_ms=h.quantile(0.99) * 1e3,
-                mean_ms=h.sum / h.count * 1e3,
-                target_ms=target,
-                meets=meets,
-                warning=warning,
-            )
-        )
+        p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
+        out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, h.sum / h.count * 1e3, target,
+                                 meets, warning))
     if not out:
         raise InputError("--metrics: expected requests between BEFORE and AFTER, got no new observations")
     return out

@@ -138,9 +138,6 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
     return data
 
 
-#: Bidirectional-text controls (LRE..RLO, LRI..PDI, LRM/RLM, ALM): they reorder how the page reads.
-_BIDI = {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
-         "\u200e", "\u200f", "\u061c"}
 #: Largest duration accepted anywhere in a trace (ms): about 11.6 days; beyond it arithmetic on shares
 #: and projections stops being meaningful long before it stops being finite.
 MAX_MS = amdahl.MAX_MS
@@ -157,9 +154,12 @@ BOUNDS = {
 
 
 def _clean_text(v: str, field: str) -> str:
-    """Refuse control characters (tab allowed) and bidi overrides: they would reach the page raw."""
+    """Refuse control characters (tab allowed) and bidi overrides (LRE..RLO, LRI..PDI, LRM/RLM, ALM: not
+    printable either) that would reorder how the page reads."""
+    if v.isprintable():
+        return v
     for i, ch in enumerate(v):
-        if ch in _BIDI or (not ch.isprintable() and ch != "\t"):
+        if ch != "\t" and not ch.isprintable():
             raise InputError(f"{field}: expected printable text without control or bidi-override characters, "
                              f"got U+{ord(ch):04X} at character {i}")
     return v
@@ -201,29 +201,15 @@ def _int(data: dict, key: str, name: str) -> int:
 
 def validate(data) -> Trace:
     """Check a parsed trace (a dict) and build a `Trace`; raises `InputError` naming the field."""
-    top = _mapping(
-        data,
-        "trace",
-        {"title", "workload", "targets", "segments", "ttft", "prefill", "decode", "change"},
-        {"workload", "targets", "segments", "prefill", "decode", "change"},
-    )
+    required = {"workload", "targets", "segments", "prefill", "decode", "change"}
+    top = _mapping(data, "trace", {"title", "ttft", *required}, required)
     title = _str(top, "title", "trace", default="Latency attribution report")
 
-    w = _mapping(
-        top["workload"],
-        "workload",
-        {"model", "params", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens"},
-        {"model", "dtype", "layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens"},
-    )
+    ints = ("layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens")
+    w = _mapping(top["workload"], "workload", {"model", "params", "dtype", *ints}, {"model", "dtype", *ints})
     workload = Workload(
-        model=_str(w, "model", "workload"),
-        dtype=_str(w, "dtype", "workload"),
-        layers=_int(w, "layers", "workload"),
-        heads=_int(w, "heads", "workload"),
-        d=_int(w, "d", "workload"),
-        concurrency=_int(w, "concurrency", "workload"),
-        prompt_tokens=_int(w, "prompt_tokens", "workload"),
-        output_tokens=_int(w, "output_tokens", "workload"),
+        model=_str(w, "model", "workload"), dtype=_str(w, "dtype", "workload"),
+        **{k: _int(w, k, "workload") for k in ints},
         params=_num(w, "params", "workload", positive=True) if "params" in w else DEFAULT_PARAMS,
     )
 
@@ -233,12 +219,8 @@ def validate(data) -> Trace:
     tpot = _num(t, "tpot_ms", "targets", positive=True) if "tpot_ms" in t else None
     tps = _num(t, "tokens_per_s", "targets", positive=True) if "tokens_per_s" in t else None
     if tpot is not None and tps is not None:
-        expect(
-            math.isclose(tpot * tps, 1000.0, rel_tol=1e-3),
-            "targets.tokens_per_s",
-            f"1000 / tpot_ms = {1000.0 / tpot:g} (tpot_ms is {tpot:g})",
-            tps,
-        )
+        expect(math.isclose(tpot * tps, 1000.0, rel_tol=1e-3), "targets.tokens_per_s",
+               f"1000 / tpot_ms = {1000.0 / tpot:g} (tpot_ms is {tpot:g})", tps)
     tpot = tpot if tpot is not None else 1000.0 / tps
     targets = Targets(p95_ttft_ms=p95, tpot_ms=tpot, tokens_per_s=tps if tps is not None else 1000.0 / tpot)
 
@@ -249,12 +231,8 @@ def validate(data) -> Trace:
     for i, s in enumerate(segs_raw):
         name = f"segments[{i}]"
         s = _mapping(s, name, {"name", "ms", "source", "note"}, {"name", "ms", "source"})
-        seg = Segment(
-            name=_str(s, "name", name),
-            ms=_num(s, "ms", name),
-            source=_str(s, "source", name),
-            note=_str(s, "note", name, default=""),
-        )
+        seg = Segment(name=_str(s, "name", name), ms=_num(s, "ms", name), source=_str(s, "source", name),
+                      note=_str(s, "note", name, default=""))
         expect(seg.name not in seen, f"{name}.name", "a unique segment name", seg.name)
         seen.add(seg.name)
         segments.append(seg)
@@ -269,34 +247,21 @@ def validate(data) -> Trace:
         ttft_ms = _num(tt, "ms", "ttft", positive=True)
         ttft_source = _str(tt, "source", "ttft", default="client timer")
         # shares over 100 %: the serial segments cannot take longer than the client saw
-        expect(
-            total <= ttft_ms * (1 + 1e-9),
-            "ttft.ms",
-            f"at least the segments' sum {total:g} ms (their shares would exceed 100 %)",
-            ttft_ms,
-        )
+        expect(total <= ttft_ms * (1 + 1e-9), "ttft.ms",
+               f"at least the segments' sum {total:g} ms (their shares would exceed 100 %)", ttft_ms)
 
-    p = _mapping(
-        top["prefill"], "prefill", {"segment", "attention_ms", "attention_share", "source"}, {"segment"}
-    )
+    p = _mapping(top["prefill"], "prefill", {"segment", "attention_ms", "attention_share", "source"},
+                 {"segment"})
     pseg = _str(p, "segment", "prefill")
     expect(pseg in names, "prefill.segment", "one of the segment names (" + ", ".join(names) + ")", pseg)
     prefill_ms = segments[names.index(pseg)].ms
     expect(prefill_ms > 0, "prefill.segment", "a segment with a duration > 0 ms", pseg)
-    expect(
-        ("attention_ms" in p) != ("attention_share" in p),
-        "prefill",
-        "exactly one of attention_ms or attention_share",
-        sorted(p),
-    )
+    expect(("attention_ms" in p) != ("attention_share" in p), "prefill",
+           "exactly one of attention_ms or attention_share", sorted(p))
     if "attention_ms" in p:
         attn = _num(p, "attention_ms", "prefill")
-        expect(
-            attn <= prefill_ms,
-            "prefill.attention_ms",
-            f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)",
-            attn,
-        )
+        expect(attn <= prefill_ms, "prefill.attention_ms",
+               f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)", attn)
     else:
         v = p["attention_share"]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
@@ -304,9 +269,8 @@ def validate(data) -> Trace:
         attn = float(v) * prefill_ms
 
     dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
-    c = _mapping(
-        top["change"], "change", {"description", "segment", "speedup", "source"}, {"segment", "speedup"}
-    )
+    c = _mapping(top["change"], "change", {"description", "segment", "speedup", "source"},
+                 {"segment", "speedup"})
     cseg = _str(c, "segment", "change")
     expect(cseg in names, "change.segment", "one of the segment names (" + ", ".join(names) + ")", cseg)
     if cseg != pseg:
@@ -320,19 +284,11 @@ def validate(data) -> Trace:
     expect(ok, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
 
     return Trace(
-        title=title,
-        workload=workload,
-        targets=targets,
-        segments=tuple(segments),
-        ttft_ms=ttft_ms,
-        ttft_source=ttft_source,
-        prefill_segment=pseg,
-        attention_ms=attn,
-        prefill_source=_str(p, "source", "prefill", default="trace"),
+        title=title, workload=workload, targets=targets, segments=tuple(segments),
+        ttft_ms=ttft_ms, ttft_source=ttft_source,
+        prefill_segment=pseg, attention_ms=attn, prefill_source=_str(p, "source", "prefill", default="trace"),
         tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
         decode_source=_str(dd, "source", "decode", default="trace"),
         change_description=_str(c, "description", "change", default="Faster attention kernel"),
-        change_segment=cseg,
-        speedup=float(s),
-        change_source=_str(c, "source", "change", default="assumed"),
+        change_segment=cseg, speedup=float(s), change_source=_str(c, "source", "change", default="assumed"),
     )
