@@ -35,13 +35,14 @@ Conventions (shared with the Triton kernels, which must match them):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from attnscope.errors import InputError, positive_int
+from attnscope.errors import InputError, positive_int, short
 from attnscope.model.tiles import Grid
 
 __all__ = ["naive_attention", "tiled_attention", "attention_backward", "combine", "online_softmax_trace",
@@ -156,7 +157,7 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     return o, lse
 
 
-# --- the online-softmax recurrence (one place; the tiled loop and the trace both call it) ----------
+# --- the online-softmax recurrence, one KV tile for a block of rows ----------------------------------
 def _online_update(m_i, l_i, acc, s, v_j):
     """One KV tile of the FA-2 recurrence (spec §3.1) for a block of rows.
 
@@ -376,27 +377,57 @@ def combine(partials):
 # --- the trace of one row (spec §3.2) -------------------------------------------------------------
 @dataclass(frozen=True)
 class Trace:
-    """`online_softmax_trace`'s result. ``steps[n]`` has keys tile (1-based), m, alpha (None for tile 1),
-    l, acc; ``weights`` is the global softmax over all scores and ``reference`` its weighted sum."""
+    """`online_softmax_trace`'s result: the state after each of the n tiles as arrays (``m``, ``alpha``,
+    ``l`` [n], ``acc`` [n, dv]; ``alpha[0] = 0``, tile 1 has no old state), the output ``acc[-1] / l[-1]``,
+    ``weights`` (the global softmax over all K scores, [K]) and ``reference`` (their weighted sum)."""
 
-    steps: list[dict]
+    m: np.ndarray
+    alpha: np.ndarray
+    l: np.ndarray
+    acc: np.ndarray
     output: list[float]
     reference: list[float]
     weights: list[float]
     max_abs_diff: float
+
+    def step(self, j: int) -> dict:
+        """Tile ``j + 1``'s state: keys tile (1-based), m, alpha (None for tile 1), l, acc."""
+        return {"tile": j + 1, "m": float(self.m[j]), "alpha": None if j == 0 else float(self.alpha[j]),
+                "l": float(self.l[j]), "acc": self.acc[j].tolist()}
+
+    @property
+    def steps(self) -> list[dict]:
+        """Every tile's `step` (built on demand: a table shows a few, JSON all)."""
+        m, alpha, l_i, acc = self.m.tolist(), self.alpha.tolist(), self.l.tolist(), self.acc.tolist()
+        return [{"tile": j + 1, "m": m[j], "alpha": None if j == 0 else alpha[j], "l": l_i[j], "acc": acc[j]}
+                for j in range(len(m))]
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "output": self.output, "reference": self.reference,
                 "weights": self.weights, "max_abs_diff": self.max_abs_diff}
 
 
+#: Largest sum of |values| the float64 accumulator may have to hold: each |v| must stay within this over
+#: the number of keys, so ``acc`` cannot overflow to inf (a false mismatch against a finite reference).
+#: Scores may be any finite float: only differences from the running max are exponentiated, and one
+#: that overflows to -inf is an exact exp() = 0.
+TRACE_MAX_ABS = 1e300
+
+
 def online_softmax_trace(tiles) -> Trace:
     """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
+
+    The recurrence is computed for every tile at once, in O(keys x dv + tiles x dv x log tiles): the
+    running max ``m_j`` is a cumulative max, ``alpha_j = exp(m_{j-1} - m_j)``, ``p = exp(s - m_j)`` for
+    tile j's keys, and the linear recurrences ``l_j = alpha_j l_{j-1} + rowsum(p_j)``, ``acc_j = alpha_j
+    acc_{j-1} + p_j V_j`` are solved by a prefix scan; the states are the sequential loop's up to the
+    order of float64 additions.
 
     Parameters
     ----------
     tiles : sequence of (scores, values): scores [n_j] (already scaled), values [n_j, dv]; any number of
-        tiles, each non-empty, one value width throughout; all numbers finite.
+        tiles, each non-empty, one value width throughout; all numbers finite, each |value| at most
+        ``TRACE_MAX_ABS`` / (number of keys).
 
     Returns
     -------
@@ -411,6 +442,67 @@ def online_softmax_trace(tiles) -> Trace:
     """
     if isinstance(tiles, (str, bytes)) or not isinstance(tiles, Sequence) or len(tiles) == 0:
         raise InputError(f"tiles: expected a non-empty list of tiles, got {tiles!r}"[:200])
+    s, v, lengths = _plain_tiles(tiles) or _checked_tiles(tiles)  # s [K], v [K, dv], lengths [n]
+    starts = np.cumsum(lengths) - lengths  # [n] first key of each tile
+    tile_of_key = np.repeat(np.arange(len(lengths)), lengths)  # [K]
+    _check_trace_values(s, v, tile_of_key)
+
+    m = np.maximum.accumulate(np.maximum.reduceat(s, starts))  # [n] running max after each tile
+    alpha = np.exp(np.concatenate(([-np.inf], m[:-1])) - m)  # [n] exp(m_old - m); 0 on tile 1
+    p = np.exp(s - m[tile_of_key])  # [K] each key against the max after its tile
+    l_i = _linear_scan(alpha, np.add.reduceat(p, starts))  # [n]
+    acc = _linear_scan(alpha, np.add.reduceat(p[:, None] * v, starts, axis=0))  # [n, dv]
+    output = acc[-1] / l_i[-1]  # the one division
+
+    w = np.exp(s - s.max())  # the global softmax over the whole row at once
+    w /= w.sum()
+    reference = w @ v
+    return Trace(m=m, alpha=alpha, l=l_i, acc=acc, output=output.tolist(), reference=reference.tolist(),
+                 weights=w.tolist(), max_abs_diff=float(np.max(np.abs(output - reference))))
+
+
+def _linear_scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``x_j = a_j x_{j-1} + b_j`` (``x_{-1} = 0``) for every j: a prefix scan (Hillis-Steele) in log2(n)
+    passes, each adding ``x_{j-span}`` weighted by the product of ``a`` over the span. a [n], b [n, ...]."""
+    a, x = a.copy(), b.copy()
+    span = 1
+    while span < len(a):
+        x[span:] = x[span:] + a[span:].reshape((-1,) + (1,) * (x.ndim - 1)) * x[:-span]
+        a[span:] = a[span:] * a[:-span]
+        span *= 2
+    return x
+
+
+def _plain_tiles(tiles):
+    """Fast path: every tile a pair of plain lists of int/float, one width throughout; flattened to
+    ``(s [K], v [K, dv], lengths [n])``. None when anything is not, for `_checked_tiles` to name it.
+    Each check is one C-level pass (`map`, `set`, `chain`), not a Python loop per tile."""
+    chain = itertools.chain.from_iterable
+    if not set(map(type, tiles)) <= {tuple, list} or set(map(len, tiles)) != {2}:
+        return None
+    scores, values = zip(*tiles, strict=True)
+    if set(map(type, scores)) != {list} or set(map(type, values)) != {list}:
+        return None
+    lengths = list(map(len, scores))
+    if lengths != list(map(len, values)) or 0 in lengths:
+        return None
+    scores, rows = list(chain(scores)), list(chain(values))
+    if not set(map(type, scores)) <= {int, float} or set(map(type, rows)) != {list}:
+        return None
+    if not set(map(type, chain(rows))) <= {int, float}:
+        return None
+    try:
+        s_arr = np.array(scores, dtype=np.float64)
+        v_arr = np.array(rows, dtype=np.float64)
+    except (ValueError, OverflowError):  # ragged rows, an integer beyond float64
+        return None
+    if v_arr.ndim != 2 or v_arr.shape[1] == 0:
+        return None
+    return s_arr, v_arr, np.array(lengths)
+
+
+def _checked_tiles(tiles):
+    """Tile by tile, naming the first bad one (any sequence or array types); flattened as `_plain_tiles`."""
     scores_all, values_all = [], []
     dv = None
     for n, tile in enumerate(tiles, start=1):
@@ -431,23 +523,26 @@ def online_softmax_trace(tiles) -> Trace:
             raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {val.shape[1]}")
         scores_all.append(s)
         values_all.append(val)
+    return (np.concatenate(scores_all), np.concatenate(values_all),
+            np.array([len(s) for s in scores_all]))
 
-    m_i = np.full((1,), -np.inf)
-    l_i = np.zeros((1,))
-    acc = np.zeros((1, dv))
-    steps = []
-    for n, (s, val) in enumerate(zip(scores_all, values_all, strict=True), start=1):
-        m_i, alpha, l_i, acc, _ = _online_update(m_i, l_i, acc, s[None, :], val)
-        steps.append({"tile": n, "m": float(m_i[0]), "alpha": None if n == 1 else float(alpha[0]),
-                      "l": float(l_i[0]), "acc": acc[0].tolist()})
-    output = acc[0] / l_i[0]  # the one division
 
-    s_all = np.concatenate(scores_all)  # the global softmax over the whole row at once
-    w = np.exp(s_all - s_all.max())
-    w /= w.sum()
-    reference = w @ np.concatenate(values_all)
-    return Trace(steps=steps, output=output.tolist(), reference=reference.tolist(), weights=w.tolist(),
-                 max_abs_diff=float(np.max(np.abs(output - reference))))
+def _check_trace_values(s: np.ndarray, v: np.ndarray, tile_of_key: np.ndarray) -> None:
+    """Finite scores and values, and |v| within the accumulator's headroom; names the first bad tile."""
+    bad_s = np.flatnonzero(~np.isfinite(s))
+    bad_v = np.flatnonzero(~np.all(np.isfinite(v), axis=1))
+    if bad_s.size or bad_v.size:  # the first tile with one; its scores before its values
+        ts = tile_of_key[bad_s[0]] if bad_s.size else len(s)
+        tv = tile_of_key[bad_v[0]] if bad_v.size else len(s)
+        row = v[bad_v[0]] if bad_v.size else None
+        what, x = ("scores", s[bad_s[0]]) if ts <= tv else ("values", row[~np.isfinite(row)][0])
+        raise InputError(f"tile {min(ts, tv) + 1} {what}: expected finite numbers, got {x}")
+    limit = TRACE_MAX_ABS / len(s)
+    big = np.flatnonzero(np.abs(v).max(axis=1) > limit)
+    if big.size:
+        x = float(v[big[0]][np.abs(v[big[0]]) > limit][0])
+        raise InputError(f"tile {tile_of_key[big[0]] + 1} values: expected |v| <= {limit:.3g} (float64 "
+                         f"headroom for the sum over {len(s):,} keys), got {short(x)}")
 
 
 def _tile_array(name: str, x, ndim: int) -> np.ndarray:
@@ -457,14 +552,12 @@ def _tile_array(name: str, x, ndim: int) -> np.ndarray:
         raise InputError(f"{name}: expected {what}, got {x!r}"[:200])
     try:
         a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise InputError(f"{name}: expected {what} (rows of one width), got {x!r}"[:200]) from e
     if a.ndim != ndim and not (ndim == 2 and a.ndim == 1 and a.size == 0):
         raise InputError(f"{name}: expected {what}, got an array of shape {a.shape}")
     if a.ndim == 1 and ndim == 2:
         a = a.reshape(0, 0)
-    if not np.all(np.isfinite(a)):
-        raise InputError(f"{name}: expected finite numbers, got {a.ravel()[~np.isfinite(a.ravel())][0]}")
     return a
 
 
