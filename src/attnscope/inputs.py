@@ -274,9 +274,7 @@ def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
     """
     p = Path(path)
     where = _name(path)
-    if p.is_symlink():
-        raise InputError(f"{field}: expected a regular file or nothing at {where}, got a symlink "
-                         "(refusing to write through it)")
+    refuse_symlinks([p], field)
     if p.is_dir():
         raise InputError(f"{field}: expected a file name, got a directory {where}")
     raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -297,12 +295,16 @@ def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
     return p
 
 
+def refuse_symlinks(paths, field: str = "--out") -> None:
+    """One line if any of `paths` is a symlink: an output is never written through one."""
+    for path in paths:
+        if Path(path).is_symlink():
+            raise InputError(f"{field}: expected a regular file or nothing at {_name(path)}, got a symlink "
+                             "(refusing to write through it)")
+
+
 def write_all(files: dict, field: str = "--out") -> list[Path]:
     """Write several files so that a failure in producing any leaves none written: `files` maps each
     path to its content, all produced before this call; each is written atomically."""
-    for path in files:  # refuse up front, before the first byte lands
-        p = Path(path)
-        if p.is_symlink():
-            raise InputError(f"{field}: expected a regular file or nothing at {_name(path)}, got a symlink "
-                             "(refusing to write through it)")
+    refuse_symlinks(files, field)  # up front, before the first byte lands
     return [write_atomic(path, data, field) for path, data in files.items()]
