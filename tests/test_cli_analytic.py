@@ -118,6 +118,16 @@ def test_tiles_default_text(capsys):
     assert "rows 513..640" in out and "KV tiles 1..10" in out and "KV tiles 9..10" in out
 
 
+def test_tiles_short_sequence_defaults_to_its_last_query_tile(capsys):
+    # the spec's query tile 5 does not exist at N = 300 (3 tiles of 128): the default is the last one,
+    # not an error about a flag the user never gave
+    rc, out, err = run(capsys, "tiles", "--n", "300")
+    assert rc == 0 and err == ""
+    assert "Query tile 3: rows 257..300 (44 rows)" in out
+    rc, out, _ = run(capsys, "tiles", "--n", "100")
+    assert rc == 0 and "Whole grid: 1 pass over K/V" in out
+
+
 def test_tiles_unequal_lengths(capsys):
     j = run_json(capsys, "tiles", "--nq", "100", "--nk", "300", "--block-q", "64", "--block-kv", "64",
                  "--query-tile", "1")

@@ -124,7 +124,8 @@ def configure(sub) -> None:
     _shape_flags(p, d=False, dtype=False)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                    help="causal masking, bottom-right aligned when Nq != Nk (default: causal)")
-    p.add_argument("--query-tile", type=int, default=5, help=f"query tile i, 1-based {SPEC}")
+    p.add_argument("--query-tile", type=int, default=None,
+                   help="query tile i, 1-based (default: 5, the spec's, or the last when there are fewer)")
     _json_flag(p)
     p.set_defaults(func=cmd_tiles)
 
@@ -391,7 +392,7 @@ def cmd_tiles(args) -> int:
     nq = args.n if args.nq is None else args.nq
     nk = args.n if args.nk is None else args.nk
     g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal)
-    i = args.query_tile
+    i = min(5, g.n_q_tiles) if args.query_tile is None else args.query_tile
     r0, r1 = g.rows(i)  # validates the query tile
     n_full, n_loaded = g.kv_bounds(i)
     tc = g.n_kv_tiles
@@ -445,7 +446,7 @@ def cmd_tiles(args) -> int:
         con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", "Rows fully masked",
                                                                  "Rows triangular", "Rows fully permitted"],
                         body, caption=note))
-    con.print(f"Whole grid: {passes:g} passes over K/V")
+    con.print(f"Whole grid: {passes:g} pass{'' if passes == 1 else 'es'} over K/V")
     return 0
 
 
