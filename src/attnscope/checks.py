@@ -572,8 +572,3 @@ def iter_checks(seed: int = 0, kernels: str = "auto"):
     for check in REFERENCE_CHECKS:
         yield check(rng)
     yield from iter_kernel_checks(seed, kernels)
-
-
-def run_all(seed: int = 0, kernels: str = "auto") -> list[CheckResult]:
-    """All of `iter_checks` as a list."""
-    return list(iter_checks(seed, kernels))

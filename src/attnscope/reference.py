@@ -1,36 +1,26 @@
-"""The float64 reference: the readable specification the kernels are checked against.
+"""The float64 reference: the readable specification the kernels are checked against (NumPy, no torch).
 
-Three forms of the same attention forward, in NumPy float64 (no torch):
-
-- `naive_attention`: the explicit three-step baseline, S = Q K^T * scale, P = softmax(S), O = P V, with
-  the whole ``Nq x Nk`` score matrix materialised (what the unfused path writes to HBM).
+- `naive_attention`: the three-step baseline, S = Q K^T * scale, P = softmax(S), O = P V, with the whole
+  ``Nq x Nk`` score matrix materialised (what the unfused path writes to HBM).
 - `tiled_attention`: FlashAttention-2's forward as the kernel runs it (FA-2 Algorithm 1; spec §2, §3):
-  query tiles outer, KV tiles inner, the causal skip bound and the masked (diagonal) tiles taken from
-  `attnscope.model.tiles`, the mask applied *before* the running max sees the scores, the unnormalised
-  accumulator rescaled by ``alpha = exp(m_old - m_new)`` and one division at the end. ``normalized=True``
-  runs FlashAttention-1's form (accumulator kept normalised, a division per tile); both must agree.
-- `attention_backward`: FA-2's backward (Algorithm 2) in closed form: P recomputed from Q, K and the saved
-  LSE (no N x N matrix kept from the forward), ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``.
-- `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)`` into the whole, the
-  specification of the decode kernel's second phase.
+  query tiles outer, KV tiles inner, the causal skip bound and the masked tiles from `model/tiles.py`,
+  the mask applied before the running max, the unnormalised accumulator rescaled by
+  ``alpha = exp(m_old - m_new)`` and one division at the end; ``normalized=True`` runs FA-1's form.
+- `attention_backward`: FA-2's backward (Algorithm 2), P recomputed from Q, K and the saved LSE,
+  ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``.
+- `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)``, the decode kernel's
+  second phase. `online_softmax_trace`: the recurrence for one query row's score tiles (spec §3.2).
 
-`online_softmax_trace` replays the recurrence for one query row given its score tiles directly; it is
-what ``attnscope trace`` prints (spec §3.2).
+Names follow the kernels: running max ``m_i``, normaliser ``l_i``, accumulator ``acc``, ``alpha``.
+Conventions (the Triton kernels match them):
 
-Names follow the kernels (STYLE.md): running max ``m_i``, running normaliser ``l_i``, unnormalised
-accumulator ``acc``, rescale factor ``alpha``.
-
-Conventions (shared with the Triton kernels, which must match them):
-
-- Shapes: ``q [..., Nq, d]``, ``k [..., Nk, d]``, ``v [..., Nk, dv]``; leading (batch, head) dims
-  broadcast. Dimension -3 is heads: when ``q`` has ``Hq`` heads and ``k``/``v`` have ``Hkv`` with
-  ``Hq % Hkv == 0`` (GQA/MQA), query head ``h`` reads kv head ``h // (Hq // Hkv)``.
-- ``scale`` defaults to ``1/sqrt(d)``. LSE is the natural-log logsumexp of the *scaled* scores.
-- Causal alignment is bottom-right (`model/tiles.py`): key ``c`` is visible to query ``r`` iff
+- Shapes ``q [..., Nq, d]``, ``k [..., Nk, d]``, ``v [..., Nk, dv]``; leading dims broadcast. Dim -3 is
+  heads: with ``Hq % Hkv == 0`` (GQA/MQA) query head ``h`` reads kv head ``h // (Hq // Hkv)``.
+- ``scale`` defaults to ``1/sqrt(d)``; LSE is the natural-log logsumexp of the *scaled* scores.
+- Causal is bottom-right aligned (`model/tiles.py`): key ``c`` is visible to query ``r`` iff
   ``c <= r + (Nk - Nq)``; with ``Nq == Nk`` that is SDPA's ``is_causal``.
-- ``exp(-inf - m)`` is 0, never NaN: a region with no permitted key adds nothing to ``l_i`` or ``acc``.
-  A query row with no permitted key at all (the first ``Nq - Nk`` rows when ``Nq > Nk``, causal) returns
-  an output row of zeros and ``LSE = -inf``.
+- ``exp(-inf - m)`` is 0, never NaN. A query row with no permitted key (the first ``Nq - Nk`` rows,
+  causal, ``Nq > Nk``) gets an output row of zeros and ``LSE = -inf``.
 """
 
 from __future__ import annotations
@@ -217,14 +207,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
 
     Parameters
     ----------
-    q : array [..., Nq, d]
-    k : array [..., Nk, d]
-    v : array [..., Nk, dv]
-        Leading dims broadcast; dim -3 is heads, GQA when q's heads are a multiple of k's.
-    causal : bool, default False
-        Bottom-right aligned causal attention.
-    scale : float, optional
-        Defaults to ``1/sqrt(d)``.
+    q, k, v, causal, scale : as `naive_attention`.
     block_q, block_kv : int, default 128, 64
         Tile sizes B_r and B_c (the spec's). Ragged last tiles are exact.
     normalized : bool, default False

@@ -7,9 +7,9 @@ import math
 import re
 import sys
 
-MiB = 1024**2
-GiB = 1024**3
-KiB = 1024
+from attnscope.model.roofline import KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
+
+GiB = 1024 * MiB
 
 
 def _clean(x):
@@ -105,5 +105,15 @@ class _Table:
                              self.caption if k == len(parts) else None)
 
 
-def mib(b: int | float) -> str:
-    return f"{b / MiB:,.2f}"
+def int_list(flag: str, text: str, least: int | None = None) -> list[int]:
+    """A flag's comma-separated integers ("2,4,8"), each at least `least` when given; one line if not."""
+    from attnscope.errors import InputError
+
+    what = "comma-separated integers" if least is None else f"comma-separated integers >= {least}"
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"{flag}: expected {what}, got {text!r}") from None
+    if least is not None and any(x < least for x in out):
+        raise InputError(f"{flag}: expected {what}, got {text!r}")
+    return out

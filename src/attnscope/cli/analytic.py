@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnscope.cli._out import GiB, KiB, MiB, console, print_json, table
+from attnscope.cli._out import GiB, KiB, MiB, console, int_list, print_json, table
 
 SPEC = "(spec default: %(default)s)"
 #: Where the "spec §N" references in help and output are explained.
@@ -251,15 +251,6 @@ def cmd_traffic(args) -> int:
     return 0
 
 
-def _int_list(flag: str, text: str) -> list[int]:
-    from attnscope.errors import InputError
-
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-
-
 def _cmd_serving(args, names) -> int:
     """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
     from attnscope.errors import expect
@@ -274,8 +265,8 @@ def _cmd_serving(args, names) -> int:
         for flag in ("page_size", "capacity"):
             expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "only with --cache-lens",
                    getattr(args, flag))
-        lk = _int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
-        p = packed(_int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
+        lk = int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
+        p = packed(int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
                    heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma)
         if args.json:
             print_json(p.to_json())
@@ -298,7 +289,7 @@ def _cmd_serving(args, names) -> int:
     else:
         expect(args.kv_lengths is None, "--kv-lengths", "only with --lengths", args.kv_lengths)
         expect(not args.no_tma, "--no-tma", "only with --lengths", args.no_tma)
-        g = paged(_int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
+        g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
                   block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)
         if args.json:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from attnscope.cli._out import console, print_json, table
-from attnscope.errors import InputError
+from attnscope.errors import InputError, short
 
 # Spec §3.2: one query row, d = 2, two tiles of two keys each.
 SPEC_TILES = [
@@ -60,24 +60,18 @@ def load_tiles(path: str) -> list[tuple[list, list]]:
 
     doc = load_json(path, "--input")
     if not isinstance(doc, dict) or "tiles" not in doc:
-        raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {_brief(doc)}')
+        raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {short(doc)}')
     tiles = doc["tiles"]
     if not isinstance(tiles, list) or not tiles:
         raise InputError(f'tiles: expected a non-empty list of {{"scores": [...], "values": [[...], ...]}}, '
-                         f"got {_brief(tiles)}")
+                         f"got {short(tiles)}")
     out = []
     for n, tile in enumerate(tiles, start=1):
         if type(tile) is not dict or len(tile) != 2 or "scores" not in tile or "values" not in tile:
             raise InputError(f'tile {n}: expected an object with exactly "scores" and "values", '
-                             f"got {_brief(tile)}")
+                             f"got {short(tile)}")
         out.append((tile["scores"], tile["values"]))
     return out
-
-
-def _brief(x) -> str:
-    from attnscope.errors import short
-
-    return short(x)
 
 
 def _fmt(x) -> str:

@@ -147,16 +147,20 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                             log(f"  {name} n/a at d={d} causal={causal} n={n}: {type(e).__name__}: "
                                 f"{str(e)[:120]}")
                         torch.cuda.empty_cache()
-                    t = row["tflops"]
-                    a = t.get("attnscope")
-                    row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
-                    row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
+                    _vs_peers(row, row["tflops"])
                     results.append(row)
                     log(prefill_line(row))
                     if progress is not None:
                         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
                     torch.cuda.empty_cache()
     return results
+
+
+def _vs_peers(row: dict, rates: dict) -> None:
+    """attnscope's rate over cuDNN's and flash's (``vs_cudnn``, ``vs_flash``), where both were measured."""
+    a = rates.get("attnscope")
+    for peer in ("cudnn", "flash"):
+        row[f"vs_{peer}"] = a / rates[peer] if a and rates.get(peer) else None
 
 
 def read_ceiling(torch, gib=4):
@@ -213,10 +217,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
                 except Exception as e:  # noqa: BLE001
                     row["ms"][name] = None
                     log(f"  {name} n/a at B={b} Hq={hq} Hkv={hkv} L={L}: {type(e).__name__}: {str(e)[:120]}")
-            t = row["tbs"]
-            a = t.get("attnscope")
-            row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
-            row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
+            _vs_peers(row, row["tbs"])
             results.append(row)
             log(decode_line(row))
             if progress is not None:
