@@ -24,21 +24,6 @@ def _size(b: int | float) -> str:
     return f"{b / KiB:,.2f} KiB"
 
 
-def _span(xs: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1..3, 5'; [] -> 'none'."""
-    if not xs:
-        return "none"
-    out, start, prev = [], xs[0], xs[0]
-    for x in xs[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        out.append(str(start) if start == prev else f"{start}..{prev}")
-        if x is not None:
-            start = prev = x
-    return ", ".join(out)
-
-
 def _shape_flags(p: argparse.ArgumentParser, d: bool = True, dtype: bool = True) -> None:
     p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
     p.add_argument("--nq", type=int, default=None, help="query length, overrides --n")
