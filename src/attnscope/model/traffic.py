@@ -408,9 +408,8 @@ def _row_names(rows, valid) -> list[str]:
     return [choice("row", name, valid) for name in names]
 
 
-# --- serving layouts (issue 14): a packed batch of prompts, and a step against a paged KV cache --------
-# Appended as separate functions; they reuse the ledger types (Transfer, Kernel, Row) and the dense rows
-# above, so a packed ledger is, line by line, the sum of the dense ledgers of its sequences.
+# --- serving layouts: a packed batch of prompts, and a step against a paged KV cache ----------------
+# A packed ledger is, line by line, the sum of the dense ledgers (above) of its sequences.
 def _lengths(name: str, values) -> tuple[int, ...]:
     """Validate a list of non-negative integer lengths (bools refused)."""
     try:
@@ -697,7 +696,7 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     return Paged(lens, nq, page_size, capacity if page_size is None else None, S, cfg, row,
                  2 * hkv * tail_rows * d * b, pages)
 
-# --- the backward pass (issue 13) -------------------------------------------------------------------
+# --- the backward pass -----------------------------------------------------------------------------
 # Rows of `backward_traffic`. Naive: what autograd of the eager forward keeps (softmax saves its output P;
 # the eager causal path also keeps its bool mask) and the kernels its backward launches. FA-2 (Dao 2023,
 # Algorithm 2; kernels/bwd.py): nothing N x N is kept; the backward reads Q, K, V, O, dO, LSE and D.
