@@ -424,7 +424,7 @@ def online_softmax_trace(tiles) -> Trace:
     [4.6025, 5.6025]
     """
     if isinstance(tiles, (str, bytes)) or not isinstance(tiles, Sequence) or len(tiles) == 0:
-        raise InputError(f"tiles: expected a non-empty list of tiles, got {tiles!r}"[:200])
+        raise InputError(f"tiles: expected a non-empty list of tiles, got {short(tiles)}")
     s, v, lengths = _plain_tiles(tiles) or _checked_tiles(tiles)  # s [K], v [K, dv], lengths [n]
     starts = np.cumsum(lengths) - lengths  # [n] first key of each tile
     tile_of_key = np.repeat(np.arange(len(lengths)), lengths)  # [K]
@@ -490,7 +490,7 @@ def _checked_tiles(tiles):
     dv = None
     for n, tile in enumerate(tiles, start=1):
         if not (isinstance(tile, (tuple, list)) and len(tile) == 2):
-            raise InputError(f"tile {n}: expected a (scores, values) pair, got {tile!r}"[:200])
+            raise InputError(f"tile {n}: expected a (scores, values) pair, got {short(tile)}")
         s = _tile_array(f"tile {n} scores", tile[0], 1)
         val = _tile_array(f"tile {n} values", tile[1], 2)
         if s.shape[0] == 0:
@@ -532,11 +532,11 @@ def _tile_array(name: str, x, ndim: int) -> np.ndarray:
     what = "a list of numbers" if ndim == 1 else "a list of rows of numbers"
     if isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(
             isinstance(e, (str, bytes, bool, dict)) or e is None for e in _flat(x))):
-        raise InputError(f"{name}: expected {what}, got {x!r}"[:200])
+        raise InputError(f"{name}: expected {what}, got {short(x)}")
     try:
         a = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError, OverflowError) as e:
-        raise InputError(f"{name}: expected {what} (rows of one width), got {x!r}"[:200]) from e
+        raise InputError(f"{name}: expected {what} (rows of one width), got {short(x)}") from e
     if a.ndim != ndim and not (ndim == 2 and a.ndim == 1 and a.size == 0):
         raise InputError(f"{name}: expected {what}, got an array of shape {a.shape}")
     if a.ndim == 1 and ndim == 2:
