@@ -98,7 +98,7 @@ def test_kernel_mode_off_and_bad_mode():
     with pytest.raises(InputError, match="kernels: expected one of auto, on, off, got 'sometimes'"):
         checks.kernel_status("sometimes")
     with pytest.raises(InputError, match="kernels: expected one of auto, on, off"):
-        checks.run_all(0, "yes")
+        list(checks.iter_checks(0, "yes"))
 
 
 def test_kernel_modules_missing(monkeypatch):

@@ -4,6 +4,7 @@ print the JSON shapes the issue states, and turn every bad input into one line a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -35,6 +36,27 @@ def test_traffic_default_prints_spec_4_table(capsys):
               "34.00", "36,700,160", "1.94x vs naive-causal-ideal",                    # flash causal
               "causal 16.5"]:
         assert s in out, s
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+@pytest.mark.parametrize("argv", [["traffic"], ["traffic", "--pass", "backward", "--items"], ["footprint"],
+                                  ["tiles"]])
+def test_narrow_terminal_keeps_every_number_and_label(capsys, monkeypatch, width, argv):
+    """On an 80-100 column terminal every byte count is printed whole (no ellipsis) and every row keeps
+    its label: a table wider than the terminal is printed in parts, each repeating the first column."""
+    from rich.console import Console
+
+    from attnscope.cli import analytic
+
+    rc, wide, _ = run(capsys, *argv)
+    monkeypatch.setattr(analytic, "console", lambda: Console(width=width, highlight=False, soft_wrap=False))
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 0 and "…" not in out
+    assert max(map(len, out.splitlines())) <= width
+    numbers = set(re.findall(r"\b\d{1,3}(?:,\d{3})+\b", wide))  # every comma-grouped count
+    assert numbers and all(n in out for n in numbers), sorted(n for n in numbers if n not in out)
+    for label in re.findall(r"^│ ([A-Za-z][^│]*?)\s*│", wide, re.M):  # each row's first words
+        assert label.split()[0] in out, label
 
 
 def test_traffic_json_shape(capsys):
@@ -94,6 +116,16 @@ def test_tiles_default_text(capsys):
     rc, out, _ = run(capsys, "tiles")
     assert rc == 0
     assert "rows 513..640" in out and "KV tiles 1..10" in out and "KV tiles 9..10" in out
+
+
+def test_tiles_short_sequence_defaults_to_its_last_query_tile(capsys):
+    # the spec's query tile 5 does not exist at N = 300 (3 tiles of 128): the default is the last one,
+    # not an error about a flag the user never gave
+    rc, out, err = run(capsys, "tiles", "--n", "300")
+    assert rc == 0 and err == ""
+    assert "Query tile 3: rows 257..300 (44 rows)" in out
+    rc, out, _ = run(capsys, "tiles", "--n", "100")
+    assert rc == 0 and "Whole grid: 1 pass over K/V" in out
 
 
 def test_tiles_unequal_lengths(capsys):

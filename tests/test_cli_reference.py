@@ -131,13 +131,9 @@ def test_trace_missing_file(tmp_path, capsys):
 
 
 def test_trace_reports_a_mismatch_with_exit_1(capsys, monkeypatch):
-    # an online softmax that forgets to rescale by alpha no longer matches the global softmax
-    def no_rescale(m_i, l_i, acc, s, v_j):
-        m_new = np.maximum(m_i, s.max(axis=-1))
-        p = np.exp(s - m_new[..., None])
-        return m_new, np.ones_like(m_i), l_i + p.sum(-1), acc + p @ v_j, p
-
-    monkeypatch.setattr(R, "_online_update", no_rescale)
+    # an online softmax that forgets to rescale the old l and acc by alpha (l_j = l_{j-1} + rowsum(p_j))
+    # no longer matches the global softmax
+    monkeypatch.setattr(R, "_linear_scan", lambda alpha, b: np.cumsum(b, axis=0))
     rc, out, _ = run(capsys, "trace")
     assert rc == 1 and "MISMATCH" in out
     rc, out, _ = run(capsys, "trace", "--json")

@@ -577,6 +577,26 @@ def test_trace_200k_tiles_table_is_elided(capsys, tmp_path):
     assert out.count("\n") < 150
 
 
+def test_trace_200k_tiles_answers_in_seconds(tmp_path):
+    """The issue's case end to end: `trace --input` of 200,000 tiles, rich table, in a fresh process.
+    The bound is loose for a shared CPU (it took ~20 s before the trace was computed for all tiles at
+    once; ~1 s now); the table shows 40 steps and says the rest are in --json."""
+    n = 200_000
+    p = tmp_path / "i.json"
+    p.write_text(json.dumps({"tiles": [{"scores": [(i * 7919 % 1000) / 100 - 5], "values": [[i % 3, 1.0]]}
+                                       for i in range(n)]}))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "attnscope", "trace", "--input", str(p)], capture_output=True,
+                       text=True, timeout=60, env=env)
+    dt = time.perf_counter() - t0
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert dt < 10.0, f"{dt:.1f} s"
+    out = " ".join(r.stdout.split())
+    assert f"{n - 40:,} middle tiles not shown (of {n:,}); --json gives every step" in out
+    assert f"| {n} |" in out.replace("│", "|") and ": match" in out
+
+
 # ------------------------------------------------------------------------------------------ 7. --out
 def test_out_is_an_existing_file(capsys, tmp_path):
     f = tmp_path / "f"
@@ -617,6 +637,54 @@ def test_bench_out_under_a_file(capsys, tmp_path):
         ["bench", "--from-json", "bench/results/h200-2026-11-29-prefill.json", "--plots", f / "p"],
         "--plots: expected a directory, got a path under the file",
     )
+
+
+RESULTS = Path(__file__).parents[1] / "bench" / "results"
+
+
+def test_bench_plot_symlink_is_not_written_through(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p"
+    out.mkdir()
+    target = tmp_path / "outside.png"
+    (out / "prefill_roofline.png").symlink_to(target)
+    refused(capsys, ["bench", "--from-json", RESULTS / "h200-2026-11-29-prefill.json", "--plots", out],
+            "--plots: expected a regular file or nothing at", out_dir=out)
+    assert not target.exists()  # and prefill_tflops.png was not written either (out_dir unchanged)
+
+
+def test_bench_plots_written_atomically(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    rc, out, err, _ = run(capsys, ["bench", "--from-json", RESULTS / "h200-2026-11-30-decode.json",
+                                   "--plots", tmp_path])
+    assert rc == 0 and err == "" and f"plot: {tmp_path / 'decode_tbs.png'}" in out
+    assert [p.name for p in tmp_path.iterdir()] == ["decode_tbs.png"]  # no temp file left
+    assert (tmp_path / "decode_tbs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_share_trace_symlink_refused_before_measuring(capsys, tmp_path):
+    (tmp_path / "t.json.gz").symlink_to(tmp_path / "outside.json.gz")
+    refused(capsys, ["share", "--trace", tmp_path / "t.json.gz"],
+            "--trace: expected a regular file or nothing", out_dir=tmp_path)
+
+
+BAD_RESULT_ROWS = [
+    ({"prefill": [1]}, "--from-json prefill[0]: expected an object, got 1"),
+    ({"prefill": [{}]}, "--from-json prefill[0].dtype: expected a dtype name, got None"),
+    ({"prefill": "x"}, "--from-json prefill: expected a list of rows"),
+    ({"decode": [{"batch": 1, "hq": 8, "hkv": 8, "L": -4, "kv_mib": 1.0, "tbs": {}}]},
+     "--from-json decode[0].L: expected a positive integer, got -4"),
+    ({"decode": [{"batch": 1, "hq": 8, "hkv": 8, "L": 4, "kv_mib": 1.0, "tbs": {"a": "fast"}}]},
+     "--from-json decode[0].tbs: expected an object of name: number or null"),
+    ({"decode": [], "read_ceiling_tbs": True}, "--from-json read_ceiling_tbs: expected a finite number"),
+]
+
+
+@pytest.mark.parametrize("doc, needle", BAD_RESULT_ROWS, ids=[n[12:40] for _, n in BAD_RESULT_ROWS])
+def test_bench_from_json_bad_rows(capsys, tmp_path, doc, needle):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    refused(capsys, ["bench", "--from-json", p, "--plots", tmp_path / "plots"], needle, out_dir=tmp_path)
 
 
 def test_report_written_atomically(capsys, tmp_path):

@@ -486,8 +486,7 @@ def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
         v = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
         for causal in (False, True):
             o_ref, lse_ref = reference.naive_attention(_np(q), _np(k), _np(v), causal=causal, return_lse=True)
-            permitted = np.ones((nq, nk), bool) if not causal else (np.arange(nk)[None] <=
-                                                                     np.arange(nq)[:, None] + nk - nq)
+            permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
             torch_err = _torch_error(torch, q, k, v, permitted[None, None], None, o_ref)
             o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
             results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
@@ -572,8 +571,3 @@ def iter_checks(seed: int = 0, kernels: str = "auto"):
     for check in REFERENCE_CHECKS:
         yield check(rng)
     yield from iter_kernel_checks(seed, kernels)
-
-
-def run_all(seed: int = 0, kernels: str = "auto") -> list[CheckResult]:
-    """All of `iter_checks` as a list."""
-    return list(iter_checks(seed, kernels))

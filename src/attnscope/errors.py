@@ -109,24 +109,3 @@ def check_scale(value: object, name: str = "scale") -> float | None:
         ok = False
     expect(ok, name, "None or a finite real number in (0, 1e4]", value)
     return float(value)  # type: ignore[arg-type]
-
-
-def finite_number(name: str, value: object, lo: float | None = None, hi: float | None = None,
-                  lo_open: bool = False, what: str = "a finite number") -> float:
-    """Validate a finite real (not bool) within [lo, hi] (lo excluded when `lo_open`) and return it."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if ok:
-        try:
-            v = float(value)  # type: ignore[arg-type]
-        except OverflowError:
-            ok = False
-        else:
-            ok = math.isfinite(v) and (lo is None or (v > lo if lo_open else v >= lo))
-            ok = ok and (hi is None or v <= hi)
-    if not ok:
-        rng = ""
-        if lo is not None or hi is not None:
-            left = "(" if lo_open else "["
-            rng = f" in {left}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-        expect(False, name, what + rng, value)
-    return v

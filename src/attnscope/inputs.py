@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gc
 import io
+import itertools
 import json
 import os
 import re
@@ -75,18 +77,30 @@ def read_text(path, field: str) -> str:
     return text.removeprefix("\ufeff")
 
 
+_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_NOT_STRUCTURE = bytes(c for c in range(256) if chr(c) not in '[]{}"\\')
+
+
 def _check_depth_json(text: str, field: str) -> None:
-    """Bracket depth outside strings, in one linear pass (strings are skipped with a regex)."""
-    depth = deepest = 0
+    """Bracket depth outside strings, linear in the text and never recursive.
+
+    Fast path (no backslash, so every '"' delimits a string): keep only brackets and quotes (C-speed
+    `bytes.translate`), drop the strings between quote pairs, and take the maximum running depth. The
+    exact scan below runs when the text has escapes or is too deep, and names the offset.
+    """
+    if "\\" not in text:
+        kept = text.encode("utf-8", "surrogatepass").translate(None, _NOT_STRUCTURE)
+        brackets = b"".join(kept.split(b'"')[::2])
+        if max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) <= MAX_DEPTH:
+            return
+    depth = 0
     for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
         c = m.group()
         if c in "[{":
             depth += 1
-            if depth > deepest:
-                deepest = depth
-                if depth > MAX_DEPTH:
-                    raise InputError(f"{field}: expected JSON nested at most {MAX_DEPTH} deep, got deeper "
-                                     f"(at offset {m.start()})")
+            if depth > MAX_DEPTH:
+                raise InputError(f"{field}: expected JSON nested at most {MAX_DEPTH} deep, got deeper "
+                                 f"(at offset {m.start()})")
         elif c in "]}":
             depth -= 1
 
@@ -108,12 +122,27 @@ def _json_const(s: str):
     raise InputError(f"finite numbers (NaN and Infinity are not JSON)|{s}")
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Pause Python's cycle collector while a large acyclic structure is built (a parsed file, the lists
+    made from it): it would re-walk every container, again and again, with nothing to free. Restored on
+    exit; reference counting still frees everything as usual."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def load_json(path, field: str, text: str | None = None):
     """Parse a JSON file (or `text`, already read) safely; see the module docstring."""
     text = read_text(path, field) if text is None else text
     _check_depth_json(text, field)
     try:
-        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_const)
+        with gc_paused():
+            return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_const)
     except json.JSONDecodeError as e:
         raise InputError(f"{field}: expected valid JSON, got {e.msg} at line {e.lineno} column {e.colno} "
                          f"of {'stdin' if str(path) == '-' else _name(path)}") from None
@@ -245,9 +274,7 @@ def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
     """
     p = Path(path)
     where = _name(path)
-    if p.is_symlink():
-        raise InputError(f"{field}: expected a regular file or nothing at {where}, got a symlink "
-                         "(refusing to write through it)")
+    refuse_symlinks([p], field)
     if p.is_dir():
         raise InputError(f"{field}: expected a file name, got a directory {where}")
     raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -268,12 +295,16 @@ def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
     return p
 
 
+def refuse_symlinks(paths, field: str = "--out") -> None:
+    """One line if any of `paths` is a symlink: an output is never written through one."""
+    for path in paths:
+        if Path(path).is_symlink():
+            raise InputError(f"{field}: expected a regular file or nothing at {_name(path)}, got a symlink "
+                             "(refusing to write through it)")
+
+
 def write_all(files: dict, field: str = "--out") -> list[Path]:
     """Write several files so that a failure in producing any leaves none written: `files` maps each
     path to its content, all produced before this call; each is written atomically."""
-    for path in files:  # refuse up front, before the first byte lands
-        p = Path(path)
-        if p.is_symlink():
-            raise InputError(f"{field}: expected a regular file or nothing at {_name(path)}, got a symlink "
-                             "(refusing to write through it)")
+    refuse_symlinks(files, field)  # up front, before the first byte lands
     return [write_atomic(path, data, field) for path, data in files.items()]

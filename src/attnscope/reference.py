@@ -1,47 +1,38 @@
-"""The float64 reference: the readable specification the kernels are checked against.
+"""The float64 reference: the readable specification the kernels are checked against (NumPy, no torch).
 
-Three forms of the same attention forward, in NumPy float64 (no torch):
-
-- `naive_attention`: the explicit three-step baseline, S = Q K^T * scale, P = softmax(S), O = P V, with
-  the whole ``Nq x Nk`` score matrix materialised (what the unfused path writes to HBM).
+- `naive_attention`: the three-step baseline, S = Q K^T * scale, P = softmax(S), O = P V, with the whole
+  ``Nq x Nk`` score matrix materialised (what the unfused path writes to HBM).
 - `tiled_attention`: FlashAttention-2's forward as the kernel runs it (FA-2 Algorithm 1; spec §2, §3):
-  query tiles outer, KV tiles inner, the causal skip bound and the masked (diagonal) tiles taken from
-  `attnscope.model.tiles`, the mask applied *before* the running max sees the scores, the unnormalised
-  accumulator rescaled by ``alpha = exp(m_old - m_new)`` and one division at the end. ``normalized=True``
-  runs FlashAttention-1's form (accumulator kept normalised, a division per tile); both must agree.
-- `attention_backward`: FA-2's backward (Algorithm 2) in closed form: P recomputed from Q, K and the saved
-  LSE (no N x N matrix kept from the forward), ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``.
-- `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)`` into the whole, the
-  specification of the decode kernel's second phase.
+  query tiles outer, KV tiles inner, the causal skip bound and the masked tiles from `model/tiles.py`,
+  the mask applied before the running max, the unnormalised accumulator rescaled by
+  ``alpha = exp(m_old - m_new)`` and one division at the end; ``normalized=True`` runs FA-1's form.
+- `attention_backward`: FA-2's backward (Algorithm 2), P recomputed from Q, K and the saved LSE,
+  ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``.
+- `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)``, the decode kernel's
+  second phase. `online_softmax_trace`: the recurrence for one query row's score tiles (spec §3.2).
 
-`online_softmax_trace` replays the recurrence for one query row given its score tiles directly; it is
-what ``attnscope trace`` prints (spec §3.2).
+Names follow the kernels: running max ``m_i``, normaliser ``l_i``, accumulator ``acc``, ``alpha``.
+Conventions (the Triton kernels match them):
 
-Names follow the kernels (STYLE.md): running max ``m_i``, running normaliser ``l_i``, unnormalised
-accumulator ``acc``, rescale factor ``alpha``.
-
-Conventions (shared with the Triton kernels, which must match them):
-
-- Shapes: ``q [..., Nq, d]``, ``k [..., Nk, d]``, ``v [..., Nk, dv]``; leading (batch, head) dims
-  broadcast. Dimension -3 is heads: when ``q`` has ``Hq`` heads and ``k``/``v`` have ``Hkv`` with
-  ``Hq % Hkv == 0`` (GQA/MQA), query head ``h`` reads kv head ``h // (Hq // Hkv)``.
-- ``scale`` defaults to ``1/sqrt(d)``. LSE is the natural-log logsumexp of the *scaled* scores.
-- Causal alignment is bottom-right (`model/tiles.py`): key ``c`` is visible to query ``r`` iff
+- Shapes ``q [..., Nq, d]``, ``k [..., Nk, d]``, ``v [..., Nk, dv]``; leading dims broadcast. Dim -3 is
+  heads: with ``Hq % Hkv == 0`` (GQA/MQA) query head ``h`` reads kv head ``h // (Hq // Hkv)``.
+- ``scale`` defaults to ``1/sqrt(d)``; LSE is the natural-log logsumexp of the *scaled* scores.
+- Causal is bottom-right aligned (`model/tiles.py`): key ``c`` is visible to query ``r`` iff
   ``c <= r + (Nk - Nq)``; with ``Nq == Nk`` that is SDPA's ``is_causal``.
-- ``exp(-inf - m)`` is 0, never NaN: a region with no permitted key adds nothing to ``l_i`` or ``acc``.
-  A query row with no permitted key at all (the first ``Nq - Nk`` rows when ``Nq > Nk``, causal) returns
-  an output row of zeros and ``LSE = -inf``.
+- ``exp(-inf - m)`` is 0, never NaN. A query row with no permitted key (the first ``Nq - Nk`` rows,
+  causal, ``Nq > Nk``) gets an output row of zeros and ``LSE = -inf``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from attnscope.errors import InputError, positive_int
+from attnscope.errors import InputError, positive_int, short
 from attnscope.model.tiles import Grid
 
 __all__ = ["naive_attention", "tiled_attention", "attention_backward", "combine", "online_softmax_trace",
@@ -156,7 +147,7 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     return o, lse
 
 
-# --- the online-softmax recurrence (one place; the tiled loop and the trace both call it) ----------
+# --- the online-softmax recurrence, one KV tile for a block of rows ----------------------------------
 def _online_update(m_i, l_i, acc, s, v_j):
     """One KV tile of the FA-2 recurrence (spec §3.1) for a block of rows.
 
@@ -216,14 +207,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
 
     Parameters
     ----------
-    q : array [..., Nq, d]
-    k : array [..., Nk, d]
-    v : array [..., Nk, dv]
-        Leading dims broadcast; dim -3 is heads, GQA when q's heads are a multiple of k's.
-    causal : bool, default False
-        Bottom-right aligned causal attention.
-    scale : float, optional
-        Defaults to ``1/sqrt(d)``.
+    q, k, v, causal, scale : as `naive_attention`.
     block_q, block_kv : int, default 128, 64
         Tile sizes B_r and B_c (the spec's). Ragged last tiles are exact.
     normalized : bool, default False
@@ -376,27 +360,57 @@ def combine(partials):
 # --- the trace of one row (spec §3.2) -------------------------------------------------------------
 @dataclass(frozen=True)
 class Trace:
-    """`online_softmax_trace`'s result. ``steps[n]`` has keys tile (1-based), m, alpha (None for tile 1),
-    l, acc; ``weights`` is the global softmax over all scores and ``reference`` its weighted sum."""
+    """`online_softmax_trace`'s result: the state after each of the n tiles as arrays (``m``, ``alpha``,
+    ``l`` [n], ``acc`` [n, dv]; ``alpha[0] = 0``, tile 1 has no old state), the output ``acc[-1] / l[-1]``,
+    ``weights`` (the global softmax over all K scores, [K]) and ``reference`` (their weighted sum)."""
 
-    steps: list[dict]
+    m: np.ndarray
+    alpha: np.ndarray
+    l: np.ndarray
+    acc: np.ndarray
     output: list[float]
     reference: list[float]
     weights: list[float]
     max_abs_diff: float
+
+    def step(self, j: int) -> dict:
+        """Tile ``j + 1``'s state: keys tile (1-based), m, alpha (None for tile 1), l, acc."""
+        return {"tile": j + 1, "m": float(self.m[j]), "alpha": None if j == 0 else float(self.alpha[j]),
+                "l": float(self.l[j]), "acc": self.acc[j].tolist()}
+
+    @property
+    def steps(self) -> list[dict]:
+        """Every tile's `step` (built on demand: a table shows a few, JSON all)."""
+        m, alpha, l_i, acc = self.m.tolist(), self.alpha.tolist(), self.l.tolist(), self.acc.tolist()
+        return [{"tile": j + 1, "m": m[j], "alpha": None if j == 0 else alpha[j], "l": l_i[j], "acc": acc[j]}
+                for j in range(len(m))]
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "output": self.output, "reference": self.reference,
                 "weights": self.weights, "max_abs_diff": self.max_abs_diff}
 
 
+#: Largest sum of |values| the float64 accumulator may have to hold: each |v| must stay within this over
+#: the number of keys, so ``acc`` cannot overflow to inf (a false mismatch against a finite reference).
+#: Scores may be any finite float: only differences from the running max are exponentiated, and one
+#: that overflows to -inf is an exact exp() = 0.
+TRACE_MAX_ABS = 1e300
+
+
 def online_softmax_trace(tiles) -> Trace:
     """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
+
+    The recurrence is computed for every tile at once, in O(keys x dv + tiles x dv x log tiles): the
+    running max ``m_j`` is a cumulative max, ``alpha_j = exp(m_{j-1} - m_j)``, ``p = exp(s - m_j)`` for
+    tile j's keys, and the linear recurrences ``l_j = alpha_j l_{j-1} + rowsum(p_j)``, ``acc_j = alpha_j
+    acc_{j-1} + p_j V_j`` are solved by a prefix scan; the states are the sequential loop's up to the
+    order of float64 additions.
 
     Parameters
     ----------
     tiles : sequence of (scores, values): scores [n_j] (already scaled), values [n_j, dv]; any number of
-        tiles, each non-empty, one value width throughout; all numbers finite.
+        tiles, each non-empty, one value width throughout; all numbers finite, each |value| at most
+        ``TRACE_MAX_ABS`` / (number of keys).
 
     Returns
     -------
@@ -410,12 +424,73 @@ def online_softmax_trace(tiles) -> Trace:
     [4.6025, 5.6025]
     """
     if isinstance(tiles, (str, bytes)) or not isinstance(tiles, Sequence) or len(tiles) == 0:
-        raise InputError(f"tiles: expected a non-empty list of tiles, got {tiles!r}"[:200])
+        raise InputError(f"tiles: expected a non-empty list of tiles, got {short(tiles)}")
+    s, v, lengths = _plain_tiles(tiles) or _checked_tiles(tiles)  # s [K], v [K, dv], lengths [n]
+    starts = np.cumsum(lengths) - lengths  # [n] first key of each tile
+    tile_of_key = np.repeat(np.arange(len(lengths)), lengths)  # [K]
+    _check_trace_values(s, v, tile_of_key)
+
+    m = np.maximum.accumulate(np.maximum.reduceat(s, starts))  # [n] running max after each tile
+    alpha = np.exp(np.concatenate(([-np.inf], m[:-1])) - m)  # [n] exp(m_old - m); 0 on tile 1
+    p = np.exp(s - m[tile_of_key])  # [K] each key against the max after its tile
+    l_i = _linear_scan(alpha, np.add.reduceat(p, starts))  # [n]
+    acc = _linear_scan(alpha, np.add.reduceat(p[:, None] * v, starts, axis=0))  # [n, dv]
+    output = acc[-1] / l_i[-1]  # the one division
+
+    w = np.exp(s - s.max())  # the global softmax over the whole row at once
+    w /= w.sum()
+    reference = w @ v
+    return Trace(m=m, alpha=alpha, l=l_i, acc=acc, output=output.tolist(), reference=reference.tolist(),
+                 weights=w.tolist(), max_abs_diff=float(np.max(np.abs(output - reference))))
+
+
+def _linear_scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``x_j = a_j x_{j-1} + b_j`` (``x_{-1} = 0``) for every j: a prefix scan (Hillis-Steele) in log2(n)
+    passes, each adding ``x_{j-span}`` weighted by the product of ``a`` over the span. a [n], b [n, ...]."""
+    a, x = a.copy(), b.copy()
+    span = 1
+    while span < len(a):
+        x[span:] = x[span:] + a[span:].reshape((-1,) + (1,) * (x.ndim - 1)) * x[:-span]
+        a[span:] = a[span:] * a[:-span]
+        span *= 2
+    return x
+
+
+def _plain_tiles(tiles):
+    """Fast path: every tile a pair of plain lists of int/float, one width throughout; flattened to
+    ``(s [K], v [K, dv], lengths [n])``. None when anything is not, for `_checked_tiles` to name it.
+    Each check is one C-level pass (`map`, `set`, `chain`), not a Python loop per tile."""
+    chain = itertools.chain.from_iterable
+    if not set(map(type, tiles)) <= {tuple, list} or set(map(len, tiles)) != {2}:
+        return None
+    scores, values = zip(*tiles, strict=True)
+    if set(map(type, scores)) != {list} or set(map(type, values)) != {list}:
+        return None
+    lengths = list(map(len, scores))
+    if lengths != list(map(len, values)) or 0 in lengths:
+        return None
+    scores, rows = list(chain(scores)), list(chain(values))
+    if not set(map(type, scores)) <= {int, float} or set(map(type, rows)) != {list}:
+        return None
+    if not set(map(type, chain(rows))) <= {int, float}:
+        return None
+    try:
+        s_arr = np.array(scores, dtype=np.float64)
+        v_arr = np.array(rows, dtype=np.float64)
+    except (ValueError, OverflowError):  # ragged rows, an integer beyond float64
+        return None
+    if v_arr.ndim != 2 or v_arr.shape[1] == 0:
+        return None
+    return s_arr, v_arr, np.array(lengths)
+
+
+def _checked_tiles(tiles):
+    """Tile by tile, naming the first bad one (any sequence or array types); flattened as `_plain_tiles`."""
     scores_all, values_all = [], []
     dv = None
     for n, tile in enumerate(tiles, start=1):
         if not (isinstance(tile, (tuple, list)) and len(tile) == 2):
-            raise InputError(f"tile {n}: expected a (scores, values) pair, got {tile!r}"[:200])
+            raise InputError(f"tile {n}: expected a (scores, values) pair, got {short(tile)}")
         s = _tile_array(f"tile {n} scores", tile[0], 1)
         val = _tile_array(f"tile {n} values", tile[1], 2)
         if s.shape[0] == 0:
@@ -431,40 +506,41 @@ def online_softmax_trace(tiles) -> Trace:
             raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {val.shape[1]}")
         scores_all.append(s)
         values_all.append(val)
+    return (np.concatenate(scores_all), np.concatenate(values_all),
+            np.array([len(s) for s in scores_all]))
 
-    m_i = np.full((1,), -np.inf)
-    l_i = np.zeros((1,))
-    acc = np.zeros((1, dv))
-    steps = []
-    for n, (s, val) in enumerate(zip(scores_all, values_all, strict=True), start=1):
-        m_i, alpha, l_i, acc, _ = _online_update(m_i, l_i, acc, s[None, :], val)
-        steps.append({"tile": n, "m": float(m_i[0]), "alpha": None if n == 1 else float(alpha[0]),
-                      "l": float(l_i[0]), "acc": acc[0].tolist()})
-    output = acc[0] / l_i[0]  # the one division
 
-    s_all = np.concatenate(scores_all)  # the global softmax over the whole row at once
-    w = np.exp(s_all - s_all.max())
-    w /= w.sum()
-    reference = w @ np.concatenate(values_all)
-    return Trace(steps=steps, output=output.tolist(), reference=reference.tolist(), weights=w.tolist(),
-                 max_abs_diff=float(np.max(np.abs(output - reference))))
+def _check_trace_values(s: np.ndarray, v: np.ndarray, tile_of_key: np.ndarray) -> None:
+    """Finite scores and values, and |v| within the accumulator's headroom; names the first bad tile."""
+    bad_s = np.flatnonzero(~np.isfinite(s))
+    bad_v = np.flatnonzero(~np.all(np.isfinite(v), axis=1))
+    if bad_s.size or bad_v.size:  # the first tile with one; its scores before its values
+        ts = tile_of_key[bad_s[0]] if bad_s.size else len(s)
+        tv = tile_of_key[bad_v[0]] if bad_v.size else len(s)
+        row = v[bad_v[0]] if bad_v.size else None
+        what, x = ("scores", s[bad_s[0]]) if ts <= tv else ("values", row[~np.isfinite(row)][0])
+        raise InputError(f"tile {min(ts, tv) + 1} {what}: expected finite numbers, got {x}")
+    limit = TRACE_MAX_ABS / len(s)
+    big = np.flatnonzero(np.abs(v).max(axis=1) > limit)
+    if big.size:
+        x = float(v[big[0]][np.abs(v[big[0]]) > limit][0])
+        raise InputError(f"tile {tile_of_key[big[0]] + 1} values: expected |v| <= {limit:.3g} (float64 "
+                         f"headroom for the sum over {len(s):,} keys), got {short(x)}")
 
 
 def _tile_array(name: str, x, ndim: int) -> np.ndarray:
     what = "a list of numbers" if ndim == 1 else "a list of rows of numbers"
     if isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(
             isinstance(e, (str, bytes, bool, dict)) or e is None for e in _flat(x))):
-        raise InputError(f"{name}: expected {what}, got {x!r}"[:200])
+        raise InputError(f"{name}: expected {what}, got {short(x)}")
     try:
         a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{name}: expected {what} (rows of one width), got {x!r}"[:200]) from e
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InputError(f"{name}: expected {what} (rows of one width), got {short(x)}") from e
     if a.ndim != ndim and not (ndim == 2 and a.ndim == 1 and a.size == 0):
         raise InputError(f"{name}: expected {what}, got an array of shape {a.shape}")
     if a.ndim == 1 and ndim == 2:
         a = a.reshape(0, 0)
-    if not np.all(np.isfinite(a)):
-        raise InputError(f"{name}: expected finite numbers, got {a.ravel()[~np.isfinite(a.ravel())][0]}")
     return a
 
 

@@ -7,9 +7,9 @@ import math
 import re
 import sys
 
-MiB = 1024**2
-GiB = 1024**3
-KiB = 1024
+from attnscope.model.roofline import KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
+
+GiB = 1024 * MiB
 
 
 def _clean(x):
@@ -38,30 +38,82 @@ def console():
 
 
 _NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?\s*[x%]?")
+_LABEL_MIN, _LABEL_MAX = 16, 24  # a label column keeps 16-24 characters (it wraps); a number all its digits
 
 
 def table(title: str, columns: list[str], rows: list[list], caption: str | None = None):
     """A rich table; columns after the first right-aligned.
 
     Numbers are never cut with an ellipsis on a narrow terminal (80-100 columns): a column whose cells
-    are all numbers gets the width of its longest number (`min_width`) and no wrapping; the label
-    columns wrap instead, and anything still too wide folds onto a second line rather than losing
-    digits (`overflow="fold"`).
+    are all numbers keeps the width of its longest number and never wraps; label columns wrap. When
+    even that is wider than the terminal, the table is printed in parts, each repeating the first
+    column, so neither a digit nor a row's label is lost.
     """
-    from rich.table import Table
-
-    cells = [[str(x) for x in r] for r in rows]
-    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    for i, c in enumerate(columns):
-        col = [r[i] for r in cells if i < len(r)]
-        numeric = bool(col) and all(_NUMBER.fullmatch(x.strip()) or x.strip() in ("", "-") for x in col)
-        width = max((len(x) for x in col), default=0) if numeric else None
-        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold",
-                     min_width=width, no_wrap=numeric)
-    for r in cells:
-        t.add_row(*r)
-    return t
+    return _Table(title, columns, [[str(x) for x in r] for r in rows], caption)
 
 
-def mib(b: int | float) -> str:
-    return f"{b / MiB:,.2f}"
+class _Table:
+    def __init__(self, title, columns, cells, caption):
+        self.title, self.columns, self.cells, self.caption = title, columns, cells, caption
+        self.numeric = []
+        for i in range(len(columns)):
+            col = [r[i] for r in cells if i < len(r)]
+            self.numeric.append(bool(col) and all(_NUMBER.fullmatch(x.strip()) or x.strip() in ("", "-")
+                                                  for x in col))
+
+    def _width(self, i: int) -> int:
+        """Characters column i needs at the least, with its padding and border."""
+        from rich.cells import cell_len
+
+        texts = [r[i] for r in self.cells if i < len(r)]
+        words = [cell_len(w) for x in [self.columns[i], *texts] for w in x.split()] or [0]
+        if self.numeric[i]:  # no_wrap: the header stays on one line too
+            return max(map(cell_len, [self.columns[i], *texts])) + 3
+        longest_word = min(max(words), _LABEL_MAX)  # wrapping at spaces, not inside a word
+        return min(max(map(cell_len, texts), default=0), max(_LABEL_MIN, longest_word)) + 3
+
+    def _rich(self, title, keep: list[int], caption):
+        from rich.table import Table
+
+        t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+        for i in keep:
+            num = self.numeric[i]
+            width = max((len(r[i]) for r in self.cells if i < len(r)), default=0) if num else None
+            t.add_column(self.columns[i], justify="left" if i == 0 else "right", overflow="fold",
+                         min_width=width, no_wrap=num)
+        for r in self.cells:
+            t.add_row(*(r[i] if i < len(r) else "" for i in keep))
+        return t
+
+    def __rich_console__(self, console, options):
+        n = len(self.columns)
+        widths = [self._width(i) for i in range(n)]
+        room = options.max_width - 1 - widths[0]
+        parts, part, used = [], [], 0
+        for i in range(1, n):
+            if part and used + widths[i] > room:
+                parts.append(part)
+                part, used = [], 0
+            part.append(i)
+            used += widths[i]
+        parts.append(part)
+        if len(parts) == 1:
+            yield self._rich(self.title, list(range(n)), self.caption)
+            return
+        for k, part in enumerate(parts, start=1):
+            yield self._rich(f"{self.title} (part {k} of {len(parts)})", [0, *part],
+                             self.caption if k == len(parts) else None)
+
+
+def int_list(flag: str, text: str, least: int | None = None) -> list[int]:
+    """A flag's comma-separated integers ("2,4,8"), each at least `least` when given; one line if not."""
+    from attnscope.errors import InputError
+
+    what = "comma-separated integers" if least is None else f"comma-separated integers >= {least}"
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"{flag}: expected {what}, got {text!r}") from None
+    if least is not None and any(x < least for x in out):
+        raise InputError(f"{flag}: expected {what}, got {text!r}")
+    return out

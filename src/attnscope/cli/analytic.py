@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnscope.cli._out import GiB, KiB, MiB, console, print_json, table
+from attnscope.cli._out import GiB, KiB, MiB, console, int_list, print_json, table
 
 SPEC = "(spec default: %(default)s)"
 #: Where the "spec §N" references in help and output are explained.
@@ -22,21 +22,6 @@ def _size(b: int | float) -> str:
     if b >= MiB:
         return f"{b / MiB:,.2f} MiB"
     return f"{b / KiB:,.2f} KiB"
-
-
-def _span(xs: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1..3, 5'; [] -> 'none'."""
-    if not xs:
-        return "none"
-    out, start, prev = [], xs[0], xs[0]
-    for x in xs[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        out.append(str(start) if start == prev else f"{start}..{prev}")
-        if x is not None:
-            start = prev = x
-    return ", ".join(out)
 
 
 def _shape_flags(p: argparse.ArgumentParser, d: bool = True, dtype: bool = True) -> None:
@@ -124,7 +109,8 @@ def configure(sub) -> None:
     _shape_flags(p, d=False, dtype=False)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                    help="causal masking, bottom-right aligned when Nq != Nk (default: causal)")
-    p.add_argument("--query-tile", type=int, default=5, help=f"query tile i, 1-based {SPEC}")
+    p.add_argument("--query-tile", type=int, default=None,
+                   help="query tile i, 1-based (default: 5, the spec's, or the last when there are fewer)")
     _json_flag(p)
     p.set_defaults(func=cmd_tiles)
 
@@ -250,15 +236,6 @@ def cmd_traffic(args) -> int:
     return 0
 
 
-def _int_list(flag: str, text: str) -> list[int]:
-    from attnscope.errors import InputError
-
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-
-
 def _cmd_serving(args, names) -> int:
     """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
     from attnscope.errors import expect
@@ -273,8 +250,8 @@ def _cmd_serving(args, names) -> int:
         for flag in ("page_size", "capacity"):
             expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "only with --cache-lens",
                    getattr(args, flag))
-        lk = _int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
-        p = packed(_int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
+        lk = int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
+        p = packed(int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
                    heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma)
         if args.json:
             print_json(p.to_json())
@@ -297,7 +274,7 @@ def _cmd_serving(args, names) -> int:
     else:
         expect(args.kv_lengths is None, "--kv-lengths", "only with --lengths", args.kv_lengths)
         expect(not args.no_tma, "--no-tma", "only with --lengths", args.no_tma)
-        g = paged(_int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
+        g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
                   block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)
         if args.json:
@@ -391,7 +368,7 @@ def cmd_tiles(args) -> int:
     nq = args.n if args.nq is None else args.nq
     nk = args.n if args.nk is None else args.nk
     g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal)
-    i = args.query_tile
+    i = min(5, g.n_q_tiles) if args.query_tile is None else args.query_tile
     r0, r1 = g.rows(i)  # validates the query tile
     n_full, n_loaded = g.kv_bounds(i)
     tc = g.n_kv_tiles
@@ -445,7 +422,7 @@ def cmd_tiles(args) -> int:
         con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", "Rows fully masked",
                                                                  "Rows triangular", "Rows fully permitted"],
                         body, caption=note))
-    con.print(f"Whole grid: {passes:g} passes over K/V")
+    con.print(f"Whole grid: {passes:g} pass{'' if passes == 1 else 'es'} over K/V")
     return 0
 
 

@@ -289,6 +289,10 @@ def _share(args) -> int:
     if args.project_to is not None and args.project_to == args.attention:
         raise InputError(f"project_to: expected an attention other than --attention ({args.attention}), "
                          f"got {args.project_to!r}")
+    if args.trace:  # before minutes of measuring, not after
+        from attnscope.inputs import refuse_symlinks
+
+        refuse_symlinks([args.trace], "--trace")
     if (code := _no_gpu("share")) is not None:
         return code
     c = console()

@@ -12,71 +12,39 @@ DEFAULT_OUT = "attnscope-report"
 
 def configure(sub) -> None:
     """Add `report` to `sub` (argparse subparsers)."""
-    p = sub.add_parser(
-        "report",
-        help="one-page latency attribution report (Markdown + HTML) from a serving trace",
-        description="Turn a serving trace, an attention time share and a kernel speedup into a one-page "
-        "latency attribution report: segment shares, Amdahl at the prefill and client TTFT "
-        "boundaries, the boundary errors, a next measurement plan.",
-    )
-    p.add_argument(
-        "trace",
-        nargs="?",
-        metavar="TRACE",
-        default=None,
-        help="trace file, YAML or JSON (schema: README; template: --print-trace); "
-        "default: the spec's Document QA trace",
-    )
-    p.add_argument(
-        "--out",
-        metavar="DIR",
-        default=DEFAULT_OUT,
-        help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, created with a "
-        ".gitignore of its own so it never shows up as untracked); each file is written atomically and "
-        "a symlink at the destination is refused",
-    )
-    p.add_argument(
-        "--format", default="both", choices=("md", "html", "both"), help="what to write (default: both)"
-    )
-    p.add_argument(
-        "--samples",
-        metavar="FILE",
-        default=None,
-        help="client TTFT samples: a CSV with a ttft_ms or ttft_s column, a JSON {\"ttft_ms\": [...]} or "
-        "{\"ttft_s\": [...]}, or a `vllm bench serve --save-result --save-detailed` result (its ttfts); "
-        "p50/p95/p99, exact 95%% CI for p95, accept/reject/inconclusive against the target",
-    )
-    p.add_argument(
-        "--samples-unit",
-        choices=("ms", "s"),
-        default=None,
-        help="unit of --samples values when the file does not name it (bare numbers)",
-    )
-    p.add_argument(
-        "--metrics",
-        nargs=2,
-        metavar=("BEFORE", "AFTER"),
-        default=None,
-        help="two Prometheus text scrapes of a vLLM server, before and after the run: "
-        "histograms diffed, quantiles interpolated within buckets",
-    )
-    p.add_argument(
-        "--profile",
-        metavar="FILE",
-        default=None,
-        help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill's kernel time "
-        "(as `attnscope share`) replaces the trace's assumed split",
-    )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print the report's numbers as JSON (the files are still written; their paths are in it)",
-    )
-    p.add_argument(
-        "--print-trace",
-        action="store_true",
-        help="print the default trace (a template for your own) and exit",
-    )
+    p = sub.add_parser("report",
+                       help="one-page latency attribution report (Markdown + HTML) from a serving trace",
+                       description="Turn a serving trace, an attention time share and a kernel speedup into "
+                                   "a one-page latency attribution report: segment shares, Amdahl at the "
+                                   "prefill and client TTFT boundaries, the boundary errors, a next "
+                                   "measurement plan.")
+    p.add_argument("trace", nargs="?", metavar="TRACE", default=None,
+                   help="trace file, YAML or JSON (schema: README; template: --print-trace); "
+                        "default: the spec's Document QA trace")
+    p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
+                   help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, created "
+                        "with a .gitignore of its own so it never shows up as untracked); each file is "
+                        "written atomically and a symlink at the destination is refused")
+    p.add_argument("--format", default="both", choices=("md", "html", "both"),
+                   help="what to write (default: both)")
+    p.add_argument("--samples", metavar="FILE", default=None,
+                   help="client TTFT samples: a CSV with a ttft_ms or ttft_s column, a JSON "
+                        "{\"ttft_ms\": [...]} or {\"ttft_s\": [...]}, or a `vllm bench serve --save-result "
+                        "--save-detailed` result (its ttfts); p50/p95/p99, exact 95%% CI for p95, "
+                        "accept/reject/inconclusive against the target")
+    p.add_argument("--samples-unit", choices=("ms", "s"), default=None,
+                   help="unit of --samples values when the file does not name it (bare numbers)")
+    p.add_argument("--metrics", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                   help="two Prometheus text scrapes of a vLLM server, before and after the run: "
+                        "histograms diffed, quantiles interpolated within buckets")
+    p.add_argument("--profile", metavar="FILE", default=None,
+                   help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill's "
+                        "kernel time (as `attnscope share`) replaces the trace's assumed split")
+    p.add_argument("--json", action="store_true",
+                   help="print the report's numbers as JSON (the files are still written; their paths are "
+                        "in it)")
+    p.add_argument("--print-trace", action="store_true",
+                   help="print the default trace (a template for your own) and exit")
     p.set_defaults(func=run)
 
 
@@ -103,11 +71,9 @@ def run(args) -> int:
 
         print_json(_numbers(report, paths))
         return 0
-    print(
-        f"TTFT {t.ttft_ms:.1f} ms -> projected {b.outer_projected_ms:.2f} ms ({b.outer_speedup:.4f}x, "
-        f"{100 * b.outer_reduction:.2f} % reduction); prefill {t.prefill_ms:.1f} -> "
-        f"{b.inner_projected_ms:.2f} ms ({b.inner_speedup:.4f}x)"
-    )
+    print(f"TTFT {t.ttft_ms:.1f} ms -> projected {b.outer_projected_ms:.2f} ms ({b.outer_speedup:.4f}x, "
+          f"{100 * b.outer_reduction:.2f} % reduction); prefill {t.prefill_ms:.1f} -> "
+          f"{b.inner_projected_ms:.2f} ms ({b.inner_speedup:.4f}x)")
     if report.samples is not None:
         print(f"p95 TTFT verdict from {report.samples.n} samples: {report.samples.verdict}")
     for path in paths:
@@ -118,55 +84,22 @@ def run(args) -> int:
 def _numbers(report, paths) -> dict:
     """The report's numbers for machines: segments, both boundaries, the boundary errors, the evidence."""
     b, t = report.boundary, report.trace
-    out = {
-        "ttft_ms": t.ttft_ms,
-        "segments": [
-            {"name": r.name, "ms": r.ms, "share": r.share, "projected_ms": r.projected_ms}
-            for r in report.rows
-        ],
-        "attention_ms": report.attention_ms,
-        "speedup": t.speedup,
-        "boundary": b.to_json(),
-        "naive_ms": report.naive_ms,
-        "flop_share": report.flop_share,
-        "ttft_meets_target_this_trace": report.ttft_meets_target,
-        "tpot_ms": t.tpot_ms,
-        "tpot_meets_target": report.tpot_meets_target,
-        "paths": [str(p) for p in paths],
-    }
+    out = {"ttft_ms": t.ttft_ms,
+           "segments": [{"name": r.name, "ms": r.ms, "share": r.share, "projected_ms": r.projected_ms}
+                        for r in report.rows],
+           "attention_ms": report.attention_ms, "speedup": t.speedup, "boundary": b.to_json(),
+           "naive_ms": report.naive_ms, "flop_share": report.flop_share,
+           "ttft_meets_target_this_trace": report.ttft_meets_target, "tpot_ms": t.tpot_ms,
+           "tpot_meets_target": report.tpot_meets_target, "paths": [str(p) for p in paths]}
     if report.samples is not None:
-        s = report.samples
-        out["samples"] = {
-            k: getattr(s, k)
-            for k in (
-                "n",
-                "p50",
-                "p95",
-                "p99",
-                "ci_low",
-                "ci_high",
-                "lower_bound",
-                "upper_bound",
-                "verdict",
-                "needed",
-            )
-        }
+        keys = ("n", "p50", "p95", "p99", "ci_low", "ci_high", "lower_bound", "upper_bound", "verdict",
+                "needed")
+        out["samples"] = {k: getattr(report.samples, k) for k in keys}
     if report.metrics:
-        out["metrics"] = {
-            m.name: {
-                "count": m.hist.count,
-                "p50_ms": m.p50_ms,
-                "p95_ms": m.p95_ms,
-                "p99_ms": m.p99_ms,
-                "mean_ms": m.mean_ms,
-                "meets": m.meets,
-            }
-            for m in report.metrics
-        }
+        out["metrics"] = {m.name: {"count": m.hist.count, "p50_ms": m.p50_ms, "p95_ms": m.p95_ms,
+                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets}
+                          for m in report.metrics}
     if report.profile is not None:
-        out["profile"] = {
-            "span_ms": report.profile.span_ms,
-            "attention_ms": report.profile.attention_ms,
-            "share": report.profile.share,
-        }
+        pr = report.profile
+        out["profile"] = {"span_ms": pr.span_ms, "attention_ms": pr.attention_ms, "share": pr.share}
     return out

@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-from attnscope.cli._out import console, print_json, table
-from attnscope.errors import InputError
-
-
-def _ranks(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"ranks: expected comma-separated positive integers, got {text!r}") from None
-    if not out or any(r < 1 for r in out):
-        raise InputError(f"ranks: expected comma-separated positive integers, got {text!r}")
-    return out
+from attnscope.cli._out import console, int_list, print_json, table
 
 
 def configure(sub) -> None:
@@ -43,8 +32,9 @@ def configure(sub) -> None:
 def cmd_ring(args) -> int:
     from attnscope.model.ring import predict
 
+    ranks = int_list("--ranks", args.ranks, least=1)
     preds = [predict(r, args.n, args.heads, args.kv_heads, args.d, args.dtype, args.causal, args.device,
-                     args.batch, args.tflops, args.link_gbps) for r in _ranks(args.ranks)]
+                     args.batch, args.tflops, args.link_gbps) for r in ranks]
     if args.json:
         print_json({"model": "predicted, not measured", "predictions": [x.to_json() for x in preds]})
         return 0

@@ -160,11 +160,13 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
         os.unlink(path)
 
 
-def save_trace(trace: dict, path: str) -> None:
-    """Write a Chrome trace as JSON, gzip-compressed when ``path`` ends in ``.gz``."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "wt", encoding="utf-8") as f:
-        json.dump(trace, f)
+def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
+    """Write a Chrome trace as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically, never
+    through a symlink: `inputs.write_atomic`)."""
+    from attnscope.inputs import write_atomic
+
+    data = json.dumps(trace).encode("utf-8")
+    write_atomic(path, gzip.compress(data) if str(path).endswith(".gz") else data, field)
 
 
 def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:

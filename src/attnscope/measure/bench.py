@@ -147,16 +147,20 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                             log(f"  {name} n/a at d={d} causal={causal} n={n}: {type(e).__name__}: "
                                 f"{str(e)[:120]}")
                         torch.cuda.empty_cache()
-                    t = row["tflops"]
-                    a = t.get("attnscope")
-                    row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
-                    row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
+                    _vs_peers(row, row["tflops"])
                     results.append(row)
                     log(prefill_line(row))
                     if progress is not None:
                         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
                     torch.cuda.empty_cache()
     return results
+
+
+def _vs_peers(row: dict, rates: dict) -> None:
+    """attnscope's rate over cuDNN's and flash's (``vs_cudnn``, ``vs_flash``), where both were measured."""
+    a = rates.get("attnscope")
+    for peer in ("cudnn", "flash"):
+        row[f"vs_{peer}"] = a / rates[peer] if a and rates.get(peer) else None
 
 
 def read_ceiling(torch, gib=4):
@@ -213,10 +217,7 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
                 except Exception as e:  # noqa: BLE001
                     row["ms"][name] = None
                     log(f"  {name} n/a at B={b} Hq={hq} Hkv={hkv} L={L}: {type(e).__name__}: {str(e)[:120]}")
-            t = row["tbs"]
-            a = t.get("attnscope")
-            row["vs_cudnn"] = a / t["cudnn"] if a and t.get("cudnn") else None
-            row["vs_flash"] = a / t["flash"] if a and t.get("flash") else None
+            _vs_peers(row, row["tbs"])
             results.append(row)
             log(decode_line(row))
             if progress is not None:
@@ -265,25 +266,65 @@ def summarize(result: dict, log=print) -> None:
         log(decode_line(row))
 
 
+#: The fields `--from-json` reads from each recorded row, and their types (what the sweep writes).
+_INT, _NUM, _RATES = "a positive integer", "a finite number", "an object of name: number or null"
+_ROW_FIELDS = {
+    "prefill": {"dtype": "a dtype name", "d": _INT, "causal": "true or false", "n": _INT, "batch": _INT,
+                "heads": _INT, "tflops": _RATES},
+    "decode": {"batch": _INT, "hq": _INT, "hkv": _INT, "L": _INT, "kv_mib": _NUM, "tbs": _RATES},
+}
+_OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _RATES, "tbs_eager": _RATES, "ms": _RATES}
+
+
+def _field_ok(kind: str, value) -> bool:
+    real = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == _INT:
+        return real and isinstance(value, int) and value > 0
+    if kind == _NUM:
+        return real
+    if kind == _RATES:
+        return isinstance(value, dict) and all(v is None or _field_ok(_NUM, v) for v in value.values())
+    return isinstance(value, bool) if kind == "true or false" else isinstance(value, str)
+
+
+def _check_rows(result: dict) -> None:
+    """Every recorded row has the fields the lines and plots read, of the right type (one line if not)."""
+    from attnscope.errors import expect
+
+    for key in ("prefill", "prefill_fp16", "decode"):
+        rows = result.get(key, [])
+        expect(isinstance(rows, list), f"--from-json {key}", "a list of rows", rows)
+        fields = _ROW_FIELDS["decode" if key == "decode" else "prefill"]
+        for i, row in enumerate(rows):
+            expect(isinstance(row, dict), f"--from-json {key}[{i}]", "an object", row)
+            for name, kind in fields.items():
+                expect(_field_ok(kind, row.get(name)), f"--from-json {key}[{i}].{name}", kind, row.get(name))
+            for name, kind in _OPTIONAL.items():
+                if row.get(name) is not None:
+                    expect(_field_ok(kind, row[name]), f"--from-json {key}[{i}].{name}", kind, row[name])
+    ceiling = result.get("read_ceiling_tbs")
+    expect(ceiling is None or _field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
+    expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
+
+
 def _from_json(args) -> int:
     from attnscope.errors import InputError
     from attnscope.inputs import load_json
 
     result = load_json(args.from_json, "--from-json")
-    if args.plots:  # refuse a bad --plots before printing anything
-        from attnscope.inputs import out_dir
-
-        out_dir(args.plots, "--plots")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
                          f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
-    print("# " + json.dumps(result.get("env", {})))
-    summarize(result)
-    if args.plots:
+    _check_rows(result)
+    plots = []
+    if args.plots:  # drawn and written before anything is printed: a bad --plots is the only output
         from attnscope.measure.plots import write_plots
 
-        for path in write_plots(result, args.plots):
-            print(f"plot: {path}")
+        plots = write_plots(result, args.plots)
+    print("# " + json.dumps(result.get("env", {})))
+    summarize(result)
+    for path in plots:
+        print(f"plot: {path}")
     return 0
 
 

@@ -8,12 +8,13 @@
   the same run.
 
 Needs matplotlib (`pip install matplotlib`); pure plotting, no GPU: `attnscope bench --from-json FILE
---plots DIR` redraws a recorded run anywhere.
+--plots DIR` redraws a recorded run anywhere. Every PNG is drawn in memory first and then written through
+`inputs.write_all` (atomic, never through a symlink, nothing written if any plot fails).
 """
 
 from __future__ import annotations
 
-import os
+import io
 
 from attnscope.model import roofline, traffic
 from attnscope.model.flops import attention_flops
@@ -37,8 +38,7 @@ def _title(env: dict) -> str:
             f"{env.get('date', '')}")
 
 
-def prefill_tflops(rows: list[dict], env: dict, path: str) -> str:
-    plt = _plt()
+def prefill_tflops(plt, rows: list[dict], env: dict):
     panels = sorted({(r["d"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (d, causal) in zip(axes[0], panels, strict=True):
@@ -56,14 +56,10 @@ def prefill_tflops(rows: list[dict], env: dict, path: str) -> str:
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(f"Prefill, {rows[0]['dtype']}, H={rows[0]['heads']}, B*N={rows[0]['batch'] * rows[0]['n']}: "
                  + _title(env), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def prefill_roofline(rows: list[dict], env: dict, path: str, device: str = "h200", n: int = 4096) -> str:
-    plt = _plt()
+def prefill_roofline(plt, rows: list[dict], env: dict, device: str = "h200", n: int = 4096):
     dev = roofline.device(device)
     peak = roofline.peak(dev, "bf16") / 1e12
     bw = dev.hbm / 1e12
@@ -98,14 +94,10 @@ def prefill_roofline(rows: list[dict], env: dict, path: str, device: str = "h200
     ax.set_title(f"Prefill at N={n} on the roofline: " + _title(env), fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def decode_tbs(rows: list[dict], env: dict, ceiling: float | None, path: str) -> str:
-    plt = _plt()
+def decode_tbs(plt, rows: list[dict], env: dict, ceiling: float | None):
     impls = [i for i in ("attnscope", "attnscope_1split", "flash", "cudnn")
              if any(r["tbs"].get(i) for r in rows)]
     fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -122,23 +114,30 @@ def decode_tbs(rows: list[dict], env: dict, ceiling: float | None, path: str) ->
     ax.set_title("Decode, bf16, d=128: " + _title(env), fontsize=8)
     ax.legend(fontsize=7, ncol=5)
     ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def _png(plt, fig) -> bytes:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return path
+    return buf.getvalue()
 
 
 def write_plots(result: dict, out_dir: str) -> list[str]:
-    """Write every plot the result has data for; returns the paths."""
+    """Write every plot the result has data for into `out_dir`; returns the paths."""
     from attnscope.inputs import out_dir as checked_dir
+    from attnscope.inputs import refuse_symlinks, write_all
 
-    checked_dir(out_dir, "--plots")  # one line for a file, a path under a file, an unwritable place
+    out = checked_dir(out_dir, "--plots")  # one line for a file, a path under a file, an unwritable place
+    names = (["prefill_tflops.png", "prefill_roofline.png"] if result.get("prefill") else []) + \
+        (["decode_tbs.png"] if result.get("decode") else [])
+    refuse_symlinks([out / name for name in names], "--plots")  # before seconds of drawing
+    plt = _plt()
     env = result.get("env", {})
-    paths = []
-    if result.get("prefill"):
-        paths.append(prefill_tflops(result["prefill"], env, os.path.join(out_dir, "prefill_tflops.png")))
-        paths.append(prefill_roofline(result["prefill"], env, os.path.join(out_dir, "prefill_roofline.png")))
-    if result.get("decode"):
-        paths.append(decode_tbs(result["decode"], env, result.get("read_ceiling_tbs"),
-                                os.path.join(out_dir, "decode_tbs.png")))
-    return paths
+    draw = {"prefill_tflops.png": lambda: prefill_tflops(plt, result["prefill"], env),
+            "prefill_roofline.png": lambda: prefill_roofline(plt, result["prefill"], env),
+            "decode_tbs.png": lambda: decode_tbs(plt, result["decode"], env, result.get("read_ceiling_tbs"))}
+    files = {out / name: _png(plt, draw[name]()) for name in names}
+    return [str(path) for path in write_all(files, "--plots")]

@@ -132,10 +132,12 @@ class Config:
     block_kv: int = 64
     batch: int = 1
     heads: int = 1
-    kv_heads: int = 1
+    kv_heads: int | None = None  # None: as heads (no GQA)
     lse: bool = False
 
     def __post_init__(self) -> None:
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
         for name in ("nq", "nk", "d", "block_q", "block_kv", "batch", "heads", "kv_heads"):
             positive_int(name, getattr(self, name))
         choice("dtype", self.dtype, DTYPE_BYTES)
@@ -387,19 +389,27 @@ def traffic(n: int | None = 4096, d: int = 128, dtype: str = "fp16", block_q: in
     -------
     Traffic: ``t["naive"].total`` is 138,412,032 at the defaults; ``t.ratio("naive", "flash")`` is 2.0.
     """
+    return _ledgers(_BUILDERS, rows, n, nq, nk, d=d, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                    batch=batch, heads=heads, kv_heads=kv_heads, lse=lse)
+
+
+def _ledgers(builders: dict, rows, n, nq, nk, **config) -> Traffic:
+    """The rows (keys of ``builders``) for one shape: ``nq``/``nk`` default to ``n``."""
     nq = n if nq is None else nq
     nk = n if nk is None else nk
     expect(nq is not None and nk is not None, "n", "a sequence length (or both nq and nk)", n)
-    cfg = Config(nq=nq, nk=nk, d=d, dtype=dtype, block_q=block_q, block_kv=block_kv, batch=batch,
-                 heads=heads, kv_heads=heads if kv_heads is None else kv_heads, lse=lse)
+    cfg = Config(nq=nq, nk=nk, **config)
+    return Traffic(cfg, {name: builders[name](cfg) for name in _row_names(rows, builders)})
+
+
+def _row_names(rows, valid) -> list[str]:
     names = list(rows)
-    expect(len(names) > 0, "rows", "at least one of " + ", ".join(ROW_NAMES), rows)
-    return Traffic(cfg, {name: _BUILDERS[choice("row", name, ROW_NAMES)](cfg) for name in names})
+    expect(len(names) > 0, "rows", "at least one of " + ", ".join(valid), rows)
+    return [choice("row", name, valid) for name in names]
 
 
-# --- serving layouts (issue 14): a packed batch of prompts, and a step against a paged KV cache --------
-# Appended as separate functions; they reuse the ledger types (Transfer, Kernel, Row) and the dense rows
-# above, so a packed ledger is, line by line, the sum of the dense ledgers of its sequences.
+# --- serving layouts: a packed batch of prompts, and a step against a paged KV cache ----------------
+# A packed ledger is, line by line, the sum of the dense ledgers (above) of its sequences.
 def _lengths(name: str, values) -> tuple[int, ...]:
     """Validate a list of non-negative integer lengths (bools refused)."""
     try:
@@ -521,12 +531,9 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
     full = [(a, b) for a, b in zip(lq, lk, strict=True) if a > 0 and b > 0]
     expect(len(full) > 0, "lengths_q", "at least one sequence with Nq >= 1 and Nk >= 1",
            f"lengths_q {list(lq)}, lengths_k {list(lk)}")
-    names = list(rows)
-    expect(len(names) > 0, "rows", "at least one of " + ", ".join(ROW_NAMES), rows)
-    for name in names:
-        choice("row", name, ROW_NAMES)
+    names = _row_names(rows, ROW_NAMES)
     cfg = Config(nq=max(lq), nk=max(lk), d=d, dtype=dtype, block_q=block_q, block_kv=block_kv, heads=heads,
-                 kv_heads=heads if kv_heads is None else kv_heads, lse=lse)
+                 kv_heads=kv_heads, lse=lse)
     no_keys = sum(a for a, b in zip(lq, lk, strict=True) if b == 0)  # query rows with no key at all
     items = sum(-(-a // block_q) for a in lq)
     out = {}
@@ -644,7 +651,7 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     expect(all(n >= nq for n in lens), "cache_lens", f"lengths >= nq ({nq}): the queries are the last nq "
            "positions of each sequence and are counted in it", list(lens))
     cfg = Config(nq=nq, nk=max(max(lens), 1), d=d, dtype=dtype, block_kv=block_kv, heads=heads,
-                 kv_heads=heads if kv_heads is None else kv_heads, lse=lse)
+                 kv_heads=kv_heads, lse=lse)
     B, hq, hkv, b, S = len(lens), cfg.heads, cfg.kv_heads, cfg.b, num_splits
     keys = sum(lens)
     rows_q = B * hq * nq
@@ -689,7 +696,7 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     return Paged(lens, nq, page_size, capacity if page_size is None else None, S, cfg, row,
                  2 * hkv * tail_rows * d * b, pages)
 
-# --- the backward pass (issue 13) -------------------------------------------------------------------
+# --- the backward pass -----------------------------------------------------------------------------
 # Rows of `backward_traffic`. Naive: what autograd of the eager forward keeps (softmax saves its output P;
 # the eager causal path also keeps its bool mask) and the kernels its backward launches. FA-2 (Dao 2023,
 # Algorithm 2; kernels/bwd.py): nothing N x N is kept; the backward reads Q, K, V, O, dO, LSE and D.
@@ -842,12 +849,5 @@ def backward_traffic(n: int | None = 4096, d: int = 128, dtype: str = "fp16", bl
     Traffic: ``t.ratio("naive-backward", "flash-backward")`` is the unmasked reduction; causal rows
     compare against ``naive-causal-eager-backward``. Cost is constant in N (closed forms).
     """
-    nq = n if nq is None else nq
-    nk = n if nk is None else nk
-    expect(nq is not None and nk is not None, "n", "a sequence length (or both nq and nk)", n)
-    cfg = Config(nq=nq, nk=nk, d=d, dtype=dtype, block_q=block_q, block_kv=block_kv, batch=batch,
-                 heads=heads, kv_heads=heads if kv_heads is None else kv_heads)
-    names = list(rows)
-    expect(len(names) > 0, "rows", "at least one of " + ", ".join(BACKWARD_ROWS), rows)
-    return Traffic(cfg, {name: _BACKWARD_BUILDERS[choice("row", name, BACKWARD_ROWS)](cfg)
-                         for name in names})
+    return _ledgers(_BACKWARD_BUILDERS, rows, n, nq, nk, d=d, dtype=dtype, block_q=block_q,
+                    block_kv=block_kv, batch=batch, heads=heads, kv_heads=kv_heads)
