@@ -449,9 +449,11 @@ split_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O
 VARIANTS = [("decode", True, False, 16, False, 1, False),
             ("elementwise", False, False, 4, False, 1, False),
             ("fused", True, True, 16, False, 1, False), ("paged16", True, True, 16, True, 16, False),
-            ("paged64", True, False, 16, True, 64, False), ("chunk32", True, True, 32, False, 1, True),
+            ("paged64", True, False, 16, True, 64, False), ("paged128", True, True, 16, True, 128, False),
+            ("paged256", True, False, 16, True, 256, False), ("chunk32", True, True, 32, False, 1, True),
             ("chunk128", True, False, 128, False, 1, True),
-            ("chunk128_paged", True, False, 128, True, 16, True)]
+            ("chunk128_paged", True, False, 128, True, 16, True),
+            ("chunk128_paged64", True, False, 128, True, 64, True)]
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
@@ -467,7 +469,7 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
 
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
-    cfg = decode._block_config(block_m)
+    cfg = decode._block_config(block_m, page if paged else 0)
     c = compile_(split_kernel, split_types,
                  dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
@@ -506,7 +508,14 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     splits = [row for row in rows if row[0] == "split"]
-    assert len(splits) == 8 and any(row[0] == "combine" for row in rows), r.stdout
+    assert len(splits) == 11 and any(row[0] == "combine" for row in rows), r.stdout
+    shared_of = {row[1]: int(row[4]) for row in splits}
+    for name in shared_of:
+        if "paged" in name:
+            # K/V read through the block table are buffered as deep as the dense cache's (the plan's
+            # extra stages, see decode._block_config): the same tiles in shared memory
+            dense = shared_of["chunk128" if name.startswith("chunk128") else "decode"]
+            assert shared_of[name] >= dense, f"{name}: {shared_of[name]} B of shared memory < dense {dense}"
     for _, name, use_dot, fuse, shared, pipelined, mma, atomic, cg, spilled in splits:
         # every variant with the block config the plan picks fits its registers (elementwise: a knob)
         assert name == "elementwise" or int(spilled) <= 0, f"{name} spills {spilled} bytes: {splits}"

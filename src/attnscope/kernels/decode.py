@@ -16,8 +16,9 @@ sequence a prefill kernel launches only B x H programs, so the long axis, the KV
 
 Layouts: dense ``k_cache [B, Hkv, L_max, d]`` (any strides, unit last); paged ``k_cache [num_pages,
 page_size, Hkv, d]`` with ``block_table int32 [B, max_pages]`` (flash-attn / vLLM): key ``j`` of sequence
-``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``; the kernel loads one page index
-per key row, so BLOCK_N does not depend on the page size and pages may be in any order or shared.
+``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``. A block of BLOCK_N keys is read
+from whole pages: one block-table entry per block when BLOCK_N <= page_size (then contiguous rows as in
+the dense cache), else BLOCK_N / page_size entries, one per page; pages may be in any order or shared.
 
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, block sizes and
 merge, and allocates the partials once; ``plan.run`` compares the layout and makes one public
@@ -117,23 +118,35 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
     }
 
 
-def _block_config(block_m: int = 16) -> dict:
-    """The phase-1 block config for a row tile of ``block_m`` rows: BLOCK_N keys per iteration,
-    STAGES-deep KV pipeline, warps.
+def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
+    """The phase-1 block config for a row tile of ``block_m`` rows (and, paged, pages of ``page_size``
+    keys): BLOCK_N keys per iteration, STAGES-deep KV pipeline, warps.
 
     Decode (``block_m <= 32``), measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N =
     128, 4 warps, 3 stages is the best or within 2 % of the best of 8 configs at every point of the
     issue's grid, so it is the only one: no autotuner on the launch path. Chunked prefill tiles (64 or
     128 rows) use BLOCK_N = 64 and 8 warps: compiled for sm_90 on a CPU (ptxas -v, d = 128, bf16),
     64 rows x 128 keys with 4 warps spills (255 registers), 64 x 64 / 8 warps uses 180 registers and
-    128 x 64 / 8 warps 170, without spills (not yet timed on a GPU). Under the interpreter one small
-    block keeps CPU tests fast and still makes multi-block splits, ragged blocks and empty splits common.
+    128 x 64 / 8 warps 170, without spills (not yet timed on a GPU).
+
+    A paged cache keeps the dense cache's BLOCK_N (the same pipeline, so paged vs contiguous compares
+    only the addressing): pages of 128 or more keys hold whole blocks (one block-table read per
+    block), smaller pages are read BLOCK_N // page_size whole pages per block (one read per page).
+    Under the interpreter one small block keeps CPU tests fast and still makes multi-block splits,
+    ragged blocks and empty splits common; pages of 16 get 32-key blocks so that the CPU tests run the
+    several-pages-per-block path too.
     """
     if interpreting():
-        return {"BLOCK_N": 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
-    if block_m > 32:
-        return {"BLOCK_N": 64, "STAGES": 3, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4, "num_stages": 3}
+        return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 64, "STAGES": 3, "num_warps": 8} if block_m > 32 else \
+        {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4}
+    if page_size:
+        # Triton's pipeliner gives a load whose address comes from another load in the loop (K/V
+        # through the block table) only part of the stages: at 3 it double-buffers nothing (one K and
+        # one V tile in shared memory, the dense kernel has two of each); 5 restores the dense buffering
+        # (compiled for sm_90: same shared memory as the dense kernel, no spills; bench/decode.py).
+        cfg["STAGES"] += 2
+    return {**cfg, "num_stages": cfg["STAGES"]}
 
 
 #: The fused merge (see `_fuse_by_default`) holds at most this many bytes of partials per last program.
@@ -226,9 +239,28 @@ def _build():
             rows = start_n + offs_n  # [BLOCK_N] key positions
             n_mask = rows < hi
             if PAGED:
-                page = tl.load(bt_base + rows // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-                k_off = page * stride_kb + (rows % PAGE_SIZE).to(tl.int64) * stride_kn
-                v_off = page * stride_vb + (rows % PAGE_SIZE).to(tl.int64) * stride_vn
+                if BLOCK_N <= PAGE_SIZE:
+                    # the block lies inside one page (start_n is a multiple of BLOCK_N, which divides
+                    # PAGE_SIZE): one page index, then contiguous rows as in the dense cache
+                    page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
+                    slot = (start_n % PAGE_SIZE + offs_n).to(tl.int64)  # [BLOCK_N] rows of the page
+                    k_off = page * stride_kb + slot * stride_kn
+                    v_off = page * stride_vb + slot * stride_vn
+                else:
+                    # the block spans BLOCK_N // PAGE_SIZE whole pages: one index per page (a small
+                    # vector, PAGES = BLOCK_N // PAGE_SIZE; entries past the length are not read: page 0
+                    # stands in, its rows are masked)
+                    first = start_n // PAGE_SIZE
+                    pidx = first + tl.arange(0, BLOCK_N // PAGE_SIZE)  # [PAGES] block-table entries
+                    pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
+                    # row r of the block is slot r % PAGE_SIZE of page r // PAGE_SIZE: spread the
+                    # PAGES indices over the rows by a select-and-sum in registers (a reshape would
+                    # lose the alignment facts that the 16-byte cp.async copies need)
+                    pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                    page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
+                    slot = (offs_n % PAGE_SIZE).to(tl.int64)  # [BLOCK_N]
+                    k_off = page * stride_kb + slot * stride_kn
+                    v_off = page * stride_vb + slot * stride_vn
             else:
                 k_off = rows.to(tl.int64) * stride_kn
                 v_off = rows.to(tl.int64) * stride_vn
@@ -546,7 +578,7 @@ class DecodePlan:
         block_m = min(_next_pow2(rows), cap)
         if use_dot:
             block_m = max(16, block_m)  # tl.dot needs M >= 16
-        cfg = dict(_config or _block_config(block_m))  # overrides: bench/tune_decode.py
+        cfg = dict(_config or _block_config(block_m, page_size))  # overrides: bench/tune_decode.py
         m_tiles = -(-rows // block_m)
         longest = L_max if max_seqlen is None else max_seqlen
         if num_splits is None:
