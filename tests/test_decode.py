@@ -580,6 +580,34 @@ def test_plan_rejects_a_changed_layout():
         decode.decode_plan(q, k, v, lens, max_seqlen=33)
 
 
+def test_flash_decode_reuses_a_cached_plan_per_layout():
+    decode.clear_plan_cache()
+    assert decode.plan_cache_info() == (0, 0, 0, decode.PLAN_CACHE_SIZE)
+    q, k, v = make_inputs(2, 4, 2, 48, 64, torch.float16, seed=64)
+    lens = _lens([48, 9])
+    o1 = flash_decode(q, k, v, lens, num_splits=3)
+    o2 = flash_decode(q.clone(), k.clone(), v.clone(), lens.clone(), num_splits=3)  # same layout, new tensors
+    assert torch.equal(o1, o2)
+    assert decode.plan_cache_info()[:3] == (1, 1, 1)  # one plan built, reused once
+    # a different layout, option or split count is a different plan: each builds its own
+    flash_decode(q, k[:, :, :40], v[:, :, :40], lens.clamp(max=40), num_splits=3)  # shape (and strides)
+    o_lse = flash_decode(q, k, v, lens, num_splits=3, return_lse=True)  # an option
+    flash_decode(q, k, v, lens, num_splits=2)  # the split count
+    assert decode.plan_cache_info()[:3] == (1, 4, 4)
+    assert torch.equal(o_lse[0], o1)
+    # num_splits=None: the split count the heuristic picks for these lengths keys the plan (here 1)
+    flash_decode(q, k, v, lens)
+    flash_decode(q, k, v, lens)
+    assert decode.plan_cache_info()[:2] == (2, 5)
+    # bounded: least recently used plans are dropped
+    for n in range(1, decode.PLAN_CACHE_SIZE + 2):
+        flash_decode(q, k, v, lens, num_splits=n)
+    hits, misses, size, maxsize = decode.plan_cache_info()
+    assert size == maxsize == decode.PLAN_CACHE_SIZE
+    decode.clear_plan_cache()
+    assert decode.plan_cache_info() == (0, 0, 0, decode.PLAN_CACHE_SIZE)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse", (True, False))
@@ -714,6 +742,22 @@ def test_paged_decode_matches_reference(page_size, group, dtype, num_splits, sha
     check_chunk(o, lse, q, k, v, lens, paged=(kp, vp, table))
     dense = flash_decode(q, k.to(DEVICE), v.to(DEVICE), lens.to(DEVICE), num_splits=num_splits or 1)
     assert (o.float() - dense.float()).abs().max().item() <= 1e-2
+
+
+@pytest.mark.parametrize("page_size, block_n", [(16, 64), (32, 64), (16, 16), (64, 32)])
+def test_paged_block_sizes_spanning_and_inside_pages(page_size, block_n):
+    # a block of several whole pages (64 keys over 4 or 2 pages: one table read per page, the last
+    # pages of a block past the length read nothing) and blocks inside one page (one read per block)
+    gen = torch.Generator().manual_seed(block_n)
+    B, Hkv, d, group = 3, 2, 64, 4
+    L = 3 * block_n + 7
+    q, k, v = make_inputs(B, group * Hkv, Hkv, L, d, torch.float16, seed=page_size + block_n)
+    lens = torch.tensor([L, block_n + page_size + 1, 5], dtype=torch.int32)
+    k, v, kp, vp, table = to_paged(k.cpu(), v.cpu(), lens, page_size, gen, shared_prefix_pages=1)
+    with poisoned_empty():
+        o, lse = flash_decode(q, kp, vp, lens.to(DEVICE), num_splits=2, return_lse=True, block_table=table,
+                              _config={"BLOCK_N": block_n, "STAGES": 1, "num_warps": 4, "num_stages": 1})
+    check_chunk(o, lse, q, k, v, lens, paged=(kp, vp, table))
 
 
 @pytest.mark.parametrize("nq, group, dtype, num_splits, paged", [

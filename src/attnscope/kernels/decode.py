@@ -23,14 +23,17 @@ the dense cache), else BLOCK_N / page_size entries, one per page; pages may be i
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, block sizes and
 merge, and allocates the partials once; ``plan.run`` compares the layout and makes one public
 ``kernel[grid](...)`` launch (two with the separate merge), so it can be captured in a CUDA graph.
-`flash_decode` builds a plan per call. Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the
-public LSE is natural-log. Measurements and tuning history: BENCHMARKS.md.
+`flash_decode` checks every call and keeps its plans in an explicit, bounded LRU cache (8 plans).
+Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log.
+Measurements and tuning history: BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import threading
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import (
@@ -516,6 +519,21 @@ def _layout(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
+def _tiling(torch, device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot):
+    """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
+    depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max)."""
+    rows = (Hq // Hkv) * Nq
+    cap = 16 if interpreting() else BLOCK_M_MAX
+    block_m = min(_next_pow2(rows), cap)
+    if use_dot is None or use_dot:
+        block_m = max(16, block_m)  # tl.dot needs M >= 16
+    m_tiles = -(-rows // block_m)
+    if num_splits is None:
+        longest = L_max if max_seqlen is None else max_seqlen
+        num_splits = default_num_splits(B * m_tiles, Hkv, longest, _sms(torch, device))
+    return block_m, m_tiles, num_splits
+
+
 class DecodePlan:
     """A checked decode layout with its split count, block sizes, merge and scratch: plan once, run often.
 
@@ -574,15 +592,9 @@ class DecodePlan:
         group = Hq // Hkv
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
-        cap = 16 if interpreting() else BLOCK_M_MAX
-        block_m = min(_next_pow2(rows), cap)
-        if use_dot:
-            block_m = max(16, block_m)  # tl.dot needs M >= 16
+        block_m, m_tiles, num_splits = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
+                                               use_dot)
         cfg = dict(_config or _block_config(block_m, page_size))  # overrides: bench/tune_decode.py
-        m_tiles = -(-rows // block_m)
-        longest = L_max if max_seqlen is None else max_seqlen
-        if num_splits is None:
-            num_splits = default_num_splits(B * m_tiles, Hkv, longest, _sms(torch, q.device))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, _next_pow2(rows))
@@ -663,6 +675,10 @@ class DecodePlan:
             elif block_table is not None:
                 _check_block_table_values(self._torch, block_table, self.page_size, self.num_pages,
                                           self.L_max)
+        return self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse_out)
+
+    def _launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse_out=None):
+        """Allocate (or check) the outputs and launch; the layouts are already known to match."""
         torch = self._torch
         if out is None:
             o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
@@ -716,8 +732,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
                  fuse_combine: bool | None = None, _config: dict | None = None):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
-    The one-line convenience: builds a `DecodePlan` and runs it once (no cache between calls). A
-    serving loop that calls with the same layouts should keep the plan and call ``plan.run``.
+    The one-line convenience over `DecodePlan`. It checks the inputs on every call, then takes the plan
+    from a small LRU cache (`PLAN_CACHE_SIZE` = 8 plans, keyed by the tensors' shapes, strides, dtypes
+    and devices, the options, the split count and the current CUDA stream; `plan_cache_info`,
+    `clear_plan_cache`), so repeated calls with one layout build one plan. Inside CUDA-graph capture
+    it builds a private plan (the graph keeps its scratch). A serving loop can also keep a plan itself
+    and call ``plan.run`` (no per-call checks but the layout comparison).
 
     Parameters
     ----------
@@ -766,7 +786,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     torch, _ = import_torch_triton()
     facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot,
                           fuse_combine)
-    L_max, page_size = facts[5], facts[6]
+    B, Hq, Nq, _, Hkv, L_max, page_size = facts
     longest = None
     if check_seqlens:
         num_pages = k_cache.shape[0] if block_table is not None else 0
@@ -774,10 +794,78 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
             longest = _check_seqlen_values(torch, cache_seqlens, L_max, block_table, page_size, num_pages)
         elif block_table is not None:
             _check_block_table_values(torch, block_table, page_size, num_pages, L_max)
-    plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits, scale=scale,
-                      return_lse=return_lse, max_seqlen=longest, check_seqlens=False, use_dot=use_dot,
-                      fuse_combine=fuse_combine, _config=_config)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+    options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
+               "fuse_combine": fuse_combine, "_config": _config}
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if capturing:  # a graph keeps the plan's scratch: never share it with later eager calls
+        plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
+    else:
+        # the key holds everything a plan fixes: the layouts, the options, the split count the
+        # heuristic picks for these lengths, and the stream (the plan's partials are per stream)
+        splits = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot)[2]
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else None
+        key = (tuple(_layout(t) for t in tensors), splits, scale, bool(return_lse), use_dot, fuse_combine,
+               tuple(sorted(_config.items())) if _config else None, stream)
+        plan = _PLAN_CACHE.get(key)
+        if plan is None:
+            options["num_splits"] = splits
+            plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
+            _PLAN_CACHE.put(key, plan)
+    return plan._launch(*tensors)
+
+
+class _PlanCache:
+    """`flash_decode`'s plans: a small LRU keyed by layout, options, split count and stream (thread-safe)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._plans: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key):
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key, plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.maxsize:
+                self._plans.popitem(last=False)  # least recently used: its scratch is freed
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+            self.hits = self.misses = 0
+
+
+#: How many plans `flash_decode` keeps (least recently used dropped first). Each holds only its fp32
+#: partials (``B * Hq * Nq * num_splits * (d + 1) * 4`` bytes) and merge counters, no user tensor.
+PLAN_CACHE_SIZE = 8
+_PLAN_CACHE = _PlanCache(PLAN_CACHE_SIZE)
+
+PlanCacheInfo = collections.namedtuple("PlanCacheInfo", "hits misses size maxsize")
+
+
+def plan_cache_info() -> PlanCacheInfo:
+    """`flash_decode`'s plan cache: hits, misses (plans built), plans held, capacity (as functools'
+    ``cache_info``)."""
+    cache = _PLAN_CACHE
+    with cache._lock:
+        return PlanCacheInfo(cache.hits, cache.misses, len(cache._plans), cache.maxsize)
+
+
+def clear_plan_cache() -> None:
+    """Drop every plan `flash_decode` cached (freeing their scratch) and reset the counters."""
+    _PLAN_CACHE.clear()
 
 
 def _combine(o_part, lse_part, o, lse) -> None:
