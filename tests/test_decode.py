@@ -271,6 +271,118 @@ def test_combine_kernel_matches_reference_combine():
     assert (o[1, 2] == 0).all() and torch.isneginf(lse[1, 2]).all()
 
 
+# --- the one logsumexp merge: decode's split merge and kernels.merge.merge_ (the ring's) ------------------
+def _partials(shape, d, n, seed, dtype=torch.bfloat16):
+    """n random partials (o [*shape, d] in ``dtype``, natural-log lse [*shape] fp32) with -inf rows: row 0
+    empty in every partial, another row empty in the first only."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for i in range(n):
+        o = torch.randn(*shape, d, generator=g)
+        lse = torch.randn(*shape, generator=g) * 4
+        o.view(-1, d)[0], lse.view(-1)[0] = 0.0, -math.inf
+        if i == 0:
+            o.view(-1, d)[3], lse.view(-1)[3] = 0.0, -math.inf
+        parts.append((o.to(dtype).to(DEVICE), lse.to(DEVICE)))
+    return parts
+
+
+def _check_against_combine(acc, acc_lse, parts):
+    ro, rl = reference.combine([(o.double().cpu().numpy(), lse.double().cpu().numpy()) for o, lse in parts])
+    assert not torch.isnan(acc).any() and not torch.isnan(acc_lse).any()
+    np.testing.assert_allclose(acc.double().cpu().numpy(), ro, rtol=1e-5, atol=1e-5)
+    fin = np.isfinite(rl)
+    assert (np.isneginf(acc_lse.double().cpu().numpy()) == ~fin).all()  # -inf exactly where nothing was seen
+    np.testing.assert_allclose(acc_lse.double().cpu().numpy()[fin], rl[fin], rtol=1e-5, atol=1e-5)
+    assert (acc.reshape(-1, acc.shape[-1])[0] == 0).all()
+
+
+@pytest.mark.parametrize("shape, d, dtype", [((2, 3, 37), 64, torch.bfloat16), ((5, 19), 80, torch.float16),
+                                             ((2, 1, 2, 9), 16, torch.float32)])
+def test_merge_matches_reference_combine(shape, d, dtype):
+    # merge_ (the Triton kernel, here under the interpreter) folds three partials into an empty
+    # accumulator; ranks 3..5, d not a power of two, fp16/bf16/fp32 partials, -inf rows
+    from attnscope.kernels.merge import merge_
+
+    parts = _partials(shape, d, 3, seed=d, dtype=dtype)
+    acc = torch.full((*shape, d), float("nan"), device=DEVICE)
+    acc.zero_()
+    acc_lse = torch.full(shape, -math.inf, device=DEVICE)
+    for o, lse in parts:
+        assert merge_(acc, acc_lse, o, lse)[0] is acc
+    _check_against_combine(acc, acc_lse, parts)
+
+
+def test_merge_into_strided_views_touches_nothing_else():
+    # the ring merges into o[:, :, lo:hi]: a strided view; rows outside it must keep their bits
+    from attnscope.kernels.merge import merge_
+
+    parts = _partials((2, 3, 11), 64, 2, seed=5)
+    big = torch.randn(2, 3, 20, 64, device=DEVICE)
+    big_lse = torch.randn(2, 3, 20, device=DEVICE)
+    before, before_lse = big.clone(), big_lse.clone()
+    view, view_lse = big[:, :, 4:15], big_lse[:, :, 4:15]
+    view.zero_()
+    view_lse.fill_(-math.inf)
+    for o, lse in parts:
+        merge_(view, view_lse, o, lse)
+    _check_against_combine(view, view_lse, parts)
+    assert torch.equal(big[:, :, :4], before[:, :, :4]) and torch.equal(big[:, :, 15:], before[:, :, 15:])
+    assert torch.equal(big_lse[:, :, 15:], before_lse[:, :, 15:])
+
+
+def test_merge_of_two_decode_halves_is_decode_of_the_whole():
+    # decode's in-kernel merge and merge_ are one code path: splitting the keys by hand and merging the
+    # two halves' (o, lse) with merge_ gives decode over all keys
+    from attnscope.kernels.merge import merge_
+
+    q, k, v = make_inputs(2, 8, 2, 90, 64, torch.float16, seed=81)
+    whole, whole_lse = flash_decode(q, k, v, num_splits=1, return_lse=True)
+    acc = torch.zeros(2, 8, 1, 64, device=DEVICE)
+    acc_lse = torch.full((2, 8, 1), -math.inf, device=DEVICE)
+    for lo, hi in ((0, 37), (37, 90)):
+        merge_(acc, acc_lse, *flash_decode(q, k[:, :, lo:hi], v[:, :, lo:hi], num_splits=1, return_lse=True))
+    assert (acc - whole.float()).abs().max().item() <= 2e-3  # whole was rounded to fp16 once, the halves too
+    assert (acc_lse - whole_lse).abs().max().item() <= 1e-5
+
+
+def test_merge_without_the_interpreter_uses_the_same_formula(monkeypatch):
+    # CPU tensors without TRITON_INTERPRET cannot run a Triton kernel: merge_ evaluates the formula in torch
+    from attnscope.kernels.merge import merge_
+
+    if DEVICE != "cpu":
+        pytest.skip("the torch formula serves CPU tensors only")
+    parts = _partials((2, 3, 7), 16, 3, seed=9)
+    results = []
+    for env in ("1", "0"):
+        monkeypatch.setenv("TRITON_INTERPRET", env)
+        acc, acc_lse = torch.zeros(2, 3, 7, 16), torch.full((2, 3, 7), -math.inf)
+        for o, lse in parts:
+            merge_(acc, acc_lse, o, lse)
+        _check_against_combine(acc, acc_lse, parts)
+        results.append((acc, acc_lse))
+    assert (results[0][0] - results[1][0]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("args, match", [
+    (lambda o, l: (o.half(), l, o, l), "o: expected dtype torch.float32 .the accumulator., got torch.float1"),
+    (lambda o, l: (o, l.half(), o, l), "lse: expected dtype torch.float32"),
+    (lambda o, l: (o, l, o.int(), l), "o_part: expected a float32, float16 or bfloat16 tensor, got torch.i"),
+    (lambda o, l: (o, l, o[:, :2], l), r"o_part: expected shape \(2, 3, 4\), got \(2, 2, 4\)"),
+    (lambda o, l: (o, l, o, l[:, :2]), r"lse_part: expected shape \(2, 3\) .o without d."),
+    (lambda o, l: (o, l, o.numpy(), l), "o_part: expected a torch.Tensor, got ndarray"),
+    (lambda o, l: (o[0, 0], l[0, 0], o[0, 0], l[0, 0]), r"o: expected a tensor \[..., N, d\], got shape"),
+    (lambda o, l: (o.transpose(0, 2).contiguous().transpose(0, 2), l, o, l),
+     "o: expected unit stride in the last .d. dimension"),  # (checked where the kernel runs: always here)
+])
+def test_merge_bad_input(args, match):
+    from attnscope.kernels.merge import merge_
+
+    o, lse = torch.zeros(2, 3, 4), torch.zeros(2, 3)
+    with pytest.raises(InputError, match=match):
+        merge_(*args(o, lse))
+
+
 # --- the split heuristic ---------------------------------------------------------------------------------
 def test_default_num_splits_cases():
     # 4 waves on 132 SMs is 528 programs.
@@ -488,7 +600,18 @@ def combine_types(n):
 
 combine_types.pointers = ("O_PART", "LSE_PART", "O", "LSE")
 c = compile_(combine_kernel, combine_types, dict(HEAD_DIM=128, BLOCK_S=16, EMULATE_BF16=False), 4, 1)
-print("combine", c.metadata.shared)
+print("combine", c.metadata.shared, spills(c))
+
+from attnscope.kernels import merge  # noqa: E402
+
+
+def merge_types(n):
+    return {"O": "*fp32", "LSE": "*fp32", "O_PART": "*bf16", "LSE_PART": "*fp32"}.get(n, "i32")
+
+
+merge_types.pointers = ("O", "LSE", "O_PART", "LSE_PART")
+c = compile_(merge._attnscope_merge_kernel, merge_types, dict(BLOCK_R=merge.BLOCK_R, BLOCK_D=128), 4, 1)
+print("merge", c.metadata.shared, spills(c))
 """
 
 
@@ -509,6 +632,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     splits = [row for row in rows if row[0] == "split"]
     assert len(splits) == 11 and any(row[0] == "combine" for row in rows), r.stdout
+    for row in rows:
+        if row[0] in ("combine", "merge"):  # the logsumexp merge kernels, compiled and without spills
+            assert int(row[2]) <= 0, rows
     shared_of = {row[1]: int(row[4]) for row in splits}
     for name in shared_of:
         if "paged" in name:

@@ -9,7 +9,8 @@ sequence a prefill kernel launches only B x H programs, so the long axis, the KV
   the ``Nq`` queries (row ``r = i * G + g``), so each K/V byte leaves HBM once per tile. Nq > 1 (chunked
   prefill, speculative verification): query i sits at position ``len - Nq + i`` and sees keys
   ``0 .. len - Nq + i`` (causal, bottom-right); a query at a negative position sees nothing.
-- **phase 2**, the logsumexp merge of the splits (float64 spec: `attnscope.reference.combine`), either
+- **phase 2**, the logsumexp merge of the splits (`_tl.lse_merge_step`, the code path of the ring's
+  `kernels.merge.merge_` too; float64 spec: `attnscope.reference.combine`), either
   fused into phase 1 (the last program of a tile, by a gpu-scope atomic ticket, merges; one launch) or
   a separate kernel (`_attnscope_decode_combine_kernel`). Empty splits weigh 0; an empty row gives O = 0,
   LSE = -inf. With one split phase 1 writes the final output.
@@ -48,7 +49,8 @@ from attnscope.kernels._common import (
 )
 
 # The kernels below resolve helpers as module globals (Triton's JIT reads globals, not closures).
-from attnscope.kernels._tl import round_bf16  # noqa: E402  (interpreter-only bf16 rounding)
+# lse_merge_*: the logsumexp merge (also kernels/merge.py's); round_bf16: interpreter-only bf16 rounding
+from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16  # noqa: E402
 
 MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
 MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
@@ -298,9 +300,7 @@ def _build():
                 acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             m_i = m_new
 
-        empty = l_i == 0.0  # this split saw no key for the row
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]  # [BLOCK_M, d]; 0 where empty
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # [BLOCK_M]
+        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
         n_q_heads = n_kv_heads * GROUP
         out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
         if SPLIT:
@@ -332,21 +332,13 @@ def _build():
                         lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
                         o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
                                       mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-                        m_new2 = tl.maximum(mm, tl.max(lse_s, 1))  # [MERGE_M]
-                        m_safe2 = tl.where(m_new2 == float("-inf"), 0.0, m_new2)  # all empty so far
-                        alpha2 = tl.exp2(mm - m_safe2)
-                        w = tl.exp2(lse_s - m_safe2[:, None])  # [MERGE_M, MERGE_S]; 0 for empty splits
-                        ll = ll * alpha2 + tl.sum(w, 1)
-                        aa = aa * alpha2[:, None] + tl.sum(w[:, :, None] * o_s, 1)
-                        mm = m_new2
-                    done = ll == 0.0  # every split empty
-                    o_f = aa / tl.where(done, 1.0, ll)[:, None]
+                        mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
+                    o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
                     if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
                         o_f = round_bf16(o_f)
                     tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
                              mask=mm_mask[:, None])
                     if WRITE_LSE:
-                        lse_f = tl.where(done, float("-inf"), mm + tl.log2(tl.where(done, 1.0, ll)))
                         tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
                     tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
         else:
@@ -380,17 +372,10 @@ def _build():
                             other=float("-inf"))  # [BLOCK_S]
             o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                           mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
-            m_new = tl.maximum(m_i, tl.max(lse_s, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights are 0
-            alpha = tl.exp2(m_i - m_safe)
-            w = tl.exp2(lse_s - m_safe)  # [BLOCK_S]; 0 for empty splits
-            l_i = l_i * alpha + tl.sum(w, 0)
-            acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
-            m_i = m_new
+            m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
 
-        empty = l_i == 0.0  # every split empty
-        o = acc / tl.where(empty, 1.0, l_i)
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
+        lse = lse2 * 0.6931471805599453  # ln(2): natural log
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
             o = round_bf16(o)
         tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
