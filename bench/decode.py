@@ -158,7 +158,7 @@ def point_setup(B, Hq, Hkv, L):
 
 
 def check_point(B, Hq, Hkv, L, flex, want_flex):
-    """Pass 1 at one point: returns a row of checks (``ok``) and the compiles it made."""
+    """Pass 1 at one point (compiling every kernel it needs): returns the row of checks (``ok``)."""
     name = f"B={B} Hq={Hq} Hkv={Hkv} L={L}"
     q, k, v, lens, plan = point_setup(B, Hq, Hkv, L)
     o = plan.run(q, k, v, lens)
