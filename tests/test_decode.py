@@ -706,9 +706,10 @@ def test_plan_rejects_a_changed_layout():
         decode.decode_plan(q, k, v, lens, max_seqlen=33)
 
 
-def test_flash_decode_reuses_a_cached_plan_per_layout():
+def test_flash_decode_reuses_a_cached_plan_per_layout(monkeypatch):
     decode.clear_plan_cache()
-    assert decode.plan_cache_info() == (0, 0, 0, decode.PLAN_CACHE_SIZE)
+    most = decode.PLAN_CACHE_LAYOUTS * decode.PLAN_CACHE_SPLITS
+    assert decode.plan_cache_info() == (0, 0, 0, most)
     q, k, v = make_inputs(2, 4, 2, 48, 64, torch.float16, seed=64)
     lens = _lens([48, 9])
     o1 = flash_decode(q, k, v, lens, num_splits=3)
@@ -721,17 +722,31 @@ def test_flash_decode_reuses_a_cached_plan_per_layout():
     flash_decode(q, k, v, lens, num_splits=2)  # the split count
     assert decode.plan_cache_info()[:3] == (1, 4, 4)
     assert torch.equal(o_lse[0], o1)
-    # num_splits=None: the split count the heuristic picks for these lengths keys the plan (here 1)
+    # num_splits=None: the split count the heuristic picks for these lengths selects the plan (here 1)
     flash_decode(q, k, v, lens)
     flash_decode(q, k, v, lens)
     assert decode.plan_cache_info()[:2] == (2, 5)
-    # bounded: least recently used plans are dropped
-    for n in range(1, decode.PLAN_CACHE_SIZE + 2):
+    # a layout seen before skips the layout checks; its values are still checked on every call
+    monkeypatch.setattr(decode, "_check_inputs", lambda *a: pytest.fail("layout checked again"))
+    flash_decode(q, k, v, lens)
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max = 48\], got 49"):
+        flash_decode(q, k, v, _lens([49, 0]))
+    monkeypatch.undo()
+    # bounded: per layout the least recently used split counts, then the oldest layouts, are dropped
+    for n in range(1, decode.PLAN_CACHE_SPLITS + 3):
         flash_decode(q, k, v, lens, num_splits=n)
+    assert decode.plan_cache_info().size <= most
+    for L in range(40, 40 - decode.PLAN_CACHE_LAYOUTS - 2, -1):
+        flash_decode(q, k[:, :, :L], v[:, :, :L], lens.clamp(max=L))
     hits, misses, size, maxsize = decode.plan_cache_info()
-    assert size == maxsize == decode.PLAN_CACHE_SIZE
+    assert size <= maxsize
+    last = 40 - decode.PLAN_CACHE_LAYOUTS - 1
+    flash_decode(q, k[:, :, :last], v[:, :, :last], lens.clamp(max=last))  # the latest layout: kept
+    assert decode.plan_cache_info()[:2] == (hits + 1, misses)
+    flash_decode(q, k, v, lens, num_splits=3)  # the first layout, 10 layouts ago: dropped, built again
+    assert decode.plan_cache_info()[:2] == (hits + 1, misses + 1)
     decode.clear_plan_cache()
-    assert decode.plan_cache_info() == (0, 0, 0, decode.PLAN_CACHE_SIZE)
+    assert decode.plan_cache_info() == (0, 0, 0, most)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")

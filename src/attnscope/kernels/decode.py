@@ -24,7 +24,7 @@ the dense cache), else BLOCK_N / page_size entries, one per page; pages may be i
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, block sizes and
 merge, and allocates the partials once; ``plan.run`` compares the layout and makes one public
 ``kernel[grid](...)`` launch (two with the separate merge), so it can be captured in a CUDA graph.
-`flash_decode` checks every call and keeps its plans in an explicit, bounded LRU cache (8 plans).
+`flash_decode` keeps its plans in an explicit, bounded LRU cache (8 layouts x 4 split counts).
 Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log.
 Measurements and tuning history: BENCHMARKS.md.
 """
@@ -95,6 +95,11 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
             raise InputError(f"{name}: expected a positive integer, got {value!r}")
     if not (isinstance(seqlen, int) and not isinstance(seqlen, bool) and seqlen >= 0):
         raise InputError(f"seqlen: expected a non-negative integer, got {seqlen!r}")
+    return _splits(batch, kv_heads, seqlen, sms, waves, min_keys, cap)
+
+
+def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP) -> int:
+    """`default_num_splits`'s formula on checked values (the plan's call path)."""
     want = (waves * sms) // (batch * kv_heads)
     by_length = max(1, seqlen // min_keys)
     return max(1, min(want, by_length, cap))
@@ -515,7 +520,7 @@ def _tiling(torch, device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_do
     m_tiles = -(-rows // block_m)
     if num_splits is None:
         longest = L_max if max_seqlen is None else max_seqlen
-        num_splits = default_num_splits(B * m_tiles, Hkv, longest, _sms(torch, device))
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(torch, device))
     return block_m, m_tiles, num_splits
 
 
@@ -717,12 +722,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
                  fuse_combine: bool | None = None, _config: dict | None = None):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
-    The one-line convenience over `DecodePlan`. It checks the inputs on every call, then takes the plan
-    from a small LRU cache (`PLAN_CACHE_SIZE` = 8 plans, keyed by the tensors' shapes, strides, dtypes
-    and devices, the options, the split count and the current CUDA stream; `plan_cache_info`,
-    `clear_plan_cache`), so repeated calls with one layout build one plan. Inside CUDA-graph capture
-    it builds a private plan (the graph keeps its scratch). A serving loop can also keep a plan itself
-    and call ``plan.run`` (no per-call checks but the layout comparison).
+    The one-line convenience over `DecodePlan`, with an explicit, bounded plan cache: plans are kept
+    for the `PLAN_CACHE_LAYOUTS` (8) most recent layouts (the tensors' shapes, strides, dtypes and
+    devices, the options and the current CUDA stream) and, per layout, the `PLAN_CACHE_SPLITS` (4) most
+    recent split counts; `plan_cache_info`, `clear_plan_cache`. A call with a layout seen before skips
+    the layout checks and the plan construction; the length check (``check_seqlens``) runs on every
+    call. Inside CUDA-graph capture it builds a private plan (the graph keeps its scratch). A serving
+    loop can also keep a `DecodePlan` itself and call ``plan.run``.
 
     Parameters
     ----------
@@ -769,8 +775,25 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
     """
     torch, _ = import_torch_triton()
-    facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot,
-                          fuse_combine)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
+    options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
+               "fuse_combine": fuse_combine, "_config": _config}
+    key = None
+    if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
+            t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
+        cuda = q.device.type == "cuda"
+        # inside CUDA-graph capture the plan is private (the graph keeps its scratch): no key
+        if not (cuda and torch.cuda.is_current_stream_capturing()):
+            # everything a plan fixes but the split count: layouts, options, and the stream (a plan's
+            # partials serve one stream at a time)
+            key = (tuple(_layout(t) for t in tensors), tuple(options.values())[:-1],
+                   tuple(sorted(_config.items())) if _config else None,
+                   torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
+    # a layout seen before passed these checks with these options: its facts are kept with its plans
+    facts = _PLAN_CACHE.facts(key) if key is not None else None
+    if facts is None:
+        facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale,
+                              use_dot, fuse_combine)
     B, Hq, Nq, _, Hkv, L_max, page_size = facts
     longest = None
     if check_seqlens:
@@ -779,73 +802,79 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
             longest = _check_seqlen_values(torch, cache_seqlens, L_max, block_table, page_size, num_pages)
         elif block_table is not None:
             _check_block_table_values(torch, block_table, page_size, num_pages, L_max)
-    options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
-               "fuse_combine": fuse_combine, "_config": _config}
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
-    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if capturing:  # a graph keeps the plan's scratch: never share it with later eager calls
+    if key is None:
         plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
     else:
-        # the key holds everything a plan fixes: the layouts, the options, the split count the
-        # heuristic picks for these lengths, and the stream (the plan's partials are per stream)
-        splits = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot)[2]
-        stream = torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else None
-        key = (tuple(_layout(t) for t in tensors), splits, scale, bool(return_lse), use_dot, fuse_combine,
-               tuple(sorted(_config.items())) if _config else None, stream)
-        plan = _PLAN_CACHE.get(key)
-        if plan is None:
-            options["num_splits"] = splits
-            plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
-            _PLAN_CACHE.put(key, plan)
+        # the split count the heuristic picks for these lengths completes the key
+        options["num_splits"] = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits,
+                                        use_dot)[2]
+        plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
+            *tensors, max_seqlen=longest, check_seqlens=False, **options))
     return plan._launch(*tensors)
 
 
 class _PlanCache:
-    """`flash_decode`'s plans: a small LRU keyed by layout, options, split count and stream (thread-safe)."""
+    """`flash_decode`'s plans (thread-safe): an LRU of `layouts` layouts (key: shapes, strides, dtypes
+    and devices of the tensors, the options, the stream), each with its checked facts and an LRU of
+    plans for up to `per_layout` split counts."""
 
-    def __init__(self, maxsize: int):
-        self.maxsize = maxsize
-        self._plans: collections.OrderedDict = collections.OrderedDict()
+    def __init__(self, layouts: int, per_layout: int):
+        self.layouts, self.per_layout = layouts, per_layout
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # key -> (facts, {splits: plan})
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key):
+    def facts(self, key):
         with self._lock:
-            plan = self._plans.get(key)
+            entry = self._entries.get(key)
+            return None if entry is None else entry[0]
+
+    def plan(self, key, facts, splits, build):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = (facts, collections.OrderedDict())
+                while len(self._entries) > self.layouts:
+                    self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
+            self._entries.move_to_end(key)
+            plans = entry[1]
+            plan = plans.get(splits)
             if plan is None:
                 self.misses += 1
+                plan = plans[splits] = build()
+                while len(plans) > self.per_layout:
+                    plans.popitem(last=False)
             else:
                 self.hits += 1
-                self._plans.move_to_end(key)
+            plans.move_to_end(splits)
             return plan
 
-    def put(self, key, plan) -> None:
+    def info(self):
         with self._lock:
-            self._plans[key] = plan
-            self._plans.move_to_end(key)
-            while len(self._plans) > self.maxsize:
-                self._plans.popitem(last=False)  # least recently used: its scratch is freed
+            size = sum(len(plans) for _, plans in self._entries.values())
+            return PlanCacheInfo(self.hits, self.misses, size, self.layouts * self.per_layout)
 
     def clear(self) -> None:
         with self._lock:
-            self._plans.clear()
+            self._entries.clear()
             self.hits = self.misses = 0
 
 
-#: How many plans `flash_decode` keeps (least recently used dropped first). Each holds only its fp32
-#: partials (``B * Hq * Nq * num_splits * (d + 1) * 4`` bytes) and merge counters, no user tensor.
-PLAN_CACHE_SIZE = 8
-_PLAN_CACHE = _PlanCache(PLAN_CACHE_SIZE)
+#: `flash_decode` keeps plans for this many layouts (least recently used dropped first) ...
+PLAN_CACHE_LAYOUTS = 8
+#: ... and, per layout, for this many split counts (the heuristic's count follows the longest length).
+#: A plan holds only its fp32 partials (``B * Hq * Nq * num_splits * (d + 1) * 4`` bytes) and merge
+#: counters, no user tensor.
+PLAN_CACHE_SPLITS = 4
+_PLAN_CACHE = _PlanCache(PLAN_CACHE_LAYOUTS, PLAN_CACHE_SPLITS)
 
 PlanCacheInfo = collections.namedtuple("PlanCacheInfo", "hits misses size maxsize")
 
 
 def plan_cache_info() -> PlanCacheInfo:
-    """`flash_decode`'s plan cache: hits, misses (plans built), plans held, capacity (as functools'
-    ``cache_info``)."""
-    cache = _PLAN_CACHE
-    with cache._lock:
-        return PlanCacheInfo(cache.hits, cache.misses, len(cache._plans), cache.maxsize)
+    """`flash_decode`'s plan cache: calls served by a cached plan (hits), plans built (misses), plans
+    held, and the most it holds (``PLAN_CACHE_LAYOUTS * PLAN_CACHE_SPLITS``), as functools' cache_info."""
+    return _PLAN_CACHE.info()
 
 
 def clear_plan_cache() -> None:
