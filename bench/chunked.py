@@ -10,8 +10,9 @@ bf16, B = 1, Hq = 32, Hkv = 8, d = 128. Two passes: every chunk size is checked 
 rows of attnscope's dense output against float64 attention, bound 2 x SDPA's own error + 1e-3; the paged
 outputs and Flex's against the dense one), "all results match, starting benchmarks", then timed with
 ``triton.testing.do_bench``. TFLOP/s from `attnscope.model.flops.attention_flops` (exact bottom-right
-pairs). Flex compiles once per chunk size (dynamic=False; ~20 s each on a cold cache). Expected run
-time on one H200, cold cache: ~1.5 min (--quick: Nq = 512 only, ~40 s; --no-flex: ~30 s).
+pairs). Flex compiles once per chunk size (dynamic=False). Run time on one H200 with a cold cache,
+estimated (not yet measured; each run prints its own): ~1.5 min (--quick: Nq = 512 only, ~40 s;
+--no-flex: ~30 s).
 """
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it

@@ -28,8 +28,8 @@ benchmarks" or exits 1. Pass 2 rebuilds the same inputs (same seeds) and times w
 
 TB/s = the analytic bytes (`attnscope.kernels.decode.logical_bytes`; paged adds the block-table reads)
 over the measured time. The summary lists the issue's musts: eager plan.run >= SDPA FLASH, graph >= CUDNN
-graph, paged >= 0.95 x contiguous. Expected run time on one H200 with a cold cache: ~2.5 min full
-(~45 s --quick, --no-flex ~1.5 min).
+graph, paged >= 0.95 x contiguous. Run time on one H200 with a cold cache, estimated (not yet measured;
+compiles dominate, each run prints its own): ~2.5 min full, ~1 min --quick, ~1.5 min --no-flex.
 """
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it
@@ -268,7 +268,7 @@ def time_point(row, rep, flex, want_flex):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"{len(QUICK)} points, short timing (~45 s)")
+    p.add_argument("--quick", action="store_true", help=f"{len(QUICK)} points, short timing")
     p.add_argument("--json", metavar="PATH", help="write every check, time, TB/s and ratio as JSON")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compiles take ~20 s each)")
     p.add_argument("--flex-all", action="store_true",
