@@ -1,6 +1,9 @@
 """@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels.
 
 `_kv_bounds`: the causal KV-tile bounds of a query tile, the in-kernel twin of model/tiles.py.
+`lse_merge_step` / `lse_merge_finish`: the logsumexp merge of partial results (Flash-Decoding's
+combine, the ring's step; float64 spec: `attnscope.reference.combine`), the one code path of decode's
+split merge (kernels/decode.py) and of `kernels.merge.merge_`.
 
 Only the interpreter workaround lives here: Triton 3.6's CPU interpreter (TRITON_INTERPRET=1, used by
 the CPU tests) computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16 casts instead of rounding to
@@ -53,4 +56,32 @@ def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
     return lo, hi
 
 
-__all__ = ["_kv_bounds", "round_bf16", "triton"]
+@triton.jit
+def lse_merge_step(m_i, l_i, acc, lse_s, o_s, AXIS: tl.constexpr):
+    """Fold partials into a merge state: the online softmax over partials, where each partial's base-2
+    LSE plays the score and its normalised output the value row.
+
+    State: ``m_i`` running max of the LSEs (-inf: nothing yet), ``l_i = sum_s exp2(lse_s - m_i)``,
+    ``acc = sum_s exp2(lse_s - m_i) * O_s``. ``lse_s`` is ``m_i``'s shape with the partials' axis
+    inserted at AXIS, ``o_s`` is ``acc``'s with AXIS inserted. A partial with ``lse_s = -inf`` (no key,
+    or padding) weighs 0; a state that has seen only such partials stays (-inf, 0, 0), never NaN.
+    """
+    m_new = tl.maximum(m_i, tl.max(lse_s, AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: every weight is 0
+    alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+    w = tl.exp2(lse_s - tl.expand_dims(m_safe, AXIS))  # the partials' weights
+    l_i = l_i * alpha + tl.sum(w, AXIS)
+    acc = acc * tl.expand_dims(alpha, AXIS) + tl.sum(tl.expand_dims(w, AXIS + 1) * o_s, AXIS)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def lse_merge_finish(m_i, l_i, acc):
+    """(O, base-2 LSE) of a state: ``O = acc / l``, ``LSE = m + log2 l``; no weight: O = 0, LSE = -inf."""
+    empty = l_i == 0.0
+    o = acc / tl.expand_dims(tl.where(empty, 1.0, l_i), -1)
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    return o, lse
+
+
+__all__ = ["_kv_bounds", "lse_merge_finish", "lse_merge_step", "round_bf16", "triton"]

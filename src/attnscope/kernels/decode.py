@@ -9,27 +9,32 @@ sequence a prefill kernel launches only B x H programs, so the long axis, the KV
   the ``Nq`` queries (row ``r = i * G + g``), so each K/V byte leaves HBM once per tile. Nq > 1 (chunked
   prefill, speculative verification): query i sits at position ``len - Nq + i`` and sees keys
   ``0 .. len - Nq + i`` (causal, bottom-right); a query at a negative position sees nothing.
-- **phase 2**, the logsumexp merge of the splits (float64 spec: `attnscope.reference.combine`), either
+- **phase 2**, the logsumexp merge of the splits (`_tl.lse_merge_step`, the code path of the ring's
+  `kernels.merge.merge_` too; float64 spec: `attnscope.reference.combine`), either
   fused into phase 1 (the last program of a tile, by a gpu-scope atomic ticket, merges; one launch) or
   a separate kernel (`_attnscope_decode_combine_kernel`). Empty splits weigh 0; an empty row gives O = 0,
   LSE = -inf. With one split phase 1 writes the final output.
 
 Layouts: dense ``k_cache [B, Hkv, L_max, d]`` (any strides, unit last); paged ``k_cache [num_pages,
 page_size, Hkv, d]`` with ``block_table int32 [B, max_pages]`` (flash-attn / vLLM): key ``j`` of sequence
-``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``; the kernel loads one page index
-per key row, so BLOCK_N does not depend on the page size and pages may be in any order or shared.
+``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``. A block of BLOCK_N keys is read
+from whole pages: one block-table entry per block when BLOCK_N <= page_size (then contiguous rows as in
+the dense cache), else BLOCK_N / page_size entries, one per page; pages may be in any order or shared.
 
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, block sizes and
 merge, and allocates the partials once; ``plan.run`` compares the layout and makes one public
 ``kernel[grid](...)`` launch (two with the separate merge), so it can be captured in a CUDA graph.
-`flash_decode` builds a plan per call. Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the
-public LSE is natural-log. Measurements and tuning history: BENCHMARKS.md.
+`flash_decode` keeps its plans in an explicit, bounded LRU cache (8 layouts x 4 split counts).
+Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log.
+Measurements and tuning history: BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import threading
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import (
@@ -44,7 +49,8 @@ from attnscope.kernels._common import (
 )
 
 # The kernels below resolve helpers as module globals (Triton's JIT reads globals, not closures).
-from attnscope.kernels._tl import round_bf16  # noqa: E402  (interpreter-only bf16 rounding)
+# lse_merge_*: the logsumexp merge (also kernels/merge.py's); round_bf16: interpreter-only bf16 rounding
+from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16  # noqa: E402
 
 MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
 MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
@@ -89,6 +95,11 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
             raise InputError(f"{name}: expected a positive integer, got {value!r}")
     if not (isinstance(seqlen, int) and not isinstance(seqlen, bool) and seqlen >= 0):
         raise InputError(f"seqlen: expected a non-negative integer, got {seqlen!r}")
+    return _splits(batch, kv_heads, seqlen, sms, waves, min_keys, cap)
+
+
+def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP) -> int:
+    """`default_num_splits`'s formula on checked values (the plan's call path)."""
     want = (waves * sms) // (batch * kv_heads)
     by_length = max(1, seqlen // min_keys)
     return max(1, min(want, by_length, cap))
@@ -117,23 +128,35 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
     }
 
 
-def _block_config(block_m: int = 16) -> dict:
-    """The phase-1 block config for a row tile of ``block_m`` rows: BLOCK_N keys per iteration,
-    STAGES-deep KV pipeline, warps.
+def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
+    """The phase-1 block config for a row tile of ``block_m`` rows (and, paged, pages of ``page_size``
+    keys): BLOCK_N keys per iteration, STAGES-deep KV pipeline, warps.
 
     Decode (``block_m <= 32``), measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N =
     128, 4 warps, 3 stages is the best or within 2 % of the best of 8 configs at every point of the
     issue's grid, so it is the only one: no autotuner on the launch path. Chunked prefill tiles (64 or
     128 rows) use BLOCK_N = 64 and 8 warps: compiled for sm_90 on a CPU (ptxas -v, d = 128, bf16),
     64 rows x 128 keys with 4 warps spills (255 registers), 64 x 64 / 8 warps uses 180 registers and
-    128 x 64 / 8 warps 170, without spills (not yet timed on a GPU). Under the interpreter one small
-    block keeps CPU tests fast and still makes multi-block splits, ragged blocks and empty splits common.
+    128 x 64 / 8 warps 170, without spills (not yet timed on a GPU).
+
+    A paged cache keeps the dense cache's BLOCK_N (the same pipeline, so paged vs contiguous compares
+    only the addressing): pages of 128 or more keys hold whole blocks (one block-table read per
+    block), smaller pages are read BLOCK_N // page_size whole pages per block (one read per page).
+    Under the interpreter one small block keeps CPU tests fast and still makes multi-block splits,
+    ragged blocks and empty splits common; pages of 16 get 32-key blocks so that the CPU tests run the
+    several-pages-per-block path too.
     """
     if interpreting():
-        return {"BLOCK_N": 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
-    if block_m > 32:
-        return {"BLOCK_N": 64, "STAGES": 3, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4, "num_stages": 3}
+        return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 64, "STAGES": 3, "num_warps": 8} if block_m > 32 else \
+        {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4}
+    if page_size:
+        # Triton's pipeliner gives a load whose address comes from another load in the loop (K/V
+        # through the block table) only part of the stages: at 3 it double-buffers nothing (one K and
+        # one V tile in shared memory, the dense kernel has two of each); 5 restores the dense buffering
+        # (compiled for sm_90: same shared memory as the dense kernel, no spills; bench/decode.py).
+        cfg["STAGES"] += 2
+    return {**cfg, "num_stages": cfg["STAGES"]}
 
 
 #: The fused merge (see `_fuse_by_default`) holds at most this many bytes of partials per last program.
@@ -226,9 +249,28 @@ def _build():
             rows = start_n + offs_n  # [BLOCK_N] key positions
             n_mask = rows < hi
             if PAGED:
-                page = tl.load(bt_base + rows // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-                k_off = page * stride_kb + (rows % PAGE_SIZE).to(tl.int64) * stride_kn
-                v_off = page * stride_vb + (rows % PAGE_SIZE).to(tl.int64) * stride_vn
+                if BLOCK_N <= PAGE_SIZE:
+                    # the block lies inside one page (start_n is a multiple of BLOCK_N, which divides
+                    # PAGE_SIZE): one page index, then contiguous rows as in the dense cache
+                    page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
+                    slot = (start_n % PAGE_SIZE + offs_n).to(tl.int64)  # [BLOCK_N] rows of the page
+                    k_off = page * stride_kb + slot * stride_kn
+                    v_off = page * stride_vb + slot * stride_vn
+                else:
+                    # the block spans BLOCK_N // PAGE_SIZE whole pages: one index per page (a small
+                    # vector, PAGES = BLOCK_N // PAGE_SIZE; entries past the length are not read: page 0
+                    # stands in, its rows are masked)
+                    first = start_n // PAGE_SIZE
+                    pidx = first + tl.arange(0, BLOCK_N // PAGE_SIZE)  # [PAGES] block-table entries
+                    pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
+                    # row r of the block is slot r % PAGE_SIZE of page r // PAGE_SIZE: spread the
+                    # PAGES indices over the rows by a select-and-sum in registers (a reshape would
+                    # lose the alignment facts that the 16-byte cp.async copies need)
+                    pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                    page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
+                    slot = (offs_n % PAGE_SIZE).to(tl.int64)  # [BLOCK_N]
+                    k_off = page * stride_kb + slot * stride_kn
+                    v_off = page * stride_vb + slot * stride_vn
             else:
                 k_off = rows.to(tl.int64) * stride_kn
                 v_off = rows.to(tl.int64) * stride_vn
@@ -263,9 +305,7 @@ def _build():
                 acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             m_i = m_new
 
-        empty = l_i == 0.0  # this split saw no key for the row
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]  # [BLOCK_M, d]; 0 where empty
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # [BLOCK_M]
+        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
         n_q_heads = n_kv_heads * GROUP
         out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
         if SPLIT:
@@ -297,21 +337,13 @@ def _build():
                         lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
                         o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
                                       mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-                        m_new2 = tl.maximum(mm, tl.max(lse_s, 1))  # [MERGE_M]
-                        m_safe2 = tl.where(m_new2 == float("-inf"), 0.0, m_new2)  # all empty so far
-                        alpha2 = tl.exp2(mm - m_safe2)
-                        w = tl.exp2(lse_s - m_safe2[:, None])  # [MERGE_M, MERGE_S]; 0 for empty splits
-                        ll = ll * alpha2 + tl.sum(w, 1)
-                        aa = aa * alpha2[:, None] + tl.sum(w[:, :, None] * o_s, 1)
-                        mm = m_new2
-                    done = ll == 0.0  # every split empty
-                    o_f = aa / tl.where(done, 1.0, ll)[:, None]
+                        mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
+                    o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
                     if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
                         o_f = round_bf16(o_f)
                     tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
                              mask=mm_mask[:, None])
                     if WRITE_LSE:
-                        lse_f = tl.where(done, float("-inf"), mm + tl.log2(tl.where(done, 1.0, ll)))
                         tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
                     tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
         else:
@@ -345,17 +377,10 @@ def _build():
                             other=float("-inf"))  # [BLOCK_S]
             o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                           mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
-            m_new = tl.maximum(m_i, tl.max(lse_s, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights are 0
-            alpha = tl.exp2(m_i - m_safe)
-            w = tl.exp2(lse_s - m_safe)  # [BLOCK_S]; 0 for empty splits
-            l_i = l_i * alpha + tl.sum(w, 0)
-            acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
-            m_i = m_new
+            m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
 
-        empty = l_i == 0.0  # every split empty
-        o = acc / tl.where(empty, 1.0, l_i)
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
+        lse = lse2 * 0.6931471805599453  # ln(2): natural log
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
             o = round_bf16(o)
         tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
@@ -484,6 +509,21 @@ def _layout(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
+def _tiling(torch, device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot):
+    """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
+    depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max)."""
+    rows = (Hq // Hkv) * Nq
+    cap = 16 if interpreting() else BLOCK_M_MAX
+    block_m = min(_next_pow2(rows), cap)
+    if use_dot is None or use_dot:
+        block_m = max(16, block_m)  # tl.dot needs M >= 16
+    m_tiles = -(-rows // block_m)
+    if num_splits is None:
+        longest = L_max if max_seqlen is None else max_seqlen
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(torch, device))
+    return block_m, m_tiles, num_splits
+
+
 class DecodePlan:
     """A checked decode layout with its split count, block sizes, merge and scratch: plan once, run often.
 
@@ -542,15 +582,9 @@ class DecodePlan:
         group = Hq // Hkv
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
-        cap = 16 if interpreting() else BLOCK_M_MAX
-        block_m = min(_next_pow2(rows), cap)
-        if use_dot:
-            block_m = max(16, block_m)  # tl.dot needs M >= 16
-        cfg = dict(_config or _block_config(block_m))  # overrides: bench/tune_decode.py
-        m_tiles = -(-rows // block_m)
-        longest = L_max if max_seqlen is None else max_seqlen
-        if num_splits is None:
-            num_splits = default_num_splits(B * m_tiles, Hkv, longest, _sms(torch, q.device))
+        block_m, m_tiles, num_splits = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
+                                               use_dot)
+        cfg = dict(_config or _block_config(block_m, page_size))  # overrides: bench/tune_decode.py
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, _next_pow2(rows))
@@ -631,6 +665,10 @@ class DecodePlan:
             elif block_table is not None:
                 _check_block_table_values(self._torch, block_table, self.page_size, self.num_pages,
                                           self.L_max)
+        return self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse_out)
+
+    def _launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse_out=None):
+        """Allocate (or check) the outputs and launch; the layouts are already known to match."""
         torch = self._torch
         if out is None:
             o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
@@ -684,8 +722,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
                  fuse_combine: bool | None = None, _config: dict | None = None):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
-    The one-line convenience: builds a `DecodePlan` and runs it once (no cache between calls). A
-    serving loop that calls with the same layouts should keep the plan and call ``plan.run``.
+    The one-line convenience over `DecodePlan`, with an explicit, bounded plan cache: plans are kept
+    for the `PLAN_CACHE_LAYOUTS` (8) most recent layouts (the tensors' shapes, strides, dtypes and
+    devices, the options and the current CUDA stream) and, per layout, the `PLAN_CACHE_SPLITS` (4) most
+    recent split counts; `plan_cache_info`, `clear_plan_cache`. A call with a layout seen before skips
+    the layout checks and the plan construction; the length check (``check_seqlens``) runs on every
+    call. Inside CUDA-graph capture it builds a private plan (the graph keeps its scratch). A serving
+    loop can also keep a `DecodePlan` itself and call ``plan.run``.
 
     Parameters
     ----------
@@ -732,9 +775,26 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
     """
     torch, _ = import_torch_triton()
-    facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot,
-                          fuse_combine)
-    L_max, page_size = facts[5], facts[6]
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
+    options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
+               "fuse_combine": fuse_combine, "_config": _config}
+    key = None
+    if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
+            t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
+        cuda = q.device.type == "cuda"
+        # inside CUDA-graph capture the plan is private (the graph keeps its scratch): no key
+        if not (cuda and torch.cuda.is_current_stream_capturing()):
+            # everything a plan fixes but the split count: layouts, options, and the stream (a plan's
+            # partials serve one stream at a time)
+            key = (tuple(_layout(t) for t in tensors), tuple(options.values())[:-1],
+                   tuple(sorted(_config.items())) if _config else None,
+                   torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
+    # a layout seen before passed these checks with these options: its facts are kept with its plans
+    facts = _PLAN_CACHE.facts(key) if key is not None else None
+    if facts is None:
+        facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale,
+                              use_dot, fuse_combine)
+    B, Hq, Nq, _, Hkv, L_max, page_size = facts
     longest = None
     if check_seqlens:
         num_pages = k_cache.shape[0] if block_table is not None else 0
@@ -742,10 +802,84 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
             longest = _check_seqlen_values(torch, cache_seqlens, L_max, block_table, page_size, num_pages)
         elif block_table is not None:
             _check_block_table_values(torch, block_table, page_size, num_pages, L_max)
-    plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits, scale=scale,
-                      return_lse=return_lse, max_seqlen=longest, check_seqlens=False, use_dot=use_dot,
-                      fuse_combine=fuse_combine, _config=_config)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+    if key is None:
+        plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
+    else:
+        # the split count the heuristic picks for these lengths completes the key
+        options["num_splits"] = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits,
+                                        use_dot)[2]
+        plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
+            *tensors, max_seqlen=longest, check_seqlens=False, **options))
+    return plan._launch(*tensors)
+
+
+class _PlanCache:
+    """`flash_decode`'s plans (thread-safe): an LRU of `layouts` layouts (key: shapes, strides, dtypes
+    and devices of the tensors, the options, the stream), each with its checked facts and an LRU of
+    plans for up to `per_layout` split counts."""
+
+    def __init__(self, layouts: int, per_layout: int):
+        self.layouts, self.per_layout = layouts, per_layout
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # key -> (facts, {splits: plan})
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def facts(self, key):
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry[0]
+
+    def plan(self, key, facts, splits, build):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = (facts, collections.OrderedDict())
+                while len(self._entries) > self.layouts:
+                    self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
+            self._entries.move_to_end(key)
+            plans = entry[1]
+            plan = plans.get(splits)
+            if plan is None:
+                self.misses += 1
+                plan = plans[splits] = build()
+                while len(plans) > self.per_layout:
+                    plans.popitem(last=False)
+            else:
+                self.hits += 1
+            plans.move_to_end(splits)
+            return plan
+
+    def info(self):
+        with self._lock:
+            size = sum(len(plans) for _, plans in self._entries.values())
+            return PlanCacheInfo(self.hits, self.misses, size, self.layouts * self.per_layout)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.hits = self.misses = 0
+
+
+#: `flash_decode` keeps plans for this many layouts (least recently used dropped first) ...
+PLAN_CACHE_LAYOUTS = 8
+#: ... and, per layout, for this many split counts (the heuristic's count follows the longest length).
+#: A plan holds only its fp32 partials (``B * Hq * Nq * num_splits * (d + 1) * 4`` bytes) and merge
+#: counters, no user tensor.
+PLAN_CACHE_SPLITS = 4
+_PLAN_CACHE = _PlanCache(PLAN_CACHE_LAYOUTS, PLAN_CACHE_SPLITS)
+
+PlanCacheInfo = collections.namedtuple("PlanCacheInfo", "hits misses size maxsize")
+
+
+def plan_cache_info() -> PlanCacheInfo:
+    """`flash_decode`'s plan cache: calls served by a cached plan (hits), plans built (misses), plans
+    held, and the most it holds (``PLAN_CACHE_LAYOUTS * PLAN_CACHE_SPLITS``), as functools' cache_info."""
+    return _PLAN_CACHE.info()
+
+
+def clear_plan_cache() -> None:
+    """Drop every plan `flash_decode` cached (freeing their scratch) and reset the counters."""
+    _PLAN_CACHE.clear()
 
 
 def _combine(o_part, lse_part, o, lse) -> None:
