@@ -29,6 +29,8 @@ store); O is staged through the warpgroup's Q buffer. Contract as `attnscope.ker
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from attnscope.kernels._common import import_torch_triton
 
 torch, triton = import_torch_triton()
@@ -45,26 +47,57 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 NUM_WARPS = 4  # the default partition = consumer warpgroup 0
 PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
-CONSUMER_REGS = gl.constexpr(240)  # setmaxnreg of consumer warpgroup 1 (a worker partition)
+#: setmaxnreg of the consumer warpgroups that are worker partitions, by consumer-warpgroup count
+CONSUMER_REGS = {2: 240, 3: 160}
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
-#: (head_dim) -> (BM rows per consumer warpgroup, BLOCK_N, STAGES): shared memory is 2 Q tiles +
-#: STAGES x (K + V); the CTA covers 2 x BM query rows. Compile report: bench/sm90_resources.py.
-CONFIGS = {128: (64, 128, 2), 64: (64, 128, 3)}
+
+class HopperConfig(NamedTuple):
+    """One block configuration: the CTA covers ``NWG x BM`` query rows."""
+
+    BM: int  # query rows per consumer warpgroup (64: one m64 wgmma; 128: two)
+    BN: int  # keys per K/V tile
+    STAGES: int  # depth of the shared-memory K/V ring
+    NWG: int = 2  # consumer warpgroups (2 or 3)
 
 
-#: Variants bench/prefill.py times beside the default (name -> ping-pong on?, configs per head dim):
-#: the ablation without the ping-pong hand-off, and a deeper K/V ring (d = 128: 229,800 B of shared memory).
+class Variant(NamedTuple):
+    """A kernel variant: ping-pong on/off and the block configuration per head dim it is built for."""
+
+    pingpong: bool
+    configs: dict  # head_dim -> HopperConfig
+
+
+_BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
+
+#: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
+#: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
+#: - hopper_nopp: no ping-pong hand-off (the consumers issue their GEMMs independently).
+#: - hopper_deep: one more K/V stage (d = 128: 229,800 B of shared memory).
+#: - hopper_wg3 / hopper_wg3_pp (d = 64 only): three consumer warpgroups, 192 query rows per CTA (FA-3's
+#:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax.
+#: - hopper_m128 (d = 64 only): 128 rows per warpgroup (two m64 wgmmas per GEMM, 256 rows per CTA) with
+#:   64-key tiles: twice the GEMM work per mbarrier round trip and per K/V byte.
 VARIANTS = {
-    "hopper": (True, CONFIGS),
-    "hopper_nopp": (False, CONFIGS),
-    "hopper_deep": (True, {128: (64, 128, 3), 64: (64, 128, 4)}),
+    "hopper": Variant(True, _BASE),
+    "hopper_nopp": Variant(False, _BASE),
+    "hopper_deep": Variant(True, {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}),
+    "hopper_wg3": Variant(False, {64: HopperConfig(64, 128, 3, 3)}),
+    "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
+    "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
 }
+DEFAULT_VARIANT = "hopper"
 
 
-def config(d: int):
-    """(BM per warpgroup, BLOCK_N, STAGES) for head dim ``d``."""
-    return CONFIGS[d]
+def config(d: int, variant: str = DEFAULT_VARIANT) -> HopperConfig:
+    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it)."""
+    if variant not in VARIANTS:
+        raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
+    cfgs = VARIANTS[variant].configs
+    if d not in cfgs:
+        raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d} is not supported; supported: "
+                                  f"{sorted(cfgs)}")
+    return cfgs[d]
 
 
 @gluon.jit
@@ -88,8 +121,9 @@ def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    for w in gl.static_range(2):
+              b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              NWG: gl.constexpr):
+    for w in gl.static_range(NWG):
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
     for i in range(n_tiles):
@@ -104,16 +138,22 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
 
 
 @gluon.jit
-def _turn_wait(turn, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Start of warpgroup WG's k-th GEMM-issue section: strict alternation, warpgroup 0 first."""
+def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Start of warpgroup WG's k-th GEMM-issue section: round robin 0, 1, .., NWG-1, warpgroup 0 first.
+
+    ``turn[WG]`` completes a phase when the previous warpgroup passes the turn; warpgroup 0's first
+    section waits on parity 1, which a fresh barrier passes at once."""
     if PINGPONG:
-        mbarrier.wait(turn.index(WG), (k + 1 - WG) & 1)
+        if WG == 0:
+            mbarrier.wait(turn.index(WG), (k + 1) & 1)
+        else:
+            mbarrier.wait(turn.index(WG), k & 1)
 
 
 @gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG))
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
 
 
 @gluon.jit
@@ -140,17 +180,17 @@ def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, B
 def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
           qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
     """KV tile j >= 1: issue S_j and O += P_{j-1} V_{j-1}; softmax(S_j) under the P V product."""
     sj = j % STAGES
     sp = (j - 1) % STAGES
     mbarrier.wait(k_ready.index(sj), (j // STAGES) & 1)
     mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-    _turn_wait(turn, j, WG, PINGPONG)
+    _turn_wait(turn, j, WG, NWG, PINGPONG)
     kt = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
     s_tok = warpgroup_mma(q, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
     o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
-    _turn_pass(turn, WG, PINGPONG)
+    _turn_pass(turn, WG, NWG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
     mbarrier.arrive(k_empty.index(sj))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
@@ -165,7 +205,7 @@ def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, 
 def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
               b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
               BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -184,10 +224,10 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
         n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
         mbarrier.wait(k_ready.index(0), 0)
-        _turn_wait(turn, 0, WG, PINGPONG)
+        _turn_wait(turn, 0, WG, NWG, PINGPONG)
         kt = k_smem.index(0).reshape([BN, D]).permute((1, 0))
         s_tok = warpgroup_mma(q, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn, WG, PINGPONG)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0))
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
@@ -195,17 +235,19 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
         for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
             acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
                                         v_empty, turn, offs_m, qk_scale, NQ, NK, s_layout, o_layout,
-                                        p_layout, BM, BN, D, STAGES, WG, False, CAUSAL, PINGPONG)
+                                        p_layout, BM, BN, D, STAGES, WG, NWG, False, CAUSAL,
+                                        PINGPONG)
         for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
             acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
                                         v_empty, turn, offs_m, qk_scale, NQ, NK, s_layout, o_layout,
-                                        p_layout, BM, BN, D, STAGES, WG, True, CAUSAL, PINGPONG)
+                                        p_layout, BM, BN, D, STAGES, WG, NWG, True, CAUSAL,
+                                        PINGPONG)
         # epilogue: O += P_last V_last
         last = n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        _turn_wait(turn, n_tiles, WG, PINGPONG)
+        _turn_wait(turn, n_tiles, WG, NWG, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
-        _turn_pass(turn, WG, PINGPONG)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
 
@@ -220,10 +262,15 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
         gl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
-@gluon.jit
+#: Runtime integers are not specialised: Triton would otherwise compile a separate kernel when one of them
+#: is 1 (a constexpr) or a multiple of 16 (an alignment hint): one compile per shape class instead of one per
+#: variant. The TMA descriptors specialise only on dtype, block shape and shared layout (not on the tensor's
+#: shape or strides), and the LSE pointer's 16-byte alignment always holds (a fresh torch allocation).
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale"])
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                                 PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                                 PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                 num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -235,43 +282,58 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)
-    row0 = start_m * (2 * BM)
-    n_tiles = gl.cdiv(_kv_hi(row0, 2 * BM, NQ, NK, BN, CAUSAL), BN)  # both warpgroups run every tile
+    row0 = start_m * (NWG * BM)
+    n_tiles = gl.cdiv(_kv_hi(row0, NWG * BM, NQ, NK, BN, CAUSAL), BN)  # every warpgroup runs every tile
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(2):
+    for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
         mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(s), count=2)
+        mbarrier.init(k_empty.index(s), count=NWG)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(s), count=NWG)
     fence_async_shared()
 
-    gl.warp_specialize(
-        [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, CAUSAL, STORE_LSE,
-                      PINGPONG)),
-         (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, CAUSAL, STORE_LSE,
-                      PINGPONG)),
-         (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                      v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES))],
-        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if NWG == 2:  # the partitions as literals: Gluon takes no function values in variables
+        gl.warp_specialize(
+            [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
-def signature(d: int, dtype: str, cfg=None):
+def signature(d: int, dtype: str, cfg: HopperConfig | None = None):
     """Signature for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"): resource reports."""
-    bm, bn, _ = cfg or config(d)
+    bm, bn = (cfg or config(d))[:2]
 
     def ds(rows):
         elem = gl.bfloat16 if dtype == "bf16" else gl.float16
@@ -280,11 +342,15 @@ def signature(d: int, dtype: str, cfg=None):
 
     return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32",
-            **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "num_warps")}}
+            **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
+                                        "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, return_lse: bool, pingpong: bool = True, cfg=None):
-    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": (cfg or config(d))[2], "PINGPONG": pingpong,
+def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
+    """The constexpr arguments of ``variant`` (a `VARIANTS` name) for head dim ``d``."""
+    cfg = config(d, variant)
+    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
+            "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
             "num_warps": NUM_WARPS}
 
 
@@ -292,22 +358,21 @@ def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, pingpong: bool = True,
-           cfg: tuple | None = None):
+def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
     """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place.
 
-    ``pingpong=False`` and ``cfg=(BM, BLOCK_N, STAGES)`` select benchmark variants (bench/prefill.py);
-    the default is `config`'s entry with ping-pong. Returns the compiled kernel (``.n_regs``,
-    ``.n_spills``, ``.metadata.shared``).
+    ``variant``: a `VARIANTS` name (`fwd.HOPPER_VALIDATED` picks it for ``impl="auto"``; bench/prefill.py
+    times each). Each (variant, d, dtype, causal, return_lse) compiles once per process. Returns the
+    compiled kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    bm, bn, _ = cfg or config(d)
+    cfg = config(d, variant)
 
     def desc(t, rows):
         block = [1, 1, rows, d]
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
 
-    return _attnscope_fwd_hopper_kernel[(triton.cdiv(Nq, 2 * bm), B * Hq)](
-        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse, Hq, Hkv, Nq, Nk, qk_scale,
-        **constexprs(d, causal, return_lse, pingpong, cfg))
+    return _attnscope_fwd_hopper_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](
+        desc(q, cfg.BM), desc(k, cfg.BN), desc(v, cfg.BN), desc(o, cfg.BM), lse, Hq, Hkv, Nq, Nk, qk_scale,
+        **constexprs(d, causal, return_lse, variant))
