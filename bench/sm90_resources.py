@@ -70,11 +70,12 @@ def portable(d, dt, causal, name="portable"):
 
 def hopper(d, dt, causal, name="hopper"):
     cfg = fwd_hopper.config(d, name)
-    k = triton.compile(GluonASTSource(fn=fwd_hopper._attnscope_fwd_hopper_kernel,
-                                      signature=fwd_hopper.signature(d, dt, cfg),
+    k = triton.compile(GluonASTSource(fn=fwd_hopper.kernel(name),
+                                      signature=fwd_hopper.signature(d, dt, name),
                                       constexprs=fwd_hopper.constexprs(d, causal, True, name)),
                        target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
-    return (*cfg, f"pingpong={int(fwd_hopper.VARIANTS[name].pingpong)}"), k
+    var = fwd_hopper.VARIANTS[name]
+    return (*cfg, f"pingpong={int(var.pingpong)}" + (" persistent" if var.persistent else "")), k
 
 
 def head_dims(name):

@@ -125,6 +125,50 @@ def test_hopper_matches_float64_reference(monkeypatch, nq, nk, causal, group, d,
     _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl="hopper")
 
 
+def _variant_cases():
+    """One case per (Hopper variant other than the default, head dim it is built for): 2 x 16 query heads
+    over 4 KV heads, ragged Nq != Nk, causal and dtype alternating: 256+ CTA tiles, so a persistent CTA
+    walks several tiles (its K/V ring, Q hand-back and turn counters carry across tiles); causal cases have
+    Nq - Nk = 300 > 2 x 128 rows, so whole CTA tiles have no key (no KV tile, empty rows)."""
+    try:
+        from attnscope.kernels import fwd_hopper as hop
+    except ImportError:  # no Gluon: the test skips
+        return []
+    cases = []
+    for name, var in hop.VARIANTS.items():
+        for d in sorted(var.configs) if name != hop.DEFAULT_VARIANT else ():
+            i = len(cases)
+            cases.append((name, d, bool(i % 2), ("bfloat16", "float16")[(i // 2) % 2], (1000, 1300)[i % 2],
+                          (1100, 1000)[i % 2]))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("variant,d,causal,dtype,nq,nk", _variant_cases())
+def test_hopper_variant_matches_float64_reference(variant, d, causal, dtype, nq, nk):
+    """Every kernel variant (what impl='auto' may pick by `fwd.HOPPER_VALIDATED`), O and LSE, poisoned
+    outputs, against float64."""
+    from attnscope.kernels import fwd_hopper as hop
+
+    dt = getattr(torch, dtype)
+    q, k, v = _inputs(2, 16, 4, nq, nk, d, dt, strided=causal, seed=nq + d)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32)
+    hop.launch(q, k, v, o, lse, _common.LOG2E / math.sqrt(d), causal, True, variant)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "an element was not written"
+    ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
+                                         return_lse=True)
+    has_key = np.isfinite(rlse)  # rows with no visible key (Nq > Nk causal): 0 and LSE -inf
+    on = o.double().cpu().numpy()
+    err = np.abs(on - ro)[has_key].max(initial=0.0)
+    t_out = _torch_attention(q, k, v, causal).double().cpu().numpy()
+    torch_err = np.abs(t_out - ro)[has_key].max(initial=0.0)
+    assert err <= 2 * torch_err + 1e-3, f"{variant}: error {err:.3g} > 2 x torch's {torch_err:.3g} + 1e-3"
+    assert np.abs(lse.cpu().numpy() - rlse)[has_key].max(initial=0.0) < 1e-3
+    assert (on[~has_key] == 0).all() and (lse.cpu().numpy()[~has_key] == -np.inf).all()
+
+
 def _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl):
     dt = getattr(torch, dtype)
     hkv = 1 if nq * nk > 10_000 else 2
@@ -377,8 +421,8 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import fwd_hopper as hop
 d, dtype, causal, variant = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
-src = GluonASTSource(fn=hop._attnscope_fwd_hopper_kernel,
-                     signature=hop.signature(d, dtype, hop.config(d, variant)),
+src = GluonASTSource(fn=hop.kernel(variant),
+                     signature=hop.signature(d, dtype, variant),
                      constexprs=hop.constexprs(d, causal, True, variant))
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
 sys.stdout.write(k.asm["ptx"])
@@ -436,10 +480,13 @@ def test_hopper_kernel_does_not_specialise_on_runtime_integers():
     pytest.importorskip("triton.experimental.gluon")
     from attnscope.kernels import fwd_hopper as hop
 
-    params = {p.name: p for p in hop._attnscope_fwd_hopper_kernel.params}
-    runtime = [n for n in hop.signature(128, "bf16") if hop.signature(128, "bf16")[n] in ("i32", "fp32")]
-    assert runtime == ["H", "HKV", "NQ", "NK", "qk_scale"]
-    assert all(params[n].do_not_specialize for n in runtime)
+    for variant, ints in (("hopper", ["H", "HKV", "NQ", "NK"]),
+                          ("hopper_persist", ["B", "H", "HKV", "NQ", "NK"])):
+        params = {p.name: p for p in hop.kernel(variant).params}
+        sig = hop.signature(128, "bf16", variant)
+        runtime = [n for n in sig if sig[n] in ("i32", "fp32")]
+        assert runtime == [*ints, "qk_scale"]
+        assert all(params[n].do_not_specialize for n in runtime), variant
 
 
 @pytest.mark.gpu
