@@ -254,6 +254,8 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
                                         True, CAUSAL, PINGPONG)
+        if PERSISTENT:
+            mbarrier.arrive(q_empty.index(WG))  # the last Q K^T is done: the next tile's Q may land
         # epilogue: O += P_last V_last
         last = kv_base + n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
@@ -262,8 +264,9 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
         _turn_pass(turn, WG, NWG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
-    if PERSISTENT:
-        mbarrier.arrive(q_empty.index(WG))  # Q read for the last time: the producer loads the next tile's
+    else:
+        if PERSISTENT:
+            mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
 
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # empty rows: acc = 0 -> o = 0
     o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
@@ -319,6 +322,15 @@ def _tile(t, num_m, H, HKV, NQ, NK, ROWS: gl.constexpr, BN: gl.constexpr, CAUSAL
 
 
 @gluon.jit
+def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG: gl.constexpr):
+    """The Q tiles of this CTA's i-th tile, each once its warpgroup handed the buffer back."""
+    for w in gl.static_range(NWG):
+        mbarrier.wait(q_empty.index(w), (i & 1) ^ 1)  # warpgroup w is done with the last tile's Q
+        mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
+
+
+@gluon.jit
 def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                          k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr):
@@ -327,11 +339,8 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
         t = _work(i)
         if t < n_work:
             b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
-            for w in gl.static_range(NWG):
-                mbarrier.wait(q_empty.index(w), (i & 1) ^ 1)  # warpgroup w is done with the last tile's Q
-                mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w),
-                                                q_smem.index(w))
+            # K_0, V_0 first (their slots free up while the consumers finish the last tile), then Q, whose
+            # buffers come back only when the consumers' last Q K^T of the last tile is done
             for j in range(n_tiles):
                 it = kv_base + j
                 s = it % STAGES
@@ -342,6 +351,10 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                 mbarrier.wait(v_empty.index(s), ph)
                 mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
+                if j == 0:
+                    _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM, NWG)
+            if n_tiles == 0:
+                _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM, NWG)
             kv_base += n_tiles
 
 
