@@ -38,7 +38,7 @@ PASS=${PASS#,}; echo "hopper variants that passed the probe: ${PASS:-none} (t+$(
 
 # 2. The fast GPU tests of the Gluon kernel: 20 float64 cases of impl="hopper" (8 compiles), one case per
 #    other variant and head dim (11 compiles; persistent CTAs walking several tiles), one compile per variant.
-TAIL=8 step tests_hopper 105 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fwd.py -k "hopper or one_compile"
+TAIL=12 step tests_hopper 105 python -m pytest -v -rfE -p no:cacheprovider -m gpu tests/test_fwd.py -k "hopper or one_compile"
 
 # 3. Prefill: full-size float64 check of every implementation, then timing: bf16 N 1k-16k, d 64/128, causal
 #    and not, + fp16 at d = 128 N 4k/16k; impl="auto" (fwd.HOPPER_VALIDATED) beside the
