@@ -93,13 +93,14 @@ def _hopper_variant(torch, name):
     return call
 
 
-def _supports(name, d) -> bool:
-    """Whether implementation ``name`` is built for head dim ``d`` (Hopper variants may cover one d only)."""
+def _supports(name, d, causal) -> bool:
+    """Whether implementation ``name`` is built for head dim ``d`` and this mask (a Hopper variant may not
+    be)."""
     if not name.startswith("hopper"):
         return True
     from attnscope.kernels import fwd_hopper
 
-    return d in fwd_hopper.VARIANTS[name].configs
+    return fwd_hopper.supports(name, d, causal)
 
 
 def _impls(torch, flex: bool, hopper=("hopper",), auto: bool = True):
@@ -206,7 +207,7 @@ def main() -> int:
         q, k, v = inputs(dt, d, n)
         ref = _ref_error(torch, impls["flash"](q, k, v, c), q, k, v, c)
         for name, fn in impls.items():
-            if not _supports(name, d):
+            if not _supports(name, d, c):
                 continue
             try:
                 err = _ref_error(torch, fn(q, k, v, c), q, k, v, c)
@@ -241,7 +242,7 @@ def main() -> int:
         row = {"dtype": dt, "d": d, "causal": c, "n": n, "batch": q.shape[0], "heads": a.heads,
                "flops": flops, "tflops": {}, "err": {}}
         for name, fn in impls.items():
-            if (dt, d, c, n, name) not in ok:  # a variant not built for this head dim
+            if (dt, d, c, n, name) not in ok:  # a variant not built for this head dim or mask
                 continue
             row["err"][name] = errs[(dt, d, c, n, name)]
             if ok[(dt, d, c, n, name)]:

@@ -138,8 +138,9 @@ def _variant_cases():
     for name, var in hop.VARIANTS.items():
         for d in sorted(var.configs) if name != hop.DEFAULT_VARIANT else ():
             i = len(cases)
-            cases.append((name, d, bool(i % 2), ("bfloat16", "float16")[(i // 2) % 2], (1000, 1300)[i % 2],
-                          (1100, 1000)[i % 2]))
+            causal = bool(i % 2) and hop.supports(name, d, True)
+            cases.append((name, d, causal, ("bfloat16", "float16")[(i // 2) % 2], (1000, 1300)[causal],
+                          (1100, 1000)[causal]))
     return cases
 
 
@@ -395,7 +396,7 @@ def test_hopper_validated_table_is_well_formed():
     for d, dtype, causal, lo, hi, variant in fwd.HOPPER_VALIDATED:
         assert d in _common.SUPPORTED_HEAD_DIMS and dtype == "bfloat16" and isinstance(causal, bool)
         assert lo >= 1 and (hi is None or hi >= lo)
-        assert isinstance(hop.config(d, variant), hop.HopperConfig)
+        assert isinstance(hop.config(d, variant, causal), hop.HopperConfig)
     for key in {r[:3] for r in fwd.HOPPER_VALIDATED}:
         rows = sorted((r[3], math.inf if r[4] is None else r[4])
                       for r in fwd.HOPPER_VALIDATED if r[:3] == key)
@@ -412,6 +413,11 @@ def test_hopper_variant_errors():
     with pytest.raises(NotImplementedError,
                        match="'hopper_wg3': head_dim 128 is not supported; supported: \\[64\\]"):
         hop.config(128, "hopper_wg3")
+    with pytest.raises(NotImplementedError,
+                       match="'hopper_persist_pp': causal at head_dim 128 is not supported; "
+                             "supported: unmasked, or causal at head_dim \\[64\\]"):
+        hop.config(128, "hopper_persist_pp", causal=True)
+    assert hop.supports("hopper_persist_pp", 128, False) and not hop.supports("hopper_persist_pp", 128, True)
 
 
 _COMPILE_HOPPER = """

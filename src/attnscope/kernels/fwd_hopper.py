@@ -68,6 +68,7 @@ class Variant(NamedTuple):
     pingpong: bool
     configs: dict  # head_dim -> HopperConfig
     persistent: bool = False
+    causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
 
 
 _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
@@ -81,7 +82,8 @@ _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
 #: - hopper_m128 (d = 64 only): 128 rows per warpgroup (two m64 wgmmas per GEMM, 256 rows per CTA) with
 #:   64-key tiles: twice the GEMM work per mbarrier round trip and per K/V byte.
 #: - hopper_persist / hopper_persist_pp: persistent CTAs (one per SM), the next tile's loads overlapping
-#:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory).
+#:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory). hopper_persist_pp
+#:   is not built causal at d = 128: ptxas spills there (16 B stores, 52 B loads; every other build: none).
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
@@ -90,20 +92,30 @@ VARIANTS = {
     "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
     "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
     "hopper_persist": Variant(False, _BASE, persistent=True),
-    "hopper_persist_pp": Variant(True, _BASE, persistent=True),
+    "hopper_persist_pp": Variant(True, _BASE, persistent=True, causal_dims=(64,)),
 }
 DEFAULT_VARIANT = "hopper"
 
 
-def config(d: int, variant: str = DEFAULT_VARIANT) -> HopperConfig:
-    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it)."""
+def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool = False) -> HopperConfig:
+    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it,
+    or, with ``causal``, not built causal)."""
     if variant not in VARIANTS:
         raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
-    cfgs = VARIANTS[variant].configs
-    if d not in cfgs:
+    var = VARIANTS[variant]
+    if d not in var.configs:
         raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d} is not supported; supported: "
-                                  f"{sorted(cfgs)}")
-    return cfgs[d]
+                                  f"{sorted(var.configs)}")
+    if causal and var.causal_dims is not None and d not in var.causal_dims:
+        raise NotImplementedError(f"Hopper variant {variant!r}: causal at head_dim {d} is not supported; "
+                                  f"supported: unmasked, or causal at head_dim {list(var.causal_dims)}")
+    return var.configs[d]
+
+
+def supports(variant: str, d: int, causal: bool) -> bool:
+    """Whether ``variant`` is built for head dim ``d`` with this mask."""
+    var = VARIANTS[variant]
+    return d in var.configs and not (causal and var.causal_dims is not None and d not in var.causal_dims)
 
 
 @gluon.jit
@@ -540,7 +552,7 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
 
 def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
     """The constexpr arguments of ``variant`` (a `VARIANTS` name) for head dim ``d``."""
-    cfg = config(d, variant)
+    cfg = config(d, variant, causal)
     return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
             "num_warps": NUM_WARPS}
@@ -559,7 +571,7 @@ def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, var
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config(d, variant)
+    cfg = config(d, variant, causal)
 
     def desc(t, rows):
         block = [1, 1, rows, d]
