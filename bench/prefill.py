@@ -2,16 +2,20 @@
 FlexAttention, same inputs, same run; then the first-call latency of every kernel variant.
 
     PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
-        [--hopper-variants hopper,hopper_nopp,hopper_deep] [--d 128] [--n 8192]
+        [--hopper-variants hopper,hopper_nopp,...] [--no-auto] [--d 128] [--n 8192] [--fp16 128:4096,...]
 
 Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
-and not. Step 1 checks every implementation at every grid point at the full shape against float64
+and not; then the fp16 points of ``--fp16`` (d:N pairs, causal and not; default d = 128 at 4k and 16k,
+d = 64 at 16k) that `fwd.HOPPER_VALIDATED` needs before it may name a Hopper variant for fp16.
+Step 1 checks every implementation at every grid point at the full shape against float64
 (measure/bench.py's `_ref_error`: heads 0-1, the last 2,048 rows; bound 2 x SDPA FLASH's error + 1e-3);
 one that fails (or raises) is reported and not timed. Step 2 times the rest (triton.testing.do_bench,
 median). TFLOP/s from `model.flops.attention_flops`. Hopper variants (kernels/fwd_hopper.py VARIANTS):
-"hopper" is the public impl="hopper" (ping-pong, table config); "hopper_nopp" drops the ping-pong hand-off
-between the consumer warpgroups; "hopper_deep" has a deeper K/V ring. The closing "summary" lines give,
-per variant, the issue's targets: min ratio to CUDNN at N >= 4k and at N = 1k, and to the portable kernel.
+"hopper" is the public impl="hopper" (ping-pong, default variant); the others are the VARIANTS entries
+(ablations and alternatives, each timed at the head dims it is built for); "auto" is impl="auto" (the
+variant `fwd.HOPPER_VALIDATED` names, else portable: it must never be slower than portable). The closing
+"summary" lines give, per variant and dtype, the issue's targets: min ratio to CUDNN at N >= 4k and at
+N = 1k, and to the portable kernel. The JSON is rewritten after every timed point (a timeout keeps them).
 
 First call: a child process per cache state runs each variant (d x causal x {bf16, fp16} x impl) once and
 times that first call (host wall clock to completion; compile included), CUDA already initialised.
@@ -79,26 +83,36 @@ def _hopper_variant(torch, name):
 
     from attnscope.kernels import fwd, fwd_hopper
 
-    pingpong, cfgs = fwd_hopper.VARIANTS[name]
-
     def call(q, k, v, c):
         d = q.shape[-1]
         o = torch.empty_like(q)
         lse = torch.empty(1, device=q.device, dtype=torch.float32)
-        fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), c, False, pingpong, cfgs[d])
+        fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), c, False, name)
         return o
 
     return call
 
 
-def _impls(torch, flex: bool, hopper=("hopper",)):
+def _supports(name, d, causal) -> bool:
+    """Whether implementation ``name`` is built for head dim ``d`` and this mask (a Hopper variant may not
+    be)."""
+    if not name.startswith("hopper"):
+        return True
+    from attnscope.kernels import fwd_hopper
+
+    return fwd_hopper.supports(name, d, causal)
+
+
+def _impls(torch, flex: bool, hopper=("hopper",), auto: bool = True):
     import attnscope
     from attnscope.measure.backends import sdpa
 
     impls = {"portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable")}
-    for name in hopper:  # "hopper" is the public impl="hopper"; the others are fwd_hopper.VARIANTS ablations
+    for name in hopper:  # "hopper" is the public impl="hopper"; the others are fwd_hopper.VARIANTS entries
         impls[name] = (_hopper_variant(torch, name) if name != "hopper" else
                        lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="hopper"))
+    if auto:
+        impls["auto"] = lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="auto")
     impls["cudnn"] = sdpa("cudnn")
     impls["flash"] = sdpa("flash")
     if flex:
@@ -124,22 +138,22 @@ def _impls(torch, flex: bool, hopper=("hopper",)):
 
 
 def _summary(rows) -> list[str]:
-    """Per Hopper variant, the issue's targets: min ratio to CUDNN at N >= 4k and at 1k, and to portable."""
+    """Per Hopper variant (and auto), the issue's targets: min ratio to CUDNN at N >= 4k and at 1k, and to
+    portable."""
     lines = []
-    names = sorted({k for r in rows for k in r["tflops"] if k.startswith("hopper")})
+    names = sorted({k for r in rows for k in r["tflops"] if k.startswith("hopper") or k == "auto"})
     for name in names:
-        for d in sorted({r["d"] for r in rows}):
-            for c in (False, True):
-                sel = [r for r in rows if r["d"] == d and r["causal"] == c and name in r["tflops"]
-                       and "cudnn" in r["tflops"] and "portable" in r["tflops"]]
-                if not sel:
-                    continue
-                cu_long = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] >= 4096]
-                cu_1k = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] <= 1024]
-                port = [r["tflops"][name] / r["tflops"]["portable"] for r in sel]
-                fmt = lambda xs: f"{min(xs):.3f}" if xs else "-"  # noqa: E731
-                lines.append(f"summary {name} d={d} causal={int(c)}: min /cudnn N>=4k {fmt(cu_long)}, "
-                             f"N=1k {fmt(cu_1k)}; min /portable {fmt(port)}")
+        for dt, d, c in sorted({(r["dtype"], r["d"], r["causal"]) for r in rows}):
+            sel = [r for r in rows if r["dtype"] == dt and r["d"] == d and r["causal"] == c
+                   and name in r["tflops"] and "cudnn" in r["tflops"] and "portable" in r["tflops"]]
+            if not sel:
+                continue
+            cu_long = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] >= 4096]
+            cu_1k = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] <= 1024]
+            port = [r["tflops"][name] / r["tflops"]["portable"] for r in sel]
+            fmt = lambda xs: f"{min(xs):.3f}" if xs else "-"  # noqa: E731
+            lines.append(f"summary {name} {dt} d={d} causal={int(c)}: min /cudnn N>=4k {fmt(cu_long)}, "
+                         f"N=1k {fmt(cu_1k)}; min /portable {fmt(port)}")
     return lines
 
 
@@ -150,8 +164,11 @@ def main() -> int:
     p.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compiles)")
     p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
     p.add_argument("--no-hopper", action="store_true", help="leave out every Gluon Hopper variant")
-    p.add_argument("--hopper-variants", default="hopper,hopper_nopp,hopper_deep",
-                   help="comma-separated fwd_hopper.VARIANTS names to time (default: all three)")
+    p.add_argument("--hopper-variants", default=None,
+                   help="comma-separated fwd_hopper.VARIANTS names to time (default: all)")
+    p.add_argument("--no-auto", action="store_true", help="do not time impl='auto'")
+    p.add_argument("--fp16", default="128:4096,128:16384,64:16384",
+                   help="fp16 points as d:N pairs, causal and not ('' for none)")
     p.add_argument("--d", type=int, action="append", help="head dim(s) (default 128 and 64)")
     p.add_argument("--n", type=int, action="append", help="sequence length(s) (default 1k-16k)")
     p.add_argument("--tokens", type=int, default=16384)
@@ -168,32 +185,40 @@ def main() -> int:
         return 2
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
-    hopper = () if a.no_hopper else tuple(x for x in a.hopper_variants.split(",") if x)
-    impls = _impls(torch, flex=not a.no_flex, hopper=hopper)
-    ns = a.n or ([1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384])
-    points = [(d, c, n) for d in (a.d or (128, 64)) for c in (False, True) for n in ns]
+    from attnscope.kernels import fwd_hopper
 
-    def inputs(d, n):
+    names = fwd_hopper.VARIANTS if a.hopper_variants is None else a.hopper_variants.split(",")
+    hopper = () if a.no_hopper else tuple(x for x in names if x)
+    impls = _impls(torch, flex=not a.no_flex, hopper=hopper, auto=not a.no_auto)
+    ns = a.n or ([1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384])
+    points = [("bfloat16", d, c, n) for d in (a.d or (128, 64)) for c in (False, True) for n in ns]
+    for pair in (x for x in a.fp16.split(",") if x):
+        d, n = (int(x) for x in pair.split(":"))
+        points += [("float16", d, c, n) for c in (False, True)]
+
+    def inputs(dt, d, n):
         torch.manual_seed(n + d)
         b = max(1, a.tokens // n)
-        return [torch.randn(b, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        return [torch.randn(b, a.heads, n, d, device="cuda", dtype=getattr(torch, dt)) for _ in range(3)]
 
     # Step 1: correctness of every implementation at every point, full shape, before any timing.
     ok, errs, failures = {}, {}, []
-    for d, c, n in points:
-        q, k, v = inputs(d, n)
+    for dt, d, c, n in points:
+        q, k, v = inputs(dt, d, n)
         ref = _ref_error(torch, impls["flash"](q, k, v, c), q, k, v, c)
         for name, fn in impls.items():
+            if not _supports(name, d, c):
+                continue
             try:
                 err = _ref_error(torch, fn(q, k, v, c), q, k, v, c)
             except Exception as e:  # noqa: BLE001 - reported, and that implementation is not timed here
                 err, why = None, f"{type(e).__name__}: {str(e)[:160]}"
             else:
                 why = None if err <= 2 * ref + 1e-3 else f"err {err:.3g} > 2 x {ref:.3g} + 1e-3"
-            errs[(d, c, n, name)] = err
-            ok[(d, c, n, name)] = why is None
+            errs[(dt, d, c, n, name)] = err
+            ok[(dt, d, c, n, name)] = why is None
             if why:
-                failures.append(f"{name} d={d} causal={int(c)} N={n}: {why}")
+                failures.append(f"{name} {dt} d={d} causal={int(c)} N={n}: {why}")
         del q, k, v
         torch.cuda.empty_cache()
     for f in failures:
@@ -203,28 +228,7 @@ def main() -> int:
 
     # Step 2: time what passed.
     rows = []
-    for d, c, n in points:
-        q, k, v = inputs(d, n)
-        flops = attention_flops(q.shape[0], a.heads, n, n, d, c, "forward")
-        row = {"dtype": "bfloat16", "d": d, "causal": c, "n": n, "batch": q.shape[0], "heads": a.heads,
-               "flops": flops, "tflops": {}, "err": {}}
-        for name, fn in impls.items():
-            row["err"][name] = errs[(d, c, n, name)]
-            if ok[(d, c, n, name)]:
-                ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=c: fn(q, k, v, c))
-                row["tflops"][name] = flops / ms / 1e9
-        t = row["tflops"]
-        cu = t.get("cudnn")
-        ours = [k for k in t if k not in ("cudnn", "flash", "flex")]
-        ratios = " ".join(f"{k}={t[k] / cu:.3f}" for k in ours) if cu else ""
-        print(f"d={d:3d} causal={int(c)} N={n:5d} | " + " ".join(f"{k}={t[k]:.1f}" for k in t) +
-              (f" | /cudnn {ratios}" if ratios else ""), flush=True)
-        rows.append(row)
-        del q, k, v
-        torch.cuda.empty_cache()
-    out = {"env": env, "prefill": rows, "failures": failures, "summary": _summary(rows)}
-    for line in out["summary"]:
-        print(line, flush=True)
+    out = {"env": env, "prefill": rows, "failures": failures}
 
     def save():
         if a.json:
@@ -232,7 +236,32 @@ def main() -> int:
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1)
 
-    save()  # the timings survive a later timeout in the first-call children
+    for dt, d, c, n in points:
+        q, k, v = inputs(dt, d, n)
+        flops = attention_flops(q.shape[0], a.heads, n, n, d, c, "forward")
+        row = {"dtype": dt, "d": d, "causal": c, "n": n, "batch": q.shape[0], "heads": a.heads,
+               "flops": flops, "tflops": {}, "err": {}}
+        for name, fn in impls.items():
+            if (dt, d, c, n, name) not in ok:  # a variant not built for this head dim or mask
+                continue
+            row["err"][name] = errs[(dt, d, c, n, name)]
+            if ok[(dt, d, c, n, name)]:
+                ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=c: fn(q, k, v, c))
+                row["tflops"][name] = flops / ms / 1e9
+        t = row["tflops"]
+        cu = t.get("cudnn")
+        ours = [k for k in t if k not in ("cudnn", "flash", "flex")]
+        ratios = " ".join(f"{k}={t[k] / cu:.3f}" for k in ours) if cu else ""
+        print(f"{'bf16' if dt == 'bfloat16' else 'fp16'} d={d:3d} causal={int(c)} N={n:5d} | " +
+              " ".join(f"{k}={t[k]:.1f}" for k in t) + (f" | /cudnn {ratios}" if ratios else ""), flush=True)
+        rows.append(row)
+        save()  # every timed point survives a later timeout
+        del q, k, v
+        torch.cuda.empty_cache()
+    out["summary"] = _summary(rows)
+    for line in out["summary"]:
+        print(line, flush=True)
+    save()
     if not a.no_first_call:
         out["first_call"] = first_call_latency(impls=[i for i in ("portable", "hopper") if i in impls])
         save()

@@ -4,10 +4,11 @@
     PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched kernels' metadata
 
 Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
-(kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring), d in {64, 128} x {fp16, bf16}
-x causal. Without ``--gpu``: registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from
-the compiled kernel's metadata, and the `setmaxnreg` register split of the warp-specialised partitions
-read from the PTX. With ``--gpu [--variant NAME]``: each variant is launched once on a small ragged GQA input
+(kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring, 3 consumer warpgroups, 128-row
+warpgroup tiles; ``--variant NAME`` for one), each for the head dims it is built for (portable: 64 and 128)
+x {fp16, bf16} x causal. Without ``--gpu``: registers and spills from `ptxas -v --gpu-name sm_90a`, shared
+memory from the compiled kernel's metadata, and the `setmaxnreg` register split of the warp-specialised
+partitions read from the PTX. With ``--gpu``: each variant is launched once on a small ragged GQA input
 (bf16, B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and
 the compiled kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
 The ptxas "Used N registers" of a warp-specialised kernel is the launch budget (65,536 / threads);
@@ -68,21 +69,29 @@ def portable(d, dt, causal, name="portable"):
 
 
 def hopper(d, dt, causal, name="hopper"):
-    pingpong, cfgs = fwd_hopper.VARIANTS[name]
-    cfg = cfgs[d]
-    k = triton.compile(GluonASTSource(fn=fwd_hopper._attnscope_fwd_hopper_kernel,
-                                      signature=fwd_hopper.signature(d, dt, cfg),
-                                      constexprs=fwd_hopper.constexprs(d, causal, True, pingpong, cfg)),
+    cfg = fwd_hopper.config(d, name)
+    k = triton.compile(GluonASTSource(fn=fwd_hopper.kernel(name),
+                                      signature=fwd_hopper.signature(d, dt, name),
+                                      constexprs=fwd_hopper.constexprs(d, causal, True, name)),
                        target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
-    return (*cfg, f"pingpong={int(pingpong)}"), k
+    var = fwd_hopper.VARIANTS[name]
+    return (*cfg, f"pingpong={int(var.pingpong)}" + (" persistent" if var.persistent else "")), k
 
 
-def cpu_report() -> int:
-    builds = [("portable", portable)] + [(n, hopper) for n in fwd_hopper.VARIANTS]
-    for name, build in builds:
-        for d in (64, 128):
+def head_dims(name):
+    return (64, 128) if name == "portable" else tuple(sorted(fwd_hopper.VARIANTS[name].configs))
+
+
+def built(name, d, causal):
+    return name == "portable" or fwd_hopper.supports(name, d, causal)
+
+
+def cpu_report(names) -> int:
+    for name in names:
+        build = portable if name == "portable" else hopper
+        for d in head_dims(name):
             for dt in ("fp16", "bf16"):
-                for causal in (False, True):
+                for causal in (c for c in (False, True) if built(name, d, c)):
                     cfg, k = build(d, dt, causal, name)
                     ptx = k.asm["ptx"]
                     print(f"{name:11s} d={d:3d} {dt} causal={int(causal)} config={cfg}: "
@@ -100,8 +109,8 @@ def gpu_report(names) -> int:
 
     bad = 0
     for name in names:
-        for d in (64, 128):
-            for causal in (False, True):
+        for d in head_dims(name):
+            for causal in (c for c in (False, True) if built(name, d, c)):
                 g = torch.Generator(device="cuda").manual_seed(d + causal)
                 q = torch.randn(2, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
                 k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -109,11 +118,9 @@ def gpu_report(names) -> int:
                 if name == "portable":
                     o, _, c = fwd.launch(q, k, v, causal=causal, impl="portable")
                 else:
-                    pingpong, cfgs = fwd_hopper.VARIANTS[name]
                     o = torch.full_like(q, float("nan"))
                     lse = torch.empty(1, device="cuda", dtype=torch.float32)
-                    c = fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, False,
-                                          pingpong, cfgs[d])
+                    c = fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, False, name)
                 torch.cuda.synchronize()
                 kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # SDPA's bound without GQA
                 ref = _ref_error(torch, sdpa("flash")(q, kr, vr, causal), q, kr, vr, causal, heads=4)
@@ -129,11 +136,10 @@ def gpu_report(names) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true", help="launch each variant, print the loaded kernel metadata")
-    p.add_argument("--variant", action="append", help="with --gpu: portable or a fwd_hopper.VARIANTS name")
+    p.add_argument("--variant", action="append", help="portable or a fwd_hopper.VARIANTS name (default: all)")
     a = p.parse_args()
-    if a.gpu:
-        return gpu_report(a.variant or ["portable", *fwd_hopper.VARIANTS])
-    return cpu_report()
+    names = a.variant or ["portable", *fwd_hopper.VARIANTS]
+    return gpu_report(names) if a.gpu else cpu_report(names)
 
 
 if __name__ == "__main__":

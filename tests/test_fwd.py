@@ -125,6 +125,51 @@ def test_hopper_matches_float64_reference(monkeypatch, nq, nk, causal, group, d,
     _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl="hopper")
 
 
+def _variant_cases():
+    """One case per (Hopper variant other than the default, head dim it is built for): 2 x 16 query heads
+    over 4 KV heads, ragged Nq != Nk, causal and dtype alternating: 256+ CTA tiles, so a persistent CTA
+    walks several tiles (its K/V ring, Q hand-back and turn counters carry across tiles); causal cases have
+    Nq - Nk = 300 > 2 x 128 rows, so whole CTA tiles have no key (no KV tile, empty rows)."""
+    try:
+        from attnscope.kernels import fwd_hopper as hop
+    except ImportError:  # no Gluon: the test skips
+        return []
+    cases = []
+    for name, var in hop.VARIANTS.items():
+        for d in sorted(var.configs) if name != hop.DEFAULT_VARIANT else ():
+            i = len(cases)
+            causal = bool(i % 2) and hop.supports(name, d, True)
+            cases.append((name, d, causal, ("bfloat16", "float16")[(i // 2) % 2], (1000, 1300)[causal],
+                          (1100, 1000)[causal]))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("variant,d,causal,dtype,nq,nk", _variant_cases())
+def test_hopper_variant_matches_float64_reference(variant, d, causal, dtype, nq, nk):
+    """Every kernel variant (what impl='auto' may pick by `fwd.HOPPER_VALIDATED`), O and LSE, poisoned
+    outputs, against float64."""
+    from attnscope.kernels import fwd_hopper as hop
+
+    dt = getattr(torch, dtype)
+    q, k, v = _inputs(2, 16, 4, nq, nk, d, dt, strided=causal, seed=nq + d)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32)
+    hop.launch(q, k, v, o, lse, _common.LOG2E / math.sqrt(d), causal, True, variant)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "an element was not written"
+    ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
+                                         return_lse=True)
+    has_key = np.isfinite(rlse)  # rows with no visible key (Nq > Nk causal): 0 and LSE -inf
+    on = o.double().cpu().numpy()
+    err = np.abs(on - ro)[has_key].max(initial=0.0)
+    t_out = _torch_attention(q, k, v, causal).double().cpu().numpy()
+    torch_err = np.abs(t_out - ro)[has_key].max(initial=0.0)
+    assert err <= 2 * torch_err + 1e-3, f"{variant}: error {err:.3g} > 2 x torch's {torch_err:.3g} + 1e-3"
+    assert np.abs(lse.cpu().numpy() - rlse)[has_key].max(initial=0.0) < 1e-3
+    assert (on[~has_key] == 0).all() and (lse.cpu().numpy()[~has_key] == -np.inf).all()
+
+
 def _check_against_float64(monkeypatch, nq, nk, causal, group, d, dtype, strided, impl):
     dt = getattr(torch, dtype)
     hkv = 1 if nq * nk > 10_000 else 2
@@ -315,36 +360,91 @@ def test_impl_argument_errors():
             attnscope.flash_attention(**_good(), impl="hopper")
 
 
-def test_auto_is_portable_until_a_hopper_variant_is_validated(monkeypatch):
-    """impl='auto' picks the Gluon kernel only inside a HOPPER_VALIDATED row (d, dtype, causal, N range)."""
+def test_auto_picks_the_variant_of_the_hopper_validated_row(monkeypatch):
+    """impl='auto' picks a Gluon variant only inside a HOPPER_VALIDATED row (d, dtype, causal, N range)."""
     q = _good()["q"]
     monkeypatch.setattr(fwd, "_hopper_possible", lambda q: None)  # pretend sm_90
+    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ())
     assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "portable"
-    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ((64, "float16", False, 2048, 8192),
-                                                  (64, "float16", True, 4096, None)))
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "hopper"
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 2048) == "hopper"  # bounds inclusive
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 1024) == "portable"  # below the row's range
+    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ((64, "float16", False, 2048, 8191, "hopper_deep"),
+                                                  (64, "float16", False, 8192, 8192, "hopper_nopp"),
+                                                  (64, "float16", True, 4096, None, "hopper")))
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "hopper_deep"
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 2048) == "hopper_deep"  # bounds inclusive
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 8191) == "hopper_deep"
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 8192) == "hopper_nopp"  # the next row
+    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 1024) == "portable"  # below the rows' range
     assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 16384) == "portable"  # above it
     assert fwd._pick_impl("auto", q, 64, True, 0.18, None, 1 << 20) == "hopper"  # open upper bound
     assert fwd._pick_impl("auto", q, 128, False, 0.18, None, 4096) == "portable"  # other head dim
     assert fwd._pick_impl("auto", q, 64, False, 2.0, None, 4096) == "portable"  # huge scale: portable only
     assert fwd._pick_impl("auto", q, 64, False, 0.18, fwd.FwdConfig(64, 64, 4, 2), 4096) == "portable"
+    assert fwd._pick_impl("hopper", q, 64, False, 0.18, None, 4096) == "hopper"  # forced: the default
     with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
         fwd._pick_impl("hopper", q, 64, False, 2.0, None, 4096)
+    monkeypatch.setattr(fwd, "_hopper_possible", lambda q: "not sm_90")  # another GPU: the table is moot
+    assert fwd._pick_impl("auto", q, 64, True, 0.18, None, 4096) == "portable"
 
 
-def _compile_hopper(d, dtype, causal, pingpong):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+def test_hopper_validated_table_is_well_formed():
+    """Every row names a variant built for its head dim; no two rows of one (d, dtype, causal) overlap, so
+    the first-match rule is not hiding a row; fp16 has no row until it is measured."""
+    pytest.importorskip("triton.experimental.gluon")
     from attnscope.kernels import fwd_hopper as hop
 
-    src = GluonASTSource(fn=hop._attnscope_fwd_hopper_kernel, signature=hop.signature(d, dtype),
-                         constexprs=hop.constexprs(d, causal, True, pingpong))
-    return triton.compile(src,
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
+    assert fwd.HOPPER_VALIDATED, "the 2026-11-30 H200 measurements validate bf16 d = 128 points"
+    for d, dtype, causal, lo, hi, variant in fwd.HOPPER_VALIDATED:
+        assert d in _common.SUPPORTED_HEAD_DIMS and dtype == "bfloat16" and isinstance(causal, bool)
+        assert lo >= 1 and (hi is None or hi >= lo)
+        assert isinstance(hop.config(d, variant, causal), hop.HopperConfig)
+    for key in {r[:3] for r in fwd.HOPPER_VALIDATED}:
+        rows = sorted((r[3], math.inf if r[4] is None else r[4])
+                      for r in fwd.HOPPER_VALIDATED if r[:3] == key)
+        assert all(a[1] < b[0] for a, b in zip(rows, rows[1:], strict=False)), (key, rows)
+
+
+def test_hopper_variant_errors():
+    """An unknown variant, or a head dim a variant is not built for: NotImplementedError naming what is."""
+    pytest.importorskip("triton.experimental.gluon")
+    from attnscope.kernels import fwd_hopper as hop
+
+    with pytest.raises(NotImplementedError, match="'nope': supported: hopper, hopper_nopp"):
+        hop.config(128, "nope")
+    with pytest.raises(NotImplementedError,
+                       match="'hopper_wg3': head_dim 128 is not supported; supported: \\[64\\]"):
+        hop.config(128, "hopper_wg3")
+    with pytest.raises(NotImplementedError,
+                       match="'hopper_persist_pp': causal at head_dim 128 is not supported; "
+                             "supported: unmasked, or causal at head_dim \\[64\\]"):
+        hop.config(128, "hopper_persist_pp", causal=True)
+    assert hop.supports("hopper_persist_pp", 128, False) and not hop.supports("hopper_persist_pp", 128, True)
+
+
+_COMPILE_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from attnscope.kernels import fwd_hopper as hop
+d, dtype, causal, variant = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+src = GluonASTSource(fn=hop.kernel(variant),
+                     signature=hop.signature(d, dtype, variant),
+                     constexprs=hop.constexprs(d, causal, True, variant))
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
+sys.stdout.write(k.asm["ptx"])
+"""
+
+
+def _compile_hopper_ptx(d, dtype, causal, variant):
+    """The PTX of one Gluon variant compiled for sm_90 in a child process without TRITON_INTERPRET (which
+    conftest sets: Gluon's code generator rejects the interpreter's versions of Triton's reductions)."""
+    import os
+
+    src = os.path.dirname(os.path.dirname(attnscope.__file__))  # this checkout's package, not an install
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run([sys.executable, "-c", _COMPILE_HOPPER, str(d), dtype, str(int(causal)), variant],
+                          env=env, capture_output=True, text=True, check=True, timeout=600).stdout
 
 
 def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
@@ -358,8 +458,7 @@ def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
 
     import triton
 
-    k = _compile_hopper(64, "bf16", False, True)
-    ptx = k.asm["ptx"]
+    ptx = _compile_hopper_ptx(64, "bf16", False, "hopper")
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # S_j waited for alone, P V still in flight
     assert "setmaxnreg.dec.sync.aligned.u32 \t24" in ptx  # the 1-warp TMA producer gives registers back
@@ -371,7 +470,7 @@ def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
         rep = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.path.join(tmp, "k.o")],
                              capture_output=True, text=True, check=True).stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in rep and "serialized" not in rep
-    nopp = _compile_hopper(64, "bf16", False, False).asm["ptx"]
+    nopp = _compile_hopper_ptx(64, "bf16", False, "hopper_nopp")
 
     def count(pat, text):
         return len(re.findall(pat, text))
@@ -380,16 +479,33 @@ def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
     assert count(r"mbarrier\.try_wait", ptx) > count(r"mbarrier\.try_wait", nopp)
 
 
+def test_hopper_kernel_does_not_specialise_on_runtime_integers():
+    """Triton specialises an int argument equal to 1 (a constexpr) or divisible by 16 (an alignment hint)
+    unless told not to; the Gluon kernel opts every runtime integer out, so N, the head counts and the
+    scale never add a compile (the descriptors' key is dtype, block shape and layout only)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from attnscope.kernels import fwd_hopper as hop
+
+    for variant, ints in (("hopper", ["H", "HKV", "NQ", "NK"]),
+                          ("hopper_persist", ["B", "H", "HKV", "NQ", "NK"])):
+        params = {p.name: p for p in hop.kernel(variant).params}
+        sig = hop.signature(128, "bf16", variant)
+        runtime = [n for n in sig if sig[n] in ("i32", "fp32")]
+        assert runtime == [*ints, "qk_scale"]
+        assert all(params[n].do_not_specialize for n in runtime), variant
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU (compiled kernels)")
 @pytest.mark.parametrize("impl", ["portable", "hopper"])
 def test_one_compile_per_variant_on_gpu(impl):
-    """Different N, B, head counts and strides reuse one compiled kernel per (d, dtype, causal, lse)."""
+    """Different N, B, head counts (1 and multiples of 16 among them) and strides reuse one compiled kernel
+    per (variant, d, dtype, causal, lse)."""
     if impl == "hopper" and not _is_sm90():
         pytest.skip("the Gluon Hopper kernel needs an sm_90 GPU")
     seen = set()
     for b, hq, hkv, nq, nk, strided in ((1, 4, 2, 100, 300, False), (2, 8, 8, 4096, 4096, True),
-                                        (3, 2, 1, 1, 17, False)):
+                                        (3, 2, 1, 1, 17, False), (1, 16, 16, 16, 32, False)):
         q, k, v = _inputs(b, hq, hkv, nq, nk, 128, torch.bfloat16, strided, seed=nq)
         _, _, compiled = fwd.launch(q, k, v, causal=True, impl=impl)
         seen.add(id(compiled))

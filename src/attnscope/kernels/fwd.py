@@ -75,11 +75,24 @@ CONFIG_TABLE = (
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
-#: Measured table for ``impl="auto"``: rows ``(head_dim, dtype name, causal, n_min, n_max)`` (``n_max`` None
-#: = no upper bound; n = max(Nq, Nk)) where the Gluon Hopper kernel (kernels/fwd_hopper.py) was measured
-#: correct and faster than the portable kernel on an sm_90 GPU (bench/prefill.py, BENCHMARKS.md). Empty
-#: until measured: ``impl="auto"`` runs the portable kernel everywhere; ``impl="hopper"`` forces Gluon.
-HOPPER_VALIDATED: tuple = ()
+#: Measured table for ``impl="auto"``: rows ``(head_dim, dtype name, causal, n_min, n_max, variant)``
+#: (bounds inclusive, ``n_max`` None = no upper bound; n = max(Nq, Nk)): where the Gluon Hopper kernel's
+#: `fwd_hopper.VARIANTS` entry ``variant`` was measured correct (float64 check at full size) and at least 2 %
+#: faster than the portable kernel in the same run on an sm_90 GPU. Each row's range starts at a measured
+#: grid point and ends before the next measured point that was not won by the same variant (the grid is
+#: N = 1k, 2k, 4k, 8k, 16k; the last row of a trend that holds to 16k is open-ended). Points not covered —
+#: N < 1k, fp16 (not measured yet), d = 64 unmasked (Gluon slower at every N), d = 64 causal below 8k —
+#: run the portable kernel. Source: bench/prefill.py on the H200, 2026-11-30 22:11 UTC (torch 2.11.0+cu130,
+#: triton 3.6.0; bf16, H = 32, B*N = 16k; TFLOP/s, best variant / portable; BENCHMARKS.md).
+HOPPER_VALIDATED: tuple = (
+    (128, "bfloat16", False, 1024, 4095, "hopper_deep"),  # 1k 502.2/476.2, 2k 548.0/504.8
+    (128, "bfloat16", False, 4096, 8191, "hopper"),  # 4k 574.7/529.4
+    (128, "bfloat16", False, 8192, None, "hopper_nopp"),  # 8k 609.8/522.6, 16k 604.4/524.1
+    (128, "bfloat16", True, 1024, 2047, "hopper"),  # 1k 350.2/341.5
+    (128, "bfloat16", True, 2048, 4095, "hopper_deep"),  # 2k 444.7/389.3
+    (128, "bfloat16", True, 4096, None, "hopper_nopp"),  # 4k 497.2/446.2, 8k 556.7/484.1, 16k 601.1/500.0
+    (64, "bfloat16", True, 8192, None, "hopper_deep"),  # 8k 395.3/379.0, 16k 429.9/398.1 (4k: 363.8/363.0)
+)
 IMPLS = ("auto", "portable", "hopper")
 
 
@@ -256,13 +269,17 @@ def _check_config(config) -> FwdConfig:
     return cfg
 
 
-def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> bool:
-    """True when a `HOPPER_VALIDATED` row covers head dim ``d``, ``dtype`` ("bfloat16"...), ``causal``, n."""
-    return any(td == d and tt == dtype and tc == causal and n >= lo and (hi is None or n <= hi)
-               for td, tt, tc, lo, hi in HOPPER_VALIDATED)
+def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> str | None:
+    """The variant of the first `HOPPER_VALIDATED` row covering head dim ``d``, ``dtype`` ("bfloat16"...),
+    ``causal`` and ``n``, else None."""
+    for td, tt, tc, lo, hi, variant in HOPPER_VALIDATED:
+        if td == d and tt == dtype and tc == causal and n >= lo and (hi is None or n <= hi):
+            return variant
+    return None
 
 
 def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
+    """"portable", or the `fwd_hopper.VARIANTS` name to run (``impl="hopper"``: its default variant)."""
     if impl not in IMPLS:
         raise InputError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
     if impl == "hopper":
@@ -274,10 +291,9 @@ def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
                                       "supported: impl='portable' (any finite scale)")
         if cfg is not None:
             raise InputError("config: applies to impl='portable' only, got impl='hopper'")
-        return "hopper"
-    if (impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None
-            and _hopper_validated(d, str(q.dtype).replace("torch.", ""), causal, n)):
-        return "hopper"
+        return "hopper"  # fwd_hopper.DEFAULT_VARIANT
+    if impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None:
+        return _hopper_validated(d, str(q.dtype).replace("torch.", ""), causal, n) or "portable"
     return "portable"
 
 
@@ -296,10 +312,10 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg, max(Nq, Nk))
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
-    if chosen == "hopper":
+    if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
-        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse)
+        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen)
     if cfg is None:
         cfg = pick_config(d, causal, max(Nq, Nk))
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
@@ -365,8 +381,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     impl : {"auto", "portable", "hopper"}
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
         FlashAttention-3's warp-specialised ping-pong schedule (kernels/fwd_hopper.py, experimental;
-        needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: hopper where the measured table
-        `HOPPER_VALIDATED` (d, dtype, causal, N range) says it wins (empty: nowhere yet), else portable.
+        needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant the
+        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range) — bf16 d = 128 from
+        N = 1k, bf16 d = 64 causal from 8k — else portable. Each kernel variant compiles once per process.
 
     Returns
     -------

@@ -1,33 +1,35 @@
 """FlashAttention forward for Hopper (sm_90) in Gluon, with FlashAttention-3's structure. EXPERIMENTAL.
 
 Algorithm: the online softmax of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 1) scheduled as in
-FlashAttention-3 (Shah et al., arXiv:2407.08608): a CTA owns ``2 x BM`` query rows of one (batch, head)
-and runs three partitions (`gl.warp_specialize`):
+FlashAttention-3 (Shah et al., arXiv:2407.08608): a CTA owns ``NWG x BM`` query rows of one (batch, head)
+and runs ``NWG + 1`` partitions (`gl.warp_specialize`):
 
-- producer (1 warp, ``PRODUCER_REGS`` registers after `setmaxnreg`): TMA loads of both Q tiles, then K
+- producer (1 warp, ``PRODUCER_REGS`` registers after `setmaxnreg`): TMA loads of the Q tiles, then K
   and V tiles into a ``STAGES``-deep shared-memory ring; ``k_ready``/``v_ready`` mbarriers (TMA byte
-  counts) hand a slot to the consumers, ``k_empty``/``v_empty`` (2 arrivals: both consumers) hand it back.
-- two consumer warpgroups (4 warps each, ``CONSUMER_REGS`` registers), warpgroup ``w`` owning query rows
+  counts) hand a slot to the consumers, ``k_empty``/``v_empty`` (NWG arrivals) hand it back.
+- NWG = 2 or 3 consumer warpgroups (4 warps each, ``CONSUMER_REGS``), warpgroup ``w`` owning query rows
   ``[w BM, (w+1) BM)`` of the CTA tile: S = Q K^T and O += P V with asynchronous `warpgroup_mma`
   (Q and K, V from shared memory, P from registers), base-2 online softmax with log2 e in the scale.
 
 Overlap inside a warpgroup (§3.2, "intra-warpgroup pipelining"): iteration j issues S_j = Q K_j^T and
 then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstanding=1)`), computes the
-softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong between the
-warpgroups (§3.1): the issue of each iteration's two GEMMs is a critical section handed back and forth
-through two ``turn`` mbarriers, so one warpgroup's softmax runs while the other's GEMMs occupy the
-tensor cores (FA-3 uses named barriers; Gluon 3.6 has none, an mbarrier pair does the same ordering).
-``PINGPONG=False`` drops the hand-off (an ablation for the benchmark).
+softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong (§3.1): the issue
+of each iteration's two GEMMs is a critical section passed round robin through ``turn`` mbarriers (FA-3
+uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
+Persistent variants (one CTA per SM, tiles in snake order) overlap a tile's epilogue with the next
+tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
 
 Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
 mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
 ``c <= r + Nk - Nq``); tile 0 is always masked (the pipeline's prologue). Empty rows give 0, LSE -inf.
 Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides (ragged tiles read 0, clipped on
-store); O is staged through the warpgroup's Q buffer. Contract as `attnscope.kernels.fwd`; dispatch via
-``impl="hopper"``, or ``impl="auto"`` for the variants in `fwd.HOPPER_VALIDATED` (measured wins only).
+store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default variant, ``impl="auto"``
+the variant `fwd.HOPPER_VALIDATED` names for (d, dtype, causal, N) (measured wins only).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from attnscope.kernels._common import import_torch_triton
 
@@ -45,26 +47,75 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 NUM_WARPS = 4  # the default partition = consumer warpgroup 0
 PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
-CONSUMER_REGS = gl.constexpr(240)  # setmaxnreg of consumer warpgroup 1 (a worker partition)
+#: setmaxnreg of the consumer warpgroups that are worker partitions, by consumer-warpgroup count
+CONSUMER_REGS = {2: 240, 3: 160}
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
-#: (head_dim) -> (BM rows per consumer warpgroup, BLOCK_N, STAGES): shared memory is 2 Q tiles +
-#: STAGES x (K + V); the CTA covers 2 x BM query rows. Compile report: bench/sm90_resources.py.
-CONFIGS = {128: (64, 128, 2), 64: (64, 128, 3)}
+
+class HopperConfig(NamedTuple):
+    """One block configuration: the CTA covers ``NWG x BM`` query rows."""
+
+    BM: int  # query rows per consumer warpgroup (64: one m64 wgmma; 128: two)
+    BN: int  # keys per K/V tile
+    STAGES: int  # depth of the shared-memory K/V ring
+    NWG: int = 2  # consumer warpgroups (2 or 3)
 
 
-#: Variants bench/prefill.py times beside the default (name -> ping-pong on?, configs per head dim):
-#: the ablation without the ping-pong hand-off, and a deeper K/V ring (d = 128: 229,800 B of shared memory).
+class Variant(NamedTuple):
+    """A kernel variant: ping-pong on/off, the block configuration per head dim it is built for, and
+    whether the CTAs are persistent (one per SM, walking tiles)."""
+
+    pingpong: bool
+    configs: dict  # head_dim -> HopperConfig
+    persistent: bool = False
+    causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
+
+
+_BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
+
+#: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
+#: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
+#: - hopper_nopp: no ping-pong hand-off (the consumers issue their GEMMs independently).
+#: - hopper_deep: one more K/V stage (d = 128: 229,800 B of shared memory).
+#: - hopper_wg3 / hopper_wg3_pp (d = 64 only): three consumer warpgroups, 192 query rows per CTA (FA-3's
+#:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax.
+#: - hopper_m128 (d = 64 only): 128 rows per warpgroup (two m64 wgmmas per GEMM, 256 rows per CTA) with
+#:   64-key tiles: twice the GEMM work per mbarrier round trip and per K/V byte.
+#: - hopper_persist / hopper_persist_pp: persistent CTAs (one per SM), the next tile's loads overlapping
+#:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory). hopper_persist_pp
+#:   is not built causal at d = 128: ptxas spills there (16 B stores, 52 B loads; every other build: none).
 VARIANTS = {
-    "hopper": (True, CONFIGS),
-    "hopper_nopp": (False, CONFIGS),
-    "hopper_deep": (True, {128: (64, 128, 3), 64: (64, 128, 4)}),
+    "hopper": Variant(True, _BASE),
+    "hopper_nopp": Variant(False, _BASE),
+    "hopper_deep": Variant(True, {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}),
+    "hopper_wg3": Variant(False, {64: HopperConfig(64, 128, 3, 3)}),
+    "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
+    "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
+    "hopper_persist": Variant(False, _BASE, persistent=True),
+    "hopper_persist_pp": Variant(True, _BASE, persistent=True, causal_dims=(64,)),
 }
+DEFAULT_VARIANT = "hopper"
 
 
-def config(d: int):
-    """(BM per warpgroup, BLOCK_N, STAGES) for head dim ``d``."""
-    return CONFIGS[d]
+def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool = False) -> HopperConfig:
+    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it,
+    or, with ``causal``, not built causal)."""
+    if variant not in VARIANTS:
+        raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
+    var = VARIANTS[variant]
+    if d not in var.configs:
+        raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d} is not supported; supported: "
+                                  f"{sorted(var.configs)}")
+    if causal and var.causal_dims is not None and d not in var.causal_dims:
+        raise NotImplementedError(f"Hopper variant {variant!r}: causal at head_dim {d} is not supported; "
+                                  f"supported: unmasked, or causal at head_dim {list(var.causal_dims)}")
+    return var.configs[d]
+
+
+def supports(variant: str, d: int, causal: bool) -> bool:
+    """Whether ``variant`` is built for head dim ``d`` with this mask."""
+    var = VARIANTS[variant]
+    return d in var.configs and not (causal and var.causal_dims is not None and d not in var.causal_dims)
 
 
 @gluon.jit
@@ -88,8 +139,9 @@ def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    for w in gl.static_range(2):
+              b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              NWG: gl.constexpr):
+    for w in gl.static_range(NWG):
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
     for i in range(n_tiles):
@@ -104,16 +156,22 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
 
 
 @gluon.jit
-def _turn_wait(turn, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Start of warpgroup WG's k-th GEMM-issue section: strict alternation, warpgroup 0 first."""
+def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Start of warpgroup WG's k-th GEMM-issue section: round robin 0, 1, .., NWG-1, warpgroup 0 first.
+
+    ``turn[WG]`` completes a phase when the previous warpgroup passes the turn; warpgroup 0's first
+    section waits on parity 1, which a fresh barrier passes at once."""
     if PINGPONG:
-        mbarrier.wait(turn.index(WG), (k + 1 - WG) & 1)
+        if WG == 0:
+            mbarrier.wait(turn.index(WG), (k + 1) & 1)
+        else:
+            mbarrier.wait(turn.index(WG), k & 1)
 
 
 @gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG))
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
 
 
 @gluon.jit
@@ -137,20 +195,21 @@ def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, B
 
 
 @gluon.jit
-def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
+def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
           qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    """KV tile j >= 1: issue S_j and O += P_{j-1} V_{j-1}; softmax(S_j) under the P V product."""
-    sj = j % STAGES
-    sp = (j - 1) % STAGES
-    mbarrier.wait(k_ready.index(sj), (j // STAGES) & 1)
-    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-    _turn_wait(turn, j, WG, PINGPONG)
-    kt = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
-    s_tok = warpgroup_mma(q, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """KV tile j >= 1 (ring slot counter ``it``, turn counter ``kt``): issue S_j and O += P_{j-1} V_{j-1};
+    softmax(S_j) under the P V product."""
+    sj = it % STAGES
+    sp = (it - 1) % STAGES
+    mbarrier.wait(k_ready.index(sj), (it // STAGES) & 1)
+    mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
+    _turn_wait(turn, kt, WG, NWG, PINGPONG)
+    kmat = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
+    s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
     o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
-    _turn_pass(turn, WG, PINGPONG)
+    _turn_pass(turn, WG, NWG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
     mbarrier.arrive(k_empty.index(sj))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
@@ -162,10 +221,14 @@ def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, 
 
 
 @gluon.jit
-def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
-              BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                   v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
+                   qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                   WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+    """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
+    from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
+    O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -179,51 +242,164 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
     l_i = gl.zeros([BM], gl.float32, row_layout)
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     q = q_smem.index(WG).reshape([BM, D])
-    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(q_bar.index(WG), q_phase)
     if n_tiles > 0:
         n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
-        mbarrier.wait(k_ready.index(0), 0)
-        _turn_wait(turn, 0, WG, PINGPONG)
-        kt = k_smem.index(0).reshape([BN, D]).permute((1, 0))
-        s_tok = warpgroup_mma(q, kt, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn, WG, PINGPONG)
+        s0 = kv_base % STAGES
+        mbarrier.wait(k_ready.index(s0), (kv_base // STAGES) & 1)
+        _turn_wait(turn, turn_base, WG, NWG, PINGPONG)
+        kmat = k_smem.index(s0).reshape([BN, D]).permute((1, 0))
+        s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(s0))
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
-            acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                        v_empty, turn, offs_m, qk_scale, NQ, NK, s_layout, o_layout,
-                                        p_layout, BM, BN, D, STAGES, WG, False, CAUSAL, PINGPONG)
+            acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
+                                        v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
+                                        NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
+                                        False, CAUSAL, PINGPONG)
         for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
-            acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                        v_empty, turn, offs_m, qk_scale, NQ, NK, s_layout, o_layout,
-                                        p_layout, BM, BN, D, STAGES, WG, True, CAUSAL, PINGPONG)
+            acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
+                                        v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
+                                        NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
+                                        True, CAUSAL, PINGPONG)
+        if PERSISTENT:
+            mbarrier.arrive(q_empty.index(WG))  # the last Q K^T is done: the next tile's Q may land
         # epilogue: O += P_last V_last
-        last = n_tiles - 1
+        last = kv_base + n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        _turn_wait(turn, n_tiles, WG, PINGPONG)
+        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
-        _turn_pass(turn, WG, PINGPONG)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
+    else:
+        if PERSISTENT:
+            mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
 
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # empty rows: acc = 0 -> o = 0
     o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
-    q.store(o.to(desc_o.dtype))  # Q is dead: its buffer stages O for the TMA store
+    if PERSISTENT:
+        tma.store_wait(pendings=0)  # the previous tile's O has left o_smem
+    o_smem.index(WG).reshape([BM, D]).store(o.to(desc_o.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], q_smem.index(WG))
-    tma.store_wait(pendings=0)
+    tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], o_smem.index(WG))
+    if not PERSISTENT:
+        tma.store_wait(pendings=0)
     if STORE_LSE:
         lse = m_i * LN2 + gl.log(l_i)  # -inf for empty rows
         gl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
 @gluon.jit
+def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
+              BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+    """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
+    _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
+                   v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
+                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False)
+
+
+@gluon.jit
+def _work(i):
+    """Persistent kernel: the tile of this CTA's round ``i`` (may be past the last tile in the last round).
+    Round i covers tiles [i P, (i + 1) P) of the P CTAs, in snake order (CTA p takes i P + p in even rounds,
+    i P + P - 1 - p in odd ones): with causal tiles' work falling within a head, a CTA that drew a heavy
+    tile in one round draws a light one in the next (static striding would give some CTAs 2x the work)."""
+    p = gl.program_id(0)
+    n = gl.num_programs(0)
+    t = i * n + p
+    if i % 2 == 1:
+        t = i * n + (n - 1 - p)
+    return t
+
+
+@gluon.jit
+def _tile(t, num_m, H, HKV, NQ, NK, ROWS: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """Persistent kernel: tile ``t`` -> (b, h, kv head, b*H + h, first query row, KV tiles). Tiles run
+    head-major (the CTAs in flight share K/V in L2); causal: the heaviest query tile of a head first."""
+    pid_bh = t // num_m
+    start_m = t % num_m
+    if CAUSAL:
+        start_m = num_m - 1 - start_m
+    h = pid_bh % H
+    row0 = start_m * ROWS
+    return (pid_bh // H, h, h // (H // HKV), pid_bh, row0,
+            gl.cdiv(_kv_hi(row0, ROWS, NQ, NK, BN, CAUSAL), BN))
+
+
+@gluon.jit
+def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG: gl.constexpr):
+    """The Q tiles of this CTA's i-th tile, each once its warpgroup handed the buffer back."""
+    for w in gl.static_range(NWG):
+        mbarrier.wait(q_empty.index(w), (i & 1) ^ 1)  # warpgroup w is done with the last tile's Q
+        mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
+
+
+@gluon.jit
+def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM: gl.constexpr, BN: gl.constexpr,
+                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr):
+    kv_base = 0
+    for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # i: this CTA's rounds = tiles so far (all full)
+        t = _work(i)
+        if t < n_work:
+            b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
+            # K_0, V_0 first (their slots free up while the consumers finish the last tile), then Q, whose
+            # buffers come back only when the consumers' last Q K^T of the last tile is done
+            for j in range(n_tiles):
+                it = kv_base + j
+                s = it % STAGES
+                ph = ((it // STAGES) & 1) ^ 1
+                mbarrier.wait(k_empty.index(s), ph)
+                mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_k, [b, hk, j * BN, 0], k_ready.index(s), k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), ph)
+                mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
+                if j == 0:
+                    _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM, NWG)
+            if n_tiles == 0:
+                _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM, NWG)
+            kv_base += n_tiles
+
+
+@gluon.jit
+def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                         BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                         WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                         PINGPONG: gl.constexpr):
+    kv_base = 0
+    turn_base = 0
+    for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # as _producer_persistent; i & 1: Q's phase
+        t = _work(i)
+        if t < n_work:
+            b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
+            _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                           k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, i & 1, NQ,
+                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True)
+            kv_base += n_tiles
+            if n_tiles > 0:
+                turn_base += n_tiles + 1
+    tma.store_wait(pendings=0)
+
+
+#: Runtime integers are not specialised: Triton would otherwise compile a separate kernel when one of them
+#: is 1 (a constexpr) or a multiple of 16 (an alignment hint): one compile per shape class instead of one per
+#: variant. The TMA descriptors specialise only on dtype, block shape and shared layout (not on the tensor's
+#: shape or strides), and the LSE pointer's 16-byte alignment always holds (a fresh torch allocation).
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale"])
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                                 PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                                 PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                 num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -235,43 +411,132 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)
-    row0 = start_m * (2 * BM)
-    n_tiles = gl.cdiv(_kv_hi(row0, 2 * BM, NQ, NK, BN, CAUSAL), BN)  # both warpgroups run every tile
+    row0 = start_m * (NWG * BM)
+    n_tiles = gl.cdiv(_kv_hi(row0, NWG * BM, NQ, NK, BN, CAUSAL), BN)  # every warpgroup runs every tile
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(2):
+    for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
         mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(s), count=2)
+        mbarrier.init(k_empty.index(s), count=NWG)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(s), count=NWG)
     fence_async_shared()
 
-    gl.warp_specialize(
-        [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, CAUSAL, STORE_LSE,
-                      PINGPONG)),
-         (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, CAUSAL, STORE_LSE,
-                      PINGPONG)),
-         (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                      v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES))],
-        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if NWG == 2:  # the partitions as literals: Gluon takes no function values in variables
+        gl.warp_specialize(
+            [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
+                          CAUSAL, STORE_LSE, PINGPONG)),
+             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
-def signature(d: int, dtype: str, cfg=None):
-    """Signature for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"): resource reports."""
-    bm, bn, _ = cfg or config(d)
+@gluon.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale"])
+def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE, B, H, HKV, NQ, NK, qk_scale,
+                                            CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                                            STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
+                                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Persistent form: one CTA per SM walks tiles ``pid, pid + grid, ...``; the producer loads the next
+    tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
+    the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight
+    while the next Q arrives); ``q_empty`` hands each Q buffer back to the producer."""
+    BM: gl.constexpr = desc_q.block_type.shape[2]
+    BN: gl.constexpr = desc_k.block_type.shape[2]
+    D: gl.constexpr = desc_q.block_type.shape[3]
+    num_m = gl.cdiv(NQ, NWG * BM)
+    n_work = num_m * B * H
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [NWG] + desc_o.block_type.shape, desc_o.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(NWG):
+        mbarrier.init(q_bar.index(w), count=1)
+        mbarrier.init(q_empty.index(w), count=1)
+        mbarrier.init(turn.index(w), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=NWG)
+        mbarrier.init(v_empty.index(s), count=NWG)
+    fence_async_shared()
+
+    if NWG == 2:
+        gl.warp_specialize(
+            [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+             (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
+                                     NWG, CAUSAL))],
+            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+             (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+             (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
+                                     NWG, CAUSAL))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+
+
+def kernel(variant: str = DEFAULT_VARIANT):
+    """The Gluon kernel function of ``variant`` (persistent or one CTA per tile)."""
+    return (_attnscope_fwd_hopper_persistent_kernel if VARIANTS[variant].persistent
+            else _attnscope_fwd_hopper_kernel)
+
+
+def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
+    """Signature of `kernel` (``variant``) for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"):
+    resource reports (bench/sm90_resources.py)."""
+    bm, bn = config(d, variant)[:2]
+    persistent = VARIANTS[variant].persistent
 
     def ds(rows):
         elem = gl.bfloat16 if dtype == "bf16" else gl.float16
@@ -279,12 +544,17 @@ def signature(d: int, dtype: str, cfg=None):
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
     return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
-            "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32",
-            **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "num_warps")}}
+            **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
+            "qk_scale": "fp32",
+            **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
+                                        "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, return_lse: bool, pingpong: bool = True, cfg=None):
-    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": (cfg or config(d))[2], "PINGPONG": pingpong,
+def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
+    """The constexpr arguments of ``variant`` (a `VARIANTS` name) for head dim ``d``."""
+    cfg = config(d, variant, causal)
+    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
+            "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
             "num_warps": NUM_WARPS}
 
 
@@ -292,22 +562,26 @@ def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, pingpong: bool = True,
-           cfg: tuple | None = None):
+def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
     """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place.
 
-    ``pingpong=False`` and ``cfg=(BM, BLOCK_N, STAGES)`` select benchmark variants (bench/prefill.py);
-    the default is `config`'s entry with ping-pong. Returns the compiled kernel (``.n_regs``,
-    ``.n_spills``, ``.metadata.shared``).
+    ``variant``: a `VARIANTS` name (`fwd.HOPPER_VALIDATED` picks it for ``impl="auto"``; bench/prefill.py
+    times each). Each (variant, d, dtype, causal, return_lse) compiles once per process. Returns the
+    compiled kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    bm, bn, _ = cfg or config(d)
+    cfg = config(d, variant, causal)
 
     def desc(t, rows):
         block = [1, 1, rows, d]
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
 
-    return _attnscope_fwd_hopper_kernel[(triton.cdiv(Nq, 2 * bm), B * Hq)](
-        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse, Hq, Hkv, Nq, Nk, qk_scale,
-        **constexprs(d, causal, return_lse, pingpong, cfg))
+    descs = (desc(q, cfg.BM), desc(k, cfg.BN), desc(v, cfg.BN), desc(o, cfg.BM))
+    tiles = triton.cdiv(Nq, cfg.NWG * cfg.BM)
+    if VARIANTS[variant].persistent:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        return _attnscope_fwd_hopper_persistent_kernel[(min(tiles * B * Hq, sms),)](
+            *descs, lse, B, Hq, Hkv, Nq, Nk, qk_scale, **constexprs(d, causal, return_lse, variant))
+    return _attnscope_fwd_hopper_kernel[(tiles, B * Hq)](
+        *descs, lse, Hq, Hkv, Nq, Nk, qk_scale, **constexprs(d, causal, return_lse, variant))
