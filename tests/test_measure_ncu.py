@@ -384,6 +384,9 @@ def test_calibration_ratios_and_slope():
     assert by[("copy", "slope")]["ratio"] == pytest.approx(1.0)  # the dirty residue cancels
     assert by[("sum", g)]["ratio"] == pytest.approx(1.02) and ("sum", "slope") not in by
     assert by[("fill", g)]["error"] == "ncu: timed out"
+    # a stream with no profiled kernel (copy_'s copy-engine memcpy, run 1) is an error, not a ratio of 0
+    empty = ncu.Point({"kind": "copy", "bytes": g}, ncu.Measured([], "none", "ncu x"))
+    assert physical.calibration_rows([empty]) == [{"kind": "copy", "bytes": g, "error": physical.NO_KERNEL}]
     assert ncu.exact_bytes({"kind": "copy", "bytes": 8}) == (8, 8)
     assert ncu.exact_bytes({"kind": "sum", "bytes": 8}) == (8, 0)
     with pytest.raises(ValueError, match=r"kind: expected one of copy, sum, fill, got 'move'"):
