@@ -230,10 +230,14 @@ def main() -> int:
             q_bytes = s["sets"] * s["T"] * s["qt"] * TILE * 4  # the streamed Q tiles: read once each
             r["amplification"] = (read - q_bytes) / (s["sets"] * kv)
             other = (s["qt"] + s["ot"]) * TILE * 4
+            share = 1.0
+            if s["causal"]:  # item i reads ceil((i + 1) TILES / T) of the TILES tiles
+                share = sum(-(-(i + 1) * s["tiles"] // s["T"]) for i in range(s["T"])) / (s["T"] * s["tiles"])
             for key, ob in (("model", other), ("model_no_stream", 0)):
                 r[key] = model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
                                             other_bytes=ob, causal=s["causal"], backward=s["backward"],
-                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile")
+                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile",
+                                            share=share, schedule="static")
         rows.append(r)
     for s in status:
         if not s.get("ok"):
