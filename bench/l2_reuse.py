@@ -19,6 +19,9 @@ B. order: ``sets`` K/V-like sets of ``kv`` bytes each, every set read whole by `
    prediction beside each.
 C. causal-like: as B, head-major, but work item i of a set reads only the first (i + 1) / T of it,
    forwards (tile 0 first, attnscope's kernel) or backwards (diagonal first, FlashAttention-2's loop).
+   The programs take items statically (p, p + P, ...): two readers of a set are one diagonal step
+   apart, so P such steps come between their visits of a tile (model/l2.py `wave_rereads`,
+   ``schedule="static"``, prints its prediction beside each).
 D. write-back: a kernel that writes W bytes (fill), then one that reads them back (producer ->
    consumer, naive attention's S): DRAM writes of the first (what does not stay dirty in L2) and reads
    of the second (what the L2 kept).

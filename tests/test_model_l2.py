@@ -271,9 +271,11 @@ def test_gqa_heads_split_by_the_batch_reread_their_kv_set():
         return e.read / batch - 8 * 16384 * 128 * 2  # K/V bytes read per batch
     assert kv_read(1) == pytest.approx(8 * MiB, rel=0.02)
     assert kv_read(16) > 4 * 8 * MiB
-    # EFFICIENT's grid is (m, h, b): the group stays adjacent whatever the batch
-    e = estimate("efficient", 16384, 128, 8, 16, kv_heads=1, l2_bytes=H200_L2, sms=132)
-    assert e.read / 16 - 8 * 16384 * 128 * 2 == pytest.approx(8 * MiB, rel=0.02)
+    # EFFICIENT's grid is (m, h, b) and attnscope's program b * H + h: the group stays adjacent whatever
+    # the batch
+    for impl in ("efficient", "attnscope"):
+        e = estimate(impl, 16384, 128, 8, 16, kv_heads=1, l2_bytes=H200_L2, sms=132)
+        assert e.read / 16 - 8 * 16384 * 128 * 2 == pytest.approx(8 * MiB, rel=0.02), impl
 
 
 def test_forward_causal_readers_reread_only_what_one_launch_interval_evicts():

@@ -61,7 +61,8 @@ class Kernel(NamedTuple):
     block_q: int  # query rows per CTA
     block_kv: int  # K/V rows per step
     ctas_per_sm: int  # co-resident CTAs per SM
-    order: str  # grid order after the query tile: "bh" (batch outer, heads adjacent) or "hb" (heads outer)
+    order: str  # grid dims after the query tile, fastest first: "hb" (heads, then batch: a GQA group's
+    # heads adjacent) or "bh" (batch, then heads: the other batches come between a group's heads)
     backward: bool  # causal K/V walked from the diagonal down (FlashAttention-2)
     lse: bool  # writes the FP32 logsumexp in an inference forward
     persistent: bool = False  # SMs x ctas_per_sm programs, program p takes tiles p, p + C, ... (static)
@@ -72,7 +73,8 @@ class Kernel(NamedTuple):
 #: grid (m_blocks, b, h), n_block loop from the diagonal down. efficient: CUTLASS mem-eff 64 x 128
 #: (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a persistent
 #: grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in (m, h, b)
-#: order assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H). CTAs per SM: ncu's occupancy
+#: order assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H), program b*H + h (heads fastest);
+#: causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's occupancy
 #: section on the H200 (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255
 #: registers, 98,336 B; d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
 KERNELS = {
@@ -80,8 +82,8 @@ KERNELS = {
     "efficient": {128: Kernel(64, 128, 2, "hb", False, False), 64: Kernel(64, 64, 2, "hb", False, False)},
     "cudnn": {128: Kernel(128, 128, 1, "hb", False, False, persistent=True),
               64: Kernel(128, 128, 1, "hb", False, False, persistent=True)},
-    "attnscope": {128: Kernel(128, 64, 2, "bh", False, False), 64: Kernel(128, 128, 2, "bh", False, False),
-                  -64: Kernel(128, 64, 2, "bh", False, False)},  # -d: the causal config where it differs
+    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False), 64: Kernel(128, 128, 2, "hb", False, False),
+                  -64: Kernel(128, 64, 2, "hb", False, False)},  # -d: the causal config where it differs
 }
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
