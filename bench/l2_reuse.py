@@ -19,6 +19,9 @@ B. order: ``sets`` K/V-like sets of ``kv`` bytes each, every set read whole by `
    prediction beside each.
 C. causal-like: as B, head-major, but work item i of a set reads only the first (i + 1) / T of it,
    forwards (tile 0 first, attnscope's kernel) or backwards (diagonal first, FlashAttention-2's loop).
+   The programs take items statically (p, p + P, ...): two readers of a set are one diagonal step
+   apart, so P such steps come between their visits of a tile (model/l2.py `wave_rereads`,
+   ``schedule="static"``, prints its prediction beside each).
 D. write-back: a kernel that writes W bytes (fill), then one that reads them back (producer ->
    consumer, naive attention's S): DRAM writes of the first (what does not stay dirty in L2) and reads
    of the second (what the L2 kept).
@@ -230,10 +233,14 @@ def main() -> int:
             q_bytes = s["sets"] * s["T"] * s["qt"] * TILE * 4  # the streamed Q tiles: read once each
             r["amplification"] = (read - q_bytes) / (s["sets"] * kv)
             other = (s["qt"] + s["ot"]) * TILE * 4
+            share = 1.0
+            if s["causal"]:  # item i reads ceil((i + 1) TILES / T) of the TILES tiles
+                share = sum(-(-(i + 1) * s["tiles"] // s["T"]) for i in range(s["T"])) / (s["T"] * s["tiles"])
             for key, ob in (("model", other), ("model_no_stream", 0)):
                 r[key] = model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
                                             other_bytes=ob, causal=s["causal"], backward=s["backward"],
-                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile")
+                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile",
+                                            share=share, schedule="static")
         rows.append(r)
     for s in status:
         if not s.get("ok"):

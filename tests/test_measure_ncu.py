@@ -133,6 +133,7 @@ def test_recorded_csv_parses_into_one_segment_per_marked_call():
 # --- attnscope bytes --sweep / --from-json / --calibrate (measure/physical.py) ---------------------------
 
 HELDOUT = Path(__file__).resolve().parents[1] / "bench" / "grids" / "heldout.csv"
+HELDOUT2 = HELDOUT.with_name("heldout2.csv")  # drawn after run 1 of heldout.csv: shares no shape with it
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -156,8 +157,9 @@ def test_grid_csv_parses_into_specs(tmp_path):
     assert physical.parse_grid(ym) == specs
 
 
-def test_the_heldout_grid_is_fresh_and_complete():
-    specs = physical.parse_grid(HELDOUT)
+@pytest.mark.parametrize("grid", [HELDOUT, HELDOUT2])
+def test_the_heldout_grid_is_fresh_and_complete(grid):
+    specs = physical.parse_grid(grid)
     assert len(specs) >= 40
     assert {s["impl"] for s in specs} == set(physical.ncu.IMPLS)
     assert max(s["n"] for s in specs) >= 32000
@@ -168,6 +170,15 @@ def test_the_heldout_grid_is_fresh_and_complete():
     assert not {(s["impl"], s["n"], s["heads"], s["batch"]) for s in specs} & dev
     assert not {(s["n"], s["heads"]) for s in specs} & {(3000, 12), (6144, 24), (12288, 40), (24576, 8)}
     assert len({tuple(sorted(s.items())) for s in specs}) == len(specs)
+
+
+def test_the_second_heldout_grid_shares_no_shape_with_the_first():
+    first = {(s["n"], s["heads"]) for s in physical.parse_grid(HELDOUT)}
+    second = physical.parse_grid(HELDOUT2)
+    assert not {(s["n"], s["heads"]) for s in second} & first
+    assert not {s["n"] for s in second} & {s["n"] for s in physical.parse_grid(HELDOUT)}
+    # SDPA refuses EFFICIENT with GQA + causal: such a point would measure nothing
+    assert not [s for s in second if s["impl"] == "efficient" and s.get("kv_heads") and s["causal"]]
 
 
 def _dev_points():
@@ -373,6 +384,9 @@ def test_calibration_ratios_and_slope():
     assert by[("copy", "slope")]["ratio"] == pytest.approx(1.0)  # the dirty residue cancels
     assert by[("sum", g)]["ratio"] == pytest.approx(1.02) and ("sum", "slope") not in by
     assert by[("fill", g)]["error"] == "ncu: timed out"
+    # a stream with no profiled kernel (copy_'s copy-engine memcpy, run 1) is an error, not a ratio of 0
+    empty = ncu.Point({"kind": "copy", "bytes": g}, ncu.Measured([], "none", "ncu x"))
+    assert physical.calibration_rows([empty]) == [{"kind": "copy", "bytes": g, "error": physical.NO_KERNEL}]
     assert ncu.exact_bytes({"kind": "copy", "bytes": 8}) == (8, 8)
     assert ncu.exact_bytes({"kind": "sum", "bytes": 8}) == (8, 0)
     with pytest.raises(ValueError, match=r"kind: expected one of copy, sum, fill, got 'move'"):

@@ -13,9 +13,11 @@ The measured call runs in a child process (``python -m attnscope.measure.ncu --c
 marker separates the calls when one child measures several configurations (bench/record_fixtures.py,
 `measure_many`, `attnscope bytes --sweep`). A spec is an attention call (``impl``, ``batch``, ``heads``,
 ``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``, ``d``, ``dtype``, ``causal``) or a calibration
-stream of known size (``kind``: ``copy`` = ``dst.copy_(src)``, ``sum`` = fp32 ``x.sum()``, ``fill`` =
-``x.fill_(1)``; ``bytes``): `exact_bytes` gives its exact DRAM bytes, so the counters themselves are
-checked through this same path (`attnscope bytes --calibrate`).
+stream of known size (``kind``: ``copy`` = ``torch.neg(src, out=dst)``, an SM kernel that reads and
+writes every byte once (``dst.copy_(src)`` is a cudaMemcpy on the copy engine, which ncu does not profile:
+it measured 0 bytes on the H200), ``sum`` = fp32 ``x.sum()``, ``fill`` = ``x.fill_(1)``; ``bytes``):
+`exact_bytes` gives its exact DRAM bytes, so the counters themselves are checked through this same path
+(`attnscope bytes --calibrate`).
 
 ``--cache-control none`` (the default here) leaves the L2 alone between kernels, as inference does:
 naive attention's softmax may read S from L2 where S fits. ``all`` (ncu's own default) flushes it
@@ -345,9 +347,9 @@ def _call(torch, spec: dict):
         exact_bytes(spec)  # validates kind and size
         n = spec["bytes"] // 4
         src = torch.ones(n, dtype=torch.float32, device="cuda")
-        if spec["kind"] == "copy":
+        if spec["kind"] == "copy":  # an SM kernel (elementwise), not copy_'s copy-engine cudaMemcpy
             dst = torch.empty_like(src)
-            return (lambda: dst.copy_(src)), (src, dst)
+            return (lambda: torch.neg(src, out=dst)), (src, dst)
         if spec["kind"] == "sum":
             return (lambda: src.sum()), (src,)
         return (lambda: src.fill_(1.0)), (src,)

@@ -8,7 +8,7 @@ compulsory bytes that does not say why). The JSON it writes keeps the raw counte
 `--from-json` re-evaluates the current estimate against a recorded sweep without a GPU.
 
 `attnscope bytes --calibrate` measures streams of known size through the same ncu path
-(`CALIBRATION`: a device copy, a read-only fp32 sum, a write-only fill, at two sizes) and prints the
+(`CALIBRATION`: a copy by an SM kernel, a read-only fp32 sum, a write-only fill, at two sizes) and prints the
 counter / exact ratios (`calibration_rows`); the slope between the two sizes cancels what stays dirty
 in the L2 at the end of a kernel.
 
@@ -270,6 +270,9 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
     return compare(pairs, l2, sm), env
 
 
+NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"
+
+
 def calibration_rows(points: list[ncu.Point]) -> list[dict]:
     """Counter / exact ratios of each calibration stream, and the slope between its two sizes.
 
@@ -284,6 +287,9 @@ def calibration_rows(points: list[ncu.Point]) -> list[dict]:
             continue
         er, ew = ncu.exact_bytes(p.spec)
         m = p.measured
+        if not m.kernels:  # e.g. a copy-engine transfer: no SM kernel, nothing for the counters to see
+            out.append({"kind": p.spec["kind"], "bytes": p.spec["bytes"], "error": NO_KERNEL})
+            continue
         exact, got = er + ew, (m.read if not ew else m.write if not er else m.total)
         row = {"kind": p.spec["kind"], "bytes": p.spec["bytes"], "exact_read": er, "exact_write": ew,
                "read": m.read, "write": m.write, "ratio": got / exact}

@@ -11,17 +11,20 @@ goes below those compulsory bytes only by a *credit* it names (`Estimate.credits
 in the write-back L2 when the call ends, which ncu does not count. `estimate` asserts the floor.
 
 Fused kernels (`wave_rereads`). CTAs start in their grid's linear order (`KERNELS`: query tile fastest,
-then batch/head as each grid lays them out), ``SMs x ctas_per_sm`` at a time (a wave). The U CTAs that
-share one K/V set (one kv head of one batch; U = T_r, or g T_r when the g query heads of a GQA group are
-adjacent in the order) fall into 1 + (U - 1) / C waves on average; each wave after the first re-reads the
-set unless it survived one wave's worth of traffic: the K/V of the sets the wave spans plus its Q and O
-tiles, W = (C / U + 1) kv + C (q + o). Re-read miss fraction ``miss(W / capacity)``: 0 up to the
-capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal kernels that walk K/V from the diagonal down
-(FlashAttention-2) spread a set's readers over the longest CTA's lifetime, s = longest / mean CTA
-(closed form from model/tiles.py), so their window is s C CTAs wide and a set is re-read s (U - 1) / C
-times; kernels that walk K/V forwards keep a set's readers in step (s = 1) and a causal re-read costs the
-mean share of the set a CTA loads. Where the batch sits between the g query heads of a GQA group (FLASH's
-(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
+then batch/head as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one
+K/V set (one kv head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into
+1 + (U - 1) / C waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V
+of the sets it spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), never more than all the
+call's distinct K/V. Miss fraction ``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at
+``ramp`` x capacity. Causal readers (bench/l2_reuse.py C): forward walkers that start together read each
+tile in step; launched as slots free, consecutive ones start one launch interval apart, in which the
+machine inserts about one CTA's K/V and Q/O (the reuse distance; the first reader of a GQA group's next
+head comes half a head later). Under a static persistent schedule (the microbenchmark) readers are one
+diagonal step apart: C steps of the machine, C kv / U, between two visits of a tile. FlashAttention-2's
+walk from the diagonal down leaks re-reads the diagonal step alone does not explain (the drift of long
+CTAs?): its readers are spread over the longest CTA's lifetime, s = longest / mean, window s C wide.
+Where the batch sits between a GQA group's heads (FLASH's (m, b, h) grid), each later head re-reads its
+set after the other batches' sets and Q/O, with `miss`.
 
 Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
 inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
@@ -29,14 +32,13 @@ T the call's total insertions; what is resident is not counted. Naive attention 
 survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
 reads a head's P one column band at a time; the causal mask is re-read one head later).
 
-Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"): capacity = half the L2 (measured on the
-2026-11-29 recordings: ~28 MiB of writes stay dirty in the 60 MiB L2); ramp 1.3 (chosen on that
-development grid); bench/l2_reuse.py measures both (and the order and write-back effects), and
-bench/gpu/bytes.sh's ncu occupancy step the CTAs per SM. ctas_per_sm: attnscope from its sm_90 compile
-(registers, shared memory), FLASH, EFFICIENT, cuDNN assumed from their tiles; grid orders: attnscope
-kernels/fwd.py, FLASH (m, b, h) and EFFICIENT (m, h, b) from their sources, cuDNN assumed (m, h, b); K/V
-direction: FLASH backwards (its source), the others forwards (assumed); FLASH split-KV below 0.8 x 2 x
-SMs CTAs (its heuristic), partials resident in L2 when they fit.
+Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (2026-11-30,
+bench/gpu/bytes.sh): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A, cyclic re-reads);
+ctas_per_sm (ncu occupancy: FLASH d 64/128, EFFICIENT d 128, attnscope d 64/128: 2; cuDNN: 1, a
+persistent grid of 132 CTAs). From sources: grid orders of attnscope (kernels/fwd.py), FLASH (m, b, h)
+and EFFICIENT (m, h, b); FLASH's walk from the diagonal down and its split-KV heuristic (below 0.8 x 2 x
+SMs CTAs; partials resident when they fit). Assumed: cuDNN's tile order (m, h, b), its 128-row tiles and
+a static round-robin over them; forward K/V walks for attnscope, EFFICIENT and cuDNN; FLASH's spread s.
 """
 
 from __future__ import annotations
@@ -59,24 +61,29 @@ class Kernel(NamedTuple):
     block_q: int  # query rows per CTA
     block_kv: int  # K/V rows per step
     ctas_per_sm: int  # co-resident CTAs per SM
-    order: str  # grid order after the query tile: "bh" (batch outer, heads adjacent) or "hb" (heads outer)
+    order: str  # grid dims after the query tile, fastest first: "hb" (heads, then batch: a GQA group's
+    # heads adjacent) or "bh" (batch, then heads: the other batches come between a group's heads)
     backward: bool  # causal K/V walked from the diagonal down (FlashAttention-2)
     lse: bool  # writes the FP32 logsumexp in an inference forward
+    persistent: bool = False  # SMs x ctas_per_sm programs, program p takes tiles p, p + C, ... (static)
 
 
 #: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one.
-#: flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>; recorded kernel
-#: names), grid (m_blocks, b, h), n_block loop from the diagonal down. efficient: CUTLASS mem-eff 64 x 128
-#: (fmha_cutlassF_f16_aligned_64x128, recorded), grid (m_blocks, h, b). cudnn: sm90 flash fprop, 128-row
-#: tiles and one CTA per SM assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H); CTAs per SM
-#: from the sm_90 compile (bench/sm90_resources.py: d 128 255 registers, 98,336 B shared: 2; d 64 unmasked
-#: 115,712 B: 1; d 64 causal 66,560 B, 197 registers: 2).
+#: flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>; kernel names),
+#: grid (m_blocks, b, h), n_block loop from the diagonal down. efficient: CUTLASS mem-eff 64 x 128
+#: (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a persistent
+#: grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in (m, h, b)
+#: order assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H), program b*H + h (heads fastest);
+#: causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's occupancy
+#: section on the H200 (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255
+#: registers, 98,336 B; d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
 KERNELS = {
     "flash": {128: Kernel(128, 64, 2, "bh", True, True), 64: Kernel(128, 128, 2, "bh", True, True)},
     "efficient": {128: Kernel(64, 128, 2, "hb", False, False), 64: Kernel(64, 64, 2, "hb", False, False)},
-    "cudnn": {128: Kernel(128, 128, 1, "hb", False, False), 64: Kernel(128, 128, 1, "hb", False, False)},
-    "attnscope": {128: Kernel(128, 64, 2, "bh", False, False), 64: Kernel(128, 128, 1, "bh", False, False),
-                  -64: Kernel(128, 64, 2, "bh", False, False)},  # -d: the causal config where it differs
+    "cudnn": {128: Kernel(128, 128, 1, "hb", False, False, persistent=True),
+              64: Kernel(128, 128, 1, "hb", False, False, persistent=True)},
+    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False), 64: Kernel(128, 128, 2, "hb", False, False),
+                  -64: Kernel(128, 64, 2, "hb", False, False)},  # -d: the causal config where it differs
 }
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
@@ -86,10 +93,9 @@ class L2Params:
     """The L2 behaviour the estimate assumes: ``capacity`` (fraction of the L2 one copy of the data can
     use) and ``ramp`` (re-reads all miss from ``ramp`` x capacity). bench/l2_reuse.py prints both."""
 
-    capacity: float = 0.5
-    ramp: float = 1.3
-    source: str = ("capacity from the 2026-11-29 H200 recordings; ramp assumed (bench/l2_reuse.py measures "
-                   "both)")
+    capacity: float = 0.580
+    ramp: float = 1.72
+    source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
 
 
 H200_L2_PARAMS = L2Params()
@@ -104,28 +110,60 @@ def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
 
 def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, other_bytes: float = 0.0,
                  causal: bool = False, backward: bool = False, order: str = "head", *,
-                 l2_bytes: int, spread: float | None = None, params: L2Params = H200_L2_PARAMS) -> float:
+                 l2_bytes: int, spread: float | None = None, share: float = 1.0, heads_per_set: int = 1,
+                 distinct_sets: int | None = None, schedule: str = "dynamic",
+                 params: L2Params = H200_L2_PARAMS) -> float:
     """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
 
     ``sets`` K/V sets of ``kv_bytes`` each, every set read by ``per_set`` CTAs; ``concurrent`` CTAs run
     at once; each CTA also moves ``other_bytes`` once (its Q and O tiles). ``order`` "head": a set's CTAs
     are consecutive in launch order (attention grids); "tile": consecutive CTAs read different sets.
+    ``distinct_sets``: how many different sets there are (default ``sets``; fewer where a set is counted
+    once per non-adjacent group of its readers): what a window can hold is bounded by them.
     ``causal`` + ``backward``: readers of unequal length that walk the set from its end, spread over the
     longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean).
+    ``causal`` forwards: readers that walk the set from its start, each loading ``share`` of it on
+    average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
+    ``schedule``: "dynamic" (the next CTA goes to the first free slot: the hardware block scheduler, or
+    a persistent kernel's tile counter) or "static" (persistent program p takes items p, p + C, ...:
+    bench/l2_reuse.py's kernel); it matters for causal readers only.
     """
     choice("order", order, ("head", "tile"))
+    choice("schedule", schedule, ("dynamic", "static"))
     cap = params.capacity * l2_bytes
     c = max(1, concurrent)
+    distinct = sets if distinct_sets is None else max(1, min(sets, distinct_sets))
     s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
     if order == "head":
-        window = min(sets, s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
+        window = min(distinct, s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
         # extra waves a set's readers fall into (none when every CTA runs in the first wave, in step)
         passes = min(s * (per_set - 1) / c, max(0.0, s * sets * per_set / c - 1.0))
     else:
-        window = min(sets, s * c)
+        window = min(distinct, s * c)
         # sets > C: each reader is in another wave; else a wave reads every set once
         passes = per_set - 1 if sets > s * c else max(0.0, per_set * sets / c - 1)
     work = window * kv_bytes + min(c, sets * per_set) * other_bytes  # Q, O: the resident CTAs'
+    if causal and schedule == "static" and order == "head":
+        # bench/l2_reuse.py C: readers of one set are one diagonal step (kv / per_set bytes of their walk)
+        # apart, so C such steps of the whole machine come between two readers' visits of a tile: backward
+        # walkers always, forward ones from the second round on (the first round starts in step, and its
+        # readers, still running, insert one tile per set, not per reader).
+        rereads = max(0.0, per_set * share - 1.0)
+        late = 1.0 if backward else max(0.0, 1.0 - c / (sets * per_set))
+        return 1.0 + late * rereads * miss(min(late * c * kv_bytes / per_set, work) / cap, params.ramp)
+    if causal and not backward and order == "head":
+        # Forward walkers (bench/l2_reuse.py C): readers that start together read each tile in step (one
+        # DRAM read); CTAs launched as slots free start one launch interval (mean CTA / C) apart, in which
+        # the machine inserts about one CTA's K/V (share x kv) and Q/O: the reuse distance of a re-read by
+        # the next reader, never more than the window holds. Where a kv set's next query head starts, its
+        # first reader of tile t comes ~t/r launches after the last one: half a head's CTAs on average.
+        heads = max(1, heads_per_set)
+        per_head = per_set / heads
+        near = min(share * kv_bytes + other_bytes, work)
+        far = min(per_head / 2 * (share * kv_bytes + other_bytes), work)
+        rereads_near = max(0.0, per_set * share - 1.0 - (heads - 1) * share)
+        return 1.0 + rereads_near * miss(near / cap, params.ramp) + \
+            (heads - 1) * share * miss(far / cap, params.ramp)
     return 1.0 + passes * miss(work / cap, params.ramp)
 
 
@@ -240,10 +278,12 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     q_o = 2 * ker.block_q * d * b
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
-                       spread=spread, params=params)
+                       spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
+                       distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
+                       params=params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
-    extra = (amp - 1.0) * sets * kv_set * (frac if not ker.backward else 1.0)
+    extra = (amp - 1.0) * sets * kv_set
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
         between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
         extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / cap, params.ramp)
