@@ -15,8 +15,8 @@ causal step is half the unmasked one while its transfer is the same: the ring tu
 longer N for causal. The merge (`kernels/merge.py`) is memory-bound: per step it reads and writes the
 fp32 accumulator and reads the partial and LSEs, at the device's HBM rate.
 
-The kernel rate defaults to attnscope's measured forward on the H200 (BENCHMARKS.md, prefill table,
-bf16, N = 16,384, 2026-11-29): the model predicts a ring of those kernels. The link is size-dependent
+The kernel rate defaults to attnscope's measured forward on the H200 (BENCHMARKS.md, issue 15's
+Hopper kernel, bf16, N = 16,384, 2026-11-30): the model predicts a ring of those kernels. The link is size-dependent
 by default: the 2 x H200 NVLink exchange measured for issue 16 (212 GB/s per direction at 64 MiB, 291
 at 256 MiB, 354 at 1 GiB), interpolated in log(size) and clamped outside [64 MiB, 1 GiB] (so sizes
 below 64 MiB are credited 212 GB/s, optimistic for small messages); `link_gbps` replaces it with one
@@ -41,9 +41,10 @@ ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 NVLINK_H200 = ((64 * MiB, 212e9), (256 * MiB, 291e9), (1 * GiB, 354e9))
 LINKS = {"h200": NVLINK_H200}
 
-#: attnscope forward TFLOP/s on H200, bf16, N = 16,384 (BENCHMARKS.md prefill table, 2026-11-29)
-KERNEL_RATE = {("h200", 64, False): 439.6e12, ("h200", 64, True): 421.9e12,
-               ("h200", 128, False): 547.5e12, ("h200", 128, True): 535.5e12}
+#: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto" = the variant HOPPER_VALIDATED names
+#: (bench/prefill.py, 2026-11-30 23:57 UTC; BENCHMARKS.md issue 15)
+KERNEL_RATE = {("h200", 64, False): 489.6e12, ("h200", 64, True): 456.4e12,
+               ("h200", 128, False): 599.1e12, ("h200", 128, True): 604.9e12}
 
 #: assumed host/launch overhead per ring step (two kernel launches + posting the P2P batch)
 STEP_OVERHEAD_S = 10e-6
