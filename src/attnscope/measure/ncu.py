@@ -41,6 +41,7 @@ import tempfile
 from dataclasses import dataclass
 
 from attnscope.errors import InputError, choice, short
+from attnscope.model.l2 import KernelTotals
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 CACHE_CONTROL = ("none", "all")
@@ -167,24 +168,13 @@ def split_at_markers(ks: list[KernelBytes], marker: str = MARKER) -> list[list[K
 
 
 @dataclass(frozen=True)
-class Measured:
+class Measured(KernelTotals):
     """One call's DRAM bytes, per kernel and in total, with the ncu version and cache control."""
 
     kernels: list[KernelBytes]
     cache_control: str
     ncu_version: str = ""
 
-    @property
-    def read(self) -> int:
-        return sum(k.read for k in self.kernels)
-
-    @property
-    def write(self) -> int:
-        return sum(k.write for k in self.kernels)
-
-    @property
-    def total(self) -> int:
-        return self.read + self.write
 
     def to_json(self) -> dict:
         return {"read": self.read, "write": self.write, "total": self.total,

@@ -191,19 +191,9 @@ class KernelEstimate:
                 "read": self.read, "write": self.write, "total": self.total}
 
 
-@dataclass
-class Estimate:
-    """The estimate for one call (bytes for the whole call; ``per_head`` divides by batch x heads).
-
-    ``compulsory``: Q, K, V read once and O (+ LSE) written once. ``credits``: (reason, bytes) by which the
-    estimate is below the compulsory bytes, each named; ``total >= compulsory - sum(credits)`` always.
-    """
-
-    impl: str
-    params: dict
-    kernels: list[KernelEstimate] = field(default_factory=list)
-    compulsory: int = 0
-    credits: list[tuple[str, int]] = field(default_factory=list)
+class KernelTotals:
+    """Read, write and total bytes summed over ``self.kernels`` (each with ``read`` and ``write``): the one
+    definition shared by the estimate here and the ncu measurement (`measure.ncu.Measured`)."""
 
     @property
     def read(self) -> int:
@@ -216,6 +206,22 @@ class Estimate:
     @property
     def total(self) -> int:
         return self.read + self.write
+
+
+@dataclass
+class Estimate(KernelTotals):
+    """The estimate for one call (bytes for the whole call; ``per_head`` divides by batch x heads).
+
+    ``compulsory``: Q, K, V read once and O (+ LSE) written once. ``credits``: (reason, bytes) by which the
+    estimate is below the compulsory bytes, each named; ``total >= compulsory - sum(credits)`` always.
+    """
+
+    impl: str
+    params: dict
+    kernels: list[KernelEstimate] = field(default_factory=list)
+    compulsory: int = 0
+    credits: list[tuple[str, int]] = field(default_factory=list)
+
 
     @property
     def logical_total(self) -> int:
