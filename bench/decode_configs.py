@@ -108,16 +108,51 @@ def chunk_point(nq, log):
     return {"nq": nq, "configs": res}
 
 
+def chunk_layouts(log):
+    """Dense head-major [B, Hkv, L, d] vs dense token-major (a [B, L, Hkv, d] buffer viewed as
+    ``buf.transpose(1, 2)``, flash-attn's and vLLM's cache layout) vs paged 64, same config."""
+    B, HQ, HKV, D, L = 1, 32, 8, 128, 32768
+    out = []
+    for nq in (512, 2048):
+        torch.manual_seed(0)
+        k = torch.randn(B, HKV, L, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, HKV, L, D, device="cuda", dtype=torch.bfloat16)
+        kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))  # token-major storage
+        lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
+        q = torch.randn(B, HQ, nq, D, device="cuda", dtype=torch.bfloat16)
+        kp, vp, table = chunk_paged(k, v, 64)
+        flops = attention_flops(B, HQ, nq, L, D, True, "forward")
+        sample = torch.randperm(nq, device="cuda")[:64].sort().values
+        row = {"nq": nq}
+        for st in (3, 5):
+            cfg = cfg_of(64, 8, st)
+            for name, (kk, vv, tb) in {"head-major": (k, v, None), "token-major": (kt, vt, None),
+                                       "paged 64": (kp, vp, table)}.items():
+                plan = attnscope.decode_plan(q, kk, vv, lens, tb, check_seqlens=False, _config=cfg)
+                o = plan.run(q, kk, vv, lens, tb)
+                err, bound = chunk_check(o, q, k, v, nq, sample)
+                t = ms(lambda plan=plan, a=(q, kk, vv, lens, tb): plan.run(*a), 100)
+                row[f"{name} stages {st}"] = {"tflops": flops / t / 1e9, "ok": err <= bound}
+        log(f"chunk layouts Nq={nq}: " + " ".join(f"[{n}] {r['tflops']:.0f}{'' if r['ok'] else ' MISMATCH'}"
+                                                   for n, r in row.items() if n != "nq"))
+        out.append(row)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--layouts", action="store_true", help="only the chunk cache-layout comparison")
     a = p.parse_args()
 
     def log(s):
         print(s, flush=True)
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "chunk": [chunk_point(nq, log) for nq in (512, 2048)],
-           "decode": [decode_point(*pt, log) for pt in DECODE_POINTS]}
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    if a.layouts:
+        out["chunk_layouts"] = chunk_layouts(log)
+    else:
+        out["chunk"] = [chunk_point(nq, log) for nq in (512, 2048)]
+        out["decode"] = [decode_point(*pt, log) for pt in DECODE_POINTS]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
