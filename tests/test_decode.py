@@ -1025,3 +1025,31 @@ def test_plan_run_writes_into_given_outputs():
     no_lse = decode.decode_plan(q, k, v, lens, num_splits=2)
     with pytest.raises(InputError, match="lse_out: expected None .the plan was made with return_lse=False."):
         no_lse.run(q, k, v, lens, lse_out=lse_out)
+
+
+@pytest.mark.parametrize("layout", ["head-major", "token-major", "k-and-v-differ", "ragged-capacity"])
+def test_dense_chunk_reads_through_a_table_of_key_pages(layout):
+    # Chunk tiles on a dense cache run the paged loop over a plan-owned table (page b * R + j = keys
+    # j * page .. of sequence b). The table's entries follow from the strides; when K and V do not share
+    # R, or a sequence's span is not whole pages, the plan keeps the dense loop. Either way the output is
+    # the float64 reference's.
+    B, Hkv, G, nq, L, d = 3, 2, 2, 5, 75 if layout == "ragged-capacity" else 80, 64
+    q = torch.randn(B, G * Hkv, nq, d, generator=torch.Generator().manual_seed(8)).half().to(DEVICE)
+    _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=9)
+    if layout in ("token-major", "k-and-v-differ"):
+        k = k.transpose(1, 2).contiguous().transpose(1, 2)  # a [B, L, Hkv, d] buffer
+    if layout == "token-major":
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
+    lens = torch.tensor([L, 7, 40], dtype=torch.int32)
+    plan = decode.decode_plan(q, k, v, lens.to(DEVICE), return_lse=True, check_seqlens=False)
+    if layout in ("k-and-v-differ", "ragged-capacity"):
+        assert plan.table is None
+    else:
+        page = decode._block_config(16)["BLOCK_N"]
+        R = k.stride(0) // (page * k.stride(2))
+        n = -(-L // page)
+        want = torch.arange(B)[:, None] * R + torch.arange(n)[None, :]
+        assert plan.table is not None and torch.equal(plan.table.cpu().long(), want)
+    with poisoned_empty():
+        o, lse = plan.run(q, k, v, lens.to(DEVICE))
+    check_chunk(o, lse, q, k, v, lens)

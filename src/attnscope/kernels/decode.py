@@ -20,6 +20,8 @@ page_size, Hkv, d]`` with ``block_table int32 [B, max_pages]`` (flash-attn / vLL
 ``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``. A block of BLOCK_N keys is read
 from whole pages: one block-table entry per block when BLOCK_N <= page_size (then contiguous rows as in
 the dense cache), else BLOCK_N / page_size entries, one per page; pages may be in any order or shared.
+Chunk tiles (Nq > 1) on a dense cache take the paged loop too, over a plan-owned table of BLOCK_N-key
+pages (`_dense_pages`) when the strides allow: Triton pipelines that loop better.
 
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, block sizes and
 merge, and allocates the partials once; ``plan.run`` compares the layout and makes one public
@@ -584,7 +586,16 @@ class DecodePlan:
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
         block_m, m_tiles, num_splits = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
                                                use_dot)
-        cfg = dict(_config or _block_config(block_m, page_size))  # overrides: bench/tune_decode.py
+        paged = block_table is not None
+        # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
+        # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
+        # 1.3 x better at the same tile (bench/decode_configs.py --layouts, BENCHMARKS.md)
+        page, self.table = page_size, None
+        if Nq > 1 and not paged and _config is None:
+            page = _block_config(block_m)["BLOCK_N"]
+            self.table = _dense_pages(torch, k_cache, v_cache, L_max, page)
+            page = page if self.table is not None else page_size
+        cfg = dict(_config or _block_config(block_m, page))  # overrides: bench/decode_configs.py
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, _next_pow2(rows))
@@ -603,23 +614,26 @@ class DecodePlan:
         self.lse_part = torch.empty((n_rows, num_splits), dtype=f32, device=device) if split else None
         self.sem = torch.zeros(B * Hkv * m_tiles, dtype=torch.int32, device=device) if fuse else None
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-        paged = block_table is not None
         self._split_kernel, self._combine_kernel = _launchers()
         self._grid = (B * Hkv * m_tiles, num_splits)
+        if self.table is not None:  # page stride = page x key stride; heads and keys as in the dense cache
+            kst = (page * k_cache.stride(2), k_cache.stride(1), k_cache.stride(2))
+            vst = (page * v_cache.stride(2), v_cache.stride(1), v_cache.stride(2))
+        else:
+            kst = (k_cache.stride(0), k_cache.stride(2 if paged else 1), k_cache.stride(1 if paged else 2))
+            vst = (v_cache.stride(0), v_cache.stride(2 if paged else 1), v_cache.stride(1 if paged else 2))
         self._scalars = (
-            q.stride(0), q.stride(1), q.stride(2),
-            k_cache.stride(0), k_cache.stride(2 if paged else 1), k_cache.stride(1 if paged else 2),
-            v_cache.stride(0), v_cache.stride(2 if paged else 1), v_cache.stride(1 if paged else 2),
+            q.stride(0), q.stride(1), q.stride(2), *kst, *vst,
             cache_seqlens.stride(0) if cache_seqlens is not None else 0,
-            block_table.stride(0) if paged else 0,
+            block_table.stride(0) if paged else (self.table.stride(0) if self.table is not None else 0),
             Hkv, L_max, num_splits, Nq, m_tiles, sm_scale * LOG2E,
         )
         self._consts = {
             "GROUP": group, "BLOCK_M": block_m, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
             "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
             "SPLIT": split, "FUSE": fuse, "MERGE_M": merge_m, "MERGE_S": merge_s,
-            "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None, "PAGED": paged,
-            "PAGE_SIZE": max(page_size, 1), "CHUNK": Nq > 1,
+            "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
+            "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
@@ -686,14 +700,31 @@ class DecodePlan:
         o_part = self.o_part if self.split else o  # placeholders are never touched
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
+        table = block_table if block_table is not None else self.table
         self._split_kernel[self._grid](
             q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
-            block_table if block_table is not None else o, o_part, lse_part, o, lse, sem,
+            table if table is not None else o, o_part, lse_part, o, lse, sem,
             *self._scalars, **self._consts)
         if self.split and not self.fuse:
             self._combine_kernel[self._combine_grid](o_part, lse_part, o, lse, self.num_splits,
                                                      **self._combine_consts)
         return (o, lse) if self.return_lse else o
+
+
+def _dense_pages(torch, k_cache, v_cache, L_max: int, page: int):
+    """A dense cache as pages of ``page`` keys: int32 [B, ceil(L_max / page)] with entry ``b * R + j``,
+    R = batch stride / (page x key stride), so page ``b * R + j`` at stride ``page x key stride`` is keys
+    ``j * page ..`` of sequence b. None when the strides do not allow it (K and V must share R) or
+    the page indices would not fit in int32."""
+    B = k_cache.shape[0]
+    spans = [(t.stride(0), page * t.stride(2)) for t in (k_cache, v_cache)]
+    if any(span <= 0 or batch % span for batch, span in spans) or len({b // s for b, s in spans}) != 1:
+        return None
+    R, n = spans[0][0] // spans[0][1], -(-L_max // page)
+    if B * R + n >= 2**31:
+        return None
+    j = torch.arange(n, dtype=torch.int32, device=k_cache.device)
+    return torch.arange(B, dtype=torch.int32, device=k_cache.device)[:, None] * R + j[None, :]
 
 
 def _check_out(torch, name, t, shape, dtype, device):
