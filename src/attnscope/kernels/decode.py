@@ -65,15 +65,13 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     """How many KV splits phase 1 uses when ``num_splits`` is not given.
 
     Without splitting, decode launches ``batch * kv_heads`` programs. Split until about ``waves * sms``
-    programs run (one wave: with 3 pipeline stages one program per SM already streams at the bandwidth
-    ceiling, and every extra split costs a partial write, a longer combine and, at small sizes, more
-    than it saves), but never so far that a split holds fewer than ``min_keys`` keys, and never more
-    than ``cap``:
+    programs run (one program per SM already streams at the bandwidth ceiling; each extra split costs a
+    partial write and a longer merge), never below ``min_keys`` keys per split, never above ``cap``:
 
         num_splits = clamp(floor(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
 
-    Measured on the H200 (bench/tune_decode.py, BENCHMARKS.md), the best split count over 1..128 was
-    4 for B x Hkv = 32, 16 for 8, and 1 for 128 and 512 at L >= 32k: what this formula gives.
+    (the H200 measurements behind it: BENCHMARKS.md, "How the decode config and split heuristic were
+    chosen", and bench/decode_splits.py).
 
     Parameters
     ----------
@@ -134,19 +132,11 @@ def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
     """The phase-1 block config for a row tile of ``block_m`` rows (and, paged, pages of ``page_size``
     keys): BLOCK_N keys per iteration, STAGES-deep KV pipeline, warps.
 
-    Decode (``block_m <= 32``), measured on the H200 (bench/tune_decode.py, BENCHMARKS.md): BLOCK_N =
-    128, 4 warps, 3 stages is the best or within 2 % of the best of 8 configs at every point of the
-    issue's grid, so it is the only one: no autotuner on the launch path. Chunked prefill tiles (64 or
-    128 rows) use BLOCK_N = 64 and 8 warps: compiled for sm_90 on a CPU (ptxas -v, d = 128, bf16),
-    64 rows x 128 keys with 4 warps spills (255 registers), 64 x 64 / 8 warps uses 180 registers and
-    128 x 64 / 8 warps 170, without spills (not yet timed on a GPU).
-
-    A paged cache keeps the dense cache's BLOCK_N (the same pipeline, so paged vs contiguous compares
-    only the addressing): pages of 128 or more keys hold whole blocks (one block-table read per
-    block), smaller pages are read BLOCK_N // page_size whole pages per block (one read per page).
-    Under the interpreter one small block keeps CPU tests fast and still makes multi-block splits,
-    ragged blocks and empty splits common; pages of 16 get 32-key blocks so that the CPU tests run the
-    several-pages-per-block path too.
+    One config per tile kind, chosen from H200 measurements (bench/decode_configs.py, BENCHMARKS.md), so
+    no autotuner runs on the launch path: decode (``block_m <= 32``) 128-key blocks, 4 warps, 3 stages;
+    chunk tiles (64 or 128 rows) 64-key blocks and 8 warps (no spills on sm_90). A paged cache keeps
+    the dense BLOCK_N. Under the interpreter small blocks keep CPU tests fast and still make multi-block
+    splits, ragged blocks and (pages of 16 with 32-key blocks) several pages per block.
     """
     if interpreting():
         return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
@@ -394,11 +384,9 @@ def _build():
 def _fuse_by_default(rows: int, num_splits: int, head_dim: int) -> bool:
     """Merge in the last program (one launch) unless its share of partials is large.
 
-    The fused merge runs in one program per row tile, which reads ``rows x S x d`` fp32 partials alone
-    (``rows``: the tile's G x Nq rows, padded to a power of two); the separate combine kernel spreads
-    them over B x Hq x Nq programs. Measured on the H200 (bench/decode_variants.py, BENCHMARKS.md): up
-    to `FUSE_MAX_BYTES` (64 KiB, e.g. G = 4 and 16 splits at d = 128) the fused merge costs ~1 us of
-    kernel time more than a second kernel and saves a launch; beyond, the separate kernel wins.
+    The fused merge reads a row tile's ``rows x S x d`` fp32 partials in one program; the separate
+    kernel spreads them over B x Hq x Nq programs. Up to `FUSE_MAX_BYTES` the saved launch wins
+    (bench/decode_variants.py, BENCHMARKS.md).
     """
     return _next_pow2(rows) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
 
