@@ -146,7 +146,8 @@ def cmd_traffic(args) -> int:
                "to come with --lengths or --cache-lens", getattr(args, flag))
     expect(not args.no_tma, "--no-tma", "to come with --lengths", args.no_tma)
     if getattr(args, "pass_", "forward") == "backward":
-        from attnscope.model.traffic import BACKWARD_ROWS, SPEC_ROWS, backward_traffic
+        from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
+        from attnscope.model.traffic import SPEC_ROWS
 
         names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
         t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
@@ -239,7 +240,7 @@ def cmd_traffic(args) -> int:
 def _cmd_serving(args, names) -> int:
     """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
     from attnscope.errors import expect
-    from attnscope.model.traffic import packed, paged
+    from attnscope.model.serving import packed, paged
 
     expect(args.lengths is None or args.cache_lens is None, "--cache-lens", "not together with --lengths",
            args.cache_lens)
