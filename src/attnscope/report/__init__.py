@@ -28,7 +28,7 @@ def build(
     profile_path=None,
     samples_unit=None,
 ):
-    """Write `report.md` and/or `report.html` into `out_dir`; return (report, [paths written]).
+    """Write `report.md` and/or `report.html` into `out_dir`; return (document, [paths written]).
 
     trace_path: a YAML/JSON trace, defaults to the spec's Document QA trace. metrics_paths: (BEFORE,
     AFTER) Prometheus text scrapes. Bad input raises `InputError` naming the field or the flag.
@@ -61,4 +61,4 @@ def build(
         files["report.html"] = render.html_page(doc)
     out = make_out_dir(out_dir, "--out")
     written = write_all({out / name: text for name, text in files.items()}, "--out")
-    return report, written
+    return doc, written
