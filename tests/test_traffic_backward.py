@@ -33,7 +33,7 @@ def test_loaded_pairs_closed_form_equals_the_sum_over_tiles():
         nq, nk = rng.randint(1, 900), rng.randint(1, 900)
         bq, bk = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
         g = Grid(nq, nk, bq, bk, causal=rng.random() < 0.8)
-        assert bw._loaded_pairs(g) == _brute(g)[:2], (nq, nk, g.block_q, g.block_kv, g.causal)
+        assert g.loaded_pairs() == _brute(g)[:2], (nq, nk, g.block_q, g.block_kv, g.causal)
 
 
 @pytest.mark.parametrize("nq,nk,causal", [(4096, 4096, False), (4096, 4096, True), (1000, 1537, True),

@@ -8,7 +8,6 @@ accumulated by FP32 atomics or computed by a separate pass. Same ledger as model
 
 from __future__ import annotations
 
-from attnscope.model.tiles import Grid, floor_sum
 from attnscope.model.traffic import (
     CAUSAL,
     SOFTMAX_FLOPS_PER_ELEMENT,
@@ -26,32 +25,6 @@ from attnscope.model.traffic import (
 
 BACKWARD_ROWS = ("naive-backward", "flash-backward", "flash-backward-det", "naive-causal-eager-backward",
                  "flash-causal-backward", "flash-causal-backward-det")
-
-
-
-def _loaded_pairs(g: Grid) -> tuple[int, int]:
-    """``(pairs, full_rows)``: (query tile, KV tile) pairs the FA-2 grid loads -- sum over query tiles of
-    ``n_loaded`` of `Grid.kv_bounds` -- and how many query tiles load every KV tile, in closed form.
-
-    Causal, query tiles i = 1 .. T_r - 1 end at row B_r i: n_loaded(i) = clamp(ceil((B_r i + off) / B_c),
-    0, T_c). The run of i where it is neither 0 nor T_c is a floor sum; the last tile is added directly."""
-    tr, tc, bq, bc, off = g.n_q_tiles, g.n_kv_tiles, g.block_q, g.block_kv, g.offset
-    if not g.causal:
-        return tr * tc, tr
-    last = g.kv_bounds(tr)[1]
-    pairs, full = last, int(last == tc)
-    m = tr - 1
-    if m <= 0:
-        return pairs, full
-    i0 = max(1, -off // bq + 1)                          # first i with B_r i + off > 0
-    i1 = max(i0, (bc * (tc - 1) - off) // bq + 1)        # first i loading every KV tile
-    lo, hi = i0, min(i1 - 1, m)
-    if hi >= lo:                                         # ceil(x / B_c) = floor((x + B_c - 1) / B_c)
-        pairs += floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
-    if m >= i1:
-        pairs += (m - i1 + 1) * tc
-        full += m - i1 + 1
-    return pairs, full
 
 
 def _naive_backward(c: Config, causal: bool) -> Row:
@@ -99,7 +72,7 @@ def _flash_backward(c: Config, causal: bool, deterministic: bool) -> Row:
     forward's tile pairs (loaded iff the forward loads them), reading Q, dO, LSE, D per pair; dQ either
     by fp32 atomics per pair (read-modify-write) or by a separate pass that re-reads K and V."""
     g = c.grid(causal)
-    pairs, full = _loaded_pairs(g)
+    pairs, full = g.loaded_pairs()
     last_rows = c.nq - (g.n_q_tiles - 1) * c.block_q
     last_cols = c.nk - (g.n_kv_tiles - 1) * c.block_kv
     q_rows = c.block_q * pairs - (c.block_q - last_rows) * g.kv_bounds(g.n_q_tiles)[1]  # Q rows read
