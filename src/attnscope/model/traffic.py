@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnscope.errors import InputError, choice, expect, positive_int
+from attnscope.model.flops import visible_pairs
 from attnscope.model.tiles import Grid
 
 #: Bytes per element of each supported input dtype.
@@ -205,14 +206,9 @@ def naive(c: Config) -> Row:
 
 
 def causal_pairs(c: Config) -> int:
-    """Scores a causal kernel computes, by the FLOP convention: Nq*Nk/2 when Nq == Nk (the flash-attn
-    and Triton benchmark convention, DESIGN.md), else the exact count of permitted (row, key) pairs."""
-    if c.nq == c.nk:
-        return c.nq * c.nk // 2
-    # Row r (1-based) sees keys 1..r + off with off = Nk - Nq; the last row sees all Nk keys, and rows with
-    # r + off <= 0 see none. The counts r + off run over max(1, 1 + off) .. Nk: an arithmetic series.
-    first = max(1, 1 + c.nk - c.nq)
-    return (first + c.nk) * (c.nk - first + 1) // 2
+    """Scores a causal kernel computes, by the FLOP convention of model/flops.py: Nq*Nk/2 when Nq == Nk,
+    else the exact count of permitted (row, key) pairs."""
+    return c.nq * c.nk // 2 if c.nq == c.nk else visible_pairs(c.nq, c.nk, True)
 
 
 def _flash(c: Config, causal: bool) -> Row:
