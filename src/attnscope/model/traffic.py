@@ -316,7 +316,7 @@ def naive_causal_eager(c: Config) -> Row:
 
 
 BUILDERS = {"naive": naive, "flash": flash, "naive-causal-ideal": naive_causal_ideal,
-             "flash-causal": flash_causal, "naive-causal-eager": naive_causal_eager}
+            "flash-causal": flash_causal, "naive-causal-eager": naive_causal_eager}
 
 
 # --- the result -------------------------------------------------------------------------------------
@@ -383,7 +383,7 @@ def traffic(n: int | None = 4096, d: int = 128, dtype: str = "fp16", block_q: in
     Traffic: ``t["naive"].total`` is 138,412,032 at the defaults; ``t.ratio("naive", "flash")`` is 2.0.
     """
     return ledgers(BUILDERS, rows, n, nq, nk, d=d, dtype=dtype, block_q=block_q, block_kv=block_kv,
-                    batch=batch, heads=heads, kv_heads=kv_heads, lse=lse)
+                   batch=batch, heads=heads, kv_heads=kv_heads, lse=lse)
 
 
 def ledgers(builders: dict, rows, n, nq, nk, **config) -> Traffic:

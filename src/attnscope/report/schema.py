@@ -167,9 +167,8 @@ def _clean_text(v: str, field: str) -> str:
 
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
     v = data.get(key, default)
-    expect(
-        isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string", v
-    )
+    expect(isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string",
+           v)
     return _clean_text(v, f"{name}.{key}")
 
 
@@ -274,10 +273,8 @@ def validate(data) -> Trace:
     cseg = _str(c, "segment", "change")
     expect(cseg in names, "change.segment", "one of the segment names (" + ", ".join(names) + ")", cseg)
     if cseg != pseg:
-        raise NotImplementedError(
-            f"change.segment: only the split prefill segment ({pseg!r}) is supported "
-            f"(the speedup applies to its attention part), got {short(cseg)}"
-        )
+        raise NotImplementedError(f"change.segment: only the split prefill segment ({pseg!r}) is supported "
+                                  f"(the speedup applies to its attention part), got {short(cseg)}")
     s = c.get("speedup")
     lo, hi = BOUNDS["speedup"]
     ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and lo <= s <= hi
