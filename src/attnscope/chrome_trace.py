@@ -18,9 +18,8 @@ string; anything else is an InputError naming the event and the field.
   kernel whose name is a fused attention kernel (`family` below) or contains the word attn/attention.
 - **Share** = attention kernel time / the prefill's kernel time (both a union of intervals, so
   overlapping streams count once). Kernel time, not the wall span: under the profiler the CPU launch
-  path slows and the GPU idles between kernels (2.2 ms of kernels in a 5.7 ms span on the recorded
-  H200 trace), gaps that an unprofiled prefill does not have. Applied to a measured prefill time it
-  assumes a GPU-bound prefill; the span is reported beside it.
+  path slows and the GPU idles between kernels, gaps that an unprofiled prefill does not have. Applied
+  to a measured prefill time it assumes a GPU-bound prefill; the span is reported beside it.
 
 Range matching is sorted intervals + bisection: O(n log n) in the number of events.
 """

@@ -95,21 +95,8 @@ def _kernel_short(name: str) -> str:
 
 
 def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
-    """The whole report as a `Document` (module docstring).
-
-    Parameters
-    ----------
-    r : Report
-        attribution.attribute's numbers and sentences, evidence included.
-    source : str
-        What the trace was (a file name), printed under the title.
-
-    Returns
-    -------
-    Document
-        Sections 1-7, and 8 (Evidence) when evidence was given; render.markdown and render.html_page
-        write it.
-    """
+    """The whole report as a `Document`: sections 1-7, and 8 (Evidence) when evidence was given, from
+    attribution.attribute's `Report`; ``source`` (what the trace was) is printed under the title."""
     t, b, tg, w = r.trace, r.boundary, r.trace.targets, r.trace.workload
     workload = Bullets(tuple(para((k, "b"), f": {v}") for k, v in (
         ("Model", f"{w.model}, {w.params / 1e9:g}B params, {w.dtype}"),
