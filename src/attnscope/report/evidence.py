@@ -124,6 +124,17 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     return out
 
 
+def _ranks(n, q: float, confidence: float):
+    """The 1-based ranks (lower, upper) of `order_stat_ranks` for an int or an array of n, before the
+    out-of-range ones (lower < 1, upper > n) are dropped."""
+    from scipy.stats import binom
+
+    upper = binom.ppf(confidence, n, q) + 1  # smallest k with P(B <= k) >= confidence, plus one
+    k = binom.ppf(1 - confidence, n, q)  # largest k with P(B <= k) <= 1 - confidence
+    k = k - (binom.cdf(k, n, q) > 1 - confidence)
+    return k + 1, upper
+
+
 def order_stat_ranks(n: int, q: float = Q95, confidence: float = CONFIDENCE) -> tuple[int | None, int | None]:
     """1-based ranks (lower, upper) of the exact one-sided `confidence` bounds on the q-quantile.
 
@@ -132,15 +143,8 @@ def order_stat_ranks(n: int, q: float = Q95, confidence: float = CONFIDENCE) -> 
     P(B <= u - 1) >= confidence, None when even u = n is not enough (1 - q**n < confidence: for p95 at
     95 %, fewer than 59 samples). `lower` is the largest l with P(B >= l) >= confidence, None if none.
     """
-    from scipy.stats import binom
-
-    k = int(binom.ppf(confidence, n, q))  # smallest k with P(B <= k) >= confidence
-    upper = k + 1 if k + 1 <= n else None
-    k = int(binom.ppf(1 - confidence, n, q))  # largest k with P(B <= k) <= 1 - confidence
-    if binom.cdf(k, n, q) > 1 - confidence:
-        k -= 1
-    lower = k + 1 if k >= 0 else None
-    return lower, upper
+    lower, upper = (int(x) for x in _ranks(n, q, confidence))
+    return (lower if lower >= 1 else None), (upper if upper <= n else None)
 
 
 def _nearest_rank(xs: list[float], q: float) -> float:
@@ -154,19 +158,16 @@ def samples_needed(frac_le_target: float, n_now: int, q: float = Q95,
     u(n) <= n * F; reject when F < q and the lower bound's rank l(n) > n * F. None when F = q (the
     observed quantile sits at the target) or not decided below NEEDED_CAP."""
     import numpy as np
-    from scipy.stats import binom
 
     if frac_le_target == q:
         return None
     n = np.arange(n_now + 1, NEEDED_CAP + 1)
     have = n * frac_le_target
+    lower, upper = _ranks(n, q, confidence)
     if frac_le_target > q:
-        u = binom.ppf(confidence, n, q) + 1
-        decided = (u <= n) & (u <= have + 1e-9)
+        decided = (upper <= n) & (upper <= have + 1e-9)
     else:
-        k = binom.ppf(1 - confidence, n, q)
-        k = np.where(binom.cdf(k, n, q) > 1 - confidence, k - 1, k)
-        decided = (k + 1 >= 1) & (k + 1 > have + 1e-9)
+        decided = (lower >= 1) & (lower > have + 1e-9)
     idx = np.flatnonzero(decided)
     return int(n[idx[0]]) if idx.size else None
 
