@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnscope import chrome_trace
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, finite_real, short
 from attnscope.inputs import read_text
 
 # ------------------------------------------------------------------------------------------ samples
@@ -114,9 +114,7 @@ def read_samples(path, unit: str | None = None) -> list[float]:
             values.append(float(cell))
     out = []
     for i, v in enumerate(values):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-        ok = ok and math.isfinite(float(v)) and 0 <= v <= 1e9
-        if not ok:
+        if not (finite_real(v) and 0 <= v <= 1e9):
             raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at index {i}")
         out.append(float(v) * factor)
     if not out:

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError, expect, short
+from attnscope.errors import InputError, expect, finite_real, short
 from attnscope.inputs import number_text
 from attnscope.model import amdahl
 
@@ -177,11 +177,7 @@ def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
     if isinstance(v, str):  # YAML 1.1 reads 8.0e9 (no sign in the exponent) as a string
         with contextlib.suppress(ValueError):
             v = float(v) if number_text(v) else v
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    try:
-        ok = ok and math.isfinite(float(v))
-    except OverflowError:
-        ok = False
+    ok = finite_real(v)
     lo, hi = BOUNDS.get(key, (1e-6, MAX_MS))
     if positive:
         expect(ok and lo <= v <= hi, f"{name}.{key}", f"a finite number in [{lo:g}, {hi:g}]", v)
@@ -263,8 +259,8 @@ def validate(data) -> Trace:
                f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)", attn)
     else:
         v = p["attention_share"]
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-        expect(ok, "prefill.attention_share", "a fraction in [0, 1] (a share over 100 % is impossible)", v)
+        expect(finite_real(v) and 0 <= v <= 1, "prefill.attention_share",
+               "a fraction in [0, 1] (a share over 100 % is impossible)", v)
         attn = float(v) * prefill_ms
 
     dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
@@ -277,8 +273,7 @@ def validate(data) -> Trace:
                                   f"(the speedup applies to its attention part), got {short(cseg)}")
     s = c.get("speedup")
     lo, hi = BOUNDS["speedup"]
-    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and lo <= s <= hi
-    expect(ok, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
+    expect(finite_real(s) and lo <= s <= hi, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
 
     return Trace(
         title=title, workload=workload, targets=targets, segments=tuple(segments),
