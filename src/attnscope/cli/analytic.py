@@ -189,11 +189,8 @@ def cmd_traffic(args) -> int:
                             f"(spec §4, see {MODEL_DOC}). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
-    passes = []
-    if "flash" in t.rows:
-        passes.append(f"unmasked {t.kv_passes(False):g}")
-    if "flash-causal" in t.rows:
-        passes.append(f"causal {t.kv_passes(True):g}")
+    passes = [f"{'causal' if causal else 'unmasked'} {t.kv_passes(causal):g}"
+              for name, causal in (("flash", False), ("flash-causal", True)) if name in t.rows]
     if passes:
         tr = -(-c.nq // c.block_q)
         con.print(f"FA-2 passes over K/V ({tr:,} query tile{'' if tr == 1 else 's'}): " + ", ".join(passes))
