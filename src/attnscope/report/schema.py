@@ -76,7 +76,6 @@ class Trace:
     tpot_ms: float
     decode_source: str
     change_description: str
-    change_segment: str
     speedup: float
     change_source: str
 
@@ -282,5 +281,5 @@ def validate(data) -> Trace:
         tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
         decode_source=_str(dd, "source", "decode", default="trace"),
         change_description=_str(c, "description", "change", default="Faster attention kernel"),
-        change_segment=cseg, speedup=float(s), change_source=_str(c, "source", "change", default="assumed"),
+        speedup=float(s), change_source=_str(c, "source", "change", default="assumed"),
     )
