@@ -54,6 +54,18 @@ def test_json_output_carries_the_numbers(tmp_path, capsys):
     assert d["paths"] == [str(tmp_path / "report.md"), str(tmp_path / "report.html")]
 
 
+def test_json_and_page_come_from_one_document(tmp_path, capsys):
+    """The JSON's numbers are the page's: every segment's ms and share, and the projection, as printed."""
+    assert main(["report", "--out", str(tmp_path), "--format", "md", "--json",
+                 "--samples", str(DATA / "ttft_samples_small.json")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    page = Path(d["paths"][0]).read_text(encoding="utf-8")
+    for seg in d["segments"]:
+        assert f"| {seg['ms']:,.1f} | {100 * seg['share']:.1f}% |" in page, seg
+    assert f"{d['boundary']['outer_projected_ms']:,.2f} ms ({d['boundary']['outer_speedup']:.4f}×)" in page
+    assert f"(n = {d['samples']['n']})" in page and d["samples"]["verdict"] in page
+
+
 def test_format_md_only_and_json_trace(tmp_path, capsys):
     p = _trace(tmp_path, name="trace.json")
     assert main(["report", str(p), "--out", str(tmp_path / "o"), "--format", "md"]) == 0

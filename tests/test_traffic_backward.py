@@ -1,4 +1,4 @@
-"""The backward ledger (model/traffic.py, `attnscope traffic --pass backward`): counts held against
+"""The backward ledger (model/backward.py, `attnscope traffic --pass backward`): counts held against
 brute-force sums over model/tiles.py's Grid, structure (nothing N x N in FA-2), closed-form cost."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from attnscope.cli import main
-from attnscope.model import traffic as tr
+from attnscope.model import backward as bw
 from attnscope.model.tiles import Grid
 
 
@@ -33,14 +33,14 @@ def test_loaded_pairs_closed_form_equals_the_sum_over_tiles():
         nq, nk = rng.randint(1, 900), rng.randint(1, 900)
         bq, bk = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
         g = Grid(nq, nk, bq, bk, causal=rng.random() < 0.8)
-        assert tr._loaded_pairs(g) == _brute(g)[:2], (nq, nk, g.block_q, g.block_kv, g.causal)
+        assert g.loaded_pairs() == _brute(g)[:2], (nq, nk, g.block_q, g.block_kv, g.causal)
 
 
 @pytest.mark.parametrize("nq,nk,causal", [(4096, 4096, False), (4096, 4096, True), (1000, 1537, True),
                                           (1537, 1000, True), (97, 17, False), (1, 200, True)])
 def test_flash_backward_rows_match_the_tile_sums(nq, nk, causal):
     d, b, bq, bk = 128, 2, 128, 64
-    t = tr.backward_traffic(nq=nq, nk=nk, d=d, dtype="bf16", block_q=bq, block_kv=bk)
+    t = bw.backward_traffic(nq=nq, nk=nk, d=d, dtype="bf16", block_q=bq, block_kv=bk)
     _, _, q_rows, k_rows = _brute(Grid(nq, nk, bq, bk, causal=causal))
     atomic = t["flash-causal-backward" if causal else "flash-backward"]
     det = t["flash-causal-backward-det" if causal else "flash-backward-det"]
@@ -57,21 +57,21 @@ def test_flash_backward_rows_match_the_tile_sums(nq, nk, causal):
 
 
 def test_gqa_counts_kv_once_per_kv_head():
-    t1 = tr.backward_traffic(n=1024, heads=8, kv_heads=8)
-    t4 = tr.backward_traffic(n=1024, heads=8, kv_heads=2)
+    t1 = bw.backward_traffic(n=1024, heads=8, kv_heads=8)
+    t4 = bw.backward_traffic(n=1024, heads=8, kv_heads=2)
     k1 = _bytes(t1["flash-backward"], "3.", "K")
     assert _bytes(t4["flash-backward"], "3.", "K") * 4 == k1
 
 
 def test_cost_is_constant_in_n():
     start = time.perf_counter()
-    t = tr.backward_traffic(n=1 << 40, d=128)
+    t = bw.backward_traffic(n=1 << 40, d=128)
     assert t["flash-causal-backward-det"].total > 0
     assert time.perf_counter() - start < 0.5
 
 
 def test_ratio_refused_across_conditions():
-    t = tr.backward_traffic(n=256)
+    t = bw.backward_traffic(n=256)
     with pytest.raises(ValueError, match="one masking condition"):
         t.ratio("naive-backward", "flash-causal-backward")
 
@@ -79,6 +79,6 @@ def test_ratio_refused_across_conditions():
 def test_cli_traffic_pass_backward(capsys):
     assert main(["traffic", "--pass", "backward", "--n", "1000", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [r["name"] for r in doc["rows"]] == list(tr.BACKWARD_ROWS)
+    assert [r["name"] for r in doc["rows"]] == list(bw.BACKWARD_ROWS)
     assert main(["traffic", "--pass", "backward", "--rows", "flash-backward,bogus"]) == 2
     assert "rows: expected one of naive-backward" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Serving ledgers of model/traffic.py: packed variable-length prefill and a step against a paged KV cache.
+"""Serving ledgers of model/serving.py: packed variable-length prefill and a step against a paged KV cache.
 
 Checked against brute force on small cases: the packed ledger is the line-by-line sum of the dense
 ledgers of its sequences; K/V rows counted from the permitted (query, key) pairs directly; block-table
@@ -13,6 +13,7 @@ import time
 import pytest
 
 from attnscope.cli import main
+from attnscope.model import serving as sv
 from attnscope.model import traffic as tr
 
 MIXES = [
@@ -30,7 +31,7 @@ def _lines(row):
 @pytest.mark.parametrize("lse", [False, True])
 def test_packed_is_the_sum_of_dense_ledgers(lq, lk, lse):
     lk_ = lq if lk is None else lk
-    p = tr.packed(lq, lk, d=64, dtype="bf16", block_q=32, block_kv=16, heads=4, kv_heads=2, lse=lse,
+    p = sv.packed(lq, lk, d=64, dtype="bf16", block_q=32, block_kv=16, heads=4, kv_heads=2, lse=lse,
                   rows=tr.ROW_NAMES, tma=False)  # pointer loads: nothing past a sequence is read
     items = sum(-(-a // 32) for a in lq)
     assert p.work_items == items
@@ -98,7 +99,7 @@ MIXES_KV = [([5, 0, 40, 17, 33], [5, 3, 70, 0, 20]), ([50, 7, 64, 100], [50, 90,
 def test_packed_flash_kv_bytes_brute_force(lq, lk, causal, bq, bkv):
     name = "flash-causal" if causal else "flash"
     for tma in (False, True):
-        row = tr.packed(lq, lk, d=64, dtype="fp16", block_q=bq, block_kv=bkv, rows=[name], tma=tma)[name]
+        row = sv.packed(lq, lk, d=64, dtype="fp16", block_q=bq, block_kv=bkv, rows=[name], tma=tma)[name]
         k_bytes = sum(t.nbytes for k in row.kernels for t in k.transfers if t.tensor == "K")
         v_bytes = sum(t.nbytes for k in row.kernels for t in k.transfers if t.tensor == "V")
         if tma:
@@ -110,7 +111,7 @@ def test_packed_flash_kv_bytes_brute_force(lq, lk, causal, bq, bkv):
 
 
 def test_packed_single_sequence_equals_dense():
-    p = tr.packed([4096], d=128, rows=["naive", "flash"])
+    p = sv.packed([4096], d=128, rows=["naive", "flash"])
     t = tr.traffic(4096, rows=["naive", "flash"])
     assert p["naive"].total == t["naive"].total
     assert p["flash"].total == t["flash"].total + 32 * 24  # 32 query tiles of work-list metadata
@@ -128,9 +129,9 @@ def _brute_table_entries(n, page, block):
 def test_paged_is_dense_plus_table_reads(page, splits, nq):
     lens = [5, 100, 129, 1000, 64]
     hq, hkv, d, blk = 8, 2, 64, 128
-    pg = tr.paged(lens, page, nq=nq, d=d, dtype="fp16", heads=hq, kv_heads=hkv, num_splits=splits,
+    pg = sv.paged(lens, page, nq=nq, d=d, dtype="fp16", heads=hq, kv_heads=hkv, num_splits=splits,
                   block_kv=blk, lse=True)
-    dn = tr.paged(lens, None, nq=nq, d=d, dtype="fp16", heads=hq, kv_heads=hkv, num_splits=splits,
+    dn = sv.paged(lens, None, nq=nq, d=d, dtype="fp16", heads=hq, kv_heads=hkv, num_splits=splits,
                   block_kv=blk, lse=True)
     entries = sum(_brute_table_entries(n, page, blk) for n in lens)
     assert pg.row.total - dn.row.total == hkv * entries * 4
@@ -158,38 +159,38 @@ def test_paged_is_dense_plus_table_reads(page, splits, nq):
 
 
 def test_dense_cache_capacity_counts_as_tail():
-    a = tr.paged([10, 20], None, capacity=64, heads=4, kv_heads=4, d=64, dtype="bf16")
+    a = sv.paged([10, 20], None, capacity=64, heads=4, kv_heads=4, d=64, dtype="bf16")
     assert a.tail == 2 * 4 * (128 - 30) * 64 * 2
 
 
 def test_paged_cost_is_constant_in_length():
     t0 = time.perf_counter()
-    g = tr.paged([10**12, 3 * 10**11], 16, heads=32, kv_heads=8, num_splits=64)
+    g = sv.paged([10**12, 3 * 10**11], 16, heads=32, kv_heads=8, num_splits=64)
     assert time.perf_counter() - t0 < 0.05
     assert g.pages == 10**12 // 16 + 3 * 10**11 // 16
 
 
 @pytest.mark.parametrize("call,msg", [
-    (lambda: tr.packed([]), "lengths_q: expected at least one length"),
-    (lambda: tr.packed([3, -1]), "lengths_q: expected a list of non-negative integers"),
-    (lambda: tr.packed([3, True]), "lengths_q: expected a list of non-negative integers"),
-    (lambda: tr.packed(5), "lengths_q: expected a list of non-negative integers"),
-    (lambda: tr.packed([3, 4], [3]), "lengths_k: expected 2 lengths"),
-    (lambda: tr.packed([0, 3], [4, 0]), "lengths_q: expected at least one sequence with Nq >= 1 and Nk >= 1"),
-    (lambda: tr.packed([3], rows=["fast"]), "row: expected one of"),
-    (lambda: tr.packed([3], rows=[]), "rows: expected at least one of"),
-    (lambda: tr.packed([3], dtype="int4"), "dtype: expected one of"),
-    (lambda: tr.packed([8], heads=4, kv_heads=3), "kv_heads: expected a divisor of heads"),
-    (lambda: tr.paged([]), "cache_lens: expected at least one length"),
-    (lambda: tr.paged([10], 24), "page_size: expected a power of two"),
-    (lambda: tr.paged([10], 0), "page_size: expected a positive integer"),
-    (lambda: tr.paged([10], 16, block_kv=96), "block_kv: expected a power of two"),
-    (lambda: tr.paged([10, 3], nq=4), "cache_lens: expected lengths >= nq (4)"),
-    (lambda: tr.paged([10], nq=0), "nq: expected a positive integer"),
-    (lambda: tr.paged([10], num_splits=0), "num_splits: expected a positive integer"),
-    (lambda: tr.paged([10], None, capacity=5), "capacity: expected >= the longest cache length (10)"),
-    (lambda: tr.paged([10], 16, capacity=32), "capacity: expected None with a paged cache"),
-    (lambda: tr.paged([10], heads=4, kv_heads=3), "kv_heads: expected a divisor of heads"),
+    (lambda: sv.packed([]), "lengths_q: expected at least one length"),
+    (lambda: sv.packed([3, -1]), "lengths_q: expected a list of non-negative integers"),
+    (lambda: sv.packed([3, True]), "lengths_q: expected a list of non-negative integers"),
+    (lambda: sv.packed(5), "lengths_q: expected a list of non-negative integers"),
+    (lambda: sv.packed([3, 4], [3]), "lengths_k: expected 2 lengths"),
+    (lambda: sv.packed([0, 3], [4, 0]), "lengths_q: expected at least one sequence with Nq >= 1 and Nk >= 1"),
+    (lambda: sv.packed([3], rows=["fast"]), "row: expected one of"),
+    (lambda: sv.packed([3], rows=[]), "rows: expected at least one of"),
+    (lambda: sv.packed([3], dtype="int4"), "dtype: expected one of"),
+    (lambda: sv.packed([8], heads=4, kv_heads=3), "kv_heads: expected a divisor of heads"),
+    (lambda: sv.paged([]), "cache_lens: expected at least one length"),
+    (lambda: sv.paged([10], 24), "page_size: expected a power of two"),
+    (lambda: sv.paged([10], 0), "page_size: expected a positive integer"),
+    (lambda: sv.paged([10], 16, block_kv=96), "block_kv: expected a power of two"),
+    (lambda: sv.paged([10, 3], nq=4), "cache_lens: expected lengths >= nq (4)"),
+    (lambda: sv.paged([10], nq=0), "nq: expected a positive integer"),
+    (lambda: sv.paged([10], num_splits=0), "num_splits: expected a positive integer"),
+    (lambda: sv.paged([10], None, capacity=5), "capacity: expected >= the longest cache length (10)"),
+    (lambda: sv.paged([10], 16, capacity=32), "capacity: expected None with a paged cache"),
+    (lambda: sv.paged([10], heads=4, kv_heads=3), "kv_heads: expected a divisor of heads"),
 ])
 def test_bad_inputs(call, msg):
     with pytest.raises(ValueError) as e:
@@ -209,7 +210,7 @@ def test_cli_packed_json_matches_model(capsys):
                         "--heads", "8", "--kv-heads", "2", "--rows", "all", "--json")
     assert rc == 0, err
     j = json.loads(out)
-    p = tr.packed([128, 0, 300], [128, 5, 200], heads=8, kv_heads=2, rows=tr.ROW_NAMES)
+    p = sv.packed([128, 0, 300], [128, 5, 200], heads=8, kv_heads=2, rows=tr.ROW_NAMES)
     assert j["params"]["layout"] == "packed" and j["params"]["work_items"] == p.work_items
     assert [(r["name"], r["total"], r["total_all"]) for r in j["rows"]] == \
         [(r.name, r.total, 8 * r.total) for r in p.rows.values()]
@@ -218,15 +219,15 @@ def test_cli_packed_json_matches_model(capsys):
 def test_cli_packed_no_tma(capsys):
     rc, out, err = _run(capsys, "traffic", "--lengths", "100,30", "--no-tma", "--rows", "flash", "--json")
     assert rc == 0, err
-    no_tma = tr.packed([100, 30], rows=["flash"], tma=False)["flash"].total
+    no_tma = sv.packed([100, 30], rows=["flash"], tma=False)["flash"].total
     assert json.loads(out)["rows"][0]["total"] == no_tma
     # 100 keys in 64-row tiles: the ragged tile reads 28 rows of the next sequence, K and V, fp16, d = 128
-    assert tr.packed([100, 30], rows=["flash"])["flash"].total - no_tma == 2 * 28 * 128 * 2
+    assert sv.packed([100, 30], rows=["flash"])["flash"].total - no_tma == 2 * 28 * 128 * 2
 
 
 def test_cli_packed_table(capsys):
     rc, out, _ = _run(capsys, "traffic", "--lengths", "4096")
-    p = tr.packed([4096])
+    p = sv.packed([4096])
     assert rc == 0 and f"{p['flash'].total:,}" in out and "2.00x vs naive" in out
 
 
@@ -236,7 +237,7 @@ def test_cli_paged_json_and_table(capsys):
     rc, out, err = _run(capsys, *argv, "--json")
     assert rc == 0, err
     j = json.loads(out)
-    g = tr.paged([100, 4000, 17], 16, heads=32, kv_heads=8, num_splits=4, dtype="bf16", block_kv=128)
+    g = sv.paged([100, 4000, 17], 16, heads=32, kv_heads=8, num_splits=4, dtype="bf16", block_kv=128)
     assert j["rows"][0]["total"] == g.row.total and j["rows"][0]["allocated_not_read"] == g.tail
     rc, out, _ = _run(capsys, *argv)
     assert rc == 0 and f"{g.row.total:,}" in out and f"{g.tail:,}" in out and "block_table" in out

@@ -18,9 +18,8 @@ string; anything else is an InputError naming the event and the field.
   kernel whose name is a fused attention kernel (`family` below) or contains the word attn/attention.
 - **Share** = attention kernel time / the prefill's kernel time (both a union of intervals, so
   overlapping streams count once). Kernel time, not the wall span: under the profiler the CPU launch
-  path slows and the GPU idles between kernels (2.2 ms of kernels in a 5.7 ms span on the recorded
-  H200 trace), gaps that an unprofiled prefill does not have. Applied to a measured prefill time it
-  assumes a GPU-bound prefill; the span is reported beside it.
+  path slows and the GPU idles between kernels, gaps that an unprofiled prefill does not have. Applied
+  to a measured prefill time it assumes a GPU-bound prefill; the span is reported beside it.
 
 Range matching is sorted intervals + bisection: O(n log n) in the number of events.
 """
@@ -34,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, finite_real
 
 #: Kernel families, fused attention ones first.
 FUSED = ("attnscope", "flash", "efficient", "cudnn")
@@ -117,10 +116,6 @@ def load(path, where: str = "trace"):
     return load_json(path, where, text=text)
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def events(trace, where: str = "trace") -> list[dict]:
     """The checked ``X`` events of the categories this module reads (see the module docstring)."""
     evs = trace.get("traceEvents") if isinstance(trace, dict) else trace
@@ -132,10 +127,10 @@ def events(trace, where: str = "trace") -> list[dict]:
         if not isinstance(e, dict) or e.get("cat") not in _CHECKED or e.get("ph", "X") != "X":
             continue
         field = f"{where}: traceEvents[{i}]"
-        if not _number(e.get("ts")):
+        if not finite_real(e.get("ts")):
             raise InputError(f"{field}.ts: expected a finite number, got {str(e.get('ts'))[:40]}")
         dur = e.get("dur", 0 if e["cat"] in _LAUNCH else None)  # a launch's own length is not used
-        if not _number(dur) or dur < 0:
+        if not finite_real(dur) or dur < 0:
             raise InputError(f"{field}.dur: expected a finite number >= 0, got {str(dur)[:40]}")
         if not isinstance(e.get("args", {}), dict):
             raise InputError(f"{field}.args: expected an object, got {type(e['args']).__name__}")

@@ -56,6 +56,15 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def finite_real(value: object) -> bool:
+    """Is `value` a finite real number: an int or float, not a bool, not NaN or inf (nor an int too large
+    for a float)?"""
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def expect(cond: bool, name: str, expected: str, got: object) -> None:
     """Raise `InputError("{name}: expected {expected}, got {short(got)}")` unless `cond`."""
     if not cond:

@@ -105,6 +105,12 @@ class _Table:
                              self.caption if k == len(parts) else None)
 
 
+def ledger(row, mib: bool = True) -> list[list[str]]:
+    """A traffic row's ledger as table rows: kernel, tensor, direction, bytes (and MiB), what."""
+    return [[k.name, t.tensor, t.direction, f"{t.nbytes:,}", *([f"{t.nbytes / MiB:,.2f}"] if mib else []),
+             t.what] for k in row.kernels for t in k.transfers]
+
+
 def int_list(flag: str, text: str, least: int | None = None) -> list[int]:
     """A flag's comma-separated integers ("2,4,8"), each at least `least` when given; one line if not."""
     from attnscope.errors import InputError

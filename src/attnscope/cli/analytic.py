@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from attnscope.cli._out import GiB, KiB, MiB, console, int_list, print_json, table
+from attnscope.cli import serving
+from attnscope.cli._out import GiB, KiB, MiB, console, ledger, print_json, table
 
 SPEC = "(spec default: %(default)s)"
 #: Where the "spec §N" references in help and output are explained.
@@ -69,25 +70,7 @@ def configure(sub) -> None:
     p.add_argument("--items", action="store_true", help="print the itemised ledger of every kernel")
     p.add_argument("--device", default=None,
                    help="add roofline lines for a device: a100, h100, h200 (ridge, FLOP/byte, time floor)")
-    g = p.add_argument_group("serving layouts (whole-batch ledgers instead of one (batch, head))")
-    g.add_argument("--lengths", default=None, metavar="N1,N2,...",
-                   help="packed variable-length prefill: query lengths of the sequences (0 allowed); "
-                        "bytes per query head summed over the sequences; uses --d, --dtype, --block-q, "
-                        "--block-kv, --heads, --kv-heads, --lse, --rows")
-    g.add_argument("--kv-lengths", default=None, metavar="N1,N2,...",
-                   help="packed: key lengths per sequence (default: --lengths)")
-    g.add_argument("--no-tma", action="store_true",
-                   help="packed: the kernel's pointer-load path (ragged K/V tiles read no rows past their "
-                        "sequence; default: TMA, which reads whole tiles and discards the extra rows)")
-    g.add_argument("--cache-lens", default=None, metavar="L1,L2,...",
-                   help="decode / chunked prefill against a KV cache: keys per sequence (counting the "
-                        "--nq new queries); the whole call's bytes; with --page-size a paged cache")
-    g.add_argument("--page-size", type=int, default=None,
-                   help="paged KV cache: rows per page, a power of two (block-table reads, the unused "
-                        "tail of each last page); without it a dense cache of --capacity rows")
-    g.add_argument("--capacity", type=int, default=None,
-                   help="dense cache rows per sequence (default: the longest --cache-lens)")
-    g.add_argument("--splits", type=int, default=1, help="split-KV programs per sequence (default 1)")
+    serving.add_flags(p)
     _json_flag(p)
     p.set_defaults(func=cmd_traffic)
 
@@ -140,13 +123,11 @@ def cmd_traffic(args) -> int:
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
     names = ROW_NAMES if names == ["all"] else names
     if args.lengths is not None or args.cache_lens is not None:
-        return _cmd_serving(args, names)
-    for flag in ("kv_lengths", "page_size", "capacity"):
-        expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"),
-               "to come with --lengths or --cache-lens", getattr(args, flag))
-    expect(not args.no_tma, "--no-tma", "to come with --lengths", args.no_tma)
+        return serving.run(args, names)
+    serving.check_unused(args)
     if getattr(args, "pass_", "forward") == "backward":
-        from attnscope.model.traffic import BACKWARD_ROWS, SPEC_ROWS, backward_traffic
+        from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
+        from attnscope.model.traffic import SPEC_ROWS
 
         names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
         t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
@@ -208,11 +189,8 @@ def cmd_traffic(args) -> int:
                             f"(spec §4, see {MODEL_DOC}). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
-    passes = []
-    if "flash" in t.rows:
-        passes.append(f"unmasked {t.kv_passes(False):g}")
-    if "flash-causal" in t.rows:
-        passes.append(f"causal {t.kv_passes(True):g}")
+    passes = [f"{'causal' if causal else 'unmasked'} {t.kv_passes(causal):g}"
+              for name, causal in (("flash", False), ("flash-causal", True)) if name in t.rows]
     if passes:
         tr = -(-c.nq // c.block_q)
         con.print(f"FA-2 passes over K/V ({tr:,} query tile{'' if tr == 1 else 's'}): " + ", ".join(passes))
@@ -224,8 +202,7 @@ def cmd_traffic(args) -> int:
             con.print(f"  - {a}")
     if args.items:
         for r in t.rows.values():
-            items = [[k.name, tr.tensor, tr.direction, f"{tr.nbytes:,}", f"{tr.nbytes / MiB:,.2f}", tr.what]
-                     for k in r.kernels for tr in k.transfers]
+            items = ledger(r)
             items.append(["Total", "", "reads", f"{r.reads:,}", f"{r.reads / MiB:,.2f}", ""])
             items.append(["", "", "writes", f"{r.writes:,}", f"{r.writes / MiB:,.2f}", ""])
             items.append(["", "", "total", f"{r.total:,}", f"{r.total / MiB:,.2f}", ""])
@@ -233,70 +210,6 @@ def cmd_traffic(args) -> int:
                             caption="; ".join(r.assumptions)))
     if dev:
         _print_roofline(con, t, dev, points)
-    return 0
-
-
-def _cmd_serving(args, names) -> int:
-    """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
-    from attnscope.errors import expect
-    from attnscope.model.traffic import packed, paged
-
-    expect(args.lengths is None or args.cache_lens is None, "--cache-lens", "not together with --lengths",
-           args.cache_lens)
-    expect(args.device is None and args.ratio is None, "--device",
-           "no --device / --ratio with --lengths or --cache-lens", args.device or args.ratio)
-    con = console()
-    if args.lengths is not None:
-        for flag in ("page_size", "capacity"):
-            expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "only with --cache-lens",
-                   getattr(args, flag))
-        lk = int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
-        p = packed(int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
-                   heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma)
-        if args.json:
-            print_json(p.to_json())
-            return 0
-        c = p.config
-        body = []
-        for r in p.rows.values():
-            base = p.rows.get(r.baseline)
-            red = f"{base.total / r.total:.2f}x vs {r.baseline}" if base is not None and base is not r else ""
-            body.append([r.label, f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", f"{r.total / MiB:,.2f}",
-                         f"{r.total * c.heads / MiB:,.2f}", red])
-        con.print(table(f"Packed prefill, {len(p.lengths_q)} sequences ({sum(p.lengths_q):,} query / "
-                        f"{sum(p.lengths_k):,} key rows), d = {c.d}, {c.dtype}, B_r = {c.block_q}, "
-                        f"B_c = {c.block_kv}, {p.work_items} work items: bytes per query head",
-                        ["Configuration", "Reads B", "Writes B", "Total B", "Total MiB",
-                         f"Total x {c.heads} heads MiB", "Reduction"], body,
-                        caption="Each sequence's dense ledger, summed line by line (logical bytes, bottom-"
-                                "right causal per sequence)."))
-        rows = p.rows.values()
-    else:
-        expect(args.kv_lengths is None, "--kv-lengths", "only with --lengths", args.kv_lengths)
-        expect(not args.no_tma, "--no-tma", "only with --lengths", args.no_tma)
-        g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
-                  dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
-                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)
-        if args.json:
-            print_json(g.to_json())
-            return 0
-        r = g.row
-        body = [[k.name, t.tensor, t.direction, f"{t.nbytes:,}", f"{t.nbytes / MiB:,.2f}", t.what]
-                for k in r.kernels for t in k.transfers]
-        body.append(["Total", "", "", f"{r.total:,}", f"{r.total / MiB:,.2f}", "reads + writes"])
-        body.append(["allocated, not read", "K, V", "", f"{g.tail:,}", f"{g.tail / MiB:,.2f}",
-                     "end of each last page" if g.page_size else "cache rows past each length"])
-        con.print(table(f"{r.label}: {len(g.cache_lens)} sequences, {sum(g.cache_lens):,} keys, "
-                        f"d = {g.config.d}, {g.config.dtype}, Hq = {g.config.heads}, "
-                        f"Hkv = {g.config.kv_heads}: the whole call",
-                        ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], body,
-                        caption="; ".join(r.assumptions)))
-        rows = [r]
-    if args.items and args.lengths is not None:
-        for r in rows:
-            items = [[k.name, t.tensor, t.direction, f"{t.nbytes:,}", t.what] for k in r.kernels
-                     for t in k.transfers]
-            con.print(table(f"{r.label}: ledger", ["Kernel", "Tensor", "Dir", "Bytes", "What"], items))
     return 0
 
 

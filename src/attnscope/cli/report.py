@@ -59,47 +59,23 @@ def run(args) -> int:
     from attnscope.report import build
 
     fresh_default = args.out == DEFAULT_OUT and not Path(DEFAULT_OUT).exists()
-    report, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile,
-                          samples_unit=args.samples_unit)
+    doc, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile,
+                       samples_unit=args.samples_unit)
     if fresh_default:  # like .pytest_cache: the default output directory keeps itself out of git
         from attnscope.inputs import write_atomic
 
         write_atomic(Path(DEFAULT_OUT) / ".gitignore", "# created by attnscope report\n*\n")
-    b, t = report.boundary, report.trace
+    d, b = doc.data, doc.data["boundary"]
     if args.json:
         from attnscope.cli._out import print_json
 
-        print_json(_numbers(report, paths))
+        print_json(d | {"paths": [str(p) for p in paths]})
         return 0
-    print(f"TTFT {t.ttft_ms:.1f} ms -> projected {b.outer_projected_ms:.2f} ms ({b.outer_speedup:.4f}x, "
-          f"{100 * b.outer_reduction:.2f} % reduction); prefill {t.prefill_ms:.1f} -> "
-          f"{b.inner_projected_ms:.2f} ms ({b.inner_speedup:.4f}x)")
-    if report.samples is not None:
-        print(f"p95 TTFT verdict from {report.samples.n} samples: {report.samples.verdict}")
+    print(f"TTFT {d['ttft_ms']:.1f} ms -> projected {b['outer_projected_ms']:.2f} ms "
+          f"({b['outer_speedup']:.4f}x, {100 * b['outer_reduction']:.2f} % reduction); "
+          f"prefill {b['inner_ms']:.1f} -> {b['inner_projected_ms']:.2f} ms ({b['inner_speedup']:.4f}x)")
+    if "samples" in d:
+        print(f"p95 TTFT verdict from {d['samples']['n']} samples: {d['samples']['verdict']}")
     for path in paths:
         print(f"report: {path}")
     return 0
-
-
-def _numbers(report, paths) -> dict:
-    """The report's numbers for machines: segments, both boundaries, the boundary errors, the evidence."""
-    b, t = report.boundary, report.trace
-    out = {"ttft_ms": t.ttft_ms,
-           "segments": [{"name": r.name, "ms": r.ms, "share": r.share, "projected_ms": r.projected_ms}
-                        for r in report.rows],
-           "attention_ms": report.attention_ms, "speedup": t.speedup, "boundary": b.to_json(),
-           "naive_ms": report.naive_ms, "flop_share": report.flop_share,
-           "ttft_meets_target_this_trace": report.ttft_meets_target, "tpot_ms": t.tpot_ms,
-           "tpot_meets_target": report.tpot_meets_target, "paths": [str(p) for p in paths]}
-    if report.samples is not None:
-        keys = ("n", "p50", "p95", "p99", "ci_low", "ci_high", "lower_bound", "upper_bound", "verdict",
-                "needed")
-        out["samples"] = {k: getattr(report.samples, k) for k in keys}
-    if report.metrics:
-        out["metrics"] = {m.name: {"count": m.hist.count, "p50_ms": m.p50_ms, "p95_ms": m.p95_ms,
-                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets}
-                          for m in report.metrics}
-    if report.profile is not None:
-        pr = report.profile
-        out["profile"] = {"span_ms": pr.span_ms, "attention_ms": pr.attention_ms, "share": pr.share}
-    return out

@@ -9,10 +9,9 @@ time share (spec §5.1): the formula accepts any number in [0, 1], the caller mu
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, finite_real, short
 
 #: The sensitivity rows of spec §5 (the 15 % / 40 % / 65 % table).
 DEFAULT_SENSITIVITY = (0.15, 0.40, 0.65)
@@ -25,11 +24,9 @@ MAX_MS = 1e9
 
 
 def _check(f: float, s: float, f_name: str = "f", s_name: str = "s") -> None:
-    ok = isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and 0.0 <= f <= 1.0
-    if not ok:
+    if not (finite_real(f) and 0.0 <= f <= 1.0):
         raise InputError(f"{f_name}: expected a time share in [0, 1], got {short(f)}")
-    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and S_MIN <= s <= S_MAX
-    if not ok:
+    if not (finite_real(s) and S_MIN <= s <= S_MAX):
         raise InputError(f"{s_name}: expected a kernel speedup in [{S_MIN:g}, {S_MAX:g}], got {short(s)}")
 
 
@@ -118,8 +115,7 @@ def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float, names: dic
     """
     n = {"part_ms": "part_ms", "inner_ms": "inner_ms", "outer_ms": "outer_ms", "s": "s", **(names or {})}
     for name, v in (("part_ms", part_ms), ("inner_ms", inner_ms), ("outer_ms", outer_ms)):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_MS
-        if not ok:
+        if not (finite_real(v) and 0 <= v <= MAX_MS):
             raise InputError(f"{n[name]}: expected a finite duration in [0, {MAX_MS:g}] ms, got {short(v)}")
     if not 0 < inner_ms <= outer_ms:
         raise InputError(f"{n['inner_ms']}: expected 0 < {n['inner_ms']} <= {n['outer_ms']} ({outer_ms:g}), "

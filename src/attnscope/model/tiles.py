@@ -170,31 +170,39 @@ class Grid:
         _, n_loaded = self.kv_bounds(i)
         return min(n_loaded * self.block_kv, self.nk)
 
-    def kv_rows_total(self) -> int:
-        """K rows (= V rows) streamed by the whole grid: the sum of `kv_rows_loaded(i)` over every query
-        tile, in closed form (constant time in N).
+    def loaded_pairs(self) -> tuple[int, int]:
+        """``(pairs, full)``: (query tile, KV tile) pairs the grid loads -- the sum of ``n_loaded`` of
+        `kv_bounds` over the query tiles -- and how many query tiles load every KV tile, in closed form
+        (constant time in N).
 
-        Unmasked: T_r * Nk. Causal: for every query tile but the last, rows_i = min(B_c * ceil((B_r i +
-        off) / B_c), Nk) (0 when B_r i + off <= 0). The tiles split into three runs of i -- none loaded,
-        a ceiling of a linear function, all Nk -- and the middle run is a floor sum, summed in
-        O(log) steps by `floor_sum`. The last tile (rows end at Nq, not B_r T_r) is added directly.
+        Causal, query tiles i = 1 .. T_r - 1 end at row B_r i: n_loaded(i) = clamp(ceil((B_r i + off) /
+        B_c), 0, T_c). The tiles split into three runs of i -- none loaded, a ceiling of a linear function,
+        all T_c -- and the middle run is a floor sum (`floor_sum`, O(log) steps). The last tile is added
+        directly.
         """
-        tr, nk, bq, bc, off = self.n_q_tiles, self.nk, self.block_q, self.block_kv, self.offset
+        tr, tc, bq, bc, off = self.n_q_tiles, self.n_kv_tiles, self.block_q, self.block_kv, self.offset
         if not self.causal:
-            return tr * nk
-        total = self.kv_rows_loaded(tr)
+            return tr * tc, tr
+        last = self.kv_bounds(tr)[1]
+        pairs, full = last, int(last == tc)
         m = tr - 1  # tiles 1..m have r_last = B_r * i
         if m <= 0:
-            return total
+            return pairs, full
         i0 = max(1, -off // bq + 1)  # first i with B_r i + off > 0
-        i1 = max(i0, (bc * (self.n_kv_tiles - 1) - off) // bq + 1)  # first i loading every KV tile
-        lo, hi = i0, min(i1 - 1, m)  # the middle run: Bc * ceil((B_r i + off) / B_c)
-        if hi >= lo:
-            # ceil(x / bc) = floor((x + bc - 1) / bc); i = lo + t, t = 0 .. hi - lo
-            total += bc * floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
+        i1 = max(i0, (bc * (tc - 1) - off) // bq + 1)  # first i loading every KV tile
+        lo, hi = i0, min(i1 - 1, m)
+        if hi >= lo:  # ceil(x / B_c) = floor((x + B_c - 1) / B_c), i = lo + t
+            pairs += floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
         if m >= i1:
-            total += (m - i1 + 1) * nk
-        return total
+            pairs += (m - i1 + 1) * tc
+            full += m - i1 + 1
+        return pairs, full
+
+    def kv_rows_total(self) -> int:
+        """K rows (= V rows) streamed by the whole grid: the sum of `kv_rows_loaded(i)` over the query
+        tiles. Every loaded tile is B_c rows but the ragged last one, which the ``full`` tiles load."""
+        pairs, full = self.loaded_pairs()
+        return self.block_kv * pairs - (self.block_kv * self.n_kv_tiles - self.nk) * full
 
     def permitted(self, r: int, c: int) -> bool:
         """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""

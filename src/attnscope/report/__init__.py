@@ -19,16 +19,9 @@ from attnscope.errors import choice
 FORMATS = ("md", "html", "both")
 
 
-def build(
-    trace_path=None,
-    out_dir="attnscope-report",
-    fmt: str = "both",
-    samples_path=None,
-    metrics_paths=None,
-    profile_path=None,
-    samples_unit=None,
-):
-    """Write `report.md` and/or `report.html` into `out_dir`; return (report, [paths written]).
+def build(trace_path=None, out_dir="attnscope-report", fmt: str = "both", samples_path=None,
+          metrics_paths=None, profile_path=None, samples_unit=None):
+    """Write `report.md` and/or `report.html` into `out_dir`; return (document, [paths written]).
 
     trace_path: a YAML/JSON trace, defaults to the spec's Document QA trace. metrics_paths: (BEFORE,
     AFTER) Prometheus text scrapes. Bad input raises `InputError` naming the field or the flag.
@@ -37,16 +30,9 @@ def build(
 
     choice("--format", fmt, FORMATS)
     trace = schema.load(trace_path)
-    s = (
-        evidence.samples(samples_path, trace.targets.p95_ttft_ms, trace.ttft_ms, samples_unit)
-        if samples_path
-        else None
-    )
-    m = (
-        evidence.metrics(metrics_paths[0], metrics_paths[1], trace.targets.p95_ttft_ms, trace.targets.tpot_ms)
-        if metrics_paths
-        else None
-    )
+    tg = trace.targets
+    s = evidence.samples(samples_path, tg.p95_ttft_ms, trace.ttft_ms, samples_unit) if samples_path else None
+    m = evidence.metrics(*metrics_paths, tg.p95_ttft_ms, tg.tpot_ms) if metrics_paths else None
     p = evidence.profile(profile_path) if profile_path else None
     report = attribution.attribute(trace, samples=s, metrics=m, profile=p)
     from attnscope.inputs import out_dir as make_out_dir
@@ -61,4 +47,4 @@ def build(
         files["report.html"] = render.html_page(doc)
     out = make_out_dir(out_dir, "--out")
     written = write_all({out / name: text for name, text in files.items()}, "--out")
-    return report, written
+    return doc, written

@@ -21,9 +21,8 @@ from attnscope.report.schema import Trace
 
 #: The attention time shares of the sensitivity table (spec §5's rows), beside the operating point.
 SENSITIVITY_SHARES = amdahl.DEFAULT_SENSITIVITY
-FLOP_SHARE_FORMULA = (
-    "attn / (dense + attn); per prompt token dense = 2·params, attn = 2·P·d·heads·layers FLOPs"
-)
+FLOP_SHARE_FORMULA = ("attn / (dense + attn); per prompt token dense = 2·params, "
+                      "attn = 2·P·d·heads·layers FLOPs")
 
 
 def val(x: float, projected: bool = False) -> str:
@@ -36,9 +35,8 @@ def pct(x: float, nd: int = 1) -> str:
     return f"{100 * x:.{nd}f}%"
 
 
-def flop_share(
-    params: float, prompt_tokens: int, d: int, heads: int, layers: int
-) -> tuple[float, float, float]:
+def flop_share(params: float, prompt_tokens: int, d: int, heads: int,
+               layers: int) -> tuple[float, float, float]:
     """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring)."""
     dense = 2.0 * params
     # model/flops.py's causal count over the prompt, per token: 4 * (P/2) * d * heads per layer
@@ -79,10 +77,6 @@ class Report:
     samples: object = None  # evidence.SampleStats
     metrics: list = field(default_factory=list)  # evidence.HistogramDiff
     profile: object = None  # evidence.ProfileShare
-
-
-def _queue_segment(trace: Trace):
-    return next((s for s in trace.segments if "queue" in s.name.lower()), None)
 
 
 def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
@@ -126,50 +120,34 @@ def _sentences(r: Report) -> None:
         f"({r.attention_ms:.1f} ms).",
     ]
     if r.samples is None:
-        r.observations.append(
-            "A single trace says nothing about p95: service p95 compliance is unknown "
-            "without a distribution of requests."
-        )
+        r.observations.append("A single trace says nothing about p95: service p95 compliance is unknown "
+                              "without a distribution of requests.")
     else:
         s = r.samples
         word = {"accept": "met", "reject": "missed", "inconclusive": "undecided"}[s.verdict]
-        r.observations.append(
-            f"From {s.n} client samples the p95 TTFT target is {word} ({s.verdict}: "
-            f"p95 {s.p95:.1f} ms; see Evidence)."
-        )
+        r.observations.append(f"From {s.n} client samples the p95 TTFT target is {word} ({s.verdict}: "
+                              f"p95 {s.p95:.1f} ms; see Evidence).")
     r.assumptions = [
         "TTFT is the sum of serial, non-overlapping segments (synchronized clocks)",
         f"S = {t.speedup:.2f}× holds over all {r.attention_ms:.1f} ms of attention on matching shapes",
         "the rest of the prefill and every other segment, queue dwell included, do not move",
     ]
-    q = _queue_segment(t)
-    queue_text = (
-        f"Holding {q.name.lower()} at {q.ms:.1f} ms is a static assumption; queuing under load "
-        "must be measured."
-        if q
-        else "Holding the non-prefill segments fixed is a static assumption; queuing under load "
-        "must be measured."
-    )
+    q = next((s for s in t.segments if "queue" in s.name.lower()), None)
+    held = f"{q.name.lower()} at {q.ms:.1f} ms" if q else "the non-prefill segments fixed"
+    queue_text = f"Holding {held} is a static assumption; queuing under load must be measured."
     qm = next((m for m in r.metrics if m.name == "vllm:request_queue_time_seconds"), None)
     if q is not None and qm is not None:
-        queue_text += (
-            f" Server histogram: queue p50 {qm.p50_ms:.1f} ms, p95 {qm.p95_ms:.1f} ms (trace {q.ms:.1f} ms)."
-        )
+        queue_text += (f" Server histogram: queue p50 {qm.p50_ms:.1f} ms, p95 {qm.p95_ms:.1f} ms "
+                       f"(trace {q.ms:.1f} ms).")
     r.boundary_errors = [
-        (
-            "Kernel vs. end-to-end",
-            f"Applying {t.speedup:.2f}× to TTFT predicts {t.ttft_ms:.1f} / {t.speedup:.2f} "
-            f"= {r.naive_ms:.1f} ms, ignoring non-attention compute and queue dwell; the projection is "
-            f"{b.outer_projected_ms:.2f} ms.",
-        ),
-        (
-            "FLOP share vs. time share",
-            f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = "
-            f"{t.workload.prompt_tokens:,} (formula below); Amdahl on it predicts "
-            f"{r.flop_speedup:.3f}× for the prefill, not {b.inner_speedup:.4f}×: FLOPs omit the "
-            "non-matmul work and stalls in the "
-            f"{b.f_inner:.1%} time share.",
-        ),
+        ("Kernel vs. end-to-end",
+         f"Applying {t.speedup:.2f}× to TTFT predicts {t.ttft_ms:.1f} / {t.speedup:.2f} = "
+         f"{r.naive_ms:.1f} ms, ignoring non-attention compute and queue dwell; the projection is "
+         f"{b.outer_projected_ms:.2f} ms."),
+        ("FLOP share vs. time share",
+         f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = {t.workload.prompt_tokens:,} (formula "
+         f"below); Amdahl on it predicts {r.flop_speedup:.3f}× for the prefill, not {b.inner_speedup:.4f}×: "
+         f"FLOPs omit the non-matmul work and stalls in the {b.f_inner:.1%} time share."),
         ("Unmeasured components", queue_text),
     ]
     pm = next((m for m in r.metrics if m.name == "vllm:request_prefill_time_seconds"), None)

@@ -2,9 +2,10 @@
 
 `build(report, source)` turns a `Report` (attribution.py) into a `Document`; render.py writes the same
 `Document` as Markdown and as HTML, so every sentence and every number is formatted here, once, and the
-two pages cannot disagree. The blocks are plain data: text is unescaped (each renderer escapes it on
-the way out) and a figure is a list of SVG shapes (figures.py) that only the HTML draws; its numbers
-are in the tables and the text of the same section.
+two pages cannot disagree; `Document.data` holds the same numbers unformatted (`report --json`). The
+blocks are plain data: text is unescaped (each renderer escapes it on the way out) and a figure is a
+list of SVG shapes (figures.py) that only the HTML draws; its numbers are in the tables and the text of
+the same section.
 
 Layout hints the HTML uses and the Markdown ignores: a section's `aside` sits beside its blocks, a
 `half` section shares a row with its neighbour.
@@ -12,7 +13,7 @@ Layout hints the HTML uses and the Markdown ignores: a section's `aside` sits be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from attnscope.report import figures
@@ -79,6 +80,7 @@ class Document:
     summary: tuple[Run, ...]
     sections: tuple[Section, ...]
     footer: tuple[Run, ...]
+    data: dict = field(default_factory=dict)  # the numbers for machines: segments, boundaries, evidence
 
 
 _TONE = {"accept": "good", "reject": "bad", "inconclusive": "undecided"}  # a verdict's colour
@@ -93,21 +95,8 @@ def _kernel_short(name: str) -> str:
 
 
 def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
-    """The whole report as a `Document` (module docstring).
-
-    Parameters
-    ----------
-    r : Report
-        attribution.attribute's numbers and sentences, evidence included.
-    source : str
-        What the trace was (a file name), printed under the title.
-
-    Returns
-    -------
-    Document
-        Sections 1-7, and 8 (Evidence) when evidence was given; render.markdown and render.html_page
-        write it.
-    """
+    """The whole report as a `Document`: sections 1-7, and 8 (Evidence) when evidence was given, from
+    attribution.attribute's `Report`; ``source`` (what the trace was) is printed under the title."""
     t, b, tg, w = r.trace, r.boundary, r.trace.targets, r.trace.workload
     workload = Bullets(tuple(para((k, "b"), f": {v}") for k, v in (
         ("Model", f"{w.model}, {w.params / 1e9:g}B params, {w.dtype}"),
@@ -144,7 +133,31 @@ def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
                   "FLOPs per prompt token. Amdahl: speedup = 1 / ((1 − f) + f / S), f a measured time share "
                   "(model/amdahl.py).")
     return Document(t.title, f"Latency attribution report (attnscope) · input: {source} · one trace; "
-                    "projections are conditional on it", summary, tuple(sections), footer)
+                    "projections are conditional on it", summary, tuple(sections), footer, _data(r))
+
+
+def _data(r: Report) -> dict:
+    """The report's numbers for machines: segments, both boundaries, the boundary errors, the evidence."""
+    t = r.trace
+    out = {"ttft_ms": t.ttft_ms,
+           "segments": [{"name": x.name, "ms": x.ms, "share": x.share, "projected_ms": x.projected_ms}
+                        for x in r.rows],
+           "attention_ms": r.attention_ms, "speedup": t.speedup, "boundary": r.boundary.to_json(),
+           "naive_ms": r.naive_ms, "flop_share": r.flop_share,
+           "ttft_meets_target_this_trace": r.ttft_meets_target, "tpot_ms": t.tpot_ms,
+           "tpot_meets_target": r.tpot_meets_target}
+    if r.samples is not None:
+        keys = ("n", "p50", "p95", "p99", "ci_low", "ci_high", "lower_bound", "upper_bound", "verdict",
+                "needed")
+        out["samples"] = {k: getattr(r.samples, k) for k in keys}
+    if r.metrics:
+        out["metrics"] = {m.name: {"count": m.hist.count, "p50_ms": m.p50_ms, "p95_ms": m.p95_ms,
+                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets}
+                          for m in r.metrics}
+    if r.profile is not None:
+        out["profile"] = {"span_ms": r.profile.span_ms, "attention_ms": r.profile.attention_ms,
+                          "share": r.profile.share}
+    return out
 
 
 def _timings(r: Report) -> Table:

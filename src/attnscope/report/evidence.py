@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnscope import chrome_trace
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, finite_real, short
 from attnscope.inputs import read_text
 
 # ------------------------------------------------------------------------------------------ samples
@@ -84,10 +84,9 @@ def read_samples(path, unit: str | None = None) -> list[float]:
             key = next(k for k in SAMPLE_COLUMNS if k in data)
             data, found = data[key], SAMPLE_COLUMNS[key]
         if not isinstance(data, list):
-            raise InputError(
-                f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, {{"ttft_s": '
-                f'[...]}}, a vllm bench serve result with ttfts), got {type(data).__name__}'
-            )
+            raise InputError(f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, '
+                             f'{{"ttft_s": [...]}}, a vllm bench serve result with ttfts), got '
+                             f"{type(data).__name__}")
         factor = _unit_of(found, unit, flag)
         values = data
     else:
@@ -110,20 +109,28 @@ def read_samples(path, unit: str | None = None) -> list[float]:
         for i, r in enumerate(rows):
             cell = r[col].strip() if col < len(r) else ""
             if not number_text(cell):
-                raise InputError(
-                    f"{flag}: expected a plain decimal number on data row {i + 1}, got {short(cell)}"
-                )
+                raise InputError(f"{flag}: expected a plain decimal number on data row {i + 1}, "
+                                 f"got {short(cell)}")
             values.append(float(cell))
     out = []
     for i, v in enumerate(values):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-        ok = ok and math.isfinite(float(v)) and 0 <= v <= 1e9
-        if not ok:
+        if not (finite_real(v) and 0 <= v <= 1e9):
             raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at index {i}")
         out.append(float(v) * factor)
     if not out:
         raise InputError(f"{flag}: expected at least one TTFT sample, got none")
     return out
+
+
+def _ranks(n, q: float, confidence: float):
+    """The 1-based ranks (lower, upper) of `order_stat_ranks` for an int or an array of n, before the
+    out-of-range ones (lower < 1, upper > n) are dropped."""
+    from scipy.stats import binom
+
+    upper = binom.ppf(confidence, n, q) + 1  # smallest k with P(B <= k) >= confidence, plus one
+    k = binom.ppf(1 - confidence, n, q)  # largest k with P(B <= k) <= 1 - confidence
+    k = k - (binom.cdf(k, n, q) > 1 - confidence)
+    return k + 1, upper
 
 
 def order_stat_ranks(n: int, q: float = Q95, confidence: float = CONFIDENCE) -> tuple[int | None, int | None]:
@@ -134,42 +141,31 @@ def order_stat_ranks(n: int, q: float = Q95, confidence: float = CONFIDENCE) -> 
     P(B <= u - 1) >= confidence, None when even u = n is not enough (1 - q**n < confidence: for p95 at
     95 %, fewer than 59 samples). `lower` is the largest l with P(B >= l) >= confidence, None if none.
     """
-    from scipy.stats import binom
-
-    k = int(binom.ppf(confidence, n, q))  # smallest k with P(B <= k) >= confidence
-    upper = k + 1 if k + 1 <= n else None
-    k = int(binom.ppf(1 - confidence, n, q))  # largest k with P(B <= k) <= 1 - confidence
-    if binom.cdf(k, n, q) > 1 - confidence:
-        k -= 1
-    lower = k + 1 if k >= 0 else None
-    return lower, upper
+    lower, upper = (int(x) for x in _ranks(n, q, confidence))
+    return (lower if lower >= 1 else None), (upper if upper <= n else None)
 
 
 def _nearest_rank(xs: list[float], q: float) -> float:
     return xs[max(0, math.ceil(q * len(xs)) - 1)]
 
 
-def samples_needed(
-    frac_le_target: float, n_now: int, q: float = Q95, confidence: float = CONFIDENCE
-) -> int | None:
+def samples_needed(frac_le_target: float, n_now: int, q: float = Q95,
+                   confidence: float = CONFIDENCE) -> int | None:
     """Smallest total n > n_now at which the verdict would be decided if the observed distribution held
     (F = frac_le_target, the fraction of samples <= target): accept when F > q and the upper bound's rank
     u(n) <= n * F; reject when F < q and the lower bound's rank l(n) > n * F. None when F = q (the
     observed quantile sits at the target) or not decided below NEEDED_CAP."""
     import numpy as np
-    from scipy.stats import binom
 
     if frac_le_target == q:
         return None
     n = np.arange(n_now + 1, NEEDED_CAP + 1)
     have = n * frac_le_target
+    lower, upper = _ranks(n, q, confidence)
     if frac_le_target > q:
-        u = binom.ppf(confidence, n, q) + 1
-        decided = (u <= n) & (u <= have + 1e-9)
+        decided = (upper <= n) & (upper <= have + 1e-9)
     else:
-        k = binom.ppf(1 - confidence, n, q)
-        k = np.where(binom.cdf(k, n, q) > 1 - confidence, k - 1, k)
-        decided = (k + 1 >= 1) & (k + 1 > have + 1e-9)
+        decided = (lower >= 1) & (lower > have + 1e-9)
     idx = np.flatnonzero(decided)
     return int(n[idx[0]]) if idx.size else None
 
@@ -192,9 +188,8 @@ class SampleStats:
     warnings: tuple[str, ...] = field(default=())
 
 
-def samples(
-    path, target_ms: float, trace_ttft_ms: float | None = None, unit: str | None = None
-) -> SampleStats:
+def samples(path, target_ms: float, trace_ttft_ms: float | None = None,
+            unit: str | None = None) -> SampleStats:
     """Summarise client TTFT samples against the p95 target (nearest-rank percentiles).
 
     unit: "ms" or "s" when the file does not name it (see `read_samples`). With `trace_ttft_ms`, a
@@ -205,12 +200,9 @@ def samples(
     if trace_ttft_ms is not None and trace_ttft_ms > 0:
         med = _nearest_rank(xs, 0.5)
         if not (trace_ttft_ms / PLAUSIBLE_FACTOR <= med <= trace_ttft_ms * PLAUSIBLE_FACTOR):
-            raise InputError(
-                f"--samples: expected TTFTs within {PLAUSIBLE_FACTOR:g}x of the trace's "
-                f"{trace_ttft_ms:g} ms, "
-                f"got a median of {med:.4g} ms (wrong unit? name the column ttft_ms or ttft_s, or pass "
-                "--samples-unit)"
-            )
+            raise InputError(f"--samples: expected TTFTs within {PLAUSIBLE_FACTOR:g}x of the trace's "
+                             f"{trace_ttft_ms:g} ms, got a median of {med:.4g} ms (wrong unit? name the "
+                             "column ttft_ms or ttft_s, or pass --samples-unit)")
     lo1, up1 = order_stat_ranks(n, Q95, CONFIDENCE)
     lo2, up2 = order_stat_ranks(n, Q95, 1 - (1 - CONFIDENCE) / 2)
     lower = xs[lo1 - 1] if lo1 else None
@@ -291,9 +283,8 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # the parser raises ValueError and others on malformed text
-        raise InputError(
-            f"{flag}: expected Prometheus text exposition format, got a parse error ({e})"
-        ) from None
+        raise InputError(f"{flag}: expected Prometheus text exposition format, got a parse error "
+                         f"({e})") from None
     for fam in families:
         if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
             continue
@@ -323,14 +314,12 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
         counts = tuple(buckets[b] for b in bounds)
         for i in range(1, len(bounds)):
             if counts[i] < counts[i - 1]:
-                raise InputError(
-                    f"{name}: expected cumulative bucket counts non-decreasing in le, got {counts[i - 1]:g} "
-                    f"at le={bounds[i - 1]:g} then {counts[i]:g} at le={bounds[i]:g}"
-                )
+                raise InputError(f"{name}: expected cumulative bucket counts non-decreasing in le, got "
+                                 f"{counts[i - 1]:g} at le={bounds[i - 1]:g} then {counts[i]:g} at "
+                                 f"le={bounds[i]:g}")
         if has_count and count != counts[-1]:
-            raise InputError(
-                f"{name}: expected _count equal to the +Inf bucket ({counts[-1]:g}), got {count:g}"
-            )
+            raise InputError(f"{name}: expected _count equal to the +Inf bucket ({counts[-1]:g}), "
+                             f"got {count:g}")
         out[fam.name] = Histogram(bounds, counts, counts[-1], total)
     return out
 
@@ -362,16 +351,12 @@ def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
     if before is None:
         return after
     if before.bounds != after.bounds:
-        raise InputError(
-            f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
-            f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds"
-        )
+        raise InputError(f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
+                         f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds")
     counts = tuple(a - b for a, b in zip(after.counts, before.counts, strict=True))
     if any(c < 0 for c in counts) or after.count < before.count:
-        raise InputError(
-            f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
-            "(was the server restarted between the scrapes?)"
-        )
+        raise InputError(f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
+                         "(was the server restarted between the scrapes?)")
     return Histogram(after.bounds, counts, after.count - before.count, after.sum - before.sum)
 
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError, expect, short
+from attnscope.errors import InputError, expect, finite_real, short
 from attnscope.inputs import number_text
 from attnscope.model import amdahl
 
@@ -76,7 +76,6 @@ class Trace:
     tpot_ms: float
     decode_source: str
     change_description: str
-    change_segment: str
     speedup: float
     change_source: str
 
@@ -167,9 +166,8 @@ def _clean_text(v: str, field: str) -> str:
 
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
     v = data.get(key, default)
-    expect(
-        isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string", v
-    )
+    expect(isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string",
+           v)
     return _clean_text(v, f"{name}.{key}")
 
 
@@ -178,11 +176,7 @@ def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
     if isinstance(v, str):  # YAML 1.1 reads 8.0e9 (no sign in the exponent) as a string
         with contextlib.suppress(ValueError):
             v = float(v) if number_text(v) else v
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    try:
-        ok = ok and math.isfinite(float(v))
-    except OverflowError:
-        ok = False
+    ok = finite_real(v)
     lo, hi = BOUNDS.get(key, (1e-6, MAX_MS))
     if positive:
         expect(ok and lo <= v <= hi, f"{name}.{key}", f"a finite number in [{lo:g}, {hi:g}]", v)
@@ -264,8 +258,8 @@ def validate(data) -> Trace:
                f"at most the prefill segment's {prefill_ms:g} ms (a share over 100 %)", attn)
     else:
         v = p["attention_share"]
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-        expect(ok, "prefill.attention_share", "a fraction in [0, 1] (a share over 100 % is impossible)", v)
+        expect(finite_real(v) and 0 <= v <= 1, "prefill.attention_share",
+               "a fraction in [0, 1] (a share over 100 % is impossible)", v)
         attn = float(v) * prefill_ms
 
     dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
@@ -274,14 +268,11 @@ def validate(data) -> Trace:
     cseg = _str(c, "segment", "change")
     expect(cseg in names, "change.segment", "one of the segment names (" + ", ".join(names) + ")", cseg)
     if cseg != pseg:
-        raise NotImplementedError(
-            f"change.segment: only the split prefill segment ({pseg!r}) is supported "
-            f"(the speedup applies to its attention part), got {short(cseg)}"
-        )
+        raise NotImplementedError(f"change.segment: only the split prefill segment ({pseg!r}) is supported "
+                                  f"(the speedup applies to its attention part), got {short(cseg)}")
     s = c.get("speedup")
     lo, hi = BOUNDS["speedup"]
-    ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and lo <= s <= hi
-    expect(ok, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
+    expect(finite_real(s) and lo <= s <= hi, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
 
     return Trace(
         title=title, workload=workload, targets=targets, segments=tuple(segments),
@@ -290,5 +281,5 @@ def validate(data) -> Trace:
         tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
         decode_source=_str(dd, "source", "decode", default="trace"),
         change_description=_str(c, "description", "change", default="Faster attention kernel"),
-        change_segment=cseg, speedup=float(s), change_source=_str(c, "source", "change", default="assumed"),
+        speedup=float(s), change_source=_str(c, "source", "change", default="assumed"),
     )

@@ -1,0 +1,312 @@
+"""Logical HBM traffic of the serving layouts: a packed batch of prompts and a step against a KV cache.
+
+`packed`: a packed variable-length prefill (kernels/varlen.py), the line-by-line sum of its sequences'
+dense ledgers (model/traffic.py) plus the varlen kernel's work-list reads and the rows its ragged TMA
+tiles read past a sequence's end. `paged`: one split-KV decode / chunked-prefill step (Flash-Decoding,
+kernels/decode.py) against a paged or dense KV cache, whole call: block-table reads, the valid K/V rows
+once per kv head, the split partials, and the allocated-but-unread tail of each last page.
+Cost: a loop over the sequences, never over tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnscope.errors import InputError, choice, expect, positive_int
+from attnscope.model.flops import visible_pairs
+from attnscope.model.traffic import (
+    BUILDERS,
+    CAUSAL,
+    ROW_NAMES,
+    SPEC_ROWS,
+    STAT_BYTES,
+    Config,
+    Kernel,
+    Row,
+    Transfer,
+    read,
+    row_names,
+    write,
+)
+
+
+def _lengths(name: str, values) -> tuple[int, ...]:
+    """Validate a list of non-negative integer lengths (bools refused)."""
+    try:
+        vals = tuple(values)
+    except TypeError:
+        raise InputError(f"{name}: expected a list of non-negative integers, got {values!r}") from None
+    expect(len(vals) > 0, name, "at least one length", list(vals))
+    for v in vals:
+        expect(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name,
+               "a list of non-negative integers", list(vals))
+    return vals
+
+
+def _head(what: str) -> str:
+    """A ledger line's text up to its first comma outside brackets ("Q [Nq, d], each ..." -> "Q [Nq, d]")."""
+    depth = 0
+    for i, ch in enumerate(what):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            return what[:i]
+    return what
+
+
+def _sum_rows(rows: list[Row], n: int) -> Row:
+    """Line-by-line sum of rows with the same structure (one row per sequence of a packed batch)."""
+    first = rows[0]
+    kernels = []
+    for ki, k in enumerate(first.kernels):
+        transfers = tuple(
+            Transfer(t.tensor, t.direction, sum(r.kernels[ki].transfers[ti].nbytes for r in rows),
+                     f"{_head(t.what)}, summed over {n} sequences")
+            for ti, t in enumerate(k.transfers))
+        kernels.append(Kernel(k.name, sum(r.kernels[ki].flops for r in rows), k.unit, transfers))
+    return Row(first.name, first.label + ", packed", first.condition, first.baseline, tuple(kernels),
+               first.assumptions)
+
+
+def _add_bytes(row: Row, extra: dict[tuple[str, str], int]) -> Row:
+    """Add bytes to the first transfer of each (tensor, direction) in ``extra``."""
+    extra = dict(extra)
+    kernels = []
+    for k in row.kernels:
+        ts = []
+        for t in k.transfers:
+            add = extra.pop((t.tensor, t.direction), 0)
+            ts.append(Transfer(t.tensor, t.direction, t.nbytes + add, t.what) if add else t)
+        kernels.append(Kernel(k.name, k.flops, k.unit, tuple(ts)))
+    assert not extra, f"no transfer for {extra}"  # internal: every row reads Q and writes O
+    return Row(row.name, row.label, row.condition, row.baseline, tuple(kernels), row.assumptions)
+
+
+#: Per work item of the varlen kernel, each query head's program reads its (sequence, query tile) pair
+#: and the four cu_seqlens values bounding its sequence: 6 int32.
+VARLEN_ITEM_BYTES = 6 * 4
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Traffic of one packed variable-length prefill call. Bytes per query head, summed over sequences
+    (``*_all`` in JSON: times the query heads)."""
+
+    lengths_q: tuple[int, ...]
+    lengths_k: tuple[int, ...]
+    config: Config  # d, dtype, tiles, heads, lse; nq / nk are the longest lengths
+    rows: dict[str, Row]
+    work_items: int  # (sequence, query tile) pairs: sum of ceil(Nq_s / B_r)
+
+    def __getitem__(self, name: str) -> Row:
+        return self.rows[choice("row", name, self.rows)]
+
+    def to_json(self) -> dict:
+        c, h = self.config, self.config.heads
+        rows = [r.to_json(self.rows[r.baseline].total / r.total if r.baseline in self.rows else None, h)
+                for r in self.rows.values()]
+        return {"params": {"layout": "packed", "lengths_q": list(self.lengths_q),
+                           "lengths_k": list(self.lengths_k), "sequences": len(self.lengths_q),
+                           "total_q": sum(self.lengths_q), "total_k": sum(self.lengths_k),
+                           "work_items": self.work_items, "d": c.d, "dtype": c.dtype,
+                           "bytes_per_element": c.b, "block_q": c.block_q, "block_kv": c.block_kv,
+                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse,
+                           "per": "one query head, summed over the sequences; *_all fields are the "
+                                  "whole call"},
+                "rows": rows}
+
+
+def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q: int = 128,
+           block_kv: int = 64, *, heads: int = 1, kv_heads: int | None = None, lse: bool = False,
+           rows=SPEC_ROWS, tma: bool = True) -> Packed:
+    """Logical HBM bytes of a packed variable-length prefill (`flash_attention_varlen`), per query head.
+
+    Each sequence with queries and keys contributes its dense ledger (``traffic`` with Nq_s, Nk_s; tiles
+    from model/tiles.py, causal bottom-right per sequence); the packed rows are those ledgers summed line
+    by line. A sequence with queries but no keys reads Q and writes O (zeros; and the LSE) and nothing
+    else; one with no queries moves nothing. The flash rows add the varlen kernel's own metadata: per
+    work item (sequence, query tile) 6 int32 (the item and the sequence's cu_seqlens bounds); and with
+    ``tma`` (the kernel's default for aligned K/V) the rows its ragged K/V tiles read past a sequence's end
+    (a TMA tile is whole up to the end of the packed tensor; the kernel discards those rows): for each
+    query tile that loads the sequence's ragged last KV tile, ``min(k0 + T_c B_c, total_k) - (k0 + Nk)``
+    rows of K and of V. Cost: one dense ledger per sequence (a loop over the B sequences, never over
+    tokens) and a closed form per sequence for the ragged-tile count.
+
+    Parameters
+    ----------
+    lengths_q: query lengths of the B sequences (>= 0), in packing order. lengths_k: key lengths
+        (default: lengths_q).
+    d, dtype, block_q, block_kv, heads, kv_heads, lse, rows: as `traffic`.
+    tma: K/V by TMA (True, the kernel's default for 16-byte aligned K/V) or by predicated loads (False:
+        no rows past a sequence are read).
+    """
+    lq = _lengths("lengths_q", lengths_q)
+    lk = lq if lengths_k is None else _lengths("lengths_k", lengths_k)
+    expect(len(lk) == len(lq), "lengths_k", f"{len(lq)} lengths (one per sequence, as lengths_q)", list(lk))
+    full = [(a, b) for a, b in zip(lq, lk, strict=True) if a > 0 and b > 0]
+    expect(len(full) > 0, "lengths_q", "at least one sequence with Nq >= 1 and Nk >= 1",
+           f"lengths_q {list(lq)}, lengths_k {list(lk)}")
+    names = row_names(rows, ROW_NAMES)
+    cfg = Config(nq=max(lq), nk=max(lk), d=d, dtype=dtype, block_q=block_q, block_kv=block_kv, heads=heads,
+                 kv_heads=kv_heads, lse=lse)
+    no_keys = sum(a for a, b in zip(lq, lk, strict=True) if b == 0)  # query rows with no key at all
+    items = sum(-(-a // block_q) for a in lq)
+    out = {}
+    for name in names:
+        per_seq = [BUILDERS[name](Config(nq=a, nk=b, d=d, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                                          heads=cfg.heads, kv_heads=cfg.kv_heads, lse=lse)) for a, b in full]
+        row = _sum_rows(per_seq, len(lq))
+        if no_keys:
+            extra = {("Q", "read"): no_keys * d * cfg.b, ("O", "write"): no_keys * d * cfg.b}
+            if name.startswith("flash") and lse:
+                extra[("LSE", "write")] = no_keys * STAT_BYTES
+            row = _add_bytes(row, extra)
+        if name.startswith("flash"):
+            k = row.kernels[0]
+            extra = [read("meta", items * VARLEN_ITEM_BYTES,
+                          f"work list + cu_seqlens: {items} (sequence, query tile) items x 6 int32")]
+            if tma:
+                over = _ragged_overread_rows(lq, lk, block_q, block_kv, name == "flash-causal")
+                extra += [read("K", over * d * cfg.b, "K rows past the sequence ends read by ragged TMA "
+                                                      f"tiles and discarded ({over} rows)"),
+                          read("V", over * d * cfg.b, "V, the same rows")]
+            row = Row(row.name, row.label, row.condition, row.baseline,
+                      (Kernel(k.name, k.flops, k.unit, k.transfers + tuple(extra)),),
+                      row.assumptions + ("building the work list on the device (O(B) int32, once per call, "
+                                         "shared by all heads) and the grid's idle items are not counted",))
+        out[name] = row
+    return Packed(lq, lk, cfg, out, items)
+
+
+def _ragged_overread_rows(lq, lk, block_q: int, block_kv: int, causal: bool) -> int:
+    """K rows (= V rows) that TMA tiles read past their sequence's end, per query head, summed over the
+    sequences (closed form per sequence). Sequence s's last KV tile is ragged when Nk % B_c != 0; every
+    query tile that loads it (all T_r unmasked; causal, those whose last row r1 satisfies
+    ``r1 + Nk - Nq > (T_c - 1) B_c``: a suffix of the tiles, always including the last) reads
+    ``min(k0 + T_c B_c, total_k) - (k0 + Nk)`` extra rows (zeros past the tensor's end are not read)."""
+    total_k = sum(lk)
+    k0 = 0
+    rows = 0
+    for nq, nk in zip(lq, lk, strict=True):
+        if nq and nk and nk % block_kv:
+            t_r, t_c = -(-nq // block_q), -(-nk // block_kv)
+            if causal:
+                # tiles i < T_r (r1 = i B_r) load tile T_c iff i B_r > (T_c - 1) B_c - (Nk - Nq) = x
+                x = (t_c - 1) * block_kv - (nk - nq)
+                n_tiles = max(0, t_r - 1 - max(x // block_q, 0)) + 1 if x >= 0 else t_r
+            else:
+                n_tiles = t_r
+            rows += n_tiles * (min(k0 + t_c * block_kv, total_k) - (k0 + nk))
+        k0 += nk
+    return rows
+
+
+@dataclass(frozen=True)
+class Paged:
+    """Traffic of one decode / chunked-prefill step against a KV cache, the whole call (all heads).
+
+    ``row`` is the ledger (its total is what moves); ``tail`` are bytes of K/V allocated to the
+    sequences but never read (the unused end of each last page, or of a dense cache's rows)."""
+
+    cache_lens: tuple[int, ...]
+    nq: int
+    page_size: int | None
+    capacity: int | None
+    num_splits: int
+    config: Config
+    row: Row
+    tail: int
+    pages: int  # pages holding keys (paged) or 0
+
+    def to_json(self) -> dict:
+        c, r = self.config, self.row
+        return {"params": {"layout": "paged" if self.page_size else "dense-cache",
+                           "cache_lens": list(self.cache_lens), "nq": self.nq, "page_size": self.page_size,
+                           "capacity": self.capacity, "num_splits": self.num_splits, "pages": self.pages,
+                           "d": c.d, "dtype": c.dtype, "bytes_per_element": c.b, "block_kv": c.block_kv,
+                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse, "per": "the whole call"},
+                "rows": [{"name": r.name, "label": r.label, "reads": r.reads, "writes": r.writes,
+                          "total": r.total, "flops": r.flops, "allocated_not_read": self.tail,
+                          "assumptions": list(r.assumptions), "items": [k.to_json() for k in r.kernels]}]}
+
+
+def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128, dtype: str = "bf16",
+          heads: int = 32, kv_heads: int | None = None, num_splits: int = 1, block_kv: int = 128,
+          capacity: int | None = None, lse: bool = False) -> Paged:
+    """Logical HBM bytes of one split-KV decode / chunked-prefill step (`flash_decode`), whole call.
+
+    The kernel (Flash-Decoding, kernels/decode.py) runs one program per (sequence, kv head, split); each
+    streams its split's keys once for all ``heads / kv_heads`` query heads of its group and all ``nq``
+    query rows (the last ``nq`` positions of the sequence, which ``cache_lens`` counts). Lines:
+
+    - Q: read by every split's program: ``B * Hq * nq * d * S`` elements;
+    - cache_seqlens: one int32 per program;
+    - block table (paged only): per kv head, one int32 per (KV block of ``block_kv`` keys, page) pair the
+      keys touch: ``ceil(len / min(page_size, block_kv))`` per sequence (both powers of two, so they nest);
+    - K and V: only the valid rows, once per kv head: ``Hkv * sum(len) * d`` each (masked loads);
+    - S = 1: O (and LSE) written once; S > 1: fp32 partials O_s [nq, d] and lse_s per (sequence, query
+      head, split) written by phase 1 and read by the merge, which writes O (and LSE).
+
+    ``tail`` (not in the total): K/V bytes allocated but not read -- the end of each sequence's last page
+    (``ceil(len / P) * P - len`` rows), or for a dense cache (``page_size`` None) ``capacity - len`` rows.
+    ``flops``: 4 * Hq * d * (visible pairs), bottom-right causal among the nq queries.
+    """
+    lens = _lengths("cache_lens", cache_lens)
+    positive_int("nq", nq)
+    positive_int("num_splits", num_splits)
+    positive_int("block_kv", block_kv)
+    if page_size is not None:
+        positive_int("page_size", page_size)
+        expect(page_size & (page_size - 1) == 0, "page_size", "a power of two", page_size)
+        expect(block_kv & (block_kv - 1) == 0, "block_kv", "a power of two (pages and blocks nest)", block_kv)
+        expect(capacity is None, "capacity", "None with a paged cache (pages size it)", capacity)
+    else:
+        capacity = max(lens) if capacity is None else positive_int("capacity", capacity)
+        expect(capacity >= max(lens), "capacity", f">= the longest cache length ({max(lens)})", capacity)
+    expect(all(n >= nq for n in lens), "cache_lens", f"lengths >= nq ({nq}): the queries are the last nq "
+           "positions of each sequence and are counted in it", list(lens))
+    cfg = Config(nq=nq, nk=max(max(lens), 1), d=d, dtype=dtype, block_kv=block_kv, heads=heads,
+                 kv_heads=kv_heads, lse=lse)
+    B, hq, hkv, b, S = len(lens), cfg.heads, cfg.kv_heads, cfg.b, num_splits
+    keys = sum(lens)
+    rows_q = B * hq * nq
+    q_bytes = rows_q * d * b
+    transfers = [
+        read("Q", q_bytes * S, f"Q [B, Hq, {nq}, d], read by each of the {S} split program(s) of its group"),
+        read("cache_seqlens", B * hkv * S * 4, "one int32 per (sequence, kv head, split) program"),
+    ]
+    pages = 0
+    if page_size is not None:
+        pages = sum(-(-n // page_size) for n in lens)
+        unit = min(page_size, block_kv)
+        entries = sum(-(-n // unit) for n in lens)
+        transfers.append(read("block_table", hkv * entries * 4,
+                            f"int32 page ids: {entries} (block, page) pairs per kv head, x {hkv} kv heads"))
+        tail_rows = pages * page_size - keys
+    else:
+        tail_rows = B * capacity - keys
+    kv = hkv * keys * d * b
+    transfers += [read("K", kv, "valid K rows, once per kv head (the GQA group shares them)"),
+                  read("V", kv, "valid V rows, the same")]
+    part = rows_q * S * (d + 1) * STAT_BYTES  # O_s [d] and lse_s, fp32, per (row, split)
+    out = [write("O", q_bytes, f"O [B, Hq, {nq}, d]")]
+    if lse:
+        out.append(write("LSE", rows_q * STAT_BYTES, "logsumexp, one FP32 per query row"))
+    pairs = sum(visible_pairs(nq, n, True) for n in lens)  # n >= nq >= 1
+    flops = 4 * hq * d * pairs
+    if S == 1:
+        kernels = (Kernel("split-KV attention", flops, "tensor", tuple(transfers + out)),)
+    else:
+        kernels = (Kernel("phase 1: split-KV attention", flops, "tensor",
+                          (*transfers, write("partials", part, f"O_s and lse_s (fp32) of {S} splits"))),
+                   Kernel("phase 2: logsumexp merge", 0, "elementwise",
+                          tuple([read("partials", part, "O_s and lse_s read back")] + out)))
+    assumptions = ("K/V loads are masked to the valid rows: the unused end of the last page is allocated "
+                   "but never read (reported as allocated_not_read, outside the total)",
+                   "every split program reads its group's Q rows; empty splits still write their partials",
+                   "the nq queries of a sequence share one program per (kv head, split): K/V read once")
+    label = f"{'paged' if page_size else 'dense'} KV cache, nq = {nq}, {S} split(s)"
+    row = Row("paged" if page_size else "dense-cache", label, CAUSAL, "paged" if page_size else "dense-cache",
+              kernels, assumptions)
+    return Paged(lens, nq, page_size, capacity if page_size is None else None, S, cfg, row,
+                 2 * hkv * tail_rows * d * b, pages)
+
