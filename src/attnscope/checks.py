@@ -1,21 +1,19 @@
 """The algorithm checks behind ``attnscope verify``: plain functions that return `CheckResult`s.
 
-Reference checks (float64 NumPy, milliseconds each, on fresh seeded random inputs):
+Reference checks (float64 NumPy, fresh seeded random inputs):
 
 1. tiled = naive, unmasked and causal, over shapes with ragged tiles, Nq != Nk, GQA;
-2. a small causal case (N = 16, B_r = 8, B_c = 4) whose diagonal tiles are checked row by row: the state
-   (m, l, acc) of every row after every loaded tile against sums taken directly over the permitted keys;
+2. on a small causal case, every row's state (m, l, acc) after every loaded tile = direct sums over the
+   permitted keys (the diagonal tiles, row by row);
 3. omitting the mask while keeping the skip bound gives a *different* answer (passes when detected);
 4. no NaN for fully-masked tile regions and rows with no permitted key (zeros, LSE = -inf);
 5. FA-1's normalised form = FA-2's unnormalised form;
 6. split-KV combine of partials = whole;
 7. the backward (recomputed from LSE) = a central finite difference of the naive forward.
 
-Kernel checks run the same comparisons on the Triton kernels through the public API
-(`attnscope.flash_attention`, `attnscope.flash_decode`) when they exist and can run (`kernel_status`),
-fp16 and bf16, on a GPU or under the Triton CPU interpreter. `kernel_tolerance` is the project's one
-kernel-vs-reference rule (verify, the benchmarks and the tests use it): the error against the float64
-reference at most 2 x PyTorch's own error at that dtype on the same inputs + 1e-3 (3 x for gradients).
+Kernel checks run the same comparisons on the Triton kernels through the public API, fp16 and bf16, on
+a GPU or under the Triton CPU interpreter (`kernel_status`). `kernel_tolerance` is the project's one
+kernel-vs-reference rule: error <= 2 x PyTorch's own error at that dtype + 1e-3 (3 x for gradients).
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ MASK_DETECT = 1e-6  # check 3 passes when omitting the mask moves the output by 
 KERNEL_MODES = ("auto", "on", "off")
 KERNEL_ABS_SLACK = 1e-3  # the "+ 1e-3" of the 2x-torch tolerance
 GRAD_FACTOR = 3.0  # gradients: 3 x torch's own error + 1e-3 (one more rounding chain than the forward)
-KERNEL_LSE_TOL = 2e-3  # fp32 LSE over the same fp16/bf16 inputs the reference reads; error is ~1e-6,
-#                        the slack covers exp2/log2 rewriting and fp32 summation order over long rows
+KERNEL_LSE_TOL = 2e-3  # fp32 LSE vs float64 over the same inputs: exp2/log2 rewriting, summation order
 
 
 @dataclass(frozen=True)
@@ -102,24 +99,29 @@ SHAPES = (
 )
 
 
-def _shape_label(shape) -> str:
-    lead_q, lead_kv, nq, nk, d, _, bq, bk = shape
-    return f"{lead_q}/{lead_kv} Nq={nq} Nk={nk} d={d} B_r={bq} B_c={bk}"
+def _worst_case(rng, shapes, err_of) -> tuple[float, str]:
+    """The largest ``err_of(q, k, v, causal, B_r, B_c)`` over ``shapes`` x (unmasked, causal), and where."""
+    worst, where = 0.0, ""
+    for lead_q, lead_kv, nq, nk, d, dv, bq, bk in shapes:
+        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
+        for causal in (False, True):
+            err = err_of(q, k, v, causal, bq, bk)
+            if err >= worst:
+                worst = err
+                where = (f"{'causal' if causal else 'unmasked'} {lead_q}/{lead_kv} Nq={nq} Nk={nk} d={d} "
+                         f"B_r={bq} B_c={bk}")
+    return worst, where
 
 
 # --- the reference checks -------------------------------------------------------------------------
 def check_tiled_equals_naive(rng) -> CheckResult:
     """Check 1: the tiled FA-2 forward equals the naive three-step baseline (O and LSE)."""
-    worst, where = 0.0, ""
-    for shape in SHAPES:
-        lead_q, lead_kv, nq, nk, d, dv, bq, bk = shape
-        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
-        for causal in (False, True):
-            o_ref, lse_ref = reference.naive_attention(q, k, v, causal=causal, return_lse=True)
-            o, lse = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
-            err = max(rel_error(o, o_ref), lse_error(lse, lse_ref))
-            if err >= worst:
-                worst, where = err, f"{'causal' if causal else 'unmasked'} {_shape_label(shape)}"
+    def err(q, k, v, causal, bq, bk):
+        o_ref, lse_ref = reference.naive_attention(q, k, v, causal=causal, return_lse=True)
+        o, lse = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
+        return max(rel_error(o, o_ref), lse_error(lse, lse_ref))
+
+    worst, where = _worst_case(rng, SHAPES, err)
     return CheckResult("1 tiled = naive (unmasked and causal)", worst < REL_TOL, worst, REL_TOL,
                        f"{len(SHAPES)} shapes x 2 (ragged tiles, Nq != Nk, GQA); worst at {where}")
 
@@ -127,11 +129,9 @@ def check_tiled_equals_naive(rng) -> CheckResult:
 def check_diagonal_rows(rng, n: int = 16, block_q: int = 8, block_kv: int = 4, d: int = 8) -> CheckResult:
     """Check 2: every row's state after every loaded tile, on a small causal case, against direct sums.
 
-    For row r after KV tile j, the state must be the softmax statistics of the keys the row may see among
-    the columns loaded so far: m = their max, l = sum exp(s - m), acc = sum exp(s - m) v. This checks the
-    diagonal (masked) tiles row by row -- fully masked rows must leave the state untouched, triangular
-    rows must take exactly their permitted prefix -- and the skip bound (each row sees exactly its query
-    tile's loaded tiles).
+    After KV tile j, row r's state must be the softmax statistics of its permitted keys among the columns
+    loaded so far (m = their max, l = sum exp(s - m), acc = sum exp(s - m) v), and each row must see
+    exactly its query tile's loaded tiles (the skip bound).
     """
     grid = Grid(n, n, block_q, block_kv, causal=True)
     q, k, v = _qkv(rng, (), (), n, n, d, d)
@@ -195,9 +195,7 @@ def check_no_nan(rng) -> CheckResult:
     zeros and LSE = -inf, in the naive, FA-2, FA-1 and combine paths."""
     bad: list[str] = []
     count = 0
-    # (a) Nq > Nk, bottom-right: the first Nq - Nk rows see no key; (b) N = 16: the upper half of each
-    # query tile sees its last loaded tile fully masked.
-    for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):
+    for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):  # Nq - Nk rows see no key; masked upper halves
         q, k, v = _qkv(rng, (2,), (2,), nq, nk, 8, 8)
         empty = np.arange(nq) + (nk - nq) < 0  # rows with no permitted key
         outs = {"naive": reference.naive_attention(q, k, v, causal=True, return_lse=True)}
@@ -206,17 +204,13 @@ def check_no_nan(rng) -> CheckResult:
         outs["FA-2"] = (o2, l2)
         outs["FA-1"] = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
                                                  normalized=True)
-        half = nk // 2  # split-KV partials of a non-causal decode on the same rows, one split empty
-        parts = [reference.tiled_attention(q, k[..., :half, :], v[..., :half, :], block_q=bq, block_kv=bk),
-                 (np.zeros_like(o2), np.full(l2.shape, -np.inf)),
-                 reference.tiled_attention(q, k[..., half:, :], v[..., half:, :], block_q=bq, block_kv=bk)]
-        outs["combine"] = reference.combine(parts)
+        outs["combine"] = reference.combine(split_kv(q, k, v, [0, nk // 2, nk // 2, nk], block_kv=bk))
         for name, (o, lse) in outs.items():
             nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
             count += nans
             if nans:
                 bad.append(f"{name} Nq={nq} Nk={nk}: {nans} NaN")
-            if name != "combine" and (np.any(o[..., empty, :]) or not np.all(np.isneginf(lse[..., empty]))
+            if name != "combine" and (not _empty_rows_ok(o, lse, empty)
                                       or np.any(np.isneginf(lse[..., ~empty]))):
                 count += 1
                 bad.append(f"{name} Nq={nq} Nk={nk}: empty rows not (zeros, -inf)")
@@ -231,17 +225,19 @@ def check_no_nan(rng) -> CheckResult:
                        detail + ("; " + "; ".join(bad[:3]) if bad else ""), compare="=")
 
 
+def _empty_rows_ok(o, lse, empty) -> bool:
+    """Rows ``empty`` of ``o`` are zeros and of ``lse`` are -inf."""
+    return not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
+
+
 def check_fa1_equals_fa2(rng) -> CheckResult:
     """Check 5: FlashAttention-1's normalised accumulator gives FlashAttention-2's result."""
-    worst = 0.0
-    for shape in SHAPES[:4]:
-        lead_q, lead_kv, nq, nk, d, dv, bq, bk = shape
-        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
-        for causal in (False, True):
-            o2, l2 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
-            o1, l1 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk,
-                                               normalized=True)
-            worst = max(worst, rel_error(o1, o2), lse_error(l1, l2))
+    def err(q, k, v, causal, bq, bk):
+        o2, l2 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
+        o1, l1 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk, normalized=True)
+        return max(rel_error(o1, o2), lse_error(l1, l2))
+
+    worst, _ = _worst_case(rng, SHAPES[:4], err)
     return CheckResult("5 FA-1 normalised = FA-2 unnormalised", worst < REL_TOL, worst, REL_TOL,
                        "4 shapes x (unmasked, causal)")
 
@@ -439,8 +435,10 @@ def _torch_error(torch, q, k, v, permitted, scale, o_ref) -> float:
     return float(diff.max(initial=0.0))
 
 
-def _lowp(torch, rng, shape, dtype, device, std=1.0):
-    return (std * torch.from_numpy(rng.standard_normal(shape))).to(dtype=dtype, device=device)
+def _lowp_qkv(torch, rng, dtype, device, q_shape, kv_shape):
+    """Fresh q (std 2: peaky rows), k, v at ``dtype`` on ``device``."""
+    return [(std * torch.from_numpy(rng.standard_normal(shape))).to(dtype=dtype, device=device)
+            for std, shape in ((2.0, q_shape), (1.0, kv_shape), (1.0, kv_shape))]
 
 
 def _np(t):
@@ -464,10 +462,9 @@ def _compare_kernel(name, o, lse, o_ref, lse_ref, torch_err, what) -> CheckResul
     err = float(np.abs(o - o_ref).max()) if not np.isnan(o).any() else float("inf")
     tol = kernel_tolerance(torch_err)
     l_err = lse_error(lse, lse_ref)
-    passed = err <= tol and l_err <= KERNEL_LSE_TOL
-    compare = "<="
-    return CheckResult(name, passed, err, tol, f"{what}; torch's own error {torch_err:.2e}; "
-                                               f"LSE rel err {l_err:.2e} (tol {KERNEL_LSE_TOL:g})", compare)
+    return CheckResult(name, err <= tol and l_err <= KERNEL_LSE_TOL, err, tol,
+                       f"{what}; torch's own error {torch_err:.2e}; LSE rel err {l_err:.2e} "
+                       f"(tol {KERNEL_LSE_TOL:g})", "<=")
 
 
 # (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
@@ -481,9 +478,7 @@ def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
     results = []
     for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
         dtype = getattr(torch, dt)
-        q = _lowp(torch, rng, (b, hq, nq, d), dtype, device, std=2.0)
-        k = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
-        v = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
+        q, k, v = _lowp_qkv(torch, rng, dtype, device, (b, hq, nq, d), (b, hkv, nk, d))
         for causal in (False, True):
             o_ref, lse_ref = reference.naive_attention(_np(q), _np(k), _np(v), causal=causal, return_lse=True)
             permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
@@ -506,14 +501,12 @@ def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
     import attnscope
 
     b, h, nq, nk, d = 1, 2, 40, 23, 64
-    q = _lowp(torch, rng, (b, h, nq, d), torch.float16, device)
-    k = _lowp(torch, rng, (b, h, nk, d), torch.float16, device)
-    v = _lowp(torch, rng, (b, h, nk, d), torch.float16, device)
+    q, k, v = _lowp_qkv(torch, rng, torch.float16, device, (b, h, nq, d), (b, h, nk, d))
     o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
     o, lse = _np(o), _np(lse)
     empty = np.arange(nq) + nk - nq < 0
     nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
-    ok_empty = not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
+    ok_empty = _empty_rows_ok(o, lse, empty)
     return CheckResult(name, nans == 0 and ok_empty, float(nans), 0.0,
                        f"causal Nq={nq} > Nk={nk}: {int(empty.sum())} rows with no key "
                        f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN", compare="=")
@@ -521,10 +514,7 @@ def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
 
 def _decode_case(torch, device, rng, dtype=None):
     b, hq, hkv, cap, d = 3, 4, 2, 100, 64
-    dtype = dtype or torch.float16
-    q = _lowp(torch, rng, (b, hq, 1, d), dtype, device, std=2.0)
-    k = _lowp(torch, rng, (b, hkv, cap, d), dtype, device)
-    v = _lowp(torch, rng, (b, hkv, cap, d), dtype, device)
+    q, k, v = _lowp_qkv(torch, rng, dtype or torch.float16, device, (b, hq, 1, d), (b, hkv, cap, d))
     seqlens = np.array([97, 1, 50])
     o_ref = np.zeros((b, hq, 1, d))
     lse_ref = np.zeros((b, hq, 1))
@@ -567,7 +557,5 @@ def iter_checks(seed: int = 0, kernels: str = "auto"):
     """The reference checks, then the kernel checks (or the line saying why they were not run), one
     result at a time."""
     choice("kernels", kernels, KERNEL_MODES)
-    rng = np.random.default_rng(seed)
-    for check in REFERENCE_CHECKS:
-        yield check(rng)
+    yield from reference_checks(seed)
     yield from iter_kernel_checks(seed, kernels)
