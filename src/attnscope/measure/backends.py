@@ -1,20 +1,15 @@
 """Which attention kernel actually ran: profiler kernel names -> backend (spec §6, §6.2).
 
 An eligibility check answers "could it run?"; this module answers "did it run?". It restricts SDPA's
-dispatch to one backend with ``torch.nn.attention.sdpa_kernel`` (so an input that backend cannot take
-raises instead of silently falling back), records the launched kernels with ``torch.profiler``, and
-classifies each kernel by its name.
-
-Kernel families (attnscope, flash, efficient, cudnn, softmax, gemm, other) come from the one
-kernel-name table in attnscope/chrome_trace.py, shared with `share` and `report --profile`. The backend
-of a call is its fused family when exactly one appears, ``math`` for GEMM + softmax and no fused
-kernel, ``mixed`` for two fused families, otherwise ``unknown``.
-
-The classification is pure Python and runs on a CPU; running a call needs torch and a CUDA GPU.
+dispatch to one backend with ``torch.nn.attention.sdpa_kernel`` (an input that backend cannot take
+raises instead of falling back), records the launched kernels with ``torch.profiler`` and names the
+backend from their families (the one kernel-name table: attnscope/chrome_trace.py). Also: the naive
+baseline and the one SDPA-backend map the other measurements use. Running a call needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -32,16 +27,11 @@ DTYPES = ("fp16", "bf16")
 
 
 # --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
-_MASKS: dict = {}
-
-
+@functools.lru_cache(maxsize=8)
 def _future_mask(torch, n: int, device):
-    """Bool [n, n], True above the diagonal (the future); built once per (n, device) and cached, so
-    building it is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
-    key = (n, str(device))
-    if key not in _MASKS:
-        _MASKS[key] = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
-    return _MASKS[key]
+    """Bool [n, n], True above the diagonal (the future); cached (the last 8 (n, device)), so building it
+    is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
