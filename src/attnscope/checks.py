@@ -198,27 +198,22 @@ def check_no_nan(rng) -> CheckResult:
     for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):  # Nq - Nk rows see no key; masked upper halves
         q, k, v = _qkv(rng, (2,), (2,), nq, nk, 8, 8)
         empty = np.arange(nq) + (nk - nq) < 0  # rows with no permitted key
-        outs = {"naive": reference.naive_attention(q, k, v, causal=True, return_lse=True)}
-        o2, l2, tr = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
-                                               trace_rows=range(nq))
-        outs["FA-2"] = (o2, l2)
-        outs["FA-1"] = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
-                                                 normalized=True)
-        outs["combine"] = reference.combine(split_kv(q, k, v, [0, nk // 2, nk // 2, nk], block_kv=bk))
-        for name, (o, lse) in outs.items():
-            nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
-            count += nans
+        tiles = {"causal": True, "block_q": bq, "block_kv": bk}
+        o2, l2, tr = reference.tiled_attention(q, k, v, trace_rows=range(nq), **tiles)
+        outs = {"naive": reference.naive_attention(q, k, v, causal=True, return_lse=True), "FA-2": (o2, l2),
+                "FA-1": reference.tiled_attention(q, k, v, normalized=True, **tiles),
+                "combine": reference.combine(split_kv(q, k, v, [0, nk // 2, nk // 2, nk], block_kv=bk)),
+                "trace": [x for steps in tr.values() for st in steps for x in (st.m, st.alpha, st.l, st.acc)]}
+        for name, arrays in outs.items():
+            nans = sum(int(np.isnan(x).sum()) for x in arrays)
             if nans:
                 bad.append(f"{name} Nq={nq} Nk={nk}: {nans} NaN")
-            if name != "combine" and (not _empty_rows_ok(o, lse, empty)
-                                      or np.any(np.isneginf(lse[..., ~empty]))):
-                count += 1
+            o, lse = arrays[:2]
+            if name in ("naive", "FA-2", "FA-1") and (not _empty_rows_ok(o, lse, empty)
+                                                       or np.any(np.isneginf(lse[..., ~empty]))):
+                nans += 1
                 bad.append(f"{name} Nq={nq} Nk={nk}: empty rows not (zeros, -inf)")
-        trace_nans = sum(int(np.isnan(np.concatenate([np.ravel(x) for x in (st.m, st.alpha, st.l, st.acc)]))
-                             .sum()) for steps in tr.values() for st in steps)
-        count += trace_nans
-        if trace_nans:
-            bad.append(f"trace Nq={nq} Nk={nk}: {trace_nans} NaN")
+            count += nans
     detail = ("Nq=40 > Nk=23 (17 rows with no key) and N=16 (fully masked upper halves): naive, FA-2, "
               "FA-1, trace, combine with an empty split")
     return CheckResult("4 no NaN on masked regions and empty rows", not bad, float(count), 0.0,
@@ -419,26 +414,20 @@ def _guard(name, fn, *args) -> CheckResult:
         return CheckResult(name, False, None, None, f"raised {type(e).__name__}: {e}".splitlines()[0][:300])
 
 
-def _torch_error(torch, q, k, v, permitted, scale, o_ref) -> float:
+def _torch_error(torch, q, k, v, permitted, o_ref) -> float:
     """max |o - o_ref| of PyTorch's own SDPA at q's dtype, over rows with at least one permitted key.
 
-    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B or 1, 1, Nq, Nk]; o_ref float64 numpy.
+    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B, 1, Nq, Nk]; o_ref float64 numpy.
     """
     import torch.nn.functional as F
 
     group = q.shape[1] // k.shape[1]
     mask = torch.as_tensor(permitted, device=q.device)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, Hq, Nk, d]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     has_key = np.broadcast_to(permitted.any(axis=-1), o_ref.shape[:-1])
     diff = np.abs(o.double().cpu().numpy() - o_ref)[has_key]
     return float(diff.max(initial=0.0))
-
-
-def _lowp_qkv(torch, rng, dtype, device, q_shape, kv_shape):
-    """Fresh q (std 2: peaky rows), k, v at ``dtype`` on ``device``."""
-    return [(std * torch.from_numpy(rng.standard_normal(shape))).to(dtype=dtype, device=device)
-            for std, shape in ((2.0, q_shape), (1.0, kv_shape), (1.0, kv_shape))]
 
 
 def _np(t):
@@ -457,38 +446,30 @@ def within_tolerance(err: float, torch_err: float, factor: float = 2.0) -> bool:
     return err <= kernel_tolerance(torch_err, factor)
 
 
-def _compare_kernel(name, o, lse, o_ref, lse_ref, torch_err, what) -> CheckResult:
-    o, lse = _np(o), _np(lse)
-    err = float(np.abs(o - o_ref).max()) if not np.isnan(o).any() else float("inf")
-    tol = kernel_tolerance(torch_err)
-    l_err = lse_error(lse, lse_ref)
-    return CheckResult(name, err <= tol and l_err <= KERNEL_LSE_TOL, err, tol,
-                       f"{what}; torch's own error {torch_err:.2e}; LSE rel err {l_err:.2e} "
-                       f"(tol {KERNEL_LSE_TOL:g})", "<=")
+def _kernel_case(torch, device, rng, dtype, b, hq, hkv, nq, nk, d=64, causal=False, seqlens=None):
+    """Fresh q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d] at ``dtype``, int32 cache lengths, and ``judge(name,
+    o, lse, what)``: a kernel's output against the float64 reference over the permitted keys (causal, or
+    the first ``seqlens[b]`` of the cache) with the tolerance from PyTorch SDPA's own error."""
+    q, k, v = (torch.from_numpy(x).to(dtype=dtype, device=device)
+               for x in _qkv(rng, (b, hq), (b, hkv), nq, nk, d, d))
+    lens = np.full(b, nk) if seqlens is None else np.asarray(seqlens)
+    o_ref, lse_ref = np.zeros((b, hq, nq, d)), np.zeros((b, hq, nq))
+    for i, n in enumerate(lens):
+        o_ref[i], lse_ref[i] = reference.naive_attention(_np(q[i]), _np(k[i, :, :n]), _np(v[i, :, :n]),
+                                                         causal=causal, return_lse=True)
+    permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
+    permitted = permitted & (np.arange(nk) < lens[:, None, None, None])  # [B, 1, Nq, Nk]
+    torch_err = _torch_error(torch, q, k, v, permitted, o_ref)
 
+    def judge(name, o, lse, what) -> CheckResult:
+        o, lse = _np(o), _np(lse)
+        err = float(np.abs(o - o_ref).max()) if not np.isnan(o).any() else float("inf")
+        tol, l_err = kernel_tolerance(torch_err), lse_error(lse, lse_ref)
+        return CheckResult(name, err <= tol and l_err <= KERNEL_LSE_TOL, err, tol,
+                           f"{what}; torch's own error {torch_err:.2e}; LSE rel err {l_err:.2e} "
+                           f"(tol {KERNEL_LSE_TOL:g})", "<=")
 
-# (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
-FWD_SHAPES = ((2, 4, 2, 97, 97, 64, "float16"), (1, 2, 2, 37, 100, 64, "float16"),
-              (1, 4, 1, 70, 33, 128, "float16"), (1, 2, 2, 65, 65, 64, "bfloat16"))
-
-
-def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
-    import attnscope
-
-    results = []
-    for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
-        dtype = getattr(torch, dt)
-        q, k, v = _lowp_qkv(torch, rng, dtype, device, (b, hq, nq, d), (b, hkv, nk, d))
-        for causal in (False, True):
-            o_ref, lse_ref = reference.naive_attention(_np(q), _np(k), _np(v), causal=causal, return_lse=True)
-            permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
-            torch_err = _torch_error(torch, q, k, v, permitted[None, None], None, o_ref)
-            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
-            results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
-                                           f"worst of the shapes x 2: B={b} Hq={hq} "
-                                           f"Hkv={hkv} Nq={nq} Nk={nk} d={d} {dt} "
-                                           f"{'causal' if causal else 'unmasked'}"))
-    return _worst(results)
+    return q, k, v, torch.tensor(lens, dtype=torch.int32, device=device), judge
 
 
 def _worst(results: list[CheckResult]) -> CheckResult:
@@ -497,13 +478,33 @@ def _worst(results: list[CheckResult]) -> CheckResult:
     return failed[0] if failed else max(results, key=lambda r: r.error / r.tolerance)
 
 
+# (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
+FWD_SHAPES = ((2, 4, 2, 97, 97, 64, "float16"), (1, 2, 2, 37, 100, 64, "float16"),
+              (1, 4, 1, 70, 33, 128, "float16"), (1, 2, 2, 65, 65, 64, "bfloat16"))
+DECODE = (3, 4, 2, 1, 100)  # B, Hq, Hkv, one new token, a cache of 100 ...
+DECODE_SEQLENS = (97, 1, 50)  # ... filled to these lengths
+
+
+def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
+    import attnscope
+
+    results = []
+    for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
+        for causal in (False, True):
+            q, k, v, _, judge = _kernel_case(torch, device, rng, getattr(torch, dt), b, hq, hkv, nq, nk, d,
+                                             causal=causal)
+            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+            results.append(judge(name, o, lse, f"worst of the shapes x 2: B={b} Hq={hq} Hkv={hkv} Nq={nq} "
+                                               f"Nk={nk} d={d} {dt} {'causal' if causal else 'unmasked'}"))
+    return _worst(results)
+
+
 def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
     import attnscope
 
-    b, h, nq, nk, d = 1, 2, 40, 23, 64
-    q, k, v = _lowp_qkv(torch, rng, torch.float16, device, (b, h, nq, d), (b, h, nk, d))
-    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
-    o, lse = _np(o), _np(lse)
+    nq, nk = 40, 23
+    q, k, v, _, _ = _kernel_case(torch, device, rng, torch.float16, 1, 2, 2, nq, nk, causal=True)
+    o, lse = (_np(x) for x in attnscope.flash_attention(q, k, v, causal=True, return_lse=True))
     empty = np.arange(nq) + nk - nq < 0
     nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
     ok_empty = _empty_rows_ok(o, lse, empty)
@@ -512,44 +513,26 @@ def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
                        f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN", compare="=")
 
 
-def _decode_case(torch, device, rng, dtype=None):
-    b, hq, hkv, cap, d = 3, 4, 2, 100, 64
-    q, k, v = _lowp_qkv(torch, rng, dtype or torch.float16, device, (b, hq, 1, d), (b, hkv, cap, d))
-    seqlens = np.array([97, 1, 50])
-    o_ref = np.zeros((b, hq, 1, d))
-    lse_ref = np.zeros((b, hq, 1))
-    for i, n in enumerate(seqlens):
-        o_ref[i], lse_ref[i] = reference.naive_attention(_np(q[i]), _np(k[i, :, :n]), _np(v[i, :, :n]),
-                                                         return_lse=True)
-    permitted = (np.arange(cap)[None, :] < seqlens[:, None])[:, None, None, :]  # [B, 1, 1, L]
-    torch_err = _torch_error(torch, q, k, v, permitted, None, o_ref)
-    sl = torch.tensor(seqlens, dtype=torch.int32, device=device)
-    return q, k, v, sl, o_ref, lse_ref, torch_err
-
-
 def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
     import attnscope
 
     results = []
     for dtype in (torch.float16, torch.bfloat16):  # both kernels emulate bf16 under the interpreter (_tl.py)
-        q, k, v, sl, o_ref, lse_ref, torch_err = _decode_case(torch, device, rng, dtype)
+        q, k, v, sl, judge = _kernel_case(torch, device, rng, dtype, *DECODE, seqlens=DECODE_SEQLENS)
         o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, return_lse=True)
-        results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
-                                       "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64, fp16 and "
-                                       f"bf16 (worst: {str(dtype).removeprefix('torch.')})"))
+        results.append(judge(name, o, lse, "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64, fp16 "
+                                           f"and bf16 (worst: {str(dtype).removeprefix('torch.')})"))
     return _worst(results)
 
 
 def _kernel_decode_splits(name, torch, device, rng) -> CheckResult:
     import attnscope
 
-    q, k, v, sl, o_ref, lse_ref, torch_err = _decode_case(torch, device, rng)
+    q, k, v, sl, judge = _kernel_case(torch, device, rng, torch.float16, *DECODE, seqlens=DECODE_SEQLENS)
     results = []
-    for n_splits in (1, 3, 8):
-        o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, num_splits=n_splits, return_lse=True)
-        results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
-                                       f"num_splits 1, 3, 8 (worst: {n_splits}) on cache_seqlens "
-                                       "[97, 1, 50]"))
+    for n in (1, 3, 8):
+        o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, num_splits=n, return_lse=True)
+        results.append(judge(name, o, lse, f"num_splits 1, 3, 8 (worst: {n}) on cache_seqlens [97, 1, 50]"))
     return _worst(results)
 
 
