@@ -237,12 +237,6 @@ def check_fa1_equals_fa2(rng) -> CheckResult:
                        "4 shapes x (unmasked, causal)")
 
 
-def split_points(rng, nk: int, n_splits: int) -> list[int]:
-    """Sorted cut points 0 = c_0 <= ... <= c_S = nk (splits may be empty)."""
-    cuts = np.sort(rng.integers(0, nk + 1, size=n_splits - 1))
-    return [0, *map(int, cuts), nk]
-
-
 def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
     """Split-KV partials: attention of ``q`` over each key slice ``cuts[s]:cuts[s+1]`` (non-causal),
     ``(o_s, lse_s)``; an empty slice gives ``(zeros, -inf)``."""
@@ -262,7 +256,8 @@ def check_combine(rng) -> CheckResult:
         q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, 16, 16)
         o_ref, lse_ref = reference.naive_attention(q, k, v, return_lse=True)
         for n_splits in (1, 2, 3, 7):
-            o, lse = reference.combine(split_kv(q, k, v, split_points(rng, nk, n_splits), block_kv=16))
+            cuts = [0, *map(int, np.sort(rng.integers(0, nk + 1, size=n_splits - 1))), nk]  # some empty
+            o, lse = reference.combine(split_kv(q, k, v, cuts, block_kv=16))
             worst = max(worst, rel_error(o, o_ref), lse_error(lse, lse_ref))
             cases += 1
     return CheckResult("6 split-KV combine = whole", worst < REL_TOL, worst, REL_TOL,
@@ -311,13 +306,10 @@ def reference_checks(seed: int = 0) -> list[CheckResult]:
 def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
     """Can the Triton kernels run here? Returns ``(runnable, how or why not, kernel modules present)``.
 
-    - ``off``: never.
-    - ``auto``: when the kernel modules exist, torch and triton import, and there is a CUDA GPU or the
-      user set ``TRITON_INTERPRET=1`` (CPU interpreter). It never turns the interpreter on by itself, so
-      ``attnscope verify`` stays fast on a laptop.
-    - ``on``: as auto, but not running is a failure. On a machine without a GPU the caller turns the
-      interpreter on first (`interpreter_wanted`; `attnscope verify --kernels on` does): this module
-      writes no environment variables.
+    ``off``: never. ``auto``: when the kernel modules, torch and triton are there, and a CUDA GPU or
+    ``TRITON_INTERPRET=1`` set by the user (never turned on here, so ``verify`` stays fast on a laptop).
+    ``on``: as auto, but not running is a failure; without a GPU the caller turns the interpreter on
+    first (`interpreter_wanted`): this module writes no environment variables.
     """
     choice("kernels", mode, KERNEL_MODES)
     if mode == "off":
@@ -325,24 +317,23 @@ def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
     present = [m for m in ("fwd", "decode") if _module_exists(f"attnscope.kernels.{m}")]
     if not present:
         return False, "not run: attnscope.kernels.fwd and attnscope.kernels.decode are not present", []
+    hint = "(--kernels on runs them under the Triton CPU interpreter)"
     if not (_module_exists("torch") and _module_exists("triton")):
-        return (False, "not run: torch and triton are not installed (pip install 'attnscope[kernels]')",
-                present)
-    if mode == "auto" and not interpreting() and not _nvidia_driver_present():
-        # skip importing torch (about a second) when no GPU can be there
-        return False, ("not run: no NVIDIA driver (so no CUDA GPU) and TRITON_INTERPRET is not set "
-                       "(--kernels on runs them under the Triton CPU interpreter)"), present
-    import torch
+        why = "torch and triton are not installed (pip install 'attnscope[kernels]')"
+    elif mode == "auto" and not interpreting() and not _nvidia_driver_present():  # no torch import (~1 s)
+        why = f"no NVIDIA driver (so no CUDA GPU) and TRITON_INTERPRET is not set {hint}"
+    else:
+        import torch
 
-    if torch.cuda.is_available():
-        return True, f"on {torch.cuda.get_device_name()}", present
-    if interpreting():
-        return True, "on the CPU under TRITON_INTERPRET=1 (no CUDA GPU)", present
-    if mode == "on" and "triton" in sys.modules:
-        return False, ("not run: no CUDA GPU, and triton was imported before TRITON_INTERPRET=1 could "
-                       "be set"), present
-    return False, ("not run: no CUDA GPU and TRITON_INTERPRET is not set (--kernels on runs them under the "
-                   "Triton CPU interpreter)"), present
+        if torch.cuda.is_available():
+            return True, f"on {torch.cuda.get_device_name()}", present
+        if interpreting():
+            return True, "on the CPU under TRITON_INTERPRET=1 (no CUDA GPU)", present
+        if mode == "on" and "triton" in sys.modules:
+            why = "no CUDA GPU, and triton was imported before TRITON_INTERPRET=1 could be set"
+        else:
+            why = f"no CUDA GPU and TRITON_INTERPRET is not set {hint}"
+    return False, f"not run: {why}", present
 
 
 def _module_exists(name: str) -> bool:
