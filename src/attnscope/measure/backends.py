@@ -85,8 +85,7 @@ def gpu_problem() -> str | None:
 
 def require_cuda():
     """Import torch and check for a CUDA device; raise RuntimeError with `gpu_problem`'s line otherwise."""
-    why = gpu_problem()
-    if why:
+    if why := gpu_problem():
         raise RuntimeError(why)
     import torch
 
@@ -141,13 +140,10 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
         with record_function(annotation):
             fn()
         torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         return chrome_trace.load(path, path)
-    finally:
-        os.unlink(path)
 
 
 def save_trace(trace: dict, path: str, field: str = "--trace") -> None:

@@ -19,7 +19,7 @@ import math
 import time
 
 from attnscope.checks import kernel_tolerance, within_tolerance
-from attnscope.measure.backends import naive_attention, require_cuda, sdpa
+from attnscope.measure.backends import attention_fn, require_cuda, sdpa
 from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -116,12 +116,7 @@ def _measure_point(torch, row, impls, err_of, time_it, where, log):
 
 # ----------------------------------------------------------------------------------------------------
 def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, progress=None):
-    import attnscope
-
-    impls = {"attnscope": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c),
-             "flash": sdpa("flash"), "cudnn": sdpa("cudnn"), "efficient": sdpa("efficient")}
-    if naive:  # the baseline the traffic model counts (measure/backends.py)
-        impls["naive"] = lambda q, k, v, c: naive_attention(q, k, v, causal=c)
+    names = ("attnscope", "flash", "cudnn", "efficient") + (("naive",) if naive else ())  # naive: spec §1
     results = []
     for dtype in dtypes or [torch.bfloat16]:
         for d in ds:
@@ -138,7 +133,7 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                         row["ms"][name] = ms = _median_ms(fn)
                         row["tflops"][name] = flops / ms / 1e9
 
-                    calls = {name: functools.partial(fn, q, k, v, causal) for name, fn in impls.items()}
+                    calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
                     _measure_point(torch, row, calls,
                                    functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
                                    time_it, f"d={d} causal={causal} n={n}", log)
