@@ -247,10 +247,8 @@ def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
 
 
 def check_combine(rng) -> CheckResult:
-    """Check 6: the Flash-Decoding combine of split-KV partials equals attention over all the keys.
-
-    Non-causal (as decode is: the new token sees the whole cache); random splits, some empty.
-    """
+    """Check 6: the Flash-Decoding combine of split-KV partials equals attention over all the keys
+    (non-causal, as decode is; random splits, some empty)."""
     worst, cases = 0.0, 0
     for lead_q, lead_kv, nq, nk in (((2, 4), (2, 2), 1, 97), ((3, 2), (3, 2), 5, 64), ((1, 1), (1, 1), 1, 1)):
         q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, 16, 16)

@@ -44,10 +44,10 @@ def _one_line(command: str):
     return wrap
 
 
-def _shape(p: argparse.ArgumentParser, heads: int = 32, json_flag: bool = True) -> None:
+def _shape(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
     p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
-    p.add_argument("--heads", type=int, default=heads, help=f"attention heads {SPEC}")
+    p.add_argument("--heads", type=int, default=32, help=f"attention heads {SPEC}")
     p.add_argument("--batch", type=int, default=1, help=f"batch size {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
     p.add_argument("--causal", action="store_true", help="causal attention (default: unmasked)")

@@ -156,11 +156,8 @@ def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
 
 
 def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:
-    """The kernels ``fn()`` launches, from one profiled run (see `profile_trace`).
-
-    All the trace's kernels: the profiler ran around ``fn()`` alone (after a synchronise), so nothing
-    else launched, and no launch path (runtime, driver, cuDNN's own) can hide a kernel from the answer.
-    """
+    """The kernels ``fn()`` launches: all of one profiled run's (`profile_trace` runs ``fn()`` alone, so
+    no launch path, runtime, driver or cuDNN's own, can hide a kernel from the answer)."""
     return kernels(profile_trace(fn, annotation))
 
 

@@ -19,6 +19,8 @@ import math
 import time
 
 from attnscope.checks import kernel_tolerance, within_tolerance
+from attnscope.errors import InputError, expect
+from attnscope.inputs import load_json, write_atomic
 from attnscope.measure.backends import attention_fn, require_cuda, sdpa
 from attnscope.model.flops import attention_flops
 
@@ -243,8 +245,6 @@ def _field_ok(kind: str, value) -> bool:
 
 def _check_rows(result: dict) -> None:
     """Every recorded row has the fields the lines and plots read, of the right type (one line if not)."""
-    from attnscope.errors import expect
-
     for key in ("prefill", "prefill_fp16", "decode"):
         rows = result.get(key, [])
         expect(isinstance(rows, list), f"--from-json {key}", "a list of rows", rows)
@@ -262,9 +262,6 @@ def _check_rows(result: dict) -> None:
 
 
 def _from_json(args) -> int:
-    from attnscope.errors import InputError
-    from attnscope.inputs import load_json
-
     result = load_json(args.from_json, "--from-json")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
@@ -313,8 +310,6 @@ def run(args) -> int:
             out["read_ceiling_tbs"] = read_ceiling(torch)
             log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
             out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
-    from attnscope.inputs import write_atomic
-
     for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
         if path:
             write_atomic(path, json.dumps(out, indent=1), flag)
