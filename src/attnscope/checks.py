@@ -135,22 +135,19 @@ def check_diagonal_rows(rng, n: int = 16, block_q: int = 8, block_kv: int = 4, d
     """
     grid = Grid(n, n, block_q, block_kv, causal=True)
     q, k, v = _qkv(rng, (), (), n, n, d, d)
-    scale = 1.0 / np.sqrt(d)
-    s_full = (q @ k.T) * scale  # [N, N], computed directly
+    s_full = (q @ k.T) / np.sqrt(d)  # [N, N], computed directly
     o, lse, trace = reference.tiled_attention(q, k, v, causal=True, block_q=block_q, block_kv=block_kv,
                                               trace_rows=range(n))
     worst, states, problems = 0.0, 0, []
     for r in range(n):
-        i = r // block_q + 1
-        _, n_loaded = grid.kv_bounds(i)
+        _, n_loaded = grid.kv_bounds(r // block_q + 1)
         steps = trace[r]
         if [st.kv_tile for st in steps] != list(range(1, n_loaded + 1)):
             problems.append(f"row {r} saw tiles {[st.kv_tile for st in steps]}, expected 1..{n_loaded}")
             continue
         for st in steps:
             c1 = grid.cols(st.kv_tile)[1]  # last column loaded so far (1-based)
-            cols = np.arange(c1)
-            keep = cols <= r + grid.offset  # 0-based permitted rule, written out here, not taken from tiles
+            keep = np.arange(c1) <= r + grid.offset  # the permitted rule written out here, not from tiles
             s = s_full[r, :c1][keep]
             if s.size == 0:
                 ok = np.isneginf(st.m) and st.l == 0 and not np.any(st.acc) and not np.isnan(st.alpha)
