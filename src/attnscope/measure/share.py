@@ -58,8 +58,7 @@ def cuda_time_ms(fn, warmup: int = 3, reps: int = 10) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    return sorted(times)[len(times) // 2]
 
 
 @dataclass
