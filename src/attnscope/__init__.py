@@ -9,47 +9,27 @@ Layers (data flows downward; a module imports only from layers below it):
     reference.py float64 NumPy reference
     model/       analytic, pure Python
 
-Importing `attnscope` is light: torch and triton load only when a kernel is first called.
+Importing `attnscope` is light: torch and triton load when a kernel is first used.
 """
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
-__all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "decode_plan", "__version__"]
+#: The public kernels and where they live, imported on first use (PEP 562 `__getattr__`):
+#: FA-2 forward (differentiable), packed variable-length forward, split-KV decode / chunked prefill over a
+#: dense or paged cache, and ``decode_plan`` (plan once, then ``plan.run(...)``; CUDA-graph capturable).
+_KERNELS = {"flash_attention": ("attnscope.kernels.fwd", "flash_attention"),
+            "flash_attention_varlen": ("attnscope.kernels.varlen", "flash_attention_varlen"),
+            "flash_decode": ("attnscope.kernels.decode", "flash_decode"),
+            "decode_plan": ("attnscope.kernels.decode", "DecodePlan")}
+__all__ = [*_KERNELS, "__version__"]
 
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, config=None, impl="auto"):
-    """FlashAttention-2 forward (Triton), differentiable (FA-2 backward in `attnscope.kernels.bwd`).
-    See `attnscope.kernels.fwd.flash_attention`."""
-    from attnscope.kernels.fwd import flash_attention as _impl
-
-    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse, config=config, impl=impl)
-
-
-def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                           scale=None, return_lse=False, check_seqlens=True):
-    """Packed variable-length FA-2 forward (Triton). See `attnscope.kernels.varlen.flash_attention_varlen`."""
-    from attnscope.kernels.varlen import flash_attention_varlen as _impl
-
-    return _impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
-                 return_lse=return_lse, check_seqlens=check_seqlens)
-
-
-def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
-                 **options):
-    """Split-KV decode / chunked prefill, dense or paged cache (Triton). See
-    `attnscope.kernels.decode.flash_decode` (``options``: ``block_table``, ``check_seqlens``, ``use_dot``,
-    ``fuse_combine``)."""
-    from attnscope.kernels.decode import flash_decode as _impl
-
-    return _impl(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits, scale=scale,
-                 return_lse=return_lse, **options)
-
-
-def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **options):
-    """Plan a decode layout once, then ``plan.run(q, k_cache, v_cache, cache_seqlens, block_table)``
-    (CUDA-graph capturable). See `attnscope.kernels.decode.DecodePlan`."""
-    from attnscope.kernels.decode import DecodePlan
-
-    return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, **options)
+def __getattr__(name: str):
+    if name not in _KERNELS:
+        raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
+    module, attr = _KERNELS[name]
+    return getattr(importlib.import_module(module), attr)

@@ -1,21 +1,19 @@
 """The algorithm checks behind ``attnscope verify``: plain functions that return `CheckResult`s.
 
-Reference checks (float64 NumPy, milliseconds each, on fresh seeded random inputs):
+Reference checks (float64 NumPy, fresh seeded random inputs):
 
 1. tiled = naive, unmasked and causal, over shapes with ragged tiles, Nq != Nk, GQA;
-2. a small causal case (N = 16, B_r = 8, B_c = 4) whose diagonal tiles are checked row by row: the state
-   (m, l, acc) of every row after every loaded tile against sums taken directly over the permitted keys;
+2. on a small causal case, every row's state (m, l, acc) after every loaded tile = direct sums over the
+   permitted keys (the diagonal tiles, row by row);
 3. omitting the mask while keeping the skip bound gives a *different* answer (passes when detected);
 4. no NaN for fully-masked tile regions and rows with no permitted key (zeros, LSE = -inf);
 5. FA-1's normalised form = FA-2's unnormalised form;
 6. split-KV combine of partials = whole;
 7. the backward (recomputed from LSE) = a central finite difference of the naive forward.
 
-Kernel checks run the same comparisons on the Triton kernels through the public API
-(`attnscope.flash_attention`, `attnscope.flash_decode`) when they exist and can run (`kernel_status`),
-fp16 and bf16, on a GPU or under the Triton CPU interpreter. `kernel_tolerance` is the project's one
-kernel-vs-reference rule (verify, the benchmarks and the tests use it): the error against the float64
-reference at most 2 x PyTorch's own error at that dtype on the same inputs + 1e-3 (3 x for gradients).
+Kernel checks run the same comparisons on the Triton kernels through the public API, fp16 and bf16, on
+a GPU or under the Triton CPU interpreter (`kernel_status`). `kernel_tolerance` is the project's one
+kernel-vs-reference rule: error <= 2 x PyTorch's own error at that dtype + 1e-3 (3 x for gradients).
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ MASK_DETECT = 1e-6  # check 3 passes when omitting the mask moves the output by 
 KERNEL_MODES = ("auto", "on", "off")
 KERNEL_ABS_SLACK = 1e-3  # the "+ 1e-3" of the 2x-torch tolerance
 GRAD_FACTOR = 3.0  # gradients: 3 x torch's own error + 1e-3 (one more rounding chain than the forward)
-KERNEL_LSE_TOL = 2e-3  # fp32 LSE over the same fp16/bf16 inputs the reference reads; error is ~1e-6,
-#                        the slack covers exp2/log2 rewriting and fp32 summation order over long rows
+KERNEL_LSE_TOL = 2e-3  # fp32 LSE vs float64 over the same inputs: exp2/log2 rewriting, summation order
 
 
 @dataclass(frozen=True)
@@ -102,24 +99,29 @@ SHAPES = (
 )
 
 
-def _shape_label(shape) -> str:
-    lead_q, lead_kv, nq, nk, d, _, bq, bk = shape
-    return f"{lead_q}/{lead_kv} Nq={nq} Nk={nk} d={d} B_r={bq} B_c={bk}"
+def _worst_case(rng, shapes, err_of) -> tuple[float, str]:
+    """The largest ``err_of(q, k, v, causal, B_r, B_c)`` over ``shapes`` x (unmasked, causal), and where."""
+    worst, where = 0.0, ""
+    for lead_q, lead_kv, nq, nk, d, dv, bq, bk in shapes:
+        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
+        for causal in (False, True):
+            err = err_of(q, k, v, causal, bq, bk)
+            if err >= worst:
+                worst = err
+                where = (f"{'causal' if causal else 'unmasked'} {lead_q}/{lead_kv} Nq={nq} Nk={nk} d={d} "
+                         f"B_r={bq} B_c={bk}")
+    return worst, where
 
 
 # --- the reference checks -------------------------------------------------------------------------
 def check_tiled_equals_naive(rng) -> CheckResult:
     """Check 1: the tiled FA-2 forward equals the naive three-step baseline (O and LSE)."""
-    worst, where = 0.0, ""
-    for shape in SHAPES:
-        lead_q, lead_kv, nq, nk, d, dv, bq, bk = shape
-        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
-        for causal in (False, True):
-            o_ref, lse_ref = reference.naive_attention(q, k, v, causal=causal, return_lse=True)
-            o, lse = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
-            err = max(rel_error(o, o_ref), lse_error(lse, lse_ref))
-            if err >= worst:
-                worst, where = err, f"{'causal' if causal else 'unmasked'} {_shape_label(shape)}"
+    def err(q, k, v, causal, bq, bk):
+        o_ref, lse_ref = reference.naive_attention(q, k, v, causal=causal, return_lse=True)
+        o, lse = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
+        return max(rel_error(o, o_ref), lse_error(lse, lse_ref))
+
+    worst, where = _worst_case(rng, SHAPES, err)
     return CheckResult("1 tiled = naive (unmasked and causal)", worst < REL_TOL, worst, REL_TOL,
                        f"{len(SHAPES)} shapes x 2 (ragged tiles, Nq != Nk, GQA); worst at {where}")
 
@@ -127,30 +129,25 @@ def check_tiled_equals_naive(rng) -> CheckResult:
 def check_diagonal_rows(rng, n: int = 16, block_q: int = 8, block_kv: int = 4, d: int = 8) -> CheckResult:
     """Check 2: every row's state after every loaded tile, on a small causal case, against direct sums.
 
-    For row r after KV tile j, the state must be the softmax statistics of the keys the row may see among
-    the columns loaded so far: m = their max, l = sum exp(s - m), acc = sum exp(s - m) v. This checks the
-    diagonal (masked) tiles row by row -- fully masked rows must leave the state untouched, triangular
-    rows must take exactly their permitted prefix -- and the skip bound (each row sees exactly its query
-    tile's loaded tiles).
+    After KV tile j, row r's state must be the softmax statistics of its permitted keys among the columns
+    loaded so far (m = their max, l = sum exp(s - m), acc = sum exp(s - m) v), and each row must see
+    exactly its query tile's loaded tiles (the skip bound).
     """
     grid = Grid(n, n, block_q, block_kv, causal=True)
     q, k, v = _qkv(rng, (), (), n, n, d, d)
-    scale = 1.0 / np.sqrt(d)
-    s_full = (q @ k.T) * scale  # [N, N], computed directly
+    s_full = (q @ k.T) / np.sqrt(d)  # [N, N], computed directly
     o, lse, trace = reference.tiled_attention(q, k, v, causal=True, block_q=block_q, block_kv=block_kv,
                                               trace_rows=range(n))
     worst, states, problems = 0.0, 0, []
     for r in range(n):
-        i = r // block_q + 1
-        _, n_loaded = grid.kv_bounds(i)
+        _, n_loaded = grid.kv_bounds(r // block_q + 1)
         steps = trace[r]
         if [st.kv_tile for st in steps] != list(range(1, n_loaded + 1)):
             problems.append(f"row {r} saw tiles {[st.kv_tile for st in steps]}, expected 1..{n_loaded}")
             continue
         for st in steps:
             c1 = grid.cols(st.kv_tile)[1]  # last column loaded so far (1-based)
-            cols = np.arange(c1)
-            keep = cols <= r + grid.offset  # 0-based permitted rule, written out here, not taken from tiles
+            keep = np.arange(c1) <= r + grid.offset  # the permitted rule written out here, not from tiles
             s = s_full[r, :c1][keep]
             if s.size == 0:
                 ok = np.isneginf(st.m) and st.l == 0 and not np.any(st.acc) and not np.isnan(st.alpha)
@@ -195,61 +192,46 @@ def check_no_nan(rng) -> CheckResult:
     zeros and LSE = -inf, in the naive, FA-2, FA-1 and combine paths."""
     bad: list[str] = []
     count = 0
-    # (a) Nq > Nk, bottom-right: the first Nq - Nk rows see no key; (b) N = 16: the upper half of each
-    # query tile sees its last loaded tile fully masked.
-    for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):
+    for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):  # Nq - Nk rows see no key; masked upper halves
         q, k, v = _qkv(rng, (2,), (2,), nq, nk, 8, 8)
         empty = np.arange(nq) + (nk - nq) < 0  # rows with no permitted key
-        outs = {"naive": reference.naive_attention(q, k, v, causal=True, return_lse=True)}
-        o2, l2, tr = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
-                                               trace_rows=range(nq))
-        outs["FA-2"] = (o2, l2)
-        outs["FA-1"] = reference.tiled_attention(q, k, v, causal=True, block_q=bq, block_kv=bk,
-                                                 normalized=True)
-        half = nk // 2  # split-KV partials of a non-causal decode on the same rows, one split empty
-        parts = [reference.tiled_attention(q, k[..., :half, :], v[..., :half, :], block_q=bq, block_kv=bk),
-                 (np.zeros_like(o2), np.full(l2.shape, -np.inf)),
-                 reference.tiled_attention(q, k[..., half:, :], v[..., half:, :], block_q=bq, block_kv=bk)]
-        outs["combine"] = reference.combine(parts)
-        for name, (o, lse) in outs.items():
-            nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
-            count += nans
+        tiles = {"causal": True, "block_q": bq, "block_kv": bk}
+        o2, l2, tr = reference.tiled_attention(q, k, v, trace_rows=range(nq), **tiles)
+        outs = {"naive": reference.naive_attention(q, k, v, causal=True, return_lse=True), "FA-2": (o2, l2),
+                "FA-1": reference.tiled_attention(q, k, v, normalized=True, **tiles),
+                "combine": reference.combine(split_kv(q, k, v, [0, nk // 2, nk // 2, nk], block_kv=bk)),
+                "trace": [x for steps in tr.values() for st in steps for x in (st.m, st.alpha, st.l, st.acc)]}
+        for name, arrays in outs.items():
+            nans = sum(int(np.isnan(x).sum()) for x in arrays)
             if nans:
                 bad.append(f"{name} Nq={nq} Nk={nk}: {nans} NaN")
-            if name != "combine" and (np.any(o[..., empty, :]) or not np.all(np.isneginf(lse[..., empty]))
-                                      or np.any(np.isneginf(lse[..., ~empty]))):
-                count += 1
+            o, lse = arrays[:2]
+            if name in ("naive", "FA-2", "FA-1") and (not _empty_rows_ok(o, lse, empty)
+                                                       or np.any(np.isneginf(lse[..., ~empty]))):
+                nans += 1
                 bad.append(f"{name} Nq={nq} Nk={nk}: empty rows not (zeros, -inf)")
-        trace_nans = sum(int(np.isnan(np.concatenate([np.ravel(x) for x in (st.m, st.alpha, st.l, st.acc)]))
-                             .sum()) for steps in tr.values() for st in steps)
-        count += trace_nans
-        if trace_nans:
-            bad.append(f"trace Nq={nq} Nk={nk}: {trace_nans} NaN")
+            count += nans
     detail = ("Nq=40 > Nk=23 (17 rows with no key) and N=16 (fully masked upper halves): naive, FA-2, "
               "FA-1, trace, combine with an empty split")
     return CheckResult("4 no NaN on masked regions and empty rows", not bad, float(count), 0.0,
                        detail + ("; " + "; ".join(bad[:3]) if bad else ""), compare="=")
 
 
+def _empty_rows_ok(o, lse, empty) -> bool:
+    """Rows ``empty`` of ``o`` are zeros and of ``lse`` are -inf."""
+    return not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
+
+
 def check_fa1_equals_fa2(rng) -> CheckResult:
     """Check 5: FlashAttention-1's normalised accumulator gives FlashAttention-2's result."""
-    worst = 0.0
-    for shape in SHAPES[:4]:
-        lead_q, lead_kv, nq, nk, d, dv, bq, bk = shape
-        q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, d, dv)
-        for causal in (False, True):
-            o2, l2 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
-            o1, l1 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk,
-                                               normalized=True)
-            worst = max(worst, rel_error(o1, o2), lse_error(l1, l2))
+    def err(q, k, v, causal, bq, bk):
+        o2, l2 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk)
+        o1, l1 = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk, normalized=True)
+        return max(rel_error(o1, o2), lse_error(l1, l2))
+
+    worst, _ = _worst_case(rng, SHAPES[:4], err)
     return CheckResult("5 FA-1 normalised = FA-2 unnormalised", worst < REL_TOL, worst, REL_TOL,
                        "4 shapes x (unmasked, causal)")
-
-
-def split_points(rng, nk: int, n_splits: int) -> list[int]:
-    """Sorted cut points 0 = c_0 <= ... <= c_S = nk (splits may be empty)."""
-    cuts = np.sort(rng.integers(0, nk + 1, size=n_splits - 1))
-    return [0, *map(int, cuts), nk]
 
 
 def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
@@ -262,16 +244,15 @@ def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
 
 
 def check_combine(rng) -> CheckResult:
-    """Check 6: the Flash-Decoding combine of split-KV partials equals attention over all the keys.
-
-    Non-causal (as decode is: the new token sees the whole cache); random splits, some empty.
-    """
+    """Check 6: the Flash-Decoding combine of split-KV partials equals attention over all the keys
+    (non-causal, as decode is; random splits, some empty)."""
     worst, cases = 0.0, 0
     for lead_q, lead_kv, nq, nk in (((2, 4), (2, 2), 1, 97), ((3, 2), (3, 2), 5, 64), ((1, 1), (1, 1), 1, 1)):
         q, k, v = _qkv(rng, lead_q, lead_kv, nq, nk, 16, 16)
         o_ref, lse_ref = reference.naive_attention(q, k, v, return_lse=True)
         for n_splits in (1, 2, 3, 7):
-            o, lse = reference.combine(split_kv(q, k, v, split_points(rng, nk, n_splits), block_kv=16))
+            cuts = [0, *map(int, np.sort(rng.integers(0, nk + 1, size=n_splits - 1))), nk]  # some empty
+            o, lse = reference.combine(split_kv(q, k, v, cuts, block_kv=16))
             worst = max(worst, rel_error(o, o_ref), lse_error(lse, lse_ref))
             cases += 1
     return CheckResult("6 split-KV combine = whole", worst < REL_TOL, worst, REL_TOL,
@@ -320,13 +301,10 @@ def reference_checks(seed: int = 0) -> list[CheckResult]:
 def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
     """Can the Triton kernels run here? Returns ``(runnable, how or why not, kernel modules present)``.
 
-    - ``off``: never.
-    - ``auto``: when the kernel modules exist, torch and triton import, and there is a CUDA GPU or the
-      user set ``TRITON_INTERPRET=1`` (CPU interpreter). It never turns the interpreter on by itself, so
-      ``attnscope verify`` stays fast on a laptop.
-    - ``on``: as auto, but not running is a failure. On a machine without a GPU the caller turns the
-      interpreter on first (`interpreter_wanted`; `attnscope verify --kernels on` does): this module
-      writes no environment variables.
+    ``off``: never. ``auto``: when the kernel modules, torch and triton are there, and a CUDA GPU or
+    ``TRITON_INTERPRET=1`` set by the user (never turned on here, so ``verify`` stays fast on a laptop).
+    ``on``: as auto, but not running is a failure; without a GPU the caller turns the interpreter on
+    first (`interpreter_wanted`): this module writes no environment variables.
     """
     choice("kernels", mode, KERNEL_MODES)
     if mode == "off":
@@ -334,24 +312,23 @@ def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
     present = [m for m in ("fwd", "decode") if _module_exists(f"attnscope.kernels.{m}")]
     if not present:
         return False, "not run: attnscope.kernels.fwd and attnscope.kernels.decode are not present", []
+    hint = "(--kernels on runs them under the Triton CPU interpreter)"
     if not (_module_exists("torch") and _module_exists("triton")):
-        return (False, "not run: torch and triton are not installed (pip install 'attnscope[kernels]')",
-                present)
-    if mode == "auto" and not interpreting() and not _nvidia_driver_present():
-        # skip importing torch (about a second) when no GPU can be there
-        return False, ("not run: no NVIDIA driver (so no CUDA GPU) and TRITON_INTERPRET is not set "
-                       "(--kernels on runs them under the Triton CPU interpreter)"), present
-    import torch
+        why = "torch and triton are not installed (pip install 'attnscope[kernels]')"
+    elif mode == "auto" and not interpreting() and not _nvidia_driver_present():  # no torch import (~1 s)
+        why = f"no NVIDIA driver (so no CUDA GPU) and TRITON_INTERPRET is not set {hint}"
+    else:
+        import torch
 
-    if torch.cuda.is_available():
-        return True, f"on {torch.cuda.get_device_name()}", present
-    if interpreting():
-        return True, "on the CPU under TRITON_INTERPRET=1 (no CUDA GPU)", present
-    if mode == "on" and "triton" in sys.modules:
-        return False, ("not run: no CUDA GPU, and triton was imported before TRITON_INTERPRET=1 could "
-                       "be set"), present
-    return False, ("not run: no CUDA GPU and TRITON_INTERPRET is not set (--kernels on runs them under the "
-                   "Triton CPU interpreter)"), present
+        if torch.cuda.is_available():
+            return True, f"on {torch.cuda.get_device_name()}", present
+        if interpreting():
+            return True, "on the CPU under TRITON_INTERPRET=1 (no CUDA GPU)", present
+        if mode == "on" and "triton" in sys.modules:
+            why = "no CUDA GPU, and triton was imported before TRITON_INTERPRET=1 could be set"
+        else:
+            why = f"no CUDA GPU and TRITON_INTERPRET is not set {hint}"
+    return False, f"not run: {why}", present
 
 
 def _module_exists(name: str) -> bool:
@@ -423,24 +400,20 @@ def _guard(name, fn, *args) -> CheckResult:
         return CheckResult(name, False, None, None, f"raised {type(e).__name__}: {e}".splitlines()[0][:300])
 
 
-def _torch_error(torch, q, k, v, permitted, scale, o_ref) -> float:
+def _torch_error(torch, q, k, v, permitted, o_ref) -> float:
     """max |o - o_ref| of PyTorch's own SDPA at q's dtype, over rows with at least one permitted key.
 
-    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B or 1, 1, Nq, Nk]; o_ref float64 numpy.
+    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B, 1, Nq, Nk]; o_ref float64 numpy.
     """
     import torch.nn.functional as F
 
     group = q.shape[1] // k.shape[1]
     mask = torch.as_tensor(permitted, device=q.device)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, Hq, Nk, d]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     has_key = np.broadcast_to(permitted.any(axis=-1), o_ref.shape[:-1])
     diff = np.abs(o.double().cpu().numpy() - o_ref)[has_key]
     return float(diff.max(initial=0.0))
-
-
-def _lowp(torch, rng, shape, dtype, device, std=1.0):
-    return (std * torch.from_numpy(rng.standard_normal(shape))).to(dtype=dtype, device=device)
 
 
 def _np(t):
@@ -459,41 +432,30 @@ def within_tolerance(err: float, torch_err: float, factor: float = 2.0) -> bool:
     return err <= kernel_tolerance(torch_err, factor)
 
 
-def _compare_kernel(name, o, lse, o_ref, lse_ref, torch_err, what) -> CheckResult:
-    o, lse = _np(o), _np(lse)
-    err = float(np.abs(o - o_ref).max()) if not np.isnan(o).any() else float("inf")
-    tol = kernel_tolerance(torch_err)
-    l_err = lse_error(lse, lse_ref)
-    passed = err <= tol and l_err <= KERNEL_LSE_TOL
-    compare = "<="
-    return CheckResult(name, passed, err, tol, f"{what}; torch's own error {torch_err:.2e}; "
-                                               f"LSE rel err {l_err:.2e} (tol {KERNEL_LSE_TOL:g})", compare)
+def _kernel_case(torch, device, rng, dtype, b, hq, hkv, nq, nk, d=64, causal=False, seqlens=None):
+    """Fresh q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d] at ``dtype``, int32 cache lengths, and ``judge(name,
+    o, lse, what)``: a kernel's output against the float64 reference over the permitted keys (causal, or
+    the first ``seqlens[b]`` of the cache) with the tolerance from PyTorch SDPA's own error."""
+    q, k, v = (torch.from_numpy(x).to(dtype=dtype, device=device)
+               for x in _qkv(rng, (b, hq), (b, hkv), nq, nk, d, d))
+    lens = np.full(b, nk) if seqlens is None else np.asarray(seqlens)
+    o_ref, lse_ref = np.zeros((b, hq, nq, d)), np.zeros((b, hq, nq))
+    for i, n in enumerate(lens):
+        o_ref[i], lse_ref[i] = reference.naive_attention(_np(q[i]), _np(k[i, :, :n]), _np(v[i, :, :n]),
+                                                         causal=causal, return_lse=True)
+    permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
+    permitted = permitted & (np.arange(nk) < lens[:, None, None, None])  # [B, 1, Nq, Nk]
+    torch_err = _torch_error(torch, q, k, v, permitted, o_ref)
 
+    def judge(name, o, lse, what) -> CheckResult:
+        o, lse = _np(o), _np(lse)
+        err = float(np.abs(o - o_ref).max()) if not np.isnan(o).any() else float("inf")
+        tol, l_err = kernel_tolerance(torch_err), lse_error(lse, lse_ref)
+        return CheckResult(name, err <= tol and l_err <= KERNEL_LSE_TOL, err, tol,
+                           f"{what}; torch's own error {torch_err:.2e}; LSE rel err {l_err:.2e} "
+                           f"(tol {KERNEL_LSE_TOL:g})", "<=")
 
-# (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
-FWD_SHAPES = ((2, 4, 2, 97, 97, 64, "float16"), (1, 2, 2, 37, 100, 64, "float16"),
-              (1, 4, 1, 70, 33, 128, "float16"), (1, 2, 2, 65, 65, 64, "bfloat16"))
-
-
-def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
-    import attnscope
-
-    results = []
-    for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
-        dtype = getattr(torch, dt)
-        q = _lowp(torch, rng, (b, hq, nq, d), dtype, device, std=2.0)
-        k = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
-        v = _lowp(torch, rng, (b, hkv, nk, d), dtype, device)
-        for causal in (False, True):
-            o_ref, lse_ref = reference.naive_attention(_np(q), _np(k), _np(v), causal=causal, return_lse=True)
-            permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
-            torch_err = _torch_error(torch, q, k, v, permitted[None, None], None, o_ref)
-            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
-            results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
-                                           f"worst of the shapes x 2: B={b} Hq={hq} "
-                                           f"Hkv={hkv} Nq={nq} Nk={nk} d={d} {dt} "
-                                           f"{'causal' if causal else 'unmasked'}"))
-    return _worst(results)
+    return q, k, v, torch.tensor(lens, dtype=torch.int32, device=device), judge
 
 
 def _worst(results: list[CheckResult]) -> CheckResult:
@@ -502,39 +464,39 @@ def _worst(results: list[CheckResult]) -> CheckResult:
     return failed[0] if failed else max(results, key=lambda r: r.error / r.tolerance)
 
 
+# (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
+FWD_SHAPES = ((2, 4, 2, 97, 97, 64, "float16"), (1, 2, 2, 37, 100, 64, "float16"),
+              (1, 4, 1, 70, 33, 128, "float16"), (1, 2, 2, 65, 65, 64, "bfloat16"))
+DECODE = (3, 4, 2, 1, 100)  # B, Hq, Hkv, one new token, a cache of 100 ...
+DECODE_SEQLENS = (97, 1, 50)  # ... filled to these lengths
+
+
+def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
+    import attnscope
+
+    results = []
+    for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
+        for causal in (False, True):
+            q, k, v, _, judge = _kernel_case(torch, device, rng, getattr(torch, dt), b, hq, hkv, nq, nk, d,
+                                             causal=causal)
+            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+            results.append(judge(name, o, lse, f"worst of the shapes x 2: B={b} Hq={hq} Hkv={hkv} Nq={nq} "
+                                               f"Nk={nk} d={d} {dt} {'causal' if causal else 'unmasked'}"))
+    return _worst(results)
+
+
 def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
     import attnscope
 
-    b, h, nq, nk, d = 1, 2, 40, 23, 64
-    q = _lowp(torch, rng, (b, h, nq, d), torch.float16, device)
-    k = _lowp(torch, rng, (b, h, nk, d), torch.float16, device)
-    v = _lowp(torch, rng, (b, h, nk, d), torch.float16, device)
-    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
-    o, lse = _np(o), _np(lse)
+    nq, nk = 40, 23
+    q, k, v, _, _ = _kernel_case(torch, device, rng, torch.float16, 1, 2, 2, nq, nk, causal=True)
+    o, lse = (_np(x) for x in attnscope.flash_attention(q, k, v, causal=True, return_lse=True))
     empty = np.arange(nq) + nk - nq < 0
     nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
-    ok_empty = not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
+    ok_empty = _empty_rows_ok(o, lse, empty)
     return CheckResult(name, nans == 0 and ok_empty, float(nans), 0.0,
                        f"causal Nq={nq} > Nk={nk}: {int(empty.sum())} rows with no key "
                        f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN", compare="=")
-
-
-def _decode_case(torch, device, rng, dtype=None):
-    b, hq, hkv, cap, d = 3, 4, 2, 100, 64
-    dtype = dtype or torch.float16
-    q = _lowp(torch, rng, (b, hq, 1, d), dtype, device, std=2.0)
-    k = _lowp(torch, rng, (b, hkv, cap, d), dtype, device)
-    v = _lowp(torch, rng, (b, hkv, cap, d), dtype, device)
-    seqlens = np.array([97, 1, 50])
-    o_ref = np.zeros((b, hq, 1, d))
-    lse_ref = np.zeros((b, hq, 1))
-    for i, n in enumerate(seqlens):
-        o_ref[i], lse_ref[i] = reference.naive_attention(_np(q[i]), _np(k[i, :, :n]), _np(v[i, :, :n]),
-                                                         return_lse=True)
-    permitted = (np.arange(cap)[None, :] < seqlens[:, None])[:, None, None, :]  # [B, 1, 1, L]
-    torch_err = _torch_error(torch, q, k, v, permitted, None, o_ref)
-    sl = torch.tensor(seqlens, dtype=torch.int32, device=device)
-    return q, k, v, sl, o_ref, lse_ref, torch_err
 
 
 def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
@@ -542,24 +504,21 @@ def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
 
     results = []
     for dtype in (torch.float16, torch.bfloat16):  # both kernels emulate bf16 under the interpreter (_tl.py)
-        q, k, v, sl, o_ref, lse_ref, torch_err = _decode_case(torch, device, rng, dtype)
+        q, k, v, sl, judge = _kernel_case(torch, device, rng, dtype, *DECODE, seqlens=DECODE_SEQLENS)
         o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, return_lse=True)
-        results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
-                                       "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64, fp16 and "
-                                       f"bf16 (worst: {str(dtype).removeprefix('torch.')})"))
+        results.append(judge(name, o, lse, "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64, fp16 "
+                                           f"and bf16 (worst: {str(dtype).removeprefix('torch.')})"))
     return _worst(results)
 
 
 def _kernel_decode_splits(name, torch, device, rng) -> CheckResult:
     import attnscope
 
-    q, k, v, sl, o_ref, lse_ref, torch_err = _decode_case(torch, device, rng)
+    q, k, v, sl, judge = _kernel_case(torch, device, rng, torch.float16, *DECODE, seqlens=DECODE_SEQLENS)
     results = []
-    for n_splits in (1, 3, 8):
-        o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, num_splits=n_splits, return_lse=True)
-        results.append(_compare_kernel(name, o, lse, o_ref, lse_ref, torch_err,
-                                       f"num_splits 1, 3, 8 (worst: {n_splits}) on cache_seqlens "
-                                       "[97, 1, 50]"))
+    for n in (1, 3, 8):
+        o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, num_splits=n, return_lse=True)
+        results.append(judge(name, o, lse, f"num_splits 1, 3, 8 (worst: {n}) on cache_seqlens [97, 1, 50]"))
     return _worst(results)
 
 
@@ -567,7 +526,5 @@ def iter_checks(seed: int = 0, kernels: str = "auto"):
     """The reference checks, then the kernel checks (or the line saying why they were not run), one
     result at a time."""
     choice("kernels", kernels, KERNEL_MODES)
-    rng = np.random.default_rng(seed)
-    for check in REFERENCE_CHECKS:
-        yield check(rng)
+    yield from reference_checks(seed)
     yield from iter_kernel_checks(seed, kernels)

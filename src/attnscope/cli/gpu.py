@@ -17,17 +17,15 @@ from attnscope.measure.backends import gpu_problem
 SPEC = "(default: %(default)s)"
 
 
-def _no_gpu(command: str) -> int | None:
-    why = gpu_problem()
-    if why:
-        print(f"attnscope {command}: error: {why}", file=sys.stderr)
-        return 2
-    return None
-
-
 def _fail(command: str, message: str, code: int = 2) -> int:
     print(f"attnscope {command}: error: {message}", file=sys.stderr)
     return code
+
+
+def _no_gpu(command: str) -> int | None:
+    """Exit code 2 after one line when this machine cannot run GPU commands, else None."""
+    why = gpu_problem()
+    return _fail(command, why) if why else None
 
 
 def _one_line(command: str):
@@ -46,10 +44,10 @@ def _one_line(command: str):
     return wrap
 
 
-def _shape(p: argparse.ArgumentParser, heads: int = 32, json_flag: bool = True) -> None:
+def _shape(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
     p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
-    p.add_argument("--heads", type=int, default=heads, help=f"attention heads {SPEC}")
+    p.add_argument("--heads", type=int, default=32, help=f"attention heads {SPEC}")
     p.add_argument("--batch", type=int, default=1, help=f"batch size {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
     p.add_argument("--causal", action="store_true", help="causal attention (default: unmasked)")
@@ -300,8 +298,8 @@ def _share(args) -> int:
         r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
         if args.json:
             print_json(r.to_json())
-            return 0
-        _print_share(c, r)
+        else:
+            _print_share(c, r)
         return 0
     loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
                              args.reps)
@@ -356,15 +354,6 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
     p.add_argument("--from-json", metavar="FILE",
                    help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
-
-
-def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
-                       description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
-                                   "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
-                                   "run without a GPU.")
-    add_bench_arguments(p)
-    p.set_defaults(func=_bench)
 
 
 def configure(sub) -> None:
@@ -434,4 +423,9 @@ def configure(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=_one_line("share")(_share))
 
-    _add_bench(sub)
+    p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
+                       description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
+                                   "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
+                                   "run without a GPU.")
+    add_bench_arguments(p)
+    p.set_defaults(func=_bench)

@@ -30,17 +30,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def supported_dtypes(torch):
-    return (torch.float16, torch.bfloat16)
-
-
 def check_tensor(torch, name: str, t, rank: int, layout: str):
     """Type, rank, dtype, and unit stride in the last dimension."""
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
     if t.dim() != rank:
         raise InputError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in supported_dtypes(torch):
+    if t.dtype not in (torch.float16, torch.bfloat16):
         raise NotImplementedError(
             f"{name}: dtype {t.dtype} is not supported; supported: torch.float16, torch.bfloat16")
     if t.stride(-1) != 1:

@@ -1,15 +1,11 @@
 """@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels.
 
 `_kv_bounds`: the causal KV-tile bounds of a query tile, the in-kernel twin of model/tiles.py.
-`lse_merge_step` / `lse_merge_finish`: the logsumexp merge of partial results (Flash-Decoding's
-combine, the ring's step; float64 spec: `attnscope.reference.combine`), the one code path of decode's
-split merge (kernels/decode.py) and of `kernels.merge.merge_`.
-
-Only the interpreter workaround lives here: Triton 3.6's CPU interpreter (TRITON_INTERPRET=1, used by
-the CPU tests) computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16 casts instead of rounding to
-nearest even (triton-lang/triton#11584). Under the interpreter with bf16 inputs the kernels therefore
-multiply in fp32 and round with `round_bf16` before casting, which reproduces what the GPU computes.
-On a GPU the flag that selects this path is always False and none of it is compiled.
+`lse_merge_step` / `lse_merge_finish`: the one logsumexp merge of partial results (decode's split
+combine, `kernels.merge.merge_`; float64 spec: `attnscope.reference.combine`).
+`round_bf16`: Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16
+casts (triton-lang/triton#11584), so under the interpreter with bf16 inputs the kernels multiply in fp32
+and round with it before casting, which reproduces the GPU. On a GPU that path is never compiled.
 """
 
 from attnscope.kernels._common import import_torch_triton

@@ -1,20 +1,15 @@
 """Which attention kernel actually ran: profiler kernel names -> backend (spec §6, §6.2).
 
 An eligibility check answers "could it run?"; this module answers "did it run?". It restricts SDPA's
-dispatch to one backend with ``torch.nn.attention.sdpa_kernel`` (so an input that backend cannot take
-raises instead of silently falling back), records the launched kernels with ``torch.profiler``, and
-classifies each kernel by its name.
-
-Kernel families (attnscope, flash, efficient, cudnn, softmax, gemm, other) come from the one
-kernel-name table in attnscope/chrome_trace.py, shared with `share` and `report --profile`. The backend
-of a call is its fused family when exactly one appears, ``math`` for GEMM + softmax and no fused
-kernel, ``mixed`` for two fused families, otherwise ``unknown``.
-
-The classification is pure Python and runs on a CPU; running a call needs torch and a CUDA GPU.
+dispatch to one backend with ``torch.nn.attention.sdpa_kernel`` (an input that backend cannot take
+raises instead of falling back), records the launched kernels with ``torch.profiler`` and names the
+backend from their families (the one kernel-name table: attnscope/chrome_trace.py). Also: the naive
+baseline and the one SDPA-backend map the other measurements use. Running a call needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -32,16 +27,11 @@ DTYPES = ("fp16", "bf16")
 
 
 # --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
-_MASKS: dict = {}
-
-
+@functools.lru_cache(maxsize=8)
 def _future_mask(torch, n: int, device):
-    """Bool [n, n], True above the diagonal (the future); built once per (n, device) and cached, so
-    building it is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
-    key = (n, str(device))
-    if key not in _MASKS:
-        _MASKS[key] = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
-    return _MASKS[key]
+    """Bool [n, n], True above the diagonal (the future); cached (the last 8 (n, device)), so building it
+    is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
@@ -95,8 +85,7 @@ def gpu_problem() -> str | None:
 
 def require_cuda():
     """Import torch and check for a CUDA device; raise RuntimeError with `gpu_problem`'s line otherwise."""
-    why = gpu_problem()
-    if why:
+    if why := gpu_problem():
         raise RuntimeError(why)
     import torch
 
@@ -151,13 +140,10 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
         with record_function(annotation):
             fn()
         torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         return chrome_trace.load(path, path)
-    finally:
-        os.unlink(path)
 
 
 def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
@@ -170,11 +156,8 @@ def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
 
 
 def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:
-    """The kernels ``fn()`` launches, from one profiled run (see `profile_trace`).
-
-    All the trace's kernels: the profiler ran around ``fn()`` alone (after a synchronise), so nothing
-    else launched, and no launch path (runtime, driver, cuDNN's own) can hide a kernel from the answer.
-    """
+    """The kernels ``fn()`` launches: all of one profiled run's (`profile_trace` runs ``fn()`` alone, so
+    no launch path, runtime, driver or cuDNN's own, can hide a kernel from the answer)."""
     return kernels(profile_trace(fn, annotation))
 
 

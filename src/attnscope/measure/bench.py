@@ -1,32 +1,27 @@
 """The benchmark sweep driver: attnscope's kernels against PyTorch SDPA backends, same inputs, same run.
 
-Used by `attnscope bench` (its arguments: cli/gpu.py) and `bench/prefill.py`. GPU only; never run by
-tests.
-
-Method (METHOD.md of the device notes, and DESIGN.md "Numbers"):
-- correctness first: before a kernel is timed at a shape, its output is checked at that full shape
-  against a float64 reference (on a sample of heads, computed on the GPU), with the bound
-  the one rule of `attnscope.checks.kernel_tolerance` (2 x SDPA FLASH's error at the same dtype +
-  1e-3); a kernel that fails is not timed;
-- timings are medians of CUDA-event timings after warm-up (`triton.testing.do_bench`);
-- TFLOP/s = `attnscope.model.flops.attention_flops` / time (4·B·H·Nq·Nk·d, halved for causal);
-  decode TB/s = K and V bytes read / time;
-- decode is timed both as CUDA-graph replays (every column; how serving engines run decode, and the
-  kernels' own time) and eagerly (host launch overhead included: ~10 us for SDPA's C++ dispatch, more
-  for a Python launcher, which dominates at the smallest shapes);
+Used by `attnscope bench` (its arguments: cli/gpu.py) and `bench/prefill.py`. GPU only. Method:
+- correctness first: at every shape, a kernel's output is checked at the full shape against a float64
+  reference (a sample of heads, on the GPU) with `attnscope.checks.kernel_tolerance` (2 x SDPA FLASH's
+  error + 1e-3); a kernel that fails is not timed;
+- timings are medians of CUDA-event timings after warm-up (`triton.testing.do_bench`); decode is timed
+  as CUDA-graph replays (the kernels' own time) and eagerly (host launch overhead included);
+- TFLOP/s = `attnscope.model.flops.attention_flops` / time; decode TB/s = K and V bytes read / time;
 - every peer runs in the same process on the same tensors; SDPA backends are forced with
-  `torch.nn.attention.sdpa_kernel`, so a backend that cannot take the input reports "n/a" instead of
-  silently falling back.
+  `torch.nn.attention.sdpa_kernel`, so a backend that cannot take the input reports "n/a".
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
 
 from attnscope.checks import kernel_tolerance, within_tolerance
-from attnscope.measure.backends import naive_attention, require_cuda, sdpa
+from attnscope.errors import InputError, expect
+from attnscope.inputs import load_json, write_atomic
+from attnscope.measure.backends import attention_fn, require_cuda, sdpa
 from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -45,26 +40,17 @@ class Progress:
         self._bar = rp.Progress(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
                                 console=Console(stderr=True))
         self._task = self._bar.add_task("bench", total=self.total)
-        self._bar.start()
 
-    def step(self, label: str = "") -> None:
+    def step(self, label: str = "bench") -> None:
         self.done = min(self.total, self.done + 1)
-        self._bar.update(self._task, completed=self.done, description=label or "bench")
-        if self.done == self.total:
-            self.close()
-
-    def log(self, text: str) -> None:
-        """Print a result line to stdout; while the bar is live, rich prints it above the bar."""
-        print(text, flush=True)
-
-    def close(self) -> None:
-        self._bar.stop()
+        self._bar.update(self._task, completed=self.done, description=label)
 
     def __enter__(self):
+        self._bar.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self._bar.stop()
 
 
 def _median_ms(fn, graph: bool = False) -> float:
@@ -99,17 +85,42 @@ def _fmt(x, nd=1):
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
+def _measure_point(torch, row, impls, err_of, time_it, where, log):
+    """Every implementation at one shape: its error (``err_of(out)``), checked for attnscope's kernels
+    against SDPA FLASH's own error, then ``time_it(name, fn)`` unless the check failed. ``impls`` are
+    ``name: fn()``; an implementation that raises is reported "n/a", not fatal."""
+    try:
+        ref_err = err_of(impls["flash"]())
+    except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
+        ref_err = None
+        log(f"  flash failed at this shape: {e!r}"[:200])
+    for name, fn in impls.items():
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            row["err"][name] = err = err_of(out)
+            del out
+            if name.startswith("attnscope") and ref_err is not None and not within_tolerance(err, ref_err):
+                log(f"  FAIL {name} {where}: err {err:.3g} > {kernel_tolerance(ref_err):.3g} "
+                    f"(2 x {ref_err:.3g} + 1e-3); not timed")
+                row["ms"][name] = None
+                continue
+            time_it(name, fn)
+        except Exception as e:  # noqa: BLE001
+            row["ms"][name] = row["err"][name] = None
+            log(f"  {name} n/a at {where}: {type(e).__name__}: {str(e)[:120]}")
+        torch.cuda.empty_cache()
+    rates = row["tflops"] if "tflops" in row else row["tbs"]
+    for peer in ("cudnn", "flash"):  # attnscope's rate over each peer's, where both were measured
+        a, p = rates.get("attnscope"), rates.get(peer)
+        row[f"vs_{peer}"] = a / p if a and p else None
+
+
 # ----------------------------------------------------------------------------------------------------
 def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, progress=None):
-    import attnscope
-
-    dtypes = dtypes or [torch.bfloat16]
-    impls = {"attnscope": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c),
-             "flash": sdpa("flash"), "cudnn": sdpa("cudnn"), "efficient": sdpa("efficient")}
-    if naive:  # the baseline the traffic model counts (measure/backends.py)
-        impls["naive"] = lambda q, k, v, c: naive_attention(q, k, v, causal=c)
+    names = ("attnscope", "flash", "cudnn", "efficient") + (("naive",) if naive else ())  # naive: spec §1
     results = []
-    for dtype in dtypes:
+    for dtype in dtypes or [torch.bfloat16]:
         for d in ds:
             for causal in (False, True):
                 for n in ns:
@@ -119,48 +130,20 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
                     flops = attention_flops(b, heads, n, n, d, causal)
                     row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
                            "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
-                    # correctness first, at the full shape
-                    try:
-                        ref_err = _ref_error(torch, impls["flash"](q, k, v, causal), q, k, v, causal)
-                    except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
-                        ref_err = None
-                        log(f"  flash failed at this shape: {e!r}"[:200])
-                    for name, fn in impls.items():
-                        try:
-                            out = fn(q, k, v, causal)
-                            torch.cuda.synchronize()
-                            err = _ref_error(torch, out, q, k, v, causal)
-                            del out
-                            row["err"][name] = err
-                            checked = name == "attnscope" and ref_err is not None
-                            if checked and not within_tolerance(err, ref_err):
-                                log(f"  FAIL attnscope d={d} causal={causal} n={n}: err {err:.3g} > "
-                                    f"{kernel_tolerance(ref_err):.3g} (2 x {ref_err:.3g} + 1e-3); not timed")
-                                row["ms"][name] = None
-                                continue
-                            ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c))
-                            row["ms"][name] = ms
-                            row["tflops"][name] = flops / ms / 1e9
-                        except Exception as e:  # noqa: BLE001
-                            row["ms"][name] = None
-                            row["err"][name] = None
-                            log(f"  {name} n/a at d={d} causal={causal} n={n}: {type(e).__name__}: "
-                                f"{str(e)[:120]}")
-                        torch.cuda.empty_cache()
-                    _vs_peers(row, row["tflops"])
+
+                    def time_it(name, fn, row=row, flops=flops):
+                        row["ms"][name] = ms = _median_ms(fn)
+                        row["tflops"][name] = flops / ms / 1e9
+
+                    calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
+                    _measure_point(torch, row, calls,
+                                   functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
+                                   time_it, f"d={d} causal={causal} n={n}", log)
                     results.append(row)
                     log(prefill_line(row))
                     if progress is not None:
                         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
-                    torch.cuda.empty_cache()
     return results
-
-
-def _vs_peers(row: dict, rates: dict) -> None:
-    """attnscope's rate over cuDNN's and flash's (``vs_cudnn``, ``vs_flash``), where both were measured."""
-    a = rates.get("attnscope")
-    for peer in ("cudnn", "flash"):
-        row[f"vs_{peer}"] = a / rates[peer] if a and rates.get(peer) else None
 
 
 def read_ceiling(torch, gib=4):
@@ -181,48 +164,29 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
     for (b, hq, hkv) in grid:
         for L in ls:
             torch.manual_seed(L + b)
-            q = torch.randn(b, hq, 1, d, device="cuda", dtype=dtype)
-            k = torch.randn(b, hkv, L, d, device="cuda", dtype=dtype)
-            v = torch.randn(b, hkv, L, d, device="cuda", dtype=dtype)
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+                       for h, n in ((hq, 1), (hkv, L), (hkv, L)))
             kv_bytes = 2 * b * hkv * L * d * q.element_size()
             row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
                    "tbs_eager": {}, "err": {}}
+
+            def time_it(name, fn, row=row, kv_bytes=kv_bytes):
+                row["ms"][name] = ms = _median_ms(fn, graph=True)
+                row["tbs"][name] = kv_bytes / ms / 1e9
+                row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
+
             impls = {
                 "attnscope": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v),
                 "attnscope_1split": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v, num_splits=1),
                 "flash": lambda q=q, k=k, v=v, g=hq != hkv: flash(q, k, v, False, gqa=g),
                 "cudnn": lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g),
             }
-            ref_err = None
-            for name, fn in impls.items():
-                try:
-                    out = fn()
-                    torch.cuda.synchronize()
-                    err = _ref_error(torch, out, q, k, v, False, heads=min(hq, 8))
-                    row["err"][name] = err
-                    if name == "flash":
-                        ref_err = err
-                    if name.startswith("attnscope") and ref_err is None:
-                        # reference error of SDPA at this dtype: computed on the first kernel's turn
-                        ref_err = _ref_error(torch, flash(q, k, v, False, gqa=hq != hkv), q, k, v, False,
-                                             heads=min(hq, 8))
-                    if name.startswith("attnscope") and not within_tolerance(err, ref_err):
-                        log(f"  FAIL {name} B={b} Hkv={hkv} L={L}: err {err:.3g} > 2 x {ref_err:.3g} + 1e-3")
-                        row["ms"][name] = None
-                        continue
-                    ms = _median_ms(fn, graph=True)
-                    row["ms"][name] = ms
-                    row["tbs"][name] = kv_bytes / ms / 1e9
-                    row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
-                except Exception as e:  # noqa: BLE001
-                    row["ms"][name] = None
-                    log(f"  {name} n/a at B={b} Hq={hq} Hkv={hkv} L={L}: {type(e).__name__}: {str(e)[:120]}")
-            _vs_peers(row, row["tbs"])
+            err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
+            _measure_point(torch, row, impls, err_of, time_it, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
             results.append(row)
             log(decode_line(row))
             if progress is not None:
                 progress.step(f"decode B={b} Hkv={hkv} L={L}")
-            torch.cuda.empty_cache()
     return results
 
 
@@ -258,14 +222,6 @@ def decode_line(row: dict) -> str:
             f"/cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}" + eager)
 
 
-def summarize(result: dict, log=print) -> None:
-    """One line per measured point of a recorded run (the same lines the sweep prints)."""
-    for row in result.get("prefill", []) + result.get("prefill_fp16", []):
-        log(prefill_line(row))
-    for row in result.get("decode", []):
-        log(decode_line(row))
-
-
 #: The fields `--from-json` reads from each recorded row, and their types (what the sweep writes).
 _INT, _NUM, _RATES = "a positive integer", "a finite number", "an object of name: number or null"
 _ROW_FIELDS = {
@@ -289,8 +245,6 @@ def _field_ok(kind: str, value) -> bool:
 
 def _check_rows(result: dict) -> None:
     """Every recorded row has the fields the lines and plots read, of the right type (one line if not)."""
-    from attnscope.errors import expect
-
     for key in ("prefill", "prefill_fp16", "decode"):
         rows = result.get(key, [])
         expect(isinstance(rows, list), f"--from-json {key}", "a list of rows", rows)
@@ -308,9 +262,6 @@ def _check_rows(result: dict) -> None:
 
 
 def _from_json(args) -> int:
-    from attnscope.errors import InputError
-    from attnscope.inputs import load_json
-
     result = load_json(args.from_json, "--from-json")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
@@ -322,7 +273,10 @@ def _from_json(args) -> int:
 
         plots = write_plots(result, args.plots)
     print("# " + json.dumps(result.get("env", {})))
-    summarize(result)
+    for row in result.get("prefill", []) + result.get("prefill_fp16", []):
+        print(prefill_line(row))
+    for row in result.get("decode", []):
+        print(decode_line(row))
     for path in plots:
         print(f"plot: {path}")
     return 0
@@ -343,8 +297,8 @@ def run(args) -> int:
     fp16_extra = prefill and not args.quick
     decode = args.kind in ("decode", "all")
     total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
+    log = functools.partial(print, flush=True)  # while the bar is live, rich prints this above it
     with Progress(total) as progress:
-        log = progress.log
         if prefill:
             out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
                                            log=log, progress=progress)
@@ -356,8 +310,6 @@ def run(args) -> int:
             out["read_ceiling_tbs"] = read_ceiling(torch)
             log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
             out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
-    from attnscope.inputs import write_atomic
-
     for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
         if path:
             write_atomic(path, json.dumps(out, indent=1), flag)

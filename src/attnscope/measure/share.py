@@ -1,22 +1,17 @@
 """Attention's time share of a transformer prefill, measured, and the closed Amdahl loop (spec §5, §5.1).
 
-The model is the Llama-shaped decoder of measure/decoder.py (random weights, decoder layers only).
-A prefill of P tokens runs with one attention implementation:
-
-    naive      the explicit 3-kernel baseline (S and P materialised in the input dtype; spec §1)
-    flash | cudnn | efficient | math   one SDPA backend, restricted with sdpa_kernel (no fallback)
-    attnscope  this project's Triton FlashAttention-2 kernel
+A prefill of P tokens runs through the Llama-shaped decoder of measure/decoder.py with one attention:
+``naive`` (the explicit 3-kernel baseline, spec §1), one SDPA backend (``flash``, ``cudnn``,
+``efficient``, ``math``; restricted, no fallback) or ``attnscope`` (this project's Triton kernel).
 
 **f_time** = attention kernel time / the prefill's kernel time, from one torch.profiler trace, by
-`attnscope.chrome_trace.attention_share` -- the one rule `report --profile` uses too ("attention" is
-the kernels launched inside the ``attnscope::attention`` range around the attention core: QK^T, mask,
-softmax, PV; projections and RoPE count as the rest). The FLOP share is printed beside it; it is not a
-time share.
+`attnscope.chrome_trace.attention_share` (the rule `report --profile` uses too: "attention" is the
+kernels inside the ``attnscope::attention`` range: QK^T, mask, softmax, PV). The FLOP share is printed
+beside it; it is not a time share.
 
-**Closed loop** (``project_to``): with the baseline attention A and the candidate B on the same shapes,
-measure f_time(A) and the kernel speedup S = t_A / t_B of attention alone ([1, 32, P, 128], causal),
-project the prefill speedup with Amdahl (model/amdahl.py), then swap B in, time both prefills, and
-report projected vs measured and the error.
+**Closed loop** (``project_to``): measure f_time(A) of the baseline A and the kernel speedup
+S = t_A / t_B of attention alone ([1, 32, P, 128], causal), project the prefill speedup with Amdahl
+(model/amdahl.py), then swap B in, time both prefills, and report projected vs measured and the error.
 """
 
 from __future__ import annotations
@@ -63,8 +58,7 @@ def cuda_time_ms(fn, warmup: int = 3, reps: int = 10) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    return sorted(times)[len(times) // 2]
 
 
 @dataclass
@@ -101,12 +95,6 @@ def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareR
                        s.kernels, list(s.longest), s.span_ms)
 
 
-def _inputs(shape: LlamaShape, p: int, dtype):
-    import torch
-
-    return torch.randn(1, p, shape.hidden, device="cuda", dtype=dtype)
-
-
 def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtype: str = "fp16",
                   keep_trace: str | None = None) -> ShareResult:
     """Build the decoder, warm it up, profile one prefill, and return f_time (see module docstring)."""
@@ -120,7 +108,7 @@ def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtyp
     shape = LlamaShape(layers=positive_int("layers", layers))
     dt = torch_dtype(torch, dtype)
     model = build_decoder(shape, attention, dtype=dt)
-    x = _inputs(shape, p, dt)
+    x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # [B, P, hidden]
     with torch.inference_mode():
         model(x)  # warm-up: cuBLAS heuristics, Triton autotuning
         torch.cuda.synchronize()
@@ -189,7 +177,7 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
             fn = attention_fn(name, causal=True)
             kernel_ms[name] = cuda_time_ms(lambda fn=fn, qkv=qkv: fn(*qkv), reps=reps)
         qkv.clear()  # free the attention-alone inputs before the prefills
-        x = _inputs(shape, p, dt)
+        x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)
         for name in (baseline, candidate):
             model = build_decoder(shape, name, dtype=dt)
             prefill_ms[name] = cuda_time_ms(lambda model=model: model(x), reps=reps)
