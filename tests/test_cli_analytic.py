@@ -4,10 +4,10 @@ print the JSON shapes the issue states, and turn every bad input into one line a
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -242,16 +242,17 @@ def test_traffic_imports_neither_torch_nor_triton():
 
 
 def test_traffic_answers_under_half_a_second():
-    # Wall time of the whole subprocess (interpreter start included). Best of three, because the suite
-    # runs on 2 cores beside a second pytest worker (often busy in the Triton interpreter): the claim is
-    # about the command, not about a machine that is busy with something else.
+    # CPU time (user + system) of the whole subprocess, interpreter start included, best of three: the
+    # suite shares 2 cores with a second pytest worker (often busy in the Triton interpreter), which
+    # stretches wall time but not the command's own work (as in test_hostile.py's budgets).
     best = float("inf")
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = os.times()
         p = subprocess.run([sys.executable, "-m", "attnscope", "traffic"], capture_output=True, timeout=60)
-        best = min(best, time.perf_counter() - t0)
+        t1 = os.times()
+        best = min(best, (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system))
         assert p.returncode == 0
-    assert best < 0.5, f"attnscope traffic took {best:.3f} s"
+    assert best < 0.5, f"attnscope traffic took {best:.3f} s of CPU"
 
 
 def test_output_into_a_closed_pipe_is_not_a_traceback():
