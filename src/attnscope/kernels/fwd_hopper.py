@@ -69,9 +69,11 @@ class Variant(NamedTuple):
     configs: dict  # head_dim -> HopperConfig
     persistent: bool = False
     causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
+    one_release: bool = False  # one k_empty arrival per KV tile frees K and V together (no v_empty)
 
 
 _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
+_DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one more K/V stage
 
 #: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
 #: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
@@ -84,15 +86,23 @@ _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
 #: - hopper_persist / hopper_persist_pp: persistent CTAs (one per SM), the next tile's loads overlapping
 #:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory). hopper_persist_pp
 #:   is not built causal at d = 128: ptxas spills there (16 B stores, 52 B loads; every other build: none).
+#: - hopper_rel1, hopper_rel1_nopp, hopper_rel1_wg3_pp, hopper_rel1_persist: one mbarrier arrival per KV tile
+#:   and warpgroup (K and V of a ring slot go back together after the P V product) instead of two, so one
+#:   warpgroup ``bar.sync`` less per iteration (Triton 3.6 puts one before every arrive, `_release`); K
+#:   stays one iteration longer, so the ring is one stage deeper than its split-release twin.
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
-    "hopper_deep": Variant(True, {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}),
+    "hopper_deep": Variant(True, _DEEP),
     "hopper_wg3": Variant(False, {64: HopperConfig(64, 128, 3, 3)}),
     "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
     "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
     "hopper_persist": Variant(False, _BASE, persistent=True),
     "hopper_persist_pp": Variant(True, _BASE, persistent=True, causal_dims=(64,)),
+    "hopper_rel1": Variant(True, _DEEP, one_release=True),
+    "hopper_rel1_nopp": Variant(False, _DEEP, one_release=True),
+    "hopper_rel1_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 4, 3)}, one_release=True),
+    "hopper_rel1_persist": Variant(False, {64: HopperConfig(64, 128, 4)}, persistent=True, one_release=True),
 }
 DEFAULT_VARIANT = "hopper"
 
@@ -140,7 +150,7 @@ def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              NWG: gl.constexpr):
+              NWG: gl.constexpr, ONE_RELEASE: gl.constexpr):
     for w in gl.static_range(NWG):
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
@@ -150,7 +160,8 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         mbarrier.wait(k_empty.index(s), ph)
         mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_k, [b, hk, i * BN, 0], k_ready.index(s), k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), ph)
+        if not ONE_RELEASE:  # else k_empty freed V's slot too
+            mbarrier.wait(v_empty.index(s), ph)
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_v, [b, hk, i * BN, 0], v_ready.index(s), v_smem.index(s))
 
@@ -195,12 +206,26 @@ def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, B
 
 
 @gluon.jit
+def _release(k_empty, v_empty, slot, ONE_RELEASE: gl.constexpr):
+    """Hand V (``ONE_RELEASE``: K and V) of ring slot ``slot`` back to the producer, once the P V product
+    reading it is done. Triton 3.6 lowers every `mbarrier.arrive` to a partition-wide ``bar.sync`` and
+    one elected thread's arrive; its shared-memory barrier analysis adds one more ``bar.sync`` per loop
+    before the first `mbarrier.wait` (a wait counts as a write of its barrier): hence one arrival here."""
+    if ONE_RELEASE:
+        mbarrier.arrive(k_empty.index(slot))
+    else:
+        mbarrier.arrive(v_empty.index(slot))
+
+
+@gluon.jit
 def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
           qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+          ONE_RELEASE: gl.constexpr):
     """KV tile j >= 1 (ring slot counter ``it``, turn counter ``kt``): issue S_j and O += P_{j-1} V_{j-1};
-    softmax(S_j) under the P V product."""
+    softmax(S_j) under the P V product. ``ONE_RELEASE``: K_{j-1} and V_{j-1} are handed back together by
+    one k_empty arrival after the P V wait (each arrival costs a warpgroup bar.sync, see `_release`)."""
     sj = it % STAGES
     sp = (it - 1) % STAGES
     mbarrier.wait(k_ready.index(sj), (it // STAGES) & 1)
@@ -211,10 +236,11 @@ def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k
     o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
     _turn_pass(turn, WG, NWG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
-    mbarrier.arrive(k_empty.index(sj))
+    if not ONE_RELEASE:
+        mbarrier.arrive(k_empty.index(sj))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # p_op: the async A operand
-    mbarrier.arrive(v_empty.index(sp))
+    _release(k_empty, v_empty, sp, ONE_RELEASE)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
     return acc, p_op, m_i, l_i
@@ -225,7 +251,7 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
                    qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                    WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, ONE_RELEASE: gl.constexpr):
     """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
     from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
@@ -253,19 +279,20 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
         s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
         _turn_pass(turn, WG, NWG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(s0))
+        if not ONE_RELEASE:  # else K_0 goes back with V_0
+            mbarrier.arrive(k_empty.index(s0))
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
             acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        False, CAUSAL, PINGPONG)
+                                        False, CAUSAL, PINGPONG, ONE_RELEASE)
         for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
             acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        True, CAUSAL, PINGPONG)
+                                        True, CAUSAL, PINGPONG, ONE_RELEASE)
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # the last Q K^T is done: the next tile's Q may land
         # epilogue: O += P_last V_last
@@ -275,7 +302,7 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
         _turn_pass(turn, WG, NWG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        mbarrier.arrive(v_empty.index(last % STAGES))
+        _release(k_empty, v_empty, last % STAGES, ONE_RELEASE)
     else:
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
@@ -298,11 +325,12 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
 def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
               b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
               BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
+              ONE_RELEASE: gl.constexpr):
     """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
     _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
-                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False)
+                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, ONE_RELEASE)
 
 
 @gluon.jit
@@ -345,7 +373,8 @@ def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG
 @gluon.jit
 def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                          k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM: gl.constexpr, BN: gl.constexpr,
-                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr):
+                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr,
+                         ONE_RELEASE: gl.constexpr):
     kv_base = 0
     for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # i: this CTA's rounds = tiles so far (all full)
         t = _work(i)
@@ -360,7 +389,8 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                 mbarrier.wait(k_empty.index(s), ph)
                 mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_k, [b, hk, j * BN, 0], k_ready.index(s), k_smem.index(s))
-                mbarrier.wait(v_empty.index(s), ph)
+                if not ONE_RELEASE:
+                    mbarrier.wait(v_empty.index(s), ph)
                 mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
                 if j == 0:
@@ -375,7 +405,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
                          k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                          WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                         PINGPONG: gl.constexpr):
+                         PINGPONG: gl.constexpr, ONE_RELEASE: gl.constexpr):
     kv_base = 0
     turn_base = 0
     for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # as _producer_persistent; i & 1: Q's phase
@@ -384,7 +414,8 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
             b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
             _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                            k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, i & 1, NQ,
-                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True)
+                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True,
+                           ONE_RELEASE)
             kv_base += n_tiles
             if n_tiles > 0:
                 turn_base += n_tiles + 1
@@ -399,7 +430,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                                  PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 ONE_RELEASE: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -437,26 +468,26 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, ONE_RELEASE))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, ONE_RELEASE))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -464,7 +495,8 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
 def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE, B, H, HKV, NQ, NK, qk_scale,
                                             CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
-                                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                            CONSUMER_REGS: gl.constexpr, ONE_RELEASE: gl.constexpr,
+                                            num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks tiles ``pid, pid + grid, ...``; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
     the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight
@@ -501,28 +533,28 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
         gl.warp_specialize(
             [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL))],
+                                     NWG, CAUSAL, ONE_RELEASE))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG, ONE_RELEASE)),
              (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL))],
+                                     NWG, CAUSAL, ONE_RELEASE))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -547,7 +579,7 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
-                                        "num_warps")}}
+                                        "ONE_RELEASE", "num_warps")}}
 
 
 def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
@@ -555,7 +587,7 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
     cfg = config(d, variant, causal)
     return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
-            "num_warps": NUM_WARPS}
+            "ONE_RELEASE": VARIANTS[variant].one_release, "num_warps": NUM_WARPS}
 
 
 def _layout(block, dtype):
