@@ -52,24 +52,7 @@ def setmaxnreg(ptx: str) -> str:
 
 
 def loop_barriers(ptx: str) -> str:
-    """Partition-wide barriers (``bar.sync``/``barrier.sync``) per iteration of each steady-state KV loop:
-    the innermost PTX loops (a label and a later branch back to it) holding a ``wgmma.wait_group 1`` (the
-    S-only wait of `fwd_hopper._step`), one count per loop (consumer warpgroups x unmasked/masked loops).
-    ``bar.warp.sync`` (a 1-warp partition's barrier) is not counted."""
-    lines = ptx.splitlines()
-    where = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__BB\w+):", line))}
-    loops = []
-    for i, line in enumerate(lines):
-        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)
-        if m and where.get(m.group(1), i) < i:
-            loops.append((where[m.group(1)], i))
-    counts = []
-    for lo, hi in loops:
-        if any(lo < a and b < hi for a, b in loops if (a, b) != (lo, hi)):
-            continue  # not innermost
-        body = lines[lo:hi + 1]
-        if any("wgmma.wait_group.sync.aligned 1;" in x for x in body):
-            counts.append(sum(bool(re.search(r"\b(bar|barrier)\.sync\b", x)) for x in body))
+    counts = fwd_hopper.ptx_loop_barriers(ptx)
     return "bar.sync/iter " + ("/".join(map(str, counts)) if counts else "n/a")
 
 
