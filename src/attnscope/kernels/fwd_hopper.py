@@ -75,6 +75,7 @@ class Variant(NamedTuple):
     persistent: bool = False
     causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
     release: str = "split"  # a RELEASE_MODES name: how consumers arrive on k_empty/v_empty/turn (`_arrive`)
+    unmasked_dims: tuple | None = None  # head dims built unmasked too (None: all of ``configs``)
 
 
 _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
@@ -98,6 +99,8 @@ _DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one mor
 #: - hopper_pt, hopper_pt_nopp, hopper_pt_deep, hopper_pt_wg3_pp, hopper_pt_persist: twins of hopper,
 #:   hopper_nopp, hopper_deep, hopper_wg3_pp, hopper_persist whose consumers arrive with every thread
 #:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
+#:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
+#:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
@@ -112,15 +115,15 @@ VARIANTS = {
     "hopper_pt": Variant(True, _BASE, release="thread"),
     "hopper_pt_nopp": Variant(False, _BASE, release="thread"),
     "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
-    "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, release="thread"),
-    "hopper_pt_persist": Variant(False, _BASE, persistent=True, release="thread"),
+    "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
+    "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
 }
 DEFAULT_VARIANT = "hopper"
 
 
-def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool = False) -> HopperConfig:
+def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool | None = None) -> HopperConfig:
     """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it,
-    or, with ``causal``, not built causal)."""
+    or, with ``causal`` True/False, not built with that mask; None: either)."""
     if variant not in VARIANTS:
         raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
     var = VARIANTS[variant]
@@ -130,13 +133,17 @@ def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool = False) -> Hopp
     if causal and var.causal_dims is not None and d not in var.causal_dims:
         raise NotImplementedError(f"Hopper variant {variant!r}: causal at head_dim {d} is not supported; "
                                   f"supported: unmasked, or causal at head_dim {list(var.causal_dims)}")
+    if causal is False and var.unmasked_dims is not None and d not in var.unmasked_dims:
+        raise NotImplementedError(f"Hopper variant {variant!r}: unmasked at head_dim {d} is not supported; "
+                                  f"supported: causal, or unmasked at head_dim {list(var.unmasked_dims)}")
     return var.configs[d]
 
 
 def supports(variant: str, d: int, causal: bool) -> bool:
     """Whether ``variant`` is built for head dim ``d`` with this mask."""
     var = VARIANTS[variant]
-    return d in var.configs and not (causal and var.causal_dims is not None and d not in var.causal_dims)
+    dims = var.causal_dims if causal else var.unmasked_dims
+    return d in var.configs and (dims is None or d in dims)
 
 
 @gluon.jit
