@@ -5,12 +5,14 @@
 
 Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
 (kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring, 3 consumer warpgroups, 128-row
-warpgroup tiles; ``--variant NAME`` for one), each for the head dims it is built for (portable: 64 and 128)
-x {fp16, bf16} x causal. Without ``--gpu``: registers and spills from `ptxas -v --gpu-name sm_90a`, shared
-memory from the compiled kernel's metadata, and the `setmaxnreg` register split of the warp-specialised
-partitions read from the PTX. With ``--gpu``: each variant is launched once on a small ragged GQA input
-(bf16, B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and
-the compiled kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
+warpgroup tiles, persistent, one release per tile, per-thread arrivals; ``--variant NAME`` for one), each
+for the head dims and masks it is built for (portable: 64 and 128) x {fp16, bf16}. Without ``--gpu``:
+registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from the compiled kernel's metadata,
+the `setmaxnreg` register split of the warp-specialised partitions read from the PTX, and the
+partition-wide barriers (``bar.sync``) per iteration of each KV loop (`fwd_hopper.ptx_loop_barriers`).
+With ``--gpu``: each variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
+B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and the compiled
+kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
 The ptxas "Used N registers" of a warp-specialised kernel is the launch budget (65,536 / threads);
 the per-partition budgets are the `setmaxnreg` values; spills are reported for the whole kernel.
 """
@@ -105,22 +107,23 @@ def cpu_report(names) -> int:
     return 0
 
 
-def gpu_report(names) -> int:
-    """Launch each variant (bf16, no LSE: the compiles bench/prefill.py reuses) on a small ragged GQA input,
-    check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's resources."""
+def gpu_report(names, dtypes=("bf16",)) -> int:
+    """Launch each variant (no LSE: the compiles bench/prefill.py reuses; each of ``dtypes``) on a small
+    ragged GQA input, check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's
+    resources."""
     import torch
 
     from attnscope.measure.backends import sdpa
     from attnscope.measure.bench import _ref_error
 
     bad = 0
-    for name in names:
+    for name, dt in ((n, dt) for n in names for dt in dtypes):
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
         for d in head_dims(name):
             for causal in (c for c in (False, True) if built(name, d, c)):
                 g = torch.Generator(device="cuda").manual_seed(d + causal)
-                q = torch.randn(2, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                        for _ in range(2))
+                q = torch.randn(2, 4, 1000, d, device="cuda", dtype=dtype, generator=g)
+                k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
                 if name == "portable":
                     o, _, c = fwd.launch(q, k, v, causal=causal, impl="portable")
                 else:
@@ -133,7 +136,7 @@ def gpu_report(names) -> int:
                 err = _ref_error(torch, o, q, k, v, causal, heads=4)
                 ok = err <= 2 * ref + 1e-3  # NaN (an unwritten element) fails too
                 bad += not ok
-                print(f"{name:11s} d={d:3d} bf16 causal={int(causal)}: n_regs {c.n_regs} "
+                print(f"{name:11s} d={d:3d} {dt} causal={int(causal)}: n_regs {c.n_regs} "
                       f"n_spills {c.n_spills} shared {c.metadata.shared} B | err {err:.3g} "
                       f"(bound {2 * ref + 1e-3:.3g}) {'ok' if ok else 'FAIL'}", flush=True)
     return 1 if bad else 0
@@ -143,9 +146,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true", help="launch each variant, print the loaded kernel metadata")
     p.add_argument("--variant", action="append", help="portable or a fwd_hopper.VARIANTS name (default: all)")
+    p.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
+                   help="with --gpu: the dtype(s) launched (default bf16)")
     a = p.parse_args()
     names = a.variant or ["portable", *fwd_hopper.VARIANTS]
-    return gpu_report(names) if a.gpu else cpu_report(names)
+    return gpu_report(names, tuple(a.dtype or ("bf16",))) if a.gpu else cpu_report(names)
 
 
 if __name__ == "__main__":

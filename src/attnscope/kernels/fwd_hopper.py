@@ -18,6 +18,10 @@ of each iteration's two GEMMs is a critical section passed round robin through `
 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
 Persistent variants (one CTA per SM, tiles in snake order) overlap a tile's epilogue with the next
 tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
+Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
+and its shared-memory analysis puts a ``bar.sync`` before the first `mbarrier.wait` of each loop iteration
+(a wait counts as a write of its barrier): 4 per KV iteration with ping-pong. ``release="thread"`` variants
+arrive with every thread (`_arrive`; the arrival counts scale by 128), leaving 1 (`ptx_loop_barriers`).
 
 Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
 mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
