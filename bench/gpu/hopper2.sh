@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 15 (r15c): the barrier-light Gluon Hopper variants on the H200. One device call of at most 8 min: every
-# step is bounded by `timeout` (80 + 150 + 200 + what is left below 465 s); ~5-6 min expected. From the repo root:
+# step is bounded by `timeout` (80 + 130 + 220 + what is left below 465 s); ~5-6 min expected. From the repo root:
 #     bash bench/gpu/hopper2.sh
 # 1. Probes, one process per variant, all at once (a hang costs that probe's 80 s, not the call): launch and
 #    float64 check of each new variant (fwd_hopper.VARIANTS with release "one"/"thread") and of each variant
-#    impl="auto" runs (fwd.HOPPER_VALIDATED), bf16 and fp16: the compiles bench/prefill.py then reuses.
+#    impl="auto" runs (fwd.HOPPER_VALIDATED), and of the portable kernel, bf16 and fp16: the compiles
+#    bench/prefill.py then reuses (its step 3 compiles nothing new).
 # 2. GPU tests of the new variants that passed (tests/test_fwd_hopper.py: every schedule path vs float64,
 #    determinism), one pytest process per variant, all at once.
 # 3. bench/prefill.py: those variants beside impl="auto", portable, SDPA CUDNN and FLASH on the must grid
@@ -31,14 +32,14 @@ cat "$O/7_env.txt"
 NEW=$(python -c "from attnscope.kernels import fwd_hopper as h
 print(' '.join(n for n, v in h.VARIANTS.items() if v.release != 'split'))")
 AUTO=$(python -c "from attnscope.kernels import fwd; print(' '.join(sorted({r[-1] for r in fwd.HOPPER_VALIDATED})))")
-say "=== probes t+$(el)s: new: $NEW | auto's: $AUTO"
-for v in $NEW $AUTO; do
+say "=== probes t+$(el)s: new: $NEW | auto's: $AUTO | portable"
+for v in $NEW $AUTO portable; do
     ( timeout 80 python bench/sm90_resources.py --gpu --variant "$v" --dtype bf16 --dtype fp16 > "$T/probe_$v.log" 2>&1
       echo $? > "$T/probe_$v.rc" ) &
 done
 wait
 PASS=""
-for v in $NEW $AUTO; do
+for v in $NEW $AUTO portable; do
     rc=$(cat "$T/probe_$v.rc")
     { echo "--- probe $v rc=$rc"; cat "$T/probe_$v.log"; } >> "$O/5_probes.log"
     say "probe $v rc=$rc$([ "$rc" = 124 ] && echo ' (TIMED OUT: hang?)'): $(grep -c ' ok$' "$T/probe_$v.log") ok," \
@@ -51,7 +52,7 @@ say "new variants that passed the probe: ${PASS:-none} (t+$(el)s)"
 # 2. GPU tests of the new variants (numpy's float64 reference: 2 threads per process)
 say "=== GPU tests t+$(el)s"
 for v in $PASS; do
-    ( OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2 timeout 150 python -m pytest -q -rfE \
+    ( OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2 timeout 130 python -m pytest -q -rfE \
         -p no:cacheprovider -m gpu tests/test_fwd_hopper.py -k "$v-" > "$T/tests_$v.log" 2>&1
       echo $? > "$T/tests_$v.rc" ) &
 done
@@ -66,7 +67,7 @@ done
 HV=$(echo "$PASS" | tr ' ' ',')
 if [ -n "$HV" ]; then
     say "=== prefill t+$(el)s: $HV, auto, portable, cudnn, flash"
-    timeout 200 python bench/prefill.py --no-flex --no-first-call --rounds 3 --hopper-variants "$HV" \
+    timeout 220 python bench/prefill.py --no-flex --no-first-call --rounds 3 --hopper-variants "$HV" \
         --n 4096 --n 8192 --n 16384 --fp16 128:16384,64:4096,64:16384 --json "$O/2_prefill.json" \
         > "$O/3_prefill.log" 2>&1
     rc=$?
