@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/sm90_resources.py          # no GPU needed (Triton's bundled ptxas)
     PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched kernels' metadata
+    PYTHONPATH=src python bench/sm90_resources.py --evidence  # where a Gluon loop's bar.syncs come from
 
 Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
 (kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring, 3 consumer warpgroups, 128-row
@@ -27,7 +28,11 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from attnscope.kernels import fwd, fwd_hopper
 
@@ -107,6 +112,58 @@ def cpu_report(names) -> int:
     return 0
 
 
+# --evidence: where the barriers of a warp-specialised Gluon loop come from (Triton 3.6), on three minimal
+# kernels: a 4-warp partition looping over (a) two mbarrier waits, (b) a wait then an elected arrive, (c) a
+# wait then a per-thread arrive (cp.async.mbarrier.arrive.noinc); a 1-warp partition arrives/waits opposite.
+@gluon.jit
+def _ev_waits(a, b, n, MODE: gl.constexpr):
+    for i in range(n):
+        mbarrier.wait(a.index(i % 2), (i // 2) & 1)
+        if MODE == 0:
+            mbarrier.wait(b.index(i % 2), (i // 2) & 1)
+        elif MODE == 1:
+            mbarrier.arrive(b.index(i % 2))
+        else:
+            async_copy.mbarrier_arrive(b.index(i % 2), increment_count=False)
+
+
+@gluon.jit
+def _ev_other(a, b, n, MODE: gl.constexpr):
+    for i in range(n):
+        mbarrier.arrive(a.index(i % 2))
+        if MODE == 0:
+            mbarrier.arrive(b.index(i % 2))
+        else:
+            mbarrier.wait(b.index(i % 2), ((i // 2) & 1) ^ 1)
+
+
+@gluon.jit
+def _ev_kernel(n, MODE: gl.constexpr, num_warps: gl.constexpr):
+    a = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    b = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(a.index(s), count=1)
+        mbarrier.init(b.index(s), count=128 if MODE == 2 else 1)
+    fence_async_shared()
+    gl.warp_specialize([(_ev_waits, (a, b, n, MODE)), (_ev_other, (a, b, n, MODE))], [1], [24])
+
+
+def evidence() -> int:
+    """Print, per minimal kernel, the 4-warp partition's loop body: its barriers and mbarrier operations."""
+    for mode, what in enumerate(("wait; wait", "wait; mbarrier.arrive (elected)",
+                                 "wait; async_copy.mbarrier_arrive (every thread)")):
+        k = triton.compile(GluonASTSource(fn=_ev_kernel, signature={"n": "i32", "MODE": "constexpr",
+                                                               "num_warps": "constexpr"},
+                                          constexprs={"MODE": mode, "num_warps": 4}),
+                           target=TARGET, options=dict(num_warps=4))
+        lines = k.asm["ptx"].splitlines()
+        lo = next(i for i, x in enumerate(lines) if "bar.sync \t0, 128;" in x and i > 0
+                  and "mbarrier.try_wait" in "".join(lines[i:i + 8]))
+        body = [x.strip() for x in lines[lo:lo + 40] if re.search(r"bar\.sync|mbarrier\.|^\s*@%p\d+ bra", x)]
+        print(f"loop of {what}: " + " | ".join(body[:6]), flush=True)
+    return 0
+
+
 def gpu_report(names, dtypes=("bf16",)) -> int:
     """Launch each variant (no LSE: the compiles bench/prefill.py reuses; each of ``dtypes``) on a small
     ragged GQA input, check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's
@@ -146,10 +203,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true", help="launch each variant, print the loaded kernel metadata")
     p.add_argument("--variant", action="append", help="portable or a fwd_hopper.VARIANTS name (default: all)")
+    p.add_argument("--evidence", action="store_true",
+                   help="compile minimal loops of mbarrier waits/arrives; print where the bar.syncs are")
     p.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
                    help="with --gpu: the dtype(s) launched (default bf16)")
     a = p.parse_args()
     names = a.variant or ["portable", *fwd_hopper.VARIANTS]
+    if a.evidence:
+        return evidence()
     return gpu_report(names, tuple(a.dtype or ("bf16",))) if a.gpu else cpu_report(names)
 
 
