@@ -3,6 +3,7 @@ FlexAttention, same inputs, same run; then the first-call latency of every kerne
 
     PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
         [--hopper-variants hopper,hopper_nopp,...] [--no-auto] [--d 128] [--n 8192] [--fp16 128:4096,...]
+        [--rounds 3]
 
 Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
 and not; then the fp16 points of ``--fp16`` (d:N pairs, causal and not; default d = 128 at 4k and 16k,
@@ -10,7 +11,10 @@ d = 64 at 16k) that `fwd.HOPPER_VALIDATED` needs before it may name a Hopper var
 Step 1 checks every implementation at every grid point at the full shape against float64
 (measure/bench.py's `_ref_error`: heads 0-1, the last 2,048 rows; bound 2 x SDPA FLASH's error + 1e-3);
 one that fails (or raises) is reported and not timed. Step 2 times the rest (triton.testing.do_bench,
-median). TFLOP/s from `model.flops.attention_flops`. Hopper variants (kernels/fwd_hopper.py VARIANTS):
+median) in ``--rounds`` interleaved rounds per point (each round times every implementation once, the order
+rotated round to round); a point's TFLOP/s is the median over rounds and its ratio to CUDNN the median of
+the per-round ratios (peers timed in the same round), so clock or run drift between rounds cannot decide
+a comparison. TFLOP/s from `model.flops.attention_flops`. Hopper variants (kernels/fwd_hopper.py VARIANTS):
 "hopper" is the public impl="hopper" (ping-pong, default variant); the others are the VARIANTS entries
 (ablations and alternatives, each timed at the head dims it is built for); "auto" is impl="auto" (the
 variant `fwd.HOPPER_VALIDATED` names, else portable: it must never be slower than portable). The closing
@@ -137,6 +141,11 @@ def _impls(torch, flex: bool, hopper=("hopper",), auto: bool = True):
     return impls
 
 
+def _to_cudnn(row, name) -> float:
+    """``name``'s ratio to SDPA CUDNN at one point: the median of the per-round ratios (else of medians)."""
+    return row.get("cudnn_ratio", {}).get(name, row["tflops"][name] / row["tflops"]["cudnn"])
+
+
 def _summary(rows) -> list[str]:
     """Per Hopper variant (and auto), the issue's targets: min ratio to CUDNN at N >= 4k and at 1k, and to
     portable."""
@@ -148,8 +157,8 @@ def _summary(rows) -> list[str]:
                    and name in r["tflops"] and "cudnn" in r["tflops"] and "portable" in r["tflops"]]
             if not sel:
                 continue
-            cu_long = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] >= 4096]
-            cu_1k = [r["tflops"][name] / r["tflops"]["cudnn"] for r in sel if r["n"] <= 1024]
+            cu_long = [_to_cudnn(r, name) for r in sel if r["n"] >= 4096]
+            cu_1k = [_to_cudnn(r, name) for r in sel if r["n"] <= 1024]
             port = [r["tflops"][name] / r["tflops"]["portable"] for r in sel]
             fmt = lambda xs: f"{min(xs):.3f}" if xs else "-"  # noqa: E731
             lines.append(f"summary {name} {dt} d={d} causal={int(c)}: min /cudnn N>=4k {fmt(cu_long)}, "
@@ -171,9 +180,12 @@ def main() -> int:
                    help="fp16 points as d:N pairs, causal and not ('' for none)")
     p.add_argument("--d", type=int, action="append", help="head dim(s) (default 128 and 64)")
     p.add_argument("--n", type=int, action="append", help="sequence length(s) (default 1k-16k)")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per point (median)")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--heads", type=int, default=32)
     a = p.parse_args()
+
+    import statistics
 
     import torch
 
@@ -241,17 +253,28 @@ def main() -> int:
         flops = attention_flops(q.shape[0], a.heads, n, n, d, c, "forward")
         row = {"dtype": dt, "d": d, "causal": c, "n": n, "batch": q.shape[0], "heads": a.heads,
                "flops": flops, "tflops": {}, "err": {}}
-        for name, fn in impls.items():
-            if (dt, d, c, n, name) not in ok:  # a variant not built for this head dim or mask
-                continue
-            row["err"][name] = errs[(dt, d, c, n, name)]
-            if ok[(dt, d, c, n, name)]:
+        for name in impls:
+            if (dt, d, c, n, name) in ok:  # else a variant not built for this head dim or mask
+                row["err"][name] = errs[(dt, d, c, n, name)]
+        timed = [name for name in impls if ok.get((dt, d, c, n, name))]
+        per_round = {name: [] for name in timed}
+        for r in range(a.rounds):
+            first = r % max(len(timed), 1)
+            for name in timed[first:] + timed[:first]:  # rotated: no implementation always first
+                fn = impls[name]
                 ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=c: fn(q, k, v, c))
-                row["tflops"][name] = flops / ms / 1e9
+                per_round[name].append(flops / ms / 1e9)
+        row["tflops"] = {name: statistics.median(xs) for name, xs in per_round.items()}
         t = row["tflops"]
         cu = t.get("cudnn")
         ours = [k for k in t if k not in ("cudnn", "flash", "flex")]
-        ratios = " ".join(f"{k}={t[k] / cu:.3f}" for k in ours) if cu else ""
+        ratios = ""
+        if cu:  # per-round ratios to the CUDNN time of the same round; their median
+            rr = {k: [x / y for x, y in zip(per_round[k], per_round["cudnn"], strict=True)] for k in ours}
+            row["rounds"] = per_round
+            row["cudnn_ratio"] = {k: statistics.median(xs) for k, xs in rr.items()}
+            ratios = " ".join(f"{k}={row['cudnn_ratio'][k]:.3f}" +
+                              (f"[{min(rr[k]):.3f}-{max(rr[k]):.3f}]" if a.rounds > 1 else "") for k in ours)
         print(f"{'bf16' if dt == 'bfloat16' else 'fp16'} d={d:3d} causal={int(c)} N={n:5d} | " +
               " ".join(f"{k}={t[k]:.1f}" for k in t) + (f" | /cudnn {ratios}" if ratios else ""), flush=True)
         rows.append(row)

@@ -2,15 +2,18 @@
 
     PYTHONPATH=src python bench/sm90_resources.py          # no GPU needed (Triton's bundled ptxas)
     PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched kernels' metadata
+    PYTHONPATH=src python bench/sm90_resources.py --evidence  # where a Gluon loop's bar.syncs come from
 
 Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
 (kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring, 3 consumer warpgroups, 128-row
-warpgroup tiles; ``--variant NAME`` for one), each for the head dims it is built for (portable: 64 and 128)
-x {fp16, bf16} x causal. Without ``--gpu``: registers and spills from `ptxas -v --gpu-name sm_90a`, shared
-memory from the compiled kernel's metadata, and the `setmaxnreg` register split of the warp-specialised
-partitions read from the PTX. With ``--gpu``: each variant is launched once on a small ragged GQA input
-(bf16, B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and
-the compiled kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
+warpgroup tiles, persistent, one release per tile, per-thread arrivals; ``--variant NAME`` for one), each
+for the head dims and masks it is built for (portable: 64 and 128) x {fp16, bf16}. Without ``--gpu``:
+registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from the compiled kernel's metadata,
+the `setmaxnreg` register split of the warp-specialised partitions read from the PTX, and the
+partition-wide barriers (``bar.sync``) per iteration of each KV loop (`fwd_hopper.ptx_loop_barriers`).
+With ``--gpu``: each variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
+B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and the compiled
+kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
 The ptxas "Used N registers" of a warp-specialised kernel is the launch budget (65,536 / threads);
 the per-partition budgets are the `setmaxnreg` values; spills are reported for the whole kernel.
 """
@@ -25,7 +28,11 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from attnscope.kernels import fwd, fwd_hopper
 
@@ -49,6 +56,11 @@ def setmaxnreg(ptx: str) -> str:
     """The distinct register budgets the partitions switch to (setmaxnreg inc/dec values)."""
     vals = sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
     return "setmaxnreg " + "/".join(map(str, vals)) if vals else "no setmaxnreg"
+
+
+def loop_barriers(ptx: str) -> str:
+    counts = fwd_hopper.ptx_loop_barriers(ptx)
+    return "bar.sync/iter " + ("/".join(map(str, counts)) if counts else "n/a")
 
 
 CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "STORE_LSE", "BLOCK_M", "BLOCK_N", "MAX_UNSCALED", "EMULATE_BF16")
@@ -95,26 +107,80 @@ def cpu_report(names) -> int:
                     cfg, k = build(d, dt, causal, name)
                     ptx = k.asm["ptx"]
                     print(f"{name:11s} d={d:3d} {dt} causal={int(causal)} config={cfg}: "
-                          f"smem {k.metadata.shared} B | {ptxas_report(ptx)} | {setmaxnreg(ptx)}", flush=True)
+                          f"smem {k.metadata.shared} B | {ptxas_report(ptx)} | {setmaxnreg(ptx)} | "
+                          f"{loop_barriers(ptx)}", flush=True)
     return 0
 
 
-def gpu_report(names) -> int:
-    """Launch each variant (bf16, no LSE: the compiles bench/prefill.py reuses) on a small ragged GQA input,
-    check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's resources."""
+# --evidence: where the barriers of a warp-specialised Gluon loop come from (Triton 3.6), on three minimal
+# kernels: a 4-warp partition looping over (a) two mbarrier waits, (b) a wait then an elected arrive, (c) a
+# wait then a per-thread arrive (cp.async.mbarrier.arrive.noinc); a 1-warp partition arrives/waits opposite.
+@gluon.jit
+def _ev_waits(a, b, n, MODE: gl.constexpr):
+    for i in range(n):
+        mbarrier.wait(a.index(i % 2), (i // 2) & 1)
+        if MODE == 0:
+            mbarrier.wait(b.index(i % 2), (i // 2) & 1)
+        elif MODE == 1:
+            mbarrier.arrive(b.index(i % 2))
+        else:
+            async_copy.mbarrier_arrive(b.index(i % 2), increment_count=False)
+
+
+@gluon.jit
+def _ev_other(a, b, n, MODE: gl.constexpr):
+    for i in range(n):
+        mbarrier.arrive(a.index(i % 2))
+        if MODE == 0:
+            mbarrier.arrive(b.index(i % 2))
+        else:
+            mbarrier.wait(b.index(i % 2), ((i // 2) & 1) ^ 1)
+
+
+@gluon.jit
+def _ev_kernel(n, MODE: gl.constexpr, num_warps: gl.constexpr):
+    a = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    b = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(a.index(s), count=1)
+        mbarrier.init(b.index(s), count=128 if MODE == 2 else 1)
+    fence_async_shared()
+    gl.warp_specialize([(_ev_waits, (a, b, n, MODE)), (_ev_other, (a, b, n, MODE))], [1], [24])
+
+
+def evidence() -> int:
+    """Print, per minimal kernel, the 4-warp partition's loop body: its barriers and mbarrier operations."""
+    for mode, what in enumerate(("wait; wait", "wait; mbarrier.arrive (elected)",
+                                 "wait; async_copy.mbarrier_arrive (every thread)")):
+        k = triton.compile(GluonASTSource(fn=_ev_kernel, signature={"n": "i32", "MODE": "constexpr",
+                                                               "num_warps": "constexpr"},
+                                          constexprs={"MODE": mode, "num_warps": 4}),
+                           target=TARGET, options=dict(num_warps=4))
+        lines = k.asm["ptx"].splitlines()
+        lo = next(i for i, x in enumerate(lines) if "bar.sync \t0, 128;" in x and i > 0
+                  and "mbarrier.try_wait" in "".join(lines[i:i + 8]))
+        body = [x.strip() for x in lines[lo:lo + 40] if re.search(r"bar\.sync|mbarrier\.|^\s*@%p\d+ bra", x)]
+        print(f"loop of {what}: " + " | ".join(body[:6]), flush=True)
+    return 0
+
+
+def gpu_report(names, dtypes=("bf16",)) -> int:
+    """Launch each variant (no LSE: the compiles bench/prefill.py reuses; each of ``dtypes``) on a small
+    ragged GQA input, check it against float64 (2 x SDPA FLASH's error + 1e-3), print the loaded kernel's
+    resources."""
     import torch
 
     from attnscope.measure.backends import sdpa
     from attnscope.measure.bench import _ref_error
 
     bad = 0
-    for name in names:
+    for name, dt in ((n, dt) for n in names for dt in dtypes):
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
         for d in head_dims(name):
             for causal in (c for c in (False, True) if built(name, d, c)):
                 g = torch.Generator(device="cuda").manual_seed(d + causal)
-                q = torch.randn(2, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                        for _ in range(2))
+                q = torch.randn(2, 4, 1000, d, device="cuda", dtype=dtype, generator=g)
+                k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
                 if name == "portable":
                     o, _, c = fwd.launch(q, k, v, causal=causal, impl="portable")
                 else:
@@ -127,7 +193,7 @@ def gpu_report(names) -> int:
                 err = _ref_error(torch, o, q, k, v, causal, heads=4)
                 ok = err <= 2 * ref + 1e-3  # NaN (an unwritten element) fails too
                 bad += not ok
-                print(f"{name:11s} d={d:3d} bf16 causal={int(causal)}: n_regs {c.n_regs} "
+                print(f"{name:11s} d={d:3d} {dt} causal={int(causal)}: n_regs {c.n_regs} "
                       f"n_spills {c.n_spills} shared {c.metadata.shared} B | err {err:.3g} "
                       f"(bound {2 * ref + 1e-3:.3g}) {'ok' if ok else 'FAIL'}", flush=True)
     return 1 if bad else 0
@@ -137,9 +203,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true", help="launch each variant, print the loaded kernel metadata")
     p.add_argument("--variant", action="append", help="portable or a fwd_hopper.VARIANTS name (default: all)")
+    p.add_argument("--evidence", action="store_true",
+                   help="compile minimal loops of mbarrier waits/arrives; print where the bar.syncs are")
+    p.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
+                   help="with --gpu: the dtype(s) launched (default bf16)")
     a = p.parse_args()
     names = a.variant or ["portable", *fwd_hopper.VARIANTS]
-    return gpu_report(names) if a.gpu else cpu_report(names)
+    if a.evidence:
+        return evidence()
+    return gpu_report(names, tuple(a.dtype or ("bf16",))) if a.gpu else cpu_report(names)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ of each iteration's two GEMMs is a critical section passed round robin through `
 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
 Persistent variants (one CTA per SM, tiles in snake order) overlap a tile's epilogue with the next
 tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
+Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
+and its shared-memory analysis puts a ``bar.sync`` before the first `mbarrier.wait` of each loop iteration
+(a wait counts as a write of its barrier): 4 per KV iteration with ping-pong. ``release="thread"`` variants
+arrive with every thread (`_arrive`; the arrival counts scale by 128), leaving 1 (`ptx_loop_barriers`).
 
 Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
 mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
@@ -36,6 +40,7 @@ from attnscope.kernels._common import import_torch_triton
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared,
     mbarrier,
@@ -50,6 +55,10 @@ PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
 #: setmaxnreg of the consumer warpgroups that are worker partitions, by consumer-warpgroup count
 CONSUMER_REGS = {2: 240, 3: 160}
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+#: How consumer warpgroups hand ring slots and ping-pong turns back (constexpr ``RELEASE``; see `_arrive`).
+RELEASE_MODES = {"split": 0, "one": 1, "thread": 2}
+ONE: gl.constexpr = gl.constexpr(RELEASE_MODES["one"])
+THREAD: gl.constexpr = gl.constexpr(RELEASE_MODES["thread"])
 
 
 class HopperConfig(NamedTuple):
@@ -69,9 +78,12 @@ class Variant(NamedTuple):
     configs: dict  # head_dim -> HopperConfig
     persistent: bool = False
     causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
+    release: str = "split"  # a RELEASE_MODES name: how consumers arrive on k_empty/v_empty/turn (`_arrive`)
+    unmasked_dims: tuple | None = None  # head dims built unmasked too (None: all of ``configs``)
 
 
 _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
+_DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one more K/V stage
 
 #: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
 #: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
@@ -84,22 +96,38 @@ _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
 #: - hopper_persist / hopper_persist_pp: persistent CTAs (one per SM), the next tile's loads overlapping
 #:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory). hopper_persist_pp
 #:   is not built causal at d = 128: ptxas spills there (16 B stores, 52 B loads; every other build: none).
+#: - hopper_rel1, hopper_rel1_nopp: one mbarrier arrival per KV tile and warpgroup (K and V of a ring slot
+#:   go back together after the P V product) instead of two: one warpgroup ``bar.sync`` less per iteration
+#:   (Triton 3.6 puts one before every `mbarrier.arrive`, `_arrive`); K is held one iteration longer, so
+#:   the ring is one stage deeper than the split-release twin's.
+#: - hopper_pt, hopper_pt_nopp, hopper_pt_deep, hopper_pt_wg3_pp, hopper_pt_persist: twins of hopper,
+#:   hopper_nopp, hopper_deep, hopper_wg3_pp, hopper_persist whose consumers arrive with every thread
+#:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
+#:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
+#:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
-    "hopper_deep": Variant(True, {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}),
+    "hopper_deep": Variant(True, _DEEP),
     "hopper_wg3": Variant(False, {64: HopperConfig(64, 128, 3, 3)}),
     "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
     "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
     "hopper_persist": Variant(False, _BASE, persistent=True),
     "hopper_persist_pp": Variant(True, _BASE, persistent=True, causal_dims=(64,)),
+    "hopper_rel1": Variant(True, _DEEP, release="one"),
+    "hopper_rel1_nopp": Variant(False, _DEEP, release="one"),
+    "hopper_pt": Variant(True, _BASE, release="thread"),
+    "hopper_pt_nopp": Variant(False, _BASE, release="thread"),
+    "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
+    "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
+    "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
 }
 DEFAULT_VARIANT = "hopper"
 
 
-def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool = False) -> HopperConfig:
+def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool | None = None) -> HopperConfig:
     """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it,
-    or, with ``causal``, not built causal)."""
+    or, with ``causal`` True/False, not built with that mask; None: either)."""
     if variant not in VARIANTS:
         raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
     var = VARIANTS[variant]
@@ -109,13 +137,17 @@ def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool = False) -> Hopp
     if causal and var.causal_dims is not None and d not in var.causal_dims:
         raise NotImplementedError(f"Hopper variant {variant!r}: causal at head_dim {d} is not supported; "
                                   f"supported: unmasked, or causal at head_dim {list(var.causal_dims)}")
+    if causal is False and var.unmasked_dims is not None and d not in var.unmasked_dims:
+        raise NotImplementedError(f"Hopper variant {variant!r}: unmasked at head_dim {d} is not supported; "
+                                  f"supported: causal, or unmasked at head_dim {list(var.unmasked_dims)}")
     return var.configs[d]
 
 
 def supports(variant: str, d: int, causal: bool) -> bool:
     """Whether ``variant`` is built for head dim ``d`` with this mask."""
     var = VARIANTS[variant]
-    return d in var.configs and not (causal and var.causal_dims is not None and d not in var.causal_dims)
+    dims = var.causal_dims if causal else var.unmasked_dims
+    return d in var.configs and (dims is None or d in dims)
 
 
 @gluon.jit
@@ -140,7 +172,7 @@ def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              NWG: gl.constexpr):
+              NWG: gl.constexpr, RELEASE: gl.constexpr):
     for w in gl.static_range(NWG):
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
@@ -150,28 +182,68 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         mbarrier.wait(k_empty.index(s), ph)
         mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_k, [b, hk, i * BN, 0], k_ready.index(s), k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), ph)
+        if RELEASE != ONE:  # else k_empty freed V's slot too
+            mbarrier.wait(v_empty.index(s), ph)
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_v, [b, hk, i * BN, 0], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
-def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Start of warpgroup WG's k-th GEMM-issue section: round robin 0, 1, .., NWG-1, warpgroup 0 first.
-
-    ``turn[WG]`` completes a phase when the previous warpgroup passes the turn; warpgroup 0's first
-    section waits on parity 1, which a fresh barrier passes at once."""
-    if PINGPONG:
-        if WG == 0:
-            mbarrier.wait(turn.index(WG), (k + 1) & 1)
-        else:
-            mbarrier.wait(turn.index(WG), k & 1)
+def _turn_barriers(NWG: gl.constexpr, RELEASE: gl.constexpr):
+    """The ping-pong barriers, one per consumer warpgroup (`_turn`). Triton 3.6's shared-memory barrier
+    analysis tells allocations apart, not entries of one: with per-thread arrivals (no ``bar.sync`` of
+    their own) a warpgroup's wait on its entry then arrival on the next one's would get a ``bar.sync``
+    between them if both were entries of one allocation, so ``THREAD`` gives each its own allocation (a
+    tuple of 3; NWG = 2 uses 2); else one [NWG, 1] allocation."""
+    if RELEASE == THREAD:
+        return (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
+    else:
+        return gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
 
 
 @gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
+def _turn(turn, w: gl.constexpr, RELEASE: gl.constexpr):
+    """Warpgroup ``w``'s ping-pong barrier (`_turn_barriers`)."""
+    if RELEASE == THREAD:
+        return turn[w]
+    else:
+        return turn.index(w)
+
+
+@gluon.jit
+def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+    """Start of warpgroup WG's k-th GEMM-issue section: round robin 0, 1, .., NWG-1, warpgroup 0 first.
+
+    ``turn[WG]`` (`_turn_barriers`) completes a phase when the previous warpgroup passes the turn;
+    warpgroup 0's first section waits on parity 1, which a fresh barrier passes at once."""
     if PINGPONG:
-        mbarrier.arrive(turn.index((WG + 1) % NWG))
+        if WG == 0:
+            mbarrier.wait(_turn(turn, WG, RELEASE), (k + 1) & 1)
+        else:
+            mbarrier.wait(_turn(turn, WG, RELEASE), k & 1)
+
+
+@gluon.jit
+def _arrive(bar, RELEASE: gl.constexpr):
+    """A consumer warpgroup's arrival on ``bar`` (k_empty, v_empty, turn).
+
+    `mbarrier.arrive`: Triton 3.6 lowers it to a partition-wide ``bar.sync`` (all 128 threads done with the
+    slot) and one thread's ``mbarrier.arrive``; the barrier counts one arrival per warpgroup. ``THREAD``:
+    every thread arrives by itself (``cp.async.mbarrier.arrive.noinc``: it completes at once, as the
+    consumers have no cp.async in flight), no ``bar.sync``; the barrier counts 128 per warpgroup.
+    Either way a thread arrives after its `warpgroup_mma_wait` retired the wgmma reading the slot."""
+    if RELEASE == THREAD:
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+    if PINGPONG:
+        _arrive(_turn(turn, (WG + 1) % NWG, RELEASE), RELEASE)
 
 
 @gluon.jit
@@ -194,27 +266,46 @@ def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, B
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
+@gluon.constexpr_function
+def _arrivals(warpgroups, release):
+    """Arrival count of a barrier that ``warpgroups`` consumer warpgroups arrive on (`_arrive`)."""
+    return warpgroups * (NUM_WARPS * 32 if release == RELEASE_MODES["thread"] else 1)
+
+
+@gluon.jit
+def _release(k_empty, v_empty, slot, RELEASE: gl.constexpr):
+    """Hand V (``RELEASE == ONE``: K and V) of ring slot ``slot`` back to the producer, once the P V
+    product reading it is done."""
+    if RELEASE == ONE:
+        mbarrier.arrive(k_empty.index(slot))
+    else:
+        _arrive(v_empty.index(slot), RELEASE)
+
+
 @gluon.jit
 def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
           qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+          RELEASE: gl.constexpr):
     """KV tile j >= 1 (ring slot counter ``it``, turn counter ``kt``): issue S_j and O += P_{j-1} V_{j-1};
-    softmax(S_j) under the P V product."""
+    softmax(S_j) under the P V product. ``RELEASE``: K_{j-1} and V_{j-1} are handed back together by
+    one k_empty arrival after the P V wait (each arrival costs a warpgroup bar.sync, see `_release`)."""
     sj = it % STAGES
     sp = (it - 1) % STAGES
     mbarrier.wait(k_ready.index(sj), (it // STAGES) & 1)
     mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-    _turn_wait(turn, kt, WG, NWG, PINGPONG)
+    _turn_wait(turn, kt, WG, NWG, PINGPONG, RELEASE)
     kmat = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
     s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
     o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
-    _turn_pass(turn, WG, NWG, PINGPONG)
+    _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
-    mbarrier.arrive(k_empty.index(sj))
+    if RELEASE != ONE:
+        _arrive(k_empty.index(sj), RELEASE)
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # p_op: the async A operand
-    mbarrier.arrive(v_empty.index(sp))
+    _release(k_empty, v_empty, sp, RELEASE)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
     return acc, p_op, m_i, l_i
@@ -225,7 +316,7 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
                    qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                    WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr):
     """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
     from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
@@ -248,34 +339,35 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
         s0 = kv_base % STAGES
         mbarrier.wait(k_ready.index(s0), (kv_base // STAGES) & 1)
-        _turn_wait(turn, turn_base, WG, NWG, PINGPONG)
+        _turn_wait(turn, turn_base, WG, NWG, PINGPONG, RELEASE)
         kmat = k_smem.index(s0).reshape([BN, D]).permute((1, 0))
         s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn, WG, NWG, PINGPONG)
+        _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(s0))
+        if RELEASE != ONE:  # else K_0 goes back with V_0
+            _arrive(k_empty.index(s0), RELEASE)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
             acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        False, CAUSAL, PINGPONG)
+                                        False, CAUSAL, PINGPONG, RELEASE)
         for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
             acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        True, CAUSAL, PINGPONG)
+                                        True, CAUSAL, PINGPONG, RELEASE)
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # the last Q K^T is done: the next tile's Q may land
         # epilogue: O += P_last V_last
         last = kv_base + n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG)
+        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG, RELEASE)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
-        _turn_pass(turn, WG, NWG, PINGPONG)
+        _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        mbarrier.arrive(v_empty.index(last % STAGES))
+        _release(k_empty, v_empty, last % STAGES, RELEASE)
     else:
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
@@ -298,11 +390,12 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
 def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
               b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
               BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
+              RELEASE: gl.constexpr):
     """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
     _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
-                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False)
+                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE)
 
 
 @gluon.jit
@@ -345,7 +438,8 @@ def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG
 @gluon.jit
 def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                          k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM: gl.constexpr, BN: gl.constexpr,
-                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr):
+                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr,
+                         RELEASE: gl.constexpr):
     kv_base = 0
     for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # i: this CTA's rounds = tiles so far (all full)
         t = _work(i)
@@ -360,7 +454,8 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                 mbarrier.wait(k_empty.index(s), ph)
                 mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_k, [b, hk, j * BN, 0], k_ready.index(s), k_smem.index(s))
-                mbarrier.wait(v_empty.index(s), ph)
+                if RELEASE != ONE:
+                    mbarrier.wait(v_empty.index(s), ph)
                 mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
                 if j == 0:
@@ -375,7 +470,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
                          k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                          WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                         PINGPONG: gl.constexpr):
+                         PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
     kv_base = 0
     turn_base = 0
     for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # as _producer_persistent; i & 1: Q's phase
@@ -384,7 +479,8 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
             b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
             _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                            k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, i & 1, NQ,
-                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True)
+                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True,
+                           RELEASE)
             kv_base += n_tiles
             if n_tiles > 0:
                 turn_base += n_tiles + 1
@@ -399,7 +495,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                                  PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 RELEASE: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -418,45 +514,45 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    turn = _turn_barriers(NWG, RELEASE)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(turn.index(w), count=1)
+        mbarrier.init(_turn(turn, w, RELEASE), count=_arrivals(1, RELEASE))
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=NWG)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(s), count=NWG)
+        mbarrier.init(k_empty.index(s), count=_arrivals(NWG, RELEASE))  # every consumer warpgroup's
+        mbarrier.init(v_empty.index(s), count=_arrivals(NWG, RELEASE))
     fence_async_shared()
 
     if NWG == 2:  # the partitions as literals: Gluon takes no function values in variables
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -464,7 +560,8 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
 def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE, B, H, HKV, NQ, NK, qk_scale,
                                             CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
-                                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                            CONSUMER_REGS: gl.constexpr, RELEASE: gl.constexpr,
+                                            num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks tiles ``pid, pid + grid, ...``; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
     the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight
@@ -481,7 +578,7 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    turn = _turn_barriers(NWG, RELEASE)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -489,40 +586,40 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
-        mbarrier.init(turn.index(w), count=1)
+        mbarrier.init(_turn(turn, w, RELEASE), count=_arrivals(1, RELEASE))
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=NWG)
-        mbarrier.init(v_empty.index(s), count=NWG)
+        mbarrier.init(k_empty.index(s), count=_arrivals(NWG, RELEASE))
+        mbarrier.init(v_empty.index(s), count=_arrivals(NWG, RELEASE))
     fence_async_shared()
 
     if NWG == 2:
         gl.warp_specialize(
             [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL))],
+                                     NWG, CAUSAL, RELEASE))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG)),
+                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL))],
+                                     NWG, CAUSAL, RELEASE))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -547,7 +644,7 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
-                                        "num_warps")}}
+                                        "RELEASE", "num_warps")}}
 
 
 def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
@@ -555,7 +652,28 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
     cfg = config(d, variant, causal)
     return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
-            "num_warps": NUM_WARPS}
+            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "num_warps": NUM_WARPS}
+
+
+def ptx_loop_barriers(ptx: str) -> list:
+    """Partition-wide barriers (``bar.sync``/``barrier.sync``) in one iteration of each steady-state KV loop
+    of a compiled variant's PTX: the innermost loops (a label, a later branch back to it) that hold a
+    ``wgmma.wait_group 1`` (`_step`'s S-only wait); one count per loop (consumer warpgroups x unmasked/masked
+    loops). A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
+    import re
+
+    lines = ptx.splitlines()
+    label = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__BB\w+):", line))}
+    loops = [(label[m.group(1)], i) for i, line in enumerate(lines)
+             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and label.get(m.group(1), i) < i]
+    counts = []
+    for lo, hi in loops:
+        if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops):
+            continue  # not innermost
+        body = lines[lo:hi + 1]
+        if any("wgmma.wait_group.sync.aligned 1;" in x for x in body):
+            counts.append(sum(bool(re.search(r"\b(bar|barrier)\.sync\b", x)) for x in body))
+    return counts
 
 
 def _layout(block, dtype):
