@@ -80,14 +80,15 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 #: `fwd_hopper.VARIANTS` entry ``variant`` was measured correct (float64 check at full size) and at least 2 %
 #: faster than the portable kernel in the same run on an sm_90 GPU. Each row's range starts at a measured
 #: grid point and ends before the next measured point that was not won by the same variant (the grid is
-#: N = 1k, 2k, 4k, 8k, 16k; fp16 only 4k and 16k at d = 128; the last row of a trend that holds to 16k is
-#: open-ended). Points not covered (N < 1k, d = 64 unmasked below 2k, d = 64 causal below 4k, fp16 d = 64,
-#: fp16 below 4k) run the portable kernel. Source: bench/prefill.py on the H200, 2026-11-30 (torch
-#: 2.11.0+cu130, triton 3.6.0; H = 32, B*N = 16k; TFLOP/s, variant / portable; BENCHMARKS.md).
+#: N = 1k, 2k, 4k, 8k, 16k; fp16 only 4k and 16k; the last row of a trend that holds to 16k is open-ended).
+#: Points not covered (N < 1k, d = 64 unmasked below 2k, d = 64 causal below 4k, fp16 d = 64 except causal
+#: from 16k, fp16 below 4k) run the portable kernel. Source: bench/prefill.py on the H200, 2026-11-30 and
+#: 2026-12-01 (torch 2.11.0+cu130, triton 3.6.0; H = 32, B*N = 16k; TFLOP/s, variant / portable;
+#: BENCHMARKS.md).
 HOPPER_VALIDATED: tuple = (
-    # TFLOP/s variant / portable, bench/prefill.py on the H200: run 1 2026-11-30 22:11 UTC, run 2 23:57 UTC
-    # (BENCHMARKS.md, issue 15). A row needs a win in every run that measured it; rows measured once beat
-    # portable by >= 5 %. Upper bounds None: measured up to N = 16k only.
+    # TFLOP/s variant / portable, bench/prefill.py on the H200: run 1 2026-11-30 22:11 UTC, run 2 23:57 UTC,
+    # run 3 2026-12-01 03:20 UTC (BENCHMARKS.md, issue 15). A row needs a win in every run that measured
+    # it; rows measured once beat portable by >= 5 %. Upper bounds None: measured up to N = 16k only.
     (128, "bfloat16", False, 1024, 2047, "hopper_persist"),  # run 2: 1k 556.1/473.5
     (128, "bfloat16", False, 2048, 4095, "hopper_deep"),  # 2k 548.0/504.8, 559.8/495.9
     (128, "bfloat16", False, 4096, 8191, "hopper"),  # 4k 574.7/529.4, 593.7/515.8
@@ -102,6 +103,7 @@ HOPPER_VALIDATED: tuple = (
     (64, "bfloat16", True, 8192, None, "hopper_wg3_pp"),  # run 2: 8k 428.5/395.0, 16k 456.4/399.1
     (128, "float16", False, 4096, None, "hopper_deep"),  # run 2: 4k 553.2/467.4, 16k 586.5/518.0
     (128, "float16", True, 4096, None, "hopper_persist"),  # run 2: 4k 513.5/442.9, 16k 570.8/492.0
+    (64, "float16", True, 16384, None, "hopper_pt_wg3_pp"),  # run 3 (2026-12-01): 16k 430.5/385.1
 )
 IMPLS = ("auto", "portable", "hopper")
 
