@@ -43,8 +43,11 @@ a static round-robin over them; forward K/V walks for attnscope, EFFICIENT and c
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
@@ -66,24 +69,53 @@ class Kernel(NamedTuple):
     backward: bool  # causal K/V walked from the diagonal down (FlashAttention-2)
     lse: bool  # writes the FP32 logsumexp in an inference forward
     persistent: bool = False  # SMs x ctas_per_sm programs, program p takes tiles p, p + C, ... (static)
+    threads: int = 128  # threads per CTA
+    frame: tuple = (0, 0)  # local-memory (register spill) bytes per thread: (N a multiple of both blocks,
+    # ragged N), the compiler's stack frame of the variant that runs (see `spill_bytes`)
 
 
-#: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one.
-#: flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>; kernel names),
-#: grid (m_blocks, b, h), n_block loop from the diagonal down. efficient: CUTLASS mem-eff 64 x 128
-#: (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a persistent
-#: grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in (m, h, b)
-#: order assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H), program b*H + h (heads fastest);
-#: causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's occupancy
-#: section on the H200 (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255
-#: registers, 98,336 B; d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
+#: FA-2's causal forward kernels spill (255 registers): local-memory bytes per thread, (Is_even_MN, ragged).
+#: PROVISIONAL: per-CTA DRAM write excess on heldout1/2 (development data) / 128 threads, until the spill
+#: probe (bench/gpu/spill_probe.sh) reads the kernels' STACK from cuobjdump.
+FA2_CAUSAL_FRAME = {128: (48, 240), 64: (48, 48)}
+
+#: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one; -d: the causal kernel
+#: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>;
+#: kernel names), grid (m_blocks, b, h), n_block loop from the diagonal down; its template Is_even_MN
+#: (N a multiple of block_q and block_kv) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff
+#: 64 x 128 (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a
+#: persistent grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in
+#: (m, h, b) order assumed. attnscope: the portable kernel (kernels/fwd.py CONFIG_TABLE), grid (T_r, B*H),
+#: program b*H + h (heads fastest); causal tiles heaviest first, each walking K/V forwards to its diagonal;
+#: ptxas (bench/sm90_resources.py, Triton 3.6, sm_90a): d 128 255 registers and a 104 B (unmasked) / 120 B
+#: (causal) stack frame of spills, d 64 none. Where kernels/fwd.py's HOPPER_VALIDATED names a Gluon
+#: variant for the call, `HOPPER_KERNELS` replaces it. CTAs per SM: ncu's occupancy section on the H200
+#: (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255 registers, 98,336 B;
+#: d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
 KERNELS = {
-    "flash": {128: Kernel(128, 64, 2, "bh", True, True), 64: Kernel(128, 128, 2, "bh", True, True)},
+    "flash": {128: Kernel(128, 64, 2, "bh", True, True), 64: Kernel(128, 128, 2, "bh", True, True),
+              -128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_CAUSAL_FRAME[128]),
+              -64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_CAUSAL_FRAME[64])},
     "efficient": {128: Kernel(64, 128, 2, "hb", False, False), 64: Kernel(64, 64, 2, "hb", False, False)},
     "cudnn": {128: Kernel(128, 128, 1, "hb", False, False, persistent=True),
               64: Kernel(128, 128, 1, "hb", False, False, persistent=True)},
-    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False), 64: Kernel(128, 128, 2, "hb", False, False),
-                  -64: Kernel(128, 64, 2, "hb", False, False)},  # -d: the causal config where it differs
+    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False, frame=(0, 0)),
+                  -128: Kernel(128, 64, 2, "hb", False, False, frame=(0, 0)),
+                  64: Kernel(128, 128, 2, "hb", False, False),
+                  -64: Kernel(128, 64, 2, "hb", False, False)},
+}
+
+#: The Gluon Hopper variants (kernels/fwd_hopper.py VARIANTS) -> {head dim: Kernel}: NWG x BM query rows
+#: and BN keys per CTA, grid (tiles, B*H) like the portable kernel (heads fastest), or persistent (one CTA
+#: per SM, head-major tiles in snake order, causal heaviest first). One CTA per SM: 168 (NWG 2) / 128
+#: (NWG 3) registers x 9+ warps fill the register file. ptxas (bench/sm90_resources.py): no spills.
+_G = Kernel(128, 128, 1, "hb", False, False)
+_GP = _G._replace(persistent=True)
+HOPPER_KERNELS = {
+    "hopper": {128: _G, 64: _G}, "hopper_nopp": {128: _G, 64: _G}, "hopper_deep": {128: _G, 64: _G},
+    "hopper_wg3": {64: _G._replace(block_q=192)}, "hopper_wg3_pp": {64: _G._replace(block_q=192)},
+    "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)},
+    "hopper_persist": {128: _GP, 64: _GP}, "hopper_persist_pp": {128: _GP, 64: _GP},
 }
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
@@ -108,10 +140,22 @@ def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
     return min(1.0, (ratio - 1.0) / max(ramp - 1.0, 1e-9))
 
 
+def mean_miss(lo: float, hi: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
+    """Mean of `miss` over ratios uniform in [lo, hi] (closed form: the integral of a clipped line)."""
+    if hi - lo <= 1e-12 * max(1.0, hi):
+        return miss(hi, ramp)
+    w = max(ramp - 1.0, 1e-9)
+
+    def integral(r):  # of miss from 1 to r, in ratio units
+        u = (r - 1.0) / w
+        return 0.0 if u <= 0 else w * (u * u / 2 if u <= 1 else u - 0.5)
+    return (integral(hi) - integral(lo)) / (hi - lo)
+
+
 def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, other_bytes: float = 0.0,
                  causal: bool = False, backward: bool = False, order: str = "head", *,
                  l2_bytes: int, spread: float | None = None, share: float = 1.0, heads_per_set: int = 1,
-                 distinct_sets: int | None = None, schedule: str = "dynamic",
+                 distinct_sets: int | None = None, schedule: str = "dynamic", resident: float = 0.0,
                  params: L2Params = H200_L2_PARAMS) -> float:
     """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
 
@@ -126,11 +170,12 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
     ``schedule``: "dynamic" (the next CTA goes to the first free slot: the hardware block scheduler, or
     a persistent kernel's tile counter) or "static" (persistent program p takes items p, p + C, ...:
-    bench/l2_reuse.py's kernel); it matters for causal readers only.
+    bench/l2_reuse.py's kernel); it matters for causal readers only. ``resident``: bytes of dirty output
+    that occupy the L2 throughout (write-back: evicted only as they age out), taken from the capacity.
     """
     choice("order", order, ("head", "tile"))
     choice("schedule", schedule, ("dynamic", "static"))
-    cap = params.capacity * l2_bytes
+    cap = max(params.capacity * l2_bytes - resident, 1.0)
     c = max(1, concurrent)
     distinct = sets if distinct_sets is None else max(1, min(sets, distinct_sets))
     s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
@@ -164,6 +209,14 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         rereads_near = max(0.0, per_set * share - 1.0 - (heads - 1) * share)
         return 1.0 + rereads_near * miss(near / cap, params.ramp) + \
             (heads - 1) * share * miss(far / cap, params.ramp)
+    if order == "head" and window > 1.0:
+        # the re-read set shares a wave with a whole number of other sets, one more or one fewer than the
+        # mean ``window - 1`` depending on where the set boundaries fall: the reuse distance is spread one
+        # set wide around ``work`` (a set straddling two waves of two sets each has two sets between the
+        # reads of each tile; one alone in the earlier wave, one set plus what the next wave has read)
+        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(distinct, window + 0.5) * kv_bytes
+        other = work - window * kv_bytes
+        return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp)
     return 1.0 + passes * miss(work / cap, params.ramp)
 
 
@@ -264,11 +317,67 @@ def _retained(start: float, size: float, t_end: float, cap: float, total_span: f
     return size / span * (part1 + part2)
 
 
-def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
-           causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None) -> None:
+RESIDENT_DIRTY = False
+_FWD_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "fwd.py"
+_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+@functools.lru_cache(maxsize=1)
+def hopper_table() -> tuple:
+    """kernels/fwd.py's ``HOPPER_VALIDATED`` rows ``(d, dtype name, causal, n_min, n_max, variant)``, read
+    from its source with `ast` (the model never imports torch); () where the file or the table is absent.
+    Cached once per process (the source does not change under a running process)."""
+    try:
+        tree = ast.parse(_FWD_SOURCE.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return ()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "HOPPER_VALIDATED" for t in targets) and node.value:
+            return tuple(tuple(r) for r in ast.literal_eval(node.value))
+    return ()
+
+
+def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 4096,
+              attnscope_impl: str = "auto") -> tuple[str, Kernel]:
+    """(name, `Kernel`) of what ``impl`` runs for head dim ``d``, ``causal``, ``dtype``, N = ``n`` on an sm_90
+    GPU: for attnscope with ``attnscope_impl="auto"`` (what `attnscope.flash_attention` runs by default) the
+    Gluon variant kernels/fwd.py's ``HOPPER_VALIDATED`` names, else (or with "portable") its portable
+    kernel; ``KERNELS`` for the others."""
+    choice("impl", impl, tuple(KERNELS))
+    choice("attnscope_impl", attnscope_impl, ("auto", "portable"))
+    if impl == "attnscope" and attnscope_impl == "auto":
+        name = _DTYPE_NAMES.get(dtype, dtype)
+        for td, tt, tc, lo, hi, variant in hopper_table():
+            if td == d and tt == name and tc == causal and n >= lo and (hi is None or n <= hi):
+                table = HOPPER_KERNELS.get(variant)
+                if table is None:
+                    raise NotImplementedError(f"attnscope variant {variant!r} (kernels/fwd.py HOPPER_VALIDATED): "
+                                              f"not modelled; modelled: {', '.join(HOPPER_KERNELS)}")
+                return variant, table[min(table, key=lambda x: (abs(x - d), x))]
+    impl_name = "attnscope portable" if impl == "attnscope" else impl
     table = KERNELS[impl]
-    ker = table.get(-d if causal else d) or table.get(d) or \
-        table[min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))]
+    ker = table.get(-d if causal else d) or table.get(d)
+    if ker is None:
+        near = min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))
+        ker = table.get(-near if causal else near) or table[near]
+    return impl_name, ker
+
+
+def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
+    """Local-memory (register spill) bytes the CTAs of a kernel leave dirty in the L2: each CTA's threads
+    write their stack frame (``ker.frame``: FA-2's Is_even_MN variant when N is a multiple of both blocks,
+    else the ragged one), and a finished CTA's frame is dead, dirty, and written back to DRAM when evicted
+    (the next CTA on those warp slots only re-dirties lines once they are back)."""
+    even = nq % ker.block_q == 0 and nk % ker.block_kv == 0
+    return ctas * ker.threads * ker.frame[0 if even else 1]
+
+
+def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
+           causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None,
+           dtype: str = "fp16", attnscope_impl: str = "auto") -> None:
+    name, ker = kernel_of(impl, d, causal, dtype, max(nq, nk), attnscope_impl)
     per_sm = ker.ctas_per_sm if per_sm is None else per_sm
     c = sms * per_sm
     g = Grid(nq, nk, ker.block_q, ker.block_kv, causal=causal)
@@ -282,11 +391,15 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     mean_rows = g.kv_rows_total() / tr
     frac = mean_rows / nk  # mean share of K/V a CTA loads
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
-    q_o = 2 * ker.block_q * d * b
+    spill = spill_bytes(ker, bh * tr, nq, nk)
+    q_o = 2 * ker.block_q * d * b + spill / (bh * tr)  # a CTA's Q and O tiles, and its dead spill frame
+    out = bh * nq * d * b + (bh * nq * STAT_BYTES if ker.lse else 0)
+    first = bh * nq * d * b + batch * kv_heads * kv_set + out + spill  # every byte inserted at least once
+    resident = _retained(0.0, out + spill, first, cap, total_span=first) if RESIDENT_DIRTY else 0.0
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
-                       params=params)
+                       resident=resident, params=params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
@@ -294,22 +407,24 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
         extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / cap, params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
-    k = KernelEstimate(f"{impl} forward (fused)")
+    k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
-    k.logical_write = ko + lse
+    k.logical_write = ko + lse + spill
     k.read = int(round(kq + kv_once + min(extra, k.logical_read - kq - kv_once)))
     out = ko + lse
     split = impl == "flash" and bh * tr < 0.8 * 2 * sms  # FA-2's split-KV heuristic (num_splits > 1)
     if split:  # fp32 partial O + LSE per split, read back by the combine kernel: resident when they fit
         n_splits = max(1, min(128, int(0.8 * 2 * sms) // max(1, bh * tr), cdiv(nk, 128)))
         partial = n_splits * bh * nq * (d * 4 + STAT_BYTES) if n_splits > 1 else 0
-        spill = max(0.0, partial - cap)
-        k.read += int(spill)
-        k.write += int(spill)
-    inserted = k.read + out
-    # O is written as the CTAs finish: spread over the kernel's whole stream of insertions
-    kept = _retained(0.0, out, inserted, cap, total_span=inserted)
-    k.write += int(round(out - kept))
+        overflow = max(0.0, partial - cap)
+        k.read += int(overflow)
+        k.write += int(overflow)
+    inserted = k.read + out + spill
+    # O and the dead spill frames are written as the CTAs finish: spread over the kernel's whole stream of
+    # insertions; what is still dirty in the L2 at the end is not counted (O's share is credited)
+    kept_all = _retained(0.0, out + spill, inserted, cap, total_span=inserted)
+    kept = kept_all * out / (out + spill) if out + spill else 0.0
+    k.write += int(round(out + spill - kept_all))
     est.kernels.append(k)
     if kept >= 1:
         est.credits.append((DIRTY_O, int(round(kept))))
@@ -426,7 +541,8 @@ def compulsory(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str
 def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
              causal: bool = False, *, kv_heads: int | None = None, l2_bytes: int | None = None,
              sms: int | None = None, device: str = "h200", ctas_per_sm: int | None = None,
-             l2_fraction: float | None = None, ramp: float | None = None) -> Estimate:
+             l2_fraction: float | None = None, ramp: float | None = None,
+             attnscope_impl: str = "auto") -> Estimate:
     """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
 
     Parameters
@@ -439,6 +555,9 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
         model/roofline.py (pass the values read from the running GPU where there is one).
     ctas_per_sm: co-resident CTAs per SM of a fused kernel (default: `KERNELS`).
     l2_fraction, ramp: override `H200_L2_PARAMS` (capacity as a fraction of the L2; see `miss`).
+    attnscope_impl: "auto" (the Gluon variant kernels/fwd.py's HOPPER_VALIDATED names for the call, else the
+        portable kernel: what ``attnscope.flash_attention`` runs) or "portable" (measurements taken while
+        that table was empty); `kernel_of`.
 
     Returns
     -------
@@ -470,7 +589,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     if impl == "naive":
         _naive(est, n, n, d, b, batch * heads, causal, cap)
     else:
-        _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm)
+        _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm, dtype,
+               attnscope_impl)
     # the floor: inputs are read at least once (cold L2); anything below the compulsory bytes is credited
     qkv = batch * n * d * b * (heads + 2 * hkv)
     assert est.read >= qkv - len(est.kernels), (est.read, qkv)
