@@ -392,7 +392,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     frac = mean_rows / nk  # mean share of K/V a CTA loads
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
-    q_o = 2 * ker.block_q * d * b + spill / (bh * tr)  # a CTA's Q and O tiles, and its dead spill frame
+    q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
     out = bh * nq * d * b + (bh * nq * STAT_BYTES if ker.lse else 0)
     first = bh * nq * d * b + batch * kv_heads * kv_set + out + spill  # every byte inserted at least once
     resident = _retained(0.0, out + spill, first, cap, total_span=first) if RESIDENT_DIRTY else 0.0
