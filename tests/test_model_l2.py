@@ -335,7 +335,8 @@ def test_attnscope_kernel_follows_the_dispatch_table():
         for dtype in ("fp16", "bf16", "fp32"):
             for causal in (False, True):
                 for n in (777, 1024, 2047, 4095, 4096, 8192, 31_999):
-                    want = fwd._hopper_validated(d, names.get(dtype, "float32"), causal, n) or "attnscope portable"
+                    want = fwd._hopper_validated(d, names.get(dtype, "float32"), causal, n) or \
+                        "attnscope portable"
                     name, _ = physical.kernel_of("attnscope", d, causal, dtype, n)
                     assert name == want, (d, dtype, causal, n)
                     assert physical.kernel_of("attnscope", d, causal, dtype, n, "portable")[0] == \

@@ -353,8 +353,9 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
             if td == d and tt == name and tc == causal and n >= lo and (hi is None or n <= hi):
                 table = HOPPER_KERNELS.get(variant)
                 if table is None:
-                    raise NotImplementedError(f"attnscope variant {variant!r} (kernels/fwd.py HOPPER_VALIDATED): "
-                                              f"not modelled; modelled: {', '.join(HOPPER_KERNELS)}")
+                    raise NotImplementedError(f"attnscope variant {variant!r} (kernels/fwd.py "
+                                              f"HOPPER_VALIDATED): not modelled; modelled: "
+                                              f"{', '.join(HOPPER_KERNELS)}")
                 return variant, table[min(table, key=lambda x: (abs(x - d), x))]
     impl_name = "attnscope portable" if impl == "attnscope" else impl
     table = KERNELS[impl]
