@@ -7,6 +7,7 @@ naive 32 heads 130.7 MiB per head, naive 1 head 85.6 MiB, SDPA FLASH 32 heads 4.
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -83,11 +84,12 @@ def test_one_copy_gets_the_measured_fraction_of_the_l2():
 
 
 def test_writes_reach_dram_only_when_evicted():
-    # 32 heads of flash at N = 4,096: O is 32 MiB; the last heads' O is still dirty in L2 at the end
-    e = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
-    o_and_lse = 32 * 4096 * (128 * 2 + 4)
-    assert 0 < e.write < o_and_lse - 4 * MiB
-    assert sum(b for _, b in e.credits) == pytest.approx(o_and_lse - e.write, abs=2)
+    # 32 heads of EFFICIENT at N = 4,096 (no logsumexp, no spills): O is 32 MiB; the last heads' O is still
+    # dirty in L2 at the end
+    e = estimate("efficient", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
+    o = 32 * 4096 * 128 * 2
+    assert 0 < e.write < o - 4 * MiB
+    assert sum(b for _, b in e.credits) == pytest.approx(o - e.write, abs=2)
 
 
 def test_more_l2_never_costs_more():
@@ -353,28 +355,47 @@ def test_attnscope_kernel_follows_the_dispatch_table():
         assert (ker.block_q, ker.block_kv) == (cfg.BLOCK_M, cfg.BLOCK_N), (d, causal)
 
 
-def test_spills_are_each_ctas_frame_written_back_once():
+def test_spills_are_the_touched_frames_of_the_variant_that_runs():
+    for key, touched in physical.FA2_FRAME.items():  # a thread touches at most its compiler-reserved frame
+        assert all(0 <= t <= st for t, st in zip(touched, physical.FA2_STACK[key], strict=True)), key
     ker = physical.KERNELS["flash"][-128]
     even, ragged = ker.frame
-    assert 0 < even < ragged  # FA-2's Is_even_MN kernel spills less than the ragged one
-    # N = 8,192 is a multiple of both blocks (128, 64): 2 x 64 CTAs of 128 threads, the even frame each
+    assert even < ragged  # FA-2's Is_even_MN causal kernel spills less than the ragged one
+    # N = 8,192 is a multiple of both blocks (128, 64): 2 x 64 CTAs of 128 threads, the even frame each;
+    # 8,191, or 8,256 (a multiple of 64 only), take the ragged kernel
     assert physical.spill_bytes(ker, 128, 8192, 8192) == 128 * 128 * even
-    assert physical.spill_bytes(ker, 128, 8191, 8191) == 128 * 128 * ragged
-    assert physical.spill_bytes(physical.KERNELS["flash"][128], 128, 8191, 8191) == 0  # unmasked: none
-    # the spilled frames reach DRAM as writes: the causal ragged call writes about their bytes more than
-    # the same call with no spills, less what is still dirty in the L2 at the end; nothing in a huge L2
+    assert physical.spill_bytes(ker, 128, 8191, 8191) == physical.spill_bytes(ker, 128, 8256, 8256) == \
+        128 * 128 * ragged
+    assert physical.spill_bytes(physical.KERNELS["cudnn"][128], 128, 8191, 8191) == 0
+    assert physical.spill_bytes(physical.HOPPER_KERNELS["hopper"][128], 128, 8191, 8191) == 0
+
+
+def test_dead_frames_reach_dram_unless_reused_first():
+    cap = 30 * MiB
+    f = physical.dead_frame_evicted
+    assert f(0.0, 1000, 264, cap) == 0.0  # nothing inserted: every dead frame is re-dirtied in the L2
+    # one CTA lifetime inserts inserted x C / CTAs; survival over SLOT_REUSE_LIFETIMES of them
+    life = 100 * MiB * 264 / 2640
+    assert f(100 * MiB, 2640, 264, cap) == pytest.approx(
+        1 - math.exp(-physical.SLOT_REUSE_LIFETIMES * life / cap))
+    assert f(1e12, 2640, 264, cap) == pytest.approx(1.0)
+    # the estimate: the causal ragged call writes back more than the same call with no spills, at most
+    # the touched frames; GQA (K/V read once, fewer insertions) writes back a smaller share of them
     n, h = 8191, 16
-    frames = h * 64 * 128 * ragged
-    base = estimate("flash", n, 128, h, causal=True, l2_bytes=H200_L2, sms=132)
+    frames = h * 64 * 128 * physical.KERNELS["flash"][-128].frame[1]
     no_spill = dict(physical.KERNELS["flash"])
-    no_spill[-128] = ker._replace(frame=(0, 0))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(physical.KERNELS, "flash", no_spill)
-        plain = estimate("flash", n, 128, h, causal=True, l2_bytes=H200_L2, sms=132)
-    assert 0.5 * frames < base.write - plain.write <= frames
-    assert base.read == plain.read and base.compulsory == plain.compulsory
-    big = estimate("flash", n, 128, h, causal=True, l2_bytes=2**34)
-    assert big.write == 0
+    no_spill[-128] = no_spill[-128]._replace(frame=(0, 0))
+
+    def extra(kv_heads):
+        base = estimate("flash", n, 128, h, causal=True, kv_heads=kv_heads, l2_bytes=H200_L2, sms=132)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(physical.KERNELS, "flash", no_spill)
+            plain = estimate("flash", n, 128, h, causal=True, kv_heads=kv_heads, l2_bytes=H200_L2, sms=132)
+        assert base.read == plain.read and base.compulsory == plain.compulsory
+        return base.write - plain.write
+    assert 0.5 * frames < extra(h) <= frames
+    assert 0 < extra(1) < extra(h)
+    assert estimate("flash", n, 128, h, causal=True, l2_bytes=2**34).write == 0  # a huge L2 keeps all
 
 
 def test_mean_miss_is_the_average_of_the_miss_curve():

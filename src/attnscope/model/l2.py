@@ -74,10 +74,22 @@ class Kernel(NamedTuple):
     # ragged N), the compiler's stack frame of the variant that runs (see `spill_bytes`)
 
 
-#: FA-2's causal forward kernels spill (255 registers): local-memory bytes per thread, (Is_even_MN, ragged).
-#: PROVISIONAL: per-CTA DRAM write excess on heldout1/2 (development data) / 128 threads, until the spill
-#: probe (bench/gpu/spill_probe.sh) reads the kernels' STACK from cuobjdump.
-FA2_CAUSAL_FRAME = {128: (48, 240), 64: (48, 48)}
+#: FA-2's forward kernels spill (255 registers): the local-memory bytes each thread of a CTA touches,
+#: (Is_even_MN kernel, ragged kernel), by head dim and mask. Measured on the H200 (bench/gpu/spill_probe.sh,
+#: 2026-12-01, ncu l1tex__t_sectors_pipe_lsu_mem_local_op_st_lookup_miss: the L1 store misses of local
+#: lines, 32 B sectors, per CTA / 128 threads; constant across N 1.5k-24.6k, batch, heads, dtype): d 128
+#: causal 9.5 KB / 35.1 KB per CTA, unmasked 11.2 / 3.1 KB; d 64 causal 3.0 / 7.4 KB. The compiler's frames
+#: (cuobjdump -res-usage STACK, same probe) bound them: d 128 causal 136 / 376 B, unmasked 144 / 64 B, d 64
+#: causal 136 / 208 B, unmasked 112 / 88 B (`FA2_STACK`). d 64 unmasked was not probed: its STACK x 0.6 (the
+#: d 128 even kernels' touched share).
+FA2_FRAME = {(128, True): (74, 274), (128, False): (87, 24), (64, True): (23, 58), (64, False): (67, 53)}
+FA2_STACK = {(128, True): (136, 376), (128, False): (144, 64), (64, True): (136, 208), (64, False): (112, 88)}
+#: attnscope's portable kernel (ptxas, bench/sm90_resources.py: spill stores per thread): d 128 unmasked 100
+#: B, causal 120 B; d 64 none.
+ATTNSCOPE_FRAME = {(128, False): (100, 100), (128, True): (120, 120)}
+#: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties its
+#: dead local lines in the L2 before they are written back): assumed.
+SLOT_REUSE_LIFETIMES = 2.0
 
 #: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one; -d: the causal kernel
 #: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>;
@@ -93,14 +105,15 @@ FA2_CAUSAL_FRAME = {128: (48, 240), 64: (48, 48)}
 #: (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255 registers, 98,336 B;
 #: d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
 KERNELS = {
-    "flash": {128: Kernel(128, 64, 2, "bh", True, True), 64: Kernel(128, 128, 2, "bh", True, True),
-              -128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_CAUSAL_FRAME[128]),
-              -64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_CAUSAL_FRAME[64])},
+    "flash": {128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, False]),
+              64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_FRAME[64, False]),
+              -128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, True]),
+              -64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_FRAME[64, True])},
     "efficient": {128: Kernel(64, 128, 2, "hb", False, False), 64: Kernel(64, 64, 2, "hb", False, False)},
     "cudnn": {128: Kernel(128, 128, 1, "hb", False, False, persistent=True),
               64: Kernel(128, 128, 1, "hb", False, False, persistent=True)},
-    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False, frame=(0, 0)),
-                  -128: Kernel(128, 64, 2, "hb", False, False, frame=(0, 0)),
+    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False, frame=ATTNSCOPE_FRAME[128, False]),
+                  -128: Kernel(128, 64, 2, "hb", False, False, frame=ATTNSCOPE_FRAME[128, True]),
                   64: Kernel(128, 128, 2, "hb", False, False),
                   -64: Kernel(128, 64, 2, "hb", False, False)},
 }
@@ -155,7 +168,7 @@ def mean_miss(lo: float, hi: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
 def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, other_bytes: float = 0.0,
                  causal: bool = False, backward: bool = False, order: str = "head", *,
                  l2_bytes: int, spread: float | None = None, share: float = 1.0, heads_per_set: int = 1,
-                 distinct_sets: int | None = None, schedule: str = "dynamic", resident: float = 0.0,
+                 distinct_sets: int | None = None, schedule: str = "dynamic",
                  params: L2Params = H200_L2_PARAMS) -> float:
     """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
 
@@ -170,12 +183,11 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
     ``schedule``: "dynamic" (the next CTA goes to the first free slot: the hardware block scheduler, or
     a persistent kernel's tile counter) or "static" (persistent program p takes items p, p + C, ...:
-    bench/l2_reuse.py's kernel); it matters for causal readers only. ``resident``: bytes of dirty output
-    that occupy the L2 throughout (write-back: evicted only as they age out), taken from the capacity.
+    bench/l2_reuse.py's kernel); it matters for causal readers only.
     """
     choice("order", order, ("head", "tile"))
     choice("schedule", schedule, ("dynamic", "static"))
-    cap = max(params.capacity * l2_bytes - resident, 1.0)
+    cap = params.capacity * l2_bytes
     c = max(1, concurrent)
     distinct = sets if distinct_sets is None else max(1, min(sets, distinct_sets))
     s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
@@ -317,7 +329,6 @@ def _retained(start: float, size: float, t_end: float, cap: float, total_span: f
     return size / span * (part1 + part2)
 
 
-RESIDENT_DIRTY = False
 _FWD_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "fwd.py"
 _DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
@@ -367,12 +378,20 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
 
 
 def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
-    """Local-memory (register spill) bytes the CTAs of a kernel leave dirty in the L2: each CTA's threads
-    write their stack frame (``ker.frame``: FA-2's Is_even_MN variant when N is a multiple of both blocks,
-    else the ragged one), and a finished CTA's frame is dead, dirty, and written back to DRAM when evicted
-    (the next CTA on those warp slots only re-dirties lines once they are back)."""
+    """Local-memory (register spill) bytes the CTAs of a kernel touch: each CTA's threads write their
+    frame (``ker.frame``: FA-2's Is_even_MN kernel when N is a multiple of both blocks, else the ragged
+    one). L1 writes local stores through to the L2, where the lines stay dirty."""
     even = nq % ker.block_q == 0 and nk % ker.block_kv == 0
     return ctas * ker.threads * ker.frame[0 if even else 1]
+
+
+def dead_frame_evicted(inserted: float, ctas: int, concurrent: int, cap: float) -> float:
+    """Fraction of the finished CTAs' dead (dirty) spill frames written back to DRAM: evicted before a new
+    CTA takes the same warp slots and re-dirties them, `SLOT_REUSE_LIFETIMES` CTA lifetimes later. In one
+    lifetime the machine inserts ``inserted`` x concurrent / ctas bytes; under random replacement a line
+    survives D inserted bytes with probability exp(-D / cap)."""
+    per_life = inserted * min(concurrent, ctas) / max(ctas, 1)
+    return 1.0 - math.exp(-SLOT_REUSE_LIFETIMES * per_life / cap)
 
 
 def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
@@ -394,13 +413,10 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
     q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
-    out = bh * nq * d * b + (bh * nq * STAT_BYTES if ker.lse else 0)
-    first = bh * nq * d * b + batch * kv_heads * kv_set + out + spill  # every byte inserted at least once
-    resident = _retained(0.0, out + spill, first, cap, total_span=first) if RESIDENT_DIRTY else 0.0
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
-                       resident=resident, params=params)
+                       params=params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
@@ -420,6 +436,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         overflow = max(0.0, partial - cap)
         k.read += int(overflow)
         k.write += int(overflow)
+    spill *= dead_frame_evicted(k.read + out, bh * tr, c, cap)
     inserted = k.read + out + spill
     # O and the dead spill frames are written as the CTAs finish: spread over the kernel's whole stream of
     # insertions; what is still dirty in the L2 at the end is not counted (O's share is credited)
