@@ -373,7 +373,7 @@ def test_spills_are_the_touched_frames_of_the_variant_that_runs():
 def test_dead_frames_reach_dram_unless_reused_first():
     cap = 30 * MiB
     f = physical.dead_frame_evicted
-    assert f(0.0, 1000, 264, cap) == 0.0  # nothing inserted: every dead frame is re-dirtied in the L2
+    assert f(cap, 1000, 264, cap) == 0.0  # all the call inserts fits: every dead frame is re-dirtied in L2
     # one CTA lifetime inserts inserted x C / CTAs; survival over SLOT_REUSE_LIFETIMES of them
     life = 100 * MiB * 264 / 2640
     assert f(100 * MiB, 2640, 264, cap) == pytest.approx(

@@ -388,8 +388,10 @@ def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
 def dead_frame_evicted(inserted: float, ctas: int, concurrent: int, cap: float) -> float:
     """Fraction of the finished CTAs' dead (dirty) spill frames written back to DRAM: evicted before a new
     CTA takes the same warp slots and re-dirties them, `SLOT_REUSE_LIFETIMES` CTA lifetimes later. In one
-    lifetime the machine inserts ``inserted`` x concurrent / ctas bytes; under random replacement a line
-    survives D inserted bytes with probability exp(-D / cap)."""
+    lifetime the machine inserts ``inserted`` x concurrent / ctas bytes; a line survives D inserted bytes
+    with exp(-D / cap) (random replacement, `_survival`); a call whose insertions fit evicts nothing."""
+    if inserted <= cap:
+        return 0.0
     per_life = inserted * min(concurrent, ctas) / max(ctas, 1)
     return 1.0 - math.exp(-SLOT_REUSE_LIFETIMES * per_life / cap)
 
@@ -436,13 +438,14 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         overflow = max(0.0, partial - cap)
         k.read += int(overflow)
         k.write += int(overflow)
-    spill *= dead_frame_evicted(k.read + out, bh * tr, c, cap)
+    # the frames of the last C CTAs are live (and dirty) when the kernel ends: only the others die early
+    ctas = bh * tr
+    spill *= max(0, ctas - c) / ctas * dead_frame_evicted(k.read + out, ctas, c, cap)
     inserted = k.read + out + spill
-    # O and the dead spill frames are written as the CTAs finish: spread over the kernel's whole stream of
-    # insertions; what is still dirty in the L2 at the end is not counted (O's share is credited)
-    kept_all = _retained(0.0, out + spill, inserted, cap, total_span=inserted)
-    kept = kept_all * out / (out + spill) if out + spill else 0.0
-    k.write += int(round(out + spill - kept_all))
+    # O is written as the CTAs finish: spread over the kernel's whole stream of insertions; what is still
+    # dirty in the L2 at the end is not counted (credited)
+    kept = _retained(0.0, out, inserted, cap, total_span=inserted)
+    k.write += int(round(out + spill - kept))
     est.kernels.append(k)
     if kept >= 1:
         est.credits.append((DIRTY_O, int(round(kept))))
