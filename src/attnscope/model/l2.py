@@ -84,9 +84,11 @@ class Kernel(NamedTuple):
 #: d 128 even kernels' touched share).
 FA2_FRAME = {(128, True): (74, 274), (128, False): (87, 24), (64, True): (23, 58), (64, False): (67, 53)}
 FA2_STACK = {(128, True): (136, 376), (128, False): (144, 64), (64, True): (136, 208), (64, False): (112, 88)}
-#: attnscope's portable kernel (ptxas, bench/sm90_resources.py: spill stores per thread): d 128 unmasked 100
-#: B, causal 120 B; d 64 none.
-ATTNSCOPE_FRAME = {(128, False): (100, 100), (128, True): (120, 120)}
+#: attnscope's portable kernel: ptxas (bench/sm90_resources.py, Triton 3.6) reserves a 104 B (d 128
+#: unmasked) / 120 B (causal) stack frame, d 64 none; the bytes touched were not measured: half the frame
+#: (FA-2's touched / STACK above: 0.17-0.73, median 0.5).
+ATTNSCOPE_STACK = {(128, False): 104, (128, True): 120}
+ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items()}
 #: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties its
 #: dead local lines in the L2 before they are written back): assumed.
 SLOT_REUSE_LIFETIMES = 2.0
@@ -99,9 +101,8 @@ SLOT_REUSE_LIFETIMES = 2.0
 #: persistent grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in
 #: (m, h, b) order assumed. attnscope: the portable kernel (kernels/fwd.py CONFIG_TABLE), grid (T_r, B*H),
 #: program b*H + h (heads fastest); causal tiles heaviest first, each walking K/V forwards to its diagonal;
-#: ptxas (bench/sm90_resources.py, Triton 3.6, sm_90a): d 128 255 registers and a 104 B (unmasked) / 120 B
-#: (causal) stack frame of spills, d 64 none. Where kernels/fwd.py's HOPPER_VALIDATED names a Gluon
-#: variant for the call, `HOPPER_KERNELS` replaces it. CTAs per SM: ncu's occupancy section on the H200
+#: spills: `ATTNSCOPE_FRAME`. Where kernels/fwd.py's HOPPER_VALIDATED names a Gluon variant for the call,
+#: `HOPPER_KERNELS` replaces it. CTAs per SM: ncu's occupancy section on the H200
 #: (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255 registers, 98,336 B;
 #: d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
 KERNELS = {
@@ -141,6 +142,10 @@ class L2Params:
     capacity: float = 0.580
     ramp: float = 1.72
     source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
+    #: share of ``capacity`` the K/V a fused kernel re-reads keeps beside its streamed Q, O (and spills):
+    #: fitted on the development data (heldout1/2, the spill probe, the recorded grid: 0.52 x L2 for the
+    #: K/V windows), where sets of 12-17 MB re-read 8-45 % more than the cyclic capacity predicts
+    fused: float = 0.90
 
 
 H200_L2_PARAMS = L2Params()
@@ -415,16 +420,18 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
     q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
+    kv_params = L2Params(params.capacity * params.fused, params.ramp, params.source, params.fused)
+    kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
-                       params=params)
+                       params=kv_params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
         between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
-        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / cap, params.ramp)
+        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / kv_cap, params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
@@ -598,7 +605,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given")
+    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given",
+                      H200_L2_PARAMS.fused)
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
