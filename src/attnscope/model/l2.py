@@ -10,21 +10,26 @@ clean lines, so no input is resident from an earlier kernel) and O (+ LSE) is wr
 goes below those compulsory bytes only by a *credit* it names (`Estimate.credits`): output still dirty
 in the write-back L2 when the call ends, which ncu does not count. `estimate` asserts the floor.
 
-Fused kernels (`wave_rereads`). CTAs start in their grid's linear order (`KERNELS`: query tile fastest,
-then batch/head as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one
-K/V set (one kv head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into
-1 + (U - 1) / C waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V
-of the sets it spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), never more than all the
-call's distinct K/V. Miss fraction ``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at
-``ramp`` x capacity. Causal readers (bench/l2_reuse.py C): forward walkers that start together read each
-tile in step; launched as slots free, consecutive ones start one launch interval apart, in which the
-machine inserts about one CTA's K/V and Q/O (the reuse distance; the first reader of a GQA group's next
-head comes half a head later). Under a static persistent schedule (the microbenchmark) readers are one
-diagonal step apart: C steps of the machine, C kv / U, between two visits of a tile. FlashAttention-2's
-walk from the diagonal down leaks re-reads the diagonal step alone does not explain (the drift of long
-CTAs?): its readers are spread over the longest CTA's lifetime, s = longest / mean, window s C wide.
-Where the batch sits between a GQA group's heads (FLASH's (m, b, h) grid), each later head re-reads its
-set after the other batches' sets and Q/O, with `miss`.
+Fused kernels (`wave_rereads`; `kernel_of`: what runs, attnscope's Gluon variant from kernels/fwd.py's
+HOPPER_VALIDATED). CTAs start in their grid's linear order (`KERNELS`: query tile fastest, then batch/head
+as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one K/V set (one kv
+head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into 1 + (U - 1) / C
+waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V of the sets it
+spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), spread one set around that mean (a wave
+holds a whole number of other sets), never more than all the call's distinct K/V. Miss fraction
+``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal readers
+(bench/l2_reuse.py C): forward walkers that start together read each tile in step; launched as slots
+free, consecutive ones start one launch interval apart, in which the machine inserts about one CTA's K/V
+and Q/O (the reuse distance; the first reader of a GQA group's next head comes half a head later). Under
+a static persistent schedule readers are one diagonal step apart: C steps of the machine between two
+visits of a tile. FlashAttention-2's walk from the diagonal down: readers spread over the longest CTA's
+lifetime, s = longest / mean, window s C wide. Where the batch sits between a GQA group's heads (FLASH's
+(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
+
+Spills (`spill_bytes`). FA-2 (255 registers) and attnscope's portable d = 128 kernel spill to local
+memory, which L1 writes through to the L2; a finished CTA's frame is dead and dirty, written back to DRAM
+unless a new CTA takes its warp slots first (`dead_frame_evicted`): bytes per CTA = threads x the frame
+each thread touches (FA-2: per variant, Is_even_MN or ragged, measured by ncu's L1 local store misses).
 
 Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
 inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
@@ -32,13 +37,16 @@ T the call's total insertions; what is resident is not counted. Naive attention 
 survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
 reads a head's P one column band at a time; the causal mask is re-read one head later).
 
-Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (2026-11-30,
-bench/gpu/bytes.sh): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A, cyclic re-reads);
-ctas_per_sm (ncu occupancy: FLASH d 64/128, EFFICIENT d 128, attnscope d 64/128: 2; cuDNN: 1, a
-persistent grid of 132 CTAs). From sources: grid orders of attnscope (kernels/fwd.py), FLASH (m, b, h)
-and EFFICIENT (m, h, b); FLASH's walk from the diagonal down and its split-KV heuristic (below 0.8 x 2 x
-SMs CTAs; partials resident when they fit). Assumed: cuDNN's tile order (m, h, b), its 128-row tiles and
-a static round-robin over them; forward K/V walks for attnscope, EFFICIENT and cuDNN; FLASH's spread s.
+Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (bench/gpu/bytes.sh,
+2026-11-30; bench/gpu/spill_probe.sh, 2026-12-01): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A,
+cyclic re-reads); ctas_per_sm (ncu occupancy: FLASH, EFFICIENT, attnscope portable 2; cuDNN 1, a
+persistent grid of 132 CTAs); FA-2's touched spill frames (`FA2_FRAME`, bounded by cuobjdump's STACK).
+Fitted on development data (heldout1/2, the spill probe, the recorded grid): a fused kernel's K/V keeps
+0.90 of that capacity beside its streamed Q/O (`L2Params.fused`). From sources: grid orders of attnscope
+(kernels/fwd.py, fwd_hopper.py), FLASH (m, b, h) and EFFICIENT (m, h, b); FLASH's walk from the diagonal
+down, its Is_even_MN dispatch and split-KV heuristic (below 0.8 x 2 x SMs CTAs). Assumed: cuDNN's tile
+order (m, h, b), 128-row tiles, static round-robin; forward K/V walks for attnscope, EFFICIENT and cuDNN;
+FLASH's spread s; attnscope's touched frame (half its ptxas frame); warp slots re-used 2 lifetimes later.
 """
 
 from __future__ import annotations
