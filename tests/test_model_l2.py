@@ -416,3 +416,16 @@ def test_a_set_straddling_waves_sees_one_set_more_or_less_than_the_mean():
     amp = physical.wave_rereads(17, 512, 264, kv, qo, l2_bytes=l2)
     work = (264 / 512 + 1) * kv + 264 * qo
     assert work < physical.H200_L2_PARAMS.capacity * l2 and amp > 1.0
+
+
+def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnscope.model import l2; "
+            "l2.estimate('attnscope', 8192, 128, 8, dtype='bf16'); "
+            "l2.kernel_of('attnscope', 64, True, 'bf16', 9000); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == "[]"
