@@ -78,8 +78,8 @@ class Kernel(NamedTuple):
     lse: bool  # writes the FP32 logsumexp in an inference forward
     persistent: bool = False  # SMs x ctas_per_sm programs, program p takes tiles p, p + C, ... (static)
     threads: int = 128  # threads per CTA
-    frame: tuple = (0, 0)  # local-memory (register spill) bytes per thread: (N a multiple of both blocks,
-    # ragged N), the compiler's stack frame of the variant that runs (see `spill_bytes`)
+    frame: tuple = (0, 0)  # local-memory (register spill) bytes each thread touches: (N a multiple of both
+    # blocks, ragged N), of the variant that runs (see `spill_bytes`)
 
 
 #: FA-2's forward kernels spill (255 registers): the local-memory bytes each thread of a CTA touches,
