@@ -134,6 +134,8 @@ def test_recorded_csv_parses_into_one_segment_per_marked_call():
 
 HELDOUT = Path(__file__).resolve().parents[1] / "bench" / "grids" / "heldout.csv"
 HELDOUT2 = HELDOUT.with_name("heldout2.csv")  # drawn after run 1 of heldout.csv: shares no shape with it
+HELDOUT3 = HELDOUT.with_name("heldout3.csv")  # drawn after run 2 and the spill probe: no N shared with them
+PROBE = HELDOUT.with_name("spill_probe.csv")  # development data (bench/gpu/spill_probe.sh)
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -157,7 +159,7 @@ def test_grid_csv_parses_into_specs(tmp_path):
     assert physical.parse_grid(ym) == specs
 
 
-@pytest.mark.parametrize("grid", [HELDOUT, HELDOUT2])
+@pytest.mark.parametrize("grid", [HELDOUT, HELDOUT2, HELDOUT3])
 def test_the_heldout_grid_is_fresh_and_complete(grid):
     specs = physical.parse_grid(grid)
     assert len(specs) >= 40
@@ -179,6 +181,39 @@ def test_the_second_heldout_grid_shares_no_shape_with_the_first():
     assert not {s["n"] for s in second} & {s["n"] for s in physical.parse_grid(HELDOUT)}
     # SDPA refuses EFFICIENT with GQA + causal: such a point would measure nothing
     assert not [s for s in second if s["impl"] == "efficient" and s.get("kv_heads") and s["causal"]]
+
+
+def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
+    third = physical.parse_grid(HELDOUT3)
+    assert len(third) >= 44 and max(s["n"] for s in third) <= 32768
+    earlier = {s["n"] for g in (HELDOUT, HELDOUT2, PROBE) for s in physical.parse_grid(g)}
+    earlier |= {s["n"] for s, *_ in _dev_points()} | {3000, 6144, 12288, 24576}
+    assert not {s["n"] for s in third} & earlier
+    assert {s["causal"] for s in third} == {True, False} and {s["d"] for s in third} == {64, 128}
+    assert {s["dtype"] for s in third} == {"fp16", "bf16"}
+    assert not [s for s in third if s["impl"] == "efficient" and s.get("kv_heads") and s["causal"]]
+
+
+def test_an_attnscope_point_is_estimated_for_the_kernel_that_ran():
+    # a sweep recorded while kernels/fwd.py's Hopper table was empty ran the portable kernel at a point
+    # the table now gives to a Gluon variant: --from-json estimates the kernel the measurement names
+    from attnscope.model import l2
+
+    spec = {"impl": "attnscope", "batch": 1, "heads": 8, "n": 8192, "d": 128, "causal": False,
+            "dtype": "bf16"}
+    variant, _ = l2.kernel_of("attnscope", 128, False, "bf16", 8192)
+    if variant == "attnscope portable":
+        pytest.skip("kernels/fwd.py's Hopper table names no variant for bf16 d = 128 at 8k")
+    portable = l2.estimate("attnscope", 8192, 128, 8, dtype="bf16", l2_bytes=50 * 2**20, sms=132,
+                           attnscope_impl="portable")
+    auto = l2.estimate("attnscope", 8192, 128, 8, dtype="bf16", l2_bytes=50 * 2**20, sms=132)
+    assert portable.total != auto.total
+    ran = physical.estimate_of(spec, 50 * 2**20, 132, ["_attnscope_fwd_kernel"])
+    assert ran.total == portable.total and ran.kernels[0].name.startswith("attnscope portable")
+    for names in (None, [], ["_attnscope_fwd_hopper_kernel"]):
+        assert physical.estimate_of(spec, 50 * 2**20, 132, names).total == auto.total
+    (row,) = physical.compare([(spec, 10**8, ["_attnscope_fwd_kernel"])], 50 * 2**20, 132)
+    assert row.estimate == portable.total
 
 
 def _dev_points():

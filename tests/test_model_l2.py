@@ -7,6 +7,7 @@ naive 32 heads 130.7 MiB per head, naive 1 head 85.6 MiB, SDPA FLASH 32 heads 4.
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -83,11 +84,12 @@ def test_one_copy_gets_the_measured_fraction_of_the_l2():
 
 
 def test_writes_reach_dram_only_when_evicted():
-    # 32 heads of flash at N = 4,096: O is 32 MiB; the last heads' O is still dirty in L2 at the end
-    e = estimate("flash", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
-    o_and_lse = 32 * 4096 * (128 * 2 + 4)
-    assert 0 < e.write < o_and_lse - 4 * MiB
-    assert sum(b for _, b in e.credits) == pytest.approx(o_and_lse - e.write, abs=2)
+    # 32 heads of EFFICIENT at N = 4,096 (no logsumexp, no spills): O is 32 MiB; the last heads' O is still
+    # dirty in L2 at the end
+    e = estimate("efficient", 4096, 128, 32, l2_bytes=60 * MiB, sms=132)
+    o = 32 * 4096 * 128 * 2
+    assert 0 < e.write < o - 4 * MiB
+    assert sum(b for _, b in e.credits) == pytest.approx(o - e.write, abs=2)
 
 
 def test_more_l2_never_costs_more():
@@ -321,3 +323,109 @@ def test_kv_that_fits_the_l2_is_read_once_whatever_the_grid_order():
     n, d, b, h, hkv = 4000, 128, 2, 16, 2
     e = estimate("flash", n, d, h, b, kv_heads=hkv, causal=True, l2_bytes=H200_L2, sms=132)
     assert e.read == pytest.approx(b * n * d * 2 * (h + 2 * hkv), rel=1e-3)
+
+
+# --- issue 18: what runs (attnscope's dispatch), spills, the spread of the reuse distance ---------------
+def test_attnscope_kernel_follows_the_dispatch_table():
+    """kernel_of reads kernels/fwd.py's HOPPER_VALIDATED from source (the model imports no torch) and picks
+    what impl='auto' picks; every Gluon variant is modelled with the tiles and schedule its source has."""
+    fwd = pytest.importorskip("attnscope.kernels.fwd")
+    fwd_hopper = pytest.importorskip("attnscope.kernels.fwd_hopper")
+    assert physical.hopper_table() == tuple(tuple(r) for r in fwd.HOPPER_VALIDATED)
+    names = {"fp16": "float16", "bf16": "bfloat16"}
+    for d in (64, 128):
+        for dtype in ("fp16", "bf16", "fp32"):
+            for causal in (False, True):
+                for n in (777, 1024, 2047, 4095, 4096, 8192, 31_999):
+                    want = fwd._hopper_validated(d, names.get(dtype, "float32"), causal, n) or \
+                        "attnscope portable"
+                    name, _ = physical.kernel_of("attnscope", d, causal, dtype, n)
+                    assert name == want, (d, dtype, causal, n)
+                    assert physical.kernel_of("attnscope", d, causal, dtype, n, "portable")[0] == \
+                        "attnscope portable"
+    for variant, var in fwd_hopper.VARIANTS.items():
+        table = physical.HOPPER_KERNELS[variant]
+        assert set(table) == set(var.configs), variant
+        for d, cfg in var.configs.items():
+            assert (table[d].block_q, table[d].block_kv, table[d].persistent) == \
+                (cfg.NWG * cfg.BM, cfg.BN, var.persistent), (variant, d)
+    # the portable kernel's tiles are its CONFIG_TABLE rows
+    for d, causal, _, cfg in fwd.CONFIG_TABLE:
+        ker = physical.kernel_of("attnscope", d, causal, "fp16", 512, "portable")[1]
+        assert (ker.block_q, ker.block_kv) == (cfg.BLOCK_M, cfg.BLOCK_N), (d, causal)
+
+
+def test_spills_are_the_touched_frames_of_the_variant_that_runs():
+    for key, touched in physical.FA2_FRAME.items():  # a thread touches at most its compiler-reserved frame
+        assert all(0 <= t <= st for t, st in zip(touched, physical.FA2_STACK[key], strict=True)), key
+    ker = physical.KERNELS["flash"][-128]
+    even, ragged = ker.frame
+    assert even < ragged  # FA-2's Is_even_MN causal kernel spills less than the ragged one
+    # N = 8,192 is a multiple of both blocks (128, 64): 2 x 64 CTAs of 128 threads, the even frame each;
+    # 8,191, or 8,256 (a multiple of 64 only), take the ragged kernel
+    assert physical.spill_bytes(ker, 128, 8192, 8192) == 128 * 128 * even
+    assert physical.spill_bytes(ker, 128, 8191, 8191) == physical.spill_bytes(ker, 128, 8256, 8256) == \
+        128 * 128 * ragged
+    assert physical.spill_bytes(physical.KERNELS["cudnn"][128], 128, 8191, 8191) == 0
+    assert physical.spill_bytes(physical.HOPPER_KERNELS["hopper"][128], 128, 8191, 8191) == 0
+
+
+def test_dead_frames_reach_dram_unless_reused_first():
+    cap = 30 * MiB
+    f = physical.dead_frame_evicted
+    assert f(cap, 1000, 264, cap) == 0.0  # all the call inserts fits: every dead frame is re-dirtied in L2
+    # one CTA lifetime inserts inserted x C / CTAs; survival over SLOT_REUSE_LIFETIMES of them
+    life = 100 * MiB * 264 / 2640
+    assert f(100 * MiB, 2640, 264, cap) == pytest.approx(
+        1 - math.exp(-physical.SLOT_REUSE_LIFETIMES * life / cap))
+    assert f(1e12, 2640, 264, cap) == pytest.approx(1.0)
+    # the estimate: the causal ragged call writes back more than the same call with no spills, at most
+    # the touched frames; GQA (K/V read once, fewer insertions) writes back a smaller share of them
+    n, h = 8191, 16
+    frames = h * 64 * 128 * physical.KERNELS["flash"][-128].frame[1]
+    no_spill = dict(physical.KERNELS["flash"])
+    no_spill[-128] = no_spill[-128]._replace(frame=(0, 0))
+
+    def extra(kv_heads):
+        base = estimate("flash", n, 128, h, causal=True, kv_heads=kv_heads, l2_bytes=H200_L2, sms=132)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(physical.KERNELS, "flash", no_spill)
+            plain = estimate("flash", n, 128, h, causal=True, kv_heads=kv_heads, l2_bytes=H200_L2, sms=132)
+        assert base.read == plain.read and base.compulsory == plain.compulsory
+        return base.write - plain.write
+    assert 0.5 * frames < extra(h) <= frames
+    assert 0 < extra(1) < extra(h)
+    assert estimate("flash", n, 128, h, causal=True, l2_bytes=2**34).write == 0  # a huge L2 keeps all
+
+
+def test_mean_miss_is_the_average_of_the_miss_curve():
+    ramp = physical.H200_L2_PARAMS.ramp
+    for lo, hi in ((0.2, 0.9), (0.8, 1.3), (1.1, 1.5), (0.5, 2.5), (1.8, 2.2)):
+        steps = 20_000
+        numeric = sum(physical.miss(lo + (i + 0.5) * (hi - lo) / steps, ramp) for i in range(steps)) / steps
+        assert physical.mean_miss(lo, hi, ramp) == pytest.approx(numeric, abs=1e-6), (lo, hi)
+    assert physical.mean_miss(1.2, 1.2, ramp) == physical.miss(1.2, ramp)
+
+
+def test_a_set_straddling_waves_sees_one_set_more_or_less_than_the_mean():
+    # 1 set per 1.94 waves (EFFICIENT, N = 32,747, d = 128: 512 CTAs of a 16.8 MB set, 264 at a time): the
+    # mean distance (1.52 sets + a wave's Q/O, 34 MB) is under the 36.5 MB one copy keeps, but a set that
+    # shares both waves with others has two sets between the reads of a tile: some re-reads miss
+    l2 = 62_914_560
+    kv, qo = 2 * 32747 * 128 * 2, 2 * 64 * 128 * 2
+    amp = physical.wave_rereads(17, 512, 264, kv, qo, l2_bytes=l2)
+    work = (264 / 512 + 1) * kv + 264 * qo
+    assert work < physical.H200_L2_PARAMS.capacity * l2 and amp > 1.0
+
+
+def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnscope.model import l2; "
+            "l2.estimate('attnscope', 8192, 128, 8, dtype='bf16'); "
+            "l2.kernel_of('attnscope', 64, True, 'bf16', 9000); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == "[]"

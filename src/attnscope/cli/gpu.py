@@ -231,7 +231,8 @@ def _bytes_sweep(args) -> int:
     def progress(done, total):
         print(f"measured {len(done)}/{total}", file=sys.stderr, flush=True)
         if args.sweep and args.json not in (None, "-"):  # keep what is measured if the run is cut short
-            part = physical.compare([(p.spec, p.measured.total) for p in done if p.measured], l2, sms)
+            part = physical.compare([(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
+                                     for p in done if p.measured], l2, sms)
             _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"}))
 
     try:
@@ -252,7 +253,8 @@ def _bytes_sweep(args) -> int:
         _write_or_print(args, {"kind": "attnscope-bytes-calibration", "env": env, "rows": crows,
                                "points": [p.to_json() for p in points]})
         return 1 if failed else 0
-    rows = physical.compare([(p.spec, p.measured.total) for p in points if p.measured], l2, sms)
+    rows = physical.compare([(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
+                             for p in points if p.measured], l2, sms)
     _print_rows(c, rows, f"{env.get('gpu', '')}, {env['ncu']}")
     for p in failed:
         c.print(f"not measured: {physical.Row(p.spec, 1, 0, 0, ()).label()}: {p.error}")

@@ -188,22 +188,30 @@ class Row:
                 "error": self.error}
 
 
-def estimate_of(spec: dict, l2_bytes: int, sms: int):
-    """model/l2.py's estimate for an ncu spec."""
+PORTABLE_KERNEL = "_attnscope_fwd_kernel"  # kernels/fwd.py's portable kernel (the Gluon ones: _hopper)
+
+
+def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None = None):
+    """model/l2.py's estimate for an ncu spec. ``kernels``: the measured call's kernel names, where known:
+    an attnscope call that ran the portable kernel (a sweep recorded before kernels/fwd.py's Hopper table
+    named a Gluon variant for it) is estimated for that kernel, not for what the table picks today."""
     from attnscope.model import l2
 
+    ran_portable = spec["impl"] == "attnscope" and bool(kernels) and \
+        any(PORTABLE_KERNEL in k for k in kernels) and not any("hopper" in k for k in kernels)
     return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
                        spec.get("dtype", "fp16"), bool(spec.get("causal")), kv_heads=spec.get("kv_heads"),
-                       l2_bytes=l2_bytes, sms=sms)
+                       l2_bytes=l2_bytes, sms=sms, attnscope_impl="portable" if ran_portable else "auto")
 
 
-def compare(measured: list[tuple[dict, int]], l2_bytes: int, sms: int) -> list[Row]:
-    """Rows for (spec, measured DRAM bytes) pairs; points measured as 0 bytes are skipped."""
+def compare(measured: list[tuple], l2_bytes: int, sms: int) -> list[Row]:
+    """Rows for (spec, measured DRAM bytes[, measured kernel names]) tuples; points measured as 0 bytes are
+    skipped."""
     rows = []
-    for spec, total in measured:
+    for spec, total, *names in measured:
         if not total:
             continue
-        e = estimate_of(spec, l2_bytes, sms)
+        e = estimate_of(spec, l2_bytes, sms, names[0] if names else None)
         rows.append(Row(spec, int(total), e.total, e.compulsory, tuple(e.credits)))
     return rows
 
@@ -266,7 +274,8 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         total = m.get("total") if isinstance(m, dict) else None
         expect(isinstance(total, int) and total >= 0, f"{field} point {i + 1}: measured.total",
                "a byte count", total)
-        pairs.append((spec, total))
+        names = [k.get("name", "") for k in m.get("kernels", []) if isinstance(k, dict)]
+        pairs.append((spec, total, names))
     return compare(pairs, l2, sm), env
 
 

@@ -10,21 +10,26 @@ clean lines, so no input is resident from an earlier kernel) and O (+ LSE) is wr
 goes below those compulsory bytes only by a *credit* it names (`Estimate.credits`): output still dirty
 in the write-back L2 when the call ends, which ncu does not count. `estimate` asserts the floor.
 
-Fused kernels (`wave_rereads`). CTAs start in their grid's linear order (`KERNELS`: query tile fastest,
-then batch/head as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one
-K/V set (one kv head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into
-1 + (U - 1) / C waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V
-of the sets it spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), never more than all the
-call's distinct K/V. Miss fraction ``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at
-``ramp`` x capacity. Causal readers (bench/l2_reuse.py C): forward walkers that start together read each
-tile in step; launched as slots free, consecutive ones start one launch interval apart, in which the
-machine inserts about one CTA's K/V and Q/O (the reuse distance; the first reader of a GQA group's next
-head comes half a head later). Under a static persistent schedule (the microbenchmark) readers are one
-diagonal step apart: C steps of the machine, C kv / U, between two visits of a tile. FlashAttention-2's
-walk from the diagonal down leaks re-reads the diagonal step alone does not explain (the drift of long
-CTAs?): its readers are spread over the longest CTA's lifetime, s = longest / mean, window s C wide.
-Where the batch sits between a GQA group's heads (FLASH's (m, b, h) grid), each later head re-reads its
-set after the other batches' sets and Q/O, with `miss`.
+Fused kernels (`wave_rereads`; `kernel_of`: what runs, attnscope's Gluon variant from kernels/fwd.py's
+HOPPER_VALIDATED). CTAs start in their grid's linear order (`KERNELS`: query tile fastest, then batch/head
+as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one K/V set (one kv
+head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into 1 + (U - 1) / C
+waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V of the sets it
+spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), spread one set around that mean (a wave
+holds a whole number of other sets), never more than all the call's distinct K/V. Miss fraction
+``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal readers
+(bench/l2_reuse.py C): forward walkers that start together read each tile in step; launched as slots
+free, consecutive ones start one launch interval apart, in which the machine inserts about one CTA's K/V
+and Q/O (the reuse distance; the first reader of a GQA group's next head comes half a head later). Under
+a static persistent schedule readers are one diagonal step apart: C steps of the machine between two
+visits of a tile. FlashAttention-2's walk from the diagonal down: readers spread over the longest CTA's
+lifetime, s = longest / mean, window s C wide. Where the batch sits between a GQA group's heads (FLASH's
+(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
+
+Spills (`spill_bytes`). FA-2 (255 registers) and attnscope's portable d = 128 kernel spill to local
+memory, which L1 writes through to the L2; a finished CTA's frame is dead and dirty, written back to DRAM
+unless a new CTA takes its warp slots first (`dead_frame_evicted`): bytes per CTA = threads x the frame
+each thread touches (FA-2: per variant, Is_even_MN or ragged, measured by ncu's L1 local store misses).
 
 Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
 inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
@@ -32,19 +37,25 @@ T the call's total insertions; what is resident is not counted. Naive attention 
 survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
 reads a head's P one column band at a time; the causal mask is re-read one head later).
 
-Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (2026-11-30,
-bench/gpu/bytes.sh): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A, cyclic re-reads);
-ctas_per_sm (ncu occupancy: FLASH d 64/128, EFFICIENT d 128, attnscope d 64/128: 2; cuDNN: 1, a
-persistent grid of 132 CTAs). From sources: grid orders of attnscope (kernels/fwd.py), FLASH (m, b, h)
-and EFFICIENT (m, h, b); FLASH's walk from the diagonal down and its split-KV heuristic (below 0.8 x 2 x
-SMs CTAs; partials resident when they fit). Assumed: cuDNN's tile order (m, h, b), its 128-row tiles and
-a static round-robin over them; forward K/V walks for attnscope, EFFICIENT and cuDNN; FLASH's spread s.
+Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (bench/gpu/bytes.sh,
+2026-11-30; bench/gpu/spill_probe.sh, 2026-12-01): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A,
+cyclic re-reads); ctas_per_sm (ncu occupancy: FLASH, EFFICIENT, attnscope portable 2; cuDNN 1, a
+persistent grid of 132 CTAs); FA-2's touched spill frames (`FA2_FRAME`, bounded by cuobjdump's STACK).
+Fitted on development data (heldout1/2, the spill probe, the recorded grid): a fused kernel's K/V keeps
+0.90 of that capacity beside its streamed Q/O (`L2Params.fused`). From sources: grid orders of attnscope
+(kernels/fwd.py, fwd_hopper.py), FLASH (m, b, h) and EFFICIENT (m, h, b); FLASH's walk from the diagonal
+down, its Is_even_MN dispatch and split-KV heuristic (below 0.8 x 2 x SMs CTAs). Assumed: cuDNN's tile
+order (m, h, b), 128-row tiles, static round-robin; forward K/V walks for attnscope, EFFICIENT and cuDNN;
+FLASH's spread s; attnscope's touched frame (half its ptxas frame); warp slots re-used 2 lifetimes later.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
@@ -66,24 +77,67 @@ class Kernel(NamedTuple):
     backward: bool  # causal K/V walked from the diagonal down (FlashAttention-2)
     lse: bool  # writes the FP32 logsumexp in an inference forward
     persistent: bool = False  # SMs x ctas_per_sm programs, program p takes tiles p, p + C, ... (static)
+    threads: int = 128  # threads per CTA
+    frame: tuple = (0, 0)  # local-memory (register spill) bytes each thread touches: (N a multiple of both
+    # blocks, ragged N), of the variant that runs (see `spill_bytes`)
 
 
-#: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one.
-#: flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>; kernel names),
-#: grid (m_blocks, b, h), n_block loop from the diagonal down. efficient: CUTLASS mem-eff 64 x 128
-#: (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a persistent
-#: grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in (m, h, b)
-#: order assumed. attnscope: kernels/fwd.py CONFIG_TABLE, grid (T_r, B*H), program b*H + h (heads fastest);
-#: causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's occupancy
-#: section on the H200 (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255
-#: registers, 98,336 B; d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
+#: FA-2's forward kernels spill (255 registers): the local-memory bytes each thread of a CTA touches,
+#: (Is_even_MN kernel, ragged kernel), by head dim and mask. Measured on the H200 (bench/gpu/spill_probe.sh,
+#: 2026-12-01, ncu l1tex__t_sectors_pipe_lsu_mem_local_op_st_lookup_miss: the L1 store misses of local
+#: lines, 32 B sectors, per CTA / 128 threads; constant across N 1.5k-24.6k, batch, heads, dtype): d 128
+#: causal 9.5 KB / 35.1 KB per CTA, unmasked 11.2 / 3.1 KB; d 64 causal 3.0 / 7.4 KB. The compiler's frames
+#: (cuobjdump -res-usage STACK, same probe) bound them: d 128 causal 136 / 376 B, unmasked 144 / 64 B, d 64
+#: causal 136 / 208 B, unmasked 112 / 88 B (`FA2_STACK`). d 64 unmasked was not probed: none (the recorded
+#: grid's DRAM writes at 32 heads, N 4k-16k, show no excess over O; ragged assumed alike).
+FA2_FRAME = {(128, True): (74, 274), (128, False): (87, 24), (64, True): (23, 58), (64, False): (0, 0)}
+FA2_STACK = {(128, True): (136, 376), (128, False): (144, 64), (64, True): (136, 208), (64, False): (112, 88)}
+#: attnscope's portable kernel: ptxas (bench/sm90_resources.py, Triton 3.6) reserves a 104 B (d 128
+#: unmasked) / 120 B (causal) stack frame, d 64 none; the bytes touched were not measured: half the frame
+#: (FA-2's touched / STACK above: 0.17-0.73, median 0.5).
+ATTNSCOPE_STACK = {(128, False): 104, (128, True): 120}
+ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items()}
+#: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties its
+#: dead local lines in the L2 before they are written back): assumed.
+SLOT_REUSE_LIFETIMES = 2.0
+
+#: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one; -d: the causal kernel
+#: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>;
+#: kernel names), grid (m_blocks, b, h), n_block loop from the diagonal down; its template Is_even_MN
+#: (N a multiple of block_q and block_kv) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff
+#: 64 x 128 (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a
+#: persistent grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in
+#: (m, h, b) order assumed. attnscope: the portable kernel (kernels/fwd.py CONFIG_TABLE), grid (T_r, B*H),
+#: program b*H + h (heads fastest); causal tiles heaviest first, each walking K/V forwards to its diagonal;
+#: spills: `ATTNSCOPE_FRAME`. Where kernels/fwd.py's HOPPER_VALIDATED names a Gluon variant for the call,
+#: `HOPPER_KERNELS` replaces it. CTAs per SM: ncu's occupancy section on the H200
+#: (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255 registers, 98,336 B;
+#: d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
 KERNELS = {
-    "flash": {128: Kernel(128, 64, 2, "bh", True, True), 64: Kernel(128, 128, 2, "bh", True, True)},
+    "flash": {128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, False]),
+              64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_FRAME[64, False]),
+              -128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, True]),
+              -64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_FRAME[64, True])},
     "efficient": {128: Kernel(64, 128, 2, "hb", False, False), 64: Kernel(64, 64, 2, "hb", False, False)},
     "cudnn": {128: Kernel(128, 128, 1, "hb", False, False, persistent=True),
               64: Kernel(128, 128, 1, "hb", False, False, persistent=True)},
-    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False), 64: Kernel(128, 128, 2, "hb", False, False),
-                  -64: Kernel(128, 64, 2, "hb", False, False)},  # -d: the causal config where it differs
+    "attnscope": {128: Kernel(128, 64, 2, "hb", False, False, frame=ATTNSCOPE_FRAME[128, False]),
+                  -128: Kernel(128, 64, 2, "hb", False, False, frame=ATTNSCOPE_FRAME[128, True]),
+                  64: Kernel(128, 128, 2, "hb", False, False),
+                  -64: Kernel(128, 64, 2, "hb", False, False)},
+}
+
+#: The Gluon Hopper variants (kernels/fwd_hopper.py VARIANTS) -> {head dim: Kernel}: NWG x BM query rows
+#: and BN keys per CTA, grid (tiles, B*H) like the portable kernel (heads fastest), or persistent (one CTA
+#: per SM, head-major tiles in snake order, causal heaviest first). One CTA per SM: 168 (NWG 2) / 128
+#: (NWG 3) registers x 9+ warps fill the register file. ptxas (bench/sm90_resources.py): no spills.
+_G = Kernel(128, 128, 1, "hb", False, False)
+_GP = _G._replace(persistent=True)
+HOPPER_KERNELS = {
+    "hopper": {128: _G, 64: _G}, "hopper_nopp": {128: _G, 64: _G}, "hopper_deep": {128: _G, 64: _G},
+    "hopper_wg3": {64: _G._replace(block_q=192)}, "hopper_wg3_pp": {64: _G._replace(block_q=192)},
+    "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)},
+    "hopper_persist": {128: _GP, 64: _GP}, "hopper_persist_pp": {128: _GP, 64: _GP},
 }
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
@@ -96,6 +150,10 @@ class L2Params:
     capacity: float = 0.580
     ramp: float = 1.72
     source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
+    #: share of ``capacity`` the K/V a fused kernel re-reads keeps beside its streamed Q, O (and spills):
+    #: fitted on the development data (heldout1/2, the spill probe, the recorded grid: 0.52 x L2 for the
+    #: K/V windows), where sets of 12-17 MB re-read 8-45 % more than the cyclic capacity predicts
+    fused: float = 0.90
 
 
 H200_L2_PARAMS = L2Params()
@@ -106,6 +164,18 @@ def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
     if ratio <= 1.0:
         return 0.0
     return min(1.0, (ratio - 1.0) / max(ramp - 1.0, 1e-9))
+
+
+def mean_miss(lo: float, hi: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
+    """Mean of `miss` over ratios uniform in [lo, hi] (closed form: the integral of a clipped line)."""
+    if hi - lo <= 1e-12 * max(1.0, hi):
+        return miss(hi, ramp)
+    w = max(ramp - 1.0, 1e-9)
+
+    def integral(r):  # of miss from 1 to r, in ratio units
+        u = (r - 1.0) / w
+        return 0.0 if u <= 0 else w * (u * u / 2 if u <= 1 else u - 0.5)
+    return (integral(hi) - integral(lo)) / (hi - lo)
 
 
 def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, other_bytes: float = 0.0,
@@ -164,6 +234,14 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         rereads_near = max(0.0, per_set * share - 1.0 - (heads - 1) * share)
         return 1.0 + rereads_near * miss(near / cap, params.ramp) + \
             (heads - 1) * share * miss(far / cap, params.ramp)
+    if order == "head" and window > 1.0:
+        # the re-read set shares a wave with a whole number of other sets, one more or one fewer than the
+        # mean ``window - 1`` depending on where the set boundaries fall: the reuse distance is spread one
+        # set wide around ``work`` (a set straddling two waves of two sets each has two sets between the
+        # reads of each tile; one alone in the earlier wave, one set plus what the next wave has read)
+        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(distinct, window + 0.5) * kv_bytes
+        other = work - window * kv_bytes
+        return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp)
     return 1.0 + passes * miss(work / cap, params.ramp)
 
 
@@ -264,11 +342,77 @@ def _retained(start: float, size: float, t_end: float, cap: float, total_span: f
     return size / span * (part1 + part2)
 
 
-def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
-           causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None) -> None:
+_FWD_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "fwd.py"
+_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+@functools.lru_cache(maxsize=1)
+def hopper_table() -> tuple:
+    """kernels/fwd.py's ``HOPPER_VALIDATED`` rows ``(d, dtype name, causal, n_min, n_max, variant)``, read
+    from its source with `ast` (the model never imports torch); () where the file or the table is absent.
+    Cached once per process (the source does not change under a running process)."""
+    try:
+        tree = ast.parse(_FWD_SOURCE.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return ()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "HOPPER_VALIDATED" for t in targets) and node.value:
+            return tuple(tuple(r) for r in ast.literal_eval(node.value))
+    return ()
+
+
+def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 4096,
+              attnscope_impl: str = "auto") -> tuple[str, Kernel]:
+    """(name, `Kernel`) of what ``impl`` runs for head dim ``d``, ``causal``, ``dtype``, N = ``n`` on an sm_90
+    GPU: for attnscope with ``attnscope_impl="auto"`` (what `attnscope.flash_attention` runs by default) the
+    Gluon variant kernels/fwd.py's ``HOPPER_VALIDATED`` names, else (or with "portable") its portable
+    kernel; ``KERNELS`` for the others."""
+    choice("impl", impl, tuple(KERNELS))
+    choice("attnscope_impl", attnscope_impl, ("auto", "portable"))
+    if impl == "attnscope" and attnscope_impl == "auto":
+        name = _DTYPE_NAMES.get(dtype, dtype)
+        for td, tt, tc, lo, hi, variant in hopper_table():
+            if td == d and tt == name and tc == causal and n >= lo and (hi is None or n <= hi):
+                table = HOPPER_KERNELS.get(variant)
+                if table is None:
+                    raise NotImplementedError(f"attnscope variant {variant!r} (kernels/fwd.py "
+                                              f"HOPPER_VALIDATED): not modelled; modelled: "
+                                              f"{', '.join(HOPPER_KERNELS)}")
+                return variant, table[min(table, key=lambda x: (abs(x - d), x))]
+    impl_name = "attnscope portable" if impl == "attnscope" else impl
     table = KERNELS[impl]
-    ker = table.get(-d if causal else d) or table.get(d) or \
-        table[min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))]
+    ker = table.get(-d if causal else d) or table.get(d)
+    if ker is None:
+        near = min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))
+        ker = table.get(-near if causal else near) or table[near]
+    return impl_name, ker
+
+
+def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
+    """Local-memory (register spill) bytes the CTAs of a kernel touch: each CTA's threads write their
+    frame (``ker.frame``: FA-2's Is_even_MN kernel when N is a multiple of both blocks, else the ragged
+    one). L1 writes local stores through to the L2, where the lines stay dirty."""
+    even = nq % ker.block_q == 0 and nk % ker.block_kv == 0
+    return ctas * ker.threads * ker.frame[0 if even else 1]
+
+
+def dead_frame_evicted(inserted: float, ctas: int, concurrent: int, cap: float) -> float:
+    """Fraction of the finished CTAs' dead (dirty) spill frames written back to DRAM: evicted before a new
+    CTA takes the same warp slots and re-dirties them, `SLOT_REUSE_LIFETIMES` CTA lifetimes later. In one
+    lifetime the machine inserts ``inserted`` x concurrent / ctas bytes; a line survives D inserted bytes
+    with exp(-D / cap) (random replacement, `_survival`); a call whose insertions fit evicts nothing."""
+    if inserted <= cap:
+        return 0.0
+    per_life = inserted * min(concurrent, ctas) / max(ctas, 1)
+    return 1.0 - math.exp(-SLOT_REUSE_LIFETIMES * per_life / cap)
+
+
+def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
+           causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None,
+           dtype: str = "fp16", attnscope_impl: str = "auto") -> None:
+    name, ker = kernel_of(impl, d, causal, dtype, max(nq, nk), attnscope_impl)
     per_sm = ker.ctas_per_sm if per_sm is None else per_sm
     c = sms * per_sm
     g = Grid(nq, nk, ker.block_q, ker.block_kv, causal=causal)
@@ -282,34 +426,41 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     mean_rows = g.kv_rows_total() / tr
     frac = mean_rows / nk  # mean share of K/V a CTA loads
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
-    q_o = 2 * ker.block_q * d * b
+    spill = spill_bytes(ker, bh * tr, nq, nk)
+    q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
+    kv_params = L2Params(params.capacity * params.fused, params.ramp, params.source, params.fused)
+    kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
-                       params=params)
+                       params=kv_params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
         between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
-        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / cap, params.ramp)
+        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / kv_cap, params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
-    k = KernelEstimate(f"{impl} forward (fused)")
+    k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
-    k.logical_write = ko + lse
+    k.logical_write = ko + lse + spill
     k.read = int(round(kq + kv_once + min(extra, k.logical_read - kq - kv_once)))
     out = ko + lse
     split = impl == "flash" and bh * tr < 0.8 * 2 * sms  # FA-2's split-KV heuristic (num_splits > 1)
     if split:  # fp32 partial O + LSE per split, read back by the combine kernel: resident when they fit
         n_splits = max(1, min(128, int(0.8 * 2 * sms) // max(1, bh * tr), cdiv(nk, 128)))
         partial = n_splits * bh * nq * (d * 4 + STAT_BYTES) if n_splits > 1 else 0
-        spill = max(0.0, partial - cap)
-        k.read += int(spill)
-        k.write += int(spill)
-    inserted = k.read + out
-    # O is written as the CTAs finish: spread over the kernel's whole stream of insertions
+        overflow = max(0.0, partial - cap)
+        k.read += int(overflow)
+        k.write += int(overflow)
+    # the frames of the last C CTAs are live (and dirty) when the kernel ends: only the others die early
+    ctas = bh * tr
+    spill *= max(0, ctas - c) / ctas * dead_frame_evicted(k.read + out, ctas, c, cap)
+    inserted = k.read + out + spill
+    # O is written as the CTAs finish: spread over the kernel's whole stream of insertions; what is still
+    # dirty in the L2 at the end is not counted (credited)
     kept = _retained(0.0, out, inserted, cap, total_span=inserted)
-    k.write += int(round(out - kept))
+    k.write += int(round(out + spill - kept))
     est.kernels.append(k)
     if kept >= 1:
         est.credits.append((DIRTY_O, int(round(kept))))
@@ -426,7 +577,8 @@ def compulsory(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str
 def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
              causal: bool = False, *, kv_heads: int | None = None, l2_bytes: int | None = None,
              sms: int | None = None, device: str = "h200", ctas_per_sm: int | None = None,
-             l2_fraction: float | None = None, ramp: float | None = None) -> Estimate:
+             l2_fraction: float | None = None, ramp: float | None = None,
+             attnscope_impl: str = "auto") -> Estimate:
     """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
 
     Parameters
@@ -439,6 +591,9 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
         model/roofline.py (pass the values read from the running GPU where there is one).
     ctas_per_sm: co-resident CTAs per SM of a fused kernel (default: `KERNELS`).
     l2_fraction, ramp: override `H200_L2_PARAMS` (capacity as a fraction of the L2; see `miss`).
+    attnscope_impl: "auto" (the Gluon variant kernels/fwd.py's HOPPER_VALIDATED names for the call, else the
+        portable kernel: what ``attnscope.flash_attention`` runs) or "portable" (measurements taken while
+        that table was empty); `kernel_of`.
 
     Returns
     -------
@@ -458,7 +613,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given")
+    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given",
+                      H200_L2_PARAMS.fused)
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
@@ -470,7 +626,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     if impl == "naive":
         _naive(est, n, n, d, b, batch * heads, causal, cap)
     else:
-        _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm)
+        _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm, dtype,
+               attnscope_impl)
     # the floor: inputs are read at least once (cold L2); anything below the compulsory bytes is credited
     qkv = batch * n * d * b * (heads + 2 * hkv)
     assert est.read >= qkv - len(est.kernels), (est.read, qkv)
