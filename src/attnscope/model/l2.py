@@ -139,6 +139,12 @@ HOPPER_KERNELS = {
     "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)},
     "hopper_persist": {128: _GP, 64: _GP}, "hopper_persist_pp": {128: _GP, 64: _GP},
 }
+# the barrier-light variants differ from their base only in how consumers release a slot (no memory traffic)
+HOPPER_KERNELS.update({"hopper_rel1": HOPPER_KERNELS["hopper"], "hopper_rel1_nopp": HOPPER_KERNELS["hopper"],
+                       "hopper_pt": HOPPER_KERNELS["hopper"], "hopper_pt_nopp": HOPPER_KERNELS["hopper"],
+                       "hopper_pt_deep": HOPPER_KERNELS["hopper"],
+                       "hopper_pt_wg3_pp": HOPPER_KERNELS["hopper_wg3_pp"],
+                       "hopper_pt_persist": HOPPER_KERNELS["hopper_persist"]})
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
