@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Fourth-session checks after the last kernel-side and measurement-layer changes (<= 4.5 min): the decode GPU
-# tests (dense chunk tiles through the page table), chunked prefill timed again, and the GPU paths of the
+# Fourth-session checks after the last kernel-side and measurement-layer changes (<= 9 min): every one-GPU test
+# (-m gpu; dense chunk tiles through the page table, the new Hopper row), chunked prefill timed again, and the GPU paths of the
 # measurement layer that changed (verify's kernel checks, which, bench --quick and its --from-json).
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
-TAIL=4 step decode_tests 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py tests/test_varlen.py
+TAIL=12 step gpu_tests 290 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests --ignore=tests/test_distributed.py -x
 TAIL=40 step chunked 60 python bench/chunked.py --no-flex --json $O/chunked.json
 TAIL=15 step verify 40 python -m attnscope verify --kernels on
 TAIL=6 step which 40 bash -c "python -m attnscope which --backend flash && python -m attnscope which --backend naive --causal"
