@@ -9,5 +9,5 @@ TAIL=12 step gpu_tests 280 python -m pytest -q -rfE -p no:cacheprovider -m gpu t
 TAIL=4 step hopper_row 70 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_fwd_hopper.py -k "hopper_pt_wg3_pp-"
 TAIL=40 step chunked 60 python bench/chunked.py --no-flex --json $O/chunked.json
 TAIL=15 step verify 40 python -m attnscope verify --kernels on
-TAIL=6 step which 40 bash -c "python -m attnscope which --backend flash && python -m attnscope which --backend naive --causal"
+TAIL=6 step which 40 bash -c "python -m attnscope which --backend flash && python -m attnscope which --backend math --causal"
 TAIL=12 step bench 120 bash -c "python -m attnscope bench --quick --json $O/bench.json && python -m attnscope bench --from-json $O/bench.json"
