@@ -139,45 +139,10 @@ def chunk_layouts(log):
     return out
 
 
-def evict(log):
-    """The shipped decode config with each L2 eviction hint on the K/V loads, graph replay beside CUDNN's
-    graph, two interleaved rounds per point (median of the per-round ratios)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    out = []
-    for B, Hq, Hkv, L in DECODE_POINTS:
-        q, k, v, lens = inputs(B, Hq, Hkv, L)
-        rep = 40 if B * L <= 2**20 else 100
-
-        def cudnn(q=q, k=k, v=v):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return sdpa(q, k, v, enable_gqa=True)
-        graphs = {"cudnn": graph_of(cudnn)}
-        for hint in ("", "evict_first", "evict_last"):
-            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False,
-                                         _config={**cfg_of(128, 4, 3), "KV_EVICT": hint})
-            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
-            assert err <= bound, (hint, err, bound)
-            graphs[hint or "none"] = graph_of(lambda plan=plan, a=(q, k, v, lens): plan.run(*a))
-        ratios = {n: [] for n in graphs if n != "cudnn"}
-        for _ in range(3):
-            t = {n: ms(g.replay, rep) for n, g in graphs.items()}
-            for n in ratios:
-                ratios[n].append(t["cudnn"] / t[n])
-        med = {n: sorted(r)[1] for n, r in ratios.items()}
-        log(f"evict B={B} Hkv={Hkv} L={L}: x CUDNN graph (median of 3 rounds) "
-            + " ".join(f"[{n}] {m:.3f}" for n, m in med.items()))
-        out.append({"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "ratios": ratios})
-        del graphs
-    return out
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--layouts", action="store_true", help="only the chunk cache-layout comparison")
-    p.add_argument("--evict", action="store_true", help="only the K/V eviction hints (decode, graph replay)")
     a = p.parse_args()
 
     def log(s):
@@ -185,8 +150,6 @@ def main():
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     if a.layouts:
         out["chunk_layouts"] = chunk_layouts(log)
-    elif a.evict:
-        out["evict"] = evict(log)
     else:
         out["chunk"] = [chunk_point(nq, log) for nq in (512, 2048)]
         out["decode"] = [decode_point(*pt, log) for pt in DECODE_POINTS]

@@ -586,8 +586,7 @@ for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
                  dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
                       MERGE_M=block_m if chunk else min(block_m, 4), MERGE_S=8 if block_m <= 16 else 1,
-                      WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged, PAGE_SIZE=page, CHUNK=chunk,
-                      KV_EVICT=""),
+                      WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged, PAGE_SIZE=page, CHUNK=chunk),
                  warps=cfg["num_warps"], stages=cfg["num_stages"])
     ptx = c.asm["ptx"]
     mma = "mma.sync" in ptx or "wgmma" in ptx

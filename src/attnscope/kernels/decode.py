@@ -193,7 +193,6 @@ def _build():
         PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
         PAGE_SIZE: tl.constexpr,
         CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
-        KV_EVICT: tl.constexpr,  # L2 eviction hint of the K/V loads ("" = none)
     ):
         # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
         # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -267,8 +266,7 @@ def _build():
             else:
                 k_off = rows.to(tl.int64) * stride_kn
                 v_off = rows.to(tl.int64) * stride_vn
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0,
-                        eviction_policy=KV_EVICT)
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
             if USE_DOT:
                 kt = tl.trans(k)  # [d, BLOCK_N]
                 s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
@@ -285,8 +283,7 @@ def _build():
             alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
             p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0,
-                        eviction_policy=KV_EVICT)
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
             if USE_DOT:
                 if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
                     p = round_bf16(p)
@@ -625,7 +622,6 @@ class DecodePlan:
             "SPLIT": split, "FUSE": fuse, "MERGE_M": merge_m, "MERGE_S": merge_s,
             "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
-            "KV_EVICT": cfg.get("KV_EVICT", ""),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
