@@ -30,6 +30,13 @@ E. streaming: as B with 128 readers per set (N = 16k, d = 128), each reader also
    (model/l2.py counts the resident CTAs' Q and O in a wave's working set; the two predictions are
    printed.)
 
+F. sharing (``--share``, only this): the same reuse distances W, three ways of re-reading, 3 passes each:
+   "mixed" = A (a chunk read by a different program each pass), "private" (chunk h always read by program
+   h: one SM, so one L2 partition's side), "shared" (every program reads the whole buffer each pass, in
+   step: every line read from both partitions at once, as a K/V set is by the CTAs of one head). Where a
+   read from the far L2 partition leaves a copy in the near one, a shared line holds two copies and a
+   private one 1 to 2: the capacity falls from private to mixed to shared (model/l2.py `COPIES`).
+
 The run ends with ``L2_PARAMS {json}`` (capacity in bytes, ramp, dirty_bytes, the GPU) and the line to
 paste into model/l2.py (``H200_L2_PARAMS = L2Params(capacity=<fraction of the L2>, ramp=...)``); E
 says whether the resident CTAs' Q/O belong in a wave's working set. Needs a CUDA GPU, Triton and ncu.
@@ -118,6 +125,18 @@ def experiments(sms: int, quick: bool) -> list[dict]:
     return ex
 
 
+def share_experiments(sms: int) -> list[dict]:
+    """F: the same W for the three ways of re-reading, W = k x P x one 16 KiB tile (P = 2 x SMs programs)."""
+    ex, p = [], 2 * sms
+    for k in (5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18, 20):
+        w = k * p * TILE * 4
+        base = {"W": w, "P": p, "causal": False, "backward": False, "qt": 0, "ot": 0, "passes": 3}
+        ex.append({**base, "exp": "mixed", "sets": w // (4 * TILE * 4), "T": 3, "tiles": 4, "order": 1})
+        ex.append({**base, "exp": "private", "sets": p, "T": 3, "tiles": k, "order": 1})
+        ex.append({**base, "exp": "shared", "sets": 1, "T": 3 * p, "tiles": k * p, "order": 0})
+    return ex
+
+
 # --- the child (runs under ncu) ----------------------------------------------------------------------
 def child(specs: list[dict]) -> int:
     import torch
@@ -187,6 +206,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
     p.add_argument("--json", metavar="PATH", help="write every point and the fitted parameters to PATH")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds for the ncu run (default 400)")
+    p.add_argument("--share", action="store_true", help="only F: mixed vs private vs shared re-reads")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -203,7 +223,7 @@ def main() -> int:
 
     props = torch.cuda.get_device_properties(0)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
-    specs = experiments(sms, a.quick)
+    specs = share_experiments(sms) if a.share else experiments(sms, a.quick)
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 / MiB:.1f} MiB; {len(specs)} launches "
           "under ncu", flush=True)
     try:
@@ -218,7 +238,9 @@ def main() -> int:
     for s, ks in ncu.pair(status, calls):
         read, write = sum(k.read for k in ks), sum(k.write for k in ks)
         r = {**s, "read": read, "write": write, "kernels": [k.to_json() for k in ks]}
-        if s["exp"] == "distance":
+        if s["exp"] in SHARE:
+            r["miss"] = (read - s["W"]) / ((s["passes"] - 1) * s["W"])
+        elif s["exp"] == "distance":
             w = s["sets"] * s["tiles"] * TILE * 4
             r["W"] = w
             r["miss"] = (read - w) / ((s["T"] - 1) * w)
@@ -246,6 +268,8 @@ def main() -> int:
         if not s.get("ok"):
             print(f"failed: {s['exp']}: {s.get('error')}")
 
+    if a.share:
+        return share_report(rows, status, l2, sms, torch, a.json)
     print("\nA. miss fraction of a re-read vs reuse distance W (cyclic, 3 passes)")
     for r in (r for r in rows if r["exp"] == "distance"):
         print(f"  W {r['W'] / MiB:7.1f} MiB  ({r['W'] / l2:5.2f} x L2)  DRAM read "
@@ -283,6 +307,32 @@ def main() -> int:
         day = datetime.date.today().isoformat()
         print(f"model/l2.py: H200_L2_PARAMS = L2Params(capacity={params['capacity'] / l2:.3f}, "
               f"ramp={params['ramp']:.2f}, source=\"bench/l2_reuse.py, {params['gpu']}, {day}\")")
+    return 0 if all(s.get("ok") for s in status) else 1
+
+
+SHARE = ("mixed", "private", "shared")
+
+
+def share_report(rows, status, l2, sms, torch, path) -> int:
+    """F's table (miss fraction of a re-read by W, per way) and each way's fitted capacity and ramp."""
+    print("\nF. miss fraction of a re-read vs reuse distance W: mixed (A) / private (one SM) / shared (all)")
+    by_w = {}
+    for r in rows:
+        by_w.setdefault(r["W"], {})[r["exp"]] = r["miss"]
+    for w, m in sorted(by_w.items()):
+        print(f"  W {w / MiB:7.2f} MiB ({w / l2:5.3f} x L2): " +
+              "  ".join(f"{k} {m[k]:+.3f}" if k in m else f"{k} n/a" for k in SHARE))
+    fits = {k: fit_distance([{"W": r["W"], "miss": r["miss"]} for r in rows if r["exp"] == k]) for k in SHARE}
+    for k, f in fits.items():
+        cap = f"{f['capacity'] / MiB:.1f} MiB = {f['capacity'] / l2:.3f} x L2" if f["capacity"] else "n/a"
+        print(f"  {k:8s} capacity {cap}, ramp {f['ramp'] or float('nan'):.2f}")
+    if path:
+        from attnscope.inputs import write_atomic
+
+        env = {"gpu": torch.cuda.get_device_name(0), "l2_bytes": l2, "sms": sms, "torch": torch.__version__}
+        write_atomic(path, json.dumps({"env": env, "rows": rows, "fits": fits}, indent=1), "--json")
+    print("L2_SHARE " + json.dumps({k: {"capacity": f["capacity"] / l2 if f["capacity"] else None,
+                                         "ramp": f["ramp"]} for k, f in fits.items()}))
     return 0 if all(s.get("ok") for s in status) else 1
 
 
