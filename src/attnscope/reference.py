@@ -109,16 +109,11 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
 
     Parameters
     ----------
-    q : array [..., Nq, d]
-    k : array [..., Nk, d]
-    v : array [..., Nk, dv]
-        Leading dims broadcast; dim -3 is heads, GQA when q's heads are a multiple of k's.
-    causal : bool, default False
-        Bottom-right aligned causal mask (``c <= r + Nk - Nq``).
-    scale : float, optional
-        Defaults to ``1/sqrt(d)``.
-    return_lse : bool, default False
-        Also return the natural-log logsumexp of the scaled scores, [..., Nq].
+    q, k, v : arrays [..., Nq, d], [..., Nk, d], [..., Nk, dv]; leading dims broadcast, dim -3 is heads
+        (GQA when q's heads are a multiple of k's).
+    causal : bool, default False: the bottom-right aligned mask (``c <= r + Nk - Nq``).
+    scale : float, default ``1/sqrt(d)``.
+    return_lse : bool, default False: also return the natural-log logsumexp of the scaled scores.
 
     Returns
     -------
@@ -208,13 +203,10 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     Parameters
     ----------
     q, k, v, causal, scale : as `naive_attention`.
-    block_q, block_kv : int, default 128, 64
-        Tile sizes B_r and B_c (the spec's). Ragged last tiles are exact.
-    normalized : bool, default False
-        Run FlashAttention-1's form: keep the accumulator normalised (``o_i``), dividing every tile.
-    trace_rows : sequence of int, optional
-        0-based query rows whose state (m, alpha, l, acc) is recorded after every tile they see. In the
-        FA-1 form ``acc`` is the normalised ``o_i``.
+    block_q, block_kv : int, default 128, 64: the tiles B_r and B_c (ragged last tiles are exact).
+    normalized : bool, default False: FlashAttention-1's form, ``acc`` normalised (``o_i``) every tile.
+    trace_rows : sequence of int, optional: 0-based query rows whose state (m, alpha, l, acc) is recorded
+        after every tile they see.
 
     Returns
     -------
@@ -562,13 +554,9 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
 
     Parameters
     ----------
-    do, o : array [..., Hq, Nq, dv]
-        Upstream gradient and the forward's output.
-    q : array [..., Hq, Nq, d]
-    k : array [..., Hkv, Nk, d]
-    v : array [..., Hkv, Nk, dv]
-    lse : array [..., Hq, Nq]
-        The forward's natural-log logsumexp of the scaled scores (-inf for rows with no permitted key).
+    do, o : arrays [..., Hq, Nq, dv]: the upstream gradient and the forward's output.
+    q, k, v : arrays [..., Hq, Nq, d], [..., Hkv, Nk, d], [..., Hkv, Nk, dv].
+    lse : array [..., Hq, Nq]: the forward's logsumexp (-inf for rows with no permitted key).
     causal, scale : as `naive_attention`.
 
     Returns

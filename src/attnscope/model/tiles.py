@@ -24,7 +24,7 @@ a bounds check, which is not a causal mask).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from attnscope.errors import InputError, positive_int, short
 
@@ -66,10 +66,8 @@ class Grid:
     causal: bool = False
 
     def __post_init__(self) -> None:
-        positive_int("nq", self.nq)
-        positive_int("nk", self.nk)
-        positive_int("block_q", self.block_q)
-        positive_int("block_kv", self.block_kv)
+        for name in ("nq", "nk", "block_q", "block_kv"):
+            positive_int(name, getattr(self, name))
 
     @property
     def n_q_tiles(self) -> int:
@@ -226,18 +224,9 @@ class TileSchedule:
     row_classes: dict[int, dict[str, tuple[int, int] | None]]
 
     def to_json(self) -> dict:
-        return {
-            "query_tile": self.query_tile,
-            "rows": list(self.rows),
-            "loaded": self.loaded,
-            "skipped": self.skipped,
-            "full": self.full,
-            "masked": self.masked,
-            "row_classes": {
-                str(j): {k: (list(v) if v else None) for k, v in rc.items()}
-                for j, rc in self.row_classes.items()
-            },
-        }
+        classes = {str(j): {k: list(v) if v else None for k, v in rc.items()}
+                   for j, rc in self.row_classes.items()}
+        return asdict(self) | {"rows": list(self.rows), "row_classes": classes}
 
 
 def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
