@@ -7,6 +7,7 @@ import math
 import re
 import sys
 
+from attnscope.errors import InputError
 from attnscope.model.roofline import KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
 
 GiB = 1024 * MiB
@@ -113,8 +114,6 @@ def ledger(row, mib: bool = True) -> list[list[str]]:
 
 def int_list(flag: str, text: str, least: int | None = None) -> list[int]:
     """A flag's comma-separated integers ("2,4,8"), each at least `least` when given; one line if not."""
-    from attnscope.errors import InputError
-
     what = "comma-separated integers" if least is None else f"comma-separated integers >= {least}"
     try:
         out = [int(x) for x in text.split(",")]

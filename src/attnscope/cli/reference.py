@@ -10,6 +10,7 @@ import os
 
 from attnscope.cli._out import console, print_json, table
 from attnscope.errors import InputError, short
+from attnscope.inputs import gc_paused, load_json
 
 # Spec §3.2: one query row, d = 2, two tiles of two keys each.
 SPEC_TILES = [
@@ -56,8 +57,6 @@ TABLE_STEPS = 40
 def load_tiles(path: str) -> list[tuple[list, list]]:
     """Read the ``--input`` JSON into ``[(scores, values), ...]``; any problem is one InputError line
     (the numbers themselves are checked by `online_softmax_trace`)."""
-    from attnscope.inputs import load_json
-
     doc = load_json(path, "--input")
     if not isinstance(doc, dict) or "tiles" not in doc:
         raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {short(doc)}')
@@ -91,8 +90,6 @@ def _fmt_short(xs: list, keep: int = 8) -> str:
 
 def cmd_trace(args) -> int:
     import numpy as np
-
-    from attnscope.inputs import gc_paused
 
     # errstate: m_old - m_new = -inf near the float limit is exact (exp() = 0), not a warning to print;
     # gc_paused: a 200,000-tile input is a million containers the collector would re-walk for nothing.

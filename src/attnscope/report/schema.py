@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.errors import InputError, expect, finite_real, short
-from attnscope.inputs import number_text
+from attnscope.inputs import load_json, load_yaml, number_text, read_text
 from attnscope.model import amdahl
 
 DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
@@ -107,16 +107,12 @@ def load(path: str | Path | None = None) -> Trace:
         from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
         return parse(DEFAULT_TRACE_YAML, "default trace")
-    from attnscope.inputs import read_text
-
     text = read_text(path, "TRACE")
     return parse(text, str(path), as_json=Path(path).suffix.lower() == ".json")
 
 
 def parse(text: str, where: str = "trace", as_json: bool = False) -> Trace:
     """Parse trace text (YAML, which includes JSON, unless `as_json`) and validate it."""
-    from attnscope.inputs import load_json, load_yaml
-
     data = load_json(where, "TRACE", text=text) if as_json else load_yaml(where, "TRACE", text=text)
     return validate(data)
 
