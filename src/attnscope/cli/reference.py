@@ -12,11 +12,8 @@ from attnscope.cli._out import console, print_json, table
 from attnscope.errors import InputError, short
 from attnscope.inputs import gc_paused, load_json
 
-# Spec §3.2: one query row, d = 2, two tiles of two keys each.
-SPEC_TILES = [
-    {"scores": [8.0, 6.0], "values": [[1.0, 2.0], [3.0, 4.0]]},
-    {"scores": [10.0, 7.0], "values": [[5.0, 6.0], [7.0, 8.0]]},
-]
+# Spec §3.2: one query row, d = 2, two tiles of two keys each: (scores, values).
+SPEC_TILES = [([8.0, 6.0], [[1.0, 2.0], [3.0, 4.0]]), ([10.0, 7.0], [[5.0, 6.0], [7.0, 8.0]])]
 MATCH_TOL = 1e-9  # the trace and the global softmax differ only by float64 rounding
 
 
@@ -100,7 +97,7 @@ def cmd_trace(args) -> int:
 def _trace(args) -> int:
     from attnscope.reference import online_softmax_trace
 
-    tiles = load_tiles(args.input) if args.input else [(t["scores"], t["values"]) for t in SPEC_TILES]
+    tiles = load_tiles(args.input) if args.input else SPEC_TILES
     tr = online_softmax_trace(tiles)
     scale = max(1.0, max(abs(x) for x in tr.reference))
     ok = tr.max_abs_diff <= MATCH_TOL * scale
