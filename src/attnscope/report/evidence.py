@@ -405,11 +405,7 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
 
 # ------------------------------------------------------------------------------------------ profile
 
-#: The share's one definition and the one rule for "what is attention": attnscope/chrome_trace.py.
-ProfileShare = chrome_trace.Share
-
-
-def profile(path) -> ProfileShare:
+def profile(path) -> chrome_trace.Share:
     """Attention's share of the prefill in a torch.profiler Chrome trace (`export_chrome_trace`), by
     `attnscope.chrome_trace.attention_share`: the rule and the definition `attnscope share` uses."""
     where = f"--profile {Path(path).name}"
