@@ -51,9 +51,6 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
     attn = attention_fn(attention, causal=True)
     gen = torch.Generator(device=device).manual_seed(seed)
 
-    def ones(n):
-        return nn.Parameter(torch.ones(n, device=device, dtype=dtype), requires_grad=False)
-
     def weight(*dims):  # N(0, 1/fan_in), drawn on the device (fast), then cast
         w = torch.randn(*dims, generator=gen, device=device) * (1.0 / math.sqrt(dims[-1]))
         return nn.Parameter(w.to(dtype), requires_grad=False)
@@ -66,7 +63,8 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
         def __init__(self):
             super().__init__()
             h, m = shape.hidden, shape.mlp
-            self.norm1, self.norm2 = ones(h), ones(h)
+            self.norm1 = nn.Parameter(torch.ones(h, device=device, dtype=dtype), requires_grad=False)
+            self.norm2 = nn.Parameter(torch.ones(h, device=device, dtype=dtype), requires_grad=False)
             self.wqkv = weight(3 * h, h)     # [3h, h]
             self.wo = weight(h, h)           # [h, h]
             self.w_gate_up = weight(2 * m, h)  # [2m, h]
@@ -91,7 +89,8 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
         def __init__(self):
             super().__init__()
             self.layers = nn.ModuleList(Layer() for _ in range(shape.layers))
-            self.norm = ones(shape.hidden)
+            self.norm = nn.Parameter(torch.ones(shape.hidden, device=device, dtype=dtype),
+                                     requires_grad=False)
 
         def forward(self, x):  # x [B, P, h] -> [B, P, h]
             P = x.shape[1]
