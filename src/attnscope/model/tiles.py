@@ -87,7 +87,8 @@ class Grid:
     # --- 1-based geometry ------------------------------------------------------------------------
     def rows(self, i: int) -> tuple[int, int]:
         """Rows (1-based, inclusive) of query tile ``i``."""
-        self._check_query_tile(i)
+        if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
+            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
         return (self.block_q * (i - 1) + 1, min(self.block_q * i, self.nq))
 
     def cols(self, j: int) -> tuple[int, int]:
@@ -205,10 +206,6 @@ class Grid:
     def permitted(self, r: int, c: int) -> bool:
         """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""
         return (not self.causal) or c <= r + self.offset
-
-    def _check_query_tile(self, i: int) -> None:
-        if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
-            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
 
 
 @dataclass(frozen=True)
