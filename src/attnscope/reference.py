@@ -373,9 +373,7 @@ class Trace:
     @property
     def steps(self) -> list[dict]:
         """Every tile's `step` (built on demand: a table shows a few, JSON all)."""
-        m, alpha, l_i, acc = self.m.tolist(), self.alpha.tolist(), self.l.tolist(), self.acc.tolist()
-        return [{"tile": j + 1, "m": m[j], "alpha": None if j == 0 else alpha[j], "l": l_i[j], "acc": acc[j]}
-                for j in range(len(m))]
+        return [self.step(j) for j in range(len(self.m))]
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "output": self.output, "reference": self.reference,
