@@ -195,10 +195,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
                     *, _apply_mask: bool = True):
     """FlashAttention-2 forward, tile by tile, in float64.
 
-    Query tiles outer, KV tiles inner. For query tile i the KV tiles ``1..n_full`` are processed without
-    mask arithmetic, ``n_full+1..n_loaded`` are masked (they straddle the diagonal), and the rest are
-    skipped (never loaded) -- both counts from ``Grid.kv_bounds`` in `model/tiles.py`. The skip bound
-    changes only the cost; the mask changes the result, and it is applied before the running max.
+    Query tiles outer, KV tiles inner; per query tile ``Grid.kv_bounds`` (`model/tiles.py`) gives the KV
+    tiles loaded unmasked, loaded and masked (before the running max), and skipped.
 
     Parameters
     ----------
@@ -380,21 +378,16 @@ class Trace:
                 "weights": self.weights, "max_abs_diff": self.max_abs_diff}
 
 
-#: Largest sum of |values| the float64 accumulator may have to hold: each |v| must stay within this over
-#: the number of keys, so ``acc`` cannot overflow to inf (a false mismatch against a finite reference).
-#: Scores may be any finite float: only differences from the running max are exponentiated, and one
-#: that overflows to -inf is an exact exp() = 0.
+#: Largest sum of |values| the float64 accumulator may hold: each |v| must stay within it over the number
+#: of keys, so ``acc`` cannot overflow to inf. Scores may be any finite float (only differences are exp'd).
 TRACE_MAX_ABS = 1e300
 
 
 def online_softmax_trace(tiles) -> Trace:
     """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
 
-    The recurrence is computed for every tile at once, in O(keys x dv + tiles x dv x log tiles): the
-    running max ``m_j`` is a cumulative max, ``alpha_j = exp(m_{j-1} - m_j)``, ``p = exp(s - m_j)`` for
-    tile j's keys, and the linear recurrences ``l_j = alpha_j l_{j-1} + rowsum(p_j)``, ``acc_j = alpha_j
-    acc_{j-1} + p_j V_j`` are solved by a prefix scan; the states are the sequential loop's up to the
-    order of float64 additions.
+    Every tile at once: ``m_j`` is a cumulative max and the linear recurrences of ``l_j`` and ``acc_j``
+    are solved by a prefix scan, giving the sequential loop's states up to float64 rounding.
 
     Parameters
     ----------
@@ -447,9 +440,8 @@ def _linear_scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _plain_tiles(tiles):
-    """Fast path: every tile a pair of plain lists of int/float, one width throughout; flattened to
-    ``(s [K], v [K, dv], lengths [n])``. None when anything is not, for `_checked_tiles` to name it.
-    Each check is one C-level pass (`map`, `set`, `chain`), not a Python loop per tile."""
+    """Fast path: plain lists of int/float flattened to ``(s [K], v [K, dv], lengths [n])`` by C-level
+    passes (`map`, `set`, `chain`); None when anything is not, for `_checked_tiles` to name it."""
     chain = itertools.chain.from_iterable
     if not set(map(type, tiles)) <= {tuple, list} or set(map(len, tiles)) != {2}:
         return None
