@@ -170,14 +170,9 @@ class Grid:
         return min(n_loaded * self.block_kv, self.nk)
 
     def loaded_pairs(self) -> tuple[int, int]:
-        """``(pairs, full)``: (query tile, KV tile) pairs the grid loads -- the sum of ``n_loaded`` of
-        `kv_bounds` over the query tiles -- and how many query tiles load every KV tile, in closed form
-        (constant time in N).
-
-        Causal, query tiles i = 1 .. T_r - 1 end at row B_r i: n_loaded(i) = clamp(ceil((B_r i + off) /
-        B_c), 0, T_c). The tiles split into three runs of i -- none loaded, a ceiling of a linear function,
-        all T_c -- and the middle run is a floor sum (`floor_sum`, O(log) steps). The last tile is added
-        directly.
+        """``(pairs, full)``: the (query tile, KV tile) pairs the grid loads (the sum of `kv_bounds`'s
+        ``n_loaded``) and how many query tiles load every KV tile, in closed form: causal, the tiles before
+        the last split into runs loading none, ``ceil((B_r i + off) / B_c)`` (a `floor_sum`), and all T_c.
         """
         tr, tc, bq, bc, off = self.n_q_tiles, self.n_kv_tiles, self.block_q, self.block_kv, self.offset
         if not self.causal:
@@ -227,13 +222,9 @@ class TileSchedule:
 
 
 def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
-    """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it per program.
-
-    For the query tile starting at row ``start_m * block_q`` (0-based), returns ``(lo, hi)``: columns
-    ``[0, lo)`` need no mask, ``[lo, hi)`` are loaded and masked, ``[hi, Nk)`` are skipped; ``lo`` and
-    ``hi`` are multiples of ``block_kv`` or ``Nk``. The Triton kernels compute the same expression
-    in-kernel (they cannot call Python); tests hold the two against each other.
-    """
+    """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it in-kernel (tests hold the
+    two against each other): for the query tile at row ``start_m * block_q``, columns ``[0, lo)`` need no
+    mask, ``[lo, hi)`` are loaded and masked, ``[hi, Nk)`` are skipped."""
     g = Grid(nq, nk, block_q, block_kv, causal=True)
     n_full, n_loaded = g.kv_bounds(start_m + 1)
     return (min(n_full * block_kv, nk), min(n_loaded * block_kv, nk))
