@@ -98,11 +98,8 @@ class Trace:
 
 
 def load(path: str | Path | None = None) -> Trace:
-    """Read a trace file (.yaml, .yml or .json) and validate it; None gives the spec's default trace.
-
-    The file is read through `attnscope.inputs` (strict UTF-8, bounded size and nesting, no YAML
-    aliases or duplicate keys, no giant integers): every problem is one `InputError` naming TRACE.
-    """
+    """Read a trace file (.yaml, .yml or .json) through `attnscope.inputs` and validate it; None gives the
+    spec's default trace. Every problem is one `InputError` naming TRACE."""
     if path is None:
         from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
