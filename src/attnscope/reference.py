@@ -58,9 +58,7 @@ def _prepare(q, k, v, scale):
 
     Returns ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale.
     """
-    q = _as_float64("q", q, 2)
-    k = _as_float64("k", k, 2)
-    v = _as_float64("v", v, 2)
+    q, k, v = (_as_float64(name, x, 2) for name, x in (("q", q), ("k", k), ("v", v)))
     nq, d = q.shape[-2:]
     nk = k.shape[-2]
     if nq < 1 or d < 1:
@@ -80,16 +78,13 @@ def _prepare(q, k, v, scale):
         hq, hkv = q.shape[-3], k.shape[-3]
         if hkv == 0 or hq % hkv:
             raise InputError(f"k: expected a number of heads (dim -3) dividing q's {hq}, got shape {k.shape}")
-        k = np.repeat(k, hq // hkv, axis=-3)
-        v = np.repeat(v, hq // hkv, axis=-3)
+        k, v = (np.repeat(x, hq // hkv, axis=-3) for x in (k, v))
     try:
         lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     except ValueError as e:
         raise InputError(f"k: expected leading dims broadcastable with q's {q.shape[:-2]}, "
                          f"got shape {k.shape}") from e
-    q = np.broadcast_to(q, lead + q.shape[-2:])
-    k = np.broadcast_to(k, lead + k.shape[-2:])
-    v = np.broadcast_to(v, lead + v.shape[-2:])
+    q, k, v = (np.broadcast_to(x, lead + x.shape[-2:]) for x in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
