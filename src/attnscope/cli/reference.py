@@ -38,10 +38,9 @@ def configure(sub) -> None:
                     "where they can run.")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
     p.add_argument("--kernels", default="auto", choices=("auto", "on", "off"),
-                   help="check the Triton kernels as well: auto = when a CUDA GPU is present or "
-                        "TRITON_INTERPRET=1 is set; on = always, turning on the Triton CPU interpreter when "
-                        "there is no GPU (slow; a failure if they cannot run); off = never "
-                        "(default: %(default)s)")
+                   help="check the Triton kernels too: auto = with a CUDA GPU or TRITON_INTERPRET=1; on = "
+                        "always (the slow CPU interpreter without a GPU; a failure if they cannot run); off "
+                        "= never (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of lines")
     p.set_defaults(func=cmd_verify)
 
