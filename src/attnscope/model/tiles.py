@@ -98,17 +98,13 @@ class Grid:
         return (self.block_kv * (j - 1) + 1, min(self.block_kv * j, self.nk))
 
     def kv_bounds(self, i: int) -> tuple[int, int]:
-        """``(n_full, n_loaded)`` for query tile ``i`` (1-based).
+        """``(n_full, n_loaded)`` for query tile ``i`` (1-based): KV tiles ``1..n_full`` are loaded without
+        mask arithmetic, ``n_full+1..n_loaded`` loaded and masked, ``n_loaded+1..T_c`` skipped.
 
-        KV tiles ``1..n_full`` are loaded without mask arithmetic, ``n_full+1..n_loaded`` are loaded and
-        masked, ``n_loaded+1..T_c`` are skipped. Closed form of the skip bound:
-
-        - tile j is loaded iff its first column is permitted for the tile's last row:
-          ``B_c (j-1) + 1 <= r_last + (Nk - Nq)``,
-          so ``n_loaded = clamp(ceil((r_last + off) / B_c), 0, T_c)``;
-        - tile j needs no mask iff its last column is permitted for the tile's first row:
-          ``min(B_c j, Nk) <= r_first + off``, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)``
-          (and every tile when ``r_first + off >= Nk``).
+        Tile j is loaded iff its first column is permitted for the tile's last row, so ``n_loaded =
+        clamp(ceil((r_last + off) / B_c), 0, T_c)``; it needs no mask iff its last column is permitted for
+        the first row, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)`` (all when
+        ``r_first + off >= Nk``).
         """
         r0, r1 = self.rows(i)
         if not self.causal:
@@ -120,11 +116,8 @@ class Grid:
         return (n_full, n_loaded)
 
     def schedule(self, i: int) -> TileSchedule:
-        """The causal (or unmasked) schedule of query tile ``i`` (1-based), as explicit lists.
-
-        The lists grow with T_c, so they are built only up to `MAX_LISTED` KV tiles; beyond that
-        `kv_bounds(i)` gives the same answer as two integers (the CLI prints ranges from it).
-        """
+        """The schedule of query tile ``i`` (1-based) as explicit lists, up to `MAX_LISTED` KV tiles
+        (`kv_bounds(i)` gives the same as two integers at any size)."""
         n_full, n_loaded = self.kv_bounds(i)
         if self.n_kv_tiles > MAX_LISTED or n_loaded - n_full > MAX_LISTED // 64:
             raise InputError(f"block_kv: expected at most {MAX_LISTED:,} KV tiles (and {MAX_LISTED // 64:,} "
