@@ -776,16 +776,6 @@ def test_tables_never_cut_numbers_at_80_columns():
 
 # ---------------------------------------------------------------------------------- 9. Python API
 API = [
-    (lambda: errors.check_scale(True), "scale: expected None or a finite real"),
-    (lambda: errors.check_scale(1e37), "scale: expected None or a finite real"),
-    (lambda: errors.check_scale(float("nan")), "scale: expected"),
-    (lambda: errors.check_scale(0.0), "scale: expected"),
-    (lambda: errors.check_scale(-1), "scale: expected"),
-    (lambda: errors.check_scale("0.1"), "scale: expected"),
-    (lambda: errors.check_scale(10**400), "scale: expected"),
-    (lambda: errors.check_bool("causal", "no"), "causal: expected True or False, got 'no'"),
-    (lambda: errors.check_bool("causal", 1), "causal: expected True or False, got 1"),
-    (lambda: errors.check_bool("return_lse", None), "return_lse: expected True or False"),
     (lambda: __import__("attnscope.model.traffic", fromlist=["x"]).traffic(0), "nq: expected"),
     (
         lambda: __import__("attnscope.model.traffic", fromlist=["x"]).traffic(
@@ -843,12 +833,6 @@ def test_short_never_expands_a_huge_value():
     for _ in range(10_000):
         nested = [nested]
     assert len(errors.short(nested)) <= errors.ECHO_CHARS
-
-
-def test_check_scale_and_bool_accept_good_values():
-    assert errors.check_scale(None) is None
-    assert errors.check_scale(0.125) == 0.125 and errors.check_scale(2) == 2.0
-    assert errors.check_bool("causal", True) is True
 
 
 # --------------------------------------------------------------------- 10. kernels' arguments (CPU)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.errors import InputError, finite_real
+from attnscope.inputs import load_json
 
 #: Kernel families, fused attention ones first.
 FUSED = ("attnscope", "flash", "efficient", "cudnn")
@@ -103,8 +104,6 @@ class KernelEvent:
 def load(path, where: str = "trace"):
     """Read a Chrome trace (``.json`` or ``.json.gz``) through `attnscope.inputs` (UTF-8, size, depth,
     giant integers, NaN/inf); a bad file is an InputError naming ``where``."""
-    from attnscope.inputs import load_json
-
     if not str(path).endswith(".gz"):
         return load_json(path, where)
     try:

@@ -12,7 +12,6 @@ otherwise be expanded into the message).
 from __future__ import annotations
 
 import math
-import numbers
 
 #: Longest echo of a bad value inside an error message.
 ECHO_CHARS = 60
@@ -89,32 +88,3 @@ def choice(name: str, value: object, valid) -> str:
     valid = list(valid)
     expect(isinstance(value, str) and value in valid, name, "one of " + ", ".join(map(str, valid)), value)
     return value  # type: ignore[return-value]
-
-
-def check_bool(name: str, value: object) -> bool:
-    """Validate a real `bool` (not 0/1, not "no", not a tensor) and return it.
-
-    For public API flags such as `flash_attention(causal=...)`: `causal="no"` is truthy and would
-    silently mean causal.
-    """
-    expect(isinstance(value, bool), name, "True or False", value)
-    return value  # type: ignore[return-value]
-
-
-def check_scale(value: object, name: str = "scale") -> float | None:
-    """Validate an attention softmax scale: None (meaning 1/sqrt(d)) or a finite real > 0, not a bool.
-
-    Bounded above by 1e4: the kernels multiply scores by scale * log2(e) in FP32, and a scale like 1e37
-    overflows that product to inf and the softmax to NaN where float64 SDPA stays finite. No
-    practical attention uses a scale above 1e4 (1/sqrt(d) <= 1; temperature-sharpened variants stay
-    within 10^2).
-    """
-    if value is None:
-        return None
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    try:
-        ok = ok and math.isfinite(float(value)) and 0 < float(value) <= 1e4  # type: ignore[arg-type]
-    except OverflowError:  # an int beyond float range
-        ok = False
-    expect(ok, name, "None or a finite real number in (0, 1e4]", value)
-    return float(value)  # type: ignore[arg-type]

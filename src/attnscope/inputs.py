@@ -82,12 +82,9 @@ _NOT_STRUCTURE = bytes(c for c in range(256) if chr(c) not in '[]{}"\\')
 
 
 def _check_depth_json(text: str, field: str) -> None:
-    """Bracket depth outside strings, linear in the text and never recursive.
-
-    Fast path (no backslash, so every '"' delimits a string): keep only brackets and quotes (C-speed
-    `bytes.translate`), drop the strings between quote pairs, and take the maximum running depth. The
-    exact scan below runs when the text has escapes or is too deep, and names the offset.
-    """
+    """Bracket depth outside strings, linear and never recursive. Fast path (no backslash: every '"'
+    delimits a string): brackets and quotes kept by `bytes.translate`, strings dropped, the maximum
+    running depth taken; the exact scan runs for escapes or too deep a text, and names the offset."""
     if "\\" not in text:
         kept = text.encode("utf-8", "surrogatepass").translate(None, _NOT_STRUCTURE)
         brackets = b"".join(kept.split(b'"')[::2])
@@ -124,9 +121,8 @@ def _json_const(s: str):
 
 @contextlib.contextmanager
 def gc_paused():
-    """Pause Python's cycle collector while a large acyclic structure is built (a parsed file, the lists
-    made from it): it would re-walk every container, again and again, with nothing to free. Restored on
-    exit; reference counting still frees everything as usual."""
+    """Pause Python's cycle collector while a large acyclic structure is built (a parsed file): it would
+    re-walk every container with nothing to free. Restored on exit."""
     was_on = gc.isenabled()
     gc.disable()
     try:

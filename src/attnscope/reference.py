@@ -58,9 +58,7 @@ def _prepare(q, k, v, scale):
 
     Returns ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale.
     """
-    q = _as_float64("q", q, 2)
-    k = _as_float64("k", k, 2)
-    v = _as_float64("v", v, 2)
+    q, k, v = (_as_float64(name, x, 2) for name, x in (("q", q), ("k", k), ("v", v)))
     nq, d = q.shape[-2:]
     nk = k.shape[-2]
     if nq < 1 or d < 1:
@@ -80,16 +78,13 @@ def _prepare(q, k, v, scale):
         hq, hkv = q.shape[-3], k.shape[-3]
         if hkv == 0 or hq % hkv:
             raise InputError(f"k: expected a number of heads (dim -3) dividing q's {hq}, got shape {k.shape}")
-        k = np.repeat(k, hq // hkv, axis=-3)
-        v = np.repeat(v, hq // hkv, axis=-3)
+        k, v = (np.repeat(x, hq // hkv, axis=-3) for x in (k, v))
     try:
         lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     except ValueError as e:
         raise InputError(f"k: expected leading dims broadcastable with q's {q.shape[:-2]}, "
                          f"got shape {k.shape}") from e
-    q = np.broadcast_to(q, lead + q.shape[-2:])
-    k = np.broadcast_to(k, lead + k.shape[-2:])
-    v = np.broadcast_to(v, lead + v.shape[-2:])
+    q, k, v = (np.broadcast_to(x, lead + x.shape[-2:]) for x in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -109,16 +104,11 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
 
     Parameters
     ----------
-    q : array [..., Nq, d]
-    k : array [..., Nk, d]
-    v : array [..., Nk, dv]
-        Leading dims broadcast; dim -3 is heads, GQA when q's heads are a multiple of k's.
-    causal : bool, default False
-        Bottom-right aligned causal mask (``c <= r + Nk - Nq``).
-    scale : float, optional
-        Defaults to ``1/sqrt(d)``.
-    return_lse : bool, default False
-        Also return the natural-log logsumexp of the scaled scores, [..., Nq].
+    q, k, v : arrays [..., Nq, d], [..., Nk, d], [..., Nk, dv]; leading dims broadcast, dim -3 is heads
+        (GQA when q's heads are a multiple of k's).
+    causal : bool, default False: the bottom-right aligned mask (``c <= r + Nk - Nq``).
+    scale : float, default ``1/sqrt(d)``.
+    return_lse : bool, default False: also return the natural-log logsumexp of the scaled scores.
 
     Returns
     -------
@@ -200,21 +190,16 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
                     *, _apply_mask: bool = True):
     """FlashAttention-2 forward, tile by tile, in float64.
 
-    Query tiles outer, KV tiles inner. For query tile i the KV tiles ``1..n_full`` are processed without
-    mask arithmetic, ``n_full+1..n_loaded`` are masked (they straddle the diagonal), and the rest are
-    skipped (never loaded) -- both counts from ``Grid.kv_bounds`` in `model/tiles.py`. The skip bound
-    changes only the cost; the mask changes the result, and it is applied before the running max.
+    Query tiles outer, KV tiles inner; per query tile ``Grid.kv_bounds`` (`model/tiles.py`) gives the KV
+    tiles loaded unmasked, loaded and masked (before the running max), and skipped.
 
     Parameters
     ----------
     q, k, v, causal, scale : as `naive_attention`.
-    block_q, block_kv : int, default 128, 64
-        Tile sizes B_r and B_c (the spec's). Ragged last tiles are exact.
-    normalized : bool, default False
-        Run FlashAttention-1's form: keep the accumulator normalised (``o_i``), dividing every tile.
-    trace_rows : sequence of int, optional
-        0-based query rows whose state (m, alpha, l, acc) is recorded after every tile they see. In the
-        FA-1 form ``acc`` is the normalised ``o_i``.
+    block_q, block_kv : int, default 128, 64: the tiles B_r and B_c (ragged last tiles are exact).
+    normalized : bool, default False: FlashAttention-1's form, ``acc`` normalised (``o_i``) every tile.
+    trace_rows : sequence of int, optional: 0-based query rows whose state (m, alpha, l, acc) is recorded
+        after every tile they see.
 
     Returns
     -------
@@ -381,30 +366,23 @@ class Trace:
     @property
     def steps(self) -> list[dict]:
         """Every tile's `step` (built on demand: a table shows a few, JSON all)."""
-        m, alpha, l_i, acc = self.m.tolist(), self.alpha.tolist(), self.l.tolist(), self.acc.tolist()
-        return [{"tile": j + 1, "m": m[j], "alpha": None if j == 0 else alpha[j], "l": l_i[j], "acc": acc[j]}
-                for j in range(len(m))]
+        return [self.step(j) for j in range(len(self.m))]
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "output": self.output, "reference": self.reference,
                 "weights": self.weights, "max_abs_diff": self.max_abs_diff}
 
 
-#: Largest sum of |values| the float64 accumulator may have to hold: each |v| must stay within this over
-#: the number of keys, so ``acc`` cannot overflow to inf (a false mismatch against a finite reference).
-#: Scores may be any finite float: only differences from the running max are exponentiated, and one
-#: that overflows to -inf is an exact exp() = 0.
+#: Largest sum of |values| the float64 accumulator may hold: each |v| must stay within it over the number
+#: of keys, so ``acc`` cannot overflow to inf. Scores may be any finite float (only differences are exp'd).
 TRACE_MAX_ABS = 1e300
 
 
 def online_softmax_trace(tiles) -> Trace:
     """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
 
-    The recurrence is computed for every tile at once, in O(keys x dv + tiles x dv x log tiles): the
-    running max ``m_j`` is a cumulative max, ``alpha_j = exp(m_{j-1} - m_j)``, ``p = exp(s - m_j)`` for
-    tile j's keys, and the linear recurrences ``l_j = alpha_j l_{j-1} + rowsum(p_j)``, ``acc_j = alpha_j
-    acc_{j-1} + p_j V_j`` are solved by a prefix scan; the states are the sequential loop's up to the
-    order of float64 additions.
+    Every tile at once: ``m_j`` is a cumulative max and the linear recurrences of ``l_j`` and ``acc_j``
+    are solved by a prefix scan, giving the sequential loop's states up to float64 rounding.
 
     Parameters
     ----------
@@ -457,9 +435,8 @@ def _linear_scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _plain_tiles(tiles):
-    """Fast path: every tile a pair of plain lists of int/float, one width throughout; flattened to
-    ``(s [K], v [K, dv], lengths [n])``. None when anything is not, for `_checked_tiles` to name it.
-    Each check is one C-level pass (`map`, `set`, `chain`), not a Python loop per tile."""
+    """Fast path: plain lists of int/float flattened to ``(s [K], v [K, dv], lengths [n])`` by C-level
+    passes (`map`, `set`, `chain`); None when anything is not, for `_checked_tiles` to name it."""
     chain = itertools.chain.from_iterable
     if not set(map(type, tiles)) <= {tuple, list} or set(map(len, tiles)) != {2}:
         return None
@@ -562,13 +539,9 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
 
     Parameters
     ----------
-    do, o : array [..., Hq, Nq, dv]
-        Upstream gradient and the forward's output.
-    q : array [..., Hq, Nq, d]
-    k : array [..., Hkv, Nk, d]
-    v : array [..., Hkv, Nk, dv]
-    lse : array [..., Hq, Nq]
-        The forward's natural-log logsumexp of the scaled scores (-inf for rows with no permitted key).
+    do, o : arrays [..., Hq, Nq, dv]: the upstream gradient and the forward's output.
+    q, k, v : arrays [..., Hq, Nq, d], [..., Hkv, Nk, d], [..., Hkv, Nk, dv].
+    lse : array [..., Hq, Nq]: the forward's logsumexp (-inf for rows with no permitted key).
     causal, scale : as `naive_attention`.
 
     Returns

@@ -7,6 +7,7 @@ import math
 import re
 import sys
 
+from attnscope.errors import InputError
 from attnscope.model.roofline import KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
 
 GiB = 1024 * MiB
@@ -42,13 +43,9 @@ _LABEL_MIN, _LABEL_MAX = 16, 24  # a label column keeps 16-24 characters (it wra
 
 
 def table(title: str, columns: list[str], rows: list[list], caption: str | None = None):
-    """A rich table; columns after the first right-aligned.
-
-    Numbers are never cut with an ellipsis on a narrow terminal (80-100 columns): a column whose cells
-    are all numbers keeps the width of its longest number and never wraps; label columns wrap. When
-    even that is wider than the terminal, the table is printed in parts, each repeating the first
-    column, so neither a digit nor a row's label is lost.
-    """
+    """A rich table, columns after the first right-aligned. A column of numbers keeps its longest number's
+    width and never wraps (label columns wrap); a table still too wide is printed in parts, each
+    repeating the first column, so neither a digit nor a row's label is lost."""
     return _Table(title, columns, [[str(x) for x in r] for r in rows], caption)
 
 
@@ -113,8 +110,6 @@ def ledger(row, mib: bool = True) -> list[list[str]]:
 
 def int_list(flag: str, text: str, least: int | None = None) -> list[int]:
     """A flag's comma-separated integers ("2,4,8"), each at least `least` when given; one line if not."""
-    from attnscope.errors import InputError
-
     what = "comma-separated integers" if least is None else f"comma-separated integers >= {least}"
     try:
         out = [int(x) for x in text.split(",")]

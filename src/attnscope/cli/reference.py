@@ -10,12 +10,10 @@ import os
 
 from attnscope.cli._out import console, print_json, table
 from attnscope.errors import InputError, short
+from attnscope.inputs import gc_paused, load_json
 
-# Spec §3.2: one query row, d = 2, two tiles of two keys each.
-SPEC_TILES = [
-    {"scores": [8.0, 6.0], "values": [[1.0, 2.0], [3.0, 4.0]]},
-    {"scores": [10.0, 7.0], "values": [[5.0, 6.0], [7.0, 8.0]]},
-]
+# Spec §3.2: one query row, d = 2, two tiles of two keys each: (scores, values).
+SPEC_TILES = [([8.0, 6.0], [[1.0, 2.0], [3.0, 4.0]]), ([10.0, 7.0], [[5.0, 6.0], [7.0, 8.0]])]
 MATCH_TOL = 1e-9  # the trace and the global softmax differ only by float64 rounding
 
 
@@ -40,10 +38,9 @@ def configure(sub) -> None:
                     "where they can run.")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
     p.add_argument("--kernels", default="auto", choices=("auto", "on", "off"),
-                   help="check the Triton kernels as well: auto = when a CUDA GPU is present or "
-                        "TRITON_INTERPRET=1 is set; on = always, turning on the Triton CPU interpreter when "
-                        "there is no GPU (slow; a failure if they cannot run); off = never "
-                        "(default: %(default)s)")
+                   help="check the Triton kernels too: auto = with a CUDA GPU or TRITON_INTERPRET=1; on = "
+                        "always (the slow CPU interpreter without a GPU; a failure if they cannot run); off "
+                        "= never (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of lines")
     p.set_defaults(func=cmd_verify)
 
@@ -56,8 +53,6 @@ TABLE_STEPS = 40
 def load_tiles(path: str) -> list[tuple[list, list]]:
     """Read the ``--input`` JSON into ``[(scores, values), ...]``; any problem is one InputError line
     (the numbers themselves are checked by `online_softmax_trace`)."""
-    from attnscope.inputs import load_json
-
     doc = load_json(path, "--input")
     if not isinstance(doc, dict) or "tiles" not in doc:
         raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {short(doc)}')
@@ -92,8 +87,6 @@ def _fmt_short(xs: list, keep: int = 8) -> str:
 def cmd_trace(args) -> int:
     import numpy as np
 
-    from attnscope.inputs import gc_paused
-
     # errstate: m_old - m_new = -inf near the float limit is exact (exp() = 0), not a warning to print;
     # gc_paused: a 200,000-tile input is a million containers the collector would re-walk for nothing.
     with gc_paused(), np.errstate(over="ignore"):
@@ -103,7 +96,7 @@ def cmd_trace(args) -> int:
 def _trace(args) -> int:
     from attnscope.reference import online_softmax_trace
 
-    tiles = load_tiles(args.input) if args.input else [(t["scores"], t["values"]) for t in SPEC_TILES]
+    tiles = load_tiles(args.input) if args.input else SPEC_TILES
     tr = online_softmax_trace(tiles)
     scale = max(1.0, max(abs(x) for x in tr.reference))
     ok = tr.max_abs_diff <= MATCH_TOL * scale

@@ -22,9 +22,8 @@ def configure(sub) -> None:
                    help="trace file, YAML or JSON (schema: README; template: --print-trace); "
                         "default: the spec's Document QA trace")
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
-                   help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, created "
-                        "with a .gitignore of its own so it never shows up as untracked); each file is "
-                        "written atomically and a symlink at the destination is refused")
+                   help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, with its "
+                        "own .gitignore); files are written atomically, never through a symlink")
     p.add_argument("--format", default="both", choices=("md", "html", "both"),
                    help="what to write (default: both)")
     p.add_argument("--samples", metavar="FILE", default=None,
@@ -41,8 +40,7 @@ def configure(sub) -> None:
                    help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill's "
                         "kernel time (as `attnscope share`) replaces the trace's assumed split")
     p.add_argument("--json", action="store_true",
-                   help="print the report's numbers as JSON (the files are still written; their paths are "
-                        "in it)")
+                   help="print the report's numbers as JSON, with the paths of the files (still written)")
     p.add_argument("--print-trace", action="store_true",
                    help="print the default trace (a template for your own) and exit")
     p.set_defaults(func=run)

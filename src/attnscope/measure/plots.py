@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import io
 
+from attnscope.inputs import out_dir as checked_dir
+from attnscope.inputs import refuse_symlinks, write_all
 from attnscope.model import roofline, traffic
 from attnscope.model.flops import attention_flops
 
@@ -127,9 +129,6 @@ def _png(plt, fig) -> bytes:
 
 def write_plots(result: dict, out_dir: str) -> list[str]:
     """Write every plot the result has data for into `out_dir`; returns the paths."""
-    from attnscope.inputs import out_dir as checked_dir
-    from attnscope.inputs import refuse_symlinks, write_all
-
     out = checked_dir(out_dir, "--plots")  # one line for a file, a path under a file, an unwritable place
     names = (["prefill_tflops.png", "prefill_roofline.png"] if result.get("prefill") else []) + \
         (["decode_tbs.png"] if result.get("decode") else [])

@@ -130,11 +130,9 @@ def footprint(n: int | None = 4096, d: int = 128, dtype: str = "fp16", block_q: 
     ]
     tile_bytes = sum(t.nbytes for t in tiles)
     with_state = tile_bytes + scopes[5].nbytes + scopes[6].nbytes
-    fits = []
-    for dev in devs:
-        fits.append(Fit(dev.name, "Q, K, V, S tiles", tile_bytes, dev.smem_per_block, dev.smem_carveout))
-        fits.append(Fit(dev.name, "tiles + m, l + FP32 accumulator", with_state, dev.smem_per_block,
-                        dev.smem_carveout))
+    buffers = (("Q, K, V, S tiles", tile_bytes), ("tiles + m, l + FP32 accumulator", with_state))
+    fits = [Fit(dev.name, what, nbytes, dev.smem_per_block, dev.smem_carveout)
+            for dev in devs for what, nbytes in buffers]
     params = {"nq": nq, "nk": nk, "d": d, "dtype": dtype, "bytes_per_element": b, "block_q": block_q,
               "block_kv": block_kv, "heads": heads, "layers": layers, "batch": batch,
               "devices": [x.name for x in devs]}

@@ -24,7 +24,7 @@ a bounds check, which is not a causal mask).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from attnscope.errors import InputError, positive_int, short
 
@@ -66,10 +66,8 @@ class Grid:
     causal: bool = False
 
     def __post_init__(self) -> None:
-        positive_int("nq", self.nq)
-        positive_int("nk", self.nk)
-        positive_int("block_q", self.block_q)
-        positive_int("block_kv", self.block_kv)
+        for name in ("nq", "nk", "block_q", "block_kv"):
+            positive_int(name, getattr(self, name))
 
     @property
     def n_q_tiles(self) -> int:
@@ -89,7 +87,8 @@ class Grid:
     # --- 1-based geometry ------------------------------------------------------------------------
     def rows(self, i: int) -> tuple[int, int]:
         """Rows (1-based, inclusive) of query tile ``i``."""
-        self._check_query_tile(i)
+        if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
+            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
         return (self.block_q * (i - 1) + 1, min(self.block_q * i, self.nq))
 
     def cols(self, j: int) -> tuple[int, int]:
@@ -99,17 +98,13 @@ class Grid:
         return (self.block_kv * (j - 1) + 1, min(self.block_kv * j, self.nk))
 
     def kv_bounds(self, i: int) -> tuple[int, int]:
-        """``(n_full, n_loaded)`` for query tile ``i`` (1-based).
+        """``(n_full, n_loaded)`` for query tile ``i`` (1-based): KV tiles ``1..n_full`` are loaded without
+        mask arithmetic, ``n_full+1..n_loaded`` loaded and masked, ``n_loaded+1..T_c`` skipped.
 
-        KV tiles ``1..n_full`` are loaded without mask arithmetic, ``n_full+1..n_loaded`` are loaded and
-        masked, ``n_loaded+1..T_c`` are skipped. Closed form of the skip bound:
-
-        - tile j is loaded iff its first column is permitted for the tile's last row:
-          ``B_c (j-1) + 1 <= r_last + (Nk - Nq)``,
-          so ``n_loaded = clamp(ceil((r_last + off) / B_c), 0, T_c)``;
-        - tile j needs no mask iff its last column is permitted for the tile's first row:
-          ``min(B_c j, Nk) <= r_first + off``, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)``
-          (and every tile when ``r_first + off >= Nk``).
+        Tile j is loaded iff its first column is permitted for the tile's last row, so ``n_loaded =
+        clamp(ceil((r_last + off) / B_c), 0, T_c)``; it needs no mask iff its last column is permitted for
+        the first row, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)`` (all when
+        ``r_first + off >= Nk``).
         """
         r0, r1 = self.rows(i)
         if not self.causal:
@@ -121,11 +116,8 @@ class Grid:
         return (n_full, n_loaded)
 
     def schedule(self, i: int) -> TileSchedule:
-        """The causal (or unmasked) schedule of query tile ``i`` (1-based), as explicit lists.
-
-        The lists grow with T_c, so they are built only up to `MAX_LISTED` KV tiles; beyond that
-        `kv_bounds(i)` gives the same answer as two integers (the CLI prints ranges from it).
-        """
+        """The schedule of query tile ``i`` (1-based) as explicit lists, up to `MAX_LISTED` KV tiles
+        (`kv_bounds(i)` gives the same as two integers at any size)."""
         n_full, n_loaded = self.kv_bounds(i)
         if self.n_kv_tiles > MAX_LISTED or n_loaded - n_full > MAX_LISTED // 64:
             raise InputError(f"block_kv: expected at most {MAX_LISTED:,} KV tiles (and {MAX_LISTED // 64:,} "
@@ -171,14 +163,9 @@ class Grid:
         return min(n_loaded * self.block_kv, self.nk)
 
     def loaded_pairs(self) -> tuple[int, int]:
-        """``(pairs, full)``: (query tile, KV tile) pairs the grid loads -- the sum of ``n_loaded`` of
-        `kv_bounds` over the query tiles -- and how many query tiles load every KV tile, in closed form
-        (constant time in N).
-
-        Causal, query tiles i = 1 .. T_r - 1 end at row B_r i: n_loaded(i) = clamp(ceil((B_r i + off) /
-        B_c), 0, T_c). The tiles split into three runs of i -- none loaded, a ceiling of a linear function,
-        all T_c -- and the middle run is a floor sum (`floor_sum`, O(log) steps). The last tile is added
-        directly.
+        """``(pairs, full)``: the (query tile, KV tile) pairs the grid loads (the sum of `kv_bounds`'s
+        ``n_loaded``) and how many query tiles load every KV tile, in closed form: causal, the tiles before
+        the last split into runs loading none, ``ceil((B_r i + off) / B_c)`` (a `floor_sum`), and all T_c.
         """
         tr, tc, bq, bc, off = self.n_q_tiles, self.n_kv_tiles, self.block_q, self.block_kv, self.offset
         if not self.causal:
@@ -208,10 +195,6 @@ class Grid:
         """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""
         return (not self.causal) or c <= r + self.offset
 
-    def _check_query_tile(self, i: int) -> None:
-        if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
-            raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
-
 
 @dataclass(frozen=True)
 class TileSchedule:
@@ -226,28 +209,15 @@ class TileSchedule:
     row_classes: dict[int, dict[str, tuple[int, int] | None]]
 
     def to_json(self) -> dict:
-        return {
-            "query_tile": self.query_tile,
-            "rows": list(self.rows),
-            "loaded": self.loaded,
-            "skipped": self.skipped,
-            "full": self.full,
-            "masked": self.masked,
-            "row_classes": {
-                str(j): {k: (list(v) if v else None) for k, v in rc.items()}
-                for j, rc in self.row_classes.items()
-            },
-        }
+        classes = {str(j): {k: list(v) if v else None for k, v in rc.items()}
+                   for j, rc in self.row_classes.items()}
+        return asdict(self) | {"rows": list(self.rows), "row_classes": classes}
 
 
 def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
-    """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it per program.
-
-    For the query tile starting at row ``start_m * block_q`` (0-based), returns ``(lo, hi)``: columns
-    ``[0, lo)`` need no mask, ``[lo, hi)`` are loaded and masked, ``[hi, Nk)`` are skipped; ``lo`` and
-    ``hi`` are multiples of ``block_kv`` or ``Nk``. The Triton kernels compute the same expression
-    in-kernel (they cannot call Python); tests hold the two against each other.
-    """
+    """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it in-kernel (tests hold the
+    two against each other): for the query tile at row ``start_m * block_q``, columns ``[0, lo)`` need no
+    mask, ``[lo, hi)`` are loaded and masked, ``[hi, Nk)`` are skipped."""
     g = Grid(nq, nk, block_q, block_kv, causal=True)
     n_full, n_loaded = g.kv_bounds(start_m + 1)
     return (min(n_full * block_kv, nk), min(n_loaded * block_kv, nk))

@@ -76,7 +76,7 @@ class Report:
     plan: list[str] = field(default_factory=list)
     samples: object = None  # evidence.SampleStats
     metrics: list = field(default_factory=list)  # evidence.HistogramDiff
-    profile: object = None  # evidence.ProfileShare
+    profile: object = None  # chrome_trace.Share
 
 
 def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:

@@ -176,19 +176,15 @@ def _impact(r: Report) -> tuple:
     """Section 5: Amdahl worked through both boundaries, the verdict it allows, its assumptions. The worked
     arithmetic shows every time to 0.01 ms so that each line adds up as printed."""
     t, b, s = r.trace, r.boundary, r.trace.speedup
-    f, rest, new = b.f_inner, t.prefill_ms - r.attention_ms, val(b.outer_projected_ms, True)
+    f, rest, new = b.f_inner, val(t.prefill_ms - r.attention_ms, True), val(b.outer_projected_ms, True)
+    attn, pre, inner = val(r.attention_ms, True), val(t.prefill_ms, True), val(b.inner_projected_ms, True)
     side = "below" if r.projected_meets_target else "above"
     return (
-        Code((f"f_attn = {val(r.attention_ms, True)} / {val(t.prefill_ms, True)} = {f:.2f} "
-              f"(rest {1 - f:.2f}), "
-              f"S_kernel = {s:.2f}×",
+        Code((f"f_attn = {attn} / {pre} = {f:.2f} (rest {1 - f:.2f}), S_kernel = {s:.2f}×",
               f"S_prefill = 1 / ({1 - f:.2f} + {f:.2f} / {s:.2f}) = {b.inner_speedup:.4f}×",
-              f"T_prefill = {val(rest, True)} + {val(r.attention_ms, True)} / {s:.2f} = {val(rest, True)} + "
-              f"{val(r.attention_ms / s, True)} = {val(b.inner_projected_ms, True)} ms "
-              f"({pct(b.inner_reduction, 2)} reduction)",
-              f"T_client = {val(t.ttft_ms - t.prefill_ms, True)} (held fixed) + "
-              f"{val(b.inner_projected_ms, True)} "
-              f"= {new} ms",
+              f"T_prefill = {rest} + {attn} / {s:.2f} = {rest} + {val(r.attention_ms / s, True)} = {inner} "
+              f"ms ({pct(b.inner_reduction, 2)} reduction)",
+              f"T_client = {val(t.ttft_ms - t.prefill_ms, True)} (held fixed) + {inner} = {new} ms",
               f"S_client = {val(t.ttft_ms, True)} / {new} = {b.outer_speedup:.4f}× "
               f"({pct(b.outer_reduction, 2)} reduction)")),
         Paragraph(para(f"Conditional projection for this single trace: {new} ms, {side} the "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnscope import chrome_trace
 from attnscope.errors import InputError, finite_real, short
-from attnscope.inputs import read_text
+from attnscope.inputs import load_json, number_text, read_csv, read_text
 
 # ------------------------------------------------------------------------------------------ samples
 
@@ -71,8 +71,6 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     The unit must be stated: by the column or key name, or by `unit` ("ms" or "s", --samples-unit).
     A first CSV row is a header only when it names a known column; "1OO" or "1_000" are errors.
     """
-    from attnscope.inputs import load_json, number_text, read_csv
-
     flag = f"--samples {Path(path).name}"
     flag = flag if len(flag) < 80 else "--samples"
     if Path(path).suffix.lower() == ".json":
@@ -326,8 +324,6 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
 
 def _le(raw: str, name: str) -> float:
     """A bucket bound: a finite number >= 0 (latencies)."""
-    from attnscope.inputs import number_text
-
     if not number_text(raw) or not (0 <= float(raw) < math.inf):
         raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
     return float(raw)
@@ -409,11 +405,7 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
 
 # ------------------------------------------------------------------------------------------ profile
 
-#: The share's one definition and the one rule for "what is attention": attnscope/chrome_trace.py.
-ProfileShare = chrome_trace.Share
-
-
-def profile(path) -> ProfileShare:
+def profile(path) -> chrome_trace.Share:
     """Attention's share of the prefill in a torch.profiler Chrome trace (`export_chrome_trace`), by
     `attnscope.chrome_trace.attention_share`: the rule and the definition `attnscope share` uses."""
     where = f"--profile {Path(path).name}"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.errors import InputError, expect, finite_real, short
-from attnscope.inputs import number_text
+from attnscope.inputs import load_json, load_yaml, number_text, read_text
 from attnscope.model import amdahl
 
 DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
@@ -98,25 +98,18 @@ class Trace:
 
 
 def load(path: str | Path | None = None) -> Trace:
-    """Read a trace file (.yaml, .yml or .json) and validate it; None gives the spec's default trace.
-
-    The file is read through `attnscope.inputs` (strict UTF-8, bounded size and nesting, no YAML
-    aliases or duplicate keys, no giant integers): every problem is one `InputError` naming TRACE.
-    """
+    """Read a trace file (.yaml, .yml or .json) through `attnscope.inputs` and validate it; None gives the
+    spec's default trace. Every problem is one `InputError` naming TRACE."""
     if path is None:
         from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
         return parse(DEFAULT_TRACE_YAML, "default trace")
-    from attnscope.inputs import read_text
-
     text = read_text(path, "TRACE")
     return parse(text, str(path), as_json=Path(path).suffix.lower() == ".json")
 
 
 def parse(text: str, where: str = "trace", as_json: bool = False) -> Trace:
     """Parse trace text (YAML, which includes JSON, unless `as_json`) and validate it."""
-    from attnscope.inputs import load_json, load_yaml
-
     data = load_json(where, "TRACE", text=text) if as_json else load_yaml(where, "TRACE", text=text)
     return validate(data)
 
