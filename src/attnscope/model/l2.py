@@ -148,18 +148,31 @@ HOPPER_KERNELS.update({"hopper_rel1": HOPPER_KERNELS["hopper"], "hopper_rel1_nop
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
+#: Copies of a line read from both L2 partitions at once. The H200's L2 is two partitions, each SM
+#: attached to one; a line is homed in one by its address, and a read from the other side leaves a copy in
+#: the reader's (near) partition as well. A K/V tile, read by the CTAs of one head spread over all SMs, is
+#: held twice: K/V gets 1 / COPIES of the L2 (assumed from the architecture; bench/l2_reuse.py --share,
+#: "shared", measures it). Lines re-read from one side, then the other (bench/l2_reuse.py A) hold 1 copy or
+#: 2 (1.5 after one read, 1.75 after two): they get more, 0.58 of the L2 ~ 1 / 1.72 (measured).
+COPIES = 2
+
+
 @dataclass(frozen=True)
 class L2Params:
     """The L2 behaviour the estimate assumes: ``capacity`` (fraction of the L2 one copy of the data can
-    use) and ``ramp`` (re-reads all miss from ``ramp`` x capacity). bench/l2_reuse.py prints both."""
+    use) and ``ramp`` (re-reads all miss from ``ramp`` x capacity), of lines re-read from SMs of either L2
+    partition in turn (bench/l2_reuse.py A prints both); ``shared`` and ``shared_ramp``: the same for lines
+    read from both partitions at once, as the CTAs of one head read its K/V (`COPIES`)."""
 
     capacity: float = 0.580
     ramp: float = 1.72
     source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
-    #: share of ``capacity`` the K/V a fused kernel re-reads keeps beside its streamed Q, O (and spills):
-    #: fitted on the development data (heldout1/2, the spill probe, the recorded grid: 0.52 x L2 for the
-    #: K/V windows), where sets of 12-17 MB re-read 8-45 % more than the cyclic capacity predicts
-    fused: float = 0.90
+    shared: float = 1.0 / COPIES
+    shared_ramp: float = 1.72
+
+    def for_shared(self) -> L2Params:
+        """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
+        return L2Params(self.shared, self.shared_ramp, self.source, self.shared, self.shared_ramp)
 
 
 H200_L2_PARAMS = L2Params()
@@ -240,6 +253,9 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         rereads_near = max(0.0, per_set * share - 1.0 - (heads - 1) * share)
         return 1.0 + rereads_near * miss(near / cap, params.ramp) + \
             (heads - 1) * share * miss(far / cap, params.ramp)
+    if order == "head" and not causal:
+        other = min(c, sets * per_set) * other_bytes
+        return 1.0 + lockstep_rereads(sets, per_set, c, kv_bytes, other, cap, params.ramp, distinct)
     if order == "head" and window > 1.0:
         # the re-read set shares a wave with a whole number of other sets, one more or one fewer than the
         # mean ``window - 1`` depending on where the set boundaries fall: the reuse distance is spread one
@@ -249,6 +265,37 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         other = work - window * kv_bytes
         return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp)
     return 1.0 + passes * miss(work / cap, params.ramp)
+
+
+def wave_pairs(ratio: float) -> tuple:
+    """(a, b, probability): the K/V sets in two consecutive waves of C CTAs when a set has C / ``ratio``
+    readers, consecutive in launch order, and the first wave starts at a uniformly distributed offset in a
+    set: a wave spans n0 = 1 + floor(ratio) sets, or n0 + 1 with probability f = frac(ratio); the next
+    wave starts f sets further on."""
+    n0, f = 1 + math.floor(ratio), ratio - math.floor(ratio)
+    if f <= 0.5:
+        return ((n0, n0, 1.0 - 2.0 * f), (n0, n0 + 1, f), (n0 + 1, n0, f))
+    return ((n0, n0 + 1, 1.0 - f), (n0 + 1, n0, 1.0 - f), (n0 + 1, n0 + 1, 2.0 * f - 1.0))
+
+
+def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: float, cap: float, ramp: float,
+                     distinct: int) -> float:
+    """Extra K/V reads per set (in sets) of equal-length CTAs that run in waves of ``c``: the one set that
+    straddles a wave boundary is read again by the next wave; its tile at fraction x of the walk is
+    re-read after the rest (1 - x) of the a sets of the earlier wave and the first x of the b sets of the
+    later one: a reuse distance uniform between a and b sets (plus the resident CTAs' Q/O, ``other``)."""
+    waves = math.ceil(sets * per_set / c)
+    if waves <= 1:
+        return 0.0
+    # wave boundaries per set; each re-reads the set it falls in, unless it falls between two sets (each of
+    # the sets - 1 set boundaries is a wave boundary with probability 1 / c)
+    events = max(0.0, (waves - 1) - (sets - 1) / c) / sets
+    m = 0.0
+    for a, b, pr in wave_pairs(c / per_set):
+        if pr > 0:
+            a, b = min(a, distinct), min(b, distinct)
+            m += pr * mean_miss((a * kv_bytes + other) / cap, (b * kv_bytes + other) / cap, ramp)
+    return events * m
 
 
 # --- the estimate --------------------------------------------------------------------------------------
@@ -434,7 +481,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
     q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
-    kv_params = L2Params(params.capacity * params.fused, params.ramp, params.source, params.fused)
+    kv_params = params.for_shared()
     kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
@@ -445,7 +492,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     extra = (amp - 1.0) * sets * kv_set
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
         between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
-        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / kv_cap, params.ramp)
+        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / kv_cap, kv_params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
@@ -619,8 +666,10 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given",
-                      H200_L2_PARAMS.fused)
+    given = (l2_fraction, ramp) != (None, None)  # a given cyclic capacity scales the shared one alike
+    params = L2Params(frac, rp, "given" if given else H200_L2_PARAMS.source,
+                      H200_L2_PARAMS.shared * frac / H200_L2_PARAMS.capacity,
+                      rp if ramp is not None else H200_L2_PARAMS.shared_ramp)
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
