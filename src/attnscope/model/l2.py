@@ -1,52 +1,27 @@
 """An L2-aware estimate of the DRAM bytes an attention call moves (what ``ncu`` measures; spec §6).
 
-The logical model (model/traffic.py) assumes a cold cache. The GPU's L2 serves a read when the bytes
-touched since the data was last touched (its reuse distance) fit. Two reuses decide attention: K/V
-re-reads by the CTAs of a fused kernel, and producer -> consumer (naive: GEMM 1 writes S, the softmax
-reads it back, GEMM 2 reads P). Closed forms, cost independent of N, pure Python.
+A byte is read from DRAM again when more than the L2 keeps was touched since its last use (its reuse
+distance); `miss` maps distance / capacity to a miss fraction (0, then a ramp to 1). Closed forms, pure
+Python, cost independent of N. Floor: Q, K, V read and O (+ LSE) written once from a cold L2 (ncu evicts
+it); anything below is a named credit (O still dirty at the end). Naive attention (`_naive`): S and P
+written by one kernel and read back by the next survive random replacement (`_survival`). Fused kernels
+(`_fused`, `wave_rereads`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a time,
+the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
+partition holds a copy: K/V gets 1 / `COPIES` of the L2. Unmasked CTAs run in lockstep waves: the set a
+wave boundary cuts is re-read after the rest of the a sets of one wave and the start of the b sets of the
+next (`wave_pairs`, `lockstep_rereads`). Causal: forward walkers a launch interval apart; FA-2's backward
+walkers spread over its longest CTA; a static persistent schedule a diagonal step apart. GQA heads split
+by the batch re-read their set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first.
+Writes (`_retained`): what is still dirty in the L2 at the end is not counted.
 
-Floor. Q, K, V are read at least once (the call starts from a cold L2: measure/ncu.py evicts it with
-clean lines, so no input is resident from an earlier kernel) and O (+ LSE) is written once; the estimate
-goes below those compulsory bytes only by a *credit* it names (`Estimate.credits`): output still dirty
-in the write-back L2 when the call ends, which ncu does not count. `estimate` asserts the floor.
-
-Fused kernels (`wave_rereads`; `kernel_of`: what runs, attnscope's Gluon variant from kernels/fwd.py's
-HOPPER_VALIDATED). CTAs start in their grid's linear order (`KERNELS`: query tile fastest, then batch/head
-as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one K/V set (one kv
-head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into 1 + (U - 1) / C
-waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V of the sets it
-spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), spread one set around that mean (a wave
-holds a whole number of other sets), never more than all the call's distinct K/V. Miss fraction
-``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal readers
-(bench/l2_reuse.py C): forward walkers that start together read each tile in step; launched as slots
-free, consecutive ones start one launch interval apart, in which the machine inserts about one CTA's K/V
-and Q/O (the reuse distance; the first reader of a GQA group's next head comes half a head later). Under
-a static persistent schedule readers are one diagonal step apart: C steps of the machine between two
-visits of a tile. FlashAttention-2's walk from the diagonal down: readers spread over the longest CTA's
-lifetime, s = longest / mean, window s C wide. Where the batch sits between a GQA group's heads (FLASH's
-(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
-
-Spills (`spill_bytes`). FA-2 (255 registers) and attnscope's portable d = 128 kernel spill to local
-memory, which L1 writes through to the L2; a finished CTA's frame is dead and dirty, written back to DRAM
-unless a new CTA takes its warp slots first (`dead_frame_evicted`): bytes per CTA = threads x the frame
-each thread touches (FA-2: per variant, Is_even_MN or ragged, measured by ncu's L1 local store misses).
-
-Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
-inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
-T the call's total insertions; what is resident is not counted. Naive attention (`_naive`) uses the same
-survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
-reads a head's P one column band at a time; the causal mask is re-read one head later).
-
-Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (bench/gpu/bytes.sh,
-2026-11-30; bench/gpu/spill_probe.sh, 2026-12-01): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A,
-cyclic re-reads); ctas_per_sm (ncu occupancy: FLASH, EFFICIENT, attnscope portable 2; cuDNN 1, a
-persistent grid of 132 CTAs); FA-2's touched spill frames (`FA2_FRAME`, bounded by cuobjdump's STACK).
-Fitted on development data (heldout1/2, the spill probe, the recorded grid): a fused kernel's K/V keeps
-0.90 of that capacity beside its streamed Q/O (`L2Params.fused`). From sources: grid orders of attnscope
-(kernels/fwd.py, fwd_hopper.py), FLASH (m, b, h) and EFFICIENT (m, h, b); FLASH's walk from the diagonal
-down, its Is_even_MN dispatch and split-KV heuristic (below 0.8 x 2 x SMs CTAs). Assumed: cuDNN's tile
-order (m, h, b), 128-row tiles, static round-robin; forward K/V walks for attnscope, EFFICIENT and cuDNN;
-FLASH's spread s; attnscope's touched frame (half its ptxas frame); warp slots re-used 2 lifetimes later.
+Measured on the H200 (BENCHMARKS.md "attnscope bytes"): the cyclic capacity 0.580 x L2 and ramp 1.72
+(bench/l2_reuse.py A); CTAs per SM (ncu occupancy); FA-2's touched spill frames (`FA2_FRAME`). From the
+sources: the grid orders of attnscope, FLASH (m, b, h) and EFFICIENT (m, h, b), FA-2's backward walk,
+Is_even_MN and split-KV heuristic. Assumed: `COPIES` = 2 (the two-partition L2; bench/l2_reuse.py --share
+measures it) and that K/V's ramp is the cyclic one; cuDNN's tile order and static schedule; FA-2's spread;
+attnscope's touched frame (half its stack); warp slots re-used 2 lifetimes later. Fitted: no constant
+(`COPIES` replaced the fitted 0.90 K/V share: 0.5 / 0.58 = 0.86), but the structure was developed on the
+recorded sweeps, so only a fresh grid tests it.
 """
 
 from __future__ import annotations
