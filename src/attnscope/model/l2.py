@@ -7,21 +7,23 @@ it); anything below is a named credit (O still dirty at the end). Naive attentio
 written by one kernel and read back by the next survive random replacement (`_survival`). Fused kernels
 (`_fused`, `wave_rereads`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a time,
 the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
-partition holds a copy: K/V gets 1 / `COPIES` of the L2. Unmasked CTAs run in lockstep waves: the set a
-wave boundary cuts is re-read after the rest of the a sets of one wave and the start of the b sets of the
-next (`wave_pairs`, `lockstep_rereads`). Causal: forward walkers a launch interval apart; FA-2's backward
-walkers spread over its longest CTA; a static persistent schedule a diagonal step apart. GQA heads split
-by the batch re-read their set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first.
-Writes (`_retained`): what is still dirty in the L2 at the end is not counted.
+partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
+(`L2Params.qo_weight`). Unmasked CTAs run in lockstep waves: the set a wave boundary cuts is re-read after
+the rest of the a sets of one wave and the start of the b sets of the next (`wave_pairs`). Causal:
+forward walkers a launch interval apart; FA-2's backward walkers spread over its longest CTA; a static
+persistent schedule a diagonal step apart. GQA heads split by the batch re-read their set. Spills
+(`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is still
+dirty in the L2 at the end is not counted.
 
-Measured on the H200 (BENCHMARKS.md "attnscope bytes"): the cyclic capacity 0.580 x L2 and ramp 1.72
-(bench/l2_reuse.py A); CTAs per SM (ncu occupancy); FA-2's touched spill frames (`FA2_FRAME`). From the
-sources: the grid orders of attnscope, FLASH (m, b, h) and EFFICIENT (m, h, b), FA-2's backward walk,
-Is_even_MN and split-KV heuristic. Assumed: `COPIES` = 2 (the two-partition L2; bench/l2_reuse.py --share
-measures it) and that K/V's ramp is the cyclic one; cuDNN's tile order and static schedule; FA-2's spread;
-attnscope's touched frame (half its stack); warp slots re-used 2 lifetimes later. Fitted: no constant
-(`COPIES` replaced the fitted 0.90 K/V share: 0.5 / 0.58 = 0.86), but the structure was developed on the
-recorded sweeps, so only a fresh grid tests it.
+Measured on the H200 (BENCHMARKS.md "attnscope bytes"): re-read capacities and ramps of lines re-read
+from one SM then another (0.580, 1.72: bench/l2_reuse.py A), of shared lines (0.434, 1.38) and of lines
+read by one SM (0.656; bench/l2_reuse.py --share, results/h200-2026-12-01-l2-share.json); CTAs per SM
+(ncu occupancy); FA-2's touched spill frames (`FA2_FRAME`). From the sources: the grid orders of
+attnscope, FLASH (m, b, h) and EFFICIENT (m, h, b), FA-2's backward walk, Is_even_MN, split-KV heuristic.
+Assumed: O is written to its home partition only (one copy); cuDNN's tile order and static schedule;
+FA-2's spread; attnscope's touched frame (half its stack); warp slots re-used 2 lifetimes later. Fitted:
+no constant (the 0.90 K/V share fitted before is now the measured shared capacity), but the structure was
+developed on the recorded sweeps, so only a fresh grid tests it.
 """
 
 from __future__ import annotations
@@ -126,28 +128,37 @@ _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 #: Copies of a line read from both L2 partitions at once. The H200's L2 is two partitions, each SM
 #: attached to one; a line is homed in one by its address, and a read from the other side leaves a copy in
 #: the reader's (near) partition as well. A K/V tile, read by the CTAs of one head spread over all SMs, is
-#: held twice: K/V gets 1 / COPIES of the L2 (assumed from the architecture; bench/l2_reuse.py --share,
-#: "shared", measures it). Lines re-read from one side, then the other (bench/l2_reuse.py A) hold 1 copy or
-#: 2 (1.5 after one read, 1.75 after two): they get more, 0.58 of the L2 ~ 1 / 1.72 (measured).
+#: held twice. bench/l2_reuse.py --share (bench/gpu/probe4.sh, H200, 2026-12-01) measured the re-read
+#: capacity of three kinds of line: read by all SMs at once ("shared": misses from 0.434 to 0.60 x L2,
+#: half at 0.52 ~ 1 / COPIES), by one SM ("private": 0.656 ~ 1 / 1.5, a copy more for the half homed on the
+#: far side) and by one SM, then another (bench/l2_reuse.py A: 0.583 ~ 1 / 1.72, the copies of two reads).
 COPIES = 2
 
 
 @dataclass(frozen=True)
 class L2Params:
-    """The L2 behaviour the estimate assumes: ``capacity`` (fraction of the L2 one copy of the data can
-    use) and ``ramp`` (re-reads all miss from ``ramp`` x capacity), of lines re-read from SMs of either L2
-    partition in turn (bench/l2_reuse.py A prints both); ``shared`` and ``shared_ramp``: the same for lines
-    read from both partitions at once, as the CTAs of one head read its K/V (`COPIES`)."""
+    """The L2 behaviour the estimate assumes, as fractions of the L2: ``capacity`` (where re-reads start
+    to miss) and ``ramp`` (they all miss from ``ramp`` x capacity) of lines re-read from one SM, then
+    another (bench/l2_reuse.py A); ``shared`` and ``shared_ramp`` of lines read from both partitions at
+    once, as the CTAs of one head read its K/V; ``private``: capacity of lines read by one SM (a CTA's Q).
+    bench/l2_reuse.py --share measures all three (`COPIES`)."""
 
     capacity: float = 0.580
     ramp: float = 1.72
     source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
-    shared: float = 1.0 / COPIES
-    shared_ramp: float = 1.72
+    shared: float = 0.434
+    shared_ramp: float = 1.38
+    private: float = 0.656
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
-        return L2Params(self.shared, self.shared_ramp, self.source, self.shared, self.shared_ramp)
+        return L2Params(self.shared, self.shared_ramp, self.source, self.shared, self.shared_ramp,
+                        self.private)
+
+    def qo_weight(self) -> float:
+        """Room a byte of a CTA's Q and O tiles takes in the L2, in K/V bytes: Q is read by one SM (its
+        capacity is ``private``), O written once to its home partition (one copy of the K/V's `COPIES`)."""
+        return (self.shared / self.private + 1.0 / COPIES) / 2.0
 
 
 H200_L2_PARAMS = L2Params()
@@ -455,7 +466,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     frac = mean_rows / nk  # mean share of K/V a CTA loads
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
-    q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
+    q_o = 2 * ker.block_q * d * b * params.qo_weight()  # a CTA's Q and O tiles, in K/V bytes of L2 room
     kv_params = params.for_shared()
     kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
@@ -641,10 +652,12 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    given = (l2_fraction, ramp) != (None, None)  # a given cyclic capacity scales the shared one alike
+    given = (l2_fraction, ramp) != (None, None)  # a given cyclic capacity scales the others alike
+    scale = frac / H200_L2_PARAMS.capacity
     params = L2Params(frac, rp, "given" if given else H200_L2_PARAMS.source,
-                      H200_L2_PARAMS.shared * frac / H200_L2_PARAMS.capacity,
-                      rp if ramp is not None else H200_L2_PARAMS.shared_ramp)
+                      min(1.0, H200_L2_PARAMS.shared * scale),
+                      rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
+                      min(1.0, H200_L2_PARAMS.private * scale))
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
