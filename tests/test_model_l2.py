@@ -472,3 +472,13 @@ def test_kv_read_from_both_partitions_gets_half_the_l2():
     assert physical.wave_rereads(17, 397, 264, kv_set, qo, l2_bytes=l2, params=kv) > 1.0
     e = estimate("efficient", 25390, 128, 17, l2_bytes=l2, sms=132)
     assert e.read > e.compulsory - 17 * 25390 * 128 * 2  # K/V re-read beyond Q, K, V once
+
+
+def test_a_window_of_gqa_heads_split_by_the_batch_holds_few_sets():
+    # FLASH's (m, b, h) grid, 2 batches, groups of 7 query heads: 12 consecutive (head, batch) pairs read
+    # the K/V of at most 2 kv heads per batch, ~12 / 7 + 2 = 3.7 different sets (11 MiB with 3 MiB sets),
+    # not 8: with the readers' Q/O (16.5 MiB) they fit the 34.8 MiB the default parameters keep
+    args = (56, 47, 264, 3 * MiB, 64 * 1024)
+    kw = {"causal": True, "backward": True, "l2_bytes": 60 * MiB, "spread": 2.0, "distinct_sets": 8}
+    assert physical.wave_rereads(*args, **kw) > 1.0
+    assert physical.wave_rereads(*args, **kw, group_batch=(7, 2)) == 1.0

@@ -187,6 +187,7 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
                  causal: bool = False, backward: bool = False, order: str = "head", *,
                  l2_bytes: int, spread: float | None = None, share: float = 1.0, heads_per_set: int = 1,
                  distinct_sets: int | None = None, schedule: str = "dynamic",
+                 group_batch: tuple[int, int] | None = None,
                  params: L2Params = H200_L2_PARAMS) -> float:
     """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
 
@@ -199,6 +200,9 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean).
     ``causal`` forwards: readers that walk the set from its start, each loading ``share`` of it on
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
+    ``group_batch`` (g, B): the sets are (query head, batch) pairs, heads outer and the batch inner, g
+    consecutive heads sharing one K/V set per batch (FLASH's GQA grid): w consecutive pairs hold only
+    about w / g + B different sets.
     ``schedule``: "dynamic" (the next CTA goes to the first free slot: the hardware block scheduler, or
     a persistent kernel's tile counter) or "static" (persistent program p takes items p, p + C, ...:
     bench/l2_reuse.py's kernel); it matters for causal readers only.
@@ -208,9 +212,13 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     cap = params.capacity * l2_bytes
     c = max(1, concurrent)
     distinct = sets if distinct_sets is None else max(1, min(sets, distinct_sets))
+
+    def held(w: float) -> float:  # different sets among w consecutive ones
+        g_b = min(w, distinct)
+        return g_b if group_batch is None else min(g_b, w / group_batch[0] + group_batch[1])
     s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
     if order == "head":
-        window = min(distinct, s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
+        window = held(s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
         # extra waves a set's readers fall into (none when every CTA runs in the first wave, in step)
         passes = min(s * (per_set - 1) / c, max(0.0, s * sets * per_set / c - 1.0))
     else:
@@ -241,13 +249,13 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
             (heads - 1) * share * miss(far / cap, params.ramp)
     if order == "head" and not causal:
         other = min(c, sets * per_set) * other_bytes
-        return 1.0 + lockstep_rereads(sets, per_set, c, kv_bytes, other, cap, params.ramp, distinct)
+        return 1.0 + lockstep_rereads(sets, per_set, c, kv_bytes, other, cap, params.ramp, held)
     if order == "head" and window > 1.0:
         # the re-read set shares a wave with a whole number of other sets, one more or one fewer than the
         # mean ``window - 1`` depending on where the set boundaries fall: the reuse distance is spread one
         # set wide around ``work`` (a set straddling two waves of two sets each has two sets between the
         # reads of each tile; one alone in the earlier wave, one set plus what the next wave has read)
-        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(distinct, window + 0.5) * kv_bytes
+        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(held(distinct), window + 0.5) * kv_bytes
         other = work - window * kv_bytes
         return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp)
     return 1.0 + passes * miss(work / cap, params.ramp)
@@ -265,7 +273,7 @@ def wave_pairs(ratio: float) -> tuple:
 
 
 def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: float, cap: float, ramp: float,
-                     distinct: int) -> float:
+                     held) -> float:
     """Extra K/V reads per set (in sets) of equal-length CTAs that run in waves of ``c``: the one set that
     straddles a wave boundary is read again by the next wave; its tile at fraction x of the walk is
     re-read after the rest (1 - x) of the a sets of the earlier wave and the first x of the b sets of the
@@ -279,7 +287,7 @@ def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: fl
     m = 0.0
     for a, b, pr in wave_pairs(c / per_set):
         if pr > 0:
-            a, b = min(a, distinct), min(b, distinct)
+            a, b = held(a), held(b)
             m += pr * mean_miss((a * kv_bytes + other) / cap, (b * kv_bytes + other) / cap, ramp)
     return events * m
 
@@ -472,13 +480,16 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
+                       group_batch=(group, batch) if adjacent < group else None,
                        params=kv_params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
-        between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
-        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / kv_cap, kv_params.ramp)
+        # after the other batches' sets (every tile of each, read by its heaviest CTA) and Q/O; what was
+        # evicted is fetched once more, the whole set (its first reader in the head misses every tile)
+        between = batch * (kv_set + tr * q_o)
+        extra += (group - 1) * batch * kv_heads * kv_set * miss(between / kv_cap, kv_params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
