@@ -123,9 +123,10 @@ def test_wave_rereads_head_major_vs_tile_major():
     head = physical.wave_rereads(32, 128, 264, 8 * MiB, l2_bytes=l2, order="head")
     tile = physical.wave_rereads(32, 128, 264, 8 * MiB, l2_bytes=l2, order="tile")
     assert head == 1.0 and tile == pytest.approx(32 * 128 / 264)
-    # 16 readers per set: a head-major wave spans ~17 sets (136 MiB): the sets cut by a wave boundary
-    # (15 of 264 readers on average) are re-read
-    assert physical.wave_rereads(32, 16, 264, 8 * MiB, l2_bytes=l2) == pytest.approx(1 + 15 / 264)
+    # 16 readers per set: 512 readers run in 2 waves of ~17 sets (136 MiB): the one set the wave boundary
+    # cuts is re-read, all from DRAM (the boundary falls between two sets, cutting none, for 31 of the 264
+    # offsets a set boundary can have in a wave)
+    assert physical.wave_rereads(32, 16, 264, 8 * MiB, l2_bytes=l2) == pytest.approx(1 + (1 - 31 / 264) / 32)
     # a set bigger than the L2 share: the readers that start a wave later re-read it
     assert physical.wave_rereads(4, 200, 132, 40 * MiB, l2_bytes=l2) > 1.0
     # backwards causal readers spread over twice a wave: more re-reads than forwards ones
@@ -429,3 +430,55 @@ def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_wave_spans_one_set_more_than_its_share_on_average():
+    # a window of C consecutive CTAs at a uniform offset in sets of T CTAs spans 1 + C / T sets on average;
+    # the next wave starts C / T sets further on, so it spans as many on average
+    for ratio in (0.3, 0.5, 0.527, 0.97, 1.0, 2.06, 16.5):
+        pairs = physical.wave_pairs(ratio)
+        assert sum(p for *_, p in pairs) == pytest.approx(1.0) and all(p >= 0 for *_, p in pairs)
+        assert sum(a * p for a, _, p in pairs) == pytest.approx(1 + ratio)
+        assert sum(b * p for _, b, p in pairs) == pytest.approx(1 + ratio)
+        assert all(abs(a - b) <= 1 for a, b, _ in pairs)
+
+
+def test_lockstep_waves_reread_the_set_each_boundary_cuts():
+    # with no L2 every re-read misses: one CTA at a time re-reads its set for every CTA but the first
+    assert physical.wave_rereads(3, 8, 1, 1 * MiB, l2_bytes=1) == pytest.approx(8.0)
+    # 4 sets of 500 CTAs, 264 at a time: 8 waves, 7 boundaries, each cutting a set unless it falls on one
+    # of the 3 set boundaries (each does with probability 1 / 264)
+    amp = physical.wave_rereads(4, 500, 264, 16 * MiB, l2_bytes=1)
+    assert amp == pytest.approx(1 + (7 - 3 / 264) / 4)
+    # everything fits: no re-read from DRAM
+    assert physical.wave_rereads(4, 500, 264, 1 * MiB, l2_bytes=60 * MiB) == 1.0
+
+
+def test_kv_read_from_both_partitions_gets_half_the_l2():
+    # a K/V line is read by CTAs on both L2 partitions and held in each (COPIES = 2): its re-reads miss
+    # around half the L2 (bench/l2_reuse.py --share: from 0.434 to 0.60 x L2), before lines re-read from
+    # one SM, then another (1.72 copies: 0.58) and lines re-read by one SM (1.5 copies: 0.656)
+    p = physical.H200_L2_PARAMS
+    kv = p.for_shared()
+    assert kv.capacity < 1 / physical.COPIES < kv.capacity * kv.ramp
+    assert kv.capacity < p.capacity < p.private
+    # Q (one SM) and O (written once, one copy) take less L2 room per byte than K/V
+    assert 1 / physical.COPIES < p.qo_weight() < 1
+    # sets of 13 MB, 1.5 waves each (EFFICIENT at N 25,390): two sets and a wave's Q/O (34.6 MB) come between
+    # the re-reads of a tile in the worst case: they fit 0.58 of the 60 MiB L2 (36.5 MB), not K/V's share
+    l2, kv_set, qo = 62_914_560, 2 * 25390 * 128 * 2, 2 * 64 * 128 * 2
+    assert kv.capacity * l2 < 2 * kv_set + 264 * qo < p.capacity * l2
+    assert physical.wave_rereads(17, 397, 264, kv_set, qo, l2_bytes=l2) == 1.0
+    assert physical.wave_rereads(17, 397, 264, kv_set, qo, l2_bytes=l2, params=kv) > 1.0
+    e = estimate("efficient", 25390, 128, 17, l2_bytes=l2, sms=132)
+    assert e.read > e.compulsory - 17 * 25390 * 128 * 2  # K/V re-read beyond Q, K, V once
+
+
+def test_a_window_of_gqa_heads_split_by_the_batch_holds_few_sets():
+    # FLASH's (m, b, h) grid, 2 batches, groups of 7 query heads: 12 consecutive (head, batch) pairs read
+    # the K/V of at most 2 kv heads per batch, ~12 / 7 + 2 = 3.7 different sets (11 MiB with 3 MiB sets),
+    # not 8: with the readers' Q/O (16.5 MiB) they fit the 34.8 MiB the default parameters keep
+    args = (56, 47, 264, 3 * MiB, 64 * 1024)
+    kw = {"causal": True, "backward": True, "l2_bytes": 60 * MiB, "spread": 2.0, "distinct_sets": 8}
+    assert physical.wave_rereads(*args, **kw) > 1.0
+    assert physical.wave_rereads(*args, **kw, group_batch=(7, 2)) == 1.0

@@ -1,52 +1,29 @@
 """An L2-aware estimate of the DRAM bytes an attention call moves (what ``ncu`` measures; spec §6).
 
-The logical model (model/traffic.py) assumes a cold cache. The GPU's L2 serves a read when the bytes
-touched since the data was last touched (its reuse distance) fit. Two reuses decide attention: K/V
-re-reads by the CTAs of a fused kernel, and producer -> consumer (naive: GEMM 1 writes S, the softmax
-reads it back, GEMM 2 reads P). Closed forms, cost independent of N, pure Python.
+A byte is read from DRAM again when more than the L2 keeps was touched since its last use (its reuse
+distance); `miss` maps distance / capacity to a miss fraction (0, then a ramp to 1). Closed forms, pure
+Python, cost independent of N. Floor: Q, K, V read and O (+ LSE) written once from a cold L2 (ncu evicts
+it); anything below is a named credit (O still dirty at the end). Naive attention (`_naive`): S and P
+written by one kernel and read back by the next survive random replacement (`_survival`). Fused kernels
+(`_fused`, `wave_rereads`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a time,
+the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
+partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
+(`L2Params.qo_weight`). Unmasked CTAs run in lockstep waves: the set a wave boundary cuts is re-read after
+the rest of the a sets of one wave and the start of the b sets of the next (`wave_pairs`). Causal:
+forward walkers a launch interval apart; FA-2's backward walkers spread over its longest CTA; a static
+persistent schedule a diagonal step apart. GQA heads split by the batch re-read their set. Spills
+(`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is still
+dirty in the L2 at the end is not counted.
 
-Floor. Q, K, V are read at least once (the call starts from a cold L2: measure/ncu.py evicts it with
-clean lines, so no input is resident from an earlier kernel) and O (+ LSE) is written once; the estimate
-goes below those compulsory bytes only by a *credit* it names (`Estimate.credits`): output still dirty
-in the write-back L2 when the call ends, which ncu does not count. `estimate` asserts the floor.
-
-Fused kernels (`wave_rereads`; `kernel_of`: what runs, attnscope's Gluon variant from kernels/fwd.py's
-HOPPER_VALIDATED). CTAs start in their grid's linear order (`KERNELS`: query tile fastest, then batch/head
-as each grid lays them out), C = SMs x ctas_per_sm at a time. The U CTAs that share one K/V set (one kv
-head of one batch; U = T_r, or g T_r when a GQA group's g heads are adjacent) fall into 1 + (U - 1) / C
-waves; each later wave re-reads the set unless it survived the wave's traffic, the K/V of the sets it
-spans plus its Q and O tiles, W = (C / U + 1) kv + C (q + o), spread one set around that mean (a wave
-holds a whole number of other sets), never more than all the call's distinct K/V. Miss fraction
-``miss(W / capacity)``: 0 up to the capacity, a linear ramp to 1 at ``ramp`` x capacity. Causal readers
-(bench/l2_reuse.py C): forward walkers that start together read each tile in step; launched as slots
-free, consecutive ones start one launch interval apart, in which the machine inserts about one CTA's K/V
-and Q/O (the reuse distance; the first reader of a GQA group's next head comes half a head later). Under
-a static persistent schedule readers are one diagonal step apart: C steps of the machine between two
-visits of a tile. FlashAttention-2's walk from the diagonal down: readers spread over the longest CTA's
-lifetime, s = longest / mean, window s C wide. Where the batch sits between a GQA group's heads (FLASH's
-(m, b, h) grid), each later head re-reads its set after the other batches' sets and Q/O, with `miss`.
-
-Spills (`spill_bytes`). FA-2 (255 registers) and attnscope's portable d = 128 kernel spill to local
-memory, which L1 writes through to the L2; a finished CTA's frame is dead and dirty, written back to DRAM
-unless a new CTA takes its warp slots first (`dead_frame_evicted`): bytes per CTA = threads x the frame
-each thread touches (FA-2: per variant, Is_even_MN or ragged, measured by ncu's L1 local store misses).
-
-Writes (`_retained`). Random replacement after the L2 is full: a byte written when the call has already
-inserted t bytes is still resident at the end with probability exp(-(T - max(t, capacity)) / capacity),
-T the call's total insertions; what is resident is not counted. Naive attention (`_naive`) uses the same
-survival for S and P read back by the next kernel (a fluid replay at a fixed 32 pieces per buffer; GEMM 2
-reads a head's P one column band at a time; the causal mask is re-read one head later).
-
-Measured vs assumed (numbers: BENCHMARKS.md "attnscope bytes"). Measured on the H200 (bench/gpu/bytes.sh,
-2026-11-30; bench/gpu/spill_probe.sh, 2026-12-01): capacity 0.580 x L2 and ramp 1.72 (bench/l2_reuse.py A,
-cyclic re-reads); ctas_per_sm (ncu occupancy: FLASH, EFFICIENT, attnscope portable 2; cuDNN 1, a
-persistent grid of 132 CTAs); FA-2's touched spill frames (`FA2_FRAME`, bounded by cuobjdump's STACK).
-Fitted on development data (heldout1/2, the spill probe, the recorded grid): a fused kernel's K/V keeps
-0.90 of that capacity beside its streamed Q/O (`L2Params.fused`). From sources: grid orders of attnscope
-(kernels/fwd.py, fwd_hopper.py), FLASH (m, b, h) and EFFICIENT (m, h, b); FLASH's walk from the diagonal
-down, its Is_even_MN dispatch and split-KV heuristic (below 0.8 x 2 x SMs CTAs). Assumed: cuDNN's tile
-order (m, h, b), 128-row tiles, static round-robin; forward K/V walks for attnscope, EFFICIENT and cuDNN;
-FLASH's spread s; attnscope's touched frame (half its ptxas frame); warp slots re-used 2 lifetimes later.
+Measured on the H200 (BENCHMARKS.md "attnscope bytes"): re-read capacities and ramps of lines re-read
+from one SM then another (0.580, 1.72: bench/l2_reuse.py A), of shared lines (0.434, 1.38) and of lines
+read by one SM (0.656; bench/l2_reuse.py --share, results/h200-2026-12-01-l2-share.json); CTAs per SM
+(ncu occupancy); FA-2's touched spill frames (`FA2_FRAME`). From the sources: the grid orders of
+attnscope, FLASH (m, b, h) and EFFICIENT (m, h, b), FA-2's backward walk, Is_even_MN, split-KV heuristic.
+Assumed: O is written to its home partition only (one copy); cuDNN's tile order and static schedule;
+FA-2's spread; attnscope's touched frame (half its stack); warp slots re-used 2 lifetimes later. Fitted:
+no constant (the 0.90 K/V share fitted before is now the measured shared capacity), but the structure was
+developed on the recorded sweeps, so only a fresh grid tests it.
 """
 
 from __future__ import annotations
@@ -148,18 +125,40 @@ HOPPER_KERNELS.update({"hopper_rel1": HOPPER_KERNELS["hopper"], "hopper_rel1_nop
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
+#: Copies of a line read from both L2 partitions at once. The H200's L2 is two partitions, each SM
+#: attached to one; a line is homed in one by its address, and a read from the other side leaves a copy in
+#: the reader's (near) partition as well. A K/V tile, read by the CTAs of one head spread over all SMs, is
+#: held twice. bench/l2_reuse.py --share (bench/gpu/probe4.sh, H200, 2026-12-01) measured the re-read
+#: capacity of three kinds of line: read by all SMs at once ("shared": misses from 0.434 to 0.60 x L2,
+#: half at 0.52 ~ 1 / COPIES), by one SM ("private": 0.656 ~ 1 / 1.5, a copy more for the half homed on the
+#: far side) and by one SM, then another (bench/l2_reuse.py A: 0.583 ~ 1 / 1.72, the copies of two reads).
+COPIES = 2
+
+
 @dataclass(frozen=True)
 class L2Params:
-    """The L2 behaviour the estimate assumes: ``capacity`` (fraction of the L2 one copy of the data can
-    use) and ``ramp`` (re-reads all miss from ``ramp`` x capacity). bench/l2_reuse.py prints both."""
+    """The L2 behaviour the estimate assumes, as fractions of the L2: ``capacity`` (where re-reads start
+    to miss) and ``ramp`` (they all miss from ``ramp`` x capacity) of lines re-read from one SM, then
+    another (bench/l2_reuse.py A); ``shared`` and ``shared_ramp`` of lines read from both partitions at
+    once, as the CTAs of one head read its K/V; ``private``: capacity of lines read by one SM (a CTA's Q).
+    bench/l2_reuse.py --share measures all three (`COPIES`)."""
 
     capacity: float = 0.580
     ramp: float = 1.72
     source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
-    #: share of ``capacity`` the K/V a fused kernel re-reads keeps beside its streamed Q, O (and spills):
-    #: fitted on the development data (heldout1/2, the spill probe, the recorded grid: 0.52 x L2 for the
-    #: K/V windows), where sets of 12-17 MB re-read 8-45 % more than the cyclic capacity predicts
-    fused: float = 0.90
+    shared: float = 0.434
+    shared_ramp: float = 1.38
+    private: float = 0.656
+
+    def for_shared(self) -> L2Params:
+        """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
+        return L2Params(self.shared, self.shared_ramp, self.source, self.shared, self.shared_ramp,
+                        self.private)
+
+    def qo_weight(self) -> float:
+        """Room a byte of a CTA's Q and O tiles takes in the L2, in K/V bytes: Q is read by one SM (its
+        capacity is ``private``), O written once to its home partition (one copy of the K/V's `COPIES`)."""
+        return (self.shared / self.private + 1.0 / COPIES) / 2.0
 
 
 H200_L2_PARAMS = L2Params()
@@ -188,6 +187,7 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
                  causal: bool = False, backward: bool = False, order: str = "head", *,
                  l2_bytes: int, spread: float | None = None, share: float = 1.0, heads_per_set: int = 1,
                  distinct_sets: int | None = None, schedule: str = "dynamic",
+                 group_batch: tuple[int, int] | None = None,
                  params: L2Params = H200_L2_PARAMS) -> float:
     """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
 
@@ -200,6 +200,9 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean).
     ``causal`` forwards: readers that walk the set from its start, each loading ``share`` of it on
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
+    ``group_batch`` (g, B): the sets are (query head, batch) pairs, heads outer and the batch inner, g
+    consecutive heads sharing one K/V set per batch (FLASH's GQA grid): w consecutive pairs hold only
+    about w / g + B different sets.
     ``schedule``: "dynamic" (the next CTA goes to the first free slot: the hardware block scheduler, or
     a persistent kernel's tile counter) or "static" (persistent program p takes items p, p + C, ...:
     bench/l2_reuse.py's kernel); it matters for causal readers only.
@@ -209,9 +212,13 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     cap = params.capacity * l2_bytes
     c = max(1, concurrent)
     distinct = sets if distinct_sets is None else max(1, min(sets, distinct_sets))
+
+    def held(w: float) -> float:  # different sets among w consecutive ones
+        g_b = min(w, distinct)
+        return g_b if group_batch is None else min(g_b, w / group_batch[0] + group_batch[1])
     s = (spread if spread is not None else 2.0) if (causal and backward) else 1.0
     if order == "head":
-        window = min(distinct, s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
+        window = held(s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
         # extra waves a set's readers fall into (none when every CTA runs in the first wave, in step)
         passes = min(s * (per_set - 1) / c, max(0.0, s * sets * per_set / c - 1.0))
     else:
@@ -240,15 +247,49 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         rereads_near = max(0.0, per_set * share - 1.0 - (heads - 1) * share)
         return 1.0 + rereads_near * miss(near / cap, params.ramp) + \
             (heads - 1) * share * miss(far / cap, params.ramp)
+    if order == "head" and not causal:
+        other = min(c, sets * per_set) * other_bytes
+        return 1.0 + lockstep_rereads(sets, per_set, c, kv_bytes, other, cap, params.ramp, held)
     if order == "head" and window > 1.0:
         # the re-read set shares a wave with a whole number of other sets, one more or one fewer than the
         # mean ``window - 1`` depending on where the set boundaries fall: the reuse distance is spread one
         # set wide around ``work`` (a set straddling two waves of two sets each has two sets between the
         # reads of each tile; one alone in the earlier wave, one set plus what the next wave has read)
-        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(distinct, window + 0.5) * kv_bytes
+        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(held(distinct), window + 0.5) * kv_bytes
         other = work - window * kv_bytes
         return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp)
     return 1.0 + passes * miss(work / cap, params.ramp)
+
+
+def wave_pairs(ratio: float) -> tuple:
+    """(a, b, probability): the K/V sets in two consecutive waves of C CTAs when a set has C / ``ratio``
+    readers, consecutive in launch order, and the first wave starts at a uniformly distributed offset in a
+    set: a wave spans n0 = 1 + floor(ratio) sets, or n0 + 1 with probability f = frac(ratio); the next
+    wave starts f sets further on."""
+    n0, f = 1 + math.floor(ratio), ratio - math.floor(ratio)
+    if f <= 0.5:
+        return ((n0, n0, 1.0 - 2.0 * f), (n0, n0 + 1, f), (n0 + 1, n0, f))
+    return ((n0, n0 + 1, 1.0 - f), (n0 + 1, n0, 1.0 - f), (n0 + 1, n0 + 1, 2.0 * f - 1.0))
+
+
+def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: float, cap: float, ramp: float,
+                     held) -> float:
+    """Extra K/V reads per set (in sets) of equal-length CTAs that run in waves of ``c``: the one set that
+    straddles a wave boundary is read again by the next wave; its tile at fraction x of the walk is
+    re-read after the rest (1 - x) of the a sets of the earlier wave and the first x of the b sets of the
+    later one: a reuse distance uniform between a and b sets (plus the resident CTAs' Q/O, ``other``)."""
+    waves = math.ceil(sets * per_set / c)
+    if waves <= 1:
+        return 0.0
+    # wave boundaries per set; each re-reads the set it falls in, unless it falls between two sets (each of
+    # the sets - 1 set boundaries is a wave boundary with probability 1 / c)
+    events = max(0.0, (waves - 1) - (sets - 1) / c) / sets
+    m = 0.0
+    for a, b, pr in wave_pairs(c / per_set):
+        if pr > 0:
+            a, b = held(a), held(b)
+            m += pr * mean_miss((a * kv_bytes + other) / cap, (b * kv_bytes + other) / cap, ramp)
+    return events * m
 
 
 # --- the estimate --------------------------------------------------------------------------------------
@@ -433,19 +474,22 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     frac = mean_rows / nk  # mean share of K/V a CTA loads
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
-    q_o = 2 * ker.block_q * d * b  # a CTA's Q and O tiles
-    kv_params = L2Params(params.capacity * params.fused, params.ramp, params.source, params.fused)
+    q_o = 2 * ker.block_q * d * b * params.qo_weight()  # a CTA's Q and O tiles, in K/V bytes of L2 room
+    kv_params = params.for_shared()
     kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
+                       group_batch=(group, batch) if adjacent < group else None,
                        params=kv_params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
-        between = batch * (kv_set * frac + tr * q_o)  # after the other batches' sets and Q/O
-        extra += (group - 1) * batch * kv_heads * kv_set * frac * miss(between / kv_cap, params.ramp)
+        # after the other batches' sets (every tile of each, read by its heaviest CTA) and Q/O; what was
+        # evicted is fetched once more, the whole set (its first reader in the head misses every tile)
+        between = batch * (kv_set + tr * q_o)
+        extra += (group - 1) * batch * kv_heads * kv_set * miss(between / kv_cap, kv_params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
@@ -619,8 +663,12 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    params = L2Params(frac, rp, H200_L2_PARAMS.source if (l2_fraction, ramp) == (None, None) else "given",
-                      H200_L2_PARAMS.fused)
+    given = (l2_fraction, ramp) != (None, None)  # a given cyclic capacity scales the others alike
+    scale = frac / H200_L2_PARAMS.capacity
+    params = L2Params(frac, rp, "given" if given else H200_L2_PARAMS.source,
+                      min(1.0, H200_L2_PARAMS.shared * scale),
+                      rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
+                      min(1.0, H200_L2_PARAMS.private * scale))
     dev_l2, dev_sms = device_facts(device)
     l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev_sms if sms is None else positive_int("sms", sms)
