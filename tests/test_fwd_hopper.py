@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from attnscope import reference  # noqa: E402
 from attnscope.kernels import _common  # noqa: E402
+from test_fwd import _torch_attention  # noqa: E402 - the same bound as the portable kernel's tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,16 +150,6 @@ SCHEDULE = [
 ]
 
 
-def _torch_attention(q, k, v, causal):
-    """PyTorch's own attention at the input dtype (its error sets the bound); bottom-right causal mask."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    nq, nk = q.shape[2], k.shape[2]
-    mask = None
-    if causal:
-        r = torch.arange(nq, device=q.device)[:, None]
-        mask = torch.arange(nk, device=q.device)[None, :] <= r + (nk - nq)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def _schedule_cases():
