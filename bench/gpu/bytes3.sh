@@ -1,24 +1,3 @@
 #!/usr/bin/env bash
-# Issue 18, the THIRD held-out grid (<= 6 min on one H200, every step under `timeout`): the counter
-# calibration line, then bench/grids/heldout3.csv (48 points, drawn 2026-12-01 before any measurement of them
-# and before the spill-probe model changes) through `attnscope bytes --sweep`, with the estimate frozen at the
-# commit this runs (env.txt records it). Run from the repository root:
-#     bash bench/gpu/bytes3.sh
-# Writes under $OUT/bytes3/: heldout3.json (rewritten after every group of 16 points, so a run cut short keeps
-# what it measured), heldout3.log (the table, the ±5/10/15 % counts, the worst points), calibration.json,
-# calibrate.log, env.txt. Expected: ~25 s + ~4 min (about 3.5 s a point, ~15 s a child process, and the
-# first compile of attnscope's kernels from a cold Triton cache).
-export PYTHONPATH=src PYTHONUNBUFFERED=1 ATTNSCOPE_NCU_TIMEOUT_S=120 PATH=$PATH:/usr/local/cuda/bin
-O=${OUT:-/tmp/out}/bytes3; mkdir -p "$O"
-T0=$(date +%s)
-{ git rev-parse HEAD; git status --short | head -5; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
-  ncu --version | tail -1; python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; } > "$O/env.txt" 2>&1
-step() {  # step NAME SECONDS CMD...: bounded, log to $O/NAME.log, print rc and the log's tail
-    local name=$1 t=$2; shift 2
-    echo "=== $name $(date -u +%T) (t+$(( $(date +%s) - T0 )) s)"
-    timeout "$t" "$@" > "$O/$name.log" 2>&1; local rc=$?
-    echo "rc=$rc $name$([ $rc = 124 ] && echo ' (TIMED OUT)')"; tail -n "${TAIL:-8}" "$O/$name.log"
-}
-step calibrate 40 python -m attnscope bytes --calibrate --json "$O/calibration.json"
-TAIL=16 step heldout3 300 python -m attnscope bytes --sweep bench/grids/heldout3.csv --per-child 16 --json "$O/heldout3.json"
-echo "=== done $(date -u +%T) (t+$(( $(date +%s) - T0 )) s); files: $(ls "$O" | tr '\n' ' ')"
+# Held-out grid 3 (issue 18; run 2026-12-01 03:30 UTC, BENCHMARKS.md): see bytes_heldout.sh.
+ATTNSCOPE_NCU_TIMEOUT_S=120 exec bash "$(dirname "$0")/bytes_heldout.sh" heldout3 300

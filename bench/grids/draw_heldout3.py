@@ -8,49 +8,29 @@ reach only 29,855; the issue asks for N up to 32k), and no N shared with any ear
 development grid (tests/data/measure/recorded), the issue's shapes, heldout.csv, heldout2.csv,
 spill_probe.csv.
 """
-import csv
-import math
 import random
 
+from _draw import DEV_N, IMPLS, ISSUE_SHAPES, draw_n, fits, grid_rows, point, print_rows
+
 rng = random.Random(20261201)
-GQA = ("flash", "cudnn", "attnscope")
-HEADS = [3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 41, 45, 51, 57, 63]
-used_n = {1024, 2048, 4096, 8192, 16384, 3000, 6144, 12288, 24576}  # development grid, issue shapes
-for f in ("bench/grids/heldout.csv", "bench/grids/heldout2.csv", "bench/grids/spill_probe.csv"):
-    with open(f) as fh:
-        used_n |= {int(r["N"]) for r in csv.DictReader(line for line in fh if not line.startswith("#"))}
-impls = ["naive", "flash", "cudnn", "efficient", "attnscope"]
+used_n = DEV_N | {n for n, _ in ISSUE_SHAPES} | {int(r["N"]) for r in grid_rows(
+    "heldout.csv", "heldout2.csv", "spill_probe.csv")}
 rows = []
 i = 0
 while len(rows) < 48:
-    impl = impls[i % 5]
+    impl = IMPLS[i % 5]
     long = rng.random() < 0.25
-    lo_hi = (math.log(1500), math.log(24000))
-    n = int(rng.uniform(24000, 32768)) if long else int(math.exp(rng.uniform(*lo_hi)))
+    n = draw_n(rng, long, 24000)
     if len(rows) >= 45:  # the issue asks for N up to 32k; the first 45 reached 29,855: 3 more at 32k
         if impl == "naive":  # (its 3 x 32k^2 scores exceed the naive size cap)
             i += 1
             continue
         n = int(rng.uniform(32000, 32768))
-    n |= 1 if rng.random() < 0.7 else 0
-    b = rng.choice([1, 1, 1, 2, 2, 3, 4, 5])
-    cap = 2.5e9 / (b * n * n) if impl == "naive" else 3e6 / (b * n)  # size caps (memory, run time)
-    hs = [h for h in HEADS if h <= cap] or [min(HEADS)]
-    h = rng.choice(hs)
-    d = 128 if rng.random() < 0.7 else 64
-    causal = rng.random() < 0.5
-    dtype = "bf16" if rng.random() < 0.35 else "fp16"
-    hkv = h
-    if impl != "naive" and impl in GQA and rng.random() < 0.25 and not (impl == "cudnn" and causal):
-        divs = [x for x in range(1, h) if h % x == 0]
-        if divs:
-            hkv = rng.choice(divs)
-    if n in used_n:
+    row = point(rng, impl, n)
+    _, b, h, _, n, *_ = row
+    if n in used_n or not fits(impl, b, h, n):
         continue
-    if b * h * n * (n if impl == "naive" else 1) > (2.5e9 if impl == "naive" else 3e6):
-        continue
-    rows.append((impl, b, h, hkv, n, d, str(causal).lower(), dtype))
+    rows.append(row)
     used_n.add(n)
     i += 1
-for r in rows:
-    print(",".join(map(str, r)))
+print_rows(rows)
