@@ -80,10 +80,12 @@ class Variant(NamedTuple):
     causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
     release: str = "split"  # a RELEASE_MODES name: how consumers arrive on k_empty/v_empty/turn (`_arrive`)
     unmasked_dims: tuple | None = None  # head dims built unmasked too (None: all of ``configs``)
+    overlap: bool = False  # two S tiles in flight per warpgroup (`_kv_overlap`); no ping-pong, not persistent
 
 
 _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
 _DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one more K/V stage
+_N64 = {128: HopperConfig(64, 64, 4), 64: HopperConfig(64, 64, 4)}  # 64-key tiles: half the S registers
 
 #: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
 #: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
@@ -105,6 +107,10 @@ _DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one mor
 #:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
 #:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
 #:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
+#: - hopper_ov, hopper_ov_pt (split / per-thread release): two S tiles in flight a warpgroup (`_kv_overlap`):
+#:   S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j, so both GEMMs (S_{j+1}, P_{j-1} V_{j-1}) run
+#:   under it. A second S accumulator (64 fp32 registers per thread at BM = 64, BN = 128); no ping-pong.
+#:   hopper_ov_n64, hopper_ov_n64_pt: the same with 64-key tiles (half the S and P registers), 4 stages.
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
@@ -121,6 +127,10 @@ VARIANTS = {
     "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
     "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
     "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
+    "hopper_ov": Variant(False, _BASE, overlap=True),
+    "hopper_ov_pt": Variant(False, _BASE, overlap=True, release="thread"),
+    "hopper_ov_n64": Variant(False, _N64, overlap=True),
+    "hopper_ov_n64_pt": Variant(False, _N64, overlap=True, release="thread"),
 }
 DEFAULT_VARIANT = "hopper"
 
@@ -312,13 +322,110 @@ def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k
 
 
 @gluon.jit
+def _issue_s(q, k_smem, k_ready, it, s_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+             D: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for K of ring counter ``it`` and issue S = Q K^T asynchronously (the token)."""
+    slot = it % STAGES
+    mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+    kmat = k_smem.index(slot).reshape([BN, D]).permute((1, 0))
+    return warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(p_op, acc, v_smem, v_ready, it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for V of ring counter ``it`` and issue O += P V asynchronously (the token)."""
+    slot = it % STAGES
+    mbarrier.wait(v_ready.index(slot), (it // STAGES) & 1)
+    return warpgroup_mma(p_op, v_smem.index(slot).reshape([BN, D]), acc, is_async=True)
+
+
+@gluon.jit
+def _ov_step(j, it, s_tok, o_tok, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+             offs_m, qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr,
+             p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+             STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
+    """`_kv_overlap`'s tile j (1 <= j <= n - 2, ring counter ``it``). In flight on entry, in issue order:
+    S_j (``s_tok``), P_{j-1} V_{j-1} (``o_tok``, A operand ``p_op``). Issues S_{j+1}, waits for S_j
+    alone, runs softmax(S_j) under P_{j-1} V_{j-1} and S_{j+1}, waits for the P V product, rescales O and
+    issues P_j V_j. In flight on return: S_{j+1}, P_j V_j."""
+    n_tok = _issue_s(q, k_smem, k_ready, it + 1, s_layout, BM, BN, D, STAGES)
+    s = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok,))  # S_j; P_{j-1} V_{j-1} and S_{j+1} run on
+    _arrive(k_empty.index(it % STAGES), RELEASE)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
+    acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(o_tok, p_op))  # P_{j-1} V_{j-1}; S_{j+1} runs on
+    _arrive(v_empty.index((it - 1) % STAGES), RELEASE)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+    o_tok = _issue_pv(p_op, acc, v_smem, v_ready, it, BN, D, STAGES)
+    return n_tok, o_tok, p_op, m_i, l_i
+
+
+@gluon.jit
+def _kv_overlap(acc, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, offs_m, n_tiles, n_lo,
+                kv_base, qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
+    """The KV loop with two S tiles in flight (FA-3 §3.2's overlap one tile deeper): S_{j+1} is issued
+    before the softmax of S_j, P_j V_j after it, so the tensor cores run two GEMMs under every softmax;
+    `warpgroup_mma_wait` counts retire them in issue order. Tile 0 (prologue) and tile n - 1 (epilogue)
+    are masked; tiles [1, n_lo) unmasked. K_j goes back after S_j's wait, V_j after P_j V_j's (split or
+    per-thread release; a one-arrival release would hold K_{j+1}'s slot behind P_{j-1} V_{j-1}).
+    Returns (acc, m_i, l_i) with every product retired and every slot handed back."""
+    gl.static_assert(RELEASE != ONE, "overlap: K must go back before the P V product")
+    s_tok = _issue_s(q, k_smem, k_ready, kv_base, s_layout, BM, BN, D, STAGES)
+    if n_tiles > 1:
+        n_tok = _issue_s(q, k_smem, k_ready, kv_base + 1, s_layout, BM, BN, D, STAGES)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_0; S_1 runs on
+        _arrive(k_empty.index(kv_base % STAGES), RELEASE)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, kv_base, BN, D, STAGES)
+        s_tok = n_tok
+        n_mid = gl.minimum(n_lo, n_tiles - 1)
+        for j in range(1, n_mid):  # tiles every row of this warpgroup sees whole: no mask
+            s_tok, o_tok, p_op, m_i, l_i = _ov_step(j, kv_base + j, s_tok, o_tok, p_op, m_i, l_i, q, k_smem,
+                                                    v_smem, k_ready, v_ready, k_empty, v_empty, offs_m,
+                                                    qk_scale, NQ, NK, s_layout, o_layout, p_layout, BM, BN, D,
+                                                    STAGES, False, CAUSAL, RELEASE)
+        for j in range(n_mid, n_tiles - 1):  # diagonal and ragged tiles: masked before the max
+            s_tok, o_tok, p_op, m_i, l_i = _ov_step(j, kv_base + j, s_tok, o_tok, p_op, m_i, l_i, q, k_smem,
+                                                    v_smem, k_ready, v_ready, k_empty, v_empty, offs_m,
+                                                    qk_scale, NQ, NK, s_layout, o_layout, p_layout, BM, BN, D,
+                                                    STAGES, True, CAUSAL, RELEASE)
+        # epilogue: tile n - 1 (in flight: S_{n-1}, P_{n-2} V_{n-2})
+        last = kv_base + n_tiles - 1
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        _arrive(k_empty.index(last % STAGES), RELEASE)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, n_tiles - 1, qk_scale, NQ, NK, s_layout, BN, True,
+                                      CAUSAL)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        _arrive(v_empty.index((last - 1) % STAGES), RELEASE)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, last, BN, D, STAGES)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        _arrive(v_empty.index(last % STAGES), RELEASE)
+    else:  # one KV tile
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        _arrive(k_empty.index(kv_base % STAGES), RELEASE)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, kv_base, BN, D, STAGES)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        _arrive(v_empty.index(kv_base % STAGES), RELEASE)
+    return acc, m_i, l_i
+
+
+@gluon.jit
 def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
                    qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                    WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr):
-    """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
-    from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr,
+                   OVERLAP: gl.constexpr = False):
+    """Warpgroup WG's rows of one CTA tile (``OVERLAP``: the KV loop of `_kv_overlap`). K/V ring slots count
+    on from ``kv_base`` and ping-pong sections from ``turn_base`` (the tiles this CTA ran before: persistent
+    kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
@@ -334,7 +441,14 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     q = q_smem.index(WG).reshape([BM, D])
     mbarrier.wait(q_bar.index(WG), q_phase)
-    if n_tiles > 0:
+    if OVERLAP:
+        gl.static_assert(not PINGPONG and not PERSISTENT, "overlap: no ping-pong, not persistent")
+        if n_tiles > 0:
+            n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
+            acc, m_i, l_i = _kv_overlap(acc, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                        offs_m, n_tiles, n_lo, kv_base, qk_scale, NQ, NK, s_layout, o_layout,
+                                        p_layout, BM, BN, D, STAGES, CAUSAL, RELEASE)
+    elif n_tiles > 0:
         n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
         s0 = kv_base % STAGES
@@ -391,11 +505,11 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
               b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
               BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
               NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-              RELEASE: gl.constexpr):
+              RELEASE: gl.constexpr, OVERLAP: gl.constexpr):
     """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
     _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
-                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE)
+                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE, OVERLAP)
 
 
 @gluon.jit
@@ -495,7 +609,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                                  PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 RELEASE: gl.constexpr, num_warps: gl.constexpr):
+                                 RELEASE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -533,10 +647,10 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                           v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -544,13 +658,13 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                           v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -561,11 +675,12 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
                                             CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
                                             CONSUMER_REGS: gl.constexpr, RELEASE: gl.constexpr,
-                                            num_warps: gl.constexpr):
+                                            OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks tiles ``pid, pid + grid, ...``; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
     the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight
     while the next Q arrives); ``q_empty`` hands each Q buffer back to the producer."""
+    gl.static_assert(not OVERLAP, "the persistent kernel has no overlap loop")
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -644,7 +759,7 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
-                                        "RELEASE", "num_warps")}}
+                                        "RELEASE", "OVERLAP", "num_warps")}}
 
 
 def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
@@ -652,7 +767,8 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
     cfg = config(d, variant, causal)
     return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
-            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "num_warps": NUM_WARPS}
+            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "OVERLAP": VARIANTS[variant].overlap,
+            "num_warps": NUM_WARPS}
 
 
 def ptx_loop_barriers(ptx: str) -> list:
