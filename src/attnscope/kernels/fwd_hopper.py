@@ -322,13 +322,15 @@ def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k
 
 
 @gluon.jit
-def _issue_s(q, k_smem, k_ready, it, s_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-             D: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for K of ring counter ``it`` and issue S = Q K^T asynchronously (the token)."""
+def _issue_s(q, s_dead, k_smem, k_ready, it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for K of ring counter ``it`` and issue S = Q K^T asynchronously (the token) into the registers
+    of ``s_dead`` (``use_acc=False``: its values are not read): the last S, already copied out, so the
+    loop-carried S accumulator stays in one register set (a fresh zero accumulator gets its own, and the
+    copy back at the loop's end reads a wgmma in flight: ptxas serialises every wgmma, C7514)."""
     slot = it % STAGES
     mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
     kmat = k_smem.index(slot).reshape([BN, D]).permute((1, 0))
-    return warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+    return warpgroup_mma(q, kmat, s_dead, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -340,24 +342,51 @@ def _issue_pv(p_op, acc, v_smem, v_ready, it, BN: gl.constexpr, D: gl.constexpr,
 
 
 @gluon.jit
-def _ov_step(j, it, s_tok, o_tok, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+def _scaled_scores(s, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
+                   MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """S_j x qk_scale (base 2), -inf where masked: `_kv_overlap` copies S out of the wgmma accumulator
+    before it issues the next S into a fresh one (so the two accumulators can share registers)."""
+    if MASKED:
+        offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        keep = offs_n[None, :] < NK
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
+        s = gl.where(keep, s * qk_scale, float("-inf"))
+    else:
+        s = s * qk_scale
+    return s
+
+
+@gluon.jit
+def _softmax_scaled(s, m_i, l_i):
+    """Online-softmax update of a scaled score tile (`_scaled_scores`): (p, alpha, m_new, l_new)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_new = gl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: p = 0, not NaN
+    p = gl.exp2(s - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _ov_step(j, it, s_raw, acc, p_op, alpha, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
              offs_m, qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr,
-             p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-             STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
-    """`_kv_overlap`'s tile j (1 <= j <= n - 2, ring counter ``it``). In flight on entry, in issue order:
-    S_j (``s_tok``), P_{j-1} V_{j-1} (``o_tok``, A operand ``p_op``). Issues S_{j+1}, waits for S_j
-    alone, runs softmax(S_j) under P_{j-1} V_{j-1} and S_{j+1}, waits for the P V product, rescales O and
-    issues P_j V_j. In flight on return: S_{j+1}, P_j V_j."""
-    n_tok = _issue_s(q, k_smem, k_ready, it + 1, s_layout, BM, BN, D, STAGES)
-    s = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok,))  # S_j; P_{j-1} V_{j-1} and S_{j+1} run on
-    _arrive(k_empty.index(it % STAGES), RELEASE)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
-    acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(o_tok, p_op))  # P_{j-1} V_{j-1}; S_{j+1} runs on
-    _arrive(v_empty.index((it - 1) % STAGES), RELEASE)
+             p_layout: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
+    """`_kv_overlap`'s tile j (1 <= j <= n - 2, ring counter ``it``). On entry S_j is done (``s_raw``),
+    P_{j-1} (``p_op``) and its ``alpha`` are ready. Copies S_j out of its accumulator (scaled, masked) and
+    issues S_{j+1} into it, then O = alpha O + P_{j-1} V_{j-1}; softmax(S_j) runs under both GEMMs, then
+    one wait retires them. Nothing is in flight across iterations: ptxas serialises every wgmma of a
+    kernel in which an accumulator carried in flight over a loop's back edge is then read (C7514)."""
+    s = _scaled_scores(s_raw, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
+    s_tok = _issue_s(q, s_raw, k_smem, k_ready, it + 1, BN, D, STAGES)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    o_tok = _issue_pv(p_op, acc, v_smem, v_ready, it - 1, BN, D, STAGES)
+    p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
+    s_raw, acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, o_tok, p_op))
+    _arrive(k_empty.index((it + 1) % STAGES), RELEASE)
+    _arrive(v_empty.index((it - 1) % STAGES), RELEASE)
     p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-    o_tok = _issue_pv(p_op, acc, v_smem, v_ready, it, BN, D, STAGES)
-    return n_tok, o_tok, p_op, m_i, l_i
+    return s_raw, acc, p_op, alpha, m_i, l_i
 
 
 @gluon.jit
@@ -365,54 +394,50 @@ def _kv_overlap(acc, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                 kv_base, qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr,
                 p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
-    """The KV loop with two S tiles in flight (FA-3 §3.2's overlap one tile deeper): S_{j+1} is issued
-    before the softmax of S_j, P_j V_j after it, so the tensor cores run two GEMMs under every softmax;
-    `warpgroup_mma_wait` counts retire them in issue order. Tile 0 (prologue) and tile n - 1 (epilogue)
-    are masked; tiles [1, n_lo) unmasked. K_j goes back after S_j's wait, V_j after P_j V_j's (split or
-    per-thread release; a one-arrival release would hold K_{j+1}'s slot behind P_{j-1} V_{j-1}).
-    Returns (acc, m_i, l_i) with every product retired and every slot handed back."""
-    gl.static_assert(RELEASE != ONE, "overlap: K must go back before the P V product")
-    s_tok = _issue_s(q, k_smem, k_ready, kv_base, s_layout, BM, BN, D, STAGES)
+    """The KV loop with two S tiles per warpgroup (FA-3 §3.2's overlap one S tile deeper): S_{j+1} and
+    P_{j-1} V_{j-1} are issued before the softmax of S_j, so the tensor cores run both GEMMs under every
+    softmax; S_j was computed under the previous one (the existing variants wait for S_j right after
+    issuing it). The P V product lags one tile: O is rescaled by alpha_{j-1} just before it. Tile 0 and
+    tile n - 1 are masked; tiles [1, n_lo) unmasked. K_{j+1} and V_{j-1} go back after the wait (split or
+    per-thread release). Returns (acc, m_i, l_i), every product retired and every slot handed back."""
+    gl.static_assert(RELEASE != ONE, "overlap: K and V of a slot are released in different iterations")
+    s_tok = _issue_s(q, gl.zeros([BM, BN], gl.float32, s_layout), k_smem, k_ready, kv_base, BN, D, STAGES)
+    s_raw = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))  # S_0
+    _arrive(k_empty.index(kv_base % STAGES), RELEASE)
+    s = _scaled_scores(s_raw, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+    last = kv_base
     if n_tiles > 1:
-        n_tok = _issue_s(q, k_smem, k_ready, kv_base + 1, s_layout, BM, BN, D, STAGES)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_0; S_1 runs on
-        _arrive(k_empty.index(kv_base % STAGES), RELEASE)
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+        s_tok = _issue_s(q, s_raw, k_smem, k_ready, kv_base + 1, BN, D, STAGES)  # S_1 under softmax(S_0)
+        p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
+        s_raw = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        _arrive(k_empty.index((kv_base + 1) % STAGES), RELEASE)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, kv_base, BN, D, STAGES)
-        s_tok = n_tok
         n_mid = gl.minimum(n_lo, n_tiles - 1)
         for j in range(1, n_mid):  # tiles every row of this warpgroup sees whole: no mask
-            s_tok, o_tok, p_op, m_i, l_i = _ov_step(j, kv_base + j, s_tok, o_tok, p_op, m_i, l_i, q, k_smem,
-                                                    v_smem, k_ready, v_ready, k_empty, v_empty, offs_m,
-                                                    qk_scale, NQ, NK, s_layout, o_layout, p_layout, BM, BN, D,
-                                                    STAGES, False, CAUSAL, RELEASE)
+            s_raw, acc, p_op, alpha, m_i, l_i = _ov_step(j, kv_base + j, s_raw, acc, p_op, alpha, m_i, l_i, q,
+                                                         k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                                         offs_m, qk_scale, NQ, NK, s_layout, o_layout,
+                                                         p_layout, BN, D, STAGES, False, CAUSAL, RELEASE)
         for j in range(n_mid, n_tiles - 1):  # diagonal and ragged tiles: masked before the max
-            s_tok, o_tok, p_op, m_i, l_i = _ov_step(j, kv_base + j, s_tok, o_tok, p_op, m_i, l_i, q, k_smem,
-                                                    v_smem, k_ready, v_ready, k_empty, v_empty, offs_m,
-                                                    qk_scale, NQ, NK, s_layout, o_layout, p_layout, BM, BN, D,
-                                                    STAGES, True, CAUSAL, RELEASE)
-        # epilogue: tile n - 1 (in flight: S_{n-1}, P_{n-2} V_{n-2})
+            s_raw, acc, p_op, alpha, m_i, l_i = _ov_step(j, kv_base + j, s_raw, acc, p_op, alpha, m_i, l_i, q,
+                                                         k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                                         offs_m, qk_scale, NQ, NK, s_layout, o_layout,
+                                                         p_layout, BN, D, STAGES, True, CAUSAL, RELEASE)
+        # tile n - 1: O += P_{n-2} V_{n-2} under its softmax
         last = kv_base + n_tiles - 1
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        _arrive(k_empty.index(last % STAGES), RELEASE)
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, n_tiles - 1, qk_scale, NQ, NK, s_layout, BN, True,
-                                      CAUSAL)
+        s = _scaled_scores(s_raw, offs_m, n_tiles - 1, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, last - 1, BN, D, STAGES)
+        p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         _arrive(v_empty.index((last - 1) % STAGES), RELEASE)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, last, BN, D, STAGES)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        _arrive(v_empty.index(last % STAGES), RELEASE)
     else:  # one KV tile
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        _arrive(k_empty.index(kv_base % STAGES), RELEASE)
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
-        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, kv_base, BN, D, STAGES)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        _arrive(v_empty.index(kv_base % STAGES), RELEASE)
+        p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+    o_tok = _issue_pv(p_op, acc, v_smem, v_ready, last, BN, D, STAGES)
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+    _arrive(v_empty.index(last % STAGES), RELEASE)
     return acc, m_i, l_i
 
 
@@ -773,9 +798,8 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
 
 def ptx_loop_barriers(ptx: str) -> list:
     """Partition-wide barriers (``bar.sync``/``barrier.sync``) in one iteration of each steady-state KV loop
-    of a compiled variant's PTX: the innermost loops (a label, a later branch back to it) that hold a
-    ``wgmma.wait_group 1`` (`_step`'s S-only wait); one count per loop (consumer warpgroups x unmasked/masked
-    loops). A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
+    of a compiled variant's PTX: the innermost loops (a label, a later branch back to it) that issue a
+    ``wgmma`` (`_step`, `_ov_step`); one count per loop (consumer warpgroups x unmasked/masked loops). A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
     import re
 
     lines = ptx.splitlines()
@@ -787,7 +811,7 @@ def ptx_loop_barriers(ptx: str) -> list:
         if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops):
             continue  # not innermost
         body = lines[lo:hi + 1]
-        if any("wgmma.wait_group.sync.aligned 1;" in x for x in body):
+        if any("wgmma.mma_async" in x for x in body):
             counts.append(sum(bool(re.search(r"\b(bar|barrier)\.sync\b", x)) for x in body))
     return counts
 
