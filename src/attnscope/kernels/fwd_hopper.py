@@ -13,9 +13,10 @@ and runs ``NWG + 1`` partitions (`gl.warp_specialize`):
 
 Overlap inside a warpgroup (§3.2, "intra-warpgroup pipelining"): iteration j issues S_j = Q K_j^T and
 then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstanding=1)`), computes the
-softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong (§3.1): the issue
-of each iteration's two GEMMs is a critical section passed round robin through ``turn`` mbarriers (FA-3
-uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
+softmax of S_j while the P V product runs, then waits for it and rescales O (the ``overlap`` variants go
+one S tile deeper, `_kv_overlap`: S_{j+1} and P_{j-1} V_{j-1} both run under softmax(S_j)). Ping-pong
+(§3.1): the issue of each iteration's two GEMMs is a critical section passed round robin through ``turn``
+mbarriers (FA-3 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's.
 Persistent variants (one CTA per SM, tiles in snake order) overlap a tile's epilogue with the next
 tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
 Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
@@ -107,10 +108,12 @@ _N64 = {128: HopperConfig(64, 64, 4), 64: HopperConfig(64, 64, 4)}  # 64-key til
 #:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
 #:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
 #:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
-#: - hopper_ov, hopper_ov_pt (split / per-thread release): two S tiles in flight a warpgroup (`_kv_overlap`):
-#:   S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j, so both GEMMs (S_{j+1}, P_{j-1} V_{j-1}) run
-#:   under it. A second S accumulator (64 fp32 registers per thread at BM = 64, BN = 128); no ping-pong.
-#:   hopper_ov_n64, hopper_ov_n64_pt: the same with 64-key tiles (half the S and P registers), 4 stages.
+#: - hopper_ov_pt (d = 64), hopper_ov_n64, hopper_ov_n64_pt (64-key tiles, 4 stages): two S tiles per
+#:   warpgroup (`_kv_overlap`): S_{j+1} and P_{j-1} V_{j-1} run under the softmax of S_j. No ping-pong;
+#:   "_pt": per-thread arrivals. A second S accumulator costs BM x BN / 128 fp32 registers per thread
+#:   (64 at BN = 128), so not built where ptxas spills or serialises wgmma for lack of registers: BN = 128
+#:   with split release (d = 64: 212 B spilled, causal 232 B; d = 128: 900 B / 1,112 B and C7512), BN = 128
+#:   per-thread at d = 128 (196 B spilled, causal 616 B, C7512).
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
@@ -127,8 +130,7 @@ VARIANTS = {
     "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
     "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
     "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
-    "hopper_ov": Variant(False, _BASE, overlap=True),
-    "hopper_ov_pt": Variant(False, _BASE, overlap=True, release="thread"),
+    "hopper_ov_pt": Variant(False, {64: _BASE[64]}, overlap=True, release="thread"),
     "hopper_ov_n64": Variant(False, _N64, overlap=True),
     "hopper_ov_n64_pt": Variant(False, _N64, overlap=True, release="thread"),
 }
@@ -798,14 +800,18 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
 
 def ptx_loop_barriers(ptx: str) -> list:
     """Partition-wide barriers (``bar.sync``/``barrier.sync``) in one iteration of each steady-state KV loop
-    of a compiled variant's PTX: the innermost loops (a label, a later branch back to it) that issue a
-    ``wgmma`` (`_step`, `_ov_step`); one count per loop (consumer warpgroups x unmasked/masked loops). A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
+    of a compiled variant's PTX: the innermost loops (a label to its last later branch back to it) that issue
+    a ``wgmma`` (`_step`, `_ov_step`); one count per loop (consumer warpgroups x unmasked/masked loops).
+    A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
     import re
 
     lines = ptx.splitlines()
     label = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__BB\w+):", line))}
-    loops = [(label[m.group(1)], i) for i, line in enumerate(lines)
-             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and label.get(m.group(1), i) < i]
+    ends = {}  # loop header line -> its last back branch (a loop may have several)
+    for i, line in enumerate(lines):
+        if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and label.get(m.group(1), i) < i:
+            ends[label[m.group(1)]] = i
+    loops = sorted(ends.items())
     counts = []
     for lo, hi in loops:
         if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops):
