@@ -326,9 +326,8 @@ def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k
 @gluon.jit
 def _issue_s(q, s_dead, k_smem, k_ready, it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
     """Wait for K of ring counter ``it`` and issue S = Q K^T asynchronously (the token) into the registers
-    of ``s_dead`` (``use_acc=False``: its values are not read): the last S, already copied out, so the
-    loop-carried S accumulator stays in one register set (a fresh zero accumulator gets its own, and the
-    copy back at the loop's end reads a wgmma in flight: ptxas serialises every wgmma, C7514)."""
+    of ``s_dead`` (``use_acc=False``: its values are not read): the last S, already copied out by
+    `_scaled_scores`, so two S tiles take two register sets, not three."""
     slot = it % STAGES
     mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
     kmat = k_smem.index(slot).reshape([BN, D]).permute((1, 0))
@@ -347,7 +346,7 @@ def _issue_pv(p_op, acc, v_smem, v_ready, it, BN: gl.constexpr, D: gl.constexpr,
 def _scaled_scores(s, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
                    MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """S_j x qk_scale (base 2), -inf where masked: `_kv_overlap` copies S out of the wgmma accumulator
-    before it issues the next S into a fresh one (so the two accumulators can share registers)."""
+    this way before it issues the next S into the accumulator's registers (`_issue_s`)."""
     if MASKED:
         offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         keep = offs_n[None, :] < NK
@@ -377,8 +376,9 @@ def _ov_step(j, it, s_raw, acc, p_op, alpha, m_i, l_i, q, k_smem, v_smem, k_read
     """`_kv_overlap`'s tile j (1 <= j <= n - 2, ring counter ``it``). On entry S_j is done (``s_raw``),
     P_{j-1} (``p_op``) and its ``alpha`` are ready. Copies S_j out of its accumulator (scaled, masked) and
     issues S_{j+1} into it, then O = alpha O + P_{j-1} V_{j-1}; softmax(S_j) runs under both GEMMs, then
-    one wait retires them. Nothing is in flight across iterations: ptxas serialises every wgmma of a
-    kernel in which an accumulator carried in flight over a loop's back edge is then read (C7514)."""
+    one wait retires them. Nothing is in flight across iterations: the drafts that carried S_{j+1} or
+    P_j V_j in flight over the back edge had every wgmma serialised by ptxas (C7514: "non wgmma
+    instructions reading accumulator registers of a wgmma between start and end of the pipeline stage")."""
     s = _scaled_scores(s_raw, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
     s_tok = _issue_s(q, s_raw, k_smem, k_ready, it + 1, BN, D, STAGES)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
