@@ -6,13 +6,11 @@
 
 Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
 (kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring, 3 consumer warpgroups, 128-row
-warpgroup tiles, persistent, one release per tile, per-thread arrivals, two S tiles per warpgroup
-("overlap"); ``--variant NAME`` for one), each for the head dims and masks it is built for (portable: 64
-and 128) x {fp16, bf16}. Without ``--gpu``: registers, spills and wgmma serialisation warnings (C7512: too
-few registers, C7514: an accumulator read in flight) from `ptxas -v --gpu-name sm_90a`, shared memory from
-the compiled kernel's metadata, the `setmaxnreg` register split of the warp-specialised partitions read
-from the PTX, and the partition-wide barriers (``bar.sync``) per iteration of each KV loop
-(`fwd_hopper.ptx_loop_barriers`).
+warpgroup tiles, persistent, one release per tile, per-thread arrivals; ``--variant NAME`` for one), each
+for the head dims and masks it is built for (portable: 64 and 128) x {fp16, bf16}. Without ``--gpu``:
+registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from the compiled kernel's metadata,
+the `setmaxnreg` register split of the warp-specialised partitions read from the PTX, and the
+partition-wide barriers (``bar.sync``) per iteration of each KV loop (`fwd_hopper.ptx_loop_barriers`).
 With ``--gpu``: each variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
 B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and the compiled
 kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
@@ -89,8 +87,7 @@ def hopper(d, dt, causal, name="hopper"):
                                       constexprs=fwd_hopper.constexprs(d, causal, True, name)),
                        target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
     var = fwd_hopper.VARIANTS[name]
-    return (*cfg, f"pingpong={int(var.pingpong)}" + (" persistent" if var.persistent else "")
-            + (" overlap" if var.overlap else "")), k
+    return (*cfg, f"pingpong={int(var.pingpong)}" + (" persistent" if var.persistent else "")), k
 
 
 def head_dims(name):

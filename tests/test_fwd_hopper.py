@@ -1,5 +1,4 @@
-"""The Gluon Hopper forward's barrier-light variants (kernels/fwd_hopper.py: ``release`` "one" and "thread")
-and its two-S-tile ``overlap`` variants.
+"""The Gluon Hopper forward's barrier-light variants (kernels/fwd_hopper.py: ``release`` "one" and "thread").
 
 CPU: each variant compiled for sm_90 (Triton's bundled ptxas, no GPU) has the partition-wide barriers per
 KV iteration it is built for, the arrival counts its arrivals need, and no spills. GPU (sm_90): every
@@ -90,51 +89,6 @@ def test_barriers_per_kv_iteration_on_sm90():
     assert r["hopper_rel1:64:bf16:0"]["thread_arrives"] == 0
 
 
-def test_overlap_variants_compile_clean_on_sm90():
-    """Every build of the two-S-tile variants (`fwd_hopper._kv_overlap`; both dtypes, each mask built) has
-    no spill and no serialised wgmma (C7512: too few registers; C7514: an accumulator read while in flight),
-    an unmasked and a masked KV loop per consumer warpgroup, and the barriers of its release mode per
-    iteration: 1 with per-thread arrivals, 3 with elected ones (K_{j+1}, V_{j-1} arrivals + the one before
-    the loop's first wait)."""
-    pytest.importorskip("triton.experimental.gluon")
-    from attnscope.kernels import fwd_hopper as hop
-
-    ov = [n for n, v in hop.VARIANTS.items() if v.overlap]
-    assert sorted(ov) == ["hopper_ov_n64", "hopper_ov_n64_pt", "hopper_ov_pt"]
-    specs = [f"{n}:{d}:{dt}:{int(c)}" for n in ov for d in sorted(hop.VARIANTS[n].configs)
-             for dt in ("bf16", "fp16") for c in (False, True) if hop.supports(n, d, c)]
-    assert len(specs) == 20
-    r = _compile(*specs)
-    for spec, rep in r.items():
-        assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], (spec, rep["ptxas"])
-        assert "serializ" not in rep["ptxas"], (spec, rep["ptxas"])
-        per_thread = spec.split(":")[0].endswith("_pt")
-        assert rep["loops"] == [1 if per_thread else 3] * 4, (spec, rep["loops"])  # 2 warpgroups x 2 loops
-        if per_thread:
-            assert rep["thread_arrives"] > 0 and rep["elected_arrives"] == 0, spec
-
-
-def test_overlap_builds_that_spill_are_not_offered():
-    """The two-S-tile variant with 128-key tiles is built at d = 64 only (at d = 128 a second 64 x 128 fp32
-    accumulator does not fit: ptxas spills and serialises wgmma); asking for it names what is built."""
-    pytest.importorskip("triton.experimental.gluon")
-    from attnscope.kernels import fwd_hopper as hop
-
-    assert not hop.supports("hopper_ov_pt", 128, False) and not hop.supports("hopper_ov_pt", 128, True)
-    msg = r"'hopper_ov_pt': head_dim 128 is not supported; supported: \[64\]"
-    with pytest.raises(NotImplementedError, match=msg):
-        hop.config(128, "hopper_ov_pt")
-    for name in ("hopper_ov_n64", "hopper_ov_n64_pt"):
-        assert all(hop.supports(name, d, c) for d in (64, 128) for c in (False, True))
-        assert hop.config(128, name).BN == 64
-    for name in ("hopper_ov_pt", "hopper_ov_n64", "hopper_ov_n64_pt"):
-        var = hop.VARIANTS[name]
-        assert not var.pingpong and not var.persistent and var.release != "one"
-        assert hop.constexprs(64, True, False, name)["OVERLAP"] is True
-    assert all(hop.constexprs(min(v.configs), False, False, n)["OVERLAP"] is False
-               for n, v in hop.VARIANTS.items() if not v.overlap and hop.supports(n, min(v.configs), False))
-
-
 def test_release_modes_are_declared():
     """Every variant names a release mode the kernel knows; the barrier-light ones exist for both head dims
     (wg3: d = 64 only, as its split-release twin)."""
@@ -172,15 +126,12 @@ def _new_variants():
         from attnscope.kernels import fwd_hopper as hop
     except ImportError:  # no Gluon: the GPU tests skip
         return []
-    return [(n, d) for n, v in hop.VARIANTS.items() if v.release != "split" or v.overlap
-            for d in sorted(v.configs)]
+    return [(n, d) for n, v in hop.VARIANTS.items() if v.release != "split" for d in sorted(v.configs)]
 
 
 
 # Schedule paths: (nq, nk, causal, batch, q heads, kv heads, strided)
 #  - one KV tile: prologue and epilogue only, no loop iteration
-#  - 200 keys: two 128-key tiles (overlap variants: the prologue hands S_1 straight to the last tile, no loop
-#    iteration), four 64-key tiles
 #  - Nq > Nk causal: whole CTA tiles without a key (no KV tile: Q hand-back only, O = 0, LSE -inf)
 #  - ragged Nq != Nk unmasked: the unmasked loop, then the ragged tile in the masked loop
 #  - Nq < Nk causal (bottom-right), GQA, strided views
@@ -190,7 +141,6 @@ def _new_variants():
 SCHEDULE = [
     (1, 1, False, 1, 2, 1, False),
     (100, 64, False, 1, 4, 2, False),
-    (130, 200, False, 1, 2, 1, False),
     (200, 17, True, 2, 4, 2, False),
     (1000, 1300, False, 2, 16, 4, True),
     (640, 1000, True, 1, 8, 2, False),

@@ -13,10 +13,9 @@ and runs ``NWG + 1`` partitions (`gl.warp_specialize`):
 
 Overlap inside a warpgroup (§3.2, "intra-warpgroup pipelining"): iteration j issues S_j = Q K_j^T and
 then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstanding=1)`), computes the
-softmax of S_j while the P V product runs, then waits for it and rescales O (the ``overlap`` variants go
-one S tile deeper, `_kv_overlap`: S_{j+1} and P_{j-1} V_{j-1} both run under softmax(S_j)). Ping-pong
-(§3.1): the issue of each iteration's two GEMMs is a critical section passed round robin through ``turn``
-mbarriers (FA-3 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's.
+softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong (§3.1): the issue
+of each iteration's two GEMMs is a critical section passed round robin through ``turn`` mbarriers (FA-3
+uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
 Persistent variants (one CTA per SM, tiles in snake order) overlap a tile's epilogue with the next
 tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
 Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
@@ -81,12 +80,10 @@ class Variant(NamedTuple):
     causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
     release: str = "split"  # a RELEASE_MODES name: how consumers arrive on k_empty/v_empty/turn (`_arrive`)
     unmasked_dims: tuple | None = None  # head dims built unmasked too (None: all of ``configs``)
-    overlap: bool = False  # two S tiles in flight per warpgroup (`_kv_overlap`); no ping-pong, not persistent
 
 
 _BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
 _DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one more K/V stage
-_N64 = {128: HopperConfig(64, 64, 4), 64: HopperConfig(64, 64, 4)}  # 64-key tiles: half the S registers
 
 #: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
 #: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
@@ -108,12 +105,6 @@ _N64 = {128: HopperConfig(64, 64, 4), 64: HopperConfig(64, 64, 4)}  # 64-key til
 #:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
 #:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
 #:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
-#: - hopper_ov_pt (d = 64), hopper_ov_n64, hopper_ov_n64_pt (64-key tiles, 4 stages): two S tiles per
-#:   warpgroup (`_kv_overlap`): S_{j+1} and P_{j-1} V_{j-1} run under the softmax of S_j. No ping-pong;
-#:   "_pt": per-thread arrivals. A second S accumulator costs BM x BN / 128 fp32 registers per thread
-#:   (64 at BN = 128), so not built where ptxas spills or serialises wgmma for lack of registers: BN = 128
-#:   with split release (d = 64: 212 B spilled, causal 232 B; d = 128: 900 B / 1,112 B and C7512), BN = 128
-#:   per-thread at d = 128 (196 B spilled, causal 616 B, C7512).
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
@@ -130,9 +121,6 @@ VARIANTS = {
     "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
     "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
     "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
-    "hopper_ov_pt": Variant(False, {64: _BASE[64]}, overlap=True, release="thread"),
-    "hopper_ov_n64": Variant(False, _N64, overlap=True),
-    "hopper_ov_n64_pt": Variant(False, _N64, overlap=True, release="thread"),
 }
 DEFAULT_VARIANT = "hopper"
 
@@ -324,135 +312,13 @@ def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k
 
 
 @gluon.jit
-def _issue_s(q, s_dead, k_smem, k_ready, it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for K of ring counter ``it`` and issue S = Q K^T asynchronously (the token) into the registers
-    of ``s_dead`` (``use_acc=False``: its values are not read): the last S, already copied out by
-    `_scaled_scores`, so two S tiles take two register sets, not three."""
-    slot = it % STAGES
-    mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
-    kmat = k_smem.index(slot).reshape([BN, D]).permute((1, 0))
-    return warpgroup_mma(q, kmat, s_dead, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _issue_pv(p_op, acc, v_smem, v_ready, it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for V of ring counter ``it`` and issue O += P V asynchronously (the token)."""
-    slot = it % STAGES
-    mbarrier.wait(v_ready.index(slot), (it // STAGES) & 1)
-    return warpgroup_mma(p_op, v_smem.index(slot).reshape([BN, D]), acc, is_async=True)
-
-
-@gluon.jit
-def _scaled_scores(s, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
-                   MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """S_j x qk_scale (base 2), -inf where masked: `_kv_overlap` copies S out of the wgmma accumulator
-    this way before it issues the next S into the accumulator's registers (`_issue_s`)."""
-    if MASKED:
-        offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-        keep = offs_n[None, :] < NK
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
-        s = gl.where(keep, s * qk_scale, float("-inf"))
-    else:
-        s = s * qk_scale
-    return s
-
-
-@gluon.jit
-def _softmax_scaled(s, m_i, l_i):
-    """Online-softmax update of a scaled score tile (`_scaled_scores`): (p, alpha, m_new, l_new)."""
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    m_new = gl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: p = 0, not NaN
-    p = gl.exp2(s - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
-
-
-@gluon.jit
-def _ov_step(j, it, s_raw, acc, p_op, alpha, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-             offs_m, qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr,
-             p_layout: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-             MASKED: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
-    """`_kv_overlap`'s tile j (1 <= j <= n - 2, ring counter ``it``). On entry S_j is done (``s_raw``),
-    P_{j-1} (``p_op``) and its ``alpha`` are ready. Copies S_j out of its accumulator (scaled, masked) and
-    issues S_{j+1} into it, then O = alpha O + P_{j-1} V_{j-1}; softmax(S_j) runs under both GEMMs, then
-    one wait retires them. Nothing is in flight across iterations: the drafts that carried S_{j+1} or
-    P_j V_j in flight over the back edge had every wgmma serialised by ptxas (C7514: "non wgmma
-    instructions reading accumulator registers of a wgmma between start and end of the pipeline stage")."""
-    s = _scaled_scores(s_raw, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
-    s_tok = _issue_s(q, s_raw, k_smem, k_ready, it + 1, BN, D, STAGES)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    o_tok = _issue_pv(p_op, acc, v_smem, v_ready, it - 1, BN, D, STAGES)
-    p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
-    s_raw, acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, o_tok, p_op))
-    _arrive(k_empty.index((it + 1) % STAGES), RELEASE)
-    _arrive(v_empty.index((it - 1) % STAGES), RELEASE)
-    p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-    return s_raw, acc, p_op, alpha, m_i, l_i
-
-
-@gluon.jit
-def _kv_overlap(acc, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, offs_m, n_tiles, n_lo,
-                kv_base, qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, RELEASE: gl.constexpr):
-    """The KV loop with two S tiles per warpgroup (FA-3 §3.2's overlap one S tile deeper): S_{j+1} and
-    P_{j-1} V_{j-1} are issued before the softmax of S_j, so the tensor cores run both GEMMs under every
-    softmax; S_j was computed under the previous one (the existing variants wait for S_j right after
-    issuing it). The P V product lags one tile: O is rescaled by alpha_{j-1} just before it. Tile 0 and
-    tile n - 1 are masked; tiles [1, n_lo) unmasked. K_{j+1} and V_{j-1} go back after the wait (split or
-    per-thread release). Returns (acc, m_i, l_i), every product retired and every slot handed back."""
-    gl.static_assert(RELEASE != ONE, "overlap: K and V of a slot are released in different iterations")
-    s_tok = _issue_s(q, gl.zeros([BM, BN], gl.float32, s_layout), k_smem, k_ready, kv_base, BN, D, STAGES)
-    s_raw = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))  # S_0
-    _arrive(k_empty.index(kv_base % STAGES), RELEASE)
-    s = _scaled_scores(s_raw, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
-    last = kv_base
-    if n_tiles > 1:
-        s_tok = _issue_s(q, s_raw, k_smem, k_ready, kv_base + 1, BN, D, STAGES)  # S_1 under softmax(S_0)
-        p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
-        s_raw = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        _arrive(k_empty.index((kv_base + 1) % STAGES), RELEASE)
-        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-        n_mid = gl.minimum(n_lo, n_tiles - 1)
-        for j in range(1, n_mid):  # tiles every row of this warpgroup sees whole: no mask
-            s_raw, acc, p_op, alpha, m_i, l_i = _ov_step(j, kv_base + j, s_raw, acc, p_op, alpha, m_i, l_i, q,
-                                                         k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                                         offs_m, qk_scale, NQ, NK, s_layout, o_layout,
-                                                         p_layout, BN, D, STAGES, False, CAUSAL, RELEASE)
-        for j in range(n_mid, n_tiles - 1):  # diagonal and ragged tiles: masked before the max
-            s_raw, acc, p_op, alpha, m_i, l_i = _ov_step(j, kv_base + j, s_raw, acc, p_op, alpha, m_i, l_i, q,
-                                                         k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                                         offs_m, qk_scale, NQ, NK, s_layout, o_layout,
-                                                         p_layout, BN, D, STAGES, True, CAUSAL, RELEASE)
-        # tile n - 1: O += P_{n-2} V_{n-2} under its softmax
-        last = kv_base + n_tiles - 1
-        s = _scaled_scores(s_raw, offs_m, n_tiles - 1, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        o_tok = _issue_pv(p_op, acc, v_smem, v_ready, last - 1, BN, D, STAGES)
-        p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        _arrive(v_empty.index((last - 1) % STAGES), RELEASE)
-    else:  # one KV tile
-        p, alpha, m_i, l_i = _softmax_scaled(s, m_i, l_i)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-    o_tok = _issue_pv(p_op, acc, v_smem, v_ready, last, BN, D, STAGES)
-    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-    _arrive(v_empty.index(last % STAGES), RELEASE)
-    return acc, m_i, l_i
-
-
-@gluon.jit
 def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
                    qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                    WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr,
-                   OVERLAP: gl.constexpr = False):
-    """Warpgroup WG's rows of one CTA tile (``OVERLAP``: the KV loop of `_kv_overlap`). K/V ring slots count
-    on from ``kv_base`` and ping-pong sections from ``turn_base`` (the tiles this CTA ran before: persistent
-    kernel); Q is ready at phase ``q_phase``.
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr):
+    """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
+    from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BN, 16])
@@ -468,14 +334,7 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     q = q_smem.index(WG).reshape([BM, D])
     mbarrier.wait(q_bar.index(WG), q_phase)
-    if OVERLAP:
-        gl.static_assert(not PINGPONG and not PERSISTENT, "overlap: no ping-pong, not persistent")
-        if n_tiles > 0:
-            n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
-            acc, m_i, l_i = _kv_overlap(acc, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                        offs_m, n_tiles, n_lo, kv_base, qk_scale, NQ, NK, s_layout, o_layout,
-                                        p_layout, BM, BN, D, STAGES, CAUSAL, RELEASE)
-    elif n_tiles > 0:
+    if n_tiles > 0:
         n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
         s0 = kv_base % STAGES
@@ -532,11 +391,11 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
               b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
               BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
               NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-              RELEASE: gl.constexpr, OVERLAP: gl.constexpr):
+              RELEASE: gl.constexpr):
     """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
     _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
-                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE, OVERLAP)
+                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE)
 
 
 @gluon.jit
@@ -636,7 +495,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                                  PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 RELEASE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                                 RELEASE: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -674,10 +533,10 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                           v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -685,13 +544,13 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE, OVERLAP)),
+                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                           v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -702,12 +561,11 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
                                             CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
                                             CONSUMER_REGS: gl.constexpr, RELEASE: gl.constexpr,
-                                            OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                                            num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks tiles ``pid, pid + grid, ...``; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
     the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight
     while the next Q arrives); ``q_empty`` hands each Q buffer back to the producer."""
-    gl.static_assert(not OVERLAP, "the persistent kernel has no overlap loop")
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -786,7 +644,7 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
-                                        "RELEASE", "OVERLAP", "num_warps")}}
+                                        "RELEASE", "num_warps")}}
 
 
 def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
@@ -794,30 +652,26 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
     cfg = config(d, variant, causal)
     return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
-            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "OVERLAP": VARIANTS[variant].overlap,
-            "num_warps": NUM_WARPS}
+            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "num_warps": NUM_WARPS}
 
 
 def ptx_loop_barriers(ptx: str) -> list:
     """Partition-wide barriers (``bar.sync``/``barrier.sync``) in one iteration of each steady-state KV loop
-    of a compiled variant's PTX: the innermost loops (a label to its last later branch back to it) that issue
-    a ``wgmma`` (`_step`, `_ov_step`); one count per loop (consumer warpgroups x unmasked/masked loops).
-    A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
+    of a compiled variant's PTX: the innermost loops (a label, a later branch back to it) that hold a
+    ``wgmma.wait_group 1`` (`_step`'s S-only wait); one count per loop (consumer warpgroups x unmasked/masked
+    loops). A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
     import re
 
     lines = ptx.splitlines()
     label = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__BB\w+):", line))}
-    ends = {}  # loop header line -> its last back branch (a loop may have several)
-    for i, line in enumerate(lines):
-        if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and label.get(m.group(1), i) < i:
-            ends[label[m.group(1)]] = i
-    loops = sorted(ends.items())
+    loops = [(label[m.group(1)], i) for i, line in enumerate(lines)
+             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and label.get(m.group(1), i) < i]
     counts = []
     for lo, hi in loops:
         if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops):
             continue  # not innermost
         body = lines[lo:hi + 1]
-        if any("wgmma.mma_async" in x for x in body):
+        if any("wgmma.wait_group.sync.aligned 1;" in x for x in body):
             counts.append(sum(bool(re.search(r"\b(bar|barrier)\.sync\b", x)) for x in body))
     return counts
 
