@@ -16,7 +16,7 @@ then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstand
 softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong (§3.1): the issue
 of each iteration's two GEMMs is a critical section passed round robin through ``turn`` mbarriers (FA-3
 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
-Persistent variants (one CTA per SM, tiles in snake order) overlap a tile's epilogue with the next
+Persistent variants (one CTA per SM, causal tiles in balanced pairs) overlap a tile's epilogue with the next
 tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
 Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
 and its shared-memory analysis puts a ``bar.sync`` before the first `mbarrier.wait` of each loop iteration
@@ -399,27 +399,43 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
 
 
 @gluon.jit
-def _work(i):
-    """Persistent kernel: the tile of this CTA's round ``i`` (may be past the last tile in the last round).
-    Round i covers tiles [i P, (i + 1) P) of the P CTAs, in snake order (CTA p takes i P + p in even rounds,
-    i P + P - 1 - p in odd ones): with causal tiles' work falling within a head, a CTA that drew a heavy
-    tile in one round draws a light one in the next (static striding would give some CTAs 2x the work)."""
+def _work(i, num_m, n_work, CAUSAL: gl.constexpr):
+    """Persistent kernel: (valid, b*H + h, query tile) of this CTA's round ``i``. Unmasked: round i covers
+    tiles [i P, (i + 1) P) of the P CTAs, head-major. Causal: the work items are pairs of query tiles
+    (k, num_m - 1 - k) of one head, head-major; CTA p runs pair (i // 2) P + p, the heavy tile in even
+    rounds and the light one in odd rounds, so every pair costs num_m + 1 KV tiles and the CTAs stay in
+    lockstep every two rounds (an odd num_m's middle tile leaves its odd round empty)."""
     p = gl.program_id(0)
     n = gl.num_programs(0)
-    t = i * n + p
-    if i % 2 == 1:
-        t = i * n + (n - 1 - p)
-    return t
+    if CAUSAL:
+        half = (num_m + 1) // 2
+        q = (i // 2) * n + p
+        k = q % half
+        start_m = num_m - 1 - k
+        if i % 2 == 1:
+            start_m = k
+        valid = (q < n_work) & ((i % 2 == 0) | (k != num_m - 1 - k))
+        pid_bh = q // half
+    else:
+        t = i * n + p
+        valid = t < n_work
+        pid_bh = t // num_m
+        start_m = t % num_m
+    return valid, pid_bh, start_m
 
 
 @gluon.jit
-def _tile(t, num_m, H, HKV, NQ, NK, ROWS: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """Persistent kernel: tile ``t`` -> (b, h, kv head, b*H + h, first query row, KV tiles). Tiles run
-    head-major (the CTAs in flight share K/V in L2); causal: the heaviest query tile of a head first."""
-    pid_bh = t // num_m
-    start_m = t % num_m
+def _rounds(n_work, CAUSAL: gl.constexpr):
+    """Persistent kernel: the rounds of `_work` (two per causal pair)."""
+    r = gl.cdiv(n_work, gl.num_programs(0))
     if CAUSAL:
-        start_m = num_m - 1 - start_m
+        r = 2 * r
+    return r
+
+
+@gluon.jit
+def _tile(pid_bh, start_m, H, HKV, NQ, NK, ROWS: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """Persistent kernel: (b*H + h, query tile) -> (b, h, kv head, b*H + h, first query row, KV tiles)."""
     h = pid_bh % H
     row0 = start_m * ROWS
     return (pid_bh // H, h, h // (H // HKV), pid_bh, row0,
@@ -441,10 +457,11 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                          STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr,
                          RELEASE: gl.constexpr):
     kv_base = 0
-    for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # i: this CTA's rounds = tiles so far (all full)
-        t = _work(i)
-        if t < n_work:
-            b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
+    c = 0  # tiles this CTA ran so far: Q's phase
+    for i in range(_rounds(n_work, CAUSAL)):
+        valid, pid_bh, start_m = _work(i, num_m, n_work, CAUSAL)
+        if valid:
+            b, h, hk, pid_bh, row0, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
             # K_0, V_0 first (their slots free up while the consumers finish the last tile), then Q, whose
             # buffers come back only when the consumers' last Q K^T of the last tile is done
             for j in range(n_tiles):
@@ -459,10 +476,11 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                 mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
                 if j == 0:
-                    _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM, NWG)
+                    _load_q(desc_q, q_smem, q_bar, q_empty, c, b, h, row0, BM, NWG)
             if n_tiles == 0:
-                _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM, NWG)
+                _load_q(desc_q, q_smem, q_bar, q_empty, c, b, h, row0, BM, NWG)
             kv_base += n_tiles
+            c += 1
 
 
 @gluon.jit
@@ -473,15 +491,17 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
                          PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
     kv_base = 0
     turn_base = 0
-    for i in range(gl.cdiv(n_work, gl.num_programs(0))):  # as _producer_persistent; i & 1: Q's phase
-        t = _work(i)
-        if t < n_work:
-            b, h, hk, pid_bh, row0, n_tiles = _tile(t, num_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
+    c = 0  # as _producer_persistent
+    for i in range(_rounds(n_work, CAUSAL)):
+        valid, pid_bh, start_m = _work(i, num_m, n_work, CAUSAL)
+        if valid:
+            b, h, hk, pid_bh, row0, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
             _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, i & 1, NQ,
+                           k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, c & 1, NQ,
                            NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True,
                            RELEASE)
             kv_base += n_tiles
+            c += 1
             if n_tiles > 0:
                 turn_base += n_tiles + 1
     tma.store_wait(pendings=0)
@@ -562,7 +582,7 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
                                             CONSUMER_REGS: gl.constexpr, RELEASE: gl.constexpr,
                                             num_warps: gl.constexpr):
-    """Persistent form: one CTA per SM walks tiles ``pid, pid + grid, ...``; the producer loads the next
+    """Persistent form: one CTA per SM walks the tiles of `_work`; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
     the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight
     while the next Q arrives); ``q_empty`` hands each Q buffer back to the producer."""
@@ -570,7 +590,9 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
     num_m = gl.cdiv(NQ, NWG * BM)
-    n_work = num_m * B * H
+    n_work = num_m * B * H  # tiles; causal: pairs of tiles (`_work`)
+    if CAUSAL:
+        n_work = (num_m + 1) // 2 * B * H
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [NWG] + desc_o.block_type.shape, desc_o.layout)
@@ -699,7 +721,8 @@ def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, var
     tiles = triton.cdiv(Nq, cfg.NWG * cfg.BM)
     if VARIANTS[variant].persistent:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        return _attnscope_fwd_hopper_persistent_kernel[(min(tiles * B * Hq, sms),)](
+        items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
+        return _attnscope_fwd_hopper_persistent_kernel[(min(items * B * Hq, sms),)](
             *descs, lse, B, Hq, Hkv, Nq, Nk, qk_scale, **constexprs(d, causal, return_lse, variant))
     return _attnscope_fwd_hopper_kernel[(tiles, B * Hq)](
         *descs, lse, Hq, Hkv, Nq, Nk, qk_scale, **constexprs(d, causal, return_lse, variant))
