@@ -126,7 +126,8 @@ def _new_variants():
         from attnscope.kernels import fwd_hopper as hop
     except ImportError:  # no Gluon: the GPU tests skip
         return []
-    return [(n, d) for n, v in hop.VARIANTS.items() if v.release != "split" for d in sorted(v.configs)]
+    return [(n, d) for n, v in hop.VARIANTS.items() if v.release != "split" or v.persistent
+            for d in sorted(v.configs)]
 
 
 
@@ -153,8 +154,8 @@ SCHEDULE = [
 
 
 def _schedule_cases():
-    """(variant, d, case) for every barrier-light variant, head dim and schedule case of a mask it is built
-    for (a build ptxas would spill is not offered: `fwd_hopper.supports`)."""
+    """(variant, d, case) for every barrier-light or persistent variant, head dim and schedule case of a
+    mask it is built for (a build ptxas would spill is not offered: `fwd_hopper.supports`)."""
     try:
         from attnscope.kernels import fwd_hopper as hop
     except ImportError:
