@@ -9,11 +9,12 @@ written by one kernel and read back by the next survive random replacement (`_su
 the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
 partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
 (`L2Params.qo_weight`). Unmasked CTAs run in lockstep waves: the set a wave boundary cuts is re-read after
-the rest of the a sets of one wave and the start of the b sets of the next (`wave_pairs`). Causal:
-forward walkers a launch interval apart; FA-2's backward walkers spread over its longest CTA; a static
-persistent schedule a diagonal step apart. GQA heads split by the batch re-read their set. Spills
-(`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is still
-dirty in the L2 at the end is not counted.
+the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
+gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
+of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
+lifetime); a static persistent schedule a diagonal step apart. GQA heads split by the batch re-read their
+set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is
+still dirty in the L2 at the end is not counted.
 
 Measured on the H200 (BENCHMARKS.md "attnscope bytes"): re-read capacities and ramps of lines re-read
 from one SM then another (0.580, 1.72: bench/l2_reuse.py A), of shared lines (0.434, 1.38) and of lines
@@ -201,7 +202,9 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     ``distinct_sets``: how many different sets there are (default ``sets``; fewer where a set is counted
     once per non-adjacent group of its readers): what a window can hold is bounded by them.
     ``causal`` + ``backward``: readers of unequal length that walk the set from its end, spread over the
-    longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean).
+    longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean);
+    with the "dynamic" schedule the set stays live ``per_set / concurrent`` waves longer (its readers
+    start as slots free up, C per mean lifetime), and re-reads it once per wave of that span.
     ``causal`` forwards: readers that walk the set from its start, each loading ``share`` of it on
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
     ``group_batch`` (g, B): the sets are (query head, batch) pairs, heads outer and the batch inner, g
