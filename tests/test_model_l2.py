@@ -420,6 +420,30 @@ def test_a_set_straddling_waves_sees_one_set_more_or_less_than_the_mean():
     assert work < physical.H200_L2_PARAMS.capacity * l2 and amp > 1.0
 
 
+def test_fa2_causal_sets_stay_live_while_their_readers_start():
+    # FA-2's backward walkers under the block scheduler: C slots, a new CTA whenever one frees, so in the
+    # steady state C CTAs start per mean CTA lifetime (a wave). A set's T readers start over T / C waves
+    # and the last one runs the longest CTA's lifetime (`spread` waves): the set is live for spread + T / C
+    # waves, and each wave of it re-reads the set. With no L2 every re-read misses:
+    c, spread = 264, 2.0
+    for t in (12, 97, 256, 600):
+        live = spread + t / c
+        amp = physical.wave_rereads(64, t, c, 16 * MiB, causal=True, backward=True, spread=spread,
+                                    l2_bytes=1)
+        assert amp == pytest.approx(1 + live * (t - 1) / c), t
+    # a persistent static schedule has no launch span (bench/l2_reuse.py C): a diagonal step apart instead
+    static = physical.wave_rereads(64, 256, c, 16 * MiB, causal=True, backward=True, spread=spread,
+                                   l2_bytes=1, schedule="static")
+    assert static == pytest.approx(1 + (256 * 1.0 - 1))
+    # FA-2 at N = 32,768, d = 128 (the heldout1 point): 256 readers of a 16 MiB set, 264 slots: the set is
+    # live ~3 waves, not the longest CTA's 2
+    e = estimate("flash", 32768, 128, 7, causal=True, l2_bytes=H200_L2, sms=132)
+    kv_extra = e.read - 3 * 7 * 32768 * 128 * 2  # beyond Q, K, V once
+    g = physical.Grid(32768, 32768, 128, 64, causal=True)
+    s = g.kv_rows_loaded(g.n_q_tiles) / (g.kv_rows_total() / g.n_q_tiles)
+    assert kv_extra == pytest.approx(7 * 2 * 32768 * 128 * 2 * (s + 256 / 264) * 255 / 264, rel=0.01)
+
+
 def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
     import subprocess
     import sys
