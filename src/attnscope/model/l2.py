@@ -309,8 +309,9 @@ def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: fl
     cut = sum(pr for *_, pr in pairs)  # share of the offsets that cut a set: all but 1 in T / gcd(C, T)
     if cut <= 0:
         return 0.0
-    # boundaries w C (w = 1 .. waves - 1) between two sets: every (T / gcd)-th one
-    events = (waves - 1) - (waves - 1) // round(1.0 / (1.0 - cut))
+    # boundaries w C (w = 1 .. waves - 1) between two sets: every (T / gcd(C, T))-th one
+    period = int(per_set) // math.gcd(int(c), int(per_set))
+    events = (waves - 1) - (waves - 1) // period
     m = 0.0
     for a, b, pr in pairs:
         a, b = held(a), held(b)
