@@ -3,6 +3,8 @@
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,8 @@ def test_recorded_csv_parses_into_one_segment_per_marked_call():
 HELDOUT = Path(__file__).resolve().parents[1] / "bench" / "grids" / "heldout.csv"
 HELDOUT2 = HELDOUT.with_name("heldout2.csv")  # drawn after run 1 of heldout.csv: shares no shape with it
 HELDOUT3 = HELDOUT.with_name("heldout3.csv")  # drawn after run 2 and the spill probe: no N shared with them
+HELDOUT4 = HELDOUT.with_name("heldout4.csv")  # drawn after grid 3 ran (its N reach 30,965 only)
+HELDOUT5 = HELDOUT.with_name("heldout5.csv")  # drawn after grid 4's run, before r18e's model changes
 PROBE = HELDOUT.with_name("spill_probe.csv")  # development data (bench/gpu/spill_probe.sh)
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
@@ -159,7 +163,7 @@ def test_grid_csv_parses_into_specs(tmp_path):
     assert physical.parse_grid(ym) == specs
 
 
-@pytest.mark.parametrize("grid", [HELDOUT, HELDOUT2, HELDOUT3])
+@pytest.mark.parametrize("grid", [HELDOUT, HELDOUT2, HELDOUT3, HELDOUT5])
 def test_the_heldout_grid_is_fresh_and_complete(grid):
     specs = physical.parse_grid(grid)
     assert len(specs) >= 40
@@ -192,6 +196,26 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
     assert {s["causal"] for s in third} == {True, False} and {s["d"] for s in third} == {64, 128}
     assert {s["dtype"] for s in third} == {"fp16", "bf16"}
     assert not [s for s in third if s["impl"] == "efficient" and s.get("kv_heads") and s["causal"]]
+
+
+@pytest.mark.parametrize("grid, earlier", [(HELDOUT4, (HELDOUT, HELDOUT2, HELDOUT3, PROBE)),
+                                           (HELDOUT5, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, PROBE))])
+def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
+    specs = physical.parse_grid(grid)
+    seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}
+    seen |= {s["n"] for s, *_ in _dev_points()} | {3000, 6144, 12288, 24576}
+    assert not {s["n"] for s in specs} & seen
+    assert len({s["n"] for s in specs}) == len(specs)
+    # a quarter of the points at N 16k-32k, the rest below
+    assert 4 * sum(s["n"] >= 16000 for s in specs) >= len(specs) and max(s["n"] for s in specs) <= 32768
+    assert not [s for s in specs if s["impl"] == "efficient" and s.get("kv_heads") and s["causal"]]
+    assert not [s for s in specs if s["impl"] == "cudnn" and s.get("kv_heads") and s["causal"]]
+    # the committed rows are what the seeded draw script prints (run from the repository root)
+    root = grid.parents[2]
+    script = grid.with_name("draw_" + grid.stem + ".py")
+    out = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, check=True)
+    rows = [r for r in grid.read_text().splitlines() if r and not r.startswith("#")][1:]
+    assert out.stdout.splitlines() == rows
 
 
 def test_an_attnscope_point_is_estimated_for_the_kernel_that_ran():

@@ -124,9 +124,10 @@ def test_wave_rereads_head_major_vs_tile_major():
     tile = physical.wave_rereads(32, 128, 264, 8 * MiB, l2_bytes=l2, order="tile")
     assert head == 1.0 and tile == pytest.approx(32 * 128 / 264)
     # 16 readers per set: 512 readers run in 2 waves of ~17 sets (136 MiB): the one set the wave boundary
-    # cuts is re-read, all from DRAM (the boundary falls between two sets, cutting none, for 31 of the 264
-    # offsets a set boundary can have in a wave)
-    assert physical.wave_rereads(32, 16, 264, 8 * MiB, l2_bytes=l2) == pytest.approx(1 + (1 - 31 / 264) / 32)
+    # cuts is re-read, all from DRAM: the boundary, CTA 264, is 264 mod 16 = 8 readers into its set
+    assert physical.wave_rereads(32, 16, 264, 8 * MiB, l2_bytes=l2) == pytest.approx(1 + 1 / 32)
+    # 24 readers per set: the boundary is 264 mod 24 = 0 readers into one, between two sets: nothing re-read
+    assert physical.wave_rereads(22, 24, 264, 8 * MiB, l2_bytes=l2) == 1.0
     # a set bigger than the L2 share: the readers that start a wave later re-read it
     assert physical.wave_rereads(4, 200, 132, 40 * MiB, l2_bytes=l2) > 1.0
     # backwards causal readers spread over twice a wave: more re-reads than forwards ones
@@ -419,6 +420,30 @@ def test_a_set_straddling_waves_sees_one_set_more_or_less_than_the_mean():
     assert work < physical.H200_L2_PARAMS.capacity * l2 and amp > 1.0
 
 
+def test_fa2_causal_sets_stay_live_while_their_readers_start():
+    # FA-2's backward walkers under the block scheduler: C slots, a new CTA whenever one frees, so in the
+    # steady state C CTAs start per mean CTA lifetime (a wave). A set's T readers start over T / C waves
+    # and the last one runs the longest CTA's lifetime (`spread` waves): the set is live for spread + T / C
+    # waves, and each wave of it re-reads the set. With no L2 every re-read misses:
+    c, spread = 264, 2.0
+    for t in (12, 97, 256, 600):
+        live = spread + t / c
+        amp = physical.wave_rereads(64, t, c, 16 * MiB, causal=True, backward=True, spread=spread,
+                                    l2_bytes=1)
+        assert amp == pytest.approx(1 + live * (t - 1) / c), t
+    # a persistent static schedule has no launch span (bench/l2_reuse.py C): a diagonal step apart instead
+    static = physical.wave_rereads(64, 256, c, 16 * MiB, causal=True, backward=True, spread=spread,
+                                   l2_bytes=1, schedule="static")
+    assert static == pytest.approx(1 + (256 * 1.0 - 1))
+    # FA-2 at N = 32,768, d = 128 (the heldout1 point): 256 readers of a 16 MiB set, 264 slots: the set is
+    # live ~3 waves, not the longest CTA's 2
+    e = estimate("flash", 32768, 128, 7, causal=True, l2_bytes=H200_L2, sms=132)
+    kv_extra = e.read - 3 * 7 * 32768 * 128 * 2  # beyond Q, K, V once
+    g = physical.Grid(32768, 32768, 128, 64, causal=True)
+    s = g.kv_rows_loaded(g.n_q_tiles) / (g.kv_rows_total() / g.n_q_tiles)
+    assert kv_extra == pytest.approx(7 * 2 * 32768 * 128 * 2 * (s + 256 / 264) * 255 / 264, rel=0.01)
+
+
 def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
     import subprocess
     import sys
@@ -432,24 +457,51 @@ def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
     assert out.stdout.strip() == "[]"
 
 
-def test_a_wave_spans_one_set_more_than_its_share_on_average():
-    # a window of C consecutive CTAs at a uniform offset in sets of T CTAs spans 1 + C / T sets on average;
-    # the next wave starts C / T sets further on, so it spans as many on average
-    for ratio in (0.3, 0.5, 0.527, 0.97, 1.0, 2.06, 16.5):
-        pairs = physical.wave_pairs(ratio)
-        assert sum(p for *_, p in pairs) == pytest.approx(1.0) and all(p >= 0 for *_, p in pairs)
-        assert sum(a * p for a, _, p in pairs) == pytest.approx(1 + ratio)
-        assert sum(b * p for _, b, p in pairs) == pytest.approx(1 + ratio)
-        assert all(abs(a - b) <= 1 for a, b, _ in pairs)
+def _boundaries(c, t, waves):
+    """Brute force: for the wave boundaries at CTAs w c (w = 1 .. waves - 1) in sets of t consecutive CTAs,
+    the sets the waves either side touch, or None where the boundary falls between two sets."""
+    out = []
+    for w in range(1, waves):
+        o = w * c
+        if o % t == 0:
+            out.append(None)
+            continue
+        a = (o - 1) // t - (o - c) // t + 1  # sets touched by CTAs o - c .. o - 1
+        b = (o + c - 1) // t - o // t + 1  # ... by CTAs o .. o + c - 1
+        out.append((a, b))
+    return out
+
+
+@pytest.mark.parametrize("c, t", [(264, 500), (264, 484), (264, 502), (264, 128), (264, 264), (132, 216),
+                                  (264, 97), (264, 1000), (264, 12)])
+def test_wave_pairs_are_the_boundaries_of_a_full_period_of_waves(c, t):
+    # over T / gcd(C, T) consecutive boundaries every offset k gcd(C, T) in a set occurs once: counting the
+    # sets either side of each boundary by brute force gives wave_pairs' distribution exactly
+    period = t // math.gcd(c, t)
+    seen = _boundaries(c, t, period + 1)
+    pairs = physical.wave_pairs(c, t)
+    assert sum(p for *_, p in pairs) == pytest.approx(1 - seen.count(None) / period)
+    for a, b, p in pairs:
+        assert p == pytest.approx(seen.count((a, b)) / period), (a, b)
+    # a wave of C CTAs spans C / T sets and one more for each set boundary it crosses: on average over
+    # the boundaries that cut a set, both neighbours span 1 + C / T sets
+    cut = 1 - seen.count(None) / period
+    if cut:
+        assert sum(a * p for a, _, p in pairs) / cut == pytest.approx(
+            sum(x[0] for x in seen if x) / (period - seen.count(None)))
 
 
 def test_lockstep_waves_reread_the_set_each_boundary_cuts():
     # with no L2 every re-read misses: one CTA at a time re-reads its set for every CTA but the first
     assert physical.wave_rereads(3, 8, 1, 1 * MiB, l2_bytes=1) == pytest.approx(8.0)
-    # 4 sets of 500 CTAs, 264 at a time: 8 waves, 7 boundaries, each cutting a set unless it falls on one
-    # of the 3 set boundaries (each does with probability 1 / 264)
-    amp = physical.wave_rereads(4, 500, 264, 16 * MiB, l2_bytes=1)
-    assert amp == pytest.approx(1 + (7 - 3 / 264) / 4)
+    # 4 sets of 500 CTAs, 264 at a time: 8 waves, 7 boundaries, each re-reads the set it cuts (their
+    # offsets in a set are multiples of gcd(264, 500) = 4; the first between two sets is the 125th)
+    for sets, t, c in ((4, 500, 264), (2, 8, 1), (5, 100, 264), (7, 216, 132)):
+        waves = math.ceil(sets * t / c)
+        cuts = sum(x is not None for x in _boundaries(c, t, waves))
+        assert physical.wave_rereads(sets, t, c, 16 * MiB, l2_bytes=1) == pytest.approx(1 + cuts / sets)
+    # sets of 132 CTAs, waves of 264: every boundary falls between two sets, nothing is re-read
+    assert physical.wave_rereads(6, 132, 264, 16 * MiB, l2_bytes=1) == 1.0
     # everything fits: no re-read from DRAM
     assert physical.wave_rereads(4, 500, 264, 1 * MiB, l2_bytes=60 * MiB) == 1.0
 

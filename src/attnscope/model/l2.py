@@ -9,11 +9,12 @@ written by one kernel and read back by the next survive random replacement (`_su
 the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
 partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
 (`L2Params.qo_weight`). Unmasked CTAs run in lockstep waves: the set a wave boundary cuts is re-read after
-the rest of the a sets of one wave and the start of the b sets of the next (`wave_pairs`). Causal:
-forward walkers a launch interval apart; FA-2's backward walkers spread over its longest CTA; a static
-persistent schedule a diagonal step apart. GQA heads split by the batch re-read their set. Spills
-(`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is still
-dirty in the L2 at the end is not counted.
+the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
+gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
+of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
+lifetime); a static persistent schedule a diagonal step apart. GQA heads split by the batch re-read their
+set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is
+still dirty in the L2 at the end is not counted.
 
 Measured on the H200 (BENCHMARKS.md "attnscope bytes"): re-read capacities and ramps of lines re-read
 from one SM then another (0.580, 1.72: bench/l2_reuse.py A), of shared lines (0.434, 1.38) and of lines
@@ -122,6 +123,10 @@ HOPPER_KERNELS.update({"hopper_rel1": HOPPER_KERNELS["hopper"], "hopper_rel1_nop
                        "hopper_pt_deep": HOPPER_KERNELS["hopper"],
                        "hopper_pt_wg3_pp": HOPPER_KERNELS["hopper_wg3_pp"],
                        "hopper_pt_persist": HOPPER_KERNELS["hopper_persist"]})
+# the overlap variants (two S tiles in flight per warpgroup): the same grid, 64-key tiles for the n64 ones
+HOPPER_KERNELS.update({"hopper_ov_pt": {64: _G}, "hopper_ov_n64": {128: _G._replace(block_kv=64),
+                                                                  64: _G._replace(block_kv=64)}})
+HOPPER_KERNELS["hopper_ov_n64_pt"] = HOPPER_KERNELS["hopper_ov_n64"]
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
@@ -197,7 +202,9 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     ``distinct_sets``: how many different sets there are (default ``sets``; fewer where a set is counted
     once per non-adjacent group of its readers): what a window can hold is bounded by them.
     ``causal`` + ``backward``: readers of unequal length that walk the set from its end, spread over the
-    longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean).
+    longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean);
+    with the "dynamic" schedule the set stays live ``per_set / concurrent`` waves longer (its readers
+    start as slots free up, C per mean lifetime), and re-reads it once per wave of that span.
     ``causal`` forwards: readers that walk the set from its start, each loading ``share`` of it on
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
     ``group_batch`` (g, B): the sets are (query head, batch) pairs, heads outer and the batch inner, g
@@ -220,7 +227,13 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     if order == "head":
         window = held(s * c / per_set + 1.0)  # sets a window of s C consecutive CTAs spans
         # extra waves a set's readers fall into (none when every CTA runs in the first wave, in step)
-        passes = min(s * (per_set - 1) / c, max(0.0, s * sets * per_set / c - 1.0))
+        live = s
+        if causal and backward and schedule == "dynamic":
+            # the block scheduler starts a set's readers as slots free up: C per mean CTA lifetime, so
+            # they start over per_set / C lifetimes, and the set stays live that much longer than its
+            # longest CTA (FA-2 at N = 32k: 256 readers, 264 slots, 2 + 0.97 lifetimes)
+            live = s + per_set / c
+        passes = min(live * (per_set - 1) / c, max(0.0, live * sets * per_set / c - 1.0))
     else:
         window = min(distinct, s * c)
         # sets > C: each reader is in another wave; else a wave reads every set once
@@ -261,15 +274,25 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     return 1.0 + passes * miss(work / cap, params.ramp)
 
 
-def wave_pairs(ratio: float) -> tuple:
-    """(a, b, probability): the K/V sets in two consecutive waves of C CTAs when a set has C / ``ratio``
-    readers, consecutive in launch order, and the first wave starts at a uniformly distributed offset in a
-    set: a wave spans n0 = 1 + floor(ratio) sets, or n0 + 1 with probability f = frac(ratio); the next
-    wave starts f sets further on."""
-    n0, f = 1 + math.floor(ratio), ratio - math.floor(ratio)
-    if f <= 0.5:
-        return ((n0, n0, 1.0 - 2.0 * f), (n0, n0 + 1, f), (n0 + 1, n0, f))
-    return ((n0, n0 + 1, 1.0 - f), (n0 + 1, n0, 1.0 - f), (n0 + 1, n0 + 1, 2.0 * f - 1.0))
+def wave_pairs(c: int, per_set: int) -> tuple:
+    """(a, b, probability): the K/V sets in the two waves of C = ``c`` CTAs either side of a wave boundary
+    that cuts a set of ``per_set`` (T) CTAs, consecutive in launch order. Boundaries fall at CTAs w C, so
+    their offsets in a set are the multiples of g = gcd(C, T) below T, each as often over T / g waves;
+    offset 0 (a boundary between two sets: no set is cut) has the remaining probability. With C = q T + r,
+    a boundary at offset o follows a wave over q + 2 sets when o < r (else q + 1) and precedes one over
+    q + 1 sets when o <= T - r (else q + 2). Closed form: four counts of lattice points."""
+    t = max(1, int(per_set))
+    c = max(1, int(c))
+    g = math.gcd(c, t)
+    n = t // g  # offsets 0, g, ..., T - g, one per T / g consecutive boundaries
+    q, r = divmod(c, t)
+    rg = r // g
+    a_hi = max(0, rg - 1)  # offsets k g, k = 1 .. n - 1, with k g < r
+    b_lo = min(n - 1, n - rg)  # ... with k g <= T - r
+    both = max(0, min(a_hi, b_lo))
+    counts = {(q + 2, q + 1): both, (q + 2, q + 2): a_hi - both, (q + 1, q + 1): b_lo - both,
+              (q + 1, q + 2): (n - 1) - a_hi - b_lo + both}
+    return tuple((a, b, k / n) for (a, b), k in counts.items() if k > 0)
 
 
 def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: float, cap: float, ramp: float,
@@ -277,19 +300,23 @@ def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: fl
     """Extra K/V reads per set (in sets) of equal-length CTAs that run in waves of ``c``: the one set that
     straddles a wave boundary is read again by the next wave; its tile at fraction x of the walk is
     re-read after the rest (1 - x) of the a sets of the earlier wave and the first x of the b sets of the
-    later one: a reuse distance uniform between a and b sets (plus the resident CTAs' Q/O, ``other``)."""
+    later one: a reuse distance uniform between a and b sets (plus the resident CTAs' Q/O, ``other``).
+    `wave_pairs` gives (a, b) and how often a boundary cuts no set."""
     waves = math.ceil(sets * per_set / c)
     if waves <= 1:
         return 0.0
-    # wave boundaries per set; each re-reads the set it falls in, unless it falls between two sets (each of
-    # the sets - 1 set boundaries is a wave boundary with probability 1 / c)
-    events = max(0.0, (waves - 1) - (sets - 1) / c) / sets
+    pairs = wave_pairs(c, per_set)
+    cut = sum(pr for *_, pr in pairs)  # share of the offsets that cut a set: all but 1 in T / gcd(C, T)
+    if cut <= 0:
+        return 0.0
+    # boundaries w C (w = 1 .. waves - 1) between two sets: every (T / gcd(C, T))-th one
+    period = int(per_set) // math.gcd(int(c), int(per_set))
+    events = (waves - 1) - (waves - 1) // period
     m = 0.0
-    for a, b, pr in wave_pairs(c / per_set):
-        if pr > 0:
-            a, b = held(a), held(b)
-            m += pr * mean_miss((a * kv_bytes + other) / cap, (b * kv_bytes + other) / cap, ramp)
-    return events * m
+    for a, b, pr in pairs:
+        a, b = held(a), held(b)
+        m += pr / cut * mean_miss((a * kv_bytes + other) / cap, (b * kv_bytes + other) / cap, ramp)
+    return events / sets * m
 
 
 # --- the estimate --------------------------------------------------------------------------------------
