@@ -108,7 +108,8 @@ KERNELS = {
 #: The Gluon Hopper variants (kernels/fwd_hopper.py VARIANTS) -> {head dim: Kernel}: NWG x BM query rows
 #: and BN keys per CTA, grid (tiles, B*H) like the portable kernel (heads fastest), or persistent (one CTA
 #: per SM, head-major tiles; causal tiles in pairs (k, last - k), heavy then light). One CTA per SM:
-#: 168 (NWG 2) / 128 (NWG 3) registers x 9+ warps fill the register file. ptxas (bench/sm90_resources.py): no spills.
+#: 168 (NWG 2) / 128 (NWG 3) registers x 9+ warps fill the register file. ptxas
+#: (bench/sm90_resources.py): no spills.
 _G = Kernel(128, 128, 1, "hb", False, False)
 _GP = _G._replace(persistent=True)
 HOPPER_KERNELS = {
