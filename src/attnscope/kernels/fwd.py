@@ -17,10 +17,8 @@ transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descript
 of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
 scale (one FMA per score). Causal query tiles launch heaviest first.
 
-Block configurations come from a measured table (`CONFIG_TABLE`, per head dim, causal and N; from the
-sweeps in BENCHMARKS.md), not from runtime autotuning: the first call of each variant costs one compile
-and no timing sweep. ``config=FwdConfig(...)`` overrides the table (bench/tune_prefill.py sweeps that
-way). The compiled kernel of a call is returned by `launch` for resource reports (bench/diag_fwd.py).
+Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
+per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
 """
 
 from __future__ import annotations
@@ -58,20 +56,15 @@ class FwdConfig(NamedTuple):
     num_stages: int  # software-pipelining depth of the KV loop
 
 
-#: Measured config table: (head_dim, causal, largest max(Nq, Nk) the row covers or None = any) -> config,
-#: first matching row wins; the same for fp16 and bf16 (the fp16 point of the 2026-11-29 sweep ran the
-#: bf16 winner). Source: bench/tune_prefill.py and bench/diag_fwd.py on the H200, 2026-11-29 (BENCHMARKS.md,
-#: "What stands in the way ..."): d = 128 (128, 64, 4, 2) at 4k and 16k, causal or not; d = 64 unmasked
-#: (128, 128, 4, 3), causal (128, 64, 4, 3) at 4k. No sweep found a different winner by N, so one row per
-#: (d, causal) covers every N.
+#: Measured config table (bench/tune_prefill.py; BENCHMARKS.md): (head_dim, causal, largest max(Nq, Nk)
+#: the row covers or None = any) -> config, first matching row wins; fp16 and bf16 alike.
 CONFIG_TABLE = (
     (128, False, None, FwdConfig(128, 64, 4, 2)),
     (128, True, None, FwdConfig(128, 64, 4, 2)),
     (64, False, None, FwdConfig(128, 128, 4, 3)),
     (64, True, None, FwdConfig(128, 64, 4, 3)),
 )
-#: Under the interpreter one small config keeps CPU tests fast and still exercises multi-tile, ragged and
-#: diagonal paths.
+#: Interpreter: small tiles keep CPU tests fast and still cover multi-tile, ragged and diagonal paths.
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
@@ -263,7 +256,6 @@ def _check_inputs(q, k, v):
     return B, Hq, Nq, d, Hkv, Nk
 
 
-
 def _check_config(config) -> FwdConfig:
     if config is None:
         return None
@@ -361,10 +353,7 @@ def _op(q, k, v, causal, scale, return_lse, config, impl):
 
 @_op.register_fake
 def _(q, k, v, causal, scale, return_lse, config, impl):
-    B, Hq, Nq, d = q.shape
-    o = q.new_empty((B, Hq, Nq, d))
-    lse = q.new_empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32)
-    return o, lse
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
@@ -394,8 +383,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
         FlashAttention-3's warp-specialised ping-pong schedule (kernels/fwd_hopper.py, experimental;
         needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant the
-        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range) — bf16 d = 128 from
-        N = 1k, bf16 d = 64 causal from 8k — else portable. Each kernel variant compiles once per process.
+        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range), else portable.
 
     Returns
     -------

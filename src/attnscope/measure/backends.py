@@ -97,8 +97,9 @@ def torch_dtype(torch, dtype: str):
 
 
 def attention_fn(impl: str, causal: bool):
-    """A function ``f(q, k, v) -> o`` for ``impl``: an SDPA backend (restricted, no fallback), SDPA's
-    default dispatch (``auto``), the explicit 3-kernel ``naive`` baseline, or ``attnscope``'s kernel."""
+    """A function ``f(q, k, v) -> o`` for ``impl``: an SDPA backend (restricted, no fallback; GQA when k
+    has fewer heads than q), SDPA's default dispatch (``auto``), the explicit 3-kernel ``naive`` baseline,
+    or ``attnscope``'s kernel."""
     import torch.nn.functional as F
 
     if impl == "attnscope":
@@ -110,7 +111,7 @@ def attention_fn(impl: str, causal: bool):
     if impl == "auto":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     call = sdpa(impl)
-    return lambda q, k, v: call(q, k, v, causal)
+    return lambda q, k, v: call(q, k, v, causal, gqa=q.shape[1] != k.shape[1])
 
 
 def sdpa(backend: str):

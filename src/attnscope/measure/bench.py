@@ -14,14 +14,19 @@ Used by `attnscope bench` (its arguments: cli/gpu.py) and `bench/prefill.py`. GP
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import time
 
+from rich import progress as rp
+from rich.console import Console
+
 from attnscope.checks import kernel_tolerance, within_tolerance
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, expect, finite_real
 from attnscope.inputs import load_json, write_atomic
-from attnscope.measure.backends import attention_fn, require_cuda, sdpa
+from attnscope.measure.backends import attention_fn, require_cuda
+from attnscope.measure.plots import write_plots
 from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -29,28 +34,18 @@ DECODE_GRID = ((1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8))
 DECODE_LS = (4096, 32768, 131072)
 
 
-class Progress:
+class Progress(rp.Progress):
     """The sweep's progress: a `rich.progress` bar on stderr; result lines print above it (stdout)."""
 
     def __init__(self, total: int):
-        from rich import progress as rp
-        from rich.console import Console
-
+        super().__init__(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
+                         console=Console(stderr=True))
         self.total, self.done = max(1, total), 0
-        self._bar = rp.Progress(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
-                                console=Console(stderr=True))
-        self._task = self._bar.add_task("bench", total=self.total)
+        self._task = self.add_task("bench", total=self.total)
 
     def step(self, label: str = "bench") -> None:
         self.done = min(self.total, self.done + 1)
-        self._bar.update(self._task, completed=self.done, description=label)
-
-    def __enter__(self):
-        self._bar.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._bar.stop()
+        self.update(self._task, completed=self.done, description=label)
 
 
 def _median_ms(fn, graph: bool = False) -> float:
@@ -117,32 +112,27 @@ def _measure_point(torch, row, impls, err_of, time_it, where, log):
 
 
 # ----------------------------------------------------------------------------------------------------
-def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, progress=None):
+def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, *, progress):
     names = ("attnscope", "flash", "cudnn", "efficient") + (("naive",) if naive else ())  # naive: spec §1
     results = []
-    for dtype in dtypes or [torch.bfloat16]:
-        for d in ds:
-            for causal in (False, True):
-                for n in ns:
-                    b = max(1, tokens // n)
-                    torch.manual_seed(n + d)
-                    q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                    flops = attention_flops(b, heads, n, n, d, causal)
-                    row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
-                           "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
+    for dtype, d, causal, n in itertools.product(dtypes or [torch.bfloat16], ds, (False, True), ns):
+        b = max(1, tokens // n)
+        torch.manual_seed(n + d)
+        q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
+        flops = attention_flops(b, heads, n, n, d, causal)
+        row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
+               "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
 
-                    def time_it(name, fn, row=row, flops=flops):
-                        row["ms"][name] = ms = _median_ms(fn)
-                        row["tflops"][name] = flops / ms / 1e9
+        def time_it(name, fn, row=row, flops=flops):
+            row["ms"][name] = ms = _median_ms(fn)
+            row["tflops"][name] = flops / ms / 1e9
 
-                    calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
-                    _measure_point(torch, row, calls,
-                                   functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
-                                   time_it, f"d={d} causal={causal} n={n}", log)
-                    results.append(row)
-                    log(prefill_line(row))
-                    if progress is not None:
-                        progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
+        calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
+        _measure_point(torch, row, calls, functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
+                       time_it, f"d={d} causal={causal} n={n}", log)
+        results.append(row)
+        log(prefill_line(row))
+        progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
     return results
 
 
@@ -155,38 +145,32 @@ def read_ceiling(torch, gib=4):
     return tbs
 
 
-def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print, progress=None):
+def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print, *, progress):
     import attnscope
 
     dtype = dtype or torch.bfloat16
     results = []
-    flash, cudnn = sdpa("flash"), sdpa("cudnn")
-    for (b, hq, hkv) in grid:
-        for L in ls:
-            torch.manual_seed(L + b)
-            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype)
-                       for h, n in ((hq, 1), (hkv, L), (hkv, L)))
-            kv_bytes = 2 * b * hkv * L * d * q.element_size()
-            row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
-                   "tbs_eager": {}, "err": {}}
+    for (b, hq, hkv), L in itertools.product(grid, ls):
+        torch.manual_seed(L + b)
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, hkv, L, d, device="cuda", dtype=dtype) for _ in range(2))
+        kv_bytes = 2 * b * hkv * L * d * q.element_size()
+        row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
+               "tbs_eager": {}, "err": {}}
 
-            def time_it(name, fn, row=row, kv_bytes=kv_bytes):
-                row["ms"][name] = ms = _median_ms(fn, graph=True)
-                row["tbs"][name] = kv_bytes / ms / 1e9
-                row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
+        def time_it(name, fn, row=row, kv_bytes=kv_bytes):
+            row["ms"][name] = ms = _median_ms(fn, graph=True)
+            row["tbs"][name] = kv_bytes / ms / 1e9
+            row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
 
-            impls = {
-                "attnscope": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v),
-                "attnscope_1split": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v, num_splits=1),
-                "flash": lambda q=q, k=k, v=v, g=hq != hkv: flash(q, k, v, False, gqa=g),
-                "cudnn": lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g),
-            }
-            err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
-            _measure_point(torch, row, impls, err_of, time_it, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
-            results.append(row)
-            log(decode_line(row))
-            if progress is not None:
-                progress.step(f"decode B={b} Hkv={hkv} L={L}")
+        impls = {"attnscope": functools.partial(attnscope.flash_decode, q, k, v),
+                 "attnscope_1split": functools.partial(attnscope.flash_decode, q, k, v, num_splits=1)}
+        impls |= {name: functools.partial(attention_fn(name, False), q, k, v) for name in ("flash", "cudnn")}
+        err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
+        _measure_point(torch, row, impls, err_of, time_it, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
+        results.append(row)
+        log(decode_line(row))
+        progress.step(f"decode B={b} Hkv={hkv} L={L}")
     return results
 
 
@@ -233,11 +217,8 @@ _OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _RATES, "tbs_eager": _RA
 
 
 def _field_ok(kind: str, value) -> bool:
-    real = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if kind == _INT:
-        return real and isinstance(value, int) and value > 0
-    if kind == _NUM:
-        return real
+    if kind in (_INT, _NUM):
+        return finite_real(value) and (kind == _NUM or isinstance(value, int) and value > 0)
     if kind == _RATES:
         return isinstance(value, dict) and all(v is None or _field_ok(_NUM, v) for v in value.values())
     return isinstance(value, bool) if kind == "true or false" else isinstance(value, str)
@@ -251,11 +232,10 @@ def _check_rows(result: dict) -> None:
         fields = _ROW_FIELDS["decode" if key == "decode" else "prefill"]
         for i, row in enumerate(rows):
             expect(isinstance(row, dict), f"--from-json {key}[{i}]", "an object", row)
-            for name, kind in fields.items():
-                expect(_field_ok(kind, row.get(name)), f"--from-json {key}[{i}].{name}", kind, row.get(name))
-            for name, kind in _OPTIONAL.items():
-                if row.get(name) is not None:
-                    expect(_field_ok(kind, row[name]), f"--from-json {key}[{i}].{name}", kind, row[name])
+            for name, kind in (*fields.items(), *_OPTIONAL.items()):
+                value = row.get(name)
+                ok = (value is None and name in _OPTIONAL) or _field_ok(kind, value)
+                expect(ok, f"--from-json {key}[{i}].{name}", kind, value)
     ceiling = result.get("read_ceiling_tbs")
     expect(ceiling is None or _field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
     expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
@@ -267,11 +247,8 @@ def _from_json(args) -> int:
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
                          f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
     _check_rows(result)
-    plots = []
-    if args.plots:  # drawn and written before anything is printed: a bad --plots is the only output
-        from attnscope.measure.plots import write_plots
-
-        plots = write_plots(result, args.plots)
+    # drawn and written before anything is printed: a bad --plots is the only output
+    plots = write_plots(result, args.plots) if args.plots else []
     print("# " + json.dumps(result.get("env", {})))
     for row in result.get("prefill", []) + result.get("prefill_fp16", []):
         print(prefill_line(row))
@@ -315,10 +292,7 @@ def run(args) -> int:
             write_atomic(path, json.dumps(out, indent=1), flag)
     if args.json == "-":
         print(json.dumps(out, indent=1))
-    if args.plots:
-        from attnscope.measure.plots import write_plots
-
-        for path in write_plots(out, args.plots):
-            print(f"plot: {path}")
+    for path in write_plots(out, args.plots) if args.plots else []:
+        print(f"plot: {path}")
     return 0
 
