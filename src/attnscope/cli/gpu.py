@@ -12,6 +12,7 @@ import sys
 
 from attnscope.cli._out import MiB, console, print_json, table
 from attnscope.errors import InputError
+from attnscope.inputs import refuse_symlinks
 from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
@@ -28,20 +29,17 @@ def _no_gpu(command: str) -> int | None:
     return _fail(command, why) if why else None
 
 
-def _one_line(command: str):
+def _one_line(fn):
     """Wrap a command so a runtime failure on the GPU (out of memory, a backend that cannot run) prints
     one line and exits 1 instead of a traceback."""
-    def wrap(fn):
-        def go(args) -> int:
-            try:
-                return fn(args)
-            except RuntimeError as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                return _fail(command, f"{type(e).__name__}: {first}", code=1)
+    def go(args) -> int:
+        try:
+            return fn(args)
+        except RuntimeError as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return _fail(args.command, f"{type(e).__name__}: {first}", code=1)
 
-        return go
-
-    return wrap
+    return go
 
 
 def _shape(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
@@ -290,8 +288,6 @@ def _share(args) -> int:
         raise InputError(f"project_to: expected an attention other than --attention ({args.attention}), "
                          f"got {args.project_to!r}")
     if args.trace:  # before minutes of measuring, not after
-        from attnscope.inputs import refuse_symlinks
-
         refuse_symlinks([args.trace], "--trace")
     if (code := _no_gpu("share")) is not None:
         return code
@@ -338,26 +334,6 @@ def _bench(args) -> int:
     return bench.run(args)
 
 
-def add_bench_arguments(p) -> None:
-    """The arguments of `attnscope bench` (also used by bench/prefill.py and bench/decode.py)."""
-    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
-                   help="which sweep to run (default: all)")
-    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
-    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
-    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
-    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
-    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
-    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                   help="print all results as JSON on stdout, as every other --json does (with FILE, the "
-                        "form bench/*.py scripts use: write them to FILE, like --out)")
-    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
-                                                 "--from-json reads it back)")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
-    p.add_argument("--from-json", metavar="FILE",
-                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
-
-
 def configure(sub) -> None:
     """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
     from attnscope.measure.backends import BACKENDS
@@ -372,7 +348,7 @@ def configure(sub) -> None:
     p.add_argument("--backend", default="flash", choices=BACKENDS,
                    help=f"backend to restrict dispatch to; auto reports SDPA's own choice {SPEC}")
     _shape(p)
-    p.set_defaults(func=_one_line("which")(_which))
+    p.set_defaults(func=_one_line(_which))
 
     p = sub.add_parser("bytes", help="ncu DRAM bytes beside the logical model and an L2-aware estimate "
                                      "(GPU + ncu)",
@@ -405,7 +381,7 @@ def configure(sub) -> None:
                    help="L2 capacity for the estimate (default: read from the GPU, or the --device entry)")
     p.add_argument("--sms", type=int, default=None,
                    help="SM count for the estimate (default: read from the GPU, or the --device entry)")
-    p.set_defaults(func=_one_line("bytes")(_bytes))
+    p.set_defaults(func=_one_line(_bytes))
 
     p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill from torch.profiler "
                                      "(GPU); --project-to closes the Amdahl loop",
@@ -423,11 +399,26 @@ def configure(sub) -> None:
     p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
     p.add_argument("--trace", default=None, metavar="FILE.json.gz", help="keep the profiler Chrome trace")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.set_defaults(func=_one_line("share")(_share))
+    p.set_defaults(func=_one_line(_share))
 
     p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
                        description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
                                    "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
                                    "run without a GPU.")
-    add_bench_arguments(p)
+    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
+                   help="which sweep to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
+    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
+    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
+    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
+    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print all results as JSON on stdout, as every other --json does (with FILE, the "
+                        "form bench/*.py scripts use: write them to FILE, like --out)")
+    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
+                                                 "--from-json reads it back)")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
     p.set_defaults(func=_bench)
