@@ -29,8 +29,7 @@ DTYPES = ("fp16", "bf16")
 # --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
 def _future_mask(torch, n: int, device):
-    """Bool [n, n], True above the diagonal (the future); cached (the last 8 (n, device)), so building it
-    is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
+    """Bool [n, n], True above the diagonal; cached, so building it is not part of the measured call."""
     return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
@@ -72,8 +71,7 @@ class WhichResult:
 
 
 def gpu_problem() -> str | None:
-    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device. The one
-    GPU-presence check: `require_cuda`, the CLI and the bench use it."""
+    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device."""
     try:
         import torch
     except ImportError:
@@ -156,12 +154,6 @@ def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
     write_atomic(path, gzip.compress(data) if str(path).endswith(".gz") else data, field)
 
 
-def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:
-    """The kernels ``fn()`` launches: all of one profiled run's (`profile_trace` runs ``fn()`` alone, so
-    no launch path, runtime, driver or cuDNN's own, can hide a kernel from the answer)."""
-    return kernels(profile_trace(fn, annotation))
-
-
 def which(backend: str = "flash", n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1,
           dtype: str = "fp16", causal: bool = False) -> WhichResult:
     """Run one attention call with dispatch restricted to ``backend`` and report which kernels ran.
@@ -181,7 +173,7 @@ def which(backend: str = "flash", n: int = 4096, d: int = 128, heads: int = 32, 
     try:
         fn(q, k, v)  # warm-up: compile/autotune outside the profiled call
         torch.cuda.synchronize()
-        ks = profile_kernels(lambda: fn(q, k, v))
+        ks = kernels(profile_trace(lambda: fn(q, k, v)))  # all the run's kernels: none can hide
     except RuntimeError as e:  # SDPA: "No available kernel. Aborting execution."
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return WhichResult(backend, "none", False, shape, [], first)
