@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, choice, expect, finite_real
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -215,11 +215,9 @@ def _attnscope_fwd_kernel(
 def _check_flags(causal, scale, return_lse) -> None:
     """The non-tensor arguments: real bools, and a finite positive real scale (not a bool)."""
     for name, val in (("causal", causal), ("return_lse", return_lse)):
-        if not isinstance(val, bool):
-            raise InputError(f"{name}: expected True or False, got {val!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale) or scale <= 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+        expect(isinstance(val, bool), name, "True or False", val)
+    ok = scale is None or finite_real(scale) and scale > 0
+    expect(ok, "scale", "a finite positive number or None", scale)
 
 
 def _check_inputs(q, k, v):
@@ -266,10 +264,9 @@ def _check_config(config) -> FwdConfig:
                          f"got {config!r}") from None
     pow2 = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
                for x in (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps))
-    if not pow2 or not (16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256) or not (
-            isinstance(cfg.num_stages, int) and 1 <= cfg.num_stages <= 8):
-        raise InputError(f"config: expected powers of two BLOCK_M, BLOCK_N in [16, 256], num_warps, and "
-                         f"num_stages in [1, 8], got {tuple(cfg)}")
+    expect(pow2 and 16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256 and isinstance(cfg.num_stages, int)
+           and 1 <= cfg.num_stages <= 8, "config",
+           "powers of two BLOCK_M, BLOCK_N in [16, 256], num_warps, and num_stages in [1, 8]", tuple(cfg))
     return cfg
 
 
@@ -284,8 +281,7 @@ def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> str | None:
 
 def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
     """"portable", or the `fwd_hopper.VARIANTS` name to run (``impl="hopper"``: its default variant)."""
-    if impl not in IMPLS:
-        raise InputError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    choice("impl", impl, IMPLS)
     if impl == "hopper":
         why = _hopper_possible(q)
         if why is not None:
