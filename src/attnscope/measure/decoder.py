@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from attnscope.errors import InputError, choice, positive_int
+from attnscope.measure.backends import attention_fn
 
 ATTENTIONS = ("naive", "flash", "cudnn", "efficient", "math", "attnscope")
 ANNOTATION = "attnscope::attention"
@@ -43,8 +44,6 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
     """A ``torch.nn.Module`` decoder with random weights whose attention core is ``attention``."""
     import torch
     from torch import nn
-
-    from attnscope.measure.backends import attention_fn
 
     choice("attention", attention, ATTENTIONS)
     dtype = dtype or torch.float16

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from attnscope import chrome_trace
 from attnscope.errors import choice, positive_int
+from attnscope.measure.backends import attention_fn, profile_trace, require_cuda, save_trace, torch_dtype
 from attnscope.measure.decoder import ATTENTIONS, PREFILL, LlamaShape, build_decoder
 from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
@@ -98,8 +99,6 @@ def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareR
 def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtype: str = "fp16",
                   keep_trace: str | None = None) -> ShareResult:
     """Build the decoder, warm it up, profile one prefill, and return f_time (see module docstring)."""
-    from attnscope.measure.backends import profile_trace, require_cuda, save_trace, torch_dtype
-
     torch = require_cuda()
     choice("attention", attention, ATTENTIONS)
     positive_int("p", p)
@@ -158,8 +157,6 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
                 dtype: str = "fp16", reps: int = 10) -> ClosedLoop:
     """Measure f_time(baseline) and S = t_baseline / t_candidate (attention alone, same shapes),
     project with Amdahl, then time both prefills and compare (see module docstring)."""
-    from attnscope.measure.backends import attention_fn, require_cuda, torch_dtype
-
     torch = require_cuda()
     choice("baseline", baseline, ATTENTIONS)
     choice("project_to", candidate, ATTENTIONS)
