@@ -224,8 +224,12 @@ def _field_ok(kind: str, value) -> bool:
     return isinstance(value, bool) if kind == "true or false" else isinstance(value, str)
 
 
-def _check_rows(result: dict) -> None:
-    """Every recorded row has the fields the lines and plots read, of the right type (one line if not)."""
+def _from_json(args) -> int:
+    result = load_json(args.from_json, "--from-json")
+    if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
+        raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
+                         f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
+    # every recorded row has the fields the lines and plots read, of the right type (one line if not)
     for key in ("prefill", "prefill_fp16", "decode"):
         rows = result.get(key, [])
         expect(isinstance(rows, list), f"--from-json {key}", "a list of rows", rows)
@@ -239,14 +243,6 @@ def _check_rows(result: dict) -> None:
     ceiling = result.get("read_ceiling_tbs")
     expect(ceiling is None or _field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
     expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
-
-
-def _from_json(args) -> int:
-    result = load_json(args.from_json, "--from-json")
-    if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
-        raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
-                         f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
-    _check_rows(result)
     # drawn and written before anything is printed: a bad --plots is the only output
     plots = write_plots(result, args.plots) if args.plots else []
     print("# " + json.dumps(result.get("env", {})))

@@ -27,17 +27,6 @@ _TRAFFIC_ROW = {(False, False): "flash", (False, True): "flash-causal", (True, F
                 (True, True): "naive-causal-eager"}
 
 
-def _plt():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"plots need matplotlib: pip install matplotlib ({e})") from e
-    return plt
-
-
 def _title(env: dict) -> str:
     return (f"{env.get('gpu', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
             f"{env.get('date', '')}")
@@ -131,7 +120,13 @@ def write_plots(result: dict, out_dir: str) -> list[str]:
     names = (["prefill_tflops.png", "prefill_roofline.png"] if result.get("prefill") else []) + \
         (["decode_tbs.png"] if result.get("decode") else [])
     refuse_symlinks([out / name for name in names], "--plots")  # before seconds of drawing
-    plt = _plt()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(f"plots need matplotlib: pip install matplotlib ({e})") from e
     env = result.get("env", {})
     draw = {"prefill_tflops.png": lambda: prefill_tflops(plt, result["prefill"], env),
             "prefill_roofline.png": lambda: prefill_roofline(plt, result["prefill"], env),
