@@ -13,6 +13,7 @@ import sys
 from attnscope.cli._out import MiB, console, print_json, table
 from attnscope.errors import InputError
 from attnscope.inputs import refuse_symlinks
+from attnscope.measure import backends
 from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
@@ -59,8 +60,6 @@ def _short(name: str, width: int = 90) -> str:
 
 # --- which -----------------------------------------------------------------------------------------
 def _which(args) -> int:
-    from attnscope.measure import backends
-
     if (code := _no_gpu("which")) is not None:
         return code
     r = backends.which(args.backend, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
@@ -336,7 +335,6 @@ def _bench(args) -> int:
 
 def configure(sub) -> None:
     """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
-    from attnscope.measure.backends import BACKENDS
     from attnscope.measure.ncu import CACHE_CONTROL, IMPLS
     from attnscope.measure.share import ATTENTIONS
 
@@ -345,7 +343,7 @@ def configure(sub) -> None:
                                    "input it cannot take fails instead of falling back), record the "
                                    "launched kernels with torch.profiler and name the backend they show. "
                                    "Exit 1 when the asked backend did not run.")
-    p.add_argument("--backend", default="flash", choices=BACKENDS,
+    p.add_argument("--backend", default="flash", choices=backends.BACKENDS,
                    help=f"backend to restrict dispatch to; auto reports SDPA's own choice {SPEC}")
     _shape(p)
     p.set_defaults(func=_one_line(_which))

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from attnscope import chrome_trace
 from attnscope.chrome_trace import FUSED, KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
@@ -66,8 +66,7 @@ class WhichResult:
     error: str | None = None
 
     def to_json(self) -> dict:
-        return {"asked": self.asked, "ran": self.ran, "ok": self.ok, "shape": self.shape, "error": self.error,
-                "kernels": [k.to_json() for k in self.kernels]}
+        return {**asdict(self), "kernels": [k.to_json() for k in self.kernels]}
 
 
 def gpu_problem() -> str | None:

@@ -16,7 +16,7 @@ S = t_A / t_B of attention alone ([1, 32, P, 128], causal), project the prefill 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from attnscope import chrome_trace
 from attnscope.errors import choice, positive_int
@@ -82,9 +82,7 @@ class ShareResult:
         return min(1.0, self.attention_ms / self.total_ms) if self.total_ms > 0 else 0.0
 
     def to_json(self) -> dict:
-        return {"attention": self.attention, "p": self.p, "layers": self.layers,
-                "attention_ms": self.attention_ms, "total_ms": self.total_ms, "f_time": self.f_time,
-                "flop_share": self.flop_share, "kernels": self.kernels, "span_ms": self.span_ms,
+        return {**asdict(self), "f_time": self.f_time,
                 "top": [{"name": n, "ms": ms, "attention": a} for n, ms, a in self.top]}
 
 
@@ -146,9 +144,7 @@ class ClosedLoop:
         return self.projected / self.measured - 1.0
 
     def to_json(self) -> dict:
-        return {"baseline": self.baseline, "candidate": self.candidate, "p": self.p, "layers": self.layers,
-                "f_time": self.f_time, "s_kernel": self.s_kernel, "kernel_ms": self.kernel_ms,
-                "prefill_ms": self.prefill_ms, "projected_speedup": self.projected,
+        return {**asdict(self), "s_kernel": self.s_kernel, "projected_speedup": self.projected,
                 "measured_speedup": self.measured, "error": self.error,
                 "share": self.share.to_json() if self.share else None}
 
