@@ -316,9 +316,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
         return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen)
-    if cfg is None:
-        cfg = pick_config(d, causal, max(Nq, Nk))
-    bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
+    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal, max(Nq, Nk))
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
@@ -329,7 +327,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
         HEAD_DIM=d, CAUSAL=causal, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
         MAX_UNSCALED=qk_scale > 1.0,  # see _attn_tile: keeps huge scales free of inf - inf
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse, compiled
 

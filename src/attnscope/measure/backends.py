@@ -17,6 +17,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+import attnscope
 from attnscope import chrome_trace
 from attnscope.chrome_trace import FUSED, KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
 from attnscope.errors import choice, positive_int
@@ -100,11 +101,9 @@ def attention_fn(impl: str, causal: bool):
     import torch.nn.functional as F
 
     if impl == "attnscope":
-        import attnscope
-
         return lambda q, k, v: attnscope.flash_attention(q, k, v, causal=causal)
     if impl == "naive":
-        return lambda q, k, v: naive_attention(q, k, v, causal=causal)
+        return functools.partial(naive_attention, causal=causal)
     if impl == "auto":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     call = sdpa(impl)

@@ -22,6 +22,7 @@ import time
 from rich import progress as rp
 from rich.console import Console
 
+import attnscope
 from attnscope.checks import kernel_tolerance, within_tolerance
 from attnscope.errors import InputError, expect, finite_real
 from attnscope.inputs import load_json, write_atomic
@@ -146,8 +147,6 @@ def read_ceiling(torch, gib=4):
 
 
 def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print, *, progress):
-    import attnscope
-
     dtype = dtype or torch.bfloat16
     results = []
     for (b, hq, hkv), L in itertools.product(grid, ls):
