@@ -283,8 +283,7 @@ def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
     """"portable", or the `fwd_hopper.VARIANTS` name to run (``impl="hopper"``: its default variant)."""
     choice("impl", impl, IMPLS)
     if impl == "hopper":
-        why = _hopper_possible(q)
-        if why is not None:
+        if why := _hopper_possible(q):
             raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
         if qk_scale > 1.0:
             raise NotImplementedError("impl='hopper': scale * log2(e) > 1 is not supported; "

@@ -66,8 +66,7 @@ def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
     nq, nk = q.shape[2], k.shape[2]
     r0 = max(0, nq - rows)
     qs = q[0, :heads, r0:].double()
-    ks = k[0, [h // g for h in range(heads)]].double()
-    vs = v[0, [h // g for h in range(heads)]].double()
+    ks, vs = (t[0, [h // g for h in range(heads)]].double() for t in (k, v))  # the kv head of each
     s = qs @ ks.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         r = torch.arange(r0, nq, device=q.device)[:, None]
