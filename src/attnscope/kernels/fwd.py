@@ -339,9 +339,7 @@ _SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return
 
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
 def _op(q, k, v, causal, scale, return_lse, config, impl):
-    o, lse, _ = launch(q, k, v, causal, scale, return_lse, None if config is None else FwdConfig(*config),
-                       impl)
-    return o, lse
+    return launch(q, k, v, causal, scale, return_lse, config, impl)[:2]  # config: a list, checked there
 
 
 @_op.register_fake
