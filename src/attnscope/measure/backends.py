@@ -44,9 +44,8 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
     import torch
 
     B, H, Nq, d = q.shape
-    Nk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q3, k3, v3 = q.reshape(B * H, Nq, d), k.reshape(B * H, Nk, d), v.reshape(B * H, Nk, d)
+    q3, k3, v3 = (t.reshape(B * H, t.shape[2], d) for t in (q, k, v))  # [B*H, N, d]
     s = torch.baddbmm(q3.new_empty(1, 1, 1), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)  # S [B*H, Nq, Nk]
     if causal:
         s = s.masked_fill(_future_mask(torch, Nq, q.device), float("-inf"))
