@@ -13,7 +13,7 @@ import sys
 from attnscope.cli._out import MiB, console, print_json, table
 from attnscope.errors import InputError
 from attnscope.inputs import refuse_symlinks
-from attnscope.measure import backends
+from attnscope.measure import backends, share
 from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
@@ -281,8 +281,6 @@ def _print_rows(c, rows, caption: str) -> None:
 
 # --- share -----------------------------------------------------------------------------------------
 def _share(args) -> int:
-    from attnscope.measure import share
-
     if args.project_to is not None and args.project_to == args.attention:
         raise InputError(f"project_to: expected an attention other than --attention ({args.attention}), "
                          f"got {args.project_to!r}")
@@ -336,7 +334,6 @@ def _bench(args) -> int:
 def configure(sub) -> None:
     """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
     from attnscope.measure.ncu import CACHE_CONTROL, IMPLS
-    from attnscope.measure.share import ATTENTIONS
 
     p = sub.add_parser("which", help="which SDPA backend actually ran, from profiler kernel names (GPU)",
                        description="Run one attention call with dispatch restricted to one backend (so an "
@@ -387,12 +384,12 @@ def configure(sub) -> None:
                                    "random weights), profile a prefill, print f_time beside the FLOP share. "
                                    "With --project-to, project the prefill speedup from f_time and the "
                                    "kernel speedup, then swap the kernel and measure it.")
-    p.add_argument("--attention", default="flash", choices=ATTENTIONS,
+    p.add_argument("--attention", default="flash", choices=share.ATTENTIONS,
                    help=f"attention used in the prefill (the baseline of --project-to) {SPEC}")
     p.add_argument("--prefill", "-P", type=int, default=4096, help=f"prompt tokens P {SPEC}")
     p.add_argument("--layers", type=int, default=2, help=f"decoder layers {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
-    p.add_argument("--project-to", default=None, choices=ATTENTIONS,
+    p.add_argument("--project-to", default=None, choices=share.ATTENTIONS,
                    help="candidate attention: project with Amdahl, then swap it in and measure")
     p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
     p.add_argument("--trace", default=None, metavar="FILE.json.gz", help="keep the profiler Chrome trace")
