@@ -221,17 +221,14 @@ def _check_flags(causal, scale, return_lse) -> None:
 
 
 def _check_inputs(q, k, v):
-    check_tensor(torch, "q", q, 4, "[B, Hq, Nq, d]")
-    check_tensor(torch, "k", k, 4, "[B, Hkv, Nk, d]")
-    check_tensor(torch, "v", v, 4, "[B, Hkv, Nk, d]")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(torch, name, t, 4, "[B, Hq, Nq, d]" if name == "q" else "[B, Hkv, Nk, d]")
     check_device(torch, {"q": q, "k": k, "v": v})
     B, Hq, Nq, d = q.shape
-    check_same("k", "batch", B, k.shape[0])
-    check_same("v", "batch", B, v.shape[0])
-    check_same("k", "head_dim", d, k.shape[3])
-    check_same("v", "head_dim", d, v.shape[3])
-    check_same("k", "dtype (as q)", q.dtype, k.dtype)
-    check_same("v", "dtype (as q)", q.dtype, v.dtype)
+    for name, t in (("k", k), ("v", v)):
+        check_same(name, "batch", B, t.shape[0])
+        check_same(name, "head_dim", d, t.shape[3])
+        check_same(name, "dtype (as q)", q.dtype, t.dtype)
     check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
     Hkv, Nk = k.shape[1], k.shape[2]
     if Hkv == 0 or Hq % Hkv != 0:
