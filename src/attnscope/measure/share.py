@@ -19,6 +19,7 @@ S = t_A / t_B of attention alone ([1, 32, P, 128], causal), project the prefill 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -234,13 +235,11 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     kernel_ms, prefill_ms = {}, {}
     with torch.inference_mode():
         for name in (baseline, candidate):
-            fn = attention_fn(name, causal=True)
-            kernel_ms[name] = cuda_time_ms(lambda fn=fn, qkv=qkv: fn(*qkv), reps=reps)
+            kernel_ms[name] = cuda_time_ms(functools.partial(attention_fn(name, True), *qkv), reps=reps)
         qkv.clear()  # free the attention-alone inputs before the prefills
         x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)
-        for name in (baseline, candidate):
-            model = build_decoder(shape, name, dtype=dt)
-            prefill_ms[name] = cuda_time_ms(lambda model=model: model(x), reps=reps)
-            del model
+        for name in (baseline, candidate):  # each decoder (its weights) is freed when its timing returns
+            prefill_ms[name] = cuda_time_ms(functools.partial(build_decoder(shape, name, dtype=dt), x),
+                                            reps=reps)
             torch.cuda.empty_cache()
     return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh)
