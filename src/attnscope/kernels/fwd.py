@@ -268,8 +268,7 @@ def _check_config(config) -> FwdConfig:
 
 
 def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> str | None:
-    """The variant of the first `HOPPER_VALIDATED` row covering head dim ``d``, ``dtype`` ("bfloat16"...),
-    ``causal`` and ``n``, else None."""
+    """The variant of the first `HOPPER_VALIDATED` row covering (d, dtype name, causal, n), else None."""
     for td, tt, tc, lo, hi, variant in HOPPER_VALIDATED:
         if td == d and tt == dtype and tc == causal and n >= lo and (hi is None or n <= hi):
             return variant

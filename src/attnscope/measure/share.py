@@ -149,8 +149,7 @@ class ShareResult:
     span_ms: float | None = None  # the prefill's wall span on the GPU, idle gaps included
 
     @property
-    def f_time(self) -> float:
-        """attention_ms / total_ms: chrome_trace.Share.share, the one definition."""
+    def f_time(self) -> float:  # as chrome_trace.Share.share
         return min(1.0, self.attention_ms / self.total_ms) if self.total_ms > 0 else 0.0
 
     def to_json(self) -> dict:
@@ -159,8 +158,7 @@ class ShareResult:
 
 
 def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareResult:
-    """f_time from a Chrome trace of one prefill: `attnscope.chrome_trace.attention_share`, the rule
-    `report --profile` uses too (pure Python: recorded traces are tested on a CPU)."""
+    """f_time from a Chrome trace of one prefill (pure Python: recorded traces are tested on a CPU)."""
     s = chrome_trace.attention_share(trace, f"trace of the {attention} prefill")
     return ShareResult(attention, p, shape.layers, s.attention_ms, s.busy_ms, flops(shape, p)["share"],
                        s.kernels, list(s.longest), s.span_ms)
@@ -223,8 +221,7 @@ class ClosedLoop:
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
                 dtype: str = "fp16", reps: int = 10) -> ClosedLoop:
-    """Measure f_time(baseline) and S = t_baseline / t_candidate (attention alone, same shapes),
-    project with Amdahl, then time both prefills and compare (see module docstring)."""
+    """The closed loop of the module docstring: f_time(baseline), S, Amdahl's projection, both prefills."""
     torch = require_cuda()
     choice("baseline", baseline, ATTENTIONS)
     choice("project_to", candidate, ATTENTIONS)
