@@ -26,8 +26,7 @@ def _fail(command: str, message: str, code: int = 2) -> int:
 
 def _no_gpu(command: str) -> int | None:
     """Exit code 2 after one line when this machine cannot run GPU commands, else None."""
-    why = gpu_problem()
-    return _fail(command, why) if why else None
+    return _fail(command, why) if (why := gpu_problem()) else None
 
 
 def _one_line(fn):

@@ -21,6 +21,7 @@ import attnscope
 from attnscope import chrome_trace
 from attnscope.chrome_trace import FUSED, KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
 from attnscope.errors import choice, positive_int
+from attnscope.inputs import write_atomic
 
 #: Backends `attnscope which --backend` accepts; ``auto`` is SDPA's own default dispatch.
 BACKENDS = ("flash", "cudnn", "efficient", "math", "attnscope", "auto")
@@ -145,8 +146,6 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
 def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
     """Write a Chrome trace as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically, never
     through a symlink: `inputs.write_atomic`)."""
-    from attnscope.inputs import write_atomic
-
     data = json.dumps(trace).encode("utf-8")
     write_atomic(path, gzip.compress(data) if str(path).endswith(".gz") else data, field)
 
