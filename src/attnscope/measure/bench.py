@@ -80,10 +80,13 @@ def _fmt(x, nd=1):
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
-def _measure_point(torch, row, impls, err_of, time_it, where, log):
+def _measure_point(torch, row, impls, err_of, work, where, log):
     """Every implementation at one shape: its error (``err_of(out)``), checked for attnscope's kernels
-    against SDPA FLASH's own error, then ``time_it(name, fn)`` unless the check failed. ``impls`` are
+    against SDPA FLASH's own error, then unless the check failed its median ms and ``work`` (FLOPs, or a
+    decode row's K and V bytes) / time; decode times CUDA-graph replays, then eagerly. ``impls`` are
     ``name: fn()``; an implementation that raises is reported "n/a", not fatal."""
+    decode = "tbs" in row
+    rates = row["tbs"] if decode else row["tflops"]
     try:
         ref_err = err_of(impls["flash"]())
     except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
@@ -97,12 +100,14 @@ def _measure_point(torch, row, impls, err_of, time_it, where, log):
                     f"(2 x {ref_err:.3g} + 1e-3); not timed")
                 row["ms"][name] = None
                 continue
-            time_it(name, fn)
+            row["ms"][name] = ms = _median_ms(fn, graph=decode)
+            rates[name] = work / ms / 1e9
+            if decode:  # eagerly too: host launch overhead included
+                row["tbs_eager"][name] = work / _median_ms(fn) / 1e9
         except Exception as e:  # noqa: BLE001
             row["ms"][name] = row["err"][name] = None
             log(f"  {name} n/a at {where}: {type(e).__name__}: {str(e)[:120]}")
         torch.cuda.empty_cache()
-    rates = row["tflops"] if "tflops" in row else row["tbs"]
     for peer in ("cudnn", "flash"):  # attnscope's rate over each peer's, where both were measured
         a, p = rates.get("attnscope"), rates.get(peer)
         row[f"vs_{peer}"] = a / p if a and p else None
@@ -119,14 +124,9 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
         flops = attention_flops(b, heads, n, n, d, causal)
         row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
                "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
-
-        def time_it(name, fn, row=row, flops=flops):
-            row["ms"][name] = ms = _median_ms(fn)
-            row["tflops"][name] = flops / ms / 1e9
-
         calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
         _measure_point(torch, row, calls, functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
-                       time_it, f"d={d} causal={causal} n={n}", log)
+                       flops, f"d={d} causal={causal} n={n}", log)
         results.append(row)
         log(prefill_line(row))
         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
@@ -149,17 +149,11 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
         kv_bytes = 2 * b * hkv * L * d * q.element_size()
         row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
                "tbs_eager": {}, "err": {}}
-
-        def time_it(name, fn, row=row, kv_bytes=kv_bytes):
-            row["ms"][name] = ms = _median_ms(fn, graph=True)
-            row["tbs"][name] = kv_bytes / ms / 1e9
-            row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
-
         impls = {"attnscope": functools.partial(attnscope.flash_decode, q, k, v),
                  "attnscope_1split": functools.partial(attnscope.flash_decode, q, k, v, num_splits=1)}
         impls |= {name: functools.partial(attention_fn(name, False), q, k, v) for name in ("flash", "cudnn")}
         err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
-        _measure_point(torch, row, impls, err_of, time_it, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
+        _measure_point(torch, row, impls, err_of, kv_bytes, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
         results.append(row)
         log(decode_line(row))
         progress.step(f"decode B={b} Hkv={hkv} L={L}")
