@@ -84,7 +84,7 @@ def _measure_point(torch, row, impls, err_of, work, where, log):
     """Every implementation at one shape: its error (``err_of(out)``), checked for attnscope's kernels
     against SDPA FLASH's own error, then unless the check failed its median ms and ``work`` (FLOPs, or a
     decode row's K and V bytes) / time; decode times CUDA-graph replays, then eagerly. ``impls`` are
-    ``name: fn()``; an implementation that raises is reported "n/a", not fatal."""
+    ``name: fn()``; an implementation that raises is reported "n/a", not fatal. Logs the point's line."""
     decode = "tbs" in row
     rates = row["tbs"] if decode else row["tflops"]
     try:
@@ -111,9 +111,9 @@ def _measure_point(torch, row, impls, err_of, work, where, log):
     for peer in ("cudnn", "flash"):  # attnscope's rate over each peer's, where both were measured
         a, p = rates.get("attnscope"), rates.get(peer)
         row[f"vs_{peer}"] = a / p if a and p else None
+    log((decode_line if decode else prefill_line)(row))
 
 
-# ----------------------------------------------------------------------------------------------------
 def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, *, progress):
     names = ("attnscope", "flash", "cudnn", "efficient") + (("naive",) if naive else ())  # naive: spec §1
     results = []
@@ -128,7 +128,6 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
         _measure_point(torch, row, calls, functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
                        flops, f"d={d} causal={causal} n={n}", log)
         results.append(row)
-        log(prefill_line(row))
         progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
     return results
 
@@ -155,7 +154,6 @@ def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=p
         err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
         _measure_point(torch, row, impls, err_of, kv_bytes, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
         results.append(row)
-        log(decode_line(row))
         progress.step(f"decode B={b} Hkv={hkv} L={L}")
     return results
 
@@ -245,9 +243,8 @@ def run(args) -> int:
     if getattr(args, "from_json", None):
         return _from_json(args)
     torch = require_cuda()
-    env = environment(torch)
-    print("# " + json.dumps(env), flush=True)
-    out = {"env": env}
+    out = {"env": environment(torch)}
+    print("# " + json.dumps(out["env"]), flush=True)
     ds = args.d or [64, 128]
     ns = args.n or (list(PREFILL_NS) if not args.quick else [1024, 4096])
     grid = DECODE_GRID if not args.quick else DECODE_GRID[1:3]
