@@ -287,20 +287,24 @@ def _share(args) -> int:
         refuse_symlinks([args.trace], "--trace")
     if (code := _no_gpu("share")) is not None:
         return code
-    c = console()
+    loop = None
     if args.project_to is None:
         r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
-        if args.json:
-            print_json(r.to_json())
-        else:
-            _print_share(c, r)
-        return 0
-    loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
-                             args.reps)
+    else:
+        loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
+                                 args.reps)
+        r = loop.share
     if args.json:
-        print_json(loop.to_json())
+        print_json((loop or r).to_json())
         return 0
-    _print_share(c, loop.share)
+    c = console()
+    rows = [[_short(n, 80), f"{ms:,.3f}", "attention" if att else ""] for n, ms, att in r.top]
+    c.print(table(f"Longest kernels of one prefill ({r.attention}, P = {r.p:,}, {r.layers} layers)",
+                  ["kernel", "ms", ""], rows))
+    c.print(f"f_time = {r.attention_ms:,.3f} ms attention / {r.total_ms:,.3f} ms of kernels = {r.f_time:.3f}"
+            f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
+    if loop is None:
+        return 0
     a, b = loop.baseline, loop.candidate
     rows = [["f_time (profiler, baseline prefill)", f"{loop.f_time:.3f}"],
             [f"attention alone: {a} / {b} (ms)", f"{loop.kernel_ms[a]:,.3f} / {loop.kernel_ms[b]:,.3f}"],
@@ -311,14 +315,6 @@ def _share(args) -> int:
             ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
     c.print(table(f"Closed loop: {a} -> {b}, P = {loop.p:,}, {loop.layers} layers", ["", ""], rows))
     return 0
-
-
-def _print_share(c, r) -> None:
-    rows = [[_short(n, 80), f"{ms:,.3f}", "attention" if att else ""] for n, ms, att in r.top]
-    c.print(table(f"Longest kernels of one prefill ({r.attention}, P = {r.p:,}, {r.layers} layers)",
-                  ["kernel", "ms", ""], rows))
-    c.print(f"f_time = {r.attention_ms:,.3f} ms attention / {r.total_ms:,.3f} ms of kernels = {r.f_time:.3f}"
-            f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
 
 
 # --- bench (measure/bench.py: the sweep driver) ----------------------------------------------------
