@@ -255,13 +255,12 @@ def run(args) -> int:
     total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
     log = functools.partial(print, flush=True)  # while the bar is live, rich prints this above it
     with Progress(total) as progress:
+        sweep = functools.partial(prefill_sweep, torch, tokens=args.tokens, heads=args.heads,
+                                  naive=not args.no_naive, log=log, progress=progress)
         if prefill:
-            out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
-                                           log=log, progress=progress)
+            out["prefill"] = sweep(ns=ns, ds=ds)
             if fp16_extra:
-                out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
-                                                    naive=not args.no_naive, dtypes=[torch.float16],
-                                                    log=log, progress=progress)
+                out["prefill_fp16"] = sweep(ns=[4096], ds=[128], dtypes=[torch.float16])
         if decode:
             out["read_ceiling_tbs"] = read_ceiling(torch)
             log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
