@@ -168,9 +168,8 @@ def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtyp
                   keep_trace: str | None = None) -> ShareResult:
     """Build the decoder, warm it up, profile one prefill, and return f_time (see module docstring)."""
     torch = require_cuda()
-    choice("attention", attention, ATTENTIONS)
-    positive_int("p", p)
-    shape = LlamaShape(layers=positive_int("layers", layers))
+    positive_int("p", p)  # attention: checked by build_decoder, layers by LlamaShape
+    shape = LlamaShape(layers=layers)
     dt = torch_dtype(torch, dtype)
     model = build_decoder(shape, attention, dtype=dt)
     x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # [B, P, hidden]
@@ -225,7 +224,7 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     torch = require_cuda()
     choice("baseline", baseline, ATTENTIONS)
     choice("project_to", candidate, ATTENTIONS)
-    shape = LlamaShape(layers=positive_int("layers", layers))
+    shape = LlamaShape(layers=layers)
     sh = measure_share(baseline, p, layers, dtype)
     dt = torch_dtype(torch, dtype)
     qkv = [torch.randn(1, shape.heads, p, shape.head_dim, device="cuda", dtype=dt) for _ in range(3)]
