@@ -95,7 +95,7 @@ def main() -> int:
     os.makedirs(OUT, exist_ok=True)
     import torch
 
-    from attnscope.measure import backends, ncu, share
+    from attnscope.measure import backends, decoder, ncu, share
 
     env: dict = {}
 
@@ -166,13 +166,13 @@ def main() -> int:
                                    "trace": backends.profile_trace(lambda: fn(*qkv))}
         notes = []
         for attention in ("flash", "naive"):
-            shape = share.LlamaShape(layers=2)
-            model = share.build_decoder(shape, attention)
+            shape = decoder.LlamaShape(layers=2)
+            model = decoder.build_decoder(shape, attention)
             x = torch.randn(1, 1024, shape.hidden, device="cuda", dtype=torch.float16)
             with torch.inference_mode():
                 model(x)
                 torch.cuda.synchronize()
-                trace = backends.profile_trace(lambda model=model, x=x: model(x), share.PREFILL)
+                trace = backends.profile_trace(lambda model=model, x=x: model(x), decoder.PREFILL)
             out[f"prefill_{attention}"] = {"p": 1024, "layers": 2, "trace": trace}
             try:  # keep the trace even if it cannot be read: that is what the CPU tests are for
                 r = share.share_from_trace(trace, attention, 1024, shape)

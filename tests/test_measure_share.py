@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnscope.measure import backends, share
+from attnscope.measure import backends, decoder
 from attnscope.measure.backends import backend_of, kernels_within
 from attnscope.measure.share import ClosedLoop, LlamaShape, flops, share_from_trace
 
@@ -55,14 +55,14 @@ def test_decoder_runs_and_uses_its_attention():
     outs = {}
     with torch.inference_mode():
         for a in ("naive", "math"):
-            outs[a] = share.build_decoder(small, a, device="cpu", dtype=torch.float64)(x)
+            outs[a] = decoder.build_decoder(small, a, device="cpu", dtype=torch.float64)(x)
     assert outs["naive"].shape == (1, 37, 64) and torch.isfinite(outs["naive"]).all()
     assert (outs["naive"] - outs["math"]).abs().max().item() < 1e-10  # same weights (seed), same math
     # causal: the first token's output cannot depend on later tokens
     y = x.clone()
     y[:, 10:] += 1.0
     with torch.inference_mode():
-        out_y = share.build_decoder(small, "naive", device="cpu", dtype=torch.float64)(y)
+        out_y = decoder.build_decoder(small, "naive", device="cpu", dtype=torch.float64)(y)
     assert (out_y[:, :10] - outs["naive"][:, :10]).abs().max().item() < 1e-10
     assert (out_y[:, 10:] - outs["naive"][:, 10:]).abs().max().item() > 1e-3
 
@@ -71,7 +71,7 @@ def test_build_decoder_refuses_unknown_attention():
     pytest.importorskip("torch")
     with pytest.raises(ValueError, match=r"attention: expected one of naive, flash, cudnn, efficient, math, "
                                          r"attnscope, got 'sdpa'"):
-        share.build_decoder(LlamaShape(hidden=64, heads=4, head_dim=16, mlp=96, layers=1), "sdpa",
+        decoder.build_decoder(LlamaShape(hidden=64, heads=4, head_dim=16, mlp=96, layers=1), "sdpa",
                             device="cpu")
 
 
@@ -118,7 +118,7 @@ def test_recorded_prefill_trace(attention, backend):
     assert "share" in rec, "the recording could not read f_time from this trace"
     assert r.f_time == pytest.approx(rec["share"]["f_time"], abs=1e-5)  # a union of float intervals
     assert 0.0 < r.f_time < 1.0 and r.kernels >= 10 * rec["layers"]
-    attn = kernels_within(rec["trace"], share.ANNOTATION)
+    attn = kernels_within(rec["trace"], decoder.ANNOTATION)
     assert backend_of([k.name for k in attn]) == backend
 
 
