@@ -147,7 +147,7 @@ def main() -> int:
                 q, k, v = (torch.randn(1, 8, 1024, 128, device="cuda", dtype=dt) for _ in range(3))
                 fn = backends.attention_fn("naive", causal)
                 fn(q, k, v)
-                ks = backends.profile_kernels(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v))
+                ks = backends.kernels(backends.profile_trace(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v)))
                 rows.append({"asked": "naive", "ran": backends.backend_of([x.name for x in ks]),
                              "shape": {"batch": 1, "heads": 8, "n": 1024, "d": 128, "dtype": dtype,
                                        "causal": causal}, "kernels": [x.to_json() for x in ks]})

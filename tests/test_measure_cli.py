@@ -235,9 +235,7 @@ def test_bench_run_counts_every_point_of_the_sweep(monkeypatch, capsys, argv, to
     monkeypatch.setattr(bench, "read_ceiling", lambda torch: 4.0)
     monkeypatch.setattr(bench, "prefill_sweep", fake_prefill)
     monkeypatch.setattr(bench, "decode_sweep", fake_decode)
-    from attnscope.cli.gpu import add_bench_arguments
+    from attnscope.cli import build_parser
 
-    p = argparse.ArgumentParser()
-    add_bench_arguments(p)
-    assert bench.run(p.parse_args(argv)) == 0
+    assert bench.run(build_parser().parse_args(["bench", *argv])) == 0
     assert seen and seen[-1].total == total and seen[-1].done == total

@@ -12,6 +12,8 @@ import sys
 
 from attnscope.cli._out import MiB, console, print_json, table
 from attnscope.errors import InputError
+from attnscope.inputs import refuse_symlinks
+from attnscope.measure import backends, share
 from attnscope.measure.backends import gpu_problem
 
 SPEC = "(default: %(default)s)"
@@ -24,24 +26,20 @@ def _fail(command: str, message: str, code: int = 2) -> int:
 
 def _no_gpu(command: str) -> int | None:
     """Exit code 2 after one line when this machine cannot run GPU commands, else None."""
-    why = gpu_problem()
-    return _fail(command, why) if why else None
+    return _fail(command, why) if (why := gpu_problem()) else None
 
 
-def _one_line(command: str):
+def _one_line(fn):
     """Wrap a command so a runtime failure on the GPU (out of memory, a backend that cannot run) prints
     one line and exits 1 instead of a traceback."""
-    def wrap(fn):
-        def go(args) -> int:
-            try:
-                return fn(args)
-            except RuntimeError as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                return _fail(command, f"{type(e).__name__}: {first}", code=1)
+    def go(args) -> int:
+        try:
+            return fn(args)
+        except RuntimeError as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return _fail(args.command, f"{type(e).__name__}: {first}", code=1)
 
-        return go
-
-    return wrap
+    return go
 
 
 def _shape(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
@@ -61,8 +59,6 @@ def _short(name: str, width: int = 90) -> str:
 
 # --- which -----------------------------------------------------------------------------------------
 def _which(args) -> int:
-    from attnscope.measure import backends
-
     if (code := _no_gpu("which")) is not None:
         return code
     r = backends.which(args.backend, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
@@ -284,31 +280,31 @@ def _print_rows(c, rows, caption: str) -> None:
 
 # --- share -----------------------------------------------------------------------------------------
 def _share(args) -> int:
-    from attnscope.measure import share
-
     if args.project_to is not None and args.project_to == args.attention:
         raise InputError(f"project_to: expected an attention other than --attention ({args.attention}), "
                          f"got {args.project_to!r}")
     if args.trace:  # before minutes of measuring, not after
-        from attnscope.inputs import refuse_symlinks
-
         refuse_symlinks([args.trace], "--trace")
     if (code := _no_gpu("share")) is not None:
         return code
-    c = console()
+    loop = None
     if args.project_to is None:
         r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
-        if args.json:
-            print_json(r.to_json())
-        else:
-            _print_share(c, r)
-        return 0
-    loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
-                             args.reps)
+    else:
+        loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
+                                 args.reps)
+        r = loop.share
     if args.json:
-        print_json(loop.to_json())
+        print_json((loop or r).to_json())
         return 0
-    _print_share(c, loop.share)
+    c = console()
+    rows = [[_short(n, 80), f"{ms:,.3f}", "attention" if att else ""] for n, ms, att in r.top]
+    c.print(table(f"Longest kernels of one prefill ({r.attention}, P = {r.p:,}, {r.layers} layers)",
+                  ["kernel", "ms", ""], rows))
+    c.print(f"f_time = {r.attention_ms:,.3f} ms attention / {r.total_ms:,.3f} ms of kernels = {r.f_time:.3f}"
+            f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
+    if loop is None:
+        return 0
     a, b = loop.baseline, loop.candidate
     rows = [["f_time (profiler, baseline prefill)", f"{loop.f_time:.3f}"],
             [f"attention alone: {a} / {b} (ms)", f"{loop.kernel_ms[a]:,.3f} / {loop.kernel_ms[b]:,.3f}"],
@@ -321,14 +317,6 @@ def _share(args) -> int:
     return 0
 
 
-def _print_share(c, r) -> None:
-    rows = [[_short(n, 80), f"{ms:,.3f}", "attention" if att else ""] for n, ms, att in r.top]
-    c.print(table(f"Longest kernels of one prefill ({r.attention}, P = {r.p:,}, {r.layers} layers)",
-                  ["kernel", "ms", ""], rows))
-    c.print(f"f_time = {r.attention_ms:,.3f} ms attention / {r.total_ms:,.3f} ms of kernels = {r.f_time:.3f}"
-            f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
-
-
 # --- bench (measure/bench.py: the sweep driver) ----------------------------------------------------
 def _bench(args) -> int:
     from attnscope.measure import bench
@@ -338,41 +326,19 @@ def _bench(args) -> int:
     return bench.run(args)
 
 
-def add_bench_arguments(p) -> None:
-    """The arguments of `attnscope bench` (also used by bench/prefill.py and bench/decode.py)."""
-    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
-                   help="which sweep to run (default: all)")
-    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
-    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
-    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
-    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
-    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
-    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                   help="print all results as JSON on stdout, as every other --json does (with FILE, the "
-                        "form bench/*.py scripts use: write them to FILE, like --out)")
-    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
-                                                 "--from-json reads it back)")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
-    p.add_argument("--from-json", metavar="FILE",
-                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
-
-
 def configure(sub) -> None:
     """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
-    from attnscope.measure.backends import BACKENDS
     from attnscope.measure.ncu import CACHE_CONTROL, IMPLS
-    from attnscope.measure.share import ATTENTIONS
 
     p = sub.add_parser("which", help="which SDPA backend actually ran, from profiler kernel names (GPU)",
                        description="Run one attention call with dispatch restricted to one backend (so an "
                                    "input it cannot take fails instead of falling back), record the "
                                    "launched kernels with torch.profiler and name the backend they show. "
                                    "Exit 1 when the asked backend did not run.")
-    p.add_argument("--backend", default="flash", choices=BACKENDS,
+    p.add_argument("--backend", default="flash", choices=backends.BACKENDS,
                    help=f"backend to restrict dispatch to; auto reports SDPA's own choice {SPEC}")
     _shape(p)
-    p.set_defaults(func=_one_line("which")(_which))
+    p.set_defaults(func=_one_line(_which))
 
     p = sub.add_parser("bytes", help="ncu DRAM bytes beside the logical model and an L2-aware estimate "
                                      "(GPU + ncu)",
@@ -405,7 +371,7 @@ def configure(sub) -> None:
                    help="L2 capacity for the estimate (default: read from the GPU, or the --device entry)")
     p.add_argument("--sms", type=int, default=None,
                    help="SM count for the estimate (default: read from the GPU, or the --device entry)")
-    p.set_defaults(func=_one_line("bytes")(_bytes))
+    p.set_defaults(func=_one_line(_bytes))
 
     p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill from torch.profiler "
                                      "(GPU); --project-to closes the Amdahl loop",
@@ -413,21 +379,36 @@ def configure(sub) -> None:
                                    "random weights), profile a prefill, print f_time beside the FLOP share. "
                                    "With --project-to, project the prefill speedup from f_time and the "
                                    "kernel speedup, then swap the kernel and measure it.")
-    p.add_argument("--attention", default="flash", choices=ATTENTIONS,
+    p.add_argument("--attention", default="flash", choices=share.ATTENTIONS,
                    help=f"attention used in the prefill (the baseline of --project-to) {SPEC}")
     p.add_argument("--prefill", "-P", type=int, default=4096, help=f"prompt tokens P {SPEC}")
     p.add_argument("--layers", type=int, default=2, help=f"decoder layers {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
-    p.add_argument("--project-to", default=None, choices=ATTENTIONS,
+    p.add_argument("--project-to", default=None, choices=share.ATTENTIONS,
                    help="candidate attention: project with Amdahl, then swap it in and measure")
     p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
     p.add_argument("--trace", default=None, metavar="FILE.json.gz", help="keep the profiler Chrome trace")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.set_defaults(func=_one_line("share")(_share))
+    p.set_defaults(func=_one_line(_share))
 
     p = sub.add_parser("bench", help="kernels vs SDPA backends vs naive on the same shapes (GPU)",
                        description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
                                    "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
                                    "run without a GPU.")
-    add_bench_arguments(p)
+    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
+                   help="which sweep to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
+    p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
+    p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
+    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
+    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print all results as JSON on stdout, as every other --json does (with FILE, the "
+                        "form bench/*.py scripts use: write them to FILE, like --out)")
+    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
+                                                 "--from-json reads it back)")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
     p.set_defaults(func=_bench)

@@ -17,10 +17,8 @@ transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descript
 of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
 scale (one FMA per score). Causal query tiles launch heaviest first.
 
-Block configurations come from a measured table (`CONFIG_TABLE`, per head dim, causal and N; from the
-sweeps in BENCHMARKS.md), not from runtime autotuning: the first call of each variant costs one compile
-and no timing sweep. ``config=FwdConfig(...)`` overrides the table (bench/tune_prefill.py sweeps that
-way). The compiled kernel of a call is returned by `launch` for resource reports (bench/diag_fwd.py).
+Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
+per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, choice, expect, finite_real
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -58,20 +56,15 @@ class FwdConfig(NamedTuple):
     num_stages: int  # software-pipelining depth of the KV loop
 
 
-#: Measured config table: (head_dim, causal, largest max(Nq, Nk) the row covers or None = any) -> config,
-#: first matching row wins; the same for fp16 and bf16 (the fp16 point of the 2026-11-29 sweep ran the
-#: bf16 winner). Source: bench/tune_prefill.py and bench/diag_fwd.py on the H200, 2026-11-29 (BENCHMARKS.md,
-#: "What stands in the way ..."): d = 128 (128, 64, 4, 2) at 4k and 16k, causal or not; d = 64 unmasked
-#: (128, 128, 4, 3), causal (128, 64, 4, 3) at 4k. No sweep found a different winner by N, so one row per
-#: (d, causal) covers every N.
+#: Measured config table (bench/tune_prefill.py; BENCHMARKS.md): (head_dim, causal, largest max(Nq, Nk)
+#: the row covers or None = any) -> config, first matching row wins; fp16 and bf16 alike.
 CONFIG_TABLE = (
     (128, False, None, FwdConfig(128, 64, 4, 2)),
     (128, True, None, FwdConfig(128, 64, 4, 2)),
     (64, False, None, FwdConfig(128, 128, 4, 3)),
     (64, True, None, FwdConfig(128, 64, 4, 3)),
 )
-#: Under the interpreter one small config keeps CPU tests fast and still exercises multi-tile, ragged and
-#: diagonal paths.
+#: Interpreter: small tiles keep CPU tests fast and still cover multi-tile, ragged and diagonal paths.
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
@@ -225,25 +218,20 @@ def _attnscope_fwd_kernel(
 def _check_flags(causal, scale, return_lse) -> None:
     """The non-tensor arguments: real bools, and a finite positive real scale (not a bool)."""
     for name, val in (("causal", causal), ("return_lse", return_lse)):
-        if not isinstance(val, bool):
-            raise InputError(f"{name}: expected True or False, got {val!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale) or scale <= 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+        expect(isinstance(val, bool), name, "True or False", val)
+    ok = scale is None or finite_real(scale) and scale > 0
+    expect(ok, "scale", "a finite positive number or None", scale)
 
 
 def _check_inputs(q, k, v):
-    check_tensor(torch, "q", q, 4, "[B, Hq, Nq, d]")
-    check_tensor(torch, "k", k, 4, "[B, Hkv, Nk, d]")
-    check_tensor(torch, "v", v, 4, "[B, Hkv, Nk, d]")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(torch, name, t, 4, "[B, Hq, Nq, d]" if name == "q" else "[B, Hkv, Nk, d]")
     check_device(torch, {"q": q, "k": k, "v": v})
     B, Hq, Nq, d = q.shape
-    check_same("k", "batch", B, k.shape[0])
-    check_same("v", "batch", B, v.shape[0])
-    check_same("k", "head_dim", d, k.shape[3])
-    check_same("v", "head_dim", d, v.shape[3])
-    check_same("k", "dtype (as q)", q.dtype, k.dtype)
-    check_same("v", "dtype (as q)", q.dtype, v.dtype)
+    for name, t in (("k", k), ("v", v)):
+        check_same(name, "batch", B, t.shape[0])
+        check_same(name, "head_dim", d, t.shape[3])
+        check_same(name, "dtype (as q)", q.dtype, t.dtype)
     check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
     Hkv, Nk = k.shape[1], k.shape[2]
     if Hkv == 0 or Hq % Hkv != 0:
@@ -266,7 +254,6 @@ def _check_inputs(q, k, v):
     return B, Hq, Nq, d, Hkv, Nk
 
 
-
 def _check_config(config) -> FwdConfig:
     if config is None:
         return None
@@ -277,16 +264,14 @@ def _check_config(config) -> FwdConfig:
                          f"got {config!r}") from None
     pow2 = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
                for x in (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps))
-    if not pow2 or not (16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256) or not (
-            isinstance(cfg.num_stages, int) and 1 <= cfg.num_stages <= 8):
-        raise InputError(f"config: expected powers of two BLOCK_M, BLOCK_N in [16, 256], num_warps, and "
-                         f"num_stages in [1, 8], got {tuple(cfg)}")
+    expect(pow2 and 16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256 and isinstance(cfg.num_stages, int)
+           and 1 <= cfg.num_stages <= 8, "config",
+           "powers of two BLOCK_M, BLOCK_N in [16, 256], num_warps, and num_stages in [1, 8]", tuple(cfg))
     return cfg
 
 
 def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> str | None:
-    """The variant of the first `HOPPER_VALIDATED` row covering head dim ``d``, ``dtype`` ("bfloat16"...),
-    ``causal`` and ``n``, else None."""
+    """The variant of the first `HOPPER_VALIDATED` row covering (d, dtype name, causal, n), else None."""
     for td, tt, tc, lo, hi, variant in HOPPER_VALIDATED:
         if td == d and tt == dtype and tc == causal and n >= lo and (hi is None or n <= hi):
             return variant
@@ -295,11 +280,9 @@ def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> str | None:
 
 def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
     """"portable", or the `fwd_hopper.VARIANTS` name to run (``impl="hopper"``: its default variant)."""
-    if impl not in IMPLS:
-        raise InputError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    choice("impl", impl, IMPLS)
     if impl == "hopper":
-        why = _hopper_possible(q)
-        if why is not None:
+        if why := _hopper_possible(q):
             raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
         if qk_scale > 1.0:
             raise NotImplementedError("impl='hopper': scale * log2(e) > 1 is not supported; "
@@ -331,9 +314,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
         return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen)
-    if cfg is None:
-        cfg = pick_config(d, causal, max(Nq, Nk))
-    bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
+    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal, max(Nq, Nk))
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
@@ -344,7 +325,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
         HEAD_DIM=d, CAUSAL=causal, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
         MAX_UNSCALED=qk_scale > 1.0,  # see _attn_tile: keeps huge scales free of inf - inf
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse, compiled
 
@@ -357,17 +338,12 @@ _SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return
 
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
 def _op(q, k, v, causal, scale, return_lse, config, impl):
-    o, lse, _ = launch(q, k, v, causal, scale, return_lse, None if config is None else FwdConfig(*config),
-                       impl)
-    return o, lse
+    return launch(q, k, v, causal, scale, return_lse, config, impl)[:2]  # config: a list, checked there
 
 
 @_op.register_fake
 def _(q, k, v, causal, scale, return_lse, config, impl):
-    B, Hq, Nq, d = q.shape
-    o = q.new_empty((B, Hq, Nq, d))
-    lse = q.new_empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32)
-    return o, lse
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
@@ -397,8 +373,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
         FlashAttention-3's warp-specialised ping-pong schedule (kernels/fwd_hopper.py, experimental;
         needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant the
-        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range) — bf16 d = 128 from
-        N = 1k, bf16 d = 64 causal from 8k — else portable. Each kernel variant compiles once per process.
+        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range), else portable.
 
     Returns
     -------

@@ -15,11 +15,13 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+import attnscope
 from attnscope import chrome_trace
 from attnscope.chrome_trace import FUSED, KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
 from attnscope.errors import choice, positive_int
+from attnscope.inputs import write_atomic
 
 #: Backends `attnscope which --backend` accepts; ``auto`` is SDPA's own default dispatch.
 BACKENDS = ("flash", "cudnn", "efficient", "math", "attnscope", "auto")
@@ -29,8 +31,7 @@ DTYPES = ("fp16", "bf16")
 # --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
 def _future_mask(torch, n: int, device):
-    """Bool [n, n], True above the diagonal (the future); cached (the last 8 (n, device)), so building it
-    is not part of the measured call (model/traffic.py's naive-causal-eager row)."""
+    """Bool [n, n], True above the diagonal; cached, so building it is not part of the measured call."""
     return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
@@ -44,9 +45,8 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
     import torch
 
     B, H, Nq, d = q.shape
-    Nk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q3, k3, v3 = q.reshape(B * H, Nq, d), k.reshape(B * H, Nk, d), v.reshape(B * H, Nk, d)
+    q3, k3, v3 = (t.reshape(B * H, t.shape[2], d) for t in (q, k, v))  # [B*H, N, d]
     s = torch.baddbmm(q3.new_empty(1, 1, 1), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)  # S [B*H, Nq, Nk]
     if causal:
         s = s.masked_fill(_future_mask(torch, Nq, q.device), float("-inf"))
@@ -67,13 +67,11 @@ class WhichResult:
     error: str | None = None
 
     def to_json(self) -> dict:
-        return {"asked": self.asked, "ran": self.ran, "ok": self.ok, "shape": self.shape, "error": self.error,
-                "kernels": [k.to_json() for k in self.kernels]}
+        return {**asdict(self), "kernels": [k.to_json() for k in self.kernels]}
 
 
 def gpu_problem() -> str | None:
-    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device. The one
-    GPU-presence check: `require_cuda`, the CLI and the bench use it."""
+    """Why the GPU commands cannot run here (one line), or None when torch sees a CUDA device."""
     try:
         import torch
     except ImportError:
@@ -97,20 +95,19 @@ def torch_dtype(torch, dtype: str):
 
 
 def attention_fn(impl: str, causal: bool):
-    """A function ``f(q, k, v) -> o`` for ``impl``: an SDPA backend (restricted, no fallback), SDPA's
-    default dispatch (``auto``), the explicit 3-kernel ``naive`` baseline, or ``attnscope``'s kernel."""
+    """A function ``f(q, k, v) -> o`` for ``impl``: an SDPA backend (restricted, no fallback; GQA when k
+    has fewer heads than q), SDPA's default dispatch (``auto``), the explicit 3-kernel ``naive`` baseline,
+    or ``attnscope``'s kernel."""
     import torch.nn.functional as F
 
     if impl == "attnscope":
-        import attnscope
-
         return lambda q, k, v: attnscope.flash_attention(q, k, v, causal=causal)
     if impl == "naive":
-        return lambda q, k, v: naive_attention(q, k, v, causal=causal)
+        return functools.partial(naive_attention, causal=causal)
     if impl == "auto":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     call = sdpa(impl)
-    return lambda q, k, v: call(q, k, v, causal)
+    return lambda q, k, v: call(q, k, v, causal, gqa=q.shape[1] != k.shape[1])
 
 
 def sdpa(backend: str):
@@ -149,16 +146,8 @@ def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
 def save_trace(trace: dict, path: str, field: str = "--trace") -> None:
     """Write a Chrome trace as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically, never
     through a symlink: `inputs.write_atomic`)."""
-    from attnscope.inputs import write_atomic
-
     data = json.dumps(trace).encode("utf-8")
     write_atomic(path, gzip.compress(data) if str(path).endswith(".gz") else data, field)
-
-
-def profile_kernels(fn, annotation: str = "attnscope::call") -> list[KernelEvent]:
-    """The kernels ``fn()`` launches: all of one profiled run's (`profile_trace` runs ``fn()`` alone, so
-    no launch path, runtime, driver or cuDNN's own, can hide a kernel from the answer)."""
-    return kernels(profile_trace(fn, annotation))
 
 
 def which(backend: str = "flash", n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1,
@@ -180,7 +169,7 @@ def which(backend: str = "flash", n: int = 4096, d: int = 128, heads: int = 32, 
     try:
         fn(q, k, v)  # warm-up: compile/autotune outside the profiled call
         torch.cuda.synchronize()
-        ks = profile_kernels(lambda: fn(q, k, v))
+        ks = kernels(profile_trace(lambda: fn(q, k, v)))  # all the run's kernels: none can hide
     except RuntimeError as e:  # SDPA: "No available kernel. Aborting execution."
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return WhichResult(backend, "none", False, shape, [], first)

@@ -14,14 +14,20 @@ Used by `attnscope bench` (its arguments: cli/gpu.py) and `bench/prefill.py`. GP
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import time
 
+from rich import progress as rp
+from rich.console import Console
+
+import attnscope
 from attnscope.checks import kernel_tolerance, within_tolerance
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, expect, finite_real
 from attnscope.inputs import load_json, write_atomic
-from attnscope.measure.backends import attention_fn, require_cuda, sdpa
+from attnscope.measure.backends import attention_fn, require_cuda
+from attnscope.measure.plots import write_plots
 from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -29,28 +35,18 @@ DECODE_GRID = ((1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8))
 DECODE_LS = (4096, 32768, 131072)
 
 
-class Progress:
+class Progress(rp.Progress):
     """The sweep's progress: a `rich.progress` bar on stderr; result lines print above it (stdout)."""
 
     def __init__(self, total: int):
-        from rich import progress as rp
-        from rich.console import Console
-
+        super().__init__(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
+                         console=Console(stderr=True))
         self.total, self.done = max(1, total), 0
-        self._bar = rp.Progress(*rp.Progress.get_default_columns(), rp.MofNCompleteColumn(),
-                                console=Console(stderr=True))
-        self._task = self._bar.add_task("bench", total=self.total)
+        self._task = self.add_task("bench", total=self.total)
 
     def step(self, label: str = "bench") -> None:
         self.done = min(self.total, self.done + 1)
-        self._bar.update(self._task, completed=self.done, description=label)
-
-    def __enter__(self):
-        self._bar.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._bar.stop()
+        self.update(self._task, completed=self.done, description=label)
 
 
 def _median_ms(fn, graph: bool = False) -> float:
@@ -70,8 +66,7 @@ def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
     nq, nk = q.shape[2], k.shape[2]
     r0 = max(0, nq - rows)
     qs = q[0, :heads, r0:].double()
-    ks = k[0, [h // g for h in range(heads)]].double()
-    vs = v[0, [h // g for h in range(heads)]].double()
+    ks, vs = (t[0, [h // g for h in range(heads)]].double() for t in (k, v))  # the kv head of each
     s = qs @ ks.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         r = torch.arange(r0, nq, device=q.device)[:, None]
@@ -85,10 +80,13 @@ def _fmt(x, nd=1):
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
-def _measure_point(torch, row, impls, err_of, time_it, where, log):
+def _measure_point(torch, row, impls, err_of, work, where, log):
     """Every implementation at one shape: its error (``err_of(out)``), checked for attnscope's kernels
-    against SDPA FLASH's own error, then ``time_it(name, fn)`` unless the check failed. ``impls`` are
-    ``name: fn()``; an implementation that raises is reported "n/a", not fatal."""
+    against SDPA FLASH's own error, then unless the check failed its median ms and ``work`` (FLOPs, or a
+    decode row's K and V bytes) / time; decode times CUDA-graph replays, then eagerly. ``impls`` are
+    ``name: fn()``; an implementation that raises is reported "n/a", not fatal. Logs the point's line."""
+    decode = "tbs" in row
+    rates = row["tbs"] if decode else row["tflops"]
     try:
         ref_err = err_of(impls["flash"]())
     except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
@@ -96,97 +94,67 @@ def _measure_point(torch, row, impls, err_of, time_it, where, log):
         log(f"  flash failed at this shape: {e!r}"[:200])
     for name, fn in impls.items():
         try:
-            out = fn()
-            torch.cuda.synchronize()
-            row["err"][name] = err = err_of(out)
-            del out
+            row["err"][name] = err = err_of(fn())  # its output is freed before it is timed
             if name.startswith("attnscope") and ref_err is not None and not within_tolerance(err, ref_err):
                 log(f"  FAIL {name} {where}: err {err:.3g} > {kernel_tolerance(ref_err):.3g} "
                     f"(2 x {ref_err:.3g} + 1e-3); not timed")
                 row["ms"][name] = None
                 continue
-            time_it(name, fn)
+            row["ms"][name] = ms = _median_ms(fn, graph=decode)
+            rates[name] = work / ms / 1e9
+            if decode:  # eagerly too: host launch overhead included
+                row["tbs_eager"][name] = work / _median_ms(fn) / 1e9
         except Exception as e:  # noqa: BLE001
             row["ms"][name] = row["err"][name] = None
             log(f"  {name} n/a at {where}: {type(e).__name__}: {str(e)[:120]}")
         torch.cuda.empty_cache()
-    rates = row["tflops"] if "tflops" in row else row["tbs"]
     for peer in ("cudnn", "flash"):  # attnscope's rate over each peer's, where both were measured
         a, p = rates.get("attnscope"), rates.get(peer)
         row[f"vs_{peer}"] = a / p if a and p else None
+    log((decode_line if decode else prefill_line)(row))
 
 
-# ----------------------------------------------------------------------------------------------------
-def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, progress=None):
+def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=print, *, progress):
     names = ("attnscope", "flash", "cudnn", "efficient") + (("naive",) if naive else ())  # naive: spec §1
     results = []
-    for dtype in dtypes or [torch.bfloat16]:
-        for d in ds:
-            for causal in (False, True):
-                for n in ns:
-                    b = max(1, tokens // n)
-                    torch.manual_seed(n + d)
-                    q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                    flops = attention_flops(b, heads, n, n, d, causal)
-                    row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
-                           "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
-
-                    def time_it(name, fn, row=row, flops=flops):
-                        row["ms"][name] = ms = _median_ms(fn)
-                        row["tflops"][name] = flops / ms / 1e9
-
-                    calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
-                    _measure_point(torch, row, calls,
-                                   functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
-                                   time_it, f"d={d} causal={causal} n={n}", log)
-                    results.append(row)
-                    log(prefill_line(row))
-                    if progress is not None:
-                        progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
+    for dtype, d, causal, n in itertools.product(dtypes or [torch.bfloat16], ds, (False, True), ns):
+        b = max(1, tokens // n)
+        torch.manual_seed(n + d)
+        q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
+        flops = attention_flops(b, heads, n, n, d, causal)
+        row = {"dtype": str(dtype).replace("torch.", ""), "d": d, "causal": causal, "n": n,
+               "batch": b, "heads": heads, "tflops": {}, "ms": {}, "err": {}}
+        calls = {name: functools.partial(attention_fn(name, causal), q, k, v) for name in names}
+        _measure_point(torch, row, calls, functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=causal),
+                       flops, f"d={d} causal={causal} n={n}", log)
+        results.append(row)
+        progress.step(f"prefill {row['dtype']} d={d} causal={int(causal)} N={n}")
     return results
 
 
 def read_ceiling(torch, gib=4):
     """A read-only streaming ceiling: sum of a large bf16 tensor (bytes read / time), TB/s."""
     x = torch.randn(gib * 2**30 // 2, device="cuda", dtype=torch.bfloat16)
-    ms = _median_ms(lambda: x.sum(dtype=torch.float32))
-    tbs = x.numel() * 2 / ms / 1e9
-    torch.cuda.empty_cache()
-    return tbs
+    return x.numel() * 2 / _median_ms(lambda: x.sum(dtype=torch.float32)) / 1e9
 
 
-def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print, progress=None):
-    import attnscope
-
+def decode_sweep(torch, grid=DECODE_GRID, ls=DECODE_LS, d=128, dtype=None, log=print, *, progress):
     dtype = dtype or torch.bfloat16
     results = []
-    flash, cudnn = sdpa("flash"), sdpa("cudnn")
-    for (b, hq, hkv) in grid:
-        for L in ls:
-            torch.manual_seed(L + b)
-            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype)
-                       for h, n in ((hq, 1), (hkv, L), (hkv, L)))
-            kv_bytes = 2 * b * hkv * L * d * q.element_size()
-            row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
-                   "tbs_eager": {}, "err": {}}
-
-            def time_it(name, fn, row=row, kv_bytes=kv_bytes):
-                row["ms"][name] = ms = _median_ms(fn, graph=True)
-                row["tbs"][name] = kv_bytes / ms / 1e9
-                row["tbs_eager"][name] = kv_bytes / _median_ms(fn) / 1e9
-
-            impls = {
-                "attnscope": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v),
-                "attnscope_1split": lambda q=q, k=k, v=v: attnscope.flash_decode(q, k, v, num_splits=1),
-                "flash": lambda q=q, k=k, v=v, g=hq != hkv: flash(q, k, v, False, gqa=g),
-                "cudnn": lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g),
-            }
-            err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
-            _measure_point(torch, row, impls, err_of, time_it, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
-            results.append(row)
-            log(decode_line(row))
-            if progress is not None:
-                progress.step(f"decode B={b} Hkv={hkv} L={L}")
+    for (b, hq, hkv), L in itertools.product(grid, ls):
+        torch.manual_seed(L + b)
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, hkv, L, d, device="cuda", dtype=dtype) for _ in range(2))
+        kv_bytes = 2 * b * hkv * L * d * q.element_size()
+        row = {"batch": b, "hq": hq, "hkv": hkv, "L": L, "kv_mib": kv_bytes / 2**20, "tbs": {}, "ms": {},
+               "tbs_eager": {}, "err": {}}
+        impls = {"attnscope": functools.partial(attnscope.flash_decode, q, k, v),
+                 "attnscope_1split": functools.partial(attnscope.flash_decode, q, k, v, num_splits=1)}
+        impls |= {name: functools.partial(attention_fn(name, False), q, k, v) for name in ("flash", "cudnn")}
+        err_of = functools.partial(_ref_error, torch, q=q, k=k, v=v, causal=False, heads=min(hq, 8))
+        _measure_point(torch, row, impls, err_of, kv_bytes, f"B={b} Hq={hq} Hkv={hkv} L={L}", log)
+        results.append(row)
+        progress.step(f"decode B={b} Hkv={hkv} L={L}")
     return results
 
 
@@ -233,32 +201,11 @@ _OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _RATES, "tbs_eager": _RA
 
 
 def _field_ok(kind: str, value) -> bool:
-    real = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if kind == _INT:
-        return real and isinstance(value, int) and value > 0
-    if kind == _NUM:
-        return real
+    if kind in (_INT, _NUM):
+        return finite_real(value) and (kind == _NUM or isinstance(value, int) and value > 0)
     if kind == _RATES:
         return isinstance(value, dict) and all(v is None or _field_ok(_NUM, v) for v in value.values())
     return isinstance(value, bool) if kind == "true or false" else isinstance(value, str)
-
-
-def _check_rows(result: dict) -> None:
-    """Every recorded row has the fields the lines and plots read, of the right type (one line if not)."""
-    for key in ("prefill", "prefill_fp16", "decode"):
-        rows = result.get(key, [])
-        expect(isinstance(rows, list), f"--from-json {key}", "a list of rows", rows)
-        fields = _ROW_FIELDS["decode" if key == "decode" else "prefill"]
-        for i, row in enumerate(rows):
-            expect(isinstance(row, dict), f"--from-json {key}[{i}]", "an object", row)
-            for name, kind in fields.items():
-                expect(_field_ok(kind, row.get(name)), f"--from-json {key}[{i}].{name}", kind, row.get(name))
-            for name, kind in _OPTIONAL.items():
-                if row.get(name) is not None:
-                    expect(_field_ok(kind, row[name]), f"--from-json {key}[{i}].{name}", kind, row[name])
-    ceiling = result.get("read_ceiling_tbs")
-    expect(ceiling is None or _field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
-    expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
 
 
 def _from_json(args) -> int:
@@ -266,12 +213,22 @@ def _from_json(args) -> int:
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
         raise InputError(f"--from-json: expected a result with 'prefill' or 'decode' rows, got "
                          f"{sorted(result) if isinstance(result, dict) else type(result).__name__}")
-    _check_rows(result)
-    plots = []
-    if args.plots:  # drawn and written before anything is printed: a bad --plots is the only output
-        from attnscope.measure.plots import write_plots
-
-        plots = write_plots(result, args.plots)
+    # every recorded row has the fields the lines and plots read, of the right type (one line if not)
+    for key in ("prefill", "prefill_fp16", "decode"):
+        rows = result.get(key, [])
+        expect(isinstance(rows, list), f"--from-json {key}", "a list of rows", rows)
+        fields = _ROW_FIELDS["decode" if key == "decode" else "prefill"]
+        for i, row in enumerate(rows):
+            expect(isinstance(row, dict), f"--from-json {key}[{i}]", "an object", row)
+            for name, kind in (*fields.items(), *_OPTIONAL.items()):
+                value = row.get(name)
+                ok = (value is None and name in _OPTIONAL) or _field_ok(kind, value)
+                expect(ok, f"--from-json {key}[{i}].{name}", kind, value)
+    ceiling = result.get("read_ceiling_tbs")
+    expect(ceiling is None or _field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
+    expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
+    # drawn and written before anything is printed: a bad --plots is the only output
+    plots = write_plots(result, args.plots) if args.plots else []
     print("# " + json.dumps(result.get("env", {})))
     for row in result.get("prefill", []) + result.get("prefill_fp16", []):
         print(prefill_line(row))
@@ -286,9 +243,8 @@ def run(args) -> int:
     if getattr(args, "from_json", None):
         return _from_json(args)
     torch = require_cuda()
-    env = environment(torch)
-    print("# " + json.dumps(env), flush=True)
-    out = {"env": env}
+    out = {"env": environment(torch)}
+    print("# " + json.dumps(out["env"]), flush=True)
     ds = args.d or [64, 128]
     ns = args.n or (list(PREFILL_NS) if not args.quick else [1024, 4096])
     grid = DECODE_GRID if not args.quick else DECODE_GRID[1:3]
@@ -299,13 +255,12 @@ def run(args) -> int:
     total = (prefill * len(ds) * 2 * len(ns) + fp16_extra * 2 + decode * len(grid) * len(ls))
     log = functools.partial(print, flush=True)  # while the bar is live, rich prints this above it
     with Progress(total) as progress:
+        sweep = functools.partial(prefill_sweep, torch, tokens=args.tokens, heads=args.heads,
+                                  naive=not args.no_naive, log=log, progress=progress)
         if prefill:
-            out["prefill"] = prefill_sweep(torch, ns, ds, args.tokens, args.heads, naive=not args.no_naive,
-                                           log=log, progress=progress)
+            out["prefill"] = sweep(ns=ns, ds=ds)
             if fp16_extra:
-                out["prefill_fp16"] = prefill_sweep(torch, [4096], [128], args.tokens, args.heads,
-                                                    naive=not args.no_naive, dtypes=[torch.float16],
-                                                    log=log, progress=progress)
+                out["prefill_fp16"] = sweep(ns=[4096], ds=[128], dtypes=[torch.float16])
         if decode:
             out["read_ceiling_tbs"] = read_ceiling(torch)
             log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
@@ -315,10 +270,7 @@ def run(args) -> int:
             write_atomic(path, json.dumps(out, indent=1), flag)
     if args.json == "-":
         print(json.dumps(out, indent=1))
-    if args.plots:
-        from attnscope.measure.plots import write_plots
-
-        for path in write_plots(out, args.plots):
-            print(f"plot: {path}")
+    for path in write_plots(out, args.plots) if args.plots else []:
+        print(f"plot: {path}")
     return 0
 

@@ -22,17 +22,9 @@ from attnscope.model import roofline, traffic
 from attnscope.model.flops import attention_flops
 
 IMPLS = ("attnscope", "flash", "cudnn", "efficient", "naive")
-
-
-def _plt():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"plots need matplotlib: pip install matplotlib ({e})") from e
-    return plt
+#: (naive?, causal) -> the model.traffic row whose logical bytes a measured point is placed by.
+_TRAFFIC_ROW = {(False, False): "flash", (False, True): "flash-causal", (True, False): "naive",
+                (True, True): "naive-causal-eager"}
 
 
 def _title(env: dict) -> str:
@@ -74,17 +66,12 @@ def prefill_roofline(plt, rows: list[dict], env: dict, device: str = "h200", n: 
     markers = {(64, False): "o", (64, True): "s", (128, False): "^", (128, True): "D"}
     for r in (r for r in rows if r["n"] == n):
         t = traffic.traffic(n=r["n"], d=r["d"], dtype="bf16" if r["dtype"] == "bfloat16" else "fp16",
-                            rows=("naive", "flash", "naive-causal-eager", "flash-causal"))
+                            rows=tuple(_TRAFFIC_ROW.values()))
+        flops = attention_flops(1, 1, r["n"], r["n"], r["d"], r["causal"])  # per (batch, head), credited
         for impl, tf in r["tflops"].items():
-            if not tf:
-                continue
-            name = "naive" if impl == "naive" else "flash"
-            if r["causal"]:
-                name += "-causal-eager" if impl == "naive" else "-causal"
-            row = t[name]
-            flops = attention_flops(1, 1, r["n"], r["n"], r["d"], r["causal"])  # per (batch, head), credited
-            ax.scatter([flops / row.total], [tf], s=28, color=colors.get(impl, "gray"),
-                       marker=markers.get((r["d"], r["causal"]), "x"))
+            if tf:  # placed by the logical bytes of its model.traffic row
+                ax.scatter([flops / t[_TRAFFIC_ROW[impl == "naive", r["causal"]]].total], [tf], s=28,
+                           color=colors.get(impl, "gray"), marker=markers.get((r["d"], r["causal"]), "x"))
     for impl, c in colors.items():
         ax.scatter([], [], color=c, label=impl)
     for (d, causal), m in markers.items():
@@ -133,7 +120,13 @@ def write_plots(result: dict, out_dir: str) -> list[str]:
     names = (["prefill_tflops.png", "prefill_roofline.png"] if result.get("prefill") else []) + \
         (["decode_tbs.png"] if result.get("decode") else [])
     refuse_symlinks([out / name for name in names], "--plots")  # before seconds of drawing
-    plt = _plt()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(f"plots need matplotlib: pip install matplotlib ({e})") from e
     env = result.get("env", {})
     draw = {"prefill_tflops.png": lambda: prefill_tflops(plt, result["prefill"], env),
             "prefill_roofline.png": lambda: prefill_roofline(plt, result["prefill"], env),

@@ -16,10 +16,12 @@ S = t_A / t_B of attention alone ([1, 32, P, 128], causal), project the prefill 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import asdict, dataclass, field
 
 from attnscope import chrome_trace
 from attnscope.errors import choice, positive_int
+from attnscope.measure.backends import attention_fn, profile_trace, require_cuda, save_trace, torch_dtype
 from attnscope.measure.decoder import ATTENTIONS, PREFILL, LlamaShape, build_decoder
 from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
@@ -76,20 +78,16 @@ class ShareResult:
     span_ms: float | None = None  # the prefill's wall span on the GPU, idle gaps included
 
     @property
-    def f_time(self) -> float:
-        """attention_ms / total_ms: chrome_trace.Share.share, the one definition."""
+    def f_time(self) -> float:  # as chrome_trace.Share.share
         return min(1.0, self.attention_ms / self.total_ms) if self.total_ms > 0 else 0.0
 
     def to_json(self) -> dict:
-        return {"attention": self.attention, "p": self.p, "layers": self.layers,
-                "attention_ms": self.attention_ms, "total_ms": self.total_ms, "f_time": self.f_time,
-                "flop_share": self.flop_share, "kernels": self.kernels, "span_ms": self.span_ms,
+        return {**asdict(self), "f_time": self.f_time,
                 "top": [{"name": n, "ms": ms, "attention": a} for n, ms, a in self.top]}
 
 
 def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareResult:
-    """f_time from a Chrome trace of one prefill: `attnscope.chrome_trace.attention_share`, the rule
-    `report --profile` uses too (pure Python: recorded traces are tested on a CPU)."""
+    """f_time from a Chrome trace of one prefill (pure Python: recorded traces are tested on a CPU)."""
     s = chrome_trace.attention_share(trace, f"trace of the {attention} prefill")
     return ShareResult(attention, p, shape.layers, s.attention_ms, s.busy_ms, flops(shape, p)["share"],
                        s.kernels, list(s.longest), s.span_ms)
@@ -98,14 +96,9 @@ def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareR
 def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtype: str = "fp16",
                   keep_trace: str | None = None) -> ShareResult:
     """Build the decoder, warm it up, profile one prefill, and return f_time (see module docstring)."""
-    import torch
-
-    from attnscope.measure.backends import profile_trace, require_cuda, save_trace, torch_dtype
-
-    require_cuda()
-    choice("attention", attention, ATTENTIONS)
-    positive_int("p", p)
-    shape = LlamaShape(layers=positive_int("layers", layers))
+    torch = require_cuda()
+    positive_int("p", p)  # attention: checked by build_decoder, layers by LlamaShape
+    shape = LlamaShape(layers=layers)
     dt = torch_dtype(torch, dtype)
     model = build_decoder(shape, attention, dtype=dt)
     x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # [B, P, hidden]
@@ -149,38 +142,29 @@ class ClosedLoop:
         return self.projected / self.measured - 1.0
 
     def to_json(self) -> dict:
-        return {"baseline": self.baseline, "candidate": self.candidate, "p": self.p, "layers": self.layers,
-                "f_time": self.f_time, "s_kernel": self.s_kernel, "kernel_ms": self.kernel_ms,
-                "prefill_ms": self.prefill_ms, "projected_speedup": self.projected,
+        return {**asdict(self), "s_kernel": self.s_kernel, "projected_speedup": self.projected,
                 "measured_speedup": self.measured, "error": self.error,
                 "share": self.share.to_json() if self.share else None}
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
                 dtype: str = "fp16", reps: int = 10) -> ClosedLoop:
-    """Measure f_time(baseline) and S = t_baseline / t_candidate (attention alone, same shapes),
-    project with Amdahl, then time both prefills and compare (see module docstring)."""
-    import torch
-
-    from attnscope.measure.backends import attention_fn, require_cuda, torch_dtype
-
-    require_cuda()
+    """The closed loop of the module docstring: f_time(baseline), S, Amdahl's projection, both prefills."""
+    torch = require_cuda()
     choice("baseline", baseline, ATTENTIONS)
     choice("project_to", candidate, ATTENTIONS)
-    shape = LlamaShape(layers=positive_int("layers", layers))
+    shape = LlamaShape(layers=layers)
     sh = measure_share(baseline, p, layers, dtype)
     dt = torch_dtype(torch, dtype)
     qkv = [torch.randn(1, shape.heads, p, shape.head_dim, device="cuda", dtype=dt) for _ in range(3)]
     kernel_ms, prefill_ms = {}, {}
     with torch.inference_mode():
         for name in (baseline, candidate):
-            fn = attention_fn(name, causal=True)
-            kernel_ms[name] = cuda_time_ms(lambda fn=fn, qkv=qkv: fn(*qkv), reps=reps)
+            kernel_ms[name] = cuda_time_ms(functools.partial(attention_fn(name, True), *qkv), reps=reps)
         qkv.clear()  # free the attention-alone inputs before the prefills
         x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)
-        for name in (baseline, candidate):
-            model = build_decoder(shape, name, dtype=dt)
-            prefill_ms[name] = cuda_time_ms(lambda model=model: model(x), reps=reps)
-            del model
+        for name in (baseline, candidate):  # each decoder (its weights) is freed when its timing returns
+            prefill_ms[name] = cuda_time_ms(functools.partial(build_decoder(shape, name, dtype=dt), x),
+                                            reps=reps)
             torch.cuda.empty_cache()
     return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh)
