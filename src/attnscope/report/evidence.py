@@ -297,7 +297,10 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 raw = s.labels.get("le")
                 if raw is None:
                     raise InputError(f"{name}: expected an le label on every _bucket sample, got none")
-                le = math.inf if raw in ("+Inf", "Inf") else _le(raw, name)
+                finite = raw not in ("+Inf", "Inf")
+                if finite and not (number_text(raw) and 0 <= float(raw) < math.inf):
+                    raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
+                le = float(raw) if finite else math.inf
                 buckets[le] = buckets.get(le, 0.0) + s.value
             elif s.name.endswith("_count"):
                 count += s.value
@@ -320,13 +323,6 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                              f"got {count:g}")
         out[fam.name] = Histogram(bounds, counts, counts[-1], total)
     return out
-
-
-def _le(raw: str, name: str) -> float:
-    """A bucket bound: a finite number >= 0 (latencies)."""
-    if not number_text(raw) or not (0 <= float(raw) < math.inf):
-        raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
-    return float(raw)
 
 
 @dataclass(frozen=True)

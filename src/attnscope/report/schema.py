@@ -80,10 +80,7 @@ class Trace:
     change_source: str
 
     def segment(self, name: str) -> Segment:
-        for s in self.segments:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return {s.name: s for s in self.segments}[name]
 
     @property
     def prefill_ms(self) -> float:
@@ -145,23 +142,17 @@ BOUNDS = {
 }
 
 
-def _clean_text(v: str, field: str) -> str:
-    """Refuse control characters (tab allowed) and bidi overrides (LRE..RLO, LRI..PDI, LRM/RLM, ALM: not
-    printable either) that would reorder how the page reads."""
-    if v.isprintable():
-        return v
-    for i, ch in enumerate(v):
-        if ch != "\t" and not ch.isprintable():
-            raise InputError(f"{field}: expected printable text without control or bidi-override characters, "
-                             f"got U+{ord(ch):04X} at character {i}")
-    return v
-
-
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
+    """A string field without control characters (tab allowed) or bidi overrides (LRE..RLO, LRI..PDI,
+    LRM/RLM, ALM: not printable either), which would reorder how the page reads."""
     v = data.get(key, default)
     expect(isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string",
            v)
-    return _clean_text(v, f"{name}.{key}")
+    for i, ch in enumerate(v):
+        if ch != "\t" and not ch.isprintable():
+            raise InputError(f"{name}.{key}: expected printable text without control or bidi-override "
+                             f"characters, got U+{ord(ch):04X} at character {i}")
+    return v
 
 
 def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
