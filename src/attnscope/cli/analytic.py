@@ -10,6 +10,8 @@ import argparse
 
 from attnscope.cli import serving
 from attnscope.cli._out import GiB, KiB, MiB, console, ledger, print_json, table
+from attnscope.errors import InputError, expect
+from attnscope.model import roofline as rl
 
 SPEC = "(spec default: %(default)s)"
 #: Where the "spec §N" references in help and output are explained.
@@ -18,10 +20,9 @@ MODEL_DOC = "docs/model.md"
 
 def _size(b: int | float) -> str:
     """Binary size with its unit: GiB from 1 GiB, MiB from 1 MiB, else KiB (2 decimals)."""
-    if b >= GiB:
-        return f"{b / GiB:,.2f} GiB"
-    if b >= MiB:
-        return f"{b / MiB:,.2f} MiB"
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB")):
+        if b >= unit:
+            return f"{b / unit:,.2f} {name}"
     return f"{b / KiB:,.2f} KiB"
 
 
@@ -116,25 +117,20 @@ def configure(sub) -> None:
 
 # --- traffic ----------------------------------------------------------------------------------------
 def cmd_traffic(args) -> int:
-    from attnscope.errors import expect
-    from attnscope.model import roofline as rl
-    from attnscope.model.traffic import ROW_NAMES, traffic
+    from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
+    from attnscope.model.traffic import ROW_NAMES, SPEC_ROWS, traffic
 
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
-    names = ROW_NAMES if names == ["all"] else names
     if args.lengths is not None or args.cache_lens is not None:
-        return serving.run(args, names)
+        return serving.run(args, ROW_NAMES if names == ["all"] else names)
     serving.check_unused(args)
-    if getattr(args, "pass_", "forward") == "backward":
-        from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
-        from attnscope.model.traffic import SPEC_ROWS
-
+    shape = dict(nq=args.nq, nk=args.nk, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
+    if args.pass_ == "backward":  # all, or the forward default: every backward row
         names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
-        t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
-                             batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, rows=names)
+        t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, **shape, rows=names)
     else:
-        t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
-                    batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
+        t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, **shape, lse=args.lse,
+                    rows=ROW_NAMES if names == ["all"] else names)
     ratio = None
     if args.ratio:
         expect(all(x in t.rows for x in args.ratio), "ratio", "two of the configurations counted ("
@@ -202,10 +198,8 @@ def cmd_traffic(args) -> int:
             con.print(f"  - {a}")
     if args.items:
         for r in t.rows.values():
-            items = ledger(r)
-            items.append(["Total", "", "reads", f"{r.reads:,}", f"{r.reads / MiB:,.2f}", ""])
-            items.append(["", "", "writes", f"{r.writes:,}", f"{r.writes / MiB:,.2f}", ""])
-            items.append(["", "", "total", f"{r.total:,}", f"{r.total / MiB:,.2f}", ""])
+            items = ledger(r) + [["Total" if k == "reads" else "", "", k, f"{v:,}", f"{v / MiB:,.2f}", ""]
+                                 for k, v in (("reads", r.reads), ("writes", r.writes), ("total", r.total))]
             con.print(table(f"{r.label}: ledger", ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], items,
                             caption="; ".join(r.assumptions)))
     if dev:
@@ -214,8 +208,6 @@ def cmd_traffic(args) -> int:
 
 
 def _print_roofline(con, t, dev, points) -> None:
-    from attnscope.model import roofline as rl
-
     c = t.config
     pk = rl.peak(dev, c.dtype)
     con.print(f"\nRoofline on {dev.label}: {pk / rl.TERA:,.0f} TFLOP/s dense {c.dtype} / "
@@ -251,10 +243,10 @@ def cmd_footprint(args) -> int:
     con = console()
     shape = (f"Nq = {p['nq']:,}, Nk = {p['nk']:,}, d = {p['d']}, {p['dtype']}, B_r = {p['block_q']}, "
              f"B_c = {p['block_kv']}, {p['heads']} heads, {p['layers']} layers, batch {p['batch']}")
-    con.print(table(f"Memory scopes: {shape}", ["Scope", "Counts", "Bytes", "Size", "Assumption"],
-                    [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in f.scopes]))
-    con.print(table("Tile buffers of one CTA (SRAM)", ["Buffer", "Counts", "Bytes", "Size", "Assumption"],
-                    [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in f.tiles]))
+    for title, first, scopes in ((f"Memory scopes: {shape}", "Scope", f.scopes),
+                                 ("Tile buffers of one CTA (SRAM)", "Buffer", f.tiles)):
+        con.print(table(title, [first, "Counts", "Bytes", "Size", "Assumption"],
+                        [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in scopes]))
     con.print(table("Shared-memory fit", ["Device", "Buffers", "Size", "Per-block max", "Carve-out", "Fits"],
                     [[x.device, x.what, _size(x.nbytes), _size(x.limit), _size(x.carveout),
                       "yes" if x.fits else "NO"] for x in f.fits],
@@ -341,7 +333,6 @@ def cmd_tiles(args) -> int:
 
 # --- amdahl -----------------------------------------------------------------------------------------
 def cmd_amdahl(args) -> int:
-    from attnscope.errors import InputError
     from attnscope.model import amdahl
 
     fs = args.f or [0.15]
