@@ -204,20 +204,18 @@ def validate(data) -> Trace:
 
     segs_raw = top["segments"]
     expect(isinstance(segs_raw, list) and len(segs_raw) > 0, "segments", "a non-empty list", segs_raw)
-    segments: list[Segment] = []
-    seen: set[str] = set()
+    by_name: dict[str, Segment] = {}
     for i, s in enumerate(segs_raw):
         name = f"segments[{i}]"
         s = _mapping(s, name, {"name", "ms", "source", "note"}, {"name", "ms", "source"})
         seg = Segment(name=_str(s, "name", name), ms=_num(s, "ms", name), source=_str(s, "source", name),
                       note=_str(s, "note", name, default=""))
-        expect(seg.name not in seen, f"{name}.name", "a unique segment name", seg.name)
-        seen.add(seg.name)
-        segments.append(seg)
+        expect(seg.name not in by_name, f"{name}.name", "a unique segment name", seg.name)
+        by_name[seg.name] = seg
+    segments, names = tuple(by_name.values()), list(by_name)
     total = sum(s.ms for s in segments)
     expect(total > 0, "segments", "a total duration > 0 ms", total)
     expect(total <= MAX_MS, "segments", f"a total duration of at most {MAX_MS:g} ms", total)
-    names = [s.name for s in segments]
 
     ttft_ms, ttft_source = total, "sum of the serial segments"
     if "ttft" in top:
@@ -232,7 +230,7 @@ def validate(data) -> Trace:
                  {"segment"})
     pseg = _str(p, "segment", "prefill")
     expect(pseg in names, "prefill.segment", "one of the segment names (" + ", ".join(names) + ")", pseg)
-    prefill_ms = segments[names.index(pseg)].ms
+    prefill_ms = by_name[pseg].ms
     expect(prefill_ms > 0, "prefill.segment", "a segment with a duration > 0 ms", pseg)
     expect(("attention_ms" in p) != ("attention_share" in p), "prefill",
            "exactly one of attention_ms or attention_share", sorted(p))
@@ -259,7 +257,7 @@ def validate(data) -> Trace:
     expect(finite_real(s) and lo <= s <= hi, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
 
     return Trace(
-        title=title, workload=workload, targets=targets, segments=tuple(segments),
+        title=title, workload=workload, targets=targets, segments=segments,
         ttft_ms=ttft_ms, ttft_source=ttft_source,
         prefill_segment=pseg, attention_ms=attn, prefill_source=_str(p, "source", "prefill", default="trace"),
         tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
