@@ -51,18 +51,6 @@ def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
     return UNITS[u]
 
 
-def _vllm_bench(data: dict, flag: str) -> list:
-    """Per-request TTFTs (seconds) of a `vllm bench serve --save-result --save-detailed` result; failed
-    requests (a non-empty `errors` entry, whose TTFT vLLM records as 0) are left out."""
-    ttfts = data["ttfts"]
-    if not isinstance(ttfts, list):
-        raise InputError(f"{flag}: expected ttfts to be a list (vllm bench serve result), got {short(ttfts)}")
-    errors = data.get("errors")
-    if isinstance(errors, list) and len(errors) == len(ttfts):
-        ttfts = [t for t, e in zip(ttfts, errors, strict=True) if not e]
-    return ttfts
-
-
 def read_samples(path, unit: str | None = None) -> list[float]:
     """TTFT samples in ms from a JSON list or {"ttft_ms"|"ttft_s": [...]}, a `vllm bench serve` result
     JSON saved with detailed results ({"ttfts": [...]} in seconds), or a CSV (one value per row, or a
@@ -73,25 +61,30 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     """
     flag = f"--samples {Path(path).name}"
     flag = flag if len(flag) < 80 else "--samples"
+    found = None
     if Path(path).suffix.lower() == ".json":
-        data = load_json(path, flag)
-        found = None
-        if isinstance(data, dict) and "ttfts" in data:
-            data, found = _vllm_bench(data, flag), "s"
-        elif isinstance(data, dict) and len(set(data) & set(SAMPLE_COLUMNS)) == 1:
-            key = next(k for k in SAMPLE_COLUMNS if k in data)
-            data, found = data[key], SAMPLE_COLUMNS[key]
-        if not isinstance(data, list):
+        values = load_json(path, flag)
+        if isinstance(values, dict) and "ttfts" in values:
+            # a vllm bench serve result, in seconds; failed requests (an `errors` entry; TTFT 0) left out
+            ttfts, errors, found = values["ttfts"], values.get("errors"), "s"
+            if not isinstance(ttfts, list):
+                raise InputError(f"{flag}: expected ttfts to be a list (vllm bench serve result), got "
+                                 f"{short(ttfts)}")
+            ok = isinstance(errors, list) and len(errors) == len(ttfts)
+            values = [t for t, e in zip(ttfts, errors, strict=True) if not e] if ok else ttfts
+        elif isinstance(values, dict) and len(set(values) & set(SAMPLE_COLUMNS)) == 1:
+            key = next(k for k in SAMPLE_COLUMNS if k in values)
+            values, found = values[key], SAMPLE_COLUMNS[key]
+        if not isinstance(values, list):
             raise InputError(f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, '
                              f'{{"ttft_s": [...]}}, a vllm bench serve result with ttfts), got '
-                             f"{type(data).__name__}")
+                             f"{type(values).__name__}")
         factor = _unit_of(found, unit, flag)
-        values = data
     else:
         rows = read_csv(path, flag)
         if not rows:
             raise InputError(f"{flag}: expected at least one TTFT sample, got none")
-        col, found = 0, None
+        col = 0
         header = [c.strip().lower() for c in rows[0]]
         named = [h for h in header if h in SAMPLE_COLUMNS]
         if len(named) > 1:
