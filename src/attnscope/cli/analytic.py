@@ -145,8 +145,7 @@ def cmd_traffic(args) -> int:
         if ratio:
             out["ratio"] = {"baseline": ratio[0], "config": ratio[1], "ratio": ratio[2]}
         if dev:
-            out["device"] = dev.to_json()
-            out["device"]["ridge"] = rl.ridge(dev, t.config.dtype)
+            out["device"] = dev.to_json() | {"ridge": rl.ridge(dev, t.config.dtype)}
             for row in out["rows"]:
                 pts = points[row["name"]]
                 row["roofline"] = [p.to_json() for p in pts]
@@ -173,11 +172,9 @@ def cmd_traffic(args) -> int:
             red = f"(add {r.baseline} for the ratio)"
         else:
             red = f"{x:.2f}x vs {r.baseline}"
-        line = [r.label, f"{r.reads / MiB:,.2f}", f"{r.writes / MiB:,.2f}", f"{r.total / MiB:,.2f}",
-                f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", red]
-        if bh != 1:
-            line.append(f"{r.total * bh / MiB:,.2f}")
-        body.append(line)
+        body.append([r.label, f"{r.reads / MiB:,.2f}", f"{r.writes / MiB:,.2f}", f"{r.total / MiB:,.2f}",
+                     f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", red,
+                     *([f"{r.total * bh / MiB:,.2f}"] if bh != 1 else [])])
     gqa = f"; GQA {c.heads}/{c.kv_heads}: K/V counted per query head, as the kernel issues them" \
         if c.kv_heads != c.heads else ""
     con.print(table(f"Logical HBM traffic, one (batch, query head): {shape}", cols, body,
@@ -315,12 +312,8 @@ def cmd_tiles(args) -> int:
     con.print(f"  full    KV tiles {_ranges(1, n_full)} (loaded, no mask arithmetic)")
     con.print(f"  masked  KV tiles {_ranges(n_full + 1, n_loaded)} (loaded, straddle the diagonal: mask "
               "before m and l)")
-    body = []
-    for j in shown:
-        c0, c1 = g.cols(j)
-        rc = g.row_classes(i, j)
-        body.append([str(j), f"{c0}..{c1}"] + [f"{v[0]}..{v[1]}" if v else "-"
-                                                for v in (rc["masked"], rc["triangular"], rc["permitted"])])
+    body = [[str(j), "{}..{}".format(*g.cols(j)), *("{}..{}".format(*v) if v else "-"
+                                                    for v in g.row_classes(i, j).values())] for j in shown]
     if body:
         note = None if len(shown) == len(masked) else \
             f"{len(masked) - len(shown):,} masked tiles in the middle not shown (--json gives the spans)"

@@ -324,9 +324,8 @@ class Traffic:
     def to_json(self) -> dict:
         bh = self.config.batch_heads
         rows = [r.to_json(self.matched_ratio(r.name), bh if bh != 1 else None) for r in self.rows.values()]
-        params = self.config.to_json()
-        params["batch_heads"] = bh
-        params["per"] = "one (batch, query head); *_all fields are the whole call"
+        params = self.config.to_json() | {"batch_heads": bh,
+                                          "per": "one (batch, query head); *_all fields are the whole call"}
         return {"params": params, "rows": rows}
 
 
