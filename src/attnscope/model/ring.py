@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass
 
 from attnscope.errors import InputError, choice, positive_int
 from attnscope.model.flops import attention_flops
+from attnscope.model.roofline import MiB
 from attnscope.model.roofline import device as get_device
 
-MiB = 1024**2
-GiB = 1024**3
+GiB = 1024 * MiB
 ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 #: measured 2 x H200 NVLink exchange, bytes -> GB/s per direction (issue 16, 2026-11-30, torch 2.11)
@@ -91,12 +91,9 @@ class RingPrediction:
 
 
 def _check(ranks, n, batch, heads, kv_heads, d, dtype, tflops, link_gbps):
-    positive_int("ranks", ranks)
-    positive_int("n", n)
-    positive_int("batch", batch)
-    positive_int("heads", heads)
-    positive_int("kv_heads", kv_heads)
-    positive_int("d", d)
+    for name, v in (("ranks", ranks), ("n", n), ("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
+                    ("d", d)):
+        positive_int(name, v)
     choice("dtype", dtype, ELT)
     if heads % kv_heads:
         raise InputError(f"kv_heads: expected a divisor of heads = {heads}, got {kv_heads}")
