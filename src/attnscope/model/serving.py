@@ -245,9 +245,8 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     ``flops``: 4 * Hq * d * (visible pairs), bottom-right causal among the nq queries.
     """
     lens = _lengths("cache_lens", cache_lens)
-    positive_int("nq", nq)
-    positive_int("num_splits", num_splits)
-    positive_int("block_kv", block_kv)
+    for name, v in (("nq", nq), ("num_splits", num_splits), ("block_kv", block_kv)):
+        positive_int(name, v)
     if page_size is not None:
         positive_int("page_size", page_size)
         expect(page_size & (page_size - 1) == 0, "page_size", "a power of two", page_size)

@@ -281,8 +281,7 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
             continue
         name = f"{flag}: {fam.name}"
         buckets: dict[float, float] = {}
-        count = total = 0.0
-        has_count = False
+        total, count = 0.0, None  # count: the _count samples' sum, None without any
         for s in fam.samples:  # summed over label sets (engines, models)
             if not math.isfinite(s.value) or s.value < 0:
                 raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
@@ -296,8 +295,7 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 le = float(raw) if finite else math.inf
                 buckets[le] = buckets.get(le, 0.0) + s.value
             elif s.name.endswith("_count"):
-                count += s.value
-                has_count = True
+                count = (count or 0.0) + s.value
             elif s.name.endswith("_sum"):
                 total += s.value
         if not buckets:
@@ -311,7 +309,7 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 raise InputError(f"{name}: expected cumulative bucket counts non-decreasing in le, got "
                                  f"{counts[i - 1]:g} at le={bounds[i - 1]:g} then {counts[i]:g} at "
                                  f"le={bounds[i]:g}")
-        if has_count and count != counts[-1]:
+        if count is not None and count != counts[-1]:
             raise InputError(f"{name}: expected _count equal to the +Inf bucket ({counts[-1]:g}), "
                              f"got {count:g}")
         out[fam.name] = Histogram(bounds, counts, counts[-1], total)
@@ -381,9 +379,7 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         if h.count <= 0:
             continue
         target = targets.get(name)
-        meets = warning = None
-        if target is not None:
-            meets, warning = _check_target(h, target / 1e3)
+        meets, warning = (None, None) if target is None else _check_target(h, target / 1e3)
         p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
         out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, h.sum / h.count * 1e3, target,
                                  meets, warning))
