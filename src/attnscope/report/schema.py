@@ -127,19 +127,11 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
     return data
 
 
-#: Largest duration accepted anywhere in a trace (ms): about 11.6 days; beyond it arithmetic on shares
-#: and projections stops being meaningful long before it stops being finite.
+#: Largest duration accepted anywhere in a trace (ms), as model/amdahl.py.
 MAX_MS = amdahl.MAX_MS
-#: Bounds of the other positive numbers (name -> (lo, hi)): outside them a product or a reciprocal in
-#: the report would print 0, inf or nan.
-BOUNDS = {
-    "params": (1.0, 1e16),
-    "tokens_per_s": (1e-3, 1e9),
-    "tpot_ms": (1e-6, MAX_MS),
-    "p95_ttft_ms": (1e-6, MAX_MS),
-    "ms": (1e-6, MAX_MS),
-    "speedup": (amdahl.S_MIN, amdahl.S_MAX),
-}
+#: Bounds of the positive numbers (name -> (lo, hi); a duration: [1e-6, MAX_MS]): outside them a product
+#: or a reciprocal in the report would print 0, inf or nan.
+BOUNDS = {"params": (1.0, 1e16), "tokens_per_s": (1e-3, 1e9), "speedup": (amdahl.S_MIN, amdahl.S_MAX)}
 
 
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
