@@ -14,8 +14,6 @@ from attnscope.errors import InputError, expect
 from attnscope.model import roofline as rl
 
 SPEC = "(spec default: %(default)s)"
-#: Where the "spec §N" references in help and output are explained.
-MODEL_DOC = "docs/model.md"
 
 
 def _size(b: int | float) -> str:
@@ -179,7 +177,7 @@ def cmd_traffic(args) -> int:
         if c.kv_heads != c.heads else ""
     con.print(table(f"Logical HBM traffic, one (batch, query head): {shape}", cols, body,
                     caption="Logical bytes: cold cache, no L2 reuse, no sector padding "
-                            f"(spec §4, see {MODEL_DOC}). Ratios "
+                            "(spec §4, see docs/model.md). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
     passes = [f"{'causal' if causal else 'unmasked'} {t.kv_passes(causal):g}"

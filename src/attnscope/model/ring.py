@@ -15,13 +15,12 @@ causal step is half the unmasked one while its transfer is the same: the ring tu
 longer N for causal. The merge (`kernels/merge.py`) is memory-bound: per step it reads and writes the
 fp32 accumulator and reads the partial and LSEs, at the device's HBM rate.
 
-The kernel rate defaults to attnscope's measured forward on the H200 (BENCHMARKS.md, issue 15's
-Hopper kernel, bf16, N = 16,384, 2026-11-30): the model predicts a ring of those kernels. The link is
-size-dependent by default: the 2 x H200 NVLink exchange measured for issue 16 (212 GB/s per direction
-at 64 MiB, 291 at 256 MiB, 354 at 1 GiB), interpolated in log(size) and clamped outside [64 MiB, 1 GiB]
-(so sizes below 64 MiB are credited 212 GB/s, optimistic for small messages); `link_gbps` replaces it with one
-number (e.g. an InfiniBand NIC's ~50 GB/s per direction for a ring across hosts). The step overhead
-(kernel launches, P2P posting) is an assumption, not a measurement. Closed forms; no torch.
+The kernel rate defaults to attnscope's measured forward on the H200 (`KERNEL_RATE`, BENCHMARKS.md):
+the model predicts a ring of those kernels. The link is size-dependent by default: the measured 2 x H200
+NVLink exchange (`NVLINK_H200`), interpolated in log(size) and clamped outside its sizes (small messages
+are credited the 64 MiB rate: optimistic); `link_gbps` replaces it with one number (e.g. an InfiniBand
+NIC's ~50 GB/s per direction for a ring across hosts). The step overhead (kernel launches, P2P
+posting) is an assumption, not a measurement. Closed forms; no torch.
 """
 
 from __future__ import annotations
