@@ -341,8 +341,7 @@ def cmd_amdahl(args) -> int:
         bound = amdahl.carry(*carry_args, args.s, names={"part_ms": "--part-ms", "inner_ms": "--inner-ms",
                                                          "outer_ms": "--outer-ms", "s": "--s"})
     if args.json:
-        out = head.to_json()
-        out["sensitivity"] = [x.to_json() for x in sens]
+        out = head.to_json() | {"sensitivity": [x.to_json() for x in sens]}
         if bound:
             out["carry"] = bound.to_json()
         print_json(out)

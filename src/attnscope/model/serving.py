@@ -37,9 +37,8 @@ def _lengths(name: str, values) -> tuple[int, ...]:
     except TypeError:
         raise InputError(f"{name}: expected a list of non-negative integers, got {values!r}") from None
     expect(len(vals) > 0, name, "at least one length", list(vals))
-    for v in vals:
-        expect(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name,
-               "a list of non-negative integers", list(vals))
+    expect(all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals), name,
+           "a list of non-negative integers", list(vals))
     return vals
 
 

@@ -13,6 +13,7 @@ does not pay for them.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,15 +258,6 @@ class Histogram:
             prev_bound, prev_count = b, c
         return prev_bound
 
-    def bucket_of(self, x: float) -> tuple[float, float, float, float]:
-        """(low, high, cumulative count at low, at high) of the bucket (low, high] holding x."""
-        prev_bound, prev_count = 0.0, 0.0
-        for b, c in zip(self.bounds, self.counts, strict=True):
-            if x <= b:
-                return prev_bound, b, prev_count, c
-            prev_bound, prev_count = b, c
-        return prev_bound, math.inf, prev_count, self.count
-
 
 def _histograms(text: str, flag: str) -> dict[str, Histogram]:
     from prometheus_client.parser import text_string_to_metric_families
@@ -345,7 +337,9 @@ def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
 
 def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, str | None]:
     """Does the q-quantile meet the target? Decidable only at bucket edges: returns (meets, warning)."""
-    low, high, c_low, c_high = h.bucket_of(target_s)
+    i = bisect.bisect_left(h.bounds, target_s)  # the bucket (low, high] holding the target
+    low, c_low = (h.bounds[i - 1], h.counts[i - 1]) if i else (0.0, 0.0)
+    high, c_high = (h.bounds[i], h.counts[i]) if i < len(h.bounds) else (math.inf, h.count)
     if c_low >= q * h.count:
         return "yes", None  # the quantile is at most `low` <= target
     if c_high < q * h.count:
