@@ -77,15 +77,11 @@ class _Totals:
 
 @dataclass(frozen=True)
 class Kernel(_Totals):
-    """One kernel launch (per batch-head) with its transfers and its FLOPs.
-
-    ``unit`` says which pipe does the FLOPs: "tensor" (GEMMs on Tensor Cores) or "elementwise"
-    (CUDA cores / SFUs); the roofline picks the matching peak.
-    """
+    """One kernel launch (per batch-head) with its transfers and its FLOPs."""
 
     name: str
     flops: int
-    unit: str
+    unit: str  # the pipe doing the FLOPs, for the roofline's peak: "tensor" or "elementwise" (CUDA cores)
     transfers: tuple[Transfer, ...]
 
     def to_json(self) -> dict:
@@ -299,11 +295,8 @@ class Traffic:
         return self.rows[choice("row", name, self.rows)]
 
     def ratio(self, baseline: str, other: str) -> float:
-        """``baseline.total / other.total``: how many times fewer bytes ``other`` moves.
-
-        Refused across masking conditions: such a ratio mixes the masking change with the fusion change
-        and cannot be attributed to either (spec §4.2).
-        """
+        """``baseline.total / other.total``: how many times fewer bytes ``other`` moves; refused across
+        masking conditions (spec §4.2)."""
         a, b = self[baseline], self[other]
         if a.condition != b.condition:
             raise InputError(
