@@ -297,11 +297,9 @@ def cmd_tiles(args) -> int:
         print_json(out)
         return 0
     con = console()
-    qt = "query tile" if g.n_q_tiles == 1 else "query tiles"
-    kt = "KV tile" if tc == 1 else "KV tiles"
     con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q:,}, B_c = {g.block_kv:,}, "
-              f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: "
-              f"{g.n_q_tiles:,} {qt} x {tc:,} {kt} (1-based)")
+              f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: {g.n_q_tiles:,} query "
+              f"tile{'' if g.n_q_tiles == 1 else 's'} x {tc:,} KV tile{'' if tc == 1 else 's'} (1-based)")
     con.print(f"Query tile {i:,}: rows {r0:,}..{r1:,} ({r1 - r0 + 1:,} rows)")
     con.print(f"  loads   KV tiles {_ranges(1, n_loaded)} ({n_loaded:,} of {tc:,}; "
               f"{g.kv_rows_loaded(i):,} K rows and as many V rows)")
