@@ -8,9 +8,7 @@ import re
 import sys
 
 from attnscope.errors import InputError
-from attnscope.model.roofline import KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
-
-GiB = 1024 * MiB
+from attnscope.model.roofline import GiB, KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
 
 
 def _clean(x):

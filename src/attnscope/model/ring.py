@@ -30,10 +30,9 @@ from dataclasses import asdict, dataclass
 
 from attnscope.errors import InputError, choice, positive_int
 from attnscope.model.flops import attention_flops
-from attnscope.model.roofline import MiB
+from attnscope.model.roofline import GiB, MiB
 from attnscope.model.roofline import device as get_device
 
-GiB = 1024 * MiB
 ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 #: measured 2 x H200 NVLink exchange, bytes -> GB/s per direction (issue 16, 2026-11-30, torch 2.11)

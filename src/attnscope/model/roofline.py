@@ -22,6 +22,7 @@ from attnscope.errors import choice
 
 KiB = 1024
 MiB = 1024**2
+GiB = 1024**3
 TERA = 10**12
 
 
