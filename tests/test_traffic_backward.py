@@ -80,5 +80,7 @@ def test_cli_traffic_pass_backward(capsys):
     assert main(["traffic", "--pass", "backward", "--n", "1000", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in doc["rows"]] == list(bw.BACKWARD_ROWS)
+    assert main(["traffic", "--pass", "backward", "--rows", "all", "--json"]) == 0  # all: the backward rows
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)["rows"]] == list(bw.BACKWARD_ROWS)
     assert main(["traffic", "--pass", "backward", "--rows", "flash-backward,bogus"]) == 2
     assert "rows: expected one of naive-backward" in capsys.readouterr().err

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import gzip
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,17 +176,6 @@ class _Ranges:
         return sum(b - a for starts, ends in self.merged.values() for a, b in zip(starts, ends, strict=True))
 
 
-def _launched_in(evs, cpu: _Ranges) -> set:
-    """Correlation ids of the launches whose timestamp lies inside ``cpu`` on the same thread."""
-    out = set()
-    for e in evs:
-        if e["cat"] in _LAUNCH:
-            corr = (e.get("args") or {}).get("correlation")
-            if corr is not None and cpu.covers(e.get("tid"), float(e["ts"]), float(e["ts"])):
-                out.add(corr)
-    return out
-
-
 def _ranges(evs, cat: str, match, by_thread: bool) -> _Ranges:
     return _Ranges(((e.get("tid") if by_thread else None), float(e["ts"]),
                     float(e["ts"]) + float(e.get("dur", 0)))
@@ -198,7 +186,8 @@ def _within(evs, ks, match) -> list[KernelEvent]:
     """Kernels launched inside a CPU range whose name satisfies ``match`` (by correlation); if no launch
     is linked (a build that does not trace driver launches), those inside its GPU projection."""
     cpu = _ranges(evs, "user_annotation", match, True)
-    corr = _launched_in(evs, cpu) if cpu.merged else set()
+    corr = {(e.get("args") or {}).get("correlation") for e in evs
+            if e["cat"] in _LAUNCH and cpu.covers(e.get("tid"), float(e["ts"]), float(e["ts"]))}
     found = [k for k in ks if k.correlation is not None and k.correlation in corr]
     if found:
         return found
@@ -233,12 +222,7 @@ class Share:
 
 
 def _union_ms(ks) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted((k.ts_us, k.ts_us + k.dur_us) for k in ks):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total / 1e3
+    return _Ranges((None, k.ts_us, k.ts_us + k.dur_us) for k in ks).total() / 1e3
 
 
 def attention_share(trace, where: str = "trace") -> Share:

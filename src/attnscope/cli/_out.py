@@ -8,9 +8,7 @@ import re
 import sys
 
 from attnscope.errors import InputError
-from attnscope.model.roofline import KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
-
-GiB = 1024 * MiB
+from attnscope.model.roofline import GiB, KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
 
 
 def _clean(x):
@@ -52,11 +50,8 @@ def table(title: str, columns: list[str], rows: list[list], caption: str | None 
 class _Table:
     def __init__(self, title, columns, cells, caption):
         self.title, self.columns, self.cells, self.caption = title, columns, cells, caption
-        self.numeric = []
-        for i in range(len(columns)):
-            col = [r[i] for r in cells if i < len(r)]
-            self.numeric.append(bool(col) and all(_NUMBER.fullmatch(x.strip()) or x.strip() in ("", "-")
-                                                  for x in col))
+        cols = [[r[i].strip() for r in cells if i < len(r)] for i in range(len(columns))]
+        self.numeric = [bool(c) and all(_NUMBER.fullmatch(x) or x in ("", "-") for x in c) for c in cols]
 
     def _width(self, i: int) -> int:
         """Characters column i needs at the least, with its padding and border."""

@@ -10,18 +10,17 @@ import argparse
 
 from attnscope.cli import serving
 from attnscope.cli._out import GiB, KiB, MiB, console, ledger, print_json, table
+from attnscope.errors import InputError, expect
+from attnscope.model import roofline as rl
 
 SPEC = "(spec default: %(default)s)"
-#: Where the "spec §N" references in help and output are explained.
-MODEL_DOC = "docs/model.md"
 
 
 def _size(b: int | float) -> str:
     """Binary size with its unit: GiB from 1 GiB, MiB from 1 MiB, else KiB (2 decimals)."""
-    if b >= GiB:
-        return f"{b / GiB:,.2f} GiB"
-    if b >= MiB:
-        return f"{b / MiB:,.2f} MiB"
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB")):
+        if b >= unit:
+            return f"{b / unit:,.2f} {name}"
     return f"{b / KiB:,.2f} KiB"
 
 
@@ -116,25 +115,20 @@ def configure(sub) -> None:
 
 # --- traffic ----------------------------------------------------------------------------------------
 def cmd_traffic(args) -> int:
-    from attnscope.errors import expect
-    from attnscope.model import roofline as rl
-    from attnscope.model.traffic import ROW_NAMES, traffic
+    from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
+    from attnscope.model.traffic import ROW_NAMES, SPEC_ROWS, traffic
 
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
-    names = ROW_NAMES if names == ["all"] else names
     if args.lengths is not None or args.cache_lens is not None:
-        return serving.run(args, names)
+        return serving.run(args, ROW_NAMES if names == ["all"] else names)
     serving.check_unused(args)
-    if getattr(args, "pass_", "forward") == "backward":
-        from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
-        from attnscope.model.traffic import SPEC_ROWS
-
+    shape = dict(nq=args.nq, nk=args.nk, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
+    if args.pass_ == "backward":  # all, or the forward default: every backward row
         names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
-        t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
-                             batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, rows=names)
+        t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, **shape, rows=names)
     else:
-        t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, nq=args.nq, nk=args.nk,
-                    batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names)
+        t = traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, **shape, lse=args.lse,
+                    rows=ROW_NAMES if names == ["all"] else names)
     ratio = None
     if args.ratio:
         expect(all(x in t.rows for x in args.ratio), "ratio", "two of the configurations counted ("
@@ -149,8 +143,7 @@ def cmd_traffic(args) -> int:
         if ratio:
             out["ratio"] = {"baseline": ratio[0], "config": ratio[1], "ratio": ratio[2]}
         if dev:
-            out["device"] = dev.to_json()
-            out["device"]["ridge"] = rl.ridge(dev, t.config.dtype)
+            out["device"] = dev.to_json() | {"ridge": rl.ridge(dev, t.config.dtype)}
             for row in out["rows"]:
                 pts = points[row["name"]]
                 row["roofline"] = [p.to_json() for p in pts]
@@ -177,16 +170,14 @@ def cmd_traffic(args) -> int:
             red = f"(add {r.baseline} for the ratio)"
         else:
             red = f"{x:.2f}x vs {r.baseline}"
-        line = [r.label, f"{r.reads / MiB:,.2f}", f"{r.writes / MiB:,.2f}", f"{r.total / MiB:,.2f}",
-                f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", red]
-        if bh != 1:
-            line.append(f"{r.total * bh / MiB:,.2f}")
-        body.append(line)
+        body.append([r.label, f"{r.reads / MiB:,.2f}", f"{r.writes / MiB:,.2f}", f"{r.total / MiB:,.2f}",
+                     f"{r.reads:,}", f"{r.writes:,}", f"{r.total:,}", red,
+                     *([f"{r.total * bh / MiB:,.2f}"] if bh != 1 else [])])
     gqa = f"; GQA {c.heads}/{c.kv_heads}: K/V counted per query head, as the kernel issues them" \
         if c.kv_heads != c.heads else ""
     con.print(table(f"Logical HBM traffic, one (batch, query head): {shape}", cols, body,
                     caption="Logical bytes: cold cache, no L2 reuse, no sector padding "
-                            f"(spec §4, see {MODEL_DOC}). Ratios "
+                            "(spec §4, see docs/model.md). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
     passes = [f"{'causal' if causal else 'unmasked'} {t.kv_passes(causal):g}"
@@ -202,10 +193,8 @@ def cmd_traffic(args) -> int:
             con.print(f"  - {a}")
     if args.items:
         for r in t.rows.values():
-            items = ledger(r)
-            items.append(["Total", "", "reads", f"{r.reads:,}", f"{r.reads / MiB:,.2f}", ""])
-            items.append(["", "", "writes", f"{r.writes:,}", f"{r.writes / MiB:,.2f}", ""])
-            items.append(["", "", "total", f"{r.total:,}", f"{r.total / MiB:,.2f}", ""])
+            items = ledger(r) + [["Total" if k == "reads" else "", "", k, f"{v:,}", f"{v / MiB:,.2f}", ""]
+                                 for k, v in (("reads", r.reads), ("writes", r.writes), ("total", r.total))]
             con.print(table(f"{r.label}: ledger", ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], items,
                             caption="; ".join(r.assumptions)))
     if dev:
@@ -214,8 +203,6 @@ def cmd_traffic(args) -> int:
 
 
 def _print_roofline(con, t, dev, points) -> None:
-    from attnscope.model import roofline as rl
-
     c = t.config
     pk = rl.peak(dev, c.dtype)
     con.print(f"\nRoofline on {dev.label}: {pk / rl.TERA:,.0f} TFLOP/s dense {c.dtype} / "
@@ -251,10 +238,10 @@ def cmd_footprint(args) -> int:
     con = console()
     shape = (f"Nq = {p['nq']:,}, Nk = {p['nk']:,}, d = {p['d']}, {p['dtype']}, B_r = {p['block_q']}, "
              f"B_c = {p['block_kv']}, {p['heads']} heads, {p['layers']} layers, batch {p['batch']}")
-    con.print(table(f"Memory scopes: {shape}", ["Scope", "Counts", "Bytes", "Size", "Assumption"],
-                    [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in f.scopes]))
-    con.print(table("Tile buffers of one CTA (SRAM)", ["Buffer", "Counts", "Bytes", "Size", "Assumption"],
-                    [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in f.tiles]))
+    for title, first, scopes in ((f"Memory scopes: {shape}", "Scope", f.scopes),
+                                 ("Tile buffers of one CTA (SRAM)", "Buffer", f.tiles)):
+        con.print(table(title, [first, "Counts", "Bytes", "Size", "Assumption"],
+                        [[s.name, s.counts, f"{s.nbytes:,}", _size(s.nbytes), s.assumption] for s in scopes]))
     con.print(table("Shared-memory fit", ["Device", "Buffers", "Size", "Per-block max", "Carve-out", "Fits"],
                     [[x.device, x.what, _size(x.nbytes), _size(x.limit), _size(x.carveout),
                       "yes" if x.fits else "NO"] for x in f.fits],
@@ -310,11 +297,9 @@ def cmd_tiles(args) -> int:
         print_json(out)
         return 0
     con = console()
-    qt = "query tile" if g.n_q_tiles == 1 else "query tiles"
-    kt = "KV tile" if tc == 1 else "KV tiles"
     con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q:,}, B_c = {g.block_kv:,}, "
-              f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: "
-              f"{g.n_q_tiles:,} {qt} x {tc:,} {kt} (1-based)")
+              f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: {g.n_q_tiles:,} query "
+              f"tile{'' if g.n_q_tiles == 1 else 's'} x {tc:,} KV tile{'' if tc == 1 else 's'} (1-based)")
     con.print(f"Query tile {i:,}: rows {r0:,}..{r1:,} ({r1 - r0 + 1:,} rows)")
     con.print(f"  loads   KV tiles {_ranges(1, n_loaded)} ({n_loaded:,} of {tc:,}; "
               f"{g.kv_rows_loaded(i):,} K rows and as many V rows)")
@@ -323,12 +308,8 @@ def cmd_tiles(args) -> int:
     con.print(f"  full    KV tiles {_ranges(1, n_full)} (loaded, no mask arithmetic)")
     con.print(f"  masked  KV tiles {_ranges(n_full + 1, n_loaded)} (loaded, straddle the diagonal: mask "
               "before m and l)")
-    body = []
-    for j in shown:
-        c0, c1 = g.cols(j)
-        rc = g.row_classes(i, j)
-        body.append([str(j), f"{c0}..{c1}"] + [f"{v[0]}..{v[1]}" if v else "-"
-                                                for v in (rc["masked"], rc["triangular"], rc["permitted"])])
+    body = [[str(j), "{}..{}".format(*g.cols(j)), *("{}..{}".format(*v) if v else "-"
+                                                    for v in g.row_classes(i, j).values())] for j in shown]
     if body:
         note = None if len(shown) == len(masked) else \
             f"{len(masked) - len(shown):,} masked tiles in the middle not shown (--json gives the spans)"
@@ -341,7 +322,6 @@ def cmd_tiles(args) -> int:
 
 # --- amdahl -----------------------------------------------------------------------------------------
 def cmd_amdahl(args) -> int:
-    from attnscope.errors import InputError
     from attnscope.model import amdahl
 
     fs = args.f or [0.15]
@@ -359,8 +339,7 @@ def cmd_amdahl(args) -> int:
         bound = amdahl.carry(*carry_args, args.s, names={"part_ms": "--part-ms", "inner_ms": "--inner-ms",
                                                          "outer_ms": "--outer-ms", "s": "--s"})
     if args.json:
-        out = head.to_json()
-        out["sensitivity"] = [x.to_json() for x in sens]
+        out = head.to_json() | {"sensitivity": [x.to_json() for x in sens]}
         if bound:
             out["carry"] = bound.to_json()
         print_json(out)

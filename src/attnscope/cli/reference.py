@@ -87,43 +87,39 @@ def _fmt_short(xs: list, keep: int = 8) -> str:
 def cmd_trace(args) -> int:
     import numpy as np
 
+    from attnscope.reference import online_softmax_trace
+
     # errstate: m_old - m_new = -inf near the float limit is exact (exp() = 0), not a warning to print;
     # gc_paused: a 200,000-tile input is a million containers the collector would re-walk for nothing.
     with gc_paused(), np.errstate(over="ignore"):
-        return _trace(args)
+        tiles = load_tiles(args.input) if args.input else SPEC_TILES
+        tr = online_softmax_trace(tiles)
+        scale = max(1.0, max(abs(x) for x in tr.reference))
+        ok = tr.max_abs_diff <= MATCH_TOL * scale
+        if args.json:
+            print_json(tr.to_json())
+            return 0 if ok else 1
 
-
-def _trace(args) -> int:
-    from attnscope.reference import online_softmax_trace
-
-    tiles = load_tiles(args.input) if args.input else SPEC_TILES
-    tr = online_softmax_trace(tiles)
-    scale = max(1.0, max(abs(x) for x in tr.reference))
-    ok = tr.max_abs_diff <= MATCH_TOL * scale
-    if args.json:
-        print_json(tr.to_json())
+        n = len(tr.m)
+        shown = [tr.step(j) for j in (range(n) if n <= TABLE_STEPS else
+                                      [*range(TABLE_STEPS // 2), *range(n - TABLE_STEPS // 2, n)])]
+        rows = [[st["tile"], _fmt_short([float(x) for x in tiles[st["tile"] - 1][0]]), _fmt(st["m"]),
+                 _fmt(st["alpha"]), _fmt(st["l"]), _fmt_short(st["acc"])] for st in shown]
+        src = "spec §3.2" if not args.input else args.input
+        c = console()
+        note = "alpha rescales the old l and acc onto the new max; tile 1 has no old state."
+        if len(shown) < n:
+            note += f" {n - len(shown):,} middle tiles not shown (of {n:,}); --json gives every step."
+        c.print(table(f"Online softmax, one query row, state after each tile ({src})",
+                      ["tile", "scores", "m", "alpha = exp(m_old - m)", "l", "acc (unnormalised)"], rows,
+                      caption=note))
+        all_scores = [float(x) for t in tiles for x in t[0]]
+        c.print(f"output     O = acc / l = {_fmt_short(tr.output)}   (the one division, after the last tile)")
+        c.print(f"reference  softmax over all scores {_fmt_short(all_scores)}: weights "
+                f"{_fmt_short(tr.weights)}, weighted sum {_fmt_short(tr.reference)}")
+        c.print(f"max |O - reference| = {tr.max_abs_diff:.2e}: "
+                + ("match" if ok else f"MISMATCH (more than {MATCH_TOL:g} x {scale:.4g})"))
         return 0 if ok else 1
-
-    n = len(tr.m)
-    shown = [tr.step(j) for j in (range(n) if n <= TABLE_STEPS else
-                                  [*range(TABLE_STEPS // 2), *range(n - TABLE_STEPS // 2, n)])]
-    rows = [[st["tile"], _fmt_short([float(x) for x in tiles[st["tile"] - 1][0]]), _fmt(st["m"]),
-             _fmt(st["alpha"]), _fmt(st["l"]), _fmt_short(st["acc"])] for st in shown]
-    src = "spec §3.2" if not args.input else args.input
-    c = console()
-    note = "alpha rescales the old l and acc onto the new max; tile 1 has no old state."
-    if len(shown) < n:
-        note += f" {n - len(shown):,} middle tiles not shown (of {n:,}); --json gives every step."
-    c.print(table(f"Online softmax, one query row, state after each tile ({src})",
-                  ["tile", "scores", "m", "alpha = exp(m_old - m)", "l", "acc (unnormalised)"], rows,
-                  caption=note))
-    all_scores = [float(x) for t in tiles for x in t[0]]
-    c.print(f"output     O = acc / l = {_fmt_short(tr.output)}   (the one division, after the last tile)")
-    c.print(f"reference  softmax over all scores {_fmt_short(all_scores)}: weights {_fmt_short(tr.weights)}, "
-            f"weighted sum {_fmt_short(tr.reference)}")
-    c.print(f"max |O - reference| = {tr.max_abs_diff:.2e}: "
-            + ("match" if ok else f"MISMATCH (more than {MATCH_TOL:g} x {scale:.4g})"))
-    return 0 if ok else 1
 
 
 # --- verify ---------------------------------------------------------------------------------------

@@ -7,6 +7,13 @@ torch.profiler Chrome trace.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from attnscope.cli._out import print_json
+from attnscope.inputs import write_atomic
+from attnscope.report import FORMATS, build
+from attnscope.report.default_trace import DEFAULT_TRACE_YAML
+
 DEFAULT_OUT = "attnscope-report"
 
 
@@ -24,7 +31,7 @@ def configure(sub) -> None:
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                    help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, with its "
                         "own .gitignore); files are written atomically, never through a symlink")
-    p.add_argument("--format", default="both", choices=("md", "html", "both"),
+    p.add_argument("--format", default="both", choices=FORMATS,
                    help="what to write (default: both)")
     p.add_argument("--samples", metavar="FILE", default=None,
                    help="client TTFT samples: a CSV with a ttft_ms or ttft_s column, a JSON "
@@ -48,25 +55,15 @@ def configure(sub) -> None:
 
 def run(args) -> int:
     if args.print_trace:
-        from attnscope.report.default_trace import DEFAULT_TRACE_YAML
-
         print(DEFAULT_TRACE_YAML, end="")
         return 0
-    from pathlib import Path
-
-    from attnscope.report import build
-
     fresh_default = args.out == DEFAULT_OUT and not Path(DEFAULT_OUT).exists()
     doc, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile,
                        samples_unit=args.samples_unit)
     if fresh_default:  # like .pytest_cache: the default output directory keeps itself out of git
-        from attnscope.inputs import write_atomic
-
         write_atomic(Path(DEFAULT_OUT) / ".gitignore", "# created by attnscope report\n*\n")
     d, b = doc.data, doc.data["boundary"]
     if args.json:
-        from attnscope.cli._out import print_json
-
         print_json(d | {"paths": [str(p) for p in paths]})
         return 0
     print(f"TTFT {d['ttft_ms']:.1f} ms -> projected {b['outer_projected_ms']:.2f} ms "

@@ -8,8 +8,7 @@ roofline.py  the device table and the roofline (ridge point, intensity, time flo
 flops.py     attention FLOPs (forward, backward): the one definition
 amdahl.py    Amdahl's law, sensitivity, and carrying a projection to an outer boundary
 
-DESIGN note: DESIGN.md writes the traffic call as ``attnscope.model.traffic(n=...)``; here it is
-``attnscope.model.traffic.traffic(n=...)``. Rebinding the package attribute ``traffic`` from the module
-to the function would make ``from attnscope.model import traffic`` mean two different things depending
-on import order, so the module keeps its name and the function lives in it.
+DESIGN.md's ``attnscope.model.traffic(n=...)`` is ``attnscope.model.traffic.traffic(n=...)``: rebinding
+the package attribute to the function would make ``from attnscope.model import traffic`` mean the
+module or the function depending on import order.
 """

@@ -76,32 +76,14 @@ class Boundary:
     s: float
     inner_projected_ms: float
     outer_projected_ms: float
-
-    @property
-    def f_inner(self) -> float:
-        return self.part_ms / self.inner_ms
-
-    @property
-    def inner_speedup(self) -> float:
-        return self.inner_ms / self.inner_projected_ms
-
-    @property
-    def outer_speedup(self) -> float:
-        return self.outer_ms / self.outer_projected_ms
-
-    @property
-    def inner_reduction(self) -> float:
-        return 1.0 - self.inner_projected_ms / self.inner_ms
-
-    @property
-    def outer_reduction(self) -> float:
-        return 1.0 - self.outer_projected_ms / self.outer_ms
+    f_inner: float          # part_ms / inner_ms
+    inner_speedup: float    # inner_ms / inner_projected_ms
+    outer_speedup: float
+    inner_reduction: float  # 1 - inner_projected_ms / inner_ms
+    outer_reduction: float
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d.update(f_inner=self.f_inner, inner_speedup=self.inner_speedup, outer_speedup=self.outer_speedup,
-                 inner_reduction=self.inner_reduction, outer_reduction=self.outer_reduction)
-        return d
+        return asdict(self)
 
 
 def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float, names: dict | None = None) -> Boundary:
@@ -125,5 +107,6 @@ def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float, names: dic
                          f"got {part_ms:g}")
     _check(part_ms / inner_ms, s, f_name=f"{n['part_ms']} / {n['inner_ms']}", s_name=n["s"])
     saved = part_ms - part_ms / s
-    return Boundary(part_ms=part_ms, inner_ms=inner_ms, outer_ms=outer_ms, s=s,
-                    inner_projected_ms=inner_ms - saved, outer_projected_ms=outer_ms - saved)
+    inner, outer = inner_ms - saved, outer_ms - saved
+    return Boundary(part_ms, inner_ms, outer_ms, s, inner, outer, part_ms / inner_ms, inner_ms / inner,
+                    outer_ms / outer, 1.0 - inner / inner_ms, 1.0 - outer / outer_ms)

@@ -23,9 +23,6 @@ from attnscope.model.traffic import (
     write,
 )
 
-BACKWARD_ROWS = ("naive-backward", "flash-backward", "flash-backward-det", "naive-causal-eager-backward",
-                 "flash-causal-backward", "flash-causal-backward-det")
-
 
 def _naive_backward(c: Config, causal: bool) -> Row:
     """Autograd of the eager forward: dP = dO V^T, dV = P^T dO, softmax backward, dQ = dS K, dK = dS^T Q
@@ -72,11 +69,10 @@ def _flash_backward(c: Config, causal: bool, deterministic: bool) -> Row:
     forward's tile pairs (loaded iff the forward loads them), reading Q, dO, LSE, D per pair; dQ either
     by fp32 atomics per pair (read-modify-write) or by a separate pass that re-reads K and V."""
     g = c.grid(causal)
-    pairs, full = g.loaded_pairs()
+    pairs, _ = g.loaded_pairs()
     last_rows = c.nq - (g.n_q_tiles - 1) * c.block_q
-    last_cols = c.nk - (g.n_kv_tiles - 1) * c.block_kv
     q_rows = c.block_q * pairs - (c.block_q - last_rows) * g.kv_bounds(g.n_q_tiles)[1]  # Q rows read
-    kv_rows = c.block_kv * pairs - (c.block_kv - last_cols) * full  # K rows the dQ pass reads
+    kv_rows = g.kv_rows_total()  # K rows the dQ pass reads: the forward's
     share = c.heads // c.kv_heads  # a kv head's program serves its group of query heads
     kv = -(-c.nk * c.d * c.b // share)  # K (or V, dK, dV) bytes per query head, rounded up
     q = c.nq * c.d * c.b
@@ -134,6 +130,7 @@ _BACKWARD_BUILDERS = {
     "flash-causal-backward": lambda c: _flash_backward(c, True, False),
     "flash-causal-backward-det": lambda c: _flash_backward(c, True, True),
 }
+BACKWARD_ROWS = tuple(_BACKWARD_BUILDERS)
 
 
 def backward_traffic(n: int | None = 4096, d: int = 128, dtype: str = "fp16", block_q: int = 128,

@@ -20,19 +20,13 @@ PASSES = ("forward", "backward", "forward+backward")
 
 def visible_pairs(nq: int, nk: int, causal: bool) -> int:
     """(query, key) pairs that attend: Nq·Nk unmasked; under bottom-right causal the closed form of
-    sum over rows r = 0..Nq-1 of clamp(r + Nk - Nq + 1, 0, Nk)."""
+    sum over rows r = 0..Nq-1 of clamp(r + Nk - Nq + 1, 0, Nk): the last min(Nq, Nk) rows see
+    max(Nk - Nq, 0) + 1, ..., Nk keys, one more each."""
     positive_int("nq", nq)
     positive_int("nk", nk)
     if not causal:
         return nq * nk
-    off = nk - nq  # row r sees keys 0 .. r + off
-    # rows with 1..nk visible keys: r + off + 1 in [1, nk], i.e. r in [max(0, -off), nq - 1]
-    first = max(0, -off)
-    rows = nq - first
-    if rows <= 0:
-        return 0
-    lo, hi = first + off + 1, nq - 1 + off + 1  # visible counts of the first and last such row
-    return (lo + hi) * rows // 2
+    return (max(nk - nq, 0) + 1 + nk) * min(nq, nk) // 2
 
 
 def attention_flops(batch: int, q_heads: int, nq: int, nk: int, d: int, causal: bool = False,

@@ -59,10 +59,7 @@ class Footprint:
     fits: list[Fit]
 
     def __getitem__(self, name: str) -> Scope:
-        for s in self.scopes + self.tiles:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return {s.name: s for s in self.scopes + self.tiles}[name]
 
     def to_json(self) -> dict:
         return {"params": self.params, "scopes": [s.to_json() for s in self.scopes],

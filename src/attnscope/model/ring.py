@@ -15,13 +15,12 @@ causal step is half the unmasked one while its transfer is the same: the ring tu
 longer N for causal. The merge (`kernels/merge.py`) is memory-bound: per step it reads and writes the
 fp32 accumulator and reads the partial and LSEs, at the device's HBM rate.
 
-The kernel rate defaults to attnscope's measured forward on the H200 (BENCHMARKS.md, issue 15's
-Hopper kernel, bf16, N = 16,384, 2026-11-30): the model predicts a ring of those kernels. The link is
-size-dependent by default: the 2 x H200 NVLink exchange measured for issue 16 (212 GB/s per direction
-at 64 MiB, 291 at 256 MiB, 354 at 1 GiB), interpolated in log(size) and clamped outside [64 MiB, 1 GiB]
-(so sizes below 64 MiB are credited 212 GB/s, optimistic for small messages); `link_gbps` replaces it with one
-number (e.g. an InfiniBand NIC's ~50 GB/s per direction for a ring across hosts). The step overhead
-(kernel launches, P2P posting) is an assumption, not a measurement. Closed forms; no torch.
+The kernel rate defaults to attnscope's measured forward on the H200 (`KERNEL_RATE`, BENCHMARKS.md):
+the model predicts a ring of those kernels. The link is size-dependent by default: the measured 2 x H200
+NVLink exchange (`NVLINK_H200`), interpolated in log(size) and clamped outside its sizes (small messages
+are credited the 64 MiB rate: optimistic); `link_gbps` replaces it with one number (e.g. an InfiniBand
+NIC's ~50 GB/s per direction for a ring across hosts). The step overhead (kernel launches, P2P
+posting) is an assumption, not a measurement. Closed forms; no torch.
 """
 
 from __future__ import annotations
@@ -31,10 +30,9 @@ from dataclasses import asdict, dataclass
 
 from attnscope.errors import InputError, choice, positive_int
 from attnscope.model.flops import attention_flops
+from attnscope.model.roofline import GiB, MiB
 from attnscope.model.roofline import device as get_device
 
-MiB = 1024**2
-GiB = 1024**3
 ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 #: measured 2 x H200 NVLink exchange, bytes -> GB/s per direction (issue 16, 2026-11-30, torch 2.11)
@@ -91,12 +89,9 @@ class RingPrediction:
 
 
 def _check(ranks, n, batch, heads, kv_heads, d, dtype, tflops, link_gbps):
-    positive_int("ranks", ranks)
-    positive_int("n", n)
-    positive_int("batch", batch)
-    positive_int("heads", heads)
-    positive_int("kv_heads", kv_heads)
-    positive_int("d", d)
+    for name, v in (("ranks", ranks), ("n", n), ("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
+                    ("d", d)):
+        positive_int(name, v)
     choice("dtype", dtype, ELT)
     if heads % kv_heads:
         raise InputError(f"kv_heads: expected a divisor of heads = {heads}, got {kv_heads}")

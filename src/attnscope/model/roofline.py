@@ -22,6 +22,7 @@ from attnscope.errors import choice
 
 KiB = 1024
 MiB = 1024**2
+GiB = 1024**3
 TERA = 10**12
 
 
@@ -102,12 +103,8 @@ def device(name: str) -> Device:
 
 
 def peak(dev: Device, dtype: str = "fp16", unit: str = "tensor") -> float:
-    """Peak FLOP/s for work of ``unit`` ("tensor": GEMMs, "elementwise": CUDA cores) in ``dtype``.
-
-    fp16/bf16 GEMMs use the dense Tensor Core peak; fp8 the FP8 Tensor Core peak (NotImplementedError on
-    a device without one); fp32 GEMMs and all elementwise work the FP32 CUDA-core peak (the model does
-    not assume TF32).
-    """
+    """Peak FLOP/s for work of ``unit`` ("tensor": GEMMs, "elementwise": CUDA cores) in ``dtype``; fp32
+    GEMMs get the FP32 CUDA-core peak (no TF32), fp8 on a device without FP8 Tensor Cores is refused."""
     choice("dtype", dtype, ("fp16", "bf16", "fp32", "fp8"))
     choice("unit", unit, ("tensor", "elementwise"))
     if unit == "elementwise" or dtype == "fp32":

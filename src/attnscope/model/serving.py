@@ -10,7 +10,7 @@ Cost: a loop over the sequences, never over tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attnscope.errors import InputError, choice, expect, positive_int
 from attnscope.model.flops import visible_pairs
@@ -37,9 +37,8 @@ def _lengths(name: str, values) -> tuple[int, ...]:
     except TypeError:
         raise InputError(f"{name}: expected a list of non-negative integers, got {values!r}") from None
     expect(len(vals) > 0, name, "at least one length", list(vals))
-    for v in vals:
-        expect(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name,
-               "a list of non-negative integers", list(vals))
+    expect(all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals), name,
+           "a list of non-negative integers", list(vals))
     return vals
 
 
@@ -120,16 +119,11 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
            rows=SPEC_ROWS, tma: bool = True) -> Packed:
     """Logical HBM bytes of a packed variable-length prefill (`flash_attention_varlen`), per query head.
 
-    Each sequence with queries and keys contributes its dense ledger (``traffic`` with Nq_s, Nk_s; tiles
-    from model/tiles.py, causal bottom-right per sequence); the packed rows are those ledgers summed line
-    by line. A sequence with queries but no keys reads Q and writes O (zeros; and the LSE) and nothing
-    else; one with no queries moves nothing. The flash rows add the varlen kernel's own metadata: per
-    work item (sequence, query tile) 6 int32 (the item and the sequence's cu_seqlens bounds); and with
-    ``tma`` (the kernel's default for aligned K/V) the rows its ragged K/V tiles read past a sequence's end
-    (a TMA tile is whole up to the end of the packed tensor; the kernel discards those rows): for each
-    query tile that loads the sequence's ragged last KV tile, ``min(k0 + T_c B_c, total_k) - (k0 + Nk)``
-    rows of K and of V. Cost: one dense ledger per sequence (a loop over the B sequences, never over
-    tokens) and a closed form per sequence for the ragged-tile count.
+    Each sequence with queries and keys contributes its dense ledger (``traffic`` with Nq_s, Nk_s, causal
+    bottom-right per sequence), summed line by line; a sequence with queries but no keys reads Q and
+    writes O (zeros; and the LSE), one with no queries moves nothing. The flash rows add the work list
+    (`VARLEN_ITEM_BYTES` per item) and, with ``tma``, the rows ragged K/V tiles read past a sequence's
+    end (`_ragged_overread_rows`).
 
     Parameters
     ----------
@@ -152,8 +146,7 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
     items = sum(-(-a // block_q) for a in lq)
     out = {}
     for name in names:
-        per_seq = [BUILDERS[name](Config(nq=a, nk=b, d=d, dtype=dtype, block_q=block_q, block_kv=block_kv,
-                                          heads=cfg.heads, kv_heads=cfg.kv_heads, lse=lse)) for a, b in full]
+        per_seq = [BUILDERS[name](replace(cfg, nq=a, nk=b)) for a, b in full]
         row = _sum_rows(per_seq, len(lq))
         if no_keys:
             extra = {("Q", "read"): no_keys * d * cfg.b, ("O", "write"): no_keys * d * cfg.b}
@@ -251,9 +244,8 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     ``flops``: 4 * Hq * d * (visible pairs), bottom-right causal among the nq queries.
     """
     lens = _lengths("cache_lens", cache_lens)
-    positive_int("nq", nq)
-    positive_int("num_splits", num_splits)
-    positive_int("block_kv", block_kv)
+    for name, v in (("nq", nq), ("num_splits", num_splits), ("block_kv", block_kv)):
+        positive_int(name, v)
     if page_size is not None:
         positive_int("page_size", page_size)
         expect(page_size & (page_size - 1) == 0, "page_size", "a power of two", page_size)

@@ -172,9 +172,7 @@ class Grid:
             return tr * tc, tr
         last = self.kv_bounds(tr)[1]
         pairs, full = last, int(last == tc)
-        m = tr - 1  # tiles 1..m have r_last = B_r * i
-        if m <= 0:
-            return pairs, full
+        m = tr - 1  # tiles 1..m have r_last = B_r * i (none when T_r = 1: both ranges below are empty)
         i0 = max(1, -off // bq + 1)  # first i with B_r i + off > 0
         i1 = max(i0, (bc * (tc - 1) - off) // bq + 1)  # first i loading every KV tile
         lo, hi = i0, min(i1 - 1, m)

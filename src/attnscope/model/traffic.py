@@ -59,18 +59,8 @@ class Transfer:
         return {"tensor": self.tensor, "dir": self.direction, "bytes": self.nbytes, "what": self.what}
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """One kernel launch (per batch-head) with its transfers and its FLOPs.
-
-    ``unit`` says which pipe does the FLOPs: "tensor" (GEMMs on Tensor Cores) or "elementwise"
-    (CUDA cores / SFUs); the roofline picks the matching peak.
-    """
-
-    name: str
-    flops: int
-    unit: str
-    transfers: tuple[Transfer, ...]
+class _Totals:
+    """Bytes read, written and both, summed over ``transfers`` (a Kernel's own, or all of a Row's)."""
 
     @property
     def reads(self) -> int:
@@ -84,6 +74,16 @@ class Kernel:
     def total(self) -> int:
         return self.reads + self.writes
 
+
+@dataclass(frozen=True)
+class Kernel(_Totals):
+    """One kernel launch (per batch-head) with its transfers and its FLOPs."""
+
+    name: str
+    flops: int
+    unit: str  # the pipe doing the FLOPs, for the roofline's peak: "tensor" or "elementwise" (CUDA cores)
+    transfers: tuple[Transfer, ...]
+
     def to_json(self) -> dict:
         return {"kernel": self.name, "flops": self.flops, "unit": self.unit, "reads": self.reads,
                 "writes": self.writes, "total": self.total,
@@ -91,7 +91,7 @@ class Kernel:
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(_Totals):
     """One configuration: its kernels, its masking condition, and the assumptions it rests on."""
 
     name: str
@@ -102,16 +102,8 @@ class Row:
     assumptions: tuple[str, ...] = ()
 
     @property
-    def reads(self) -> int:
-        return sum(k.reads for k in self.kernels)
-
-    @property
-    def writes(self) -> int:
-        return sum(k.writes for k in self.kernels)
-
-    @property
-    def total(self) -> int:
-        return self.reads + self.writes
+    def transfers(self) -> tuple[Transfer, ...]:
+        return tuple(t for k in self.kernels for t in k.transfers)
 
     @property
     def flops(self) -> int:
@@ -181,27 +173,29 @@ def write(tensor: str, nbytes: int, what: str) -> Transfer:
     return Transfer(tensor, "write", nbytes, what)
 
 
+def _qk(c: Config, name: str, flops: int, s: int, what: str) -> Kernel:
+    """An eager baseline's first kernel: reads Q [Nq, d] and K [Nk, d], writes ``s`` bytes of S."""
+    return Kernel(name, flops, "tensor", (read("Q", c.nq * c.d * c.b, "Q [Nq, d]"),
+                                          read("K", c.nk * c.d * c.b, "K [Nk, d]"), write("S", s, what)))
+
+
+def _pv(c: Config, name: str, flops: int, p: int, what: str) -> Kernel:
+    """An eager baseline's last kernel: reads ``p`` bytes of P and V [Nk, d], writes O [Nq, d]."""
+    return Kernel(name, flops, "tensor", (read("P", p, what), read("V", c.nk * c.d * c.b, "V [Nk, d]"),
+                                          write("O", c.nq * c.d * c.b, "O [Nq, d]")))
+
+
 def naive(c: Config) -> Row:
     """The explicit 3-kernel materialising baseline (spec §1.1): S and P written and read in full."""
-    q = c.nq * c.d * c.b           # Q, O: [Nq, d]
-    kv = c.nk * c.d * c.b          # K, V: [Nk, d]
     s = c.nq * c.nk * c.b          # S, P: [Nq, Nk], input dtype
     gemm = 2 * c.nq * c.nk * c.d   # one [Nq, d] x [d, Nk] (or [Nq, Nk] x [Nk, d]) product
     return Row("naive", "Naive, unmasked (3 kernels)", UNMASKED, "naive", (
-        Kernel("1. GEMM (QK^T)", gemm, "tensor", (
-            read("Q", q, "Q [Nq, d]"),
-            read("K", kv, "K [Nk, d]"),
-            write("S", s, "S = QK^T/sqrt(d) [Nq, Nk], materialised"),
-        )),
+        _qk(c, "1. GEMM (QK^T)", gemm, s, "S = QK^T/sqrt(d) [Nq, Nk], materialised"),
         Kernel("2. Softmax", SOFTMAX_FLOPS_PER_ELEMENT * c.nq * c.nk, "elementwise", (
             read("S", s, "S [Nq, Nk] read back"),
             write("P", s, "P = softmax(S) [Nq, Nk], materialised"),
         )),
-        Kernel("3. GEMM (PV)", gemm, "tensor", (
-            read("P", s, "P [Nq, Nk] read back"),
-            read("V", kv, "V [Nk, d]"),
-            write("O", q, "O [Nq, d]"),
-        )),
+        _pv(c, "3. GEMM (PV)", gemm, s, "P [Nq, Nk] read back"),
     ), ("S and P are written to HBM in the input dtype and read back once each (no L2 reuse)",))
 
 
@@ -211,7 +205,7 @@ def causal_pairs(c: Config) -> int:
     return c.nq * c.nk // 2 if c.nq == c.nk else visible_pairs(c.nq, c.nk, True)
 
 
-def _flash(c: Config, causal: bool) -> Row:
+def flash(c: Config, causal: bool = False) -> Row:
     """FA-2 forward (spec §2.2, §4.1-4.2): Q read once, O written once, K and V read once per query
     tile that loads them -- exactly the rows of the KV tiles model/tiles.py says it loads."""
     g = c.grid(causal)
@@ -241,39 +235,19 @@ def _flash(c: Config, causal: bool) -> Row:
                tuple(assumptions))
 
 
-def flash(c: Config) -> Row:
-    """FlashAttention-2 forward, unmasked: KV reads are ceil(Nq/B_r) x (K + V bytes)."""
-    return _flash(c, causal=False)
-
-
-def flash_causal(c: Config) -> Row:
-    """FlashAttention-2 forward, causal, with the skip bound, exact per query tile."""
-    return _flash(c, causal=True)
-
-
 def naive_causal_ideal(c: Config) -> Row:
     """The spec's idealised lower-triangular baseline (§4.2): only the lower triangle of S and P is
     stored, each triangle exactly Nq*Nk/2 elements (diagonal and ragged fill ignored)."""
-    q = c.nq * c.d * c.b
-    kv = c.nk * c.d * c.b
     tri = -(-c.nq * c.nk * c.b // 2)  # half of Nq*Nk elements; a half byte (fp8, odd Nq*Nk) rounds up
     gemm = 2 * causal_pairs(c) * c.d
     name = "naive-causal-ideal"
     return Row(name, "Idealized lower-triangular naive, causal", CAUSAL, name, (
-        Kernel("1. GEMM (QK^T), lower triangle", gemm, "tensor", (
-            read("Q", q, "Q [Nq, d]"),
-            read("K", kv, "K [Nk, d]"),
-            write("S", tri, "lower triangle of S, Nq*Nk/2 elements"),
-        )),
+        _qk(c, "1. GEMM (QK^T), lower triangle", gemm, tri, "lower triangle of S, Nq*Nk/2 elements"),
         Kernel("2. Softmax, lower triangle", SOFTMAX_FLOPS_PER_ELEMENT * causal_pairs(c), "elementwise", (
             read("S", tri, "lower triangle of S read back"),
             write("P", tri, "lower triangle of P, Nq*Nk/2 elements"),
         )),
-        Kernel("3. GEMM (PV), lower triangle", gemm, "tensor", (
-            read("P", tri, "lower triangle of P read back"),
-            read("V", kv, "V [Nk, d]"),
-            write("O", q, "O [Nq, d]"),
-        )),
+        _pv(c, "3. GEMM (PV), lower triangle", gemm, tri, "lower triangle of P read back"),
     ), ("each triangle of S and P is exactly Nq*Nk/2 elements (diagonal and ragged tile fill ignored)",
         "an idealisation: no eager kernel stores a packed triangle (spec §4.2)"))
 
@@ -281,18 +255,12 @@ def naive_causal_ideal(c: Config) -> Row:
 def naive_causal_eager(c: Config) -> Row:
     """An eager PyTorch-style causal baseline: full S, an explicit bool mask applied by a separate
     masked_fill kernel, then softmax and PV. A *different* baseline from the idealised one (spec §4.2)."""
-    q = c.nq * c.d * c.b
-    kv = c.nk * c.d * c.b
     s = c.nq * c.nk * c.b
     mask = c.nq * c.nk  # torch.bool: one byte per element
     gemm = 2 * c.nq * c.nk * c.d
     return Row("naive-causal-eager", "Eager naive, causal (bool mask + masked_fill)", CAUSAL,
                "naive-causal-eager", (
-        Kernel("1. GEMM (QK^T)", gemm, "tensor", (
-            read("Q", q, "Q [Nq, d]"),
-            read("K", kv, "K [Nk, d]"),
-            write("S", s, "full S [Nq, Nk], the future included"),
-        )),
+        _qk(c, "1. GEMM (QK^T)", gemm, s, "full S [Nq, Nk], the future included"),
         Kernel("2. masked_fill", c.nq * c.nk, "elementwise", (
             read("S", s, "S [Nq, Nk]"),
             read("mask", mask, "bool mask [Nq, Nk], 1 B per element"),
@@ -302,11 +270,7 @@ def naive_causal_eager(c: Config) -> Row:
             read("S'", s, "S' [Nq, Nk]"),
             write("P", s, "P [Nq, Nk]"),
         )),
-        Kernel("4. GEMM (PV)", gemm, "tensor", (
-            read("P", s, "P [Nq, Nk], zeros above the diagonal still read"),
-            read("V", kv, "V [Nk, d]"),
-            write("O", q, "O [Nq, d]"),
-        )),
+        _pv(c, "4. GEMM (PV)", gemm, s, "P [Nq, Nk], zeros above the diagonal still read"),
     ), ("the mask is a torch.bool [Nq, Nk] tensor (1 B per element), built once and cached, so building "
         "it is not counted",
         "masked_fill is a separate, out-of-place kernel: it reads S and the mask and writes S'",
@@ -316,7 +280,7 @@ def naive_causal_eager(c: Config) -> Row:
 
 
 BUILDERS = {"naive": naive, "flash": flash, "naive-causal-ideal": naive_causal_ideal,
-            "flash-causal": flash_causal, "naive-causal-eager": naive_causal_eager}
+            "flash-causal": lambda c: flash(c, causal=True), "naive-causal-eager": naive_causal_eager}
 
 
 # --- the result -------------------------------------------------------------------------------------
@@ -331,11 +295,8 @@ class Traffic:
         return self.rows[choice("row", name, self.rows)]
 
     def ratio(self, baseline: str, other: str) -> float:
-        """``baseline.total / other.total``: how many times fewer bytes ``other`` moves.
-
-        Refused across masking conditions: such a ratio mixes the masking change with the fusion change
-        and cannot be attributed to either (spec §4.2).
-        """
+        """``baseline.total / other.total``: how many times fewer bytes ``other`` moves; refused across
+        masking conditions (spec §4.2)."""
         a, b = self[baseline], self[other]
         if a.condition != b.condition:
             raise InputError(
@@ -351,15 +312,13 @@ class Traffic:
 
     def kv_passes(self, causal: bool) -> float:
         """Complete passes over K (= over V) the FA-2 forward makes (spec §4.2: 16.5 causal at N = 4,096)."""
-        g = self.config.grid(causal)
-        return g.kv_rows_total() / self.config.nk
+        return self.config.grid(causal).kv_rows_total() / self.config.nk
 
     def to_json(self) -> dict:
         bh = self.config.batch_heads
         rows = [r.to_json(self.matched_ratio(r.name), bh if bh != 1 else None) for r in self.rows.values()]
-        params = self.config.to_json()
-        params["batch_heads"] = bh
-        params["per"] = "one (batch, query head); *_all fields are the whole call"
+        params = self.config.to_json() | {"batch_heads": bh,
+                                          "per": "one (batch, query head); *_all fields are the whole call"}
         return {"params": params, "rows": rows}
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnscope.errors import choice
+from attnscope.inputs import out_dir as make_out_dir
+from attnscope.inputs import write_all
 
 FORMATS = ("md", "html", "both")
 
@@ -35,9 +37,6 @@ def build(trace_path=None, out_dir="attnscope-report", fmt: str = "both", sample
     m = evidence.metrics(*metrics_paths, tg.p95_ttft_ms, tg.tpot_ms) if metrics_paths else None
     p = evidence.profile(profile_path) if profile_path else None
     report = attribution.attribute(trace, samples=s, metrics=m, profile=p)
-    from attnscope.inputs import out_dir as make_out_dir
-    from attnscope.inputs import write_all
-
     source = Path(trace_path).name if trace_path else "the spec's Document QA trace (synthetic)"
     doc = document.build(report, source)
     files = {}  # everything is rendered before the first byte is written: all or nothing

@@ -19,8 +19,6 @@ from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
 from attnscope.report.schema import Trace
 
-#: The attention time shares of the sensitivity table (spec §5's rows), beside the operating point.
-SENSITIVITY_SHARES = amdahl.DEFAULT_SENSITIVITY
 FLOP_SHARE_FORMULA = ("attn / (dense + attn); per prompt token dense = 2·params, "
                       "attn = 2·P·d·heads·layers FLOPs")
 
@@ -96,7 +94,7 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
         rows.append(SegmentRow("Unattributed", u, u / t.ttft_ms, u, t.ttft_source,
                                "Client TTFT minus the serial segments"))
     dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers)
-    fs = sorted(set(SENSITIVITY_SHARES) | {round(b.f_inner, 6)})
+    fs = sorted(set(amdahl.DEFAULT_SENSITIVITY) | {round(b.f_inner, 6)})  # spec §5's rows and this trace
     r = Report(trace=t, rows=rows, attention_ms=attention_ms, attention_source=attention_source, boundary=b,
                naive_ms=t.ttft_ms / t.speedup, flop_dense=dense, flop_attn=attn, flop_share=fshare,
                flop_speedup=amdahl.speedup(fshare, t.speedup), sensitivity=amdahl.sensitivity(t.speedup, fs),
@@ -109,7 +107,7 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
 
 
 def _sentences(r: Report) -> None:
-    t, b, tg = r.trace, r.boundary, r.trace.targets
+    t, b, tg, s = r.trace, r.boundary, r.trace.targets, r.samples
     pre = t.segment(t.prefill_segment)
     cmp_ttft = "meets (≤)" if r.ttft_meets_target else "is above"
     cmp_tpot = "meets (≤)" if r.tpot_meets_target else "is above"
@@ -119,11 +117,10 @@ def _sentences(r: Report) -> None:
         f"{pre.name} is {pre.ms / t.ttft_ms:.1%} of TTFT; inside it, attention is {b.f_inner:.1%} "
         f"({r.attention_ms:.1f} ms).",
     ]
-    if r.samples is None:
+    if s is None:
         r.observations.append("A single trace says nothing about p95: service p95 compliance is unknown "
                               "without a distribution of requests.")
     else:
-        s = r.samples
         word = {"accept": "met", "reject": "missed", "inconclusive": "undecided"}[s.verdict]
         r.observations.append(f"From {s.n} client samples the p95 TTFT target is {word} ({s.verdict}: "
                               f"p95 {s.p95:.1f} ms; see Evidence).")
@@ -151,25 +148,20 @@ def _sentences(r: Report) -> None:
         ("Unmeasured components", queue_text),
     ]
     pm = next((m for m in r.metrics if m.name == "vllm:request_prefill_time_seconds"), None)
+    goal = f"to accept or reject p95 ≤ {tg.p95_ttft_ms:g} ms."
+    if s is not None and s.verdict != "inconclusive":
+        collect = f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms."
+    elif s is not None and s.needed:
+        collect = f"Collect about {s.needed:,} independent client TTFT samples in all ({s.n:,} so far) {goal}"
+    else:  # 59: the smallest n whose largest sample bounds p95 from above with 95 % confidence
+        collect = f"Collect client TTFT samples (at least 59, independent) {goal}"
     r.plan = [
         "Confirm by kernel name that prefill dispatches the fused flash kernel (attnscope which).",
         f"Check GPU prefill against the {b.inner_projected_ms:.2f} ms projection with matched spans "
         "(CUDA events, torch.profiler; attnscope share)."
         + (f" Server prefill p50 now {pm.p50_ms:.1f} ms." if pm else ""),
         "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
-        _samples_plan(r.samples, tg.p95_ttft_ms)
-        if r.samples is None or r.samples.verdict == "inconclusive"
-        else f"Re-collect client TTFT samples after the change to confirm p95 ≤ {tg.p95_ttft_ms:g} ms.",
+        collect,
         "Measure DRAM bytes with Nsight Compute (attnscope bytes): the logical byte model is an "
         "algorithmic count, not a hardware reading.",
     ]
-
-
-def _samples_plan(s, target_ms: float) -> str:
-    """How many client samples to collect: the estimate from the samples given, else the minimum (59:
-    the smallest n whose largest sample bounds p95 from above with 95 % confidence)."""
-    if s is not None and s.needed:
-        return (f"Collect about {s.needed:,} independent client TTFT samples in all ({s.n:,} so far) to "
-                f"accept or reject p95 ≤ {target_ms:g} ms.")
-    return (f"Collect client TTFT samples (at least 59, independent) to accept or reject p95 ≤ "
-            f"{target_ms:g} ms.")

@@ -13,6 +13,7 @@ does not pay for them.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,18 +52,6 @@ def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
     return UNITS[u]
 
 
-def _vllm_bench(data: dict, flag: str) -> list:
-    """Per-request TTFTs (seconds) of a `vllm bench serve --save-result --save-detailed` result; failed
-    requests (a non-empty `errors` entry, whose TTFT vLLM records as 0) are left out."""
-    ttfts = data["ttfts"]
-    if not isinstance(ttfts, list):
-        raise InputError(f"{flag}: expected ttfts to be a list (vllm bench serve result), got {short(ttfts)}")
-    errors = data.get("errors")
-    if isinstance(errors, list) and len(errors) == len(ttfts):
-        ttfts = [t for t, e in zip(ttfts, errors, strict=True) if not e]
-    return ttfts
-
-
 def read_samples(path, unit: str | None = None) -> list[float]:
     """TTFT samples in ms from a JSON list or {"ttft_ms"|"ttft_s": [...]}, a `vllm bench serve` result
     JSON saved with detailed results ({"ttfts": [...]} in seconds), or a CSV (one value per row, or a
@@ -73,25 +62,30 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     """
     flag = f"--samples {Path(path).name}"
     flag = flag if len(flag) < 80 else "--samples"
+    found = None
     if Path(path).suffix.lower() == ".json":
-        data = load_json(path, flag)
-        found = None
-        if isinstance(data, dict) and "ttfts" in data:
-            data, found = _vllm_bench(data, flag), "s"
-        elif isinstance(data, dict) and len(set(data) & set(SAMPLE_COLUMNS)) == 1:
-            key = next(k for k in SAMPLE_COLUMNS if k in data)
-            data, found = data[key], SAMPLE_COLUMNS[key]
-        if not isinstance(data, list):
+        values = load_json(path, flag)
+        if isinstance(values, dict) and "ttfts" in values:
+            # a vllm bench serve result, in seconds; failed requests (an `errors` entry; TTFT 0) left out
+            ttfts, errors, found = values["ttfts"], values.get("errors"), "s"
+            if not isinstance(ttfts, list):
+                raise InputError(f"{flag}: expected ttfts to be a list (vllm bench serve result), got "
+                                 f"{short(ttfts)}")
+            ok = isinstance(errors, list) and len(errors) == len(ttfts)
+            values = [t for t, e in zip(ttfts, errors, strict=True) if not e] if ok else ttfts
+        elif isinstance(values, dict) and len(set(values) & set(SAMPLE_COLUMNS)) == 1:
+            key = next(k for k in SAMPLE_COLUMNS if k in values)
+            values, found = values[key], SAMPLE_COLUMNS[key]
+        if not isinstance(values, list):
             raise InputError(f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, '
                              f'{{"ttft_s": [...]}}, a vllm bench serve result with ttfts), got '
-                             f"{type(data).__name__}")
+                             f"{type(values).__name__}")
         factor = _unit_of(found, unit, flag)
-        values = data
     else:
         rows = read_csv(path, flag)
         if not rows:
             raise InputError(f"{flag}: expected at least one TTFT sample, got none")
-        col, found = 0, None
+        col = 0
         header = [c.strip().lower() for c in rows[0]]
         named = [h for h in header if h in SAMPLE_COLUMNS]
         if len(named) > 1:
@@ -264,15 +258,6 @@ class Histogram:
             prev_bound, prev_count = b, c
         return prev_bound
 
-    def bucket_of(self, x: float) -> tuple[float, float, float, float]:
-        """(low, high, cumulative count at low, at high) of the bucket (low, high] holding x."""
-        prev_bound, prev_count = 0.0, 0.0
-        for b, c in zip(self.bounds, self.counts, strict=True):
-            if x <= b:
-                return prev_bound, b, prev_count, c
-            prev_bound, prev_count = b, c
-        return prev_bound, math.inf, prev_count, self.count
-
 
 def _histograms(text: str, flag: str) -> dict[str, Histogram]:
     from prometheus_client.parser import text_string_to_metric_families
@@ -288,8 +273,7 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
             continue
         name = f"{flag}: {fam.name}"
         buckets: dict[float, float] = {}
-        count = total = 0.0
-        has_count = False
+        total, count = 0.0, None  # count: the _count samples' sum, None without any
         for s in fam.samples:  # summed over label sets (engines, models)
             if not math.isfinite(s.value) or s.value < 0:
                 raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
@@ -297,11 +281,13 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 raw = s.labels.get("le")
                 if raw is None:
                     raise InputError(f"{name}: expected an le label on every _bucket sample, got none")
-                le = math.inf if raw in ("+Inf", "Inf") else _le(raw, name)
+                finite = raw not in ("+Inf", "Inf")
+                if finite and not (number_text(raw) and 0 <= float(raw) < math.inf):
+                    raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
+                le = float(raw) if finite else math.inf
                 buckets[le] = buckets.get(le, 0.0) + s.value
             elif s.name.endswith("_count"):
-                count += s.value
-                has_count = True
+                count = (count or 0.0) + s.value
             elif s.name.endswith("_sum"):
                 total += s.value
         if not buckets:
@@ -315,18 +301,11 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 raise InputError(f"{name}: expected cumulative bucket counts non-decreasing in le, got "
                                  f"{counts[i - 1]:g} at le={bounds[i - 1]:g} then {counts[i]:g} at "
                                  f"le={bounds[i]:g}")
-        if has_count and count != counts[-1]:
+        if count is not None and count != counts[-1]:
             raise InputError(f"{name}: expected _count equal to the +Inf bucket ({counts[-1]:g}), "
                              f"got {count:g}")
         out[fam.name] = Histogram(bounds, counts, counts[-1], total)
     return out
-
-
-def _le(raw: str, name: str) -> float:
-    """A bucket bound: a finite number >= 0 (latencies)."""
-    if not number_text(raw) or not (0 <= float(raw) < math.inf):
-        raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
-    return float(raw)
 
 
 @dataclass(frozen=True)
@@ -358,7 +337,9 @@ def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
 
 def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, str | None]:
     """Does the q-quantile meet the target? Decidable only at bucket edges: returns (meets, warning)."""
-    low, high, c_low, c_high = h.bucket_of(target_s)
+    i = bisect.bisect_left(h.bounds, target_s)  # the bucket (low, high] holding the target
+    low, c_low = (h.bounds[i - 1], h.counts[i - 1]) if i else (0.0, 0.0)
+    high, c_high = (h.bounds[i], h.counts[i]) if i < len(h.bounds) else (math.inf, h.count)
     if c_low >= q * h.count:
         return "yes", None  # the quantile is at most `low` <= target
     if c_high < q * h.count:
@@ -392,9 +373,7 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         if h.count <= 0:
             continue
         target = targets.get(name)
-        meets = warning = None
-        if target is not None:
-            meets, warning = _check_target(h, target / 1e3)
+        meets, warning = (None, None) if target is None else _check_target(h, target / 1e3)
         p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
         out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, h.sum / h.count * 1e3, target,
                                  meets, warning))

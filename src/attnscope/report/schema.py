@@ -80,10 +80,7 @@ class Trace:
     change_source: str
 
     def segment(self, name: str) -> Segment:
-        for s in self.segments:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return {s.name: s for s in self.segments}[name]
 
     @property
     def prefill_ms(self) -> float:
@@ -130,38 +127,24 @@ def _mapping(data, name: str, allowed: set[str], required: set[str]) -> dict:
     return data
 
 
-#: Largest duration accepted anywhere in a trace (ms): about 11.6 days; beyond it arithmetic on shares
-#: and projections stops being meaningful long before it stops being finite.
+#: Largest duration accepted anywhere in a trace (ms), as model/amdahl.py.
 MAX_MS = amdahl.MAX_MS
-#: Bounds of the other positive numbers (name -> (lo, hi)): outside them a product or a reciprocal in
-#: the report would print 0, inf or nan.
-BOUNDS = {
-    "params": (1.0, 1e16),
-    "tokens_per_s": (1e-3, 1e9),
-    "tpot_ms": (1e-6, MAX_MS),
-    "p95_ttft_ms": (1e-6, MAX_MS),
-    "ms": (1e-6, MAX_MS),
-    "speedup": (amdahl.S_MIN, amdahl.S_MAX),
-}
-
-
-def _clean_text(v: str, field: str) -> str:
-    """Refuse control characters (tab allowed) and bidi overrides (LRE..RLO, LRI..PDI, LRM/RLM, ALM: not
-    printable either) that would reorder how the page reads."""
-    if v.isprintable():
-        return v
-    for i, ch in enumerate(v):
-        if ch != "\t" and not ch.isprintable():
-            raise InputError(f"{field}: expected printable text without control or bidi-override characters, "
-                             f"got U+{ord(ch):04X} at character {i}")
-    return v
+#: Bounds of the positive numbers (name -> (lo, hi); a duration: [1e-6, MAX_MS]): outside them a product
+#: or a reciprocal in the report would print 0, inf or nan.
+BOUNDS = {"params": (1.0, 1e16), "tokens_per_s": (1e-3, 1e9), "speedup": (amdahl.S_MIN, amdahl.S_MAX)}
 
 
 def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
+    """A string field without control characters (tab allowed) or bidi overrides (LRE..RLO, LRI..PDI,
+    LRM/RLM, ALM: not printable either), which would reorder how the page reads."""
     v = data.get(key, default)
     expect(isinstance(v, str) and (v.strip() != "" or default == ""), f"{name}.{key}", "a non-empty string",
            v)
-    return _clean_text(v, f"{name}.{key}")
+    for i, ch in enumerate(v):
+        if ch != "\t" and not ch.isprintable():
+            raise InputError(f"{name}.{key}: expected printable text without control or bidi-override "
+                             f"characters, got U+{ord(ch):04X} at character {i}")
+    return v
 
 
 def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
@@ -213,20 +196,18 @@ def validate(data) -> Trace:
 
     segs_raw = top["segments"]
     expect(isinstance(segs_raw, list) and len(segs_raw) > 0, "segments", "a non-empty list", segs_raw)
-    segments: list[Segment] = []
-    seen: set[str] = set()
+    by_name: dict[str, Segment] = {}
     for i, s in enumerate(segs_raw):
         name = f"segments[{i}]"
         s = _mapping(s, name, {"name", "ms", "source", "note"}, {"name", "ms", "source"})
         seg = Segment(name=_str(s, "name", name), ms=_num(s, "ms", name), source=_str(s, "source", name),
                       note=_str(s, "note", name, default=""))
-        expect(seg.name not in seen, f"{name}.name", "a unique segment name", seg.name)
-        seen.add(seg.name)
-        segments.append(seg)
+        expect(seg.name not in by_name, f"{name}.name", "a unique segment name", seg.name)
+        by_name[seg.name] = seg
+    segments, names = tuple(by_name.values()), list(by_name)
     total = sum(s.ms for s in segments)
     expect(total > 0, "segments", "a total duration > 0 ms", total)
     expect(total <= MAX_MS, "segments", f"a total duration of at most {MAX_MS:g} ms", total)
-    names = [s.name for s in segments]
 
     ttft_ms, ttft_source = total, "sum of the serial segments"
     if "ttft" in top:
@@ -241,7 +222,7 @@ def validate(data) -> Trace:
                  {"segment"})
     pseg = _str(p, "segment", "prefill")
     expect(pseg in names, "prefill.segment", "one of the segment names (" + ", ".join(names) + ")", pseg)
-    prefill_ms = segments[names.index(pseg)].ms
+    prefill_ms = by_name[pseg].ms
     expect(prefill_ms > 0, "prefill.segment", "a segment with a duration > 0 ms", pseg)
     expect(("attention_ms" in p) != ("attention_share" in p), "prefill",
            "exactly one of attention_ms or attention_share", sorted(p))
@@ -268,7 +249,7 @@ def validate(data) -> Trace:
     expect(finite_real(s) and lo <= s <= hi, "change.speedup", f"a kernel speedup S in [{lo:g}, {hi:g}]", s)
 
     return Trace(
-        title=title, workload=workload, targets=targets, segments=tuple(segments),
+        title=title, workload=workload, targets=targets, segments=segments,
         ttft_ms=ttft_ms, ttft_source=ttft_source,
         prefill_segment=pseg, attention_ms=attn, prefill_source=_str(p, "source", "prefill", default="trace"),
         tpot_ms=_num(dd, "tpot_ms", "decode", positive=True),
