@@ -29,23 +29,13 @@ def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
     except that the ragged last tile always goes to the masked stage (it needs a bounds check even when
     fully permitted). tests/test_fwd.py runs this helper under the interpreter against tiles.py.
     """
-    if CAUSAL:
-        r_first = start_m * BLOCK_M + 1 + (NK - NQ)  # first row (1-based) + diagonal offset
-        r_last = start_m * BLOCK_M + BLOCK_M
-        if r_last > NQ:
-            r_last = NQ
-        r_last = r_last + (NK - NQ)
-        if r_last < 0:
-            r_last = 0
-        if r_first < 0:
-            r_first = 0
-        hi = tl.cdiv(r_last, BLOCK_N) * BLOCK_N  # skip bound: tiles past it are never loaded
-        if hi > NK:
-            hi = NK
+    hi = NK
+    full = NK
+    if CAUSAL:  # rows (1-based) plus the diagonal offset Nk - Nq, clamped at 0
+        r_first = tl.maximum(start_m * BLOCK_M + 1 + (NK - NQ), 0)
+        r_last = tl.maximum(tl.minimum(start_m * BLOCK_M + BLOCK_M, NQ) + (NK - NQ), 0)
+        hi = tl.minimum(tl.cdiv(r_last, BLOCK_N) * BLOCK_N, NK)  # skip bound: tiles past it never load
         full = (r_first // BLOCK_N) * BLOCK_N  # tiles every row of the query tile sees whole
-    else:
-        hi = NK
-        full = NK
     lo = (NK // BLOCK_N) * BLOCK_N  # the ragged last tile always goes to the masked stage
     if full < lo:
         lo = full
