@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def _name(path) -> str:
 def read_text(path, field: str) -> str:
     """The file's text, strict UTF-8; `path == "-"` reads stdin. One InputError line on any problem."""
     if str(path) == "-":
-        import sys
-
         data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else \
             sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         where = "stdin"
@@ -158,11 +157,10 @@ def _yaml_loader():
         depth = 0
 
         def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                ev = self.peek_event()
+            ev = self.peek_event()
+            if isinstance(ev, yaml.AliasEvent):
                 raise InputError(f"no YAML aliases (*{short(ev.anchor, 30)}); write the value out|an alias "
                                  f"at line {ev.start_mark.line + 1}")
-            ev = self.peek_event()
             if getattr(ev, "anchor", None) is not None:
                 raise InputError(f"no YAML anchors (&{short(ev.anchor, 30)})|an anchor at line "
                                  f"{ev.start_mark.line + 1}")
@@ -248,12 +246,9 @@ def out_dir(path, field: str = "--out") -> Path:
             raise InputError(f"{field}: expected a directory, got a dangling symlink {where}")
         if p.exists() and not p.is_dir():
             raise InputError(f"{field}: expected a directory, got an existing file {where}")
-        for parent in p.absolute().parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise InputError(f"{field}: expected a directory, got a path under the file "
-                                     f"{_name(parent)}")
-                break
+        parent = next(x for x in p.absolute().parents if x.exists())  # the root always exists
+        if not parent.is_dir():
+            raise InputError(f"{field}: expected a directory, got a path under the file {_name(parent)}")
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"{field}: expected a writable directory, got {where} ({e.strerror})") from None
