@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+import attnscope
 from attnscope import reference
 from attnscope.errors import choice
 from attnscope.kernels._common import interpreting
@@ -190,8 +191,7 @@ def check_mask_omitted(rng, n: int = 64, block_q: int = 16, block_kv: int = 8, d
 def check_no_nan(rng) -> CheckResult:
     """Check 4: fully masked tile regions and rows with no permitted key give no NaN; empty rows give
     zeros and LSE = -inf, in the naive, FA-2, FA-1 and combine paths."""
-    bad: list[str] = []
-    count = 0
+    bad, count = [], 0  # count: NaN, plus one per path whose empty rows are not (zeros, -inf)
     for nq, nk, bq, bk in ((40, 23, 8, 4), (16, 16, 8, 4)):  # Nq - Nk rows see no key; masked upper halves
         q, k, v = _qkv(rng, (2,), (2,), nq, nk, 8, 8)
         empty = np.arange(nq) + (nk - nq) < 0  # rows with no permitted key
@@ -287,14 +287,11 @@ def check_backward(rng, h: float = 1e-5, tol: float = 1e-7) -> CheckResult:
                        f"worst at {where}")
 
 
-REFERENCE_CHECKS = (check_tiled_equals_naive, check_diagonal_rows, check_mask_omitted, check_no_nan,
-                    check_fa1_equals_fa2, check_combine, check_backward)
-
-
 def reference_checks(seed: int = 0) -> list[CheckResult]:
     """Run the reference checks on fresh inputs drawn from ``numpy.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
-    return [check(rng) for check in REFERENCE_CHECKS]
+    return [check(rng) for check in (check_tiled_equals_naive, check_diagonal_rows, check_mask_omitted,
+                                     check_no_nan, check_fa1_equals_fa2, check_combine, check_backward)]
 
 
 # --- the kernels ----------------------------------------------------------------------------------
@@ -341,8 +338,7 @@ def _module_exists(name: str) -> bool:
 def _nvidia_driver_present() -> bool:
     """A cheap necessary condition for a CUDA GPU: the driver's device node (Linux; /dev/dxg under WSL2)
     or nvidia-smi on the PATH."""
-    nodes = ("/dev/nvidiactl", "/dev/dxg")
-    return any(os.path.exists(p) for p in nodes) or shutil.which("nvidia-smi") is not None
+    return any(map(os.path.exists, ("/dev/nvidiactl", "/dev/dxg"))) or shutil.which("nvidia-smi") is not None
 
 
 def interpreter_wanted(mode: str) -> bool:
@@ -357,13 +353,9 @@ def interpreter_wanted(mode: str) -> bool:
     return True
 
 
-def kernel_checks(seed: int = 0, mode: str = "auto") -> list[CheckResult]:
-    """The kernel checks, or one SKIP line (``auto``/``off``) or FAIL line (``on``) saying why not."""
-    return list(iter_kernel_checks(seed, mode))
-
-
-def iter_kernel_checks(seed: int = 0, mode: str = "auto"):
-    """`kernel_checks`, one result at a time (the CLI prints each as it finishes)."""
+def kernel_checks(seed: int = 0, mode: str = "auto"):
+    """The kernel checks, one result at a time (the CLI prints each as it finishes), or one SKIP line
+    (``auto``/``off``) or FAIL line (``on``) saying why not."""
     runnable, how, present = kernel_status(mode)
     if not runnable:
         yield CheckResult("kernels", False if mode == "on" else None, None, None, how)
@@ -472,8 +464,6 @@ DECODE_SEQLENS = (97, 1, 50)  # ... filled to these lengths
 
 
 def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
-    import attnscope
-
     results = []
     for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
         for causal in (False, True):
@@ -486,8 +476,6 @@ def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
 
 
 def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
-    import attnscope
-
     nq, nk = 40, 23
     q, k, v, _, _ = _kernel_case(torch, device, rng, torch.float16, 1, 2, 2, nq, nk, causal=True)
     o, lse = (_np(x) for x in attnscope.flash_attention(q, k, v, causal=True, return_lse=True))
@@ -500,8 +488,6 @@ def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
 
 
 def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
-    import attnscope
-
     results = []
     for dtype in (torch.float16, torch.bfloat16):  # both kernels emulate bf16 under the interpreter (_tl.py)
         q, k, v, sl, judge = _kernel_case(torch, device, rng, dtype, *DECODE, seqlens=DECODE_SEQLENS)
@@ -512,8 +498,6 @@ def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
 
 
 def _kernel_decode_splits(name, torch, device, rng) -> CheckResult:
-    import attnscope
-
     q, k, v, sl, judge = _kernel_case(torch, device, rng, torch.float16, *DECODE, seqlens=DECODE_SEQLENS)
     results = []
     for n in (1, 3, 8):
@@ -527,4 +511,4 @@ def iter_checks(seed: int = 0, kernels: str = "auto"):
     result at a time."""
     choice("kernels", kernels, KERNEL_MODES)
     yield from reference_checks(seed)
-    yield from iter_kernel_checks(seed, kernels)
+    yield from kernel_checks(seed, kernels)
