@@ -54,10 +54,8 @@ def _as_float64(name: str, x, min_ndim: int) -> np.ndarray:
 
 
 def _prepare(q, k, v, scale):
-    """Validate, convert to float64, expand GQA heads and broadcast the leading dims.
-
-    Returns ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale.
-    """
+    """Validate, convert to float64, expand GQA heads and broadcast the leading dims: returns
+    ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale."""
     q, k, v = (_as_float64(name, x, 2) for name, x in (("q", q), ("k", k), ("v", v)))
     nq, d = q.shape[-2:]
     nk = k.shape[-2]
@@ -94,8 +92,7 @@ def _prepare(q, k, v, scale):
 
 def _causal_permitted(nq: int, nk: int) -> np.ndarray:
     """[Nq, Nk] boolean: key c visible to query r iff c <= r + (Nk - Nq) (bottom-right, tiles.py)."""
-    offset = Grid(nq, nk, causal=True).offset
-    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + offset
+    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + Grid(nq, nk, causal=True).offset
 
 
 # --- the baseline ---------------------------------------------------------------------------------
@@ -139,11 +136,8 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
 
 # --- the online-softmax recurrence, one KV tile for a block of rows ----------------------------------
 def _online_update(m_i, l_i, acc, s, v_j):
-    """One KV tile of the FA-2 recurrence (spec §3.1) for a block of rows.
-
-    m_i, l_i [..., R]; acc [..., R, dv]; s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv].
-    Returns ``(m_new, alpha, l_new, acc_new)``.
-    """
+    """One KV tile of the FA-2 recurrence (spec §3.1) for rows m_i, l_i [..., R]; acc [..., R, dv];
+    s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv]. Returns ``(m_new, alpha, l_new, acc_new, p)``."""
     m_new = np.maximum(m_i, s.max(axis=-1))  # [..., R]
     # While a row has seen no permitted key m_new = -inf; subtracting 0 instead keeps every exp(-inf - .)
     # exactly 0 (alpha and p), where -inf - (-inf) would be NaN.
@@ -156,11 +150,8 @@ def _online_update(m_i, l_i, acc, s, v_j):
 
 
 def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
-    """The causal mask on one straddling tile: -inf where column > row + offset (0-based indices).
-
-    s [..., R, C] holds rows ``row0..row0+R-1`` and columns ``col0..col0+C-1``. A module-level function
-    so a test can replace it and watch the checks catch an omitted mask.
-    """
+    """The causal mask on one straddling tile s [..., R, C] (rows ``row0..``, columns ``col0..``, 0-based):
+    -inf where column > row + offset. Module-level, so a test can omit it and watch the checks catch that."""
     rows = row0 + np.arange(s.shape[-2])[:, None]
     cols = col0 + np.arange(s.shape[-1])[None, :]
     return np.where(cols <= rows + offset, s, -np.inf)
@@ -188,10 +179,7 @@ class TraceStep:
 def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 128,
                     block_kv: int = 64, normalized: bool = False, trace_rows: Sequence[int] | None = None,
                     *, _apply_mask: bool = True):
-    """FlashAttention-2 forward, tile by tile, in float64.
-
-    Query tiles outer, KV tiles inner; per query tile ``Grid.kv_bounds`` (`model/tiles.py`) gives the KV
-    tiles loaded unmasked, loaded and masked (before the running max), and skipped.
+    """FlashAttention-2 forward, tile by tile, in float64 (the loop order and masking: module docstring).
 
     Parameters
     ----------
@@ -253,14 +241,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
                     trace[r].append(TraceStep(row=r, query_tile=i, kv_tile=j, masked=masked,
                                               m=_scalar(m_i[..., t]), alpha=_scalar(alpha[..., t]),
                                               l=_scalar(l_i[..., t]), acc=acc[..., t, :].copy()))
-        has_key = l_i > 0  # [..., Br]
-        if normalized:
-            o[..., r0 - 1:r1, :] = acc
-        else:  # the one division, after the last tile
-            o[..., r0 - 1:r1, :] = np.divide(acc, l_i[..., None], out=np.zeros_like(acc),
-                                             where=has_key[..., None])
-        with np.errstate(divide="ignore"):
-            lse[..., r0 - 1:r1] = np.where(has_key, m_i + np.log(np.where(has_key, l_i, 1.0)), -np.inf)
+        o_i, lse[..., r0 - 1:r1] = _normalise(m_i, l_i, acc)
+        o[..., r0 - 1:r1, :] = acc if normalized else o_i  # FA-2: the one division, after the last tile
     if trace_rows is None:
         return o, lse
     return o, lse, trace
@@ -278,6 +260,13 @@ def _trace_rows(trace_rows, nq: int) -> list[int]:
 
 def _scalar(x):
     return float(x) if np.ndim(x) == 0 else x.copy()
+
+
+def _normalise(m, l, acc):
+    """``(acc / l, m + log l)`` for m, l [..., R] and acc [..., R, dv]; (0, -inf) where ``l = 0`` (no key)."""
+    has_key = l > 0
+    lse = np.where(has_key, m + np.log(np.where(has_key, l, 1.0)), -np.inf)
+    return np.divide(acc, l[..., None], out=np.zeros_like(acc), where=has_key[..., None]), lse
 
 
 # --- split-KV combine (Flash-Decoding's reduction) -------------------------------------------------
@@ -329,17 +318,8 @@ def combine(partials):
         lses.append(lse_s)
     lse_all = np.stack(lses)  # [S, ..., N]
     m = lse_all.max(axis=0)  # [..., N]
-    m_base = np.where(np.isneginf(m), 0.0, m)
-    w = np.exp(lse_all - m_base)  # [S, ..., N]   exp(-inf - .) = 0
-    total = w.sum(axis=0)
-    o = np.zeros_like(os_[0])
-    for w_s, o_s in zip(w, os_, strict=True):
-        o += w_s[..., None] * o_s
-    has_key = total > 0
-    o = np.divide(o, total[..., None], out=np.zeros_like(o), where=has_key[..., None])
-    with np.errstate(divide="ignore"):
-        lse = np.where(has_key, m_base + np.log(np.where(has_key, total, 1.0)), -np.inf)
-    return o, lse
+    w = np.exp(lse_all - np.where(np.isneginf(m), 0.0, m))  # [S, ..., N]   exp(-inf - .) = 0
+    return _normalise(m, w.sum(axis=0), np.sum(w[..., None] * np.stack(os_), axis=0))
 
 
 # --- the trace of one row (spec §3.2) -------------------------------------------------------------
