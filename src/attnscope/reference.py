@@ -383,7 +383,7 @@ def online_softmax_trace(tiles) -> Trace:
     """
     if isinstance(tiles, (str, bytes)) or not isinstance(tiles, Sequence) or len(tiles) == 0:
         raise InputError(f"tiles: expected a non-empty list of tiles, got {short(tiles)}")
-    s, v, lengths = _plain_tiles(tiles) or _checked_tiles(tiles)  # s [K], v [K, dv], lengths [n]
+    s, v, lengths = _tile_arrays(tiles)  # s [K], v [K, dv], lengths [n]
     starts = np.cumsum(lengths) - lengths  # [n] first key of each tile
     tile_of_key = np.repeat(np.arange(len(lengths)), lengths)  # [K]
     _check_trace_values(s, v, tile_of_key)
@@ -414,99 +414,67 @@ def _linear_scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
-def _plain_tiles(tiles):
-    """Fast path: plain lists of int/float flattened to ``(s [K], v [K, dv], lengths [n])`` by C-level
-    passes (`map`, `set`, `chain`); None when anything is not, for `_checked_tiles` to name it."""
+_PLAIN_NUMBERS, _SEQUENCES = frozenset({int, float}), frozenset({tuple, list})
+
+
+def _reals(xs) -> bool:
+    """Is every element of ``xs`` a real number (numpy's too) and none a bool? A C-level pass over types."""
+    types = set(map(type, xs))
+    return types <= _PLAIN_NUMBERS or all(issubclass(t, (int, float, np.integer, np.floating))
+                                          and not issubclass(t, (bool, np.bool_)) for t in types)
+
+
+def _plain(x):
+    return x.tolist() if isinstance(x, np.ndarray) else x
+
+
+def _tile_arrays(tiles):
+    """The tiles flattened to ``(s [K], v [K, dv], lengths [n])``, or an InputError naming the first bad
+    tile. Each tile is checked by C-level passes (`set`, `map`) over its elements, not element by element."""
     chain = itertools.chain.from_iterable
-    if not set(map(type, tiles)) <= {tuple, list} or set(map(len, tiles)) != {2}:
-        return None
-    scores, values = zip(*tiles, strict=True)
-    if set(map(type, scores)) != {list} or set(map(type, values)) != {list}:
-        return None
-    lengths = list(map(len, scores))
-    if lengths != list(map(len, values)) or 0 in lengths:
-        return None
-    scores, rows = list(chain(scores)), list(chain(values))
-    if not set(map(type, scores)) <= {int, float} or set(map(type, rows)) != {list}:
-        return None
-    if not set(map(type, chain(rows))) <= {int, float}:
-        return None
-    try:
-        s_arr = np.array(scores, dtype=np.float64)
-        v_arr = np.array(rows, dtype=np.float64)
-    except (ValueError, OverflowError):  # ragged rows, an integer beyond float64
-        return None
-    if v_arr.ndim != 2 or v_arr.shape[1] == 0:
-        return None
-    return s_arr, v_arr, np.array(lengths)
-
-
-def _checked_tiles(tiles):
-    """Tile by tile, naming the first bad one (any sequence or array types); flattened as `_plain_tiles`."""
-    scores_all, values_all = [], []
-    dv = None
+    scores, rows, lengths = [], [], []
     for n, tile in enumerate(tiles, start=1):
         if not (isinstance(tile, (tuple, list)) and len(tile) == 2):
             raise InputError(f"tile {n}: expected a (scores, values) pair, got {short(tile)}")
-        s = _tile_array(f"tile {n} scores", tile[0], 1)
-        val = _tile_array(f"tile {n} values", tile[1], 2)
-        if s.shape[0] == 0:
+        s, v = map(_plain, tile)
+        if not (isinstance(s, (tuple, list)) and _reals(s)):
+            raise InputError(f"tile {n} scores: expected a list of numbers, got {short(s)}")
+        if not (isinstance(v, (tuple, list)) and set(map(type, v)) <= _SEQUENCES
+                and len(set(map(len, v))) <= 1 and _reals(chain(v))):
+            raise InputError(f"tile {n} values: expected a list of rows of numbers (of one width), "
+                             f"got {short(v)}")
+        if not s:
             raise InputError(f"tile {n} scores: expected at least one score, got an empty list")
-        if val.shape[0] != s.shape[0]:
-            raise InputError(f"tile {n} values: expected {s.shape[0]} rows (one per score), "
-                             f"got {val.shape[0]}")
-        if dv is None:
-            dv = val.shape[1]
-            if dv == 0:
-                raise InputError(f"tile {n} values: expected rows of width >= 1, got width 0")
-        elif val.shape[1] != dv:
-            raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {val.shape[1]}")
-        scores_all.append(s)
-        values_all.append(val)
-    return (np.concatenate(scores_all), np.concatenate(values_all),
-            np.array([len(s) for s in scores_all]))
+        if len(v) != len(s):
+            raise InputError(f"tile {n} values: expected {len(s)} rows (one per score), got {len(v)}")
+        dv = len(rows[0]) if rows else len(v[0])
+        if len(v[0]) != dv:
+            raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {len(v[0])}")
+        if not dv:
+            raise InputError(f"tile {n} values: expected rows of width >= 1, got width 0")
+        scores += s
+        rows += v
+        lengths.append(len(s))
+    try:
+        return np.array(scores, dtype=np.float64), np.array(rows, dtype=np.float64), np.array(lengths)
+    except OverflowError as e:  # an integer beyond float64
+        raise InputError(f"tiles: expected numbers within float64's range, got {e}") from None
 
 
 def _check_trace_values(s: np.ndarray, v: np.ndarray, tile_of_key: np.ndarray) -> None:
     """Finite scores and values, and |v| within the accumulator's headroom; names the first bad tile."""
-    bad_s = np.flatnonzero(~np.isfinite(s))
-    bad_v = np.flatnonzero(~np.all(np.isfinite(v), axis=1))
-    if bad_s.size or bad_v.size:  # the first tile with one; its scores before its values
-        ts = tile_of_key[bad_s[0]] if bad_s.size else len(s)
-        tv = tile_of_key[bad_v[0]] if bad_v.size else len(s)
-        row = v[bad_v[0]] if bad_v.size else None
-        what, x = ("scores", s[bad_s[0]]) if ts <= tv else ("values", row[~np.isfinite(row)][0])
-        raise InputError(f"tile {min(ts, tv) + 1} {what}: expected finite numbers, got {x}")
+    bad = ~np.isfinite(s) | ~np.all(np.isfinite(v), axis=1)  # [K] keys with a non-finite score or value
+    if bad.any():  # the first tile with one; its scores before its values
+        t = tile_of_key[np.argmax(bad)]
+        s_t, v_t = s[tile_of_key == t], v[tile_of_key == t]
+        what, x = ("scores", s_t) if not np.all(np.isfinite(s_t)) else ("values", v_t)
+        raise InputError(f"tile {t + 1} {what}: expected finite numbers, got {x[~np.isfinite(x)][0]}")
     limit = TRACE_MAX_ABS / len(s)
     big = np.flatnonzero(np.abs(v).max(axis=1) > limit)
     if big.size:
         x = float(v[big[0]][np.abs(v[big[0]]) > limit][0])
         raise InputError(f"tile {tile_of_key[big[0]] + 1} values: expected |v| <= {limit:.3g} (float64 "
                          f"headroom for the sum over {len(s):,} keys), got {short(x)}")
-
-
-def _tile_array(name: str, x, ndim: int) -> np.ndarray:
-    what = "a list of numbers" if ndim == 1 else "a list of rows of numbers"
-    if isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(
-            isinstance(e, (str, bytes, bool, dict)) or e is None for e in _flat(x))):
-        raise InputError(f"{name}: expected {what}, got {short(x)}")
-    try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise InputError(f"{name}: expected {what} (rows of one width), got {short(x)}") from e
-    if a.ndim != ndim and not (ndim == 2 and a.ndim == 1 and a.size == 0):
-        raise InputError(f"{name}: expected {what}, got an array of shape {a.shape}")
-    if a.ndim == 1 and ndim == 2:
-        a = a.reshape(0, 0)
-    return a
-
-
-def _flat(x):
-    for e in x:
-        if isinstance(e, (list, tuple)):
-            yield from _flat(e)
-        else:
-            yield e
 
 
 # --- the backward ---------------------------------------------------------------------------------
