@@ -53,7 +53,7 @@ def _online_update_without_rescale(m_i, l_i, acc, s, v_j):
     m_base = np.where(np.isneginf(m_new), 0.0, m_new)
     alpha = np.ones_like(m_i)  # the bug: the old state is not moved onto the new max
     p = np.exp(s - m_base[..., None])
-    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j, p
+    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j
 
 
 def _online_update_nan_on_empty_rows(m_i, l_i, acc, s, v_j):
@@ -61,7 +61,7 @@ def _online_update_nan_on_empty_rows(m_i, l_i, acc, s, v_j):
     with np.errstate(invalid="ignore"):
         alpha = np.exp(m_i - m_new)  # the bug: -inf - (-inf) = NaN while a row has seen no key
         p = np.exp(s - m_new[..., None])
-    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j, p
+    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j
 
 
 def test_missing_rescale_fails_checks_1_2_6(monkeypatch):

@@ -137,7 +137,7 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
 # --- the online-softmax recurrence, one KV tile for a block of rows ----------------------------------
 def _online_update(m_i, l_i, acc, s, v_j):
     """One KV tile of the FA-2 recurrence (spec §3.1) for rows m_i, l_i [..., R]; acc [..., R, dv];
-    s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv]. Returns ``(m_new, alpha, l_new, acc_new, p)``."""
+    s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv]. Returns ``(m_new, alpha, l_new, acc_new)``."""
     m_new = np.maximum(m_i, s.max(axis=-1))  # [..., R]
     # While a row has seen no permitted key m_new = -inf; subtracting 0 instead keeps every exp(-inf - .)
     # exactly 0 (alpha and p), where -inf - (-inf) would be NaN.
@@ -146,7 +146,7 @@ def _online_update(m_i, l_i, acc, s, v_j):
     p = np.exp(s - m_base[..., None])  # [..., R, Bc]
     l_new = alpha * l_i + p.sum(axis=-1)
     acc_new = alpha[..., None] * acc + p @ v_j  # [..., R, dv]
-    return m_new, alpha, l_new, acc_new, p
+    return m_new, alpha, l_new, acc_new
 
 
 def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
@@ -226,15 +226,10 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
             masked = j > n_full
             if masked and _apply_mask:
                 s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset)  # before the running max sees it
-            if normalized:
-                m_new, alpha, l_new, _, p = _online_update(m_i, l_i, np.zeros_like(acc), s, v_j)
-                # FA-1: o_new = (alpha l_old / l_new) o_old + (p V_j) / l_new; a row with l_new = 0 stays 0
-                safe = np.where(l_new > 0, l_new, 1.0)
-                acc = np.where((l_new > 0)[..., None],
-                               ((alpha * l_i / safe)[..., None] * acc + (p @ v_j) / safe[..., None]), 0.0)
-            else:
-                m_new, alpha, l_new, acc, _ = _online_update(m_i, l_i, acc, s, v_j)
-            m_i, l_i = m_new, l_new
+            acc_old = l_i[..., None] * acc if normalized else acc  # FA-1 holds o_i = acc / l
+            m_i, alpha, l_i, acc = _online_update(m_i, l_i, acc_old, s, v_j)
+            if normalized:  # FA-1: o_i = (alpha l_old o_old + P V_j) / l_new; a row with l_new = 0 stays 0
+                acc = _normalise(m_i, l_i, acc)[0]
             for r in traced:
                 if r0 - 1 <= r < r1:
                     t = r - (r0 - 1)
@@ -243,9 +238,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
                                               l=_scalar(l_i[..., t]), acc=acc[..., t, :].copy()))
         o_i, lse[..., r0 - 1:r1] = _normalise(m_i, l_i, acc)
         o[..., r0 - 1:r1, :] = acc if normalized else o_i  # FA-2: the one division, after the last tile
-    if trace_rows is None:
-        return o, lse
-    return o, lse, trace
+    return (o, lse) if trace_rows is None else (o, lse, trace)
 
 
 def _trace_rows(trace_rows, nq: int) -> list[int]:
@@ -304,8 +297,7 @@ def combine(partials):
     for n, part in enumerate(parts):
         if not (isinstance(part, (tuple, list)) and len(part) == 2):
             raise InputError(f"partials[{n}]: expected an (o, lse) pair, got {type(part).__name__}")
-        o_s = np.asarray(part[0], dtype=np.float64)
-        lse_s = np.asarray(part[1], dtype=np.float64)
+        o_s, lse_s = (np.asarray(x, dtype=np.float64) for x in part)
         if o_s.ndim < 1 or o_s.shape[:-1] != lse_s.shape:
             raise InputError(f"partials[{n}]: expected o [..., N, dv] and lse [..., N], got shapes "
                              f"{o_s.shape} and {lse_s.shape}")
