@@ -128,12 +128,8 @@ def check_tiled_equals_naive(rng) -> CheckResult:
 
 
 def check_diagonal_rows(rng, n: int = 16, block_q: int = 8, block_kv: int = 4, d: int = 8) -> CheckResult:
-    """Check 2: every row's state after every loaded tile, on a small causal case, against direct sums.
-
-    After KV tile j, row r's state must be the softmax statistics of its permitted keys among the columns
-    loaded so far (m = their max, l = sum exp(s - m), acc = sum exp(s - m) v), and each row must see
-    exactly its query tile's loaded tiles (the skip bound).
-    """
+    """Check 2: after KV tile j, row r's (m, l, acc) are the max, sum exp(s - m) and sum exp(s - m) v over
+    its permitted keys among the columns loaded so far; each row sees exactly its query tile's KV tiles."""
     grid = Grid(n, n, block_q, block_kv, causal=True)
     q, k, v = _qkv(rng, (), (), n, n, d, d)
     s_full = (q @ k.T) / np.sqrt(d)  # [N, N], computed directly
@@ -205,9 +201,7 @@ def check_no_nan(rng) -> CheckResult:
             nans = sum(int(np.isnan(x).sum()) for x in arrays)
             if nans:
                 bad.append(f"{name} Nq={nq} Nk={nk}: {nans} NaN")
-            o, lse = arrays[:2]
-            if name in ("naive", "FA-2", "FA-1") and (not _empty_rows_ok(o, lse, empty)
-                                                       or np.any(np.isneginf(lse[..., ~empty]))):
+            if name in ("naive", "FA-2", "FA-1") and not _empty_rows_ok(*arrays, empty):
                 nans += 1
                 bad.append(f"{name} Nq={nq} Nk={nk}: empty rows not (zeros, -inf)")
             count += nans
@@ -218,8 +212,8 @@ def check_no_nan(rng) -> CheckResult:
 
 
 def _empty_rows_ok(o, lse, empty) -> bool:
-    """Rows ``empty`` of ``o`` are zeros and of ``lse`` are -inf."""
-    return not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse[..., empty])))
+    """Rows ``empty`` of ``o`` are zeros, and ``lse`` is -inf on exactly those rows."""
+    return not np.any(o[..., empty, :]) and bool(np.all(np.isneginf(lse) == empty))
 
 
 def check_fa1_equals_fa2(rng) -> CheckResult:
@@ -365,19 +359,15 @@ def kernel_checks(seed: int = 0, mode: str = "auto"):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     where = torch.cuda.get_device_name() if device.type == "cuda" else "Triton CPU interpreter"
     rng = np.random.default_rng(seed + 1)
-    if "fwd" in present:
-        yield _guard(f"K1 flash_attention = reference [{where}]", _kernel_fwd_equals_ref, torch, device, rng)
-        yield _guard("K4 flash_attention: no NaN, empty rows (zeros, -inf)", _kernel_fwd_empty_rows, torch,
-                     device, rng)
-    else:
-        yield CheckResult("flash_attention", None, None, None,
-                          "not run: attnscope.kernels.fwd is not present")
-    if "decode" in present:
-        yield _guard(f"K1 flash_decode = reference [{where}]", _kernel_decode_equals_ref, torch, device, rng)
-        yield _guard("K6 flash_decode: any num_splits = reference", _kernel_decode_splits, torch, device, rng)
-    else:
-        yield CheckResult("flash_decode", None, None, None,
-                          "not run: attnscope.kernels.decode is not present")
+    cases = {"fwd": [(f"K1 flash_attention = reference [{where}]", _kernel_fwd_equals_ref),
+                     ("K4 flash_attention: no NaN, empty rows (zeros, -inf)", _kernel_fwd_empty_rows)],
+             "decode": [(f"K1 flash_decode = reference [{where}]", _kernel_decode_equals_ref),
+                        ("K6 flash_decode: any num_splits = reference", _kernel_decode_splits)]}
+    for module, api in (("fwd", "flash_attention"), ("decode", "flash_decode")):
+        if module not in present:
+            yield CheckResult(api, None, None, None, f"not run: attnscope.kernels.{module} is not present")
+        for name, fn in cases[module] if module in present else ():
+            yield _guard(name, fn, torch, device, rng)
 
 
 def _guard(name, fn, *args) -> CheckResult:
@@ -393,10 +383,8 @@ def _guard(name, fn, *args) -> CheckResult:
 
 
 def _torch_error(torch, q, k, v, permitted, o_ref) -> float:
-    """max |o - o_ref| of PyTorch's own SDPA at q's dtype, over rows with at least one permitted key.
-
-    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B, 1, Nq, Nk]; o_ref float64 numpy.
-    """
+    """max |o - o_ref| of PyTorch's own SDPA at q's dtype, over rows with at least one permitted key:
+    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B, 1, Nq, Nk]; o_ref float64 numpy."""
     import torch.nn.functional as F
 
     group = q.shape[1] // k.shape[1]
