@@ -205,8 +205,11 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     grid = Grid(q.shape[-2], k.shape[-2], positive_int("block_q", block_q),
                 positive_int("block_kv", block_kv), causal=bool(causal))
     lead, nq, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
-    traced = _trace_rows(trace_rows, nq)
-    trace: dict[int, list[TraceStep]] = {r: [] for r in traced}
+    traced = [] if trace_rows is None else [trace_rows] if isinstance(trace_rows, int) else list(trace_rows)
+    for r in traced:
+        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 0 <= r < nq):
+            raise InputError(f"trace_rows: expected 0-based row indices in 0..{nq - 1}, got {r!r}")
+    trace: dict[int, list[TraceStep]] = {int(r): [] for r in sorted(traced)}
 
     o = np.zeros(lead + (nq, dv))  # [..., Nq, dv]
     lse = np.full(lead + (nq,), -np.inf)  # [..., Nq]
@@ -230,7 +233,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
             m_i, alpha, l_i, acc = _online_update(m_i, l_i, acc_old, s, v_j)
             if normalized:  # FA-1: o_i = (alpha l_old o_old + P V_j) / l_new; a row with l_new = 0 stays 0
                 acc = _normalise(m_i, l_i, acc)[0]
-            for r in traced:
+            for r in trace:
                 if r0 - 1 <= r < r1:
                     t = r - (r0 - 1)
                     trace[r].append(TraceStep(row=r, query_tile=i, kv_tile=j, masked=masked,
@@ -239,16 +242,6 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
         o_i, lse[..., r0 - 1:r1] = _normalise(m_i, l_i, acc)
         o[..., r0 - 1:r1, :] = acc if normalized else o_i  # FA-2: the one division, after the last tile
     return (o, lse) if trace_rows is None else (o, lse, trace)
-
-
-def _trace_rows(trace_rows, nq: int) -> list[int]:
-    if trace_rows is None:
-        return []
-    rows = list(trace_rows) if not isinstance(trace_rows, int) else [trace_rows]
-    for r in rows:
-        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 0 <= r < nq):
-            raise InputError(f"trace_rows: expected 0-based row indices in 0..{nq - 1}, got {r!r}")
-    return sorted({int(r) for r in rows})
 
 
 def _scalar(x):
@@ -497,16 +490,13 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     q, k, v, scale = _prepare(q, k, v, scale)
     nq, nk = q.shape[-2], k.shape[-2]
     do = _as_float64("do", do, 2)
-    o = np.asarray(o, dtype=np.float64)
-    lse = np.asarray(lse, dtype=np.float64)
+    o, lse = (np.asarray(x, dtype=np.float64) for x in (o, lse))
     if do.shape != q.shape[:-1] + (v.shape[-1],) or o.shape != do.shape:
         raise InputError(f"do: expected shape {q.shape[:-1] + (v.shape[-1],)} (as o), got {do.shape}")
     if lse.shape != q.shape[:-1]:
         raise InputError(f"lse: expected shape {q.shape[:-1]}, got {lse.shape}")
     s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]  recomputed, never stored by the forward
-    keep = np.isfinite(lse)[..., None]  # rows with no permitted key: P = 0
-    if causal:
-        keep = keep & _causal_permitted(nq, nk)
+    keep = np.isfinite(lse)[..., None] & (_causal_permitted(nq, nk) if causal else True)  # else P = 0
     lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
     p = np.where(keep, np.exp(np.where(keep, s, 0.0) - lse_safe), 0.0)  # [..., Nq, Nk]
     d_row = np.sum(do * o, axis=-1, keepdims=True)  # D = rowsum(dO * O)  [..., Nq, 1]
