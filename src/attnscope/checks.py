@@ -382,20 +382,6 @@ def _guard(name, fn, *args) -> CheckResult:
         return CheckResult(name, False, None, None, f"raised {type(e).__name__}: {e}".splitlines()[0][:300])
 
 
-def _torch_error(torch, q, k, v, permitted, o_ref) -> float:
-    """max |o - o_ref| of PyTorch's own SDPA at q's dtype, over rows with at least one permitted key:
-    q [B, Hq, Nq, d]; k, v [B, Hkv, Nk, d]; permitted bool [B, 1, Nq, Nk]; o_ref float64 numpy."""
-    import torch.nn.functional as F
-
-    group = q.shape[1] // k.shape[1]
-    mask = torch.as_tensor(permitted, device=q.device)
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, Hq, Nk, d]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    has_key = np.broadcast_to(permitted.any(axis=-1), o_ref.shape[:-1])
-    diff = np.abs(o.double().cpu().numpy() - o_ref)[has_key]
-    return float(diff.max(initial=0.0))
-
-
 def _np(t):
     return t.double().cpu().numpy()
 
@@ -425,7 +411,12 @@ def _kernel_case(torch, device, rng, dtype, b, hq, hkv, nq, nk, d=64, causal=Fal
                                                          causal=causal, return_lse=True)
     permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
     permitted = permitted & (np.arange(nk) < lens[:, None, None, None])  # [B, 1, Nq, Nk]
-    torch_err = _torch_error(torch, q, k, v, permitted, o_ref)
+    # PyTorch SDPA's own error at this dtype, over the rows with a permitted key
+    k_rep, v_rep = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))  # [B, Hq, Nk, d]
+    mask = torch.as_tensor(permitted, device=device)
+    o_sdpa = torch.nn.functional.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask)
+    has_key = np.broadcast_to(permitted.any(axis=-1), o_ref.shape[:-1])
+    torch_err = float(np.abs(_np(o_sdpa) - o_ref)[has_key].max(initial=0.0))
 
     def judge(name, o, lse, what) -> CheckResult:
         o, lse = _np(o), _np(lse)
