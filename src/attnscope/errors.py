@@ -23,11 +23,8 @@ class InputError(ValueError):
 
 
 def short(value: object, limit: int = ECHO_CHARS) -> str:
-    """A one-line, bounded description of `value` for an error message.
-
-    Containers are described by type and length (their contents are never walked); strings and
-    numbers are repr()'d and cut to `limit` characters; control and bidi characters are escaped.
-    """
+    """A one-line, bounded description of `value` for an error message: at most `limit` characters,
+    containers by a bounded repr or by type and length, control and bidi characters escaped."""
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         r = reprlib.Repr()  # bounded at every level: never walks more than a few items
         r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 6, 6, 4, 6

@@ -258,11 +258,8 @@ def out_dir(path, field: str = "--out") -> Path:
 
 
 def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
-    """Write `data` to `path` atomically (temp file in the same directory, then os.replace).
-
-    An existing symlink (or a directory) at `path` is refused: the write never leaves the directory
-    the user named. Returns the path.
-    """
+    """Write `data` to `path` atomically (a temp file in its directory, then os.replace) and return the
+    path; a symlink or a directory at `path` is refused."""
     p = Path(path)
     where = _name(path)
     refuse_symlinks([p], field)

@@ -159,12 +159,9 @@ def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TraceStep:
-    """The state of one query row after one KV tile.
-
-    ``row`` is 0-based (an index into Nq); ``query_tile``/``kv_tile`` are 1-based as in `model/tiles.py`.
-    m, alpha, l are arrays over the leading dims (floats when there are none); acc is [..., dv].
-    ``alpha`` on the first tile is ``exp(-inf - m) = 0``: there is no previous state to rescale.
-    """
+    """The state of one query row after one KV tile: ``row`` 0-based, ``query_tile``/``kv_tile`` 1-based as in
+    `model/tiles.py`; m, alpha, l arrays over the leading dims (floats when there are none), acc [..., dv];
+    ``alpha`` is 0 on the first tile (no previous state to rescale)."""
 
     row: int
     query_tile: int

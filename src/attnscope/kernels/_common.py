@@ -1,8 +1,5 @@
-"""What the prefill and decode launchers share: optional-dependency import, input checks, device facts.
-
-Every check raises `InputError` (a ValueError) naming the argument with "expected ..., got ...", or
-`NotImplementedError` listing what is supported. Nothing falls back silently.
-"""
+"""What the kernel launchers share: optional-dependency import, input checks (`InputError` naming the
+argument, or `NotImplementedError` listing what is supported), device facts."""
 
 from __future__ import annotations
 
