@@ -117,10 +117,9 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> o = naive_attention(np.ones((4, 8)), np.ones((6, 8)), np.eye(6, 3), causal=True)
     """
     q, k, v, scale = _prepare(q, k, v, scale)
-    nq, nk = q.shape[-2], k.shape[-2]
     s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]   step 1: scores
     if causal:
-        s = np.where(_causal_permitted(nq, nk), s, -np.inf)
+        s = np.where(_causal_permitted(q.shape[-2], k.shape[-2]), s, -np.inf)
     m = s.max(axis=-1, keepdims=True)  # [..., Nq, 1]
     m_safe = np.where(np.isneginf(m), 0.0, m)  # a row with no key: exp(-inf - 0) = 0, not NaN
     e = np.exp(s - m_safe)
@@ -214,14 +213,12 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
         r0, r1 = grid.rows(i)  # 1-based inclusive
         q_i = q[..., r0 - 1:r1, :]  # [..., Br, d]   loaded once
         rows = r1 - r0 + 1
-        m_i = np.full(lead + (rows,), -np.inf)
-        l_i = np.zeros(lead + (rows,))
+        m_i, l_i = np.full(lead + (rows,), -np.inf), np.zeros(lead + (rows,))
         acc = np.zeros(lead + (rows, dv))  # unnormalised (FA-2) or normalised o_i (FA-1)
         n_full, n_loaded = grid.kv_bounds(i)
         for j in range(1, n_loaded + 1):  # inner loop; tiles n_loaded+1.. are skipped (skip bound)
             c0, c1 = grid.cols(j)
-            k_j = k[..., c0 - 1:c1, :]  # [..., Bc, d]
-            v_j = v[..., c0 - 1:c1, :]  # [..., Bc, dv]
+            k_j, v_j = k[..., c0 - 1:c1, :], v[..., c0 - 1:c1, :]  # [..., Bc, d], [..., Bc, dv]
             s = (q_i @ np.swapaxes(k_j, -1, -2)) * scale  # [..., Br, Bc]   never leaves the tile
             masked = j > n_full
             if masked and _apply_mask:
@@ -368,7 +365,18 @@ def online_softmax_trace(tiles) -> Trace:
     s, v, lengths = _tile_arrays(tiles)  # s [K], v [K, dv], lengths [n]
     starts = np.cumsum(lengths) - lengths  # [n] first key of each tile
     tile_of_key = np.repeat(np.arange(len(lengths)), lengths)  # [K]
-    _check_trace_values(s, v, tile_of_key)
+    bad = ~np.isfinite(s) | ~np.all(np.isfinite(v), axis=1)  # [K] keys with a non-finite score or value
+    if bad.any():  # the first tile with one; its scores before its values
+        t = tile_of_key[np.argmax(bad)]
+        s_t, v_t = s[tile_of_key == t], v[tile_of_key == t]
+        what, x = ("scores", s_t) if not np.all(np.isfinite(s_t)) else ("values", v_t)
+        raise InputError(f"tile {t + 1} {what}: expected finite numbers, got {x[~np.isfinite(x)][0]}")
+    limit = TRACE_MAX_ABS / len(s)  # |v| within the accumulator's headroom
+    if np.any(np.abs(v) > limit):
+        i = np.argmax(np.abs(v) > limit)  # flat index of the first too large
+        t, x = tile_of_key[i // v.shape[1]], float(v.flat[i])
+        raise InputError(f"tile {t + 1} values: expected |v| <= {limit:.3g} (float64 headroom for the sum "
+                         f"over {len(s):,} keys), got {short(x)}")
 
     m = np.maximum.accumulate(np.maximum.reduceat(s, starts))  # [n] running max after each tile
     alpha = np.exp(np.concatenate(([-np.inf], m[:-1])) - m)  # [n] exp(m_old - m); 0 on tile 1
@@ -443,22 +451,6 @@ def _tile_arrays(tiles):
         raise InputError(f"tiles: expected numbers within float64's range, got {e}") from None
 
 
-def _check_trace_values(s: np.ndarray, v: np.ndarray, tile_of_key: np.ndarray) -> None:
-    """Finite scores and values, and |v| within the accumulator's headroom; names the first bad tile."""
-    bad = ~np.isfinite(s) | ~np.all(np.isfinite(v), axis=1)  # [K] keys with a non-finite score or value
-    if bad.any():  # the first tile with one; its scores before its values
-        t = tile_of_key[np.argmax(bad)]
-        s_t, v_t = s[tile_of_key == t], v[tile_of_key == t]
-        what, x = ("scores", s_t) if not np.all(np.isfinite(s_t)) else ("values", v_t)
-        raise InputError(f"tile {t + 1} {what}: expected finite numbers, got {x[~np.isfinite(x)][0]}")
-    limit = TRACE_MAX_ABS / len(s)
-    big = np.flatnonzero(np.abs(v).max(axis=1) > limit)
-    if big.size:
-        x = float(v[big[0]][np.abs(v[big[0]]) > limit][0])
-        raise InputError(f"tile {tile_of_key[big[0]] + 1} values: expected |v| <= {limit:.3g} (float64 "
-                         f"headroom for the sum over {len(s):,} keys), got {short(x)}")
-
-
 # --- the backward ---------------------------------------------------------------------------------
 def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
     """FlashAttention-2's backward (Algorithm 2) in float64, P recomputed from the saved LSE.
@@ -485,7 +477,6 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     """
     k_shape, v_shape = np.shape(k), np.shape(v)
     q, k, v, scale = _prepare(q, k, v, scale)
-    nq, nk = q.shape[-2], k.shape[-2]
     do = _as_float64("do", do, 2)
     o, lse = (np.asarray(x, dtype=np.float64) for x in (o, lse))
     if do.shape != q.shape[:-1] + (v.shape[-1],) or o.shape != do.shape:
@@ -493,7 +484,8 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     if lse.shape != q.shape[:-1]:
         raise InputError(f"lse: expected shape {q.shape[:-1]}, got {lse.shape}")
     s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]  recomputed, never stored by the forward
-    keep = np.isfinite(lse)[..., None] & (_causal_permitted(nq, nk) if causal else True)  # else P = 0
+    permitted = _causal_permitted(q.shape[-2], k.shape[-2]) if causal else True
+    keep = np.isfinite(lse)[..., None] & permitted  # P = 0 elsewhere and on rows with no permitted key
     lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
     p = np.where(keep, np.exp(np.where(keep, s, 0.0) - lse_safe), 0.0)  # [..., Nq, Nk]
     d_row = np.sum(do * o, axis=-1, keepdims=True)  # D = rowsum(dO * O)  [..., Nq, 1]
