@@ -368,12 +368,13 @@ def kernel_checks(seed: int = 0, mode: str = "auto"):
 
 
 def _guard(name, fn, *args) -> CheckResult:
-    """Run one kernel check; an exception is its failure. The RuntimeWarnings NumPy raises for the Triton
-    interpreter's masked-off lanes (log(0), exp(-inf - -inf)) say nothing about the result: muted."""
+    """Run one kernel check, a generator of cases, and report its worst; an exception is its failure. The
+    RuntimeWarnings NumPy raises for the Triton interpreter's masked-off lanes (log(0), exp(-inf - -inf))
+    say nothing about the result: muted."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
-            return fn(name, *args)
+            return _worst(list(fn(name, *args)))
     except Exception as e:  # a crashing kernel fails its check, it does not abort verify
         return CheckResult(name, False, None, None, f"raised {type(e).__name__}: {e}".splitlines()[0][:300])
 
@@ -426,9 +427,9 @@ def _kernel_case(torch, device, rng, dtype, b, hq, hkv, nq, nk, d=64, causal=Fal
 
 
 def _worst(results: list[CheckResult]) -> CheckResult:
-    """The first failure, or else the case closest to its tolerance."""
+    """The first failure, or else the case closest to its tolerance (a zero tolerance: an exact check)."""
     failed = [r for r in results if not r.passed]
-    return failed[0] if failed else max(results, key=lambda r: r.error / r.tolerance)
+    return failed[0] if failed else max(results, key=lambda r: r.error / r.tolerance if r.tolerance else 0.0)
 
 
 # (B, Hq, Hkv, Nq, Nk, d, dtype): ragged lengths, Nq != Nk both ways, GQA 2 and 4, bf16 once
@@ -438,47 +439,41 @@ DECODE = (3, 4, 2, 1, 100)  # B, Hq, Hkv, one new token, a cache of 100 ...
 DECODE_SEQLENS = (97, 1, 50)  # ... filled to these lengths
 
 
-def _kernel_fwd_equals_ref(name, torch, device, rng) -> CheckResult:
-    results = []
+def _kernel_fwd_equals_ref(name, torch, device, rng):
     for b, hq, hkv, nq, nk, d, dt in FWD_SHAPES:
         for causal in (False, True):
             q, k, v, _, judge = _kernel_case(torch, device, rng, getattr(torch, dt), b, hq, hkv, nq, nk, d,
                                              causal=causal)
             o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
-            results.append(judge(name, o, lse, f"worst of the shapes x 2: B={b} Hq={hq} Hkv={hkv} Nq={nq} "
-                                               f"Nk={nk} d={d} {dt} {'causal' if causal else 'unmasked'}"))
-    return _worst(results)
+            yield judge(name, o, lse, f"worst of the shapes x 2: B={b} Hq={hq} Hkv={hkv} Nq={nq} Nk={nk} "
+                                      f"d={d} {dt} {'causal' if causal else 'unmasked'}")
 
 
-def _kernel_fwd_empty_rows(name, torch, device, rng) -> CheckResult:
+def _kernel_fwd_empty_rows(name, torch, device, rng):
     nq, nk = 40, 23
     q, k, v, _, _ = _kernel_case(torch, device, rng, torch.float16, 1, 2, 2, nq, nk, causal=True)
     o, lse = (_np(x) for x in attnscope.flash_attention(q, k, v, causal=True, return_lse=True))
     empty = np.arange(nq) + nk - nq < 0
     nans = int(np.isnan(o).sum() + np.isnan(lse).sum())
     ok_empty = _empty_rows_ok(o, lse, empty)
-    return CheckResult(name, nans == 0 and ok_empty, float(nans), 0.0,
-                       f"causal Nq={nq} > Nk={nk}: {int(empty.sum())} rows with no key "
-                       f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN", compare="=")
+    yield CheckResult(name, nans == 0 and ok_empty, float(nans), 0.0,
+                      f"causal Nq={nq} > Nk={nk}: {int(empty.sum())} rows with no key "
+                      f"{'are' if ok_empty else 'are NOT'} zeros with LSE -inf; {nans} NaN", compare="=")
 
 
-def _kernel_decode_equals_ref(name, torch, device, rng) -> CheckResult:
-    results = []
+def _kernel_decode_equals_ref(name, torch, device, rng):
     for dtype in (torch.float16, torch.bfloat16):  # both kernels emulate bf16 under the interpreter (_tl.py)
         q, k, v, sl, judge = _kernel_case(torch, device, rng, dtype, *DECODE, seqlens=DECODE_SEQLENS)
         o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, return_lse=True)
-        results.append(judge(name, o, lse, "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64, fp16 "
-                                           f"and bf16 (worst: {str(dtype).removeprefix('torch.')})"))
-    return _worst(results)
+        yield judge(name, o, lse, "B=3 Hq=4 Hkv=2 cache 100, cache_seqlens [97, 1, 50], d=64, fp16 and bf16 "
+                                  f"(worst: {str(dtype).removeprefix('torch.')})")
 
 
-def _kernel_decode_splits(name, torch, device, rng) -> CheckResult:
+def _kernel_decode_splits(name, torch, device, rng):
     q, k, v, sl, judge = _kernel_case(torch, device, rng, torch.float16, *DECODE, seqlens=DECODE_SEQLENS)
-    results = []
     for n in (1, 3, 8):
         o, lse = attnscope.flash_decode(q, k, v, cache_seqlens=sl, num_splits=n, return_lse=True)
-        results.append(judge(name, o, lse, f"num_splits 1, 3, 8 (worst: {n}) on cache_seqlens [97, 1, 50]"))
-    return _worst(results)
+        yield judge(name, o, lse, f"num_splits 1, 3, 8 (worst: {n}) on cache_seqlens [97, 1, 50]")
 
 
 def iter_checks(seed: int = 0, kernels: str = "auto"):
