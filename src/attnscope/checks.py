@@ -287,13 +287,10 @@ def reference_checks(seed: int = 0) -> list[CheckResult]:
 
 # --- the kernels ----------------------------------------------------------------------------------
 def kernel_status(mode: str = "auto") -> tuple[bool, str, list[str]]:
-    """Can the Triton kernels run here? Returns ``(runnable, how or why not, kernel modules present)``.
-
-    ``off``: never. ``auto``: when the kernel modules, torch and triton are there, and a CUDA GPU or
-    ``TRITON_INTERPRET=1`` set by the user (never turned on here, so ``verify`` stays fast on a laptop).
-    ``on``: as auto, but not running is a failure; without a GPU the caller turns the interpreter on
-    first (`interpreter_wanted`): this module writes no environment variables.
-    """
+    """Can the Triton kernels run here? Returns ``(runnable, how or why not, kernel modules present)``:
+    never with ``off``; with ``auto`` when the kernel modules, torch and triton are there and a CUDA GPU
+    or a user-set ``TRITON_INTERPRET=1``; ``on`` as auto, but not running is a failure (without a GPU the
+    caller turns the interpreter on first, `interpreter_wanted`: this module writes no environment)."""
     choice("kernels", mode, KERNEL_MODES)
     if mode == "off":
         return False, "not run (--kernels off)", []

@@ -50,8 +50,7 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
 
 
 def finite_real(value: object) -> bool:
-    """Is `value` a finite real number: an int or float, not a bool, not NaN or inf (nor an int too large
-    for a float)?"""
+    """Is `value` an int or float, not a bool, not NaN or inf, nor an int too large for a float?"""
     try:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     except OverflowError:

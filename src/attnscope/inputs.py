@@ -53,16 +53,14 @@ def read_text(path, field: str) -> str:
             sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         where = "stdin"
     else:
-        p = Path(path)
         where = _name(path)
         try:
-            if p.is_dir():
+            if os.path.isdir(path):
                 raise InputError(f"{field}: expected a readable file, got a directory {where}")
-            size = p.stat().st_size
-            if size > MAX_BYTES:
+            if (size := os.stat(path).st_size) > MAX_BYTES:
                 raise InputError(f"{field}: expected a file of at most {MAX_BYTES // 2**20} MiB, got "
                                  f"{size:,} bytes in {where}")
-            with open(p, "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read(MAX_BYTES + 1)
         except OSError as e:
             raise InputError(f"{field}: expected a readable file, got {where} ({e.strerror})") from None

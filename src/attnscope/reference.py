@@ -253,10 +253,9 @@ def _normalise(m, l, acc):
 def combine(partials):
     """Merge split-KV partial results into the whole (the Flash-Decoding reduction).
 
-    Split ``s`` attended to its own slice of the keys and produced a normalised output ``O_s`` and its
-    logsumexp ``LSE_s``. The whole is ``LSE = log sum_s exp(LSE_s)`` and ``O = sum_s exp(LSE_s - LSE) O_s``.
-    A split that saw no permitted key (``LSE_s = -inf``) has weight 0; a row for which every split is
-    empty gets zeros and ``LSE = -inf``.
+    From each split's normalised output ``O_s`` and logsumexp ``LSE_s``: ``LSE = log sum_s exp(LSE_s)``,
+    ``O = sum_s exp(LSE_s - LSE) O_s``. A split with no permitted key (``LSE_s = -inf``) weighs 0; a row
+    for which every split is empty gets zeros and ``LSE = -inf``.
 
     Parameters
     ----------
@@ -269,9 +268,8 @@ def combine(partials):
 
     Example
     -------
-    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 1, 16))
-    >>> parts = [tiled_attention(q, k[a:b], v[a:b]) for a, b in ((0, 1),)]
-    >>> o, lse = combine(parts)
+    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 9, 16))
+    >>> o, lse = combine([tiled_attention(q, k[a:b], v[a:b]) for a, b in ((0, 4), (4, 9))])
     """
     try:
         parts = list(partials)
@@ -340,8 +338,7 @@ TRACE_MAX_ABS = 1e300
 def online_softmax_trace(tiles) -> Trace:
     """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
 
-    Every tile at once: ``m_j`` is a cumulative max and the linear recurrences of ``l_j`` and ``acc_j``
-    are solved by a prefix scan, giving the sequential loop's states up to float64 rounding.
+    All tiles at once: ``m_j`` a cumulative max, ``l_j`` and ``acc_j`` a prefix scan (the loop's states).
 
     Parameters
     ----------
@@ -453,11 +450,8 @@ def _tile_arrays(tiles):
 
 # --- the backward ---------------------------------------------------------------------------------
 def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
-    """FlashAttention-2's backward (Algorithm 2) in float64, P recomputed from the saved LSE.
-
-    ``P = exp(S - LSE)`` (masked entries and rows with LSE = -inf give 0), ``D = rowsum(dO * O)``,
-    ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``.
-    GQA: the kv heads' gradients are summed over their group of query heads.
+    """FlashAttention-2's backward (Algorithm 2) in float64, ``P = exp(S - LSE)`` recomputed from the saved
+    LSE (0 where masked); GQA: the kv heads' gradients are summed over their group of query heads.
 
     Parameters
     ----------
