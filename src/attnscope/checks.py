@@ -474,8 +474,7 @@ def _kernel_decode_splits(name, torch, device, rng):
 
 
 def iter_checks(seed: int = 0, kernels: str = "auto"):
-    """The reference checks, then the kernel checks (or the line saying why they were not run), one
-    result at a time."""
+    """The reference checks, then the kernel checks (or why not), one result at a time."""
     choice("kernels", kernels, KERNEL_MODES)
     yield from reference_checks(seed)
     yield from kernel_checks(seed, kernels)

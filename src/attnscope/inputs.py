@@ -263,12 +263,11 @@ def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
     refuse_symlinks([p], field)
     if p.is_dir():
         raise InputError(f"{field}: expected a file name, got a directory {where}")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
         with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, p)
         tmp = None
     except OSError as e:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnscope.errors import InputError, positive_int, short
+from attnscope.errors import InputError, finite_real, positive_int, short
 from attnscope.model.tiles import Grid
 
 __all__ = ["naive_attention", "tiled_attention", "attention_backward", "combine", "online_softmax_trace",
@@ -85,8 +85,8 @@ def _prepare(q, k, v, scale):
     q, k, v = (np.broadcast_to(x, lead + x.shape[-2:]) for x in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise InputError(f"scale: expected a finite real number or None, got {scale!r}")
+    elif not finite_real(scale):
+        raise InputError(f"scale: expected a finite real number or None, got {short(scale)}")
     return q, k, v, float(scale)
 
 
@@ -207,8 +207,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
             raise InputError(f"trace_rows: expected 0-based row indices in 0..{nq - 1}, got {r!r}")
     trace: dict[int, list[TraceStep]] = {int(r): [] for r in sorted(traced)}
 
-    o = np.zeros(lead + (nq, dv))  # [..., Nq, dv]
-    lse = np.full(lead + (nq,), -np.inf)  # [..., Nq]
+    o, lse = np.zeros(lead + (nq, dv)), np.full(lead + (nq,), -np.inf)  # [..., Nq, dv], [..., Nq]
     for i in range(1, grid.n_q_tiles + 1):  # outer loop: one program (CTA) per query tile
         r0, r1 = grid.rows(i)  # 1-based inclusive
         q_i = q[..., r0 - 1:r1, :]  # [..., Br, d]   loaded once
@@ -278,7 +277,7 @@ def combine(partials):
                          f"got {type(partials).__name__}") from e
     if not parts:
         raise InputError("partials: expected at least one (o, lse) pair, got none")
-    os_, lses = [], []
+    arrays = []
     for n, part in enumerate(parts):
         if not (isinstance(part, (tuple, list)) and len(part) == 2):
             raise InputError(f"partials[{n}]: expected an (o, lse) pair, got {type(part).__name__}")
@@ -286,17 +285,16 @@ def combine(partials):
         if o_s.ndim < 1 or o_s.shape[:-1] != lse_s.shape:
             raise InputError(f"partials[{n}]: expected o [..., N, dv] and lse [..., N], got shapes "
                              f"{o_s.shape} and {lse_s.shape}")
-        if os_ and o_s.shape != os_[0].shape:
-            raise InputError(f"partials[{n}]: expected o of shape {os_[0].shape} (as partials[0]), "
+        if arrays and o_s.shape != arrays[0][0].shape:
+            raise InputError(f"partials[{n}]: expected o of shape {arrays[0][0].shape} (as partials[0]), "
                              f"got {o_s.shape}")
         if np.any(np.isnan(lse_s)) or np.any(np.isposinf(lse_s)) or not np.all(np.isfinite(o_s)):
             raise InputError(f"partials[{n}]: expected finite o and lse in [-inf, inf), got NaN or inf")
-        os_.append(o_s)
-        lses.append(lse_s)
-    lse_all = np.stack(lses)  # [S, ..., N]
+        arrays.append((o_s, lse_s))
+    o_all, lse_all = map(np.stack, zip(*arrays, strict=True))  # [S, ..., N, dv], [S, ..., N]
     m = lse_all.max(axis=0)  # [..., N]
     w = np.exp(lse_all - np.where(np.isneginf(m), 0.0, m))  # [S, ..., N]   exp(-inf - .) = 0
-    return _normalise(m, w.sum(axis=0), np.sum(w[..., None] * np.stack(os_), axis=0))
+    return _normalise(m, w.sum(axis=0), np.sum(w[..., None] * o_all, axis=0))
 
 
 # --- the trace of one row (spec §3.2) -------------------------------------------------------------
