@@ -126,11 +126,9 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     l_row = e.sum(axis=-1, keepdims=True)
     p = np.divide(e, l_row, out=np.zeros_like(e), where=l_row > 0)  # step 2: probabilities
     o = p @ v  # [..., Nq, dv]                                       step 3: output
-    if not return_lse:
-        return o
     with np.errstate(divide="ignore"):
         lse = (m_safe + np.log(l_row))[..., 0]  # log(0) = -inf for rows with no key
-    return o, lse
+    return (o, lse) if return_lse else o
 
 
 # --- the online-softmax recurrence, one KV tile for a block of rows ----------------------------------
