@@ -53,7 +53,7 @@ def _online_update_without_rescale(m_i, l_i, acc, s, v_j):
     m_base = np.where(np.isneginf(m_new), 0.0, m_new)
     alpha = np.ones_like(m_i)  # the bug: the old state is not moved onto the new max
     p = np.exp(s - m_base[..., None])
-    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j, p
+    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j
 
 
 def _online_update_nan_on_empty_rows(m_i, l_i, acc, s, v_j):
@@ -61,7 +61,7 @@ def _online_update_nan_on_empty_rows(m_i, l_i, acc, s, v_j):
     with np.errstate(invalid="ignore"):
         alpha = np.exp(m_i - m_new)  # the bug: -inf - (-inf) = NaN while a row has seen no key
         p = np.exp(s - m_new[..., None])
-    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j, p
+    return m_new, alpha, alpha * l_i + p.sum(-1), alpha[..., None] * acc + p @ v_j
 
 
 def test_missing_rescale_fails_checks_1_2_6(monkeypatch):
@@ -180,7 +180,7 @@ def _fake_kernels(monkeypatch, error=0.0, empty_rows_nan=False):
 
 def test_fake_correct_kernels_pass(monkeypatch):
     _fake_kernels(monkeypatch)
-    res = checks.kernel_checks(0, "on")
+    res = list(checks.kernel_checks(0, "on"))
     assert [r.name.split()[0] for r in res] == ["K1", "K4", "K1", "K6"]
     assert all(r.passed for r in res), [(r.name, r.detail) for r in res]
     k1 = res[0]
@@ -189,14 +189,14 @@ def test_fake_correct_kernels_pass(monkeypatch):
 
 def test_fake_kernels_off_by_a_little_fail(monkeypatch):
     _fake_kernels(monkeypatch, error=0.01)
-    res = checks.kernel_checks(0, "on")
+    res = list(checks.kernel_checks(0, "on"))
     assert [r.passed for r in res] == [False, False, False, False]  # K4: empty rows are not zeros
     assert res[0].error > res[0].tolerance
 
 
 def test_fake_kernel_nan_on_empty_rows_fails_k4(monkeypatch):
     _fake_kernels(monkeypatch, empty_rows_nan=True)
-    r = checks.kernel_checks(0, "on")[1]
+    r = list(checks.kernel_checks(0, "on"))[1]
     assert r.name.startswith("K4") and r.passed is False and r.error > 0
 
 
@@ -208,7 +208,7 @@ def test_a_crashing_kernel_fails_its_line(monkeypatch):
         raise NotImplementedError("head_dim 64 is not supported; supported: 128")
 
     monkeypatch.setattr(attnscope, "flash_decode", boom)
-    res = checks.kernel_checks(0, "on")
+    res = list(checks.kernel_checks(0, "on"))
     assert [r.passed for r in res] == [True, True, False, False]
     assert res[2].detail == "raised NotImplementedError: head_dim 64 is not supported; supported: 128"
 
@@ -218,7 +218,7 @@ def test_real_kernels_pass_where_they_can_run():
     runnable, why, present = checks.kernel_status("auto")
     if not runnable or set(present) != {"fwd", "decode"}:
         pytest.skip(f"kernels {why}")
-    res = checks.kernel_checks(0, "auto")
+    res = list(checks.kernel_checks(0, "auto"))
     assert all(r.passed for r in res), [(r.name, r.detail) for r in res]
 
 

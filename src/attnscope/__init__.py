@@ -18,9 +18,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-#: The public kernels and where they live, imported on first use (PEP 562 `__getattr__`):
-#: FA-2 forward (differentiable), packed variable-length forward, split-KV decode / chunked prefill over a
-#: dense or paged cache, and ``decode_plan`` (plan once, then ``plan.run(...)``; CUDA-graph capturable).
+#: The public kernels, imported on first use (PEP 562 `__getattr__`): FA-2 forward (differentiable), packed
+#: varlen forward, split-KV decode / chunked prefill, ``decode_plan`` (plan once, then ``plan.run(...)``).
 _KERNELS = {"flash_attention": ("attnscope.kernels.fwd", "flash_attention"),
             "flash_attention_varlen": ("attnscope.kernels.varlen", "flash_attention_varlen"),
             "flash_decode": ("attnscope.kernels.decode", "flash_decode"),

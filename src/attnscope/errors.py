@@ -12,6 +12,7 @@ otherwise be expanded into the message).
 from __future__ import annotations
 
 import math
+import reprlib
 
 #: Longest echo of a bad value inside an error message.
 ECHO_CHARS = 60
@@ -22,14 +23,9 @@ class InputError(ValueError):
 
 
 def short(value: object, limit: int = ECHO_CHARS) -> str:
-    """A one-line, bounded description of `value` for an error message.
-
-    Containers are described by type and length (their contents are never walked); strings and
-    numbers are repr()'d and cut to `limit` characters; control and bidi characters are escaped.
-    """
+    """A one-line, bounded description of `value` for an error message: at most `limit` characters,
+    containers by a bounded repr or by type and length, control and bidi characters escaped."""
     if isinstance(value, (dict, list, tuple, set, frozenset)):
-        import reprlib
-
         r = reprlib.Repr()  # bounded at every level: never walks more than a few items
         r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 6, 6, 4, 6
         r.maxstring, r.maxlong, r.maxother = 30, 30, 30
@@ -43,21 +39,18 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 190:
         # ~57 digits: a giant int is never converted to text in full
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
-    if isinstance(value, str) and len(value) > 4 * limit:
-        value = value[: 4 * limit]
-        text = repr(value)[:-1] + "..."
-    else:
-        try:
-            text = repr(value)
-        except Exception:  # a hostile __repr__: describe the type only
-            text = f"<{type(value).__name__}>"
+    if isinstance(value, str):
+        value = value[: 4 * limit]  # still longer than `limit` once repr()'d, so cut below
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__: describe the type only
+        text = f"<{type(value).__name__}>"
     text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def finite_real(value: object) -> bool:
-    """Is `value` a finite real number: an int or float, not a bool, not NaN or inf (nor an int too large
-    for a float)?"""
+    """Is `value` an int or float, not a bool, not NaN or inf, nor an int too large for a float?"""
     try:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     except OverflowError:

@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,22 +49,18 @@ def _name(path) -> str:
 def read_text(path, field: str) -> str:
     """The file's text, strict UTF-8; `path == "-"` reads stdin. One InputError line on any problem."""
     if str(path) == "-":
-        import sys
-
         data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else \
             sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         where = "stdin"
     else:
-        p = Path(path)
         where = _name(path)
         try:
-            if p.is_dir():
+            if os.path.isdir(path):
                 raise InputError(f"{field}: expected a readable file, got a directory {where}")
-            size = p.stat().st_size
-            if size > MAX_BYTES:
+            if (size := os.stat(path).st_size) > MAX_BYTES:
                 raise InputError(f"{field}: expected a file of at most {MAX_BYTES // 2**20} MiB, got "
                                  f"{size:,} bytes in {where}")
-            with open(p, "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read(MAX_BYTES + 1)
         except OSError as e:
             raise InputError(f"{field}: expected a readable file, got {where} ({e.strerror})") from None
@@ -158,11 +155,10 @@ def _yaml_loader():
         depth = 0
 
         def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                ev = self.peek_event()
+            ev = self.peek_event()
+            if isinstance(ev, yaml.AliasEvent):
                 raise InputError(f"no YAML aliases (*{short(ev.anchor, 30)}); write the value out|an alias "
                                  f"at line {ev.start_mark.line + 1}")
-            ev = self.peek_event()
             if getattr(ev, "anchor", None) is not None:
                 raise InputError(f"no YAML anchors (&{short(ev.anchor, 30)})|an anchor at line "
                                  f"{ev.start_mark.line + 1}")
@@ -248,12 +244,9 @@ def out_dir(path, field: str = "--out") -> Path:
             raise InputError(f"{field}: expected a directory, got a dangling symlink {where}")
         if p.exists() and not p.is_dir():
             raise InputError(f"{field}: expected a directory, got an existing file {where}")
-        for parent in p.absolute().parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise InputError(f"{field}: expected a directory, got a path under the file "
-                                     f"{_name(parent)}")
-                break
+        parent = next(x for x in p.absolute().parents if x.exists())  # the root always exists
+        if not parent.is_dir():
+            raise InputError(f"{field}: expected a directory, got a path under the file {_name(parent)}")
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"{field}: expected a writable directory, got {where} ({e.strerror})") from None
@@ -263,22 +256,18 @@ def out_dir(path, field: str = "--out") -> Path:
 
 
 def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
-    """Write `data` to `path` atomically (temp file in the same directory, then os.replace).
-
-    An existing symlink (or a directory) at `path` is refused: the write never leaves the directory
-    the user named. Returns the path.
-    """
+    """Write `data` to `path` atomically (a temp file in its directory, then os.replace) and return the
+    path; a symlink or a directory at `path` is refused."""
     p = Path(path)
     where = _name(path)
     refuse_symlinks([p], field)
     if p.is_dir():
         raise InputError(f"{field}: expected a file name, got a directory {where}")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
         with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, p)
         tmp = None
     except OSError as e:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnscope.errors import InputError, positive_int, short
+from attnscope.errors import InputError, finite_real, positive_int, short
 from attnscope.model.tiles import Grid
 
 __all__ = ["naive_attention", "tiled_attention", "attention_backward", "combine", "online_softmax_trace",
@@ -54,10 +54,8 @@ def _as_float64(name: str, x, min_ndim: int) -> np.ndarray:
 
 
 def _prepare(q, k, v, scale):
-    """Validate, convert to float64, expand GQA heads and broadcast the leading dims.
-
-    Returns ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale.
-    """
+    """Validate, convert to float64, expand GQA heads and broadcast the leading dims: returns
+    ``q [*lead, Nq, d]``, ``k [*lead, Nk, d]``, ``v [*lead, Nk, dv]`` and the scale."""
     q, k, v = (_as_float64(name, x, 2) for name, x in (("q", q), ("k", k), ("v", v)))
     nq, d = q.shape[-2:]
     nk = k.shape[-2]
@@ -87,15 +85,14 @@ def _prepare(q, k, v, scale):
     q, k, v = (np.broadcast_to(x, lead + x.shape[-2:]) for x in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise InputError(f"scale: expected a finite real number or None, got {scale!r}")
+    elif not finite_real(scale):
+        raise InputError(f"scale: expected a finite real number or None, got {short(scale)}")
     return q, k, v, float(scale)
 
 
 def _causal_permitted(nq: int, nk: int) -> np.ndarray:
     """[Nq, Nk] boolean: key c visible to query r iff c <= r + (Nk - Nq) (bottom-right, tiles.py)."""
-    offset = Grid(nq, nk, causal=True).offset
-    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + offset
+    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + Grid(nq, nk, causal=True).offset
 
 
 # --- the baseline ---------------------------------------------------------------------------------
@@ -120,30 +117,24 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> o = naive_attention(np.ones((4, 8)), np.ones((6, 8)), np.eye(6, 3), causal=True)
     """
     q, k, v, scale = _prepare(q, k, v, scale)
-    nq, nk = q.shape[-2], k.shape[-2]
     s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]   step 1: scores
     if causal:
-        s = np.where(_causal_permitted(nq, nk), s, -np.inf)
+        s = np.where(_causal_permitted(q.shape[-2], k.shape[-2]), s, -np.inf)
     m = s.max(axis=-1, keepdims=True)  # [..., Nq, 1]
     m_safe = np.where(np.isneginf(m), 0.0, m)  # a row with no key: exp(-inf - 0) = 0, not NaN
     e = np.exp(s - m_safe)
     l_row = e.sum(axis=-1, keepdims=True)
     p = np.divide(e, l_row, out=np.zeros_like(e), where=l_row > 0)  # step 2: probabilities
     o = p @ v  # [..., Nq, dv]                                       step 3: output
-    if not return_lse:
-        return o
     with np.errstate(divide="ignore"):
         lse = (m_safe + np.log(l_row))[..., 0]  # log(0) = -inf for rows with no key
-    return o, lse
+    return (o, lse) if return_lse else o
 
 
 # --- the online-softmax recurrence, one KV tile for a block of rows ----------------------------------
 def _online_update(m_i, l_i, acc, s, v_j):
-    """One KV tile of the FA-2 recurrence (spec §3.1) for a block of rows.
-
-    m_i, l_i [..., R]; acc [..., R, dv]; s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv].
-    Returns ``(m_new, alpha, l_new, acc_new)``.
-    """
+    """One KV tile of the FA-2 recurrence (spec §3.1) for rows m_i, l_i [..., R]; acc [..., R, dv];
+    s [..., R, Bc] (masked entries -inf); v_j [..., Bc, dv]. Returns ``(m_new, alpha, l_new, acc_new)``."""
     m_new = np.maximum(m_i, s.max(axis=-1))  # [..., R]
     # While a row has seen no permitted key m_new = -inf; subtracting 0 instead keeps every exp(-inf - .)
     # exactly 0 (alpha and p), where -inf - (-inf) would be NaN.
@@ -152,15 +143,12 @@ def _online_update(m_i, l_i, acc, s, v_j):
     p = np.exp(s - m_base[..., None])  # [..., R, Bc]
     l_new = alpha * l_i + p.sum(axis=-1)
     acc_new = alpha[..., None] * acc + p @ v_j  # [..., R, dv]
-    return m_new, alpha, l_new, acc_new, p
+    return m_new, alpha, l_new, acc_new
 
 
 def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
-    """The causal mask on one straddling tile: -inf where column > row + offset (0-based indices).
-
-    s [..., R, C] holds rows ``row0..row0+R-1`` and columns ``col0..col0+C-1``. A module-level function
-    so a test can replace it and watch the checks catch an omitted mask.
-    """
+    """The causal mask on one straddling tile s [..., R, C] (rows ``row0..``, columns ``col0..``, 0-based):
+    -inf where column > row + offset. Module-level, so a test can omit it and watch the checks catch that."""
     rows = row0 + np.arange(s.shape[-2])[:, None]
     cols = col0 + np.arange(s.shape[-1])[None, :]
     return np.where(cols <= rows + offset, s, -np.inf)
@@ -168,12 +156,9 @@ def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TraceStep:
-    """The state of one query row after one KV tile.
-
-    ``row`` is 0-based (an index into Nq); ``query_tile``/``kv_tile`` are 1-based as in `model/tiles.py`.
-    m, alpha, l are arrays over the leading dims (floats when there are none); acc is [..., dv].
-    ``alpha`` on the first tile is ``exp(-inf - m) = 0``: there is no previous state to rescale.
-    """
+    """The state of one query row after one KV tile: ``row`` 0-based, ``query_tile``/``kv_tile`` 1-based as in
+    `model/tiles.py`; m, alpha, l arrays over the leading dims (floats when there are none), acc [..., dv];
+    ``alpha`` is 0 on the first tile (no previous state to rescale)."""
 
     row: int
     query_tile: int
@@ -188,10 +173,7 @@ class TraceStep:
 def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 128,
                     block_kv: int = 64, normalized: bool = False, trace_rows: Sequence[int] | None = None,
                     *, _apply_mask: bool = True):
-    """FlashAttention-2 forward, tile by tile, in float64.
-
-    Query tiles outer, KV tiles inner; per query tile ``Grid.kv_bounds`` (`model/tiles.py`) gives the KV
-    tiles loaded unmasked, loaded and masked (before the running max), and skipped.
+    """FlashAttention-2 forward, tile by tile, in float64 (the loop order and masking: module docstring).
 
     Parameters
     ----------
@@ -217,77 +199,60 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     grid = Grid(q.shape[-2], k.shape[-2], positive_int("block_q", block_q),
                 positive_int("block_kv", block_kv), causal=bool(causal))
     lead, nq, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
-    traced = _trace_rows(trace_rows, nq)
-    trace: dict[int, list[TraceStep]] = {r: [] for r in traced}
+    traced = [] if trace_rows is None else [trace_rows] if isinstance(trace_rows, int) else list(trace_rows)
+    for r in traced:
+        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 0 <= r < nq):
+            raise InputError(f"trace_rows: expected 0-based row indices in 0..{nq - 1}, got {r!r}")
+    trace: dict[int, list[TraceStep]] = {int(r): [] for r in sorted(traced)}
 
-    o = np.zeros(lead + (nq, dv))  # [..., Nq, dv]
-    lse = np.full(lead + (nq,), -np.inf)  # [..., Nq]
+    o, lse = np.zeros(lead + (nq, dv)), np.full(lead + (nq,), -np.inf)  # [..., Nq, dv], [..., Nq]
     for i in range(1, grid.n_q_tiles + 1):  # outer loop: one program (CTA) per query tile
         r0, r1 = grid.rows(i)  # 1-based inclusive
         q_i = q[..., r0 - 1:r1, :]  # [..., Br, d]   loaded once
         rows = r1 - r0 + 1
-        m_i = np.full(lead + (rows,), -np.inf)
-        l_i = np.zeros(lead + (rows,))
+        m_i, l_i = np.full(lead + (rows,), -np.inf), np.zeros(lead + (rows,))
         acc = np.zeros(lead + (rows, dv))  # unnormalised (FA-2) or normalised o_i (FA-1)
         n_full, n_loaded = grid.kv_bounds(i)
         for j in range(1, n_loaded + 1):  # inner loop; tiles n_loaded+1.. are skipped (skip bound)
             c0, c1 = grid.cols(j)
-            k_j = k[..., c0 - 1:c1, :]  # [..., Bc, d]
-            v_j = v[..., c0 - 1:c1, :]  # [..., Bc, dv]
+            k_j, v_j = k[..., c0 - 1:c1, :], v[..., c0 - 1:c1, :]  # [..., Bc, d], [..., Bc, dv]
             s = (q_i @ np.swapaxes(k_j, -1, -2)) * scale  # [..., Br, Bc]   never leaves the tile
             masked = j > n_full
             if masked and _apply_mask:
                 s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset)  # before the running max sees it
-            if normalized:
-                m_new, alpha, l_new, _, p = _online_update(m_i, l_i, np.zeros_like(acc), s, v_j)
-                # FA-1: o_new = (alpha l_old / l_new) o_old + (p V_j) / l_new; a row with l_new = 0 stays 0
-                safe = np.where(l_new > 0, l_new, 1.0)
-                acc = np.where((l_new > 0)[..., None],
-                               ((alpha * l_i / safe)[..., None] * acc + (p @ v_j) / safe[..., None]), 0.0)
-            else:
-                m_new, alpha, l_new, acc, _ = _online_update(m_i, l_i, acc, s, v_j)
-            m_i, l_i = m_new, l_new
-            for r in traced:
+            acc_old = l_i[..., None] * acc if normalized else acc  # FA-1 holds o_i = acc / l
+            m_i, alpha, l_i, acc = _online_update(m_i, l_i, acc_old, s, v_j)
+            if normalized:  # FA-1: o_i = (alpha l_old o_old + P V_j) / l_new; a row with l_new = 0 stays 0
+                acc = _normalise(m_i, l_i, acc)[0]
+            for r in trace:
                 if r0 - 1 <= r < r1:
                     t = r - (r0 - 1)
                     trace[r].append(TraceStep(row=r, query_tile=i, kv_tile=j, masked=masked,
                                               m=_scalar(m_i[..., t]), alpha=_scalar(alpha[..., t]),
                                               l=_scalar(l_i[..., t]), acc=acc[..., t, :].copy()))
-        has_key = l_i > 0  # [..., Br]
-        if normalized:
-            o[..., r0 - 1:r1, :] = acc
-        else:  # the one division, after the last tile
-            o[..., r0 - 1:r1, :] = np.divide(acc, l_i[..., None], out=np.zeros_like(acc),
-                                             where=has_key[..., None])
-        with np.errstate(divide="ignore"):
-            lse[..., r0 - 1:r1] = np.where(has_key, m_i + np.log(np.where(has_key, l_i, 1.0)), -np.inf)
-    if trace_rows is None:
-        return o, lse
-    return o, lse, trace
-
-
-def _trace_rows(trace_rows, nq: int) -> list[int]:
-    if trace_rows is None:
-        return []
-    rows = list(trace_rows) if not isinstance(trace_rows, int) else [trace_rows]
-    for r in rows:
-        if not (isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 0 <= r < nq):
-            raise InputError(f"trace_rows: expected 0-based row indices in 0..{nq - 1}, got {r!r}")
-    return sorted({int(r) for r in rows})
+        o_i, lse[..., r0 - 1:r1] = _normalise(m_i, l_i, acc)
+        o[..., r0 - 1:r1, :] = acc if normalized else o_i  # FA-2: the one division, after the last tile
+    return (o, lse) if trace_rows is None else (o, lse, trace)
 
 
 def _scalar(x):
     return float(x) if np.ndim(x) == 0 else x.copy()
 
 
+def _normalise(m, l, acc):
+    """``(acc / l, m + log l)`` for m, l [..., R] and acc [..., R, dv]; (0, -inf) where ``l = 0`` (no key)."""
+    has_key = l > 0
+    lse = np.where(has_key, m + np.log(np.where(has_key, l, 1.0)), -np.inf)
+    return np.divide(acc, l[..., None], out=np.zeros_like(acc), where=has_key[..., None]), lse
+
+
 # --- split-KV combine (Flash-Decoding's reduction) -------------------------------------------------
 def combine(partials):
     """Merge split-KV partial results into the whole (the Flash-Decoding reduction).
 
-    Split ``s`` attended to its own slice of the keys and produced a normalised output ``O_s`` and its
-    logsumexp ``LSE_s``. The whole is ``LSE = log sum_s exp(LSE_s)`` and ``O = sum_s exp(LSE_s - LSE) O_s``.
-    A split that saw no permitted key (``LSE_s = -inf``) has weight 0; a row for which every split is
-    empty gets zeros and ``LSE = -inf``.
+    From each split's normalised output ``O_s`` and logsumexp ``LSE_s``: ``LSE = log sum_s exp(LSE_s)``,
+    ``O = sum_s exp(LSE_s - LSE) O_s``. A split with no permitted key (``LSE_s = -inf``) weighs 0; a row
+    for which every split is empty gets zeros and ``LSE = -inf``.
 
     Parameters
     ----------
@@ -300,9 +265,8 @@ def combine(partials):
 
     Example
     -------
-    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 1, 16))
-    >>> parts = [tiled_attention(q, k[a:b], v[a:b]) for a, b in ((0, 1),)]
-    >>> o, lse = combine(parts)
+    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 9, 16))
+    >>> o, lse = combine([tiled_attention(q, k[a:b], v[a:b]) for a, b in ((0, 4), (4, 9))])
     """
     try:
         parts = list(partials)
@@ -311,35 +275,24 @@ def combine(partials):
                          f"got {type(partials).__name__}") from e
     if not parts:
         raise InputError("partials: expected at least one (o, lse) pair, got none")
-    os_, lses = [], []
+    arrays = []
     for n, part in enumerate(parts):
         if not (isinstance(part, (tuple, list)) and len(part) == 2):
             raise InputError(f"partials[{n}]: expected an (o, lse) pair, got {type(part).__name__}")
-        o_s = np.asarray(part[0], dtype=np.float64)
-        lse_s = np.asarray(part[1], dtype=np.float64)
+        o_s, lse_s = (np.asarray(x, dtype=np.float64) for x in part)
         if o_s.ndim < 1 or o_s.shape[:-1] != lse_s.shape:
             raise InputError(f"partials[{n}]: expected o [..., N, dv] and lse [..., N], got shapes "
                              f"{o_s.shape} and {lse_s.shape}")
-        if os_ and o_s.shape != os_[0].shape:
-            raise InputError(f"partials[{n}]: expected o of shape {os_[0].shape} (as partials[0]), "
+        if arrays and o_s.shape != arrays[0][0].shape:
+            raise InputError(f"partials[{n}]: expected o of shape {arrays[0][0].shape} (as partials[0]), "
                              f"got {o_s.shape}")
         if np.any(np.isnan(lse_s)) or np.any(np.isposinf(lse_s)) or not np.all(np.isfinite(o_s)):
             raise InputError(f"partials[{n}]: expected finite o and lse in [-inf, inf), got NaN or inf")
-        os_.append(o_s)
-        lses.append(lse_s)
-    lse_all = np.stack(lses)  # [S, ..., N]
+        arrays.append((o_s, lse_s))
+    o_all, lse_all = map(np.stack, zip(*arrays, strict=True))  # [S, ..., N, dv], [S, ..., N]
     m = lse_all.max(axis=0)  # [..., N]
-    m_base = np.where(np.isneginf(m), 0.0, m)
-    w = np.exp(lse_all - m_base)  # [S, ..., N]   exp(-inf - .) = 0
-    total = w.sum(axis=0)
-    o = np.zeros_like(os_[0])
-    for w_s, o_s in zip(w, os_, strict=True):
-        o += w_s[..., None] * o_s
-    has_key = total > 0
-    o = np.divide(o, total[..., None], out=np.zeros_like(o), where=has_key[..., None])
-    with np.errstate(divide="ignore"):
-        lse = np.where(has_key, m_base + np.log(np.where(has_key, total, 1.0)), -np.inf)
-    return o, lse
+    w = np.exp(lse_all - np.where(np.isneginf(m), 0.0, m))  # [S, ..., N]   exp(-inf - .) = 0
+    return _normalise(m, w.sum(axis=0), np.sum(w[..., None] * o_all, axis=0))
 
 
 # --- the trace of one row (spec §3.2) -------------------------------------------------------------
@@ -381,8 +334,7 @@ TRACE_MAX_ABS = 1e300
 def online_softmax_trace(tiles) -> Trace:
     """Replay the online softmax for one query row whose scores arrive tile by tile (spec §3.2).
 
-    Every tile at once: ``m_j`` is a cumulative max and the linear recurrences of ``l_j`` and ``acc_j``
-    are solved by a prefix scan, giving the sequential loop's states up to float64 rounding.
+    All tiles at once: ``m_j`` a cumulative max, ``l_j`` and ``acc_j`` a prefix scan (the loop's states).
 
     Parameters
     ----------
@@ -403,10 +355,21 @@ def online_softmax_trace(tiles) -> Trace:
     """
     if isinstance(tiles, (str, bytes)) or not isinstance(tiles, Sequence) or len(tiles) == 0:
         raise InputError(f"tiles: expected a non-empty list of tiles, got {short(tiles)}")
-    s, v, lengths = _plain_tiles(tiles) or _checked_tiles(tiles)  # s [K], v [K, dv], lengths [n]
+    s, v, lengths = _tile_arrays(tiles)  # s [K], v [K, dv], lengths [n]
     starts = np.cumsum(lengths) - lengths  # [n] first key of each tile
     tile_of_key = np.repeat(np.arange(len(lengths)), lengths)  # [K]
-    _check_trace_values(s, v, tile_of_key)
+    bad = ~np.isfinite(s) | ~np.all(np.isfinite(v), axis=1)  # [K] keys with a non-finite score or value
+    if bad.any():  # the first tile with one; its scores before its values
+        t = tile_of_key[np.argmax(bad)]
+        s_t, v_t = s[tile_of_key == t], v[tile_of_key == t]
+        what, x = ("scores", s_t) if not np.all(np.isfinite(s_t)) else ("values", v_t)
+        raise InputError(f"tile {t + 1} {what}: expected finite numbers, got {x[~np.isfinite(x)][0]}")
+    limit = TRACE_MAX_ABS / len(s)  # |v| within the accumulator's headroom
+    if np.any(np.abs(v) > limit):
+        i = np.argmax(np.abs(v) > limit)  # flat index of the first too large
+        t, x = tile_of_key[i // v.shape[1]], float(v.flat[i])
+        raise InputError(f"tile {t + 1} values: expected |v| <= {limit:.3g} (float64 headroom for the sum "
+                         f"over {len(s):,} keys), got {short(x)}")
 
     m = np.maximum.accumulate(np.maximum.reduceat(s, starts))  # [n] running max after each tile
     alpha = np.exp(np.concatenate(([-np.inf], m[:-1])) - m)  # [n] exp(m_old - m); 0 on tile 1
@@ -434,108 +397,57 @@ def _linear_scan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
-def _plain_tiles(tiles):
-    """Fast path: plain lists of int/float flattened to ``(s [K], v [K, dv], lengths [n])`` by C-level
-    passes (`map`, `set`, `chain`); None when anything is not, for `_checked_tiles` to name it."""
+_PLAIN_NUMBERS, _SEQUENCES = frozenset({int, float}), frozenset({tuple, list})
+
+
+def _reals(xs) -> bool:
+    """Is every element of ``xs`` a real number (numpy's too) and none a bool? A C-level pass over types."""
+    types = set(map(type, xs))
+    return types <= _PLAIN_NUMBERS or all(issubclass(t, (int, float, np.integer, np.floating))
+                                          and not issubclass(t, (bool, np.bool_)) for t in types)
+
+
+def _plain(x):
+    return x.tolist() if isinstance(x, np.ndarray) else x
+
+
+def _tile_arrays(tiles):
+    """The tiles flattened to ``(s [K], v [K, dv], lengths [n])``, or an InputError naming the first bad
+    tile. Each tile is checked by C-level passes (`set`, `map`) over its elements, not element by element."""
     chain = itertools.chain.from_iterable
-    if not set(map(type, tiles)) <= {tuple, list} or set(map(len, tiles)) != {2}:
-        return None
-    scores, values = zip(*tiles, strict=True)
-    if set(map(type, scores)) != {list} or set(map(type, values)) != {list}:
-        return None
-    lengths = list(map(len, scores))
-    if lengths != list(map(len, values)) or 0 in lengths:
-        return None
-    scores, rows = list(chain(scores)), list(chain(values))
-    if not set(map(type, scores)) <= {int, float} or set(map(type, rows)) != {list}:
-        return None
-    if not set(map(type, chain(rows))) <= {int, float}:
-        return None
-    try:
-        s_arr = np.array(scores, dtype=np.float64)
-        v_arr = np.array(rows, dtype=np.float64)
-    except (ValueError, OverflowError):  # ragged rows, an integer beyond float64
-        return None
-    if v_arr.ndim != 2 or v_arr.shape[1] == 0:
-        return None
-    return s_arr, v_arr, np.array(lengths)
-
-
-def _checked_tiles(tiles):
-    """Tile by tile, naming the first bad one (any sequence or array types); flattened as `_plain_tiles`."""
-    scores_all, values_all = [], []
-    dv = None
+    scores, rows, lengths = [], [], []
     for n, tile in enumerate(tiles, start=1):
         if not (isinstance(tile, (tuple, list)) and len(tile) == 2):
             raise InputError(f"tile {n}: expected a (scores, values) pair, got {short(tile)}")
-        s = _tile_array(f"tile {n} scores", tile[0], 1)
-        val = _tile_array(f"tile {n} values", tile[1], 2)
-        if s.shape[0] == 0:
+        s, v = map(_plain, tile)
+        if not (isinstance(s, (tuple, list)) and _reals(s)):
+            raise InputError(f"tile {n} scores: expected a list of numbers, got {short(s)}")
+        if not (isinstance(v, (tuple, list)) and set(map(type, v)) <= _SEQUENCES
+                and len(set(map(len, v))) <= 1 and _reals(chain(v))):
+            raise InputError(f"tile {n} values: expected a list of rows of numbers (of one width), "
+                             f"got {short(v)}")
+        if not s:
             raise InputError(f"tile {n} scores: expected at least one score, got an empty list")
-        if val.shape[0] != s.shape[0]:
-            raise InputError(f"tile {n} values: expected {s.shape[0]} rows (one per score), "
-                             f"got {val.shape[0]}")
-        if dv is None:
-            dv = val.shape[1]
-            if dv == 0:
-                raise InputError(f"tile {n} values: expected rows of width >= 1, got width 0")
-        elif val.shape[1] != dv:
-            raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {val.shape[1]}")
-        scores_all.append(s)
-        values_all.append(val)
-    return (np.concatenate(scores_all), np.concatenate(values_all),
-            np.array([len(s) for s in scores_all]))
-
-
-def _check_trace_values(s: np.ndarray, v: np.ndarray, tile_of_key: np.ndarray) -> None:
-    """Finite scores and values, and |v| within the accumulator's headroom; names the first bad tile."""
-    bad_s = np.flatnonzero(~np.isfinite(s))
-    bad_v = np.flatnonzero(~np.all(np.isfinite(v), axis=1))
-    if bad_s.size or bad_v.size:  # the first tile with one; its scores before its values
-        ts = tile_of_key[bad_s[0]] if bad_s.size else len(s)
-        tv = tile_of_key[bad_v[0]] if bad_v.size else len(s)
-        row = v[bad_v[0]] if bad_v.size else None
-        what, x = ("scores", s[bad_s[0]]) if ts <= tv else ("values", row[~np.isfinite(row)][0])
-        raise InputError(f"tile {min(ts, tv) + 1} {what}: expected finite numbers, got {x}")
-    limit = TRACE_MAX_ABS / len(s)
-    big = np.flatnonzero(np.abs(v).max(axis=1) > limit)
-    if big.size:
-        x = float(v[big[0]][np.abs(v[big[0]]) > limit][0])
-        raise InputError(f"tile {tile_of_key[big[0]] + 1} values: expected |v| <= {limit:.3g} (float64 "
-                         f"headroom for the sum over {len(s):,} keys), got {short(x)}")
-
-
-def _tile_array(name: str, x, ndim: int) -> np.ndarray:
-    what = "a list of numbers" if ndim == 1 else "a list of rows of numbers"
-    if isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(
-            isinstance(e, (str, bytes, bool, dict)) or e is None for e in _flat(x))):
-        raise InputError(f"{name}: expected {what}, got {short(x)}")
+        if len(v) != len(s):
+            raise InputError(f"tile {n} values: expected {len(s)} rows (one per score), got {len(v)}")
+        dv = len(rows[0]) if rows else len(v[0])
+        if len(v[0]) != dv:
+            raise InputError(f"tile {n} values: expected rows of width {dv} (as tile 1), got {len(v[0])}")
+        if not dv:
+            raise InputError(f"tile {n} values: expected rows of width >= 1, got width 0")
+        scores += s
+        rows += v
+        lengths.append(len(s))
     try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise InputError(f"{name}: expected {what} (rows of one width), got {short(x)}") from e
-    if a.ndim != ndim and not (ndim == 2 and a.ndim == 1 and a.size == 0):
-        raise InputError(f"{name}: expected {what}, got an array of shape {a.shape}")
-    if a.ndim == 1 and ndim == 2:
-        a = a.reshape(0, 0)
-    return a
-
-
-def _flat(x):
-    for e in x:
-        if isinstance(e, (list, tuple)):
-            yield from _flat(e)
-        else:
-            yield e
+        return np.array(scores, dtype=np.float64), np.array(rows, dtype=np.float64), np.array(lengths)
+    except OverflowError as e:  # an integer beyond float64
+        raise InputError(f"tiles: expected numbers within float64's range, got {e}") from None
 
 
 # --- the backward ---------------------------------------------------------------------------------
 def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
-    """FlashAttention-2's backward (Algorithm 2) in float64, P recomputed from the saved LSE.
-
-    ``P = exp(S - LSE)`` (masked entries and rows with LSE = -inf give 0), ``D = rowsum(dO * O)``,
-    ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``.
-    GQA: the kv heads' gradients are summed over their group of query heads.
+    """FlashAttention-2's backward (Algorithm 2) in float64, ``P = exp(S - LSE)`` recomputed from the saved
+    LSE (0 where masked); GQA: the kv heads' gradients are summed over their group of query heads.
 
     Parameters
     ----------
@@ -555,18 +467,15 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     """
     k_shape, v_shape = np.shape(k), np.shape(v)
     q, k, v, scale = _prepare(q, k, v, scale)
-    nq, nk = q.shape[-2], k.shape[-2]
     do = _as_float64("do", do, 2)
-    o = np.asarray(o, dtype=np.float64)
-    lse = np.asarray(lse, dtype=np.float64)
+    o, lse = (np.asarray(x, dtype=np.float64) for x in (o, lse))
     if do.shape != q.shape[:-1] + (v.shape[-1],) or o.shape != do.shape:
         raise InputError(f"do: expected shape {q.shape[:-1] + (v.shape[-1],)} (as o), got {do.shape}")
     if lse.shape != q.shape[:-1]:
         raise InputError(f"lse: expected shape {q.shape[:-1]}, got {lse.shape}")
     s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]  recomputed, never stored by the forward
-    keep = np.isfinite(lse)[..., None]  # rows with no permitted key: P = 0
-    if causal:
-        keep = keep & _causal_permitted(nq, nk)
+    permitted = _causal_permitted(q.shape[-2], k.shape[-2]) if causal else True
+    keep = np.isfinite(lse)[..., None] & permitted  # P = 0 elsewhere and on rows with no permitted key
     lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
     p = np.where(keep, np.exp(np.where(keep, s, 0.0) - lse_safe), 0.0)  # [..., Nq, Nk]
     d_row = np.sum(do * o, axis=-1, keepdims=True)  # D = rowsum(dO * O)  [..., Nq, 1]

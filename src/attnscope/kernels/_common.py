@@ -1,8 +1,5 @@
-"""What the prefill and decode launchers share: optional-dependency import, input checks, device facts.
-
-Every check raises `InputError` (a ValueError) naming the argument with "expected ..., got ...", or
-`NotImplementedError` listing what is supported. Nothing falls back silently.
-"""
+"""What the kernel launchers share: optional-dependency import, input checks (`InputError` naming the
+argument, or `NotImplementedError` listing what is supported), device facts."""
 
 from __future__ import annotations
 
@@ -12,7 +9,6 @@ from attnscope.errors import InputError
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
-INSTALL_HINT = "pip install 'attnscope[kernels]'  (torch and triton)"
 
 
 def import_torch_triton():
@@ -21,7 +17,8 @@ def import_torch_triton():
         import torch
         import triton
     except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ImportError(f"attnscope kernels need torch and triton: {INSTALL_HINT} ({e})") from e
+        raise ImportError(f"attnscope kernels need torch and triton: pip install 'attnscope[kernels]' "
+                          f"({e})") from e
     return torch, triton
 
 
@@ -51,11 +48,10 @@ def check_same(name: str, what: str, expected, got) -> None:
 
 def check_device(torch, tensors: dict) -> None:
     """All on one device; CUDA, or CPU under TRITON_INTERPRET=1."""
-    devices = {n: t.device for n, t in tensors.items()}
-    first_name, first = next(iter(devices.items()))
-    for n, d in devices.items():
-        if d != first:
-            raise InputError(f"{n}: expected device {first} (as {first_name}), got {d}")
+    first_name, first = next((n, t.device) for n, t in tensors.items())
+    for n, t in tensors.items():
+        if t.device != first:
+            raise InputError(f"{n}: expected device {first} (as {first_name}), got {t.device}")
     if first.type == "cpu" and not interpreting():
         raise InputError(f"{first_name}: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 "
                          f"set before triton is imported), got device {first}")
@@ -71,6 +67,4 @@ def check_head_dim(d: int) -> None:
 
 def num_sms(torch, device) -> int:
     """Streaming multiprocessors of ``device`` (132 on an H200); 132 under the interpreter."""
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132

@@ -1,11 +1,10 @@
-"""@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels.
+"""@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels: the causal
+KV-tile bounds (`_kv_bounds`, the twin of model/tiles.py), the one logsumexp merge of partial results
+(`lse_merge_step` / `lse_merge_finish`; float64 spec: `attnscope.reference.combine`), and `round_bf16`.
 
-`_kv_bounds`: the causal KV-tile bounds of a query tile, the in-kernel twin of model/tiles.py.
-`lse_merge_step` / `lse_merge_finish`: the one logsumexp merge of partial results (decode's split
-combine, `kernels.merge.merge_`; float64 spec: `attnscope.reference.combine`).
-`round_bf16`: Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16
-casts (triton-lang/triton#11584), so under the interpreter with bf16 inputs the kernels multiply in fp32
-and round with it before casting, which reproduces the GPU. On a GPU that path is never compiled.
+Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16 casts
+(triton-lang/triton#11584), so under the interpreter with bf16 inputs the kernels multiply in fp32 and
+round with `round_bf16` before casting, which reproduces the GPU. On a GPU that path is never compiled.
 """
 
 from attnscope.kernels._common import import_torch_triton
@@ -25,27 +24,15 @@ def round_bf16(x):
 @triton.jit
 def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """KV columns of query tile ``start_m`` (0-based): ``[0, lo)`` run unmasked, ``[lo, hi)`` masked,
-    ``[hi, Nk)`` skipped. The closed form of `model.tiles.Grid.kv_bounds` (via `causal_kv_bounds0`),
-    except that the ragged last tile always goes to the masked stage (it needs a bounds check even when
-    fully permitted). tests/test_fwd.py runs this helper under the interpreter against tiles.py.
-    """
-    if CAUSAL:
-        r_first = start_m * BLOCK_M + 1 + (NK - NQ)  # first row (1-based) + diagonal offset
-        r_last = start_m * BLOCK_M + BLOCK_M
-        if r_last > NQ:
-            r_last = NQ
-        r_last = r_last + (NK - NQ)
-        if r_last < 0:
-            r_last = 0
-        if r_first < 0:
-            r_first = 0
-        hi = tl.cdiv(r_last, BLOCK_N) * BLOCK_N  # skip bound: tiles past it are never loaded
-        if hi > NK:
-            hi = NK
+    ``[hi, Nk)`` skipped: `model.tiles.causal_kv_bounds0`, except that the ragged last tile is always
+    masked (it needs a bounds check even when fully permitted)."""
+    hi = NK
+    full = NK
+    if CAUSAL:  # rows (1-based) plus the diagonal offset Nk - Nq, clamped at 0
+        r_first = tl.maximum(start_m * BLOCK_M + 1 + (NK - NQ), 0)
+        r_last = tl.maximum(tl.minimum(start_m * BLOCK_M + BLOCK_M, NQ) + (NK - NQ), 0)
+        hi = tl.minimum(tl.cdiv(r_last, BLOCK_N) * BLOCK_N, NK)  # skip bound: tiles past it never load
         full = (r_first // BLOCK_N) * BLOCK_N  # tiles every row of the query tile sees whole
-    else:
-        hi = NK
-        full = NK
     lo = (NK // BLOCK_N) * BLOCK_N  # the ragged last tile always goes to the masked stage
     if full < lo:
         lo = full
@@ -54,14 +41,11 @@ def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
 
 @triton.jit
 def lse_merge_step(m_i, l_i, acc, lse_s, o_s, AXIS: tl.constexpr):
-    """Fold partials into a merge state: the online softmax over partials, where each partial's base-2
-    LSE plays the score and its normalised output the value row.
-
-    State: ``m_i`` running max of the LSEs (-inf: nothing yet), ``l_i = sum_s exp2(lse_s - m_i)``,
-    ``acc = sum_s exp2(lse_s - m_i) * O_s``. ``lse_s`` is ``m_i``'s shape with the partials' axis
-    inserted at AXIS, ``o_s`` is ``acc``'s with AXIS inserted. A partial with ``lse_s = -inf`` (no key,
-    or padding) weighs 0; a state that has seen only such partials stays (-inf, 0, 0), never NaN.
-    """
+    """Fold partials into a merge state: the online softmax over partials, each partial's base-2 LSE the
+    score and its normalised output the value row. State: ``m_i`` (max of the LSEs; -inf: none yet),
+    ``l_i = sum_s exp2(lse_s - m_i)``, ``acc = sum_s exp2(lse_s - m_i) * O_s``; ``lse_s`` and ``o_s`` have
+    the partials' axis inserted at AXIS. A partial with ``lse_s = -inf`` (no key, padding) weighs 0; a
+    state that has seen only such partials stays (-inf, 0, 0), never NaN."""
     m_new = tl.maximum(m_i, tl.max(lse_s, AXIS))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: every weight is 0
     alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
