@@ -3,8 +3,9 @@
 A byte is read from DRAM again when more than the L2 keeps was touched since its last use (its reuse
 distance); `miss` maps distance / capacity to a miss fraction (0, then a ramp to 1). Closed forms, pure
 Python, cost independent of N. Floor: Q, K, V read and O (+ LSE) written once from a cold L2 (ncu evicts
-it); anything below is a named credit (O still dirty at the end). Naive attention (`_naive`): S and P
-written by one kernel and read back by the next survive random replacement (`_survival`). Fused kernels
+it); anything below is a named credit (O still dirty at the end). Naive attention (`_naive`): S (S', P)
+written by one kernel and read back by the next: LRU stack distances in closed form, where they fit the
+intermediates are re-read and left dirty in the L2 without reaching DRAM. Fused kernels
 (`_fused`, `wave_rereads`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a time,
 the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
 partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -544,95 +546,112 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         est.credits.append((DIRTY_O, int(round(kept))))
 
 
-def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, cap: float) -> None:
-    """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV), each over (batch, head) in order.
+def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: bool, cap: float,
+           ramp: float = H200_L2_PARAMS.ramp) -> None:
+    """GEMM 1 (S = QK^T), [masked_fill], softmax, GEMM 2 (O = PV), each over all (batch, head) in order.
 
-    Fluid random replacement: each buffer is cut into `SAMPLES` pieces that remember when they were
-    inserted; a piece read back hits with `_survival`; misses, writes and cold reads advance the time.
-    GEMM 2 reads P one column band at a time across all rows of a head (its few output tiles' CTAs run
-    at once and march along K together), so within a head P is read in another order than written.
+    LRU stack distances (the distinct bytes touched between two uses of a byte), closed form. Each kernel
+    after GEMM 1 reads the previous one's buffer B_j in the order it was written and writes its own (S',
+    P: the same size; O). The byte at fraction x of B_j is re-read after the rest of its writer ((1 - x)
+    of the writer's input and of B_j) and the start of its reader (x of B_j and of the reader's output and
+    extras): D1(x), linear in x; that re-read misses with `miss` (D1 / cap). A dirty byte reaches DRAM
+    when it is evicted before the call ends: its re-read missed, or it hit and D2, the distinct bytes from
+    its re-read to the end, passes the capacity (`_mean_written_back`: LRU after a hit); what is still
+    dirty at the end is not counted (O: `DIRTY_O`). The causal bool mask (1 B per element, the same for
+    every head) is cold once, then re-read one head's S and S' later. With a step curve (``ramp`` -> 1)
+    this is exact LRU (tests: a brute-force LRU of the same trace).
     """
-    n = SAMPLES
-    qk = 2 * bh * nq * d * b
-    s_tot = bh * nq * nk * b
-    s_head = s_tot / bh
-    piece = s_tot / n
+    s = bh * nq * nk * b
+    qk, v, o = 2 * bh * nq * d * b, bh * nk * d * b, bh * nq * d * b
+    m = nq * nk if causal else 0
 
-    def kernel(name, lr, lw):
-        k = KernelEstimate(name, lr, lw)
-        est.kernels.append(k)
-        return k
+    def mask(x):  # distinct mask bytes a window over fraction x of the masked_fill touches
+        return m * min(1.0, max(0.0, x) * bh)
 
-    # GEMM 1: Q, K cold; S written piece by piece (Q and K reads interleaved in proportion)
-    k1 = kernel("GEMM (QK^T)", qk, s_tot)
-    k1.read = qk
-    step = (qk + s_tot) / n
-    times = [(i + 1) * step for i in range(n)]
-    t = float(qk + s_tot)
-    dirty = [(k1, times, s_tot)]  # (kernel, piece times, bytes): written buffers, for the write-backs
-    if causal:
-        mask = nq * nk  # the bool mask, 1 B per element, the same rows re-read by every head
-        km = kernel("masked_fill", s_tot + bh * mask, s_tot)
-        # the mask: cold once, then re-read one head later (reuse distance D = 2 S_head + mask); the heads
-        # read before the call has inserted `cap` bytes hit, the others survive D with exp(-D / cap)
-        dist = 2 * s_head + mask
-        free = min(bh - 1, max(0, int((cap - t) // dist)))
-        mask_dram = mask + (bh - 1 - free) * mask * (1 - math.exp(-dist / cap))
-        times, t, misses = _stream(times, piece, t, cap, extra=mask_dram / n)
-        km.read = int(round(misses + mask_dram))
-        dirty.append((km, times, s_tot))
-    ks = kernel("softmax", s_tot, s_tot)
-    times, t, misses = _stream(times, piece, t, cap)
-    ks.read = int(round(misses))
-    dirty.append((ks, times, s_tot))
-    # GEMM 2: V cold; P read band by band within each head
-    v_bytes, o_bytes = bh * nk * d * b, bh * nq * d * b
-    k2 = kernel("GEMM (PV)", s_tot + v_bytes, o_bytes)
-    start, span, misses = t, (v_bytes + o_bytes) / bh, 0.0  # P hits insert nothing
-    if bh >= n:  # a piece holds whole heads: read in write order
-        for i, tw in enumerate(times):
-            misses += (1 - _survival(tw, start + (i + 0.5) / n * bh * span + misses, cap)) * piece
-    else:
-        rb = n // bh  # row blocks (pieces) per head; the last head takes the remainder
-        bands = min(BANDS, nk)
-        for h in range(bh):
-            rows = range(h * rb, n if h == bh - 1 else (h + 1) * rb)
-            for j in range(bands):
-                for r_i, i in enumerate(rows):
-                    now = start + (h + (j * len(rows) + r_i + 0.5) / (bands * len(rows))) * span + misses
-                    misses += (1 - _survival(times[i], now, cap)) * piece / bands
-    k2.read = int(round(v_bytes + misses))
-    t = start + v_bytes + o_bytes + misses
-    # write-backs: what is not resident at the end is written, charged to the kernel that wrote it
-    for k, ts, size in dirty:
-        k.write = int(round(size - sum(_survival(x, t, cap) for x in ts) * size / n))
-    kept = _retained(t - o_bytes, o_bytes, t, cap)
-    k2.write = int(round(o_bytes - kept))
-    if kept >= 1:
-        est.credits.append((DIRTY_O, int(round(kept))))
+    def none(x):
+        return 0.0
+
+    # the chain: (kernel, cold input read besides the previous buffer, output bytes, extra distinct bytes
+    # a window over fraction x of the kernel touches)
+    chain = [("GEMM (QK^T)", qk, s, none)] + ([("masked_fill", 0, s, mask)] if causal else []) + \
+        [("softmax", 0, s, none), ("GEMM (PV)", v, o, lambda x: v * x)]
+    kinks = (0.0, 1.0 / bh, 1.0 - 1.0 / bh, 1.0)  # where the mask's window saturates
+    ks = [KernelEstimate(name, inp + (s if i else 0) + (bh * m if name == "masked_fill" else 0), out)
+          for i, (name, inp, out, _) in enumerate(chain)]
+    est.kernels.extend(ks)
+    ks[0].read, ks[-1].read = qk, v
+    # distinct bytes of kernels i.. in full (outputs and extras; each one's input is counted before it)
+    after = [sum(c[2] + c[3](1.0) for c in chain[i:]) for i in range(len(chain))] + [0.0]
+    for j in range(len(chain) - 1):  # B_j: written by kernel j, read by kernel j + 1
+        with_bj = chain[j][1] if j == 0 else s  # what kernel j reads while writing B_j
+        e_w, (_, _, out_r, e_r) = chain[j][3], chain[j + 1]
+
+        def d1(x, with_bj=with_bj, e_w=e_w, e_r=e_r, out_r=out_r):
+            return (1 - x) * (with_bj + s) + e_w(1 - x) + x * (s + out_r) + e_r(x)
+
+        def d2(x, e_r=e_r, out_r=out_r, j=j):  # the rest of the reader; the next kernel re-reads its start
+            nxt = x * out_r + after[j + 2] if j + 2 < len(chain) else 0.0
+            return (1 - x) * (s + out_r) + e_r(1 - x) + nxt
+
+        ks[j + 1].read += int(round(s * _mean_miss_pl((d1,), kinks, cap, ramp)))
+        ks[j].write += int(round(s * _mean_written_back(d1, d2, kinks, cap, ramp)))
+    if causal:  # the mask: cold once, then re-read after one head's S and S' (and the mask)
+        ks[1].read += int(round(m + (bh - 1) * m * miss((2 * s / bh + m) / cap, ramp)))
+    # O: the byte at x is followed by the rest of GEMM 2, (1 - x) of P, V and O, and nothing else
+    wb = o * _mean_miss_pl((lambda x: (1 - x) * (s + v + o),), kinks, cap, ramp)
+    ks[-1].write += int(round(wb))
+    if o - wb >= 1:
+        est.credits.append((DIRTY_O, int(round(o - wb))))
 
 
-def _stream(src: list[float], piece: float, t: float, cap: float, extra: float = 0.0):
-    """A kernel that reads the pieces ``src`` in order and writes a buffer of the same size in the same
-    order (plus ``extra`` bytes of other reads per piece). Returns (the new pieces' times, the time at
-    the end, the bytes of ``src`` that missed)."""
-    out, misses = [], 0.0
-    for tw in src:
-        m = (1 - _survival(tw, t, cap)) * piece
-        misses += m
-        t += m + piece + extra
-        out.append(t)
-    return out, t, misses
+def _mean_written_back(d1, d2, knots: tuple, cap: float, ramp: float) -> float:
+    """Mean over x in [0, 1] of the fraction of a dirty byte written back: its re-read after D1 = d1(x)
+    missed (`miss`: it was evicted, so written back), or it hit and was then evicted before the end, D2 =
+    d2(x) > cap. A byte re-read from the L2 is promoted and ages like LRU (a step at the capacity); the
+    measured ramp past the capacity is that of bytes not re-used since they were inserted (a stream longer
+    than the L2 keeps part of itself). d1, d2 linear between the ``knots``; exact per piece."""
+    xs = sorted({min(1.0, max(0.0, k)) for k in knots} | {0.0, 1.0})
+    cuts = set(xs)
+    for a, c in itertools.pairwise(xs):
+        da, dc = d2(a) - cap, d2(c) - cap
+        if da * dc < 0:
+            cuts.add(a + (c - a) * da / (da - dc))
+    total = 0.0
+    for a, c in itertools.pairwise(sorted(cuts)):
+        if c <= a:
+            continue
+        if d2((a + c) / 2) > cap:
+            total += c - a
+        else:
+            fa, fc = d1(a) / cap, d1(c) / cap
+            total += (c - a) * mean_miss(min(fa, fc), max(fa, fc), ramp)
+    return total
+
+
+def _mean_miss_pl(fs: tuple, knots: tuple, cap: float, ramp: float) -> float:
+    """Mean over x in [0, 1] of `miss` (max(f(x) for f in ``fs``) / cap), each f linear between the
+    ``knots``; where two of them cross inside a segment, the segment is split there. Exact (`mean_miss`
+    per linear piece), a fixed number of pieces."""
+    xs = sorted({min(1.0, max(0.0, k)) for k in knots} | {0.0, 1.0})
+    cuts = set(xs)
+    for a, c in itertools.pairwise(xs):
+        for i, f in enumerate(fs):
+            for g in fs[i + 1:]:
+                da, dc = f(a) - g(a), f(c) - g(c)
+                if da * dc < 0:
+                    cuts.add(a + (c - a) * da / (da - dc))
+    pts = sorted(cuts)
+    total = 0.0
+    for a, c in itertools.pairwise(pts):
+        if c - a <= 0:
+            continue
+        fa, fc = max(f(a) for f in fs), max(f(c) for f in fs)
+        total += (c - a) * mean_miss(min(fa, fc) / cap, max(fa, fc) / cap, ramp)
+    return total
 
 
 DIRTY_O = ("O still dirty in the write-back L2 when the call ends (ncu counts a write only when its line is "
            "evicted)")
-
-
-#: Pieces per buffer in the naive replay (fixed: the estimate's cost does not grow with N).
-SAMPLES = 32
-#: Column bands P is read in by GEMM 2.
-BANDS = 16
 
 
 def device_facts(device: str = "h200") -> tuple[int, int]:
@@ -706,7 +725,7 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
             "l2_bytes": l2, "sms": sms, "l2_fraction": frac, "ramp": rp}
     est = Estimate(impl, info, compulsory=compulsory(impl, n, d, heads, batch, dtype, hkv))
     if impl == "naive":
-        _naive(est, n, n, d, b, batch * heads, causal, cap)
+        _naive(est, n, n, d, b, batch * heads, causal, cap, rp)
     else:
         _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm, dtype,
                attnscope_impl)
