@@ -1,8 +1,9 @@
-"""What the held-out draws (draw_heldout2/3/4.py) share: the head and implementation lists, the size caps,
-the N already used by earlier grids, and one point's draw after its N (the RNG calls in a fixed order, so
-each script reproduces its committed CSV)."""
+"""What the held-out draws (draw_heldout2..6.py) share: the head and implementation lists, the size caps,
+the N already used by earlier grids, one point's draw after its N, and grids 4-6's whole draw (the RNG calls
+in a fixed order, so each script reproduces its committed CSV)."""
 import csv
 import math
+import random
 
 IMPLS = ["naive", "flash", "cudnn", "efficient", "attnscope"]
 GQA = ("flash", "cudnn", "attnscope")  # with GQA (EFFICIENT refused one in run 1; cuDNN unmasked only)
@@ -53,3 +54,31 @@ def point(rng, impl, n):
 def print_rows(rows):
     for impl, b, h, hkv, n, d, causal, dtype in rows:
         print(",".join(map(str, (impl, b, h, hkv, n, d, str(causal).lower(), dtype))))
+
+
+def draw(seed, earlier, flash_gqa=False, points=48):
+    """Grids 4-6: ``points`` rows round-robin over IMPLS, every fourth N long (16k-32,768), no N of the
+    development grid, the issue's shapes or the ``earlier`` CSVs; with ``flash_gqa``, when no FLASH row drew
+    GQA, 2 more FLASH rows (one short, one long) continue the draw, redrawn until GQA."""
+    rng = random.Random(seed)
+    used_n = DEV_N | {n for n, _ in ISSUE_SHAPES} | {int(r["N"]) for r in grid_rows(*earlier)}
+    rows = []
+    while len(rows) < points:
+        impl = IMPLS[len(rows) % 5]
+        long = len(rows) % 4 == 3  # exactly a quarter, spread over the implementations (5 and 4 coprime)
+        row = point(rng, impl, draw_n(rng, long, 16000))
+        _, b, h, _, n, *_ = row
+        if n in used_n or not fits(impl, b, h, n):
+            continue  # redraw the same implementation
+        rows.append(row)
+        used_n.add(n)
+    if flash_gqa and not any(impl == "flash" and hkv != h for impl, _, h, hkv, *_ in rows):
+        for long in (False, True):
+            while True:
+                row = point(rng, "flash", draw_n(rng, long, 16000))
+                _, b, h, hkv, n, *_ = row
+                if hkv != h and n not in used_n and fits("flash", b, h, n):
+                    break
+            rows.append(row)
+            used_n.add(n)
+    return rows

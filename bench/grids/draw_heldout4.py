@@ -7,24 +7,7 @@ flash, cuDNN unmasked and attnscope; size caps as in draw_heldout3.py (the naive
 scores). No N shared with any earlier grid or probe: the development grid (tests/data/measure/recorded:
 N 1k-16k powers of two), the issue's shapes, heldout.csv, heldout2.csv, heldout3.csv, spill_probe.csv.
 """
-import random
 
-from _draw import DEV_N, IMPLS, ISSUE_SHAPES, draw_n, fits, grid_rows, point, print_rows
+from _draw import draw, print_rows
 
-rng = random.Random(20261204)
-used_n = DEV_N | {n for n, _ in ISSUE_SHAPES} | {int(r["N"]) for r in grid_rows(
-    "heldout.csv", "heldout2.csv", "heldout3.csv", "spill_probe.csv")}
-rows = []
-i = 0
-while len(rows) < 48:
-    impl = IMPLS[i % 5]
-    long = len(rows) % 4 == 3  # exactly a quarter, spread over the implementations (5 and 4 coprime)
-    n = draw_n(rng, long, 16000)
-    row = point(rng, impl, n)
-    _, b, h, _, n, *_ = row
-    if n in used_n or not fits(impl, b, h, n):
-        continue  # redraw the same implementation
-    rows.append(row)
-    used_n.add(n)
-    i += 1
-print_rows(rows)
+print_rows(draw(20261204, ("heldout.csv", "heldout2.csv", "heldout3.csv", "spill_probe.csv")))

@@ -9,32 +9,8 @@ log-uniform 1.5k-16k, one uniform 16k-32,768 (13 of 50 long). No N shared with a
 development grid (tests/data/measure/recorded: N 1k-16k powers of two), the issue's shapes, heldout.csv,
 heldout2.csv, heldout3.csv, heldout4.csv, spill_probe.csv.
 """
-import random
 
-from _draw import DEV_N, IMPLS, ISSUE_SHAPES, draw_n, fits, grid_rows, point, print_rows
+from _draw import draw, print_rows
 
-rng = random.Random(20261205)
-used_n = DEV_N | {n for n, _ in ISSUE_SHAPES} | {int(r["N"]) for r in grid_rows(
-    "heldout.csv", "heldout2.csv", "heldout3.csv", "heldout4.csv", "spill_probe.csv")}
-rows = []
-i = 0
-while len(rows) < 48:
-    impl = IMPLS[i % 5]
-    long = len(rows) % 4 == 3  # a quarter, spread over the implementations (5 and 4 coprime)
-    n = draw_n(rng, long, 16000)
-    row = point(rng, impl, n)
-    _, b, h, _, n, *_ = row
-    if n in used_n or not fits(impl, b, h, n):
-        continue  # redraw the same implementation
-    rows.append(row)
-    used_n.add(n)
-    i += 1
-for long in (False, True):  # FLASH with GQA (none of the 48 drew it): redrawn until GQA
-    while True:
-        row = point(rng, "flash", draw_n(rng, long, 16000))
-        _, b, h, hkv, n, *_ = row
-        if hkv != h and n not in used_n and fits("flash", b, h, n):
-            break
-    rows.append(row)
-    used_n.add(n)
-print_rows(rows)
+print_rows(draw(20261205, ("heldout.csv", "heldout2.csv", "heldout3.csv", "heldout4.csv", "spill_probe.csv"),
+                flash_gqa=True))
