@@ -556,7 +556,7 @@ def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: boo
     of the writer's input and of B_j) and the start of its reader (x of B_j and of the reader's output and
     extras): D1(x), linear in x; that re-read misses with `miss` (D1 / cap). A dirty byte reaches DRAM
     when it is evicted before the call ends: its re-read missed, or it hit and D2, the distinct bytes from
-    its re-read to the end, passes the capacity (`_mean_written_back`: LRU after a hit); what is still
+    its re-read to the end, passes the capacity (`_mean_miss_pl`: LRU after a hit); what is still
     dirty at the end is not counted (O: `DIRTY_O`). The causal bool mask (1 B per element, the same for
     every head) is cold once, then re-read one head's S and S' later. With a step curve (``ramp`` -> 1)
     this is exact LRU (tests: a brute-force LRU of the same trace).
@@ -593,60 +593,38 @@ def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: boo
             nxt = x * out_r + after[j + 2] if j + 2 < len(chain) else 0.0
             return (1 - x) * (s + out_r) + e_r(1 - x) + nxt
 
-        ks[j + 1].read += int(round(s * _mean_miss_pl((d1,), kinks, cap, ramp)))
-        ks[j].write += int(round(s * _mean_written_back(d1, d2, kinks, cap, ramp)))
+        ks[j + 1].read += int(round(s * _mean_miss_pl(d1, kinks, cap, ramp)))
+        ks[j].write += int(round(s * _mean_miss_pl(d1, kinks, cap, ramp, d2)))
     if causal:  # the mask: cold once, then re-read after one head's S and S' (and the mask)
         ks[1].read += int(round(m + (bh - 1) * m * miss((2 * s / bh + m) / cap, ramp)))
     # O: the byte at x is followed by the rest of GEMM 2, (1 - x) of P, V and O, and nothing else
-    wb = o * _mean_miss_pl((lambda x: (1 - x) * (s + v + o),), kinks, cap, ramp)
+    wb = o * _mean_miss_pl(lambda x: (1 - x) * (s + v + o), kinks, cap, ramp)
     ks[-1].write += int(round(wb))
     if o - wb >= 1:
         est.credits.append((DIRTY_O, int(round(o - wb))))
 
 
-def _mean_written_back(d1, d2, knots: tuple, cap: float, ramp: float) -> float:
-    """Mean over x in [0, 1] of the fraction of a dirty byte written back: its re-read after D1 = d1(x)
-    missed (`miss`: it was evicted, so written back), or it hit and was then evicted before the end, D2 =
-    d2(x) > cap. A byte re-read from the L2 is promoted and ages like LRU (a step at the capacity); the
-    measured ramp past the capacity is that of bytes not re-used since they were inserted (a stream longer
-    than the L2 keeps part of itself). d1, d2 linear between the ``knots``; exact per piece."""
+def _mean_miss_pl(d1, knots: tuple, cap: float, ramp: float, d2=None) -> float:
+    """Mean over x in [0, 1] of the fraction of a byte that reaches DRAM: its re-read after D1 = d1(x)
+    misses (`miss`), or, given ``d2``, it hit and was then evicted before the end, D2 = d2(x) > cap (a byte
+    re-read from the L2 is promoted and ages like LRU, a step at the capacity; the measured ramp past the
+    capacity is that of bytes not re-used since they were inserted). d1, d2 linear between the ``knots``;
+    the segments are split where d2 crosses the capacity: exact (`mean_miss` per piece)."""
     xs = sorted({min(1.0, max(0.0, k)) for k in knots} | {0.0, 1.0})
     cuts = set(xs)
     for a, c in itertools.pairwise(xs):
-        da, dc = d2(a) - cap, d2(c) - cap
+        da, dc = (d2(a) - cap, d2(c) - cap) if d2 else (0.0, 0.0)
         if da * dc < 0:
             cuts.add(a + (c - a) * da / (da - dc))
     total = 0.0
     for a, c in itertools.pairwise(sorted(cuts)):
         if c <= a:
             continue
-        if d2((a + c) / 2) > cap:
+        if d2 and d2((a + c) / 2) > cap:
             total += c - a
         else:
             fa, fc = d1(a) / cap, d1(c) / cap
             total += (c - a) * mean_miss(min(fa, fc), max(fa, fc), ramp)
-    return total
-
-
-def _mean_miss_pl(fs: tuple, knots: tuple, cap: float, ramp: float) -> float:
-    """Mean over x in [0, 1] of `miss` (max(f(x) for f in ``fs``) / cap), each f linear between the
-    ``knots``; where two of them cross inside a segment, the segment is split there. Exact (`mean_miss`
-    per linear piece), a fixed number of pieces."""
-    xs = sorted({min(1.0, max(0.0, k)) for k in knots} | {0.0, 1.0})
-    cuts = set(xs)
-    for a, c in itertools.pairwise(xs):
-        for i, f in enumerate(fs):
-            for g in fs[i + 1:]:
-                da, dc = f(a) - g(a), f(c) - g(c)
-                if da * dc < 0:
-                    cuts.add(a + (c - a) * da / (da - dc))
-    pts = sorted(cuts)
-    total = 0.0
-    for a, c in itertools.pairwise(pts):
-        if c - a <= 0:
-            continue
-        fa, fc = max(f(a) for f in fs), max(f(c) for f in fs)
-        total += (c - a) * mean_miss(min(fa, fc) / cap, max(fa, fc) / cap, ramp)
     return total
 
 
