@@ -15,17 +15,9 @@ gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a la
 of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
 lifetime); a static persistent schedule a diagonal step apart. GQA heads split by the batch re-read their
 set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is
-still dirty in the L2 at the end is not counted.
-
-Measured on the H200 (BENCHMARKS.md "attnscope bytes"): re-read capacities and ramps of lines re-read
-from one SM then another (0.580, 1.72: bench/l2_reuse.py A), of shared lines (0.434, 1.38) and of lines
-read by one SM (0.656; bench/l2_reuse.py --share, results/h200-2026-12-01-l2-share.json); CTAs per SM
-(ncu occupancy); FA-2's touched spill frames (`FA2_FRAME`). From the sources: the grid orders of
-attnscope, FLASH (m, b, h) and EFFICIENT (m, h, b), FA-2's backward walk, Is_even_MN, split-KV heuristic.
-Assumed: O is written to its home partition only (one copy); cuDNN's tile order and static schedule;
-FA-2's spread; attnscope's touched frame (half its stack); warp slots re-used 2 lifetimes later. Fitted:
-no constant (the 0.90 K/V share fitted before is now the measured shared capacity), but the structure was
-developed on the recorded sweeps, so only a fresh grid tests it.
+still dirty in the L2 at the end is not counted. Each constant says whether it is measured on the H200
+(BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or assumed; none is fitted, but the
+structure was developed on the recorded sweeps, so only a fresh grid tests it.
 """
 
 from __future__ import annotations
@@ -39,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
+from attnscope.model import roofline
 from attnscope.model import traffic as _traffic
 from attnscope.model.tiles import Grid, cdiv
 
@@ -63,18 +56,13 @@ class Kernel(NamedTuple):
 
 
 #: FA-2's forward kernels spill (255 registers): the local-memory bytes each thread of a CTA touches,
-#: (Is_even_MN kernel, ragged kernel), by head dim and mask. Measured on the H200 (bench/gpu/spill_probe.sh,
-#: 2026-12-01, ncu l1tex__t_sectors_pipe_lsu_mem_local_op_st_lookup_miss: the L1 store misses of local
-#: lines, 32 B sectors, per CTA / 128 threads; constant across N 1.5k-24.6k, batch, heads, dtype): d 128
-#: causal 9.5 KB / 35.1 KB per CTA, unmasked 11.2 / 3.1 KB; d 64 causal 3.0 / 7.4 KB. The compiler's frames
-#: (cuobjdump -res-usage STACK, same probe) bound them: d 128 causal 136 / 376 B, unmasked 144 / 64 B, d 64
-#: causal 136 / 208 B, unmasked 112 / 88 B (`FA2_STACK`). d 64 unmasked was not probed: none (the recorded
-#: grid's DRAM writes at 32 heads, N 4k-16k, show no excess over O; ragged assumed alike).
+#: (Is_even_MN kernel, ragged kernel), by (head dim, causal). Measured on the H200 (bench/gpu/spill_probe.sh:
+#: ncu's L1 store misses of local lines per CTA / 128 threads); the compiler's frames (cuobjdump -res-usage
+#: STACK, same probe: `FA2_STACK`) bound them. d 64 unmasked was not probed: none (no excess DRAM writes).
 FA2_FRAME = {(128, True): (74, 274), (128, False): (87, 24), (64, True): (23, 58), (64, False): (0, 0)}
 FA2_STACK = {(128, True): (136, 376), (128, False): (144, 64), (64, True): (136, 208), (64, False): (112, 88)}
-#: attnscope's portable kernel: ptxas (bench/sm90_resources.py, Triton 3.6) reserves a 104 B (d 128
-#: unmasked) / 120 B (causal) stack frame, d 64 none; the bytes touched were not measured: half the frame
-#: (FA-2's touched / STACK above: 0.17-0.73, median 0.5).
+#: attnscope's portable kernel: ptxas's stack frame (bench/sm90_resources.py; d 64 none); the bytes touched
+#: were not measured: half the frame (FA-2's touched / STACK above: median 0.5).
 ATTNSCOPE_STACK = {(128, False): 104, (128, True): 120}
 ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items()}
 #: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties its
@@ -133,13 +121,9 @@ HOPPER_KERNELS["hopper_ov_n64_pt"] = HOPPER_KERNELS["hopper_ov_n64"]
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
-#: Copies of a line read from both L2 partitions at once. The H200's L2 is two partitions, each SM
-#: attached to one; a line is homed in one by its address, and a read from the other side leaves a copy in
-#: the reader's (near) partition as well. A K/V tile, read by the CTAs of one head spread over all SMs, is
-#: held twice. bench/l2_reuse.py --share (bench/gpu/probe4.sh, H200, 2026-12-01) measured the re-read
-#: capacity of three kinds of line: read by all SMs at once ("shared": misses from 0.434 to 0.60 x L2,
-#: half at 0.52 ~ 1 / COPIES), by one SM ("private": 0.656 ~ 1 / 1.5, a copy more for the half homed on the
-#: far side) and by one SM, then another (bench/l2_reuse.py A: 0.583 ~ 1 / 1.72, the copies of two reads).
+#: Copies of a line read from both L2 partitions at once: each SM is attached to one of the H200's two
+#: partitions, and a read from the side the line is not homed in leaves a copy in the near one too, so a K/V
+#: tile, read by the CTAs of one head on all SMs, is held twice (`L2Params`: measured capacities).
 COPIES = 2
 
 
@@ -377,17 +361,12 @@ class Estimate(KernelTotals):
     compulsory: int = 0
     credits: list[tuple[str, int]] = field(default_factory=list)
 
-
     @property
     def logical_total(self) -> int:
         return sum(k.logical_total for k in self.kernels)
 
-    @property
-    def batch_heads(self) -> int:
-        return self.params["batch"] * self.params["heads"]
-
     def per_head(self, nbytes: int) -> float:
-        return nbytes / self.batch_heads
+        return nbytes / (self.params["batch"] * self.params["heads"])
 
     def to_json(self) -> dict:
         return {"impl": self.impl, "params": self.params, "read": self.read, "write": self.write,
@@ -632,14 +611,6 @@ DIRTY_O = ("O still dirty in the write-back L2 when the call ends (ncu counts a 
            "evicted)")
 
 
-def device_facts(device: str = "h200") -> tuple[int, int]:
-    """(L2 bytes, SMs) of a device from model/roofline.py, the one table of device facts."""
-    from attnscope.model.roofline import device as _device
-
-    dev = _device(device)
-    return dev.l2, dev.sms
-
-
 def compulsory(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str = "fp16",
                kv_heads: int | None = None) -> int:
     """Q, K, V read once and O (+ the implementation's LSE) written once, bytes for the whole call."""
@@ -694,9 +665,9 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
                       min(1.0, H200_L2_PARAMS.shared * scale),
                       rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
                       min(1.0, H200_L2_PARAMS.private * scale))
-    dev_l2, dev_sms = device_facts(device)
-    l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
-    sms = dev_sms if sms is None else positive_int("sms", sms)
+    dev = roofline.device(device)
+    l2 = dev.l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
+    sms = dev.sms if sms is None else positive_int("sms", sms)
     per_sm = None if ctas_per_sm is None else positive_int("ctas_per_sm", ctas_per_sm)
     cap = frac * l2
     info = {"n": n, "d": d, "heads": heads, "kv_heads": hkv, "batch": batch, "dtype": dtype, "causal": causal,
