@@ -70,17 +70,13 @@ ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items(
 SLOT_REUSE_LIFETIMES = 2.0
 
 #: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one; -d: the causal kernel
-#: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>;
-#: kernel names), grid (m_blocks, b, h), n_block loop from the diagonal down; its template Is_even_MN
-#: (N a multiple of block_q and block_kv) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff
-#: 64 x 128 (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a
-#: persistent grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in
+#: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>),
+#: grid (m_blocks, b, h), n_block loop from the diagonal down; its template Is_even_MN (N a multiple of
+#: both blocks) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff 64 x 128, grid (m_blocks,
+#: h, b). cudnn: sm90 flash fprop wgmma, a persistent grid of one CTA per SM (ncu); 128-row tiles in
 #: (m, h, b) order assumed. attnscope: the portable kernel (kernels/fwd.py CONFIG_TABLE), grid (T_r, B*H),
-#: program b*H + h (heads fastest); causal tiles heaviest first, each walking K/V forwards to its diagonal;
-#: spills: `ATTNSCOPE_FRAME`. Where kernels/fwd.py's HOPPER_VALIDATED names a Gluon variant for the call,
-#: `HOPPER_KERNELS` replaces it. CTAs per SM: ncu's occupancy section on the H200
-#: (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255 registers, 98,336 B;
-#: d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
+#: heads fastest; causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's
+#: occupancy section on the H200 (bench/gpu/bytes.sh).
 KERNELS = {
     "flash": {128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, False]),
               64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_FRAME[64, False]),
@@ -439,11 +435,8 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
                 return variant, table[min(table, key=lambda x: (abs(x - d), x))]
     impl_name = "attnscope portable" if impl == "attnscope" else impl
     table = KERNELS[impl]
-    ker = table.get(-d if causal else d) or table.get(d)
-    if ker is None:
-        near = min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))
-        ker = table.get(-near if causal else near) or table[near]
-    return impl_name, ker
+    near = min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))
+    return impl_name, table.get(-near if causal else near) or table[near]
 
 
 def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
@@ -485,7 +478,6 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spill = spill_bytes(ker, bh * tr, nq, nk)
     q_o = 2 * ker.block_q * d * b * params.qo_weight()  # a CTA's Q and O tiles, in K/V bytes of L2 room
     kv_params = params.for_shared()
-    kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
@@ -497,16 +489,16 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
         # after the other batches' sets (every tile of each, read by its heaviest CTA) and Q/O; what was
         # evicted is fetched once more, the whole set (its first reader in the head misses every tile)
-        between = batch * (kv_set + tr * q_o)
-        extra += (group - 1) * batch * kv_heads * kv_set * miss(between / kv_cap, kv_params.ramp)
+        between = batch * (kv_set + tr * q_o) / (kv_params.capacity * l2)
+        extra += (group - 1) * batch * kv_heads * kv_set * miss(between, kv_params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
     k.logical_write = ko + lse + spill
     k.read = int(round(kq + kv_once + min(extra, k.logical_read - kq - kv_once)))
     out = ko + lse
-    split = impl == "flash" and bh * tr < 0.8 * 2 * sms  # FA-2's split-KV heuristic (num_splits > 1)
-    if split:  # fp32 partial O + LSE per split, read back by the combine kernel: resident when they fit
+    if impl == "flash" and bh * tr < 0.8 * 2 * sms:  # FA-2's split-KV heuristic: fp32 partial O + LSE per
+        # split, read back by the combine kernel: resident when they fit
         n_splits = max(1, min(128, int(0.8 * 2 * sms) // max(1, bh * tr), cdiv(nk, 128)))
         partial = n_splits * bh * nq * (d * 4 + STAT_BYTES) if n_splits > 1 else 0
         overflow = max(0.0, partial - cap)
