@@ -26,7 +26,7 @@ import ast
 import functools
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -133,15 +133,13 @@ class L2Params:
 
     capacity: float = 0.580
     ramp: float = 1.72
-    source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
     shared: float = 0.434
     shared_ramp: float = 1.38
     private: float = 0.656
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
-        return L2Params(self.shared, self.shared_ramp, self.source, self.shared, self.shared_ramp,
-                        self.private)
+        return replace(self, capacity=self.shared, ramp=self.shared_ramp)
 
     def qo_weight(self) -> float:
         """Room a byte of a CTA's Q and O tiles takes in the L2, in K/V bytes: Q is read by one SM (its
@@ -651,10 +649,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    given = (l2_fraction, ramp) != (None, None)  # a given cyclic capacity scales the others alike
-    scale = frac / H200_L2_PARAMS.capacity
-    params = L2Params(frac, rp, "given" if given else H200_L2_PARAMS.source,
-                      min(1.0, H200_L2_PARAMS.shared * scale),
+    scale = frac / H200_L2_PARAMS.capacity  # a given cyclic capacity scales the others alike
+    params = L2Params(frac, rp, min(1.0, H200_L2_PARAMS.shared * scale),
                       rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
                       min(1.0, H200_L2_PARAMS.private * scale))
     dev = roofline.device(device)
