@@ -96,24 +96,18 @@ KERNELS = {
 #: per SM, head-major tiles; causal tiles in pairs (k, last - k), heavy then light). One CTA per SM:
 #: 168 (NWG 2) / 128 (NWG 3) registers x 9+ warps fill the register file. ptxas
 #: (bench/sm90_resources.py): no spills.
+#: The barrier-light (rel1, pt) and overlap (ov: two S tiles in flight per warpgroup) variants differ from
+#: their base only in synchronisation: no memory traffic; the n64 ones take 64-key tiles.
 _G = Kernel(128, 128, 1, "hb", False, False)
-_GP = _G._replace(persistent=True)
+_BOTH, _PERSIST = {128: _G, 64: _G}, dict.fromkeys((128, 64), _G._replace(persistent=True))
+_WG3, _N64 = {64: _G._replace(block_q=192)}, dict.fromkeys((128, 64), _G._replace(block_kv=64))
 HOPPER_KERNELS = {
-    "hopper": {128: _G, 64: _G}, "hopper_nopp": {128: _G, 64: _G}, "hopper_deep": {128: _G, 64: _G},
-    "hopper_wg3": {64: _G._replace(block_q=192)}, "hopper_wg3_pp": {64: _G._replace(block_q=192)},
-    "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)},
-    "hopper_persist": {128: _GP, 64: _GP}, "hopper_persist_pp": {128: _GP, 64: _GP},
+    "hopper": _BOTH, "hopper_nopp": _BOTH, "hopper_deep": _BOTH, "hopper_wg3": _WG3, "hopper_wg3_pp": _WG3,
+    "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)}, "hopper_persist": _PERSIST,
+    "hopper_persist_pp": _PERSIST, "hopper_rel1": _BOTH, "hopper_rel1_nopp": _BOTH, "hopper_pt": _BOTH,
+    "hopper_pt_nopp": _BOTH, "hopper_pt_deep": _BOTH, "hopper_pt_wg3_pp": _WG3, "hopper_pt_persist": _PERSIST,
+    "hopper_ov_pt": {64: _G}, "hopper_ov_n64": _N64, "hopper_ov_n64_pt": _N64,
 }
-# the barrier-light variants differ from their base only in how consumers release a slot (no memory traffic)
-HOPPER_KERNELS.update({"hopper_rel1": HOPPER_KERNELS["hopper"], "hopper_rel1_nopp": HOPPER_KERNELS["hopper"],
-                       "hopper_pt": HOPPER_KERNELS["hopper"], "hopper_pt_nopp": HOPPER_KERNELS["hopper"],
-                       "hopper_pt_deep": HOPPER_KERNELS["hopper"],
-                       "hopper_pt_wg3_pp": HOPPER_KERNELS["hopper_wg3_pp"],
-                       "hopper_pt_persist": HOPPER_KERNELS["hopper_persist"]})
-# the overlap variants (two S tiles in flight per warpgroup): the same grid, 64-key tiles for the n64 ones
-HOPPER_KERNELS.update({"hopper_ov_pt": {64: _G}, "hopper_ov_n64": {128: _G._replace(block_kv=64),
-                                                                  64: _G._replace(block_kv=64)}})
-HOPPER_KERNELS["hopper_ov_n64_pt"] = HOPPER_KERNELS["hopper_ov_n64"]
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
