@@ -8,13 +8,15 @@ in one line and exits 2. Nothing here imports torch at module level: the parser 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from attnscope.cli._out import MiB, console, print_json, table
-from attnscope.errors import InputError
-from attnscope.inputs import refuse_symlinks
-from attnscope.measure import backends, share
+from attnscope.cli._out import MiB, _clean, console, print_json, table
+from attnscope.errors import InputError, positive_int
+from attnscope.inputs import refuse_symlinks, write_atomic
+from attnscope.measure import backends, ncu, physical, share
 from attnscope.measure.backends import gpu_problem
+from attnscope.model import l2 as l2_model
 
 SPEC = "(default: %(default)s)"
 
@@ -84,10 +86,6 @@ MAX_TENSOR_BYTES = 288 * 10**9
 
 
 def _bytes(args) -> int:
-    from attnscope.errors import positive_int
-    from attnscope.measure import ncu
-    from attnscope.model import l2 as physical
-
     if args.sweep or args.from_json or args.calibrate:
         return _bytes_sweep(args)
     if args.json not in (None, "-"):
@@ -117,9 +115,9 @@ def _bytes(args) -> int:
                                    cache_control=args.cache_control)
         except ncu.NcuError as e:
             return _fail("bytes", str(e))
-    est = physical.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
+    est = l2_model.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                             l2_bytes=l2, sms=sms, device=args.device)
-    logical = physical.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
+    logical = l2_model.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
     credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
     if args.json:
@@ -127,23 +125,21 @@ def _bytes(args) -> int:
                "estimate": est.to_json(),
                "measured": measured.to_json() if measured else None}
         if measured and measured.total:
-            out["estimate_error"] = physical.error(est.total, measured.total)
-            out["logical_error"] = physical.error(logical, measured.total)
+            out["estimate_error"] = l2_model.error(est.total, measured.total)
+            out["logical_error"] = l2_model.error(logical, measured.total)
         print_json(out)
         return 0
 
     def per_head(b):
         return f"{b / bh / MiB:,.2f}"
 
-    # the logical row counts the implementation's logsumexp write (why it reads 66.02 where `traffic`
-    # says 66.00 MiB): say so. The table lives beside the estimate (h11 moves it to model/).
-    lse = getattr(physical, "_WRITES_LSE", {}).get(args.impl, False)
+    lse = l2_model._WRITES_LSE.get(args.impl, False)  # the logical row counts the implementation's LSE write
     label = "logical model (cold cache, model/traffic.py" + (", incl. the 4 B/row LSE write)" if lse else ")")
     rows = [[label, "", "", per_head(logical),
-             f"{physical.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
+             f"{l2_model.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
             ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
              per_head(est.total),
-             f"{physical.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
+             f"{l2_model.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])
@@ -185,11 +181,6 @@ def _env(l2: int, sms: int) -> dict:
 
 
 def _write_or_print(args, obj) -> None:
-    import json
-
-    from attnscope.cli._out import _clean
-    from attnscope.inputs import write_atomic
-
     if args.json == "-":
         print_json(obj)
     elif args.json:
@@ -199,8 +190,6 @@ def _write_or_print(args, obj) -> None:
 def _bytes_sweep(args) -> int:
     """--sweep GRID (measure every point), --from-json FILE (re-evaluate a recorded sweep, no GPU),
     --calibrate (streams of known size through the same ncu path)."""
-    from attnscope.measure import ncu, physical
-
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
     c = console()
@@ -210,8 +199,6 @@ def _bytes_sweep(args) -> int:
         _write_or_print(args, {"kind": "attnscope-bytes-reevaluated", "env": env,
                                "rows": [r.to_json() for r in rows], "summary": physical.summarize(rows)})
         return 0
-    from attnscope.errors import positive_int
-
     positive_int("--per-child", args.per_child)
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
     if (code := _no_gpu("bytes")) is not None:
@@ -259,8 +246,6 @@ def _bytes_sweep(args) -> int:
 
 
 def _print_rows(c, rows, caption: str) -> None:
-    from attnscope.measure import physical
-
     def mib(r, b):
         return f"{b / (r.spec.get('batch', 1) * r.spec['heads']) / MiB:,.2f}"
 
@@ -328,8 +313,6 @@ def _bench(args) -> int:
 
 def configure(sub) -> None:
     """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
-    from attnscope.measure.ncu import CACHE_CONTROL, IMPLS
-
     p = sub.add_parser("which", help="which SDPA backend actually ran, from profiler kernel names (GPU)",
                        description="Run one attention call with dispatch restricted to one backend (so an "
                                    "input it cannot take fails instead of falling back), record the "
@@ -346,7 +329,7 @@ def configure(sub) -> None:
                                    "(dram__bytes_read.sum, dram__bytes_write.sum; profiler started and "
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
-    p.add_argument("--impl", default="flash", choices=IMPLS, help=f"implementation measured {SPEC}")
+    p.add_argument("--impl", default="flash", choices=ncu.IMPLS, help=f"implementation measured {SPEC}")
     _shape(p, json_flag=False)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="print JSON instead of tables; with --sweep/--calibrate/--from-json and FILE, write "
@@ -361,7 +344,7 @@ def configure(sub) -> None:
                         "print counter / exact byte ratios")
     p.add_argument("--per-child", type=int, default=8,
                    help=f"points measured per ncu process in --sweep {SPEC}")
-    p.add_argument("--cache-control", default="none", choices=CACHE_CONTROL,
+    p.add_argument("--cache-control", default="none", choices=ncu.CACHE_CONTROL,
                    help="ncu --cache-control: none keeps L2 between kernels as inference does; all flushes "
                         f"it before each kernel {SPEC}")
     p.add_argument("--estimate-only", action="store_true",
