@@ -8,7 +8,9 @@ in one line and exits 2. Nothing here imports torch at module level: the parser 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import platform
 import sys
 
 from attnscope.cli._out import MiB, _clean, console, print_json, table
@@ -164,19 +166,13 @@ def _bytes(args) -> int:
 
 
 def _env(l2: int, sms: int) -> dict:
-    import datetime
-    import platform
+    import torch  # there: `_no_gpu` has passed
 
     env = {"l2_bytes": l2, "sms": sms, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "torch": torch.__version__}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
     return env
 
 

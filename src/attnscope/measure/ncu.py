@@ -38,11 +38,10 @@ import tempfile
 from dataclasses import dataclass
 
 from attnscope.errors import InputError, choice, short
-from attnscope.model.l2 import KernelTotals
+from attnscope.model.l2 import IMPLS, KernelTotals
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 CACHE_CONTROL = ("none", "all")
-IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
 #: Calibration streams of known size (see the module docstring and `exact_bytes`).
 STREAMS = ("copy", "sum", "fill")
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel (aten/src/ATen/cuda/Sleep.cu)

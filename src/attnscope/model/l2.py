@@ -309,10 +309,6 @@ class KernelEstimate:
     def total(self) -> int:
         return self.read + self.write
 
-    @property
-    def logical_total(self) -> int:
-        return self.logical_read + self.logical_write
-
     def to_json(self) -> dict:
         return {"kernel": self.name, "logical_read": self.logical_read, "logical_write": self.logical_write,
                 "read": self.read, "write": self.write, "total": self.total}
@@ -351,7 +347,7 @@ class Estimate(KernelTotals):
 
     @property
     def logical_total(self) -> int:
-        return sum(k.logical_total for k in self.kernels)
+        return sum(k.logical_read + k.logical_write for k in self.kernels)
 
     def per_head(self, nbytes: int) -> float:
         return nbytes / (self.params["batch"] * self.params["heads"])
