@@ -110,8 +110,7 @@ def _bytes(args) -> int:
             import torch
 
             props = torch.cuda.get_device_properties(0)
-            l2 = l2 or props.L2_cache_size
-            sms = sms or props.multi_processor_count
+            l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
         try:
             measured = ncu.measure(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                                    cache_control=args.cache_control)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from attnscope import inputs
 from attnscope.errors import InputError, expect, short
 from attnscope.measure import ncu
+from attnscope.model import l2
 
 #: Grid columns: canonical name -> (accepted spellings, default or None when required).
 FIELDS = {
@@ -195,8 +196,6 @@ def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None =
     """model/l2.py's estimate for an ncu spec. ``kernels``: the measured call's kernel names, where known:
     an attnscope call that ran the portable kernel (a sweep recorded before kernels/fwd.py's Hopper table
     named a Gluon variant for it) is estimated for that kernel, not for what the table picks today."""
-    from attnscope.model import l2
-
     ran_portable = spec["impl"] == "attnscope" and bool(kernels) and \
         any(PORTABLE_KERNEL in k for k in kernels) and not any("hopper" in k for k in kernels)
     return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
@@ -261,9 +260,9 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         raise InputError(f"{field}: expected a file `attnscope bytes --sweep --json` wrote, got "
                          f"{short(data)}")
     env = data["env"]
-    l2 = l2_bytes or env.get("l2_bytes")
+    l2_size = l2_bytes or env.get("l2_bytes")
     sm = sms or env.get("sms")
-    expect(isinstance(l2, int) and l2 > 0, f"{field}: env.l2_bytes", "a positive integer", l2)
+    expect(isinstance(l2_size, int) and l2_size > 0, f"{field}: env.l2_bytes", "a positive integer", l2_size)
     expect(isinstance(sm, int) and sm > 0, f"{field}: env.sms", "a positive integer", sm)
     pairs = []
     for i, p in enumerate(data["points"]):
@@ -276,7 +275,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                "a byte count", total)
         names = [k.get("name", "") for k in m.get("kernels", []) if isinstance(k, dict)]
         pairs.append((spec, total, names))
-    return compare(pairs, l2, sm), env
+    return compare(pairs, l2_size, sm), env
 
 
 NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"

@@ -527,13 +527,10 @@ def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: boo
     def mask(x):  # distinct mask bytes a window over fraction x of the masked_fill touches
         return m * min(1.0, max(0.0, x) * bh)
 
-    def none(x):
-        return 0.0
-
     # the chain: (kernel, cold input read besides the previous buffer, output bytes, extra distinct bytes
     # a window over fraction x of the kernel touches)
-    chain = [("GEMM (QK^T)", qk, s, none)] + ([("masked_fill", 0, s, mask)] if causal else []) + \
-        [("softmax", 0, s, none), ("GEMM (PV)", v, o, lambda x: v * x)]
+    chain = [("GEMM (QK^T)", qk, s, lambda x: 0.0)] + ([("masked_fill", 0, s, mask)] if causal else []) + \
+        [("softmax", 0, s, lambda x: 0.0), ("GEMM (PV)", v, o, lambda x: v * x)]
     kinks = (0.0, 1.0 / bh, 1.0 - 1.0 / bh, 1.0)  # where the mask's window saturates
     ks = [KernelEstimate(name, inp + (s if i else 0) + (bh * m if name == "masked_fill" else 0), out)
           for i, (name, inp, out, _) in enumerate(chain)]
