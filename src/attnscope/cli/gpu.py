@@ -121,14 +121,12 @@ def _bytes(args) -> int:
     logical = l2_model.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
     credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
+    errors = {"estimate_error": l2_model.error(est.total, measured.total),
+              "logical_error": l2_model.error(logical, measured.total)} if measured and measured.total else {}
     if args.json:
-        out = {"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
-               "estimate": est.to_json(),
-               "measured": measured.to_json() if measured else None}
-        if measured and measured.total:
-            out["estimate_error"] = l2_model.error(est.total, measured.total)
-            out["logical_error"] = l2_model.error(logical, measured.total)
-        print_json(out)
+        print_json({"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
+                    "estimate": est.to_json(), "measured": measured.to_json() if measured else None,
+                    **errors})
         return 0
 
     def per_head(b):
@@ -136,11 +134,10 @@ def _bytes(args) -> int:
 
     lse = l2_model._WRITES_LSE.get(args.impl, False)  # the logical row counts the implementation's LSE write
     label = "logical model (cold cache, model/traffic.py" + (", incl. the 4 B/row LSE write)" if lse else ")")
-    rows = [[label, "", "", per_head(logical),
-             f"{l2_model.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
+    vs = {k: f"{v:+.1%}" for k, v in errors.items()}
+    rows = [[label, "", "", per_head(logical), vs.get("logical_error", "")],
             ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
-             per_head(est.total),
-             f"{l2_model.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
+             per_head(est.total), vs.get("estimate_error", "")]]
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])

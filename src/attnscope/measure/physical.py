@@ -1,16 +1,14 @@
 """Physical DRAM bytes over a grid: the estimate (model/l2.py) held against ncu, point by point.
 
-`attnscope bytes --sweep GRID` reads a grid of shapes (`parse_grid`: CSV with a header, a JSON list
-of objects, or YAML; the fields of `FIELDS`), measures each point with measure/ncu.py's child (several
-points per ncu process, `ncu.measure_many`), and prints the estimate's error distribution
-(`summarize`: how many points are within ±5/10/15 %, the worst ones, and any estimate below the
-compulsory bytes that does not say why). The JSON it writes keeps the raw counters of every point, so
-`--from-json` re-evaluates the current estimate against a recorded sweep without a GPU.
+`attnscope bytes --sweep GRID` reads a grid of shapes (`parse_grid`: CSV with a header, a JSON list of
+objects, or YAML; the fields of `FIELDS`), measures each point with measure/ncu.py's child (several points
+per ncu process, `ncu.measure_many`), and prints the estimate's error distribution (`summarize`). The
+JSON it writes keeps the raw counters of every point, so `--from-json` re-evaluates the current estimate
+against a recorded sweep without a GPU.
 
-`attnscope bytes --calibrate` measures streams of known size through the same ncu path
-(`CALIBRATION`: a copy by an SM kernel, a read-only fp32 sum, a write-only fill, at two sizes) and prints the
-counter / exact ratios (`calibration_rows`); the slope between the two sizes cancels what stays dirty
-in the L2 at the end of a kernel.
+`attnscope bytes --calibrate` measures streams of known size through the same ncu path (`CALIBRATION`)
+and prints the counter / exact ratios (`calibration_rows`); the slope between the two sizes cancels what
+stays dirty in the L2 at the end of a kernel.
 
 Everything here but the measuring itself is pure Python and tested on a CPU.
 """

@@ -383,7 +383,6 @@ def _retained(start: float, size: float, t_end: float, cap: float, total_span: f
 
 
 _FWD_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "fwd.py"
-_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -412,7 +411,7 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
     choice("impl", impl, tuple(KERNELS))
     choice("attnscope_impl", attnscope_impl, ("auto", "portable"))
     if impl == "attnscope" and attnscope_impl == "auto":
-        name = _DTYPE_NAMES.get(dtype, dtype)
+        name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
         for td, tt, tc, lo, hi, variant in hopper_table():
             if td == d and tt == name and tc == causal and n >= lo and (hi is None or n <= hi):
                 table = HOPPER_KERNELS.get(variant)
