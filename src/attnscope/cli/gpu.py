@@ -82,8 +82,8 @@ def _which(args) -> int:
 
 
 # --- bytes -----------------------------------------------------------------------------------------
-#: Largest Q + K + V + O the estimate accepts: the largest single-GPU memory shipping (288 GB, B300 and
-#: MI355X); beyond it there is no call to measure and the cache simulation would run for hours.
+#: Largest Q + K + V + O the command accepts: the largest single-GPU memory shipping (288 GB, B300 and
+#: MI355X); beyond it there is no call to measure.
 MAX_TENSOR_BYTES = 288 * 10**9
 
 
