@@ -198,9 +198,8 @@ def run_child(child: list[str], cache_control: str = "none", timeout_s: float = 
     try:
         cmd = ncu_command(child, log, ncu=ncu, cache_control=cache_control)
         # the child imports attnscope from wherever this process found it (installed or a source tree)
-        env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         # a session of its own, so a timeout can stop ncu *and* the child it launched
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)

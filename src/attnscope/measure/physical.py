@@ -53,9 +53,7 @@ def _int(where: str, name: str, value) -> int:
 
 
 def _bool(where: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, int) and value in (0, 1):  # bool included
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
         return value.strip().lower() in TRUE
