@@ -8,13 +8,17 @@ in one line and exits 2. Nothing here imports torch at module level: the parser 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import platform
 import sys
 
-from attnscope.cli._out import MiB, console, print_json, table
-from attnscope.errors import InputError
-from attnscope.inputs import refuse_symlinks
-from attnscope.measure import backends, share
+from attnscope.cli._out import MiB, _clean, console, print_json, table
+from attnscope.errors import InputError, positive_int
+from attnscope.inputs import refuse_symlinks, write_atomic
+from attnscope.measure import backends, ncu, physical, share
 from attnscope.measure.backends import gpu_problem
+from attnscope.model import l2 as l2_model
 
 SPEC = "(default: %(default)s)"
 
@@ -78,16 +82,12 @@ def _which(args) -> int:
 
 
 # --- bytes -----------------------------------------------------------------------------------------
-#: Largest Q + K + V + O the estimate accepts: the largest single-GPU memory shipping (288 GB, B300 and
-#: MI355X); beyond it there is no call to measure and the cache simulation would run for hours.
+#: Largest Q + K + V + O the command accepts: the largest single-GPU memory shipping (288 GB, B300 and
+#: MI355X); beyond it there is no call to measure.
 MAX_TENSOR_BYTES = 288 * 10**9
 
 
 def _bytes(args) -> int:
-    from attnscope.errors import positive_int
-    from attnscope.measure import ncu
-    from attnscope.model import l2 as physical
-
     if args.sweep or args.from_json or args.calibrate:
         return _bytes_sweep(args)
     if args.json not in (None, "-"):
@@ -110,40 +110,34 @@ def _bytes(args) -> int:
             import torch
 
             props = torch.cuda.get_device_properties(0)
-            l2 = l2 or props.L2_cache_size
-            sms = sms or props.multi_processor_count
+            l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
         try:
             measured = ncu.measure(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                                    cache_control=args.cache_control)
         except ncu.NcuError as e:
             return _fail("bytes", str(e))
-    est = physical.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
+    est = l2_model.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                             l2_bytes=l2, sms=sms, device=args.device)
-    logical = physical.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
+    logical = l2_model.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
     credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
+    errors = {"estimate_error": l2_model.error(est.total, measured.total),
+              "logical_error": l2_model.error(logical, measured.total)} if measured and measured.total else {}
     if args.json:
-        out = {"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
-               "estimate": est.to_json(),
-               "measured": measured.to_json() if measured else None}
-        if measured and measured.total:
-            out["estimate_error"] = physical.error(est.total, measured.total)
-            out["logical_error"] = physical.error(logical, measured.total)
-        print_json(out)
+        print_json({"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
+                    "estimate": est.to_json(), "measured": measured.to_json() if measured else None,
+                    **errors})
         return 0
 
     def per_head(b):
         return f"{b / bh / MiB:,.2f}"
 
-    # the logical row counts the implementation's logsumexp write (why it reads 66.02 where `traffic`
-    # says 66.00 MiB): say so. The table lives beside the estimate (h11 moves it to model/).
-    lse = getattr(physical, "_WRITES_LSE", {}).get(args.impl, False)
+    lse = l2_model._WRITES_LSE.get(args.impl, False)  # the logical row counts the implementation's LSE write
     label = "logical model (cold cache, model/traffic.py" + (", incl. the 4 B/row LSE write)" if lse else ")")
-    rows = [[label, "", "", per_head(logical),
-             f"{physical.error(logical, measured.total):+.1%}" if measured and measured.total else ""],
+    vs = {k: f"{v:+.1%}" for k, v in errors.items()}
+    rows = [[label, "", "", per_head(logical), vs.get("logical_error", "")],
             ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
-             per_head(est.total),
-             f"{physical.error(est.total, measured.total):+.1%}" if measured and measured.total else ""]]
+             per_head(est.total), vs.get("estimate_error", "")]]
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])
@@ -168,28 +162,17 @@ def _bytes(args) -> int:
 
 
 def _env(l2: int, sms: int) -> dict:
-    import datetime
-    import platform
+    import torch  # there: `_no_gpu` has passed
 
     env = {"l2_bytes": l2, "sms": sms, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "torch": torch.__version__}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
     return env
 
 
 def _write_or_print(args, obj) -> None:
-    import json
-
-    from attnscope.cli._out import _clean
-    from attnscope.inputs import write_atomic
-
     if args.json == "-":
         print_json(obj)
     elif args.json:
@@ -199,8 +182,6 @@ def _write_or_print(args, obj) -> None:
 def _bytes_sweep(args) -> int:
     """--sweep GRID (measure every point), --from-json FILE (re-evaluate a recorded sweep, no GPU),
     --calibrate (streams of known size through the same ncu path)."""
-    from attnscope.measure import ncu, physical
-
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
     c = console()
@@ -210,8 +191,6 @@ def _bytes_sweep(args) -> int:
         _write_or_print(args, {"kind": "attnscope-bytes-reevaluated", "env": env,
                                "rows": [r.to_json() for r in rows], "summary": physical.summarize(rows)})
         return 0
-    from attnscope.errors import positive_int
-
     positive_int("--per-child", args.per_child)
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
     if (code := _no_gpu("bytes")) is not None:
@@ -259,8 +238,6 @@ def _bytes_sweep(args) -> int:
 
 
 def _print_rows(c, rows, caption: str) -> None:
-    from attnscope.measure import physical
-
     def mib(r, b):
         return f"{b / (r.spec.get('batch', 1) * r.spec['heads']) / MiB:,.2f}"
 
@@ -328,8 +305,6 @@ def _bench(args) -> int:
 
 def configure(sub) -> None:
     """Add `which`, `bytes`, `share` and `bench` to `sub` (argparse subparsers)."""
-    from attnscope.measure.ncu import CACHE_CONTROL, IMPLS
-
     p = sub.add_parser("which", help="which SDPA backend actually ran, from profiler kernel names (GPU)",
                        description="Run one attention call with dispatch restricted to one backend (so an "
                                    "input it cannot take fails instead of falling back), record the "
@@ -346,7 +321,7 @@ def configure(sub) -> None:
                                    "(dram__bytes_read.sum, dram__bytes_write.sum; profiler started and "
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
-    p.add_argument("--impl", default="flash", choices=IMPLS, help=f"implementation measured {SPEC}")
+    p.add_argument("--impl", default="flash", choices=ncu.IMPLS, help=f"implementation measured {SPEC}")
     _shape(p, json_flag=False)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="print JSON instead of tables; with --sweep/--calibrate/--from-json and FILE, write "
@@ -361,7 +336,7 @@ def configure(sub) -> None:
                         "print counter / exact byte ratios")
     p.add_argument("--per-child", type=int, default=8,
                    help=f"points measured per ncu process in --sweep {SPEC}")
-    p.add_argument("--cache-control", default="none", choices=CACHE_CONTROL,
+    p.add_argument("--cache-control", default="none", choices=ncu.CACHE_CONTROL,
                    help="ncu --cache-control: none keeps L2 between kernels as inference does; all flushes "
                         f"it before each kernel {SPEC}")
     p.add_argument("--estimate-only", action="store_true",

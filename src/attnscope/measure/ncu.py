@@ -10,12 +10,9 @@ The measured call runs in a child process (``python -m attnscope.measure.ncu --c
    ``spin_kernel``) and the call once, synchronises, and stops the profiler (``cudaProfilerStop``).
 
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
-marker separates the calls when one child measures several configurations (bench/record_fixtures.py,
-`measure_many`, `attnscope bytes --sweep`). A spec is an attention call (``impl``, ``batch``, ``heads``,
-``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``, ``d``, ``dtype``, ``causal``) or a calibration
-stream of known size (``kind``: ``copy`` = ``torch.neg(src, out=dst)``, an SM kernel that reads and
-writes every byte once (``dst.copy_(src)`` is a cudaMemcpy on the copy engine, which ncu does not profile:
-it measured 0 bytes on the H200), ``sum`` = fp32 ``x.sum()``, ``fill`` = ``x.fill_(1)``; ``bytes``):
+marker separates the calls when one child measures several configurations (`measure_many`). A spec is
+an attention call (``impl``, ``batch``, ``heads``, ``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``,
+``d``, ``dtype``, ``causal``) or a calibration stream of known size (``kind`` in `STREAMS`, ``bytes``):
 `exact_bytes` gives its exact DRAM bytes, so the counters themselves are checked through this same path
 (`attnscope bytes --calibrate`).
 
@@ -41,11 +38,10 @@ import tempfile
 from dataclasses import dataclass
 
 from attnscope.errors import InputError, choice, short
-from attnscope.model.l2 import KernelTotals
+from attnscope.model.l2 import IMPLS, KernelTotals
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 CACHE_CONTROL = ("none", "all")
-IMPLS = ("naive", "flash", "cudnn", "efficient", "attnscope")
 #: Calibration streams of known size (see the module docstring and `exact_bytes`).
 STREAMS = ("copy", "sum", "fill")
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel (aten/src/ATen/cuda/Sleep.cu)
@@ -175,7 +171,6 @@ class Measured(KernelTotals):
     cache_control: str
     ncu_version: str = ""
 
-
     def to_json(self) -> dict:
         return {"read": self.read, "write": self.write, "total": self.total,
                 "cache_control": self.cache_control, "ncu_version": self.ncu_version,
@@ -203,9 +198,8 @@ def run_child(child: list[str], cache_control: str = "none", timeout_s: float = 
     try:
         cmd = ncu_command(child, log, ncu=ncu, cache_control=cache_control)
         # the child imports attnscope from wherever this process found it (installed or a source tree)
-        env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         # a session of its own, so a timeout can stop ncu *and* the child it launched
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)
@@ -227,8 +221,11 @@ def run_child(child: list[str], cache_control: str = "none", timeout_s: float = 
     return text, output
 
 
-def run(specs: list[dict], cache_control: str = "none", timeout_s: float = 600.0) -> tuple[str, str]:
-    """Run this module's child for ``specs`` under ncu (`run_child`); (CSV text, child output)."""
+def run(specs: list[dict], cache_control: str = "none", timeout_s: float | None = None) -> tuple[str, str]:
+    """Run this module's child for ``specs`` under ncu (`run_child`); (CSV text, child output).
+    ``timeout_s`` defaults to $ATTNSCOPE_NCU_TIMEOUT_S, else 600 s."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
     return run_child(child_command(specs), cache_control=cache_control, timeout_s=timeout_s)
 
 
@@ -241,16 +238,12 @@ def pair(specs_status: list[dict], calls: list[list[KernelBytes]]) -> list[tuple
 def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int = 1, dtype: str = "fp16",
             causal: bool = False, cache_control: str = "none", timeout_s: float | None = None,
             kv_heads: int | None = None) -> Measured:
-    """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring).
-
-    ``timeout_s`` defaults to $ATTNSCOPE_NCU_TIMEOUT_S, else 600 s.
-    """
+    """DRAM bytes of one call of ``impl`` at this shape, measured by ncu (see the module docstring;
+    ``timeout_s``: `run`)."""
     choice("impl", impl, IMPLS)
     spec = {"impl": impl, "n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal}
     if kv_heads is not None and kv_heads != heads:
         spec["kv_heads"] = kv_heads
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
     text, output = run([spec], cache_control=cache_control, timeout_s=timeout_s)
     status = child_status(output)
     if status and not status[0].get("ok"):
@@ -291,12 +284,10 @@ def measure_many(specs: list[dict], cache_control: str = "none", per_child: int 
                  timeout_s: float | None = None, progress=None) -> list[Point]:
     """Measure several specs (attention calls and calibration streams) under ncu, ``per_child`` to one
     child process (one start-up of ncu, torch and the kernels' compilation per group; a group that times
-    out or crashes loses only its own points). ``timeout_s`` is per group (default
-    $ATTNSCOPE_NCU_TIMEOUT_S, else 600 s). ``progress(points so far, total)`` is called after each group
-    (`attnscope bytes --sweep` writes its JSON there, so a run cut short keeps what it measured).
+    out or crashes loses only its own points). ``timeout_s`` is per group (`run`). ``progress(points so
+    far, total)`` is called after each group (`attnscope bytes --sweep` writes its JSON there, so a run cut
+    short keeps what it measured).
     """
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
     version = ncu_version(find_ncu())
     out: list[Point] = []
     for g in range(0, len(specs), per_child):

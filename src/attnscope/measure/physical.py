@@ -1,16 +1,14 @@
 """Physical DRAM bytes over a grid: the estimate (model/l2.py) held against ncu, point by point.
 
-`attnscope bytes --sweep GRID` reads a grid of shapes (`parse_grid`: CSV with a header, a JSON list
-of objects, or YAML; the fields of `FIELDS`), measures each point with measure/ncu.py's child (several
-points per ncu process, `ncu.measure_many`), and prints the estimate's error distribution
-(`summarize`: how many points are within ±5/10/15 %, the worst ones, and any estimate below the
-compulsory bytes that does not say why). The JSON it writes keeps the raw counters of every point, so
-`--from-json` re-evaluates the current estimate against a recorded sweep without a GPU.
+`attnscope bytes --sweep GRID` reads a grid of shapes (`parse_grid`: CSV with a header, a JSON list of
+objects, or YAML; the fields of `FIELDS`), measures each point with measure/ncu.py's child (several points
+per ncu process, `ncu.measure_many`), and prints the estimate's error distribution (`summarize`). The
+JSON it writes keeps the raw counters of every point, so `--from-json` re-evaluates the current estimate
+against a recorded sweep without a GPU.
 
-`attnscope bytes --calibrate` measures streams of known size through the same ncu path
-(`CALIBRATION`: a copy by an SM kernel, a read-only fp32 sum, a write-only fill, at two sizes) and prints the
-counter / exact ratios (`calibration_rows`); the slope between the two sizes cancels what stays dirty
-in the L2 at the end of a kernel.
+`attnscope bytes --calibrate` measures streams of known size through the same ncu path (`CALIBRATION`)
+and prints the counter / exact ratios (`calibration_rows`); the slope between the two sizes cancels what
+stays dirty in the L2 at the end of a kernel.
 
 Everything here but the measuring itself is pure Python and tested on a CPU.
 """
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from attnscope import inputs
 from attnscope.errors import InputError, expect, short
 from attnscope.measure import ncu
+from attnscope.model import l2
 
 #: Grid columns: canonical name -> (accepted spellings, default or None when required).
 FIELDS = {
@@ -54,9 +53,7 @@ def _int(where: str, name: str, value) -> int:
 
 
 def _bool(where: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, int) and value in (0, 1):  # bool included
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
         return value.strip().lower() in TRUE
@@ -195,8 +192,6 @@ def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None =
     """model/l2.py's estimate for an ncu spec. ``kernels``: the measured call's kernel names, where known:
     an attnscope call that ran the portable kernel (a sweep recorded before kernels/fwd.py's Hopper table
     named a Gluon variant for it) is estimated for that kernel, not for what the table picks today."""
-    from attnscope.model import l2
-
     ran_portable = spec["impl"] == "attnscope" and bool(kernels) and \
         any(PORTABLE_KERNEL in k for k in kernels) and not any("hopper" in k for k in kernels)
     return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
@@ -261,9 +256,9 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         raise InputError(f"{field}: expected a file `attnscope bytes --sweep --json` wrote, got "
                          f"{short(data)}")
     env = data["env"]
-    l2 = l2_bytes or env.get("l2_bytes")
+    l2_size = l2_bytes or env.get("l2_bytes")
     sm = sms or env.get("sms")
-    expect(isinstance(l2, int) and l2 > 0, f"{field}: env.l2_bytes", "a positive integer", l2)
+    expect(isinstance(l2_size, int) and l2_size > 0, f"{field}: env.l2_bytes", "a positive integer", l2_size)
     expect(isinstance(sm, int) and sm > 0, f"{field}: env.sms", "a positive integer", sm)
     pairs = []
     for i, p in enumerate(data["points"]):
@@ -276,7 +271,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                "a byte count", total)
         names = [k.get("name", "") for k in m.get("kernels", []) if isinstance(k, dict)]
         pairs.append((spec, total, names))
-    return compare(pairs, l2, sm), env
+    return compare(pairs, l2_size, sm), env
 
 
 NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"

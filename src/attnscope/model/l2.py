@@ -15,17 +15,9 @@ gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a la
 of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
 lifetime); a static persistent schedule a diagonal step apart. GQA heads split by the batch re-read their
 set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is
-still dirty in the L2 at the end is not counted.
-
-Measured on the H200 (BENCHMARKS.md "attnscope bytes"): re-read capacities and ramps of lines re-read
-from one SM then another (0.580, 1.72: bench/l2_reuse.py A), of shared lines (0.434, 1.38) and of lines
-read by one SM (0.656; bench/l2_reuse.py --share, results/h200-2026-12-01-l2-share.json); CTAs per SM
-(ncu occupancy); FA-2's touched spill frames (`FA2_FRAME`). From the sources: the grid orders of
-attnscope, FLASH (m, b, h) and EFFICIENT (m, h, b), FA-2's backward walk, Is_even_MN, split-KV heuristic.
-Assumed: O is written to its home partition only (one copy); cuDNN's tile order and static schedule;
-FA-2's spread; attnscope's touched frame (half its stack); warp slots re-used 2 lifetimes later. Fitted:
-no constant (the 0.90 K/V share fitted before is now the measured shared capacity), but the structure was
-developed on the recorded sweeps, so only a fresh grid tests it.
+still dirty in the L2 at the end is not counted. Each constant says whether it is measured on the H200
+(BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or assumed; none is fitted, but the
+structure was developed on the recorded sweeps, so only a fresh grid tests it.
 """
 
 from __future__ import annotations
@@ -34,11 +26,12 @@ import ast
 import functools
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
+from attnscope.model import roofline
 from attnscope.model import traffic as _traffic
 from attnscope.model.tiles import Grid, cdiv
 
@@ -63,18 +56,13 @@ class Kernel(NamedTuple):
 
 
 #: FA-2's forward kernels spill (255 registers): the local-memory bytes each thread of a CTA touches,
-#: (Is_even_MN kernel, ragged kernel), by head dim and mask. Measured on the H200 (bench/gpu/spill_probe.sh,
-#: 2026-12-01, ncu l1tex__t_sectors_pipe_lsu_mem_local_op_st_lookup_miss: the L1 store misses of local
-#: lines, 32 B sectors, per CTA / 128 threads; constant across N 1.5k-24.6k, batch, heads, dtype): d 128
-#: causal 9.5 KB / 35.1 KB per CTA, unmasked 11.2 / 3.1 KB; d 64 causal 3.0 / 7.4 KB. The compiler's frames
-#: (cuobjdump -res-usage STACK, same probe) bound them: d 128 causal 136 / 376 B, unmasked 144 / 64 B, d 64
-#: causal 136 / 208 B, unmasked 112 / 88 B (`FA2_STACK`). d 64 unmasked was not probed: none (the recorded
-#: grid's DRAM writes at 32 heads, N 4k-16k, show no excess over O; ragged assumed alike).
+#: (Is_even_MN kernel, ragged kernel), by (head dim, causal). Measured on the H200 (bench/gpu/spill_probe.sh:
+#: ncu's L1 store misses of local lines per CTA / 128 threads); the compiler's frames (cuobjdump -res-usage
+#: STACK, same probe: `FA2_STACK`) bound them. d 64 unmasked was not probed: none (no excess DRAM writes).
 FA2_FRAME = {(128, True): (74, 274), (128, False): (87, 24), (64, True): (23, 58), (64, False): (0, 0)}
 FA2_STACK = {(128, True): (136, 376), (128, False): (144, 64), (64, True): (136, 208), (64, False): (112, 88)}
-#: attnscope's portable kernel: ptxas (bench/sm90_resources.py, Triton 3.6) reserves a 104 B (d 128
-#: unmasked) / 120 B (causal) stack frame, d 64 none; the bytes touched were not measured: half the frame
-#: (FA-2's touched / STACK above: 0.17-0.73, median 0.5).
+#: attnscope's portable kernel: ptxas's stack frame (bench/sm90_resources.py; d 64 none); the bytes touched
+#: were not measured: half the frame (FA-2's touched / STACK above: median 0.5).
 ATTNSCOPE_STACK = {(128, False): 104, (128, True): 120}
 ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items()}
 #: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties its
@@ -82,17 +70,13 @@ ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items(
 SLOT_REUSE_LIFETIMES = 2.0
 
 #: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one; -d: the causal kernel
-#: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>;
-#: kernel names), grid (m_blocks, b, h), n_block loop from the diagonal down; its template Is_even_MN
-#: (N a multiple of block_q and block_kv) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff
-#: 64 x 128 (fmha_cutlassF_f16_aligned_64x128), grid (m_blocks, h, b). cudnn: sm90 flash fprop wgmma, a
-#: persistent grid of one CTA per SM (ncu: grid 132, 232,448 B shared, 168 registers); 128-row tiles in
+#: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>),
+#: grid (m_blocks, b, h), n_block loop from the diagonal down; its template Is_even_MN (N a multiple of
+#: both blocks) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff 64 x 128, grid (m_blocks,
+#: h, b). cudnn: sm90 flash fprop wgmma, a persistent grid of one CTA per SM (ncu); 128-row tiles in
 #: (m, h, b) order assumed. attnscope: the portable kernel (kernels/fwd.py CONFIG_TABLE), grid (T_r, B*H),
-#: program b*H + h (heads fastest); causal tiles heaviest first, each walking K/V forwards to its diagonal;
-#: spills: `ATTNSCOPE_FRAME`. Where kernels/fwd.py's HOPPER_VALIDATED names a Gluon variant for the call,
-#: `HOPPER_KERNELS` replaces it. CTAs per SM: ncu's occupancy section on the H200
-#: (bench/gpu/bytes.sh, 2026-11-30): 2 for FLASH, EFFICIENT and attnscope (d 128 255 registers, 98,336 B;
-#: d 64 unmasked 115,712 B: 2, not the 1 a 228 KiB reading gave), 1 for cuDNN.
+#: heads fastest; causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's
+#: occupancy section on the H200 (bench/gpu/bytes.sh).
 KERNELS = {
     "flash": {128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, False]),
               64: Kernel(128, 128, 2, "bh", True, True, frame=FA2_FRAME[64, False]),
@@ -112,34 +96,24 @@ KERNELS = {
 #: per SM, head-major tiles; causal tiles in pairs (k, last - k), heavy then light). One CTA per SM:
 #: 168 (NWG 2) / 128 (NWG 3) registers x 9+ warps fill the register file. ptxas
 #: (bench/sm90_resources.py): no spills.
+#: The barrier-light (rel1, pt) and overlap (ov: two S tiles in flight per warpgroup) variants differ from
+#: their base only in synchronisation: no memory traffic; the n64 ones take 64-key tiles.
 _G = Kernel(128, 128, 1, "hb", False, False)
-_GP = _G._replace(persistent=True)
+_BOTH, _PERSIST = {128: _G, 64: _G}, dict.fromkeys((128, 64), _G._replace(persistent=True))
+_WG3, _N64 = {64: _G._replace(block_q=192)}, dict.fromkeys((128, 64), _G._replace(block_kv=64))
 HOPPER_KERNELS = {
-    "hopper": {128: _G, 64: _G}, "hopper_nopp": {128: _G, 64: _G}, "hopper_deep": {128: _G, 64: _G},
-    "hopper_wg3": {64: _G._replace(block_q=192)}, "hopper_wg3_pp": {64: _G._replace(block_q=192)},
-    "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)},
-    "hopper_persist": {128: _GP, 64: _GP}, "hopper_persist_pp": {128: _GP, 64: _GP},
+    "hopper": _BOTH, "hopper_nopp": _BOTH, "hopper_deep": _BOTH, "hopper_wg3": _WG3, "hopper_wg3_pp": _WG3,
+    "hopper_m128": {64: _G._replace(block_q=256, block_kv=64)}, "hopper_persist": _PERSIST,
+    "hopper_persist_pp": _PERSIST, "hopper_rel1": _BOTH, "hopper_rel1_nopp": _BOTH, "hopper_pt": _BOTH,
+    "hopper_pt_nopp": _BOTH, "hopper_pt_deep": _BOTH, "hopper_pt_wg3_pp": _WG3, "hopper_pt_persist": _PERSIST,
+    "hopper_ov_pt": {64: _G}, "hopper_ov_n64": _N64, "hopper_ov_n64_pt": _N64,
 }
-# the barrier-light variants differ from their base only in how consumers release a slot (no memory traffic)
-HOPPER_KERNELS.update({"hopper_rel1": HOPPER_KERNELS["hopper"], "hopper_rel1_nopp": HOPPER_KERNELS["hopper"],
-                       "hopper_pt": HOPPER_KERNELS["hopper"], "hopper_pt_nopp": HOPPER_KERNELS["hopper"],
-                       "hopper_pt_deep": HOPPER_KERNELS["hopper"],
-                       "hopper_pt_wg3_pp": HOPPER_KERNELS["hopper_wg3_pp"],
-                       "hopper_pt_persist": HOPPER_KERNELS["hopper_persist"]})
-# the overlap variants (two S tiles in flight per warpgroup): the same grid, 64-key tiles for the n64 ones
-HOPPER_KERNELS.update({"hopper_ov_pt": {64: _G}, "hopper_ov_n64": {128: _G._replace(block_kv=64),
-                                                                  64: _G._replace(block_kv=64)}})
-HOPPER_KERNELS["hopper_ov_n64_pt"] = HOPPER_KERNELS["hopper_ov_n64"]
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
 
-#: Copies of a line read from both L2 partitions at once. The H200's L2 is two partitions, each SM
-#: attached to one; a line is homed in one by its address, and a read from the other side leaves a copy in
-#: the reader's (near) partition as well. A K/V tile, read by the CTAs of one head spread over all SMs, is
-#: held twice. bench/l2_reuse.py --share (bench/gpu/probe4.sh, H200, 2026-12-01) measured the re-read
-#: capacity of three kinds of line: read by all SMs at once ("shared": misses from 0.434 to 0.60 x L2,
-#: half at 0.52 ~ 1 / COPIES), by one SM ("private": 0.656 ~ 1 / 1.5, a copy more for the half homed on the
-#: far side) and by one SM, then another (bench/l2_reuse.py A: 0.583 ~ 1 / 1.72, the copies of two reads).
+#: Copies of a line read from both L2 partitions at once: each SM is attached to one of the H200's two
+#: partitions, and a read from the side the line is not homed in leaves a copy in the near one too, so a K/V
+#: tile, read by the CTAs of one head on all SMs, is held twice (`L2Params`: measured capacities).
 COPIES = 2
 
 
@@ -153,15 +127,13 @@ class L2Params:
 
     capacity: float = 0.580
     ramp: float = 1.72
-    source: str = "bench/l2_reuse.py A, NVIDIA H200, 2026-11-30 (misses start at 34.8 MiB, all by 60 MiB)"
     shared: float = 0.434
     shared_ramp: float = 1.38
     private: float = 0.656
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
-        return L2Params(self.shared, self.shared_ramp, self.source, self.shared, self.shared_ramp,
-                        self.private)
+        return replace(self, capacity=self.shared, ramp=self.shared_ramp)
 
     def qo_weight(self) -> float:
         """Room a byte of a CTA's Q and O tiles takes in the L2, in K/V bytes: Q is read by one SM (its
@@ -337,10 +309,6 @@ class KernelEstimate:
     def total(self) -> int:
         return self.read + self.write
 
-    @property
-    def logical_total(self) -> int:
-        return self.logical_read + self.logical_write
-
     def to_json(self) -> dict:
         return {"kernel": self.name, "logical_read": self.logical_read, "logical_write": self.logical_write,
                 "read": self.read, "write": self.write, "total": self.total}
@@ -377,17 +345,12 @@ class Estimate(KernelTotals):
     compulsory: int = 0
     credits: list[tuple[str, int]] = field(default_factory=list)
 
-
     @property
     def logical_total(self) -> int:
-        return sum(k.logical_total for k in self.kernels)
-
-    @property
-    def batch_heads(self) -> int:
-        return self.params["batch"] * self.params["heads"]
+        return sum(k.logical_read + k.logical_write for k in self.kernels)
 
     def per_head(self, nbytes: int) -> float:
-        return nbytes / self.batch_heads
+        return nbytes / (self.params["batch"] * self.params["heads"])
 
     def to_json(self) -> dict:
         return {"impl": self.impl, "params": self.params, "read": self.read, "write": self.write,
@@ -420,7 +383,6 @@ def _retained(start: float, size: float, t_end: float, cap: float, total_span: f
 
 
 _FWD_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "fwd.py"
-_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -449,7 +411,7 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
     choice("impl", impl, tuple(KERNELS))
     choice("attnscope_impl", attnscope_impl, ("auto", "portable"))
     if impl == "attnscope" and attnscope_impl == "auto":
-        name = _DTYPE_NAMES.get(dtype, dtype)
+        name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
         for td, tt, tc, lo, hi, variant in hopper_table():
             if td == d and tt == name and tc == causal and n >= lo and (hi is None or n <= hi):
                 table = HOPPER_KERNELS.get(variant)
@@ -460,11 +422,8 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
                 return variant, table[min(table, key=lambda x: (abs(x - d), x))]
     impl_name = "attnscope portable" if impl == "attnscope" else impl
     table = KERNELS[impl]
-    ker = table.get(-d if causal else d) or table.get(d)
-    if ker is None:
-        near = min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))
-        ker = table.get(-near if causal else near) or table[near]
-    return impl_name, ker
+    near = min((x for x in table if x > 0), key=lambda x: (abs(x - d), x))
+    return impl_name, table.get(-near if causal else near) or table[near]
 
 
 def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
@@ -506,7 +465,6 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spill = spill_bytes(ker, bh * tr, nq, nk)
     q_o = 2 * ker.block_q * d * b * params.qo_weight()  # a CTA's Q and O tiles, in K/V bytes of L2 room
     kv_params = params.for_shared()
-    kv_cap = kv_params.capacity * l2
     amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
                        spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                        distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
@@ -518,16 +476,16 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
         # after the other batches' sets (every tile of each, read by its heaviest CTA) and Q/O; what was
         # evicted is fetched once more, the whole set (its first reader in the head misses every tile)
-        between = batch * (kv_set + tr * q_o)
-        extra += (group - 1) * batch * kv_heads * kv_set * miss(between / kv_cap, kv_params.ramp)
+        between = batch * (kv_set + tr * q_o) / (kv_params.capacity * l2)
+        extra += (group - 1) * batch * kv_heads * kv_set * miss(between, kv_params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
     k.logical_write = ko + lse + spill
     k.read = int(round(kq + kv_once + min(extra, k.logical_read - kq - kv_once)))
     out = ko + lse
-    split = impl == "flash" and bh * tr < 0.8 * 2 * sms  # FA-2's split-KV heuristic (num_splits > 1)
-    if split:  # fp32 partial O + LSE per split, read back by the combine kernel: resident when they fit
+    if impl == "flash" and bh * tr < 0.8 * 2 * sms:  # FA-2's split-KV heuristic: fp32 partial O + LSE per
+        # split, read back by the combine kernel: resident when they fit
         n_splits = max(1, min(128, int(0.8 * 2 * sms) // max(1, bh * tr), cdiv(nk, 128)))
         partial = n_splits * bh * nq * (d * 4 + STAT_BYTES) if n_splits > 1 else 0
         overflow = max(0.0, partial - cap)
@@ -556,7 +514,7 @@ def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: boo
     of the writer's input and of B_j) and the start of its reader (x of B_j and of the reader's output and
     extras): D1(x), linear in x; that re-read misses with `miss` (D1 / cap). A dirty byte reaches DRAM
     when it is evicted before the call ends: its re-read missed, or it hit and D2, the distinct bytes from
-    its re-read to the end, passes the capacity (`_mean_written_back`: LRU after a hit); what is still
+    its re-read to the end, passes the capacity (`_mean_miss_pl`: LRU after a hit); what is still
     dirty at the end is not counted (O: `DIRTY_O`). The causal bool mask (1 B per element, the same for
     every head) is cold once, then re-read one head's S and S' later. With a step curve (``ramp`` -> 1)
     this is exact LRU (tests: a brute-force LRU of the same trace).
@@ -568,13 +526,10 @@ def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: boo
     def mask(x):  # distinct mask bytes a window over fraction x of the masked_fill touches
         return m * min(1.0, max(0.0, x) * bh)
 
-    def none(x):
-        return 0.0
-
     # the chain: (kernel, cold input read besides the previous buffer, output bytes, extra distinct bytes
     # a window over fraction x of the kernel touches)
-    chain = [("GEMM (QK^T)", qk, s, none)] + ([("masked_fill", 0, s, mask)] if causal else []) + \
-        [("softmax", 0, s, none), ("GEMM (PV)", v, o, lambda x: v * x)]
+    chain = [("GEMM (QK^T)", qk, s, lambda x: 0.0)] + ([("masked_fill", 0, s, mask)] if causal else []) + \
+        [("softmax", 0, s, lambda x: 0.0), ("GEMM (PV)", v, o, lambda x: v * x)]
     kinks = (0.0, 1.0 / bh, 1.0 - 1.0 / bh, 1.0)  # where the mask's window saturates
     ks = [KernelEstimate(name, inp + (s if i else 0) + (bh * m if name == "masked_fill" else 0), out)
           for i, (name, inp, out, _) in enumerate(chain)]
@@ -593,34 +548,34 @@ def _naive(est: Estimate, nq: int, nk: int, d: int, b: int, bh: int, causal: boo
             nxt = x * out_r + after[j + 2] if j + 2 < len(chain) else 0.0
             return (1 - x) * (s + out_r) + e_r(1 - x) + nxt
 
-        ks[j + 1].read += int(round(s * _mean_miss_pl((d1,), kinks, cap, ramp)))
-        ks[j].write += int(round(s * _mean_written_back(d1, d2, kinks, cap, ramp)))
+        ks[j + 1].read += int(round(s * _mean_miss_pl(d1, kinks, cap, ramp)))
+        ks[j].write += int(round(s * _mean_miss_pl(d1, kinks, cap, ramp, d2)))
     if causal:  # the mask: cold once, then re-read after one head's S and S' (and the mask)
         ks[1].read += int(round(m + (bh - 1) * m * miss((2 * s / bh + m) / cap, ramp)))
     # O: the byte at x is followed by the rest of GEMM 2, (1 - x) of P, V and O, and nothing else
-    wb = o * _mean_miss_pl((lambda x: (1 - x) * (s + v + o),), kinks, cap, ramp)
+    wb = o * _mean_miss_pl(lambda x: (1 - x) * (s + v + o), kinks, cap, ramp)
     ks[-1].write += int(round(wb))
     if o - wb >= 1:
         est.credits.append((DIRTY_O, int(round(o - wb))))
 
 
-def _mean_written_back(d1, d2, knots: tuple, cap: float, ramp: float) -> float:
-    """Mean over x in [0, 1] of the fraction of a dirty byte written back: its re-read after D1 = d1(x)
-    missed (`miss`: it was evicted, so written back), or it hit and was then evicted before the end, D2 =
-    d2(x) > cap. A byte re-read from the L2 is promoted and ages like LRU (a step at the capacity); the
-    measured ramp past the capacity is that of bytes not re-used since they were inserted (a stream longer
-    than the L2 keeps part of itself). d1, d2 linear between the ``knots``; exact per piece."""
+def _mean_miss_pl(d1, knots: tuple, cap: float, ramp: float, d2=None) -> float:
+    """Mean over x in [0, 1] of the fraction of a byte that reaches DRAM: its re-read after D1 = d1(x)
+    misses (`miss`), or, given ``d2``, it hit and was then evicted before the end, D2 = d2(x) > cap (a byte
+    re-read from the L2 is promoted and ages like LRU, a step at the capacity; the measured ramp past the
+    capacity is that of bytes not re-used since they were inserted). d1, d2 linear between the ``knots``;
+    the segments are split where d2 crosses the capacity: exact (`mean_miss` per piece)."""
     xs = sorted({min(1.0, max(0.0, k)) for k in knots} | {0.0, 1.0})
     cuts = set(xs)
     for a, c in itertools.pairwise(xs):
-        da, dc = d2(a) - cap, d2(c) - cap
+        da, dc = (d2(a) - cap, d2(c) - cap) if d2 else (0.0, 0.0)
         if da * dc < 0:
             cuts.add(a + (c - a) * da / (da - dc))
     total = 0.0
     for a, c in itertools.pairwise(sorted(cuts)):
         if c <= a:
             continue
-        if d2((a + c) / 2) > cap:
+        if d2 and d2((a + c) / 2) > cap:
             total += c - a
         else:
             fa, fc = d1(a) / cap, d1(c) / cap
@@ -628,38 +583,8 @@ def _mean_written_back(d1, d2, knots: tuple, cap: float, ramp: float) -> float:
     return total
 
 
-def _mean_miss_pl(fs: tuple, knots: tuple, cap: float, ramp: float) -> float:
-    """Mean over x in [0, 1] of `miss` (max(f(x) for f in ``fs``) / cap), each f linear between the
-    ``knots``; where two of them cross inside a segment, the segment is split there. Exact (`mean_miss`
-    per linear piece), a fixed number of pieces."""
-    xs = sorted({min(1.0, max(0.0, k)) for k in knots} | {0.0, 1.0})
-    cuts = set(xs)
-    for a, c in itertools.pairwise(xs):
-        for i, f in enumerate(fs):
-            for g in fs[i + 1:]:
-                da, dc = f(a) - g(a), f(c) - g(c)
-                if da * dc < 0:
-                    cuts.add(a + (c - a) * da / (da - dc))
-    pts = sorted(cuts)
-    total = 0.0
-    for a, c in itertools.pairwise(pts):
-        if c - a <= 0:
-            continue
-        fa, fc = max(f(a) for f in fs), max(f(c) for f in fs)
-        total += (c - a) * mean_miss(min(fa, fc) / cap, max(fa, fc) / cap, ramp)
-    return total
-
-
 DIRTY_O = ("O still dirty in the write-back L2 when the call ends (ncu counts a write only when its line is "
            "evicted)")
-
-
-def device_facts(device: str = "h200") -> tuple[int, int]:
-    """(L2 bytes, SMs) of a device from model/roofline.py, the one table of device facts."""
-    from attnscope.model.roofline import device as _device
-
-    dev = _device(device)
-    return dev.l2, dev.sms
 
 
 def compulsory(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str = "fp16",
@@ -710,15 +635,13 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     expect(isinstance(frac, (int, float)) and 0 < frac <= 1, "l2_fraction", "a fraction in (0, 1]", frac)
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
-    given = (l2_fraction, ramp) != (None, None)  # a given cyclic capacity scales the others alike
-    scale = frac / H200_L2_PARAMS.capacity
-    params = L2Params(frac, rp, "given" if given else H200_L2_PARAMS.source,
-                      min(1.0, H200_L2_PARAMS.shared * scale),
+    scale = frac / H200_L2_PARAMS.capacity  # a given cyclic capacity scales the others alike
+    params = L2Params(frac, rp, min(1.0, H200_L2_PARAMS.shared * scale),
                       rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
                       min(1.0, H200_L2_PARAMS.private * scale))
-    dev_l2, dev_sms = device_facts(device)
-    l2 = dev_l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
-    sms = dev_sms if sms is None else positive_int("sms", sms)
+    dev = roofline.device(device)
+    l2 = dev.l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
+    sms = dev.sms if sms is None else positive_int("sms", sms)
     per_sm = None if ctas_per_sm is None else positive_int("ctas_per_sm", ctas_per_sm)
     cap = frac * l2
     info = {"n": n, "d": d, "heads": heads, "kv_heads": hkv, "batch": batch, "dtype": dtype, "causal": causal,
