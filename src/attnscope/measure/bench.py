@@ -229,13 +229,9 @@ def _from_json(args) -> int:
     expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
     # drawn and written before anything is printed: a bad --plots is the only output
     plots = write_plots(result, args.plots) if args.plots else []
-    print("# " + json.dumps(result.get("env", {})))
-    for row in result.get("prefill", []) + result.get("prefill_fp16", []):
-        print(prefill_line(row))
-    for row in result.get("decode", []):
-        print(decode_line(row))
-    for path in plots:
-        print(f"plot: {path}")
+    lines = [prefill_line(row) for row in result.get("prefill", []) + result.get("prefill_fp16", [])]
+    lines += [decode_line(row) for row in result.get("decode", [])] + [f"plot: {path}" for path in plots]
+    print("\n".join(["# " + json.dumps(result.get("env", {})), *lines]))
     return 0
 
 
