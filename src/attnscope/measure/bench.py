@@ -68,10 +68,8 @@ def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
     qs = q[0, :heads, r0:].double()
     ks, vs = (t[0, [h // g for h in range(heads)]].double() for t in (k, v))  # the kv head of each
     s = qs @ ks.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        r = torch.arange(r0, nq, device=q.device)[:, None]
-        c = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(c > r + (nk - nq), float("-inf"))
+    if causal:  # query r sees key c iff c <= r + (nk - nq); row i of s is query r0 + i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu_(r0 + nk - nq + 1), float("-inf"))
     ref = torch.softmax(s, dim=-1) @ vs
     return (out[0, :heads, r0:].double() - ref).abs().max().item()
 
