@@ -282,6 +282,8 @@ def _z(*shape, dtype=F16, device=None):
     ({"k": _z(1, 3, 8, 64), "v": _z(1, 3, 8, 64)}, ValueError, "multiple of the kv heads (3), got Hq = 4"),
     ({"q": _z(1, 4, 0, 64)}, ValueError, "q: expected Nq >= 1"),
     ({"k": _z(1, 2, 0, 64), "v": _z(1, 2, 0, 64)}, ValueError, "k: expected Nk >= 1"),
+    ({"q": _z(0, 4, 8, 64), "k": _z(0, 2, 8, 64), "v": _z(0, 2, 8, 64)}, ValueError,
+     "q: expected B >= 1 and Hq >= 1, got shape (0, 4, 8, 64)"),
     ({"q": _z(1, 4, 8, 64, dtype=torch.float32)}, NotImplementedError,
      "supported: torch.float16, torch.bfloat16"),
     ({"q": _z(1, 4, 8, 96), "k": _z(1, 2, 8, 96), "v": _z(1, 2, 8, 96)}, NotImplementedError,

@@ -71,13 +71,8 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 #: Measured table for ``impl="auto"``: rows ``(head_dim, dtype name, causal, n_min, n_max, variant)``
 #: (bounds inclusive, ``n_max`` None = no upper bound; n = max(Nq, Nk)): where the Gluon Hopper kernel's
 #: `fwd_hopper.VARIANTS` entry ``variant`` was measured correct (float64 check at full size) and at least 2 %
-#: faster than the portable kernel in the same run on an sm_90 GPU. Each row's range starts at a measured
-#: grid point and ends before the next measured point that was not won by the same variant (the grid is
-#: N = 1k, 2k, 4k, 8k, 16k; fp16 only 4k and 16k; the last row of a trend that holds to 16k is open-ended).
-#: Points not covered (N < 1k, d = 64 unmasked below 2k, d = 64 causal below 4k, fp16 d = 64 except causal
-#: from 16k, fp16 below 4k) run the portable kernel. Source: bench/prefill.py on the H200, 2026-11-30 and
-#: 2026-12-01 (torch 2.11.0+cu130, triton 3.6.0; H = 32, B*N = 16k; TFLOP/s, variant / portable;
-#: BENCHMARKS.md).
+#: faster than the portable kernel in the same run on an sm_90 GPU (bench/prefill.py, H = 32, B*N = 16k;
+#: BENCHMARKS.md). A range ends before the next measured N its variant did not win; the rest run portable.
 HOPPER_VALIDATED: tuple = (
     # TFLOP/s variant / portable, bench/prefill.py on the H200: run 1 2026-11-30 22:11 UTC, run 2 23:57 UTC,
     # run 3 2026-12-01 03:20 UTC, run 4 05:00 UTC (BENCHMARKS.md, issue 15; run 4 after the persistent
@@ -237,12 +232,9 @@ def _check_inputs(q, k, v):
     if Hkv == 0 or Hq % Hkv != 0:
         raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads ({Hkv}), "
                          f"got Hq = {Hq}")
-    if Nq == 0:
-        raise InputError(f"q: expected Nq >= 1, got shape {tuple(q.shape)}")
-    if Nk == 0:
-        raise InputError(f"k: expected Nk >= 1, got shape {tuple(k.shape)}")
-    if B == 0 or Hq == 0:
-        raise InputError(f"q: expected B >= 1 and Hq >= 1, got shape {tuple(q.shape)}")
+    for name, t, what, size in (("q", q, "Nq", Nq), ("k", k, "Nk", Nk), ("q", q, "B >= 1 and Hq", B * Hq)):
+        if size == 0:
+            raise InputError(f"{name}: expected {what} >= 1, got shape {tuple(t.shape)}")
     check_head_dim(d)
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA: every stride but the last must be a multiple of 16 bytes, and the base 16-byte aligned

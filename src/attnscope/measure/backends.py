@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import attnscope
 from attnscope import chrome_trace
-from attnscope.chrome_trace import FUSED, KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
+from attnscope.chrome_trace import KernelEvent, backend_of, family, kernels, kernels_within  # noqa: F401
 from attnscope.errors import choice, positive_int
 from attnscope.inputs import write_atomic
 

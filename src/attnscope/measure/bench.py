@@ -68,10 +68,8 @@ def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
     qs = q[0, :heads, r0:].double()
     ks, vs = (t[0, [h // g for h in range(heads)]].double() for t in (k, v))  # the kv head of each
     s = qs @ ks.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        r = torch.arange(r0, nq, device=q.device)[:, None]
-        c = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(c > r + (nk - nq), float("-inf"))
+    if causal:  # query r sees key c iff c <= r + (nk - nq); row i of s is query r0 + i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu_(r0 + nk - nq + 1), float("-inf"))
     ref = torch.softmax(s, dim=-1) @ vs
     return (out[0, :heads, r0:].double() - ref).abs().max().item()
 
@@ -229,13 +227,9 @@ def _from_json(args) -> int:
     expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
     # drawn and written before anything is printed: a bad --plots is the only output
     plots = write_plots(result, args.plots) if args.plots else []
-    print("# " + json.dumps(result.get("env", {})))
-    for row in result.get("prefill", []) + result.get("prefill_fp16", []):
-        print(prefill_line(row))
-    for row in result.get("decode", []):
-        print(decode_line(row))
-    for path in plots:
-        print(f"plot: {path}")
+    lines = [prefill_line(row) for row in result.get("prefill", []) + result.get("prefill_fp16", [])]
+    lines += [decode_line(row) for row in result.get("decode", [])] + [f"plot: {path}" for path in plots]
+    print("\n".join(["# " + json.dumps(result.get("env", {})), *lines]))
     return 0
 
 

@@ -45,5 +45,4 @@ def build(trace_path=None, out_dir="attnscope-report", fmt: str = "both", sample
     if fmt in ("html", "both"):
         files["report.html"] = render.html_page(doc)
     out = make_out_dir(out_dir, "--out")
-    written = write_all({out / name: text for name, text in files.items()}, "--out")
-    return doc, written
+    return doc, write_all({out / name: text for name, text in files.items()}, "--out")

@@ -117,10 +117,8 @@ def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
         Section("Boundary errors to avoid", (Bullets(tuple(para((f"{k}.", "b"), f" {v}")
                                                            for k, v in r.boundary_errors)),), half=True),
         Section("Next measurement plan", (Bullets(tuple(para(p) for p in r.plan)),), half=True),
+        *_evidence(r),
     ]
-    evidence = _evidence(r)
-    if evidence is not None:
-        sections.append(evidence)
     summary = para("TTFT ", (f"{val(t.ttft_ms)} ms", "good" if r.ttft_meets_target else "bad"),
                    f" vs {tg.p95_ttft_ms:g} ms target · TPOT ",
                    (f"{val(t.tpot_ms)} ms", "good" if r.tpot_meets_target else "bad"),
@@ -205,8 +203,8 @@ def _sens(r: Report) -> Table:
                  caption=f"Sensitivity at the prefill boundary, S = {r.trace.speedup:.2f}×")
 
 
-def _evidence(r: Report) -> Section | None:
-    """Section 8: the client samples and the server histograms in one table, the rest as notes."""
+def _evidence(r: Report) -> tuple[Section, ...]:
+    """Section 8, if evidence was given: the client samples and server histograms in one table, notes."""
     rows, notes = [], []
     if r.samples is not None:
         s = r.samples
@@ -247,9 +245,9 @@ def _evidence(r: Report) -> Section | None:
                 f"({val(prefill_ms)} ms) by more than 10 %: profiler overhead or another shape.", "warn")]
               if off else [])))
     if not rows:
-        return Section("Evidence", (Bullets(tuple(notes)),)) if notes else None
+        return (Section("Evidence", (Bullets(tuple(notes)),)),) if notes else ()
     table = Table(("Source (ms)", "n", "p50", "p95", "p99", "Mean", "p95 ≤ target"), tuple(rows),
                   (False, True, True, True, True, True, False), cls="ev")
     # the profiler's note under the table, the samples' (the longest) and the histograms' beside it
     under = (Bullets((notes.pop(),)),) if r.profile is not None and len(notes) > 1 else ()
-    return Section("Evidence", (table, *under), aside=(Bullets(tuple(notes)),))
+    return (Section("Evidence", (table, *under), aside=(Bullets(tuple(notes)),)),)
