@@ -50,8 +50,9 @@ from attnscope.kernels._common import (
     num_sms,
 )
 
-# The kernels below resolve helpers as module globals (Triton's JIT reads globals, not closures).
-# lse_merge_*: the logsumexp merge (also kernels/merge.py's); round_bf16: interpreter-only bf16 rounding
+torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
+import triton.language as tl  # noqa: E402
+
 from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16  # noqa: E402
 
 MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
@@ -161,224 +162,202 @@ BLOCK_M_MAX = 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
-@functools.lru_cache(maxsize=1)
-def _build():
-    """Define the kernels; cached, so they are built once per process."""
-    torch, triton = import_torch_triton()
-    import triton.language as tl
+# n_kv_heads, l_max, num_splits, n_q and n_m_tiles vary per call but never need value
+# specialisation: not specialising them keeps one binary per layout.
+@triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
+def _attnscope_decode_split_kernel(
+    Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,  # dense: batch, head, position; paged: page, head, slot
+    stride_vb, stride_vh, stride_vn,
+    stride_sb, stride_tb,
+    n_kv_heads, l_max, num_splits, n_q, n_m_tiles, qk_scale,
+    GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
+    BLOCK_M: tl.constexpr,  # rows per program (G x Nq packed), a power of two, >= 16 for tl.dot
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,  # software-pipeline depth of the KV loop (cp.async multi-buffering)
+    USE_DOT: tl.constexpr,  # tl.dot on the padded rows, else elementwise multiply + tl.sum
+    EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
+    SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
+    FUSE: tl.constexpr,  # SPLIT only: the last program of each row tile merges the partials
+    MERGE_M: tl.constexpr,  # FUSE: rows merged (the tile's rows, padded to a power of two)
+    MERGE_S: tl.constexpr,  # FUSE: splits merged per chunk
+    WRITE_LSE: tl.constexpr,  # the caller asked for the LSE (else LSE is not written)
+    HAS_SEQLENS: tl.constexpr,
+    PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
+    PAGE_SIZE: tl.constexpr,
+    CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
+):
+    # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
+    # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
+    pid = tl.program_id(0)  # (b * Hkv + kv head) * M_tiles + row tile
+    split = tl.program_id(1)
+    m_tile = pid % n_m_tiles
+    pid_bh = pid // n_m_tiles
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h_kv = (pid_bh % n_kv_heads).to(tl.int64)
+    seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
 
-    # n_kv_heads, l_max, num_splits, n_q and n_m_tiles vary per call but never need value
-    # specialisation: not specialising them keeps one binary per layout.
-    @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
-    def _attnscope_decode_split_kernel(
-        Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM,
-        stride_qb, stride_qh, stride_qn,
-        stride_kb, stride_kh, stride_kn,  # dense: batch, head, position; paged: page, head, slot
-        stride_vb, stride_vh, stride_vn,
-        stride_sb, stride_tb,
-        n_kv_heads, l_max, num_splits, n_q, n_m_tiles, qk_scale,
-        GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
-        BLOCK_M: tl.constexpr,  # rows per program (G x Nq packed), a power of two, >= 16 for tl.dot
-        HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        STAGES: tl.constexpr,  # software-pipeline depth of the KV loop (cp.async multi-buffering)
-        USE_DOT: tl.constexpr,  # tl.dot on the padded rows, else elementwise multiply + tl.sum
-        EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
-        SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
-        FUSE: tl.constexpr,  # SPLIT only: the last program of each row tile merges the partials
-        MERGE_M: tl.constexpr,  # FUSE: rows merged (the tile's rows, padded to a power of two)
-        MERGE_S: tl.constexpr,  # FUSE: splits merged per chunk
-        WRITE_LSE: tl.constexpr,  # the caller asked for the LSE (else LSE is not written)
-        HAS_SEQLENS: tl.constexpr,
-        PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
-        PAGE_SIZE: tl.constexpr,
-        CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
-    ):
-        # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
-        # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
-        pid = tl.program_id(0)  # (b * Hkv + kv head) * M_tiles + row tile
-        split = tl.program_id(1)
-        m_tile = pid % n_m_tiles
-        pid_bh = pid // n_m_tiles
-        b = (pid_bh // n_kv_heads).to(tl.int64)
-        h_kv = (pid_bh % n_kv_heads).to(tl.int64)
-        seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    qi = offs_m // GROUP  # query index in 0 .. Nq - 1
+    q_heads = h_kv * GROUP + offs_m % GROUP  # query head
+    m_mask = offs_m < GROUP * n_q
+    if CHUNK:
+        # keys this tile can see: up to its last query's position; split that range, not seqlen
+        last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
+        kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
+        lim = seqlen - n_q + qi + 1  # [BLOCK_M] exclusive key limit of each row
+    else:
+        kv_len = seqlen
+    # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
+    blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
+    lo = split * blocks_per_split * BLOCK_N
+    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
 
-        offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
-        offs_d = tl.arange(0, HEAD_DIM)
-        offs_n = tl.arange(0, BLOCK_N)
-        qi = offs_m // GROUP  # query index in 0 .. Nq - 1
-        q_heads = h_kv * GROUP + offs_m % GROUP  # query head
-        m_mask = offs_m < GROUP * n_q
-        if CHUNK:
-            # keys this tile can see: up to its last query's position; split that range, not seqlen
-            last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
-            kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
-            lim = seqlen - n_q + qi + 1  # [BLOCK_M] exclusive key limit of each row
-        else:
-            kv_len = seqlen
-        # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
-        blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
-        lo = split * blocks_per_split * BLOCK_N
-        hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+    q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
+                + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
+    if not USE_DOT:
+        q = q.to(tl.float32) * qk_scale  # exact enough: one fp32 rounding per element
+    if PAGED:
+        k_base = K + h_kv * stride_kh
+        v_base = V + h_kv * stride_vh
+        bt_base = BT + b * stride_tb
+    else:
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
 
-        q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
-                    + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
-        if not USE_DOT:
-            q = q.to(tl.float32) * qk_scale  # exact enough: one fp32 rounding per element
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
+        rows = start_n + offs_n  # [BLOCK_N] key positions
+        n_mask = rows < hi
         if PAGED:
-            k_base = K + h_kv * stride_kh
-            v_base = V + h_kv * stride_vh
-            bt_base = BT + b * stride_tb
+            if BLOCK_N <= PAGE_SIZE:
+                # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
+                page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
+                slot = (start_n % PAGE_SIZE + offs_n).to(tl.int64)  # [BLOCK_N] rows of the page
+            else:
+                # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
+                # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
+                # that the 16-byte cp.async copies need)
+                pidx = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)  # block-table entries
+                pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
+                pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
+                slot = (offs_n % PAGE_SIZE).to(tl.int64)  # [BLOCK_N]
+            k_off = page * stride_kb + slot * stride_kn
+            v_off = page * stride_vb + slot * stride_vn
         else:
-            k_base = K + b * stride_kb + h_kv * stride_kh
-            v_base = V + b * stride_vb + h_kv * stride_vh
+            k_off = rows.to(tl.int64) * stride_kn
+            v_off = rows.to(tl.int64) * stride_vn
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        if USE_DOT:
+            kt = tl.trans(k)  # [d, BLOCK_N]
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+            s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
+        visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+        p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        if USE_DOT:
+            if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
+                p, v = round_bf16(p), v.to(tl.float32)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m_i = m_new
 
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
-        l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
-        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
-            rows = start_n + offs_n  # [BLOCK_N] key positions
-            n_mask = rows < hi
-            if PAGED:
-                if BLOCK_N <= PAGE_SIZE:
-                    # the block lies inside one page (start_n is a multiple of BLOCK_N, which divides
-                    # PAGE_SIZE): one page index, then contiguous rows as in the dense cache
-                    page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
-                    slot = (start_n % PAGE_SIZE + offs_n).to(tl.int64)  # [BLOCK_N] rows of the page
-                    k_off = page * stride_kb + slot * stride_kn
-                    v_off = page * stride_vb + slot * stride_vn
-                else:
-                    # the block spans BLOCK_N // PAGE_SIZE whole pages: one index per page (a small
-                    # vector, PAGES = BLOCK_N // PAGE_SIZE; entries past the length are not read: page 0
-                    # stands in, its rows are masked)
-                    first = start_n // PAGE_SIZE
-                    pidx = first + tl.arange(0, BLOCK_N // PAGE_SIZE)  # [PAGES] block-table entries
-                    pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
-                    # row r of the block is slot r % PAGE_SIZE of page r // PAGE_SIZE: spread the
-                    # PAGES indices over the rows by a select-and-sum in registers (a reshape would
-                    # lose the alignment facts that the 16-byte cp.async copies need)
-                    pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
-                    page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
-                    slot = (offs_n % PAGE_SIZE).to(tl.int64)  # [BLOCK_N]
-                    k_off = page * stride_kb + slot * stride_kn
-                    v_off = page * stride_vb + slot * stride_vn
-            else:
-                k_off = rows.to(tl.int64) * stride_kn
-                v_off = rows.to(tl.int64) * stride_vn
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            if USE_DOT:
-                kt = tl.trans(k)  # [d, BLOCK_N]
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
-                s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
-            else:
-                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-            if CHUNK:
-                s = tl.where(n_mask[None, :] & (rows[None, :] < lim[:, None]), s, float("-inf"))
-            else:
-                s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-            # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            if USE_DOT:
+    o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
+    n_q_heads = n_kv_heads * GROUP
+    out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
+    if SPLIT:
+        part = out_rows * num_splits + split  # [BLOCK_M] row of O_PART / LSE_PART
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
+        tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
+        if FUSE:
+            # Phase 2 in the same launch: every program takes a ticket after its partials are out
+            # (the barrier orders its threads' stores before the release of the gpu-scope acq_rel
+            # atomic); the program drawing the last ticket of its tile has seen, through the
+            # acquire, every other program's partials, merges them and resets the counter
+            # (CUTLASS's semaphore pattern).
+            tl.debug_barrier()
+            ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
+                offs_mm = m_tile * BLOCK_M + tl.arange(0, MERGE_M)
+                offs_ms = tl.arange(0, MERGE_S)
+                mm_mask = (offs_mm < GROUP * n_q) & (offs_mm < m_tile * BLOCK_M + BLOCK_M)
+                rows_m = (b * n_q_heads + h_kv * GROUP + offs_mm % GROUP) * n_q + offs_mm // GROUP
+                # the online softmax again, over splits: lse_s plays the score, O_s the value row
+                mm = tl.full([MERGE_M], float("-inf"), tl.float32)  # running max of lse_s
+                ll = tl.zeros([MERGE_M], tl.float32)  # sum_s exp2(lse_s - mm)
+                aa = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
+                for s0 in range(0, num_splits, MERGE_S):
+                    sp = s0 + offs_ms  # [MERGE_S]
+                    ok = mm_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_M, MERGE_S]
+                    idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_M, MERGE_S]
+                    # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
+                    lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                    o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                                  mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+                    mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
+                o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
                 if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                    p = round_bf16(p)
-                p_lo = p.to(v.dtype)  # P in the input dtype for the MMA, as FlashAttention does
-                acc = acc * alpha[:, None]
-                if EMULATE_BF16:
-                    acc = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), acc)  # [BLOCK_M, d]
-                else:
-                    acc = tl.dot(p_lo, v, acc)  # [BLOCK_M, d]
-            else:
-                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-            m_i = m_new
-
-        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
-        n_q_heads = n_kv_heads * GROUP
-        out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
-        if SPLIT:
-            part = out_rows * num_splits + split  # [BLOCK_M] row of O_PART / LSE_PART
-            tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
-            tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
-            if FUSE:
-                # Phase 2 in the same launch: every program takes a ticket after its partials are out
-                # (the barrier orders its threads' stores before the release of the gpu-scope acq_rel
-                # atomic); the program drawing the last ticket of its tile has seen, through the
-                # acquire, every other program's partials, merges them and resets the counter
-                # (CUTLASS's semaphore pattern).
-                tl.debug_barrier()
-                ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
-                if ticket == num_splits - 1:
-                    offs_mm = m_tile * BLOCK_M + tl.arange(0, MERGE_M)
-                    offs_ms = tl.arange(0, MERGE_S)
-                    mm_mask = (offs_mm < GROUP * n_q) & (offs_mm < m_tile * BLOCK_M + BLOCK_M)
-                    rows_m = (b * n_q_heads + h_kv * GROUP + offs_mm % GROUP) * n_q + offs_mm // GROUP
-                    # the online softmax again, over splits: lse_s plays the score, O_s the value row
-                    mm = tl.full([MERGE_M], float("-inf"), tl.float32)  # running max of lse_s
-                    ll = tl.zeros([MERGE_M], tl.float32)  # sum_s exp2(lse_s - mm)
-                    aa = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
-                    for s0 in range(0, num_splits, MERGE_S):
-                        sp = s0 + offs_ms  # [MERGE_S]
-                        ok = mm_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_M, MERGE_S]
-                        idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_M, MERGE_S]
-                        # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
-                        lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                        o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                                      mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-                        mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
-                    o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
-                    if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                        o_f = round_bf16(o_f)
-                    tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
-                             mask=mm_mask[:, None])
-                    if WRITE_LSE:
-                        tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
-                    tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
-        else:
-            if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                o = round_bf16(o)
-            tl.store(O + out_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
-                     mask=m_mask[:, None])
-            if WRITE_LSE:
-                tl.store(LSE + out_rows, lse2 * 0.6931471805599453, mask=m_mask)  # ln(2): natural log
-
-    @triton.jit
-    def _attnscope_decode_combine_kernel(
-        O_PART, LSE_PART, O, LSE,
-        num_splits,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_S: tl.constexpr,  # splits merged per iteration
-        EMULATE_BF16: tl.constexpr,
-    ):
-        # O_PART [R, S, d], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
-        row = tl.program_id(0).to(tl.int64)
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = tl.arange(0, HEAD_DIM)
-
-        # The online softmax again, over splits: lse_s plays the score, O_s the value row.
-        m_i = tl.full([], float("-inf"), tl.float32)  # running max of lse_s (base 2)
-        l_i = tl.zeros([], tl.float32)  # sum_s exp2(lse_s - m_i)
-        acc = tl.zeros([HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - m_i) * O_s
-        for s0 in range(0, num_splits, BLOCK_S):
-            s_mask = s0 + offs_s < num_splits
-            lse_s = tl.load(LSE_PART + row * num_splits + s0 + offs_s, mask=s_mask,
-                            other=float("-inf"))  # [BLOCK_S]
-            o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                          mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
-            m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
-
-        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
-        lse = lse2 * 0.6931471805599453  # ln(2): natural log
+                    o_f = round_bf16(o_f)
+                tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
+                         mask=mm_mask[:, None])
+                if WRITE_LSE:
+                    tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
+                tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
+    else:
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
             o = round_bf16(o)
-        tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
-        tl.store(LSE + row, lse)
+        tl.store(O + out_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=m_mask[:, None])
+        if WRITE_LSE:
+            tl.store(LSE + out_rows, lse2 * 0.6931471805599453, mask=m_mask)  # ln(2): natural log
 
-    return torch, triton, _attnscope_decode_split_kernel, _attnscope_decode_combine_kernel
+@triton.jit
+def _attnscope_decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # splits merged per iteration
+    EMULATE_BF16: tl.constexpr,
+):
+    # O_PART [R, S, d], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    # The online softmax again, over splits: lse_s plays the score, O_s the value row.
+    m_i = tl.full([], float("-inf"), tl.float32)  # running max of lse_s (base 2)
+    l_i = tl.zeros([], tl.float32)  # sum_s exp2(lse_s - m_i)
+    acc = tl.zeros([HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - m_i) * O_s
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_mask = s0 + offs_s < num_splits
+        lse_s = tl.load(LSE_PART + row * num_splits + s0 + offs_s, mask=s_mask,
+                        other=float("-inf"))  # [BLOCK_S]
+        o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
+        m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
+
+    o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
+    lse = lse2 * 0.6931471805599453  # ln(2): natural log
+    if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+        o = round_bf16(o)
+    tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
+    tl.store(LSE + row, lse)
 
 
 def _fuse_by_default(rows: int, num_splits: int, head_dim: int) -> bool:
@@ -602,7 +581,6 @@ class DecodePlan:
         self.lse_part = torch.empty((n_rows, num_splits), dtype=f32, device=device) if split else None
         self.sem = torch.zeros(B * Hkv * m_tiles, dtype=torch.int32, device=device) if fuse else None
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-        self._split_kernel, self._combine_kernel = _launchers()
         self._grid = (B * Hkv * m_tiles, num_splits)
         if self.table is not None:  # page stride = page x key stride; heads and keys as in the dense cache
             kst = (page * k_cache.stride(2), k_cache.stride(1), k_cache.stride(2))
@@ -689,13 +667,13 @@ class DecodePlan:
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
         table = block_table if block_table is not None else self.table
-        self._split_kernel[self._grid](
+        _attnscope_decode_split_kernel[self._grid](
             q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
             table if table is not None else o, o_part, lse_part, o, lse, sem,
             *self._scalars, **self._consts)
         if self.split and not self.fuse:
-            self._combine_kernel[self._combine_grid](o_part, lse_part, o, lse, self.num_splits,
-                                                     **self._combine_consts)
+            _attnscope_decode_combine_kernel[self._combine_grid](o_part, lse_part, o, lse, self.num_splits,
+                                                               **self._combine_consts)
         return (o, lse) if self.return_lse else o
 
 
@@ -727,13 +705,6 @@ def _check_out(torch, name, t, shape, dtype, device):
 def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **options) -> DecodePlan:
     """`DecodePlan` (same arguments): ``plan = decode_plan(q, k, v, lens); o = plan.run(q, k, v, lens)``."""
     return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, **options)
-
-
-@functools.lru_cache(maxsize=1)
-def _launchers():
-    """(phase-1 kernel, combine kernel), as ``@triton.jit`` functions, launched as ``kernel[grid](...)``."""
-    _, _, split_kernel, combine_kernel = _build()
-    return split_kernel, combine_kernel
 
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
@@ -899,16 +870,6 @@ def plan_cache_info() -> PlanCacheInfo:
 def clear_plan_cache() -> None:
     """Drop every plan `flash_decode` cached (freeing their scratch) and reset the counters."""
     _PLAN_CACHE.clear()
-
-
-def _combine(o_part, lse_part, o, lse) -> None:
-    """Phase 2 as its own kernel: merge contiguous ``o_part`` [..., S, d] fp32 and base-2 ``lse_part``
-    [..., S] into ``o`` [..., d] (its dtype) and the natural-log ``lse`` [...] (fp32), in place."""
-    torch, _ = import_torch_triton()
-    _, combine_kernel = _launchers()
-    S, d = o_part.shape[-2], o_part.shape[-1]
-    combine_kernel[(lse.numel(),)](o_part, lse_part, o, lse, S, HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(S)),
-                                   EMULATE_BF16=_emulate_bf16(torch, o.dtype))
 
 
 def _emulate_bf16(torch, dtype) -> bool:
