@@ -136,8 +136,7 @@ BLOCK_M_MAX = 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
-# n_kv_heads, l_max, num_splits, n_q and n_m_tiles vary per call but never need value
-# specialisation: not specialising them keeps one binary per layout.
+# sizes that vary per call are not value-specialised: one binary per layout
 @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
 def _attnscope_decode_split_kernel(
     Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM,
@@ -260,11 +259,9 @@ def _attnscope_decode_split_kernel(
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
         tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
         if FUSE:
-            # Phase 2 in the same launch: every program takes a ticket after its partials are out
-            # (the barrier orders its threads' stores before the release of the gpu-scope acq_rel
-            # atomic); the program drawing the last ticket of its tile has seen, through the
-            # acquire, every other program's partials, merges them and resets the counter
-            # (CUTLASS's semaphore pattern).
+            # Phase 2 in the same launch (CUTLASS's semaphore pattern): a ticket after the partials are
+            # out (barrier, then a gpu-scope acq_rel atomic); the last ticket of a tile has seen every
+            # other program's partials through the acquire, merges them and resets the counter.
             tl.debug_barrier()
             ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
             if ticket == num_splits - 1:
@@ -300,6 +297,7 @@ def _attnscope_decode_split_kernel(
                  mask=m_mask[:, None])
         if WRITE_LSE:
             tl.store(LSE + out_rows, lse2 * 0.6931471805599453, mask=m_mask)  # ln(2): natural log
+
 
 @triton.jit
 def _attnscope_decode_combine_kernel(
