@@ -48,7 +48,8 @@ def ptxas(c):
 
 
 def main():
-    _, _, split_kernel, combine_kernel = decode._build()
+    split_kernel = decode._attnscope_decode_split_kernel
+    combine_kernel = decode._attnscope_decode_combine_kernel
     types = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
              "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32", "qk_scale": "fp32"}
     print(f"triton {triton.__version__}, sm_90, d = 128, bf16")

@@ -265,7 +265,8 @@ def test_combine_kernel_matches_reference_combine():
     o = torch.empty(B, Hq, 1, d, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
     lse = torch.empty(B, Hq, 1, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
     lse2 = torch.from_numpy(lse_nat * np.float32(decode.LOG2E)).to(DEVICE)  # phase 1 writes base 2
-    decode._combine(torch.from_numpy(o_part).to(DEVICE), lse2, o, lse)
+    decode._attnscope_decode_combine_kernel[(B * Hq,)](torch.from_numpy(o_part).to(DEVICE), lse2, o, lse, S,
+                                                       HEAD_DIM=d, BLOCK_S=16, EMULATE_BF16=False)
     np.testing.assert_allclose(o[:, :, 0].cpu().numpy(), exp_o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[:, :, 0].cpu().numpy(), exp_lse, rtol=1e-5, atol=1e-5)
     assert (o[1, 2] == 0).all() and torch.isneginf(lse[1, 2]).all()
@@ -534,7 +535,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnscope.kernels import decode
 
-torch, _, split_kernel, combine_kernel = decode._build()
+split_kernel, combine_kernel = decode._attnscope_decode_split_kernel, decode._attnscope_decode_combine_kernel
 target = GPUTarget("cuda", 90, 32)
 
 

@@ -3,32 +3,26 @@
 Algorithm: Dao, Haziza, Massa, Sizov, *Flash-Decoding* (2023); spec §6, §6.1. With few new queries per
 sequence a prefill kernel launches only B x H programs, so the long axis, the KV sequence, is split:
 
-- **phase 1** (`_attnscope_decode_split_kernel`), grid ``(B * Hkv * M_tiles, num_splits)``: a program takes
-  one (batch, kv head, row tile) and one contiguous chunk of the keys, and streams it through the online
-  softmax for every query row of the tile. Rows pack the ``G = Hq / Hkv`` heads sharing the kv head and
-  the ``Nq`` queries (row ``r = i * G + g``), so each K/V byte leaves HBM once per tile. Nq > 1 (chunked
-  prefill, speculative verification): query i sits at position ``len - Nq + i`` and sees keys
+- **phase 1** (`_attnscope_decode_split_kernel`), grid ``(B * Hkv * M_tiles, num_splits)``: a program
+  streams one contiguous chunk of the keys of one (batch, kv head, row tile) through the online softmax.
+  Rows pack the ``G = Hq / Hkv`` heads sharing the kv head and the ``Nq`` queries (row ``r = i * G + g``),
+  so each K/V byte leaves HBM once per tile. Query i sits at position ``len - Nq + i`` and sees keys
   ``0 .. len - Nq + i`` (causal, bottom-right); a query at a negative position sees nothing.
-- **phase 2**, the logsumexp merge of the splits (`_tl.lse_merge_step`, the code path of the ring's
-  `kernels.merge.merge_` too; float64 spec: `attnscope.reference.combine`), either
-  fused into phase 1 (the last program of a tile, by a gpu-scope atomic ticket, merges; one launch) or
-  a separate kernel (`_attnscope_decode_combine_kernel`). Empty splits weigh 0; an empty row gives O = 0,
-  LSE = -inf. With one split phase 1 writes the final output.
+- **phase 2**, the logsumexp merge of the splits (`_tl.lse_merge_step`, also the ring's; float64 spec:
+  `attnscope.reference.combine`), fused into phase 1 (the last program of a tile, by a gpu-scope atomic
+  ticket, merges) or a separate kernel (`_attnscope_decode_combine_kernel`). Empty splits weigh 0; an
+  empty row gives O = 0, LSE = -inf. With one split phase 1 writes the final output.
 
 Layouts: dense ``k_cache [B, Hkv, L_max, d]`` (any strides, unit last); paged ``k_cache [num_pages,
 page_size, Hkv, d]`` with ``block_table int32 [B, max_pages]`` (flash-attn / vLLM): key ``j`` of sequence
-``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``. A block of BLOCK_N keys is read
-from whole pages: one block-table entry per block when BLOCK_N <= page_size (then contiguous rows as in
-the dense cache), else BLOCK_N / page_size entries, one per page; pages may be in any order or shared.
-Chunk tiles (Nq > 1) on a dense cache take the paged loop too, over a plan-owned table of BLOCK_N-key
-pages (`_dense_pages`) when the strides allow: Triton pipelines that loop better.
+``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``; a block of BLOCK_N keys reads
+whole pages, in any order, possibly shared. Chunk tiles (Nq > 1) on a dense cache take the paged loop over
+a plan-owned table of BLOCK_N-key pages (`_dense_pages`) when the strides allow: Triton pipelines it better.
 
-Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, block sizes and
-merge, and allocates the partials once; ``plan.run`` compares the layout and makes one public
-``kernel[grid](...)`` launch (two with the separate merge), so it can be captured in a CUDA graph.
-`flash_decode` keeps its plans in an explicit, bounded LRU cache (8 layouts x 4 split counts).
-Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log.
-Measurements and tuning history: BENCHMARKS.md.
+Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge,
+and allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
+captured in a CUDA graph. `flash_decode` keeps its plans in a bounded LRU cache. Scores are base 2
+(``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log. Measurements: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ import functools
 import math
 import threading
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, expect, finite_real
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -50,8 +44,9 @@ from attnscope.kernels._common import (
     num_sms,
 )
 
-# The kernels below resolve helpers as module globals (Triton's JIT reads globals, not closures).
-# lse_merge_*: the logsumexp merge (also kernels/merge.py's); round_bf16: interpreter-only bf16 rounding
+torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
+import triton.language as tl  # noqa: E402
+
 from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16  # noqa: E402
 
 MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
@@ -66,12 +61,10 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
 
     Without splitting, decode launches ``batch * kv_heads`` programs. Split until about ``waves * sms``
     programs run (one program per SM already streams at the bandwidth ceiling; each extra split costs a
-    partial write and a longer merge), never below ``min_keys`` keys per split, never above ``cap``:
+    partial write and a longer merge), never below ``min_keys`` keys per split, never above ``cap``
+    (measured: bench/decode_splits.py, BENCHMARKS.md):
 
         num_splits = clamp(floor(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
-
-    (the H200 measurements behind it: BENCHMARKS.md, "How the decode config and split heuristic were
-    chosen", and bench/decode_splits.py).
 
     Parameters
     ----------
@@ -91,308 +84,261 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     """
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("sms", sms), ("waves", waves),
                         ("min_keys", min_keys), ("cap", cap)):
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            raise InputError(f"{name}: expected a positive integer, got {value!r}")
-    if not (isinstance(seqlen, int) and not isinstance(seqlen, bool) and seqlen >= 0):
-        raise InputError(f"seqlen: expected a non-negative integer, got {seqlen!r}")
+        expect(_is_int(value) and value > 0, name, "a positive integer", value)
+    expect(_is_int(seqlen) and seqlen >= 0, "seqlen", "a non-negative integer", seqlen)
     return _splits(batch, kv_heads, seqlen, sms, waves, min_keys, cap)
 
 
 def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP) -> int:
     """`default_num_splits`'s formula on checked values (the plan's call path)."""
-    want = (waves * sms) // (batch * kv_heads)
-    by_length = max(1, seqlen // min_keys)
-    return max(1, min(want, by_length, cap))
+    return max(1, min((waves * sms) // (batch * kv_heads), seqlen // min_keys, cap))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head_dim: int, elt: int,
                   num_splits: int, return_lse: bool = False) -> dict[str, int]:
-    """Logical HBM bytes of one Nq = 1 `flash_decode` call on a dense cache, itemised (bench/decode.py
-    divides the total by the measured time for its TB/s column).
+    """Logical HBM bytes of one Nq = 1 `flash_decode` call on a dense cache, itemised.
 
-    ``total_keys`` is ``sum_b cache_seqlens[b]`` (``B * L_max`` when all sequences are full); ``elt`` is
-    the element size of q/K/V (2 for fp16/bf16). Partials exist only when ``num_splits > 1``. A paged
-    cache adds the block-table reads (4 bytes per page used), not counted here.
+    ``total_keys`` is ``sum_b cache_seqlens[b]``; ``elt`` the element size of q/K/V (2 for fp16/bf16).
+    Partials exist only when ``num_splits > 1``. (A paged cache adds 4 bytes per page used.)
     """
     kv = 2 * kv_heads * total_keys * head_dim * elt  # K and V, each byte once per step (GQA shared)
     q = batch * q_heads * head_dim * elt  # the one query row per head
     partial = batch * q_heads * num_splits * (head_dim + 1) * 4 if num_splits > 1 else 0  # O_s, lse_s fp32
     out = batch * q_heads * head_dim * elt + (batch * q_heads * 4 if return_lse else 0)
-    return {
-        "kv_read": kv,
-        "q_read": q,
-        "partial_write": partial,  # phase 1
-        "partial_read": partial,  # phase 2
-        "out_write": out,
-        "total": kv + q + 2 * partial + out,
-    }
+    return {"kv_read": kv, "q_read": q, "partial_write": partial, "partial_read": partial, "out_write": out,
+            "total": kv + q + 2 * partial + out}
 
 
 def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
-    """The phase-1 block config for a row tile of ``block_m`` rows (and, paged, pages of ``page_size``
-    keys): BLOCK_N keys per iteration, STAGES-deep KV pipeline, warps.
-
-    One config per tile kind, chosen from H200 measurements (bench/decode_configs.py, BENCHMARKS.md), so
-    no autotuner runs on the launch path: decode (``block_m <= 32``) 128-key blocks, 4 warps, 3 stages;
-    chunk tiles (64 or 128 rows) 64-key blocks and 8 warps (no spills on sm_90). A paged cache keeps
-    the dense BLOCK_N. Under the interpreter small blocks keep CPU tests fast and still make multi-block
-    splits, ragged blocks and (pages of 16 with 32-key blocks) several pages per block.
+    """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
+    ``page_size`` keys (0: dense): one measured config per tile kind (bench/decode_configs.py), no
+    autotuner. Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
     """
     if interpreting():
         return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
-    cfg = {"BLOCK_N": 64, "STAGES": 3, "num_warps": 8} if block_m > 32 else \
-        {"BLOCK_N": 128, "STAGES": 3, "num_warps": 4}
-    if page_size:
-        # Triton's pipeliner gives a load whose address comes from another load in the loop (K/V
-        # through the block table) only part of the stages: at 3 it double-buffers nothing (one K and
-        # one V tile in shared memory, the dense kernel has two of each); 5 restores the dense buffering
-        # (compiled for sm_90: same shared memory as the dense kernel, no spills; bench/decode.py).
-        cfg["STAGES"] += 2
-    return {**cfg, "num_stages": cfg["STAGES"]}
+    cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
+    # Triton's pipeliner gives K/V loads addressed through a (block) table only part of the stages:
+    # 3 would buffer one K and one V tile, 5 the dense kernel's two of each
+    stages = 5 if page_size else 3
+    return {**cfg, "STAGES": stages, "num_stages": stages}
 
 
 #: The fused merge (see `_fuse_by_default`) holds at most this many bytes of partials per last program.
 FUSE_MAX_BYTES = 64 * 1024
 #: Elements of one merge chunk [MERGE_M, MERGE_S, d] (fp32; 32 registers per thread at 4 warps).
 MERGE_ELEMS = 4096
-#: Row-tile cap (heads x queries per program): 128 on a GPU, 16 under the interpreter (so CPU tests run
-#: several row tiles).
+#: Row-tile cap (heads x queries per program); 16 under the interpreter, so CPU tests run several tiles.
 BLOCK_M_MAX = 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
-@functools.lru_cache(maxsize=1)
-def _build():
-    """Define the kernels; cached, so they are built once per process."""
-    torch, triton = import_torch_triton()
-    import triton.language as tl
+# sizes that vary per call are not value-specialised: one binary per layout
+@triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
+def _attnscope_decode_split_kernel(
+    Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,  # dense: batch, head, position; paged: page, head, slot
+    stride_vb, stride_vh, stride_vn,
+    stride_sb, stride_tb,
+    n_kv_heads, l_max, num_splits, n_q, n_m_tiles, qk_scale,
+    GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
+    BLOCK_M: tl.constexpr,  # rows per program (G x Nq packed), a power of two, >= 16 for tl.dot
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,  # software-pipeline depth of the KV loop (cp.async multi-buffering)
+    USE_DOT: tl.constexpr,  # tl.dot on the padded rows, else elementwise multiply + tl.sum
+    EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
+    SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
+    FUSE: tl.constexpr,  # SPLIT only: the last program of each row tile merges the partials
+    MERGE_M: tl.constexpr,  # FUSE: rows merged (the tile's rows, padded to a power of two)
+    MERGE_S: tl.constexpr,  # FUSE: splits merged per chunk
+    WRITE_LSE: tl.constexpr,  # the caller asked for the LSE (else LSE is not written)
+    HAS_SEQLENS: tl.constexpr,
+    PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
+    PAGE_SIZE: tl.constexpr,
+    CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
+):
+    # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
+    # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
+    pid = tl.program_id(0)  # (b * Hkv + kv head) * M_tiles + row tile
+    split = tl.program_id(1)
+    m_tile = pid % n_m_tiles
+    pid_bh = pid // n_m_tiles
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h_kv = (pid_bh % n_kv_heads).to(tl.int64)
+    seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
 
-    # n_kv_heads, l_max, num_splits, n_q and n_m_tiles vary per call but never need value
-    # specialisation: not specialising them keeps one binary per layout.
-    @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
-    def _attnscope_decode_split_kernel(
-        Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM,
-        stride_qb, stride_qh, stride_qn,
-        stride_kb, stride_kh, stride_kn,  # dense: batch, head, position; paged: page, head, slot
-        stride_vb, stride_vh, stride_vn,
-        stride_sb, stride_tb,
-        n_kv_heads, l_max, num_splits, n_q, n_m_tiles, qk_scale,
-        GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
-        BLOCK_M: tl.constexpr,  # rows per program (G x Nq packed), a power of two, >= 16 for tl.dot
-        HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        STAGES: tl.constexpr,  # software-pipeline depth of the KV loop (cp.async multi-buffering)
-        USE_DOT: tl.constexpr,  # tl.dot on the padded rows, else elementwise multiply + tl.sum
-        EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
-        SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
-        FUSE: tl.constexpr,  # SPLIT only: the last program of each row tile merges the partials
-        MERGE_M: tl.constexpr,  # FUSE: rows merged (the tile's rows, padded to a power of two)
-        MERGE_S: tl.constexpr,  # FUSE: splits merged per chunk
-        WRITE_LSE: tl.constexpr,  # the caller asked for the LSE (else LSE is not written)
-        HAS_SEQLENS: tl.constexpr,
-        PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
-        PAGE_SIZE: tl.constexpr,
-        CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
-    ):
-        # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
-        # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
-        pid = tl.program_id(0)  # (b * Hkv + kv head) * M_tiles + row tile
-        split = tl.program_id(1)
-        m_tile = pid % n_m_tiles
-        pid_bh = pid // n_m_tiles
-        b = (pid_bh // n_kv_heads).to(tl.int64)
-        h_kv = (pid_bh % n_kv_heads).to(tl.int64)
-        seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    qi = offs_m // GROUP  # query index in 0 .. Nq - 1
+    q_heads = h_kv * GROUP + offs_m % GROUP  # query head
+    m_mask = offs_m < GROUP * n_q
+    if CHUNK:
+        # keys this tile can see: up to its last query's position; split that range, not seqlen
+        last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
+        kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
+        lim = seqlen - n_q + qi + 1  # [BLOCK_M] exclusive key limit of each row
+    else:
+        kv_len = seqlen
+    # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
+    blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
+    lo = split * blocks_per_split * BLOCK_N
+    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
 
-        offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
-        offs_d = tl.arange(0, HEAD_DIM)
-        offs_n = tl.arange(0, BLOCK_N)
-        qi = offs_m // GROUP  # query index in 0 .. Nq - 1
-        q_heads = h_kv * GROUP + offs_m % GROUP  # query head
-        m_mask = offs_m < GROUP * n_q
-        if CHUNK:
-            # keys this tile can see: up to its last query's position; split that range, not seqlen
-            last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
-            kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
-            lim = seqlen - n_q + qi + 1  # [BLOCK_M] exclusive key limit of each row
-        else:
-            kv_len = seqlen
-        # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
-        blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
-        lo = split * blocks_per_split * BLOCK_N
-        hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+    q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
+                + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
+    if not USE_DOT:
+        q = q.to(tl.float32) * qk_scale  # exact enough: one fp32 rounding per element
+    if PAGED:
+        k_base = K + h_kv * stride_kh
+        v_base = V + h_kv * stride_vh
+        bt_base = BT + b * stride_tb
+    else:
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
 
-        q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
-                    + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
-        if not USE_DOT:
-            q = q.to(tl.float32) * qk_scale  # exact enough: one fp32 rounding per element
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
+        rows = start_n + offs_n  # [BLOCK_N] key positions
+        n_mask = rows < hi
         if PAGED:
-            k_base = K + h_kv * stride_kh
-            v_base = V + h_kv * stride_vh
-            bt_base = BT + b * stride_tb
+            if BLOCK_N <= PAGE_SIZE:
+                # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
+                page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
+                slot = (start_n % PAGE_SIZE + offs_n).to(tl.int64)  # [BLOCK_N] rows of the page
+            else:
+                # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
+                # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
+                # that the 16-byte cp.async copies need)
+                pidx = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)  # block-table entries
+                pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
+                pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
+                slot = (offs_n % PAGE_SIZE).to(tl.int64)  # [BLOCK_N]
+            k_off = page * stride_kb + slot * stride_kn
+            v_off = page * stride_vb + slot * stride_vn
         else:
-            k_base = K + b * stride_kb + h_kv * stride_kh
-            v_base = V + b * stride_vb + h_kv * stride_vh
+            k_off = rows.to(tl.int64) * stride_kn
+            v_off = rows.to(tl.int64) * stride_vn
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        if USE_DOT:
+            kt = tl.trans(k)  # [d, BLOCK_N]
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+            s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
+        visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+        p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        if USE_DOT:
+            if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
+                p, v = round_bf16(p), v.to(tl.float32)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m_i = m_new
 
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
-        l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
-        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
-            rows = start_n + offs_n  # [BLOCK_N] key positions
-            n_mask = rows < hi
-            if PAGED:
-                if BLOCK_N <= PAGE_SIZE:
-                    # the block lies inside one page (start_n is a multiple of BLOCK_N, which divides
-                    # PAGE_SIZE): one page index, then contiguous rows as in the dense cache
-                    page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
-                    slot = (start_n % PAGE_SIZE + offs_n).to(tl.int64)  # [BLOCK_N] rows of the page
-                    k_off = page * stride_kb + slot * stride_kn
-                    v_off = page * stride_vb + slot * stride_vn
-                else:
-                    # the block spans BLOCK_N // PAGE_SIZE whole pages: one index per page (a small
-                    # vector, PAGES = BLOCK_N // PAGE_SIZE; entries past the length are not read: page 0
-                    # stands in, its rows are masked)
-                    first = start_n // PAGE_SIZE
-                    pidx = first + tl.arange(0, BLOCK_N // PAGE_SIZE)  # [PAGES] block-table entries
-                    pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
-                    # row r of the block is slot r % PAGE_SIZE of page r // PAGE_SIZE: spread the
-                    # PAGES indices over the rows by a select-and-sum in registers (a reshape would
-                    # lose the alignment facts that the 16-byte cp.async copies need)
-                    pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
-                    page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
-                    slot = (offs_n % PAGE_SIZE).to(tl.int64)  # [BLOCK_N]
-                    k_off = page * stride_kb + slot * stride_kn
-                    v_off = page * stride_vb + slot * stride_vn
-            else:
-                k_off = rows.to(tl.int64) * stride_kn
-                v_off = rows.to(tl.int64) * stride_vn
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            if USE_DOT:
-                kt = tl.trans(k)  # [d, BLOCK_N]
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
-                s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
-            else:
-                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-            if CHUNK:
-                s = tl.where(n_mask[None, :] & (rows[None, :] < lim[:, None]), s, float("-inf"))
-            else:
-                s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-            # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            if USE_DOT:
+    o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
+    n_q_heads = n_kv_heads * GROUP
+    out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
+    if SPLIT:
+        part = out_rows * num_splits + split  # [BLOCK_M] row of O_PART / LSE_PART
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
+        tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
+        if FUSE:
+            # Phase 2 in the same launch (CUTLASS's semaphore pattern): a ticket after the partials are
+            # out (barrier, then a gpu-scope acq_rel atomic); the last ticket of a tile has seen every
+            # other program's partials through the acquire, merges them and resets the counter.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
+                offs_mm = m_tile * BLOCK_M + tl.arange(0, MERGE_M)
+                offs_ms = tl.arange(0, MERGE_S)
+                mm_mask = (offs_mm < GROUP * n_q) & (offs_mm < m_tile * BLOCK_M + BLOCK_M)
+                rows_m = (b * n_q_heads + h_kv * GROUP + offs_mm % GROUP) * n_q + offs_mm // GROUP
+                # the online softmax again, over splits: lse_s plays the score, O_s the value row
+                mm = tl.full([MERGE_M], float("-inf"), tl.float32)  # running max of lse_s
+                ll = tl.zeros([MERGE_M], tl.float32)  # sum_s exp2(lse_s - mm)
+                aa = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
+                for s0 in range(0, num_splits, MERGE_S):
+                    sp = s0 + offs_ms  # [MERGE_S]
+                    ok = mm_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_M, MERGE_S]
+                    idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_M, MERGE_S]
+                    # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
+                    lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                    o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                                  mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+                    mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
+                o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
                 if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                    p = round_bf16(p)
-                p_lo = p.to(v.dtype)  # P in the input dtype for the MMA, as FlashAttention does
-                acc = acc * alpha[:, None]
-                if EMULATE_BF16:
-                    acc = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), acc)  # [BLOCK_M, d]
-                else:
-                    acc = tl.dot(p_lo, v, acc)  # [BLOCK_M, d]
-            else:
-                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-            m_i = m_new
-
-        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
-        n_q_heads = n_kv_heads * GROUP
-        out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
-        if SPLIT:
-            part = out_rows * num_splits + split  # [BLOCK_M] row of O_PART / LSE_PART
-            tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
-            tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
-            if FUSE:
-                # Phase 2 in the same launch: every program takes a ticket after its partials are out
-                # (the barrier orders its threads' stores before the release of the gpu-scope acq_rel
-                # atomic); the program drawing the last ticket of its tile has seen, through the
-                # acquire, every other program's partials, merges them and resets the counter
-                # (CUTLASS's semaphore pattern).
-                tl.debug_barrier()
-                ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
-                if ticket == num_splits - 1:
-                    offs_mm = m_tile * BLOCK_M + tl.arange(0, MERGE_M)
-                    offs_ms = tl.arange(0, MERGE_S)
-                    mm_mask = (offs_mm < GROUP * n_q) & (offs_mm < m_tile * BLOCK_M + BLOCK_M)
-                    rows_m = (b * n_q_heads + h_kv * GROUP + offs_mm % GROUP) * n_q + offs_mm // GROUP
-                    # the online softmax again, over splits: lse_s plays the score, O_s the value row
-                    mm = tl.full([MERGE_M], float("-inf"), tl.float32)  # running max of lse_s
-                    ll = tl.zeros([MERGE_M], tl.float32)  # sum_s exp2(lse_s - mm)
-                    aa = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
-                    for s0 in range(0, num_splits, MERGE_S):
-                        sp = s0 + offs_ms  # [MERGE_S]
-                        ok = mm_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_M, MERGE_S]
-                        idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_M, MERGE_S]
-                        # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
-                        lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                        o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                                      mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-                        mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
-                    o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
-                    if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                        o_f = round_bf16(o_f)
-                    tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
-                             mask=mm_mask[:, None])
-                    if WRITE_LSE:
-                        tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
-                    tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
-        else:
-            if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
-                o = round_bf16(o)
-            tl.store(O + out_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
-                     mask=m_mask[:, None])
-            if WRITE_LSE:
-                tl.store(LSE + out_rows, lse2 * 0.6931471805599453, mask=m_mask)  # ln(2): natural log
-
-    @triton.jit
-    def _attnscope_decode_combine_kernel(
-        O_PART, LSE_PART, O, LSE,
-        num_splits,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_S: tl.constexpr,  # splits merged per iteration
-        EMULATE_BF16: tl.constexpr,
-    ):
-        # O_PART [R, S, d], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
-        row = tl.program_id(0).to(tl.int64)
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = tl.arange(0, HEAD_DIM)
-
-        # The online softmax again, over splits: lse_s plays the score, O_s the value row.
-        m_i = tl.full([], float("-inf"), tl.float32)  # running max of lse_s (base 2)
-        l_i = tl.zeros([], tl.float32)  # sum_s exp2(lse_s - m_i)
-        acc = tl.zeros([HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - m_i) * O_s
-        for s0 in range(0, num_splits, BLOCK_S):
-            s_mask = s0 + offs_s < num_splits
-            lse_s = tl.load(LSE_PART + row * num_splits + s0 + offs_s, mask=s_mask,
-                            other=float("-inf"))  # [BLOCK_S]
-            o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                          mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
-            m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
-
-        o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
-        lse = lse2 * 0.6931471805599453  # ln(2): natural log
+                    o_f = round_bf16(o_f)
+                tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
+                         mask=mm_mask[:, None])
+                if WRITE_LSE:
+                    tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
+                tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
+    else:
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
             o = round_bf16(o)
-        tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
-        tl.store(LSE + row, lse)
+        tl.store(O + out_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=m_mask[:, None])
+        if WRITE_LSE:
+            tl.store(LSE + out_rows, lse2 * 0.6931471805599453, mask=m_mask)  # ln(2): natural log
 
-    return torch, triton, _attnscope_decode_split_kernel, _attnscope_decode_combine_kernel
+
+@triton.jit
+def _attnscope_decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # splits merged per iteration
+    EMULATE_BF16: tl.constexpr,
+):
+    # O_PART [R, S, d], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    # The online softmax again, over splits: lse_s plays the score, O_s the value row.
+    m_i = tl.full([], float("-inf"), tl.float32)  # running max of lse_s (base 2)
+    l_i = tl.zeros([], tl.float32)  # sum_s exp2(lse_s - m_i)
+    acc = tl.zeros([HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - m_i) * O_s
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_mask = s0 + offs_s < num_splits
+        lse_s = tl.load(LSE_PART + row * num_splits + s0 + offs_s, mask=s_mask,
+                        other=float("-inf"))  # [BLOCK_S]
+        o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
+        m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
+
+    o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
+    lse = lse2 * 0.6931471805599453  # ln(2): natural log
+    if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+        o = round_bf16(o)
+    tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
+    tl.store(LSE + row, lse)
 
 
 def _fuse_by_default(rows: int, num_splits: int, head_dim: int) -> bool:
-    """Merge in the last program (one launch) unless its share of partials is large.
-
-    The fused merge reads a row tile's ``rows x S x d`` fp32 partials in one program; the separate
-    kernel spreads them over B x Hq x Nq programs. Up to `FUSE_MAX_BYTES` the saved launch wins
-    (bench/decode_variants.py, BENCHMARKS.md).
-    """
-    return _next_pow2(rows) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
+    """Merge in the last program (one launch) while its ``rows x S x d`` fp32 partials stay within
+    `FUSE_MAX_BYTES` (beyond, the separate kernel's B x Hq x Nq programs win; bench/decode_variants.py)."""
+    return triton.next_power_of_2(rows) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
 
 
-def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot,
-                  fuse_combine):
+def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot, fuse_combine):
     """Validate everything that needs no device read; return (B, Hq, Nq, d, Hkv, L_max, page_size)."""
     paged = block_table is not None
     layout = "[num_pages, page_size, Hkv, d]" if paged else "[B, Hkv, L_max, d]"
@@ -400,16 +346,14 @@ def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     check_tensor(torch, "k_cache", k_cache, 4, layout)
     check_tensor(torch, "v_cache", v_cache, 4, layout)
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
-    if cache_seqlens is not None:
-        if not isinstance(cache_seqlens, torch.Tensor):
-            raise InputError(f"cache_seqlens: expected a torch.Tensor of int32 [B] or None, "
-                             f"got {type(cache_seqlens).__name__}")
-        tensors["cache_seqlens"] = cache_seqlens
-    if paged:
-        if not isinstance(block_table, torch.Tensor):
-            raise InputError(f"block_table: expected a torch.Tensor of int32 [B, max_pages] or None, "
-                             f"got {type(block_table).__name__}")
-        tensors["block_table"] = block_table
+    for name, t, shape in (("cache_seqlens", cache_seqlens, "[B]"),
+                           ("block_table", block_table, "[B, max_pages]")):
+        if t is not None:
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{name}: expected a torch.Tensor of int32 {shape} or None, "
+                                 f"got {type(t).__name__}")
+            expect(t.dtype == torch.int32, name, "dtype torch.int32", t.dtype)
+            tensors[name] = t
     check_device(torch, tensors)
     B, Hq, Nq, d = q.shape
     if B == 0 or Hq == 0 or Nq == 0:
@@ -419,9 +363,7 @@ def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     check_same("v_cache", "dtype (as q)", q.dtype, v_cache.dtype)
     check_same("v_cache", "shape (as k_cache)", tuple(k_cache.shape), tuple(v_cache.shape))
     if paged:
-        num_pages, page_size, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
-        if block_table.dtype != torch.int32:
-            raise InputError(f"block_table: expected dtype torch.int32, got {block_table.dtype}")
+        num_pages, page_size, Hkv = k_cache.shape[:3]
         if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] == 0:
             raise InputError(f"block_table: expected shape ({B}, max_pages >= 1), "
                              f"got {tuple(block_table.shape)}")
@@ -443,29 +385,21 @@ def _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads "
                          f"({Hkv}), got Hq = {Hq}")
     check_head_dim(d)
-    if cache_seqlens is not None:
-        if cache_seqlens.dtype != torch.int32:
-            raise InputError(f"cache_seqlens: expected dtype torch.int32, got {cache_seqlens.dtype}")
-        if tuple(cache_seqlens.shape) != (B,):
-            raise InputError(f"cache_seqlens: expected shape ({B},) (one length per sequence), "
-                             f"got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens is not None and tuple(cache_seqlens.shape) != (B,):
+        raise InputError(f"cache_seqlens: expected shape ({B},) (one length per sequence), "
+                         f"got {tuple(cache_seqlens.shape)}")
     if num_splits is not None:
-        if not (isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits > 0):
-            raise InputError(f"num_splits: expected a positive integer or None, got {num_splits!r}")
+        expect(_is_int(num_splits) and num_splits > 0, "num_splits", "a positive integer or None", num_splits)
         if num_splits > MAX_NUM_SPLITS:
             raise NotImplementedError(f"num_splits: at most {MAX_NUM_SPLITS} supported, got {num_splits}")
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                  and math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
-    if use_dot is not None and not isinstance(use_dot, bool):
-        raise InputError(f"use_dot: expected True, False or None, got {use_dot!r}")
-    if fuse_combine is not None and not isinstance(fuse_combine, bool):
-        raise InputError(f"fuse_combine: expected True, False or None, got {fuse_combine!r}")
+    ok = scale is None or finite_real(scale) and scale > 0
+    expect(ok, "scale", "a finite positive number or None", scale)
+    for name, value in (("use_dot", use_dot), ("fuse_combine", fuse_combine)):
+        expect(value is None or isinstance(value, bool), name, "True, False or None", value)
     return B, Hq, Nq, d, Hkv, L_max, page_size
 
 
-def _check_seqlen_values(torch, cache_seqlens, L_max: int, block_table=None, page_size: int = 0,
-                         num_pages: int = 0) -> int:
+def _check_seqlen_values(cache_seqlens, L_max: int, block_table, page_size: int, num_pages: int) -> int:
     """Read the lengths (and the used block-table entries) back to the host and check them: a device
     sync. Returns the longest length."""
     lo, hi = (int(x) for x in cache_seqlens.aminmax())
@@ -483,14 +417,14 @@ def _check_seqlen_values(torch, cache_seqlens, L_max: int, block_table=None, pag
     return hi
 
 
-def _check_block_table_values(torch, block_table, page_size, num_pages, L_max):
+def _check_block_table_values(block_table, page_size, num_pages, L_max):
     """Without lengths every entry is used: check them all (a device sync)."""
     full = torch.full((block_table.shape[0],), L_max, dtype=torch.int32, device=block_table.device)
-    _check_seqlen_values(torch, full, L_max, block_table, page_size, num_pages)
+    _check_seqlen_values(full, L_max, block_table, page_size, num_pages)
 
 
 @functools.lru_cache(maxsize=16)
-def _sms(torch, device) -> int:
+def _sms(device) -> int:
     return num_sms(torch, device)
 
 
@@ -499,18 +433,18 @@ def _layout(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-def _tiling(torch, device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot):
+def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot):
     """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
     depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max)."""
     rows = (Hq // Hkv) * Nq
     cap = 16 if interpreting() else BLOCK_M_MAX
-    block_m = min(_next_pow2(rows), cap)
+    block_m = min(triton.next_power_of_2(rows), cap)
     if use_dot is None or use_dot:
         block_m = max(16, block_m)  # tl.dot needs M >= 16
     m_tiles = -(-rows // block_m)
     if num_splits is None:
         longest = L_max if max_seqlen is None else max_seqlen
-        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(torch, device))
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device))
     return block_m, m_tiles, num_splits
 
 
@@ -556,14 +490,10 @@ class DecodePlan:
     def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
                  scale=None, return_lse=False, max_seqlen=None, check_seqlens=True, use_dot=None,
                  fuse_combine=None, _config=None):
-        torch, _ = import_torch_triton()
         B, Hq, Nq, d, Hkv, L_max, page_size = _check_inputs(
-            torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot, fuse_combine)
-        if max_seqlen is not None and not (isinstance(max_seqlen, int) and not isinstance(max_seqlen, bool)
-                                           and 0 <= max_seqlen <= L_max):
-            raise InputError(f"max_seqlen: expected an integer in [0, L_max = {L_max}] or None, "
-                             f"got {max_seqlen!r}")
-        self._torch = torch
+            q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot, fuse_combine)
+        expect(max_seqlen is None or _is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
+               f"an integer in [0, L_max = {L_max}] or None", max_seqlen)
         self.layout = tuple(_layout(t) for t in (q, k_cache, v_cache, cache_seqlens, block_table))
         self.check_seqlens = bool(check_seqlens)
         self.return_lse = bool(return_lse)
@@ -572,7 +502,7 @@ class DecodePlan:
         group = Hq // Hkv
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
-        block_m, m_tiles, num_splits = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
+        block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
                                                use_dot)
         paged = block_table is not None
         # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
@@ -581,16 +511,16 @@ class DecodePlan:
         page, self.table = page_size, None
         if Nq > 1 and not paged and _config is None:
             page = _block_config(block_m)["BLOCK_N"]
-            self.table = _dense_pages(torch, k_cache, v_cache, L_max, page)
+            self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
         cfg = dict(_config or _block_config(block_m, page))  # overrides: bench/decode_configs.py
         self.num_splits = num_splits
         split = num_splits > 1
-        merge_m = min(block_m, _next_pow2(rows))
+        merge_m = min(block_m, triton.next_power_of_2(rows))
         if fuse_combine is None:
             fuse_combine = _fuse_by_default(merge_m, num_splits, d)
         fuse = split and fuse_combine
-        merge_s = max(1, min(_next_pow2(num_splits), MERGE_ELEMS // (merge_m * d)))
+        merge_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_ELEMS // (merge_m * d)))
         n_rows = B * Hq * Nq
         device = q.device
         self.o_shape, self.lse_shape, self.dtype, self.device = (B, Hq, Nq, d), (B, Hq, Nq), q.dtype, device
@@ -602,7 +532,6 @@ class DecodePlan:
         self.lse_part = torch.empty((n_rows, num_splits), dtype=f32, device=device) if split else None
         self.sem = torch.zeros(B * Hkv * m_tiles, dtype=torch.int32, device=device) if fuse else None
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-        self._split_kernel, self._combine_kernel = _launchers()
         self._grid = (B * Hkv * m_tiles, num_splits)
         if self.table is not None:  # page stride = page x key stride; heads and keys as in the dense cache
             kst = (page * k_cache.stride(2), k_cache.stride(1), k_cache.stride(2))
@@ -618,20 +547,20 @@ class DecodePlan:
         )
         self._consts = {
             "GROUP": group, "BLOCK_M": block_m, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
-            "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(torch, q.dtype),
+            "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(q.dtype),
             "SPLIT": split, "FUSE": fuse, "MERGE_M": merge_m, "MERGE_S": merge_s,
             "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
-        self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, _next_pow2(num_splits)),
-                                "EMULATE_BF16": _emulate_bf16(torch, q.dtype)}
+        self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
+                                "EMULATE_BF16": _emulate_bf16(q.dtype)}
 
     def _mismatch(self, tensors):
         names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
         for name, want, t in zip(names, self.layout, tensors, strict=True):
-            if t is not None and not isinstance(t, self._torch.Tensor):
+            if t is not None and not isinstance(t, torch.Tensor):
                 return InputError(f"{name}: expected a torch.Tensor as planned, got {type(t).__name__}")
             got = _layout(t)
             if got != want:
@@ -662,26 +591,23 @@ class DecodePlan:
                 InputError("q: expected the planned layout")  # pragma: no cover - _mismatch names it
         if self.check_seqlens:
             if cache_seqlens is not None:
-                _check_seqlen_values(self._torch, cache_seqlens, self.L_max, block_table, self.page_size,
-                                     self.num_pages)
+                _check_seqlen_values(cache_seqlens, self.L_max, block_table, self.page_size, self.num_pages)
             elif block_table is not None:
-                _check_block_table_values(self._torch, block_table, self.page_size, self.num_pages,
-                                          self.L_max)
+                _check_block_table_values(block_table, self.page_size, self.num_pages, self.L_max)
         return self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse_out)
 
     def _launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse_out=None):
         """Allocate (or check) the outputs and launch; the layouts are already known to match."""
-        torch = self._torch
         if out is None:
             o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
         else:
-            _check_out(torch, "out", out, self.o_shape, self.dtype, self.device)
+            _check_out("out", out, self.o_shape, self.dtype, self.device)
             o = out
         if lse_out is not None:
             if not self.return_lse:
                 raise InputError("lse_out: expected None (the plan was made with return_lse=False), "
                                  "got a tensor")
-            _check_out(torch, "lse_out", lse_out, self.lse_shape, torch.float32, self.device)
+            _check_out("lse_out", lse_out, self.lse_shape, torch.float32, self.device)
             lse = lse_out
         else:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.need_lse else o
@@ -689,17 +615,17 @@ class DecodePlan:
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
         table = block_table if block_table is not None else self.table
-        self._split_kernel[self._grid](
+        _attnscope_decode_split_kernel[self._grid](
             q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
             table if table is not None else o, o_part, lse_part, o, lse, sem,
             *self._scalars, **self._consts)
         if self.split and not self.fuse:
-            self._combine_kernel[self._combine_grid](o_part, lse_part, o, lse, self.num_splits,
-                                                     **self._combine_consts)
+            _attnscope_decode_combine_kernel[self._combine_grid](o_part, lse_part, o, lse, self.num_splits,
+                                                               **self._combine_consts)
         return (o, lse) if self.return_lse else o
 
 
-def _dense_pages(torch, k_cache, v_cache, L_max: int, page: int):
+def _dense_pages(k_cache, v_cache, L_max: int, page: int):
     """A dense cache as pages of ``page`` keys: int32 [B, ceil(L_max / page)] with entry ``b * R + j``,
     R = batch stride / (page x key stride), so page ``b * R + j`` at stride ``page x key stride`` is keys
     ``j * page ..`` of sequence b. None when the strides do not allow it (K and V must share R) or
@@ -715,7 +641,7 @@ def _dense_pages(torch, k_cache, v_cache, L_max: int, page: int):
     return torch.arange(B, dtype=torch.int32, device=k_cache.device)[:, None] * R + j[None, :]
 
 
-def _check_out(torch, name, t, shape, dtype, device):
+def _check_out(name, t, shape, dtype, device):
     if not (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
             and t.device == device and t.is_contiguous()):
         got = f"shape {tuple(t.shape)}, {t.dtype}, {t.device}, contiguous={t.is_contiguous()}" \
@@ -729,25 +655,16 @@ def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **opt
     return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, **options)
 
 
-@functools.lru_cache(maxsize=1)
-def _launchers():
-    """(phase-1 kernel, combine kernel), as ``@triton.jit`` functions, launched as ``kernel[grid](...)``."""
-    _, _, split_kernel, combine_kernel = _build()
-    return split_kernel, combine_kernel
-
-
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
                  *, block_table=None, check_seqlens: bool = True, use_dot: bool | None = None,
                  fuse_combine: bool | None = None, _config: dict | None = None):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
-    The one-line convenience over `DecodePlan`, with an explicit, bounded plan cache: plans are kept
-    for the `PLAN_CACHE_LAYOUTS` (8) most recent layouts (the tensors' shapes, strides, dtypes and
-    devices, the options and the current CUDA stream) and, per layout, the `PLAN_CACHE_SPLITS` (4) most
-    recent split counts; `plan_cache_info`, `clear_plan_cache`. A call with a layout seen before skips
-    the layout checks and the plan construction; the length check (``check_seqlens``) runs on every
-    call. Inside CUDA-graph capture it builds a private plan (the graph keeps its scratch). A serving
-    loop can also keep a `DecodePlan` itself and call ``plan.run``.
+    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
+    `PLAN_CACHE_LAYOUTS` most recent layouts (tensor shapes, strides, dtypes, devices, the options, the
+    CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts (`plan_cache_info`,
+    `clear_plan_cache`). A known layout skips the layout checks and the plan build; ``check_seqlens``
+    runs on every call. Inside CUDA-graph capture it builds a private plan (the graph keeps its scratch).
 
     Parameters
     ----------
@@ -793,7 +710,6 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     >>> lens = torch.tensor([32768, 100, 0, 5000], device="cuda", dtype=torch.int32)
     >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
     """
-    torch, _ = import_torch_triton()
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
     options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
                "fuse_combine": fuse_combine, "_config": _config}
@@ -801,32 +717,29 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
             t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
         cuda = q.device.type == "cuda"
-        # inside CUDA-graph capture the plan is private (the graph keeps its scratch): no key
-        if not (cuda and torch.cuda.is_current_stream_capturing()):
-            # everything a plan fixes but the split count: layouts, options, and the stream (a plan's
-            # partials serve one stream at a time)
+        if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
+            # all a plan fixes but the split count; the stream, as a plan's partials serve one at a time
             key = (tuple(_layout(t) for t in tensors), tuple(options.values())[:-1],
                    tuple(sorted(_config.items())) if _config else None,
                    torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
     # a layout seen before passed these checks with these options: its facts are kept with its plans
     facts = _PLAN_CACHE.facts(key) if key is not None else None
     if facts is None:
-        facts = _check_inputs(torch, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale,
+        facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale,
                               use_dot, fuse_combine)
     B, Hq, Nq, _, Hkv, L_max, page_size = facts
     longest = None
     if check_seqlens:
         num_pages = k_cache.shape[0] if block_table is not None else 0
         if cache_seqlens is not None:
-            longest = _check_seqlen_values(torch, cache_seqlens, L_max, block_table, page_size, num_pages)
+            longest = _check_seqlen_values(cache_seqlens, L_max, block_table, page_size, num_pages)
         elif block_table is not None:
-            _check_block_table_values(torch, block_table, page_size, num_pages, L_max)
+            _check_block_table_values(block_table, page_size, num_pages, L_max)
     if key is None:
         plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
     else:
         # the split count the heuristic picks for these lengths completes the key
-        options["num_splits"] = _tiling(torch, q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits,
-                                        use_dot)[2]
+        options["num_splits"] = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot)[2]
         plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
             *tensors, max_seqlen=longest, check_seqlens=False, **options))
     return plan._launch(*tensors)
@@ -845,28 +758,23 @@ class _PlanCache:
 
     def facts(self, key):
         with self._lock:
-            entry = self._entries.get(key)
-            return None if entry is None else entry[0]
+            return self._entries.get(key, (None,))[0]
 
     def plan(self, key, facts, splits, build):
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = (facts, collections.OrderedDict())
-                while len(self._entries) > self.layouts:
-                    self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
+            plans = self._entries.setdefault(key, (facts, collections.OrderedDict()))[1]
             self._entries.move_to_end(key)
-            plans = entry[1]
-            plan = plans.get(splits)
-            if plan is None:
-                self.misses += 1
-                plan = plans[splits] = build()
-                while len(plans) > self.per_layout:
-                    plans.popitem(last=False)
-            else:
+            if len(self._entries) > self.layouts:
+                self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
+            if splits in plans:
                 self.hits += 1
-            plans.move_to_end(splits)
-            return plan
+                plans.move_to_end(splits)
+            else:
+                self.misses += 1
+                plans[splits] = build()
+                if len(plans) > self.per_layout:
+                    plans.popitem(last=False)
+            return plans[splits]
 
     def info(self):
         with self._lock:
@@ -879,11 +787,9 @@ class _PlanCache:
             self.hits = self.misses = 0
 
 
-#: `flash_decode` keeps plans for this many layouts (least recently used dropped first) ...
+#: `flash_decode` keeps plans for this many layouts (least recently used dropped first) and, per layout,
+#: split counts. A plan holds its fp32 partials and merge counters, no user tensor.
 PLAN_CACHE_LAYOUTS = 8
-#: ... and, per layout, for this many split counts (the heuristic's count follows the longest length).
-#: A plan holds only its fp32 partials (``B * Hq * Nq * num_splits * (d + 1) * 4`` bytes) and merge
-#: counters, no user tensor.
 PLAN_CACHE_SPLITS = 4
 _PLAN_CACHE = _PlanCache(PLAN_CACHE_LAYOUTS, PLAN_CACHE_SPLITS)
 
@@ -901,27 +807,7 @@ def clear_plan_cache() -> None:
     _PLAN_CACHE.clear()
 
 
-def _combine(o_part, lse_part, o, lse) -> None:
-    """Phase 2 as its own kernel: merge contiguous ``o_part`` [..., S, d] fp32 and base-2 ``lse_part``
-    [..., S] into ``o`` [..., d] (its dtype) and the natural-log ``lse`` [...] (fp32), in place."""
-    torch, _ = import_torch_triton()
-    _, combine_kernel = _launchers()
-    S, d = o_part.shape[-2], o_part.shape[-1]
-    combine_kernel[(lse.numel(),)](o_part, lse_part, o, lse, S, HEAD_DIM=d, BLOCK_S=min(16, _next_pow2(S)),
-                                   EMULATE_BF16=_emulate_bf16(torch, o.dtype))
-
-
-def _emulate_bf16(torch, dtype) -> bool:
-    """Work around two bf16 defects of Triton 3.6's interpreter (CPU tests only; never on a GPU).
-
-    Its ``tl.dot`` multiplies bf16 operands as their raw uint16 bit patterns, and its fp32 -> bf16 cast
-    truncates instead of rounding to nearest even. So under the interpreter with bf16 the kernels
-    multiply in fp32 (a product of two bf16 values is exact in fp32: what the tensor cores compute) and
-    round to nearest even with integer arithmetic before each cast, making the cast exact.
-    """
+def _emulate_bf16(dtype) -> bool:
+    """bf16 under Triton 3.6's interpreter, whose bf16 ``tl.dot`` and casts are wrong: the kernels multiply
+    in fp32 and round with `round_bf16` before each cast (see kernels/_tl.py); never on a GPU."""
     return interpreting() and dtype == torch.bfloat16
-
-
-def _next_pow2(n: int) -> int:
-    """Smallest power of two >= n (triton.next_power_of_2 without importing triton)."""
-    return 1 << max(0, n - 1).bit_length()
