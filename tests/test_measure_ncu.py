@@ -140,6 +140,7 @@ HELDOUT3 = HELDOUT.with_name("heldout3.csv")  # drawn after run 2 and the spill 
 HELDOUT4 = HELDOUT.with_name("heldout4.csv")  # drawn after grid 3 ran (its N reach 30,965 only)
 HELDOUT5 = HELDOUT.with_name("heldout5.csv")  # drawn after grid 4's run, before r18e's model changes
 HELDOUT6 = HELDOUT.with_name("heldout6.csv")  # drawn after grid 5's run, before r18f's model changes
+HELDOUT7 = HELDOUT.with_name("heldout7.csv")  # drawn after grid 6's run, before r18g's model work
 PROBE = HELDOUT.with_name("spill_probe.csv")  # development data (bench/gpu/spill_probe.sh)
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
@@ -202,7 +203,8 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
 @pytest.mark.parametrize("grid, earlier", [
     (HELDOUT4, (HELDOUT, HELDOUT2, HELDOUT3, PROBE)),
     (HELDOUT5, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, PROBE)),
-    (HELDOUT6, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, PROBE))])
+    (HELDOUT6, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, PROBE)),
+    (HELDOUT7, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, PROBE))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}
