@@ -3,10 +3,11 @@
     PYTHONPATH=src python bench/l2_dev.py [--worst 0.10] [--json PATH]
 
 Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the
-held-out sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data) and
-the spill probe. Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel
-names the measurement recorded pick the attnscope variant); prints per set the points within ±5/10/15 %,
-the mean |error| and the points past ``--worst``. Imports no torch; runs in about a second.
+held-out sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the
+spill probe and, once measured, the lockstep probe (bench/results/*bytes-lockstep*.json). Each sweep is
+re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the measurement recorded
+pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean |error| and the points
+past ``--worst``. Imports no torch; runs in about a second.
 
     PYTHONPATH=src python bench/l2_dev.py --excess flash:unmasked [--min-kv 0.12]
 
@@ -52,8 +53,9 @@ def recorded_rows():
 
 def sweep_files():
     """{set name: path} of the measured held-out sweeps and the spill probe."""
-    files = {Path(f).stem.split("bytes-")[-1]: Path(f)
-             for f in sorted(glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json")))}
+    found = glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-lockstep*.json"))
+    files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files
 
