@@ -3,26 +3,37 @@
     PYTHONPATH=src python bench/l2_dev.py [--worst 0.10] [--json PATH]
 
 Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the
-held-out sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data) and
-the spill probe. Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel
-names the measurement recorded pick the attnscope variant); prints per set the points within ±5/10/15 %,
-the mean |error| and the points past ``--worst``. Imports no torch; runs in about a second.
+held-out sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the
+spill probe and, once measured, the lockstep probe (bench/results/*bytes-lockstep*.json). Each sweep is
+re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the measurement recorded
+pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean |error| and the points
+past ``--worst``. Imports no torch; runs in about a second.
+
+    PYTHONPATH=src python bench/l2_dev.py --excess flash:unmasked [--min-kv 0.12]
+
+instead lists one fused implementation's points (causal or unmasked) by the size of a K/V set: the DRAM reads
+beyond Q, K and V read once, in K/V sets (K + V of every kv head, once), measured and estimated, beside the
+geometry the re-read model works on (a set over the L2's shared capacity, query tiles T per set, C / T with C
+the co-resident CTAs, waves of C, N a multiple of both blocks or ragged).
 """
 import argparse
 import glob
 import gzip
 import json
+import math
 from pathlib import Path
 
 from attnscope.measure import ncu, physical
+from attnscope.model import l2, traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def recorded_rows():
+def recorded_points():
+    """(spec, measured read, measured total, kernel names) of the recorded grid, and its env."""
     with gzip.open(ROOT / "tests/data/measure/recorded/ncu.json.gz", "rt", encoding="utf-8") as f:
         rec = json.load(f)
-    pairs = []
+    points = []
     for run in rec["runs"]:
         if not run.get("csv") or run["cache_control"] != "none":
             continue
@@ -31,19 +42,85 @@ def recorded_rows():
                 s = {k: spec[k] for k in ("impl", "batch", "heads", "n", "d", "causal", "dtype") if k in spec}
                 if spec.get("kv_heads") and spec["kv_heads"] != spec["heads"]:
                     s["kv_heads"] = spec["kv_heads"]
-                pairs.append((s, sum(k.total for k in ks), [k.name for k in ks]))
-    return physical.compare(pairs, rec["env"]["l2_bytes"], rec["env"]["sms"])
+                points.append((s, sum(k.read for k in ks), sum(k.total for k in ks), [k.name for k in ks]))
+    return points, rec["env"]
+
+
+def recorded_rows():
+    points, env = recorded_points()
+    return physical.compare([(s, total, names) for s, _, total, names in points], env["l2_bytes"], env["sms"])
+
+
+def sweep_files():
+    """{set name: path} of the measured held-out sweeps and the spill probe."""
+    found = glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-lockstep*.json"))
+    files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
+    files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
+    return files
+
+
+def all_points():
+    """(set name, spec, measured read, measured total, kernel names, env) of every development point."""
+    for name, path in sweep_files().items():
+        data = json.loads(path.read_text())
+        for p in data["points"]:
+            m = p.get("measured")
+            if isinstance(m, dict) and m.get("total"):
+                names = [k.get("name", "") for k in m.get("kernels", [])]
+                yield name, p["spec"], m["read"], m["total"], names, data["env"]
+    points, env = recorded_points()
+    for s, read, total, names in points:
+        yield "recorded", s, read, total, names, env
+
+
+def excess(impl, causal, min_kv):
+    """Print ``impl``'s points (``causal`` or unmasked) by K/V set size: reads beyond Q, K, V once, in K/V
+    sets, measured against estimated, with the geometry of the re-read model (module docstring)."""
+    rows = []
+    for name, s, read, total, names, env in all_points():
+        if s["impl"] != impl or bool(s.get("causal")) != causal:
+            continue
+        batch, heads, n, d = s.get("batch", 1), s["heads"], s["n"], s["d"]
+        hkv, dtype = s.get("kv_heads") or heads, s.get("dtype", "fp16")
+        b = traffic.DTYPE_BYTES[dtype]
+        kv_set, q = 2 * n * d * b, batch * heads * n * d * b
+        kv = batch * hkv * kv_set
+        est = physical.estimate_of(s, env["l2_bytes"], env["sms"], names)
+        _, ker = l2.kernel_of(impl, d, causal, dtype, n, physical.attnscope_impl_of(s, names))
+        size = kv_set / (l2.H200_L2_PARAMS.shared * env["l2_bytes"])
+        if size < min_kv:
+            continue
+        t, c = math.ceil(n / ker.block_q), env["sms"] * ker.ctas_per_sm
+        even = n % ker.block_q == 0 and n % ker.block_kv == 0
+        rows.append((size, name, physical.Row(s, total, est.total, est.compulsory, ()).label(), t, c,
+                     batch * heads * t / c, even, (read - q - kv) / kv, (est.read - q - kv) / kv,
+                     est.total / total - 1))
+    mask = "causal" if causal else "unmasked"
+    print(f"{impl} {mask}: reads beyond Q, K, V once, in K/V sets; kv/cap: a set over the shared L2 capacity")
+    for size, name, label, t, c, waves, even, meas, est, err in sorted(rows, key=lambda r: r[0]):
+        print(f"  kv/cap {size:4.2f}  {name:10s} {label:42s} T {t:4d}  C/T {c / t:5.2f}  waves {waves:6.1f}  "
+              f"{'even  ' if even else 'ragged'}  measured {meas:7.3f}  estimated {est:7.3f}  "
+              f"error {err:+6.1%}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worst", type=float, default=0.10, help="list points with |error| above this")
     ap.add_argument("--json", help="write the per-set summaries here")
+    ap.add_argument("--excess", metavar="IMPL:MASK", help="instead: the excess-read table of one fused "
+                    "implementation, e.g. flash:unmasked, efficient:causal")
+    ap.add_argument("--min-kv", type=float, default=0.12, help="--excess: smallest K/V set, in shared L2 "
+                    "capacities")
     args = ap.parse_args()
-    sets = {}
-    for f in sorted(glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json"))):
-        sets[Path(f).stem.split("bytes-")[-1]] = physical.rows_from_json(f)[0]
-    sets["spill-probe"] = physical.rows_from_json(ROOT / "bench/results/h200-2026-12-01-spill-probe.json")[0]
+    if args.excess:
+        impl, _, mask = args.excess.partition(":")
+        if impl not in l2.IMPLS[1:] or mask not in ("causal", "unmasked"):
+            ap.error(f"--excess: expected IMPL:MASK, IMPL one of {', '.join(l2.IMPLS[1:])}, MASK causal or "
+                     f"unmasked, got {args.excess!r}")
+        excess(impl, mask == "causal", args.min_kv)
+        return
+    sets = {name: physical.rows_from_json(path)[0] for name, path in sweep_files().items()}
     sets["recorded"] = recorded_rows()
     out, total = {}, [0, 0, 0, 0]
     for name, rows in sets.items():

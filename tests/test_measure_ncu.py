@@ -140,7 +140,9 @@ HELDOUT3 = HELDOUT.with_name("heldout3.csv")  # drawn after run 2 and the spill 
 HELDOUT4 = HELDOUT.with_name("heldout4.csv")  # drawn after grid 3 ran (its N reach 30,965 only)
 HELDOUT5 = HELDOUT.with_name("heldout5.csv")  # drawn after grid 4's run, before r18e's model changes
 HELDOUT6 = HELDOUT.with_name("heldout6.csv")  # drawn after grid 5's run, before r18f's model changes
+HELDOUT7 = HELDOUT.with_name("heldout7.csv")  # drawn after grid 6's run, before r18g's model work
 PROBE = HELDOUT.with_name("spill_probe.csv")  # development data (bench/gpu/spill_probe.sh)
+LOCKSTEP = HELDOUT.with_name("lockstep_probe.csv")  # development data (bench/gpu/bytes_lockstep.sh)
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -202,7 +204,8 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
 @pytest.mark.parametrize("grid, earlier", [
     (HELDOUT4, (HELDOUT, HELDOUT2, HELDOUT3, PROBE)),
     (HELDOUT5, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, PROBE)),
-    (HELDOUT6, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, PROBE))])
+    (HELDOUT6, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, PROBE)),
+    (HELDOUT7, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, PROBE))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}
@@ -219,6 +222,32 @@ def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_
     out = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, check=True)
     rows = [r for r in grid.read_text().splitlines() if r and not r.startswith("#")][1:]
     assert out.stdout.splitlines() == rows
+
+
+def test_the_lockstep_probe_pairs_each_fa2_miss_with_partners_that_change_one_factor():
+    specs = physical.parse_grid(LOCKSTEP)
+    assert {s["impl"] for s in specs} == {"flash"}
+    assert len({tuple(sorted(s.items())) for s in specs}) == len(specs)
+    assert all(s["batch"] * s["heads"] * s["n"] <= 3e6 for s in specs)  # _draw.py's cap on fused kernels
+
+    def key(s, *drop):
+        return tuple(sorted((k, v) for k, v in s.items() if k not in drop))
+
+    # grid 5/6's FA-2 misses, each measured again (run-to-run spread)
+    misses = [dict(impl="flash", batch=5, heads=27, n=15809, d=128, causal=False, dtype="bf16"),
+              dict(impl="flash", batch=4, heads=19, n=26129, d=128, causal=False, dtype="fp16"),
+              dict(impl="flash", batch=5, heads=3, n=20173, d=128, causal=True, dtype="bf16"),
+              dict(impl="flash", batch=3, heads=3, n=27389, d=64, causal=True, dtype="bf16")]
+    for miss in misses:
+        same = [s for s in specs if key(s, "kv_heads") == key(miss)]
+        assert same, miss
+        # the same K/V sets with the batch folded into the heads: B = 1, H = B x H
+        folded = [s for s in specs if s["batch"] == 1 and s["heads"] == miss["batch"] * miss["heads"]
+                  and key(s, "batch", "heads", "kv_heads") == key(miss, "batch", "heads")]
+        assert folded, miss
+    # the other dtype at one unmasked and one causal miss, N a multiple of both FA-2 blocks beside a ragged N
+    assert sum(1 for s in specs if s["dtype"] == "fp16" and s["n"] in (15809, 20173) and s["batch"] == 5) == 2
+    assert any(s["n"] % 128 == 0 and s["n"] > 15000 and not s["causal"] for s in specs)
 
 
 def test_an_attnscope_point_is_estimated_for_the_kernel_that_ran():

@@ -611,3 +611,47 @@ def test_a_window_of_gqa_heads_split_by_the_batch_holds_few_sets():
     kw = {"causal": True, "backward": True, "l2_bytes": 60 * MiB, "spread": 2.0, "distinct_sets": 8}
     assert physical.wave_rereads(*args, **kw) > 1.0
     assert physical.wave_rereads(*args, **kw, group_batch=(7, 2)) == 1.0
+
+
+def _l2_sim():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("l2_sim", Path(__file__).parents[1] / "bench" / "l2_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_lru_simulation_of_bench_l2_sim_counts_rereads_from_first_principles():
+    sim = _l2_sim().simulate
+    tiles = list(range(9))[::-1]
+
+    def run(sets, t, slots, capacity, qo=0.0):
+        walks = [[tiles] * t for _ in range(sets)]
+        return sim(walks, [(s, i) for s in range(sets) for i in range(t)], slots, 1.0, qo, capacity)
+
+    # everything fits: each tile comes from DRAM once
+    assert run(5, 4, 3, capacity=5 * 9 + 40 * 1.0, qo=1.0) == 0.0
+    # one slot and an L2 of less than a set: every reader after a set's first reads it all again
+    assert run(3, 4, 1, capacity=8) == pytest.approx(3.0)
+    # waves of exactly one set in step (slots = readers per set): all readers read a tile in one step, so
+    # even a one-tile L2 re-reads nothing
+    assert run(4, 6, 6, capacity=1) == 0.0
+    # a wave boundary cuts a set (6 readers, 4 slots): the second wave re-reads the cut set after a whole
+    # lifetime of the first wave, which a one-set L2 cannot hold; an L2 of both sets can
+    assert run(2, 6, 4, capacity=9) > 0.0
+    assert run(2, 6, 4, capacity=2 * 9) == 0.0
+
+
+def test_the_lru_simulation_walks_fa2s_causal_tiles_from_the_diagonal_down():
+    # FA-2 causal at a size whose whole K/V fits: no re-read; in an L2 smaller than one tile every load
+    # misses: the re-reads are the tiles the causal walks load beyond one pass (Grid.kv_bounds)
+    from attnscope.model.tiles import Grid
+
+    mod = _l2_sim()
+    assert mod.attention("flash", 1, 2, 700, 64, True, cap_fraction=0.434) == 0.0
+    _, ker = physical.kernel_of("flash", 64, True, "fp16", 700)
+    g = Grid(700, 700, ker.block_q, ker.block_kv, causal=True)
+    loads = sum(g.kv_bounds(i)[1] for i in range(1, g.n_q_tiles + 1))
+    assert mod.attention("flash", 1, 2, 700, 64, True, cap_fraction=1e-4, sms=1) == \
+        pytest.approx(loads / g.n_kv_tiles - 1)

@@ -192,11 +192,17 @@ def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None =
     """model/l2.py's estimate for an ncu spec. ``kernels``: the measured call's kernel names, where known:
     an attnscope call that ran the portable kernel (a sweep recorded before kernels/fwd.py's Hopper table
     named a Gluon variant for it) is estimated for that kernel, not for what the table picks today."""
-    ran_portable = spec["impl"] == "attnscope" and bool(kernels) and \
-        any(PORTABLE_KERNEL in k for k in kernels) and not any("hopper" in k for k in kernels)
     return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
                        spec.get("dtype", "fp16"), bool(spec.get("causal")), kv_heads=spec.get("kv_heads"),
-                       l2_bytes=l2_bytes, sms=sms, attnscope_impl="portable" if ran_portable else "auto")
+                       l2_bytes=l2_bytes, sms=sms, attnscope_impl=attnscope_impl_of(spec, kernels))
+
+
+def attnscope_impl_of(spec: dict, kernels: list[str] | None = None) -> str:
+    """``attnscope_impl`` of model/l2.py for an ncu spec (`estimate_of`): "portable" where the measured call
+    ran the portable kernel and no Gluon one, else "auto"."""
+    ran_portable = spec["impl"] == "attnscope" and bool(kernels) and \
+        any(PORTABLE_KERNEL in k for k in kernels) and not any("hopper" in k for k in kernels)
+    return "portable" if ran_portable else "auto"
 
 
 def compare(measured: list[tuple], l2_bytes: int, sms: int) -> list[Row]:

@@ -1,0 +1,115 @@
+"""Issue 18: an exact-LRU simulation of a fused attention kernel's K/V reads under an ideal schedule (CPU).
+
+    PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--cap 0.434] [--cliff]
+
+The check on model/l2.py's re-read closed forms (`wave_rereads`) that no GPU gives: the same kernel geometry
+(`l2.kernel_of`: block sizes, CTAs per SM, walk direction, grid order) run through an ideal machine and an LRU
+L2. C = SMs x CTAs/SM slots; CTAs start in grid order as slots free; every running CTA reads one K/V tile per
+step (one rate for all: no DRAM stalls, no clock spread); a causal CTA walks the tiles `tiles.Grid.kv_bounds`
+loads, FA-2 from its diagonal down. The L2 holds ``--cap`` x L2 bytes of K/V lines (default the shared
+capacity, `L2Params.shared`), LRU over K/V tiles and each CTA's Q (read at its start) and O (written at its
+end), weighted by `L2Params.qo_weight` as the closed form does. Prints the K/V reads beyond one pass, in K/V
+sets. ``--cliff``: the capacity (x L2) below which the simulated re-reads exceed half a set (bisection).
+Cost grows with sets x T x tiles (a 32k FA-2 point: seconds): a development tool, never on the estimate's
+path.
+"""
+import argparse
+from collections import OrderedDict
+
+from attnscope.model import l2
+from attnscope.model.tiles import Grid
+
+
+def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
+    """Extra K/V reads, in sets, of CTAs under an ideal schedule and an LRU of ``capacity`` bytes.
+
+    ``walks``: per set, the K/V tile indices each of its CTAs reads, in order (a list of lists);
+    ``order``: the launch order as (set, CTA index) pairs; ``concurrent``: slots. Each step every running
+    CTA reads its next tile; a finished CTA's slot takes the next CTA in launch order at once. Q is inserted
+    when a CTA starts, O when it ends (``qo_bytes`` each)."""
+    lru, used, misses = OrderedDict(), 0.0, 0
+
+    def touch(key, size):
+        nonlocal used
+        if key in lru:
+            lru.move_to_end(key)
+            return True
+        lru[key] = size
+        used += size
+        while used > capacity:
+            used -= lru.popitem(last=False)[1]
+        return False
+
+    nxt, running = 0, []
+
+    def start():
+        nonlocal nxt
+        s, i = order[nxt]
+        nxt += 1
+        running.append([s, i, 0])
+        if qo_bytes:
+            touch(("q", s, i), qo_bytes)
+
+    while nxt < len(order) and len(running) < concurrent:
+        start()
+    while running:
+        for r in list(running):
+            s, i, pos = r
+            if not touch((s, walks[s][i][pos]), tile_bytes):
+                misses += 1
+            r[2] += 1
+            if r[2] == len(walks[s][i]):
+                running.remove(r)
+                if qo_bytes:
+                    touch(("o", s, i), qo_bytes)
+                if nxt < len(order):
+                    start()
+    tiles = sum(len({t for w in ws for t in w}) for ws in walks)
+    return misses / tiles - 1.0
+
+
+def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_560, sms=132, dtype="fp16"):
+    """`simulate` for one (non-GQA) attention call with ``impl``'s geometry (`l2.kernel_of`)."""
+    _, ker = l2.kernel_of(impl, d, causal, dtype, n, "portable")
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal)
+    walk = []
+    for i in range(1, g.n_q_tiles + 1):
+        tiles = list(range(g.kv_bounds(i)[1]))
+        walk.append(tiles[::-1] if ker.backward else tiles)
+    sets = batch * heads
+    walks = [walk] * sets
+    # (set, CTA): query tiles fastest; "bh": batch, then heads (FA-2's (m, b, h)); "hb": heads, then batch
+    if ker.order == "bh":
+        order = [(bb * heads + h, i) for h in range(heads) for bb in range(batch) for i in range(len(walk))]
+    else:
+        order = [(bb * heads + h, i) for bb in range(batch) for h in range(heads) for i in range(len(walk))]
+    p = l2.H200_L2_PARAMS
+    b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+    return simulate(walks, order, sms * ker.ctas_per_sm, 2 * ker.block_kv * d * b,
+                    ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("batch", "heads", "n", "d"):
+        ap.add_argument(name, type=int)
+    ap.add_argument("--impl", default="flash", choices=l2.IMPLS[1:])
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--cap", type=float, default=l2.H200_L2_PARAMS.shared, help="L2 capacity, x the L2")
+    ap.add_argument("--cliff", action="store_true", help="bisect the capacity where re-reads pass 0.5 sets")
+    a = ap.parse_args()
+    args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
+    extra = attention(*args, a.cap)
+    print(f"{a.impl} B={a.batch} H={a.heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
+          f"K/V reads beyond one pass at {a.cap:.3f} x L2 (LRU, ideal schedule): {extra:.3f} sets")
+    if a.cliff:
+        lo, hi = 0.0, 1.0
+        for _ in range(8):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if attention(*args, mid) > 0.5 else (lo, mid)
+        shared = hi / l2.H200_L2_PARAMS.shared
+        print(f"  re-reads pass 0.5 sets below {hi:.3f} x L2 ({shared:.2f} x the shared capacity)")
+
+
+if __name__ == "__main__":
+    main()
