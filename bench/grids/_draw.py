@@ -1,5 +1,5 @@
 """What the held-out draws (draw_heldout2..6.py) share: the head and implementation lists, the size caps,
-the N already used by earlier grids, one point's draw after its N, and grids 4-6's whole draw (the RNG calls
+the N already used by earlier grids, one point's draw after its N, and grids 4-7's whole draw (the RNG calls
 in a fixed order, so each script reproduces its committed CSV)."""
 import csv
 import math
@@ -57,7 +57,7 @@ def print_rows(rows):
 
 
 def draw(seed, earlier, flash_gqa=False, points=48):
-    """Grids 4-6: ``points`` rows round-robin over IMPLS, every fourth N long (16k-32,768), no N of the
+    """Grids 4-7: ``points`` rows round-robin over IMPLS, every fourth N long (16k-32,768), no N of the
     development grid, the issue's shapes or the ``earlier`` CSVs; with ``flash_gqa``, when no FLASH row drew
     GQA, 2 more FLASH rows (one short, one long) continue the draw, redrawn until GQA."""
     rng = random.Random(seed)
