@@ -4,6 +4,7 @@ FlexAttention, same inputs, same run; then the first-call latency of every kerne
     PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
         [--hopper-variants hopper,hopper_nopp,...] [--no-auto] [--d 128] [--n 8192] [--fp16 128:4096,...]
         [--rounds 3]
+    PYTHONPATH=src python bench/prefill.py --first-call-only [--json F]   # every table variant's first call
 
 Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
 and not; then the fp16 points of ``--fp16`` (d:N pairs, causal and not; default d = 128 at 4k and 16k,
@@ -21,8 +22,10 @@ variant `fwd.HOPPER_VALIDATED` names, else portable: it must never be slower tha
 "summary" lines give, per variant and dtype, the issue's targets: min ratio to CUDNN at N >= 4k and at
 N = 1k, and to the portable kernel. The JSON is rewritten after every timed point (a timeout keeps them).
 
-First call: a child process per cache state runs each variant (d x causal x {bf16, fp16} x impl) once and
-times that first call (host wall clock to completion; compile included), CUDA already initialised.
+First call: a child process per cache state runs portable and hopper (d x causal x {bf16, fp16}, N = 1k) once
+each, and with --first-call-only also impl="auto" at the first N of every `fwd.HOPPER_VALIDATED` row (each
+table variant's first call as a user meets it), and times that first call (host wall clock to completion;
+compile included), CUDA already initialised.
 "cold": TRITON_CACHE_DIR is a fresh empty directory; "warm": a second process with the same directory.
 No call runs an autotuning sweep (configs come from tables).
 """
@@ -39,45 +42,63 @@ import json, sys, time, torch
 import attnscope
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()  # CUDA context outside the timed calls
 rows = []
-for impl in sys.argv[1:]:
-    for d in (128, 64):
-        for dtype in (torch.bfloat16, torch.float16):
-            for causal in (False, True):
-                q, k, v = (torch.randn(2, 32, 1024, d, device="cuda", dtype=dtype) for _ in range(3))
-                torch.cuda.synchronize()
-                row = dict(impl=impl, d=d, dtype=str(dtype).split(".")[-1], causal=causal)
-                try:
-                    t0 = time.perf_counter()
-                    attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
-                    torch.cuda.synchronize()
-                    t1 = time.perf_counter()
-                    attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
-                    torch.cuda.synchronize()
-                    row.update(first_s=t1 - t0, second_s=time.perf_counter() - t1)
-                except Exception as e:  # a failing variant is reported, not fatal
-                    row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
-                rows.append(row)
+for impl, d, dt, causal, n in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    q, k, v = (torch.randn(max(1, 16384 // n), 8, n, d, device="cuda", dtype=dtype) for _ in range(3))
+    torch.cuda.synchronize()
+    row = dict(impl=impl, d=d, dtype=dt, causal=causal, n=n)
+    try:
+        t0 = time.perf_counter()
+        attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
+        torch.cuda.synchronize()
+        row.update(first_s=t1 - t0, second_s=time.perf_counter() - t1)
+    except Exception as e:  # a failing variant is reported, not fatal
+        row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
+    rows.append(row)
 print(json.dumps(rows))
 """
 
 
-def first_call_latency(impls=("portable", "hopper"), log=print) -> list[dict]:
-    """First-call seconds per variant, cold and warm Triton cache (two child processes, one cache dir)."""
+def first_call_cases(impls=("portable", "hopper"), table: bool = False) -> list:
+    """The first calls to time: ``(impl, d, dtype, causal, n)``. Each impl at d 128/64 x bf16/fp16 x mask,
+    N = 1k; with ``table``, also impl="auto" at the first N of every `fwd.HOPPER_VALIDATED` row (its
+    variant's first call as a user meets it; B = 16k / N, 8 heads)."""
+    cases = [(i, d, dt, c, 1024) for i in impls for d in (128, 64) for dt in ("bfloat16", "float16")
+             for c in (False, True)]
+    if table:
+        from attnscope.kernels import fwd
+
+        cases += [("auto", d, dt, c, lo) for d, dt, c, lo, _hi, _v in fwd.HOPPER_VALIDATED]
+    return cases
+
+
+def first_call_latency(impls=("portable", "hopper"), log=print, table: bool = False) -> list[dict]:
+    """First-call seconds per case of `first_call_cases`, cold and warm Triton cache (two child processes, one
+    cache dir). Rows of impl="auto" name the variant the table ran (``variant``)."""
+    from attnscope.kernels import fwd
+
+    cases = first_call_cases(impls, table)
     out = []
     with tempfile.TemporaryDirectory(prefix="attnscope-triton-cache-") as cache:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
         for state in ("cold", "warm"):
-            r = subprocess.run([sys.executable, "-c", _FIRST_CALL, *impls], env=env, capture_output=True,
-                               text=True, timeout=150)
+            r = subprocess.run([sys.executable, "-c", _FIRST_CALL, json.dumps(cases)], env=env,
+                               capture_output=True, text=True, timeout=240)
             if r.returncode != 0:
                 raise RuntimeError(f"first-call child ({state}) failed:\n{r.stderr[-3000:]}")
             for row in json.loads(r.stdout.strip().splitlines()[-1]):
                 row["cache"] = state
+                if row["impl"] == "auto":
+                    row["variant"] = fwd._hopper_validated(row["d"], row["dtype"], row["causal"], row["n"])
                 out.append(row)
                 what = (f"{row['first_s']:.2f} s (second call {row['second_s'] * 1e3:.1f} ms)"
                         if "error" not in row else f"FAILED {row['error']}")
-                log(f"first call, {state} cache: {row['impl']} d={row['d']} {row['dtype']} "
-                    f"causal={int(row['causal'])}: {what}")
+                via = f" ({row['variant']})" if row.get("variant") else ""
+                log(f"first call, {state} cache: {row['impl']}{via} d={row['d']} {row['dtype']} "
+                    f"causal={int(row['causal'])} N={row['n']}: {what}")
     return out
 
 
@@ -172,6 +193,8 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compiles)")
     p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
+    p.add_argument("--first-call-only", action="store_true",
+                   help="only the first-call children, with impl='auto' at every HOPPER_VALIDATED row")
     p.add_argument("--no-hopper", action="store_true", help="leave out every Gluon Hopper variant")
     p.add_argument("--hopper-variants", default=None,
                    help="comma-separated fwd_hopper.VARIANTS names to time (default: all)")
@@ -197,6 +220,12 @@ def main() -> int:
         return 2
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
+    if a.first_call_only:
+        out = {"env": env, "first_call": first_call_latency(table=True)}
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=1)
+        return 0
     from attnscope.kernels import fwd_hopper
 
     names = fwd_hopper.VARIANTS if a.hopper_variants is None else a.hopper_variants.split(",")
