@@ -10,6 +10,11 @@ re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel name
 pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean |error| and the points
 past ``--worst``. Imports no torch; runs in about a second.
 
+    PYTHONPATH=src python bench/l2_dev.py --repeats
+
+instead lists every shape measured more than once (several sets, or a rerun) with the spread of its measured
+bytes and the estimate's error per run.
+
     PYTHONPATH=src python bench/l2_dev.py --excess flash:unmasked [--min-kv 0.12]
 
 instead lists one fused implementation's points (causal or unmasked) by the size of a K/V set: the DRAM reads
@@ -106,6 +111,31 @@ def excess(impl, causal, min_kv):
               f"error {err:+6.1%}")
 
 
+def repeats():
+    """Print every shape measured more than once (the same spec in several sets, or rerun): its measured
+    bytes per run, their spread (max / min - 1) and the estimate's error per run: how much of an error is
+    run-to-run variation of the hardware rather than the model."""
+    runs = {}
+    for name, s, read, total, names, env in all_points():
+        key = tuple(sorted((k, v) for k, v in s.items() if not (k == "kv_heads" and v == s["heads"])))
+        runs.setdefault(key, []).append((name, read, total, names, env, s))
+    print("shapes measured more than once: measured MiB (read + write) per run, spread, error per run")
+    rows = []
+    for rs in runs.values():
+        if len(rs) < 2:
+            continue
+        s = rs[0][5]
+        totals = [t for _, _, t, *_ in rs]
+        errs = [physical.estimate_of(s, env["l2_bytes"], env["sms"], names).total / t - 1
+                for _, _, t, names, env, _ in rs]
+        label = physical.Row(s, totals[0], totals[0], 0, ()).label()
+        rows.append((max(totals) / min(totals) - 1, label, rs, totals, errs))
+    for spread, label, rs, totals, errs in sorted(rows, key=lambda r: -r[0]):
+        meas = " ".join(f"{t / 2**20:8.1f}" for t in totals)
+        err = " ".join(f"{e:+6.1%}" for e in errs)
+        print(f"  spread {spread:6.1%}  {label:44s} {' '.join(r[0] for r in rs):40s} {meas}   error {err}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worst", type=float, default=0.10, help="list points with |error| above this")
@@ -114,7 +144,12 @@ def main():
                     "implementation, e.g. flash:unmasked, efficient:causal")
     ap.add_argument("--min-kv", type=float, default=0.12, help="--excess: smallest K/V set, in shared L2 "
                     "capacities")
+    ap.add_argument("--repeats", action="store_true", help="instead: the shapes measured more than once, "
+                    "with the run-to-run spread of their measured bytes")
     args = ap.parse_args()
+    if args.repeats:
+        repeats()
+        return
     if args.excess:
         impl, _, mask = args.excess.partition(":")
         if impl not in l2.IMPLS[1:] or mask not in ("causal", "unmasked"):
