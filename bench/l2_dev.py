@@ -15,6 +15,11 @@ past ``--worst``. Imports no torch; runs in about a second.
 instead lists every shape measured more than once (several sets, or a rerun) with the spread of its measured
 bytes and the estimate's error per run.
 
+    PYTHONPATH=src python bench/l2_dev.py --spill flash [--min-spill 5]
+
+instead lists the points whose register-spill frames touch at least 5 MiB: the spill bytes written to DRAM, as
+a fraction of those touched, estimated against measured, by mask, N even / ragged and L2 turnover.
+
     PYTHONPATH=src python bench/l2_dev.py --excess flash:unmasked [--min-kv 0.12]
 
 instead lists one fused implementation's points (causal or unmasked) by the size of a K/V set: the DRAM reads
@@ -111,6 +116,39 @@ def excess(impl, causal, min_kv):
               f"error {err:+6.1%}")
 
 
+def spill(impl, min_mib):
+    """Print ``impl``'s points whose register-spill frames (`l2.spill_bytes`) touch at least ``min_mib`` MiB,
+    by the L2 turnover of one mean CTA lifetime: the spill bytes written to DRAM as a fraction of those
+    touched, estimated and measured (the writes beyond O and LSE, with the estimate's O credit added back),
+    and the read error in the same unit (so a read miss is not mistaken for a spill one)."""
+    rows = []
+    for name, s, read, total, names, env in all_points():
+        if s["impl"] != impl:
+            continue
+        batch, heads, n, d = s.get("batch", 1), s["heads"], s["n"], s["d"]
+        causal, dtype = bool(s.get("causal")), s.get("dtype", "fp16")
+        _, ker = l2.kernel_of(impl, d, causal, dtype, n, physical.attnscope_impl_of(s, names))
+        t = math.ceil(n / ker.block_q)
+        ctas, c = batch * heads * t, env["sms"] * ker.ctas_per_sm
+        touched = l2.spill_bytes(ker, ctas, n, n)
+        if touched < min_mib * 2**20:
+            continue
+        est = physical.estimate_of(s, env["l2_bytes"], env["sms"], names)
+        kept = sum(x for _, x in est.credits)
+        lse = batch * heads * n * l2.STAT_BYTES if ker.lse else 0
+        out = batch * heads * n * d * traffic.DTYPE_BYTES[dtype] + lse
+        life = (est.read + out) * min(c, ctas) / ctas / (l2.H200_L2_PARAMS.capacity * env["l2_bytes"])
+        even = n % ker.block_q == 0 and n % ker.block_kv == 0
+        rows.append((causal, even, life, name, physical.Row(s, total, est.total, est.compulsory, ()).label(),
+                     ctas / c, (est.write - out + kept) / touched, (total - read - out + kept) / touched,
+                     (est.read - read) / touched, est.total / total - 1))
+    print(f"{impl}: spill bytes written to DRAM / touched; life: a mean CTA lifetime's insertions over the "
+          "L2 capacity; gens: CTAs / C")
+    for _, even, life, name, label, gens, e, m, rerr, err in sorted(rows, key=lambda r: r[:3]):
+        print(f"  {'even  ' if even else 'ragged'} life {life:4.2f} gens {gens:5.1f}  {name:11s} {label:46s} "
+              f"written: estimated {e:5.2f} measured {m:5.2f}  read error {rerr:+5.2f}  error {err:+6.1%}")
+
+
 def repeats():
     """Print every shape measured more than once (the same spec in several sets, or rerun): its measured
     bytes per run, their spread (max / min - 1) and the estimate's error per run: how much of an error is
@@ -144,11 +182,17 @@ def main():
                     "implementation, e.g. flash:unmasked, efficient:causal")
     ap.add_argument("--min-kv", type=float, default=0.12, help="--excess: smallest K/V set, in shared L2 "
                     "capacities")
+    ap.add_argument("--spill", metavar="IMPL", help="instead: IMPL's points with register-spill frames, the "
+                    "spill bytes written to DRAM estimated against measured")
+    ap.add_argument("--min-spill", type=float, default=5.0, help="--spill: smallest frame total, MiB")
     ap.add_argument("--repeats", action="store_true", help="instead: the shapes measured more than once, "
                     "with the run-to-run spread of their measured bytes")
     args = ap.parse_args()
     if args.repeats:
         repeats()
+        return
+    if args.spill:
+        spill(args.spill, args.min_spill)
         return
     if args.excess:
         impl, _, mask = args.excess.partition(":")
