@@ -2,13 +2,13 @@
 
     PYTHONPATH=src python bench/l2_dev.py [--worst 0.10] [--json PATH]
 
-Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the
-held-out sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the
-spill probe, the lockstep probe (bench/results/*bytes-lockstep*.json) and the reruns of measured points
-(bench/results/*bytes-rerun*.json). Each sweep is
-re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the measurement recorded
-pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean |error| and the points
-past ``--worst``. Imports no torch; runs in about a second.
+Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the held-out
+sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the spill
+probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of measured points
+(bench/results/*bytes-rerun*.json) and, once measured, the frames probe (bench/results/*bytes-frames*.json).
+Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
+measurement recorded pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean
+|error| and the points past ``--worst``. Imports no torch; runs in about a second.
 
     PYTHONPATH=src python bench/l2_dev.py --repeats
 
@@ -66,7 +66,8 @@ def sweep_files():
     """{set name: path} of the measured held-out sweeps and the spill probe."""
     found = glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-lockstep*.json")) + \
-        glob.glob(str(ROOT / "bench/results/*bytes-rerun*.json"))
+        glob.glob(str(ROOT / "bench/results/*bytes-rerun*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-frames*.json"))
     files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files
