@@ -2,12 +2,23 @@
 
     PYTHONPATH=src python bench/l2_dev.py [--worst 0.10] [--json PATH]
 
-Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the
-held-out sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the
-spill probe and, once measured, the lockstep probe (bench/results/*bytes-lockstep*.json). Each sweep is
-re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the measurement recorded
-pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean |error| and the points
-past ``--worst``. Imports no torch; runs in about a second.
+Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the held-out
+sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the spill
+probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of measured points
+(bench/results/*bytes-rerun*.json) and, once measured, the frames probe (bench/results/*bytes-frames*.json).
+Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
+measurement recorded pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean
+|error| and the points past ``--worst``. Imports no torch; runs in about a second.
+
+    PYTHONPATH=src python bench/l2_dev.py --repeats
+
+instead lists every shape measured more than once (several sets, or a rerun) with the spread of its measured
+bytes and the estimate's error per run.
+
+    PYTHONPATH=src python bench/l2_dev.py --spill flash [--min-spill 5]
+
+instead lists the points whose register-spill frames touch at least 5 MiB: the spill bytes written to DRAM, as
+a fraction of those touched, estimated against measured, by mask, N even / ragged and L2 turnover.
 
     PYTHONPATH=src python bench/l2_dev.py --excess flash:unmasked [--min-kv 0.12]
 
@@ -54,7 +65,9 @@ def recorded_rows():
 def sweep_files():
     """{set name: path} of the measured held-out sweeps and the spill probe."""
     found = glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json")) + \
-        glob.glob(str(ROOT / "bench/results/*bytes-lockstep*.json"))
+        glob.glob(str(ROOT / "bench/results/*bytes-lockstep*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-rerun*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-frames*.json"))
     files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files
@@ -104,6 +117,64 @@ def excess(impl, causal, min_kv):
               f"error {err:+6.1%}")
 
 
+def spill(impl, min_mib):
+    """Print ``impl``'s points whose register-spill frames (`l2.spill_bytes`) touch at least ``min_mib`` MiB,
+    by the L2 turnover of one mean CTA lifetime: the spill bytes written to DRAM as a fraction of those
+    touched, estimated and measured (the writes beyond O and LSE, with the estimate's O credit added back),
+    and the read error in the same unit (so a read miss is not mistaken for a spill one)."""
+    rows = []
+    for name, s, read, total, names, env in all_points():
+        if s["impl"] != impl:
+            continue
+        batch, heads, n, d = s.get("batch", 1), s["heads"], s["n"], s["d"]
+        causal, dtype = bool(s.get("causal")), s.get("dtype", "fp16")
+        _, ker = l2.kernel_of(impl, d, causal, dtype, n, physical.attnscope_impl_of(s, names))
+        t = math.ceil(n / ker.block_q)
+        ctas, c = batch * heads * t, env["sms"] * ker.ctas_per_sm
+        touched = l2.spill_bytes(ker, ctas, n, n)
+        if touched < min_mib * 2**20:
+            continue
+        est = physical.estimate_of(s, env["l2_bytes"], env["sms"], names)
+        kept = sum(x for _, x in est.credits)
+        lse = batch * heads * n * l2.STAT_BYTES if ker.lse else 0
+        out = batch * heads * n * d * traffic.DTYPE_BYTES[dtype] + lse
+        life = (est.read + out) * min(c, ctas) / ctas / (l2.H200_L2_PARAMS.capacity * env["l2_bytes"])
+        even = n % ker.block_q == 0 and n % ker.block_kv == 0
+        rows.append((causal, even, life, name, physical.Row(s, total, est.total, est.compulsory, ()).label(),
+                     ctas / c, (est.write - out + kept) / touched, (total - read - out + kept) / touched,
+                     (est.read - read) / touched, est.total / total - 1))
+    print(f"{impl}: spill bytes written to DRAM / touched; life: a mean CTA lifetime's insertions over the "
+          "L2 capacity; gens: CTAs / C")
+    for _, even, life, name, label, gens, e, m, rerr, err in sorted(rows, key=lambda r: r[:3]):
+        print(f"  {'even  ' if even else 'ragged'} life {life:4.2f} gens {gens:5.1f}  {name:11s} {label:46s} "
+              f"written: estimated {e:5.2f} measured {m:5.2f}  read error {rerr:+5.2f}  error {err:+6.1%}")
+
+
+def repeats():
+    """Print every shape measured more than once (the same spec in several sets, or rerun): its measured
+    bytes per run, their spread (max / min - 1) and the estimate's error per run: how much of an error is
+    run-to-run variation of the hardware rather than the model."""
+    runs = {}
+    for name, s, read, total, names, env in all_points():
+        key = tuple(sorted((k, v) for k, v in s.items() if not (k == "kv_heads" and v == s["heads"])))
+        runs.setdefault(key, []).append((name, read, total, names, env, s))
+    print("shapes measured more than once: measured MiB (read + write) per run, spread, error per run")
+    rows = []
+    for rs in runs.values():
+        if len(rs) < 2:
+            continue
+        s = rs[0][5]
+        totals = [t for _, _, t, *_ in rs]
+        errs = [physical.estimate_of(s, env["l2_bytes"], env["sms"], names).total / t - 1
+                for _, _, t, names, env, _ in rs]
+        label = physical.Row(s, totals[0], totals[0], 0, ()).label()
+        rows.append((max(totals) / min(totals) - 1, label, rs, totals, errs))
+    for spread, label, rs, totals, errs in sorted(rows, key=lambda r: -r[0]):
+        meas = " ".join(f"{t / 2**20:8.1f}" for t in totals)
+        err = " ".join(f"{e:+6.1%}" for e in errs)
+        print(f"  spread {spread:6.1%}  {label:44s} {' '.join(r[0] for r in rs):40s} {meas}   error {err}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worst", type=float, default=0.10, help="list points with |error| above this")
@@ -112,7 +183,18 @@ def main():
                     "implementation, e.g. flash:unmasked, efficient:causal")
     ap.add_argument("--min-kv", type=float, default=0.12, help="--excess: smallest K/V set, in shared L2 "
                     "capacities")
+    ap.add_argument("--spill", metavar="IMPL", help="instead: IMPL's points with register-spill frames, the "
+                    "spill bytes written to DRAM estimated against measured")
+    ap.add_argument("--min-spill", type=float, default=5.0, help="--spill: smallest frame total, MiB")
+    ap.add_argument("--repeats", action="store_true", help="instead: the shapes measured more than once, "
+                    "with the run-to-run spread of their measured bytes")
     args = ap.parse_args()
+    if args.repeats:
+        repeats()
+        return
+    if args.spill:
+        spill(args.spill, args.min_spill)
+        return
     if args.excess:
         impl, _, mask = args.excess.partition(":")
         if impl not in l2.IMPLS[1:] or mask not in ("causal", "unmasked"):

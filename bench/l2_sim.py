@@ -1,17 +1,19 @@
 """Issue 18: an exact-LRU simulation of a fused attention kernel's K/V reads under an ideal schedule (CPU).
 
-    PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--cap 0.434] [--cliff]
+    PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--kv-heads HKV] [--cap 0.434]
+        [--cliff]
 
 The check on model/l2.py's re-read closed forms (`wave_rereads`) that no GPU gives: the same kernel geometry
 (`l2.kernel_of`: block sizes, CTAs per SM, walk direction, grid order) run through an ideal machine and an LRU
 L2. C = SMs x CTAs/SM slots; CTAs start in grid order as slots free; every running CTA reads one K/V tile per
 step (one rate for all: no DRAM stalls, no clock spread); a causal CTA walks the tiles `tiles.Grid.kv_bounds`
-loads, FA-2 from its diagonal down. The L2 holds ``--cap`` x L2 bytes of K/V lines (default the shared
-capacity, `L2Params.shared`), LRU over K/V tiles and each CTA's Q (read at its start) and O (written at its
-end), weighted by `L2Params.qo_weight` as the closed form does. Prints the K/V reads beyond one pass, in K/V
-sets. ``--cliff``: the capacity (x L2) below which the simulated re-reads exceed half a set (bisection).
-Cost grows with sets x T x tiles (a 32k FA-2 point: seconds): a development tool, never on the estimate's
-path.
+loads, FA-2 from its diagonal down; attnscope's portable kernel launches causal query tiles heaviest first
+(kernels/fwd.py). GQA (``--kv-heads``): the query heads of a group read one K/V set. The L2 holds ``--cap`` x
+L2 bytes of K/V lines (default the shared capacity, `L2Params.shared`), LRU over K/V tiles and each CTA's Q
+(read at its start) and O (written at its end), weighted by `L2Params.qo_weight` as the closed form does.
+Prints the K/V reads beyond one pass, in K/V sets. ``--cliff``: the capacity (x L2) below which the simulated
+re-reads exceed half a set (bisection). Cost grows with sets x T x tiles (a 32k FA-2 point: seconds): a
+development tool, never on the estimate's path.
 """
 import argparse
 from collections import OrderedDict
@@ -45,44 +47,53 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
     def start():
         nonlocal nxt
         s, i = order[nxt]
-        nxt += 1
-        running.append([s, i, 0])
+        running.append([s, i, 0, nxt])  # Q/O keyed by launch index: GQA heads share (set, tile)
         if qo_bytes:
-            touch(("q", s, i), qo_bytes)
+            touch(("q", nxt), qo_bytes)
+        nxt += 1
 
     while nxt < len(order) and len(running) < concurrent:
         start()
     while running:
         for r in list(running):
-            s, i, pos = r
+            s, i, pos, k = r
             if not touch((s, walks[s][i][pos]), tile_bytes):
                 misses += 1
             r[2] += 1
             if r[2] == len(walks[s][i]):
                 running.remove(r)
                 if qo_bytes:
-                    touch(("o", s, i), qo_bytes)
+                    touch(("o", k), qo_bytes)
                 if nxt < len(order):
                     start()
     tiles = sum(len({t for w in ws for t in w}) for ws in walks)
     return misses / tiles - 1.0
 
 
-def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_560, sms=132, dtype="fp16"):
-    """`simulate` for one (non-GQA) attention call with ``impl``'s geometry (`l2.kernel_of`)."""
+def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_560, sms=132, dtype="fp16",
+              kv_heads=None):
+    """`simulate` for one attention call with ``impl``'s geometry (`l2.kernel_of`); ``kv_heads`` (GQA): query
+    head h reads the K/V set of kv head h // (heads / kv_heads), in its batch."""
+    hkv = heads if kv_heads is None else kv_heads
+    group = heads // hkv
     _, ker = l2.kernel_of(impl, d, causal, dtype, n, "portable")
     g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal)
     walk = []
     for i in range(1, g.n_q_tiles + 1):
         tiles = list(range(g.kv_bounds(i)[1]))
         walk.append(tiles[::-1] if ker.backward else tiles)
-    sets = batch * heads
-    walks = [walk] * sets
+    walks = [walk] * (batch * hkv)
+    # program ids (query tile fastest) -> query tile: attnscope's portable kernel launches causal tiles
+    # heaviest first (kernels/fwd.py: start_m = T - 1 - pid_m); FA-2 and the others lightest first
+    tiles = list(range(len(walk)))[::-1] if (impl == "attnscope" and causal) else list(range(len(walk)))
+
+    def kv_set(bb, h):
+        return bb * hkv + h // group
     # (set, CTA): query tiles fastest; "bh": batch, then heads (FA-2's (m, b, h)); "hb": heads, then batch
     if ker.order == "bh":
-        order = [(bb * heads + h, i) for h in range(heads) for bb in range(batch) for i in range(len(walk))]
+        order = [(kv_set(bb, h), i) for h in range(heads) for bb in range(batch) for i in tiles]
     else:
-        order = [(bb * heads + h, i) for bb in range(batch) for h in range(heads) for i in range(len(walk))]
+        order = [(kv_set(bb, h), i) for bb in range(batch) for h in range(heads) for i in tiles]
     p = l2.H200_L2_PARAMS
     b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
     return simulate(walks, order, sms * ker.ctas_per_sm, 2 * ker.block_kv * d * b,
@@ -95,18 +106,21 @@ def main():
         ap.add_argument(name, type=int)
     ap.add_argument("--impl", default="flash", choices=l2.IMPLS[1:])
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--kv-heads", type=int, help="K/V heads (GQA; default: heads)")
     ap.add_argument("--cap", type=float, default=l2.H200_L2_PARAMS.shared, help="L2 capacity, x the L2")
     ap.add_argument("--cliff", action="store_true", help="bisect the capacity where re-reads pass 0.5 sets")
     a = ap.parse_args()
     args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
-    extra = attention(*args, a.cap)
-    print(f"{a.impl} B={a.batch} H={a.heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
+    kw = {"kv_heads": a.kv_heads}
+    extra = attention(*args, a.cap, **kw)
+    heads = f"{a.heads}/{a.kv_heads}" if a.kv_heads else str(a.heads)
+    print(f"{a.impl} B={a.batch} H={heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
           f"K/V reads beyond one pass at {a.cap:.3f} x L2 (LRU, ideal schedule): {extra:.3f} sets")
     if a.cliff:
         lo, hi = 0.0, 1.0
         for _ in range(8):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if attention(*args, mid) > 0.5 else (lo, mid)
+            lo, hi = (mid, hi) if attention(*args, mid, **kw) > 0.5 else (lo, mid)
         shared = hi / l2.H200_L2_PARAMS.shared
         print(f"  re-reads pass 0.5 sets below {hi:.3f} x L2 ({shared:.2f} x the shared capacity)")
 

@@ -655,3 +655,24 @@ def test_the_lru_simulation_walks_fa2s_causal_tiles_from_the_diagonal_down():
     loads = sum(g.kv_bounds(i)[1] for i in range(1, g.n_q_tiles + 1))
     assert mod.attention("flash", 1, 2, 700, 64, True, cap_fraction=1e-4, sms=1) == \
         pytest.approx(loads / g.n_kv_tiles - 1)
+
+
+def test_the_lru_simulation_shares_a_kv_set_between_the_query_heads_of_a_gqa_group():
+    # GQA 4/1: the four query heads of each batch read one K/V set. In an L2 smaller than one tile every load
+    # misses, so the re-reads (in sets) are the group's loads over one set's tiles, 4x the one-head count;
+    # with a whole-K/V L2 each set comes from DRAM once however many heads read it
+    from attnscope.model.tiles import Grid
+
+    mod = _l2_sim()
+    for impl in ("flash", "attnscope"):  # FA-2's (m, b, h) order; attnscope's heaviest-first (b, h) order
+        _, ker = physical.kernel_of(impl, 64, True, "fp16", 700, "portable")
+        g = Grid(700, 700, ker.block_q, ker.block_kv, causal=True)
+        loads = sum(g.kv_bounds(i)[1] for i in range(1, g.n_q_tiles + 1))
+        assert mod.attention(impl, 2, 4, 700, 64, True, cap_fraction=1e-4, sms=1, kv_heads=1) == \
+            pytest.approx(4 * loads / g.n_kv_tiles - 1)
+        assert mod.attention(impl, 2, 4, 700, 64, True, cap_fraction=0.434, kv_heads=1) == 0.0
+    # in between, one set read by four heads never costs more DRAM loads than four sets read by one head each
+    for cap in (1e-3, 2e-3, 5e-3):
+        shared = mod.attention("attnscope", 1, 4, 2000, 64, True, cap_fraction=cap, sms=4, kv_heads=1)
+        separate = mod.attention("attnscope", 1, 4, 2000, 64, True, cap_fraction=cap, sms=4)
+        assert 0.0 < shared + 1 <= 4 * (separate + 1)
