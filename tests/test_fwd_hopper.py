@@ -139,6 +139,8 @@ def _new_variants():
 #  - N = 2048 causal and 3000 unmasked: the K/V ring wraps many times (barrier phases flip), the causal
 #    warpgroups split their loops at different tiles; 2 x 16 heads: > 132 CTA tiles (persistent CTAs walk
 #    several tiles, their counters carrying over)
+#  - N = 1100 causal: an odd number of 128-row tiles (9), so the persistent schedule's last item is a tile
+#    alone (`tiles.persistent_item`), over 160 items on 132 CTAs
 SCHEDULE = [
     (1, 1, False, 1, 2, 1, False),
     (100, 64, False, 1, 4, 2, False),
@@ -148,6 +150,7 @@ SCHEDULE = [
     (1300, 1000, True, 2, 16, 4, False),
     (2048, 2048, True, 2, 16, 4, True),
     (3000, 3000, False, 1, 4, 1, False),
+    (1100, 1100, True, 2, 16, 4, False),
 ]
 
 

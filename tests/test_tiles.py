@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscope.errors import InputError
-from attnscope.model.tiles import Grid, causal_kv_bounds0, floor_sum
+from attnscope.model.tiles import Grid, causal_kv_bounds0, floor_sum, persistent_item, persistent_items
 
 SPEC = Grid(4096, 4096, 128, 64, causal=True)
 
@@ -181,3 +181,18 @@ def test_kv_rows_total_is_constant_time():
     g = Grid(10**18, 10**18 + 12345, 128, 1, causal=True)
     g.kv_rows_total()
     assert time.perf_counter() - t0 < 0.05
+
+
+@pytest.mark.parametrize("num_m", list(range(1, 40)) + [213, 214])
+def test_persistent_items_cover_every_tile_once_at_one_cost(num_m):
+    """kernels/fwd_hopper.py ``_work``'s causal items (`persistent_item`): every query tile once, and with
+    Nq = Nk (square tiles) every item loads the same number of KV tiles, so persistent CTAs stay in step."""
+    items = persistent_items(num_m)
+    assert len(items) == (num_m + 1) // 2
+    tiles = [h for h, _ in items] + [lt for _, lt in items if lt is not None]
+    assert sorted(tiles) == list(range(num_m))
+    costs = {(h + 1) + (0 if lt is None else lt + 1) for h, lt in items}
+    assert costs == {num_m + 1 if num_m % 2 == 0 else num_m}
+    assert all(lt is None or h > lt for h, lt in items)  # the heavy tile first
+    with pytest.raises(ValueError, match="k: expected 0 <= k <"):
+        persistent_item(len(items), num_m)

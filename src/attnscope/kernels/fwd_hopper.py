@@ -401,20 +401,26 @@ def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_em
 @gluon.jit
 def _work(i, num_m, n_work, CAUSAL: gl.constexpr):
     """Persistent kernel: (valid, b*H + h, query tile) of this CTA's round ``i``. Unmasked: round i covers
-    tiles [i P, (i + 1) P) of the P CTAs, head-major. Causal: the work items are pairs of query tiles
-    (k, num_m - 1 - k) of one head, head-major; CTA p runs pair (i // 2) P + p, the heavy tile in even
-    rounds and the light one in odd rounds, so every pair costs num_m + 1 KV tiles and the CTAs stay in
-    lockstep every two rounds (an odd num_m's middle tile leaves its odd round empty)."""
+    tiles [i P, (i + 1) P) of the P CTAs, head-major. Causal: the work items are pairs of query tiles of one
+    head, head-major; CTA p runs item (i // 2) P + p, the heavy tile in even rounds and the light one in odd
+    rounds. Even num_m: items k = 0 .. num_m/2 - 1 pair tiles (num_m - 1 - k, k), num_m + 1 KV tiles each
+    (Nq = Nk). Odd num_m: items k < (num_m - 1)/2 pair (num_m - 2 - k, k) and the last item is tile
+    num_m - 1 alone (its odd round empty), num_m KV tiles each. So every item of a call costs the same, and
+    the CTAs stay in lockstep every two rounds (`model.tiles.persistent_items` is the same schedule in
+    Python; the byte estimate relies on the lockstep)."""
     p = gl.program_id(0)
     n = gl.num_programs(0)
     if CAUSAL:
         half = (num_m + 1) // 2
         q = (i // 2) * n + p
         k = q % half
-        start_m = num_m - 1 - k
+        odd = num_m % 2
+        start_m = num_m - 1 - odd - k
+        if (odd == 1) & (k == half - 1):  # odd num_m: the last tile runs alone
+            start_m = num_m - 1
         if i % 2 == 1:
             start_m = k
-        valid = (q < n_work) & ((i % 2 == 0) | (k != num_m - 1 - k))
+        valid = (q < n_work) & ((i % 2 == 0) | (odd == 0) | (k != half - 1))
         pid_bh = q // half
     else:
         t = i * n + p

@@ -219,3 +219,24 @@ def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: in
     g = Grid(nq, nk, block_q, block_kv, causal=True)
     n_full, n_loaded = g.kv_bounds(start_m + 1)
     return (min(n_full * block_kv, nk), min(n_loaded * block_kv, nk))
+
+
+def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
+    """(heavy, light) 0-based query tiles of item ``k`` of one head in the persistent causal schedule
+    (kernels/fwd_hopper.py ``_work``; light None: the tile runs alone). Even ``num_m``: items
+    ``k < num_m / 2`` pair ``(num_m - 1 - k, k)``; odd: items ``k < (num_m - 1) / 2`` pair
+    ``(num_m - 2 - k, k)`` and item ``(num_m - 1) / 2`` is tile ``num_m - 1`` alone. With Nq = Nk every item
+    of a call then loads the same number of KV tiles (num_m + 1 even, num_m odd, square tiles)."""
+    half = (num_m + 1) // 2
+    if not 0 <= k < half:
+        raise ValueError(f"k: expected 0 <= k < {half}, got {k}")
+    odd = num_m % 2
+    if odd and k == half - 1:
+        return num_m - 1, None
+    return num_m - 1 - odd - k, k
+
+
+def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
+    """Every item of one head, in order (`persistent_item`); cost grows with ``num_m``: for tests and the
+    development simulator, never on an analytic path."""
+    return [persistent_item(k, num_m) for k in range((num_m + 1) // 2)]
