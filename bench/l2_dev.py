@@ -5,7 +5,8 @@
 Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cache-control none), the held-out
 sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the spill
 probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of measured points
-(bench/results/*bytes-rerun*.json) and, once measured, the frames probe (bench/results/*bytes-frames*.json).
+(bench/results/*bytes-rerun*.json), the frames probe (bench/results/*bytes-frames*.json) and the
+persistent-schedule probe (bench/results/*bytes-persist*.json).
 Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
 measurement recorded pick the attnscope variant); prints per set the points within ±5/10/15 %, the mean
 |error| and the points past ``--worst``. Imports no torch; runs in about a second.
@@ -67,7 +68,8 @@ def sweep_files():
     found = glob.glob(str(ROOT / "bench/results/*bytes-heldout*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-lockstep*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-rerun*.json")) + \
-        glob.glob(str(ROOT / "bench/results/*bytes-frames*.json"))
+        glob.glob(str(ROOT / "bench/results/*bytes-frames*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-persist*.json"))
     files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files

@@ -3,10 +3,11 @@ query tiles (kernels/fwd_hopper.py ``_work``, `model.tiles.persistent_item`), ti
 
     python bench/persist_order.py --old DIR --new DIR [--rounds 2] [--json FILE]
 
-DIR: a source tree (its ``src`` goes on PYTHONPATH of a child process). Each round runs the old tree's child,
-then the new one's; each child checks every point against float64 (`measure.bench._ref_error`, bf16/fp16
-tolerance 0.05) before timing ``attnscope.flash_attention(impl="auto")`` and SDPA CUDNN with
-`triton.testing.do_bench` (median), and prints one JSON line per point. Points: causal, where
+DIR: a source tree (its ``src`` goes on PYTHONPATH of a child process). Each round runs the old tree's child
+and the new one's, old first in even rounds and new first in odd ones; each child checks every point against
+float64 (`measure.bench._ref_error`, bf16/fp16 tolerance 0.05) before timing
+``attnscope.flash_attention(impl="auto")`` and SDPA CUDNN with `triton.testing.do_bench` (median), and prints
+one JSON line per point. Points: causal, where
 ``impl="auto"`` runs ``hopper_persist`` (kernels/fwd.py HOPPER_VALIDATED), with an odd number of 128-row
 tiles (where the schedule changed) and one even control.
 """
@@ -75,8 +76,8 @@ def main() -> int:
     if a.child:
         return child()
     runs = {"old": [], "new": []}
-    for _ in range(a.rounds):
-        for tag, tree in (("old", a.old), ("new", a.new)):
+    for i in range(a.rounds):  # the order alternates between rounds
+        for tag, tree in (("old", a.old), ("new", a.new))[::1 if i % 2 == 0 else -1]:
             env = dict(os.environ, PYTHONPATH=os.path.join(os.path.abspath(tree), "src"))
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=env,
                                capture_output=True, text=True, timeout=400)
