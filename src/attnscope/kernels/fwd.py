@@ -76,8 +76,9 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 HOPPER_VALIDATED: tuple = (
     # TFLOP/s variant / portable, bench/prefill.py on the H200: run 1 2026-11-30 22:11 UTC, run 2 23:57 UTC,
     # run 3 2026-12-01 03:20 UTC, run 4 05:00 UTC (BENCHMARKS.md, issue 15; run 4 after the persistent
-    # kernel's causal pairing). A row needs a win in every run that measured it; rows measured once beat
-    # portable by >= 5 %. Upper bounds None: measured up to N = 16k only.
+    # kernel's causal pairing), run 5 10:03 UTC (d = 64 only, bench/gpu/session7c.sh). A row needs a win in
+    # every run that measured it; rows measured once beat portable by >= 5 %. Upper bounds None: measured
+    # up to N = 16k only.
     (128, "bfloat16", False, 1024, 2047, "hopper_persist"),  # run 2: 1k 556.1/473.5
     (128, "bfloat16", False, 2048, 4095, "hopper_deep"),  # 2k 548.0/504.8, 559.8/495.9
     (128, "bfloat16", False, 4096, 8191, "hopper_pt_persist"),  # run 4: 4k 607.0/517.1
@@ -86,14 +87,18 @@ HOPPER_VALIDATED: tuple = (
     (128, "bfloat16", True, 1024, 12287, "hopper_persist"),  # run 2: 1k 369.0/343.8, 2k 482.1/414.0;
     #                                                   run 4: 4k 544.6/465.2, 8k 591.3/499.0
     (128, "bfloat16", True, 12288, None, "hopper_nopp"),  # 16k 601.1/500.0, 604.9/512.4
-    (64, "bfloat16", False, 2048, None, "hopper_wg3_pp"),  # run 2: 2k 431.6/409.7, 8k 483.6/429.4,
-    #                                                   16k 489.6/427.2
+    (64, "bfloat16", False, 2048, 4095, "hopper_wg3_pp"),  # run 2: 2k 431.6/409.7
+    (64, "bfloat16", False, 4096, 8191, "hopper_wg3_pp_persist"),  # run 5: 4k 478.7/437.8
+    (64, "bfloat16", False, 8192, None, "hopper_wg3_pp"),  # run 2: 8k 483.6/429.4, 16k 489.6/427.2;
+    #                                                   run 5: 8k 483.0/431.1, 16k 495.8/442.3
     (64, "bfloat16", True, 4096, 8191, "hopper_persist"),  # run 2: 4k 390.3/352.9; run 4: 392.6/377.5
     (64, "bfloat16", True, 8192, None, "hopper_wg3_pp"),  # run 2: 8k 428.5/395.0, 16k 456.4/399.1
     (128, "float16", False, 4096, None, "hopper_deep"),  # run 2: 4k 553.2/467.4, 16k 586.5/518.0
     (128, "float16", True, 4096, None, "hopper_persist"),  # run 2: 4k 513.5/442.9, 16k 570.8/492.0;
     #                                                   run 4: 4k 523.7/455.4, 8k 568.3/486.0
-    (64, "float16", False, 4096, 8191, "hopper_wg3_pp"),  # run 4: 4k 448.0/413.6
+    (64, "float16", False, 4096, 8191, "hopper_wg3_pp_persist"),  # run 5: 4k 455.0/416.9 (hopper_wg3_pp:
+    #                                                   run 4 448.0/413.6, run 5 443.6/416.9)
+    (64, "float16", True, 4096, 8191, "hopper_pt_persist"),  # run 3: 4k 364.3/357.9; run 5: 378.2/360.7
     (64, "float16", True, 16384, None, "hopper_pt_wg3_pp"),  # run 3 (2026-12-01): 16k 430.5/385.1
 )
 IMPLS = ("auto", "portable", "hopper")

@@ -105,6 +105,8 @@ _DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one mor
 #:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
 #:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
 #:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
+#: - hopper_wg3_persist, hopper_wg3_pp_persist (d = 64 only): the three-warpgroup tile (192 rows) in the
+#:   persistent kernel: the per-tile fill and drain of hopper_wg3(_pp) paid once per CTA.
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),
@@ -121,6 +123,8 @@ VARIANTS = {
     "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
     "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
     "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
+    "hopper_wg3_persist": Variant(False, {64: HopperConfig(64, 128, 3, 3)}, persistent=True),
+    "hopper_wg3_pp_persist": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, persistent=True),
 }
 DEFAULT_VARIANT = "hopper"
 

@@ -108,6 +108,8 @@ HOPPER_KERNELS = {
     "hopper_persist_pp": _PERSIST, "hopper_rel1": _BOTH, "hopper_rel1_nopp": _BOTH, "hopper_pt": _BOTH,
     "hopper_pt_nopp": _BOTH, "hopper_pt_deep": _BOTH, "hopper_pt_wg3_pp": _WG3, "hopper_pt_persist": _PERSIST,
     "hopper_ov_pt": {64: _G}, "hopper_ov_n64": _N64, "hopper_ov_n64_pt": _N64,
+    "hopper_wg3_persist": {64: _G._replace(block_q=192, persistent=True)},
+    "hopper_wg3_pp_persist": {64: _G._replace(block_q=192, persistent=True)},
 }
 _WRITES_LSE = {impl: k[128].lse for impl, k in KERNELS.items()}
 
