@@ -29,6 +29,7 @@ METRICS = {  # column -> ncu metric
     "us": "gpu__time_duration.sum",
     "issue%": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "tensor%": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "tensor(any)%": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
     "mufu%": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
     "cyc/inst": "smsp__average_warp_latency_per_inst_issued.ratio",
     "regs": "launch__registers_per_thread",
@@ -112,7 +113,13 @@ def table(paths) -> int:
         ids = sorted(kernels)
         labels = order if len(order) == len(ids) else [kernels[i][0][:40] for i in ids]
         print(f"## {path}  ({len(ids)} kernels; names from the order line: {len(order) == len(ids)})")
-        base = ["us", "issue%", "tensor%", "mufu%", "cyc/inst", "regs", "smem", "inst"]
+        base = ["us", "issue%", "tensor%", "tensor(any)%", "mufu%", "cyc/inst", "regs", "smem", "inst"]
+        base = [c for c in base if any(not math.isnan(_num(kernels[i][1].get(METRICS[c]))) for i in ids)]
+        tensor = sorted({k for i in ids for k in kernels[i][1] if "tensor" in k} - set(METRICS.values()))
+        for k in tensor:  # other tensor-pipe counters the run asked for (bench/gpu/ncu_variants_d64.sh)
+            col = k.replace(".avg.pct_of_peak_sustained_active", "%").replace("sm__", "")
+            METRICS[col] = k
+            base.append(col)
         stalls = [s for s in STALLS
                   if any(_num(kernels[i][1].get(METRICS[s])) > 0.1 for i in ids)]
         print("| kernel | " + " | ".join(base + [f"stall {s}" for s in stalls]) + " |")

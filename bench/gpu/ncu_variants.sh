@@ -8,7 +8,7 @@ O=${OUT:-/tmp/out}/ncu_variants; mkdir -p "$O"
 M=$(python bench/ncu_variants.py run --metrics)
 # keep only metrics this ncu knows (an unknown name fails the whole run)
 ncu --query-metrics --chip gh100 > /tmp/ncu_metrics_all.txt 2>&1
-M=$(for m in ${M//,/ }; do grep -q "^${m%%.*}\b" /tmp/ncu_metrics_all.txt && echo "$m"; done | paste -sd, -)
+M=$(for m in ${M//,/ }; do { [[ $m == launch__* ]] || grep -q "^${m%%.*}\b" /tmp/ncu_metrics_all.txt; } && echo "$m"; done | paste -sd, -)
 echo "metrics: $M"
 for pt in "bf16 64 --causal" "fp16 64 --causal" "fp16 128"; do
     set -- $pt
