@@ -105,8 +105,11 @@ _DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one mor
 #:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
 #:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
 #:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
+#:   Since the odd-tile lockstep schedule (`_work`, 2026-12-01) hopper_persist causal at d = 128 spills
+#:   4 B stores / 12 B loads; timed against the schedule before (bench/persist_order.py): 0.993-1.007 x.
 #: - hopper_wg3_persist, hopper_wg3_pp_persist (d = 64 only): the three-warpgroup tile (192 rows) in the
-#:   persistent kernel: the per-tile fill and drain of hopper_wg3(_pp) paid once per CTA.
+#:   persistent kernel: the per-tile fill and drain of hopper_wg3(_pp) paid once per CTA. Causal builds
+#:   spill 36 B (ptxas); kept because they are measured (BENCHMARKS.md, seventh session): slower causal.
 VARIANTS = {
     "hopper": Variant(True, _BASE),
     "hopper_nopp": Variant(False, _BASE),

@@ -13,7 +13,8 @@ partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA'
 the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
 gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
 of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
-lifetime); a static persistent schedule a diagonal step apart. GQA heads split by the batch re-read their
+lifetime); a static persistent schedule a diagonal step apart; attnscope's persistent causal schedule in
+lockstep round pairs (`paired_rereads`). GQA heads split by the batch re-read their
 set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is
 still dirty in the L2 at the end is not counted. Each constant says whether it is measured on the H200
 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or assumed; none is fitted, but the
