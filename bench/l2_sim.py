@@ -1,7 +1,7 @@
 """Issue 18: an exact-LRU simulation of a fused attention kernel's K/V reads under an ideal schedule (CPU).
 
     PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--kv-heads HKV] [--cap 0.434]
-        [--cliff]
+        [--cliff] [--persistent [--middle-alone]]
 
 The check on model/l2.py's re-read closed forms (`wave_rereads`) that no GPU gives: the same kernel geometry
 (`l2.kernel_of`: block sizes, CTAs per SM, walk direction, grid order) run through an ideal machine and an LRU
@@ -14,6 +14,12 @@ L2 bytes of K/V lines (default the shared capacity, `L2Params.shared`), LRU over
 Prints the K/V reads beyond one pass, in K/V sets. ``--cliff``: the capacity (x L2) below which the simulated
 re-reads exceed half a set (bisection). Cost grows with sets x T x tiles (a 32k FA-2 point: seconds): a
 development tool, never on the estimate's path.
+
+``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
+(kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
+rounds, heavy tile then light, every program one K/V tile per step with no barrier between rounds.
+``--middle-alone``: the schedule before 2026-12-01 (pairs (k, T - 1 - k); an odd T's middle tile alone at
+half a pair's cost, so programs drift apart).
 """
 import argparse
 from collections import OrderedDict
@@ -100,6 +106,55 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
                     ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes)
 
 
+def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=False, l2_bytes=62_914_560,
+               sms=132, dtype="fp16"):
+    """Extra K/V reads, in sets, of attnscope's persistent causal schedule in an exact LRU (--persistent)."""
+    from attnscope.model.tiles import persistent_item
+    hkv = heads if kv_heads is None else kv_heads
+    group = heads // hkv
+    _, ker = l2.kernel_of("attnscope", d, True, dtype, n)
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
+    num_m, half = g.n_q_tiles, (g.n_q_tiles + 1) // 2
+
+    def item(k):
+        if middle_alone:
+            return num_m - 1 - k, (k if k != num_m - 1 - k else None)
+        return persistent_item(k, num_m)
+    b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+    tile, qo = 2 * ker.block_kv * d * b, ker.block_q * d * b * l2.H200_L2_PARAMS.qo_weight()
+    walks = [[] for _ in range(sms)]
+    for q in range(batch * heads * half):
+        for t in item(q % half):
+            if t is not None:  # (set, item, KV tiles the query tile loads)
+                walks[q % sms].append(((q // half) // group, q, g.kv_bounds(t + 1)[1]))
+    lru, used, misses = OrderedDict(), 0.0, 0
+    cap = cap_fraction * l2_bytes
+
+    def touch(key, size):
+        nonlocal used
+        if key in lru:
+            lru.move_to_end(key)
+            return True
+        lru[key] = size
+        used += size
+        while used > cap:
+            used -= lru.popitem(last=False)[1]
+        return False
+    pos = [[0, 0] for _ in range(sms)]
+    while any(i < len(walks[p]) for p, (i, _) in enumerate(pos)):
+        for p in range(sms):
+            i, j = pos[p]
+            if i < len(walks[p]):
+                s, q, nt = walks[p][i]
+                if j == 0:
+                    touch(("q", q, i), qo)
+                misses += not touch((s, j), tile)
+                if j + 1 == nt:
+                    touch(("o", q, i), qo)
+                pos[p] = [i + 1, 0] if j + 1 == nt else [i, j + 1]
+    return misses / (batch * hkv * g.n_kv_tiles) - 1.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("batch", "heads", "n", "d"):
@@ -109,7 +164,16 @@ def main():
     ap.add_argument("--kv-heads", type=int, help="K/V heads (GQA; default: heads)")
     ap.add_argument("--cap", type=float, default=l2.H200_L2_PARAMS.shared, help="L2 capacity, x the L2")
     ap.add_argument("--cliff", action="store_true", help="bisect the capacity where re-reads pass 0.5 sets")
+    ap.add_argument("--persistent", action="store_true", help="attnscope's persistent causal schedule")
+    ap.add_argument("--middle-alone", action="store_true",
+                    help="with --persistent: the schedule before the odd-tile fix")
     a = ap.parse_args()
+    if a.persistent:
+        extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone)
+        print(f"attnscope persistent causal B={a.batch} H={a.heads}/{a.kv_heads or a.heads} N={a.n} d={a.d} "
+              f"({'middle tile alone' if a.middle_alone else 'lockstep'}): K/V reads beyond one pass at "
+              f"{a.cap:.3f} x L2 (LRU): {extra:.3f} sets")
+        return
     args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
     kw = {"kv_heads": a.kv_heads}
     extra = attention(*args, a.cap, **kw)
