@@ -28,6 +28,23 @@ from attnscope.model import l2
 from attnscope.model.tiles import Grid
 
 
+class LRU:
+    """An exact LRU of ``capacity`` bytes over keyed blocks: `touch` says whether the block was held."""
+
+    def __init__(self, capacity):
+        self.capacity, self.used, self.blocks = capacity, 0.0, OrderedDict()
+
+    def touch(self, key, size):
+        if key in self.blocks:
+            self.blocks.move_to_end(key)
+            return True
+        self.blocks[key] = size
+        self.used += size
+        while self.used > self.capacity:
+            self.used -= self.blocks.popitem(last=False)[1]
+        return False
+
+
 def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
     """Extra K/V reads, in sets, of CTAs under an ideal schedule and an LRU of ``capacity`` bytes.
 
@@ -35,18 +52,7 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
     ``order``: the launch order as (set, CTA index) pairs; ``concurrent``: slots. Each step every running
     CTA reads its next tile; a finished CTA's slot takes the next CTA in launch order at once. Q is inserted
     when a CTA starts, O when it ends (``qo_bytes`` each)."""
-    lru, used, misses = OrderedDict(), 0.0, 0
-
-    def touch(key, size):
-        nonlocal used
-        if key in lru:
-            lru.move_to_end(key)
-            return True
-        lru[key] = size
-        used += size
-        while used > capacity:
-            used -= lru.popitem(last=False)[1]
-        return False
+    touch, misses = LRU(capacity).touch, 0
 
     nxt, running = 0, []
 
@@ -106,53 +112,52 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
                     ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes)
 
 
-def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=False, l2_bytes=62_914_560,
-               sms=132, dtype="fp16"):
-    """Extra K/V reads, in sets, of attnscope's persistent causal schedule in an exact LRU (--persistent)."""
+def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capacity, walk=None,
+                        middle_alone=False, n_kv=None):
+    """Extra K/V reads, in sets, of attnscope's persistent causal schedule (kernels/fwd_hopper.py ``_work``,
+    `tiles.persistent_item`) in an LRU of ``capacity`` bytes: ``sets`` K/V sets of ``group`` query heads,
+    ``num_m`` query tiles per head; item q on program q % ``programs``, heavy tile then light; every
+    program reads one K/V tile per step, no barrier between rounds; Q at an item's start and O at its end
+    (``qo_bytes`` each). ``walk(t)``: KV tiles query tile t loads (default t + 1: square tiles); ``n_kv``:
+    KV tiles per set (default ``num_m``).
+    ``middle_alone``: the schedule before 2026-12-01 (an odd num_m's middle tile alone)."""
     from attnscope.model.tiles import persistent_item
-    hkv = heads if kv_heads is None else kv_heads
-    group = heads // hkv
-    _, ker = l2.kernel_of("attnscope", d, True, dtype, n)
-    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
-    num_m, half = g.n_q_tiles, (g.n_q_tiles + 1) // 2
+    walk = walk or (lambda t: t + 1)
+    half = (num_m + 1) // 2
 
     def item(k):
         if middle_alone:
             return num_m - 1 - k, (k if k != num_m - 1 - k else None)
         return persistent_item(k, num_m)
-    b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
-    tile, qo = 2 * ker.block_kv * d * b, ker.block_q * d * b * l2.H200_L2_PARAMS.qo_weight()
-    walks = [[] for _ in range(sms)]
-    for q in range(batch * heads * half):
-        for t in item(q % half):
-            if t is not None:  # (set, item, KV tiles the query tile loads)
-                walks[q % sms].append(((q // half) // group, q, g.kv_bounds(t + 1)[1]))
-    lru, used, misses = OrderedDict(), 0.0, 0
-    cap = cap_fraction * l2_bytes
-
-    def touch(key, size):
-        nonlocal used
-        if key in lru:
-            lru.move_to_end(key)
-            return True
-        lru[key] = size
-        used += size
-        while used > cap:
-            used -= lru.popitem(last=False)[1]
-        return False
-    pos = [[0, 0] for _ in range(sms)]
+    walks = [[] for _ in range(programs)]
+    for q in range(sets * group * half):
+        walks[q % programs] += [(q // (group * half), q, walk(t)) for t in item(q % half) if t is not None]
+    touch, misses = LRU(capacity).touch, 0
+    pos = [[0, 0] for _ in range(programs)]
     while any(i < len(walks[p]) for p, (i, _) in enumerate(pos)):
-        for p in range(sms):
+        for p in range(programs):
             i, j = pos[p]
             if i < len(walks[p]):
-                s, q, nt = walks[p][i]
+                s, q, n = walks[p][i]
                 if j == 0:
-                    touch(("q", q, i), qo)
-                misses += not touch((s, j), tile)
-                if j + 1 == nt:
-                    touch(("o", q, i), qo)
-                pos[p] = [i + 1, 0] if j + 1 == nt else [i, j + 1]
-    return misses / (batch * hkv * g.n_kv_tiles) - 1.0
+                    touch(("q", q, i), qo_bytes)
+                misses += not touch((s, j), tile_bytes)
+                if j + 1 == n:
+                    touch(("o", q, i), qo_bytes)
+                pos[p] = [i + 1, 0] if j + 1 == n else [i, j + 1]
+    return misses / (sets * (n_kv or num_m)) - 1.0
+
+
+def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=False, l2_bytes=62_914_560,
+               sms=132, dtype="fp16"):
+    """`lockstep_persistent` for one attention call with hopper_persist's geometry (`l2.kernel_of`)."""
+    hkv = heads if kv_heads is None else kv_heads
+    _, ker = l2.kernel_of("attnscope", d, True, dtype, n)
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
+    b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+    return lockstep_persistent(batch * hkv, heads // hkv, g.n_q_tiles, sms, 2 * ker.block_kv * d * b,
+                               ker.block_q * d * b * l2.H200_L2_PARAMS.qo_weight(), cap_fraction * l2_bytes,
+                               lambda t: g.kv_bounds(t + 1)[1], middle_alone, g.n_kv_tiles)
 
 
 def main():

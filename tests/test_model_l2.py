@@ -678,48 +678,12 @@ def test_the_lru_simulation_shares_a_kv_set_between_the_query_heads_of_a_gqa_gro
         assert 0.0 < shared + 1 <= 4 * (separate + 1)
 
 
-def _lockstep_lru(sets, group, num_m, c, tile, qo, cap):
-    """Exact LRU of attnscope's persistent causal schedule (`tiles.persistent_item`, kernels/fwd_hopper.py
-    ``_work``): item q runs on program q % c, heavy tile then light; each program reads one K/V tile per
-    step; Q at an item's start and O at its end take ``qo`` each. Extra K/V reads beyond one pass, in sets."""
-    from attnscope.model.tiles import persistent_item
-    half = (num_m + 1) // 2
-    walks = [[] for _ in range(c)]
-    for q in range(sets * group * half):
-        heavy, light = persistent_item(q % half, num_m)
-        walks[q % c] += [(q // (group * half), q, n + 1) for n in (heavy, light) if n is not None]
-    lru, used, misses = OrderedDict(), 0.0, 0
-
-    def touch(key, size):
-        nonlocal used
-        if key in lru:
-            lru.move_to_end(key)
-            return True
-        lru[key] = size
-        used += size
-        while used > cap:
-            used -= lru.popitem(last=False)[1]
-        return False
-    pos = [[0, 0] for _ in range(c)]
-    while any(i < len(walks[p]) for p, (i, _) in enumerate(pos)):
-        for p in range(c):
-            i, j = pos[p]
-            if i < len(walks[p]):
-                s, q, n = walks[p][i]
-                if j == 0:
-                    touch(("q", q, i), qo)
-                misses += not touch((s, j), tile)
-                if j + 1 == n:
-                    touch(("o", q, i), qo)
-                pos[p] = [i + 1, 0] if j + 1 == n else [i, j + 1]
-    return misses / (sets * num_m) - 1.0
-
-
 @pytest.mark.parametrize("sets,num_m,cap", [(6, 109, 129), (4, 121, 103), (5, 188, 156), (5, 160, 176)])
 def test_paired_rereads_track_an_exact_lru_of_the_persistent_schedule(sets, num_m, cap):
     """The closed form with a sharp cliff (ramp 1) against an exact-LRU simulation of the same schedule
-    (48 programs, MHA, capacity near one round pair's K/V): within 0.15 sets, where re-reads are 1-2 sets."""
-    sim = _lockstep_lru(sets, 1, num_m, 48, 1.0, 0.3, cap)
+    (bench/l2_sim.py; 48 programs, MHA, capacity near one round pair's K/V): within 0.15 sets, where
+    re-reads are 1-2 sets."""
+    sim = _l2_sim().lockstep_persistent(sets, 1, num_m, 48, 1.0, 0.3, cap)
     form = physical.paired_rereads(sets, 1, num_m, num_m, 48, 1.0, 0.6, cap, lambda t: t + 1, ramp=1.0)
     assert 0.9 < sim < 2.0
     assert form == pytest.approx(sim, abs=0.15)
