@@ -143,6 +143,11 @@ HELDOUT6 = HELDOUT.with_name("heldout6.csv")  # drawn after grid 5's run, before
 HELDOUT7 = HELDOUT.with_name("heldout7.csv")  # drawn after grid 6's run, before r18g's model work
 PROBE = HELDOUT.with_name("spill_probe.csv")  # development data (bench/gpu/spill_probe.sh)
 LOCKSTEP = HELDOUT.with_name("lockstep_probe.csv")  # development data (bench/gpu/bytes_lockstep.sh)
+HELDOUT8 = HELDOUT.with_name("heldout8.csv")  # drawn before r18h's model work
+HELDOUT9 = HELDOUT.with_name("heldout9.csv")  # drawn 2026-12-01 with the model grids 7 and 8 ran against
+HELDOUT10 = HELDOUT.with_name("heldout10.csv")  # drawn after `l2.paired_rereads`, before its run
+RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
+                                                           "persist_probe.csv"))  # development data
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -205,7 +210,13 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
     (HELDOUT4, (HELDOUT, HELDOUT2, HELDOUT3, PROBE)),
     (HELDOUT5, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, PROBE)),
     (HELDOUT6, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, PROBE)),
-    (HELDOUT7, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, PROBE))])
+    (HELDOUT7, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, PROBE)),
+    (HELDOUT8, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, PROBE, RERUN7,
+                LOCKSTEP)),
+    (HELDOUT9, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, PROBE,
+                RERUN7, LOCKSTEP, FRAMES)),
+    (HELDOUT10, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 PROBE, RERUN7, LOCKSTEP, FRAMES, PERSIST))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}

@@ -9,6 +9,8 @@ M=$(python bench/ncu_variants.py run --metrics)
 # keep only metrics this ncu knows (an unknown name fails the whole run)
 ncu --query-metrics --chip gh100 > /tmp/ncu_metrics_all.txt 2>&1
 M=$(for m in ${M//,/ }; do { [[ $m == launch__* ]] || grep -q "^${m%%.*}\b" /tmp/ncu_metrics_all.txt; } && echo "$m"; done | paste -sd, -)
+T=$(grep -oE "^(sm__pipe_tensor[a-z_]*_cycles_active|sm__inst_executed_pipe_tensor[a-z_]*)\b" /tmp/ncu_metrics_all.txt | sort -u | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+[ -n "$T" ] && M=$(echo "$M,$T" | tr "," "\n" | sort -u | paste -sd, -)
 echo "metrics: $M"
 for pt in "bf16 64 --causal" "fp16 64 --causal" "fp16 128"; do
     set -- $pt
