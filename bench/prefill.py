@@ -5,6 +5,7 @@ FlexAttention, same inputs, same run; then the first-call latency of every kerne
         [--hopper-variants hopper,hopper_nopp,...] [--no-auto] [--d 128] [--n 8192] [--fp16 128:4096,...]
         [--rounds 3]
     PYTHONPATH=src python bench/prefill.py --first-call-only [--json F]   # every table variant's first call
+        [--first-call-variants A,B]   # only these variants' table rows
 
 Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
 and not; then the fp16 points of ``--fp16`` (d:N pairs, causal and not; default d = 128 at 4k and 16k,
@@ -62,25 +63,28 @@ print(json.dumps(rows))
 """
 
 
-def first_call_cases(impls=("portable", "hopper"), table: bool = False) -> list:
+def first_call_cases(impls=("portable", "hopper"), table: bool = False, variants=None) -> list:
     """The first calls to time: ``(impl, d, dtype, causal, n)``. Each impl at d 128/64 x bf16/fp16 x mask,
     N = 1k; with ``table``, also impl="auto" at the first N of every `fwd.HOPPER_VALIDATED` row (its
-    variant's first call as a user meets it; B = 16k / N, 8 heads)."""
+    variant's first call as a user meets it; B = 16k / N, 8 heads), or only of the rows whose variant is in
+    ``variants``."""
     cases = [(i, d, dt, c, 1024) for i in impls for d in (128, 64) for dt in ("bfloat16", "float16")
              for c in (False, True)]
     if table:
         from attnscope.kernels import fwd
 
-        cases += [("auto", d, dt, c, lo) for d, dt, c, lo, _hi, _v in fwd.HOPPER_VALIDATED]
+        cases += [("auto", d, dt, c, lo) for d, dt, c, lo, _hi, v in fwd.HOPPER_VALIDATED
+                  if variants is None or v in variants]
     return cases
 
 
-def first_call_latency(impls=("portable", "hopper"), log=print, table: bool = False) -> list[dict]:
+def first_call_latency(impls=("portable", "hopper"), log=print, table: bool = False,
+                       variants=None) -> list[dict]:
     """First-call seconds per case of `first_call_cases`, cold and warm Triton cache (two child processes, one
     cache dir). Rows of impl="auto" name the variant the table ran (``variant``)."""
     from attnscope.kernels import fwd
 
-    cases = first_call_cases(impls, table)
+    cases = first_call_cases(impls, table, variants)
     out = []
     with tempfile.TemporaryDirectory(prefix="attnscope-triton-cache-") as cache:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
@@ -195,6 +199,9 @@ def main() -> int:
     p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
     p.add_argument("--first-call-only", action="store_true",
                    help="only the first-call children, with impl='auto' at every HOPPER_VALIDATED row")
+    p.add_argument("--first-call-variants", default=None,
+                   help="with --first-call-only: only the table rows of these variants (comma-separated), "
+                        "and not the portable/hopper first calls")
     p.add_argument("--no-hopper", action="store_true", help="leave out every Gluon Hopper variant")
     p.add_argument("--hopper-variants", default=None,
                    help="comma-separated fwd_hopper.VARIANTS names to time (default: all)")
@@ -221,7 +228,9 @@ def main() -> int:
     env = environment(torch)
     print("# " + json.dumps(env), flush=True)
     if a.first_call_only:
-        out = {"env": env, "first_call": first_call_latency(table=True)}
+        only = a.first_call_variants.split(",") if a.first_call_variants else None
+        out = {"env": env, "first_call": first_call_latency(impls=() if only else ("portable", "hopper"),
+                                                             table=True, variants=only)}
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump(out, fh, indent=1)
