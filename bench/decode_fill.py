@@ -1,0 +1,165 @@
+"""Does decode stream faster when every SM holds a program? Equal work per program, 128 vs 132 programs.
+
+    PYTHONPATH=src python bench/decode_fill.py [--json PATH]
+
+The decode kernel runs one CTA per SM. At B * Hkv * splits = 128 programs (e.g. B = 1, Hkv = 32, 4 splits)
+4 of the H200's 132 SMs idle for the whole call. This probe times (CUDA-graph replay) pairs of layouts
+whose programs do the same work each, 128 vs 132 of them, and reports K/V TB/s of each; a balanced split
+(every SM busy) can gain at most the ratio. Printed beside: a plain read of the same bytes (``k.sum() +
+v.sum()``, two kernels), ``kv_read`` (decode's own loads, programs and pipeline without its arithmetic:
+the ceiling of its access pattern) and SDPA CUDNN at the 128-program layout. bf16, d = 128, one query token.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+import attnscope
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from decode import graph_of, inputs, ms, reference_error  # noqa: E402
+
+
+@triton.jit
+def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr):
+    """Decode's loads without its arithmetic: program (head, split) sums its chunk of K and V."""
+    head, split = tl.program_id(0), tl.program_id(1)
+    per = tl.cdiv(tl.cdiv(L, BLOCK_N), num_splits) * BLOCK_N
+    lo = split * per
+    hi = tl.minimum(lo + per, L)
+    offs = tl.arange(0, BLOCK_N)[:, None] * D + tl.arange(0, D)[None, :]
+    base = head.to(tl.int64) * L * D
+    acc = tl.zeros([BLOCK_N, D], tl.float32)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+        acc += tl.load(K + base + start * D + offs).to(tl.float32)
+        acc += tl.load(V + base + start * D + offs).to(tl.float32)
+    tl.store(OUT + head * num_splits + split, tl.sum(acc))
+
+
+# (name, (B, Hq, Hkv, L, splits) with 128 programs, the same with 132 programs)
+PAIRS = [
+    ("B1 Hkv32 L128k", (1, 32, 32, 131072, 4), (1, 33, 33, 131072, 4)),
+    ("B1 Hkv32 L32k", (1, 32, 32, 32768, 4), (1, 33, 33, 32768, 4)),
+    ("B16 Hkv8 L32k", (16, 32, 8, 32768, 1), (33, 16, 4, 32768, 1)),
+    ("B16 Hkv8 L128k", (16, 32, 8, 131072, 1), (33, 16, 4, 131072, 1)),
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", action="store_true",
+                   help="instead: VARIANTS (block configs, splits, merge) at the 128-program layouts")
+    a = p.parse_args()
+    if a.variants:
+        return variants(a)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    rows = []
+    for name, *layouts in PAIRS:
+        row = {"name": name}
+        for tag, (B, Hq, Hkv, L, s) in zip(("p128", "p132"), layouts, strict=True):
+            q, k, v, lens = inputs(B, Hq, Hkv, L)
+            plan = attnscope.decode_plan(q, k, v, lens, num_splits=s, check_seqlens=False)
+            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
+            if not err <= bound:
+                sys.exit(f"{name} {tag}: MISMATCH {err:.2e} > {bound:.2e}")
+            g = graph_of(lambda plan=plan, t=(q, k, v, lens): plan.run(*t))
+            gs = graph_of(lambda k=k, v=v: (k.sum(), v.sum()))
+            part = torch.empty(B * Hkv * s, device="cuda")
+            kv = graph_of(lambda k=k, v=v, part=part, s=s, B=B, Hkv=Hkv, L=L: _kv_read[(B * Hkv, s)](
+                k, v, part, L, s, BLOCK_N=128, D=128, STAGES=3, num_warps=4))
+            want = (k.float().sum() + v.float().sum()).item()
+            assert abs(part.sum().item() - want) <= 1e-3 * abs(want) + 10, "kv_read mismatch"
+            nbytes = 2 * k.numel() * k.element_size()
+            times = {"attnscope": [], "read": [], "kv_read": [], "cudnn": []}
+            if tag == "p128":
+                def cudnn(q=q, k=k, v=v):
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return sdpa(q, k, v, enable_gqa=True)
+                gc = graph_of(cudnn)
+            for _ in range(a.rounds):
+                times["attnscope"].append(ms(g.replay, 100))
+                times["read"].append(ms(gs.replay, 100))
+                times["kv_read"].append(ms(kv.replay, 100))
+                if tag == "p128":
+                    times["cudnn"].append(ms(gc.replay, 100))
+            tbs = {key: nbytes / min(t) / 1e9 for key, t in times.items() if t}
+            row[tag] = {"layout": [B, Hq, Hkv, L, s], "programs": B * Hkv * s, "bytes": nbytes,
+                        "ms": times, "tbs_best": tbs}
+            print(f"{name:16s} {tag} programs={B * Hkv * s:3d} " + " ".join(
+                f"{key} {val:.3f} TB/s" for key, val in tbs.items()), flush=True)
+            del q, k, v, g, gs, kv, plan
+            torch.cuda.empty_cache()
+        gain = row["p132"]["tbs_best"]["attnscope"] / row["p128"]["tbs_best"]["attnscope"]
+        print(f"{name:16s} 132/128 programs: {gain:.3f}x TB/s; 128-program attnscope / CUDNN "
+              f"{row['p128']['tbs_best']['attnscope'] / row['p128']['tbs_best']['cudnn']:.3f}", flush=True)
+        rows.append(row)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f,
+                      indent=1)
+
+
+VARIANTS = {
+    "default": {},
+    "no_dot": {"use_dot": False},
+    "128/8/3": {"_config": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 3, "num_stages": 3}},
+    "128/4/4": {"_config": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 4, "num_stages": 4}},
+    "128/8/4": {"_config": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 4, "num_stages": 4}},
+    "2x splits": {"splits": 2},
+    "separate merge": {"fuse_combine": False},
+    "64/4/5": {"_config": {"BLOCK_N": 64, "num_warps": 4, "STAGES": 5, "num_stages": 5}},
+}
+
+
+def variants(a):
+    """Each of `VARIANTS` beside kv_read and CUDNN, CUDA-graph replay, ``a.rounds`` interleaved rounds."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    rows = []
+    for name, (B, Hq, Hkv, L, s), _ in PAIRS:
+        q, k, v, lens = inputs(B, Hq, Hkv, L)
+        nbytes = 2 * k.numel() * k.element_size()
+        graphs = {}
+        for vname, opts in VARIANTS.items():
+            opts = dict(opts)
+            splits = s * opts.pop("splits", 1)
+            plan = attnscope.decode_plan(q, k, v, lens, num_splits=splits, check_seqlens=False, **opts)
+            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
+            if not err <= bound:
+                sys.exit(f"{name} {vname}: MISMATCH {err:.2e} > {bound:.2e}")
+            graphs[vname] = graph_of(lambda plan=plan, t=(q, k, v, lens): plan.run(*t))
+        part = torch.empty(B * Hkv * s, device="cuda")
+        graphs["kv_read"] = graph_of(lambda k=k, v=v, part=part, s=s, B=B, Hkv=Hkv, L=L: _kv_read[
+            (B * Hkv, s)](k, v, part, L, s, BLOCK_N=128, D=128, STAGES=3, num_warps=4))
+
+        def cudnn(q=q, k=k, v=v):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return sdpa(q, k, v, enable_gqa=True)
+        graphs["cudnn"] = graph_of(cudnn)
+        times = {key: [] for key in graphs}
+        for _ in range(a.rounds):
+            for key, g in graphs.items():
+                times[key].append(ms(g.replay, 100))
+        med = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+        print(f"{name:16s} " + " ".join(f"{key} {nbytes / t / 1e9:.3f} ({med['cudnn'] / t:.3f}x)"
+                                         for key, t in med.items()), flush=True)
+        rows.append({"name": name, "layout": [B, Hq, Hkv, L, s], "bytes": nbytes, "ms": times})
+        del q, k, v, graphs
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
