@@ -9,7 +9,9 @@ and the bytes written, measured / estimated, in units of S (bh N^2 x dtype bytes
 call's writes (measured / estimated) and its total error. Reads belong to the kernel that issues them; writes
 do not: ncu counts a dirty line's write-back in the kernel running when it is evicted, the estimate books it
 to the kernel that wrote it, so only the call's writes compare. A measured step can be several launches
-(`measured_kernels`); their count is shown. Imports no torch; runs in about a second.
+(`measured_kernels`); their count is shown. Then, per step, the mean read error over the points whose S is
+0.3-3 x the L2. ``--sweep`` adds GEMM 2's re-read of P if its CTAs walked P's columns in lockstep
+(`sweep_reread`), beside the measured and estimated. Imports no torch; runs in about a second.
 """
 import argparse
 import gzip
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 from attnscope.measure import ncu, physical
-from attnscope.model import traffic
+from attnscope.model import l2, traffic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import l2_dev  # noqa: E402  (bench/l2_dev.py: the development sets)
@@ -62,7 +64,28 @@ def naive_points():
                 yield "recorded", s, rec["env"], [(k.name, k.read, k.write) for k in ks]
 
 
-def rows(causal_only=None):
+def sweep_reread(s, v, o, rows, sms, cap, ramp, rows_per_sm=256, grid=48):
+    """GEMM 2's misses re-reading P (fraction of P) if its resident CTAs (``rows_per_sm`` output rows per SM:
+    an assumption) walk P's columns in lockstep, one sweep of their rows after another, instead of reading
+    P in the order the softmax wrote it (what `_naive` assumes). Exact LRU stack distances: the byte at row
+    fraction a, column fraction u of sweep g of G is re-read after the rest of the softmax (1 - w of S' and
+    P, w = (g + a) / G), the earlier sweeps' P, V and O, and, in its own sweep, the columns before u of the
+    rows written before it and of V; misses by `l2.miss`, averaged on a ``grid`` x ``grid`` midpoint grid
+    per sweep (a development check, cost grows with G; not the model)."""
+    sweeps = max(1, -(-rows // (sms * rows_per_sm)))
+    total = 0.0
+    for g in range(sweeps):
+        for i in range(grid):
+            a = (i + 0.5) / grid
+            w = (g + a) / sweeps
+            for j in range(grid):
+                u = (j + 0.5) / grid
+                d1 = 2 * s * (1 - w) + g / sweeps * (s + v + o) + u / sweeps * (a * s + v)
+                total += l2.miss(d1 / cap, ramp)
+    return total / (sweeps * grid * grid)
+
+
+def rows(causal_only=None, sweep=False):
     """One dict per naive point: the geometry, measured and estimated (read, write) per chain step beyond
     what the step must move, in S, and the total error."""
     out = []
@@ -88,8 +111,27 @@ def rows(causal_only=None):
             k = est_k[step]
             row[step] = {"read": (r - f[0]) / s, "write": w / s, "est_read": (k.read - f[0]) / s,
                          "est_write": k.write / s}
+        if sweep and s <= 4 * env["l2_bytes"]:
+            par, vo = l2.H200_L2_PARAMS, bh * n * d * b
+            cap, ramp = par.capacity * env["l2_bytes"], par.ramp
+            row["gemm2"]["sweep_read"] = sweep_reread(s, vo, vo, bh * n, env["sms"], cap, ramp)
         out.append(row)
     return out
+
+
+def summary(rs, lo=0.3, hi=3.0):
+    """Per step: mean and mean |measured - estimated| read (in S) over the points with lo <= S/L2 <= hi."""
+    near = [r for r in rs if lo <= r["s_l2"] <= hi]
+    print(f"\nreads, measured - estimated, in S, over the {len(near)} points with {lo} <= S/L2 <= {hi}:")
+    for step in CHAIN:
+        ds = [r[step]["read"] - r[step]["est_read"] for r in near if step in r]
+        if ds:
+            print(f"  {step:8s} mean {sum(ds) / len(ds):+6.3f}  mean |.| {sum(map(abs, ds)) / len(ds):5.3f}  "
+                  f"({len(ds)} points)")
+        sw = [r[step]["read"] - r[step]["sweep_read"] for r in near if "sweep_read" in r.get(step, {})]
+        if sw:
+            print(f"  {step:8s} column sweep instead: mean {sum(sw) / len(sw):+6.3f}  mean |.| "
+                  f"{sum(map(abs, sw)) / len(sw):5.3f}")
 
 
 def main():
@@ -97,9 +139,11 @@ def main():
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--causal", action="store_true", help="causal points only")
     g.add_argument("--unmasked", action="store_true", help="unmasked points only")
+    ap.add_argument("--sweep", action="store_true", help="also GEMM 2's re-read of P if its resident CTAs "
+                    "walked P's columns in lockstep (`sweep_reread`; a few seconds)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
-    rs = rows(True if args.causal else False if args.unmasked else None)
+    rs = rows(True if args.causal else False if args.unmasked else None, args.sweep)
     print("per kernel, in S (bh N^2 dtype bytes): reads beyond the step's own inputs once (GEMM 1: Q, K; "
           "masked_fill: the mask; GEMM 2: V), writes; measured/estimated")
     head = f"{'set':10s} {'point':42s} {'S/L2':>5s} {'err':>6s}"
@@ -114,7 +158,10 @@ def main():
                 line += f" | {k['read']:5.2f}/{k['est_read']:5.2f} {k['write']:5.2f}/{k['est_write']:5.2f}"
             else:
                 line += f" | {'':11s} {'':11s}"
-        print(line + f" | {r['write']:5.2f}/{r['est_write']:5.2f} | {r['launches'][0]}/{r['launches'][1]}")
+        sweep = r["gemm2"].get("sweep_read")
+        print(line + f" | {r['write']:5.2f}/{r['est_write']:5.2f} | {r['launches'][0]}/{r['launches'][1]}"
+              + (f" | sweep {sweep:5.2f}" if sweep is not None else ""))
+    summary(rs)
     if args.json:
         Path(args.json).write_text(json.dumps(rs, indent=1))
 
