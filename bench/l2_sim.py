@@ -15,6 +15,11 @@ Prints the K/V reads beyond one pass, in K/V sets. ``--cliff``: the capacity (x 
 re-reads exceed half a set (bisection). Cost grows with sets x T x tiles (a 32k FA-2 point: seconds): a
 development tool, never on the estimate's path.
 
+``--frames``: each CTA's spill frame (`l2.Kernel.frame`) stays in the L2 while it runs, at warp-slot
+addresses re-used `l2.SLOT_REUSE_LIFETIMES` lifetimes after a CTA ends. ``--ramp R``: a re-use misses
+`l2.miss` of its LRU stack distance over the capacity with ramp R (the H200's measured curve, not LRU's
+cliff): the check on `l2.head_gap_rereads`.
+
 ``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
 (kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
 rounds, heavy tile then light, every program one K/V tile per step with no barrier between rounds.
@@ -22,7 +27,7 @@ rounds, heavy tile then light, every program one K/V tile per step with no barri
 half a pair's cost, so programs drift apart).
 """
 import argparse
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from attnscope.model import l2
 from attnscope.model.tiles import Grid
@@ -45,21 +50,70 @@ class LRU:
         return False
 
 
-def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
+class StackDistance:
+    """LRU stack distances (distinct bytes touched since a block's last use) over keyed blocks: `touch`
+    returns the fraction of a re-use that misses, `l2.miss` of distance / ``capacity`` with ``ramp`` (the
+    measured replacement curve instead of LRU's cliff); a first touch misses. Fenwick tree over the touch
+    sequence (``touches`` at most)."""
+
+    def __init__(self, capacity, ramp, touches):
+        self.capacity, self.ramp, self.tree, self.last, self.now, self.total = \
+            capacity, ramp, [0.0] * (touches + 1), {}, 0, 0.0
+
+    def _add(self, i, v):
+        i += 1
+        while i < len(self.tree):
+            self.tree[i] += v
+            i += i & -i
+
+    def _prefix(self, i):  # bytes at touch positions [0, i)
+        r = 0.0
+        while i > 0:
+            r += self.tree[i]
+            i -= i & -i
+        return r
+
+    def touch(self, key, size):
+        m = 1.0
+        if key in self.last:
+            p, sz = self.last[key]
+            m = l2.miss((self.total - self._prefix(p + 1)) / self.capacity, self.ramp)
+            self._add(p, -sz)
+            self.total -= sz
+        self._add(self.now, size)
+        self.total += size
+        self.last[key] = (self.now, size)
+        self.now += 1
+        return m
+
+
+def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_bytes=0.0, ramp=None):
     """Extra K/V reads, in sets, of CTAs under an ideal schedule and an LRU of ``capacity`` bytes.
 
     ``walks``: per set, the K/V tile indices each of its CTAs reads, in order (a list of lists);
     ``order``: the launch order as (set, CTA index) pairs; ``concurrent``: slots. Each step every running
     CTA reads its next tile; a finished CTA's slot takes the next CTA in launch order at once. Q is inserted
-    when a CTA starts, O when it ends (``qo_bytes`` each)."""
-    touch, misses = LRU(capacity).touch, 0
+    when a CTA starts, O when it ends (``qo_bytes`` each). ``frame_bytes``: each CTA's spill frame, touched
+    every step, at one of (1 + `l2.SLOT_REUSE_LIFETIMES`) x ``concurrent`` warp-slot addresses, the one
+    freed longest ago. ``ramp``: instead of LRU hits, each re-use misses `l2.miss` of its stack distance
+    (`StackDistance`)."""
+    slots = deque(range(int((1 + l2.SLOT_REUSE_LIFETIMES) * concurrent)))
+    if ramp is None:
+        lru = LRU(capacity).touch
+
+        def touch(key, size):
+            return 0.0 if lru(key, size) else 1.0
+    else:
+        touches = sum(len(walks[s][i]) for s, i in order) * (2 if frame_bytes else 1) + 2 * len(order)
+        touch = StackDistance(capacity, ramp, touches).touch
+    misses = 0.0
 
     nxt, running = 0, []
 
     def start():
         nonlocal nxt
         s, i = order[nxt]
-        running.append([s, i, 0, nxt])  # Q/O keyed by launch index: GQA heads share (set, tile)
+        running.append([s, i, 0, nxt, slots.popleft()])  # Q/O keyed by launch index: GQA heads share tiles
         if qo_bytes:
             touch(("q", nxt), qo_bytes)
         nxt += 1
@@ -68,12 +122,14 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
         start()
     while running:
         for r in list(running):
-            s, i, pos, k = r
-            if not touch((s, walks[s][i][pos]), tile_bytes):
-                misses += 1
+            s, i, pos, k, slot = r
+            misses += touch((s, walks[s][i][pos]), tile_bytes)
+            if frame_bytes:
+                touch(("f", slot), frame_bytes)
             r[2] += 1
             if r[2] == len(walks[s][i]):
                 running.remove(r)
+                slots.append(slot)
                 if qo_bytes:
                     touch(("o", k), qo_bytes)
                 if nxt < len(order):
@@ -83,9 +139,10 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity):
 
 
 def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_560, sms=132, dtype="fp16",
-              kv_heads=None):
+              kv_heads=None, frames=False, ramp=None):
     """`simulate` for one attention call with ``impl``'s geometry (`l2.kernel_of`); ``kv_heads`` (GQA): query
-    head h reads the K/V set of kv head h // (heads / kv_heads), in its batch."""
+    head h reads the K/V set of kv head h // (heads / kv_heads), in its batch. ``frames``: with the kernel's
+    spill frames (`l2.Kernel.frame`, the room of lines read by one SM: `L2Params.private_weight`)."""
     hkv = heads if kv_heads is None else kv_heads
     group = heads // hkv
     _, ker = l2.kernel_of(impl, d, causal, dtype, n, "portable")
@@ -108,8 +165,10 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
         order = [(kv_set(bb, h), i) for bb in range(batch) for h in range(heads) for i in tiles]
     p = l2.H200_L2_PARAMS
     b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+    even = n % ker.block_q == 0 and n % ker.block_kv == 0
+    frame = ker.threads * ker.frame[0 if even else 1] * p.private_weight() if frames else 0.0
     return simulate(walks, order, sms * ker.ctas_per_sm, 2 * ker.block_kv * d * b,
-                    ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes)
+                    ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes, frame, ramp)
 
 
 def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capacity, walk=None,
@@ -169,6 +228,9 @@ def main():
     ap.add_argument("--kv-heads", type=int, help="K/V heads (GQA; default: heads)")
     ap.add_argument("--cap", type=float, default=l2.H200_L2_PARAMS.shared, help="L2 capacity, x the L2")
     ap.add_argument("--cliff", action="store_true", help="bisect the capacity where re-reads pass 0.5 sets")
+    ap.add_argument("--frames", action="store_true", help="with the kernel's spill frames resident")
+    ap.add_argument("--ramp", type=float, help="misses by the measured ramp (e.g. 1.38, the shared lines') "
+                    "of the LRU stack distances instead of LRU hits")
     ap.add_argument("--persistent", action="store_true", help="attnscope's persistent causal schedule")
     ap.add_argument("--middle-alone", action="store_true",
                     help="with --persistent: the schedule before the odd-tile fix")
@@ -180,11 +242,12 @@ def main():
               f"{a.cap:.3f} x L2 (LRU): {extra:.3f} sets")
         return
     args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
-    kw = {"kv_heads": a.kv_heads}
+    kw = {"kv_heads": a.kv_heads, "frames": a.frames, "ramp": a.ramp}
     extra = attention(*args, a.cap, **kw)
     heads = f"{a.heads}/{a.kv_heads}" if a.kv_heads else str(a.heads)
     print(f"{a.impl} B={a.batch} H={heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
-          f"K/V reads beyond one pass at {a.cap:.3f} x L2 (LRU, ideal schedule): {extra:.3f} sets")
+          f"K/V reads beyond one pass at {a.cap:.3f} x L2 ({'LRU' if a.ramp is None else f'ramp {a.ramp}'}"
+          f"{', frames' if a.frames else ''}, ideal schedule): {extra:.3f} sets")
     if a.cliff:
         lo, hi = 0.0, 1.0
         for _ in range(8):

@@ -717,3 +717,49 @@ def test_the_estimate_follows_attnscopes_persistent_schedule():
     assert big.read - q > 1.3 * kv  # K/V re-read (development: 1.7 sets measured with the old order)
     small = physical.estimate("attnscope", 4539, 128, 41, 5, "fp16", causal=True)
     assert small.read - 5 * 41 * 3 * 4539 * 128 * 2 < 0.1 * 5 * 41 * 2 * 4539 * 128 * 2
+
+
+@pytest.mark.parametrize("sms, n, heads, l2_div", [(33, 7597, 5, 4), (33, 7597, 3, 4), (22, 5065, 4, 6)])
+def test_head_gap_rereads_track_the_ramp_on_exact_lru_distances(sms, n, heads, l2_div):
+    """FA-2 MQA at B = 1, a 30k point scaled down (SMs, N and the L2 alike): where the next query head
+    starts, its first readers of the top tiles come after a gap. The closed form against the measured ramp
+    applied to the exact LRU stack distances of the ideal schedule, spill frames resident (bench/l2_sim.py
+    --frames --ramp): within 0.03 sets; without the frames neither re-reads anything."""
+    from attnscope.model.tiles import Grid
+
+    p, l2b = physical.H200_L2_PARAMS, H200_L2 // l2_div
+    sim = _l2_sim().attention("flash", 1, heads, n, 128, True, p.shared, l2_bytes=l2b, sms=sms, kv_heads=1,
+                              frames=True, ramp=p.shared_ramp)
+    _, ker = physical.kernel_of("flash", 128, True, "fp16", n)
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
+    t = g.n_q_tiles
+    spread = g.kv_rows_loaded(t) / (g.kv_rows_total() / t)
+    frame = ker.threads * ker.frame[1] * p.private_weight()
+
+    qo = 2 * 128 * 128 * 2 * p.qo_weight()
+
+    def form(f):
+        return (heads - 1) * physical.head_gap_rereads(t, 2 * sms, 2 * n * 128 * 2, qo, f, spread,
+                                                       p.shared * l2b, p.shared_ramp)
+    assert 0.1 < sim < 0.3
+    assert form(frame) == pytest.approx(sim, abs=0.03)
+    assert form(0.0) == 0.0
+    assert _l2_sim().attention("flash", 1, heads, n, 128, True, p.shared, l2_bytes=l2b, sms=sms, kv_heads=1,
+                               ramp=p.shared_ramp) == 0.0
+
+
+def test_fa2_mqa_rereads_its_top_tiles_where_each_query_head_starts():
+    # H200 counters (bench/l2_dev.py --excess flash:causal), FA-2 B = 1, H = 13/1: N = 24,577 (ragged kernel,
+    # 274 B of spill frame a thread) re-reads 0.31 K/V sets, 24,576 (Is_even_MN, 74 B) 0.11; at 16,385 the
+    # gap is short: none estimated (0.11 measured)
+    def extra(n, heads):
+        e = estimate("flash", n, 128, heads, kv_heads=1, causal=True, l2_bytes=H200_L2, sms=132)
+        return (e.read - (heads + 2) * n * 128 * 2) / (2 * n * 128 * 2)
+    assert extra(24577, 13) == pytest.approx(0.11, abs=0.03)
+    assert extra(24576, 13) == 0.0
+    assert extra(16385, 19) == 0.0
+    assert 0.5 < extra(32001, 9) < 0.8  # 0.76 measured
+    # MHA (one query head per set) has no head boundary within a set; nor does a set split by the batch
+    args = (64, 238, 264, 16 * MiB, 64 * 1024)
+    kw = {"causal": True, "backward": True, "spread": 2.0, "l2_bytes": H200_L2, "frame_bytes": 20e3}
+    assert physical.wave_rereads(*args, **kw) == physical.wave_rereads(*args, **{**kw, "frame_bytes": 0.0})

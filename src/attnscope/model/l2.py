@@ -13,12 +13,14 @@ partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA'
 the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
 gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
 of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
-lifetime); a static persistent schedule a diagonal step apart; attnscope's persistent causal schedule in
-lockstep round pairs (`paired_rereads`). GQA heads split by the batch re-read their
-set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first. Writes (`_retained`): what is
-still dirty in the L2 at the end is not counted. Each constant says whether it is measured on the H200
-(BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or assumed; none is fitted, but the
-structure was developed on the recorded sweeps, so only a fresh grid tests it.
+lifetime), and where a K/V set's next query head starts, its top tiles after a gap that the resident
+spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diagonal step apart;
+attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
+batch re-read their set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first.
+Writes (`_retained`): what is still dirty in the L2 at the end is not counted. Each constant says
+whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
+assumed; none is fitted, but the structure was developed on the recorded sweeps, so only a fresh grid
+tests it.
 """
 
 from __future__ import annotations
@@ -139,10 +141,14 @@ class L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
         return replace(self, capacity=self.shared, ramp=self.shared_ramp)
 
+    def private_weight(self) -> float:
+        """Room a byte read by one SM only takes in the L2, in K/V bytes: ``shared`` / ``private``."""
+        return self.shared / self.private
+
     def qo_weight(self) -> float:
         """Room a byte of a CTA's Q and O tiles takes in the L2, in K/V bytes: Q is read by one SM (its
         capacity is ``private``), O written once to its home partition (one copy of the K/V's `COPIES`)."""
-        return (self.shared / self.private + 1.0 / COPIES) / 2.0
+        return (self.private_weight() + 1.0 / COPIES) / 2.0
 
 
 H200_L2_PARAMS = L2Params()
@@ -171,7 +177,7 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
                  causal: bool = False, backward: bool = False, order: str = "head", *,
                  l2_bytes: int, spread: float | None = None, share: float = 1.0, heads_per_set: int = 1,
                  distinct_sets: int | None = None, schedule: str = "dynamic",
-                 group_batch: tuple[int, int] | None = None,
+                 group_batch: tuple[int, int] | None = None, frame_bytes: float = 0.0,
                  params: L2Params = H200_L2_PARAMS) -> float:
     """K/V read amplification of a kernel: DRAM K/V bytes / (sets x kv_bytes) (>= 1).
 
@@ -183,7 +189,10 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     ``causal`` + ``backward``: readers of unequal length that walk the set from its end, spread over the
     longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean);
     with the "dynamic" schedule the set stays live ``per_set / concurrent`` waves longer (its readers
-    start as slots free up, C per mean lifetime), and re-reads it once per wave of that span.
+    start as slots free up, C per mean lifetime), and re-reads it once per wave of that span. Where
+    ``heads_per_set`` > 1 query heads read the set one after the other (FA-2's GQA grid at B = 1), the top
+    tiles are re-read across each head boundary after a gap: `head_gap_rereads` (``frame_bytes``: a CTA's
+    spill frame, in K/V bytes of L2 room, resident over the gap).
     ``causal`` forwards: readers that walk the set from its start, each loading ``share`` of it on
     average, ``heads_per_set`` query heads of ``per_set / heads_per_set`` readers each (GQA).
     ``group_batch`` (g, B): the sets are (query head, batch) pairs, heads outer and the batch inner, g
@@ -218,6 +227,10 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         # sets > C: each reader is in another wave; else a wave reads every set once
         passes = per_set - 1 if sets > s * c else max(0.0, per_set * sets / c - 1)
     work = window * kv_bytes + min(c, sets * per_set) * other_bytes  # Q, O: the resident CTAs'
+    gap = 0.0
+    if causal and backward and schedule == "dynamic" and order == "head" and heads_per_set > 1:
+        gap = head_gap_rereads(per_set / heads_per_set, c, kv_bytes, other_bytes, frame_bytes, s,
+                               cap, params.ramp) * (heads_per_set - 1)
     if causal and schedule == "static" and order == "head":
         # bench/l2_reuse.py C: readers of one set are one diagonal step (kv / per_set bytes of their walk)
         # apart, so C such steps of the whole machine come between two readers' visits of a tile: backward
@@ -249,8 +262,39 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         # reads of each tile; one alone in the earlier wave, one set plus what the next wave has read)
         lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(held(distinct), window + 0.5) * kv_bytes
         other = work - window * kv_bytes
-        return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp)
-    return 1.0 + passes * miss(work / cap, params.ramp)
+        return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp) + gap
+    return 1.0 + passes * miss(work / cap, params.ramp) + gap
+
+
+def head_gap_rereads(per_head: float, c: int, kv_bytes: float, qo_bytes: float, frame_bytes: float,
+                     spread: float, cap: float, ramp: float) -> float:
+    """K/V re-reads, in sets, where the next query head of a K/V set starts (FA-2's backward walkers, the
+    set's query heads consecutive in launch order): the heads' CTAs launch lightest first, one launch
+    interval (a mean lifetime / ``c``) apart, each walking from its diagonal down. Tile x (a fraction of the
+    set) is read last in a head by its heaviest CTA, (1 - x) of the longest walk (``spread`` x the mean)
+    after it starts, and first in the next head by that head's CTA x T, x T launches later: after
+    G(x) = x T - spread c (1 - x) launches, a gap for the top x > spread c / (T + spread c) only (T =
+    ``per_head``). Meanwhile the machine touches the tiles below x, G Q and O tiles (``qo_bytes`` per CTA)
+    and the spill frames of the CTAs live then (``frame_bytes`` each; the c running ones and the G started,
+    at most the (1 + `SLOT_REUSE_LIFETIMES`) c warp slots the frames cycle through): D(x) = x kv + G qo +
+    min(c + G, (1 + SLOT_REUSE_LIFETIMES) c) frame. Each such tile misses with `miss` (D / ``cap``,
+    ``ramp``); D is piecewise linear, so the mean is exact (`mean_miss` per piece). The same ramp on the
+    exact LRU stack distances of the ideal schedule (bench/l2_sim.py --frames --ramp 1.38) gives these
+    re-reads within 0.06 sets at FA-2 MQA B = 1, N 16-32k, and none without the frames; the H200's counters
+    show 0.07-0.21 sets more (about 0.1 where none is estimated: N 16,385, 24,576 even, 20,481). The frames
+    are what separates N = 24,577 (ragged kernel, 274 B a thread: 0.31 sets measured, 0.11 estimated) from
+    24,576 (Is_even_MN, 74 B: 0.11 measured, none estimated) at H = 13/1."""
+    x0 = spread * c / (per_head + spread * c)
+    slots = SLOT_REUSE_LIFETIMES * c  # G past which the frames cycle through every warp slot
+
+    def gap(x):
+        return max(0.0, x * per_head - spread * c * (1.0 - x))
+
+    def dist(x):
+        return x * kv_bytes + gap(x) * qo_bytes + min(c + gap(x), c + slots) * frame_bytes
+    xk = (slots + spread * c) / (per_head + spread * c)  # where G = slots
+    knots = [x0] + ([xk] if x0 < xk < 1.0 else []) + [1.0]
+    return sum((b - a) * mean_miss(dist(a) / cap, dist(b) / cap, ramp) for a, b in itertools.pairwise(knots))
 
 
 #: Samples of `paired_rereads`'s round pairs past which it stops summing every one (its cost bound)
@@ -548,6 +592,9 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     spread = g.kv_rows_loaded(tr) / mean_rows if causal else 1.0
     spill = spill_bytes(ker, bh * tr, nq, nk)
     q_o = 2 * ker.block_q * d * b * params.qo_weight()  # a CTA's Q and O tiles, in K/V bytes of L2 room
+    # a CTA's spill frame: stored and re-loaded by one SM, the room of lines read by one SM
+    frame = ker.threads * ker.frame[0 if nq % ker.block_q == 0 and nk % ker.block_kv == 0 else 1] * \
+        params.private_weight()
     kv_params = params.for_shared()
     if impl == "attnscope" and causal and ker.persistent:  # kernels/fwd_hopper.py `_work`: lockstep pairs
         amp = 1.0 + paired_rereads(sets, group, tr, g.n_kv_tiles, c, 2 * ker.block_kv * d * b, q_o,
@@ -557,7 +604,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
                            spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                            distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
                            group_batch=(group, batch) if adjacent < group else None,
-                           params=kv_params)
+                           frame_bytes=frame, params=kv_params)
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
