@@ -59,6 +59,13 @@ def ms(fn, rep):
     return triton.testing.do_bench(fn, warmup=max(5, rep // 4), rep=rep)
 
 
+def write_rows(path, rows, **extra):
+    """The rows of a bench/decode*.py run as JSON at ``path``, with the device, torch and Triton versions."""
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                   "triton": triton.__version__, **extra, "rows": rows}, f, indent=1)
+
+
 def graph_of(fn):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

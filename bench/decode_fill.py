@@ -11,7 +11,6 @@ the ceiling of its access pattern) and SDPA CUDNN at the 128-program layout. bf1
 """
 
 import argparse
-import json
 import sys
 
 import torch
@@ -21,7 +20,7 @@ import triton.language as tl
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import graph_of, inputs, ms, reference_error  # noqa: E402
+from decode import graph_of, inputs, ms, reference_error, write_rows  # noqa: E402
 
 
 @triton.jit
@@ -102,9 +101,7 @@ def main():
               f"{row['p128']['tbs_best']['attnscope'] / row['p128']['tbs_best']['cudnn']:.3f}", flush=True)
         rows.append(row)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f,
-                      indent=1)
+        write_rows(a.json, rows)
 
 
 VARIANTS = {
@@ -119,11 +116,30 @@ VARIANTS = {
 }
 
 
-def variants(a):
-    """Each of `VARIANTS` beside kv_read and CUDNN, CUDA-graph replay, ``a.rounds`` interleaved rounds."""
+def time_beside_peers(graphs, q, k, v, splits, rounds):
+    """Add ``kv_read`` (``splits`` per head) and SDPA CUDNN's graph to ``graphs`` {name: CUDA graph}, replay
+    them all in ``rounds`` interleaved rounds; return ({name: [ms per round]}, {name: median ms})."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+    B, Hkv, L, d = k.shape
+    part = torch.empty(B * Hkv * splits, device="cuda")
+    graphs["kv_read"] = graph_of(lambda: _kv_read[(B * Hkv, splits)](k, v, part, L, splits, BLOCK_N=128, D=d,
+                                                                     STAGES=3, num_warps=4))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v, enable_gqa=True)
+    graphs["cudnn"] = graph_of(cudnn)
+    times = {key: [] for key in graphs}
+    for _ in range(rounds):
+        for key, g in graphs.items():
+            times[key].append(ms(g.replay, 100))
+    return times, {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+
+
+def variants(a):
+    """Each of `VARIANTS` beside kv_read and CUDNN, CUDA-graph replay, ``a.rounds`` interleaved rounds."""
     rows = []
     for name, (B, Hq, Hkv, L, s), _ in PAIRS:
         q, k, v, lens = inputs(B, Hq, Hkv, L)
@@ -137,28 +153,14 @@ def variants(a):
             if not err <= bound:
                 sys.exit(f"{name} {vname}: MISMATCH {err:.2e} > {bound:.2e}")
             graphs[vname] = graph_of(lambda plan=plan, t=(q, k, v, lens): plan.run(*t))
-        part = torch.empty(B * Hkv * s, device="cuda")
-        graphs["kv_read"] = graph_of(lambda k=k, v=v, part=part, s=s, B=B, Hkv=Hkv, L=L: _kv_read[
-            (B * Hkv, s)](k, v, part, L, s, BLOCK_N=128, D=128, STAGES=3, num_warps=4))
-
-        def cudnn(q=q, k=k, v=v):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return sdpa(q, k, v, enable_gqa=True)
-        graphs["cudnn"] = graph_of(cudnn)
-        times = {key: [] for key in graphs}
-        for _ in range(a.rounds):
-            for key, g in graphs.items():
-                times[key].append(ms(g.replay, 100))
-        med = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+        times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
         print(f"{name:16s} " + " ".join(f"{key} {nbytes / t / 1e9:.3f} ({med['cudnn'] / t:.3f}x)"
                                          for key, t in med.items()), flush=True)
         rows.append({"name": name, "layout": [B, Hq, Hkv, L, s], "bytes": nbytes, "ms": times})
         del q, k, v, graphs
         torch.cuda.empty_cache()
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f,
-                      indent=1)
+        write_rows(a.json, rows)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ merge kernel; with one split the final O and LSE are written directly.
 """
 
 import argparse
-import json
 import math
 import sys
 
@@ -49,10 +48,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 import attnscope
 from attnscope.kernels import decode as dec
+from attnscope.kernels.fwd_hopper import wgmma_layout
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import graph_of, inputs, ms, reference_error  # noqa: E402
-from decode_fill import _kv_read  # noqa: E402
+from decode import graph_of, inputs, reference_error, write_rows  # noqa: E402
+from decode_fill import time_beside_peers  # noqa: E402
 
 PRODUCER_REGS = gl.constexpr(24)
 BM = 64  # query rows of the wgmma tile (G <= 64 used)
@@ -76,10 +76,8 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, ready, empt
 def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, O_PART, LSE_PART, O, LSE, out_row0, group, hi, t0,
               n_tiles, split, num_splits, qk_scale, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
               SPLIT: gl.constexpr, WRITE_LSE: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = wgmma_layout(BN)
+    o_layout: gl.constexpr = wgmma_layout(D)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_i = gl.full([64], float("-inf"), gl.float32, row_layout)
@@ -219,8 +217,6 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--points", choices=("all", "parity"), default="all")
     a = p.parse_args()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     points = PARITY + (SMALL if a.points == "all" else [])
     rows = []
@@ -240,28 +236,14 @@ def main():
                 sys.exit(f"B={B} Hkv={Hkv} L={L} gluon {bn}/{st}: MISMATCH err {err:.2e} (bound "
                          f"{bound:.2e}), max diff to portable {diff:.2e} of its largest value")
             graphs[f"gluon {bn}/{st}"] = graph_of(run)
-        part = torch.empty(B * Hkv * s, device="cuda")
-        graphs["kv_read"] = graph_of(lambda k=k, v=v, part=part, s=s, B=B, Hkv=Hkv, L=L: _kv_read[
-            (B * Hkv, s)](k, v, part, L, s, BLOCK_N=128, D=128, STAGES=3, num_warps=4))
-
-        def cudnn(q=q, k=k, v=v):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return sdpa(q, k, v, enable_gqa=True)
-        graphs["cudnn"] = graph_of(cudnn)
-        times = {key: [] for key in graphs}
-        for _ in range(a.rounds):
-            for key, g in graphs.items():
-                times[key].append(ms(g.replay, 100))
-        med = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+        times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
         print(f"B={B:2d} Hkv={Hkv:2d} L={L:6d} s={s:2d} " + " | ".join(
             f"{key} {nbytes / t / 1e9:.3f} ({med['cudnn'] / t:.3f}x)" for key, t in med.items()), flush=True)
         rows.append({"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "splits": s, "bytes": nbytes, "ms": times})
         del q, k, v, graphs, plan
         torch.cuda.empty_cache()
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+        write_rows(a.json, rows)
 
 
 if __name__ == "__main__":

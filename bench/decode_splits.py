@@ -12,7 +12,6 @@ candidates in the same run (its median is the reference). bf16, d = 128, one que
 """
 
 import argparse
-import json
 import math
 import sys
 
@@ -22,7 +21,7 @@ import attnscope
 from attnscope.kernels.decode import SPLIT_CAP, default_num_splits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import GRID, LENS, graph_of, inputs, ms, reference_error  # noqa: E402
+from decode import GRID, LENS, graph_of, inputs, ms, reference_error, write_rows  # noqa: E402
 
 BUDGET = 40 * 2**30  # K + V bytes per point
 
@@ -88,9 +87,7 @@ def main():
         del q, k, v, g_ref
         torch.cuda.empty_cache()
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f,
-                      indent=1)
+        write_rows(a.json, rows)
 
 
 if __name__ == "__main__":

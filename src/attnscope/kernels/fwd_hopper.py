@@ -274,6 +274,12 @@ def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, B
 
 
 @gluon.constexpr_function
+def wgmma_layout(n):
+    """Register layout of a warpgroup's ``warpgroup_mma`` accumulator ``[rows, n]`` (4 warps on the rows)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
 def _arrivals(warpgroups, release):
     """Arrival count of a barrier that ``warpgroups`` consumer warpgroups arrive on (`_arrive`)."""
     return warpgroups * (NUM_WARPS * 32 if release == RELEASE_MODES["thread"] else 1)
@@ -327,10 +333,8 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
     """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
     from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = wgmma_layout(BN)
+    o_layout: gl.constexpr = wgmma_layout(D)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
