@@ -763,3 +763,19 @@ def test_fa2_mqa_rereads_its_top_tiles_where_each_query_head_starts():
     args = (64, 238, 264, 16 * MiB, 64 * 1024)
     kw = {"causal": True, "backward": True, "spread": 2.0, "l2_bytes": H200_L2, "frame_bytes": 20e3}
     assert physical.wave_rereads(*args, **kw) == physical.wave_rereads(*args, **{**kw, "frame_bytes": 0.0})
+
+
+@pytest.mark.parametrize("batch, heads, n", [(2, 7, 5667), (4, 5, 3780)])
+def test_gqa_heads_split_by_the_batch_track_the_exact_lru_of_lockstep_waves(batch, heads, n):
+    """FA-2 unmasked MQA at B > 1 ((m, b, h) grid), scaled down (33 SMs, a quarter of the L2): a later query
+    head re-reads its batch's K/V set only where a wave boundary falls between the two (head, batch) pairs,
+    after the waves between them (`batch_gap_rereads`); the estimate's K/V reads beyond one pass against the
+    measured ramp on the exact LRU stack distances of the ideal schedule (bench/l2_sim.py --ramp): within
+    0.5 sets (counting B whole sets and B T Q/O tiles between the heads was 3.6 and 1.0 sets over)."""
+    p, l2b = physical.H200_L2_PARAMS, H200_L2 // 4
+    sim = _l2_sim().attention("flash", batch, heads, n, 128, False, p.shared, l2_bytes=l2b, sms=33,
+                              kv_heads=1, ramp=p.shared_ramp)
+    e = estimate("flash", n, 128, heads, batch, kv_heads=1, l2_bytes=l2b, sms=33)
+    kv = batch * 2 * n * 128 * 2
+    assert sim > 4.0
+    assert (e.read - batch * heads * n * 128 * 2 - kv) / kv == pytest.approx(sim, abs=0.5)

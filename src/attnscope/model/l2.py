@@ -16,7 +16,8 @@ of FA-2's backward walkers stays live over its longest CTA plus the span its CTA
 lifetime), and where a K/V set's next query head starts, its top tiles after a gap that the resident
 spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diagonal step apart;
 attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
-batch re-read their set. Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first.
+batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
+waves between (`batch_gap_rereads`). Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first.
 Writes (`_retained`): what is still dirty in the L2 at the end is not counted. Each constant says
 whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
 assumed; none is fitted, but the structure was developed on the recorded sweeps, so only a fresh grid
@@ -398,6 +399,37 @@ def wave_pairs(c: int, per_set: int) -> tuple:
     return tuple((a, b, k / n) for (a, b), k in counts.items() if k > 0)
 
 
+def batch_gap_rereads(batch: int, group: int, kv_heads: int, per_set: int, c: int, kv_bytes: float,
+                      wave_other: float, cap: float, ramp: float) -> float:
+    """Share of a K/V set fetched again, per later query head of a GQA group, where the batch comes between
+    a group's heads in launch order (FA-2's (m, b, h) grid at B > 1) and the CTAs run in lockstep waves of
+    ``c``: the last CTA of pair (head h, batch b) and the first of (h + 1, b) are D = (B - 1) T + 1 launches
+    apart (T = ``per_set``), so k = floor(D / c) or that + 1 wave boundaries fall between them (the latter
+    with probability frac(D / c), the pair ends spread evenly over a wave). k = 0: both read the set in the
+    same wave, in step: no re-read. k >= 1: tile x is re-read after the rest (1 - x) of the sets of the
+    earlier wave, the k - 1 waves between and the first x of the later wave's sets, about k c / T + 1 pairs
+    (their different sets: at most B kv sets, fewer where a window ends within a group, as `wave_rereads`'s
+    ``group_batch``), spread one set wide, plus the Q and O of k waves (``wave_other`` each, as
+    `lockstep_rereads`). An exact LRU of the ideal schedule (bench/l2_sim.py --ramp 1.38) puts these
+    re-reads at 17.2 / 11.1 / 11.5 / 12.2 sets at B = 2 GQA 23/1 N = 22,669, 2 7/1 29,753, 4 11/1 15,121,
+    4 17/1 d = 64 25,628 (H200: 18.6 / 9.2 / 10.6 / 16.0) where counting B whole sets and B T Q/O tiles
+    between the heads put them at 29.0 / 12.0 / 13.0 / 16.0."""
+    t = max(1, int(per_set))
+    gap = (batch - 1) * t + 1
+    k0, f = divmod(gap / max(1, c), 1.0)
+
+    def held(w):  # different kv sets among w consecutive (head, batch) pairs
+        return min(w, batch * kv_heads, w / group + batch)
+
+    def reread(k):
+        if k < 1:
+            return 0.0
+        w = k * c / t + 1.0
+        lo, hi = max(1.0, held(w - 0.5)) * kv_bytes, held(w + 0.5) * kv_bytes
+        return mean_miss((lo + k * wave_other) / cap, (hi + k * wave_other) / cap, ramp)
+    return (1.0 - f) * reread(int(k0)) + f * reread(int(k0) + 1)
+
+
 def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: float, cap: float, ramp: float,
                      held) -> float:
     """Extra K/V reads per set (in sets) of equal-length CTAs that run in waves of ``c``: the one set that
@@ -608,9 +640,13 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     kq, ko = bh * nq * d * b, bh * nq * d * b
     kv_once = batch * kv_heads * kv_set
     extra = (amp - 1.0) * sets * kv_set
-    if adjacent < group:  # GQA with the batch between a group's heads: each later head re-reads the set
-        # after the other batches' sets (every tile of each, read by its heaviest CTA) and Q/O; what was
-        # evicted is fetched once more, the whole set (its first reader in the head misses every tile)
+    if adjacent < group and not causal:  # GQA with the batch between a group's heads, lockstep waves
+        extra += (group - 1) * batch * kv_heads * kv_set * \
+            batch_gap_rereads(batch, group, kv_heads, tr, c, kv_set, c * q_o, kv_params.capacity * l2,
+                              kv_params.ramp)
+    elif adjacent < group:  # causal: each later head re-reads the set after the other batches' sets (every
+        # tile of each, read by its heaviest CTA) and Q/O; what was evicted is fetched once more, the whole
+        # set (its first reader in the head misses every tile)
         between = batch * (kv_set + tr * q_o) / (kv_params.capacity * l2)
         extra += (group - 1) * batch * kv_heads * kv_set * miss(between, kv_params.ramp)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
