@@ -497,6 +497,26 @@ def test_a_set_straddling_waves_sees_one_set_more_or_less_than_the_mean():
     assert work < physical.H200_L2_PARAMS.capacity * l2 and amp > 1.0
 
 
+def test_a_causal_window_reads_its_newest_set_only_up_to_the_launched_diagonals():
+    # FA-2's causal window of W = spread x C consecutive CTAs: the heavy CTAs of its oldest set read all of
+    # that set, the light ones launched so far of its newest set only their tiles: W / T to W / T + 1 sets,
+    # not the W / T + 1 it spans (half a set fewer on average). A step curve at the mean shows it: with the
+    # capacity between the two, the old count re-read every pass, the new one about half of them
+    c, t, spread, kv = 264, 200, 2.0, 1 * MiB
+    w = spread * c / t  # 2.64 sets
+    cap = (w + 0.75) * kv  # between W / T + 0.5 (the new mean) and W / T + 1 (the old one)
+    params = physical.L2Params(shared=1.0, shared_ramp=1.0 + 1e-6)
+    amp = physical.wave_rereads(64, t, c, kv, causal=True, backward=True, spread=spread, l2_bytes=int(cap),
+                                params=params.for_shared())
+    passes = (spread + t / c) * (t - 1) / c
+    assert amp - 1 == pytest.approx(passes * 0.25, rel=1e-3)
+    # FA-2 d = 64 causal at N = 27,389 (B = 3, H = 3, bf16; heldout6 and the lockstep probe): the H200 re-read
+    # 0.01-0.03 K/V sets; the half set the window does not hold is what kept the estimate at 0.46
+    e = estimate("flash", 27389, 64, 3, batch=3, dtype="bf16", causal=True, l2_bytes=H200_L2, sms=132)
+    kv_all = 3 * 3 * 2 * 27389 * 64 * 2
+    assert (e.read - 3 * 3 * 27389 * 64 * 2 - kv_all) / kv_all < 0.1
+
+
 def test_fa2_causal_sets_stay_live_while_their_readers_start():
     # FA-2's backward walkers under the block scheduler: C slots, a new CTA whenever one frees, so in the
     # steady state C CTAs start per mean CTA lifetime (a wave). A set's T readers start over T / C waves

@@ -13,7 +13,9 @@ partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA'
 the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
 gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
 of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
-lifetime), and where a K/V set's next query head starts, its top tiles after a gap that the resident
+lifetime), its re-reads a window of W = s C CTAs apart that holds W / T to W / T + 1 sets (a causal CTA
+reads up to its diagonal only: the window's newest set only as far as its CTAs launched), and where a K/V
+set's next query head starts, its top tiles after a gap that the resident
 spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diagonal step apart;
 attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
 batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
@@ -190,7 +192,9 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
     ``causal`` + ``backward``: readers of unequal length that walk the set from its end, spread over the
     longest CTA's lifetime, ``spread`` x a wave (default 2: the longest causal CTA is twice the mean);
     with the "dynamic" schedule the set stays live ``per_set / concurrent`` waves longer (its readers
-    start as slots free up, C per mean lifetime), and re-reads it once per wave of that span. Where
+    start as slots free up, C per mean lifetime), and re-reads it once per wave of that span, after the
+    K/V a window of ``spread`` x C consecutive CTAs touches: W / T to W / T + 1 sets (T = ``per_set``;
+    the window's newest set only as far as the diagonals of its CTAs launched so far). Where
     ``heads_per_set`` > 1 query heads read the set one after the other (FA-2's GQA grid at B = 1), the top
     tiles are re-read across each head boundary after a gap: `head_gap_rereads` (``frame_bytes``: a CTA's
     spill frame, in K/V bytes of L2 room, resident over the gap).
@@ -257,11 +261,14 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
         other = min(c, sets * per_set) * other_bytes
         return 1.0 + lockstep_rereads(sets, per_set, c, kv_bytes, other, cap, params.ramp, held)
     if order == "head" and window > 1.0:
-        # the re-read set shares a wave with a whole number of other sets, one more or one fewer than the
-        # mean ``window - 1`` depending on where the set boundaries fall: the reuse distance is spread one
-        # set wide around ``work`` (a set straddling two waves of two sets each has two sets between the
-        # reads of each tile; one alone in the earlier wave, one set plus what the next wave has read)
-        lo, hi = max(kv_bytes, (window - 0.5) * kv_bytes), min(held(distinct), window + 0.5) * kv_bytes
+        # (only causal backward walkers under the dynamic schedule get here: FA-2) the K/V bytes a window
+        # of W = s C consecutive CTAs touches: it starts at offset o (uniform in [0, T)) of a set whose CTAs
+        # o .. T - 1 in it are the heavy ones, which read all of it, and ends in a set whose CTAs 0 .. k - 1
+        # launched so far read only its tiles 0 .. k - 1 (a causal CTA reads the tiles up to its diagonal,
+        # and the grid launches a set's query tiles in order): (o + W) / T sets, uniform over
+        # [W / T, W / T + 1], half a set fewer than the W / T + 1 sets it spans
+        w = s * c / per_set
+        lo, hi = max(kv_bytes, held(w) * kv_bytes), max(kv_bytes, held(w + 1.0) * kv_bytes)
         other = work - window * kv_bytes
         return 1.0 + passes * mean_miss((lo + other) / cap, (hi + other) / cap, params.ramp) + gap
     return 1.0 + passes * miss(work / cap, params.ramp) + gap
