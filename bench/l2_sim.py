@@ -1,7 +1,7 @@
 """Issue 18: an exact-LRU simulation of a fused attention kernel's K/V reads under an ideal schedule (CPU).
 
     PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--kv-heads HKV] [--cap 0.434]
-        [--cliff] [--persistent [--middle-alone]]
+        [--cliff] [--persistent [--middle-alone]] [--jitter SIGMA [--seed S]]
 
 The check on model/l2.py's re-read closed forms (`wave_rereads`) that no GPU gives: the same kernel geometry
 (`l2.kernel_of`: block sizes, CTAs per SM, walk direction, grid order) run through an ideal machine and an LRU
@@ -19,6 +19,11 @@ development tool, never on the estimate's path.
 addresses re-used `l2.SLOT_REUSE_LIFETIMES` lifetimes after a CTA ends. ``--ramp R``: a re-use misses
 `l2.miss` of its LRU stack distance over the capacity with ramp R (the H200's measured curve, not LRU's
 cliff): the check on `l2.head_gap_rereads`.
+
+``--jitter SIGMA``: CTAs out of step: each reads its tiles at its own rate (lifetimes spread SIGMA, relative,
+normal per CTA), so each slot's chain of CTAs drifts (about SIGMA x sqrt(waves) lifetimes) and the lockstep
+waves `l2.lockstep_rereads` assumes blur. The check on whether drift explains FA-2's many-wave unmasked
+points measuring fewer re-reads than the ideal schedule (issue 18; no measurement gives SIGMA).
 
 ``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
 (kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
@@ -87,7 +92,8 @@ class StackDistance:
         return m
 
 
-def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_bytes=0.0, ramp=None):
+def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_bytes=0.0, ramp=None, jitter=0.0,
+             seed=0):
     """Extra K/V reads, in sets, of CTAs under an ideal schedule and an LRU of ``capacity`` bytes.
 
     ``walks``: per set, the K/V tile indices each of its CTAs reads, in order (a list of lists);
@@ -96,7 +102,15 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_byt
     when a CTA starts, O when it ends (``qo_bytes`` each). ``frame_bytes``: each CTA's spill frame, touched
     every step, at one of (1 + `l2.SLOT_REUSE_LIFETIMES`) x ``concurrent`` warp-slot addresses, the one
     freed longest ago. ``ramp``: instead of LRU hits, each re-use misses `l2.miss` of its stack distance
-    (`StackDistance`)."""
+    (`StackDistance`). ``jitter`` > 0: CTAs no longer step together; each reads its tiles at its own rate,
+    one tile per 1 + ``jitter`` x z time units (z standard normal per CTA, ``seed``; clipped to [0.5, 1.5]),
+    and the next CTA in launch order takes a slot when it frees (event order): CTA lifetimes spread by
+    ``jitter``, so the waves drift out of step as they go."""
+    if jitter > 0:
+        if frame_bytes:
+            raise ValueError("jitter: spill frames are not simulated with drifting CTAs")
+        return _simulate_jittered(walks, order, concurrent, tile_bytes, qo_bytes, capacity, ramp, jitter,
+                                  seed)
     slots = deque(range(int((1 + l2.SLOT_REUSE_LIFETIMES) * concurrent)))
     if ramp is None:
         lru = LRU(capacity).touch
@@ -138,8 +152,48 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_byt
     return misses / tiles - 1.0
 
 
+def _simulate_jittered(walks, order, concurrent, tile_bytes, qo_bytes, capacity, ramp, jitter, seed):
+    """`simulate` with per-CTA tile rates (``jitter``): an event queue of (next tile read's time, CTA)."""
+    import heapq
+    import random
+    rng = random.Random(seed)
+    if ramp is None:
+        lru = LRU(capacity).touch
+
+        def touch(key, size):
+            return 0.0 if lru(key, size) else 1.0
+    else:
+        touches = sum(len(walks[s][i]) for s, i in order) + 2 * len(order)
+        touch = StackDistance(capacity, ramp, touches).touch
+    misses, nxt, heap = 0.0, 0, []
+
+    def start(t):
+        nonlocal nxt
+        s, i = order[nxt]
+        step = min(1.5, max(0.5, 1.0 + jitter * rng.gauss(0.0, 1.0)))
+        if qo_bytes:
+            touch(("q", nxt), qo_bytes)
+        heapq.heappush(heap, (t + step, nxt, s, i, 0, step))
+        nxt += 1
+
+    while nxt < len(order) and nxt < concurrent:
+        start(0.0)
+    while heap:
+        t, k, s, i, pos, step = heapq.heappop(heap)
+        misses += touch((s, walks[s][i][pos]), tile_bytes)
+        if pos + 1 < len(walks[s][i]):
+            heapq.heappush(heap, (t + step, k, s, i, pos + 1, step))
+            continue
+        if qo_bytes:
+            touch(("o", k), qo_bytes)
+        if nxt < len(order):
+            start(t)
+    tiles = sum(len({t for w in ws for t in w}) for ws in walks)
+    return misses / tiles - 1.0
+
+
 def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_560, sms=132, dtype="fp16",
-              kv_heads=None, frames=False, ramp=None):
+              kv_heads=None, frames=False, ramp=None, jitter=0.0, seed=0):
     """`simulate` for one attention call with ``impl``'s geometry (`l2.kernel_of`); ``kv_heads`` (GQA): query
     head h reads the K/V set of kv head h // (heads / kv_heads), in its batch. ``frames``: with the kernel's
     spill frames (`l2.Kernel.frame`, the room of lines read by one SM: `L2Params.private_weight`)."""
@@ -168,7 +222,7 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
     even = n % ker.block_q == 0 and n % ker.block_kv == 0
     frame = ker.threads * ker.frame[0 if even else 1] * p.private_weight() if frames else 0.0
     return simulate(walks, order, sms * ker.ctas_per_sm, 2 * ker.block_kv * d * b,
-                    ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes, frame, ramp)
+                    ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes, frame, ramp, jitter, seed)
 
 
 def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capacity, walk=None,
@@ -234,6 +288,9 @@ def main():
     ap.add_argument("--persistent", action="store_true", help="attnscope's persistent causal schedule")
     ap.add_argument("--middle-alone", action="store_true",
                     help="with --persistent: the schedule before the odd-tile fix")
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="relative spread (sigma) of CTA lifetimes: CTAs drift out of step (no --frames)")
+    ap.add_argument("--seed", type=int, default=0, help="with --jitter: the random seed")
     a = ap.parse_args()
     if a.persistent:
         extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone)
@@ -242,12 +299,13 @@ def main():
               f"{a.cap:.3f} x L2 (LRU): {extra:.3f} sets")
         return
     args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
-    kw = {"kv_heads": a.kv_heads, "frames": a.frames, "ramp": a.ramp}
+    kw = {"kv_heads": a.kv_heads, "frames": a.frames, "ramp": a.ramp, "jitter": a.jitter, "seed": a.seed}
     extra = attention(*args, a.cap, **kw)
     heads = f"{a.heads}/{a.kv_heads}" if a.kv_heads else str(a.heads)
     print(f"{a.impl} B={a.batch} H={heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
           f"K/V reads beyond one pass at {a.cap:.3f} x L2 ({'LRU' if a.ramp is None else f'ramp {a.ramp}'}"
-          f"{', frames' if a.frames else ''}, ideal schedule): {extra:.3f} sets")
+          f"{', frames' if a.frames else ''}, "
+          f"{f'CTA lifetimes spread {a.jitter}' if a.jitter else 'ideal schedule'}): {extra:.3f} sets")
     if a.cliff:
         lo, hi = 0.0, 1.0
         for _ in range(8):
