@@ -49,9 +49,7 @@ PAIRS = [
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", metavar="PATH")
-    p.add_argument("--rounds", type=int, default=3)
+    p = bench_parser(__doc__)
     p.add_argument("--variants", action="store_true",
                    help="instead: VARIANTS (block configs, splits, merge) at the 128-program layouts")
     a = p.parse_args()
@@ -138,6 +136,30 @@ def time_beside_peers(graphs, q, k, v, splits, rounds):
     return times, {key: sorted(t)[len(t) // 2] for key, t in times.items()}
 
 
+def bench_parser(doc):
+    """The decode experiments' command line: ``--json PATH`` and ``--rounds`` (interleaved timing rounds)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--rounds", type=int, default=3)
+    return p
+
+
+def check_beside(o, ref, q, k, v, what):
+    """Exit unless ``o`` passes the float64 check (sequence 0) and every row is within 2 % (of the largest
+    |value|) of the portable kernel's output ``ref``."""
+    err, bound = reference_error(o, q, k, v)
+    diff = (o.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
+    if not (err <= bound and diff <= 2e-2):
+        sys.exit(f"{what}: MISMATCH err {err:.2e} (bound {bound:.2e}), max diff to portable {diff:.2e} "
+                 f"of its largest value")
+
+
+def print_ratios(label, nbytes, med):
+    """One line: K/V TB/s of each median time and its ratio to CUDNN's."""
+    print(f"{label} " + " | ".join(f"{key} {nbytes / t / 1e9:.3f} ({med['cudnn'] / t:.3f}x)"
+                                   for key, t in med.items()), flush=True)
+
+
 def variants(a):
     """Each of `VARIANTS` beside kv_read and CUDNN, CUDA-graph replay, ``a.rounds`` interleaved rounds."""
     rows = []
@@ -154,8 +176,7 @@ def variants(a):
                 sys.exit(f"{name} {vname}: MISMATCH {err:.2e} > {bound:.2e}")
             graphs[vname] = graph_of(lambda plan=plan, t=(q, k, v, lens): plan.run(*t))
         times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
-        print(f"{name:16s} " + " ".join(f"{key} {nbytes / t / 1e9:.3f} ({med['cudnn'] / t:.3f}x)"
-                                         for key, t in med.items()), flush=True)
+        print_ratios(f"{name:16s}", nbytes, med)
         rows.append({"name": name, "layout": [B, Hq, Hkv, L, s], "bytes": nbytes, "ms": times})
         del q, k, v, graphs
         torch.cuda.empty_cache()

@@ -29,7 +29,6 @@ Partials go to the portable kernel's buffers (O_s fp32 [R, S, d], base-2 lse_s [
 merge kernel; with one split the final O and LSE are written directly.
 """
 
-import argparse
 import math
 import sys
 
@@ -51,8 +50,8 @@ from attnscope.kernels import decode as dec
 from attnscope.kernels.fwd_hopper import wgmma_layout
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import graph_of, inputs, reference_error, write_rows  # noqa: E402
-from decode_fill import time_beside_peers  # noqa: E402
+from decode import graph_of, inputs, write_rows  # noqa: E402
+from decode_fill import bench_parser, check_beside, print_ratios, time_beside_peers  # noqa: E402
 
 PRODUCER_REGS = gl.constexpr(24)
 BM = 64  # query rows of the wgmma tile (G <= 64 used)
@@ -212,9 +211,7 @@ def gluon_runner(q, k, v, lens, splits, block_n, stages):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", metavar="PATH")
-    p.add_argument("--rounds", type=int, default=3)
+    p = bench_parser(__doc__)
     p.add_argument("--points", choices=("all", "parity"), default="all")
     a = p.parse_args()
 
@@ -230,15 +227,10 @@ def main():
         for bn, st in CONFIGS:
             run = gluon_runner(q, k, v, lens, s, bn, st)
             o = run()
-            err, bound = reference_error(o, q, k, v)
-            diff = (o.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
-            if not (err <= bound and diff <= 2e-2):
-                sys.exit(f"B={B} Hkv={Hkv} L={L} gluon {bn}/{st}: MISMATCH err {err:.2e} (bound "
-                         f"{bound:.2e}), max diff to portable {diff:.2e} of its largest value")
+            check_beside(o, ref, q, k, v, f"B={B} Hkv={Hkv} L={L} gluon {bn}/{st}")
             graphs[f"gluon {bn}/{st}"] = graph_of(run)
         times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
-        print(f"B={B:2d} Hkv={Hkv:2d} L={L:6d} s={s:2d} " + " | ".join(
-            f"{key} {nbytes / t / 1e9:.3f} ({med['cudnn'] / t:.3f}x)" for key, t in med.items()), flush=True)
+        print_ratios(f"B={B:2d} Hkv={Hkv:2d} L={L:6d} s={s:2d}", nbytes, med)
         rows.append({"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "splits": s, "bytes": nbytes, "ms": times})
         del q, k, v, graphs, plan
         torch.cuda.empty_cache()
