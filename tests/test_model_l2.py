@@ -483,6 +483,8 @@ def test_mean_miss_is_the_average_of_the_miss_curve():
         steps = 20_000
         numeric = sum(physical.miss(lo + (i + 0.5) * (hi - lo) / steps, ramp) for i in range(steps)) / steps
         assert physical.mean_miss(lo, hi, ramp) == pytest.approx(numeric, abs=1e-6), (lo, hi)
+        # the same interval given far end first (a lockstep (q + 2, q + 1) wave pair): the same mean
+        assert physical.mean_miss(hi, lo, ramp) == pytest.approx(numeric, abs=1e-6), (hi, lo)
     assert physical.mean_miss(1.2, 1.2, ramp) == physical.miss(1.2, ramp)
 
 

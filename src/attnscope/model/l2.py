@@ -165,7 +165,9 @@ def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
 
 
 def mean_miss(lo: float, hi: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
-    """Mean of `miss` over ratios uniform in [lo, hi] (closed form: the integral of a clipped line)."""
+    """Mean of `miss` over ratios uniform between ``lo`` and ``hi``, given in either order (closed form: the
+    integral of a clipped line)."""
+    lo, hi = min(lo, hi), max(lo, hi)
     if hi - lo <= 1e-12 * max(1.0, hi):
         return miss(hi, ramp)
     w = max(ramp - 1.0, 1e-9)
