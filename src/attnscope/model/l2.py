@@ -19,7 +19,9 @@ set's next query head starts, its top tiles after a gap that the resident
 spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diagonal step apart;
 attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
 batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
-waves between (`batch_gap_rereads`). Spills (`spill_bytes`): dead dirty frames reach DRAM unless reused first.
+waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T launches longer, over which
+the other batches' sets are touched (`head_gap_rereads` with ``batch``). Spills (`spill_bytes`): dead dirty
+frames reach DRAM unless reused first.
 Writes (`_retained`): what is still dirty in the L2 at the end is not counted. Each constant says
 whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
 assumed; none is fitted, but the structure was developed on the recorded sweeps, so only a fresh grid
@@ -277,7 +279,7 @@ def wave_rereads(sets: int, per_set: int, concurrent: int, kv_bytes: float, othe
 
 
 def head_gap_rereads(per_head: float, c: int, kv_bytes: float, qo_bytes: float, frame_bytes: float,
-                     spread: float, cap: float, ramp: float) -> float:
+                     spread: float, cap: float, ramp: float, batch: int = 1) -> float:
     """K/V re-reads, in sets, where the next query head of a K/V set starts (FA-2's backward walkers, the
     set's query heads consecutive in launch order): the heads' CTAs launch lightest first, one launch
     interval (a mean lifetime / ``c``) apart, each walking from its diagonal down. Tile x (a fraction of the
@@ -293,17 +295,35 @@ def head_gap_rereads(per_head: float, c: int, kv_bytes: float, qo_bytes: float, 
     re-reads within 0.06 sets at FA-2 MQA B = 1, N 16-32k, and none without the frames; the H200's counters
     show 0.07-0.21 sets more (about 0.1 where none is estimated: N 16,385, 24,576 even, 20,481). The frames
     are what separates N = 24,577 (ragged kernel, 274 B a thread: 0.31 sets measured, 0.11 estimated) from
-    24,576 (Is_even_MN, 74 B: 0.11 measured, none estimated) at H = 13/1."""
-    x0 = spread * c / (per_head + spread * c)
+    24,576 (Is_even_MN, 74 B: 0.11 measured, none estimated) at H = 13/1.
+
+    ``batch`` B > 1 (FA-2's (m, b, h) grid: the batch between a group's heads): the next head of the set
+    starts (B - 1) T launches later, G(x) = (B - 1) T + x T - spread c (1 - x), and the B - 1 pairs (head,
+    batch) of the other batches' sets come between. Pair q (q T launches after the set's, q = 1 .. B - 1)
+    reads its tile y from q T + y T (its CTA y T's diagonal) to (q + 1) T + spread c (1 - y) (its heaviest
+    CTA): inside the gap for y < x + q u, u = T / (spread c); the pair of the same batch one head earlier
+    (q - B) only for y < x - (B - q) u, within that. So the gap also touches min(1, x + q u) of each other
+    batch's set: D(x) gains the sum of those over q, piecewise linear with knots at x = 1 - q u. The exact
+    LRU of the ideal schedule (bench/l2_sim.py --frames --ramp 1.38; the misses of a tile's first read by a
+    later head) puts these re-reads at 7.74 / 2.65 / 1.53 / 27.31 / 0.24 sets at B = 2 GQA 19/1 N = 26,154,
+    5 45/5 8,111, 5 21/3 7,353, 4 29/1 23,103, 5 9/3 5,755 (this form: 7.74 / 2.59 / 1.48 / 27.32 / 0.14),
+    where counting the other batches' whole sets and B T Q/O tiles put them at 18.0 / 4.35 / 1.48 / 28.0 /
+    0."""
+    t, sc = per_head, spread * c
+    lead = (batch - 1) * t  # launches from the set's pair to its next head's, less one pair
     slots = SLOT_REUSE_LIFETIMES * c  # G past which the frames cycle through every warp slot
+    u = t / sc
 
     def gap(x):
-        return max(0.0, x * per_head - spread * c * (1.0 - x))
+        return max(0.0, lead + x * t - sc * (1.0 - x))
 
     def dist(x):
-        return x * kv_bytes + gap(x) * qo_bytes + min(c + gap(x), c + slots) * frame_bytes
-    xk = (slots + spread * c) / (per_head + spread * c)  # where G = slots
-    knots = [x0] + ([xk] if x0 < xk < 1.0 else []) + [1.0]
+        others = sum(min(1.0, x + q * u) for q in range(1, batch))
+        return (x + others) * kv_bytes + gap(x) * qo_bytes + min(c + gap(x), c + slots) * frame_bytes
+    x0 = max(0.0, (sc - lead) / (t + sc))  # where G = 0
+    xk = (slots + sc - lead) / (t + sc)  # where G = slots
+    inner = [xk] + [1.0 - q * u for q in range(1, batch)]
+    knots = [x0] + sorted(k for k in inner if x0 < k < 1.0) + [1.0]
     return sum((b - a) * mean_miss(dist(a) / cap, dist(b) / cap, ramp) for a, b in itertools.pairwise(knots))
 
 
@@ -653,11 +673,11 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         extra += (group - 1) * batch * kv_heads * kv_set * \
             batch_gap_rereads(batch, group, kv_heads, tr, c, kv_set, c * q_o, kv_params.capacity * l2,
                               kv_params.ramp)
-    elif adjacent < group:  # causal: each later head re-reads the set after the other batches' sets (every
-        # tile of each, read by its heaviest CTA) and Q/O; what was evicted is fetched once more, the whole
-        # set (its first reader in the head misses every tile)
-        between = batch * (kv_set + tr * q_o) / (kv_params.capacity * l2)
-        extra += (group - 1) * batch * kv_heads * kv_set * miss(between, kv_params.ramp)
+    elif adjacent < group:  # causal: each later head re-reads the top of the set after a gap of the other
+        # batches' pairs (B - 1) T launches long, over which the machine touches their sets' tiles, Q/O and
+        # frames (`head_gap_rereads` with ``batch``)
+        extra += (group - 1) * batch * kv_heads * kv_set * head_gap_rereads(
+            tr, c, kv_set, q_o, frame, spread, kv_params.capacity * l2, kv_params.ramp, batch)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
