@@ -741,24 +741,29 @@ def test_the_estimate_follows_attnscopes_persistent_schedule():
     assert small.read - 5 * 41 * 3 * 4539 * 128 * 2 < 0.1 * 5 * 41 * 2 * 4539 * 128 * 2
 
 
+def _fa2_causal_geometry(n):
+    """FA-2 causal fp16 d 128 at N = n (ragged kernel): query tiles T, the longest walk over the mean
+    (spread), a CTA's spill frame and its Q and O tiles, both in K/V bytes of L2 room."""
+    from attnscope.model.tiles import Grid
+
+    p = physical.H200_L2_PARAMS
+    _, ker = physical.kernel_of("flash", 128, True, "fp16", n)
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
+    t = g.n_q_tiles
+    return (t, g.kv_rows_loaded(t) / (g.kv_rows_total() / t), ker.threads * ker.frame[1] * p.private_weight(),
+            2 * 128 * 128 * 2 * p.qo_weight())
+
+
 @pytest.mark.parametrize("sms, n, heads, l2_div", [(33, 7597, 5, 4), (33, 7597, 3, 4), (22, 5065, 4, 6)])
 def test_head_gap_rereads_track_the_ramp_on_exact_lru_distances(sms, n, heads, l2_div):
     """FA-2 MQA at B = 1, a 30k point scaled down (SMs, N and the L2 alike): where the next query head
     starts, its first readers of the top tiles come after a gap. The closed form against the measured ramp
     applied to the exact LRU stack distances of the ideal schedule, spill frames resident (bench/l2_sim.py
     --frames --ramp): within 0.03 sets; without the frames neither re-reads anything."""
-    from attnscope.model.tiles import Grid
-
     p, l2b = physical.H200_L2_PARAMS, H200_L2 // l2_div
     sim = _l2_sim().attention("flash", 1, heads, n, 128, True, p.shared, l2_bytes=l2b, sms=sms, kv_heads=1,
                               frames=True, ramp=p.shared_ramp)
-    _, ker = physical.kernel_of("flash", 128, True, "fp16", n)
-    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
-    t = g.n_q_tiles
-    spread = g.kv_rows_loaded(t) / (g.kv_rows_total() / t)
-    frame = ker.threads * ker.frame[1] * p.private_weight()
-
-    qo = 2 * 128 * 128 * 2 * p.qo_weight()
+    t, spread, frame, qo = _fa2_causal_geometry(n)
 
     def form(f):
         return (heads - 1) * physical.head_gap_rereads(t, 2 * sms, 2 * n * 128 * 2, qo, f, spread,
@@ -778,17 +783,10 @@ def test_causal_gqa_heads_split_by_the_batch_track_the_exact_lru(batch, heads, k
     closed form against the measured ramp on the exact LRU stack distances of the ideal schedule, spill
     frames resident (bench/l2_sim.py --frames --ramp; all its re-reads but 0.13 sets at 45/5 are a later
     head's): within 0.4 sets (the whole-set form before: 4.35 at 45/5, none at 9/1)."""
-    from attnscope.model.tiles import Grid
-
     p, l2b, sms = physical.H200_L2_PARAMS, H200_L2 // 4, 33
     sim = _l2_sim().attention("flash", batch, heads, n, 128, True, p.shared, l2_bytes=l2b, sms=sms,
                               kv_heads=kv_heads, frames=True, ramp=p.shared_ramp)
-    _, ker = physical.kernel_of("flash", 128, True, "fp16", n)
-    g = Grid(n, n, ker.block_q, ker.block_kv, causal=True)
-    t = g.n_q_tiles
-    spread = g.kv_rows_loaded(t) / (g.kv_rows_total() / t)
-    frame = ker.threads * ker.frame[1] * p.private_weight()
-    qo = 2 * 128 * 128 * 2 * p.qo_weight()
+    t, spread, frame, qo = _fa2_causal_geometry(n)
     form = (heads // kv_heads - 1) * physical.head_gap_rereads(
         t, 2 * sms, 2 * n * 128 * 2, qo, frame, spread, p.shared * l2b, p.shared_ramp, batch)
     assert sim > 0.1
