@@ -59,6 +59,20 @@ def ms(fn, rep):
     return triton.testing.do_bench(fn, warmup=max(5, rep // 4), rep=rep)
 
 
+def each_point(points, measure, json_path=None, shape=lambda point: point):
+    """For each point: its inputs (`inputs` of ``shape(point)``, i.e. B, Hq, Hkv, L), its JSON row from
+    ``measure(point, q, k, v, lens)``, inputs freed before the next point; then the rows (`write_rows`)."""
+    rows = []
+    for point in points:
+        tensors = inputs(*shape(point))
+        rows.append(measure(point, *tensors))
+        del tensors
+        torch.cuda.empty_cache()
+    if json_path:
+        write_rows(json_path, rows)
+    return rows
+
+
 def write_rows(path, rows, **extra):
     """The rows of a bench/decode*.py run as JSON at ``path``, with the device, torch and Triton versions."""
     with open(path, "w") as f:

@@ -20,7 +20,7 @@ import triton.language as tl
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import graph_of, inputs, ms, reference_error, write_rows  # noqa: E402
+from decode import each_point, graph_of, inputs, ms, reference_error, write_rows  # noqa: E402
 
 
 @triton.jit
@@ -162,9 +162,9 @@ def print_ratios(label, nbytes, med):
 
 def variants(a):
     """Each of `VARIANTS` beside kv_read and CUDNN, CUDA-graph replay, ``a.rounds`` interleaved rounds."""
-    rows = []
-    for name, (B, Hq, Hkv, L, s), _ in PAIRS:
-        q, k, v, lens = inputs(B, Hq, Hkv, L)
+
+    def measure(pair, q, k, v, lens):
+        name, (B, Hq, Hkv, L, s), _ = pair
         nbytes = 2 * k.numel() * k.element_size()
         graphs = {}
         for vname, opts in VARIANTS.items():
@@ -177,12 +177,8 @@ def variants(a):
             graphs[vname] = graph_of(lambda plan=plan, t=(q, k, v, lens): plan.run(*t))
         times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
         print_ratios(f"{name:16s}", nbytes, med)
-        rows.append({"name": name, "layout": [B, Hq, Hkv, L, s], "bytes": nbytes, "ms": times})
-        del q, k, v, graphs
-        torch.cuda.empty_cache()
-    if a.json:
-        write_rows(a.json, rows)
-
+        return {"name": name, "layout": [B, Hq, Hkv, L, s], "bytes": nbytes, "ms": times}
+    each_point(PAIRS, measure, a.json, shape=lambda pair: pair[1][:4])
 
 if __name__ == "__main__":
     main()

@@ -50,7 +50,7 @@ from attnscope.kernels import decode as dec
 from attnscope.kernels.fwd_hopper import wgmma_layout
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import graph_of, inputs, write_rows  # noqa: E402
+from decode import each_point, graph_of  # noqa: E402
 from decode_fill import bench_parser, check_beside, print_ratios, time_beside_peers  # noqa: E402
 
 PRODUCER_REGS = gl.constexpr(24)
@@ -215,27 +215,21 @@ def main():
     p.add_argument("--points", choices=("all", "parity"), default="all")
     a = p.parse_args()
 
-    points = PARITY + (SMALL if a.points == "all" else [])
-    rows = []
-    for B, Hq, Hkv, L in points:
-        q, k, v, lens = inputs(B, Hq, Hkv, L)
+    def measure(point, q, k, v, lens):
+        B, Hq, Hkv, L = point
         nbytes = 2 * k.numel() * k.element_size()
         plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False)
         s = plan.num_splits
         ref = plan.run(q, k, v, lens)
-        graphs = {"portable": graph_of(lambda plan=plan, t=(q, k, v, lens): plan.run(*t))}
+        graphs = {"portable": graph_of(lambda: plan.run(q, k, v, lens))}
         for bn, st in CONFIGS:
             run = gluon_runner(q, k, v, lens, s, bn, st)
-            o = run()
-            check_beside(o, ref, q, k, v, f"B={B} Hkv={Hkv} L={L} gluon {bn}/{st}")
+            check_beside(run(), ref, q, k, v, f"B={B} Hkv={Hkv} L={L} gluon {bn}/{st}")
             graphs[f"gluon {bn}/{st}"] = graph_of(run)
         times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
         print_ratios(f"B={B:2d} Hkv={Hkv:2d} L={L:6d} s={s:2d}", nbytes, med)
-        rows.append({"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "splits": s, "bytes": nbytes, "ms": times})
-        del q, k, v, graphs, plan
-        torch.cuda.empty_cache()
-    if a.json:
-        write_rows(a.json, rows)
+        return {"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "splits": s, "bytes": nbytes, "ms": times}
+    each_point(PARITY + (SMALL if a.points == "all" else []), measure, a.json)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import triton.language as tl
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import graph_of, inputs, write_rows  # noqa: E402
+from decode import each_point, graph_of  # noqa: E402
 from decode_fill import bench_parser, check_beside, print_ratios, time_beside_peers  # noqa: E402
 
 POINTS = [(64, 32, 8, 4096), (64, 32, 32, 4096), (16, 32, 8, 4096), (64, 32, 8, 32768), (16, 32, 8, 32768)]
@@ -95,26 +95,23 @@ def main():
     p = bench_parser(__doc__)
     a = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = []
-    for B, Hq, Hkv, L in POINTS:
-        q, k, v, lens = inputs(B, Hq, Hkv, L)
+
+    def measure(point, q, k, v, lens):
+        B, Hq, Hkv, L = point
         nbytes = 2 * k.numel() * k.element_size()
         plan = attnscope.decode_plan(q, k, v, None, check_seqlens=False)
         ref = plan.run(q, k, v)
-        graphs = {f"portable s={plan.num_splits}": graph_of(lambda plan=plan, t=(q, k, v): plan.run(*t))}
+        graphs = {f"portable s={plan.num_splits}": graph_of(lambda: plan.run(q, k, v))}
         for programs in (sms, 2 * sms):
             for stages in (3, 4):
                 run = runner(q, k, v, programs, stages=stages)
-                o = run()
-                check_beside(o, ref, q, k, v, f"B={B} Hkv={Hkv} L={L} persist P={programs} stages={stages}")
+                what = f"B={B} Hkv={Hkv} L={L} persist P={programs} stages={stages}"
+                check_beside(run(), ref, q, k, v, what)
                 graphs[f"persist P={programs} st={stages}"] = graph_of(run)
         times, med = time_beside_peers(graphs, q, k, v, 1, a.rounds)
         print_ratios(f"B={B:2d} Hkv={Hkv:2d} L={L:6d}", nbytes, med)
-        rows.append({"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "bytes": nbytes, "ms": times})
-        del q, k, v, graphs, plan
-        torch.cuda.empty_cache()
-    if a.json:
-        write_rows(a.json, rows)
+        return {"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "bytes": nbytes, "ms": times}
+    each_point(POINTS, measure, a.json)
 
 
 if __name__ == "__main__":
