@@ -1,157 +1,69 @@
-"""Warp-split decode: each warp runs its own online softmax over its own keys of every tile. Faster?
+"""Warp-split decode (``KEY_GROUPS``): each warp its own online softmax over its own keys of every tile.
 
-    PYTHONPATH=src python bench/decode_warps.py [--json PATH] [--rounds 3]
-    env -u TRITON_INTERPRET PYTHONPATH=src python bench/decode_warps.py --ptx   # sm_90 loop census, no GPU
+    PYTHONPATH=src python bench/decode_warps.py [--json PATH] [--rounds 3] [--points grid|parity]
+    env -u TRITON_INTERPRET PYTHONPATH=src python bench/decode_warps.py --census   # sm_90, no GPU
 
-The portable decode kernel (`attnscope.kernels.decode`) computes S = Q K^T on a [16 rows, 128 keys] tile
-with its 4 warps side by side along the keys. Every tile then needs cross-warp reductions (the row max,
-the row sum) and P goes through shared memory to become the A operand of O += P V, whose warps split d:
-9 ``bar.sync`` per 128-key tile in its sm_90 loop. Here the tile is [W groups, 16 rows, 128 / W keys] and
-each warp owns one group (a batched ``tl.dot``): its own running max, sum and O accumulator over the keys
-it holds, no cross-warp traffic inside the loop; the W states are merged once at the end (the logsumexp
-merge, as between splits). Same loads, same programs and splits as the portable plan.
+With ``KEY_GROUPS = 1`` the decode kernel (`attnscope.kernels.decode`) computes S = Q K^T on a [16 rows,
+BLOCK_N keys] tile with its warps side by side along the keys: every tile's row max and row sum cross the
+warps, and P goes through shared memory to become the A operand of O += P V (whose warps split d): 9
+``bar.sync`` per 128-key tile in the sm_90 loop. With ``KEY_GROUPS = W`` the tile is [W groups, 16 rows,
+BLOCK_N / W keys], one group per warp (a batched ``tl.dot``): each warp keeps its own running max, sum and
+O over its keys, with no cross-warp traffic in the loop (2 ``bar.sync``: the copy wait and the buffer
+reuse), and the W states are merged once after it. Same loads, programs, splits and fused merge.
 
-Experiment only: dense cache, one query, every sequence full. Checked against float64 (sequence 0) and
-against the portable kernel (every row), then timed in CUDA-graph replay beside the portable plan,
-kv_read and SDPA CUDNN (interleaved rounds; ratio of medians to CUDNN).
+Each variant is a `DecodePlan` ``_config`` (BLOCK_N / warps / stages / KEY_GROUPS), checked against float64
+(sequence 0) and the shipped plan (every row), then timed in CUDA-graph replay beside the shipped plan,
+``kv_read`` (the loads alone) and SDPA CUDNN, in interleaved rounds (ratio of medians to CUDNN).
+``--census`` prints each variant's registers, spill bytes, shared memory and barriers (compiled for
+sm_90 on any machine).
 """
 
 import sys
-
-import torch
-import triton
-import triton.language as tl
 
 import attnscope
 from attnscope.kernels import decode as dec
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-
-@triton.jit
-def _warpsplit_kernel(Q, K, V, O_PART, LSE_PART, O, L, n_kv_heads, num_splits, qk_scale,
-                      stride_kb, stride_kh, stride_kn, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                      D: tl.constexpr, BLOCK_N: tl.constexpr, W: tl.constexpr, STAGES: tl.constexpr,
-                      SPLIT: tl.constexpr):
-    KW: tl.constexpr = BLOCK_N // W  # keys per warp group per tile
-    pid = tl.program_id(0)  # b * Hkv + kv head
-    split = tl.program_id(1)
-    b = (pid // n_kv_heads).to(tl.int64)
-    h = (pid % n_kv_heads).to(tl.int64)
-    per = tl.cdiv(tl.cdiv(L, BLOCK_N), num_splits) * BLOCK_N
-    lo = split * per
-    hi = tl.minimum(lo + per, L)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    m_mask = offs_m < GROUP
-    q = tl.load(Q + ((b * n_kv_heads + h) * GROUP + offs_m)[:, None] * D + offs_d[None, :],
-                mask=m_mask[:, None], other=0.0)  # [BLOCK_M, D]
-    q3 = tl.broadcast_to(q[None, :, :], (W, BLOCK_M, D))
-    g3 = tl.arange(0, W)[:, None, None]
-    j3 = tl.arange(0, KW)[None, :, None]
-    d3 = tl.arange(0, D)[None, None, :]
-    key3 = g3 * KW + j3  # [W, KW, 1] key offset in the tile
-    keyrow = (tl.arange(0, W)[:, None] * KW + tl.arange(0, KW)[None, :])[:, None, :]  # [W, 1, KW]
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_kb + h * stride_kh
-    m_i = tl.full([W, BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([W, BLOCK_M], tl.float32)
-    acc = tl.zeros([W, BLOCK_M, D], tl.float32)
-    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
-        rows = start + key3
-        ok = rows < hi
-        off = rows.to(tl.int64) * stride_kn + d3
-        k = tl.load(k_base + off, mask=ok, other=0.0)  # [W, KW, D]
-        s = tl.dot(q3, tl.trans(k, (0, 2, 1))) * qk_scale  # [W, BLOCK_M, KW]
-        s = tl.where(start + keyrow < hi, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 2))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, :, None])
-        l_i = l_i * alpha + tl.sum(p, 2)
-        v = tl.load(v_base + off, mask=ok, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, :, None])
-        m_i = m_new
-    # merge the W warp states (base 2): the logsumexp merge over the group axis
-    m = tl.max(m_i, 0)  # [BLOCK_M]
-    m_s = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(m_i - m_s[None, :])  # [W, BLOCK_M]; 0 for an empty group
-    l = tl.sum(l_i * w, 0)
-    o = tl.sum(acc * w[:, :, None], 0)  # [BLOCK_M, D]
-    l_safe = tl.where(l == 0.0, 1.0, l)
-    o = o / l_safe[:, None]
-    lse2 = tl.where(l == 0.0, float("-inf"), m_s + tl.log2(l_safe))
-    out_rows = (b * n_kv_heads + h) * GROUP + offs_m
-    if SPLIT:
-        part = out_rows * num_splits + split
-        tl.store(O_PART + part[:, None] * D + offs_d[None, :], o, mask=m_mask[:, None])
-        tl.store(LSE_PART + part, lse2, mask=m_mask)
-    else:
-        tl.store(O + out_rows[:, None] * D + offs_d[None, :], o.to(O.dtype.element_ty), mask=m_mask[:, None])
+# name: (BLOCK_N, warps, stages, KEY_GROUPS); "shipped" is whatever _block_config picks
+VARIANTS = {"w4 128/4/3": (128, 4, 3, 4), "w4 64/4/4": (64, 4, 4, 4), "w4 64/4/5": (64, 4, 5, 4),
+            "w4 64/4/6": (64, 4, 6, 4), "w8 128/8/3": (128, 8, 3, 8), "w8 128/8/4": (128, 8, 4, 8),
+            "w2 128/4/3": (128, 4, 3, 2)}
+PARITY = [(1, 32, 32, 131072), (1, 32, 32, 32768), (16, 32, 8, 32768), (16, 32, 8, 131072)]
+GRID = [(b, hq, hkv, L) for b, hq, hkv in [(1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8), (64, 32, 32)]
+        for L in (4096, 32768, 131072) if b * hkv * L * 128 * 4 <= 100 * 2**30]
 
 
-def runner(q, k, v, splits, *, block_n=128, warps=4, stages=3):
-    """A graph-capturable closure: phase 1 (+ the portable combine kernel when ``splits > 1``)."""
-    B, Hq, _, d = q.shape
-    Hkv, L = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    o = torch.empty_like(q)
-    o_part = torch.empty(B * Hq, splits, d, device=q.device, dtype=torch.float32)
-    lse_part = torch.empty(B * Hq, splits, device=q.device, dtype=torch.float32)
-    lse = torch.empty(B * Hq, device=q.device, dtype=torch.float32)
-    qk_scale = d ** -0.5 * 1.4426950408889634
-    assert k.is_contiguous() and v.is_contiguous() and q.is_contiguous()
-
-    def run():
-        _warpsplit_kernel[(B * Hkv, splits)](
-            q, k, v, o_part, lse_part, o, L, Hkv, splits, qk_scale, k.stride(0), k.stride(1), k.stride(2),
-            GROUP=G, BLOCK_M=max(16, triton.next_power_of_2(G)), D=d, BLOCK_N=block_n, W=warps,
-            STAGES=stages, SPLIT=splits > 1, num_warps=warps, num_stages=stages)
-        if splits > 1:
-            dec._attnscope_decode_combine_kernel[(B * Hq,)](o_part, lse_part, o, lse, splits, HEAD_DIM=d,
-                                                            BLOCK_S=triton.next_power_of_2(min(splits, 16)),
-                                                            EMULATE_BF16=False)
-        return o
-    return run
+def config(bn, warps, stages, groups):
+    return {"BLOCK_N": bn, "num_warps": warps, "STAGES": stages, "num_stages": stages, "KEY_GROUPS": groups}
 
 
-POINTS = [(1, 32, 32, 131072), (1, 32, 32, 32768), (16, 32, 8, 32768), (16, 32, 8, 131072),
-          (64, 32, 8, 4096), (64, 32, 32, 4096), (1, 32, 8, 32768), (1, 32, 32, 4096)]
-# keys / warps / stages / x the plan's splits
-CONFIGS = [(128, 4, 3, 1), (128, 8, 3, 1), (64, 4, 4, 1), (128, 4, 4, 1), (64, 4, 4, 2)]
-
-
-def ptx_census():
-    """Compile for sm_90 on this machine and count the loop's barriers, MMAs and exponentials."""
-    import inspect
-    import re
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    names = list(inspect.signature(_warpsplit_kernel.fn).parameters)
-    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*bf16",
-            "qk_scale": "fp32"}
-    for bn, w, st, _ in CONFIGS:
-        cx = dict(GROUP=4, BLOCK_M=16, D=128, BLOCK_N=bn, W=w, STAGES=st, SPLIT=True)
-        sig = {n: "constexpr" if n in cx else ptrs.get(n, "i32") for n in names}
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-                 if n in ("Q", "K", "V", "O_PART", "LSE_PART", "O", "stride_kb", "stride_kh", "stride_kn")}
-        c = triton.compile(ASTSource(_warpsplit_kernel, sig, constexprs=cx, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": st})
-        ptx = c.asm["ptx"]
-        loops = re.split(r"\n\$L__BB0_\d+:", ptx)
-        body = max(loops, key=lambda s: s.count("mma.sync"))
-        counts = {key: body.count(key) for key in ("bar.sync", "mma.sync", "ex2.approx", "cp.async.cg",
-                                                   "ldmatrix", "shfl.sync")}
-        print(f"{bn}/{w}/{st}: smem {c.metadata.shared} B, loop {counts}")
+def census():
+    """Registers, spills, shared memory and barriers of each variant (decode tile, G = 4, fused merge)."""
+    from decode_resources import compile_, ptxas
+    types = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
+             "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32", "qk_scale": "fp32"}
+    shipped = dec._block_config(16)
+    for name, (bn, w, st, g) in {"shipped": (shipped["BLOCK_N"], shipped["num_warps"], shipped["STAGES"], 1),
+                                 **VARIANTS}.items():
+        cx = dict(GROUP=4, BLOCK_M=16, HEAD_DIM=128, BLOCK_N=bn, STAGES=st, USE_DOT=True,
+                  EMULATE_BF16=False, SPLIT=True, FUSE=True, MERGE_M=16, MERGE_S=8, WRITE_LSE=False,
+                  HAS_SEQLENS=True, PAGED=False, PAGE_SIZE=16, CHUNK=False, KEY_GROUPS=g)
+        c = compile_(dec._attnscope_decode_split_kernel, types, [n for n, t in types.items() if t[0] == "*"],
+                     cx, w, st)
+        regs, spill = ptxas(c)
+        print(f"{name:12s} registers {regs}, spill stores {spill} B, shared {c.metadata.shared} B, "
+              f"bar.sync in the PTX {c.asm['ptx'].count('bar.sync')}")
 
 
 def main():
-    if "--ptx" in sys.argv:
-        return ptx_census()
+    if "--census" in sys.argv:
+        return census()
     from decode import each_point, graph_of, reference_error  # noqa: E402
     from decode_fill import bench_parser, check_beside, print_ratios, time_beside_peers  # noqa: E402
-    a = bench_parser(__doc__).parse_args()
+    p = bench_parser(__doc__)
+    p.add_argument("--points", choices=["grid", "parity"], default="grid")
+    a = p.parse_args()
 
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point
@@ -161,16 +73,16 @@ def main():
         ref = plan.run(q, k, v, lens)
         err, bound = reference_error(ref, q, k, v)
         if not err <= bound:
-            sys.exit(f"{point} portable: MISMATCH {err:.2e} > {bound:.2e}")
-        graphs = {"portable": graph_of(lambda: plan.run(q, k, v, lens))}
-        for bn, w, st, x in CONFIGS:
-            run = runner(q, k, v, s * x, block_n=bn, warps=w, stages=st)
-            check_beside(run(), ref, q, k, v, f"{point} warps {bn}/{w}/{st} x{x}")
-            graphs[f"ws{bn}/{w}/{st}" + (f"x{x}" if x > 1 else "")] = graph_of(run)
+            sys.exit(f"{point} shipped: MISMATCH {err:.2e} > {bound:.2e}")
+        graphs = {"shipped": graph_of(lambda: plan.run(q, k, v, lens))}
+        for name, cfg in VARIANTS.items():
+            vp = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, num_splits=s, _config=config(*cfg))
+            check_beside(vp.run(q, k, v, lens), ref, q, k, v, f"{point} {name}")
+            graphs[name] = graph_of(lambda vp=vp: vp.run(q, k, v, lens))
         times, med = time_beside_peers(graphs, q, k, v, s, a.rounds)
         print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{s}", nbytes, med)
         return {"point": list(point), "splits": s, "bytes": nbytes, "ms": times}
-    each_point(POINTS, measure, a.json)
+    each_point(PARITY if a.points == "parity" else GRID, measure, a.json)
 
 
 if __name__ == "__main__":
