@@ -25,17 +25,18 @@ from attnscope.kernels import decode as dec
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-# name: (BLOCK_N, warps, stages, KEY_GROUPS); "shipped" is whatever _block_config picks
-VARIANTS = {"w4 128/4/3": (128, 4, 3, 4), "w4 64/4/4": (64, 4, 4, 4), "w4 64/4/5": (64, 4, 5, 4),
-            "w4 64/4/6": (64, 4, 6, 4), "w8 128/8/3": (128, 8, 3, 8), "w8 128/8/4": (128, 8, 4, 8),
-            "w2 128/4/3": (128, 4, 3, 2)}
+# name: (BLOCK_N, warps, stages, KEY_GROUPS, OFF32); "shipped" is whatever the plan picks
+VARIANTS = {"i64 128/4/3": (128, 4, 3, 1, False), "w4 128/4/3": (128, 4, 3, 4, True),
+            "w4 128/4/4": (128, 4, 4, 4, True), "w4 64/4/4": (64, 4, 4, 4, True),
+            "w4 128/4/3 i64": (128, 4, 3, 4, False)}
 PARITY = [(1, 32, 32, 131072), (1, 32, 32, 32768), (16, 32, 8, 32768), (16, 32, 8, 131072)]
 GRID = [(b, hq, hkv, L) for b, hq, hkv in [(1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8), (64, 32, 32)]
         for L in (4096, 32768, 131072) if b * hkv * L * 128 * 4 <= 100 * 2**30]
 
 
-def config(bn, warps, stages, groups):
-    return {"BLOCK_N": bn, "num_warps": warps, "STAGES": stages, "num_stages": stages, "KEY_GROUPS": groups}
+def config(bn, warps, stages, groups, off32):
+    return {"BLOCK_N": bn, "num_warps": warps, "STAGES": stages, "num_stages": stages, "KEY_GROUPS": groups,
+            "OFF32": off32}
 
 
 def census():
@@ -44,11 +45,11 @@ def census():
     types = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
              "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32", "qk_scale": "fp32"}
     shipped = dec._block_config(16)
-    for name, (bn, w, st, g) in {"shipped": (shipped["BLOCK_N"], shipped["num_warps"], shipped["STAGES"], 1),
-                                 **VARIANTS}.items():
+    for name, (bn, w, st, g, off32) in {"shipped": (shipped["BLOCK_N"], shipped["num_warps"],
+                                                    shipped["STAGES"], 1, True), **VARIANTS}.items():
         cx = dict(GROUP=4, BLOCK_M=16, HEAD_DIM=128, BLOCK_N=bn, STAGES=st, USE_DOT=True,
                   EMULATE_BF16=False, SPLIT=True, FUSE=True, MERGE_M=16, MERGE_S=8, WRITE_LSE=False,
-                  HAS_SEQLENS=True, PAGED=False, PAGE_SIZE=16, CHUNK=False, KEY_GROUPS=g)
+                  HAS_SEQLENS=True, PAGED=False, PAGE_SIZE=16, CHUNK=False, KEY_GROUPS=g, OFF32=off32)
         c = compile_(dec._attnscope_decode_split_kernel, types, [n for n, t in types.items() if t[0] == "*"],
                      cx, w, st)
         regs, spill = ptxas(c)

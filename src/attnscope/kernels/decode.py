@@ -162,6 +162,7 @@ def _attnscope_decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     KEY_GROUPS: tl.constexpr,  # W > 1 (USE_DOT only): each warp its own softmax over BLOCK_N / W keys
+    OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -228,22 +229,25 @@ def _attnscope_decode_split_kernel(
         if PAGED:
             if BLOCK_N <= PAGE_SIZE:
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
-                page = tl.load(bt_base + start_n // PAGE_SIZE).to(tl.int64)  # scalar
-                slot = (start_n % PAGE_SIZE + key_of).to(tl.int64)  # rows of the page
+                page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
+                slot = start_n % PAGE_SIZE + key_of  # rows of the page
             else:
                 # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
                 # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
                 # that the 16-byte cp.async copies need)
                 pidx = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)  # block-table entries
-                pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0).to(tl.int64)
+                pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0)
                 pick = tl.expand_dims(key_of // PAGE_SIZE, -1) == tl.arange(0, BLOCK_N // PAGE_SIZE)
                 page = tl.sum(tl.where(pick, pages, 0), -1)  # per key
-                slot = (key_of % PAGE_SIZE).to(tl.int64)
+                slot = key_of % PAGE_SIZE
+            if not OFF32:
+                page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
             v_off = page * stride_vb + slot * stride_vn
         else:
-            k_off = rows.to(tl.int64) * stride_kn
-            v_off = rows.to(tl.int64) * stride_vn
+            key = rows if OFF32 else rows.to(tl.int64)
+            k_off = key * stride_kn
+            v_off = key * stride_vn
         kv_mask = tl.expand_dims(n_mask, -1)
         k = tl.load(k_base + tl.expand_dims(k_off, -1) + offs_d, mask=kv_mask, other=0.0)  # [.., keys, d]
         if USE_DOT:
@@ -579,6 +583,8 @@ class DecodePlan:
             "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
             "KEY_GROUPS": cfg.get("KEY_GROUPS", 1) if use_dot else 1,
+            "OFF32": cfg.get("OFF32", _offsets_fit_int32(
+                k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
@@ -667,6 +673,16 @@ def _dense_pages(k_cache, v_cache, L_max: int, page: int):
         return None
     j = torch.arange(n, dtype=torch.int32, device=k_cache.device)
     return torch.arange(B, dtype=torch.int32, device=k_cache.device)[:, None] * R + j[None, :]
+
+
+def _offsets_fit_int32(k_cache, v_cache, dims) -> bool:
+    """Whether every K/V element offset the split kernel adds to its base pointers fits in int32: the
+    offsets walk the cache dims ``dims`` (dense: the keys, (2,), from a (batch, head) base; paged: pages
+    and slots, (0, 1); a dense cache through `_dense_pages`: batch and keys, (0, 2), from a head's base)
+    plus d. Masked-off lanes past the last key are never loaded, whatever their wrapped address."""
+    def span(t):
+        return sum((t.shape[i] - 1) * t.stride(i) for i in dims) + t.shape[3]
+    return max(span(k_cache), span(v_cache)) < 2**31
 
 
 def _check_out(name, t, shape, dtype, device):
