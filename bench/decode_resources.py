@@ -61,7 +61,7 @@ def main():
                               STAGES=cfg["STAGES"], USE_DOT=True, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
                               MERGE_M=min(block_m, 4) if block_m == 16 else block_m,
                               MERGE_S=8 if block_m <= 16 else 1, WRITE_LSE=True, HAS_SEQLENS=True,
-                              PAGED=page > 0, PAGE_SIZE=max(page, 1), CHUNK=block_m > 16),
+                              PAGED=page > 0, PAGE_SIZE=max(page, 1), CHUNK=block_m > 16, OFF32=True),
                          cfg["num_warps"], cfg["num_stages"])
             regs, spill = ptxas(c)
             what = f"paged {page:3d}" if page else "dense    "

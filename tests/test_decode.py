@@ -558,7 +558,7 @@ def split_types(n):
 split_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O", "LSE", "SEM")
 # name, use_dot, fuse, block_m, paged, page_size, chunk: decode (MMA, elementwise, fused merge), paged
 # pages of 16 and 64, chunked prefill with 32- and 128-row tiles (dense and paged), each with the block
-# config the plan picks for its row tile (decode._block_config)
+# config the plan picks for its row tile (decode._block_config); int32 offsets (OFF32) but where named
 VARIANTS = [("decode", True, False, 16, False, 1, False),
             ("elementwise", False, False, 4, False, 1, False),
             ("fused", True, True, 16, False, 1, False), ("paged16", True, True, 16, True, 16, False),
@@ -566,7 +566,9 @@ VARIANTS = [("decode", True, False, 16, False, 1, False),
             ("paged256", True, False, 16, True, 256, False), ("chunk32", True, True, 32, False, 1, True),
             ("chunk128", True, False, 128, False, 1, True),
             ("chunk128_paged", True, False, 128, True, 16, True),
-            ("chunk128_paged64", True, False, 128, True, 64, True)]
+            ("chunk128_paged64", True, False, 128, True, 64, True),
+            ("fused_int64", True, True, 16, False, 1, False),
+            ("paged16_int64", True, True, 16, True, 16, False)]
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
@@ -587,7 +589,8 @@ for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
                  dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
                       MERGE_M=block_m if chunk else min(block_m, 4), MERGE_S=8 if block_m <= 16 else 1,
-                      WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged, PAGE_SIZE=page, CHUNK=chunk),
+                      WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged, PAGE_SIZE=page, CHUNK=chunk,
+                      OFF32=not name.endswith("int64")),
                  warps=cfg["num_warps"], stages=cfg["num_stages"])
     ptx = c.asm["ptx"]
     mma = "mma.sync" in ptx or "wgmma" in ptx
@@ -632,7 +635,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     splits = [row for row in rows if row[0] == "split"]
-    assert len(splits) == 11 and any(row[0] == "combine" for row in rows), r.stdout
+    assert len(splits) == 13 and any(row[0] == "combine" for row in rows), r.stdout
     for row in rows:
         if row[0] in ("combine", "merge"):  # the logsumexp merge kernels, compiled and without spills
             assert int(row[2]) <= 0, rows
@@ -1054,3 +1057,56 @@ def test_dense_chunk_reads_through_a_table_of_key_pages(layout):
     with poisoned_empty():
         o, lse = plan.run(q, k, v, lens.to(DEVICE))
     check_chunk(o, lse, q, k, v, lens)
+
+
+class _Shape:
+    """Shape and strides only: the int32-offset check reads nothing else."""
+
+    def __init__(self, shape, strides):
+        self.shape, self._strides = shape, strides
+
+    def stride(self, i):
+        return self._strides[i]
+
+
+@pytest.mark.parametrize("dims, shape, strides, fits", [
+    # dense [B, Hkv, L, d] from a (batch, head) base: one head's keys, whatever B and Hkv
+    ((2,), (64, 32, 2**24 - 1, 128), (2**36, 2**31, 128, 1), True),
+    ((2,), (1, 1, 2**24, 128), (2**31, 2**31, 128, 1), False),
+    # a token-major view [B, L, Hkv, d].transpose(1, 2): key stride Hkv x d
+    ((2,), (1, 32, 2**19 + 1, 128), (2**31, 128, 32 * 128, 1), False),
+    ((2,), (1, 32, 2**19, 128), (2**31, 128, 32 * 128, 1), True),
+    # paged [num_pages, page_size, Hkv, d] from a head's base: every page
+    ((0, 1), (2**14, 16, 8, 128), (16 * 8 * 128, 8 * 128, 128, 1), True),
+    ((0, 1), (2**17, 16, 8, 128), (16 * 8 * 128, 8 * 128, 128, 1), True),
+    ((0, 1), (2**17 + 1, 16, 8, 128), (16 * 8 * 128, 8 * 128, 128, 1), False),
+])
+def test_int32_offsets_only_where_every_offset_fits(dims, shape, strides, fits):
+    # the largest offset is sum((size - 1) x stride) over the walked dims, + d; it must stay below 2**31
+    t = _Shape(shape, strides)
+    assert decode._offsets_fit_int32(t, t, dims) is fits
+    small = _Shape((1, 1, 16, 128), (2048, 2048, 128, 1))
+    assert decode._offsets_fit_int32(small, t, dims) is fits  # the larger of K and V decides
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged", "chunk-table"])
+def test_int32_and_int64_offsets_give_the_same_bits(layout):
+    # OFF32 (plan-checked) only narrows the offset arithmetic: both widths read the same keys
+    gen = torch.Generator().manual_seed(5)
+    B, Hkv, G, d, L = 3, 2, 4, 64, 80  # 80: whole 16-key pages, so a chunk takes the table
+    nq = 3 if layout == "chunk-table" else 1
+    q = torch.randn(B, G * Hkv, nq, d, generator=gen).half().to(DEVICE)
+    _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=6)
+    lens = torch.tensor([L, 20, 0], dtype=torch.int32)
+    args = (q, k, v, lens.to(DEVICE))
+    if layout == "paged":
+        _, _, kp, vp, table = to_paged(k.cpu(), v.cpu(), lens, 16, gen, shared_prefix_pages=1)
+        args = (q, kp, vp, lens.to(DEVICE), table)
+    plan = decode.decode_plan(*args, num_splits=2, check_seqlens=False)
+    assert plan._consts["OFF32"] and (plan.table is not None) == (layout == "chunk-table")
+    cfg = dict(decode._block_config(16, 16 if layout == "paged" else 0), OFF32=False)
+    if layout == "chunk-table":
+        cfg["BLOCK_N"] = plan._consts["BLOCK_N"]
+    wide = decode.decode_plan(*args, num_splits=2, check_seqlens=False, _config=cfg)
+    assert not wide._consts["OFF32"]
+    assert torch.equal(plan.run(*args), wide.run(*args))

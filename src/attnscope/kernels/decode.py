@@ -21,7 +21,8 @@ a plan-owned table of BLOCK_N-key pages (`_dense_pages`) when the strides allow:
 
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge,
 and allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
-captured in a CUDA graph. `flash_decode` keeps its plans in a bounded LRU cache. Scores are base 2
+captured in a CUDA graph. `flash_decode` keeps its plans in a bounded LRU cache. K/V offsets from the
+loop's base pointers are int32 where the plan's span check allows (`_offsets_fit_int32`), else int64. Scores are base 2
 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log. Measurements: BENCHMARKS.md.
 """
 
@@ -161,7 +162,6 @@ def _attnscope_decode_split_kernel(
     PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
     PAGE_SIZE: tl.constexpr,
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
-    KEY_GROUPS: tl.constexpr,  # W > 1 (USE_DOT only): each warp its own softmax over BLOCK_N / W keys
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
@@ -204,42 +204,26 @@ def _attnscope_decode_split_kernel(
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
 
-    # A tile's keys: KEY_GROUPS == 1: [BLOCK_N], the scores [BLOCK_M, BLOCK_N] with the warps side by side
-    # along the keys (each tile's row max and sum cross warps, and P crosses shared memory to meet V).
-    # KEY_GROUPS = W > 1: [W, BLOCK_N / W], group g = keys g * BLOCK_N / W .., scores [W, BLOCK_M, BLOCK_N /
-    # W] by a batched tl.dot, one group per warp: W independent online softmaxes (state [W, BLOCK_M, ..])
-    # without cross-warp traffic in the loop, merged once after it. Shapes below are written for both
-    # (reductions on axis -1, expand_dims(., -1)); each tile's masks and addresses are per key.
-    if KEY_GROUPS == 1:
-        key_of = offs_n
-        q_t = q
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
-        l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
-    else:
-        KW: tl.constexpr = BLOCK_N // KEY_GROUPS
-        key_of = tl.arange(0, KEY_GROUPS)[:, None] * KW + tl.arange(0, KW)[None, :]  # [W, KW]
-        q_t = tl.broadcast_to(q[None, :, :], (KEY_GROUPS, BLOCK_M, HEAD_DIM))
-        m_i = tl.full([KEY_GROUPS, BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([KEY_GROUPS, BLOCK_M], tl.float32)
-        acc = tl.zeros([KEY_GROUPS, BLOCK_M, HEAD_DIM], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
-        rows = start_n + key_of  # key positions
+        rows = start_n + offs_n  # [BLOCK_N] key positions
         n_mask = rows < hi
         if PAGED:
             if BLOCK_N <= PAGE_SIZE:
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
                 page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
-                slot = start_n % PAGE_SIZE + key_of  # rows of the page
+                slot = start_n % PAGE_SIZE + offs_n  # [BLOCK_N] rows of the page
             else:
                 # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
                 # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
                 # that the 16-byte cp.async copies need)
                 pidx = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)  # block-table entries
                 pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0)
-                pick = tl.expand_dims(key_of // PAGE_SIZE, -1) == tl.arange(0, BLOCK_N // PAGE_SIZE)
-                page = tl.sum(tl.where(pick, pages, 0), -1)  # per key
-                slot = key_of % PAGE_SIZE
+                pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
+                slot = offs_n % PAGE_SIZE  # [BLOCK_N]
             if not OFF32:
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
@@ -248,39 +232,29 @@ def _attnscope_decode_split_kernel(
             key = rows if OFF32 else rows.to(tl.int64)
             k_off = key * stride_kn
             v_off = key * stride_vn
-        kv_mask = tl.expand_dims(n_mask, -1)
-        k = tl.load(k_base + tl.expand_dims(k_off, -1) + offs_d, mask=kv_mask, other=0.0)  # [.., keys, d]
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         if USE_DOT:
-            kt = tl.trans(k) if KEY_GROUPS == 1 else tl.trans(k, (0, 2, 1))  # [.., d, keys]
-            s = tl.dot(q_t.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q_t, kt)
-            s = s * qk_scale  # [.., BLOCK_M, keys], base-2 scaled scores, fp32
+            kt = tl.trans(k)  # [d, BLOCK_N]
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+            s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-        visible = tl.expand_dims(n_mask, -2)
-        if CHUNK:
-            visible = visible & (tl.expand_dims(rows, -2) < tl.expand_dims(lim, -1))
+        visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, -1))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
         # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-        p = tl.exp2(s - tl.expand_dims(m_safe, -1))
-        l_i = l_i * alpha + tl.sum(p, -1)
-        v = tl.load(v_base + tl.expand_dims(v_off, -1) + offs_d, mask=kv_mask, other=0.0)
+        p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         if USE_DOT:
             if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
                 p, v = round_bf16(p), v.to(tl.float32)
-            # P in the input dtype, as FlashAttention
-            acc = tl.dot(p.to(v.dtype), v, acc * tl.expand_dims(alpha, -1))
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
-    if KEY_GROUPS > 1:  # merge the W groups' states (the logsumexp merge, as between splits)
-        m_all = tl.max(m_i, 0)  # [BLOCK_M]
-        w = tl.exp2(m_i - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # 0 for an empty group
-        l_i = tl.sum(l_i * w, 0)
-        acc = tl.sum(acc * w[:, :, None], 0)  # [BLOCK_M, d]
-        m_i = m_all
 
     o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
     n_q_heads = n_kv_heads * GROUP
@@ -582,7 +556,6 @@ class DecodePlan:
             "SPLIT": split, "FUSE": fuse, "MERGE_M": merge_m, "MERGE_S": merge_s,
             "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
-            "KEY_GROUPS": cfg.get("KEY_GROUPS", 1) if use_dot else 1,
             "OFF32": cfg.get("OFF32", _offsets_fit_int32(
                 k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
