@@ -22,8 +22,9 @@ a plan-owned table of BLOCK_N-key pages (`_dense_pages`) when the strides allow:
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge,
 and allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
 captured in a CUDA graph. `flash_decode` keeps its plans in a bounded LRU cache. K/V offsets from the
-loop's base pointers are int32 where the plan's span check allows (`_offsets_fit_int32`), else int64. Scores are base 2
-(``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log. Measurements: BENCHMARKS.md.
+loop's base pointers are int32 where the plan's span check allows (`_offsets_fit_int32`), else int64.
+Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log. Measurements:
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
