@@ -251,6 +251,21 @@ def test_recorded_grid_within_15_percent():
     assert not misses, "\n".join(misses)
 
 
+def test_a_measured_kernel_geometry_replaces_the_table():
+    # the recorded H = 32, N = 16,384 unmasked point ran the portable kernel's autotuned 8-warp config (ncu:
+    # 256 threads, grid 128 x 32; 128 KiB of shared memory: one CTA per SM) and read + wrote 537,067,776
+    # bytes; with the table's two CTAs per SM a wave boundary cuts a K/V set and the estimate is 20 % high
+    measured = 409_860_864 + 127_206_912
+    ran = physical.Kernel(128, 64, 1, "hb", False, False, threads=256)
+    call = {"l2_bytes": H200_L2, "sms": 132, "attnscope_impl": "portable"}
+    table = estimate("attnscope", 16384, 128, 32, **call)
+    e = estimate("attnscope", 16384, 128, 32, **call, kernel=ran)
+    assert error(table.total, measured) > 0.15
+    assert abs(error(e.total, measured)) < 0.05
+    with pytest.raises(ValueError, match=r"kernel: expected an l2.Kernel or None, got \(128, 64\)"):
+        estimate("attnscope", kernel=(128, 64))
+
+
 def test_the_reread_curve_keeps_part_of_a_just_too_large_output():
     # one head, N = 4,096: S is 32 MiB; the softmax re-reads S[x] after the rest of S and x of S and P
     # (32-64 MiB, LRU stack distance): exact LRU with one copy's 34.8 MiB would miss 91 % of it; the H200

@@ -636,8 +636,9 @@ def dead_frame_evicted(inserted: float, ctas: int, concurrent: int, cap: float) 
 
 def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: int, heads: int, kv_heads: int,
            causal: bool, l2: int, sms: int, cap: float, params: L2Params, per_sm: int | None,
-           dtype: str = "fp16", attnscope_impl: str = "auto") -> None:
+           dtype: str = "fp16", attnscope_impl: str = "auto", kernel: Kernel | None = None) -> None:
     name, ker = kernel_of(impl, d, causal, dtype, max(nq, nk), attnscope_impl)
+    ker = ker if kernel is None else kernel
     per_sm = ker.ctas_per_sm if per_sm is None else per_sm
     c = sms * per_sm
     g = Grid(nq, nk, ker.block_q, ker.block_kv, causal=causal)
@@ -800,7 +801,7 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
              causal: bool = False, *, kv_heads: int | None = None, l2_bytes: int | None = None,
              sms: int | None = None, device: str = "h200", ctas_per_sm: int | None = None,
              l2_fraction: float | None = None, ramp: float | None = None,
-             attnscope_impl: str = "auto") -> Estimate:
+             attnscope_impl: str = "auto", kernel: Kernel | None = None) -> Estimate:
     """L2-aware estimate of the DRAM bytes of one attention call (whole call; see the module docstring).
 
     Parameters
@@ -816,6 +817,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     attnscope_impl: "auto" (the Gluon variant kernels/fwd.py's HOPPER_VALIDATED names for the call, else the
         portable kernel: what ``attnscope.flash_attention`` runs) or "portable" (measurements taken while
         that table was empty); `kernel_of`.
+    kernel: a fused kernel's geometry (`Kernel`) where a measurement shows it ran another one than
+        `kernel_of` names (default: `kernel_of`'s), e.g. an ncu record's block size and grid.
 
     Returns
     -------
@@ -843,6 +846,7 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     l2 = dev.l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev.sms if sms is None else positive_int("sms", sms)
     per_sm = None if ctas_per_sm is None else positive_int("ctas_per_sm", ctas_per_sm)
+    expect(kernel is None or isinstance(kernel, Kernel), "kernel", "an l2.Kernel or None", kernel)
     cap = frac * l2
     info = {"n": n, "d": d, "heads": heads, "kv_heads": hkv, "batch": batch, "dtype": dtype, "causal": causal,
             "l2_bytes": l2, "sms": sms, "l2_fraction": frac, "ramp": rp}
@@ -851,7 +855,7 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
         _naive(est, n, n, d, b, batch * heads, causal, cap, rp)
     else:
         _fused(est, impl, n, n, d, b, batch, heads, hkv, causal, l2, sms, cap, params, per_sm, dtype,
-               attnscope_impl)
+               attnscope_impl, kernel)
     # the floor: inputs are read at least once (cold L2); anything below the compulsory bytes is credited
     qkv = batch * n * d * b * (heads + 2 * hkv)
     assert est.read >= qkv - len(est.kernels), (est.read, qkv)
