@@ -1,19 +1,21 @@
 """Issue 18: an exact-LRU simulation of a fused attention kernel's K/V reads under an ideal schedule (CPU).
 
     PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--kv-heads HKV] [--cap 0.434]
-        [--cliff] [--persistent [--middle-alone]] [--jitter SIGMA [--seed S]]
+        [--cliff] [--persistent [--middle-alone]] [--jitter SIGMA [--seed S]] [--dtype bf16]
+        [--attnscope-impl auto]
 
 The check on model/l2.py's re-read closed forms (`wave_rereads`) that no GPU gives: the same kernel geometry
 (`l2.kernel_of`: block sizes, CTAs per SM, walk direction, grid order) run through an ideal machine and an LRU
 L2. C = SMs x CTAs/SM slots; CTAs start in grid order as slots free; every running CTA reads one K/V tile per
 step (one rate for all: no DRAM stalls, no clock spread); a causal CTA walks the tiles `tiles.Grid.kv_bounds`
 loads, FA-2 from its diagonal down; attnscope's portable kernel launches causal query tiles heaviest first
-(kernels/fwd.py). GQA (``--kv-heads``): the query heads of a group read one K/V set. The L2 holds ``--cap`` x
-L2 bytes of K/V lines (default the shared capacity, `L2Params.shared`), LRU over K/V tiles and each CTA's Q
-(read at its start) and O (written at its end), weighted by `L2Params.qo_weight` as the closed form does.
-Prints the K/V reads beyond one pass, in K/V sets. ``--cliff``: the capacity (x L2) below which the simulated
-re-reads exceed half a set (bisection). Cost grows with sets x T x tiles (a 32k FA-2 point: seconds): a
-development tool, never on the estimate's path.
+(kernels/fwd.py); ``--attnscope-impl auto``: the Gluon variant `attnscope bytes` estimates for the call
+instead (fwd.HOPPER_VALIDATED: e.g. hopper_deep, one CTA per SM, 128 x 128 tiles). GQA (``--kv-heads``): the
+query heads of a group read one K/V set. The L2 holds ``--cap`` x L2 bytes of K/V lines (default the shared
+capacity, `L2Params.shared`), LRU over K/V tiles and each CTA's Q (read at its start) and O (written at its
+end), weighted by `L2Params.qo_weight` as the closed form does. Prints the K/V reads beyond one pass, in K/V
+sets. ``--cliff``: the capacity (x L2) below which the simulated re-reads exceed half a set (bisection). Cost
+grows with sets x T x tiles (a 32k FA-2 point: seconds): a development tool, never on the estimate's path.
 
 ``--frames``: each CTA's spill frame (`l2.Kernel.frame`) stays in the L2 while it runs, at warp-slot
 addresses re-used `l2.SLOT_REUSE_LIFETIMES` lifetimes after a CTA ends. ``--ramp R``: a re-use misses
@@ -27,7 +29,8 @@ points measuring fewer re-reads than the ideal schedule (issue 18; no measuremen
 
 ``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
 (kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
-rounds, heavy tile then light, every program one K/V tile per step with no barrier between rounds.
+rounds, heavy tile then light, every program one K/V tile per step with no barrier between rounds (``--ramp``
+as above).
 ``--middle-alone``: the schedule before 2026-12-01 (pairs (k, T - 1 - k); an odd T's middle tile alone at
 half a pair's cost, so programs drift apart).
 """
@@ -193,13 +196,17 @@ def _simulate_jittered(walks, order, concurrent, tile_bytes, qo_bytes, capacity,
 
 
 def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_560, sms=132, dtype="fp16",
-              kv_heads=None, frames=False, ramp=None, jitter=0.0, seed=0):
+              kv_heads=None, frames=False, ramp=None, jitter=0.0, seed=0, attnscope_impl="portable"):
     """`simulate` for one attention call with ``impl``'s geometry (`l2.kernel_of`); ``kv_heads`` (GQA): query
     head h reads the K/V set of kv head h // (heads / kv_heads), in its batch. ``frames``: with the kernel's
-    spill frames (`l2.Kernel.frame`, the room of lines read by one SM: `L2Params.private_weight`)."""
+    spill frames (`l2.Kernel.frame`, the room of lines read by one SM: `L2Params.private_weight`).
+    ``attnscope_impl``: as `l2.kernel_of` ("auto": the Gluon variant fwd.HOPPER_VALIDATED names, one CTA per
+    SM over the same grid order; a persistent one is `persistent`'s, refused here)."""
     hkv = heads if kv_heads is None else kv_heads
     group = heads // hkv
-    _, ker = l2.kernel_of(impl, d, causal, dtype, n, "portable")
+    name, ker = l2.kernel_of(impl, d, causal, dtype, n, attnscope_impl)
+    if ker.persistent:
+        raise ValueError(f"{name}: a persistent kernel; simulate its schedule with --persistent")
     g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal)
     walk = []
     for i in range(1, g.n_q_tiles + 1):
@@ -226,14 +233,15 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
 
 
 def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capacity, walk=None,
-                        middle_alone=False, n_kv=None):
+                        middle_alone=False, n_kv=None, ramp=None):
     """Extra K/V reads, in sets, of attnscope's persistent causal schedule (kernels/fwd_hopper.py ``_work``,
     `tiles.persistent_item`) in an LRU of ``capacity`` bytes: ``sets`` K/V sets of ``group`` query heads,
     ``num_m`` query tiles per head; item q on program q % ``programs``, heavy tile then light; every
     program reads one K/V tile per step, no barrier between rounds; Q at an item's start and O at its end
     (``qo_bytes`` each). ``walk(t)``: KV tiles query tile t loads (default t + 1: square tiles); ``n_kv``:
     KV tiles per set (default ``num_m``).
-    ``middle_alone``: the schedule before 2026-12-01 (an odd num_m's middle tile alone)."""
+    ``middle_alone``: the schedule before 2026-12-01 (an odd num_m's middle tile alone). ``ramp``: misses by
+    `StackDistance` (the measured ramp on the LRU stack distances) instead of LRU hits."""
     from attnscope.model.tiles import persistent_item
     walk = walk or (lambda t: t + 1)
     half = (num_m + 1) // 2
@@ -245,7 +253,14 @@ def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capa
     walks = [[] for _ in range(programs)]
     for q in range(sets * group * half):
         walks[q % programs] += [(q // (group * half), q, walk(t)) for t in item(q % half) if t is not None]
-    touch, misses = LRU(capacity).touch, 0
+    if ramp is None:
+        lru = LRU(capacity).touch
+
+        def touch(key, size):
+            return 0.0 if lru(key, size) else 1.0
+    else:
+        touch = StackDistance(capacity, ramp, sum(n + 2 for w in walks for *_, n in w)).touch
+    misses = 0.0
     pos = [[0, 0] for _ in range(programs)]
     while any(i < len(walks[p]) for p, (i, _) in enumerate(pos)):
         for p in range(programs):
@@ -254,7 +269,7 @@ def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capa
                 s, q, n = walks[p][i]
                 if j == 0:
                     touch(("q", q, i), qo_bytes)
-                misses += not touch((s, j), tile_bytes)
+                misses += touch((s, j), tile_bytes)
                 if j + 1 == n:
                     touch(("o", q, i), qo_bytes)
                 pos[p] = [i + 1, 0] if j + 1 == n else [i, j + 1]
@@ -262,7 +277,7 @@ def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capa
 
 
 def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=False, l2_bytes=62_914_560,
-               sms=132, dtype="fp16"):
+               sms=132, dtype="fp16", ramp=None):
     """`lockstep_persistent` for one attention call with hopper_persist's geometry (`l2.kernel_of`)."""
     hkv = heads if kv_heads is None else kv_heads
     _, ker = l2.kernel_of("attnscope", d, True, dtype, n)
@@ -270,7 +285,7 @@ def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=Fal
     b = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
     return lockstep_persistent(batch * hkv, heads // hkv, g.n_q_tiles, sms, 2 * ker.block_kv * d * b,
                                ker.block_q * d * b * l2.H200_L2_PARAMS.qo_weight(), cap_fraction * l2_bytes,
-                               lambda t: g.kv_bounds(t + 1)[1], middle_alone, g.n_kv_tiles)
+                               lambda t: g.kv_bounds(t + 1)[1], middle_alone, g.n_kv_tiles, ramp)
 
 
 def main():
@@ -291,16 +306,25 @@ def main():
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="relative spread (sigma) of CTA lifetimes: CTAs drift out of step (no --frames)")
     ap.add_argument("--seed", type=int, default=0, help="with --jitter: the random seed")
+    ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
+    ap.add_argument("--attnscope-impl", default="portable", choices=("portable", "auto"),
+                    help="attnscope's kernel: the portable one, or the Gluon variant `attnscope bytes` "
+                    "estimates for the call (fwd.HOPPER_VALIDATED; non-persistent ones only)")
     a = ap.parse_args()
     if a.persistent:
-        extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone)
+        extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone, dtype=a.dtype,
+                           ramp=a.ramp)
         print(f"attnscope persistent causal B={a.batch} H={a.heads}/{a.kv_heads or a.heads} N={a.n} d={a.d} "
               f"({'middle tile alone' if a.middle_alone else 'lockstep'}): K/V reads beyond one pass at "
-              f"{a.cap:.3f} x L2 (LRU): {extra:.3f} sets")
+              f"{a.cap:.3f} x L2 ({'LRU' if a.ramp is None else f'ramp {a.ramp}'}): {extra:.3f} sets")
         return
     args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
-    kw = {"kv_heads": a.kv_heads, "frames": a.frames, "ramp": a.ramp, "jitter": a.jitter, "seed": a.seed}
-    extra = attention(*args, a.cap, **kw)
+    kw = {"kv_heads": a.kv_heads, "frames": a.frames, "ramp": a.ramp, "jitter": a.jitter, "seed": a.seed,
+          "dtype": a.dtype, "attnscope_impl": a.attnscope_impl}
+    try:
+        extra = attention(*args, a.cap, **kw)
+    except ValueError as e:
+        ap.error(str(e))
     heads = f"{a.heads}/{a.kv_heads}" if a.kv_heads else str(a.heads)
     print(f"{a.impl} B={a.batch} H={heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
           f"K/V reads beyond one pass at {a.cap:.3f} x L2 ({'LRU' if a.ramp is None else f'ramp {a.ramp}'}"
