@@ -150,6 +150,7 @@ HELDOUT11 = HELDOUT.with_name("heldout11.csv")  # drawn after `l2.head_gap_rerea
 HELDOUT12 = HELDOUT.with_name("heldout12.csv")  # drawn after `l2.batch_gap_rereads`, before its run
 HELDOUT13 = HELDOUT.with_name("heldout13.csv")  # drawn after r18c's causal window, before its run
 HELDOUT14 = HELDOUT.with_name("heldout14.csv")  # drawn after the symmetric `l2.mean_miss`, before its run
+HELDOUT15 = HELDOUT.with_name("heldout15.csv")  # drawn after r18w's causal GQA batch term, before its run
 RERUN10 = HELDOUT.with_name("rerun10.csv")  # development data (reruns of grid 10's worst points)
 RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
                                                            "persist_probe.csv"))  # development data
@@ -230,7 +231,10 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
                  HELDOUT10, HELDOUT11, HELDOUT12, PROBE, RERUN7, RERUN10, LOCKSTEP, FRAMES, PERSIST)),
     (HELDOUT14, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, PROBE, RERUN7, RERUN10, LOCKSTEP, FRAMES,
-                 PERSIST))])
+                 PERSIST)),
+    (HELDOUT15, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, PROBE, RERUN7, RERUN10, LOCKSTEP,
+                 FRAMES, PERSIST))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}
