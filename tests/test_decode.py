@@ -379,7 +379,9 @@ def test_merge_without_the_interpreter_uses_the_same_formula(monkeypatch):
 def test_merge_bad_input(args, match):
     from attnscope.kernels.merge import merge_
 
-    o, lse = torch.zeros(2, 3, 4), torch.zeros(2, 3)
+    o, lse = torch.zeros(2, 3, 4, device=DEVICE), torch.zeros(2, 3, device=DEVICE)  # where the kernel runs
+    if "ndarray" in match:
+        o, lse = o.cpu(), lse.cpu()  # (numpy needs host memory)
     with pytest.raises(InputError, match=match):
         merge_(*args(o, lse))
 
@@ -1037,7 +1039,8 @@ def test_dense_chunk_reads_through_a_table_of_key_pages(layout):
     # j * page .. of sequence b). The table's entries follow from the strides; when K and V do not share
     # R, or a sequence's span is not whole pages, the plan keeps the dense loop. Either way the output is
     # the float64 reference's.
-    B, Hkv, G, nq, L, d = 3, 2, 2, 5, 75 if layout == "ragged-capacity" else 80, 64
+    page = decode._block_config(16)["BLOCK_N"]  # the table's page: 16 keys here, 128 on a GPU
+    B, Hkv, G, nq, L, d = 3, 2, 2, 5, 5 * page - (5 if layout == "ragged-capacity" else 0), 64
     q = torch.randn(B, G * Hkv, nq, d, generator=torch.Generator().manual_seed(8)).half().to(DEVICE)
     _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=9)
     if layout in ("token-major", "k-and-v-differ"):
@@ -1049,7 +1052,6 @@ def test_dense_chunk_reads_through_a_table_of_key_pages(layout):
     if layout in ("k-and-v-differ", "ragged-capacity"):
         assert plan.table is None
     else:
-        page = decode._block_config(16)["BLOCK_N"]
         R = k.stride(0) // (page * k.stride(2))
         n = -(-L // page)
         want = torch.arange(B)[:, None] * R + torch.arange(n)[None, :]
@@ -1093,7 +1095,8 @@ def test_int32_offsets_only_where_every_offset_fits(dims, shape, strides, fits):
 def test_int32_and_int64_offsets_give_the_same_bits(layout):
     # OFF32 (plan-checked) only narrows the offset arithmetic: both widths read the same keys
     gen = torch.Generator().manual_seed(5)
-    B, Hkv, G, d, L = 3, 2, 4, 64, 80  # 80: whole 16-key pages, so a chunk takes the table
+    B, Hkv, G, d = 3, 2, 4, 64
+    L = 5 * decode._block_config(16)["BLOCK_N"]  # whole pages (16 keys here, 128 on a GPU): the chunk's table
     nq = 3 if layout == "chunk-table" else 1
     q = torch.randn(B, G * Hkv, nq, d, generator=gen).half().to(DEVICE)
     _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=6)
