@@ -1113,3 +1113,26 @@ def test_int32_and_int64_offsets_give_the_same_bits(layout):
     wide = decode.decode_plan(*args, num_splits=2, check_seqlens=False, _config=cfg)
     assert not wide._consts["OFF32"]
     assert torch.equal(plan.run(*args), wide.run(*args))
+
+
+@pytest.mark.parametrize("paged", (False, True))
+@pytest.mark.parametrize("nq, num_splits", [(1, 1), (1, 3), (4, 2)])
+def test_keys_past_the_length_are_never_read(paged, nq, num_splits):
+    # Every K and V element at or past a sequence's length is NaN (the unused tail of its last page, the
+    # rest of a dense cache): the loop loads only keys inside its range (rows past it repeat the last
+    # one), so the output is the reference's and finite, at lengths that do not divide a block or a page
+    gen = torch.Generator().manual_seed(11 + nq + num_splits)
+    B, Hkv, G, d, L = 3, 2, 2, 64, 90
+    q = torch.randn(B, G * Hkv, nq, d, generator=gen).half().to(DEVICE)
+    _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=12)
+    lens = torch.tensor([37, L, 5], dtype=torch.int32)
+    past = torch.arange(L)[None, None, :] >= lens[:, None, None]  # [B, 1, L]
+    k, v = (t.cpu().masked_fill(past[..., None], float("nan")) for t in (k, v))
+    if paged:
+        k, v, kc, vc, table = to_paged(k, v, lens, 16, gen)
+    else:
+        kc, vc, table = k.to(DEVICE), v.to(DEVICE), None
+    with poisoned_empty():
+        o, lse = flash_decode(q, kc, vc, lens.to(DEVICE), num_splits=num_splits, return_lse=True,
+                              block_table=table)
+    check_chunk(o, lse, q, k, v, lens, paged=(kc, vc, table) if paged else None)
