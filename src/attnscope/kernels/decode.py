@@ -211,34 +211,35 @@ def _attnscope_decode_split_kernel(
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
         n_mask = rows < hi
-        # K/V rows past the range are loaded from the last key in it, not masked: every load is a real key
-        # (finite V, so P = 0 there adds exactly 0) and the copies need no per-row predicate (+0.2-0.6 %
-        # against masked loads, BENCHMARKS.md); the scores are masked below
-        rows_c = tl.minimum(rows, hi - 1)
         if PAGED:
             if BLOCK_N <= PAGE_SIZE:
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
                 page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
-                slot = rows_c % PAGE_SIZE  # [BLOCK_N] rows of the page
+                slot = start_n % PAGE_SIZE + offs_n  # [BLOCK_N] rows of the page
             else:
-                # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: not read, 0),
+                # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
                 # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
-                # that the 16-byte cp.async copies need); clamped rows pick the last page in range
+                # that the 16-byte cp.async copies need)
                 pidx = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)  # block-table entries
                 pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0)
-                local = rows_c // PAGE_SIZE - start_n // PAGE_SIZE
-                pick = local[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
                 page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
-                slot = rows_c % PAGE_SIZE  # [BLOCK_N]
+                slot = offs_n % PAGE_SIZE  # [BLOCK_N]
             if not OFF32:
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
             v_off = page * stride_vb + slot * stride_vn
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         else:
+            # Dense: rows past the range load the last key in it instead of a masked load. Every load is
+            # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
+            # predicate: +0.2-0.6 % in graph replay (BENCHMARKS.md). Paged blocks keep masked loads:
+            # clamped rows cost them 1-2 % (their page and slot arithmetic loses its constant pattern).
+            rows_c = tl.minimum(rows, hi - 1)
             key = rows_c if OFF32 else rows_c.to(tl.int64)
             k_off = key * stride_kn
             v_off = key * stride_vn
-        k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
         if USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
@@ -253,7 +254,10 @@ def _attnscope_decode_split_kernel(
         alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
         p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+        if PAGED:
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
         if USE_DOT:
             if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
                 p, v = round_bf16(p), v.to(tl.float32)
