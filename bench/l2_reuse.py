@@ -1,6 +1,7 @@
 """What the GPU's L2 keeps: re-reads at controlled reuse distances and CTA orders, DRAM bytes by ncu.
 
     PYTHONPATH=src python bench/l2_reuse.py [--quick] [--json out.json]
+    PYTHONPATH=src python bench/l2_reuse.py --stream [--json out.json]   # E alone, 31 launches
 
 One Triton kernel (`_reread`) is run in four experiments, each kernel launch profiled by ncu through
 measure/ncu.py's own path (`ncu.run_child`: dram__bytes_read.sum / dram__bytes_write.sum,
@@ -25,10 +26,12 @@ C. causal-like: as B, head-major, but work item i of a set reads only the first 
 D. write-back: a kernel that writes W bytes (fill), then one that reads them back (producer ->
    consumer, naive attention's S): DRAM writes of the first (what does not stay dirty in L2) and reads
    of the second (what the L2 kept).
-E. streaming: as B with 128 readers per set (N = 16k, d = 128), each reader also reading a private Q
-   tile and writing a private O tile (2 x 32 KiB) or not: do streamed-once bytes push K/V out of the L2?
-   (model/l2.py counts the resident CTAs' Q and O in a wave's working set; the two predictions are
-   printed.)
+E. streaming (``--stream``: only this, at nine K/V sizes; the full run takes one per P): as B with 16 sets
+   of 128 readers (N = 16k, d = 128), P = SMs or 2 x SMs, each reader also reading a private Q tile and
+   writing a private O tile (2 x 32 KiB), twice that, the Q or the O alone, or nothing: do streamed-once
+   bytes push K/V out of the L2? model/l2.py counts a wave's Q and O in the reuse distance of the set a
+   wave boundary cuts, at `L2Params.qo_weight` K/V bytes each; printed: that prediction (the K/V lines'
+   shared capacity), the one without streams, and the weight of a streamed byte that fits the measurement.
 
 F. sharing (``--share``, only this): the same reuse distances W, three ways of re-reading, 3 passes each:
    "mixed" = A (a chunk read by a different program each pass), "private" (chunk h always read by program
@@ -114,14 +117,27 @@ def experiments(sms: int, quick: bool) -> list[dict]:
         for backward in (False, True):
             ex.append({"exp": "causal", "kv": kv * MiB, "sets": 32, "T": 16, "tiles": kv * MiB // (TILE * 4),
                        "order": 0, "P": 2 * sms, "causal": True, "backward": backward, "qt": 0, "ot": 0})
-    for kv in ([8] if quick else [4, 8, 12]):  # E: attention-like, 128 readers per set (N = 16k at d = 128)
-        for k in (1, 2):
-            for qo in (0, 2):  # each reader also streams a Q tile in and an O tile out (2 x 32 KiB), or not
-                ex.append({"exp": "stream", "kv": kv * MiB, "sets": 16, "T": 128,
-                           "tiles": kv * MiB // (TILE * 4), "order": 0, "P": k * sms, "causal": False,
-                           "backward": False, "qt": qo, "ot": qo})
+    ex += stream_experiments(sms, few=True)  # all of E: --stream
     for w in ([16, 32, 64] if quick else [8, 16, 24, 32, 40, 48, 64, 128]):  # D: fill then read back
         ex.append({"exp": "writeback", "W": w * MiB})
+    return ex
+
+
+def stream_experiments(sms: int, few: bool) -> list[dict]:
+    """E: attention-like, 16 sets of 128 readers (N = 16k at d = 128), P = SMs or 2 x SMs programs; each
+    reader streams (qt, ot) private 16 KiB tiles: none, a Q and an O tile of 32 KiB each (2, 2), twice that
+    (4, 4), and at one size per P the Q or the O alone. The sizes put the re-read of the set a wave boundary
+    cuts below the shared capacity without streams and across it with them (``--stream``: only these; ``few``:
+    one size per P, as in the full run)."""
+    sizes = {1: [12], 2: [6]} if few else {1: [8, 10, 12, 14, 16], 2: [4, 6, 8, 10]}
+    alone = {1: 12, 2: 6}  # the sizes that also run the Q or the O alone
+    ex = []
+    for k, kvs in sizes.items():
+        for kv in kvs:
+            for qt, ot in ((0, 0), (2, 2), (4, 4)) + (((2, 0), (0, 2)) if kv == alone[k] else ()):
+                ex.append({"exp": "stream", "kv": kv * MiB, "sets": 16, "T": 128,
+                           "tiles": kv * MiB // (TILE * 4), "order": 0, "P": k * sms, "causal": False,
+                           "backward": False, "qt": qt, "ot": ot})
     return ex
 
 
@@ -207,6 +223,8 @@ def main() -> int:
     p.add_argument("--json", metavar="PATH", help="write every point and the fitted parameters to PATH")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds for the ncu run (default 400)")
     p.add_argument("--share", action="store_true", help="only F: mixed vs private vs shared re-reads")
+    p.add_argument("--stream", action="store_true", help="only E: K/V re-reads with and without streamed "
+                   "Q/O tiles (about 35 launches)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -223,7 +241,8 @@ def main() -> int:
 
     props = torch.cuda.get_device_properties(0)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
-    specs = share_experiments(sms) if a.share else experiments(sms, a.quick)
+    specs = share_experiments(sms) if a.share else stream_experiments(sms, few=a.quick) if a.stream else \
+        experiments(sms, a.quick)
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 / MiB:.1f} MiB; {len(specs)} launches "
           "under ncu", flush=True)
     try:
@@ -258,11 +277,14 @@ def main() -> int:
             share = 1.0
             if s["causal"]:  # item i reads ceil((i + 1) TILES / T) of the TILES tiles
                 share = sum(-(-(i + 1) * s["tiles"] // s["T"]) for i in range(s["T"])) / (s["T"] * s["tiles"])
-            for key, ob in (("model", other), ("model_no_stream", 0)):
-                r[key] = model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
-                                            other_bytes=ob, causal=s["causal"], backward=s["backward"],
-                                            l2_bytes=l2, order="head" if s["order"] == 0 else "tile",
-                                            share=share, schedule="static")
+            if s["exp"] == "stream":  # as the estimate counts a CTA's Q/O: K/V lines' (shared) capacity,
+                r.update(stream_fit(s, kv, other, l2, r["amplification"], model))  # Q/O at `qo_weight`
+            else:
+                for key, ob in (("model", other), ("model_no_stream", 0)):
+                    r[key] = model.wave_rereads(
+                        sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv, other_bytes=ob,
+                        causal=s["causal"], backward=s["backward"], l2_bytes=l2,
+                        order="head" if s["order"] == 0 else "tile", share=share, schedule="static")
         rows.append(r)
     for s in status:
         if not s.get("ok"):
@@ -270,7 +292,8 @@ def main() -> int:
 
     if a.share:
         return share_report(rows, status, l2, sms, torch, a.json)
-    print("\nA. miss fraction of a re-read vs reuse distance W (cyclic, 3 passes)")
+    if not a.stream:
+        print("\nA. miss fraction of a re-read vs reuse distance W (cyclic, 3 passes)")
     for r in (r for r in rows if r["exp"] == "distance"):
         print(f"  W {r['W'] / MiB:7.1f} MiB  ({r['W'] / l2:5.2f} x L2)  DRAM read "
               f"{r['read'] / MiB:9.1f} MiB  miss {r['miss']:+.3f}")
@@ -280,10 +303,14 @@ def main() -> int:
         how = ("head-major" if r["order"] == 0 else "tile-major") + \
             (f", causal {'backward' if r['backward'] else 'forward'}" if r["causal"] else "") + \
             (f", streams {r['qt']}+{r['ot']} tiles" if r["qt"] or r["ot"] else "")
-        extra = f" (without streams {r['model_no_stream']:.3f})" if r["exp"] == "stream" else ""
+        extra = ""
+        if r["exp"] == "stream":
+            w = "n/a" if r["weight"] is None else f"{r['weight']:.2f}"
+            extra = f" (without streams {r['model_no_stream']:.3f}; a streamed byte's weight that fits: {w})"
         print(f"  {r['exp']:6s} kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, "
               f"P {r['P']:4d} ({how}): measured {r['amplification']:.3f}  model {r['model']:.3f}{extra}")
-    print("\nD. write-back: fill W, then read it back")
+    if not a.stream:
+        print("\nD. write-back: fill W, then read it back")
     for r in (r for r in rows if r["exp"] == "writeback"):
         hit = r["hit"] if r["hit"] is not None else float("nan")
         print(f"  W {r['W'] / MiB:6.1f} MiB: fill wrote {(r['fill_write'] or 0) / MiB:7.1f} MiB (kept dirty "
@@ -311,6 +338,27 @@ def main() -> int:
 
 
 SHARE = ("mixed", "private", "shared")
+
+
+def stream_fit(s: dict, kv: int, other: int, l2: int, measured: float, model) -> dict:
+    """E's predictions: `wave_rereads` with the K/V lines' shared capacity and ramp (`L2Params.for_shared`),
+    the streamed bytes (``other`` per reader) weighted as the estimate weighs a CTA's Q/O (`qo_weight`, key
+    "model") or left out ("model_no_stream"), and "weight": the weight of a streamed byte, in K/V bytes of
+    L2 room, at which the prediction equals ``measured`` (bisection; None where no weight in [0, 4] does:
+    the measurement is below the prediction without streams, or over its ceiling)."""
+    params = model.H200_L2_PARAMS
+
+    def amp(w):
+        return model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
+                                  other_bytes=w * other, l2_bytes=l2, params=params.for_shared())
+    out = {"model": amp(params.qo_weight()), "model_no_stream": amp(0.0), "weight": None}
+    lo, hi = 0.0, 4.0
+    if other and amp(lo) <= measured <= amp(hi) and amp(hi) > amp(lo):
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if amp(mid) < measured else (lo, mid)
+        out["weight"] = (lo + hi) / 2
+    return out
 
 
 def share_report(rows, status, l2, sms, torch, path) -> int:
