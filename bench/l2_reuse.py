@@ -1,7 +1,7 @@
 """What the GPU's L2 keeps: re-reads at controlled reuse distances and CTA orders, DRAM bytes by ncu.
 
     PYTHONPATH=src python bench/l2_reuse.py [--quick] [--json out.json]
-    PYTHONPATH=src python bench/l2_reuse.py --stream [--json out.json]   # E alone, 31 launches
+    PYTHONPATH=src python bench/l2_reuse.py --stream [--json out.json]   # E alone, 37 launches
 
 One Triton kernel (`_reread`) is run in four experiments, each kernel launch profiled by ncu through
 measure/ncu.py's own path (`ncu.run_child`: dram__bytes_read.sum / dram__bytes_write.sum,
@@ -127,15 +127,20 @@ def stream_experiments(sms: int, few: bool) -> list[dict]:
     """E: attention-like, 16 sets of 128 readers (N = 16k at d = 128), P = SMs or 2 x SMs programs; each
     reader streams (qt, ot) private 16 KiB tiles: none, a Q and an O tile of 32 KiB each (2, 2), twice that
     (4, 4), and at one size per P the Q or the O alone. The sizes put the re-read of the set a wave boundary
-    cuts below the shared capacity without streams and across it with them (``--stream``: only these; ``few``:
-    one size per P, as in the full run)."""
+    cuts below the shared capacity without streams and across it with them. Three sizes again with 80 sets
+    (5 x the waves, as FA-2 at B = 5 against B = 1): does the share of a set re-read fall with the wave
+    count? (``--stream``: only these; ``few``: one size per P, as in the full run.)"""
     sizes = {1: [12], 2: [6]} if few else {1: [8, 10, 12, 14, 16], 2: [4, 6, 8, 10]}
     alone = {1: 12, 2: 6}  # the sizes that also run the Q or the O alone
+    many = set() if few else {(1, 12), (1, 14), (2, 8)}  # (k, kv) run with 80 sets too
     ex = []
     for k, kvs in sizes.items():
         for kv in kvs:
-            for qt, ot in ((0, 0), (2, 2), (4, 4)) + (((2, 0), (0, 2)) if kv == alone[k] else ()):
-                ex.append({"exp": "stream", "kv": kv * MiB, "sets": 16, "T": 128,
+            runs = [(16, qt, ot) for qt, ot in ((0, 0), (2, 2), (4, 4)) + (((2, 0), (0, 2)) if kv == alone[k]
+                                                                          else ())]
+            runs += [(80, 0, 0), (80, 2, 2)] if (k, kv) in many else []
+            for sets, qt, ot in runs:
+                ex.append({"exp": "stream", "kv": kv * MiB, "sets": sets, "T": 128,
                            "tiles": kv * MiB // (TILE * 4), "order": 0, "P": k * sms, "causal": False,
                            "backward": False, "qt": qt, "ot": ot})
     return ex
