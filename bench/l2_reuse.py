@@ -310,7 +310,7 @@ def main() -> int:
             (f", streams {r['qt']}+{r['ot']} tiles" if r["qt"] or r["ot"] else "")
         extra = ""
         if r["exp"] == "stream":
-            w = "n/a" if r["weight"] is None else f"{r['weight']:.2f}"
+            w = "n/a" if r["weight"] is None else ("<= " if r["weight_bound"] else "") + f"{r['weight']:.2f}"
             extra = f" (without streams {r['model_no_stream']:.3f}; a streamed byte's weight that fits: {w})"
         print(f"  {r['exp']:6s} kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, "
               f"P {r['P']:4d} ({how}): measured {r['amplification']:.3f}  model {r['model']:.3f}{extra}")
@@ -350,13 +350,15 @@ def stream_fit(s: dict, kv: int, other: int, l2: int, measured: float, model) ->
     the streamed bytes (``other`` per reader) weighted as the estimate weighs a CTA's Q/O (`qo_weight`, key
     "model") or left out ("model_no_stream"), and "weight": the weight of a streamed byte, in K/V bytes of
     L2 room, at which the prediction equals ``measured`` (bisection; None where no weight in [0, 4] does:
-    the measurement is below the prediction without streams, or over its ceiling)."""
+    the measurement is below the prediction without streams, or over its ceiling); "weight_bound": the
+    measurement is within 0.01 of the prediction without streams, so the weight is only an upper bound."""
     params = model.H200_L2_PARAMS
 
     def amp(w):
         return model.wave_rereads(sets=s["sets"], per_set=s["T"], concurrent=s["P"], kv_bytes=kv,
                                   other_bytes=w * other, l2_bytes=l2, params=params.for_shared())
     out = {"model": amp(params.qo_weight()), "model_no_stream": amp(0.0), "weight": None}
+    out["weight_bound"] = measured - out["model_no_stream"] < 0.01
     lo, hi = 0.0, 4.0
     if other and amp(lo) <= measured <= amp(hi) and amp(hi) > amp(lo):
         for _ in range(40):
