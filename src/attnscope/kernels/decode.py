@@ -662,7 +662,8 @@ def _offsets_fit_int32(k_cache, v_cache, dims) -> bool:
     """Whether every K/V element offset the split kernel adds to its base pointers fits in int32: the
     offsets walk the cache dims ``dims`` (dense: the keys, (2,), from a (batch, head) base; paged: pages
     and slots, (0, 1); a dense cache through `_dense_pages`: batch and keys, (0, 2), from a head's base)
-    plus d. Masked-off lanes past the last key are never loaded, whatever their wrapped address."""
+    plus d. Dense rows never pass the last key (clamped); paged lanes past it are masked and never loaded,
+    whatever their wrapped address."""
     def span(t):
         return sum((t.shape[i] - 1) * t.stride(i) for i in dims) + t.shape[3]
     return max(span(k_cache), span(v_cache)) < 2**31
