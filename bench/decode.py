@@ -284,7 +284,7 @@ def time_point(row, rep, flex, want_flex):
     for key, val in t.items():
         print(f"  {key:44s} {val * 1e3:9.1f} us  {row['TB/s'][key]:5.2f} TB/s", flush=True)
     for key, val in ratios.items():
-        print(f"  {key:44s} {val:5.2f}x", flush=True)
+        print(f"  {key:44s} {val:6.3f}x", flush=True)
 
 
 def main():
@@ -338,7 +338,7 @@ def main():
                   if val < (0.95 if "0.95" in key else 1.0)]
         print(f"musts: {len(must) - len(missed)} of {len(must)} met", flush=True)
         for pt, key, val in missed:
-            print(f"  missed: {pt}: {key} = {val:.2f}x", flush=True)
+            print(f"  missed: {pt}: {key} = {val:.3f}x", flush=True)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
