@@ -181,7 +181,7 @@ def spill(impl, min_mib):
         t = math.ceil(n / ker.block_q)
         ctas, c = batch * heads * t, env["sms"] * ker.ctas_per_sm
         touched = l2.spill_bytes(ker, ctas, n, n)
-        if touched < min_mib * 2**20:
+        if touched == 0 or touched < min_mib * 2**20:  # no frames: nothing to divide by
             continue
         est = estimate_of(s, env, names, kernel)
         kept = sum(x for _, x in est.credits)
