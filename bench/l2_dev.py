@@ -9,7 +9,8 @@ probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of m
 persistent-schedule probe (bench/results/*bytes-persist*.json).
 Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
 measurement recorded pick the attnscope variant); the recorded grid's attnscope calls, which ran the
-portable kernel while it was autotuned, with the config ncu's block size and grid name (`RECORDED_PORTABLE`).
+portable kernel while it was autotuned, with the config ncu's block size and grid name
+(`physical.RECORDED_PORTABLE`).
 Prints per set the points within ±5/10/15 %, the mean
 |error| and the points past ``--worst``. Imports no torch; runs in about a second.
 
@@ -31,10 +32,8 @@ geometry the re-read model works on (a set over the L2's shared capacity, query 
 the co-resident CTAs, waves of C, N a multiple of both blocks or ragged).
 """
 import argparse
-import csv
 import glob
 import gzip
-import io
 import json
 import math
 from pathlib import Path
@@ -45,66 +44,30 @@ from attnscope.model import l2, traffic
 ROOT = Path(__file__).resolve().parents[1]
 
 
-#: The recorded grid (2026-11-29) ran attnscope's portable kernel autotuned per power-of-two N, before
-#: kernels/fwd.py's measured CONFIG_TABLE (7f60fd8): at d = 128 one of (BLOCK_M, BLOCK_N, warps, stages)
-#: (128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3) (e71f731's CONFIGS). ncu's block size (threads) and
-#: grid (query tiles: BLOCK_M) name the one that ran -> its `l2.Kernel`. Shared memory (Q + stages x (K + V)
-#: tiles): 128 KiB for 8 warps and 3 stages, so one CTA per SM (BENCHMARKS.md, 2026-11-29 config sweep: "one
-#: CTA per SM"; two warpgroups, no spills); 112 KiB for BLOCK_M 64, so two (no spills assumed: a 64-row
-#: accumulator is 64 registers a thread). (128, 64, 4, 2) is `l2.KERNELS`' own.
-RECORDED_PORTABLE = {(256, 128): l2.Kernel(128, 64, 1, "hb", False, False, threads=256),
-                     (128, 64): l2.Kernel(64, 64, 2, "hb", False, False)}
-
-
-def _launches(text):
-    """{ncu kernel ID: (threads per CTA, grid x)} of an ncu CSV."""
-    rows = csv.DictReader(io.StringIO("\n".join(s for s in text.splitlines() if s.startswith('"'))))
-    return {int(r["ID"]): (int(r["Block Size"].strip("()").split(",")[0]),
-                           int(r["Grid Size"].strip("()").split(",")[0])) for r in rows}
-
-
-def recorded_kernel(spec, ks, launches):
-    """The `l2.Kernel` a recorded attnscope portable call ran (`RECORDED_PORTABLE`), else None."""
-    if spec["impl"] != "attnscope" or spec["d"] != 128 or len(ks) != 1 or ks[0].id not in launches:
-        return None
-    threads, grid = launches[ks[0].id]
-    return RECORDED_PORTABLE.get((threads, -(-max(spec["n"], 1) // grid)))
-
-
 def recorded_points():
     """(spec, measured read, measured total, kernel names, kernel) of the recorded grid, and its env;
-    kernel: `recorded_kernel`."""
+    kernel: `physical.recorded_kernel`."""
     with gzip.open(ROOT / "tests/data/measure/recorded/ncu.json.gz", "rt", encoding="utf-8") as f:
         rec = json.load(f)
     points = []
     for run in rec["runs"]:
         if not run.get("csv") or run["cache_control"] != "none":
             continue
-        launches = _launches(run["csv"])
         for spec, ks in ncu.pair(run["status"], ncu.split_at_markers(ncu.parse_csv(run["csv"]))):
             if spec.get("ok") and ks:
                 s = {k: spec[k] for k in ("impl", "batch", "heads", "n", "d", "causal", "dtype") if k in spec}
                 if spec.get("kv_heads") and spec["kv_heads"] != spec["heads"]:
                     s["kv_heads"] = spec["kv_heads"]
                 points.append((s, sum(k.read for k in ks), sum(k.total for k in ks), [k.name for k in ks],
-                               recorded_kernel(s, ks, launches)))
+                               physical.recorded_kernel(s, ks)))
     return points, rec["env"]
-
-
-def estimate_of(s, env, names, kernel=None):
-    """`physical.estimate_of`, with the kernel a recorded call ran (`recorded_kernel`) where it differs."""
-    if kernel is None:
-        return physical.estimate_of(s, env["l2_bytes"], env["sms"], names)
-    return l2.estimate(s["impl"], s["n"], s["d"], s["heads"], s.get("batch", 1), s.get("dtype", "fp16"),
-                       bool(s.get("causal")), kv_heads=s.get("kv_heads"), l2_bytes=env["l2_bytes"],
-                       sms=env["sms"], attnscope_impl="portable", kernel=kernel)
 
 
 def recorded_rows():
     points, env = recorded_points()
     rows = []
     for s, _, total, names, kernel in points:
-        e = estimate_of(s, env, names, kernel)
+        e = physical.estimate_of(s, env["l2_bytes"], env["sms"], names, kernel)
         rows.append(physical.Row(s, int(total), e.total, e.compulsory, tuple(e.credits)))
     return rows
 
@@ -123,7 +86,7 @@ def sweep_files():
 
 def all_points():
     """(set name, spec, measured read, measured total, kernel names, env, kernel) of every development point
-    (kernel: `recorded_kernel`, else None)."""
+    (kernel: `physical.recorded_kernel`, else None)."""
     for name, path in sweep_files().items():
         data = json.loads(path.read_text())
         for p in data["points"]:
@@ -148,7 +111,7 @@ def excess(impl, causal, min_kv):
         b = traffic.DTYPE_BYTES[dtype]
         kv_set, q = 2 * n * d * b, batch * heads * n * d * b
         kv = batch * hkv * kv_set
-        est = estimate_of(s, env, names, kernel)
+        est = physical.estimate_of(s, env["l2_bytes"], env["sms"], names, kernel)
         ker = kernel or l2.kernel_of(impl, d, causal, dtype, n, physical.attnscope_impl_of(s, names))[1]
         size = kv_set / (l2.H200_L2_PARAMS.shared * env["l2_bytes"])
         if size < min_kv:
@@ -183,7 +146,7 @@ def spill(impl, min_mib):
         touched = l2.spill_bytes(ker, ctas, n, n)
         if touched == 0 or touched < min_mib * 2**20:  # no frames: nothing to divide by
             continue
-        est = estimate_of(s, env, names, kernel)
+        est = physical.estimate_of(s, env["l2_bytes"], env["sms"], names, kernel)
         kept = sum(x for _, x in est.credits)
         lse = batch * heads * n * l2.STAT_BYTES if ker.lse else 0
         out = batch * heads * n * d * traffic.DTYPE_BYTES[dtype] + lse
@@ -214,7 +177,8 @@ def repeats():
             continue
         s = rs[0][5]
         totals = [t for _, _, t, *_ in rs]
-        errs = [estimate_of(s, env, names, kernel).total / t - 1 for _, _, t, names, env, _, kernel in rs]
+        errs = [physical.estimate_of(s, env["l2_bytes"], env["sms"], names, kernel).total / t - 1
+                for _, _, t, names, env, _, kernel in rs]
         label = physical.Row(s, totals[0], totals[0], 0, ()).label()
         rows.append((max(totals) / min(totals) - 1, label, rs, totals, errs))
     for spread, label, rs, totals, errs in sorted(rows, key=lambda r: -r[0]):

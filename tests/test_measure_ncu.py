@@ -46,6 +46,7 @@ def test_parse_handmade_csv():
     assert softmax.read == 6_500_000 and softmax.write == 32_768_500  # Mbyte / Kbyte are decimal
     assert ks[4].total == 100_663_296 + 33_554_432
     assert "flash_fwd_kernel" in ks[4].name
+    assert (ks[4].threads, ks[4].grid) == (128, 32)  # the x of "(128, 1, 1)" and "(32, 1, 32)"
 
 
 def test_split_at_markers_and_pair():

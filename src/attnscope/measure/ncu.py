@@ -64,6 +64,8 @@ class KernelBytes:
     name: str
     read: int
     write: int
+    threads: int = 0  # threads per CTA (ncu's "Block Size" x; 0: not in the CSV)
+    grid: int = 0  # CTAs along grid x (ncu's "Grid Size" x; 0: not in the CSV)
 
     @property
     def total(self) -> int:
@@ -141,10 +143,21 @@ def parse_csv(text: str) -> list[KernelBytes]:
         if metric not in METRICS:
             continue
         kid = int(r["ID"])
-        rec = by_id.setdefault(kid, {"name": r["Kernel Name"], "read": 0, "write": 0})
+        rec = by_id.setdefault(kid, {"name": r["Kernel Name"], "read": 0, "write": 0,
+                                     "threads": _dim_x(r.get("Block Size")),
+                                     "grid": _dim_x(r.get("Grid Size"))})
         nbytes = int(round(_number(r["Metric Value"], r.get("Metric Unit", "byte") or "byte")))
         rec["read" if metric == METRICS[0] else "write"] += nbytes
-    return [KernelBytes(k, v["name"], v["read"], v["write"]) for k, v in sorted(by_id.items())]
+    return [KernelBytes(k, v["name"], v["read"], v["write"], v["threads"], v["grid"])
+            for k, v in sorted(by_id.items())]
+
+
+def _dim_x(value: str | None) -> int:
+    """The x of an ncu launch dimension such as "(256, 1, 1)"; 0 when absent or unreadable."""
+    try:
+        return int((value or "").strip("() ").split(",")[0])
+    except ValueError:
+        return 0
 
 
 def split_at_markers(ks: list[KernelBytes], marker: str = MARKER) -> list[list[KernelBytes]]:

@@ -187,14 +187,35 @@ class Row:
 
 PORTABLE_KERNEL = "_attnscope_fwd_kernel"  # kernels/fwd.py's portable kernel (the Gluon ones: _hopper)
 
+#: The recorded grid (tests/data/measure/recorded, 2026-11-29) ran attnscope's portable kernel autotuned per
+#: power-of-two N, before kernels/fwd.py's measured CONFIG_TABLE (7f60fd8): at d = 128 one of (BLOCK_M,
+#: BLOCK_N, warps, stages) (128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3) (e71f731's CONFIGS). ncu's block
+#: size (threads) and grid (query tiles: BLOCK_M) name the one that ran -> its `l2.Kernel`. Shared memory
+#: (Q + stages x (K + V) tiles): 128 KiB for 8 warps and 3 stages, so one CTA per SM (BENCHMARKS.md,
+#: 2026-11-29 config sweep); 112 KiB for BLOCK_M 64, so two. (128, 64, 4, 2) is `l2.KERNELS`' own.
+RECORDED_PORTABLE = {(256, 128): l2.Kernel(128, 64, 1, "hb", False, False, threads=256),
+                     (128, 64): l2.Kernel(64, 64, 2, "hb", False, False)}
 
-def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None = None):
+
+def recorded_kernel(spec: dict, kernels: list) -> l2.Kernel | None:
+    """The `l2.Kernel` a call of the recorded grid ran when it was attnscope's autotuned portable kernel
+    (`RECORDED_PORTABLE`, from the one launch's ncu block size and grid); None for anything else."""
+    if spec["impl"] != "attnscope" or spec["d"] != 128 or len(kernels) != 1 or not kernels[0].grid:
+        return None
+    k = kernels[0]
+    return RECORDED_PORTABLE.get((k.threads, -(-max(spec["n"], 1) // k.grid)))
+
+
+def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None = None,
+                kernel: l2.Kernel | None = None):
     """model/l2.py's estimate for an ncu spec. ``kernels``: the measured call's kernel names, where known:
     an attnscope call that ran the portable kernel (a sweep recorded before kernels/fwd.py's Hopper table
-    named a Gluon variant for it) is estimated for that kernel, not for what the table picks today."""
+    named a Gluon variant for it) is estimated for that kernel, not for what the table picks today.
+    ``kernel``: the geometry a measured call ran where it differs from the table's (`recorded_kernel`)."""
+    impl = "portable" if kernel is not None else attnscope_impl_of(spec, kernels)
     return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
                        spec.get("dtype", "fp16"), bool(spec.get("causal")), kv_heads=spec.get("kv_heads"),
-                       l2_bytes=l2_bytes, sms=sms, attnscope_impl=attnscope_impl_of(spec, kernels))
+                       l2_bytes=l2_bytes, sms=sms, attnscope_impl=impl, kernel=kernel)
 
 
 def attnscope_impl_of(spec: dict, kernels: list[str] | None = None) -> str:
