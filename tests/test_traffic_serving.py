@@ -253,6 +253,8 @@ def test_cli_paged_json_and_table(capsys):
     (["--cache-lens", "30", "--page-size", "12"], "--page-size: expected a power of two"),
     (["--page-size", "16"], "--page-size: expected to come with --lengths or --cache-lens"),
     (["--lengths", "3", "--device", "h200"], "--device: expected no --device / --ratio"),
+    (["--cache-lens", "30", "--nq", "0"], "--nq: expected a positive integer, got 0"),  # not a silent 1
+    (["--cache-lens", "30", "--splits", "0"], "--splits: expected a positive integer, got 0"),
 ])
 def test_cli_errors_are_one_line_exit_2(capsys, argv, msg):
     rc, out, err = _run(capsys, "traffic", *argv)

@@ -42,9 +42,14 @@ def _flag_name(message: str, args) -> str:
         return f"--rows: {rest}"
     if head in ("nq", "nk") and given.get(head) is None and "n" in given:
         return f"--n: {rest}"
+    head = _FLAG_OF.get(head, head) if _FLAG_OF.get(head) in given else head
     if head in given and head not in ("func", "command"):
         return f"--{head.replace('_', '-')}: {rest}"
     return message
+
+
+#: Model parameters whose command-line flag has another name (`_flag_name`).
+_FLAG_OF = {"num_splits": "splits"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -74,7 +74,8 @@ def run(args, names) -> int:
     else:
         expect(args.kv_lengths is None, "--kv-lengths", "only with --lengths", args.kv_lengths)
         expect(not args.no_tma, "--no-tma", "only with --lengths", args.no_tma)
-        g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=args.nq or 1, d=args.d,
+        nq = 1 if args.nq is None else args.nq  # 0 reaches the model's check, not a silent 1
+        g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=nq, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
                   block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)
         if args.json:
