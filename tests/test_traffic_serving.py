@@ -245,7 +245,8 @@ def test_cli_paged_json_and_table(capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--lengths", "3,x"], "--lengths: expected comma-separated integers"),
-    (["--lengths", "3,4", "--kv-lengths", "3"], "lengths_k: expected 2 lengths"),
+    (["--lengths", "3,4", "--kv-lengths", "3"], "--kv-lengths: expected 2 lengths"),
+    (["--lengths", "0,0"], "--lengths: expected at least one sequence with Nq >= 1"),
     (["--lengths", "3", "--cache-lens", "3"], "--cache-lens: expected not together with --lengths"),
     (["--lengths", "3", "--page-size", "16"], "--page-size: expected only with --cache-lens"),
     (["--cache-lens", "3", "--kv-lengths", "3"], "--kv-lengths: expected only with --lengths"),

@@ -49,7 +49,7 @@ def _flag_name(message: str, args) -> str:
 
 
 #: Model parameters whose command-line flag has another name (`_flag_name`).
-_FLAG_OF = {"num_splits": "splits"}
+_FLAG_OF = {"num_splits": "splits", "lengths_q": "lengths", "lengths_k": "kv_lengths"}
 
 
 def build_parser() -> argparse.ArgumentParser:
