@@ -1,0 +1,69 @@
+"""Does decode stream faster with two or three programs resident per SM (cuDNN's layout at B = 1)?
+
+    PYTHONPATH=src python bench/decode_coresident.py [--json PATH] [--rounds R] [--quick]
+
+The shipped decode config (128-key tiles, 4 warps, 3 stages) takes 136 KiB of shared memory, so one program
+runs per SM and its loads for the next tiles wait for its own arithmetic. ncu showed cuDNN at B = 1, Hkv = 32,
+L = 128k running 256 CTAs of the same 16 x 128 tile, two per SM. Here each variant is a block config (keys /
+warps / stages; 2 stages or 64-key tiles take 40-100 KiB, so 2-5 programs fit) and a multiple of the
+default split count. Each is checked against float64, then all are timed (CUDA-graph replay, interleaved
+rounds) beside ``kv_read`` and SDPA CUDNN at the decode grid of bench/decode.py. bf16, d = 128, one query.
+"""
+
+import sys
+
+import attnscope
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
+from decode_fill import bench_parser, print_ratios, time_beside_peers  # noqa: E402
+
+BUDGET = 100 * 2**30
+MISSES = [(1, 32, 32, 131072), (16, 32, 8, 131072), (64, 32, 32, 4096)]  # below CUDNN on 2026-12-01
+
+
+def cfg(block_n, warps, stages):
+    return {"BLOCK_N": block_n, "num_warps": warps, "STAGES": stages, "num_stages": stages}
+
+
+# name: (block config or None for the plan's own, split multiple)
+VARIANTS = {
+    "ship": (None, 1),
+    "128/4/2": (cfg(128, 4, 2), 1),
+    "128/4/2 x2": (cfg(128, 4, 2), 2),
+    "128/4/2 x3": (cfg(128, 4, 2), 3),
+    "64/4/3 x2": (cfg(64, 4, 3), 2),
+    "64/4/3 x3": (cfg(64, 4, 3), 3),
+    "64/4/4 x2": (cfg(64, 4, 4), 2),
+}
+
+
+def main():
+    p = bench_parser(__doc__)
+    p.add_argument("--quick", action="store_true", help="only the three points below CUDNN on 2026-12-01")
+    a = p.parse_args()
+    points = MISSES if a.quick else [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS
+                                     if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
+
+    def measure(point, q, k, v, lens):
+        B, Hq, Hkv, L = point
+        base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False).num_splits
+        graphs, splits = {}, {}
+        for name, (config, mult) in VARIANTS.items():
+            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, num_splits=base * mult,
+                                         _config=config)
+            splits[name] = plan.num_splits
+            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
+            if not err <= bound:
+                sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
+            graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
+        times, med = time_beside_peers(graphs, q, k, v, base, a.rounds)
+        nbytes = 2 * k.numel() * k.element_size()
+        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{base}", nbytes, med)
+        return {"point": list(point), "splits": splits, "bytes": nbytes, "ms": times}
+
+    each_point(points, measure, a.json)
+
+
+if __name__ == "__main__":
+    main()
