@@ -26,31 +26,49 @@ def cfg(block_n, warps, stages):
     return {"BLOCK_N": block_n, "num_warps": warps, "STAGES": stages, "num_stages": stages}
 
 
-# name: (block config or None for the plan's own, split multiple)
+# name: (block config or None for the plan's own, split multiple or "P<n>": about n programs)
 VARIANTS = {
     "ship": (None, 1),
-    "128/4/2": (cfg(128, 4, 2), 1),
-    "128/4/2 x2": (cfg(128, 4, 2), 2),
-    "128/4/2 x3": (cfg(128, 4, 2), 3),
-    "64/4/3 x2": (cfg(64, 4, 3), 2),
-    "64/4/3 x3": (cfg(64, 4, 3), 3),
-    "64/4/4 x2": (cfg(64, 4, 4), 2),
+    "128/4/2 P2048": (cfg(128, 4, 2), "P2048"),
+    "128/4/2 P4096": (cfg(128, 4, 2), "P4096"),
+    "128/4/2 P8192": (cfg(128, 4, 2), "P8192"),
+    "64/4/2 P4096": (cfg(64, 4, 2), "P4096"),
+    "128/8/2 P2048": (cfg(128, 8, 2), "P2048"),
 }
+# The first run (13:48 UTC, h200-2026-12-01-decode-coresident.*) had 128/4/2 at 1-3 x the splits, 64/4/3 at
+# 2-3 x and 64/4/4 at 2 x; the second (13:51 UTC, -p.*) the P variants above.
+# --items: at how many (batch, kv head) items do co-resident programs (no extra splits) win?
+ITEM_VARIANTS = {"ship": (None, 1), "128/4/2": (cfg(128, 4, 2), 1), "64/4/3": (cfg(64, 4, 3), 1),
+                 "128/8/2": (cfg(128, 8, 2), 1)}
+ITEM_POINTS = [(16, 32, 32, 4096), (32, 32, 32, 4096), (48, 32, 32, 4096), (64, 32, 32, 2048),
+               (128, 32, 32, 2048), (32, 32, 32, 16384), (40, 32, 32, 8192), (96, 32, 32, 16384),
+               (128, 32, 8, 4096), (192, 32, 8, 4096), (256, 32, 8, 2048), (256, 32, 8, 8192)]
+
+
+def splits_for(spec, base, items, seqlen):
+    """A split multiple, or for "P<n>" the splits that give about n programs (items = B * Hkv), each split
+    at least 256 keys."""
+    if isinstance(spec, int):
+        return base * spec
+    return max(1, min(round(int(spec[1:]) / items), seqlen // 256, 1024))
 
 
 def main():
     p = bench_parser(__doc__)
     p.add_argument("--quick", action="store_true", help="only the three points below CUDNN on 2026-12-01")
+    p.add_argument("--items", action="store_true", help="ITEM_VARIANTS at ITEM_POINTS (no splits)")
     a = p.parse_args()
-    points = MISSES if a.quick else [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS
-                                     if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
+    variants = ITEM_VARIANTS if a.items else VARIANTS
+    grid = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
+    points = ITEM_POINTS if a.items else MISSES if a.quick else grid
 
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point
         base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False).num_splits
         graphs, splits = {}, {}
-        for name, (config, mult) in VARIANTS.items():
-            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, num_splits=base * mult,
+        for name, (config, spec) in variants.items():
+            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False,
+                                         num_splits=splits_for(spec, base, B * Hkv, L),
                                          _config=config)
             splits[name] = plan.num_splits
             err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
@@ -60,6 +78,7 @@ def main():
         times, med = time_beside_peers(graphs, q, k, v, base, a.rounds)
         nbytes = 2 * k.numel() * k.element_size()
         print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{base}", nbytes, med)
+        print("  splits: " + ", ".join(f"{n} {s}" for n, s in splits.items()), flush=True)
         return {"point": list(point), "splits": splits, "bytes": nbytes, "ms": times}
 
     each_point(points, measure, a.json)
