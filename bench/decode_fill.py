@@ -18,17 +18,14 @@ import triton
 import triton.language as tl
 
 import attnscope
-from attnscope.kernels.decode import _l2_prefetch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from decode import each_point, graph_of, inputs, ms, reference_error, write_rows  # noqa: E402
 
 
 @triton.jit
-def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr,
-             PREFETCH: tl.constexpr = 0):
-    """Decode's loads without its arithmetic: program (head, split) sums its chunk of K and V
-    (``PREFETCH`` > 0: with decode's L2 bulk prefetch of the tile that many ahead)."""
+def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr):
+    """Decode's loads without its arithmetic: program (head, split) sums its chunk of K and V."""
     head, split = tl.program_id(0), tl.program_id(1)
     per = tl.cdiv(tl.cdiv(L, BLOCK_N), num_splits) * BLOCK_N
     lo = split * per
@@ -37,11 +34,6 @@ def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, S
     base = head.to(tl.int64) * L * D
     acc = tl.zeros([BLOCK_N, D], tl.float32)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
-        if PREFETCH > 0:
-            ahead = start + PREFETCH * BLOCK_N
-            nbytes = tl.minimum(hi - ahead, BLOCK_N) * (D * 2)
-            _l2_prefetch(K + base + ahead * D, nbytes)
-            _l2_prefetch(V + base + ahead * D, nbytes)
         acc += tl.load(K + base + start * D + offs).to(tl.float32)
         acc += tl.load(V + base + start * D + offs).to(tl.float32)
     tl.store(OUT + head * num_splits + split, tl.sum(acc))

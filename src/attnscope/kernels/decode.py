@@ -138,16 +138,6 @@ BLOCK_M_MAX = 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
-@triton.jit
-def _l2_prefetch(ptr, nbytes):
-    """One thread of the program asks the TMA unit to bring ``nbytes`` (> 0, a multiple of 16) from
-    ``ptr`` (16-byte aligned) into L2 (sm_90 ``cp.async.bulk.prefetch.L2``); nothing when ``nbytes <= 0``."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.s32 q, $2, 0; "
-        "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 # sizes that vary per call are not value-specialised: one binary per layout
 @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
 def _attnscope_decode_split_kernel(
@@ -174,7 +164,6 @@ def _attnscope_decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
-    PREFETCH: tl.constexpr = 0,  # dense, contiguous rows, sm_90: bulk-prefetch the tile this many ahead to L2
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -246,12 +235,6 @@ def _attnscope_decode_split_kernel(
             # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
             # predicate: +0.2-0.6 % in graph replay (BENCHMARKS.md). Paged blocks keep masked loads:
             # clamped rows cost them 1-2 % (their page and slot arithmetic loses its constant pattern).
-            if PREFETCH > 0:
-                ahead = start_n + PREFETCH * BLOCK_N  # rows [ahead, min(ahead + BLOCK_N, hi)) to L2
-                row_bytes = HEAD_DIM * K.dtype.element_ty.primitive_bitwidth // 8
-                nbytes = tl.minimum(hi - ahead, BLOCK_N) * row_bytes
-                _l2_prefetch(k_base + ahead * stride_kn, nbytes)
-                _l2_prefetch(v_base + ahead * stride_vn, nbytes)
             rows_c = tl.minimum(rows, hi - 1)
             key = rows_c if OFF32 else rows_c.to(tl.int64)
             k_off = key * stride_kn
@@ -585,7 +568,6 @@ class DecodePlan:
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
             "OFF32": cfg.get("OFF32", _offsets_fit_int32(
                 k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
-            "PREFETCH": cfg.get("PREFETCH", 0),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
