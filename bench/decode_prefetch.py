@@ -1,9 +1,9 @@
 """Does an L2 bulk prefetch ahead of the pipelined K/V loads make decode stream faster?
 
-    git checkout 9781b58 && PYTHONPATH=src python bench/decode_prefetch.py [--json PATH] [--rounds R] [--quick]
+    git checkout 9781b58 && PYTHONPATH=src python bench/decode_prefetch.py [--json PATH] [--rounds R]
 
-Rejected (13:45 UTC 2026-12-01, bench/results/h200-2026-12-01-decode-prefetch.*: 0.56-0.93 x CUDNN at distances
-3-8, worse the further ahead); the knob was removed after 9781b58, where this script runs.
+Rejected (13:45 UTC 2026-12-01, bench/results/h200-2026-12-01-decode-prefetch.*: 0.56-0.93 x CUDNN at
+distances 3-8, worse the further ahead); the knob was removed after 9781b58, where this script runs.
 
 The decode loop's cp.async copies for tile i + STAGES - 1 are issued only after tile i's arithmetic, so
 the DRAM requests in flight dip with every tile. ``PREFETCH = D`` (kernels/decode.py, dense caches with

@@ -1,0 +1,58 @@
+"""Does a balanced (stream-K) split that keeps all 132 SMs busy beat the even split at one-wave points?
+
+    PYTHONPATH=src python bench/decode_balanced.py [--json PATH] [--rounds R]
+
+With fewer (batch, kv head) items than SMs the plan splits each item's keys evenly: B = 1, Hkv = 32 gets 4
+splits, 128 programs, and 4 SMs idle (B = 16, Hkv = 8: 128 items, 1 split). The balanced split
+(``_config["PROGRAMS"] = P``, kernels/decode.py) lays the items' key tiles end to end and gives each of P
+programs the same number of tiles; a program crosses at most one item boundary, and the last program to
+finish an item merges its partials. Measured ceiling (2026-12-01, bench/decode_fill.py): +0.3-0.7 % from
+132 vs 128 programs of equal work. Each variant is checked against float64, then timed (CUDA-graph replay,
+interleaved rounds) beside ``kv_read`` and SDPA CUDNN at the decode grid points with fewer items than SMs.
+bf16, d = 128, one query token.
+"""
+
+import sys
+
+import attnscope
+from attnscope.kernels.decode import _block_config
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
+from decode_fill import bench_parser, print_ratios, time_beside_peers  # noqa: E402
+
+# name: block config (None: the plan's own, even split)
+VARIANTS = {
+    "ship": None,
+    "bal132": {**_block_config(16, 0), "PROGRAMS": 132},
+    "bal264": {**_block_config(16, 0), "PROGRAMS": 264},
+    "bal396 128/4/2": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 2, "num_stages": 2, "PROGRAMS": 396},
+}
+
+
+def main():
+    a = bench_parser(__doc__).parse_args()
+    points = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if B * Hkv < 132]
+
+    def measure(point, q, k, v, lens):
+        B, Hq, Hkv, L = point
+        base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False).num_splits
+        graphs, slots = {}, {}
+        for name, config in VARIANTS.items():
+            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
+            slots[name] = plan.num_splits
+            for _ in range(2):  # twice: the merge counters must be back at 0 after a run
+                err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
+                if not err <= bound:
+                    sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
+            graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
+        times, med = time_beside_peers(graphs, q, k, v, base, a.rounds)
+        nbytes = 2 * k.numel() * k.element_size()
+        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{base}", nbytes, med)
+        return {"point": list(point), "slots": slots, "bytes": nbytes, "ms": times}
+
+    each_point(points, measure, a.json)
+
+
+if __name__ == "__main__":
+    main()
