@@ -30,15 +30,24 @@ VARIANTS = {
 }
 
 
+# --same: 128 balanced programs do exactly the even split's work at these points (the code's own cost)
+SAME = {"ship": None, "bal128": {**_block_config(16, 0), "PROGRAMS": 128},
+        "bal132": {**_block_config(16, 0), "PROGRAMS": 132}}
+
+
 def main():
-    a = bench_parser(__doc__).parse_args()
-    points = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if B * Hkv < 132]
+    p = bench_parser(__doc__)
+    p.add_argument("--same", action="store_true", help="SAME at two 128-item L = 128k points")
+    a = p.parse_args()
+    variants = SAME if a.same else VARIANTS
+    points = [(1, 32, 32, 131072), (16, 32, 8, 131072)] if a.same else [
+        (B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if B * Hkv < 132]
 
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point
         base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False).num_splits
         graphs, slots = {}, {}
-        for name, config in VARIANTS.items():
+        for name, config in variants.items():
             plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
             slots[name] = plan.num_splits
             for _ in range(2):  # twice: the merge counters must be back at 0 after a run
