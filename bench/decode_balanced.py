@@ -1,6 +1,10 @@
 """Does a balanced (stream-K) split that keeps all 132 SMs busy beat the even split at one-wave points?
 
-    PYTHONPATH=src python bench/decode_balanced.py [--json PATH] [--rounds R]
+    git checkout a0fbc72 && PYTHONPATH=src python bench/decode_balanced.py [--json PATH] [--rounds R] [--same]
+
+Rejected (2026-12-01, bench/results/h200-2026-12-01-decode-balanced*): 132 balanced programs ran 0.95-0.97 x
+the even split at every long point, and 128 balanced programs doing the even split's exact work 0.997 x. The
+balanced path was removed after a0fbc72, where this script runs.
 
 With fewer (batch, kv head) items than SMs the plan splits each item's keys evenly: B = 1, Hkv = 32 gets 4
 splits, 128 programs, and 4 SMs idle (B = 16, Hkv = 8: 128 items, 1 split). The balanced split

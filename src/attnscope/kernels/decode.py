@@ -139,7 +139,7 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
 # sizes that vary per call are not value-specialised: one binary per layout
-@triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles", "n_items", "v_tiles"])
+@triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles"])
 def _attnscope_decode_split_kernel(
     Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM,
     stride_qb, stride_qh, stride_qn,
@@ -147,7 +147,6 @@ def _attnscope_decode_split_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_sb, stride_tb,
     n_kv_heads, l_max, num_splits, n_q, n_m_tiles, qk_scale,
-    n_items, v_tiles,  # BALANCED only: B * Hkv items of v_tiles BLOCK_N-key tiles each (else 0)
     GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
     BLOCK_M: tl.constexpr,  # rows per program (G x Nq packed), a power of two, >= 16 for tl.dot
     HEAD_DIM: tl.constexpr,
@@ -165,83 +164,17 @@ def _attnscope_decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
-    BALANCED: tl.constexpr,  # Nq = 1, one row tile, SPLIT and FUSE: the programs share the tiles evenly
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
-    pid = tl.program_id(0)
-    if BALANCED:
-        # Stream-K over the items' tiles laid end to end (item i: tiles i * v_tiles ..), every item
-        # v_tiles long (its own length cuts its tiles short): program p takes tiles [p * T // P,
-        # (p + 1) * T // P) of T = n_items * v_tiles, so every program streams the same number of tiles
-        # and none idles. A range crosses at most one item boundary (the plan keeps P <= n_items * v_tiles
-        # and n_items < P), so a program has one or two segments. Item i's segments are written to slots
-        # 0.. of its partials by the programs first(i) .. last(i) covering it; the last to finish merges.
-        n_prog = tl.num_programs(0).to(tl.int64)
-        total = n_items.to(tl.int64) * v_tiles
-        t_a = pid.to(tl.int64) * total // n_prog
-        t_e = (pid.to(tl.int64) + 1) * total // n_prog
-        item_a = t_a // v_tiles
-        n_seg = tl.where(t_e > t_a, (t_e - 1) // v_tiles - item_a + 1, 0)
-        for seg in tl.static_range(2):
-            if seg < n_seg:
-                item = item_a + seg
-                b = item // n_kv_heads
-                h_kv = item % n_kv_heads
-                seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max
-                t0 = item * v_tiles  # the item's first tile
-                lo = ((tl.maximum(t_a, t0) - t0) * BLOCK_N).to(tl.int32)
-                hi = tl.minimum((tl.minimum(t_e, t0 + v_tiles) - t0) * BLOCK_N, seqlen).to(tl.int32)
-                first = ((t0 + 1) * n_prog - 1) // total  # the program holding the item's first tile
-                last = ((t0 + v_tiles) * n_prog - 1) // total  # ... and its last
-                _split_item(Q, K, V, BT, O_PART, LSE_PART, O, LSE, SEM,
-                            stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                            stride_vb, stride_vh, stride_vn, stride_tb, n_kv_heads, n_q, qk_scale,
-                            b, h_kv, 0, lo, hi, seqlen, pid - first, num_splits, last - first + 1, item,
-                            GROUP, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, USE_DOT, EMULATE_BF16, SPLIT, FUSE,
-                            MERGE_M, MERGE_S, WRITE_LSE, PAGED, PAGE_SIZE, CHUNK, OFF32)
-    else:
-        # grid (B * Hkv * M_tiles, num_splits): program (b * Hkv + kv head) * M_tiles + row tile, split
-        split = tl.program_id(1)
-        m_tile = pid % n_m_tiles
-        pid_bh = pid // n_m_tiles
-        b = (pid_bh // n_kv_heads).to(tl.int64)
-        h_kv = (pid_bh % n_kv_heads).to(tl.int64)
-        seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
-        if CHUNK:
-            # keys this tile can see: up to its last query's position; split that range, not seqlen
-            last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
-            kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
-        else:
-            kv_len = seqlen
-        # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
-        blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
-        lo = split * blocks_per_split * BLOCK_N
-        hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
-        _split_item(Q, K, V, BT, O_PART, LSE_PART, O, LSE, SEM,
-                    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                    stride_vb, stride_vh, stride_vn, stride_tb, n_kv_heads, n_q, qk_scale,
-                    b, h_kv, m_tile, lo, hi, seqlen, split, num_splits, num_splits, pid,
-                    GROUP, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, USE_DOT, EMULATE_BF16, SPLIT, FUSE,
-                    MERGE_M, MERGE_S, WRITE_LSE, PAGED, PAGE_SIZE, CHUNK, OFF32)
+    pid = tl.program_id(0)  # (b * Hkv + kv head) * M_tiles + row tile
+    split = tl.program_id(1)
+    m_tile = pid % n_m_tiles
+    pid_bh = pid // n_m_tiles
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h_kv = (pid_bh % n_kv_heads).to(tl.int64)
+    seqlen = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else l_max  # keys of sequence b
 
-
-@triton.jit
-def _split_item(
-    Q, K, V, BT, O_PART, LSE_PART, O, LSE, SEM,
-    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn, stride_tb, n_kv_heads, n_q, qk_scale,
-    b, h_kv, m_tile,  # the (batch, kv head, row tile) this program works on
-    lo, hi, seqlen,  # its keys [lo, hi) of the sequence's seqlen
-    part_slot, n_slots, n_contrib, sem_idx,  # SPLIT: its partial slot of n_slots; FUSE: n_contrib tickets
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr, USE_DOT: tl.constexpr, EMULATE_BF16: tl.constexpr, SPLIT: tl.constexpr,
-    FUSE: tl.constexpr, MERGE_M: tl.constexpr, MERGE_S: tl.constexpr, WRITE_LSE: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CHUNK: tl.constexpr, OFF32: tl.constexpr,
-):
-    """One program's keys [lo, hi) of one (batch, kv head, row tile): the online softmax, then the
-    final O and LSE, or (SPLIT) a partial in ``part_slot`` and (FUSE) a ticket; the ``n_contrib``-th ticket
-    of ``sem_idx`` merges slots 0 .. n_contrib - 1."""
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -249,7 +182,16 @@ def _split_item(
     q_heads = h_kv * GROUP + offs_m % GROUP  # query head
     m_mask = offs_m < GROUP * n_q
     if CHUNK:
+        # keys this tile can see: up to its last query's position; split that range, not seqlen
+        last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
+        kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
         lim = seqlen - n_q + qi + 1  # [BLOCK_M] exclusive key limit of each row
+    else:
+        kv_len = seqlen
+    # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
+    blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
+    lo = split * blocks_per_split * BLOCK_N
+    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
 
     q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
                 + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
@@ -328,7 +270,7 @@ def _split_item(
     n_q_heads = n_kv_heads * GROUP
     out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
     if SPLIT:
-        part = out_rows * n_slots + part_slot  # [BLOCK_M] row of O_PART / LSE_PART
+        part = out_rows * num_splits + split  # [BLOCK_M] row of O_PART / LSE_PART
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
         tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
         if FUSE:
@@ -336,8 +278,8 @@ def _split_item(
             # out (barrier, then a gpu-scope acq_rel atomic); the last ticket of a tile has seen every
             # other program's partials through the acquire, merges them and resets the counter.
             tl.debug_barrier()
-            ticket = tl.atomic_add(SEM + sem_idx, 1, sem="acq_rel", scope="gpu")
-            if ticket == n_contrib - 1:
+            ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
                 offs_mm = m_tile * BLOCK_M + tl.arange(0, MERGE_M)
                 offs_ms = tl.arange(0, MERGE_S)
                 mm_mask = (offs_mm < GROUP * n_q) & (offs_mm < m_tile * BLOCK_M + BLOCK_M)
@@ -346,10 +288,10 @@ def _split_item(
                 mm = tl.full([MERGE_M], float("-inf"), tl.float32)  # running max of lse_s
                 ll = tl.zeros([MERGE_M], tl.float32)  # sum_s exp2(lse_s - mm)
                 aa = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
-                for s0 in range(0, n_contrib, MERGE_S):
+                for s0 in range(0, num_splits, MERGE_S):
                     sp = s0 + offs_ms  # [MERGE_S]
-                    ok = mm_mask[:, None] & (sp < n_contrib)[None, :]  # [MERGE_M, MERGE_S]
-                    idx = rows_m[:, None] * n_slots + sp[None, :]  # [MERGE_M, MERGE_S]
+                    ok = mm_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_M, MERGE_S]
+                    idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_M, MERGE_S]
                     # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
                     lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
                     o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
@@ -362,7 +304,7 @@ def _split_item(
                          mask=mm_mask[:, None])
                 if WRITE_LSE:
                     tl.store(LSE + rows_m, lse_f * 0.6931471805599453, mask=mm_mask)  # natural log
-                tl.atomic_xchg(SEM + sem_idx, 0)  # ready for the next launch
+                tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
     else:
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
             o = round_bf16(o)
@@ -403,16 +345,6 @@ def _attnscope_decode_combine_kernel(
         o = round_bf16(o)
     tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
     tl.store(LSE + row, lse)
-
-
-def _balanced_slots(items: int, v_tiles: int, programs: int) -> int:
-    """Partial slots per row of a balanced split: the most programs whose tile range [p * T // P,
-    (p + 1) * T // P) of T = items * v_tiles overlaps one item's v_tiles tiles (the kernel's first/last)."""
-    total = items * v_tiles
-
-    def holder(t):  # the program whose range holds tile t
-        return ((t + 1) * programs - 1) // total
-    return max(holder(i * v_tiles + v_tiles - 1) - holder(i * v_tiles) + 1 for i in range(items))
 
 
 def _fuse_by_default(rows: int, num_splits: int, head_dim: int) -> bool:
@@ -597,16 +529,6 @@ class DecodePlan:
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
         cfg = dict(_config or _block_config(block_m, page))  # overrides: bench/decode_configs.py
-        items, v_tiles, programs = B * Hkv, 0, cfg.get("PROGRAMS")
-        if programs is not None:  # balanced (stream-K) split over this many programs
-            longest = L_max if max_seqlen is None else max_seqlen
-            v_tiles = max(1, -(-longest // cfg["BLOCK_N"]))
-            programs = min(programs, items * v_tiles)
-            if not (Nq == 1 and m_tiles == 1 and items < programs):
-                raise NotImplementedError("PROGRAMS: a balanced split needs Nq = 1, one row tile and fewer "
-                                          "(batch, kv head) items than programs")
-            num_splits = _balanced_slots(items, v_tiles, programs)
-            fuse_combine = True
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
@@ -625,7 +547,7 @@ class DecodePlan:
         self.lse_part = torch.empty((n_rows, num_splits), dtype=f32, device=device) if split else None
         self.sem = torch.zeros(B * Hkv * m_tiles, dtype=torch.int32, device=device) if fuse else None
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-        self._grid = (programs, 1) if programs is not None else (B * Hkv * m_tiles, num_splits)
+        self._grid = (B * Hkv * m_tiles, num_splits)
         if self.table is not None:  # page stride = page x key stride; heads and keys as in the dense cache
             kst = (page * k_cache.stride(2), k_cache.stride(1), k_cache.stride(2))
             vst = (page * v_cache.stride(2), v_cache.stride(1), v_cache.stride(2))
@@ -636,7 +558,7 @@ class DecodePlan:
             q.stride(0), q.stride(1), q.stride(2), *kst, *vst,
             cache_seqlens.stride(0) if cache_seqlens is not None else 0,
             block_table.stride(0) if paged else (self.table.stride(0) if self.table is not None else 0),
-            Hkv, L_max, num_splits, Nq, m_tiles, sm_scale * LOG2E, items, v_tiles,
+            Hkv, L_max, num_splits, Nq, m_tiles, sm_scale * LOG2E,
         )
         self._consts = {
             "GROUP": group, "BLOCK_M": block_m, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
@@ -646,7 +568,6 @@ class DecodePlan:
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
             "OFF32": cfg.get("OFF32", _offsets_fit_int32(
                 k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
-            "BALANCED": programs is not None,
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
