@@ -1,0 +1,59 @@
+"""Decode K/V tiles through in-kernel TMA descriptors, against the shipped pointer loads, at the decode grid.
+
+    PYTHONPATH=src python bench/decode_tma2.py [--json PATH] [--rounds R]
+
+Branch r14e (2026-12-01, 05:17 UTC; BENCHMARKS.md "Decode K/V loads through TMA") was ahead of the
+then-shipped kernel by 0.1-1.1 % at the long points and behind at small caches. Since then the shipped loop
+clamps its rows (+0.2-0.6 %). ``_config["TMA"]`` (kernels/decode.py; dense cache, Nq = 1) builds one
+descriptor per program for its K and V rows ``[0, hi)``, so rows past the split's end load as zeros and
+nothing past a length is read.
+Each variant is checked against float64, then timed (CUDA-graph replay, interleaved rounds) beside
+``kv_read`` and SDPA CUDNN. bf16, d = 128, one query token.
+"""
+
+import sys
+
+import torch
+import triton
+
+import attnscope
+from attnscope.kernels.decode import _block_config
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
+from decode_fill import bench_parser, print_ratios, time_beside_peers  # noqa: E402
+
+BUDGET = 100 * 2**30
+VARIANTS = {
+    "ship": None,
+    "tma 128/4/3": {**_block_config(16, 0), "TMA": True},
+    "tma 128/4/4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 4, "num_stages": 4, "TMA": True},
+}
+
+
+def main():
+    a = bench_parser(__doc__).parse_args()
+    # in-kernel descriptors need a global scratch per launch (under graph capture: from the graph's pool)
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    points = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
+
+    def measure(point, q, k, v, lens):
+        B, Hq, Hkv, L = point
+        graphs, splits = {}, None
+        for name, config in VARIANTS.items():
+            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
+            splits = plan.num_splits
+            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
+            if not err <= bound:
+                sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
+            graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
+        times, med = time_beside_peers(graphs, q, k, v, splits, a.rounds)
+        nbytes = 2 * k.numel() * k.element_size()
+        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{splits}", nbytes, med)
+        return {"point": list(point), "splits": splits, "bytes": nbytes, "ms": times}
+
+    each_point(points, measure, a.json)
+
+
+if __name__ == "__main__":
+    main()
