@@ -1,6 +1,9 @@
 """Decode K/V tiles through in-kernel TMA descriptors, against the shipped pointer loads, at the decode grid.
 
-    PYTHONPATH=src python bench/decode_tma2.py [--json PATH] [--rounds R]
+    git checkout d6f4881 && PYTHONPATH=src python bench/decode_tma2.py [--json PATH] [--rounds R]
+
+Rejected (14:05 UTC 2026-12-01, bench/results/h200-2026-12-01-decode-tma2.*): no better than the pointer loads
+at the points where those tie with CUDNN, 1-8 % slower at short caches. The knob was removed after d6f4881.
 
 Branch r14e (2026-12-01, 05:17 UTC; BENCHMARKS.md "Decode K/V loads through TMA") was ahead of the
 then-shipped kernel by 0.1-1.1 % at the long points and behind at small caches. Since then the shipped loop

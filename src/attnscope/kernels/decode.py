@@ -164,7 +164,6 @@ def _attnscope_decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
-    TMA: tl.constexpr = False,  # dense, Nq = 1: K/V tiles by in-kernel TMA descriptors ([hi, d], zeros past)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -206,11 +205,6 @@ def _attnscope_decode_split_kernel(
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
 
-    if TMA:
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[hi, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N, HEAD_DIM])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[hi, HEAD_DIM], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N, HEAD_DIM])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
@@ -241,14 +235,11 @@ def _attnscope_decode_split_kernel(
             # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
             # predicate: +0.2-0.6 % in graph replay (BENCHMARKS.md). Paged blocks keep masked loads:
             # clamped rows cost them 1-2 % (their page and slot arithmetic loses its constant pattern).
-            if TMA:
-                k = k_desc.load([start_n, 0])  # rows past hi: zeros (the descriptor's shape)
-            else:
-                rows_c = tl.minimum(rows, hi - 1)
-                key = rows_c if OFF32 else rows_c.to(tl.int64)
-                k_off = key * stride_kn
-                v_off = key * stride_vn
-                k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+            rows_c = tl.minimum(rows, hi - 1)
+            key = rows_c if OFF32 else rows_c.to(tl.int64)
+            k_off = key * stride_kn
+            v_off = key * stride_vn
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
         if USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
@@ -265,8 +256,6 @@ def _attnscope_decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         if PAGED:
             v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        elif TMA:
-            v = v_desc.load([start_n, 0])
         else:
             v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
         if USE_DOT:
@@ -579,7 +568,6 @@ class DecodePlan:
             "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
             "OFF32": cfg.get("OFF32", _offsets_fit_int32(
                 k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
-            "TMA": cfg.get("TMA", False),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         self._combine_grid = (n_rows,)
