@@ -22,8 +22,8 @@ import attnscope
 from attnscope.kernels.decode import _block_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
-from decode_fill import bench_parser, print_ratios, time_beside_peers  # noqa: E402
+from decode import GRID, LENS, each_point  # noqa: E402
+from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
 
 # name: block config (None: the plan's own, even split)
 VARIANTS = {
@@ -48,21 +48,12 @@ def main():
         (B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if B * Hkv < 132]
 
     def measure(point, q, k, v, lens):
-        B, Hq, Hkv, L = point
         base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False).num_splits
-        graphs, slots = {}, {}
-        for name, config in variants.items():
-            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
-            slots[name] = plan.num_splits
-            for _ in range(2):  # twice: the merge counters must be back at 0 after a run
-                err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
-                if not err <= bound:
-                    sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
-            graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
-        times, med = time_beside_peers(graphs, q, k, v, base, a.rounds)
-        nbytes = 2 * k.numel() * k.element_size()
-        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{base}", nbytes, med)
-        return {"point": list(point), "slots": slots, "bytes": nbytes, "ms": times}
+        plans = {name: attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
+                 for name, config in variants.items()}
+        graphs = plan_graphs(point, q, k, v, lens, plans, runs=2)
+        return time_point(point, graphs, q, k, v, base, a.rounds,
+                          slots={name: plan.num_splits for name, plan in plans.items()})
 
     each_point(points, measure, a.json)
 

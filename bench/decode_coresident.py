@@ -15,8 +15,8 @@ import sys
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
-from decode_fill import bench_parser, print_ratios, time_beside_peers  # noqa: E402
+from decode import GRID, LENS, each_point  # noqa: E402
+from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
 
 BUDGET = 100 * 2**30
 MISSES = [(1, 32, 32, 131072), (16, 32, 8, 131072), (64, 32, 32, 4096)]  # below CUDNN on 2026-12-01
@@ -65,21 +65,14 @@ def main():
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point
         base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False).num_splits
-        graphs, splits = {}, {}
-        for name, (config, spec) in variants.items():
-            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False,
-                                         num_splits=splits_for(spec, base, B * Hkv, L),
-                                         _config=config)
-            splits[name] = plan.num_splits
-            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
-            if not err <= bound:
-                sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
-            graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
-        times, med = time_beside_peers(graphs, q, k, v, base, a.rounds)
-        nbytes = 2 * k.numel() * k.element_size()
-        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{base}", nbytes, med)
+        plans = {name: attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config,
+                                             num_splits=splits_for(spec, base, B * Hkv, L))
+                 for name, (config, spec) in variants.items()}
+        graphs = plan_graphs(point, q, k, v, lens, plans)
+        splits = {name: plan.num_splits for name, plan in plans.items()}
+        row = time_point(point, graphs, q, k, v, base, a.rounds, splits=splits)
         print("  splits: " + ", ".join(f"{n} {s}" for n, s in splits.items()), flush=True)
-        return {"point": list(point), "splits": splits, "bytes": nbytes, "ms": times}
+        return row
 
     each_point(points, measure, a.json)
 

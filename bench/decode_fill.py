@@ -136,6 +136,29 @@ def time_beside_peers(graphs, q, k, v, splits, rounds):
     return times, {key: sorted(t)[len(t) // 2] for key, t in times.items()}
 
 
+def plan_graphs(point, q, k, v, lens, plans, runs=1):
+    """{name: CUDA graph of ``plan.run``} for {name: plan}; exit unless each plan's output passes the float64
+    check ``runs`` times (twice: a fused merge's counters are back at 0 after a run)."""
+    graphs = {}
+    for name, plan in plans.items():
+        for _ in range(runs):
+            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
+            if not err <= bound:
+                sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
+        graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
+    return graphs
+
+
+def time_point(point, graphs, q, k, v, splits, rounds, **row):
+    """`time_beside_peers` at a (B, Hq, Hkv, L) point (kv_read with ``splits``), one printed line of ratios;
+    the point's JSON row (``row`` added)."""
+    times, med = time_beside_peers(graphs, q, k, v, splits, rounds)
+    B, Hq, Hkv, L = point
+    nbytes = 2 * k.numel() * k.element_size()
+    print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{splits}", nbytes, med)
+    return {"point": list(point), **row, "bytes": nbytes, "ms": times}
+
+
 def bench_parser(doc):
     """The decode experiments' command line: ``--json PATH`` and ``--rounds`` (interleaved timing rounds)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -22,8 +22,8 @@ import attnscope
 from attnscope.kernels.decode import _block_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
-from decode_fill import _kv_read, bench_parser, print_ratios, time_beside_peers  # noqa: E402
+from decode import GRID, LENS, each_point, graph_of  # noqa: E402
+from decode_fill import _kv_read, bench_parser, plan_graphs, time_point  # noqa: E402
 
 DISTANCES = (0, 3, 4, 6, 8)
 MISSES = [(1, 32, 32, 131072), (16, 32, 8, 131072), (64, 32, 32, 4096)]  # the ninth session's CUDNN misses
@@ -39,15 +39,11 @@ def main():
 
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point
-        graphs, splits = {}, None
-        for dist in DISTANCES:
-            cfg = {**_block_config(16, 0), "PREFETCH": dist}
-            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=cfg)
-            splits = plan.num_splits
-            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
-            if not err <= bound:
-                sys.exit(f"{point} prefetch {dist}: MISMATCH {err:.2e} > {bound:.2e}")
-            graphs[f"pf{dist}"] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
+        plans = {f"pf{dist}": attnscope.decode_plan(q, k, v, lens, check_seqlens=False,
+                                                    _config={**_block_config(16, 0), "PREFETCH": dist})
+                 for dist in DISTANCES}
+        graphs = plan_graphs(point, q, k, v, lens, plans)
+        splits = plans["pf0"].num_splits
         part = torch.zeros(B * Hkv * splits, device="cuda")
         want = (k.float().sum() + v.float().sum()).item()
         for dist in (4, 8):
@@ -57,10 +53,7 @@ def main():
             assert abs(part.sum().item() - want) <= 1e-3 * abs(want) + 10, "kv_read+pf mismatch"
             graphs[f"kv_read_pf{dist}"] = graph_of(lambda dist=dist: _kv_read[(B * Hkv, splits)](
                 k, v, part, L, splits, BLOCK_N=128, D=128, STAGES=3, PREFETCH=dist, num_warps=4))
-        times, med = time_beside_peers(graphs, q, k, v, splits, a.rounds)
-        nbytes = 2 * k.numel() * k.element_size()
-        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{splits}", nbytes, med)
-        return {"point": list(point), "splits": splits, "bytes": nbytes, "ms": times}
+        return time_point(point, graphs, q, k, v, splits, a.rounds, splits=splits)
 
     each_point(points, measure, a.json)
 

@@ -23,8 +23,8 @@ import attnscope
 from attnscope.kernels.decode import _block_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import GRID, LENS, each_point, graph_of, reference_error  # noqa: E402
-from decode_fill import bench_parser, print_ratios, time_beside_peers  # noqa: E402
+from decode import GRID, LENS, each_point  # noqa: E402
+from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
 
 BUDGET = 100 * 2**30
 VARIANTS = {
@@ -41,19 +41,11 @@ def main():
     points = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
 
     def measure(point, q, k, v, lens):
-        B, Hq, Hkv, L = point
-        graphs, splits = {}, None
-        for name, config in VARIANTS.items():
-            plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
-            splits = plan.num_splits
-            err, bound = reference_error(plan.run(q, k, v, lens), q, k, v)
-            if not err <= bound:
-                sys.exit(f"{point} {name}: MISMATCH {err:.2e} > {bound:.2e}")
-            graphs[name] = graph_of(lambda plan=plan: plan.run(q, k, v, lens))
-        times, med = time_beside_peers(graphs, q, k, v, splits, a.rounds)
-        nbytes = 2 * k.numel() * k.element_size()
-        print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{splits}", nbytes, med)
-        return {"point": list(point), "splits": splits, "bytes": nbytes, "ms": times}
+        plans = {name: attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=config)
+                 for name, config in VARIANTS.items()}
+        splits = plans["ship"].num_splits
+        return time_point(point, plan_graphs(point, q, k, v, lens, plans), q, k, v, splits, a.rounds,
+                          splits=splits)
 
     each_point(points, measure, a.json)
 
