@@ -150,13 +150,13 @@ def plan_graphs(point, q, k, v, lens, plans, runs=1):
     return graphs
 
 
-def time_point(point, graphs, q, k, v, splits, rounds, **row):
-    """`time_beside_peers` at a (B, Hq, Hkv, L) point (kv_read with ``splits``), one printed line of ratios;
-    the point's JSON row (``row`` added)."""
-    times, med = time_beside_peers(graphs, q, k, v, splits, rounds)
+def time_point(point, graphs, q, k, v, kv_splits, rounds, **row):
+    """`time_beside_peers` at a (B, Hq, Hkv, L) point (kv_read with ``kv_splits``), one printed line of
+    ratios; the point's JSON row (``row`` added)."""
+    times, med = time_beside_peers(graphs, q, k, v, kv_splits, rounds)
     B, Hq, Hkv, L = point
     nbytes = 2 * k.numel() * k.element_size()
-    print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{splits}", nbytes, med)
+    print_ratios(f"B{B} Hq{Hq} Hkv{Hkv} L{L} s{kv_splits}", nbytes, med)
     return {"point": list(point), **row, "bytes": nbytes, "ms": times}
 
 
