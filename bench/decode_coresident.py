@@ -40,6 +40,10 @@ VARIANTS = {
 # --items: at how many (batch, kv head) items do co-resident programs (no extra splits) win?
 ITEM_VARIANTS = {"ship": (None, 1), "128/4/2": (cfg(128, 4, 2), 1), "64/4/3": (cfg(64, 4, 3), 1),
                  "128/8/2": (cfg(128, 8, 2), 1)}
+# --tail: many items, the shipped config with 1-4 splits (a last wave that is mostly empty, split finer)
+TAIL_VARIANTS = {"ship": (None, 1), "x2": (None, 2), "x3": (None, 3), "x4": (None, 4)}
+TAIL_POINTS = [(64, 32, 32, 4096), (64, 32, 32, 32768), (96, 32, 32, 16384), (40, 32, 32, 8192),
+               (34, 32, 32, 32768), (160, 32, 8, 16384), (64, 32, 8, 4096)]
 ITEM_POINTS = [(16, 32, 32, 4096), (32, 32, 32, 4096), (48, 32, 32, 4096), (64, 32, 32, 2048),
                (128, 32, 32, 2048), (32, 32, 32, 16384), (40, 32, 32, 8192), (96, 32, 32, 16384),
                (128, 32, 8, 4096), (192, 32, 8, 4096), (256, 32, 8, 2048), (256, 32, 8, 8192)]
@@ -57,10 +61,11 @@ def main():
     p = bench_parser(__doc__)
     p.add_argument("--quick", action="store_true", help="only the three points below CUDNN on 2026-12-01")
     p.add_argument("--items", action="store_true", help="ITEM_VARIANTS at ITEM_POINTS (no splits)")
+    p.add_argument("--tail", action="store_true", help="TAIL_VARIANTS at TAIL_POINTS")
     a = p.parse_args()
-    variants = ITEM_VARIANTS if a.items else VARIANTS
+    variants = TAIL_VARIANTS if a.tail else ITEM_VARIANTS if a.items else VARIANTS
     grid = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
-    points = ITEM_POINTS if a.items else MISSES if a.quick else grid
+    points = TAIL_POINTS if a.tail else ITEM_POINTS if a.items else MISSES if a.quick else grid
 
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point

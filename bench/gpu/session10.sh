@@ -6,5 +6,5 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $O/env.txt; git log -1 --format=%h >> $O/env.txt
-TAIL=16 step decode_lens 420 python bench/decode_lens.py --rounds 5 --json $O/decode-lens.json
+TAIL=20 step decode_tail 420 python bench/decode_coresident.py --tail --rounds 5 --json $O/decode-tail.json
 
