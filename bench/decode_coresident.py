@@ -10,6 +10,7 @@ default split count. Each is checked against float64, then all are timed (CUDA-g
 rounds) beside ``kv_read`` and SDPA CUDNN at the decode grid of bench/decode.py. bf16, d = 128, one query.
 """
 
+import random
 import sys
 
 import attnscope
@@ -44,16 +45,34 @@ ITEM_VARIANTS = {"ship": (None, 1), "128/4/2": (cfg(128, 4, 2), 1), "64/4/3": (c
 TAIL_VARIANTS = {"ship": (None, 1), "x2": (None, 2), "x3": (None, 3), "x4": (None, 4)}
 TAIL_POINTS = [(64, 32, 32, 4096), (64, 32, 32, 32768), (96, 32, 32, 16384), (40, 32, 32, 8192),
                (34, 32, 32, 32768), (160, 32, 8, 16384), (64, 32, 8, 4096)]
+# --tailcheck: the tail rule (`decode._tail_splits`, fitted on TAIL_POINTS) on shapes drawn after it was
+# written: the plan's default splits against 1 split
+CHECK_VARIANTS = {"default": (None, 1), "1 split": (None, "S1")}
+
+
+def tail_draw(seed=20261201, n=10):
+    """n (B, 32, Hkv, L) shapes: at least 132 items, long keys (where the rule may act), K + V <= 48 GiB."""
+    rng, points = random.Random(seed), []
+    while len(points) < n:
+        hkv, b = rng.choice([8, 32]), rng.randint(5, 200)
+        seq = rng.choice([16384, 24576, 32768, 49152, 65536])
+        if b * hkv >= 132 and 2 * b * hkv * seq * 256 <= 48 * 2**30:
+            points.append((b, 32, hkv, seq))
+    return points
+
+
 ITEM_POINTS = [(16, 32, 32, 4096), (32, 32, 32, 4096), (48, 32, 32, 4096), (64, 32, 32, 2048),
                (128, 32, 32, 2048), (32, 32, 32, 16384), (40, 32, 32, 8192), (96, 32, 32, 16384),
                (128, 32, 8, 4096), (192, 32, 8, 4096), (256, 32, 8, 2048), (256, 32, 8, 8192)]
 
 
 def splits_for(spec, base, items, seqlen):
-    """A split multiple, or for "P<n>" the splits that give about n programs (items = B * Hkv), each split
-    at least 256 keys."""
+    """A split multiple, "S<n>" n splits, or for "P<n>" the splits that give about n programs (items =
+    B * Hkv), each split at least 256 keys."""
     if isinstance(spec, int):
         return base * spec
+    if spec[0] == "S":
+        return int(spec[1:])
     return max(1, min(round(int(spec[1:]) / items), seqlen // 256, 1024))
 
 
@@ -62,10 +81,13 @@ def main():
     p.add_argument("--quick", action="store_true", help="only the three points below CUDNN on 2026-12-01")
     p.add_argument("--items", action="store_true", help="ITEM_VARIANTS at ITEM_POINTS (no splits)")
     p.add_argument("--tail", action="store_true", help="TAIL_VARIANTS at TAIL_POINTS")
+    p.add_argument("--tailcheck", action="store_true", help="CHECK_VARIANTS at tail_draw()'s shapes")
     a = p.parse_args()
-    variants = TAIL_VARIANTS if a.tail else ITEM_VARIANTS if a.items else VARIANTS
+    variants = CHECK_VARIANTS if a.tailcheck else TAIL_VARIANTS if a.tail else ITEM_VARIANTS if a.items \
+        else VARIANTS
     grid = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if 2 * B * Hkv * L * 128 * 2 <= BUDGET]
-    points = TAIL_POINTS if a.tail else ITEM_POINTS if a.items else MISSES if a.quick else grid
+    points = tail_draw() if a.tailcheck else TAIL_POINTS if a.tail else ITEM_POINTS if a.items \
+        else MISSES if a.quick else grid
 
     def measure(point, q, k, v, lens):
         B, Hq, Hkv, L = point

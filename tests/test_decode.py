@@ -398,17 +398,27 @@ def test_default_num_splits_cases():
     assert default_num_splits(1, 1, 10**8) == 128  # the cap
     assert default_num_splits(1, 8, 300) == 1 and default_num_splits(1, 8, 0) == 1  # too short to split
     assert default_num_splits(1, 8, 4096, sms=16) == 2  # 16 // 8
+    # a wave or more of items: split only long keys whose last wave leaves most SMs idle
+    assert default_num_splits(34, 32, 32768) == 3  # 1088 programs: 32 of 132 SMs busy last; x3: 96 (0.73)
+    assert default_num_splits(34, 32, 16383) == 1  # shorter than TAIL_MIN_KEYS
+    assert default_num_splits(64, 32, 32768) == 3  # 68 busy (0.52); x2 4, x3 72 (0.55), x4 8: the fullest
+    assert default_num_splits(160, 8, 16384) == 1  # 1280 programs: 92 busy (0.70) already
+    assert default_num_splits(33, 4, 10**6) == 1  # exactly one wave: no tail
+    assert default_num_splits(68, 8, 24576) == 4  # 544: 16 busy (0.12); x2 32, x3 48, x4 64 (0.48) fullest
 
 
 def test_default_num_splits_properties():
-    for B in (1, 2, 3, 8, 64):
+    for B in (1, 2, 3, 8, 34, 64):
         for Hkv in (1, 4, 8, 32):
             prev = None
             for L in (0, 1, 255, 256, 1000, 4096, 32768, 131072, 10**6):
                 s = default_num_splits(B, Hkv, L)
                 assert 1 <= s <= decode.SPLIT_CAP
                 assert s == 1 or L // s >= decode.MIN_KEYS_PER_SPLIT  # every split keeps >= 256 keys
-                assert s == 1 or B * Hkv * s <= 132  # never more programs than one wave
+                if B * Hkv < 132:
+                    assert s == 1 or B * Hkv * s <= 132  # never more programs than one wave
+                else:  # the tail rule: long keys only, a few splits
+                    assert s == 1 or (L >= decode.TAIL_MIN_KEYS and s <= decode.TAIL_MAX_SPLITS)
                 assert prev is None or s >= prev  # longer sequences never get fewer splits
                 prev = s
 

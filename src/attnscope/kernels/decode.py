@@ -55,6 +55,10 @@ MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 12
 MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
 SPLIT_CAP = 128  # the heuristic's cap: 128 splits already fill 132 SMs from a single (batch, kv head)
 WAVES = 1  # programs the heuristic aims for, in multiples of the SM count (measured: one wave wins)
+# Many (batch, kv head) items, long keys: split when the last wave would leave most SMs idle (`_tail_splits`)
+TAIL_MIN_KEYS = 16384  # shorter programs lose more to the extra programs' fill than the tail costs
+TAIL_FILL = 0.6  # a last wave with at least this share of the SMs busy keeps the bandwidth
+TAIL_MAX_SPLITS = 4
 
 
 def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *, waves: int = WAVES,
@@ -67,6 +71,12 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     (measured: bench/decode_splits.py, BENCHMARKS.md):
 
         num_splits = clamp(floor(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
+
+    With ``waves * sms`` items or more that formula gives 1 split, unless the keys are long (at least
+    `TAIL_MIN_KEYS`) and the last wave of programs would keep fewer than `TAIL_FILL` of the SMs busy: then
+    the fewest splits (2 .. `TAIL_MAX_SPLITS`) that fill it that far, else the fullest (`_tail_splits`).
+    Measured (bench/decode_coresident.py --tail): B = 34, Hkv = 32, L = 32k runs 1,088 programs, 32 SMs busy
+    in the last wave, at 0.953 x CUDNN; 3 splits fill it and reach 1.004 x.
 
     Parameters
     ----------
@@ -81,8 +91,10 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     --------
     >>> default_num_splits(1, 8, 4096)     # 8 programs: 16 splits fill 128 SMs, 256 keys each
     16
-    >>> default_num_splits(64, 8, 131072)  # 512 programs already fill 132 SMs
+    >>> default_num_splits(64, 8, 131072)  # 512 programs already fill 132 SMs; the 4th wave 116 of them
     1
+    >>> default_num_splits(34, 32, 32768)  # 1,088 programs: 32 SMs busy in the 9th wave; 3 splits: 96
+    3
     """
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("sms", sms), ("waves", waves),
                         ("min_keys", min_keys), ("cap", cap)):
@@ -93,7 +105,22 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
 
 def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP) -> int:
     """`default_num_splits`'s formula on checked values (the plan's call path)."""
-    return max(1, min((waves * sms) // (batch * kv_heads), seqlen // min_keys, cap))
+    items = batch * kv_heads
+    if items >= waves * sms:
+        return _tail_splits(items, seqlen, sms)
+    return max(1, min((waves * sms) // items, seqlen // min_keys, cap))
+
+
+def _tail_splits(items: int, seqlen: int, sms: int) -> int:
+    """Splits of a layout with a wave or more of items: 1, unless the keys are long and the last wave of
+    ``items * s`` programs (one per SM) would keep fewer than `TAIL_FILL` of the SMs busy."""
+    def fill(s):  # share of the SMs busy in the last wave of items * s programs
+        rest = items * s % sms
+        return 1.0 if rest == 0 else rest / sms
+    if seqlen < TAIL_MIN_KEYS or fill(1) >= TAIL_FILL:
+        return 1
+    fits = [s for s in range(2, TAIL_MAX_SPLITS + 1) if fill(s) >= TAIL_FILL]
+    return fits[0] if fits else max(range(1, TAIL_MAX_SPLITS + 1), key=fill)
 
 
 def _is_int(value) -> bool:
