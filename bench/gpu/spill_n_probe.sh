@@ -7,9 +7,7 @@
 # command that ran (bench/results/h200-2026-12-01-spill-n-probe-local.csv).
 export PYTHONPATH=src PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-M=dram__bytes_read.sum,dram__bytes_write.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
-M=$M,l1tex__t_sectors_pipe_lsu_mem_local_op_st_lookup_miss.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_ld_lookup_miss.sum
-M=$M,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum
+source "$(dirname "$0")/local_metrics.sh"
 S='[{"impl":"flash","batch":3,"heads":23,"n":2055,"d":64,"causal":true,"dtype":"fp16"},'
 S=$S'{"impl":"flash","batch":1,"heads":41,"n":7121,"d":64,"causal":true,"dtype":"fp16"},'
 S=$S'{"impl":"flash","batch":3,"heads":3,"n":27389,"d":64,"causal":true,"dtype":"bf16"},'
@@ -17,6 +15,4 @@ S=$S'{"impl":"flash","batch":2,"heads":21,"n":29481,"d":64,"causal":true,"dtype"
 S=$S'{"impl":"flash","batch":1,"heads":32,"n":16384,"d":64,"causal":true,"dtype":"fp16"},'
 S=$S'{"impl":"flash","batch":1,"heads":5,"kv_heads":1,"n":30386,"d":128,"causal":true,"dtype":"fp16"},'
 S=$S'{"impl":"flash","batch":1,"heads":35,"kv_heads":1,"n":8589,"d":128,"causal":true,"dtype":"fp16"}]'
-timeout 220 ncu --metrics "$M" --cache-control none --clock-control none --profile-from-start off --csv \
-    --print-units base --log-file "$OUT/local.csv" python -m attnscope.measure.ncu --child "$S" > "$OUT/local.log" 2>&1
-echo "rc=$?"; tail -3 "$OUT/local.log"
+probe "$S" local
