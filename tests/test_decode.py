@@ -405,6 +405,16 @@ def test_default_num_splits_cases():
     assert default_num_splits(160, 8, 16384) == 1  # 1280 programs: 92 busy (0.70) already
     assert default_num_splits(33, 4, 10**6) == 1  # exactly one wave: no tail
     assert default_num_splits(68, 8, 24576) == 4  # 544: 16 busy (0.12); x2 32, x3 48, x4 64 (0.48) fullest
+    assert decode._splits(34, 32, 32768, 132, tail=False) == 1  # chunk tiles (Nq > 1) keep 1 split
+
+
+def test_chunk_plans_keep_one_split_past_a_wave():
+    # Nq = 2 with G = 4: 8 rows, one tile per (b, kv head); 34 x 4 = 136 items, long keys, a 4-SM last wave:
+    # decode (Nq = 1) would split it (the tail rule), chunk tiles were not measured that way and keep 1
+    q = torch.zeros(34, 16, 2, 64, dtype=torch.float16)
+    k = v = torch.zeros(34, 4, 16384, 64, dtype=torch.float16)
+    assert decode.decode_plan(q, k, v, check_seqlens=False).num_splits == 1
+    assert decode.decode_plan(q[:, :, :1], k, v, check_seqlens=False).num_splits == 4
 
 
 def test_default_num_splits_properties():

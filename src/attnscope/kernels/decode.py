@@ -76,7 +76,8 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     `TAIL_MIN_KEYS`) and the last wave of programs would keep fewer than `TAIL_FILL` of the SMs busy: then
     the fewest splits (2 .. `TAIL_MAX_SPLITS`) that fill it that far, else the fullest (`_tail_splits`).
     Measured (bench/decode_coresident.py --tail): B = 34, Hkv = 32, L = 32k runs 1,088 programs, 32 SMs busy
-    in the last wave, at 0.953 x CUDNN; 3 splits fill it and reach 1.004 x.
+    in the last wave, at 0.953 x CUDNN; 3 splits fill it and reach 1.004 x. (Plans for Nq > 1, whose 128-row
+    chunk tiles were not measured this way, keep 1 split there.)
 
     Parameters
     ----------
@@ -103,11 +104,13 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     return _splits(batch, kv_heads, seqlen, sms, waves, min_keys, cap)
 
 
-def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP) -> int:
-    """`default_num_splits`'s formula on checked values (the plan's call path)."""
+def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP,
+            tail=True) -> int:
+    """`default_num_splits`'s formula on checked values (the plan's call path; ``tail=False``: without the
+    tail rule, for chunk tiles, where it was not measured)."""
     items = batch * kv_heads
     if items >= waves * sms:
-        return _tail_splits(items, seqlen, sms)
+        return _tail_splits(items, seqlen, sms) if tail else 1
     return max(1, min((waves * sms) // items, seqlen // min_keys, cap))
 
 
@@ -486,7 +489,7 @@ def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot):
     m_tiles = -(-rows // block_m)
     if num_splits is None:
         longest = L_max if max_seqlen is None else max_seqlen
-        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device))
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), tail=Nq == 1)
     return block_m, m_tiles, num_splits
 
 
