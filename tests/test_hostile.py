@@ -891,3 +891,28 @@ def test_subprocess_exit_code(tmp_path, argv, needle):
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.splitlines() == [p.stderr.strip()] and p.stderr.startswith(needle), p.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------- 12. found by fuzzing (branch hf)
+def _gz_cases():
+    import gzip
+
+    good = gzip.compress(b'{"traceEvents": []}')
+    return [
+        ("truncated", good[:-6], "expected a readable gzip file, got"),
+        ("corrupt", good[:12] + b"\0" * 20, "expected a readable gzip file, got"),
+        ("not-gzip", b'{"traceEvents": []}', "expected a readable gzip file, got"),
+        ("bomb", gzip.compress(b" " * (inputs.MAX_BYTES + 1), compresslevel=1),
+         "expected at most 64 MiB decompressed, got more"),
+    ]
+
+
+@pytest.mark.parametrize("cid, content, needle", _gz_cases(), ids=[c[0] for c in _gz_cases()])
+def test_profile_gz_bad_or_bomb_is_one_line(capsys, tmp_path, cid, content, needle):
+    """A .json.gz Chrome trace goes through the same size limit as any file: a truncated or corrupt
+    stream was an EOFError / zlib.error traceback, and a small bomb inflated past the 64 MiB limit."""
+    p = tmp_path / "p.json.gz"
+    p.write_bytes(content)
+    line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "out"], "--profile p.json.gz",
+                   out_dir=tmp_path)
+    assert needle in line, line

@@ -27,13 +27,11 @@ Range matching is sorted intervals + bisection: O(n log n) in the number of even
 from __future__ import annotations
 
 import bisect
-import gzip
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from attnscope.errors import InputError, finite_real
-from attnscope.inputs import load_json
+from attnscope.inputs import load_json, read_text
 
 #: Kernel families, fused attention ones first.
 FUSED = ("attnscope", "flash", "efficient", "cudnn")
@@ -103,14 +101,7 @@ class KernelEvent:
 def load(path, where: str = "trace"):
     """Read a Chrome trace (``.json`` or ``.json.gz``) through `attnscope.inputs` (UTF-8, size, depth,
     giant integers, NaN/inf); a bad file is an InputError naming ``where``."""
-    if not str(path).endswith(".gz"):
-        return load_json(path, where)
-    try:
-        text = gzip.decompress(Path(path).read_bytes()).decode("utf-8")
-    except OSError as e:
-        raise InputError(f"{where}: expected a readable gzip Chrome trace, got {str(path)!r} ({e})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{where}: expected UTF-8 JSON, got bytes that are not UTF-8") from None
+    text = read_text(path, where, gz=str(path).endswith(".gz"))
     return load_json(path, where, text=text)
 
 

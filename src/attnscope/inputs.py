@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import gc
+import gzip
 import io
 import itertools
 import json
@@ -32,6 +33,7 @@ import os
 import re
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 from attnscope.errors import InputError, short
@@ -46,8 +48,9 @@ def _name(path) -> str:
 
 
 # ------------------------------------------------------------------------------------------- reading
-def read_text(path, field: str) -> str:
-    """The file's text, strict UTF-8; `path == "-"` reads stdin. One InputError line on any problem."""
+def read_text(path, field: str, gz: bool = False) -> str:
+    """The file's text, strict UTF-8; `path == "-"` reads stdin; with `gz`, a gzip file decompressed (at
+    most `MAX_BYTES` of it: a gzip bomb is refused, not inflated). One InputError line on any problem."""
     if str(path) == "-":
         data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else \
             sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
@@ -60,12 +63,16 @@ def read_text(path, field: str) -> str:
             if (size := os.stat(path).st_size) > MAX_BYTES:
                 raise InputError(f"{field}: expected a file of at most {MAX_BYTES // 2**20} MiB, got "
                                  f"{size:,} bytes in {where}")
-            with open(path, "rb") as f:
+            with (gzip.open if gz else open)(path, "rb") as f:
                 data = f.read(MAX_BYTES + 1)
-        except OSError as e:
-            raise InputError(f"{field}: expected a readable file, got {where} ({e.strerror})") from None
+        except (OSError, EOFError, zlib.error) as e:  # gzip: a bad header, a truncated or corrupt stream
+            what = "a readable gzip file" if gz else "a readable file"
+            reason = getattr(e, "strerror", None) or (str(e) or type(e).__name__)[:50]
+            raise InputError(f"{field}: expected {what}, got {where} ({reason})") from None
     if len(data) > MAX_BYTES:
-        raise InputError(f"{field}: expected at most {MAX_BYTES // 2**20} MiB, got more from {where}")
+        unzipped = " decompressed" if gz else ""
+        raise InputError(f"{field}: expected at most {MAX_BYTES // 2**20} MiB{unzipped}, got more from "
+                         f"{where}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
