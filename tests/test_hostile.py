@@ -916,3 +916,98 @@ def test_profile_gz_bad_or_bomb_is_one_line(capsys, tmp_path, cid, content, need
     line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "out"], "--profile p.json.gz",
                    out_dir=tmp_path)
     assert needle in line, line
+
+
+def _sweep_doc(edit=None) -> dict:
+    doc = json.loads((RESULTS / "h200-2026-11-30-bytes-heldout1.json").read_text())
+    if edit:
+        edit(doc)
+    return doc
+
+
+BAD_SWEEPS = [
+    ("no-spec", lambda d: d["points"][0].pop("spec"), "--from-json point 1: spec: expected an object"),
+    ("spec-int", lambda d: d["points"][0].update(spec=5), "--from-json point 1: spec: expected an object"),
+    ("kernels-int", lambda d: d["points"][0]["measured"].update(kernels=5),
+     "--from-json point 1: measured.kernels: expected a list"),
+    ("kernel-name-int", lambda d: d["points"][0]["measured"].update(kernels=[{"name": 5}]),
+     "--from-json point 1: measured.kernels: expected string names"),
+    ("measured-str", lambda d: d["points"][0].update(measured="x"),
+     "--from-json point 1: measured: expected an object"),
+    ("total-bool", lambda d: d["points"][0]["measured"].update(total=True),
+     "--from-json point 1: measured.total: expected a byte count"),
+    ("l2-bool", lambda d: d["env"].update(l2_bytes=True), "--from-json: env.l2_bytes: expected a positive"),
+]
+
+
+@pytest.mark.parametrize("cid, edit, needle", BAD_SWEEPS, ids=[c[0] for c in BAD_SWEEPS])
+def test_bytes_from_json_malformed_point(capsys, tmp_path, cid, edit, needle):
+    """A recorded sweep with a point missing its spec, or kernels not a list, was a KeyError /
+    AttributeError / TypeError traceback (and a bool was taken for l2_bytes = 1)."""
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(_sweep_doc(edit)))
+    refused(capsys, ["bytes", "--from-json", p], needle)
+
+
+@pytest.mark.parametrize("flag, value", [("--l2-bytes", "0"), ("--sms", "0"), ("--l2-bytes", "-1"),
+                                         ("--sms", "-3")])
+def test_bytes_from_json_zero_override_is_refused_not_ignored(capsys, flag, value):
+    """--l2-bytes 0 / --sms 0 fell back silently to the recorded values; -1 was blamed on the file."""
+    line = refused(capsys, ["bytes", "--from-json", RESULTS / "h200-2026-11-30-bytes-heldout1.json", flag,
+                            value], f"{flag}: expected a positive integer, got {value}")
+    assert "env." not in line
+
+
+def test_bytes_from_json_json_is_json_only(capsys):
+    """`bytes --from-json F --json` printed the tables before the JSON: stdout was not JSON."""
+    sweep = RESULTS / "h200-2026-11-30-bytes-heldout1.json"
+    out = answered(capsys, ["bytes", "--from-json", sweep, "--json"])
+    doc = json.loads(out)
+    assert doc["kind"] == "attnscope-bytes-reevaluated" and len(doc["rows"]) == doc["summary"]["count"] > 0
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("dir", "--json: expected a file name, got a directory"),
+    ("nodir/x.json", "--json: expected a file in an existing directory"),
+    ("link.json", "--json: expected a regular file or nothing"),
+])
+def test_bytes_json_file_checked_before_any_output(capsys, tmp_path, where, needle):
+    """A bad --json FILE was found only after the tables were printed (or, for --sweep, after the
+    measuring): now it is the only output."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link.json").symlink_to(tmp_path / "outside.json")
+    refused(capsys, ["bytes", "--from-json", RESULTS / "h200-2026-11-30-bytes-heldout1.json", "--json",
+                     tmp_path / where], needle, out_dir=tmp_path)
+    assert not (tmp_path / "outside.json").exists()
+
+
+def test_bytes_sweep_unsupported_point_exits_2(capsys, tmp_path):
+    """NotImplementedError (a RuntimeError) was caught as a GPU failure: exit 1, "NotImplementedError:"."""
+    p = tmp_path / "g.csv"
+    p.write_text("impl,H,N,d\nflash,32,4096,96\n")
+    rc, out, err, _ = run(capsys, ["bytes", "--sweep", p])
+    assert rc == 2 and out == "", (rc, err)
+    assert err.strip() == "attnscope bytes: error: GRID row 2: d: 96 is not measured; supported: 64, 128"
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["which", "--n", "0"], "--n"), (["which", "--batch", "-1"], "--batch"), (["which", "--d", "0"], "--d"),
+    (["share", "--prefill", "0"], "--prefill"), (["share", "--layers", "0"], "--layers"),
+    (["share", "--reps", "0"], "--reps"), (["bench", "--n", "0"], "--n"), (["bench", "--d", "-64"], "--d"),
+    (["bench", "--tokens", "0"], "--tokens"), (["bench", "--heads", "0"], "--heads"),
+    (["share", "--trace", "."], "--trace: expected a file name, got a directory"),
+])
+def test_gpu_commands_name_bad_arguments_before_asking_for_a_gpu(capsys, argv, field):
+    """Without a GPU these said only "needs a CUDA GPU"; on one, share --reps 0 reached the timing."""
+    line = refused(capsys, argv, field)
+    assert "GPU" not in line, line
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--json"], "--json"), (["--out", "x.json"], "--out"), (["--quick"], "--quick"),
+    (["--kind", "decode"], "--kind"), (["--n", "1024"], "--n"), (["--tokens", "8"], "--tokens"),
+])
+def test_bench_from_json_refuses_flags_it_would_ignore(capsys, tmp_path, extra, field):
+    """`bench --from-json F --json` printed text lines, --out wrote nothing, --kind chose nothing."""
+    refused(capsys, ["bench", "--from-json", RESULTS / "h200-2026-11-29-prefill.json", *extra],
+            f"{field}: expected only --plots with --from-json", out_dir=tmp_path)

@@ -262,14 +262,24 @@ def out_dir(path, field: str = "--out") -> Path:
     return p
 
 
-def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
-    """Write `data` to `path` atomically (a temp file in its directory, then os.replace) and return the
-    path; a symlink or a directory at `path` is refused."""
+def out_file(path, field: str = "--out") -> Path:
+    """Check an output file's name before any work (what `write_atomic` refuses, up front): not a symlink,
+    not a directory, inside an existing directory. Returns the path; one line naming `field` if not."""
     p = Path(path)
     where = _name(path)
     refuse_symlinks([p], field)
     if p.is_dir():
         raise InputError(f"{field}: expected a file name, got a directory {where}")
+    if not p.parent.is_dir():
+        raise InputError(f"{field}: expected a file in an existing directory, got {where}")
+    return p
+
+
+def write_atomic(path, data: str | bytes, field: str = "--out") -> Path:
+    """Write `data` to `path` atomically (a temp file in its directory, then os.replace) and return the
+    path; a symlink or a directory at `path` is refused (`out_file`)."""
+    p = out_file(path, field)
+    where = _name(path)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -27,11 +28,14 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def console():
+def console(quiet: bool = False):
     """The one rich console of the CLI: no highlighting, no soft wrap; 200 columns when not a terminal
-    (a pipe or a log file keeps every number whole)."""
+    (a pipe or a log file keeps every number whole). `quiet`: one that prints nothing (a command whose
+    --json goes to stdout instead of its tables)."""
     from rich.console import Console
 
+    if quiet:
+        return Console(file=io.StringIO(), highlight=False, soft_wrap=False)
     c = Console(highlight=False, soft_wrap=False)
     return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
 

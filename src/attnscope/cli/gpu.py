@@ -14,8 +14,8 @@ import platform
 import sys
 
 from attnscope.cli._out import MiB, _clean, console, print_json, table
-from attnscope.errors import InputError, positive_int
-from attnscope.inputs import refuse_symlinks, write_atomic
+from attnscope.errors import InputError, expect, positive_int
+from attnscope.inputs import out_file, write_atomic
 from attnscope.measure import backends, ncu, physical, share
 from attnscope.measure.backends import gpu_problem
 from attnscope.model import l2 as l2_model
@@ -39,6 +39,8 @@ def _one_line(fn):
     def go(args) -> int:
         try:
             return fn(args)
+        except NotImplementedError:  # a RuntimeError, but bad input: main() makes it one line, exit 2
+            raise
         except RuntimeError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             return _fail(args.command, f"{type(e).__name__}: {first}", code=1)
@@ -62,7 +64,17 @@ def _short(name: str, width: int = 90) -> str:
 
 
 # --- which -----------------------------------------------------------------------------------------
+def _positive(args, *names: str) -> None:
+    """The positive-integer flags `names` (attributes of `args`; a list for a repeatable flag), checked
+    before the GPU is asked for: bad input is named on any machine, not hidden behind "needs a GPU"."""
+    for name in names:
+        value = getattr(args, name)
+        for v in value if isinstance(value, list) else [] if value is None else [value]:
+            positive_int("--" + name.replace("_", "-"), v)
+
+
 def _which(args) -> int:
+    _positive(args, "n", "d", "heads", "batch")
     if (code := _no_gpu("which")) is not None:
         return code
     r = backends.which(args.backend, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
@@ -94,8 +106,7 @@ def _bytes(args) -> int:
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
 
-    for flag, v in (("--n", args.n), ("--d", args.d), ("--heads", args.heads), ("--batch", args.batch)):
-        positive_int(flag, v)
+    _positive(args, "n", "d", "heads", "batch")
     tensors = 4 * args.batch * args.heads * args.n * args.d * (2 if args.dtype in ("fp16", "bf16") else 4)
     if tensors > MAX_TENSOR_BYTES:
         raise InputError(f"--n: expected Q, K, V and O to fit one GPU (at most {MAX_TENSOR_BYTES / 1e9:g} GB "
@@ -184,14 +195,20 @@ def _bytes_sweep(args) -> int:
     --calibrate (streams of known size through the same ncu path)."""
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
-    c = console()
+    for flag, v in (("--l2-bytes", args.l2_bytes), ("--sms", args.sms)):  # 0 is refused, not "unset"
+        if v is not None:
+            positive_int(flag, v)
+    if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
+        out_file(args.json, "--json")
+    # --json alone: JSON on stdout *instead of* the tables, as every other --json
+    c = console(quiet=args.json == "-")
     if args.from_json:
         rows, env = physical.rows_from_json(args.from_json, l2_bytes=args.l2_bytes, sms=args.sms)
         _print_rows(c, rows, f"recorded {env.get('date', '?')} on {env.get('gpu', '?')}")
         _write_or_print(args, {"kind": "attnscope-bytes-reevaluated", "env": env,
                                "rows": [r.to_json() for r in rows], "summary": physical.summarize(rows)})
         return 0
-    positive_int("--per-child", args.per_child)
+    _positive(args, "per_child")
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
     if (code := _no_gpu("bytes")) is not None:
         return code
@@ -260,8 +277,9 @@ def _share(args) -> int:
     if args.project_to is not None and args.project_to == args.attention:
         raise InputError(f"project_to: expected an attention other than --attention ({args.attention}), "
                          f"got {args.project_to!r}")
+    _positive(args, "prefill", "layers", "reps")
     if args.trace:  # before minutes of measuring, not after
-        refuse_symlinks([args.trace], "--trace")
+        out_file(args.trace, "--trace")
     if (code := _no_gpu("share")) is not None:
         return code
     loop = None
@@ -295,9 +313,23 @@ def _share(args) -> int:
 
 
 # --- bench (measure/bench.py: the sweep driver) ----------------------------------------------------
+#: `bench` flags with a default (a value other than it, given with --from-json, is refused).
+_BENCH_DEFAULTS = {"kind": "all", "tokens": 16384, "heads": 32}
+
+
 def _bench(args) -> int:
     from attnscope.measure import bench
 
+    if args.from_json:  # a recorded run is redrawn: the measuring and output flags would do nothing
+        given = [flag for flag, v in (("--json", args.json), ("--out", args.out), ("--quick", args.quick),
+                                      ("--d", args.d), ("--n", args.n), ("--no-naive", args.no_naive)) if v]
+        given += ["--" + k for k, v in _BENCH_DEFAULTS.items() if getattr(args, k) != v]
+        expect(not given, given[0] if given else "--from-json", "only --plots with --from-json (it prints a "
+               "recorded run; measuring and output flags do nothing)", " ".join(given))
+    _positive(args, "d", "n", "tokens", "heads")
+    for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
+        if path:  # before minutes of measuring, not after
+            out_file(path, flag)
     if not args.from_json and (code := _no_gpu("bench")) is not None:  # --from-json needs no GPU
         return code
     return bench.run(args)
@@ -370,13 +402,15 @@ def configure(sub) -> None:
                        description="Sweep attnscope's kernels against PyTorch SDPA backends and the naive "
                                    "baseline; TFLOP/s, TB/s, ratios, plots. --from-json redraws a recorded "
                                    "run without a GPU.")
-    p.add_argument("--kind", choices=["prefill", "decode", "all"], default="all",
+    p.add_argument("--kind", choices=["prefill", "decode", "all"], default=_BENCH_DEFAULTS["kind"],
                    help="which sweep to run (default: all)")
     p.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
     p.add_argument("--d", type=int, action="append", help="head dims for prefill (default: 64 and 128)")
     p.add_argument("--n", type=int, action="append", help="sequence lengths for prefill (default 512..16k)")
-    p.add_argument("--tokens", type=int, default=16384, help="B*N held constant in prefill (default 16384)")
-    p.add_argument("--heads", type=int, default=32, help="query heads in prefill (default 32)")
+    p.add_argument("--tokens", type=int, default=_BENCH_DEFAULTS["tokens"],
+                   help=f"B*N held constant in prefill {SPEC}")
+    p.add_argument("--heads", type=int, default=_BENCH_DEFAULTS["heads"],
+                   help=f"query heads in prefill {SPEC}")
     p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="print all results as JSON on stdout, as every other --json does (with FILE, the "

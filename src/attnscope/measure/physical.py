@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnscope import inputs
-from attnscope.errors import InputError, expect, short
+from attnscope.errors import InputError, expect, positive_int, short
 from attnscope.measure import ncu
 from attnscope.model import l2
 
@@ -283,20 +283,26 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         raise InputError(f"{field}: expected a file `attnscope bytes --sweep --json` wrote, got "
                          f"{short(data)}")
     env = data["env"]
-    l2_size = l2_bytes or env.get("l2_bytes")
-    sm = sms or env.get("sms")
-    expect(isinstance(l2_size, int) and l2_size > 0, f"{field}: env.l2_bytes", "a positive integer", l2_size)
-    expect(isinstance(sm, int) and sm > 0, f"{field}: env.sms", "a positive integer", sm)
+    # the caller's --l2-bytes / --sms (validated by the caller) override the recorded ones
+    l2_size = positive_int(f"{field}: env.l2_bytes", env.get("l2_bytes")) if l2_bytes is None else l2_bytes
+    sm = positive_int(f"{field}: env.sms", env.get("sms")) if sms is None else sms
     pairs = []
     for i, p in enumerate(data["points"]):
         m = p.get("measured") if isinstance(p, dict) else None
         if m is None:
             continue
-        spec = point({k: v for k, v in p["spec"].items() if k in FIELDS}, f"{field} point {i + 1}")
-        total = m.get("total") if isinstance(m, dict) else None
-        expect(isinstance(total, int) and total >= 0, f"{field} point {i + 1}: measured.total",
-               "a byte count", total)
-        names = [k.get("name", "") for k in m.get("kernels", []) if isinstance(k, dict)]
+        where = f"{field} point {i + 1}"
+        expect(isinstance(p.get("spec"), dict), f"{where}: spec", "an object of grid fields", p.get("spec"))
+        spec = point({k: v for k, v in p["spec"].items() if k in FIELDS}, where)
+        expect(isinstance(m, dict), f"{where}: measured", "an object with total and kernels", m)
+        total = m.get("total")
+        expect(isinstance(total, int) and not isinstance(total, bool) and total >= 0,
+               f"{where}: measured.total", "a byte count", total)
+        kernels = m.get("kernels", [])
+        expect(isinstance(kernels, list), f"{where}: measured.kernels", "a list of kernels", kernels)
+        names = [k.get("name", "") for k in kernels if isinstance(k, dict)]
+        expect(all(isinstance(x, str) for x in names), f"{where}: measured.kernels", "string names",
+               next((x for x in names if not isinstance(x, str)), None))
         pairs.append((spec, total, names))
     return compare(pairs, l2_size, sm), env
 
