@@ -1011,3 +1011,27 @@ def test_bench_from_json_refuses_flags_it_would_ignore(capsys, tmp_path, extra, 
     """`bench --from-json F --json` printed text lines, --out wrote nothing, --kind chose nothing."""
     refused(capsys, ["bench", "--from-json", RESULTS / "h200-2026-11-29-prefill.json", *extra],
             f"{field}: expected only --plots with --from-json", out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["ring", "--tflops", "1e-320"], "--tflops: expected a finite number in [0.001, 1e+06], got 1e-320"),
+    (["ring", "--tflops", "5e-324", "--json"], "--tflops: expected a finite number in"),
+    (["ring", "--link-gbps", "1e308"], "--link-gbps: expected a finite number in [0.001, 1e+06], got 1e+308"),
+    (["ring", "--link-gbps", "1e-15"], "--link-gbps: expected a finite number in"),
+    (["ring", "--ranks", "9", "--n", "8"], "--ranks: expected at most n = 8"),
+    (["ring", "--ranks", ",".join(["2"] * 257)], "--ranks: expected at most 256 values, got 257"),
+])
+def test_ring_rates_and_ranks_bounded(capsys, argv, needle):
+    """A tiny --tflops / --link-gbps printed inf step times (a huge one an inf link), a tiny link gave a
+    crossover clamped at 2^62 x P (a wrong number, silently), more ranks than tokens was modelled, and a
+    5,000-entry --ranks took seconds of table printing."""
+    refused(capsys, argv, needle)
+
+
+def test_ring_at_the_rate_bounds_is_finite_and_exact(capsys):
+    out = json.loads(answered(capsys, ["ring", "--ranks", "2", "--link-gbps", "1e-3", "--tflops", "1e6",
+                                       "--causal", "--json"]))
+    x = out["predictions"][0]
+    assert all(math.isfinite(v) for v in x.values() if isinstance(v, float))
+    # compute >= transfer from n_local = Hkv * elt * rate / (H * f * 2 * bw) = 2 * 1e18 / (0.5 * 2 * 1e6)
+    assert x["crossover_n"] == 2 * 2 * 10**12 and x["bound"] == "link"

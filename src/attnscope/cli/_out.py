@@ -8,7 +8,7 @@ import math
 import re
 import sys
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, short
 from attnscope.model.roofline import GiB, KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
 
 
@@ -107,13 +107,16 @@ def ledger(row, mib: bool = True) -> list[list[str]]:
              t.what] for k in row.kernels for t in k.transfers]
 
 
-def int_list(flag: str, text: str, least: int | None = None) -> list[int]:
-    """A flag's comma-separated integers ("2,4,8"), each at least `least` when given; one line if not."""
+def int_list(flag: str, text: str, least: int | None = None, most: int | None = None) -> list[int]:
+    """A flag's comma-separated integers ("2,4,8"), each at least `least` when given, at most `most` of
+    them when given; one line if not."""
     what = "comma-separated integers" if least is None else f"comma-separated integers >= {least}"
     try:
         out = [int(x) for x in text.split(",")]
     except ValueError:
-        raise InputError(f"{flag}: expected {what}, got {text!r}") from None
+        raise InputError(f"{flag}: expected {what}, got {short(text)}") from None
     if least is not None and any(x < least for x in out):
-        raise InputError(f"{flag}: expected {what}, got {text!r}")
+        raise InputError(f"{flag}: expected {what}, got {short(text)}")
+    if most is not None and len(out) > most:
+        raise InputError(f"{flag}: expected at most {most} values, got {len(out):,}")
     return out

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from attnscope.cli._out import console, int_list, print_json, table
 
+#: Most rank counts in one --ranks (one table row each: a 5,000-row table took seconds to print).
+MAX_RANK_COUNTS = 256
+
 
 def configure(sub) -> None:
     """Add `ring` to `sub` (argparse subparsers)."""
@@ -32,7 +35,7 @@ def configure(sub) -> None:
 def cmd_ring(args) -> int:
     from attnscope.model.ring import predict
 
-    ranks = int_list("--ranks", args.ranks, least=1)
+    ranks = int_list("--ranks", args.ranks, least=1, most=MAX_RANK_COUNTS)
     preds = [predict(r, args.n, args.heads, args.kv_heads, args.d, args.dtype, args.causal, args.device,
                      args.batch, args.tflops, args.link_gbps) for r in ranks]
     if args.json:

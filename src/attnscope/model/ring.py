@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from attnscope.errors import InputError, choice, positive_int
+from attnscope.errors import InputError, choice, finite_real, positive_int, short
 from attnscope.model.flops import attention_flops
 from attnscope.model.roofline import GiB, MiB
 from attnscope.model.roofline import device as get_device
@@ -46,6 +46,11 @@ KERNEL_RATE = {("h200", 64, False): 489.6e12, ("h200", 64, True): 456.4e12,
 
 #: assumed host/launch overhead per ring step (two kernel launches + posting the P2P batch)
 STEP_OVERHEAD_S = 10e-6
+
+#: Accepted `tflops` (TFLOP/s) and `link_gbps` (GB/s): from a thousandth to a million. Outside them a
+#: step time overflows to inf or underflows to 0 (1e-320 TFLOP/s), and the crossover's bisection
+#: (n_local < 2^62) no longer brackets the answer.
+RATE_RANGE = (1e-3, 1e6)
 
 
 def link_bandwidth(nbytes: int, dev: str = "h200", link_gbps: float | None = None) -> float:
@@ -95,9 +100,12 @@ def _check(ranks, n, batch, heads, kv_heads, d, dtype, tflops, link_gbps):
     choice("dtype", dtype, ELT)
     if heads % kv_heads:
         raise InputError(f"kv_heads: expected a divisor of heads = {heads}, got {kv_heads}")
+    if ranks > n:
+        raise InputError(f"ranks: expected at most n = {n:,} (one token per rank at least), got {ranks:,}")
+    lo, hi = RATE_RANGE
     for name, x in (("tflops", tflops), ("link_gbps", link_gbps)):
-        if x is not None and not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
-            raise InputError(f"{name}: expected a finite positive number, got {x!r}")
+        if x is not None and not (finite_real(x) and lo <= x <= hi):
+            raise InputError(f"{name}: expected a finite number in [{lo:g}, {hi:g}], got {short(x)}")
 
 
 def kernel_rate(dev: str, d: int, causal: bool, tflops: float | None = None) -> float:
