@@ -500,8 +500,10 @@ def _prom(buckets, count=None, name="vllm:time_to_first_token_seconds", extra=""
 
 METRICS = [
     ("non-monotonic", _prom([("0.1", 5), ("0.5", 3), ("+Inf", 8)]), "non-decreasing"),
-    ("negative-le", _prom([("-0.1", 1), ("0.5", 3), ("+Inf", 8)]), "expected le to be a number >= 0"),
-    ("abc-le", _prom([("abc", 1), ("+Inf", 8)]), "expected le to be a number >= 0 or +Inf, got 'abc'"),
+    ("negative-le", _prom([("-0.1", 1), ("0.5", 3), ("+Inf", 8)]),
+     "expected le to be a number in [0, 1e+06] s or +Inf, got '-0.1'"),
+    ("abc-le", _prom([("abc", 1), ("+Inf", 8)]),
+     "expected le to be a number in [0, 1e+06] s or +Inf, got 'abc'"),
     ("nan-le", _prom([("NaN", 1), ("+Inf", 8)]), "expected le to be a number"),
     ("no-le", _prom([(None, 1), ("+Inf", 8)]), "expected an le label"),
     ("count-mismatch", _prom([("0.5", 3), ("+Inf", 8)], count=9), "expected _count equal to the +Inf bucket"),
@@ -1035,3 +1037,38 @@ def test_ring_at_the_rate_bounds_is_finite_and_exact(capsys):
     assert all(math.isfinite(v) for v in x.values() if isinstance(v, float))
     # compute >= transfer from n_local = Hkv * elt * rate / (H * f * 2 * bw) = 2 * 1e18 / (0.5 * 2 * 1e6)
     assert x["crossover_n"] == 2 * 2 * 10**12 and x["bound"] == "link"
+
+
+_TTFT = "vllm:time_to_first_token_seconds"
+
+
+def _prom_one(count: float, total: float, le: str = "0.5", engines: int = 1) -> str:
+    lines = [f"# TYPE {_TTFT} histogram"]
+    for e in range(engines):
+        lines += [f'{_TTFT}_bucket{{engine="{e}",le="{le}"}} {count}',
+                  f'{_TTFT}_bucket{{engine="{e}",le="+Inf"}} {count}',
+                  f'{_TTFT}_count{{engine="{e}"}} {count}', f'{_TTFT}_sum{{engine="{e}"}} {total}']
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("after, needle", [
+    (_prom_one(1e308, 72.9), "expected counts and sums of at most 9.0072e+15, got 1e+308"),
+    (_prom_one(10, 1e308, engines=2), "expected counts and sums of at most 9.0072e+15, got a total past the"),
+    (_prom_one(10, 1e12), f"expected {_TTFT}_sum / _count of at most 1e+06 s"),
+    (_prom_one(10, 3.0, le="1e308"), "expected le to be a number in [0, 1e+06] s or +Inf, got '1e308'"),
+])
+def test_metrics_at_the_float_limit_are_refused_not_inf(capsys, tmp_path, after, needle):
+    """Finite but huge scrape values gave p95/p99/mean "inf" in the report: bucket counts near 1e308
+    overflowed the interpolation, two label sets' _sum of 1e308 added up to inf, a 1e308 s bucket bound
+    or mean printed inf ms."""
+    (tmp_path / "b.prom").write_text(_prom_one(0, 0.0))
+    (tmp_path / "a.prom").write_text(after)
+    argv = ["report", "--metrics", tmp_path / "b.prom", tmp_path / "a.prom", "--out", tmp_path / "o"]
+    refused(capsys, argv, needle, out_dir=tmp_path)
+
+
+def test_histogram_quantile_does_not_overflow():
+    from attnscope.report import evidence
+
+    h = evidence.Histogram((0.5, 7680.0, math.inf), (1e307, 1.5e308, 1.5e308), 1.5e308, 1.0)
+    assert h.quantile(0.95) == pytest.approx(0.5 + 7679.5 * ((0.95 * 1.5e308 - 1e307) / 1.4e308))

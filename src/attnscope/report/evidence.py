@@ -21,6 +21,7 @@ from pathlib import Path
 from attnscope import chrome_trace
 from attnscope.errors import InputError, finite_real, short
 from attnscope.inputs import load_json, number_text, read_csv, read_text
+from attnscope.model.amdahl import MAX_MS
 
 # ------------------------------------------------------------------------------------------ samples
 
@@ -230,6 +231,10 @@ VLLM_HISTOGRAMS = {
     "vllm:e2e_request_latency_seconds": "End-to-end",
 }
 ITL_FALLBACK = "vllm:time_per_output_token_seconds"
+#: Largest bucket bound and mean observation read, seconds: the trace's own limit (amdahl.MAX_MS).
+MAX_S = MAX_MS / 1e3
+#: Largest count or sum read: exact in a float (2^53); past it the diffs and ratios lose meaning.
+MAX_COUNT = float(2**53)
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,8 @@ class Histogram:
                     return prev_bound
                 if c == prev_count:
                     return b
-                return prev_bound + (b - prev_bound) * (rank - prev_count) / (c - prev_count)
+                # the fraction first: (b - prev) * (rank - prev_count) alone can overflow a float
+                return prev_bound + (b - prev_bound) * ((rank - prev_count) / (c - prev_count))
             prev_bound, prev_count = b, c
         return prev_bound
 
@@ -282,8 +288,9 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 if raw is None:
                     raise InputError(f"{name}: expected an le label on every _bucket sample, got none")
                 finite = raw not in ("+Inf", "Inf")
-                if finite and not (number_text(raw) and 0 <= float(raw) < math.inf):
-                    raise InputError(f"{name}: expected le to be a number >= 0 or +Inf, got {short(raw)}")
+                if finite and not (number_text(raw) and 0 <= float(raw) <= MAX_S):
+                    raise InputError(f"{name}: expected le to be a number in [0, {MAX_S:g}] s or +Inf, got "
+                                     f"{short(raw)}")
                 le = float(raw) if finite else math.inf
                 buckets[le] = buckets.get(le, 0.0) + s.value
             elif s.name.endswith("_count"):
@@ -292,6 +299,10 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
                 total += s.value
         if not buckets:
             continue
+        big = next((v for v in (total, count or 0.0, *buckets.values()) if not v <= MAX_COUNT), None)
+        if big is not None:  # summed over label sets: finite each, but not their sum (1e308 + 1e308)
+            got = short(big) if math.isfinite(big) else "a total past the float range"
+            raise InputError(f"{name}: expected counts and sums of at most {MAX_COUNT:g}, got {got}")
         if math.inf not in buckets:
             raise InputError(f'{name}: expected a le="+Inf" bucket, got none')
         bounds = tuple(sorted(buckets))
@@ -372,6 +383,9 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         h = _diff(name, before.get(name), after[name])
         if h.count <= 0:
             continue
+        if h.sum > h.count * MAX_S:  # the mean observation, in ms, stays a printable number
+            raise InputError(f"--metrics: expected {name}_sum / _count of at most {MAX_S:g} s (the mean "
+                             f"observation), got {h.sum / h.count:.4g} s")
         target = targets.get(name)
         meets, warning = (None, None) if target is None else _check_target(h, target / 1e3)
         p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
