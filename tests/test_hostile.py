@@ -1072,3 +1072,20 @@ def test_histogram_quantile_does_not_overflow():
 
     h = evidence.Histogram((0.5, 7680.0, math.inf), (1e307, 1.5e308, 1.5e308), 1.5e308, 1.0)
     assert h.quantile(0.95) == pytest.approx(0.5 + 7679.5 * ((0.95 * 1.5e308 - 1e307) / 1.4e308))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["report", "--out", ""], "--out"), (["report", ""], "TRACE"), (["report", "--samples", ""], "--samples"),
+    (["report", "--metrics", "", "x"], "--metrics"), (["report", "--profile", " "], "--profile"),
+    (["trace", "--input", ""], "--input"), (["bytes", "--sweep", ""], "--sweep"),
+    (["bytes", "--from-json", ""], "--from-json"), (["bytes", "--calibrate", "--json", ""], "--json"),
+    (["bench", "--from-json", ""], "--from-json"), (["bench", "--plots", ""], "--plots"),
+    (["bench", "--out", ""], "--out"), (["share", "--trace", ""], "--trace"),
+])
+def test_empty_path_is_refused_not_read_as_absent_or_cwd(capsys, tmp_path, monkeypatch, argv, flag):
+    """`report --out ""` wrote report.md into the current directory; `bytes --sweep ""` and
+    `--from-json ""` read as not given (a single measurement instead); `--plots ""` drew nothing."""
+    monkeypatch.chdir(tmp_path)
+    line = refused(capsys, argv, f"argument {flag}: expected a file or directory name", argparse_error=True,
+                   out_dir=tmp_path)
+    assert line.startswith(f"attnscope {argv[0]}: error:")

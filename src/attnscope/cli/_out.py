@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import math
@@ -105,6 +106,14 @@ def ledger(row, mib: bool = True) -> list[list[str]]:
     """A traffic row's ledger as table rows: kernel, tensor, direction, bytes (and MiB), what."""
     return [[k.name, t.tensor, t.direction, f"{t.nbytes:,}", *([f"{t.nbytes / MiB:,.2f}"] if mib else []),
              t.what] for k in row.kernels for t in k.transfers]
+
+
+def path_arg(text: str) -> str:
+    """argparse `type=` of every file and directory flag: an empty name is refused (it read as "not
+    given", e.g. `bytes --sweep ""` measured one point, or as the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file or directory name, got {text!r}")
+    return text
 
 
 def int_list(flag: str, text: str, least: int | None = None, most: int | None = None) -> list[int]:

@@ -13,7 +13,7 @@ import json
 import platform
 import sys
 
-from attnscope.cli._out import MiB, _clean, console, print_json, table
+from attnscope.cli._out import MiB, _clean, console, path_arg, print_json, table
 from attnscope.errors import InputError, expect, positive_int
 from attnscope.inputs import out_file, write_atomic
 from attnscope.measure import backends, ncu, physical, share
@@ -355,13 +355,13 @@ def configure(sub) -> None:
                                    "model and the physical estimate.")
     p.add_argument("--impl", default="flash", choices=ncu.IMPLS, help=f"implementation measured {SPEC}")
     _shape(p, json_flag=False)
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=path_arg,
                    help="print JSON instead of tables; with --sweep/--calibrate/--from-json and FILE, write "
                         "every point's counters to FILE (atomically)")
-    p.add_argument("--sweep", metavar="GRID", default=None,
+    p.add_argument("--sweep", metavar="GRID", default=None, type=path_arg,
                    help="measure every point of GRID (CSV with a header impl,B,H,Hkv,N,d,causal,dtype; or a "
                         "JSON / YAML list of such objects) and print the estimate's error distribution")
-    p.add_argument("--from-json", metavar="FILE", default=None,
+    p.add_argument("--from-json", metavar="FILE", default=None, type=path_arg,
                    help="no GPU: re-evaluate the current estimate against a sweep that --sweep --json wrote")
     p.add_argument("--calibrate", action="store_true",
                    help="measure a 1 and 4 GiB device copy, fp32 sum and fill through the same ncu path and "
@@ -394,7 +394,8 @@ def configure(sub) -> None:
     p.add_argument("--project-to", default=None, choices=share.ATTENTIONS,
                    help="candidate attention: project with Amdahl, then swap it in and measure")
     p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
-    p.add_argument("--trace", default=None, metavar="FILE.json.gz", help="keep the profiler Chrome trace")
+    p.add_argument("--trace", default=None, metavar="FILE.json.gz", type=path_arg,
+                   help="keep the profiler Chrome trace")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=_one_line(_share))
 
@@ -412,12 +413,12 @@ def configure(sub) -> None:
     p.add_argument("--heads", type=int, default=_BENCH_DEFAULTS["heads"],
                    help=f"query heads in prefill {SPEC}")
     p.add_argument("--no-naive", action="store_true", help="skip the naive 3-kernel baseline")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=path_arg,
                    help="print all results as JSON on stdout, as every other --json does (with FILE, the "
                         "form bench/*.py scripts use: write them to FILE, like --out)")
-    p.add_argument("--out", metavar="FILE", help="also write all results as JSON to FILE (atomically; "
-                                                 "--from-json reads it back)")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
-    p.add_argument("--from-json", metavar="FILE",
+    p.add_argument("--out", metavar="FILE", type=path_arg,
+                   help="also write all results as JSON to FILE (atomically; --from-json reads it back)")
+    p.add_argument("--plots", metavar="DIR", type=path_arg, help="write PNG plots to DIR (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE", type=path_arg,
                    help="no GPU: print and plot a recorded run (a file --json wrote) instead of measuring")
     p.set_defaults(func=_bench)

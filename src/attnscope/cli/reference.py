@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from attnscope.cli._out import console, print_json, table
+from attnscope.cli._out import console, path_arg, print_json, table
 from attnscope.errors import InputError, short
 from attnscope.inputs import gc_paused, load_json
 
@@ -24,7 +24,7 @@ def configure(sub) -> None:
         description="Replay FlashAttention-2's online softmax for one query row whose scores arrive tile by "
                     "tile: the state after each tile, the one final division, and the check against the "
                     "global softmax. With no --input: the spec's §3.2 two-tile example.")
-    p.add_argument("--input", metavar="FILE", default=None,
+    p.add_argument("--input", metavar="FILE", default=None, type=path_arg,
                    help='JSON file ("-" for stdin): {"tiles": [{"scores": [8, 6], '
                         '"values": [[1, 2], [3, 4]]}, ...]}; any number of tiles, scores already scaled, '
                         "one value width throughout (default: the spec's §3.2 example)")

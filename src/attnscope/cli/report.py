@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnscope.cli._out import print_json
+from attnscope.cli._out import path_arg, print_json
 from attnscope.inputs import write_atomic
 from attnscope.report import FORMATS, build
 from attnscope.report.default_trace import DEFAULT_TRACE_YAML
@@ -25,25 +25,25 @@ def configure(sub) -> None:
                                    "a one-page latency attribution report: segment shares, Amdahl at the "
                                    "prefill and client TTFT boundaries, the boundary errors, a next "
                                    "measurement plan.")
-    p.add_argument("trace", nargs="?", metavar="TRACE", default=None,
+    p.add_argument("trace", nargs="?", metavar="TRACE", default=None, type=path_arg,
                    help="trace file, YAML or JSON (schema: README; template: --print-trace); "
                         "default: the spec's Document QA trace")
-    p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
+    p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT, type=path_arg,
                    help=f"output directory for report.md / report.html (default: ./{DEFAULT_OUT}, with its "
                         "own .gitignore); files are written atomically, never through a symlink")
     p.add_argument("--format", default="both", choices=FORMATS,
                    help="what to write (default: both)")
-    p.add_argument("--samples", metavar="FILE", default=None,
+    p.add_argument("--samples", metavar="FILE", default=None, type=path_arg,
                    help="client TTFT samples: a CSV with a ttft_ms or ttft_s column, a JSON "
                         "{\"ttft_ms\": [...]} or {\"ttft_s\": [...]}, or a `vllm bench serve --save-result "
                         "--save-detailed` result (its ttfts); p50/p95/p99, exact 95%% CI for p95, "
                         "accept/reject/inconclusive against the target")
     p.add_argument("--samples-unit", choices=("ms", "s"), default=None,
                    help="unit of --samples values when the file does not name it (bare numbers)")
-    p.add_argument("--metrics", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+    p.add_argument("--metrics", nargs=2, metavar=("BEFORE", "AFTER"), default=None, type=path_arg,
                    help="two Prometheus text scrapes of a vLLM server, before and after the run: "
                         "histograms diffed, quantiles interpolated within buckets")
-    p.add_argument("--profile", metavar="FILE", default=None,
+    p.add_argument("--profile", metavar="FILE", default=None, type=path_arg,
                    help="torch.profiler Chrome trace JSON: the attention kernels' share of the prefill's "
                         "kernel time (as `attnscope share`) replaces the trace's assumed split")
     p.add_argument("--json", action="store_true",
