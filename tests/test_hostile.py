@@ -966,6 +966,16 @@ def test_bytes_from_json_json_is_json_only(capsys):
     out = answered(capsys, ["bytes", "--from-json", sweep, "--json"])
     doc = json.loads(out)
     assert doc["kind"] == "attnscope-bytes-reevaluated" and len(doc["rows"]) == doc["summary"]["count"] > 0
+    assert doc["env"]["estimated_with"] == {"l2_bytes": doc["env"]["l2_bytes"], "sms": doc["env"]["sms"]}
+
+
+def test_bytes_from_json_json_names_the_overrides_it_used(capsys):
+    """With --l2-bytes / --sms the JSON kept only the recorded env, not what the estimate used."""
+    sweep = RESULTS / "h200-2026-11-30-bytes-heldout1.json"
+    argv = ["bytes", "--from-json", sweep, "--l2-bytes", "41943040", "--sms", "114", "--json"]
+    doc = json.loads(answered(capsys, argv))
+    assert doc["env"]["estimated_with"] == {"l2_bytes": 41943040, "sms": 114}
+    assert doc["env"]["l2_bytes"] != 41943040  # the recorded value is kept as recorded
 
 
 @pytest.mark.parametrize("where, needle", [

@@ -276,7 +276,8 @@ def sweep_json(points: list[ncu.Point], rows: list[Row], env: dict) -> dict:
 
 def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None,
                    sms: int | None = None) -> tuple[list[Row], dict]:
-    """Re-evaluate the current estimate against a recorded sweep (no GPU): (rows, env)."""
+    """Re-evaluate the current estimate against a recorded sweep (no GPU): (rows, env); env is the
+    recorded one plus ``estimated_with``, the L2 size and SM count the estimate used."""
     data = inputs.load_json(path, field)
     if not (isinstance(data, dict) and data.get("kind") == "attnscope-bytes-sweep"
             and isinstance(data.get("points"), list) and isinstance(data.get("env"), dict)):
@@ -304,7 +305,8 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         expect(all(isinstance(x, str) for x in names), f"{where}: measured.kernels", "string names",
                next((x for x in names if not isinstance(x, str)), None))
         pairs.append((spec, total, names))
-    return compare(pairs, l2_size, sm), env
+    # the recorded env stays as recorded; what the estimate used (an override or the recorded) beside it
+    return compare(pairs, l2_size, sm), {**env, "estimated_with": {"l2_bytes": l2_size, "sms": sm}}
 
 
 NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"
