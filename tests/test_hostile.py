@@ -1099,3 +1099,16 @@ def test_empty_path_is_refused_not_read_as_absent_or_cwd(capsys, tmp_path, monke
     line = refused(capsys, argv, f"argument {flag}: expected a file or directory name", argparse_error=True,
                    out_dir=tmp_path)
     assert line.startswith(f"attnscope {argv[0]}: error:")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--repeat", "0", "--sweep", "g.csv"], "--repeat: expected an integer in [1, 5], got 0"),
+    (["--repeat", "6", "--sweep", "g.csv"], "--repeat: expected an integer in [1, 5], got 6"),
+    (["--repeat", "2"], "--repeat: expected 1 without --sweep, got 2"),
+    (["--repeat", "3", "--calibrate"], "--repeat: expected 1 without --sweep, got 3"),
+    (["--repeat", "2", "--from-json", str(RESULTS / "h200-2026-11-30-bytes-heldout1.json")],
+     "--repeat: expected 1 without --sweep, got 2"),
+])
+def test_bytes_repeat_bounded_and_only_with_sweep(capsys, extra, needle):
+    """--repeat K: 1-5 runs of a --sweep grid; anywhere else it would be ignored, so it is refused."""
+    refused(capsys, ["bytes", *extra], needle)

@@ -427,6 +427,42 @@ def test_from_json_reevaluates_a_recorded_sweep(tmp_path, capsys):
     assert saved["summary"]["count"] == 1 and saved["rows"][0]["measured"] == 4 * 8 * 2**20
 
 
+def test_a_repeated_sweep_compares_each_point_with_its_median_run(tmp_path, capsys):
+    """`bytes --sweep --repeat K` measures the grid K times: one row per point, measured = the median run
+    (the lower of two: a measured value), its runs and their spread kept; without the repeat, rows stay one
+    per measurement."""
+    a = {"impl": "flash", "batch": 1, "heads": 8, "n": 4096, "d": 128, "causal": False, "dtype": "fp16"}
+    b = {**a, "impl": "naive", "causal": True}
+    mib = 2**20
+    runs = [(a, 40 * mib), (b, 900 * mib), (a, 44 * mib), (b, 1000 * mib), (a, 41 * mib), (b, 950 * mib)]
+    rows = physical.compare(runs, 62_914_560, 132, repeated=True)
+    assert [r.spec["impl"] for r in rows] == ["flash", "naive"]  # first appearance
+    assert [r.measured for r in rows] == [41 * mib, 950 * mib]  # medians
+    assert rows[0].runs == (40 * mib, 44 * mib, 41 * mib) and abs(rows[0].spread - 0.1) < 1e-12
+    assert rows[0].error == rows[0].estimate / (41 * mib) - 1
+    assert physical.compare(runs[:4], 62_914_560, 132, repeated=True)[0].measured == 40 * mib  # median_low
+    assert len(physical.compare(runs, 62_914_560, 132)) == 6  # not repeated: every measurement a row
+    s = physical.summarize(rows)
+    rs = s["run_spread"]
+    assert s["count"] == 2 and rs["points"] == 2 and abs(rs["max"] - (1000 / 900 - 1)) < 1e-12
+    assert rs["max_point"].startswith("naive") and abs(rs["median"] - (0.1 + 1000 / 900 - 1) / 2) < 1e-12
+    assert rs["over"] == {"5%": 2, "10%": 1, "15%": 0}  # 10.0 % is not over 10 %, 11.1 % is
+    assert any(line.startswith("run-to-run spread") and "max 11.1% (naive" in line
+               for line in physical.summary_lines(s))
+    assert "run_spread" not in physical.summarize(physical.compare(runs[:2], 62_914_560, 132))
+    # the sweep file records the repeat, and --from-json groups by it
+    points = [_point(spec, total - 8 * mib, 8 * mib) for spec, total in runs]
+    data = physical.sweep_json(points, rows, {"l2_bytes": 62_914_560, "sms": 132, "repeat": 3})
+    p = tmp_path / "rep.json"
+    p.write_text(json.dumps(data))
+    again, env = physical.rows_from_json(p)
+    assert [r.measured for r in again] == [41 * mib, 950 * mib] and env["repeat"] == 3
+    data["env"]["repeat"] = 0
+    p.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"env.repeat: expected an integer in \[1, 5\], got 0"):
+        physical.rows_from_json(p)
+
+
 @pytest.mark.parametrize("content, words", [
     ('{"kind": "something else"}', "--from-json: expected a file `attnscope bytes --sweep --json` wrote"),
     ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 0, "sms": 132}, "points": []}',

@@ -100,6 +100,10 @@ MAX_TENSOR_BYTES = 288 * 10**9
 
 
 def _bytes(args) -> int:
+    if not 1 <= args.repeat <= physical.MAX_REPEAT:
+        raise InputError(f"--repeat: expected an integer in [1, {physical.MAX_REPEAT}], got {args.repeat}")
+    if args.repeat > 1 and not args.sweep:  # one call, --from-json (its env says) and --calibrate: 1
+        raise InputError(f"--repeat: expected 1 without --sweep, got {args.repeat}")
     if args.sweep or args.from_json or args.calibrate:
         return _bytes_sweep(args)
     if args.json not in (None, "-"):
@@ -200,6 +204,7 @@ def _bytes_sweep(args) -> int:
             positive_int(flag, v)
     if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
         out_file(args.json, "--json")
+    repeat = args.repeat  # checked in `_bytes`; --from-json reads a sweep's own repeat from its env
     # --json alone: JSON on stdout *instead of* the tables, as every other --json
     c = console(quiet=args.json == "-")
     if args.from_json:
@@ -210,6 +215,7 @@ def _bytes_sweep(args) -> int:
         return 0
     _positive(args, "per_child")
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
+    specs = specs * repeat  # K rounds over the grid, each point once a round
     if (code := _no_gpu("bytes")) is not None:
         return code
     l2, sms = args.l2_bytes, args.sms
@@ -218,13 +224,13 @@ def _bytes_sweep(args) -> int:
 
         props = torch.cuda.get_device_properties(0)
         l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
-    env = _env(l2, sms)
+    env = {**_env(l2, sms), **({"repeat": repeat} if repeat > 1 else {})}
 
     def progress(done, total):
         print(f"measured {len(done)}/{total}", file=sys.stderr, flush=True)
         if args.sweep and args.json not in (None, "-"):  # keep what is measured if the run is cut short
             part = physical.compare([(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
-                                     for p in done if p.measured], l2, sms)
+                                     for p in done if p.measured], l2, sms, repeated=repeat > 1)
             _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"}))
 
     try:
@@ -246,7 +252,7 @@ def _bytes_sweep(args) -> int:
                                "points": [p.to_json() for p in points]})
         return 1 if failed else 0
     rows = physical.compare([(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
-                             for p in points if p.measured], l2, sms)
+                             for p in points if p.measured], l2, sms, repeated=repeat > 1)
     _print_rows(c, rows, f"{env.get('gpu', '')}, {env['ncu']}")
     for p in failed:
         c.print(f"not measured: {physical.Row(p.spec, 1, 0, 0, ()).label()}: {p.error}")
@@ -366,6 +372,10 @@ def configure(sub) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="measure a 1 and 4 GiB device copy, fp32 sum and fill through the same ncu path and "
                         "print counter / exact byte ratios")
+    p.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help=f"with --sweep: measure the grid K times (1-{physical.MAX_REPEAT}, in K rounds), "
+                        "compare the estimate with each point's median run and print the counters' "
+                        "run-to-run spread")
     p.add_argument("--per-child", type=int, default=8,
                    help=f"points measured per ncu process in --sweep {SPEC}")
     p.add_argument("--cache-control", default="none", choices=ncu.CACHE_CONTROL,

@@ -15,6 +15,8 @@ Everything here but the measuring itself is pure Python and tested on a CPU.
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import dataclass
 
 from attnscope import inputs
@@ -35,6 +37,9 @@ FIELDS = {
 }
 #: Most points in one grid (each is a GPU call under ncu: about 2-5 s).
 MAX_POINTS = 400
+#: `attnscope bytes --sweep --repeat K`: at most this many runs of a grid (the counters of one FA-2 causal
+#: point have spread 5-20 % between runs on the H200: BENCHMARKS.md, 2026-12-01 tenth session)
+MAX_REPEAT = 5
 #: Largest Q + K + V + O (and, for naive, S and P) of one point: what one 141 GB H200 can hold with room.
 MAX_POINT_BYTES = 80 * 10**9
 HEAD_DIMS = (64, 128)
@@ -163,6 +168,7 @@ class Row:
     estimate: int
     compulsory: int  # Q, K, V read once + O (+ LSE) written once
     credits: tuple  # (reason, bytes) the estimate subtracts below the compulsory bytes, each stated
+    runs: tuple = ()  # measured more than once (--repeat): every run's bytes; `measured` is their median
 
     @property
     def error(self) -> float:
@@ -180,9 +186,16 @@ class Row:
                 f"{s.get('dtype', 'fp16')} {'causal' if s.get('causal') else 'unmasked'}")
 
     def to_json(self) -> dict:
-        return {"spec": self.spec, "measured": self.measured, "estimate": self.estimate,
-                "compulsory": self.compulsory, "credits": [list(c) for c in self.credits],
-                "error": self.error}
+        out = {"spec": self.spec, "measured": self.measured, "estimate": self.estimate,
+               "compulsory": self.compulsory, "credits": [list(c) for c in self.credits], "error": self.error}
+        if self.runs:
+            out["runs"] = list(self.runs)
+        return out
+
+    @property
+    def spread(self) -> float:
+        """Largest over smallest run, minus 1 (0 for one run)."""
+        return max(self.runs) / min(self.runs) - 1.0 if self.runs else 0.0
 
 
 PORTABLE_KERNEL = "_attnscope_fwd_kernel"  # kernels/fwd.py's portable kernel (the Gluon ones: _hopper)
@@ -226,15 +239,22 @@ def attnscope_impl_of(spec: dict, kernels: list[str] | None = None) -> str:
     return "portable" if ran_portable else "auto"
 
 
-def compare(measured: list[tuple], l2_bytes: int, sms: int) -> list[Row]:
+def compare(measured: list[tuple], l2_bytes: int, sms: int, repeated: bool = False) -> list[Row]:
     """Rows for (spec, measured DRAM bytes[, measured kernel names]) tuples; points measured as 0 bytes are
-    skipped."""
-    rows = []
+    skipped. ``repeated`` (a sweep measured ``--repeat`` times): the tuples of one spec make one row whose
+    measurement is the median of theirs (the lower one of an even count: a measured value), in the order
+    of the specs' first appearance."""
+    groups: dict = {}
     for spec, total, *names in measured:
         if not total:
             continue
-        e = estimate_of(spec, l2_bytes, sms, names[0] if names else None)
-        rows.append(Row(spec, int(total), e.total, e.compulsory, tuple(e.credits)))
+        key = json.dumps(spec, sort_keys=True) if repeated else len(groups)
+        groups.setdefault(key, (spec, names[0] if names else None, []))[2].append(int(total))
+    rows = []
+    for spec, names, totals in groups.values():
+        e = estimate_of(spec, l2_bytes, sms, names)
+        rows.append(Row(spec, statistics.median_low(totals), e.total, e.compulsory, tuple(e.credits),
+                        tuple(totals) if len(totals) > 1 else ()))
     return rows
 
 
@@ -246,11 +266,19 @@ def summarize(rows: list[Row], worst: int = 8) -> dict:
     the points whose estimate is below the compulsory bytes without a stated reason."""
     errs = [abs(r.error) for r in rows]
     ranked = sorted(rows, key=lambda r: -abs(r.error))
-    return {"count": len(rows),
-            "within": {f"{b:.0%}": sum(e <= b + 1e-12 for e in errs) for b in BANDS},
-            "mean_abs_error": sum(errs) / len(errs) if errs else None,
-            "worst": [{"point": r.label(), "error": r.error} for r in ranked[:worst]],
-            "silently_below_compulsory": [r.label() for r in rows if r.silently_below]}
+    out = {"count": len(rows),
+           "within": {f"{b:.0%}": sum(e <= b + 1e-12 for e in errs) for b in BANDS},
+           "mean_abs_error": sum(errs) / len(errs) if errs else None,
+           "worst": [{"point": r.label(), "error": r.error} for r in ranked[:worst]],
+           "silently_below_compulsory": [r.label() for r in rows if r.silently_below]}
+    repeated = [r for r in rows if r.runs]
+    if repeated:  # how far the counters themselves move between runs of one point
+        spreads = sorted(r.spread for r in repeated)
+        top = max(repeated, key=lambda r: r.spread)
+        out["run_spread"] = {"points": len(repeated), "median": statistics.median(spreads),
+                             "max": top.spread, "max_point": top.label(),
+                             "over": {f"{b:.0%}": sum(x > b + 1e-12 for x in spreads) for b in BANDS}}
+    return out
 
 
 def summary_lines(s: dict) -> list[str]:
@@ -264,6 +292,11 @@ def summary_lines(s: dict) -> list[str]:
     below = s["silently_below_compulsory"]
     lines.append(f"below the compulsory bytes without a stated reason: {len(below)}"
                  + (": " + "; ".join(below) if below else ""))
+    if (rs := s.get("run_spread")) is not None:
+        over = ", ".join(f"over {k}: {v}" for k, v in rs["over"].items())
+        lines.append(f"run-to-run spread of the counters (largest / smallest run - 1) over {rs['points']} "
+                     f"points measured more than once: median {rs['median']:.1%}, max {rs['max']:.1%} "
+                     f"({rs['max_point']}); {over}; each point's error is against its median run")
     return lines
 
 
@@ -284,6 +317,9 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         raise InputError(f"{field}: expected a file `attnscope bytes --sweep --json` wrote, got "
                          f"{short(data)}")
     env = data["env"]
+    repeat = env.get("repeat", 1)
+    expect(isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT,
+           f"{field}: env.repeat", f"an integer in [1, {MAX_REPEAT}]", repeat)
     # the caller's --l2-bytes / --sms (validated by the caller) override the recorded ones
     l2_size = positive_int(f"{field}: env.l2_bytes", env.get("l2_bytes")) if l2_bytes is None else l2_bytes
     sm = positive_int(f"{field}: env.sms", env.get("sms")) if sms is None else sms
@@ -306,7 +342,8 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                next((x for x in names if not isinstance(x, str)), None))
         pairs.append((spec, total, names))
     # the recorded env stays as recorded; what the estimate used (an override or the recorded) beside it
-    return compare(pairs, l2_size, sm), {**env, "estimated_with": {"l2_bytes": l2_size, "sms": sm}}
+    return compare(pairs, l2_size, sm, repeated=repeat > 1), {**env, "estimated_with": {"l2_bytes": l2_size,
+                                                                                          "sms": sm}}
 
 
 NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"
