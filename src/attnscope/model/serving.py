@@ -10,6 +10,7 @@ Cost: a loop over the sequences, never over tokens.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, replace
 
 from attnscope.errors import InputError, choice, expect, positive_int
@@ -52,16 +53,17 @@ def _head(what: str) -> str:
     return what
 
 
-def _sum_rows(rows: list[Row], n: int) -> Row:
-    """Line-by-line sum of rows with the same structure (one row per sequence of a packed batch)."""
-    first = rows[0]
+def _sum_rows(rows: list[tuple[Row, int]], n: int) -> Row:
+    """Line-by-line sum of rows with the same structure, each (row, count) standing for ``count`` sequences
+    of a packed batch of ``n`` (a shape repeated in the batch is built once)."""
+    first = rows[0][0]
     kernels = []
     for ki, k in enumerate(first.kernels):
         transfers = tuple(
-            Transfer(t.tensor, t.direction, sum(r.kernels[ki].transfers[ti].nbytes for r in rows),
+            Transfer(t.tensor, t.direction, sum(r.kernels[ki].transfers[ti].nbytes * c for r, c in rows),
                      f"{_head(t.what)}, summed over {n} sequences")
             for ti, t in enumerate(k.transfers))
-        kernels.append(Kernel(k.name, sum(r.kernels[ki].flops for r in rows), k.unit, transfers))
+        kernels.append(Kernel(k.name, sum(r.kernels[ki].flops * c for r, c in rows), k.unit, transfers))
     return Row(first.name, first.label + ", packed", first.condition, first.baseline, tuple(kernels),
                first.assumptions)
 
@@ -144,10 +146,11 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
                  kv_heads=kv_heads, lse=lse)
     no_keys = sum(a for a, b in zip(lq, lk, strict=True) if b == 0)  # query rows with no key at all
     items = sum(-(-a // block_q) for a in lq)
+    shapes = collections.Counter(full)  # (Nq, Nk) -> sequences of that shape, in first-seen order
     out = {}
     for name in names:
-        per_seq = [BUILDERS[name](replace(cfg, nq=a, nk=b)) for a, b in full]
-        row = _sum_rows(per_seq, len(lq))
+        per_shape = [(BUILDERS[name](replace(cfg, nq=a, nk=b)), c) for (a, b), c in shapes.items()]
+        row = _sum_rows(per_shape, len(lq))
         if no_keys:
             extra = {("Q", "read"): no_keys * d * cfg.b, ("O", "write"): no_keys * d * cfg.b}
             if name.startswith("flash") and lse:
