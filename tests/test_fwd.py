@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from attnscope import reference  # noqa: E402
+from attnscope.errors import InputError  # noqa: E402
 from attnscope.kernels import _common  # noqa: E402
 from attnscope.model.tiles import causal_kv_bounds0  # noqa: E402
 
@@ -299,11 +300,11 @@ def test_bad_input_is_a_clear_error(over, exc, msg):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"scale": -1.0}, "scale: expected a finite positive number or None, got -1.0"),
+    ({"scale": -1.0}, "scale: expected a finite positive number up to 2.36e+38, or None, got -1.0"),
     ({"scale": 0.0}, "scale: expected a finite positive number"),
     ({"scale": float("inf")}, "scale: expected a finite positive number"),
     ({"scale": float("nan")}, "scale: expected a finite positive number"),
-    ({"scale": True}, "scale: expected a finite positive number or None, got True"),
+    ({"scale": True}, "scale: expected a finite positive number up to 2.36e+38, or None, got True"),
     ({"scale": "0.1"}, "scale: expected a finite positive number"),
     ({"causal": "no"}, "causal: expected True or False, got 'no'"),
     ({"causal": 1}, "causal: expected True or False, got 1"),
@@ -315,6 +316,34 @@ def test_bad_input_is_a_clear_error(over, exc, msg):
 def test_bad_flags_are_clear_errors(kw, msg):
     with pytest.raises(ValueError) as e:
         attnscope.flash_attention(**_good(), **kw)
+    assert msg in str(e.value)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"scale": 1e39}, "scale: expected a finite positive number up to 2.36e+38, or None, got 1e+39"),
+    ({"scale": 10**400}, "scale: expected a finite positive number up to 2.36e+38"),
+    ({"config": (32, 16, 4, True)}, "config: expected powers of two"),
+])
+def test_scale_past_fp32_and_bool_config_are_refused(kw, msg):
+    """scale * log2(e) is an fp32 kernel argument: past fp32 it was inf and the output NaN; a bool
+    num_stages was taken as 1."""
+    with pytest.raises(InputError) as e:
+        attnscope.flash_attention(**_good(), **kw)
+    assert msg in str(e.value)
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"k": "x"}, "k: expected a torch.Tensor"),  # was the dispatcher's RuntimeError
+    ({"k": _z(1, 2, 8, 64, device="meta")}, "k: expected device cpu"),  # was a meta output, no launch
+    ({"impl": 3}, "impl: expected one of auto, portable, hopper, got 3"),
+])
+def test_autograd_path_checks_its_inputs_first(over, msg):
+    if DEVICE != "cpu":
+        pytest.skip("the meta case names the cpu device")
+    args = _good(**over)
+    args["q"] = args["q"].clone().requires_grad_()
+    with pytest.raises(InputError) as e:
+        attnscope.flash_attention(**args)
     assert msg in str(e.value)
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, expect, finite_real
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
+FP32_MAX = 3.4028234663852886e38
+#: Largest softmax scale: the kernels take ``scale * log2(e)`` as an fp32 argument, which must stay finite.
+MAX_SCALE = FP32_MAX / LOG2E  # about 2.36e38
 
 
 def import_torch_triton():
@@ -39,6 +42,35 @@ def check_tensor(torch, name: str, t, rank: int, layout: str):
     if t.stride(-1) != 1:
         raise InputError(f"{name}: expected unit stride in the last (head_dim) dimension, "
                          f"got strides {tuple(t.stride())}")
+
+
+def check_flags(**flags) -> None:
+    """Each keyword is a real bool: ``causal="no"`` or ``return_lse=1`` would otherwise act as truthy."""
+    for name, value in flags.items():
+        expect(isinstance(value, bool), name, "True or False", value)
+
+
+def check_scale(scale) -> None:
+    """None, or a finite positive real (not a bool) whose ``scale * log2(e)`` fits in fp32."""
+    ok = scale is None or finite_real(scale) and 0 < scale <= MAX_SCALE
+    expect(ok, "scale", f"a finite positive number up to {MAX_SCALE:.3g}, or None", scale)
+
+
+def check_disjoint(torch, name: str, t, others: dict) -> None:
+    """``t`` (an output buffer) shares no memory with any tensor of ``others`` (name -> tensor or None):
+    the kernels read their inputs while they write, so an overlap would give wrong results silently."""
+    def span(x):  # [first, last) byte addresses an (any-stride, non-negative) tensor can touch
+        if x.numel() == 0:
+            return (0, 0)
+        last = sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
+        return x.data_ptr(), x.data_ptr() + (last + 1) * x.element_size()
+    lo, hi = span(t)
+    for other, x in others.items():
+        if isinstance(x, torch.Tensor) and x.device == t.device:
+            xlo, xhi = span(x)
+            if lo < xhi and xlo < hi:
+                raise InputError(f"{name}: expected a buffer that shares no memory with {other}, "
+                                 f"got one overlapping it")
 
 
 def check_same(name: str, what: str, expected, got) -> None:

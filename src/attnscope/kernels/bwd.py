@@ -36,6 +36,7 @@ from attnscope.kernels._common import (
     check_device,
     check_head_dim,
     check_same,
+    check_scale,
     check_tensor,
     import_torch_triton,
     interpreting,
@@ -296,9 +297,7 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     if min(B, Hq, Nq, Nk) == 0:
         raise InputError(f"q: expected B, Hq, Nq, Nk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     check_head_dim(d)
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                  and math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
+    check_scale(scale)
     return B, Hq, Nq, d, Hkv, Nk
 
 

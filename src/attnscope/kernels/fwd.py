@@ -26,12 +26,14 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from attnscope.errors import InputError, choice, expect, finite_real
+from attnscope.errors import InputError, choice, expect
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
+    check_flags,
     check_head_dim,
     check_same,
+    check_scale,
     check_tensor,
     import_torch_triton,
     interpreting,
@@ -217,10 +219,8 @@ def _attnscope_fwd_kernel(
 
 def _check_flags(causal, scale, return_lse) -> None:
     """The non-tensor arguments: real bools, and a finite positive real scale (not a bool)."""
-    for name, val in (("causal", causal), ("return_lse", return_lse)):
-        expect(isinstance(val, bool), name, "True or False", val)
-    ok = scale is None or finite_real(scale) and scale > 0
-    expect(ok, "scale", "a finite positive number or None", scale)
+    check_flags(causal=causal, return_lse=return_lse)
+    check_scale(scale)
 
 
 def _check_inputs(q, k, v):
@@ -259,10 +259,10 @@ def _check_config(config) -> FwdConfig:
     except TypeError:
         raise InputError(f"config: expected FwdConfig(BLOCK_M, BLOCK_N, num_warps, num_stages), "
                          f"got {config!r}") from None
-    pow2 = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
-               for x in (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps))
-    expect(pow2 and 16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256 and isinstance(cfg.num_stages, int)
-           and 1 <= cfg.num_stages <= 8, "config",
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in cfg)
+    pow2 = ints and all(x >= 1 and not x & (x - 1) for x in (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps))
+    expect(pow2 and 16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256 and 1 <= cfg.num_stages <= 8,
+           "config",
            "powers of two BLOCK_M, BLOCK_N in [16, 256], num_warps, and num_stages in [1, 8]", tuple(cfg))
     return cfg
 
@@ -359,8 +359,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         (identical to SDPA's ``is_causal`` when Nq == Nk). Rows with no visible key give 0 and
         LSE = -inf.
     scale : float, optional
-        Softmax scale, finite and positive; defaults to ``1/sqrt(d)``. Any finite scale gives a finite
-        output (a huge one tends to the arg-max row); the LSE is +inf where its true value exceeds fp32.
+        Softmax scale, positive and at most ``_common.MAX_SCALE`` (about 2.36e38: ``scale * log2(e)``
+        must fit in fp32); defaults to ``1/sqrt(d)``. Any such scale gives a finite output (a huge one
+        tends to the arg-max row); the LSE is +inf where its true value exceeds fp32.
     return_lse : bool
         Also return the natural-log logsumexp of each row.
     config : FwdConfig, optional
@@ -388,7 +389,11 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     _check_flags(causal, scale, return_lse)
     cfg = _check_config(config)
     grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
-    if torch.compiler.is_compiling() or grad:
+    compiling = torch.compiler.is_compiling()
+    if grad and not compiling:  # eager autograd: check here, or the dispatcher's type errors (a list for
+        _check_inputs(q, k, v)  # q) or its device choice (a meta q: a meta output, no launch) come first
+        choice("impl", impl, IMPLS)
+    if compiling or grad:
         # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
         d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
