@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from attnscope import reference  # noqa: E402
+from attnscope.errors import InputError  # noqa: E402
 from attnscope.kernels import _common  # noqa: E402
 
 varlen = pytest.importorskip("attnscope.kernels.varlen")
@@ -223,11 +224,28 @@ def _i(*vals):
     ({"max_seqlen_k": 5}, ValueError, "max_seqlen_k: expected >= the longest sequence (6), got 5"),
     ({"max_seqlen_q": -1}, ValueError, "max_seqlen_q: expected a non-negative int, got -1"),
     ({"max_seqlen_k": True}, ValueError, "max_seqlen_k: expected a non-negative int, got True"),
-    ({"scale": -1.0}, ValueError, "scale: expected a finite positive number or None, got -1.0"),
-    ({"scale": float("nan")}, ValueError, "scale: expected a finite positive number or None"),
+    ({"scale": -1.0}, ValueError, "scale: expected a finite positive number up to 2.36e+38, or None, got -1"),
+    ({"scale": float("nan")}, ValueError, "scale: expected a finite positive number up to 2.36e+38, or None"),
 ])
 def test_documented_errors(over, exc, msg):
     with pytest.raises(exc) as e:
+        attnscope.flash_attention_varlen(**_good(**over))
+    assert msg in str(e.value)
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"causal": "no"}, "causal: expected True or False, got 'no'"),  # was read as True
+    ({"return_lse": "False"}, "return_lse: expected True or False, got 'False'"),  # was a tuple
+    ({"check_seqlens": None}, "check_seqlens: expected True or False, got None"),  # was False
+    ({"scale": 10**400}, "scale: expected a finite positive number up to 2.36e+38"),  # was OverflowError
+    ({"scale": 1e39}, "scale: expected a finite positive number up to 2.36e+38"),  # was NaN output
+    # the kernel reads cu[s] at offset s: a strided view read other memory (a crash under the interpreter)
+    ({"cu_seqlens_q": _i(0, 99, 5, 99, 12)[::2]}, "cu_seqlens_q: expected a contiguous tensor, got stride 2"),
+    ({"cu_seqlens_k": _i(0, 99, 4, 99, 10)[::2], "check_seqlens": False},
+     "cu_seqlens_k: expected a contiguous tensor, got stride 2"),
+])
+def test_flags_scale_and_strided_cu_seqlens_are_refused(over, msg):
+    with pytest.raises(InputError) as e:
         attnscope.flash_attention_varlen(**_good(**over))
     assert msg in str(e.value)
 

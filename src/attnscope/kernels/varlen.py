@@ -37,8 +37,10 @@ from attnscope.errors import InputError
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
+    check_flags,
     check_head_dim,
     check_same,
+    check_scale,
     check_tensor,
     import_torch_triton,
     interpreting,
@@ -184,6 +186,7 @@ def _is_int(x) -> bool:
 
 
 def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
+    check_scale(scale)
     check_tensor(torch, "q", q, 3, "[total_q, Hq, d]")
     check_tensor(torch, "k", k, 3, "[total_k, Hkv, d]")
     check_tensor(torch, "v", v, 3, "[total_k, Hkv, d]")
@@ -195,6 +198,8 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         if cu.dim() != 1 or cu.shape[0] < 2:
             raise InputError(f"{name}: expected a 1-d tensor [B + 1] with B >= 1, "
                              f"got shape {tuple(cu.shape)}")
+        if cu.stride(0) != 1:  # the kernel reads cu[s] at offset s
+            raise InputError(f"{name}: expected a contiguous tensor, got stride {cu.stride(0)}")
     check_device(torch, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
     check_same("cu_seqlens_k", "length (B + 1, as cu_seqlens_q)", cu_seqlens_q.shape[0],
                cu_seqlens_k.shape[0])
@@ -211,9 +216,6 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not (_is_int(value) and value >= 0):
             raise InputError(f"{name}: expected a non-negative int, got {value!r}")
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                  and math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
     return total_q, Hq, d, total_k, Hkv
 
 
@@ -320,7 +322,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``TRITON_INTERPRET=1``); any strides with a unit last stride.
     k, v : torch.Tensor, [total_k, Hkv, d]
         Keys and values, packed the same way; ``Hq`` a multiple of ``Hkv`` (GQA / MQA).
-    cu_seqlens_q, cu_seqlens_k : torch.Tensor, int32 [B + 1], on the tensors' device
+    cu_seqlens_q, cu_seqlens_k : torch.Tensor, int32 [B + 1], contiguous, on the tensors' device
         Cumulative lengths: sequence ``s`` owns q rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` and k/v rows
         ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``; starts at 0, non-decreasing, ends at total_q / total_k.
         Empty sequences are allowed (a sequence with queries but no keys gives 0 and LSE = -inf).
@@ -351,6 +353,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     >>> q = k = v = torch.randn(4196, 32, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention_varlen(q, k, v, cu, cu, 4096, 4096, causal=True)
     """
-    o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bool(causal), scale,
+    check_flags(causal=causal, return_lse=return_lse, check_seqlens=check_seqlens)
+    o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                      return_lse, check_seqlens)
     return (o, lse) if return_lse else o
