@@ -1053,6 +1053,44 @@ def test_plan_run_writes_into_given_outputs():
         no_lse.run(q, k, v, lens, lse_out=lse_out)
 
 
+@pytest.mark.parametrize("call, match", [
+    (lambda q, k, v, lens: flash_decode(q, k, v, lens, return_lse="no"),  # was a tuple
+     "return_lse: expected True or False, got 'no'"),
+    (lambda q, k, v, lens: flash_decode(q, k, v, lens, check_seqlens=None),  # was False: no check
+     "check_seqlens: expected True or False, got None"),
+    (lambda q, k, v, lens: decode.decode_plan(q, k, v, lens, return_lse=1),
+     "return_lse: expected True or False, got 1"),
+    (lambda q, k, v, lens: flash_decode(q, k, v, lens, scale=1e39),  # scale * log2 e was inf: NaN output
+     r"scale: expected a finite positive number up to 2.36e\+38, or None, got 1e\+39"),
+    (lambda q, k, v, lens: decode.decode_plan(q, k, v, lens).run([0], k, v, lens),  # was AttributeError
+     "q: expected a torch.Tensor as planned, got list"),
+    (lambda q, k, v, lens: decode.decode_plan(q, k, v, lens).run(q, k, v, [8, 3]),
+     "cache_seqlens: expected a torch.Tensor as planned, got list"),
+])
+def test_flags_scale_and_run_arguments_are_checked(call, match):
+    q, k, v = _ok()
+    with pytest.raises(InputError, match=match):
+        call(q, k, v, _lens([8, 3]))
+
+
+def test_plan_run_refuses_outputs_sharing_memory_with_the_inputs_or_each_other():
+    """An out= over the cache is overwritten while other programs still read it; an lse_out over out
+    gave silently wrong output (each overwrote the other)."""
+    q, k, v = make_inputs(1, 1, 1, 32, 64, torch.float16, seed=5)
+    q = q.expand(1, 1, 16, 64).contiguous()
+    plan = decode.decode_plan(q, k, v, num_splits=2, return_lse=True)
+    with pytest.raises(InputError, match="out: expected a buffer that shares no memory with k_cache"):
+        plan.run(q, k, v, out=k[:, :, :16])
+    with pytest.raises(InputError, match="out: expected a buffer that shares no memory with q"):
+        plan.run(q, k, v, out=q)
+    out = torch.empty(1, 1, 16, 64, dtype=torch.float16, device=DEVICE)
+    lse_over_out = out.view(-1)[:32].view(torch.float32).view(1, 1, 16)
+    with pytest.raises(InputError, match="lse_out: expected a buffer that shares no memory with out"):
+        plan.run(q, k, v, out=out, lse_out=lse_over_out)
+    o, lse = plan.run(q, k, v, out=out, lse_out=torch.empty(1, 1, 16, device=DEVICE))
+    assert o is out and not torch.isnan(o).any() and torch.isfinite(lse).all()
+
+
 @pytest.mark.parametrize("layout", ["head-major", "token-major", "k-and-v-differ", "ragged-capacity"])
 def test_dense_chunk_reads_through_a_table_of_key_pages(layout):
     # Chunk tiles on a dense cache run the paged loop over a plan-owned table (page b * R + j = keys

@@ -34,12 +34,15 @@ import functools
 import math
 import threading
 
-from attnscope.errors import InputError, expect, finite_real
+from attnscope.errors import InputError, expect
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
+    check_disjoint,
+    check_flags,
     check_head_dim,
     check_same,
+    check_scale,
     check_tensor,
     import_torch_triton,
     interpreting,
@@ -437,8 +440,7 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
         expect(_is_int(num_splits) and num_splits > 0, "num_splits", "a positive integer or None", num_splits)
         if num_splits > MAX_NUM_SPLITS:
             raise NotImplementedError(f"num_splits: at most {MAX_NUM_SPLITS} supported, got {num_splits}")
-    ok = scale is None or finite_real(scale) and scale > 0
-    expect(ok, "scale", "a finite positive number or None", scale)
+    check_scale(scale)
     for name, value in (("use_dot", use_dot), ("fuse_combine", fuse_combine)):
         expect(value is None or isinstance(value, bool), name, "True, False or None", value)
     return B, Hq, Nq, d, Hkv, L_max, page_size
@@ -535,13 +537,13 @@ class DecodePlan:
     def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
                  scale=None, return_lse=False, max_seqlen=None, check_seqlens=True, use_dot=None,
                  fuse_combine=None, _config=None):
+        check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
         B, Hq, Nq, d, Hkv, L_max, page_size = _check_inputs(
             q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot, fuse_combine)
         expect(max_seqlen is None or _is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
                f"an integer in [0, L_max = {L_max}] or None", max_seqlen)
         self.layout = tuple(_layout(t) for t in (q, k_cache, v_cache, cache_seqlens, block_table))
-        self.check_seqlens = bool(check_seqlens)
-        self.return_lse = bool(return_lse)
+        self.check_seqlens, self.return_lse = check_seqlens, return_lse
         self.L_max, self.page_size = L_max, page_size
         self.num_pages = k_cache.shape[0] if block_table is not None else 0
         group = Hq // Hkv
@@ -622,16 +624,20 @@ class DecodePlan:
 
         Returns ``o`` [B, Hq, Nq, d] in q's dtype, and ``lse`` [B, Hq, Nq] fp32 (natural log) when the
         plan was made with ``return_lse``. ``out`` / ``lse_out``: contiguous tensors of those shapes and
-        dtypes to write into instead of allocating (``lse_out`` only with ``return_lse``). Raises
+        dtypes to write into instead of allocating (``lse_out`` only with ``return_lse``), sharing no
+        memory with the inputs or each other. Raises
         `InputError` if a tensor's shape, strides, dtype or device differ from the plan's, or
         (``check_seqlens``) a length or used page index is out of range.
         """
         layout = self.layout
-        if ((q.shape, q.stride(), q.dtype, q.device) != layout[0]
+        if (not all(isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache))
+                or (q.shape, q.stride(), q.dtype, q.device) != layout[0]
                 or (k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device) != layout[1]
                 or (v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device) != layout[2]
                 or (cache_seqlens is None) != (layout[3] is None)
                 or (block_table is None) != (layout[4] is None)
+                or (cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor))
+                or (block_table is not None and not isinstance(block_table, torch.Tensor))
                 or (cache_seqlens is not None and _layout(cache_seqlens) != layout[3])
                 or (block_table is not None and _layout(block_table) != layout[4])):
             raise self._mismatch((q, k_cache, v_cache, cache_seqlens, block_table)) or \
@@ -641,6 +647,12 @@ class DecodePlan:
                 _check_seqlen_values(cache_seqlens, self.L_max, block_table, self.page_size, self.num_pages)
             elif block_table is not None:
                 _check_block_table_values(block_table, self.page_size, self.num_pages, self.L_max)
+        inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens,
+                  "block_table": block_table}
+        if out is not None and isinstance(out, torch.Tensor):
+            check_disjoint(torch, "out", out, inputs)
+        if lse_out is not None and isinstance(lse_out, torch.Tensor):
+            check_disjoint(torch, "lse_out", lse_out, {**inputs, "out": out})
         return self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse_out)
 
     def _launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse_out=None):
@@ -768,6 +780,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     >>> lens = torch.tensor([32768, 100, 0, 5000], device="cuda", dtype=torch.int32)
     >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
     """
+    check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
     options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
                "fuse_combine": fuse_combine, "_config": _config}
