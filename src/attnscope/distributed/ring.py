@@ -292,9 +292,11 @@ def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, gr
     """
     import math
 
+    from attnscope.kernels._common import check_flags, check_scale
+
+    check_flags(causal=causal, return_lse=return_lse)
+    check_scale(scale)
     _check_qkv(q, k, v)
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: expected a finite positive number or None, got {scale!r}")
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    o, lse = _autograd_fn().apply(q, k, v, bool(causal), sm_scale, group)
+    o, lse = _autograd_fn().apply(q, k, v, causal, sm_scale, group)
     return (o, lse) if return_lse else o
