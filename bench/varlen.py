@@ -159,7 +159,7 @@ def compile_report() -> int:
         for tma in (True, False):
             for causal in (False, True):
                 cx = {"HEAD_DIM": d, "CAUSAL": causal, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
-                      "USE_TMA": tma, "EMULATE_BF16": False}
+                      "USE_TMA": tma, "MAX_UNSCALED": False, "EMULATE_BF16": False}
                 k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                                    target=GPUTarget("cuda", 90, 32),
                                    options={"num_warps": warps, "num_stages": stages})

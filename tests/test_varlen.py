@@ -136,6 +136,30 @@ def test_packed_equals_dense_calls_and_scale():
     assert np.abs(o[:19].transpose(0, 1).double().cpu().numpy() - ro).max() < 2e-3
 
 
+@pytest.mark.parametrize("scale", [2.0, 1e37, 2.3e38])
+@pytest.mark.parametrize("causal", [False, True])
+def test_huge_scale_is_finite_and_matches_float64(scale, causal):
+    """A huge finite scale turns softmax into a row arg-max (as the dense forward): finite output, no
+    inf - inf = NaN (scale 1e37 gave NaN rows before the running max kept raw scores)."""
+    g = torch.Generator().manual_seed(8)
+    lq, lk = [23, 9], [37, 40]
+    q = _packed(sum(lq), 2, 64, torch.float16, False, g)
+    k, v = (_packed(sum(lk), 1, 64, torch.float16, False, g) for _ in range(2))
+    o, lse = attnscope.flash_attention_varlen(q, k, v, _cu(lq), _cu(lk), 23, 40, causal=causal, scale=scale,
+                                              return_lse=True)
+    assert torch.isfinite(o).all()
+    for a, c, nq, nk in ((0, 0, 23, 37), (23, 37, 9, 40)):
+        qs, ks, vs = (t[r:r + n].transpose(0, 1) for t, r, n in ((q, a, nq), (k, c, nk), (v, c, nk)))
+        ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (qs, ks, vs)),
+                                             causal=causal, scale=scale, return_lse=True)
+        assert np.abs(o[a:a + nq].transpose(0, 1).double().cpu().numpy() - ro).max() < 1e-3
+        lse_np = lse[:, a:a + nq].cpu().numpy()
+        fits = np.abs(rlse) < 1e38  # representable in fp32: relative error small; beyond: +inf
+        assert np.all(np.abs(lse_np[fits] - rlse[fits]) <= 1e-5 * np.abs(rlse[fits]) + 1e-4)
+        big, rbig = lse_np[~fits], rlse[~fits]
+        assert np.all(np.isposinf(big) | (np.abs(big - rbig) <= 1e-5 * rbig))
+
+
 def test_check_seqlens_false_skips_the_value_checks_only():
     g = torch.Generator().manual_seed(4)
     q, k, v = (_packed(12, 1, 64, torch.float16, False, g) for _ in range(3))

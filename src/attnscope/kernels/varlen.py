@@ -66,11 +66,13 @@ INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-
 def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n, start_n, stride_kn,
                  stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-                 EMULATE_BF16: tl.constexpr):
+                 MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
     With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
     tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
-    not even a NaN, reaches the result. Without TMA the loads are predicated instead."""
+    not even a NaN, reaches the result. Without TMA the loads are predicated instead. ``MAX_UNSCALED``
+    (``qk_scale > 1``): the running max is of the raw scores, the scale multiplies ``s - m <= 0``, so a
+    huge scale gives exp2(-inf) = 0, never inf - inf = NaN (as `attnscope.kernels.fwd._attn_tile`)."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
     rows64 = cols.to(tl.int64)
     in_seq = cols < NK
@@ -86,14 +88,23 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         keep = in_seq[None, :]  # ragged last tile: columns past Nk_s
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
-        qk = tl.where(keep, qk * qk_scale, float("-inf"))  # mask BEFORE the running max (spec §2.1)
+        if not MAX_UNSCALED:
+            qk = qk * qk_scale
+        qk = tl.where(keep, qk, float("-inf"))  # mask BEFORE the running max (spec §2.1)
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         m_ij = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # no key yet: exp2(-inf - 0) = 0, not NaN
-        p = tl.math.exp2(qk - m_ij[:, None])
+        if MAX_UNSCALED:
+            p = tl.math.exp2((qk - m_ij[:, None]) * qk_scale)
+        else:
+            p = tl.math.exp2(qk - m_ij[:, None])
+    elif MAX_UNSCALED:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2((qk - m_ij[:, None]) * qk_scale)
     else:
         m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-    alpha = tl.math.exp2(m_i - m_ij)  # rescale of the old state onto the new max
+    # rescale of the old state onto the new max
+    alpha = tl.math.exp2((m_i - m_ij) * qk_scale) if MAX_UNSCALED else tl.math.exp2(m_i - m_ij)
     acc = acc * alpha[:, None]
     l_i = l_i * alpha + tl.sum(p, 1)
     if USE_TMA:
@@ -115,7 +126,8 @@ def _attnscope_varlen_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     H, HKV, TOTAL_Q, TOTAL_K, qk_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, MAX_UNSCALED: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     w = pid // H  # work item (heaviest first); heads fastest so GQA siblings run together
@@ -161,12 +173,12 @@ def _attnscope_varlen_kernel(
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
                                      start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
-                                     False, CAUSAL, USE_TMA, EMULATE_BF16)
+                                     False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16)
     # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
                                      start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
-                                     True, CAUSAL, USE_TMA, EMULATE_BF16)
+                                     True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -176,7 +188,8 @@ def _attnscope_varlen_kernel(
     tl.store(O + q_rows[:, None] * stride_ot + h64 * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     if STORE_LSE:
-        lse = m_i * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
+        m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
+        lse = m_log2 * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
         tl.store(LSE + h64 * TOTAL_Q + q_rows, lse, mask=row_ok)
 
 
@@ -303,7 +316,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         o.stride(0), o.stride(1),
         Hq, Hkv, total_q, total_k, sm_scale * LOG2E,
         HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
-        USE_TMA=use_tma,
+        USE_TMA=use_tma, MAX_UNSCALED=sm_scale * LOG2E > 1.0,  # see _varlen_tile: huge scales stay NaN-free
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -331,7 +344,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     causal : bool
         Bottom-right causal mask per sequence: key c visible to query r iff ``c <= r + Nk_s - Nq_s``.
     scale : float, optional
-        Softmax scale; defaults to ``1/sqrt(d)``.
+        Softmax scale, positive and at most ``_common.MAX_SCALE`` (about 2.36e38); defaults to
+        ``1/sqrt(d)``. Any such scale gives a finite output (a huge one tends to the arg-max row).
     return_lse : bool
         Also return the natural-log logsumexp, [Hq, total_q] float32 (flash-attn's varlen layout).
     check_seqlens : bool
