@@ -520,7 +520,9 @@ class DecodePlan:
     num_splits : int, optional
         KV splits; default `default_num_splits` of (B x row tiles, Hkv, ``max_seqlen``, SMs).
     scale : float, optional
-        Softmax scale, default ``1/sqrt(d)``.
+        Softmax scale, default ``1/sqrt(d)``; positive, at most ``_common.MAX_SCALE``. The kernel scales q
+        by ``scale * log2(e)`` before the dot products, so a scale that takes a scaled query element or
+        score past fp32 (about 1e37 and up for unit-size inputs) gives NaN rows, unlike the dense forward.
     return_lse : bool
         `run` also returns the natural-log LSE [B, Hq, Nq] (fp32).
     max_seqlen : int, optional
@@ -753,7 +755,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     num_splits : int, optional
         KV splits per sequence; default `default_num_splits`. 1 runs phase 1 only.
     scale : float, optional
-        Softmax scale; default ``1/sqrt(d)``.
+        Softmax scale; default ``1/sqrt(d)``; see `DecodePlan` for its range.
     return_lse : bool
         Also return the natural-log logsumexp of each query row.
     block_table : torch.Tensor, int32 [B, max_pages], optional, keyword-only
