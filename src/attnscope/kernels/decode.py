@@ -649,12 +649,13 @@ class DecodePlan:
                 _check_seqlen_values(cache_seqlens, self.L_max, block_table, self.page_size, self.num_pages)
             elif block_table is not None:
                 _check_block_table_values(block_table, self.page_size, self.num_pages, self.L_max)
-        inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens,
-                  "block_table": block_table}
-        if out is not None and isinstance(out, torch.Tensor):
-            check_disjoint(torch, "out", out, inputs)
-        if lse_out is not None and isinstance(lse_out, torch.Tensor):
-            check_disjoint(torch, "lse_out", lse_out, {**inputs, "out": out})
+        if isinstance(out, torch.Tensor) or isinstance(lse_out, torch.Tensor):  # not on the common path
+            inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens,
+                      "block_table": block_table}
+            if isinstance(out, torch.Tensor):
+                check_disjoint(torch, "out", out, inputs)
+            if isinstance(lse_out, torch.Tensor):
+                check_disjoint(torch, "lse_out", lse_out, {**inputs, "out": out})
         return self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse_out)
 
     def _launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse_out=None):
