@@ -1,5 +1,6 @@
 """@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels: the causal
-KV-tile bounds (`_kv_bounds`, the twin of model/tiles.py), the one logsumexp merge of partial results
+KV-tile bounds (`_kv_bounds`, the twin of model/tiles.py), one online-softmax step of a score tile
+(`softmax_tile`, the dense and varlen forward tiles), the one logsumexp merge of partial results
 (`lse_merge_step` / `lse_merge_finish`; float64 spec: `attnscope.reference.combine`), and `round_bf16`.
 
 Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16 casts
@@ -19,6 +20,37 @@ def round_bf16(x):
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MAX_UNSCALED: tl.constexpr):
+    """One tile of the online softmax (spec §3.1, FA-2 unnormalised form) on raw scores ``s`` [M, N]:
+    returns (p, m_new, l_i, acc) with ``acc`` rescaled onto the new max (P V is the caller's). ``MASKED``:
+    scores where ``keep`` is False become -inf BEFORE the running max (spec §2.1), and a row with no key
+    yet shifts by 0 (exp2(-inf - 0) = 0, not NaN). The running max is in log2 units (scores x
+    ``qk_scale``), except with ``MAX_UNSCALED`` (``qk_scale > 1``): then it is of the raw scores and the
+    scale multiplies the differences ``s - m <= 0``, so a huge scale gives exp2(-inf) = 0, never
+    inf - inf = NaN."""
+    if MASKED:
+        if not MAX_UNSCALED:
+            s = s * qk_scale
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if MAX_UNSCALED:
+            p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
+        else:
+            p = tl.math.exp2(s - m_new[:, None])
+    elif MAX_UNSCALED:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
+    alpha = tl.math.exp2((m_i - m_new) * qk_scale) if MAX_UNSCALED else tl.math.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_i, acc
 
 
 @triton.jit

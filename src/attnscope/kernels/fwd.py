@@ -44,7 +44,7 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
 
@@ -134,36 +134,18 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
     """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form; returns (acc, l_i, m_i).
 
     ``m_i`` is the running max in log2 units (scores x ``qk_scale``), except with ``MAX_UNSCALED``
-    (``qk_scale > 1``): then ``m_i`` is the max of the raw scores and the scale is applied to the
-    differences ``s - m_i <= 0``, so a huge scale gives exp2(-inf) = 0, never inf - inf = NaN.
+    (``qk_scale > 1``): then it is of the raw scores (`_tl.softmax_tile`, which does the step).
     """
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM (fp32 operands: interpreter + bf16 only)
     s = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
+    keep = None
     if MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keep = offs_n[None, :] < NK  # ragged last tile: columns past Nk
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
-        if not MAX_UNSCALED:
-            s = s * qk_scale
-        s = tl.where(keep, s, float("-inf"))  # mask BEFORE the running max (spec §2.1)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf - 0) = 0, not NaN
-        if MAX_UNSCALED:
-            p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
-        else:
-            p = tl.math.exp2(s - m_new[:, None])
-    elif MAX_UNSCALED:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
-    # rescale of the old state onto the new max
-    alpha = tl.math.exp2((m_i - m_new) * qk_scale) if MAX_UNSCALED else tl.math.exp2(m_i - m_new)
-    acc = acc * alpha[:, None]
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, m_new, l_i, acc = softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
     m_i = m_new
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do

@@ -49,7 +49,7 @@ from attnscope.kernels._common import (
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
@@ -70,9 +70,8 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
     With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
     tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
-    not even a NaN, reaches the result. Without TMA the loads are predicated instead. ``MAX_UNSCALED``
-    (``qk_scale > 1``): the running max is of the raw scores, the scale multiplies ``s - m <= 0``, so a
-    huge scale gives exp2(-inf) = 0, never inf - inf = NaN (as `attnscope.kernels.fwd._attn_tile`)."""
+    not even a NaN, reaches the result. Without TMA the loads are predicated instead. The softmax step,
+    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`)."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
     rows64 = cols.to(tl.int64)
     in_seq = cols < NK
@@ -84,29 +83,12 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         k = tl.load(k_ptrs + rows64[:, None] * stride_kn)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM
     qk = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
+    keep = None
     if MASKED:
         keep = in_seq[None, :]  # ragged last tile: columns past Nk_s
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
-        if not MAX_UNSCALED:
-            qk = qk * qk_scale
-        qk = tl.where(keep, qk, float("-inf"))  # mask BEFORE the running max (spec §2.1)
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        m_ij = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # no key yet: exp2(-inf - 0) = 0, not NaN
-        if MAX_UNSCALED:
-            p = tl.math.exp2((qk - m_ij[:, None]) * qk_scale)
-        else:
-            p = tl.math.exp2(qk - m_ij[:, None])
-    elif MAX_UNSCALED:
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2((qk - m_ij[:, None]) * qk_scale)
-    else:
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-    # rescale of the old state onto the new max
-    alpha = tl.math.exp2((m_i - m_ij) * qk_scale) if MAX_UNSCALED else tl.math.exp2(m_i - m_ij)
-    acc = acc * alpha[:, None]
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, m_ij, l_i, acc = softmax_tile(qk, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
     if USE_TMA:
         v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
         if MASKED:
