@@ -6,8 +6,4 @@
 export PYTHONPATH=src PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source "$(dirname "$0")/local_metrics.sh"
-S='[{"impl":"flash","batch":5,"heads":45,"kv_heads":1,"n":10095,"d":64,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":5,"heads":45,"kv_heads":1,"n":5047,"d":64,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":5,"heads":45,"kv_heads":1,"n":20190,"d":64,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":2,"heads":63,"n":20577,"d":128,"causal":false,"dtype":"bf16"}]'
-probe "$S" local15
+probe "$(grid_json bench/grids/local15_probe.csv)" local15

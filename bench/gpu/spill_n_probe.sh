@@ -8,11 +8,4 @@
 export PYTHONPATH=src PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source "$(dirname "$0")/local_metrics.sh"
-S='[{"impl":"flash","batch":3,"heads":23,"n":2055,"d":64,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":1,"heads":41,"n":7121,"d":64,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":3,"heads":3,"n":27389,"d":64,"causal":true,"dtype":"bf16"},'
-S=$S'{"impl":"flash","batch":2,"heads":21,"n":29481,"d":64,"causal":true,"dtype":"bf16"},'
-S=$S'{"impl":"flash","batch":1,"heads":32,"n":16384,"d":64,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":1,"heads":5,"kv_heads":1,"n":30386,"d":128,"causal":true,"dtype":"fp16"},'
-S=$S'{"impl":"flash","batch":1,"heads":35,"kv_heads":1,"n":8589,"d":128,"causal":true,"dtype":"fp16"}]'
-probe "$S" local
+probe "$(grid_json bench/grids/spill_n_probe.csv)" local
