@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# 2026-12-01 eleventh session (<= 10 min, one H200). Call 1: issue 18's wave-count probe
+# (bench/grids/decay_probe.csv through `attnscope bytes --sweep --repeat 2`), then the varlen and dense-forward
+# GPU tests (the kernels' shared softmax step and varlen's large-scale path changed last session, CPU-tested only).
+export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
+O=${OUT:-/tmp/out}; mkdir -p $O
+step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
+{ git log -1 --format=%h; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; ncu --version | tail -1
+  python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; } > $O/env.txt 2>&1
+TAIL=30 step decay_probe 330 python -m attnscope bytes --sweep bench/grids/decay_probe.csv --repeat 2 --json $O/decay-probe.json
+TAIL=8 step varlen_tests 120 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_varlen.py
+TAIL=8 step fwd_tests 110 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_fwd.py
