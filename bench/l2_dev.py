@@ -6,8 +6,9 @@ Sets: the recorded 186-point grid (tests/data/measure/recorded/ncu.json.gz, cach
 sweeps already measured (bench/results/*bytes-heldout*.json: once measured, development data), the spill
 probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of measured points
 (bench/results/*bytes-rerun*.json), the frames probe (bench/results/*bytes-frames*.json), the
-persistent-schedule probe (bench/results/*bytes-persist*.json) and sweeps measured with --repeat
-(bench/results/*bytes-repeat*.json: each point against its median run).
+persistent-schedule probe (bench/results/*bytes-persist*.json), sweeps measured with --repeat
+(bench/results/*bytes-repeat*.json: each point against its median run) and the wave-count probe
+(bench/results/*bytes-decay*.json, also with --repeat).
 Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
 measurement recorded pick the attnscope variant); the recorded grid's attnscope calls, which ran the
 portable kernel while it was autotuned, with the config ncu's block size and grid name
@@ -80,7 +81,8 @@ def sweep_files():
         glob.glob(str(ROOT / "bench/results/*bytes-rerun*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-frames*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-persist*.json")) + \
-        glob.glob(str(ROOT / "bench/results/*bytes-repeat*.json"))
+        glob.glob(str(ROOT / "bench/results/*bytes-repeat*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-decay*.json"))
     files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files

@@ -152,9 +152,12 @@ HELDOUT12 = HELDOUT.with_name("heldout12.csv")  # drawn after `l2.batch_gap_rere
 HELDOUT13 = HELDOUT.with_name("heldout13.csv")  # drawn after r18c's causal window, before its run
 HELDOUT14 = HELDOUT.with_name("heldout14.csv")  # drawn after the symmetric `l2.mean_miss`, before its run
 HELDOUT15 = HELDOUT.with_name("heldout15.csv")  # drawn after r18w's causal GQA batch term, before its run
+HELDOUT16 = HELDOUT.with_name("heldout16.csv")  # drawn with grid 15's model, for its first --repeat 3 run
 RERUN10 = HELDOUT.with_name("rerun10.csv")  # development data (reruns of grid 10's worst points)
 RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
                                                            "persist_probe.csv"))  # development data
+LATER_PROBES = tuple(HELDOUT.with_name(n) for n in (  # development data, sessions 10-11
+    "repeat_smoke.csv", "spill_n_probe.csv", "local15_probe.csv", "decay_probe.csv"))
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -235,7 +238,10 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
                  PERSIST)),
     (HELDOUT15, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, PROBE, RERUN7, RERUN10, LOCKSTEP,
-                 FRAMES, PERSIST))])
+                 FRAMES, PERSIST)),
+    (HELDOUT16, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, PROBE, RERUN7, RERUN10,
+                 LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# 2026-12-01 eleventh session (<= 10 min, one H200). Call 1: issue 18's wave-count probe
-# (bench/grids/decay_probe.csv through `attnscope bytes --sweep --repeat 2`), then the varlen and dense-forward
-# GPU tests (the kernels' shared softmax step and varlen's large-scale path changed last session, CPU-tested only).
+# 2026-12-01 eleventh session (<= 10 min a call, one H200): bash bench/gpu/session11.sh CALL
+#   1: issue 18's wave-count probe (bench/grids/decay_probe.csv through `attnscope bytes --sweep --repeat 2`), then
+#      the varlen and dense-forward GPU tests (the kernels' shared softmax step and varlen's large-scale path changed
+#      last session, CPU-tested only). Ran at 15:26 UTC; the forward tests hit their 110 s limit at 42 %+.
+#   2: the counter-variance probe (bench/gpu/variance_probe.sh), then held-out grid 16 with --repeat 3.
+#   3: the dense-forward GPU tests, whole.
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
 { git log -1 --format=%h; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; ncu --version | tail -1
   python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; } > $O/env.txt 2>&1
-TAIL=30 step decay_probe 330 python -m attnscope bytes --sweep bench/grids/decay_probe.csv --repeat 2 --json $O/decay-probe.json
-TAIL=8 step varlen_tests 120 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_varlen.py
-TAIL=8 step fwd_tests 110 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_fwd.py
+case ${1:?call 1, 2 or 3} in
+1)  TAIL=30 step decay_probe 330 python -m attnscope bytes --sweep bench/grids/decay_probe.csv --repeat 2 --json $O/decay-probe.json
+    TAIL=8 step varlen_tests 120 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_varlen.py
+    TAIL=8 step fwd_tests 110 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_fwd.py ;;
+2)  TAIL=30 step variance 170 bash bench/gpu/variance_probe.sh 160
+    TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
+    TAIL=40 step heldout16 400 python -m attnscope bytes --sweep bench/grids/heldout16.csv --repeat 3 --per-child 16 \
+        --json $O/heldout16.json ;;
+3)  TAIL=8 step fwd_tests 400 python -m pytest -q -rfE -p no:cacheprovider tests/test_fwd.py ;;
+esac
