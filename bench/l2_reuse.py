@@ -2,6 +2,8 @@
 
     PYTHONPATH=src python bench/l2_reuse.py [--quick] [--json out.json]
     PYTHONPATH=src python bench/l2_reuse.py --stream [--json out.json]   # E alone, 37 launches
+    PYTHONPATH=src python bench/l2_reuse.py --stream-wide [--json out.json]   # E with T > P, 12 launches
+    PYTHONPATH=src python bench/l2_reuse.py --fit out.json   # no GPU: E's fit of a --stream(-wide) JSON
 
 One Triton kernel (`_reread`) is run in four experiments, each kernel launch profiled by ncu through
 measure/ncu.py's own path (`ncu.run_child`: dram__bytes_read.sum / dram__bytes_write.sum,
@@ -49,8 +51,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
@@ -146,6 +150,23 @@ def stream_experiments(sms: int, few: bool) -> list[dict]:
     return ex
 
 
+def wide_experiments(sms: int) -> list[dict]:
+    """E with more readers per set than programs (``--stream-wide``): 8 sets of T = 4 x SMs readers at
+    P = 2 x SMs (EFFICIENT's 64-row tiles at N ~ 32k: T ~ 500 against 264 CTA slots), streams of 0, 1 + 1 and
+    2 + 2 tiles, and T = 2 x SMs at P = SMs (a 132-CTA grid's 128-row tiles), streams of 0, 2 + 2 and 4 + 4
+    tiles; K/V sets of 10 and 14 MiB (0.38 and 0.54 of the shared capacity at N = 20-28k, d = 128). Each set
+    is re-read by the readers of the next wave, after the rest of it and the wave's streams: the pattern of
+    `lockstep_rereads` where T > C."""
+    ex = []
+    for k, t, runs in ((2, 4, ((0, 0), (1, 1), (2, 2))), (1, 2, ((0, 0), (2, 2), (4, 4)))):
+        for kv in (10, 14):
+            for qt, ot in runs:
+                ex.append({"exp": "stream", "kv": kv * MiB, "sets": 8, "T": t * sms,
+                           "tiles": kv * MiB // (TILE * 4), "order": 0, "P": k * sms, "causal": False,
+                           "backward": False, "qt": qt, "ot": ot})
+    return ex
+
+
 def share_experiments(sms: int) -> list[dict]:
     """F: the same W for the three ways of re-reading, W = k x P x one 16 KiB tile (P = 2 x SMs programs)."""
     ex, p = [], 2 * sms
@@ -230,10 +251,21 @@ def main() -> int:
     p.add_argument("--share", action="store_true", help="only F: mixed vs private vs shared re-reads")
     p.add_argument("--stream", action="store_true", help="only E: K/V re-reads with and without streamed "
                    "Q/O tiles (about 35 launches)")
+    p.add_argument("--stream-wide", action="store_true", help="only E with more readers per set than "
+                   "programs (12 launches), then the fit of its K/V capacity, ramp and streamed-byte weight")
+    p.add_argument("--fit", metavar="JSON", help="no GPU: the E fit (`fit_stream`) of a --stream or "
+                   "--stream-wide run's JSON")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         return child(json.loads(a.child))
+    if a.fit:
+        from attnscope.model import l2 as model
+
+        data = json.loads(Path(a.fit).read_text(encoding="utf-8"))
+        sets = 8 if any(r.get("T", 0) > r.get("P", 0) for r in data["rows"] if r["exp"] == "stream") else 16
+        print("E fit: " + json.dumps(fit_stream(data["rows"], data["env"]["l2_bytes"], model, sets)))
+        return 0
 
     from attnscope.measure import ncu
     from attnscope.measure.backends import gpu_problem
@@ -247,7 +279,7 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     specs = share_experiments(sms) if a.share else stream_experiments(sms, few=a.quick) if a.stream else \
-        experiments(sms, a.quick)
+        wide_experiments(sms) if a.stream_wide else experiments(sms, a.quick)
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 / MiB:.1f} MiB; {len(specs)} launches "
           "under ncu", flush=True)
     try:
@@ -297,7 +329,9 @@ def main() -> int:
 
     if a.share:
         return share_report(rows, status, l2, sms, torch, a.json)
-    if not a.stream:
+    if a.stream_wide:
+        print("E fit (T > P): " + json.dumps(fit_stream(rows, l2, model, sets=8)), flush=True)
+    if not (a.stream or a.stream_wide):
         print("\nA. miss fraction of a re-read vs reuse distance W (cyclic, 3 passes)")
     for r in (r for r in rows if r["exp"] == "distance"):
         print(f"  W {r['W'] / MiB:7.1f} MiB  ({r['W'] / l2:5.2f} x L2)  DRAM read "
@@ -314,7 +348,7 @@ def main() -> int:
             extra = f" (without streams {r['model_no_stream']:.3f}; a streamed byte's weight that fits: {w})"
         print(f"  {r['exp']:6s} kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, "
               f"P {r['P']:4d} ({how}): measured {r['amplification']:.3f}  model {r['model']:.3f}{extra}")
-    if not a.stream:
+    if not (a.stream or a.stream_wide):
         print("\nD. write-back: fill W, then read it back")
     for r in (r for r in rows if r["exp"] == "writeback"):
         hit = r["hit"] if r["hit"] is not None else float("nan")
@@ -366,6 +400,29 @@ def stream_fit(s: dict, kv: int, other: int, l2: int, measured: float, model) ->
             lo, hi = (mid, hi) if amp(mid) < measured else (lo, mid)
         out["weight"] = (lo + hi) / 2
     return out
+
+
+def fit_stream(rows: list[dict], l2: int, model, sets: int = 16) -> dict:
+    """The K/V capacity (fraction of the L2), ramp and streamed-byte weight that fit the stream rows of
+    ``sets`` sets best (least squares of the amplification over a grid: capacity 0.40-0.80 by 0.01, ramp
+    1.10-2.00 by 0.05, weight 0-1.5 by 0.05), with `wave_rereads` as `stream_fit` calls it; and the RMS error
+    there."""
+    pts = [r for r in rows
+           if r["exp"] == "stream" and r["sets"] == sets and r.get("amplification") is not None]
+    best = None
+    for ci in range(40, 81):
+        for ri in range(22, 41):
+            params = model.L2Params(shared=ci / 100, shared_ramp=ri / 20).for_shared()
+            for wi in range(31):
+                err = sum((model.wave_rereads(
+                    sets=r["sets"], per_set=r["T"], concurrent=r["P"], kv_bytes=r["tiles"] * TILE * 4,
+                    other_bytes=wi / 20 * (r["qt"] + r["ot"]) * TILE * 4, l2_bytes=l2, params=params)
+                    - r["amplification"]) ** 2 for r in pts)
+                if best is None or err < best[0]:
+                    best = (err, ci / 100, ri / 20, wi / 20)
+    err, cap, ramp, w = best
+    return {"capacity": cap, "ramp": ramp, "weight": w, "rms": math.sqrt(err / max(1, len(pts))),
+            "points": len(pts)}
 
 
 def share_report(rows, status, l2, sms, torch, path) -> int:
