@@ -141,10 +141,23 @@ class L2Params:
     shared: float = 0.434
     shared_ramp: float = 1.38
     private: float = 0.656
+    lockstep: float = 0.51
+    lockstep_ramp: float = 1.45
+    lockstep_qo: float = 0.70
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
         return replace(self, capacity=self.shared, ramp=self.shared_ramp)
+
+    def for_lockstep(self) -> L2Params:
+        """The parameters of K/V sets each read by one run of at most C consecutive, equal CTAs and never
+        again (unmasked MHA with T <= C): ``lockstep``, ``lockstep_ramp``, with streamed Q/O bytes at
+        ``lockstep_qo`` of a K/V byte. bench/l2_reuse.py E measured that pattern (16 sets of 128 readers,
+        P = 132 and 264, with and without private Q/O streams; 2026-12-01,
+        bench/results/h200-2026-12-01-l2-reuse-stream.json); its least-squares fit (``bench/l2_reuse.py
+        --fit``) is these three numbers, RMS 0.040 in amplification. Such sets keep more room than
+        ``shared`` gives lines re-read once after a stream (F)."""
+        return replace(self, capacity=self.lockstep, ramp=self.lockstep_ramp)
 
     def private_weight(self) -> float:
         """Room a byte read by one SM only takes in the L2, in K/V bytes: ``shared`` / ``private``."""
@@ -657,12 +670,17 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     # a CTA's spill frame: stored and re-loaded by one SM, the room of lines read by one SM
     frame = ker.threads * ker.frame[0 if nq % ker.block_q == 0 and nk % ker.block_kv == 0 else 1] * \
         params.private_weight()
-    kv_params = params.for_shared()
+    # unmasked MHA whose sets' readers fit in one wave of slots: E's pattern (`L2Params.for_lockstep`); GQA
+    # sets (read again by the group's other heads) and T > C keep the shared parameters (E with T > C
+    # measured more re-reads than either, the attention kernels fewer: BENCHMARKS.md, eleventh session)
+    lockstep = not causal and group == 1 and per_set <= c
+    kv_params = params.for_lockstep() if lockstep else params.for_shared()
+    q_o_kv = 2 * ker.block_q * d * b * params.lockstep_qo if lockstep else q_o
     if impl == "attnscope" and causal and ker.persistent:  # kernels/fwd_hopper.py `_work`: lockstep pairs
         amp = 1.0 + paired_rereads(sets, group, tr, g.n_kv_tiles, c, 2 * ker.block_kv * d * b, q_o,
                                    kv_params.capacity * l2, lambda t: g.kv_bounds(t + 1)[1], kv_params.ramp)
     else:
-        amp = wave_rereads(sets, per_set, c, kv_set, q_o, causal, ker.backward, "head", l2_bytes=l2,
+        amp = wave_rereads(sets, per_set, c, kv_set, q_o_kv, causal, ker.backward, "head", l2_bytes=l2,
                            spread=spread, share=frac if causal else 1.0, heads_per_set=adjacent,
                            distinct_sets=batch * kv_heads, schedule="static" if ker.persistent else "dynamic",
                            group_batch=(group, batch) if adjacent < group else None,
@@ -841,7 +859,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     scale = frac / H200_L2_PARAMS.capacity  # a given cyclic capacity scales the others alike
     params = L2Params(frac, rp, min(1.0, H200_L2_PARAMS.shared * scale),
                       rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
-                      min(1.0, H200_L2_PARAMS.private * scale))
+                      min(1.0, H200_L2_PARAMS.private * scale), min(1.0, H200_L2_PARAMS.lockstep * scale),
+                      rp if ramp is not None else H200_L2_PARAMS.lockstep_ramp, H200_L2_PARAMS.lockstep_qo)
     dev = roofline.device(device)
     l2 = dev.l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev.sms if sms is None else positive_int("sms", sms)
