@@ -6,6 +6,7 @@
 #   2: the counter-variance probe (bench/gpu/variance_probe.sh), then held-out grid 16 with --repeat 3.
 #   3: E with more readers per set than programs (bench/l2_reuse.py --stream-wide, its fit), then the dense-forward
 #      GPU tests, whole.
+#   4: held-out grid 17 (drawn after the lockstep parameters) with --repeat 3.
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
@@ -21,4 +22,7 @@ case ${1:?call 1, 2 or 3} in
         --json $O/heldout16.json ;;
 3)  TAIL=24 step stream_wide 250 python bench/l2_reuse.py --stream-wide --timeout 230 --json $O/l2-reuse-wide.json
     TAIL=8 step fwd_tests 300 python -m pytest -q -rfE -p no:cacheprovider tests/test_fwd.py ;;
+4)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
+    TAIL=40 step heldout17 400 python -m attnscope bytes --sweep bench/grids/heldout17.csv --repeat 3 --per-child 16 \
+        --json $O/heldout17.json ;;
 esac
