@@ -27,7 +27,10 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 
 def compile_(fn, types, pointers, constexprs, warps, stages):
-    names = list(inspect.signature(fn.fn).parameters)
+    params = inspect.signature(fn.fn).parameters
+    names = list(params)
+    # constexprs with a default (MAX_UNSCALED) take it, as a launch that does not pass them does
+    constexprs = {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in names}
     # what the launcher's specialisation sees for contiguous caches: 16-aligned pointers and strides
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names

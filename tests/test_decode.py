@@ -562,7 +562,10 @@ target = GPUTarget("cuda", 90, 32)
 
 
 def compile_(fn, types, constexprs, warps, stages):
-    names = list(inspect.signature(fn.fn).parameters)
+    params = inspect.signature(fn.fn).parameters
+    names = list(params)
+    # constexprs with a default (MAX_UNSCALED) take it, as a launch that does not pass them does
+    constexprs = {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **constexprs}
     sig = {n: ("constexpr" if n in constexprs else types(n)) for n in names}
     # what the launcher's runtime specialisation gives contiguous caches: 16-aligned pointers and strides
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
@@ -1194,3 +1197,45 @@ def test_keys_past_the_length_are_never_read(paged, nq, num_splits):
         o, lse = flash_decode(q, kc, vc, lens.to(DEVICE), num_splits=num_splits, return_lse=True,
                               block_table=table)
     check_chunk(o, lse, q, k, v, lens, paged=(kc, vc, table) if paged else None)
+
+
+@pytest.mark.parametrize("scale", [2e4, 1e37, 2.3e38])
+@pytest.mark.parametrize("nq, paged, use_dot", [(1, False, None), (1, True, None), (3, False, None),
+                                                (1, False, False)])
+def test_huge_scale_is_finite_and_matches_float64(scale, nq, paged, use_dot):
+    """Past `decode.RAW_SCORES_ABOVE` the running max keeps raw scores and the plan runs one split: a huge
+    scale gives the row arg-max, finite output and an LSE that is +inf only where the true one passes fp32
+    (scale 1e37 gave NaN rows when the kernel scaled the scores before the max)."""
+    gen = torch.Generator().manual_seed(nq + 2 * paged)
+    B, Hkv, group, d, L = 2, 2, 2, 64, 45
+    q, k, v = make_inputs(B, group * Hkv, Hkv, L, d, torch.float16, seed=nq)
+    q = torch.randn(B, group * Hkv, nq, d, generator=gen).to(torch.float16).to(DEVICE)
+    lens = torch.tensor([L, 21], dtype=torch.int32)
+    table = None
+    if paged:
+        k, v, kp, vp, table = to_paged(k.cpu(), v.cpu(), lens, 16, gen, shared_prefix_pages=0)
+        kc, vc = kp, vp
+    else:
+        kc, vc = k, v
+    plan = decode.decode_plan(q, kc, vc, lens.to(DEVICE), table, scale=scale, return_lse=True,
+                              use_dot=use_dot)
+    assert plan.num_splits == 1 and plan._consts["MAX_UNSCALED"] is True
+    o, lse = plan.run(q, kc, vc, lens.to(DEVICE), table)
+    assert torch.isfinite(o).all()
+    ref_o, ref_lse = reference_chunk(q, k, v, lens, scale)
+    assert (o.double().cpu() - ref_o).abs().max().item() < 1e-3
+    lse_np, rlse = lse.double().cpu().numpy(), ref_lse.numpy()
+    fits = np.abs(rlse) < 1e38  # representable in fp32: relative error small; beyond: +inf
+    assert np.all(np.abs(lse_np[fits] - rlse[fits]) <= 1e-5 * np.abs(rlse[fits]) + 1e-4)
+    assert np.all(np.isposinf(lse_np[~fits]) | (np.abs(lse_np[~fits] - rlse[~fits]) <= 1e-5 * rlse[~fits]))
+
+
+def test_ordinary_scales_keep_the_scaled_running_max_and_the_split_heuristic():
+    q, k, v = make_inputs(1, 8, 2, 4000, 64, torch.float16, seed=5)
+    for scale in (None, 1.0, 0.999 * decode.RAW_SCORES_ABOVE / decode.LOG2E):  # just below the bound
+        plan = decode.decode_plan(q, k, v, scale=scale)
+        assert "MAX_UNSCALED" not in plan._consts  # the launch passes what it did before the raw path
+    assert decode.decode_plan(q, k, v, scale=2 * decode.RAW_SCORES_ABOVE).num_splits == 1
+    with pytest.raises(InputError, match=r"num_splits: expected 1 or None with scale above 6931 \(raw-score "
+                                         r"softmax, one split\), got 4"):
+        flash_decode(q, k, v, num_splits=4, scale=1e37)

@@ -7,6 +7,8 @@
 #   3: E with more readers per set than programs (bench/l2_reuse.py --stream-wide, its fit), then the dense-forward
 #      GPU tests, whole.
 #   4: held-out grid 17 (drawn after the lockstep parameters) with --repeat 3.
+#   5: the decode tests on CUDA tensors after the raw-score path for huge scales (decode.RAW_SCORES_ABOVE): the
+#      scale tests first, then the whole file.
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
@@ -25,4 +27,7 @@ case ${1:?call 1, 2 or 3} in
 4)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
     TAIL=40 step heldout17 400 python -m attnscope bytes --sweep bench/grids/heldout17.csv --repeat 3 --per-child 16 \
         --json $O/heldout17.json ;;
+5)  TAIL=8 step decode_scale_tests 150 python -m pytest -q -rfE -p no:cacheprovider tests/test_decode.py \
+        -k "huge_scale or ordinary_scales or flags_scale or scale_and_return or public_entry"
+    TAIL=8 step decode_tests 380 python -m pytest -q -rfE -p no:cacheprovider tests/test_decode.py ;;
 esac

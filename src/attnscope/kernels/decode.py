@@ -62,6 +62,10 @@ WAVES = 1  # programs the heuristic aims for, in multiples of the SM count (meas
 TAIL_MIN_KEYS = 16384  # shorter programs lose more to the extra programs' fill than the tail costs
 TAIL_FILL = 0.6  # a last wave with at least this share of the SMs busy keeps the bandwidth
 TAIL_MAX_SPLITS = 4
+#: ``scale * log2 e`` above which the kernel keeps its running max in raw scores (``MAX_UNSCALED``, as the
+#: dense forward does past 1) and runs one split: base-2 scores ``s * qk_scale`` of unit-size inputs would
+#: pass fp32 from about 1e37 on (inf - inf = NaN), and split partials carry base-2 LSEs that may be +inf
+RAW_SCORES_ABOVE = 1e4
 
 
 def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *, waves: int = WAVES,
@@ -197,6 +201,7 @@ def _attnscope_decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
+    MAX_UNSCALED: tl.constexpr = False,  # qk_scale > RAW_SCORES_ABOVE: running max of raw scores, 1 split
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -229,7 +234,9 @@ def _attnscope_decode_split_kernel(
     q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
                 + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
     if not USE_DOT:
-        q = q.to(tl.float32) * qk_scale  # exact enough: one fp32 rounding per element
+        q = q.to(tl.float32)
+        if not MAX_UNSCALED:
+            q = q * qk_scale  # exact enough: one fp32 rounding per element
     if PAGED:
         k_base = K + h_kv * stride_kh
         v_base = V + h_kv * stride_vh
@@ -238,7 +245,7 @@ def _attnscope_decode_split_kernel(
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
@@ -276,7 +283,8 @@ def _attnscope_decode_split_kernel(
         if USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
-            s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
+            if not MAX_UNSCALED:
+                s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
@@ -284,8 +292,12 @@ def _attnscope_decode_split_kernel(
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
         # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-        p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
+            alpha = tl.exp2((m_i - m_safe) * qk_scale)
+            p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+        else:
+            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         if PAGED:
             v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
@@ -299,6 +311,8 @@ def _attnscope_decode_split_kernel(
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
 
+    if MAX_UNSCALED:
+        m_i = m_i * qk_scale  # base 2 for the LSE: +inf past fp32, where the true LSE is too
     o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
     n_q_heads = n_kv_heads * GROUP
     out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
@@ -441,6 +455,9 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
         if num_splits > MAX_NUM_SPLITS:
             raise NotImplementedError(f"num_splits: at most {MAX_NUM_SPLITS} supported, got {num_splits}")
     check_scale(scale)
+    if num_splits not in (None, 1) and _raw_scores(scale, d):
+        raise InputError(f"num_splits: expected 1 or None with scale above {RAW_SCORES_ABOVE / LOG2E:.4g} "
+                         f"(raw-score softmax, one split), got {num_splits}")
     for name, value in (("use_dot", use_dot), ("fuse_combine", fuse_combine)):
         expect(value is None or isinstance(value, bool), name, "True, False or None", value)
     return B, Hq, Nq, d, Hkv, L_max, page_size
@@ -480,15 +497,23 @@ def _layout(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot):
+def _raw_scores(scale, d) -> bool:
+    """Whether a plan with this ``scale`` (None: 1/sqrt(d)) keeps raw scores (`RAW_SCORES_ABOVE`)."""
+    return (float(scale) if scale is not None else 1.0 / math.sqrt(d)) * LOG2E > RAW_SCORES_ABOVE
+
+
+def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=False):
     """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
-    depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max)."""
+    depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max); ``raw``
+    (`_raw_scores`): one split."""
     rows = (Hq // Hkv) * Nq
     cap = 16 if interpreting() else BLOCK_M_MAX
     block_m = min(triton.next_power_of_2(rows), cap)
     if use_dot is None or use_dot:
         block_m = max(16, block_m)  # tl.dot needs M >= 16
     m_tiles = -(-rows // block_m)
+    if num_splits is None and raw:
+        num_splits = 1
     if num_splits is None:
         longest = L_max if max_seqlen is None else max_seqlen
         num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), tail=Nq == 1)
@@ -520,9 +545,10 @@ class DecodePlan:
     num_splits : int, optional
         KV splits; default `default_num_splits` of (B x row tiles, Hkv, ``max_seqlen``, SMs).
     scale : float, optional
-        Softmax scale, default ``1/sqrt(d)``; positive, at most ``_common.MAX_SCALE``. The kernel scales q
-        by ``scale * log2(e)`` before the dot products, so a scale that takes a scaled query element or
-        score past fp32 (about 1e37 and up for unit-size inputs) gives NaN rows, unlike the dense forward.
+        Softmax scale, default ``1/sqrt(d)``; positive, at most ``_common.MAX_SCALE``. Past
+        ``RAW_SCORES_ABOVE / log2(e)`` (about 7e3) the kernel keeps its running max in raw scores and the
+        plan runs one split (``num_splits`` must then be 1 or None): a huge scale gives the row arg-max, with
+        an LSE of +inf where the true one passes fp32, never NaN.
     return_lse : bool
         `run` also returns the natural-log LSE [B, Hq, Nq] (fp32).
     max_seqlen : int, optional
@@ -551,8 +577,9 @@ class DecodePlan:
         group = Hq // Hkv
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
+        raw = _raw_scores(scale, d)
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
-                                               use_dot)
+                                               use_dot, raw)
         paged = block_table is not None
         # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
         # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
@@ -604,6 +631,8 @@ class DecodePlan:
                 k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
+        if raw:  # only then: the default launch passes what it always did
+            self._consts["MAX_UNSCALED"] = True
         self._combine_grid = (n_rows,)
         self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
                                 "EMULATE_BF16": _emulate_bf16(q.dtype)}
@@ -813,7 +842,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
     else:
         # the split count the heuristic picks for these lengths completes the key
-        options["num_splits"] = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot)[2]
+        options["num_splits"] = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot,
+                                        _raw_scores(scale, facts[3]))[2]
         plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
             *tensors, max_seqlen=longest, check_seqlens=False, **options))
     return plan._launch(*tensors)
