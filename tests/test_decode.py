@@ -411,8 +411,8 @@ def test_default_num_splits_cases():
 def test_chunk_plans_keep_one_split_past_a_wave():
     # Nq = 2 with G = 4: 8 rows, one tile per (b, kv head); 34 x 4 = 136 items, long keys, a 4-SM last wave:
     # decode (Nq = 1) would split it (the tail rule), chunk tiles were not measured that way and keep 1
-    q = torch.zeros(34, 16, 2, 64, dtype=torch.float16)
-    k = v = torch.zeros(34, 4, 16384, 64, dtype=torch.float16)
+    q = torch.zeros(34, 16, 2, 64, dtype=torch.float16, device=DEVICE)
+    k = v = torch.zeros(34, 4, 16384, 64, dtype=torch.float16, device=DEVICE)
     assert decode.decode_plan(q, k, v, check_seqlens=False).num_splits == 1
     assert decode.decode_plan(q[:, :, :1], k, v, check_seqlens=False).num_splits == 4
 
