@@ -9,6 +9,7 @@
 #   4: held-out grid 17 (drawn after the lockstep parameters) with --repeat 3.
 #   5: the decode tests on CUDA tensors after the raw-score path for huge scales (decode.RAW_SCORES_ABOVE): the
 #      scale tests first, then the whole file.
+#   6: grid 17's misses again, five runs each (bench/grids/rerun17.csv, --repeat 5).
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
@@ -30,4 +31,6 @@ case ${1:?call 1, 2 or 3} in
 5)  TAIL=8 step decode_scale_tests 150 python -m pytest -q -rfE -p no:cacheprovider tests/test_decode.py \
         -k "huge_scale or ordinary_scales or flags_scale or scale_and_return or public_entry"
     TAIL=8 step decode_tests 380 python -m pytest -q -rfE -p no:cacheprovider tests/test_decode.py ;;
+6)  TAIL=24 step rerun17 200 python -m attnscope bytes --sweep bench/grids/rerun17.csv --repeat 5 --per-child 25 \
+        --json $O/rerun17.json ;;
 esac
