@@ -9,7 +9,9 @@ intermediates are re-read and left dirty in the L2 without reaching DRAM. Fused 
 (`_fused`, `wave_rereads`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a time,
 the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
 partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
-(`L2Params.qo_weight`). Unmasked CTAs run in lockstep waves: the set a wave boundary cuts is re-read after
+(`L2Params.qo_weight`); unmasked MHA sets take the parameters bench/l2_reuse.py measured for that pattern,
+read by at most C readers (`L2Params.for_lockstep`) or by more (`L2Params.for_wide`). Unmasked CTAs run in
+lockstep waves: the set a wave boundary cuts is re-read after
 the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
 gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
 of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
@@ -144,6 +146,9 @@ class L2Params:
     lockstep: float = 0.51
     lockstep_ramp: float = 1.45
     lockstep_qo: float = 0.70
+    wide: float = 0.45
+    wide_ramp: float = 2.0
+    wide_qo: float = 1.15
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
@@ -158,6 +163,17 @@ class L2Params:
         --fit``) is these three numbers, RMS 0.040 in amplification. Such sets keep more room than
         ``shared`` gives lines re-read once after a stream (F)."""
         return replace(self, capacity=self.lockstep, ramp=self.lockstep_ramp)
+
+    def for_wide(self) -> L2Params:
+        """The parameters of K/V sets each read by one run of T > C consecutive, equal CTAs (unmasked MHA
+        whose readers span more than one wave of slots): ``wide``, ``wide_ramp``, with streamed Q/O bytes at
+        ``wide_qo`` of a K/V byte. bench/l2_reuse.py E-wide measured that pattern (8 sets of T = 2 P readers,
+        P = 132 and 264, with and without private Q/O streams; 2026-12-01,
+        bench/results/h200-2026-12-01-l2-reuse-wide.json); its least-squares fit (``bench/l2_reuse.py --fit``
+        on that file) is these three numbers, RMS 0.007 in amplification (the ramp at the fit grid's edge).
+        The later wave's readers re-read the cut set over a wider spread of distances than ``shared``'s ramp
+        (a gentler miss curve), and a streamed byte takes more room than a K/V one."""
+        return replace(self, capacity=self.wide, ramp=self.wide_ramp)
 
     def private_weight(self) -> float:
         """Room a byte read by one SM only takes in the L2, in K/V bytes: ``shared`` / ``private``."""
@@ -670,12 +686,14 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     # a CTA's spill frame: stored and re-loaded by one SM, the room of lines read by one SM
     frame = ker.threads * ker.frame[0 if nq % ker.block_q == 0 and nk % ker.block_kv == 0 else 1] * \
         params.private_weight()
-    # unmasked MHA whose sets' readers fit in one wave of slots: E's pattern (`L2Params.for_lockstep`); GQA
-    # sets (read again by the group's other heads) and T > C keep the shared parameters (E with T > C
-    # measured more re-reads than either, the attention kernels fewer: BENCHMARKS.md, eleventh session)
+    # unmasked MHA whose sets' readers fit in one wave of slots: E's pattern (`L2Params.for_lockstep`); more
+    # readers than slots: E-wide's (`L2Params.for_wide`); GQA sets (read again by the group's other heads)
+    # keep the shared parameters
     lockstep = not causal and group == 1 and per_set <= c
-    kv_params = params.for_lockstep() if lockstep else params.for_shared()
-    q_o_kv = 2 * ker.block_q * d * b * params.lockstep_qo if lockstep else q_o
+    wide = not causal and group == 1 and per_set > c
+    kv_params = params.for_lockstep() if lockstep else params.for_wide() if wide else params.for_shared()
+    q_o_kv = 2 * ker.block_q * d * b * (params.lockstep_qo if lockstep else params.wide_qo) \
+        if lockstep or wide else q_o
     if impl == "attnscope" and causal and ker.persistent:  # kernels/fwd_hopper.py `_work`: lockstep pairs
         amp = 1.0 + paired_rereads(sets, group, tr, g.n_kv_tiles, c, 2 * ker.block_kv * d * b, q_o,
                                    kv_params.capacity * l2, lambda t: g.kv_bounds(t + 1)[1], kv_params.ramp)
@@ -857,10 +875,12 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     rp = H200_L2_PARAMS.ramp if ramp is None else ramp
     expect(isinstance(rp, (int, float)) and rp > 1, "ramp", "a number > 1", rp)
     scale = frac / H200_L2_PARAMS.capacity  # a given cyclic capacity scales the others alike
-    params = L2Params(frac, rp, min(1.0, H200_L2_PARAMS.shared * scale),
-                      rp if ramp is not None else H200_L2_PARAMS.shared_ramp,
-                      min(1.0, H200_L2_PARAMS.private * scale), min(1.0, H200_L2_PARAMS.lockstep * scale),
-                      rp if ramp is not None else H200_L2_PARAMS.lockstep_ramp, H200_L2_PARAMS.lockstep_qo)
+    h = H200_L2_PARAMS
+    # a given ramp replaces every measured one
+    params = replace(h, capacity=frac, ramp=rp, shared=min(1.0, h.shared * scale),
+                     private=min(1.0, h.private * scale), lockstep=min(1.0, h.lockstep * scale),
+                     wide=min(1.0, h.wide * scale),
+                     **({} if ramp is None else {"shared_ramp": rp, "lockstep_ramp": rp, "wide_ramp": rp}))
     dev = roofline.device(device)
     l2 = dev.l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev.sms if sms is None else positive_int("sms", sms)
