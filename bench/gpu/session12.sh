@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# 2026-12-01 twelfth session (<= 10 min a call, one H200): bash bench/gpu/session12.sh CALL
+#   1: held-out grid 18 (drawn after E-wide's parameters, `L2Params.for_wide`) with --repeat 3, after the
+#      counter calibration.
+#   2: grid 18's misses again, five runs each (bench/grids/rerun18.csv, --repeat 5): development data.
+export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
+O=${OUT:-/tmp/out}; mkdir -p $O
+step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
+{ git log -1 --format=%h; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; ncu --version | tail -1
+  python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; } > $O/env.txt 2>&1
+case ${1:?call 1 or 2} in
+1)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
+    TAIL=40 step heldout18 500 python -m attnscope bytes --sweep bench/grids/heldout18.csv --repeat 3 --per-child 16 \
+        --json $O/heldout18.json ;;
+2)  TAIL=24 step rerun18 300 python -m attnscope bytes --sweep bench/grids/rerun18.csv --repeat 5 --per-child 25 \
+        --json $O/rerun18.json ;;
+esac
