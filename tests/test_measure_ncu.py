@@ -249,8 +249,8 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, PROBE, RERUN7,
                  RERUN10, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES)),
     (HELDOUT18, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
-                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17, PROBE,
-                 RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES))])
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}

@@ -276,58 +276,43 @@ def test_a_measured_kernel_geometry_replaces_the_table():
         estimate("attnscope", kernel=(128, 64))
 
 
-def test_lockstep_parameters_apply_to_unmasked_mha_sets_read_within_one_wave_only(monkeypatch):
-    # E's parameters (`L2Params.for_lockstep`) describe K/V sets read by one run of T <= C readers and never
-    # again: FA-2 unmasked MHA at N = 16,384 (T = 128, C = 264). Causal, GQA and T > C calls (EFFICIENT's
-    # 64-row tiles at N = 32,079: T = 502; `L2Params.for_wide`) do not use them.
+#: Calls either side of the measured-pattern parameters' domains: FA-2 unmasked MHA at N = 16,384
+#: (T = 128 <= C = 264: `L2Params.for_lockstep`), EFFICIENT's 64-row tiles at N = 32,079 (T = 502 > C = 264:
+#: `L2Params.for_wide`), and the causal and GQA calls of both geometries, which keep the shared parameters.
+PATTERN_CALLS = {"lockstep": ("flash", 16384, 128, 32, 5, "fp16", False, None),
+                 "wide": ("efficient", 32079, 128, 25, 3, "fp16", False, None),
+                 "lockstep causal": ("flash", 16384, 128, 32, 5, "fp16", True, None),
+                 "lockstep gqa": ("flash", 16384, 128, 32, 5, "fp16", False, 8),
+                 "wide causal": ("efficient", 32079, 128, 25, 3, "fp16", True, None),
+                 "wide gqa": ("efficient", 32079, 128, 25, 3, "fp16", False, 5)}
+
+
+@pytest.mark.parametrize("domain, measured, shared_over", [
+    # E (16 sets of 128 readers): with the shared parameters FA-2 B = 5 H = 32 is 8-12 % over the H200's
+    # counters (lockstep and wave-count probes: 18.37 MiB per head), E's put it within 5 %
+    ("lockstep", (18.37 * MiB * 5 * 32,), 0.05),
+    # E-wide (sets of T = 2 P readers): EFFICIENT B = 3 H = 25, two runs of the wave-count probe (2,996.7 and
+    # 2,890.7 MB); the shared parameters put the estimate 10-14 % over them, E-wide's within 5 %
+    ("wide", (2_996_707_840, 2_890_728_960), 0.09)])
+def test_measured_pattern_parameters_apply_to_their_unmasked_mha_domain_only(monkeypatch, domain, measured,
+                                                                             shared_over):
+    # bench/l2_reuse.py measured K/V sets read by one run of readers and never again, T <= C (E) and T > C
+    # (E-wide); each fit replaces the shared parameters in its own domain only
     kw = {"l2_bytes": H200_L2, "sms": 132}
-    calls = {"mha": ("flash", 16384, 128, 32, 5, "fp16", False, None),
-             "causal": ("flash", 16384, 128, 32, 5, "fp16", True, None),
-             "gqa": ("flash", 16384, 128, 32, 5, "fp16", False, 8),
-             "wide": ("efficient", 32079, 128, 25, 3, "fp16", False, None)}
 
     def totals():
-        return {k: estimate(*c[:7], kv_heads=c[7], **kw).total for k, c in calls.items()}
+        return {k: estimate(*c[:7], kv_heads=c[7], **kw).total for k, c in PATTERN_CALLS.items()}
     shipped = totals()
     p = physical.H200_L2_PARAMS
     monkeypatch.setattr(physical, "H200_L2_PARAMS", replace(
-        p, lockstep=p.shared, lockstep_ramp=p.shared_ramp, lockstep_qo=p.qo_weight()))
+        p, **{domain: p.shared, f"{domain}_ramp": p.shared_ramp, f"{domain}_qo": p.qo_weight()}))
     as_shared = totals()
-    assert shipped["mha"] < as_shared["mha"]  # more room for the set: fewer re-reads
-    others = ("causal", "gqa", "wide")
+    assert shipped[domain] < as_shared[domain]  # more room, or a gentler miss curve: fewer re-reads
+    others = [k for k in PATTERN_CALLS if k != domain]
     assert {k: shipped[k] for k in others} == {k: as_shared[k] for k in others}
-    # with the shared parameters the lockstep estimate of FA-2 B = 5 H = 32 is 8-12 % over the H200's counters
-    # (lockstep and wave-count probes); E's put it within 5 % of both (bench/results/*bytes-lockstep*,
-    # *bytes-decay-probe*: 18.37 MiB per head measured)
-    measured = 18.37 * MiB * 5 * 32
-    assert abs(error(shipped["mha"], measured)) < 0.05 < error(as_shared["mha"], measured)
-
-
-def test_wide_parameters_apply_to_unmasked_mha_sets_read_over_more_than_one_wave_only(monkeypatch):
-    # E-wide's parameters (`L2Params.for_wide`: bench/l2_reuse.py --stream-wide, T = 2 P readers per set)
-    # describe unmasked MHA sets whose T readers outnumber the C slots: EFFICIENT's 64-row tiles at
-    # N = 32,079 (T = 502 > C = 264). T <= C (FA-2 at N = 16,384), causal and GQA calls do not use them.
-    kw = {"l2_bytes": H200_L2, "sms": 132}
-    calls = {"wide": ("efficient", 32079, 128, 25, 3, "fp16", False, None),
-             "mha": ("flash", 16384, 128, 32, 5, "fp16", False, None),
-             "causal": ("efficient", 32079, 128, 25, 3, "fp16", True, None),
-             "gqa": ("efficient", 32079, 128, 25, 3, "fp16", False, 5)}
-
-    def totals():
-        return {k: estimate(*c[:7], kv_heads=c[7], **kw).total for k, c in calls.items()}
-    shipped = totals()
-    p = physical.H200_L2_PARAMS
-    monkeypatch.setattr(physical, "H200_L2_PARAMS", replace(
-        p, wide=p.shared, wide_ramp=p.shared_ramp, wide_qo=p.qo_weight()))
-    as_shared = totals()
-    assert shipped["wide"] < as_shared["wide"]  # a gentler miss curve past the capacity: fewer re-reads
-    others = ("mha", "causal", "gqa")
-    assert {k: shipped[k] for k in others} == {k: as_shared[k] for k in others}
-    # the H200's counters at that call, two runs (bench/results/*bytes-decay-probe*): 2,996.7 and 2,890.7 MB;
-    # the shared parameters put the estimate 10-14 % over them, E-wide's within 5 %
-    for measured in (2_996_707_840, 2_890_728_960):
-        assert abs(error(shipped["wide"], measured)) < 0.05
-        assert error(as_shared["wide"], measured) > 0.09
+    for m in measured:
+        assert abs(error(shipped[domain], m)) < 0.05
+        assert error(as_shared[domain], m) > shared_over
 
 
 def test_the_reread_curve_keeps_part_of_a_just_too_large_output():

@@ -2,8 +2,8 @@
 
 Run from the repository root: ``python bench/grids/draw_heldout18.py`` prints the CSV rows. The recipe is
 `_draw.draw`'s (grids 4-18 share it), with its own seed, and with no N of heldout.csv .. heldout17.csv,
-rerun7.csv, rerun10.csv, rerun17.csv, lockstep_probe.csv, spill_probe.csv, frames_probe.csv, persist_probe.csv,
-repeat_smoke.csv, spill_n_probe.csv, local15_probe.csv or decay_probe.csv.
+rerun7.csv, rerun10.csv, rerun17.csv, lockstep_probe.csv, spill_probe.csv, frames_probe.csv,
+persist_probe.csv, repeat_smoke.csv, spill_n_probe.csv, local15_probe.csv or decay_probe.csv.
 Drawn 2026-12-01 ~16:30 UTC after E-wide's parameters (`L2Params.for_wide`), before any measurement of
 these points; measured with ``--repeat 3``.
 """
