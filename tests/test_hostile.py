@@ -167,6 +167,11 @@ FLAGS = [
     (["bytes", "--estimate-only", "--d", "0"], "--d"),
     (["bytes", "--estimate-only", "--n", str(10**22)], "--n"),
     (["bytes", "--estimate-only", "--n", str(10**9)], "--n"),
+    (["bytes", "--estimate-only", "--kv-heads", "0"], "--kv-heads"),
+    (["bytes", "--estimate-only", "--heads", "32", "--kv-heads", "5"], "--kv-heads"),
+    (["bytes", "--estimate-only", "--heads", "4", "--kv-heads", "8"], "--kv-heads"),
+    (["bytes", "--estimate-only", "--impl", "naive", "--kv-heads", "8"], "--kv-heads"),
+    (["bytes", "--from-json", "x.json", "--kv-heads", "8"], "--kv-heads"),
 ]
 
 

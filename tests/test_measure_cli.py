@@ -55,6 +55,30 @@ def test_bytes_estimate_only_table(capsys):
     assert "flash, [1, 32, 2048, 128] fp16, causal" in out
 
 
+def test_bytes_estimate_only_takes_kv_heads_as_a_sweep_point_does(capsys, tmp_path):
+    # GQA/MQA through the one-call command: the same estimate a --sweep point with that Hkv gets (grid 18's
+    # cuDNN MQA point), and it differs from the MHA one
+    from attnscope.measure import physical
+    from attnscope.model.l2 import estimate
+
+    argv = ["bytes", "--estimate-only", "--impl", "cudnn", "--n", "1812", "--heads", "17", "--batch", "4",
+            "--dtype", "bf16", "--json"]
+    assert main([*argv, "--kv-heads", "1"]) == 0
+    gqa = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    mha = json.loads(capsys.readouterr().out)
+    grid = tmp_path / "g.csv"
+    grid.write_text("impl,B,H,Hkv,N,d,causal,dtype\ncudnn,4,17,1,1812,128,false,bf16\n")
+    spec, = physical.parse_grid(grid)
+    point = physical.estimate_of(spec, 62_914_560, 132)
+    assert gqa["params"]["kv_heads"] == 1 and mha["params"]["kv_heads"] == 17
+    assert gqa["estimate"]["total"] == point.total == estimate(
+        "cudnn", 1812, 128, 17, 4, "bf16", kv_heads=1, l2_bytes=62_914_560, sms=132).total
+    assert gqa["estimate"]["total"] < mha["estimate"]["total"]
+    assert main(["bytes", "--estimate-only", "--heads", "8", "--kv-heads", "2"]) == 0
+    assert "flash, [1, 8/2, 4096, 128] fp16, unmasked" in capsys.readouterr().out
+
+
 def test_bytes_refuses_bad_input(capsys):
     assert main(["bytes", "--estimate-only", "--heads", "0"]) == 2
     assert "attnscope bytes: error: --heads: expected a positive integer, got 0" in capsys.readouterr().err

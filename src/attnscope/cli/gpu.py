@@ -105,13 +105,23 @@ def _bytes(args) -> int:
     if args.repeat > 1 and not args.sweep:  # one call, --from-json (its env says) and --calibrate: 1
         raise InputError(f"--repeat: expected 1 without --sweep, got {args.repeat}")
     if args.sweep or args.from_json or args.calibrate:
+        if args.kv_heads is not None:  # each grid point names its own: never silently ignored
+            raise InputError(f"--kv-heads: expected none with --sweep, --from-json or --calibrate (a grid "
+                             f"point names its own Hkv), got {args.kv_heads}")
         return _bytes_sweep(args)
     if args.json not in (None, "-"):
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
 
-    _positive(args, "n", "d", "heads", "batch")
-    tensors = 4 * args.batch * args.heads * args.n * args.d * (2 if args.dtype in ("fp16", "bf16") else 4)
+    _positive(args, "n", "d", "heads", "batch", "kv_heads")
+    hkv = args.heads if args.kv_heads is None else args.kv_heads
+    if args.heads % hkv:
+        raise InputError(f"--kv-heads: expected a divisor of --heads ({args.heads}), got {hkv}")
+    if args.impl == "naive" and hkv != args.heads:
+        raise InputError(f"--kv-heads: expected --heads ({args.heads}) with --impl naive (its GQA path is "
+                         f"not modelled), got {hkv}")
+    tensors = 2 * args.batch * (args.heads + hkv) * args.n * args.d * \
+        (2 if args.dtype in ("fp16", "bf16") else 4)
     if tensors > MAX_TENSOR_BYTES:
         raise InputError(f"--n: expected Q, K, V and O to fit one GPU (at most {MAX_TENSOR_BYTES / 1e9:g} GB "
                          f"with --batch {args.batch}, --heads {args.heads}, --d {args.d}), got "
@@ -128,11 +138,11 @@ def _bytes(args) -> int:
             l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
         try:
             measured = ncu.measure(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
-                                   cache_control=args.cache_control)
+                                   cache_control=args.cache_control, kv_heads=hkv)
         except ncu.NcuError as e:
             return _fail("bytes", str(e))
     est = l2_model.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
-                            l2_bytes=l2, sms=sms, device=args.device)
+                            l2_bytes=l2, sms=sms, device=args.device, kv_heads=hkv)
     logical = l2_model.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
     credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
@@ -157,7 +167,8 @@ def _bytes(args) -> int:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])
     c = console()
-    shape = f"{args.impl}, [{args.batch}, {args.heads}, {args.n}, {args.d}] {args.dtype}, " + \
+    heads = args.heads if hkv == args.heads else f"{args.heads}/{hkv}"
+    shape = f"{args.impl}, [{args.batch}, {heads}, {args.n}, {args.d}] {args.dtype}, " + \
             ("causal" if args.causal else "unmasked")
     c.print(table(f"DRAM bytes per (batch, head), MiB: {shape}",
                   ["", "read", "write", "total", "vs measured"], rows,
@@ -172,7 +183,8 @@ def _bytes(args) -> int:
                   erows))
     c.print(f"compulsory (Q, K, V read once, O{' + LSE' if lse else ''} written once): "
             f"{per_head(est.compulsory)} MiB per head"
-            + (f"; the estimate is below it by what it states: {credits}" if credits else ""))
+            + (f"; {'the estimate is below it by' if est.total < est.compulsory else 'the estimate credits'} "
+               f"what it states: {credits}" if credits else ""))
     return 0
 
 
@@ -361,6 +373,8 @@ def configure(sub) -> None:
                                    "model and the physical estimate.")
     p.add_argument("--impl", default="flash", choices=ncu.IMPLS, help=f"implementation measured {SPEC}")
     _shape(p, json_flag=False)
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="K/V heads (GQA/MQA): a divisor of --heads (default: --heads)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=path_arg,
                    help="print JSON instead of tables; with --sweep/--calibrate/--from-json and FILE, write "
                         "every point's counters to FILE (atomically)")
