@@ -12,7 +12,8 @@ process (positions 0, 1, 2), each measured as the child does, with the scratch p
 
 - ``fill``: as the child (``torch.empty(...).fill_(1.0)``);
 - ``nofill``: ``torch.empty`` only (uninitialised memory evicts as well and leaves no dirty line);
-- ``fill-flush``: ``fill_``, then one more scratch-sized buffer written and read before the first spec.
+- ``fill-flush``: ``fill_``, then one more scratch-sized buffer written and read before the first spec;
+- ``primer``: ``fill_``, then one profiled range of a tiny read kernel (no marker) before the first spec.
 """
 import sys
 
@@ -30,8 +31,14 @@ def main(variant):
     cudart = torch.cuda.cudart()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
-    if variant in ("fill", "fill-flush"):
+    if variant in ("fill", "fill-flush", "primer"):
         scratch.fill_(1.0)
+    if variant == "primer":
+        torch.cuda.synchronize()
+        cudart.cudaProfilerStart()
+        scratch[:1024].sum()
+        torch.cuda.synchronize()
+        cudart.cudaProfilerStop()
     if variant == "fill-flush":
         other = torch.empty_like(scratch).fill_(2.0)
         other.sum()

@@ -9,6 +9,12 @@ The measured call runs in a child process (``python -m attnscope.measure.ncu --c
 3. starts the profiler (``cudaProfilerStart``), launches a marker kernel (``torch.cuda._sleep``, kernel
    ``spin_kernel``) and the call once, synchronises, and stops the profiler (``cudaProfilerStop``).
 
+Before the first configuration the child opens and closes one profiled range around a tiny read kernel
+(no marker, so `split_at_markers` drops it): the first range of a process leaves about 3.5 MiB of dirty
+lines in the L2, which the first measured call wrote back as its own (0.05 MiB per head more writes for a
+cuDNN MQA call of 43 MiB, 0.14 for an FA-2 GQA one of 32 MiB; bench/first_spec_probe.py, BENCHMARKS.md
+twelfth session).
+
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
 marker separates the calls when one child measures several configurations (`measure_many`). A spec is
 an attention call (``impl``, ``batch``, ``heads``, ``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``,
@@ -367,6 +373,13 @@ def _child(specs: list[dict]) -> int:
     cudart = torch.cuda.cudart()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size or 64 * 2**20
     scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda").fill_(1.0)
+    torch.cuda.synchronize()
+    cudart.cudaProfilerStart()  # the primer range (module docstring): its kernel precedes every marker
+    try:
+        scratch[:1024].sum()
+        torch.cuda.synchronize()
+    finally:
+        cudart.cudaProfilerStop()
     status = []
     for spec in specs:
         marked = False
