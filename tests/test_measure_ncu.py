@@ -155,12 +155,14 @@ HELDOUT15 = HELDOUT.with_name("heldout15.csv")  # drawn after r18w's causal GQA 
 HELDOUT16 = HELDOUT.with_name("heldout16.csv")  # drawn with grid 15's model, for its first --repeat 3 run
 HELDOUT17 = HELDOUT.with_name("heldout17.csv")  # drawn after `L2Params.for_lockstep`, before its run
 HELDOUT18 = HELDOUT.with_name("heldout18.csv")  # drawn after `L2Params.for_wide`, before its run
+HELDOUT19 = HELDOUT.with_name("heldout19.csv")  # drawn after the ncu child's primer range, before its run
 RERUN17 = HELDOUT.with_name("rerun17.csv")  # development data (reruns of grid 17's misses)
 RERUN10 = HELDOUT.with_name("rerun10.csv")  # development data (reruns of grid 10's worst points)
 RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
                                                            "persist_probe.csv"))  # development data
 LATER_PROBES = tuple(HELDOUT.with_name(n) for n in (  # development data, sessions 10-11
     "repeat_smoke.csv", "spill_n_probe.csv", "local15_probe.csv", "decay_probe.csv"))
+PROBES12 = tuple(HELDOUT.with_name(n) for n in ("l2_counters_probe.csv", "first_probe.csv"))  # session 12
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -250,7 +252,11 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
                  RERUN10, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES)),
     (HELDOUT18, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
-                 PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES))])
+                 PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES)),
+    (HELDOUT19, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 HELDOUT18, PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES,
+                 *PROBES12))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}

@@ -2,7 +2,10 @@
 # 2026-12-01 twelfth session (<= 10 min a call, one H200): bash bench/gpu/session12.sh CALL
 #   1: held-out grid 18 (drawn after E-wide's parameters, `L2Params.for_wide`) with --repeat 3, after the
 #      counter calibration.
-#   2: grid 18's misses again, five runs each (bench/grids/rerun18.csv, --repeat 5): development data.
+#   2: held-out grid 19 (drawn after the ncu child's primer range; grid 18's estimate) with --repeat 3, after the
+#      counter calibration.
+# Between them, single commands through the device tool (BENCHMARKS.md, twelfth session): bytes --kv-heads,
+# bench/gpu/l2_counters_probe.sh, bench/gpu/first_spec_probe.sh, the first_probe.csv sweep.
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
 O=${OUT:-/tmp/out}; mkdir -p $O
 step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
@@ -12,6 +15,7 @@ case ${1:?call 1 or 2} in
 1)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
     TAIL=40 step heldout18 500 python -m attnscope bytes --sweep bench/grids/heldout18.csv --repeat 3 --per-child 16 \
         --json $O/heldout18.json ;;
-2)  TAIL=24 step rerun18 300 python -m attnscope bytes --sweep bench/grids/rerun18.csv --repeat 5 --per-child 25 \
-        --json $O/rerun18.json ;;
+2)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
+    TAIL=40 step heldout19 500 python -m attnscope bytes --sweep bench/grids/heldout19.csv --repeat 3 --per-child 16 \
+        --json $O/heldout19.json ;;
 esac
