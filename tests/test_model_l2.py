@@ -315,6 +315,24 @@ def test_measured_pattern_parameters_apply_to_their_unmasked_mha_domain_only(mon
         assert error(as_shared[domain], m) > shared_over
 
 
+@pytest.mark.parametrize("call, runs", [
+    # grid 18's cuDNN MQA point and grid 17's FA-2 GQA one (bench/results/*bytes-heldout1[78]*: three runs
+    # each): calls of about one L2 made mostly of Q and O; O's retention in raw bytes had them 10-11 % over
+    (("cudnn", 1812, 128, 17, 4, "bf16", 1), (44_952_064, 45_024_256, 44_991_744)),
+    (("flash", 3793, 128, 25, 1, "fp16", 5), (40_393_216, 40_318_976, 40_172_032))])
+def test_dirty_o_is_kept_in_the_reread_models_room(call, runs):
+    # Q and O lines live on one L2 partition, K/V lines on both (`COPIES`): a call of mostly Q and O keeps
+    # more of its O dirty at the end than the same call with a K/V head per query head
+    impl, n, d, h, b, dtype, hkv = call
+    e = estimate(impl, n, d, h, b, dtype, kv_heads=hkv, l2_bytes=H200_L2, sms=132)
+    for measured in runs:
+        assert abs(error(e.total, measured)) < 0.06
+    kept = dict(e.credits)[physical.DIRTY_O]
+    out = b * h * n * d * 2 + (b * h * n * 4 if physical.KERNELS[impl][128].lse else 0)
+    mha = estimate(impl, n, d, h, b, dtype, l2_bytes=H200_L2, sms=132)
+    assert kept / out > dict(mha.credits).get(physical.DIRTY_O, 0) / out
+
+
 def test_the_reread_curve_keeps_part_of_a_just_too_large_output():
     # one head, N = 4,096: S is 32 MiB; the softmax re-reads S[x] after the rest of S and x of S and P
     # (32-64 MiB, LRU stack distance): exact LRU with one copy's 34.8 MiB would miss 91 % of it; the H200

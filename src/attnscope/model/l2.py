@@ -24,7 +24,8 @@ batch re-read their set: unmasked, only where a wave boundary falls between the 
 waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T launches longer, over which
 the other batches' sets are touched (`head_gap_rereads` with ``batch``). Spills (`spill_bytes`): dead dirty
 frames reach DRAM unless reused first.
-Writes (`_retained`): what is still dirty in the L2 at the end is not counted. Each constant says
+Writes (`_retained`): what is still dirty in the L2 at the end is not counted (counted in the same room
+as the re-reads: Q, O and frames take less than K/V). Each constant says
 whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
 assumed; none is fitted, but the structure was developed on the recorded sweeps, so only a fresh grid
 tests it.
@@ -731,10 +732,13 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     # the frames of the last C CTAs are live (and dirty) when the kernel ends: only the others die early
     ctas = bh * tr
     spill *= max(0, ctas - c) / ctas * dead_frame_evicted(k.read + out, ctas, c, cap)
-    inserted = k.read + out + spill
     # O is written as the CTAs finish: spread over the kernel's whole stream of insertions; what is still
-    # dirty in the L2 at the end is not counted (credited)
-    kept = _retained(0.0, out, inserted, cap, total_span=inserted)
+    # dirty in the L2 at the end is not counted (credited). The stream is counted in the re-read model's room
+    # (K/V bytes: a line on both partitions; Q and O at `L2Params.qo_weight`, frames at `private_weight`)
+    # against the shared capacity, so a call of mostly Q and O (MQA) keeps more of O than one of K/V
+    w = params.qo_weight()
+    room = (k.read - kq) + (kq + out) * w + spill * params.private_weight()
+    kept = _retained(0.0, out * w, room, params.shared * l2, total_span=room) / w
     k.write += int(round(out + spill - kept))
     est.kernels.append(k)
     if kept >= 1:
