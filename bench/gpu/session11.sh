@@ -10,11 +10,7 @@
 #   5: the decode tests on CUDA tensors after the raw-score path for huge scales (decode.RAW_SCORES_ABOVE): the
 #      scale tests first, then the whole file.
 #   6: grid 17's misses again, five runs each (bench/grids/rerun17.csv, --repeat 5).
-export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
-O=${OUT:-/tmp/out}; mkdir -p $O
-step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
-{ git log -1 --format=%h; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; ncu --version | tail -1
-  python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; } > $O/env.txt 2>&1
+source "$(dirname "$0")/_session_env.sh"
 case ${1:?call 1, 2 or 3} in
 1)  TAIL=30 step decay_probe 330 python -m attnscope bytes --sweep bench/grids/decay_probe.csv --repeat 2 --json $O/decay-probe.json
     TAIL=8 step varlen_tests 120 python -m pytest -q -x -rfE -p no:cacheprovider tests/test_varlen.py

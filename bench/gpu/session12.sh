@@ -7,11 +7,7 @@
 #   3: held-out grid 20 (drawn after dirty O's retention moved to the re-read model's room) with --repeat 3.
 # Between them, single commands through the device tool (BENCHMARKS.md, twelfth session): bytes --kv-heads,
 # bench/gpu/l2_counters_probe.sh, bench/gpu/first_spec_probe.sh, the first_probe.csv sweep.
-export PYTHONPATH=src PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin ATTNSCOPE_NCU_TIMEOUT_S=150
-O=${OUT:-/tmp/out}; mkdir -p $O
-step() { name=$1; t=$2; shift 2; echo "=== $name $(date -u +%T)"; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $name"; tail -${TAIL:-25} $O/$name.log; }
-{ git log -1 --format=%h; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; ncu --version | tail -1
-  python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; } > $O/env.txt 2>&1
+source "$(dirname "$0")/_session_env.sh"
 case ${1:?call 1, 2 or 3} in
 1)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
     TAIL=40 step heldout18 500 python -m attnscope bytes --sweep bench/grids/heldout18.csv --repeat 3 --per-child 16 \

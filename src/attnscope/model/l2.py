@@ -23,7 +23,7 @@ attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`
 batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
 waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T launches longer, over which
 the other batches' sets are touched (`head_gap_rereads` with ``batch``). Spills (`spill_bytes`): dead dirty
-frames reach DRAM unless reused first.
+frames reach DRAM unless reused first; FA-2's d 64 causal MHA frames as the L2 fills (`FRAME_FILL_SHARE`).
 Writes (`_retained`): what is still dirty in the L2 at the end is not counted (counted in the same room
 as the re-reads: Q, O and frames take less than K/V). Each constant says
 whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
@@ -79,6 +79,14 @@ ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items(
 #: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties its
 #: dead local lines in the L2 before they are written back): assumed.
 SLOT_REUSE_LIFETIMES = 2.0
+#: FA-2's d 64 causal MHA frames, re-dirtied at every K/V step, are written back more than once per CTA, and
+#: more the longer the call. Measured on the H200 (bench/gpu/l2_counters_probe.sh, B 1 H 24, N 8k-24k): the
+#: frame write-back bytes are FRAME_FILL_SHARE of the L2's fills past its first L2, the fills are
+#: FILL_PER_READ x the DRAM reads (lines copied from the other partition included), and no development point
+#: writes a frame back more than FRAME_WRITEBACKS_MAX times (bench/l2_dev.py --spill flash).
+FRAME_FILL_SHARE = 0.135
+FILL_PER_READ = 1.82
+FRAME_WRITEBACKS_MAX = 2.0
 
 #: impl -> {head dim: Kernel}; a head dim not listed takes the nearest listed one; -d: the causal kernel
 #: where it differs. flash: PyTorch's FA-2 fwd traits (d 128: <128, 128, 64, 4>, d 64: <64, 128, 128, 4>),
@@ -731,7 +739,12 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         k.write += int(overflow)
     # the frames of the last C CTAs are live (and dirty) when the kernel ends: only the others die early
     ctas = bh * tr
-    spill *= max(0, ctas - c) / ctas * dead_frame_evicted(k.read + out, ctas, c, cap)
+    dead = spill * max(0, ctas - c) / ctas * dead_frame_evicted(k.read + out, ctas, c, cap)
+    if impl == "flash" and causal and d == 64 and group == 1:  # the measured domain of the fill-driven term
+        fills = FILL_PER_READ * k.read - l2
+        spill = max(dead, min(FRAME_WRITEBACKS_MAX * spill, FRAME_FILL_SHARE * max(0.0, fills)))
+    else:
+        spill = dead
     # O is written as the CTAs finish: spread over the kernel's whole stream of insertions; what is still
     # dirty in the L2 at the end is not counted (credited). The stream is counted in the re-read model's room
     # (K/V bytes: a line on both partitions; Q and O at `L2Params.qo_weight`, frames at `private_weight`)
