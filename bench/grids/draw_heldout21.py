@@ -5,7 +5,7 @@ Run from the repository root: ``python bench/grids/draw_heldout21.py`` prints th
 rerun7.csv, rerun10.csv, rerun17.csv, lockstep_probe.csv, spill_probe.csv, frames_probe.csv,
 persist_probe.csv, repeat_smoke.csv, spill_n_probe.csv, local15_probe.csv, decay_probe.csv,
 l2_counters_probe.csv or first_probe.csv.
-Drawn 2026-12-01 ~17:05 UTC after FA-2's d 64 causal frame write-backs as the L2 fills
+Drawn 2026-12-01 ~17:00 UTC after FA-2's d 64 causal frame write-backs as the L2 fills
 (`l2.FRAME_FILL_SHARE`), before any measurement of these points; measured with ``--repeat 3``.
 """
 
