@@ -158,6 +158,7 @@ HELDOUT18 = HELDOUT.with_name("heldout18.csv")  # drawn after `L2Params.for_wide
 HELDOUT19 = HELDOUT.with_name("heldout19.csv")  # drawn after the ncu child's primer range, before its run
 HELDOUT20 = HELDOUT.with_name("heldout20.csv")  # drawn after dirty O's room retention, before its run
 HELDOUT21 = HELDOUT.with_name("heldout21.csv")  # drawn after FA-2's fill-driven frames, before its run
+HELDOUT22 = HELDOUT.with_name("heldout22.csv")  # grid 21's estimate again (a replication), before its run
 RERUN17 = HELDOUT.with_name("rerun17.csv")  # development data (reruns of grid 17's misses)
 RERUN10 = HELDOUT.with_name("rerun10.csv")  # development data (reruns of grid 10's worst points)
 RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
@@ -266,7 +267,11 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
     (HELDOUT21, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
                  HELDOUT18, HELDOUT19, HELDOUT20, PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST,
-                 *LATER_PROBES, *PROBES12))])
+                 *LATER_PROBES, *PROBES12)),
+    (HELDOUT22, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP,
+                 FRAMES, PERSIST, *LATER_PROBES, *PROBES12))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}

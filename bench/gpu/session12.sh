@@ -6,10 +6,11 @@
 #      counter calibration.
 #   3: held-out grid 20 (drawn after dirty O's retention moved to the re-read model's room) with --repeat 3.
 #   4: held-out grid 21 (drawn after FA-2's d 64 causal frames as the L2 fills) with --repeat 3.
+#   5: held-out grid 22 (grid 21's estimate unchanged: a replication) with --repeat 3.
 # Between them, single commands through the device tool (BENCHMARKS.md, twelfth session): bytes --kv-heads,
 # bench/gpu/l2_counters_probe.sh, bench/gpu/first_spec_probe.sh, the first_probe.csv sweep.
 source "$(dirname "$0")/_session_env.sh"
-case ${1:?call 1-4} in
+case ${1:?call 1-5} in
 1)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
     TAIL=40 step heldout18 500 python -m attnscope bytes --sweep bench/grids/heldout18.csv --repeat 3 --per-child 16 \
         --json $O/heldout18.json ;;
@@ -22,4 +23,7 @@ case ${1:?call 1-4} in
 4)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
     TAIL=40 step heldout21 500 python -m attnscope bytes --sweep bench/grids/heldout21.csv --repeat 3 --per-child 16 \
         --json $O/heldout21.json ;;
+5)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
+    TAIL=40 step heldout22 500 python -m attnscope bytes --sweep bench/grids/heldout22.csv --repeat 3 --per-child 16 \
+        --json $O/heldout22.json ;;
 esac
