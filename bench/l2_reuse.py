@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/l2_reuse.py [--quick] [--json out.json]
     PYTHONPATH=src python bench/l2_reuse.py --stream [--json out.json]   # E alone, 37 launches
     PYTHONPATH=src python bench/l2_reuse.py --stream-wide [--json out.json]   # E with T > P, 12 launches
+    PYTHONPATH=src python bench/l2_reuse.py --hot [--json out.json]   # H alone, 9 launches
     PYTHONPATH=src python bench/l2_reuse.py --fit out.json   # no GPU: E's fit of a --stream(-wide) JSON
 
 One Triton kernel (`_reread`) is run in four experiments, each kernel launch profiled by ncu through
@@ -42,6 +43,11 @@ F. sharing (``--share``, only this): the same reuse distances W, three ways of r
    read from the far L2 partition leaves a copy in the near one, a shared line holds two copies and a
    private one 1 to 2: the capacity falls from private to mixed to shared (model/l2.py `COPIES`).
 
+H. hot sets (``--hot``, only this): FA-2's causal MQA grid at B > 1 ((m, b, h) launch order: the batch between
+   a head's pairs), B sets read over and over by alternating (head, batch) pairs of causal backward readers
+   (`hot_experiments`): what the L2 keeps of a few hot sets; printed beside the estimate's re-reads for FA-2's
+   call of that geometry (`hot_estimate`; held-out grids 14 and 22 missed B = 2 by +80 %).
+
 The run ends with ``L2_PARAMS {json}`` (capacity in bytes, ramp, dirty_bytes, the GPU) and the line to
 paste into model/l2.py (``H200_L2_PARAMS = L2Params(capacity=<fraction of the L2>, ramp=...)``); E
 says whether the resident CTAs' Q/O belong in a wave's working set. Needs a CUDA GPU, Triton and ncu.
@@ -68,10 +74,12 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _reread(src, out, stream, n_items, T, SETS, TILES, P, ORDER: tl.constexpr, CAUSAL: tl.constexpr,
-                BACKWARD: tl.constexpr, BLOCK: tl.constexpr, QT: tl.constexpr, OT: tl.constexpr):
-        """Persistent program pid takes work items pid, pid + P, ...; item w reads set h's tiles, and
-        streams QT private tiles in (a Q tile) and OT private tiles out (an O tile) once each."""
+    def _reread(src, out, stream, n_items, T, SETS, TILES, P, SET_MOD, ORDER: tl.constexpr,
+                CAUSAL: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr, QT: tl.constexpr,
+                OT: tl.constexpr):
+        """Persistent program pid takes work items pid, pid + P, ...; item w reads set h's tiles (set h's
+        memory is set h % SET_MOD's: H's hot sets), and streams QT private tiles in (a Q tile) and OT private
+        tiles out (an O tile) once each."""
         pid = tl.program_id(0)
         acc = tl.zeros([BLOCK], tl.float32)
         offs = tl.arange(0, BLOCK)
@@ -91,7 +99,7 @@ def _kernel():
                 t = j
                 if BACKWARD:
                     t = n_t - 1 - j
-                acc += tl.load(src + (h.to(tl.int64) * TILES + t) * BLOCK + offs)
+                acc += tl.load(src + ((h % SET_MOD).to(tl.int64) * TILES + t) * BLOCK + offs)
             for o in range(OT):
                 tl.store(stream + (w * (QT + OT) + QT + o) * BLOCK + offs, acc)
         tl.store(out + pid, tl.sum(acc, 0))
@@ -167,6 +175,38 @@ def wide_experiments(sms: int) -> list[dict]:
     return ex
 
 
+#: H's geometry: query heads per batch, readers per (head, batch) pair (128-row tiles of N = 28,672)
+HOT_HEADS, HOT_T = 8, 224
+
+
+def hot_experiments(sms: int) -> list[dict]:
+    """H (``--hot``): FA-2's causal MQA grid at B > 1, (m, b, h) launch order, so the batch comes between a
+    head's pairs: HOT_HEADS x B (head, batch) pairs of HOT_T causal backward readers each, pair q reading set
+    q % B of B K/V sets of kv bytes, P = 2 x SMs programs (two CTAs per SM), each reader streaming a 32 KiB
+    Q tile in and an O tile out. B = 1 .. 5 at kv = 14 MiB (grids 14 and 22's +80 % MQA misses are B = 2 at
+    N = 26-29k), B = 1 .. 4 at 7 MiB. What does the L2 keep of B hot sets read over and over?"""
+    ex = []
+    for kv, bs in ((14, (1, 2, 3, 4, 5)), (7, (1, 2, 3, 4))):
+        for b in bs:
+            ex.append({"exp": "hot", "kv": kv * MiB, "sets": HOT_HEADS * b, "mod": b, "T": HOT_T,
+                       "tiles": kv * MiB // (TILE * 4), "order": 0, "P": 2 * sms, "causal": True,
+                       "backward": True, "qt": 2, "ot": 2})
+    return ex
+
+
+def hot_estimate(s: dict, l2: int, sms: int, model) -> float:
+    """The estimate's K/V reads beyond one pass of the B sets, per set, for FA-2's call of H's geometry
+    (MQA, B = ``s["mod"]``, N = HOT_T 128-row tiles, d = 128 fp16: the kv bytes of a 14 MiB set; frames
+    left out, as the kernel has none)."""
+    b, n = s["mod"], HOT_T * 128
+    d = s["kv"] // (2 * n * 2)
+    ker = model.Kernel(128, 64, 2, "bh", True, True)
+    e = model.estimate("flash", n, d, HOT_HEADS, b, "fp16", True, kv_heads=1, l2_bytes=l2, sms=sms,
+                       kernel=ker)
+    q, kv = b * HOT_HEADS * n * d * 2, 2 * n * d * 2
+    return (e.read - q - b * kv) / (b * kv)
+
+
 def share_experiments(sms: int) -> list[dict]:
     """F: the same W for the three ways of re-reading, W = k x P x one 16 KiB tile (P = 2 x SMs programs)."""
     ex, p = [], 2 * sms
@@ -187,7 +227,7 @@ def child(specs: list[dict]) -> int:
     cudart = torch.cuda.cudart()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda").fill_(1.0)
-    big = max(s.get("W", 0) or s["sets"] * s["tiles"] * TILE * 4 for s in specs)
+    big = max(s.get("W", 0) or s.get("mod", s["sets"]) * s["tiles"] * TILE * 4 for s in specs)
     src = torch.ones(big // 4 + TILE, dtype=torch.float32, device="cuda")
     out = torch.empty(1 << 16, dtype=torch.float32, device="cuda")
     n_stream = max((s.get("sets", 0) * s.get("T", 0) * (s.get("qt", 0) + s.get("ot", 0)) for s in specs),
@@ -208,7 +248,8 @@ def child(specs: list[dict]) -> int:
 
                 def run(s=s, n_items=n_items):
                     kern[(s["P"],)](src, out, stream, n_items, s["T"], s["sets"], s["tiles"], s["P"],
-                                    ORDER=s["order"], CAUSAL=s["causal"], BACKWARD=s["backward"],
+                                    s.get("mod", s["sets"]), ORDER=s["order"], CAUSAL=s["causal"],
+                                    BACKWARD=s["backward"],
                                     BLOCK=TILE, QT=s["qt"], OT=s["ot"], num_warps=4)
             run()  # compile / warm
             torch.cuda.synchronize()
@@ -253,6 +294,8 @@ def main() -> int:
                    "Q/O tiles (about 35 launches)")
     p.add_argument("--stream-wide", action="store_true", help="only E with more readers per set than "
                    "programs (12 launches), then the fit of its K/V capacity, ramp and streamed-byte weight")
+    p.add_argument("--hot", action="store_true", help="only H: B hot K/V sets read over and over by "
+                   "alternating (head, batch) pairs, as FA-2's causal MQA grid at B > 1 (9 launches)")
     p.add_argument("--fit", metavar="JSON", help="no GPU: the E fit (`fit_stream`) of a --stream or "
                    "--stream-wide run's JSON")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -279,7 +322,8 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     specs = share_experiments(sms) if a.share else stream_experiments(sms, few=a.quick) if a.stream else \
-        wide_experiments(sms) if a.stream_wide else experiments(sms, a.quick)
+        wide_experiments(sms) if a.stream_wide else hot_experiments(sms) if a.hot else \
+        experiments(sms, a.quick)
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 / MiB:.1f} MiB; {len(specs)} launches "
           "under ncu", flush=True)
     try:
@@ -309,13 +353,15 @@ def main() -> int:
         else:
             kv = s["tiles"] * TILE * 4
             q_bytes = s["sets"] * s["T"] * s["qt"] * TILE * 4  # the streamed Q tiles: read once each
-            r["amplification"] = (read - q_bytes) / (s["sets"] * kv)
+            r["amplification"] = (read - q_bytes) / (s.get("mod", s["sets"]) * kv)  # per distinct set
             other = (s["qt"] + s["ot"]) * TILE * 4
             share = 1.0
             if s["causal"]:  # item i reads ceil((i + 1) TILES / T) of the TILES tiles
                 share = sum(-(-(i + 1) * s["tiles"] // s["T"]) for i in range(s["T"])) / (s["T"] * s["tiles"])
             if s["exp"] == "stream":  # as the estimate counts a CTA's Q/O: K/V lines' (shared) capacity,
                 r.update(stream_fit(s, kv, other, l2, r["amplification"], model))  # Q/O at `qo_weight`
+            elif s["exp"] == "hot":
+                r["model"] = 1.0 + hot_estimate(s, l2, sms, model)
             else:
                 for key, ob in (("model", other), ("model_no_stream", 0)):
                     r[key] = model.wave_rereads(
@@ -331,13 +377,17 @@ def main() -> int:
         return share_report(rows, status, l2, sms, torch, a.json)
     if a.stream_wide:
         print("E fit (T > P): " + json.dumps(fit_stream(rows, l2, model, sets=8)), flush=True)
-    if not (a.stream or a.stream_wide):
+    if not (a.stream or a.stream_wide or a.hot):
         print("\nA. miss fraction of a re-read vs reuse distance W (cyclic, 3 passes)")
     for r in (r for r in rows if r["exp"] == "distance"):
         print(f"  W {r['W'] / MiB:7.1f} MiB  ({r['W'] / l2:5.2f} x L2)  DRAM read "
               f"{r['read'] / MiB:9.1f} MiB  miss {r['miss']:+.3f}")
     print("\nB/C/E. K/V read amplification (DRAM K/V read / sets x kv): measured vs model/l2.py (E: with the "
           "readers' streamed Q/O counted in the wave's working set, as the model does, and without)")
+    for r in (r for r in rows if r["exp"] == "hot"):
+        print(f"  hot    kv {r['kv'] / MiB:5.1f} MiB x {r['mod']} sets read by {r['sets']} alternating pairs "
+              f"of {r['T']} causal backward readers, P {r['P']}: K/V reads / (sets x kv) measured "
+              f"{r['amplification']:.3f}, FA-2's estimate for that call {r['model']:.3f}")
     for r in (r for r in rows if r["exp"] in ("order", "causal", "stream")):
         how = ("head-major" if r["order"] == 0 else "tile-major") + \
             (f", causal {'backward' if r['backward'] else 'forward'}" if r["causal"] else "") + \
@@ -348,7 +398,7 @@ def main() -> int:
             extra = f" (without streams {r['model_no_stream']:.3f}; a streamed byte's weight that fits: {w})"
         print(f"  {r['exp']:6s} kv {r['kv'] / MiB:5.1f} MiB x {r['sets']} sets, {r['T']} readers, "
               f"P {r['P']:4d} ({how}): measured {r['amplification']:.3f}  model {r['model']:.3f}{extra}")
-    if not (a.stream or a.stream_wide):
+    if not (a.stream or a.stream_wide or a.hot):
         print("\nD. write-back: fill W, then read it back")
     for r in (r for r in rows if r["exp"] == "writeback"):
         hit = r["hit"] if r["hit"] is not None else float("nan")
