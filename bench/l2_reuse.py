@@ -207,28 +207,6 @@ def hot_estimate(s: dict, l2: int, sms: int, model) -> float:
     return (e.read - q - b * kv) / (b * kv)
 
 
-def fit_hot(rows: list[dict], l2: int, sms: int, model) -> dict:
-    """The hot-set capacity (fraction of the L2) and ramp (`L2Params.for_hot`) that fit H's rows best: least
-    squares of `hot_estimate` + 1 against the measured amplification over a grid (capacity 0.30-1.00 by 0.02,
-    ramp 1.10-4.00 by 0.10), with the other parameters as shipped; and the RMS error there."""
-    from dataclasses import replace
-
-    pts = [r for r in rows if r["exp"] == "hot" and r.get("amplification") is not None]
-    shipped = model.H200_L2_PARAMS
-    best = None
-    try:
-        for ci in range(15, 51):
-            for ri in range(11, 41):
-                model.H200_L2_PARAMS = replace(shipped, hot=ci / 50, hot_ramp=ri / 10)
-                err = sum((1 + hot_estimate(r, l2, sms, model) - r["amplification"]) ** 2 for r in pts)
-                if best is None or err < best[0]:
-                    best = (err, ci / 50, ri / 10)
-    finally:
-        model.H200_L2_PARAMS = shipped
-    err, cap, ramp = best
-    return {"hot": cap, "hot_ramp": ramp, "rms": math.sqrt(err / max(1, len(pts))), "points": len(pts)}
-
-
 def share_experiments(sms: int) -> list[dict]:
     """F: the same W for the three ways of re-reading, W = k x P x one 16 KiB tile (P = 2 x SMs programs)."""
     ex, p = [], 2 * sms
@@ -320,18 +298,10 @@ def main() -> int:
                    "alternating (head, batch) pairs, as FA-2's causal MQA grid at B > 1 (9 launches)")
     p.add_argument("--fit", metavar="JSON", help="no GPU: the E fit (`fit_stream`) of a --stream or "
                    "--stream-wide run's JSON")
-    p.add_argument("--fit-hot", metavar="JSON", help="no GPU: H's fit (`fit_hot`) of a --hot run's JSON")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         return child(json.loads(a.child))
-    if a.fit_hot:
-        from attnscope.model import l2 as model
-
-        data = json.loads(Path(a.fit_hot).read_text(encoding="utf-8"))
-        env = data["env"]
-        print("H fit: " + json.dumps(fit_hot(data["rows"], env["l2_bytes"], env["sms"], model)))
-        return 0
     if a.fit:
         from attnscope.model import l2 as model
 

@@ -158,8 +158,6 @@ class L2Params:
     wide: float = 0.45
     wide_ramp: float = 2.0
     wide_qo: float = 1.15
-    hot: float = 0.434
-    hot_ramp: float = 1.38
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
@@ -185,13 +183,6 @@ class L2Params:
         The later wave's readers re-read the cut set over a wider spread of distances than ``shared``'s ramp
         (a gentler miss curve), and a streamed byte takes more room than a K/V one."""
         return replace(self, capacity=self.wide, ramp=self.wide_ramp)
-
-    def for_hot(self) -> L2Params:
-        """The parameters of a few K/V sets read over and over by alternating (head, batch) pairs of causal
-        backward walkers (FA-2's (m, b, h) grid with GQA at B > 1): ``hot``, ``hot_ramp``. bench/l2_reuse.py H
-        measured that pattern (B = 1-5 sets of 7 and 14 MiB; bench/results/h200-2026-12-01-l2-reuse-hot.json);
-        ``bench/l2_reuse.py --fit-hot`` on that file gives these two numbers."""
-        return replace(self, capacity=self.hot, ramp=self.hot_ramp)
 
     def private_weight(self) -> float:
         """Room a byte read by one SM only takes in the L2, in K/V bytes: ``shared`` / ``private``."""
@@ -709,9 +700,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     # keep the shared parameters
     lockstep = not causal and group == 1 and per_set <= c
     wide = not causal and group == 1 and per_set > c
-    hot = causal and adjacent < group  # FA-2's (m, b, h) grid at B > 1: B hot sets, pairs alternating
-    kv_params = params.for_lockstep() if lockstep else params.for_wide() if wide else \
-        params.for_hot() if hot else params.for_shared()
+    kv_params = params.for_lockstep() if lockstep else params.for_wide() if wide else params.for_shared()
     q_o_kv = 2 * ker.block_q * d * b * (params.lockstep_qo if lockstep else params.wide_qo) \
         if lockstep or wide else q_o
     if impl == "attnscope" and causal and ker.persistent:  # kernels/fwd_hopper.py `_work`: lockstep pairs
@@ -907,9 +896,8 @@ def estimate(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int
     # a given ramp replaces every measured one
     params = replace(h, capacity=frac, ramp=rp, shared=min(1.0, h.shared * scale),
                      private=min(1.0, h.private * scale), lockstep=min(1.0, h.lockstep * scale),
-                     wide=min(1.0, h.wide * scale), hot=min(1.0, h.hot * scale),
-                     **({} if ramp is None else {"shared_ramp": rp, "lockstep_ramp": rp, "wide_ramp": rp,
-                                                 "hot_ramp": rp}))
+                     wide=min(1.0, h.wide * scale),
+                     **({} if ramp is None else {"shared_ramp": rp, "lockstep_ramp": rp, "wide_ramp": rp}))
     dev = roofline.device(device)
     l2 = dev.l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
     sms = dev.sms if sms is None else positive_int("sms", sms)
