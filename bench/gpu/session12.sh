@@ -10,20 +10,16 @@
 # Between them, single commands through the device tool (BENCHMARKS.md, twelfth session): bytes --kv-heads,
 # bench/gpu/l2_counters_probe.sh, bench/gpu/first_spec_probe.sh, the first_probe.csv sweep.
 source "$(dirname "$0")/_session_env.sh"
+# grid N: the counter calibration, then held-out grid N with --repeat 3 (16 points a child)
+grid() {
+    TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
+    TAIL=40 step heldout$1 500 python -m attnscope bytes --sweep bench/grids/heldout$1.csv --repeat 3 --per-child 16 \
+        --json $O/heldout$1.json
+}
 case ${1:?call 1-5} in
-1)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
-    TAIL=40 step heldout18 500 python -m attnscope bytes --sweep bench/grids/heldout18.csv --repeat 3 --per-child 16 \
-        --json $O/heldout18.json ;;
-2)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
-    TAIL=40 step heldout19 500 python -m attnscope bytes --sweep bench/grids/heldout19.csv --repeat 3 --per-child 16 \
-        --json $O/heldout19.json ;;
-3)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
-    TAIL=40 step heldout20 500 python -m attnscope bytes --sweep bench/grids/heldout20.csv --repeat 3 --per-child 16 \
-        --json $O/heldout20.json ;;
-4)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
-    TAIL=40 step heldout21 500 python -m attnscope bytes --sweep bench/grids/heldout21.csv --repeat 3 --per-child 16 \
-        --json $O/heldout21.json ;;
-5)  TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json
-    TAIL=40 step heldout22 500 python -m attnscope bytes --sweep bench/grids/heldout22.csv --repeat 3 --per-child 16 \
-        --json $O/heldout22.json ;;
+1) grid 18 ;;
+2) grid 19 ;;
+3) grid 20 ;;
+4) grid 21 ;;
+5) grid 22 ;;
 esac
