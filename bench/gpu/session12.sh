@@ -8,7 +8,7 @@
 #   4: held-out grid 21 (drawn after FA-2's d 64 causal frames as the L2 fills) with --repeat 3.
 #   5: held-out grid 22 (grid 21's estimate unchanged: a replication) with --repeat 3.
 # Between them, single commands through the device tool (BENCHMARKS.md, twelfth session): bytes --kv-heads,
-# bench/gpu/l2_counters_probe.sh, bench/gpu/first_spec_probe.sh, the first_probe.csv sweep.
+# bench/gpu/l2_counters_probe.sh, bench/gpu/first_spec_probe.sh, the first_probe.csv sweep, bench/l2_reuse.py --hot.
 source "$(dirname "$0")/_session_env.sh"
 # grid N: the counter calibration, then held-out grid N with --repeat 3 (16 points a child)
 grid() {
