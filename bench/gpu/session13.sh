@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# 2026-12-01 thirteenth session (<= 10 min a call, one H200): bash bench/gpu/session13.sh CALL
+#   1: the counter calibration, then the hot-set probe (bench/grids/hot_probe.csv: FA-2's causal GQA/MQA at
+#      B > 1, development data) with --repeat 2.
+#   2: the counter calibration, then held-out grids 23 and 24 (drawn after the hot-set term) with --repeat 3.
+source "$(dirname "$0")/_session_env.sh"
+calibrate() { TAIL=30 step calibrate 40 python -m attnscope bytes --calibrate --json $O/calibration.json; }
+# sweep NAME CSV REPEAT SECONDS: one measured sweep (16 points a child)
+sweep() {
+    TAIL=40 step $1 $4 python -m attnscope bytes --sweep $2 --repeat $3 --per-child 16 --json $O/$1.json
+}
+case ${1:?call 1-2} in
+1) calibrate; sweep hot_probe bench/grids/hot_probe.csv 2 400 ;;
+2) calibrate; sweep heldout23 bench/grids/heldout23.csv 3 270; sweep heldout24 bench/grids/heldout24.csv 3 270 ;;
+esac
