@@ -8,7 +8,8 @@ probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of m
 (bench/results/*bytes-rerun*.json), the frames probe (bench/results/*bytes-frames*.json), the
 persistent-schedule probe (bench/results/*bytes-persist*.json), sweeps measured with --repeat
 (bench/results/*bytes-repeat*.json: each point against its median run) and the wave-count probe
-(bench/results/*bytes-decay*.json, also with --repeat).
+(bench/results/*bytes-decay*.json, also with --repeat) and the hot-set probe
+(bench/results/*bytes-hotprobe*.json: FA-2's causal GQA at B > 1, --repeat 2).
 Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
 measurement recorded pick the attnscope variant); the recorded grid's attnscope calls, which ran the
 portable kernel while it was autotuned, with the config ncu's block size and grid name
@@ -82,7 +83,8 @@ def sweep_files():
         glob.glob(str(ROOT / "bench/results/*bytes-frames*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-persist*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-repeat*.json")) + \
-        glob.glob(str(ROOT / "bench/results/*bytes-decay*.json"))
+        glob.glob(str(ROOT / "bench/results/*bytes-decay*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-hotprobe*.json"))
     files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files

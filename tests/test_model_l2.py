@@ -930,3 +930,40 @@ def test_gqa_heads_split_by_the_batch_track_the_exact_lru_of_lockstep_waves(batc
     kv = batch * 2 * n * 128 * 2
     assert sim > 4.0
     assert (e.read - batch * heads * n * 128 * 2 - kv) / kv == pytest.approx(sim, abs=0.5)
+
+
+def test_hot_miss_is_piecewise_linear_through_its_knots():
+    knots = ((0.1, 0.0), (0.3, 0.5), (0.5, 1.5))
+    assert physical.hot_miss(0.0, knots) == 0.0 and physical.hot_miss(0.1, knots) == 0.0
+    assert physical.hot_miss(0.2, knots) == pytest.approx(0.25)
+    assert physical.hot_miss(0.4, knots) == pytest.approx(1.0)
+    assert physical.hot_miss(9.0, knots) == 1.5
+    shipped = physical.H200_L2_PARAMS.hot
+    xs = [i / 100 for i in range(0, 130)]
+    ys = [physical.hot_miss(x) for x in xs]
+    assert ys == sorted(ys) and ys[0] == 0.0 and ys[-1] == shipped[-1][1]
+
+
+@pytest.mark.parametrize("call, runs", [
+    # grid 22's miss (B = 2, H = 41/1, N = 29,207: three runs) and grid 14's (B = 2, H = 19/1,
+    # N = 26,154), both +80 % with the shared capacity's cliff; and the hot probe's B = 4, H = 8/1,
+    # N = 24,576 (two runs), -26 %
+    (("flash", 29207, 128, 41, 2, "fp16", 1), (3_050_631_680, 3_053_858_304, 3_250_530_304)),
+    (("flash", 26154, 128, 19, 2, "fp16", 1), (1_100_908_032,)),
+    (("flash", 24576, 128, 8, 4, "fp16", 1), (1_705_630_976, 1_709_451_264))])
+def test_fa2_hot_sets_lose_their_rereads_gradually(monkeypatch, call, runs):
+    # FA-2's causal GQA at B > 1 reads the batch's B K/V sets in rotation: the H200 loses them gradually with
+    # their footprint (`hot_miss`), where the shared capacity's cliff had every re-read miss from 0.3 x L2
+    impl, n, d, h, b, dtype, hkv = call
+    kw = {"kv_heads": hkv, "l2_bytes": H200_L2, "sms": 132}
+    e = estimate(impl, n, d, h, b, dtype, True, **kw)
+    for measured in runs:
+        assert abs(error(e.total, measured)) < 0.11
+    d64 = estimate(impl, n, 64, h, b, dtype, True, **kw).total
+    every = replace(physical.H200_L2_PARAMS, hot=((0.0, 1.0), (9.0, 1.0)))
+    monkeypatch.setattr(physical, "H200_L2_PARAMS", every)
+    counted = estimate(impl, n, d, h, b, dtype, True, **kw)  # every re-read of the zero-capacity count
+    # at B = 2 (0.35-0.4 x L2 of footprint) the H200 keeps most of them; at B = 4 (0.7 x L2) it keeps none
+    assert counted.total > 1.5 * e.total if b == 2 else abs(error(counted.total, e.total)) < 0.02
+    # d 64 keeps the LRU re-read model: the curve does not apply there
+    assert estimate(impl, n, 64, h, b, dtype, True, **kw).total == d64

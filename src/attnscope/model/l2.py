@@ -22,13 +22,16 @@ spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diago
 attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
 batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
 waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T launches longer, over which
-the other batches' sets are touched (`head_gap_rereads` with ``batch``). Spills (`spill_bytes`): dead dirty
-frames reach DRAM unless reused first; FA-2's d 64 causal MHA frames as the L2 fills (`FRAME_FILL_SHARE`).
+the other batches' sets are touched (`head_gap_rereads` with ``batch``); at d 128 those re-reads scale
+by the share of them the H200 measured to miss at the B sets' footprint (`hot_miss`). Spills
+(`spill_bytes`): dead dirty frames reach DRAM unless reused first; FA-2's d 64 causal MHA frames as the
+L2 fills (`FRAME_FILL_SHARE`).
 Writes (`_retained`): what is still dirty in the L2 at the end is not counted (counted in the same room
 as the re-reads: Q, O and frames take less than K/V). Each constant says
 whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
-assumed; none is fitted, but the structure was developed on the recorded sweeps, so only a fresh grid
-tests it.
+assumed; one is fitted to an attention kernel's own counters (`L2Params.hot`, FA-2's hot sets: the
+class the microbenchmarks did not reproduce), and the structure was developed on the recorded sweeps, so
+only a fresh grid tests it.
 """
 
 from __future__ import annotations
@@ -158,6 +161,9 @@ class L2Params:
     wide: float = 0.45
     wide_ramp: float = 2.0
     wide_qo: float = 1.15
+    #: FA-2's causal GQA at B > 1 (`hot_miss`): (hot footprint / L2, share of the re-reads the estimate
+    #: counts as if the L2 kept nothing) measured on the kernel itself (bench/grids/hot_probe.csv)
+    hot: tuple = ((0.1, 0.0), (0.25, 0.25), (0.4, 0.43), (0.55, 0.96), (0.75, 0.98), (1.0, 1.79))
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
@@ -202,6 +208,35 @@ def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
     if ratio <= 1.0:
         return 0.0
     return min(1.0, (ratio - 1.0) / max(ramp - 1.0, 1e-9))
+
+
+def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
+    """Re-reads of B hot K/V sets read in rotation (FA-2's (m, b, h) grid with GQA at B > 1: pair (h, b)
+    reads set (b, h // group), so B sets take turns) that reach DRAM, as a share of those the estimate counts
+    when the L2 keeps nothing (`wave_rereads` and `head_gap_rereads` at zero capacity), by the rotation's
+    footprint ``ratio`` x the L2: the reuse distance of a line is the other B - 1 sets and, on average, half
+    of its own, (B - 1/2) x (K + V of one kv head). Piecewise linear through ``knots`` ((footprint, share),
+    ...), the first share below the first knot, the last above the last.
+
+    The shipped knots (`L2Params.hot`) are the least-squares fit (robust: squared errors capped at 0.09)
+    of the estimate's total to the H200's counters on every development point of that class at d 128:
+    bench/grids/hot_probe.csv (22 shapes, B = 2-5, footprint 0.1-1.05 x L2, 2026-12-01,
+    bench/results/h200-2026-12-01-bytes-hotprobe.json) and 18 shapes of held-out grids 1-22. The H200 loses
+    the sets gradually from about 0.1 x L2 of footprint, all the counted re-reads by 0.55 x L2 (with the
+    `COPIES` of both partitions, about the whole L2), and past 0.75 x L2 more than counted (1.8 x at 1.0:
+    the walkers of one window also miss each other's tiles). The shared capacity's cliff (0.434, ramp
+    1.38) had all of them miss from 0.3 x L2: grids 14 and 22's +80 % at B = 2, N = 26-29k.
+    bench/l2_reuse.py H (a synthetic kernel of the same rotation) showed the same gradual loss at a lower
+    level (its persistent readers run in lockstep)."""
+    (x0, y0), (xn, yn) = knots[0], knots[-1]
+    if ratio <= x0:
+        return y0
+    if ratio >= xn:
+        return yn
+    for (a, ya), (b, yb) in itertools.pairwise(knots):
+        if a <= ratio <= b:
+            return ya + (yb - ya) * (ratio - a) / (b - a)
+    return yn
 
 
 def mean_miss(lo: float, hi: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
@@ -703,6 +738,11 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     kv_params = params.for_lockstep() if lockstep else params.for_wide() if wide else params.for_shared()
     q_o_kv = 2 * ker.block_q * d * b * (params.lockstep_qo if lockstep else params.wide_qo) \
         if lockstep or wide else q_o
+    # FA-2's (m, b, h) grid with GQA at B > 1 (the batch's B sets in rotation), measured at d 128 only (at
+    # d 64 the probe's points sit 2-3 x below the d 128 curve: the LRU re-read model stays)
+    hot = causal and adjacent < group and d == 128
+    if hot:  # the re-reads as if the L2 kept nothing, scaled by the measured share below (`hot_miss`)
+        kv_params = replace(kv_params, capacity=1e-9)
     if impl == "attnscope" and causal and ker.persistent:  # kernels/fwd_hopper.py `_work`: lockstep pairs
         amp = 1.0 + paired_rereads(sets, group, tr, g.n_kv_tiles, c, 2 * ker.block_kv * d * b, q_o,
                                    kv_params.capacity * l2, lambda t: g.kv_bounds(t + 1)[1], kv_params.ramp)
@@ -724,6 +764,8 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         # frames (`head_gap_rereads` with ``batch``)
         extra += (group - 1) * batch * kv_heads * kv_set * head_gap_rereads(
             tr, c, kv_set, q_o, frame, spread, kv_params.capacity * l2, kv_params.ramp, batch)
+    if hot:
+        extra *= hot_miss((batch - 0.5) * kv_set / l2, params.hot)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
