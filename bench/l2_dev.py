@@ -84,7 +84,8 @@ def sweep_files():
         glob.glob(str(ROOT / "bench/results/*bytes-persist*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-repeat*.json")) + \
         glob.glob(str(ROOT / "bench/results/*bytes-decay*.json")) + \
-        glob.glob(str(ROOT / "bench/results/*bytes-hotprobe*.json"))
+        glob.glob(str(ROOT / "bench/results/*bytes-hotprobe*.json")) + \
+        glob.glob(str(ROOT / "bench/results/*bytes-headsprobe*.json"))
     files = {Path(f).stem.split("bytes-")[-1]: Path(f) for f in sorted(found)}
     files["spill-probe"] = ROOT / "bench/results/h200-2026-12-01-spill-probe.json"
     return files

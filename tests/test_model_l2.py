@@ -641,12 +641,13 @@ def test_fa2_causal_sets_stay_live_while_their_readers_start():
                                    l2_bytes=1, schedule="static")
     assert static == pytest.approx(1 + (256 * 1.0 - 1))
     # FA-2 at N = 32,768, d = 128 (the heldout1 point): 256 readers of a 16 MiB set, 264 slots: the set is
-    # live ~3 waves, not the longest CTA's 2
+    # live ~3 waves, not the longest CTA's 2; the launch's 6.8 waves make their share of the steady re-reads
     e = estimate("flash", 32768, 128, 7, causal=True, l2_bytes=H200_L2, sms=132)
     kv_extra = e.read - 3 * 7 * 32768 * 128 * 2  # beyond Q, K, V once
     g = physical.Grid(32768, 32768, 128, 64, causal=True)
     s = g.kv_rows_loaded(g.n_q_tiles) / (g.kv_rows_total() / g.n_q_tiles)
-    assert kv_extra == pytest.approx(7 * 2 * 32768 * 128 * 2 * (s + 256 / 264) * 255 / 264, rel=0.01)
+    steady = 7 * 2 * 32768 * 128 * 2 * (s + 256 / 264) * 255 / 264
+    assert kv_extra == pytest.approx(steady * physical.launch_fill_share(7 * 256 / 264), rel=0.01)
 
 
 def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
@@ -967,3 +968,33 @@ def test_fa2_hot_sets_lose_their_rereads_gradually(monkeypatch, call, runs):
     assert counted.total > 1.5 * e.total if b == 2 else abs(error(counted.total, e.total)) < 0.02
     # d 64 keeps the LRU re-read model: the curve does not apply there
     assert estimate(impl, n, 64, h, b, dtype, True, **kw).total == d64
+
+
+def test_launch_fill_share_ramps_from_none_to_all():
+    assert physical.launch_fill_share(0.0) == 0.0
+    shares = [physical.launch_fill_share(w) for w in (0.25, 1, 2, 5, 10, 40, 1e6)]
+    assert shares == sorted(shares) and shares[0] < 0.15 and shares[-1] == pytest.approx(1.0, abs=1e-5)
+    # the mean of 1 - exp(-w / w0) over W waves, by a midpoint sum
+    w, w0, k = 3.0, 1.0, 20000
+    mean = sum(1 - math.exp(-(i + 0.5) * w / k / w0) for i in range(k)) / k
+    assert physical.launch_fill_share(w, w0) == pytest.approx(mean, rel=1e-6)
+
+
+# bench/results/h200-2026-12-01-bytes-headsprobe.json: FA-2 causal MHA, B = 1, N = 15,033 d 128 fp16, two runs
+HEADS_PROBE_15033 = {3: (48_609_024, 50_176_512), 6: (133_465_856, 130_915_840),
+                     23: (565_281_792, 566_135_040), 92: (2_563_395_840, 2_575_147_520)}
+
+
+def test_fa2_causal_rereads_ramp_up_with_the_waves_after_the_launch():
+    # the head count alone scales the waves: the H200's re-reads per K/V set grow with them (the first waves
+    # start from the empty L2 ncu leaves), where the steady-state window is the same at every head count
+    kw = {"l2_bytes": H200_L2, "sms": 132}
+    excess = {}
+    for h, runs in HEADS_PROBE_15033.items():
+        e = estimate("flash", 15033, 128, h, 1, "fp16", True, **kw)
+        for measured in runs:
+            assert abs(error(e.total, measured)) < 0.07
+        k = e.kernels[0]
+        kv_set = 2 * 15033 * 128 * 2
+        excess[h] = (k.read - h * 15033 * 128 * 2 - h * kv_set) / (h * kv_set)
+    assert excess[3] < 0.5 * excess[23] < excess[92] < 1.1

@@ -25,7 +25,8 @@ waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T
 the other batches' sets are touched (`head_gap_rereads` with ``batch``); at d 128 those re-reads scale
 by the share of them the H200 measured to miss at the B sets' footprint (`hot_miss`). Spills
 (`spill_bytes`): dead dirty frames reach DRAM unless reused first; FA-2's d 64 causal MHA frames as the
-L2 fills (`FRAME_FILL_SHARE`).
+L2 fills (`FRAME_FILL_SHARE`). FA-2's causal re-reads ramp up over the first waves after the launch, while
+the L2 fills (`launch_fill_share`).
 Writes (`_retained`): what is still dirty in the L2 at the end is not counted (counted in the same room
 as the re-reads: Q, O and frames take less than K/V). Each constant says
 whether it is measured on the H200 (BENCHMARKS.md "attnscope bytes"), read from a kernel's source, or
@@ -163,6 +164,8 @@ class L2Params:
     wide_qo: float = 1.15
     #: FA-2's causal GQA at B > 1 (`hot_miss`): (hot footprint / L2, share of the re-reads the estimate
     #: counts as if the L2 kept nothing) measured on the kernel itself (bench/grids/hot_probe.csv)
+    fc_w0: float = 1.0
+    fc_d128: bool = True
     hot: tuple = ((0.1, 0.0), (0.25, 0.25), (0.4, 0.43), (0.55, 0.96), (0.75, 0.98), (1.0, 1.79))
 
     def for_shared(self) -> L2Params:
@@ -398,6 +401,28 @@ def head_gap_rereads(per_head: float, c: int, kv_bytes: float, qo_bytes: float, 
     inner = [xk] + [1.0 - q * u for q in range(1, batch)]
     knots = [x0] + sorted(k for k in inner if x0 < k < 1.0) + [1.0]
     return sum((b - a) * mean_miss(dist(a) / cap, dist(b) / cap, ramp) for a, b in itertools.pairwise(knots))
+
+
+#: Waves of CTAs over which FA-2's causal K/V re-reads ramp up after the launch (`launch_fill_share`)
+LAUNCH_FILL_WAVES = 1.0
+
+
+def launch_fill_share(waves: float, w0: float = LAUNCH_FILL_WAVES) -> float:
+    """Share of the steady-state K/V re-reads a launch of ``waves`` waves of causal backward walkers (FA-2)
+    makes: a re-read's reuse distance cannot exceed what the kernel touched since it started, and ncu starts
+    each measured kernel from an empty L2, so the first wave's re-reads see less than the steady window
+    (`wave_rereads`) and mostly hit. The miss share ramps as 1 - exp(-w / ``w0``) over the launch's waves w;
+    its mean over W waves is 1 - (w0 / W) (1 - exp(-W / w0)).
+
+    bench/grids/heads_probe.csv (FA-2 causal MHA, d 128, B = 1, the head count alone scaling the waves;
+    2026-12-01, bench/results/h200-2026-12-01-bytes-headsprobe.json) measured the re-reads per K/V set
+    growing with the waves and levelling off by about ten: at N = 15,033, 0.12 / 0.53 / 0.40 / 0.66 / 1.0 /
+    1.05 sets at 1.3 / 2.7 / 5.4 / 10 / 21 / 41 waves, where the steady-state estimate is 1.07 at each.
+    ``w0`` = 1 wave is the least-squares choice over FA-2's causal development points (0.5-1.5 all help:
+    332 -> 343-354 of 408 rows within ±10 %; 2 and more lose the many-wave points)."""
+    if waves <= 0:
+        return 0.0
+    return 1.0 - w0 / waves * (1.0 - math.exp(-waves / w0))
 
 
 #: Samples of `paired_rereads`'s round pairs past which it stops summing every one (its cost bound)
@@ -766,6 +791,8 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
             tr, c, kv_set, q_o, frame, spread, kv_params.capacity * l2, kv_params.ramp, batch)
     if hot:
         extra *= hot_miss((batch - 0.5) * kv_set / l2, params.hot)
+    elif impl == "flash" and causal:  # the re-reads ramp up as the L2 fills after the launch
+        extra *= launch_fill_share(bh * tr / c)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
     k = KernelEstimate(f"{name} forward (fused)")
     k.logical_read = kq + bh * 2 * g.kv_rows_total() * d * b
