@@ -161,6 +161,8 @@ HELDOUT21 = HELDOUT.with_name("heldout21.csv")  # drawn after FA-2's fill-driven
 HELDOUT22 = HELDOUT.with_name("heldout22.csv")  # grid 21's estimate again (a replication), before its run
 HELDOUT23 = HELDOUT.with_name("heldout23.csv")  # drawn after `l2.hot_miss`, before its run
 HELDOUT24 = HELDOUT.with_name("heldout24.csv")  # grid 23's estimate again (a replication), before its run
+HELDOUT25 = HELDOUT.with_name("heldout25.csv")  # drawn after `l2.launch_fill_share`, before its run
+HELDOUT26 = HELDOUT.with_name("heldout26.csv")  # grid 25's estimate again (a replication), before its run
 RERUN17 = HELDOUT.with_name("rerun17.csv")  # development data (reruns of grid 17's misses)
 RERUN10 = HELDOUT.with_name("rerun10.csv")  # development data (reruns of grid 10's worst points)
 RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
@@ -168,7 +170,7 @@ RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_
 LATER_PROBES = tuple(HELDOUT.with_name(n) for n in (  # development data, sessions 10-11
     "repeat_smoke.csv", "spill_n_probe.csv", "local15_probe.csv", "decay_probe.csv"))
 PROBES12 = tuple(HELDOUT.with_name(n) for n in ("l2_counters_probe.csv", "first_probe.csv"))  # session 12
-HOT_PROBE = HELDOUT.with_name("hot_probe.csv")  # development data, session 13
+HOT_PROBE, HEADS_PROBE = (HELDOUT.with_name(n) for n in ("hot_probe.csv", "heads_probe.csv"))  # session 13
 GRID = "impl,B,H,Hkv,N,d,causal,dtype\nflash,2,12,4,3001,128,true,bf16\nnaive,1,3,,777,64,0,fp16\n"
 
 
@@ -282,7 +284,17 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
     (HELDOUT24, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
                  HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, HELDOUT22, HELDOUT23, PROBE, RERUN7, RERUN10,
-                 RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES, *PROBES12, HOT_PROBE))])
+                 RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES, *PROBES12, HOT_PROBE)),
+    (HELDOUT25, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, HELDOUT22, HELDOUT23, HELDOUT24, PROBE,
+                 RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES, *PROBES12, HOT_PROBE,
+                 HEADS_PROBE)),
+    (HELDOUT26, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, HELDOUT22, HELDOUT23, HELDOUT24, HELDOUT25,
+                 PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST, *LATER_PROBES, *PROBES12,
+                 HOT_PROBE, HEADS_PROBE))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}
