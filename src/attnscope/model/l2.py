@@ -22,8 +22,8 @@ spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diago
 attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
 batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
 waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T launches longer, over which
-the other batches' sets are touched (`head_gap_rereads` with ``batch``); at d 128 those re-reads scale
-by the share of them the H200 measured to miss at the B sets' footprint (`hot_miss`). Spills
+the other batches' sets are touched (`head_gap_rereads` with ``batch``); those re-reads scale by the
+share of them the H200 measured to miss at the B sets' footprint (`hot_miss`). Spills
 (`spill_bytes`): dead dirty frames reach DRAM unless reused first; FA-2's d 64 causal MHA frames as the
 L2 fills (`FRAME_FILL_SHARE`). FA-2's causal re-reads ramp up over the first waves after the launch, while
 the L2 fills (`launch_fill_share`).
@@ -163,10 +163,10 @@ class L2Params:
     wide_ramp: float = 2.0
     wide_qo: float = 1.15
     #: FA-2's causal GQA at B > 1 (`hot_miss`): (hot footprint / L2, share of the re-reads the estimate
-    #: counts as if the L2 kept nothing) measured on the kernel itself (bench/grids/hot_probe.csv)
-    fc_w0: float = 1.0
-    fc_d128: bool = True
+    #: counts as if the L2 kept nothing) measured on the kernel itself (bench/grids/hot_probe.csv), at d 128
+    #: and at d 64
     hot: tuple = ((0.1, 0.0), (0.25, 0.25), (0.4, 0.43), (0.55, 0.96), (0.75, 0.98), (1.0, 1.79))
+    hot_d64: tuple = ((0.1, 0.0), (0.2, 0.15), (0.3, 0.23), (0.5, 0.27))
 
     def for_shared(self) -> L2Params:
         """The parameters of K/V lines (read by CTAs on both partitions): ``shared``, ``shared_ramp``."""
@@ -230,7 +230,12 @@ def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
     the walkers of one window also miss each other's tiles). The shared capacity's cliff (0.434, ramp
     1.38) had all of them miss from 0.3 x L2: grids 14 and 22's +80 % at B = 2, N = 26-29k.
     bench/l2_reuse.py H (a synthetic kernel of the same rotation) showed the same gradual loss at a lower
-    level (its persistent readers run in lockstep)."""
+    level (its persistent readers run in lockstep).
+
+    FA-2's d 64 kernel (`L2Params.hot_d64`: the same fit over that class's 14 development shapes: the hot
+    probe's two, held-out grids 1-27's twelve, footprint 0.01-0.47 x L2) loses far fewer of its counted
+    re-reads (its zero-capacity count is several times d 128's): 0.15 of them at 0.2 x L2, 0.27 at 0.5;
+    held at 0.27 past the last measured point."""
     (x0, y0), (xn, yn) = knots[0], knots[-1]
     if ratio <= x0:
         return y0
@@ -763,9 +768,9 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     kv_params = params.for_lockstep() if lockstep else params.for_wide() if wide else params.for_shared()
     q_o_kv = 2 * ker.block_q * d * b * (params.lockstep_qo if lockstep else params.wide_qo) \
         if lockstep or wide else q_o
-    # FA-2's (m, b, h) grid with GQA at B > 1 (the batch's B sets in rotation), measured at d 128 only (at
-    # d 64 the probe's points sit 2-3 x below the d 128 curve: the LRU re-read model stays)
-    hot = causal and adjacent < group and d == 128
+    # FA-2's (m, b, h) grid with GQA at B > 1 (the batch's B sets in rotation): `hot_miss`, one measured
+    # curve per FA-2 kernel (d 128: 128 x 64 tiles; d 64: 128 x 128, whose share is several times lower)
+    hot = causal and adjacent < group
     if hot:  # the re-reads as if the L2 kept nothing, scaled by the measured share below (`hot_miss`)
         kv_params = replace(kv_params, capacity=1e-9)
     if impl == "attnscope" and causal and ker.persistent:  # kernels/fwd_hopper.py `_work`: lockstep pairs
@@ -790,7 +795,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         extra += (group - 1) * batch * kv_heads * kv_set * head_gap_rereads(
             tr, c, kv_set, q_o, frame, spread, kv_params.capacity * l2, kv_params.ramp, batch)
     if hot:
-        extra *= hot_miss((batch - 0.5) * kv_set / l2, params.hot)
+        extra *= hot_miss((batch - 0.5) * kv_set / l2, params.hot if d > 64 else params.hot_d64)
     elif impl == "flash" and causal:  # the re-reads ramp up as the L2 fills after the launch
         extra *= launch_fill_share(bh * tr / c)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
