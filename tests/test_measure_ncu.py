@@ -164,6 +164,8 @@ HELDOUT24 = HELDOUT.with_name("heldout24.csv")  # grid 23's estimate again (a re
 HELDOUT25 = HELDOUT.with_name("heldout25.csv")  # drawn after `l2.launch_fill_share`, before its run
 HELDOUT26 = HELDOUT.with_name("heldout26.csv")  # grid 25's estimate again (a replication), before its run
 HELDOUT27, HELDOUT28 = (HELDOUT.with_name(f"heldout{i}.csv") for i in (27, 28))  # grid 25 again, pre-run
+HELDOUT29 = HELDOUT.with_name("heldout29.csv")  # drawn after `L2Params.hot_d64`, before its run
+HELDOUT30 = HELDOUT.with_name("heldout30.csv")  # grid 29's estimate again (a replication), before its run
 RERUN17 = HELDOUT.with_name("rerun17.csv")  # development data (reruns of grid 17's misses)
 RERUN10 = HELDOUT.with_name("rerun10.csv")  # development data (reruns of grid 10's worst points)
 RERUN7, FRAMES, PERSIST = (HELDOUT.with_name(n) for n in ("rerun7.csv", "frames_probe.csv",
@@ -305,7 +307,17 @@ def test_the_third_heldout_grid_shares_no_n_with_any_earlier_grid_or_probe():
                  HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
                  HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, HELDOUT22, HELDOUT23, HELDOUT24, HELDOUT25,
                  HELDOUT26, HELDOUT27, PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST,
-                 *LATER_PROBES, *PROBES12, HOT_PROBE, HEADS_PROBE))])
+                 *LATER_PROBES, *PROBES12, HOT_PROBE, HEADS_PROBE)),
+    (HELDOUT29, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, HELDOUT22, HELDOUT23, HELDOUT24, HELDOUT25,
+                 HELDOUT26, HELDOUT27, HELDOUT28, PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP, FRAMES, PERSIST,
+                 *LATER_PROBES, *PROBES12, HOT_PROBE, HEADS_PROBE)),
+    (HELDOUT30, (HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8, HELDOUT9,
+                 HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15, HELDOUT16, HELDOUT17,
+                 HELDOUT18, HELDOUT19, HELDOUT20, HELDOUT21, HELDOUT22, HELDOUT23, HELDOUT24, HELDOUT25,
+                 HELDOUT26, HELDOUT27, HELDOUT28, HELDOUT29, PROBE, RERUN7, RERUN10, RERUN17, LOCKSTEP,
+                 FRAMES, PERSIST, *LATER_PROBES, *PROBES12, HOT_PROBE, HEADS_PROBE))])
 def test_the_later_heldout_grids_share_no_n_with_any_earlier_grid_and_are_their_draw(grid, earlier):
     specs = physical.parse_grid(grid)
     seen = {s["n"] for g in earlier for s in physical.parse_grid(g)}
