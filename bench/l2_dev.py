@@ -9,7 +9,8 @@ probe, the lockstep probe (bench/results/*bytes-lockstep*.json), the reruns of m
 persistent-schedule probe (bench/results/*bytes-persist*.json), sweeps measured with --repeat
 (bench/results/*bytes-repeat*.json: each point against its median run) and the wave-count probe
 (bench/results/*bytes-decay*.json, also with --repeat) and the hot-set probe
-(bench/results/*bytes-hotprobe*.json: FA-2's causal GQA at B > 1, --repeat 2).
+(bench/results/*bytes-hotprobe*.json: FA-2's causal GQA at B > 1, --repeat 2) and the head-count probe
+(bench/results/*bytes-headsprobe*.json: FA-2's causal MHA at fixed N, --repeat 2).
 Each sweep is re-evaluated exactly as `attnscope bytes --from-json FILE` does (the kernel names the
 measurement recorded pick the attnscope variant); the recorded grid's attnscope calls, which ran the
 portable kernel while it was autotuned, with the config ncu's block size and grid name
