@@ -82,3 +82,19 @@ def draw(seed, earlier, flash_gqa=False, points=48):
             rows.append(row)
             used_n.add(n)
     return rows
+
+
+#: The development probes under bench/grids/ whose N no later held-out grid may reuse (sessions 7-13)
+PROBES = ("rerun7.csv", "rerun10.csv", "rerun17.csv", "lockstep_probe.csv", "spill_probe.csv",
+          "frames_probe.csv", "persist_probe.csv", "repeat_smoke.csv", "spill_n_probe.csv",
+          "local15_probe.csv", "decay_probe.csv", "l2_counters_probe.csv", "first_probe.csv", "hot_probe.csv",
+          "heads_probe.csv")
+
+
+def print_grid(n):
+    """Print held-out grid ``n``'s rows (grids 23 on): `draw`'s recipe with seed 20261200 + ``n``, no N of
+    heldout.csv .. heldout{n - 1}.csv or of the `PROBES` committed before it, 2 more FLASH GQA rows where none
+    drew GQA."""
+    earlier = ("heldout.csv", *(f"heldout{i}.csv" for i in range(2, n)))
+    probes = PROBES[:-2] if n < 23 else PROBES[:-1] if n < 25 else PROBES
+    print_rows(draw(20261200 + n, earlier + probes, flash_gqa=True))

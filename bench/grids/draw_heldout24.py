@@ -1,23 +1,7 @@
-"""The draw of bench/grids/heldout24.csv (seeded; run once, before any measurement of these points).
+"""Held-out grid 24 (heldout24.csv), drawn 2026-12-01 with grid 23's estimate (a replication),
+before any of its points was measured. Run from the repository root, it prints the CSV rows
+(`_draw.print_grid`)."""
 
-Run from the repository root: ``python bench/grids/draw_heldout24.py`` prints the CSV rows. The recipe is
-`_draw.draw`'s (grids 4-24 share it), with its own seed, and with no N of heldout.csv .. heldout23.csv,
-rerun7.csv, rerun10.csv, rerun17.csv, lockstep_probe.csv, spill_probe.csv, frames_probe.csv,
-persist_probe.csv, repeat_smoke.csv, spill_n_probe.csv, local15_probe.csv, decay_probe.csv,
-l2_counters_probe.csv, first_probe.csv or hot_probe.csv.
-Drawn 2026-12-01 ~17:35 UTC with grid 23's estimate unchanged (a replication of grid 23's test), before
-any measurement of these points; measured with ``--repeat 3``.
-"""
+from _draw import print_grid
 
-from _draw import draw, print_rows
-
-print_rows(draw(20261224, ("heldout.csv", "heldout2.csv", "heldout3.csv", "heldout4.csv", "heldout5.csv",
-                           "heldout6.csv", "heldout7.csv", "heldout8.csv", "heldout9.csv", "heldout10.csv",
-                           "heldout11.csv", "heldout12.csv", "heldout13.csv", "heldout14.csv",
-                           "heldout15.csv", "heldout16.csv", "heldout17.csv", "heldout18.csv",
-                           "heldout19.csv", "heldout20.csv", "heldout21.csv", "heldout22.csv",
-                           "heldout23.csv", "rerun7.csv", "rerun10.csv", "rerun17.csv", "lockstep_probe.csv",
-                           "spill_probe.csv", "frames_probe.csv", "persist_probe.csv", "repeat_smoke.csv",
-                           "spill_n_probe.csv", "local15_probe.csv", "decay_probe.csv",
-                           "l2_counters_probe.csv", "first_probe.csv", "hot_probe.csv"),
-                flash_gqa=True))
+print_grid(24)
