@@ -202,6 +202,7 @@ def _attnscope_decode_split_kernel(
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
     MAX_UNSCALED: tl.constexpr = False,  # qk_scale > RAW_SCORES_ABOVE: running max of raw scores, 1 split
+    SWAP: tl.constexpr = False,  # USE_DOT: transposed tiles, S^T = K Q^T and O^T += V^T P^T (keys as MMA rows)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -248,6 +249,9 @@ def _attnscope_decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+    if SWAP:
+        acc = tl.zeros([HEAD_DIM, BLOCK_M], tl.float32)  # its transpose
+        q_t = tl.trans(q)  # [d, BLOCK_M]
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
         n_mask = rows < hi
@@ -280,37 +284,67 @@ def _attnscope_decode_split_kernel(
             k_off = key * stride_kn
             v_off = key * stride_vn
             k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
-        if USE_DOT:
-            kt = tl.trans(k)  # [d, BLOCK_N]
-            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+        if SWAP:
+            # keys are the MMA's M (BLOCK_N = 128: wgmma's 64-row tiles), the few query rows its N
+            if EMULATE_BF16:
+                s_t = tl.dot(k.to(tl.float32), q_t.to(tl.float32))
+            else:
+                s_t = tl.dot(k, q_t)  # [BLOCK_N, BLOCK_M]
             if not MAX_UNSCALED:
-                s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
+                s_t = s_t * qk_scale
+            visible_t = n_mask[:, None] & (rows[:, None] < lim[None, :]) if CHUNK else n_mask[:, None]
+            s_t = tl.where(visible_t, s_t, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s_t, 0))  # [BLOCK_M]
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            if MAX_UNSCALED:
+                alpha = tl.exp2((m_i - m_safe) * qk_scale)
+                p_t = tl.exp2((s_t - m_safe[None, :]) * qk_scale)
+            else:
+                alpha = tl.exp2(m_i - m_safe)
+                p_t = tl.exp2(s_t - m_safe[None, :])  # [BLOCK_N, BLOCK_M]
+            l_i = l_i * alpha + tl.sum(p_t, 0)
+            if PAGED:
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            else:
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+            if EMULATE_BF16:
+                acc = tl.dot(tl.trans(v.to(tl.float32)), round_bf16(p_t), acc * alpha[None, :])
+            else:
+                acc = tl.dot(tl.trans(v), p_t.to(v.dtype), acc * alpha[None, :])  # [d, BLOCK_M]
         else:
-            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-        visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
-            alpha = tl.exp2((m_i - m_safe) * qk_scale)
-            p = tl.exp2((s - m_safe[:, None]) * qk_scale)
-        else:
-            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if PAGED:
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        else:
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
-        if USE_DOT:
-            if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
-                p, v = round_bf16(p), v.to(tl.float32)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
-        else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            if USE_DOT:
+                kt = tl.trans(k)  # [d, BLOCK_N]
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+                if not MAX_UNSCALED:
+                    s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
+            else:
+                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
+            visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+            # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
+                alpha = tl.exp2((m_i - m_safe) * qk_scale)
+                p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+            else:
+                alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+                p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if PAGED:
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            else:
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+            if USE_DOT:
+                if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
+                    p, v = round_bf16(p), v.to(tl.float32)
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
+            else:
+                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
 
+    if SWAP:
+        acc = tl.trans(acc)  # [BLOCK_M, d]
     if MAX_UNSCALED:
         m_i = m_i * qk_scale  # base 2 for the LSE: +inf past fp32, where the true LSE is too
     o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
@@ -633,6 +667,8 @@ class DecodePlan:
         }
         if raw:  # only then: the default launch passes what it always did
             self._consts["MAX_UNSCALED"] = True
+        if cfg.get("SWAP") and use_dot:
+            self._consts["SWAP"] = True
         self._combine_grid = (n_rows,)
         self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
                                 "EMULATE_BF16": _emulate_bf16(q.dtype)}
