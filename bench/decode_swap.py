@@ -48,7 +48,8 @@ def main():
     def measure(point, q, k, v, lens):
         base = attnscope.decode_plan(q, k, v, lens, check_seqlens=False)
         s = base.num_splits
-        plans = {name: base if c is None else attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=c)
+        plans = {name: base if c is None else
+                 attnscope.decode_plan(q, k, v, lens, check_seqlens=False, _config=c)
                  for name, c in VARIANTS.items()}
         graphs = plan_graphs(point, q, k, v, lens, plans, runs=2)
         return time_point(point, graphs, q, k, v, s, a.rounds, splits=s)

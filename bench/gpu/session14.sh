@@ -2,8 +2,10 @@
 # 2026-12-01 fourteenth session (<= 10 min a call, one H200): bash bench/gpu/session14.sh CALL
 #   1: bench/decode_swap.py (transposed decode tiles vs the shipped ones, kv_read and CUDNN) at all 14 grid points.
 #   2: bench/decode_kvmath.py (kv_read's loop with decode's arithmetic in it) at the 128-program points.
+#   3: bench/decode_l2state.py (decode, kv_read, plain loads with and without evict_first, CUDNN under three L2 states).
 source "$(dirname "$0")/_session_env.sh"
 case ${1:?call} in
 1) TAIL=40 step decode_swap 540 python bench/decode_swap.py --rounds 3 --json $O/decode-swap.json ;;
 2) TAIL=20 step decode_kvmath 300 python bench/decode_kvmath.py --rounds 5 --json $O/decode-kvmath.json ;;
+3) TAIL=20 step decode_l2state 400 python bench/decode_l2state.py --rounds 3 --json $O/decode-l2state.json ;;
 esac
