@@ -49,9 +49,8 @@ def time_states(graphs, reps, rounds):
     """{state: {name: median ms}} over ``rounds`` interleaved rounds of ``reps`` timed replays each."""
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
     other = torch.ones(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
-    sink = torch.empty(1, dtype=torch.int64, device="cuda")
     prep = {"dirty": lambda: flush.zero_(),
-            "clean": lambda: (flush.zero_(), torch.sum(other, dtype=torch.int64, out=sink)),
+            "clean": lambda: (flush.zero_(), other.sum()),
             "warm": lambda: None}
     times = {st: {n: [] for n in graphs} for st in prep}
     for _ in range(rounds):
