@@ -34,8 +34,9 @@ import functools
 import math
 import threading
 
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, choice, expect
 from attnscope.kernels._common import (
+    IMPLS,
     LOG2E,
     check_device,
     check_disjoint,
@@ -44,6 +45,7 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
+    hopper_possible,
     import_torch_triton,
     interpreting,
     num_sms,
@@ -202,7 +204,6 @@ def _attnscope_decode_split_kernel(
     CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
     OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
     MAX_UNSCALED: tl.constexpr = False,  # qk_scale > RAW_SCORES_ABOVE: running max of raw scores, 1 split
-    SWAP: tl.constexpr = False,  # USE_DOT: transposed tiles, S^T = K Q^T and O^T += V^T P^T (keys as MMA rows)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -249,9 +250,6 @@ def _attnscope_decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
-    if SWAP:
-        acc = tl.zeros([HEAD_DIM, BLOCK_M], tl.float32)  # its transpose
-        q_t = tl.trans(q)  # [d, BLOCK_M]
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
         n_mask = rows < hi
@@ -284,67 +282,37 @@ def _attnscope_decode_split_kernel(
             k_off = key * stride_kn
             v_off = key * stride_vn
             k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
-        if SWAP:
-            # keys are the MMA's M (BLOCK_N = 128: wgmma's 64-row tiles), the few query rows its N
-            if EMULATE_BF16:
-                s_t = tl.dot(k.to(tl.float32), q_t.to(tl.float32))
-            else:
-                s_t = tl.dot(k, q_t)  # [BLOCK_N, BLOCK_M]
+        if USE_DOT:
+            kt = tl.trans(k)  # [d, BLOCK_N]
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
             if not MAX_UNSCALED:
-                s_t = s_t * qk_scale
-            visible_t = n_mask[:, None] & (rows[:, None] < lim[None, :]) if CHUNK else n_mask[:, None]
-            s_t = tl.where(visible_t, s_t, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s_t, 0))  # [BLOCK_M]
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            if MAX_UNSCALED:
-                alpha = tl.exp2((m_i - m_safe) * qk_scale)
-                p_t = tl.exp2((s_t - m_safe[None, :]) * qk_scale)
-            else:
-                alpha = tl.exp2(m_i - m_safe)
-                p_t = tl.exp2(s_t - m_safe[None, :])  # [BLOCK_N, BLOCK_M]
-            l_i = l_i * alpha + tl.sum(p_t, 0)
-            if PAGED:
-                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            else:
-                v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
-            if EMULATE_BF16:
-                acc = tl.dot(tl.trans(v.to(tl.float32)), round_bf16(p_t), acc * alpha[None, :])
-            else:
-                acc = tl.dot(tl.trans(v), p_t.to(v.dtype), acc * alpha[None, :])  # [d, BLOCK_M]
+                s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
         else:
-            if USE_DOT:
-                kt = tl.trans(k)  # [d, BLOCK_N]
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
-                if not MAX_UNSCALED:
-                    s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
-            else:
-                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-            visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-            # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
-                alpha = tl.exp2((m_i - m_safe) * qk_scale)
-                p = tl.exp2((s - m_safe[:, None]) * qk_scale)
-            else:
-                alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-                p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if PAGED:
-                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            else:
-                v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
-            if USE_DOT:
-                if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
-                    p, v = round_bf16(p), v.to(tl.float32)
-                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
-            else:
-                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
+        visible = n_mask[None, :] & (rows[None, :] < lim[:, None]) if CHUNK else n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
+            alpha = tl.exp2((m_i - m_safe) * qk_scale)
+            p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+        else:
+            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if PAGED:
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+        if USE_DOT:
+            if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
+                p, v = round_bf16(p), v.to(tl.float32)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
 
-    if SWAP:
-        acc = tl.trans(acc)  # [BLOCK_M, d]
     if MAX_UNSCALED:
         m_i = m_i * qk_scale  # base 2 for the LSE: +inf past fp32, where the true LSE is too
     o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
@@ -554,6 +522,34 @@ def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=
     return block_m, m_tiles, num_splits
 
 
+#: The Gluon kernel needs the longest sequence at least this share of L_max: its balanced split is over
+#: L_max's tiles, so shorter sequences would leave most programs without keys
+STREAM_MIN_FILL = 0.5
+
+
+def _stream_why(impl, q, k_cache, v_cache, block_table, raw, num_splits, knobs, max_seqlen, L_max):
+    """None when the plan runs `attnscope.kernels.decode_stream` (sm_90, ``impl`` "auto" or "hopper"), else
+    why not; ``impl="hopper"`` raises NotImplementedError with that reason instead."""
+    why = hopper_possible(q)
+    if why is None:
+        from attnscope.kernels import decode_stream
+
+        why = decode_stream.stream_supported(q, k_cache, v_cache, block_table, raw)
+    if why is None and num_splits is not None:
+        why = "an explicit num_splits runs the portable kernel"
+    if why is None and knobs:
+        why = "use_dot, fuse_combine and _config are the portable kernel's knobs"
+    if why is None and max_seqlen is not None and max_seqlen < STREAM_MIN_FILL * L_max:
+        why = f"max_seqlen {max_seqlen} is under {STREAM_MIN_FILL} x L_max = {L_max}"
+    if why is None:
+        B, Hkv = q.shape[0], k_cache.shape[1]
+        if not decode_stream.stream_programs(B * Hkv, -(-L_max // decode_stream.BLOCK_N), _sms(q.device)):
+            why = f"fewer than {decode_stream.MIN_TILES_PER_PROGRAM} key tiles per program"
+    if impl == "hopper" and why is not None:
+        raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
+    return why
+
+
 class DecodePlan:
     """A checked decode layout with its split count, block sizes, merge and scratch: plan once, run often.
 
@@ -594,12 +590,20 @@ class DecodePlan:
     use_dot, fuse_combine : bool, optional
         Benchmark knobs: tl.dot (default) or elementwise products; fused (default when small, see
         `_fuse_by_default`) or separate merge.
+    impl : {"auto", "portable", "hopper"}
+        "auto" (default) runs the Gluon balanced-split kernel (`attnscope.kernels.decode_stream`) on an
+        sm_90 GPU for the layouts it supports when each of its programs gets at least
+        ``decode_stream.MIN_TILES_PER_PROGRAM`` key tiles, no ``num_splits`` or knob is given and
+        ``max_seqlen`` (if given) is at least ``STREAM_MIN_FILL x L_max``; the portable Triton kernel
+        otherwise. "hopper" insists (NotImplementedError saying why not), "portable" never uses it.
+        ``plan.impl`` says which kernel runs; for "hopper" ``num_splits`` is the most partials of an item.
     """
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
                  scale=None, return_lse=False, max_seqlen=None, check_seqlens=True, use_dot=None,
-                 fuse_combine=None, _config=None):
+                 fuse_combine=None, _config=None, impl="auto"):
         check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
+        choice("impl", impl, IMPLS)
         B, Hq, Nq, d, Hkv, L_max, page_size = _check_inputs(
             q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot, fuse_combine)
         expect(max_seqlen is None or _is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
@@ -615,6 +619,22 @@ class DecodePlan:
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
                                                use_dot, raw)
         paged = block_table is not None
+        self.impl, self._stream = "portable", None
+        knobs = use_dot is False or fuse_combine is not None or _config is not None
+        if impl != "portable" and _stream_why(impl, q, k_cache, v_cache, block_table, raw, num_splits, knobs,
+                                              max_seqlen, L_max) is None:
+            from attnscope.kernels import decode_stream
+
+            self.impl = "hopper"
+            sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+            self._stream = decode_stream.StreamLaunch(q, k_cache, v_cache, cache_seqlens is not None,
+                                                      return_lse, sm_scale, _sms(q.device))
+            self.num_splits = self._stream.s_max
+            self.o_shape, self.lse_shape = (B, Hq, Nq, d), (B, Hq, Nq)
+            self.dtype, self.device = q.dtype, q.device
+            self.split = self.fuse = False
+            self.need_lse = return_lse
+            return
         # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
         # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
         # 1.3 x better at the same tile (bench/decode_configs.py --layouts, BENCHMARKS.md)
@@ -667,8 +687,6 @@ class DecodePlan:
         }
         if raw:  # only then: the default launch passes what it always did
             self._consts["MAX_UNSCALED"] = True
-        if cfg.get("SWAP") and use_dot:
-            self._consts["SWAP"] = True
         self._combine_grid = (n_rows,)
         self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
                                 "EMULATE_BF16": _emulate_bf16(q.dtype)}
@@ -738,6 +756,9 @@ class DecodePlan:
             lse = lse_out
         else:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.need_lse else o
+        if self._stream is not None:
+            self._stream.run(q, k_cache, v_cache, cache_seqlens, o, lse)
+            return (o, lse) if self.return_lse else o
         o_part = self.o_part if self.split else o  # placeholders are never touched
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
@@ -795,7 +816,7 @@ def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **opt
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
                  *, block_table=None, check_seqlens: bool = True, use_dot: bool | None = None,
-                 fuse_combine: bool | None = None, _config: dict | None = None):
+                 fuse_combine: bool | None = None, _config: dict | None = None, impl: str = "auto"):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
     The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
@@ -832,6 +853,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         it: out-of-range values give undefined results.
     use_dot, fuse_combine : bool, optional, keyword-only
         Benchmark knobs, see `DecodePlan`.
+    impl : {"auto", "portable", "hopper"}, keyword-only
+        Which kernel: see `DecodePlan` (on sm_90 "auto" runs the Gluon balanced-split kernel where it
+        applies).
 
     Returns
     -------
@@ -851,7 +875,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
     options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
-               "fuse_combine": fuse_combine, "_config": _config}
+               "fuse_combine": fuse_combine, "impl": impl, "_config": _config}
     key = None
     if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
             t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
@@ -877,10 +901,11 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     if key is None:
         plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
     else:
-        # the split count the heuristic picks for these lengths completes the key
-        options["num_splits"] = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot,
-                                        _raw_scores(scale, facts[3]))[2]
-        plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
+        # the split count the heuristic picks for these lengths completes the key (the plan is built with
+        # the caller's num_splits: it picks the same count, or the Gluon kernel where that applies)
+        splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot,
+                         _raw_scores(scale, facts[3]))[2]
+        plan = _PLAN_CACHE.plan(key, facts, splits, lambda: DecodePlan(
             *tensors, max_seqlen=longest, check_seqlens=False, **options))
     return plan._launch(*tensors)
 

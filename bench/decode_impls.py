@@ -1,0 +1,44 @@
+"""The plan's two decode kernels beside SDPA CUDNN, CUDA-graph replay, at the issue's decode grid.
+
+    PYTHONPATH=src python bench/decode_impls.py [--json PATH] [--rounds 5] [--points all|parity]
+
+``attnscope.decode_plan`` with ``impl="auto"`` (on sm_90: the Gluon balanced-split kernel of
+`attnscope.kernels.decode_stream` where it applies, else the portable Triton kernel) and with
+``impl="portable"``, each checked against float64 twice (a fused merge's counters are back at 0) before
+they are timed beside ``kv_read`` (the portable kernel's loads alone) and SDPA CUDNN in ``--rounds``
+interleaved rounds of CUDA-graph replays; printed: K/V TB/s of each median and its ratio to CUDNN's, and
+which kernel "auto" ran. bf16, d = 128, one query token, ``cache_seqlens`` at full length (as
+bench/decode.py).
+"""
+
+import sys
+
+import attnscope
+from attnscope.measure.bench import DECODE_GRID, DECODE_LS
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from decode import each_point  # noqa: E402
+from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
+
+PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768)]
+ALL = [(b, hq, hkv, L) for b, hq, hkv in DECODE_GRID for L in DECODE_LS] + [(64, 32, 32, 4096),
+                                                                            (64, 32, 32, 32768)]
+
+
+def main():
+    p = bench_parser(__doc__)
+    p.add_argument("--points", choices=("all", "parity"), default="all")
+    a = p.parse_args()
+
+    def measure(point, q, k, v, lens):
+        plans = {impl: attnscope.decode_plan(q, k, v, lens, check_seqlens=False, impl=impl)
+                 for impl in ("auto", "portable")}
+        s = plans["portable"].num_splits
+        graphs = plan_graphs(point, q, k, v, lens, plans, runs=2)
+        print(f"{point}: auto runs {plans['auto'].impl}", flush=True)
+        return time_point(point, graphs, q, k, v, s, a.rounds, splits=s, auto=plans["auto"].impl)
+    each_point(PARITY if a.points == "parity" else ALL, measure, a.json)
+
+
+if __name__ == "__main__":
+    main()
