@@ -616,12 +616,13 @@ class DecodePlan:
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
         raw = _raw_scores(scale, d)
+        user_splits = num_splits
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
                                                use_dot, raw)
         paged = block_table is not None
         self.impl, self._stream = "portable", None
         knobs = use_dot is False or fuse_combine is not None or _config is not None
-        if impl != "portable" and _stream_why(impl, q, k_cache, v_cache, block_table, raw, num_splits, knobs,
+        if impl != "portable" and _stream_why(impl, q, k_cache, v_cache, block_table, raw, user_splits, knobs,
                                               max_seqlen, L_max) is None:
             from attnscope.kernels import decode_stream
 
