@@ -28,13 +28,26 @@ ALL = [(b, hq, hkv, L) for b, hq, hkv in DECODE_GRID for L in DECODE_LS] + [(64,
 def main():
     p = bench_parser(__doc__)
     p.add_argument("--points", choices=("all", "parity"), default="all")
+    p.add_argument("--diag", action="store_true", help="also: auto without cache_seqlens, and the ceiling "
+                   "probe of bench/decode_stream.py (its host merge untimed)")
     a = p.parse_args()
 
     def measure(point, q, k, v, lens):
         plans = {impl: attnscope.decode_plan(q, k, v, lens, check_seqlens=False, impl=impl)
                  for impl in ("auto", "portable")}
+        if a.diag:
+            plans["auto no lens"] = attnscope.decode_plan(q, k, v, None, check_seqlens=False)
         s = plans["portable"].num_splits
         graphs = plan_graphs(point, q, k, v, lens, plans, runs=2)
+        if a.diag:
+            from decode import graph_of, reference_error
+            from decode_stream import stream_runner
+
+            run, merged, _, _ = stream_runner(q, k, v, 264, 1, 1)
+            run()
+            err, bound = reference_error(merged(), q, k, v)
+            assert err <= bound, f"probe mismatch {err} > {bound}"
+            graphs["probe"] = graph_of(run)
         print(f"{point}: auto runs {plans['auto'].impl}", flush=True)
         return time_point(point, graphs, q, k, v, s, a.rounds, splits=s, auto=plans["auto"].impl)
     each_point(PARITY if a.points == "parity" else ALL, measure, a.json)

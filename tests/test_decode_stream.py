@@ -41,13 +41,15 @@ def test_split_arithmetic_matches_brute_force(items, tiles, programs):
 
 
 def test_stream_programs_rule():
-    # two programs per SM, unless each would get fewer than MIN_TILES_PER_PROGRAM tiles
+    # two programs per SM, unless each would get fewer than MIN_TILES_PER_PROGRAM tiles; forced: fewer
     assert decode_stream.stream_programs(128, 256, 132) == 264
     assert decode_stream.stream_programs(32, 1024, 132) == 264
     m = decode_stream.MIN_TILES_PER_PROGRAM
     assert decode_stream.stream_programs(264, m, 132) == 264
     assert decode_stream.stream_programs(264, m - 1, 132) == 0
+    assert decode_stream.stream_programs(264, m - 1, 132, forced=True) == 264 * (m - 1) // m
     assert decode_stream.stream_programs(1, 10, 132) == 0
+    assert decode_stream.stream_programs(1, 10, 132, forced=True) == 1
 
 
 # --- which layouts the plan runs on the kernel -------------------------------------------------------------
@@ -79,7 +81,7 @@ def test_plan_picks_the_kernel_only_where_it_applies(pretend_sm90):
         "explicit num_splits": _why(*_layout(), splits=4),
         "knobs": _why(*_layout(), knobs=True),
         "max_seqlen 1000 is under": _why(*_layout(), max_seqlen=1000),
-        "fewer than 16 key tiles per program": _why(*_layout(B=1, Hkv=32, L=4096)),
+        "fewer than 16 key tiles for each of 2 programs per SM": _why(*_layout(B=1, Hkv=32, L=4096)),
     }
     for want, got in cases.items():
         assert got is not None and want in got, (want, got)
@@ -91,9 +93,10 @@ def test_plan_picks_the_kernel_only_where_it_applies(pretend_sm90):
 
 def test_impl_option(pretend_sm90):
     q, k, v = _layout(B=1, Hkv=32, L=4096)
-    with pytest.raises(NotImplementedError, match="impl='hopper': fewer than 16 key tiles per program; "
+    assert _why(q, k, v, impl="hopper") is None  # forced: fewer programs, still the Gluon kernel
+    with pytest.raises(NotImplementedError, match="impl='hopper': Nq > 1 runs the portable kernel; "
                                                   "supported elsewhere: impl='portable'"):
-        _why(q, k, v, impl="hopper")
+        _why(*_layout(Nq=3), impl="hopper")
     with pytest.raises(ValueError, match="impl: expected one of auto, portable, hopper, got 'fast'"):
         attnscope.decode_plan(*_layout(B=1, L=256), impl="fast")
 
@@ -195,7 +198,7 @@ def _check(B, Hq, Hkv, L, d, dtype, lens, seed, return_lse=True, runs=2):
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="the Gluon decode kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("B,Hq,Hkv,L,d,dtype,lens", [
-    (16, 32, 8, 4096, 128, torch.bfloat16, None),  # items split between 2-3 programs: the merge
+    (16, 32, 8, 8192, 128, torch.bfloat16, None),  # items split between 2-3 programs: the merge
     (1, 32, 32, 65536, 128, torch.float16, None),  # 1,024-tile... items across ~8 programs
     (3, 16, 1, 40000, 128, torch.bfloat16, [40000, 1, 0]),  # MQA G = 16, L not a tile multiple, empty seq
     (5, 12, 4, 9000, 64, torch.float16, [9000, 8999, 4500, 129, 128]),  # G = 3, d = 64, ragged

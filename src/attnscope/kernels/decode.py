@@ -541,10 +541,11 @@ def _stream_why(impl, q, k_cache, v_cache, block_table, raw, num_splits, knobs, 
         why = "use_dot, fuse_combine and _config are the portable kernel's knobs"
     if why is None and max_seqlen is not None and max_seqlen < STREAM_MIN_FILL * L_max:
         why = f"max_seqlen {max_seqlen} is under {STREAM_MIN_FILL} x L_max = {L_max}"
-    if why is None:
+    if why is None and impl == "auto":
         B, Hkv = q.shape[0], k_cache.shape[1]
         if not decode_stream.stream_programs(B * Hkv, -(-L_max // decode_stream.BLOCK_N), _sms(q.device)):
-            why = f"fewer than {decode_stream.MIN_TILES_PER_PROGRAM} key tiles per program"
+            why = (f"fewer than {decode_stream.MIN_TILES_PER_PROGRAM} key tiles for each of "
+                   f"{decode_stream.PROGRAMS_PER_SM} programs per SM")
     if impl == "hopper" and why is not None:
         raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
     return why
@@ -592,8 +593,8 @@ class DecodePlan:
         `_fuse_by_default`) or separate merge.
     impl : {"auto", "portable", "hopper"}
         "auto" (default) runs the Gluon balanced-split kernel (`attnscope.kernels.decode_stream`) on an
-        sm_90 GPU for the layouts it supports when each of its programs gets at least
-        ``decode_stream.MIN_TILES_PER_PROGRAM`` key tiles, no ``num_splits`` or knob is given and
+        sm_90 GPU for the layouts it supports when two programs per SM get at least
+        ``decode_stream.MIN_TILES_PER_PROGRAM`` key tiles each, no ``num_splits`` or knob is given and
         ``max_seqlen`` (if given) is at least ``STREAM_MIN_FILL x L_max``; the portable Triton kernel
         otherwise. "hopper" insists (NotImplementedError saying why not), "portable" never uses it.
         ``plan.impl`` says which kernel runs; for "hopper" ``num_splits`` is the most partials of an item.

@@ -75,18 +75,20 @@ def segments(item: int, tiles: int, programs: int, total: int) -> int:
     return program_of(item * tiles + tiles - 1, programs, total) - first + 1
 
 
-def stream_programs(items: int, tiles: int, sms: int) -> int:
-    """Programs of a layout (about `PROGRAMS_PER_SM` per SM), or 0 when each would stream fewer than
-    `MIN_TILES_PER_PROGRAM` tiles (the portable kernel's split then runs instead).
+def stream_programs(items: int, tiles: int, sms: int, forced: bool = False) -> int:
+    """Programs of a layout: about `PROGRAMS_PER_SM` per SM, each with at least `MIN_TILES_PER_PROGRAM` tiles
+    (shorter ranges split items into many partials). Unless ``forced`` (``impl="hopper"``: at least one
+    program), 0 when that leaves fewer than two programs per SM: the portable kernel's split runs then.
 
     >>> stream_programs(16 * 8, 256, 132)   # B 16, Hkv 8, L 32k: 264 programs of 124 tiles
     264
-    >>> stream_programs(1 * 32, 32, 132)    # B 1, Hkv 32, L 4k: 1,024 tiles, 3.9 a program
+    >>> stream_programs(1 * 32, 32, 132)    # B 1, Hkv 32, L 4k: 1,024 tiles, 64 programs of 16
     0
+    >>> stream_programs(1 * 32, 32, 132, forced=True)
+    64
     """
-    total = items * tiles
-    programs = min(PROGRAMS_PER_SM * sms, total)
-    return programs if total >= MIN_TILES_PER_PROGRAM * programs else 0
+    programs = min(PROGRAMS_PER_SM * sms, max(1, items * tiles // MIN_TILES_PER_PROGRAM))
+    return programs if forced or programs == PROGRAMS_PER_SM * sms else 0
 
 
 def max_segments(items: int, tiles: int, programs: int) -> int:
@@ -369,7 +371,7 @@ class StreamLaunch:
         Hkv, L_max = k_cache.shape[1], k_cache.shape[2]
         self.group = Hq // Hkv
         items, tiles = B * Hkv, -(-L_max // BLOCK_N)
-        self.programs = stream_programs(items, tiles, sms)
+        self.programs = stream_programs(items, tiles, sms, forced=True)
         self.total = items * tiles
         self.tiles = tiles
         self.s_max = max_segments(items, tiles, self.programs)
