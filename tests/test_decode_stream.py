@@ -122,7 +122,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import decode_stream as ds
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 for d, dtype, group, seqlens, lse in ((128, "bf16", 4, True, False), (64, "fp16", 16, False, True)):
-    consts = {"GROUP": group, "HAS_SEQLENS": seqlens, "WRITE_LSE": lse, "num_warps": ds.NUM_WARPS}
+    consts = {"GROUP": group, "HAS_SEQLENS": seqlens, "WRITE_LSE": lse, "MS": 64, "num_warps": ds.NUM_WARPS}
     src = GluonASTSource(fn=ds._attnscope_decode_stream_kernel, signature=ds.signature(d, dtype, group),
                          constexprs=consts)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ds.NUM_WARPS})

@@ -7,6 +7,7 @@
 #   6: bench/decode_stream.py (balanced staggered Gluon decode over 132 programs, no merge) at 13 points.
 #   7: the Gluon decode kernel's GPU tests, then bench/decode_impls.py (the plan's kernels vs CUDNN, 14 points).
 #   8: bench/decode_impls.py --diag at the parity points (the shipped Gluon kernel against its ceiling probe).
+#   9: after the tickets moved past the stream and the merge went one row at a time: the tests, then call 8.
 #   3: bench/decode_l2state.py (decode, kv_read, plain loads with and without evict_first, CUDNN under three L2 states).
 source "$(dirname "$0")/_session_env.sh"
 case ${1:?call} in
@@ -21,4 +22,7 @@ case ${1:?call} in
    TAIL=40 step decode_impls 300 python bench/decode_impls.py --rounds 3 --json $O/decode-impls.json ;;
 8) TAIL=40 step decode_diag 300 python bench/decode_impls.py --diag --points parity --rounds 3 \
        --json $O/decode-diag.json ;;
+9) TAIL=15 step stream_tests 240 python -m pytest -q -m gpu tests/test_decode_stream.py
+   TAIL=40 step decode_diag2 300 python bench/decode_impls.py --diag --points parity --rounds 3 \
+       --json $O/decode-diag2.json ;;
 esac

@@ -53,8 +53,6 @@ NK, NV = 1, 1
 PROGRAMS_PER_SM = 2
 MAX_GROUP = 16  # query heads per kv head (wgmma's N = 16); 32 and 64 would spill (ptxas, sm_90)
 MIN_TILES_PER_PROGRAM = 16  # shorter ranges split items into many partials: the portable kernel runs those
-#: query rows x partials per step of the fused merge (64 fp32 registers a thread)
-MERGE_ROWS = gl.constexpr(64)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 
@@ -180,52 +178,49 @@ def _length(SEQLENS, item, n_kv_heads, l_max, HAS_SEQLENS: gl.constexpr):
 
 
 @gluon.jit
-def _merge(O_PART, LSE_PART, O, LSE, row0, nseg, S_MAX, GROUP: gl.constexpr, BR: gl.constexpr,
-           D: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """The logsumexp merge of an item's ``nseg`` partials (rows ``row0 ..``), ``MS`` at a time (`MERGE_ROWS`
-    rows x slots per step); writes O (and LSE, natural log). Empty partials (lse -inf) weigh 0; no key at
-    all gives O = 0, LSE = -inf."""
-    MS: gl.constexpr = MERGE_ROWS // BR
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, D // 32], [1, 1, 32], [4, 1, 1], [2, 1, 0])
-    L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BR, MS]
-    LO: gl.constexpr = gl.SliceLayout(1, L3)  # [BR, D]
-    offs_r = gl.arange(0, BR, layout=gl.SliceLayout(1, L2))
-    offs_s = gl.arange(0, MS, layout=gl.SliceLayout(0, L2))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LO))
-    rows = (row0 + offs_r).to(gl.int64)
-    mm = gl.full([BR], float("-inf"), gl.float32, gl.SliceLayout(1, L2))
-    ll = gl.zeros([BR], gl.float32, gl.SliceLayout(1, L2))
-    aa = gl.zeros([BR, D], gl.float32, LO)
-    for s0 in range(0, nseg, MS):
-        sp = s0 + offs_s
-        ok = (offs_r < GROUP)[:, None] & (sp < nseg)[None, :]
-        idx = rows[:, None] * S_MAX + sp[None, :]  # [BR, MS]
+def _merge(O_PART, LSE_PART, O, LSE, row0, nseg, S_MAX, GROUP: gl.constexpr, D: gl.constexpr,
+           MS: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """The logsumexp merge of an item's ``nseg <= MS`` partials, one query row after another (rows
+    ``row0 ..``, each row's partials loaded at once); writes O (and LSE, natural log). Empty partials
+    (lse -inf) weigh 0; no key at all gives O = 0, LSE = -inf."""
+    L2: gl.constexpr = gl.BlockedLayout([1, D // 32], [1, 32], [4, 1], [1, 0])  # [MS, D]
+    offs_s = gl.arange(0, MS, layout=gl.SliceLayout(1, L2))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, L2))
+    ok = offs_s < nseg
+    for r in gl.static_range(GROUP):
+        row = (row0 + r).to(gl.int64)
         # .cg: at L2, never from this SM's L1 (other SMs wrote these lines)
-        lse_s = gl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        idx3 = gl.expand_dims(idx, 2) * D + gl.expand_dims(gl.expand_dims(offs_d, 0), 1)
-        o_s = gl.load(O_PART + idx3, mask=gl.expand_dims(ok, 2), other=0.0, cache_modifier=".cg")
-        m_new = gl.maximum(mm, gl.max(lse_s, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        w = gl.exp2(lse_s - m_safe[:, None])  # [BR, MS]; 0 for empty partials
-        alpha = gl.exp2(mm - m_safe)
-        ll = ll * alpha + gl.sum(w, axis=1)
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, LO))
-        aa = aa * alpha_o[:, None] + gl.sum(gl.expand_dims(w, 2) * o_s, axis=1)
-        mm = m_new
-    l_safe = gl.where(ll == 0.0, 1.0, ll)
-    o = aa / gl.convert_layout(l_safe, gl.SliceLayout(1, LO))[:, None]
-    r_o = (row0 + gl.arange(0, BR, layout=gl.SliceLayout(1, LO))).to(gl.int64)
-    gl.store(O + r_o[:, None] * D + offs_d[None, :], o.to(O.dtype.element_ty),
-             mask=(gl.arange(0, BR, layout=gl.SliceLayout(1, LO)) < GROUP)[:, None])
-    if WRITE_LSE:
-        lse = gl.where(ll == 0.0, float("-inf"), mm + gl.log2(l_safe))
-        gl.store(LSE + rows, lse * LN2, mask=offs_r < GROUP)
+        lse_s = gl.load(LSE_PART + row * S_MAX + offs_s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        o_s = gl.load(O_PART + (row * S_MAX + offs_s)[:, None] * D + offs_d[None, :], mask=ok[:, None],
+                      other=0.0, cache_modifier=".cg")
+        m = gl.max(lse_s, axis=0)
+        m_safe = gl.where(m == float("-inf"), 0.0, m)
+        w = gl.exp2(lse_s - m_safe)  # 0 for empty partials
+        lw = gl.sum(w, axis=0)
+        lw_safe = gl.where(lw == 0.0, 1.0, lw)
+        o = gl.sum(w[:, None] * o_s, axis=0) / lw_safe
+        gl.store(O + row * D + offs_d, o.to(O.dtype.element_ty))
+        if WRITE_LSE:
+            gl.store(LSE + row, gl.where(lw == 0.0, float("-inf"), m + gl.log2(lw_safe)) * LN2)
+
+
+@gluon.jit
+def _ticket(O_PART, LSE_PART, O, LSE, SEM, item, T, P, W, S_MAX, GROUP: gl.constexpr, D: gl.constexpr,
+            MS: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """After this program's partial of ``item`` is out: its ticket (gpu-scope acq_rel atomic, the portable
+    kernel's fused-merge pattern); the last of the item's programs merges and resets the counter."""
+    nseg = _program_of(item * T + T - 1, P, W) - _program_of(item * T, P, W) + 1
+    if nseg > 1:
+        ticket = gl.atomic_add(SEM + item, 1, sem="acq_rel", scope="gpu")
+        if ticket == nseg - 1:
+            _merge(O_PART, LSE_PART, O, LSE, item * GROUP, nseg, S_MAX, GROUP, D, MS, WRITE_LSE)
+            gl.atomic_xchg(SEM + item, 0)  # ready for the next launch
 
 
 @gluon.jit(do_not_specialize=["n_kv_heads", "l_max", "T", "W", "P", "S_MAX", "qk_scale"])
 def _attnscope_decode_stream_kernel(desc_q, desc_k, desc_v, SEQLENS, O_PART, LSE_PART, O, LSE, SEM,
                                     n_kv_heads, l_max, T, W, P, S_MAX, qk_scale, GROUP: gl.constexpr,
-                                    HAS_SEQLENS: gl.constexpr, WRITE_LSE: gl.constexpr,
+                                    HAS_SEQLENS: gl.constexpr, WRITE_LSE: gl.constexpr, MS: gl.constexpr,
                                     num_warps: gl.constexpr):
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_k.block_type.shape[3]
@@ -330,19 +325,23 @@ def _attnscope_decode_stream_kernel(desc_q, desc_k, desc_v, SEQLENS, O_PART, LSE
                 gl.store(o_ptr, o.to(O.dtype.element_ty), mask=ok_r[None, :])
                 if WRITE_LSE:
                     gl.store(LSE + rows, lse2 * LN2, mask=ok_r)
-            else:
+            else:  # only the range's first and last segments can be partial: tickets after the loop
                 part = rows * S_MAX + (p - first)
                 gl.store(O_PART + part[None, :] * D + offs_d[:, None], o, mask=ok_r[None, :])
                 gl.store(LSE_PART + part, lse2, mask=ok_r)
-                gl.thread_barrier()  # the partial is out before the ticket (gpu-scope release below)
-                ticket = gl.atomic_add(SEM + item, 1, sem="acq_rel", scope="gpu")
-                if ticket == nseg - 1:  # the item's last partial: merge them all
-                    _merge(O_PART, LSE_PART, O, LSE, row0, nseg, S_MAX, GROUP, BR, D, WRITE_LSE)
-                    gl.atomic_xchg(SEM + item, 0)  # ready for the next launch
             m_i = gl.full([BR], float("-inf"), gl.float32, col)
             l_i = gl.zeros([BR], gl.float32, col)
             acc = gl.zeros([D, BR], gl.float32, s_layout)
             j += 1
+
+    # The stream is done: the tickets (and merges) of the partial first and last items, off its path
+    gl.thread_barrier()  # every warp's partial stores come before the gpu-scope release of the ticket
+    if n > 0:
+        first_item = lo // T
+        last_item = (hi - 1) // T
+        _ticket(O_PART, LSE_PART, O, LSE, SEM, first_item, T, P, W, S_MAX, GROUP, D, MS, WRITE_LSE)
+        if last_item != first_item:
+            _ticket(O_PART, LSE_PART, O, LSE, SEM, last_item, T, P, W, S_MAX, GROUP, D, MS, WRITE_LSE)
 
 
 def signature(d: int, dtype: str, group: int) -> dict:
@@ -359,7 +358,7 @@ def signature(d: int, dtype: str, group: int) -> dict:
             "SEQLENS": "*i32", "O_PART": "*fp32", "LSE_PART": "*fp32", "O": f"*{dtype}", "LSE": "*fp32",
             "SEM": "*i32", **{n: "i32" for n in ("n_kv_heads", "l_max", "T", "W", "P", "S_MAX")},
             "qk_scale": "fp32",
-            **{n: "constexpr" for n in ("GROUP", "HAS_SEQLENS", "WRITE_LSE", "num_warps")}}
+            **{n: "constexpr" for n in ("GROUP", "HAS_SEQLENS", "WRITE_LSE", "MS", "num_warps")}}
 
 
 class StreamLaunch:
@@ -382,7 +381,7 @@ class StreamLaunch:
         self.hkv, self.l_max = Hkv, L_max
         self.qk_scale = sm_scale * math.log2(math.e)
         self.consts = {"GROUP": self.group, "HAS_SEQLENS": has_seqlens, "WRITE_LSE": write_lse,
-                       "num_warps": NUM_WARPS}
+                       "MS": max(4, triton.next_power_of_2(self.s_max)), "num_warps": NUM_WARPS}
         self._key = self._desc = None
 
     def run(self, q, k_cache, v_cache, cache_seqlens, o, lse):
