@@ -1,6 +1,10 @@
 """The plan's two decode kernels beside SDPA CUDNN, CUDA-graph replay, at the issue's decode grid.
 
-    PYTHONPATH=src python bench/decode_impls.py [--json PATH] [--rounds 5] [--points all|parity]
+    git checkout 78676f3 && PYTHONPATH=src python bench/decode_impls.py [--json PATH] [--rounds 3] [--diag]
+
+Needs the ``impl`` option and `attnscope.kernels.decode_stream` of 3b966a1..0307294 (78676f3: merge tickets
+inside the stream; 0307294: after it). Not merged (fourteenth session, BENCHMARKS.md): the Gluon kernel with
+its fused merge ran 0.980-1.007 x CUDNN at the 128-program points, no better than the portable kernel.
 
 ``attnscope.decode_plan`` with ``impl="auto"`` (on sm_90: the Gluon balanced-split kernel of
 `attnscope.kernels.decode_stream` where it applies, else the portable Triton kernel) and with

@@ -18,6 +18,10 @@ Splits as the shipped plan picks them, merged by the portable combine kernel. Ea
 against float64 (sequence 0) and the shipped kernel (every row) first, then timed beside the shipped
 plan, ``kv_read`` and SDPA CUDNN (CUDA-graph replay, ``--rounds`` interleaved rounds). bf16, d = 128,
 one query token, dense cache, every sequence at full length.
+
+Measured (fourteenth session, bench/results/h200-2026-12-01-s14-decode-stagger{,2}.*): 128/1/1 and 128/2/2
+ran 0.999-1.015 x CUDNN at the four 128-program points, 0.1-0.6 % above the portable kernel in the same run;
+at B 64 128/1/1 lost (0.92-0.95: three 74 KiB programs share an SM). Not shipped on its own.
 """
 
 import math

@@ -14,6 +14,10 @@ segment's start. This probe stops there: the partials are merged on the host for
 the timed kernel does no merge (a fused merge would add the last program's merge of an item's 2-3
 partials). Every sequence is at full length and L a multiple of the tile. Timed beside the shipped plan,
 the even-split staggered kernel (128/2/2), ``kv_read`` and SDPA CUDNN (CUDA-graph replay, interleaved).
+
+Measured (fourteenth session, bench/results/h200-2026-12-01-s14-decode-stream.*): 264 programs of one K and
+one V buffer ran 1.009-1.131 x CUDNN at 13 points on a machine where the portable kernel ran 0.983-0.989 at
+the parity points. With a real merge in the kernel the margin went (bench/decode_impls.py).
 """
 
 import math

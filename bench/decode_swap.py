@@ -1,6 +1,10 @@
 """Transposed ("swap AB") decode tiles beside the shipped ones, CUDA-graph replay, at the issue's decode grid.
 
-    PYTHONPATH=src python bench/decode_swap.py [--json PATH] [--rounds 3] [--points all|parity]
+    git checkout fc4b4c3 && PYTHONPATH=src python bench/decode_swap.py [--json PATH] [--rounds 3]
+
+Rejected (fourteenth session, bench/results/h200-2026-12-01-s14-decode-swap.*): "swap 128/4/3" ran within
+0.1 % of the shipped tiles at all 14 points; the ``SWAP`` constexpr was removed after fc4b4c3, where this
+script runs.
 
 The shipped split kernel computes S = Q K^T and O += P V with the few query rows (G x Nq, padded to 16) as
 the MMA's M: Triton 3.6 then uses ``mma.sync`` (wgmma needs M >= 64), whose operands pass through

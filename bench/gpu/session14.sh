@@ -4,7 +4,9 @@
 #   2: bench/decode_kvmath.py (kv_read's loop with decode's arithmetic in it) at the 128-program points.
 #   4: bench/decode_stagger.py (Gluon: cuDNN's staggered K/V copies, transposed wgmma) at all 14 grid points.
 #   5: bench/decode_stagger.py again after the barrier fix, 5 rounds at the 4 parity points (+ 2 x splits).
-#   6: bench/decode_stream.py (balanced staggered Gluon decode over 132 programs, no merge) at 13 points.
+#   6: bench/decode_stream.py (balanced staggered Gluon decode over 132 or 264 programs, host merge), 13 points.
+#   (calls 1, 7, 8, 9 ran the code of fc4b4c3, 1a52c90, 78676f3, 0307294; at 3b966a1 call 7's "auto" ran the
+#   portable kernel, a bug fixed in 1a52c90: that run is the portable grid of -s14-decode-grid-portable.*)
 #   7: the Gluon decode kernel's GPU tests, then bench/decode_impls.py (the plan's kernels vs CUDNN, 14 points).
 #   8: bench/decode_impls.py --diag at the parity points (the shipped Gluon kernel against its ceiling probe).
 #   9: after the tickets moved past the stream and the merge went one row at a time: the tests, then call 8.

@@ -25,22 +25,6 @@ def import_torch_triton():
     return torch, triton
 
 
-#: ``impl`` of the kernels with a Gluon Hopper path: the measured pick, the portable Triton kernel, or Gluon
-IMPLS = ("auto", "portable", "hopper")
-
-
-def hopper_possible(q) -> str | None:
-    """None when a Gluon Hopper kernel can run on ``q``'s device, else the reason it cannot."""
-    if interpreting() or q.device.type != "cuda":
-        return "it needs a CUDA sm_90 GPU (Gluon kernels do not run in the interpreter)"
-    import torch
-
-    cap = torch.cuda.get_device_capability(q.device)
-    if cap != (9, 0):
-        return f"it needs sm_90 (Hopper), got sm_{cap[0]}{cap[1]}"
-    return None
-
-
 def interpreting() -> bool:
     """True when Triton runs kernels on the CPU (TRITON_INTERPRET=1, set before triton is imported)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

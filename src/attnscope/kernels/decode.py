@@ -34,9 +34,8 @@ import functools
 import math
 import threading
 
-from attnscope.errors import InputError, choice, expect
+from attnscope.errors import InputError, expect
 from attnscope.kernels._common import (
-    IMPLS,
     LOG2E,
     check_device,
     check_disjoint,
@@ -45,7 +44,6 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
-    hopper_possible,
     import_torch_triton,
     interpreting,
     num_sms,
@@ -522,35 +520,6 @@ def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=
     return block_m, m_tiles, num_splits
 
 
-#: The Gluon kernel needs the longest sequence at least this share of L_max: its balanced split is over
-#: L_max's tiles, so shorter sequences would leave most programs without keys
-STREAM_MIN_FILL = 0.5
-
-
-def _stream_why(impl, q, k_cache, v_cache, block_table, raw, num_splits, knobs, max_seqlen, L_max):
-    """None when the plan runs `attnscope.kernels.decode_stream` (sm_90, ``impl`` "auto" or "hopper"), else
-    why not; ``impl="hopper"`` raises NotImplementedError with that reason instead."""
-    why = hopper_possible(q)
-    if why is None:
-        from attnscope.kernels import decode_stream
-
-        why = decode_stream.stream_supported(q, k_cache, v_cache, block_table, raw)
-    if why is None and num_splits is not None:
-        why = "an explicit num_splits runs the portable kernel"
-    if why is None and knobs:
-        why = "use_dot, fuse_combine and _config are the portable kernel's knobs"
-    if why is None and max_seqlen is not None and max_seqlen < STREAM_MIN_FILL * L_max:
-        why = f"max_seqlen {max_seqlen} is under {STREAM_MIN_FILL} x L_max = {L_max}"
-    if why is None and impl == "auto":
-        B, Hkv = q.shape[0], k_cache.shape[1]
-        if not decode_stream.stream_programs(B * Hkv, -(-L_max // decode_stream.BLOCK_N), _sms(q.device)):
-            why = (f"fewer than {decode_stream.MIN_TILES_PER_PROGRAM} key tiles for each of "
-                   f"{decode_stream.PROGRAMS_PER_SM} programs per SM")
-    if impl == "hopper" and why is not None:
-        raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
-    return why
-
-
 class DecodePlan:
     """A checked decode layout with its split count, block sizes, merge and scratch: plan once, run often.
 
@@ -591,20 +560,12 @@ class DecodePlan:
     use_dot, fuse_combine : bool, optional
         Benchmark knobs: tl.dot (default) or elementwise products; fused (default when small, see
         `_fuse_by_default`) or separate merge.
-    impl : {"auto", "portable", "hopper"}
-        "auto" (default) runs the Gluon balanced-split kernel (`attnscope.kernels.decode_stream`) on an
-        sm_90 GPU for the layouts it supports when two programs per SM get at least
-        ``decode_stream.MIN_TILES_PER_PROGRAM`` key tiles each, no ``num_splits`` or knob is given and
-        ``max_seqlen`` (if given) is at least ``STREAM_MIN_FILL x L_max``; the portable Triton kernel
-        otherwise. "hopper" insists (NotImplementedError saying why not), "portable" never uses it.
-        ``plan.impl`` says which kernel runs; for "hopper" ``num_splits`` is the most partials of an item.
     """
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
                  scale=None, return_lse=False, max_seqlen=None, check_seqlens=True, use_dot=None,
-                 fuse_combine=None, _config=None, impl="auto"):
+                 fuse_combine=None, _config=None):
         check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
-        choice("impl", impl, IMPLS)
         B, Hq, Nq, d, Hkv, L_max, page_size = _check_inputs(
             q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, use_dot, fuse_combine)
         expect(max_seqlen is None or _is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
@@ -617,26 +578,9 @@ class DecodePlan:
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
         raw = _raw_scores(scale, d)
-        user_splits = num_splits
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
                                                use_dot, raw)
         paged = block_table is not None
-        self.impl, self._stream = "portable", None
-        knobs = use_dot is False or fuse_combine is not None or _config is not None
-        if impl != "portable" and _stream_why(impl, q, k_cache, v_cache, block_table, raw, user_splits, knobs,
-                                              max_seqlen, L_max) is None:
-            from attnscope.kernels import decode_stream
-
-            self.impl = "hopper"
-            sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-            self._stream = decode_stream.StreamLaunch(q, k_cache, v_cache, cache_seqlens is not None,
-                                                      return_lse, sm_scale, _sms(q.device))
-            self.num_splits = self._stream.s_max
-            self.o_shape, self.lse_shape = (B, Hq, Nq, d), (B, Hq, Nq)
-            self.dtype, self.device = q.dtype, q.device
-            self.split = self.fuse = False
-            self.need_lse = return_lse
-            return
         # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
         # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
         # 1.3 x better at the same tile (bench/decode_configs.py --layouts, BENCHMARKS.md)
@@ -758,9 +702,6 @@ class DecodePlan:
             lse = lse_out
         else:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.need_lse else o
-        if self._stream is not None:
-            self._stream.run(q, k_cache, v_cache, cache_seqlens, o, lse)
-            return (o, lse) if self.return_lse else o
         o_part = self.o_part if self.split else o  # placeholders are never touched
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
@@ -818,7 +759,7 @@ def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **opt
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
                  *, block_table=None, check_seqlens: bool = True, use_dot: bool | None = None,
-                 fuse_combine: bool | None = None, _config: dict | None = None, impl: str = "auto"):
+                 fuse_combine: bool | None = None, _config: dict | None = None):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
     The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
@@ -855,9 +796,6 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
         it: out-of-range values give undefined results.
     use_dot, fuse_combine : bool, optional, keyword-only
         Benchmark knobs, see `DecodePlan`.
-    impl : {"auto", "portable", "hopper"}, keyword-only
-        Which kernel: see `DecodePlan` (on sm_90 "auto" runs the Gluon balanced-split kernel where it
-        applies).
 
     Returns
     -------
@@ -877,7 +815,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
     options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "use_dot": use_dot,
-               "fuse_combine": fuse_combine, "impl": impl, "_config": _config}
+               "fuse_combine": fuse_combine, "_config": _config}
     key = None
     if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
             t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
@@ -903,11 +841,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, scale
     if key is None:
         plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
     else:
-        # the split count the heuristic picks for these lengths completes the key (the plan is built with
-        # the caller's num_splits: it picks the same count, or the Gluon kernel where that applies)
-        splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot,
-                         _raw_scores(scale, facts[3]))[2]
-        plan = _PLAN_CACHE.plan(key, facts, splits, lambda: DecodePlan(
+        # the split count the heuristic picks for these lengths completes the key
+        options["num_splits"] = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, use_dot,
+                                        _raw_scores(scale, facts[3]))[2]
+        plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
             *tensors, max_seqlen=longest, check_seqlens=False, **options))
     return plan._launch(*tensors)
 

@@ -28,7 +28,6 @@ from typing import NamedTuple
 
 from attnscope.errors import InputError, choice, expect
 from attnscope.kernels._common import (
-    IMPLS,
     LOG2E,
     check_device,
     check_flags,
@@ -36,7 +35,6 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
-    hopper_possible,
     import_torch_triton,
     interpreting,
 )
@@ -105,7 +103,18 @@ HOPPER_VALIDATED: tuple = (
     (64, "float16", True, 4096, 8191, "hopper_pt_persist"),  # run 3: 4k 364.3/357.9; run 5: 378.2/360.7
     (64, "float16", True, 16384, None, "hopper_pt_wg3_pp"),  # run 3 (2026-12-01): 16k 430.5/385.1
 )
-_hopper_possible = hopper_possible  # one name here: tests pretend sm_90 through it
+IMPLS = ("auto", "portable", "hopper")
+
+
+def _hopper_possible(q) -> str | None:
+    """None when the Gluon Hopper kernel can run on ``q``'s device, else the reason it cannot."""
+    if interpreting() or q.device.type != "cuda":
+        return "it needs a CUDA sm_90 GPU (Gluon kernels do not run in the interpreter)"
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap != (9, 0):
+        return f"it needs sm_90 (Hopper), got sm_{cap[0]}{cap[1]}"
+    return None
+
 
 def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
     """The table's config for head dim ``d``, ``causal``, ``n = max(Nq, Nk)`` (interpreter: a small one)."""
