@@ -24,8 +24,10 @@ from decode import each_point, graph_of, inputs, ms, reference_error, write_rows
 
 
 @triton.jit
-def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr):
-    """Decode's loads without its arithmetic: program (head, split) sums its chunk of K and V."""
+def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr,
+             EV: tl.constexpr = ""):
+    """Decode's loads without its arithmetic: program (head, split) sums its chunk of K and V (``STAGES = 1``:
+    plain loads into registers, no cp.async; ``EV``: their eviction policy)."""
     head, split = tl.program_id(0), tl.program_id(1)
     per = tl.cdiv(tl.cdiv(L, BLOCK_N), num_splits) * BLOCK_N
     lo = split * per
@@ -34,8 +36,8 @@ def _kv_read(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, S
     base = head.to(tl.int64) * L * D
     acc = tl.zeros([BLOCK_N, D], tl.float32)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
-        acc += tl.load(K + base + start * D + offs).to(tl.float32)
-        acc += tl.load(V + base + start * D + offs).to(tl.float32)
+        acc += tl.load(K + base + start * D + offs, eviction_policy=EV).to(tl.float32)
+        acc += tl.load(V + base + start * D + offs, eviction_policy=EV).to(tl.float32)
     tl.store(OUT + head * num_splits + split, tl.sum(acc))
 
 

@@ -7,7 +7,7 @@ call, so a kernel starts with the L2 full of dirty lines that its own reads must
 DRAM, while it streams. Under ncu (whose cache control leaves a clean L2) the shipped kernel ran 466.9 us at
 B 16, Hkv 8, L 32k against cuDNN's 468.3 (bench/gpu/ncu_decode2.sh), while graph replays after the flush had
 it 1.2 % behind. This probe times CUDA-graph replays of the shipped plan, ``kv_read`` (its loads alone),
-``kv_ld`` (the same loads without cp.async: plain loads into registers, STAGES = 1, with and without
+``kv_ld`` (``kv_read`` with STAGES = 1: plain loads into registers, no cp.async, with and without
 ``evict_first``) and SDPA CUDNN under three L2 states, ``--reps`` events each, ``--rounds`` interleaved
 rounds, median:
 
@@ -23,30 +23,12 @@ plain loads changed nothing.
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from decode import each_point, graph_of  # noqa: E402
 from decode_fill import _kv_read, bench_parser, plan_graphs  # noqa: E402
-
-
-@triton.jit
-def _kv_ld(K, V, OUT, L, num_splits, BLOCK_N: tl.constexpr, D: tl.constexpr, EV: tl.constexpr):
-    """``kv_read`` with plain loads into registers (no cp.async), eviction policy ``EV``."""
-    head, split = tl.program_id(0), tl.program_id(1)
-    per = tl.cdiv(tl.cdiv(L, BLOCK_N), num_splits) * BLOCK_N
-    lo = split * per
-    hi = tl.minimum(lo + per, L)
-    offs = tl.arange(0, BLOCK_N)[:, None] * D + tl.arange(0, D)[None, :]
-    base = head.to(tl.int64) * L * D
-    acc = tl.zeros([BLOCK_N, D], tl.float32)
-    for start in tl.range(lo, hi, BLOCK_N, num_stages=1):
-        acc += tl.load(K + base + start * D + offs, eviction_policy=EV).to(tl.float32)
-        acc += tl.load(V + base + start * D + offs, eviction_policy=EV).to(tl.float32)
-    tl.store(OUT + head * num_splits + split, tl.sum(acc))
 
 
 def time_states(graphs, reps, rounds):
@@ -99,7 +81,8 @@ def main():
         assert abs(part.sum().item() - want) <= 1e-3 * abs(want) + 10, "kv_read mismatch"
         for ev in ("", "evict_first"):
             graphs[f"kv_ld{' ' + ev if ev else ''}"] = graph_of(
-                lambda ev=ev: _kv_ld[(B * Hkv, s)](k, v, part, L, s, BLOCK_N=128, D=128, EV=ev, num_warps=8))
+                lambda ev=ev: _kv_read[(B * Hkv, s)](k, v, part, L, s, BLOCK_N=128, D=128, STAGES=1, EV=ev,
+                                                     num_warps=8))
             assert abs(part.sum().item() - want) <= 1e-3 * abs(want) + 10, "kv_ld mismatch"
 
         def cudnn():

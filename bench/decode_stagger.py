@@ -46,6 +46,7 @@ from attnscope.kernels import decode as dec
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from decode import each_point, graph_of  # noqa: E402
 from decode_fill import bench_parser, check_beside, plan_graphs, time_point  # noqa: E402
+from decode_hopper import _layout  # noqa: E402
 
 #: query rows per program: wgmma's N (the kv head's G rows, then other heads' or TMA's zeros)
 BR = gl.constexpr(16)
@@ -146,10 +147,6 @@ def _decode_stagger_kernel(desc_q, desc_k, desc_v, O_PART, LSE_PART, O, LSE, n_k
         gl.store(LSE_PART + part, lse2, mask=ok)
     else:
         gl.store(O + rows[None, :] * D + offs_d[:, None], o.to(O.dtype.element_ty), mask=ok[None, :])
-
-
-def _layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
 def stagger_runner(q, k, v, splits, block_n, nk, nv):
