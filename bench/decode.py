@@ -47,6 +47,10 @@ from attnscope.kernels.decode import logical_bytes
 
 GRID = [(1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8), (64, 32, 32)]
 LENS = [4096, 32768, 131072]
+#: the 14 grid points the decode experiments time (B 64, Hkv 32 at 128k would need 137 GB of K and V)
+POINTS = [(B, Hq, Hkv, L) for B, Hq, Hkv in GRID for L in LENS if B * Hkv * L <= 64 * 32 * 32768]
+#: where the portable plan runs 128 programs on the H200's 132 SMs (B 1, Hkv 32 with 4 splits; B 16, Hkv 8)
+PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768)]
 QUICK = [(1, 32, 32, 4096), (1, 32, 8, 32768), (16, 32, 8, 32768), (64, 32, 8, 4096)]
 PAGES = (16, 64)
 D = 128

@@ -50,7 +50,7 @@ from attnscope.kernels import decode as dec
 from attnscope.kernels.fwd_hopper import wgmma_layout
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point, graph_of  # noqa: E402
+from decode import PARITY, each_point, graph_of  # noqa: E402
 from decode_fill import bench_parser, check_beside, print_ratios, time_beside_peers  # noqa: E402
 
 PRODUCER_REGS = gl.constexpr(24)
@@ -186,26 +186,35 @@ def launch(q, k, v, cache_seqlens, num_splits: int, qk_scale: float, o_part, lse
         HAS_SEQLENS=cache_seqlens is not None, SPLIT=split, WRITE_LSE=return_lse, num_warps=4)
 
 
-PARITY = [(1, 32, 32, 131072), (1, 32, 32, 32768), (16, 32, 8, 32768), (16, 32, 8, 131072)]
 SMALL = [(1, 32, 32, 4096), (1, 32, 8, 4096), (1, 32, 8, 32768), (64, 32, 8, 4096), (16, 32, 8, 4096),
          (1, 32, 8, 131072), (64, 32, 8, 32768)]
 CONFIGS = [(128, 3), (64, 6), (64, 4), (128, 2)]
 
 
-def gluon_runner(q, k, v, lens, splits, block_n, stages):
+def split_buffers(q, splits):
+    """(o, lse, o_part, lse_part, combine) for an experimental phase 1 with ``splits`` splits: the outputs,
+    the partials in the portable kernel's layout, and ``combine()``, its separate merge (nothing when 1)."""
     B, Hq, _, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(B * Hq, device=q.device, dtype=torch.float32)
     o_part = torch.empty(B * Hq, splits, d, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(B * Hq, splits, device=q.device, dtype=torch.float32)
-    qk_scale = d ** -0.5 * math.log2(math.e)
 
-    def run():
-        launch(q, k, v, lens, splits, qk_scale, o_part, lse_part, o, lse, block_n=block_n, stages=stages)
+    def combine():
         if splits > 1:
             dec._attnscope_decode_combine_kernel[(B * Hq,)](
                 o_part, lse_part, o, lse, splits, HEAD_DIM=d, BLOCK_S=min(16, triton.next_power_of_2(splits)),
                 EMULATE_BF16=False)
+    return o, lse, o_part, lse_part, combine
+
+
+def gluon_runner(q, k, v, lens, splits, block_n, stages):
+    o, lse, o_part, lse_part, combine = split_buffers(q, splits)
+    qk_scale = q.shape[-1] ** -0.5 * math.log2(math.e)
+
+    def run():
+        launch(q, k, v, lens, splits, qk_scale, o_part, lse_part, o, lse, block_n=block_n, stages=stages)
+        combine()
         return o
     return run
 

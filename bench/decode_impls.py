@@ -18,15 +18,10 @@ bench/decode.py).
 import sys
 
 import attnscope
-from attnscope.measure.bench import DECODE_GRID, DECODE_LS
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point  # noqa: E402
+from decode import PARITY, POINTS, each_point  # noqa: E402
 from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
-
-PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768)]
-ALL = [(b, hq, hkv, L) for b, hq, hkv in DECODE_GRID for L in DECODE_LS] + [(64, 32, 32, 4096),
-                                                                            (64, 32, 32, 32768)]
 
 
 def main():
@@ -54,7 +49,7 @@ def main():
             graphs["probe"] = graph_of(run)
         print(f"{point}: auto runs {plans['auto'].impl}", flush=True)
         return time_point(point, graphs, q, k, v, s, a.rounds, splits=s, auto=plans["auto"].impl)
-    each_point(PARITY if a.points == "parity" else ALL, measure, a.json)
+    each_point(PARITY if a.points == "parity" else POINTS, measure, a.json)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import triton.language as tl
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point, graph_of, reference_error  # noqa: E402
+from decode import PARITY, each_point, graph_of, reference_error  # noqa: E402
 from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
 
 
@@ -86,8 +86,7 @@ def kv_math_runner(q, k, v, splits):
     return run, result
 
 
-PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768),
-          (64, 32, 8, 32768)]
+POINTS = PARITY + [(64, 32, 8, 32768)]  # and a point with four waves of programs
 
 
 def main():
@@ -105,7 +104,7 @@ def main():
             sys.exit(f"{point} kv_math: MISMATCH {err:.2e} > {bound:.2e}")
         graphs["kv_math"] = graph_of(run)
         return time_point(point, graphs, q, k, v, s, a.rounds, splits=s)
-    each_point(PARITY, measure, a.json)
+    each_point(POINTS, measure, a.json)
 
 
 if __name__ == "__main__":

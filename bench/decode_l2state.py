@@ -27,7 +27,7 @@ import torch
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point, graph_of  # noqa: E402
+from decode import PARITY, each_point, graph_of  # noqa: E402
 from decode_fill import _kv_read, bench_parser, plan_graphs  # noqa: E402
 
 
@@ -58,8 +58,7 @@ def time_states(graphs, reps, rounds):
     return times
 
 
-PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768),
-          (64, 32, 8, 32768)]
+POINTS = PARITY + [(64, 32, 8, 32768)]  # and a point with four waves of programs
 
 
 def main():
@@ -96,7 +95,7 @@ def main():
             print(f"B{B} Hkv{Hkv} L{L} s{s} {st:5s} " + " | ".join(
                 f"{n} {nbytes / m / 1e9:.3f} ({med['cudnn'] / m:.3f}x)" for n, m in med.items()), flush=True)
         return {"point": list(point), "splits": s, "bytes": nbytes, "ms": times}
-    each_point(PARITY, measure, a.json)
+    each_point(POINTS, measure, a.json)
 
 
 if __name__ == "__main__":

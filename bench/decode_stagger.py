@@ -27,8 +27,6 @@ at B 64 128/1/1 lost (0.92-0.95: three 74 KiB programs share an SM). Not shipped
 import math
 import sys
 
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -41,12 +39,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 import attnscope
-from attnscope.kernels import decode as dec
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point, graph_of  # noqa: E402
+from decode import PARITY, POINTS, each_point, graph_of  # noqa: E402
 from decode_fill import bench_parser, check_beside, plan_graphs, time_point  # noqa: E402
-from decode_hopper import _layout  # noqa: E402
+from decode_hopper import _layout, split_buffers  # noqa: E402
 
 #: query rows per program: wgmma's N (the kv head's G rows, then other heads' or TMA's zeros)
 BR = gl.constexpr(16)
@@ -149,40 +146,38 @@ def _decode_stagger_kernel(desc_q, desc_k, desc_v, O_PART, LSE_PART, O, LSE, n_k
         gl.store(O + rows[None, :] * D + offs_d[:, None], o.to(O.dtype.element_ty), mask=ok[None, :])
 
 
+def tma_descriptors(q, k, v, block_n):
+    """TMA descriptors of q's rows ([B, Hq, d], blocks of `BR` heads) and of K / V ([B, Hkv, L, d], blocks of
+    ``block_n`` keys)."""
+    d = q.shape[-1]
+    q3 = q[:, :, 0, :]
+    block_q = [1, BR.value, d]
+    desc_q = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), block_q, _layout(block_q, q.dtype))
+    block = [1, 1, block_n, d]
+    dk, dv = (TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
+              for t in (k, v))
+    return desc_q, dk, dv
+
+
 def stagger_runner(q, k, v, splits, block_n, nk, nv):
     """A function running the kernel (and the combine when split) on q [B, Hq, 1, d], k/v [B, Hkv, L, d]."""
     B, Hq, _, d = q.shape
     Hkv, L = k.shape[1], k.shape[2]
-    o = torch.empty_like(q)
-    lse = torch.empty(B * Hq, device=q.device, dtype=torch.float32)
-    o_part = torch.empty(B * Hq, splits, d, device=q.device, dtype=torch.float32)
-    lse_part = torch.empty(B * Hq, splits, device=q.device, dtype=torch.float32)
+    o, lse, o_part, lse_part, combine = split_buffers(q, splits)
     qk_scale = d ** -0.5 * math.log2(math.e)
-    q3 = q[:, :, 0, :]
-    block_q = [1, BR.value, d]
-    desc_q = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), block_q, _layout(block_q, q.dtype))
-
-    def desc(t):
-        block = [1, 1, block_n, d]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
-    dk, dv = desc(k), desc(v)
+    desc_q, dk, dv = tma_descriptors(q, k, v, block_n)
     split = splits > 1
 
     def run():
         _decode_stagger_kernel[(B * Hkv, splits)](
             desc_q, dk, dv, o_part if split else o, lse_part if split else o, o, lse, Hkv, L, splits,
             qk_scale, GROUP=Hq // Hkv, NK=nk, NV=nv, SPLIT=split, num_warps=4)
-        if split:
-            dec._attnscope_decode_combine_kernel[(B * Hq,)](
-                o_part, lse_part, o, lse, splits, HEAD_DIM=d, BLOCK_S=min(16, triton.next_power_of_2(splits)),
-                EMULATE_BF16=False)
+        combine()
         return o
     return run
 
 
-PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768)]
-OTHERS = [(1, 32, 32, 4096), (1, 32, 8, 4096), (1, 32, 8, 32768), (1, 32, 8, 131072), (16, 32, 8, 4096),
-          (64, 32, 8, 4096), (64, 32, 8, 32768), (64, 32, 8, 131072), (64, 32, 32, 4096), (64, 32, 32, 32768)]
+OTHERS = [p for p in POINTS if p not in PARITY]
 #: (BN, NK, NV[, split multiple])
 CONFIGS = [(128, 1, 1), (128, 2, 1), (128, 2, 2), (128, 3, 3), (64, 2, 2), (64, 4, 4)]
 

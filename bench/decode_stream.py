@@ -33,14 +33,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 import attnscope
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point, graph_of, reference_error  # noqa: E402
+from decode import PARITY, POINTS, each_point, graph_of, reference_error  # noqa: E402
 from decode_fill import bench_parser, check_beside, plan_graphs, time_point  # noqa: E402
-from decode_stagger import BR, _layout, stagger_runner  # noqa: E402
+from decode_stagger import BR, stagger_runner, tma_descriptors  # noqa: E402
 
 
 @gluon.jit
@@ -161,12 +160,7 @@ def stream_runner(q, k, v, programs, nk, nv, block_n=128):
     o_part = torch.zeros(items * G, s_max, d, device=q.device, dtype=torch.float32)
     lse_part = torch.full((items * G, s_max), float("-inf"), device=q.device, dtype=torch.float32)
     qk_scale = d ** -0.5 * math.log2(math.e)
-    q3 = q[:, :, 0, :]
-    block_q = [1, BR.value, d]
-    desc_q = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), block_q, _layout(block_q, q.dtype))
-    block = [1, 1, block_n, d]
-    dk, dv = (TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
-              for t in (k, v))
+    desc_q, dk, dv = tma_descriptors(q, k, v, block_n)
 
     def run():
         _decode_stream_kernel[(P,)](desc_q, dk, dv, o_part, lse_part, Hkv, T, W, P, s_max, qk_scale, GROUP=G,
@@ -180,9 +174,7 @@ def stream_runner(q, k, v, programs, nk, nv, block_n=128):
     return run, merged, s_max, P
 
 
-PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768)]
-OTHERS = [(1, 32, 32, 4096), (1, 32, 8, 32768), (1, 32, 8, 131072), (16, 32, 8, 4096), (64, 32, 8, 4096),
-          (64, 32, 8, 32768), (64, 32, 8, 131072), (64, 32, 32, 4096), (64, 32, 32, 32768)]
+OTHERS = [p for p in POINTS if p not in PARITY]
 CONFIGS = [(132, 2, 2), (132, 1, 1), (264, 1, 1)]  # programs, NK, NV
 
 

@@ -19,15 +19,10 @@ checked against float64 (twice) before it is timed beside ``kv_read`` (the loads
 import sys
 
 import attnscope
-from attnscope.measure.bench import DECODE_GRID, DECODE_LS
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import each_point  # noqa: E402
+from decode import PARITY, POINTS, each_point  # noqa: E402
 from decode_fill import bench_parser, plan_graphs, time_point  # noqa: E402
-
-PARITY = [(1, 32, 32, 131072), (16, 32, 8, 32768), (16, 32, 8, 131072), (1, 32, 32, 32768)]
-ALL = [(b, hq, hkv, L) for b, hq, hkv in DECODE_GRID for L in DECODE_LS] + [(64, 32, 32, 4096),
-                                                                            (64, 32, 32, 32768)]
 
 
 def cfg(block_n, warps, stages, swap):
@@ -57,7 +52,7 @@ def main():
                  for name, c in VARIANTS.items()}
         graphs = plan_graphs(point, q, k, v, lens, plans, runs=2)
         return time_point(point, graphs, q, k, v, s, a.rounds, splits=s)
-    each_point(PARITY if a.points == "parity" else ALL, measure, a.json)
+    each_point(PARITY if a.points == "parity" else POINTS, measure, a.json)
 
 
 if __name__ == "__main__":
