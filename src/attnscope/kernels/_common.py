@@ -74,10 +74,11 @@ class Mods(NamedTuple):
 
 
 def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device) -> Mods:
-    """Validate the score mods (the one contract of every kernel: DESIGN.md, `model.tiles.normalize_window`):
-    ``window`` None or (left, right) ints >= -1 (causal forces right = 0, and a causal call's left = -1 window
-    is plain causal: ``windowed`` False); ``softcap`` a finite real >= 0 (0 = off); ``sinks`` None or a float32
-    tensor [Hq] on ``device``. Returns `Mods`; raises `InputError` naming the argument."""
+    """Validate the score mods (the one contract of every kernel: DESIGN.md,
+    `model.tiles.normalize_window`): ``window`` None or (left, right) ints >= -1 (causal forces right = 0,
+    and a causal call with left = -1 is plain causal: ``windowed`` False); ``softcap`` a finite real >= 0
+    (0 = off); ``sinks`` None or a float32 tensor [Hq] on ``device``. Returns `Mods`; raises `InputError`
+    naming the argument."""
     left, right = normalize_window(causal, window)
     if causal and left < 0:
         right = -1  # plain causal: the kernels' CAUSAL path, no window arithmetic
