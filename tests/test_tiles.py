@@ -80,15 +80,25 @@ def test_unmasked_loads_everything_masks_nothing():
 
 
 # --- properties against a dense causal mask ---------------------------------------------------------
+windows = st.one_of(st.none(), st.tuples(st.integers(-1, 50), st.integers(-1, 50)),
+                    st.tuples(st.integers(-1, 3), st.integers(-1, 3)))
 grids = st.builds(
-    lambda nq, nk, bq, bkv, causal: Grid(nq, nk, bq, bkv, causal=causal),
-    st.integers(1, 97), st.integers(1, 97), st.integers(1, 40), st.integers(1, 40), st.booleans())
+    lambda nq, nk, bq, bkv, causal, window: Grid(nq, nk, bq, bkv, causal=causal, window=window),
+    st.integers(1, 97), st.integers(1, 97), st.integers(1, 40), st.integers(1, 40), st.booleans(), windows)
 
 
 def _dense(g: Grid) -> np.ndarray:
+    """The visibility rule written out here (mods contract), not taken from tiles.py."""
     r = np.arange(1, g.nq + 1)[:, None]
     c = np.arange(1, g.nk + 1)[None, :]
-    return (c <= r + (g.nk - g.nq)) if g.causal else np.ones((g.nq, g.nk), bool)
+    left, right = (-1, -1) if g.window is None else g.window
+    right = 0 if g.causal else right
+    keep = np.ones((g.nq, g.nk), bool)
+    if left >= 0:
+        keep &= c >= r + (g.nk - g.nq) - left
+    if right >= 0:
+        keep &= c <= r + (g.nk - g.nq) + right
+    return keep
 
 
 @settings(max_examples=150, deadline=None)
@@ -100,7 +110,14 @@ def test_partition_of_kv_tiles(g):
         assert sorted(s.loaded + s.skipped) == every
         assert sorted(s.full + s.masked) == s.loaded
         assert not set(s.full) & set(s.masked)
-        assert s.full == s.loaded[: len(s.full)]  # full tiles precede masked ones
+        assert s.left_masked + s.full + s.right_masked == s.loaded  # in this order
+        assert s.masked == s.left_masked + s.right_masked
+        if g.bounds[0] < 0:  # no left bound: full tiles first, as kv_bounds says
+            assert s.full == s.loaded[: len(s.full)] and s.loaded == list(range(1, len(s.loaded) + 1))
+            assert g.kv_bounds(i) == (len(s.full), len(s.loaded))
+        else:
+            with pytest.raises(NotImplementedError, match="kv_bounds: supported without a left window"):
+                g.kv_bounds(i)
 
 
 @settings(max_examples=150, deadline=None)
@@ -124,18 +141,43 @@ def test_closed_form_agrees_with_brute_force(g):
                 assert j in s.masked, (i, j)
                 rows_read += c1 - c0 + 1
                 rc = s.row_classes[j]
+                left, right = g.bounds
                 for r in range(r0, r1 + 1):
                     n = int(allowed[r - 1, c0 - 1:c1].sum())
-                    kind = "masked" if n == 0 else "permitted" if n == c1 - c0 + 1 else "triangular"
+                    hi_r = r + g.nk - g.nq + right if right >= 0 else g.nk + c1  # the row's window edges
+                    kind = ("permitted" if n == c1 - c0 + 1 else
+                            ("masked" if hi_r < c0 else "left_masked") if n == 0 else
+                            "triangular" if hi_r < c1 else "left_edge")
                     span = rc[kind]
                     assert span is not None and span[0] <= r <= span[1], (i, j, r, kind, rc)
+                    assert sum(x is not None and x[0] <= r <= x[1] for x in rc.values()) == 1, (r, rc)
+                assert set(rc) == ({"masked", "triangular", "permitted"}
+                                   | ({"left_edge", "left_masked"} if left >= 0 else set()))
         assert g.kv_rows_loaded(i) == rows_read
+
+
+@settings(max_examples=150, deadline=None)
+@given(grids)
+def test_window_kv_bounds0_is_kv_tiles_in_keys(g):
+    """The kernels' 0-based element bounds (`window_kv_bounds0`) and Grid's 1-based tiles are one answer."""
+    bc = g.block_kv
+    for i in range(1, g.n_q_tiles + 1):
+        r0, r1 = g.rows(i)
+        lo, full_lo, full_hi, hi = window_kv_bounds0(r0 - 1, r1 - r0 + 1, g.nq, g.nk, bc, g.causal, g.window)
+        s = g.schedule(i)
+        keys = lambda tiles: (min((t - 1) * bc for t in tiles), min(max(tiles) * bc, g.nk))  # noqa: E731
+        assert (lo, hi) == (keys(s.loaded) if s.loaded else (0, 0))
+        if s.full:
+            assert (full_lo, full_hi) == keys(s.full)
+            assert s.left_masked == [t for t in s.loaded if (t - 1) * bc < full_lo]
+        else:
+            assert full_lo == full_hi == hi and s.masked == s.left_masked
 
 
 @settings(max_examples=100, deadline=None)
 @given(grids)
 def test_zero_based_twin_matches(g):
-    if not g.causal:
+    if not g.causal or g.window is not None:
         return
     for i in range(1, g.n_q_tiles + 1):
         n_full, n_loaded = g.kv_bounds(i)
@@ -188,7 +230,52 @@ def test_kv_rows_total_is_constant_time():
     t0 = time.perf_counter()
     g = Grid(10**18, 10**18 + 12345, 128, 1, causal=True)
     g.kv_rows_total()
+    for w in ((4096, 0), (10**15, 17), (-1, 10**9), (3, -1)):
+        Grid(10**18, 10**18 - 999, 128, 1, causal=False, window=w).kv_rows_total()
     assert time.perf_counter() - t0 < 0.05
+
+
+def _brute_pairs(g: Grid) -> tuple[int, int]:
+    """The loaded (query tile, KV tile) pairs from the dense mask: a tile is loaded iff some row of the query
+    tile sees a key in it; and the query tiles that load the last KV tile."""
+    allowed = _dense(g)
+    pairs = last = 0
+    for i in range(1, g.n_q_tiles + 1):
+        r0, r1 = g.rows(i)
+        for j in range(1, g.n_kv_tiles + 1):
+            c0, c1 = g.cols(j)
+            if allowed[r0 - 1:r1, c0 - 1:c1].any():
+                pairs += 1
+                last += j == g.n_kv_tiles
+    return pairs, last
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loaded_pairs_closed_form_equals_brute_force_with_windows(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(250):
+        nq, nk, bq, bk = (int(x) for x in rng.integers(1, [160, 160, 33, 33]))
+        side = lambda: int(rng.choice([-1, 0, 1, int(rng.integers(0, 200))]))  # noqa: E731
+        g = Grid(nq, nk, bq, bk, causal=bool(rng.random() < 0.5), window=(side(), side()))
+        assert g.loaded_pairs() == _brute_pairs(g), (nq, nk, bq, bk, g.causal, g.window)
+        assert g.kv_rows_total() == sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1))
+
+
+def test_window_grid_worked_example():
+    """N = 4,096, B_r = 128, B_c = 64, causal (forces right = 0), left = 1,024: query tile 20 (rows
+    2,433..2,560) loads keys 1,409..2,560 -> KV tiles 23..40; every row sees keys 1,536..2,433, which
+    hold tiles 25 (1,537..1,600) .. 38 (2,369..2,432) whole; 23, 24 straddle the left edge, 39, 40 the
+    diagonal."""
+    g = Grid(4096, 4096, 128, 64, causal=True, window=(1024, 5))
+    t = g.kv_tiles(20)
+    assert t == (23, 25, 38, 40) and g.schedule(20).left_masked == [23, 24]
+    assert g.schedule(20).right_masked == [39, 40] and g.kv_rows_loaded(20) == 18 * 64
+    assert g.window == (1024, 5) and g.bounds == (1024, 0)
+
+
+def test_grid_rejects_a_bad_window():
+    with pytest.raises(InputError, match="window: expected None or a pair"):
+        Grid(16, 16, window=(-2, 0))
 
 
 @pytest.mark.parametrize("num_m", list(range(1, 40)) + [213, 214])

@@ -20,11 +20,18 @@ For a query tile the KV tiles partition into ``full`` (loaded, no mask arithmeti
 straddling the diagonal) and ``skipped`` (never loaded); ``loaded = full + masked`` and ``full`` always
 precede ``masked``. Unmasked attention loads every tile and masks none (the ragged last tile needs only
 a bounds check, which is not a causal mask).
+
+A sliding window (``window=(left, right)``, flash-attn's ``window_size``, `normalize_window`) bounds the
+keys of row ``r`` to ``[r + off - left, r + off + right]``. A query tile then loads a band of KV tiles:
+``left-masked`` (straddling the window's left edge), ``full``, ``right-masked`` (the diagonal), in that
+order, and skips the tiles on both sides (`Grid.kv_tiles`). The grid visits O(N W / (B_r B_c)) tile
+pairs instead of causal's O(N^2 / (2 B_r B_c)); the totals stay closed forms (`Grid.loaded_pairs`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from attnscope.errors import InputError, positive_int, short
 
@@ -51,23 +58,37 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ``a`` and positive ``b``."""
+    """Ceiling division for any integer ``a`` and positive ``b``."""
     return -(-a // b)
 
 
 @dataclass(frozen=True)
 class Grid:
-    """A tiling of an ``Nq x Nk`` score matrix into ``block_q x block_kv`` tiles."""
+    """A tiling of an ``Nq x Nk`` score matrix into ``block_q x block_kv`` tiles, under ``causal`` and a
+    sliding ``window`` (``(left, right)`` or None, `normalize_window`; causal forces ``right = 0``)."""
 
     nq: int
     nk: int
     block_q: int = 128
     block_kv: int = 64
     causal: bool = False
+    window: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("nq", "nk", "block_q", "block_kv"):
             positive_int(name, getattr(self, name))
+        if self.window is not None:
+            object.__setattr__(self, "window", normalize_window(False, self.window))
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """The effective ``(left, right)`` window (-1 = unbounded), causal folded in as ``right = 0``."""
+        return normalize_window(self.causal, self.window)
+
+    @property
+    def masking(self) -> bool:
+        """Does any row see fewer than all keys (a bounded side: causal or a window)?"""
+        return self.bounds != (-1, -1)
 
     @property
     def n_q_tiles(self) -> int:
@@ -97,106 +118,168 @@ class Grid:
             raise InputError(f"kv_tile: expected an integer in 1..{self.n_kv_tiles}, got {short(j)}")
         return (self.block_kv * (j - 1) + 1, min(self.block_kv * j, self.nk))
 
+    def kv_tiles(self, i: int) -> KvTiles:
+        """The KV tiles query tile ``i`` (1-based) loads, as 1-based inclusive tile numbers: the closed form
+        `window_kv_bounds0` (the one the kernels recompute) in tile units. Every tile outside
+        ``first..last`` is skipped; ``first..full_first-1`` are left-masked, ``full_first..full_last`` need
+        no mask, ``full_last+1..last`` are right-masked. No tile wholly visible: ``full_first = last + 1``
+        and ``full_last = last`` (all loaded tiles left-masked, as `window_kv_bounds0`); nothing visible:
+        ``(1, 1, 0, 0)``."""
+        r0, r1 = self.rows(i)
+        bc = self.block_kv
+        lo, full_lo, full_hi, hi = window_kv_bounds0(r0 - 1, r1 - r0 + 1, self.nq, self.nk, bc, self.causal,
+                                                     self.window)
+        if lo == hi:
+            return KvTiles(1, 1, 0, 0)
+        return KvTiles(lo // bc + 1, cdiv(full_lo, bc) + 1, cdiv(full_hi, bc), cdiv(hi, bc))
+
     def kv_bounds(self, i: int) -> tuple[int, int]:
         """``(n_full, n_loaded)`` for query tile ``i`` (1-based): KV tiles ``1..n_full`` are loaded without
         mask arithmetic, ``n_full+1..n_loaded`` loaded and masked, ``n_loaded+1..T_c`` skipped.
 
-        Tile j is loaded iff its first column is permitted for the tile's last row, so ``n_loaded =
-        clamp(ceil((r_last + off) / B_c), 0, T_c)``; it needs no mask iff its last column is permitted for
-        the first row, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)`` (all when
-        ``r_first + off >= Nk``).
+        Causal: tile j is loaded iff its first column is permitted for the tile's last row, so
+        ``n_loaded = clamp(ceil((r_last + off) / B_c), 0, T_c)``; it needs no mask iff its last column is
+        permitted for the first row, so ``n_full = clamp(floor((r_first + off) / B_c), 0, T_c)`` (all when
+        ``r_first + off >= Nk``). A window with a bounded left side skips leading tiles, which this pair
+        cannot say: use `kv_tiles` (NotImplementedError here).
         """
-        r0, r1 = self.rows(i)
-        if not self.causal:
-            return (self.n_kv_tiles, self.n_kv_tiles)
-        off = self.offset
-        n_loaded = min(max(cdiv(r1 + off, self.block_kv), 0), self.n_kv_tiles) if r1 + off > 0 else 0
-        n_full = self.n_kv_tiles if r0 + off >= self.nk else min(max((r0 + off) // self.block_kv, 0),
-                                                                 self.n_kv_tiles)
-        return (n_full, n_loaded)
+        t = self.kv_tiles(i)
+        if self.bounds[0] >= 0:
+            raise NotImplementedError("kv_bounds: supported without a left window bound (tiles 1..n_loaded); "
+                                      f"window {self.window} skips leading tiles: use kv_tiles(i)")
+        return (max(0, t.full_last - t.full_first + 1), t.last)
 
     def schedule(self, i: int) -> TileSchedule:
         """The schedule of query tile ``i`` (1-based) as explicit lists, up to `MAX_LISTED` KV tiles
-        (`kv_bounds(i)` gives the same as two integers at any size)."""
-        n_full, n_loaded = self.kv_bounds(i)
-        if self.n_kv_tiles > MAX_LISTED or n_loaded - n_full > MAX_LISTED // 64:
+        (`kv_tiles(i)` gives the same as four integers at any size)."""
+        t = self.kv_tiles(i)
+        n_masked = max(0, t.full_first - t.first) + max(0, t.last - t.full_last)
+        if self.n_kv_tiles > MAX_LISTED or n_masked > MAX_LISTED // 64:
             raise InputError(f"block_kv: expected at most {MAX_LISTED:,} KV tiles (and {MAX_LISTED // 64:,} "
-                             f"masked) for explicit tile lists, got {self.n_kv_tiles:,}; use kv_bounds(i)")
-        masked = list(range(n_full + 1, n_loaded + 1))
+                             f"masked) for explicit tile lists, got {self.n_kv_tiles:,}; use kv_tiles(i)")
+        left = list(range(t.first, t.full_first))
+        right = list(range(max(t.full_last, t.full_first - 1) + 1, t.last + 1))
         return TileSchedule(
             query_tile=i,
             rows=self.rows(i),
-            loaded=list(range(1, n_loaded + 1)),
-            skipped=list(range(n_loaded + 1, self.n_kv_tiles + 1)),
-            full=list(range(1, n_full + 1)),
-            masked=masked,
-            row_classes={j: self.row_classes(i, j) for j in masked},
+            loaded=list(range(t.first, t.last + 1)),
+            skipped=list(range(1, t.first)) + list(range(max(t.last, t.first - 1) + 1, self.n_kv_tiles + 1)),
+            full=list(range(t.full_first, t.full_last + 1)),
+            masked=left + right,
+            row_classes={j: self.row_classes(i, j) for j in left + right},
+            left_masked=left,
+            right_masked=right,
         )
 
     def row_classes(self, i: int, j: int) -> dict[str, tuple[int, int] | None]:
-        """For KV tile ``j`` seen from query tile ``i``: which rows see it fully masked, triangular
-        (partly permitted), or fully permitted. Each value is an inclusive 1-based row range or None.
+        """For KV tile ``j`` seen from query tile ``i``: which rows see it how, each an inclusive 1-based
+        row range or None, contiguous and in this order as r grows (row r sees columns
+        ``[r + off - left, r + off + right]``, tile j columns ``c0..c1``):
 
-        Row r sees tile j (columns c0..c1) fully masked iff ``c0 > r + off``, fully permitted iff
-        ``c1 <= r + off``, triangular otherwise; the three ranges are contiguous and in that order.
+        - ``masked``: ``r + off + right < c0``, the tile is wholly in the future;
+        - ``triangular``: ``c0 <= r + off + right < c1``, the window's right edge (the diagonal) cuts it;
+        - ``permitted``: ``r + off + right >= c1`` and ``r + off - left <= c0``, wholly visible;
+
+        and with a bounded left side two more keys: ``left_edge`` (``c0 < r + off - left <= c1``, the left
+        edge cuts it, the right does not) and ``left_masked`` (``r + off - left > c1``, wholly too old).
         """
         r0, r1 = self.rows(i)
         c0, c1 = self.cols(j)
-        off = self.offset if self.causal else None
+        left, right = self.bounds
+        off = self.offset
 
         def clamp(lo: int, hi: int) -> tuple[int, int] | None:
             lo, hi = max(lo, r0), min(hi, r1)
             return (lo, hi) if lo <= hi else None
 
-        if off is None:
-            return {"masked": None, "triangular": None, "permitted": (r0, r1)}
-        # masked: r + off < c0  <=>  r <= c0 - off - 1;  permitted: r >= c1 - off
-        return {
-            "masked": clamp(r0, c0 - off - 1),
-            "triangular": clamp(c0 - off, c1 - off - 1),
-            "permitted": clamp(c1 - off, r1),
-        }
+        if right < 0:  # r + off + right = +inf: the right edge never cuts
+            classes = {"masked": None, "triangular": None, "permitted": (r0, r1)}
+        else:  # masked: r <= c0 - off - right - 1; triangular: up to r <= c1 - off - right - 1
+            classes = {"masked": clamp(r0, c0 - off - right - 1),
+                       "triangular": clamp(c0 - off - right, c1 - off - right - 1),
+                       "permitted": clamp(c1 - off - right, r1)}
+        if left < 0:
+            return classes
+        # the left edge r + off - left passes c0 at r = c0 - off + left and c1 at r = c1 - off + left
+        right_ok = r0 if right < 0 else c1 - off - right  # first row the right edge clears the tile
+        if classes["permitted"] is not None:
+            classes["permitted"] = clamp(classes["permitted"][0], c0 - off + left)
+        return classes | {"left_edge": clamp(max(right_ok, c0 - off + left + 1), c1 - off + left),
+                          "left_masked": clamp(max(right_ok, c1 - off + left + 1), r1)}
 
     def kv_rows_loaded(self, i: int) -> int:
         """Number of K rows (= V rows) query tile ``i`` reads: the sum of the loaded tiles' widths."""
-        _, n_loaded = self.kv_bounds(i)
-        return min(n_loaded * self.block_kv, self.nk)
+        t = self.kv_tiles(i)
+        return max(0, min(t.last * self.block_kv, self.nk) - (t.first - 1) * self.block_kv)
 
     def loaded_pairs(self) -> tuple[int, int]:
-        """``(pairs, full)``: the (query tile, KV tile) pairs the grid loads (the sum of `kv_bounds`'s
-        ``n_loaded``) and how many query tiles load every KV tile, in closed form: causal, the tiles before
-        the last split into runs loading none, ``ceil((B_r i + off) / B_c)`` (a `floor_sum`), and all T_c.
+        """``(pairs, last)``: the (query tile, KV tile) pairs the grid loads (the sum over query tiles of
+        `kv_tiles`' ``last - first + 1``) and how many query tiles load the last KV tile (unmasked or
+        causal: those loading every tile), in closed form (module docstring).
+
+        Query tile t (0-based) below the last has rows ``B_r t .. B_r t + B_r - 1``; its first loaded key
+        ``F(t) = clamp(B_r t + off - left, 0, Nk - 1)`` and last ``L(t) = clamp(B_r t + B_r - 1 + off + right,
+        0, Nk - 1)`` are affine in t, clamped, and it loads ``floor(L / B_c) - floor(F / B_c) + 1`` tiles
+        when it sees a key (t in one interval): each sum is clamped runs plus one `floor_sum`. The ragged
+        last query tile is counted directly.
         """
-        tr, tc, bq, bc, off = self.n_q_tiles, self.n_kv_tiles, self.block_q, self.block_kv, self.offset
-        if not self.causal:
-            return tr * tc, tr
-        last = self.kv_bounds(tr)[1]
-        pairs, full = last, int(last == tc)
-        m = tr - 1  # tiles 1..m have r_last = B_r * i (none when T_r = 1: both ranges below are empty)
-        i0 = max(1, -off // bq + 1)  # first i with B_r i + off > 0
-        i1 = max(i0, (bc * (tc - 1) - off) // bq + 1)  # first i loading every KV tile
-        lo, hi = i0, min(i1 - 1, m)
-        if hi >= lo:  # ceil(x / B_c) = floor((x + B_c - 1) / B_c), i = lo + t
-            pairs += floor_sum(hi - lo + 1, bc, bq, bq * lo + off + bc - 1)
-        if m >= i1:
-            pairs += (m - i1 + 1) * tc
-            full += m - i1 + 1
-        return pairs, full
+        tr, tc, bq, bc, nk = self.n_q_tiles, self.n_kv_tiles, self.block_q, self.block_kv, self.nk
+        left, right = self.bounds
+        off = self.offset
+        t = self.kv_tiles(tr)
+        pairs, last = max(0, t.last - t.first + 1), int(t.last == tc)
+        t0 = 0 if right < 0 else max(0, cdiv(-(bq - 1 + off + right), bq))  # L(t) >= 0 from here
+        t1 = tr - 2 if left < 0 else min(tr - 2, (nk - 1 - off + left) // bq)  # F(t) <= Nk - 1 up to here
+        if t1 < t0:
+            return pairs, last
+        n = t1 - t0 + 1
+        hi_sum = n * ((nk - 1) // bc) if right < 0 else \
+            _sum_floor_clamped(t0, t1, bq, bq - 1 + off + right, nk - 1, bc)
+        lo_sum = 0 if left < 0 else _sum_floor_clamped(t0, t1, bq, off - left, nk - 1, bc)
+        pairs += hi_sum - lo_sum + n
+        first_last = t0 if right < 0 else max(t0, cdiv(bc * (tc - 1) - (bq - 1 + off + right), bq))
+        last += max(0, t1 - first_last + 1)
+        return pairs, last
 
     def kv_rows_total(self) -> int:
         """K rows (= V rows) streamed by the whole grid: the sum of `kv_rows_loaded(i)` over the query
-        tiles. Every loaded tile is B_c rows but the ragged last one, which the ``full`` tiles load."""
-        pairs, full = self.loaded_pairs()
-        return self.block_kv * pairs - (self.block_kv * self.n_kv_tiles - self.nk) * full
+        tiles. Every loaded tile is B_c rows but the ragged last one (`loaded_pairs`' second count)."""
+        pairs, last = self.loaded_pairs()
+        return self.block_kv * pairs - (self.block_kv * self.n_kv_tiles - self.nk) * last
 
     def permitted(self, r: int, c: int) -> bool:
         """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""
-        return (not self.causal) or c <= r + self.offset
+        left, right = self.bounds
+        return (left < 0 or c >= r + self.offset - left) and (right < 0 or c <= r + self.offset + right)
+
+
+def _sum_floor_clamped(t0: int, t1: int, a: int, c: int, hi: int, m: int) -> int:
+    """sum_{t=t0}^{t1} floor(clamp(a t + c, 0, hi) / m) for a > 0, hi >= 0, m > 0, in O(log m): the runs
+    clamped at 0 and at ``hi`` are constants, the rest one `floor_sum`."""
+    if t1 < t0:
+        return 0
+    p = min(t1, (0 - c) // a)  # t <= p: a t + c <= 0
+    q = max(t0, cdiv(hi - c, a))  # t >= q: a t + c >= hi (cdiv is a ceiling for any sign)
+    total = max(0, t1 - q + 1) * (hi // m)
+    s, e = max(t0, p + 1), min(t1, q - 1)
+    if e >= s:
+        total += floor_sum(e - s + 1, m, a, a * s + c)
+    return total
+
+
+class KvTiles(NamedTuple):
+    """`Grid.kv_tiles`: 1-based inclusive KV tile numbers of one query tile."""
+
+    first: int
+    full_first: int
+    full_last: int
+    last: int
 
 
 @dataclass(frozen=True)
 class TileSchedule:
-    """What one query tile does. All indices 1-based; ``rows`` inclusive."""
+    """What one query tile does. All indices 1-based; ``rows`` inclusive. ``loaded`` = ``left_masked`` +
+    ``full`` + ``right_masked`` in order; ``masked`` = ``left_masked`` + ``right_masked``."""
 
     query_tile: int
     rows: tuple[int, int]
@@ -205,6 +288,8 @@ class TileSchedule:
     full: list[int]
     masked: list[int]
     row_classes: dict[int, dict[str, tuple[int, int] | None]]
+    left_masked: list[int]
+    right_masked: list[int]
 
     def to_json(self) -> dict:
         classes = {str(j): {k: list(v) if v else None for k, v in rc.items()}
