@@ -22,7 +22,7 @@ def by_number(results):
 @pytest.mark.parametrize("seed", [0, 7])
 def test_reference_checks_pass(seed):
     res = checks.reference_checks(seed)
-    assert [r.name[0] for r in res] == list("1234567")
+    assert [r.name.split()[0] for r in res] == [str(n) for n in range(1, 11)]
     assert all(r.passed is True for r in res), [(r.name, r.detail) for r in res]
     for r in res:
         assert r.error is not None and r.tolerance is not None
@@ -31,12 +31,52 @@ def test_reference_checks_pass(seed):
 
 
 def test_omitted_mask_fails_check_1_and_is_detected_by_check_3(monkeypatch):
-    monkeypatch.setattr(R, "_mask_tile", lambda s, row0, col0, offset: s)
+    monkeypatch.setattr(R, "_mask_tile", lambda s, row0, col0, offset, bounds=None: s)
     res = by_number(checks.reference_checks(0))
     assert res["1"].passed is False and res["1"].error > 1e-3 and "causal" in res["1"].detail
     assert res["2"].passed is False
     assert res["3"].passed is True and "detected" in res["3"].detail
     assert res["5"].passed is True  # FA-1 and FA-2 agree with each other, both wrong
+
+
+def test_causal_only_mask_fails_check_8(monkeypatch):
+    """A mask that keeps only the causal (right) edge lets rows see keys left of their window."""
+    mask = R._mask_tile
+    monkeypatch.setattr(R, "_mask_tile", lambda s, row0, col0, offset, bounds=(-1, 0):
+                        mask(s, row0, col0, offset, (-1, max(bounds[1], -1))))
+    r = checks.check_window_schedule(np.random.default_rng(0))
+    assert r.passed is False and r.error > 1e-3 and "window" in r.detail
+
+
+def test_loading_skipped_tiles_fails_check_8(monkeypatch):
+    """A schedule that starts every query tile at KV tile 1 (no left skip) gives the right numbers, but
+    visits tiles with no visible key: check 8 counts the tiles each row visits."""
+    from attnscope.model import tiles
+
+    kv_tiles = tiles.Grid.kv_tiles
+    monkeypatch.setattr(tiles.Grid, "kv_tiles", lambda g, i: kv_tiles(g, i)._replace(first=1))
+    r = checks.check_window_schedule(np.random.default_rng(0))
+    assert r.passed is False and r.error < checks.REL_TOL and "visited" in r.detail
+
+
+def test_dropped_softcap_or_sinks_fail_check_9(monkeypatch):
+    tiled = R.tiled_attention
+    monkeypatch.setattr(R, "tiled_attention", lambda *a, softcap=0.0, **kw: tiled(*a, **kw))
+    r = checks.check_softcap_sinks(np.random.default_rng(0))
+    assert r.passed is False and r.error > 1e-3 and "softcap=" in r.detail
+    monkeypatch.setattr(R, "tiled_attention", lambda *a, sinks=None, **kw: tiled(*a, **kw))
+    assert checks.check_softcap_sinks(np.random.default_rng(0)).passed is False
+
+
+def test_sinks_merged_per_split_fail_check_10(monkeypatch):
+    combine = R.combine
+
+    def per_split(parts, sinks=None):  # the bug: the sink joins every split's denominator
+        return combine([combine([p], sinks=sinks) for p in parts])
+
+    monkeypatch.setattr(R, "combine", per_split)
+    r = checks.check_combine_sinks(np.random.default_rng(0))
+    assert r.passed is False and r.error > 1e-3
 
 
 def test_check_3_fails_when_the_difference_is_not_there(monkeypatch):

@@ -145,23 +145,23 @@ def test_verify_reference_checks_pass(capsys):
     rc, out, _ = run(capsys, "verify", "--kernels", "off")
     assert rc == 0
     lines = out.splitlines()
-    for n in "1234567":
+    for n in range(1, 11):
         assert any(re.match(rf"PASS  {n} ", line) for line in lines), n
     assert any(line.startswith("SKIP  kernels") and "--kernels off" in line for line in lines)
     assert re.search(r"\d\.\d\de[-+]\d\d < 1e-12", out)  # the measured error is printed
-    assert lines[-1] == "7 passed, 0 failed, 1 not run (seed 0)"
+    assert lines[-1] == "10 passed, 0 failed, 1 not run (seed 0)"
 
 
 def test_verify_json(capsys):
     rc, out, _ = run(capsys, "verify", "--kernels", "off", "--seed", "5", "--json")
     doc = json.loads(out)
     assert rc == 0 and doc["passed"] is True and doc["seed"] == 5
-    assert [c["status"] for c in doc["checks"]] == ["PASS"] * 7 + ["SKIP"]
+    assert [c["status"] for c in doc["checks"]] == ["PASS"] * 10 + ["SKIP"]
     assert all(c["error"] is not None for c in doc["checks"][:6])
 
 
 def test_verify_fails_with_exit_1_when_the_mask_is_omitted(capsys, monkeypatch):
-    monkeypatch.setattr(R, "_mask_tile", lambda s, row0, col0, offset: s)
+    monkeypatch.setattr(R, "_mask_tile", lambda s, row0, col0, offset, bounds=None: s)
     rc, out, _ = run(capsys, "verify", "--kernels", "off")
     assert rc == 1
     assert re.search(r"^FAIL  1 tiled = naive", out, re.M)

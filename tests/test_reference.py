@@ -365,3 +365,52 @@ def test_combine_merges_a_sink_once():
     o_ref, lse_ref = R.naive_attention(q, k, v, sinks=sinks, return_lse=True)
     np.testing.assert_allclose(o, o_ref, atol=1e-13)
     np.testing.assert_allclose(lse, lse_ref, atol=1e-13)
+
+
+# --- the tiled forward under the mods -------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(nq=st.integers(1, 40), nk=st.integers(1, 40), block_q=st.integers(1, 12), block_kv=st.integers(1, 12),
+       causal=st.booleans(), left=st.integers(-1, 45), right=st.integers(-1, 45),
+       softcap=st.sampled_from([0.0, 0.5, 20.0]), sinks=st.booleans(), normalized=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_tiled_with_mods_equals_naive_property(nq, nk, block_q, block_kv, causal, left, right, softcap,
+                                               sinks, normalized, seed):
+    rng = np.random.default_rng(seed)
+    q, k = 3 * rng.standard_normal((2, nq, 8)), rng.standard_normal((2, nk, 8))
+    v = rng.standard_normal((2, nk, 4))
+    mods = dict(window=(left, right), softcap=softcap, sinks=rng.uniform(-20, 20, 2) if sinks else None)
+    o_ref, lse_ref = R.naive_attention(q, k, v, causal, return_lse=True, **mods)
+    o, lse = R.tiled_attention(q, k, v, causal, block_q=block_q, block_kv=block_kv, normalized=normalized,
+                               **mods)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    assert np.allclose(o, o_ref, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref))
+    fin = np.isfinite(lse_ref)
+    assert np.allclose(lse[fin], lse_ref[fin], rtol=1e-12, atol=1e-12)
+
+
+def test_tiled_window_row_with_no_key_is_zero_and_its_sink():
+    """Window (0, 0) with Nq > Nk: the first Nq - Nk rows see no key: output 0, LSE = -inf, or the sink."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 9, 4)), rng.standard_normal((2, 4, 4)), rng.standard_normal((2, 4, 4))
+    o, lse = R.tiled_attention(q, k, v, block_q=4, block_kv=2, window=(0, 0))
+    assert not np.any(o[:, :5]) and np.all(np.isneginf(lse[:, :5])) and np.all(np.isfinite(lse[:, 5:]))
+    sinks = np.array([-40.0, 7.0])
+    o, lse = R.tiled_attention(q, k, v, block_q=4, block_kv=2, window=(0, 0), sinks=sinks)
+    assert not np.any(o[:, :5]) and np.array_equal(lse[:, :5], np.repeat(sinks[:, None], 5, axis=1))
+    # window (0, 0) elsewhere: each row sees its diagonal key alone, with the sink beside it
+    s = np.einsum("hd,hd->h", q[:, 8], k[:, 3]) / 2
+    assert np.allclose(lse[:, 8], np.logaddexp(s, sinks))
+    assert np.allclose(o[:, 8], v[:, 3] / (1 + np.exp(sinks - s))[:, None])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(window=(-2, 0)), "window: expected None or a pair"), (dict(window=5), "window: expected"),
+    (dict(softcap=-1.0), "softcap: expected a finite real number >= 0"),
+    (dict(softcap=float("inf")), "softcap: expected"),
+    (dict(sinks=np.zeros(3)), r"sinks: expected shape \[Hq\]"),
+])
+def test_tiled_mods_bad_input(kwargs, message):
+    q = np.ones((2, 4, 4))
+    with pytest.raises(InputError, match=message):
+        R.tiled_attention(q, q, q, **kwargs)

@@ -9,7 +9,11 @@ Reference checks (float64 NumPy, fresh seeded random inputs):
 4. no NaN for fully-masked tile regions and rows with no permitted key (zeros, LSE = -inf);
 5. FA-1's normalised form = FA-2's unnormalised form;
 6. split-KV combine of partials = whole;
-7. the backward (recomputed from LSE) = a central finite difference of the naive forward.
+7. the backward (recomputed from LSE) = a central finite difference of the naive forward;
+8. sliding windows: the tiled forward visiting only `model.tiles`' loaded tiles = the dense masked
+   reference, and the tiles each row visits are exactly those holding a visible key;
+9. softcap and sinks in the tiled online softmax = their dense formulas (large logits, extreme sinks);
+10. split-KV combine with the sinks merged once = whole.
 
 Kernel checks run the same comparisons on the Triton kernels through the public API, fp16 and bf16, on
 a GPU or under the Triton CPU interpreter (`kernel_status`). `kernel_tolerance` is the project's one
@@ -225,10 +229,11 @@ def check_fa1_equals_fa2(rng) -> CheckResult:
                        "4 shapes x (unmasked, causal)")
 
 
-def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64):
+def split_kv(q, k, v, cuts, scale=None, block_kv: int = 64, softcap: float = 0.0):
     """Split-KV partials: attention of ``q`` over each key slice ``cuts[s]:cuts[s+1]`` (non-causal),
     ``(o_s, lse_s)``; an empty slice gives ``(zeros, -inf)``."""
-    parts = [reference.tiled_attention(q, k[..., a:b, :], v[..., a:b, :], scale=scale, block_kv=block_kv)
+    parts = [reference.tiled_attention(q, k[..., a:b, :], v[..., a:b, :], scale=scale, block_kv=block_kv,
+                                       softcap=softcap)
              if b > a else None for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     o_1, lse_1 = next(p for p in parts if p is not None)  # the shapes an empty split must have
     return [p if p is not None else (np.zeros_like(o_1), np.full_like(lse_1, -np.inf)) for p in parts]
@@ -278,11 +283,117 @@ def check_backward(rng, h: float = 1e-5, tol: float = 1e-7) -> CheckResult:
                        f"worst at {where}")
 
 
+# (Nq, Nk, B_r, B_c) x windows: (0, 0), (1, 0), W not a tile multiple, W > N, one side unbounded; with
+# Nq > Nk some rows see no key, with a small window and Nq < Nk some tiles are skipped on both sides
+WINDOW_SHAPES = ((37, 37, 8, 8), (20, 53, 8, 4), (53, 20, 16, 8), (64, 64, 16, 16))
+WINDOWS = ((False, (0, 0)), (True, (1, 0)), (True, (13, 0)), (False, (5, 7)), (False, (-1, 6)),
+           (True, (100, -1)), (False, (9, -1)), (False, (200, 200)))
+
+
+def _visible(nq: int, nk: int, causal: bool, window) -> np.ndarray:
+    """[Nq, Nk] bool: the mods contract's visibility rule written out here, not taken from tiles.py."""
+    left, right = (-1, -1) if window is None else window
+    right = 0 if causal else right
+    d = np.arange(nk)[None, :] - (np.arange(nq)[:, None] + nk - nq)  # c - (r + off)
+    return ((left < 0) | (d >= -left)) & ((right < 0) | (d <= right))
+
+
+def check_window_schedule(rng) -> CheckResult:
+    """Check 8: the tiled forward under a sliding window, visiting only the KV tiles `model.tiles` loads,
+    equals the dense masked reference (O and LSE; empty rows zeros and -inf); every traced row saw
+    exactly the tiles of its query tile that hold a key visible to one of its rows, in order."""
+    worst, where, problems, cases = 0.0, "", [], 0
+    for nq, nk, bq, bk in WINDOW_SHAPES:
+        q, k, v = _qkv(rng, (2, 2), (2, 1), nq, nk, 8, 8)
+        for causal, window in WINDOWS:
+            vis = _visible(nq, nk, causal, window)
+            o_ref, lse_ref = reference.naive_attention(q, k, v, causal=causal, return_lse=True, window=window)
+            o, lse, tr = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk,
+                                                   window=window, trace_rows=range(nq))
+            err = max(rel_error(o, o_ref), lse_error(lse, lse_ref))
+            if not _empty_rows_ok(o, lse, ~vis.any(axis=1)):
+                err = float("inf")
+            case = f"Nq={nq} Nk={nk} B_r={bq} B_c={bk} causal={causal} window={window}"
+            if err >= worst:
+                worst, where = err, case
+            for r, steps in tr.items():
+                r0 = r - r % bq
+                seen = vis[r0:r0 + bq]  # the rows of r's query tile
+                want = [j + 1 for j in range(-(-nk // bk)) if seen[:, j * bk:(j + 1) * bk].any()]
+                if [st.kv_tile for st in steps] != want:
+                    got = [st.kv_tile for st in steps]
+                    problems.append(f"row {r} ({case}) visited {got}, expected {want}")
+            cases += 1
+    return CheckResult("8 window schedule = dense masked", worst < REL_TOL and not problems, worst, REL_TOL,
+                       f"{cases} cases: windows (0,0) (1,0) (13,0) (5,7) (-1,6) (100,-1) (9,-1) (200,200), "
+                       f"ragged tiles, Nq != Nk, GQA, empty rows; tiles visited = tiles with a visible key; "
+                       f"worst at {where}" + ("; " + "; ".join(problems[:2]) if problems else ""))
+
+
+def _dense_mods(q, k, v, scale, softcap, sinks, keep):
+    """The dense formulas of softcap and sinks, written out: ``s' = c tanh(s scale / c)``, ``Z = sum_j
+    exp(s'_j) + exp(sink)``, ``O = sum_j exp(s'_j) v_j / Z``, ``LSE = log Z`` (q [H, Nq, d], sinks [H])."""
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = np.where(keep, s, -np.inf)  # [H, Nq, Nk]
+    z_log = np.logaddexp(np.logaddexp.reduce(s, axis=-1), sinks[:, None])  # [H, Nq]  log Z
+    return np.exp(s - z_log[..., None]) @ v, z_log
+
+
+def check_softcap_sinks(rng) -> CheckResult:
+    """Check 9: softcap and sinks in the tiled online softmax equal the dense formulas (`_dense_mods`),
+    unmasked, causal and windowed, with large logits (capped) and sinks from -30 to +30 (a row with no
+    visible key: O = 0, LSE = its sink); FA-1's form too."""
+    worst, where, cases = 0.0, "", 0
+    for nq, nk, bq, bk, heads in ((17, 17, 8, 4, 3), (9, 30, 4, 8, 2), (30, 12, 8, 8, 2)):
+        q, k, v = _qkv(rng, (heads,), (heads,), nq, nk, 16, 8)
+        q = 8.0 * q  # scores of order 30: the cap bites, the exp needs its running max
+        for (causal, window), softcap, sinks in (
+                ((False, None), 5.0, rng.uniform(-30, 30, heads)),
+                ((True, None), 30.0, np.full(heads, -30.0)),
+                ((True, (3, 0)), 0.0, np.full(heads, 30.0)),
+                ((False, (2, 1)), 1.0, rng.standard_normal(heads))):
+            keep = _visible(nq, nk, causal, window)
+            o_ref, lse_ref = _dense_mods(q, k, v, 1 / np.sqrt(16), softcap, sinks, keep)
+            for normalized in (False, True):
+                o, lse = reference.tiled_attention(q, k, v, causal=causal, block_q=bq, block_kv=bk,
+                                                   window=window, softcap=softcap, sinks=sinks,
+                                                   normalized=normalized)
+                err = max(rel_error(o, o_ref), lse_error(lse, lse_ref))
+                if err >= worst:
+                    worst, where = err, (f"Nq={nq} Nk={nk} causal={causal} window={window} softcap={softcap} "
+                                         f"FA-{1 if normalized else 2}")
+                cases += 1
+    return CheckResult("9 softcap and sinks (tiled) = dense formulas", worst < REL_TOL, worst, REL_TOL,
+                       f"{cases} cases, logits ~30, sinks in [-30, 30], rows with no key; worst at {where}")
+
+
+def check_combine_sinks(rng) -> CheckResult:
+    """Check 10: the split-KV combine with the sinks merged once (`reference.combine(..., sinks=)`) equals
+    attention with sinks over all the keys; a sink merged once per split would not (decode's rule)."""
+    worst, cases = 0.0, 0
+    for heads, nq, nk, softcap in ((4, 1, 97, 0.0), (2, 5, 64, 3.0), (3, 1, 1, 0.0)):
+        q, k, v = _qkv(rng, (heads,), (heads,), nq, nk, 16, 16)
+        sinks = rng.uniform(-5, 5, heads)
+        o_ref, lse_ref = reference.naive_attention(q, k, v, return_lse=True, softcap=softcap, sinks=sinks)
+        for n_splits in (1, 2, 3, 7):
+            cuts = [0, *map(int, np.sort(rng.integers(0, nk + 1, size=n_splits - 1))), nk]  # some empty
+            parts = split_kv(q, k, v, cuts, block_kv=16, softcap=softcap)
+            o, lse = reference.combine(parts, sinks=sinks[:, None])
+            worst = max(worst, rel_error(o, o_ref), lse_error(lse, lse_ref))
+            cases += 1
+    return CheckResult("10 split-KV combine with sinks = whole", worst < REL_TOL, worst, REL_TOL,
+                       f"{cases} cases: 1, 2, 3, 7 random splits (empty allowed), the sink merged once, "
+                       "softcap on some")
+
+
 def reference_checks(seed: int = 0) -> list[CheckResult]:
     """Run the reference checks on fresh inputs drawn from ``numpy.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     return [check(rng) for check in (check_tiled_equals_naive, check_diagonal_rows, check_mask_omitted,
-                                     check_no_nan, check_fa1_equals_fa2, check_combine, check_backward)]
+                                     check_no_nan, check_fa1_equals_fa2, check_combine, check_backward,
+                                     check_window_schedule, check_softcap_sinks, check_combine_sinks)]
 
 
 # --- the kernels ----------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 - `naive_attention`: the three-step baseline, S = Q K^T * scale, P = softmax(S), O = P V, with the whole
   ``Nq x Nk`` score matrix materialised (what the unfused path writes to HBM).
 - `tiled_attention`: FlashAttention-2's forward as the kernel runs it (FA-2 Algorithm 1; spec §2, §3):
-  query tiles outer, KV tiles inner, the causal skip bound and the masked tiles from `model/tiles.py`,
-  the mask applied before the running max, the unnormalised accumulator rescaled by
-  ``alpha = exp(m_old - m_new)`` and one division at the end; ``normalized=True`` runs FA-1's form.
+  query tiles outer, KV tiles inner, the skip bounds and the masked tiles (causal or a sliding window)
+  from `model/tiles.py`, the mask applied before the running max, the unnormalised accumulator rescaled
+  by ``alpha = exp(m_old - m_new)`` and one division at the end; ``normalized=True`` runs FA-1's form.
+  Softcap caps each score tile; a sink is one more key with value 0, joined after the last tile.
 - `attention_backward`: FA-2's backward (Algorithm 2), P recomputed from Q, K and the saved LSE,
   ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``.
 - `combine`: the Flash-Decoding reduction of split-KV partials ``(O_s, LSE_s)``, the decode kernel's
@@ -195,12 +196,19 @@ def _online_update(m_i, l_i, acc, s, v_j):
     return m_new, alpha, l_new, acc_new
 
 
-def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int) -> np.ndarray:
-    """The causal mask on one straddling tile s [..., R, C] (rows ``row0..``, columns ``col0..``, 0-based):
-    -inf where column > row + offset. Module-level, so a test can omit it and watch the checks catch that."""
-    rows = row0 + np.arange(s.shape[-2])[:, None]
-    cols = col0 + np.arange(s.shape[-1])[None, :]
-    return np.where(cols <= rows + offset, s, -np.inf)
+def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int, bounds=(-1, 0)) -> np.ndarray:
+    """The mask on one straddling tile s [..., R, C] (rows ``row0..``, columns ``col0..``, 0-based) for the
+    effective window ``bounds = (left, right)`` (-1 unbounded; causal alone is ``(-1, 0)``): -inf where
+    column > row + offset + right or column < row + offset - left. Module-level, so a test can omit it and
+    watch the checks catch that."""
+    left, right = bounds
+    d = (col0 + np.arange(s.shape[-1])[None, :]) - (row0 + np.arange(s.shape[-2])[:, None] + offset)
+    keep = np.ones(d.shape, dtype=bool)
+    if right >= 0:
+        keep &= d <= right
+    if left >= 0:
+        keep &= d >= -left
+    return np.where(keep, s, -np.inf)
 
 
 @dataclass(frozen=True)
@@ -221,13 +229,18 @@ class TraceStep:
 
 def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 128,
                     block_kv: int = 64, normalized: bool = False, trace_rows: Sequence[int] | None = None,
-                    *, _apply_mask: bool = True):
+                    *, window=None, softcap: float = 0.0, sinks=None, _apply_mask: bool = True):
     """FlashAttention-2 forward, tile by tile, in float64 (the loop order and masking: module docstring).
 
     Parameters
     ----------
     q, k, v, causal, scale : as `naive_attention`.
     block_q, block_kv : int, default 128, 64: the tiles B_r and B_c (ragged last tiles are exact).
+    window, softcap, sinks : as `naive_attention`. A query tile visits only the KV tiles
+        `model.tiles.Grid.kv_tiles` loads (the kernels' `window_kv_bounds0`): left-masked, full and
+        right-masked tiles, the mask applied on the masked ones only; skipped tiles are never read. The
+        softcap is applied to each score tile after scaling; the sink joins each row's state after the last
+        tile as one more key with value 0 (``m = max(m, sink)``, ``l = alpha l + exp(sink - m)``).
     normalized : bool, default False: FlashAttention-1's form, ``acc`` normalised (``o_i``) every tile.
     trace_rows : sequence of int, optional: 0-based query rows whose state (m, alpha, l, acc) is recorded
         after every tile they see.
@@ -235,7 +248,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     Returns
     -------
     o : float64 array [..., Nq, dv]  (zeros for a row with no permitted key)
-    lse : float64 array [..., Nq]    (natural log; -inf for a row with no permitted key)
+    lse : float64 array [..., Nq]    (natural log; -inf for a row with no permitted key, the sink's logit
+        with sinks)
     trace : dict row -> list[TraceStep]   (only when ``trace_rows`` is given)
 
     Example
@@ -246,7 +260,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     """
     q, k, v, scale = _prepare(q, k, v, scale)
     grid = Grid(q.shape[-2], k.shape[-2], positive_int("block_q", block_q),
-                positive_int("block_kv", block_kv), causal=bool(causal))
+                positive_int("block_kv", block_kv), causal=bool(causal), window=window)
+    softcap, sink = _check_mods(softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
     lead, nq, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
     traced = [] if trace_rows is None else [trace_rows] if isinstance(trace_rows, int) else list(trace_rows)
     for r in traced:
@@ -261,27 +276,38 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
         rows = r1 - r0 + 1
         m_i, l_i = np.full(lead + (rows,), -np.inf), np.zeros(lead + (rows,))
         acc = np.zeros(lead + (rows, dv))  # unnormalised (FA-2) or normalised o_i (FA-1)
-        n_full, n_loaded = grid.kv_bounds(i)
-        for j in range(1, n_loaded + 1):  # inner loop; tiles n_loaded+1.. are skipped (skip bound)
+        kv = grid.kv_tiles(i)  # tiles outside kv.first..kv.last are skipped (skip bounds), never read
+        for j in range(kv.first, kv.last + 1):  # inner loop
             c0, c1 = grid.cols(j)
             k_j, v_j = k[..., c0 - 1:c1, :], v[..., c0 - 1:c1, :]  # [..., Bc, d], [..., Bc, dv]
             s = (q_i @ np.swapaxes(k_j, -1, -2)) * scale  # [..., Br, Bc]   never leaves the tile
-            masked = j > n_full
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            masked = not kv.full_first <= j <= kv.full_last
             if masked and _apply_mask:
-                s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset)  # before the running max sees it
-            acc_old = l_i[..., None] * acc if normalized else acc  # FA-1 holds o_i = acc / l
-            m_i, alpha, l_i, acc = _online_update(m_i, l_i, acc_old, s, v_j)
-            if normalized:  # FA-1: o_i = (alpha l_old o_old + P V_j) / l_new; a row with l_new = 0 stays 0
-                acc = _normalise(m_i, l_i, acc)[0]
+                s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset, grid.bounds)  # before the running max sees it
+            m_i, alpha, l_i, acc = _step(m_i, l_i, acc, s, v_j, normalized)
             for r in trace:
                 if r0 - 1 <= r < r1:
                     t = r - (r0 - 1)
                     trace[r].append(TraceStep(row=r, query_tile=i, kv_tile=j, masked=masked,
                                               m=_scalar(m_i[..., t]), alpha=_scalar(alpha[..., t]),
                                               l=_scalar(l_i[..., t]), acc=acc[..., t, :].copy()))
+        if sink is not None:  # one more key: logit sinks[h], value 0 (joins l, adds nothing to acc)
+            s_sink = np.broadcast_to(sink, m_i.shape + (1,))  # [..., Br, 1]
+            m_i, _, l_i, acc = _step(m_i, l_i, acc, s_sink, np.zeros(lead + (1, dv)), normalized)
         o_i, lse[..., r0 - 1:r1] = _normalise(m_i, l_i, acc)
         o[..., r0 - 1:r1, :] = acc if normalized else o_i  # FA-2: the one division, after the last tile
     return (o, lse) if trace_rows is None else (o, lse, trace)
+
+
+def _step(m_i, l_i, acc, s, v_j, normalized: bool):
+    """`_online_update` in FA-2's form, or in FA-1's (``acc`` holds the normalised ``o_i = acc / l``)."""
+    acc_old = l_i[..., None] * acc if normalized else acc
+    m_i, alpha, l_i, acc = _online_update(m_i, l_i, acc_old, s, v_j)
+    if normalized:  # FA-1: o_i = (alpha l_old o_old + P V_j) / l_new; a row with l_new = 0 stays 0
+        acc = _normalise(m_i, l_i, acc)[0]
+    return m_i, alpha, l_i, acc
 
 
 def _scalar(x):

@@ -32,7 +32,8 @@ def configure(sub) -> None:
     p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser(
-        "verify", help="check tiled = naive, the diagonal tiles, the mask, NaN-freedom, FA-1 = FA-2, combine",
+        "verify", help="check tiled = naive, the diagonal tiles, the mask, NaN-freedom, FA-1 = FA-2, "
+                  "combine, windows, softcap and sinks",
         description="Check the algorithm on fresh seeded random inputs: one PASS/FAIL line per check with "
                     "the measured error; exit code 1 if any check fails. The Triton kernels are checked too "
                     "where they can run.")
