@@ -258,6 +258,7 @@ def test_loaded_pairs_closed_form_equals_brute_force_with_windows(seed):
         side = lambda: int(rng.choice([-1, 0, 1, int(rng.integers(0, 200))]))  # noqa: E731
         g = Grid(nq, nk, bq, bk, causal=bool(rng.random() < 0.5), window=(side(), side()))
         assert g.loaded_pairs() == _brute_pairs(g), (nq, nk, bq, bk, g.causal, g.window)
+        assert g.visible_pairs() == int(_dense(g).sum()), (nq, nk, g.causal, g.window)
         assert g.kv_rows_total() == sum(g.kv_rows_loaded(i) for i in range(1, g.n_q_tiles + 1))
 
 

@@ -5,6 +5,9 @@ dense ledgers (model/traffic.py) plus the varlen kernel's work-list reads and th
 tiles read past a sequence's end. `paged`: one split-KV decode / chunked-prefill step (Flash-Decoding,
 kernels/decode.py) against a paged or dense KV cache, whole call: block-table reads, the valid K/V rows
 once per kv head, the split partials, and the allocated-but-unread tail of each last page.
+Score mods: both take ``window``, ``softcap`` and ``sinks`` (`model.traffic.Config`). A window shrinks each
+sequence's K/V reads to the KV tiles it visits (model/tiles.py; decode: the blocks of `window_kv_bounds0`
+for the sequence's last ``nq`` rows); softcap moves no byte; sinks add one FP32 read per program.
 Cost: a loop over the sequences, never over tokens.
 """
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from attnscope.errors import InputError, choice, expect, positive_int
 from attnscope.model.flops import visible_pairs
+from attnscope.model.tiles import Grid, window_kv_bounds0
 from attnscope.model.traffic import (
     BUILDERS,
     CAUSAL,
@@ -110,7 +114,7 @@ class Packed:
                            "total_q": sum(self.lengths_q), "total_k": sum(self.lengths_k),
                            "work_items": self.work_items, "d": c.d, "dtype": c.dtype,
                            "bytes_per_element": c.b, "block_q": c.block_q, "block_kv": c.block_kv,
-                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse,
+                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse, **_mods_json(c),
                            "per": "one query head, summed over the sequences; *_all fields are the "
                                   "whole call"},
                 "rows": rows}
@@ -118,7 +122,8 @@ class Packed:
 
 def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q: int = 128,
            block_kv: int = 64, *, heads: int = 1, kv_heads: int | None = None, lse: bool = False,
-           rows=SPEC_ROWS, tma: bool = True) -> Packed:
+           rows=SPEC_ROWS, tma: bool = True, window=None, softcap: float = 0.0,
+           sinks: bool = False) -> Packed:
     """Logical HBM bytes of a packed variable-length prefill (`flash_attention_varlen`), per query head.
 
     Each sequence with queries and keys contributes its dense ledger (``traffic`` with Nq_s, Nk_s, causal
@@ -134,6 +139,7 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
     d, dtype, block_q, block_kv, heads, kv_heads, lse, rows: as `traffic`.
     tma: K/V by TMA (True, the kernel's default for 16-byte aligned K/V) or by predicated loads (False:
         no rows past a sequence are read).
+    window, softcap, sinks: the score mods, per sequence (bottom-right, as causal), as `traffic`.
     """
     lq = _lengths("lengths_q", lengths_q)
     lk = lq if lengths_k is None else _lengths("lengths_k", lengths_k)
@@ -143,7 +149,7 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
            f"lengths_q {list(lq)}, lengths_k {list(lk)}")
     names = row_names(rows, ROW_NAMES)
     cfg = Config(nq=max(lq), nk=max(lk), d=d, dtype=dtype, block_q=block_q, block_kv=block_kv, heads=heads,
-                 kv_heads=kv_heads, lse=lse)
+                 kv_heads=kv_heads, lse=lse, window=window, softcap=softcap, sinks=sinks)
     no_keys = sum(a for a, b in zip(lq, lk, strict=True) if b == 0)  # query rows with no key at all
     items = sum(-(-a // block_q) for a in lq)
     shapes = collections.Counter(full)  # (Nq, Nk) -> sequences of that shape, in first-seen order
@@ -155,13 +161,16 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
             extra = {("Q", "read"): no_keys * d * cfg.b, ("O", "write"): no_keys * d * cfg.b}
             if name.startswith("flash") and lse:
                 extra[("LSE", "write")] = no_keys * STAT_BYTES
+            if name.startswith("flash") and sinks:  # their programs read the sink (LSE = sink, O = 0)
+                extra[("sinks", "read")] = sum(-(-a // block_q) for a, b in zip(lq, lk, strict=True)
+                                               if b == 0) * STAT_BYTES
             row = _add_bytes(row, extra)
         if name.startswith("flash"):
             k = row.kernels[0]
             extra = [read("meta", items * VARLEN_ITEM_BYTES,
                           f"work list + cu_seqlens: {items} (sequence, query tile) items x 6 int32")]
             if tma:
-                over = _ragged_overread_rows(lq, lk, block_q, block_kv, name == "flash-causal")
+                over = _ragged_overread_rows(lq, lk, block_q, block_kv, name == "flash-causal", cfg.window)
                 extra += [read("K", over * d * cfg.b, "K rows past the sequence ends read by ragged TMA "
                                                       f"tiles and discarded ({over} rows)"),
                           read("V", over * d * cfg.b, "V, the same rows")]
@@ -173,24 +182,19 @@ def packed(lengths_q, lengths_k=None, d: int = 128, dtype: str = "fp16", block_q
     return Packed(lq, lk, cfg, out, items)
 
 
-def _ragged_overread_rows(lq, lk, block_q: int, block_kv: int, causal: bool) -> int:
+def _ragged_overread_rows(lq, lk, block_q: int, block_kv: int, causal: bool, window=None) -> int:
     """K rows (= V rows) that TMA tiles read past their sequence's end, per query head, summed over the
     sequences (closed form per sequence). Sequence s's last KV tile is ragged when Nk % B_c != 0; every
-    query tile that loads it (all T_r unmasked; causal, those whose last row r1 satisfies
-    ``r1 + Nk - Nq > (T_c - 1) B_c``: a suffix of the tiles, always including the last) reads
-    ``min(k0 + T_c B_c, total_k) - (k0 + Nk)`` extra rows (zeros past the tensor's end are not read)."""
+    query tile that loads it (`Grid.loaded_pairs`' second count: all T_r unmasked, a suffix causal or
+    windowed) reads ``min(k0 + T_c B_c, total_k) - (k0 + Nk)`` extra rows (zeros past the tensor's end are
+    not read)."""
     total_k = sum(lk)
     k0 = 0
     rows = 0
     for nq, nk in zip(lq, lk, strict=True):
         if nq and nk and nk % block_kv:
-            t_r, t_c = -(-nq // block_q), -(-nk // block_kv)
-            if causal:
-                # tiles i < T_r (r1 = i B_r) load tile T_c iff i B_r > (T_c - 1) B_c - (Nk - Nq) = x
-                x = (t_c - 1) * block_kv - (nk - nq)
-                n_tiles = max(0, t_r - 1 - max(x // block_q, 0)) + 1 if x >= 0 else t_r
-            else:
-                n_tiles = t_r
+            t_c = -(-nk // block_kv)
+            n_tiles = Grid(nq, nk, block_q, block_kv, causal=causal, window=window).loaded_pairs()[1]
             rows += n_tiles * (min(k0 + t_c * block_kv, total_k) - (k0 + nk))
         k0 += nk
     return rows
@@ -219,7 +223,8 @@ class Paged:
                            "cache_lens": list(self.cache_lens), "nq": self.nq, "page_size": self.page_size,
                            "capacity": self.capacity, "num_splits": self.num_splits, "pages": self.pages,
                            "d": c.d, "dtype": c.dtype, "bytes_per_element": c.b, "block_kv": c.block_kv,
-                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse, "per": "the whole call"},
+                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse, **_mods_json(c),
+                           "per": "the whole call"},
                 "rows": [{"name": r.name, "label": r.label, "reads": r.reads, "writes": r.writes,
                           "total": r.total, "flops": r.flops, "allocated_not_read": self.tail,
                           "assumptions": list(r.assumptions), "items": [k.to_json() for k in r.kernels]}]}
@@ -227,7 +232,8 @@ class Paged:
 
 def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128, dtype: str = "bf16",
           heads: int = 32, kv_heads: int | None = None, num_splits: int = 1, block_kv: int = 128,
-          capacity: int | None = None, lse: bool = False) -> Paged:
+          capacity: int | None = None, lse: bool = False, window=None, softcap: float = 0.0,
+          sinks: bool = False) -> Paged:
     """Logical HBM bytes of one split-KV decode / chunked-prefill step (`flash_decode`), whole call.
 
     The kernel (Flash-Decoding, kernels/decode.py) runs one program per (sequence, kv head, split); each
@@ -245,6 +251,11 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     ``tail`` (not in the total): K/V bytes allocated but not read -- the end of each sequence's last page
     (``ceil(len / P) * P - len`` rows), or for a dense cache (``page_size`` None) ``capacity - len`` rows.
     ``flops``: 4 * Hq * d * (visible pairs), bottom-right causal among the nq queries.
+
+    Score mods (``window``, ``softcap``, ``sinks``, as `traffic`): with a window each sequence reads only
+    the KV blocks its ``nq`` queries visit (`_window_blocks`), and the block table only their entries;
+    rows before the window are allocated but skipped (said in an assumption, not in the total). Sinks: one
+    FP32 ``sinks[h]`` per (sequence, query head) read by the kernel that writes O; softcap: no bytes.
     """
     lens = _lengths("cache_lens", cache_lens)
     for name, v in (("nq", nq), ("num_splits", num_splits), ("block_kv", block_kv)):
@@ -260,9 +271,10 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     expect(all(n >= nq for n in lens), "cache_lens", f"lengths >= nq ({nq}): the queries are the last nq "
            "positions of each sequence and are counted in it", list(lens))
     cfg = Config(nq=nq, nk=max(max(lens), 1), d=d, dtype=dtype, block_kv=block_kv, heads=heads,
-                 kv_heads=kv_heads, lse=lse)
+                 kv_heads=kv_heads, lse=lse, window=window, softcap=softcap, sinks=sinks)
     B, hq, hkv, b, S = len(lens), cfg.heads, cfg.kv_heads, cfg.b, num_splits
     keys = sum(lens)
+    spans = _window_blocks(lens, nq, block_kv, cfg.window)  # per sequence: keys [lo, hi) read
     rows_q = B * hq * nq
     q_bytes = rows_q * d * b
     transfers = [
@@ -273,20 +285,26 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     if page_size is not None:
         pages = sum(-(-n // page_size) for n in lens)
         unit = min(page_size, block_kv)
-        entries = sum(-(-n // unit) for n in lens)
+        entries = sum(-(-hi // unit) - lo // unit for lo, hi in spans)
         transfers.append(read("block_table", hkv * entries * 4,
                             f"int32 page ids: {entries} (block, page) pairs per kv head, x {hkv} kv heads"))
         tail_rows = pages * page_size - keys
     else:
         tail_rows = B * capacity - keys
-    kv = hkv * keys * d * b
-    transfers += [read("K", kv, "valid K rows, once per kv head (the GQA group shares them)"),
+    read_rows = sum(hi - lo for lo, hi in spans)
+    kv = hkv * read_rows * d * b
+    where = "" if cfg.window is None else f" in the window's blocks ({keys - read_rows:,} rows skipped)"
+    transfers += [read("K", kv, f"valid K rows{where}, once per kv head (the GQA group shares them)"),
                   read("V", kv, "valid V rows, the same")]
     part = rows_q * S * (d + 1) * STAT_BYTES  # O_s [d] and lse_s, fp32, per (row, split)
     out = [write("O", q_bytes, f"O [B, Hq, {nq}, d]")]
     if lse:
         out.append(write("LSE", rows_q * STAT_BYTES, "logsumexp, one FP32 per query row"))
-    pairs = sum(visible_pairs(nq, n, True) for n in lens)  # n >= nq >= 1
+    if sinks:
+        out.append(read("sinks", B * hq * STAT_BYTES, "sinks[h], one FP32 per (sequence, query head), merged "
+                                                      "once with O; softcap and sinks move no other byte"))
+    pairs = sum(visible_pairs(nq, n, True) if cfg.window is None else
+                Grid(nq, n, causal=True, window=cfg.window).visible_pairs() for n in lens)  # n >= nq >= 1
     flops = 4 * hq * d * pairs
     if S == 1:
         kernels = (Kernel("split-KV attention", flops, "tensor", tuple(transfers + out)),)
@@ -302,6 +320,28 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     label = f"{'paged' if page_size else 'dense'} KV cache, nq = {nq}, {S} split(s)"
     row = Row("paged" if page_size else "dense-cache", label, CAUSAL, "paged" if page_size else "dense-cache",
               kernels, assumptions)
+    if cfg.window is not None:
+        row = Row(row.name, row.label + f", window {cfg.window}", row.condition, row.baseline, row.kernels,
+                  row.assumptions + (f"window {cfg.window}: each sequence reads only the KV blocks of "
+                                     f"{block_kv} keys its {nq} queries visit; {keys - read_rows:,} "
+                                     "allocated rows per kv head are skipped, never read",))
     return Paged(lens, nq, page_size, capacity if page_size is None else None, S, cfg, row,
                  2 * hkv * tail_rows * d * b, pages)
+
+
+def _mods_json(c: Config) -> dict:
+    """The score mods' fields of a serving ledger's JSON params (as `Config.to_json`)."""
+    return {k: v for k, v in c.to_json().items() if k in ("window", "softcap", "sinks")}
+
+
+def _window_blocks(lens, nq: int, block_kv: int, window) -> list[tuple[int, int]]:
+    """Per sequence of ``len`` keys, the keys ``[lo, hi)`` a decode step of its last ``nq`` queries reads:
+    the KV blocks `window_kv_bounds0` loads (causal, bottom-right), all ``[0, len)`` without a window."""
+    if window is None:
+        return [(0, n) for n in lens]
+    out = []
+    for n in lens:
+        lo, _, _, hi = window_kv_bounds0(0, nq, nq, n, block_kv, True, window)
+        out.append((lo, hi))
+    return out
 

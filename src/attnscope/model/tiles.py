@@ -247,6 +247,21 @@ class Grid:
         pairs, last = self.loaded_pairs()
         return self.block_kv * pairs - (self.block_kv * self.n_kv_tiles - self.nk) * last
 
+    def visible_pairs(self) -> int:
+        """(query row, key) pairs visible under the causal flag and window: the sum over rows r (0-based)
+        of ``min(Nk - 1, r + off + right) - max(0, r + off - left) + 1`` over the rows that see a key (an
+        interval of r), each side a clamped affine function of r: closed form."""
+        left, right = self.bounds
+        nq, nk, off = self.nq, self.nk, self.offset
+        r0 = 0 if right < 0 else max(0, -(off + right))  # r + off + right >= 0 from here
+        r1 = nq - 1 if left < 0 else min(nq - 1, nk - 1 - off + left)  # r + off - left <= Nk - 1 up to here
+        if r1 < r0:
+            return 0
+        n = r1 - r0 + 1
+        last = n * (nk - 1) if right < 0 else _sum_floor_clamped(r0, r1, 1, off + right, nk - 1, 1)
+        first = 0 if left < 0 else _sum_floor_clamped(r0, r1, 1, off - left, nk - 1, 1)
+        return last - first + n
+
     def permitted(self, r: int, c: int) -> bool:
         """Is key column ``c`` visible to query row ``r`` (both 1-based)?"""
         left, right = self.bounds
