@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from attnscope.cli import serving
-from attnscope.cli._out import GiB, KiB, MiB, console, ledger, print_json, table
+from attnscope.cli._out import GiB, KiB, MiB, console, int_list, ledger, print_json, table
 from attnscope.errors import InputError, expect
 from attnscope.model import roofline as rl
 
@@ -34,6 +34,33 @@ def _shape_flags(p: argparse.ArgumentParser, d: bool = True, dtype: bool = True)
         p.add_argument("--dtype", default="fp16", help=f"element type: fp16, bf16, fp32, fp8 {SPEC}")
     p.add_argument("--block-q", type=int, default=128, help=f"query tile B_r, rows {SPEC}")
     p.add_argument("--block-kv", type=int, default=64, help=f"key/value tile B_c, rows {SPEC}")
+
+
+def _mods_flags(p: argparse.ArgumentParser, mods: bool = True) -> None:
+    """--window (and with ``mods`` --softcap, --sinks): the score mods of issue 35."""
+    p.add_argument("--window", default=None, metavar="L,R",
+                   help="sliding window, flash-attn's window_size: row r sees keys r+off-L .. r+off+R "
+                        "(off = Nk - Nq, bottom-right), -1 = unbounded on that side; causal forces R = 0 "
+                        "(write negative values as --window=-1,8)")
+    if mods:
+        p.add_argument("--softcap", type=float, default=0.0,
+                       help="logit softcap: scores become softcap * tanh(s / softcap); 0 = off (default)")
+        p.add_argument("--sinks", action="store_true",
+                       help="a per-head sink logit (fp32 [Hq]) in every softmax denominator")
+
+
+def window_arg(text: str | None) -> tuple[int, int] | None:
+    """``--window L,R`` as a pair of integers >= -1, or None; one line if not."""
+    if text is None:
+        return None
+    w = int_list("--window", text, least=-1, most=2)
+    expect(len(w) == 2, "--window", "L,R: two integers >= -1 (-1 = unbounded)", text)
+    return (w[0], w[1])
+
+
+def mods_args(args) -> dict:
+    """The score mods' keyword arguments of the model calls, from the parsed flags."""
+    return {"window": window_arg(args.window), "softcap": args.softcap, "sinks": args.sinks}
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
@@ -70,6 +97,7 @@ def configure(sub) -> None:
     p.add_argument("--device", default=None,
                    help="add roofline lines for a device: a100, h100, h200 (ridge, FLOP/byte, time floor)")
     serving.add_flags(p)
+    _mods_flags(p)
     _json_flag(p)
     p.set_defaults(func=cmd_traffic)
 
@@ -85,12 +113,14 @@ def configure(sub) -> None:
     _json_flag(p)
     p.set_defaults(func=cmd_footprint)
 
-    p = sub.add_parser("tiles", help="causal schedule of a query tile: loaded, skipped, masked KV tiles",
+    p = sub.add_parser("tiles", help="causal or sliding-window schedule of a query tile: loaded, skipped, "
+                                     "masked KV tiles",
                        description="Which KV tiles one query tile loads, skips and masks (spec §2.1; "
                                    "1-based tiles and rows, as in the spec).")
     _shape_flags(p, d=False, dtype=False)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                    help="causal masking, bottom-right aligned when Nq != Nk (default: causal)")
+    _mods_flags(p, mods=False)
     p.add_argument("--query-tile", type=int, default=None,
                    help="query tile i, 1-based (default: 5, the spec's, or the last when there are fewer)")
     _json_flag(p)
@@ -116,13 +146,14 @@ def configure(sub) -> None:
 # --- traffic ----------------------------------------------------------------------------------------
 def cmd_traffic(args) -> int:
     from attnscope.model.backward import BACKWARD_ROWS, backward_traffic
-    from attnscope.model.traffic import ROW_NAMES, SPEC_ROWS, traffic
+    from attnscope.model.traffic import ROW_NAMES, SPEC_ROWS, mods_note, traffic
 
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
     if args.lengths is not None or args.cache_lens is not None:
         return serving.run(args, ROW_NAMES if names == ["all"] else names)
     serving.check_unused(args)
-    shape = dict(nq=args.nq, nk=args.nk, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
+    shape = dict(nq=args.nq, nk=args.nk, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+                 **mods_args(args))
     if args.pass_ == "backward":  # all, or the forward default: every backward row
         names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
         t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, **shape, rows=names)
@@ -187,6 +218,8 @@ def cmd_traffic(args) -> int:
         con.print(f"FA-2 passes over K/V ({tr:,} query tile{'' if tr == 1 else 's'}): " + ", ".join(passes))
     if ratio:
         con.print(f"ratio {ratio[0]} / {ratio[1]}: {ratio[2]:.2f}x (total bytes, same masking condition)")
+    for line in mods_note(c):
+        con.print(line)
     if "naive-causal-eager" in t.rows:
         con.print("naive-causal-eager assumes:")
         for a in t["naive-causal-eager"].assumptions:
@@ -267,56 +300,79 @@ def cmd_tiles(args) -> int:
 
     nq = args.n if args.nq is None else args.nq
     nk = args.n if args.nk is None else args.nk
-    g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal)
+    g = Grid(nq, nk, args.block_q, args.block_kv, causal=args.causal, window=window_arg(args.window))
     i = min(5, g.n_q_tiles) if args.query_tile is None else args.query_tile
     r0, r1 = g.rows(i)  # validates the query tile
-    n_full, n_loaded = g.kv_bounds(i)
+    t = g.kv_tiles(i)
     tc = g.n_kv_tiles
     passes = g.kv_rows_total() / nk
-    masked = range(n_full + 1, n_loaded + 1)
-    shown = list(masked) if len(masked) <= TABLE_ROWS else \
-        list(masked[: TABLE_ROWS // 2]) + list(masked[-(TABLE_ROWS // 2):])
+    right0 = max(t.full_last, t.full_first - 1) + 1  # the first right-masked tile
+    runs = {"loaded": [(t.first, t.last)], "skipped": [(1, t.first - 1), (max(t.last, t.first - 1) + 1, tc)],
+            "full": [(t.full_first, t.full_last)], "masked": [(t.first, t.full_first - 1), (right0, t.last)],
+            "left_masked": [(t.first, t.full_first - 1)], "right_masked": [(right0, t.last)]}
+    runs = {k: [(a, b) for a, b in v if b >= a] for k, v in runs.items()}
+    n_masked = sum(b - a + 1 for a, b in runs["masked"])
+    half = TABLE_ROWS // 2  # first and last masked tiles shown, the rest elided
+    head = [j for a, b in runs["masked"] for j in range(a, min(b, a + TABLE_ROWS) + 1)]
+    tail = [j for a, b in runs["masked"] for j in range(max(a, b - TABLE_ROWS), b + 1)]
+    shown = head if n_masked <= TABLE_ROWS else head[:half] + tail[-half:]
     if args.json:
-        spans = {"loaded": (1, n_loaded), "skipped": (n_loaded + 1, tc), "full": (1, n_full),
-                 "masked": (n_full + 1, n_loaded)}
         out = {"query_tile": i, "rows": [r0, r1]}
         listed = tc <= JSON_LIST_LIMIT
-        for k, (a, b) in spans.items():
-            out[k] = list(range(a, b + 1)) if listed else None
-            out[k + "_span"] = {"first": a, "last": b, "count": max(0, b - a + 1)} if b >= a else None
+        for k, v in runs.items():
+            out[k] = [j for a, b in v for j in range(a, b + 1)] if listed else None
+            out[k + "_span"] = {"first": v[0][0], "last": v[-1][1], "count": sum(b - a + 1 for a, b in v),
+                                "runs": [list(r) for r in v]} if v else None
         out["row_classes"] = {str(j): {k: (list(v) if v else None) for k, v in g.row_classes(i, j).items()}
                               for j in shown}
         out.update(params={"nq": nq, "nk": nk, "block_q": g.block_q, "block_kv": g.block_kv,
-                           "causal": g.causal},
+                           "causal": g.causal, "window": None if g.window is None else list(g.window)},
                    n_q_tiles=g.n_q_tiles, n_kv_tiles=tc, kv_rows_loaded=g.kv_rows_loaded(i),
-                   cols={str(j): list(g.cols(j)) for j in range(1, n_loaded + 1)} if listed else None,
-                   kv_passes=passes)
-        if not listed or len(shown) < len(masked):
+                   cols={str(j): list(g.cols(j)) for a, b in runs["loaded"] for j in range(a, b + 1)}
+                   if listed else None,
+                   kv_passes=passes, tile_pairs=g.loaded_pairs()[0])
+        if not listed or len(shown) < n_masked:
             out["elided"] = (f"tile lists are given only up to {JSON_LIST_LIMIT:,} KV tiles and row classes "
                              f"for {TABLE_ROWS} masked tiles (first and last); the *_span fields are exact")
         print_json(out)
         return 0
     con = console()
+    left, right = g.bounds
+    how = ("causal (bottom-right aligned)" if g.causal else "unmasked") if g.window is None else \
+        f"{'causal, ' if g.causal else ''}window {g.window} (effective ({left}, {right}), bottom-right)"
     con.print(f"Grid: Nq = {nq:,}, Nk = {nk:,}, B_r = {g.block_q:,}, B_c = {g.block_kv:,}, "
-              f"{'causal (bottom-right aligned)' if g.causal else 'unmasked'}: {g.n_q_tiles:,} query "
-              f"tile{'' if g.n_q_tiles == 1 else 's'} x {tc:,} KV tile{'' if tc == 1 else 's'} (1-based)")
+              f"{how}: {g.n_q_tiles:,} query tile{'' if g.n_q_tiles == 1 else 's'} x {tc:,} KV "
+              f"tile{'' if tc == 1 else 's'} (1-based)")
     con.print(f"Query tile {i:,}: rows {r0:,}..{r1:,} ({r1 - r0 + 1:,} rows)")
-    con.print(f"  loads   KV tiles {_ranges(1, n_loaded)} ({n_loaded:,} of {tc:,}; "
+    n_loaded = max(0, t.last - t.first + 1)
+    con.print(f"  loads   KV tiles {_ranges(t.first, t.last)} ({n_loaded:,} of {tc:,}; "
               f"{g.kv_rows_loaded(i):,} K rows and as many V rows)")
-    why = ": every column in the future, never loaded" if g.causal else "; unmasked loads every tile"
-    con.print(f"  skips   KV tiles {_ranges(n_loaded + 1, tc)} ({tc - n_loaded:,}{why})")
-    con.print(f"  full    KV tiles {_ranges(1, n_full)} (loaded, no mask arithmetic)")
-    con.print(f"  masked  KV tiles {_ranges(n_full + 1, n_loaded)} (loaded, straddle the diagonal: mask "
-              "before m and l)")
+    why = ": every column in the future, never loaded" if g.masking else "; unmasked loads every tile"
+    if left >= 0:
+        why = ": every column outside the window, never loaded"
+    skipped = " and ".join(_ranges(a, b) for a, b in runs["skipped"]) or "none"
+    con.print(f"  skips   KV tiles {skipped} ({tc - n_loaded:,}{why})")
+    con.print(f"  full    KV tiles {_ranges(t.full_first, t.full_last)} (loaded, no mask arithmetic)")
+    if left < 0:
+        con.print(f"  masked  KV tiles {_ranges(right0, t.last)} (loaded, straddle the diagonal: mask "
+                  "before m and l)")
+    else:
+        con.print(f"  masked  KV tiles {_ranges(t.first, t.full_first - 1)} (left-masked: straddle the "
+                  f"window's left edge) and {_ranges(right0, t.last)} (right-masked: straddle its right "
+                  "edge), mask before m and l")
+    classes = ["Rows fully masked", "Rows triangular", "Rows fully permitted"]
+    if left >= 0:
+        classes += ["Rows left edge", "Rows fully masked (left)"]
     body = [[str(j), "{}..{}".format(*g.cols(j)), *("{}..{}".format(*v) if v else "-"
                                                     for v in g.row_classes(i, j).values())] for j in shown]
     if body:
-        note = None if len(shown) == len(masked) else \
-            f"{len(masked) - len(shown):,} masked tiles in the middle not shown (--json gives the spans)"
-        con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", "Rows fully masked",
-                                                                 "Rows triangular", "Rows fully permitted"],
-                        body, caption=note))
-    con.print(f"Whole grid: {passes:g} pass{'' if passes == 1 else 'es'} over K/V")
+        note = None if len(shown) == n_masked else \
+            f"{n_masked - len(shown):,} masked tiles in the middle not shown (--json gives the spans)"
+        con.print(table("Masked tiles: which rows see them how", ["KV tile", "Columns", *classes], body,
+                        caption=note))
+    pairs = g.loaded_pairs()[0]
+    con.print(f"Whole grid: {passes:g} pass{'' if passes == 1 else 'es'} over K/V"
+              + (f"; {pairs:,} of {g.n_q_tiles * tc:,} tile pairs visited" if g.window is not None else ""))
     return 0
 
 

@@ -39,6 +39,7 @@ def check_unused(args) -> None:
 
 def run(args, names) -> int:
     """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
+    from attnscope.cli.analytic import mods_args
     from attnscope.model.serving import packed, paged
 
     expect(args.lengths is None or args.cache_lens is None, "--cache-lens", "not together with --lengths",
@@ -52,7 +53,8 @@ def run(args, names) -> int:
                    getattr(args, flag))
         lk = int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
         p = packed(int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
-                   heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma)
+                   heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma,
+                   **mods_args(args))
         if args.json:
             print_json(p.to_json())
             return 0
@@ -77,7 +79,7 @@ def run(args, names) -> int:
         nq = 1 if args.nq is None else args.nq  # 0 reaches the model's check, not a silent 1
         g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=nq, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
-                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse)
+                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse, **mods_args(args))
         if args.json:
             print_json(g.to_json())
             return 0
