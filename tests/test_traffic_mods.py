@@ -233,3 +233,19 @@ def test_cli_tiles_window_text(capsys):
     assert "skips   KV tiles 1..22 and 41..64 (46: every column outside the window" in out
     assert "23..24 (left-masked" in out and "39..40 (right-masked" in out
     assert "504 of 2,048 tile pairs visited" in out
+
+
+@pytest.mark.parametrize("window", [(0, 0), (30, 0), (7, 9)])
+def test_packed_tma_overread_under_a_window(window):
+    """TMA reads every loaded KV tile whole, up to the packed tensor's end: counted from the dense mask."""
+    lq, lk, bq, bk, d = [20, 50, 9, 33], [89, 50, 9, 20], 8, 32, 64
+    total_k, k0, rows = sum(lk), 0, 0
+    for nq, nk in zip(lq, lk, strict=True):
+        vis = _visible(nq, nk, True, window)
+        for r0 in range(0, nq, bq):
+            rows += sum(min(k0 + c0 + bk, total_k) - (k0 + c0) for c0 in range(0, nk, bk)
+                        if vis[r0:r0 + bq, c0:c0 + bk].any())
+        k0 += nk
+    p = sv.packed(lq, lk, d=d, block_q=bq, block_kv=bk, rows=["flash-causal"], window=window)
+    row = p["flash-causal"]
+    assert _bytes(row, "K") == _bytes(row, "V") == rows * d * 2
