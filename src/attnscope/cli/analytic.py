@@ -149,11 +149,11 @@ def cmd_traffic(args) -> int:
     from attnscope.model.traffic import ROW_NAMES, SPEC_ROWS, mods_note, traffic
 
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
+    mods = mods_args(args)
     if args.lengths is not None or args.cache_lens is not None:
-        return serving.run(args, ROW_NAMES if names == ["all"] else names)
+        return serving.run(args, ROW_NAMES if names == ["all"] else names, mods)
     serving.check_unused(args)
-    shape = dict(nq=args.nq, nk=args.nk, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
-                 **mods_args(args))
+    shape = dict(nq=args.nq, nk=args.nk, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, **mods)
     if args.pass_ == "backward":  # all, or the forward default: every backward row
         names = BACKWARD_ROWS if names in (["all"], list(SPEC_ROWS), list(ROW_NAMES)) else names
         t = backward_traffic(args.n, args.d, args.dtype, args.block_q, args.block_kv, **shape, rows=names)

@@ -37,9 +37,10 @@ def check_unused(args) -> None:
     expect(not args.no_tma, "--no-tma", "to come with --lengths", args.no_tma)
 
 
-def run(args, names) -> int:
-    """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode)."""
-    from attnscope.cli.analytic import mods_args
+def run(args, names, mods: dict | None = None) -> int:
+    """`traffic --lengths ...` (packed prefill) or `traffic --cache-lens ...` (paged / dense-cache decode);
+    ``mods``: the score mods' keyword arguments (window, softcap, sinks) of the model calls."""
+    mods = mods or {}
     from attnscope.model.serving import packed, paged
 
     expect(args.lengths is None or args.cache_lens is None, "--cache-lens", "not together with --lengths",
@@ -54,7 +55,7 @@ def run(args, names) -> int:
         lk = int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
         p = packed(int_list("--lengths", args.lengths), lk, args.d, args.dtype, args.block_q, args.block_kv,
                    heads=args.heads, kv_heads=args.kv_heads, lse=args.lse, rows=names, tma=not args.no_tma,
-                   **mods_args(args))
+                   **mods)
         if args.json:
             print_json(p.to_json())
             return 0
@@ -79,7 +80,7 @@ def run(args, names) -> int:
         nq = 1 if args.nq is None else args.nq  # 0 reaches the model's check, not a silent 1
         g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=nq, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
-                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse, **mods_args(args))
+                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse, **mods)
         if args.json:
             print_json(g.to_json())
             return 0

@@ -143,11 +143,21 @@ class Grid:
         ``r_first + off >= Nk``). A window with a bounded left side skips leading tiles, which this pair
         cannot say: use `kv_tiles` (NotImplementedError here).
         """
-        t = self.kv_tiles(i)
-        if self.bounds[0] >= 0:
-            raise NotImplementedError("kv_bounds: supported without a left window bound (tiles 1..n_loaded); "
-                                      f"window {self.window} skips leading tiles: use kv_tiles(i)")
-        return (max(0, t.full_last - t.full_first + 1), t.last)
+        if self.window is not None:  # the general form; the causal one below is its special case
+            if self.bounds[0] >= 0:
+                raise NotImplementedError("kv_bounds: supported without a left window bound (tiles "
+                                          f"1..n_loaded); window {self.window} skips leading tiles: use "
+                                          "kv_tiles(i)")
+            t = self.kv_tiles(i)
+            return (max(0, t.full_last - t.full_first + 1), t.last)
+        r0, r1 = self.rows(i)
+        if not self.causal:
+            return (self.n_kv_tiles, self.n_kv_tiles)
+        off = self.offset
+        n_loaded = min(max(cdiv(r1 + off, self.block_kv), 0), self.n_kv_tiles) if r1 + off > 0 else 0
+        n_full = self.n_kv_tiles if r0 + off >= self.nk else min(max((r0 + off) // self.block_kv, 0),
+                                                                 self.n_kv_tiles)
+        return (n_full, n_loaded)
 
     def schedule(self, i: int) -> TileSchedule:
         """The schedule of query tile ``i`` (1-based) as explicit lists, up to `MAX_LISTED` KV tiles
