@@ -221,7 +221,8 @@ def test_cli_tiles_window_json(capsys):
     assert j["loaded"] == list(range(23, 41)) and j["full"] == list(range(25, 39))
     assert j["left_masked"] == [23, 24] and j["right_masked"] == [39, 40] and j["masked"] == [23, 24, 39, 40]
     assert j["skipped"] == list(range(1, 23)) + list(range(41, 65))
-    assert j["skipped_span"] == {"first": 1, "last": 64, "count": 46, "runs": [[1, 22], [41, 64]]}
+    assert j["skipped_span"] == {"first": 1, "last": 64, "count": 46}
+    assert j["skipped_runs"] == [[1, 22], [41, 64]] and j["masked_runs"] == [[23, 24], [39, 40]]
     assert j["tile_pairs"] == 504 and j["kv_passes"] == 7.875
     assert set(j["row_classes"]["23"]) == {"masked", "triangular", "permitted", "left_edge", "left_masked"}
     assert j["row_classes"]["23"]["left_masked"] == [2497, 2560]  # rows whose window starts past 1,472

@@ -321,8 +321,10 @@ def cmd_tiles(args) -> int:
         listed = tc <= JSON_LIST_LIMIT
         for k, v in runs.items():
             out[k] = [j for a, b in v for j in range(a, b + 1)] if listed else None
-            out[k + "_span"] = {"first": v[0][0], "last": v[-1][1], "count": sum(b - a + 1 for a, b in v),
-                                "runs": [list(r) for r in v]} if v else None
+            out[k + "_span"] = {"first": v[0][0], "last": v[-1][1],
+                                "count": sum(b - a + 1 for a, b in v)} if v else None
+            if k in ("skipped", "masked"):  # two runs under a window: before and after the loaded band
+                out[k + "_runs"] = [list(r) for r in v]
         out["row_classes"] = {str(j): {k: (list(v) if v else None) for k, v in g.row_classes(i, j).items()}
                               for j in shown}
         out.update(params={"nq": nq, "nk": nk, "block_q": g.block_q, "block_kv": g.block_kv,
