@@ -211,7 +211,7 @@ def cmd_traffic(args) -> int:
                             "(spec §4, see docs/model.md). Ratios "
                             "only within one masking condition; unmasked and causal are separate "
                             f"experiments{gqa}."))
-    passes = [f"{'causal' if causal else 'unmasked'} {t.kv_passes(causal):g}"
+    passes = [f"{c.condition(causal)} {t.kv_passes(causal):g}"
               for name, causal in (("flash", False), ("flash-causal", True)) if name in t.rows]
     if passes:
         tr = -(-c.nq // c.block_q)

@@ -133,10 +133,7 @@ def _flash_backward(c: Config, causal: bool, deterministic: bool) -> Row:
         kernels.append(Kernel("4. dQ FP32 -> input dtype", c.nq * c.d, "elementwise", (
             read("dQacc", acc, "dQ accumulator [Nq, d], FP32"), write("dQ", q, "dQ [Nq, d]"))))
     name = ("flash-causal-backward" if causal else "flash-backward") + ("-det" if deterministic else "")
-    label = (f"FA-2 backward, {'causal' if causal else 'unmasked'}, "
-             + ("separate dQ pass" if deterministic else "atomic dQ"))
-    if c.window is not None:
-        label += f", window {c.window}"
+    label = f"FA-2 backward, {c.condition(causal)}, " + ("separate dQ pass" if deterministic else "atomic dQ")
     return Row(name, label, c.condition(causal),
                "naive-causal-eager-backward" if causal else "naive-backward", tuple(kernels), (
                    "nothing [Nq, Nk] is kept or written: P and dS are recomputed per tile from Q, K, LSE",

@@ -178,9 +178,11 @@ class Config:
         return normalize_window(causal, self.window) != (-1, -1)
 
     def condition(self, causal: bool) -> str:
-        """The masking condition of a row: unmasked or causal, and the window when one is given."""
-        base = CAUSAL if causal else UNMASKED
-        return base if self.window is None else f"{base}, window {self.window}"
+        """The masking condition of a row: unmasked or causal; with a window "window (L, R)" or "causal,
+        window (L, R)"."""
+        if self.window is None:
+            return CAUSAL if causal else UNMASKED
+        return f"{CAUSAL}, window {self.window}" if causal else f"window {self.window}"
 
     def to_json(self) -> dict:
         return {"nq": self.nq, "nk": self.nk, "d": self.d, "dtype": self.dtype, "bytes_per_element": self.b,
@@ -254,8 +256,8 @@ def naive(c: Config) -> Row:
         "S and P are written to HBM in the input dtype and read back once each (no L2 reuse)", *notes))
 
 
-def _mods_label(c: Config) -> str:
-    return ", ".join(x for x in (f"window {c.window}" if c.window is not None else "",
+def _mods_label(c: Config, window: bool = True) -> str:
+    return ", ".join(x for x in (f"window {c.window}" if window and c.window is not None else "",
                                  f"softcap {c.softcap:g}" if c.softcap else "",
                                  "sinks" if c.sinks else "") if x)
 
@@ -317,9 +319,9 @@ def flash(c: Config, causal: bool = False) -> Row:
     if c.lse:
         transfers.append(write("LSE", c.nq * STAT_BYTES, "logsumexp, one FP32 per query row (spec §3.3)"))
     name = "flash-causal" if causal else "flash"
-    label = "FlashAttention-2, causal" if causal else "FlashAttention-2, unmasked"
-    if c.window is not None or c.softcap or c.sinks:
-        label += ", " + _mods_label(c)
+    label = f"FlashAttention-2, {c.condition(causal)}"
+    if c.softcap or c.sinks:
+        label += ", " + _mods_label(c, window=False)
     assumptions = ["S_ij and P_ij live in SRAM/registers only: 0 bytes of S or P reach HBM",
                    f"tiles B_r = {c.block_q}, B_c = {c.block_kv}; ragged last tiles read only their rows"]
     if causal:
