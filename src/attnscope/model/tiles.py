@@ -17,8 +17,8 @@ Conventions
   future entries of the tiles that straddle the diagonal to -inf (changes the result).
 
 For a query tile the KV tiles partition into ``full`` (loaded, no mask arithmetic), ``masked`` (loaded,
-straddling the diagonal) and ``skipped`` (never loaded); ``loaded = full + masked`` and ``full`` always
-precede ``masked``. Unmasked attention loads every tile and masks none (the ragged last tile needs only
+straddling the diagonal) and ``skipped`` (never loaded); ``loaded = full + masked`` and, causal,
+``full`` precede ``masked``. Unmasked attention loads every tile and masks none (the ragged last tile needs only
 a bounds check, which is not a causal mask).
 
 A sliding window (``window=(left, right)``, flash-attn's ``window_size``, `normalize_window`) bounds the
