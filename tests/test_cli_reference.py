@@ -140,6 +140,19 @@ def test_trace_reports_a_mismatch_with_exit_1(capsys, monkeypatch):
     assert rc == 1 and json.loads(out)["max_abs_diff"] > 0.01
 
 
+def test_trace_sink_joins_the_denominator_only(capsys):
+    rc, out, _ = run(capsys, "trace", "--sink", "9", "--json")
+    j = json.loads(out)
+    s, v = np.array([8.0, 6.0, 10.0, 7.0]), np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    want = np.exp(s) @ v / (np.exp(s).sum() + np.exp(9.0))  # Z = sum exp(s) + exp(sink); no value
+    assert rc == 0 and np.allclose(j["output"], want, rtol=1e-12)
+    assert j["steps"][-1]["acc"] == j["steps"][-2]["acc"]  # the sink moves l, not acc
+    rc, out, _ = run(capsys, "trace", "--sink", "9")
+    assert rc == 0 and "Tile 3 is the sink (logit 9, value 0)" in " ".join(out.split())  # caption wraps
+    rc, _, err = run(capsys, "trace", "--sink", "inf")
+    assert rc == 2 and err.strip() == "attnscope trace: error: --sink: expected a finite number, got inf"
+
+
 # --- verify ---------------------------------------------------------------------------------------
 def test_verify_reference_checks_pass(capsys):
     rc, out, _ = run(capsys, "verify", "--kernels", "off")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from attnscope.cli._out import console, path_arg, print_json, table
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, finite_real, short
 from attnscope.inputs import gc_paused, load_json
 
 # Spec §3.2: one query row, d = 2, two tiles of two keys each: (scores, values).
@@ -28,6 +28,9 @@ def configure(sub) -> None:
                    help='JSON file ("-" for stdin): {"tiles": [{"scores": [8, 6], '
                         '"values": [[1, 2], [3, 4]]}, ...]}; any number of tiles, scores already scaled, '
                         "one value width throughout (default: the spec's §3.2 example)")
+    p.add_argument("--sink", type=float, default=None, metavar="X",
+                   help="an attention sink: the logit X joins the softmax denominator with no value, as one "
+                        "more key of value 0 after the last tile (it raises l and leaves acc unchanged)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_trace)
 
@@ -95,6 +98,11 @@ def cmd_trace(args) -> int:
     with gc_paused(), np.errstate(over="ignore"):
         tiles = load_tiles(args.input) if args.input else SPEC_TILES
         tr = online_softmax_trace(tiles)
+        if args.sink is not None:  # the sink: one more key, value 0 (reference.tiled_attention does the same)
+            if not finite_real(args.sink):
+                raise InputError(f"--sink: expected a finite number, got {short(args.sink)}")
+            tiles = [*tiles, ([args.sink], [[0.0] * len(tr.output)])]
+            tr = online_softmax_trace(tiles)
         scale = max(1.0, max(abs(x) for x in tr.reference))
         ok = tr.max_abs_diff <= MATCH_TOL * scale
         if args.json:
@@ -109,6 +117,8 @@ def cmd_trace(args) -> int:
         src = "spec §3.2" if not args.input else args.input
         c = console()
         note = "alpha rescales the old l and acc onto the new max; tile 1 has no old state."
+        if args.sink is not None:
+            note += f" Tile {n} is the sink (logit {args.sink:g}, value 0)."
         if len(shown) < n:
             note += f" {n - len(shown):,} middle tiles not shown (of {n:,}); --json gives every step."
         c.print(table(f"Online softmax, one query row, state after each tile ({src})",
