@@ -18,8 +18,8 @@ Conventions
 
 For a query tile the KV tiles partition into ``full`` (loaded, no mask arithmetic), ``masked`` (loaded,
 straddling the diagonal) and ``skipped`` (never loaded); ``loaded = full + masked`` and, causal,
-``full`` precede ``masked``. Unmasked attention loads every tile and masks none (the ragged last tile needs only
-a bounds check, which is not a causal mask).
+``full`` precede ``masked``. Unmasked attention loads every tile and masks none (the ragged last tile
+needs only a bounds check, which is not a causal mask).
 
 A sliding window (``window=(left, right)``, flash-attn's ``window_size``, `normalize_window`) bounds the
 keys of row ``r`` to ``[r + off - left, r + off + right]``. A query tile then loads a band of KV tiles:
