@@ -177,6 +177,7 @@ def _point(row, args, torch, dist, mesh, ad, attnscope, predict, world, rank, n,
 
 
 def main() -> int:
+    args = _args()
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -186,7 +187,6 @@ def main() -> int:
     from attnscope.model.flops import attention_flops
     from attnscope.model.ring import predict
 
-    args = _args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl")
