@@ -30,7 +30,9 @@ launched inside ``attnscope::attention`` ranges or named as fused attention kern
 count by name only, so compiled Flex's backward is missed; under ``--compile`` Dynamo drops the ranges, so
 every kernel counts by name) and as ``layers x`` the time of one layer's
 attention forward + backward alone over the step time. The loss curves are overlaid in one PNG.
-Takes about 2 minutes per backend at 500 steps on an H200 (plus compile time for Flex / --compile).
+With two or more ``--seeds`` it also prints each backend's final-loss spread over the seeds and whether
+attnscope's final loss (first seed) lies within each peer's spread of that peer's first-seed loss.
+Not yet timed on a GPU; ``--tiny`` takes about 12 s for 2 steps on a CPU.
 """
 
 from __future__ import annotations
@@ -413,6 +415,24 @@ def rows(runs, setting):
     return out
 
 
+def loss_spread(runs) -> list[str]:
+    """Per backend with several seeds: the final-loss spread; attnscope's gap to each such peer within it?"""
+    by = {}
+    for r in runs:
+        by.setdefault(r["backend"], []).append(r["final_loss"])
+    out = []
+    for b, losses in by.items():
+        if len(losses) > 1:
+            spread = max(losses) - min(losses)
+            out.append(f"{b}: final loss over {len(losses)} seeds {min(losses):.3f}-{max(losses):.3f} "
+                       f"(spread {spread:.3f})")
+            if b != "attnscope" and "attnscope" in by:
+                gap = abs(by["attnscope"][0] - losses[0])
+                out.append(f"attnscope vs {b} (first seeds): gap {gap:.3f}, "
+                           f"{'within' if gap <= spread else 'outside'} {b}'s seed spread")
+    return out
+
+
 def smooth(xs, w=20):
     out, acc = [], 0.0
     for i, x in enumerate(xs):
@@ -498,6 +518,8 @@ def main(argv=None) -> int:
         else:
             for row in table:
                 print("  ".join(f"{c}={v}" for c, v in zip(COLUMNS, row, strict=True)))
+        for line in loss_spread(runs):
+            print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env, "args": {k: v for k, v in vars(args).items()}, "runs": runs,
