@@ -1,7 +1,7 @@
 """Host-side cost of one eager decode call (no GPU work waited on): `DecodePlan.run` vs the one-line
 `flash_decode` (a plan per call) vs SDPA, and where plan.run's time goes.
 
-    PYTHONPATH=src python bench/host_overhead.py [--json out.json]
+    PYTHONPATH=src python bench/host_overhead.py [--json out.json] [--markdown]
 
 B = 1, Hq = 32, Hkv = 8, L = 4096, d = 128, bf16: the smallest decode shape of issue 14, where the kernel
 runs for a few microseconds and an eager call is made of host time. Each call is made 500 times after
@@ -25,6 +25,7 @@ import time
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--markdown", action="store_true", help="print BENCHMARKS.md's table at the end")
     args = p.parse_args()
     import torch
 
@@ -101,6 +102,8 @@ def main():
     prof.disable()
     torch.cuda.synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    if args.markdown:
+        print("| call | µs |\n| --- | --- |\n" + "\n".join(f"| {k} | {v:.1f} |" for k, v in results.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(), "us": results}, f,
