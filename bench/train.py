@@ -198,14 +198,24 @@ def attention_fn(torch, backend: str, setting: str, args):
     return flex_fn
 
 
-def flex_mask(torch, setting, ctx, B, S, device):
+def flex_masker(torch, setting, B, S, device):
+    """``mask(ctx) -> BlockMask`` for Flex: dense, one causal mask built once; packed, a causal document mask
+    over the flattened batch rebuilt per step from ``ctx["doc_id"]``, through one mask function reading a
+    persistent buffer (the same function object every step, so compiled code is reused)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     if setting == "dense":
-        return create_block_mask(lambda b, h, q, k: k <= q, None, None, S, S, device=device)
-    doc = ctx["doc_id"]
-    return create_block_mask(lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q), None, None, B * S, B * S,
-                             device=device)
+        bm = create_block_mask(lambda b, h, q, k: k <= q, None, None, S, S, device=device)
+        return lambda ctx: bm
+    doc = torch.zeros(B * S, dtype=torch.long, device=device)
+
+    def same_doc_causal(b, h, q, k):
+        return (doc[q] == doc[k]) & (k <= q)
+
+    def mask(ctx):
+        doc.copy_(ctx["doc_id"])
+        return create_block_mask(same_doc_causal, None, None, B * S, B * S, device=device)
+    return mask
 
 
 # --- the model ---------------------------------------------------------------------------------------
@@ -327,6 +337,7 @@ def run(torch, backend, seed, args, device):
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
+    masker = flex_masker(torch, args.setting, args.batch, args.seq, device) if backend == "flex" else None
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -341,8 +352,8 @@ def run(torch, backend, seed, args, device):
         else:
             pos = torch.arange(args.seq, device=device).expand(args.batch, -1)
             tmask = None
-        if backend == "flex":
-            ctx["block_mask"] = flex_mask(torch, args.setting, ctx, args.batch, args.seq, device)
+        if masker is not None:
+            ctx["block_mask"] = masker(ctx)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -496,7 +507,7 @@ def main(argv=None) -> int:
             def ctx_b(B, S, backend=backend):
                 ctx = ctx_for(B, S)
                 if backend == "flex":
-                    ctx["block_mask"] = flex_mask(torch, args.setting, ctx, B, S, device)
+                    ctx["block_mask"] = flex_masker(torch, args.setting, B, S, device)(ctx)
                 return ctx
             ok, ratio = check(torch, backend, args, device, torch.bfloat16, ctx_b)
             print(f"check {backend}: max error / bound {ratio:.3f} ({'ok' if ok else 'FAILED: not run'})")
