@@ -10,9 +10,9 @@ bf16, B = 1, Hq = 32, Hkv = 8, d = 128. Two passes: every chunk size is checked 
 rows of attnscope's dense output against float64 attention, bound 2 x SDPA's own error + 1e-3; the paged
 outputs and Flex's against the dense one), "all results match, starting benchmarks", then timed with
 ``triton.testing.do_bench``. TFLOP/s from `attnscope.model.flops.attention_flops` (exact bottom-right
-pairs). Flex compiles once per chunk size (dynamic=False). Run time on one H200 with a cold cache,
-estimated (not yet measured; each run prints its own): ~1.5 min (--quick: Nq = 512 only, ~40 s;
---no-flex: ~30 s).
+pairs). Flex compiles once per chunk size (dynamic=False). Run time on one H200 with a cold cache:
+about 1.5 min (--quick: Nq = 512 only, ~40 s; --no-flex: ~30 s); each run prints its own.
+``--markdown`` prints BENCHMARKS.md's chunked-prefill table (its columns, in its order).
 """
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it
@@ -21,12 +21,6 @@ import json
 import math
 import sys
 import time
-
-import torch
-import triton
-
-import attnscope
-from attnscope.model.flops import attention_flops
 
 B, HQ, HKV, D, L = 1, 32, 8, 128, 32768
 PAGES = (16, 64)
@@ -44,7 +38,7 @@ def check(o, q, k, v, nq, rows):
     low = torch.nn.functional.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=mask,
                                                            enable_gqa=True)
     err = (o[0][:, rows].double() - ref).abs().max().item()
-    return err, 2 * (low[0].double() - ref).abs().max().item() + 1e-3
+    return err, checks.kernel_tolerance((low[0].double() - ref).abs().max().item())
 
 
 def paged(k, v, page):
@@ -57,12 +51,37 @@ def paged(k, v, page):
     return kp, vp, table
 
 
+MD_COLUMNS = ("attnscope plan.run", "attnscope paged 16", "attnscope paged 64", "sdpa explicit mask",
+              "flex block mask")
+
+
+def markdown(rows) -> str:
+    """BENCHMARKS.md's table: TFLOP/s per chunk size, attnscope dense / paged against the peers."""
+    lines = ["| Nq | attnscope dense | paged 16 | paged 64 | SDPA explicit mask | Flex block mask "
+             "| dense / SDPA | dense / Flex |", "|" + " --- |" * 8]
+    for r in rows:
+        tf = r["TFLOP/s"]
+        cells = [f"{tf[c]:.1f}" if c in tf else "n/a" for c in MD_COLUMNS]
+        ratios = [f"{tf[MD_COLUMNS[0]] / tf[c]:.2f}" if c in tf else "n/a" for c in MD_COLUMNS[3:]]
+        lines.append(f"| {r['nq']} | " + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="Nq = 512 only, short timing")
     p.add_argument("--json", metavar="PATH", help="write checks, times and TFLOP/s as JSON")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (torch.compile)")
+    p.add_argument("--markdown", action="store_true", help="print BENCHMARKS.md's chunked table at the end")
     args = p.parse_args()
+    global torch, triton, attnscope, checks, attention_flops
+    import torch
+    import triton
+
+    import attnscope
+    from attnscope import checks
+    from attnscope.model.flops import attention_flops
+
     t0 = time.time()
     rep = 20 if args.quick else 100
     flex = create_block_mask = None
@@ -150,6 +169,8 @@ def main():
         row.update({"ms": t, "flops": flops, "ratios": ratios,
                     "TFLOP/s": {key: flops / (val * 1e-3) / 1e12 for key, val in t.items()}})
     print(f"done in {time.time() - t0:.0f} s", flush=True)
+    if args.markdown and not failures:
+        print(markdown([c[0] for c in cases]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "triton": triton.__version__,

@@ -1,6 +1,7 @@
 """Context parallelism (issues 16, 17): attnscope ring vs PyTorch `context_parallel` (SDPA FLASH, CUDNN).
 
     torchrun --nproc_per_node P bench/context_parallel.py [--quick] [--json out.json] [--n 32768,65536]
+        [--markdown]
 
 Same GPUs, same inputs: B = 1, H = 32 (--heads), d = 128, bf16, forward; N in 32k..256k (OOM points
 are recorded, not fatal), causal and unmasked. Also attnscope on one GPU (rank 0, same N) for the
@@ -17,7 +18,8 @@ collectives inside never desynchronise; triton's do_bench picks its count per ra
 after a barrier; a point's time is the slowest rank's median. PyTorch's unmasked `context_parallel`
 needs load balancing off (`_cp_options.enable_load_balance = False`, the only switch torch 2.11
 exposes); a configuration torch refuses is recorded as "refused" with its message.
-Works unchanged for P = 2, 4, 8.
+Works unchanged for P = 2, 4, 8. About 3 minutes on 2 x H200. ``--markdown`` prints BENCHMARKS.md's
+context-parallel table (its columns, in its order).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def _args():
     p.add_argument("--no-single", action="store_true", help="skip the 1-GPU attnscope run")
     p.add_argument("--quick", action="store_true", help="smoke run: N = 32768, causal, 3 iterations")
     p.add_argument("--json", default=None, help="write results to this path (rank 0)")
+    p.add_argument("--markdown", action="store_true", help="print BENCHMARKS.md's table at the end (rank 0)")
     return p.parse_args()
 
 
@@ -177,6 +180,7 @@ def _point(row, args, torch, dist, mesh, ad, attnscope, predict, world, rank, n,
 
 
 def main() -> int:
+    args = _args()
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -186,7 +190,6 @@ def main() -> int:
     from attnscope.model.flops import attention_flops
     from attnscope.model.ring import predict
 
-    args = _args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl")
@@ -230,12 +233,32 @@ def main() -> int:
             say(_line(row))
     say(f"done in {time.time() - t0:.0f} s (TFLOP/s: whole-sequence FLOPs / time, over all {world} GPUs; "
         "predicted = model, not measured)")
+    if args.markdown:
+        say(markdown(rows))
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump({"P": world, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "heads": h, "kv_heads": hkv, "d": d, "dtype": "bf16", "rows": rows}, f, indent=2)
     dist.destroy_process_group()
     return 0
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) else "n/a"
+
+
+def markdown(rows) -> str:
+    """BENCHMARKS.md's context-parallel table (TFLOP/s over all GPUs; step ms predicted / measured)."""
+    lines = ["| mask | N | attnscope ring | CP + FLASH | CP + CUDNN | 1-GPU attnscope | × CP-FLASH "
+             "| × CP-CUDNN | scaling eff. | step ms predicted / measured |", "|" + " --- |" * 10]
+    for r in rows:
+        a, fl, cu = (r.get(k + "_tflops") for k in ("attnscope", "cp_flash", "cp_cudnn"))
+        lines.append(f"| {'causal' if r['causal'] else 'unmasked'} | {r['N'] // 1024}k | {_fmt(a)} "
+                     f"| {_fmt(fl)} | {_fmt(cu)} | {_fmt(r.get('single_tflops'))} | {_ratio(a, fl)} "
+                     f"| {_ratio(a, cu)} | {_fmt(r.get('efficiency', 'n/a'), '.3f')} "
+                     f"| {_fmt(r.get('pred_step_ms', 'n/a'), '.2f')} / "
+                     f"{_fmt(r.get('meas_step_ms', 'n/a'), '.2f')} |")
+    return "\n".join(lines)
 
 
 def _fmt(x, spec=".1f"):

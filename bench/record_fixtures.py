@@ -1,6 +1,7 @@
 """Record, on a GPU machine, everything the CPU tests of measure/ need (one run, a few minutes).
 
-    OUT=/some/dir python bench/record_fixtures.py        # writes at most 8 files into $OUT
+    OUT=/some/dir python bench/record_fixtures.py        # writes at most 8 files into $OUT (or --out DIR)
+    python bench/record_fixtures.py --table tests/data/measure/recorded/ncu.json.gz   # CPU: the grid table
 
 Parts (each in try/except: one failure is logged and the rest still runs; a global time budget skips
 what no longer fits):
@@ -360,9 +361,18 @@ def grid_table(path: str) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--table":
-        print(grid_table(sys.argv[2]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--table", metavar="NCU_JSON_GZ",
+                    help="CPU only: print the Markdown grid table of a recorded ncu.json.gz and exit")
+    ap.add_argument("--out", metavar="DIR",
+                    help="where the files go (default: $OUT, else out/ in the repository)")
+    cli = ap.parse_args()
+    if cli.table:
+        print(grid_table(cli.table))
         sys.exit(0)
+    OUT = cli.out or OUT
     code = 1
     try:
         code = main()

@@ -1,15 +1,38 @@
-"""A real training run with attnscope's backward (issue 13): a small GPT, SDPA vs attnscope.
+"""Training benchmark: a Llama-shaped decoder trained with attnscope, SDPA CUDNN or FlexAttention.
 
-    PYTHONPATH=src python bench/train.py [--steps 500] [--quick] [--json out.json] [--plot out.png]
+    PYTHONPATH=src python bench/train.py --setting dense  [--steps 500] [--json F] [--plot F] [--compile]
+    PYTHONPATH=src python bench/train.py --setting packed [--steps 500] [--json F] [--plot F]
+    PYTHONPATH=src python bench/train.py --tiny --backends attnscope --steps 2   # CPU, TRITON_INTERPRET=1
 
-Model: a GPT-style decoder (pre-norm, RoPE, GQA attention, GELU MLP, tied byte embeddings), 6 layers,
-d_model 512, 8 query heads / 2 kv heads (head_dim 64), sequence 1024, batch 16, bf16 autocast, AdamW.
-Data: a fixed synthetic byte stream, deterministic from --data-seed (a sparse random second-order
-Markov chain over 256 symbols: learnable structure, nothing downloaded); every run sees the same batches.
-Three runs: SDPA (model seeds 0 and 1: the run-to-run spread) and attnscope (seed 0, the same
-initialisation and data as SDPA's first run). Reports the final loss (mean of the last 50 steps), the
-largest gap between smoothed curves, whether attnscope's gap to SDPA seed 0 lies within the SDPA
-two-seed spread, and the median step time of each run; writes the curves to JSON and an overlaid PNG.
+Model: RMSNorm, RoPE, SwiGLU, GQA; 12 layers, hidden 2,048, 16 query heads / 4 KV heads of d = 128, MLP
+5,632, vocabulary 32,768, untied embedding and LM head; bf16 autocast, AdamW (fp32 master weights).
+Data: a fixed synthetic token stream, the same for every backend and seed (`token_stream`: phrases of a
+seeded random phrase book drawn with Zipf weights, so the loss has structure to learn).
+
+Settings:
+- ``dense``: rows of ``--seq`` (8,192) tokens, causal attention over each row.
+- ``packed``: each row of ``--seq`` tokens is filled with documents whose lengths are drawn from a
+  long-tailed (log-normal) distribution; attention is causal within each document only (varlen with
+  ``cu_seqlens`` for attnscope, a document block mask for Flex), RoPE positions restart at each document
+  and no target crosses a document boundary.
+
+Backends (``--backends``): ``attnscope`` (`attnscope.flash_attention` dense,
+`attnscope.flash_attention_varlen(..., causal=True)` packed), ``sdpa-cudnn`` (dense only: SDPA restricted
+to CUDNN, K/V repeated to the query heads since cuDNN's SDPA takes no GQA) and ``flex`` (compiled
+FlexAttention, a causal block mask dense and a causal document mask packed, GQA native).
+
+Before training, each backend's attention is checked at the full size of one layer (forward output and
+dQ, dK, dV on the first two heads against float64 attention, `attnscope.checks.kernel_tolerance`'s rule)
+and a backend that fails is not run. Per backend and seed it reports the median step time (after
+``--warmup`` steps), tokens/s, peak memory, the final loss (mean of the last 10 %), and the attention
+share of a step two ways: from one profiled step by `attnscope.chrome_trace.attention_share` (kernels
+launched inside ``attnscope::attention`` ranges or named as fused attention kernels; backward kernels
+count by name only, so compiled Flex's backward is missed; under ``--compile`` Dynamo drops the ranges, so
+every kernel counts by name) and as ``layers x`` the time of one layer's
+attention forward + backward alone over the step time. The loss curves are overlaid in one PNG.
+With two or more ``--seeds`` it also prints each backend's final-loss spread over the seeds and whether
+attnscope's final loss (first seed) lies within each peer's spread of that peer's first-seed loss.
+Not yet timed on a GPU; ``--tiny`` takes about 12 s for 2 steps on a CPU.
 """
 
 from __future__ import annotations
@@ -20,215 +43,502 @@ import math
 import sys
 import time
 
-VOCAB = 256
+BACKENDS = ("attnscope", "sdpa-cudnn", "flex")
 
 
-def _require_gpu():
-    try:
-        import torch
-    except ImportError:
-        print("bench/train.py: needs torch and a CUDA GPU: pip install 'attnscope[kernels]'", file=sys.stderr)
-        raise SystemExit(2) from None
-    if not torch.cuda.is_available():
-        print("bench/train.py: needs a CUDA GPU; none is visible", file=sys.stderr)
-        raise SystemExit(2)
-    return torch
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setting", choices=("dense", "packed"), default="dense")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated, from " + ", ".join(BACKENDS) +
+                   " (default: attnscope,sdpa-cudnn,flex dense; attnscope,flex packed)")
+    p.add_argument("--seeds", default="0", help="model seeds, comma-separated (the data is the same)")
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of the step time")
+    p.add_argument("--batch", type=int, default=2, help="rows per step")
+    p.add_argument("--seq", type=int, default=8192, help="tokens per row")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--mlp", type=int, default=5632)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--data-seed", type=int, default=1234)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile(fullgraph=True) the step's forward and loss "
+                   "(AOTAutograd compiles their backward)")
+    p.add_argument("--no-check", action="store_true", help="skip the float64 check before training")
+    p.add_argument("--tiny", action="store_true",
+                   help="2 layers, hidden 64, 2 heads / 1 KV head of d 64, seq 128, vocab 256, batch 1: "
+                   "runs on a CPU under TRITON_INTERPRET=1")
+    p.add_argument("--json", metavar="PATH", help="write the runs (curves included) as JSON")
+    p.add_argument("--plot", metavar="PATH", help="overlaid loss curves (PNG)")
+    p.add_argument("--markdown", action="store_true", help="print the summary as a Markdown table")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.layers, args.hidden, args.heads, args.kv_heads, args.head_dim = 2, 64, 2, 1, 64
+        args.mlp, args.seq, args.vocab, args.batch = 128, 128, 256, 1
+        args.warmup = min(args.warmup, max(0, args.steps - 1))
+    args.backends = (args.backends or ("attnscope,sdpa-cudnn,flex" if args.setting == "dense"
+                                       else "attnscope,flex")).split(",")
+    for b in args.backends:
+        if b not in BACKENDS:
+            p.error(f"--backends: expected names from {', '.join(BACKENDS)}, got {b!r}")
+    if args.setting == "packed" and "sdpa-cudnn" in args.backends:
+        p.error("--backends: sdpa-cudnn has no document mask; packed runs attnscope and flex")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    for name in ("steps", "batch", "seq", "layers", "hidden", "heads", "kv_heads", "head_dim", "mlp",
+                 "vocab"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.heads % args.kv_heads:
+        p.error(f"--kv-heads: expected a divisor of --heads ({args.heads}), got {args.kv_heads}")
+    if args.warmup >= args.steps:
+        p.error(f"--warmup: expected fewer than --steps ({args.steps}), got {args.warmup}")
+    return args
 
 
-def token_stream(torch, n_tokens: int, seed: int):
-    """A second-order Markov byte stream: each (prev2, prev1) context has 4 possible successors with
-    fixed random probabilities. Deterministic from ``seed`` (CPU generator), returned on the GPU."""
+# --- data (seeded, identical for every backend) ----------------------------------------------------
+def token_stream(torch, n_tokens: int, vocab: int, seed: int):
+    """[n_tokens] int64: phrases of a seeded phrase book (1,024 phrases of 3-12 tokens) drawn with Zipf
+    weights and concatenated. Deterministic from ``seed`` (CPU generator)."""
     g = torch.Generator().manual_seed(seed)
-    succ = torch.randint(0, VOCAB, (VOCAB, VOCAB, 4), generator=g)
-    probs = torch.softmax(2.0 * torch.randn(VOCAB, VOCAB, 4, generator=g), -1)
-    choice = torch.multinomial(probs.view(-1, 4), n_tokens // (VOCAB * VOCAB) + 2, replacement=True,
-                               generator=g).view(VOCAB, VOCAB, -1)
-    out = torch.empty(n_tokens, dtype=torch.long)
-    a, b = 0, 1
-    use = torch.zeros(VOCAB, VOCAB, dtype=torch.long)
-    ch, sc = choice.tolist(), succ.tolist()
-    used = use.tolist()
-    buf = [0] * n_tokens
-    for i in range(n_tokens):
-        j = used[a][b] % len(ch[a][b])
-        used[a][b] += 1
-        c = sc[a][b][ch[a][b][j]]
-        buf[i] = c
-        a, b = b, c
-    out[:] = torch.tensor(buf)
-    return out.cuda()
+    n_phr = 1024
+    lens = torch.randint(3, 13, (n_phr,), generator=g)
+    book = torch.randint(0, vocab, (n_phr, 12), generator=g)
+    zipf = 1.0 / torch.arange(1, n_phr + 1, dtype=torch.float64)
+    draws = torch.multinomial(zipf, n_tokens // 3 + 1, replacement=True, generator=g)
+    dl = lens[draws]
+    keep = int(torch.searchsorted(dl.cumsum(0), torch.tensor(n_tokens)).item()) + 1
+    draws, dl = draws[:keep], dl[:keep]
+    mask = torch.arange(12)[None, :] < dl[:, None]
+    return book[draws][mask][:n_tokens].clone()
 
 
-def make_model(torch, attention, layers, d_model, heads, kv_heads, seq):
-    nn = torch.nn
-    hd = d_model // heads
-
-    pos = torch.arange(seq, dtype=torch.float32)
-    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-    ang = pos[:, None] * inv[None, :]  # [N, hd/2]
-    cos, sin = ang.cos().cuda(), ang.sin().cuda()
-
-    def rope(x):  # x [B, H, N, hd]
-        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-        y = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
-        return y.to(torch.bfloat16)
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-            self.qkv = nn.Linear(d_model, (heads + 2 * kv_heads) * hd, bias=False)
-            self.proj = nn.Linear(d_model, d_model, bias=False)
-            self.fc, self.out = nn.Linear(d_model, 4 * d_model, bias=False), nn.Linear(4 * d_model, d_model,
-                                                                                         bias=False)
-
-        def forward(self, x):
-            b, n, _ = x.shape
-            qkv = self.qkv(self.ln1(x)).view(b, n, heads + 2 * kv_heads, hd).transpose(1, 2)  # [B, H', N, hd]
-            q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
-            y = attention(rope(q), rope(k), v.to(torch.bfloat16))  # [B, H, N, hd]
-            x = x + self.proj(y.transpose(1, 2).reshape(b, n, d_model))
-            return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(VOCAB, d_model)
-            nn.init.normal_(self.emb.weight, std=0.02)  # GPT-2's init: tied logits start near uniform
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.ln = nn.LayerNorm(d_model)
-
-        def forward(self, idx):
-            x = self.emb(idx)
-            for blk in self.blocks:
-                x = blk(x)
-            return self.ln(x) @ self.emb.weight.T  # tied output head, [B, N, VOCAB]
-
-    return GPT().cuda()
+def document_lengths(torch, rows: int, seq: int, seed: int, step: int):
+    """Per row, document lengths summing to ``seq``: log-normal (median seq / 16, i.e. 512 for 8k rows;
+    sigma 1.2), clipped to [16, seq]; the last document of a row is cut to fit. Deterministic from
+    (seed, step)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    out = []
+    for _ in range(rows):
+        left, row = seq, []
+        while left > 0:
+            n = int(math.exp(math.log(seq / 16) + 1.2 * float(torch.randn((), generator=g))))
+            n = min(max(n, 16), left)
+            row.append(n)
+            left -= n
+        out.append(row)
+    return out
 
 
-def train(torch, attention, seed, data, args, label, log):
-    torch.manual_seed(seed)
-    model = make_model(torch, attention, args.layers, args.d_model, args.heads, args.kv_heads, args.seq)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    g = torch.Generator().manual_seed(args.data_seed + 1)  # the same batches for every run
-    starts = torch.randint(0, data.numel() - args.seq - 1, (args.steps, args.batch), generator=g)
-    losses, times = [], []
-    for step in range(args.steps):
-        lr = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        idx = starts[step].cuda()[:, None] + torch.arange(args.seq + 1, device="cuda")[None, :]
-        tok = data[idx]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(tok[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), tok[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
+def batches(torch, args):
+    """Yields (tokens [B, S + 1] int64, doc lengths or None) for every step; the same for every run."""
+    per = args.batch * (args.seq + 1)
+    stream = token_stream(torch, per * args.steps, args.vocab, args.data_seed)
+    for i in range(args.steps):
+        toks = stream[i * per:(i + 1) * per].view(args.batch, args.seq + 1)
+        packed = args.setting == "packed"
+        docs = document_lengths(torch, args.batch, args.seq, args.data_seed, i) if packed else None
+        yield toks, docs
+
+
+def packing(torch, docs, seq, device):
+    """For packed rows: cu_seqlens int32 [n_docs + 1] over the flattened batch, RoPE positions [B, S],
+    a target mask [B, S] (False at each document's last token), document ids [B * S], the longest doc."""
+    lens = [n for row in docs for n in row]
+    cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(torch.int32)
+    pos = torch.cat([torch.arange(n) for n in lens]).view(len(docs), seq)
+    last = torch.zeros(len(docs) * seq, dtype=torch.bool)
+    last[cu[1:].long() - 1] = True
+    doc_id = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    return (cu.to(device), pos.to(device), (~last).view(len(docs), seq).to(device), doc_id.to(device),
+            max(lens))
+
+
+# --- attention backends ------------------------------------------------------------------------------
+def attention_fn(torch, backend: str, setting: str, args):
+    """``attn(q, k, v, ctx) -> o`` with q [B, Hq, S, d], k/v [B, Hkv, S, d]; ``ctx`` carries the packing."""
+    import attnscope
+
+    if backend == "attnscope" and setting == "dense":
+        return lambda q, k, v, ctx: attnscope.flash_attention(q, k, v, causal=True)
+    if backend == "attnscope":
+        def varlen(q, k, v, ctx):
+            B, H, S, d = q.shape
+            flat = [t.transpose(1, 2).reshape(B * S, t.shape[1], d) for t in (q, k, v)]
+            o = attnscope.flash_attention_varlen(*flat, ctx["cu"], ctx["cu"], ctx["max_len"], ctx["max_len"],
+                                                 causal=True)
+            return o.view(B, S, H, d).transpose(1, 2)
+        return varlen
+    if backend == "sdpa-cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        def cudnn(q, k, v, ctx):
+            g = q.shape[1] // k.shape[1]
+            k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return sdpa(q, k, v, is_causal=True)
+        return cudnn
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def flex_fn(q, k, v, ctx):
+        if setting == "dense":
+            return flex(q, k, v, block_mask=ctx["block_mask"], enable_gqa=True)
+        B, H, S, d = q.shape
+        flat = [t.transpose(0, 1).reshape(1, t.shape[1], B * S, d) for t in (q, k, v)]  # one long sequence
+        o = flex(*flat, block_mask=ctx["block_mask"], enable_gqa=True)
+        return o.view(H, B, S, d).transpose(0, 1)
+    return flex_fn
+
+
+def flex_masker(torch, setting, B, S, device):
+    """``mask(ctx) -> BlockMask`` for Flex: dense, one causal mask built once; packed, a causal document mask
+    over the flattened batch rebuilt per step from ``ctx["doc_id"]``, through one mask function reading a
+    persistent buffer (the same function object every step, so compiled code is reused)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if setting == "dense":
+        bm = create_block_mask(lambda b, h, q, k: k <= q, None, None, S, S, device=device)
+        return lambda ctx: bm
+    doc = torch.zeros(B * S, dtype=torch.long, device=device)
+
+    def same_doc_causal(b, h, q, k):
+        return (doc[q] == doc[k]) & (k <= q)
+
+    def mask(ctx):
+        doc.copy_(ctx["doc_id"])
+        return create_block_mask(same_doc_causal, None, None, B * S, B * S, device=device)
+    return mask
+
+
+# --- the model ---------------------------------------------------------------------------------------
+def build_model(torch, args, seed: int, device):
+    """Parameters (fp32) of the Llama-shaped decoder, drawn from ``seed``, and its forward."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    h, hd, hq, hkv, m = args.hidden, args.head_dim, args.heads, args.kv_heads, args.mlp
+
+    def w(*dims, std=None):
+        return torch.nn.Parameter((torch.randn(*dims, generator=g) * (std or dims[-1] ** -0.5)).to(device))
+
+    params = {"emb": w(args.vocab, h, std=0.02), "head": w(args.vocab, h), "norm": torch.nn.Parameter(
+        torch.ones(h, device=device))}
+    for i in range(args.layers):
+        params.update({f"{i}.wqkv": w((hq + 2 * hkv) * hd, h),
+                       f"{i}.wo": w(h, hq * hd, std=(2 * args.layers * hq * hd) ** -0.5),
+                       f"{i}.w13": w(2 * m, h), f"{i}.w2": w(h, m, std=(2 * args.layers * m) ** -0.5),
+                       f"{i}.n1": torch.nn.Parameter(torch.ones(h, device=device)),
+                       f"{i}.n2": torch.nn.Parameter(torch.ones(h, device=device))})
+
+    def rms(x, wt):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * wt.to(x.dtype)
+
+    def rope(x, cos, sin):  # x [B, H, S, d]; cos/sin [B, 1, S, d/2]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def forward(tokens, pos, attn, ctx):
+        """tokens [B, S] int64, pos [B, S] -> logits [B, S, vocab] (autocast dtype)."""
+        B, S = tokens.shape
+        inv = 1.0 / 500000.0 ** (torch.arange(0, hd, 2, device=device).float() / hd)
+        ang = (pos.float()[..., None] * inv)[:, None]  # [B, 1, S, d/2]
+        on = torch.is_autocast_enabled(device.type)
+        dt = torch.get_autocast_dtype(device.type) if on else torch.float32
+        cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+        x = params["emb"][tokens]
+        for i in range(args.layers):
+            qkv = F.linear(rms(x, params[f"{i}.n1"]), params[f"{i}.wqkv"]).to(dt)
+            q, k, v = qkv.view(B, S, hq + 2 * hkv, hd).transpose(1, 2).split((hq, hkv, hkv), dim=1)
+            q, k = rope(q, cos, sin).to(dt), rope(k, cos, sin).to(dt)
+            with torch.profiler.record_function("attnscope::attention"):
+                o = attn(q, k, v.contiguous(), ctx)  # [B, Hq, S, d]
+            x = x + F.linear(o.transpose(1, 2).reshape(B, S, hq * hd), params[f"{i}.wo"])
+            gate, up = F.linear(rms(x, params[f"{i}.n2"]), params[f"{i}.w13"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, params[f"{i}.w2"])
+        return F.linear(rms(x, params["norm"]), params["head"])
+
+    return params, forward
+
+
+# --- correctness at full size ------------------------------------------------------------------------
+def check(torch, backend, args, device, dt, ctx_for):
+    """One layer's attention at the full shape (forward output, dQ, dK, dV) against float64 attention on
+    batch row 0, KV head 0 and its query heads; the bound is `checks.kernel_tolerance` of PyTorch's own
+    error at ``dt`` (math attention in ``dt``). Returns (ok, worst error / bound)."""
+    from attnscope import checks
+
+    B, S, hq, hkv, d = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim
+    g = torch.Generator(device=device).manual_seed(7)
+    q = torch.randn(B, hq, S, d, generator=g, device=device).to(dt).requires_grad_()
+    k, v = (torch.randn(B, hkv, S, d, generator=g, device=device).to(dt).requires_grad_() for _ in range(2))
+    do = torch.randn(B, hq, S, d, generator=g, device=device).to(dt)
+    ctx = ctx_for(B, S)
+    o = attention_fn(torch, backend, args.setting, args)(q, k, v, ctx)
+    if o.grad_fn is None:  # a forward without a backward would drop the gradients silently
+        print(f"check {backend}: its output has no grad_fn (no backward)")
+        return False, math.inf
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    grp = hq // hkv
+    allowed = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+    if args.setting == "packed":
+        doc = ctx["doc_id"][:S]
+        allowed = allowed & (doc[:, None] == doc[None, :])
+    inputs = [t.detach()[:1, :n] for t, n in ((q, grp), (k, 1), (v, 1))]  # [1, grp | 1, S, d]
+    results = []
+    for cast in (torch.float64, dt):  # float64, then PyTorch's own math at the input dtype
+        qr, kr, vr = (t.to(cast).requires_grad_() for t in inputs)
+        s = (qr @ kr.transpose(-1, -2)) * d ** -0.5  # K/V broadcast over the group: dK, dV sum over it
+        pr = torch.softmax(s.masked_fill(~allowed, float("-inf")).to(torch.float64 if cast == torch.float64
+                                                                          else torch.float32), -1).to(cast)
+        ref = pr @ vr
+        results.append((ref.detach(), *torch.autograd.grad(ref, (qr, kr, vr), do[:1, :grp].to(cast))))
+        del s, pr, ref
+    exact, lowp = results
+    mine = (o[:1, :grp], dq[:1, :grp], dk[:1, :1], dv[:1, :1])
+    worst = 0.0
+    for i, (m, ex, lo) in enumerate(zip(mine, exact, lowp, strict=True)):
+        torch_err = (lo.double() - ex).abs().max().item()
+        bound = checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR if i else 2.0)
+        worst = max(worst, (m.double() - ex).abs().max().item() / bound)
+    return worst <= 1.0, worst
+
+
+# --- one run -----------------------------------------------------------------------------------------
+def run(torch, backend, seed, args, device):
+    dt = torch.bfloat16
+    params, forward = build_model(torch, args, seed, device)
+    opt = torch.optim.AdamW(params.values(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    attn = attention_fn(torch, backend, args.setting, args)
+
+    def loss_of(tokens, pos, tmask, ctx):
+        with torch.autocast(device.type, dtype=dt):
+            logits = forward(tokens[:, :-1], pos, attn, ctx)
+        target = tokens[:, 1:] if tmask is None else tokens[:, 1:].masked_fill(~tmask, -100)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten(),
+                                                 ignore_index=-100)
+
+    # --compile: the forward and the loss in one graph (fullgraph: a graph break is an error); AOTAutograd
+    # compiles their backward; the optimizer step stays eager
+    fwd_loss = torch.compile(loss_of, fullgraph=True) if args.compile else loss_of
+
+    def step(tokens, pos, tmask, ctx):
+        loss = fwd_loss(tokens, pos, tmask, ctx)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        torch.cuda.synchronize()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    masker = flex_masker(torch, args.setting, args.batch, args.seq, device) if backend == "flex" else None
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    losses, times, grads_seen = [], [], False
+    ctx = {}
+    for i, (toks, docs) in enumerate(batches(torch, args)):
+        toks = toks.to(device)
+        if docs is not None:
+            cu, pos, tmask, doc_id, max_len = packing(torch, docs, args.seq, device)
+            ctx = {"cu": cu, "max_len": max_len, "doc_id": doc_id}
+        else:
+            pos = torch.arange(args.seq, device=device).expand(args.batch, -1)
+            tmask = None
+        if masker is not None:
+            ctx["block_mask"] = masker(ctx)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if i == 0:  # the first step eagerly, to see the gradients reach every parameter
+            loss = loss_of(toks, pos, tmask, ctx)
+            loss.backward()
+            grads_seen = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) and
+                             bool(p.grad.abs().sum() > 0) for p in params.values())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss = loss.detach()
+        else:
+            loss = step(toks, pos, tmask, ctx)
+        losses.append(float(loss))
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-        if not math.isfinite(losses[-1]):
-            raise SystemExit(f"{label}: loss became {losses[-1]} at step {step}")
-        if step % 100 == 0 or step == args.steps - 1:
-            log(f"  {label} step {step:4d} loss {losses[-1]:.4f} ({times[-1] * 1e3:.1f} ms)")
-    return losses, times
+    out = {"backend": backend, "seed": seed, "losses": losses, "grads_seen": grads_seen,
+           "step_ms": 1e3 * sorted(times[args.warmup:])[len(times[args.warmup:]) // 2],
+           "tokens_per_step": args.batch * args.seq}
+    out["tokens_per_s"] = out["tokens_per_step"] / (out["step_ms"] / 1e3)
+    tail = losses[-max(1, len(losses) // 10):]
+    out["final_loss"] = sum(tail) / len(tail)
+    if cuda:
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out.update(attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, out["step_ms"]))
+    return out
+
+
+def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step_ms):
+    """The attention share of a step: from one profiled step (chrome_trace's rule) and as layers x one
+    layer's attention forward + backward timed alone over the median step time."""
+    from attnscope import chrome_trace
+    from attnscope.measure.backends import profile_trace
+    from attnscope.measure.share import cuda_time_ms
+
+    res = {}
+    try:
+        trace = profile_trace(lambda: step(toks, pos, tmask, ctx), "attnscope::step")
+        s = chrome_trace.attention_share(trace)
+        res["share_trace"] = s.share
+    except Exception as e:  # a trace without recognisable attention kernels: say so, keep the run
+        res["share_trace"] = None
+        res["share_trace_error"] = str(e).splitlines()[0]
+    B, S, d = args.batch, args.seq, args.head_dim
+    q = torch.randn(B, args.heads, S, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, args.kv_heads, S, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    do = torch.randn_like(q)
+    ms = cuda_time_ms(lambda: torch.autograd.grad(attn(q, k, v, ctx), (q, k, v), do))
+    res["attention_ms"] = args.layers * ms
+    res["share_timed"] = args.layers * ms / step_ms
+    return res
+
+
+# --- reporting ---------------------------------------------------------------------------------------
+COLUMNS = ("setting", "backend", "seed", "step ms", "tokens/s", "peak GiB", "attention share (trace / timed)",
+           "final loss", "/ first backend's step time")
+
+
+def rows(runs, setting):
+    base = runs[0]["step_ms"]
+    out = []
+    for r in runs:
+        tr = "n/a" if r.get("share_trace") is None else f"{r['share_trace']:.2f}"
+        tm = f"{r['share_timed']:.2f}" if "share_timed" in r else "n/a"
+        out.append((setting, r["backend"], str(r["seed"]), f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                    f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a", f"{tr} / {tm}",
+                    f"{r['final_loss']:.3f}", f"{r['step_ms'] / base:.3f}"))
+    return out
+
+
+def loss_spread(runs) -> list[str]:
+    """Per backend with several seeds: the final-loss spread; attnscope's gap to each such peer within it?"""
+    by = {}
+    for r in runs:
+        by.setdefault(r["backend"], []).append(r["final_loss"])
+    out = []
+    for b, losses in by.items():
+        if len(losses) > 1:
+            spread = max(losses) - min(losses)
+            out.append(f"{b}: final loss over {len(losses)} seeds {min(losses):.3f}-{max(losses):.3f} "
+                       f"(spread {spread:.3f})")
+            if b != "attnscope" and "attnscope" in by:
+                gap = abs(by["attnscope"][0] - losses[0])
+                out.append(f"attnscope vs {b} (first seeds): gap {gap:.3f}, "
+                           f"{'within' if gap <= spread else 'outside'} {b}'s seed spread")
+    return out
 
 
 def smooth(xs, w=20):
     out, acc = [], 0.0
     for i, x in enumerate(xs):
-        acc += x - (xs[i - w] if i >= w else 0.0)
+        acc += x
+        if i >= w:
+            acc -= xs[i - w]
         out.append(acc / min(i + 1, w))
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=500, help="optimizer steps per run (default 500)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 60 steps, 2 layers")
-    p.add_argument("--layers", type=int, default=6, help="decoder layers (default 6)")
-    p.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
-    p.add_argument("--heads", type=int, default=8, help="query heads (default 8)")
-    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads, GQA (default 2)")
-    p.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
-    p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--data-seed", type=int, default=1234, help="seed of the token stream and batches")
-    p.add_argument("--json", metavar="PATH", help="write curves and step times as JSON to PATH")
-    p.add_argument("--plot", metavar="PATH", default="train_loss.png", help="overlaid loss curves (PNG)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.steps, args.layers = 60, 2
-    torch = _require_gpu()
-    import attnscope
-
-    def sdpa(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-    def ours(q, k, v):
-        return attnscope.flash_attention(q, k, v, causal=True)
-
-    t_start = time.time()
-    data = token_stream(torch, 2_000_000, args.data_seed)
-    print(f"GPT {args.layers} layers, d_model {args.d_model}, {args.heads}/{args.kv_heads} heads, "
-          f"seq {args.seq}, batch {args.batch}, {args.steps} steps; Markov byte stream of {data.numel()} "
-          "tokens", flush=True)
-    runs = {}
-    for label, fn, seed in (("sdpa_seed0", sdpa, 0), ("sdpa_seed1", sdpa, 1), ("attnscope_seed0", ours, 0)):
-        losses, times = train(torch, fn, seed, data, args, label, lambda s: print(s, flush=True))
-        runs[label] = {"loss": losses, "step_s": times}
-
-    tail = min(50, args.steps)
-    final = {k: sum(r["loss"][-tail:]) / tail for k, r in runs.items()}
-    sm = {k: smooth(r["loss"]) for k, r in runs.items()}
-    skip = min(50, args.steps // 5)  # the first steps move fast: compare curves after warm-up
-    spread_final = abs(final["sdpa_seed0"] - final["sdpa_seed1"])
-    gap_final = abs(final["attnscope_seed0"] - final["sdpa_seed0"])
-    spread_curve = max(abs(a - b) for a, b in zip(sm["sdpa_seed0"][skip:], sm["sdpa_seed1"][skip:],
-                                                  strict=True))
-    gap_curve = max(abs(a - b) for a, b in zip(sm["attnscope_seed0"][skip:], sm["sdpa_seed0"][skip:],
-                                               strict=True))
-    med = {k: sorted(r["step_s"][10:])[len(r["step_s"][10:]) // 2] * 1e3 for k, r in runs.items()}
-    ok = gap_final <= spread_final and gap_curve <= spread_curve
-    for k in runs:
-        print(f"{k:16s} final loss (mean of last {tail}) {final[k]:.4f}   median step {med[k]:.1f} ms")
-    print(f"final-loss gap attnscope vs SDPA seed 0: {gap_final:.4f}; "
-          f"SDPA two-seed spread {spread_final:.4f}")
-    print(f"largest smoothed-curve gap after step {skip}: attnscope vs SDPA seed 0 {gap_curve:.4f}; "
-          f"SDPA seed 0 vs seed 1 {spread_curve:.4f}")
-    print("WITHIN the SDPA run-to-run spread" if ok else "OUTSIDE the SDPA run-to-run spread")
-
+def plot(runs, path, title):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for k, style in (("sdpa_seed0", "-"), ("sdpa_seed1", ":"), ("attnscope_seed0", "--")):
-            ax.plot(sm[k], style, label=f"{k} ({med[k]:.0f} ms/step)")
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss (nats, 20-step mean)")
-        ax.set_title(f"GPT {args.layers}L d{args.d_model} GQA {args.heads}/{args.kv_heads}, "
-                     f"seq {args.seq}: SDPA vs attnscope")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"plot: {args.plot}")
     except ImportError:
         print("matplotlib missing: no plot (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in runs:
+        ax.plot(smooth(r["losses"]), label=f"{r['backend']} seed {r['seed']} ({r['step_ms']:.0f} ms/step)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (20-step mean)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        print("bench/train.py: needs a CUDA GPU (or --tiny on a CPU under TRITON_INTERPRET=1)",
+              file=sys.stderr)
+        return 2
+    if device.type == "cpu" and args.backends != ["attnscope"]:
+        print("bench/train.py: on a CPU only --backends attnscope runs", file=sys.stderr)
+        return 2
+    env = {"torch": torch.__version__,
+           "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    print(f"{env['device']}, torch {env['torch']}, {args.setting}, {args.layers} layers, "
+          f"hidden {args.hidden}, "
+          f"{args.heads}/{args.kv_heads} heads of {args.head_dim}, {args.batch} x {args.seq} tokens, "
+          f"{args.steps} steps")
+
+    def ctx_for(B, S):  # the packing of step 0, for the check
+        toks, docs = next(iter(batches(torch, args)))
+        if docs is None:
+            return {"block_mask": None}
+        cu, _, _, doc_id, max_len = packing(torch, docs, S, device)
+        return {"cu": cu, "max_len": max_len, "doc_id": doc_id}
+
+    runs, failed = [], {}
+    for backend in args.backends:
+        if not args.no_check:
+            def ctx_b(B, S, backend=backend):
+                ctx = ctx_for(B, S)
+                if backend == "flex":
+                    ctx["block_mask"] = flex_masker(torch, args.setting, B, S, device)(ctx)
+                return ctx
+            ok, ratio = check(torch, backend, args, device, torch.bfloat16, ctx_b)
+            print(f"check {backend}: max error / bound {ratio:.3f} ({'ok' if ok else 'FAILED: not run'})")
+            if not ok:
+                failed[backend] = ratio
+                continue
+        for seed in args.seeds:
+            r = run(torch, backend, seed, args, device)
+            runs.append(r)
+            print(f"{backend} seed {seed}: loss {r['losses'][0]:.3f} -> {r['final_loss']:.3f}, "
+                  f"{r['step_ms']:.1f} ms/step, grads on every parameter: {r['grads_seen']}")
+    if runs:
+        table = rows(runs, args.setting)
+        if args.markdown:
+            print("| " + " | ".join(COLUMNS) + " |")
+            print("|" + " --- |" * len(COLUMNS))
+            for row in table:
+                print("| " + " | ".join(row) + " |")
+        else:
+            for row in table:
+                print("  ".join(f"{c}={v}" for c, v in zip(COLUMNS, row, strict=True)))
+        for line in loss_spread(runs):
+            print(line)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "runs": runs, "final_loss": final, "median_step_ms": med,
-                       "gap_final": gap_final, "spread_final": spread_final, "gap_curve": gap_curve,
-                       "spread_curve": spread_curve, "within_spread": ok, "torch": torch.__version__,
-                       "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                       "seconds": round(time.time() - t_start, 1)}, fh)
-    print(f"done in {time.time() - t_start:.0f} s")
-    return 0 if ok else 1
+        with open(args.json, "w") as f:
+            json.dump({"env": env, "args": {k: v for k, v in vars(args).items()}, "runs": runs,
+                       "failed_check": failed}, f, indent=1)
+    if args.plot and runs:
+        plot(runs, args.plot,
+             f"{args.setting}: {args.layers} layers, hidden {args.hidden}, {args.seq} tokens/row")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

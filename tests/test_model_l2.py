@@ -3,6 +3,8 @@
 The three measured numbers are issue 7's (H200, ncu, 2026-11-29; N = 4,096, d = 128, fp16, unmasked):
 naive 32 heads 130.7 MiB per head, naive 1 head 85.6 MiB, SDPA FLASH 32 heads 4.0 MiB. The goal is
 +-15 % at every point; recorded grids (tests/data/measure/recorded/ncu.json.gz) are checked the same way.
+The probes and result files under bench/ that comments here cite (other than bench/l2_sim.py and the
+held-out grids) are in commit 5eeec86: ``git show 5eeec86:bench/l2_reuse.py``.
 """
 
 import gzip

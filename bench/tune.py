@@ -1,0 +1,193 @@
+"""Time candidate block configurations of the prefill or decode kernel (the tables bypassed), beside SDPA.
+
+    PYTHONPATH=src python bench/tune.py prefill [--d 128] [--n 4096 --n 16384] [--causal 0 --causal 1]
+        [--bm 128] [--bn 64 --bn 128] [--warps 4 --warps 8] [--stages 2 --stages 3] [--out FILE.json]
+    PYTHONPATH=src python bench/tune.py decode [--out FILE.json]
+
+``prefill``: for the rows of kernels/fwd.py's ``CONFIG_TABLE`` (the portable kernel). bf16, H = 32,
+B * N = ``--tokens``; each config is checked against float64 attention (heads 0-1 of batch 0, the last
+1,024 query rows; `attnscope.checks.kernel_tolerance` of SDPA FLASH's own error) and only then timed
+(median of ``triton.testing.do_bench``); SDPA FLASH and CUDNN on the same tensors. About 1 minute per
+(d, causal, N) with the default 12 configs on an H200.
+
+``decode``: for the decode kernel's block configs and split heuristic. bf16, d = 128, the issue's
+(B, Hq, Hkv) x L grid (`attnscope.measure.bench.DECODE_GRID` / ``DECODE_LS``); at each point the default
+plan's output and each (BLOCK_N, warps, stages) x split count's are checked against float64 (batch 0),
+then timed beside SDPA CUDNN; effective TB/s = K and V bytes / time. About 10 minutes on an H200.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+
+DECODE_CONFIGS = [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2), (256, 8, 3), (64, 4, 3),
+                  (32, 4, 4)]
+SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="kernel", required=True)
+    pf = sub.add_parser("prefill", help="portable prefill kernel configs")
+    pf.add_argument("--d", type=int, action="append")
+    pf.add_argument("--n", type=int, action="append")
+    pf.add_argument("--causal", type=int, action="append", choices=(0, 1))
+    pf.add_argument("--tokens", type=int, default=16384)
+    pf.add_argument("--heads", type=int, default=32)
+    pf.add_argument("--bm", type=int, action="append")
+    pf.add_argument("--bn", type=int, action="append")
+    pf.add_argument("--warps", type=int, action="append")
+    pf.add_argument("--stages", type=int, action="append")
+    pf.add_argument("--out", metavar="FILE.json")
+    dc = sub.add_parser("decode", help="decode kernel configs and split counts")
+    dc.add_argument("--out", metavar="FILE.json")
+    return p.parse_args(argv)
+
+
+def _exact_error(torch, o, q, k, v, causal, rows=1024):
+    """max |o - float64 attention| over heads 0-1 of batch 0 and the last ``rows`` query rows."""
+    n, d = q.shape[2], q.shape[3]
+    qs = q[0, :2, -rows:].double()
+    s = qs @ k[0, :2].double().transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        r = torch.arange(n - qs.shape[1], n, device=q.device)[:, None]
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > r, -math.inf)
+    ref = torch.softmax(s, -1) @ v[0, :2].double()
+    return (o[0, :2, -rows:].double() - ref).abs().max().item()
+
+
+def prefill(a) -> int:
+    import torch
+    import triton
+
+    from attnscope import checks
+    from attnscope.kernels import fwd
+    from attnscope.measure.backends import sdpa
+
+    results, bad = [], 0
+    flash, cudnn = sdpa("flash"), sdpa("cudnn")
+    for d, causal, n in itertools.product(a.d or [128], a.causal or [0, 1], a.n or [4096, 16384]):
+        b = max(1, a.tokens // n)
+        q, k, v = (torch.randn(b, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * b * a.heads * n * n * d * (0.5 if causal else 1)
+        bound = checks.kernel_tolerance(_exact_error(torch, flash(q, k, v, bool(causal)), q, k, v, causal))
+        peers = {}
+        for name, fn in (("flash", flash), ("cudnn", cudnn)):
+            ms = triton.testing.do_bench(lambda fn=fn, q=q, k=k, v=v, c=bool(causal): fn(q, k, v, c),
+                                         warmup=25, rep=100, return_mode="median")
+            peers[name] = flops / ms / 1e9
+        print(f"d={d} causal={causal} N={n} B={b}: flash {peers['flash']:.0f} "
+              f"cudnn {peers['cudnn']:.0f} TFLOP/s; bound {bound:.2e}", flush=True)
+        for bm, bn, w, s in itertools.product(a.bm or [128], a.bn or [64, 128], a.warps or [4, 8],
+                                              a.stages or [2, 3, 4]):
+            cfg = fwd.FwdConfig(bm, bn, w, s)
+            t0 = time.time()
+            try:
+                o = fwd.flash_attention(q, k, v, bool(causal), config=cfg)
+                err = _exact_error(torch, o, q, k, v, causal)
+                if not err <= bound:
+                    bad += 1
+                    row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(), err=err, bound=bound, ok=False)
+                    print(f"  bm={bm} bn={bn} w={w} s={s}: error {err:.2e} > bound: not timed", flush=True)
+                    results.append(row)
+                    continue
+                ms = triton.testing.do_bench(
+                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal): fwd.flash_attention(q, k, v, c,
+                                                                                        config=cfg),
+                    warmup=25, rep=100, return_mode="median")
+                tf = flops / ms / 1e9
+                row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(), tflops=tf, err=err, bound=bound,
+                           ok=True, vs_cudnn=tf / peers["cudnn"], vs_flash=tf / peers["flash"])
+                print(f"  bm={bm} bn={bn} w={w} s={s}: {tf:6.1f} TFLOP/s  "
+                      f"/cudnn {tf / peers['cudnn']:.3f} "
+                      f"/flash {tf / peers['flash']:.3f}  err {err:.2e} ({time.time() - t0:.1f}s)",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001 - a config the compiler refuses is reported, the rest run
+                row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(),
+                           error=f"{type(e).__name__}: {str(e)[:200]}")
+                print(f"  bm={bm} bn={bn} w={w} s={s}: FAILED {row['error'][:150]}", flush=True)
+            results.append(row)
+        results.append(dict(d=d, causal=causal, n=n, peers=peers))
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 1 if bad else 0
+
+
+def decode(a) -> int:
+    import torch
+    import triton
+
+    from attnscope import checks
+    from attnscope.kernels import decode as dec
+    from attnscope.measure.backends import sdpa
+    from attnscope.measure.bench import DECODE_GRID, DECODE_LS
+
+    cudnn = sdpa("cudnn")
+    rows, bad = [], 0
+    for b, hq, hkv in DECODE_GRID:
+        for L in DECODE_LS:
+            q = torch.randn(b, hq, 1, 128, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, hkv, L, 128, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(b, hkv, L, 128, device="cuda", dtype=torch.bfloat16)
+            kv = 2 * k.numel() * 2
+            g = hq // hkv
+            kk, vv = (t[:1].double().repeat_interleave(g, 1) for t in (k, v))  # batch 0, float64
+            exact = torch.softmax(q[:1].double() @ kk.transpose(-1, -2) / math.sqrt(128), -1) @ vv
+            low = torch.nn.functional.scaled_dot_product_attention(q[:1], k[:1], v[:1], enable_gqa=True)
+            bound = checks.kernel_tolerance((low.double() - exact).abs().max().item())
+            err = (dec.flash_decode(q, k, v)[:1].double() - exact).abs().max().item()
+            if not err <= bound:
+                bad += 1
+                print(f"B={b} Hq={hq} Hkv={hkv} L={L}: error {err:.2e} > bound {bound:.2e}: not timed",
+                      flush=True)
+                continue
+
+            def tbs(fn, kv=kv):
+                return kv / triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") / 1e9
+
+            ref = tbs(lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g))
+            auto = tbs(lambda q=q, k=k, v=v: dec.flash_decode(q, k, v))
+            default_s = dec.default_num_splits(b, hkv, L)
+            best = (0.0, None)
+            for bn, w, st in DECODE_CONFIGS:
+                for s in SPLITS:
+                    if L // s < 256 and s > 1:
+                        continue
+                    cfg = dict(BLOCK_N=bn, STAGES=st, num_warps=w, num_stages=st)
+
+                    def call(q=q, k=k, v=v, s=s, cfg=cfg):
+                        return dec.flash_decode(q, k, v, num_splits=s, _config=cfg)
+                    try:
+                        e_cfg = (call()[:1].double() - exact).abs().max().item()
+                        if not e_cfg <= bound:
+                            bad += 1
+                            print(f"   cfg {cfg} s={s}: error {e_cfg:.2e} > bound {bound:.2e}: not timed")
+                            continue
+                        t = tbs(call)
+                    except Exception as e:  # noqa: BLE001 - a config the compiler refuses is reported
+                        print(f"   cfg {cfg} s={s} failed: {str(e)[:100]}")
+                        continue
+                    rows.append(dict(b=b, hq=hq, hkv=hkv, L=L, bn=bn, w=w, st=st, s=s, tbs=t))
+                    if t > best[0]:
+                        best = (t, (bn, w, st, s))
+            print(f"B={b:2d} Hq={hq} Hkv={hkv:2d} L={L:6d}: cudnn {ref:.2f}  auto(s={default_s}) {auto:.2f}  "
+                  f"best {best[0]:.2f} at (BN, warps, stages, splits)={best[1]}", flush=True)
+            rows.append(dict(b=b, hq=hq, hkv=hkv, L=L, cudnn=ref, auto=auto, best=best, err=err, bound=bound))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    return prefill(a) if a.kernel == "prefill" else decode(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""bench/ holds only maintained scripts: each answers --help at HEAD on a CPU, at most 15 of them, and
+bench/results stays under 2 MB."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+SCRIPTS = sorted(BENCH.glob("*.py"))
+
+# One child process runs every script's --help in turn (argparse exits 0), so torch and triton, where a
+# script imports them before parsing, load once; a script's import error or non-zero exit is reported.
+_DRIVER = """
+import io, json, runpy, sys, contextlib
+out = {}
+for path in sys.argv[1:]:
+    sys.argv = [path, "--help"]
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            runpy.run_path(path, run_name="__main__")
+        out[path] = [None, buf.getvalue()[:300]]  # returned without exiting: --help did not run
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out[path] = [code, buf.getvalue()[:300]]
+    except BaseException as e:
+        out[path] = [f"{type(e).__name__}: {e}", buf.getvalue()[:300]]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_every_bench_script_answers_help_on_a_cpu():
+    assert SCRIPTS, "bench/ has no scripts"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("TRITON_INTERPRET", None)  # as a user runs them: a Gluon module-level kernel refuses it
+    r = subprocess.run([sys.executable, "-c", _DRIVER, *map(str, SCRIPTS)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    bad = {Path(p).name: v for p, v in res.items() if v[0] != 0 or "usage:" not in v[1]}
+    assert not bad, bad
+
+
+def test_bench_has_at_most_15_scripts_and_small_results():
+    assert len(SCRIPTS) <= 15, [p.name for p in SCRIPTS]
+    assert (BENCH / "README.md").is_file()
+    readme = (BENCH / "README.md").read_text()
+    assert all(p.name in readme for p in SCRIPTS), "bench/README.md lists every script"
+    size = sum(p.stat().st_size for p in (BENCH / "results").rglob("*") if p.is_file())
+    assert size < 2 * 2**20, size
