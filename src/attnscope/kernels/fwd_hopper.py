@@ -1,4 +1,4 @@
-"""FlashAttention forward for Hopper (sm_90) in Gluon, with FlashAttention-3's structure. EXPERIMENTAL.
+"""FlashAttention forward for Hopper (sm_90) in Gluon, with FlashAttention-3's structure.
 
 Algorithm: the online softmax of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 1) scheduled as in
 FlashAttention-3 (Shah et al., arXiv:2407.08608): a CTA owns ``NWG x BM`` query rows of one (batch, head)
@@ -16,19 +16,15 @@ then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstand
 softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong (§3.1): the issue
 of each iteration's two GEMMs is a critical section passed round robin through ``turn`` mbarriers (FA-3
 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
-Persistent variants (one CTA per SM, causal tiles in balanced pairs) overlap a tile's epilogue with the next
-tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
-Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
-and its shared-memory analysis puts a ``bar.sync`` before the first `mbarrier.wait` of each loop iteration
-(a wait counts as a write of its barrier): 4 per KV iteration with ping-pong. ``release="thread"`` variants
-arrive with every thread (`_arrive`; the arrival counts scale by 128), leaving 1 (`ptx_loop_barriers`).
+The persistent variant (one CTA per SM, causal tiles in balanced pairs) overlaps a tile's epilogue with
+the next tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the
+variants; `attnscope.model.dispatch.hopper_variant` picks one for ``impl="auto"``.
 
 Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
 mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
 ``c <= r + Nk - Nq``); tile 0 is always masked (the pipeline's prologue). Empty rows give 0, LSE -inf.
 Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides (ragged tiles read 0, clipped on
-store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default variant, ``impl="auto"``
-the variant `fwd.HOPPER_VALIDATED` names for (d, dtype, causal, N) (measured wins only).
+store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default variant.
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ from attnscope.kernels._common import import_torch_triton
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared,
     mbarrier,
@@ -55,10 +50,6 @@ PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
 #: setmaxnreg of the consumer warpgroups that are worker partitions, by consumer-warpgroup count
 CONSUMER_REGS = {2: 240, 3: 160}
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-#: How consumer warpgroups hand ring slots and ping-pong turns back (constexpr ``RELEASE``; see `_arrive`).
-RELEASE_MODES = {"split": 0, "one": 1, "thread": 2}
-ONE: gl.constexpr = gl.constexpr(RELEASE_MODES["one"])
-THREAD: gl.constexpr = gl.constexpr(RELEASE_MODES["thread"])
 
 
 class HopperConfig(NamedTuple):
@@ -77,84 +68,36 @@ class Variant(NamedTuple):
     pingpong: bool
     configs: dict  # head_dim -> HopperConfig
     persistent: bool = False
-    causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
-    release: str = "split"  # a RELEASE_MODES name: how consumers arrive on k_empty/v_empty/turn (`_arrive`)
-    unmasked_dims: tuple | None = None  # head dims built unmasked too (None: all of ``configs``)
 
 
-_BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
-_DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one more K/V stage
-
-#: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
-#: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
-#: - hopper_nopp: no ping-pong hand-off (the consumers issue their GEMMs independently).
-#: - hopper_deep: one more K/V stage (d = 128: 229,800 B of shared memory).
-#: - hopper_wg3 / hopper_wg3_pp (d = 64 only): three consumer warpgroups, 192 query rows per CTA (FA-3's
+#: The variants (name -> Variant); `attnscope.model.dispatch` names them and picks one per launch. Shared
+#: memory: NWG Q tiles + STAGES x (K + V) tiles (+ the persistent kernel's O tiles, + barriers).
+#: - hopper_persist (the default): persistent CTAs (one per SM), the next tile's loads overlapping the last
+#:   tile's epilogue, no ping-pong (d = 128: 197,000 B of shared memory; ptxas spills 4 B stores / 12 B
+#:   loads causal at d = 128, none elsewhere).
+#: - hopper_wg3_pp (d = 64 only): three consumer warpgroups in ping-pong, 192 query rows per CTA (FA-3's
 #:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax.
-#: - hopper_m128 (d = 64 only): 128 rows per warpgroup (two m64 wgmmas per GEMM, 256 rows per CTA) with
-#:   64-key tiles: twice the GEMM work per mbarrier round trip and per K/V byte.
-#: - hopper_persist / hopper_persist_pp: persistent CTAs (one per SM), the next tile's loads overlapping
-#:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory). hopper_persist_pp
-#:   is not built causal at d = 128: ptxas spills there (16 B stores, 52 B loads; every other build: none).
-#: - hopper_rel1, hopper_rel1_nopp: one mbarrier arrival per KV tile and warpgroup (K and V of a ring slot
-#:   go back together after the P V product) instead of two: one warpgroup ``bar.sync`` less per iteration
-#:   (Triton 3.6 puts one before every `mbarrier.arrive`, `_arrive`); K is held one iteration longer, so
-#:   the ring is one stage deeper than the split-release twin's.
-#: - hopper_pt, hopper_pt_nopp, hopper_pt_deep, hopper_pt_wg3_pp, hopper_pt_persist: twins of hopper,
-#:   hopper_nopp, hopper_deep, hopper_wg3_pp, hopper_persist whose consumers arrive with every thread
-#:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
-#:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
-#:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
-#:   Since the odd-tile lockstep schedule (`_work`, 2026-12-01) hopper_persist causal at d = 128 spills
-#:   4 B stores / 12 B loads; timed against the schedule before (bench/persist_order.py): 0.993-1.007 x.
-#: - hopper_wg3_persist, hopper_wg3_pp_persist (d = 64 only): the three-warpgroup tile (192 rows) in the
-#:   persistent kernel: the per-tile fill and drain of hopper_wg3(_pp) paid once per CTA. Causal builds
-#:   spill 36 B (ptxas); kept because they are measured (BENCHMARKS.md, seventh session): slower causal.
 VARIANTS = {
-    "hopper": Variant(True, _BASE),
-    "hopper_nopp": Variant(False, _BASE),
-    "hopper_deep": Variant(True, _DEEP),
-    "hopper_wg3": Variant(False, {64: HopperConfig(64, 128, 3, 3)}),
+    "hopper_persist": Variant(False, {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)},
+                              persistent=True),
     "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
-    "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
-    "hopper_persist": Variant(False, _BASE, persistent=True),
-    "hopper_persist_pp": Variant(True, _BASE, persistent=True, causal_dims=(64,)),
-    "hopper_rel1": Variant(True, _DEEP, release="one"),
-    "hopper_rel1_nopp": Variant(False, _DEEP, release="one"),
-    "hopper_pt": Variant(True, _BASE, release="thread"),
-    "hopper_pt_nopp": Variant(False, _BASE, release="thread"),
-    "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
-    "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
-    "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
-    "hopper_wg3_persist": Variant(False, {64: HopperConfig(64, 128, 3, 3)}, persistent=True),
-    "hopper_wg3_pp_persist": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, persistent=True),
 }
-DEFAULT_VARIANT = "hopper"
+DEFAULT_VARIANT = "hopper_persist"
 
 
-def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool | None = None) -> HopperConfig:
-    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it,
-    or, with ``causal`` True/False, not built with that mask; None: either)."""
+def config(d: int, variant: str = DEFAULT_VARIANT) -> HopperConfig:
+    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it)."""
     if variant not in VARIANTS:
         raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
-    var = VARIANTS[variant]
-    if d not in var.configs:
+    if d not in VARIANTS[variant].configs:
         raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d} is not supported; supported: "
-                                  f"{sorted(var.configs)}")
-    if causal and var.causal_dims is not None and d not in var.causal_dims:
-        raise NotImplementedError(f"Hopper variant {variant!r}: causal at head_dim {d} is not supported; "
-                                  f"supported: unmasked, or causal at head_dim {list(var.causal_dims)}")
-    if causal is False and var.unmasked_dims is not None and d not in var.unmasked_dims:
-        raise NotImplementedError(f"Hopper variant {variant!r}: unmasked at head_dim {d} is not supported; "
-                                  f"supported: causal, or unmasked at head_dim {list(var.unmasked_dims)}")
-    return var.configs[d]
+                                  f"{sorted(VARIANTS[variant].configs)}")
+    return VARIANTS[variant].configs[d]
 
 
 def supports(variant: str, d: int, causal: bool) -> bool:
-    """Whether ``variant`` is built for head dim ``d`` with this mask."""
-    var = VARIANTS[variant]
-    dims = var.causal_dims if causal else var.unmasked_dims
-    return d in var.configs and (dims is None or d in dims)
+    """Whether ``variant`` is built for head dim ``d`` (either mask)."""
+    return d in VARIANTS[variant].configs
 
 
 @gluon.jit
@@ -179,7 +122,7 @@ def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              NWG: gl.constexpr, RELEASE: gl.constexpr):
+              NWG: gl.constexpr):
     for w in gl.static_range(NWG):
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
@@ -189,68 +132,28 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         mbarrier.wait(k_empty.index(s), ph)
         mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_k, [b, hk, i * BN, 0], k_ready.index(s), k_smem.index(s))
-        if RELEASE != ONE:  # else k_empty freed V's slot too
-            mbarrier.wait(v_empty.index(s), ph)
+        mbarrier.wait(v_empty.index(s), ph)
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_v, [b, hk, i * BN, 0], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
-def _turn_barriers(NWG: gl.constexpr, RELEASE: gl.constexpr):
-    """The ping-pong barriers, one per consumer warpgroup (`_turn`). Triton 3.6's shared-memory barrier
-    analysis tells allocations apart, not entries of one: with per-thread arrivals (no ``bar.sync`` of
-    their own) a warpgroup's wait on its entry then arrival on the next one's would get a ``bar.sync``
-    between them if both were entries of one allocation, so ``THREAD`` gives each its own allocation (a
-    tuple of 3; NWG = 2 uses 2); else one [NWG, 1] allocation."""
-    if RELEASE == THREAD:
-        return (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
-                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
-                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
-    else:
-        return gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-
-
-@gluon.jit
-def _turn(turn, w: gl.constexpr, RELEASE: gl.constexpr):
-    """Warpgroup ``w``'s ping-pong barrier (`_turn_barriers`)."""
-    if RELEASE == THREAD:
-        return turn[w]
-    else:
-        return turn.index(w)
-
-
-@gluon.jit
-def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
     """Start of warpgroup WG's k-th GEMM-issue section: round robin 0, 1, .., NWG-1, warpgroup 0 first.
 
     ``turn[WG]`` (`_turn_barriers`) completes a phase when the previous warpgroup passes the turn;
     warpgroup 0's first section waits on parity 1, which a fresh barrier passes at once."""
     if PINGPONG:
         if WG == 0:
-            mbarrier.wait(_turn(turn, WG, RELEASE), (k + 1) & 1)
+            mbarrier.wait(turn.index(WG), (k + 1) & 1)
         else:
-            mbarrier.wait(_turn(turn, WG, RELEASE), k & 1)
+            mbarrier.wait(turn.index(WG), k & 1)
 
 
 @gluon.jit
-def _arrive(bar, RELEASE: gl.constexpr):
-    """A consumer warpgroup's arrival on ``bar`` (k_empty, v_empty, turn).
-
-    `mbarrier.arrive`: Triton 3.6 lowers it to a partition-wide ``bar.sync`` (all 128 threads done with the
-    slot) and one thread's ``mbarrier.arrive``; the barrier counts one arrival per warpgroup. ``THREAD``:
-    every thread arrives by itself (``cp.async.mbarrier.arrive.noinc``: it completes at once, as the
-    consumers have no cp.async in flight), no ``bar.sync``; the barrier counts 128 per warpgroup.
-    Either way a thread arrives after its `warpgroup_mma_wait` retired the wgmma reading the slot."""
-    if RELEASE == THREAD:
-        async_copy.mbarrier_arrive(bar, increment_count=False)
-    else:
-        mbarrier.arrive(bar)
-
-
-@gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        _arrive(_turn(turn, (WG + 1) % NWG, RELEASE), RELEASE)
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
 
 
 @gluon.jit
@@ -279,46 +182,27 @@ def wgmma_layout(n):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
-@gluon.constexpr_function
-def _arrivals(warpgroups, release):
-    """Arrival count of a barrier that ``warpgroups`` consumer warpgroups arrive on (`_arrive`)."""
-    return warpgroups * (NUM_WARPS * 32 if release == RELEASE_MODES["thread"] else 1)
-
-
-@gluon.jit
-def _release(k_empty, v_empty, slot, RELEASE: gl.constexpr):
-    """Hand V (``RELEASE == ONE``: K and V) of ring slot ``slot`` back to the producer, once the P V
-    product reading it is done."""
-    if RELEASE == ONE:
-        mbarrier.arrive(k_empty.index(slot))
-    else:
-        _arrive(v_empty.index(slot), RELEASE)
-
-
 @gluon.jit
 def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
           qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-          RELEASE: gl.constexpr):
+          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
     """KV tile j >= 1 (ring slot counter ``it``, turn counter ``kt``): issue S_j and O += P_{j-1} V_{j-1};
-    softmax(S_j) under the P V product. ``RELEASE``: K_{j-1} and V_{j-1} are handed back together by
-    one k_empty arrival after the P V wait (each arrival costs a warpgroup bar.sync, see `_release`)."""
+    softmax(S_j) under the P V product. K_j's slot goes back once S_j is done, V_{j-1}'s once P V is."""
     sj = it % STAGES
     sp = (it - 1) % STAGES
     mbarrier.wait(k_ready.index(sj), (it // STAGES) & 1)
     mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-    _turn_wait(turn, kt, WG, NWG, PINGPONG, RELEASE)
+    _turn_wait(turn, kt, WG, NWG, PINGPONG)
     kmat = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
     s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
     o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
-    _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
+    _turn_pass(turn, WG, NWG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
-    if RELEASE != ONE:
-        _arrive(k_empty.index(sj), RELEASE)
+    mbarrier.arrive(k_empty.index(sj))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # p_op: the async A operand
-    _release(k_empty, v_empty, sp, RELEASE)
+    mbarrier.arrive(v_empty.index(sp))  # V_{j-1} read: its slot goes back
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
     return acc, p_op, m_i, l_i
@@ -329,7 +213,7 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
                    qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                    WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr):
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
     """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
     from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
@@ -350,35 +234,34 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
         s0 = kv_base % STAGES
         mbarrier.wait(k_ready.index(s0), (kv_base // STAGES) & 1)
-        _turn_wait(turn, turn_base, WG, NWG, PINGPONG, RELEASE)
+        _turn_wait(turn, turn_base, WG, NWG, PINGPONG)
         kmat = k_smem.index(s0).reshape([BN, D]).permute((1, 0))
         s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        if RELEASE != ONE:  # else K_0 goes back with V_0
-            _arrive(k_empty.index(s0), RELEASE)
+        mbarrier.arrive(k_empty.index(s0))
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
             acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        False, CAUSAL, PINGPONG, RELEASE)
+                                        False, CAUSAL, PINGPONG)
         for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
             acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
                                         v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        True, CAUSAL, PINGPONG, RELEASE)
+                                        True, CAUSAL, PINGPONG)
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # the last Q K^T is done: the next tile's Q may land
         # epilogue: O += P_last V_last
         last = kv_base + n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG, RELEASE)
+        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
-        _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        _release(k_empty, v_empty, last % STAGES, RELEASE)
+        mbarrier.arrive(v_empty.index(last % STAGES))
     else:
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
@@ -401,12 +284,11 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
 def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
               b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
               BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-              RELEASE: gl.constexpr):
+              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
     """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
     _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
                    v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
-                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE)
+                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False)
 
 
 @gluon.jit
@@ -471,8 +353,7 @@ def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG
 @gluon.jit
 def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                          k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM: gl.constexpr, BN: gl.constexpr,
-                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr,
-                         RELEASE: gl.constexpr):
+                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr):
     kv_base = 0
     c = 0  # tiles this CTA ran so far: Q's phase
     for i in range(_rounds(n_work, CAUSAL)):
@@ -488,8 +369,7 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                 mbarrier.wait(k_empty.index(s), ph)
                 mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_k, [b, hk, j * BN, 0], k_ready.index(s), k_smem.index(s))
-                if RELEASE != ONE:
-                    mbarrier.wait(v_empty.index(s), ph)
+                mbarrier.wait(v_empty.index(s), ph)
                 mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
                 if j == 0:
@@ -505,7 +385,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
                          k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                          WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                         PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+                         PINGPONG: gl.constexpr):
     kv_base = 0
     turn_base = 0
     c = 0  # as _producer_persistent
@@ -515,8 +395,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
             b, h, hk, pid_bh, row0, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
             _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                            k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, c & 1, NQ,
-                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True,
-                           RELEASE)
+                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True)
             kv_base += n_tiles
             c += 1
             if n_tiles > 0:
@@ -532,7 +411,7 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                                  PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 RELEASE: gl.constexpr, num_warps: gl.constexpr):
+                                 num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -551,45 +430,45 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = _turn_barriers(NWG, RELEASE)
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())  # ping-pong
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(_turn(turn, w, RELEASE), count=_arrivals(1, RELEASE))
+        mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=_arrivals(NWG, RELEASE))  # every consumer warpgroup's
-        mbarrier.init(v_empty.index(s), count=_arrivals(NWG, RELEASE))
+        mbarrier.init(k_empty.index(s), count=NWG)  # every consumer warpgroup's
+        mbarrier.init(v_empty.index(s), count=NWG)
     fence_async_shared()
 
     if NWG == 2:  # the partitions as literals: Gluon takes no function values in variables
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG)),
              (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                           turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                          CAUSAL, STORE_LSE, PINGPONG)),
              (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
+                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -597,7 +476,7 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
 def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE, B, H, HKV, NQ, NK, qk_scale,
                                             CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
-                                            CONSUMER_REGS: gl.constexpr, RELEASE: gl.constexpr,
+                                            CONSUMER_REGS: gl.constexpr,
                                             num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks the tiles of `_work`; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
@@ -617,7 +496,7 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = _turn_barriers(NWG, RELEASE)
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())  # ping-pong
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -625,40 +504,40 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
-        mbarrier.init(_turn(turn, w, RELEASE), count=_arrivals(1, RELEASE))
+        mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=_arrivals(NWG, RELEASE))
-        mbarrier.init(v_empty.index(s), count=_arrivals(NWG, RELEASE))
+        mbarrier.init(k_empty.index(s), count=NWG)
+        mbarrier.init(v_empty.index(s), count=NWG)
     fence_async_shared()
 
     if NWG == 2:
         gl.warp_specialize(
             [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
              (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL, RELEASE))],
+                                     NWG, CAUSAL))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG)),
              (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
+                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG)),
              (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL, RELEASE))],
+                                     NWG, CAUSAL))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -683,15 +562,15 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
-                                        "RELEASE", "num_warps")}}
+                                        "num_warps")}}
 
 
 def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
     """The constexpr arguments of ``variant`` (a `VARIANTS` name) for head dim ``d``."""
-    cfg = config(d, variant, causal)
+    cfg = config(d, variant)
     return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
-            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "num_warps": NUM_WARPS}
+            "num_warps": NUM_WARPS}
 
 
 def ptx_loop_barriers(ptx: str) -> list:
@@ -722,13 +601,13 @@ def _layout(block, dtype):
 def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
     """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place.
 
-    ``variant``: a `VARIANTS` name (`fwd.HOPPER_VALIDATED` picks it for ``impl="auto"``; bench/prefill.py
-    times each). Each (variant, d, dtype, causal, return_lse) compiles once per process. Returns the
-    compiled kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
+    ``variant``: a `VARIANTS` name (`attnscope.model.dispatch.hopper_variant` picks it for ``impl="auto"``;
+    bench/prefill.py times each). Each (variant, d, dtype, causal, return_lse) compiles once per process.
+    Returns the compiled kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config(d, variant, causal)
+    cfg = config(d, variant)
 
     def desc(t, rows):
         block = [1, 1, rows, d]
