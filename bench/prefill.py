@@ -3,6 +3,7 @@ against SDPA CUDNN and SDPA FLASH, same inputs, same run.
 
     PYTHONPATH=src python bench/prefill.py --grid 16k --markdown [--json F] [--rounds 2]
     PYTHONPATH=src python bench/prefill.py --shapes bench/grids/dispatch_heldout.csv --markdown
+    PYTHONPATH=src python bench/prefill.py --mods [--json F]   # window / softcap / sinks, Hopper kernel
     python bench/prefill.py --draw 33 > bench/grids/dispatch_heldout.csv   # CPU: draw held-out shapes
 
 ``--grid 16k``: H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} x d {64, 128} x causal/not x bf16/fp16.
@@ -13,12 +14,15 @@ SDPA FLASH's error on the same inputs); one that fails or raises is reported and
 the rest (triton.testing.do_bench, median) in ``--rounds`` interleaved rounds, the order rotated round to
 round; a point's TFLOP/s (`model.flops.attention_flops`) is the median over rounds. The closing lines say,
 per point, auto / best kept variant and auto / portable, and the minimum of each (the dispatch check:
-auto >= 0.98 x the best variant and >= 1.0 x portable). Takes about 2-4 minutes per 40 points on an H200
+auto >= 0.98 x the best variant and >= 1.0 x portable). ``--mods``: every kept variant with window,
+softcap and sinks against float64 (`MOD_CASES`), then causal windows against full causal (`MOD_TIMINGS`).
+Takes about 2-4 minutes per 40 points on an H200
 (the Gluon compiles, about 3 s each, included).
 """
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -116,7 +120,7 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         for r in range(rounds):
             first = r % len(timed)
             for name in timed[first:] + timed[:first]:
-                call = (lambda fn, *args: lambda: fn(*args))(impls[name], q, k, v, c)
+                call = functools.partial(impls[name], q, k, v, c)
                 per_round[name].append(row["flops"] / _median_ms(call) / 1e9)
         row["tflops"] = {name: statistics.median(xs) for name, xs in per_round.items()}
         row["rounds"] = per_round
@@ -129,6 +133,137 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         del q, k, v
         torch.cuda.empty_cache()
     return rows
+
+
+#: Score-mod cases of ``--mods``: (name, causal, window, softcap, sinks?, Nq, Nk); Nq > Nk with a narrow
+#: window leaves rows with no visible key (output 0, LSE -inf, or the sink with sinks).
+MOD_CASES = [("window (W,0)", True, (300, 0), 0.0, False, 1000, 1000),
+             ("window (W,W)", False, (200, 200), 0.0, False, 1000, 1100),
+             ("window (0,0) empty rows", False, (0, 0), 0.0, False, 1100, 1000),
+             ("window (0,0) empty rows + sinks", False, (0, 0), 0.0, True, 1100, 1000),
+             ("softcap 30 causal", True, None, 30.0, False, 1000, 1000),
+             ("softcap 5 large logits", False, None, 5.0, False, 1000, 1000),
+             ("sinks", False, None, 0.0, True, 1000, 1100),
+             ("window (-1,W) + softcap + sinks", False, (-1, 150), 20.0, True, 1000, 1000)]
+#: ``--mods`` timings: (N, W) causal windows at B*N = 32k, H = 32, against full causal at the same shape.
+MOD_TIMINGS = [(8192, 1024), (32768, 4096)]
+
+
+def _torch_mods(torch, q, k, v, causal, window, softcap, sinks):
+    """PyTorch attention at q's dtype (scores from a q-dtype matmul, fp32 softmax, P in q's dtype): the
+    same-dtype error that `checks.kernel_tolerance` scales."""
+    from attnscope.model.tiles import normalize_window
+
+    g = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
+    nq, nk = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    left, right = normalize_window(causal, window)
+    r = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
+    c = torch.arange(nk, device=q.device)[None, :]
+    keep = ((left < 0) | (c >= r - left)) & ((right < 0) | (c <= r + right))
+    s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :nk]
+    return (p.to(q.dtype) @ v).float()
+
+
+def _tiles_loaded(n: int, window) -> int:
+    """KV tiles a causal call at Nq = Nk = n loads over its 128-row query tiles (`model.tiles`)."""
+    from attnscope.model.tiles import cdiv, window_kv_bounds0
+
+    return sum(cdiv(hi - lo, 128) for lo, _, _, hi in (window_kv_bounds0(r0, 128, n, n, 128, True, window)
+                                                       for r0 in range(0, n, 128)))
+
+
+def run_mods(torch, log=print, save=lambda out: None) -> dict:
+    """Window / softcap / sinks on every kept Hopper variant against float64 (O and LSE, outputs poisoned),
+    then causal-window timings against full causal (``MOD_TIMINGS``) and softcap / sinks against plain."""
+    import numpy as np
+
+    from attnscope import reference
+    from attnscope.checks import kernel_tolerance
+    from attnscope.kernels import _common, fwd, fwd_hopper
+    from attnscope.measure.bench import _median_ms
+    from attnscope.model import dispatch
+    out = {"checks": [], "timings": []}
+    i = 0
+    for variant in dispatch.VARIANTS:
+        for d in sorted(fwd_hopper.VARIANTS[variant].configs):
+            i += 1
+            dtype = (torch.bfloat16, torch.float16)[i % 2]  # one dtype per build: fewer compiles
+            for name, causal, window, softcap, use_sinks, nq, nk in MOD_CASES:
+                torch.manual_seed(i * 100 + len(out["checks"]))
+                q = torch.randn(2, 8, nq, d, device="cuda", dtype=dtype) * (3.0 if "large" in name else 1.0)
+                k, v = (torch.randn(2, 2, nk, d, device="cuda", dtype=dtype) for _ in range(2))
+                sinks = (torch.randn(8, device="cuda") * 3).float() if use_sinks else None
+                o = torch.full_like(q, float("nan"))
+                lse = torch.full(q.shape[:3], float("nan"), device="cuda", dtype=torch.float32)
+                mods = _common.check_mods(torch, causal, window, softcap, sinks, 8, q.device)
+                row = {"variant": variant, "d": d, "case": name, "dtype": str(dtype).split(".")[-1]}
+                try:
+                    fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, True, variant, mods)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - reported
+                    row["fail"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    out["checks"].append(row)
+                    log(f"mods {variant} d={d} {name}: FAIL {row['fail']}")
+                    continue
+                args = [t.double().cpu().numpy() for t in (q, k, v)]
+                sk = None if sinks is None else sinks.double().cpu().numpy()
+                ro, rlse = reference.naive_attention(*args, causal=causal, return_lse=True, window=window,
+                                                     softcap=softcap, sinks=sk)
+                on, ln = o.double().cpu().numpy(), lse.double().cpu().numpy()
+                t_out = _torch_mods(torch, q, k, v, causal, window, softcap, sinks)
+                t_err = np.abs(t_out.double().cpu().numpy() - ro).max()
+                err = np.abs(on - ro).max() if not np.isnan(on).any() else float("nan")
+                fin = np.isfinite(rlse)
+                lse_err = np.abs(ln - rlse)[fin].max(initial=0.0)
+                lse_ok = bool((ln[~fin] == -np.inf).all()) and not np.isnan(ln).any()
+                ok = bool(err <= kernel_tolerance(t_err) and lse_err < 1e-3 and lse_ok)
+                row.update(err=float(err), torch_err=float(t_err), lse_err=float(lse_err), ok=ok,
+                           empty_rows=int((~fin).sum()))
+                out["checks"].append(row)
+                save(out)
+                log(f"mods {variant} d={d} {row['dtype']} {name}: err {err:.3g} "
+                    f"(bound {kernel_tolerance(t_err):.3g}) lse err {lse_err:.3g} "
+                    f"empty rows {row['empty_rows']} -> {'ok' if ok else 'FAIL'}")
+    log(f"mods checks: {sum(r.get('ok', False) for r in out['checks'])} of {len(out['checks'])} pass")
+
+    def pairs(n, w):  # visible (query, key) pairs of a causal window (w None: full causal)
+        return sum(min(r + 1, (w if w is not None else n) + 1) for r in range(n))
+
+    for d in (128, 64):
+        for n, w in MOD_TIMINGS:
+            b = max(1, 32768 // n)
+            q, k, v = (torch.randn(b, 32, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            sinks = torch.randn(32, device="cuda").float()
+            calls = {"causal": dict(causal=True), f"window ({w},0)": dict(causal=True, window=(w, 0)),
+                     "causal softcap 50": dict(causal=True, softcap=50.0),
+                     "causal sinks": dict(causal=True, sinks=sinks)}
+            try:
+                ms = {name: _median_ms(functools.partial(fwd.flash_attention, q, k, v, **kw))
+                      for name, kw in calls.items()}
+            except Exception as e:  # noqa: BLE001 - reported
+                log(f"mods timing d={d} N={n} W={w}: FAIL {type(e).__name__}: {str(e)[:300]}")
+                continue
+            frac = _tiles_loaded(n, (w, 0)) / _tiles_loaded(n, None)
+            row = {"d": d, "n": n, "w": w, "batch": b, "ms": ms, "tile_fraction": frac,
+                   "tflops_visited": {x: 4 * d * b * 32 * pairs(n, w if "window" in x else None) / t / 1e9
+                                      for x, t in ms.items()},
+                   "window_vs_scaled_causal": ms[f"window ({w},0)"] / (ms["causal"] * frac)}
+            out["timings"].append(row)
+            save(out)
+            log(f"mods timing d={d} N={n} W={w} B={b}: " + " ".join(f"{x} {t:.3f} ms" for x, t in ms.items())
+                + f" | window / (causal x tile fraction {frac:.3f}) = {row['window_vs_scaled_causal']:.3f}"
+                + " | TFLOP/s (visited) "
+                + " ".join(f"{x} {y:.0f}" for x, y in row["tflops_visited"].items()))
+            del q, k, v
+            torch.cuda.empty_cache()
+    return out
 
 
 def verdict(rows) -> list[str]:
@@ -180,6 +315,7 @@ def main() -> int:
     p.add_argument("--shapes", metavar="CSV",
                    help="points from a CSV (batch,q_heads,kv_heads,n,d,causal,dtype)")
     p.add_argument("--draw", metavar="SEED", type=int, help="print 24 held-out shapes as CSV and exit (CPU)")
+    p.add_argument("--mods", action="store_true", help="window / softcap / sinks: checks and timings")
     p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds per point (median)")
     p.add_argument("--markdown", action="store_true", help="print a markdown table of the results")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE (after every point)")
@@ -189,8 +325,8 @@ def main() -> int:
         w.writerow(FIELDS)
         w.writerows((b, hq, hkv, n, d, int(c), dt) for b, hq, hkv, n, d, c, dt in draw(a.draw))
         return 0
-    if not (a.grid or a.shapes):
-        p.error("give --grid, --shapes or --draw")
+    if not (a.grid or a.shapes or a.mods):
+        p.error("give --grid, --shapes, --mods or --draw")
 
     import torch
 
@@ -222,6 +358,8 @@ def main() -> int:
         if a.markdown:
             print(markdown(rows), flush=True)
         save(key)(rows)
+    if a.mods:
+        save("mods")(run_mods(torch, save=save("mods")))
     return 0
 
 

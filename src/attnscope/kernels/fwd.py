@@ -32,6 +32,7 @@ from attnscope.kernels._common import (
     check_device,
     check_flags,
     check_head_dim,
+    check_mods,
     check_same,
     check_scale,
     check_tensor,
@@ -217,9 +218,10 @@ def _check_config(config) -> FwdConfig:
     return cfg
 
 
-def _pick_impl(impl, q, causal, qk_scale, cfg, k) -> str:
+def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
     """"portable", or the `fwd_hopper.VARIANTS` name to run: ``impl="hopper"`` its default variant,
-    ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant` (else portable)."""
+    ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant` (else portable; with score
+    mods, the default variant: the Hopper kernel carries them)."""
     choice("impl", impl, IMPLS)
     if impl == "hopper":
         if why := _hopper_possible(q):
@@ -233,12 +235,19 @@ def _pick_impl(impl, q, causal, qk_scale, cfg, k) -> str:
     if impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None:
         (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms) or "portable"
+        fallback = dispatch.DEFAULT_VARIANT if _modded(mods) else "portable"
+        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms) or fallback
     return "portable"
 
 
+def _modded(mods) -> bool:
+    """Whether a call uses a score mod (window, softcap or sinks)."""
+    return mods is not None and (mods.windowed or mods.softcap > 0 or mods.sinks is not None)
+
+
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-           config: FwdConfig | None = None, impl: str = "auto"):
+           config: FwdConfig | None = None, impl: str = "auto", window=None, softcap: float = 0.0,
+           sinks=None):
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
@@ -249,13 +258,17 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     cfg = _check_config(config)
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
-    chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k)
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
+    chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
+    if _modded(mods) and chosen == "portable":
+        raise NotImplementedError("window / softcap / sinks: supported by the Gluon Hopper kernel "
+                                  "(impl='auto' or 'hopper' on sm_90, scale * log2(e) <= 1, no config)")
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
-        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen)
+        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen, mods)
     bm, bn, num_warps, num_stages = cfg or pick_config(d, causal, max(Nq, Nk))
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
@@ -289,7 +302,8 @@ def _(q, k, v, causal, scale, return_lse, config, impl):
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                    config: FwdConfig | None = None, impl: str = "auto"):
+                    config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
+                    sinks=None):
     """FlashAttention-2 forward.
 
     Parameters
@@ -317,6 +331,16 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         FlashAttention-3's warp-specialised schedule, its default (persistent) variant (kernels/fwd_hopper.py;
         needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant
         `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else portable.
+    window : (int, int), optional
+        ``(left, right)``, flash-attn's ``window_size``: key c is visible to query r iff
+        ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1: unbounded on that side;
+        ``causal=True`` forces right = 0). KV tiles wholly outside the window are skipped.
+    softcap : float
+        Scores become ``softcap * tanh(s * scale / softcap)``; 0 disables.
+    sinks : torch.Tensor, [Hq], float32, optional
+        One logit per query head (natural-log units, not scaled) that joins each row's softmax
+        denominator and adds no value; the LSE includes it.
+        The mods run on the Gluon Hopper kernel only (forward, eager); elsewhere NotImplementedError.
 
     Returns
     -------
@@ -338,6 +362,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     if grad and not compiling:  # eager autograd: check here, or the dispatcher's type errors (a list for
         _check_inputs(q, k, v)  # q) or its device choice (a meta q: a meta output, no launch) come first
         choice("impl", impl, IMPLS)
+    if (window is not None or softcap != 0.0 or sinks is not None) and (compiling or grad):
+        raise NotImplementedError("window / softcap / sinks: forward only (no autograd, no torch.compile) "
+                                  "for now; supported: the eager forward")
     if compiling or grad:
         # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
         d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
@@ -345,7 +372,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl)
+        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl, window, softcap, sinks)
     return (o, lse) if return_lse else o
 
 
