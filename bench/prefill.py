@@ -99,15 +99,19 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         dtype = getattr(torch, dt)
         q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+        # SDPA's fused kernels take no GQA (enable_gqa finds no FLASH kernel): the peers get K/V expanded to
+        # Hq heads, built once outside the timed calls
+        kx, vx = (t.repeat_interleave(hq // hkv, dim=1) if hq != hkv else t for t in (k, v))
+        args = {name: (q, kx, vx, c) if name in ("cudnn", "flash") else (q, k, v, c) for name in impls}
         row = {"batch": b, "q_heads": hq, "kv_heads": hkv, "n": n, "d": d, "causal": c, "dtype": dt,
                "auto_runs": dispatch.hopper_variant(d, c, b, hq, hkv, n, n, sms) or "portable",
                "flops": attention_flops(b, hq, n, n, d, c, "forward"), "err": {}, "fail": {}, "tflops": {}}
         names = [x for x in impls if x not in dispatch.VARIANTS or fwd_hopper.supports(x, d, c)]
-        bound = kernel_tolerance(_ref_error(torch, impls["flash"](q, k, v, c), q, k, v, c))
+        bound = kernel_tolerance(_ref_error(torch, impls["flash"](*args["flash"]), q, k, v, c))
         timed = []
         for name in names:
             try:
-                err = _ref_error(torch, impls[name](q, k, v, c), q, k, v, c)
+                err = _ref_error(torch, impls[name](*args[name]), q, k, v, c)
             except Exception as e:  # noqa: BLE001 - reported; that implementation is not timed here
                 row["fail"][name] = f"{type(e).__name__}: {str(e)[:160]}"
                 continue
@@ -120,7 +124,7 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         for r in range(rounds):
             first = r % len(timed)
             for name in timed[first:] + timed[:first]:
-                call = functools.partial(impls[name], q, k, v, c)
+                call = functools.partial(impls[name], *args[name])
                 per_round[name].append(row["flops"] / _median_ms(call) / 1e9)
         row["tflops"] = {name: statistics.median(xs) for name, xs in per_round.items()}
         row["rounds"] = per_round
@@ -130,7 +134,7 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
             + "".join(f" FAIL {x}: {y}" for x, y in row["fail"].items()))
         rows.append(row)
         save(rows)
-        del q, k, v
+        del q, k, v, kx, vx, args
         torch.cuda.empty_cache()
     return rows
 
