@@ -84,7 +84,7 @@ def run(batch, heads, hkv, n, d=128, sms=132, l2b=62_914_560, frames=True, ramp=
         now[0] += 1
         return m
 
-    slots = deque(range(int((1 + l2.SLOT_REUSE_LIFETIMES) * C)))
+    slots = deque(range(int((1 + l2.H200_L2_PARAMS.slot_reuse_lifetimes) * C)))
     nxt, running = 0, []
 
     def start():

@@ -8,7 +8,7 @@ and the new one's, old first in even rounds and new first in odd ones; each chil
 float64 (`measure.bench._ref_error`, bf16/fp16 tolerance 0.05) before timing
 ``attnscope.flash_attention(impl="auto")`` and SDPA CUDNN with `triton.testing.do_bench` (median), and prints
 one JSON line per point. Points: causal, where
-``impl="auto"`` runs ``hopper_persist`` (kernels/fwd.py HOPPER_VALIDATED), with an odd number of 128-row
+``impl="auto"`` runs ``hopper_persist`` (model/dispatch.py), with an odd number of 128-row
 tiles (where the schedule changed) and one even control.
 """
 import argparse
@@ -37,8 +37,8 @@ def child() -> int:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     import attnscope
-    from attnscope.kernels import fwd
     from attnscope.measure.bench import _ref_error
+    from attnscope.model import dispatch
 
     def timings(q, k, v):
         ms = triton.testing.do_bench(lambda: attnscope.flash_attention(q, k, v, causal=True, impl="auto"))
@@ -50,7 +50,7 @@ def child() -> int:
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
-        variant = fwd._hopper_validated(d, str(dtype).split(".")[-1], True, n)
+        variant = dispatch.hopper_variant(d, True, q.shape[0], q.shape[1], k.shape[1], n, n)
         out = attnscope.flash_attention(q, k, v, causal=True, impl="auto")
         err = _ref_error(torch, out, q, k, v, True)
         if not err < 0.05:

@@ -29,9 +29,10 @@ WG3_ROWS = 192
 #: longer loop: its non-persistent grid pays the imbalance of short diagonal tiles (B*N = 16k sweeps:
 #: unmasked wins from N = 2k, causal from N = 8k; causal N = 4k runs hopper_persist 1.05 x portable).
 WG3_MIN_KEYS = {False: 2048, True: 4096}
-#: d = 64: mean keys per row below which the portable kernel is as fast as any Gluon variant (causal
-#: N = 1k: hopper_persist 0.85 x portable, N = 2k: 1.00 x; unmasked N = 1k: 1.04 x in one run of one).
-D64_MIN_KEYS = 1536
+#: d = 64: mean keys per row below which the portable kernel is as fast as any Gluon variant, (unmasked,
+#: causal) (B*N = 16k: unmasked N = 1k runs hopper_persist 1.04-1.05 x portable in three runs; causal N = 1k
+#: 0.80-0.85 x, N = 2k 0.99-1.00 x).
+D64_MIN_KEYS = {False: 1024, True: 1536}
 #: Fewest waves of 192-row CTAs (per SM) for ``hopper_wg3_pp``: below, the last partial wave idles up to a
 #: third of the machine that the 128-row persistent kernel keeps busy.
 WG3_MIN_WAVES = 2.0
@@ -67,6 +68,6 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     waves = -(-nq // WG3_ROWS) * batch * q_heads / sms
     if keys >= WG3_MIN_KEYS[causal] and waves >= WG3_MIN_WAVES:
         return "hopper_wg3_pp"
-    if keys < D64_MIN_KEYS:
+    if keys < D64_MIN_KEYS[causal]:
         return None
     return "hopper_persist"
