@@ -14,8 +14,8 @@ The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the 
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
 bf16, and for any GQA group (no measurement showed the group moving the choice). Where no variant beats
 the portable Triton kernel (d = 64 with a short KV loop) it returns None. The thresholds come from
-the H200 sweeps at B*N = 16k, H = 32 (bench/results/h200-2026-12-01-prefill-*.json, BENCHMARKS.md) and
-were checked on shapes drawn off that grid (bench/grids/dispatch_heldout.csv).
+the H200 sweeps at B*N = 16k, H = 32 (bench/results/h200-2026-12-01-prefill-*.json); the shapes drawn off
+that grid to check them are bench/grids/dispatch_heldout.csv (``bench/prefill.py --shapes``).
 """
 
 from __future__ import annotations

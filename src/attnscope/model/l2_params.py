@@ -129,7 +129,7 @@ class L2Params:
         """The parameters of K/V sets each read by one run of at most C consecutive, equal CTAs and never
         again (unmasked MHA with T <= C): ``lockstep``, ``lockstep_ramp``, with streamed Q/O bytes at
         ``lockstep_qo`` of a K/V byte. bench/l2_reuse.py E measured that pattern (16 sets of 128 readers,
-        P = 132 and 264, with and without private Q/O streams; 2026-12-01,
+        P = 132 and 264, with and without private Q/O streams;
         bench/results/h200-2026-12-01-l2-reuse-stream.json); its least-squares fit (``bench/l2_reuse.py
         --fit``) is these three numbers, RMS 0.040 in amplification. Such sets keep more room than
         ``shared`` gives lines re-read once after a stream (F)."""
@@ -139,7 +139,7 @@ class L2Params:
         """The parameters of K/V sets each read by one run of T > C consecutive, equal CTAs (unmasked MHA
         whose readers span more than one wave of slots): ``wide``, ``wide_ramp``, with streamed Q/O bytes at
         ``wide_qo`` of a K/V byte. bench/l2_reuse.py E-wide measured that pattern (8 sets of T = 2 P readers,
-        P = 132 and 264, with and without private Q/O streams; 2026-12-01,
+        P = 132 and 264, with and without private Q/O streams;
         bench/results/h200-2026-12-01-l2-reuse-wide.json); its least-squares fit (``bench/l2_reuse.py --fit``
         on that file) is these three numbers, RMS 0.007 in amplification (the ramp at the fit grid's edge).
         The later wave's readers re-read the cut set over a wider spread of distances than ``shared``'s ramp
@@ -176,7 +176,7 @@ def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
 
     The shipped knots (`L2Params.hot`) are the least-squares fit (robust: squared errors capped at 0.09)
     of the estimate's total to the H200's counters on every development point of that class at d 128:
-    bench/grids/hot_probe.csv (22 shapes, B = 2-5, footprint 0.1-1.05 x L2, 2026-12-01,
+    bench/grids/hot_probe.csv (22 shapes, B = 2-5, footprint 0.1-1.05 x L2,
     bench/results/h200-2026-12-01-bytes-hotprobe.json) and 18 shapes of held-out grids 1-22. The H200 loses
     the sets gradually from about 0.1 x L2 of footprint, all the counted re-reads by 0.55 x L2 (with the
     `COPIES` of both partitions, about the whole L2), and past 0.75 x L2 more than counted (1.8 x at 1.0:

@@ -167,7 +167,7 @@ def launch_fill_share(waves: float, w0: float = H200_L2_PARAMS.launch_fill_waves
     its mean over W waves is 1 - (w0 / W) (1 - exp(-W / w0)).
 
     bench/grids/heads_probe.csv (FA-2 causal MHA, d 128, B = 1, the head count alone scaling the waves;
-    2026-12-01, bench/results/h200-2026-12-01-bytes-headsprobe.json) measured the re-reads per K/V set
+    bench/results/h200-2026-12-01-bytes-headsprobe.json) measured the re-reads per K/V set
     growing with the waves and levelling off by about ten: at N = 15,033, 0.12 / 0.53 / 0.40 / 0.66 / 1.0 /
     1.05 sets at 1.3 / 2.7 / 5.4 / 10 / 21 / 41 waves, where the steady-state estimate is 1.07 at each.
     ``w0`` = 1 wave is the least-squares choice over FA-2's causal development points (0.5-1.5 all help:
