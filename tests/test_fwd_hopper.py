@@ -58,6 +58,9 @@ def test_the_rule_reads_the_geometry_only():
     assert rule(64, False, 1, 4, 4, 8192, 8192) == "hopper_persist"  # 172 CTAs on 132 SMs
     assert rule(64, False, 1, 4, 4, 8192, 8192, sms=16) == "hopper_wg3_pp"
     assert rule(96, False, 4, 32, 32, 4096, 4096) is None  # no variant for another head dim
+    # a window bounds the loop: W = 1k keys is a short loop (the caller falls back to the default variant)
+    assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
+    assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
     # GQA does not move the choice
     assert rule(64, False, 4, 32, 32, 4096, 4096) == rule(64, False, 4, 32, 4, 4096, 4096)
 

@@ -236,7 +236,8 @@ def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
         (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         fallback = dispatch.DEFAULT_VARIANT if _modded(mods) else "portable"
-        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms) or fallback
+        window = (mods.left, mods.right) if mods is not None and mods.windowed else None
+        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms, window) or fallback
     return "portable"
 
 

@@ -52,19 +52,24 @@ def mean_keys(nq: int, nk: int, causal: bool) -> float:
 
 
 def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int, nq: int, nk: int,
-                   sms: int = 132) -> str | None:
+                   sms: int = 132, window: tuple[int, int] | None = None) -> str | None:
     """The Gluon Hopper variant ``impl="auto"`` runs for this launch, or None (run the portable kernel).
 
     Parameters
     ----------
     d: head dim (64 or 128); causal: the mask; batch, q_heads, kv_heads, nq, nk: the call's
-    ``[batch, q_heads, nq, d]`` queries and ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU.
+    ``[batch, q_heads, nq, d]`` queries and ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU;
+    window: the effective ``(left, right)`` of a sliding window (`model.tiles.normalize_window`; -1
+    unbounded), which bounds the keys a row visits by ``left + right + 1``.
     """
     if d == 128:
         return "hopper_persist"
     if d != 64:
         return None
     keys = mean_keys(nq, nk, causal)
+    if window is not None and (window[0] >= 0 or window[1] >= 0):
+        width = (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
+        keys = min(keys, width)
     waves = -(-nq // WG3_ROWS) * batch * q_heads / sms
     if keys >= WG3_MIN_KEYS[causal] and waves >= WG3_MIN_WAVES:
         return "hopper_wg3_pp"
