@@ -34,7 +34,8 @@ WG3_MIN_KEYS = {False: 2048, True: 4096}
 #: 0.80-0.85 x, N = 2k 0.99-1.00 x).
 D64_MIN_KEYS = {False: 1024, True: 1536}
 #: Fewest waves of 192-row CTAs (per SM) for ``hopper_wg3_pp``: below, the last partial wave idles up to a
-#: third of the machine that the 128-row persistent kernel keeps busy.
+#: third of the machine that the 128-row persistent kernel keeps busy. Assumed: every B*N = 16k point has
+#: 20+ waves; the held-out shapes are the first to test it.
 WG3_MIN_WAVES = 2.0
 
 
