@@ -178,3 +178,43 @@ def test_mods_match_float64(monkeypatch, variant, d, causal, window, softcap, si
     fin = np.isfinite(rlse)
     assert np.abs(ln - rlse)[fin].max(initial=0.0) < 1e-3
     assert (ln[~fin] == -np.inf).all() and (on[np.broadcast_to(~fin[..., None], on.shape)] == 0).all()
+
+
+# --- the kernel's window bounds against model.tiles (GPU) --------------------------------------------------
+def _bounds_probe():
+    """A one-warp Gluon kernel that writes `fwd_hopper._window`'s (lo, full_lo, full_hi, hi) for each row
+    of an int32 [n, 5] table (row0, rows, nq, nk, left, right packed in the first six of 8 columns)."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from attnscope.kernels import fwd_hopper as hop
+
+    @gluon.jit
+    def probe(T, BN: gl.constexpr):
+        i = gl.program_id(0)
+        row = T + i * 8
+        row0, rows, nq, nk = gl.load(row), gl.load(row + 1), gl.load(row + 2), gl.load(row + 3)
+        sc = (1.0, gl.load(row + 4), gl.load(row + 5), 0.0, 0.0, T)
+        lo, full_lo, full_hi, hi = hop._window(row0, rows, nq, nk, sc, BN)
+        gl.store(row + 4, lo)
+        gl.store(row + 5, full_lo)
+        gl.store(row + 6, full_hi)
+        gl.store(row + 7, hi)
+
+    return probe
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
+def test_kernel_window_bounds_are_the_model_closed_form():
+    from attnscope.model.tiles import window_kv_bounds0
+
+    cases = [(r0, rows, nq, nk, left, right) for nq, nk in ((1000, 1000), (700, 1100), (1100, 700))
+             for rows in (64, 128, 192) for r0 in range(0, nq, 3 * rows)
+             for left, right in ((-1, 0), (0, 0), (1, 0), (300, 0), (150, 150), (-1, 130), (5000, 5000))]
+    t = torch.tensor([[*c, 0, 0] for c in cases], dtype=torch.int32, device="cuda")
+    _bounds_probe()[(len(cases),)](t, BN=128, num_warps=1)
+    for c, got in zip(cases, t[:, 4:].tolist(), strict=True):
+        r0, rows, nq, nk, left, right = c
+        want = window_kv_bounds0(r0, rows, nq, nk, 128, False, (left, right))
+        assert tuple(got) == want, (c, got, want)
