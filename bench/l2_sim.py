@@ -18,7 +18,7 @@ sets. ``--cliff``: the capacity (x L2) below which the simulated re-reads exceed
 grows with sets x T x tiles (a 32k FA-2 point: seconds): a development tool, never on the estimate's path.
 
 ``--frames``: each CTA's spill frame (`l2.Kernel.frame`) stays in the L2 while it runs, at warp-slot
-addresses re-used `l2.SLOT_REUSE_LIFETIMES` lifetimes after a CTA ends. ``--ramp R``: a re-use misses
+addresses re-used `L2Params.slot_reuse_lifetimes` lifetimes after a CTA ends. ``--ramp R``: a re-use misses
 `l2.miss` of its LRU stack distance over the capacity with ramp R (the H200's measured curve, not LRU's
 cliff): the check on `l2.head_gap_rereads`.
 
@@ -103,7 +103,7 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_byt
     ``order``: the launch order as (set, CTA index) pairs; ``concurrent``: slots. Each step every running
     CTA reads its next tile; a finished CTA's slot takes the next CTA in launch order at once. Q is inserted
     when a CTA starts, O when it ends (``qo_bytes`` each). ``frame_bytes``: each CTA's spill frame, touched
-    every step, at one of (1 + `l2.SLOT_REUSE_LIFETIMES`) x ``concurrent`` warp-slot addresses, the one
+    every step, at one of (1 + `L2Params.slot_reuse_lifetimes`) x ``concurrent`` warp-slot addresses, the one
     freed longest ago. ``ramp``: instead of LRU hits, each re-use misses `l2.miss` of its stack distance
     (`StackDistance`). ``jitter`` > 0: CTAs no longer step together; each reads its tiles at its own rate,
     one tile per 1 + ``jitter`` x z time units (z standard normal per CTA, ``seed``; clipped to [0.5, 1.5]),
@@ -114,7 +114,7 @@ def simulate(walks, order, concurrent, tile_bytes, qo_bytes, capacity, frame_byt
             raise ValueError("jitter: spill frames are not simulated with drifting CTAs")
         return _simulate_jittered(walks, order, concurrent, tile_bytes, qo_bytes, capacity, ramp, jitter,
                                   seed)
-    slots = deque(range(int((1 + l2.SLOT_REUSE_LIFETIMES) * concurrent)))
+    slots = deque(range(int((1 + l2.H200_L2_PARAMS.slot_reuse_lifetimes) * concurrent)))
     if ramp is None:
         lru = LRU(capacity).touch
 

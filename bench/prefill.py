@@ -1,331 +1,369 @@
-"""Prefill benchmark (issue 15): attnscope portable and hopper vs SDPA CUDNN, SDPA FLASH and compiled
-FlexAttention, same inputs, same run; then the first-call latency of every kernel variant.
+"""Prefill forward benchmark: attnscope's portable kernel, each Gluon Hopper variant and ``impl="auto"``
+against SDPA CUDNN and SDPA FLASH, same inputs, same run.
 
-    PYTHONPATH=src python bench/prefill.py [--quick] [--json F] [--no-flex] [--no-hopper] [--no-first-call]
-        [--hopper-variants hopper,hopper_nopp,...] [--no-auto] [--d 128] [--n 8192] [--fp16 128:4096,...]
-        [--rounds 3]
-    PYTHONPATH=src python bench/prefill.py --first-call-only [--json F]   # every table variant's first call
-        [--first-call-variants A,B]   # only these variants' table rows
+    PYTHONPATH=src python bench/prefill.py --grid 16k --markdown [--json F] [--rounds 2]
+    PYTHONPATH=src python bench/prefill.py --shapes bench/grids/dispatch_heldout.csv --markdown
+    PYTHONPATH=src python bench/prefill.py --mods [--json F]   # window / softcap / sinks, Hopper kernel
+    python bench/prefill.py --draw 33 > bench/grids/dispatch_heldout.csv   # CPU: draw held-out shapes
 
-Grid: bf16, H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} (--quick: 1k, 4k), d in {64, 128}, causal
-and not; then the fp16 points of ``--fp16`` (d:N pairs, causal and not; default d = 128 at 4k and 16k,
-d = 64 at 16k) that `fwd.HOPPER_VALIDATED` needs before it may name a Hopper variant for fp16.
-Step 1 checks every implementation at every grid point at the full shape against float64
-(measure/bench.py's `_ref_error`: heads 0-1, the last 2,048 rows; bound 2 x SDPA FLASH's error + 1e-3);
-one that fails (or raises) is reported and not timed. Step 2 times the rest (triton.testing.do_bench,
-median) in ``--rounds`` interleaved rounds per point (each round times every implementation once, the order
-rotated round to round); a point's TFLOP/s is the median over rounds and its ratio to CUDNN the median of
-the per-round ratios (peers timed in the same round), so clock or run drift between rounds cannot decide
-a comparison. TFLOP/s from `model.flops.attention_flops`. Hopper variants (kernels/fwd_hopper.py VARIANTS):
-"hopper" is the public impl="hopper" (ping-pong, default variant); the others are the VARIANTS entries
-(ablations and alternatives, each timed at the head dims it is built for); "auto" is impl="auto" (the
-variant `fwd.HOPPER_VALIDATED` names, else portable: it must never be slower than portable). The closing
-"summary" lines give, per variant and dtype, the issue's targets: min ratio to CUDNN at N >= 4k and at
-N = 1k, and to the portable kernel. The JSON is rewritten after every timed point (a timeout keeps them).
-
-First call: a child process per cache state runs portable and hopper (d x causal x {bf16, fp16}, N = 1k) once
-each, and with --first-call-only also impl="auto" at the first N of every `fwd.HOPPER_VALIDATED` row (each
-table variant's first call as a user meets it), and times that first call (host wall clock to completion;
-compile included), CUDA already initialised.
-"cold": TRITON_CACHE_DIR is a fresh empty directory; "warm": a second process with the same directory.
-No call runs an autotuning sweep (configs come from tables).
+``--grid 16k``: H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} x d {64, 128} x causal/not x bf16/fp16.
+``--shapes CSV``: rows ``batch,q_heads,kv_heads,n,d,causal,dtype`` (e.g. the dispatch check's held-out
+shapes, drawn by ``--draw`` before any run). Step 1 checks every implementation at every point at its
+full shape against float64 (heads 0-1 of batch 0, the last 2,048 rows; bound `checks.kernel_tolerance` of
+SDPA FLASH's error on the same inputs); one that fails or raises is reported and not timed. Step 2 times
+the rest (triton.testing.do_bench, median) in ``--rounds`` interleaved rounds, the order rotated round to
+round; a point's TFLOP/s (`model.flops.attention_flops`) is the median over rounds. The closing lines say,
+per point, auto / best kept variant and auto / portable, and the minimum of each (the dispatch check:
+auto >= 0.98 x the best variant and >= 1.0 x portable). ``--mods``: every kept variant with window,
+softcap and sinks against float64 (`MOD_CASES`), then causal windows against full causal (`MOD_TIMINGS`).
+Takes about 2-4 minutes per 40 points on an H200
+(the Gluon compiles, about 3 s each, included).
 """
 
 import argparse
+import csv
+import functools
 import json
+import math
 import os
-import subprocess
+import random
+import statistics
 import sys
-import tempfile
 
-_FIRST_CALL = r"""
-import json, sys, time, torch
-import attnscope
-torch.zeros(1, device="cuda"); torch.cuda.synchronize()  # CUDA context outside the timed calls
-rows = []
-for impl, d, dt, causal, n in json.loads(sys.argv[1]):
-    dtype = getattr(torch, dt)
-    q, k, v = (torch.randn(max(1, 16384 // n), 8, n, d, device="cuda", dtype=dtype) for _ in range(3))
-    torch.cuda.synchronize()
-    row = dict(impl=impl, d=d, dtype=dt, causal=causal, n=n)
-    try:
-        t0 = time.perf_counter()
-        attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        attnscope.flash_attention(q, k, v, causal=causal, impl=impl)
-        torch.cuda.synchronize()
-        row.update(first_s=t1 - t0, second_s=time.perf_counter() - t1)
-    except Exception as e:  # a failing variant is reported, not fatal
-        row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
-    rows.append(row)
-print(json.dumps(rows))
-"""
+GRIDS = {"16k": [(16384 // n, 32, 32, n, d, c, dt) for dt in ("bfloat16", "float16") for d in (128, 64)
+                 for c in (False, True) for n in (1024, 2048, 4096, 8192, 16384)]}
+FIELDS = ("batch", "q_heads", "kv_heads", "n", "d", "causal", "dtype")
 
 
-def first_call_cases(impls=("portable", "hopper"), table: bool = False, variants=None) -> list:
-    """The first calls to time: ``(impl, d, dtype, causal, n)``. Each impl at d 128/64 x bf16/fp16 x mask,
-    N = 1k; with ``table``, also impl="auto" at the first N of every `fwd.HOPPER_VALIDATED` row (its
-    variant's first call as a user meets it; B = 16k / N, 8 heads), or only of the rows whose variant is in
-    ``variants``."""
-    cases = [(i, d, dt, c, 1024) for i in impls for d in (128, 64) for dt in ("bfloat16", "float16")
-             for c in (False, True)]
-    if table:
-        from attnscope.kernels import fwd
-
-        cases += [("auto", d, dt, c, lo) for d, dt, c, lo, _hi, v in fwd.HOPPER_VALIDATED
-                  if variants is None or v in variants]
-    return cases
-
-
-def first_call_latency(impls=("portable", "hopper"), log=print, table: bool = False,
-                       variants=None) -> list[dict]:
-    """First-call seconds per case of `first_call_cases`, cold and warm Triton cache (two child processes, one
-    cache dir). Rows of impl="auto" name the variant the table ran (``variant``)."""
-    from attnscope.kernels import fwd
-
-    cases = first_call_cases(impls, table, variants)
+def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
+    """``count`` shapes off the B*N = 16k, H = 32 grid: B 1-16, Hq 8-96 with a GQA group of 1-8, N log-uniform
+    in 1k-32k, each (d, mask, dtype) combination equally often; shapes over ``max_tflop`` TFLOP are drawn
+    again (keeps one timed call under ~30 ms)."""
+    rng = random.Random(seed)
+    combos = [(d, c, dt) for d in (64, 128) for c in (False, True) for dt in ("bfloat16", "float16")]
     out = []
-    with tempfile.TemporaryDirectory(prefix="attnscope-triton-cache-") as cache:
-        env = dict(os.environ, TRITON_CACHE_DIR=cache)
-        for state in ("cold", "warm"):
-            r = subprocess.run([sys.executable, "-c", _FIRST_CALL, json.dumps(cases)], env=env,
-                               capture_output=True, text=True, timeout=240)
-            if r.returncode != 0:
-                raise RuntimeError(f"first-call child ({state}) failed:\n{r.stderr[-3000:]}")
-            for row in json.loads(r.stdout.strip().splitlines()[-1]):
-                row["cache"] = state
-                if row["impl"] == "auto":
-                    row["variant"] = fwd._hopper_validated(row["d"], row["dtype"], row["causal"], row["n"])
-                out.append(row)
-                what = (f"{row['first_s']:.2f} s (second call {row['second_s'] * 1e3:.1f} ms)"
-                        if "error" not in row else f"FAILED {row['error']}")
-                via = f" ({row['variant']})" if row.get("variant") else ""
-                log(f"first call, {state} cache: {row['impl']}{via} d={row['d']} {row['dtype']} "
-                    f"causal={int(row['causal'])} N={row['n']}: {what}")
+    while len(out) < count:
+        d, c, dt = combos[len(out) % len(combos)]
+        b = rng.randint(1, 16)
+        group = rng.choice((1, 2, 4, 6, 8))
+        hkv = rng.choice([x for x in range(1, 97) if 8 <= x * group <= 96])
+        n = int(round(math.exp(rng.uniform(math.log(1024), math.log(32768)))))
+        flops = 4 * b * hkv * group * n * n * d / (2 if c else 1)
+        if (b * n == 16384 and hkv * group == 32) or flops > max_tflop * 1e12:
+            continue
+        out.append((b, hkv * group, hkv, n, d, c, dt))
     return out
 
 
-def _hopper_variant(torch, name):
-    """A `fwd_hopper.VARIANTS` entry as a callable: the public path's allocation, the variant's launch."""
-    import math
-
-    from attnscope.kernels import fwd, fwd_hopper
-
-    def call(q, k, v, c):
-        d = q.shape[-1]
-        o = torch.empty_like(q)
-        lse = torch.empty(1, device=q.device, dtype=torch.float32)
-        fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), c, False, name)
-        return o
-
-    return call
+def read_shapes(path: str) -> list[tuple]:
+    with open(path, newline="") as f:
+        return [(int(r["batch"]), int(r["q_heads"]), int(r["kv_heads"]), int(r["n"]), int(r["d"]),
+                 r["causal"].strip().lower() in ("1", "true"), r["dtype"].strip()) for r in csv.DictReader(f)]
 
 
-def _supports(name, d, causal) -> bool:
-    """Whether implementation ``name`` is built for head dim ``d`` and this mask (a Hopper variant may not
-    be)."""
-    if not name.startswith("hopper"):
-        return True
-    from attnscope.kernels import fwd_hopper
-
-    return fwd_hopper.supports(name, d, causal)
-
-
-def _impls(torch, flex: bool, hopper=("hopper",), auto: bool = True):
+def _impls(torch):
     import attnscope
+    from attnscope.kernels import fwd, fwd_hopper
     from attnscope.measure.backends import sdpa
+    from attnscope.model import dispatch
+
+    def variant(name):
+        def call(q, k, v, c):
+            o = torch.empty_like(q)
+            lse = torch.empty(1, device=q.device, dtype=torch.float32)
+            fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(q.shape[-1]), c, False, name)
+            return o
+        return call
 
     impls = {"portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable")}
-    for name in hopper:  # "hopper" is the public impl="hopper"; the others are fwd_hopper.VARIANTS entries
-        impls[name] = (_hopper_variant(torch, name) if name != "hopper" else
-                       lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="hopper"))
-    if auto:
-        impls["auto"] = lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="auto")
+    impls.update({name: variant(name) for name in dispatch.VARIANTS})
+    impls["auto"] = lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="auto")
     impls["cudnn"] = sdpa("cudnn")
     impls["flash"] = sdpa("flash")
-    if flex:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        compiled = torch.compile(flex_attention)
-        masks = {}
-
-        def causal_mod(b, h, q_idx, kv_idx):
-            return q_idx >= kv_idx
-
-        def flex_call(q, k, v, c):
-            mask = None
-            if c:
-                key = (q.shape[2], k.shape[2])
-                if key not in masks:  # built once per shape, outside the timed calls
-                    masks[key] = create_block_mask(causal_mod, None, None, key[0], key[1], device="cuda")
-                mask = masks[key]
-            return compiled(q, k, v, block_mask=mask)
-
-        impls["flex"] = flex_call
     return impls
 
 
-def _to_cudnn(row, name) -> float:
-    """``name``'s ratio to SDPA CUDNN at one point: the median of the per-round ratios (else of medians)."""
-    return row.get("cudnn_ratio", {}).get(name, row["tflops"][name] / row["tflops"]["cudnn"])
+def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) -> list[dict]:
+    """Check then time every implementation at every point (module docstring); one row per point."""
+    from attnscope.checks import kernel_tolerance
+    from attnscope.kernels import fwd_hopper
+    from attnscope.measure.bench import _median_ms, _ref_error
+    from attnscope.model import dispatch
+    from attnscope.model.flops import attention_flops
 
-
-def _summary(rows) -> list[str]:
-    """Per Hopper variant (and auto), the issue's targets: min ratio to CUDNN at N >= 4k and at 1k, and to
-    portable."""
-    lines = []
-    names = sorted({k for r in rows for k in r["tflops"] if k.startswith("hopper") or k == "auto"})
-    for name in names:
-        for dt, d, c in sorted({(r["dtype"], r["d"], r["causal"]) for r in rows}):
-            sel = [r for r in rows if r["dtype"] == dt and r["d"] == d and r["causal"] == c
-                   and name in r["tflops"] and "cudnn" in r["tflops"] and "portable" in r["tflops"]]
-            if not sel:
+    impls = _impls(torch)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for b, hq, hkv, n, d, c, dt in points:
+        torch.manual_seed(b * 7919 + hq * 31 + n + d)
+        dtype = getattr(torch, dt)
+        q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+        # SDPA's fused kernels take no GQA (enable_gqa finds no FLASH kernel): the peers get K/V expanded to
+        # Hq heads, built once outside the timed calls
+        kx, vx = (t.repeat_interleave(hq // hkv, dim=1) if hq != hkv else t for t in (k, v))
+        args = {name: (q, kx, vx, c) if name in ("cudnn", "flash") else (q, k, v, c) for name in impls}
+        row = {"batch": b, "q_heads": hq, "kv_heads": hkv, "n": n, "d": d, "causal": c, "dtype": dt,
+               "auto_runs": dispatch.hopper_variant(d, c, b, hq, hkv, n, n, sms) or "portable",
+               "flops": attention_flops(b, hq, n, n, d, c, "forward"), "err": {}, "fail": {}, "tflops": {}}
+        names = [x for x in impls if x not in dispatch.VARIANTS or fwd_hopper.supports(x, d, c)]
+        bound = kernel_tolerance(_ref_error(torch, impls["flash"](*args["flash"]), q, k, v, c))
+        timed = []
+        for name in names:
+            try:
+                err = _ref_error(torch, impls[name](*args[name]), q, k, v, c)
+            except Exception as e:  # noqa: BLE001 - reported; that implementation is not timed here
+                row["fail"][name] = f"{type(e).__name__}: {str(e)[:160]}"
                 continue
-            cu_long = [_to_cudnn(r, name) for r in sel if r["n"] >= 4096]
-            cu_1k = [_to_cudnn(r, name) for r in sel if r["n"] <= 1024]
-            port = [r["tflops"][name] / r["tflops"]["portable"] for r in sel]
-            fmt = lambda xs: f"{min(xs):.3f}" if xs else "-"  # noqa: E731
-            lines.append(f"summary {name} {dt} d={d} causal={int(c)}: min /cudnn N>=4k {fmt(cu_long)}, "
-                         f"N=1k {fmt(cu_1k)}; min /portable {fmt(port)}")
+            row["err"][name] = err
+            if name in ("cudnn", "flash") or err <= bound:
+                timed.append(name)
+            else:
+                row["fail"][name] = f"err {err:.3g} > bound {bound:.3g}"
+        per_round = {name: [] for name in timed}
+        for r in range(rounds):
+            first = r % len(timed)
+            for name in timed[first:] + timed[:first]:
+                call = functools.partial(impls[name], *args[name])
+                per_round[name].append(row["flops"] / _median_ms(call) / 1e9)
+        row["tflops"] = {name: statistics.median(xs) for name, xs in per_round.items()}
+        row["rounds"] = per_round
+        t = row["tflops"]
+        log(f"{'bf16' if dt == 'bfloat16' else 'fp16'} B={b} Hq={hq} Hkv={hkv} N={n} d={d} causal={int(c)} "
+            f"auto->{row['auto_runs']} | " + " ".join(f"{x}={y:.1f}" for x, y in t.items())
+            + "".join(f" FAIL {x}: {y}" for x, y in row["fail"].items()))
+        rows.append(row)
+        save(rows)
+        del q, k, v, kx, vx, args
+        torch.cuda.empty_cache()
+    return rows
+
+
+#: Score-mod cases of ``--mods``: (name, causal, window, softcap, sinks?, Nq, Nk); Nq > Nk with a narrow
+#: window leaves rows with no visible key (output 0, LSE -inf, or the sink with sinks).
+MOD_CASES = [("window (W,0)", True, (300, 0), 0.0, False, 1000, 1000),
+             ("window (W,W)", False, (200, 200), 0.0, False, 1000, 1100),
+             ("window (0,0) empty rows", False, (0, 0), 0.0, False, 1100, 1000),
+             ("window (0,0) empty rows + sinks", False, (0, 0), 0.0, True, 1100, 1000),
+             ("softcap 30 causal", True, None, 30.0, False, 1000, 1000),
+             ("softcap 5 large logits", False, None, 5.0, False, 1000, 1000),
+             ("sinks", False, None, 0.0, True, 1000, 1100),
+             ("window (-1,W) + softcap + sinks", False, (-1, 150), 20.0, True, 1000, 1000)]
+#: ``--mods`` timings: (N, W) causal windows at B*N = 32k, H = 32, against full causal at the same shape.
+MOD_TIMINGS = [(8192, 1024), (32768, 4096)]
+
+
+def _torch_mods(torch, q, k, v, causal, window, softcap, sinks):
+    """PyTorch attention at q's dtype (scores from a q-dtype matmul, fp32 softmax, P in q's dtype): the
+    same-dtype error that `checks.kernel_tolerance` scales."""
+    from attnscope.model.tiles import normalize_window
+
+    g = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
+    nq, nk = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    left, right = normalize_window(causal, window)
+    r = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
+    c = torch.arange(nk, device=q.device)[None, :]
+    keep = ((left < 0) | (c >= r - left)) & ((right < 0) | (c <= r + right))
+    s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :nk]
+    return (p.to(q.dtype) @ v).float()
+
+
+def _tiles_loaded(n: int, window) -> int:
+    """KV tiles a causal call at Nq = Nk = n loads over its 128-row query tiles (`model.tiles`)."""
+    from attnscope.model.tiles import cdiv, window_kv_bounds0
+
+    return sum(cdiv(hi - lo, 128) for lo, _, _, hi in (window_kv_bounds0(r0, 128, n, n, 128, True, window)
+                                                       for r0 in range(0, n, 128)))
+
+
+def run_mods(torch, log=print, save=lambda out: None) -> dict:
+    """Window / softcap / sinks on every kept Hopper variant against float64 (O and LSE, outputs poisoned),
+    then causal-window timings against full causal (``MOD_TIMINGS``) and softcap / sinks against plain."""
+    import numpy as np
+
+    from attnscope import reference
+    from attnscope.checks import kernel_tolerance
+    from attnscope.kernels import _common, fwd, fwd_hopper
+    from attnscope.measure.bench import _median_ms
+    from attnscope.model import dispatch
+    out = {"checks": [], "timings": []}
+    i = 0
+    for variant in dispatch.VARIANTS:
+        for d in sorted(fwd_hopper.VARIANTS[variant].configs):
+            i += 1
+            dtype = (torch.bfloat16, torch.float16)[i % 2]  # one dtype per build: fewer compiles
+            for name, causal, window, softcap, use_sinks, nq, nk in MOD_CASES:
+                torch.manual_seed(i * 100 + len(out["checks"]))
+                q = torch.randn(2, 8, nq, d, device="cuda", dtype=dtype) * (3.0 if "large" in name else 1.0)
+                k, v = (torch.randn(2, 2, nk, d, device="cuda", dtype=dtype) for _ in range(2))
+                sinks = (torch.randn(8, device="cuda") * 3).float() if use_sinks else None
+                o = torch.full_like(q, float("nan"))
+                lse = torch.full(q.shape[:3], float("nan"), device="cuda", dtype=torch.float32)
+                mods = _common.check_mods(torch, causal, window, softcap, sinks, 8, q.device)
+                row = {"variant": variant, "d": d, "case": name, "dtype": str(dtype).split(".")[-1]}
+                try:
+                    fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(d), causal, True, variant, mods)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - reported
+                    row["fail"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    out["checks"].append(row)
+                    log(f"mods {variant} d={d} {name}: FAIL {row['fail']}")
+                    continue
+                args = [t.double().cpu().numpy() for t in (q, k, v)]
+                sk = None if sinks is None else sinks.double().cpu().numpy()
+                ro, rlse = reference.naive_attention(*args, causal=causal, return_lse=True, window=window,
+                                                     softcap=softcap, sinks=sk)
+                on, ln = o.double().cpu().numpy(), lse.double().cpu().numpy()
+                t_out = _torch_mods(torch, q, k, v, causal, window, softcap, sinks)
+                t_err = np.abs(t_out.double().cpu().numpy() - ro).max()
+                err = np.abs(on - ro).max() if not np.isnan(on).any() else float("nan")
+                fin = np.isfinite(rlse)
+                lse_err = np.abs(ln - rlse)[fin].max(initial=0.0)
+                lse_ok = bool((ln[~fin] == -np.inf).all()) and not np.isnan(ln).any()
+                ok = bool(err <= kernel_tolerance(t_err) and lse_err < 1e-3 and lse_ok)
+                row.update(err=float(err), torch_err=float(t_err), lse_err=float(lse_err), ok=ok,
+                           empty_rows=int((~fin).sum()))
+                out["checks"].append(row)
+                save(out)
+                log(f"mods {variant} d={d} {row['dtype']} {name}: err {err:.3g} "
+                    f"(bound {kernel_tolerance(t_err):.3g}) lse err {lse_err:.3g} "
+                    f"empty rows {row['empty_rows']} -> {'ok' if ok else 'FAIL'}")
+    log(f"mods checks: {sum(r.get('ok', False) for r in out['checks'])} of {len(out['checks'])} pass")
+
+    def pairs(n, w):  # visible (query, key) pairs of a causal window (w None: full causal)
+        return sum(min(r + 1, (w if w is not None else n) + 1) for r in range(n))
+
+    for d in (128, 64):
+        for n, w in MOD_TIMINGS:
+            b = max(1, 32768 // n)
+            q, k, v = (torch.randn(b, 32, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            sinks = torch.randn(32, device="cuda").float()
+            calls = {"causal": dict(causal=True), f"window ({w},0)": dict(causal=True, window=(w, 0)),
+                     "causal softcap 50": dict(causal=True, softcap=50.0),
+                     "causal sinks": dict(causal=True, sinks=sinks)}
+            try:
+                ms = {name: _median_ms(functools.partial(fwd.flash_attention, q, k, v, **kw))
+                      for name, kw in calls.items()}
+            except Exception as e:  # noqa: BLE001 - reported
+                log(f"mods timing d={d} N={n} W={w}: FAIL {type(e).__name__}: {str(e)[:300]}")
+                continue
+            frac = _tiles_loaded(n, (w, 0)) / _tiles_loaded(n, None)
+            row = {"d": d, "n": n, "w": w, "batch": b, "ms": ms, "tile_fraction": frac,
+                   "tflops_visited": {x: 4 * d * b * 32 * pairs(n, w if "window" in x else None) / t / 1e9
+                                      for x, t in ms.items()},
+                   "window_vs_scaled_causal": ms[f"window ({w},0)"] / (ms["causal"] * frac)}
+            out["timings"].append(row)
+            save(out)
+            log(f"mods timing d={d} N={n} W={w} B={b}: " + " ".join(f"{x} {t:.3f} ms" for x, t in ms.items())
+                + f" | window / (causal x tile fraction {frac:.3f}) = {row['window_vs_scaled_causal']:.3f}"
+                + " | TFLOP/s (visited) "
+                + " ".join(f"{x} {y:.0f}" for x, y in row["tflops_visited"].items()))
+            del q, k, v
+            torch.cuda.empty_cache()
+    return out
+
+
+def verdict(rows) -> list[str]:
+    """auto / best kept variant and auto / portable per point, and their minima."""
+    from attnscope.model import dispatch
+
+    lines, vs_best, vs_port = [], [], []
+    for r in rows:
+        t = r["tflops"]
+        kept = [t[x] for x in dispatch.VARIANTS if x in t]
+        if "auto" not in t or "portable" not in t:
+            lines.append(f"{_label(r)}: auto or portable not timed ({r['fail']})")
+            continue
+        best = max(kept or [t["auto"]])
+        vs_best.append(t["auto"] / best)
+        vs_port.append(t["auto"] / t["portable"])
+    if vs_best:
+        lines.append(f"dispatch: min auto / best kept variant {min(vs_best):.3f} (need >= 0.98), "
+                     f"min auto / portable {min(vs_port):.3f} (need >= 1.0), {len(vs_best)} points")
     return lines
+
+
+def _label(r) -> str:
+    return (f"{'bf16' if r['dtype'] == 'bfloat16' else 'fp16'} B={r['batch']} Hq={r['q_heads']} "
+            f"Hkv={r['kv_heads']} N={r['n']} d={r['d']} {'causal' if r['causal'] else 'full'}")
+
+
+def markdown(rows) -> str:
+    """One table: the point, what auto ran, TFLOP/s of each implementation, auto's ratios."""
+    from attnscope.model import dispatch
+
+    cols = ["portable", *dispatch.VARIANTS, "auto", "cudnn", "flash"]
+    out = ["| shape | auto runs | " + " | ".join(cols) + " | auto / best | auto / portable | auto / CUDNN |",
+           "| --- " * (len(cols) + 5) + "|"]
+    for r in rows:
+        t = r["tflops"]
+        kept = [t[x] for x in dispatch.VARIANTS if x in t]
+        auto = t.get("auto")
+        ratios = [f"{auto / x:.3f}" if auto and x else "-" for x in (max(kept or [0.0]), t.get("portable"),
+                                                                     t.get("cudnn"))]
+        out.append(f"| {_label(r)} | {r['auto_runs']} | "
+                   + " | ".join([f"{t[x]:.1f}" if x in t else "-" for x in cols] + ratios) + " |")
+    return "\n".join(out)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="N in {1k, 4k} only")
-    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
-    p.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (its compiles)")
-    p.add_argument("--no-first-call", action="store_true", help="skip the first-call latency children")
-    p.add_argument("--first-call-only", action="store_true",
-                   help="only the first-call children, with impl='auto' at every HOPPER_VALIDATED row")
-    p.add_argument("--first-call-variants", default=None,
-                   help="with --first-call-only: only the table rows of these variants (comma-separated), "
-                        "and not the portable/hopper first calls")
-    p.add_argument("--no-hopper", action="store_true", help="leave out every Gluon Hopper variant")
-    p.add_argument("--hopper-variants", default=None,
-                   help="comma-separated fwd_hopper.VARIANTS names to time (default: all)")
-    p.add_argument("--no-auto", action="store_true", help="do not time impl='auto'")
-    p.add_argument("--fp16", default="128:4096,128:16384,64:16384",
-                   help="fp16 points as d:N pairs, causal and not ('' for none)")
-    p.add_argument("--d", type=int, action="append", help="head dim(s) (default 128 and 64)")
-    p.add_argument("--n", type=int, action="append", help="sequence length(s) (default 1k-16k)")
-    p.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per point (median)")
-    p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--grid", choices=sorted(GRIDS), help="a named grid of points (16k: H = 32, B*N = 16,384)")
+    p.add_argument("--shapes", metavar="CSV",
+                   help="points from a CSV (batch,q_heads,kv_heads,n,d,causal,dtype)")
+    p.add_argument("--draw", metavar="SEED", type=int, help="print 24 held-out shapes as CSV and exit (CPU)")
+    p.add_argument("--mods", action="store_true", help="window / softcap / sinks: checks and timings")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds per point (median)")
+    p.add_argument("--markdown", action="store_true", help="print a markdown table of the results")
+    p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE (after every point)")
     a = p.parse_args()
-
-    import statistics
+    if a.draw is not None:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(FIELDS)
+        w.writerows((b, hq, hkv, n, d, int(c), dt) for b, hq, hkv, n, d, c, dt in draw(a.draw))
+        return 0
+    if not (a.grid or a.shapes or a.mods):
+        p.error("give --grid, --shapes, --mods or --draw")
 
     import torch
 
-    from attnscope.measure.bench import _median_ms, _ref_error, environment
-    from attnscope.model.flops import attention_flops
+    from attnscope.measure.bench import environment
 
     if not torch.cuda.is_available():
         print("bench/prefill.py: needs a CUDA GPU", file=sys.stderr)
         return 2
-    env = environment(torch)
-    print("# " + json.dumps(env), flush=True)
-    if a.first_call_only:
-        only = a.first_call_variants.split(",") if a.first_call_variants else None
-        out = {"env": env, "first_call": first_call_latency(impls=() if only else ("portable", "hopper"),
-                                                             table=True, variants=only)}
-        if a.json:
-            with open(a.json, "w") as fh:
-                json.dump(out, fh, indent=1)
-        return 0
-    from attnscope.kernels import fwd_hopper
+    out = {"env": environment(torch)}
+    print("# " + json.dumps(out["env"]), flush=True)
 
-    names = fwd_hopper.VARIANTS if a.hopper_variants is None else a.hopper_variants.split(",")
-    hopper = () if a.no_hopper else tuple(x for x in names if x)
-    impls = _impls(torch, flex=not a.no_flex, hopper=hopper, auto=not a.no_auto)
-    ns = a.n or ([1024, 4096] if a.quick else [1024, 2048, 4096, 8192, 16384])
-    points = [("bfloat16", d, c, n) for d in (a.d or (128, 64)) for c in (False, True) for n in ns]
-    for pair in (x for x in a.fp16.split(",") if x):
-        d, n = (int(x) for x in pair.split(":"))
-        points += [("float16", d, c, n) for c in (False, True)]
+    def save(key):
+        def f(rows):
+            out[key] = rows
+            if a.json:
+                os.makedirs(os.path.dirname(os.path.abspath(a.json)) or ".", exist_ok=True)
+                with open(a.json, "w") as fh:
+                    json.dump(out, fh, indent=1)
+        return f
 
-    def inputs(dt, d, n):
-        torch.manual_seed(n + d)
-        b = max(1, a.tokens // n)
-        return [torch.randn(b, a.heads, n, d, device="cuda", dtype=getattr(torch, dt)) for _ in range(3)]
-
-    # Step 1: correctness of every implementation at every point, full shape, before any timing.
-    ok, errs, failures = {}, {}, []
-    for dt, d, c, n in points:
-        q, k, v = inputs(dt, d, n)
-        ref = _ref_error(torch, impls["flash"](q, k, v, c), q, k, v, c)
-        for name, fn in impls.items():
-            if not _supports(name, d, c):
-                continue
-            try:
-                err = _ref_error(torch, fn(q, k, v, c), q, k, v, c)
-            except Exception as e:  # noqa: BLE001 - reported, and that implementation is not timed here
-                err, why = None, f"{type(e).__name__}: {str(e)[:160]}"
-            else:
-                why = None if err <= 2 * ref + 1e-3 else f"err {err:.3g} > 2 x {ref:.3g} + 1e-3"
-            errs[(dt, d, c, n, name)] = err
-            ok[(dt, d, c, n, name)] = why is None
-            if why:
-                failures.append(f"{name} {dt} d={d} causal={int(c)} N={n}: {why}")
-        del q, k, v
-        torch.cuda.empty_cache()
-    for f in failures:
-        print("  FAIL (not timed) " + f, flush=True)
-    print("all results match, starting benchmarks" if not failures else
-          f"{len(failures)} check(s) failed (listed above); timing the rest", flush=True)
-
-    # Step 2: time what passed.
-    rows = []
-    out = {"env": env, "prefill": rows, "failures": failures}
-
-    def save():
-        if a.json:
-            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-            with open(a.json, "w") as f:
-                json.dump(out, f, indent=1)
-
-    for dt, d, c, n in points:
-        q, k, v = inputs(dt, d, n)
-        flops = attention_flops(q.shape[0], a.heads, n, n, d, c, "forward")
-        row = {"dtype": dt, "d": d, "causal": c, "n": n, "batch": q.shape[0], "heads": a.heads,
-               "flops": flops, "tflops": {}, "err": {}}
-        for name in impls:
-            if (dt, d, c, n, name) in ok:  # else a variant not built for this head dim or mask
-                row["err"][name] = errs[(dt, d, c, n, name)]
-        timed = [name for name in impls if ok.get((dt, d, c, n, name))]
-        per_round = {name: [] for name in timed}
-        for r in range(a.rounds):
-            first = r % max(len(timed), 1)
-            for name in timed[first:] + timed[:first]:  # rotated: no implementation always first
-                fn = impls[name]
-                ms = _median_ms(lambda fn=fn, q=q, k=k, v=v, c=c: fn(q, k, v, c))
-                per_round[name].append(flops / ms / 1e9)
-        row["tflops"] = {name: statistics.median(xs) for name, xs in per_round.items()}
-        t = row["tflops"]
-        cu = t.get("cudnn")
-        ours = [k for k in t if k not in ("cudnn", "flash", "flex")]
-        ratios = ""
-        if cu:  # per-round ratios to the CUDNN time of the same round; their median
-            rr = {k: [x / y for x, y in zip(per_round[k], per_round["cudnn"], strict=True)] for k in ours}
-            row["rounds"] = per_round
-            row["cudnn_ratio"] = {k: statistics.median(xs) for k, xs in rr.items()}
-            ratios = " ".join(f"{k}={row['cudnn_ratio'][k]:.3f}" +
-                              (f"[{min(rr[k]):.3f}-{max(rr[k]):.3f}]" if a.rounds > 1 else "") for k in ours)
-        print(f"{'bf16' if dt == 'bfloat16' else 'fp16'} d={d:3d} causal={int(c)} N={n:5d} | " +
-              " ".join(f"{k}={t[k]:.1f}" for k in t) + (f" | /cudnn {ratios}" if ratios else ""), flush=True)
-        rows.append(row)
-        save()  # every timed point survives a later timeout
-        del q, k, v
-        torch.cuda.empty_cache()
-    out["summary"] = _summary(rows)
-    for line in out["summary"]:
-        print(line, flush=True)
-    save()
-    if not a.no_first_call:
-        out["first_call"] = first_call_latency(impls=[i for i in ("portable", "hopper") if i in impls])
-        save()
+    for key, points in (("shapes", read_shapes(a.shapes) if a.shapes else None),
+                        ("grid", GRIDS[a.grid] if a.grid else None)):
+        if points is None:
+            continue
+        rows = run_points(torch, points, a.rounds, save=save(key))
+        out[key + "_verdict"] = verdict(rows)
+        for line in out[key + "_verdict"]:
+            print(line, flush=True)
+        if a.markdown:
+            print(markdown(rows), flush=True)
+        save(key)(rows)
+    if a.mods:
+        save("mods")(run_mods(torch, save=save("mods")))
     return 0
 
 

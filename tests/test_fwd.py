@@ -149,7 +149,7 @@ def _variant_cases():
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("variant,d,causal,dtype,nq,nk", _variant_cases())
 def test_hopper_variant_matches_float64_reference(variant, d, causal, dtype, nq, nk):
-    """Every kernel variant (what impl='auto' may pick by `fwd.HOPPER_VALIDATED`), O and LSE, poisoned
+    """Every kernel variant (what impl='auto' may pick: `model.dispatch.hopper_variant`), O and LSE, poisoned
     outputs, against float64."""
     from attnscope.kernels import fwd_hopper as hop
 
@@ -391,48 +391,50 @@ def test_impl_argument_errors():
             attnscope.flash_attention(**_good(), impl="hopper")
 
 
-def test_auto_picks_the_variant_of_the_hopper_validated_row(monkeypatch):
-    """impl='auto' picks a Gluon variant only inside a HOPPER_VALIDATED row (d, dtype, causal, N range)."""
-    q = _good()["q"]
+def test_auto_picks_the_variant_of_the_dispatch_rule(monkeypatch):
+    """impl='auto' runs the variant `model.dispatch.hopper_variant` names for the launch geometry (the same
+    rule for fp16 and bf16), portable where it names none; impl='hopper' forces the default variant."""
+    from types import SimpleNamespace
+
+    from attnscope.model import dispatch
+
     monkeypatch.setattr(fwd, "_hopper_possible", lambda q: None)  # pretend sm_90
-    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ())
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "portable"
-    monkeypatch.setattr(fwd, "HOPPER_VALIDATED", ((64, "float16", False, 2048, 8191, "hopper_deep"),
-                                                  (64, "float16", False, 8192, 8192, "hopper_nopp"),
-                                                  (64, "float16", True, 4096, None, "hopper")))
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 4096) == "hopper_deep"
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 2048) == "hopper_deep"  # bounds inclusive
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 8191) == "hopper_deep"
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 8192) == "hopper_nopp"  # the next row
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 1024) == "portable"  # below the rows' range
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, None, 16384) == "portable"  # above it
-    assert fwd._pick_impl("auto", q, 64, True, 0.18, None, 1 << 20) == "hopper"  # open upper bound
-    assert fwd._pick_impl("auto", q, 128, False, 0.18, None, 4096) == "portable"  # other head dim
-    assert fwd._pick_impl("auto", q, 64, False, 2.0, None, 4096) == "portable"  # huge scale: portable only
-    assert fwd._pick_impl("auto", q, 64, False, 0.18, fwd.FwdConfig(64, 64, 4, 2), 4096) == "portable"
-    assert fwd._pick_impl("hopper", q, 64, False, 0.18, None, 4096) == "hopper"  # forced: the default
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda dev: SimpleNamespace(multi_processor_count=132))
+    seen = set()
+    for d in (64, 128):
+        for causal in (False, True):
+            for dt in (torch.float16, torch.bfloat16):
+                for b, hq, hkv, n in ((16, 32, 32, 1024), (8, 32, 8, 2048), (4, 32, 32, 4096),
+                                      (1, 32, 4, 16384)):
+                    q, k = torch.empty(b, hq, n, d, dtype=dt), torch.empty(b, hkv, n, d, dtype=dt)
+                    want = dispatch.hopper_variant(d, causal, b, hq, hkv, n, n) or "portable"
+                    assert fwd._pick_impl("auto", q, causal, 0.18, None, k) == want, (d, causal, dt, n)
+                    seen.add(want)
+    assert seen == {"portable", *dispatch.VARIANTS}  # the rule reaches every kept variant
+    q, k = torch.empty(4, 32, 4096, 64), torch.empty(4, 32, 4096, 64)
+    assert fwd._pick_impl("auto", q, False, 2.0, None, k) == "portable"  # huge scale: portable only
+    assert fwd._pick_impl("auto", q, False, 0.18, fwd.FwdConfig(64, 64, 4, 2), k) == "portable"
+    assert fwd._pick_impl("hopper", q, False, 0.18, None, k) == dispatch.DEFAULT_VARIANT  # forced
     with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
-        fwd._pick_impl("hopper", q, 64, False, 2.0, None, 4096)
-    monkeypatch.setattr(fwd, "_hopper_possible", lambda q: "not sm_90")  # another GPU: the table is moot
-    assert fwd._pick_impl("auto", q, 64, True, 0.18, None, 4096) == "portable"
+        fwd._pick_impl("hopper", q, False, 2.0, None, k)
+    monkeypatch.setattr(fwd, "_hopper_possible", lambda q: "not sm_90")  # another GPU: the rule is moot
+    assert fwd._pick_impl("auto", q, True, 0.18, None, k) == "portable"
 
 
-def test_hopper_validated_table_is_well_formed():
-    """Every row names a variant built for its head dim; no two rows of one (d, dtype, causal) overlap, so
-    the first-match rule is not hiding a row."""
+def test_every_variant_the_rule_names_is_built_for_it():
+    """Whatever the geometry, `hopper_variant` names a variant built for the head dim (or None)."""
     pytest.importorskip("triton.experimental.gluon")
     from attnscope.kernels import fwd_hopper as hop
+    from attnscope.model import dispatch
 
-    assert fwd.HOPPER_VALIDATED, "the 2026-11-30 H200 measurements validate bf16 d = 128 points"
-    for d, dtype, causal, lo, hi, variant in fwd.HOPPER_VALIDATED:
-        assert d in _common.SUPPORTED_HEAD_DIMS and dtype in ("bfloat16", "float16")
-        assert isinstance(causal, bool)
-        assert lo >= 1 and (hi is None or hi >= lo)
-        assert isinstance(hop.config(d, variant, causal), hop.HopperConfig)
-    for key in {r[:3] for r in fwd.HOPPER_VALIDATED}:
-        rows = sorted((r[3], math.inf if r[4] is None else r[4])
-                      for r in fwd.HOPPER_VALIDATED if r[:3] == key)
-        assert all(a[1] < b[0] for a, b in zip(rows, rows[1:], strict=False)), (key, rows)
+    assert tuple(hop.VARIANTS) == dispatch.VARIANTS and hop.DEFAULT_VARIANT == dispatch.DEFAULT_VARIANT
+    for d in _common.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            for b, hq, hkv, nq, nk in ((1, 8, 8, 1, 4096), (16, 96, 12, 1000, 1000), (1, 8, 1, 32768, 32768),
+                                       (3, 12, 4, 5000, 300), (2, 64, 8, 300, 5000)):
+                v = dispatch.hopper_variant(d, causal, b, hq, hkv, nq, nk)
+                assert v is None or isinstance(hop.config(d, v), hop.HopperConfig), (d, causal, nq, nk)
 
 
 def test_hopper_variant_errors():
@@ -440,16 +442,12 @@ def test_hopper_variant_errors():
     pytest.importorskip("triton.experimental.gluon")
     from attnscope.kernels import fwd_hopper as hop
 
-    with pytest.raises(NotImplementedError, match="'nope': supported: hopper, hopper_nopp"):
+    with pytest.raises(NotImplementedError, match="'nope': supported: hopper_persist, hopper_wg3_pp"):
         hop.config(128, "nope")
     with pytest.raises(NotImplementedError,
-                       match="'hopper_wg3': head_dim 128 is not supported; supported: \\[64\\]"):
-        hop.config(128, "hopper_wg3")
-    with pytest.raises(NotImplementedError,
-                       match="'hopper_persist_pp': causal at head_dim 128 is not supported; "
-                             "supported: unmasked, or causal at head_dim \\[64\\]"):
-        hop.config(128, "hopper_persist_pp", causal=True)
-    assert hop.supports("hopper_persist_pp", 128, False) and not hop.supports("hopper_persist_pp", 128, True)
+                       match="'hopper_wg3_pp': head_dim 128 is not supported; supported: \\[64\\]"):
+        hop.config(128, "hopper_wg3_pp")
+    assert hop.supports("hopper_wg3_pp", 64, True) and not hop.supports("hopper_wg3_pp", 128, False)
 
 
 _COMPILE_HOPPER = """
@@ -482,7 +480,7 @@ def _compile_hopper_ptx(d, dtype, causal, variant):
 def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
     """The Gluon kernel compiled for sm_90 without a GPU has FA-3's structure in its PTX: TMA, async wgmma
     with a wait that leaves one group in flight (softmax under P V), a 24-register producer and 240-register
-    consumers, no spills; the ping-pong hand-off adds mbarrier waits and arrivals to the build without it."""
+    (two consumer warpgroups) or 160-register (three) consumers, no spills."""
     pytest.importorskip("triton.experimental.gluon")
     import os
     import re
@@ -490,7 +488,7 @@ def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
 
     import triton
 
-    ptx = _compile_hopper_ptx(64, "bf16", False, "hopper")
+    ptx = _compile_hopper_ptx(64, "bf16", False, "hopper_persist")
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # S_j waited for alone, P V still in flight
     assert "setmaxnreg.dec.sync.aligned.u32 \t24" in ptx  # the 1-warp TMA producer gives registers back
@@ -502,13 +500,9 @@ def test_hopper_kernel_compiles_for_sm90_on_the_cpu():
         rep = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.path.join(tmp, "k.o")],
                              capture_output=True, text=True, check=True).stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in rep and "serialized" not in rep
-    nopp = _compile_hopper_ptx(64, "bf16", False, "hopper_nopp")
-
-    def count(pat, text):
-        return len(re.findall(pat, text))
-
-    assert count(r"mbarrier\.arrive\.shared", ptx) > count(r"mbarrier\.arrive\.shared", nopp)
-    assert count(r"mbarrier\.try_wait", ptx) > count(r"mbarrier\.try_wait", nopp)
+    wg3 = _compile_hopper_ptx(64, "bf16", False, "hopper_wg3_pp")
+    assert "setmaxnreg.inc.sync.aligned.u32 \t160" in wg3 and "wgmma.wait_group.sync.aligned 1;" in wg3
+    assert len(re.findall(r"mbarrier\.try_wait", wg3)) > len(re.findall(r"mbarrier\.try_wait", ptx))
 
 
 def test_hopper_kernel_does_not_specialise_on_runtime_integers():
@@ -518,12 +512,12 @@ def test_hopper_kernel_does_not_specialise_on_runtime_integers():
     pytest.importorskip("triton.experimental.gluon")
     from attnscope.kernels import fwd_hopper as hop
 
-    for variant, ints in (("hopper", ["H", "HKV", "NQ", "NK"]),
+    for variant, ints in (("hopper_wg3_pp", ["H", "HKV", "NQ", "NK"]),
                           ("hopper_persist", ["B", "H", "HKV", "NQ", "NK"])):
         params = {p.name: p for p in hop.kernel(variant).params}
-        sig = hop.signature(128, "bf16", variant)
+        sig = hop.signature(64, "bf16", variant)
         runtime = [n for n in sig if sig[n] in ("i32", "fp32")]
-        assert runtime == [*ints, "qk_scale"]
+        assert runtime == [*ints, "qk_scale", "LEFT", "RIGHT", "cap_in", "cap_out"]
         assert all(params[n].do_not_specialize for n in runtime), variant
 
 

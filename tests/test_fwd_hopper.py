@@ -1,14 +1,15 @@
-"""The Gluon Hopper forward's barrier-light variants (kernels/fwd_hopper.py: ``release`` "one" and "thread").
+"""The Gluon Hopper forward: its dispatch rule (model/dispatch.py) and its score mods (window, softcap,
+sinks).
 
-CPU: each variant compiled for sm_90 (Triton's bundled ptxas, no GPU) has the partition-wide barriers per
-KV iteration it is built for, the arrival counts its arrivals need, and no spills. GPU (sm_90): every
-schedule path of every such variant against float64 (bound: 2 x PyTorch's own error at the same dtype
-+ 1e-3; LSE within 1e-3; rows without a visible key give 0 and LSE -inf), outputs poisoned with NaN.
+CPU: the rule's shape (one rule for every dtype, what each threshold does), the mods' input checks, and a
+build of each variant with every mod compiled for sm_90 (Triton's bundled ptxas, no GPU). GPU (sm_90): every
+mod on every variant through `attnscope.flash_attention` against float64 (bound `checks.kernel_tolerance`
+of PyTorch's own error at the same dtype; LSE within 1e-3; rows without a visible key give 0 and LSE -inf,
+or the sink with sinks), outputs poisoned with NaN.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -20,204 +21,200 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
-from attnscope.kernels import _common  # noqa: E402
-from test_fwd import _torch_attention  # noqa: E402 - the same bound as the portable kernel's tests
+from attnscope.checks import kernel_tolerance  # noqa: E402
+from attnscope.model import dispatch  # noqa: E402
+from attnscope.model.tiles import normalize_window  # noqa: E402
+from test_fwd import _poisoned_empty  # noqa: E402 - NaN-filled outputs, as the portable kernel's tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# One compile in a child process without TRITON_INTERPRET (conftest sets it; Gluon's code generator rejects
-# the interpreter's versions of Triton's reductions), through bench/sm90_resources.py's compile.
+
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# --- the dispatch rule ------------------------------------------------------------------------------------
+def test_mean_keys_is_the_mean_over_rows_of_the_visible_keys():
+    for nq, nk in ((1, 1), (7, 7), (100, 300), (300, 100), (1000, 1000), (5, 2)):
+        for causal in (False, True):
+            brute = sum(min(nk, max(0, r + nk - nq + 1)) if causal else nk for r in range(nq)) / nq
+            assert dispatch.mean_keys(nq, nk, causal) == pytest.approx(brute), (nq, nk, causal)
+
+
+def test_the_rule_reads_the_geometry_only():
+    """d = 128: the persistent kernel; d = 64: three warpgroups once the KV loop is long and the grid fills
+    the machine twice over, portable where the loop is short; no dtype in the rule."""
+    rule = dispatch.hopper_variant
+    assert {rule(128, c, b, 32, 8, n, n) for c in (False, True) for b, n in ((1, 1024), (4, 32768))} == \
+        {"hopper_persist"}
+    assert rule(64, False, 2, 32, 32, 8192, 8192) == rule(64, True, 2, 32, 32, 8192, 8192) == "hopper_wg3_pp"
+    assert rule(64, True, 4, 32, 32, 4096, 4096) == "hopper_persist"  # causal needs the longer loop
+    assert rule(64, False, 4, 32, 32, 4096, 4096) == "hopper_wg3_pp"
+    assert rule(64, True, 16, 32, 32, 1024, 1024) is None  # short causal loop: portable
+    assert rule(64, False, 16, 32, 32, 1024, 1024) == "hopper_persist"
+    # too few 192-row CTAs for two waves: the 128-row persistent kernel instead
+    assert rule(64, False, 1, 4, 4, 8192, 8192) == "hopper_persist"  # 172 CTAs on 132 SMs
+    assert rule(64, False, 1, 4, 4, 8192, 8192, sms=16) == "hopper_wg3_pp"
+    assert rule(96, False, 4, 32, 32, 4096, 4096) is None  # no variant for another head dim
+    # a window bounds the loop: W = 1k keys is a short loop (the caller falls back to the default variant)
+    assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
+    assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
+    # GQA does not move the choice
+    assert rule(64, False, 4, 32, 32, 4096, 4096) == rule(64, False, 4, 32, 4, 4096, 4096)
+
+
+# --- the score mods: input checks (CPU) ---------------------------------------------------------------------
+def _qkv(d=64, nq=64, nk=64, dtype=torch.float16, device="cpu"):
+    g = torch.Generator().manual_seed(nq + nk)
+    return [torch.randn(1, 4, n, d, generator=g).to(device=device, dtype=dtype) for n in (nq, nk, nk)]
+
+
+def test_mods_have_one_clear_error_each():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="window: expected None or a pair"):
+        attnscope.flash_attention(q, k, v, window=(-2, 0))
+    with pytest.raises(ValueError, match="softcap"):
+        attnscope.flash_attention(q, k, v, softcap=float("nan"))
+    with pytest.raises(ValueError, match="sinks: expected a float32 tensor of shape"):
+        attnscope.flash_attention(q, k, v, sinks=torch.zeros(3))
+
+
+@pytest.mark.skipif(_is_sm90(), reason="the Hopper kernel carries the mods there")
+def test_mods_outside_the_hopper_kernel_are_not_implemented():
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match="window / softcap / sinks: supported by the Gluon Hopper"):
+        attnscope.flash_attention(q, k, v, causal=True, window=(16, 0))
+    with pytest.raises(NotImplementedError, match="forward only"):
+        attnscope.flash_attention(q.requires_grad_(), k, v, softcap=5.0)
+
+
 _COMPILE = """
-import json, re, sys
-sys.path.insert(0, sys.argv[1])
-import sm90_resources as R
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import fwd_hopper as hop
-INIT = r"mbarrier\\.init\\.shared::cta\\.b64 \\[[^]]+\\], (\\d+);"
-out = {}
-for spec in sys.argv[2:]:
-    name, d, dtype, causal = spec.split(":")
-    _, k = R.hopper(int(d), dtype, causal == "1", name)
-    ptx = k.asm["ptx"]
-    out[spec] = dict(loops=hop.ptx_loop_barriers(ptx), ptxas=R.ptxas_report(ptx),
-                     inits=[int(x) for x in re.findall(INIT, ptx)],
-                     thread_arrives=ptx.count("cp.async.mbarrier.arrive.noinc"),
-                     elected_arrives=ptx.count("mbarrier.arrive.shared::cta.b64"))
-print(json.dumps(out))
+for spec in sys.argv[1:]:
+    variant, d, causal, mods = spec.split(":")
+    src = GluonASTSource(fn=hop.kernel(variant), signature=hop.signature(int(d), "bf16", variant),
+                         constexprs=hop.constexprs(int(d), causal == "1", True, variant, int(mods)))
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": hop.NUM_WARPS})
+    print(spec, "wgmma.mma_async" in k.asm["ptx"], k.asm["ptx"].count("ex2.approx"))
 """
 
 
-def _compile(*specs):
-    """{spec: report} for specs "variant:d:dtype:causal(0/1)", compiled for sm_90 in one child process."""
-    src = os.path.join(ROOT, "src")
+def test_the_default_variant_builds_with_every_mod_for_sm90_on_the_cpu():
+    """window | softcap | sinks compiled for sm_90 without a GPU (one child process; the default variant:
+    each build costs ~20 s of CPU, and the GPU tests build every variant); softcap adds its exp2 (tanh) to
+    the plain build's."""
+    pytest.importorskip("triton.experimental.gluon")
+    flags = [f"{dispatch.DEFAULT_VARIANT}:64:0:{m}" for m in (0, 7)]
     env = dict(os.environ, TRITON_INTERPRET="0",
-               PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    out = subprocess.run([sys.executable, "-c", _COMPILE, os.path.join(ROOT, "bench"), *specs], env=env,
-                         capture_output=True, text=True, timeout=900)
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _COMPILE, *flags], env=env, capture_output=True, text=True,
+                         timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    plain, modded = rows[flags[0]], rows[flags[1]]
+    assert plain[0] == modded[0] == "True"
+    assert int(modded[1]) > int(plain[1])
 
 
-def test_barriers_per_kv_iteration_on_sm90():
-    """Triton 3.6 puts a warpgroup bar.sync before every elected `mbarrier.arrive` and one per loop before
-    the first mbarrier wait: the default variant has 4 per KV iteration (1 + turn, K and V arrivals); one
-    release per tile removes one; per-thread arrivals leave only the loop's one. The barrier counts match
-    the arrivals (per-thread: 128 per warpgroup), and nothing spills."""
-    pytest.importorskip("triton.experimental.gluon")
-    r = _compile("hopper:64:bf16:0", "hopper_deep:64:bf16:0", "hopper_rel1:64:bf16:0", "hopper_pt:64:bf16:0",
-                 "hopper_pt_wg3_pp:64:bf16:1", "hopper_pt_persist:128:fp16:0",
-                 "hopper_pt_persist:64:bf16:1")
-    for spec, rep in r.items():
-        assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], (spec, rep["ptxas"])
-        assert "serializ" not in rep["ptxas"], spec  # wgmma not serialised
-    base, deep, rel1, pt = (r[f"{v}:64:bf16:0"]["loops"] for v in ("hopper", "hopper_deep", "hopper_rel1",
-                                                                     "hopper_pt"))
-    # 2 consumer warpgroups x (unmasked, masked) loops, each iteration with its barriers
-    assert len(base) == len(deep) == len(rel1) == len(pt) == 4
-    assert set(base) == set(deep) == {4}
-    assert set(rel1) == {3}  # same ring and ping-pong as hopper_deep, one arrival less
-    assert set(pt) == {1}
-    assert r["hopper_pt_wg3_pp:64:bf16:1"]["loops"] == [1] * 6  # 3 consumer warpgroups
-    assert r["hopper_pt_persist:128:fp16:0"]["loops"] == r["hopper_pt_persist:64:bf16:1"]["loops"] == [1] * 4
-    # per-thread arrivals: no elected consumer arrival left on k_empty/v_empty/turn, and every barrier they
-    # arrive on counts 128 arrivals per consumer warpgroup (k_empty/v_empty: NWG x 128, turn: 128)
-    pt_rep = r["hopper_pt:64:bf16:0"]
-    assert pt_rep["thread_arrives"] > 0 and pt_rep["elected_arrives"] == 0
-    assert sorted(set(pt_rep["inits"])) == [1, 128, 256]
-    assert sorted(set(r["hopper_pt_wg3_pp:64:bf16:1"]["inits"])) == [1, 128, 384]
-    assert sorted(set(r["hopper_rel1:64:bf16:0"]["inits"])) == [1, 2]
-    assert r["hopper_rel1:64:bf16:0"]["thread_arrives"] == 0
+# --- the score mods against float64 (GPU) -------------------------------------------------------------------
+def _torch_mods(q, k, v, causal, window, softcap, sinks):
+    """PyTorch attention at q's dtype (q-dtype matmul, fp32 softmax, P in q's dtype): the same-dtype error
+    the tolerance scales."""
+    g = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
+    nq, nk = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    left, right = normalize_window(causal, window)
+    r = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
+    c = torch.arange(nk, device=q.device)[None, :]
+    s = s.masked_fill(~(((left < 0) | (c >= r - left)) & ((right < 0) | (c <= r + right))), float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
+    return (torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :nk].to(q.dtype) @ v).float()
 
 
-def test_release_modes_are_declared():
-    """Every variant names a release mode the kernel knows; the barrier-light ones exist for both head dims
-    (wg3: d = 64 only, as its split-release twin)."""
-    pytest.importorskip("triton.experimental.gluon")
-    from attnscope.kernels import fwd_hopper as hop
-
-    for name, var in hop.VARIANTS.items():
-        assert var.release in hop.RELEASE_MODES, name
-        d = min(var.configs)
-        cx = hop.constexprs(d, not hop.supports(name, d, False), False, name)
-        assert cx["RELEASE"] == hop.RELEASE_MODES[var.release]
-    for name in ("hopper_rel1", "hopper_rel1_nopp", "hopper_pt", "hopper_pt_nopp", "hopper_pt_deep",
-                 "hopper_pt_persist"):
-        assert sorted(hop.VARIANTS[name].configs) == [64, 128], name
-    assert sorted(hop.VARIANTS["hopper_pt_wg3_pp"].configs) == [64]
-    # not built where ptxas spills; asking for it names what is built
-    assert hop.supports("hopper_pt_wg3_pp", 64, True) and not hop.supports("hopper_pt_wg3_pp", 64, False)
-    assert hop.supports("hopper_pt_persist", 128, False) and not hop.supports("hopper_pt_persist", 128, True)
-    msg = "'hopper_pt_wg3_pp': unmasked at head_dim 64 is not supported; supported: causal, or unmasked at"
-    with pytest.raises(NotImplementedError, match=msg + " head_dim \\[\\]"):
-        hop.config(64, "hopper_pt_wg3_pp", causal=False)
-    assert hop.config(64, "hopper_pt_wg3_pp") == hop.config(64, "hopper_pt_wg3_pp", causal=True)
-
-
-# ---------------------------------------------------------------------------------------------- GPU
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _is_sm90():
-    return DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
-
-
-def _new_variants():
-    try:
-        from attnscope.kernels import fwd_hopper as hop
-    except ImportError:  # no Gluon: the GPU tests skip
-        return []
-    return [(n, d) for n, v in hop.VARIANTS.items() if v.release != "split" or v.persistent
-            for d in sorted(v.configs)]
-
-
-
-# Schedule paths: (nq, nk, causal, batch, q heads, kv heads, strided)
-#  - one KV tile: prologue and epilogue only, no loop iteration
-#  - Nq > Nk causal: whole CTA tiles without a key (no KV tile: Q hand-back only, O = 0, LSE -inf)
-#  - ragged Nq != Nk unmasked: the unmasked loop, then the ragged tile in the masked loop
-#  - Nq < Nk causal (bottom-right), GQA, strided views
-#  - N = 2048 causal and 3000 unmasked: the K/V ring wraps many times (barrier phases flip), the causal
-#    warpgroups split their loops at different tiles; 2 x 16 heads: > 132 CTA tiles (persistent CTAs walk
-#    several tiles, their counters carrying over)
-#  - N = 1100 causal: an odd number of 128-row tiles (9), so the persistent schedule's last item is a tile
-#    alone (`tiles.persistent_item`), over 160 items on 132 CTAs
-SCHEDULE = [
-    (1, 1, False, 1, 2, 1, False),
-    (100, 64, False, 1, 4, 2, False),
-    (200, 17, True, 2, 4, 2, False),
-    (1000, 1300, False, 2, 16, 4, True),
-    (640, 1000, True, 1, 8, 2, False),
-    (1300, 1000, True, 2, 16, 4, False),
-    (2048, 2048, True, 2, 16, 4, True),
-    (3000, 3000, False, 1, 4, 1, False),
-    (1100, 1100, True, 2, 16, 4, False),
-]
-
-
-
-
-def _schedule_cases():
-    """(variant, d, case) for every barrier-light or persistent variant, head dim and schedule case of a
-    mask it is built for (a build ptxas would spill is not offered: `fwd_hopper.supports`)."""
-    try:
-        from attnscope.kernels import fwd_hopper as hop
-    except ImportError:
-        return []
-    return [(n, d, i) for n, d in _new_variants() for i, case in enumerate(SCHEDULE)
-            if hop.supports(n, d, case[2])]
+MOD_CASES = [  # (causal, window, softcap, sinks scale or None, nq, nk)
+    (True, (0, 0), 0.0, None, 300, 300), (True, (1, 0), 0.0, None, 300, 300),
+    (True, (200, 0), 0.0, None, 1000, 1000), (False, (150, 150), 0.0, None, 700, 1100),
+    (False, (-1, 130), 0.0, None, 1000, 700), (False, (5000, 5000), 0.0, None, 500, 500),
+    (False, (0, 0), 0.0, None, 900, 700), (False, (0, 0), 0.0, 3.0, 900, 700),
+    (True, None, 30.0, None, 1000, 1000), (False, None, 2.0, None, 600, 600),
+    (False, None, 0.0, 30.0, 600, 800), (False, None, 0.0, 1.0, 800, 600),
+    (True, (300, 0), 20.0, 2.0, 1000, 1000)]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("variant,d,case", _schedule_cases())
-def test_barrier_light_variant_matches_float64(variant, d, case):
-    from attnscope.kernels import fwd_hopper as hop
-
-    nq, nk, causal, b, hq, hkv, strided = SCHEDULE[case]
-    dt = (torch.bfloat16, torch.float16)[case % 2]
-    g = torch.Generator().manual_seed(1000 * case + d)
-
-    def make(h, n):
-        if strided:  # a [B, N, H, d] buffer seen as [B, H, N, d]
-            return torch.randn(b, n, h, d, generator=g).to(dt).cuda().transpose(1, 2)
-        return torch.randn(b, h, n, d, generator=g).to(dt).cuda()
-
-    q, k, v = make(hq, nq), make(hkv, nk), make(hkv, nk)
-    o = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:3], float("nan"), device="cuda", dtype=torch.float32)
-    hop.launch(q, k, v, o, lse, _common.LOG2E / math.sqrt(d), causal, True, variant)
-    torch.cuda.synchronize()
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "an element was not written"
+@pytest.mark.parametrize("variant,d", [(v, d) for v in dispatch.VARIANTS for d in (64, 128)
+                                       if v != "hopper_wg3_pp" or d == 64])
+@pytest.mark.parametrize("causal,window,softcap,sinks_scale,nq,nk", MOD_CASES)
+def test_mods_match_float64(monkeypatch, variant, d, causal, window, softcap, sinks_scale, nq, nk):
+    monkeypatch.setattr(dispatch, "DEFAULT_VARIANT", variant)  # impl="hopper" runs this variant
+    dtype = torch.bfloat16 if d == 128 else torch.float16
+    torch.manual_seed(nq * 7 + nk)
+    q = torch.randn(2, 8, nq, d, device="cuda", dtype=dtype) * (4.0 if softcap == 2.0 else 1.0)
+    k, v = (torch.randn(2, 2, nk, d, device="cuda", dtype=dtype) for _ in range(2))
+    sinks = None if sinks_scale is None else torch.randn(8, device="cuda") * sinks_scale
+    _poisoned_empty(monkeypatch)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, impl="hopper", window=window,
+                                       softcap=softcap, sinks=sinks)
+    monkeypatch.undo()
     ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
-                                         return_lse=True)
-    has_key = np.isfinite(rlse)
-    on, ln = o.double().cpu().numpy(), lse.cpu().numpy()
-    err = np.abs(on - ro)[has_key].max(initial=0.0)
-    t_out = _torch_attention(q, k, v, causal).double().cpu().numpy()
-    torch_err = np.abs(t_out - ro)[has_key].max(initial=0.0)
-    assert err <= 2 * torch_err + 1e-3, f"{variant}: error {err:.3g} > 2 x torch's {torch_err:.3g} + 1e-3"
-    assert np.abs(ln - rlse)[has_key].max(initial=0.0) < 1e-3
-    assert (on[~has_key] == 0).all() and (ln[~has_key] == -np.inf).all()
+                                         return_lse=True, window=window, softcap=softcap,
+                                         sinks=None if sinks is None else sinks.double().cpu().numpy())
+    on, ln = o.double().cpu().numpy(), lse.double().cpu().numpy()
+    assert not np.isnan(on).any() and not np.isnan(ln).any(), "an element was not written"
+    t_err = np.abs(_torch_mods(q, k, v, causal, window, softcap, sinks).double().cpu().numpy() - ro).max()
+    err = np.abs(on - ro).max()
+    assert err <= kernel_tolerance(t_err), f"error {err:.3g} > bound {kernel_tolerance(t_err):.3g}"
+    fin = np.isfinite(rlse)
+    assert np.abs(ln - rlse)[fin].max(initial=0.0) < 1e-3
+    assert (ln[~fin] == -np.inf).all() and (on[np.broadcast_to(~fin[..., None], on.shape)] == 0).all()
+
+
+# --- the kernel's window bounds against model.tiles (GPU) --------------------------------------------------
+def _bounds_probe():
+    """A one-warp Gluon kernel that writes `fwd_hopper._window`'s (lo, full_lo, full_hi, hi) for each row
+    of an int32 [n, 5] table (row0, rows, nq, nk, left, right packed in the first six of 8 columns)."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from attnscope.kernels import fwd_hopper as hop
+
+    @gluon.jit
+    def probe(T, BN: gl.constexpr):
+        i = gl.program_id(0)
+        row = T + i * 8
+        row0, rows, nq, nk = gl.load(row), gl.load(row + 1), gl.load(row + 2), gl.load(row + 3)
+        sc = (1.0, gl.load(row + 4), gl.load(row + 5), 0.0, 0.0, T)
+        lo, full_lo, full_hi, hi = hop._window(row0, rows, nq, nk, sc, BN)
+        gl.store(row + 4, lo)
+        gl.store(row + 5, full_lo)
+        gl.store(row + 6, full_hi)
+        gl.store(row + 7, hi)
+
+    return probe
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("variant,d", _new_variants())
-def test_barrier_light_variant_is_deterministic_and_repeatable(variant, d):
-    """Ten launches on one input give bit-identical outputs: no arrival counted twice or missed (a race
-    on a ring slot or a turn shows as a changed or NaN output, a miscounted barrier as a hang)."""
-    from attnscope.kernels import fwd_hopper as hop
+@pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
+def test_kernel_window_bounds_are_the_model_closed_form():
+    from attnscope.model.tiles import window_kv_bounds0
 
-    g = torch.Generator().manual_seed(d)
-    q, k, v = (torch.randn(4, 16, 2048, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
-    causal = hop.supports(variant, d, True)  # causal where built (hopper_pt_persist d = 128: unmasked)
-    outs = []
-    for _ in range(10):
-        o = torch.full_like(q, float("nan"))
-        lse = torch.empty(1, device="cuda", dtype=torch.float32)
-        hop.launch(q, k, v, o, lse, _common.LOG2E / math.sqrt(d), causal, False, variant)
-        outs.append(o)
-    torch.cuda.synchronize()
-    assert not torch.isnan(outs[0]).any()
-    assert all(torch.equal(outs[0], x) for x in outs[1:])
-
+    cases = [(r0, rows, nq, nk, left, right) for nq, nk in ((1000, 1000), (700, 1100), (1100, 700))
+             for rows in (64, 128, 192) for r0 in range(0, nq, 3 * rows)
+             for left, right in ((-1, 0), (0, 0), (1, 0), (300, 0), (150, 150), (-1, 130), (5000, 5000))]
+    t = torch.tensor([[*c, 0, 0] for c in cases], dtype=torch.int32, device="cuda")
+    _bounds_probe()[(len(cases),)](t, BN=128, num_warps=1)
+    for c, got in zip(cases, t[:, 4:].tolist(), strict=True):
+        r0, rows, nq, nk, left, right = c
+        want = window_kv_bounds0(r0, rows, nq, nk, 128, False, (left, right))
+        assert tuple(got) == want, (c, got, want)

@@ -337,8 +337,9 @@ def test_dirty_o_is_kept_in_the_reread_models_room(call, runs):
 
 def test_fa2_d64_causal_mha_frames_are_written_back_as_the_l2_fills(monkeypatch):
     # FA-2's d 64 causal MHA frames are written back more than once per CTA, in proportion to the L2's
-    # fills past one L2 (`FRAME_FILL_SHARE`, `FILL_PER_READ`: bench/gpu/l2_counters_probe.sh). Grid 20's
-    # B = 1, H = 41, N = 14,269 bf16 (three runs): the dead-frame term alone was 10 % low, this within 3 %.
+    # fills past one L2 (`L2Params.frame_fill_share`, `fill_per_read`: bench/gpu/l2_counters_probe.sh).
+    # Grid 20's B = 1, H = 41, N = 14,269 bf16 (three runs): the dead-frame term alone was 10 % low, this
+    # within 3 %.
     kw = {"l2_bytes": H200_L2, "sms": 132}
     calls = {"d64": ("flash", 14269, 64, 41, 1, "bf16", True, None),
              "d64 gqa": ("flash", 14269, 64, 41, 1, "bf16", True, 41),  # MHA spelt with kv_heads: the same
@@ -349,7 +350,8 @@ def test_fa2_d64_causal_mha_frames_are_written_back_as_the_l2_fills(monkeypatch)
     def totals():
         return {k: estimate(*c[:7], kv_heads=c[7], **kw).total for k, c in calls.items()}
     shipped = totals()
-    monkeypatch.setattr(physical, "FRAME_FILL_SHARE", 0.0)
+    no_fill = replace(physical.H200_L2_PARAMS, frame_fill_share=0.0)
+    monkeypatch.setattr(physical, "H200_L2_PARAMS", no_fill)
     dead_only = totals()
     assert shipped["d64"] == shipped["d64 gqa"] > dead_only["d64"]
     assert {k: shipped[k] for k in ("d64 mqa", "d128", "d64 unmasked")} == \
@@ -513,23 +515,27 @@ def test_kv_that_fits_the_l2_is_read_once_whatever_the_grid_order():
 
 
 # --- issue 18: what runs (attnscope's dispatch), spills, the spread of the reuse distance ---------------
-def test_attnscope_kernel_follows_the_dispatch_table():
-    """kernel_of reads kernels/fwd.py's HOPPER_VALIDATED from source (the model imports no torch) and picks
-    what impl='auto' picks; every Gluon variant is modelled with the tiles and schedule its source has."""
-    fwd = pytest.importorskip("attnscope.kernels.fwd")
-    fwd_hopper = pytest.importorskip("attnscope.kernels.fwd_hopper")
-    assert physical.hopper_table() == tuple(tuple(r) for r in fwd.HOPPER_VALIDATED)
-    names = {"fp16": "float16", "bf16": "bfloat16"}
+def test_attnscope_kernel_follows_the_dispatch_rule():
+    """kernel_of picks what impl='auto' picks (`model.dispatch.hopper_variant`, the one rule: no torch, the
+    same for every dtype); every Gluon variant is modelled with the tiles and schedule its source has."""
+    from attnscope.model import dispatch
+
     for d in (64, 128):
         for dtype in ("fp16", "bf16", "fp32"):
             for causal in (False, True):
-                for n in (777, 1024, 2047, 4095, 4096, 8192, 31_999):
-                    want = fwd._hopper_validated(d, names.get(dtype, "float32"), causal, n) or \
+                for n, batch, heads, hkv in ((777, 4, 8, 8), (1024, 16, 32, 32), (2047, 3, 12, 4),
+                                             (4096, 4, 32, 8), (8192, 2, 32, 32), (31_999, 1, 8, 1)):
+                    want = dispatch.hopper_variant(d, causal, batch, heads, hkv, n, n) or \
                         "attnscope portable"
-                    name, _ = physical.kernel_of("attnscope", d, causal, dtype, n)
+                    name, _ = physical.kernel_of("attnscope", d, causal, dtype, n, "auto", batch, heads, hkv)
                     assert name == want, (d, dtype, causal, n)
                     assert physical.kernel_of("attnscope", d, causal, dtype, n, "portable")[0] == \
                         "attnscope portable"
+    assert set(physical.HOPPER_KERNELS) == set(dispatch.VARIANTS)
+    fwd = pytest.importorskip("attnscope.kernels.fwd")
+    fwd_hopper = pytest.importorskip("attnscope.kernels.fwd_hopper")
+    assert tuple(fwd_hopper.VARIANTS) == dispatch.VARIANTS
+    assert fwd_hopper.DEFAULT_VARIANT == dispatch.DEFAULT_VARIANT
     for variant, var in fwd_hopper.VARIANTS.items():
         table = physical.HOPPER_KERNELS[variant]
         assert set(table) == set(var.configs), variant
@@ -554,17 +560,17 @@ def test_spills_are_the_touched_frames_of_the_variant_that_runs():
     assert physical.spill_bytes(ker, 128, 8191, 8191) == physical.spill_bytes(ker, 128, 8256, 8256) == \
         128 * 128 * ragged
     assert physical.spill_bytes(physical.KERNELS["cudnn"][128], 128, 8191, 8191) == 0
-    assert physical.spill_bytes(physical.HOPPER_KERNELS["hopper"][128], 128, 8191, 8191) == 0
+    assert physical.spill_bytes(physical.HOPPER_KERNELS["hopper_persist"][128], 128, 8191, 8191) == 0
 
 
 def test_dead_frames_reach_dram_unless_reused_first():
     cap = 30 * MiB
     f = physical.dead_frame_evicted
     assert f(cap, 1000, 264, cap) == 0.0  # all the call inserts fits: every dead frame is re-dirtied in L2
-    # one CTA lifetime inserts inserted x C / CTAs; survival over SLOT_REUSE_LIFETIMES of them
+    # one CTA lifetime inserts inserted x C / CTAs; survival over `L2Params.slot_reuse_lifetimes` of them
     life = 100 * MiB * 264 / 2640
     assert f(100 * MiB, 2640, 264, cap) == pytest.approx(
-        1 - math.exp(-physical.SLOT_REUSE_LIFETIMES * life / cap))
+        1 - math.exp(-physical.H200_L2_PARAMS.slot_reuse_lifetimes * life / cap))
     assert f(1e12, 2640, 264, cap) == pytest.approx(1.0)
     # the estimate: the causal ragged call writes back more than the same call with no spills, at most
     # the touched frames; GQA (K/V read once, fewer insertions) writes back a smaller share of them
@@ -652,7 +658,7 @@ def test_fa2_causal_sets_stay_live_while_their_readers_start():
     assert kv_extra == pytest.approx(steady * physical.launch_fill_share(7 * 256 / 264), rel=0.01)
 
 
-def test_kernel_of_reads_the_dispatch_table_without_importing_torch():
+def test_kernel_of_reads_the_dispatch_rule_without_importing_torch():
     import subprocess
     import sys
 
@@ -838,7 +844,7 @@ def test_paired_rereads_vanish_when_the_l2_holds_a_round_pair_and_cost_no_more_a
 
 
 def test_the_estimate_follows_attnscopes_persistent_schedule():
-    """impl="auto" runs hopper_persist for fp16 d = 128 causal (kernels/fwd.py HOPPER_VALIDATED): its
+    """impl="auto" runs hopper_persist at d = 128 (`model.dispatch`): its
     re-reads come from `paired_rereads`; at a small N every K/V set stays resident."""
     name, ker = physical.kernel_of("attnscope", 128, True, "fp16", 27163)
     assert name == "hopper_persist" and ker.persistent

@@ -32,12 +32,14 @@ from attnscope.kernels._common import (
     check_device,
     check_flags,
     check_head_dim,
+    check_mods,
     check_same,
     check_scale,
     check_tensor,
     import_torch_triton,
     interpreting,
 )
+from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
@@ -70,39 +72,6 @@ CONFIG_TABLE = (
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
-#: Measured table for ``impl="auto"``: rows ``(head_dim, dtype name, causal, n_min, n_max, variant)``
-#: (bounds inclusive, ``n_max`` None = no upper bound; n = max(Nq, Nk)): where the Gluon Hopper kernel's
-#: `fwd_hopper.VARIANTS` entry ``variant`` was measured correct (float64 check at full size) and at least 2 %
-#: faster than the portable kernel in the same run on an sm_90 GPU (bench/prefill.py, H = 32, B*N = 16k;
-#: BENCHMARKS.md). A range ends before the next measured N its variant did not win; the rest run portable.
-HOPPER_VALIDATED: tuple = (
-    # TFLOP/s variant / portable, bench/prefill.py on the H200: run 1 2026-11-30 22:11 UTC, run 2 23:57 UTC,
-    # run 3 2026-12-01 03:20 UTC, run 4 05:00 UTC (BENCHMARKS.md, issue 15; run 4 after the persistent
-    # kernel's causal pairing), run 5 10:03 UTC (d = 64 only, bench/gpu/session7c.sh). A row needs a win in
-    # every run that measured it; rows measured once beat portable by >= 5 %. Upper bounds None: measured
-    # up to N = 16k only.
-    (128, "bfloat16", False, 1024, 2047, "hopper_persist"),  # run 2: 1k 556.1/473.5
-    (128, "bfloat16", False, 2048, 4095, "hopper_deep"),  # 2k 548.0/504.8, 559.8/495.9
-    (128, "bfloat16", False, 4096, 8191, "hopper_pt_persist"),  # run 4: 4k 607.0/517.1
-    (128, "bfloat16", False, 8192, None, "hopper_nopp"),  # 8k 609.8/522.6, 579.6/527.6;
-    #                                                   16k 604.4/524.1, 599.1/530.0
-    (128, "bfloat16", True, 1024, 12287, "hopper_persist"),  # run 2: 1k 369.0/343.8, 2k 482.1/414.0;
-    #                                                   run 4: 4k 544.6/465.2, 8k 591.3/499.0
-    (128, "bfloat16", True, 12288, None, "hopper_nopp"),  # 16k 601.1/500.0, 604.9/512.4
-    (64, "bfloat16", False, 2048, 4095, "hopper_wg3_pp"),  # run 2: 2k 431.6/409.7
-    (64, "bfloat16", False, 4096, 8191, "hopper_wg3_pp_persist"),  # run 5: 4k 478.7/437.8
-    (64, "bfloat16", False, 8192, None, "hopper_wg3_pp"),  # run 2: 8k 483.6/429.4, 16k 489.6/427.2;
-    #                                                   run 5: 8k 483.0/431.1, 16k 495.8/442.3
-    (64, "bfloat16", True, 4096, 8191, "hopper_persist"),  # run 2: 4k 390.3/352.9; run 4: 392.6/377.5
-    (64, "bfloat16", True, 8192, None, "hopper_wg3_pp"),  # run 2: 8k 428.5/395.0, 16k 456.4/399.1
-    (128, "float16", False, 4096, None, "hopper_deep"),  # run 2: 4k 553.2/467.4, 16k 586.5/518.0
-    (128, "float16", True, 4096, None, "hopper_persist"),  # run 2: 4k 513.5/442.9, 16k 570.8/492.0;
-    #                                                   run 4: 4k 523.7/455.4, 8k 568.3/486.0
-    (64, "float16", False, 4096, 8191, "hopper_wg3_pp_persist"),  # run 5: 4k 455.0/416.9 (hopper_wg3_pp:
-    #                                                   run 4 448.0/413.6, run 5 443.6/416.9)
-    (64, "float16", True, 4096, 8191, "hopper_pt_persist"),  # run 3: 4k 364.3/357.9; run 5: 378.2/360.7
-    (64, "float16", True, 16384, None, "hopper_pt_wg3_pp"),  # run 3 (2026-12-01): 16k 430.5/385.1
-)
 IMPLS = ("auto", "portable", "hopper")
 
 
@@ -249,16 +218,10 @@ def _check_config(config) -> FwdConfig:
     return cfg
 
 
-def _hopper_validated(d: int, dtype: str, causal: bool, n: int) -> str | None:
-    """The variant of the first `HOPPER_VALIDATED` row covering (d, dtype name, causal, n), else None."""
-    for td, tt, tc, lo, hi, variant in HOPPER_VALIDATED:
-        if td == d and tt == dtype and tc == causal and n >= lo and (hi is None or n <= hi):
-            return variant
-    return None
-
-
-def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
-    """"portable", or the `fwd_hopper.VARIANTS` name to run (``impl="hopper"``: its default variant)."""
+def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
+    """"portable", or the `fwd_hopper.VARIANTS` name to run: ``impl="hopper"`` its default variant,
+    ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant` (else portable; with score
+    mods, the default variant: the Hopper kernel carries them)."""
     choice("impl", impl, IMPLS)
     if impl == "hopper":
         if why := _hopper_possible(q):
@@ -268,14 +231,24 @@ def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
                                       "supported: impl='portable' (any finite scale)")
         if cfg is not None:
             raise InputError("config: applies to impl='portable' only, got impl='hopper'")
-        return "hopper"  # fwd_hopper.DEFAULT_VARIANT
+        return dispatch.DEFAULT_VARIANT
     if impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None:
-        return _hopper_validated(d, str(q.dtype).replace("torch.", ""), causal, n) or "portable"
+        (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        fallback = dispatch.DEFAULT_VARIANT if _modded(mods) else "portable"
+        window = (mods.left, mods.right) if mods is not None and mods.windowed else None
+        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms, window) or fallback
     return "portable"
 
 
+def _modded(mods) -> bool:
+    """Whether a call uses a score mod (window, softcap or sinks)."""
+    return mods is not None and (mods.windowed or mods.softcap > 0 or mods.sinks is not None)
+
+
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-           config: FwdConfig | None = None, impl: str = "auto"):
+           config: FwdConfig | None = None, impl: str = "auto", window=None, softcap: float = 0.0,
+           sinks=None):
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
@@ -286,13 +259,17 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     cfg = _check_config(config)
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
-    chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg, max(Nq, Nk))
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
+    chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
+    if _modded(mods) and chosen == "portable":
+        raise NotImplementedError("window / softcap / sinks: supported by the Gluon Hopper kernel "
+                                  "(impl='auto' or 'hopper' on sm_90, scale * log2(e) <= 1, no config)")
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
-        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen)
+        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen, mods)
     bm, bn, num_warps, num_stages = cfg or pick_config(d, causal, max(Nq, Nk))
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
@@ -326,7 +303,8 @@ def _(q, k, v, causal, scale, return_lse, config, impl):
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                    config: FwdConfig | None = None, impl: str = "auto"):
+                    config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
+                    sinks=None):
     """FlashAttention-2 forward.
 
     Parameters
@@ -351,9 +329,19 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         table's (`CONFIG_TABLE`); each distinct config compiles once per process.
     impl : {"auto", "portable", "hopper"}
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
-        FlashAttention-3's warp-specialised ping-pong schedule (kernels/fwd_hopper.py, experimental;
-        needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant the
-        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range), else portable.
+        FlashAttention-3's warp-specialised schedule, its default (persistent) variant (kernels/fwd_hopper.py;
+        needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant
+        `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else portable.
+    window : (int, int), optional
+        ``(left, right)``, flash-attn's ``window_size``: key c is visible to query r iff
+        ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1: unbounded on that side;
+        ``causal=True`` forces right = 0). KV tiles wholly outside the window are skipped.
+    softcap : float
+        Scores become ``softcap * tanh(s * scale / softcap)``; 0 disables.
+    sinks : torch.Tensor, [Hq], float32, optional
+        One logit per query head (natural-log units, not scaled) that joins each row's softmax
+        denominator and adds no value; the LSE includes it.
+        The mods run on the Gluon Hopper kernel only (forward, eager); elsewhere NotImplementedError.
 
     Returns
     -------
@@ -375,6 +363,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     if grad and not compiling:  # eager autograd: check here, or the dispatcher's type errors (a list for
         _check_inputs(q, k, v)  # q) or its device choice (a meta q: a meta output, no launch) come first
         choice("impl", impl, IMPLS)
+    if (window is not None or softcap != 0.0 or sinks is not None) and (compiling or grad):
+        raise NotImplementedError("window / softcap / sinks: forward only (no autograd, no torch.compile) "
+                                  "for now; supported: the eager forward")
     if compiling or grad:
         # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
         d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
@@ -382,7 +373,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl)
+        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl, window, softcap, sinks)
     return (o, lse) if return_lse else o
 
 

@@ -1,4 +1,4 @@
-"""FlashAttention forward for Hopper (sm_90) in Gluon, with FlashAttention-3's structure. EXPERIMENTAL.
+"""FlashAttention forward for Hopper (sm_90) in Gluon, with FlashAttention-3's structure.
 
 Algorithm: the online softmax of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 1) scheduled as in
 FlashAttention-3 (Shah et al., arXiv:2407.08608): a CTA owns ``NWG x BM`` query rows of one (batch, head)
@@ -16,19 +16,19 @@ then O += P_{j-1} V_{j-1}, waits for S_j alone (`warpgroup_mma_wait(num_outstand
 softmax of S_j while the P V product runs, then waits for it and rescales O. Ping-pong (§3.1): the issue
 of each iteration's two GEMMs is a critical section passed round robin through ``turn`` mbarriers (FA-3
 uses named barriers; Gluon 3.6 has none), so one warpgroup's softmax runs under another's GEMMs.
-Persistent variants (one CTA per SM, causal tiles in balanced pairs) overlap a tile's epilogue with the next
-tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the variants.
-Barriers: Triton 3.6 lowers each `mbarrier.arrive` to a partition-wide ``bar.sync`` plus one thread's arrive,
-and its shared-memory analysis puts a ``bar.sync`` before the first `mbarrier.wait` of each loop iteration
-(a wait counts as a write of its barrier): 4 per KV iteration with ping-pong. ``release="thread"`` variants
-arrive with every thread (`_arrive`; the arrival counts scale by 128), leaving 1 (`ptx_loop_barriers`).
+The persistent variant (one CTA per SM, causal tiles in balanced pairs) overlaps a tile's epilogue with
+the next tile's loads (``q_empty`` returns the Q buffers; O has its own buffer). `VARIANTS` lists the
+variants; `attnscope.model.dispatch.hopper_variant` picks one for ``impl="auto"``.
 
 Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
 mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
 ``c <= r + Nk - Nq``); tile 0 is always masked (the pipeline's prologue). Empty rows give 0, LSE -inf.
+Score mods (constexpr ``MODS``, DESIGN.md's contract): a window loads only the tiles of
+`model.tiles.window_kv_bounds0` (`_window`), masked at its left edge, unmasked inside, masked at its right
+edge and the ragged tile; softcap caps the scaled scores with tanh (exp2-based); a sink joins each row's
+denominator at the epilogue (in log2 units, so the LSE includes it). A build without mods is the plain kernel.
 Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides (ragged tiles read 0, clipped on
-store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default variant, ``impl="auto"``
-the variant `fwd.HOPPER_VALIDATED` names for (d, dtype, causal, N) (measured wins only).
+store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default variant.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from attnscope.kernels._common import import_torch_triton
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared,
     mbarrier,
@@ -55,10 +54,11 @@ PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
 #: setmaxnreg of the consumer warpgroups that are worker partitions, by consumer-warpgroup count
 CONSUMER_REGS = {2: 240, 3: 160}
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-#: How consumer warpgroups hand ring slots and ping-pong turns back (constexpr ``RELEASE``; see `_arrive`).
-RELEASE_MODES = {"split": 0, "one": 1, "thread": 2}
-ONE: gl.constexpr = gl.constexpr(RELEASE_MODES["one"])
-THREAD: gl.constexpr = gl.constexpr(RELEASE_MODES["thread"])
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+#: Bits of the constexpr ``MODS`` (`mods_flags`): which score mods a build carries (none: the plain kernel).
+WINDOW: gl.constexpr = gl.constexpr(1)
+SOFTCAP: gl.constexpr = gl.constexpr(2)
+SINKS: gl.constexpr = gl.constexpr(4)
 
 
 class HopperConfig(NamedTuple):
@@ -77,109 +77,98 @@ class Variant(NamedTuple):
     pingpong: bool
     configs: dict  # head_dim -> HopperConfig
     persistent: bool = False
-    causal_dims: tuple | None = None  # head dims built causal too (None: all of ``configs``)
-    release: str = "split"  # a RELEASE_MODES name: how consumers arrive on k_empty/v_empty/turn (`_arrive`)
-    unmasked_dims: tuple | None = None  # head dims built unmasked too (None: all of ``configs``)
 
 
-_BASE = {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)}
-_DEEP = {128: HopperConfig(64, 128, 3), 64: HopperConfig(64, 128, 4)}  # one more K/V stage
-
-#: The variants (name -> Variant). Shared memory: NWG Q tiles + STAGES x (K + V) tiles (+ barriers).
-#: "hopper" is ``impl="hopper"``; `fwd.HOPPER_VALIDATED` names the variant ``impl="auto"`` runs per point.
-#: - hopper_nopp: no ping-pong hand-off (the consumers issue their GEMMs independently).
-#: - hopper_deep: one more K/V stage (d = 128: 229,800 B of shared memory).
-#: - hopper_wg3 / hopper_wg3_pp (d = 64 only): three consumer warpgroups, 192 query rows per CTA (FA-3's
+#: The variants (name -> Variant); `attnscope.model.dispatch` names them and picks one per launch. Shared
+#: memory: NWG Q tiles + STAGES x (K + V) tiles (+ the persistent kernel's O tiles, + barriers).
+#: - hopper_persist (the default): persistent CTAs (one per SM), the next tile's loads overlapping the last
+#:   tile's epilogue, no ping-pong (d = 128: 197,000 B of shared memory; ptxas spills 4 B stores / 12 B
+#:   loads causal at d = 128, none elsewhere).
+#: - hopper_wg3_pp (d = 64 only): three consumer warpgroups in ping-pong, 192 query rows per CTA (FA-3's
 #:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax.
-#: - hopper_m128 (d = 64 only): 128 rows per warpgroup (two m64 wgmmas per GEMM, 256 rows per CTA) with
-#:   64-key tiles: twice the GEMM work per mbarrier round trip and per K/V byte.
-#: - hopper_persist / hopper_persist_pp: persistent CTAs (one per SM), the next tile's loads overlapping
-#:   the last tile's epilogue; + a separate O buffer (d = 128: 197,000 B of shared memory). hopper_persist_pp
-#:   is not built causal at d = 128: ptxas spills there (16 B stores, 52 B loads; every other build: none).
-#: - hopper_rel1, hopper_rel1_nopp: one mbarrier arrival per KV tile and warpgroup (K and V of a ring slot
-#:   go back together after the P V product) instead of two: one warpgroup ``bar.sync`` less per iteration
-#:   (Triton 3.6 puts one before every `mbarrier.arrive`, `_arrive`); K is held one iteration longer, so
-#:   the ring is one stage deeper than the split-release twin's.
-#: - hopper_pt, hopper_pt_nopp, hopper_pt_deep, hopper_pt_wg3_pp, hopper_pt_persist: twins of hopper,
-#:   hopper_nopp, hopper_deep, hopper_wg3_pp, hopper_persist whose consumers arrive with every thread
-#:   (`_arrive`): no ``bar.sync`` before the arrivals; one per iteration is left (before the first wait).
-#:   Not built where ptxas spills: hopper_pt_persist causal at d = 128 (12 B stores, 28 B loads),
-#:   hopper_pt_wg3_pp unmasked (16 B; with or without ping-pong; 168 registers per consumer serialise wgmma).
-#:   Since the odd-tile lockstep schedule (`_work`, 2026-12-01) hopper_persist causal at d = 128 spills
-#:   4 B stores / 12 B loads; timed against the schedule before (bench/persist_order.py): 0.993-1.007 x.
-#: - hopper_wg3_persist, hopper_wg3_pp_persist (d = 64 only): the three-warpgroup tile (192 rows) in the
-#:   persistent kernel: the per-tile fill and drain of hopper_wg3(_pp) paid once per CTA. Causal builds
-#:   spill 36 B (ptxas); kept because they are measured (BENCHMARKS.md, seventh session): slower causal.
 VARIANTS = {
-    "hopper": Variant(True, _BASE),
-    "hopper_nopp": Variant(False, _BASE),
-    "hopper_deep": Variant(True, _DEEP),
-    "hopper_wg3": Variant(False, {64: HopperConfig(64, 128, 3, 3)}),
+    "hopper_persist": Variant(False, {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)},
+                              persistent=True),
     "hopper_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}),
-    "hopper_m128": Variant(False, {64: HopperConfig(128, 64, 4)}),
-    "hopper_persist": Variant(False, _BASE, persistent=True),
-    "hopper_persist_pp": Variant(True, _BASE, persistent=True, causal_dims=(64,)),
-    "hopper_rel1": Variant(True, _DEEP, release="one"),
-    "hopper_rel1_nopp": Variant(False, _DEEP, release="one"),
-    "hopper_pt": Variant(True, _BASE, release="thread"),
-    "hopper_pt_nopp": Variant(False, _BASE, release="thread"),
-    "hopper_pt_deep": Variant(True, _DEEP, release="thread"),
-    "hopper_pt_wg3_pp": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, unmasked_dims=(), release="thread"),
-    "hopper_pt_persist": Variant(False, _BASE, persistent=True, causal_dims=(64,), release="thread"),
-    "hopper_wg3_persist": Variant(False, {64: HopperConfig(64, 128, 3, 3)}, persistent=True),
-    "hopper_wg3_pp_persist": Variant(True, {64: HopperConfig(64, 128, 3, 3)}, persistent=True),
 }
-DEFAULT_VARIANT = "hopper"
+DEFAULT_VARIANT = "hopper_persist"
 
 
-def config(d: int, variant: str = DEFAULT_VARIANT, causal: bool | None = None) -> HopperConfig:
-    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it,
-    or, with ``causal`` True/False, not built with that mask; None: either)."""
+def config(d: int, variant: str = DEFAULT_VARIANT) -> HopperConfig:
+    """The block configuration of ``variant`` for head dim ``d`` (NotImplementedError if not built for it)."""
     if variant not in VARIANTS:
         raise NotImplementedError(f"Hopper variant {variant!r}: supported: {', '.join(VARIANTS)}")
-    var = VARIANTS[variant]
-    if d not in var.configs:
+    if d not in VARIANTS[variant].configs:
         raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d} is not supported; supported: "
-                                  f"{sorted(var.configs)}")
-    if causal and var.causal_dims is not None and d not in var.causal_dims:
-        raise NotImplementedError(f"Hopper variant {variant!r}: causal at head_dim {d} is not supported; "
-                                  f"supported: unmasked, or causal at head_dim {list(var.causal_dims)}")
-    if causal is False and var.unmasked_dims is not None and d not in var.unmasked_dims:
-        raise NotImplementedError(f"Hopper variant {variant!r}: unmasked at head_dim {d} is not supported; "
-                                  f"supported: causal, or unmasked at head_dim {list(var.unmasked_dims)}")
-    return var.configs[d]
+                                  f"{sorted(VARIANTS[variant].configs)}")
+    return VARIANTS[variant].configs[d]
 
 
 def supports(variant: str, d: int, causal: bool) -> bool:
-    """Whether ``variant`` is built for head dim ``d`` with this mask."""
-    var = VARIANTS[variant]
-    dims = var.causal_dims if causal else var.unmasked_dims
-    return d in var.configs and (dims is None or d in dims)
+    """Whether ``variant`` is built for head dim ``d`` (either mask)."""
+    return d in VARIANTS[variant].configs
 
 
 @gluon.jit
-def _kv_hi(row0, rows, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """End of the KV range of query rows ``[row0, row0 + rows)``, rounded up to whole tiles (<= Nk)."""
+def _window(row0, rows, NQ, NK, sc, BN: gl.constexpr):
+    """`model.tiles.window_kv_bounds0` in-kernel for rows ``[row0, row0 + rows)`` under the window
+    ``(sc[1], sc[2])`` (-1 unbounded): ``(lo, full_lo, full_hi, hi)`` keys, tile-aligned; keys
+    ``[full_lo, full_hi)`` need no mask."""
+    left = sc[1]
+    right = sc[2]
+    off = NK - NQ
+    r1 = row0 + rows - 1
+    first = gl.where(left < 0, 0, gl.maximum(row0 + off - left, 0))
+    last = gl.where(right < 0, NK - 1, gl.minimum(r1 + off + right, NK - 1))
+    lo = (first // BN) * BN
+    hi = gl.minimum(gl.cdiv(last + 1, BN) * BN, NK)
+    f0 = gl.where(left < 0, 0, gl.maximum(r1 + off - left, 0))
+    f1 = gl.where(right < 0, NK - 1, gl.minimum(row0 + off + right, NK - 1))
+    full_lo = gl.maximum(gl.cdiv(f0, BN) * BN, lo)
+    full_hi = gl.minimum(gl.where(f1 == NK - 1, NK, (gl.maximum(f1 + 1, 0) // BN) * BN), hi)
+    empty = first > last
+    lo = gl.where(empty, 0, lo)
+    hi = gl.where(empty, 0, hi)
+    none_full = full_lo >= full_hi
+    full_lo = gl.where(none_full, hi, full_lo)
+    full_hi = gl.where(none_full, hi, full_hi)
+    return lo, full_lo, full_hi, hi
+
+
+@gluon.jit
+def _kv_range(row0, rows, NQ, NK, sc, BN: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """(first KV tile, number of KV tiles) the CTA of query rows ``[row0, row0 + rows)`` loads: causal,
+    up to the diagonal; windowed (``MODS & WINDOW``), the window's tiles only (`_window`)."""
+    t_lo = 0
     hi = NK
-    if CAUSAL:
+    if MODS & WINDOW:
+        lo, f_lo, f_hi, hi = _window(row0, rows, NQ, NK, sc, BN)
+        t_lo = lo // BN
+    elif CAUSAL:
         r_last = gl.maximum(gl.minimum(row0 + rows, NQ) + (NK - NQ), 0)
         hi = gl.minimum(gl.cdiv(r_last, BN) * BN, NK)
-    return hi
+    return t_lo, gl.cdiv(hi, BN) - t_lo
 
 
 @gluon.jit
-def _kv_lo(row0, NQ, NK, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tiles ``[0, lo)`` are seen whole by every row from ``row0`` on (the ragged last tile never is)."""
+def _kv_full(row0, rows, NQ, NK, sc, BN: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """Tiles ``[a, b)`` (absolute) that every row from ``row0`` sees whole: no mask (the ragged last tile
+    never is one)."""
+    a = 0
     full = NK
-    if CAUSAL:
+    if MODS & WINDOW:
+        lo, f_lo, f_hi, hi = _window(row0, rows, NQ, NK, sc, BN)
+        a = f_lo // BN
+        full = f_hi
+    elif CAUSAL:
         full = (gl.maximum(row0 + 1 + (NK - NQ), 0) // BN) * BN
-    return gl.minimum(full, (NK // BN) * BN)
+    return a, gl.minimum(full, (NK // BN) * BN) // BN
 
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              NWG: gl.constexpr, RELEASE: gl.constexpr):
+              b, h, hk, row0, t_lo, n_tiles, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              NWG: gl.constexpr):
     for w in gl.static_range(NWG):
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
@@ -188,88 +177,72 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         ph = ((i // STAGES) & 1) ^ 1  # a fresh barrier passes parity 1 at once: the first round is free
         mbarrier.wait(k_empty.index(s), ph)
         mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [b, hk, i * BN, 0], k_ready.index(s), k_smem.index(s))
-        if RELEASE != ONE:  # else k_empty freed V's slot too
-            mbarrier.wait(v_empty.index(s), ph)
+        tma.async_copy_global_to_shared(desc_k, [b, hk, (t_lo + i) * BN, 0], k_ready.index(s),
+                                        k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), ph)
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [b, hk, i * BN, 0], v_ready.index(s), v_smem.index(s))
+        tma.async_copy_global_to_shared(desc_v, [b, hk, (t_lo + i) * BN, 0], v_ready.index(s),
+                                        v_smem.index(s))
 
 
 @gluon.jit
-def _turn_barriers(NWG: gl.constexpr, RELEASE: gl.constexpr):
-    """The ping-pong barriers, one per consumer warpgroup (`_turn`). Triton 3.6's shared-memory barrier
-    analysis tells allocations apart, not entries of one: with per-thread arrivals (no ``bar.sync`` of
-    their own) a warpgroup's wait on its entry then arrival on the next one's would get a ``bar.sync``
-    between them if both were entries of one allocation, so ``THREAD`` gives each its own allocation (a
-    tuple of 3; NWG = 2 uses 2); else one [NWG, 1] allocation."""
-    if RELEASE == THREAD:
-        return (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
-                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
-                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
-    else:
-        return gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-
-
-@gluon.jit
-def _turn(turn, w: gl.constexpr, RELEASE: gl.constexpr):
-    """Warpgroup ``w``'s ping-pong barrier (`_turn_barriers`)."""
-    if RELEASE == THREAD:
-        return turn[w]
-    else:
-        return turn.index(w)
-
-
-@gluon.jit
-def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+def _turn_wait(turn, k, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
     """Start of warpgroup WG's k-th GEMM-issue section: round robin 0, 1, .., NWG-1, warpgroup 0 first.
 
     ``turn[WG]`` (`_turn_barriers`) completes a phase when the previous warpgroup passes the turn;
     warpgroup 0's first section waits on parity 1, which a fresh barrier passes at once."""
     if PINGPONG:
         if WG == 0:
-            mbarrier.wait(_turn(turn, WG, RELEASE), (k + 1) & 1)
+            mbarrier.wait(turn.index(WG), (k + 1) & 1)
         else:
-            mbarrier.wait(_turn(turn, WG, RELEASE), k & 1)
+            mbarrier.wait(turn.index(WG), k & 1)
 
 
 @gluon.jit
-def _arrive(bar, RELEASE: gl.constexpr):
-    """A consumer warpgroup's arrival on ``bar`` (k_empty, v_empty, turn).
-
-    `mbarrier.arrive`: Triton 3.6 lowers it to a partition-wide ``bar.sync`` (all 128 threads done with the
-    slot) and one thread's ``mbarrier.arrive``; the barrier counts one arrival per warpgroup. ``THREAD``:
-    every thread arrives by itself (``cp.async.mbarrier.arrive.noinc``: it completes at once, as the
-    consumers have no cp.async in flight), no ``bar.sync``; the barrier counts 128 per warpgroup.
-    Either way a thread arrives after its `warpgroup_mma_wait` retired the wgmma reading the slot."""
-    if RELEASE == THREAD:
-        async_copy.mbarrier_arrive(bar, increment_count=False)
-    else:
-        mbarrier.arrive(bar)
-
-
-@gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        _arrive(_turn(turn, (WG + 1) % NWG, RELEASE), RELEASE)
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
-             MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Online-softmax update of one score tile: (p, alpha, m_new, l_new), base 2, max before exp."""
+def _softmax(s, m_i, l_i, offs_m, j, sc, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """Online-softmax update of score tile ``j`` (absolute): (p, alpha, m_new, l_new), base 2, max before
+    exp. ``sc`` = (qk_scale, left, right, cap_in, cap_out, sinks): softcap (``MODS & SOFTCAP``) makes the
+    log2-unit score cap_out * tanh(s * cap_in / 2), tanh(x) = 1 - 2 / (exp2(2 x log2 e) + 1); the window
+    (``MODS & WINDOW``) masks keys outside ``[r + off - left, r + off + right]``. ``m_i`` stays -inf on a
+    row that has seen no visible key (the exponent then uses 0: p = 0, not NaN)."""
+    if MODS & SOFTCAP:
+        s = sc[4] * (1.0 - 2.0 / (gl.exp2(s * sc[3]) + 1.0))
     if MASKED:
+        if not (MODS & SOFTCAP):
+            s = s * sc[0]
         offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         keep = offs_n[None, :] < NK
+        diag = offs_m[:, None] + (NK - NQ)  # the key on a row's bottom-right diagonal
         if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
-        s = gl.where(keep, s * qk_scale, float("-inf"))
+            keep = keep & (offs_n[None, :] <= diag)
+        if MODS & WINDOW:
+            keep = keep & ((sc[1] < 0) | (offs_n[None, :] >= diag - sc[1]))
+            keep = keep & ((sc[2] < 0) | (offs_n[None, :] <= diag + sc[2]))
+        s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_new = gl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: p = 0, not NaN
+        if MODS & WINDOW:  # a row may see keys only in a later tile: keep its max -inf until then
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_use[:, None])
+            alpha = gl.exp2(m_i - m_use)
+        else:
+            m_new = gl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: p = 0, not NaN
+            p = gl.exp2(s - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+    elif MODS & SOFTCAP:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
         p = gl.exp2(s - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
     else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
-    alpha = gl.exp2(m_i - m_new)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * sc[0])
+        p = gl.exp2(s * sc[0] - m_new[:, None])  # one FMA per score
+        alpha = gl.exp2(m_i - m_new)
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
@@ -279,46 +252,28 @@ def wgmma_layout(n):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
-@gluon.constexpr_function
-def _arrivals(warpgroups, release):
-    """Arrival count of a barrier that ``warpgroups`` consumer warpgroups arrive on (`_arrive`)."""
-    return warpgroups * (NUM_WARPS * 32 if release == RELEASE_MODES["thread"] else 1)
-
-
-@gluon.jit
-def _release(k_empty, v_empty, slot, RELEASE: gl.constexpr):
-    """Hand V (``RELEASE == ONE``: K and V) of ring slot ``slot`` back to the producer, once the P V
-    product reading it is done."""
-    if RELEASE == ONE:
-        mbarrier.arrive(k_empty.index(slot))
-    else:
-        _arrive(v_empty.index(slot), RELEASE)
-
-
 @gluon.jit
 def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
-          qk_scale, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+          sc, NQ, NK, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-          RELEASE: gl.constexpr):
+          NWG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr,
+          PINGPONG: gl.constexpr):
     """KV tile j >= 1 (ring slot counter ``it``, turn counter ``kt``): issue S_j and O += P_{j-1} V_{j-1};
-    softmax(S_j) under the P V product. ``RELEASE``: K_{j-1} and V_{j-1} are handed back together by
-    one k_empty arrival after the P V wait (each arrival costs a warpgroup bar.sync, see `_release`)."""
+    softmax(S_j) under the P V product. K_j's slot goes back once S_j is done, V_{j-1}'s once P V is."""
     sj = it % STAGES
     sp = (it - 1) % STAGES
     mbarrier.wait(k_ready.index(sj), (it // STAGES) & 1)
     mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-    _turn_wait(turn, kt, WG, NWG, PINGPONG, RELEASE)
+    _turn_wait(turn, kt, WG, NWG, PINGPONG)
     kmat = k_smem.index(sj).reshape([BN, D]).permute((1, 0))
     s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
     o_tok = warpgroup_mma(p_op, v_smem.index(sp).reshape([BN, D]), acc, is_async=True)
-    _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
+    _turn_pass(turn, WG, NWG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, P V still running
-    if RELEASE != ONE:
-        _arrive(k_empty.index(sj), RELEASE)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, qk_scale, NQ, NK, s_layout, BN, MASKED, CAUSAL)
+    mbarrier.arrive(k_empty.index(sj))
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, j, sc, NQ, NK, s_layout, BN, MASKED, CAUSAL, MODS)
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # p_op: the async A operand
-    _release(k_empty, v_empty, sp, RELEASE)
+    mbarrier.arrive(v_empty.index(sp))  # V_{j-1} read: its slot goes back
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
     return acc, p_op, m_i, l_i
@@ -326,10 +281,11 @@ def _step(j, it, kt, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, v_ready, k
 
 @gluon.jit
 def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                   v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
-                   qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                   WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, RELEASE: gl.constexpr):
+                   v_empty, turn, b, h, pid_bh, row0_cta, t_lo, n_tiles, kv_base, turn_base, q_phase, NQ, NK,
+                   sc, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                   WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr,
+                   STORE_LSE: gl.constexpr,
+                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
     """Warpgroup WG's rows of one CTA tile. K/V ring slots count on from ``kv_base`` and ping-pong sections
     from ``turn_base`` (the tiles this CTA ran before: persistent kernel); Q is ready at phase ``q_phase``.
     O is staged in ``o_smem`` for the TMA store (the non-persistent kernel passes the Q buffer)."""
@@ -346,43 +302,64 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
     q = q_smem.index(WG).reshape([BM, D])
     mbarrier.wait(q_bar.index(WG), q_phase)
     if n_tiles > 0:
-        n_lo = gl.maximum(gl.minimum(_kv_lo(row0, NQ, NK, BN, CAUSAL) // BN, n_tiles), 1)
+        t0 = 0  # the first tile's index: tile j of this CTA is tile t0 + j of the head
+        n_a = 1  # masked [1, n_a) (the window's left edge), unmasked [n_a, n_lo), masked [n_lo, n_tiles)
+        if MODS & WINDOW:
+            t0 = t_lo
+            f_lo, f_hi = _kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)  # this warpgroup's unmasked tiles
+            n_a = gl.minimum(gl.maximum(f_lo - t_lo, 1), n_tiles)
+            n_lo = gl.minimum(gl.maximum(f_hi - t_lo, n_a), n_tiles)
+        else:
+            n_lo = gl.maximum(gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)[1], n_tiles), 1)
         # prologue, tile 0 (masked: it may be the diagonal or ragged tile)
         s0 = kv_base % STAGES
         mbarrier.wait(k_ready.index(s0), (kv_base // STAGES) & 1)
-        _turn_wait(turn, turn_base, WG, NWG, PINGPONG, RELEASE)
+        _turn_wait(turn, turn_base, WG, NWG, PINGPONG)
         kmat = k_smem.index(s0).reshape([BN, D]).permute((1, 0))
         s_tok = warpgroup_mma(q, kmat, gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        if RELEASE != ONE:  # else K_0 goes back with V_0
-            _arrive(k_empty.index(s0), RELEASE)
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, 0, qk_scale, NQ, NK, s_layout, BN, True, CAUSAL)
+        mbarrier.arrive(k_empty.index(s0))
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, offs_m, t0, sc, NQ, NK, s_layout, BN, True, CAUSAL, MODS)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
-        for j in range(1, n_lo):  # tiles every row of this warpgroup sees whole: no mask
-            acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
-                                        v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
+        if MODS & WINDOW:
+            for j in range(1, n_a):  # the window's left edge: masked
+                acc, p_op, m_i, l_i = _step(t0 + j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q,
+                                            k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m,
+                                            sc,
+                                            NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
+                                            True, CAUSAL, MODS, PINGPONG)
+        for j in range(n_a, n_lo):  # tiles every row of this warpgroup sees whole: no mask
+            acc, p_op, m_i, l_i = _step(t0 + j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
+                                        v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, sc,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        False, CAUSAL, PINGPONG, RELEASE)
-        for j in range(n_lo, n_tiles):  # diagonal and ragged tiles: masked before the max
-            acc, p_op, m_i, l_i = _step(j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
-                                        v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, qk_scale,
+                                        False, CAUSAL, MODS, PINGPONG)
+        for j in range(n_lo, n_tiles):  # diagonal (window's right edge) and ragged tiles: masked
+            acc, p_op, m_i, l_i = _step(t0 + j, kv_base + j, turn_base + j, acc, p_op, m_i, l_i, q, k_smem,
+                                        v_smem, k_ready, v_ready, k_empty, v_empty, turn, offs_m, sc,
                                         NQ, NK, s_layout, o_layout, p_layout, BM, BN, D, STAGES, WG, NWG,
-                                        True, CAUSAL, PINGPONG, RELEASE)
+                                        True, CAUSAL, MODS, PINGPONG)
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # the last Q K^T is done: the next tile's Q may land
         # epilogue: O += P_last V_last
         last = kv_base + n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG, RELEASE)
+        _turn_wait(turn, turn_base + n_tiles, WG, NWG, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES).reshape([BN, D]), acc, is_async=True)
-        _turn_pass(turn, WG, NWG, PINGPONG, RELEASE)
+        _turn_pass(turn, WG, NWG, PINGPONG)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        _release(k_empty, v_empty, last % STAGES, RELEASE)
+        mbarrier.arrive(v_empty.index(last % STAGES))
     else:
         if PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
 
+    if MODS & SINKS:  # the sink joins the denominator: m = max(m, sink2), l = l 2^(m_old - m) + 2^(sink2 - m)
+        sink2 = gl.load(sc[5] + h) * LOG2E
+        m_old = gl.where(l_i == 0.0, float("-inf"), m_i)
+        m_i = gl.maximum(m_old, sink2)
+        alpha = gl.exp2(m_old - m_i)
+        l_i = l_i * alpha + gl.exp2(sink2 - m_i)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # empty rows: acc = 0 -> o = 0
     o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
     if PERSISTENT:
@@ -398,27 +375,11 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
 
 
 @gluon.jit
-def _consumer(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale,
-              BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-              RELEASE: gl.constexpr):
-    """One CTA tile (the non-persistent kernel); O is staged in the dead Q buffer."""
-    _consumer_tile(desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready, k_empty,
-                   v_empty, turn, b, h, pid_bh, row0_cta, n_tiles, 0, 0, 0, NQ, NK, qk_scale, BM, BN, D,
-                   STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, False, RELEASE)
-
-
-@gluon.jit
 def _work(i, num_m, n_work, CAUSAL: gl.constexpr):
     """Persistent kernel: (valid, b*H + h, query tile) of this CTA's round ``i``. Unmasked: round i covers
-    tiles [i P, (i + 1) P) of the P CTAs, head-major. Causal: the work items are pairs of query tiles of one
-    head, head-major; CTA p runs item (i // 2) P + p, the heavy tile in even rounds and the light one in odd
-    rounds. Even num_m: items k = 0 .. num_m/2 - 1 pair tiles (num_m - 1 - k, k), num_m + 1 KV tiles each
-    (Nq = Nk). Odd num_m: items k < (num_m - 1)/2 pair (num_m - 2 - k, k) and the last item is tile
-    num_m - 1 alone (its odd round empty), num_m KV tiles each. So every item of a call costs the same, and
-    the CTAs stay in lockstep every two rounds (`model.tiles.persistent_items` is the same schedule in
-    Python; the byte estimate relies on the lockstep)."""
+    tiles [i P, (i + 1) P) of the P CTAs, head-major. Causal: items are pairs of query tiles of one head
+    (`model.tiles.persistent_item`: equal cost, so the CTAs stay in lockstep every two rounds), head-major;
+    CTA p runs item (i // 2) P + p, the heavy tile in even rounds and the light one in odd rounds."""
     p = gl.program_id(0)
     n = gl.num_programs(0)
     if CAUSAL:
@@ -451,12 +412,14 @@ def _rounds(n_work, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _tile(pid_bh, start_m, H, HKV, NQ, NK, ROWS: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """Persistent kernel: (b*H + h, query tile) -> (b, h, kv head, b*H + h, first query row, KV tiles)."""
+def _tile(pid_bh, start_m, H, HKV, NQ, NK, sc, ROWS: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+          MODS: gl.constexpr):
+    """Persistent kernel: (b*H + h, query tile) -> (b, h, kv head, b*H + h, first query row, first KV tile,
+    KV tiles)."""
     h = pid_bh % H
     row0 = start_m * ROWS
-    return (pid_bh // H, h, h // (H // HKV), pid_bh, row0,
-            gl.cdiv(_kv_hi(row0, ROWS, NQ, NK, BN, CAUSAL), BN))
+    t_lo, n_tiles = _kv_range(row0, ROWS, NQ, NK, sc, BN, CAUSAL, MODS)
+    return pid_bh // H, h, h // (H // HKV), pid_bh, row0, t_lo, n_tiles
 
 
 @gluon.jit
@@ -470,15 +433,16 @@ def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG
 
 @gluon.jit
 def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM: gl.constexpr, BN: gl.constexpr,
-                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr,
-                         RELEASE: gl.constexpr):
+                         k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, sc, BM: gl.constexpr,
+                         BN: gl.constexpr,
+                         STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
     kv_base = 0
     c = 0  # tiles this CTA ran so far: Q's phase
     for i in range(_rounds(n_work, CAUSAL)):
         valid, pid_bh, start_m = _work(i, num_m, n_work, CAUSAL)
         if valid:
-            b, h, hk, pid_bh, row0, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
+            b, h, hk, pid_bh, row0, t_lo, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, sc, NWG * BM, BN,
+                                                          CAUSAL, MODS)
             # K_0, V_0 first (their slots free up while the consumers finish the last tile), then Q, whose
             # buffers come back only when the consumers' last Q K^T of the last tile is done
             for j in range(n_tiles):
@@ -487,11 +451,12 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
                 ph = ((it // STAGES) & 1) ^ 1
                 mbarrier.wait(k_empty.index(s), ph)
                 mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_k, [b, hk, j * BN, 0], k_ready.index(s), k_smem.index(s))
-                if RELEASE != ONE:
-                    mbarrier.wait(v_empty.index(s), ph)
+                tma.async_copy_global_to_shared(desc_k, [b, hk, (t_lo + j) * BN, 0], k_ready.index(s),
+                                                k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), ph)
                 mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_v, [b, hk, j * BN, 0], v_ready.index(s), v_smem.index(s))
+                tma.async_copy_global_to_shared(desc_v, [b, hk, (t_lo + j) * BN, 0], v_ready.index(s),
+                                                v_smem.index(s))
                 if j == 0:
                     _load_q(desc_q, q_smem, q_bar, q_empty, c, b, h, row0, BM, NWG)
             if n_tiles == 0:
@@ -502,21 +467,23 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
 
 @gluon.jit
 def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
+                         k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, sc,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                         WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                         PINGPONG: gl.constexpr, RELEASE: gl.constexpr):
+                         WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr,
+                         STORE_LSE: gl.constexpr,
+                         PINGPONG: gl.constexpr):
     kv_base = 0
     turn_base = 0
     c = 0  # as _producer_persistent
     for i in range(_rounds(n_work, CAUSAL)):
         valid, pid_bh, start_m = _work(i, num_m, n_work, CAUSAL)
         if valid:
-            b, h, hk, pid_bh, row0, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, NWG * BM, BN, CAUSAL)
+            b, h, hk, pid_bh, row0, t_lo, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, sc, NWG * BM, BN,
+                                                          CAUSAL, MODS)
             _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, turn, b, h, pid_bh, row0, n_tiles, kv_base, turn_base, c & 1, NQ,
-                           NK, qk_scale, BM, BN, D, STAGES, WG, NWG, CAUSAL, STORE_LSE, PINGPONG, True,
-                           RELEASE)
+                           k_empty, v_empty, turn, b, h, pid_bh, row0, t_lo, n_tiles, kv_base, turn_base,
+                           c & 1, NQ, NK, sc, BM, BN, D, STAGES, WG, NWG, CAUSAL, MODS, STORE_LSE,
+                           PINGPONG, True)
             kv_base += n_tiles
             c += 1
             if n_tiles > 0:
@@ -528,14 +495,17 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 #: is 1 (a constexpr) or a multiple of 16 (an alignment hint): one compile per shape class instead of one per
 #: variant. The TMA descriptors specialise only on dtype, block shape and shared layout (not on the tensor's
 #: shape or strides), and the LSE pointer's 16-byte alignment always holds (a fresh torch allocation).
-@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale"])
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in", "cap_out"])
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
-                                 CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                                 LEFT, RIGHT, cap_in, cap_out, SINKS,
+                                 CAUSAL: gl.constexpr, MODS: gl.constexpr, STORE_LSE: gl.constexpr,
+                                 STAGES: gl.constexpr,
                                  PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 RELEASE: gl.constexpr, num_warps: gl.constexpr):
+                                 num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
+    sc = (qk_scale, LEFT, RIGHT, cap_in, cap_out, SINKS)  # the scale and the score mods' runtime values
     pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
     start_m = pid_m
@@ -545,59 +515,50 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     h = pid_bh % H
     hk = h // (H // HKV)
     row0 = start_m * (NWG * BM)
-    n_tiles = gl.cdiv(_kv_hi(row0, NWG * BM, NQ, NK, BN, CAUSAL), BN)  # every warpgroup runs every tile
+    t_lo, n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)  # every warpgroup runs every tile
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = _turn_barriers(NWG, RELEASE)
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())  # ping-pong
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(_turn(turn, w, RELEASE), count=_arrivals(1, RELEASE))
+        mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=_arrivals(NWG, RELEASE))  # every consumer warpgroup's
-        mbarrier.init(v_empty.index(s), count=_arrivals(NWG, RELEASE))
+        mbarrier.init(k_empty.index(s), count=NWG)  # every consumer warpgroup's
+        mbarrier.init(v_empty.index(s), count=NWG)
     fence_async_shared()
 
-    if NWG == 2:  # the partitions as literals: Gluon takes no function values in variables
-        gl.warp_specialize(
-            [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
-            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize(
-            [(_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 0, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 1, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_consumer, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                          turn, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, BM, BN, D, STAGES, 2, NWG,
-                          CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                          v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG, RELEASE))],
-            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    gl.static_assert(NWG == 3, "one CTA per tile: three consumer warpgroups (VARIANTS)")
+    # consumers: O is staged in the dead Q buffer (no q_empty hand-back: q_bar stands in)
+    gl.warp_specialize(
+        [(_consumer_tile, (desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready,
+                           k_empty, v_empty, turn, b, h, pid_bh, row0, t_lo, n_tiles, 0, 0, 0, NQ, NK, sc,
+                           BM, BN, D, STAGES, 0, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG, False)),
+         (_consumer_tile, (desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready,
+                           k_empty, v_empty, turn, b, h, pid_bh, row0, t_lo, n_tiles, 0, 0, 0, NQ, NK, sc,
+                           BM, BN, D, STAGES, 1, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG, False)),
+         (_consumer_tile, (desc_o, LSE, q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_ready, v_ready,
+                           k_empty, v_empty, turn, b, h, pid_bh, row0, t_lo, n_tiles, 0, 0, 0, NQ, NK, sc,
+                           BM, BN, D, STAGES, 2, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG, False)),
+         (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                      v_empty, b, h, hk, row0, t_lo, n_tiles, BM, BN, STAGES, NWG))],
+        [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
-@gluon.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale"])
+@gluon.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in", "cap_out"])
 def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE, B, H, HKV, NQ, NK, qk_scale,
-                                            CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                                            LEFT, RIGHT, cap_in, cap_out, SINKS,
+                                            CAUSAL: gl.constexpr, MODS: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
-                                            CONSUMER_REGS: gl.constexpr, RELEASE: gl.constexpr,
+                                            CONSUMER_REGS: gl.constexpr,
                                             num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks the tiles of `_work`; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
@@ -606,6 +567,7 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
+    sc = (qk_scale, LEFT, RIGHT, cap_in, cap_out, SINKS)  # the scale and the score mods' runtime values
     num_m = gl.cdiv(NQ, NWG * BM)
     n_work = num_m * B * H  # tiles; causal: pairs of tiles (`_work`)
     if CAUSAL:
@@ -617,7 +579,7 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = _turn_barriers(NWG, RELEASE)
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())  # ping-pong
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -625,41 +587,26 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     for w in gl.static_range(NWG):
         mbarrier.init(q_bar.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
-        mbarrier.init(_turn(turn, w, RELEASE), count=_arrivals(1, RELEASE))
+        mbarrier.init(turn.index(w), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=_arrivals(NWG, RELEASE))
-        mbarrier.init(v_empty.index(s), count=_arrivals(NWG, RELEASE))
+        mbarrier.init(k_empty.index(s), count=NWG)
+        mbarrier.init(v_empty.index(s), count=NWG)
     fence_async_shared()
 
-    if NWG == 2:
-        gl.warp_specialize(
-            [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL, RELEASE))],
-            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize(
-            [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 0, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 1, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, qk_scale,
-                                     BM, BN, D, STAGES, 2, NWG, CAUSAL, STORE_LSE, PINGPONG, RELEASE)),
-             (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, BM, BN, STAGES,
-                                     NWG, CAUSAL, RELEASE))],
-            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    gl.static_assert(NWG == 2, "persistent: two consumer warpgroups (VARIANTS)")
+    gl.warp_specialize(
+        [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                 v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, sc,
+                                 BM, BN, D, STAGES, 0, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG)),
+         (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                 v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, sc,
+                                 BM, BN, D, STAGES, 1, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG)),
+         (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                 v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, sc, BM, BN,
+                                 STAGES, NWG, CAUSAL, MODS))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def kernel(variant: str = DEFAULT_VARIANT):
@@ -681,54 +628,54 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
 
     return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
-            "qk_scale": "fp32",
-            **{n: "constexpr" for n in ("CAUSAL", "STORE_LSE", "STAGES", "PINGPONG", "NWG", "CONSUMER_REGS",
-                                        "RELEASE", "num_warps")}}
+            "qk_scale": "fp32", "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32", "cap_out": "fp32",
+            "SINKS": "*fp32",
+            **{n: "constexpr" for n in ("CAUSAL", "MODS", "STORE_LSE", "STAGES", "PINGPONG", "NWG",
+                                        "CONSUMER_REGS", "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
-    """The constexpr arguments of ``variant`` (a `VARIANTS` name) for head dim ``d``."""
-    cfg = config(d, variant, causal)
-    return {"CAUSAL": causal, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
+def mods_flags(windowed: bool, softcap: float, sinks: bool) -> int:
+    """The constexpr ``MODS`` of a call: `WINDOW` | `SOFTCAP` | `SINKS` bits of the mods it uses."""
+    return (1 if windowed else 0) | (2 if softcap > 0 else 0) | (4 if sinks else 0)
+
+
+def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT, mods: int = 0):
+    """The constexpr arguments of ``variant`` (a `VARIANTS` name) for head dim ``d`` (``mods``: `mods_flags`;
+    a windowed call has ``causal`` False, its right bound carrying the diagonal)."""
+    cfg = config(d, variant)
+    return {"CAUSAL": causal, "MODS": mods, "STORE_LSE": return_lse, "STAGES": cfg.STAGES,
             "PINGPONG": VARIANTS[variant].pingpong, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS[cfg.NWG],
-            "RELEASE": RELEASE_MODES[VARIANTS[variant].release], "num_warps": NUM_WARPS}
-
-
-def ptx_loop_barriers(ptx: str) -> list:
-    """Partition-wide barriers (``bar.sync``/``barrier.sync``) in one iteration of each steady-state KV loop
-    of a compiled variant's PTX: the innermost loops (a label, a later branch back to it) that hold a
-    ``wgmma.wait_group 1`` (`_step`'s S-only wait); one count per loop (consumer warpgroups x unmasked/masked
-    loops). A 1-warp partition's ``bar.warp.sync`` is not counted. bench/sm90_resources.py reports it."""
-    import re
-
-    lines = ptx.splitlines()
-    label = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__BB\w+):", line))}
-    loops = [(label[m.group(1)], i) for i, line in enumerate(lines)
-             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and label.get(m.group(1), i) < i]
-    counts = []
-    for lo, hi in loops:
-        if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops):
-            continue  # not innermost
-        body = lines[lo:hi + 1]
-        if any("wgmma.wait_group.sync.aligned 1;" in x for x in body):
-            counts.append(sum(bool(re.search(r"\b(bar|barrier)\.sync\b", x)) for x in body))
-    return counts
+            "num_warps": NUM_WARPS}
 
 
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT):
+def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
+           mods=None):
     """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place.
 
-    ``variant``: a `VARIANTS` name (`fwd.HOPPER_VALIDATED` picks it for ``impl="auto"``; bench/prefill.py
-    times each). Each (variant, d, dtype, causal, return_lse) compiles once per process. Returns the
-    compiled kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
+    ``variant``: a `VARIANTS` name (`attnscope.model.dispatch.hopper_variant` picks it for ``impl="auto"``;
+    bench/prefill.py times each). ``mods``: a `_common.Mods` (window, softcap, sinks; None: none). Each
+    (variant, d, dtype, causal, mods used, return_lse) compiles once per process. Returns the compiled
+    kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config(d, variant, causal)
+    cfg = config(d, variant)
+    windowed = mods is not None and mods.windowed
+    softcap = 0.0 if mods is None else mods.softcap
+    sinks = None if mods is None else mods.sinks
+    flags = mods_flags(windowed, softcap, sinks is not None)
+    causal = causal and not windowed  # a window carries the diagonal in its right bound
+    left, right = (mods.left, mods.right) if windowed else (-1, -1)
+    scale = qk_scale / LOG2E.value
+    # softcap: log2-unit score = cap log2(e) tanh(s scale / cap); tanh(x) = 1 - 2 / (exp2(2 x log2(e)) + 1)
+    cap_in, cap_out = (0.0, 0.0)
+    if softcap > 0:
+        cap_in, cap_out = 2.0 * scale * LOG2E.value / softcap, softcap * LOG2E.value
+    mod_args = (left, right, cap_in, cap_out, lse if sinks is None else sinks)  # unused pointer: any fp32
 
     def desc(t, rows):
         block = [1, 1, rows, d]
@@ -736,10 +683,11 @@ def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, var
 
     descs = (desc(q, cfg.BM), desc(k, cfg.BN), desc(v, cfg.BN), desc(o, cfg.BM))
     tiles = triton.cdiv(Nq, cfg.NWG * cfg.BM)
+    consts = constexprs(d, causal, return_lse, variant, flags)
     if VARIANTS[variant].persistent:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
         return _attnscope_fwd_hopper_persistent_kernel[(min(items * B * Hq, sms),)](
-            *descs, lse, B, Hq, Hkv, Nq, Nk, qk_scale, **constexprs(d, causal, return_lse, variant))
+            *descs, lse, B, Hq, Hkv, Nq, Nk, qk_scale, *mod_args, **consts)
     return _attnscope_fwd_hopper_kernel[(tiles, B * Hq)](
-        *descs, lse, Hq, Hkv, Nq, Nk, qk_scale, **constexprs(d, causal, return_lse, variant))
+        *descs, lse, Hq, Hkv, Nq, Nk, qk_scale, *mod_args, **consts)

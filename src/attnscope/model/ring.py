@@ -39,7 +39,7 @@ ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 NVLINK_H200 = ((64 * MiB, 212e9), (256 * MiB, 291e9), (1 * GiB, 354e9))
 LINKS = {"h200": NVLINK_H200}
 
-#: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto" = the variant HOPPER_VALIDATED names
+#: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto" (the Hopper variant then measured)
 #: (bench/prefill.py, 2026-11-30 23:57 UTC; BENCHMARKS.md issue 15)
 KERNEL_RATE = {("h200", 64, False): 489.6e12, ("h200", 64, True): 456.4e12,
                ("h200", 128, False): 599.1e12, ("h200", 128, True): 604.9e12}

@@ -1,0 +1,79 @@
+"""Which Gluon Hopper forward variant ``impl="auto"`` runs: one rule of the launch geometry (no torch).
+
+Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-specialised kernel:
+
+- ``hopper_persist`` (the default, ``impl="hopper"``): two consumer warpgroups x 64 rows, one CTA per SM
+  walking the query tiles (causal tiles in balanced pairs); the fill and drain of the K/V pipeline are paid
+  once per CTA, not once per tile, which is what wins when each tile's KV loop is short.
+- ``hopper_wg3_pp`` (d = 64 only): three consumer warpgroups, 192 query rows per CTA, ping-pong: a K/V
+  tile feeds 1.5 x the rows (d = 64 is bound by K/V reads and the softmax, not the MMAs), paid for with a
+  fill and drain per tile and 192-row wave quantisation; it wins once the KV loop is long and the grid
+  holds enough CTAs to keep every SM busy to the end.
+
+The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
+query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
+bf16, and for any GQA group (no measurement showed the group moving the choice). Where no variant beats
+the portable Triton kernel (d = 64 with a short KV loop) it returns None. The thresholds come from
+the H200 sweeps at B*N = 16k, H = 32 (bench/results/h200-2026-12-01-prefill-*.json); the shapes drawn off
+that grid to check them are bench/grids/dispatch_heldout.csv (``bench/prefill.py --shapes``).
+"""
+
+from __future__ import annotations
+
+#: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
+VARIANTS = ("hopper_persist", "hopper_wg3_pp")
+DEFAULT_VARIANT = VARIANTS[0]
+#: Query rows per CTA of ``hopper_wg3_pp`` (3 warpgroups x 64 rows).
+WG3_ROWS = 192
+#: d = 64: mean keys per query row from which three warpgroups win, (unmasked, causal). Causal needs the
+#: longer loop: its non-persistent grid pays the imbalance of short diagonal tiles (B*N = 16k sweeps:
+#: unmasked wins from N = 2k, causal from N = 8k; causal N = 4k runs hopper_persist 1.05 x portable).
+WG3_MIN_KEYS = {False: 2048, True: 4096}
+#: d = 64: mean keys per row below which the portable kernel is as fast as any Gluon variant, (unmasked,
+#: causal) (B*N = 16k: unmasked N = 1k runs hopper_persist 1.04-1.05 x portable in three runs; causal N = 1k
+#: 0.80-0.85 x, N = 2k 0.99-1.00 x).
+D64_MIN_KEYS = {False: 1024, True: 1536}
+#: Fewest waves of 192-row CTAs (per SM) for ``hopper_wg3_pp``: below, the last partial wave idles up to a
+#: third of the machine that the 128-row persistent kernel keeps busy. Assumed: every B*N = 16k point has
+#: 20+ waves; the held-out shapes are the first to test it.
+WG3_MIN_WAVES = 2.0
+
+
+def mean_keys(nq: int, nk: int, causal: bool) -> float:
+    """Mean number of keys a query row visits (bottom-right causal: row r sees keys ``c <= r + nk - nq``)."""
+    if not causal:
+        return float(nk)
+    off = nk - nq
+    first, last = max(off + 1, 0), min(nq + off, nk)  # keys seen by row 0, by row nq - 1 (clipped)
+    if nq <= nk:
+        return (first + last) / 2
+    empty = min(nq, max(0, -off))  # rows with no visible key
+    seen = nq - empty
+    return (seen * (1 + min(seen, nk)) / 2) / nq
+
+
+def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int, nq: int, nk: int,
+                   sms: int = 132, window: tuple[int, int] | None = None) -> str | None:
+    """The Gluon Hopper variant ``impl="auto"`` runs for this launch, or None (run the portable kernel).
+
+    Parameters
+    ----------
+    d: head dim (64 or 128); causal: the mask; batch, q_heads, kv_heads, nq, nk: the call's
+    ``[batch, q_heads, nq, d]`` queries and ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU;
+    window: the effective ``(left, right)`` of a sliding window (`model.tiles.normalize_window`; -1
+    unbounded), which bounds the keys a row visits by ``left + right + 1``.
+    """
+    if d == 128:
+        return "hopper_persist"
+    if d != 64:
+        return None
+    keys = mean_keys(nq, nk, causal)
+    if window is not None and (window[0] >= 0 or window[1] >= 0):
+        width = (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
+        keys = min(keys, width)
+    waves = -(-nq // WG3_ROWS) * batch * q_heads / sms
+    if keys >= WG3_MIN_KEYS[causal] and waves >= WG3_MIN_WAVES:
+        return "hopper_wg3_pp"
+    if keys < D64_MIN_KEYS[causal]:
+        return None
+    return "hopper_persist"
