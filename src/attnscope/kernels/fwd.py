@@ -29,9 +29,11 @@ from typing import NamedTuple
 from attnscope.errors import InputError, choice, expect
 from attnscope.kernels._common import (
     LOG2E,
+    MAX_SCALE,
     check_device,
     check_flags,
     check_head_dim,
+    check_mods,
     check_same,
     check_scale,
     check_tensor,
@@ -44,9 +46,16 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
+from attnscope.kernels._tl import (  # noqa: E402
+    _kv_bounds,
+    _kv_bounds_window,
+    round_bf16,
+    softmax_tile,
+    window_args,
+)
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
+LOG2E_C = tl.constexpr(LOG2E)  # a sink (natural-log units) enters the base-2 softmax as sink * log2(e)
 
 
 class FwdConfig(NamedTuple):
@@ -128,13 +137,16 @@ def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
 
 
 @triton.jit
-def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
+def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK, LEFT, RIGHT,
+               cap_in, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+               MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form; returns (acc, l_i, m_i).
 
     ``m_i`` is the running max in log2 units (scores x ``qk_scale``), except with ``MAX_UNSCALED``
     (``qk_scale > 1``): then it is of the raw scores (`_tl.softmax_tile`, which does the step).
+    ``WINDOW``: the masked tiles keep keys ``r + off - LEFT <= c <= r + off + RIGHT``; ``SOFTCAP``: the
+    scores are capped (``tanh(s * cap_in)`` with ``qk_scale = softcap * log2(e)``).
     """
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM (fp32 operands: interpreter + bf16 only)
@@ -145,7 +157,10 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
         keep = offs_n[None, :] < NK  # ragged last tile: columns past Nk
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
-    p, m_new, l_i, acc = softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
+        if WINDOW:
+            rel = offs_n[None, :] - (offs_m[:, None] + (NK - NQ))  # key minus the row's diagonal key
+            keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
+    p, m_new, l_i, acc = softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED, SOFTCAP, cap_in)
     m_i = m_new
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
@@ -153,13 +168,14 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale"])
+@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in"])
 def _attnscope_fwd_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE,
-    B, H, HKV, NQ, NK, qk_scale,
+    desc_q, desc_k, desc_v, desc_o, LSE, SINKS,
+    B, H, HKV, NQ, NK, qk_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -176,17 +192,45 @@ def _attnscope_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
     q = desc_q.load([b, h, start_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
 
-    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        # keys [lo, full_lo) and [full_hi, hi) masked, [full_lo, full_hi) unmasked, the rest never loaded
+        lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        for start_n in tl.range(lo, full_lo, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+        for start_n in tl.range(full_lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+        for start_n in tl.range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+    else:
+        lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        # Stage 1: tiles every row may see entirely: no mask arithmetic.
+        for start_n in tl.range(0, lo, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, CAUSAL, False,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+        # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
+        for start_n in tl.range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
 
-    # Stage 1: tiles every row may see entirely: no mask arithmetic.
-    for start_n in tl.range(0, lo, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, MAX_UNSCALED, EMULATE_BF16)
-    # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, MAX_UNSCALED, EMULATE_BF16)
-
+    m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
+    if HAS_SINKS:
+        # the sink joins the denominator only: m = max(m, sink2), l = l 2^(m_old - m) + 2^(sink2 - m)
+        sink2 = tl.load(SINKS + h) * LOG2E_C
+        m_row = tl.where(l_i == 0.0, float("-inf"), m_log2)  # a row with no key yet: the sink alone
+        m_new = tl.maximum(m_row, sink2)
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m_row == m_new, 1.0, tl.math.exp2(m_row - m_new))
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_new)
+        m_log2 = m_new
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -194,7 +238,6 @@ def _attnscope_fwd_kernel(
         o = round_bf16(o)
     desc_o.store([b, h, start_m * BLOCK_M, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:
-        m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
         lse = m_log2 * LN2 + tl.log(l_i)  # natural log; -inf + -inf = -inf for empty rows
         tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)
 
@@ -274,8 +317,30 @@ def _pick_impl(impl, q, d, causal, qk_scale, cfg, n) -> str:
     return "portable"
 
 
+def _mods_on(mods) -> list[str]:
+    """The names of the score mods a call switches on (`_common.Mods`)."""
+    return [name for name, on in (("window", mods.windowed), ("softcap", mods.softcap > 0),
+                                  ("sinks", mods.sinks is not None)) if on]
+
+
+def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
+    """The kernels' mod arguments of one call (`_common.Mods`): ``LEFT``/``RIGHT`` (`_tl.window_args`),
+    ``qk_scale`` (``softcap * log2(e)`` under softcap, else ``scale * log2(e)``), ``cap_in`` (``scale /
+    softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is today's kernel."""
+    left, right = window_args(mods.left, mods.right, nq, nk)
+    if mods.softcap > 0:
+        if mods.softcap > MAX_SCALE:
+            raise NotImplementedError(f"softcap: {mods.softcap:.3g} is not supported; supported: "
+                                      f"0 < softcap <= {MAX_SCALE:.3g} (softcap * log2(e) must fit in fp32)")
+        return dict(LEFT=left, RIGHT=right, qk_scale=mods.softcap * LOG2E, cap_in=sm_scale / mods.softcap,
+                    WINDOW=mods.windowed, SOFTCAP=True)
+    return dict(LEFT=left, RIGHT=right, qk_scale=sm_scale * LOG2E, cap_in=1.0, WINDOW=mods.windowed,
+                SOFTCAP=False)
+
+
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-           config: FwdConfig | None = None, impl: str = "auto"):
+           config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
+           sinks=None):
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
@@ -285,25 +350,36 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     _check_flags(causal, scale, return_lse)
     cfg = _check_config(config)
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
-    qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
+    on = _mods_on(mods)
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    qk_scale = sm_scale * LOG2E
+    if on and impl == "hopper":
+        raise NotImplementedError(f"impl='hopper': {', '.join(on)} not supported by the Hopper kernel; "
+                                  f"supported: impl='portable' or 'auto' (which runs portable with mods)")
     chosen = _pick_impl(impl, q, d, causal, qk_scale, cfg, max(Nq, Nk))
+    if on:
+        chosen = "portable"  # the Hopper (Gluon) kernels have no score mods
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
         return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen)
-    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal, max(Nq, Nk))
+    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
+    margs = mod_args(mods, sm_scale, Nq, Nk)
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
 
+    causal_path = causal and not mods.windowed  # a window folds causal in as right = 0
     compiled = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)](  # T_r query tiles x (batch, head)
-        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse,
-        B, Hq, Hkv, Nq, Nk, qk_scale,
-        HEAD_DIM=d, CAUSAL=causal, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
-        MAX_UNSCALED=qk_scale > 1.0,  # see _attn_tile: keeps huge scales free of inf - inf
+        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse, lse if sinks is None else sinks,
+        B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"],
+        HEAD_DIM=d, CAUSAL=causal_path, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
+        MAX_UNSCALED=margs["qk_scale"] > 1.0 and not margs["SOFTCAP"],  # see _attn_tile: huge scales
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
+        WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"], HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse, compiled
@@ -311,23 +387,29 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
 
 # Registered at import (torch.compile cannot trace a registration): `attnscope::flash_attention`, so
 # torch.compile sees one opaque op with a fake (shape-only) implementation instead of a graph break.
+# ``deterministic`` is the backward's (kernels/bwd.py), kept here for autograd.
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse, int[]? config, "
-           "str impl) -> (Tensor, Tensor)")
+           "str impl, int[]? window=None, float softcap=0.0, Tensor? sinks=None, bool deterministic=False) "
+           "-> (Tensor, Tensor)")
 
 
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
-def _op(q, k, v, causal, scale, return_lse, config, impl):
-    return launch(q, k, v, causal, scale, return_lse, config, impl)[:2]  # config: a list, checked there
+def _op(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0, sinks=None,
+        deterministic=False):
+    return launch(q, k, v, causal, scale, return_lse, config, impl,  # config: a list, checked there
+                  window=None if window is None else tuple(window), softcap=softcap, sinks=sinks)[:2]
 
 
 @_op.register_fake
-def _(q, k, v, causal, scale, return_lse, config, impl):
+def _(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0, sinks=None,
+      deterministic=False):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                    config: FwdConfig | None = None, impl: str = "auto"):
-    """FlashAttention-2 forward.
+                    config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
+                    sinks=None, deterministic: bool = False):
+    """FlashAttention-2 forward (differentiable: the backward is kernels/bwd.py).
 
     Parameters
     ----------
@@ -353,7 +435,23 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
         FlashAttention-3's warp-specialised ping-pong schedule (kernels/fwd_hopper.py, experimental;
         needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant the
-        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range), else portable.
+        measured table `HOPPER_VALIDATED` names for (d, dtype, causal, N range), else portable. With a
+        score mod on, ``"auto"`` runs portable and ``"hopper"`` raises NotImplementedError.
+    window : (left, right) or None
+        Sliding window, flash-attn's ``window_size``: key c is visible to row r iff
+        ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;
+        ``causal=True`` forces right = 0). KV tiles wholly outside the window are never loaded.
+    softcap : float
+        Logit cap, 0 = off: the scaled scores become ``softcap * tanh(s * scale / softcap)``.
+    sinks : torch.Tensor, [Hq], float32, optional
+        One logit per query head (natural-log units, neither scaled nor capped) in every row's softmax
+        denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a
+        gradient when it requires one.
+    deterministic : bool, default False
+        The backward's mode: False (the default) runs the faster dQ accumulation of
+        `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` (the separate dQ pass where that was measured faster, fp32
+        atomics otherwise); True always runs the separate dQ pass, whose gradients are bitwise identical
+        run to run.
 
     Returns
     -------
@@ -366,23 +464,27 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     Example
     -------
     >>> q = k = v = torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
-    >>> o = attnscope.flash_attention(q, k, v, causal=True)
+    >>> o = attnscope.flash_attention(q, k, v, causal=True, window=(1024, 0), softcap=50.0)
     """
     _check_flags(causal, scale, return_lse)
+    check_flags(deterministic=deterministic)
     cfg = _check_config(config)
-    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sinks))
     compiling = torch.compiler.is_compiling()
     if grad and not compiling:  # eager autograd: check here, or the dispatcher's type errors (a list for
         _check_inputs(q, k, v)  # q) or its device choice (a meta q: a meta output, no launch) come first
+        check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
         choice("impl", impl, IMPLS)
     if compiling or grad:
         # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
         d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
-        o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl)
+        o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl,
+                     None if window is None else list(window), softcap, sinks, deterministic)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl)
+        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl, window=window, softcap=softcap,
+                           sinks=sinks)
     return (o, lse) if return_lse else o
 
 
