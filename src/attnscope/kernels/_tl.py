@@ -9,7 +9,7 @@ Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -
 round with `round_bf16` before casting, which reproduces the GPU. On a GPU that path is never compiled.
 """
 
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import LOG2E, MAX_SCALE, import_torch_triton
 
 _, triton = import_torch_triton()  # ImportError names the install command when the extra is missing
 import triton.language as tl  # noqa: E402
@@ -27,6 +27,21 @@ def window_args(left: int, right: int, nq: int, nk: int) -> tuple[int, int]:
     """The kernels' ``(LEFT, RIGHT)`` of a window (`_common.Mods`, -1 = unbounded): an unbounded side becomes
     ``nq + nk``, which no (row, key) pair reaches, so the in-kernel bounds and masks need no -1 case."""
     return (left if left >= 0 else nq + nk), (right if right >= 0 else nq + nk)
+
+
+def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
+    """The kernels' mod arguments of one call (`_common.Mods`): ``LEFT``/``RIGHT`` (`_tl.window_args`),
+    ``qk_scale`` (``softcap * log2(e)`` under softcap, else ``scale * log2(e)``), ``cap_in`` (``scale /
+    softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is today's kernel."""
+    left, right = window_args(mods.left, mods.right, nq, nk)
+    if mods.softcap > 0:
+        if mods.softcap > MAX_SCALE:
+            raise NotImplementedError(f"softcap: {mods.softcap:.3g} is not supported; supported: "
+                                      f"0 < softcap <= {MAX_SCALE:.3g} (softcap * log2(e) must fit in fp32)")
+        return dict(LEFT=left, RIGHT=right, qk_scale=mods.softcap * LOG2E, cap_in=sm_scale / mods.softcap,
+                    WINDOW=mods.windowed, SOFTCAP=True)
+    return dict(LEFT=left, RIGHT=right, qk_scale=sm_scale * LOG2E, cap_in=1.0, WINDOW=mods.windowed,
+                SOFTCAP=False)
 
 
 @triton.jit
@@ -143,4 +158,4 @@ def lse_merge_finish(m_i, l_i, acc):
 
 
 __all__ = ["_kv_bounds", "_kv_bounds_window", "lse_merge_finish", "lse_merge_step", "round_bf16",
-           "softmax_tile", "tanh_", "triton", "window_args"]
+           "mod_args", "softmax_tile", "tanh_", "triton", "window_args"]

@@ -29,7 +29,6 @@ from typing import NamedTuple
 from attnscope.errors import InputError, choice, expect
 from attnscope.kernels._common import (
     LOG2E,
-    MAX_SCALE,
     check_device,
     check_flags,
     check_head_dim,
@@ -49,9 +48,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
+    mod_args,
     round_bf16,
     softmax_tile,
-    window_args,
 )
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
@@ -321,21 +320,6 @@ def _mods_on(mods) -> list[str]:
     """The names of the score mods a call switches on (`_common.Mods`)."""
     return [name for name, on in (("window", mods.windowed), ("softcap", mods.softcap > 0),
                                   ("sinks", mods.sinks is not None)) if on]
-
-
-def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
-    """The kernels' mod arguments of one call (`_common.Mods`): ``LEFT``/``RIGHT`` (`_tl.window_args`),
-    ``qk_scale`` (``softcap * log2(e)`` under softcap, else ``scale * log2(e)``), ``cap_in`` (``scale /
-    softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is today's kernel."""
-    left, right = window_args(mods.left, mods.right, nq, nk)
-    if mods.softcap > 0:
-        if mods.softcap > MAX_SCALE:
-            raise NotImplementedError(f"softcap: {mods.softcap:.3g} is not supported; supported: "
-                                      f"0 < softcap <= {MAX_SCALE:.3g} (softcap * log2(e) must fit in fp32)")
-        return dict(LEFT=left, RIGHT=right, qk_scale=mods.softcap * LOG2E, cap_in=sm_scale / mods.softcap,
-                    WINDOW=mods.windowed, SOFTCAP=True)
-    return dict(LEFT=left, RIGHT=right, qk_scale=sm_scale * LOG2E, cap_in=1.0, WINDOW=mods.windowed,
-                SOFTCAP=False)
 
 
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
