@@ -58,10 +58,12 @@ def softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MAX_UNS
     """One tile of the online softmax (spec §3.1, FA-2 unnormalised form) on raw scores ``s`` [M, N]:
     returns (p, m_new, l_i, acc) with ``acc`` rescaled onto the new max (P V is the caller's). ``MASKED``:
     scores where ``keep`` is False become -inf BEFORE the running max (spec §2.1), and a row with no key
-    yet shifts by 0 (exp2(-inf - 0) = 0, not NaN). The running max is in log2 units (scores x
-    ``qk_scale``), except with ``MAX_UNSCALED`` (``qk_scale > 1``): then it is of the raw scores and the
-    scale multiplies the differences ``s - m <= 0``, so a huge scale gives exp2(-inf) = 0, never
-    inf - inf = NaN. ``SOFTCAP``: the scores become ``tanh(s * cap_in)`` first (``cap_in = scale /
+    yet shifts by 0 (exp2(-inf - 0) = 0, not NaN; its returned max is then 0, so a caller whose rows can
+    meet masked-out tiles BEFORE their first key, as a window's, resets it to -inf where ``l_i == 0``, or
+    the next tile's max is floored at 0 and small scores underflow). The running max is in log2 units
+    (scores x ``qk_scale``), except with ``MAX_UNSCALED`` (``qk_scale > 1``): then it is of the raw
+    scores and the scale multiplies the differences ``s - m <= 0``, so a huge scale gives exp2(-inf) = 0,
+    never inf - inf = NaN. ``SOFTCAP``: the scores become ``tanh(s * cap_in)`` first (``cap_in = scale /
     softcap``; the caller passes ``qk_scale = softcap * log2(e)`` and ``MAX_UNSCALED`` False)."""
     if SOFTCAP:
         s = tanh_(s * cap_in)

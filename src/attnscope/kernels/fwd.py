@@ -161,6 +161,8 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
             keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
     p, m_new, l_i, acc = softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED, SOFTCAP, cap_in)
     m_i = m_new
+    if WINDOW and MASKED:  # a row with no key yet keeps max -inf, not softmax_tile's 0: a later tile's
+        m_i = tl.where(l_i == 0.0, float("-inf"), m_i)  # max must not be floored at 0 (underflow of p)
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
     acc = tl.dot(round_bf16(p), v.to(tl.float32), acc) if EMULATE_BF16 else tl.dot(p.to(v.dtype), v, acc)
