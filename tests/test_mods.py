@@ -235,8 +235,8 @@ def test_q_bounds_window_mirror_matches_permitted():
 
 def test_mods_inside_torch_compile_and_opcheck():
     q, k, v, _ = _inputs(1, 2, 1, 20, 24, 64, torch.float16, 4)
-    sinks = torch.tensor([0.5, -1.0], requires_grad=True)
-    w = torch.randn(64, 64, dtype=torch.float16, requires_grad=True)
+    sinks = torch.tensor([0.5, -1.0], device=DEVICE, requires_grad=True)
+    w = torch.randn(64, 64, dtype=torch.float16, device=DEVICE, requires_grad=True)
 
     def loss_fn(q, k, v, w, sinks):
         o = attnscope.flash_attention(q @ w, k, v, causal=True, window=(5, 0), softcap=20.0, sinks=sinks,
