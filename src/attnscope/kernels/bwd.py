@@ -10,9 +10,10 @@ saved natural-log LSE. Three kernels:
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
    ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
    buffer with atomics (one read-modify-write per KV tile);
-3. ``deterministic=True`` (the default, and autograd's): dQ in a separate pass, one program per (query
+3. ``deterministic=True`` (this function's default): dQ in a separate pass, one program per (query
    tile, batch x query head) looping over KV tiles (it re-reads K and V); bit-reproducible, and faster
-   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward).
+   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward), so autograd runs it
+   for ``flash_attention(deterministic=False)`` too while `ATOMIC_DQ_BY_DEFAULT` is False.
 
 Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
 the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
@@ -20,6 +21,13 @@ query tiles ``[0, lo)`` are skipped (they see none of the KV tile), ``[lo, hi)``
 and are masked, ``[hi, Nq)`` see the whole tile and run without mask arithmetic (tests/test_bwd.py
 holds it against `model.tiles.Grid`). Out-of-range query rows load LSE = +inf (P = 0); rows with no
 visible key (LSE = -inf) are masked everywhere, so they contribute zero, never NaN.
+
+Score mods (constexpr-gated, as the forward): a window runs each kernel's loop in three stages, the dQ
+pass between the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror
+`_q_bounds_window` (tests/test_mods.py holds it against `reference.permitted`); softcap recomputes
+``t = tanh(s * scale / softcap)`` from the recomputed scores and multiplies dS by ``1 - t^2``; sinks need
+nothing in the kernels (the saved LSE includes them) and their gradient is
+``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in

@@ -12,6 +12,12 @@ skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bo
 in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
+Score mods (issue 35; DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
+sliding window (``WINDOW``) runs three stages, left-masked, unmasked, right-masked tiles, between the
+bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never loaded);
+softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
+the final normalisation in base 2 (``m = max(m, sink log2 e)``), so the LSE includes them.
+
 Layout: q, o ``[B, Hq, Nq, d]``, k, v ``[B, Hkv, Nk, d]``, any strides with a unit last stride (e.g. a
 transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descriptors: out-of-bounds rows
 of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
