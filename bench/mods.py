@@ -7,14 +7,16 @@ bf16 (``--dtype``), d = 128 (``--d``), H = 32, B*N = 32k. Points (forward and ba
 counted on the visited query-key pairs, 4 d flops per pair forward, 2.5 x that backward):
 
 - window: causal window (W, 0) with W = 1024 at N = 8k and W = 4096 at N = 32k; peers: Flex with the
-  sliding-window causal mask (compiled, block mask), attnscope full causal and SDPA CUDNN full causal at
+  sliding-window causal mask (compiled, block mask), attnscope full causal (``impl="auto"``: the Hopper
+  kernel on sm_90, and the portable kernel) and SDPA CUDNN full causal at
   the same shape (the ``visited/causal`` column is the model's fraction of causal work, so a window
   kernel at full-causal speed has time ratio = that fraction);
 - softcap: causal, softcap 50, N = 8k; peers: Flex with the tanh score_mod, attnscope plain causal;
 - sinks: causal, one sink per head, N = 8k; peers: Flex with ``return_lse`` plus the LSE correction
   ``o * sigmoid(lse - sink)``, attnscope plain causal;
-- off: attnscope with no mod (the kernel every existing caller runs) and with an all-covering window
-  ``(N, N)`` (the WINDOW code path doing no skipping) at N = 8k, causal and not. Run this section
+- off: the portable kernel (the one the mods live in; ``impl="auto"`` runs it whenever a mod is on)
+  with no mod and with an all-covering window ``(N, N)`` (the WINDOW code path, nothing skipped) at
+  N = 8k, causal and not. Run this section
   also against main's tree (``PYTHONPATH=<main>/src python bench/mods.py --only off``: that section
   uses no new keyword) to hold the mods-off kernel against today's.
 
@@ -179,11 +181,12 @@ def _impls(torch, section, n, causal, window, softcap, sinks, baseline):
 
     import attnscope
 
-    if section == "off":
-        impls = {"attnscope": lambda q, k, v: attnscope.flash_attention(q, k, v, causal=causal)}
+    if section == "off":  # the portable kernel, which the mods live in
+        impls = {"attnscope": lambda q, k, v: attnscope.flash_attention(q, k, v, causal=causal,
+                                                                         impl="portable")}
         if not baseline:
             impls["attnscope_window_NN"] = lambda q, k, v: attnscope.flash_attention(
-                q, k, v, causal=causal, window=(n, n))
+                q, k, v, causal=causal, window=(n, n), impl="portable")
         return impls
     s_req = None if sinks is None else sinks.detach().requires_grad_()
     impls = {"attnscope": lambda q, k, v: attnscope.flash_attention(
@@ -196,7 +199,9 @@ def _impls(torch, section, n, causal, window, softcap, sinks, baseline):
         impls["flex"] = flex_sinks
     else:
         impls["flex"] = flex
-    impls["attnscope_causal"] = lambda q, k, v: attnscope.flash_attention(q, k, v, causal=True)
+    impls["attnscope_causal"] = lambda q, k, v: attnscope.flash_attention(q, k, v, causal=True)  # auto
+    impls["attnscope_portable_causal"] = lambda q, k, v: attnscope.flash_attention(q, k, v, causal=True,
+                                                                                    impl="portable")
 
     def cudnn(q, k, v):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

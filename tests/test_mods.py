@@ -303,7 +303,8 @@ def _z(*shape, dtype=torch.float16):
     (dict(sinks=torch.zeros(2, device="meta")), InputError, "sinks"),
     (dict(deterministic=1), InputError, "deterministic"),
     (dict(window=(4, 0), impl="hopper"), NotImplementedError, "window"),
-    (dict(softcap=5.0, sinks=torch.zeros(2), impl="hopper"), NotImplementedError, "softcap, sinks"),
+    (dict(softcap=5.0, sinks=torch.zeros(2, device=DEVICE), impl="hopper"), NotImplementedError,
+     "softcap, sinks"),
 ])
 @pytest.mark.parametrize("grad", [False, True])
 def test_bad_mods_are_clear_errors(kw, exc, msg, grad):
