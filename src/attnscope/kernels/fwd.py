@@ -13,9 +13,9 @@ in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is b
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
 Score mods (issue 35; DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
-sliding window (``WINDOW``) runs three stages, left-masked, unmasked, right-masked tiles, between the
-bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never loaded);
-softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
+sliding window (``WINDOW``) runs the unmasked tiles, then the left- and right-masked ones in one loop,
+between the bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never
+loaded); softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
 the final normalisation in base 2 (``m = max(m, sink log2 e)``), so the LSE includes them.
 
 Layout: q, o ``[B, Hq, Nq, d]``, k, v ``[B, Hkv, Nk, d]``, any strides with a unit last stride (e.g. a
@@ -200,17 +200,16 @@ def _attnscope_fwd_kernel(
     q = desc_q.load([b, h, start_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
 
     if WINDOW:
-        # keys [lo, full_lo) and [full_hi, hi) masked, [full_lo, full_hi) unmasked, the rest never loaded
+        # keys [full_lo, full_hi) unmasked first, then the masked ones, [lo, full_lo) and [full_hi, hi), in
+        # one loop (two tile bodies, as without a window); the rest are never loaded
         lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-        for start_n in tl.range(lo, full_lo, BLOCK_N):
-            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
-                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
         for start_n in tl.range(full_lo, full_hi, BLOCK_N):
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
                                        NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
                                        SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
-        for start_n in tl.range(full_hi, hi, BLOCK_N):
+        n_left = full_lo - lo
+        for i in tl.range(0, n_left + (hi - full_hi), BLOCK_N):
+            start_n = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
                                        NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
                                        SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
