@@ -10,7 +10,7 @@ L2. C = SMs x CTAs/SM slots; CTAs start in grid order as slots free; every runni
 step (one rate for all: no DRAM stalls, no clock spread); a causal CTA walks the tiles `tiles.Grid.kv_bounds`
 loads, FA-2 from its diagonal down; attnscope's portable kernel launches causal query tiles heaviest first
 (kernels/fwd.py); ``--attnscope-impl auto``: the Gluon variant `attnscope bytes` estimates for the call
-instead (fwd.HOPPER_VALIDATED: e.g. hopper_deep, one CTA per SM, 128 x 128 tiles). GQA (``--kv-heads``): the
+instead (model.dispatch.hopper_variant). GQA (``--kv-heads``): the
 query heads of a group read one K/V set. The L2 holds ``--cap`` x L2 bytes of K/V lines (default the shared
 capacity, `L2Params.shared`), LRU over K/V tiles and each CTA's Q (read at its start) and O (written at its
 end), weighted by `L2Params.qo_weight` as the closed form does. Prints the K/V reads beyond one pass, in K/V
@@ -200,7 +200,7 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
     """`simulate` for one attention call with ``impl``'s geometry (`l2.kernel_of`); ``kv_heads`` (GQA): query
     head h reads the K/V set of kv head h // (heads / kv_heads), in its batch. ``frames``: with the kernel's
     spill frames (`l2.Kernel.frame`, the room of lines read by one SM: `L2Params.private_weight`).
-    ``attnscope_impl``: as `l2.kernel_of` ("auto": the Gluon variant fwd.HOPPER_VALIDATED names, one CTA per
+    ``attnscope_impl``: as `l2.kernel_of` ("auto": the Gluon variant model.dispatch.hopper_variant names, one CTA per
     SM over the same grid order; a persistent one is `persistent`'s, refused here)."""
     hkv = heads if kv_heads is None else kv_heads
     group = heads // hkv
@@ -309,7 +309,7 @@ def main():
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     ap.add_argument("--attnscope-impl", default="portable", choices=("portable", "auto"),
                     help="attnscope's kernel: the portable one, or the Gluon variant `attnscope bytes` "
-                    "estimates for the call (fwd.HOPPER_VALIDATED; non-persistent ones only)")
+                    "estimates for the call (model.dispatch.hopper_variant; non-persistent ones only)")
     a = ap.parse_args()
     if a.persistent:
         extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone, dtype=a.dtype,

@@ -184,7 +184,7 @@ def test_backward_op_opcheck_and_forward_opcheck_with_gradients():
 
 def test_compiled_training_step_has_no_graph_break():
     q, k, v, _ = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=4)
-    w = torch.randn(64, 64, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(64, 64, dtype=torch.float16, device=DEVICE, requires_grad=True)
 
     def loss_fn(q, k, v, w):
         return attnscope.flash_attention(q @ w, k, v, causal=True).float().square().sum()

@@ -58,7 +58,7 @@ def test_the_rule_reads_the_geometry_only():
     assert rule(64, False, 1, 4, 4, 8192, 8192) == "hopper_persist"  # 172 CTAs on 132 SMs
     assert rule(64, False, 1, 4, 4, 8192, 8192, sms=16) == "hopper_wg3_pp"
     assert rule(96, False, 4, 32, 32, 4096, 4096) is None  # no variant for another head dim
-    # a window bounds the loop: W = 1k keys is a short loop (the caller falls back to the default variant)
+    # a window bounds the loop: W = 1k keys is a short loop (the caller runs the portable kernel)
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
     # GQA does not move the choice
@@ -79,15 +79,6 @@ def test_mods_have_one_clear_error_each():
         attnscope.flash_attention(q, k, v, softcap=float("nan"))
     with pytest.raises(ValueError, match="sinks: expected a float32 tensor of shape"):
         attnscope.flash_attention(q, k, v, sinks=torch.zeros(3))
-
-
-@pytest.mark.skipif(_is_sm90(), reason="the Hopper kernel carries the mods there")
-def test_mods_outside_the_hopper_kernel_are_not_implemented():
-    q, k, v = _qkv()
-    with pytest.raises(NotImplementedError, match="window / softcap / sinks: supported by the Gluon Hopper"):
-        attnscope.flash_attention(q, k, v, causal=True, window=(16, 0))
-    with pytest.raises(NotImplementedError, match="forward only"):
-        attnscope.flash_attention(q.requires_grad_(), k, v, softcap=5.0)
 
 
 _COMPILE = """

@@ -1,14 +1,15 @@
 """@triton.jit helpers shared by the prefill (dense, varlen), backward and decode kernels: the causal
-KV-tile bounds (`_kv_bounds`, the twin of model/tiles.py), one online-softmax step of a score tile
-(`softmax_tile`, the dense and varlen forward tiles), the one logsumexp merge of partial results
-(`lse_merge_step` / `lse_merge_finish`; float64 spec: `attnscope.reference.combine`), and `round_bf16`.
+and sliding-window KV-tile bounds (`_kv_bounds`, `_kv_bounds_window`: the twins of model/tiles.py), one
+online-softmax step of a score tile (`softmax_tile`, the dense and varlen forward tiles; optional
+softcap through `tanh_`), the one logsumexp merge of partial results (`lse_merge_step` /
+`lse_merge_finish`; float64 spec: `attnscope.reference.combine`), and `round_bf16`.
 
 Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -> bf16 casts
 (triton-lang/triton#11584), so under the interpreter with bf16 inputs the kernels multiply in fp32 and
 round with `round_bf16` before casting, which reproduces the GPU. On a GPU that path is never compiled.
 """
 
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import LOG2E, MAX_SCALE, import_torch_triton
 
 _, triton = import_torch_triton()  # ImportError names the install command when the extra is missing
 import triton.language as tl  # noqa: E402
@@ -22,15 +23,50 @@ def round_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 
 
+def window_args(left: int, right: int, nq: int, nk: int) -> tuple[int, int]:
+    """The kernels' ``(LEFT, RIGHT)`` of a window (`_common.Mods`, -1 = unbounded): an unbounded side becomes
+    ``nq + nk``, which no (row, key) pair reaches, so the in-kernel bounds and masks need no -1 case."""
+    return (left if left >= 0 else nq + nk), (right if right >= 0 else nq + nk)
+
+
+def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
+    """The kernels' mod arguments of one call (`_common.Mods`): ``LEFT``/``RIGHT`` (`_tl.window_args`),
+    ``qk_scale`` (``softcap * log2(e)`` under softcap, else ``scale * log2(e)``), ``cap_in`` (``scale /
+    softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is today's kernel."""
+    left, right = window_args(mods.left, mods.right, nq, nk)
+    if mods.softcap > 0:
+        if mods.softcap > MAX_SCALE:
+            raise NotImplementedError(f"softcap: {mods.softcap:.3g} is not supported; supported: "
+                                      f"0 < softcap <= {MAX_SCALE:.3g} (softcap * log2(e) must fit in fp32)")
+        return dict(LEFT=left, RIGHT=right, qk_scale=mods.softcap * LOG2E, cap_in=sm_scale / mods.softcap,
+                    WINDOW=mods.windowed, SOFTCAP=True)
+    return dict(LEFT=left, RIGHT=right, qk_scale=sm_scale * LOG2E, cap_in=1.0, WINDOW=mods.windowed,
+                SOFTCAP=False)
+
+
 @triton.jit
-def softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MAX_UNSCALED: tl.constexpr):
+def tanh_(x):
+    """tanh in fp32 from one exp2 (no overflow: ``t = exp2(-2|x| log2 e)`` is in (0, 1])."""
+    t = tl.math.exp2(tl.abs(x) * -2.8853900817779268)
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MAX_UNSCALED: tl.constexpr,
+                 SOFTCAP: tl.constexpr = False, cap_in=1.0):
     """One tile of the online softmax (spec §3.1, FA-2 unnormalised form) on raw scores ``s`` [M, N]:
     returns (p, m_new, l_i, acc) with ``acc`` rescaled onto the new max (P V is the caller's). ``MASKED``:
     scores where ``keep`` is False become -inf BEFORE the running max (spec §2.1), and a row with no key
-    yet shifts by 0 (exp2(-inf - 0) = 0, not NaN). The running max is in log2 units (scores x
-    ``qk_scale``), except with ``MAX_UNSCALED`` (``qk_scale > 1``): then it is of the raw scores and the
-    scale multiplies the differences ``s - m <= 0``, so a huge scale gives exp2(-inf) = 0, never
-    inf - inf = NaN."""
+    yet shifts by 0 (exp2(-inf - 0) = 0, not NaN; its returned max is then 0, so a caller whose rows can
+    meet masked-out tiles BEFORE their first key, as a window's, resets it to -inf where ``l_i == 0``, or
+    the next tile's max is floored at 0 and small scores underflow). The running max is in log2 units
+    (scores x ``qk_scale``), except with ``MAX_UNSCALED`` (``qk_scale > 1``): then it is of the raw
+    scores and the scale multiplies the differences ``s - m <= 0``, so a huge scale gives exp2(-inf) = 0,
+    never inf - inf = NaN. ``SOFTCAP``: the scores become ``tanh(s * cap_in)`` first (``cap_in = scale /
+    softcap``; the caller passes ``qk_scale = softcap * log2(e)`` and ``MAX_UNSCALED`` False)."""
+    if SOFTCAP:
+        s = tanh_(s * cap_in)
     if MASKED:
         if not MAX_UNSCALED:
             s = s * qk_scale
@@ -72,6 +108,33 @@ def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
 
 
 @triton.jit
+def _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """KV columns of query tile ``start_m`` (0-based) under a window (``LEFT``, ``RIGHT`` >= 0 from
+    `window_args`): ``(lo, full_lo, full_hi, hi)``, keys ``[lo, full_lo)`` and ``[full_hi, hi)`` masked,
+    ``[full_lo, full_hi)`` unmasked, the rest skipped: `model.tiles.window_kv_bounds0`, except that the
+    ragged last tile is always masked (``full_hi <= (Nk // BLOCK_N) * BLOCK_N``)."""
+    off = NK - NQ
+    r0 = start_m * BLOCK_M
+    r1 = tl.minimum(r0 + BLOCK_M, NQ) - 1
+    first = tl.maximum(r0 + off - LEFT, 0)  # the first key any row of the tile sees
+    last = tl.minimum(r1 + off + RIGHT, NK - 1)  # the last one
+    lo = (first // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(tl.cdiv(last + 1, BLOCK_N) * BLOCK_N, NK)
+    if first > last:
+        lo = 0
+        hi = 0
+    full_lo = tl.maximum(tl.cdiv(tl.maximum(r1 + off - LEFT, 0), BLOCK_N) * BLOCK_N, lo)  # keys all rows see
+    f1 = tl.minimum(r0 + off + RIGHT, NK - 1)
+    full_hi = tl.minimum(((f1 + 1) // BLOCK_N) * BLOCK_N, hi)  # ragged last tile: masked
+    if f1 < 0:
+        full_hi = 0
+    if full_lo >= full_hi:
+        full_lo = hi
+        full_hi = hi
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def lse_merge_step(m_i, l_i, acc, lse_s, o_s, AXIS: tl.constexpr):
     """Fold partials into a merge state: the online softmax over partials, each partial's base-2 LSE the
     score and its normalised output the value row. State: ``m_i`` (max of the LSEs; -inf: none yet),
@@ -96,4 +159,5 @@ def lse_merge_finish(m_i, l_i, acc):
     return o, lse
 
 
-__all__ = ["_kv_bounds", "lse_merge_finish", "lse_merge_step", "round_bf16", "triton"]
+__all__ = ["_kv_bounds", "_kv_bounds_window", "lse_merge_finish", "lse_merge_step", "round_bf16",
+           "mod_args", "softmax_tile", "tanh_", "triton", "window_args"]

@@ -10,9 +10,10 @@ saved natural-log LSE. Three kernels:
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
    ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
    buffer with atomics (one read-modify-write per KV tile);
-3. ``deterministic=True`` (the default, and autograd's): dQ in a separate pass, one program per (query
+3. ``deterministic=True`` (this function's default): dQ in a separate pass, one program per (query
    tile, batch x query head) looping over KV tiles (it re-reads K and V); bit-reproducible, and faster
-   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward).
+   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward), so autograd runs it
+   for ``flash_attention(deterministic=False)`` too while `ATOMIC_DQ_BY_DEFAULT` is False.
 
 Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
 the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
@@ -20,6 +21,13 @@ query tiles ``[0, lo)`` are skipped (they see none of the KV tile), ``[lo, hi)``
 and are masked, ``[hi, Nq)`` see the whole tile and run without mask arithmetic (tests/test_bwd.py
 holds it against `model.tiles.Grid`). Out-of-range query rows load LSE = +inf (P = 0); rows with no
 visible key (LSE = -inf) are masked everywhere, so they contribute zero, never NaN.
+
+Score mods (constexpr-gated, as the forward): a window runs each kernel's loop in three stages, the dQ
+pass between the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror
+`_q_bounds_window` (tests/test_mods.py holds it against `reference.permitted`); softcap recomputes
+``t = tanh(s * scale / softcap)`` from the recomputed scores and multiplies dS by ``1 - t^2``; sinks need
+nothing in the kernels (the saved LSE includes them) and their gradient is
+``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
@@ -46,7 +54,8 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16  # noqa: E402
+from attnscope.kernels._common import check_mods  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, mod_args, round_bf16, tanh_  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head_dim: a first choice after the Triton
 # tutorial's FA-2 backward (few query rows against many resident keys for dK/dV, the mirror for dQ),
@@ -105,6 +114,39 @@ def _q_bounds(start_n, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAU
 
 
 @triton.jit
+def _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query rows of KV tile ``start_n`` under a window (``LEFT``, ``RIGHT`` >= 0, `_tl.window_args`):
+    ``(lo, full_lo, full_hi, hi)``, multiples of BLOCK_M: ``[lo, full_lo)`` and ``[full_hi, hi)`` masked,
+    ``[full_lo, full_hi)`` unmasked, the rest skipped. The mirror of `_tl._kv_bounds_window`: row r sees
+    column c iff ``c - off - RIGHT <= r <= c - off + LEFT`` (``off = Nk - Nq``), so the tile's columns
+    ``[c0, c1]`` are seen in part by rows ``[c0 - off - RIGHT, c1 - off + LEFT]`` and whole by rows
+    ``[c1 - off - RIGHT, c0 - off + LEFT]``. The ragged last KV tile is always masked."""
+    off = NK - NQ
+    c1 = tl.minimum(start_n + BLOCK_N, NK) - 1
+    first = tl.maximum(start_n - off - RIGHT, 0)  # the first row seeing any column of the tile
+    last = tl.minimum(c1 - off + LEFT, NQ - 1)  # the last one
+    lo = (first // BLOCK_M) * BLOCK_M
+    hi = tl.cdiv(last + 1, BLOCK_M) * BLOCK_M
+    if first > last:
+        lo = 0
+        hi = 0
+    full_lo = tl.maximum(tl.cdiv(tl.maximum(c1 - off - RIGHT, 0), BLOCK_M) * BLOCK_M, lo)
+    f1 = start_n - off + LEFT  # the last row seeing the tile's first column
+    full_hi = ((f1 + 1) // BLOCK_M) * BLOCK_M
+    if f1 >= NQ - 1:  # every row from full_lo on (rows past Nq load LSE = +inf: P = 0)
+        full_hi = hi
+    if f1 < 0:
+        full_hi = 0
+    full_hi = tl.minimum(full_hi, hi)
+    if start_n + BLOCK_N > NK:  # ragged last KV tile: columns past Nk need the bounds check
+        full_hi = 0
+    if full_lo >= full_hi:
+        full_lo = hi
+        full_hi = hi
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
                     H, NQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -124,10 +166,13 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, st
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
-               stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+               stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK, LEFT, RIGHT, cap_in,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M])."""
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+               EMULATE_BF16: tl.constexpr):
+    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M]).
+    ``SOFTCAP``: P from the capped scores ``t = tanh(s * cap_in)`` (``qk_scale = softcap * log2(e)``), and
+    ``dS`` through the cap: ``dS_raw = dS' * (1 - t^2)`` (the scale is applied at the end)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -139,16 +184,23 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))  # log2 domain; +inf: P = 0
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     s_t = _mm(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # S^T = K Q^T
+    if SOFTCAP:
+        s_t = tanh_(s_t * cap_in)  # t^T; s' = softcap * t
     if MASKED:
         keep = (offs_n[:, None] < NK) & (lse2[None, :] > float("-inf"))
         if CAUSAL:
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
+        if WINDOW:
+            rel = offs_n[:, None] - (offs_m[None, :] + (NK - NQ))  # key minus the row's diagonal key
+            keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
         p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse2[None, :]), 0.0)
     else:
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # P^T [BLOCK_N, BLOCK_M]
     dv = _mm(_lowp(p_t, do.dtype, EMULATE_BF16), do, dv, EMULATE_BF16)  # dV += P^T dO
     dp_t = _mm(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # dP^T = V dO^T
     ds_t = p_t * (dp_t - delta[None, :])  # dS^T = P^T * (dP^T - D)
+    if SOFTCAP:
+        ds_t = ds_t * (1.0 - s_t * s_t)
     ds_lp = _lowp(ds_t, do.dtype, EMULATE_BF16)
     dk = _mm(ds_lp, tl.trans(q_t), dk, EMULATE_BF16)  # dK += dS^T Q  (scaled at the end)
     if ATOMIC_DQ:
@@ -165,9 +217,10 @@ def _bwd_dkdv_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    H, HKV, NQ, NK, qk_scale, sm_scale,
+    H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -184,22 +237,48 @@ def _bwd_dkdv_kernel(
                 mask=col_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    lo, hi = _q_bounds(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    n_hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
-    for g in range(0, group):  # GQA: the group's query heads, reduced in registers
-        h = hk * group + g
-        q_base = b * stride_qb + h * stride_qh
-        do_base = b * stride_dob + h * stride_doh
-        row_base = (b * H + h) * NQ
-        dq_base = row_base * HEAD_DIM
-        for start_m in range(lo, hi, BLOCK_M):  # straddling the diagonal / ragged: masked
-            dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
-                                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ATOMIC_DQ, EMULATE_BF16)
-        for start_m in range(hi, n_hi, BLOCK_M):  # every row sees the whole tile: no mask arithmetic
-            dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
-                                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ATOMIC_DQ, EMULATE_BF16)
+    if WINDOW:  # query rows [lo, full_lo) and [full_hi, hi) masked, [full_lo, full_hi) whole, rest skipped
+        lo, full_lo, full_hi, hi = _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        for g in range(0, group):
+            h = hk * group + g
+            q_base = b * stride_qb + h * stride_qh
+            do_base = b * stride_dob + h * stride_doh
+            row_base = (b * H + h) * NQ
+            dq_base = row_base * HEAD_DIM
+            for start_m in range(lo, full_lo, BLOCK_M):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                    stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                    LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, False, True,
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+            for start_m in range(full_lo, full_hi, BLOCK_M):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                    stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                    LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, False, True,
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+            for start_m in range(full_hi, hi, BLOCK_M):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                    stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                    LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, False, True,
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+    else:
+        lo, hi = _q_bounds(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        n_hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
+        for g in range(0, group):  # GQA: the group's query heads, reduced in registers
+            h = hk * group + g
+            q_base = b * stride_qb + h * stride_qh
+            do_base = b * stride_dob + h * stride_doh
+            row_base = (b * H + h) * NQ
+            dq_base = row_base * HEAD_DIM
+            for start_m in range(lo, hi, BLOCK_M):  # straddling the diagonal / ragged: masked
+                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                    stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                    LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, False,
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+            for start_m in range(hi, n_hi, BLOCK_M):  # every row sees the whole tile: no mask arithmetic
+                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                    stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
+                                    LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, False,
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
     out = (b * HKV + hk) * NK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
@@ -207,23 +286,31 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
-             qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, EMULATE_BF16: tl.constexpr):
+             qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+             MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+             EMULATE_BF16: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < NK
     k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
     v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
     s = _mm(q, k_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # [BLOCK_M, BLOCK_N]
+    if SOFTCAP:
+        s = tanh_(s * cap_in)  # t; s' = softcap * t
     if MASKED:
         keep = col_ok[None, :] & (lse2[:, None] > float("-inf"))
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
+        if WINDOW:
+            rel = offs_n[None, :] - (offs_m[:, None] + (NK - NQ))
+            keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
         p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
     else:
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
     dp = _mm(do, v_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # dP = dO V^T
     ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - s * s)
     dq = _mm(_lowp(ds, q.dtype, EMULATE_BF16), tl.trans(k_t), dq, EMULATE_BF16)  # dQ += dS K
     return dq
 
@@ -235,9 +322,10 @@ def _bwd_dq_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    H, HKV, NQ, NK, qk_scale, sm_scale,
+    H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -259,13 +347,30 @@ def _bwd_dq_kernel(
     k_base = b * stride_kb + hk * stride_kh
     v_base = b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    for start_n in range(0, lo, BLOCK_N):
-        dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
-                      qk_scale, NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, EMULATE_BF16)
-    for start_n in range(lo, hi, BLOCK_N):
-        dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
-                      qk_scale, NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, EMULATE_BF16)
+    if WINDOW:  # the forward's bounds
+        lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        for start_n in range(lo, full_lo, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                          qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
+                          SOFTCAP, EMULATE_BF16)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                          qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
+                          SOFTCAP, EMULATE_BF16)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                          qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
+                          SOFTCAP, EMULATE_BF16)
+    else:
+        lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        for start_n in range(0, lo, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                          qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, CAUSAL, False,
+                          SOFTCAP, EMULATE_BF16)
+        for start_n in range(lo, hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
+                          qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
+                          SOFTCAP, EMULATE_BF16)
     tl.store(DQ + pid_bh * NQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
@@ -301,8 +406,15 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     return B, Hq, Nq, d, Hkv, Nk
 
 
+#: The dQ mode of ``deterministic=False`` (`attnscope.flash_attention`'s default): fp32 atomics inside the
+#: dK/dV kernel when True; False: the separate dQ pass, measured faster at nearly every shape (BENCHMARKS.md,
+#: backward), which is also bit-reproducible.
+ATOMIC_DQ_BY_DEFAULT = False
+
+
 def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | None,
-                             deterministic: bool = True, dlse=None):
+                             deterministic: bool = True, dlse=None, *, window=None, softcap: float = 0.0,
+                             sinks=None):
     """FlashAttention-2 backward: the gradients of ``o = attention(q, k, v)``.
 
     Parameters
@@ -324,11 +436,15 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         separate pass over the KV tiles (bit-reproducible, re-reads K and V).
     dlse : torch.Tensor, [B, Hq, Nq], optional
         Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
+    window, softcap, sinks
+        The forward's score mods (`attnscope.flash_attention`); KV tiles outside the window are skipped
+        in both passes, softcap's tanh is recomputed from the recomputed scores.
 
     Returns
     -------
     dq : [B, Hq, Nq, d]; dk, dv : [B, Hkv, Nk, d] (summed over each kv head's group of query heads),
     q's dtype, contiguous.
+    dsinks : [Hq], float32 — only with ``sinks``: ``-sum over (batch, rows) exp(sinks[h] - LSE) (D - dLSE)``.
 
     Example
     -------
@@ -342,7 +458,10 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                else type(dlse).__name__)
         raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
                          f"got {got}")
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    margs = mod_args(mods, sm_scale, Nq, Nk)
+    causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16
     dev = q.device
     dk = torch.empty((B, Hkv, Nk, d), dtype=q.dtype, device=dev)
@@ -356,55 +475,74 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                                               HEAD_DIM=d, BLOCK_M=pre_m)
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)  # d LSE / d S = P: dS = P * (dP - (D - dLSE))
+    dsinks = None
+    if sinks is not None:  # dLSE/dsink = exp(sink - LSE); dO . dO/dsink = -exp(sink - LSE) D
+        w = torch.exp(sinks.view(1, Hq, 1) - lse)
+        dsinks = -(torch.where(torch.isneginf(lse), 0.0, w) * delta).sum((0, 2))
 
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    qk_scale = sm_scale * LOG2E
+    qk_scale = margs["qk_scale"]
+    mod = dict(WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"])
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic
     dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
         q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
-        HEAD_DIM=d, CAUSAL=bool(causal), ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate,
+        margs["LEFT"], margs["RIGHT"], margs["cap_in"],
+        HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
         num_warps=warps, num_stages=stages)
     if atomic:
-        return dq_acc.to(q.dtype), dk, dv
+        grads = (dq_acc.to(q.dtype), dk, dv)
+        return grads if dsinks is None else (*grads, dsinks)
     dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
     bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
     _bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
         q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
-        HEAD_DIM=d, CAUSAL=bool(causal), BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate,
+        margs["LEFT"], margs["RIGHT"], margs["cap_in"],
+        HEAD_DIM=d, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
         num_warps=warps, num_stages=stages)
-    return dq, dk, dv
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
 # --- autograd for `attnscope::flash_attention` ----------------------------------------------------
 # The backward is a custom op of its own, so torch.compile sees it as one opaque node (no graph break)
 # and torch.library.opcheck can test it.
 _BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? dlse, bool causal, "
-               "float scale, bool deterministic) -> (Tensor, Tensor, Tensor)")
+               "float scale, bool deterministic, int[]? window=None, float softcap=0.0, Tensor? sinks=None) "
+               "-> (Tensor, Tensor, Tensor, Tensor)")
 
 
 @torch.library.custom_op("attnscope::flash_attention_backward", mutates_args=(), schema=_BWD_SCHEMA)
-def _bwd_op(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
-    return flash_attention_backward(do, q, k, v, o, lse, causal, scale, deterministic=deterministic,
-                                    dlse=dlse)
+def _bwd_op(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
+    """(dq, dk, dv, dsinks); dsinks is an empty float32 tensor without sinks."""
+    grads = flash_attention_backward(do, q, k, v, o, lse, causal, scale, deterministic=deterministic,
+                                     dlse=dlse, window=None if window is None else tuple(window),
+                                     softcap=softcap, sinks=sinks)
+    return grads if sinks is not None else (*grads, lse.new_empty((0,)))
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
+    dsinks = lse.new_empty((0,)) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+_OP_DEFAULTS = (None, 0.0, None, False)  # window, softcap, sinks, deterministic of the forward op's schema
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, return_lse = inputs[:6]  # then config, impl (no gradient)
+    window, softcap, sinks, deterministic = (*inputs[8:], *_OP_DEFAULTS[len(inputs) - 8:])
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, o, lse, sinks)
     ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
+    ctx.window, ctx.softcap, ctx.deterministic = window, softcap, deterministic
+    ctx.n_inputs = len(inputs)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse = ctx.saved_tensors
+    q, k, v, o, lse, sinks = ctx.saved_tensors
     if not ctx.return_lse:
         raise RuntimeError("attnscope::flash_attention: the backward needs the LSE; call the op with "
                            "return_lse=True (attnscope.flash_attention does so when an input requires grad)")
@@ -412,6 +550,9 @@ def _backward(ctx, grad_o, grad_lse):
         grad_o = torch.zeros_like(o)
     elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
         grad_o = grad_o.contiguous()
-    dq, dk, dv = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, True)
-    return dq, dk, dv, None, None, None, None, None
-
+    deterministic = ctx.deterministic or not ATOMIC_DQ_BY_DEFAULT
+    dq, dk, dv, dsinks = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, deterministic,
+                                 ctx.window, ctx.softcap, sinks)
+    dsinks = dsinks if sinks is not None else None
+    grads = [dq, dk, dv, None, None, None, None, None, None, None, dsinks, None]
+    return tuple(grads[:ctx.n_inputs])

@@ -12,6 +12,12 @@ skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bo
 in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
+Score mods (issue 35; DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
+sliding window (``WINDOW``) runs the unmasked tiles, then the left- and right-masked ones in one loop,
+between the bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never
+loaded); softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
+the final normalisation in base 2 (``m = max(m, sink log2 e)``), so the LSE includes them.
+
 Layout: q, o ``[B, Hq, Nq, d]``, k, v ``[B, Hkv, Nk, d]``, any strides with a unit last stride (e.g. a
 transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descriptors: out-of-bounds rows
 of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
@@ -46,9 +52,16 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
+from attnscope.kernels._tl import (  # noqa: E402
+    _kv_bounds,
+    _kv_bounds_window,
+    mod_args,
+    round_bf16,
+    softmax_tile,
+)
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
+LOG2E_C = tl.constexpr(LOG2E)  # a sink (natural-log units) enters the base-2 softmax as sink * log2(e)
 
 
 class FwdConfig(NamedTuple):
@@ -97,13 +110,16 @@ def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
 
 
 @triton.jit
-def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
+def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale, NQ, NK, LEFT, RIGHT,
+               cap_in, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+               MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One KV tile of the online softmax (spec §3.1), FA-2 unnormalised form; returns (acc, l_i, m_i).
 
     ``m_i`` is the running max in log2 units (scores x ``qk_scale``), except with ``MAX_UNSCALED``
     (``qk_scale > 1``): then it is of the raw scores (`_tl.softmax_tile`, which does the step).
+    ``WINDOW``: the masked tiles keep keys ``r + off - LEFT <= c <= r + off + RIGHT``; ``SOFTCAP``: the
+    scores are capped (``tanh(s * cap_in)`` with ``qk_scale = softcap * log2(e)``).
     """
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM (fp32 operands: interpreter + bf16 only)
@@ -114,21 +130,27 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
         keep = offs_n[None, :] < NK  # ragged last tile: columns past Nk
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
-    p, m_new, l_i, acc = softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
+        if WINDOW:
+            rel = offs_n[None, :] - (offs_m[:, None] + (NK - NQ))  # key minus the row's diagonal key
+            keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
+    p, m_new, l_i, acc = softmax_tile(s, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED, SOFTCAP, cap_in)
     m_i = m_new
+    if WINDOW and MASKED:  # a row with no key yet keeps max -inf, not softmax_tile's 0: a later tile's
+        m_i = tl.where(l_i == 0.0, float("-inf"), m_i)  # max must not be floored at 0 (underflow of p)
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
     acc = tl.dot(round_bf16(p), v.to(tl.float32), acc) if EMULATE_BF16 else tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale"])
+@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in"])
 def _attnscope_fwd_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE,
-    B, H, HKV, NQ, NK, qk_scale,
+    desc_q, desc_k, desc_v, desc_o, LSE, SINKS,
+    B, H, HKV, NQ, NK, qk_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -145,17 +167,44 @@ def _attnscope_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
     q = desc_q.load([b, h, start_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
 
-    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        # keys [full_lo, full_hi) unmasked first, then the masked ones, [lo, full_lo) and [full_hi, hi), in
+        # one loop (two tile bodies, as without a window); the rest are never loaded
+        lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        for start_n in tl.range(full_lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+        n_left = full_lo - lo
+        for i in tl.range(0, n_left + (hi - full_hi), BLOCK_N):
+            start_n = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+    else:
+        lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        # Stage 1: tiles every row may see entirely: no mask arithmetic.
+        for start_n in tl.range(0, lo, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, CAUSAL, False,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
+        # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
+        for start_n in tl.range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
+                                       NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
+                                       SOFTCAP, MAX_UNSCALED, EMULATE_BF16)
 
-    # Stage 1: tiles every row may see entirely: no mask arithmetic.
-    for start_n in tl.range(0, lo, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, False, CAUSAL, MAX_UNSCALED, EMULATE_BF16)
-    # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scale,
-                                   NQ, NK, HEAD_DIM, BLOCK_N, True, CAUSAL, MAX_UNSCALED, EMULATE_BF16)
-
+    m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
+    if HAS_SINKS:
+        # the sink joins the denominator only: m = max(m, sink2), l = l 2^(m_old - m) + 2^(sink2 - m)
+        sink2 = tl.load(SINKS + h) * LOG2E_C
+        m_row = tl.where(l_i == 0.0, float("-inf"), m_log2)  # a row with no key yet: the sink alone
+        m_new = tl.maximum(m_row, sink2)
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m_row == m_new, 1.0, tl.math.exp2(m_row - m_new))
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_new)
+        m_log2 = m_new
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -163,7 +212,6 @@ def _attnscope_fwd_kernel(
         o = round_bf16(o)
     desc_o.store([b, h, start_m * BLOCK_M, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:
-        m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
         lse = m_log2 * LN2 + tl.log(l_i)  # natural log; -inf + -inf = -inf for empty rows
         tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)
 
@@ -220,8 +268,8 @@ def _check_config(config) -> FwdConfig:
 
 def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
     """"portable", or the `fwd_hopper.VARIANTS` name to run: ``impl="hopper"`` its default variant,
-    ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant` (else portable; with score
-    mods, the default variant: the Hopper kernel carries them)."""
+    ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant`, else portable (both kernels
+    carry the score mods)."""
     choice("impl", impl, IMPLS)
     if impl == "hopper":
         if why := _hopper_possible(q):
@@ -235,19 +283,13 @@ def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
     if impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None:
         (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        fallback = dispatch.DEFAULT_VARIANT if _modded(mods) else "portable"
         window = (mods.left, mods.right) if mods is not None and mods.windowed else None
-        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms, window) or fallback
+        return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms, window) or "portable"
     return "portable"
 
 
-def _modded(mods) -> bool:
-    """Whether a call uses a score mod (window, softcap or sinks)."""
-    return mods is not None and (mods.windowed or mods.softcap > 0 or mods.sinks is not None)
-
-
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-           config: FwdConfig | None = None, impl: str = "auto", window=None, softcap: float = 0.0,
+           config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
            sinks=None):
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
@@ -258,29 +300,30 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     _check_flags(causal, scale, return_lse)
     cfg = _check_config(config)
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
-    qk_scale = (scale if scale is not None else 1.0 / math.sqrt(d)) * LOG2E
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    qk_scale = sm_scale * LOG2E
     chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
-    if _modded(mods) and chosen == "portable":
-        raise NotImplementedError("window / softcap / sinks: supported by the Gluon Hopper kernel "
-                                  "(impl='auto' or 'hopper' on sm_90, scale * log2(e) <= 1, no config)")
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
         return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen, mods)
-    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal, max(Nq, Nk))
+    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
+    margs = mod_args(mods, sm_scale, Nq, Nk)
 
     def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
 
+    causal_path = causal and not mods.windowed  # a window folds causal in as right = 0
     compiled = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)](  # T_r query tiles x (batch, head)
-        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse,
-        B, Hq, Hkv, Nq, Nk, qk_scale,
-        HEAD_DIM=d, CAUSAL=causal, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
-        MAX_UNSCALED=qk_scale > 1.0,  # see _attn_tile: keeps huge scales free of inf - inf
+        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse, lse if sinks is None else sinks,
+        B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"],
+        HEAD_DIM=d, CAUSAL=causal_path, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
+        MAX_UNSCALED=margs["qk_scale"] > 1.0 and not margs["SOFTCAP"],  # see _attn_tile: huge scales
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
+        WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"], HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse, compiled
@@ -288,24 +331,29 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
 
 # Registered at import (torch.compile cannot trace a registration): `attnscope::flash_attention`, so
 # torch.compile sees one opaque op with a fake (shape-only) implementation instead of a graph break.
+# ``deterministic`` is the backward's (kernels/bwd.py), kept here for autograd.
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return_lse, int[]? config, "
-           "str impl) -> (Tensor, Tensor)")
+           "str impl, int[]? window=None, float softcap=0.0, Tensor? sinks=None, bool deterministic=False) "
+           "-> (Tensor, Tensor)")
 
 
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
-def _op(q, k, v, causal, scale, return_lse, config, impl):
-    return launch(q, k, v, causal, scale, return_lse, config, impl)[:2]  # config: a list, checked there
+def _op(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0, sinks=None,
+        deterministic=False):
+    return launch(q, k, v, causal, scale, return_lse, config, impl,  # config: a list, checked there
+                  window=None if window is None else tuple(window), softcap=softcap, sinks=sinks)[:2]
 
 
 @_op.register_fake
-def _(q, k, v, causal, scale, return_lse, config, impl):
+def _(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0, sinks=None,
+      deterministic=False):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
                     config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
-                    sinks=None):
-    """FlashAttention-2 forward.
+                    sinks=None, deterministic: bool = False):
+    """FlashAttention-2 forward (differentiable: the backward is kernels/bwd.py).
 
     Parameters
     ----------
@@ -332,16 +380,22 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         FlashAttention-3's warp-specialised schedule, its default (persistent) variant (kernels/fwd_hopper.py;
         needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant
         `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else portable.
-    window : (int, int), optional
-        ``(left, right)``, flash-attn's ``window_size``: key c is visible to query r iff
-        ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1: unbounded on that side;
-        ``causal=True`` forces right = 0). KV tiles wholly outside the window are skipped.
+    window : (left, right) or None
+        Sliding window, flash-attn's ``window_size``: key c is visible to row r iff
+        ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;
+        ``causal=True`` forces right = 0). KV tiles wholly outside the window are never loaded.
     softcap : float
-        Scores become ``softcap * tanh(s * scale / softcap)``; 0 disables.
+        Logit cap, 0 = off: the scaled scores become ``softcap * tanh(s * scale / softcap)``.
     sinks : torch.Tensor, [Hq], float32, optional
-        One logit per query head (natural-log units, not scaled) that joins each row's softmax
-        denominator and adds no value; the LSE includes it.
-        The mods run on the Gluon Hopper kernel only (forward, eager); elsewhere NotImplementedError.
+        One logit per query head (natural-log units, neither scaled nor capped) in every row's softmax
+        denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a
+        gradient when it requires one.
+        The mods run on both kernels (the Hopper one in the forward); the backward is kernels/bwd.py's.
+    deterministic : bool, default False
+        The backward's mode: False (the default) runs the faster dQ accumulation of
+        `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` (the separate dQ pass where that was measured faster, fp32
+        atomics otherwise); True always runs the separate dQ pass, whose gradients are bitwise identical
+        run to run.
 
     Returns
     -------
@@ -354,26 +408,27 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     Example
     -------
     >>> q = k = v = torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
-    >>> o = attnscope.flash_attention(q, k, v, causal=True)
+    >>> o = attnscope.flash_attention(q, k, v, causal=True, window=(1024, 0), softcap=50.0)
     """
     _check_flags(causal, scale, return_lse)
+    check_flags(deterministic=deterministic)
     cfg = _check_config(config)
-    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sinks))
     compiling = torch.compiler.is_compiling()
     if grad and not compiling:  # eager autograd: check here, or the dispatcher's type errors (a list for
         _check_inputs(q, k, v)  # q) or its device choice (a meta q: a meta output, no launch) come first
+        check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
         choice("impl", impl, IMPLS)
-    if (window is not None or softcap != 0.0 or sinks is not None) and (compiling or grad):
-        raise NotImplementedError("window / softcap / sinks: forward only (no autograd, no torch.compile) "
-                                  "for now; supported: the eager forward")
     if compiling or grad:
         # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
         d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
-        o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl)
+        o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl,
+                     None if window is None else list(window), softcap, sinks, deterministic)
     else:
         # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl, window, softcap, sinks)
+        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl, window=window, softcap=softcap,
+                           sinks=sinks)
     return (o, lse) if return_lse else o
 
 
