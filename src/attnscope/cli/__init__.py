@@ -19,8 +19,8 @@ import argparse
 import os
 import sys
 
-from attnscope import __version__
-from attnscope.errors import InputError
+from attnscope import __version__, inputs
+from attnscope.errors import InputError, visible
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tolerant_streams() -> None:
+    """Text the terminal's encoding cannot show degrades to escapes instead of raising
+    (`PYTHONIOENCODING=ascii attnscope traffic`)."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", "") == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_streams()
+    inputs.forget_reads()  # the files one command reads are the ones its outputs may not replace
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (InputError, NotImplementedError) as e:
         line = " ".join(str(e).split())  # always one line, and a bounded one
-        line = line if len(line) <= 300 else line[:297] + "..."
+        line = visible(line if len(line) <= 300 else line[:297] + "...")
         print(f"attnscope {args.command}: error: {_flag_name(line, args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours
