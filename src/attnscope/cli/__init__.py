@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Most command-line arguments read (the longest real command line has a few dozen).
+MAX_ARGS = 1000
+
+
 def _tolerant_streams() -> None:
     """Text the terminal's encoding cannot show degrades to escapes instead of raising
     (`PYTHONIOENCODING=ascii attnscope traffic`)."""
@@ -76,6 +80,11 @@ def _tolerant_streams() -> None:
 def main(argv: list[str] | None = None) -> int:
     _tolerant_streams()
     inputs.forget_reads()  # the files one command reads are the ones its outputs may not replace
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) > MAX_ARGS:  # argparse's time grows with the square of the argument count
+        print(f"attnscope: error: expected at most {MAX_ARGS:,} command-line arguments, got {len(argv):,}",
+              file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
