@@ -123,20 +123,30 @@ _ESCAPE = re.compile(r"\\.", re.DOTALL)
 
 def _check_size_json(text: str, field: str) -> None:
     """Depth, containers and values of a JSON text, counted on the raw text before anything is built
-    (linear, never recursive): escapes dropped, then strings, leaving brackets and commas. A backslash
-    outside a string is invalid JSON, which the parser then names."""
+    (linear, never recursive, in bounded memory): escapes dropped, then what strings hold, leaving
+    brackets and commas, scanned 1 MiB at a time. A backslash outside a string is invalid JSON, which
+    the parser then names."""
     if "\\" in text:
         text = _ESCAPE.sub("", text)
     kept = text.encode("utf-8", "surrogatepass").translate(None, _NOT_STRUCTURE)
-    structure = b"".join(kept.split(b'"')[::2])
-    containers = structure.count(b"[") + structure.count(b"{")
+    in_string, depth, deepest, containers, commas = False, 0, 0, 0, 0
+    for start in range(0, len(kept), 2**20):
+        parts = kept[start:start + 2**20].split(b'"')
+        outside = b"".join(parts[1 if in_string else 0::2])
+        in_string ^= len(parts) % 2 == 0  # an odd number of quotes in the chunk flips the state
+        containers += outside.count(b"[") + outside.count(b"{")
+        commas += outside.count(b",")
+        brackets = outside.translate(None, b",")
+        deepest = max(deepest, max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets),
+                                                        initial=depth)))
+        depth += brackets.count(b"[") + brackets.count(b"{") - brackets.count(b"]") - brackets.count(b"}")
     if containers > MAX_CONTAINERS:
         raise InputError(f"{field}: expected at most {MAX_CONTAINERS:,} JSON arrays and objects, got "
                          f"{containers:,}")
-    if (values := containers + structure.count(b",")) > MAX_VALUES:
-        raise InputError(f"{field}: expected at most {MAX_VALUES:,} JSON values, got about {values:,}")
-    brackets = structure.translate(None, b",")
-    if max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH:
+    if containers + commas > MAX_VALUES:
+        raise InputError(f"{field}: expected at most {MAX_VALUES:,} JSON values, got about "
+                         f"{containers + commas:,}")
+    if deepest > MAX_DEPTH:
         raise InputError(f"{field}: expected JSON nested at most {MAX_DEPTH} deep, got deeper")
 
 
