@@ -56,8 +56,10 @@ def test_overlapping_streams_count_once():
 
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("dur", float("nan"), r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got nan"),
-    ("dur", float("inf"), r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got inf"),
+    ("dur", float("nan"),
+     r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got nan"),
+    ("dur", float("inf"),
+     r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got inf"),
     ("dur", True, r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got True"),
     ("dur", -5, r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got -5"),
     ("dur", "10", r"traceEvents\[1\]\.dur: expected a finite number >= 0, at most 1e\+12 µs, got 10"),

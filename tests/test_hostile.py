@@ -1218,8 +1218,13 @@ def test_bench_plots_all_or_nothing(tmp_path, monkeypatch):
     (tmp_path / "prefill_tflops.png").write_bytes(b"earlier")
     monkeypatch.setattr(plots, "_png", lambda plt, fig: (plt.close(fig), b"png")[1])
     real = inputs._stage
-    monkeypatch.setattr(inputs, "_stage", lambda p, data, mode: real(p, data, mode)
-                        if p.name != "prefill_roofline.png" else (_ for _ in ()).throw(OSError(5, "I/O error")))
+
+    def failing_roofline(p, data, mode):
+        if p.name == "prefill_roofline.png":
+            raise OSError(5, "Input/output error")
+        return real(p, data, mode)
+
+    monkeypatch.setattr(inputs, "_stage", failing_roofline)
     with pytest.raises(InputError, match="nothing written"):
         plots.write_plots(result, str(tmp_path))
     assert (tmp_path / "prefill_tflops.png").read_bytes() == b"earlier"
@@ -1368,7 +1373,7 @@ def test_yaml_1_1_numbers_are_refused_naming_the_field(capsys, tmp_path, old, ne
     p.write_text(DEFAULT_TRACE_YAML.replace(old, new, 1))
     line = refused(capsys, ["report", p, "--out", tmp_path / "o"], "TRACE", out_dir=tmp_path)
     key, value = new.split(":", 1)[0].strip(), new.split(":", 1)[1].split()[0]
-    assert f"expected a plain decimal number" in line and f"got '{value}' for '{key}' at line" in line, line
+    assert "expected a plain decimal number" in line and f"got '{value}' for '{key}' at line" in line, line
 
 
 def test_yaml_1_2_numbers_read_as_written():
@@ -1503,7 +1508,8 @@ def test_amdahl_with_20000_f_values_is_one_fast_line(capsys):
 
 
 # ----------------------------------------------------------------------- d. nothing raw on the terminal
-HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://x\x1b\\ALL TESTS PASSED[link=http://x]x[/link] [/] \u202eevil\x9b"
+HOSTILE = ("\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://x\x1b\\ALL TESTS PASSED[link=http://x]x[/link] [/] "
+           "\u202eevil\x9b")
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 

@@ -1,23 +1,32 @@
-"""Safe reading of every file the project takes in, and atomic writing of every file it produces.
+"""Safe reading of every file the project takes in, and all-or-nothing writing of every file it produces.
 
 Reading (`read_text`, `load_json`, `load_yaml`, `read_csv`): each takes the path and the *field* the
 user knows it by (`"--samples"`, `"TRACE"`, `"--metrics BEFORE"`) and either returns the data or raises
 one `InputError` line naming that field. The hostile cases, each a test in tests/test_hostile.py:
 
-- size: files over `MAX_BYTES` (64 MiB) are refused before reading;
+- kind: only a regular file is opened (`os.stat` first; a FIFO, a device, a directory or a socket is
+  refused before any open, and the open is non-blocking), so no input can block the command;
+- size: files over `MAX_BYTES` (64 MiB) are refused before reading, gzip counted while inflating;
 - encoding: strict UTF-8 (a BOM is tolerated), the byte offset of the first bad byte is named;
-- nesting: JSON/YAML deeper than `MAX_DEPTH` (100) is refused by a linear pre-scan of brackets (JSON)
-  or by the loader's own depth counter (YAML), never a RecursionError;
-- giant integers: a literal with more than `MAX_INT_DIGITS` (30) digits is refused (no trace field
-  needs more than 10^30, and Python's int/str conversion limit would otherwise raise mid-parse);
-- YAML: aliases and anchors are refused (no alias bombs), duplicate keys are refused (never "last one
-  wins"); only the safe tags;
+- JSON objects: arrays + objects (`MAX_CONTAINERS`), values (`MAX_VALUES`) and nesting (`MAX_DEPTH`,
+  100) are counted on the raw text, in bounded memory, before the parser builds anything: 64 MiB of
+  `[[]],` is refused, never grown into gigabytes of Python objects; never a RecursionError;
+- duplicate keys are refused in JSON and YAML alike (never "last one wins");
+- giant integers: a literal with more than `MAX_INT_DIGITS` (30) digits is refused (no field needs
+  more than 10^30, and Python's int/str conversion limit would otherwise raise mid-parse);
+- YAML: YAML 1.2 core numbers (the 1.1 forms PyYAML would read differently -- octal 040, hex, binary,
+  sexagesimal 1:30, underscores -- are refused naming the key); aliases and anchors refused (no alias
+  bombs); only the safe tags; at most `MAX_YAML_BYTES` (1 MiB) and `MAX_YAML_NODES` values, so the
+  pure-Python loader cannot take minutes;
 - CSV: fields over the csv module's limit become one line, not `_csv.Error`.
 
-Writing (`write_atomic`, `out_dir`): the content goes to a temp file in the destination directory and
-is `os.replace`d over the name, so a reader never sees half a file and a crash leaves nothing; an
-existing symlink at the destination is refused, never written through; `out_dir` checks `--out` up
-front (an existing file, a path under a file, an unwritable place, a name too long) with one line.
+Writing (`write_all`, `write_atomic`, `out_file`, `out_dir`, `distinct`): every file of a command is
+staged to a temp file in its directory and only then published with `os.replace`, all together: a
+failure while checking or staging any of them leaves every earlier file as it was. New files get the
+umask's mode. An output is never written through a symlink, over a directory or other non-regular
+file, or over a file the same command read (`distinct` refuses that up front, by st_dev and st_ino, so
+a symlink or a hard link to an input is caught too); `out_dir` checks `--out` up front (an existing
+file, a path under a file, an unwritable place, a name too long) with one line.
 """
 
 from __future__ import annotations
