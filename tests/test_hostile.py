@@ -1500,6 +1500,25 @@ def test_yaml_node_count_is_bounded(monkeypatch):
         inputs.load_yaml("x.yaml", "X", text="[" + ", ".join(["1"] * 60) + "]")
 
 
+def test_csv_cells_are_bounded_while_reading(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_CSV_CELLS", 100)
+    p = tmp_path / "s.csv"
+    p.write_text("ttft_ms\n" + "300\n" * 150)
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
+    assert "expected at most 100 CSV cells, got more (row 101)" in line, line
+
+
+def test_scrape_lines_are_bounded_before_parsing(capsys, tmp_path, monkeypatch):
+    from attnscope.report import evidence
+
+    monkeypatch.setattr(evidence, "MAX_LINES", 10)
+    a = tmp_path / "after.prom"
+    a.write_text(_prom([("0.5", 3), ("+Inf", 8)]) + "# filler\n" * 20)
+    line = refused(capsys, ["report", "--metrics", a, a, "--out", tmp_path / "o"], "--metrics BEFORE",
+                   out_dir=tmp_path)
+    assert "expected a scrape of at most 10 lines, got 25" in line, line
+
+
 def test_amdahl_with_20000_f_values_is_one_fast_line(capsys):
     line = refused(capsys, ["amdahl", *["--f", "0.1"] * 20_000, "--s", "2"], "attnscope", argparse_error=True)
     assert "expected at most 1,000 command-line arguments, got 40,003" in line

@@ -18,7 +18,7 @@ one `InputError` line naming that field. The hostile cases, each a test in tests
   sexagesimal 1:30, underscores -- are refused naming the key); aliases and anchors refused (no alias
   bombs); only the safe tags; at most `MAX_YAML_BYTES` (1 MiB) and `MAX_YAML_NODES` values, so the
   pure-Python loader cannot take minutes;
-- CSV: fields over the csv module's limit become one line, not `_csv.Error`.
+- CSV: fields over the csv module's limit become one line, not `_csv.Error`; at most `MAX_CSV_CELLS`.
 
 Writing (`write_all`, `write_atomic`, `out_file`, `out_dir`, `distinct`): every file of a command is
 staged to a temp file in its directory and only then published with `os.replace`, all together: a
@@ -58,6 +58,8 @@ MAX_VALUES = 4_000_000
 #: its files (traces, grids: a few KB) are bounded far below `MAX_BYTES`, and so are their nodes.
 MAX_YAML_BYTES = 1024 * 1024
 MAX_YAML_NODES = 100_000
+#: Cells a CSV file may hold (samples, grids): a million TTFT samples is far more than any run.
+MAX_CSV_CELLS = 2_000_000
 
 
 def _name(path) -> str:
@@ -340,13 +342,22 @@ def load_yaml(path, field: str, text: str | None = None):
 
 def read_csv(path, field: str, text: str | None = None) -> list[list[str]]:
     """Rows of a CSV file (blank rows dropped); a field over the csv module's limit (128 Ki characters) is
-    one InputError line, not `_csv.Error`."""
+    one InputError line, not `_csv.Error`; more than `MAX_CSV_CELLS` cells are refused while reading
+    (64 MiB of one-character rows would be gigabytes of lists)."""
     text = read_text(path, field) if text is None else text
+    rows, cells = [], 0
     try:
-        return [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+        for r in csv.reader(io.StringIO(text)):
+            if r and any(c.strip() for c in r):
+                cells += len(r)
+                if cells > MAX_CSV_CELLS:
+                    raise InputError(f"{field}: expected at most {MAX_CSV_CELLS:,} CSV cells, got more (row "
+                                     f"{len(rows) + 1:,})")
+                rows.append(r)
     except csv.Error as e:
         raise InputError(f"{field}: expected CSV with fields under {csv.field_size_limit():,} characters, "
                          f"got {short(str(e), 50)}") from None
+    return rows
 
 
 def number_text(s: str) -> bool:

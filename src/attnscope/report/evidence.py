@@ -238,6 +238,8 @@ ITL_FALLBACK = "vllm:time_per_output_token_seconds"
 MAX_S = MAX_MS / 1e3
 #: Largest count or sum read: exact in a float (2^53); past it the diffs and ratios lose meaning.
 MAX_COUNT = float(2**53)
+#: Most lines one scrape may hold (a vLLM server's has a few thousand; each becomes a parsed sample).
+MAX_LINES = 200_000
 
 
 @dataclass(frozen=True)
@@ -304,6 +306,9 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
     must share one set of bucket bounds: counts under different bounds are never added."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    lines = text.count("\n") + (not text.endswith("\n"))
+    if lines > MAX_LINES:  # the parser builds an object per sample: bounded before it starts
+        raise InputError(f"{flag}: expected a scrape of at most {MAX_LINES:,} lines, got {lines:,}")
     out: dict[str, Histogram] = {}
     try:
         families = list(text_string_to_metric_families(text))
