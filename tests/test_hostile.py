@@ -1578,6 +1578,12 @@ def test_error_lines_echo_file_content_escaped(capsys, tmp_path):
     _clean_terminal(line)
 
 
+def test_argparse_echoes_arguments_escaped(capsys):
+    line = refused(capsys, ["traffic", HOSTILE], "attnscope: error", argparse_error=True)
+    assert "unrecognized arguments" in line
+    _clean_terminal(line)
+
+
 def test_report_paths_printed_escaped(capsys, tmp_path):
     out = answered(capsys, ["report", "--out", tmp_path / "o\x1b[2J\u202e"], limit_s=10)
     _clean_terminal(out)

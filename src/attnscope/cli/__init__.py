@@ -26,7 +26,7 @@ from attnscope.errors import InputError, visible
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
         # self.prog is "attnscope" for the top level and "attnscope traffic" for a subcommand
-        message = " ".join(message.split())
+        message = visible(" ".join(message.split()))  # "unrecognized arguments" echoes them raw
         self.exit(2, f"{self.prog}: error: {message if len(message) <= 300 else message[:297] + '...'}\n")
 
 
