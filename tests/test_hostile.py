@@ -1618,6 +1618,21 @@ def test_chunk_sizes_checks_its_arguments(args, needle):
     assert chunk_sizes(10, 3) == [4, 3, 3] and chunk_sizes(0, 2) == [0, 0]
 
 
+@pytest.mark.parametrize("kw, needle", [
+    ({"nbytes": "4"}, "nbytes: expected a finite number of bytes >= 0, got '4'"),
+    ({"nbytes": None}, "nbytes: expected a finite number of bytes >= 0, got None"),
+    ({"nbytes": float("nan")}, "nbytes: expected a finite number of bytes >= 0, got nan"),
+    ({"nbytes": -1}, "nbytes: expected a finite number of bytes >= 0, got -1"),
+    ({"nbytes": 2**20, "link_gbps": 0.0}, "link_gbps: expected a finite number > 0"),
+])
+def test_ring_link_bandwidth_checks_its_arguments(kw, needle):
+    from attnscope.model.ring import link_bandwidth
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        link_bandwidth(**kw)
+    assert link_bandwidth(2**20) > 0
+
+
 def test_distinct_and_write_all_api(tmp_path):
     src = tmp_path / "in.json"
     src.write_text("{}")
