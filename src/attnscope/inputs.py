@@ -45,7 +45,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, short, visible
 
 MAX_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 100
@@ -75,7 +75,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-#: (st_dev, st_ino) of every file read by this process: `write_atomic` never replaces one of them.
+#: (st_dev, st_ino) of every file this command has read: `out_file` refuses to replace one of them.
 _READ: set[tuple[int, int]] = set()
 
 
@@ -113,7 +113,7 @@ def read_text(path, field: str, gz: bool = False) -> str:
         except (OSError, EOFError, zlib.error) as e:  # gzip: a bad header, a truncated or corrupt stream
             what = "a readable gzip file" if gz else "a readable file"
             reason = getattr(e, "strerror", None) or (str(e) or type(e).__name__)[:50]
-            raise InputError(f"{field}: expected {what}, got {where} ({short(reason, 50)})") from None
+            raise InputError(f"{field}: expected {what}, got {where} ({visible(reason)[:50]})") from None
     if len(data) > MAX_BYTES:
         unzipped = " decompressed" if gz else ""
         raise InputError(f"{field}: expected at most {MAX_BYTES // 2**20} MiB{unzipped}, got more from "
