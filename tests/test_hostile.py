@@ -1117,3 +1117,532 @@ def test_empty_path_is_refused_not_read_as_absent_or_cwd(capsys, tmp_path, monke
 def test_bytes_repeat_bounded_and_only_with_sweep(capsys, extra, needle):
     """--repeat K: 1-5 runs of a --sweep grid; anywhere else it would be ignored, so it is refused."""
     refused(capsys, ["bytes", *extra], needle)
+
+
+# =====================================================================================================
+# Trust in every file: inputs never destroyed, evidence read as a statistician would, one strict
+# reading of every file, nothing raw on the terminal, bounded time and memory on any input.
+# =====================================================================================================
+PREFILL_RESULT = RESULTS / "h200-2026-11-29-prefill.json"
+SWEEP_RESULT = RESULTS / "h200-2026-11-30-bytes-heldout1.json"
+
+
+def _link(kind: str, src: Path, dst: Path) -> Path:
+    """`dst` made the same file as `src`: the same name, a symlink to it or a hard link."""
+    if kind == "same":
+        return src
+    (dst.symlink_to if kind == "symlink" else dst.hardlink_to)(src)
+    return dst
+
+
+# ------------------------------------------------------------------------- a. inputs never destroyed
+@pytest.mark.parametrize("kind", ["same", "symlink", "hardlink"])
+def test_bytes_json_over_its_from_json_is_refused(capsys, tmp_path, kind):
+    src = tmp_path / "s.json"
+    src.write_bytes(SWEEP_RESULT.read_bytes())
+    out = _link(kind, src, tmp_path / "out.json")
+    refused(capsys, ["bytes", "--from-json", src, "--json", out], "--json: expected a", out_dir=tmp_path)
+    assert src.read_bytes() == SWEEP_RESULT.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["same", "hardlink"])
+def test_bytes_json_over_its_sweep_grid_is_refused_before_the_gpu(capsys, tmp_path, kind):
+    grid = tmp_path / "g.csv"
+    grid.write_text("impl,B,H,Hkv,N,d,causal,dtype\nflash,1,8,8,1024,64,0,fp16\n")
+    before = grid.read_bytes()
+    line = refused(capsys, ["bytes", "--sweep", grid, "--json", _link(kind, grid, tmp_path / "o.json")],
+                   "--json", out_dir=tmp_path)
+    assert "the input --sweep" in line and "GPU" not in line, line  # refused up front, on any machine
+    assert grid.read_bytes() == before
+
+
+def test_bench_plot_that_is_its_from_json_is_refused(capsys, tmp_path):
+    src = tmp_path / "r.json"
+    src.write_bytes(PREFILL_RESULT.read_bytes())
+    plots = tmp_path / "p"
+    plots.mkdir()
+    (plots / "prefill_roofline.png").hardlink_to(src)
+    refused(capsys, ["bench", "--from-json", src, "--plots", plots], "--plots prefill_roofline.png",
+            out_dir=tmp_path)
+    assert src.read_bytes() == PREFILL_RESULT.read_bytes()
+
+
+@pytest.mark.parametrize("flag", ["TRACE", "--samples", "--metrics AFTER", "--profile"])
+def test_report_output_over_one_of_its_inputs_is_refused(capsys, tmp_path, flag):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = out / ("report.md" if flag != "--profile" else "report.html")
+    content = {"TRACE": DEFAULT_TRACE_YAML, "--samples": "ttft_ms\n300\n",
+               "--metrics AFTER": (DATA / "vllm_after.prom").read_text(), "--profile": '{"traceEvents": []}'}
+    victim.write_text(content[flag])
+    argv = {"TRACE": ["report", victim], "--samples": ["report", "--samples", victim],
+            "--metrics AFTER": ["report", "--metrics", DATA / "vllm_before.prom", victim],
+            "--profile": ["report", "--profile", victim]}[flag]
+    line = refused(capsys, [*argv, "--out", out], "--out", out_dir=tmp_path)
+    assert f"the input {flag}" in line, line
+    assert victim.read_text() == content[flag]
+
+
+def test_report_failing_on_its_second_file_keeps_the_first(capsys, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("earlier report\n")
+    (out / "report.html").mkdir()  # the second output cannot be written
+    refused(capsys, ["report", "--out", out], "--out", out_dir=tmp_path)
+    assert (out / "report.md").read_text() == "earlier report\n"
+
+
+def test_disk_full_after_the_first_file_publishes_nothing(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("earlier report\n")
+    real, calls = inputs._stage, []
+
+    def full_on_second(p, data, mode):
+        calls.append(p)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(p, data, mode)
+
+    monkeypatch.setattr(inputs, "_stage", full_on_second)
+    line = refused(capsys, ["report", "--out", out], "--out", out_dir=tmp_path)
+    assert "No space left on device" in line and "nothing written" in line
+    assert (out / "report.md").read_text() == "earlier report\n"
+
+
+def test_bench_plots_all_or_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from attnscope.measure import plots
+
+    result = json.loads(PREFILL_RESULT.read_text())
+    (tmp_path / "prefill_tflops.png").write_bytes(b"earlier")
+    monkeypatch.setattr(plots, "_png", lambda plt, fig: (plt.close(fig), b"png")[1])
+    real = inputs._stage
+
+    def failing_roofline(p, data, mode):
+        if p.name == "prefill_roofline.png":
+            raise OSError(5, "Input/output error")
+        return real(p, data, mode)
+
+    monkeypatch.setattr(inputs, "_stage", failing_roofline)
+    with pytest.raises(InputError, match="nothing written"):
+        plots.write_plots(result, str(tmp_path))
+    assert (tmp_path / "prefill_tflops.png").read_bytes() == b"earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill_tflops.png"]  # no temp file left
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_outputs_get_the_umask_mode(capsys, tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        answered(capsys, ["report", "--out", tmp_path / "o"], limit_s=10)
+    finally:
+        os.umask(old)
+    for name in ("report.md", "report.html"):
+        assert (tmp_path / "o" / name).stat().st_mode & 0o777 == mode, name
+
+
+# ------------------------------------------------------------------------------ b. evidence semantics
+@pytest.mark.parametrize("errors, needle", [
+    ([""] * 56, "a list of 56"),  # shorter than ttfts: failed requests would count as 0 ms samples
+    (None, "got None"),
+    ("timeout", "got 'timeout'"),
+    ([""] * 101, "a list of 101"),
+])
+def test_vllm_errors_not_lined_up_with_ttfts_are_refused(capsys, tmp_path, errors, needle):
+    doc = {"ttfts": [0.3] * 56 + [0.0] * 44}
+    if errors is not None:
+        doc["errors"] = errors
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps(doc))
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
+    assert "expected errors to be a list with one entry per ttfts entry (100" in line and needle in line, line
+
+
+def _engines(*series, name="vllm:time_to_first_token_seconds"):
+    """A scrape with one histogram per engine: each series is (engine, [(le, count)], sum or None)."""
+    lines = [f"# TYPE {name} histogram"]
+    for engine, buckets, total in series:
+        lines += [f'{name}_bucket{{engine="{engine}",le="{le}"}} {c}' for le, c in buckets]
+        lines.append(f'{name}_count{{engine="{engine}"}} {buckets[-1][1]}')
+        if total is not None:
+            lines.append(f'{name}_sum{{engine="{engine}"}} {total}')
+    return "\n".join(lines) + "\n"
+
+
+def _metrics(tmp_path, before, after):
+    from attnscope.report import evidence
+
+    b, a = tmp_path / "before.prom", tmp_path / "after.prom"
+    b.write_text(before)
+    a.write_text(after)
+    return evidence.metrics(b, a, 350.0, 40.0)
+
+
+ZERO = [("0.25", 0), ("0.5", 0), ("+Inf", 0)]
+
+
+def test_engines_with_different_bucket_bounds_are_refused_not_summed(tmp_path):
+    before = _engines(("0", ZERO, 0), ("1", [("0.3", 0), ("0.5", 0), ("+Inf", 0)], 0))
+    after = _engines(("0", [("0.25", 10), ("0.5", 90), ("+Inf", 100)], 40),
+                     ("1", [("0.3", 95), ("0.5", 99), ("+Inf", 100)], 30))
+    with pytest.raises(InputError, match="expected every label set to have the same bucket bounds"):
+        _metrics(tmp_path, before, after)
+
+
+def test_le_bounds_are_compared_as_numbers(tmp_path):
+    """le="0.25" on one engine and le="0.250" on another are one bound: summed, the right quantiles."""
+    before = _engines(("0", ZERO, 0), ("1", [("0.250", 0), ("0.50", 0), ("+Inf", 0)], 0))
+    after = _engines(("0", [("0.25", 10), ("0.5", 100), ("+Inf", 100)], 40),
+                     ("1", [("0.250", 10), ("0.50", 100), ("+Inf", 100)], 40))
+    (m,) = _metrics(tmp_path, before, after)
+    assert m.hist.bounds == (0.25, 0.5, math.inf) and m.hist.counts == (20, 200, 200)
+    assert math.isclose(m.p50_ms, 250 + 250 * (100 - 20) / 180) and math.isclose(m.mean_ms, 400.0)
+
+
+def test_one_bound_written_twice_in_a_label_set_is_refused(tmp_path):
+    after = _engines(("0", [("0.25", 10), ("0.250", 10), ("+Inf", 100)], 40))
+    with pytest.raises(InputError, match="expected each le bound once per label set, got le='0.250'"):
+        _metrics(tmp_path, after, after)
+
+
+@pytest.mark.parametrize("before_sum, after_sum", [(50, 10), (1e6, 5)])
+def test_a_sum_that_goes_down_is_refused(tmp_path, before_sum, after_sum):
+    before = _engines(("0", [("0.25", 1), ("0.5", 2), ("+Inf", 2)], before_sum))
+    after = _engines(("0", [("0.25", 10), ("0.5", 100), ("+Inf", 100)], after_sum))
+    with pytest.raises(InputError, match="got a counter that went down"):
+        _metrics(tmp_path, before, after)
+
+
+def test_a_missing_sum_is_an_unknown_mean_not_zero(capsys, tmp_path):
+    before = _engines(("0", ZERO, None))
+    after = _engines(("0", [("0.25", 10), ("0.5", 100), ("+Inf", 100)], None))
+    (m,) = _metrics(tmp_path, before, after)
+    assert m.mean_ms is None and m.hist.sum is None and m.p95_ms > 0
+    rc, out, err, _ = run(capsys, ["report", "--metrics", tmp_path / "before.prom", tmp_path / "after.prom",
+                                   "--out", tmp_path / "o", "--json"])
+    assert rc == 0, err
+    assert json.loads(out)["metrics"]["vllm:time_to_first_token_seconds"]["mean_ms"] is None
+    assert "| unknown (no sum) |" in (tmp_path / "o" / "report.md").read_text()
+
+
+def _profile(tmp_path, **edit):
+    ev = {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 10.0, "dur": 5.0, "tid": 7,
+          "args": {"correlation": 3}}
+    ev.update(edit)
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps({"traceEvents": [ev]}))
+    return p
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ({"ts": 1e308}, "traceEvents[0].ts: expected a finite number within"),
+    ({"ts": 1e300, "dur": 1e300}, "traceEvents[0].ts: expected a finite number within"),
+    ({"dur": 1.7e308}, "traceEvents[0].dur: expected a finite number >= 0, at most"),
+    ({"tid": [1, 2]}, "traceEvents[0].tid: expected an integer or a string, got list"),
+    ({"tid": {"a": 1}}, "traceEvents[0].tid: expected an integer or a string, got dict"),
+    ({"args": {"correlation": [1]}}, "traceEvents[0].args.correlation: expected an integer, got list"),
+    ({"args": {"correlation": {"x": 1}}}, "traceEvents[0].args.correlation: expected an integer, got dict"),
+])
+def test_profile_overflowing_or_unhashable_fields_are_one_line(capsys, tmp_path, edit, needle):
+    line = refused(capsys, ["report", "--profile", _profile(tmp_path, **edit), "--out", tmp_path / "o"],
+                   "--profile", out_dir=tmp_path)
+    assert needle in line, line
+
+
+def test_profile_with_epoch_timestamps_still_reads(capsys, tmp_path):
+    p = _profile(tmp_path, ts=1.764e15)
+    rc, out, err, _ = run(capsys, ["report", "--profile", p, "--out", tmp_path / "o", "--json"])
+    assert rc == 0, err
+    assert json.loads(out)["profile"]["share"] == 1.0
+
+
+# ---------------------------------------------------------------------------- c. one strict reading
+@pytest.mark.parametrize("old, new", [
+    ("  layers: 32", "  layers: 040"),  # YAML 1.1: octal 32
+    ("  prompt_tokens: 4096", "  prompt_tokens: 010000"),  # YAML 1.1: 4,096
+    ("    ms: 15.0", "    ms: 1:30"),  # YAML 1.1: sexagesimal 90
+    ("  d: 128 ", "  d: 0x80 "),  # YAML 1.1: hex
+    ("  concurrency: 8 ", "  concurrency: 0o10 "),
+    ("  heads: 32 ", "  heads: 3_2 "),  # YAML 1.1: underscores dropped
+    ("  output_tokens: 128", "  output_tokens: 0b10000000"),
+])
+def test_yaml_1_1_numbers_are_refused_naming_the_field(capsys, tmp_path, old, new):
+    assert old in DEFAULT_TRACE_YAML
+    p = tmp_path / "t.yaml"
+    p.write_text(DEFAULT_TRACE_YAML.replace(old, new, 1))
+    line = refused(capsys, ["report", p, "--out", tmp_path / "o"], "TRACE", out_dir=tmp_path)
+    key, value = new.split(":", 1)[0].strip(), new.split(":", 1)[1].split()[0]
+    assert "expected a plain decimal number" in line and f"got '{value}' for '{key}' at line" in line, line
+
+
+def test_yaml_1_2_numbers_read_as_written():
+    got = inputs.load_yaml("x.yaml", "X", text="a: 12\nb: -3\nc: 1.5\nd: 1e3\ne: .5\nf: 0\ng: '040'\n"
+                                                "h: 1.2.3\ni: +7\nj: 10.\n")
+    assert got == {"a": 12, "b": -3, "c": 1.5, "d": 1000.0, "e": 0.5, "f": 0, "g": "040", "h": "1.2.3",
+                   "i": 7, "j": 10.0}
+    assert type(got["d"]) is float and type(got["a"]) is int
+
+
+@pytest.mark.parametrize("build, flag", [
+    (lambda p: ["report", p], "TRACE"),
+    (lambda p: ["report", "--samples", p], "--samples"),
+    (lambda p: ["report", "--profile", p], "--profile"),
+    (lambda p: ["bench", "--from-json", p], "--from-json"),
+    (lambda p: ["bytes", "--from-json", p], "--from-json"),
+    (lambda p: ["trace", "--input", p], "--input"),
+])
+def test_duplicate_json_keys_are_refused_in_every_json_input(capsys, tmp_path, build, flag):
+    p = tmp_path / "dup.json"
+    p.write_text('{"a": {"x": 1, "y": 2, "x": 3}}')
+    line = refused(capsys, [*build(p), *(["--out", tmp_path / "o"] if build(p)[0] == "report" else [])],
+                   flag, out_dir=tmp_path)
+    assert "expected unique keys in every object, got a duplicate key 'x'" in line, line
+
+
+@pytest.fixture
+def no_hang():
+    """A test that would block on a FIFO fails after 5 s instead of hanging the suite."""
+    import signal
+
+    def alarm(*_):
+        raise AssertionError("blocked: the file was opened before it was checked")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+SPECIAL_INPUTS = [
+    (lambda p: ["report", p], "TRACE"),
+    (lambda p: ["report", "--samples", p], "--samples"),
+    (lambda p: ["report", "--metrics", p, DATA / "vllm_after.prom"], "--metrics BEFORE"),
+    (lambda p: ["report", "--profile", p], "--profile"),
+    (lambda p: ["trace", "--input", p], "--input"),
+    (lambda p: ["bench", "--from-json", p], "--from-json"),
+    (lambda p: ["bytes", "--from-json", p], "--from-json"),
+    (lambda p: ["bytes", "--sweep", p, "--estimate-only"], "GRID"),
+]
+
+
+@pytest.mark.parametrize("build, flag", SPECIAL_INPUTS, ids=[f for _, f in SPECIAL_INPUTS])
+def test_a_fifo_is_refused_before_it_is_opened(capsys, tmp_path, no_hang, build, flag):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    argv = build(fifo) + (["--out", tmp_path / "o"] if build(fifo)[0] == "report" else [])
+    line = refused(capsys, argv, flag)
+    assert "got a FIFO" in line, line
+
+
+@pytest.mark.parametrize("build, flag", SPECIAL_INPUTS[:5], ids=[f for _, f in SPECIAL_INPUTS[:5]])
+def test_a_device_is_refused(capsys, tmp_path, no_hang, build, flag):
+    argv = build("/dev/zero") + (["--out", tmp_path / "o"] if build("x")[0] == "report" else [])
+    assert "got a device" in refused(capsys, argv, flag)
+
+
+def test_json_object_limits_apply_before_parsing(monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("parsed before the limits were checked")
+
+    monkeypatch.setattr(inputs.json, "loads", never)
+    monkeypatch.setattr(inputs, "MAX_CONTAINERS", 50)
+    with pytest.raises(InputError, match="X: expected at most 50 JSON arrays and objects, got 60"):
+        inputs.load_json("x.json", "X", text="[" + ",".join(["[]"] * 59) + "]")
+    monkeypatch.setattr(inputs, "MAX_VALUES", 100)
+    with pytest.raises(InputError, match="X: expected at most 100 JSON values"):
+        inputs.load_json("x.json", "X", text="[" + ",".join(["1"] * 200) + "]")
+    monkeypatch.setattr(inputs, "MAX_CONTAINERS", 1000)
+    monkeypatch.setattr(inputs, "MAX_VALUES", 1000)
+    with pytest.raises(InputError, match="nested at most 100 deep"):
+        inputs.load_json("x.json", "X", text='{"a": "]]]]\\"]]", "b": ' + "[" * 101 + "]" * 101 + "}")
+
+
+def test_json_limits_do_not_count_what_strings_hold(monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_CONTAINERS", 3)
+    monkeypatch.setattr(inputs, "MAX_VALUES", 8)
+    text = json.dumps({"a": "[[[{{{,,,,,,,,,,", "b\\\"[": ["x\\\"[[,,"], "c": "\"[[[,,,,"})
+    assert inputs.load_json("x.json", "X", text=text)["a"] == "[[[{{{,,,,,,,,,,"
+
+
+def test_json_bomb_refused_before_building(capsys, tmp_path, monkeypatch):
+    """`[[[]]],...` (or its .gz) is refused by its object count, never inflated into Python objects."""
+    import gzip
+
+    p = tmp_path / "bomb.json.gz"
+    p.write_bytes(gzip.compress(b"[" + b",".join([b"[[[]]]"] * 400_000) + b"]"))  # 2.8 MB in 12 KB
+    line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "o"], "--profile", out_dir=tmp_path)
+    assert "expected at most 1,000,000 JSON arrays and objects, got 1,200,001" in line, line
+
+
+def test_gzip_is_bounded_while_inflating(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.setattr(inputs, "MAX_BYTES", 1000)
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(b" " * 5000))
+    with pytest.raises(InputError, match="expected at most 0 MiB decompressed, got more"):
+        inputs.read_text(p, "X", gz=True)
+
+
+def test_yaml_is_bounded_far_below_the_json_limit(capsys, tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text(DEFAULT_TRACE_YAML + "#" * (inputs.MAX_YAML_BYTES + 1) + "\n")
+    line = refused(capsys, ["report", p, "--out", tmp_path / "o"], "TRACE", out_dir=tmp_path)
+    assert "expected YAML of at most 1,024 KiB" in line, line
+    assert inputs.MAX_YAML_BYTES * 16 <= inputs.MAX_BYTES
+
+
+def test_yaml_node_count_is_bounded(monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_YAML_NODES", 50)
+    with pytest.raises(InputError, match="expected at most 50 YAML values"):
+        inputs.load_yaml("x.yaml", "X", text="[" + ", ".join(["1"] * 60) + "]")
+
+
+def test_csv_cells_are_bounded_while_reading(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_CSV_CELLS", 100)
+    p = tmp_path / "s.csv"
+    p.write_text("ttft_ms\n" + "300\n" * 150)
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
+    assert "expected at most 100 CSV cells, got more (row 101)" in line, line
+
+
+def test_scrape_lines_are_bounded_before_parsing(capsys, tmp_path, monkeypatch):
+    from attnscope.report import evidence
+
+    monkeypatch.setattr(evidence, "MAX_LINES", 10)
+    a = tmp_path / "after.prom"
+    a.write_text(_prom([("0.5", 3), ("+Inf", 8)]) + "# filler\n" * 20)
+    line = refused(capsys, ["report", "--metrics", a, a, "--out", tmp_path / "o"], "--metrics BEFORE",
+                   out_dir=tmp_path)
+    assert "expected a scrape of at most 10 lines, got 25" in line, line
+
+
+def test_amdahl_with_20000_f_values_is_one_fast_line(capsys):
+    line = refused(capsys, ["amdahl", *["--f", "0.1"] * 20_000, "--s", "2"], "attnscope", argparse_error=True)
+    assert "expected at most 1,000 command-line arguments, got 40,003" in line
+    line = refused(capsys, ["amdahl", *["--f", "0.1"] * 101, "--s", "2"], "--f")
+    assert "expected at most 100 values, got 101" in line
+
+
+# ----------------------------------------------------------------------- d. nothing raw on the terminal
+HOSTILE = ("\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://x\x1b\\ALL TESTS PASSED[link=http://x]x[/link] [/] "
+           "\u202eevil\x9b")
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _clean_terminal(text: str) -> None:
+    assert not RAW.search(text), repr(RAW.search(text))
+    assert "Traceback" not in text and "MarkupError" not in text
+
+
+def test_bytes_from_json_prints_recorded_names_escaped(capsys, tmp_path):
+    doc = json.loads(SWEEP_RESULT.read_text())
+    doc["env"].update(gpu=HOSTILE, date="[bold]x[/]")
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(doc))
+    rc, out, err, _ = run(capsys, ["bytes", "--from-json", p])
+    assert rc == 0, err
+    _clean_terminal(out + err)
+    assert "[link=http://x]x[/link] [/]" in out and "[bold]x[/]" in out  # data, not markup
+    assert "\\x1b[2J" in out and "\\u202e" in out  # made visible
+
+
+def test_bench_from_json_prints_recorded_names_escaped(capsys, tmp_path):
+    doc = json.loads(PREFILL_RESULT.read_text())
+    doc["prefill"][0]["dtype"] = HOSTILE
+    doc["prefill"][0]["tflops"][HOSTILE] = 1.0
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    rc, out, err, _ = run(capsys, ["bench", "--from-json", p])
+    assert rc == 0, err
+    _clean_terminal(out + err)
+    assert "\\x1b]0;pwned\\x07" in out
+
+
+def test_trace_input_path_with_markup_prints_as_text(capsys, tmp_path):
+    (tmp_path / "a[").mkdir()
+    p = tmp_path / "a[/]b[link=x]\x1b[31m.json"  # "[/]" closes a rich tag: MarkupError if read as markup
+    p.write_text(json.dumps({"tiles": [{"scores": [8, 6], "values": [[1, 2], [3, 4]]}]}))
+    rc, out, err, _ = run(capsys, ["trace", "--input", p])
+    assert rc == 0, err
+    _clean_terminal(out + err)
+    assert "a[/]b[link=x]\\x1b[31m.json" in "".join(out.split())  # the title may wrap
+
+
+def test_error_lines_echo_file_content_escaped(capsys, tmp_path):
+    p = tmp_path / "s.csv"
+    p.write_text(f"ttft_ms\n{HOSTILE}\n")
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
+    _clean_terminal(line)
+
+
+def test_argparse_echoes_arguments_escaped(capsys):
+    line = refused(capsys, ["traffic", HOSTILE], "attnscope: error", argparse_error=True)
+    assert "unrecognized arguments" in line
+    _clean_terminal(line)
+
+
+def test_report_paths_printed_escaped(capsys, tmp_path):
+    out = answered(capsys, ["report", "--out", tmp_path / "o\x1b[2J\u202e"], limit_s=10)
+    _clean_terminal(out)
+    assert "o\\x1b[2J\\u202e" in out
+
+
+@pytest.mark.parametrize("argv", [["traffic"], ["amdahl", "--f", "0.4", "--s", "2"], ["report", "--out", "o"],
+                                  ["footprint"]])
+def test_ascii_terminal_degrades_never_raises(tmp_path, argv):
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-m", "attnscope", *argv], capture_output=True, cwd=tmp_path, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-500:]
+    assert b"Traceback" not in r.stderr and b"UnicodeEncodeError" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------- e. API
+@pytest.mark.parametrize("args, needle", [
+    ((10, 2.5), "chunks: expected a positive integer, got 2.5"),
+    ((10, 0), "chunks: expected a positive integer, got 0"),
+    ((10, True), "chunks: expected a positive integer, got True"),
+    ((10, 10**30), "chunks: expected a positive integer up to"),
+    ((10, 2**22), "chunks: expected at most 2,097,152"),
+    ((-1, 2), "n: expected a non-negative integer"),
+    ((2.0, 2), "n: expected a non-negative integer"),
+])
+def test_chunk_sizes_checks_its_arguments(args, needle):
+    from attnscope.distributed import chunk_sizes
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        chunk_sizes(*args)
+    assert chunk_sizes(10, 3) == [4, 3, 3] and chunk_sizes(0, 2) == [0, 0]
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"nbytes": "4"}, "nbytes: expected a finite number of bytes >= 0, got '4'"),
+    ({"nbytes": None}, "nbytes: expected a finite number of bytes >= 0, got None"),
+    ({"nbytes": float("nan")}, "nbytes: expected a finite number of bytes >= 0, got nan"),
+    ({"nbytes": -1}, "nbytes: expected a finite number of bytes >= 0, got -1"),
+    ({"nbytes": 2**20, "link_gbps": 0.0}, "link_gbps: expected a finite number > 0"),
+])
+def test_ring_link_bandwidth_checks_its_arguments(kw, needle):
+    from attnscope.model.ring import link_bandwidth
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        link_bandwidth(**kw)
+    assert link_bandwidth(2**20) > 0
+
+
+def test_distinct_and_write_all_api(tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text("{}")
+    (tmp_path / "hard.json").hardlink_to(src)
+    with pytest.raises(InputError, match="--o: expected a file other than the input --i"):
+        inputs.distinct({"--o": tmp_path / "hard.json"}, {"--i": src})
+    inputs.distinct({"--o": tmp_path / "new.json", "--p": None}, {"--i": src, "--j": None})  # no error
+    inputs.forget_reads()
+    inputs.load_json(src, "--i")
+    with pytest.raises(InputError, match="expected a file other than an input of this command"):
+        inputs.write_all({tmp_path / "a.txt": "a", tmp_path / "hard.json": "x"}, "--o")
+    assert src.read_text() == "{}" and not (tmp_path / "a.txt").exists()
+    inputs.forget_reads()

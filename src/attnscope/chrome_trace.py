@@ -6,8 +6,9 @@ Used by `attnscope share` (measure/share.py), `attnscope which` (measure/backend
 Events read (``ph`` "X"; microseconds): ``kernel`` (GPU kernels), ``cuda_runtime``/``cuda_driver``
 (their launches; ``args.correlation`` links a launch to its kernel), ``user_annotation`` (a
 ``record_function`` range on the CPU) and ``gpu_user_annotation`` (its projection on the GPU).
-Every such event is checked: ``ts`` finite, ``dur`` finite and >= 0, ``args`` an object, ``name`` a
-string; anything else is an InputError naming the event and the field.
+Every such event is checked: ``ts`` and ``dur`` bounded (`MAX_TS_US`, `MAX_DUR_US`; ``dur`` >= 0),
+``args`` an object, ``name`` a string, ``tid`` an integer or a string, ``args.correlation`` an integer;
+anything else is an InputError naming the event and the field.
 
 - **Prefill span**: the ranges whose name contains the word ``prefill`` (``attnscope::prefill``,
   ``prefill``). Their GPU projection when the trace has one (span = its duration, kernels = those
@@ -30,7 +31,7 @@ import bisect
 import re
 from dataclasses import dataclass
 
-from attnscope.errors import InputError, finite_real
+from attnscope.errors import InputError, finite_real, visible
 from attnscope.inputs import load_json, read_text
 
 #: Kernel families, fused attention ones first.
@@ -51,6 +52,10 @@ _ATTENTION_WORD = re.compile(r"(?<![a-z0-9])(attn|attention)(?![a-z0-9])", re.IG
 _PREFILL_WORD = re.compile(r"(?<![a-z0-9])prefill(?![a-z0-9])", re.IGNORECASE)
 _LAUNCH = ("cuda_runtime", "cuda_driver")
 _CHECKED = ("kernel", "user_annotation", "gpu_user_annotation") + _LAUNCH
+#: Largest |ts| (about 317 years of microseconds: epoch timestamps fit, at sub-microsecond precision)
+#: and dur (about 11.6 days) read; past them ts + dur loses its digits or leaves the float range.
+MAX_TS_US = 1e16
+MAX_DUR_US = 1e12
 
 
 def family(name: str) -> str:
@@ -116,13 +121,21 @@ def events(trace, where: str = "trace") -> list[dict]:
         if not isinstance(e, dict) or e.get("cat") not in _CHECKED or e.get("ph", "X") != "X":
             continue
         field = f"{where}: traceEvents[{i}]"
-        if not finite_real(e.get("ts")):
-            raise InputError(f"{field}.ts: expected a finite number, got {str(e.get('ts'))[:40]}")
+        if not finite_real(e.get("ts")) or abs(e["ts"]) > MAX_TS_US:
+            raise InputError(f"{field}.ts: expected a finite number within ±{MAX_TS_US:g} µs, "
+                             f"got {visible(str(e.get('ts'))[:40])}")
         dur = e.get("dur", 0 if e["cat"] in _LAUNCH else None)  # a launch's own length is not used
-        if not finite_real(dur) or dur < 0:
-            raise InputError(f"{field}.dur: expected a finite number >= 0, got {str(dur)[:40]}")
+        if not finite_real(dur) or not 0 <= dur <= MAX_DUR_US:
+            raise InputError(f"{field}.dur: expected a finite number >= 0, at most {MAX_DUR_US:g} µs, got "
+                             f"{visible(str(dur)[:40])}")
         if not isinstance(e.get("args", {}), dict):
             raise InputError(f"{field}.args: expected an object, got {type(e['args']).__name__}")
+        tid = e.get("tid")
+        if not (tid is None or isinstance(tid, (int, str))) or isinstance(tid, bool):
+            raise InputError(f"{field}.tid: expected an integer or a string, got {type(tid).__name__}")
+        corr = (e.get("args") or {}).get("correlation")
+        if not (corr is None or isinstance(corr, int)) or isinstance(corr, bool):
+            raise InputError(f"{field}.args.correlation: expected an integer, got {type(corr).__name__}")
         if not isinstance(e.get("name", ""), str):
             raise InputError(f"{field}.name: expected a string, got {type(e['name']).__name__}")
         out.append(e)

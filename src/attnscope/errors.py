@@ -22,6 +22,17 @@ class InputError(ValueError):
     """Bad input: the message names the argument and says what was expected and what was got."""
 
 
+def visible(text: str) -> str:
+    """`text` with every character that is not printable made visible as its escape: C0 and C1 controls
+    (ESC, BEL, CR, ...), DEL, bidi overrides and other format characters, line separators. What a file
+    or a path holds is printed through this, so it cannot move the cursor, clear the screen, retitle
+    the window or plant a link."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def short(value: object, limit: int = ECHO_CHARS) -> str:
     """A one-line, bounded description of `value` for an error message: at most `limit` characters,
     containers by a bounded repr or by type and length, control and bidi characters escaped."""
@@ -45,7 +56,7 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
         text = repr(value)
     except Exception:  # a hostile __repr__: describe the type only
         text = f"<{type(value).__name__}>"
-    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    text = visible(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

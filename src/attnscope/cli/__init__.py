@@ -19,14 +19,14 @@ import argparse
 import os
 import sys
 
-from attnscope import __version__
-from attnscope.errors import InputError
+from attnscope import __version__, inputs
+from attnscope.errors import InputError, visible
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
         # self.prog is "attnscope" for the top level and "attnscope traffic" for a subcommand
-        message = " ".join(message.split())
+        message = visible(" ".join(message.split()))  # "unrecognized arguments" echoes them raw
         self.exit(2, f"{self.prog}: error: {message if len(message) <= 300 else message[:297] + '...'}\n")
 
 
@@ -65,7 +65,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Most command-line arguments read (the longest real command line has a few dozen).
+MAX_ARGS = 1000
+
+
+def _tolerant_streams() -> None:
+    """Text the terminal's encoding cannot show degrades to escapes instead of raising
+    (`PYTHONIOENCODING=ascii attnscope traffic`)."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", "") == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_streams()
+    inputs.forget_reads()  # the files one command reads are the ones its outputs may not replace
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) > MAX_ARGS:  # argparse's time grows with the square of the argument count
+        print(f"attnscope: error: expected at most {MAX_ARGS:,} command-line arguments, got {len(argv):,}",
+              file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -75,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (InputError, NotImplementedError) as e:
         line = " ".join(str(e).split())  # always one line, and a bounded one
-        line = line if len(line) <= 300 else line[:297] + "..."
+        line = visible(line if len(line) <= 300 else line[:297] + "...")
         print(f"attnscope {args.command}: error: {_flag_name(line, args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours

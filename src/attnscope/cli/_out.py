@@ -9,7 +9,7 @@ import math
 import re
 import sys
 
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, short, visible
 from attnscope.model.roofline import GiB, KiB, MiB  # noqa: F401 -- the sizes the subcommands print in
 
 
@@ -30,15 +30,21 @@ def print_json(obj) -> None:
 
 
 def console(quiet: bool = False):
-    """The one rich console of the CLI: no highlighting, no soft wrap; 200 columns when not a terminal
-    (a pipe or a log file keeps every number whole). `quiet`: one that prints nothing (a command whose
-    --json goes to stdout instead of its tables)."""
+    """The one rich console of the CLI: no markup, emoji codes or highlighting (text from files is data,
+    never styling), every string printed through `errors.visible` (no raw control characters), no soft
+    wrap; 200 columns when not a terminal (a pipe or a log file keeps every number whole). `quiet`: one
+    that prints nothing (a command whose --json goes to stdout instead of its tables)."""
     from rich.console import Console
 
+    class _DataConsole(Console):
+        def print(self, *objects, **kwargs):
+            super().print(*(visible(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+    plain = {"highlight": False, "soft_wrap": False, "markup": False, "emoji": False}
     if quiet:
-        return Console(file=io.StringIO(), highlight=False, soft_wrap=False)
-    c = Console(highlight=False, soft_wrap=False)
-    return c if c.is_terminal else Console(highlight=False, soft_wrap=False, width=200)
+        return _DataConsole(file=io.StringIO(), **plain)
+    c = _DataConsole(**plain)
+    return c if c.is_terminal else _DataConsole(width=200, **plain)
 
 
 _NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?\s*[x%]?")
@@ -49,7 +55,8 @@ def table(title: str, columns: list[str], rows: list[list], caption: str | None 
     """A rich table, columns after the first right-aligned. A column of numbers keeps its longest number's
     width and never wraps (label columns wrap); a table still too wide is printed in parts, each
     repeating the first column, so neither a digit nor a row's label is lost."""
-    return _Table(title, columns, [[str(x) for x in r] for r in rows], caption)
+    return _Table(visible(title), [visible(c) for c in columns], [[visible(str(x)) for x in r] for r in rows],
+                  None if caption is None else visible(caption))
 
 
 class _Table:

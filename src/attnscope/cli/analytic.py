@@ -379,10 +379,16 @@ def cmd_tiles(args) -> int:
 
 
 # --- amdahl -----------------------------------------------------------------------------------------
+#: Most `--f` values `amdahl` takes (rows of its sensitivity table).
+MAX_F_VALUES = 100
+
+
 def cmd_amdahl(args) -> int:
     from attnscope.model import amdahl
 
     fs = args.f or [0.15]
+    if len(fs) > MAX_F_VALUES:  # one table row each: a table of thousands of rows is no sensitivity table
+        raise InputError(f"--f: expected at most {MAX_F_VALUES} values, got {len(fs):,}")
     head = amdahl.project(fs[0], args.s)
     table_fs = fs if len(fs) > 1 else amdahl.DEFAULT_SENSITIVITY
     sens = amdahl.sensitivity(args.s, table_fs)

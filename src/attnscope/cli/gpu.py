@@ -12,19 +12,21 @@ import datetime
 import json
 import platform
 import sys
+from pathlib import Path
 
 from attnscope.cli._out import MiB, _clean, console, path_arg, print_json, table
-from attnscope.errors import InputError, expect, positive_int
-from attnscope.inputs import out_file, write_atomic
+from attnscope.errors import InputError, expect, positive_int, visible
+from attnscope.inputs import distinct, out_file, write_atomic
 from attnscope.measure import backends, ncu, physical, share
 from attnscope.measure.backends import gpu_problem
+from attnscope.measure.plots import PLOT_NAMES
 from attnscope.model import l2 as l2_model
 
 SPEC = "(default: %(default)s)"
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:
-    print(f"attnscope {command}: error: {message}", file=sys.stderr)
+    print(f"attnscope {command}: error: {visible(message)}", file=sys.stderr)
     return code
 
 
@@ -216,6 +218,7 @@ def _bytes_sweep(args) -> int:
             positive_int(flag, v)
     if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
         out_file(args.json, "--json")
+        distinct({"--json": args.json}, {"--sweep": args.sweep, "--from-json": args.from_json})
     repeat = args.repeat  # checked in `_bytes`; --from-json reads a sweep's own repeat from its env
     # --json alone: JSON on stdout *instead of* the tables, as every other --json
     c = console(quiet=args.json == "-")
@@ -345,9 +348,13 @@ def _bench(args) -> int:
         expect(not given, given[0] if given else "--from-json", "only --plots with --from-json (it prints a "
                "recorded run; measuring and output flags do nothing)", " ".join(given))
     _positive(args, "d", "n", "tokens", "heads")
-    for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
+    outputs = {"--out": args.out, "--json": args.json if args.json != "-" else None}
+    for flag, path in outputs.items():
         if path:  # before minutes of measuring, not after
             out_file(path, flag)
+    if args.plots:
+        outputs |= {f"--plots {name}": Path(args.plots) / name for name in PLOT_NAMES}
+    distinct(outputs, {"--from-json": args.from_json})
     if not args.from_json and (code := _no_gpu("bench")) is not None:  # --from-json needs no GPU
         return code
     return bench.run(args)

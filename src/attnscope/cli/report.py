@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnscope.cli._out import path_arg, print_json
-from attnscope.inputs import write_atomic
+from attnscope.errors import visible
 from attnscope.report import FORMATS, build
 from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
@@ -58,10 +58,11 @@ def run(args) -> int:
         print(DEFAULT_TRACE_YAML, end="")
         return 0
     fresh_default = args.out == DEFAULT_OUT and not Path(DEFAULT_OUT).exists()
+    # like .pytest_cache: the default output directory keeps itself out of git
+    extra = {".gitignore": "# created by attnscope report\n*\n"} if fresh_default else None
     doc, paths = build(args.trace, args.out, args.format, args.samples, args.metrics, args.profile,
-                       samples_unit=args.samples_unit)
-    if fresh_default:  # like .pytest_cache: the default output directory keeps itself out of git
-        write_atomic(Path(DEFAULT_OUT) / ".gitignore", "# created by attnscope report\n*\n")
+                       samples_unit=args.samples_unit, extra_files=extra)
+    paths = [p for p in paths if p.name != ".gitignore"]
     d, b = doc.data, doc.data["boundary"]
     if args.json:
         print_json(d | {"paths": [str(p) for p in paths]})
@@ -72,5 +73,5 @@ def run(args) -> int:
     if "samples" in d:
         print(f"p95 TTFT verdict from {d['samples']['n']} samples: {d['samples']['verdict']}")
     for path in paths:
-        print(f"report: {path}")
+        print(f"report: {visible(str(path))}")
     return 0

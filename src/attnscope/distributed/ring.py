@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from attnscope.errors import InputError
+from attnscope.errors import MAX_DIM, InputError, expect, positive_int, short
+
+#: Most chunks `chunk_sizes` makes.
+MAX_CHUNKS = 2**21
 
 
 def chunk_sizes(n: int, chunks: int) -> list[int]:
     """Sizes of `chunks` pad-free chunks of n tokens: the first ``n % chunks`` get one more."""
-    if not (isinstance(n, int) and n >= 0):
-        raise InputError(f"n: expected a non-negative integer, got {n!r}")
+    expect(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_DIM, "n",
+           "a non-negative integer up to 10^24", n)
+    positive_int("chunks", chunks)
+    if chunks > MAX_CHUNKS:  # 2 per rank: far beyond any process group, and a list memory holds
+        raise InputError(f"chunks: expected at most {MAX_CHUNKS:,}, got {short(chunks)}")
     return [n // chunks + (1 if j < n % chunks else 0) for j in range(chunks)]
 
 

@@ -24,10 +24,10 @@ from rich.console import Console
 
 import attnscope
 from attnscope.checks import kernel_tolerance, within_tolerance
-from attnscope.errors import InputError, expect, finite_real
-from attnscope.inputs import load_json, write_atomic
+from attnscope.errors import InputError, expect, finite_real, visible
+from attnscope.inputs import load_json, write_all
 from attnscope.measure.backends import attention_fn, require_cuda
-from attnscope.measure.plots import write_plots
+from attnscope.measure.plots import draw_plots, write_plots
 from attnscope.model.flops import attention_flops
 
 PREFILL_NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -229,7 +229,7 @@ def _from_json(args) -> int:
     plots = write_plots(result, args.plots) if args.plots else []
     lines = [prefill_line(row) for row in result.get("prefill", []) + result.get("prefill_fp16", [])]
     lines += [decode_line(row) for row in result.get("decode", [])] + [f"plot: {path}" for path in plots]
-    print("\n".join(["# " + json.dumps(result.get("env", {})), *lines]))
+    print("\n".join(["# " + json.dumps(result.get("env", {})), *map(visible, lines)]))
     return 0
 
 
@@ -259,12 +259,13 @@ def run(args) -> int:
             out["read_ceiling_tbs"] = read_ceiling(torch)
             log(f"read ceiling (sum of 4 GiB bf16): {out['read_ceiling_tbs']:.2f} TB/s")
             out["decode"] = decode_sweep(torch, grid, ls, log=log, progress=progress)
-    for path, flag in ((args.out, "--out"), (args.json if args.json != "-" else None, "--json")):
-        if path:
-            write_atomic(path, json.dumps(out, indent=1), flag)
+    files = {path: json.dumps(out, indent=1) for path in (args.out, args.json if args.json != "-" else None)
+             if path}
+    plots = draw_plots(out, args.plots) if args.plots else {}
+    write_all(files | plots, "--out")  # all or nothing: the results and every plot
     if args.json == "-":
         print(json.dumps(out, indent=1))
-    for path in write_plots(out, args.plots) if args.plots else []:
-        print(f"plot: {path}")
+    for path in plots:
+        print(f"plot: {visible(str(path))}")
     return 0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 
 from attnscope.inputs import out_dir as checked_dir
-from attnscope.inputs import refuse_symlinks, write_all
+from attnscope.inputs import out_file, write_all
 from attnscope.model import roofline, traffic
 from attnscope.model.flops import attention_flops
 
@@ -114,12 +114,17 @@ def _png(plt, fig) -> bytes:
     return buf.getvalue()
 
 
-def write_plots(result: dict, out_dir: str) -> list[str]:
-    """Write every plot the result has data for into `out_dir`; returns the paths."""
+#: Every file `draw_plots` can write.
+PLOT_NAMES = ("prefill_tflops.png", "prefill_roofline.png", "decode_tbs.png")
+
+
+def draw_plots(result: dict, out_dir: str) -> dict:
+    """Every plot the result has data for, drawn in memory: {path in `out_dir`: PNG bytes}."""
     out = checked_dir(out_dir, "--plots")  # one line for a file, a path under a file, an unwritable place
     names = (["prefill_tflops.png", "prefill_roofline.png"] if result.get("prefill") else []) + \
         (["decode_tbs.png"] if result.get("decode") else [])
-    refuse_symlinks([out / name for name in names], "--plots")  # before seconds of drawing
+    for name in names:  # before seconds of drawing
+        out_file(out / name, "--plots")
     try:
         import matplotlib
 
@@ -131,5 +136,9 @@ def write_plots(result: dict, out_dir: str) -> list[str]:
     draw = {"prefill_tflops.png": lambda: prefill_tflops(plt, result["prefill"], env),
             "prefill_roofline.png": lambda: prefill_roofline(plt, result["prefill"], env),
             "decode_tbs.png": lambda: decode_tbs(plt, result["decode"], env, result.get("read_ceiling_tbs"))}
-    files = {out / name: _png(plt, draw[name]()) for name in names}
-    return [str(path) for path in write_all(files, "--plots")]
+    return {out / name: _png(plt, draw[name]()) for name in names}
+
+
+def write_plots(result: dict, out_dir: str) -> list[str]:
+    """Write every plot the result has data for into `out_dir` (all or nothing); returns the paths."""
+    return [str(path) for path in write_all(draw_plots(result, out_dir), "--plots")]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from attnscope.errors import InputError, choice, finite_real, positive_int, short
+from attnscope.errors import InputError, choice, expect, finite_real, positive_int, short
 from attnscope.model.flops import attention_flops
 from attnscope.model.roofline import GiB, MiB
 from attnscope.model.roofline import device as get_device
@@ -55,7 +55,9 @@ RATE_RANGE = (1e-3, 1e6)
 
 def link_bandwidth(nbytes: int, dev: str = "h200", link_gbps: float | None = None) -> float:
     """Bytes/s per direction for one exchange of `nbytes` (see the module docstring)."""
+    expect(finite_real(nbytes) and nbytes >= 0, "nbytes", "a finite number of bytes >= 0", nbytes)
     if link_gbps is not None:
+        expect(finite_real(link_gbps) and link_gbps > 0, "link_gbps", "a finite number > 0 (GB/s)", link_gbps)
         return link_gbps * 1e9
     if dev not in LINKS:
         raise InputError(f"link_gbps: expected a number for device {dev!r} (measured links: "

@@ -225,7 +225,8 @@ def _evidence(r: Report) -> tuple[Section, ...]:
                           f".{need}{where}", *((f" {x}", "warn") for x in s.warnings)))
     for m in r.metrics:
         rows.append((m.label, f"{m.hist.count:,.0f}", val(m.p50_ms), val(m.p95_ms), val(m.p99_ms),
-                     val(m.mean_ms), "" if m.meets is None else f"{m.meets} ({m.target_ms:g})"))
+                     "unknown (no sum)" if m.mean_ms is None else val(m.mean_ms),
+                     "" if m.meets is None else f"{m.meets} ({m.target_ms:g})"))
     if r.metrics:
         notes.append(para(("Server histograms, AFTER − BEFORE (--metrics)", "b"),
                           ": no client network or serialization; quantiles interpolated within buckets, "

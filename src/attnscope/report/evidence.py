@@ -72,8 +72,11 @@ def read_samples(path, unit: str | None = None) -> list[float]:
             if not isinstance(ttfts, list):
                 raise InputError(f"{flag}: expected ttfts to be a list (vllm bench serve result), got "
                                  f"{short(ttfts)}")
-            ok = isinstance(errors, list) and len(errors) == len(ttfts)
-            values = [t for t, e in zip(ttfts, errors, strict=True) if not e] if ok else ttfts
+            if not (isinstance(errors, list) and len(errors) == len(ttfts)):  # a failed request's TTFT is 0
+                got = f"a list of {len(errors)}" if isinstance(errors, list) else short(errors)
+                raise InputError(f"{flag}: expected errors to be a list with one entry per ttfts entry "
+                                 f"({len(ttfts)}; failed requests are left out by it), got {got}")
+            values = [t for t, e in zip(ttfts, errors, strict=True) if not e]
         elif isinstance(values, dict) and len(set(values) & set(SAMPLE_COLUMNS)) == 1:
             key = next(k for k in SAMPLE_COLUMNS if k in values)
             values, found = values[key], SAMPLE_COLUMNS[key]
@@ -235,16 +238,19 @@ ITL_FALLBACK = "vllm:time_per_output_token_seconds"
 MAX_S = MAX_MS / 1e3
 #: Largest count or sum read: exact in a float (2^53); past it the diffs and ratios lose meaning.
 MAX_COUNT = float(2**53)
+#: Most lines one scrape may hold (a vLLM server's has a few thousand; each becomes a parsed sample).
+MAX_LINES = 200_000
 
 
 @dataclass(frozen=True)
 class Histogram:
-    """A cumulative histogram in seconds: `bounds[i]` is bucket i's `le` (the last is +inf)."""
+    """A cumulative histogram in seconds: `bounds[i]` is bucket i's `le` (the last is +inf). `sum` is
+    None when the scrape has no `_sum` sample (the mean is then unknown, not 0)."""
 
     bounds: tuple[float, ...]
     counts: tuple[float, ...]  # cumulative
     count: float
-    sum: float
+    sum: float | None
 
     def quantile(self, q: float) -> float:
         """Linear interpolation inside the bucket holding rank q * count (Prometheus'
@@ -265,56 +271,84 @@ class Histogram:
         return prev_bound
 
 
+def _series(fam, name: str) -> dict:
+    """One family's samples by label set (all labels but `le`): {labels: [buckets, count, sum]} with
+    buckets keyed by the numeric bound (le="0.25" and le="0.250" are one bound, given twice: refused)."""
+    series: dict = {}
+    for s in fam.samples:
+        if not math.isfinite(s.value) or s.value < 0:
+            raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        buckets, _, _ = one = series.setdefault(key, [{}, None, None])
+        if s.name.endswith("_bucket"):
+            raw = s.labels.get("le")
+            if raw is None:
+                raise InputError(f"{name}: expected an le label on every _bucket sample, got none")
+            finite = raw.strip() not in ("+Inf", "Inf")
+            if finite and not (number_text(raw) and 0 <= float(raw) <= MAX_S):
+                raise InputError(f"{name}: expected le to be a number in [0, {MAX_S:g}] s or +Inf, got "
+                                 f"{short(raw)}")
+            le = float(raw) if finite else math.inf
+            if le in buckets:
+                raise InputError(f"{name}: expected each le bound once per label set, got le={short(raw)} "
+                                 f"again (the same bound as {le:g})")
+            buckets[le] = s.value
+        elif s.name.endswith("_count") or s.name.endswith("_sum"):
+            i = 1 if s.name.endswith("_count") else 2
+            if one[i] is not None:
+                raise InputError(f"{name}: expected one {s.name} per label set, got two")
+            one[i] = s.value
+    return series
+
+
 def _histograms(text: str, flag: str) -> dict[str, Histogram]:
+    """The vLLM histograms of one scrape, each summed over its label sets (engines, models), which
+    must share one set of bucket bounds: counts under different bounds are never added."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    lines = text.count("\n") + (not text.endswith("\n"))
+    if lines > MAX_LINES:  # the parser builds an object per sample: bounded before it starts
+        raise InputError(f"{flag}: expected a scrape of at most {MAX_LINES:,} lines, got {lines:,}")
     out: dict[str, Histogram] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # the parser raises ValueError and others on malformed text
         raise InputError(f"{flag}: expected Prometheus text exposition format, got a parse error "
-                         f"({e})") from None
+                         f"({short(str(e), 80)})") from None
     for fam in families:
         if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
             continue
         name = f"{flag}: {fam.name}"
-        buckets: dict[float, float] = {}
-        total, count = 0.0, None  # count: the _count samples' sum, None without any
-        for s in fam.samples:  # summed over label sets (engines, models)
-            if not math.isfinite(s.value) or s.value < 0:
-                raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
-            if s.name.endswith("_bucket"):
-                raw = s.labels.get("le")
-                if raw is None:
-                    raise InputError(f"{name}: expected an le label on every _bucket sample, got none")
-                finite = raw not in ("+Inf", "Inf")
-                if finite and not (number_text(raw) and 0 <= float(raw) <= MAX_S):
-                    raise InputError(f"{name}: expected le to be a number in [0, {MAX_S:g}] s or +Inf, got "
-                                     f"{short(raw)}")
-                le = float(raw) if finite else math.inf
-                buckets[le] = buckets.get(le, 0.0) + s.value
-            elif s.name.endswith("_count"):
-                count = (count or 0.0) + s.value
-            elif s.name.endswith("_sum"):
-                total += s.value
-        if not buckets:
+        series = {k: v for k, v in _series(fam, name).items() if v[0]}
+        if not series:
             continue
-        big = next((v for v in (total, count or 0.0, *buckets.values()) if not v <= MAX_COUNT), None)
+        bounds_of = {k: tuple(sorted(v[0])) for k, v in series.items()}
+        bounds = next(iter(bounds_of.values()))
+        odd = next((k for k, b in bounds_of.items() if b != bounds), None)
+        if odd is not None:
+            labels = ", ".join(f"{k}={v}" for k, v in odd)
+            raise InputError(f"{name}: expected every label set to have the same bucket bounds (counts are "
+                             f"summed by bound), got {len(bounds_of[odd])} bounds in {short(labels, 60)} "
+                             f"and {len(bounds)} in another")
+        if math.inf not in bounds:
+            raise InputError(f'{name}: expected a le="+Inf" bucket, got none')
+        counts = tuple(sum(v[0][b] for v in series.values()) for b in bounds)
+        sums = [v[2] for v in series.values()]
+        total = sum(sums) if all(x is not None for x in sums) else None  # None: the mean is unknown
+        big = next((v for v in (total or 0.0, *counts) if not v <= MAX_COUNT), None)
         if big is not None:  # summed over label sets: finite each, but not their sum (1e308 + 1e308)
             got = short(big) if math.isfinite(big) else "a total past the float range"
             raise InputError(f"{name}: expected counts and sums of at most {MAX_COUNT:g}, got {got}")
-        if math.inf not in buckets:
-            raise InputError(f'{name}: expected a le="+Inf" bucket, got none')
-        bounds = tuple(sorted(buckets))
-        counts = tuple(buckets[b] for b in bounds)
-        for i in range(1, len(bounds)):
-            if counts[i] < counts[i - 1]:
-                raise InputError(f"{name}: expected cumulative bucket counts non-decreasing in le, got "
-                                 f"{counts[i - 1]:g} at le={bounds[i - 1]:g} then {counts[i]:g} at "
-                                 f"le={bounds[i]:g}")
-        if count is not None and count != counts[-1]:
-            raise InputError(f"{name}: expected _count equal to the +Inf bucket ({counts[-1]:g}), "
-                             f"got {count:g}")
+        for buckets, count, _ in series.values():
+            one = [buckets[b] for b in bounds]
+            for i in range(1, len(bounds)):
+                if one[i] < one[i - 1]:
+                    raise InputError(f"{name}: expected cumulative bucket counts non-decreasing in le, got "
+                                     f"{one[i - 1]:g} at le={bounds[i - 1]:g} then {one[i]:g} at "
+                                     f"le={bounds[i]:g}")
+            if count is not None and count != one[-1]:
+                raise InputError(f"{name}: expected _count equal to the +Inf bucket ({one[-1]:g}), "
+                                 f"got {count:g}")
         out[fam.name] = Histogram(bounds, counts, counts[-1], total)
     return out
 
@@ -327,7 +361,7 @@ class HistogramDiff:
     p50_ms: float
     p95_ms: float
     p99_ms: float
-    mean_ms: float
+    mean_ms: float | None  # None: no _sum in the scrapes
     target_ms: float | None = None
     meets: str | None = None  # "yes" | "no" | "undecided" (p95 vs target; decidable at bucket edges only)
     warning: str | None = None
@@ -340,10 +374,13 @@ def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
         raise InputError(f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
                          f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds")
     counts = tuple(a - b for a, b in zip(after.counts, before.counts, strict=True))
-    if any(c < 0 for c in counts) or after.count < before.count:
+    went_down = any(c < 0 for c in counts) or after.count < before.count or (
+        after.sum is not None and before.sum is not None and after.sum < before.sum)
+    if went_down:
         raise InputError(f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
                          "(was the server restarted between the scrapes?)")
-    return Histogram(after.bounds, counts, after.count - before.count, after.sum - before.sum)
+    total = None if after.sum is None or before.sum is None else after.sum - before.sum
+    return Histogram(after.bounds, counts, after.count - before.count, total)
 
 
 def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, str | None]:
@@ -383,14 +420,14 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         h = _diff(name, before.get(name), after[name])
         if h.count <= 0:
             continue
-        if h.sum > h.count * MAX_S:  # the mean observation, in ms, stays a printable number
+        if h.sum is not None and h.sum > h.count * MAX_S:  # the mean observation stays printable
             raise InputError(f"--metrics: expected {name}_sum / _count of at most {MAX_S:g} s (the mean "
                              f"observation), got {h.sum / h.count:.4g} s")
         target = targets.get(name)
         meets, warning = (None, None) if target is None else _check_target(h, target / 1e3)
         p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
-        out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, h.sum / h.count * 1e3, target,
-                                 meets, warning))
+        mean = None if h.sum is None else h.sum / h.count * 1e3
+        out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, mean, target, meets, warning))
     if not out:
         raise InputError("--metrics: expected requests between BEFORE and AFTER, got no new observations")
     return out
