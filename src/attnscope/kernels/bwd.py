@@ -77,6 +77,22 @@ def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
 
 
 @triton.jit
+def softcap_tanh(s, sc_in):
+    """``tanh(s * sc_in)`` of raw scores (``sc_in = scale / softcap``) as ``1 - 2 / (exp(2x) + 1)``: exact
+    limits +-1 for huge |x| (no inf / inf), and the interpreter has no tanh. The capped score in log2
+    units is ``t * softcap * log2(e)``; its gradient factor ``1 - t^2`` (issue 35's contract)."""
+    return 1.0 - 2.0 / (tl.math.exp2(s * (sc_in * 2.8853900817779268)) + 1.0)  # 2 log2(e)
+
+
+@triton.jit
+def window_keep(rows, cols, NQ, NK, left, right):
+    """Visibility of key ``cols`` to query ``rows`` under ``window = (left, right)`` (-1 unbounded),
+    bottom-right aligned: ``c >= r + (Nk - Nq) - left`` and ``c <= r + (Nk - Nq) + right``."""
+    diag = rows + (NK - NQ)
+    return ((left < 0) | (cols >= diag - left)) & ((right < 0) | (cols <= diag + right))
+
+
+@triton.jit
 def _q_bounds(start_n, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Query rows of KV tile ``start_n`` (0-based element offset): ``[0, lo)`` skipped, ``[lo, hi)``
     masked, ``[hi, Nq)`` unmasked; lo, hi multiples of BLOCK_M (hi may pass Nq). The mirror of
@@ -126,8 +142,12 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, st
 def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M])."""
+               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, EMULATE_BF16: tl.constexpr,
+               left=-1, right=-1, sc_in=0.0, sc_out=0.0, WINDOW: tl.constexpr = False,
+               SOFTCAP: tl.constexpr = False):
+    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M]). Score mods
+    (off by default): ``WINDOW`` masks with `window_keep` (masked tiles only), ``SOFTCAP`` caps the scores
+    (``sc_in = scale / softcap``, ``sc_out = softcap * log2(e)``) and multiplies dS by ``1 - tanh^2``."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -139,16 +159,25 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))  # log2 domain; +inf: P = 0
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     s_t = _mm(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # S^T = K Q^T
+    if SOFTCAP:
+        t_t = softcap_tanh(s_t, sc_in)
+        s_t = t_t * sc_out  # capped scores, log2 units
+    else:
+        s_t = s_t * qk_scale
     if MASKED:
         keep = (offs_n[:, None] < NK) & (lse2[None, :] > float("-inf"))
         if CAUSAL:
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
-        p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse2[None, :]), 0.0)
+        if WINDOW:
+            keep = keep & window_keep(offs_m[None, :], offs_n[:, None], NQ, NK, left, right)
+        p_t = tl.where(keep, tl.math.exp2(s_t - lse2[None, :]), 0.0)
     else:
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # P^T [BLOCK_N, BLOCK_M]
+        p_t = tl.math.exp2(s_t - lse2[None, :])  # P^T [BLOCK_N, BLOCK_M]
     dv = _mm(_lowp(p_t, do.dtype, EMULATE_BF16), do, dv, EMULATE_BF16)  # dV += P^T dO
     dp_t = _mm(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # dP^T = V dO^T
     ds_t = p_t * (dp_t - delta[None, :])  # dS^T = P^T * (dP^T - D)
+    if SOFTCAP:
+        ds_t = ds_t * (1.0 - t_t * t_t)  # through softcap * tanh(s * scale / softcap)
     ds_lp = _lowp(ds_t, do.dtype, EMULATE_BF16)
     dk = _mm(ds_lp, tl.trans(q_t), dk, EMULATE_BF16)  # dK += dS^T Q  (scaled at the end)
     if ATOMIC_DQ:
@@ -208,22 +237,33 @@ def _bwd_dkdv_kernel(
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
              qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, EMULATE_BF16: tl.constexpr):
+             CAUSAL: tl.constexpr, EMULATE_BF16: tl.constexpr, left=-1, right=-1, sc_in=0.0, sc_out=0.0,
+             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False):
+    """dQ += dS K over one KV tile; score mods as `_dkdv_tile`."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < NK
     k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
     v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
     s = _mm(q, k_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # [BLOCK_M, BLOCK_N]
+    if SOFTCAP:
+        t = softcap_tanh(s, sc_in)
+        s = t * sc_out
+    else:
+        s = s * qk_scale
     if MASKED:
         keep = col_ok[None, :] & (lse2[:, None] > float("-inf"))
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
+        if WINDOW:
+            keep = keep & window_keep(offs_m[:, None], offs_n[None, :], NQ, NK, left, right)
+        p = tl.where(keep, tl.math.exp2(s - lse2[:, None]), 0.0)
     else:
-        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        p = tl.math.exp2(s - lse2[:, None])
     dp = _mm(do, v_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # dP = dO V^T
     ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
     dq = _mm(_lowp(ds, q.dtype, EMULATE_BF16), tl.trans(k_t), dq, EMULATE_BF16)  # dQ += dS K
     return dq
 

@@ -39,17 +39,21 @@ from attnscope.kernels._common import (
     check_device,
     check_flags,
     check_head_dim,
+    check_mods,
     check_same,
     check_scale,
     check_tensor,
+    device_error_flag,
     import_torch_triton,
     interpreting,
+    raise_device_errors,
 )
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
+from attnscope.kernels.bwd import softcap_tanh, window_keep  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
@@ -63,15 +67,42 @@ INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-
 
 
 @triton.jit
+def _window_bounds(row0, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, left, right):
+    """`model.tiles.window_kv_bounds0` in-kernel for the rows ``[row0, min(row0 + BLOCK_M, NQ))`` and the
+    window ``(left, right)`` (-1 unbounded): ``(lo, full_lo, full_hi, hi)``, keys ``[lo, hi)`` loaded,
+    ``[full_lo, full_hi)`` visible to every row. With the roles swapped (rows <-> keys, NQ <-> NK,
+    left <-> right) it gives the query rows that see a KV tile (the dK/dV kernel)."""
+    off = NK - NQ
+    r1 = tl.minimum(row0 + BLOCK_M, NQ) - 1
+    first = tl.where(left >= 0, tl.maximum(row0 + off - left, 0), 0)  # the first key any row sees
+    last = tl.where(right >= 0, tl.minimum(r1 + off + right, NK - 1), NK - 1)  # the last one
+    lo = (first // BLOCK_N) * BLOCK_N  # operands >= 0: floor and truncation agree
+    hi = tl.minimum(tl.cdiv(tl.maximum(last + 1, 0), BLOCK_N) * BLOCK_N, NK)
+    f0 = tl.where(left >= 0, tl.maximum(r1 + off - left, 0), 0)  # keys every row sees: [f0, f1]
+    f1 = tl.where(right >= 0, tl.minimum(row0 + off + right, NK - 1), NK - 1)
+    full_lo = tl.maximum(tl.cdiv(f0, BLOCK_N) * BLOCK_N, lo)
+    full_hi = tl.minimum(tl.where(f1 == NK - 1, NK, (tl.maximum(f1 + 1, 0) // BLOCK_N) * BLOCK_N), hi)
+    none_full = full_lo >= full_hi
+    full_lo = tl.where(none_full, hi, full_lo)
+    full_hi = tl.where(none_full, hi, full_hi)
+    empty = first > last
+    return (tl.where(empty, 0, lo), tl.where(empty, 0, full_lo), tl.where(empty, 0, full_hi),
+            tl.where(empty, 0, hi))
+
+
+@triton.jit
 def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n, start_n, stride_kn,
                  stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-                 MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                 MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr, left, right, sc_in, sc_out,
+                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
     With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
     tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
     not even a NaN, reaches the result. Without TMA the loads are predicated instead. The softmax step,
-    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`)."""
+    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`).
+    ``SOFTCAP``: scores become ``tanh(s * sc_in) * sc_out`` in log2 units (the launcher passes
+    ``qk_scale = 1``); ``WINDOW``: masked tiles also apply `bwd.window_keep`."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
     rows64 = cols.to(tl.int64)
     in_seq = cols < NK
@@ -83,11 +114,15 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         k = tl.load(k_ptrs + rows64[:, None] * stride_kn)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM
     qk = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
+    if SOFTCAP:
+        qk = softcap_tanh(qk, sc_in) * sc_out
     keep = None
     if MASKED:
         keep = in_seq[None, :]  # ragged last tile: columns past Nk_s
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
+        if WINDOW:
+            keep = keep & window_keep(offs_m[:, None], cols[None, :], NQ, NK, left, right)
     p, m_ij, l_i, acc = softmax_tile(qk, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
     if USE_TMA:
         v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
@@ -104,12 +139,12 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
 
 @triton.jit
 def _attnscope_varlen_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
+    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE, SINKS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H, HKV, TOTAL_Q, TOTAL_K, qk_scale,
+    H, HKV, TOTAL_Q, TOTAL_K, qk_scale, left, right, sc_in, sc_out,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, MAX_UNSCALED: tl.constexpr,
-    EMULATE_BF16: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     w = pid // H  # work item (heaviest first); heads fastest so GQA siblings run together
@@ -150,19 +185,49 @@ def _attnscope_varlen_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
 
-    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
-    for start_n in range(0, lo, BLOCK_N):
-        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
-                                     start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
-                                     False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16)
-    # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
-    for start_n in range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
-                                     start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
-                                     True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16)
+    if WINDOW:  # window (left, right) per sequence: masked, unmasked, masked; tiles outside it skipped
+        lo, full_lo, full_hi, hi = _window_bounds(start_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, left, right)
+        full_hi = tl.minimum(full_hi, (NK // BLOCK_N) * BLOCK_N)  # the ragged last tile needs its mask
+        full_lo = tl.minimum(full_lo, full_hi)
+        for start_n in range(lo, full_lo, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, True, SOFTCAP)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, False, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, True, SOFTCAP)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, True, SOFTCAP)
+    else:
+        lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
+        for start_n in range(0, lo, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, False, SOFTCAP)
+        # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, False, SOFTCAP)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
+    m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
+    if HAS_SINKS:  # the sink joins the denominator once, with no value (base 2: sink * log2(e))
+        sink2 = tl.load(SINKS + h) * 1.4426950408889634
+        m_f = tl.maximum(m_log2, sink2)
+        alpha = tl.math.exp2(m_log2 - m_f)
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_f)
+        acc = acc * alpha[:, None]
+        m_log2 = m_f
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if EMULATE_BF16:
@@ -170,7 +235,6 @@ def _attnscope_varlen_kernel(
     tl.store(O + q_rows[:, None] * stride_ot + h64 * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     if STORE_LSE:
-        m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
         lse = m_log2 * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
         tl.store(LSE + h64 * TOTAL_Q + q_rows, lse, mask=row_ok)
 
@@ -231,22 +295,50 @@ def _check_seqlens(cu, name: str, total: int, max_seqlen: int, max_name: str) ->
         raise InputError(f"{max_name}: expected >= the longest sequence ({max(lens)}), got {max_seqlen}")
 
 
-def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool):
-    """(sequence, query tile) pairs, heaviest first, padded with sequence -1 to ``n_items``; on the device,
-    no host sync. Weight of an item: the K/V rows its query tile loads (`_kv_bounds`'s ``hi``)."""
+#: Bits of the device error word (`_common.device_error_flag(..., "varlen")`), one per argument.
+ERROR_BITS = {
+    1: "cu_seqlens_q: expected int32 values from 0 to total_q, non-decreasing, got others",
+    2: "cu_seqlens_k: expected int32 values from 0 to total_k, non-decreasing, got others",
+    4: "max_seqlen_q: expected >= the longest query sequence, got a smaller value",
+    8: "max_seqlen_k: expected >= the longest key sequence, got a smaller value",
+}
+
+
+def _sanitize(cu, total: int, max_seqlen: int, flag, bit_cu: int, bit_max: int):
+    """On the device, no host sync: ``cummax(clamp(cu, 0, total))`` with its ends forced to 0 and
+    ``total``, so the sequences always partition ``[0, total)`` (a decreasing pair becomes an empty
+    sequence, an out-of-range value is clamped): every row is read and written once, inside the tensors,
+    whatever ``cu`` holds. Where ``cu`` differs from it, or a length exceeds ``max_seqlen``, the bit is
+    ORed into ``flag`` (raised by `check_errors`)."""
+    fixed = torch.cummax(cu.clamp(0, total), 0).values
+    fixed[0] = 0
+    fixed[-1] = total
+    lens = fixed[1:] - fixed[:-1]
+    bad = (cu != fixed).any().to(torch.int32) * bit_cu + (lens > max_seqlen).any().to(torch.int32) * bit_max
+    flag.bitwise_or_(bad)
+    return fixed
+
+
+def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool, kv_tiles: bool = False):
+    """(sequence, tile) pairs, heaviest first, padded with sequence -1 to ``n_items``; on the device, no
+    host sync. Query tiles of ``block_m`` rows (weight: the K/V rows the tile loads, `_kv_bounds`'s
+    ``hi``) or, with ``kv_tiles``, K/V tiles of ``block_m`` keys (weight: the query rows that see it)."""
     nq = (cu_q[1:] - cu_q[:-1]).long()  # [B]
     nk = (cu_k[1:] - cu_k[:-1]).long()
-    tiles = (nq + block_m - 1) // block_m  # [B] query tiles per sequence
+    n_own = nk if kv_tiles else nq
+    tiles = (n_own + block_m - 1) // block_m  # [B] tiles per sequence
     ends = torch.cumsum(tiles, 0)  # [B] exclusive end of each sequence's items
     w = torch.arange(n_items, device=cu_q.device)
     seq = torch.searchsorted(ends, w, right=True).clamp_(max=nq.shape[0] - 1)  # [W]
     tile = w - (ends[seq] - tiles[seq])
     valid = w < ends[-1]
-    if causal:  # rows of the tile's last query + the diagonal offset, clamped to [0, Nk]
+    if causal and kv_tiles:  # query rows r >= c - (Nk - Nq) of the tile's first key c
+        weight = nq[seq] - (tile * block_m - nk[seq] + nq[seq]).clamp(min=0, max=None).minimum(nq[seq])
+    elif causal:  # rows of the tile's last query + the diagonal offset, clamped to [0, Nk]
         r_last = torch.minimum((tile + 1) * block_m, nq[seq]) + nk[seq] - nq[seq]
         weight = torch.minimum(r_last.clamp(min=0), nk[seq])
     else:
-        weight = nk[seq]
+        weight = nq[seq] if kv_tiles else nk[seq]
     weight = torch.where(valid, weight + 1, torch.zeros_like(weight))  # +1: an item with no keys still runs
     order = torch.argsort(weight, descending=True, stable=True)
     seq = torch.where(valid, seq, -1)[order].to(torch.int32)
@@ -270,45 +362,106 @@ def _set_allocator(device) -> None:
     triton.set_allocator(alloc)
 
 
-def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
-            check_seqlens, config=None, tma=None):
-    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
-    and the tests; both paths give the same result."""
-    total_q, Hq, d, total_k, Hkv = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                 max_seqlen_k, scale)
+def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap, sinks,
+            scale, check_seqlens):
+    """The checks every varlen launch (forward and backward) makes: shapes, mods (`check_mods`), and the
+    cu_seqlens values: on the host with ``check_seqlens`` (a sync), else sanitised on the device with the
+    error word set (`_sanitize`). Returns ``(dims, mods, sm_scale, cu_q, cu_k)``."""
+    dims = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+    total_q, Hq, d, total_k, Hkv = dims
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
     if check_seqlens:
         _check_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, "max_seqlen_q")
         _check_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, "max_seqlen_k")
+        cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+    else:
+        flag = device_error_flag(torch, q.device, "varlen")
+        cu_q = _sanitize(cu_seqlens_q, total_q, max_seqlen_q, flag, 1, 4)
+        cu_k = _sanitize(cu_seqlens_k, total_k, max_seqlen_k, flag, 2, 8)
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    return dims, mods, sm_scale, cu_q, cu_k
+
+
+def mod_args(mods, sm_scale: float, causal: bool) -> dict:
+    """Kernel arguments of the score mods: runtime window and softcap scalars, and their constexprs (plain
+    causal without a window keeps the CAUSAL path; mods off compile to the plain kernel)."""
+    cap = mods.softcap
+    return dict(left=mods.left, right=mods.right, sc_in=sm_scale / cap if cap else 0.0,
+                sc_out=cap * LOG2E, WINDOW=mods.windowed, SOFTCAP=cap > 0,
+                CAUSAL=bool(causal) and not mods.windowed)
+
+
+def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
+            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None):
+    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
+    and the tests; both paths give the same result."""
+    dims, mods, sm_scale, cu_q, cu_k = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                               max_seqlen_k, causal, window, softcap, sinks, scale,
+                                               check_seqlens)
+    total_q, Hq, d, total_k, Hkv = dims
     o = torch.empty((total_q, Hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return o, lse
     block_m, block_n, num_warps, num_stages = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[d])
     B = cu_seqlens_q.shape[0] - 1
-    n_items = min(B * -(-max(max_seqlen_q, 1) // block_m), -(-total_q // block_m) + B)
-    seq, tile = _work_items(cu_seqlens_q, cu_seqlens_k, n_items, block_m, bool(causal))
+    n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
+    if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
+        n_items = min(n_items, B * -(-max(max_seqlen_q, 1) // block_m))
+    seq, tile = _work_items(cu_q, cu_k, n_items, block_m, mods.windowed or bool(causal))
     use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
     if use_tma:
         _set_allocator(q.device)
+    qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
     _attnscope_varlen_kernel[(n_items * Hq,)](
-        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seq, tile,
+        q, k, v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
-        Hq, Hkv, total_q, total_k, sm_scale * LOG2E,
-        HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
-        USE_TMA=use_tma, MAX_UNSCALED=sm_scale * LOG2E > 1.0,  # see _varlen_tile: huge scales stay NaN-free
-        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
+        Hq, Hkv, total_q, total_k, qk_scale, **mod_args(mods, sm_scale, causal),
+        HEAD_DIM=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
+        USE_TMA=use_tma, MAX_UNSCALED=qk_scale > 1.0,  # see _varlen_tile: huge scales stay NaN-free
+        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16, HAS_SINKS=mods.sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse
 
 
+def check_errors(device=None) -> None:
+    """Raise `InputError` if a `flash_attention_varlen` call (forward or backward) since the last check
+    got bad ``cu_seqlens_q`` / ``cu_seqlens_k`` values or too small ``max_seqlen_*`` (the default call
+    checks them on the device, without a host sync; this reads the error word: one sync), and clear it.
+    Such a call computed the sanitised partition (`_sanitize`): finite, inside the tensors, but not what
+    was asked. ``device``: one device, or every device used."""
+    raise_device_errors(torch, "varlen", ERROR_BITS, device)
+
+
+# Registered at import, as `attnscope::flash_attention`: one opaque op for torch.compile and autograd.
+_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+           "int max_seqlen_k, bool causal, float scale, bool return_lse, int[]? window, float softcap, "
+           "Tensor? sinks, bool deterministic, bool check_seqlens) -> (Tensor, Tensor)")
+
+
+@torch.library.custom_op("attnscope::flash_attention_varlen", mutates_args=(), schema=_SCHEMA)
+def _op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, window,
+        softcap, sinks, deterministic, check_seqlens):
+    return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                   return_lse, check_seqlens, window=window, softcap=softcap, sinks=sinks)
+
+
+@_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, window,
+      softcap, sinks, deterministic, check_seqlens):
+    lse_shape = (q.shape[1], q.shape[0]) if return_lse else (1,)
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                           causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                           check_seqlens: bool = True):
-    """FlashAttention-2 forward over a packed batch of variable-length sequences (flash-attn's varlen API).
+                           causal: bool = False, scale: float | None = None, return_lse: bool = False, *,
+                           window=None, softcap: float = 0.0, sinks=None, deterministic: bool = False,
+                           check_seqlens: bool = False):
+    """FlashAttention-2 over a packed batch of variable-length sequences (flash-attn's varlen API),
+    differentiable w.r.t. q, k, v and sinks (kernels/varlen_bwd.py).
 
     Parameters
     ----------
@@ -322,7 +475,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``; starts at 0, non-decreasing, ends at total_q / total_k.
         Empty sequences are allowed (a sequence with queries but no keys gives 0 and LSE = -inf).
     max_seqlen_q, max_seqlen_k : int
-        Upper bounds of the per-sequence lengths (they size the launch grid; need not be exact).
+        Upper bounds of the per-sequence lengths (need not be exact).
     causal : bool
         Bottom-right causal mask per sequence: key c visible to query r iff ``c <= r + Nk_s - Nq_s``.
     scale : float, optional
@@ -330,10 +483,24 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``1/sqrt(d)``. Any such scale gives a finite output (a huge one tends to the arg-max row).
     return_lse : bool
         Also return the natural-log logsumexp, [Hq, total_q] float32 (flash-attn's varlen layout).
-    check_seqlens : bool
-        Check the *values* of cu_seqlens (start 0, non-decreasing, end = total, longest <= max_seqlen).
-        That copies both arrays to the host: a device sync per call. Pass False in a serving loop that
-        builds cu_seqlens itself (wrong values then give wrong results or out-of-bounds reads).
+    window : (left, right) or None, keyword-only
+        Sliding window per sequence, flash-attn's ``window_size`` (-1 unbounded), bottom-right aligned:
+        key c visible to row r iff ``r + off - left <= c <= r + off + right``, ``off = Nk_s - Nq_s``;
+        causal forces right = 0. K/V tiles wholly outside it are skipped.
+    softcap : float, keyword-only
+        Scaled scores become ``softcap * tanh(s / softcap)``; 0 disables.
+    sinks : torch.Tensor, float32 [Hq], optional, keyword-only
+        One logit per query head in every row's softmax denominator, with no value; the LSE includes it.
+    deterministic : bool, keyword-only
+        Backward only. False (default): dQ accumulated with fp32 atomics inside the dK/dV kernel, one
+        pass (the dense backward measured its separate pass faster at most shapes; bench/varlen.py times
+        both here). True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
+    check_seqlens : bool, keyword-only
+        False (default): the cu_seqlens *values* are checked on the device without a host sync: any
+        values are clamped into a partition of the packed rows (never a read or write outside the
+        tensors, every output row written) and bad ones are raised as `InputError` by
+        `attnscope.kernels.varlen.check_errors()`. True: checked on the host before the launch (copies
+        both arrays to the host: a sync per call) and raised by this call.
 
     Returns
     -------
@@ -348,8 +515,29 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     >>> cu = torch.tensor([0, 100, 4196], dtype=torch.int32, device="cuda")
     >>> q = k = v = torch.randn(4196, 32, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention_varlen(q, k, v, cu, cu, 4096, 4096, causal=True)
+    >>> attnscope.kernels.varlen.check_errors()  # raises if cu held bad values
     """
-    check_flags(causal=causal, return_lse=return_lse, check_seqlens=check_seqlens)
-    o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                     return_lse, check_seqlens)
+    check_flags(causal=causal, return_lse=return_lse, check_seqlens=check_seqlens,
+                deterministic=deterministic)
+    check_scale(scale)
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sinks))
+    compiling = torch.compiler.is_compiling()
+    if grad and not compiling:  # eager autograd: the checks first, not the dispatcher's
+        prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
+                sinks, scale, False)
+    if compiling or grad:
+        d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
+        sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+        o, lse = _op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale,
+                     return_lse or grad, None if window is None else list(window), softcap, sinks,
+                     deterministic, check_seqlens)
+    else:  # eager without autograd: the same launch without the dispatcher
+        o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                         return_lse, check_seqlens, window=window, softcap=softcap, sinks=sinks)
     return (o, lse) if return_lse else o
+
+
+from attnscope.kernels import varlen_bwd as _bwd  # noqa: E402  the backward: the autograd formula of _op
+
+torch.library.register_autograd("attnscope::flash_attention_varlen", _bwd.backward,
+                               setup_context=_bwd.setup_context)
