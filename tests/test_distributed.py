@@ -31,6 +31,56 @@ CASES = [
 ]
 
 
+# (name, B, Hq, Hkv, N, d, dtype, causal, softcap, sinks): score mods through the ring, forward and backward
+MOD_CASES = [
+    ("causal_softcap_sinks_fp16", 1, 2, 1, 13, 64, "float16", True, 2.0, (-1.0, 3.0)),
+    ("unmasked_sinks_bf16", 1, 2, 2, 11, 64, "bfloat16", False, 0.0, (0.5, -20.0)),
+]
+
+
+def _torch_mods(q, k, v, do, causal, softcap, sinks):
+    """PyTorch's own output and gradients at the input dtype (scores, softcap and P V in that dtype,
+    softmax in fp32 with the sink as one more column)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    sk = sinks.detach().clone().requires_grad_()
+    g = q.shape[1] // k.shape[1]
+    s = (q @ k.repeat_interleave(g, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.float()
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -float("inf"))
+    s = torch.cat([s, sk[None, :, None, None].expand(*s.shape[:-1], 1)], -1)
+    o = torch.softmax(s, -1)[..., :-1].to(q.dtype) @ v.repeat_interleave(g, 1)
+    o.backward(do)
+    return o.detach(), (q.grad, k.grad, v.grad, sk.grad)
+
+
+def _mods_case(ad, dist, rank, i, case, device):
+    """One MOD_CASES case on every rank; on rank 0 the errors against float64 and PyTorch's own."""
+    name, B, Hq, Hkv, N, d, dt, causal, softcap, sinks = case
+    g = torch.Generator().manual_seed(3000 + i)
+    dtype = getattr(torch, dt)
+    q, k, v, do = (torch.randn(B, h, N, d, generator=g).to(device, dtype) for h in (Hq, Hkv, Hkv, Hq))
+    sk = torch.tensor(sinks, dtype=torch.float32, device=device).requires_grad_()
+    ql, kl, vl = (ad.shard(t, causal).requires_grad_() for t in (q, k, v))
+    o_loc = ad.ring_attention(ql, kl, vl, causal=causal, softcap=softcap, sinks=sk)
+    o_loc.backward(ad.shard(do, causal))
+    dist.all_reduce(sk.grad)  # each rank holds its rows' share
+    o = ad.unshard(o_loc.detach(), causal)
+    grads = [ad.unshard(t.grad, causal) for t in (ql, kl, vl)] + [sk.grad]
+    if rank != 0:
+        return None
+    q64, k64, v64, do64 = (t.double().cpu().numpy() for t in (q, k, v, do))
+    mods = dict(softcap=softcap, sinks=np.asarray(sinks, dtype=np.float64))
+    o_ref, lse_ref = reference.naive_attention(q64, k64, v64, causal=causal, return_lse=True, **mods)
+    ref = reference.attention_backward(do64, q64, k64, v64, o_ref, lse_ref, causal=causal, **mods)
+    o_t, g_t = _torch_mods(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal, softcap, sk.detach().cpu())
+    err = lambda a, r: float(np.abs(a.double().cpu().numpy() - r).max())  # noqa: E731
+    return {"o": (err(o, o_ref), err(o_t, o_ref)),
+            **{f"d{w}": (err(a, r), err(t, r)) for w, a, t, r in zip("qkvs", grads, g_t, ref, strict=True)}}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,6 +137,11 @@ def _worker(rank, port, qout, cases=CASES, device="cpu"):
                     lse_err=float(np.abs(lse.double().numpy() - lse_ref).max()),
                     torch_err=_torch_error(q, k, v, causal, o_ref),
                     finite=bool(torch.isfinite(o).all()))
+        if device == "cpu":
+            for i, case in enumerate(MOD_CASES):
+                res = _mods_case(ad, dist, rank, i, case, device)
+                if rank == 0:
+                    results[case[0]] = res
         # bad input: a shard that does not match the layout of `shard`
         try:
             x = torch.randn(1, 2, 5 + 3 * rank, 64, dtype=torch.float16, device=device)
@@ -150,6 +205,27 @@ def test_ring_nccl_two_gpus():
     for case in GPU_CASES:
         _check_case(res, case)
     assert "q: expected rank" in res["bad_layout"], res["bad_layout"]
+
+
+@pytest.mark.parametrize("case", MOD_CASES, ids=[c[0] for c in MOD_CASES])
+def test_ring_mods_match_float64(ring_results, case):
+    """softcap through every block and the sink counted once (not once per rank or block), forward and
+    backward (dsinks summed over the ranks) against float64: 2 x / 3 x PyTorch's own error + 1e-3."""
+    from attnscope import checks
+
+    for what, (err, torch_err) in ring_results[case[0]].items():
+        factor = 2 if what == "o" else 3
+        assert err <= checks.kernel_tolerance(torch_err, factor), (what, err, torch_err)
+
+
+def test_ring_window_is_a_clear_error():
+    x = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    from attnscope import distributed as ad
+
+    with pytest.raises(NotImplementedError, match=r"window=\(4, 0\) is not supported; supported: window="):
+        ad.ring_attention(x, x, x, causal=True, window=(4, 0))
+    with pytest.raises(InputError, match="softcap: expected a finite real number >= 0"):
+        ad.ring_attention(x, x, x, softcap=-1.0)
 
 
 def test_ring_bad_layout(ring_results):

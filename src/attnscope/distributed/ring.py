@@ -152,10 +152,54 @@ def _layout(q, causal, group):
     return rank, p, [(c[0], 0) for c in chunks]
 
 
-def _ring_forward(q, k, v, causal, scale, group):
+def _packed(x):
+    """[B, H, n, d] -> the varlen layout [B * n, H, d] (a copy unless B == 1)."""
+    return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3])
+
+
+def _unpacked(x, B):
+    """The varlen layout [B * n, H, d] -> [B, H, n, d]."""
+    return x.view(B, x.shape[0] // B, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
+def _cu(B, n, device):
     import torch
 
-    from attnscope.kernels.fwd import flash_attention
+    return torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=device)
+
+
+def _block_forward(q, k, v, causal, scale, softcap):
+    """(o, lse) of one block: the dense kernel; with softcap the varlen kernel, one sequence per batch row
+    (the dense kernel of this tree has no softcap)."""
+    if not softcap:
+        from attnscope.kernels.fwd import flash_attention
+
+        return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    from attnscope.kernels.varlen import flash_attention_varlen
+
+    B, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    o, lse = flash_attention_varlen(_packed(q), _packed(k), _packed(v), _cu(B, nq, q.device),
+                                    _cu(B, nk, q.device), nq, nk, causal, scale, True, softcap=softcap)
+    return _unpacked(o, B), lse.view(lse.shape[0], B, nq).transpose(0, 1)
+
+
+def _block_backward(do, q, k, v, o, lse, causal, scale, softcap):
+    """(dq, dk, dv) of one block, the kernels of `_block_forward` (``lse``: the merged one)."""
+    if not softcap:
+        return _import_bwd()(do, q, k, v, o, lse, causal, scale)
+    from attnscope.kernels.varlen_bwd import flash_attention_varlen_backward
+
+    B, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    lse_p = lse.transpose(0, 1).reshape(lse.shape[1], B * nq)
+    dq, dk, dv, _ = flash_attention_varlen_backward(
+        *(_packed(t) for t in (do, q, k, v, o)), lse_p, _cu(B, nq, q.device), _cu(B, nk, q.device), nq, nk,
+        causal, scale, softcap=softcap)
+    return _unpacked(dq, B), _unpacked(dk, B), _unpacked(dv, B)
+
+
+def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None):
+    import torch
+
     from attnscope.kernels.merge import merge_
 
     rank, p, chunks = _layout(q, causal, group)
@@ -178,7 +222,7 @@ def _ring_forward(q, k, v, causal, scale, group):
             kk = kc if kh is None else kc[:, :, :kh]
             vv = vc if kh is None else vc[:, :, :kh]
             if hi > lo and kk.shape[2] > 0:
-                ob, lb = flash_attention(q[:, :, lo:hi], kk, vv, causal=cflag, scale=scale, return_lse=True)
+                ob, lb = _block_forward(q[:, :, lo:hi], kk, vv, cflag, scale, softcap)
                 if step == 0 and lo == 0 and hi == nq:  # first block covers every row: no merge needed
                     o.copy_(ob)
                     lse.copy_(lb)
@@ -188,6 +232,8 @@ def _ring_forward(q, k, v, causal, scale, group):
             for r_ in reqs:
                 r_.wait()
             kc, vc = kn, vn
+    if sinks is not None:  # the sink joins once, as one more partial (O = 0, LSE = sink): reference.combine
+        merge_(o, lse, torch.zeros_like(o), sinks[None, :, None].expand(B, Hq, nq).contiguous())
     return o.to(q.dtype), lse, chunks
 
 
@@ -200,11 +246,12 @@ def _import_bwd():
     return flash_attention_backward
 
 
-def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
-    """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps."""
+def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.0):
+    """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps. The blocks
+    recompute P from the merged LSE (sink included), so a sink needs nothing here (`_sinks_grad`)."""
     import torch
 
-    bwd = _import_bwd()
+    _import_bwd()
     rank, p = _world(group)
     ring = _Ring(group, rank, p)
     dq = torch.zeros_like(q, dtype=torch.float32)
@@ -228,8 +275,9 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
             if hi > lo and kh > 0:
                 # sub-blocks as contiguous tensors: the block backward may assume a packed layout
                 rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
-                dqb, dkb, dvb = bwd(rows[0], rows[1], kc[:, :, :kh].contiguous(), vc[:, :, :kh].contiguous(),
-                                    rows[2], rows[3], cflag, scale)
+                dqb, dkb, dvb = _block_backward(rows[0], rows[1], kc[:, :, :kh].contiguous(),
+                                                vc[:, :, :kh].contiguous(), rows[2], rows[3], cflag, scale,
+                                                softcap)
                 dq[:, :, lo:hi] += dqb.float()
                 dkc[:, :, :kh] += dkb.float()
                 dvc[:, :, :kh] += dvb.float()
@@ -247,29 +295,40 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
     return dq.to(q.dtype), dkc.to(k.dtype), dvc.to(v.dtype)
 
 
+def _sinks_grad(do, o, lse, sinks):
+    """This rank's rows' share of dsinks[h] = -sum_rows exp(sink_h - LSE) rowsum(dO * O) (issue 35); the
+    ranks' shares add up to the whole (as every weight's gradient under context parallelism)."""
+    import torch
+
+    delta = (do.float() * o.float()).sum(-1)  # [B, Hq, N_local]
+    return -(torch.exp(sinks[None, :, None] - lse) * delta).sum((0, 2))
+
+
 def _autograd_fn():
     import torch
 
     class _RingAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, group):
-            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal, ctx.scale, ctx.group, ctx.chunks = causal, scale, group, chunks
+        def forward(ctx, q, k, v, sinks, causal, scale, group, softcap):
+            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group, softcap, sinks)
+            ctx.save_for_backward(q, k, v, o, lse, sinks)
+            ctx.causal, ctx.scale, ctx.group, ctx.chunks, ctx.softcap = causal, scale, group, chunks, softcap
             ctx.mark_non_differentiable(lse)
             return o, lse
 
         @staticmethod
         def backward(ctx, do, dlse):
-            q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks)
-            return dq, dk, dv, None, None, None
+            q, k, v, o, lse, sinks = ctx.saved_tensors
+            dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks,
+                                        ctx.softcap)
+            dsinks = None if sinks is None else _sinks_grad(do, o, lse, sinks)
+            return dq, dk, dv, dsinks, None, None, None, None
 
     return _RingAttention
 
 
 def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, group=None,
-                   return_lse: bool = False):
+                   return_lse: bool = False, *, window=None, softcap: float = 0.0, sinks=None):
     """Attention over a sequence sharded across the ranks of `group` (ring attention).
 
     Parameters
@@ -280,23 +339,35 @@ def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, gr
     scale : float, optional — softmax scale; defaults to 1/sqrt(d).
     group : torch.distributed ProcessGroup, optional — defaults to the world.
     return_lse : bool — also return the natural-log logsumexp of each local row.
+    window : None or (-1, -1), keyword-only — a bounded window raises NotImplementedError: the block
+        kernels align each block's diagonal bottom-right, which cannot express the global window's
+        offset between a rank's queries and another rank's keys.
+    softcap : float, keyword-only — each block's scores capped as ``softcap * tanh(s / softcap)``.
+    sinks : torch.Tensor, float32 [Hq], optional, keyword-only — counted once per row (merged as one
+        extra partial after the ring, not per block); its gradient on each rank is that rank's rows' share.
 
     Returns
     -------
     o : [B, Hq, N_local, d], q's dtype (this rank's rows of the whole attention output);
     lse : [B, Hq, N_local], float32 — only when ``return_lse``.
 
-    Differentiable when `attnscope.kernels.bwd` exists (ring pass of dK/dV); otherwise backward raises
-    NotImplementedError. Example: ``o = unshard(ring_attention(*(shard(t, True) for t in (q, k, v)),
-    causal=True), True)``.
+    Differentiable (w.r.t. q, k, v and sinks) when `attnscope.kernels.bwd` exists (ring pass of dK/dV);
+    otherwise backward raises NotImplementedError. Example:
+    ``o = unshard(ring_attention(*(shard(t, True) for t in (q, k, v)), causal=True), True)``.
     """
     import math
 
-    from attnscope.kernels._common import check_flags, check_scale
+    from attnscope.kernels._common import check_flags, check_mods, check_scale
 
     check_flags(causal=causal, return_lse=return_lse)
     check_scale(scale)
     _check_qkv(q, k, v)
+    import torch
+
+    mods = check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
+    if mods.windowed:
+        raise NotImplementedError(f"ring_attention: window={window!r} is not supported; supported: "
+                                  f"window=None or (-1, -1) (causal=True for the causal mask)")
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    o, lse = _autograd_fn().apply(q, k, v, causal, sm_scale, group)
+    o, lse = _autograd_fn().apply(q, k, v, sinks, causal, sm_scale, group, mods.softcap)
     return (o, lse) if return_lse else o

@@ -124,6 +124,8 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         if WINDOW:
             keep = keep & window_keep(offs_m[:, None], cols[None, :], NQ, NK, left, right)
     p, m_ij, l_i, acc = softmax_tile(qk, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
+    if MASKED and WINDOW:  # a row with no key yet keeps m = -inf (softmax_tile shifts it by 0), so its first
+        m_ij = tl.where(l_i == 0.0, float("-inf"), m_ij)  # key gets p = 1 exactly, as without a window
     if USE_TMA:
         v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
         if MASKED:
