@@ -1,4 +1,5 @@
-"""Packed variable-length FlashAttention-2 forward (prefill of a batch of prompts of different lengths).
+"""Packed variable-length FlashAttention-2 forward (a batch of prompts of different lengths); its backward
+is kernels/varlen_bwd.py, joined through the custom op ``attnscope::flash_attention_varlen``.
 
 Algorithm: the FA-2 forward of `attnscope.kernels.fwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
 Algorithm 1, §3.1.1: online softmax, two-stage causal KV loop, skip bound, exp2 with log2(e) folded into
@@ -8,16 +9,22 @@ Layout (flash-attn's varlen): ``q [total_q, Hq, d]``, ``k, v [total_k, Hkv, d]``
 ``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` and k/v rows ``cu_seqlens_k[s] : cu_seqlens_k[s+1]``; output
 ``[total_q, Hq, d]``, LSE ``[Hq, total_q]`` fp32. Causal alignment is bottom-right per sequence (key c is
 visible to query r iff ``c <= r + Nk_s - Nq_s``); rows with no visible key (a sequence with no keys, or
-the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf.
+the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf. Score mods (issue 35's contract, `check_mods`):
+a window per sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, bounds by
+`_window_bounds` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at the
+final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
+
+cu_seqlens values: by default never read back to the host. `_sanitize` turns them, on the device, into a
+partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values stay
+inside the tensors and every output row is written once; a difference from the given values sets a bit of
+the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host instead.
 
 Scheduling: no padding to ``max_seqlen``. The launcher builds, on the device and without a host sync, a
 flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of them, padded to the
-host-known bound ``min(B * ceil(max_seqlen_q / BLOCK_M), ceil(total_q / BLOCK_M) + B)`` with idle items
-that exit at once -- sorted heaviest first by the number of K/V rows the tile loads, and launches a 1-D
-grid over work items x query heads (heads fastest, so GQA heads sharing a K/V head run side by side and
-share it through L2). A batch of very unequal lengths thus fills the machine like one long sequence, and
-the long tiles start first so the short ones fill the tail. The list is rebuilt on every call (about a
-dozen tiny device ops).
+bound ``ceil(total_q / BLOCK_M) + B`` with idle items that exit at once -- sorted heaviest first by the
+number of K/V rows the tile loads, and launches a 1-D grid over work items x query heads (heads fastest,
+so GQA heads sharing a K/V head run side by side and share it through L2). The list is rebuilt on every
+call (about a dozen tiny device ops).
 
 Loads: K and V tiles come by TMA, through descriptors over the whole packed ``[total_k, Hkv, d]``, when
 K and V are 16-byte aligned (any contiguous tensor), else by predicated pointer loads. A descriptor
