@@ -537,11 +537,13 @@ def test_window_bounds_helper_matches_tiles_py():
     from attnscope.model.tiles import window_kv_bounds0
 
     @triton.jit
-    def probe(IN, OUT, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def probe(IN, OUT, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OPEN: tl.constexpr):
         i = tl.arange(0, N)
         row0, nq, nk = tl.load(IN + i * 5), tl.load(IN + i * 5 + 1), tl.load(IN + i * 5 + 2)
-        lo, flo, fhi, hi = varlen._window_bounds(row0, nq, nk, BLOCK_M, BLOCK_N, tl.load(IN + i * 5 + 3),
-                                                 tl.load(IN + i * 5 + 4))
+        left, right = tl.load(IN + i * 5 + 3), tl.load(IN + i * 5 + 4)  # -1: open, as the launcher passes it
+        left = tl.where(left < 0, OPEN, left)
+        right = tl.where(right < 0, OPEN, right)
+        lo, flo, fhi, hi = varlen._window_bounds(row0, nq, nk, BLOCK_M, BLOCK_N, left, right)
         tl.store(OUT + i * 4, lo)
         tl.store(OUT + i * 4 + 1, flo)
         tl.store(OUT + i * 4 + 2, fhi)
@@ -555,7 +557,7 @@ def test_window_bounds_helper_matches_tiles_py():
     rows += [rows[0]] * (n - len(rows))
     inp = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
     out = torch.empty(n, 4, dtype=torch.int32, device=DEVICE)
-    probe[(1,)](inp, out, N=n, BLOCK_M=bm, BLOCK_N=bn)
+    probe[(1,)](inp, out, N=n, BLOCK_M=bm, BLOCK_N=bn, OPEN=varlen.WINDOW_UNBOUNDED)
     for (r0, nq, nk, left, right), got in zip(rows, out.tolist(), strict=True):
         want = window_kv_bounds0(r0, min(bm, nq - r0), nq, nk, bn, False, (left, right))
         assert tuple(got) == want, (r0, nq, nk, left, right, got, want)

@@ -84,12 +84,18 @@ def softcap_tanh(s, sc_in):
     return 1.0 - 2.0 / (tl.math.exp2(s * (sc_in * 2.8853900817779268)) + 1.0)  # 2 log2(e)
 
 
+#: An unbounded window side as the kernels take it (`varlen.mod_args`): larger than any offset, so the
+#: bound formulas need no branch, and a side may be negative (a band off the diagonal, for the ring).
+WINDOW_UNBOUNDED = 1 << 30
+
+
 @triton.jit
 def window_keep(rows, cols, NQ, NK, left, right):
-    """Visibility of key ``cols`` to query ``rows`` under ``window = (left, right)`` (-1 unbounded),
-    bottom-right aligned: ``c >= r + (Nk - Nq) - left`` and ``c <= r + (Nk - Nq) + right``."""
+    """Visibility of key ``cols`` to query ``rows`` under the signed bounds ``(left, right)``
+    (`WINDOW_UNBOUNDED` for an open side), bottom-right aligned: ``r + (Nk - Nq) - left <= c <=
+    r + (Nk - Nq) + right``."""
     diag = rows + (NK - NQ)
-    return ((left < 0) | (cols >= diag - left)) & ((right < 0) | (cols <= diag + right))
+    return (cols >= diag - left) & (cols <= diag + right)
 
 
 @triton.jit

@@ -60,7 +60,7 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
-from attnscope.kernels.bwd import softcap_tanh, window_keep  # noqa: E402
+from attnscope.kernels.bwd import WINDOW_UNBOUNDED, softcap_tanh, window_keep  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
@@ -76,17 +76,18 @@ INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-
 @triton.jit
 def _window_bounds(row0, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, left, right):
     """`model.tiles.window_kv_bounds0` in-kernel for the rows ``[row0, min(row0 + BLOCK_M, NQ))`` and the
-    window ``(left, right)`` (-1 unbounded): ``(lo, full_lo, full_hi, hi)``, keys ``[lo, hi)`` loaded,
-    ``[full_lo, full_hi)`` visible to every row. With the roles swapped (rows <-> keys, NQ <-> NK,
-    left <-> right) it gives the query rows that see a KV tile (the dK/dV kernel)."""
+    signed bounds ``(left, right)`` of `bwd.window_keep` (an open side: `bwd.WINDOW_UNBOUNDED`):
+    ``(lo, full_lo, full_hi, hi)``, keys ``[lo, hi)`` loaded, ``[full_lo, full_hi)`` visible to every row.
+    With the roles swapped (rows <-> keys, NQ <-> NK, left <-> right) it gives the query rows that see a
+    KV tile (the dK/dV kernel)."""
     off = NK - NQ
     r1 = tl.minimum(row0 + BLOCK_M, NQ) - 1
-    first = tl.where(left >= 0, tl.maximum(row0 + off - left, 0), 0)  # the first key any row sees
-    last = tl.where(right >= 0, tl.minimum(r1 + off + right, NK - 1), NK - 1)  # the last one
+    first = tl.maximum(row0 + off - left, 0)  # the first key any row sees
+    last = tl.minimum(r1 + off + right, NK - 1)  # the last one
     lo = (first // BLOCK_N) * BLOCK_N  # operands >= 0: floor and truncation agree
     hi = tl.minimum(tl.cdiv(tl.maximum(last + 1, 0), BLOCK_N) * BLOCK_N, NK)
-    f0 = tl.where(left >= 0, tl.maximum(r1 + off - left, 0), 0)  # keys every row sees: [f0, f1]
-    f1 = tl.where(right >= 0, tl.minimum(row0 + off + right, NK - 1), NK - 1)
+    f0 = tl.maximum(r1 + off - left, 0)  # keys every row sees: [f0, f1]
+    f1 = tl.minimum(row0 + off + right, NK - 1)
     full_lo = tl.maximum(tl.cdiv(f0, BLOCK_N) * BLOCK_N, lo)
     full_hi = tl.minimum(tl.where(f1 == NK - 1, NK, (tl.maximum(f1 + 1, 0) // BLOCK_N) * BLOCK_N), hi)
     none_full = full_lo >= full_hi
@@ -391,20 +392,26 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     return dims, mods, sm_scale, cu_q, cu_k
 
 
-def mod_args(mods, sm_scale: float, causal: bool) -> dict:
-    """Kernel arguments of the score mods: runtime window and softcap scalars, and their constexprs (plain
-    causal without a window keeps the CAUSAL path; mods off compile to the plain kernel)."""
+def mod_args(mods, sm_scale: float, causal: bool, bounds=None) -> dict:
+    """Kernel arguments of the score mods: runtime window bounds (-1 -> `WINDOW_UNBOUNDED`) and softcap
+    scalars, and their constexprs (plain causal without a window keeps the CAUSAL path; mods off compile to
+    the plain kernel). ``bounds``: signed (left, right) of `bwd.window_keep` instead of the window's (the
+    ring's blocks, whose band need not hold the diagonal)."""
     cap = mods.softcap
-    return dict(left=mods.left, right=mods.right, sc_in=sm_scale / cap if cap else 0.0,
-                sc_out=cap * LOG2E, WINDOW=mods.windowed, SOFTCAP=cap > 0,
-                CAUSAL=bool(causal) and not mods.windowed)
+    windowed = mods.windowed or bounds is not None
+    left, right = bounds if bounds is not None else (
+        WINDOW_UNBOUNDED if x < 0 else x for x in (mods.left, mods.right))
+    return dict(left=left, right=right, sc_in=sm_scale / cap if cap else 0.0,
+                sc_out=cap * LOG2E, WINDOW=windowed, SOFTCAP=cap > 0,
+                CAUSAL=bool(causal) and not windowed)
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
-            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None):
+            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None):
     """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
     and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
-    and the tests; both paths give the same result."""
+    and the tests; both paths give the same result. ``bounds``: see `mod_args` (``causal`` must then be
+    False: the bounds say all)."""
     dims, mods, sm_scale, cu_q, cu_k = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                max_seqlen_k, causal, window, softcap, sinks, scale,
                                                check_seqlens)
@@ -418,7 +425,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
     if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
         n_items = min(n_items, B * -(-max(max_seqlen_q, 1) // block_m))
-    seq, tile = _work_items(cu_q, cu_k, n_items, block_m, mods.windowed or bool(causal))
+    kw = mod_args(mods, sm_scale, causal, bounds)
+    seq, tile = _work_items(cu_q, cu_k, n_items, block_m, kw["WINDOW"] or bool(causal))
     use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
     if use_tma:
         _set_allocator(q.device)
@@ -427,7 +435,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         q, k, v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
-        Hq, Hkv, total_q, total_k, qk_scale, **mod_args(mods, sm_scale, causal),
+        Hq, Hkv, total_q, total_k, qk_scale, **kw,
         HEAD_DIM=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
         USE_TMA=use_tma, MAX_UNSCALED=qk_scale > 1.0,  # see _varlen_tile: huge scales stay NaN-free
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16, HAS_SINKS=mods.sinks is not None,

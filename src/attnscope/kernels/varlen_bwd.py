@@ -199,7 +199,8 @@ def _check_saved(do, o, lse, dlse, q):
 
 def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal=False, scale=None, *, window=None, softcap=0.0,
-                                    sinks=None, deterministic=False, dlse=None, check_seqlens=False):
+                                    sinks=None, deterministic=False, dlse=None, check_seqlens=False,
+                                    bounds=None):
     """Gradients of ``o = flash_attention_varlen(q, k, v, ...)`` (the forward's arguments, its ``o`` and
     its LSE [Hq, total_q]).
 
@@ -212,6 +213,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     deterministic : bool: True gives bitwise-identical gradients (dQ in its own pass); False (default)
         accumulates dQ with fp32 atomics.
     dlse : torch.Tensor, [Hq, total_q], optional: the gradient of the returned LSE.
+    bounds : signed (left, right) band instead of ``window`` (`varlen.mod_args`; the ring's blocks).
 
     Returns
     -------
@@ -243,12 +245,12 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     qk_scale = sm_scale * LOG2E
     B = cu_seqlens_q.shape[0] - 1
     emulate = interpreting() and dt == torch.bfloat16
-    mod_kw = varlen.mod_args(mods, sm_scale, causal)
+    mod_kw = varlen.mod_args(mods, sm_scale, causal, bounds)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     n_kv = cdiv(total_k, bn) + B  # >= sum_s ceil(Nk_s / BLOCK_N) for any partition of total_k
-    seq, tile = varlen._work_items(cu_q, cu_k, n_kv, bn, mods.windowed or bool(causal), kv_tiles=True)
+    seq, tile = varlen._work_items(cu_q, cu_k, n_kv, bn, mod_kw["WINDOW"] or bool(causal), kv_tiles=True)
     atomic = not deterministic
     dq_acc = torch.zeros((Hq, total_q, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     if total_k > 0:
@@ -261,7 +263,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
     bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
     n_q = cdiv(total_q, bm) + B
-    seq, tile = varlen._work_items(cu_q, cu_k, n_q, bm, mods.windowed or bool(causal))
+    seq, tile = varlen._work_items(cu_q, cu_k, n_q, bm, mod_kw["WINDOW"] or bool(causal))
     _varlen_dq_kernel[(n_q * Hq,)](
         q, k, v, do, lse2, delta, dq, cu_q, cu_k, seq, tile, *strides, Hq, Hkv, total_q, qk_scale, sm_scale,
         **mod_kw, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps,
