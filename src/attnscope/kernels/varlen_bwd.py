@@ -3,7 +3,7 @@
 
 Algorithm: the dense backward of `attnscope.kernels.bwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
 Algorithm 2, §3.1.2): P recomputed from Q, K and the saved LSE; its @triton.jit pieces (`_bwd_preprocess`,
-`_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and `varlen._window_bounds`) run here
+`_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and `varlen_plan._window_bounds`) run here
 with per-sequence row offsets: a tile's rows are 0-based within its sequence, and the sequence's first
 packed row goes into the base offset.
 
@@ -14,8 +14,8 @@ packed row goes into the base offset.
 3. ``deterministic=True``: dQ in a separate pass, one program per (sequence, query tile) x query head
    (no atomics anywhere: bitwise-identical gradients run to run).
 
-Work items are built on the device as the forward's (`varlen._work_items`, heaviest first), from the
-cu_seqlens the forward's checks sanitised (`varlen.prepare`): no host sync, no access outside the tensors.
+Work items are built on the device as the forward's (`varlen_plan._work_items`, heaviest first), from the
+cu_seqlens sanitised as the forward's (`varlen_plan.prepare`): no host sync, no access outside the tensors.
 Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch (issue 35).
 Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
 pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
@@ -30,7 +30,7 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels import varlen  # noqa: E402
+from attnscope.kernels import varlen_plan  # noqa: E402
 from attnscope.kernels._tl import _kv_bounds  # noqa: E402
 from attnscope.kernels.bwd import (  # noqa: E402
     DKDV_CONFIGS,
@@ -42,7 +42,7 @@ from attnscope.kernels.bwd import (  # noqa: E402
     _dq_tile,
     _q_bounds,
 )
-from attnscope.kernels.varlen import _window_bounds  # noqa: E402
+from attnscope.kernels.varlen_plan import _window_bounds  # noqa: E402
 
 
 @triton.jit
@@ -213,7 +213,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     deterministic : bool: True gives bitwise-identical gradients (dQ in its own pass); False (default)
         accumulates dQ with fp32 atomics.
     dlse : torch.Tensor, [Hq, total_q], optional: the gradient of the returned LSE.
-    bounds : signed (left, right) band instead of ``window`` (`varlen.mod_args`; the ring's blocks).
+    bounds : signed (left, right) band instead of ``window`` (`varlen_plan.mod_args`; the ring's blocks).
 
     Returns
     -------
@@ -221,9 +221,9 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     dsinks [Hq] float32 (an empty tensor [0] without sinks).
     """
     check_flags(deterministic=deterministic)
-    dims, mods, sm_scale, cu_q, cu_k = varlen.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                      max_seqlen_k, causal, window, softcap, sinks, scale,
-                                                      check_seqlens)
+    dims, mods, sm_scale, cu_q, cu_k = varlen_plan.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                           max_seqlen_k, causal, window, softcap, sinks,
+                                                           scale, check_seqlens)
     total_q, Hq, d, total_k, Hkv = dims
     _check_saved(do, o, lse, dlse, q)
     dev, dt = q.device, q.dtype
@@ -245,12 +245,12 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     qk_scale = sm_scale * LOG2E
     B = cu_seqlens_q.shape[0] - 1
     emulate = interpreting() and dt == torch.bfloat16
-    mod_kw = varlen.mod_args(mods, sm_scale, causal, bounds)
+    mod_kw = varlen_plan.mod_args(mods, sm_scale, causal, bounds)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     n_kv = cdiv(total_k, bn) + B  # >= sum_s ceil(Nk_s / BLOCK_N) for any partition of total_k
-    seq, tile = varlen._work_items(cu_q, cu_k, n_kv, bn, mod_kw["WINDOW"] or bool(causal), kv_tiles=True)
+    seq, tile = varlen_plan._work_items(cu_q, cu_k, n_kv, bn, mod_kw["WINDOW"] or bool(causal), kv_tiles=True)
     atomic = not deterministic
     dq_acc = torch.zeros((Hq, total_q, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     if total_k > 0:
@@ -263,7 +263,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
     bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
     n_q = cdiv(total_q, bm) + B
-    seq, tile = varlen._work_items(cu_q, cu_k, n_q, bm, mod_kw["WINDOW"] or bool(causal))
+    seq, tile = varlen_plan._work_items(cu_q, cu_k, n_q, bm, mod_kw["WINDOW"] or bool(causal))
     _varlen_dq_kernel[(n_q * Hq,)](
         q, k, v, do, lse2, delta, dq, cu_q, cu_k, seq, tile, *strides, Hq, Hkv, total_q, qk_scale, sm_scale,
         **mod_kw, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps,
