@@ -31,6 +31,64 @@ CASES = [
 ]
 
 
+# (name, B, Hq, Hkv, N, d, dtype, causal, softcap, sinks, window): score mods through the ring, forward and
+# backward; windows that cross the chunk boundaries (causal: chunks of 4, 3, 3, 3 rows) and skip blocks
+MOD_CASES = [
+    ("causal_softcap_sinks_fp16", 1, 2, 1, 13, 64, "float16", True, 2.0, (-1.0, 3.0), None),
+    ("unmasked_sinks_bf16", 1, 2, 2, 11, 64, "bfloat16", False, 0.0, (0.5, -20.0), None),
+    ("causal_window_fp16", 1, 2, 1, 13, 64, "float16", True, 0.0, None, (2, -1)),
+    ("unmasked_window_softcap_sinks_bf16", 1, 2, 2, 11, 64, "bfloat16", False, 3.0, (1.0, 0.0), (1, 3)),
+]
+
+
+def _torch_mods(q, k, v, do, causal, softcap, sinks, window):
+    """PyTorch's own output and gradients at the input dtype (scores, softcap and P V in that dtype,
+    softmax in fp32 with the sink as one more column)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    sk = None if sinks is None else sinks.detach().clone().requires_grad_()
+    g = q.shape[1] // k.shape[1]
+    s = (q @ k.repeat_interleave(g, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    n = s.shape[-1]
+    s = s.float().masked_fill(~torch.from_numpy(reference.permitted(n, n, causal, window)), -float("inf"))
+    if sk is not None:
+        s = torch.cat([s, sk[None, :, None, None].expand(*s.shape[:-1], 1)], -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    o = (p if sk is None else p[..., :-1]).to(q.dtype) @ v.repeat_interleave(g, 1)
+    o.backward(do)
+    return o.detach(), (q.grad, k.grad, v.grad) + (() if sk is None else (sk.grad,))
+
+
+def _mods_case(ad, dist, rank, i, case, device):
+    """One MOD_CASES case on every rank; on rank 0 the errors against float64 and PyTorch's own."""
+    name, B, Hq, Hkv, N, d, dt, causal, softcap, sinks, window = case
+    g = torch.Generator().manual_seed(3000 + i)
+    dtype = getattr(torch, dt)
+    q, k, v, do = (torch.randn(B, h, N, d, generator=g).to(device, dtype) for h in (Hq, Hkv, Hkv, Hq))
+    sk = None if sinks is None else torch.tensor(sinks, dtype=torch.float32, device=device).requires_grad_()
+    ql, kl, vl = (ad.shard(t, causal).requires_grad_() for t in (q, k, v))
+    o_loc = ad.ring_attention(ql, kl, vl, causal=causal, softcap=softcap, sinks=sk, window=window)
+    o_loc.backward(ad.shard(do, causal))
+    if sk is not None:
+        dist.all_reduce(sk.grad)  # each rank holds its rows' share
+    o = ad.unshard(o_loc.detach(), causal)
+    grads = [ad.unshard(t.grad, causal) for t in (ql, kl, vl)] + ([] if sk is None else [sk.grad])
+    if rank != 0:
+        return None
+    q64, k64, v64, do64 = (t.double().cpu().numpy() for t in (q, k, v, do))
+    mods = dict(softcap=softcap, window=window,
+                sinks=None if sinks is None else np.asarray(sinks, dtype=np.float64))
+    o_ref, lse_ref = reference.naive_attention(q64, k64, v64, causal=causal, return_lse=True, **mods)
+    ref = reference.attention_backward(do64, q64, k64, v64, o_ref, lse_ref, causal=causal, **mods)
+    o_t, g_t = _torch_mods(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal, softcap,
+                           None if sk is None else sk.detach().cpu(), window)
+    err = lambda a, r: float(np.abs(a.double().cpu().numpy() - r).max())  # noqa: E731
+    names = "qkvs"[:len(grads)]
+    return {"o": (err(o, o_ref), err(o_t, o_ref)),
+            **{f"d{w}": (err(a, r), err(t, r)) for w, a, t, r in zip(names, grads, g_t, ref, strict=True)}}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,6 +145,11 @@ def _worker(rank, port, qout, cases=CASES, device="cpu"):
                     lse_err=float(np.abs(lse.double().numpy() - lse_ref).max()),
                     torch_err=_torch_error(q, k, v, causal, o_ref),
                     finite=bool(torch.isfinite(o).all()))
+        if device == "cpu":
+            for i, case in enumerate(MOD_CASES):
+                res = _mods_case(ad, dist, rank, i, case, device)
+                if rank == 0:
+                    results[case[0]] = res
         # bad input: a shard that does not match the layout of `shard`
         try:
             x = torch.randn(1, 2, 5 + 3 * rank, 64, dtype=torch.float16, device=device)
@@ -150,6 +213,60 @@ def test_ring_nccl_two_gpus():
     for case in GPU_CASES:
         _check_case(res, case)
     assert "q: expected rank" in res["bad_layout"], res["bad_layout"]
+
+
+@pytest.mark.parametrize("case", MOD_CASES, ids=[c[0] for c in MOD_CASES])
+def test_ring_mods_match_float64(ring_results, case):
+    """softcap through every block and the sink counted once (not once per rank or block), forward and
+    backward (dsinks summed over the ranks) against float64: 2 x / 3 x PyTorch's own error + 1e-3."""
+    from attnscope import checks
+
+    for what, (err, torch_err) in ring_results[case[0]].items():
+        factor = 2 if what == "o" else 3
+        assert err <= checks.kernel_tolerance(torch_err, factor), (what, err, torch_err)
+
+
+def test_ring_bad_mods_are_a_clear_error():
+    x = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    from attnscope import distributed as ad
+
+    with pytest.raises(InputError, match="window: expected None or a pair"):
+        ad.ring_attention(x, x, x, causal=True, window=(4, -3))
+    with pytest.raises(InputError, match="softcap: expected a finite real number >= 0"):
+        ad.ring_attention(x, x, x, softcap=-1.0)
+    with pytest.raises(InputError, match="sinks: expected a float32 tensor of shape"):
+        ad.ring_attention(x, x, x, sinks=torch.zeros(3))
+
+
+def test_ring_window_blocks_skip_pairs_outside_the_window():
+    """The block plan of a window: every visible (query, key) pair of the whole sequence is covered by
+    exactly one block, and blocks with no visible pair are not planned (float64 check of the plan)."""
+    from attnscope.distributed import ring
+
+    for n, p, causal, window in ((13, 2, True, (2, 0)), (40, 4, False, (3, 1)), (40, 4, True, (-1, 0)),
+                                 (9, 3, False, (0, 0))):
+        sizes, starts = ring._bounds(n, p, causal)
+        chunks = [tuple(sizes[j] for j in ring._rank_chunks(r, p, causal)) for r in range(p)]
+        if not causal:
+            chunks = [(c[0], 0) for c in chunks]
+        glob = [[starts[j] + i for j in ring._rank_chunks(r, p, causal) for i in range(sizes[j])]
+                for r in range(p)]  # global position of each local row of each rank
+        want = reference.permitted(n, n, causal, window)
+        got = np.zeros((n, n), int)
+        planned = 0
+        for r in range(p):
+            for s in range(p):
+                for lo, hi, k_lo, k_hi, _, (bl, br) in ring._blocks(r, s, p, causal, chunks, window):
+                    i, c = np.arange(lo, hi)[:, None] - lo, np.arange(k_lo, k_hi)[None, :] - k_lo
+                    diag = i + (k_hi - k_lo) - (hi - lo)
+                    keep = (c >= diag - bl) & (c <= diag + br)  # kernels.bwd.window_keep
+                    assert keep.any(), (r, s, lo, k_lo)  # a planned block sees something
+                    rows = np.broadcast_to(np.array(glob[r][lo:hi])[:, None], keep.shape)
+                    cols = np.broadcast_to(np.array(glob[s][k_lo:k_hi])[None, :], keep.shape)
+                    np.add.at(got, (rows[keep], cols[keep]), 1)
+                    planned += 1
+        assert (got == want).all(), (n, p, causal, window)
+        assert planned < p * p * (4 if causal else 1) or window == (-1, 0), "no block was skipped"
 
 
 def test_ring_bad_layout(ring_results):

@@ -7,6 +7,8 @@ against the same reference) plus 1e-3.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -160,14 +162,18 @@ def test_huge_scale_is_finite_and_matches_float64(scale, causal):
         assert np.all(np.isposinf(big) | (np.abs(big - rbig) <= 1e-5 * rbig))
 
 
-def test_check_seqlens_false_skips_the_value_checks_only():
+def test_check_seqlens_host_check_is_opt_in_and_changes_nothing_else():
     g = torch.Generator().manual_seed(4)
     q, k, v = (_packed(12, 1, 64, torch.float16, False, g) for _ in range(3))
     cu = _cu([5, 7])
-    a = attnscope.flash_attention_varlen(q, k, v, cu, cu, 7, 7, check_seqlens=False)
+    a = attnscope.flash_attention_varlen(q, k, v, cu, cu, 7, 7, check_seqlens=True)
     assert torch.equal(a, attnscope.flash_attention_varlen(q, k, v, cu, cu, 7, 7))
     with pytest.raises(ValueError, match="cu_seqlens_q: expected dtype torch.int32"):
-        attnscope.flash_attention_varlen(q, k, v, cu.long(), cu, 7, 7, check_seqlens=False)
+        attnscope.flash_attention_varlen(q, k, v, cu.long(), cu, 7, 7)
+    bad = _i(0, 13, 12)
+    attnscope.flash_attention_varlen(q, k, v, bad, cu, 13, 7)  # default: no host check, reported later
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected int32 values from 0 to total_q"):
+        varlen.check_errors()
 
 
 def test_all_sequences_empty_gives_empty_output():
@@ -252,15 +258,15 @@ def _i(*vals):
     ({"scale": float("nan")}, ValueError, "scale: expected a finite positive number up to 2.36e+38, or None"),
 ])
 def test_documented_errors(over, exc, msg):
-    with pytest.raises(exc) as e:
-        attnscope.flash_attention_varlen(**_good(**over))
+    with pytest.raises(exc) as e:  # the value errors of cu_seqlens / max_seqlen: the opt-in host check
+        attnscope.flash_attention_varlen(**_good(**over), check_seqlens=True)
     assert msg in str(e.value)
 
 
 @pytest.mark.parametrize("over,msg", [
     ({"causal": "no"}, "causal: expected True or False, got 'no'"),  # was read as True
     ({"return_lse": "False"}, "return_lse: expected True or False, got 'False'"),  # was a tuple
-    ({"check_seqlens": None}, "check_seqlens: expected True or False, got None"),  # was False
+    ({"check_seqlens": None}, "check_seqlens: expected True or False, got None"),
     ({"scale": 10**400}, "scale: expected a finite positive number up to 2.36e+38"),  # was OverflowError
     ({"scale": 1e39}, "scale: expected a finite positive number up to 2.36e+38"),  # was NaN output
     # the kernel reads cu[s] at offset s: a strided view read other memory (a crash under the interpreter)
@@ -361,3 +367,332 @@ def test_gpu_real_tiles_length_mix(d, causal):
         t_out = _torch_attention(qs, ks, vs, causal).double().numpy()
         torch_err = np.abs(t_out - ro)[has_key].max(initial=0.0)
         assert err <= 2 * torch_err + 1e-3, f"seq {s} ({nq}, {nk}): {err:.3g} > 2 x {torch_err:.3g} + 1e-3"
+
+
+# ---- backward, score mods, device-side validation ------------------------------------------------
+def _torch_seq(qs, ks, vs, do, causal, window, softcap, sinks, scale):
+    """PyTorch's own forward + gradients for one sequence at the input dtype (q [Hq, Nq, d], k, v
+    [Hkv, Nk, d]): scores, softcap and P V in that dtype, softmax in fp32 with the sink as one more
+    column; rows with no visible key and no sink give 0. Returns (o, dq, dk, dv, dsinks or None)."""
+    q, k, v = (t.detach().cpu().clone().requires_grad_() for t in (qs, ks, vs))
+    sk = None if sinks is None else sinks.detach().cpu().clone().requires_grad_()
+    g = q.shape[0] // k.shape[0]
+    kk, vv = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+    s = (q @ kk.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    mask = torch.from_numpy(reference.permitted(q.shape[1], k.shape[1], causal, window))
+    s = s.float().masked_fill(~mask, float("-inf"))
+    if sk is not None:
+        s = torch.cat([s, sk[:, None, None].expand(-1, s.shape[1], 1)], -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    if sk is not None:
+        p = p[..., :-1]
+    o = p.to(q.dtype) @ vv
+    o.backward(do.cpu())
+    return o.detach(), q.grad, k.grad, v.grad, None if sk is None else sk.grad
+
+
+def _err(a, r, rows=None):
+    a = a.detach().double().cpu().numpy() if hasattr(a, "double") else a
+    d = np.abs(a - r)
+    return (d[..., rows, :] if rows is not None else d).max(initial=0.0)
+
+
+def _check_varlen_grads(q, k, v, do, lq, lk, causal, window=None, softcap=0.0, sinks=None, scale=None,
+                        deterministic=False, got=None):
+    """Forward + backward through autograd against float64 per sequence (`reference.naive_attention`,
+    `reference.attention_backward`): the output within `checks.kernel_tolerance` (2 x torch's error),
+    dQ, dK, dV and dsinks within factor 3; empty sequences zero gradient."""
+    from attnscope import checks
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sink_leaf = None if sinks is None else sinks.detach().clone().requires_grad_()
+    cq, ck = _cu(lq), _cu(lk)
+    o, lse = attnscope.flash_attention_varlen(*leaves, cq, ck, max(lq), max(lk), causal=causal, scale=scale,
+                                              return_lse=True, window=window, softcap=softcap,
+                                              sinks=sink_leaf, deterministic=deterministic)
+    grads = torch.autograd.grad(o, leaves + ([sink_leaf] if sinks is not None else []), do)
+    dq, dk, dv = grads[:3]
+    o, lse = o.detach(), lse.detach()
+    assert all(torch.isfinite(t).all() for t in (o, *grads)), "NaN/inf in the output or a gradient"
+    sm = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    dsinks_ref, dsinks_torch = 0.0, 0.0
+    for s, (nq, nk) in enumerate(zip(lq, lk, strict=True)):
+        a, c = int(cq[s]), int(ck[s])
+        if nq == 0 or nk == 0:  # an empty side: the other side's gradient is exactly 0 (or the sink's)
+            assert (dk[c:c + nk] == 0).all() and (dv[c:c + nk] == 0).all(), s
+            if sinks is None:
+                assert (dq[a:a + nq] == 0).all() and (o[a:a + nq] == 0).all(), s
+            continue
+        qs, ks, vs, dos = (t[r:r + n].transpose(0, 1) for t, r, n in ((q, a, nq), (k, c, nk), (v, c, nk),
+                                                                      (do, a, nq)))
+        f64 = [t.double().cpu().numpy() for t in (qs, ks, vs, dos)]
+        sk64 = None if sinks is None else sinks.double().cpu().numpy()
+        mods = dict(window=window, softcap=softcap, sinks=sk64)
+        ro, rlse = reference.naive_attention(*f64[:3], causal=causal, scale=scale, return_lse=True, **mods)
+        ref = reference.attention_backward(f64[3], *f64[:3], ro, rlse, causal=causal, scale=scale, **mods)
+        t_o, *t_g = _torch_seq(qs, ks, vs, dos, causal, window, softcap, sinks, sm)
+        os_ = o[a:a + nq].transpose(0, 1)
+        assert _err(os_, ro) <= checks.kernel_tolerance(_err(t_o, ro)), f"seq {s}: output"
+        ls = lse[:, a:a + nq].double().cpu().numpy()
+        fin = np.isfinite(rlse)
+        assert (np.isneginf(ls) == ~fin).all() and np.abs(ls - rlse)[fin].max(initial=0.0) < 1e-3, s
+        got_g = (dq[a:a + nq].transpose(0, 1), dk[c:c + nk].transpose(0, 1), dv[c:c + nk].transpose(0, 1))
+        for name, gk, gt, gr in zip("qkv", got_g, t_g[:3], ref[:3], strict=True):
+            tol = checks.kernel_tolerance(_err(gt, gr), factor=3)
+            assert _err(gk, gr) <= tol, f"seq {s}: d{name} error {_err(gk, gr):.3g} > {tol:.3g}"
+        if sinks is not None:
+            dsinks_ref = dsinks_ref + ref[3]
+            dsinks_torch = dsinks_torch + t_g[3].double().numpy()
+    if sinks is not None:
+        # Looser at bf16 (factor 5): dsinks sums P_sink * D over every row, with D = rowsum(dO * O) from
+        # the bf16 O (flash-attn's learnable-sink backward does the same), while PyTorch's autograd takes
+        # D through its fp32 softmax; dQ/dK/dV use the same D and keep factor 3.
+        factor = 5 if q.dtype == torch.bfloat16 else 3
+        err_s = np.abs(grads[3].double().cpu().numpy() - dsinks_ref).max()
+        assert err_s <= checks.kernel_tolerance(np.abs(dsinks_torch - dsinks_ref).max(), factor), err_s
+    return o, lse, grads
+
+
+# Empty sequences (no queries / no keys / neither), length 1, ragged against the interpreter's tiles
+# (fwd 32 x 16, dK/dV 16 x 32, dQ 32 x 16), causal with Nq_s > Nk_s and Nq_s < Nk_s, GQA, both dtypes,
+# deterministic both ways, a strided layout; mods: windows (W not a tile multiple, larger than N, rows
+# with no key in their window), softcap with large logits, sinks very negative and very positive.
+GRAD_CASES = [
+    # lq, lk, causal, group, dtype, deterministic, strided, window, softcap, sinks
+    ([5, 0, 33, 17], [5, 3, 40, 0], True, 2, "float16", False, False, None, 0.0, None),
+    ([33, 1, 20, 0], [9, 1, 50, 0], True, 1, "bfloat16", True, True, None, 0.0, None),
+    ([17, 0, 30], [25, 6, 30], False, 2, "float16", True, False, (8, 4), 5.0, (-30.0, 2.0, 0.5, 40.0)),
+    ([40, 3], [21, 70], True, 2, "bfloat16", False, False, (10, -1), 0.0, (1.0, -2.0, 0.0, 3.0)),
+    ([26, 9], [26, 40], False, 1, "float16", False, True, (0, 0), 2.0, None),
+    ([30], [12], False, 2, "float16", True, False, (-1, 3), 0.0, None),  # first 15 rows see no key
+]
+
+
+@pytest.mark.parametrize("lq,lk,causal,group,dtype,deterministic,strided,window,softcap,sinks", GRAD_CASES)
+def test_backward_matches_per_sequence_float64(lq, lk, causal, group, dtype, deterministic, strided, window,
+                                               softcap, sinks):
+    dt = getattr(torch, dtype)
+    hkv = 2 if group == 1 else 1
+    hq = hkv * group
+    g = torch.Generator().manual_seed(sum(lq) * 3 + sum(lk))
+    q = _packed(sum(lq), hq, 64, dt, strided, g)
+    k = _packed(sum(lk), hkv, 64, dt, strided, g)
+    v = _packed(sum(lk), hkv, 64, dt, False, g)
+    if softcap:
+        q = q * 4  # large logits: the cap matters
+    do = _packed(sum(lq), hq, 64, dt, False, g)
+    sk = None if sinks is None else torch.tensor(sinks[:hq], dtype=torch.float32, device=DEVICE)
+    _check_varlen_grads(q, k, v, do, lq, lk, causal, window, softcap, sk, deterministic=deterministic)
+
+
+def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic():
+    g = torch.Generator().manual_seed(12)
+    lq, lk = [19, 0, 34], [23, 7, 34]
+    q = _packed(sum(lq), 2, 64, torch.float16, False, g)
+    k, v = (_packed(sum(lk), 1, 64, torch.float16, False, g) for _ in range(2))
+    do = _packed(sum(lq), 2, 64, torch.float16, False, g)
+
+    def grads(det):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = attnscope.flash_attention_varlen(*leaves, _cu(lq), _cu(lk), 34, 34, causal=True,
+                                             deterministic=det)
+        return torch.autograd.grad(o, leaves, do)
+
+    a, b, c = grads(True), grads(True), grads(False)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all((x.float() - y.float()).abs().max() < 2e-3 for x, y in zip(a, c, strict=True))
+
+
+def test_compiled_step_has_no_graph_break_and_matches_eager():
+    g = torch.Generator().manual_seed(13)
+    lq = [9, 14]
+    q, k, v = (_packed(23, 2, 64, torch.float16, False, g) for _ in range(3))
+    w = torch.randn(64, 64, generator=g).half().to(DEVICE).requires_grad_()
+    sinks = torch.zeros(2, device=DEVICE, requires_grad=True)
+    cu = _cu(lq)
+
+    def loss_fn(q, k, v, w, sinks):
+        o = attnscope.flash_attention_varlen(q @ w, k, v, cu, cu, 14, 14, causal=True, window=(4, -1),
+                                             sinks=sinks)
+        return o.float().square().sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")  # fullgraph: a break raises
+    compiled(q, k, v, w, sinks).backward()
+    gw, gs = w.grad.clone(), sinks.grad.clone()
+    w.grad = sinks.grad = None
+    loss_fn(q, k, v, w, sinks).backward()
+    assert torch.equal(gw, w.grad) and torch.equal(gs, sinks.grad)
+
+
+def test_ops_opcheck():
+    """The custom ops' fake implementations and schemas, and the forward's autograd registration
+    (torch.library.opcheck; its aot_dispatch test is left to test_compiled_step_..., which traces both)."""
+    from attnscope.kernels import varlen_bwd
+
+    g = torch.Generator().manual_seed(16)
+    q, k, v, do = (_packed(n, h, 64, torch.float16, False, g) for n, h in ((9, 2), (11, 1), (11, 1), (9, 2)))
+    cq, ck = _cu([4, 5]), _cu([6, 5])
+    sinks = torch.zeros(2, device=DEVICE)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")  # not the slow aot_dispatch
+    torch.library.opcheck(varlen._op, (*leaves, cq, ck, 5, 6, True, 0.125, True, [3, -1], 1.5,
+                                       sinks.requires_grad_(), False, False), test_utils=tests)
+    o, lse = varlen._op(q, k, v, cq, ck, 5, 6, True, 0.125, True, None, 0.0, None, False, False)
+    torch.library.opcheck(varlen_bwd._bwd_op, (do, q, k, v, o, lse, None, cq, ck, 5, 6, True, 0.125, None,
+                                               0.0, None, True, False), test_utils=tests[:2])
+
+
+def test_window_bounds_helper_matches_tiles_py():
+    """The in-kernel `_window_bounds` (and its swapped use for the dK/dV kernel) against
+    `model.tiles.window_kv_bounds0` over a sweep of rows, lengths and windows."""
+    import itertools
+
+    import triton
+    import triton.language as tl
+
+    from attnscope.model.tiles import window_kv_bounds0
+
+    @triton.jit
+    def probe(IN, OUT, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OPEN: tl.constexpr):
+        i = tl.arange(0, N)
+        row0, nq, nk = tl.load(IN + i * 5), tl.load(IN + i * 5 + 1), tl.load(IN + i * 5 + 2)
+        left, right = tl.load(IN + i * 5 + 3), tl.load(IN + i * 5 + 4)  # -1: open, as the launcher passes it
+        left = tl.where(left < 0, OPEN, left)
+        right = tl.where(right < 0, OPEN, right)
+        lo, flo, fhi, hi = varlen._window_bounds(row0, nq, nk, BLOCK_M, BLOCK_N, left, right)
+        tl.store(OUT + i * 4, lo)
+        tl.store(OUT + i * 4 + 1, flo)
+        tl.store(OUT + i * 4 + 2, fhi)
+        tl.store(OUT + i * 4 + 3, hi)
+
+    bm, bn = 16, 8
+    rows = []
+    for nq, nk, left, right in itertools.product((1, 13, 40), (1, 9, 40), (-1, 0, 5, 17), (-1, 0, 3, 20)):
+        rows += [(r0, nq, nk, left, right) for r0 in range(0, nq, bm)]
+    n = triton.next_power_of_2(len(rows))
+    rows += [rows[0]] * (n - len(rows))
+    inp = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(n, 4, dtype=torch.int32, device=DEVICE)
+    probe[(1,)](inp, out, N=n, BLOCK_M=bm, BLOCK_N=bn, OPEN=varlen.WINDOW_UNBOUNDED)
+    for (r0, nq, nk, left, right), got in zip(rows, out.tolist(), strict=True):
+        want = window_kv_bounds0(r0, min(bm, nq - r0), nq, nk, bn, False, (left, right))
+        assert tuple(got) == want, (r0, nq, nk, left, right, got, want)
+
+
+def _carved(n, h, d, dtype, g, pad=7):
+    """A [n, h, d] tensor inside a NaN-filled buffer with ``pad`` poisoned rows on each side."""
+    buf = torch.full((n + 2 * pad, h, d), float("nan"), dtype=dtype, device=DEVICE)
+    buf[pad:pad + n] = torch.randn(n, h, d, generator=g).to(dtype).to(DEVICE)
+    return buf[pad:pad + n], buf
+
+
+def _carve_outputs(monkeypatch, pad=7):
+    """The launchers' torch.empty / torch.zeros return views inside NaN-filled buffers; returns the list of
+    (view, buffer) pairs so a test can check that nothing outside a view was written."""
+    made = []
+
+    class _Torch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*a, **kw):
+            return _make(torch.empty, a, kw)
+
+        @staticmethod
+        def zeros(*a, **kw):
+            return _make(torch.zeros, a, kw)
+
+    def _make(fn, a, kw):
+        t = fn(*a, **kw)
+        if not t.is_floating_point() or t.dim() == 0 or t.shape[0] == 0:
+            return t
+        buf = torch.full((t.shape[0] + 2 * pad, *t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device)
+        view = buf[pad:pad + t.shape[0]]
+        view.copy_(t)
+        made.append((view, buf))
+        return view
+
+    from attnscope.kernels import varlen_bwd
+
+    monkeypatch.setattr(varlen, "torch", _Torch())
+    monkeypatch.setattr(varlen_bwd, "torch", _Torch())
+    return made
+
+
+@pytest.mark.parametrize("cu_q,cu_k,bad", [
+    ([0, 50, 12], [0, 4, 10], "cu_seqlens_q"),  # past total_q, then back
+    ([3, 1, 12], [0, 4, 10], "cu_seqlens_q"),  # not starting at 0, decreasing
+    ([0, 5, 12], [0, -5, 9], "cu_seqlens_k"),  # negative, and not ending at total_k
+    ([0, 5, 12], [0, 2**31 - 1, 10], "cu_seqlens_k"),  # int32 max
+])
+def test_bad_cu_seqlens_stay_inside_the_tensors_and_are_reported(monkeypatch, cu_q, cu_k, bad):
+    """The default call: no host check; whatever cu_seqlens hold, every read and write stays inside q, k,
+    v and the outputs (poisoned NaN neighbours never reach the result, and are never overwritten), the
+    output and gradients are finite, and `check_errors` raises naming the argument."""
+    varlen.check_errors()  # a clean word
+    g = torch.Generator().manual_seed(14)
+    q, _ = _carved(12, 2, 64, torch.float16, g)
+    k, _ = _carved(10, 1, 64, torch.float16, g)
+    v, _ = _carved(10, 1, 64, torch.float16, g)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    made = _carve_outputs(monkeypatch)
+    o = attnscope.flash_attention_varlen(*leaves, _i(*cu_q), _i(*cu_k), 12, 10, causal=True)
+    grads = torch.autograd.grad(o, leaves, torch.ones_like(o))
+    monkeypatch.undo()
+    assert torch.isfinite(o).all() and all(torch.isfinite(t).all() for t in grads)
+    assert made, "the launchers' outputs were not carved"
+    for view, buf in made:
+        pad = view.data_ptr() - buf.data_ptr()
+        n = pad // (view[0].numel() * view.element_size())
+        assert torch.isnan(buf[:n]).all() and torch.isnan(buf[n + view.shape[0]:]).all(), "written outside"
+    with pytest.raises(InputError, match=f"{bad}: expected int32 values"):
+        varlen.check_errors()
+    varlen.check_errors()  # cleared by the raise
+
+
+def test_small_max_seqlen_is_reported_and_good_calls_are_not():
+    varlen.check_errors()
+    g = torch.Generator().manual_seed(15)
+    q, k, v = (_packed(12, 1, 64, torch.float16, False, g) for _ in range(3))
+    attnscope.flash_attention_varlen(q, k, v, _cu([5, 7]), _cu([5, 7]), 7, 7)
+    varlen.check_errors()  # nothing to raise
+    o = attnscope.flash_attention_varlen(q, k, v, _cu([5, 7]), _cu([5, 7]), 3, 7)
+    assert torch.equal(o, attnscope.flash_attention_varlen(q, k, v, _cu([5, 7]), _cu([5, 7]), 7, 7))
+    with pytest.raises(InputError, match="max_seqlen_q: expected >= the longest"):
+        varlen.check_errors()
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"window": (3, -2)}, "window: expected None or a pair (left, right) of integers >= -1"),
+    ({"softcap": -1.0}, "softcap: expected a finite real number >= 0"),
+    ({"softcap": float("inf")}, "softcap: expected a finite real number >= 0"),
+    ({"sinks": torch.zeros(3)}, "sinks: expected a float32 tensor of shape [Hq] = [4]"),
+    ({"sinks": torch.zeros(4, dtype=torch.float64)}, "sinks: expected a float32 tensor"),
+    ({"deterministic": 1}, "deterministic: expected True or False, got 1"),
+])
+def test_bad_mods_are_a_clear_error(over, msg):
+    with pytest.raises(InputError) as e:
+        attnscope.flash_attention_varlen(**_good(**over))
+    assert msg in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mods", [{}, {"window": (256, 0)}, {"softcap": 30.0, "sinks": True}])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_backward_full_size(d, mods):
+    """The GPU configs: 8 prompts of 0..1500 tokens, causal, GQA 4, bf16, forward and backward (both dQ
+    modes) per sequence against float64 (2 x / 3 x torch's own error + 1e-3)."""
+    rng = np.random.default_rng(d)
+    lq = [int(x) for x in rng.integers(1, 1500, 6)] + [0, 1]
+    g = torch.Generator().manual_seed(21)
+    q = _packed(sum(lq), 8, d, torch.bfloat16, False, g)
+    k, v = (_packed(sum(lq), 2, d, torch.bfloat16, False, g) for _ in range(2))
+    do = _packed(sum(lq), 8, d, torch.bfloat16, False, g)
+    sinks = torch.linspace(-3, 3, 8, device=DEVICE) if mods.get("sinks") else None
+    kw = {"window": mods.get("window"), "softcap": mods.get("softcap", 0.0), "sinks": sinks}
+    for det in (False, True):
+        _check_varlen_grads(q, k, v, do, lq, lq, True, deterministic=det, **kw)

@@ -158,10 +158,94 @@ def _layout(q, causal, group):
     return rank, p, [(c[0], 0) for c in chunks]
 
 
-def _ring_forward(q, k, v, causal, scale, group):
+def _packed(x):
+    """[B, H, n, d] -> the varlen layout [B * n, H, d] (a copy unless B == 1)."""
+    return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3])
+
+
+def _unpacked(x, B):
+    """The varlen layout [B * n, H, d] -> [B, H, n, d]."""
+    return x.view(B, x.shape[0] // B, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
+def _cu(B, n, device):
     import torch
 
-    from attnscope.kernels.fwd import flash_attention
+    return torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=device)
+
+
+def _blocks(r: int, s: int, p: int, causal: bool, chunks, window):
+    """The sub-blocks rank r computes with the K/V of rank s: ``[(q_lo, q_hi, k_lo, k_hi, causal_flag,
+    bounds)]`` in local rows. Without a window, `_step_plan`'s one block (bounds None). With ``window =
+    (left, right)`` (causal folded in as right = 0): one block per pair of a q chunk and a k chunk that
+    shares a visible pair, with the signed band ``bounds`` of `kernels.bwd.window_keep` that puts the
+    global window on the block's bottom-right diagonal; pairs wholly outside the window are skipped."""
+    if window is None:
+        plan = _step_plan(r, s, p, causal, chunks[s], chunks[r])
+        if plan is None:
+            return []
+        lo, hi, kh, cflag = plan
+        nk = sum(chunks[s]) if kh is None else kh
+        return [(lo, hi, 0, nk, cflag, None)] if hi > lo and nk > 0 else []
+    from attnscope.kernels.bwd import WINDOW_UNBOUNDED
+
+    left, right = window
+    sizes, starts = _bounds(sum(sum(c) for c in chunks), p, causal)
+
+    def parts(rank):  # (local offset, global start, size) of each chunk the rank holds
+        out, off = [], 0
+        for j in _rank_chunks(rank, p, causal):
+            out.append((off, starts[j], sizes[j]))
+            off += sizes[j]
+        return out
+
+    blocks = []
+    for q_off, q_start, na in parts(r):
+        for k_off, k_start, nb in parts(s):
+            dd = q_start - k_start  # row i's own position, in the block's key indices: i + dd
+            first = 0 if left < 0 else max(0, dd - left)
+            last = nb - 1 if right < 0 else min(nb - 1, na - 1 + dd + right)
+            if na == 0 or nb == 0 or first > last:
+                continue
+            off = nb - na  # the kernel's bottom-right diagonal: i + off
+            bounds = (WINDOW_UNBOUNDED if left < 0 else left + off - dd,
+                      WINDOW_UNBOUNDED if right < 0 else right + dd - off)
+            blocks.append((q_off, q_off + na, k_off, k_off + nb, False, bounds))
+    return blocks
+
+
+def _block_forward(q, k, v, causal, scale, softcap, bounds):
+    """(o, lse) of one block: the dense kernel; with softcap or a window band the varlen kernel, one
+    sequence per batch row (the dense kernel of this tree has neither)."""
+    if not softcap and bounds is None:
+        from attnscope.kernels.fwd import flash_attention
+
+        return flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    from attnscope.kernels import varlen
+
+    B, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    o, lse = varlen._launch(_packed(q), _packed(k), _packed(v), _cu(B, nq, q.device), _cu(B, nk, q.device),
+                            nq, nk, causal, scale, True, False, softcap=softcap, bounds=bounds)
+    return _unpacked(o, B), lse.view(lse.shape[0], B, nq).transpose(0, 1)
+
+
+def _block_backward(do, q, k, v, o, lse, causal, scale, softcap, bounds):
+    """(dq, dk, dv) of one block, the kernels of `_block_forward` (``lse``: the merged one)."""
+    if not softcap and bounds is None:
+        return _import_bwd()(do, q, k, v, o, lse, causal, scale)
+    from attnscope.kernels.varlen_bwd import flash_attention_varlen_backward
+
+    B, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    lse_p = lse.transpose(0, 1).reshape(lse.shape[1], B * nq)
+    dq, dk, dv, _ = flash_attention_varlen_backward(
+        *(_packed(t) for t in (do, q, k, v, o)), lse_p, _cu(B, nq, q.device), _cu(B, nk, q.device), nq, nk,
+        causal, scale, softcap=softcap, bounds=bounds)
+    return _unpacked(dq, B), _unpacked(dk, B), _unpacked(dv, B)
+
+
+def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None, window=None):
+    import torch
+
     from attnscope.kernels.merge import merge_
 
     rank, p, chunks = _layout(q, causal, group)
@@ -170,6 +254,7 @@ def _ring_forward(q, k, v, causal, scale, group):
     o = torch.zeros(B, Hq, nq, d, dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq, nq), -float("inf"), dtype=torch.float32, device=q.device)
     kc, vc = k.contiguous(), v.contiguous()
+    fresh = True  # nothing merged yet
     for step in range(p):
         src = (rank - step) % p
         reqs = None
@@ -178,22 +263,21 @@ def _ring_forward(q, k, v, causal, scale, group):
             kn = kc.new_empty(B, kc.shape[1], n_in, d)
             vn = vc.new_empty(B, vc.shape[1], n_in, d)
             reqs = ring.start([kc, vc], [kn, vn])
-        plan = _step_plan(rank, src, p, causal, chunks[src], chunks[rank])
-        if plan is not None:
-            lo, hi, kh, cflag = plan
-            kk = kc if kh is None else kc[:, :, :kh]
-            vv = vc if kh is None else vc[:, :, :kh]
-            if hi > lo and kk.shape[2] > 0:
-                ob, lb = flash_attention(q[:, :, lo:hi], kk, vv, causal=cflag, scale=scale, return_lse=True)
-                if step == 0 and lo == 0 and hi == nq:  # first block covers every row: no merge needed
-                    o.copy_(ob)
-                    lse.copy_(lb)
-                else:
-                    merge_(o[:, :, lo:hi], lse[:, :, lo:hi], ob, lb)
+        for lo, hi, k_lo, k_hi, cflag, bounds in _blocks(rank, src, p, causal, chunks, window):
+            ob, lb = _block_forward(q[:, :, lo:hi], kc[:, :, k_lo:k_hi], vc[:, :, k_lo:k_hi], cflag, scale,
+                                    softcap, bounds)
+            if fresh and lo == 0 and hi == nq:  # the first block covers every row: no merge needed
+                o.copy_(ob)
+                lse.copy_(lb)
+            else:
+                merge_(o[:, :, lo:hi], lse[:, :, lo:hi], ob, lb)
+            fresh = False
         if reqs is not None:
             for r_ in reqs:
                 r_.wait()
             kc, vc = kn, vn
+    if sinks is not None:  # the sink joins once, as one more partial (O = 0, LSE = sink): reference.combine
+        merge_(o, lse, torch.zeros_like(o), sinks[None, :, None].expand(B, Hq, nq).contiguous())
     return o.to(q.dtype), lse, chunks
 
 
@@ -206,11 +290,12 @@ def _import_bwd():
     return flash_attention_backward
 
 
-def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
-    """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps."""
+def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.0, window=None):
+    """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps. The blocks
+    recompute P from the merged LSE (sink included), so a sink needs nothing here (`_sinks_grad`)."""
     import torch
 
-    bwd = _import_bwd()
+    _import_bwd()
     rank, p = _world(group)
     ring = _Ring(group, rank, p)
     dq = torch.zeros_like(q, dtype=torch.float32)
@@ -221,24 +306,22 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
     do = do.contiguous()
     for step in range(p):
         src = (rank - step) % p
-        plan = _step_plan(rank, src, p, causal, chunks[src], chunks[rank])
+        blocks = _blocks(rank, src, p, causal, chunks, window)
         reqs = None
         if step + 1 < p:  # K/V for the next step can move now; dK/dV only after this step's kernel
             n_in = sum(chunks[(rank - step - 1) % p])
             kn = kc.new_empty(B, kc.shape[1], n_in, d)
             vn = vc.new_empty(B, vc.shape[1], n_in, d)
             reqs = ring.start([kc, vc], [kn, vn])
-        if plan is not None:
-            lo, hi, kh, cflag = plan
-            kh = kc.shape[2] if kh is None else kh
-            if hi > lo and kh > 0:
-                # sub-blocks as contiguous tensors: the block backward may assume a packed layout
-                rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
-                dqb, dkb, dvb = bwd(rows[0], rows[1], kc[:, :, :kh].contiguous(), vc[:, :, :kh].contiguous(),
-                                    rows[2], rows[3], cflag, scale)
-                dq[:, :, lo:hi] += dqb.float()
-                dkc[:, :, :kh] += dkb.float()
-                dvc[:, :, :kh] += dvb.float()
+        for lo, hi, k_lo, k_hi, cflag, bounds in blocks:
+            # sub-blocks as contiguous tensors: the block backward may assume a packed layout
+            rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
+            dqb, dkb, dvb = _block_backward(rows[0], rows[1], kc[:, :, k_lo:k_hi].contiguous(),
+                                            vc[:, :, k_lo:k_hi].contiguous(), rows[2], rows[3], cflag, scale,
+                                            softcap, bounds)
+            dq[:, :, lo:hi] += dqb.float()
+            dkc[:, :, k_lo:k_hi] += dkb.float()
+            dvc[:, :, k_lo:k_hi] += dvb.float()
         # pass dK/dV on (after P-1 passes plus this final one they are home)
         n_in = sum(chunks[(rank - step - 1) % p])
         dkn = dkc.new_empty(B, dkc.shape[1], n_in, d)
@@ -253,29 +336,41 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks):
     return dq.to(q.dtype), dkc.to(k.dtype), dvc.to(v.dtype)
 
 
+def _sinks_grad(do, o, lse, sinks):
+    """This rank's rows' share of dsinks[h] = -sum_rows exp(sink_h - LSE) rowsum(dO * O) (issue 35); the
+    ranks' shares add up to the whole (as every weight's gradient under context parallelism)."""
+    import torch
+
+    delta = (do.float() * o.float()).sum(-1)  # [B, Hq, N_local]
+    return -(torch.exp(sinks[None, :, None] - lse) * delta).sum((0, 2))
+
+
 def _autograd_fn():
     import torch
 
     class _RingAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, group):
-            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group)
-            ctx.save_for_backward(q, k, v, o, lse)
+        def forward(ctx, q, k, v, sinks, causal, scale, group, softcap, window):
+            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group, softcap, sinks, window)
+            ctx.save_for_backward(q, k, v, o, lse, sinks)
             ctx.causal, ctx.scale, ctx.group, ctx.chunks = causal, scale, group, chunks
+            ctx.softcap, ctx.window = softcap, window
             ctx.mark_non_differentiable(lse)
             return o, lse
 
         @staticmethod
         def backward(ctx, do, dlse):
-            q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks)
-            return dq, dk, dv, None, None, None
+            q, k, v, o, lse, sinks = ctx.saved_tensors
+            dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks,
+                                        ctx.softcap, ctx.window)
+            dsinks = None if sinks is None else _sinks_grad(do, o, lse, sinks)
+            return dq, dk, dv, dsinks, None, None, None, None, None
 
     return _RingAttention
 
 
 def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, group=None,
-                   return_lse: bool = False):
+                   return_lse: bool = False, *, window=None, softcap: float = 0.0, sinks=None):
     """Attention over a sequence sharded across the ranks of `group` (ring attention).
 
     Parameters
@@ -286,23 +381,33 @@ def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, gr
     scale : float, optional — softmax scale; defaults to 1/sqrt(d).
     group : torch.distributed ProcessGroup, optional — defaults to the world.
     return_lse : bool — also return the natural-log logsumexp of each local row.
+    window : (left, right) or None, keyword-only — a sliding window over the whole sequence (flash-attn's
+        ``window_size``; causal forces right = 0): each pair of a q chunk and a k chunk runs as one block
+        with the window's band on it (the varlen kernels), pairs wholly outside the window are skipped.
+    softcap : float, keyword-only — each block's scores capped as ``softcap * tanh(s / softcap)``.
+    sinks : torch.Tensor, float32 [Hq], optional, keyword-only — counted once per row (merged as one
+        extra partial after the ring, not per block); its gradient on each rank is that rank's rows' share.
 
     Returns
     -------
     o : [B, Hq, N_local, d], q's dtype (this rank's rows of the whole attention output);
     lse : [B, Hq, N_local], float32 — only when ``return_lse``.
 
-    Differentiable when `attnscope.kernels.bwd` exists (ring pass of dK/dV); otherwise backward raises
-    NotImplementedError. Example: ``o = unshard(ring_attention(*(shard(t, True) for t in (q, k, v)),
-    causal=True), True)``.
+    Differentiable (w.r.t. q, k, v and sinks) when `attnscope.kernels.bwd` exists (ring pass of dK/dV);
+    otherwise backward raises NotImplementedError. Example:
+    ``o = unshard(ring_attention(*(shard(t, True) for t in (q, k, v)), causal=True), True)``.
     """
     import math
 
-    from attnscope.kernels._common import check_flags, check_scale
+    from attnscope.kernels._common import check_flags, check_mods, check_scale
 
     check_flags(causal=causal, return_lse=return_lse)
     check_scale(scale)
     _check_qkv(q, k, v)
+    import torch
+
+    mods = check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    o, lse = _autograd_fn().apply(q, k, v, causal, sm_scale, group)
+    band = (mods.left, mods.right) if mods.windowed else None
+    o, lse = _autograd_fn().apply(q, k, v, sinks, causal, sm_scale, group, mods.softcap, band)
     return (o, lse) if return_lse else o

@@ -112,6 +112,35 @@ def check_disjoint(torch, name: str, t, others: dict) -> None:
                                  f"got one overlapping it")
 
 
+#: One int32 error word per (device, owner), written by device-side validation with ``bitwise_or_`` and read
+#: only by `raise_device_errors`: bounded by devices x owners (a handful), never on a host-sync path.
+_DEVICE_ERROR_FLAGS: dict = {}
+
+
+def device_error_flag(torch, device, owner: str):
+    """The int32 [1] error word of ``owner`` (e.g. ``"varlen"``) on ``device``, zero until a launcher's
+    device-side check ORs a bit into it (no host sync); `raise_device_errors` reads and clears it."""
+    key = (str(torch.device(device)), owner)
+    if key not in _DEVICE_ERROR_FLAGS:
+        _DEVICE_ERROR_FLAGS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _DEVICE_ERROR_FLAGS[key]
+
+
+def raise_device_errors(torch, owner: str, messages: dict, device=None) -> None:
+    """Read (one host sync), clear, and raise the error words of ``owner`` (on ``device``, or every device
+    it ran on): `InputError` joining ``messages[bit]`` (each "name: expected ..., got ...") of every set
+    bit; nothing when the word is 0."""
+    keys = [k for k in _DEVICE_ERROR_FLAGS if k[1] == owner
+            and (device is None or k[0] == str(torch.device(device)))]
+    word = 0
+    for key in keys:
+        flag = _DEVICE_ERROR_FLAGS[key]
+        word |= int(flag.item())
+        flag.zero_()
+    if word:
+        raise InputError("; ".join(msg for bit, msg in sorted(messages.items()) if word & bit))
+
+
 def check_same(name: str, what: str, expected, got) -> None:
     if expected != got:
         raise InputError(f"{name}: expected {what} {expected}, got {got}")

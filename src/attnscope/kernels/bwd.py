@@ -85,6 +85,20 @@ def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
     return x.to(dtype)
 
 
+#: An unbounded window side as the kernels take it (`varlen.mod_args`): larger than any offset, so the
+#: bound formulas need no branch, and a side may be negative (a band off the diagonal, for the ring).
+WINDOW_UNBOUNDED = 1 << 30
+
+
+@triton.jit
+def window_keep(rows, cols, NQ, NK, left, right):
+    """Visibility of key ``cols`` to query ``rows`` under the signed bounds ``(left, right)``
+    (`WINDOW_UNBOUNDED` for an open side), bottom-right aligned: ``r + (Nk - Nq) - left <= c <=
+    r + (Nk - Nq) + right``."""
+    diag = rows + (NK - NQ)
+    return (cols >= diag - left) & (cols <= diag + right)
+
+
 @triton.jit
 def _q_bounds(start_n, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Query rows of KV tile ``start_n`` (0-based element offset): ``[0, lo)`` skipped, ``[lo, hi)``
@@ -191,8 +205,7 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
         if CAUSAL:
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
         if WINDOW:
-            rel = offs_n[:, None] - (offs_m[None, :] + (NK - NQ))  # key minus the row's diagonal key
-            keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
+            keep = keep & window_keep(offs_m[None, :], offs_n[:, None], NQ, NK, LEFT, RIGHT)
         p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse2[None, :]), 0.0)
     else:
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # P^T [BLOCK_N, BLOCK_M]
@@ -302,8 +315,7 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn,
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
         if WINDOW:
-            rel = offs_n[None, :] - (offs_m[:, None] + (NK - NQ))
-            keep = keep & (rel >= -LEFT) & (rel <= RIGHT)
+            keep = keep & window_keep(offs_m[:, None], offs_n[None, :], NQ, NK, LEFT, RIGHT)
         p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
     else:
         p = tl.math.exp2(s * qk_scale - lse2[:, None])

@@ -1,4 +1,5 @@
-"""Packed variable-length FlashAttention-2 forward (prefill of a batch of prompts of different lengths).
+"""Packed variable-length FlashAttention-2 forward (a batch of prompts of different lengths); its backward
+is kernels/varlen_bwd.py, joined through the custom op ``attnscope::flash_attention_varlen``.
 
 Algorithm: the FA-2 forward of `attnscope.kernels.fwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
 Algorithm 1, §3.1.1: online softmax, two-stage causal KV loop, skip bound, exp2 with log2(e) folded into
@@ -8,16 +9,22 @@ Layout (flash-attn's varlen): ``q [total_q, Hq, d]``, ``k, v [total_k, Hkv, d]``
 ``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` and k/v rows ``cu_seqlens_k[s] : cu_seqlens_k[s+1]``; output
 ``[total_q, Hq, d]``, LSE ``[Hq, total_q]`` fp32. Causal alignment is bottom-right per sequence (key c is
 visible to query r iff ``c <= r + Nk_s - Nq_s``); rows with no visible key (a sequence with no keys, or
-the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf.
+the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf. Score mods (issue 35's contract, `check_mods`):
+a window per sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, bounds by
+`_window_bounds` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at the
+final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
+
+cu_seqlens values: by default never read back to the host. `_sanitize` turns them, on the device, into a
+partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values stay
+inside the tensors and every output row is written once; a difference from the given values sets a bit of
+the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host instead.
 
 Scheduling: no padding to ``max_seqlen``. The launcher builds, on the device and without a host sync, a
 flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of them, padded to the
-host-known bound ``min(B * ceil(max_seqlen_q / BLOCK_M), ceil(total_q / BLOCK_M) + B)`` with idle items
-that exit at once -- sorted heaviest first by the number of K/V rows the tile loads, and launches a 1-D
-grid over work items x query heads (heads fastest, so GQA heads sharing a K/V head run side by side and
-share it through L2). A batch of very unequal lengths thus fills the machine like one long sequence, and
-the long tiles start first so the short ones fill the tail. The list is rebuilt on every call (about a
-dozen tiny device ops).
+bound ``ceil(total_q / BLOCK_M) + B`` with idle items that exit at once -- sorted heaviest first by the
+number of K/V rows the tile loads, and launches a 1-D grid over work items x query heads (heads fastest,
+so GQA heads sharing a K/V head run side by side and share it through L2). The list is rebuilt on every
+call (about a dozen tiny device ops).
 
 Loads: K and V tiles come by TMA, through descriptors over the whole packed ``[total_k, Hkv, d]``, when
 K and V are 16-byte aligned (any contiguous tensor), else by predicated pointer loads. A descriptor
@@ -33,23 +40,30 @@ from __future__ import annotations
 
 import math
 
-from attnscope.errors import InputError
 from attnscope.kernels._common import (
     LOG2E,
-    check_device,
     check_flags,
-    check_head_dim,
-    check_same,
     check_scale,
-    check_tensor,
     import_torch_triton,
     interpreting,
+    raise_device_errors,
 )
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile, tanh_  # noqa: E402
+from attnscope.kernels.bwd import WINDOW_UNBOUNDED, window_keep  # noqa: E402, F401
+from attnscope.kernels.varlen_plan import (  # noqa: E402, F401  (_window_bounds etc.: one definition)
+    ERROR_BITS,
+    _check_inputs,
+    _check_seqlens,
+    _sanitize,
+    _window_bounds,
+    _work_items,
+    mod_args,
+    prepare,
+)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
 # (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
@@ -66,12 +80,15 @@ INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-
 def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n, start_n, stride_kn,
                  stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-                 MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                 MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr, left, right, sc_in, sc_out,
+                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
     With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
     tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
     not even a NaN, reaches the result. Without TMA the loads are predicated instead. The softmax step,
-    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`)."""
+    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`).
+    ``SOFTCAP``: scores become ``tanh(s * sc_in) * sc_out`` in log2 units (the launcher passes
+    ``qk_scale = 1``); ``WINDOW``: masked tiles also apply `bwd.window_keep`."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
     rows64 = cols.to(tl.int64)
     in_seq = cols < NK
@@ -83,12 +100,18 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         k = tl.load(k_ptrs + rows64[:, None] * stride_kn)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM
     qk = tl.dot(q.to(tl.float32), k.to(tl.float32).T) if EMULATE_BF16 else tl.dot(q, k.T)
+    if SOFTCAP:
+        qk = tanh_(qk * sc_in) * sc_out
     keep = None
     if MASKED:
         keep = in_seq[None, :]  # ragged last tile: columns past Nk_s
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + (NK - NQ))  # bottom-right diagonal
+        if WINDOW:
+            keep = keep & window_keep(offs_m[:, None], cols[None, :], NQ, NK, left, right)
     p, m_ij, l_i, acc = softmax_tile(qk, keep, m_i, l_i, acc, qk_scale, MASKED, MAX_UNSCALED)
+    if MASKED and WINDOW:  # a row with no key yet keeps m = -inf (softmax_tile shifts it by 0), so its first
+        m_ij = tl.where(l_i == 0.0, float("-inf"), m_ij)  # key gets p = 1 exactly, as without a window
     if USE_TMA:
         v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
         if MASKED:
@@ -104,12 +127,12 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
 
 @triton.jit
 def _attnscope_varlen_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
+    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE, SINKS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H, HKV, TOTAL_Q, TOTAL_K, qk_scale,
+    H, HKV, TOTAL_Q, TOTAL_K, qk_scale, left, right, sc_in, sc_out,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, MAX_UNSCALED: tl.constexpr,
-    EMULATE_BF16: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     w = pid // H  # work item (heaviest first); heads fastest so GQA siblings run together
@@ -150,19 +173,49 @@ def _attnscope_varlen_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
 
-    lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
-    for start_n in range(0, lo, BLOCK_N):
-        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
-                                     start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
-                                     False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16)
-    # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
-    for start_n in range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m, offs_n,
-                                     start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM, BLOCK_N,
-                                     True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16)
+    if WINDOW:  # window (left, right) per sequence: masked, unmasked, masked; tiles outside it skipped
+        lo, full_lo, full_hi, hi = _window_bounds(start_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, left, right)
+        full_hi = tl.minimum(full_hi, (NK // BLOCK_N) * BLOCK_N)  # the ragged last tile needs its mask
+        full_lo = tl.minimum(full_lo, full_hi)
+        for start_n in range(lo, full_lo, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, True, SOFTCAP)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, False, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, True, SOFTCAP)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, True, SOFTCAP)
+    else:
+        lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
+        for start_n in range(0, lo, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, False, SOFTCAP)
+        # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, False, SOFTCAP)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
+    m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
+    if HAS_SINKS:  # the sink joins the denominator once, with no value (base 2: sink * log2(e))
+        sink2 = tl.load(SINKS + h) * 1.4426950408889634
+        m_f = tl.maximum(m_log2, sink2)
+        alpha = tl.math.exp2(m_log2 - m_f)
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_f)
+        acc = acc * alpha[:, None]
+        m_log2 = m_f
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if EMULATE_BF16:
@@ -170,90 +223,11 @@ def _attnscope_varlen_kernel(
     tl.store(O + q_rows[:, None] * stride_ot + h64 * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     if STORE_LSE:
-        m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
         lse = m_log2 * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
         tl.store(LSE + h64 * TOTAL_Q + q_rows, lse, mask=row_ok)
 
 
 # --- the launcher: check, build the work list, allocate, launch ---------------------------------------
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
-    check_scale(scale)
-    check_tensor(torch, "q", q, 3, "[total_q, Hq, d]")
-    check_tensor(torch, "k", k, 3, "[total_k, Hkv, d]")
-    check_tensor(torch, "v", v, 3, "[total_k, Hkv, d]")
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor):
-            raise InputError(f"{name}: expected an int32 torch.Tensor [B + 1], got {type(cu).__name__}")
-        if cu.dtype != torch.int32:
-            raise InputError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
-        if cu.dim() != 1 or cu.shape[0] < 2:
-            raise InputError(f"{name}: expected a 1-d tensor [B + 1] with B >= 1, "
-                             f"got shape {tuple(cu.shape)}")
-        if cu.stride(0) != 1:  # the kernel reads cu[s] at offset s
-            raise InputError(f"{name}: expected a contiguous tensor, got stride {cu.stride(0)}")
-    check_device(torch, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
-    check_same("cu_seqlens_k", "length (B + 1, as cu_seqlens_q)", cu_seqlens_q.shape[0],
-               cu_seqlens_k.shape[0])
-    total_q, Hq, d = q.shape
-    total_k, Hkv = k.shape[0], k.shape[1]
-    check_same("k", "head_dim", d, k.shape[2])
-    check_same("k", "dtype (as q)", q.dtype, k.dtype)
-    check_same("v", "dtype (as q)", q.dtype, v.dtype)
-    check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
-    if Hq == 0 or Hkv == 0 or Hq % Hkv != 0:
-        raise InputError(f"q: expected the number of query heads ({Hq}) to be a positive multiple of the "
-                         f"kv heads ({Hkv})")
-    check_head_dim(d)
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not (_is_int(value) and value >= 0):
-            raise InputError(f"{name}: expected a non-negative int, got {value!r}")
-    return total_q, Hq, d, total_k, Hkv
-
-
-def _check_seqlens(cu, name: str, total: int, max_seqlen: int, max_name: str) -> None:
-    """The value checks of one cu_seqlens: one device -> host copy of the whole array (a sync)."""
-    vals = cu.tolist()
-    if vals[0] != 0:
-        raise InputError(f"{name}: expected cu_seqlens[0] == 0, got {vals[0]}")
-    lens = [b - a for a, b in zip(vals[:-1], vals[1:], strict=True)]
-    bad = next((i for i, n in enumerate(lens) if n < 0), None)
-    if bad is not None:
-        raise InputError(f"{name}: expected non-decreasing values, got {vals[bad]} then {vals[bad + 1]} "
-                         f"at index {bad}")
-    if vals[-1] != total:
-        raise InputError(f"{name}: expected the last value to equal the packed length {total}, "
-                         f"got {vals[-1]}")
-    if max(lens) > max_seqlen:
-        raise InputError(f"{max_name}: expected >= the longest sequence ({max(lens)}), got {max_seqlen}")
-
-
-def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool):
-    """(sequence, query tile) pairs, heaviest first, padded with sequence -1 to ``n_items``; on the device,
-    no host sync. Weight of an item: the K/V rows its query tile loads (`_kv_bounds`'s ``hi``)."""
-    nq = (cu_q[1:] - cu_q[:-1]).long()  # [B]
-    nk = (cu_k[1:] - cu_k[:-1]).long()
-    tiles = (nq + block_m - 1) // block_m  # [B] query tiles per sequence
-    ends = torch.cumsum(tiles, 0)  # [B] exclusive end of each sequence's items
-    w = torch.arange(n_items, device=cu_q.device)
-    seq = torch.searchsorted(ends, w, right=True).clamp_(max=nq.shape[0] - 1)  # [W]
-    tile = w - (ends[seq] - tiles[seq])
-    valid = w < ends[-1]
-    if causal:  # rows of the tile's last query + the diagonal offset, clamped to [0, Nk]
-        r_last = torch.minimum((tile + 1) * block_m, nq[seq]) + nk[seq] - nq[seq]
-        weight = torch.minimum(r_last.clamp(min=0), nk[seq])
-    else:
-        weight = nk[seq]
-    weight = torch.where(valid, weight + 1, torch.zeros_like(weight))  # +1: an item with no keys still runs
-    order = torch.argsort(weight, descending=True, stable=True)
-    seq = torch.where(valid, seq, -1)[order].to(torch.int32)
-    tile = torch.where(valid, tile, 0)[order].to(torch.int32)
-    return seq, tile
-
-
 def _tma_ok(k, v) -> bool:
     """TMA needs 16-byte aligned strides and base addresses (true of any contiguous [total, H, d])."""
     return all((x * t.element_size()) % 16 == 0
@@ -271,44 +245,78 @@ def _set_allocator(device) -> None:
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
-            check_seqlens, config=None, tma=None):
+            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None):
     """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
     and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
-    and the tests; both paths give the same result."""
-    total_q, Hq, d, total_k, Hkv = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                 max_seqlen_k, scale)
-    if check_seqlens:
-        _check_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, "max_seqlen_q")
-        _check_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, "max_seqlen_k")
-    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    and the tests; both paths give the same result. ``bounds``: see `mod_args` (``causal`` must then be
+    False: the bounds say all)."""
+    dims, mods, sm_scale, cu_q, cu_k = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                               max_seqlen_k, causal, window, softcap, sinks, scale,
+                                               check_seqlens)
+    total_q, Hq, d, total_k, Hkv = dims
     o = torch.empty((total_q, Hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return o, lse
     block_m, block_n, num_warps, num_stages = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[d])
     B = cu_seqlens_q.shape[0] - 1
-    n_items = min(B * -(-max(max_seqlen_q, 1) // block_m), -(-total_q // block_m) + B)
-    seq, tile = _work_items(cu_seqlens_q, cu_seqlens_k, n_items, block_m, bool(causal))
+    n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
+    if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
+        n_items = min(n_items, B * -(-max(max_seqlen_q, 1) // block_m))
+    kw = mod_args(mods, sm_scale, causal, bounds)
+    seq, tile = _work_items(cu_q, cu_k, n_items, block_m, kw["WINDOW"] or bool(causal))
     use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
     if use_tma:
         _set_allocator(q.device)
+    qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
     _attnscope_varlen_kernel[(n_items * Hq,)](
-        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seq, tile,
+        q, k, v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
-        Hq, Hkv, total_q, total_k, sm_scale * LOG2E,
-        HEAD_DIM=d, CAUSAL=bool(causal), STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
-        USE_TMA=use_tma, MAX_UNSCALED=sm_scale * LOG2E > 1.0,  # see _varlen_tile: huge scales stay NaN-free
-        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
+        Hq, Hkv, total_q, total_k, qk_scale, **kw,
+        HEAD_DIM=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
+        USE_TMA=use_tma, MAX_UNSCALED=qk_scale > 1.0,  # see _varlen_tile: huge scales stay NaN-free
+        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16, HAS_SINKS=mods.sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse
 
 
+def check_errors(device=None) -> None:
+    """Raise `InputError` if a `flash_attention_varlen` call (forward or backward) since the last check
+    got bad ``cu_seqlens_q`` / ``cu_seqlens_k`` values or too small ``max_seqlen_*`` (the default call
+    checks them on the device, without a host sync; this reads the error word: one sync), and clear it.
+    Such a call computed the sanitised partition (`_sanitize`): finite, inside the tensors, but not what
+    was asked. ``device``: one device, or every device used."""
+    raise_device_errors(torch, "varlen", ERROR_BITS, device)
+
+
+# Registered at import, as `attnscope::flash_attention`: one opaque op for torch.compile and autograd.
+_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+           "int max_seqlen_k, bool causal, float scale, bool return_lse, int[]? window, float softcap, "
+           "Tensor? sinks, bool deterministic, bool check_seqlens) -> (Tensor, Tensor)")
+
+
+@torch.library.custom_op("attnscope::flash_attention_varlen", mutates_args=(), schema=_SCHEMA)
+def _op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, window,
+        softcap, sinks, deterministic, check_seqlens):
+    return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                   return_lse, check_seqlens, window=window, softcap=softcap, sinks=sinks)
+
+
+@_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, window,
+      softcap, sinks, deterministic, check_seqlens):
+    lse_shape = (q.shape[1], q.shape[0]) if return_lse else (1,)
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                           causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                           check_seqlens: bool = True):
-    """FlashAttention-2 forward over a packed batch of variable-length sequences (flash-attn's varlen API).
+                           causal: bool = False, scale: float | None = None, return_lse: bool = False, *,
+                           window=None, softcap: float = 0.0, sinks=None, deterministic: bool = False,
+                           check_seqlens: bool = False):
+    """FlashAttention-2 over a packed batch of variable-length sequences (flash-attn's varlen API),
+    differentiable w.r.t. q, k, v and sinks (kernels/varlen_bwd.py).
 
     Parameters
     ----------
@@ -322,7 +330,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``; starts at 0, non-decreasing, ends at total_q / total_k.
         Empty sequences are allowed (a sequence with queries but no keys gives 0 and LSE = -inf).
     max_seqlen_q, max_seqlen_k : int
-        Upper bounds of the per-sequence lengths (they size the launch grid; need not be exact).
+        Upper bounds of the per-sequence lengths (need not be exact).
     causal : bool
         Bottom-right causal mask per sequence: key c visible to query r iff ``c <= r + Nk_s - Nq_s``.
     scale : float, optional
@@ -330,10 +338,24 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``1/sqrt(d)``. Any such scale gives a finite output (a huge one tends to the arg-max row).
     return_lse : bool
         Also return the natural-log logsumexp, [Hq, total_q] float32 (flash-attn's varlen layout).
-    check_seqlens : bool
-        Check the *values* of cu_seqlens (start 0, non-decreasing, end = total, longest <= max_seqlen).
-        That copies both arrays to the host: a device sync per call. Pass False in a serving loop that
-        builds cu_seqlens itself (wrong values then give wrong results or out-of-bounds reads).
+    window : (left, right) or None, keyword-only
+        Sliding window per sequence, flash-attn's ``window_size`` (-1 unbounded), bottom-right aligned:
+        key c visible to row r iff ``r + off - left <= c <= r + off + right``, ``off = Nk_s - Nq_s``;
+        causal forces right = 0. K/V tiles wholly outside it are skipped.
+    softcap : float, keyword-only
+        Scaled scores become ``softcap * tanh(s / softcap)``; 0 disables.
+    sinks : torch.Tensor, float32 [Hq], optional, keyword-only
+        One logit per query head in every row's softmax denominator, with no value; the LSE includes it.
+    deterministic : bool, keyword-only
+        Backward only. False (default): dQ accumulated with fp32 atomics inside the dK/dV kernel, one
+        pass (the dense backward measured its separate pass faster at most shapes; bench/varlen.py times
+        both here). True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
+    check_seqlens : bool, keyword-only
+        False (default): the cu_seqlens *values* are checked on the device without a host sync: any
+        values are clamped into a partition of the packed rows (never a read or write outside the
+        tensors, every output row written) and bad ones are raised as `InputError` by
+        `attnscope.kernels.varlen.check_errors()`. True: checked on the host before the launch (copies
+        both arrays to the host: a sync per call) and raised by this call.
 
     Returns
     -------
@@ -348,8 +370,29 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     >>> cu = torch.tensor([0, 100, 4196], dtype=torch.int32, device="cuda")
     >>> q = k = v = torch.randn(4196, 32, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention_varlen(q, k, v, cu, cu, 4096, 4096, causal=True)
+    >>> attnscope.kernels.varlen.check_errors()  # raises if cu held bad values
     """
-    check_flags(causal=causal, return_lse=return_lse, check_seqlens=check_seqlens)
-    o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                     return_lse, check_seqlens)
+    check_flags(causal=causal, return_lse=return_lse, check_seqlens=check_seqlens,
+                deterministic=deterministic)
+    check_scale(scale)
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sinks))
+    compiling = torch.compiler.is_compiling()
+    if grad and not compiling:  # eager autograd: the checks first, not the dispatcher's
+        prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
+                sinks, scale, False)
+    if compiling or grad:
+        d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
+        sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+        o, lse = _op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale,
+                     return_lse or grad, None if window is None else list(window), softcap, sinks,
+                     deterministic, check_seqlens)
+    else:  # eager without autograd: the same launch without the dispatcher
+        o, lse = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                         return_lse, check_seqlens, window=window, softcap=softcap, sinks=sinks)
     return (o, lse) if return_lse else o
+
+
+from attnscope.kernels import varlen_bwd as _bwd  # noqa: E402  the backward: the autograd formula of _op
+
+torch.library.register_autograd("attnscope::flash_attention_varlen", _bwd.backward,
+                               setup_context=_bwd.setup_context)

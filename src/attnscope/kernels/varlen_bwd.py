@@ -1,0 +1,321 @@
+"""Packed variable-length FlashAttention-2 backward, and the autograd formula of
+`attnscope::flash_attention_varlen`.
+
+Algorithm: the dense backward of `attnscope.kernels.bwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
+Algorithm 2, §3.1.2): P recomputed from Q, K and the saved LSE; its @triton.jit pieces (`_bwd_preprocess`,
+`_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and `varlen_plan._window_bounds`) run here
+with per-sequence row offsets: a tile's rows are 0-based within its sequence, and the sequence's first
+packed row goes into the base offset.
+
+1. ``D = rowsum(dO * O)`` [Hq, total_q] fp32: `_bwd_preprocess` over the packed rows (one "batch");
+2. dK/dV: one program per (sequence, K/V tile) work item x kv head, K and V resident, looping over the
+   GQA group's query heads and the query tiles that see the tile (causal / window bounds per sequence);
+   ``deterministic=False`` also adds ``dS K`` into an fp32 dQ buffer [Hq, total_q, d] with atomics;
+3. ``deterministic=True``: dQ in a separate pass, one program per (sequence, query tile) x query head
+   (no atomics anywhere: bitwise-identical gradients run to run).
+
+Work items are built on the device as the forward's (`varlen_plan._work_items`, heaviest first), from the
+cu_seqlens sanitised as the forward's (`varlen_plan.prepare`): no host sync, no access outside the tensors.
+Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch (issue 35).
+Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
+pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
+"""
+
+from __future__ import annotations
+
+from attnscope.errors import InputError
+from attnscope.kernels._common import LOG2E, check_flags, import_torch_triton, interpreting
+from attnscope.model.tiles import cdiv
+
+torch, triton = import_torch_triton()
+import triton.language as tl  # noqa: E402
+
+from attnscope.kernels import varlen_plan  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds  # noqa: E402
+from attnscope.kernels.bwd import (  # noqa: E402
+    DKDV_CONFIGS,
+    DQ_CONFIGS,
+    INTERPRET_CONFIG,
+    PRE_BLOCK_M,
+    _bwd_preprocess,
+    _dkdv_tile,
+    _dq_tile,
+    _q_bounds,
+)
+from attnscope.kernels.varlen_plan import _window_bounds  # noqa: E402
+
+
+@triton.jit
+def _seq(CU_Q, CU_K, s):
+    """First packed row and length of sequence ``s`` (q and k/v) from the sanitised cu_seqlens."""
+    q0 = tl.load(CU_Q + s)
+    k0 = tl.load(CU_K + s)
+    return q0, tl.load(CU_Q + s + 1) - q0, k0, tl.load(CU_K + s + 1) - k0
+
+
+@triton.jit
+def _varlen_dkdv_kernel(
+    Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    H, HKV, TOTAL_Q, qk_scale, sm_scale, left, right, sc_in, sc_out,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    qk = sc_out if SOFTCAP else qk_scale  # the tiles' log2 scale: softcap * log2(e) under softcap
+    w = pid // HKV
+    hk = pid % HKV
+    s = tl.load(WORK_SEQ + w)
+    if s < 0:  # idle item
+        return
+    q0, NQ, k0, NK = _seq(CU_Q, CU_K, s)
+    start_n = tl.load(WORK_TILE + w) * BLOCK_N
+    group = H // HKV
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n[:, None] < NK
+    k_rows = (k0 + offs_n).to(tl.int64)
+    hk64 = hk.to(tl.int64)
+    k = tl.load(K + k_rows[:, None] * stride_kt + hk64 * stride_kh + offs_d[None, :], mask=col_ok, other=0.0)
+    v = tl.load(V + k_rows[:, None] * stride_vt + hk64 * stride_vh + offs_d[None, :], mask=col_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    n_hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
+    if WINDOW:  # the query rows that see this K/V tile: the window bounds with rows and keys swapped
+        lo, full_lo, full_hi, hi = _window_bounds(start_n, NK, NQ, BLOCK_N, BLOCK_M, right, left)
+        if start_n + BLOCK_N > NK:  # ragged last K/V tile: its columns past Nk need the mask
+            full_lo = hi
+            full_hi = hi
+    else:
+        lo, hi = _q_bounds(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        full_lo = hi
+        full_hi = n_hi
+    q064 = q0.to(tl.int64)
+    for g in range(0, group):  # GQA: the group's query heads, reduced in registers
+        h = (hk * group + g).to(tl.int64)
+        q_base = q064 * stride_qt + h * stride_qh
+        do_base = q064 * stride_dot + h * stride_doh
+        row_base = h * TOTAL_Q + q064  # LSE, D: [Hq, total_q]
+        dq_base = row_base * HEAD_DIM  # fp32 dQ buffer [Hq, total_q, d]
+        for start_m in range(lo, full_lo, BLOCK_M):  # masked (diagonal, window edge, ragged K/V tile)
+            dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                stride_qt, stride_dot, start_m, start_n, qk, sm_scale, NQ, NK, left, right,
+                                sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP, ATOMIC_DQ,
+                                EMULATE_BF16)
+        for start_m in range(full_lo, full_hi, BLOCK_M):  # every row sees the whole tile: no mask
+            dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                stride_qt, stride_dot, start_m, start_n, qk, sm_scale, NQ, NK, left, right,
+                                sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, SOFTCAP, ATOMIC_DQ,
+                                EMULATE_BF16)
+        if WINDOW:
+            for start_m in range(full_hi, hi, BLOCK_M):  # the window's far edge: masked
+                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
+                                    stride_qt, stride_dot, start_m, start_n, qk, sm_scale, NQ, NK, left,
+                                    right, sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP,
+                                    ATOMIC_DQ, EMULATE_BF16)
+    out = k_rows[:, None] * (HKV * HEAD_DIM) + hk64 * HEAD_DIM + offs_d[None, :]  # [total_k, Hkv, d]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _varlen_dq_kernel(
+    Q, K, V, DO, LSE2, DELTA, DQ, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    H, HKV, TOTAL_Q, qk_scale, sm_scale, left, right, sc_in, sc_out,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    qk = sc_out if SOFTCAP else qk_scale  # the tiles' log2 scale: softcap * log2(e) under softcap
+    w = pid // H
+    h = pid % H
+    s = tl.load(WORK_SEQ + w)
+    if s < 0:
+        return
+    q0, NQ, k0, NK = _seq(CU_Q, CU_K, s)
+    start_m = tl.load(WORK_TILE + w)
+    hk = h // (H // HKV)
+    h64 = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the sequence
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < NQ
+    q_rows = (q0 + offs_m).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h64 * stride_qh + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    do = tl.load(DO + q_rows[:, None] * stride_dot + h64 * stride_doh + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE2 + h64 * TOTAL_Q + q_rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + h64 * TOTAL_Q + q_rows, mask=row_ok, other=0.0)
+    k_base = k0.to(tl.int64) * stride_kt + hk.to(tl.int64) * stride_kh
+    v_base = k0.to(tl.int64) * stride_vt + hk.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if WINDOW:
+        lo, full_lo, full_hi, hi = _window_bounds(start_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, left,
+                                                         right)
+        full_hi = tl.minimum(full_hi, (NK // BLOCK_N) * BLOCK_N)  # the ragged last tile needs its mask
+        full_lo = tl.minimum(full_lo, full_hi)
+        for start_n in range(lo, full_lo, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
+                          qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, False, True, SOFTCAP,
+                          EMULATE_BF16)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
+                          qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, False, False, True, SOFTCAP,
+                          EMULATE_BF16)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
+                          qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, False, True, SOFTCAP,
+                          EMULATE_BF16)
+    else:
+        lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        for start_n in range(0, lo, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
+                          qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, False, CAUSAL,
+                          False, SOFTCAP, EMULATE_BF16)
+        for start_n in range(lo, hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
+                          qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, CAUSAL,
+                          False, SOFTCAP, EMULATE_BF16)
+    tl.store(DQ + q_rows[:, None] * (H * HEAD_DIM) + h64 * HEAD_DIM + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --- the launcher ---------------------------------------------------------------------------------
+def _check_saved(do, o, lse, dlse, q):
+    total_q, Hq, d = q.shape
+    for name, t in (("do", do), ("o", o)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype \
+                or t.stride(-1) != 1 or t.device != q.device:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name}: expected a tensor [total_q, Hq, d] = {tuple(q.shape)} of {q.dtype} "
+                             f"with unit last stride, got {got}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is None and name == "dlse":
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (Hq, total_q) or t.device != q.device:
+            got = f"{tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name}: expected a tensor [Hq, total_q] = {(Hq, total_q)} on {q.device}, "
+                             f"got {got}")
+
+
+def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, causal=False, scale=None, *, window=None, softcap=0.0,
+                                    sinks=None, deterministic=False, dlse=None, check_seqlens=False,
+                                    bounds=None):
+    """Gradients of ``o = flash_attention_varlen(q, k, v, ...)`` (the forward's arguments, its ``o`` and
+    its LSE [Hq, total_q]).
+
+    Parameters
+    ----------
+    do, o : torch.Tensor, [total_q, Hq, d], q's dtype
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, sinks :
+        as `attnscope.kernels.varlen.flash_attention_varlen` (cu_seqlens values checked the same way).
+    lse : torch.Tensor, [Hq, total_q], float32: the forward's natural-log LSE.
+    deterministic : bool: True gives bitwise-identical gradients (dQ in its own pass); False (default)
+        accumulates dQ with fp32 atomics.
+    dlse : torch.Tensor, [Hq, total_q], optional: the gradient of the returned LSE.
+    bounds : signed (left, right) band instead of ``window`` (`varlen_plan.mod_args`; the ring's blocks).
+
+    Returns
+    -------
+    dq [total_q, Hq, d], dk, dv [total_k, Hkv, d] (q's dtype, contiguous; rows of empty sequences 0),
+    dsinks [Hq] float32 (an empty tensor [0] without sinks).
+    """
+    check_flags(deterministic=deterministic)
+    dims, mods, sm_scale, cu_q, cu_k = varlen_plan.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                           max_seqlen_k, causal, window, softcap, sinks,
+                                                           scale, check_seqlens)
+    total_q, Hq, d, total_k, Hkv = dims
+    _check_saved(do, o, lse, dlse, q)
+    dev, dt = q.device, q.dtype
+    dk = torch.zeros((total_k, Hkv, d), dtype=dt, device=dev)  # zeros: rows of no item stay 0 (no keys)
+    dv = torch.zeros((total_k, Hkv, d), dtype=dt, device=dev)
+    dsinks = torch.zeros((Hq,) if mods.sinks is not None else (0,), dtype=torch.float32, device=dev)
+    if total_q == 0:
+        return torch.zeros_like(q), dk, dv, dsinks
+    delta = torch.empty((Hq, total_q), dtype=torch.float32, device=dev)
+    pre_m = 16 if interpreting() else PRE_BLOCK_M
+    # the packed rows as one batch: [1, Hq, total_q, d] through strides (0, head, row)
+    _bwd_preprocess[(cdiv(total_q, pre_m), Hq)](o, do, delta, 0, o.stride(1), o.stride(0), 0, do.stride(1),
+                                                do.stride(0), Hq, total_q, HEAD_DIM=d, BLOCK_M=pre_m)
+    if dlse is not None:
+        delta = delta - dlse.to(torch.float32)  # dS = P * (dP - (D - dLSE))
+    if mods.sinks is not None:  # dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)
+        dsinks = -(torch.exp(mods.sinks[:, None] - lse) * delta).sum(1)
+    lse2 = (lse * LOG2E).contiguous()
+    qk_scale = sm_scale * LOG2E
+    B = cu_seqlens_q.shape[0] - 1
+    emulate = interpreting() and dt == torch.bfloat16
+    mod_kw = varlen_plan.mod_args(mods, sm_scale, causal, bounds)
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               do.stride(0), do.stride(1))
+    bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
+    n_kv = cdiv(total_k, bn) + B  # >= sum_s ceil(Nk_s / BLOCK_N) for any partition of total_k
+    seq, tile = varlen_plan._work_items(cu_q, cu_k, n_kv, bn, mod_kw["WINDOW"] or bool(causal), kv_tiles=True)
+    atomic = not deterministic
+    dq_acc = torch.zeros((Hq, total_q, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
+    if total_k > 0:
+        _varlen_dkdv_kernel[(n_kv * Hkv,)](
+            q, k, v, do, lse2, delta, dk, dv, dq_acc, cu_q, cu_k, seq, tile, *strides,
+            Hq, Hkv, total_q, qk_scale, sm_scale, **mod_kw, HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm,
+            BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps, num_stages=stages)
+    if atomic:
+        return dq_acc.transpose(0, 1).to(dt).contiguous(), dk, dv, dsinks
+    dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
+    bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
+    n_q = cdiv(total_q, bm) + B
+    seq, tile = varlen_plan._work_items(cu_q, cu_k, n_q, bm, mod_kw["WINDOW"] or bool(causal))
+    _varlen_dq_kernel[(n_q * Hq,)](
+        q, k, v, do, lse2, delta, dq, cu_q, cu_k, seq, tile, *strides, Hq, Hkv, total_q, qk_scale, sm_scale,
+        **mod_kw, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps,
+        num_stages=stages)
+    return dq, dk, dv, dsinks
+
+
+# --- autograd for `attnscope::flash_attention_varlen` ---------------------------------------------
+_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? dlse, "
+               "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
+               "float scale, int[]? window, float softcap, Tensor? sinks, bool deterministic, "
+               "bool check_seqlens) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+@torch.library.custom_op("attnscope::flash_attention_varlen_backward", mutates_args=(), schema=_BWD_SCHEMA)
+def _bwd_op(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+            window, softcap, sinks, deterministic, check_seqlens):
+    return flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, causal, scale, window=window, softcap=softcap,
+                                           sinks=sinks, deterministic=deterministic, dlse=dlse,
+                                           check_seqlens=check_seqlens)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      window, softcap, sinks, deterministic, check_seqlens):
+    n_sinks = q.shape[1] if sinks is not None else 0
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((n_sinks,), dtype=torch.float32))
+
+
+def setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, window, softcap, sinks, deterministic,
+     check_seqlens) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, sinks)
+    ctx.args = (max_q, max_k, causal, scale, window, softcap, deterministic, check_seqlens, return_lse)
+
+
+def backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+    max_q, max_k, causal, scale, window, softcap, deterministic, check_seqlens, return_lse = ctx.args
+    if not return_lse:
+        raise RuntimeError("attnscope::flash_attention_varlen: the backward needs the LSE; call the op with "
+                           "return_lse=True (flash_attention_varlen does so when an input requires grad)")
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    elif grad_o.stride(-1) != 1:
+        grad_o = grad_o.contiguous()
+    dq, dk, dv, dsinks = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                                 window, softcap, sinks, deterministic, check_seqlens)
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None,
+            dsinks if sinks is not None else None, None, None)
