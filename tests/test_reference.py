@@ -302,3 +302,66 @@ def test_light_core_imports_no_torch():
     code = ("import sys, attnscope.reference, attnscope.checks, attnscope.cli.reference; "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- score mods: window, softcap, sinks -----------------------------------------------------------
+def _numeric_grad(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[i] += eps
+        xm[i] -= eps
+        g[i] = (f(xp) - f(xm)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("causal,window,softcap", [(True, (3, 2), 1.5), (False, (2, 1), 0.0),
+                                                   (False, None, 0.7), (True, (0, 0), 0.0)])
+def test_mods_backward_matches_finite_differences(causal, window, softcap):
+    rng = np.random.default_rng(7)
+    q, do = rng.standard_normal((2, 2, 4, 3, 3))  # each [B, Hq, Nq, d]
+    k, v = rng.standard_normal((2, 2, 2, 6, 3))  # GQA: Hkv = 2
+    sinks, dl = rng.standard_normal(4), rng.standard_normal((2, 4, 3))
+    kw = dict(causal=causal, window=window, softcap=softcap)
+
+    def loss(q_, k_, v_, s_):
+        o, lse = R.naive_attention(q_, k_, v_, return_lse=True, sinks=s_, **kw)
+        return float((o * do).sum() + (lse * dl).sum())
+
+    o, lse = R.naive_attention(q, k, v, return_lse=True, sinks=sinks, **kw)
+    grads = R.attention_backward(do, q, k, v, o, lse, sinks=sinks, dlse=dl, **kw)
+    args = [q, k, v, sinks]
+    for n, g in enumerate(grads):
+        num = _numeric_grad(lambda x, n=n: loss(*[x if m == n else a for m, a in enumerate(args)]), args[n])
+        np.testing.assert_allclose(g, num, atol=1e-6)
+
+
+def test_window_softcap_sinks_dense_formulas():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((3, 2, 5, 8))
+    sinks = np.array([-30.0, 4.0])  # very negative: no effect; large: the sink takes most of the mass
+    o, lse = R.naive_attention(q, k, v, window=(1, 0), softcap=2.0, sinks=sinks, return_lse=True)
+    s = 2.0 * np.tanh(q @ np.swapaxes(k, -1, -2) / np.sqrt(8) / 2.0)
+    r, c = np.arange(5)[:, None], np.arange(5)[None, :]
+    s = np.where((c <= r) & (c >= r - 1), s, -np.inf)
+    z = np.exp(s).sum(-1) + np.exp(sinks)[:, None]
+    np.testing.assert_allclose(lse, np.log(z), rtol=1e-12)
+    np.testing.assert_allclose(o, (np.exp(s) / z[..., None]) @ v, rtol=1e-12, atol=1e-15)
+    # a row that sees no key: output 0, LSE the sink's (no NaN); without sinks -inf
+    o, lse = R.naive_attention(q[:, :4], k[:, :2], v[:, :2], causal=True, sinks=sinks, return_lse=True)
+    assert np.all(o[:, :2] == 0) and np.array_equal(lse[:, :2], np.repeat(sinks[:, None], 2, 1))
+    with pytest.raises(InputError, match="sinks"):
+        R.naive_attention(q, k, v, sinks=np.zeros(3))
+    with pytest.raises(InputError, match="softcap"):
+        R.naive_attention(q, k, v, softcap=-1.0)
+
+
+def test_combine_merges_a_sink_once():
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((3, 3, 9, 8))
+    sinks = rng.standard_normal(3)
+    parts = [R.naive_attention(q, k[:, a:b], v[:, a:b], return_lse=True) for a, b in ((0, 2), (2, 5), (5, 9))]
+    o, lse = R.combine(parts, sinks=sinks[:, None])
+    o_ref, lse_ref = R.naive_attention(q, k, v, sinks=sinks, return_lse=True)
+    np.testing.assert_allclose(o, o_ref, atol=1e-13)
+    np.testing.assert_allclose(lse, lse_ref, atol=1e-13)

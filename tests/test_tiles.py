@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscope.errors import InputError
-from attnscope.model.tiles import Grid, causal_kv_bounds0, floor_sum, persistent_item, persistent_items
+from attnscope.model.tiles import (
+    Grid,
+    causal_kv_bounds0,
+    floor_sum,
+    normalize_window,
+    persistent_item,
+    persistent_items,
+    window_kv_bounds0,
+)
 
 SPEC = Grid(4096, 4096, 128, 64, causal=True)
 
@@ -196,3 +204,44 @@ def test_persistent_items_cover_every_tile_once_at_one_cost(num_m):
     assert all(lt is None or h > lt for h, lt in items)  # the heavy tile first
     with pytest.raises(ValueError, match="k: expected 0 <= k <"):
         persistent_item(len(items), num_m)
+
+
+# --- sliding windows ------------------------------------------------------------------------------
+def _visible(nq, nk, causal, window):
+    left, right = normalize_window(causal, window)
+    off = nk - nq
+    return [[(left < 0 or c >= r + off - left) and (right < 0 or c <= r + off + right) for c in range(nk)]
+            for r in range(nq)]
+
+
+@pytest.mark.parametrize("nq,nk,bq,bk", [(37, 37, 8, 8), (20, 53, 16, 8), (53, 20, 8, 16), (64, 64, 16, 16)])
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, (0, 0)), (True, (1, 0)),
+                                           (False, (5, 5)), (False, (-1, 7)), (True, (13, -1)),
+                                           (False, (0, 0)), (False, (100, 100)), (False, (3, -1))])
+def test_window_bounds_are_exact(nq, nk, bq, bk, causal, window):
+    """Loaded keys hold every visible key; the unmasked range is visible to every row; the first and last
+    loaded tiles each hold a visible key (no tile is loaded for nothing)."""
+    vis = _visible(nq, nk, causal, window)
+    for r0 in range(0, nq, bq):
+        rows = range(r0, min(r0 + bq, nq))
+        lo, full_lo, full_hi, hi = window_kv_bounds0(r0, len(rows), nq, nk, bk, causal, window)
+        assert 0 <= lo <= full_lo <= full_hi <= hi <= nk and lo % bk == 0
+        seen = [c for c in range(nk) if any(vis[r][c] for r in rows)]
+        if not seen:
+            assert lo == hi
+            continue
+        assert lo <= seen[0] and seen[-1] < hi
+        assert seen[0] < lo + bk and seen[-1] >= (hi - 1) // bk * bk
+        assert all(vis[r][c] for r in rows for c in range(full_lo, full_hi))
+        if full_lo < full_hi:
+            assert full_lo % bk == 0 and (full_hi % bk == 0 or full_hi == nk)
+        if causal and window is None:  # the causal special case agrees with the two-stage bounds
+            a, b = causal_kv_bounds0(r0 // bq, nq, nk, bq, bk)
+            assert hi == b and (full_hi if full_lo < full_hi else 0) == min(a, b)
+
+
+def test_window_rejects_bad_values():
+    for bad in ((-2, 0), (1,), (1.5, 2), "1,2", (True, 0), (0, -3)):
+        with pytest.raises(InputError, match="window"):
+            normalize_window(False, bad)
+    assert normalize_window(True, (4, 9)) == (4, 0) and normalize_window(False, None) == (-1, -1)

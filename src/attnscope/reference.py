@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnscope.errors import InputError, finite_real, positive_int, short
-from attnscope.model.tiles import Grid
+from attnscope.model.tiles import Grid, normalize_window
 
-__all__ = ["naive_attention", "tiled_attention", "attention_backward", "combine", "online_softmax_trace",
-           "TraceStep", "Trace"]
+__all__ = ["naive_attention", "permitted", "tiled_attention", "attention_backward", "combine",
+           "online_softmax_trace", "TraceStep", "Trace"]
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -95,8 +95,49 @@ def _causal_permitted(nq: int, nk: int) -> np.ndarray:
     return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + Grid(nq, nk, causal=True).offset
 
 
+def permitted(nq: int, nk: int, causal: bool = False, window=None) -> np.ndarray:
+    """[Nq, Nk] boolean: key c visible to query r under ``causal`` and ``window`` (flash-attn's
+    ``window_size``: `model.tiles.normalize_window`), bottom-right aligned (``off = Nk - Nq``)."""
+    left, right = normalize_window(causal, window)
+    d = np.arange(nk)[None, :] - (np.arange(nq)[:, None] + (nk - nq))  # c - (r + off)
+    keep = np.ones((nq, nk), dtype=bool)
+    if left >= 0:
+        keep &= d >= -left
+    if right >= 0:
+        keep &= d <= right
+    return keep
+
+
+def _check_mods(softcap, sinks, heads: int | None):
+    """Validate ``softcap`` (finite, >= 0; 0 disables) and ``sinks`` (finite reals, one per query head: dim -3
+    of q) and return ``(softcap, sinks as float64 [Hq, 1, 1] or None)``."""
+    if not (finite_real(softcap) and softcap >= 0):
+        raise InputError(f"softcap: expected a finite real number >= 0 (0 disables), got {short(softcap)}")
+    if sinks is None:
+        return float(softcap), None
+    sk = _as_float64("sinks", sinks, 1)
+    if sk.ndim != 1 or heads is None or sk.shape[0] != heads:
+        raise InputError(f"sinks: expected shape [Hq] = [{heads}] (one logit per query head, dim -3 of q), "
+                         f"got {sk.shape}")
+    return float(softcap), sk[:, None, None]
+
+
+def _scores(q, k, scale, softcap, causal, window):
+    """Scaled (and softcapped) scores [..., Nq, Nk], -inf where not permitted; also ``t = tanh(s/softcap)``
+    (None without softcap) for the backward."""
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    t = None
+    if softcap:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    if causal or window is not None:
+        s = np.where(permitted(q.shape[-2], k.shape[-2], causal, window), s, -np.inf)
+    return s, t
+
+
 # --- the baseline ---------------------------------------------------------------------------------
-def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False, *,
+                    window=None, softcap: float = 0.0, sinks=None):
     """Attention the textbook way: three steps, the full score matrix materialised.
 
     Parameters
@@ -106,24 +147,32 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     causal : bool, default False: the bottom-right aligned mask (``c <= r + Nk - Nq``).
     scale : float, default ``1/sqrt(d)``.
     return_lse : bool, default False: also return the natural-log logsumexp of the scaled scores.
+    window : (left, right) or None: flash-attn's ``window_size`` (`model.tiles.normalize_window`).
+    softcap : float, default 0 (off): scaled scores become ``softcap * tanh(s / softcap)``.
+    sinks : array [Hq] or None: one logit per query head (dim -3 of q) joining the softmax denominator
+        with no value; the LSE includes it.
 
     Returns
     -------
     o : float64 array [..., Nq, dv]  (rows with no permitted key are zeros)
-    lse : float64 array [..., Nq]    (only with ``return_lse``; -inf for rows with no permitted key)
+    lse : float64 array [..., Nq]    (only with ``return_lse``; -inf for rows with no permitted key, the
+        sink's logit with sinks)
 
     Example
     -------
     >>> o = naive_attention(np.ones((4, 8)), np.ones((6, 8)), np.eye(6, 3), causal=True)
     """
     q, k, v, scale = _prepare(q, k, v, scale)
-    s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]   step 1: scores
-    if causal:
-        s = np.where(_causal_permitted(q.shape[-2], k.shape[-2]), s, -np.inf)
+    softcap, sink = _check_mods(softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
+    s, _ = _scores(q, k, scale, softcap, causal, window)  # [..., Nq, Nk]   step 1: scores
     m = s.max(axis=-1, keepdims=True)  # [..., Nq, 1]
+    if sink is not None:
+        m = np.maximum(m, sink)
     m_safe = np.where(np.isneginf(m), 0.0, m)  # a row with no key: exp(-inf - 0) = 0, not NaN
     e = np.exp(s - m_safe)
     l_row = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        l_row = l_row + np.exp(sink - m_safe)  # the sink joins the denominator, with no value
     p = np.divide(e, l_row, out=np.zeros_like(e), where=l_row > 0)  # step 2: probabilities
     o = p @ v  # [..., Nq, dv]                                       step 3: output
     with np.errstate(divide="ignore"):
@@ -247,16 +296,19 @@ def _normalise(m, l, acc):
 
 
 # --- split-KV combine (Flash-Decoding's reduction) -------------------------------------------------
-def combine(partials):
+def combine(partials, sinks=None):
     """Merge split-KV partial results into the whole (the Flash-Decoding reduction).
 
     From each split's normalised output ``O_s`` and logsumexp ``LSE_s``: ``LSE = log sum_s exp(LSE_s)``,
     ``O = sum_s exp(LSE_s - LSE) O_s``. A split with no permitted key (``LSE_s = -inf``) weighs 0; a row
-    for which every split is empty gets zeros and ``LSE = -inf``.
+    for which every split is empty gets zeros and ``LSE = -inf``. An attention sink is one more partial
+    with ``O = 0`` and ``LSE = sink`` (it joins the denominator once, however many splits there are).
 
     Parameters
     ----------
     partials : sequence of (o, lse) pairs, o [..., N, dv] and lse [..., N], all of one shape.
+    sinks : array broadcastable to lse's shape [..., N] (e.g. [H, 1] for lse [H, N]) or None: the sink
+        logits, merged as the partial ``(0, sinks)``.
 
     Returns
     -------
@@ -289,6 +341,14 @@ def combine(partials):
         if np.any(np.isnan(lse_s)) or np.any(np.isposinf(lse_s)) or not np.all(np.isfinite(o_s)):
             raise InputError(f"partials[{n}]: expected finite o and lse in [-inf, inf), got NaN or inf")
         arrays.append((o_s, lse_s))
+    if sinks is not None:
+        o0, lse0 = arrays[0]
+        sk = _as_float64("sinks", sinks, 0)
+        try:
+            arrays.append((np.zeros_like(o0), np.broadcast_to(sk, lse0.shape)))
+        except ValueError as e:
+            raise InputError(f"sinks: expected a shape broadcastable to lse's {lse0.shape}, "
+                             f"got {sk.shape}") from e
     o_all, lse_all = map(np.stack, zip(*arrays, strict=True))  # [S, ..., N, dv], [S, ..., N]
     m = lse_all.max(axis=0)  # [..., N]
     w = np.exp(lse_all - np.where(np.isneginf(m), 0.0, m))  # [S, ..., N]   exp(-inf - .) = 0
@@ -445,7 +505,8 @@ def _tile_arrays(tiles):
 
 
 # --- the backward ---------------------------------------------------------------------------------
-def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
+def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None, *,
+                       window=None, softcap: float = 0.0, sinks=None, dlse=None):
     """FlashAttention-2's backward (Algorithm 2) in float64, ``P = exp(S - LSE)`` recomputed from the saved
     LSE (0 where masked); GQA: the kv heads' gradients are summed over their group of query heads.
 
@@ -454,11 +515,14 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     do, o : arrays [..., Hq, Nq, dv]: the upstream gradient and the forward's output.
     q, k, v : arrays [..., Hq, Nq, d], [..., Hkv, Nk, d], [..., Hkv, Nk, dv].
     lse : array [..., Hq, Nq]: the forward's logsumexp (-inf for rows with no permitted key).
-    causal, scale : as `naive_attention`.
+    causal, scale, window, softcap, sinks : as `naive_attention`.
+    dlse : array [..., Hq, Nq] or None: the upstream gradient of the LSE output, if it has one.
 
     Returns
     -------
     dq, dk, dv : float64 arrays shaped like q, k, v (rows with no permitted key contribute 0).
+    dsinks : float64 array [Hq], only with ``sinks``: ``-sum_rows exp(sink - LSE) (D - dLSE)`` over the
+        leading dims and rows.
 
     Example
     -------
@@ -473,17 +537,27 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
         raise InputError(f"do: expected shape {q.shape[:-1] + (v.shape[-1],)} (as o), got {do.shape}")
     if lse.shape != q.shape[:-1]:
         raise InputError(f"lse: expected shape {q.shape[:-1]}, got {lse.shape}")
-    s = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]  recomputed, never stored by the forward
-    permitted = _causal_permitted(q.shape[-2], k.shape[-2]) if causal else True
-    keep = np.isfinite(lse)[..., None] & permitted  # P = 0 elsewhere and on rows with no permitted key
+    softcap, sink = _check_mods(softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
+    g = np.zeros(lse.shape) if dlse is None else np.asarray(dlse, dtype=np.float64)
+    if g.shape != lse.shape:
+        raise InputError(f"dlse: expected shape {lse.shape} (as lse), got {g.shape}")
+    s, t = _scores(q, k, scale, softcap, causal, window)  # [..., Nq, Nk]  recomputed, never stored
+    keep = np.isfinite(lse)[..., None] & np.isfinite(s)  # P = 0 elsewhere and on rows with no permitted key
     lse_safe = np.where(np.isfinite(lse), lse, 0.0)[..., None]
     p = np.where(keep, np.exp(np.where(keep, s, 0.0) - lse_safe), 0.0)  # [..., Nq, Nk]
-    d_row = np.sum(do * o, axis=-1, keepdims=True)  # D = rowsum(dO * O)  [..., Nq, 1]
+    d_row = np.sum(do * o, axis=-1, keepdims=True) - g[..., None]  # D = rowsum(dO * O) - dLSE  [..., Nq, 1]
     dv_full = np.swapaxes(p, -1, -2) @ do  # [..., Nk, dv]
     dp = do @ np.swapaxes(v, -1, -2)  # [..., Nq, Nk]
-    ds = p * (dp - d_row)
+    ds = p * (dp - d_row)  # d(loss)/d(capped, scaled score)
+    if t is not None:
+        ds = ds * (1.0 - t * t)  # through softcap * tanh(s / softcap)
     dq = scale * (ds @ k)  # [..., Nq, d]
     dk_full = scale * (np.swapaxes(ds, -1, -2) @ q)  # [..., Nk, d]
+    if sink is not None:
+        p_sink = np.where(np.isfinite(lse), np.exp(sink[..., 0] - lse_safe[..., 0]), 0.0)  # [..., Hq, Nq]
+        ds_sink = -(p_sink * d_row[..., 0])  # [..., Hq, Nq]
+        dsinks = ds_sink.reshape((-1,) + ds_sink.shape[-2:]).sum(axis=(0, 2))
+        return dq, _reduce_to(dk_full, k_shape), _reduce_to(dv_full, v_shape), dsinks
     return dq, _reduce_to(dk_full, k_shape), _reduce_to(dv_full, v_shape)
 
 

@@ -4,8 +4,10 @@ argument, or `NotImplementedError` listing what is supported), device facts."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-from attnscope.errors import InputError, expect, finite_real
+from attnscope.errors import InputError, expect, finite_real, short
+from attnscope.model.tiles import normalize_window
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
@@ -54,6 +56,43 @@ def check_scale(scale) -> None:
     """None, or a finite positive real (not a bool) whose ``scale * log2(e)`` fits in fp32."""
     ok = scale is None or finite_real(scale) and 0 < scale <= MAX_SCALE
     expect(ok, "scale", f"a finite positive number up to {MAX_SCALE:.3g}, or None", scale)
+
+
+class Mods(NamedTuple):
+    """The score mods of one call, validated by `check_mods`. When ``windowed``, ``(left, right)`` describe
+    visibility in full (causal folded in as ``right = 0``); otherwise both are -1 and ``causal`` decides."""
+
+    left: int  # -1: unbounded
+    right: int
+    softcap: float  # 0.0: off
+    sinks: object  # float32 tensor [Hq] or None
+
+    @property
+    def windowed(self) -> bool:
+        """A bounded side other than plain causal's (the kernels' WINDOW constexpr)."""
+        return self.left >= 0 or self.right >= 0
+
+
+def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device) -> Mods:
+    """Validate the score mods (the one contract of every kernel: DESIGN.md,
+    `model.tiles.normalize_window`): ``window`` None or (left, right) ints >= -1 (causal forces right = 0,
+    and a causal call with left = -1 is plain causal: ``windowed`` False); ``softcap`` a finite real >= 0
+    (0 = off); ``sinks`` None or a float32 tensor [Hq] on ``device``. Returns `Mods`; raises `InputError`
+    naming the argument."""
+    left, right = normalize_window(causal, window)
+    if causal and left < 0:
+        right = -1  # plain causal: the kernels' CAUSAL path, no window arithmetic
+    ok = finite_real(softcap) and softcap >= 0
+    expect(ok, "softcap", "a finite real number >= 0 (0 disables)", softcap)
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            raise InputError(f"sinks: expected None or a torch.Tensor [Hq] of float32, got {short(sinks)}")
+        if sinks.dtype != torch.float32 or tuple(sinks.shape) != (q_heads,):
+            raise InputError(f"sinks: expected a float32 tensor of shape [Hq] = [{q_heads}], got "
+                             f"{sinks.dtype} of shape {tuple(sinks.shape)}")
+        if sinks.device != device:
+            raise InputError(f"sinks: expected device {device} (as q), got {sinks.device}")
+    return Mods(left, right, float(softcap), sinks)
 
 
 def check_disjoint(torch, name: str, t, others: dict) -> None:

@@ -221,6 +221,53 @@ def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: in
     return (min(n_full * block_kv, nk), min(n_loaded * block_kv, nk))
 
 
+def normalize_window(causal: bool, window) -> tuple[int, int]:
+    """The effective ``(left, right)`` window of a call (flash-attn's ``window_size``; -1 = unbounded on
+    that side): key ``c`` (0-based) is visible to query row ``r`` iff ``c >= r + off - left`` (left >= 0)
+    and ``c <= r + off + right`` (right >= 0), with ``off = Nk - Nq`` (bottom-right, as causal).
+    ``window=None`` is ``(-1, -1)``; ``causal=True`` forces ``right = 0``, so causal alone is ``(-1, 0)``.
+    Anything but a pair of integers >= -1 raises `InputError` naming ``window``."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= -1 for x in window)
+        if not ok:
+            raise InputError("window: expected None or a pair (left, right) of integers >= -1 "
+                             f"(-1 = unbounded), got {short(window)}")
+        left, right = int(window[0]), int(window[1])
+    if causal:
+        right = 0
+    return left, right
+
+
+def window_kv_bounds0(row0: int, rows: int, nq: int, nk: int, block_kv: int, causal: bool,
+                      window=None) -> tuple[int, int, int, int]:
+    """KV columns (0-based, element units, tile-aligned) of the query rows ``row0 .. row0 + rows - 1`` under
+    ``causal`` and ``window`` (`normalize_window`): ``(lo, full_lo, full_hi, hi)`` with
+    ``lo <= full_lo <= full_hi <= hi``: keys ``[lo, hi)`` are loaded, of which ``[full_lo, full_hi)`` are
+    visible to every row (no mask), ``[lo, full_lo)`` and ``[full_hi, hi)`` are masked; the rest are skipped
+    (never loaded). ``lo == hi`` when no row sees any key; ``full_lo == full_hi == hi`` when no tile is
+    wholly visible. A kernel recomputes this in-kernel (tests hold the two against each other); kernels
+    also mask the ragged last tile (a bounds check, not a mask of the attention)."""
+    left, right = normalize_window(causal, window)
+    off = nk - nq
+    r0, r1 = row0, row0 + rows - 1
+    first = 0 if left < 0 else max(0, r0 + off - left)  # the first key any row sees
+    last = nk - 1 if right < 0 else min(nk - 1, r1 + off + right)  # the last key any row sees
+    if first > last:
+        return (0, 0, 0, 0)
+    lo = (first // block_kv) * block_kv
+    hi = min(cdiv(last + 1, block_kv) * block_kv, nk)
+    f0 = 0 if left < 0 else r1 + off - left  # keys every row sees: [f0, f1]
+    f1 = nk - 1 if right < 0 else min(nk - 1, r0 + off + right)
+    full_lo = max(cdiv(max(f0, 0), block_kv) * block_kv, lo)
+    full_hi = min(nk if f1 == nk - 1 else ((f1 + 1) // block_kv) * block_kv, hi)
+    if full_lo >= full_hi:
+        return (lo, hi, hi, hi)
+    return (lo, full_lo, full_hi, hi)
+
+
 def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
     """(heavy, light) 0-based query tiles of item ``k`` of one head in the persistent causal schedule
     (kernels/fwd_hopper.py ``_work``; light None: the tile runs alone). Even ``num_m``: items
