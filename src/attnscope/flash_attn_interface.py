@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from attnscope.errors import InputError, expect, finite_real
 from attnscope.kernels._common import import_torch_triton
+from attnscope.model.tiles import normalize_window
 
 torch, _ = import_torch_triton()
 
@@ -70,8 +71,7 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
     expect(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)
     expect(finite_real(softcap) and softcap >= 0, "softcap", "a finite number >= 0 (0: off)", softcap)
-    left, right = window_size
-    right = 0 if causal else right
+    left, right = normalize_window(causal, tuple(window_size))
     mods = {}
     if not (left == -1 and right in (-1, 0) and (causal or right == -1)):
         mods["window"] = (left, right)
