@@ -381,3 +381,35 @@ def test_bad_layout_and_values():
         fai.flash_attn_func(q, k, v, softcap=-1.0)
     with pytest.raises(InputError, match="qkv: expected shape"):
         fai.flash_attn_qkvpacked_func(torch.stack([q, k], 2))
+
+
+# --- packaging -------------------------------------------------------------------------------------
+def test_help_lists_the_public_api():
+    """help(attnscope) shows the lazily imported kernels (via __dir__), and the docstring names each entry."""
+    import pydoc
+
+    import attnscope
+
+    text = pydoc.render_doc(attnscope, renderer=pydoc.plaintext)
+    functions = text[text.index("FUNCTIONS"):]
+    for name in ("flash_attention", "flash_attention_varlen", "flash_decode"):
+        assert name in dir(attnscope) and f"\n    {name}(" in functions
+    assert "decode_plan" in dir(attnscope) and "decode_plan = class DecodePlan" in text
+    for entry in ("flash_attn_interface", "integrations.transformers.register()",
+                  "distributed.ring_attention"):
+        assert entry in attnscope.__doc__
+
+
+def test_optional_dependencies():
+    """The kernels extra pins a numpy Triton's interpreter accepts; one module imports transformers."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    root = Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "numpy<2.4" in extras["kernels"]
+    assert any(r.startswith("transformers") for r in extras["transformers"])
+    users = sorted(str(p.relative_to(root)) for p in (root / "src").rglob("*.py")
+                   if "from transformers" in p.read_text() or "import transformers" in p.read_text())
+    assert users == ["src/attnscope/integrations/transformers.py"]
