@@ -365,6 +365,9 @@ def test_kvcache_refusals():
     with pytest.raises(InputError, match="cache_seqlens: expected cache_seqlens \\+ Nnew <= 8"):
         fai.flash_attn_with_kvcache(q[:, :2], kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=7, causal=True)
     assert torch.equal(kc, before)  # refused before anything was written
+    with pytest.raises(InputError, match="k_cache: expected q's dtype torch.float16"):
+        fai.flash_attn_with_kvcache(q[:, :1].half(), kc, vc, kc[:, :1], vc[:, :1], cache_seqlens=2)
+    assert torch.equal(kc, before)
     with pytest.raises(InputError, match="v: expected a tensor"):
         fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k=kc[:, :1], cache_seqlens=2)
     with pytest.raises(InputError, match="cache_seqlens: expected the current cache lengths"):

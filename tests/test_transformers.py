@@ -32,7 +32,7 @@ if not torch.cuda.is_available() and not _common.interpreting():
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAME = hf.register()
 SEQ, NEW = 12, 8
-COMMON = dict(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+COMMON = dict(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
               num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=64,
               initializer_range=0.2,
               pad_token_id=0, eos_token_id=None, bos_token_id=None)
@@ -50,8 +50,8 @@ CONFIGS = {
     "mistral": (lambda: transformers.MistralConfig(sliding_window=5, **COMMON), "sdpa", None, {}),
     "gpt_oss": (lambda: transformers.GptOssConfig(
         sliding_window=5, num_local_experts=2, num_experts_per_tok=1,
-        layer_types=["sliding_attention", "full_attention"], **COMMON), "eager", _sinks,
-        {"experts_implementation": "eager"}),  # grouped_mm has no float64
+        layer_types=["sliding_attention", "full_attention"], **{**COMMON, "num_hidden_layers": 2}),
+        "eager", _sinks, {"experts_implementation": "eager"}),  # grouped_mm has no float64
 }
 
 
@@ -110,8 +110,10 @@ def test_prefill_logits_match_reference(models, padded, calls):
     assert calls == [kernel] * ours.config.num_hidden_layers
 
 
-#: which batches each model generates from (the decode paths: flash_decode unpadded, varlen padded)
-GENERATE = {"llama": (False, True), "mistral": (True,), "gpt_oss": (False,)}
+#: (padded, cache) each model generates with: the decode paths (flash_decode unpadded, varlen padded) and a
+#: static cache (transformers passes all its slots; the mask says which are filled)
+GENERATE = {"llama": ((False, "dynamic"), (True, "dynamic"), (False, "static")),
+            "mistral": ((True, "dynamic"),), "gpt_oss": ((False, "dynamic"),)}
 
 
 def test_greedy_generate_same_tokens(models, calls):
@@ -120,9 +122,10 @@ def test_greedy_generate_same_tokens(models, calls):
     logit tolerance of the prefill test (there, 2 x the reference's bf16 logit error + 1e-3); a wrong
     attention diverges at a step with a clear winner."""
     name, (m64, ref, ours) = models
-    for padded in GENERATE[name]:
+    for padded, cache in GENERATE[name]:
         ids, mask = _batch(padded)
-        kw = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+        kw = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                  cache_implementation=cache)
         with torch.no_grad():
             real = mask.bool()
             tol = checks.kernel_tolerance((ref(ids, attention_mask=mask).logits.double()
@@ -137,8 +140,8 @@ def test_greedy_generate_same_tokens(models, calls):
                 t = int(differ[0])
                 a, b = int(want.sequences[row, SEQ + t]), int(got[row, t])
                 gap = (want.logits[t][row, a] - want.logits[t][row, b]).item()
-                assert gap <= tol, (f"padded={padded}, row {row}, token {t}: attnscope chose {b}, the "
-                                    f"reference {a} by a logit margin {gap:.3g} > {tol:.3g}: "
+                assert gap <= tol, (f"padded={padded}, {cache} cache, row {row}, token {t}: attnscope chose "
+                                    f"{b}, the reference {a} by a logit margin {gap:.3g} > {tol:.3g}: "
                                     f"{got.tolist()} vs {want.sequences[:, SEQ:].tolist()}")
         layers = ours.config.num_hidden_layers
         assert len(calls) == NEW * layers  # every layer of the prefill and of each decode step

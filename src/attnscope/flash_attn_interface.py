@@ -374,7 +374,11 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
     seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
-    if k is not None:
+    if k is not None:  # what the kernel would refuse after the append is refused before it
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.dtype != q.dtype or t.shape[3] != q.shape[3] or t.device != q.device:
+                raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
+                                 f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
         _append(k_cache, v_cache, k, v, seqlens, block_table)
         seqlens = seqlens + k.shape[1]
     if block_table is None:

@@ -1,16 +1,19 @@
 """attnscope as a Hugging Face transformers attention backend: ``attn_implementation="attnscope"``.
 
 ``register()`` adds `attention_forward` to transformers' ``AttentionInterface`` and, under the same name,
-flash-attn's mask form to ``AttentionMaskInterface``: the attention function receives either no mask
-(every key of every sequence is visible, up to causality) or the 2-D padding mask [B, kv_len] (True =
-a real token). Then:
+`padding_mask` (flash-attn's mask form) to ``AttentionMaskInterface``: the attention function receives
+either no mask (every key of every sequence is visible, up to causality) or the 2-D padding mask
+[B, <= kv_len] (True = a real token; keys beyond its length, a static cache's unfilled slots, are padding).
+Then:
 
 - no mask, one new token per sequence of a causal model (a decode step against the full cache K/V
   transformers passes): `attnscope.flash_decode`;
 - no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
+- a mask without padding (a static cache): the same kernels on the filled keys (a view; `flash_decode`
+  with ``cache_seqlens``);
 - a padding mask: the real tokens are gathered into a packed batch (cu_seqlens) and run through
   `attnscope.flash_attention_varlen`, then scattered back (padded query rows give 0). The queries are the
-  last ``Nq`` mask columns; keys beyond the mask's length (a static cache's unfilled slots) are padding.
+  last ``Nq`` mask columns. One host sync per call reads the packed lengths.
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
@@ -56,8 +59,23 @@ def register(name: str = "attnscope") -> str:
     if not (isinstance(name, str) and name):
         raise InputError(f"name: expected a non-empty string, got {name!r}")
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(name, padding_mask)
     return name
+
+
+def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                 attention_mask: Tensor | None = None, device=None, **kwargs) -> Tensor | None:
+    """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
+    [B, <= kv_length], True = a real token), and where transformers drops the mask but the cache holds
+    unfilled slots (a static cache), a mask of ones over the filled positions: keys beyond a mask's
+    length are padding."""
+    mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                                attention_mask=attention_mask, device=device, **kwargs)
+    if mask is None:
+        filled = int(q_offset) + q_length - int(kv_offset)  # positions written once this step's keys are in
+        if filled < kv_length:
+            mask = torch.ones(batch_size, filled, dtype=torch.bool, device=device)
+    return mask
 
 
 def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
@@ -144,7 +162,16 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
     first = torch.where(k_mask, cols, Nk).amin(1)
     last = torch.where(k_mask, cols, -1).amax(1)
     holes = ((last - first + 1 != n_k) & (n_k > 0)).any()  # padding between real tokens in some row
-    max_q, max_k, holes = torch.stack([n_q.max(), n_k.max(), holes]).tolist()  # the one host sync
+    full = (n_k == mask.shape[1]).all() & (n_q == Nq).all()  # no padding: only unfilled slots after the mask
+    max_q, max_k, holes, full = torch.stack([n_q.max(), n_k.max(), holes, full]).tolist()  # the one host sync
+    if full:  # keys [0, n) of every row, queries the last Nq of them: a view, no gather
+        n = mask.shape[1]
+        if causal and Nq == 1:
+            lens = torch.full((B,), n, dtype=torch.int32, device=query.device)
+            o = flash_decode(query, key, value, lens, scale=scaling, **mods)
+        else:
+            o = flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods)
+        return o.transpose(1, 2)
     if holes and "window" in mods:
         raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes (padding "
                                   "between real tokens) is not supported; supported: left or right padding")
