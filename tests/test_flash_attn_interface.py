@@ -191,6 +191,27 @@ def test_func_window_and_softcap(causal, window, softcap):
     _assert_lse(lse, lse_ref)
 
 
+@pytest.mark.parametrize("kw, passed", [
+    ({}, {}),
+    ({"causal": True, "window_size": (-1, 5)}, {}),  # causal forces right = 0: plain causal
+    ({"window_size": (-1, -1), "softcap": 0.0, "deterministic": False}, {}),
+    ({"causal": True, "window_size": (8, 3)}, {"window": (8, 0)}),
+    ({"window_size": (-1, 3)}, {"window": (-1, 3)}),
+    ({"softcap": 30, "deterministic": True}, {"softcap": 30.0, "deterministic": True}),
+])
+def test_keywords_reach_the_kernels(kw, passed, monkeypatch):
+    """flash-attn's window_size / softcap / deterministic become the kernels' keywords, only where they are on
+    (a call with defaults passes none, so it runs on kernels without them)."""
+    seen = []
+    for name in ("flash_attention", "flash_attention_varlen"):
+        monkeypatch.setattr(fai, name, lambda *a, **k: seen.append(k) or a[0])
+    q, k, v = _small(torch.Generator().manual_seed(0))
+    fai.flash_attn_func(q, k, v, **kw)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    fai.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, **kw)
+    assert seen == [passed, passed]
+
+
 # --- varlen ----------------------------------------------------------------------------------------
 def _packed(lengths_q, lengths_k, hq, hkv, g):
     q = _randn(sum(lengths_q), hq, 64, g=g, scale=2.0)
@@ -338,8 +359,7 @@ def test_dense_unsupported_named(kw, name):
         fai.flash_attn_func(q, k, v, **kw)
 
 
-@pytest.mark.parametrize("kw, name", [({"deterministic": True}, "deterministic"),
-                                      ({"block_table": torch.zeros(1, 1, dtype=torch.int32)}, "block_table"),
+@pytest.mark.parametrize("kw, name", [({"block_table": torch.zeros(1, 1, dtype=torch.int32)}, "block_table"),
                                       ({"dropout_p": 0.5}, "dropout_p")])
 def test_varlen_unsupported_named(kw, name):
     q, k, v = (t[0] for t in _small(torch.Generator().manual_seed(0)))

@@ -80,6 +80,12 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     return mods
 
 
+def _deterministic(deterministic) -> dict:
+    """The backward's mode as the kernels' keyword, passed only when asked for (False is their default)."""
+    expect(isinstance(deterministic, bool), "deterministic", "True or False", deterministic)
+    return {"deterministic": True} if deterministic else {}
+
+
 def _check_rank(name: str, t, rank: int, layout: str) -> None:
     """flash-attn's layout in the message (the kernels name their own [B, H, N, d])."""
     if not isinstance(t, torch.Tensor):
@@ -98,8 +104,7 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     """The shared body of the three dense functions: q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d] (views)."""
     mods = _mods(causal, window_size, softcap, dropout_p)
     _unsupported(alibi_slopes=(alibi_slopes, None))
-    # the autograd backward computes dQ in its own pass (no atomics): bit-reproducible either way
-    expect(isinstance(deterministic, bool), "deterministic", "True or False", deterministic)
+    mods.update(_deterministic(deterministic))
     expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
     res = flash_attention(_bhnd(q), _bhnd(k), _bhnd(v), causal, softmax_scale, return_attn_probs, **mods)
     if not return_attn_probs:
@@ -135,7 +140,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     alibi_slopes : None
         Not supported (NotImplementedError).
     deterministic : bool
-        Accepted either way: the backward is deterministic.
+        True: a backward whose gradients are bitwise identical run to run (the kernels' separate dQ pass).
     return_attn_probs : bool
         Also return the LSE (as flash-attn, the third element is the dropout mask: None here).
 
@@ -212,7 +217,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs
         As `flash_attn_func` (causal and windows per sequence, bottom-right aligned).
     deterministic : bool
-        Only False: attnscope does not promise a bit-reproducible varlen backward.
+        As `flash_attn_func`.
     block_table : None
         A paged KV cache in the varlen call is not supported (use `flash_attn_with_kvcache`).
 
@@ -231,8 +236,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_rank(name, t, 3, "[total_q, Hq, d]" if name == "q" else "[total_k, Hkv, d]")
     mods = _mods(causal, window_size, softcap, dropout_p)
-    _unsupported(alibi_slopes=(alibi_slopes, None), deterministic=(deterministic, False),
-                 block_table=(block_table, None))
+    _unsupported(alibi_slopes=(alibi_slopes, None), block_table=(block_table, None))
+    mods.update(_deterministic(deterministic))
     expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
     res = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                  softmax_scale, return_attn_probs, **mods)
