@@ -73,7 +73,7 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     expect(finite_real(softcap) and softcap >= 0, "softcap", "a finite number >= 0 (0: off)", softcap)
     left, right = normalize_window(causal, tuple(window_size))
     mods = {}
-    if not (left == -1 and right in (-1, 0) and (causal or right == -1)):
+    if left != -1 or (right != -1 and not causal):  # causal's own right = 0 is no window
         mods["window"] = (left, right)
     if softcap != 0:
         mods["softcap"] = float(softcap)

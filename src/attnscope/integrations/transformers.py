@@ -89,7 +89,7 @@ def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
         mods["softcap"] = float(softcap)
     sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
     if sinks is not None:
-        mods["sinks"] = sinks.detach().to(device=query.device, dtype=torch.float32).reshape(-1)
+        mods["sinks"] = sinks.to(device=query.device, dtype=torch.float32).reshape(-1)  # differentiable
     return mods
 
 
