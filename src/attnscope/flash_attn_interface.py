@@ -4,19 +4,19 @@ Code written for ``flash_attn`` (``from flash_attn import flash_attn_func, ...``
 changing the import to ``from attnscope.flash_attn_interface import ...``. Each function converts
 flash-attn's layouts to the kernels' with views, never a copy where the strides allow, and calls one kernel:
 
-==============================  ========================================  =============================
-function                        flash-attn layout                         kernel
-==============================  ========================================  =============================
-`flash_attn_func`               q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d]    `flash_attention` (+ backward)
-`flash_attn_qkvpacked_func`     qkv [B, N, 3, H, d]                       `flash_attention` (+ backward)
-`flash_attn_kvpacked_func`      q [B, Nq, Hq, d], kv [B, Nk, 2, Hkv, d]   `flash_attention` (+ backward)
-`flash_attn_varlen_func`        q [total_q, Hq, d], k, v [total_k, Hkv, d] `flash_attention_varlen`
-`flash_attn_with_kvcache`       q [B, Nq, Hq, d]; cache [B, L, Hkv, d]    `flash_decode`
+==============================  ==========================================  ============================
+function                        flash-attn layout                           kernel
+==============================  ==========================================  ============================
+`flash_attn_func`               q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d]      `flash_attention` + backward
+`flash_attn_qkvpacked_func`     qkv [B, N, 3, H, d]                         `flash_attention` + backward
+`flash_attn_kvpacked_func`      q [B, Nq, Hq, d], kv [B, Nk, 2, Hkv, d]     `flash_attention` + backward
+`flash_attn_varlen_func`        q [total_q, Hq, d], k, v [total_k, Hkv, d]  `flash_attention_varlen` + bwd
+`flash_attn_with_kvcache`       q [B, Nq, Hq, d]; cache [B, L, Hkv, d]      `flash_decode`
                                 or paged [pages, page, Hkv, d]
-==============================  ========================================  =============================
+==============================  ==========================================  ============================
 
-Outputs come back in flash-attn's layout as views of the kernels' ``[B, H, N, d]`` outputs (``.reshape``
-copies where a caller needs contiguous memory). ``return_attn_probs=True`` returns ``(out, softmax_lse,
+The [B, N, H, d] outputs are views of the kernels' ``[B, H, N, d]`` outputs (``.reshape`` copies where a
+caller needs contiguous memory). ``return_attn_probs=True`` returns ``(out, softmax_lse,
 None)``: the natural-log LSE, float32 ``[B, Hq, Nq]`` (``[Hq, total_q]`` for varlen); attention
 probabilities are never materialised. ``causal`` is bottom-right aligned (flash-attn >= 2.1);
 ``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
