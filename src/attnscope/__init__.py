@@ -1,13 +1,31 @@
 """attnscope: make attention's data movement checkable, then make attention fast.
 
+Public API (the kernels load torch and triton on first use; everything else runs without them):
+
+    flash_attention(q, k, v, causal, scale, return_lse)   FA-2 forward, differentiable; q [B, Hq, Nq, d]
+    flash_attention_varlen(q, k, v, cu_seqlens_q, ...)    packed variable-length batch; q [total_q, Hq, d]
+    flash_decode(q, k_cache, v_cache, cache_seqlens)      split-KV decode / chunked prefill, dense or paged
+    decode_plan(q, k_cache, v_cache, cache_seqlens)       plan a decode once, then ``plan.run(...)``
+    attnscope.flash_attn_interface                        flash-attn 2.x's functions: flash_attn_func, ...
+    attnscope.integrations.transformers.register()        attn_implementation="attnscope" in transformers
+    attnscope.distributed.ring_attention(q, k, v, causal) context parallelism over torch.distributed
+    attnscope.reference                                   float64 NumPy reference (naive, tiled, backward)
+    attnscope.model                                       analytic byte, FLOP, tile and footprint models
+    attnscope.checks                                      the algorithm checks and the kernel tolerance rule
+    attnscope.report                                      the latency attribution report
+    `attnscope` (command line)                            traffic, tiles, verify, report, bench, ...
+
 Layers (data flows downward; a module imports only from layers below it):
 
-    cli/         the `attnscope` command: parse, call one function, print
-    report/      latency attribution report
-    measure/     GPU only: timing, SDPA backend check, ncu counters, profiler time share
-    kernels/     Triton: FA-2 prefill forward (dense and packed varlen) and backward, split-KV decode
-    reference.py float64 NumPy reference
-    model/       analytic, pure Python
+    cli/                     the `attnscope` command: parse, call one function, print
+    integrations/            adapters to other libraries (transformers); optional imports
+    flash_attn_interface.py  flash-attn 2.x's names and layouts over the kernels
+    report/                  latency attribution report
+    measure/                 GPU only: timing, SDPA backend check, ncu counters, profiler time share
+    distributed/             context parallelism (ring attention)
+    kernels/                 Triton: FA-2 prefill (dense, packed varlen), backward, split-KV decode
+    reference.py             float64 NumPy reference
+    model/                   analytic, pure Python
 
 Importing `attnscope` is light: torch and triton load when a kernel is first used.
 """
@@ -15,6 +33,7 @@ Importing `attnscope` is light: torch and triton load when a kernel is first use
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -32,3 +51,10 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
     module, attr = _KERNELS[name]
     return getattr(importlib.import_module(module), attr)
+
+
+def __dir__() -> list[str]:
+    """The module's names plus the lazy kernels, so ``dir()`` and ``help(attnscope)`` show them; the kernels
+    only where torch and triton are installed (help() imports what it lists)."""
+    kernels = [*_KERNELS] if all(importlib.util.find_spec(m) for m in ("torch", "triton")) else []
+    return sorted({*globals(), *kernels})

@@ -1,0 +1,397 @@
+"""flash-attn 2.x's Python interface over attnscope's kernels: same names, argument order, defaults, layouts.
+
+Code written for ``flash_attn`` (``from flash_attn import flash_attn_func, ...``) runs on attnscope by
+changing the import to ``from attnscope.flash_attn_interface import ...``. Each function converts
+flash-attn's layouts to the kernels' with views, never a copy where the strides allow, and calls one kernel:
+
+==============================  ==========================================  ============================
+function                        flash-attn layout                           kernel
+==============================  ==========================================  ============================
+`flash_attn_func`               q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d]      `flash_attention` + backward
+`flash_attn_qkvpacked_func`     qkv [B, N, 3, H, d]                         `flash_attention` + backward
+`flash_attn_kvpacked_func`      q [B, Nq, Hq, d], kv [B, Nk, 2, Hkv, d]     `flash_attention` + backward
+`flash_attn_varlen_func`        q [total_q, Hq, d], k, v [total_k, Hkv, d]  `flash_attention_varlen` + bwd
+`flash_attn_with_kvcache`       q [B, Nq, Hq, d]; cache [B, L, Hkv, d]      `flash_decode`
+                                or paged [pages, page, Hkv, d]
+==============================  ==========================================  ============================
+
+The [B, N, H, d] outputs are views of the kernels' ``[B, H, N, d]`` outputs (``.reshape`` copies where a
+caller needs contiguous memory). ``return_attn_probs=True`` returns ``(out, softmax_lse,
+None)``: the natural-log LSE, float32 ``[B, Hq, Nq]`` (``[Hq, total_q]`` for varlen); attention
+probabilities are never materialised. ``causal`` is bottom-right aligned (flash-attn >= 2.1);
+``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
+
+What flash-attn has and attnscope does not (dropout, ALiBi, rotary embedding inside the kernel,
+``cache_batch_idx``, ``cache_leftpad``, a paged varlen call) raises NotImplementedError naming the
+argument; nothing is ignored.
+"""
+
+from __future__ import annotations
+
+from attnscope.errors import InputError, expect, finite_real
+from attnscope.kernels._common import import_torch_triton
+from attnscope.model.tiles import normalize_window
+
+torch, _ = import_torch_triton()
+
+from attnscope.kernels.decode import flash_decode  # noqa: E402
+from attnscope.kernels.fwd import flash_attention  # noqa: E402
+from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+Tensor = torch.Tensor
+
+
+# --- argument translation ------------------------------------------------------------------------
+def _unsupported(**args) -> None:
+    """Each keyword is ``(value, default)``: a value other than the default raises NotImplementedError."""
+    for name, (value, default) in args.items():
+        off = value is None if default is None else value == default
+        if not off:
+            raise NotImplementedError(f"{name}: not supported by attnscope (supported: {name}={default!r}), "
+                                      f"got {_short(value)}")
+
+
+def _short(value) -> str:
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+
+
+def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
+    """flash-attn's ``window_size`` / ``softcap`` as the kernels' keywords, only where they change anything.
+
+    window_size (left, right): key j visible to query i (bottom-right aligned position i') iff
+    ``i' - left <= j <= i' + right``, -1 unbounded; ``causal`` forces right = 0. (-1, -1), or causal with
+    left = -1, is no window. softcap 0 is off."""
+    expect(isinstance(causal, bool), "causal", "True or False", causal)
+    expect(finite_real(dropout_p) and 0.0 <= dropout_p <= 1.0, "dropout_p", "a number in [0, 1]", dropout_p)
+    _unsupported(dropout_p=(float(dropout_p), 0.0))
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+    expect(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)
+    expect(finite_real(softcap) and softcap >= 0, "softcap", "a finite number >= 0 (0: off)", softcap)
+    left, right = normalize_window(causal, tuple(window_size))
+    mods = {}
+    if left != -1 or (right != -1 and not causal):  # causal's own right = 0 is no window
+        mods["window"] = (left, right)
+    if softcap != 0:
+        mods["softcap"] = float(softcap)
+    return mods
+
+
+def _deterministic(deterministic) -> dict:
+    """The backward's mode as the kernels' keyword, passed only when asked for (False is their default)."""
+    expect(isinstance(deterministic, bool), "deterministic", "True or False", deterministic)
+    return {"deterministic": True} if deterministic else {}
+
+
+def _check_rank(name: str, t, rank: int, layout: str) -> None:
+    """flash-attn's layout in the message (the kernels name their own [B, H, N, d])."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise InputError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(t.shape)}")
+
+
+def _bhnd(t: Tensor) -> Tensor:
+    """[B, N, H, d] -> [B, H, N, d], a view (the kernels take any strides with a unit last stride)."""
+    return t.transpose(1, 2)
+
+
+def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+           return_attn_probs):
+    """The shared body of the three dense functions: q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d] (views)."""
+    mods = _mods(causal, window_size, softcap, dropout_p)
+    _unsupported(alibi_slopes=(alibi_slopes, None))
+    mods.update(_deterministic(deterministic))
+    expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
+    res = flash_attention(_bhnd(q), _bhnd(k), _bhnd(v), causal, softmax_scale, return_attn_probs, **mods)
+    if not return_attn_probs:
+        return _bhnd(res)
+    o, lse = res
+    return _bhnd(o), lse, None
+
+
+# --- the dense functions -------------------------------------------------------------------------
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Tensor | None = None, deterministic: bool = False,
+                    return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
+    """Attention in flash-attn's layout, differentiable (through `attnscope.flash_attention`).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Nq, Hq, d]
+        fp16 or bf16, d in {64, 128}; any strides with a unit last stride.
+    k, v : torch.Tensor, [B, Nk, Hkv, d]
+        Hq a multiple of Hkv (GQA / MQA).
+    dropout_p : float
+        Only 0.0 (NotImplementedError otherwise).
+    softmax_scale : float, optional
+        Defaults to ``1/sqrt(d)``.
+    causal : bool
+        Bottom-right aligned causal mask (key j visible to query i iff ``j <= i + Nk - Nq``).
+    window_size : (int, int)
+        Local attention (left, right), -1 unbounded; ``(-1, -1)`` is off.
+    softcap : float
+        Scores become ``softcap * tanh(s / softcap)`` after scaling; 0 is off.
+    alibi_slopes : None
+        Not supported (NotImplementedError).
+    deterministic : bool
+        True: a backward whose gradients are bitwise identical run to run (the kernels' separate dQ pass).
+    return_attn_probs : bool
+        Also return the LSE (as flash-attn, the third element is the dropout mask: None here).
+
+    Returns
+    -------
+    out : torch.Tensor, [B, Nq, Hq, d], q's dtype (a view of a [B, Hq, Nq, d] buffer)
+    softmax_lse : torch.Tensor, [B, Hq, Nq], float32, natural log — only with ``return_attn_probs``
+    None — only with ``return_attn_probs``
+
+    Example
+    -------
+    >>> q = k = v = torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> out = flash_attn_func(q, k, v, causal=True)
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, t, 4, "[B, Nq, Hq, d]" if name == "q" else "[B, Nk, Hkv, d]")
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                              causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                              softcap: float = 0.0, alibi_slopes: Tensor | None = None,
+                              deterministic: bool = False,
+                              return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
+    """`flash_attn_func` with q, k, v packed: ``qkv`` [B, N, 3, H, d] (q, k, v = qkv.unbind(2), as views).
+
+    Returns out [B, N, H, d] (and, with ``return_attn_probs``, softmax_lse [B, H, N] and None); the
+    gradient flows back into ``qkv``."""
+    _check_rank("qkv", qkv, 5, "[B, N, 3, H, d]")
+    if qkv.shape[2] != 3:
+        raise InputError(f"qkv: expected shape [B, N, 3, H, d], got {tuple(qkv.shape)}")
+    q, k, v = qkv.unbind(2)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0,
+                             softmax_scale: float | None = None, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1),
+                             softcap: float = 0.0, alibi_slopes: Tensor | None = None,
+                             deterministic: bool = False,
+                             return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
+    """`flash_attn_func` with k, v packed: q [B, Nq, Hq, d], ``kv`` [B, Nk, 2, Hkv, d] (views, no copy).
+
+    Returns out [B, Nq, Hq, d] (and, with ``return_attn_probs``, softmax_lse [B, Hq, Nq] and None)."""
+    _check_rank("q", q, 4, "[B, Nq, Hq, d]")
+    _check_rank("kv", kv, 5, "[B, Nk, 2, Hkv, d]")
+    if kv.shape[2] != 2:
+        raise InputError(f"kv: expected shape [B, Nk, 2, Hkv, d], got {tuple(kv.shape)}")
+    k, v = kv.unbind(2)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs)
+
+
+# --- varlen --------------------------------------------------------------------------------------
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Tensor | None = None, deterministic: bool = False,
+                           return_attn_probs: bool = False,
+                           block_table: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, None]:
+    """Attention over a packed batch of variable-length sequences (`attnscope.flash_attention_varlen`).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [total_q, Hq, d]
+    k, v : torch.Tensor, [total_k, Hkv, d]
+    cu_seqlens_q, cu_seqlens_k : torch.Tensor, int32 [B + 1]
+        Cumulative sequence lengths (sequence s owns rows ``cu[s]:cu[s+1]``).
+    max_seqlen_q, max_seqlen_k : int
+        The longest sequence of each.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs
+        As `flash_attn_func` (causal and windows per sequence, bottom-right aligned).
+    deterministic : bool
+        As `flash_attn_func`.
+    block_table : None
+        A paged KV cache in the varlen call is not supported (use `flash_attn_with_kvcache`).
+
+    Returns
+    -------
+    out : torch.Tensor, [total_q, Hq, d], q's dtype
+    softmax_lse : torch.Tensor, [Hq, total_q], float32, natural log — only with ``return_attn_probs``
+    None — only with ``return_attn_probs``
+
+    Example
+    -------
+    >>> cu = torch.tensor([0, 100, 4196], dtype=torch.int32, device="cuda")
+    >>> q = k = v = torch.randn(4196, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> out = flash_attn_varlen_func(q, k, v, cu, cu, 4096, 4096, causal=True)
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, t, 3, "[total_q, Hq, d]" if name == "q" else "[total_k, Hkv, d]")
+    mods = _mods(causal, window_size, softcap, dropout_p)
+    _unsupported(alibi_slopes=(alibi_slopes, None), block_table=(block_table, None))
+    mods.update(_deterministic(deterministic))
+    expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
+    res = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                 softmax_scale, return_attn_probs, **mods)
+    return (*res, None) if return_attn_probs else res
+
+
+# --- decode with a KV cache ----------------------------------------------------------------------
+def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
+    """An int (same length for all) as the int32 [B] tensor the kernel takes."""
+    if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor):
+        return cache_seqlens
+    expect(isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and cache_seqlens >= 0,
+           "cache_seqlens", "a non-negative int, an int32 tensor [B] or None", cache_seqlens)
+    return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+    """Write k, v [B, Nnew, Hkv, d] into the cache at positions ``cache_seqlens[b] + j``, in place.
+
+    One host sync checks first that every position lies in the cache (and its page in the block table):
+    an index outside the tensors is refused, never written."""
+    for name, t in (("k", k), ("v", v)):
+        _check_rank(name, t, 4, "[B, Nnew, Hkv, d]")
+    if cache_seqlens is None:
+        raise InputError("cache_seqlens: expected the current cache lengths when k and v are appended, "
+                         "got None")
+    if not (isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32
+            and tuple(cache_seqlens.shape) == (k.shape[0],)):
+        got = _short(cache_seqlens)
+        got += f", {cache_seqlens.dtype}" if isinstance(cache_seqlens, torch.Tensor) else ""
+        raise InputError(f"cache_seqlens: expected an int32 tensor [B = {k.shape[0]}], got {got}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise InputError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    B, n_new, Hkv, d = k.shape
+    cache_hd = (k_cache.shape[2], k_cache.shape[3])
+    if cache_hd != (Hkv, d) or k.dtype != k_cache.dtype or k.device != k_cache.device:
+        raise InputError(f"k: expected [B, Nnew, {cache_hd[0]}, {cache_hd[1]}] {k_cache.dtype} on "
+                         f"{k_cache.device} (as k_cache), got {tuple(k.shape)} {k.dtype} on {k.device}")
+    pos = cache_seqlens.to(device=k.device, dtype=torch.long)[:, None] + torch.arange(n_new, device=k.device)
+    if block_table is None:
+        capacity = k_cache.shape[1]
+        bad = (pos < 0) | (pos >= capacity)
+        rows = torch.arange(B, device=k.device)[:, None].expand(B, n_new)
+        where = (rows, pos.clamp(0, capacity - 1))
+    else:
+        page = k_cache.shape[1]
+        capacity = block_table.shape[1] * page
+        bad = (pos < 0) | (pos >= capacity)
+        pages = block_table.long().gather(1, pos.clamp(0, capacity - 1) // page)  # [B, Nnew]
+        bad = bad | (pages < 0) | (pages >= k_cache.shape[0])
+        where = (pages.clamp(0, k_cache.shape[0] - 1), pos % page)
+    if bool(bad.any()):  # the one host sync
+        b, j = (int(x) for x in bad.nonzero()[0])
+        if block_table is not None and 0 <= int(pos[b, j]) < capacity:
+            slot = int(pos[b, j]) // page
+            raise InputError(f"block_table: expected page indices in [0, {k_cache.shape[0]}) for the "
+                             f"appended tokens, got {int(block_table[b, slot])} at [{b}, {slot}]")
+        raise InputError(f"cache_seqlens: expected cache_seqlens + Nnew <= {capacity} (the cache's "
+                         f"capacity), got {int(cache_seqlens[b])} + {n_new} for sequence {b}")
+    k_cache[where] = k  # [B, Nnew, Hkv, d] into [.., .., Hkv, d]
+    v_cache[where] = v
+
+
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None,
+                            v: Tensor | None = None, rotary_cos: Tensor | None = None,
+                            rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
+                            cache_batch_idx: Tensor | None = None, cache_leftpad: Tensor | None = None,
+                            block_table: Tensor | None = None, softmax_scale: float | None = None,
+                            causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                            softcap: float = 0.0, rotary_interleaved: bool = True,
+                            alibi_slopes: Tensor | None = None, num_splits: int = 0,
+                            return_softmax_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Decode / chunked prefill against a KV cache, appending new keys and values first (in place).
+
+    If ``k`` and ``v`` are given they are written into ``k_cache`` / ``v_cache`` at positions
+    ``cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1`` of each sequence (one host sync checks that they
+    fit), then the Nq queries attend to the first ``cache_seqlens[b] + Nnew`` keys (``cache_seqlens[b]``
+    without new keys; the whole cache without ``cache_seqlens``) through `attnscope.flash_decode`. The
+    queries are the last Nq positions of each sequence; with Nq > 1 they are causal among themselves.
+    No backward (as flash-attn).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Nq, Hq, d]
+        fp16 or bf16, d in {64, 128}.
+    k_cache, v_cache : torch.Tensor
+        Dense ``[B, L, Hkv, d]``, or paged ``[num_pages, page_size, Hkv, d]`` with ``block_table``
+        (page_size in {16, 32, 64, 128, 256}); q's dtype.
+    k, v : torch.Tensor, [B, Nnew, Hkv, d], optional
+        New keys and values to append (both or neither; needs ``cache_seqlens``).
+    rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes : None
+        Not supported (NotImplementedError); ``rotary_interleaved`` only matters with rotary.
+    cache_seqlens : int or torch.Tensor int32 [B], optional
+        Keys already in the cache per sequence.
+    block_table : torch.Tensor, int32 [B, max_pages], optional
+        The page of each block of page_size keys of each sequence.
+    softmax_scale : float, optional
+        Defaults to ``1/sqrt(d)``.
+    causal : bool
+        With Nq > 1 only True is supported (the chunked-prefill kernel is causal); with Nq = 1 either.
+    window_size, softcap
+        As `flash_attn_func`.
+    num_splits : int
+        KV splits per sequence; 0 picks them by the kernel's heuristic.
+    return_softmax_lse : bool
+        Also return the natural-log LSE.
+
+    Returns
+    -------
+    out : torch.Tensor, [B, Nq, Hq, d], q's dtype
+    softmax_lse : torch.Tensor, [B, Hq, Nq], float32 — only with ``return_softmax_lse``
+
+    Example
+    -------
+    >>> k_cache = v_cache = torch.zeros(4, 8192, 8, 128, device="cuda", dtype=torch.bfloat16)
+    >>> lens = torch.tensor([100, 0, 5000, 7], dtype=torch.int32, device="cuda")
+    >>> out = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lens, causal=True)
+    """
+    _check_rank("q", q, 4, "[B, Nq, Hq, d]")
+    layout = "[num_pages, page_size, Hkv, d]" if block_table is not None else "[B, L, Hkv, d]"
+    _check_rank("k_cache", k_cache, 4, layout)
+    _check_rank("v_cache", v_cache, 4, layout)
+    _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
+                 cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
+                 alibi_slopes=(alibi_slopes, None))
+    expect(isinstance(rotary_interleaved, bool), "rotary_interleaved", "True or False", rotary_interleaved)
+    expect(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 0, "num_splits",
+           "an int >= 0 (0: the kernel's heuristic)", num_splits)
+    expect(isinstance(return_softmax_lse, bool), "return_softmax_lse", "True or False", return_softmax_lse)
+    mods = _mods(causal, window_size, softcap)
+    if q.shape[1] > 1 and not causal:
+        raise NotImplementedError(f"causal: with Nq > 1 new queries only causal=True is supported (the "
+                                  f"chunked kernel is causal among the new queries), got causal=False and "
+                                  f"Nq = {q.shape[1]}")
+    left = mods.pop("window", (-1, 0))[0]
+    if left != -1:  # the queries are their sequence's last positions: no key lies to their right
+        mods["window"] = (left, 0)
+    if (k is None) != (v is None):
+        raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
+                         f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
+    seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
+    if k is not None:  # what the kernel would refuse after the append is refused before it
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.dtype != q.dtype or t.shape[3] != q.shape[3] or t.device != q.device:
+                raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
+                                 f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
+        _append(k_cache, v_cache, k, v, seqlens, block_table)
+        seqlens = seqlens + k.shape[1]
+    if block_table is None:
+        k_cache, v_cache = _bhnd(k_cache), _bhnd(v_cache)  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
+    res = flash_decode(_bhnd(q), k_cache, v_cache, seqlens, block_table=block_table,
+                       num_splits=num_splits or None, scale=softmax_scale, return_lse=return_softmax_lse,
+                       **mods)
+    if not return_softmax_lse:
+        return _bhnd(res)
+    o, lse = res
+    return _bhnd(o), lse

@@ -1,0 +1,438 @@
+"""flash-attn 2.x's interface against flash-attn's documented semantics (CPU: TRITON_INTERPRET=1).
+
+The reference is written here in flash-attn's layout ([B, N, H, d]), in float64: bottom-right aligned
+causal mask and window (key j visible to query i iff ``i' - left <= j <= i' + right`` with
+``i' = i + Nk - Nq``, -1 unbounded, causal forcing right = 0), softcap ``c * tanh(s / c)`` after scaling,
+natural-log LSE [B, H, N]. Bound (`attnscope.checks.kernel_tolerance`): the max error against float64 is at
+most 2 x PyTorch's own error at the input dtype (SDPA with the same mask; eager attention at the dtype when
+softcap is on, which SDPA cannot express) plus 1e-3; 3 x for gradients.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from attnscope import checks  # noqa: E402
+from attnscope.errors import InputError  # noqa: E402
+from attnscope.kernels import _common  # noqa: E402
+
+fai = pytest.importorskip("attnscope.flash_attn_interface")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not _common.interpreting():
+    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+DT = torch.bfloat16
+
+
+# --- the reference, in flash-attn's layout ---------------------------------------------------------
+def _visible(nq, nk, lens, causal, window):
+    """[B, Nq, Nk] bool: which keys each query sees (lens: valid keys per sequence, queries the last Nq)."""
+    lens = torch.as_tensor(lens, dtype=torch.long)
+    i = torch.arange(nq)[None, :, None] + (lens[:, None, None] - nq)  # aligned query position
+    j = torch.arange(nk)[None, None, :]
+    ok = j < lens[:, None, None]
+    left, right = window
+    right = 0 if causal else right
+    if right >= 0:
+        ok = ok & (j <= i + right)
+    if left >= 0:
+        ok = ok & (j >= i - left)
+    return ok.expand(len(lens), nq, nk)
+
+
+def _attend(q, k, v, ok, softcap=0.0, scale=None):
+    """Attention in flash-attn's layout at the tensors' dtype: q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d],
+    ok [B, Nq, Nk]. Returns out [B, Nq, Hq, d] (0 on rows with no key) and LSE [B, Hq, Nq] (-inf there)."""
+    g = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * (scale or q.shape[-1] ** -0.5)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~ok[:, None].to(s.device), float("-inf"))
+    lse = torch.logsumexp(s.float() if s.dtype != torch.float64 else s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def _reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, lens=None):
+    lens = [k.shape[1]] * q.shape[0] if lens is None else lens
+    ok = _visible(q.shape[1], k.shape[1], lens, causal, window)
+    return (*_attend(q.double(), k.double(), v.double(), ok, softcap, scale), ok)
+
+
+def _torch_own(q, k, v, ok, softcap=0.0, scale=None):
+    """PyTorch at q's dtype: SDPA with the boolean mask (eager attention when softcap is on)."""
+    if softcap:
+        return _attend(q, k, v, ok, softcap, scale)[0]
+    g = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)))
+    o = torch.nn.functional.scaled_dot_product_attention(qt.cpu(), kt.cpu(), vt.cpu(), attn_mask=ok[:, None],
+                                                         scale=scale)
+    return o.transpose(1, 2).nan_to_num(0.0)
+
+
+def _assert_close(o, o_ref, o_torch, ok, factor=2.0, what="out"):
+    """Rows with a visible key (o [B, Nq, H, d]): kernel error <= kernel_tolerance(torch's own error)."""
+    rows = ok.any(-1)  # [B, Nq]
+    err = (o.double().cpu() - o_ref)[rows].abs().max().item()
+    torch_err = (o_torch.double().cpu() - o_ref)[rows].abs().max().item()
+    tol = checks.kernel_tolerance(torch_err, factor)
+    assert err <= tol, f"{what}: error {err:.3g} > tol {tol:.3g} (torch's own {torch_err:.3g})"
+    empty = ~rows
+    if empty.any():
+        assert not o.cpu()[empty].any(), f"{what}: rows with no key are not 0"
+
+
+def _assert_lse(lse, lse_ref):
+    err = checks.lse_error(lse.double().cpu().numpy(), lse_ref.numpy())
+    assert err <= checks.KERNEL_LSE_TOL, f"LSE error {err:.3g}"
+
+
+def _randn(*shape, g, scale=1.0):
+    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(DT).to(DEVICE)
+
+
+# --- signatures: flash-attn 2.x's names, order and defaults ----------------------------------------
+_DENSE_TAIL = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
+               ("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
+               ("return_attn_probs", False)]
+FLASH_ATTN_SIGNATURES = {
+    "flash_attn_func": ["q", "k", "v", *_DENSE_TAIL],
+    "flash_attn_qkvpacked_func": ["qkv", *_DENSE_TAIL],
+    "flash_attn_kvpacked_func": ["q", "kv", *_DENSE_TAIL],
+    "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                               *_DENSE_TAIL, ("block_table", None)],
+    "flash_attn_with_kvcache": ["q", "k_cache", "v_cache", ("k", None), ("v", None), ("rotary_cos", None),
+                                ("rotary_sin", None), ("cache_seqlens", None), ("cache_batch_idx", None),
+                                ("cache_leftpad", None), ("block_table", None), ("softmax_scale", None),
+                                ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0),
+                                ("rotary_interleaved", True), ("alibi_slopes", None), ("num_splits", 0),
+                                ("return_softmax_lse", False)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
+def test_signature_is_flash_attn_2(name):
+    params = list(inspect.signature(getattr(fai, name)).parameters.values())
+    got = [p.name if p.default is inspect.Parameter.empty else (p.name, p.default) for p in params]
+    assert got == FLASH_ATTN_SIGNATURES[name]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+
+
+# --- dense -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal, hq, hkv, nq, nk", [(False, 4, 2, 37, 50), (True, 2, 2, 50, 37)])
+def test_func_forward_and_lse(causal, hq, hkv, nq, nk, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = _randn(2, nq, hq, 64, g=g, scale=2.0), _randn(2, nk, hkv, 64, g=g), _randn(2, nk, hkv, 64, g=g)
+    seen = []
+    real = fai.flash_attention
+    monkeypatch.setattr(fai, "flash_attention", lambda *a, **kw: seen.append(a[:3]) or real(*a, **kw))
+    o, lse, probs = fai.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    # views of the caller's buffers went to the kernel: no copy
+    assert [t.data_ptr() for t in seen[0]] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    assert probs is None and o.shape == q.shape and lse.shape == (2, hq, nq) and lse.dtype == torch.float32
+    o_ref, lse_ref, ok = _reference(q, k, v, causal)
+    _assert_close(o, o_ref, _torch_own(q, k, v, ok), ok)
+    _assert_lse(lse, lse_ref)
+    assert torch.equal(fai.flash_attn_func(q, k, v, causal=causal), o)  # the plain call: same bits
+
+
+def _grads(fn, inputs, dout):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    fn(*inputs).backward(dout)
+    return [t.grad for t in inputs]
+
+
+def test_qkvpacked_backward():
+    """The gradient flows through the unbind views back into the packed tensor."""
+    g = torch.Generator().manual_seed(2)
+    qkv, dout = _randn(1, 33, 3, 2, 64, g=g), _randn(1, 33, 2, 64, g=g)
+    (dqkv,) = _grads(lambda t: fai.flash_attn_qkvpacked_func(t, causal=True), [qkv], dout)
+    (dref,) = _grads(lambda t: _reference(*t.unbind(2), causal=True)[0], [qkv.double()], dout.double())
+    ok = _visible(33, 33, [33], True, (-1, -1))
+    (dtorch,) = _grads(lambda t: _torch_own(*t.unbind(2), ok), [qkv], dout)
+    for i in range(3):
+        _assert_close(dqkv[:, :, i], dref[:, :, i], dtorch[:, :, i], torch.ones(1, 33, 1, dtype=torch.bool),
+                      checks.GRAD_FACTOR, f"d{'qkv'[i]}")
+    o = fai.flash_attn_qkvpacked_func(qkv, causal=True)
+    _assert_close(o, _reference(*qkv.unbind(2), causal=True)[0], _torch_own(*qkv.unbind(2), ok), ok)
+
+
+def test_kvpacked_backward_gqa():
+    g = torch.Generator().manual_seed(3)
+    q, kv, dout = _randn(2, 20, 4, 64, g=g), _randn(2, 29, 2, 1, 64, g=g), _randn(2, 20, 4, 64, g=g)
+    got = _grads(lambda a, b: fai.flash_attn_kvpacked_func(a, b, softmax_scale=0.2), [q, kv], dout)
+    ref = _grads(lambda a, b: _reference(a, *b.unbind(2), scale=0.2)[0], [q.double(), kv.double()],
+                 dout.double())
+    ok = _visible(20, 29, [29, 29], False, (-1, -1))
+    own = _grads(lambda a, b: _torch_own(a, *b.unbind(2), ok, scale=0.2), [q, kv], dout)
+    rows = torch.ones(2, 29, 1, dtype=torch.bool)
+    _assert_close(got[0], ref[0], own[0], torch.ones(2, 20, 1, dtype=torch.bool), checks.GRAD_FACTOR, "dq")
+    for i in range(2):
+        _assert_close(got[1][:, :, i], ref[1][:, :, i], own[1][:, :, i], rows, checks.GRAD_FACTOR, "dkv")
+
+
+@pytest.mark.parametrize("causal, window, softcap", [(True, (16, 0), 0.0), (False, (7, 5), 0.0),
+                                                    (True, (-1, -1), 5.0)])
+def test_func_window_and_softcap(causal, window, softcap):
+    """window_size and softcap reach the kernel (needs its window= / softcap= keywords)."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = _randn(1, 45, 2, 64, g=g, scale=3.0), _randn(1, 45, 2, 64, g=g), _randn(1, 45, 2, 64, g=g)
+    o, lse, _ = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                    return_attn_probs=True)
+    o_ref, lse_ref, ok = _reference(q, k, v, causal, window, softcap)
+    _assert_close(o, o_ref, _torch_own(q, k, v, ok, softcap), ok)
+    _assert_lse(lse, lse_ref)
+
+
+@pytest.mark.parametrize("kw, passed", [
+    ({}, {}),
+    ({"causal": True, "window_size": (-1, 5)}, {}),  # causal forces right = 0: plain causal
+    ({"window_size": (-1, -1), "softcap": 0.0, "deterministic": False}, {}),
+    ({"causal": True, "window_size": (8, 3)}, {"window": (8, 0)}),
+    ({"window_size": (-1, 3)}, {"window": (-1, 3)}),
+    ({"softcap": 30, "deterministic": True}, {"softcap": 30.0, "deterministic": True}),
+])
+def test_keywords_reach_the_kernels(kw, passed, monkeypatch):
+    """flash-attn's window_size / softcap / deterministic become the kernels' keywords, only where they are on
+    (a call with defaults passes none, so it runs on kernels without them)."""
+    seen = []
+    for name in ("flash_attention", "flash_attention_varlen"):
+        monkeypatch.setattr(fai, name, lambda *a, **k: seen.append(k) or a[0])
+    q, k, v = _small(torch.Generator().manual_seed(0))
+    fai.flash_attn_func(q, k, v, **kw)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    fai.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, **kw)
+    assert seen == [passed, passed]
+
+
+# --- varlen ----------------------------------------------------------------------------------------
+def _packed(lengths_q, lengths_k, hq, hkv, g):
+    q = _randn(sum(lengths_q), hq, 64, g=g, scale=2.0)
+    k, v = _randn(sum(lengths_k), hkv, 64, g=g), _randn(sum(lengths_k), hkv, 64, g=g)
+    cu = [torch.tensor([0, *np.cumsum(n).tolist()], dtype=torch.int32, device=DEVICE)
+          for n in (lengths_q, lengths_k)]
+    return q, k, v, *cu
+
+
+def _per_sequence(fn, tensors, cus):
+    """Apply fn to each sequence's slices ([1, N, H, d]) and pack the results back along dim 0."""
+    outs = []
+    for s in range(len(cus[0]) - 1):
+        parts = [t[c[s]:c[s + 1]][None] for t, c in zip(tensors, cus, strict=True)]
+        outs.append(fn(*parts))
+    return outs
+
+
+@pytest.mark.parametrize("causal, window", [(True, (-1, -1)), (False, (-1, -1)), (True, (9, 0))])
+def test_varlen_forward_and_lse(causal, window):
+    g = torch.Generator().manual_seed(5)
+    lq, lk = [17, 1, 40], [30, 5, 40]
+    q, k, v, cq, ck = _packed(lq, lk, 4, 2, g)
+    o, lse, probs = fai.flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), causal=causal,
+                                               window_size=window, return_attn_probs=True)
+    assert probs is None and o.shape == q.shape and lse.shape == (4, sum(lq))
+    refs = _per_sequence(lambda a, b, c: _reference(a, b, c, causal, window), (q, k, v), (cq, ck, ck))
+    for s, (o_ref, lse_ref, ok) in enumerate(refs):
+        a, b = int(cq[s]), int(cq[s + 1])
+        qs, ks, vs = q[a:b][None], k[int(ck[s]):int(ck[s + 1])][None], v[int(ck[s]):int(ck[s + 1])][None]
+        _assert_close(o[a:b][None], o_ref, _torch_own(qs, ks, vs, ok), ok, what=f"sequence {s}")
+        _assert_lse(lse[:, a:b][None], lse_ref)
+
+
+def test_varlen_backward():
+    """Gradients through flash_attention_varlen (needs its backward)."""
+    g = torch.Generator().manual_seed(6)
+    lq = [13, 20]
+    q, k, v, cq, _ = _packed(lq, lq, 2, 2, g)
+    dout = _randn(*q.shape, g=g)
+    got = _grads(lambda a, b, c: fai.flash_attn_varlen_func(a, b, c, cq, cq, 20, 20, causal=True), [q, k, v],
+                 dout)
+    ref = _grads(lambda a, b, c: torch.cat([_reference(a[x:y][None], b[x:y][None], c[x:y][None], True)[0][0]
+                                            for x, y in ((0, 13), (13, 33))]), [q.double(), k.double(),
+                                                                                 v.double()], dout.double())
+    causal = [_visible(y - x, y - x, [y - x], True, (-1, -1)) for x, y in ((0, 13), (13, 33))]
+    own = _grads(lambda a, b, c: torch.cat([_torch_own(a[x:y][None], b[x:y][None], c[x:y][None], m)[0]
+                                            for (x, y), m in zip(((0, 13), (13, 33)), causal, strict=True)]),
+                 [q, k, v], dout)
+    rows = torch.ones(1, 33, 1, dtype=torch.bool)
+    for name, a, b, c in zip("qkv", got, ref, own, strict=True):
+        _assert_close(a[None], b[None], c[None], rows, checks.GRAD_FACTOR, f"d{name}")
+
+
+# --- with_kvcache ----------------------------------------------------------------------------------
+def _cache(b, length, hkv, g):
+    return _randn(b, length, hkv, 64, g=g), _randn(b, length, hkv, 64, g=g)
+
+
+def _paged(k_cache, v_cache, page, g):
+    """The same cache as pages [num_pages, page, Hkv, d] in shuffled order, and its block table."""
+    b, length, hkv, d = k_cache.shape
+    per = length // page
+    perm = torch.randperm(b * per, generator=g)
+    kp, vp = (_randn(b * per + 1, page, hkv, d, g=g) for _ in range(2))  # + 1: a page no sequence owns
+    table = perm.view(b, per).to(torch.int32).to(DEVICE)
+    for x in range(b):
+        for j in range(per):
+            kp[table[x, j]] = k_cache[x, j * page:(j + 1) * page]
+            vp[table[x, j]] = v_cache[x, j * page:(j + 1) * page]
+    return kp, vp, table
+
+
+def _gather(pages, table, length):
+    """The dense view [B, length, Hkv, d] of a paged cache."""
+    return torch.stack([pages[table[x].long()].flatten(0, 1)[:length] for x in range(table.shape[0])])
+
+
+@pytest.mark.parametrize("paged, nq", [(False, 1), (False, 3), (True, 1), (True, 4)])
+def test_kvcache_append_then_attend(paged, nq):
+    """New k/v land at cache_seqlens (ragged, incl. 0) in place; attention sees the updated cache."""
+    g = torch.Generator().manual_seed(7)
+    b, length, hq, hkv = 3, 64, 4, 2
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    lens = torch.tensor([0, 17, 64 - nq], dtype=torch.int32, device=DEVICE)
+    q, k_new, v_new = _randn(b, nq, hq, 64, g=g, scale=2.0), *_cache(b, nq, hkv, g)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for x in range(b):
+        expected_k[x, lens[x]:lens[x] + nq], expected_v[x, lens[x]:lens[x] + nq] = k_new[x], v_new[x]
+    if paged:
+        kc, vc, table = _paged(k_cache, v_cache, 16, g)
+        spare = kc[-1].clone()  # a page no sequence owns: never written
+    else:
+        kc, vc, table = k_cache, v_cache, None
+    o, lse = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table,
+                                         causal=True, return_softmax_lse=True)
+    got_k, got_v = (_gather(kc, table, length), _gather(vc, table, length)) if paged else (kc, vc)
+    assert torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
+    if paged:
+        assert torch.equal(kc[-1], spare)
+    o_ref, lse_ref, ok = _reference(q, expected_k, expected_v, True, lens=(lens + nq).tolist())
+    assert o.shape == q.shape and lse.shape == (b, hq, nq)
+    _assert_close(o, o_ref, _torch_own(q, expected_k, expected_v, ok), ok)
+    _assert_lse(lse, lse_ref)
+
+
+def test_kvcache_int_seqlens_and_no_append():
+    g = torch.Generator().manual_seed(8)
+    k_cache, v_cache = _cache(2, 48, 1, g)
+    q = _randn(2, 1, 4, 64, g=g)
+    before = k_cache.clone()
+    o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=30, softmax_scale=0.3)
+    assert torch.equal(k_cache, before)
+    o_ref, _, ok = _reference(q, k_cache, v_cache, scale=0.3, lens=[30, 30])
+    _assert_close(o, o_ref, _torch_own(q, k_cache, v_cache, ok, scale=0.3), ok)
+    o_full = fai.flash_attn_with_kvcache(q, k_cache, v_cache)  # no lengths: the whole cache
+    o_ref, _, ok = _reference(q, k_cache, v_cache)
+    _assert_close(o_full, o_ref, _torch_own(q, k_cache, v_cache, ok), ok)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_window_and_softcap(paged):
+    """window_size / softcap reach flash_decode (needs its window= / softcap= keywords)."""
+    g = torch.Generator().manual_seed(9)
+    k_cache, v_cache = _cache(2, 64, 2, g)
+    lens = torch.tensor([40, 63], dtype=torch.int32, device=DEVICE)
+    q = _randn(2, 2, 2, 64, g=g, scale=3.0)
+    kc, vc, table = _paged(k_cache, v_cache, 16, g) if paged else (k_cache, v_cache, None)
+    o = fai.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+                                    window_size=(10, 0), softcap=4.0)
+    o_ref, _, ok = _reference(q, k_cache, v_cache, True, (10, 0), 4.0, lens=lens.tolist())
+    _assert_close(o, o_ref, _torch_own(q, k_cache, v_cache, ok, 4.0), ok)
+
+
+# --- what attnscope refuses ------------------------------------------------------------------------
+def _small(g):
+    return _randn(1, 8, 2, 64, g=g), _randn(1, 8, 2, 64, g=g), _randn(1, 8, 2, 64, g=g)
+
+
+@pytest.mark.parametrize("kw, name", [({"dropout_p": 0.1}, "dropout_p"),
+                                      ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes")])
+def test_dense_unsupported_named(kw, name):
+    q, k, v = _small(torch.Generator().manual_seed(0))
+    with pytest.raises(NotImplementedError, match=name):
+        fai.flash_attn_func(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("kw, name", [({"block_table": torch.zeros(1, 1, dtype=torch.int32)}, "block_table"),
+                                      ({"dropout_p": 0.5}, "dropout_p")])
+def test_varlen_unsupported_named(kw, name):
+    q, k, v = (t[0] for t in _small(torch.Generator().manual_seed(0)))
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(NotImplementedError, match=name):
+        fai.flash_attn_varlen_func(q, k, v, cu, cu, 8, 8, **kw)
+
+
+@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad",
+                                  "alibi_slopes"])
+def test_kvcache_unsupported_named(name):
+    q, k, v = _small(torch.Generator().manual_seed(0))
+    with pytest.raises(NotImplementedError, match=name):
+        fai.flash_attn_with_kvcache(q[:, :1], k, v, **{name: torch.zeros(1, dtype=torch.int32)})
+
+
+def test_kvcache_refusals():
+    g = torch.Generator().manual_seed(0)
+    q, kc, vc = _small(g)
+    with pytest.raises(NotImplementedError, match="causal"):  # several new queries, non-causal
+        fai.flash_attn_with_kvcache(q[:, :2], kc, vc, cache_seqlens=4)
+    before = kc.clone()
+    with pytest.raises(InputError, match="cache_seqlens: expected cache_seqlens \\+ Nnew <= 8"):
+        fai.flash_attn_with_kvcache(q[:, :2], kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=7, causal=True)
+    assert torch.equal(kc, before)  # refused before anything was written
+    with pytest.raises(InputError, match="k_cache: expected q's dtype torch.float16"):
+        fai.flash_attn_with_kvcache(q[:, :1].half(), kc, vc, kc[:, :1], vc[:, :1], cache_seqlens=2)
+    assert torch.equal(kc, before)
+    with pytest.raises(InputError, match="v: expected a tensor"):
+        fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k=kc[:, :1], cache_seqlens=2)
+    with pytest.raises(InputError, match="cache_seqlens: expected the current cache lengths"):
+        fai.flash_attn_with_kvcache(q[:, :1], kc, vc, kc[:, :1], vc[:, :1])
+
+
+def test_bad_layout_and_values():
+    q, k, v = _small(torch.Generator().manual_seed(0))
+    with pytest.raises(InputError, match=r"q: expected a 4-d tensor \[B, Nq, Hq, d\]"):
+        fai.flash_attn_func(q[0], k, v)
+    with pytest.raises(InputError, match="window_size"):
+        fai.flash_attn_func(q, k, v, window_size=(-2, 0))
+    with pytest.raises(InputError, match="softcap"):
+        fai.flash_attn_func(q, k, v, softcap=-1.0)
+    with pytest.raises(InputError, match="qkv: expected shape"):
+        fai.flash_attn_qkvpacked_func(torch.stack([q, k], 2))
+
+
+# --- packaging -------------------------------------------------------------------------------------
+def test_help_lists_the_public_api():
+    """help(attnscope) shows the lazily imported kernels (via __dir__), and the docstring names each entry."""
+    import pydoc
+
+    import attnscope
+
+    text = pydoc.render_doc(attnscope, renderer=pydoc.plaintext)
+    functions = text[text.index("FUNCTIONS"):]
+    for name in ("flash_attention", "flash_attention_varlen", "flash_decode"):
+        assert name in dir(attnscope) and f"\n    {name}(" in functions
+    assert "decode_plan" in dir(attnscope) and "decode_plan = class DecodePlan" in text
+    for entry in ("flash_attn_interface", "integrations.transformers.register()",
+                  "distributed.ring_attention"):
+        assert entry in attnscope.__doc__
+
+
+def test_optional_dependencies():
+    """The kernels extra pins a numpy Triton's interpreter accepts; one module imports transformers."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    root = Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "numpy<2.4" in extras["kernels"]
+    assert any(r.startswith("transformers") for r in extras["transformers"])
+    users = sorted(str(p.relative_to(root)) for p in (root / "src").rglob("*.py")
+                   if "from transformers" in p.read_text() or "import transformers" in p.read_text())
+    assert users == ["src/attnscope/integrations/transformers.py"]
