@@ -232,7 +232,9 @@ def _block_forward(q, k, v, causal, scale, softcap, bounds):
 def _block_backward(do, q, k, v, o, lse, causal, scale, softcap, bounds):
     """(dq, dk, dv) of one block, the kernels of `_block_forward` (``lse``: the merged one)."""
     if not softcap and bounds is None:
-        return _import_bwd()(do, q, k, v, o, lse, causal, scale)
+        from attnscope.kernels.bwd import flash_attention_backward
+
+        return flash_attention_backward(do, q, k, v, o, lse, causal, scale)
     from attnscope.kernels.varlen_bwd import flash_attention_varlen_backward
 
     B, nq, nk = q.shape[0], q.shape[2], k.shape[2]
@@ -281,21 +283,11 @@ def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None, window
     return o.to(q.dtype), lse, chunks
 
 
-def _import_bwd():
-    try:
-        from attnscope.kernels.bwd import flash_attention_backward
-    except ImportError as e:  # the backward kernel lands with issue 13
-        raise NotImplementedError("ring_attention backward needs attnscope.kernels.bwd."
-                                  "flash_attention_backward (issue 13); supported now: forward only") from e
-    return flash_attention_backward
-
-
 def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.0, window=None):
     """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps. The blocks
     recompute P from the merged LSE (sink included), so a sink needs nothing here (`_sinks_grad`)."""
     import torch
 
-    _import_bwd()
     rank, p = _world(group)
     ring = _Ring(group, rank, p)
     dq = torch.zeros_like(q, dtype=torch.float32)

@@ -12,8 +12,7 @@ The measured call runs in a child process (``python -m attnscope.measure.ncu --c
 Before the first configuration the child opens and closes one profiled range around a tiny read kernel
 (no marker, so `split_at_markers` drops it): the first range of a process leaves about 3.5 MiB of dirty
 lines in the L2, which the first measured call wrote back as its own (0.05 MiB per head more writes for a
-cuDNN MQA call of 43 MiB, 0.14 for an FA-2 GQA one of 32 MiB; bench/first_spec_probe.py, BENCHMARKS.md
-twelfth session).
+cuDNN MQA call of 43 MiB, 0.14 for an FA-2 GQA one of 32 MiB; bench/first_spec_probe.py at commit 5eeec86).
 
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
 marker separates the calls when one child measures several configurations (`measure_many`). A spec is

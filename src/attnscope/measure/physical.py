@@ -38,7 +38,7 @@ FIELDS = {
 #: Most points in one grid (each is a GPU call under ncu: about 2-5 s).
 MAX_POINTS = 400
 #: `attnscope bytes --sweep --repeat K`: at most this many runs of a grid (the counters of one FA-2 causal
-#: point have spread 5-20 % between runs on the H200: BENCHMARKS.md, 2026-12-01 tenth session)
+#: point have spread 5-20 % between runs on the H200: BENCHMARKS.md, byte estimate)
 MAX_REPEAT = 5
 #: Largest Q + K + V + O (and, for naive, S and P) of one point: what one 141 GB H200 can hold with room.
 MAX_POINT_BYTES = 80 * 10**9

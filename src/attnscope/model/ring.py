@@ -35,12 +35,12 @@ from attnscope.model.roofline import device as get_device
 
 ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
-#: measured 2 x H200 NVLink exchange, bytes -> GB/s per direction (issue 16, 2026-11-30, torch 2.11)
+#: measured 2 x H200 NVLink exchange, bytes -> GB/s per direction (torch 2.11; BENCHMARKS.md)
 NVLINK_H200 = ((64 * MiB, 212e9), (256 * MiB, 291e9), (1 * GiB, 354e9))
 LINKS = {"h200": NVLINK_H200}
 
 #: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto" (the Hopper variant then measured)
-#: (bench/prefill.py, 2026-11-30 23:57 UTC; BENCHMARKS.md issue 15)
+#: (bench/prefill.py; BENCHMARKS.md, forward)
 KERNEL_RATE = {("h200", 64, False): 489.6e12, ("h200", 64, True): 456.4e12,
                ("h200", 128, False): 599.1e12, ("h200", 128, True): 604.9e12}
 

@@ -89,7 +89,7 @@ DEVICES: dict[str, Device] = {
                      "so 989 and 1,979 dense; 67 TFLOPS FP32",
             "hbm": "NVIDIA H200 datasheet (SXM): 4.8 TB/s HBM3e, 141 GB",
             "l2": "not in the H200 datasheet; measured: torch.cuda.get_device_properties(0).L2_cache_size "
-                  "= 62,914,560 B (60 MiB) on this project's H200, 2026-11-29 (the H100 SXM5 whitepaper "
+                  "= 62,914,560 B (60 MiB) on this project's H200 (the H100 SXM5 whitepaper "
                   "gives 50 MB for its GH100)",
             "sms": "same GH100 configuration as H100 SXM5: 132 SMs",
             "smem": f"{_CUDA_GUIDE}, compute capability 9.0: 228 KB per SM, 227 KB per block",
