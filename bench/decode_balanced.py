@@ -19,7 +19,7 @@ bf16, d = 128, one query token.
 import sys
 
 import attnscope
-from attnscope.kernels.decode import _block_config
+from attnscope.kernels.decode.heuristics import _block_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from decode import GRID, LENS, each_point  # noqa: E402

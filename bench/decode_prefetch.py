@@ -19,7 +19,7 @@ import sys
 import torch
 
 import attnscope
-from attnscope.kernels.decode import _block_config
+from attnscope.kernels.decode.heuristics import _block_config
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from decode import GRID, LENS, each_point, graph_of  # noqa: E402

@@ -20,7 +20,15 @@ import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
 from attnscope.kernels import _common, decode  # noqa: E402
-from attnscope.kernels.decode import default_num_splits, flash_decode, logical_bytes  # noqa: E402
+from attnscope.kernels.decode import (  # noqa: E402
+    _kernel,
+    api,
+    default_num_splits,
+    flash_decode,
+    heuristics,
+    logical_bytes,
+)
+from attnscope.kernels.decode import plan as plan_mod  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -80,10 +88,16 @@ def poisoned_empty():
         torch.empty = real
 
 
+def tuned_decode(q, k, v, cache_seqlens=None, block_table=None, **kw):
+    """`flash_decode` through a plan with the benchmarks' tuning knobs (use_dot, fuse_combine, config)."""
+    return plan_mod._tuned_plan(q, k, v, cache_seqlens, block_table, **kw).run(q, k, v, cache_seqlens,
+                                                                             block_table)
+
+
 def run_and_check(q, k, v, lens, num_splits, scale=None, **kw):
     with poisoned_empty():
-        o, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, scale=scale,
-                              return_lse=True, **kw)
+        o, lse = (tuned_decode if kw else flash_decode)(q, k, v, lens, num_splits=num_splits, scale=scale,
+                                                         return_lse=True, **kw)
     B, Hq, _, d = q.shape
     assert o.shape == (B, Hq, 1, d) and o.dtype == q.dtype
     assert lse.shape == (B, Hq, 1) and lse.dtype == torch.float32
@@ -203,7 +217,7 @@ def test_one_split_skips_phase_two_and_the_fused_merge_skips_the_second_launch()
     q, k, v = make_inputs(1, 4, 2, 64, 64, torch.float16, seed=1)
     one = decode.decode_plan(q, k, v, num_splits=1)
     assert not one.split and one.o_part is None and one.sem is None  # phase 1 writes the output
-    sep = decode.decode_plan(q, k, v, num_splits=3, fuse_combine=False)
+    sep = plan_mod._tuned_plan(q, k, v, num_splits=3, fuse_combine=False)
     assert sep.split and not sep.fuse and tuple(sep.o_part.shape) == (4, 3, 64)  # partials [R, S, d]
     fused = decode.decode_plan(q, k, v, num_splits=3)  # the default merges in the last program
     assert fused.split and fused.fuse and tuple(fused.sem.shape) == (2,)  # a counter per (b, kv head)
@@ -222,10 +236,10 @@ def test_fused_and_separate_merge_agree_and_the_counters_reset(fuse):
     for _ in range(2):
         again = run_and_check(q, k, v, lens, 5, fuse_combine=fuse)
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
-    other = flash_decode(q, k, v, lens, num_splits=5, fuse_combine=not fuse, return_lse=True)
+    other = tuned_decode(q, k, v, lens, num_splits=5, fuse_combine=not fuse, return_lse=True)
     assert (other[0].float() - first[0].float()).abs().max().item() <= 1e-2
     assert (other[1] - first[1]).nan_to_num(0.0).abs().max().item() <= 1e-5
-    plan = decode.decode_plan(q, k, v, lens, num_splits=5, fuse_combine=fuse, return_lse=True)
+    plan = plan_mod._tuned_plan(q, k, v, lens, num_splits=5, fuse_combine=fuse, return_lse=True)
     for _ in range(2):
         o, lse = plan.run(q, k, v, lens)
         assert torch.equal(o, first[0]) and torch.equal(lse, first[1])
@@ -236,18 +250,19 @@ def test_fused_and_separate_merge_agree_and_the_counters_reset(fuse):
 def test_fused_merge_over_many_chunks():
     # MQA with 32 query heads at d = 128: a merge chunk holds 4096 // (32 * 128) = 1 split, so 8 splits
     # take 8 chunks; forced fused (the default would use the separate combine here).
-    assert not decode._fuse_by_default(32, 8, 128)
+    assert not heuristics._fuse_by_default(32, 8, 128)
     q, k, v = make_inputs(2, 32, 1, 260, 128, torch.float16, seed=33)
     lens = torch.tensor([260, 129], dtype=torch.int32, device=DEVICE)
     run_and_check(q, k, v, lens, 8, fuse_combine=True)
 
 
 def test_fuse_by_default():
-    assert decode._fuse_by_default(4, 16, 128)  # B = 1, Hq = 32, Hkv = 8: 32 KiB of partials
-    assert decode._fuse_by_default(1, 128, 128)  # 64 KiB: the bound
-    assert not decode._fuse_by_default(2, 128, 128)  # 128 KiB
-    assert not decode._fuse_by_default(32, 128, 128)  # MQA with 128 splits: 2 MiB for one program
-    assert decode._fuse_by_default(3, 32, 128) == decode._fuse_by_default(4, 32, 128)  # G padded to 2^k
+    assert heuristics._fuse_by_default(4, 16, 128)  # B = 1, Hq = 32, Hkv = 8: 32 KiB of partials
+    assert heuristics._fuse_by_default(1, 128, 128)  # 64 KiB: the bound
+    assert not heuristics._fuse_by_default(2, 128, 128)  # 128 KiB
+    assert not heuristics._fuse_by_default(32, 128, 128)  # MQA with 128 splits: 2 MiB for one program
+    fuse = heuristics._fuse_by_default
+    assert fuse(3, 32, 128) == fuse(4, 32, 128)  # G padded to 2^k
 
 
 def test_combine_kernel_matches_reference_combine():
@@ -264,8 +279,8 @@ def test_combine_kernel_matches_reference_combine():
     exp_o, exp_lse = reference.combine([(o_part[:, :, s], lse_nat[:, :, s]) for s in range(S)])
     o = torch.empty(B, Hq, 1, d, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
     lse = torch.empty(B, Hq, 1, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
-    lse2 = torch.from_numpy(lse_nat * np.float32(decode.LOG2E)).to(DEVICE)  # phase 1 writes base 2
-    decode._attnscope_decode_combine_kernel[(B * Hq,)](torch.from_numpy(o_part).to(DEVICE), lse2, o, lse, S,
+    lse2 = torch.from_numpy(lse_nat * np.float32(heuristics.LOG2E)).to(DEVICE)  # phase 1 writes base 2
+    _kernel._attnscope_decode_combine_kernel[(B * Hq,)](torch.from_numpy(o_part).to(DEVICE), lse2, o, lse, S,
                                                        HEAD_DIM=d, BLOCK_S=16, EMULATE_BF16=False)
     np.testing.assert_allclose(o[:, :, 0].cpu().numpy(), exp_o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[:, :, 0].cpu().numpy(), exp_lse, rtol=1e-5, atol=1e-5)
@@ -405,7 +420,7 @@ def test_default_num_splits_cases():
     assert default_num_splits(160, 8, 16384) == 1  # 1280 programs: 92 busy (0.70) already
     assert default_num_splits(33, 4, 10**6) == 1  # exactly one wave: no tail
     assert default_num_splits(68, 8, 24576) == 4  # 544: 16 busy (0.12); x2 32, x3 48, x4 64 (0.48) fullest
-    assert decode._splits(34, 32, 32768, 132, tail=False) == 1  # chunk tiles (Nq > 1) keep 1 split
+    assert heuristics._splits(34, 32, 32768, 132, tail=False) == 1  # chunk tiles (Nq > 1) keep 1 split
 
 
 def test_chunk_plans_keep_one_split_past_a_wave():
@@ -423,12 +438,12 @@ def test_default_num_splits_properties():
             prev = None
             for L in (0, 1, 255, 256, 1000, 4096, 32768, 131072, 10**6):
                 s = default_num_splits(B, Hkv, L)
-                assert 1 <= s <= decode.SPLIT_CAP
-                assert s == 1 or L // s >= decode.MIN_KEYS_PER_SPLIT  # every split keeps >= 256 keys
+                assert 1 <= s <= heuristics.SPLIT_CAP
+                assert s == 1 or L // s >= heuristics.MIN_KEYS_PER_SPLIT  # every split keeps >= 256 keys
                 if B * Hkv < 132:
                     assert s == 1 or B * Hkv * s <= 132  # never more programs than one wave
                 else:  # the tail rule: long keys only, a few splits
-                    assert s == 1 or (L >= decode.TAIL_MIN_KEYS and s <= decode.TAIL_MAX_SPLITS)
+                    assert s == 1 or (L >= heuristics.TAIL_MIN_KEYS and s <= heuristics.TAIL_MAX_SPLITS)
                 assert prev is None or s >= prev  # longer sequences never get fewer splits
                 prev = s
 
@@ -508,9 +523,6 @@ def _lens(values, dtype=torch.int32, device=DEVICE):
      "num_splits: at most 1024 supported, got 1025"),
     (lambda q, k, v: (q, k, v, {"scale": 0.0}), InputError, "scale: expected a finite positive number"),
     (lambda q, k, v: (q, k, v, {"scale": float("nan")}), InputError, "scale: expected a finite positive"),
-    (lambda q, k, v: (q, k, v, {"use_dot": "yes"}), InputError, "use_dot: expected True, False or None"),
-    (lambda q, k, v: (q, k, v, {"fuse_combine": 1}), InputError,
-     "fuse_combine: expected True, False or None, got 1"),
 ])
 def test_bad_input(build, exc, match):
     q, k, v, kw = build(*_ok())
@@ -535,7 +547,7 @@ def test_check_seqlens_false_skips_the_device_read(monkeypatch):
     def boom(*a):
         raise AssertionError("lengths were read back")
 
-    monkeypatch.setattr(decode, "_check_seqlen_values", boom)
+    monkeypatch.setattr(api, "_check_seqlen_values", boom)
     q, k, v = _ok()
     lens = _lens([8, 3])
     o = flash_decode(q, k, v, lens, num_splits=2, check_seqlens=False)
@@ -555,9 +567,10 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from attnscope.kernels import decode
+from attnscope.kernels.decode import _kernel, heuristics
 
-split_kernel, combine_kernel = decode._attnscope_decode_split_kernel, decode._attnscope_decode_combine_kernel
+split_kernel = _kernel._attnscope_decode_split_kernel
+combine_kernel = _kernel._attnscope_decode_combine_kernel
 target = GPUTarget("cuda", 90, 32)
 
 
@@ -583,7 +596,7 @@ def split_types(n):
 split_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O", "LSE", "SEM")
 # name, use_dot, fuse, block_m, paged, page_size, chunk: decode (MMA, elementwise, fused merge), paged
 # pages of 16 and 64, chunked prefill with 32- and 128-row tiles (dense and paged), each with the block
-# config the plan picks for its row tile (decode._block_config); int32 offsets (OFF32) but where named
+# config the plan picks for its row tile (heuristics._block_config); int32 offsets (OFF32) but where named
 VARIANTS = [("decode", True, False, 16, False, 1, False),
             ("elementwise", False, False, 4, False, 1, False),
             ("fused", True, True, 16, False, 1, False), ("paged16", True, True, 16, True, 16, False),
@@ -609,7 +622,7 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
 
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
-    cfg = decode._block_config(block_m, page if paged else 0)
+    cfg = heuristics._block_config(block_m, page if paged else 0)
     c = compile_(split_kernel, split_types,
                  dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
@@ -668,7 +681,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     for name in shared_of:
         if "paged" in name:
             # K/V read through the block table are buffered as deep as the dense cache's (the plan's
-            # extra stages, see decode._block_config): the same tiles in shared memory
+            # extra stages, see heuristics._block_config): the same tiles in shared memory
             dense = shared_of["chunk128" if name.startswith("chunk128") else "decode"]
             assert shared_of[name] >= dense, f"{name}: {shared_of[name]} B of shared memory < dense {dense}"
     for _, name, use_dot, fuse, shared, pipelined, mma, atomic, cg, spilled in splits:
@@ -756,7 +769,7 @@ def test_flash_decode_reuses_a_cached_plan_per_layout(monkeypatch):
     flash_decode(q, k, v, lens)
     assert decode.plan_cache_info()[:2] == (2, 5)
     # a layout seen before skips the layout checks; its values are still checked on every call
-    monkeypatch.setattr(decode, "_check_inputs", lambda *a: pytest.fail("layout checked again"))
+    monkeypatch.setattr(api, "_check_inputs", lambda *a: pytest.fail("layout checked again"))
     flash_decode(q, k, v, lens)
     with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max = 48\], got 49"):
         flash_decode(q, k, v, _lens([49, 0]))
@@ -784,7 +797,7 @@ def test_flash_decode_reuses_a_cached_plan_per_layout(monkeypatch):
 def test_cuda_graph_capture_of_plan_run(fuse):
     q, k, v = make_inputs(2, 32, 8, 4096, 128, torch.bfloat16, seed=43)
     lens = torch.tensor([4096, 1000], dtype=torch.int32, device=DEVICE)
-    plan = attnscope.decode_plan(q, k, v, lens, check_seqlens=False, fuse_combine=fuse)
+    plan = plan_mod._tuned_plan(q, k, v, lens, check_seqlens=False, fuse_combine=fuse)
     assert plan.split and plan.fuse == fuse
     eager = plan.run(q, k, v, lens)
     side = torch.cuda.Stream()
@@ -925,8 +938,8 @@ def test_paged_block_sizes_spanning_and_inside_pages(page_size, block_n):
     lens = torch.tensor([L, block_n + page_size + 1, 5], dtype=torch.int32)
     k, v, kp, vp, table = to_paged(k.cpu(), v.cpu(), lens, page_size, gen, shared_prefix_pages=1)
     with poisoned_empty():
-        o, lse = flash_decode(q, kp, vp, lens.to(DEVICE), num_splits=2, return_lse=True, block_table=table,
-                              _config={"BLOCK_N": block_n, "STAGES": 1, "num_warps": 4, "num_stages": 1})
+        o, lse = tuned_decode(q, kp, vp, lens.to(DEVICE), table, num_splits=2, return_lse=True,
+                              config={"BLOCK_N": block_n, "STAGES": 1, "num_warps": 4, "num_stages": 1})
     check_chunk(o, lse, q, k, v, lens, paged=(kp, vp, table))
 
 
@@ -958,8 +971,8 @@ def test_chunked_fused_and_separate_merge_agree():
     q = torch.randn(2, 8, 4, 64, generator=torch.Generator().manual_seed(3)).half().to(DEVICE)
     _, k, v = make_inputs(2, 8, 2, 100, 64, torch.float16, seed=4)
     lens = _lens([100, 9])
-    a = flash_decode(q, k, v, lens, num_splits=4, fuse_combine=True, return_lse=True)
-    b = flash_decode(q, k, v, lens, num_splits=4, fuse_combine=False, return_lse=True)
+    a = tuned_decode(q, k, v, lens, num_splits=4, fuse_combine=True, return_lse=True)
+    b = tuned_decode(q, k, v, lens, num_splits=4, fuse_combine=False, return_lse=True)
     check_chunk(*a, q, k, v, lens.cpu())
     assert (a[0].float() - b[0].float()).abs().max().item() <= 1e-2
     assert (a[1] - b[1]).nan_to_num(0.0).abs().max().item() <= 1e-5
@@ -1100,7 +1113,7 @@ def test_dense_chunk_reads_through_a_table_of_key_pages(layout):
     # j * page .. of sequence b). The table's entries follow from the strides; when K and V do not share
     # R, or a sequence's span is not whole pages, the plan keeps the dense loop. Either way the output is
     # the float64 reference's.
-    page = decode._block_config(16)["BLOCK_N"]  # the table's page: 16 keys here, 128 on a GPU
+    page = heuristics._block_config(16)["BLOCK_N"]  # the table's page: 16 keys here, 128 on a GPU
     B, Hkv, G, nq, L, d = 3, 2, 2, 5, 5 * page - (5 if layout == "ragged-capacity" else 0), 64
     q = torch.randn(B, G * Hkv, nq, d, generator=torch.Generator().manual_seed(8)).half().to(DEVICE)
     _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=9)
@@ -1147,9 +1160,9 @@ class _Shape:
 def test_int32_offsets_only_where_every_offset_fits(dims, shape, strides, fits):
     # the largest offset is sum((size - 1) x stride) over the walked dims, + d; it must stay below 2**31
     t = _Shape(shape, strides)
-    assert decode._offsets_fit_int32(t, t, dims) is fits
+    assert plan_mod._offsets_fit_int32(t, t, dims) is fits
     small = _Shape((1, 1, 16, 128), (2048, 2048, 128, 1))
-    assert decode._offsets_fit_int32(small, t, dims) is fits  # the larger of K and V decides
+    assert plan_mod._offsets_fit_int32(small, t, dims) is fits  # the larger of K and V decides
 
 
 @pytest.mark.parametrize("layout", ["dense", "paged", "chunk-table"])
@@ -1157,7 +1170,7 @@ def test_int32_and_int64_offsets_give_the_same_bits(layout):
     # OFF32 (plan-checked) only narrows the offset arithmetic: both widths read the same keys
     gen = torch.Generator().manual_seed(5)
     B, Hkv, G, d = 3, 2, 4, 64
-    L = 5 * decode._block_config(16)["BLOCK_N"]  # whole pages (16 keys here, 128 on a GPU): the chunk's table
+    L = 5 * heuristics._block_config(16)["BLOCK_N"]  # whole pages (16 here, 128 on a GPU): the chunk's table
     nq = 3 if layout == "chunk-table" else 1
     q = torch.randn(B, G * Hkv, nq, d, generator=gen).half().to(DEVICE)
     _, k, v = make_inputs(B, G * Hkv, Hkv, L, d, torch.float16, seed=6)
@@ -1168,10 +1181,10 @@ def test_int32_and_int64_offsets_give_the_same_bits(layout):
         args = (q, kp, vp, lens.to(DEVICE), table)
     plan = decode.decode_plan(*args, num_splits=2, check_seqlens=False)
     assert plan._consts["OFF32"] and (plan.table is not None) == (layout == "chunk-table")
-    cfg = dict(decode._block_config(16, 16 if layout == "paged" else 0), OFF32=False)
+    cfg = dict(heuristics._block_config(16, 16 if layout == "paged" else 0), OFF32=False)
     if layout == "chunk-table":
         cfg["BLOCK_N"] = plan._consts["BLOCK_N"]
-    wide = decode.decode_plan(*args, num_splits=2, check_seqlens=False, _config=cfg)
+    wide = plan_mod._tuned_plan(*args, num_splits=2, check_seqlens=False, config=cfg)
     assert not wide._consts["OFF32"]
     assert torch.equal(plan.run(*args), wide.run(*args))
 
@@ -1203,7 +1216,7 @@ def test_keys_past_the_length_are_never_read(paged, nq, num_splits):
 @pytest.mark.parametrize("nq, paged, use_dot", [(1, False, None), (1, True, None), (3, False, None),
                                                 (1, False, False)])
 def test_huge_scale_is_finite_and_matches_float64(scale, nq, paged, use_dot):
-    """Past `decode.RAW_SCORES_ABOVE` the running max keeps raw scores and the plan runs one split: a huge
+    """Past `heuristics.RAW_SCORES_ABOVE` the running max keeps raw scores and the plan runs one split: a huge
     scale gives the row arg-max, finite output and an LSE that is +inf only where the true one passes fp32
     (scale 1e37 gave NaN rows when the kernel scaled the scores before the max)."""
     gen = torch.Generator().manual_seed(nq + 2 * paged)
@@ -1217,8 +1230,8 @@ def test_huge_scale_is_finite_and_matches_float64(scale, nq, paged, use_dot):
         kc, vc = kp, vp
     else:
         kc, vc = k, v
-    plan = decode.decode_plan(q, kc, vc, lens.to(DEVICE), table, scale=scale, return_lse=True,
-                              use_dot=use_dot)
+    plan = plan_mod._tuned_plan(q, kc, vc, lens.to(DEVICE), table, scale=scale, return_lse=True,
+                                use_dot=use_dot)
     assert plan.num_splits == 1 and plan._consts["MAX_UNSCALED"] is True
     o, lse = plan.run(q, kc, vc, lens.to(DEVICE), table)
     assert torch.isfinite(o).all()
@@ -1232,10 +1245,10 @@ def test_huge_scale_is_finite_and_matches_float64(scale, nq, paged, use_dot):
 
 def test_ordinary_scales_keep_the_scaled_running_max_and_the_split_heuristic():
     q, k, v = make_inputs(1, 8, 2, 4000, 64, torch.float16, seed=5)
-    for scale in (None, 1.0, 0.999 * decode.RAW_SCORES_ABOVE / decode.LOG2E):  # just below the bound
+    for scale in (None, 1.0, 0.999 * heuristics.RAW_SCORES_ABOVE / heuristics.LOG2E):  # just below the bound
         plan = decode.decode_plan(q, k, v, scale=scale)
         assert "MAX_UNSCALED" not in plan._consts  # the launch passes what it did before the raw path
-    assert decode.decode_plan(q, k, v, scale=2 * decode.RAW_SCORES_ABOVE).num_splits == 1
+    assert decode.decode_plan(q, k, v, scale=2 * heuristics.RAW_SCORES_ABOVE).num_splits == 1
     with pytest.raises(InputError, match=r"num_splits: expected 1 or None with scale above 6931 \(raw-score "
                                          r"softmax, one split\), got 4"):
         flash_decode(q, k, v, num_splits=4, scale=1e37)

@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 _KERNELS = {"flash_attention": ("attnscope.kernels.fwd", "flash_attention"),
             "flash_attention_varlen": ("attnscope.kernels.varlen", "flash_attention_varlen"),
             "flash_decode": ("attnscope.kernels.decode", "flash_decode"),
-            "decode_plan": ("attnscope.kernels.decode", "DecodePlan")}
+            "decode_plan": ("attnscope.kernels.decode", "decode_plan"),
+            "DecodePlan": ("attnscope.kernels.decode", "DecodePlan")}
 __all__ = [*_KERNELS, "__version__"]
 
 

@@ -1,0 +1,166 @@
+"""`flash_decode`, the one-line decode call over `DecodePlan`, with its bounded plan cache."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from attnscope.kernels._common import check_flags, import_torch_triton
+from attnscope.kernels.decode.checks import (
+    _check_block_table_values,
+    _check_inputs,
+    _check_seqlen_values,
+    _layout,
+)
+from attnscope.kernels.decode.heuristics import _raw_scores, _tiling
+from attnscope.kernels.decode.plan import DecodePlan
+
+torch, _ = import_torch_triton()
+
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
+                 return_lse=False, check_seqlens: bool = True):
+    """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
+
+    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
+    `PLAN_CACHE_LAYOUTS` most recent layouts (tensor shapes, strides, dtypes, devices, the options, the
+    CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts (`plan_cache_info`,
+    `clear_plan_cache`). A known layout skips the layout checks and the plan build; ``check_seqlens``
+    runs on every call. Inside CUDA-graph capture it builds a private plan (the graph keeps its scratch).
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Hq, Nq, d]
+        The new queries, fp16 or bf16, CUDA (or CPU under ``TRITON_INTERPRET=1``). They are the last Nq
+        positions of each sequence (``cache_seqlens`` counts them), causal among themselves
+        (bottom-right); queries at a negative position (``cache_seqlens < Nq``) see no key.
+    k_cache, v_cache : torch.Tensor
+        Dense ``[B, Hkv, L_max, d]``: any strides with a unit last stride (e.g. a ``[B, L_max, Hkv, d]``
+        buffer viewed as ``buf.transpose(1, 2)``). Paged (with ``block_table``): ``[num_pages,
+        page_size, Hkv, d]``, page_size in {16, 32, 64, 128, 256}. Hq a multiple of Hkv (GQA / MQA: query
+        head i reads kv head ``i // (Hq / Hkv)``).
+    cache_seqlens : torch.Tensor, int32 [B], optional
+        Valid keys per sequence (positions ``0 .. len - 1``); default L_max for all. A sequence of length
+        0 gives output 0 and LSE = -inf.
+    block_table : torch.Tensor, int32 [B, max_pages], optional
+        The paged cache's page of each block of page_size keys; any order, pages may be shared.
+    num_splits : int, optional, keyword-only
+        KV splits per sequence; default `default_num_splits`. 1 runs phase 1 only.
+    scale : float, optional, keyword-only
+        Softmax scale; default ``1/sqrt(d)``; see `DecodePlan` for its range.
+    return_lse : bool, keyword-only
+        Also return the natural-log logsumexp of each query row.
+    check_seqlens : bool, keyword-only
+        Check ``0 <= cache_seqlens <= L_max`` and the used block-table entries (default; a host sync that
+        breaks CUDA-graph capture, and the split heuristic then uses the longest length). False skips
+        it: out-of-range values give undefined results.
+
+    Returns
+    -------
+    o : torch.Tensor, [B, Hq, Nq, d], q's dtype
+    lse : torch.Tensor, [B, Hq, Nq], float32, natural log — only when ``return_lse``.
+
+    Supported: d in {64, 128}; fp16 and bf16; anything else raises NotImplementedError. Malformed input
+    raises `InputError` (a ValueError) naming the argument.
+
+    Example
+    -------
+    >>> q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k = v = torch.randn(4, 8, 32768, 128, device="cuda", dtype=torch.bfloat16)
+    >>> lens = torch.tensor([32768, 100, 0, 5000], device="cuda", dtype=torch.int32)
+    >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
+    """
+    check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
+    options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse}
+    key = None
+    if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
+            t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
+        cuda = q.device.type == "cuda"
+        if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
+            # all a plan fixes but the split count; the stream, as a plan's partials serve one at a time
+            key = (tuple(_layout(t) for t in tensors), tuple(options.values()),
+                   torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
+    # a layout seen before passed these checks with these options: its facts are kept with its plans
+    facts = _PLAN_CACHE.facts(key) if key is not None else None
+    if facts is None:
+        facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale)
+    B, Hq, Nq, _, Hkv, L_max, page_size = facts
+    longest = None
+    if check_seqlens:
+        num_pages = k_cache.shape[0] if block_table is not None else 0
+        if cache_seqlens is not None:
+            longest = _check_seqlen_values(cache_seqlens, L_max, block_table, page_size, num_pages)
+        elif block_table is not None:
+            _check_block_table_values(block_table, page_size, num_pages, L_max)
+    if key is None:
+        plan = DecodePlan(*tensors, max_seqlen=longest, check_seqlens=False, **options)
+    else:
+        # the split count the heuristic picks for these lengths completes the key
+        options["num_splits"] = _tiling(q.device, B, Hq, Nq, Hkv, L_max, longest, num_splits, None,
+                                        _raw_scores(scale, facts[3]))[2]
+        plan = _PLAN_CACHE.plan(key, facts, options["num_splits"], lambda: DecodePlan(
+            *tensors, max_seqlen=longest, check_seqlens=False, **options))
+    return plan._launch(*tensors)
+
+
+class _PlanCache:
+    """`flash_decode`'s plans (thread-safe): an LRU of `layouts` layouts (key: shapes, strides, dtypes
+    and devices of the tensors, the options, the stream), each with its checked facts and an LRU of
+    plans for up to `per_layout` split counts."""
+
+    def __init__(self, layouts: int, per_layout: int):
+        self.layouts, self.per_layout = layouts, per_layout
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # key -> (facts, {splits: plan})
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def facts(self, key):
+        with self._lock:
+            return self._entries.get(key, (None,))[0]
+
+    def plan(self, key, facts, splits, build):
+        with self._lock:
+            plans = self._entries.setdefault(key, (facts, collections.OrderedDict()))[1]
+            self._entries.move_to_end(key)
+            if len(self._entries) > self.layouts:
+                self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
+            if splits in plans:
+                self.hits += 1
+                plans.move_to_end(splits)
+            else:
+                self.misses += 1
+                plans[splits] = build()
+                if len(plans) > self.per_layout:
+                    plans.popitem(last=False)
+            return plans[splits]
+
+    def info(self):
+        with self._lock:
+            size = sum(len(plans) for _, plans in self._entries.values())
+            return PlanCacheInfo(self.hits, self.misses, size, self.layouts * self.per_layout)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.hits = self.misses = 0
+
+
+#: `flash_decode` keeps plans for this many layouts (least recently used dropped first) and, per layout,
+#: split counts. A plan holds its fp32 partials and merge counters, no user tensor.
+PLAN_CACHE_LAYOUTS = 8
+PLAN_CACHE_SPLITS = 4
+_PLAN_CACHE = _PlanCache(PLAN_CACHE_LAYOUTS, PLAN_CACHE_SPLITS)
+
+PlanCacheInfo = collections.namedtuple("PlanCacheInfo", "hits misses size maxsize")
+
+
+def plan_cache_info() -> PlanCacheInfo:
+    """`flash_decode`'s plan cache: calls served by a cached plan (hits), plans built (misses), plans
+    held, and the most it holds (``PLAN_CACHE_LAYOUTS * PLAN_CACHE_SPLITS``), as functools' cache_info."""
+    return _PLAN_CACHE.info()
+
+
+def clear_plan_cache() -> None:
+    """Drop every plan `flash_decode` cached (freeing their scratch) and reset the counters."""
+    _PLAN_CACHE.clear()
