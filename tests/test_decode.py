@@ -35,6 +35,13 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # --- helpers -------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_recorded_errors():
+    """Each test starts with the device error word clear (a test that provokes one reads it)."""
+    with contextlib.suppress(InputError):
+        decode.check_errors()
+
+
 def make_inputs(B, Hq, Hkv, L, d, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, 1, d, generator=g).to(dtype)
@@ -265,10 +272,11 @@ def test_fuse_by_default():
     assert fuse(3, 32, 128) == fuse(4, 32, 128)  # G padded to 2^k
 
 
-def test_combine_kernel_matches_reference_combine():
+@pytest.mark.parametrize("with_sinks", (False, True))
+def test_combine_kernel_matches_reference_combine(with_sinks):
     # Phase 2 alone against its specification, reference.combine: random partials with empty splits
     # (lse = -inf) scattered, one head whose splits are all empty, and S = 20 > BLOCK_S = 16 so the
-    # merge runs over two chunks.
+    # merge runs over two chunks; with sinks, one logit per head joins once (the row with no key: the sink)
     B, Hq, S, d = 2, 3, 20, 64
     rng = np.random.default_rng(0)
     o_part = rng.standard_normal((B, Hq, S, d)).astype(np.float32)
@@ -276,15 +284,20 @@ def test_combine_kernel_matches_reference_combine():
     lse_nat[rng.random((B, Hq, S)) < 0.3] = -np.inf
     lse_nat[1, 2, :] = -np.inf
     o_part[np.isneginf(lse_nat)] = 0.0  # as phase 1 writes an empty split
-    exp_o, exp_lse = reference.combine([(o_part[:, :, s], lse_nat[:, :, s]) for s in range(S)])
+    sinks = np.array([4.0, -30.0, 1.5], dtype=np.float32)
+    exp_o, exp_lse = reference.combine([(o_part[:, :, s], lse_nat[:, :, s]) for s in range(S)],
+                                       sinks=sinks[None, :].astype(np.float64) if with_sinks else None)
     o = torch.empty(B, Hq, 1, d, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
     lse = torch.empty(B, Hq, 1, dtype=torch.float32, device=DEVICE).fill_(float("nan"))
     lse2 = torch.from_numpy(lse_nat * np.float32(heuristics.LOG2E)).to(DEVICE)  # phase 1 writes base 2
-    _kernel._attnscope_decode_combine_kernel[(B * Hq,)](torch.from_numpy(o_part).to(DEVICE), lse2, o, lse, S,
-                                                       HEAD_DIM=d, BLOCK_S=16, EMULATE_BF16=False)
+    _kernel._attnscope_decode_combine_kernel[(B * Hq,)](
+        torch.from_numpy(o_part).to(DEVICE), lse2, o, lse, torch.from_numpy(sinks).to(DEVICE), S, 1, Hq,
+        HEAD_DIM=d, BLOCK_S=16, EMULATE_BF16=False, HAS_SINKS=with_sinks)
     np.testing.assert_allclose(o[:, :, 0].cpu().numpy(), exp_o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[:, :, 0].cpu().numpy(), exp_lse, rtol=1e-5, atol=1e-5)
-    assert (o[1, 2] == 0).all() and torch.isneginf(lse[1, 2]).all()
+    assert (o[1, 2] == 0).all()
+    empty_lse = torch.tensor(1.5 if with_sinks else -math.inf)  # the sink's logit, or -inf
+    assert torch.equal(lse[1, 2].cpu(), empty_lse.reshape(1)) or torch.allclose(lse[1, 2].cpu(), empty_lse)
 
 
 # --- the one logsumexp merge: decode's split merge and kernels.merge.merge_ (the ring's) ------------------
@@ -489,7 +502,7 @@ def _lens(values, dtype=torch.int32, device=DEVICE):
     (lambda q, k, v: (q, k[:1], v[:1], {}), InputError, "k_cache: expected batch .as q. 2, got 1"),
     (lambda q, k, v: (q, k[..., :32], v[..., :32], {}), InputError, "k_cache: expected head_dim .as q. 64"),
     (lambda q, k, v: (q, k.bfloat16(), v.bfloat16(), {}), InputError, "k_cache: expected dtype .as q."),
-    (lambda q, k, v: (q, k, v.bfloat16(), {}), InputError, "v_cache: expected dtype .as q."),
+    (lambda q, k, v: (q, k, v.bfloat16(), {}), InputError, "v_cache: expected dtype .as k_cache."),
     (lambda q, k, v: (q, k, v[:, :, :5], {}), InputError, "v_cache: expected shape .as k_cache."),
     (lambda q, k, v: (q[:, :3], k, v, {}), InputError, "multiple of the kv heads .2., got Hq = 3"),
     (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0], {}), InputError, "k_cache: expected L_max >= 1"),
@@ -508,9 +521,9 @@ def _lens(values, dtype=torch.int32, device=DEVICE):
      r"cache_seqlens: expected shape \(2,\) .one length per sequence., got \(3,\)"),
     (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([[8], [8]])}), InputError,
      r"cache_seqlens: expected shape \(2,\)"),
-    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([3, -1])}), InputError,
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([3, -1]), "check_seqlens": True}), InputError,
      r"cache_seqlens: expected values in \[0, L_max = 8\], got -1"),
-    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([9, 0])}), InputError,
+    (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([9, 0]), "check_seqlens": True}), InputError,
      r"cache_seqlens: expected values in \[0, L_max = 8\], got 9"),
     (lambda q, k, v: (q, k, v, {"cache_seqlens": _lens([8, 8], device="meta")}), InputError,
      "cache_seqlens: expected device"),
@@ -533,7 +546,7 @@ def test_bad_input(build, exc, match):
 def test_errors_are_value_errors():
     q, k, v = _ok()
     with pytest.raises(ValueError, match="cache_seqlens"):
-        flash_decode(q, k, v, cache_seqlens=_lens([9, 0]))
+        flash_decode(q, k, v, cache_seqlens=_lens([9, 0]), check_seqlens=True)
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
@@ -543,18 +556,26 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         flash_decode(q.cpu(), k.cpu(), v.cpu())
 
 
-def test_check_seqlens_false_skips_the_device_read(monkeypatch):
+def test_the_default_call_reads_nothing_back_and_check_seqlens_does(monkeypatch):
     def boom(*a):
         raise AssertionError("lengths were read back")
 
     monkeypatch.setattr(api, "_check_seqlen_values", boom)
+    monkeypatch.setattr(plan_mod, "_check_seqlen_values", boom)
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda *a: pytest.fail("a device value was read back"))
     q, k, v = _ok()
     lens = _lens([8, 3])
-    o = flash_decode(q, k, v, lens, num_splits=2, check_seqlens=False)
+    o = flash_decode(q, k, v, lens, num_splits=2)
+    o_plan = decode.decode_plan(q, k, v, lens, num_splits=2).run(q, k, v, lens)
+    monkeypatch.setattr(torch.Tensor, "item", item)
     ref_o, _ = reference_decode(q, k, v, lens)
     assert (o.double().cpu() - ref_o).abs().max().item() < 1e-2
+    assert torch.equal(o, o_plan)
     with pytest.raises(AssertionError, match="read back"):
-        flash_decode(q, k, v, lens, num_splits=2)
+        flash_decode(q, k, v, lens, num_splits=2, check_seqlens=True)
+    with pytest.raises(AssertionError, match="read back"):
+        decode.decode_plan(q, k, v, lens, num_splits=2, check_seqlens=True).run(q, k, v, lens)
 
 
 # --- the GPU build, checked without a GPU -----------------------------------------------------------------
@@ -587,13 +608,21 @@ def compile_(fn, types, constexprs, warps, stages):
                           options={"num_warps": warps, "num_stages": stages})
 
 
-def split_types(n):
-    return {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
-            "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32",
-            "qk_scale": "fp32"}.get(n, "i32")
+def split_types(n, kv="*bf16"):
+    return {"Q": "*bf16", "K": kv, "V": kv, "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
+            "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32", "ERR": "*i32",
+            "K_SCALE": "*fp32", "V_SCALE": "*fp32", "SINKS": "*fp32", "qk_scale": "fp32",
+            "softcap2": "fp32"}.get(n, "i32")
 
 
-split_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O", "LSE", "SEM")
+def fp8_types(n):
+    return split_types(n, kv="*fp8e4nv")
+
+
+split_types.pointers = fp8_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O",
+                                             "LSE", "SEM", "ERR", "K_SCALE", "V_SCALE", "SINKS")
+# e4m3 K/V with every score mod on (names without "paged": their K/V tiles take half the shared memory)
+MODS = dict(FP8=True, SCALE_PER_HEAD=True, WINDOW=True, SOFTCAP=True, HAS_SINKS=True)
 # name, use_dot, fuse, block_m, paged, page_size, chunk: decode (MMA, elementwise, fused merge), paged
 # pages of 16 and 64, chunked prefill with 32- and 128-row tiles (dense and paged), each with the block
 # config the plan picks for its row tile (heuristics._block_config); int32 offsets (OFF32) but where named
@@ -606,7 +635,10 @@ VARIANTS = [("decode", True, False, 16, False, 1, False),
             ("chunk128_paged", True, False, 128, True, 16, True),
             ("chunk128_paged64", True, False, 128, True, 64, True),
             ("fused_int64", True, True, 16, False, 1, False),
-            ("paged16_int64", True, True, 16, True, 16, False)]
+            ("paged16_int64", True, True, 16, True, 16, False),
+            ("fp8_mods_p16", True, True, 16, True, 16, False),
+            ("fp8_mods_dense", True, False, 16, False, 1, False),
+            ("fp8_mods_chunk128", True, False, 128, False, 1, True)]
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
@@ -623,8 +655,9 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
     cfg = heuristics._block_config(block_m, page if paged else 0)
-    c = compile_(split_kernel, split_types,
-                 dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
+    c = compile_(split_kernel, fp8_types if name.startswith("fp8") else split_types,
+                 dict(**(MODS if name.startswith("fp8") else {}), GROUP=4, BLOCK_M=block_m, HEAD_DIM=128,
+                      BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
                       MERGE_M=block_m if chunk else min(block_m, 4), MERGE_S=8 if block_m <= 16 else 1,
                       WRITE_LSE=True, HAS_SEQLENS=True, PAGED=paged, PAGE_SIZE=page, CHUNK=chunk,
@@ -637,11 +670,15 @@ for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
 
 
 def combine_types(n):
-    return {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32"}.get(n, "i32")
+    return {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32",
+            "SINKS": "*fp32"}.get(n, "i32")
 
 
-combine_types.pointers = ("O_PART", "LSE_PART", "O", "LSE")
+combine_types.pointers = ("O_PART", "LSE_PART", "O", "LSE", "SINKS")
 c = compile_(combine_kernel, combine_types, dict(HEAD_DIM=128, BLOCK_S=16, EMULATE_BF16=False), 4, 1)
+print("combine", c.metadata.shared, spills(c))
+c = compile_(combine_kernel, combine_types,
+             dict(HEAD_DIM=128, BLOCK_S=16, EMULATE_BF16=False, HAS_SINKS=True), 4, 1)
 print("combine", c.metadata.shared, spills(c))
 
 from attnscope.kernels import merge  # noqa: E402
@@ -673,7 +710,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     splits = [row for row in rows if row[0] == "split"]
-    assert len(splits) == 13 and any(row[0] == "combine" for row in rows), r.stdout
+    assert len(splits) == 16 and sum(row[0] == "combine" for row in rows) == 2, r.stdout
     for row in rows:
         if row[0] in ("combine", "merge"):  # the logsumexp merge kernels, compiled and without spills
             assert int(row[2]) <= 0, rows
@@ -686,7 +723,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
             assert shared_of[name] >= dense, f"{name}: {shared_of[name]} B of shared memory < dense {dense}"
     for _, name, use_dot, fuse, shared, pipelined, mma, atomic, cg, spilled in splits:
         # every variant with the block config the plan picks fits its registers (elementwise: a knob)
-        assert name == "elementwise" or int(spilled) <= 0, f"{name} spills {spilled} bytes: {splits}"
+        # (e4m3 pages of 16 under a 128-key block: the conversions spill a few bytes, 8 on Triton 3.6)
+        limit = 64 if name.startswith("fp8") else 0
+        assert name == "elementwise" or int(spilled) <= limit, f"{name} spills {spilled} bytes: {splits}"
         assert int(shared) <= 227 * 1024, splits
         assert pipelined == "True", f"KV loop not software-pipelined: {splits}"
         # the fused merge: a gpu-scope acq_rel ticket, and partials read at L2 (ld.global.cg)
@@ -742,8 +781,12 @@ def test_plan_rejects_a_changed_layout():
         plan.run(q, k, v.bfloat16(), lens)
     with pytest.raises(InputError, match=r"cache_seqlens: expected the planned layout .* got None"):
         plan.run(q, k, v)
+    plan.run(q, k, v, _lens([33, 0]))  # values are checked on the device, reported by plan.check
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
+        plan.check()
+    checked = decode.decode_plan(q, k, v, lens, check_seqlens=True)  # checked on the host before the launch
     with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max = 32\], got 33"):
-        plan.run(q, k, v, _lens([33, 0]))  # the plan checks values (check_seqlens defaults to True)
+        checked.run(q, k, v, _lens([33, 0]))
     with pytest.raises(InputError, match=r"max_seqlen: expected an integer in \[0, L_max = 32\]"):
         decode.decode_plan(q, k, v, lens, max_seqlen=33)
 
@@ -771,8 +814,12 @@ def test_flash_decode_reuses_a_cached_plan_per_layout(monkeypatch):
     # a layout seen before skips the layout checks; its values are still checked on every call
     monkeypatch.setattr(api, "_check_inputs", lambda *a: pytest.fail("layout checked again"))
     flash_decode(q, k, v, lens)
+    decode.check_errors()
+    flash_decode(q, k, v, _lens([49, 0]))
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
+        decode.check_errors()
     with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max = 48\], got 49"):
-        flash_decode(q, k, v, _lens([49, 0]))
+        flash_decode(q, k, v, _lens([49, 0]), check_seqlens=True)
     monkeypatch.undo()
     # bounded: per layout the least recently used split counts, then the oldest layouts, are dropped
     for n in range(1, decode.PLAN_CACHE_SPLITS + 3):
@@ -1023,10 +1070,11 @@ def _paged_ok():
      "k_cache: page_size 8 is not supported; supported: 16, 32, 64, 128, 256"),
     (lambda q, kp, vp, t: (q, kp[:0], vp[:0], {"block_table": t}), InputError,
      "k_cache: expected num_pages >= 1"),
-    (lambda q, kp, vp, t: (q, kp, vp, {"block_table": t.clone().fill_(4)}), InputError,
+    (lambda q, kp, vp, t: (q, kp, vp, {"block_table": t.clone().fill_(4), "check_seqlens": True}), InputError,
      r"block_table: expected page indices in \[0, num_pages = 4\) for the pages cache_seqlens uses, "
      r"got 4 at \[0, 0\]"),
-    (lambda q, kp, vp, t: (q, kp, vp, {"block_table": t, "cache_seqlens": _lens([33, 0])}), InputError,
+    (lambda q, kp, vp, t: (q, kp, vp, {"block_table": t, "cache_seqlens": _lens([33, 0]),
+                                       "check_seqlens": True}), InputError,
      r"cache_seqlens: expected values in \[0, L_max = 32\], got 33"),
     (lambda q, kp, vp, t: (q, kp[..., :32], vp[..., :32], {"block_table": t}), InputError,
      "k_cache: expected head_dim .as q. 64, got 32"),
@@ -1044,10 +1092,11 @@ def test_block_table_entries_past_the_length_are_not_checked_or_read():
     lens = _lens([32, 16])  # sequence 1 uses one page: its second entry may be anything
     table = table.clone()
     table[1, 1] = -7
-    o = flash_decode(q, kp, vp, lens, block_table=table)
+    o = flash_decode(q, kp, vp, lens, block_table=table, check_seqlens=True)
     assert not torch.isnan(o).any()
+    decode.check_errors()  # nothing recorded
     with pytest.raises(InputError, match=r"got -7 at \[1, 1\]"):
-        flash_decode(q, kp, vp, _lens([32, 17]), block_table=table)
+        flash_decode(q, kp, vp, _lens([32, 17]), block_table=table, check_seqlens=True)
 
 
 def test_plan_run_writes_into_given_outputs():

@@ -11,18 +11,30 @@ sequence a prefill kernel launches only B x H programs, so the long axis, the KV
   position sees nothing.
 - **phase 2**, the logsumexp merge of the splits (`_tl.lse_merge_step`, also the ring's; float64 spec:
   `attnscope.reference.combine`), fused into phase 1 (the last program of a tile, by a gpu-scope atomic
-  ticket, merges) or a separate kernel (`_kernel._attnscope_decode_combine_kernel`). Empty splits weigh 0; an
-  empty row gives O = 0, LSE = -inf. With one split phase 1 writes the final output.
+  ticket, merges) or a separate kernel (`_kernel._attnscope_decode_combine_kernel`). Empty splits weigh
+  0; an empty row gives O = 0, LSE = -inf. With one split phase 1 writes the final output.
 
 Layouts: dense ``k_cache [B, Hkv, L_max, d]`` (any strides, unit last); paged ``k_cache [num_pages,
 page_size, Hkv, d]`` with ``block_table int32 [B, max_pages]`` (flash-attn / vLLM): key ``j`` of sequence
 ``b`` is row ``j % page_size`` of page ``block_table[b, j // page_size]``; a block of BLOCK_N keys reads
 whole pages, in any order, possibly shared. Chunk tiles (Nq > 1) on a dense cache take the paged loop
 over a plan-owned table of BLOCK_N-key pages (`plan._dense_pages`) when the strides allow: Triton
-pipelines it better.
+pipelines it better. K/V may be ``torch.float8_e4m3fn`` with fp32 scales (per tensor or per kv head):
+the kernel converts each tile to q's dtype, folds ``k_scale`` into the softmax scale and multiplies the
+output by ``v_scale`` (`quantize_kv` makes such a cache).
+
+Score mods (DESIGN.md's contract; `_common.check_mods`): a sliding window (decode is causal, so only
+its left side bounds; a row tile's keys start at the block holding its first query's window,
+`model.tiles.window_kv_bounds0`, so blocks before it are never loaded), softcap (``softcap * tanh``
+of the scaled score, before the mask), and sinks (one logit per query head, joined once: in the merge,
+or in phase 1 with one split).
+
+Values are checked on the device, never read back by default (`checks`): lengths clamped, out-of-range
+block-table entries never dereferenced, bad scales flagged; `check_errors` raises what was recorded.
 
 Modules: `_kernel` (the Triton kernels), `heuristics` (split count, blocks, merge, byte ledger), `checks`
-(input checks), `plan` (`DecodePlan`), `api` (`flash_decode` and its plan cache).
+(input checks, the device error word), `plan` (`DecodePlan`), `api` (`flash_decode` and its plan
+cache), `_op` (the custom op `torch.compile` traces), `quantize` (`quantize_kv`).
 
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge,
 and allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
@@ -40,6 +52,7 @@ from attnscope.kernels.decode.api import (
     flash_decode,
     plan_cache_info,
 )
+from attnscope.kernels.decode.checks import check_errors
 from attnscope.kernels.decode.heuristics import (
     MAX_NUM_SPLITS,
     PAGE_SIZES,
@@ -48,7 +61,8 @@ from attnscope.kernels.decode.heuristics import (
     logical_bytes,
 )
 from attnscope.kernels.decode.plan import DecodePlan, decode_plan
+from attnscope.kernels.decode.quantize import quantize_kv
 
 __all__ = ["MAX_NUM_SPLITS", "PAGE_SIZES", "PLAN_CACHE_LAYOUTS", "PLAN_CACHE_SPLITS", "RAW_SCORES_ABOVE",
-           "DecodePlan", "PlanCacheInfo", "clear_plan_cache", "decode_plan", "default_num_splits",
-           "flash_decode", "logical_bytes", "plan_cache_info"]
+           "DecodePlan", "PlanCacheInfo", "check_errors", "clear_plan_cache", "decode_plan",
+           "default_num_splits", "flash_decode", "logical_bytes", "plan_cache_info", "quantize_kv"]

@@ -117,9 +117,11 @@ def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
     if interpreting():
         return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
     cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
-    # Triton's pipeliner gives K/V loads addressed through a (block) table only part of the stages:
-    # 3 would buffer one K and one V tile, 5 the dense kernel's two of each
-    stages = 5 if page_size else 3
+    # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block only
+    # part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each. A block
+    # inside one page (whose load mask depends on the page index checked on the device) gets them all:
+    # 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at BLOCK_N = 128)
+    stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
     return {**cfg, "STAGES": stages, "num_stages": stages}
 
 
@@ -143,9 +145,11 @@ def _sms(device) -> int:
     return num_sms(torch, device)
 
 
-def _raw_scores(scale, d) -> bool:
-    """Whether a plan with this ``scale`` (None: 1/sqrt(d)) keeps raw scores (`RAW_SCORES_ABOVE`)."""
-    return (float(scale) if scale is not None else 1.0 / math.sqrt(d)) * LOG2E > RAW_SCORES_ABOVE
+def _raw_scores(scale, d, softcap=0.0) -> bool:
+    """Whether a plan with this ``scale`` (None: 1/sqrt(d)) keeps raw scores (`RAW_SCORES_ABOVE`); never
+    with a softcap, which bounds the scores (``|s'| <= softcap``)."""
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    return not softcap and sm_scale * LOG2E > RAW_SCORES_ABOVE
 
 
 def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=False):
