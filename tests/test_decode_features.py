@@ -21,7 +21,7 @@ from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
 from attnscope.kernels import decode  # noqa: E402
-from attnscope.kernels.decode import flash_decode, heuristics  # noqa: E402
+from attnscope.kernels.decode import flash_decode, heuristics, quantize  # noqa: E402
 from attnscope.kernels.decode import plan as plan_mod  # noqa: E402
 from attnscope.model.tiles import window_kv_bounds0  # noqa: E402
 
@@ -278,6 +278,16 @@ def test_fp8_cache_matches_float64_on_the_dequantised_cache(paged, nq, per_head,
     o2, lse2 = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=k_scale, v_scale=v_scale)
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
     decode.check_errors()
+
+
+@pytest.mark.parametrize("head_axis", (-3, 0, -2))
+def test_quantize_kv_in_chunks_gives_the_same_bits(monkeypatch, head_axis):
+    x = torch.randn(5, 3, 7, 64, dtype=torch.float16)
+    whole = attnscope.quantize_kv(x, head_axis=head_axis)
+    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 100)  # 1 slice of dim 0 at a time
+    parts = attnscope.quantize_kv(x, head_axis=head_axis)
+    assert torch.equal(whole[0].view(torch.uint8), parts[0].view(torch.uint8))
+    assert torch.equal(whole[1], parts[1])
 
 
 def test_quantize_kv_scales_and_round_trip():

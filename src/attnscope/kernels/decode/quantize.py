@@ -8,6 +8,7 @@ from attnscope.kernels._common import import_torch_triton
 torch, _ = import_torch_triton()
 
 E4M3_MAX = 448.0  # the largest finite torch.float8_e4m3fn
+CHUNK_ELEMENTS = 1 << 26  # elements converted at a time (256 MiB of fp32 temporaries)
 
 
 def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3):
@@ -45,19 +46,24 @@ def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3):
     if x.dim() == 0 or x.numel() == 0:
         raise InputError(f"x: expected a non-empty tensor with at least one dimension, got shape "
                          f"{tuple(x.shape)}")
-    xf = x.detach().float()
-    if not bool(torch.isfinite(xf).all()):
+    x = x.detach()
+    if not bool(torch.isfinite(x).all()):
         raise InputError("x: expected finite values, got NaN or inf")
     if per_head:
         ok = type(head_axis) is int and -x.dim() <= head_axis < x.dim()
         expect(ok, "head_axis", f"an axis of x (rank {x.dim()})", head_axis)
         axis = head_axis % x.dim()
-        amax = xf.abs().amax(dim=[i for i in range(x.dim()) if i != axis])  # [Hkv]
+        amax = x.abs().amax(dim=[i for i in range(x.dim()) if i != axis]).float()  # [Hkv]; |x| is exact
         shape = [1] * x.dim()
         shape[axis] = -1
     else:
-        amax = xf.abs().amax()
+        amax = x.abs().amax().float()
         shape = []
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).float()
-    x8 = (xf / scale.reshape(shape)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    inv = scale.reshape(shape)
+    step = max(1, CHUNK_ELEMENTS // max(1, x[0].numel()))  # fp32 temporaries of a chunk, not of the cache
+    for i in range(0, x.shape[0], step):
+        div = inv[i:i + step] if per_head and axis == 0 else inv
+        x8[i:i + step] = (x[i:i + step].float() / div).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return x8, scale
