@@ -230,6 +230,8 @@ def test_inputs_that_require_grad_are_refused():
     ({"sinks": torch.zeros(3)}, InputError, r"sinks: expected a float32 tensor of shape \[Hq\] = \[4\]"),
     ({"sinks": torch.zeros(4, dtype=torch.float64)}, InputError, "sinks: expected a float32 tensor"),
     ({"sinks": [0.0] * 4}, InputError, "sinks: expected None or a torch.Tensor"),
+    ({"sinks": torch.zeros(4, 2, device=DEVICE)[:, 0]}, InputError,
+     r"sinks: expected a contiguous \[Hq\] tensor, got stride 2"),
     ({"check_seqlens": 1}, InputError, "check_seqlens: expected True or False, got 1"),
 ])
 def test_numeric_arguments_are_checked(kw, exc, match):
