@@ -44,6 +44,7 @@ Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is n
 BENCHMARKS.md.
 """
 
+from attnscope.kernels.decode import _op  # noqa: F401 - registers torch.ops.attnscope.flash_decode
 from attnscope.kernels.decode.api import (
     PLAN_CACHE_LAYOUTS,
     PLAN_CACHE_SPLITS,

@@ -2,8 +2,8 @@
 `torch.compile`: the compiler sees one opaque call with a fake (shape-only) implementation; at run time
 the op is `flash_decode` itself (its checks, plan cache and launch). It always computes the LSE."""
 
-
 from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels.decode.api import flash_decode
 
 torch, _ = import_torch_triton()
 Tensor = torch.Tensor
@@ -15,8 +15,6 @@ def flash_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: 
                     sinks: Tensor | None, num_splits: int | None, scale: float | None,
                     window_left: int, window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
     """(o [B, Hq, Nq, d], lse [B, Hq, Nq] fp32): `api.flash_decode` with ``return_lse=True``."""
-    from attnscope.kernels.decode.api import flash_decode
-
     window = None if window_left < 0 and window_right < 0 else (window_left, window_right)
     return flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits, scale=scale,
                         return_lse=True, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,

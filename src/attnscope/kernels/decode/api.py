@@ -6,7 +6,6 @@ import collections
 import threading
 
 from attnscope.kernels._common import check_flags, import_torch_triton
-from attnscope.kernels.decode import _op
 from attnscope.kernels.decode.checks import (
     _check_block_table_values,
     _check_inputs,
@@ -87,13 +86,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     >>> attnscope.kernels.decode.check_errors()  # when a sync is cheap: raises on an out-of-range value
     """
     check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
-    if torch.compiler.is_compiling():  # torch.compile traces the custom op; it runs this function
+    if torch.compiler.is_compiling():  # torch.compile traces the custom op (`_op`); it runs this function
         if check_seqlens:
             raise NotImplementedError("check_seqlens: supported: False inside torch.compile (a host sync); "
                                       "call decode.check_errors() outside the compiled region")
         w = (-1, -1) if window is None else tuple(window)
-        o, lse = _op.flash_decode_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks,
-                                     num_splits, scale, w[0], w[1], softcap)
+        o, lse = torch.ops.attnscope.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                                  v_scale, sinks, num_splits, scale, w[0], w[1], softcap)
         return (o, lse) if return_lse else o
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
     options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "window": window,
