@@ -12,12 +12,12 @@ from attnscope.kernels.decode.checks import (
     _check_no_grad,
     _check_scale_values,
     _check_seqlen_values,
-    _layout,
 )
 from attnscope.kernels.decode.heuristics import _raw_scores, _tiling
 from attnscope.kernels.decode.plan import NAMES, DecodePlan
 
 torch, _ = import_torch_triton()
+Tensor = torch.Tensor
 
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
@@ -85,7 +85,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
     >>> attnscope.kernels.decode.check_errors()  # when a sync is cheap: raises on an out-of-range value
     """
-    check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
+    if type(return_lse) is not bool or type(check_seqlens) is not bool:
+        check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (`_op`); it runs this function
         if check_seqlens:
             raise NotImplementedError("check_seqlens: supported: False inside torch.compile (a host sync); "
@@ -95,19 +96,19 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                                                   v_scale, sinks, num_splits, scale, w[0], w[1], softcap)
         return (o, lse) if return_lse else o
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
-    options = {"num_splits": num_splits, "scale": scale, "return_lse": return_lse, "window": window,
-               "softcap": softcap}
+    options = (num_splits, scale, return_lse, window, softcap)
     key = None
-    if all(isinstance(t, torch.Tensor) for t in tensors[:3]) and all(
-            t is None or isinstance(t, torch.Tensor) for t in tensors[3:]):
+    # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
+    layouts = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                    if isinstance(t, Tensor) else False for t in tensors)
+    if False not in layouts and None not in layouts[:3]:
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
         cuda = q.device.type == "cuda"
         if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
             # all a plan fixes but the split count; the stream, as a plan's partials serve one at a time
+            key = (layouts, options, torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
             try:
-                key = (tuple(_layout(t) for t in tensors), tuple(options.values()),
-                       torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
                 hash(key)
             except TypeError:  # an unhashable option (a list window): the checks name it
                 key = None
@@ -115,6 +116,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                 plan = _PLAN_CACHE.fast(key)
                 if plan is not None:
                     return plan._launch(tensors)
+    options = dict(zip(("num_splits", "scale", "return_lse", "window", "softcap"), options, strict=True))
     # a layout seen before passed these checks with these options: its facts are kept with its plans
     facts = _PLAN_CACHE.facts(key) if key is not None else None
     if facts is None:
