@@ -200,8 +200,8 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
     """`simulate` for one attention call with ``impl``'s geometry (`l2.kernel_of`); ``kv_heads`` (GQA): query
     head h reads the K/V set of kv head h // (heads / kv_heads), in its batch. ``frames``: with the kernel's
     spill frames (`l2.Kernel.frame`, the room of lines read by one SM: `L2Params.private_weight`).
-    ``attnscope_impl``: as `l2.kernel_of` ("auto": the Gluon variant model.dispatch.hopper_variant names, one CTA per
-    SM over the same grid order; a persistent one is `persistent`'s, refused here)."""
+    ``attnscope_impl``: as `l2.kernel_of` ("auto": the Gluon variant model.dispatch.hopper_variant names,
+    one CTA per SM over the same grid order; a persistent one is `persistent`'s, refused here)."""
     hkv = heads if kv_heads is None else kv_heads
     group = heads // hkv
     name, ker = l2.kernel_of(impl, d, causal, dtype, n, attnscope_impl)

@@ -42,7 +42,9 @@ __version__ = "0.1.0"
 _KERNELS = {"flash_attention": ("attnscope.kernels.fwd", "flash_attention"),
             "flash_attention_varlen": ("attnscope.kernels.varlen", "flash_attention_varlen"),
             "flash_decode": ("attnscope.kernels.decode", "flash_decode"),
-            "decode_plan": ("attnscope.kernels.decode", "DecodePlan")}
+            "decode_plan": ("attnscope.kernels.decode", "decode_plan"),
+            "DecodePlan": ("attnscope.kernels.decode", "DecodePlan"),
+            "quantize_kv": ("attnscope.kernels.decode", "quantize_kv")}
 __all__ = [*_KERNELS, "__version__"]
 
 

@@ -27,11 +27,14 @@ def add_flags(p) -> None:
     g.add_argument("--capacity", type=int, default=None,
                    help="dense cache rows per sequence (default: the longest --cache-lens)")
     g.add_argument("--splits", type=int, default=1, help="split-KV programs per sequence (default 1)")
+    g.add_argument("--kv-dtype", default=None, choices=("fp16", "bf16", "fp8"),
+                   help="--cache-lens: the K/V cache's element type (default: --dtype); fp8 is e4m3, one "
+                        "byte per element plus one fp32 K and V scale per program")
 
 
 def check_unused(args) -> None:
     """Without --lengths / --cache-lens, the flags that only qualify them are refused."""
-    for flag in ("kv_lengths", "page_size", "capacity"):
+    for flag in ("kv_lengths", "page_size", "capacity", "kv_dtype"):
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"),
                "to come with --lengths or --cache-lens", getattr(args, flag))
     expect(not args.no_tma, "--no-tma", "to come with --lengths", args.no_tma)
@@ -49,7 +52,7 @@ def run(args, names, mods: dict | None = None) -> int:
            "no --device / --ratio with --lengths or --cache-lens", args.device or args.ratio)
     con = console()
     if args.lengths is not None:
-        for flag in ("page_size", "capacity"):
+        for flag in ("page_size", "capacity", "kv_dtype"):
             expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "only with --cache-lens",
                    getattr(args, flag))
         lk = int_list("--kv-lengths", args.kv_lengths) if args.kv_lengths is not None else None
@@ -80,7 +83,8 @@ def run(args, names, mods: dict | None = None) -> int:
         nq = 1 if args.nq is None else args.nq  # 0 reaches the model's check, not a silent 1
         g = paged(int_list("--cache-lens", args.cache_lens), args.page_size, nq=nq, d=args.d,
                   dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads, num_splits=args.splits,
-                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse, **mods)
+                  block_kv=args.block_kv, capacity=args.capacity, lse=args.lse, kv_dtype=args.kv_dtype,
+                  **mods)
         if args.json:
             print_json(g.to_json())
             return 0
@@ -90,7 +94,7 @@ def run(args, names, mods: dict | None = None) -> int:
         body.append(["allocated, not read", "K, V", "", f"{g.tail:,}", f"{g.tail / MiB:,.2f}",
                      "end of each last page" if g.page_size else "cache rows past each length"])
         con.print(table(f"{r.label}: {len(g.cache_lens)} sequences, {sum(g.cache_lens):,} keys, "
-                        f"d = {g.config.d}, {g.config.dtype}, Hq = {g.config.heads}, "
+                        f"d = {g.config.d}, {g.config.dtype}, K/V {g.kv_dtype}, Hq = {g.config.heads}, "
                         f"Hkv = {g.config.kv_heads}: the whole call",
                         ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], body,
                         caption="; ".join(r.assumptions)))

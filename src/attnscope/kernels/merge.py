@@ -9,7 +9,7 @@ softmax, applied across blocks instead of tiles; Flash-Decoding's reduction; spe
 
 The float64 spec is `attnscope.reference.combine`. One implementation serves every caller: the
 ``@triton.jit`` helpers `lse_merge_step` / `lse_merge_finish` in kernels/_tl.py, which decode's split
-merge (kernels/decode.py) runs inside its kernels and `merge_` runs in `_attnscope_merge_kernel`
+merge (kernels/decode/) runs inside its kernels and `merge_` runs in `_attnscope_merge_kernel`
 below (the ring, `attnscope.distributed`, calls `merge_`). A partial that saw no permitted key has
 ``lse = -inf`` and weight 0; when both are -inf the row stays o = 0, lse = -inf (no NaN).
 

@@ -3,7 +3,7 @@
 `packed`: a packed variable-length prefill (kernels/varlen.py), the line-by-line sum of its sequences'
 dense ledgers (model/traffic.py) plus the varlen kernel's work-list reads and the rows its ragged TMA
 tiles read past a sequence's end. `paged`: one split-KV decode / chunked-prefill step (Flash-Decoding,
-kernels/decode.py) against a paged or dense KV cache, whole call: block-table reads, the valid K/V rows
+kernels/decode/) against a paged or dense KV cache, whole call: block-table reads, the valid K/V rows
 once per kv head, the split partials, and the allocated-but-unread tail of each last page.
 Score mods: both take ``window``, ``softcap`` and ``sinks`` (`model.traffic.Config`). A window shrinks each
 sequence's K/V reads to the KV tiles it visits (model/tiles.py; decode: the blocks of `window_kv_bounds0`
@@ -22,6 +22,7 @@ from attnscope.model.tiles import Grid, window_kv_bounds0
 from attnscope.model.traffic import (
     BUILDERS,
     CAUSAL,
+    DTYPE_BYTES,
     ROW_NAMES,
     SPEC_ROWS,
     STAT_BYTES,
@@ -33,6 +34,9 @@ from attnscope.model.traffic import (
     row_names,
     write,
 )
+
+#: K/V cache element types of the decode ledger (`paged`): the queries' dtype, or e4m3 with fp32 scales.
+KV_DTYPES = ("fp16", "bf16", "fp8")
 
 
 def _lengths(name: str, values) -> tuple[int, ...]:
@@ -216,14 +220,16 @@ class Paged:
     row: Row
     tail: int
     pages: int  # pages holding keys (paged) or 0
+    kv_dtype: str  # the K/V cache's element type (dtype, or fp8 with fp32 scales)
 
     def to_json(self) -> dict:
         c, r = self.config, self.row
         return {"params": {"layout": "paged" if self.page_size else "dense-cache",
                            "cache_lens": list(self.cache_lens), "nq": self.nq, "page_size": self.page_size,
                            "capacity": self.capacity, "num_splits": self.num_splits, "pages": self.pages,
-                           "d": c.d, "dtype": c.dtype, "bytes_per_element": c.b, "block_kv": c.block_kv,
-                           "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse, **_mods_json(c),
+                           "d": c.d, "dtype": c.dtype, "bytes_per_element": c.b, "kv_dtype": self.kv_dtype,
+                           "block_kv": c.block_kv, "heads": c.heads, "kv_heads": c.kv_heads, "lse": c.lse,
+                           **_mods_json(c),
                            "per": "the whole call"},
                 "rows": [{"name": r.name, "label": r.label, "reads": r.reads, "writes": r.writes,
                           "total": r.total, "flops": r.flops, "allocated_not_read": self.tail,
@@ -232,11 +238,11 @@ class Paged:
 
 def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128, dtype: str = "bf16",
           heads: int = 32, kv_heads: int | None = None, num_splits: int = 1, block_kv: int = 128,
-          capacity: int | None = None, lse: bool = False, window=None, softcap: float = 0.0,
-          sinks: bool = False) -> Paged:
+          capacity: int | None = None, lse: bool = False, kv_dtype: str | None = None, window=None,
+          softcap: float = 0.0, sinks: bool = False) -> Paged:
     """Logical HBM bytes of one split-KV decode / chunked-prefill step (`flash_decode`), whole call.
 
-    The kernel (Flash-Decoding, kernels/decode.py) runs one program per (sequence, kv head, split); each
+    The kernel (Flash-Decoding, kernels/decode/) runs one program per (sequence, kv head, split); each
     streams its split's keys once for all ``heads / kv_heads`` query heads of its group and all ``nq``
     query rows (the last ``nq`` positions of the sequence, which ``cache_lens`` counts). Lines:
 
@@ -244,7 +250,10 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     - cache_seqlens: one int32 per program;
     - block table (paged only): per kv head, one int32 per (KV block of ``block_kv`` keys, page) pair the
       keys touch: ``ceil(len / min(page_size, block_kv))`` per sequence (both powers of two, so they nest);
-    - K and V: only the valid rows, once per kv head: ``Hkv * sum(len) * d`` each (masked loads);
+    - K and V: only the valid rows, once per kv head: ``Hkv * sum(len) * d`` each (masked loads), at
+      ``kv_dtype``'s width (default ``dtype``; ``fp8``: one byte per element, e4m3);
+    - k_scale, v_scale (``kv_dtype="fp8"`` only): one fp32 each per program (per-head scales: the
+      program's kv head);
     - S = 1: O (and LSE) written once; S > 1: fp32 partials O_s [nq, d] and lse_s per (sequence, query
       head, split) written by phase 1 and read by the merge, which writes O (and LSE).
 
@@ -272,6 +281,9 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
            "positions of each sequence and are counted in it", list(lens))
     cfg = Config(nq=nq, nk=max(max(lens), 1), d=d, dtype=dtype, block_kv=block_kv, heads=heads,
                  kv_heads=kv_heads, lse=lse, window=window, softcap=softcap, sinks=sinks)
+    kv_dtype = dtype if kv_dtype is None else choice("kv_dtype", kv_dtype, KV_DTYPES)
+    expect(kv_dtype in (dtype, "fp8"), "kv_dtype", f"{dtype} (as dtype) or fp8", kv_dtype)
+    kv_b = DTYPE_BYTES[kv_dtype]
     B, hq, hkv, b, S = len(lens), cfg.heads, cfg.kv_heads, cfg.b, num_splits
     keys = sum(lens)
     spans = _window_blocks(lens, nq, block_kv, cfg.window)  # per sequence: keys [lo, hi) read
@@ -292,10 +304,14 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
     else:
         tail_rows = B * capacity - keys
     read_rows = sum(hi - lo for lo, hi in spans)
-    kv = hkv * read_rows * d * b
+    kv = hkv * read_rows * d * kv_b
     where = "" if cfg.window is None else f" in the window's blocks ({keys - read_rows:,} rows skipped)"
-    transfers += [read("K", kv, f"valid K rows{where}, once per kv head (the GQA group shares them)"),
+    transfers += [read("K", kv, f"valid K rows ({kv_dtype}){where}, once per kv head (the GQA group shares "
+                                "them)"),
                   read("V", kv, "valid V rows, the same")]
+    if kv_dtype == "fp8":
+        transfers.append(read("k_scale, v_scale", B * hkv * S * 2 * STAT_BYTES,
+                              "one fp32 K and one V scale per (sequence, kv head, split) program"))
     part = rows_q * S * (d + 1) * STAT_BYTES  # O_s [d] and lse_s, fp32, per (row, split)
     out = [write("O", q_bytes, f"O [B, Hq, {nq}, d]")]
     if lse:
@@ -326,7 +342,7 @@ def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128
                                      f"{block_kv} keys its {nq} queries visit; {keys - read_rows:,} "
                                      "allocated rows per kv head are skipped, never read",))
     return Paged(lens, nq, page_size, capacity if page_size is None else None, S, cfg, row,
-                 2 * hkv * tail_rows * d * b, pages)
+                 2 * hkv * tail_rows * d * kv_b, pages, kv_dtype)
 
 
 def _mods_json(c: Config) -> dict:

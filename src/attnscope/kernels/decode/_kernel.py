@@ -1,0 +1,328 @@
+"""The split-KV decode kernels (Flash-Decoding; spec §6, §6.1): phase 1 streams one split of the keys of
+one (sequence, kv head, row tile) through the online softmax and writes fp32 partials (or, with one split,
+the output); phase 2 merges the splits with the one logsumexp merge (`_tl.lse_merge_step`), fused into the
+last program of a row tile or as a separate kernel. Layouts and the host side: `attnscope.kernels.decode`.
+
+Values are checked on the device: a length outside [0, L_max] is clamped into it and a used block-table
+entry outside [0, num_pages) is never dereferenced (its keys are masked out); either sets a bit of the
+int32 error word ``ERR`` (`ERR_SEQLENS`, `ERR_BLOCK_TABLE`), as does a K/V scale that is not finite and
+positive, or whose product with the softmax scale is not finite (`ERR_SCALES`). `checks.check_errors`
+reads the word.
+"""
+
+from __future__ import annotations
+
+from attnscope.kernels._common import import_torch_triton, interpreting
+
+torch, triton = import_torch_triton()
+import triton.language as tl  # noqa: E402
+
+from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16  # noqa: E402
+
+# bits of the error word (constexpr globals: the kernels read them; the host reads ``.value``)
+ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max]
+ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
+ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp2, saturating to +-1 without NaN (exp2(+inf) = inf gives 1 - 0)."""
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def _add_sink(m_i, l_i, acc, sink2):
+    """Fold a sink (base-2 logit ``sink2`` per row, no value) into a merge state (m, l, acc): the partial
+    (O = 0, LSE = sink), joined once (`attnscope.reference.combine`'s sinks)."""
+    m_new = tl.maximum(m_i, sink2)  # finite: the sink is
+    alpha = tl.exp2(m_i - m_new)  # exp2(-inf) = 0 for a state with no key
+    return m_new, l_i * alpha + tl.exp2(sink2 - m_new), acc * tl.expand_dims(alpha, -1)
+
+
+# sizes that vary per call are not value-specialised: one binary per layout
+@triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles", "num_pages",
+                               "win_left"])
+def _attnscope_decode_split_kernel(
+    Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM, ERR, K_SCALE, V_SCALE, SINKS,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,  # dense: batch, head, position; paged: page, head, slot
+    stride_vb, stride_vh, stride_vn,
+    stride_sb, stride_tb,
+    n_kv_heads, l_max, num_splits, n_q, n_m_tiles, num_pages, win_left, qk_scale, softcap2,
+    GROUP: tl.constexpr,  # G = Hq / Hkv query heads per kv head
+    BLOCK_M: tl.constexpr,  # rows per program (G x Nq packed), a power of two, >= 16 for tl.dot
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,  # software-pipeline depth of the KV loop (cp.async multi-buffering)
+    USE_DOT: tl.constexpr,  # tl.dot on the padded rows, else elementwise multiply + tl.sum
+    EMULATE_BF16: tl.constexpr,  # interpreter + bf16 only: see _emulate_bf16
+    SPLIT: tl.constexpr,  # True: write fp32 partials (O_s, base-2 lse_s); False: the final O and LSE
+    FUSE: tl.constexpr,  # SPLIT only: the last program of each row tile merges the partials
+    MERGE_M: tl.constexpr,  # FUSE: rows merged (the tile's rows, padded to a power of two)
+    MERGE_S: tl.constexpr,  # FUSE: splits merged per chunk
+    WRITE_LSE: tl.constexpr,  # the caller asked for the LSE (else LSE is not written)
+    HAS_SEQLENS: tl.constexpr,
+    PAGED: tl.constexpr,  # K/V are [num_pages, PAGE_SIZE, Hkv, d] addressed through BT [B, max_pages]
+    PAGE_SIZE: tl.constexpr,
+    CHUNK: tl.constexpr,  # Nq > 1: causal (bottom-right) among the new queries
+    OFF32: tl.constexpr,  # K/V element offsets from the loop's base pointers fit in int32 (plan-checked)
+    MAX_UNSCALED: tl.constexpr = False,  # qk_scale > RAW_SCORES_ABOVE: running max of raw scores, 1 split
+    FP8: tl.constexpr = False,  # K/V e4m3 with fp32 scales K_SCALE / V_SCALE (one, or one per kv head)
+    SCALE_PER_HEAD: tl.constexpr = False,
+    WINDOW: tl.constexpr = False,  # sliding window: row at position p sees keys [p - win_left, p]
+    SOFTCAP: tl.constexpr = False,  # base-2 scores s -> softcap2 * tanh(s / softcap2)
+    HAS_SINKS: tl.constexpr = False,  # SINKS fp32 [Hq]: one logit per query head joins the denominator
+):
+    # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
+    # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
+    pid = tl.program_id(0)  # (b * Hkv + kv head) * M_tiles + row tile
+    split = tl.program_id(1)
+    m_tile = pid % n_m_tiles
+    pid_bh = pid // n_m_tiles
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h_kv = (pid_bh % n_kv_heads).to(tl.int64)
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + b * stride_sb)  # keys of sequence b, clamped to [0, L_max]: reported
+        if (seqlen < 0) | (seqlen > l_max):
+            tl.atomic_or(ERR, ERR_SEQLENS)
+        seqlen = tl.minimum(tl.maximum(seqlen, 0), l_max)
+    else:
+        seqlen = l_max
+    if FP8:  # k_scale folds into the softmax scale, v_scale multiplies the output
+        k_sc = tl.load(K_SCALE + h_kv) if SCALE_PER_HEAD else tl.load(K_SCALE)
+        v_sc = tl.load(V_SCALE + h_kv) if SCALE_PER_HEAD else tl.load(V_SCALE)
+        qk_scale = qk_scale * k_sc
+        bad = (k_sc <= 0) | (v_sc <= 0) | (v_sc == float("inf")) | (qk_scale == float("inf"))
+        if bad | (k_sc != k_sc) | (v_sc != v_sc):  # x != x: NaN
+            tl.atomic_or(ERR, ERR_SCALES)
+
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    qi = offs_m // GROUP  # query index in 0 .. Nq - 1
+    q_heads = h_kv * GROUP + offs_m % GROUP  # query head
+    m_mask = offs_m < GROUP * n_q
+    if CHUNK:
+        # keys this tile can see: up to its last query's position; split that range, not seqlen
+        last_q = tl.minimum(n_q - 1, (m_tile * BLOCK_M + BLOCK_M - 1) // GROUP)
+        kv_len = tl.maximum(tl.minimum(seqlen, seqlen - n_q + last_q + 1), 0)
+        lim = seqlen - n_q + qi + 1  # [BLOCK_M] exclusive key limit of each row
+    else:
+        kv_len = seqlen
+        lim = seqlen
+    kv_lo = 0
+    if WINDOW:  # keys before the first row's window are never loaded (whole BLOCK_N blocks)
+        first_q = (m_tile * BLOCK_M) // GROUP
+        kv_lo = tl.maximum(seqlen - n_q + first_q - win_left, 0)
+        kv_lo = tl.minimum(kv_lo // BLOCK_N * BLOCK_N, kv_len)
+    # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
+    blocks_per_split = tl.cdiv(tl.cdiv(kv_len - kv_lo, BLOCK_N), num_splits)
+    lo = kv_lo + split * blocks_per_split * BLOCK_N
+    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+
+    q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
+                + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
+    if not USE_DOT:
+        q = q.to(tl.float32)
+        if not MAX_UNSCALED:
+            q = q * qk_scale  # exact enough: one fp32 rounding per element
+    if PAGED:
+        k_base = K + h_kv * stride_kh
+        v_base = V + h_kv * stride_vh
+        bt_base = BT + b * stride_tb
+    else:
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+    bad_page = tl.zeros([BLOCK_N], tl.int1)  # keys whose block-table entry was out of range
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
+        rows = start_n + offs_n  # [BLOCK_N] key positions
+        n_mask = rows < hi
+        if PAGED:
+            if BLOCK_N <= PAGE_SIZE:
+                # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
+                page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
+                slot = start_n % PAGE_SIZE + offs_n  # [BLOCK_N] rows of the page
+            else:
+                # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
+                # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
+                # that the 16-byte cp.async copies need)
+                pidx = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)  # block-table entries
+                pages = tl.load(bt_base + pidx, mask=pidx * PAGE_SIZE < hi, other=0)
+                pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
+                page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
+                slot = offs_n % PAGE_SIZE  # [BLOCK_N]
+            out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
+            bad_page = bad_page | (n_mask & out_of_range)
+            n_mask = n_mask & (page >= 0) & (page < num_pages)
+            page = tl.where(out_of_range, 0, page)
+            if not OFF32:
+                page, slot = page.to(tl.int64), slot.to(tl.int64)
+            k_off = page * stride_kb + slot * stride_kn
+            v_off = page * stride_vb + slot * stride_vn
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            # Dense: rows past the range load the last key in it instead of a masked load. Every load is
+            # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
+            # predicate. Paged blocks keep masked loads.
+            rows_c = tl.minimum(rows, hi - 1)
+            key = rows_c if OFF32 else rows_c.to(tl.int64)
+            k_off = key * stride_kn
+            v_off = key * stride_vn
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+        if FP8:
+            k = k.to(Q.dtype.element_ty)  # e4m3 -> fp16 / bf16 is exact; k_scale is in qk_scale
+        if USE_DOT:
+            kt = tl.trans(k)  # [d, BLOCK_N]
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
+            if not MAX_UNSCALED:
+                s = s * qk_scale  # [BLOCK_M, BLOCK_N], base-2 scaled scores, fp32
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:  # s' = softcap * tanh(s * scale / softcap), in base 2 (softcap2 = softcap * log2 e)
+            s = softcap2 * _tanh(s / softcap2)
+        if CHUNK:
+            visible = n_mask[None, :] & (rows[None, :] < lim[:, None])
+            if WINDOW:
+                visible = visible & (rows[None, :] >= (lim - 1 - win_left)[:, None])
+        elif WINDOW:
+            visible = n_mask[None, :] & (rows[None, :] >= lim - 1 - win_left)
+        else:
+            visible = n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
+            alpha = tl.exp2((m_i - m_safe) * qk_scale)
+            p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+        else:
+            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if PAGED:
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+        if FP8:
+            v = v.to(Q.dtype.element_ty)
+        if USE_DOT:
+            if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
+                p, v = round_bf16(p), v.to(tl.float32)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m_i = m_new
+    if PAGED:  # noqa: SIM102 - a constexpr branch around a runtime one
+        if tl.max(bad_page.to(tl.int32), 0) != 0:
+            tl.atomic_or(ERR, ERR_BLOCK_TABLE)
+
+    if FP8:
+        acc = acc * v_sc
+    if MAX_UNSCALED:
+        m_i = m_i * qk_scale  # base 2 for the LSE: +inf past fp32, where the true LSE is too
+    n_q_heads = n_kv_heads * GROUP
+    if HAS_SINKS and not SPLIT:  # one split: the sink joins here, once
+        sink2 = tl.load(SINKS + q_heads, mask=m_mask, other=0.0) * LOG2E
+        m_i, l_i, acc = _add_sink(m_i, l_i, acc, sink2)
+    o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
+    out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
+    if SPLIT:
+        part = out_rows * num_splits + split  # [BLOCK_M] row of O_PART / LSE_PART
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_mask[:, None])
+        tl.store(LSE_PART + part, lse2, mask=m_mask)  # partial lse_s, base 2
+        if FUSE:
+            # Phase 2 in the same launch (CUTLASS's semaphore pattern): a ticket after the partials are
+            # out (barrier, then a gpu-scope acq_rel atomic); the last ticket of a tile has seen every
+            # other program's partials through the acquire, merges them and resets the counter.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(SEM + pid, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
+                offs_mm = m_tile * BLOCK_M + tl.arange(0, MERGE_M)
+                offs_ms = tl.arange(0, MERGE_S)
+                mm_mask = (offs_mm < GROUP * n_q) & (offs_mm < m_tile * BLOCK_M + BLOCK_M)
+                heads_m = h_kv * GROUP + offs_mm % GROUP
+                rows_m = (b * n_q_heads + heads_m) * n_q + offs_mm // GROUP
+                # the online softmax again, over splits: lse_s plays the score, O_s the value row
+                mm = tl.full([MERGE_M], float("-inf"), tl.float32)  # running max of lse_s
+                ll = tl.zeros([MERGE_M], tl.float32)  # sum_s exp2(lse_s - mm)
+                aa = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - mm) * O_s
+                for s0 in range(0, num_splits, MERGE_S):
+                    sp = s0 + offs_ms  # [MERGE_S]
+                    ok = mm_mask[:, None] & (sp < num_splits)[None, :]  # [MERGE_M, MERGE_S]
+                    idx = rows_m[:, None] * num_splits + sp[None, :]  # [MERGE_M, MERGE_S]
+                    # .cg: read at L2, never from this SM's L1 (other SMs wrote these lines)
+                    lse_s = tl.load(LSE_PART + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                    o_s = tl.load(O_PART + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                                  mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+                    mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
+                if HAS_SINKS:  # the sink joins the merged splits once
+                    sink2 = tl.load(SINKS + heads_m, mask=mm_mask, other=0.0) * LOG2E
+                    mm, ll, aa = _add_sink(mm, ll, aa, sink2)
+                o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
+                if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+                    o_f = round_bf16(o_f)
+                tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
+                         mask=mm_mask[:, None])
+                if WRITE_LSE:
+                    tl.store(LSE + rows_m, lse_f * LN2, mask=mm_mask)  # natural log
+                tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
+    else:
+        if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+            o = round_bf16(o)
+        tl.store(O + out_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=m_mask[:, None])
+        if WRITE_LSE:
+            tl.store(LSE + out_rows, lse2 * LN2, mask=m_mask)  # natural log
+
+
+@triton.jit
+def _attnscope_decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE, SINKS,
+    num_splits, n_q, n_q_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # splits merged per iteration
+    EMULATE_BF16: tl.constexpr,
+    HAS_SINKS: tl.constexpr = False,
+):
+    # O_PART [R, S, d], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    # The online softmax again, over splits: lse_s plays the score, O_s the value row.
+    m_i = tl.full([], float("-inf"), tl.float32)  # running max of lse_s (base 2)
+    l_i = tl.zeros([], tl.float32)  # sum_s exp2(lse_s - m_i)
+    acc = tl.zeros([HEAD_DIM], tl.float32)  # sum_s exp2(lse_s - m_i) * O_s
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_mask = s0 + offs_s < num_splits
+        lse_s = tl.load(LSE_PART + row * num_splits + s0 + offs_s, mask=s_mask,
+                        other=float("-inf"))  # [BLOCK_S]
+        o_s = tl.load(O_PART + (row * num_splits + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
+        m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
+    if HAS_SINKS:  # the sink joins the merged splits once: the partial (O = 0, LSE = sink)
+        sink2 = tl.load(SINKS + (row // n_q) % n_q_heads) * LOG2E
+        m_new = tl.maximum(m_i, sink2)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.exp2(sink2 - m_new)
+        acc = acc * alpha
+        m_i = m_new
+
+    o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
+    if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
+        o = round_bf16(o)
+    tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
+    tl.store(LSE + row, lse2 * LN2)  # natural log
+
+
+def _emulate_bf16(dtype) -> bool:
+    """bf16 under Triton 3.6's interpreter, whose bf16 ``tl.dot`` and casts are wrong: the kernels multiply
+    in fp32 and round with `round_bf16` before each cast (see kernels/_tl.py); never on a GPU."""
+    return interpreting() and dtype == torch.bfloat16

@@ -1,0 +1,225 @@
+"""`flash_decode`, the one-line decode call over `DecodePlan`, with its bounded plan cache."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from attnscope.kernels._common import check_flags, import_torch_triton
+from attnscope.kernels.decode.checks import (
+    _check_block_table_values,
+    _check_inputs,
+    _check_no_grad,
+    _check_scale_values,
+    _check_seqlen_values,
+)
+from attnscope.kernels.decode.heuristics import _raw_scores, _tiling
+from attnscope.kernels.decode.plan import NAMES, DecodePlan
+
+torch, _ = import_torch_triton()
+Tensor = torch.Tensor
+
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
+                 return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0, sinks=None,
+                 check_seqlens: bool = False):
+    """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
+
+    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
+    `PLAN_CACHE_LAYOUTS` most recent layouts (tensor shapes, strides, dtypes, devices, the options, the
+    CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts (`plan_cache_info`,
+    `clear_plan_cache`). A known layout skips the layout checks and the plan build. Inside CUDA-graph
+    capture it builds a private plan (the graph keeps its scratch). No call reads a device value back
+    unless ``check_seqlens``: the values are checked on the device and `check_errors` reports them.
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Hq, Nq, d]
+        The new queries, fp16 or bf16, CUDA (or CPU under ``TRITON_INTERPRET=1``). They are the last Nq
+        positions of each sequence (``cache_seqlens`` counts them), causal among themselves
+        (bottom-right); queries at a negative position (``cache_seqlens < Nq``) see no key.
+    k_cache, v_cache : torch.Tensor
+        Dense ``[B, Hkv, L_max, d]``: any strides with a unit last stride (e.g. a ``[B, L_max, Hkv, d]``
+        buffer viewed as ``buf.transpose(1, 2)``). Paged (with ``block_table``): ``[num_pages,
+        page_size, Hkv, d]``, page_size in {16, 32, 64, 128, 256}. Hq a multiple of Hkv (GQA / MQA: query
+        head i reads kv head ``i // (Hq / Hkv)``). q's dtype, or ``torch.float8_e4m3fn`` with scales.
+    cache_seqlens : torch.Tensor, int32 [B], optional
+        Valid keys per sequence (positions ``0 .. len - 1``); default L_max for all. A sequence of length
+        0 gives output 0 and LSE = -inf. Checked on the device: a value outside [0, L_max] is clamped
+        into it and recorded for `check_errors`.
+    block_table : torch.Tensor, int32 [B, max_pages], optional
+        The paged cache's page of each block of page_size keys; any order, pages may be shared. Checked
+        on the device: a used entry outside [0, num_pages) is never read (its keys are left out) and is
+        recorded for `check_errors`; entries past a sequence's length are never read at all.
+    num_splits : int, optional, keyword-only
+        KV splits per sequence; default `default_num_splits`. 1 runs phase 1 only.
+    scale : float, optional, keyword-only
+        Softmax scale; default ``1/sqrt(d)``; see `DecodePlan` for its range.
+    return_lse : bool, keyword-only
+        Also return the natural-log logsumexp of each query row.
+    k_scale, v_scale : torch.Tensor, float32, one element or [Hkv], keyword-only
+        Dequantisation scales of an e4m3 cache (`attnscope.quantize_kv`); required with one, refused
+        without. Their values are checked on the device (finite, positive).
+    window, softcap, sinks : keyword-only
+        The score mods (`DecodePlan`; DESIGN.md): a sliding window ``(left, right)`` (decode is causal:
+        right is 0), logit softcapping, one sink logit per query head (fp32 [Hq]).
+    check_seqlens : bool, keyword-only
+        Also check the lengths, used block-table entries and scales on the host before the launch: a
+        device sync per call that breaks CUDA-graph capture (default False); the split heuristic then
+        uses the longest length.
+
+    Returns
+    -------
+    o : torch.Tensor, [B, Hq, Nq, d], q's dtype
+    lse : torch.Tensor, [B, Hq, Nq], float32, natural log — only when ``return_lse``.
+
+    Supported: d in {64, 128}; fp16 and bf16 queries; anything else raises NotImplementedError, as does an
+    input that requires grad (decode has no backward). Malformed input raises `InputError` (a ValueError)
+    naming the argument.
+
+    Example
+    -------
+    >>> q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k = v = torch.randn(4, 8, 32768, 128, device="cuda", dtype=torch.bfloat16)
+    >>> lens = torch.tensor([32768, 100, 0, 5000], device="cuda", dtype=torch.int32)
+    >>> o = attnscope.flash_decode(q, k, v, cache_seqlens=lens)
+    >>> attnscope.kernels.decode.check_errors()  # when a sync is cheap: raises on an out-of-range value
+    """
+    if type(return_lse) is not bool or type(check_seqlens) is not bool:
+        check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
+    if torch.compiler.is_compiling():  # torch.compile traces the custom op (`_op`); it runs this function
+        if check_seqlens:
+            raise NotImplementedError("check_seqlens: supported: False inside torch.compile (a host sync); "
+                                      "call decode.check_errors() outside the compiled region")
+        w = (-1, -1) if window is None else tuple(window)
+        o, lse = torch.ops.attnscope.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                                  v_scale, sinks, num_splits, scale, w[0], w[1], softcap)
+        return (o, lse) if return_lse else o
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
+    options = (num_splits, scale, return_lse, window, softcap)
+    key = None
+    # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
+    layouts = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                    if isinstance(t, Tensor) else False for t in tensors)
+    if False not in layouts and None not in layouts[:3]:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
+        cuda = q.device.type == "cuda"
+        if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
+            # all a plan fixes but the split count; the stream, as a plan's partials serve one at a time
+            key = (layouts, options, torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
+            try:
+                hash(key)
+            except TypeError:  # an unhashable option (a list window): the checks name it
+                key = None
+            if key is not None and not check_seqlens:  # the common call: a known layout, no value read
+                plan = _PLAN_CACHE.fast(key)
+                if plan is not None:
+                    return plan._launch(tensors)
+    options = dict(zip(("num_splits", "scale", "return_lse", "window", "softcap"), options, strict=True))
+    # a layout seen before passed these checks with these options: its facts are kept with its plans
+    facts = _PLAN_CACHE.facts(key) if key is not None else None
+    if facts is None:
+        facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale,
+                              v_scale, window, softcap, sinks)
+    longest = None
+    if check_seqlens:
+        num_pages = k_cache.shape[0] if block_table is not None else 0
+        if cache_seqlens is not None:
+            longest = _check_seqlen_values(cache_seqlens, facts.L_max, block_table, facts.page_size,
+                                           num_pages)
+        elif block_table is not None:
+            _check_block_table_values(block_table, facts.page_size, num_pages, facts.L_max)
+        if k_scale is not None:
+            _check_scale_values(k_scale, v_scale, scale, facts.d)
+    if key is None:
+        plan = DecodePlan(*tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
+                          **options)
+    else:
+        # the split count the heuristic picks for these lengths completes the key
+        if facts.mods.windowed:
+            longest = min(facts.L_max if longest is None else longest, facts.mods.left + facts.Nq)
+        splits = _tiling(q.device, facts.B, facts.Hq, facts.Nq, facts.Hkv, facts.L_max, longest, num_splits,
+                         None, _raw_scores(scale, facts.d, facts.mods.softcap))[2]
+        plan = _PLAN_CACHE.plan(key, facts, splits, lambda: DecodePlan(
+            *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
+            **{**options, "num_splits": splits}), default=not check_seqlens)
+    return plan._launch(tensors)
+
+
+class _PlanCache:
+    """`flash_decode`'s plans (thread-safe): an LRU of `layouts` layouts (key: shapes, strides, dtypes
+    and devices of the tensors, the options, the stream), each with its checked facts, an LRU of plans
+    for up to `per_layout` split counts, and the split count of a call that reads no lengths (the
+    heuristic's on L_max: `fast`)."""
+
+    def __init__(self, layouts: int, per_layout: int):
+        self.layouts, self.per_layout = layouts, per_layout
+        # key -> [facts, {splits: plan}, the default split count or None]
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def facts(self, key):
+        with self._lock:
+            return self._entries.get(key, (None,))[0]
+
+    def fast(self, key):
+        """The plan of a known layout's default split count, or None: one dict lookup, no checks."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[2] not in entry[1]:
+                return None
+            self._entries.move_to_end(key)
+            entry[1].move_to_end(entry[2])
+            self.hits += 1
+            return entry[1][entry[2]]
+
+    def plan(self, key, facts, splits, build, default=False):
+        with self._lock:
+            entry = self._entries.setdefault(key, [facts, collections.OrderedDict(), None])
+            plans = entry[1]
+            if default:
+                entry[2] = splits
+            self._entries.move_to_end(key)
+            if len(self._entries) > self.layouts:
+                self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
+            if splits in plans:
+                self.hits += 1
+                plans.move_to_end(splits)
+            else:
+                self.misses += 1
+                plans[splits] = build()
+                if len(plans) > self.per_layout:
+                    plans.popitem(last=False)
+            return plans[splits]
+
+    def info(self):
+        with self._lock:
+            size = sum(len(entry[1]) for entry in self._entries.values())
+            return PlanCacheInfo(self.hits, self.misses, size, self.layouts * self.per_layout)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.hits = self.misses = 0
+
+
+#: `flash_decode` keeps plans for this many layouts (least recently used dropped first) and, per layout,
+#: split counts. A plan holds its fp32 partials and merge counters, no user tensor.
+PLAN_CACHE_LAYOUTS = 8
+PLAN_CACHE_SPLITS = 4
+_PLAN_CACHE = _PlanCache(PLAN_CACHE_LAYOUTS, PLAN_CACHE_SPLITS)
+
+PlanCacheInfo = collections.namedtuple("PlanCacheInfo", "hits misses size maxsize")
+
+
+def plan_cache_info() -> PlanCacheInfo:
+    """`flash_decode`'s plan cache: calls served by a cached plan (hits), plans built (misses), plans
+    held, and the most it holds (``PLAN_CACHE_LAYOUTS * PLAN_CACHE_SPLITS``), as functools' cache_info."""
+    return _PLAN_CACHE.info()
+
+
+def clear_plan_cache() -> None:
+    """Drop every plan `flash_decode` cached (freeing their scratch) and reset the counters."""
+    _PLAN_CACHE.clear()

@@ -1,0 +1,170 @@
+"""Split-KV decode: the size-dependent choices of a plan (split count, row tile, block config, merge) and
+the logical byte ledger of one call."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from attnscope.errors import expect
+from attnscope.kernels._common import LOG2E, import_torch_triton, interpreting, num_sms
+
+torch, triton = import_torch_triton()
+
+MAX_NUM_SPLITS = 1024  # a launch-grid bound (grid axis 1 < 65536) with room; 128 is already plenty
+MIN_KEYS_PER_SPLIT = 256  # shorter splits spend more on their partial write + prologue than they save
+SPLIT_CAP = 128  # the heuristic's cap: 128 splits already fill 132 SMs from a single (batch, kv head)
+WAVES = 1  # programs the heuristic aims for, in multiples of the SM count (measured: one wave wins)
+# Many (batch, kv head) items, long keys: split when the last wave would leave most SMs idle (`_tail_splits`)
+TAIL_MIN_KEYS = 16384  # shorter programs lose more to the extra programs' fill than the tail costs
+TAIL_FILL = 0.6  # a last wave with at least this share of the SMs busy keeps the bandwidth
+TAIL_MAX_SPLITS = 4
+#: ``scale * log2 e`` above which the kernel keeps its running max in raw scores (``MAX_UNSCALED``, as the
+#: dense forward does past 1) and runs one split: base-2 scores ``s * qk_scale`` of unit-size inputs would
+#: pass fp32 from about 1e37 on (inf - inf = NaN), and split partials carry base-2 LSEs that may be +inf
+RAW_SCORES_ABOVE = 1e4
+
+
+def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *, waves: int = WAVES,
+                       min_keys: int = MIN_KEYS_PER_SPLIT, cap: int = SPLIT_CAP) -> int:
+    """How many KV splits phase 1 uses when ``num_splits`` is not given.
+
+    Without splitting, decode launches ``batch * kv_heads`` programs. Split until about ``waves * sms``
+    programs run (one program per SM already streams at the bandwidth ceiling; each extra split costs a
+    partial write and a longer merge), never below ``min_keys`` keys per split, never above ``cap``
+    (measured: bench/decode_splits.py, BENCHMARKS.md):
+
+        num_splits = clamp(floor(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
+
+    With ``waves * sms`` items or more that formula gives 1 split, unless the keys are long (at least
+    `TAIL_MIN_KEYS`) and the last wave of programs would keep fewer than `TAIL_FILL` of the SMs busy: then
+    the fewest splits (2 .. `TAIL_MAX_SPLITS`) that fill it that far, else the fullest (`_tail_splits`).
+    Measured (bench/decode_coresident.py --tail): B = 34, Hkv = 32, L = 32k runs 1,088 programs, 32 SMs busy
+    in the last wave, at 0.953 x CUDNN; 3 splits fill it and reach 1.004 x. (Plans for Nq > 1, whose 128-row
+    chunk tiles were not measured this way, keep 1 split there.)
+
+    Parameters
+    ----------
+    batch, kv_heads : int
+        B and Hkv; ``batch * kv_heads`` programs per split.
+    seqlen : int
+        The longest sequence (max of ``cache_seqlens``, or L_max when the lengths are not read).
+    sms : int
+        Streaming multiprocessors (132 on an H100/H200).
+
+    Examples
+    --------
+    >>> default_num_splits(1, 8, 4096)     # 8 programs: 16 splits fill 128 SMs, 256 keys each
+    16
+    >>> default_num_splits(64, 8, 131072)  # 512 programs already fill 132 SMs; the 4th wave 116 of them
+    1
+    >>> default_num_splits(34, 32, 32768)  # 1,088 programs: 32 SMs busy in the 9th wave; 3 splits: 96
+    3
+    """
+    for name, value in (("batch", batch), ("kv_heads", kv_heads), ("sms", sms), ("waves", waves),
+                        ("min_keys", min_keys), ("cap", cap)):
+        expect(_is_int(value) and value > 0, name, "a positive integer", value)
+    expect(_is_int(seqlen) and seqlen >= 0, "seqlen", "a non-negative integer", seqlen)
+    return _splits(batch, kv_heads, seqlen, sms, waves, min_keys, cap)
+
+
+def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP,
+            tail=True) -> int:
+    """`default_num_splits`'s formula on checked values (the plan's call path; ``tail=False``: without the
+    tail rule, for chunk tiles, where it was not measured)."""
+    items = batch * kv_heads
+    if items >= waves * sms:
+        return _tail_splits(items, seqlen, sms) if tail else 1
+    return max(1, min((waves * sms) // items, seqlen // min_keys, cap))
+
+
+def _tail_splits(items: int, seqlen: int, sms: int) -> int:
+    """Splits of a layout with a wave or more of items: 1, unless the keys are long and the last wave of
+    ``items * s`` programs (one per SM) would keep fewer than `TAIL_FILL` of the SMs busy."""
+    def fill(s):  # share of the SMs busy in the last wave of items * s programs
+        rest = items * s % sms
+        return 1.0 if rest == 0 else rest / sms
+    if seqlen < TAIL_MIN_KEYS or fill(1) >= TAIL_FILL:
+        return 1
+    fits = [s for s in range(2, TAIL_MAX_SPLITS + 1) if fill(s) >= TAIL_FILL]
+    return fits[0] if fits else max(range(1, TAIL_MAX_SPLITS + 1), key=fill)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head_dim: int, elt: int,
+                  num_splits: int, return_lse: bool = False) -> dict[str, int]:
+    """Logical HBM bytes of one Nq = 1 `flash_decode` call on a dense cache, itemised.
+
+    ``total_keys`` is ``sum_b cache_seqlens[b]``; ``elt`` the element size of q/K/V (2 for fp16/bf16).
+    Partials exist only when ``num_splits > 1``. (A paged cache adds 4 bytes per page used.)
+    """
+    kv = 2 * kv_heads * total_keys * head_dim * elt  # K and V, each byte once per step (GQA shared)
+    q = batch * q_heads * head_dim * elt  # the one query row per head
+    partial = batch * q_heads * num_splits * (head_dim + 1) * 4 if num_splits > 1 else 0  # O_s, lse_s fp32
+    out = batch * q_heads * head_dim * elt + (batch * q_heads * 4 if return_lse else 0)
+    return {"kv_read": kv, "q_read": q, "partial_write": partial, "partial_read": partial, "out_write": out,
+            "total": kv + q + 2 * partial + out}
+
+
+def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
+    """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
+    ``page_size`` keys (0: dense): one measured config per tile kind (bench/decode_configs.py), no
+    autotuner. Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
+    """
+    if interpreting():
+        return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
+    # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block only
+    # part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each. A block
+    # inside one page (whose load mask depends on the page index checked on the device) gets them all:
+    # 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at BLOCK_N = 128)
+    stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
+    return {**cfg, "STAGES": stages, "num_stages": stages}
+
+
+#: The fused merge (see `_fuse_by_default`) holds at most this many bytes of partials per last program.
+FUSE_MAX_BYTES = 64 * 1024
+#: Elements of one merge chunk [MERGE_M, MERGE_S, d] (fp32; 32 registers per thread at 4 warps).
+MERGE_ELEMS = 4096
+#: Row-tile cap (heads x queries per program); 16 under the interpreter, so CPU tests run several tiles.
+BLOCK_M_MAX = 128
+PAGE_SIZES = (16, 32, 64, 128, 256)
+
+
+def _fuse_by_default(rows: int, num_splits: int, head_dim: int) -> bool:
+    """Merge in the last program (one launch) while its ``rows x S x d`` fp32 partials stay within
+    `FUSE_MAX_BYTES` (beyond, the separate kernel's B x Hq x Nq programs win; bench/decode_variants.py)."""
+    return triton.next_power_of_2(rows) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
+
+
+@functools.lru_cache(maxsize=16)
+def _sms(device) -> int:
+    return num_sms(torch, device)
+
+
+def _raw_scores(scale, d, softcap=0.0) -> bool:
+    """Whether a plan with this ``scale`` (None: 1/sqrt(d)) keeps raw scores (`RAW_SCORES_ABOVE`); never
+    with a softcap, which bounds the scores (``|s'| <= softcap``)."""
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    return not softcap and sm_scale * LOG2E > RAW_SCORES_ABOVE
+
+
+def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=False):
+    """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
+    depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max); ``raw``
+    (`_raw_scores`): one split."""
+    rows = (Hq // Hkv) * Nq
+    cap = 16 if interpreting() else BLOCK_M_MAX
+    block_m = min(triton.next_power_of_2(rows), cap)
+    if use_dot is None or use_dot:
+        block_m = max(16, block_m)  # tl.dot needs M >= 16
+    m_tiles = -(-rows // block_m)
+    if num_splits is None and raw:
+        num_splits = 1
+    if num_splits is None:
+        longest = L_max if max_seqlen is None else max_seqlen
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), tail=Nq == 1)
+    return block_m, m_tiles, num_splits

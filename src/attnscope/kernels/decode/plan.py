@@ -1,0 +1,341 @@
+"""`DecodePlan`: a checked decode layout with its split count, blocks, merge and scratch (FlashInfer's
+plan/run split); ``plan.run`` makes one launch (two with the separate merge) and can be captured in a CUDA
+graph."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from attnscope.errors import InputError, expect
+from attnscope.kernels._common import LOG2E, check_disjoint, check_flags, import_torch_triton
+from attnscope.kernels.decode._kernel import (
+    _attnscope_decode_combine_kernel,
+    _attnscope_decode_split_kernel,
+    _emulate_bf16,
+)
+from attnscope.kernels.decode.checks import (
+    _check_block_table_values,
+    _check_inputs,
+    _check_no_grad,
+    _check_out,
+    _check_scale_values,
+    _check_seqlen_values,
+    _error_word,
+    _layout,
+    check_errors,
+)
+from attnscope.kernels.decode.heuristics import (
+    MERGE_ELEMS,
+    _block_config,
+    _fuse_by_default,
+    _is_int,
+    _raw_scores,
+    _tiling,
+)
+
+torch, triton = import_torch_triton()
+
+
+NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "k_scale", "v_scale", "sinks")
+
+
+class DecodePlan:
+    """A checked decode layout with its split count, block sizes, merge and scratch: plan once, run often.
+
+    Built from example tensors (FlashInfer's plan/run split): every input check, the split choice and
+    the allocation of the fp32 partials and merge counters happen here, once. `run` then only compares
+    each tensor's layout (shape, strides, dtype, device) with the plan's, raising `InputError` if one
+    changed, and launches: no host sync unless ``check_seqlens``, no allocation but the output, so a run
+    can be captured in a CUDA graph. The values of the lengths, block-table entries and K/V scales are
+    checked on the device (see `attnscope.kernels.decode.checks`); `check` raises what they recorded. The
+    partials belong to the plan: runs of one plan must be ordered (one stream, or synchronised), as with
+    FlashInfer's workspace.
+
+    Parameters
+    ----------
+    q : torch.Tensor, [B, Hq, Nq, d]
+        fp16 or bf16; Nq >= 1 new queries per sequence (the last Nq positions, causal among themselves).
+    k_cache, v_cache : torch.Tensor
+        Dense ``[B, Hkv, L_max, d]`` (any strides, unit last), or with ``block_table`` paged
+        ``[num_pages, page_size, Hkv, d]``, page_size a power of two in 16..256; q's dtype, or
+        ``torch.float8_e4m3fn`` with ``k_scale`` and ``v_scale``.
+    cache_seqlens : torch.Tensor, int32 [B], optional
+        Keys of each sequence, the Nq new ones included; default L_max for all.
+    block_table : torch.Tensor, int32 [B, max_pages], optional
+        Page of each block of ``page_size`` keys; pages may be in any order and shared. L_max is
+        ``max_pages * page_size``.
+    num_splits : int, optional
+        KV splits; default `default_num_splits` of (B x row tiles, Hkv, ``max_seqlen``, SMs).
+    scale : float, optional
+        Softmax scale, default ``1/sqrt(d)``; positive, at most ``_common.MAX_SCALE``. Past
+        ``RAW_SCORES_ABOVE / log2(e)`` (about 7e3) the kernel keeps its running max in raw scores and the
+        plan runs one split (``num_splits`` must then be 1 or None): a huge scale gives the row arg-max, with
+        an LSE of +inf where the true one passes fp32, never NaN.
+    return_lse : bool
+        `run` also returns the natural-log LSE [B, Hq, Nq] (fp32).
+    k_scale, v_scale : torch.Tensor, float32, one element or [Hkv], optional
+        The dequantisation scales of an e4m3 cache (required with one, refused without): key ``j`` of kv
+        head ``h`` is ``k_cache[..] * k_scale[h]`` (`attnscope.quantize_kv` makes them).
+    window : (left, right) or None
+        Sliding window (flash-attn's ``window_size``, -1 unbounded): the query at position ``p`` sees keys
+        ``p - left .. p`` (decode is causal, so ``right`` is 0 whatever is given); keys before the first
+        query's window are never read.
+    softcap : float
+        Scores become ``softcap * tanh(s * scale / softcap)``; 0 (default) disables.
+    sinks : torch.Tensor, float32 [Hq], optional
+        One logit per query head joining each row's softmax denominator (no value; the LSE includes it).
+    max_seqlen : int, optional
+        Longest length expected, for the split heuristic only (default L_max); results never depend
+        on it.
+    check_seqlens : bool
+        `run` also reads cache_seqlens, the used block-table entries and the K/V scales back to check them
+        before the launch: a host sync that breaks CUDA-graph capture (default False: device checks only).
+
+    The split count, merge and block config follow `heuristics`; a benchmark overrides them through
+    `_tuned_plan`.
+    """
+
+    def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
+                 scale=None, return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0,
+                 sinks=None, max_seqlen=None, check_seqlens=False):
+        self._build((q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks), num_splits,
+                    scale, return_lse, window, softcap, max_seqlen, check_seqlens, _Tuning())
+
+    def _build(self, tensors, num_splits, scale, return_lse, window, softcap, max_seqlen, check_seqlens,
+               tuning):
+        check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
+        use_dot, fuse_combine, _config = tuning
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks = tensors
+        facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale,
+                              v_scale, window, softcap, sinks)
+        B, Hq, Nq, d, Hkv, L_max, page_size, mods = facts[:8]
+        expect(max_seqlen is None or _is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
+               f"an integer in [0, L_max = {L_max}] or None", max_seqlen)
+        self.layout = tuple(_layout(t) for t in tensors)
+        self.check_seqlens, self.return_lse, self.scale = check_seqlens, return_lse, scale
+        self.L_max, self.page_size, self.d = L_max, page_size, d
+        self.num_pages = k_cache.shape[0] if block_table is not None else 0
+        group = Hq // Hkv
+        rows = group * Nq
+        use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
+        raw = _raw_scores(scale, d, mods.softcap)
+        if mods.windowed:  # the keys a row tile reads: at most its window and its queries
+            longest = L_max if max_seqlen is None else max_seqlen
+            max_seqlen = min(longest, mods.left + Nq)
+        block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
+                                               use_dot, raw)
+        paged = block_table is not None
+        # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
+        # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
+        # 1.3 x better at the same tile (BENCHMARKS.md)
+        page, self.table = page_size, None
+        if Nq > 1 and not paged and _config is None:
+            page = _block_config(block_m)["BLOCK_N"]
+            self.table = _dense_pages(k_cache, v_cache, L_max, page)
+            page = page if self.table is not None else page_size
+        cfg = dict(_config or _block_config(block_m, page))
+        self.num_splits = num_splits
+        split = num_splits > 1
+        merge_m = min(block_m, triton.next_power_of_2(rows))
+        if fuse_combine is None:
+            fuse_combine = _fuse_by_default(merge_m, num_splits, d)
+        fuse = split and fuse_combine
+        merge_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_ELEMS // (merge_m * d)))
+        n_rows = B * Hq * Nq
+        device = q.device
+        self.o_shape, self.lse_shape, self.dtype, self.device = (B, Hq, Nq, d), (B, Hq, Nq), q.dtype, device
+        self.split, self.fuse = split, fuse
+        self.need_lse = return_lse or (split and not fuse)  # the separate merge always writes the LSE
+        # scratch, owned by the plan: fp32 partials and the fused merge's counters (left at 0 by the kernel)
+        f32 = torch.float32
+        self.o_part = torch.empty((n_rows, num_splits, d), dtype=f32, device=device) if split else None
+        self.lse_part = torch.empty((n_rows, num_splits), dtype=f32, device=device) if split else None
+        self.sem = torch.zeros(B * Hkv * m_tiles, dtype=torch.int32, device=device) if fuse else None
+        self.err = _error_word(device)
+        sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+        self._grid = (B * Hkv * m_tiles, num_splits)
+        if self.table is not None:  # page stride = page x key stride; heads and keys as in the dense cache
+            kst = (page * k_cache.stride(2), k_cache.stride(1), k_cache.stride(2))
+            vst = (page * v_cache.stride(2), v_cache.stride(1), v_cache.stride(2))
+        else:
+            kst = (k_cache.stride(0), k_cache.stride(2 if paged else 1), k_cache.stride(1 if paged else 2))
+            vst = (v_cache.stride(0), v_cache.stride(2 if paged else 1), v_cache.stride(1 if paged else 2))
+        self._scalars = (
+            q.stride(0), q.stride(1), q.stride(2), *kst, *vst,
+            cache_seqlens.stride(0) if cache_seqlens is not None else 0,
+            block_table.stride(0) if paged else (self.table.stride(0) if self.table is not None else 0),
+            Hkv, L_max, num_splits, Nq, m_tiles,
+            self.num_pages if paged else 2**31 - 1,  # the plan's own table of a dense cache is in range
+            max(mods.left, 0), sm_scale * LOG2E, mods.softcap * LOG2E,
+        )
+        self._consts = {
+            "GROUP": group, "BLOCK_M": block_m, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
+            "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(q.dtype),
+            "SPLIT": split, "FUSE": fuse, "MERGE_M": merge_m, "MERGE_S": merge_s,
+            "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
+            "PAGED": paged or self.table is not None, "PAGE_SIZE": max(page, 1), "CHUNK": Nq > 1,
+            "OFF32": cfg.get("OFF32", _offsets_fit_int32(
+                k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
+            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+        }
+        # the optional constexprs are passed only when on: the plain launch passes what it always did
+        for name, on in (("MAX_UNSCALED", raw), ("FP8", facts.fp8), ("SCALE_PER_HEAD", facts.scale_per_head),
+                         ("WINDOW", mods.windowed), ("SOFTCAP", mods.softcap > 0),
+                         ("HAS_SINKS", sinks is not None)):
+            if on:
+                self._consts[name] = True
+        self._combine_grid = (n_rows,)
+        self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
+                                "EMULATE_BF16": _emulate_bf16(q.dtype)}
+        if sinks is not None:
+            self._combine_consts["HAS_SINKS"] = True
+        self._combine_scalars = (num_splits, Nq, Hq)
+
+    def _mismatch(self, tensors):
+        for name, want, t in zip(NAMES, self.layout, tensors, strict=True):
+            if t is not None and not isinstance(t, torch.Tensor):
+                return InputError(f"{name}: expected a torch.Tensor as planned, got {type(t).__name__}")
+            got = _layout(t)
+            if got != want:
+                what = "None" if want is None else f"shape {want[0]}, strides {want[1]}, {want[2]}, {want[3]}"
+                seen = "None" if got is None else f"shape {got[0]}, strides {got[1]}, {got[2]}, {got[3]}"
+                return InputError(f"{name}: expected the planned layout ({what}), got {seen}; "
+                                  f"make a new plan")
+        return None
+
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, k_scale=None, v_scale=None,
+            sinks=None, out=None, lse_out=None):
+        """Launch on tensors with the planned layouts (values may change freely).
+
+        Returns ``o`` [B, Hq, Nq, d] in q's dtype, and ``lse`` [B, Hq, Nq] fp32 (natural log) when the
+        plan was made with ``return_lse``. ``out`` / ``lse_out``: contiguous tensors of those shapes and
+        dtypes to write into instead of allocating (``lse_out`` only with ``return_lse``), sharing no
+        memory with the inputs or each other. Raises `InputError` if a tensor's shape, strides, dtype or
+        device differ from the plan's, or (``check_seqlens``) a length, used page index or K/V scale is
+        out of range; `NotImplementedError` if an input requires grad (decode has no backward). Values
+        are checked on the device: `check` raises what they recorded.
+        """
+        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
+        for t, want in zip(tensors, self.layout, strict=True):
+            if (t is None) != (want is None) or t is not None and (
+                    not isinstance(t, torch.Tensor) or (t.shape, t.stride(), t.dtype, t.device) != want):
+                raise self._mismatch(tensors)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
+        if self.check_seqlens:
+            self._check_values(tensors)
+        if isinstance(out, torch.Tensor) or isinstance(lse_out, torch.Tensor):  # not on the common path
+            inputs = dict(zip(NAMES, tensors, strict=True))
+            if isinstance(out, torch.Tensor):
+                check_disjoint(torch, "out", out, inputs)
+            if isinstance(lse_out, torch.Tensor):
+                check_disjoint(torch, "lse_out", lse_out, {**inputs, "out": out})
+        return self._launch(tensors, out, lse_out)
+
+    def check(self) -> None:
+        """Raise `InputError` if a decode call on this plan's device met an out-of-range length, block-table
+        entry or K/V scale since the last check (`checks.check_errors`; one device sync)."""
+        check_errors(self.device)
+
+    def _check_values(self, tensors):
+        """The eager host checks of ``check_seqlens=True`` (a device sync)."""
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, _ = tensors
+        longest = None
+        if cache_seqlens is not None:
+            longest = _check_seqlen_values(cache_seqlens, self.L_max, block_table, self.page_size,
+                                           self.num_pages)
+        elif block_table is not None:
+            _check_block_table_values(block_table, self.page_size, self.num_pages, self.L_max)
+        if k_scale is not None:
+            _check_scale_values(k_scale, v_scale, self.scale, self.d)
+        return longest
+
+    def _launch(self, tensors, out=None, lse_out=None):
+        """Allocate (or check) the outputs and launch; the layouts are already known to match."""
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks = tensors
+        if out is None:
+            o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
+        else:
+            _check_out("out", out, self.o_shape, self.dtype, self.device)
+            o = out
+        if lse_out is not None:
+            if not self.return_lse:
+                raise InputError("lse_out: expected None (the plan was made with return_lse=False), "
+                                 "got a tensor")
+            _check_out("lse_out", lse_out, self.lse_shape, torch.float32, self.device)
+            lse = lse_out
+        else:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.need_lse else o
+        o_part = self.o_part if self.split else o  # placeholders are never touched
+        lse_part = self.lse_part if self.split else o
+        sem = self.sem if self.fuse else o
+        table = block_table if block_table is not None else self.table
+        _attnscope_decode_split_kernel[self._grid](
+            q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
+            table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
+            k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
+            sinks if sinks is not None else o, *self._scalars, **self._consts)
+        if self.split and not self.fuse:
+            _attnscope_decode_combine_kernel[self._combine_grid](
+                o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars,
+                **self._combine_consts)
+        return (o, lse) if self.return_lse else o
+
+
+def _dense_pages(k_cache, v_cache, L_max: int, page: int):
+    """A dense cache as pages of ``page`` keys: int32 [B, ceil(L_max / page)] with entry ``b * R + j``,
+    R = batch stride / (page x key stride), so page ``b * R + j`` at stride ``page x key stride`` is keys
+    ``j * page ..`` of sequence b. None when the strides do not allow it (K and V must share R) or
+    the page indices would not fit in int32."""
+    B = k_cache.shape[0]
+    spans = [(t.stride(0), page * t.stride(2)) for t in (k_cache, v_cache)]
+    if any(span <= 0 or batch % span for batch, span in spans) or len({b // s for b, s in spans}) != 1:
+        return None
+    R, n = spans[0][0] // spans[0][1], -(-L_max // page)
+    if B * R + n >= 2**31:
+        return None
+    j = torch.arange(n, dtype=torch.int32, device=k_cache.device)
+    return torch.arange(B, dtype=torch.int32, device=k_cache.device)[:, None] * R + j[None, :]
+
+
+def _offsets_fit_int32(k_cache, v_cache, dims) -> bool:
+    """Whether every K/V element offset the split kernel adds to its base pointers fits in int32: the
+    offsets walk the cache dims ``dims`` (dense: the keys, (2,), from a (batch, head) base; paged: pages
+    and slots, (0, 1); a dense cache through `_dense_pages`: batch and keys, (0, 2), from a head's base)
+    plus d. Dense rows never pass the last key (clamped); paged lanes past it are masked and never loaded,
+    whatever their wrapped address."""
+    def span(t):
+        return sum((t.shape[i] - 1) * t.stride(i) for i in dims) + t.shape[3]
+    return max(span(k_cache), span(v_cache)) < 2**31
+
+
+def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **options) -> DecodePlan:
+    """`DecodePlan` (same arguments): ``plan = decode_plan(q, k, v, lens); o = plan.run(q, k, v, lens)``."""
+    return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, **options)
+
+
+class _Tuning(NamedTuple):
+    """A plan's tuning knobs (benchmarks): ``use_dot`` tl.dot (default) or elementwise products;
+    ``fuse_combine`` fused (default when small, `heuristics._fuse_by_default`) or separate merge;
+    ``config`` a phase-1 block config (``BLOCK_N``, ``STAGES``, ``num_warps``, ``num_stages``, optional
+    ``OFF32``) in place of `heuristics._block_config`."""
+
+    use_dot: bool | None = None
+    fuse_combine: bool | None = None
+    config: dict | None = None
+
+
+def _tuned_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
+                return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0, sinks=None,
+                max_seqlen=None, check_seqlens=False, use_dot=None, fuse_combine=None,
+                config=None) -> DecodePlan:
+    """A `DecodePlan` with its tuning knobs set (`_Tuning`): the benchmarks' entry point."""
+    for name, value in (("use_dot", use_dot), ("fuse_combine", fuse_combine)):
+        expect(value is None or isinstance(value, bool), name, "True, False or None", value)
+    expect(config is None or isinstance(config, dict), "config", "a dict or None", config)
+    plan = DecodePlan.__new__(DecodePlan)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
+    plan._build(tensors, num_splits, scale, return_lse, window, softcap, max_seqlen, check_seqlens,
+                _Tuning(use_dot, fuse_combine, config))
+    return plan

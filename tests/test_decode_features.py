@@ -1,0 +1,517 @@
+"""flash_decode / DecodePlan: device-side value checks (no host sync), FP8 (e4m3) KV caches, and the score
+mods (window, softcap, sinks), against the float64 reference with `checks.kernel_tolerance`.
+
+Under TRITON_INTERPRET=1 (tests/conftest.py) the shapes are tiny. The PyTorch error that sets each bound
+is PyTorch's own attention at q's dtype on the same (for FP8: dequantised) cache, with the same mods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import attnscope  # noqa: E402
+from attnscope import reference  # noqa: E402
+from attnscope.checks import kernel_tolerance  # noqa: E402
+from attnscope.errors import InputError  # noqa: E402
+from attnscope.kernels import decode  # noqa: E402
+from attnscope.kernels.decode import flash_decode, heuristics, quantize  # noqa: E402
+from attnscope.kernels.decode import plan as plan_mod  # noqa: E402
+from attnscope.model.tiles import window_kv_bounds0  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = torch.float8_e4m3fn
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_recorded_errors():
+    """Each test starts with the device error word clear (a test that provokes one reads it)."""
+    with contextlib.suppress(InputError):
+        decode.check_errors()
+
+
+def inputs(B, Hq, Hkv, Nq, L, d=64, dtype=torch.float16, seed=0, q_mult=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, Hq, Nq, d, generator=g) * q_mult).to(dtype)
+    k = torch.randn(B, Hkv, L, d, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, L, d, generator=g).to(dtype)
+    return q, k, v
+
+
+def to_paged(k, v, page_size, gen):
+    """Dense k, v [B, Hkv, L, d] (CPU) -> randomly permuted pages [P, page_size, Hkv, d] (the spare pages
+    NaN) and a block table [B, ceil(L / page_size)] int32."""
+    B, Hkv, L, d = k.shape
+    n = -(-L // page_size)
+    perm = torch.randperm(B * n + 2, generator=gen)
+    kp = torch.full((B * n + 2, page_size, Hkv, d), float("nan"), dtype=k.dtype)
+    vp = kp.clone()
+    table = torch.empty(B, n, dtype=torch.int32)
+    for b in range(B):
+        for j in range(n):
+            page = int(perm[b * n + j])
+            table[b, j] = page
+            m = min(page_size, L - j * page_size)
+            kp[page, :m] = k[b, :, j * page_size:j * page_size + m].transpose(0, 1)
+            vp[page, :m] = v[b, :, j * page_size:j * page_size + m].transpose(0, 1)
+    return kp, vp, table
+
+
+def visible(Nq, n, window):
+    """[Nq, n] bool: the keys each of the last Nq positions of a sequence of n keys sees (causal, window)."""
+    left = -1 if window is None else window[0]
+    r = np.arange(Nq)[:, None] + n - Nq
+    c = np.arange(n)[None, :]
+    return (c <= r) & ((left < 0) | (c >= r - left))
+
+
+def expected(q, k, v, lens, *, scale=None, window=None, softcap=0.0, sinks=None):
+    """float64 (o [B, Hq, Nq, d], natural-log lse [B, Hq, Nq]) from `reference.naive_attention`, per
+    sequence over its first lens[b] keys; no key: o = 0, lse = sinks[h] or -inf."""
+    B, Hq, Nq, d = q.shape
+    G = Hq // k.shape[1]
+    sk = None if sinks is None else sinks.double().cpu().numpy()
+    o = np.zeros((B, Hq, Nq, d))
+    lse = np.full((B, Hq, Nq), -np.inf)
+    if sk is not None:
+        lse[:] = sk[None, :, None]
+    for b in range(B):
+        n = int(lens[b])
+        if n == 0:
+            continue
+        kb = k[b, :, :n].double().cpu().numpy().repeat(G, 0)
+        vb = v[b, :, :n].double().cpu().numpy().repeat(G, 0)
+        qb = q[b].double().cpu().numpy()
+        o[b], lse[b] = reference.naive_attention(qb, kb, vb, causal=True, scale=scale, return_lse=True,
+                                                 window=window, softcap=softcap, sinks=sk)
+    return o, lse
+
+
+def torch_attention(q, k, v, lens, *, scale=None, window=None, softcap=0.0, sinks=None):
+    """PyTorch's attention at q's dtype (k, v cast to it), masked as `expected`: o [B, Hq, Nq, d] (NaN rows
+    where no key is visible and no sink)."""
+    B, Hq, Nq, d = q.shape
+    G = Hq // k.shape[1]
+    k, v = (t.to(q.dtype).cpu().repeat_interleave(G, 1) for t in (k, v))
+    s = (q.cpu() @ k.transpose(-1, -2)) * (scale if scale is not None else d ** -0.5)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    mask = torch.zeros(B, 1, Nq, k.shape[2], dtype=torch.bool)
+    for b in range(B):
+        n = int(lens[b])
+        mask[b, 0, :, :n] = torch.from_numpy(visible(Nq, n, window))
+    s = s.masked_fill(~mask, -math.inf)
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(q.dtype).cpu()[None, :, None, None].expand(B, Hq, Nq, 1)], -1)
+        v = torch.cat([v, torch.zeros(B, Hq, 1, d, dtype=v.dtype)], 2)
+    return torch.softmax(s, -1) @ v
+
+
+def check(o, lse, q, k, v, lens, **mods):
+    """o, lse against float64 within kernel_tolerance of PyTorch's error at q's dtype; rows with no key
+    (and no sink) exactly 0 and -inf."""
+    assert o.dtype == q.dtype and lse.dtype == torch.float32
+    assert torch.isfinite(o).all(), "output not finite"
+    ref_o, ref_lse = expected(q, k, v, lens, **mods)
+    ref_t = torch_attention(q, k, v, lens, **mods).double().numpy()
+    rows = np.isfinite(ref_lse)
+    torch_err = float(np.abs(ref_t - ref_o)[rows].max(initial=0.0))
+    err = float(np.abs(o.double().cpu().numpy() - ref_o).max())
+    assert err <= kernel_tolerance(torch_err), f"error {err:.3g} > bound {kernel_tolerance(torch_err):.3g}"
+    got_lse = lse.double().cpu().numpy()
+    assert np.array_equal(np.isneginf(got_lse), np.isneginf(ref_lse)), "rows with no key"
+    assert (o.float().cpu().numpy()[~rows] == 0).all()
+    assert np.abs(got_lse[rows] - ref_lse[rows]).max(initial=0.0) <= 1e-3
+
+
+def lens_t(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def dev(*ts):
+    return tuple(None if t is None else t.to(DEVICE) for t in ts)
+
+
+# --- values checked on the device: nothing read or written outside the tensors, reported ----------------
+def carve(t, fill, pad=3, dim=0):
+    """``t`` as a view into the middle of a larger buffer filled with ``fill`` (its neighbours)."""
+    shape = list(t.shape)
+    shape[dim] += 2 * pad
+    buf = torch.full(shape, fill, dtype=t.dtype, device=DEVICE)
+    view = buf.narrow(dim, pad, t.shape[dim])
+    view.copy_(t)
+    return buf, view
+
+
+@pytest.mark.parametrize("nq, num_splits", [(1, 1), (1, 3), (3, 2)])
+def test_out_of_range_lengths_are_clamped_on_the_device_and_reported(nq, num_splits):
+    decode.check_errors()
+    B, Hq, Hkv, L = 3, 4, 2, 40
+    q, k, v = inputs(B, Hq, Hkv, nq, L, seed=nq + num_splits)
+    q, k, v = dev(q, k, v)
+    k_buf, kc = carve(k, float("nan"), dim=2)  # keys -3..-1 and L..L+2 of every head: NaN
+    v_buf, vc = carve(v, float("nan"), dim=2)
+    bad = lens_t([L + 7, -5, 9])
+    plan = decode.decode_plan(q, kc, vc, bad, num_splits=num_splits, return_lse=True)
+    out_buf, out = carve(torch.empty(B, Hq, nq, 64, dtype=q.dtype, device=DEVICE), 7.0)
+    lse_buf, lse_out = carve(torch.empty(B, Hq, nq, device=DEVICE), 7.0)
+    o, lse = plan.run(q, kc, vc, bad, out=out, lse_out=lse_out)
+    assert torch.isfinite(o).all() and not torch.isnan(lse).any()
+    assert (out_buf[:3] == 7).all() and (out_buf[-3:] == 7).all()
+    assert (lse_buf[:3] == 7).all() and (lse_buf[-3:] == 7).all()
+    check(o, lse, q, k, v, [L, 0, 9])  # clamped to [0, L_max]: what the kernel attended to
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
+        plan.check()
+    decode.check_errors()  # cleared by the check that raised
+    plan.run(q, kc, vc, lens_t([L, 0, 9]))
+    plan.check()  # in range: nothing recorded
+
+
+@pytest.mark.parametrize("nq, num_splits", [(1, 1), (1, 2), (2, 2)])
+def test_out_of_range_block_table_entries_are_never_dereferenced_and_reported(nq, num_splits):
+    decode.check_errors()
+    gen = torch.Generator().manual_seed(3)
+    B, Hq, Hkv, L, ps = 3, 4, 2, 48, 16
+    q, k, v = inputs(B, Hq, Hkv, nq, L, seed=5 + nq)
+    kp, vp, table = to_paged(k, v, ps, gen)
+    P = kp.shape[0]
+    kp_buf, kpc = carve(kp.to(DEVICE), float("nan"))  # the pages before and after: NaN
+    vp_buf, vpc = carve(vp.to(DEVICE), float("nan"))
+    bad = table.clone()
+    bad[0, 1], bad[2, 2] = -1, P  # the page before / after the cache
+    tab_buf, tab = carve(bad.to(DEVICE), 2**30, dim=1)  # entries around the table: huge
+    lens = lens_t([L, 20, 40])  # sequence 1 uses 2 pages: its third entry may be anything
+    tab[1, 2] = -(2**30)
+    o, lse = flash_decode(q.to(DEVICE), kpc, vpc, lens, tab, num_splits=num_splits, return_lse=True)
+    assert torch.isfinite(o).all() and not torch.isnan(lse).any()
+    assert torch.isnan(kp_buf[:3]).all() and torch.isnan(kp_buf[-3:]).all()
+    ok = [1]  # sequence 1's used pages are all valid: its result is the reference's
+    check(o[ok], lse[ok], q[ok], k[ok], v[ok], [20])
+    with pytest.raises(InputError, match=r"block_table: expected used page indices in \[0, num_pages\)"):
+        decode.check_errors()
+    flash_decode(q.to(DEVICE), kpc, vpc, lens, table.to(DEVICE), num_splits=num_splits)
+    decode.check_errors()  # valid entries: nothing recorded
+    with pytest.raises(InputError, match=r"block_table: expected page indices in \[0, num_pages = 11\)"):
+        flash_decode(q.to(DEVICE), kpc, vpc, lens, tab, check_seqlens=True)
+
+
+def test_inputs_that_require_grad_are_refused():
+    q, k, v = dev(*inputs(2, 4, 2, 1, 16))
+    plan = decode.decode_plan(q, k, v)
+    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
+        t.requires_grad_(True)
+        with pytest.raises(NotImplementedError, match=f"{name}: decode has no backward"):
+            flash_decode(q, k, v)
+        with pytest.raises(NotImplementedError, match=f"{name}: decode has no backward"):
+            plan.run(q, k, v)
+        with torch.no_grad():
+            assert flash_decode(q, k, v).grad_fn is None
+        t.requires_grad_(False)
+    sinks = torch.zeros(4, device=DEVICE, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="sinks: decode has no backward"):
+        flash_decode(q, k, v, sinks=sinks)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"max_seqlen": 17}, InputError, r"max_seqlen: expected an integer in \[0, L_max = 16\] or None"),
+    ({"max_seqlen": 2.0}, InputError, "max_seqlen: expected an integer"),
+    ({"num_splits": True}, InputError, "num_splits: expected a positive integer or None, got True"),
+    ({"window": (-2, 0)}, InputError, "window"),
+    ({"window": (1.5, 0)}, InputError, "window"),
+    ({"softcap": -1.0}, InputError, "softcap: expected a finite real number >= 0"),
+    ({"softcap": float("inf")}, InputError, "softcap"),
+    ({"sinks": torch.zeros(3)}, InputError, r"sinks: expected a float32 tensor of shape \[Hq\] = \[4\]"),
+    ({"sinks": torch.zeros(4, dtype=torch.float64)}, InputError, "sinks: expected a float32 tensor"),
+    ({"sinks": [0.0] * 4}, InputError, "sinks: expected None or a torch.Tensor"),
+    ({"sinks": torch.zeros(4, 2, device=DEVICE)[:, 0]}, InputError,
+     r"sinks: expected a contiguous \[Hq\] tensor, got stride 2"),
+    ({"check_seqlens": 1}, InputError, "check_seqlens: expected True or False, got 1"),
+])
+def test_numeric_arguments_are_checked(kw, exc, match):
+    q, k, v = dev(*inputs(2, 4, 2, 1, 16))
+    kw = {n: (x.to(DEVICE) if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    with pytest.raises(exc, match=match):
+        decode.decode_plan(q, k, v, **kw)
+    if "max_seqlen" not in kw:  # a plan option only
+        with pytest.raises(exc, match=match):
+            flash_decode(q, k, v, **kw)
+
+
+# --- FP8 (e4m3) KV cache --------------------------------------------------------------------------------
+def dequantised(x8, scale, head_axis):
+    shape = [1] * x8.dim()
+    if scale.dim() == 1:
+        shape[head_axis] = -1
+    return x8.float() * scale.reshape(shape).float()
+
+
+@pytest.mark.parametrize("paged, nq, per_head, dtype, num_splits, group", [
+    (False, 1, True, torch.bfloat16, 1, 2), (False, 1, False, torch.float16, 3, 4),
+    (True, 1, True, torch.float16, 2, 2), (True, 1, False, torch.bfloat16, 1, 1),
+    (False, 3, True, torch.float16, 2, 2), (True, 3, False, torch.bfloat16, 1, 2),
+])
+def test_fp8_cache_matches_float64_on_the_dequantised_cache(paged, nq, per_head, dtype, num_splits, group):
+    gen = torch.Generator().manual_seed(7)
+    B, Hkv, L = 4, 2, 37
+    q, k, v = inputs(B, group * Hkv, Hkv, nq, L, dtype=dtype, seed=nq + group)
+    k = k * (torch.arange(1, Hkv + 1, dtype=dtype)[None, :, None, None] * 3)  # per-head ranges differ
+    k8, k_scale = attnscope.quantize_kv(k, per_head=per_head)
+    v8, v_scale = attnscope.quantize_kv(v, per_head=per_head)
+    kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)  # fp32 [B, Hkv, L, d]
+    lens = [L, 1, 0, 20]
+    if paged:
+        kc, vc, table = to_paged(k8.float(), v8.float(), 16, gen)
+        kc, vc = kc.to(FP8), vc.to(FP8)
+    else:
+        kc, vc, table = k8, v8, None
+    kc, vc, table, k_scale, v_scale, qd = dev(kc, vc, table, k_scale, v_scale, q)
+    o, lse = flash_decode(qd, kc, vc, lens_t(lens), table, num_splits=num_splits, return_lse=True,
+                          k_scale=k_scale, v_scale=v_scale)
+    check(o, lse, q, kd, vd, lens)
+    plan = decode.decode_plan(qd, kc, vc, lens_t(lens), table, num_splits=num_splits, return_lse=True,
+                              k_scale=k_scale, v_scale=v_scale)
+    o2, lse2 = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    decode.check_errors()
+
+
+@pytest.mark.parametrize("head_axis", (-3, 0, -2))
+def test_quantize_kv_in_chunks_gives_the_same_bits(monkeypatch, head_axis):
+    x = torch.randn(5, 3, 7, 64, dtype=torch.float16)
+    whole = attnscope.quantize_kv(x, head_axis=head_axis)
+    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 100)  # 1 slice of dim 0 at a time
+    parts = attnscope.quantize_kv(x, head_axis=head_axis)
+    assert torch.equal(whole[0].view(torch.uint8), parts[0].view(torch.uint8))
+    assert torch.equal(whole[1], parts[1])
+
+
+def test_quantize_kv_scales_and_round_trip():
+    x = (torch.randn(2, 3, 10, 64) * torch.tensor([1.0, 100.0, 0.0])[None, :, None, None]).bfloat16()
+    x8, s = attnscope.quantize_kv(x)
+    assert x8.dtype == FP8 and x8.shape == x.shape and s.shape == (3,) and s.dtype == torch.float32
+    assert s[2] == 1.0  # an all-zero head: scale 1
+    assert torch.allclose(x8.float().abs().amax(dim=(0, 2, 3))[:2], torch.tensor([448.0, 448.0]))
+    back = dequantised(x8, s, 1)
+    assert ((back - x.float()).abs() <= x.float().abs() * 2**-4 + s[None, :, None, None] * 2**-9).all()
+    x8t, st = attnscope.quantize_kv(x, per_head=False)
+    assert st.dim() == 0 and torch.isclose(st, x.float().abs().max() / 448)
+    kp = x.permute(0, 2, 1, 3).contiguous()  # a paged cache [P, page_size, Hkv, d]
+    assert torch.equal(attnscope.quantize_kv(kp, head_axis=-2)[1], s)
+    with pytest.raises(InputError, match="head_axis: expected an axis of x"):
+        attnscope.quantize_kv(x, head_axis=4)
+    with pytest.raises(NotImplementedError, match="x: dtype torch.int32 is not supported"):
+        attnscope.quantize_kv(torch.zeros(2, 2, dtype=torch.int32))
+    with pytest.raises(InputError, match="x: expected finite values"):
+        attnscope.quantize_kv(torch.full((2, 2, 2), float("nan")))
+
+
+def _fp8_ok():
+    q, k, v = inputs(2, 4, 2, 1, 16)
+    k8, ks = attnscope.quantize_kv(k)
+    v8, vs = attnscope.quantize_kv(v)
+    return dev(q, k, v, k8, v8, ks, vs)
+
+
+@pytest.mark.parametrize("build, exc, match", [
+    (lambda q, k, v, k8, v8, ks, vs: (q.to(FP8), k8, v8, {"k_scale": ks, "v_scale": vs}), NotImplementedError,
+     "q: dtype torch.float8_e4m3fn is not supported; supported: torch.float16, torch.bfloat16"),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k.to(torch.float8_e5m2), v.to(torch.float8_e5m2),
+                                      {"k_scale": ks, "v_scale": vs}), NotImplementedError,
+     "k_cache: dtype torch.float8_e5m2 is not supported; supported: q's dtype .* or torch.float8_e4m3fn"),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k8, v8, {}), InputError,
+     r"k_scale: expected a float32 tensor of one element or of shape \[Hkv\] = \[2\] .a float8_e4m3fn cache "
+     r"needs it., got None"),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k8, v8, {"k_scale": ks, "v_scale": vs[:1].double()}), InputError,
+     "v_scale: expected a float32 tensor .*, got torch.float64 of shape"),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k8, v8, {"k_scale": ks.repeat(2), "v_scale": vs}), InputError,
+     r"k_scale: expected a float32 tensor of one element or of shape \[Hkv\] = \[2\].*got torch.float32 of "
+     r"shape \(4,\)"),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k8, v8, {"k_scale": ks, "v_scale": vs[:1]}), NotImplementedError,
+     "k_scale, v_scale: supported: both per tensor"),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k, v, {"k_scale": ks, "v_scale": vs}), InputError,
+     "k_scale: expected None .scales apply to a torch.float8_e4m3fn cache only."),
+    (lambda q, k, v, k8, v8, ks, vs: (q, k8, v, {"k_scale": ks, "v_scale": vs}), InputError,
+     "v_cache: expected dtype .as k_cache. torch.float8_e4m3fn, got torch.float16"),
+])
+def test_unsupported_fp8_combinations(build, exc, match):
+    q, kc, vc, kw = build(*_fp8_ok())
+    with pytest.raises(exc, match=match):
+        flash_decode(q, kc, vc, **kw)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_bad_scale_values_are_reported(bad):
+    decode.check_errors()
+    q, k, v, k8, v8, ks, vs = _fp8_ok()
+    for name in ("k_scale", "v_scale"):
+        kw = {"k_scale": ks.clone(), "v_scale": vs.clone()}
+        kw[name][1] = bad
+        o = flash_decode(q, k8, v8, **kw)
+        assert o.shape == q.shape
+        with pytest.raises(InputError, match="k_scale/v_scale: expected finite positive values"):
+            decode.check_errors()
+        with pytest.raises(InputError, match=f"{name}: expected finite positive values"):
+            flash_decode(q, k8, v8, **kw, check_seqlens=True)
+    decode.check_errors()
+
+
+# --- score mods: window, softcap, sinks -------------------------------------------------------------------
+@pytest.mark.parametrize("paged, nq, group, num_splits, window, softcap, sink", [
+    (False, 1, 2, 1, (5, 0), 0.0, None),
+    (False, 1, 2, 3, (0, 0), 0.0, None),
+    (True, 1, 1, 2, (17, 3), 0.0, None),  # right > 0: decode is causal (right = 0)
+    (False, 1, 2, 3, None, 1.5, None),
+    (True, 1, 2, 1, None, 0.0, -30.0),
+    (False, 1, 4, 3, None, 0.0, 4.0),
+    (False, 3, 2, 2, (1, 0), 2.0, 0.5),
+    (True, 3, 2, 3, (6, 0), 0.0, 3.0),
+    (False, 3, 1, 1, (100, 0), 30.0, None),  # a window longer than the cache
+    (True, 1, 2, 3, (9, 0), 5.0, -1.0),
+])
+def test_mods_match_the_float64_reference(paged, nq, group, num_splits, window, softcap, sink):
+    gen = torch.Generator().manual_seed(nq * 10 + group)
+    B, Hkv, L = 4, 2, 45
+    q, k, v = inputs(B, group * Hkv, Hkv, nq, L, seed=num_splits + nq, q_mult=4.0 if softcap else 1.0)
+    sinks = None if sink is None else sink + torch.randn(group * Hkv, generator=gen)
+    lens = [L, 1, 0, 23]
+    if paged:
+        kc, vc, table = to_paged(k, v, 16, gen)
+    else:
+        kc, vc, table = k, v, None
+    kc, vc, table, qd, sd = dev(kc, vc, table, q, sinks)
+    mods = {"window": window, "softcap": softcap, "sinks": sd}
+    o, lse = flash_decode(qd, kc, vc, lens_t(lens), table, num_splits=num_splits, return_lse=True, **mods)
+    check(o, lse, q, k, v, lens, window=window, softcap=softcap, sinks=sinks)
+    if sinks is not None:
+        assert torch.allclose(lse[2].cpu(), sinks[:, None].expand(-1, nq), rtol=1e-6), "no key: the sink"
+
+
+@pytest.mark.parametrize("paged", (False, True))
+def test_a_window_reads_only_its_blocks(paged):
+    # Keys outside the blocks `model.tiles.window_kv_bounds0` loads for the row tile (the closed form the
+    # kernel recomputes) are NaN, K and V: a kernel that loaded one would give NaN; the result is the
+    # reference's, so the kernel's bounds are at least as tight as the model's
+    gen = torch.Generator().manual_seed(2)
+    B, Hkv, G, L, nq, left = 2, 2, 2, 80, 2, 9
+    q, k, v = inputs(B, G * Hkv, Hkv, nq, L, seed=4)
+    lens = [L, 61]
+    block = heuristics._block_config(16, 16 if paged or nq > 1 else 0)["BLOCK_N"]  # whole pages of 16
+    kn, vn = k.clone(), v.clone()
+    for b, n in enumerate(lens):
+        lo, _, _, hi = window_kv_bounds0(0, nq, nq, n, block, True, (left, 0))  # one row tile: G x Nq rows
+        assert 0 < lo < hi <= n
+        for t in (kn, vn):
+            t[b, :, :lo], t[b, :, hi:] = float("nan"), float("nan")
+    if paged:
+        kc, vc, table = to_paged(kn, vn, 16, gen)
+    else:
+        kc, vc, table = kn, vn, None
+    kc, vc, table, qd = dev(kc, vc, table, q)
+    for splits in (1, 3):
+        o, lse = flash_decode(qd, kc, vc, lens_t(lens), table, num_splits=splits, return_lse=True,
+                              window=(left, 0))
+        check(o, lse, q, k, v, lens, window=(left, 0))
+
+
+def test_sinks_join_once_whatever_the_split_count_and_merge():
+    B, Hkv, G, L = 2, 2, 2, 64
+    q, k, v = dev(*inputs(B, G * Hkv, Hkv, 1, L, seed=9))
+    sinks = torch.tensor([2.0, -1.0, 5.0, 0.0], device=DEVICE)
+    lens = lens_t([L, 40])
+    ref = flash_decode(q, k, v, lens, num_splits=1, return_lse=True, sinks=sinks)
+    for splits, fuse in ((4, True), (4, False), (7, False)):
+        plan = plan_mod._tuned_plan(q, k, v, lens, num_splits=splits, return_lse=True, sinks=sinks,
+                                       fuse_combine=fuse)
+        o, lse = plan.run(q, k, v, lens, sinks=sinks)
+        assert (o.float() - ref[0].float()).abs().max() <= 2e-3
+        assert (lse - ref[1]).abs().max() <= 1e-4
+    check(*ref, q, k, v, [L, 40], sinks=sinks)
+
+
+def test_plan_run_checks_the_mod_tensors_layout():
+    q, k, v = dev(*inputs(2, 4, 2, 1, 16))
+    sinks = torch.zeros(4, device=DEVICE)
+    plan = decode.decode_plan(q, k, v, sinks=sinks)
+    with pytest.raises(InputError, match="sinks: expected the planned layout"):
+        plan.run(q, k, v)
+    with pytest.raises(InputError, match="sinks: expected the planned layout"):
+        plan.run(q, k, v, sinks=torch.zeros(2, 2, device=DEVICE)[:, 0])
+
+
+def test_torch_compile_fullgraph_traces_the_custom_op():
+    # Inside torch.compile flash_decode is one custom op (torch.ops.attnscope.flash_decode); backend
+    # "eager" checks the trace (fullgraph: no graph break) without a C++ toolchain
+    q, k, v = dev(*inputs(2, 4, 2, 1, 32))
+    lens = lens_t([32, 7])
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEVICE)
+
+    def step(q, k, v, lens):
+        o, lse = flash_decode(q, k, v, lens, return_lse=True, window=(9, 0), softcap=3.0, sinks=sinks)
+        return o.float() * 2, lse
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    o, lse = compiled(q, k, v, lens)
+    o_ref, lse_ref = step(q, k, v, lens)
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    torch._dynamo.reset()
+
+
+# --- at full size on the GPU (the block configs the plan picks there) -------------------------------------
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size decode needs a GPU")
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", (False, True))
+@pytest.mark.parametrize("nq", (1, 4))
+def test_gpu_fp8_and_mods_at_full_size(paged, nq):
+    gen = torch.Generator().manual_seed(nq)
+    B, Hq, Hkv, L, d = 3, 32, 8, 16384, 128
+    q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq, q_mult=3.0)
+    lens = [L, 1000, nq]
+    k8, ks = attnscope.quantize_kv(k)
+    v8, vs = attnscope.quantize_kv(v)
+    if paged:
+        kc, vc, table = to_paged(k8.float(), v8.float(), 64, gen)
+        kc, vc = kc.to(FP8), vc.to(FP8)
+    else:
+        kc, vc, table = k8, v8, None
+    sinks = torch.randn(Hq, generator=gen) * 2
+    kc, vc, table, ksd, vsd, qd, sd = dev(kc, vc, table, ks, vs, q, sinks)
+    for mods in ({}, {"window": (4000, 0), "softcap": 50.0, "sinks": sd}):
+        o, lse = flash_decode(qd, kc, vc, lens_t(lens), table, return_lse=True, k_scale=ksd, v_scale=vsd,
+                              **mods)
+        ref_mods = {**mods, "sinks": sinks} if mods else {}
+        check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens, **ref_mods)
+    decode.check_errors()
+
+
+@GPU
+@pytest.mark.gpu
+def test_gpu_graph_replay_reports_out_of_range_values_and_stays_in_bounds():
+    B, Hq, Hkv, L = 4, 32, 8, 8192
+    q, k, v = dev(*inputs(B, Hq, Hkv, 1, L, d=128, dtype=torch.bfloat16))
+    k_buf, kc = carve(k, float("nan"), dim=2)
+    v_buf, vc = carve(v, float("nan"), dim=2)
+    lens = lens_t([L, 100, 0, 4000])
+    plan = decode.decode_plan(q, kc, vc, lens)
+    plan.run(q, kc, vc, lens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = plan.run(q, kc, vc, lens)
+    graph.replay()
+    plan.check()  # in range: nothing recorded
+    lens.copy_(lens_t([L + 100, -1, 2**31 - 1, 4000]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    with pytest.raises(InputError, match="cache_seqlens"):
+        plan.check()
