@@ -74,7 +74,7 @@ def _check_grads(got, torch_g, ref, names="qkv"):
         assert np.isfinite(a).all(), f"d{name}: NaN/inf"
         err = np.abs(a - r).max()
         torch_err = np.abs(t.double().cpu().numpy() - r).max()
-        assert err <= 3 * torch_err + 1e-3, \
+        assert err <= checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR), \
             f"d{name}: kernel error {err:.3g} > 3 x torch's {torch_err:.3g} + 1e-3"
 
 
