@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common  # noqa: E402
+from attnscope.kernels import _common, _tl  # noqa: E402
 
 varlen = pytest.importorskip("attnscope.kernels.varlen")
 import attnscope  # noqa: E402
@@ -562,7 +562,7 @@ def test_window_bounds_helper_matches_tiles_py():
         left, right = tl.load(IN + i * 5 + 3), tl.load(IN + i * 5 + 4)  # -1: open, as the launcher passes it
         left = tl.where(left < 0, OPEN, left)
         right = tl.where(right < 0, OPEN, right)
-        lo, flo, fhi, hi = varlen._window_bounds(row0, nq, nk, BLOCK_M, BLOCK_N, left, right)
+        lo, flo, fhi, hi = _tl._window_bounds(row0, nq, nk, BLOCK_M, BLOCK_N, left, right)
         tl.store(OUT + i * 4, lo)
         tl.store(OUT + i * 4 + 1, flo)
         tl.store(OUT + i * 4 + 2, fhi)

@@ -108,30 +108,40 @@ def _kv_bounds(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
 
 
 @triton.jit
-def _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """KV columns of query tile ``start_m`` (0-based) under a window (``LEFT``, ``RIGHT`` >= 0 from
-    `window_args`): ``(lo, full_lo, full_hi, hi)``, keys ``[lo, full_lo)`` and ``[full_hi, hi)`` masked,
-    ``[full_lo, full_hi)`` unmasked, the rest skipped: `model.tiles.window_kv_bounds0`, except that the
-    ragged last tile is always masked (``full_hi <= (Nk // BLOCK_N) * BLOCK_N``)."""
+def _window_bounds(row0, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, left, right):
+    """`model.tiles.window_kv_bounds0` in-kernel (the one in-kernel copy) for the rows ``[row0, min(row0 +
+    BLOCK_M, NQ))`` and the signed bounds ``(left, right)`` of `bwd.window_keep` (an open side: any value
+    past every offset, `_tl.window_args` / `bwd.WINDOW_UNBOUNDED`):
+    ``(lo, full_lo, full_hi, hi)``, keys ``[lo, hi)`` loaded, ``[full_lo, full_hi)`` visible to every row.
+    With the roles swapped (rows <-> keys, NQ <-> NK, left <-> right) it gives the query rows that see a
+    KV tile (the dK/dV kernel)."""
     off = NK - NQ
-    r0 = start_m * BLOCK_M
-    r1 = tl.minimum(r0 + BLOCK_M, NQ) - 1
-    first = tl.maximum(r0 + off - LEFT, 0)  # the first key any row of the tile sees
-    last = tl.minimum(r1 + off + RIGHT, NK - 1)  # the last one
-    lo = (first // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(tl.cdiv(last + 1, BLOCK_N) * BLOCK_N, NK)
-    if first > last:
-        lo = 0
-        hi = 0
-    full_lo = tl.maximum(tl.cdiv(tl.maximum(r1 + off - LEFT, 0), BLOCK_N) * BLOCK_N, lo)  # keys all rows see
-    f1 = tl.minimum(r0 + off + RIGHT, NK - 1)
-    full_hi = tl.minimum(((f1 + 1) // BLOCK_N) * BLOCK_N, hi)  # ragged last tile: masked
-    if f1 < 0:
-        full_hi = 0
-    if full_lo >= full_hi:
-        full_lo = hi
-        full_hi = hi
-    return lo, full_lo, full_hi, hi
+    r1 = tl.minimum(row0 + BLOCK_M, NQ) - 1
+    first = tl.maximum(row0 + off - left, 0)  # the first key any row sees
+    last = tl.minimum(r1 + off + right, NK - 1)  # the last one
+    lo = (first // BLOCK_N) * BLOCK_N  # operands >= 0: floor and truncation agree
+    hi = tl.minimum(tl.cdiv(tl.maximum(last + 1, 0), BLOCK_N) * BLOCK_N, NK)
+    f0 = tl.maximum(r1 + off - left, 0)  # keys every row sees: [f0, f1]
+    f1 = tl.minimum(row0 + off + right, NK - 1)
+    full_lo = tl.maximum(tl.cdiv(f0, BLOCK_N) * BLOCK_N, lo)
+    full_hi = tl.minimum(tl.where(f1 == NK - 1, NK, (tl.maximum(f1 + 1, 0) // BLOCK_N) * BLOCK_N), hi)
+    none_full = full_lo >= full_hi
+    full_lo = tl.where(none_full, hi, full_lo)
+    full_hi = tl.where(none_full, hi, full_hi)
+    empty = first > last
+    return (tl.where(empty, 0, lo), tl.where(empty, 0, full_lo), tl.where(empty, 0, full_hi),
+            tl.where(empty, 0, hi))
+
+
+@triton.jit
+def _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """KV columns of query tile ``start_m`` (0-based) under a window (``LEFT``, ``RIGHT`` from
+    `window_args`): `_window_bounds`, except that the ragged last tile is always masked
+    (``full_hi <= (Nk // BLOCK_N) * BLOCK_N``)."""
+    lo, full_lo, full_hi, hi = _window_bounds(start_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, LEFT, RIGHT)
+    full_hi = tl.minimum(full_hi, (NK // BLOCK_N) * BLOCK_N)
+    none_full = full_lo >= full_hi
+    return lo, tl.where(none_full, hi, full_lo), tl.where(none_full, hi, full_hi), hi
 
 
 @triton.jit
@@ -159,5 +169,5 @@ def lse_merge_finish(m_i, l_i, acc):
     return o, lse
 
 
-__all__ = ["_kv_bounds", "_kv_bounds_window", "lse_merge_finish", "lse_merge_step", "round_bf16",
-           "mod_args", "softmax_tile", "tanh_", "triton", "window_args"]
+__all__ = ["_kv_bounds", "_kv_bounds_window", "_window_bounds", "lse_merge_finish", "lse_merge_step",
+           "round_bf16", "mod_args", "softmax_tile", "tanh_", "triton", "window_args"]

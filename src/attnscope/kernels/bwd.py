@@ -55,7 +55,14 @@ torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels._common import check_mods  # noqa: E402
-from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, mod_args, round_bf16, tanh_  # noqa: E402
+from attnscope.kernels._tl import (  # noqa: E402
+    _kv_bounds,
+    _kv_bounds_window,
+    _window_bounds,
+    mod_args,
+    round_bf16,
+    tanh_,
+)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head_dim: a first choice after the Triton
 # tutorial's FA-2 backward (few query rows against many resident keys for dK/dV, the mirror for dQ),
@@ -129,35 +136,17 @@ def _q_bounds(start_n, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAU
 
 @triton.jit
 def _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Query rows of KV tile ``start_n`` under a window (``LEFT``, ``RIGHT`` >= 0, `_tl.window_args`):
-    ``(lo, full_lo, full_hi, hi)``, multiples of BLOCK_M: ``[lo, full_lo)`` and ``[full_hi, hi)`` masked,
-    ``[full_lo, full_hi)`` unmasked, the rest skipped. The mirror of `_tl._kv_bounds_window`: row r sees
-    column c iff ``c - off - RIGHT <= r <= c - off + LEFT`` (``off = Nk - Nq``), so the tile's columns
-    ``[c0, c1]`` are seen in part by rows ``[c0 - off - RIGHT, c1 - off + LEFT]`` and whole by rows
-    ``[c1 - off - RIGHT, c0 - off + LEFT]``. The ragged last KV tile is always masked."""
-    off = NK - NQ
-    c1 = tl.minimum(start_n + BLOCK_N, NK) - 1
-    first = tl.maximum(start_n - off - RIGHT, 0)  # the first row seeing any column of the tile
-    last = tl.minimum(c1 - off + LEFT, NQ - 1)  # the last one
-    lo = (first // BLOCK_M) * BLOCK_M
-    hi = tl.cdiv(last + 1, BLOCK_M) * BLOCK_M
-    if first > last:
-        lo = 0
-        hi = 0
-    full_lo = tl.maximum(tl.cdiv(tl.maximum(c1 - off - RIGHT, 0), BLOCK_M) * BLOCK_M, lo)
-    f1 = start_n - off + LEFT  # the last row seeing the tile's first column
-    full_hi = ((f1 + 1) // BLOCK_M) * BLOCK_M
-    if f1 >= NQ - 1:  # every row from full_lo on (rows past Nq load LSE = +inf: P = 0)
-        full_hi = hi
-    if f1 < 0:
-        full_hi = 0
-    full_hi = tl.minimum(full_hi, hi)
-    if start_n + BLOCK_N > NK:  # ragged last KV tile: columns past Nk need the bounds check
-        full_hi = 0
-    if full_lo >= full_hi:
-        full_lo = hi
-        full_hi = hi
-    return lo, full_lo, full_hi, hi
+    """Query rows of KV tile ``start_n`` under a window (``LEFT``, ``RIGHT`` from `_tl.window_args`):
+    ``(lo, full_lo, full_hi, hi)``, ``[lo, full_lo)`` and ``[full_hi, hi)`` masked, ``[full_lo, full_hi)``
+    unmasked, the rest skipped: `_tl._window_bounds` with rows and keys swapped (row r sees column c iff
+    ``c - off - RIGHT <= r <= c - off + LEFT``), all four multiples of BLOCK_M. The ragged last KV tile is
+    always masked."""
+    lo, full_lo, full_hi, hi = _window_bounds(start_n, NK, NQ, BLOCK_N, BLOCK_M, RIGHT, LEFT)
+    hi_m = tl.cdiv(hi, BLOCK_M) * BLOCK_M  # multiples of BLOCK_M (rows past Nq load LSE = +inf: P = 0)
+    ragged = start_n + BLOCK_N > NK  # its columns past Nk need the bounds check
+    full_lo = tl.where(ragged | (full_lo == hi), hi_m, full_lo)
+    full_hi = tl.where(ragged | (full_hi == hi), hi_m, full_hi)
+    return lo, full_lo, full_hi, hi_m
 
 
 @triton.jit

@@ -9,10 +9,10 @@ Layout (flash-attn's varlen): ``q [total_q, Hq, d]``, ``k, v [total_k, Hkv, d]``
 ``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` and k/v rows ``cu_seqlens_k[s] : cu_seqlens_k[s+1]``; output
 ``[total_q, Hq, d]``, LSE ``[Hq, total_q]`` fp32. Causal alignment is bottom-right per sequence (key c is
 visible to query r iff ``c <= r + Nk_s - Nq_s``); rows with no visible key (a sequence with no keys, or
-the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf. Score mods (issue 35's contract, `check_mods`):
-a window per sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, bounds by
-`_window_bounds` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at the
-final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
+the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf. Score mods (`_common.check_mods`): a window per
+sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, bounds by
+`_tl._kv_bounds_window` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at
+the final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
 
 cu_seqlens values: by default never read back to the host. `_sanitize` turns them, on the device, into a
 partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values stay
@@ -52,14 +52,13 @@ from attnscope.kernels._common import (
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, round_bf16, softmax_tile, tanh_  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, round_bf16, softmax_tile, tanh_  # noqa: E402
 from attnscope.kernels.bwd import WINDOW_UNBOUNDED, window_keep  # noqa: E402, F401
-from attnscope.kernels.varlen_plan import (  # noqa: E402, F401  (_window_bounds etc.: one definition)
+from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
     ERROR_BITS,
     _check_inputs,
     _check_seqlens,
     _sanitize,
-    _window_bounds,
     _work_items,
     mod_args,
     prepare,
@@ -174,9 +173,7 @@ def _attnscope_varlen_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
 
     if WINDOW:  # window (left, right) per sequence: masked, unmasked, masked; tiles outside it skipped
-        lo, full_lo, full_hi, hi = _window_bounds(start_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, left, right)
-        full_hi = tl.minimum(full_hi, (NK // BLOCK_N) * BLOCK_N)  # the ragged last tile needs its mask
-        full_lo = tl.minimum(full_lo, full_hi)
+        lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, left, right, BLOCK_M, BLOCK_N)
         for start_n in range(lo, full_lo, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,

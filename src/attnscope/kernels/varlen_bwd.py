@@ -3,7 +3,7 @@
 
 Algorithm: the dense backward of `attnscope.kernels.bwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
 Algorithm 2, §3.1.2): P recomputed from Q, K and the saved LSE; its @triton.jit pieces (`_bwd_preprocess`,
-`_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and `varlen_plan._window_bounds`) run here
+`_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and `_tl._window_bounds`) run here
 with per-sequence row offsets: a tile's rows are 0-based within its sequence, and the sequence's first
 packed row goes into the base offset.
 
@@ -31,7 +31,7 @@ torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels import varlen_plan  # noqa: E402
-from attnscope.kernels._tl import _kv_bounds  # noqa: E402
+from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, _window_bounds  # noqa: E402
 from attnscope.kernels.bwd import (  # noqa: E402
     DKDV_CONFIGS,
     DQ_CONFIGS,
@@ -42,7 +42,6 @@ from attnscope.kernels.bwd import (  # noqa: E402
     _dq_tile,
     _q_bounds,
 )
-from attnscope.kernels.varlen_plan import _window_bounds  # noqa: E402
 
 
 @triton.jit
@@ -151,10 +150,7 @@ def _varlen_dq_kernel(
     v_base = k0.to(tl.int64) * stride_vt + hk.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if WINDOW:
-        lo, full_lo, full_hi, hi = _window_bounds(start_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, left,
-                                                         right)
-        full_hi = tl.minimum(full_hi, (NK // BLOCK_N) * BLOCK_N)  # the ragged last tile needs its mask
-        full_lo = tl.minimum(full_lo, full_hi)
+        lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, left, right, BLOCK_M, BLOCK_N)
         for start_n in range(lo, full_lo, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, False, True, SOFTCAP,

@@ -20,34 +20,8 @@ from attnscope.kernels._common import (
 )
 
 torch, triton = import_torch_triton()
-import triton.language as tl  # noqa: E402
 
 from attnscope.kernels.bwd import WINDOW_UNBOUNDED  # noqa: E402
-
-
-@triton.jit
-def _window_bounds(row0, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, left, right):
-    """`model.tiles.window_kv_bounds0` in-kernel for the rows ``[row0, min(row0 + BLOCK_M, NQ))`` and the
-    signed bounds ``(left, right)`` of `bwd.window_keep` (an open side: `bwd.WINDOW_UNBOUNDED`):
-    ``(lo, full_lo, full_hi, hi)``, keys ``[lo, hi)`` loaded, ``[full_lo, full_hi)`` visible to every row.
-    With the roles swapped (rows <-> keys, NQ <-> NK, left <-> right) it gives the query rows that see a
-    KV tile (the dK/dV kernel)."""
-    off = NK - NQ
-    r1 = tl.minimum(row0 + BLOCK_M, NQ) - 1
-    first = tl.maximum(row0 + off - left, 0)  # the first key any row sees
-    last = tl.minimum(r1 + off + right, NK - 1)  # the last one
-    lo = (first // BLOCK_N) * BLOCK_N  # operands >= 0: floor and truncation agree
-    hi = tl.minimum(tl.cdiv(tl.maximum(last + 1, 0), BLOCK_N) * BLOCK_N, NK)
-    f0 = tl.maximum(r1 + off - left, 0)  # keys every row sees: [f0, f1]
-    f1 = tl.minimum(row0 + off + right, NK - 1)
-    full_lo = tl.maximum(tl.cdiv(f0, BLOCK_N) * BLOCK_N, lo)
-    full_hi = tl.minimum(tl.where(f1 == NK - 1, NK, (tl.maximum(f1 + 1, 0) // BLOCK_N) * BLOCK_N), hi)
-    none_full = full_lo >= full_hi
-    full_lo = tl.where(none_full, hi, full_lo)
-    full_hi = tl.where(none_full, hi, full_hi)
-    empty = first > last
-    return (tl.where(empty, 0, lo), tl.where(empty, 0, full_lo), tl.where(empty, 0, full_hi),
-            tl.where(empty, 0, hi))
 
 
 def _is_int(x) -> bool:
