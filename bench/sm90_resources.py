@@ -137,20 +137,20 @@ FWD_MODS = ((False, False, False, False), (True, False, False, False), (False, T
             (True, False, True, True))
 
 
-def portable(d, dt, causal, window=False, softcap=False, sinks=False):
+def portable(d, dt, causal, window=False, softcap=False, sinks=False, lse=True, max_unscaled=False):
     bm, bn, warps, stages = fwd.pick_config(d, causal or window, 1)
     types = {"desc_q": f"tensordesc<{dt}[1,1,{bm},{d}]>", "desc_k": f"tensordesc<{dt}[1,1,{bn},{d}]>",
              "desc_v": f"tensordesc<{dt}[1,1,{bn},{d}]>", "desc_o": f"tensordesc<{dt}[1,1,{bm},{d}]>",
              "LSE": "*fp32", "SINKS": "*fp32", "qk_scale": "fp32", "cap_in": "fp32"}
-    cx = dict(HEAD_DIM=d, CAUSAL=causal, STORE_LSE=True, BLOCK_M=bm, BLOCK_N=bn, MAX_UNSCALED=False,
+    cx = dict(HEAD_DIM=d, CAUSAL=causal, STORE_LSE=lse, BLOCK_M=bm, BLOCK_N=bn, MAX_UNSCALED=max_unscaled,
               EMULATE_BF16=False, WINDOW=window, SOFTCAP=softcap, HAS_SINKS=sinks)
     return (bm, bn, warps, stages), (fwd._attnscope_fwd_kernel, types, cx, warps, stages)
 
 
-def compile_hopper(d, dt, causal, name, mods=0):
-    """A Gluon Hopper variant (`fwd_hopper.VARIANTS` ``name``) for sm_90, with the LSE stored."""
+def compile_hopper(d, dt, causal, name, mods=0, lse=True):
+    """A Gluon Hopper variant (`fwd_hopper.VARIANTS` ``name``) for sm_90 (``lse``: STORE_LSE)."""
     src = GluonASTSource(fn=fwd_hopper.kernel(name), signature=fwd_hopper.signature(d, dt, name),
-                         constexprs=fwd_hopper.constexprs(d, causal, True, name, mods))
+                         constexprs=fwd_hopper.constexprs(d, causal, lse, name, mods))
     return triton.compile(src, target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
 
 
@@ -164,22 +164,30 @@ def built(name, d, causal):
 
 def fwd_report(names) -> None:
     """Every forward kernel the dispatch can launch: the portable kernel and each Hopper variant, d 64 and
-    128, with the score mods off and on (`FWD_MODS`), bf16 (and fp16 without mods)."""
+    128, with the score mods off and on (`FWD_MODS`), bf16 with the LSE stored; without mods also fp16,
+    without the LSE, and (portable) MAX_UNSCALED (a softmax scale over 1 / log2(e))."""
     for name in names:
         for d in head_dims(name):
             for causal, window, softcap, sinks in FWD_MODS:
-                for dt in ("bf16", "fp16") if not (window or softcap or sinks) else ("bf16",):
-                    what = _fmt(dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, SINKS=sinks))
+                plain = not (window or softcap or sinks)
+                flavours = [("bf16", True, False)]  # dtype, STORE_LSE, MAX_UNSCALED
+                if plain:
+                    flavours += [("fp16", True, False), ("bf16", False, False)]
+                    flavours += [("bf16", True, True)] if name == "portable" else []
+                for dt, lse, raw in flavours:
+                    what = _fmt(dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, SINKS=sinks,
+                                     STORE_LSE=lse))
                     if name == "portable":
-                        cfg, args = portable(d, dt, causal, window, softcap, sinks)
-                        report(f"fwd {name:14s} d={d:3d} {dt} {what} {cfg}", compile_triton, *args)
+                        cfg, args = portable(d, dt, causal, window, softcap, sinks, lse, raw)
+                        report(f"fwd {name:14s} d={d:3d} {dt} {what} MAX_UNSCALED={int(raw)} {cfg}",
+                               compile_triton, *args)
                     else:
                         mods = fwd_hopper.mods_flags(window, 1.0 if softcap else 0.0, sinks)
                         var = fwd_hopper.VARIANTS[name]
                         cfg = tuple(fwd_hopper.config(d, name))
                         report(f"fwd {name:14s} d={d:3d} {dt} {what} MODS={mods} {cfg} "
                                f"pingpong={int(var.pingpong)} persistent={int(var.persistent)}",
-                               compile_hopper, d, dt, causal, name, mods, extra=setmaxnreg)
+                               compile_hopper, d, dt, causal, name, mods, lse, extra=setmaxnreg)
 
 
 # --evidence: where the barriers of a warp-specialised Gluon loop come from (Triton 3.6), on three minimal
@@ -356,9 +364,11 @@ DECODE_SHAPES = (("decode dense fused", 16, 0, True, False), ("decode dense sepa
                  ("decode paged16 fused", 16, 16, True, False),
                  ("decode paged64 separate", 16, 64, False, False),
                  ("decode paged256 separate", 16, 256, False, False),
+                 ("chunk32 dense(paged BLOCK_N) fused", 32, -1, True, True),
+                 ("chunk64 paged64 separate", 64, 64, False, True),
                  ("chunk128 dense(paged BLOCK_N)", 128, -1, False, True),
                  ("chunk128 paged16", 128, 16, False, True))
-#: every score mod on, and per-head FP8 scales (`decode.plan`: optional constexprs passed only when on)
+#: every score mod on (`decode.plan`: optional constexprs passed only when on)
 DECODE_MODS = dict(WINDOW=True, SOFTCAP=True, HAS_SINKS=True)
 
 
@@ -375,8 +385,9 @@ def _decode_types(kv):
 
 def decode_report() -> None:
     """The split-KV decode kernel as `DecodePlan` builds it (`heuristics._block_config` per row tile and
-    page size; `DECODE_SHAPES`), bf16 and FP8 e4m3 caches, score mods off and on, d 64 and 128 (d 64: a
-    subset); then the combine kernel (with and without sinks) and `kernels.merge`'s kernel."""
+    page size; `DECODE_SHAPES`), bf16 and FP8 e4m3 caches (per-tensor scales with the mods off, per-head
+    with them on), score mods off and on, d 64 and 128 (d 64: bf16 plain and FP8 with every mod); then the
+    combine kernel (with and without sinks) and `kernels.merge`'s kernel."""
     from attnscope.kernels import merge
     from attnscope.kernels.decode import _kernel, heuristics
 
@@ -386,8 +397,9 @@ def decode_report() -> None:
             for mods in (False, True):
                 if d == 64 and mods != (kv == "fp8"):
                     continue  # d 64: bf16 plain and FP8 with every mod
+                # FP8: one scale per tensor with the mods off, one per kv head with them on
                 opt = {**(DECODE_MODS if mods else {}),
-                       **(dict(FP8=True, SCALE_PER_HEAD=True) if kv == "fp8" else {})}
+                       **(dict(FP8=True, SCALE_PER_HEAD=mods) if kv == "fp8" else {})}
                 for label, block_m, page, fuse, chunk in DECODE_SHAPES:
                     if page < 0:
                         page = heuristics._block_config(block_m)["BLOCK_N"]
