@@ -1,36 +1,32 @@
 """Compile attnscope's kernels for sm_90 on any machine and print the compiler's resource report.
 
-    PYTHONPATH=src python bench/sm90_resources.py          # forward variants, no GPU (Triton's bundled ptxas)
-    PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched kernels' metadata
+    PYTHONPATH=src python bench/sm90_resources.py [--kernel fwd|bwd|varlen|decode|all]  # no GPU needed
+    PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched forward kernels
     PYTHONPATH=src python bench/sm90_resources.py --evidence  # where a Gluon loop's bar.syncs come from
-    PYTHONPATH=src python bench/sm90_resources.py --kernel bwd [--dkdv BM,BN,WARPS,STAGES] [--dq ...]
-    PYTHONPATH=src python bench/sm90_resources.py --kernel decode
 
-Takes 1-5 minutes on a CPU (each kernel compiles once); ``--gpu`` about a minute.
+Without ``--gpu``: every kernel the dispatch can launch is compiled for ``GPUTarget("cuda", 90, 32)``
+with the configs the launchers pick (no GPU: Triton 3.6 bundles ptxas), with the score-mod constexprs
+off and on, d 64 and 128, bf16 (and fp16 where the kernel is built per dtype without mods). One line per
+kernel: ptxas's registers and spill bytes (`ptxas -v --gpu-name sm_90a`), the compiled kernel's shared
+memory, ptxas's performance warnings (C7511/C7515: wgmma serialised); a kernel that fails to compile or
+needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the run exits 1.
 
-``--kernel fwd`` (default):
+- ``--kernel fwd`` (default): the portable kernel (kernels/fwd.py, its table config) and every Gluon
+  Hopper variant (kernels/fwd_hopper.py ``VARIANTS``; ``--variant NAME`` for some), each for the head
+  dims it is built for, `FWD_MODS` (causal, window, softcap, sinks), with the `setmaxnreg` register split
+  of the warp-specialised partitions read from the PTX. The ptxas "Used N registers" of a
+  warp-specialised kernel is the launch budget (65,536 / threads); spills are for the whole kernel.
+- ``--kernel bwd``: kernels/bwd.py's dK/dV (with and without atomic dQ), dQ pass and preprocess at the
+  table's configs (or ``--dkdv`` / ``--dq``), `BWD_MODS` (sinks have no kernel constexpr).
+- ``--kernel varlen``: kernels/varlen.py's forward (TMA and pointer K/V loads) and kernels/varlen_bwd.py's
+  dK/dV and dQ pass, `VARLEN_MODS`.
+- ``--kernel decode``: the split-KV decode kernel as `DecodePlan` builds it (`DECODE_SHAPES`: decode
+  tiles with fused / separate merge, dense and paged, chunked prefill), bf16 and FP8 e4m3 caches, score
+  mods off and on; the combine kernel and `kernels.merge`'s kernel; whether the KV loop uses cp.async.
 
-Variants: the portable Triton kernel (kernels/fwd.py, its table config) and every Gluon Hopper variant
-(kernels/fwd_hopper.py ``VARIANTS``: default, no ping-pong, deeper ring, 3 consumer warpgroups, 128-row
-warpgroup tiles, persistent, one release per tile, per-thread arrivals; ``--variant NAME`` for one), each
-for the head dims and masks it is built for (portable: 64 and 128) x {fp16, bf16}. Without ``--gpu``:
-registers and spills from `ptxas -v --gpu-name sm_90a`, shared memory from the compiled kernel's metadata,
-the `setmaxnreg` register split of the warp-specialised partitions read from the PTX, and the
-partition-wide barriers (``bar.sync``) per iteration of each KV loop (`fwd_hopper.ptx_loop_barriers`).
-With ``--gpu``: each variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
+``--gpu``: each forward variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
 B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and the compiled
 kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded) printed.
-The ptxas "Used N registers" of a warp-specialised kernel is the launch budget (65,536 / threads);
-the per-partition budgets are the `setmaxnreg` values; spills are reported for the whole kernel.
-
-``--kernel bwd``: every FA-2 backward kernel (dK/dV with and without atomic dQ, the dQ pass, the
-preprocess) at the table's configs of kernels/bwd.py (or ``--dkdv`` / ``--dq``), d 64 and 128, both masks:
-registers, spill stores, shared memory per CTA.
-
-``--kernel decode``: the split-KV decode kernel with the block config the plan picks, dense and paged at
-every supported page size, decode (16-row tiles, fused and separate merge) and chunked prefill (128-row
-tiles); then the combine kernel and `kernels.merge`'s kernel: registers, spills, shared memory, and
-whether the KV loop is pipelined with cp.async (tests/test_decode.py asserts a subset).
 """
 
 import argparse
@@ -56,18 +52,28 @@ from attnscope.kernels import fwd, fwd_hopper  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+SMEM_LIMIT = 227 * 1024  # the H100/H200 per-CTA opt-in maximum of shared memory
+FAILED = []  # labels of the kernels that failed to compile or exceed SMEM_LIMIT
 
 
-def ptxas_report(ptx: str) -> str:
+def ptxas_info(ptx: str) -> dict:
+    """``ptxas -v --gpu-name sm_90a`` on ``ptx``: registers, spill store / load bytes, warnings (C7515:
+    wgmma serialised, must not appear), and the error text if it fails."""
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
         r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(tmp, "k.o")],
                            capture_output=True, text=True)
-    keep = ("registers", "spill", "serializ", "Performance")  # C7515: wgmma serialised (must not appear)
-    return " ".join(line.split(":", 1)[-1].strip() for line in r.stderr.splitlines()
-                    if any(w in line for w in keep))
+
+    def num(pat):
+        m = re.search(pat, r.stderr)
+        return int(m.group(1)) if m else None
+    warn = [line.split(":", 1)[-1].strip() for line in r.stderr.splitlines()
+            if "serializ" in line or "Performance" in line]
+    return {"regs": num(r"Used (\d+) registers"), "stores": num(r"(\d+) bytes spill stores"),
+            "loads": num(r"(\d+) bytes spill loads"), "warn": warn,
+            "error": r.stderr.strip()[-400:] if r.returncode else None}
 
 
 def setmaxnreg(ptx: str) -> str:
@@ -76,36 +82,76 @@ def setmaxnreg(ptx: str) -> str:
     return "setmaxnreg " + "/".join(map(str, vals)) if vals else "no setmaxnreg"
 
 
-def loop_barriers(ptx: str) -> str:
-    counts = []  # fwd_hopper.ptx_loop_barriers left with the barrier-light variants
-    return "bar.sync/iter " + ("/".join(map(str, counts)) if counts else "n/a")
+def _fmt(cx: dict) -> str:
+    return " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in cx.items())
 
 
-CONSTEXPRS = ("HEAD_DIM", "CAUSAL", "STORE_LSE", "BLOCK_M", "BLOCK_N", "MAX_UNSCALED", "EMULATE_BF16")
+def report(label: str, build, *args, extra=None) -> None:
+    """Compile (``build(*args)`` returns the compiled kernel), run ptxas, print one line; record a failure
+    (compile or ptxas error, shared memory over `SMEM_LIMIT`) in `FAILED`."""
+    try:
+        k = build(*args)
+    except Exception as e:  # noqa: BLE001 - every compile error is the report's content
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        FAILED.append(label)
+        print(f"FAIL {label}: compile error: {msg[:1500]}", flush=True)
+        return
+    ptx = k.asm["ptx"]
+    info = ptxas_info(ptx)
+    smem = k.metadata.shared
+    bad = []
+    if info["error"]:
+        bad.append("ptxas error: " + " ".join(info["error"].split()))
+    if smem > SMEM_LIMIT:
+        bad.append(f"shared {smem} B > {SMEM_LIMIT} B")
+    extras = f" | {extra(ptx)}" if extra else ""
+    warn = f" | {'; '.join(info['warn'])}" if info["warn"] else ""
+    line = (f"{label}: regs {info['regs']}, spill stores {info['stores']} B, loads {info['loads']} B, "
+            f"shared {smem} B{extras}{warn}")
+    if bad:
+        FAILED.append(label)
+        print(f"FAIL {line} | {' | '.join(bad)}", flush=True)
+    else:
+        print(line, flush=True)
 
 
-def portable(d, dt, causal, name="portable"):
-    cfg = fwd.CONFIG_TABLE[[(r[0], r[1]) for r in fwd.CONFIG_TABLE].index((d, causal))][3]
-    bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
-    sig = {"desc_q": f"tensordesc<{dt}[1,1,{bm},{d}]>", "desc_k": f"tensordesc<{dt}[1,1,{bn},{d}]>",
-           "desc_v": f"tensordesc<{dt}[1,1,{bn},{d}]>", "desc_o": f"tensordesc<{dt}[1,1,{bm},{d}]>",
-           "LSE": "*fp32", "B": "i32", "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32",
-           **{n: "constexpr" for n in CONSTEXPRS}}
-    cx = dict(HEAD_DIM=d, CAUSAL=causal, STORE_LSE=True, BLOCK_M=bm, BLOCK_N=bn, MAX_UNSCALED=False,
-              EMULATE_BF16=False)
-    k = triton.compile(triton.compiler.ASTSource(fn=fwd._attnscope_fwd_kernel, signature=sig, constexprs=cx),
-                       target=TARGET, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    return tuple(cfg), k
+def compile_triton(fn, types: dict, constexprs: dict, warps: int, stages: int, unaligned=()):
+    """``triton.compile`` of the @triton.jit ``fn`` for sm_90 without a GPU: ``types`` names each runtime
+    argument's type (others i32); constexprs with a default take it, as a launch that does not pass them
+    does; pointers and ``stride_*`` arguments (but ``unaligned``) 16-divisible, as the launcher's
+    specialisation sees contiguous tensors."""
+    params = inspect.signature(fn.fn).parameters
+    names = list(params)
+    cx = {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **constexprs}
+    sig = {n: ("constexpr" if n in cx else types.get(n, "i32")) for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in cx and n not in unaligned and (sig[n].startswith("*") or n.startswith("stride_"))}
+    return triton.compile(triton.compiler.ASTSource(fn, sig, constexprs=cx, attrs=attrs), target=TARGET,
+                          options={"num_warps": warps, "num_stages": stages})
 
 
-def hopper(d, dt, causal, name="hopper"):
-    cfg = fwd_hopper.config(d, name)
-    k = triton.compile(GluonASTSource(fn=fwd_hopper.kernel(name),
-                                      signature=fwd_hopper.signature(d, dt, name),
-                                      constexprs=fwd_hopper.constexprs(d, causal, True, name)),
-                       target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
-    var = fwd_hopper.VARIANTS[name]
-    return (*cfg, f"pingpong={int(var.pingpong)}" + (" persistent" if var.persistent else "")), k
+# --- --kernel fwd ------------------------------------------------------------------------------------
+#: (CAUSAL, WINDOW, SOFTCAP, SINKS) of the forward launches: a window carries the diagonal (CAUSAL off)
+FWD_MODS = ((False, False, False, False), (True, False, False, False), (False, True, False, False),
+            (True, False, True, False), (True, False, False, True), (False, True, True, True),
+            (True, False, True, True))
+
+
+def portable(d, dt, causal, window=False, softcap=False, sinks=False, lse=True, max_unscaled=False):
+    bm, bn, warps, stages = fwd.pick_config(d, causal or window, 1)
+    types = {"desc_q": f"tensordesc<{dt}[1,1,{bm},{d}]>", "desc_k": f"tensordesc<{dt}[1,1,{bn},{d}]>",
+             "desc_v": f"tensordesc<{dt}[1,1,{bn},{d}]>", "desc_o": f"tensordesc<{dt}[1,1,{bm},{d}]>",
+             "LSE": "*fp32", "SINKS": "*fp32", "qk_scale": "fp32", "cap_in": "fp32"}
+    cx = dict(HEAD_DIM=d, CAUSAL=causal, STORE_LSE=lse, BLOCK_M=bm, BLOCK_N=bn, MAX_UNSCALED=max_unscaled,
+              EMULATE_BF16=False, WINDOW=window, SOFTCAP=softcap, HAS_SINKS=sinks)
+    return (bm, bn, warps, stages), (fwd._attnscope_fwd_kernel, types, cx, warps, stages)
+
+
+def compile_hopper(d, dt, causal, name, mods=0, lse=True):
+    """A Gluon Hopper variant (`fwd_hopper.VARIANTS` ``name``) for sm_90 (``lse``: STORE_LSE)."""
+    src = GluonASTSource(fn=fwd_hopper.kernel(name), signature=fwd_hopper.signature(d, dt, name),
+                         constexprs=fwd_hopper.constexprs(d, causal, lse, name, mods))
+    return triton.compile(src, target=TARGET, options=dict(num_warps=fwd_hopper.NUM_WARPS))
 
 
 def head_dims(name):
@@ -116,18 +162,32 @@ def built(name, d, causal):
     return name == "portable" or fwd_hopper.supports(name, d, causal)
 
 
-def cpu_report(names) -> int:
+def fwd_report(names) -> None:
+    """Every forward kernel the dispatch can launch: the portable kernel and each Hopper variant, d 64 and
+    128, with the score mods off and on (`FWD_MODS`), bf16 with the LSE stored; without mods also fp16,
+    without the LSE, and (portable) MAX_UNSCALED (a softmax scale over 1 / log2(e))."""
     for name in names:
-        build = portable if name == "portable" else hopper
         for d in head_dims(name):
-            for dt in ("fp16", "bf16"):
-                for causal in (c for c in (False, True) if built(name, d, c)):
-                    cfg, k = build(d, dt, causal, name)
-                    ptx = k.asm["ptx"]
-                    print(f"{name:11s} d={d:3d} {dt} causal={int(causal)} config={cfg}: "
-                          f"smem {k.metadata.shared} B | {ptxas_report(ptx)} | {setmaxnreg(ptx)} | "
-                          f"{loop_barriers(ptx)}", flush=True)
-    return 0
+            for causal, window, softcap, sinks in FWD_MODS:
+                plain = not (window or softcap or sinks)
+                flavours = [("bf16", True, False)]  # dtype, STORE_LSE, MAX_UNSCALED
+                if plain:
+                    flavours += [("fp16", True, False), ("bf16", False, False)]
+                    flavours += [("bf16", True, True)] if name == "portable" else []
+                for dt, lse, raw in flavours:
+                    what = _fmt(dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, SINKS=sinks,
+                                     STORE_LSE=lse))
+                    if name == "portable":
+                        cfg, args = portable(d, dt, causal, window, softcap, sinks, lse, raw)
+                        report(f"fwd {name:14s} d={d:3d} {dt} {what} MAX_UNSCALED={int(raw)} {cfg}",
+                               compile_triton, *args)
+                    else:
+                        mods = fwd_hopper.mods_flags(window, 1.0 if softcap else 0.0, sinks)
+                        var = fwd_hopper.VARIANTS[name]
+                        cfg = tuple(fwd_hopper.config(d, name))
+                        report(f"fwd {name:14s} d={d:3d} {dt} {what} MODS={mods} {cfg} "
+                               f"pingpong={int(var.pingpong)} persistent={int(var.persistent)}",
+                               compile_hopper, d, dt, causal, name, mods, lse, extra=setmaxnreg)
 
 
 # --evidence: where the barriers of a warp-specialised Gluon loop come from (Triton 3.6), on three minimal
@@ -218,118 +278,152 @@ def gpu_report(names, dtypes=("bf16",)) -> int:
 
 
 # --- --kernel bwd ------------------------------------------------------------------------------------
-def _ptxas_regs_spills(ptx: str) -> tuple:
-    """(registers, spill-store bytes) from ``ptxas -v`` on a kernel's PTX ('?' when absent)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", src, "-o", os.devnull], capture_output=True,
-                           text=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return (regs.group(1) if regs else "?"), (spill.group(1) if spill else "?")
+#: (CAUSAL, WINDOW, SOFTCAP) of the backward launches (sinks: torch, no kernel constexpr)
+BWD_MODS = ((False, False, False), (True, False, False), (False, True, False), (True, False, True),
+            (False, True, True))
 
 
-def _bwd_signature(fn, ptrs16, ptrs32):
-    sig = {}
-    for a in fn.arg_names:
-        if a in ptrs16:
-            sig[a] = "*bf16"
-        elif a in ptrs32:
-            sig[a] = "*fp32"
-        elif a in ("qk_scale", "sm_scale"):
-            sig[a] = "fp32"
-        elif a.isupper() and a not in ("O", "H", "HKV", "NQ", "NK"):
-            sig[a] = "constexpr"
-        else:
-            sig[a] = "i32"
-    return sig
+def _bwd_types(dt, dq_fp32):
+    t = {n: f"*{dt}" for n in ("Q", "K", "V", "O", "DO", "DK", "DV")}
+    return {**t, "DQ": "*fp32" if dq_fp32 else f"*{dt}", "LSE2": "*fp32", "DELTA": "*fp32",
+            "qk_scale": "fp32", "sm_scale": "fp32", "cap_in": "fp32"}
 
 
-def _bwd_line(name, fn, sig, constexprs, warps, stages) -> str:
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=TARGET,
-                       options={"num_warps": warps, "num_stages": stages})
-    regs, spill = _ptxas_regs_spills(k.asm["ptx"])
-    return (f"{name:44s} warps {warps} stages {stages}: registers {regs:>3}, "
-            f"spill stores {spill:>5} B, shared {k.metadata.shared:>6} B")
-
-
-def bwd_report(dkdv=None, dq=None) -> int:
+def bwd_report(dkdv=None, dq=None) -> None:
+    """Every kernel of kernels/bwd.py: dK/dV with and without atomic dQ, the dQ pass, the preprocess, at
+    the table's configs (or ``dkdv`` / ``dq``), d 64 and 128, with the score mods off and on (`BWD_MODS`)."""
     from attnscope.kernels import bwd
 
+    dt = "bf16"
     for d in (64, 128):
-        for causal in (False, True):
+        for causal, window, softcap in BWD_MODS:
+            mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
             bm, bn, w, s = dkdv or bwd.DKDV_CONFIGS[d]
-            sig = _bwd_signature(bwd._bwd_dkdv_kernel, ["Q", "K", "V", "DO", "DK", "DV"],
-                                 ["LSE2", "DELTA", "DQ"])
             for atomic in (False, True):
-                print(_bwd_line(f"dK/dV d={d} causal={causal} atomic_dq={atomic} {bm}x{bn}",
-                                bwd._bwd_dkdv_kernel, sig,
-                                dict(HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn,
-                                     EMULATE_BF16=False), w, s), flush=True)
+                cx = dict(HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
+                report(f"bwd dK/dV d={d:3d} {dt} {_fmt(mods)} ATOMIC_DQ={int(atomic)} {bm}x{bn} w{w} s{s}",
+                       compile_triton, bwd._bwd_dkdv_kernel, _bwd_types(dt, True), cx, w, s)
             bm, bn, w, s = dq or bwd.DQ_CONFIGS[d]
-            sig = _bwd_signature(bwd._bwd_dq_kernel, ["Q", "K", "V", "DO", "DQ"], ["LSE2", "DELTA"])
-            print(_bwd_line(f"dQ pass d={d} causal={causal} {bm}x{bn}", bwd._bwd_dq_kernel, sig,
-                            dict(HEAD_DIM=d, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False),
-                            w, s),
-                  flush=True)
-        sig = _bwd_signature(bwd._bwd_preprocess, ["O", "DO"], ["DELTA"])
-        sig.update(HEAD_DIM="constexpr", BLOCK_M="constexpr")
-        print(_bwd_line(f"preprocess d={d} {bwd.PRE_BLOCK_M} rows", bwd._bwd_preprocess, sig,
-                        dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M), 4, 1), flush=True)
-    return 0
+            cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
+            report(f"bwd dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
+                   compile_triton, bwd._bwd_dq_kernel, _bwd_types(dt, False), cx, w, s)
+        for pdt in ("bf16", "fp16"):
+            cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
+            report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",
+                   compile_triton, bwd._bwd_preprocess, _bwd_types(pdt, False), cx, 4, 1)
+
+
+# --- --kernel varlen ---------------------------------------------------------------------------------
+#: (CAUSAL, WINDOW, SOFTCAP, SINKS) of the varlen launches (`varlen_plan.mod_args`: a window has CAUSAL off)
+VARLEN_MODS = ((False, False, False, False), (True, False, False, False), (False, True, True, True),
+               (True, False, True, True))
+
+
+def _varlen_types(dt, dq_fp32):
+    t = {n: f"*{dt}" for n in ("Q", "K", "V", "O", "DO", "DK", "DV")}
+    return {**t, "DQ": "*fp32" if dq_fp32 else f"*{dt}", "LSE": "*fp32", "LSE2": "*fp32", "DELTA": "*fp32",
+            "SINKS": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "WORK_SEQ": "*i32", "WORK_TILE": "*i32",
+            "qk_scale": "fp32", "sm_scale": "fp32", "sc_in": "fp32", "sc_out": "fp32"}
+
+
+def varlen_report() -> None:
+    """The packed variable-length kernels: the forward (TMA and pointer K/V loads) and the backward's
+    dK/dV (atomic dQ on and off) and dQ pass, d 64 and 128, mods off and on (`VARLEN_MODS`); the
+    preprocess is the dense backward's (``--kernel bwd``)."""
+    from attnscope.kernels import bwd, varlen, varlen_bwd
+
+    for d in (64, 128):
+        for causal, window, softcap, sinks in VARLEN_MODS:
+            mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
+            for dt in ("bf16", "fp16") if not (window or softcap) else ("bf16",):
+                bm, bn, w, s = varlen.CONFIGS[d]
+                for tma in (True, False):
+                    cx = dict(HEAD_DIM=d, STORE_LSE=True, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
+                              MAX_UNSCALED=False, EMULATE_BF16=False, HAS_SINKS=sinks, **mods)
+                    report(f"varlen fwd d={d:3d} {dt} {_fmt(mods)} HAS_SINKS={int(sinks)} USE_TMA={int(tma)} "
+                           f"{bm}x{bn} w{w} s{s}",
+                           compile_triton, varlen._attnscope_varlen_kernel, _varlen_types(dt, False), cx, w,
+                           s)
+            dt = "bf16"
+            bm, bn, w, s = bwd.DKDV_CONFIGS[d]
+            for atomic in (False, True):
+                cx = dict(HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
+                report(f"varlen dK/dV d={d:3d} {dt} {_fmt(mods)} ATOMIC_DQ={int(atomic)} {bm}x{bn} w{w} s{s}",
+                       compile_triton, varlen_bwd._varlen_dkdv_kernel, _varlen_types(dt, True), cx, w, s)
+            bm, bn, w, s = bwd.DQ_CONFIGS[d]
+            cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
+            report(f"varlen dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
+                   compile_triton, varlen_bwd._varlen_dq_kernel, _varlen_types(dt, False), cx, w, s)
 
 
 # --- --kernel decode ---------------------------------------------------------------------------------
-def _decode_compile(fn, types, pointers, constexprs, warps, stages):
-    params = inspect.signature(fn.fn).parameters
-    names = list(params)
-    # constexprs with a default (MAX_UNSCALED) take it, as a launch that does not pass them does
-    constexprs = {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **constexprs}
-    sig = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in names}
-    # what the launcher's specialisation sees for contiguous caches: 16-aligned pointers and strides
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-             if n in pointers or (n.startswith("stride_") and n not in ("stride_sb", "stride_tb"))}
-    return triton.compile(triton.compiler.ASTSource(fn, sig, constexprs=constexprs, attrs=attrs),
-                          target=TARGET, options={"num_warps": warps, "num_stages": stages})
+#: (label, BLOCK_M, page size (0: dense), FUSE, CHUNK): decode row tiles (16 rows: fused / separate
+#: merge), paged caches, chunked prefill (128 rows; on a dense cache the plan runs the paged loop over
+#: pages of BLOCK_N keys, `DecodePlan`)
+DECODE_SHAPES = (("decode dense fused", 16, 0, True, False), ("decode dense separate", 16, 0, False, False),
+                 ("decode paged16 fused", 16, 16, True, False),
+                 ("decode paged64 separate", 16, 64, False, False),
+                 ("decode paged256 separate", 16, 256, False, False),
+                 ("chunk32 dense(paged BLOCK_N) fused", 32, -1, True, True),
+                 ("chunk64 paged64 separate", 64, 64, False, True),
+                 ("chunk128 dense(paged BLOCK_N)", 128, -1, False, True),
+                 ("chunk128 paged16", 128, 16, False, True))
+#: every score mod on (`decode.plan`: optional constexprs passed only when on)
+DECODE_MODS = dict(WINDOW=True, SOFTCAP=True, HAS_SINKS=True)
 
 
-def decode_report() -> int:
-    from attnscope.kernels import decode, merge
+def _cp_async(ptx: str) -> str:
+    """Whether the KV loop is software-pipelined with cp.async (tests/test_decode.py asserts it)."""
+    return f"cp.async {'cp.async' in ptx}"
 
-    types = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
-             "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32", "qk_scale": "fp32"}
-    print(f"triton {triton.__version__}, sm_90, d = 128, bf16")
-    for page in (0, *decode.PAGE_SIZES):
-        for block_m, group, fuse in ((16, 4, True), (16, 4, False), (128, 8, False)):
-            cfg = decode._block_config(block_m, page)
-            c = _decode_compile(decode._attnscope_decode_split_kernel, types,
-                                [n for n, t in types.items() if t.startswith("*")],
-                                dict(GROUP=group, BLOCK_M=block_m, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"],
-                                     STAGES=cfg["STAGES"], USE_DOT=True, EMULATE_BF16=False, SPLIT=True,
-                                     FUSE=fuse,
-                                     MERGE_M=min(block_m, 4) if block_m == 16 else block_m,
-                                     MERGE_S=8 if block_m <= 16 else 1, WRITE_LSE=True, HAS_SEQLENS=True,
-                                     PAGED=page > 0, PAGE_SIZE=max(page, 1), CHUNK=block_m > 16, OFF32=True),
-                                cfg["num_warps"], cfg["num_stages"])
-            regs, spill = _ptxas_regs_spills(c.asm["ptx"])
-            what = f"paged {page:3d}" if page else "dense    "
-            kind = "chunk 128 rows" if block_m > 16 else f"decode 16 rows {'fused' if fuse else 'separate'}"
-            print(f"split {what} {kind:28s} BLOCK_N {cfg['BLOCK_N']:3d} stages {cfg['STAGES']} "
-                  f"warps {cfg['num_warps']}: {regs} registers, {spill} B spilled, "
-                  f"shared {c.metadata.shared} B, cp.async {'cp.async' in c.asm['ptx']}", flush=True)
-    ctypes = {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32"}
-    c = _decode_compile(decode._attnscope_decode_combine_kernel, ctypes, list(ctypes),
-                        dict(HEAD_DIM=128, BLOCK_S=16, EMULATE_BF16=False), 4, 1)
-    print("combine: {} registers, {} B spilled, shared {} B".format(*_ptxas_regs_spills(c.asm["ptx"]),
-                                                                    c.metadata.shared))
-    mtypes = {"O": "*fp32", "LSE": "*fp32", "O_PART": "*bf16", "LSE_PART": "*fp32"}
-    c = _decode_compile(merge._attnscope_merge_kernel, mtypes, list(mtypes),
-                        dict(BLOCK_R=merge.BLOCK_R, BLOCK_D=128), 4, 1)
-    print("merge_: {} registers, {} B spilled, shared {} B".format(*_ptxas_regs_spills(c.asm["ptx"]),
-                                                                   c.metadata.shared))
-    return 0
+
+def _decode_types(kv):
+    return {"Q": "*bf16", "K": kv, "V": kv, "SEQLENS": "*i32", "BT": "*i32", "O_PART": "*fp32",
+            "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SEM": "*i32", "ERR": "*i32",
+            "K_SCALE": "*fp32", "V_SCALE": "*fp32", "SINKS": "*fp32", "qk_scale": "fp32", "softcap2": "fp32"}
+
+
+def decode_report() -> None:
+    """The split-KV decode kernel as `DecodePlan` builds it (`heuristics._block_config` per row tile and
+    page size; `DECODE_SHAPES`), bf16 and FP8 e4m3 caches (per-tensor scales with the mods off, per-head
+    with them on), score mods off and on, d 64 and 128 (d 64: bf16 plain and FP8 with every mod); then the
+    combine kernel (with and without sinks) and `kernels.merge`'s kernel."""
+    from attnscope.kernels import merge
+    from attnscope.kernels.decode import _kernel, heuristics
+
+    unaligned = ("stride_sb", "stride_tb")
+    for d in (128, 64):
+        for kv in ("bf16", "fp8"):
+            for mods in (False, True):
+                if d == 64 and mods != (kv == "fp8"):
+                    continue  # d 64: bf16 plain and FP8 with every mod
+                # FP8: one scale per tensor with the mods off, one per kv head with them on
+                opt = {**(DECODE_MODS if mods else {}),
+                       **(dict(FP8=True, SCALE_PER_HEAD=mods) if kv == "fp8" else {})}
+                for label, block_m, page, fuse, chunk in DECODE_SHAPES:
+                    if page < 0:
+                        page = heuristics._block_config(block_m)["BLOCK_N"]
+                    cfg = heuristics._block_config(block_m, page)
+                    rows = block_m if chunk else 4  # GROUP 4 x 1 query (decode), 128 rows (chunk)
+                    merge_m = min(block_m, triton.next_power_of_2(rows))
+                    cx = dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
+                              STAGES=cfg["STAGES"], USE_DOT=True, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
+                              MERGE_M=merge_m, MERGE_S=max(1, min(8, heuristics.MERGE_ELEMS // merge_m // d)),
+                              WRITE_LSE=True, HAS_SEQLENS=True, PAGED=page > 0, PAGE_SIZE=max(page, 1),
+                              CHUNK=chunk, OFF32=True, **opt)
+                    types = _decode_types("*fp8e4nv" if kv == "fp8" else "*bf16")
+                    report(f"decode split d={d:3d} kv {kv:4s} mods={int(mods)} {label:30s} "
+                           f"BLOCK_N {cfg['BLOCK_N']} STAGES {cfg['STAGES']} w{cfg['num_warps']}",
+                           compile_triton, _kernel._attnscope_decode_split_kernel, types, cx,
+                           cfg["num_warps"], cfg["num_stages"], unaligned, extra=_cp_async)
+        ctypes = {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*bf16", "LSE": "*fp32", "SINKS": "*fp32"}
+        for sinks in (False, True):
+            cx = dict(HEAD_DIM=d, BLOCK_S=16, EMULATE_BF16=False, HAS_SINKS=sinks)
+            report(f"decode combine d={d:3d} HAS_SINKS={int(sinks)}",
+                   compile_triton, _kernel._attnscope_decode_combine_kernel, ctypes, cx, 4, 1)
+        mtypes = {"O": "*fp32", "LSE": "*fp32", "O_PART": "*bf16", "LSE_PART": "*fp32"}
+        report(f"merge_ d={d:3d}", compile_triton, merge._attnscope_merge_kernel, mtypes,
+               dict(BLOCK_R=merge.BLOCK_R, BLOCK_D=d), 4, 1)
 
 
 def _config(flag):
@@ -341,8 +435,8 @@ def _config(flag):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=("fwd", "bwd", "decode"), default="fwd",
-                   help="which kernels to compile (default: the forward variants)")
+    p.add_argument("--kernel", choices=("fwd", "bwd", "varlen", "decode", "all"), default="fwd",
+                   help="which kernels to compile (default: the forward kernels)")
     p.add_argument("--dkdv", type=_config, metavar="BM,BN,WARPS,STAGES",
                    help="--kernel bwd: a dK/dV config (default: the table's)")
     p.add_argument("--dq", type=_config, metavar="BM,BN,WARPS,STAGES",
@@ -354,15 +448,25 @@ def main() -> int:
     p.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
                    help="with --gpu: the dtype(s) launched (default bf16)")
     a = p.parse_args()
-    if a.kernel == "bwd":
-        return bwd_report(a.dkdv, a.dq)
-    if a.kernel == "decode":
-        return decode_report()
     names = a.variant or ["portable", *fwd_hopper.VARIANTS]
     if a.evidence:
         return evidence()
-    return gpu_report(names, tuple(a.dtype or ("bf16",))) if a.gpu else cpu_report(names)
-
+    if a.gpu:
+        return gpu_report(names, tuple(a.dtype or ("bf16",)))
+    print(f"triton {triton.__version__}, target sm_90 (ptxas --gpu-name sm_90a), no GPU; shared-memory limit "
+          f"{SMEM_LIMIT} B", flush=True)
+    kinds = ("fwd", "bwd", "varlen", "decode") if a.kernel == "all" else (a.kernel,)
+    for kind in kinds:
+        if kind == "fwd":
+            fwd_report(names)
+        elif kind == "bwd":
+            bwd_report(a.dkdv, a.dq)
+        elif kind == "varlen":
+            varlen_report()
+        else:
+            decode_report()
+    print(f"{len(FAILED)} failed" + (": " + "; ".join(FAILED) if FAILED else ""), flush=True)
+    return 1 if FAILED else 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,8 +12,9 @@ B * N = ``--tokens``; each config is checked against float64 attention (heads 0-
 
 ``decode``: for the decode kernel's block configs and split heuristic. bf16, d = 128, the issue's
 (B, Hq, Hkv) x L grid (`attnscope.measure.bench.DECODE_GRID` / ``DECODE_LS``); at each point the default
-plan's output and each (BLOCK_N, warps, stages) x split count's are checked against float64 (batch 0),
-then timed beside SDPA CUDNN; effective TB/s = K and V bytes / time. About 10 minutes on an H200.
+plan's output and each (BLOCK_N, warps, stages) x split count's (a plan from `decode.plan._tuned_plan`,
+timed as ``plan.run``) are checked against float64 (batch 0), then timed beside SDPA CUDNN (and the
+one-liner, ``auto``); effective TB/s = K and V bytes / time. About 10 minutes on an H200.
 """
 
 import argparse
@@ -124,6 +125,7 @@ def decode(a) -> int:
 
     from attnscope import checks
     from attnscope.kernels import decode as dec
+    from attnscope.kernels.decode.plan import _tuned_plan
     from attnscope.measure.backends import sdpa
     from attnscope.measure.bench import DECODE_GRID, DECODE_LS
 
@@ -152,7 +154,7 @@ def decode(a) -> int:
 
             ref = tbs(lambda q=q, k=k, v=v, g=hq != hkv: cudnn(q, k, v, False, gqa=g))
             auto = tbs(lambda q=q, k=k, v=v: dec.flash_decode(q, k, v))
-            default_s = dec.default_num_splits(b, hkv, L)
+            default_s = dec.decode_plan(q, k, v).num_splits  # what the one-liner runs
             best = (0.0, None)
             for bn, w, st in DECODE_CONFIGS:
                 for s in SPLITS:
@@ -160,9 +162,11 @@ def decode(a) -> int:
                         continue
                     cfg = dict(BLOCK_N=bn, STAGES=st, num_warps=w, num_stages=st)
 
-                    def call(q=q, k=k, v=v, s=s, cfg=cfg):
-                        return dec.flash_decode(q, k, v, num_splits=s, _config=cfg)
                     try:
+                        plan = _tuned_plan(q, k, v, num_splits=s, config=cfg)
+
+                        def call(q=q, k=k, v=v, plan=plan):
+                            return plan.run(q, k, v)
                         e_cfg = (call()[:1].double() - exact).abs().max().item()
                         if not e_cfg <= bound:
                             bad += 1

@@ -3,6 +3,7 @@ bench/results stays under 2 MB."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,5 +51,7 @@ def test_bench_has_at_most_15_scripts_and_small_results():
     assert (BENCH / "README.md").is_file()
     readme = (BENCH / "README.md").read_text()
     assert all(p.name in readme for p in SCRIPTS), "bench/README.md lists every script"
+    rows = re.findall(r"^\| `([\w.]+\.py)` \|", readme, flags=re.M)
+    assert sorted(rows) == [p.name for p in SCRIPTS], "one README row per script, none for a removed one"
     size = sum(p.stat().st_size for p in (BENCH / "results").rglob("*") if p.is_file())
     assert size < 2 * 2**20, size
