@@ -134,7 +134,8 @@ def _sentences(r: Report) -> None:
     queue_text = f"Holding {held} is a static assumption; queuing under load must be measured."
     qm = next((m for m in r.metrics if m.name == "vllm:request_queue_time_seconds"), None)
     if q is not None and qm is not None:
-        queue_text += (f" Server histogram: queue p50 {qm.p50_ms:.1f} ms, p95 {qm.p95_ms:.1f} ms "
+        queue_text += (f" Server histogram: queue p50 {qm.mark('p50')}{qm.p50_ms:.1f} ms, "
+                       f"p95 {qm.mark('p95')}{qm.p95_ms:.1f} ms "
                        f"(trace {q.ms:.1f} ms).")
     r.boundary_errors = [
         ("Kernel vs. end-to-end",
@@ -159,7 +160,7 @@ def _sentences(r: Report) -> None:
         "Confirm by kernel name that prefill dispatches the fused flash kernel (attnscope which).",
         f"Check GPU prefill against the {b.inner_projected_ms:.2f} ms projection with matched spans "
         "(CUDA events, torch.profiler; attnscope share)."
-        + (f" Server prefill p50 now {pm.p50_ms:.1f} ms." if pm else ""),
+        + (f" Server prefill p50 now {pm.mark('p50')}{pm.p50_ms:.1f} ms." if pm else ""),
         "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
         collect,
         "Measure DRAM bytes with Nsight Compute (attnscope bytes): the logical byte model is an "

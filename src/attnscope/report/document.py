@@ -150,7 +150,8 @@ def _data(r: Report) -> dict:
         out["samples"] = {k: getattr(r.samples, k) for k in keys}
     if r.metrics:
         out["metrics"] = {m.name: {"count": m.hist.count, "p50_ms": m.p50_ms, "p95_ms": m.p95_ms,
-                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets}
+                                   "p99_ms": m.p99_ms, "mean_ms": m.mean_ms, "meets": m.meets,
+                                   "lower_bound_only": sorted(m.above)}
                           for m in r.metrics}
     if r.profile is not None:
         out["profile"] = {"span_ms": r.profile.span_ms, "attention_ms": r.profile.attention_ms,
@@ -224,13 +225,15 @@ def _evidence(r: Report) -> tuple[Section, ...]:
                           f"{low}, upper {up}: ", (s.verdict.upper(), _TONE[s.verdict]),
                           f".{need}{where}", *((f" {x}", "warn") for x in s.warnings)))
     for m in r.metrics:
-        rows.append((m.label, f"{m.hist.count:,.0f}", val(m.p50_ms), val(m.p95_ms), val(m.p99_ms),
+        rows.append((m.label, f"{m.hist.count:,.0f}", *(m.mark(k) + val(getattr(m, f"{k}_ms"))
+                                                        for k in ("p50", "p95", "p99")),
                      "unknown (no sum)" if m.mean_ms is None else val(m.mean_ms),
                      "" if m.meets is None else f"{m.meets} ({m.target_ms:g})"))
     if r.metrics:
         notes.append(para(("Server histograms, AFTER − BEFORE (--metrics)", "b"),
                           ": no client network or serialization; quantiles interpolated within buckets, "
-                          "exact only at bucket edges.",
+                          "exact only at bucket edges; \"> x\": the quantile lies in the +Inf bucket, above "
+                          "the highest finite bound x.",
                           *((f" {m.label}: {m.warning}.", "warn") for m in r.metrics if m.warning)))
     if r.profile is not None:
         p, prefill_ms = r.profile, r.trace.prefill_ms

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnscope import chrome_trace
-from attnscope.errors import InputError, finite_real, short
+from attnscope.errors import InputError, finite_real, short, visible
 from attnscope.inputs import load_json, number_text, read_csv, read_text
 from attnscope.model.amdahl import MAX_MS
 
@@ -270,6 +270,16 @@ class Histogram:
             prev_bound, prev_count = b, c
         return prev_bound
 
+    def open_above(self, q: float) -> bool:
+        """True when rank q * count falls in the +Inf bucket: `quantile(q)` is then only a lower bound."""
+        rank = q * self.count
+        return self.count > 0 and (len(self.counts) < 2 or self.counts[-2] < rank)
+
+
+def _labels_text(key) -> str:
+    text = visible(", ".join(f'{k}="{v}"' for k, v in key)) if key else "no labels"
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 def _series(fam, name: str) -> dict:
     """One family's samples by label set (all labels but `le`): {labels: [buckets, count, sum]} with
@@ -278,6 +288,9 @@ def _series(fam, name: str) -> dict:
     for s in fam.samples:
         if not math.isfinite(s.value) or s.value < 0:
             raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
+        if s.value > MAX_COUNT:
+            raise InputError(f"{name}: expected counts and sums of at most {MAX_COUNT:g}, got "
+                             f"{short(s.value)} in {s.name}")
         key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
         buckets, _, _ = one = series.setdefault(key, [{}, None, None])
         if s.name.endswith("_bucket"):
@@ -301,15 +314,16 @@ def _series(fam, name: str) -> dict:
     return series
 
 
-def _histograms(text: str, flag: str) -> dict[str, Histogram]:
-    """The vLLM histograms of one scrape, each summed over its label sets (engines, models), which
-    must share one set of bucket bounds: counts under different bounds are never added."""
+def _histograms(text: str, flag: str) -> dict[str, dict[tuple, Histogram]]:
+    """The vLLM histograms of one scrape, one per label set (engines, models): {name: {labels: hist}}.
+    Every label set of a histogram must share one set of bucket bounds (they are summed by bound after
+    the BEFORE/AFTER diff, which is taken per label set: see `metrics`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     lines = text.count("\n") + (not text.endswith("\n"))
     if lines > MAX_LINES:  # the parser builds an object per sample: bounded before it starts
         raise InputError(f"{flag}: expected a scrape of at most {MAX_LINES:,} lines, got {lines:,}")
-    out: dict[str, Histogram] = {}
+    out: dict[str, dict[tuple, Histogram]] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # the parser raises ValueError and others on malformed text
@@ -326,21 +340,14 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
         bounds = next(iter(bounds_of.values()))
         odd = next((k for k, b in bounds_of.items() if b != bounds), None)
         if odd is not None:
-            labels = ", ".join(f"{k}={v}" for k, v in odd)
             raise InputError(f"{name}: expected every label set to have the same bucket bounds (counts are "
-                             f"summed by bound), got {len(bounds_of[odd])} bounds in {short(labels, 60)} "
+                             f"summed by bound), got {len(bounds_of[odd])} bounds in {_labels_text(odd)} "
                              f"and {len(bounds)} in another")
         if math.inf not in bounds:
             raise InputError(f'{name}: expected a le="+Inf" bucket, got none')
-        counts = tuple(sum(v[0][b] for v in series.values()) for b in bounds)
-        sums = [v[2] for v in series.values()]
-        total = sum(sums) if all(x is not None for x in sums) else None  # None: the mean is unknown
-        big = next((v for v in (total or 0.0, *counts) if not v <= MAX_COUNT), None)
-        if big is not None:  # summed over label sets: finite each, but not their sum (1e308 + 1e308)
-            got = short(big) if math.isfinite(big) else "a total past the float range"
-            raise InputError(f"{name}: expected counts and sums of at most {MAX_COUNT:g}, got {got}")
-        for buckets, count, _ in series.values():
-            one = [buckets[b] for b in bounds]
+        hists = {}
+        for key, (buckets, count, total) in series.items():
+            one = tuple(buckets[b] for b in bounds)
             for i in range(1, len(bounds)):
                 if one[i] < one[i - 1]:
                     raise InputError(f"{name}: expected cumulative bucket counts non-decreasing in le, got "
@@ -349,7 +356,8 @@ def _histograms(text: str, flag: str) -> dict[str, Histogram]:
             if count is not None and count != one[-1]:
                 raise InputError(f"{name}: expected _count equal to the +Inf bucket ({one[-1]:g}), "
                                  f"got {count:g}")
-        out[fam.name] = Histogram(bounds, counts, counts[-1], total)
+            hists[key] = Histogram(bounds, one, one[-1], total)
+        out[fam.name] = hists
     return out
 
 
@@ -365,22 +373,51 @@ class HistogramDiff:
     target_ms: float | None = None
     meets: str | None = None  # "yes" | "no" | "undecided" (p95 vs target; decidable at bucket edges only)
     warning: str | None = None
+    #: the quantiles ("p50", "p95", "p99") whose rank falls in the +Inf bucket: their value is the
+    #: highest finite bound, a lower bound on the quantile, not the quantile.
+    above: frozenset = frozenset()
+
+    def mark(self, key: str) -> str:
+        """"> " before a quantile that is only a lower bound (see `above`), else ""."""
+        return "> " if key in self.above else ""
 
 
-def _diff(name: str, before: Histogram | None, after: Histogram) -> Histogram:
+def _diff(name: str, labels, before: Histogram | None, after: Histogram) -> Histogram:
+    """AFTER - BEFORE of one label set; a count, sum or bucket that went down is a counter reset."""
     if before is None:
         return after
+    where = f"--metrics: {name}{{{_labels_text(labels)}}}"
     if before.bounds != after.bounds:
-        raise InputError(f"--metrics: expected the same {name} buckets in BEFORE and AFTER, got "
+        raise InputError(f"{where}: expected the same buckets in BEFORE and AFTER, got "
                          f"{len(before.bounds)} and {len(after.bounds)} buckets with different bounds")
     counts = tuple(a - b for a, b in zip(after.counts, before.counts, strict=True))
     went_down = any(c < 0 for c in counts) or after.count < before.count or (
         after.sum is not None and before.sum is not None and after.sum < before.sum)
     if went_down:
-        raise InputError(f"--metrics: expected AFTER >= BEFORE for {name}, got a counter that went down "
+        raise InputError(f"{where}: expected AFTER >= BEFORE, got a counter that went down "
                          "(was the server restarted between the scrapes?)")
     total = None if after.sum is None or before.sum is None else after.sum - before.sum
     return Histogram(after.bounds, counts, after.count - before.count, total)
+
+
+def _check_sum(h: Histogram, where: str) -> None:
+    """Refuse a `_sum` the buckets contradict: every observation lies in (lower, upper] of its bucket
+    (the first bucket's lower end is 0: latencies), so the sum lies in [sum n_i lower_i, sum n_i upper_i]
+    (no upper end when the +Inf bucket holds observations)."""
+    if h.sum is None:
+        return
+    low = high = 0.0
+    prev_b, prev_c = 0.0, 0.0
+    for b, c in zip(h.bounds, h.counts, strict=True):
+        n = c - prev_c
+        low += n * prev_b
+        high = math.inf if n > 0 and math.isinf(b) else high + (0.0 if math.isinf(b) else n * b)
+        prev_b, prev_c = (prev_b if math.isinf(b) else b), c
+    slack = 1e-6 * max(low, abs(h.sum)) + 1e-9  # float rounding of the server's running sum and the diff
+    if not low - slack <= h.sum <= high + slack:
+        hi = "no upper end" if math.isinf(high) else f"{high:.6g} s"
+        raise InputError(f"{where}: expected _sum within what the buckets allow ({low:.6g} s to {hi}), "
+                         f"got {h.sum:.6g} s")
 
 
 def _check_target(h: Histogram, target_s: float, q: float = Q95) -> tuple[str, str | None]:
@@ -417,7 +454,26 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
                "vllm:inter_token_latency_seconds": tpot_target_ms}
     out = []
     for name in found:
-        h = _diff(name, before.get(name), after[name])
+        got, had = after[name], before.get(name, {})
+        gone = next((k for k, h in had.items() if k not in got and h.count > 0), None)
+        if gone is not None:
+            raise InputError(f"--metrics: {name}{{{_labels_text(gone)}}}: expected AFTER >= BEFORE, got "
+                             "the label set missing from AFTER (was the server restarted?)")
+        parts = []
+        for key, a in got.items():  # per label set first: a reset on one engine must not hide in the sum
+            d = _diff(name, key, had.get(key), a)
+            _check_sum(d, f"--metrics: {name}{{{_labels_text(key)}}}")
+            parts.append(d)
+        bounds = parts[0].bounds
+        counts = tuple(sum(p.counts[i] for p in parts) for i in range(len(bounds)))
+        sums = [p.sum for p in parts]
+        total = sum(sums) if all(x is not None for x in sums) else None  # None: the mean is unknown
+        big = next((v for v in (total or 0.0, *counts) if not v <= MAX_COUNT), None)
+        if big is not None:  # summed over label sets: finite each, but not their sum
+            got_text = short(big) if math.isfinite(big) else "a total past the float range"
+            raise InputError(f"--metrics: {name}: expected counts and sums of at most {MAX_COUNT:g} over "
+                             f"all label sets, got {got_text}")
+        h = Histogram(bounds, counts, counts[-1], total)
         if h.count <= 0:
             continue
         if h.sum is not None and h.sum > h.count * MAX_S:  # the mean observation stays printable
@@ -425,9 +481,12 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
                              f"observation), got {h.sum / h.count:.4g} s")
         target = targets.get(name)
         meets, warning = (None, None) if target is None else _check_target(h, target / 1e3)
-        p50, p95, p99 = (h.quantile(q) * 1e3 for q in (0.5, 0.95, 0.99))
+        qs = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+        p50, p95, p99 = (h.quantile(q) * 1e3 for q in qs.values())
+        above = frozenset(k for k, q in qs.items() if h.open_above(q))
         mean = None if h.sum is None else h.sum / h.count * 1e3
-        out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, mean, target, meets, warning))
+        out.append(HistogramDiff(name, VLLM_HISTOGRAMS[name], h, p50, p95, p99, mean, target, meets, warning,
+                                 above))
     if not out:
         raise InputError("--metrics: expected requests between BEFORE and AFTER, got no new observations")
     return out
