@@ -1706,3 +1706,38 @@ def test_a_sum_the_buckets_contradict_is_refused(capsys, tmp_path, buckets, tota
     (tmp_path / "a.prom").write_text(_engines(("0", buckets, total)))
     argv = ["report", "--metrics", tmp_path / "b.prom", tmp_path / "a.prom", "--out", tmp_path / "o"]
     refused(capsys, argv, needle, out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("dur", [0, 5e-324])
+def test_a_profile_with_no_kernel_time_is_refused_not_a_0_share(capsys, tmp_path, dur):
+    """Every kernel of zero (or subnormal) duration: 0 / 0 became a 0 % attention share replacing the
+    trace's split. Refused by the one reader `report --profile` and `attnscope share` use."""
+    from attnscope import chrome_trace
+    from attnscope.measure.share import LlamaShape, share_from_trace
+
+    trace = json.loads((DATA / "prefill_profile.json").read_text())
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["dur"] = dur
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps(trace))
+    line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "o"], "--profile", out_dir=tmp_path)
+    assert "prof.json: expected kernel time > 0 in the prefill, got 0" in line, line
+    with pytest.raises(InputError, match="expected kernel time > 0 in the prefill, got 0"):
+        share_from_trace(trace, "flash", 4096, LlamaShape(layers=1))
+    # attention kernels of zero time beside a busy prefill: no 0 % share either
+    one = {"ph": "X", "cat": "kernel", "ts": 10.0, "tid": 7}
+    zero_attn = [{**one, "name": "flash_fwd_kernel", "dur": 0}, {**one, "name": "gemm", "dur": 5.0}]
+    with pytest.raises(InputError, match="expected attention kernel time > 0 in the prefill, got 0"):
+        chrome_trace.attention_share(zero_attn)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ({"cat": ["kernel"]}, "traceEvents[0].cat: expected a string, got list"),
+    ({"ph": ["X"]}, "traceEvents[0].ph: expected a string, got list"),
+    ({"cat": 1}, "traceEvents[0].cat: expected a string, got int"),
+])
+def test_a_trace_event_with_a_non_string_cat_is_refused_not_skipped(capsys, tmp_path, edit, needle):
+    line = refused(capsys, ["report", "--profile", _profile(tmp_path, **edit), "--out", tmp_path / "o"],
+                   "--profile", out_dir=tmp_path)
+    assert needle in line, line

@@ -7,8 +7,9 @@ Events read (``ph`` "X"; microseconds): ``kernel`` (GPU kernels), ``cuda_runtime
 (their launches; ``args.correlation`` links a launch to its kernel), ``user_annotation`` (a
 ``record_function`` range on the CPU) and ``gpu_user_annotation`` (its projection on the GPU).
 Every such event is checked: ``ts`` and ``dur`` bounded (`MAX_TS_US`, `MAX_DUR_US`; ``dur`` >= 0),
-``args`` an object, ``name`` a string, ``tid`` an integer or a string, ``args.correlation`` an integer;
-anything else is an InputError naming the event and the field.
+``args`` an object, ``name`` a string, ``tid`` an integer or a string, ``args.correlation`` an integer
+(and ``cat`` and ``ph`` of every event a string); anything else is an InputError naming the event and
+the field.
 
 - **Prefill span**: the ranges whose name contains the word ``prefill`` (``attnscope::prefill``,
   ``prefill``). Their GPU projection when the trace has one (span = its duration, kernels = those
@@ -118,9 +119,14 @@ def events(trace, where: str = "trace") -> list[dict]:
                          f"got {type(trace).__name__}")
     out = []
     for i, e in enumerate(evs):
-        if not isinstance(e, dict) or e.get("cat") not in _CHECKED or e.get("ph", "X") != "X":
+        if not isinstance(e, dict):
             continue
         field = f"{where}: traceEvents[{i}]"
+        for key in ("cat", "ph"):  # a non-string would make the event silently not one of ours
+            if not isinstance(e.get(key, ""), str):
+                raise InputError(f"{field}.{key}: expected a string, got {type(e[key]).__name__}")
+        if e.get("cat") not in _CHECKED or e.get("ph", "X") != "X":
+            continue
         if not finite_real(e.get("ts")) or abs(e["ts"]) > MAX_TS_US:
             raise InputError(f"{field}.ts: expected a finite number within ±{MAX_TS_US:g} µs, "
                              f"got {visible(str(e.get('ts'))[:40])}")
@@ -233,7 +239,7 @@ def attention_share(trace, where: str = "trace") -> Share:
     """Attention's share of the prefill in a Chrome trace (a dict, or the traceEvents list).
 
     Raises InputError (naming ``where``) when the trace has no kernels, no kernel in the prefill span,
-    or no attention kernel.
+    no kernel time in it (0 / 0 is no share), or no attention kernel (or attention kernels of zero time).
     """
     evs = events(trace, where)
     ks = _kernels(evs)
@@ -256,17 +262,24 @@ def attention_share(trace, where: str = "trace") -> Share:
         span_us = max(k.ts_us + k.dur_us for k in in_span) - min(k.ts_us for k in in_span) if in_span else 0.0
     if not in_span:
         raise InputError(f"{where}: expected kernels inside the prefill span ({how}), got none")
+    busy_ms = _union_ms(in_span)
+    if not busy_ms > 0:  # 0 / 0 is no share: it would replace the trace's split with 0 %
+        raise InputError(f"{where}: expected kernel time > 0 in the prefill, got 0")
     ranged = {id(k) for k in _within(evs, in_span, is_attention_range)}
     attn = [k for k in in_span if id(k) in ranged or is_attention_kernel(k.name)]
     if not attn:
         raise InputError(f"{where}: expected attention kernels in the prefill (a fused attention kernel, or "
                          "kernels inside a range named with the word 'attention'), got none")
+    attention_ms = _union_ms(attn)
+    if not attention_ms > 0:
+        raise InputError(f"{where}: expected attention kernel time > 0 in the prefill, got 0 "
+                         f"({len(attn)} attention kernels of zero duration)")
     by_name: dict[str, float] = {}
     for k in attn:
         by_name[k.name] = by_name.get(k.name, 0.0) + k.dur_us / 1e3
     attn_ids = {id(k) for k in attn}
     longest = sorted(in_span, key=lambda k: -k.dur_us)[:8]
-    return Share(span=how, span_ms=span_us / 1e3, busy_ms=_union_ms(in_span), attention_ms=_union_ms(attn),
+    return Share(span=how, span_ms=span_us / 1e3, busy_ms=busy_ms, attention_ms=attention_ms,
                  kernels=len(in_span), attention_kernels=len(attn),
                  top=tuple(sorted(by_name.items(), key=lambda kv: -kv[1])[:3]),
                  longest=tuple((k.name, k.dur_us / 1e3, id(k) in attn_ids) for k in longest))
