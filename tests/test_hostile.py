@@ -1741,3 +1741,53 @@ def test_a_trace_event_with_a_non_string_cat_is_refused_not_skipped(capsys, tmp_
     line = refused(capsys, ["report", "--profile", _profile(tmp_path, **edit), "--out", tmp_path / "o"],
                    "--profile", out_dir=tmp_path)
     assert needle in line, line
+
+
+@pytest.mark.parametrize("value", ["15", " 15 ", "１５", "-0", "٣"])
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_trace_numbers_are_numbers_never_strings(capsys, tmp_path, value, fmt):
+    """segments[].ms read "15", fullwidth or Arabic-Indic digit strings as numbers, unlike every other
+    numeric field: a number must be a JSON/YAML number."""
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["segments"][0]["ms"] = value
+    p = tmp_path / f"t.{fmt}"
+    p.write_text(json.dumps(data) if fmt == "json" else yaml.safe_dump(data, allow_unicode=True))
+    refused(capsys, ["report", p, "--out", tmp_path / "out"], "segments[0].ms: expected a finite duration",
+            out_dir=tmp_path)
+
+
+def test_subnormal_durations_are_one_line_not_a_zero_division(capsys, tmp_path):
+    """5e-324 ms made part / S round to 0 and the projected prefill 0: ZeroDivisionError in carry."""
+    refused(capsys, ["amdahl", "--f", "0.5", "--part-ms", "5e-324", "--inner-ms", "5e-324",
+                     "--outer-ms", "5e-324"], "--part-ms: expected 0 or a duration of at least 1e-06 ms")
+    from attnscope.model import amdahl
+
+    b = amdahl.carry(1e-6, 1e-6, 1e-6, amdahl.S_MAX)  # the smallest accepted: finite, positive
+    assert b.inner_projected_ms > 0 and math.isfinite(b.inner_speedup) and math.isfinite(b.outer_speedup)
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["segments"][2]["ms"] = 5e-324
+    data["prefill"] = {"segment": data["prefill"]["segment"], "attention_ms": 5e-324}
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data, allow_unicode=True))
+    refused(capsys, ["report", p, "--out", tmp_path / "out"],
+            "segments[2].ms: expected 0 or a duration of at least 1e-06 ms, got 5e-324", out_dir=tmp_path)
+
+
+def test_yaml_is_1_2_core_for_bools_and_dates_and_minus_zero_prints_as_zero(capsys, tmp_path):
+    """YAML 1.1 read `model: no` as False and `title: 2026-12-01` as a date (both refused); in 1.2 core
+    they are strings. `ms: -0.0` printed "-0.0 | -0.0%"."""
+    from attnscope.report import schema
+
+    text = DEFAULT_TRACE_YAML.replace("ms: 15.0", "ms: -0.0")
+    text = re.sub(r"(?m)^  model: .*$", "  model: no", text)
+    text = re.sub(r"(?m)^title: .*$", "title: 2026-12-01", text)
+    assert "model: no" in text and "title: 2026-12-01" in text
+    t = schema.parse(text)
+    assert t.workload.model == "no" and t.title == "2026-12-01" and math.copysign(1, t.segments[0].ms) == 1
+    assert inputs.load_yaml("x", "T", text="a: true\nb: False\nc: yes\nd: off\n") == {
+        "a": True, "b": False, "c": "yes", "d": "off"}
+    p = tmp_path / "t.yaml"
+    p.write_text(text)
+    rc, out, err, _ = run(capsys, ["report", p, "--out", tmp_path / "o", "--format", "md"])
+    assert rc == 0, err
+    assert "-0.0" not in (tmp_path / "o" / "report.md").read_text()

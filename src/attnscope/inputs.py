@@ -15,7 +15,8 @@ one `InputError` line naming that field. The hostile cases, each a test in tests
 - giant integers: a literal with more than `MAX_INT_DIGITS` (30) digits is refused (no field needs
   more than 10^30, and Python's int/str conversion limit would otherwise raise mid-parse);
 - YAML: YAML 1.2 core numbers (the 1.1 forms PyYAML would read differently -- octal 040, hex, binary,
-  sexagesimal 1:30, underscores -- are refused naming the key); aliases and anchors refused (no alias
+  sexagesimal 1:30, underscores -- are refused naming the key), 1.2 core booleans (true/false only: `no`
+  is a string) and no implicit timestamps (a date is a string); aliases and anchors refused (no alias
   bombs); only the safe tags; at most `MAX_YAML_BYTES` (1 MiB) and `MAX_YAML_NODES` values, so the
   pure-Python loader cannot take minutes;
 - CSV: fields over the csv module's limit become one line, not `_csv.Error`; at most `MAX_CSV_CELLS`.
@@ -229,6 +230,11 @@ _YAML_FLOAT = re.compile(r"^[-+]?((0|[1-9][0-9]*)\.[0-9]*|\.[0-9]+"
 _YAML_ODD_NUMBER = re.compile(r"^[-+]?(0[bBoOxX][0-9a-fA-F_]*|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"
                               r"|[0-9][0-9_]*\.?[0-9_]*([eE][-+]?[0-9]+)?|\.[0-9_]+([eE][-+]?[0-9]+)?)$")
 _ODD_TAG = "tag:attnscope:odd-number"
+#: YAML 1.2 core booleans (1.1 also reads yes/no/on/off, so `model: no` became False); 1.2 core has no
+#: implicit timestamps (`title: 2026-12-01` is the string).
+_YAML_BOOL = re.compile(r"^(true|True|TRUE|false|False|FALSE)$")
+_YAML_11_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool",
+                 "tag:yaml.org,2002:timestamp")
 _NUMBER_FIRST = list("-+.0123456789")
 
 
@@ -285,10 +291,11 @@ def _yaml_loader():
                                      f"{key_node.start_mark.line + 1}")
             return super().construct_mapping(node, deep=deep)
 
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int",
-                                                                  "tag:yaml.org,2002:float")]
+    Loader.yaml_implicit_resolvers = {  # 1.2 core: no 1.1 numbers, yes/no/on/off bools or timestamps
+        first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_11_TAGS]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first in "tTfF":
+        Loader.yaml_implicit_resolvers.setdefault(first, []).insert(0, ("tag:yaml.org,2002:bool", _YAML_BOOL))
     for tag, rx in (("tag:yaml.org,2002:int", _YAML_INT), ("tag:yaml.org,2002:float", _YAML_FLOAT),
                     (_ODD_TAG, _YAML_ODD_NUMBER)):
         for first in _NUMBER_FIRST:  # before the timestamp resolver, in this order

@@ -21,6 +21,9 @@ DEFAULT_SENSITIVITY = (0.15, 0.40, 0.65)
 S_MIN, S_MAX = 1e-3, 1e6
 #: Longest accepted duration, ms (about 11.6 days): the boundary arithmetic stays exact to print.
 MAX_MS = 1e9
+#: Shortest nonzero duration accepted, ms (1 ns): a subnormal one (5e-324) makes part / S, and with it
+#: the projected inner duration, round to 0 (a division by zero) while the inputs look valid.
+MIN_MS = 1e-6
 
 
 def _check(f: float, s: float, f_name: str = "f", s_name: str = "s") -> None:
@@ -92,6 +95,8 @@ def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float, names: dic
     Spec exit task: part 116.0 ms of a 290.0 ms prefill inside a 380.0 ms TTFT, S = 3.00 gives a
     212.67 ms prefill (1.3636x) and a 302.67 ms TTFT (1.2555x).
 
+    Durations are 0 or in [`MIN_MS`, `MAX_MS`]: the projected inner and outer durations are then > 0.
+
     names: what the caller's user calls each argument ({"part_ms": "--part-ms", ...}), so an error
     names the input field, not this function's parameter.
     """
@@ -99,6 +104,8 @@ def carry(part_ms: float, inner_ms: float, outer_ms: float, s: float, names: dic
     for name, v in (("part_ms", part_ms), ("inner_ms", inner_ms), ("outer_ms", outer_ms)):
         if not (finite_real(v) and 0 <= v <= MAX_MS):
             raise InputError(f"{n[name]}: expected a finite duration in [0, {MAX_MS:g}] ms, got {short(v)}")
+        if 0 < v < MIN_MS:
+            raise InputError(f"{n[name]}: expected 0 or a duration of at least {MIN_MS:g} ms, got {short(v)}")
     if not 0 < inner_ms <= outer_ms:
         raise InputError(f"{n['inner_ms']}: expected 0 < {n['inner_ms']} <= {n['outer_ms']} ({outer_ms:g}), "
                          f"got {inner_ms:g}")

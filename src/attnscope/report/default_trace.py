@@ -9,7 +9,7 @@ DEFAULT_TRACE_YAML = """\
 title: Document QA endpoint, latency attribution
 workload:
   model: nominal 8B dense (untied LM head)
-  params: 8.0e9            # parameter count: dense FLOPs per prompt token = 2 * params
+  params: 8.0e+9           # parameter count: dense FLOPs per prompt token = 2 * params
   dtype: fp16
   layers: 32
   heads: 32                # query heads

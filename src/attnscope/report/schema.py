@@ -22,13 +22,12 @@ characters (they would reach the page raw); numbers are finite and bounded (`MAX
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.errors import InputError, expect, finite_real, short
-from attnscope.inputs import load_json, load_yaml, number_text, read_text
+from attnscope.inputs import load_json, load_yaml, read_text
 from attnscope.model import amdahl
 
 DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
@@ -148,18 +147,19 @@ def _str(data: dict, key: str, name: str, default: str | None = None) -> str:
 
 
 def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
+    """A JSON/YAML number (never a string: "15" or "１５" is refused), finite and bounded; a duration is
+    0 or in [`amdahl.MIN_MS`, `MAX_MS`]. -0.0 is read as 0.0."""
     v = data.get(key)
-    if isinstance(v, str):  # YAML 1.1 reads 8.0e9 (no sign in the exponent) as a string
-        with contextlib.suppress(ValueError):
-            v = float(v) if number_text(v) else v
     ok = finite_real(v)
-    lo, hi = BOUNDS.get(key, (1e-6, MAX_MS))
+    lo, hi = BOUNDS.get(key, (amdahl.MIN_MS, MAX_MS))
     if positive:
         expect(ok and lo <= v <= hi, f"{name}.{key}", f"a finite number in [{lo:g}, {hi:g}]", v)
     else:
         expect(ok and v >= 0, f"{name}.{key}", "a finite duration >= 0 ms", v)
         expect(v <= MAX_MS, f"{name}.{key}", f"a duration of at most {MAX_MS:g} ms", v)
-    return float(v)
+        expect(v == 0 or v >= amdahl.MIN_MS, f"{name}.{key}",
+               f"0 or a duration of at least {amdahl.MIN_MS:g} ms", v)
+    return float(v) + 0.0  # -0.0 + 0.0 is 0.0: no "-0.0" on the page
 
 
 def _int(data: dict, key: str, name: str) -> int:
@@ -234,7 +234,7 @@ def validate(data) -> Trace:
         v = p["attention_share"]
         expect(finite_real(v) and 0 <= v <= 1, "prefill.attention_share",
                "a fraction in [0, 1] (a share over 100 % is impossible)", v)
-        attn = float(v) * prefill_ms
+        attn = float(v) * prefill_ms + 0.0  # -0.0 read as 0.0
 
     dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
     c = _mapping(top["change"], "change", {"description", "segment", "speedup", "source"},
