@@ -1791,3 +1791,23 @@ def test_yaml_is_1_2_core_for_bools_and_dates_and_minus_zero_prints_as_zero(caps
     rc, out, err, _ = run(capsys, ["report", p, "--out", tmp_path / "o", "--format", "md"])
     assert rc == 0, err
     assert "-0.0" not in (tmp_path / "o" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("a.csv", "ttft_ms\n٣٠٠\n", "expected a plain decimal number on data row 1, got '٣٠٠'"),
+    ("f.csv", "ttft_ms\n３００\n", "expected a plain decimal number on data row 1, got '３００'"),
+    ("z.csv", "ttft_ms\n300\n-0\n", "expected TTFT samples > 0 (a first token takes time), got -0.0 at "),
+    ("z.json", '{"ttft_ms": [300, 0]}', "expected TTFT samples > 0 (a first token takes time), got 0 at "),
+    ("v.json", '{"ttfts": [0.3, 0.0], "errors": ["", null]}',
+     "expected ttfts > 0 for a successful request (empty errors entry), got 0.0 at index 1"),
+    ("w.json", '{"ttfts": [0.3, 0.0], "errors": ["", false]}',
+     "expected errors[1] to be a string (empty or null: the request succeeded), got False"),
+])
+def test_samples_are_ascii_numbers_and_successes_take_time(capsys, tmp_path, name, content, needle):
+    """Arabic-Indic or fullwidth digits read as numbers; a vLLM request whose errors entry is "", null
+    or false with ttft 0 counted as a 0 ms success."""
+    p = tmp_path / name
+    p.write_text(content, encoding="utf-8")
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], f"--samples {name}",
+                   out_dir=tmp_path)
+    assert needle in line, line

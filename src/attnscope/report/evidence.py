@@ -76,7 +76,17 @@ def read_samples(path, unit: str | None = None) -> list[float]:
                 got = f"a list of {len(errors)}" if isinstance(errors, list) else short(errors)
                 raise InputError(f"{flag}: expected errors to be a list with one entry per ttfts entry "
                                  f"({len(ttfts)}; failed requests are left out by it), got {got}")
+            bad = next((i for i, e in enumerate(errors) if not (e is None or isinstance(e, str))), None)
+            if bad is not None:
+                raise InputError(f"{flag}: expected errors[{bad}] to be a string (empty or null: the request "
+                                 f"succeeded), got {short(errors[bad])}")
+            # a failed request is one with a non-empty error; a successful one must have a TTFT > 0
             values = [t for t, e in zip(ttfts, errors, strict=True) if not e]
+            zero = next((i for i, (t, e) in enumerate(zip(ttfts, errors, strict=True))
+                         if not e and finite_real(t) and t <= 0), None)
+            if zero is not None:
+                raise InputError(f"{flag}: expected ttfts > 0 for a successful request (empty errors entry), "
+                                 f"got {short(ttfts[zero])} at index {zero}")
         elif isinstance(values, dict) and len(set(values) & set(SAMPLE_COLUMNS)) == 1:
             key = next(k for k in SAMPLE_COLUMNS if k in values)
             values, found = values[key], SAMPLE_COLUMNS[key]
@@ -112,6 +122,9 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     for i, v in enumerate(values):
         if not (finite_real(v) and 0 <= v <= 1e9):
             raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at index {i}")
+        if v == 0:  # -0 too: a request that got a first token took time
+            raise InputError(f"{flag}: expected TTFT samples > 0 (a first token takes time), got {short(v)} "
+                             f"at index {i}")
         out.append(float(v) * factor)
     if not out:
         raise InputError(f"{flag}: expected at least one TTFT sample, got none")
