@@ -145,6 +145,8 @@ def parse_grid(path, field: str = "GRID", text: str | None = None) -> list[dict]
         if not table:
             raise InputError(f"{field}: expected a header row and at least one point, got an empty file")
         header = [h.strip() for h in table[0]]
+        if (twice := next((h for i, h in enumerate(header) if h in header[:i]), None)) is not None:
+            raise InputError(f"{field} row 1: expected each column once, got {short(twice)} twice")
         rows = []
         for i, r in enumerate(table[1:], start=2):
             if len(r) != len(header):
