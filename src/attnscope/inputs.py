@@ -341,9 +341,9 @@ def load_yaml(path, field: str, text: str | None = None):
 
 
 def read_csv(path, field: str, text: str | None = None) -> list[list[str]]:
-    """Rows of a CSV file (blank rows dropped; LF, CRLF and CR line ends); a field over the csv module's limit (128 Ki characters) is
-    one InputError line, not `_csv.Error`; more than `MAX_CSV_CELLS` cells are refused while reading
-    (64 MiB of one-character rows would be gigabytes of lists)."""
+    """Rows of a CSV file (blank rows dropped; LF, CRLF and CR line ends); a field over the csv module's
+    limit (128 Ki characters) is one InputError line, not `_csv.Error`; more than `MAX_CSV_CELLS` cells
+    are refused while reading (64 MiB of one-character rows would be gigabytes of lists)."""
     text = read_text(path, field) if text is None else text
     rows, cells = [], 0
     try:
@@ -377,7 +377,7 @@ def out_dir(path, field: str = "--out") -> Path:
             raise InputError(f"{field}: expected a directory, got a dangling symlink {where}")
         if p.exists() and not p.is_dir():
             raise InputError(f"{field}: expected a directory, got an existing file {where}")
-        if p.resolve() == Path(p.anchor or "/").resolve():  # "/", "//", "/.", "/..": never a place for outputs
+        if p.resolve() == Path(p.anchor or "/").resolve():  # "/", "//", "/.", "/..": not for outputs
             raise InputError(f"{field}: expected a directory other than the file-system root, got {where}")
         parent = next((x for x in p.absolute().parents if x.exists()), p.absolute())
         if not parent.is_dir():
@@ -419,7 +419,8 @@ def out_file(path, field: str = "--out") -> Path:
     try:
         return _out_file(Path(path), _name(path), field)
     except OSError as e:  # a name too long, a loop of symlinks, ...
-        raise InputError(f"{field}: expected a writable path, got {_name(path)} ({e.strerror or e})") from None
+        raise InputError(f"{field}: expected a writable path, got {_name(path)} "
+                         f"({e.strerror or e})") from None
 
 
 def _out_file(p: Path, where: str, field: str) -> Path:

@@ -16,6 +16,7 @@ unsupported combinations (`NotImplementedError`) print one line and exit 2, with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -147,10 +148,8 @@ def _stdout_name() -> str:
 
 def _drop_stdout() -> None:
     """Point stdout's descriptor at /dev/null, so what is still buffered cannot fail again at exit."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 if __name__ == "__main__":  # pragma: no cover
