@@ -101,7 +101,23 @@ def _which(args) -> int:
 MAX_TENSOR_BYTES = 288 * 10**9
 
 
+#: --sms and --l2-bytes of the L2 estimate: far around every GPU made (H200: 132 SMs, 60 MiB L2), so a
+#: typo is refused instead of estimated (at 20,000 SMs the estimate exceeds the logical bytes).
+SMS_RANGE = (1, 1024)
+L2_RANGE = (2**20, 2**30)
+
+
+def _machine_flags(args) -> None:
+    """--sms and --l2-bytes, when given, within `SMS_RANGE` / `L2_RANGE` (0 is refused, not "unset")."""
+    if args.sms is not None and not SMS_RANGE[0] <= args.sms <= SMS_RANGE[1]:
+        raise InputError(f"--sms: expected an SM count in [{SMS_RANGE[0]}, {SMS_RANGE[1]}], got {args.sms:,}")
+    if args.l2_bytes is not None and not L2_RANGE[0] <= args.l2_bytes <= L2_RANGE[1]:
+        raise InputError(f"--l2-bytes: expected an L2 size from 1 MiB to 1 GiB ({L2_RANGE[0]:,} to "
+                         f"{L2_RANGE[1]:,} bytes), got {args.l2_bytes:,}")
+
+
 def _bytes(args) -> int:
+    _machine_flags(args)
     if not 1 <= args.repeat <= physical.MAX_REPEAT:
         raise InputError(f"--repeat: expected an integer in [1, {physical.MAX_REPEAT}], got {args.repeat}")
     if args.repeat > 1 and not args.sweep:  # one call, --from-json (its env says) and --calibrate: 1
@@ -213,9 +229,6 @@ def _bytes_sweep(args) -> int:
     --calibrate (streams of known size through the same ncu path)."""
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
-    for flag, v in (("--l2-bytes", args.l2_bytes), ("--sms", args.sms)):  # 0 is refused, not "unset"
-        if v is not None:
-            positive_int(flag, v)
     if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
         out_file(args.json, "--json")
         distinct({"--json": args.json}, {"--sweep": args.sweep, "--from-json": args.from_json})
