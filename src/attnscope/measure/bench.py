@@ -188,21 +188,28 @@ def decode_line(row: dict) -> str:
             f"/cudnn={_fmt(row.get('vs_cudnn'), 3)} /flash={_fmt(row.get('vs_flash'), 3)}" + eager)
 
 
-#: The fields `--from-json` reads from each recorded row, and their types (what the sweep writes).
-_INT, _NUM, _RATES = "a positive integer", "a finite number", "an object of name: number or null"
+#: The fields `--from-json` reads from each recorded row, and their types (what the sweep writes). Every
+#: number is bounded by `MAX_RECORDED`: far above any GPU's TFLOP/s, TB/s, ms or sequence length, low
+#: enough that a typo (10**29, -1e308) is refused instead of printed as a 309-digit number.
+MAX_RECORDED = 10**9
+_INT, _NUM = "a positive integer up to 10^9", "a positive number up to 10^9"
+_RATES, _ERRS = "an object of name: positive number up to 10^9 or null", \
+    "an object of name: number from 0 to 10^9 or null"
 _ROW_FIELDS = {
     "prefill": {"dtype": "a dtype name", "d": _INT, "causal": "true or false", "n": _INT, "batch": _INT,
                 "heads": _INT, "tflops": _RATES},
     "decode": {"batch": _INT, "hq": _INT, "hkv": _INT, "L": _INT, "kv_mib": _NUM, "tbs": _RATES},
 }
-_OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _RATES, "tbs_eager": _RATES, "ms": _RATES}
+_OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _ERRS, "tbs_eager": _RATES, "ms": _RATES}
 
 
 def _field_ok(kind: str, value) -> bool:
     if kind in (_INT, _NUM):
-        return finite_real(value) and (kind == _NUM or isinstance(value, int) and value > 0)
-    if kind == _RATES:
-        return isinstance(value, dict) and all(v is None or _field_ok(_NUM, v) for v in value.values())
+        return finite_real(value) and 0 < value <= MAX_RECORDED and (kind == _NUM or isinstance(value, int))
+    if kind in (_RATES, _ERRS):
+        return isinstance(value, dict) and all(
+            v is None or (_field_ok(_NUM, v) if kind == _RATES else finite_real(v) and 0 <= v <= MAX_RECORDED)
+            for v in value.values())
     return isinstance(value, bool) if kind == "true or false" else isinstance(value, str)
 
 
