@@ -101,19 +101,13 @@ def _which(args) -> int:
 MAX_TENSOR_BYTES = 288 * 10**9
 
 
-#: --sms and --l2-bytes of the L2 estimate: far around every GPU made (H200: 132 SMs, 60 MiB L2), so a
-#: typo is refused instead of estimated (at 20,000 SMs the estimate exceeds the logical bytes).
-SMS_RANGE = (1, 1024)
-L2_RANGE = (2**20, 2**30)
-
-
 def _machine_flags(args) -> None:
-    """--sms and --l2-bytes, when given, within `SMS_RANGE` / `L2_RANGE` (0 is refused, not "unset")."""
-    if args.sms is not None and not SMS_RANGE[0] <= args.sms <= SMS_RANGE[1]:
-        raise InputError(f"--sms: expected an SM count in [{SMS_RANGE[0]}, {SMS_RANGE[1]}], got {args.sms:,}")
-    if args.l2_bytes is not None and not L2_RANGE[0] <= args.l2_bytes <= L2_RANGE[1]:
-        raise InputError(f"--l2-bytes: expected an L2 size from 1 MiB to 1 GiB ({L2_RANGE[0]:,} to "
-                         f"{L2_RANGE[1]:,} bytes), got {args.l2_bytes:,}")
+    """--sms and --l2-bytes, when given, within `physical.SMS_RANGE` / `L2_RANGE` (0 is refused, not
+    "unset")."""
+    if args.sms is not None:
+        physical.machine_int("--sms", args.sms, physical.SMS_RANGE)
+    if args.l2_bytes is not None:
+        physical.machine_int("--l2-bytes", args.l2_bytes, physical.L2_RANGE)
 
 
 def _bytes(args) -> int:
