@@ -19,19 +19,23 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 
 from attnscope import __version__, inputs
 from attnscope.errors import InputError, short, visible
 
+_INTEGER = re.compile(r"[+-]?\d{1,4000}", re.ASCII)  # a longer one is refused by its range check anyway
+
 
 def _strict(kind):
-    """argparse `type=` for `int` and `float` flags: a plain ASCII decimal number only
-    (`inputs.number_text`), never what Python's int()/float() also take ("1_0", "４０９６", "nan")."""
+    """argparse `type=` for `int` and `float` flags: a plain ASCII decimal number only, never what
+    Python's int()/float() also take ("1_0", fullwidth "４０９６", "nan", "inf")."""
     def parse(text: str):
-        if not inputs.number_text(text) or (kind is int and not text.strip().lstrip("+-").isdigit()):
+        if not (_INTEGER.fullmatch(text.strip()) if kind is int else inputs.number_text(text)):
             what = "an integer" if kind is int else "a decimal number"
-            raise argparse.ArgumentTypeError(f"expected {what} (ASCII digits), got {short(text)}")
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: expected {what} in ASCII "
+                                             f"digits, got {short(text)}")
         return kind(text.strip())
     parse.__name__ = kind.__name__
     return parse

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from attnscope import inputs
-from attnscope.errors import InputError, expect, short
+from attnscope.errors import InputError, expect, positive_int, short
 from attnscope.measure import ncu
 from attnscope.model import l2
 
@@ -69,8 +69,9 @@ MAX_RECORDED_BYTES = 10**15
 def machine_int(name: str, value, bounds: tuple[int, int]) -> int:
     """An SM count or an L2 size within `bounds` (`SMS_RANGE`, `L2_RANGE`); one line naming `name` if not."""
     lo, hi = bounds
+    positive_int(name, value)
     what = f"an integer from {lo:,} to {hi:,}" + (" bytes (1 MiB to 1 GiB)" if bounds == L2_RANGE else "")
-    expect(isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi, name, what, value)
+    expect(lo <= value <= hi, name, what, value)
     return value
 
 
@@ -371,6 +372,9 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                              f"{total:,}")
         kernels = m.get("kernels")
         expect(isinstance(kernels, list), f"{where}: measured.kernels", "a list of kernels", kernels)
+        names = [k.get("name", "") for k in kernels if isinstance(k, dict)]
+        expect(all(isinstance(x, str) for x in names), f"{where}: measured.kernels", "string names",
+               next((x for x in names if not isinstance(x, str)), None))
         sums = [0, 0]
         for j, k in enumerate(kernels):
             at = f"{where}: measured.kernels[{j}]"
@@ -381,7 +385,6 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         if sums != [read, write]:  # what `ncu.Measured` records: its totals are its kernels' sums
             raise InputError(f"{where}: measured.kernels: expected kernels whose bytes add up to "
                              f"measured.read and .write ({read:,}, {write:,}), got {sums[0]:,}, {sums[1]:,}")
-        names = [k["name"] for k in kernels]
         pairs.append((spec, total, names))
     if "partial" not in env:  # a sweep cut short records fewer runs; a whole one, `repeat` of each point
         short_of = next((dict(k) for k, n in runs.items() if n != repeat), None)
