@@ -10,7 +10,9 @@ file reads in one sitting and no file imports torch at module level:
 
 Each module has `configure(subparsers)`, which adds its subcommands with `set_defaults(func=...)`; the
 function takes the parsed args and returns the exit code. Bad input (`InputError`, a ValueError) and
-unsupported combinations (`NotImplementedError`) print one line and exit 2, without a traceback.
+unsupported combinations (`NotImplementedError`) print one line and exit 2, without a traceback; so does a
+stdout that cannot be written (closed, a full disk), while a reader that left (`| head`) ends it quietly.
+Every `type=int` / `type=float` flag takes plain ASCII decimal numbers only (`_strict`).
 """
 
 from __future__ import annotations
