@@ -1651,7 +1651,7 @@ def test_distinct_and_write_all_api(tmp_path):
 # --- second hostile pass: CLI io
 @pytest.mark.parametrize("argv", [["amdahl", "--f", "0.1_5"], ["amdahl", "--s", "1_0"],
                                   ["traffic", "--n", "４０９６"], ["traffic", "--n", "1_024"],
-                                  ["amdahl", "--f", "nan"], ["bytes", "--estimate-only", "--sms", "１３２"]])
+                                  ["amdahl", "--f", "0.１"], ["bytes", "--estimate-only", "--sms", "１３２"]])
 def test_cli_numbers_are_ascii_decimal_only(capsys, argv):
     """`amdahl --f 0.1_5` read 0.15 and `--n ４０９６` read 4096 (Python's int()/float() take both)."""
     refused(capsys, argv, f"argument {argv[-2]}: invalid", argparse_error=True)

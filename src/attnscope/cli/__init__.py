@@ -28,13 +28,16 @@ from attnscope import __version__, inputs
 from attnscope.errors import InputError, short, visible
 
 _INTEGER = re.compile(r"[+-]?\d{1,4000}", re.ASCII)  # a longer one is refused by its range check anyway
+_NONFINITE = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
 
 
 def _strict(kind):
     """argparse `type=` for `int` and `float` flags: a plain ASCII decimal number only, never what
-    Python's int()/float() also take ("1_0", fullwidth "４０９６", "nan", "inf")."""
+    Python's int()/float() also take ("1_0", fullwidth "４０９６"). A float flag also passes "nan" and
+    "[+-]inf" on, for its own check to name ("--softcap: expected a finite real number >= 0")."""
     def parse(text: str):
-        if not (_INTEGER.fullmatch(text.strip()) if kind is int else inputs.number_text(text)):
+        if not (_INTEGER.fullmatch(text.strip()) if kind is int else
+                inputs.number_text(text) or _NONFINITE.fullmatch(text.strip())):
             what = "an integer" if kind is int else "a decimal number"
             raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: expected {what} in ASCII "
                                              f"digits, got {short(text)}")
