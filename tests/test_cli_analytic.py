@@ -189,7 +189,7 @@ BAD = [
     (["traffic", "--rows", "naive,flash", "--ratio", "naive", "flash-causal"],
      "--ratio: expected two of the configurations counted"),
     (["traffic", "--dtype", "fp8", "--device", "a100"], "no FP8 Tensor Cores; supported on h100, h200"),
-    (["traffic", "--n", "abc"], "invalid int value: 'abc'"),
+    (["traffic", "--n", "abc"], "invalid int value: expected an integer in ASCII digits, got 'abc'"),
     (["tiles", "--query-tile", "33"], "--query-tile: expected an integer in 1..32, got 33"),
     (["tiles", "--query-tile", "0"], "--query-tile: expected an integer in 1..32, got 0"),
     (["tiles", "--block-kv", "0"], "--block-kv: expected a positive integer, got 0"),

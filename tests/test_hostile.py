@@ -1811,3 +1811,218 @@ def test_samples_are_ascii_numbers_and_successes_take_time(capsys, tmp_path, nam
     line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], f"--samples {name}",
                    out_dir=tmp_path)
     assert needle in line, line
+
+
+# --- second hostile pass: CLI io
+@pytest.mark.parametrize("argv", [["amdahl", "--f", "0.1_5"], ["amdahl", "--s", "1_0"],
+                                  ["traffic", "--n", "４０９６"], ["traffic", "--n", "1_024"],
+                                  ["amdahl", "--f", "0.１"], ["bytes", "--estimate-only", "--sms", "１３２"]])
+def test_cli_numbers_are_ascii_decimal_only(capsys, argv):
+    """`amdahl --f 0.1_5` read 0.15 and `--n ４０９６` read 4096 (Python's int()/float() take both)."""
+    refused(capsys, argv, f"argument {argv[-2]}: invalid", argparse_error=True)
+
+
+def test_grid_and_csv_cells_are_ascii_decimal_only():
+    from attnscope.measure import physical
+
+    assert not inputs.number_text("４０９６") and not inputs.number_text("1_0") and inputs.number_text("4096")
+    with pytest.raises(InputError, match="GRID row 2: n: expected a positive integer"):
+        physical.parse_grid("g.csv", text="impl,heads,n,d\nflash,8,４０９６,128\n")
+
+
+def test_grid_csv_duplicate_header_is_refused():
+    """A duplicated header kept the last column (dict(zip(header, row)) before the each-column-once
+    check)."""
+    from attnscope.measure import physical
+
+    with pytest.raises(InputError, match="GRID row 1: expected each column once, got 'n' twice"):
+        physical.parse_grid("g.csv", text="impl,heads,n,n,d\nflash,8,1024,4096,128\n")
+
+
+def test_csv_with_cr_only_line_ends_is_read():
+    rows = inputs.read_csv("s.csv", "--samples", text="ttft_ms\r300\r310\r")
+    assert rows == [["ttft_ms"], ["300"], ["310"]]
+    rows = inputs.read_csv("s.csv", "--samples", text='a,b\r\n1,"x\r\ny"\r\n')
+    assert rows == [["a", "b"], ["1", "x\r\ny"]]
+
+
+@pytest.mark.parametrize("out", ["/", "//", "/.", "/.."])
+def test_out_at_the_root_is_one_line(capsys, tmp_path, out):
+    """`report --out /` raised StopIteration in inputs.out_dir (the root has no parents)."""
+    trace = tmp_path / "t.yaml"
+    trace.write_text(DEFAULT_TRACE_YAML)
+    refused(capsys, ["report", trace, "--out", out],
+            "--out: expected a directory other than the file-system root")
+    refused(capsys, ["bench", "--from-json", RESULTS / "h200-2026-11-29-prefill.json", "--plots", out],
+            "--plots: expected a directory other than the file-system root")
+
+
+def _attnscope_subprocess(shell_tail: str, *args) -> subprocess.CompletedProcess:
+    src = Path(errors.__file__).parents[1]
+    cmd = " ".join([f"'{sys.executable}'", "-m", "attnscope", *args, shell_tail])
+    return subprocess.run(["sh", "-c", cmd], capture_output=False, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(src)}, timeout=120)
+
+
+@pytest.mark.parametrize("args", [("traffic", "--json"), ("tiles",)])
+def test_stdout_full_or_closed_is_one_line(args):
+    """`attnscope traffic --json >&-` raised AttributeError, `> /dev/full` OSError; without --json a closed
+    stdout exited 0 having printed nothing."""
+    for tail, why in ((">&-", "got a closed stream"), ("> /dev/full", "No space left on device")):
+        r = _attnscope_subprocess(tail, *args)
+        assert r.returncode == 2, (tail, r.returncode, r.stderr)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and "stdout: expected a writable terminal or file, got" in lines[0], r.stderr
+        assert why in lines[0] and "Traceback" not in r.stderr
+
+
+def test_output_name_too_long_is_one_line(capsys, tmp_path):
+    """`bytes --from-json S --json <300-char name>.json` raised OSError (File name too long)."""
+    name = tmp_path / ("a" * 300 + ".json")
+    refused(capsys, ["bytes", "--from-json", RESULTS / "h200-2026-11-30-bytes-heldout1.json", "--json", name],
+            "--json: expected a writable path, got", out_dir=tmp_path)
+    with pytest.raises(InputError, match="File name too long"):
+        inputs.write_atomic(name, "x", "--json")
+
+
+def test_a_name_that_is_not_utf8_is_shown_not_raised(capsys, tmp_path):
+    """A TRACE named b'ok\\xff.yaml' raised UnicodeEncodeError while staging report.md (the name goes into
+    the document)."""
+    raw = os.fsencode(str(tmp_path)) + b"/ok\xff.yaml"
+    with open(raw, "w") as f:
+        f.write(DEFAULT_TRACE_YAML)
+    out = tmp_path / "o"
+    answered(capsys, ["report", os.fsdecode(raw), "--out", out], limit_s=10)
+    assert "ok\\xff.yaml" in (out / "report.md").read_text(encoding="utf-8")
+    assert inputs._utf8("a\udcffb\ud800") == b"a\\xffb\\ud800"
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--sms", "20000", "--sms: expected an integer from 1 to 1,024, got 20000"),
+    ("--sms", "1025", "--sms: expected an integer from 1 to 1,024"),
+    ("--l2-bytes", "1", "--l2-bytes: expected an integer from 1,048,576 to 1,073,741,824 bytes"),
+    ("--l2-bytes", str(2**30 + 1), "--l2-bytes: expected an integer from 1,048,576"),
+])
+def test_bytes_machine_flags_have_sane_ranges(capsys, flag, value, needle):
+    """`bytes --estimate-only --sms 20000` estimated more than the logical bytes; `--l2-bytes 1` was taken."""
+    refused(capsys, ["bytes", "--estimate-only", flag, value], needle)
+    refused(capsys, ["bytes", "--from-json", RESULTS / "h200-2026-11-30-bytes-heldout1.json", flag, value],
+            needle)
+
+
+def _first_measured(d):
+    return next(p for p in d["points"] if p["measured"])
+
+
+def _dup_point(d):
+    d["points"].append(json.loads(json.dumps(d["points"][0])))
+
+
+SWEEP_POINTS = [
+    ("total-1", lambda d: _first_measured(d)["measured"].update(total=1),
+     "measured.total: expected read + write"),
+    ("total-huge", lambda d: _first_measured(d)["measured"].update(total=10**29),
+     "measured.total: expected a byte count"),
+    ("read-neg", lambda d: _first_measured(d)["measured"].update(read=-1),
+     "measured.read: expected a byte count"),
+    ("read-str", lambda d: _first_measured(d)["measured"].update(read="4153184768"),
+     "measured.read: expected a byte count"),
+    ("read-bool", lambda d: _first_measured(d)["measured"].update(read=True),
+     "measured.read: expected a byte count"),
+    ("kernel-sum", lambda d: _first_measured(d)["measured"]["kernels"][0].update(read=1),
+     "measured.kernels: expected kernels whose bytes add up"),
+    ("spec-kv_head", lambda d: d["points"][0]["spec"].update(kv_head=4), "got an unknown column 'kv_head'"),
+    ("spec-causal_", lambda d: d["points"][0]["spec"].update(causal_=True),
+     "got an unknown column 'causal_'"),
+    ("duplicate", _dup_point, "spec: expected each point 1 time (env.repeat), got it 2 times"),
+    ("repeat", lambda d: d["env"].update(repeat=2), "points: expected each point 2 times (env.repeat)"),
+    ("no-points", lambda d: d.update(points=[]), "points: expected at least one measured point, got none"),
+    ("all-failed", lambda d: [p.update(measured=None) for p in d["points"]],
+     "points: expected at least one measured point, got only failed ones"),
+    ("env-sms", lambda d: d["env"].update(sms=20000), "env.sms: expected an integer from 1 to 1,024"),
+]
+
+
+@pytest.mark.parametrize("edit, needle", [c[1:] for c in SWEEP_POINTS], ids=[c[0] for c in SWEEP_POINTS])
+def test_bytes_from_json_checks_every_recorded_field(capsys, tmp_path, edit, needle):
+    """A recorded point's total was never compared with read + write, read -1 / "4153184768" / true were
+    taken, unknown spec keys dropped, duplicated points and runs other than env.repeat accepted, and a
+    sweep without a measured point printed an empty table with exit 0."""
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(_sweep_doc(edit)))
+    refused(capsys, ["bytes", "--from-json", p], needle)
+
+
+def _prefill_doc(edit):
+    doc = json.loads((RESULTS / "h200-2026-11-29-prefill.json").read_text())
+    doc["prefill"] = doc["prefill"][:2]
+    doc.pop("prefill_fp16", None)
+    edit(doc)
+    return doc
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["prefill"][0]["tflops"].update(flash=-3.0), "prefill[0].tflops: expected an object of name: "
+                                                               "positive number"),
+    (lambda d: d["prefill"][0]["tflops"].update(flash=0), "prefill[0].tflops: expected an object of name: "
+                                                            "positive number"),
+    (lambda d: d["prefill"][0].update(n=10**29), "prefill[0].n: expected a positive integer up to 10^9"),
+    (lambda d: d["prefill"][0].update(vs_cudnn=-1e308), "prefill[0].vs_cudnn: expected a positive number"),
+])
+def test_bench_from_json_numbers_in_range(capsys, tmp_path, edit, needle):
+    """`bench --from-json` took negative and zero TFLOP/s, n 10**29, and printed vs_cudnn -1e308 as 309
+    digits."""
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(_prefill_doc(edit)))
+    refused(capsys, ["bench", "--from-json", p], needle)
+
+
+def test_bench_plots_draw_file_text_as_plain_text(capsys, tmp_path):
+    """A row dtype "$\\undefinedcmd$" raised matplotlib's ParseFatalException; an env.gpu with ESC/BEL made
+    matplotlib print warnings with the raw control characters to stderr."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    def edit(d):
+        for r in d["prefill"]:
+            r["dtype"] = "$\\undefinedcmd$"
+        d["env"]["gpu"] = "\u001b]0;pwn\u0007H200[/]"
+
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(_prefill_doc(edit)))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = answered(capsys, ["bench", "--from-json", p, "--plots", tmp_path / "plots"], limit_s=30)
+    assert not seen, [str(w.message) for w in seen]
+    assert "\u001b" not in out and "\u0007" not in out
+    assert sorted(x.name for x in (tmp_path / "plots").iterdir()) == ["prefill_roofline.png",
+                                                                      "prefill_tflops.png"]
+
+
+def test_trace_input_refuses_an_unknown_top_level_field(capsys, tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text('{"tiles": [{"scores": [1], "values": [[1]]}], "y": 2}')
+    refused(capsys, ["trace", "--input", p],
+            "--input: expected an object with only \"tiles\", got an unknown field 'y'")
+
+
+def test_json_value_limit_keeps_the_worst_flat_object_under_1_gib():
+    """A flat object of 3,999,990 distinct keys (64 MB, under every limit) peaked at 1.1 GB RSS. Measured
+    here at 200,000 keys in a fresh process and scaled to `MAX_VALUES` keys plus the text itself."""
+    n = 200_000
+    code = (
+        "from attnscope import inputs\n"
+        "def hwm():  # this process's peak RSS in KiB (ru_maxrss would start at the forking parent's)\n"
+        "    return int(next(x for x in open('/proc/self/status') if x.startswith('VmHWM')).split()[1])\n"
+        f"text = '{{' + ','.join('\"k%08d\":0.5' % i for i in range({n})) + '}}'\n"
+        "before = hwm()\n"
+        "d = inputs.load_json('x.json', 'x', text=text)\n"
+        "print(hwm() - before, len(text))\n")
+    src = Path(errors.__file__).parents[1]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(src)})
+    grew_kib, chars = map(int, r.stdout.split())
+    per_key = grew_kib * 1024 / n
+    worst = per_key * inputs.MAX_VALUES + 2 * chars / n * inputs.MAX_VALUES  # objects + the text, twice
+    assert 100 < per_key < 1000, per_key  # the measurement measured something
+    assert worst < 0.9 * 2**30, f"{worst / 2**20:.0f} MiB at {inputs.MAX_VALUES:,} keys"

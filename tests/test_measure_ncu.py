@@ -541,10 +541,10 @@ def test_a_repeated_sweep_compares_each_point_with_its_median_run(tmp_path, caps
     ('{"kind": "something else"}', "--from-json: expected a file `attnscope bytes --sweep --json` wrote"),
     ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 0, "sms": 132}, "points": []}',
      "--from-json: env.l2_bytes: expected a positive integer"),
-    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 1, "sms": 1}, "points": [{"spec": '
+    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 1048576, "sms": 1}, "points": [{"spec": '
      '{"impl": "flash", "heads": 8, "n": 64, "d": 64}, "measured": {"total": -1}}]}',
      "measured.total: expected a byte count"),
-    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 1, "sms": 1}, "points": [{"spec": '
+    ('{"kind": "attnscope-bytes-sweep", "env": {"l2_bytes": 1048576, "sms": 1}, "points": [{"spec": '
      '{"impl": "x", "heads": 8, "n": 64, "d": 64}, "measured": {"total": 5}}]}',
      "--from-json point 1: impl: expected one of"),
 ])
@@ -656,7 +656,8 @@ def test_sweep_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, monkeypatch)
     assert saved["summary"]["count"] == 1 and "partial" not in saved["env"]
     rows, _ = physical.rows_from_json(out)  # and it reads back
     assert rows[0].measured == 4 * 8 * 2**20
-    assert main(["bytes", "--sweep", str(grid), "--per-child", "0", "--l2-bytes", "1", "--sms", "1"]) == 2
+    argv = ["bytes", "--sweep", str(grid), "--per-child", "0", "--l2-bytes", "1048576", "--sms", "1"]
+    assert main(argv) == 2
     assert "--per-child: expected a positive integer, got 0" in capsys.readouterr().err
 
 

@@ -52,9 +52,11 @@ MAX_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 100
 MAX_INT_DIGITS = 30
 #: JSON arrays + objects, and values, one file may hold: counted on the raw text before parsing, so
-#: 64 MiB of `[[]],` or `1,` is refused instead of growing to gigabytes of Python objects.
+#: 64 MiB of `[[]],` or `1,` is refused instead of growing to gigabytes of Python objects. The worst
+#: case under both, one object of 2.5 million distinct keys, peaks at about 650 MB RSS (the parser's
+#: list of pairs, the keys and the dict side by side); 4 million of them took 1.1 GB.
 MAX_CONTAINERS = 1_000_000
-MAX_VALUES = 4_000_000
+MAX_VALUES = 2_500_000
 #: YAML is parsed by PyYAML's pure-Python loader (the checks below hook its composer): a few MB/s, so
 #: its files (traces, grids: a few KB) are bounded far below `MAX_BYTES`, and so are their nodes.
 MAX_YAML_BYTES = 1024 * 1024
@@ -348,13 +350,13 @@ def load_yaml(path, field: str, text: str | None = None):
 
 
 def read_csv(path, field: str, text: str | None = None) -> list[list[str]]:
-    """Rows of a CSV file (blank rows dropped); a field over the csv module's limit (128 Ki characters) is
-    one InputError line, not `_csv.Error`; more than `MAX_CSV_CELLS` cells are refused while reading
-    (64 MiB of one-character rows would be gigabytes of lists)."""
+    """Rows of a CSV file (blank rows dropped; LF, CRLF and CR line ends); a field over the csv module's
+    limit (128 Ki characters) is one InputError line, not `_csv.Error`; more than `MAX_CSV_CELLS` cells
+    are refused while reading (64 MiB of one-character rows would be gigabytes of lists)."""
     text = read_text(path, field) if text is None else text
     rows, cells = [], 0
     try:
-        for r in csv.reader(io.StringIO(text)):
+        for r in csv.reader(io.StringIO(text, newline="")):  # "\n", "\r\n" and CR-only line ends
             if r and any(c.strip() for c in r):
                 cells += len(r)
                 if cells > MAX_CSV_CELLS:
@@ -385,7 +387,9 @@ def out_dir(path, field: str = "--out") -> Path:
             raise InputError(f"{field}: expected a directory, got a dangling symlink {where}")
         if p.exists() and not p.is_dir():
             raise InputError(f"{field}: expected a directory, got an existing file {where}")
-        parent = next(x for x in p.absolute().parents if x.exists())  # the root always exists
+        if p.resolve() == Path(p.anchor or "/").resolve():  # "/", "//", "/.", "/..": not for outputs
+            raise InputError(f"{field}: expected a directory other than the file-system root, got {where}")
+        parent = next((x for x in p.absolute().parents if x.exists()), p.absolute())
         if not parent.is_dir():
             raise InputError(f"{field}: expected a directory, got a path under the file {_name(parent)}")
         p.mkdir(parents=True, exist_ok=True)
@@ -422,8 +426,14 @@ def out_file(path, field: str = "--out") -> Path:
     """Check an output file's name before any work (what `write_atomic` refuses, up front): not a symlink,
     not a directory nor another non-regular file, inside an existing directory, not a file this process
     has read. Returns the path; one line naming `field` if not."""
-    p = Path(path)
-    where = _name(path)
+    try:
+        return _out_file(Path(path), _name(path), field)
+    except OSError as e:  # a name too long, a loop of symlinks, ...
+        raise InputError(f"{field}: expected a writable path, got {_name(path)} "
+                         f"({e.strerror or e})") from None
+
+
+def _out_file(p: Path, where: str, field: str) -> Path:
     refuse_symlinks([p], field)
     if p.is_dir():
         raise InputError(f"{field}: expected a file name, got a directory {where}")
@@ -445,13 +455,23 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8; a byte a file name held that is not UTF-8 (os.fsdecode's surrogate escape) is
+    written visibly as `\\xNN`, any other lone surrogate as `\\uNNNN`: never a UnicodeEncodeError."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = re.sub("[\udc80-\udcff]", lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text)
+        return text.encode("utf-8", "backslashreplace")
+
+
 def _stage(p: Path, data: str | bytes, mode: int) -> str:
     """Write `data` to a new temp file beside `p`; return its name (removed again on failure)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.write(_utf8(data) if isinstance(data, str) else data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -10,20 +10,48 @@ file reads in one sitting and no file imports torch at module level:
 
 Each module has `configure(subparsers)`, which adds its subcommands with `set_defaults(func=...)`; the
 function takes the parsed args and returns the exit code. Bad input (`InputError`, a ValueError) and
-unsupported combinations (`NotImplementedError`) print one line and exit 2, without a traceback.
+unsupported combinations (`NotImplementedError`) print one line and exit 2, without a traceback; so does a
+stdout that cannot be written (closed, a full disk), while a reader that left (`| head`) ends it quietly.
+Every `type=int` / `type=float` flag takes plain ASCII decimal numbers only (`_strict`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import re
 import sys
 
 from attnscope import __version__, inputs
-from attnscope.errors import InputError, visible
+from attnscope.errors import InputError, short, visible
+
+_INTEGER = re.compile(r"[+-]?\d{1,4000}", re.ASCII)  # a longer one is refused by its range check anyway
+_NONFINITE = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
+
+
+def _strict(kind):
+    """argparse `type=` for `int` and `float` flags: a plain ASCII decimal number only, never what
+    Python's int()/float() also take ("1_0", fullwidth "４０９６"). A float flag also passes "nan" and
+    "[+-]inf" on, for its own check to name ("--softcap: expected a finite real number >= 0")."""
+    def parse(text: str):
+        if not (_INTEGER.fullmatch(text.strip()) if kind is int else
+                inputs.number_text(text) or _NONFINITE.fullmatch(text.strip())):
+            what = "an integer" if kind is int else "a decimal number"
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: expected {what} in ASCII "
+                                             f"digits, got {short(text)}")
+        return kind(text.strip())
+    parse.__name__ = kind.__name__
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for kind in (int, float):  # every `type=int` / `type=float` flag goes through `_strict`
+            self.register("type", kind, _strict(kind))
+
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
         # self.prog is "attnscope" for the top level and "attnscope traffic" for a subcommand
         message = visible(" ".join(message.split()))  # "unrecognized arguments" echoes them raw
@@ -90,16 +118,47 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if sys.stdout is None:  # `attnscope traffic >&-`: nothing could be printed
+        print(f"attnscope {args.command}: error: stdout: expected a writable terminal or file, got a closed "
+              "stream", file=sys.stderr)
+        return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not in the interpreter's exit
+        return code
     except (InputError, NotImplementedError) as e:
         line = " ".join(str(e).split())  # always one line, and a bounded one
         line = visible(line if len(line) <= 300 else line[:297] + "...")
         print(f"attnscope {args.command}: error: {_flag_name(line, args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return 0
+    except OSError as e:
+        if e.errno not in _STDOUT_ERRNOS:
+            raise
+        where = _stdout_name()
+        _drop_stdout()
+        print(f"attnscope {args.command}: error: stdout: expected a writable terminal or file, got "
+              f"{where} ({e.strerror or e})", file=sys.stderr)
+        return 2
+
+
+#: What a write to stdout can fail with: a full disk (`> /dev/full`), a closed or bad descriptor, I/O.
+_STDOUT_ERRNOS = (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _stdout_name() -> str:
+    try:
+        return short(os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}"))
+    except (OSError, ValueError, AttributeError):
+        return "stdout"
+
+
+def _drop_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so what is still buffered cannot fail again at exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

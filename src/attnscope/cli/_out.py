@@ -127,10 +127,12 @@ def int_list(flag: str, text: str, least: int | None = None, most: int | None = 
     """A flag's comma-separated integers ("2,4,8"), each at least `least` when given, at most `most` of
     them when given; one line if not."""
     what = "comma-separated integers" if least is None else f"comma-separated integers >= {least}"
-    try:
-        out = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise InputError(f"{flag}: expected {what}, got {short(text)}") from None
+    from attnscope.inputs import number_text
+
+    parts = text.split(",")
+    if not all(number_text(x) and x.strip().lstrip("+-").isdigit() for x in parts):
+        raise InputError(f"{flag}: expected {what}, got {short(text)}")
+    out = [int(x) for x in parts]
     if least is not None and any(x < least for x in out):
         raise InputError(f"{flag}: expected {what}, got {short(text)}")
     if most is not None and len(out) > most:

@@ -101,7 +101,17 @@ def _which(args) -> int:
 MAX_TENSOR_BYTES = 288 * 10**9
 
 
+def _machine_flags(args) -> None:
+    """--sms and --l2-bytes, when given, within `physical.SMS_RANGE` / `L2_RANGE` (0 is refused, not
+    "unset")."""
+    if args.sms is not None:
+        physical.machine_int("--sms", args.sms, physical.SMS_RANGE)
+    if args.l2_bytes is not None:
+        physical.machine_int("--l2-bytes", args.l2_bytes, physical.L2_RANGE)
+
+
 def _bytes(args) -> int:
+    _machine_flags(args)
     if not 1 <= args.repeat <= physical.MAX_REPEAT:
         raise InputError(f"--repeat: expected an integer in [1, {physical.MAX_REPEAT}], got {args.repeat}")
     if args.repeat > 1 and not args.sweep:  # one call, --from-json (its env says) and --calibrate: 1
@@ -213,9 +223,6 @@ def _bytes_sweep(args) -> int:
     --calibrate (streams of known size through the same ncu path)."""
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
-    for flag, v in (("--l2-bytes", args.l2_bytes), ("--sms", args.sms)):  # 0 is refused, not "unset"
-        if v is not None:
-            positive_int(flag, v)
     if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
         out_file(args.json, "--json")
         distinct({"--json": args.json}, {"--sweep": args.sweep, "--from-json": args.from_json})

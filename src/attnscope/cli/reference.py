@@ -60,6 +60,9 @@ def load_tiles(path: str) -> list[tuple[list, list]]:
     doc = load_json(path, "--input")
     if not isinstance(doc, dict) or "tiles" not in doc:
         raise InputError(f'--input: expected an object {{"tiles": [...]}}, got {short(doc)}')
+    if extra := sorted(map(str, set(doc) - {"tiles"})):
+        raise InputError(f'--input: expected an object with only "tiles", got an unknown field '
+                         f"{short(extra[0])}")
     tiles = doc["tiles"]
     if not isinstance(tiles, list) or not tiles:
         raise InputError(f'tiles: expected a non-empty list of {{"scores": [...], "values": [[...], ...]}}, '

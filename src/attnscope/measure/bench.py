@@ -190,20 +190,38 @@ def decode_line(row: dict) -> str:
 
 #: The fields `--from-json` reads from each recorded row, and their types (what the sweep writes).
 _INT, _NUM, _RATES = "a positive integer", "a finite number", "an object of name: number or null"
+_ERRS = "an object of name: error or null"
 _ROW_FIELDS = {
     "prefill": {"dtype": "a dtype name", "d": _INT, "causal": "true or false", "n": _INT, "batch": _INT,
                 "heads": _INT, "tflops": _RATES},
     "decode": {"batch": _INT, "hq": _INT, "hkv": _INT, "L": _INT, "kv_mib": _NUM, "tbs": _RATES},
 }
-_OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _RATES, "tbs_eager": _RATES, "ms": _RATES}
+_OPTIONAL = {"vs_cudnn": _NUM, "vs_flash": _NUM, "err": _ERRS, "tbs_eager": _RATES, "ms": _RATES}
+#: Every recorded number is at most `MAX_RECORDED`: far above any GPU's TFLOP/s, TB/s, ms or sequence
+#: length, low enough that a typo (10**29, 1e308) is refused instead of printed as a 309-digit number;
+#: every one but an error (`_ERRS`, from 0) is positive.
+MAX_RECORDED = 10**9
+_IN_RANGE = {_INT: "a positive integer up to 10^9", _NUM: "a positive number up to 10^9",
+             _RATES: "an object of name: positive number up to 10^9 or null",
+             _ERRS: "an object of name: number from 0 to 10^9 or null"}
 
 
 def _field_ok(kind: str, value) -> bool:
     if kind in (_INT, _NUM):
         return finite_real(value) and (kind == _NUM or isinstance(value, int) and value > 0)
-    if kind == _RATES:
+    if kind in (_RATES, _ERRS):
         return isinstance(value, dict) and all(v is None or _field_ok(_NUM, v) for v in value.values())
     return isinstance(value, bool) if kind == "true or false" else isinstance(value, str)
+
+
+def _in_range(kind: str, value) -> bool:
+    """A value `_field_ok` accepts is also within `_IN_RANGE[kind]` (other kinds: always)."""
+    if kind in (_INT, _NUM):
+        return 0 < value <= MAX_RECORDED
+    if kind in (_RATES, _ERRS):
+        low = 0 if kind == _ERRS else 1e-300
+        return all(v is None or low <= v <= MAX_RECORDED for v in value.values())
+    return True
 
 
 def _from_json(args) -> int:
@@ -220,10 +238,15 @@ def _from_json(args) -> int:
             expect(isinstance(row, dict), f"--from-json {key}[{i}]", "an object", row)
             for name, kind in (*fields.items(), *_OPTIONAL.items()):
                 value = row.get(name)
-                ok = (value is None and name in _OPTIONAL) or _field_ok(kind, value)
-                expect(ok, f"--from-json {key}[{i}].{name}", kind, value)
+                if value is None and name in _OPTIONAL:
+                    continue
+                at = f"--from-json {key}[{i}].{name}"
+                expect(_field_ok(kind, value), at, kind, value)
+                expect(_in_range(kind, value), at, _IN_RANGE.get(kind, kind), value)
     ceiling = result.get("read_ceiling_tbs")
-    expect(ceiling is None or _field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
+    if ceiling is not None:
+        expect(_field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
+        expect(_in_range(_NUM, ceiling), "--from-json read_ceiling_tbs", _IN_RANGE[_NUM], ceiling)
     expect(isinstance(result.get("env", {}), dict), "--from-json env", "an object", result.get("env"))
     # drawn and written before anything is printed: a bad --plots is the only output
     plots = write_plots(result, args.plots) if args.plots else []

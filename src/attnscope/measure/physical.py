@@ -57,6 +57,30 @@ def _int(where: str, name: str, value) -> int:
     return value
 
 
+#: The SM count and the L2 size an estimate may take (`bytes --sms`, `--l2-bytes`, a sweep's env): far
+#: around every GPU made (H200: 132 SMs, 60 MiB L2), so a typo is refused instead of estimated (at
+#: 20,000 SMs the estimate exceeds the logical bytes).
+SMS_RANGE = (1, 1024)
+L2_RANGE = (2**20, 2**30)
+#: Largest byte count a recorded measurement may hold (a petabyte: far above one call's DRAM traffic).
+MAX_RECORDED_BYTES = 10**15
+
+
+def machine_int(name: str, value, bounds: tuple[int, int]) -> int:
+    """An SM count or an L2 size within `bounds` (`SMS_RANGE`, `L2_RANGE`); one line naming `name` if not."""
+    lo, hi = bounds
+    positive_int(name, value)
+    what = f"an integer from {lo:,} to {hi:,}" + (" bytes (1 MiB to 1 GiB)" if bounds == L2_RANGE else "")
+    expect(lo <= value <= hi, name, what, value)
+    return value
+
+
+def _byte_count(name: str, value) -> int:
+    expect(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_RECORDED_BYTES,
+           name, "a byte count (an integer from 0 to 10^15)", value)
+    return value
+
+
 def _bool(where: str, value) -> bool:
     if isinstance(value, int) and value in (0, 1):  # bool included
         return bool(value)
@@ -145,6 +169,8 @@ def parse_grid(path, field: str = "GRID", text: str | None = None) -> list[dict]
         if not table:
             raise InputError(f"{field}: expected a header row and at least one point, got an empty file")
         header = [h.strip() for h in table[0]]
+        if (twice := next((h for i, h in enumerate(header) if h in header[:i]), None)) is not None:
+            raise InputError(f"{field} row 1: expected each column once, got {short(twice)} twice")
         rows = []
         for i, r in enumerate(table[1:], start=2):
             if len(r) != len(header):
@@ -321,26 +347,51 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
     expect(isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT,
            f"{field}: env.repeat", f"an integer in [1, {MAX_REPEAT}]", repeat)
     # the caller's --l2-bytes / --sms (validated by the caller) override the recorded ones
-    l2_size = positive_int(f"{field}: env.l2_bytes", env.get("l2_bytes")) if l2_bytes is None else l2_bytes
-    sm = positive_int(f"{field}: env.sms", env.get("sms")) if sms is None else sms
-    pairs = []
+    l2_size = machine_int(f"{field}: env.l2_bytes", env.get("l2_bytes"), L2_RANGE) if l2_bytes is None \
+        else l2_bytes
+    sm = machine_int(f"{field}: env.sms", env.get("sms"), SMS_RANGE) if sms is None else sms
+    pairs, runs = [], {}
     for i, p in enumerate(data["points"]):
-        m = p.get("measured") if isinstance(p, dict) else None
+        where = f"{field} point {i + 1}"
+        expect(isinstance(p, dict), where, "an object with spec and measured", p)
+        expect(isinstance(p.get("spec"), dict), f"{where}: spec", "an object of grid fields", p.get("spec"))
+        spec = point(p["spec"], where)  # an unknown field ("kv_head") is refused, not dropped
+        key = tuple(sorted(spec.items()))
+        runs[key] = runs.get(key, 0) + 1
+        if runs[key] > repeat:
+            raise InputError(f"{where}: spec: expected each point {repeat} time{'s' if repeat > 1 else ''} "
+                             f"(env.repeat), got it {runs[key]} times")
+        m = p.get("measured")
         if m is None:
             continue
-        where = f"{field} point {i + 1}"
-        expect(isinstance(p.get("spec"), dict), f"{where}: spec", "an object of grid fields", p.get("spec"))
-        spec = point({k: v for k, v in p["spec"].items() if k in FIELDS}, where)
         expect(isinstance(m, dict), f"{where}: measured", "an object with total and kernels", m)
-        total = m.get("total")
-        expect(isinstance(total, int) and not isinstance(total, bool) and total >= 0,
-               f"{where}: measured.total", "a byte count", total)
-        kernels = m.get("kernels", [])
+        total, read, write = (_byte_count(f"{where}: measured.{k}", m.get(k))
+                              for k in ("total", "read", "write"))
+        if total != read + write:
+            raise InputError(f"{where}: measured.total: expected read + write ({read + write:,}), got "
+                             f"{total:,}")
+        kernels = m.get("kernels")
         expect(isinstance(kernels, list), f"{where}: measured.kernels", "a list of kernels", kernels)
         names = [k.get("name", "") for k in kernels if isinstance(k, dict)]
         expect(all(isinstance(x, str) for x in names), f"{where}: measured.kernels", "string names",
                next((x for x in names if not isinstance(x, str)), None))
+        sums = [0, 0]
+        for j, k in enumerate(kernels):
+            at = f"{where}: measured.kernels[{j}]"
+            expect(isinstance(k, dict) and isinstance(k.get("name"), str), at, "an object with a string name",
+                   k)
+            kr, kw = (_byte_count(f"{at}.{x}", k.get(x)) for x in ("read", "write"))
+            sums = [sums[0] + kr, sums[1] + kw]
+        if sums != [read, write]:  # what `ncu.Measured` records: its totals are its kernels' sums
+            raise InputError(f"{where}: measured.kernels: expected kernels whose bytes add up to "
+                             f"measured.read and .write ({read:,}, {write:,}), got {sums[0]:,}, {sums[1]:,}")
         pairs.append((spec, total, names))
+    if "partial" not in env:  # a sweep cut short records fewer runs; a whole one, `repeat` of each point
+        short_of = next((dict(k) for k, n in runs.items() if n != repeat), None)
+        expect(short_of is None, f"{field}: points", f"each point {repeat} times (env.repeat)", short_of)
+    if not pairs:
+        raise InputError(f"{field}: points: expected at least one measured point, got "
+                         f"{'none' if not data['points'] else 'only failed ones'}")
     # the recorded env stays as recorded; what the estimate used (an override or the recorded) beside it
     return compare(pairs, l2_size, sm, repeated=repeat > 1), {**env, "estimated_with": {"l2_bytes": l2_size,
                                                                                           "sms": sm}}

@@ -15,7 +15,9 @@ Needs matplotlib (`pip install matplotlib`); pure plotting, no GPU: `attnscope b
 from __future__ import annotations
 
 import io
+import warnings
 
+from attnscope.errors import visible
 from attnscope.inputs import out_dir as checked_dir
 from attnscope.inputs import out_file, write_all
 from attnscope.model import roofline, traffic
@@ -132,11 +134,28 @@ def draw_plots(result: dict, out_dir: str) -> dict:
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(f"plots need matplotlib: pip install matplotlib ({e})") from e
+    result = _plain(result)
     env = result.get("env", {})
     draw = {"prefill_tflops.png": lambda: prefill_tflops(plt, result["prefill"], env),
             "prefill_roofline.png": lambda: prefill_roofline(plt, result["prefill"], env),
             "decode_tbs.png": lambda: decode_tbs(plt, result["decode"], env, result.get("read_ceiling_tbs"))}
-    return {out / name: _png(plt, draw[name]()) for name in names}
+    # text from the file is data: no mathtext ("$\\undefined$" would raise), no TeX; a missing glyph's
+    # warning is not printed (it would echo the text to stderr)
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {out / name: _png(plt, draw[name]()) for name in names}
+
+
+def _plain(x):
+    """`x` with every string (keys too) made visible (`errors.visible`): no control character reaches
+    matplotlib's text or its warnings."""
+    if isinstance(x, str):
+        return visible(x)
+    if isinstance(x, dict):
+        return {_plain(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    return x
 
 
 def write_plots(result: dict, out_dir: str) -> list[str]:
