@@ -483,6 +483,6 @@ def logical(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int 
 def error(estimated: float, measured: float) -> float:
     """Relative error of an estimate against a measurement: estimated / measured - 1 (both finite reals,
     ``estimated >= 0``, ``measured > 0``, else `InputError` naming the argument)."""
-    expect(finite_real(estimated) and estimated >= 0, "estimated", "a finite byte count >= 0", estimated)
-    expect(finite_real(measured) and measured > 0, "measured", "a finite positive byte count", measured)
+    expect(finite_real(estimated) and estimated >= 0, "estimated", "a byte count >= 0", estimated)
+    expect(finite_real(measured) and measured > 0, "measured", "a positive byte count", measured)
     return estimated / measured - 1.0
