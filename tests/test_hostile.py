@@ -1670,6 +1670,13 @@ def test_tiles_integer_helpers_check_their_arguments():
     assert tiles.normalize_window(True, (10**24, 5)) == (10**24, 0)
 
 
+def test_analytic_window_bound_through_the_cli(capsys):
+    out = answered(capsys, ["traffic", f"--window={10**20},0"])  # a side past every sequence: unbounded
+    assert out.splitlines()[-1] == answered(capsys, ["traffic", "--window=-1,0"]).splitlines()[-1].replace(
+        "(-1, 0)", f"({10**20}, 0)")
+    refused(capsys, ["traffic", f"--window={10**30},0"], "--window")
+
+
 def test_analytic_helpers_check_their_arguments():
     from attnscope.model import dispatch, l2
 
