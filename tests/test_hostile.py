@@ -1663,6 +1663,9 @@ def test_tiles_integer_helpers_check_their_arguments():
         with pytest.raises(InputError, match="^num_m: expected an integer from 0 to"):
             tiles.persistent_items(bad)
     assert tiles.persistent_items(5) == [(3, 0), (2, 1), (4, None)]
+    with pytest.raises(InputError, match="^b: expected a positive integer divisor, got 0"):
+        tiles.cdiv(1, 0)
+    assert tiles.cdiv(-7, 2) == -3 and tiles.cdiv(7, 2) == 4
     with pytest.raises(InputError, match="^k: expected an integer"):
         tiles.persistent_item(0.5, 4)
     with pytest.raises(InputError, match=r"^window: expected None or a pair .* from -1 to 10\^24"):

@@ -144,7 +144,8 @@ def _scores(q, k, scale, softcap, causal, window):
     s = (q @ np.swapaxes(k, -1, -2)) * scale
     t = None
     if softcap:
-        t = np.tanh(s / softcap)
+        with np.errstate(over="ignore"):  # a tiny softcap: s / softcap = +-inf, tanh saturates to +-1
+            t = np.tanh(s / softcap)
         s = softcap * t
     if causal or window is not None:
         s = np.where(permitted(q.shape[-2], k.shape[-2], causal, window), s, -np.inf)
@@ -297,7 +298,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
             k_j, v_j = k[..., c0 - 1:c1, :], v[..., c0 - 1:c1, :]  # [..., Bc, d], [..., Bc, dv]
             s = (q_i @ np.swapaxes(k_j, -1, -2)) * scale  # [..., Br, Bc]   never leaves the tile
             if softcap:
-                s = softcap * np.tanh(s / softcap)
+                with np.errstate(over="ignore"):  # as `_scores`: tanh saturates
+                    s = softcap * np.tanh(s / softcap)
             masked = not kv.full_first <= j <= kv.full_last
             if masked and _apply_mask:
                 s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset, grid.bounds)  # before the running max sees it

@@ -62,7 +62,9 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division for any integer ``a`` and positive ``b``."""
+    """Ceiling division for any integer ``a`` and positive ``b`` (else `InputError` naming ``b``)."""
+    if not b > 0:
+        raise InputError(f"b: expected a positive integer divisor, got {short(b)}")
     return -(-a // b)
 
 
