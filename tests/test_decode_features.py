@@ -265,7 +265,7 @@ def test_fp8_cache_matches_float64_on_the_dequantised_cache(paged, nq, per_head,
     k8, k_scale = attnscope.quantize_kv(k, per_head=per_head)
     v8, v_scale = attnscope.quantize_kv(v, per_head=per_head)
     kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)  # fp32 [B, Hkv, L, d]
-    lens = [L, 1, 0, 20]
+    lens = [L, nq, 0, 20]  # a nonzero length holds its nq queries
     if paged:
         kc, vc, table = to_paged(k8.float(), v8.float(), 16, gen)
         kc, vc = kc.to(FP8), vc.to(FP8)

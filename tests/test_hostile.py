@@ -9,6 +9,7 @@ through a subprocess to prove the exit code end to end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -2026,3 +2027,141 @@ def test_json_value_limit_keeps_the_worst_flat_object_under_1_gib():
     worst = per_key * inputs.MAX_VALUES + 2 * chars / n * inputs.MAX_VALUES  # objects + the text, twice
     assert 100 < per_key < 1000, per_key  # the measurement measured something
     assert worst < 0.9 * 2**30, f"{worst / 2**20:.0f} MiB at {inputs.MAX_VALUES:,} keys"
+
+
+# --- second hostile pass: API
+def test_tiles_integer_helpers_check_their_arguments():
+    from attnscope.model import tiles
+
+    for args, name in [((2, 1, float("nan"), 1), "a"), ((2, 0, 1, 1), "m"), ((-1, 2, 1, 1), "n"),
+                       ((2, 1, 1, 1.5), "b"), ((True, 2, 1, 1), "n")]:
+        t0 = time.perf_counter()
+        with pytest.raises(InputError, match=f"^{name}: expected an integer"):
+            tiles.floor_sum(*args)
+        assert time.perf_counter() - t0 < LIMIT_S
+    assert tiles.floor_sum(10, 3, 2, 1) == sum((2 * t + 1) // 3 for t in range(10))
+    for bad in (10**12, tiles.MAX_LISTED + 1, -1, 1.5, float("nan")):
+        with pytest.raises(InputError, match="^num_m: expected an integer from 0 to"):
+            tiles.persistent_items(bad)
+    assert tiles.persistent_items(5) == [(3, 0), (2, 1), (4, None)]
+    with pytest.raises(InputError, match="^b: expected a positive integer divisor, got 0"):
+        tiles.cdiv(1, 0)
+    assert tiles.cdiv(-7, 2) == -3 and tiles.cdiv(7, 2) == 4
+    with pytest.raises(InputError, match="^k: expected an integer"):
+        tiles.persistent_item(0.5, 4)
+    with pytest.raises(InputError, match=r"^window: expected None or a pair .* from -1 to 10\^24"):
+        tiles.normalize_window(False, (10**30, 0))
+    assert tiles.normalize_window(True, (10**24, 5)) == (10**24, 0)
+
+
+def test_analytic_window_bound_through_the_cli(capsys):
+    out = answered(capsys, ["traffic", f"--window={10**20},0"])  # a side past every sequence: unbounded
+    assert out.splitlines()[-1] == answered(capsys, ["traffic", "--window=-1,0"]).splitlines()[-1].replace(
+        "(-1, 0)", f"({10**20}, 0)")
+    refused(capsys, ["traffic", f"--window={10**30},0"], "--window")
+
+
+def test_analytic_helpers_check_their_arguments():
+    from attnscope.model import dispatch, l2
+
+    for args, needle in [((-5, 10, False), "nq: expected an integer"), ((10, 2.5, False), "nk: expected"),
+                         ((10, 10, 2), "causal: expected True or False")]:
+        with pytest.raises(InputError, match=f"^{re.escape(needle)}"):
+            dispatch.mean_keys(*args)
+    assert dispatch.mean_keys(4, 4, True) == 2.5 and dispatch.mean_keys(0, 4, True) == 0.0
+    for args, name in [((float("nan"), 1), "estimated"), ((-1, 1), "estimated"), (("1", 1), "estimated"),
+                       ((1, float("nan")), "measured"), ((1, float("inf")), "measured"),
+                       ((1, 0), "measured")]:
+        with pytest.raises(InputError, match=f"^{name}: expected"):
+            l2.error(*args)
+    assert l2.error(3, 2) == 0.5
+
+
+def test_reference_refuses_what_the_kernels_refuse():
+    import numpy as np
+
+    from attnscope import reference as R
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 8, 16)) for _ in range(3))
+    cases = [((q, k, v), dict(scale=0.0), "scale: expected a finite positive"),
+             ((q, k, v), dict(scale=-1.0), "scale: expected a finite positive"),
+             ((q, k, v), dict(scale=1e308), "q: expected scores q.k * scale within float64 range"),
+             ((np.full_like(q, 1e308), k, v), {}, "q: expected scores q.k * scale within float64 range"),
+             ((q, k, v), dict(causal=2), "causal: expected True or False"),
+             ((q + 0j, k, v), {}, "q: expected an array of real numbers, got complex"),
+             ((q, k, v + 1j), {}, "v: expected an array of real numbers, got complex")]
+    for fn in (R.naive_attention, R.tiled_attention):
+        for args, kw, needle in cases:
+            with pytest.raises(InputError, match=f"^{re.escape(needle)}"):
+                fn(*args, **kw)
+    o = R.naive_attention(q * 1e200, k, v)  # large but in range: still answered, finite
+    o_tiled, _ = R.tiled_attention(q * 1e200, k, v, block_q=4, block_kv=4)
+    assert np.all(np.isfinite(o)) and np.allclose(o, o_tiled)
+
+
+def _kernel_inputs(t):
+    t.manual_seed(0)
+    return tuple(t.randn(1, 2, 16, 64).to(t.float16) for _ in range(3))
+
+
+def test_kernel_window_sides_are_bounded(torch):
+    import attnscope
+
+    MAX_WINDOW_SIDE = 2**31 - 1  # the kernels' window arithmetic is int32
+    q, k, v = _kernel_inputs(torch)
+    for window in ((10**20, 0), (2**40, 0), (0, MAX_WINDOW_SIDE + 1)):
+        with pytest.raises(InputError, match=r"^window: expected None or a pair .* to 2147483647"):
+            attnscope.flash_attention(q, k, v, window=window)
+    # a side past every sequence is the unbounded side: same result as plain causal, no int32 overflow
+    o = attnscope.flash_attention(q, k, v, causal=True, window=(MAX_WINDOW_SIDE, 0))
+    assert torch.equal(o, attnscope.flash_attention(q, k, v, causal=True))
+
+
+def test_kernel_sinks_never_give_nan(torch):
+    import attnscope
+
+    FP32_MAX_LN = 3.4028234663852886e38 * math.log(2)  # +inf sink: the largest finite base-2 logit, in ln
+    q, k, v = _kernel_inputs(torch)
+    tq, tk, tv = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # varlen [total, H, d]
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    qd, kc, vc = q[:, :, :1].expand(2, -1, -1, -1).contiguous(), k.expand(2, -1, -1, -1).contiguous(), \
+        v.expand(2, -1, -1, -1).contiguous()
+    lens = torch.tensor([0, 16], dtype=torch.int32)  # sequence 0 empty: the sink alone
+    calls = {
+        "flash_attention": lambda s: attnscope.flash_attention(q, k, v, causal=True, sinks=s,
+                                                               return_lse=True),
+        "flash_attention_varlen": lambda s: attnscope.flash_attention_varlen(
+            tq, tk, tv, cu, cu, 10, 10, causal=True, sinks=s, return_lse=True)[:2],
+        "flash_decode": lambda s: attnscope.flash_decode(qd, kc, vc, lens, sinks=s, return_lse=True),
+    }
+    for name, call in calls.items():
+        o0, _ = call(None)
+        for value in (float("inf"), -float("inf"), float("nan")):
+            o, lse = call(torch.full((2,), value))
+            assert torch.isfinite(o).all() and torch.isfinite(lse).all(), (name, value)
+            if value > 0:  # all the weight on the sink: O = 0, LSE the clamped sink
+                assert torch.equal(o, torch.zeros_like(o)), name
+                assert torch.allclose(lse.double(), torch.full_like(lse.double(), FP32_MAX_LN), rtol=1e-6)
+            else:  # no weight: the output without sinks
+                assert torch.allclose(o.float(), o0.float(), atol=1e-3), (name, value)
+
+
+def test_decode_lengths_shorter_than_the_queries(torch):
+    import attnscope
+    from attnscope.kernels import decode
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 12, 64).to(torch.float16)
+    kc, vc = (torch.randn(2, 2, 40, 64).to(torch.float16) for _ in range(2))
+    short_lens = torch.tensor([10, 40], dtype=torch.int32)
+    with contextlib.suppress(InputError):  # start from a clear record: an earlier test may have left a bit
+        decode.check_errors()
+    with pytest.raises(InputError, match=r"^cache_seqlens: expected 0 or a length >= Nq = 12 .*got 10$"):
+        attnscope.flash_decode(q, kc, vc, short_lens, check_seqlens=True)
+    decode.check_errors()  # nothing recorded by the refused call
+    attnscope.flash_decode(q, kc, vc, short_lens)  # the default path: recorded on the device, no sync
+    with pytest.raises(InputError, match=r"^cache_seqlens: expected values in \[0, L_max\], each 0 or >= Nq"):
+        decode.check_errors()
+    attnscope.flash_decode(q, kc, vc, torch.tensor([0, 12], dtype=torch.int32), check_seqlens=True)
+    decode.check_errors()  # 0 (an empty slot) and Nq itself are valid

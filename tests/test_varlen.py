@@ -667,7 +667,7 @@ def test_small_max_seqlen_is_reported_and_good_calls_are_not():
 
 
 @pytest.mark.parametrize("over,msg", [
-    ({"window": (3, -2)}, "window: expected None or a pair (left, right) of integers >= -1"),
+    ({"window": (3, -2)}, "window: expected None or a pair (left, right) of integers from -1"),
     ({"softcap": -1.0}, "softcap: expected a finite real number >= 0"),
     ({"softcap": float("inf")}, "softcap: expected a finite real number >= 0"),
     ({"sinks": torch.zeros(3)}, "sinks: expected a float32 tensor of shape [Hq] = [4]"),

@@ -43,8 +43,13 @@ __all__ = ["naive_attention", "permitted", "tiled_attention", "attention_backwar
 # --- inputs ---------------------------------------------------------------------------------------
 def _as_float64(name: str, x, min_ndim: int) -> np.ndarray:
     try:
-        a = np.asarray(x, dtype=np.float64)
+        a = np.asarray(x)
+        if a.dtype.kind == "c":  # a cast would drop the imaginary part silently
+            raise InputError(f"{name}: expected an array of real numbers, got complex values")
+        a = a.astype(np.float64, copy=False)
     except (TypeError, ValueError) as e:
+        if isinstance(e, InputError):
+            raise
         raise InputError(f"{name}: expected an array of real numbers, got {type(x).__name__} ({e})") from e
     if a.ndim < min_ndim:
         raise InputError(f"{name}: expected an array with at least {min_ndim} dimensions, "
@@ -86,9 +91,17 @@ def _prepare(q, k, v, scale):
     q, k, v = (np.broadcast_to(x, lead + x.shape[-2:]) for x in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif not finite_real(scale):
-        raise InputError(f"scale: expected a finite real number or None, got {short(scale)}")
-    return q, k, v, float(scale)
+    elif not (finite_real(scale) and scale > 0):
+        raise InputError(f"scale: expected a finite positive real number or None, got {short(scale)}")
+    scale = float(scale)
+    # |q.k| * scale <= max|q| * max|k| * d * scale: past float64's range a score would overflow to inf
+    # (and the softmax to 0 or NaN), so such input is refused, not answered wrongly.
+    qmax, kmax = (float(np.max(np.abs(x))) if x.size else 0.0 for x in (q, k))
+    if qmax > 0 and kmax > 0 and (math.log(qmax) + math.log(kmax) + math.log(d) + math.log(scale)
+                                  > math.log(np.finfo(np.float64).max) - math.log(max(nk, 2))):
+        raise InputError(f"q: expected scores q.k * scale within float64 range, got max |q| = {qmax:.3g}, "
+                         f"max |k| = {kmax:.3g}, scale = {scale:.3g} (d = {d}): the scores could overflow")
+    return q, k, v, scale
 
 
 def _causal_permitted(nq: int, nk: int) -> np.ndarray:
@@ -109,9 +122,11 @@ def permitted(nq: int, nk: int, causal: bool = False, window=None) -> np.ndarray
     return keep
 
 
-def _check_mods(softcap, sinks, heads: int | None):
+def _check_mods(causal, softcap, sinks, heads: int | None):
     """Validate ``softcap`` (finite, >= 0; 0 disables) and ``sinks`` (finite reals, one per query head: dim -3
-    of q) and return ``(softcap, sinks as float64 [Hq, 1, 1] or None)``."""
+    of q) and return ``(softcap, sinks as float64 [Hq, 1, 1] or None)``; ``causal`` must be a bool."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise InputError(f"causal: expected True or False, got {short(causal)}")
     if not (finite_real(softcap) and softcap >= 0):
         raise InputError(f"softcap: expected a finite real number >= 0 (0 disables), got {short(softcap)}")
     if sinks is None:
@@ -129,7 +144,8 @@ def _scores(q, k, scale, softcap, causal, window):
     s = (q @ np.swapaxes(k, -1, -2)) * scale
     t = None
     if softcap:
-        t = np.tanh(s / softcap)
+        with np.errstate(over="ignore"):  # a tiny softcap: s / softcap = +-inf, tanh saturates to +-1
+            t = np.tanh(s / softcap)
         s = softcap * t
     if causal or window is not None:
         s = np.where(permitted(q.shape[-2], k.shape[-2], causal, window), s, -np.inf)
@@ -164,7 +180,7 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> o = naive_attention(np.ones((4, 8)), np.ones((6, 8)), np.eye(6, 3), causal=True)
     """
     q, k, v, scale = _prepare(q, k, v, scale)
-    softcap, sink = _check_mods(softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
+    softcap, sink = _check_mods(causal, softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
     s, _ = _scores(q, k, scale, softcap, causal, window)  # [..., Nq, Nk]   step 1: scores
     m = s.max(axis=-1, keepdims=True)  # [..., Nq, 1]
     if sink is not None:
@@ -261,7 +277,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     q, k, v, scale = _prepare(q, k, v, scale)
     grid = Grid(q.shape[-2], k.shape[-2], positive_int("block_q", block_q),
                 positive_int("block_kv", block_kv), causal=bool(causal), window=window)
-    softcap, sink = _check_mods(softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
+    softcap, sink = _check_mods(causal, softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
     lead, nq, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
     traced = [] if trace_rows is None else [trace_rows] if isinstance(trace_rows, int) else list(trace_rows)
     for r in traced:
@@ -282,7 +298,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None, b
             k_j, v_j = k[..., c0 - 1:c1, :], v[..., c0 - 1:c1, :]  # [..., Bc, d], [..., Bc, dv]
             s = (q_i @ np.swapaxes(k_j, -1, -2)) * scale  # [..., Br, Bc]   never leaves the tile
             if softcap:
-                s = softcap * np.tanh(s / softcap)
+                with np.errstate(over="ignore"):  # as `_scores`: tanh saturates
+                    s = softcap * np.tanh(s / softcap)
             masked = not kv.full_first <= j <= kv.full_last
             if masked and _apply_mask:
                 s = _mask_tile(s, r0 - 1, c0 - 1, grid.offset, grid.bounds)  # before the running max sees it
@@ -563,7 +580,7 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
         raise InputError(f"do: expected shape {q.shape[:-1] + (v.shape[-1],)} (as o), got {do.shape}")
     if lse.shape != q.shape[:-1]:
         raise InputError(f"lse: expected shape {q.shape[:-1]}, got {lse.shape}")
-    softcap, sink = _check_mods(softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
+    softcap, sink = _check_mods(causal, softcap, sinks, q.shape[-3] if q.ndim >= 3 else None)
     g = np.zeros(lse.shape) if dlse is None else np.asarray(dlse, dtype=np.float64)
     if g.shape != lse.shape:
         raise InputError(f"dlse: expected shape {lse.shape} (as lse), got {g.shape}")

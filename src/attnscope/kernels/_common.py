@@ -58,6 +58,13 @@ def check_scale(scale) -> None:
     expect(ok, "scale", f"a finite positive number up to {MAX_SCALE:.3g}, or None", scale)
 
 
+#: Largest window side a kernel call takes (the kernels' window arithmetic is int32).
+MAX_WINDOW_SIDE = 2**31 - 1
+#: A window side from here up reaches past every sequence the kernels take (the varlen kernels' unbounded
+#: side, `bwd.WINDOW_UNBOUNDED`): `check_mods` folds it to -1 (unbounded), the same visibility.
+UNBOUNDED_SIDE = 1 << 30
+
+
 class Mods(NamedTuple):
     """The score mods of one call, validated by `check_mods`. When ``windowed``, ``(left, right)`` describe
     visibility in full (causal folded in as ``right = 0``); otherwise both are -1 and ``causal`` decides."""
@@ -75,11 +82,19 @@ class Mods(NamedTuple):
 
 def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device) -> Mods:
     """Validate the score mods (the one contract of every kernel: DESIGN.md,
-    `model.tiles.normalize_window`): ``window`` None or (left, right) ints >= -1 (causal forces right = 0,
-    and a causal call with left = -1 is plain causal: ``windowed`` False); ``softcap`` a finite real >= 0
-    (0 = off); ``sinks`` None or a float32 tensor [Hq] on ``device``. Returns `Mods`; raises `InputError`
-    naming the argument."""
+    `model.tiles.normalize_window`): ``window`` None or (left, right) ints from -1 to `MAX_WINDOW_SIDE`
+    (causal forces right = 0, and a causal call with left = -1 is plain causal: ``windowed`` False; a side
+    >= `UNBOUNDED_SIDE` is folded to -1, the same visibility); ``softcap`` a finite real >= 0 (0 = off);
+    ``sinks`` None or a float32 tensor [Hq] on ``device`` (its values are not read on the host; the
+    kernels keep them finite, `_tl.sink_log2`: a +inf sink takes all the weight, O = 0 and LSE = the
+    largest finite fp32 (base 2) in natural log, about 2.36e38; a -inf or NaN sink takes none, O as without
+    sinks, and a row with no visible key then gets LSE about -2.36e38, not -inf).
+    Returns `Mods`; raises `InputError` naming the argument."""
     left, right = normalize_window(causal, window)
+    if max(left, right) > MAX_WINDOW_SIDE:
+        raise InputError(f"window: expected None or a pair (left, right) of integers from -1 to "
+                         f"{MAX_WINDOW_SIDE} (-1 = unbounded), got {short(window)}")
+    left, right = (-1 if x >= UNBOUNDED_SIDE else x for x in (left, right))
     if causal and left < 0:
         right = -1  # plain causal: the kernels' CAUSAL path, no window arithmetic
     ok = finite_real(softcap) and softcap >= 0

@@ -161,6 +161,16 @@ def lse_merge_step(m_i, l_i, acc, lse_s, o_s, AXIS: tl.constexpr):
 
 
 @triton.jit
+def sink_log2(sink):
+    """A sink logit (natural log, fp32, as loaded) in base 2, kept finite: ``sink * log2(e)`` clamped to
+    +-FP32_MAX, NaN taken as -FP32_MAX. A +inf sink then takes all the weight (O = 0), a -inf or NaN one
+    none, and no softmax state meets inf - inf."""
+    s2 = sink * 1.4426950408889634
+    s2 = tl.where(s2 == s2, s2, -3.4028234663852886e38)  # x != x: NaN
+    return tl.minimum(tl.maximum(s2, -3.4028234663852886e38), 3.4028234663852886e38)
+
+
+@triton.jit
 def lse_merge_finish(m_i, l_i, acc):
     """(O, base-2 LSE) of a state: ``O = acc / l``, ``LSE = m + log2 l``; no weight: O = 0, LSE = -inf."""
     empty = l_i == 0.0
@@ -170,4 +180,4 @@ def lse_merge_finish(m_i, l_i, acc):
 
 
 __all__ = ["_kv_bounds", "_kv_bounds_window", "_window_bounds", "lse_merge_finish", "lse_merge_step",
-           "round_bf16", "mod_args", "softmax_tile", "tanh_", "triton", "window_args"]
+           "round_bf16", "mod_args", "sink_log2", "softmax_tile", "tanh_", "triton", "window_args"]

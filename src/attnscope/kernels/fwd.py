@@ -57,11 +57,11 @@ from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds_window,
     mod_args,
     round_bf16,
+    sink_log2,
     softmax_tile,
 )
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE from the base-2 running max
-LOG2E_C = tl.constexpr(LOG2E)  # a sink (natural-log units) enters the base-2 softmax as sink * log2(e)
 
 
 class FwdConfig(NamedTuple):
@@ -197,7 +197,7 @@ def _attnscope_fwd_kernel(
     m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
     if HAS_SINKS:
         # the sink joins the denominator only: m = max(m, sink2), l = l 2^(m_old - m) + 2^(sink2 - m)
-        sink2 = tl.load(SINKS + h) * LOG2E_C
+        sink2 = sink_log2(tl.load(SINKS + h))  # finite: an inf or NaN sink is clamped
         m_row = tl.where(l_i == 0.0, float("-inf"), m_log2)  # a row with no key yet: the sink alone
         m_new = tl.maximum(m_row, sink2)
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -55,6 +55,7 @@ PRODUCER_REGS = gl.constexpr(24)  # setmaxnreg of the TMA producer warp
 CONSUMER_REGS = {2: 240, 3: 160}
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+FP32_MAX: gl.constexpr = gl.constexpr(3.4028234663852886e38)
 #: Bits of the constexpr ``MODS`` (`mods_flags`): which score mods a build carries (none: the plain kernel).
 WINDOW: gl.constexpr = gl.constexpr(1)
 SOFTCAP: gl.constexpr = gl.constexpr(2)
@@ -354,7 +355,8 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
             mbarrier.arrive(q_empty.index(WG))  # no KV tile (all rows empty): Q was never read
 
     if MODS & SINKS:  # the sink joins the denominator: m = max(m, sink2), l = l 2^(m_old - m) + 2^(sink2 - m)
-        sink2 = gl.load(sc[5] + h) * LOG2E
+        sink2 = gl.load(sc[5] + h) * LOG2E  # kept finite, as `_tl.sink_log2`: NaN -> -max, +-inf -> +-max
+        sink2 = gl.minimum(gl.maximum(gl.where(sink2 == sink2, sink2, -FP32_MAX), -FP32_MAX), FP32_MAX)
         m_old = gl.where(l_i == 0.0, float("-inf"), m_i)
         m_i = gl.maximum(m_old, sink2)
         alpha = gl.exp2(m_old - m_i)

@@ -52,7 +52,14 @@ from attnscope.kernels._common import (
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, round_bf16, softmax_tile, tanh_  # noqa: E402
+from attnscope.kernels._tl import (  # noqa: E402
+    _kv_bounds,
+    _kv_bounds_window,
+    round_bf16,
+    sink_log2,
+    softmax_tile,
+    tanh_,
+)
 from attnscope.kernels.bwd import WINDOW_UNBOUNDED, window_keep  # noqa: E402, F401
 from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
     ERROR_BITS,
@@ -207,7 +214,7 @@ def _attnscope_varlen_kernel(
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
     if HAS_SINKS:  # the sink joins the denominator once, with no value (base 2: sink * log2(e))
-        sink2 = tl.load(SINKS + h) * 1.4426950408889634
+        sink2 = sink_log2(tl.load(SINKS + h))  # finite: an inf or NaN sink is clamped
         m_f = tl.maximum(m_log2, sink2)
         alpha = tl.math.exp2(m_log2 - m_f)
         l_i = l_i * alpha + tl.math.exp2(sink2 - m_f)

@@ -20,6 +20,8 @@ that grid to check them are bench/grids/dispatch_heldout.csv (``bench/prefill.py
 
 from __future__ import annotations
 
+from attnscope.errors import MAX_DIM, expect
+
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
 DEFAULT_VARIANT = VARIANTS[0]
@@ -40,7 +42,15 @@ WG3_MIN_WAVES = 2.0
 
 
 def mean_keys(nq: int, nk: int, causal: bool) -> float:
-    """Mean number of keys a query row visits (bottom-right causal: row r sees keys ``c <= r + nk - nq``)."""
+    """Mean number of keys a query row visits (bottom-right causal: row r sees keys ``c <= r + nk - nq``);
+    ``nq``, ``nk`` integers >= 0 (0 when either is 0), ``causal`` a bool, else `InputError` naming the
+    argument."""
+    for name, value in (("nq", nq), ("nk", nk)):
+        expect(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DIM, name,
+               "an integer from 0 to 10^24", value)
+    expect(isinstance(causal, bool), "causal", "True or False", causal)
+    if nq == 0 or nk == 0:
+        return 0.0
     if not causal:
         return float(nk)
     off = nk - nq

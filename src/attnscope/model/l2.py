@@ -41,7 +41,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from attnscope.errors import choice, expect, positive_int
+from attnscope.errors import choice, expect, finite_real, positive_int
 from attnscope.model import dispatch, roofline
 from attnscope.model import traffic as _traffic
 from attnscope.model.l2_params import (  # noqa: F401 - the estimate's parameters, reachable as l2.X
@@ -481,6 +481,8 @@ def logical(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int 
 
 
 def error(estimated: float, measured: float) -> float:
-    """Relative error of an estimate against a measurement: estimated / measured - 1."""
-    expect(measured > 0, "measured", "a positive byte count", measured)
+    """Relative error of an estimate against a measurement: estimated / measured - 1 (both finite reals,
+    ``estimated >= 0``, ``measured > 0``, else `InputError` naming the argument)."""
+    expect(finite_real(estimated) and estimated >= 0, "estimated", "a byte count >= 0", estimated)
+    expect(finite_real(measured) and measured > 0, "measured", "a positive byte count", measured)
     return estimated / measured - 1.0

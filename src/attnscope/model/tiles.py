@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from attnscope.errors import InputError, positive_int, short
+from attnscope.errors import MAX_DIM, InputError, expect, positive_int, short
 
 #: Largest T_c for which `Grid.schedule` builds explicit lists of tile numbers.
 MAX_LISTED = 1 << 20
@@ -41,7 +41,11 @@ MAX_LISTED = 1 << 20
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
     """sum_{t=0}^{n-1} floor((a t + b) / m) for n >= 0, m > 0, a >= 0, b >= 0, in O(log m) steps (the
-    Euclid-like reduction of the lattice-point count under a line)."""
+    Euclid-like reduction of the lattice-point count under a line). Anything else (a float, a bool, a
+    negative, m = 0) raises `InputError` naming the argument."""
+    for name, value, least in (("n", n, 0), ("m", m, 1), ("a", a, 0), ("b", b, 0)):
+        expect(isinstance(value, int) and not isinstance(value, bool) and value >= least, name,
+               f"an integer >= {least}", value)
     total = 0
     while True:
         if a >= m:
@@ -58,7 +62,9 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division for any integer ``a`` and positive ``b``."""
+    """Ceiling division for any integer ``a`` and positive ``b`` (else `InputError` naming ``b``)."""
+    if not b > 0:
+        raise InputError(f"b: expected a positive integer divisor, got {short(b)}")
     return -(-a // b)
 
 
@@ -336,14 +342,15 @@ def normalize_window(causal: bool, window) -> tuple[int, int]:
     that side): key ``c`` (0-based) is visible to query row ``r`` iff ``c >= r + off - left`` (left >= 0)
     and ``c <= r + off + right`` (right >= 0), with ``off = Nk - Nq`` (bottom-right, as causal).
     ``window=None`` is ``(-1, -1)``; ``causal=True`` forces ``right = 0``, so causal alone is ``(-1, 0)``.
-    Anything but a pair of integers >= -1 raises `InputError` naming ``window``."""
+    Anything but a pair of integers from -1 to `MAX_DIM` (a side past every sequence) raises `InputError`
+    naming ``window``."""
     if window is None:
         left, right = -1, -1
     else:
         ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= -1 for x in window)
+            isinstance(x, int) and not isinstance(x, bool) and -1 <= x <= MAX_DIM for x in window)
         if not ok:
-            raise InputError("window: expected None or a pair (left, right) of integers >= -1 "
+            raise InputError("window: expected None or a pair (left, right) of integers from -1 to 10^24 "
                              f"(-1 = unbounded), got {short(window)}")
         left, right = int(window[0]), int(window[1])
     if causal:
@@ -384,6 +391,9 @@ def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
     ``k < num_m / 2`` pair ``(num_m - 1 - k, k)``; odd: items ``k < (num_m - 1) / 2`` pair
     ``(num_m - 2 - k, k)`` and item ``(num_m - 1) / 2`` is tile ``num_m - 1`` alone. With Nq = Nk every item
     of a call then loads the same number of KV tiles (num_m + 1 even, num_m odd, square tiles)."""
+    expect(isinstance(num_m, int) and not isinstance(num_m, bool) and num_m >= 0, "num_m",
+           "an integer >= 0", num_m)
+    expect(isinstance(k, int) and not isinstance(k, bool), "k", "an integer", k)
     half = (num_m + 1) // 2
     if not 0 <= k < half:
         raise ValueError(f"k: expected 0 <= k < {half}, got {k}")
@@ -395,5 +405,7 @@ def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
 
 def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
     """Every item of one head, in order (`persistent_item`); cost grows with ``num_m``: for tests and the
-    development simulator, never on an analytic path."""
+    development simulator, never on an analytic path: ``num_m`` up to `MAX_LISTED`, else `InputError`."""
+    expect(isinstance(num_m, int) and not isinstance(num_m, bool) and 0 <= num_m <= MAX_LISTED, "num_m",
+           f"an integer from 0 to {MAX_LISTED:,} (explicit item lists)", num_m)
     return [persistent_item(k, num_m) for k in range((num_m + 1) // 2)]

@@ -3,11 +3,12 @@ one (sequence, kv head, row tile) through the online softmax and writes fp32 par
 the output); phase 2 merges the splits with the one logsumexp merge (`_tl.lse_merge_step`), fused into the
 last program of a row tile or as a separate kernel. Layouts and the host side: `attnscope.kernels.decode`.
 
-Values are checked on the device: a length outside [0, L_max] is clamped into it and a used block-table
-entry outside [0, num_pages) is never dereferenced (its keys are masked out); either sets a bit of the
-int32 error word ``ERR`` (`ERR_SEQLENS`, `ERR_BLOCK_TABLE`), as does a K/V scale that is not finite and
-positive, or whose product with the softmax scale is not finite (`ERR_SCALES`). `checks.check_errors`
-reads the word.
+Values are checked on the device: a length outside [0, L_max] is clamped into it (one in (0, Nq), shorter
+than the queries it holds, runs as given) and a used block-table entry outside [0, num_pages) is never
+dereferenced (its keys are masked out); either sets a bit of the int32 error word ``ERR`` (`ERR_SEQLENS`,
+`ERR_BLOCK_TABLE`), as does a K/V scale that is not finite and positive, or whose product with the softmax
+scale is not finite (`ERR_SCALES`). `checks.check_errors` reads the word. A sink is kept finite
+(`_tl.sink_log2`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from attnscope.kernels._common import import_torch_triton, interpreting
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16  # noqa: E402
+from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16, sink_log2  # noqa: E402
 
 # bits of the error word (constexpr globals: the kernels read them; the host reads ``.value``)
-ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max]
+ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max], or in (0, Nq)
 ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
 ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def _tanh(x):
 def _add_sink(m_i, l_i, acc, sink2):
     """Fold a sink (base-2 logit ``sink2`` per row, no value) into a merge state (m, l, acc): the partial
     (O = 0, LSE = sink), joined once (`attnscope.reference.combine`'s sinks)."""
-    m_new = tl.maximum(m_i, sink2)  # finite: the sink is
+    m_new = tl.maximum(m_i, sink2)  # finite: the sink is (`_tl.sink_log2`)
     alpha = tl.exp2(m_i - m_new)  # exp2(-inf) = 0 for a state with no key
     return m_new, l_i * alpha + tl.exp2(sink2 - m_new), acc * tl.expand_dims(alpha, -1)
 
@@ -86,7 +86,7 @@ def _attnscope_decode_split_kernel(
     h_kv = (pid_bh % n_kv_heads).to(tl.int64)
     if HAS_SEQLENS:
         seqlen = tl.load(SEQLENS + b * stride_sb)  # keys of sequence b, clamped to [0, L_max]: reported
-        if (seqlen < 0) | (seqlen > l_max):
+        if (seqlen < 0) | (seqlen > l_max) | ((seqlen > 0) & (seqlen < n_q)):  # 0 < seqlen < Nq: too short
             tl.atomic_or(ERR, ERR_SEQLENS)
         seqlen = tl.minimum(tl.maximum(seqlen, 0), l_max)
     else:
@@ -229,7 +229,7 @@ def _attnscope_decode_split_kernel(
         m_i = m_i * qk_scale  # base 2 for the LSE: +inf past fp32, where the true LSE is too
     n_q_heads = n_kv_heads * GROUP
     if HAS_SINKS and not SPLIT:  # one split: the sink joins here, once
-        sink2 = tl.load(SINKS + q_heads, mask=m_mask, other=0.0) * LOG2E
+        sink2 = sink_log2(tl.load(SINKS + q_heads, mask=m_mask, other=0.0))
         m_i, l_i, acc = _add_sink(m_i, l_i, acc, sink2)
     o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [BLOCK_M, d], [BLOCK_M] base 2; 0, -inf: no key
     out_rows = (b * n_q_heads + q_heads) * n_q + qi  # [BLOCK_M] rows of O / LSE
@@ -263,7 +263,7 @@ def _attnscope_decode_split_kernel(
                                   mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
                     mm, ll, aa = lse_merge_step(mm, ll, aa, lse_s, o_s, 1)  # empty splits weigh 0
                 if HAS_SINKS:  # the sink joins the merged splits once
-                    sink2 = tl.load(SINKS + heads_m, mask=mm_mask, other=0.0) * LOG2E
+                    sink2 = sink_log2(tl.load(SINKS + heads_m, mask=mm_mask, other=0.0))
                     mm, ll, aa = _add_sink(mm, ll, aa, sink2)
                 o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
                 if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
@@ -308,7 +308,7 @@ def _attnscope_decode_combine_kernel(
                       mask=s_mask[:, None], other=0.0)  # [BLOCK_S, d]
         m_i, l_i, acc = lse_merge_step(m_i, l_i, acc, lse_s, o_s, 0)  # empty splits weigh 0
     if HAS_SINKS:  # the sink joins the merged splits once: the partial (O = 0, LSE = sink)
-        sink2 = tl.load(SINKS + (row // n_q) % n_q_heads) * LOG2E
+        sink2 = sink_log2(tl.load(SINKS + (row // n_q) % n_q_heads))
         m_new = tl.maximum(m_i, sink2)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.exp2(sink2 - m_new)

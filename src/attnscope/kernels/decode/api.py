@@ -45,8 +45,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         head i reads kv head ``i // (Hq / Hkv)``). q's dtype, or ``torch.float8_e4m3fn`` with scales.
     cache_seqlens : torch.Tensor, int32 [B], optional
         Valid keys per sequence (positions ``0 .. len - 1``); default L_max for all. A sequence of length
-        0 gives output 0 and LSE = -inf. Checked on the device: a value outside [0, L_max] is clamped
-        into it and recorded for `check_errors`.
+        0 gives output 0 and LSE = -inf; any other is at least Nq (the queries are its last Nq
+        positions). Checked on the device: a value outside [0, L_max] is clamped into it, one in
+        (0, Nq) runs as given; both are recorded for `check_errors` (``check_seqlens=True``: refused).
     block_table : torch.Tensor, int32 [B, max_pages], optional
         The paged cache's page of each block of page_size keys; any order, pages may be shared. Checked
         on the device: a used entry outside [0, num_pages) is never read (its keys are left out) and is
@@ -127,7 +128,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         num_pages = k_cache.shape[0] if block_table is not None else 0
         if cache_seqlens is not None:
             longest = _check_seqlen_values(cache_seqlens, facts.L_max, block_table, facts.page_size,
-                                           num_pages)
+                                           num_pages, facts.Nq)
         elif block_table is not None:
             _check_block_table_values(block_table, facts.page_size, num_pages, facts.L_max)
         if k_scale is not None:

@@ -5,7 +5,8 @@ What is checked where:
 
 - on the host, every call (no device read): types, ranks, shapes, strides, dtypes, devices, the
   options, the score mods (`_common.check_mods`), and that no input requires grad;
-- on the device, every launch: each ``cache_seqlens`` value in [0, L_max] (else clamped into it), each
+- on the device, every launch: each ``cache_seqlens`` value in [0, L_max] (else clamped into it) and 0 or
+  at least Nq (the queries are the last Nq positions; a shorter one is reported, not refused), each
   block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read), and
   ``k_scale`` / ``v_scale`` finite and positive with ``scale * k_scale`` finite in fp32. A violation sets
   a bit of a per-device int32 error word; nothing is read or written outside the tensors;
@@ -212,10 +213,11 @@ def check_errors(device=None) -> None:
     check met an out-of-range value, and clear the record.
 
     The kernels check every value on the device (`attnscope.kernels.decode.checks`): a length outside
-    [0, L_max] was clamped into it, a used block-table entry outside [0, num_pages) was masked out (its
-    keys not read), a K/V scale was not finite and positive; those calls' outputs are not the attention
-    of the inputs as given. Reading the record is one device sync: call it where a sync is cheap (after a
-    generation step, in tests), never inside CUDA-graph capture.
+    [0, L_max] was clamped into it (one in (0, Nq) ran as given, fewer keys than queries), a used
+    block-table entry outside [0, num_pages) was masked out (its keys not read), a K/V scale was not
+    finite and positive; those calls' outputs are not the attention of the inputs as given. Reading the
+    record is one device sync: call it where a sync is cheap (after a generation step, in tests), never
+    inside CUDA-graph capture.
     """
     devices = [torch.device(device)] if device is not None else list(_ERROR_WORDS)
     for dev in devices:
@@ -227,19 +229,26 @@ def check_errors(device=None) -> None:
             word.zero_()
             what = [f"{name}: expected {want}, got an out-of-range value in a decode call since the last "
                     f"check" for bit, name, want in (
-                        (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max]"),
+                        (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max], each 0 or >= Nq"),
                         (ERR_BLOCK_TABLE.value, "block_table", "used page indices in [0, num_pages)"),
                         (ERR_SCALES.value, "k_scale/v_scale", "finite positive values")) if bits & bit]
             raise InputError("; ".join(what))
 
 
-def _check_seqlen_values(cache_seqlens, L_max: int, block_table, page_size: int, num_pages: int) -> int:
+def _check_seqlen_values(cache_seqlens, L_max: int, block_table, page_size: int, num_pages: int,
+                         nq: int = 1) -> int:
     """Read the lengths (and the used block-table entries) back to the host and check them: a device
-    sync. Returns the longest length."""
+    sync. Each length is 0 (an empty slot) or in [Nq, L_max] (a sequence holds its ``nq`` new queries,
+    its last positions). Returns the longest length."""
     lo, hi = (int(x) for x in cache_seqlens.aminmax())
     if lo < 0 or hi > L_max:
         bad = lo if lo < 0 else hi
         raise InputError(f"cache_seqlens: expected values in [0, L_max = {L_max}], got {bad}")
+    if nq > 1:
+        short_ = cache_seqlens[(cache_seqlens > 0) & (cache_seqlens < nq)]
+        if short_.numel():
+            raise InputError(f"cache_seqlens: expected 0 or a length >= Nq = {nq} (the queries are the last "
+                             f"Nq positions of each sequence), got {int(short_[0])}")
     if block_table is not None:
         used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] \
             < ((cache_seqlens.long() + page_size - 1) // page_size)[:, None]  # pages holding keys

@@ -244,7 +244,7 @@ class DecodePlan:
         longest = None
         if cache_seqlens is not None:
             longest = _check_seqlen_values(cache_seqlens, self.L_max, block_table, self.page_size,
-                                           self.num_pages)
+                                           self.num_pages, q.shape[2])
         elif block_table is not None:
             _check_block_table_values(block_table, self.page_size, self.num_pages, self.L_max)
         if k_scale is not None:
