@@ -4,6 +4,7 @@ argument, or `NotImplementedError` listing what is supported), device facts."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect, finite_real, short
@@ -130,15 +131,18 @@ def check_disjoint(torch, name: str, t, others: dict) -> None:
 #: One int32 error word per (device, owner), written by device-side validation with ``bitwise_or_`` and read
 #: only by `raise_device_errors`: bounded by devices x owners (a handful), never on a host-sync path.
 _DEVICE_ERROR_FLAGS: dict = {}
+_FLAGS_LOCK = threading.Lock()
 
 
 def device_error_flag(torch, device, owner: str):
     """The int32 [1] error word of ``owner`` (e.g. ``"varlen"``) on ``device``, zero until a launcher's
     device-side check ORs a bit into it (no host sync); `raise_device_errors` reads and clears it."""
     key = (str(torch.device(device)), owner)
-    if key not in _DEVICE_ERROR_FLAGS:
-        _DEVICE_ERROR_FLAGS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _DEVICE_ERROR_FLAGS[key]
+    flag = _DEVICE_ERROR_FLAGS.get(key)
+    if flag is None:
+        with _FLAGS_LOCK:  # two threads' first calls must share one word
+            flag = _DEVICE_ERROR_FLAGS.setdefault(key, torch.zeros(1, dtype=torch.int32, device=device))
+    return flag
 
 
 def raise_device_errors(torch, owner: str, messages: dict, device=None) -> None:

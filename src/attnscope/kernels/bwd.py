@@ -54,7 +54,7 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._common import check_mods  # noqa: E402
+from attnscope.kernels._common import UNBOUNDED_SIDE, check_mods  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -92,9 +92,9 @@ def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
     return x.to(dtype)
 
 
-#: An unbounded window side as the kernels take it (`varlen.mod_args`): larger than any offset, so the
-#: bound formulas need no branch, and a side may be negative (a band off the diagonal, for the ring).
-WINDOW_UNBOUNDED = 1 << 30
+#: An unbounded window side as the kernels take it (`varlen.mod_args`; `_common.UNBOUNDED_SIDE`): larger than
+#: any offset, so the bound formulas need no branch, and a side may be negative (a band off the diagonal).
+WINDOW_UNBOUNDED = UNBOUNDED_SIDE
 
 
 @triton.jit

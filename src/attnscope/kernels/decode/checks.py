@@ -18,7 +18,6 @@ What is checked where:
 
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect, short
@@ -31,7 +30,9 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
+    device_error_flag,
     import_torch_triton,
+    raise_device_errors,
 )
 from attnscope.kernels.decode._kernel import ERR_BLOCK_TABLE, ERR_SCALES, ERR_SEQLENS
 from attnscope.kernels.decode.heuristics import (
@@ -193,19 +194,10 @@ def _check_scale_values(k_scale, v_scale, scale, d) -> None:
                              f"finite in fp32), got {bad[0] if bad else max(values)}")
 
 
-#: One int32 error word per device (bits: `_kernel.ERR_SEQLENS`, `ERR_BLOCK_TABLE`, `ERR_SCALES`), set by
-#: the kernels with an atomic or, read and cleared by `check_errors`.
-_ERROR_WORDS: dict = {}
-_ERROR_LOCK = threading.Lock()
-
-
 def _error_word(device):
-    """The error word of ``device`` (allocated, zeroed, on first use: make a plan before graph capture)."""
-    word = _ERROR_WORDS.get(device)
-    if word is None:
-        with _ERROR_LOCK:
-            word = _ERROR_WORDS.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
-    return word
+    """The decode error word of ``device`` (bits: `_kernel.ERR_SEQLENS`, `ERR_BLOCK_TABLE`, `ERR_SCALES`),
+    set by the kernels with an atomic or (`_common.device_error_flag`; make a plan before graph capture)."""
+    return device_error_flag(torch, device, "decode")
 
 
 def check_errors(device=None) -> None:
@@ -219,20 +211,12 @@ def check_errors(device=None) -> None:
     record is one device sync: call it where a sync is cheap (after a generation step, in tests), never
     inside CUDA-graph capture.
     """
-    devices = [torch.device(device)] if device is not None else list(_ERROR_WORDS)
-    for dev in devices:
-        word = _ERROR_WORDS.get(dev)
-        if word is None:
-            continue
-        bits = int(word.item())
-        if bits:
-            word.zero_()
-            what = [f"{name}: expected {want}, got an out-of-range value in a decode call since the last "
-                    f"check" for bit, name, want in (
-                        (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max], each 0 or >= Nq"),
-                        (ERR_BLOCK_TABLE.value, "block_table", "used page indices in [0, num_pages)"),
-                        (ERR_SCALES.value, "k_scale/v_scale", "finite positive values")) if bits & bit]
-            raise InputError("; ".join(what))
+    raise_device_errors(torch, "decode", {
+        bit: f"{name}: expected {want}, got an out-of-range value in a decode call since the last check"
+        for bit, name, want in (
+            (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max], each 0 or >= Nq"),
+            (ERR_BLOCK_TABLE.value, "block_table", "used page indices in [0, num_pages)"),
+            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"))}, device)
 
 
 def _check_seqlen_values(cache_seqlens, L_max: int, block_table, page_size: int, num_pages: int,
