@@ -1555,7 +1555,6 @@ def test_bytes_from_json_prints_recorded_names_escaped(capsys, tmp_path):
 def test_bench_from_json_prints_recorded_names_escaped(capsys, tmp_path):
     doc = json.loads(PREFILL_RESULT.read_text())
     doc["prefill"][0]["dtype"] = HOSTILE
-    doc["prefill"][0]["tflops"][HOSTILE] = 1.0
     p = tmp_path / "r.json"
     p.write_text(json.dumps(doc))
     rc, out, err, _ = run(capsys, ["bench", "--from-json", p])
@@ -2165,3 +2164,116 @@ def test_decode_lengths_shorter_than_the_queries(torch):
         decode.check_errors()
     attnscope.flash_decode(q, kc, vc, torch.tensor([0, 12], dtype=torch.int32), check_seqlens=True)
     decode.check_errors()  # 0 (an empty slot) and Nq itself are valid
+
+
+# --- third hostile pass: bench results
+DECODE_RESULT = RESULTS / "h200-2026-11-30-decode.json"
+
+
+def _prefill_rows(ds, ns=(512,), causal=(False, True)):
+    return [{"dtype": "bfloat16", "d": d, "causal": c, "n": n, "batch": 32, "heads": 32,
+             "tflops": {"attnscope": 100.0}} for d in ds for c in causal for n in ns]
+
+
+def _decode_doc(edit):
+    doc = json.loads(DECODE_RESULT.read_text())
+    edit(doc)
+    return doc
+
+
+def _set(path, value):
+    def edit(d):
+        *head, last = path
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return edit
+
+
+BOUNDED_RESULTS = [  # each drew for tens of seconds, or took GiBs, or printed a contradiction
+    ("panels", lambda d: d.update(prefill=_prefill_rows(range(1, 10))),
+     "--from-json prefill[16].d: expected at most 16 distinct (d, causal) panels"),
+    ("big-d", lambda d: d.update(prefill=_prefill_rows([600], causal=(False,))),
+     "--from-json prefill[0].d: expected a head dim from 1 to 512, got 600"),
+    ("env-gpu", lambda d: d["env"].update(gpu="x" * 3_000_000),
+     "--from-json env.gpu: expected a number or a string of at most 200 characters, got 3000000 characters"),
+    ("env-nested", lambda d: d["env"].update(gpu={"a": 1}),
+     "--from-json env.gpu: expected a number or a string of at most 200 characters, got 'dict'"),
+    ("dtype", _set(["prefill", 0, "dtype"], "b" * 2_000_000),
+     "--from-json prefill[0].dtype: expected at most 200 characters, got 2000000 characters"),
+    ("rows", lambda d: d.update(prefill=_prefill_rows([64], ns=range(1, 1501))),
+     "--from-json prefill: expected at most 512 rows, got 3000"),
+    ("duplicate", lambda d: d.update(prefill=d["prefill"] + d["prefill"][:1]),
+     "--from-json prefill[2]: expected rows that differ in their shape, got a duplicate of prefill[0]"),
+    ("backend", _set(["prefill", 0, "tflops", "bogus"], 1.0),
+     "--from-json prefill[0].tflops: expected backends among attnscope, flash"),
+    ("ms-backend", _set(["prefill", 0, "ms", "x" * 5000], 1.0),
+     "--from-json prefill[0].ms: expected backends"),
+    ("vs-cudnn", _set(["prefill", 0, "vs_cudnn"], 5.0),
+     "--from-json prefill[0].vs_cudnn: expected attnscope / cudnn rate = 0.658246 (within 1 %), got 5.0"),
+    ("vs-no-rate", lambda d: d["prefill"][0]["tflops"].pop("cudnn"),
+     "--from-json prefill[0].vs_cudnn: expected none without the attnscope and cudnn rates"),
+    ("tflops", _set(["prefill", 0, "tflops", "attnscope"], 9000),
+     "--from-json prefill[0].tflops.attnscope: expected FLOPs / ms.attnscope = 258.328 (within 1 %), "
+     "got 9000"),
+    ("ms", _set(["prefill", 0, "ms", "attnscope"], 100),
+     "--from-json prefill[0].tflops.attnscope: expected FLOPs / ms.attnscope = 0.687195 (within 1 %)"),
+]
+
+
+@pytest.mark.parametrize("edit, needle", [b[1:] for b in BOUNDED_RESULTS],
+                         ids=[b[0] for b in BOUNDED_RESULTS])
+def test_bench_from_json_bounds_and_agrees(capsys, tmp_path, edit, needle):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(_prefill_doc(edit)))
+    line = refused(capsys, ["bench", "--from-json", p, "--plots", tmp_path / "plots"], needle,
+                   out_dir=tmp_path)
+    assert len(line) < 400, line
+
+
+DECODE_BREAKS = [
+    ("repeated", lambda d: d.update(decode=d["decode"] * 300),
+     "--from-json decode: expected at most 64 rows"),
+    ("duplicate", lambda d: d.update(decode=d["decode"] * 2),
+     "--from-json decode[12]: expected rows that differ in their shape, got a duplicate of decode[0]"),
+    ("kv-mib", _set(["decode", 0, "kv_mib"], 65.0), "--from-json decode[0].kv_mib: expected 2 x batch"),
+    ("tbs", _set(["decode", 0, "tbs", "attnscope"], 31.0),
+     "--from-json decode[0].tbs.attnscope: expected K and V bytes / ms.attnscope = 3.10185 (within 1 %), "
+     "got 31.0"),
+    ("vs-flash", _set(["decode", 0, "vs_flash"], 2.0), "--from-json decode[0].vs_flash: expected attnscope"),
+    ("eager-backend", _set(["decode", 0, "tbs_eager", "naive"], 1.0),
+     "decode[0].tbs_eager: expected backends"),
+]
+
+
+@pytest.mark.parametrize("edit, needle", [b[1:] for b in DECODE_BREAKS], ids=[b[0] for b in DECODE_BREAKS])
+def test_bench_from_json_decode_bounds_and_agrees(capsys, tmp_path, edit, needle):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(_decode_doc(edit)))
+    refused(capsys, ["bench", "--from-json", p, "--plots", tmp_path / "plots"], needle, out_dir=tmp_path)
+
+
+def test_bench_from_json_recorded_results_still_read(capsys):
+    for name in ("h200-2026-11-29-prefill.json", "h200-2026-11-30-decode.json",
+                 "h200-2026-12-01-prefill-auto.json"):
+        out = answered(capsys, ["bench", "--from-json", RESULTS / name])
+        assert out.startswith("# {") and len(out.splitlines()) > 5, out
+
+
+def test_bench_plots_worst_case_under_the_bounds_is_fast(capsys, tmp_path):
+    """Every bound at its limit at once (512 prefill rows over 16 panels, the most at N = 4,096 that are
+    distinct, 64 decode rows, 200-character text) plots in a few seconds."""
+    pytest.importorskip("matplotlib")
+    names = ("attnscope", "flash", "cudnn", "efficient", "naive")
+    rows = [{"dtype": dt, "d": d, "causal": c, "n": 4096 if i == 0 else 64 * i + 8, "batch": 32, "heads": 32,
+             "tflops": dict.fromkeys(names, 100.0)}
+            for dt in ("bfloat16", "float16") for d in (16, 32, 48, 64, 80, 96, 128, 256)
+            for c in (False, True) for i in range(16)]
+    decode = [{"batch": b, "hq": 32, "hkv": 8, "L": 4096, "kv_mib": 2 * b * 8 * 4096 * 128 * 2 / 2**20,
+               "tbs": dict.fromkeys(("attnscope", "attnscope_1split", "flash", "cudnn"), 1.0)}
+              for b in range(1, 65)]
+    assert len(rows) == 512
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"env": {"gpu": "g" * 200}, "prefill": rows, "decode": decode}))
+    out = answered(capsys, ["bench", "--from-json", p, "--plots", tmp_path / "plots"], limit_s=5)
+    assert len(out.splitlines()) == 1 + 512 + 64 + 3

@@ -224,6 +224,83 @@ def _in_range(kind: str, value) -> bool:
     return True
 
 
+#: Bounds on what `--from-json` prints and plots (a few seconds of drawing at the worst case).
+MAX_TEXT, MAX_PANELS, MAX_D, MAX_ENV = 200, 16, 512, 32
+MAX_ROWS = {"prefill": 512, "decode": 64}  # decode: one bar group per row
+#: The implementations a recorded row may name (what the sweeps measure).
+BACKENDS = {"prefill": ("attnscope", "flash", "cudnn", "efficient", "naive", "math", "auto", "portable"),
+            "decode": ("attnscope", "attnscope_1split", "flash", "cudnn")}
+#: Recorded values derived from others agree with them to this relative tolerance.
+RTOL = 0.01
+
+
+def _agree(at: str, recorded: float, derived: float, how: str) -> None:
+    expect(abs(recorded - derived) <= RTOL * abs(derived), at, f"{how} = {derived:.6g} (within 1 %)",
+           recorded)
+
+
+def _text(at: str, value: str, expected: str = f"at most {MAX_TEXT} characters") -> None:
+    if len(value) > MAX_TEXT:
+        raise InputError(f"{at}: expected {expected}, got {len(value)} characters")
+
+
+def _bounded(result: dict) -> None:
+    """Refuse (one line naming the field) what would make `--from-json` print or plot without bound or print
+    numbers that contradict each other: long text, too many rows, panels or env fields, unknown backends,
+    duplicate rows, rates that disagree with their ms and FLOPs (or K and V bytes), ratios that disagree
+    with the rates."""
+    env = result.get("env", {})
+    expect(len(env) <= MAX_ENV, "--from-json env", f"at most {MAX_ENV} fields", f"{len(env)} fields")
+    for key, value in env.items():
+        _text("--from-json env", key, f"field names of at most {MAX_TEXT} characters")
+        at, expected = f"--from-json env.{key}", f"a number or a string of at most {MAX_TEXT} characters"
+        expect(value is None or isinstance(value, (bool, int, float, str)), at, expected,
+               type(value).__name__)
+        if isinstance(value, str):
+            _text(at, value, expected)
+    panels = set()
+    for key in ("prefill", "prefill_fp16", "decode"):
+        rows = result.get(key, [])
+        kind = "decode" if key == "decode" else "prefill"
+        expect(len(rows) <= MAX_ROWS[kind], f"--from-json {key}", f"at most {MAX_ROWS[kind]} rows", len(rows))
+        seen = {}
+        for i, row in enumerate(rows):
+            at = f"--from-json {key}[{i}]"
+            for name in ("tflops", "tbs", "tbs_eager", "ms", "err"):
+                unknown = sorted(set(row.get(name) or {}) - set(BACKENDS[kind]))
+                expect(not unknown, f"{at}.{name}", f"backends among {', '.join(BACKENDS[kind])}",
+                       unknown[0] if unknown else None)
+            if kind == "prefill":
+                _text(f"{at}.dtype", row["dtype"])
+                expect(row["d"] <= MAX_D, f"{at}.d", f"a head dim from 1 to {MAX_D}", row["d"])
+                ident = (row["dtype"], row["d"], row["causal"], row["n"])
+                panels.add((row["d"], row["causal"]))
+                expect(len(panels) <= MAX_PANELS, f"{at}.d",
+                       f"at most {MAX_PANELS} distinct (d, causal) panels", len(panels))
+                work, rates, unit = (attention_flops(row["batch"], row["heads"], row["n"], row["n"], row["d"],
+                                                     row["causal"]), row["tflops"], "FLOPs")
+            else:
+                ident = (row["batch"], row["hq"], row["hkv"], row["L"])
+                kv = 2 * row["batch"] * row["hkv"] * row["L"] * 128 * 2  # decode_sweep: d = 128, bf16
+                _agree(f"{at}.kv_mib", row["kv_mib"], kv / 2**20, "2 x batch x hkv x L x 128 x 2 bytes / MiB")
+                work, rates, unit = kv, row["tbs"], "K and V bytes"
+            if ident in seen:
+                raise InputError(f"{at}: expected rows that differ in their shape, got a duplicate of "
+                                 f"{key}[{seen[ident]}]")
+            seen[ident] = i
+            for name, rate in rates.items():
+                ms = (row.get("ms") or {}).get(name)
+                if rate is not None and ms is not None:
+                    _agree(f"{at}.{'tbs' if kind == 'decode' else 'tflops'}.{name}", rate, work / ms / 1e9,
+                           f"{unit} / ms.{name}")
+            for peer in ("cudnn", "flash"):
+                ratio, a, p = row.get(f"vs_{peer}"), rates.get("attnscope"), rates.get(peer)
+                if ratio is not None:
+                    expect(bool(a and p), f"{at}.vs_{peer}", f"none without the attnscope and {peer} rates",
+                           ratio)
+                    _agree(f"{at}.vs_{peer}", ratio, a / p, f"attnscope / {peer} rate")
+
+
 def _from_json(args) -> int:
     result = load_json(args.from_json, "--from-json")
     if not isinstance(result, dict) or not ({"prefill", "decode"} & set(result)):
@@ -243,6 +320,7 @@ def _from_json(args) -> int:
                 at = f"--from-json {key}[{i}].{name}"
                 expect(_field_ok(kind, value), at, kind, value)
                 expect(_in_range(kind, value), at, _IN_RANGE.get(kind, kind), value)
+    _bounded(result)
     ceiling = result.get("read_ceiling_tbs")
     if ceiling is not None:
         expect(_field_ok(_NUM, ceiling), "--from-json read_ceiling_tbs", _NUM, ceiling)
