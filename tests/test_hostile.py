@@ -2277,3 +2277,73 @@ def test_bench_plots_worst_case_under_the_bounds_is_fast(capsys, tmp_path):
     p.write_text(json.dumps({"env": {"gpu": "g" * 200}, "prefill": rows, "decode": decode}))
     out = answered(capsys, ["bench", "--from-json", p, "--plots", tmp_path / "plots"], limit_s=5)
     assert len(out.splitlines()) == 1 + 512 + 64 + 3
+
+
+# --- third hostile pass: API
+
+
+def test_varlen_max_seqlen_beyond_int32_refused_on_the_host(torch):
+    import attnscope
+
+    q, k, v = (torch.zeros(20, 2, 64, dtype=torch.float16) for _ in range(3))
+    c = torch.tensor([0, 10, 20], dtype=torch.int32)
+    for args in ((2**31, 10), (10, 2**31)):
+        name = "max_seqlen_q" if args[0] == 2**31 else "max_seqlen_k"
+        with pytest.raises(InputError, match=rf"^{name}: expected at most 2\*\*31 - 1 .*, got 2147483648$"):
+            attnscope.flash_attention_varlen(q, k, v, c, c, *args)
+    out = attnscope.flash_attention_varlen(q, k, v, c, c, 2**31 - 1, 10)  # in range, larger than total: fine
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_decode_without_lengths_refuses_more_queries_than_l_max(torch):
+    import attnscope
+
+    q = torch.zeros(1, 2, 40, 64, dtype=torch.float16)
+    kc, vc = (torch.zeros(1, 2, 32, 64, dtype=torch.float16) for _ in range(2))
+    for check in (True, False):
+        with pytest.raises(InputError, match=r"^q: expected Nq <= L_max = 32 .*got Nq = 40$"):
+            attnscope.flash_decode(q, kc, vc, check_seqlens=check)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m.tiles.window_kv_bounds0(0, 128, 100, 100, 0, True, None), "^block_kv: expected a positive"),
+    (lambda m: m.tiles.window_kv_bounds0(-1, 128, 100, 100, 64, True, None), "^row0: expected a non-neg"),
+    (lambda m: m.tiles.window_kv_bounds0(0, 0, 100, 100, 64, True, None), "^rows: expected a positive"),
+    (lambda m: m.tiles.cdiv(5.5, 2), "^a: expected an integer"),
+    (lambda m: m.ring.crossover_n(2, 32, 8, 128, "bf17", True), "^dtype: expected one of"),
+    (lambda m: m.ring.crossover_n(2, 32, 8, 128, "bf16", True, tflops=float("nan")), "^tflops: expected"),
+    (lambda m: m.ring.crossover_n(2, 32, 8, 128, "bf16", True, tflops=-5), "^tflops: expected"),
+    (lambda m: m.ring.crossover_n(0, 32, 8, 128, "bf16", True), "^ranks: expected a positive"),
+    (lambda m: m.ring.crossover_n(2, 32, 7, 128, "bf16", True), "^kv_heads: expected a divisor of heads"),
+    (lambda m: m.ring.kernel_rate("h200", 128, True, tflops=-5), "^tflops: expected"),
+    (lambda m: m.l2.dead_frame_evicted(float("nan"), 1, 1, 0.0), "^inserted: expected a finite"),
+    (lambda m: m.l2.dead_frame_evicted(10.0, 1, 1, 0.0), "^cap: expected a positive capacity"),
+    (lambda m: m.l2.dead_frame_evicted(10.0, 0, 1, 5.0), "^ctas: expected a positive"),
+    (lambda m: m.footprint.footprint(devices=0), "^devices: expected None or a list of device names"),
+    (lambda m: m.l2_params.miss(float("nan")), "^ratio: expected a finite number"),
+    (lambda m: m.dispatch.hopper_variant(64, True, 1, 32, 8, 4096, 4096, sms=0), "^sms: expected a positive"),
+    (lambda m: m.dispatch.hopper_variant(64, True, 0, 32, 8, 4096, 4096), "^batch: expected a positive"),
+    (lambda m: m.dispatch.hopper_variant(64, True, 1, 32, 7, 4096, 4096), "^kv_heads: expected a divisor"),
+    (lambda m: m.l2.compulsory("flash", 0, 128, 32), "^n: expected a positive"),
+    (lambda m: m.l2.compulsory("flashy", 4096, 128, 32), "^impl: expected one of"),
+])
+def test_model_api_refuses_bad_arguments_by_name(call, match):
+    from attnscope.model import dispatch, footprint, l2, l2_params, ring, tiles
+
+    mods = type("M", (), dict(tiles=tiles, ring=ring, l2=l2, l2_params=l2_params, footprint=footprint,
+                              dispatch=dispatch))
+    with pytest.raises(InputError, match=match):
+        call(mods)
+
+
+def test_model_api_still_answers_good_arguments():
+    from attnscope.model import dispatch, l2, l2_params, ring, tiles
+
+    assert tiles.cdiv(5, 2) == 3 and tiles.cdiv(-5, 2) == -2
+    assert tiles.window_kv_bounds0(64, 64, 128, 128, 64, True, None) == (0, 0, 64, 128)
+    assert ring.crossover_n(2, 32, 8, 128, "bf16", True) % 2 == 0
+    assert ring.kernel_rate("h200", 128, True, tflops=500) == 500e12
+    assert l2.dead_frame_evicted(0.0, 1, 1, 0.0) == 0.0 and 0.0 < l2.dead_frame_evicted(2.0, 1, 1, 1.0) < 1.0
+    assert l2_params.miss(0.5) == 0.0 and l2_params.miss(100.0) == 1.0
+    assert dispatch.hopper_variant(128, True, 1, 32, 8, 4096, 4096) == "hopper_persist"
+    assert l2.compulsory("flash", 4096, 128, 32) > 4 * 4096 * 128 * 32

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, expect
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -59,6 +59,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not (_is_int(value) and value >= 0):
             raise InputError(f"{name}: expected a non-negative int, got {value!r}")
+        expect(value <= 2**31 - 1, name, "at most 2**31 - 1 (int32 on the device)", value)
     return total_q, Hq, d, total_k, Hkv
 
 

@@ -20,7 +20,7 @@ that grid to check them are bench/grids/dispatch_heldout.csv (``bench/prefill.py
 
 from __future__ import annotations
 
-from attnscope.errors import MAX_DIM, expect
+from attnscope.errors import MAX_DIM, expect, positive_int
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -73,6 +73,10 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     window: the effective ``(left, right)`` of a sliding window (`model.tiles.normalize_window`; -1
     unbounded), which bounds the keys a row visits by ``left + right + 1``.
     """
+    for name, v in (("d", d), ("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads), ("nq", nq),
+                    ("nk", nk), ("sms", sms)):
+        positive_int(name, v)
+    expect(q_heads % kv_heads == 0, "kv_heads", f"a divisor of q_heads = {q_heads}", kv_heads)
     if d == 128:
         return "hopper_persist"
     if d != 64:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnscope.errors import choice, positive_int
+from attnscope.errors import choice, expect, positive_int
 from attnscope.model.roofline import DEVICES, device
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
@@ -88,6 +88,9 @@ def footprint(n: int | None = 4096, d: int = 128, dtype: str = "fp16", block_q: 
                     ("heads", heads), ("layers", layers), ("batch", batch)):
         positive_int(name, v)
     b = DTYPE_BYTES[choice("dtype", dtype, DTYPE_BYTES)]
+    names = devices is None or (isinstance(devices, (list, tuple)) and all(isinstance(x, str)
+                                                                           for x in devices))
+    expect(names, "devices", "None or a list of device names", devices)
     devs = [device(x) for x in (DEVICES if devices is None else devices)]
     br = min(block_q, nq)    # a tile never holds more rows than the sequence has
     bc = min(block_kv, nk)

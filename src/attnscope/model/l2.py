@@ -197,6 +197,11 @@ def dead_frame_evicted(inserted: float, ctas: int, concurrent: int, cap: float) 
     CTA takes the same warp slots and re-dirties them, `L2Params.slot_reuse_lifetimes` CTA lifetimes later.
     In one lifetime the machine inserts ``inserted`` x concurrent / ctas bytes; a line survives D inserted
     bytes with exp(-D / cap) (random replacement, `_survival`); a call whose insertions fit evicts nothing."""
+    for name, x in (("inserted", inserted), ("cap", cap)):
+        expect(finite_real(x) and x >= 0, name, "a finite number >= 0", x)
+    positive_int("ctas", ctas)
+    positive_int("concurrent", concurrent)
+    expect(cap > 0 or inserted == 0, "cap", "a positive capacity when inserted > 0", cap)
     if inserted <= cap:
         return 0.0
     per_life = inserted * min(concurrent, ctas) / max(ctas, 1)
@@ -384,8 +389,11 @@ DIRTY_O = ("O still dirty in the write-back L2 when the call ends (ncu counts a 
 def compulsory(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str = "fp16",
                kv_heads: int | None = None) -> int:
     """Q, K, V read once and O (+ the implementation's LSE) written once, bytes for the whole call."""
-    b = _traffic.DTYPE_BYTES[dtype]
+    choice("impl", impl, IMPLS)
+    b = _traffic.DTYPE_BYTES[choice("dtype", dtype, _traffic.DTYPE_BYTES)]
     hkv = heads if kv_heads is None else kv_heads
+    for name, v in (("n", n), ("d", d), ("heads", heads), ("batch", batch), ("kv_heads", hkv)):
+        positive_int(name, v)
     lse = batch * heads * n * STAT_BYTES if _WRITES_LSE.get(impl, False) else 0
     return batch * n * d * b * (2 * heads + 2 * hkv) + lse
 

@@ -11,6 +11,8 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from attnscope.errors import expect, finite_real
+
 
 class Kernel(NamedTuple):
     """What the estimate assumes about one fused kernel (see the module docstring: measured or assumed)."""
@@ -163,6 +165,7 @@ H200_L2_PARAMS = L2Params()
 
 def miss(ratio: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
     """Fraction of re-reads that miss when the data touched between two uses is ``ratio`` x capacity."""
+    expect(finite_real(ratio), "ratio", "a finite number", ratio)
     if ratio <= 1.0:
         return 0.0
     return min(1.0, (ratio - 1.0) / max(ramp - 1.0, 1e-9))

@@ -95,23 +95,26 @@ class RingPrediction:
         return asdict(self)
 
 
-def _check(ranks, n, batch, heads, kv_heads, d, dtype, tflops, link_gbps):
-    for name, v in (("ranks", ranks), ("n", n), ("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
-                    ("d", d)):
+def _check_rate(name: str, x) -> None:
+    """``x`` (tflops or link_gbps) is None or a finite number in `RATE_RANGE`."""
+    lo, hi = RATE_RANGE
+    if x is not None and not (finite_real(x) and lo <= x <= hi):
+        raise InputError(f"{name}: expected a finite number in [{lo:g}, {hi:g}], got {short(x)}")
+
+
+def _check(ranks, batch, heads, kv_heads, d, dtype, tflops, link_gbps):
+    for name, v in (("ranks", ranks), ("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("d", d)):
         positive_int(name, v)
     choice("dtype", dtype, ELT)
     if heads % kv_heads:
         raise InputError(f"kv_heads: expected a divisor of heads = {heads}, got {kv_heads}")
-    if ranks > n:
-        raise InputError(f"ranks: expected at most n = {n:,} (one token per rank at least), got {ranks:,}")
-    lo, hi = RATE_RANGE
-    for name, x in (("tflops", tflops), ("link_gbps", link_gbps)):
-        if x is not None and not (finite_real(x) and lo <= x <= hi):
-            raise InputError(f"{name}: expected a finite number in [{lo:g}, {hi:g}], got {short(x)}")
+    _check_rate("tflops", tflops)
+    _check_rate("link_gbps", link_gbps)
 
 
 def kernel_rate(dev: str, d: int, causal: bool, tflops: float | None = None) -> float:
     """FLOP/s of one block's kernel: `tflops` if given, else the measured default (module docstring)."""
+    _check_rate("tflops", tflops)
     if tflops is not None:
         return tflops * 1e12
     key = (dev, d, bool(causal))
@@ -126,7 +129,10 @@ def predict(ranks: int, n: int, heads: int, kv_heads: int | None = None, d: int 
             link_gbps: float | None = None) -> RingPrediction:
     """Predicted ring-attention forward time for P = `ranks` (module docstring); closed form."""
     kv_heads = heads if kv_heads is None else kv_heads
-    _check(ranks, n, batch, heads, kv_heads, d, dtype, tflops, link_gbps)
+    positive_int("n", n)
+    _check(ranks, batch, heads, kv_heads, d, dtype, tflops, link_gbps)
+    if ranks > n:
+        raise InputError(f"ranks: expected at most n = {n:,} (one token per rank at least), got {ranks:,}")
     spec = get_device(dev)
     rate = kernel_rate(dev, d, causal, tflops)
     elt = ELT[dtype]
@@ -158,6 +164,7 @@ def crossover_n(ranks: int, heads: int, kv_heads: int, d: int, dtype: str, causa
     compute / transfer = n_local * Hq * f * 2 * bw / (Hkv * elt * rate), f = 1 unmasked, 1/2 causal
     (B and d cancel); with a size-dependent link, a bisection on n_local of fixed length (64 steps).
     """
+    _check(ranks, batch, heads, kv_heads, d, dtype, tflops, link_gbps)
     rate = kernel_rate(dev, d, causal, tflops)
     elt = ELT[dtype]
     f = 0.5 if causal else 1.0

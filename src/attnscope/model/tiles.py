@@ -63,7 +63,8 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for any integer ``a`` and positive ``b`` (else `InputError` naming ``b``)."""
-    if not b > 0:
+    expect(isinstance(a, int) and not isinstance(a, bool), "a", "an integer", a)
+    if not (isinstance(b, int) and not isinstance(b, bool) and b > 0):
         raise InputError(f"b: expected a positive integer divisor, got {short(b)}")
     return -(-a // b)
 
@@ -367,6 +368,10 @@ def window_kv_bounds0(row0: int, rows: int, nq: int, nk: int, block_kv: int, cau
     (never loaded). ``lo == hi`` when no row sees any key; ``full_lo == full_hi == hi`` when no tile is
     wholly visible. A kernel recomputes this in-kernel (tests hold the two against each other); kernels
     also mask the ragged last tile (a bounds check, not a mask of the attention)."""
+    expect(isinstance(row0, int) and not isinstance(row0, bool) and row0 >= 0, "row0",
+           "a non-negative integer", row0)
+    for name, v in (("rows", rows), ("nq", nq), ("nk", nk), ("block_kv", block_kv)):
+        positive_int(name, v)
     left, right = normalize_window(causal, window)
     off = nk - nq
     r0, r1 = row0, row0 + rows - 1

@@ -168,6 +168,9 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
     if cache_seqlens is not None and tuple(cache_seqlens.shape) != (B,):
         raise InputError(f"cache_seqlens: expected shape ({B},) (one length per sequence), "
                          f"got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens is None and Nq > L_max:
+        raise InputError(f"q: expected Nq <= L_max = {L_max} (cache_seqlens None: every length is L_max), "
+                         f"got Nq = {Nq}")
     if num_splits is not None:
         expect(_is_int(num_splits) and num_splits > 0, "num_splits", "a positive integer or None", num_splits)
         if num_splits > MAX_NUM_SPLITS:
