@@ -153,28 +153,6 @@ MOD_CASES = [("window (W,0)", True, (300, 0), 0.0, False, 1000, 1000),
 MOD_TIMINGS = [(8192, 1024), (32768, 4096)]
 
 
-def _torch_mods(torch, q, k, v, causal, window, softcap, sinks):
-    """PyTorch attention at q's dtype (scores from a q-dtype matmul, fp32 softmax, P in q's dtype): the
-    same-dtype error that `checks.kernel_tolerance` scales."""
-    from attnscope.model.tiles import normalize_window
-
-    g = q.shape[1] // k.shape[1]
-    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
-    nq, nk = q.shape[2], k.shape[2]
-    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    left, right = normalize_window(causal, window)
-    r = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
-    c = torch.arange(nk, device=q.device)[None, :]
-    keep = ((left < 0) | (c >= r - left)) & ((right < 0) | (c <= r + right))
-    s = s.masked_fill(~keep, float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :nk]
-    return (p.to(q.dtype) @ v).float()
-
-
 def _tiles_loaded(n: int, window) -> int:
     """KV tiles a causal call at Nq = Nk = n loads over its 128-row query tiles (`model.tiles`)."""
     from attnscope.model.tiles import cdiv, window_kv_bounds0
@@ -189,7 +167,7 @@ def run_mods(torch, log=print, save=lambda out: None) -> dict:
     import numpy as np
 
     from attnscope import reference
-    from attnscope.checks import kernel_tolerance
+    from attnscope.checks import kernel_tolerance, torch_attention
     from attnscope.kernels import _common, fwd, fwd_hopper
     from attnscope.measure.bench import _median_ms
     from attnscope.model import dispatch
@@ -221,7 +199,7 @@ def run_mods(torch, log=print, save=lambda out: None) -> dict:
                 ro, rlse = reference.naive_attention(*args, causal=causal, return_lse=True, window=window,
                                                      softcap=softcap, sinks=sk)
                 on, ln = o.double().cpu().numpy(), lse.double().cpu().numpy()
-                t_out = _torch_mods(torch, q, k, v, causal, window, softcap, sinks)
+                t_out = torch_attention(q, k, v, causal, window, softcap, sinks)[0].float()
                 t_err = np.abs(t_out.double().cpu().numpy() - ro).max()
                 err = np.abs(on - ro).max() if not np.isnan(on).any() else float("nan")
                 fin = np.isfinite(rlse)

@@ -10,7 +10,6 @@ or the sink with sinks), outputs poisoned with NaN.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -23,9 +22,8 @@ pytest.importorskip("triton")
 
 import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
-from attnscope.checks import kernel_tolerance  # noqa: E402
+from attnscope.checks import kernel_tolerance, torch_attention  # noqa: E402
 from attnscope.model import dispatch  # noqa: E402
-from attnscope.model.tiles import normalize_window  # noqa: E402
 from test_fwd import _poisoned_empty  # noqa: E402 - NaN-filled outputs, as the portable kernel's tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,24 +112,6 @@ def test_the_default_variant_builds_with_every_mod_for_sm90_on_the_cpu():
 
 
 # --- the score mods against float64 (GPU) -------------------------------------------------------------------
-def _torch_mods(q, k, v, causal, window, softcap, sinks):
-    """PyTorch attention at q's dtype (q-dtype matmul, fp32 softmax, P in q's dtype): the same-dtype error
-    the tolerance scales."""
-    g = q.shape[1] // k.shape[1]
-    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
-    nq, nk = q.shape[2], k.shape[2]
-    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    left, right = normalize_window(causal, window)
-    r = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
-    c = torch.arange(nk, device=q.device)[None, :]
-    s = s.masked_fill(~(((left < 0) | (c >= r - left)) & ((right < 0) | (c <= r + right))), float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
-    return (torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :nk].to(q.dtype) @ v).float()
-
-
 MOD_CASES = [  # (causal, window, softcap, sinks scale or None, nq, nk)
     (True, (0, 0), 0.0, None, 300, 300), (True, (1, 0), 0.0, None, 300, 300),
     (True, (200, 0), 0.0, None, 1000, 1000), (False, (150, 150), 0.0, None, 700, 1100),
@@ -163,7 +143,8 @@ def test_mods_match_float64(monkeypatch, variant, d, causal, window, softcap, si
                                          sinks=None if sinks is None else sinks.double().cpu().numpy())
     on, ln = o.double().cpu().numpy(), lse.double().cpu().numpy()
     assert not np.isnan(on).any() and not np.isnan(ln).any(), "an element was not written"
-    t_err = np.abs(_torch_mods(q, k, v, causal, window, softcap, sinks).double().cpu().numpy() - ro).max()
+    t_out = torch_attention(q, k, v, causal, window, softcap, sinks)[0]
+    t_err = np.abs(t_out.double().cpu().numpy() - ro).max()
     err = np.abs(on - ro).max()
     assert err <= kernel_tolerance(t_err), f"error {err:.3g} > bound {kernel_tolerance(t_err):.3g}"
     fin = np.isfinite(rlse)

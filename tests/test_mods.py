@@ -40,26 +40,6 @@ def _inputs(b, hq, hkv, nq, nk, d, dtype, seed, amp=1.0, device=DEVICE):
     return q, k, v.to(dtype).to(device), do.to(dtype).to(device)
 
 
-def _torch_mods(q, k, v, causal, window, softcap, sinks):
-    """PyTorch's own attention at the input dtype (its error sets the bound): scores, scale and cap in the
-    dtype, the mask of `reference.permitted`, the sink as an extra softmax column (fp32) with no value;
-    returns (o, lse), differentiable in q, k, v and sinks. Rows with no key and no sink give 0."""
-    g = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    keep = torch.as_tensor(reference.permitted(q.shape[2], k.shape[2], causal, window), device=q.device)
-    s = s.float().masked_fill(~keep, float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
-    lse = torch.logsumexp(s, -1)
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    if sinks is not None:
-        p = p[..., :-1]
-    return p.to(q.dtype) @ vv, lse
-
-
 def _n(t):
     return t.detach().double().cpu().numpy()
 
@@ -91,7 +71,7 @@ def _check_case(b, group, nq, nk, d, dtype, causal, window, softcap, sink_vals, 
                                          dlse=_n(dlse), **mods)
     t_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     t_sink = None if sinks is None else sinks.clone().requires_grad_()
-    to, tlse = _torch_mods(*t_leaves, causal, window, softcap, t_sink)
+    to, tlse = checks.torch_attention(*t_leaves, causal, window, softcap, t_sink)
     torch.autograd.backward((to, tlse), (do, dlse.masked_fill(torch.isinf(tlse), 0.0)))
 
     assert o.shape == q.shape and o.dtype == dt and lse.dtype == torch.float32

@@ -503,6 +503,32 @@ def within_tolerance(err: float, torch_err: float, factor: float = 2.0) -> bool:
     return err <= kernel_tolerance(torch_err, factor)
 
 
+def torch_attention(q, k, v, causal: bool = False, window=None, softcap: float = 0.0, sinks=None):
+    """PyTorch's own attention at q's dtype, the error `kernel_tolerance` scales: scores and softcap in q's
+    dtype, the mask of `reference.permitted`, an fp32 softmax with the sink as one more column with no
+    value, P cast back to q's dtype. q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d] (GQA repeated); returns
+    ``(o, lse)`` (natural log, fp32), differentiable in q, k, v and sinks; rows with no key and no sink
+    give 0. Imports torch (a kernel check, never an analytic path)."""
+    import math
+
+    import torch
+
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    keep = torch.as_tensor(reference.permitted(q.shape[2], k.shape[2], causal, window), device=q.device)
+    s = s.float().masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    if sinks is not None:
+        p = p[..., :-1]
+    return p.to(q.dtype) @ vv, lse
+
+
 def _kernel_case(torch, device, rng, dtype, b, hq, hkv, nq, nk, d=64, causal=False, seqlens=None):
     """Fresh q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d] at ``dtype``, int32 cache lengths, and ``judge(name,
     o, lse, what)``: a kernel's output against the float64 reference over the permitted keys (causal, or
