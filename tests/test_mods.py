@@ -324,3 +324,29 @@ def test_gpu_auto_runs_portable_with_mods():
     q, k, v, _ = _inputs(1, 4, 4, 4096, 4096, 128, torch.bfloat16, 5, device="cuda")
     _, _, compiled = fwd.launch(q, k, v, True, None, False, None, "auto", window=(1024, 0))
     assert compiled.name == "_attnscope_fwd_kernel"
+
+
+@pytest.mark.parametrize("softcap", [1e3, 1e6, 1e10, 1e38])
+def test_a_huge_softcap_is_no_softcap(softcap):
+    """softcap * tanh(s / softcap) -> s as softcap grows: the kernels' tanh must not cancel to 0 for tiny
+    arguments (a huge cap once gave the plain average of V). Forward, backward and decode against float64,
+    with the one rule; PyTorch's own error is that of the uncapped attention it tends to."""
+    q, k, v, do = _inputs(1, 2, 1, 24, 24, 64, torch.float16, 11)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = attnscope.flash_attention(*leaves, causal=True, softcap=softcap)
+    o.backward(do)
+    t_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    t_o, _ = checks.torch_attention(*t_leaves, True)  # PyTorch's error bar: no cap (1e10 overflows fp16)
+    t_o.backward(do)
+    n = [_n(t) for t in (q, k, v, do)]
+    ro, rlse = reference.naive_attention(*n[:3], causal=True, softcap=softcap, return_lse=True)
+    rg = reference.attention_backward(n[3], *n[:3], ro, rlse, causal=True, softcap=softcap)
+    t_err = _err(t_o, ro)
+    assert _err(o, ro) <= checks.kernel_tolerance(t_err), (_err(o, ro), t_err)
+    for g, tg, r in zip((x.grad for x in leaves), (x.grad for x in t_leaves), rg, strict=True):
+        bound = checks.kernel_tolerance(_err(tg, r), checks.GRAD_FACTOR)
+        assert _err(g, r) <= bound, (_err(g, r), bound)
+    lens = torch.tensor([24], dtype=torch.int32, device=DEVICE)
+    od = attnscope.flash_decode(q[:, :, -1:], k, v, lens, softcap=softcap)
+    rd = reference.naive_attention(n[0][:, :, -1:], n[1], n[2], softcap=softcap)
+    assert _err(od, rd) <= checks.kernel_tolerance(t_err), _err(od, rd)

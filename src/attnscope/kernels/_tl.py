@@ -46,10 +46,15 @@ def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
 
 @triton.jit
 def tanh_(x):
-    """tanh in fp32 from one exp2 (no overflow: ``t = exp2(-2|x| log2 e)`` is in (0, 1])."""
+    """tanh in fp32 from one exp2 (no overflow: ``t = exp2(-2|x| log2 e)`` is in (0, 1]); below |x| = 1/16,
+    where ``1 - t`` cancels (a huge softcap makes every x tiny), the series x (1 - x^2/3 + 2 x^4/15),
+    relative error < 4e-9 there."""
     t = tl.math.exp2(tl.abs(x) * -2.8853900817779268)
     y = (1.0 - t) / (1.0 + t)
-    return tl.where(x < 0, -y, y)
+    y = tl.where(x < 0, -y, y)
+    x2 = x * x
+    series = x * (1.0 - x2 * (0.3333333333333333 - x2 * 0.13333333333333333))
+    return tl.where(x2 < 0.00390625, series, y)
 
 
 @triton.jit

@@ -213,8 +213,12 @@ def _softmax(s, m_i, l_i, offs_m, j, sc, NQ, NK, s_layout: gl.constexpr, BN: gl.
     log2-unit score cap_out * tanh(s * cap_in / 2), tanh(x) = 1 - 2 / (exp2(2 x log2 e) + 1); the window
     (``MODS & WINDOW``) masks keys outside ``[r + off - left, r + off + right]``. ``m_i`` stays -inf on a
     row that has seen no visible key (the exponent then uses 0: p = 0, not NaN)."""
-    if MODS & SOFTCAP:
-        s = sc[4] * (1.0 - 2.0 / (gl.exp2(s * sc[3]) + 1.0))
+    if MODS & SOFTCAP:  # below |x| = 1/16 the series (1 - 2 / (e^2x + 1) cancels; as `_tl.tanh_`)
+        u = s * sc[3]
+        x = u * 0.34657359027997264  # ln(2) / 2: x = s * scale / softcap
+        x2 = x * x
+        series = x * (1.0 - x2 * (0.3333333333333333 - x2 * 0.13333333333333333))
+        s = sc[4] * gl.where(x2 < 0.00390625, series, 1.0 - 2.0 / (gl.exp2(u) + 1.0))
     if MASKED:
         if not (MODS & SOFTCAP):
             s = s * sc[0]

@@ -18,19 +18,13 @@ from attnscope.kernels._common import import_torch_triton, interpreting
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16, sink_log2  # noqa: E402
+from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16, sink_log2, tanh_  # noqa: E402
 
 # bits of the error word (constexpr globals: the kernels read them; the host reads ``.value``)
 ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max], or in (0, Nq)
 ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
 ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
-
-
-@triton.jit
-def _tanh(x):
-    """tanh from exp2, saturating to +-1 without NaN (exp2(+inf) = inf gives 1 - 0)."""
-    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
 
 
 @triton.jit
@@ -186,7 +180,7 @@ def _attnscope_decode_split_kernel(
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:  # s' = softcap * tanh(s * scale / softcap), in base 2 (softcap2 = softcap * log2 e)
-            s = softcap2 * _tanh(s / softcap2)
+            s = softcap2 * tanh_(s / softcap2)
         if CHUNK:
             visible = n_mask[None, :] & (rows[None, :] < lim[:, None])
             if WINDOW:
