@@ -63,7 +63,8 @@ def _attend(q, k, v, ok, softcap=0.0, scale=None):
 def _reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, lens=None):
     lens = [k.shape[1]] * q.shape[0] if lens is None else lens
     ok = _visible(q.shape[1], k.shape[1], lens, causal, window)
-    return (*_attend(q.double(), k.double(), v.double(), ok, softcap, scale), ok)
+    o, lse = _attend(q.double(), k.double(), v.double(), ok, softcap, scale)
+    return o.cpu(), lse.cpu(), ok.cpu()
 
 
 def _torch_own(q, k, v, ok, softcap=0.0, scale=None):
