@@ -146,8 +146,9 @@ def test_func_forward_and_lse(causal, hq, hkv, nq, nk, monkeypatch):
 
 def _grads(fn, inputs, dout):
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    fn(*inputs).backward(dout)
-    return [t.grad for t in inputs]
+    out = fn(*inputs)
+    out.backward(dout.to(out.device))
+    return [t.grad.cpu() for t in inputs]
 
 
 def test_qkvpacked_backward():
