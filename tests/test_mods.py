@@ -112,6 +112,9 @@ CASES = [
     (1, 2, 64, 64, "float16", False, None, 0.0, [-30.0, 10.0], 1.0),  # sinks very negative / positive
     (1, 4, 33, 77, "bfloat16", True, (9, 0), 5.0, [0.5, -2.0, 3.0, 1.0], 2.0),  # all three, causal, GQA
     (1, 2, 20, 45, "float16", False, (0, 0), 0.0, [-30.0, 10.0], 1.0),  # (0, 0) with Nq != Nk and sinks
+    # a band whose two edges each straddle several tiles, with whole tiles between: the one masked loop
+    # walks left-edge then right-edge tiles (forward, dQ and dK/dV)
+    (1, 2, 96, 96, "bfloat16", False, (37, 21), 0.0, None, 1.0),
 ]
 
 
