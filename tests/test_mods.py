@@ -323,6 +323,32 @@ def test_gpu_mods_full_size(d, dtype, causal, window, softcap, sinks):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_tanh_is_the_hardware_one_within_its_bound():
+    """The kernels' tanh on a GPU (`_tl._tanh_approx`, ``tanh.approx.f32``) against float64: relative error
+    below 2^-10 over [-20, 20] and at tiny and huge x, exactly x for a subnormal x (a huge softcap)."""
+    triton, tl = _tl.triton, pytest.importorskip("triton.language")
+
+    @triton.jit
+    def probe(X, Y, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(Y + offs, _tl.tanh_(tl.load(X + offs)))
+
+    assert _tl.tanh_ is _tl._tanh_approx
+    grid = np.concatenate([np.linspace(-20, 20, 3001), [1e-39, -3e-42, 1e-30, 2e-4, 60.0, -1e30, 0.0]])
+    x = torch.zeros(4096, dtype=torch.float32, device="cuda")
+    x[:grid.size] = torch.tensor(grid, dtype=torch.float32)
+    y = torch.empty_like(x)
+    probe[(1,)](x, y, N=4096)
+    xs, ys = x.double().cpu().numpy(), y.double().cpu().numpy()
+    want = np.tanh(xs)
+    tiny = np.abs(xs) < 2.0 ** -126  # subnormal (and 0)
+    assert (ys[tiny] == xs[tiny]).all()
+    big = ~tiny
+    assert (np.abs(ys[big] - want[big]) <= 2.0 ** -10 * np.abs(want[big])).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_auto_runs_portable_with_mods():
     q, k, v, _ = _inputs(1, 4, 4, 4096, 4096, 128, torch.bfloat16, 5, device="cuda")
     _, _, compiled = fwd.launch(q, k, v, True, None, False, None, "auto", window=(1024, 0))
