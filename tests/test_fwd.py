@@ -419,6 +419,18 @@ def test_auto_picks_the_variant_of_the_dispatch_rule(monkeypatch):
     assert fwd._pick_impl("hopper", q, False, 0.18, None, k) == dispatch.DEFAULT_VARIANT  # forced
     with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
         fwd._pick_impl("hopper", q, False, 2.0, None, k)
+    # a softcap past 2^60 x scale (tanh's argument could be subnormal): portable, which takes any cap
+    scale = 0.125
+    for cap, want in ((fwd.HOPPER_MAX_SOFTCAP * scale * 0.99, dispatch.DEFAULT_VARIANT),
+                      (fwd.HOPPER_MAX_SOFTCAP * scale * 1.01, None)):
+        mods = _common.Mods(-1, -1, cap, None)
+        got = fwd._pick_impl("auto", q, True, scale * _common.LOG2E, None, k, mods)
+        assert got == (dispatch.hopper_variant(64, True, 4, 32, 32, 4096, 4096) if want else "portable")
+        if want:
+            assert fwd._pick_impl("hopper", q, True, scale * _common.LOG2E, None, k, mods) == want
+        else:
+            with pytest.raises(NotImplementedError, match="softcap / scale > 2\\^60 .*impl='portable'"):
+                fwd._pick_impl("hopper", q, True, scale * _common.LOG2E, None, k, mods)
     monkeypatch.setattr(fwd, "_hopper_possible", lambda q: "not sm_90")  # another GPU: the rule is moot
     assert fwd._pick_impl("auto", q, True, 0.18, None, k) == "portable"
 

@@ -112,6 +112,9 @@ CASES = [
     (1, 2, 64, 64, "float16", False, None, 0.0, [-30.0, 10.0], 1.0),  # sinks very negative / positive
     (1, 4, 33, 77, "bfloat16", True, (9, 0), 5.0, [0.5, -2.0, 3.0, 1.0], 2.0),  # all three, causal, GQA
     (1, 2, 20, 45, "float16", False, (0, 0), 0.0, [-30.0, 10.0], 1.0),  # (0, 0) with Nq != Nk and sinks
+    # a band whose two edges each straddle several tiles, with whole tiles between: the one masked loop
+    # walks left-edge then right-edge tiles (forward, dQ and dK/dV)
+    (1, 2, 96, 96, "bfloat16", False, (37, 21), 0.0, None, 1.0),
 ]
 
 
@@ -316,6 +319,32 @@ def test_gpu_mods_full_size(d, dtype, causal, window, softcap, sinks):
     _check_case(1, 4, 2048, 2048, d, dtype, causal, window, softcap, sinks, amp, d, True, device="cuda")
     _check_case(1, 4, 1000, 1537, d, dtype, causal, window, softcap, sinks, amp, d + 1, False,
                 device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_tanh_is_the_hardware_one_within_its_bound():
+    """The kernels' tanh on a GPU (`_tl._tanh_approx`, ``tanh.approx.f32``) against float64: relative error
+    below 2^-10 over [-20, 20] and at tiny and huge x, exactly x for a subnormal x (a huge softcap)."""
+    triton, tl = _tl.triton, pytest.importorskip("triton.language")
+
+    @triton.jit
+    def probe(X, Y, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(Y + offs, _tl.tanh_(tl.load(X + offs)))
+
+    assert _tl.tanh_ is _tl._tanh_approx
+    grid = np.concatenate([np.linspace(-20, 20, 3001), [1e-39, -3e-42, 1e-30, 2e-4, 60.0, -1e30, 0.0]])
+    x = torch.zeros(4096, dtype=torch.float32, device="cuda")
+    x[:grid.size] = torch.tensor(grid, dtype=torch.float32)
+    y = torch.empty_like(x)
+    probe[(1,)](x, y, N=4096)
+    xs, ys = x.double().cpu().numpy(), y.double().cpu().numpy()
+    want = np.tanh(xs)
+    tiny = np.abs(xs) < 2.0 ** -126  # subnormal (and 0)
+    assert (ys[tiny] == xs[tiny]).all()
+    big = ~tiny
+    assert (np.abs(ys[big] - want[big]) <= 2.0 ** -10 * np.abs(want[big])).all()
 
 
 @pytest.mark.gpu

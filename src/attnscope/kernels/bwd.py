@@ -22,9 +22,10 @@ and are masked, ``[hi, Nq)`` see the whole tile and run without mask arithmetic 
 holds it against `model.tiles.Grid`). Out-of-range query rows load LSE = +inf (P = 0); rows with no
 visible key (LSE = -inf) are masked everywhere, so they contribute zero, never NaN.
 
-Score mods (constexpr-gated, as the forward): a window runs each kernel's loop in three stages, the dQ
-pass between the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror
-`_q_bounds_window` (tests/test_mods.py holds it against `reference.permitted`); softcap recomputes
+Score mods (constexpr-gated, as the forward): a window runs each kernel's loop as the forward does, the
+whole tiles without mask arithmetic, then the masked tiles of both edges in one loop, the dQ pass between
+the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror `_q_bounds_window`
+(tests/test_mods.py holds it against `reference.permitted`); softcap recomputes
 ``t = tanh(s * scale / softcap)`` from the recomputed scores and multiplies dS by ``1 - t^2``; sinks need
 nothing in the kernels (the saved LSE includes them) and their gradient is
 ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
@@ -239,25 +240,23 @@ def _bwd_dkdv_kernel(
                 mask=col_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    if WINDOW:  # query rows [lo, full_lo) and [full_hi, hi) masked, [full_lo, full_hi) whole, rest skipped
+    if WINDOW:  # query rows [full_lo, full_hi) whole, then [lo, full_lo) and [full_hi, hi) masked in one
+        # loop (two tile bodies, as without a window); the rest skipped
         lo, full_lo, full_hi, hi = _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        n_left = full_lo - lo
         for g in range(0, group):
             h = hk * group + g
             q_base = b * stride_qb + h * stride_qh
             do_base = b * stride_dob + h * stride_doh
             row_base = (b * H + h) * NQ
             dq_base = row_base * HEAD_DIM
-            for start_m in range(lo, full_lo, BLOCK_M):
-                dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
-                                    stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
-                                    LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, False, True,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, False, True,
                                     SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
-            for start_m in range(full_hi, hi, BLOCK_M):
+            for i in range(0, n_left + (hi - full_hi), BLOCK_M):
+                start_m = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, False, True,
@@ -348,17 +347,15 @@ def _bwd_dq_kernel(
     k_base = b * stride_kb + hk * stride_kh
     v_base = b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if WINDOW:  # the forward's bounds
+    if WINDOW:  # the forward's bounds and loops: whole tiles, then both edges' masked tiles in one loop
         lo, full_lo, full_hi, hi = _kv_bounds_window(start_m, NQ, NK, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-        for start_n in range(lo, full_lo, BLOCK_N):
-            dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
-                          qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
-                          SOFTCAP, EMULATE_BF16)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
                           SOFTCAP, EMULATE_BF16)
-        for start_n in range(full_hi, hi, BLOCK_N):
+        n_left = full_lo - lo
+        for i in range(0, n_left + (hi - full_hi), BLOCK_N):
+            start_n = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
                           SOFTCAP, EMULATE_BF16)

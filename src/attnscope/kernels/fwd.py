@@ -86,6 +86,10 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
 IMPLS = ("auto", "portable", "hopper")
+#: Largest ``softcap / scale`` the Hopper kernel takes: its tanh (``tanh.approx.f32``) may flush a subnormal
+#: argument ``s * scale / softcap`` to 0; below this ratio only scores ``|s| < 2^-66`` have one (their capped
+#: value is 0 either way). A larger cap (tanh is then the identity for any score) runs the portable kernel.
+HOPPER_MAX_SOFTCAP = 2.0 ** 60
 
 
 def _hopper_possible(q) -> str | None:
@@ -271,16 +275,20 @@ def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
     ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant`, else portable (both kernels
     carry the score mods)."""
     choice("impl", impl, IMPLS)
+    huge_cap = mods is not None and mods.softcap > HOPPER_MAX_SOFTCAP * (qk_scale / LOG2E)
     if impl == "hopper":
         if why := _hopper_possible(q):
             raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
         if qk_scale > 1.0:
             raise NotImplementedError("impl='hopper': scale * log2(e) > 1 is not supported; "
                                       "supported: impl='portable' (any finite scale)")
+        if huge_cap:
+            raise NotImplementedError("impl='hopper': softcap / scale > 2^60 is not supported; supported: "
+                                      "impl='portable' (any softcap)")
         if cfg is not None:
             raise InputError("config: applies to impl='portable' only, got impl='hopper'")
         return dispatch.DEFAULT_VARIANT
-    if impl == "auto" and cfg is None and qk_scale <= 1.0 and _hopper_possible(q) is None:
+    if impl == "auto" and cfg is None and qk_scale <= 1.0 and not huge_cap and _hopper_possible(q) is None:
         (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         window = (mods.left, mods.right) if mods is not None and mods.windowed else None
@@ -378,8 +386,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     impl : {"auto", "portable", "hopper"}
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
         FlashAttention-3's warp-specialised schedule, its default (persistent) variant (kernels/fwd_hopper.py;
-        needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant
-        `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else portable.
+        needs an sm_90 GPU, ``scale * log2(e) <= 1`` and ``softcap <= 2^60 scale``); ``"auto"``: on sm_90,
+        the Hopper variant `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else
+        portable.
     window : (left, right) or None
         Sliding window, flash-attn's ``window_size``: key c is visible to row r iff
         ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;

@@ -25,7 +25,7 @@ mask arithmetic and the rest masked before the running max (bottom-right: key c 
 ``c <= r + Nk - Nq``); tile 0 is always masked (the pipeline's prologue). Empty rows give 0, LSE -inf.
 Score mods (constexpr ``MODS``, DESIGN.md's contract): a window loads only the tiles of
 `model.tiles.window_kv_bounds0` (`_window`), masked at its left edge, unmasked inside, masked at its right
-edge and the ragged tile; softcap caps the scaled scores with tanh (exp2-based); a sink joins each row's
+edge and the ragged tile; softcap caps the scaled scores with tanh (``tanh.approx``); a sink joins each row's
 denominator at the epilogue (in log2 units, so the LSE includes it). A build without mods is the plain kernel.
 Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides (ragged tiles read 0, clipped on
 store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default variant.
@@ -210,15 +210,14 @@ def _softmax(s, m_i, l_i, offs_m, j, sc, NQ, NK, s_layout: gl.constexpr, BN: gl.
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
     """Online-softmax update of score tile ``j`` (absolute): (p, alpha, m_new, l_new), base 2, max before
     exp. ``sc`` = (qk_scale, left, right, cap_in, cap_out, sinks): softcap (``MODS & SOFTCAP``) makes the
-    log2-unit score cap_out * tanh(s * cap_in / 2), tanh(x) = 1 - 2 / (exp2(2 x log2 e) + 1); the window
-    (``MODS & WINDOW``) masks keys outside ``[r + off - left, r + off + right]``. ``m_i`` stays -inf on a
-    row that has seen no visible key (the exponent then uses 0: p = 0, not NaN)."""
-    if MODS & SOFTCAP:  # below |x| = 1/16 the series (1 - 2 / (e^2x + 1) cancels; as `_tl.tanh_`)
-        u = s * sc[3]
-        x = u * 0.34657359027997264  # ln(2) / 2: x = s * scale / softcap
-        x2 = x * x
-        series = x * (1.0 - x2 * (0.3333333333333333 - x2 * 0.13333333333333333))
-        s = sc[4] * gl.where(x2 < 0.00390625, series, 1.0 - 2.0 / (gl.exp2(u) + 1.0))
+    log2-unit score cap_out * tanh(s * cap_in); the window (``MODS & WINDOW``) masks keys
+    outside ``[r + off - left, r + off + right]``. ``m_i`` stays -inf on a row that has seen no visible key
+    (the exponent then uses 0: p = 0, not NaN)."""
+    if MODS & SOFTCAP:  # tanh.approx.f32: one MUFU op (relative error ~2^-11, below the fp16/bf16 score's
+        # rounding) where the exp2 form costs two (ex2, rcp); x = s scale / softcap, not subnormal for a score
+        # that matters (fwd.HOPPER_MAX_SOFTCAP)
+        s = sc[4] * gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * sc[3]],
+                                              dtype=gl.float32, is_pure=True, pack=1)
     if MASKED:
         if not (MODS & SOFTCAP):
             s = s * sc[0]
@@ -677,10 +676,10 @@ def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, var
     causal = causal and not windowed  # a window carries the diagonal in its right bound
     left, right = (mods.left, mods.right) if windowed else (-1, -1)
     scale = qk_scale / LOG2E.value
-    # softcap: log2-unit score = cap log2(e) tanh(s scale / cap); tanh(x) = 1 - 2 / (exp2(2 x log2(e)) + 1)
+    # softcap: log2-unit score = cap log2(e) tanh(s scale / cap) (`_softmax`)
     cap_in, cap_out = (0.0, 0.0)
     if softcap > 0:
-        cap_in, cap_out = 2.0 * scale * LOG2E.value / softcap, softcap * LOG2E.value
+        cap_in, cap_out = scale / softcap, softcap * LOG2E.value
     mod_args = (left, right, cap_in, cap_out, lse if sinks is None else sinks)  # unused pointer: any fp32
 
     def desc(t, rows):
