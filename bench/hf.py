@@ -104,6 +104,7 @@ def build(cfg_kw, dev, name):
                                                              dtype=torch.bfloat16).eval()
         ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa",
                                                             dtype=torch.float32).eval()
+    sdpa, ours, ref = (m.to(dev) for m in (sdpa, ours, ref))  # where a version ignored the device context
     state = sdpa.state_dict()
     ours.load_state_dict(state)
     ref.load_state_dict(state)  # bf16 weights upcast: both bf16 models approximate this one
