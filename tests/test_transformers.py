@@ -247,6 +247,19 @@ def test_static_cache_mask_is_filled_without_padding():
     assert torch.equal(o, o_ref)
 
 
+def test_padded_and_filled_paths_compile_without_a_graph_break():
+    """torch.compile(fullgraph=True) traces both mask paths (a host read would break the graph); the compiled
+    call gives the eager call's bits (dynamo only: the eager backend)."""
+    q, k, v = _qkv(2, 4, 2, 6, 10)
+    mask = torch.ones(2, 10, dtype=torch.bool, device=DEVICE)
+    mask[0, :3] = False
+    mask[1, 4] = False
+    for args in ((q, k, v, mask), (q[:, :, :1], k, v, hf.filled(2, 7, DEVICE))):
+        torch.compiler.reset()
+        f = torch.compile(lambda *a: hf.attention_forward(_Attn(), *a)[0], backend="eager", fullgraph=True)
+        assert torch.equal(f(*args), hf.attention_forward(_Attn(), *args)[0])
+
+
 @pytest.mark.gpu
 def test_padded_path_does_not_sync_on_the_gpu():
     """CUDA's own sync detector: the padded path (varlen) raises no synchronising call once warm."""
