@@ -5,6 +5,8 @@ dense ledgers (model/traffic.py) plus the varlen kernel's work-list reads and th
 tiles read past a sequence's end. `paged`: one split-KV decode / chunked-prefill step (Flash-Decoding,
 kernels/decode/) against a paged or dense KV cache, whole call: block-table reads, the valid K/V rows
 once per kv head, the split partials, and the allocated-but-unread tail of each last page.
+`decode_step`: `paged`'s bytes per decode step of a whole generation (all layers and sequences, mean over
+the steps) and their time at the DRAM bandwidth, at the queries' dtype or an FP8 cache (the report's line).
 Score mods: both take ``window``, ``softcap`` and ``sinks`` (`model.traffic.Config`). A window shrinks each
 sequence's K/V reads to the KV tiles it visits (model/tiles.py; decode: the blocks of `window_kv_bounds0`
 for the sequence's last ``nq`` rows); softcap moves no byte; sinks add one FP32 read per program.
