@@ -1,15 +1,19 @@
 """The decode ledger with an FP8 (e4m3) KV cache (`model.serving.paged(kv_dtype="fp8")`) and `attnscope
 traffic --cache-lens ... --kv-dtype fp8`: K/V at one byte per element plus one fp32 K and V scale per
-program; everything else as at the queries' dtype. Pure Python (no torch)."""
+program; everything else as at the queries' dtype. The same ledger in `bytes --estimate-only --cache-lens`
+and, per decode step of a trace (`model.serving.decode_step`), in the report. Pure Python (no torch)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 
 from attnscope.cli import main
+from attnscope.model import roofline
 from attnscope.model import serving as sv
+from attnscope.report.default_trace import DEFAULT_TRACE_YAML
 
 
 def _run(capsys, *argv):
@@ -61,3 +65,99 @@ def test_cli_kv_dtype(capsys):
                       "--kv-dtype: expected only with --cache-lens")):
         rc, out, err = _run(capsys, "traffic", *bad)
         assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "fp8"])
+def test_decode_step_is_the_mean_over_the_steps(kv_dtype):
+    """The closed form (first and last step) equals the mean of every step's ledger, times B and layers."""
+    batch, prompt, output, layers = 3, 97, 7, 2
+    kw = dict(heads=8, kv_heads=2, d=64, dtype="bf16", kv_dtype=kv_dtype)
+    steps = [sv.paged([prompt + t] * batch, **kw).row.total for t in range(1, output)]  # the 6 decode steps
+    got = sv.decode_step(batch, prompt, output, layers=layers, device="h100", **kw)
+    assert got.nbytes == layers * sum(steps) / len(steps)
+    assert got.ceiling_s == got.nbytes / roofline.device("h100").hbm
+    assert got.kv_dtype == (kv_dtype or "bf16")
+    with pytest.raises(ValueError, match="output: expected at least 2 tokens"):
+        sv.decode_step(batch, prompt, 1, layers=layers, **kw)
+
+
+def test_bytes_estimate_only_takes_the_cache_ledger(capsys):
+    argv = ["bytes", "--estimate-only", "--cache-lens", "100,4000", "--page-size", "16", "--heads", "32",
+            "--kv-heads", "8", "--dtype", "bf16", "--device", "h100"]
+    kw = dict(heads=32, kv_heads=8, dtype="bf16")
+    fp8, bf16 = (sv.paged([100, 4000], 16, kv_dtype=k, **kw) for k in ("fp8", None))
+    rc, out, err = _run(capsys, *argv, "--kv-dtype", "fp8", "--json")
+    assert rc == 0, err
+    j = json.loads(out)
+    hbm = roofline.device("h100").hbm
+    assert j["rows"][0]["total"] == fp8.row.total and j["params"]["kv_dtype"] == "fp8"
+    assert j["ceiling_s"] == fp8.row.total / hbm
+    assert j["vs_kv_dtype"] == {"kv_dtype": "bf16", "total": bf16.row.total,
+                                "ceiling_s": bf16.row.total / hbm}
+    rc, out, _ = _run(capsys, *argv, "--json")  # the queries' dtype: no comparison
+    assert rc == 0 and json.loads(out)["rows"][0]["total"] == bf16.row.total and "vs_kv_dtype" not in out
+    rc, out, _ = _run(capsys, *argv, "--kv-dtype", "fp8")
+    saved = bf16.row.total - fp8.row.total
+    assert rc == 0 and f"{fp8.row.total:,}" in out and "k_scale" in out
+    assert f"fp8 saves {saved:,} B" in out and f"{saved / hbm * 1e6:,.2f} µs per call" in out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--cache-lens", "100"], "--cache-lens: ncu measurement of a decode call is not supported"),
+    (["--estimate-only", "--cache-lens", "100", "--n", "8"], "--n: expected none with --cache-lens"),
+    (["--estimate-only", "--cache-lens", "100", "--causal"], "--causal: expected none with --cache-lens"),
+    (["--estimate-only", "--cache-lens", "100", "--sms", "100"], "--sms: expected none with --cache-lens"),
+    (["--estimate-only", "--kv-dtype", "fp8"], "--kv-dtype: expected to come with --cache-lens"),
+    (["--estimate-only", "--splits", "2"], "--splits: expected to come with --cache-lens"),
+    (["--estimate-only", "--cache-lens", "100", "--kv-dtype", "fp16", "--dtype", "bf16"],
+     "--kv-dtype: expected bf16 (as dtype) or fp8"),
+])
+def test_bytes_cache_flags_refused_by_name(capsys, argv, msg):
+    rc, out, err = _run(capsys, "bytes", *argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def _trace(tmp_path, **workload):
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["workload"].update(workload)
+    p = tmp_path / "trace.yaml"
+    p.write_text(yaml.safe_dump(data, allow_unicode=True))
+    return p
+
+
+def test_report_says_what_an_fp8_cache_saves(tmp_path, capsys):
+    p = _trace(tmp_path, dtype="bf16", kv_heads=8, device="h100", prompt_tokens=8000, output_tokens=301)
+    rc, out, err = _run(capsys, "report", str(p), "--out", str(tmp_path / "r"), "--json", "--format", "md")
+    assert rc == 0, err
+    d = json.loads(out)["fp8_kv"]
+    kw = dict(layers=32, heads=32, kv_heads=8, d=128, dtype="bf16", device="h100")
+    base, fp8 = (sv.decode_step(8, 8000, 301, kv_dtype=k, **kw) for k in ("bf16", "fp8"))
+    assert d["base"] == base.to_json() and d["fp8"] == fp8.to_json() and d["device"] == "h100"
+    assert 0.49 < fp8.nbytes / base.nbytes < 0.51  # K/V dominate: half the bytes, plus Q, O and scales
+    assert d["saved_ms"] == pytest.approx((base.ceiling_s - fp8.ceiling_s) * 1e3)
+    md = (tmp_path / "r" / "report.md").read_text()
+    line = next(x for x in md.splitlines() if "FP8 KV cache" in x)
+    assert f"{base.nbytes / 2**30:,.2f} → {fp8.nbytes / 2**30:,.2f} GiB" in line
+    assert f"{base.ceiling_s * 1e3:,.2f} → {fp8.ceiling_s * 1e3:,.2f} ms at the H100's 3.35 TB/s" in line
+    assert "mean cache 8,150.5" in line and "of the 32.0 ms TPOT" in line
+
+
+@pytest.mark.parametrize("workload, expect", [
+    ({"dtype": "int4"}, "FP8 KV cache: not modelled for workload dtype 'int4'"),
+    ({"output_tokens": 1}, "FP8 KV cache: no decode step to model"),
+])
+def test_report_fp8_line_says_when_the_model_does_not_apply(tmp_path, capsys, workload, expect):
+    rc, out, err = _run(capsys, "report", str(_trace(tmp_path, **workload)), "--out", str(tmp_path / "r"),
+                        "--json", "--format", "md")
+    assert rc == 0 and json.loads(out)["fp8_kv"] is None, err
+    assert expect in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("workload, msg", [
+    ({"kv_heads": 5}, "workload.kv_heads: expected a divisor of heads (32), got 5"),
+    ({"kv_heads": 0}, "workload.kv_heads: expected a positive integer"),
+    ({"device": "b200"}, "workload.device: expected one of a100, h100, h200, got 'b200'"),
+])
+def test_report_workload_kv_fields_refused_by_name(tmp_path, capsys, workload, msg):
+    rc, out, err = _run(capsys, "report", str(_trace(tmp_path, **workload)), "--out", str(tmp_path / "r"))
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err

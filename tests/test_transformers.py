@@ -198,3 +198,81 @@ def test_refusals():
         hf.attention_forward(_Attn(), q, k, v, torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(InputError, match="name"):
         hf.register("")
+
+
+_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
+
+
+def test_padded_path_reads_nothing_back(monkeypatch):
+    """The padded path builds cu_seqlens and the packed order on the device: no tensor value reaches the
+    host (every Tensor method that would read one raises), ``max_seqlen`` are the packed sizes (B * N, known
+    from the shapes). The kernel is replaced by a recorder here; the tests above check the results."""
+    q, k, v = _qkv(3, 4, 2, 5, 9)
+    mask = torch.ones(3, 9, dtype=torch.bool, device=DEVICE)
+    mask[0, :4] = False  # left padding
+    mask[2, [2, 5]] = False  # holes
+    seen = {}
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, **mods):
+        seen.update(cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, q=q, k=k)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(hf, "flash_attention_varlen", varlen)
+    with monkeypatch.context() as m:
+        for name in _HOST_READS:
+            m.setattr(torch.Tensor, name, lambda *a, _n=name, **kw: pytest.fail(f"host read: Tensor.{_n}"))
+        m.setattr(torch, "nonzero", lambda *a, **kw: pytest.fail("host read: torch.nonzero"))
+        o, _ = hf.attention_forward(_Attn(), q, k, v, mask)
+    assert o.shape == (3, 5, 4, 64) and (seen["max_q"], seen["max_k"]) == (15, 27)
+    # each row's real tokens, then one sequence of all the padding (queries: the last 5 mask columns)
+    assert seen["cu_q"].tolist() == [0, 5, 10, 14, 15] and seen["cu_k"].tolist() == [0, 5, 14, 21, 27]
+    assert torch.equal(seen["q"][:14], q.transpose(1, 2)[mask[:, -5:]])  # packed in order
+    assert torch.equal(seen["k"][:21], k.transpose(1, 2)[mask])
+
+
+def test_static_cache_mask_is_filled_without_padding():
+    """`padding_mask` gives a static cache's all-ones mask (shorter than the cache) in the stride-0 form that
+    `attention_forward` reads as "no padding" (the dense kernels on a view); a mask with padding stays."""
+    ones = torch.ones(2, 6, dtype=torch.bool, device=DEVICE)
+    got = hf.padding_mask(2, 1, 10, 5, 0, attention_mask=ones, device=DEVICE)
+    assert got.shape == (2, 6) and got.stride() == (0, 0) and bool(got.all())
+    pad = ones.clone()
+    pad[1, 0] = False
+    assert torch.equal(hf.padding_mask(2, 1, 10, 5, 0, attention_mask=pad, device=DEVICE), pad)
+    assert hf.padding_mask(2, 1, 10, torch.tensor(5), 0, device=DEVICE).stride() == (0, 0)  # no mask given
+    assert hf.padding_mask(2, 1, 6, 5, 0, attention_mask=ones, device=DEVICE) is None  # every slot filled
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    o, _ = hf.attention_forward(_Attn(), q, k, v, got)
+    o_ref, _ = hf.attention_forward(_Attn(), q, k[:, :, :6], v[:, :, :6], None)
+    assert torch.equal(o, o_ref)
+
+
+def test_padded_and_filled_paths_compile_without_a_graph_break():
+    """torch.compile(fullgraph=True) traces both mask paths (a host read would break the graph); the compiled
+    call gives the eager call's bits (dynamo only: the eager backend)."""
+    q, k, v = _qkv(2, 4, 2, 6, 10)
+    mask = torch.ones(2, 10, dtype=torch.bool, device=DEVICE)
+    mask[0, :3] = False
+    mask[1, 4] = False
+    for args in ((q, k, v, mask), (q[:, :, :1], k, v, hf.filled(2, 7, DEVICE))):
+        torch.compiler.reset()
+        f = torch.compile(lambda *a: hf.attention_forward(_Attn(), *a)[0], backend="eager", fullgraph=True)
+        assert torch.equal(f(*args), hf.attention_forward(_Attn(), *args)[0])
+
+
+@pytest.mark.gpu
+def test_padded_path_does_not_sync_on_the_gpu():
+    """CUDA's own sync detector: the padded path (varlen) raises no synchronising call once warm."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v = _qkv(3, 8, 2, 64, 64)
+    mask = torch.ones(3, 64, dtype=torch.bool, device=DEVICE)
+    mask[0, :17] = False
+    hf.attention_forward(_Attn(), q, k, v, mask)  # warm: compiles, builds caches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o, _ = hf.attention_forward(_Attn(), q, k, v, mask)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert o.shape == (3, 64, 8, 64)

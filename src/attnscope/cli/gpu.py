@@ -14,7 +14,8 @@ import platform
 import sys
 from pathlib import Path
 
-from attnscope.cli._out import MiB, _clean, console, path_arg, print_json, table
+from attnscope.cli import serving
+from attnscope.cli._out import MiB, _clean, console, int_list, path_arg, print_json, table
 from attnscope.errors import InputError, expect, positive_int, visible
 from attnscope.inputs import distinct, out_file, write_atomic
 from attnscope.measure import backends, ncu, physical, share
@@ -23,6 +24,9 @@ from attnscope.measure.plots import PLOT_NAMES
 from attnscope.model import l2 as l2_model
 
 SPEC = "(default: %(default)s)"
+#: `_shape`'s defaults: with --cache-lens a value other than these is refused (the cache lengths and
+#: their count replace them), never ignored.
+_SHAPE_DEFAULTS = {"n": 4096, "batch": 1, "causal": False, "impl": "flash"}
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:
@@ -51,10 +55,10 @@ def _one_line(fn):
 
 
 def _shape(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
-    p.add_argument("--n", type=int, default=4096, help=f"sequence length of Q and K/V {SPEC}")
+    p.add_argument("--n", type=int, default=_SHAPE_DEFAULTS["n"], help=f"sequence length of Q and K/V {SPEC}")
     p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
     p.add_argument("--heads", type=int, default=32, help=f"attention heads {SPEC}")
-    p.add_argument("--batch", type=int, default=1, help=f"batch size {SPEC}")
+    p.add_argument("--batch", type=int, default=_SHAPE_DEFAULTS["batch"], help=f"batch size {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
     p.add_argument("--causal", action="store_true", help="causal attention (default: unmasked)")
     if json_flag:
@@ -110,7 +114,64 @@ def _machine_flags(args) -> None:
         physical.machine_int("--l2-bytes", args.l2_bytes, physical.L2_RANGE)
 
 
+def _bytes_decode(args) -> int:
+    """`bytes --estimate-only --cache-lens ...`: the decode ledger (`model.serving.paged`, as `traffic
+    --cache-lens`) and its time at the device's DRAM bandwidth; with ``--kv-dtype fp8`` beside the same call
+    on a cache of the queries' dtype."""
+    from attnscope.model import roofline
+    from attnscope.model.serving import paged
+
+    for name, default in _SHAPE_DEFAULTS.items():
+        expect(getattr(args, name) == default, "--" + name, "none with --cache-lens (its lengths give the "
+               "batch and the keys; the ledger is attnscope's split-KV decode, bottom-right causal)",
+               getattr(args, name))
+    for flag in ("sweep", "from_json", "calibrate"):
+        expect(not getattr(args, flag), "--" + flag.replace("_", "-"), "none with --cache-lens",
+               getattr(args, flag))
+    expect(args.repeat == 1, "--repeat", "1 with --cache-lens", args.repeat)
+    expect(args.json in (None, "-"), "--json", "no file name with --cache-lens (JSON goes to stdout)",
+           args.json)
+    if not args.estimate_only:
+        raise NotImplementedError("--cache-lens: ncu measurement of a decode call is not supported; "
+                                  "supported: --estimate-only (the logical ledger and its DRAM time)")
+    for flag in ("l2_bytes", "sms"):  # the ledger is cold-cache logical bytes: no L2 term to set
+        expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "none with --cache-lens",
+               getattr(args, flag))
+    dev = roofline.device(args.device)
+    nq = 1 if args.nq is None else args.nq
+    kw = dict(nq=nq, d=args.d, dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads,
+              num_splits=args.splits, capacity=args.capacity)
+    lens = int_list("--cache-lens", args.cache_lens)
+    g = paged(lens, args.page_size, kv_dtype=args.kv_dtype, **kw)
+    base = g if g.kv_dtype == args.dtype else paged(lens, args.page_size, **kw)
+    if args.json:
+        out = {"impl": "attnscope decode", "device": dev.name, "hbm_bytes_per_s": dev.hbm,
+               "ceiling_s": g.row.total / dev.hbm, **g.to_json()}
+        if base is not g:
+            out["vs_kv_dtype"] = {"kv_dtype": base.kv_dtype, "total": base.row.total,
+                                  "ceiling_s": base.row.total / dev.hbm}
+        print_json(out)
+        return 0
+    con = console()
+    serving.print_paged(con, g)
+    con.print(f"DRAM ceiling ({dev.label}, {dev.hbm / 1e12:g} TB/s): {g.row.total / dev.hbm * 1e6:,.2f} µs "
+              f"for {g.row.total:,} B")
+    if base is not g:
+        saved = base.row.total - g.row.total
+        con.print(f"vs a cache in {base.kv_dtype}: {base.row.total:,} B, "
+                  f"{base.row.total / dev.hbm * 1e6:,.2f} µs; "
+                  f"{g.kv_dtype} saves {saved:,} B ({saved / base.row.total:.1%}), "
+                  f"{saved / dev.hbm * 1e6:,.2f} µs per call")
+    return 0
+
+
 def _bytes(args) -> int:
+    if args.cache_lens is not None:
+        return _bytes_decode(args)
+    for flag in ("page_size", "capacity", "kv_dtype", "nq"):
+        expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "to come with --cache-lens",
+               getattr(args, flag))
+    expect(args.splits == 1, "--splits", "to come with --cache-lens", args.splits)
     _machine_flags(args)
     if not 1 <= args.repeat <= physical.MAX_REPEAT:
         raise InputError(f"--repeat: expected an integer in [1, {physical.MAX_REPEAT}], got {args.repeat}")
@@ -385,7 +446,8 @@ def configure(sub) -> None:
                                    "(dram__bytes_read.sum, dram__bytes_write.sum; profiler started and "
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
-    p.add_argument("--impl", default="flash", choices=ncu.IMPLS, help=f"implementation measured {SPEC}")
+    p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=ncu.IMPLS,
+                   help=f"implementation measured {SPEC}")
     _shape(p, json_flag=False)
     p.add_argument("--kv-heads", type=int, default=None,
                    help="K/V heads (GQA/MQA): a divisor of --heads (default: --heads)")
@@ -416,6 +478,11 @@ def configure(sub) -> None:
                    help="L2 capacity for the estimate (default: read from the GPU, or the --device entry)")
     p.add_argument("--sms", type=int, default=None,
                    help="SM count for the estimate (default: read from the GPU, or the --device entry)")
+    g = p.add_argument_group("decode against a KV cache (with --estimate-only: the logical ledger of "
+                             "`traffic --cache-lens`, whole call, and its time at the DRAM bandwidth)")
+    serving.add_cache_flags(g)
+    g.add_argument("--nq", type=int, default=None,
+                   help="--cache-lens: new query rows per sequence (default 1: one decode step)")
     p.set_defaults(func=_one_line(_bytes))
 
     p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill from torch.profiler "

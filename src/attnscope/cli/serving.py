@@ -18,6 +18,12 @@ def add_flags(p) -> None:
     g.add_argument("--no-tma", action="store_true",
                    help="packed: the kernel's pointer-load path (ragged K/V tiles read no rows past their "
                         "sequence; default: TMA, which reads whole tiles and discards the extra rows)")
+    add_cache_flags(g)
+
+
+def add_cache_flags(g) -> None:
+    """Add the KV-cache flags (--cache-lens, --page-size, --capacity, --splits, --kv-dtype) to ``g``, a
+    parser or argument group of `traffic` or `bytes`."""
     g.add_argument("--cache-lens", default=None, metavar="L1,L2,...",
                    help="decode / chunked prefill against a KV cache: keys per sequence (counting the "
                         "--nq new queries); the whole call's bytes; with --page-size a paged cache")
@@ -88,19 +94,24 @@ def run(args, names, mods: dict | None = None) -> int:
         if args.json:
             print_json(g.to_json())
             return 0
-        r = g.row
-        body = ledger(r)
-        body.append(["Total", "", "", f"{r.total:,}", f"{r.total / MiB:,.2f}", "reads + writes"])
-        body.append(["allocated, not read", "K, V", "", f"{g.tail:,}", f"{g.tail / MiB:,.2f}",
-                     "end of each last page" if g.page_size else "cache rows past each length"])
-        con.print(table(f"{r.label}: {len(g.cache_lens)} sequences, {sum(g.cache_lens):,} keys, "
-                        f"d = {g.config.d}, {g.config.dtype}, K/V {g.kv_dtype}, Hq = {g.config.heads}, "
-                        f"Hkv = {g.config.kv_heads}: the whole call",
-                        ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], body,
-                        caption="; ".join(r.assumptions)))
-        rows = [r]
+        print_paged(con, g)
+        rows = [g.row]
     if args.items and args.lengths is not None:
         for r in rows:
             items = ledger(r, mib=False)
             con.print(table(f"{r.label}: ledger", ["Kernel", "Tensor", "Dir", "Bytes", "What"], items))
     return 0
+
+
+def print_paged(con, g) -> None:
+    """Print a decode / chunked-prefill ledger (`model.serving.Paged`) as one table with its total."""
+    r = g.row
+    body = ledger(r)
+    body.append(["Total", "", "", f"{r.total:,}", f"{r.total / MiB:,.2f}", "reads + writes"])
+    body.append(["allocated, not read", "K, V", "", f"{g.tail:,}", f"{g.tail / MiB:,.2f}",
+                 "end of each last page" if g.page_size else "cache rows past each length"])
+    con.print(table(f"{r.label}: {len(g.cache_lens)} sequences, {sum(g.cache_lens):,} keys, "
+                    f"d = {g.config.d}, {g.config.dtype}, K/V {g.kv_dtype}, Hq = {g.config.heads}, "
+                    f"Hkv = {g.config.kv_heads}: the whole call",
+                    ["Kernel", "Tensor", "Dir", "Bytes", "MiB", "What"], body,
+                    caption="; ".join(r.assumptions)))

@@ -9,11 +9,17 @@ Then:
 - no mask, one new token per sequence of a causal model (a decode step against the full cache K/V
   transformers passes): `attnscope.flash_decode`;
 - no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
-- a mask without padding (a static cache): the same kernels on the filled keys (a view; `flash_decode`
-  with ``cache_seqlens``);
-- a padding mask: the real tokens are gathered into a packed batch (cu_seqlens) and run through
-  `attnscope.flash_attention_varlen`, then scattered back (padded query rows give 0). The queries are the
-  last ``Nq`` mask columns. One host sync per call reads the packed lengths.
+- a mask without padding over the first ``n`` cache slots (a static cache): the same kernels on the
+  filled keys (a view; `flash_decode` with ``cache_seqlens``). `padding_mask` marks such a mask by its
+  form, stride 0 (`filled`), so the attention call needs no host read to know it; eagerly it finds one by
+  one host read of a static cache's mask per mask built (as transformers' own flash mask does for a
+  dynamic cache's), under ``torch.compile`` it reads nothing and the mask takes the padded path;
+- a padding mask: the tokens are permuted on the device into a packed batch, the real ones first in
+  order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
+  sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
+  `attnscope.flash_attention_varlen`, and gathered back (padded query rows give 0). The queries are the
+  last ``Nq`` mask columns. No host read, except with a sliding window: one read per call refuses a mask
+  with holes.
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
@@ -63,19 +69,34 @@ def register(name: str = "attnscope") -> str:
     return name
 
 
+def filled(batch_size: int, n: int, device=None) -> Tensor:
+    """The padding mask [B, n] of ones in the form that says so without a read: stride 0 (one stored
+    True). `attention_forward` takes a stride-0 mask as "no padding, keys [0, n) filled"."""
+    return torch.ones((), dtype=torch.bool, device=device).expand(batch_size, n)
+
+
+def _is_filled(mask: Tensor) -> bool:
+    return mask.dtype == torch.bool and mask.stride() == (0, 0)
+
+
 def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                  attention_mask: Tensor | None = None, device=None, **kwargs) -> Tensor | None:
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
-    [B, <= kv_length], True = a real token), and where transformers drops the mask but the cache holds
-    unfilled slots (a static cache), a mask of ones over the filled positions: keys beyond a mask's
-    length are padding."""
+    [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
+    padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`
+    (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without
+    a mask, the filled slots of a cache with unfilled ones as `filled` (a host read where the cache keeps
+    its offset on the device). transformers may pass what this returns back in as ``attention_mask``."""
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                                 attention_mask=attention_mask, device=device, **kwargs)
-    if mask is None:
-        filled = int(q_offset) + q_length - int(kv_offset)  # positions written once this step's keys are in
-        if filled < kv_length:
-            mask = torch.ones(batch_size, filled, dtype=torch.bool, device=device)
-    return mask
+    if mask is not None:
+        if mask.shape[1] < kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
+            mask = filled(batch_size, mask.shape[1], mask.device)
+        return mask
+    if attention_mask is not None:  # transformers found it all ones over all kv_length slots
+        return None
+    n = int(q_offset) + q_length - int(kv_offset)  # positions written once this step's keys are in
+    return filled(batch_size, n, device) if n < kv_length else None
 
 
 def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
@@ -147,24 +168,30 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     return o.transpose(1, 2), None
 
 
+def _pack_order(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For a bool mask [B, N] (True = a real token): ``cu`` int32 [B + 2] (row b's real tokens, then all
+    the padding as one more sequence), ``dest`` int64 [B * N] (each token's packed row: the real tokens
+    first, in order, then the padding) and its inverse ``src``. On the device, no host read."""
+    flat = mask.reshape(-1)
+    n = mask.sum(1, dtype=torch.int32)
+    total = torch.full((1,), flat.numel(), dtype=torch.int32, device=mask.device)  # a fill, not a copy
+    cu = torch.cat([n.new_zeros(1), n.cumsum(0, dtype=torch.int32), total])
+    real = flat.cumsum(0) - 1  # rank among the real tokens, row-major
+    dest = torch.where(flat, real, cu[-2] + (~flat).cumsum(0) - 1)  # a permutation of [0, B * N)
+    src = torch.empty_like(dest)
+    src[dest] = torch.arange(flat.numel(), device=mask.device)
+    return cu, dest, src
+
+
 def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
-    """Gather the real tokens into a packed batch, attend per sequence (varlen), scatter back."""
+    """Attend over the real tokens of a padding mask: permute into a packed batch (`_pack_order`),
+    attend per sequence (varlen), permute back; or, for a `filled` mask, the dense kernels on a view."""
     B, Hq, Nq, d = query.shape
     Nk = key.shape[2]
     if mask.shape[0] != B or mask.shape[1] > Nk or mask.shape[1] < Nq:
         raise InputError(f"attention_mask: expected shape [B = {B}, Nq = {Nq} .. Nk = {Nk}], "
                          f"got {tuple(mask.shape)}")
-    mask = mask.to(device=query.device, dtype=torch.bool)
-    q_mask = mask[:, -Nq:]  # the queries are the last Nq positions the mask covers
-    k_mask = torch.nn.functional.pad(mask, (0, Nk - mask.shape[1]), value=False)  # unfilled slots: padding
-    n_q, n_k = q_mask.sum(1, dtype=torch.int32), k_mask.sum(1, dtype=torch.int32)
-    cols = torch.arange(Nk, device=mask.device)
-    first = torch.where(k_mask, cols, Nk).amin(1)
-    last = torch.where(k_mask, cols, -1).amax(1)
-    holes = ((last - first + 1 != n_k) & (n_k > 0)).any()  # padding between real tokens in some row
-    full = (n_k == mask.shape[1]).all() & (n_q == Nq).all()  # no padding: only unfilled slots after the mask
-    max_q, max_k, holes, full = torch.stack([n_q.max(), n_k.max(), holes, full]).tolist()  # the one host sync
-    if full:  # keys [0, n) of every row, queries the last Nq of them: a view, no gather
+    if _is_filled(mask):  # keys [0, n) of every row, queries the last Nq of them: a view, no gather
         n = mask.shape[1]
         if causal and Nq == 1:
             lens = torch.full((B,), n, dtype=torch.int32, device=query.device)
@@ -172,17 +199,23 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
         else:
             o = flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods)
         return o.transpose(1, 2)
-    if holes and "window" in mods:
-        raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes (padding "
-                                  "between real tokens) is not supported; supported: left or right padding")
+    mask = mask.to(device=query.device, dtype=torch.bool)
+    q_mask = mask[:, -Nq:]  # the queries are the last Nq positions the mask covers
+    k_mask = torch.nn.functional.pad(mask, (0, Nk - mask.shape[1]), value=False)  # unfilled slots: padding
+    if "window" in mods:  # the packed positions close holes, the window would count across them
+        n_k = k_mask.sum(1)
+        cols = torch.arange(Nk, device=mask.device)
+        span = torch.where(k_mask, cols, -1).amax(1) - torch.where(k_mask, cols, Nk).amin(1) + 1
+        if bool(((span != n_k) & (n_k > 0)).any()):  # the one host read, sliding-window models only
+            raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
+                                      "(padding between real tokens) is not supported; supported: left or "
+                                      "right padding")
     # the valid queries of a row are its last valid keys, so bottom-right causal per sequence is exact
-    cu_q = torch.nn.functional.pad(n_q.cumsum(0, dtype=torch.int32), (1, 0))
-    cu_k = torch.nn.functional.pad(n_k.cumsum(0, dtype=torch.int32), (1, 0))
-    q_idx, k_idx = q_mask.flatten().nonzero().squeeze(1), k_mask.flatten().nonzero().squeeze(1)
-    q = query.transpose(1, 2).reshape(B * Nq, Hq, d)[q_idx]  # [total_q, Hq, d]
-    k = key.transpose(1, 2).reshape(B * Nk, -1, d)[k_idx]  # [total_k, Hkv, d]
-    v = value.transpose(1, 2).reshape(B * Nk, -1, d)[k_idx]
-    o = flash_attention_varlen(q, k, v, cu_q, cu_k, max(max_q, 1), max(max_k, 1), causal, scaling, **mods)
-    out = o.new_zeros(B * Nq, Hq, d)
-    out[q_idx] = o
-    return out.view(B, Nq, Hq, d)
+    cu_q, dest_q, src_q = _pack_order(q_mask)
+    cu_k, _, src_k = _pack_order(k_mask)
+    q = query[src_q // Nq, :, src_q % Nq]  # [B * Nq, Hq, d], packed order
+    k = key[src_k // Nk, :, src_k % Nk]  # [B * Nk, Hkv, d]
+    v = value[src_k // Nk, :, src_k % Nk]
+    o = flash_attention_varlen(q, k, v, cu_q, cu_k, B * Nq, B * Nk, causal, scaling, **mods)
+    out = o[dest_q].view(B, Nq, Hq, d)  # padded query rows attended the padding sequence: zeroed
+    return torch.where(q_mask[:, :, None, None], out, out.new_zeros(()))

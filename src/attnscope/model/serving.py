@@ -5,6 +5,8 @@ dense ledgers (model/traffic.py) plus the varlen kernel's work-list reads and th
 tiles read past a sequence's end. `paged`: one split-KV decode / chunked-prefill step (Flash-Decoding,
 kernels/decode/) against a paged or dense KV cache, whole call: block-table reads, the valid K/V rows
 once per kv head, the split partials, and the allocated-but-unread tail of each last page.
+`decode_step`: `paged`'s bytes per decode step of a whole generation (all layers and sequences, mean over
+the steps) and their time at the DRAM bandwidth, at the queries' dtype or an FP8 cache (the report's line).
 Score mods: both take ``window``, ``softcap`` and ``sinks`` (`model.traffic.Config`). A window shrinks each
 sequence's K/V reads to the KV tiles it visits (model/tiles.py; decode: the blocks of `window_kv_bounds0`
 for the sequence's last ``nq`` rows); softcap moves no byte; sinks add one FP32 read per program.
@@ -17,6 +19,7 @@ import collections
 from dataclasses import dataclass, replace
 
 from attnscope.errors import InputError, choice, expect, positive_int
+from attnscope.model import roofline
 from attnscope.model.flops import visible_pairs
 from attnscope.model.tiles import Grid, window_kv_bounds0
 from attnscope.model.traffic import (
@@ -361,3 +364,38 @@ def _window_blocks(lens, nq: int, block_kv: int, window) -> list[tuple[int, int]
         out.append((lo, hi))
     return out
 
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Logical HBM bytes of attention in one decode step of a generation, all layers and sequences, and
+    the time of those bytes at the device's DRAM bandwidth (the ceiling no kernel of them passes)."""
+
+    kv_dtype: str
+    nbytes: float  # mean over the decode steps (a half byte at most from an integer)
+    ceiling_s: float  # nbytes / the device's HBM bandwidth (model/roofline.py)
+
+    def to_json(self) -> dict:
+        return {"kv_dtype": self.kv_dtype, "bytes": self.nbytes, "ceiling_s": self.ceiling_s}
+
+
+def decode_step(batch: int, prompt: int, output: int, *, layers: int, heads: int, kv_heads: int | None = None,
+                d: int = 128, dtype: str = "bf16", kv_dtype: str | None = None,
+                device: str = "h200") -> DecodeStep:
+    """Mean attention bytes per decode step of ``batch`` sequences generating ``output`` tokens after a
+    ``prompt``-token prefill, one split-KV call (`paged`, dense cache, one split) per layer.
+
+    The prefill yields the first token; the ``output - 1`` decode steps attend with cache lengths
+    ``prompt + 1 .. prompt + output - 1`` (counting the step's query). `paged`'s total is affine in the
+    length (K/V grow, Q, O and the scales do not), so the mean over the steps is the mean of the first and
+    the last step's: closed form, ``batch`` and ``layers`` multiply one sequence's ledger.
+    ``output == 1`` has no decode step (`InputError`).
+    """
+    for name, v in (("batch", batch), ("prompt", prompt), ("layers", layers)):
+        positive_int(name, v)
+    expect(isinstance(output, int) and not isinstance(output, bool) and output >= 2, "output",
+           "at least 2 tokens (the first comes from the prefill; decode steps make the rest)", output)
+    kw = dict(nq=1, d=d, dtype=dtype, heads=heads, kv_heads=kv_heads, kv_dtype=kv_dtype)
+    first, last = (paged([prompt + t], **kw) for t in (1, output - 1))
+    nbytes = batch * layers * (first.row.total + last.row.total) / 2
+    return DecodeStep(first.kv_dtype, nbytes, nbytes / roofline.device(device).hbm)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnscope.model import amdahl
+from attnscope.model import amdahl, roofline, serving
 from attnscope.model.flops import attention_flops
 from attnscope.report.schema import Trace
 
@@ -31,6 +31,40 @@ def val(x: float, projected: bool = False) -> str:
 
 def pct(x: float, nd: int = 1) -> str:
     return f"{100 * x:.{nd}f}%"
+
+
+#: The workload dtypes the decode ledger takes for queries and a cache at their width (the trace's dtype is
+#: free text; these spellings name fp16 and bf16).
+KV_QUERY_DTYPES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def fp8_kv(trace: Trace) -> tuple[str, dict | None]:
+    """What an FP8 (e4m3) KV cache saves per decode step of this trace: the sentence, and its numbers
+    (None where the model does not apply). Attention bytes per step (`model.serving.decode_step`: the
+    decode ledger, all layers and the C sequences, mean over the steps) at the workload's dtype and at fp8,
+    and their time at the device's DRAM bandwidth."""
+    w = trace.workload
+    dtype = KV_QUERY_DTYPES.get(w.dtype.lower())
+    if dtype is None:
+        return (f"FP8 KV cache: not modelled for workload dtype {w.dtype!r} (the decode ledger takes fp16 or "
+                "bf16 queries).", None)
+    if w.output_tokens < 2:
+        return ("FP8 KV cache: no decode step to model (output_tokens = 1: the prefill makes the only "
+                "token).", None)
+    base, fp8 = (serving.decode_step(w.concurrency, w.prompt_tokens, w.output_tokens, layers=w.layers,
+                                     heads=w.heads, kv_heads=w.kv_heads, d=w.d, dtype=dtype, kv_dtype=k,
+                                     device=w.device) for k in (dtype, "fp8"))
+    dev = roofline.device(w.device)
+    saved_ms = (base.ceiling_s - fp8.ceiling_s) * 1e3
+    gib, mean = 2**30, w.prompt_tokens + w.output_tokens / 2  # mean of P + 1 .. P + O - 1
+    text = (f"FP8 KV cache (model/serving.py): attention reads {base.nbytes / gib:,.2f} → "
+            f"{fp8.nbytes / gib:,.2f} GiB per decode step ({dtype} → fp8; {w.concurrency:,} seq. × "
+            f"{w.layers:,} layers, mean cache {mean:,.{0 if mean.is_integer() else 1}f}), "
+            f"{base.ceiling_s * 1e3:,.2f} → {fp8.ceiling_s * 1e3:,.2f} ms at the {dev.name.upper()}'s "
+            f"{dev.hbm / 1e12:g} TB/s: −{saved_ms:,.2f} ms of the {trace.tpot_ms:.1f} ms TPOT (weights not "
+            "counted).")
+    return text, {"device": dev.name, "hbm_bytes_per_s": dev.hbm, "base": base.to_json(),
+                  "fp8": fp8.to_json(), "saved_ms": saved_ms}
 
 
 def flop_share(params: float, prompt_tokens: int, d: int, heads: int,
@@ -68,6 +102,8 @@ class Report:
     ttft_meets_target: bool  # this trace only
     projected_meets_target: bool
     tpot_meets_target: bool
+    fp8_kv: str = ""  # `fp8_kv`'s sentence
+    fp8_kv_data: dict | None = None
     observations: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     boundary_errors: list[tuple[str, str]] = field(default_factory=list)
@@ -102,6 +138,7 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
                projected_meets_target=b.outer_projected_ms <= t.targets.p95_ttft_ms,
                tpot_meets_target=t.tpot_ms <= t.targets.tpot_ms,
                samples=samples, metrics=list(metrics or []), profile=profile)
+    r.fp8_kv, r.fp8_kv_data = fp8_kv(t)
     _sentences(r)
     return r
 

@@ -14,6 +14,8 @@ workload:
   layers: 32
   heads: 32                # query heads
   d: 128                   # head dimension
+  kv_heads: 32             # optional: K/V heads (GQA: fewer; default heads)
+  device: h200             # optional: the device of the decode DRAM ceiling (a100, h100, h200)
   concurrency: 8           # closed-loop clients
   prompt_tokens: 4096
   output_tokens: 128

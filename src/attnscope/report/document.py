@@ -110,7 +110,7 @@ def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
                             f"from {r.attention_source}; S from {t.change_source})."))
     sections = [
         Section("Workload and targets", (workload,)),
-        Section("Trace timings (serial critical path)", (_timings(r),)),
+        Section("Trace timings (serial critical path)", (_timings(r), Paragraph(para(r.fp8_kv), small=True))),
         Section("Observations", (Bullets(tuple(para(o) for o in r.observations)),), aside=(figures.bar(r),)),
         Section("Proposed change", (change,)),
         Section("Projected impact (Amdahl, model/amdahl.py)", _impact(r), aside=(figures.curve(r), _sens(r))),
@@ -143,7 +143,7 @@ def _data(r: Report) -> dict:
            "attention_ms": r.attention_ms, "speedup": t.speedup, "boundary": r.boundary.to_json(),
            "naive_ms": r.naive_ms, "flop_share": r.flop_share,
            "ttft_meets_target_this_trace": r.ttft_meets_target, "tpot_ms": t.tpot_ms,
-           "tpot_meets_target": r.tpot_meets_target}
+           "tpot_meets_target": r.tpot_meets_target, "fp8_kv": r.fp8_kv_data}
     if r.samples is not None:
         keys = ("n", "p50", "p95", "p99", "ci_low", "ci_high", "lower_bound", "upper_bound", "verdict",
                 "needed")

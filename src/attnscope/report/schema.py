@@ -6,7 +6,8 @@ targets, and a proposed change (a kernel speedup S on the prefill's attention pa
 
     title            str, optional
     workload         model (str), params (float, default 8.0e9), dtype (str), layers, heads, d,
-                     concurrency, prompt_tokens, output_tokens (positive ints)
+                     concurrency, prompt_tokens, output_tokens (positive ints), kv_heads (optional, a
+                     divisor of heads, default heads), device (optional, model/roofline.py, default h200)
     targets          p95_ttft_ms (> 0), and tpot_ms or tokens_per_s (> 0; both must agree if given)
     segments         list of {name (unique str), ms (>= 0), source (str), note (str, optional)}
     ttft             optional {ms, source}: the client timer; at least the segments' sum (a larger
@@ -26,11 +27,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError, expect, finite_real, short
+from attnscope.errors import InputError, choice, expect, finite_real, short
 from attnscope.inputs import load_json, load_yaml, read_text
-from attnscope.model import amdahl
+from attnscope.model import amdahl, roofline
 
 DEFAULT_PARAMS = 8.0e9  # the spec's nominal 8B dense model
+DEFAULT_DEVICE = "h200"  # the device table entry (model/roofline.py) of the decode ceiling
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Workload:
     prompt_tokens: int
     output_tokens: int
     params: float = DEFAULT_PARAMS
+    kv_heads: int | None = None  # None: as heads
+    device: str = DEFAULT_DEVICE
 
 
 @dataclass(frozen=True)
@@ -176,12 +180,18 @@ def validate(data) -> Trace:
     title = _str(top, "title", "trace", default="Latency attribution report")
 
     ints = ("layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens")
-    w = _mapping(top["workload"], "workload", {"model", "params", "dtype", *ints}, {"model", "dtype", *ints})
+    w = _mapping(top["workload"], "workload", {"model", "params", "dtype", "kv_heads", "device", *ints},
+                 {"model", "dtype", *ints})
     workload = Workload(
         model=_str(w, "model", "workload"), dtype=_str(w, "dtype", "workload"),
         **{k: _int(w, k, "workload") for k in ints},
         params=_num(w, "params", "workload", positive=True) if "params" in w else DEFAULT_PARAMS,
+        kv_heads=_int(w, "kv_heads", "workload") if "kv_heads" in w else None,
+        device=choice("workload.device", _str(w, "device", "workload"), roofline.DEVICES) if "device" in w
+        else DEFAULT_DEVICE,
     )
+    expect(workload.kv_heads is None or workload.heads % workload.kv_heads == 0, "workload.kv_heads",
+           f"a divisor of heads ({workload.heads})", workload.kv_heads)
 
     t = _mapping(top["targets"], "targets", {"p95_ttft_ms", "tpot_ms", "tokens_per_s"}, {"p95_ttft_ms"})
     p95 = _num(t, "p95_ttft_ms", "targets", positive=True)
