@@ -29,6 +29,10 @@ pass between the forward's `_tl._kv_bounds_window`, the dK/dV kernel between the
 nothing in the kernels (the saved LSE includes them) and their gradient is
 ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
 
+On sm_90, ``impl="hopper"`` replaces kernel 2 by kernels/bwd_hopper.py's Gluon dK/dV kernel (TMA,
+warpgroup_mma, warp specialisation; no window or softcap), kernels 1 and 3 unchanged; ``impl="auto"`` takes it
+where `model.dispatch.hopper_backward_ok` says so.
+
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
 the forward. Configs: a fixed table per head_dim (no autotune), to be tuned on the H200.
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import math
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -49,6 +53,7 @@ from attnscope.kernels._common import (
     import_torch_triton,
     interpreting,
 )
+from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
@@ -407,6 +412,31 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     return B, Hq, Nq, d, Hkv, Nk
 
 
+IMPLS = ("auto", "portable", "hopper")
+
+
+def _pick_impl(impl, q, causal: bool, mods) -> str:
+    """"portable" or "hopper": the dK/dV kernel of `flash_attention_backward` (``impl`` as there). The
+    Hopper kernel runs on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
+    takes it only where `model.dispatch.hopper_backward_ok` allows."""
+    from attnscope.kernels.fwd import _hopper_possible  # fwd imports this module at its end
+
+    choice("impl", impl, IMPLS)
+    if impl == "portable":
+        return "portable"
+    why = _hopper_possible(q)
+    d = q.shape[-1]
+    if impl == "hopper":
+        if why:
+            raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
+        if mods.windowed or mods.softcap > 0:
+            raise NotImplementedError("impl='hopper': the Hopper backward has no window or softcap; "
+                                      "supported: impl='portable' (every score mod)")
+        return "hopper"
+    ok = why is None and dispatch.hopper_backward_ok(d, causal, mods.windowed, mods.softcap)
+    return "hopper" if ok else "portable"
+
+
 #: The dQ mode of ``deterministic=False`` (`attnscope.flash_attention`'s default): fp32 atomics inside the
 #: dK/dV kernel when True; False: the separate dQ pass, measured faster at nearly every shape (BENCHMARKS.md,
 #: backward), which is also bit-reproducible.
@@ -415,7 +445,7 @@ ATOMIC_DQ_BY_DEFAULT = False
 
 def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | None,
                              deterministic: bool = True, dlse=None, *, window=None, softcap: float = 0.0,
-                             sinks=None):
+                             sinks=None, impl: str = "auto"):
     """FlashAttention-2 backward: the gradients of ``o = attention(q, k, v)``.
 
     Parameters
@@ -433,13 +463,20 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     scale : float or None
         Softmax scale; None means ``1/sqrt(d)``.
     deterministic : bool, default True
-        False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass). True: dQ in a
-        separate pass over the KV tiles (bit-reproducible, re-reads K and V).
+        False: dQ accumulated with fp32 atomics inside the portable dK/dV kernel (one pass). True: dQ in
+        a separate pass over the KV tiles (bit-reproducible, re-reads K and V). The Hopper dK/dV kernel
+        (``impl``) always takes the separate pass.
     dlse : torch.Tensor, [B, Hq, Nq], optional
         Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
     window, softcap, sinks
         The forward's score mods (`attnscope.flash_attention`); KV tiles outside the window are skipped
         in both passes, softcap's tanh is recomputed from the recomputed scores.
+    impl : {"auto", "portable", "hopper"}
+        The dK/dV kernel: ``"portable"`` this module's; ``"hopper"`` the Gluon sm_90 kernel of
+        kernels/bwd_hopper.py (needs an sm_90 GPU; no window, no softcap; either ``deterministic``: it
+        accumulates dK, dV in registers and dQ runs the separate pass, so its gradients are bitwise
+        reproducible); ``"auto"``: hopper where `attnscope.model.dispatch.hopper_backward_ok` says so, else
+        portable.
 
     Returns
     -------
@@ -460,6 +497,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
                          f"got {got}")
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
+    hopper = _pick_impl(impl, q, bool(causal), mods) == "hopper"
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
@@ -485,14 +523,19 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     qk_scale = margs["qk_scale"]
     mod = dict(WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"])
-    bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
-    atomic = not deterministic
-    dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
-    _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
-        q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
-        margs["LEFT"], margs["RIGHT"], margs["cap_in"],
-        HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
-        num_warps=warps, num_stages=stages)
+    atomic = not deterministic and not hopper
+    if hopper:  # dK/dV in registers per K/V tile; dQ below in the separate pass
+        from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
+
+        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dk, dv, qk_scale, sm_scale, causal)
+    else:
+        bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
+        dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
+        _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
+            q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
+            margs["LEFT"], margs["RIGHT"], margs["cap_in"],
+            HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
+            num_warps=warps, num_stages=stages)
     if atomic:
         grads = (dq_acc.to(q.dtype), dk, dv)
         return grads if dsinks is None else (*grads, dsinks)
