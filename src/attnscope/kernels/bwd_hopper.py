@@ -64,7 +64,7 @@ class BwdConfig(NamedTuple):
 #: (BN/NWG x BM fp32 each): d = 128 with 64-row Q tiles and d = 64 with 128-row tiles both hold 192 fp32
 #: accumulator registers under the 240 of `CONSUMER_REGS`. Shared memory: 2 BN d (K, V) + STAGES 2 BM d
 #: (Q, dO) elements (bench/sm90_resources.py --kernel bwd prints the compiled numbers).
-CONFIGS = {128: BwdConfig(64, 128, 2), 64: BwdConfig(128, 128, 2)}
+CONFIGS = {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}
 
 
 def config(d: int) -> BwdConfig:
@@ -162,9 +162,10 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, q_ready, q_empty, it, m, masked, 
 
 
 @gluon.jit
-def _consumer(DK, DV, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty, b, hk, H, HKV,
-              group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM: gl.constexpr, BNW: gl.constexpr,
-              D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, CAUSAL: gl.constexpr):
+def _consumer(desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty, b, hk,
+              H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM: gl.constexpr,
+              BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+              CAUSAL: gl.constexpr):
     """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale)."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
@@ -182,18 +183,20 @@ def _consumer(DK, DV, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_re
         row_base = (b * H + hk * group + i // n) * NQ
         dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, q_ready, q_empty, i, m, m < hi, row_base, offs_n,
                        LSE2, DELTA, NQ, NK, qk_scale, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL)
-    offs_k = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-    out = ((b * HKV + hk) * NK + offs_k[:, None]) * D + offs_d[None, :]
-    keep = (offs_k[:, None] < NK) & (offs_d[None, :] < D)
-    gl.store(DK + out, (dk * sm_scale).to(q_smem.dtype), mask=keep)
-    gl.store(DV + out, dv.to(q_smem.dtype), mask=keep)
+    # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
+    # which clips the keys past Nk
+    v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
+    k_smem.index(WG).reshape([BNW, D]).store((dk * sm_scale).to(desc_dk.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_dv, [b, hk, n0, 0], v_smem.index(WG))
+    tma.async_copy_shared_to_global(desc_dk, [b, hk, n0, 0], k_smem.index(WG))
+    tma.store_wait(pendings=0)
 
 
 #: Runtime integers are not specialised (one compile per (d, dtype, causal), as `fwd_hopper`).
 @gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale"])
-def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, LSE2, DELTA, DK, DV, H, HKV, NQ, NK,
-                                      qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA, H, HKV,
+                                      NQ, NK, qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                                       NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                       num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
@@ -223,12 +226,12 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, LSE2, DEL
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
-        [(_consumer, (DK, DV, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty, b, hk,
-                      H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM, BNW, D, STAGES, 0,
-                      CAUSAL)),
-         (_consumer, (DK, DV, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty, b, hk,
-                      H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM, BNW, D, STAGES, 1,
-                      CAUSAL)),
+        [(_consumer, (desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                      q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM,
+                      BNW, D, STAGES, 0, CAUSAL)),
+         (_consumer, (desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
+                      q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM,
+                      BNW, D, STAGES, 1, CAUSAL)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
                       q_empty, b, hk, group, start_n, lo, n_m, BM, BNW, STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -245,7 +248,8 @@ def signature(d: int, dtype: str):
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
     return {"desc_q": ds(cfg.BM), "desc_k": ds(cfg.BN // cfg.NWG), "desc_v": ds(cfg.BN // cfg.NWG),
-            "desc_do": ds(cfg.BM), "LSE2": "*fp32", "DELTA": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}",
+            "desc_do": ds(cfg.BM), "desc_dk": ds(cfg.BN // cfg.NWG), "desc_dv": ds(cfg.BN // cfg.NWG),
+            "LSE2": "*fp32", "DELTA": "*fp32",
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STAGES", "NWG", "CONSUMER_REGS", "num_warps")}}
 
@@ -285,5 +289,5 @@ def launch(q, k, v, do, lse2, delta, dk, dv, qk_scale: float, sm_scale: float, c
 
     bnw = cfg.BN // cfg.NWG
     return _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        desc(q, cfg.BM), desc(k, bnw), desc(v, bnw), desc(do, cfg.BM), lse2, delta, dk, dv, Hq, Hkv, Nq, Nk,
-        qk_scale, sm_scale, **constexprs(d, causal))
+        desc(q, cfg.BM), desc(k, bnw), desc(v, bnw), desc(do, cfg.BM), desc(dk, bnw), desc(dv, bnw), lse2,
+        delta, Hq, Hkv, Nq, Nk, qk_scale, sm_scale, **constexprs(d, causal))
