@@ -8,8 +8,8 @@ implementation is first checked against float64 on one head at the full shape (d
 (the gradient of a retained forward graph; attnscope's backward called directly) and forward +
 backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward). attnscope runs
 twice: the default deterministic separate dQ pass (`attnscope`, also autograd's) and dQ by atomics
-(`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV kernel with the same dQ pass
-(`attnscope_hopper`, kernels/bwd_hopper.py), checked and timed the same way. Flex (torch.compile'd
+(`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
+kernels/bwd_hopper.py, after the same preprocess), checked and timed the same way. Flex (torch.compile'd
 flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
@@ -91,7 +91,7 @@ def _ms(torch, fn):
 
 def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
-    attnscope's backward with the Gluon sm_90 dK/dV kernel (``impl="hopper"``) as ``attnscope_hopper``."""
+    attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``."""
     from attnscope import checks
     from attnscope.kernels import bwd, fwd
 
@@ -248,8 +248,8 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="print BENCHMARKS.md's backward table at the end")
     p.add_argument("--flex-all", action="store_true", help="time Flex at every shape (a compile per shape)")
     p.add_argument("--impl", choices=("portable", "hopper"), default="portable",
-                   help="hopper: also check and time the Gluon sm_90 dK/dV kernel (impl='hopper', with "
-                        "the portable dQ pass) as attnscope_hopper beside the portable one")
+                   help="hopper: also check and time the Gluon sm_90 backward kernels (impl='hopper') as "
+                        "attnscope_hopper beside the portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--dkdv", metavar="BM,BN,WARPS,STAGES", default=None,
                    help="try another dK/dV config for both head dims (default: bwd.DKDV_CONFIGS)")

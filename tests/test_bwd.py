@@ -306,7 +306,7 @@ def test_hopper_backward_dispatch_rule():
     from attnscope.kernels import bwd_hopper
 
     assert dispatch.HOPPER_BACKWARD is False  # off in impl="auto" until bench/backward.py --impl hopper
-    assert set(dispatch.HOPPER_BACKWARD_DIMS) == set(bwd_hopper.CONFIGS)
+    assert all(set(dispatch.HOPPER_BACKWARD_DIMS) == set(c) for c in bwd_hopper.CONFIGS.values())
     assert not any(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
     for bad, msg in (({"d": 0}, "d: expected a positive integer"), ({"causal": 1}, "causal: expected True"),
                      ({"softcap": -1.0}, "softcap: expected a real number >= 0")):
@@ -353,14 +353,14 @@ def test_gpu_hopper_backward_matches_float64(nq, nk, d, dtype, causal, group, st
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
 def test_gpu_hopper_backward_with_sinks_and_dlse_equals_portable():
-    """Sinks and an LSE gradient enter through the LSE and Delta only: the Hopper dK/dV agrees with the
-    portable kernel's within the rule's slack, dsinks and dQ (the same pass) exactly."""
+    """Sinks and an LSE gradient enter through the LSE and Delta only: the Hopper gradients agree with the
+    portable kernels' (dsinks, torch on D and LSE, exactly)."""
     q, k, v, do = _inputs(1, 4, 2, 700, 900, 128, torch.bfloat16, False, seed=21, device="cuda")
     sinks = torch.randn(4, device="cuda")
     o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, sinks=sinks)
     dlse = torch.randn_like(lse)
     a = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, dlse=dlse, sinks=sinks, impl="hopper")
     b = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, dlse=dlse, sinks=sinks, impl="portable")
-    assert torch.equal(a[0], b[0]) and torch.equal(a[3], b[3])
-    for x, y in zip(a[1:3], b[1:3], strict=True):
+    assert torch.equal(a[3], b[3])
+    for x, y in zip(a[:3], b[:3], strict=True):
         assert (x.float() - y.float()).abs().max() <= 2e-2 * y.float().abs().max()

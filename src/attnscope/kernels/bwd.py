@@ -29,9 +29,9 @@ pass between the forward's `_tl._kv_bounds_window`, the dK/dV kernel between the
 nothing in the kernels (the saved LSE includes them) and their gradient is
 ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
 
-On sm_90, ``impl="hopper"`` replaces kernel 2 by kernels/bwd_hopper.py's Gluon dK/dV kernel (TMA,
-warpgroup_mma, warp specialisation; no window or softcap), kernels 1 and 3 unchanged; ``impl="auto"`` takes it
-where `model.dispatch.hopper_backward_ok` says so.
+On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
+(TMA, warpgroup_mma, warp specialisation; no window or softcap; no atomics), after the same preprocess;
+``impl="auto"`` takes them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
@@ -416,8 +416,8 @@ IMPLS = ("auto", "portable", "hopper")
 
 
 def _pick_impl(impl, q, causal: bool, mods) -> str:
-    """"portable" or "hopper": the dK/dV kernel of `flash_attention_backward` (``impl`` as there). The
-    Hopper kernel runs on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
+    """"portable" or "hopper": the kernels of `flash_attention_backward` (``impl`` as there). The
+    Hopper kernels run on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
     takes it only where `model.dispatch.hopper_backward_ok` allows."""
     from attnscope.kernels.fwd import _hopper_possible  # fwd imports this module at its end
 
@@ -464,19 +464,18 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         Softmax scale; None means ``1/sqrt(d)``.
     deterministic : bool, default True
         False: dQ accumulated with fp32 atomics inside the portable dK/dV kernel (one pass). True: dQ in
-        a separate pass over the KV tiles (bit-reproducible, re-reads K and V). The Hopper dK/dV kernel
-        (``impl``) always takes the separate pass.
+        a separate pass over the KV tiles (bit-reproducible, re-reads K and V). The Hopper kernels
+        (``impl``) always take the separate pass.
     dlse : torch.Tensor, [B, Hq, Nq], optional
         Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
     window, softcap, sinks
         The forward's score mods (`attnscope.flash_attention`); KV tiles outside the window are skipped
         in both passes, softcap's tanh is recomputed from the recomputed scores.
     impl : {"auto", "portable", "hopper"}
-        The dK/dV kernel: ``"portable"`` this module's; ``"hopper"`` the Gluon sm_90 kernel of
-        kernels/bwd_hopper.py (needs an sm_90 GPU; no window, no softcap; either ``deterministic``: it
-        accumulates dK, dV in registers and dQ runs the separate pass, so its gradients are bitwise
-        reproducible); ``"auto"``: hopper where `attnscope.model.dispatch.hopper_backward_ok` says so, else
-        portable.
+        The kernels: ``"portable"`` this module's; ``"hopper"`` the Gluon sm_90 dK/dV and dQ kernels of
+        kernels/bwd_hopper.py (needs an sm_90 GPU; no window, no softcap; with either ``deterministic``
+        its gradients are bitwise reproducible: dK, dV are summed in registers and dQ in its own pass);
+        ``"auto"``: hopper where `attnscope.model.dispatch.hopper_backward_ok` says so, else portable.
 
     Returns
     -------
@@ -523,19 +522,20 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     qk_scale = margs["qk_scale"]
     mod = dict(WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"])
-    atomic = not deterministic and not hopper
-    if hopper:  # dK/dV in registers per K/V tile; dQ below in the separate pass
+    if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel (no atomics: deterministic either way)
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
-        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dk, dv, qk_scale, sm_scale, causal)
-    else:
-        bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
-        dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
-        _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
-            q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
-            margs["LEFT"], margs["RIGHT"], margs["cap_in"],
-            HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
-            num_warps=warps, num_stages=stages)
+        dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
+        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal)
+        return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+    bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
+    atomic = not deterministic
+    dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
+    _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
+        q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
+        margs["LEFT"], margs["RIGHT"], margs["cap_in"],
+        HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
+        num_warps=warps, num_stages=stages)
     if atomic:
         grads = (dq_acc.to(q.dtype), dk, dv)
         return grads if dsinks is None else (*grads, dsinks)

@@ -1,30 +1,31 @@
-"""FlashAttention backward for Hopper (sm_90) in Gluon: the dK/dV pass with FlashAttention-3's structure.
+"""FlashAttention backward for Hopper (sm_90) in Gluon: a dK/dV kernel and a dQ kernel, FA-3's structure.
 
-Algorithm: the backward of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 2) scheduled as in
-FlashAttention-3 (Shah et al., arXiv:2407.08608, §3 and its backward): a CTA owns one K/V tile of ``BN``
-keys of one (batch, kv head) and loops over the query tiles of every query head of its GQA group, so dK and
-dV are summed over the group in registers and written once (no atomics). Partitions (`gl.warp_specialize`):
+Algorithm: the backward of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 2) with FlashAttention-3's
+machinery (Shah et al., arXiv:2407.08608: TMA, asynchronous `warpgroup_mma`, `gl.warp_specialize` into a
+1-warp TMA producer (``PRODUCER_REGS``) and NWG = 2 consumer warpgroups (``CONSUMER_REGS``), mbarrier rings).
+P is recomputed from the forward's LSE (no running max); LSE2 = LSE log2 e, Delta = rowsum(dO O)
+(kernels/bwd.py's preprocess, minus dLSE) and the mask enter as the accumulators' initial values:
+``S - LSE2 / qk_scale`` (-inf where masked or past Nq, so P = exp2(S qk_scale) = 0 there) and
+``dP - Delta``, so masked and unmasked tiles run one loop body, no extra registers across the MMAs.
 
-- producer (1 warp, ``PRODUCER_REGS`` after `setmaxnreg`): TMA loads of the K and V tile (once, ``kv_bar``),
-  then the Q and dO tiles into a ``STAGES``-deep shared-memory ring; ``q_ready`` (TMA byte count) hands a
-  slot to the consumers, ``q_empty`` (NWG arrivals) hands it back.
-- NWG = 2 consumer warpgroups (4 warps each), warpgroup ``w`` owning keys ``[w BN/NWG, (w+1) BN/NWG)`` of
-  the tile. Per query tile: ``S^T = K Q^T`` and ``dP^T = V dO^T`` issued together as asynchronous
-  `warpgroup_mma` (K, V, Q, dO in shared memory, fp32 accumulators in registers); once S^T is done,
-  ``P^T = exp2(S^T scale log2 e - LSE2)`` from the forward's LSE (no running max) and ``dV += P^T dO``
-  issued under the dP^T product; then ``dS^T = P^T (dP^T - Delta)`` and ``dK += dS^T Q`` (P^T and dS^T
-  are the register A operands, rounded to the input dtype). LSE2 and Delta rows are plain loads.
+- dK/dV (`_attnscope_bwd_hopper_dkdv_kernel`): a CTA owns BN = 128 keys of one (batch, kv head), warpgroup w
+  keys ``[w BN/2, (w+1) BN/2)``; K, V loaded once, then (Q, dO) tiles of every query head of the GQA group
+  through a ``STAGES``-deep ring (``q_ready`` / ``q_empty``). Per query tile, transposed: S^T = K Q^T and
+  dP^T = V dO^T issued together; P^T once S^T is done and dV += P^T dO under the dP^T product; then
+  dS^T = P^T (dP^T - Delta) and dK += dS^T Q (P^T, dS^T the register A operands in the input dtype). dK, dV
+  are summed over the group in registers and leave by TMA through the dead K/V buffers.
+- dQ (`_attnscope_bwd_hopper_dq_kernel`): the forward's schedule (`fwd_hopper._producer` streams the K/V
+  ring): a CTA owns NWG x 64 query rows of one (batch, head); per K/V tile S = Q K^T, dP = dO V^T,
+  dQ += dS K; dQ leaves by TMA through the dead Q buffer.
+No atomics: the gradients are bitwise reproducible run to run.
 
-dQ is kernels/bwd.py's separate pass (``_bwd_dq_kernel``) and Delta = rowsum(dO * O) its preprocess, so
-the whole Hopper backward is deterministic (no atomics anywhere).
-
-Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): `_q_range` skips query tiles wholly
-above the tile's diagonal, masks those that straddle it (and every query tile of the ragged last K/V tile)
-and runs the rest without mask arithmetic. Ragged N: TMA reads zeros past Nq / Nk; rows past Nq load
-LSE2 = +inf (P = 0), keys past Nk are masked and never stored; rows with no visible key (LSE = -inf) give 0.
-Score mods: sinks need nothing here (the LSE includes them; their gradient is torch on D and LSE); window and
-softcap are not built (`supports`): kernels/bwd.py refuses them for ``impl="hopper"``.
-Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides; dK, dV contiguous [B, Hkv, Nk, d].
+Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
+wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
+only tiles straddling the diagonal and the ragged last tiles are masked. Ragged N: TMA reads zeros past
+Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods: sinks need nothing
+here (the LSE includes them; their gradient is torch on D and LSE); window and softcap are not built
+(`supports`): kernels/bwd.py refuses them for ``impl="hopper"``. Layout: 4-D TMA descriptors
+``[B, H, N, d]`` over the caller's strides; dQ, dK, dV contiguous.
 """
 
 from __future__ import annotations
@@ -45,39 +46,52 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _layout, wgmma_layout  # noqa: E402
+from attnscope.kernels.fwd_hopper import (  # noqa: E402
+    NUM_WARPS,
+    PRODUCER_REGS,
+    _kv_full,
+    _kv_range,
+    _layout,
+    wgmma_layout,
+)
+from attnscope.kernels.fwd_hopper import _producer as _producer_fwd  # noqa: E402
 
 #: setmaxnreg of the consumer warpgroup that is a worker partition (the other is the default partition)
 CONSUMER_REGS = 240
 
 
 class BwdConfig(NamedTuple):
-    """One block configuration of the dK/dV kernel: a CTA owns ``BN`` keys, ``BN / NWG`` per warpgroup."""
+    """A block configuration: dK/dV, a CTA owns ``BN`` keys (``BN / NWG`` per warpgroup) against ``BM``-row
+    query tiles; dQ, a CTA owns ``NWG x BM`` query rows against ``BN``-key K/V tiles."""
 
-    BM: int  # query rows per Q/dO tile (the N of S^T = K Q^T)
-    BN: int  # keys per K/V tile (per CTA)
-    STAGES: int  # depth of the Q/dO ring
+    BM: int  # query rows per Q/dO tile (dK/dV: the N of S^T = K Q^T; dQ: per warpgroup)
+    BN: int  # keys per K/V tile
+    STAGES: int  # depth of the shared-memory ring (dK/dV: Q/dO; dQ: K/V)
     NWG: int = 2  # consumer warpgroups
 
 
-#: Per head dim. Registers per consumer thread: dK + dV accumulators (BN/NWG x d fp32 each) + S^T and dP^T
-#: (BN/NWG x BM fp32 each): d = 128 with 64-row Q tiles and d = 64 with 128-row tiles both hold 192 fp32
-#: accumulator registers under the 240 of `CONSUMER_REGS`. Shared memory: 2 BN d (K, V) + STAGES 2 BM d
-#: (Q, dO) elements (bench/sm90_resources.py --kernel bwd prints the compiled numbers).
-CONFIGS = {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}
+#: Per kernel and head dim. dK/dV registers per consumer thread: dK + dV (BN/NWG x d fp32 each) and S^T, dP^T
+#: (BN/NWG x BM fp32 each) under the 240 of `CONSUMER_REGS`: 64-row Q tiles at both head dims (d = 64 with
+#: 128-row tiles spills). dQ: dQ (BM x d) and S, dP (BM x BN each); 64-key K/V tiles. Shared memory: dK/dV
+#: 2 BN d (K, V) + STAGES 2 BM d (Q, dO) elements; dQ 2 NWG BM d + STAGES 2 BN d (bench/sm90_resources.py
+#: --kernel bwd prints the compiled numbers).
+CONFIGS = {"dkdv": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)},
+           "dq": {128: BwdConfig(64, 64, 3), 64: BwdConfig(64, 64, 4)}}
+KERNELS = tuple(CONFIGS)
 
 
-def config(d: int) -> BwdConfig:
-    """The block configuration for head dim ``d`` (NotImplementedError if not built for it)."""
-    if d not in CONFIGS:
+def config(d: int, kernel: str = "dkdv") -> BwdConfig:
+    """The block configuration of ``kernel`` ("dkdv" or "dq") for head dim ``d`` (NotImplementedError if
+    not built for it)."""
+    if d not in CONFIGS[kernel]:
         raise NotImplementedError(f"Hopper backward: head_dim {d} is not supported; supported: "
-                                  f"{sorted(CONFIGS)}")
-    return CONFIGS[d]
+                                  f"{sorted(CONFIGS[kernel])}")
+    return CONFIGS[kernel][d]
 
 
 def supports(d: int, windowed: bool, softcap: float) -> bool:
     """Whether the kernel is built for head dim ``d`` with these score mods (sinks need no kernel support)."""
-    return d in CONFIGS and not windowed and not softcap > 0
+    return all(d in c for c in CONFIGS.values()) and not windowed and not softcap > 0
 
 
 @gluon.jit
@@ -237,26 +251,154 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def signature(d: int, dtype: str):
-    """Signature of the dK/dV kernel for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"):
-    resource reports (bench/sm90_resources.py --kernel bwd)."""
-    cfg = config(d)
+# --- the dQ pass: per query tile, K and V streamed (the forward's schedule) --------------------------------
+@gluon.jit
+def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                 v_ready, k_empty, v_empty, b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr,
+                 STAGES: gl.constexpr, NWG: gl.constexpr):
+    """The dO tiles, then the forward's producer: the Q tiles and the K/V ring."""
+    for w in gl.static_range(NWG):
+        mbarrier.expect(do_bar.index(w), desc_do.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_do, [b, h, row0 + w * BM, 0], do_bar.index(w), do_smem.index(w))
+    _producer_fwd(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  b, h, hk, row0, 0, n_tiles, BM, BN, STAGES, NWG)
 
+
+@gluon.jit
+def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
+                 k_empty, v_empty, b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale, sm_scale,
+                 BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """Warpgroup WG's query rows: ``dQ = sum_j dS_j K_j`` over the K/V tiles, with ``S = Q K^T - LSE2 /
+    qk_scale`` and ``dP = dO V^T - Delta`` from the accumulators' initial values (as `_step`); stored
+    x sm_scale through the dead Q buffer by TMA."""
+    s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
+    acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    row0 = row0_cta + WG * BM
+    offs_m = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    row_ok = offs_m < NQ
+    lse2 = gl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
+    delta = gl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
+    n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, 0, BN, CAUSAL, 0)[1], n_tiles)  # [0, n_full): no mask
+    dq = gl.zeros([BM, D], gl.float32, acc_layout)
+    q = q_smem.index(WG).reshape([BM, D])
+    do = do_smem.index(WG).reshape([BM, D])
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(do_bar.index(WG), 0)
+    for j in range(n_tiles):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
+        if j >= n_full:  # the diagonal and the ragged tile (rows with LSE = -inf see no key: all masked)
+            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            keep = offs_n[None, :] < NK
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
+            init = gl.where(keep, init, float("-inf"))
+        mbarrier.wait(k_ready.index(s), ph)
+        kmat = k_smem.index(s).reshape([BN, D])
+        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
+        mbarrier.wait(v_ready.index(s), ph)
+        init = gl.zeros([BM, BN], gl.float32, s_layout) - delta[:, None]
+        dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
+                               is_async=True)  # dP = dO V^T (- Delta)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        p = gl.exp2(st * qk_scale)  # P [BM, BN]
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+        mbarrier.arrive(v_empty.index(s))  # V read
+        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P * (dP - D)
+        dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
+        mbarrier.arrive(k_empty.index(s))  # K read
+    q_smem.index(WG).reshape([BM, D]).store((dq * sm_scale).to(desc_dq.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_dq, [b, h, row0, 0], q_smem.index(WG))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale"])
+def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, H, HKV, NQ, NK,
+                                    qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                                    NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """dQ of ``NWG x BM`` query rows of one (batch, query head) per CTA (heaviest causal tiles first)."""
+    BM: gl.constexpr = desc_q.block_type.shape[2]
+    BN: gl.constexpr = desc_k.block_type.shape[2]
+    D: gl.constexpr = desc_q.block_type.shape[3]
+    start_m = gl.program_id(0)
+    if CAUSAL:
+        start_m = gl.num_programs(0) - 1 - start_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // (H // HKV)
+    row0 = start_m * (NWG * BM)
+    n_tiles = _kv_range(row0, NWG * BM, NQ, NK, 0, BN, CAUSAL, 0)[1]
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(NWG):
+        mbarrier.init(q_bar.index(w), count=1)
+        mbarrier.init(do_bar.index(w), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=NWG)
+        mbarrier.init(v_empty.index(s), count=NWG)
+    fence_async_shared()
+
+    gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
+    gl.warp_specialize(
+        [(_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, sm_scale,
+                         BM, BN, D, STAGES, 0, CAUSAL)),
+         (_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, sm_scale,
+                         BM, BN, D, STAGES, 1, CAUSAL)),
+         (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
+                         k_ready, v_ready, k_empty, v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def kernel(name: str):
+    """The Gluon kernel function of ``name`` ("dkdv" or "dq")."""
+    return _attnscope_bwd_hopper_dkdv_kernel if name == "dkdv" else _attnscope_bwd_hopper_dq_kernel
+
+
+def _blocks(d: int, name: str) -> dict:
+    """Rows of each TMA descriptor's block."""
+    cfg = config(d, name)
+    if name == "dkdv":
+        bnw = cfg.BN // cfg.NWG
+        return {"desc_q": cfg.BM, "desc_k": bnw, "desc_v": bnw, "desc_do": cfg.BM, "desc_dk": bnw,
+                "desc_dv": bnw}
+    return {"desc_q": cfg.BM, "desc_k": cfg.BN, "desc_v": cfg.BN, "desc_do": cfg.BM, "desc_dq": cfg.BM}
+
+
+def signature(d: int, dtype: str, name: str = "dkdv"):
+    """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
+    "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
     def ds(rows):
         elem = gl.bfloat16 if dtype == "bf16" else gl.float16
         lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
-    return {"desc_q": ds(cfg.BM), "desc_k": ds(cfg.BN // cfg.NWG), "desc_v": ds(cfg.BN // cfg.NWG),
-            "desc_do": ds(cfg.BM), "desc_dk": ds(cfg.BN // cfg.NWG), "desc_dv": ds(cfg.BN // cfg.NWG),
-            "LSE2": "*fp32", "DELTA": "*fp32",
+    return {**{n: ds(rows) for n, rows in _blocks(d, name).items()}, "LSE2": "*fp32", "DELTA": "*fp32",
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STAGES", "NWG", "CONSUMER_REGS", "num_warps")}}
 
 
-def constexprs(d: int, causal: bool) -> dict:
-    """The constexpr arguments of the dK/dV kernel for head dim ``d``."""
-    cfg = config(d)
+def constexprs(d: int, causal: bool, name: str = "dkdv") -> dict:
+    """The constexpr arguments of kernel ``name`` for head dim ``d``."""
+    cfg = config(d, name)
     return {"CAUSAL": causal, "STAGES": cfg.STAGES, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS,
             "num_warps": NUM_WARPS}
 
@@ -269,25 +411,35 @@ def _tma_ready(t):
     return t if ok else t.contiguous()
 
 
-def launch(q, k, v, do, lse2, delta, dk, dv, qk_scale: float, sm_scale: float, causal: bool):
-    """dK and dV on checked inputs (kernels/bwd.py `flash_attention_backward` checks them and runs the
-    preprocess and the dQ pass); writes ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in place.
+def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: float, causal: bool):
+    """dQ, dK and dV on checked inputs (kernels/bwd.py `flash_attention_backward` checks them and runs the
+    preprocess); writes ``dq`` (contiguous [B, Hq, Nq, d]), ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in
+    place: the dK/dV kernel, then the dQ kernel.
 
     ``lse2``: the forward's LSE x log2(e), contiguous float32 [B, Hq, Nq]; ``delta``: rowsum(dO * O)
     (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e). Each
-    (d, dtype, causal) compiles once per process. Returns the compiled kernel (``.n_regs``, ``.n_spills``,
-    ``.metadata.shared``).
+    (kernel, d, dtype, causal) compiles once per process. Returns the two compiled kernels (``.n_regs``,
+    ``.n_spills``, ``.metadata.shared``).
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config(d)
+    tensors = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
+               "desc_do": _tma_ready(do), "desc_dk": dk, "desc_dv": dv, "desc_dq": dq}  # outputs: contiguous
+    assert all(t.is_contiguous() for t in (dq, dk, dv)), "dq, dk, dv: expected fresh contiguous tensors"
 
-    def desc(t, rows):
-        t = _tma_ready(t)
-        block = [1, 1, rows, d]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
+    def descs(name):
+        out = []
+        for n, rows in _blocks(d, name).items():
+            t = tensors[n]
+            block = [1, 1, rows, d]
+            out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype)))
+        return out
 
-    bnw = cfg.BN // cfg.NWG
-    return _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        desc(q, cfg.BM), desc(k, bnw), desc(v, bnw), desc(do, cfg.BM), desc(dk, bnw), desc(dv, bnw), lse2,
-        delta, Hq, Hkv, Nq, Nk, qk_scale, sm_scale, **constexprs(d, causal))
+    args = (lse2, delta, Hq, Hkv, Nq, Nk, qk_scale, sm_scale)
+    cfg = config(d, "dkdv")
+    dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
+        *descs("dkdv"), *args, **constexprs(d, causal, "dkdv"))
+    cfg = config(d, "dq")
+    dq_k = _attnscope_bwd_hopper_dq_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](
+        *descs("dq"), *args, **constexprs(d, causal, "dq"))
+    return dkdv, dq_k
