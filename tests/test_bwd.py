@@ -296,8 +296,12 @@ def test_hopper_backward_routing(monkeypatch):
     for mods in (_common.Mods(16, 0, 0.0, None), _common.Mods(-1, -1, 30.0, None)):
         with pytest.raises(NotImplementedError, match="no window or softcap; supported: impl='portable'"):
             bwd._pick_impl("hopper", q, False, mods)
+    for qk_scale in (2.0, 1e-31):  # outside `bwd.HOPPER_QK_SCALE`
+        with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) = .* is not supported"):
+            bwd._pick_impl("hopper", q, False, plain, qk_scale)
     monkeypatch.setattr(dispatch, "HOPPER_BACKWARD", True)
     assert bwd._pick_impl("auto", q, False, plain) == "hopper"
+    assert bwd._pick_impl("auto", q, False, plain, 2.0) == "portable"
     assert bwd._pick_impl("auto", q, False, _common.Mods(-1, -1, 0.0, torch.zeros(4))) == "hopper"  # sinks
     assert bwd._pick_impl("auto", q, False, _common.Mods(16, 0, 0.0, None)) == "portable"
 

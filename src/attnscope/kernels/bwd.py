@@ -415,7 +415,13 @@ def _check_inputs(do, q, k, v, o, lse, scale):
 IMPLS = ("auto", "portable", "hopper")
 
 
-def _pick_impl(impl, q, causal: bool, mods) -> str:
+#: The range of ``scale * log2(e)`` the Hopper kernels take: they subtract ``LSE2 / qk_scale`` inside the
+#: accumulator (kernels/bwd_hopper.py), which must stay finite, and as the Hopper forward they need
+#: ``qk_scale <= 1``.
+HOPPER_QK_SCALE = (1e-30, 1.0)
+
+
+def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
     """"portable" or "hopper": the kernels of `flash_attention_backward` (``impl`` as there). The
     Hopper kernels run on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
     takes it only where `model.dispatch.hopper_backward_ok` allows."""
@@ -432,8 +438,13 @@ def _pick_impl(impl, q, causal: bool, mods) -> str:
         if mods.windowed or mods.softcap > 0:
             raise NotImplementedError("impl='hopper': the Hopper backward has no window or softcap; "
                                       "supported: impl='portable' (every score mod)")
+        if not HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1]:
+            raise NotImplementedError(f"impl='hopper': scale * log2(e) = {qk_scale:.3g} is not supported; "
+                                      f"supported: {HOPPER_QK_SCALE[0]:g} to {HOPPER_QK_SCALE[1]:g} "
+                                      "(impl='portable': any finite scale)")
         return "hopper"
-    ok = why is None and dispatch.hopper_backward_ok(d, causal, mods.windowed, mods.softcap)
+    ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1]
+          and dispatch.hopper_backward_ok(d, causal, mods.windowed, mods.softcap))
     return "hopper" if ok else "portable"
 
 
@@ -496,8 +507,8 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
                          f"got {got}")
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
-    hopper = _pick_impl(impl, q, bool(causal), mods) == "hopper"
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16
