@@ -251,6 +251,10 @@ def main(argv=None) -> int:
                    help="hopper: also check and time the Gluon sm_90 backward kernels (impl='hopper') as "
                         "attnscope_hopper beside the portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
+                   help="--impl hopper: another dK/dV config, both head dims (default: bwd_hopper.CONFIGS)")
+    p.add_argument("--hopper-dq", metavar="BM,BN,STAGES", default=None,
+                   help="--impl hopper: another dQ config, both head dims (default: bwd_hopper.CONFIGS)")
     p.add_argument("--dkdv", metavar="BM,BN,WARPS,STAGES", default=None,
                    help="try another dK/dV config for both head dims (default: bwd.DKDV_CONFIGS)")
     p.add_argument("--dq", metavar="BM,BN,WARPS,STAGES", default=None,
@@ -271,6 +275,15 @@ def main(argv=None) -> int:
     print(f"backward bench: bf16, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against float64 "
           "at every shape before timing it", flush=True)
     hopper = args.impl == "hopper"
+    if hopper:
+        from attnscope.kernels import bwd_hopper
+
+        for name, flag in (("dkdv", args.hopper_dkdv), ("dq", args.hopper_dq)):
+            if flag:
+                cfg = tuple(int(x) for x in flag.split(","))
+                if len(cfg) != 3:
+                    p.error(f"expected BM,BN,STAGES, got {flag!r}")
+                bwd_hopper.CONFIGS[name].update({d: bwd_hopper.BwdConfig(*cfg) for d in (64, 128)})
     if hopper and torch.cuda.get_device_capability() != (9, 0):
         print("bench/backward.py: --impl hopper needs an sm_90 GPU", file=sys.stderr)
         return 2
@@ -282,6 +295,8 @@ def main(argv=None) -> int:
         print("all gradients match float64 (3 x SDPA FLASH's error + 1e-3) at every shape")
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "dkdv_configs": dict(bwd.DKDV_CONFIGS), "dq_configs": dict(bwd.DQ_CONFIGS),
+           **({"hopper_configs": {k: {d: tuple(c) for d, c in v.items()}
+                                  for k, v in bwd_hopper.CONFIGS.items()}} if hopper else {}),
            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")

@@ -72,11 +72,11 @@ class BwdConfig(NamedTuple):
 
 #: Per kernel and head dim. dK/dV registers per consumer thread: dK + dV (BN/NWG x d fp32 each) and S^T, dP^T
 #: (BN/NWG x BM fp32 each) under the 240 of `CONSUMER_REGS`: 64-row Q tiles at both head dims (d = 64 with
-#: 128-row tiles spills). dQ: dQ (BM x d) and S, dP (BM x BN each); 64-key K/V tiles. Shared memory: dK/dV
+#: 128-row tiles spills). dQ: dQ (BM x d) and S, dP (BM x BN each); 128-key K/V tiles. Shared memory: dK/dV
 #: 2 BN d (K, V) + STAGES 2 BM d (Q, dO) elements; dQ 2 NWG BM d + STAGES 2 BN d (bench/sm90_resources.py
 #: --kernel bwd prints the compiled numbers).
 CONFIGS = {"dkdv": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)},
-           "dq": {128: BwdConfig(64, 64, 3), 64: BwdConfig(64, 64, 4)}}
+           "dq": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}}
 KERNELS = tuple(CONFIGS)
 
 
