@@ -9,8 +9,9 @@ P is recomputed from the forward's LSE (no running max); LSE2 = LSE log2 e, Delt
 ``dP - Delta``, so masked and unmasked tiles run one loop body, no extra registers across the MMAs.
 
 - dK/dV (`_attnscope_bwd_hopper_dkdv_kernel`): a CTA owns BN = 128 keys of one (batch, kv head), warpgroup w
-  keys ``[w BN/2, (w+1) BN/2)``; K, V loaded once, then (Q, dO) tiles of every query head of the GQA group
-  through a ``STAGES``-deep ring (``q_ready`` / ``q_empty``). Per query tile, transposed: S^T = K Q^T and
+  keys ``[w BN/2, (w+1) BN/2)``; K, V loaded once, then (Q, dO, LSE2, Delta) tiles of every query head of
+  the GQA group through a ``STAGES``-deep ring (``q_ready`` / ``q_empty``; LSE2 and Delta from copies
+  padded to `ROW_PAD` rows). Per query tile, transposed: S^T = K Q^T and
   dP^T = V dO^T issued together; P^T once S^T is done and dV += P^T dO under the dP^T product; then
   dS^T = P^T (dP^T - Delta) and dK += dS^T Q (P^T, dS^T the register A operands in the input dtype). dK, dV
   are summed over the group in registers and leave by TMA through the dead K/V buffers.
@@ -114,11 +115,11 @@ def _q_range(start_n, NQ, NK, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.con
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty,
-              b, hk, group, start_n, lo, n_m, BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr,
-              NWG: gl.constexpr):
-    """K and V of the tile once, then (Q, dO) per query tile in the consumers' order: the group's heads,
-    each from query tile ``lo`` on."""
+def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
+              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, n_m,
+              BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
+    """K and V of the tile once, then (Q, dO, LSE2, Delta) per query tile in the consumers' order: the
+    group's heads, each from query tile ``lo`` on."""
     mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
     for w in gl.static_range(NWG):
         n0 = start_n + w * BNW
@@ -130,13 +131,16 @@ def _producer(desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, 
         m = lo + i % n
         s = i % STAGES
         mbarrier.wait(q_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes)
+        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
+                        + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, m * BM, 0], q_ready.index(s), q_smem.index(s))
         tma.async_copy_global_to_shared(desc_do, [b, h, m * BM, 0], q_ready.index(s), do_smem.index(s))
+        tma.async_copy_global_to_shared(desc_lse, [b, h, m * BM], q_ready.index(s), lse_smem.index(s))
+        tma.async_copy_global_to_shared(desc_delta, [b, h, m * BM], q_ready.index(s), delta_smem.index(s))
 
 
 @gluon.jit
-def _step(dk, dv, kmat, vmat, q_smem, do_smem, q_ready, q_empty, it, m, masked, row_base, offs_n, LSE2, DELTA,
+def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, it, m, masked, offs_n,
           NQ, NK, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BM: gl.constexpr,
           BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or the keys end in
@@ -147,19 +151,19 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, q_ready, q_empty, it, m, masked, 
     mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
     q = q_smem.index(s).reshape([BM, D])
     do = do_smem.index(s).reshape([BM, D])
-    offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))  # query rows: S^T's columns
-    row_ok = offs_m < NQ
     # LSE2, Delta and the mask enter as the accumulators' initial values (no registers of their own across
-    # the MMAs): S^T - LSE2 / qk_scale (-inf past Nq and where masked: P = 0) and dP^T - Delta
-    lse2 = gl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))
+    # the MMAs): S^T - LSE2 / qk_scale (-inf past Nq: LSE2 is padded with +inf; and where masked: P = 0)
+    # and dP^T - Delta
+    lse2 = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
     init = gl.zeros([BNW, BM], gl.float32, s_layout) - (lse2 / qk_scale)[None, :]
     if masked:  # rows with no visible key (LSE = -inf: causal with Nq > Nk) are masked by the diagonal
         keep = offs_n[:, None] < NK
         if CAUSAL:
+            offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))  # rows: S^T's columns
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
         init = gl.where(keep, init, float("-inf"))
     st_tok = warpgroup_mma(kmat, q.permute((1, 0)), init, is_async=True)  # S^T = K Q^T (+ init)
-    delta = gl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+    delta = delta_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
     init = gl.zeros([BNW, BM], gl.float32, s_layout) - delta[None, :]
     dpt_tok = warpgroup_mma(vmat, do.permute((1, 0)), init, is_async=True)  # dP^T = V dO^T (- Delta)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))  # S^T done, dP^T still running
@@ -176,9 +180,9 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, q_ready, q_empty, it, m, masked, 
 
 
 @gluon.jit
-def _consumer(desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty, b, hk,
-              H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM: gl.constexpr,
-              BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
+              q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale,
+              BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
     """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale)."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
@@ -194,9 +198,8 @@ def _consumer(desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv
     n = n_m - lo  # query tiles per head, in the producer's order
     for i in range(group * n):  # GQA: the group's query heads, reduced in registers
         m = lo + i % n
-        row_base = (b * H + hk * group + i // n) * NQ
-        dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, q_ready, q_empty, i, m, m < hi, row_base, offs_n,
-                       LSE2, DELTA, NQ, NK, qk_scale, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL)
+        dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
+                       m < hi, offs_n, NQ, NK, qk_scale, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL)
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
     v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
@@ -209,9 +212,9 @@ def _consumer(desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv
 
 #: Runtime integers are not specialised (one compile per (d, dtype, causal), as `fwd_hopper`).
 @gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale"])
-def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA, H, HKV,
-                                      NQ, NK, qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                      NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_lse,
+                                      desc_delta, H, HKV, NQ, NK, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+                                      STAGES: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                       num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
@@ -229,6 +232,9 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
     do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
+    rows: gl.constexpr = [STAGES] + desc_lse.block_type.shape  # LSE2 and Delta per query tile
+    lse_smem = gl.allocate_shared_memory(gl.float32, rows, desc_lse.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, rows, desc_delta.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -240,14 +246,15 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
-        [(_consumer, (desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
-                      q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM,
-                      BNW, D, STAGES, 0, CAUSAL)),
-         (_consumer, (desc_dk, desc_dv, LSE2, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
-                      q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale, BM,
-                      BNW, D, STAGES, 1, CAUSAL)),
-         (_producer, (desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready,
-                      q_empty, b, hk, group, start_n, lo, n_m, BM, BNW, STAGES, NWG))],
+        [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
+                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale,
+                      sm_scale, BM, BNW, D, STAGES, 0, CAUSAL)),
+         (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
+                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale,
+                      sm_scale, BM, BNW, D, STAGES, 1, CAUSAL)),
+         (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, n_m, BM, BNW,
+                      STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -383,6 +390,15 @@ def _blocks(d: int, name: str) -> dict:
     return {"desc_q": cfg.BM, "desc_k": cfg.BN, "desc_v": cfg.BN, "desc_do": cfg.BM, "desc_dq": cfg.BM}
 
 
+#: Rows of the padded LSE2 / Delta copies the dK/dV kernel reads by TMA: a multiple of every ``BM`` (TMA
+#: also needs 16-byte row strides); the padding is LSE2 = +inf (P = 0), Delta = 0.
+ROW_PAD = 128
+
+
+def _row_layout(bm: int):
+    return gl.NVMMASharedLayout.get_default_for([1, 1, bm], gl.float32)  # one row: no swizzle
+
+
 def signature(d: int, dtype: str, name: str = "dkdv"):
     """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
     "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
@@ -391,7 +407,12 @@ def signature(d: int, dtype: str, name: str = "dkdv"):
         lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
-    return {**{n: ds(rows) for n, rows in _blocks(d, name).items()}, "LSE2": "*fp32", "DELTA": "*fp32",
+    if name == "dkdv":
+        bm = config(d, name).BM
+        rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
+    else:
+        rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
+    return {**{n: ds(r) for n, r in _blocks(d, name).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "STAGES", "NWG", "CONSUMER_REGS", "num_warps")}}
 
@@ -435,11 +456,19 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
             out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype)))
         return out
 
-    args = (lse2, delta, Hq, Hkv, Nq, Nk, qk_scale, sm_scale)
+    args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale)
     cfg = config(d, "dkdv")
+    assert ROW_PAD % cfg.BM == 0, (ROW_PAD, cfg)
+    n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
+    rows = []
+    for t, pad in ((lse2, float("inf")), (delta, 0.0)):  # LSE2 = +inf past Nq: P = 0
+        padded = torch.full((B, Hq, n_pad), pad, dtype=torch.float32, device=q.device)
+        padded[:, :, :Nq] = t
+        rows.append(TensorDescriptor(padded, [B, Hq, n_pad], list(padded.stride()), [1, 1, cfg.BM],
+                                     _row_layout(cfg.BM)))
     dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        *descs("dkdv"), *args, **constexprs(d, causal, "dkdv"))
+        *descs("dkdv"), *rows, *args, **constexprs(d, causal, "dkdv"))
     cfg = config(d, "dq")
     dq_k = _attnscope_bwd_hopper_dq_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](
-        *descs("dq"), *args, **constexprs(d, causal, "dq"))
+        *descs("dq"), lse2, delta, *args, **constexprs(d, causal, "dq"))
     return dkdv, dq_k
