@@ -120,7 +120,7 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
     row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "grad_err": errs,
            "backward_ms": {}, "fwd_bwd_ms": {}}
     if failures:
-        log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAILED, not timed")
+        log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAIL, not timed: " + "; ".join(failures))
         return row, failures
     # backward only: attnscope's kernels called directly; the peers through a retained graph
     for name, kw in ours.items():
@@ -160,7 +160,7 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
            f"  x CUDNN {bt['attnscope_hopper'] / bt['sdpa_cudnn']:.2f}"
            f"  x portable {bt['attnscope_hopper'] / bt['attnscope']:.2f}" if hopper else ""))
     log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())
-        + f"  | grad err attnscope {errs['attnscope']:.2e}"
+        + f"  | grad check PASS: attnscope {errs['attnscope']:.2e}"
         + (f" hopper {errs['attnscope_hopper']:.2e}" if hopper else "") + f" (SDPA FLASH {torch_err:.2e})")
     return row, failures
 
