@@ -289,7 +289,7 @@ def test_hopper_backward_routing(monkeypatch):
     asked (refused by name), "auto" only when `dispatch.hopper_backward_ok` allows (off until measured)."""
     q = _good()["q"]
     plain = _common.Mods(-1, -1, 0.0, None)
-    monkeypatch.setattr(fwd, "_hopper_possible", lambda q: None)  # as on an sm_90 GPU
+    monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)  # as on an sm_90 GPU
     assert bwd._pick_impl("hopper", q, True, plain) == "hopper"
     assert bwd._pick_impl("portable", q, True, plain) == "portable"
     assert bwd._pick_impl("auto", q, True, plain) == "portable"  # HOPPER_BACKWARD is off

@@ -59,7 +59,7 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._common import UNBOUNDED_SIDE, check_mods  # noqa: E402
+from attnscope.kernels._common import UNBOUNDED_SIDE, check_mods, hopper_unavailable  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -424,13 +424,11 @@ HOPPER_QK_SCALE = (1e-30, 1.0)
 def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
     """"portable" or "hopper": the kernels of `flash_attention_backward` (``impl`` as there). The
     Hopper kernels run on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
-    takes it only where `model.dispatch.hopper_backward_ok` allows."""
-    from attnscope.kernels.fwd import _hopper_possible  # fwd imports this module at its end
-
+    takes them only where `model.dispatch.hopper_backward_ok` allows."""
     choice("impl", impl, IMPLS)
     if impl == "portable":
         return "portable"
-    why = _hopper_possible(q)
+    why = hopper_unavailable(torch, q)
     d = q.shape[-1]
     if impl == "hopper":
         if why:
