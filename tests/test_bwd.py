@@ -327,6 +327,38 @@ def test_hopper_backward_rule_when_on(monkeypatch):
     assert not dispatch.hopper_backward_ok(128, True, softcap=20.0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
+def test_gpu_hopper_q_range_matches_tiles_py():
+    """`bwd_hopper._q_range` (query tiles skipped / masked / whole per K/V tile) against model/tiles.py's
+    Grid, as `test_q_bounds_helper_matches_tiles_py` holds the portable kernel's."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from attnscope.kernels import bwd_hopper
+
+    @gluon.jit
+    def probe(OUT, NQ, NK, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        n = gl.program_id(0)
+        lo, hi = bwd_hopper._q_range(n * BN, NQ, NK, BM, BN, CAUSAL)
+        gl.store(OUT + 2 * n, lo)
+        gl.store(OUT + 2 * n + 1, hi)
+
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        nq, nk = (int(x) for x in rng.integers(1, 700, 2))
+        causal = bool(rng.integers(2))
+        bm, bn = 64, 128
+        g = Grid(nq, nk, bm, bn, causal=causal)
+        out = torch.full((2 * g.n_kv_tiles,), -7, dtype=torch.int32, device="cuda")
+        probe[(g.n_kv_tiles,)](out, nq, nk, BM=bm, BN=bn, CAUSAL=causal, num_warps=1)
+        for j, (lo, hi) in enumerate(out.view(-1, 2).tolist(), start=1):  # 1-based as Grid
+            loaded = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[1] >= j]
+            whole = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[0] >= j and j * bn <= nk]
+            assert lo == min(loaded) - 1, (nq, nk, causal, j, lo, hi)  # tiles below lo see none of it
+            assert hi == (min(whole) - 1 if whole else g.n_q_tiles), (nq, nk, causal, j, lo, hi)
+
+
 #: (Nq, Nk, d, dtype, causal, GQA group, strided): ragged N, Nq != Nk both ways (bottom-right causal, rows
 #: with no visible key), GQA 1 / 2 / 4 / 8, both dtypes, both head dims, a [B, N, H, d] layout
 HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, "float16", False, 1, False),
