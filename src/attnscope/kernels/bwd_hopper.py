@@ -9,9 +9,9 @@ P is recomputed from the forward's LSE (no running max); LSE2 = LSE log2 e, Delt
 ``dP - Delta``, so masked and unmasked tiles run one loop body, no extra registers across the MMAs.
 
 - dK/dV (`_attnscope_bwd_hopper_dkdv_kernel`): a CTA owns BN = 128 keys of one (batch, kv head), warpgroup w
-  keys ``[w BN/2, (w+1) BN/2)``; K, V loaded once, then (Q, dO, LSE2, Delta) tiles of every query head of
-  the GQA group through a ``STAGES``-deep ring (``q_ready`` / ``q_empty``; LSE2 and Delta from copies
-  padded to `ROW_PAD` rows). Per query tile, transposed: S^T = K Q^T and
+  keys ``[w BN/2, (w+1) BN/2)``; K, V loaded once, then (Q, dO, -LSE2 / qk_scale, Delta) tiles of every
+  query head of the GQA group through a ``STAGES``-deep ring (``q_ready`` / ``q_empty``; the rows from
+  copies padded to `ROW_PAD`). Per query tile, transposed: S^T = K Q^T and
   dP^T = V dO^T issued together; P^T once S^T is done and dV += P^T dO under the dP^T product; then
   dS^T = P^T (dP^T - Delta) and dK += dS^T Q (P^T, dS^T the register A operands in the input dtype). dK, dV
   are summed over the group in registers and leave by TMA through the dead K/V buffers.
@@ -152,10 +152,10 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
     q = q_smem.index(s).reshape([BM, D])
     do = do_smem.index(s).reshape([BM, D])
     # LSE2, Delta and the mask enter as the accumulators' initial values (no registers of their own across
-    # the MMAs): S^T - LSE2 / qk_scale (-inf past Nq: LSE2 is padded with +inf; and where masked: P = 0)
-    # and dP^T - Delta
-    lse2 = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
-    init = gl.zeros([BNW, BM], gl.float32, s_layout) - (lse2 / qk_scale)[None, :]
+    # the MMAs): S^T - LSE2 / qk_scale (the ring holds -LSE2 / qk_scale, -inf past Nq; -inf where masked:
+    # P = 0) and dP^T - Delta
+    neg_lse = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
+    init = gl.zeros([BNW, BM], gl.float32, s_layout) + neg_lse[None, :]
     if masked:  # rows with no visible key (LSE = -inf: causal with Nq > Nk) are masked by the diagonal
         keep = offs_n[:, None] < NK
         if CAUSAL:
@@ -390,8 +390,8 @@ def _blocks(d: int, name: str) -> dict:
     return {"desc_q": cfg.BM, "desc_k": cfg.BN, "desc_v": cfg.BN, "desc_do": cfg.BM, "desc_dq": cfg.BM}
 
 
-#: Rows of the padded LSE2 / Delta copies the dK/dV kernel reads by TMA: a multiple of every ``BM`` (TMA
-#: also needs 16-byte row strides); the padding is LSE2 = +inf (P = 0), Delta = 0.
+#: Rows of the padded -LSE2 / qk_scale and Delta copies the dK/dV kernel reads by TMA: a multiple of every
+#: ``BM`` (TMA also needs 16-byte row strides); the padding is -inf (P = 0) and 0.
 ROW_PAD = 128
 
 
@@ -461,7 +461,7 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     assert ROW_PAD % cfg.BM == 0, (ROW_PAD, cfg)
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
     rows = []
-    for t, pad in ((lse2, float("inf")), (delta, 0.0)):  # LSE2 = +inf past Nq: P = 0
+    for t, pad in ((lse2 / -qk_scale, float("-inf")), (delta, 0.0)):  # the S^T, dP^T initial values
         padded = torch.full((B, Hq, n_pad), pad, dtype=torch.float32, device=q.device)
         padded[:, :, :Nq] = t
         rows.append(TensorDescriptor(padded, [B, Hq, n_pad], list(padded.stride()), [1, 1, cfg.BM],
