@@ -1,6 +1,6 @@
 """Backward benchmark (issue 13): attnscope's FA-2 backward vs SDPA FLASH / CUDNN / EFFICIENT / Flex.
 
-    PYTHONPATH=src python bench/backward.py [--quick] [--json out.json] [--markdown]
+    PYTHONPATH=src python bench/backward.py [--quick] [--json out.json] [--markdown] [--impl hopper]
 
 bf16, H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not. Per shape, every
 implementation is first checked against float64 on one head at the full shape (dQ, dK, dV within
@@ -8,7 +8,8 @@ implementation is first checked against float64 on one head at the full shape (d
 (the gradient of a retained forward graph; attnscope's backward called directly) and forward +
 backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward). attnscope runs
 twice: the default deterministic separate dQ pass (`attnscope`, also autograd's) and dQ by atomics
-(`attnscope_atomic`). Flex (torch.compile'd
+(`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
+kernels/bwd_hopper.py, after the same preprocess), checked and timed the same way. Flex (torch.compile'd
 flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
@@ -88,8 +89,9 @@ def _ms(torch, fn):
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
-def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log):
-    """Check, then time, every implementation at one shape; returns (row, failures)."""
+def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
+    """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
+    attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``."""
     from attnscope import checks
     from attnscope.kernels import bwd, fwd
 
@@ -106,20 +108,24 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log):
     o, lse = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
     errs["attnscope_atomic"] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None,
                                                                       deterministic=False), ref)
+    ours = {"attnscope": dict(deterministic=True), "attnscope_atomic": dict(deterministic=False)}
+    if hopper:
+        ours["attnscope_hopper"] = dict(impl="hopper")
+        errs["attnscope_hopper"] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None,
+                                                                          impl="hopper"), ref)
     torch_err = errs["sdpa_flash"]
     bound = checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR)
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
-                f"(3 x SDPA FLASH's {torch_err:.3g} + 1e-3)" for name in ("attnscope", "attnscope_atomic")
-                if not errs[name] <= bound]
+                f"(3 x SDPA FLASH's {torch_err:.3g} + 1e-3)" for name in ours if not errs[name] <= bound]
     row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "grad_err": errs,
            "backward_ms": {}, "fwd_bwd_ms": {}}
     if failures:
-        log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAILED, not timed")
+        log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAIL, not timed: " + "; ".join(failures))
         return row, failures
     # backward only: attnscope's kernels called directly; the peers through a retained graph
-    for name, det in (("attnscope", True), ("attnscope_atomic", False)):
-        row["backward_ms"][name] = _ms(torch, lambda det=det: bwd.flash_attention_backward(
-            do, q, k, v, o, lse, causal, None, deterministic=det))
+    for name, kw in ours.items():
+        row["backward_ms"][name] = _ms(torch, lambda kw=kw: bwd.flash_attention_backward(
+            do, q, k, v, o, lse, causal, None, **kw))
     for name, f in impls.items():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         if name != "attnscope":
@@ -133,11 +139,13 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log):
         row["fwd_bwd_ms"][name] = _ms(torch, lambda f=f, leaves=leaves: torch.autograd.grad(
             f(*leaves), leaves, do))
 
-    def fwd_bwd_atomic():
+    def fwd_bwd(**kw):
         o2, lse2 = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
-        return bwd.flash_attention_backward(do, q, k, v, o2, lse2, causal, None, deterministic=False)
+        return bwd.flash_attention_backward(do, q, k, v, o2, lse2, causal, None, **kw)
 
-    row["fwd_bwd_ms"]["attnscope_atomic"] = _ms(torch, fwd_bwd_atomic)
+    for name, kw in ours.items():
+        if name != "attnscope":  # the user's call (autograd) is timed above
+            row["fwd_bwd_ms"][name] = _ms(torch, lambda kw=kw: fwd_bwd(**kw))
     fl_b = attention_flops(b, heads, n, n, d, causal, "backward")
     fl_fb = attention_flops(b, heads, n, n, d, causal, "forward+backward")
     row["backward_tflops"] = {k_: (fl_b / (ms * 1e9) if ms else None)
@@ -147,18 +155,22 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log):
     log(f"d={d:3d} {'causal  ' if causal else 'unmasked'} N={n:6d} B={b:2d}  backward TFLOP/s: "
         + "  ".join(f"{k_} {x:6.1f}" if x else f"{k_} -" for k_, x in bt.items())
         + f"  | x FLASH {bt['attnscope'] / bt['sdpa_flash']:.2f}"
-        + f"  x CUDNN {bt['attnscope'] / bt['sdpa_cudnn']:.2f}")
+        + f"  x CUDNN {bt['attnscope'] / bt['sdpa_cudnn']:.2f}"
+        + (f"  | hopper x FLASH {bt['attnscope_hopper'] / bt['sdpa_flash']:.2f}"
+           f"  x CUDNN {bt['attnscope_hopper'] / bt['sdpa_cudnn']:.2f}"
+           f"  x portable {bt['attnscope_hopper'] / bt['attnscope']:.2f}" if hopper else ""))
     log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())
-        + f"  | grad err attnscope {errs['attnscope']:.2e} (SDPA FLASH {torch_err:.2e})")
+        + f"  | grad check PASS: attnscope {errs['attnscope']:.2e}"
+        + (f" hopper {errs['attnscope_hopper']:.2e}" if hopper else "") + f" (SDPA FLASH {torch_err:.2e})")
     return row, failures
 
 
-def sweep(torch, ns, ds, tokens, heads, flex_all, log):
+def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False):
     rows, failures = [], []
     for d in ds:
         for causal in (False, True):
             for n in ns:
-                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log)
+                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper)
                 rows.append(row)
                 failures += bad
                 torch.cuda.empty_cache()
@@ -235,6 +247,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     p.add_argument("--markdown", action="store_true", help="print BENCHMARKS.md's backward table at the end")
     p.add_argument("--flex-all", action="store_true", help="time Flex at every shape (a compile per shape)")
+    p.add_argument("--impl", choices=("portable", "hopper"), default="portable",
+                   help="hopper: also check and time the Gluon sm_90 backward kernels (impl='hopper') as "
+                        "attnscope_hopper beside the portable ones")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
+                   help="--impl hopper: another dK/dV config, both head dims (default: bwd_hopper.CONFIGS)")
+    p.add_argument("--hopper-dq", metavar="BM,BN,STAGES", default=None,
+                   help="--impl hopper: another dQ config, both head dims (default: bwd_hopper.CONFIGS)")
     p.add_argument("--dkdv", metavar="BM,BN,WARPS,STAGES", default=None,
                    help="try another dK/dV config for both head dims (default: bwd.DKDV_CONFIGS)")
     p.add_argument("--dq", metavar="BM,BN,WARPS,STAGES", default=None,
@@ -254,14 +274,29 @@ def main(argv=None) -> int:
     ds = (128,) if args.quick else (64, 128)
     print(f"backward bench: bf16, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against float64 "
           "at every shape before timing it", flush=True)
-    rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True))
-    mem = peak_memory(torch, log=lambda s: print(s, flush=True))
+    hopper = args.impl == "hopper"
+    if hopper:
+        from attnscope.kernels import bwd_hopper
+
+        for name, flag in (("dkdv", args.hopper_dkdv), ("dq", args.hopper_dq)):
+            if flag:
+                cfg = tuple(int(x) for x in flag.split(","))
+                if len(cfg) != 3:
+                    p.error(f"expected BM,BN,STAGES, got {flag!r}")
+                bwd_hopper.CONFIGS[name].update({d: bwd_hopper.BwdConfig(*cfg) for d in (64, 128)})
+    if hopper and torch.cuda.get_device_capability() != (9, 0):
+        print("bench/backward.py: --impl hopper needs an sm_90 GPU", file=sys.stderr)
+        return 2
+    rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper)
+    mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)
     else:
         print("all gradients match float64 (3 x SDPA FLASH's error + 1e-3) at every shape")
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "dkdv_configs": dict(bwd.DKDV_CONFIGS), "dq_configs": dict(bwd.DQ_CONFIGS),
+           **({"hopper_configs": {k: {d: tuple(c) for d, c in v.items()}
+                                  for k, v in bwd_hopper.CONFIGS.items()}} if hopper else {}),
            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")

@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 
 from attnscope import checks, reference  # noqa: E402
 from attnscope.kernels import _common  # noqa: E402
+from attnscope.model import dispatch  # noqa: E402
 from attnscope.model.tiles import Grid  # noqa: E402
 
 bwd = pytest.importorskip("attnscope.kernels.bwd")
@@ -268,3 +269,134 @@ def test_gpu_gradients_full_size(n, d, causal, group):
         ref, _ = _ref_grads(q[sl], k[:1, :1], v[:1, :1], do[sl], causal)
         torch_g = _torch_grads(q[sl], k[:1, :1], v[:1, :1], do[sl], causal)
         _check_grads((got[0][sl], got[1][:1, :1], got[2][:1, :1]), torch_g, ref)
+
+
+# ---- the Hopper (Gluon, sm_90) dK/dV kernel: routing on the CPU, gradients on the GPU ------------------
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(_is_sm90(), reason="checks the refusal off sm_90")
+def test_hopper_backward_is_refused_where_it_cannot_run():
+    with pytest.raises(NotImplementedError, match="impl='hopper': it needs .*elsewhere: impl='portable'"):
+        bwd.flash_attention_backward(**_good(), impl="hopper")
+    with pytest.raises(ValueError, match="impl: expected one of auto, portable, hopper, got 'gluon'"):
+        bwd.flash_attention_backward(**_good(), impl="gluon")
+
+
+def test_hopper_backward_routing(monkeypatch):
+    """`impl` picks the dK/dV kernel: "hopper" wherever the Gluon kernel can run unless a window or softcap is
+    asked (refused by name), "auto" only when `dispatch.hopper_backward_ok` allows (off until measured)."""
+    q = _good()["q"]
+    plain = _common.Mods(-1, -1, 0.0, None)
+    monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)  # as on an sm_90 GPU
+    assert bwd._pick_impl("hopper", q, True, plain) == "hopper"
+    assert bwd._pick_impl("portable", q, True, plain) == "portable"
+    assert bwd._pick_impl("auto", q, True, plain) == "portable"  # HOPPER_BACKWARD is off
+    for mods in (_common.Mods(16, 0, 0.0, None), _common.Mods(-1, -1, 30.0, None)):
+        with pytest.raises(NotImplementedError, match="no window or softcap; supported: impl='portable'"):
+            bwd._pick_impl("hopper", q, False, mods)
+    for qk_scale in (2.0, 1e-31):  # outside `bwd.HOPPER_QK_SCALE`
+        with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) = .* is not supported"):
+            bwd._pick_impl("hopper", q, False, plain, qk_scale)
+    monkeypatch.setattr(dispatch, "HOPPER_BACKWARD", True)
+    assert bwd._pick_impl("auto", q, False, plain) == "hopper"
+    assert bwd._pick_impl("auto", q, False, plain, 2.0) == "portable"
+    assert bwd._pick_impl("auto", q, False, _common.Mods(-1, -1, 0.0, torch.zeros(4))) == "hopper"  # sinks
+    assert bwd._pick_impl("auto", q, False, _common.Mods(16, 0, 0.0, None)) == "portable"
+
+
+def test_hopper_backward_dispatch_rule():
+    from attnscope.kernels import bwd_hopper
+
+    assert dispatch.HOPPER_BACKWARD is False  # off in impl="auto" until bench/backward.py --impl hopper
+    assert all(set(dispatch.HOPPER_BACKWARD_DIMS) == set(c) for c in bwd_hopper.CONFIGS.values())
+    assert not any(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
+    for bad, msg in (({"d": 0}, "d: expected a positive integer"), ({"causal": 1}, "causal: expected True"),
+                     ({"softcap": -1.0}, "softcap: expected a real number >= 0")):
+        args = {"d": 128, "causal": True, **bad}
+        with pytest.raises(ValueError, match=msg):
+            dispatch.hopper_backward_ok(**args)
+
+
+def test_hopper_backward_rule_when_on(monkeypatch):
+    monkeypatch.setattr(dispatch, "HOPPER_BACKWARD", True)
+    assert all(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
+    assert not dispatch.hopper_backward_ok(96, False)
+    assert not dispatch.hopper_backward_ok(128, False, windowed=True)
+    assert not dispatch.hopper_backward_ok(128, True, softcap=20.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
+def test_gpu_hopper_q_range_matches_tiles_py():
+    """`bwd_hopper._q_range` (query tiles skipped / masked / whole per K/V tile) against model/tiles.py's
+    Grid, as `test_q_bounds_helper_matches_tiles_py` holds the portable kernel's."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from attnscope.kernels import bwd_hopper
+
+    @gluon.jit
+    def probe(OUT, NQ, NK, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        n = gl.program_id(0)
+        lo, hi = bwd_hopper._q_range(n * BN, NQ, NK, BM, BN, CAUSAL)
+        gl.store(OUT + 2 * n, lo)
+        gl.store(OUT + 2 * n + 1, hi)
+
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        nq, nk = (int(x) for x in rng.integers(1, 700, 2))
+        causal = bool(rng.integers(2))
+        bm, bn = 64, 128
+        g = Grid(nq, nk, bm, bn, causal=causal)
+        out = torch.full((2 * g.n_kv_tiles,), -7, dtype=torch.int32, device="cuda")
+        probe[(g.n_kv_tiles,)](out, nq, nk, BM=bm, BN=bn, CAUSAL=causal, num_warps=1)
+        for j, (lo, hi) in enumerate(out.view(-1, 2).tolist(), start=1):  # 1-based as Grid
+            loaded = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[1] >= j]
+            whole = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[0] >= j and j * bn <= nk]
+            assert lo == min(loaded) - 1, (nq, nk, causal, j, lo, hi)  # tiles below lo see none of it
+            assert hi == (min(whole) - 1 if whole else g.n_q_tiles), (nq, nk, causal, j, lo, hi)
+
+
+#: (Nq, Nk, d, dtype, causal, GQA group, strided): ragged N, Nq != Nk both ways (bottom-right causal, rows
+#: with no visible key), GQA 1 / 2 / 4 / 8, both dtypes, both head dims, a [B, N, H, d] layout
+HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, "float16", False, 1, False),
+                (777, 1537, 128, "float16", True, 1, True), (1537, 777, 64, "bfloat16", True, 2, False),
+                (1024, 1024, 128, "bfloat16", False, 8, False), (300, 333, 64, "float16", False, 1, True),
+                (2048, 2048, 128, "float16", True, 1, False), (129, 65, 128, "bfloat16", False, 2, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided", HOPPER_CASES)
+def test_gpu_hopper_backward_matches_float64(nq, nk, d, dtype, causal, group, strided):
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, strided, seed=nq + nk + d, device="cuda")
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+    got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper")
+    again = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper")
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))  # no atomics: bitwise repeatable
+    for hk in (0, 1):  # both kv heads of batch 1: the group's query heads and their shared K/V
+        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
+        ks = (slice(1, 2), slice(hk, hk + 1))
+        ref, has_key = _ref_grads(q[sl], k[ks], v[ks], do[sl], causal)
+        torch_g = _torch_grads(q[sl], k[ks], v[ks], do[sl], causal)
+        _check_grads((got[0][sl], got[1][ks], got[2][ks]), torch_g, ref)
+        assert (got[0][sl].float().cpu().numpy()[~has_key] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+def test_gpu_hopper_backward_with_sinks_and_dlse_equals_portable():
+    """Sinks and an LSE gradient enter through the LSE and Delta only: the Hopper gradients agree with the
+    portable kernels' (dsinks, torch on D and LSE, exactly)."""
+    q, k, v, do = _inputs(1, 4, 2, 700, 900, 128, torch.bfloat16, False, seed=21, device="cuda")
+    sinks = torch.randn(4, device="cuda")
+    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, sinks=sinks)
+    dlse = torch.randn_like(lse)
+    a = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, dlse=dlse, sinks=sinks, impl="hopper")
+    b = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, dlse=dlse, sinks=sinks, impl="portable")
+    assert torch.equal(a[3], b[3])
+    for x, y in zip(a[:3], b[:3], strict=True):
+        assert (x.float() - y.float()).abs().max() <= 2e-2 * y.float().abs().max()

@@ -33,6 +33,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def hopper_unavailable(torch, t) -> str | None:
+    """None when a Gluon Hopper kernel can run on tensor ``t``'s device, else the reason it cannot."""
+    if interpreting() or t.device.type != "cuda":
+        return "it needs a CUDA sm_90 GPU (Gluon kernels do not run in the interpreter)"
+    cap = torch.cuda.get_device_capability(t.device)
+    if cap != (9, 0):
+        return f"it needs sm_90 (Hopper), got sm_{cap[0]}{cap[1]}"
+    return None
+
+
 def check_tensor(torch, name: str, t, rank: int, layout: str):
     """Type, rank, dtype, and unit stride in the last dimension."""
     if not isinstance(t, torch.Tensor):

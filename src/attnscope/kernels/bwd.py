@@ -30,6 +30,10 @@ the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror `_q
 nothing in the kernels (the saved LSE includes them) and their gradient is
 ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
 
+On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
+(TMA, warpgroup_mma, warp specialisation; no window or softcap; no atomics), after the same preprocess;
+``impl="auto"`` takes them where `model.dispatch.hopper_backward_ok` says so.
+
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
 the forward. Configs: a fixed table per head_dim (no autotune), to be tuned on the H200.
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -50,12 +54,13 @@ from attnscope.kernels._common import (
     import_torch_triton,
     interpreting,
 )
+from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._common import UNBOUNDED_SIDE, check_mods  # noqa: E402
+from attnscope.kernels._common import UNBOUNDED_SIDE, check_mods, hopper_unavailable  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -404,6 +409,40 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     return B, Hq, Nq, d, Hkv, Nk
 
 
+IMPLS = ("auto", "portable", "hopper")
+
+
+#: The range of ``scale * log2(e)`` the Hopper kernels take: they subtract ``LSE2 / qk_scale`` inside the
+#: accumulator (kernels/bwd_hopper.py), which must stay finite, and as the Hopper forward they need
+#: ``qk_scale <= 1``.
+HOPPER_QK_SCALE = (1e-30, 1.0)
+
+
+def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
+    """"portable" or "hopper": the kernels of `flash_attention_backward` (``impl`` as there). The
+    Hopper kernels run on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
+    takes them only where `model.dispatch.hopper_backward_ok` allows."""
+    choice("impl", impl, IMPLS)
+    if impl == "portable":
+        return "portable"
+    why = hopper_unavailable(torch, q)
+    d = q.shape[-1]
+    if impl == "hopper":
+        if why:
+            raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
+        if mods.windowed or mods.softcap > 0:
+            raise NotImplementedError("impl='hopper': the Hopper backward has no window or softcap; "
+                                      "supported: impl='portable' (every score mod)")
+        if not HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1]:
+            raise NotImplementedError(f"impl='hopper': scale * log2(e) = {qk_scale:.3g} is not supported; "
+                                      f"supported: {HOPPER_QK_SCALE[0]:g} to {HOPPER_QK_SCALE[1]:g} "
+                                      "(impl='portable': any finite scale)")
+        return "hopper"
+    ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1]
+          and dispatch.hopper_backward_ok(d, causal, mods.windowed, mods.softcap))
+    return "hopper" if ok else "portable"
+
+
 #: The dQ mode of ``deterministic=False`` (`attnscope.flash_attention`'s default): fp32 atomics inside the
 #: dK/dV kernel when True; False: the separate dQ pass, measured faster at nearly every shape (BENCHMARKS.md,
 #: backward), which is also bit-reproducible.
@@ -412,7 +451,7 @@ ATOMIC_DQ_BY_DEFAULT = False
 
 def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | None,
                              deterministic: bool = True, dlse=None, *, window=None, softcap: float = 0.0,
-                             sinks=None):
+                             sinks=None, impl: str = "auto"):
     """FlashAttention-2 backward: the gradients of ``o = attention(q, k, v)``.
 
     Parameters
@@ -430,13 +469,19 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     scale : float or None
         Softmax scale; None means ``1/sqrt(d)``.
     deterministic : bool, default True
-        False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass). True: dQ in a
-        separate pass over the KV tiles (bit-reproducible, re-reads K and V).
+        False: dQ accumulated with fp32 atomics inside the portable dK/dV kernel (one pass). True: dQ in
+        a separate pass over the KV tiles (bit-reproducible, re-reads K and V). The Hopper kernels
+        (``impl``) always take the separate pass.
     dlse : torch.Tensor, [B, Hq, Nq], optional
         Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
     window, softcap, sinks
         The forward's score mods (`attnscope.flash_attention`); KV tiles outside the window are skipped
         in both passes, softcap's tanh is recomputed from the recomputed scores.
+    impl : {"auto", "portable", "hopper"}
+        The kernels: ``"portable"`` this module's; ``"hopper"`` the Gluon sm_90 dK/dV and dQ kernels of
+        kernels/bwd_hopper.py (needs an sm_90 GPU; no window, no softcap; with either ``deterministic``
+        its gradients are bitwise reproducible: dK, dV are summed in registers and dQ in its own pass);
+        ``"auto"``: hopper where `attnscope.model.dispatch.hopper_backward_ok` says so, else portable.
 
     Returns
     -------
@@ -458,6 +503,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                          f"got {got}")
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16
@@ -482,6 +528,12 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     qk_scale = margs["qk_scale"]
     mod = dict(WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"])
+    if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel (no atomics: deterministic either way)
+        from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
+
+        dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
+        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal)
+        return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic
     dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused

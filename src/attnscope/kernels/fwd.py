@@ -42,6 +42,7 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
+    hopper_unavailable,
     import_torch_triton,
     interpreting,
 )
@@ -94,12 +95,7 @@ HOPPER_MAX_SOFTCAP = 2.0 ** 60
 
 def _hopper_possible(q) -> str | None:
     """None when the Gluon Hopper kernel can run on ``q``'s device, else the reason it cannot."""
-    if interpreting() or q.device.type != "cuda":
-        return "it needs a CUDA sm_90 GPU (Gluon kernels do not run in the interpreter)"
-    cap = torch.cuda.get_device_capability(q.device)
-    if cap != (9, 0):
-        return f"it needs sm_90 (Hopper), got sm_{cap[0]}{cap[1]}"
-    return None
+    return hopper_unavailable(torch, q)
 
 
 def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
