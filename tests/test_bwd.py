@@ -286,20 +286,19 @@ def test_hopper_backward_is_refused_where_it_cannot_run():
 
 def test_hopper_backward_routing(monkeypatch):
     """`impl` picks the dK/dV kernel: "hopper" wherever the Gluon kernel can run unless a window or softcap is
-    asked (refused by name), "auto" only when `dispatch.hopper_backward_ok` allows (off until measured)."""
+    asked (refused by name), "auto" where `dispatch.hopper_backward_ok` allows."""
     q = _good()["q"]
     plain = _common.Mods(-1, -1, 0.0, None)
     monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)  # as on an sm_90 GPU
     assert bwd._pick_impl("hopper", q, True, plain) == "hopper"
     assert bwd._pick_impl("portable", q, True, plain) == "portable"
-    assert bwd._pick_impl("auto", q, True, plain) == "portable"  # HOPPER_BACKWARD is off
     for mods in (_common.Mods(16, 0, 0.0, None), _common.Mods(-1, -1, 30.0, None)):
         with pytest.raises(NotImplementedError, match="no window or softcap; supported: impl='portable'"):
             bwd._pick_impl("hopper", q, False, mods)
     for qk_scale in (2.0, 1e-31):  # outside `bwd.HOPPER_QK_SCALE`
         with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) = .* is not supported"):
             bwd._pick_impl("hopper", q, False, plain, qk_scale)
-    monkeypatch.setattr(dispatch, "HOPPER_BACKWARD", True)
+    assert bwd._pick_impl("auto", q, True, plain) == "hopper"
     assert bwd._pick_impl("auto", q, False, plain) == "hopper"
     assert bwd._pick_impl("auto", q, False, plain, 2.0) == "portable"
     assert bwd._pick_impl("auto", q, False, _common.Mods(-1, -1, 0.0, torch.zeros(4))) == "hopper"  # sinks
@@ -309,9 +308,7 @@ def test_hopper_backward_routing(monkeypatch):
 def test_hopper_backward_dispatch_rule():
     from attnscope.kernels import bwd_hopper
 
-    assert dispatch.HOPPER_BACKWARD is False  # off in impl="auto" until bench/backward.py --impl hopper
     assert all(set(dispatch.HOPPER_BACKWARD_DIMS) == set(c) for c in bwd_hopper.CONFIGS.values())
-    assert not any(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
     for bad, msg in (({"d": 0}, "d: expected a positive integer"), ({"causal": 1}, "causal: expected True"),
                      ({"softcap": -1.0}, "softcap: expected a real number >= 0")):
         args = {"d": 128, "causal": True, **bad}
@@ -319,8 +316,7 @@ def test_hopper_backward_dispatch_rule():
             dispatch.hopper_backward_ok(**args)
 
 
-def test_hopper_backward_rule_when_on(monkeypatch):
-    monkeypatch.setattr(dispatch, "HOPPER_BACKWARD", True)
+def test_hopper_backward_rule():
     assert all(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
     assert not dispatch.hopper_backward_ok(96, False)
     assert not dispatch.hopper_backward_ok(128, False, windowed=True)

@@ -10,8 +10,10 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
   fill and drain per tile and 192-row wave quantisation; it wins once the KV loop is long and the grid
   holds enough CTAs to keep every SM busy to the end.
 
-The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV kernel
-instead of the portable one; off (`HOPPER_BACKWARD`) until it is measured against the portable backward.
+The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and dQ
+kernels instead of the portable ones: wherever they are built (head dim, no window, no softcap); on the H200
+they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's grid
+(bench/results/h200-2026-12-02-backward-hopper-first.json).
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
@@ -96,22 +98,18 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     return "hopper_persist"
 
 
-#: Whether ``impl="auto"`` may run the Gluon Hopper backward (kernels/bwd_hopper.py) at all: False until
-#: bench/backward.py --impl hopper has timed it against the portable backward on the H200; the rule below
-#: is what it then applies.
-HOPPER_BACKWARD = False
 #: Head dims the Hopper backward is built for (kernels/bwd_hopper.py ``CONFIGS``).
 HOPPER_BACKWARD_DIMS = (64, 128)
 
 
 def hopper_backward_ok(d: int, causal: bool, windowed: bool = False, softcap: float = 0.0) -> bool:
     """Whether ``impl="auto"`` runs the Gluon Hopper dK/dV kernel on an sm_90 GPU for this call: head dim
-    ``d`` built (64, 128), no sliding window, no softcap (sinks need no kernel support), either mask; and
-    `HOPPER_BACKWARD` on. ``d`` a positive integer, ``causal``/``windowed`` bools, ``softcap`` >= 0, else
+    ``d`` built (64, 128), no sliding window, no softcap (sinks need no kernel support), either mask.
+    ``d`` a positive integer, ``causal``/``windowed`` bools, ``softcap`` >= 0, else
     `InputError` naming the argument."""
     positive_int("d", d)
     for name, value in (("causal", causal), ("windowed", windowed)):
         expect(isinstance(value, bool), name, "True or False", value)
     expect(isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0, "softcap",
            "a real number >= 0", softcap)
-    return HOPPER_BACKWARD and d in HOPPER_BACKWARD_DIMS and not windowed and not softcap > 0
+    return d in HOPPER_BACKWARD_DIMS and not windowed and not softcap > 0
