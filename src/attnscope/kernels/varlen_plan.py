@@ -96,8 +96,8 @@ def _sanitize(cu, total: int, max_seqlen: int, flag, bit_cu: int, bit_max: int):
     whatever ``cu`` holds. Where ``cu`` differs from it, or a length exceeds ``max_seqlen``, the bit is
     ORed into ``flag`` (raised by `check_errors`)."""
     fixed = torch.cummax(cu.clamp(0, total), 0).values
-    fixed[0] = 0
-    fixed[-1] = total
+    fixed[:1].zero_()  # fill_ of a slice: no host-to-device copy of a Python scalar (a sync)
+    fixed[-1:].fill_(total)
     lens = fixed[1:] - fixed[:-1]
     bad = (cu != fixed).any().to(torch.int32) * bit_cu + (lens > max_seqlen).any().to(torch.int32) * bit_max
     flag.bitwise_or_(bad)
