@@ -276,3 +276,20 @@ def test_padded_path_does_not_sync_on_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert o.shape == (3, 64, 8, 64)
+
+
+def test_position_ids_are_read_once_per_tensor(monkeypatch):
+    """transformers passes one position_ids tensor to every layer: its packed-sequence check reads it back
+    once, until the tensor changes in place (then it is read again and a restart is refused)."""
+    calls = []
+    diff = torch.Tensor.diff
+    monkeypatch.setattr(torch.Tensor, "diff", lambda self, *a, **kw: calls.append(1) or diff(self, *a, **kw))
+    pos = torch.arange(4).reshape(1, 4)
+    for _ in range(3):
+        assert not hf._packed_positions(pos)
+    assert len(calls) == 1
+    pos[0, 2] = 0  # in place: a packed row now
+    assert hf._packed_positions(pos)
+    assert len(calls) == 2
+    assert not hf._packed_positions(torch.arange(4).reshape(1, 4))  # another tensor: read again
+    assert len(calls) == 3

@@ -8,7 +8,8 @@ Then:
 
 - no mask, one new token per sequence of a causal model (a decode step against the full cache K/V
   transformers passes): `attnscope.flash_decode`;
-- no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
+- no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal
+  (at batch 1, one host read per forward checks that ``position_ids`` do not restart: packed sequences);
 - a mask without padding over the first ``n`` cache slots (a static cache): the same kernels on the
   filled keys (a view; `flash_decode` with ``cache_seqlens``). `padding_mask` marks such a mask by its
   form, stride 0 (`filled`), so the attention call needs no host read to know it; eagerly it finds one by
@@ -31,6 +32,8 @@ transformers is an optional extra: ``pip install 'attnscope[transformers]'``.
 """
 
 from __future__ import annotations
+
+import weakref
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import import_torch_triton
@@ -128,9 +131,25 @@ def _refuse(dropout, attention_mask, kwargs, query) -> None:
                                   f"(transformers' flash-attention mask form), got {got}")
     pos = kwargs.get("position_ids")
     if (mask is None and isinstance(pos, torch.Tensor) and query.shape[0] == 1 and query.shape[2] > 1
-            and pos.dim() == 2 and bool((pos.diff(dim=-1) != 1).any())):
+            and pos.dim() == 2 and _packed_positions(pos)):
         raise NotImplementedError("position_ids: packed sequences (positions restarting inside one row) are "
                                   "not supported; pass a padded batch with an attention_mask instead")
+
+
+#: The last ``position_ids`` found unpacked (a weak reference) and its version counter: transformers passes
+#: one tensor to every layer of a forward, so the host read that checks it happens once per forward.
+_UNPACKED = [lambda: None, -1]
+
+
+def _packed_positions(pos: Tensor) -> bool:
+    """Whether the positions restart inside the row (packed sequences): one host read per new tensor."""
+    ref, version = _UNPACKED
+    if ref() is pos and pos._version == version:
+        return False
+    packed = bool((pos.diff(dim=-1) != 1).any())
+    if not packed:
+        _UNPACKED[:] = [weakref.ref(pos), pos._version]
+    return packed
 
 
 def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
