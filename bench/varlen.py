@@ -45,6 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes ~10-30 s)")
     p.add_argument("--unmasked", action="store_true", help="no causal mask inside the prompts")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time forward variants (work-list order, K/V loads, block configs), each "
+                        "checked against float64 first")
     p.add_argument("--compile-only", action="store_true",
                    help="no GPU needed: compile the varlen forward and backward kernels for sm_90 (mods off "
                         "and on) and print registers, spills and shared memory (ptxas -v), then exit")
@@ -107,6 +110,8 @@ def main(argv=None) -> int:
         rows.append(row)
         torch.cuda.empty_cache()
     _print(rows, args.markdown, bound_o, bound_g)
+    if args.sweep:
+        failed |= _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful)
     if not failed:
         print("all attnscope results matched the float64 reference", flush=True)
     print(f"done in {time.time() - t_start:.0f} s", flush=True)
@@ -213,6 +218,56 @@ def _errors(torch, fn, q, k, v, do, lens, sample, ref):
     return errs
 
 
+def _weight_sorted(torch, cu, n_items, block_m, causal):
+    """The work list ordered globally by each tile's K/V rows, descending (no sequence grouping): the
+    order `varlen_plan._work_items` replaced, kept here to time against it."""
+    n = (cu[1:] - cu[:-1]).long()
+    tiles = (n + block_m - 1) // block_m
+    ends = torch.cumsum(tiles, 0)
+    w = torch.arange(n_items, device=cu.device)
+    seq = torch.searchsorted(ends, w, right=True).clamp_(max=n.shape[0] - 1)
+    tile = w - (ends[seq] - tiles[seq])
+    valid = w < ends[-1]
+    weight = torch.minimum((tile + 1) * block_m, n[seq]) if causal else n[seq]
+    order = torch.argsort(torch.where(valid, weight + 1, 0), descending=True, stable=True)
+    seq, tile = torch.where(valid, seq, -1)[order], torch.where(valid, tile, 0)[order]
+    return seq.to(torch.int32), tile.to(torch.int32)
+
+
+def _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful) -> bool:
+    """Forward variants of the varlen kernel on the same batch: the default (plan's sequence-major list,
+    TMA K/V, `varlen.CONFIGS`), pointer K/V loads, the globally weight-sorted list, other block configs.
+    Each variant's output is checked against float64 on the sampled prompts before it is timed."""
+    from attnscope.kernels import varlen
+
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=q.device)
+    m, total, starts = max(lens), sum(lens), [0, *itertools.accumulate(lens)]
+    base = varlen.CONFIGS[q.shape[2]]
+    sorted_items = _weight_sorted(torch, cu, -(-total // base[0]) + len(lens), base[0], causal)
+    variants = {"default": {}, "pointer K/V": {"tma": False}, "weight-sorted list": {"items": sorted_items}}
+    for cfg in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 2)):
+        if cfg != base:
+            variants[f"config {cfg}"] = {"config": cfg}
+    print("| forward variant | ms | TFLOP/s | max err o |\n| --- | --- | --- | --- |", flush=True)
+    failed = False
+    for name, kw in variants.items():
+        def fn(kw=kw):
+            return varlen._launch(q, k, v, cu, cu, m, m, causal, None, False, False, **kw)[0]
+        try:
+            o = fn()
+            err = max((_seq(o, starts[s], lens[s], [0, 1]).double() - ref["grads"][s][0]).abs().max().item()
+                      for s in sample)
+            if err > bound_o:
+                print(f"| {name} | FAIL: error {err:.3g} > {bound_o:.3g}, not timed | | |", flush=True)
+                failed = True
+                continue
+            ms = rep_ms(fn)
+            print(f"| {name} | {ms:.3f} | {useful / ms / 1e9:.0f} | {err:.2g} |", flush=True)
+        except Exception as e:  # noqa: BLE001 - e.g. a config past the shared memory
+            print(f"| {name} | n/a: {type(e).__name__}: {str(e)[:120]} | | |", flush=True)
+    return failed
+
+
 def _print(rows, markdown, bound_o, bound_g):
     base = next((r for r in rows if r["impl"] == "flex" and "fwd_ms" in r), None)
     loop = next((r for r in rows if r["impl"] == "sdpa-cudnn-loop" and "fwd_ms" in r), None)
@@ -257,13 +312,15 @@ def compile_report() -> int:
     i32_ptrs = {"CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE"}
     f32_ptrs = {"LSE", "LSE2", "DELTA", "SINKS"}
 
-    def sig_of(fn, dq_fp32):
+    def sig_of(fn, dq_fp32, desc_type="*bf16"):
         sig = {}
         for n in fn.arg_names:
             if n.startswith("stride") or n in ints:
                 sig[n] = "i32"
             elif n in floats:
                 sig[n] = "fp32"
+            elif n in ("desc_k", "desc_v"):
+                sig[n] = desc_type
             elif n in i32_ptrs:
                 sig[n] = "*i32"
             elif n in f32_ptrs or (n == "DQ" and dq_fp32):
@@ -274,8 +331,8 @@ def compile_report() -> int:
                 sig[n] = "constexpr"
         return sig
 
-    def report(label, fn, cx, warps, stages, dq_fp32=False):
-        sig = sig_of(fn, dq_fp32)
+    def report(label, fn, cx, warps, stages, dq_fp32=False, desc_type="*bf16"):
+        sig = sig_of(fn, dq_fp32, desc_type)
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if sig[n].startswith("*") or n.startswith("stride")}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
@@ -295,10 +352,12 @@ def compile_report() -> int:
             m = {"WINDOW": mods, "SOFTCAP": mods}
             tag = f"d={d} causal{' +window+softcap+sinks' if mods else ''}"
             bm, bn, warps, stages = varlen.CONFIGS[d]
-            report(f"fwd {tag} {bm}x{bn}", varlen._attnscope_varlen_kernel,
-                   {"HEAD_DIM": d, "CAUSAL": not mods, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
-                    "USE_TMA": False, "MAX_UNSCALED": False, "EMULATE_BF16": False, "HAS_SINKS": mods, **m},
-                   warps, stages)
+            for tma in (True, False):
+                report(f"fwd {tag} {bm}x{bn} {'TMA' if tma else 'pointer'} K/V",
+                       varlen._attnscope_varlen_kernel,
+                       {"HEAD_DIM": d, "CAUSAL": not mods, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
+                        "USE_TMA": tma, "MAX_UNSCALED": False, "EMULATE_BF16": False, "HAS_SINKS": mods, **m},
+                       warps, stages, desc_type=f"tensordesc<bf16[{bn},1,{d}]>" if tma else "*bf16")
             for atomic in (True, False):
                 bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
                 report(f"dkdv {tag} atomic_dq={atomic} {bm}x{bn}", varlen_bwd._varlen_dkdv_kernel,

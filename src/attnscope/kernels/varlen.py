@@ -14,24 +14,27 @@ sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, 
 `_tl._kv_bounds_window` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at
 the final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
 
-cu_seqlens values: by default never read back to the host. `_sanitize` turns them, on the device, into a
-partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values stay
-inside the tensors and every output row is written once; a difference from the given values sets a bit of
-the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host instead.
+cu_seqlens values: by default never read back to the host. `varlen_plan.plan` turns them, on the device,
+into a partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values
+stay inside the tensors and every output row is written once; a difference from the given values sets a
+bit of the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host
+instead.
 
-Scheduling: no padding to ``max_seqlen``. The launcher builds, on the device and without a host sync, a
-flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of them, padded to the
-bound ``ceil(total_q / BLOCK_M) + B`` with idle items that exit at once -- sorted heaviest first by the
-number of K/V rows the tile loads, and launches a 1-D grid over work items x query heads (heads fastest,
-so GQA heads sharing a K/V head run side by side and share it through L2). The list is rebuilt on every
-call (about a dozen tiny device ops).
+Scheduling: no padding to ``max_seqlen``. The same `varlen_plan.plan` launch (one Triton program, no
+host sync) builds a flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of
+them, padded to the bound ``ceil(total_q / BLOCK_M) + B`` with idle items that exit at once --
+sequence-major (sequences by Nk_s descending, each sequence's query tiles last to first, i.e. heaviest
+first), and the kernel runs a 1-D grid over work items x query heads (heads fastest, so GQA heads sharing
+a K/V head run side by side). The programs running at once thus read one or two sequences' K/V (L2
+hits), and the list ends with the lightest tiles of the shortest sequences (a short tail).
 
-Loads: K and V tiles come by TMA, through descriptors over the whole packed ``[total_k, Hkv, d]``, when
-K and V are 16-byte aligned (any contiguous tensor), else by predicated pointer loads. A descriptor
-cannot stop at a sequence boundary, so a ragged last tile reads rows of the next sequence (zeros past the
-tensor's end); the masked stage gives them score -inf and V row 0 by selects, so nothing leaks, not even
-a NaN. Q (once per program) and O use predicated pointer loads and stores: Q by TMA compiled to more
-spills on sm_90. Any strides with a unit last stride work. Row offsets are computed in int64.
+Loads: K and V tiles come by TMA, through host-built descriptors over the whole packed
+``[total_k, Hkv, d]`` (kernel arguments: no per-program descriptor set-up), when K and V are 16-byte
+aligned (any contiguous tensor), else by predicated pointer loads. A descriptor cannot stop at a
+sequence boundary, so a ragged last tile reads rows of the next sequence (zeros past the tensor's end);
+the masked stage gives them score -inf and V row 0 by selects, so nothing leaks, not even a NaN. Q (once
+per program) and O use predicated pointer loads and stores: Q by TMA compiled to more spills on sm_90.
+Any strides with a unit last stride work. Row offsets are computed in int64.
 Tile configs are fixed per head_dim (no autotuning; see CONFIGS). Under TRITON_INTERPRET=1 bf16
 products run in fp32 with `round_bf16`, as in the dense forward.
 """
@@ -51,6 +54,7 @@ from attnscope.kernels._common import (
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
@@ -68,6 +72,7 @@ from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
     _sanitize,
     _work_items,
     mod_args,
+    plan,
     prepare,
 )
 
@@ -133,9 +138,9 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
 
 @triton.jit
 def _attnscope_varlen_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE, SINKS,
+    Q, K, V, desc_k, desc_v, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE, SINKS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H, HKV, TOTAL_Q, TOTAL_K, qk_scale, left, right, sc_in, sc_out,
+    H, HKV, TOTAL_Q, qk_scale, left, right, sc_in, sc_out,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, MAX_UNSCALED: tl.constexpr,
     EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -164,17 +169,6 @@ def _attnscope_varlen_kernel(
                 other=0.0)
     k_ptrs = K + k0.to(tl.int64) * stride_kt + hk64 * stride_kh + offs_d[None, :]
     v_ptrs = V + k0.to(tl.int64) * stride_vt + hk64 * stride_vh + offs_d[None, :]
-    if USE_TMA:  # [total_k, Hkv, d] seen whole; the masked stage discards rows past the sequence
-        desc_k = tl.make_tensor_descriptor(K, shape=[TOTAL_K, HKV, HEAD_DIM],
-                                           strides=[stride_kt, stride_kh, 1],
-                                           block_shape=[BLOCK_N, 1, HEAD_DIM])
-        desc_v = tl.make_tensor_descriptor(V, shape=[TOTAL_K, HKV, HEAD_DIM],
-                                           strides=[stride_vt, stride_vh, 1],
-                                           block_shape=[BLOCK_N, 1, HEAD_DIM])
-    else:
-        desc_k = K  # unused placeholders
-        desc_v = V
-
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain, scaled)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
@@ -238,14 +232,10 @@ def _tma_ok(k, v) -> bool:
                for t in (k, v) for x in (*t.stride()[:2], t.storage_offset()))
 
 
-def _set_allocator(device) -> None:
-    """Device-side tensor descriptors need a scratch allocator (128 B per descriptor per program); set on
-    each TMA launch because Triton keeps one process-wide allocator and the device may differ."""
-
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(alloc)
+def _desc(t, block_n: int):
+    """Host-built TMA descriptor over the whole packed ``[total_k, Hkv, d]`` (a kernel argument: no device
+    scratch, no per-program descriptor set-up), blocks of ``[block_n, 1, d]``."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_n, 1, t.shape[2]])
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
@@ -254,9 +244,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
     and the tests; both paths give the same result. ``bounds``: see `mod_args` (``causal`` must then be
     False: the bounds say all)."""
-    dims, mods, sm_scale, cu_q, cu_k = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                               max_seqlen_k, causal, window, softcap, sinks, scale,
-                                               check_seqlens)
+    dims, mods, sm_scale = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                   window, softcap, sinks, scale, check_seqlens)
     total_q, Hq, d, total_k, Hkv = dims
     o = torch.empty((total_q, Hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
@@ -268,16 +257,17 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
         n_items = min(n_items, B * -(-max(max_seqlen_q, 1) // block_m))
     kw = mod_args(mods, sm_scale, causal, bounds)
-    seq, tile = _work_items(cu_q, cu_k, n_items, block_m, kw["WINDOW"] or bool(causal))
+    cu_q, cu_k, [(seq, tile)] = plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k,
+                                     [(n_items, block_m, kw["WINDOW"] or bool(causal), False)],
+                                     sanitize=not check_seqlens)
     use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
-    if use_tma:
-        _set_allocator(q.device)
+    desc_k, desc_v = (_desc(t, block_n) for t in (k, v)) if use_tma else (k, v)  # pointers: placeholders
     qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
     _attnscope_varlen_kernel[(n_items * Hq,)](
-        q, k, v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
+        q, k, v, desc_k, desc_v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
-        Hq, Hkv, total_q, total_k, qk_scale, **kw,
+        Hq, Hkv, total_q, qk_scale, **kw,
         HEAD_DIM=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
         USE_TMA=use_tma, MAX_UNSCALED=qk_scale > 1.0,  # see _varlen_tile: huge scales stay NaN-free
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16, HAS_SINKS=mods.sinks is not None,
@@ -351,9 +341,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     sinks : torch.Tensor, float32 [Hq], optional, keyword-only
         One logit per query head in every row's softmax denominator, with no value; the LSE includes it.
     deterministic : bool, keyword-only
-        Backward only. False (default): dQ accumulated with fp32 atomics inside the dK/dV kernel, one
-        pass (the dense backward measured its separate pass faster at most shapes; bench/varlen.py times
-        both here). True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
+        Backward only. True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
+        False (default): the faster mode by the dense backward's rule, `kernels.bwd.ATOMIC_DQ_BY_DEFAULT`:
+        while it is False (the separate pass measured faster, here too: bench/varlen.py), the same pass;
+        else fp32 atomics inside the dK/dV kernel.
     check_seqlens : bool, keyword-only
         False (default): the cu_seqlens *values* are checked on the device without a host sync: any
         values are clamped into a partition of the packed rows (never a read or write outside the
