@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common, _tl  # noqa: E402
+from attnscope.kernels import _common, _tl, bwd  # noqa: E402
 
 varlen = pytest.importorskip("attnscope.kernels.varlen")
 import attnscope  # noqa: E402
@@ -515,8 +515,11 @@ GRAD_CASES = [
 
 
 @pytest.mark.parametrize("lq,lk,causal,group,dtype,deterministic,strided,window,softcap,sinks", GRAD_CASES)
-def test_backward_matches_per_sequence_float64(lq, lk, causal, group, dtype, deterministic, strided, window,
-                                               softcap, sinks):
+def test_backward_matches_per_sequence_float64(monkeypatch, lq, lk, causal, group, dtype, deterministic, strided,
+                                               window, softcap, sinks):
+    """deterministic=False cases run the atomic-dQ kernel (`bwd.ATOMIC_DQ_BY_DEFAULT` set True), the
+    others the separate dQ pass (what autograd runs by default while that switch is False)."""
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", not deterministic)
     dt = getattr(torch, dtype)
     hkv = 2 if group == 1 else 1
     hq = hkv * group
@@ -531,7 +534,11 @@ def test_backward_matches_per_sequence_float64(lq, lk, causal, group, dtype, det
     _check_varlen_grads(q, k, v, do, lq, lk, causal, window, softcap, sk, deterministic=deterministic)
 
 
-def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic():
+@pytest.mark.parametrize("atomic_default", [False, True])
+def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic(monkeypatch, atomic_default):
+    """deterministic=True: bitwise repeatable; deterministic=False runs `bwd.ATOMIC_DQ_BY_DEFAULT`'s mode
+    (atomic dQ when True, else the same separate pass: then bitwise equal too)."""
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", atomic_default)
     g = torch.Generator().manual_seed(12)
     lq, lk = [19, 0, 34], [23, 7, 34]
     q = _packed(sum(lq), 2, 64, torch.float16, False, g)
@@ -547,6 +554,7 @@ def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic():
     a, b, c = grads(True), grads(True), grads(False)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert all((x.float() - y.float()).abs().max() < 2e-3 for x, y in zip(a, c, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(a, c, strict=True)) or atomic_default
 
 
 def test_compiled_step_has_no_graph_break_and_matches_eager():

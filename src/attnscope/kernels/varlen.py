@@ -92,12 +92,15 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
                  stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
                  MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr, left, right, sc_in, sc_out,
-                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, RAGGED: tl.constexpr):
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
-    With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
-    tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
-    not even a NaN, reaches the result. Without TMA the loads are predicated instead. The softmax step,
-    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`).
+    With TMA the ragged last tile (``RAGGED``, masked) reads rows past the sequence's end (the next
+    sequence's, or zeros past the tensor): their scores are replaced by -inf and their V rows by 0 with
+    selects, so nothing of them, not even a NaN, reaches the result; V goes through registers only in
+    that tile (the select costs a shared-memory round trip and V's pipelining; the window's masked
+    stages pass ``RAGGED`` for all their tiles). Without TMA the loads are predicated instead. The
+    softmax step, with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as
+    `attnscope.kernels.fwd._attn_tile`).
     ``SOFTCAP``: scores become ``tanh(s * sc_in) * sc_out`` in log2 units (the launcher passes
     ``qk_scale = 1``); ``WINDOW``: masked tiles also apply `bwd.window_keep`."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
@@ -125,7 +128,7 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         m_ij = tl.where(l_i == 0.0, float("-inf"), m_ij)  # key gets p = 1 exactly, as without a window
     if USE_TMA:
         v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
-        if MASKED:
+        if RAGGED:
             v = tl.where(in_seq[:, None], v, 0.0)  # rows of the next sequence: 0 * inf would be NaN
     elif MASKED:
         v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=in_seq[:, None], other=0.0)
@@ -179,31 +182,38 @@ def _attnscope_varlen_kernel(
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, True)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, False, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, False)
         for start_n in range(full_hi, hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, True)
     else:
         lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        whole = tl.maximum(lo, tl.minimum(hi, (NK // BLOCK_N) * BLOCK_N))  # [lo, whole): inside the sequence
         # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
         for start_n in range(0, lo, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP)
-        # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
-        for start_n in range(lo, hi, BLOCK_N):
+                                         left, right, sc_in, sc_out, False, SOFTCAP, False)
+        # Stage 2: diagonal tiles: masked before the max.
+        for start_n in range(lo, whole, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP)
+                                         left, right, sc_in, sc_out, False, SOFTCAP, False)
+        # Stage 3: the ragged last tile (at most one; diagonal too when causal): columns past Nk_s masked.
+        for start_n in range(whole, hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, False, SOFTCAP, True)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
@@ -239,11 +249,13 @@ def _desc(t, block_n: int):
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
-            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None):
-    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
-    and the tests; both paths give the same result. ``bounds``: see `mod_args` (``causal`` must then be
-    False: the bounds say all)."""
+            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None,
+            items=None):
+    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages),
+    ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) and ``items`` (a
+    ``(seq, tile)`` work list of the config's BLOCK_M instead of `plan`'s, covering every tile once) are
+    for the benchmark and the tests; all give the same result. ``bounds``: see `mod_args` (``causal``
+    must then be False: the bounds say all)."""
     dims, mods, sm_scale = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                    window, softcap, sinks, scale, check_seqlens)
     total_q, Hq, d, total_k, Hkv = dims
@@ -260,6 +272,9 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     cu_q, cu_k, [(seq, tile)] = plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k,
                                      [(n_items, block_m, kw["WINDOW"] or bool(causal), False)],
                                      sanitize=not check_seqlens)
+    if items is not None:
+        seq, tile = items
+        n_items = seq.shape[0]
     use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
     desc_k, desc_v = (_desc(t, block_n) for t in (k, v)) if use_tma else (k, v)  # pointers: placeholders
     qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
