@@ -515,8 +515,8 @@ GRAD_CASES = [
 
 
 @pytest.mark.parametrize("lq,lk,causal,group,dtype,deterministic,strided,window,softcap,sinks", GRAD_CASES)
-def test_backward_matches_per_sequence_float64(monkeypatch, lq, lk, causal, group, dtype, deterministic, strided,
-                                               window, softcap, sinks):
+def test_backward_matches_per_sequence_float64(monkeypatch, lq, lk, causal, group, dtype, deterministic,
+                                               strided, window, softcap, sinks):
     """deterministic=False cases run the atomic-dQ kernel (`bwd.ATOMIC_DQ_BY_DEFAULT` set True), the
     others the separate dQ pass (what autograd runs by default while that switch is False)."""
     monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", not deterministic)

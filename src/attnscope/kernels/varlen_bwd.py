@@ -33,10 +33,7 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels import (
-    bwd,  # noqa: E402
-    varlen_plan,  # noqa: E402
-)
+from attnscope.kernels import bwd, varlen_plan  # noqa: E402
 from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, _window_bounds  # noqa: E402
 from attnscope.kernels.bwd import (  # noqa: E402
     DKDV_CONFIGS,
@@ -321,7 +318,7 @@ def backward(ctx, grad_o, grad_lse):
         grad_o = torch.zeros_like(o)
     elif grad_o.stride(-1) != 1:
         grad_o = grad_o.contiguous()
-    deterministic = deterministic or not bwd.ATOMIC_DQ_BY_DEFAULT  # the dense backward's switch, read per call
+    deterministic = deterministic or not bwd.ATOMIC_DQ_BY_DEFAULT  # the dense backward's switch, per call
     dq, dk, dv, dsinks = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, scale,
                                  window, softcap, sinks, deterministic, check_seqlens)
     return (dq, dk, dv, None, None, None, None, None, None, None, None, None,
