@@ -336,7 +336,7 @@ def varlen_report() -> None:
         for causal, window, softcap, sinks in VARLEN_MODS:
             mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
             for dt in ("bf16", "fp16") if not (window or softcap) else ("bf16",):
-                bm, bn, w, s = varlen.CONFIGS[d]
+                bm, bn, w, s = varlen.pick_config(d, causal or window, 1)
                 for tma in (True, False):
                     cx = dict(HEAD_DIM=d, STORE_LSE=True, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
                               MAX_UNSCALED=False, EMULATE_BF16=False, HAS_SINKS=sinks, **mods)

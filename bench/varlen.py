@@ -243,13 +243,13 @@ def _weight_sorted(torch, cu, n_items, block_m, causal):
 
 def _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful) -> bool:
     """Forward variants of the varlen kernel on the same batch: the default (plan's sequence-major list,
-    TMA K/V, `varlen.CONFIGS`), pointer K/V loads, the globally weight-sorted list, other block configs.
+    TMA K/V, `varlen.pick_config`), pointer K/V loads, the globally weight-sorted list, other block configs.
     Each variant's output is checked against float64 on the sampled prompts before it is timed."""
     from attnscope.kernels import varlen
 
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=q.device)
     m, total, starts = max(lens), sum(lens), [0, *itertools.accumulate(lens)]
-    base = varlen.CONFIGS[q.shape[2]]
+    base = varlen.pick_config(q.shape[2], causal, max(lens))
     sorted_items = _weight_sorted(torch, cu, -(-total // base[0]) + len(lens), base[0], causal)
     variants = {"default": {}, "pointer K/V": {"tma": False}, "weight-sorted list": {"items": sorted_items}}
     for cfg in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 2)):
@@ -358,7 +358,7 @@ def compile_report() -> int:
         for mods in (False, True):
             m = {"WINDOW": mods, "SOFTCAP": mods}
             tag = f"d={d} causal{' +window+softcap+sinks' if mods else ''}"
-            bm, bn, warps, stages = varlen.CONFIGS[d]
+            bm, bn, warps, stages = varlen.pick_config(d, True, 1)
             for tma in (True, False):
                 report(f"fwd {tag} {bm}x{bn} {'TMA' if tma else 'pointer'} K/V",
                        varlen._attnscope_varlen_kernel,

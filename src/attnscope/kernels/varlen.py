@@ -35,8 +35,8 @@ sequence boundary, so a ragged last tile reads rows of the next sequence (zeros 
 the masked stage gives them score -inf and V row 0 by selects, so nothing leaks, not even a NaN. Q (once
 per program) and O use predicated pointer loads and stores: Q by TMA compiled to more spills on sm_90.
 Any strides with a unit last stride work. Row offsets are computed in int64.
-Tile configs are fixed per head_dim (no autotuning; see CONFIGS). Under TRITON_INTERPRET=1 bf16
-products run in fp32 with `round_bf16`, as in the dense forward.
+Tile configs: the dense forward's measured table (`pick_config`; no autotuning). Under TRITON_INTERPRET=1
+bf16 products run in fp32 with `round_bf16`, as in the dense forward.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportE
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels import fwd as _fwd  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -76,15 +77,14 @@ from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
     prepare,
 )
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
-# (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
-# 4 warps, 3 stages. The varlen kernel runs the same inner loop (K/V by TMA too), so the same shapes are
-# taken. Compiled for sm_90 on a CPU (Triton 3.6, ptxas -v), bf16, TMA path: d = 128 255 registers,
-# 168 / 188 B spill stores (unmasked / causal; the dense forward: 100 / 124), 96 KiB shared memory;
-# d = 64 255 registers, 20 / 100 B spill stores, 113 KiB. Pointer path: 276 / 568 B (d = 128), 36 / 56 B
-# (d = 64). Not measured on a GPU yet (bench/varlen.py times both paths).
-CONFIGS = {128: (128, 64, 4, 2), 64: (128, 128, 4, 3)}
-INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-tile, ragged and diagonal
+
+def pick_config(d: int, masked: bool, n: int):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim ``d``, ``masked`` (causal or a window) and
+    the longest sequence ``n``: the dense forward's measured table (`fwd.pick_config`; the small
+    interpreter tiles under TRITON_INTERPRET=1): the inner loop is the same, K/V by TMA too. Compiled
+    for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA): see bench/varlen.py --compile-only."""
+    return tuple(_fwd.pick_config(d, masked, n))
+
 
 
 @triton.jit
@@ -263,14 +263,16 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     lse = torch.empty((Hq, total_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return o, lse
-    block_m, block_n, num_warps, num_stages = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[d])
+    kw = mod_args(mods, sm_scale, causal, bounds)
+    masked = kw["WINDOW"] or bool(causal)
+    block_m, block_n, num_warps, num_stages = config or pick_config(d, masked,
+                                                                   max(max_seqlen_q, max_seqlen_k))
     B = cu_seqlens_q.shape[0] - 1
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
     if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
         n_items = min(n_items, B * -(-max(max_seqlen_q, 1) // block_m))
-    kw = mod_args(mods, sm_scale, causal, bounds)
     cu_q, cu_k, [(seq, tile)] = plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k,
-                                     [(n_items, block_m, kw["WINDOW"] or bool(causal), False)],
+                                     [(n_items, block_m, masked, False)],
                                      sanitize=not check_seqlens)
     if items is not None:
         seq, tile = items
