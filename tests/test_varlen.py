@@ -252,6 +252,24 @@ def test_plan_kernel_equals_the_torch_forms(seed):
         assert seq.tolist() == rs.tolist() and tile.tolist() == rt.tolist()
 
 
+def test_many_sequences_take_the_torch_forms_with_the_same_result(monkeypatch):
+    """Above `varlen_plan.PLAN_MAX_B` sequences the torch forms build the list: same output, same errors."""
+    lq = [5, 0, 40, 17]
+    g = torch.Generator().manual_seed(14)
+    q = _packed(sum(lq), 2, 64, torch.float16, False, g)
+    k, v = (_packed(sum(lq), 1, 64, torch.float16, False, g) for _ in range(2))
+    bad = _cu(lq)
+    bad[2] = 99  # out of range: clamped, reported
+    outs = []
+    for limit in (varlen_plan.PLAN_MAX_B, 2):
+        monkeypatch.setattr(varlen_plan, "PLAN_MAX_B", limit)
+        outs.append(attnscope.flash_attention_varlen(q, k, v, _cu(lq), _cu(lq), 40, 40, causal=True))
+        attnscope.flash_attention_varlen(q, k, v, bad, _cu(lq), 40, 40, causal=True)
+        with pytest.raises(ValueError, match="cu_seqlens_q: expected int32 values from 0 to total_q"):
+            varlen.check_errors()
+    assert torch.equal(outs[0], outs[1])
+
+
 # ---- errors: each documented error, with its message --------------------------------------------
 def _good(**over):
     g = torch.Generator().manual_seed(5)

@@ -221,8 +221,8 @@ def plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q: int, max_seqlen_k: int,
          sanitize: bool = True):
     """The sanitised cu_seqlens and the work lists of one launch, on the device, without a host sync:
     ``(cu_q, cu_k, [(seq, tile), ...])``, one pair per ``(n_items, tile, causal, kv_tiles)`` of ``lists``.
-    Up to `PLAN_MAX_B` sequences one `_plan_kernel` launch per list (the first also sanitises); above,
-    the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values were checked on the
+    Up to `PLAN_MAX_B` sequences one `_plan_kernel` launch per list (each also sanitises, the same
+    values); above, the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values were checked on the
     host, used as given."""
     total_q, _, _, total_k, _ = dims
     B = cu_seqlens_q.shape[0] - 1
@@ -241,15 +241,15 @@ def plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q: int, max_seqlen_k: int,
     fix_q, fix_k = buf[:B + 1], buf[B + 1:2 * B + 2]
     order, ends = buf[2 * B + 2:3 * B + 2], buf[3 * B + 2:4 * B + 2]
     out, at = [], 4 * B + 2
-    src_q, src_k = (cu_seqlens_q, cu_seqlens_k)
+    warps = max(4, min(16, block_b // 256))  # the sort's block: 32 keys per thread at most
     for n, tile, causal, kv_tiles in lists:
         seq, til = buf[at:at + n], buf[at + n_all:at + n_all + n]
         at += n
-        # a later list reads the fixed arrays (identical values, so no error bit is set twice)
-        _plan_kernel[(1,)](src_q, src_k, fix_q, fix_k, flag, order, ends, seq, til, B, total_q, total_k,
-                           max_seqlen_q, max_seqlen_k, n, tile, CAUSAL=bool(causal), KV_TILES=bool(kv_tiles),
-                           BLOCK_B=block_b, LOG_B=block_b.bit_length(), BLOCK_W=1024, num_warps=4)
-        src_q, src_k = fix_q, fix_k
+        # each launch sanitises the given arrays again (the same values; the same bits ORed, idempotent)
+        _plan_kernel[(1,)](cu_seqlens_q, cu_seqlens_k, fix_q, fix_k, flag, order, ends, seq, til, B, total_q,
+                           total_k, max_seqlen_q, max_seqlen_k, n, tile, CAUSAL=bool(causal),
+                           KV_TILES=bool(kv_tiles), BLOCK_B=block_b, LOG_B=block_b.bit_length(), BLOCK_W=1024,
+                           num_warps=warps)
         out.append((seq, til))
     if not sanitize:
         return cu_seqlens_q, cu_seqlens_k, out
