@@ -255,6 +255,20 @@ def _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful) -
     for cfg in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 2)):
         if cfg != base:
             variants[f"config {cfg}"] = {"config": cfg}
+    from attnscope.kernels import varlen_plan
+
+    dims = (total, q.shape[1], q.shape[2], total, k.shape[1])
+    lists = [(-(-total // base[0]) + len(lens), base[0], causal, False)]
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device)
+
+    def torch_forms():
+        cq = varlen_plan._sanitize(cu, total, m, flag, 1, 4)
+        ck = varlen_plan._sanitize(cu, total, m, flag, 2, 8)
+        return varlen_plan._work_items(cq, ck, *lists[0])
+
+    print(f"work list + cu_seqlens sanitising per forward: varlen_plan.plan (one program) "
+          f"{rep_ms(lambda: varlen_plan.plan(cu, cu, dims, m, m, lists)) * 1e3:.0f} us, the torch forms "
+          f"(~86 small ops) {rep_ms(torch_forms) * 1e3:.0f} us", flush=True)
     print("| forward variant | ms | TFLOP/s | max err o |\n| --- | --- | --- | --- |", flush=True)
     failed = False
     for name, kw in variants.items():
@@ -338,8 +352,9 @@ def compile_report() -> int:
                 sig[n] = "constexpr"
         return sig
 
-    def report(label, fn, cx, warps, stages, dq_fp32=False, desc_type="*bf16"):
-        sig = sig_of(fn, dq_fp32, desc_type)
+    def report(label, fn, cx, warps, stages, dq_fp32=False, desc_type="*bf16", types=None):
+        sig = sig_of(fn, dq_fp32, desc_type) if types is None else {
+            n: "constexpr" if n in cx else types.get(n, "i32") for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if sig[n].startswith("*") or n.startswith("stride")}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
@@ -350,9 +365,11 @@ def compile_report() -> int:
                 f.write(k.asm["ptx"])
             r = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(t, "k.ptx"), "-o",
                                 os.path.join(t, "k.cubin")], capture_output=True, text=True)
+            sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass",
+                                   os.path.join(t, "k.cubin")], capture_output=True, text=True).stdout
         info = " | ".join(x.split("info    :")[-1].strip() for x in r.stderr.splitlines()
                           if "spill" in x or "Used" in x)
-        print(f"{label}: shared {k.metadata.shared} B | {info}", flush=True)
+        print(f"{label}: shared {k.metadata.shared} B | {info} | {_loop_spills(sass)}", flush=True)
 
     for d in (64, 128):
         for mods in (False, True):
@@ -374,7 +391,43 @@ def compile_report() -> int:
             report(f"dq {tag} {bm}x{bn}", varlen_bwd._varlen_dq_kernel,
                    {"HEAD_DIM": d, "CAUSAL": not mods, "BLOCK_M": bm, "BLOCK_N": bn, "EMULATE_BF16": False,
                     **m}, warps, stages)
+    from attnscope.kernels import fwd
+
+    for d in (64, 128):  # the dense kernels the varlen ones mirror: the hot loops to compare
+        bm, bn, warps, stages = fwd.pick_config(d, True, 1)
+        types = {n: f"tensordesc<bf16[1,1,{bm if n in ('desc_q', 'desc_o') else bn},{d}]>"
+                 for n in ("desc_q", "desc_k", "desc_v", "desc_o")}
+        types.update(LSE="*fp32", SINKS="*fp32", qk_scale="fp32", cap_in="fp32")
+        report(f"dense fwd d={d} causal {bm}x{bn}", fwd._attnscope_fwd_kernel,
+               {"HEAD_DIM": d, "CAUSAL": True, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
+                "MAX_UNSCALED": False, "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False,
+                "HAS_SINKS": False}, warps, stages, types=types)
+        bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
+        types = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV")}
+        types.update(DQ="*fp32", LSE2="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", cap_in="fp32")
+        report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._bwd_dkdv_kernel,
+               {"HEAD_DIM": d, "CAUSAL": True, "ATOMIC_DQ": False, "BLOCK_M": bm, "BLOCK_N": bn,
+                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False}, warps, stages, types=types)
     return 0
+
+
+def _loop_spills(sass: str) -> str:
+    """Spill instructions (STL / LDL) inside the hot loops of a kernel's SASS: each backward branch whose
+    body holds a wgmma (HGMMA) closes a K/V (or query) tile loop; the rest of the spills are in the
+    prologue / epilogue, run once per program."""
+    import re
+
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    loops = []
+    for addr, txt in ins:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", txt)
+        if m and int(m.group(1), 16) < addr:
+            body = [x for a, x in ins if int(m.group(1), 16) <= a <= addr]
+            # a tile loop: a wgmma inside, no EXIT (out-of-line stubs after the exit jump back too)
+            if any("HGMMA" in x for x in body) and not any(re.search(r"\bEXIT\b", x) for x in body):
+                loops.append(f"{sum('STL' in x for x in body)}/{sum('LDL' in x for x in body)}")
+    return "hot-loop STL/LDL " + (", ".join(loops) or "none found")
 
 
 if __name__ == "__main__":
