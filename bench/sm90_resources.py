@@ -355,14 +355,15 @@ def varlen_report() -> None:
         for causal, window, softcap, sinks in VARLEN_MODS:
             mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
             for dt in ("bf16", "fp16") if not (window or softcap) else ("bf16",):
-                bm, bn, w, s = varlen.CONFIGS[d]
+                bm, bn, w, s = varlen.pick_config(d, causal or window, 1)
                 for tma in (True, False):
                     cx = dict(HEAD_DIM=d, STORE_LSE=True, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
                               MAX_UNSCALED=False, EMULATE_BF16=False, HAS_SINKS=sinks, **mods)
+                    desc = f"tensordesc<{dt}[{bn},1,{d}]>" if tma else f"*{dt}"  # host-built descriptors
                     report(f"varlen fwd d={d:3d} {dt} {_fmt(mods)} HAS_SINKS={int(sinks)} USE_TMA={int(tma)} "
                            f"{bm}x{bn} w{w} s{s}",
-                           compile_triton, varlen._attnscope_varlen_kernel, _varlen_types(dt, False), cx, w,
-                           s)
+                           compile_triton, varlen._attnscope_varlen_kernel,
+                           {**_varlen_types(dt, False), "desc_k": desc, "desc_v": desc}, cx, w, s)
             dt = "bf16"
             bm, bn, w, s = bwd.DKDV_CONFIGS[d]
             for atomic in (False, True):

@@ -15,11 +15,13 @@ prompt; forward+backward = 3.5 x forward). Peers:
   heads beforehand, untimed), outputs written into one packed tensor.
 
 attnscope is timed as users call it: `flash_attention_varlen` with its defaults (no host sync; the
-cu_seqlens check is on the device), and with ``deterministic=True`` (dQ in its own pass, no atomics) so
-the faster mode can be the default. Correctness first: before timing, the output and dQ, dK, dV of every
-implementation are compared with float64 autograd on four sampled prompts (shortest, longest, two random;
-query heads 0 and 1): attnscope must be within 2 x (output) / 3 x (gradients) PyTorch's own error
-(SDPA at bf16 on the same prompt) + 1e-3, else it is not timed and the exit code is 1.
+cu_seqlens check is on the device; dQ in its own pass while `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` is False),
+and as ``attnscope-atomic-dq`` with that switch set True for its rows (dQ by fp32 atomics in the dK/dV
+kernel), so the switch can follow the measurement. ``--sweep`` adds forward variants (`_sweep`).
+Correctness first: before timing, the output and dQ, dK, dV of every implementation are compared with
+float64 autograd on four sampled prompts (shortest, longest, two random; query heads 0 and 1): attnscope
+must be within 2 x (output) / 3 x (gradients) PyTorch's own error (SDPA at bf16 on the same prompt)
++ 1e-3, else it is not timed and the exit code is 1.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes ~10-30 s)")
     p.add_argument("--unmasked", action="store_true", help="no causal mask inside the prompts")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time forward variants (work-list order, K/V loads, block configs), each "
+                        "checked against float64 first")
     p.add_argument("--compile-only", action="store_true",
                    help="no GPU needed: compile the varlen forward and backward kernels for sm_90 (mods off "
                         "and on) and print registers, spills and shared memory (ptxas -v), then exit")
@@ -82,9 +87,13 @@ def main(argv=None) -> int:
     def rep_ms(fn) -> float:
         return float(triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median"))
 
+    from attnscope.kernels import bwd
+
     rows, failed = [], False
+    atomic_default = bwd.ATOMIC_DQ_BY_DEFAULT
     for name, fn in impls.items():
         row = {"impl": name}
+        bwd.ATOMIC_DQ_BY_DEFAULT = atomic_default or name == "attnscope-atomic-dq"
         try:
             errs = _errors(torch, fn, q, k, v, do, lens, sample, ref)
             row["err"] = errs
@@ -106,9 +115,12 @@ def main(argv=None) -> int:
             print(f"  {name} n/a: {row['error']}", flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
+    bwd.ATOMIC_DQ_BY_DEFAULT = atomic_default
     _print(rows, args.markdown, bound_o, bound_g)
-    if not failed:
-        print("all attnscope results matched the float64 reference", flush=True)
+    if args.sweep:
+        failed |= _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful)
+    print("PASS: all attnscope results matched the float64 reference" if not failed else
+          "FAIL: an attnscope result missed the float64 bound (see FAIL above)", flush=True)
     print(f"done in {time.time() - t_start:.0f} s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
@@ -125,8 +137,8 @@ def _impls(torch, q, k, v, lens, causal, no_flex):
     m = max(lens)
     impls = {
         "attnscope": lambda q, k, v: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal),
-        "attnscope-deterministic": lambda q, k, v: attnscope.flash_attention_varlen(
-            q, k, v, cu, cu, m, m, causal=causal, deterministic=True),
+        "attnscope-atomic-dq": lambda q, k, v: attnscope.flash_attention_varlen(
+            q, k, v, cu, cu, m, m, causal=causal),  # run with bwd.ATOMIC_DQ_BY_DEFAULT = True
     }
     if not no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -213,6 +225,70 @@ def _errors(torch, fn, q, k, v, do, lens, sample, ref):
     return errs
 
 
+def _weight_sorted(torch, cu, n_items, block_m, causal):
+    """The work list ordered globally by each tile's K/V rows, descending (no sequence grouping): the
+    order `varlen_plan._work_items` replaced, kept here to time against it."""
+    n = (cu[1:] - cu[:-1]).long()
+    tiles = (n + block_m - 1) // block_m
+    ends = torch.cumsum(tiles, 0)
+    w = torch.arange(n_items, device=cu.device)
+    seq = torch.searchsorted(ends, w, right=True).clamp_(max=n.shape[0] - 1)
+    tile = w - (ends[seq] - tiles[seq])
+    valid = w < ends[-1]
+    weight = torch.minimum((tile + 1) * block_m, n[seq]) if causal else n[seq]
+    order = torch.argsort(torch.where(valid, weight + 1, 0), descending=True, stable=True)
+    seq, tile = torch.where(valid, seq, -1)[order], torch.where(valid, tile, 0)[order]
+    return seq.to(torch.int32), tile.to(torch.int32)
+
+
+def _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful) -> bool:
+    """Forward variants of the varlen kernel on the same batch: the default (plan's sequence-major list,
+    TMA K/V, `varlen.pick_config`), pointer K/V loads, the globally weight-sorted list, other block configs.
+    Each variant's output is checked against float64 on the sampled prompts before it is timed."""
+    from attnscope.kernels import varlen
+
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=q.device)
+    m, total, starts = max(lens), sum(lens), [0, *itertools.accumulate(lens)]
+    base = varlen.pick_config(q.shape[2], causal, max(lens))
+    sorted_items = _weight_sorted(torch, cu, -(-total // base[0]) + len(lens), base[0], causal)
+    variants = {"default": {}, "pointer K/V": {"tma": False}, "weight-sorted list": {"items": sorted_items}}
+    for cfg in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 2)):
+        if cfg != base:
+            variants[f"config {cfg}"] = {"config": cfg}
+    from attnscope.kernels import varlen_plan
+
+    dims = (total, q.shape[1], q.shape[2], total, k.shape[1])
+    lists = [(-(-total // base[0]) + len(lens), base[0], causal, False)]
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device)
+
+    def torch_forms():
+        cq = varlen_plan._sanitize(cu, total, m, flag, 1, 4)
+        ck = varlen_plan._sanitize(cu, total, m, flag, 2, 8)
+        return varlen_plan._work_items(cq, ck, *lists[0])
+
+    print(f"work list + cu_seqlens sanitising per forward: varlen_plan.plan (one program) "
+          f"{rep_ms(lambda: varlen_plan.plan(cu, cu, dims, m, m, lists)) * 1e3:.0f} us, the torch forms "
+          f"(~86 small ops) {rep_ms(torch_forms) * 1e3:.0f} us", flush=True)
+    print("| forward variant | ms | TFLOP/s | max err o |\n| --- | --- | --- | --- |", flush=True)
+    failed = False
+    for name, kw in variants.items():
+        def fn(kw=kw):
+            return varlen._launch(q, k, v, cu, cu, m, m, causal, None, False, False, **kw)[0]
+        try:
+            o = fn()
+            err = max((_seq(o, starts[s], lens[s], [0, 1]).double() - ref["grads"][s][0]).abs().max().item()
+                      for s in sample)
+            if err > bound_o:
+                print(f"| {name} | FAIL: error {err:.3g} > {bound_o:.3g}, not timed | | |", flush=True)
+                failed = True
+                continue
+            ms = rep_ms(fn)
+            print(f"| {name} | {ms:.3f} | {useful / ms / 1e9:.0f} | {err:.2g} |", flush=True)
+        except Exception as e:  # noqa: BLE001 - e.g. a config past the shared memory
+            print(f"| {name} | n/a: {type(e).__name__}: {str(e)[:120]} | | |", flush=True)
+    return failed
+
+
 def _print(rows, markdown, bound_o, bound_g):
     base = next((r for r in rows if r["impl"] == "flex" and "fwd_ms" in r), None)
     loop = next((r for r in rows if r["impl"] == "sdpa-cudnn-loop" and "fwd_ms" in r), None)
@@ -257,13 +333,15 @@ def compile_report() -> int:
     i32_ptrs = {"CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE"}
     f32_ptrs = {"LSE", "LSE2", "DELTA", "SINKS"}
 
-    def sig_of(fn, dq_fp32):
+    def sig_of(fn, dq_fp32, desc_type="*bf16"):
         sig = {}
         for n in fn.arg_names:
             if n.startswith("stride") or n in ints:
                 sig[n] = "i32"
             elif n in floats:
                 sig[n] = "fp32"
+            elif n in ("desc_k", "desc_v"):
+                sig[n] = desc_type
             elif n in i32_ptrs:
                 sig[n] = "*i32"
             elif n in f32_ptrs or (n == "DQ" and dq_fp32):
@@ -274,8 +352,9 @@ def compile_report() -> int:
                 sig[n] = "constexpr"
         return sig
 
-    def report(label, fn, cx, warps, stages, dq_fp32=False):
-        sig = sig_of(fn, dq_fp32)
+    def report(label, fn, cx, warps, stages, dq_fp32=False, desc_type="*bf16", types=None):
+        sig = sig_of(fn, dq_fp32, desc_type) if types is None else {
+            n: "constexpr" if n in cx else types.get(n, "i32") for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if sig[n].startswith("*") or n.startswith("stride")}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
@@ -286,19 +365,23 @@ def compile_report() -> int:
                 f.write(k.asm["ptx"])
             r = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(t, "k.ptx"), "-o",
                                 os.path.join(t, "k.cubin")], capture_output=True, text=True)
+            sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass",
+                                   os.path.join(t, "k.cubin")], capture_output=True, text=True).stdout
         info = " | ".join(x.split("info    :")[-1].strip() for x in r.stderr.splitlines()
                           if "spill" in x or "Used" in x)
-        print(f"{label}: shared {k.metadata.shared} B | {info}", flush=True)
+        print(f"{label}: shared {k.metadata.shared} B | {info} | {_loop_spills(sass)}", flush=True)
 
     for d in (64, 128):
         for mods in (False, True):
             m = {"WINDOW": mods, "SOFTCAP": mods}
             tag = f"d={d} causal{' +window+softcap+sinks' if mods else ''}"
-            bm, bn, warps, stages = varlen.CONFIGS[d]
-            report(f"fwd {tag} {bm}x{bn}", varlen._attnscope_varlen_kernel,
-                   {"HEAD_DIM": d, "CAUSAL": not mods, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
-                    "USE_TMA": False, "MAX_UNSCALED": False, "EMULATE_BF16": False, "HAS_SINKS": mods, **m},
-                   warps, stages)
+            bm, bn, warps, stages = varlen.pick_config(d, True, 1)
+            for tma in (True, False):
+                report(f"fwd {tag} {bm}x{bn} {'TMA' if tma else 'pointer'} K/V",
+                       varlen._attnscope_varlen_kernel,
+                       {"HEAD_DIM": d, "CAUSAL": not mods, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
+                        "USE_TMA": tma, "MAX_UNSCALED": False, "EMULATE_BF16": False, "HAS_SINKS": mods, **m},
+                       warps, stages, desc_type=f"tensordesc<bf16[{bn},1,{d}]>" if tma else "*bf16")
             for atomic in (True, False):
                 bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
                 report(f"dkdv {tag} atomic_dq={atomic} {bm}x{bn}", varlen_bwd._varlen_dkdv_kernel,
@@ -308,7 +391,43 @@ def compile_report() -> int:
             report(f"dq {tag} {bm}x{bn}", varlen_bwd._varlen_dq_kernel,
                    {"HEAD_DIM": d, "CAUSAL": not mods, "BLOCK_M": bm, "BLOCK_N": bn, "EMULATE_BF16": False,
                     **m}, warps, stages)
+    from attnscope.kernels import fwd
+
+    for d in (64, 128):  # the dense kernels the varlen ones mirror: the hot loops to compare
+        bm, bn, warps, stages = fwd.pick_config(d, True, 1)
+        types = {n: f"tensordesc<bf16[1,1,{bm if n in ('desc_q', 'desc_o') else bn},{d}]>"
+                 for n in ("desc_q", "desc_k", "desc_v", "desc_o")}
+        types.update(LSE="*fp32", SINKS="*fp32", qk_scale="fp32", cap_in="fp32")
+        report(f"dense fwd d={d} causal {bm}x{bn}", fwd._attnscope_fwd_kernel,
+               {"HEAD_DIM": d, "CAUSAL": True, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
+                "MAX_UNSCALED": False, "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False,
+                "HAS_SINKS": False}, warps, stages, types=types)
+        bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
+        types = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV")}
+        types.update(DQ="*fp32", LSE2="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", cap_in="fp32")
+        report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._bwd_dkdv_kernel,
+               {"HEAD_DIM": d, "CAUSAL": True, "ATOMIC_DQ": False, "BLOCK_M": bm, "BLOCK_N": bn,
+                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False}, warps, stages, types=types)
     return 0
+
+
+def _loop_spills(sass: str) -> str:
+    """Spill instructions (STL / LDL) inside the hot loops of a kernel's SASS: each backward branch whose
+    body holds a wgmma (HGMMA) closes a K/V (or query) tile loop; the rest of the spills are in the
+    prologue / epilogue, run once per program."""
+    import re
+
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    loops = []
+    for addr, txt in ins:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", txt)
+        if m and int(m.group(1), 16) < addr:
+            body = [x for a, x in ins if int(m.group(1), 16) <= a <= addr]
+            # a tile loop: a wgmma inside, no EXIT (out-of-line stubs after the exit jump back too)
+            if any("HGMMA" in x for x in body) and not any(re.search(r"\bEXIT\b", x) for x in body):
+                loops.append(f"{sum('STL' in x for x in body)}/{sum('LDL' in x for x in body)}")
+    return "hot-loop STL/LDL " + (", ".join(loops) or "none found")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ against the same reference) plus 1e-3.
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -18,10 +19,12 @@ pytest.importorskip("triton")
 from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common, _tl  # noqa: E402
+from attnscope.kernels import _common, _tl, bwd  # noqa: E402
 
 varlen = pytest.importorskip("attnscope.kernels.varlen")
 import attnscope  # noqa: E402
+from attnscope.kernels import varlen_plan  # noqa: E402
+from attnscope.kernels._common import device_error_flag  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not _common.interpreting():
@@ -193,20 +196,78 @@ def test_no_keys_at_all_gives_zeros_and_minus_inf():
     assert (o == 0).all() and (lse == -torch.inf).all()
 
 
-def test_work_items_cover_every_tile_once_heaviest_first():
-    lq, lk = [100, 0, 7, 64, 33], [100, 5, 200, 10, 33]
+def _expected_items(lq, lk, block, causal, kv_tiles):
+    """The documented order of `varlen_plan._work_items`, in Python: sequences by their heaviest tile's
+    weight (Nk_s for query tiles, Nq_s for K/V tiles) descending, ties by index; tiles heaviest first."""
+    own, weight = (lk, lq) if kv_tiles else (lq, lk)
+    order = sorted(range(len(lq)), key=lambda s: (-weight[s], s))
+    items = []
+    for s in order:
+        n = -(-own[s] // block)
+        ts = range(n - 1, -1, -1) if causal and not kv_tiles else range(n)
+        items += [(s, t) for t in ts]
+    return items
+
+
+@pytest.mark.parametrize("kv_tiles", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_work_items_sequence_major_heaviest_first(causal, kv_tiles):
+    lq, lk = [100, 0, 7, 64, 33, 64], [100, 5, 200, 10, 33, 10]
     n_items = 20
-    seq, tile = varlen._work_items(_cu(lq), _cu(lk), n_items, 32, causal=True)
-    pairs = [(s, t) for s, t in zip(seq.tolist(), tile.tolist(), strict=True) if s >= 0]
-    expected = {(s, t) for s, n in enumerate(lq) for t in range(-(-n // 32))}
-    assert sorted(pairs) == sorted(expected) and len(pairs) == len(expected)
-    assert seq.tolist()[len(pairs):] == [-1] * (n_items - len(pairs))  # idle items last
+    expected = _expected_items(lq, lk, 32, causal, kv_tiles)
+    seq, tile = varlen._work_items(_cu(lq), _cu(lk), n_items, 32, causal, kv_tiles)
+    got = list(zip(seq.tolist(), tile.tolist(), strict=True))
+    assert got[:len(expected)] == expected
+    assert got[len(expected):] == [(-1, 0)] * (n_items - len(expected))  # idle items last
 
-    def weight(s, t):  # K/V rows the tile loads (bottom-right causal)
-        return min(max(min((t + 1) * 32, lq[s]) + lk[s] - lq[s], 0), lk[s])
 
-    w = [weight(s, t) for s, t in pairs]
-    assert w == sorted(w, reverse=True)
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_kernel_equals_the_torch_forms(seed):
+    """`varlen_plan.plan` (one Triton program) gives the torch forms' sanitised cu_seqlens, error bits and
+    work lists, on good and bad values (out of range, decreasing, too small max_seqlen)."""
+    rng = random.Random(seed)
+    B = rng.randint(1, 9)
+    lq = [rng.choice([0, 1, 5, 33, 64, 100]) for _ in range(B)]
+    lk = [rng.choice([0, 1, 7, 40, 200]) for _ in range(B)]
+    cq, ck = _cu(lq), _cu(lk)
+    if seed % 2:
+        cq[rng.randint(0, B)] += rng.choice([-50, -3, 9, 1000])
+        ck[rng.randint(0, B)] = -7
+    max_q = max(lq) - (seed == 3)
+    dims = (sum(lq), 4, 64, sum(lk), 2)
+    flag = device_error_flag(torch, DEVICE, "varlen")
+    lists = [(-(-sum(lq) // 32) + B, 32, True, False), (-(-sum(lk) // 16) + B, 16, True, True),
+             (-(-sum(lq) // 32) + B, 32, False, False)]
+    flag.zero_()
+    cu_q, cu_k, items = varlen_plan.plan(cq, ck, dims, max_q, max(lk), lists)
+    bits = flag.item()
+    flag.zero_()
+    ref_q = varlen_plan._sanitize(cq, dims[0], max_q, flag, 1, 4)
+    ref_k = varlen_plan._sanitize(ck, dims[3], max(lk), flag, 2, 8)
+    assert bits == flag.item() and (bits != 0) == (seed % 2 == 1 or seed == 3)
+    flag.zero_()
+    assert cu_q.tolist() == ref_q.tolist() and cu_k.tolist() == ref_k.tolist()
+    for (n, block, causal, kv_tiles), (seq, tile) in zip(lists, items, strict=True):
+        rs, rt = varlen_plan._work_items(ref_q, ref_k, n, block, causal, kv_tiles)
+        assert seq.tolist() == rs.tolist() and tile.tolist() == rt.tolist()
+
+
+def test_many_sequences_take_the_torch_forms_with_the_same_result(monkeypatch):
+    """Above `varlen_plan.PLAN_MAX_B` sequences the torch forms build the list: same output, same errors."""
+    lq = [5, 0, 40, 17]
+    g = torch.Generator().manual_seed(14)
+    q = _packed(sum(lq), 2, 64, torch.float16, False, g)
+    k, v = (_packed(sum(lq), 1, 64, torch.float16, False, g) for _ in range(2))
+    bad = _cu(lq)
+    bad[2] = 99  # out of range: clamped, reported
+    outs = []
+    for limit in (varlen_plan.PLAN_MAX_B, 2):
+        monkeypatch.setattr(varlen_plan, "PLAN_MAX_B", limit)
+        outs.append(attnscope.flash_attention_varlen(q, k, v, _cu(lq), _cu(lq), 40, 40, causal=True))
+        attnscope.flash_attention_varlen(q, k, v, bad, _cu(lq), 40, 40, causal=True)
+        with pytest.raises(ValueError, match="cu_seqlens_q: expected int32 values from 0 to total_q"):
+            varlen.check_errors()
+    assert torch.equal(outs[0], outs[1])
 
 
 # ---- errors: each documented error, with its message --------------------------------------------
@@ -472,8 +533,11 @@ GRAD_CASES = [
 
 
 @pytest.mark.parametrize("lq,lk,causal,group,dtype,deterministic,strided,window,softcap,sinks", GRAD_CASES)
-def test_backward_matches_per_sequence_float64(lq, lk, causal, group, dtype, deterministic, strided, window,
-                                               softcap, sinks):
+def test_backward_matches_per_sequence_float64(monkeypatch, lq, lk, causal, group, dtype, deterministic,
+                                               strided, window, softcap, sinks):
+    """deterministic=False cases run the atomic-dQ kernel (`bwd.ATOMIC_DQ_BY_DEFAULT` set True), the
+    others the separate dQ pass (what autograd runs by default while that switch is False)."""
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", not deterministic)
     dt = getattr(torch, dtype)
     hkv = 2 if group == 1 else 1
     hq = hkv * group
@@ -488,7 +552,11 @@ def test_backward_matches_per_sequence_float64(lq, lk, causal, group, dtype, det
     _check_varlen_grads(q, k, v, do, lq, lk, causal, window, softcap, sk, deterministic=deterministic)
 
 
-def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic():
+@pytest.mark.parametrize("atomic_default", [False, True])
+def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic(monkeypatch, atomic_default):
+    """deterministic=True: bitwise repeatable; deterministic=False runs `bwd.ATOMIC_DQ_BY_DEFAULT`'s mode
+    (atomic dQ when True, else the same separate pass: then bitwise equal too)."""
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", atomic_default)
     g = torch.Generator().manual_seed(12)
     lq, lk = [19, 0, 34], [23, 7, 34]
     q = _packed(sum(lq), 2, 64, torch.float16, False, g)
@@ -504,6 +572,7 @@ def test_deterministic_backward_is_bitwise_repeatable_and_agrees_with_atomic():
     a, b, c = grads(True), grads(True), grads(False)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert all((x.float() - y.float()).abs().max() < 2e-3 for x, y in zip(a, c, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(a, c, strict=True)) or atomic_default
 
 
 def test_compiled_step_has_no_graph_break_and_matches_eager():

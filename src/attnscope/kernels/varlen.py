@@ -14,26 +14,29 @@ sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, 
 `_tl._kv_bounds_window` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at
 the final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
 
-cu_seqlens values: by default never read back to the host. `_sanitize` turns them, on the device, into a
-partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values stay
-inside the tensors and every output row is written once; a difference from the given values sets a bit of
-the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host instead.
+cu_seqlens values: by default never read back to the host. `varlen_plan.plan` turns them, on the device,
+into a partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values
+stay inside the tensors and every output row is written once; a difference from the given values sets a
+bit of the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host
+instead.
 
-Scheduling: no padding to ``max_seqlen``. The launcher builds, on the device and without a host sync, a
-flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of them, padded to the
-bound ``ceil(total_q / BLOCK_M) + B`` with idle items that exit at once -- sorted heaviest first by the
-number of K/V rows the tile loads, and launches a 1-D grid over work items x query heads (heads fastest,
-so GQA heads sharing a K/V head run side by side and share it through L2). The list is rebuilt on every
-call (about a dozen tiny device ops).
+Scheduling: no padding to ``max_seqlen``. The same `varlen_plan.plan` launch (one Triton program, no
+host sync) builds a flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of
+them, padded to the bound ``ceil(total_q / BLOCK_M) + B`` with idle items that exit at once --
+sequence-major (sequences by Nk_s descending, each sequence's query tiles last to first, i.e. heaviest
+first), and the kernel runs a 1-D grid over work items x query heads (heads fastest, so GQA heads sharing
+a K/V head run side by side). The programs running at once thus read one or two sequences' K/V (L2
+hits), and the list ends with the lightest tiles of the shortest sequences (a short tail).
 
-Loads: K and V tiles come by TMA, through descriptors over the whole packed ``[total_k, Hkv, d]``, when
-K and V are 16-byte aligned (any contiguous tensor), else by predicated pointer loads. A descriptor
-cannot stop at a sequence boundary, so a ragged last tile reads rows of the next sequence (zeros past the
-tensor's end); the masked stage gives them score -inf and V row 0 by selects, so nothing leaks, not even
-a NaN. Q (once per program) and O use predicated pointer loads and stores: Q by TMA compiled to more
-spills on sm_90. Any strides with a unit last stride work. Row offsets are computed in int64.
-Tile configs are fixed per head_dim (no autotuning; see CONFIGS). Under TRITON_INTERPRET=1 bf16
-products run in fp32 with `round_bf16`, as in the dense forward.
+Loads: K and V tiles come by TMA, through host-built descriptors over the whole packed
+``[total_k, Hkv, d]`` (kernel arguments: no per-program descriptor set-up), when K and V are 16-byte
+aligned (any contiguous tensor), else by predicated pointer loads. A descriptor cannot stop at a
+sequence boundary, so a ragged last tile reads rows of the next sequence (zeros past the tensor's end);
+the masked stage gives them score -inf and V row 0 by selects, so nothing leaks, not even a NaN. Q (once
+per program) and O use predicated pointer loads and stores: Q by TMA compiled to more spills on sm_90.
+Any strides with a unit last stride work. Row offsets are computed in int64.
+Tile configs: the dense forward's measured table (`pick_config`; no autotuning). Under TRITON_INTERPRET=1
+bf16 products run in fp32 with `round_bf16`, as in the dense forward.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ from attnscope.kernels._common import (
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels import fwd as _fwd  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -68,18 +73,18 @@ from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
     _sanitize,
     _work_items,
     mod_args,
+    plan,
     prepare,
 )
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head_dim. The dense forward's measured best on the H200
-# (BENCHMARKS.md, "prefill config sweep"): d = 128 -> 128 x 64, 4 warps, 2 stages; d = 64 -> 128 x 128,
-# 4 warps, 3 stages. The varlen kernel runs the same inner loop (K/V by TMA too), so the same shapes are
-# taken. Compiled for sm_90 on a CPU (Triton 3.6, ptxas -v), bf16, TMA path: d = 128 255 registers,
-# 168 / 188 B spill stores (unmasked / causal; the dense forward: 100 / 124), 96 KiB shared memory;
-# d = 64 255 registers, 20 / 100 B spill stores, 113 KiB. Pointer path: 276 / 568 B (d = 128), 36 / 56 B
-# (d = 64). Not measured on a GPU yet (bench/varlen.py times both paths).
-CONFIGS = {128: (128, 64, 4, 2), 64: (128, 128, 4, 3)}
-INTERPRETER_CONFIG = (32, 16, 4, 1)  # small tiles: CPU tests still cover multi-tile, ragged and diagonal
+
+def pick_config(d: int, masked: bool, n: int):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim ``d``, ``masked`` (causal or a window) and
+    the longest sequence ``n``: the dense forward's measured table (`fwd.pick_config`; the small
+    interpreter tiles under TRITON_INTERPRET=1): the inner loop is the same, K/V by TMA too. Compiled
+    for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA): see bench/varlen.py --compile-only."""
+    return tuple(_fwd.pick_config(d, masked, n))
+
 
 
 @triton.jit
@@ -87,12 +92,15 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
                  stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
                  MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr, left, right, sc_in, sc_out,
-                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, RAGGED: tl.constexpr):
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
-    With TMA a masked tile may read rows past the sequence's end (the next sequence's, or zeros past the
-    tensor): their scores are replaced by -inf and their V rows by 0 with selects, so nothing of them,
-    not even a NaN, reaches the result. Without TMA the loads are predicated instead. The softmax step,
-    with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as `attnscope.kernels.fwd._attn_tile`).
+    With TMA the ragged last tile (``RAGGED``, masked) reads rows past the sequence's end (the next
+    sequence's, or zeros past the tensor): their scores are replaced by -inf and their V rows by 0 with
+    selects, so nothing of them, not even a NaN, reaches the result; V goes through registers only in
+    that tile (the select costs a shared-memory round trip and V's pipelining; the window's masked
+    stages pass ``RAGGED`` for all their tiles). Without TMA the loads are predicated instead. The
+    softmax step, with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as
+    `attnscope.kernels.fwd._attn_tile`).
     ``SOFTCAP``: scores become ``tanh(s * sc_in) * sc_out`` in log2 units (the launcher passes
     ``qk_scale = 1``); ``WINDOW``: masked tiles also apply `bwd.window_keep`."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
@@ -120,7 +128,7 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         m_ij = tl.where(l_i == 0.0, float("-inf"), m_ij)  # key gets p = 1 exactly, as without a window
     if USE_TMA:
         v = desc_v.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
-        if MASKED:
+        if RAGGED:
             v = tl.where(in_seq[:, None], v, 0.0)  # rows of the next sequence: 0 * inf would be NaN
     elif MASKED:
         v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=in_seq[:, None], other=0.0)
@@ -133,9 +141,9 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
 
 @triton.jit
 def _attnscope_varlen_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE, SINKS,
+    Q, K, V, desc_k, desc_v, O, LSE, CU_Q, CU_K, WORK_SEQ, WORK_TILE, SINKS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H, HKV, TOTAL_Q, TOTAL_K, qk_scale, left, right, sc_in, sc_out,
+    H, HKV, TOTAL_Q, qk_scale, left, right, sc_in, sc_out,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, MAX_UNSCALED: tl.constexpr,
     EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -164,17 +172,6 @@ def _attnscope_varlen_kernel(
                 other=0.0)
     k_ptrs = K + k0.to(tl.int64) * stride_kt + hk64 * stride_kh + offs_d[None, :]
     v_ptrs = V + k0.to(tl.int64) * stride_vt + hk64 * stride_vh + offs_d[None, :]
-    if USE_TMA:  # [total_k, Hkv, d] seen whole; the masked stage discards rows past the sequence
-        desc_k = tl.make_tensor_descriptor(K, shape=[TOTAL_K, HKV, HEAD_DIM],
-                                           strides=[stride_kt, stride_kh, 1],
-                                           block_shape=[BLOCK_N, 1, HEAD_DIM])
-        desc_v = tl.make_tensor_descriptor(V, shape=[TOTAL_K, HKV, HEAD_DIM],
-                                           strides=[stride_vt, stride_vh, 1],
-                                           block_shape=[BLOCK_N, 1, HEAD_DIM])
-    else:
-        desc_k = K  # unused placeholders
-        desc_v = V
-
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain, scaled)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # unnormalised output
@@ -185,31 +182,38 @@ def _attnscope_varlen_kernel(
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, True)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, False, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, False)
         for start_n in range(full_hi, hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, True)
     else:
         lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+        whole = tl.maximum(lo, tl.minimum(hi, (NK // BLOCK_N) * BLOCK_N))  # [lo, whole): inside the sequence
         # Stage 1: tiles every row may see entirely: no mask arithmetic, no bounds check.
         for start_n in range(0, lo, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP)
-        # Stage 2: diagonal tiles and the ragged last tile: masked before the max.
-        for start_n in range(lo, hi, BLOCK_N):
+                                         left, right, sc_in, sc_out, False, SOFTCAP, False)
+        # Stage 2: diagonal tiles: masked before the max.
+        for start_n in range(lo, whole, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP)
+                                         left, right, sc_in, sc_out, False, SOFTCAP, False)
+        # Stage 3: the ragged last tile (at most one; diagonal too when causal): columns past Nk_s masked.
+        for start_n in range(whole, hi, BLOCK_N):
+            acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
+                                         offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
+                                         BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
+                                         left, right, sc_in, sc_out, False, SOFTCAP, True)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
@@ -238,46 +242,49 @@ def _tma_ok(k, v) -> bool:
                for t in (k, v) for x in (*t.stride()[:2], t.storage_offset()))
 
 
-def _set_allocator(device) -> None:
-    """Device-side tensor descriptors need a scratch allocator (128 B per descriptor per program); set on
-    each TMA launch because Triton keeps one process-wide allocator and the device may differ."""
-
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(alloc)
+def _desc(t, block_n: int):
+    """Host-built TMA descriptor over the whole packed ``[total_k, Hkv, d]`` (a kernel argument: no device
+    scratch, no per-program descriptor set-up), blocks of ``[block_n, 1, d]``."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_n, 1, t.shape[2]])
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
-            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None):
-    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    and ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) are for the benchmark
-    and the tests; both paths give the same result. ``bounds``: see `mod_args` (``causal`` must then be
-    False: the bounds say all)."""
-    dims, mods, sm_scale, cu_q, cu_k = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                               max_seqlen_k, causal, window, softcap, sinks, scale,
-                                               check_seqlens)
+            check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None,
+            items=None):
+    """Check, build the work list, allocate, launch. ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages),
+    ``tma`` (whole K/V tiles by TMA: default when K and V are 16-byte aligned) and ``items`` (a
+    ``(seq, tile)`` work list of the config's BLOCK_M instead of `plan`'s, covering every tile once) are
+    for the benchmark and the tests; all give the same result. ``bounds``: see `mod_args` (``causal``
+    must then be False: the bounds say all)."""
+    dims, mods, sm_scale = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                   window, softcap, sinks, scale, check_seqlens)
     total_q, Hq, d, total_k, Hkv = dims
     o = torch.empty((total_q, Hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return o, lse
-    block_m, block_n, num_warps, num_stages = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[d])
+    kw = mod_args(mods, sm_scale, causal, bounds)
+    masked = kw["WINDOW"] or bool(causal)
+    block_m, block_n, num_warps, num_stages = config or pick_config(d, masked,
+                                                                   max(max_seqlen_q, max_seqlen_k))
     B = cu_seqlens_q.shape[0] - 1
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
     if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
         n_items = min(n_items, B * -(-max(max_seqlen_q, 1) // block_m))
-    kw = mod_args(mods, sm_scale, causal, bounds)
-    seq, tile = _work_items(cu_q, cu_k, n_items, block_m, kw["WINDOW"] or bool(causal))
+    cu_q, cu_k, [(seq, tile)] = plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k,
+                                     [(n_items, block_m, masked, False)],
+                                     sanitize=not check_seqlens)
+    if items is not None:
+        seq, tile = items
+        n_items = seq.shape[0]
     use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
-    if use_tma:
-        _set_allocator(q.device)
+    desc_k, desc_v = (_desc(t, block_n) for t in (k, v)) if use_tma else (k, v)  # pointers: placeholders
     qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
     _attnscope_varlen_kernel[(n_items * Hq,)](
-        q, k, v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
+        q, k, v, desc_k, desc_v, o, lse, cu_q, cu_k, seq, tile, q if mods.sinks is None else mods.sinks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
-        Hq, Hkv, total_q, total_k, qk_scale, **kw,
+        Hq, Hkv, total_q, qk_scale, **kw,
         HEAD_DIM=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
         USE_TMA=use_tma, MAX_UNSCALED=qk_scale > 1.0,  # see _varlen_tile: huge scales stay NaN-free
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16, HAS_SINKS=mods.sinks is not None,
@@ -351,9 +358,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     sinks : torch.Tensor, float32 [Hq], optional, keyword-only
         One logit per query head in every row's softmax denominator, with no value; the LSE includes it.
     deterministic : bool, keyword-only
-        Backward only. False (default): dQ accumulated with fp32 atomics inside the dK/dV kernel, one
-        pass (the dense backward measured its separate pass faster at most shapes; bench/varlen.py times
-        both here). True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
+        Backward only. True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
+        False (default): the faster mode by the dense backward's rule, `kernels.bwd.ATOMIC_DQ_BY_DEFAULT`:
+        while it is False (the separate pass measured faster, here too: bench/varlen.py), the same pass;
+        else fp32 atomics inside the dK/dV kernel.
     check_seqlens : bool, keyword-only
         False (default): the cu_seqlens *values* are checked on the device without a host sync: any
         values are clamped into a partition of the packed rows (never a read or write outside the

@@ -12,10 +12,13 @@ packed row goes into the base offset.
    GQA group's query heads and the query tiles that see the tile (causal / window bounds per sequence);
    ``deterministic=False`` also adds ``dS K`` into an fp32 dQ buffer [Hq, total_q, d] with atomics;
 3. ``deterministic=True``: dQ in a separate pass, one program per (sequence, query tile) x query head
-   (no atomics anywhere: bitwise-identical gradients run to run).
+   (no atomics anywhere: bitwise-identical gradients run to run). Autograd follows the dense backward's
+   rule: the separate pass also for ``flash_attention_varlen(deterministic=False)`` while
+   `bwd.ATOMIC_DQ_BY_DEFAULT` is False.
 
-Work items are built on the device as the forward's (`varlen_plan._work_items`, heaviest first), from the
-cu_seqlens sanitised as the forward's (`varlen_plan.prepare`): no host sync, no access outside the tensors.
+The cu_seqlens are sanitised and the work lists built on the device by `varlen_plan.plan` (one launch
+for both lists; the forward's order: sequence-major, heaviest first): no host sync, no access outside
+the tensors.
 Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch (issue 35).
 Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
 pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
@@ -30,7 +33,7 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels import varlen_plan  # noqa: E402
+from attnscope.kernels import bwd, varlen_plan  # noqa: E402
 from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, _window_bounds  # noqa: E402
 from attnscope.kernels.bwd import (  # noqa: E402
     DKDV_CONFIGS,
@@ -219,9 +222,9 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     dsinks [Hq] float32 (an empty tensor [0] without sinks).
     """
     check_flags(deterministic=deterministic)
-    dims, mods, sm_scale, cu_q, cu_k = varlen_plan.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                           max_seqlen_k, causal, window, softcap, sinks,
-                                                           scale, check_seqlens)
+    dims, mods, sm_scale = varlen_plan.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                               max_seqlen_k, causal, window, softcap, sinks, scale,
+                                               check_seqlens)
     total_q, Hq, d, total_k, Hkv = dims
     _check_saved(do, o, lse, dlse, q)
     dev, dt = q.device, q.dtype
@@ -247,9 +250,15 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
+    qm, qn, q_warps, q_stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
     n_kv = cdiv(total_k, bn) + B  # >= sum_s ceil(Nk_s / BLOCK_N) for any partition of total_k
-    seq, tile = varlen_plan._work_items(cu_q, cu_k, n_kv, bn, mod_kw["WINDOW"] or bool(causal), kv_tiles=True)
+    n_q = cdiv(total_q, qm) + B
+    masked = mod_kw["WINDOW"] or bool(causal)
     atomic = not deterministic
+    lists = [(n_kv, bn, masked, True)] + ([] if atomic else [(n_q, qm, masked, False)])
+    cu_q, cu_k, items = varlen_plan.plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k, lists,
+                                         sanitize=not check_seqlens)
+    seq, tile = items[0]
     dq_acc = torch.zeros((Hq, total_q, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     if total_k > 0:
         _varlen_dkdv_kernel[(n_kv * Hkv,)](
@@ -259,13 +268,11 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     if atomic:
         return dq_acc.transpose(0, 1).to(dt).contiguous(), dk, dv, dsinks
     dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
-    bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
-    n_q = cdiv(total_q, bm) + B
-    seq, tile = varlen_plan._work_items(cu_q, cu_k, n_q, bm, mod_kw["WINDOW"] or bool(causal))
+    seq, tile = items[1]
     _varlen_dq_kernel[(n_q * Hq,)](
         q, k, v, do, lse2, delta, dq, cu_q, cu_k, seq, tile, *strides, Hq, Hkv, total_q, qk_scale, sm_scale,
-        **mod_kw, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps,
-        num_stages=stages)
+        **mod_kw, HEAD_DIM=d, BLOCK_M=qm, BLOCK_N=qn, EMULATE_BF16=emulate, num_warps=q_warps,
+        num_stages=q_stages)
     return dq, dk, dv, dsinks
 
 
@@ -311,6 +318,7 @@ def backward(ctx, grad_o, grad_lse):
         grad_o = torch.zeros_like(o)
     elif grad_o.stride(-1) != 1:
         grad_o = grad_o.contiguous()
+    deterministic = deterministic or not bwd.ATOMIC_DQ_BY_DEFAULT  # the dense backward's switch, per call
     dq, dk, dv, dsinks = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, scale,
                                  window, softcap, sinks, deterministic, check_seqlens)
     return (dq, dk, dv, None, None, None, None, None, None, None, None, None,

@@ -1,6 +1,7 @@
 """What the packed variable-length forward (kernels/varlen.py) and backward (kernels/varlen_bwd.py) share:
-the input checks, the device-side sanitising of cu_seqlens and its error word, the work list of
-(sequence, tile) items, the kernel arguments of the score mods, and the in-kernel window bounds."""
+the input checks, the device-side sanitising of cu_seqlens and its error word and the work lists of
+(sequence, tile) items (`plan`: one Triton program per list, no host sync), the kernel arguments of the
+score mods."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from attnscope.kernels._common import (
 )
 
 torch, triton = import_torch_triton()
+import triton.language as tl  # noqa: E402
 
 from attnscope.kernels.bwd import WINDOW_UNBOUNDED  # noqa: E402
 
@@ -94,7 +96,8 @@ def _sanitize(cu, total: int, max_seqlen: int, flag, bit_cu: int, bit_max: int):
     ``total``, so the sequences always partition ``[0, total)`` (a decreasing pair becomes an empty
     sequence, an out-of-range value is clamped): every row is read and written once, inside the tensors,
     whatever ``cu`` holds. Where ``cu`` differs from it, or a length exceeds ``max_seqlen``, the bit is
-    ORed into ``flag`` (raised by `check_errors`)."""
+    ORed into ``flag`` (raised by `check_errors`). The torch form of `_plan_kernel`'s sanitising (used
+    for batches of more than `PLAN_MAX_B` sequences, and by the tests as its reference)."""
     fixed = torch.cummax(cu.clamp(0, total), 0).values
     fixed[:1].zero_()  # fill_ of a slice: no host-to-device copy of a Python scalar (a sync)
     fixed[-1:].fill_(total)
@@ -105,50 +108,167 @@ def _sanitize(cu, total: int, max_seqlen: int, flag, bit_cu: int, bit_max: int):
 
 
 def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool, kv_tiles: bool = False):
-    """(sequence, tile) pairs, heaviest first, padded with sequence -1 to ``n_items``; on the device, no
-    host sync. Query tiles of ``block_m`` rows (weight: the K/V rows the tile loads, `_kv_bounds`'s
-    ``hi``) or, with ``kv_tiles``, K/V tiles of ``block_m`` keys (weight: the query rows that see it)."""
+    """(sequence, tile) work items, padded with sequence -1 to ``n_items``; on the device, no host sync.
+    The torch form of `_plan_kernel`'s list (the same order; used above `PLAN_MAX_B` sequences and by
+    the tests as its reference).
+
+    Order: sequence-major, the sequences by their heaviest tile (the K/V rows a query tile loads:
+    ``Nk_s``; with ``kv_tiles``, the query rows that see a K/V tile: ``Nq_s``) descending, ties by index;
+    within a sequence its tiles heaviest first (causal query tiles last to first, K/V tiles first to last).
+    So the programs running at once share one sequence's K/V in L2, and the list ends with the lightest
+    tiles of the shortest sequences. Tiles are of ``block_m`` query rows (or, with ``kv_tiles``, keys)."""
     nq = (cu_q[1:] - cu_q[:-1]).long()  # [B]
     nk = (cu_k[1:] - cu_k[:-1]).long()
-    n_own = nk if kv_tiles else nq
-    tiles = (n_own + block_m - 1) // block_m  # [B] tiles per sequence
-    ends = torch.cumsum(tiles, 0)  # [B] exclusive end of each sequence's items
+    B = nq.shape[0]
+    tiles = ((nk if kv_tiles else nq) + block_m - 1) // block_m  # [B] tiles per sequence
+    weight = nq if kv_tiles else nk
+    key = weight * (1 << 32) + (B - 1 - torch.arange(B, device=cu_q.device))
+    order = torch.argsort(key, descending=True)  # keys are distinct: ties broken by the index
+    ends = torch.cumsum(tiles[order], 0)  # [B] exclusive end of each sorted sequence's items
     w = torch.arange(n_items, device=cu_q.device)
-    seq = torch.searchsorted(ends, w, right=True).clamp_(max=nq.shape[0] - 1)  # [W]
-    tile = w - (ends[seq] - tiles[seq])
+    j = torch.searchsorted(ends, w, right=True).clamp_(max=B - 1)  # [W] position in the sorted order
     valid = w < ends[-1]
-    if causal and kv_tiles:  # query rows r >= c - (Nk - Nq) of the tile's first key c
-        weight = nq[seq] - (tile * block_m - nk[seq] + nq[seq]).clamp(min=0, max=None).minimum(nq[seq])
-    elif causal:  # rows of the tile's last query + the diagonal offset, clamped to [0, Nk]
-        r_last = torch.minimum((tile + 1) * block_m, nq[seq]) + nk[seq] - nq[seq]
-        weight = torch.minimum(r_last.clamp(min=0), nk[seq])
-    else:
-        weight = nq[seq] if kv_tiles else nk[seq]
-    weight = torch.where(valid, weight + 1, torch.zeros_like(weight))  # +1: an item with no keys still runs
-    order = torch.argsort(weight, descending=True, stable=True)
-    seq = torch.where(valid, seq, -1)[order].to(torch.int32)
-    tile = torch.where(valid, tile, 0)[order].to(torch.int32)
+    t = w - (ends[j] - tiles[order][j])
+    if causal and not kv_tiles:
+        t = tiles[order][j] - 1 - t  # the last query tile loads the most keys
+    seq = torch.where(valid, order[j], -1).to(torch.int32)
+    tile = torch.where(valid, t, 0).to(torch.int32)
     return seq, tile
+
+
+#: The most sequences `_plan_kernel` (one program) takes; larger batches run the torch forms above.
+PLAN_MAX_B = 4096
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _fix_cu(CU, i, B, TOTAL, MAX_SEQLEN):
+    """`_sanitize` on a block ``i`` of indices: (fixed cu[i], fixed cu[i + 1], bad-values flag, too-long
+    flag); lanes ``i > B`` are padding."""
+    raw = tl.load(CU + i, mask=i <= B, other=0)
+    a = tl.minimum(tl.maximum(raw, 0), TOTAL)
+    fixed = tl.associative_scan(a, 0, _max_combine)  # padding lanes (0) come after B: no effect
+    fixed = tl.where(i == 0, 0, tl.where(i == B, TOTAL, fixed))
+    a0 = tl.max(tl.where(i == 0, a, 0), 0)  # clamp(cu[0])
+    nxt = tl.minimum(tl.maximum(tl.load(CU + i + 1, mask=i + 1 <= B, other=0), 0), TOTAL)
+    nxt = tl.maximum(tl.associative_scan(nxt, 0, _max_combine), a0)  # cummax(clamp(cu))[i + 1]
+    nxt = tl.where(i + 1 == B, TOTAL, nxt)
+    bad = tl.max(((raw != fixed) & (i <= B)).to(tl.int32), 0)
+    too_long = tl.max(((nxt - fixed > MAX_SEQLEN) & (i < B)).to(tl.int32), 0)
+    return fixed, nxt, bad, too_long
+
+
+@triton.jit
+def _plan_kernel(CU_Q, CU_K, FIX_Q, FIX_K, FLAG, ORDER, ENDS, WORK_SEQ, WORK_TILE,
+                 B, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, N_ITEMS, TILE,
+                 CAUSAL: tl.constexpr, KV_TILES: tl.constexpr, BLOCK_B: tl.constexpr, LOG_B: tl.constexpr,
+                 BLOCK_W: tl.constexpr):
+    """One program: `_sanitize` of both cu_seqlens into FIX_Q / FIX_K (error bits ORed into FLAG), then
+    `_work_items`' list into WORK_SEQ / WORK_TILE (ORDER, ENDS: [B] scratch). One launch instead of a
+    few dozen torch ops."""
+    i = tl.arange(0, BLOCK_B)
+    fq, fq1, bad_q, long_q = _fix_cu(CU_Q, i, B, TOTAL_Q, MAX_Q)
+    fk, fk1, bad_k, long_k = _fix_cu(CU_K, i, B, TOTAL_K, MAX_K)
+    tl.store(FIX_Q + i, fq, mask=i <= B)
+    tl.store(FIX_K + i, fk, mask=i <= B)
+    bits = bad_q * 1 + bad_k * 2 + long_q * 4 + long_k * 8  # `ERROR_BITS`
+    if bits != 0:
+        tl.atomic_or(FLAG, bits)
+    nq = fq1 - fq
+    nk = fk1 - fk
+    weight = nq if KV_TILES else nk
+    weight = tl.where(i < B, weight, -1).to(tl.int64)
+    key = weight * 4294967296 + (B - 1 - i)  # descending weight, ties by ascending index; padding last
+    key = tl.sort(key, 0, descending=True)
+    order = (B - 1 - (key & 4294967295)).to(tl.int32)  # [BLOCK_B] sequence ids in list order
+    order_ok = i < B
+    order = tl.where(order_ok, order, 0)
+    tl.store(ORDER + i, order, mask=order_ok)
+    tl.debug_barrier()  # FIX_* visible to every thread of the program
+    FIX_OWN = FIX_K if KV_TILES else FIX_Q  # the rows the tiles cut: keys or queries
+    n_own = (tl.load(FIX_OWN + order + 1, mask=order_ok, other=0)
+             - tl.load(FIX_OWN + order, mask=order_ok, other=0))
+    ends = tl.cumsum((n_own + TILE - 1) // TILE, 0)
+    tl.store(ENDS + i, ends, mask=order_ok)
+    tl.debug_barrier()
+    for w0 in range(0, N_ITEMS, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        lo = tl.zeros([BLOCK_W], tl.int32)
+        hi = tl.zeros([BLOCK_W], tl.int32) + B
+        for _ in tl.static_range(LOG_B):  # lo = the first sorted position whose items end after w
+            mid = (lo + hi) // 2
+            e = tl.load(ENDS + mid, mask=lo < hi, other=0)
+            right = (lo < hi) & (e <= w)
+            hi = tl.where((lo < hi) & (e > w), mid, hi)
+            lo = tl.where(right, mid + 1, lo)
+        valid = lo < B
+        j = tl.minimum(lo, B - 1)
+        end = tl.load(ENDS + j)
+        start = tl.load(ENDS + j - 1, mask=j > 0, other=0)
+        t = w - start
+        if CAUSAL and not KV_TILES:
+            t = end - start - 1 - t  # the last query tile loads the most keys
+        seq = tl.load(ORDER + j)
+        tl.store(WORK_SEQ + w, tl.where(valid, seq, -1), mask=w < N_ITEMS)
+        tl.store(WORK_TILE + w, tl.where(valid, t, 0), mask=w < N_ITEMS)
+
+
+def plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q: int, max_seqlen_k: int, lists,
+         sanitize: bool = True):
+    """The sanitised cu_seqlens and the work lists of one launch, on the device, without a host sync:
+    ``(cu_q, cu_k, [(seq, tile), ...])``, one pair per ``(n_items, tile, causal, kv_tiles)`` of ``lists``.
+    Up to `PLAN_MAX_B` sequences one `_plan_kernel` launch per list (each also sanitises, the same
+    values); above, the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values were checked on the
+    host, used as given."""
+    total_q, _, _, total_k, _ = dims
+    B = cu_seqlens_q.shape[0] - 1
+    dev = cu_seqlens_q.device
+    flag = device_error_flag(torch, dev, "varlen")
+    if B + 1 > PLAN_MAX_B:
+        if sanitize:
+            cu_q = _sanitize(cu_seqlens_q, total_q, max_seqlen_q, flag, 1, 4)
+            cu_k = _sanitize(cu_seqlens_k, total_k, max_seqlen_k, flag, 2, 8)
+        else:
+            cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+        return cu_q, cu_k, [_work_items(cu_q, cu_k, n, t, c, kv) for n, t, c, kv in lists]
+    block_b = max(16, triton.next_power_of_2(B + 1))
+    n_all = sum(n for n, *_ in lists)
+    buf = torch.empty(2 * (B + 1) + 2 * B + 2 * n_all, dtype=torch.int32, device=dev)
+    fix_q, fix_k = buf[:B + 1], buf[B + 1:2 * B + 2]
+    order, ends = buf[2 * B + 2:3 * B + 2], buf[3 * B + 2:4 * B + 2]
+    out, at = [], 4 * B + 2
+    warps = max(4, min(16, block_b // 256))  # the sort's block: 32 keys per thread at most
+    for n, tile, causal, kv_tiles in lists:
+        seq, til = buf[at:at + n], buf[at + n_all:at + n_all + n]
+        at += n
+        # each launch sanitises the given arrays again (the same values; the same bits ORed, idempotent)
+        _plan_kernel[(1,)](cu_seqlens_q, cu_seqlens_k, fix_q, fix_k, flag, order, ends, seq, til, B, total_q,
+                           total_k, max_seqlen_q, max_seqlen_k, n, tile, CAUSAL=bool(causal),
+                           KV_TILES=bool(kv_tiles), BLOCK_B=block_b, LOG_B=block_b.bit_length(), BLOCK_W=1024,
+                           num_warps=warps)
+        out.append((seq, til))
+    if not sanitize:
+        return cu_seqlens_q, cu_seqlens_k, out
+    return fix_q, fix_k, out
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap, sinks,
             scale, check_seqlens):
-    """The checks every varlen launch (forward and backward) makes: shapes, mods (`check_mods`), and the
-    cu_seqlens values: on the host with ``check_seqlens`` (a sync), else sanitised on the device with the
-    error word set (`_sanitize`). Returns ``(dims, mods, sm_scale, cu_q, cu_k)``."""
+    """The host checks every varlen launch (forward and backward) makes: shapes, mods (`check_mods`), and,
+    with ``check_seqlens``, the cu_seqlens values (a sync; else `plan` sanitises them on the device and
+    sets the error word). Returns ``(dims, mods, sm_scale)``."""
     dims = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
     total_q, Hq, d, total_k, Hkv = dims
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
     if check_seqlens:
         _check_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, "max_seqlen_q")
         _check_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, "max_seqlen_k")
-        cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
-    else:
-        flag = device_error_flag(torch, q.device, "varlen")
-        cu_q = _sanitize(cu_seqlens_q, total_q, max_seqlen_q, flag, 1, 4)
-        cu_k = _sanitize(cu_seqlens_k, total_k, max_seqlen_k, flag, 2, 8)
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    return dims, mods, sm_scale, cu_q, cu_k
+    return dims, mods, sm_scale
 
 
 def mod_args(mods, sm_scale: float, causal: bool, bounds=None) -> dict:
