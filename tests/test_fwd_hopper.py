@@ -128,15 +128,14 @@ MOD_CASES = [  # (causal, window, softcap, sinks scale or None, nq, nk)
                                        if v != "hopper_wg3_pp" or d == 64])
 @pytest.mark.parametrize("causal,window,softcap,sinks_scale,nq,nk", MOD_CASES)
 def test_mods_match_float64(monkeypatch, variant, d, causal, window, softcap, sinks_scale, nq, nk):
-    monkeypatch.setattr(dispatch, "DEFAULT_VARIANT", variant)  # impl="hopper" runs this variant
     dtype = torch.bfloat16 if d == 128 else torch.float16
     torch.manual_seed(nq * 7 + nk)
     q = torch.randn(2, 8, nq, d, device="cuda", dtype=dtype) * (4.0 if softcap == 2.0 else 1.0)
     k, v = (torch.randn(2, 2, nk, d, device="cuda", dtype=dtype) for _ in range(2))
     sinks = None if sinks_scale is None else torch.randn(8, device="cuda") * sinks_scale
     _poisoned_empty(monkeypatch)
-    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, impl="hopper", window=window,
-                                       softcap=softcap, sinks=sinks)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, impl=variant, window=window,
+                                       softcap=softcap, sinks=sinks)  # a variant's name forces it
     monkeypatch.undo()
     ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
                                          return_lse=True, window=window, softcap=softcap,
