@@ -25,6 +25,8 @@ scale (one FMA per score). Causal query tiles launch heaviest first.
 
 Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
 per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
+Host path: the first call of a layout (shapes, strides, dtypes, devices, flags) is checked and leaves a
+launch plan (`_plan_key`, `PLAN_CACHE_SIZE`); a later call of it allocates the output and launches.
 """
 
 from __future__ import annotations
@@ -475,7 +477,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         ``"portable"``: the Triton kernel of this module; ``"hopper"``: the Gluon sm_90 kernel with
         FlashAttention-3's warp-specialised schedule, its default (persistent) variant (kernels/fwd_hopper.py;
         needs an sm_90 GPU and ``scale * log2(e) <= 1``); ``"auto"``: on sm_90, the Hopper variant
-        `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else portable.
+        `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else portable. A
+        `fwd_hopper.VARIANTS` name (e.g. ``"hopper_wg3_pp"``) forces that variant: for benchmarks and tests,
+        not a stable option.
     window : (left, right) or None
         Sliding window, flash-attn's ``window_size``: key c is visible to row r iff
         ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;
