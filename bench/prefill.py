@@ -301,8 +301,10 @@ def verdict(rows) -> list[str]:
         vs_best.append(t["auto"] / best)
         vs_port.append(t["auto"] / t["portable"])
     if vs_best:
-        lines.append(f"dispatch: min auto / best kept variant {min(vs_best):.3f} (need >= 0.98), "
-                     f"min auto / portable {min(vs_port):.3f} (need >= 1.0), {len(vs_best)} points")
+        ok = min(vs_best) >= 0.98 and min(vs_port) >= 1.0
+        lines.append(f"dispatch {'PASS' if ok else 'FAIL'}: min auto / best kept variant {min(vs_best):.3f} "
+                     f"(need >= 0.98), min auto / portable {min(vs_port):.3f} (need >= 1.0), "
+                     f"{len(vs_best)} points")
     return lines
 
 
