@@ -4,20 +4,24 @@ against SDPA CUDNN and SDPA FLASH, same inputs, same run.
     PYTHONPATH=src python bench/prefill.py --grid 16k --markdown [--json F] [--rounds 2]
     PYTHONPATH=src python bench/prefill.py --shapes bench/grids/dispatch_heldout.csv --markdown
     PYTHONPATH=src python bench/prefill.py --mods [--json F]   # window / softcap / sinks, Hopper kernel
+    PYTHONPATH=src python bench/prefill.py --host             # host us per call: flash_attention vs SDPA
     python bench/prefill.py --draw 33 > bench/grids/dispatch_heldout.csv   # CPU: draw held-out shapes
 
 ``--grid 16k``: H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} x d {64, 128} x causal/not x bf16/fp16.
 ``--shapes CSV``: rows ``batch,q_heads,kv_heads,n,d,causal,dtype`` (e.g. the dispatch check's held-out
-shapes, drawn by ``--draw`` before any run). Step 1 checks every implementation at every point at its
-full shape against float64 (heads 0-1 of batch 0, the last 2,048 rows; bound `checks.kernel_tolerance` of
-SDPA FLASH's error on the same inputs); one that fails or raises is reported and not timed. Step 2 times
-the rest (triton.testing.do_bench, median) in ``--rounds`` interleaved rounds, the order rotated round to
-round; a point's TFLOP/s (`model.flops.attention_flops`) is the median over rounds. The closing lines say,
-per point, auto / best kept variant and auto / portable, and the minimum of each (the dispatch check:
-auto >= 0.98 x the best variant and >= 1.0 x portable). ``--mods``: every kept variant with window,
-softcap and sinks against float64 (`MOD_CASES`), then causal windows against full causal (`MOD_TIMINGS`).
-Takes about 2-4 minutes per 40 points on an H200
-(the Gluon compiles, about 3 s each, included).
+shapes, drawn by ``--draw`` before any run). Every attnscope implementation runs through the public call,
+``flash_attention(q, k, v, causal=c, impl=...)`` (a Hopper variant forced by its name), so auto and each
+variant pay the same host path and auto / variant isolates the dispatch choice; the run opens with the host
+time per call of `flash_attention` and of SDPA (``host_times``; ``--host`` alone). Step 1 checks every
+implementation at every point at its full shape against float64 (heads 0-1 of batch 0, the last 2,048
+rows; bound `checks.kernel_tolerance` of SDPA FLASH's error on the same inputs); one that fails or raises
+is reported and not timed. Step 2 times the rest (triton.testing.do_bench, median) in ``--rounds``
+interleaved rounds, the order rotated round to round; a point's TFLOP/s (`model.flops.attention_flops`) is
+the median over rounds. The closing lines say, per point, auto / best kept variant and auto / portable, and
+the minimum of each (the dispatch check: auto >= 0.98 x the best variant and >= 1.0 x portable).
+``--mods``: every kept variant with window, softcap and sinks against float64 (`MOD_CASES`), then causal
+windows against full causal (`MOD_TIMINGS`). Takes about 2-4 minutes per 40 points on an H200 (the Gluon
+compiles, about 3 s each, included).
 """
 
 import argparse
@@ -62,25 +66,59 @@ def read_shapes(path: str) -> list[tuple]:
 
 
 def _impls(torch):
+    """name -> ``f(q, k, v, causal)``. attnscope's are one public call, ``flash_attention(q, k, v,
+    causal=c, impl=name)`` (a `fwd_hopper.VARIANTS` name forces that variant): the same wrapper, checks and
+    outputs for each, so auto / a variant measures the dispatch choice alone."""
     import attnscope
-    from attnscope.kernels import fwd, fwd_hopper
     from attnscope.measure.backends import sdpa
     from attnscope.model import dispatch
 
-    def variant(name):
-        def call(q, k, v, c):
-            o = torch.empty_like(q)
-            lse = torch.empty(1, device=q.device, dtype=torch.float32)
-            fwd_hopper.launch(q, k, v, o, lse, fwd.LOG2E / math.sqrt(q.shape[-1]), c, False, name)
-            return o
-        return call
+    def public(impl):
+        return lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl=impl)
 
-    impls = {"portable": lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="portable")}
-    impls.update({name: variant(name) for name in dispatch.VARIANTS})
-    impls["auto"] = lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl="auto")
+    impls = {name: public(name) for name in ("portable", *dispatch.VARIANTS, "auto")}
     impls["cudnn"] = sdpa("cudnn")
     impls["flash"] = sdpa("flash")
     return impls
+
+
+#: ``host_times``: a shape at which the GPU idles (a few microseconds of work per call), calls per timing.
+HOST_SHAPE = (1, 8, 128, 128)  # B, H, N, d (bf16)
+HOST_CALLS = 1000
+
+
+def host_times(torch, log=print) -> dict:
+    """Host microseconds per call: the wall time of ``HOST_CALLS`` back-to-back calls at ``HOST_SHAPE``
+    (synchronised before and after), for `flash_attention` and SDPA's default call, each without and with
+    inputs that require grad (forward only)."""
+    import time
+
+    import torch.nn.functional as F
+
+    import attnscope
+
+    b, h, n, d = HOST_SHAPE
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    calls = {"flash_attention": lambda: attnscope.flash_attention(q, k, v),
+             "flash_attention grad": lambda: attnscope.flash_attention(qg, kg, vg),
+             "SDPA": lambda: F.scaled_dot_product_attention(q, k, v),
+             "SDPA grad": lambda: F.scaled_dot_product_attention(qg, kg, vg)}
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        out[name] = (time.perf_counter() - t0) / HOST_CALLS * 1e6
+        torch.cuda.synchronize()
+    out["flash_attention / SDPA"] = out["flash_attention"] / out["SDPA"]
+    out["flash_attention grad / SDPA grad"] = out["flash_attention grad"] / out["SDPA grad"]
+    log(f"host us per call (B={b} H={h} N={n} d={d} bf16, {HOST_CALLS:,} back-to-back calls, wall time of "
+        "the issuing loop): " + ", ".join(f"{x} {y:.{3 if '/' in x else 1}f}" for x, y in out.items()))
+    return out
 
 
 def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) -> list[dict]:
@@ -263,8 +301,10 @@ def verdict(rows) -> list[str]:
         vs_best.append(t["auto"] / best)
         vs_port.append(t["auto"] / t["portable"])
     if vs_best:
-        lines.append(f"dispatch: min auto / best kept variant {min(vs_best):.3f} (need >= 0.98), "
-                     f"min auto / portable {min(vs_port):.3f} (need >= 1.0), {len(vs_best)} points")
+        ok = min(vs_best) >= 0.98 and min(vs_port) >= 1.0
+        lines.append(f"dispatch {'PASS' if ok else 'FAIL'}: min auto / best kept variant {min(vs_best):.3f} "
+                     f"(need >= 0.98), min auto / portable {min(vs_port):.3f} (need >= 1.0), "
+                     f"{len(vs_best)} points")
     return lines
 
 
@@ -298,6 +338,8 @@ def main() -> int:
                    help="points from a CSV (batch,q_heads,kv_heads,n,d,causal,dtype)")
     p.add_argument("--draw", metavar="SEED", type=int, help="print 24 held-out shapes as CSV and exit (CPU)")
     p.add_argument("--mods", action="store_true", help="window / softcap / sinks: checks and timings")
+    p.add_argument("--host", action="store_true", help="host us per call of flash_attention and SDPA only "
+                   "(also printed first by --grid and --shapes)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds per point (median)")
     p.add_argument("--markdown", action="store_true", help="print a markdown table of the results")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE (after every point)")
@@ -307,8 +349,8 @@ def main() -> int:
         w.writerow(FIELDS)
         w.writerows((b, hq, hkv, n, d, int(c), dt) for b, hq, hkv, n, d, c, dt in draw(a.draw))
         return 0
-    if not (a.grid or a.shapes or a.mods):
-        p.error("give --grid, --shapes, --mods or --draw")
+    if not (a.grid or a.shapes or a.mods or a.host):
+        p.error("give --grid, --shapes, --mods, --host or --draw")
 
     import torch
 
@@ -329,6 +371,9 @@ def main() -> int:
                     json.dump(out, fh, indent=1)
         return f
 
+    if a.host or a.grid or a.shapes:
+        out["host_us"] = host_times(torch)
+        save("host_us")(out["host_us"])
     for key, points in (("shapes", read_shapes(a.shapes) if a.shapes else None),
                         ("grid", GRIDS[a.grid] if a.grid else None)):
         if points is None:

@@ -388,8 +388,81 @@ def test_impl_argument_errors():
     with pytest.raises(ValueError, match="impl: expected one of auto, portable, hopper, got 'fast'"):
         attnscope.flash_attention(**_good(), impl="fast")
     if not _is_sm90():
-        with pytest.raises(NotImplementedError, match="impl='hopper': it needs .*supported elsewhere"):
-            attnscope.flash_attention(**_good(), impl="hopper")
+        for impl in ("hopper", "hopper_persist", "hopper_wg3_pp"):  # a variant's name forces it (benchmarks)
+            with pytest.raises(NotImplementedError, match=f"impl='{impl}': it needs .*supported elsewhere"):
+                attnscope.flash_attention(**_good(), impl=impl)
+
+
+# ---- the host path: a call layout's launch plan -------------------------------------------------------
+def test_a_planned_layout_runs_new_values_as_a_fresh_plan_does():
+    """A second call of a layout reuses its plan; its output is the one a freshly planned call gives, for
+    new values, and for the same values in another layout (a transposed view: new strides, a new plan)."""
+    fwd.clear_plan_cache()
+    a = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=21)
+    b = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=22)
+    o_a, lse_a = attnscope.flash_attention(*a, causal=True, return_lse=True)
+    o_b, lse_b = attnscope.flash_attention(*b, causal=True, return_lse=True)  # the planned layout
+    assert not torch.equal(o_a, o_b)
+    fwd.clear_plan_cache()
+    fresh_b = attnscope.flash_attention(*b, causal=True, return_lse=True)
+    assert torch.equal(o_b, fresh_b[0]) and torch.equal(lse_b, fresh_b[1])
+    assert torch.equal(o_a, attnscope.flash_attention(*a, causal=True, return_lse=True)[0])
+    strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in b]  # b's values, [B, N, H, d] memory
+    assert strided[0].stride() != b[0].stride()
+    assert torch.equal(attnscope.flash_attention(*strided, causal=True), o_b)
+
+
+def test_a_planned_layout_still_refuses_bad_calls():
+    """The plan's key holds the types of the flags and options and needs aligned tensors: a call that
+    differs from a planned one only in what the checks refuse is refused."""
+    q, k, v = _good().values()
+    attnscope.flash_attention(q, k, v, causal=True, scale=0.125, window=(3, 0), softcap=5.0)  # planned
+    with pytest.raises(ValueError, match="causal: expected True or False, got 1"):
+        attnscope.flash_attention(q, k, v, causal=1, scale=0.125, window=(3, 0), softcap=5.0)
+    with pytest.raises(ValueError, match="window: expected None or a pair"):
+        attnscope.flash_attention(q, k, v, causal=True, scale=0.125, window=(3.0, 0), softcap=5.0)
+    with pytest.raises(ValueError, match="softcap: expected a finite real"):
+        attnscope.flash_attention(q, k, v, causal=True, scale=0.125, window=(3, 0), softcap=True)
+    attnscope.flash_attention(q, k, v, scale=1.0)  # planned
+    with pytest.raises(ValueError, match="scale: expected a finite positive number"):
+        attnscope.flash_attention(q, k, v, scale=True)
+    attnscope.flash_attention(q, k, v)  # planned
+    off = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape)  # base + 2 bytes
+    assert off.stride() == q.stride()
+    with pytest.raises(NotImplementedError, match="16-byte aligned"):
+        attnscope.flash_attention(off, k, v)
+    with pytest.raises(ValueError, match="k: expected device meta"):
+        attnscope.flash_attention(q.to("meta"), k, v)
+
+
+def test_the_plan_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(fwd, "PLAN_CACHE_SIZE", 2)
+    fwd.clear_plan_cache()
+    for n in (8, 9, 10):
+        attnscope.flash_attention(*_inputs(1, 2, 1, n, n, 64, torch.float16, False, seed=n))
+    assert len(fwd._PLANS) == 2
+    fwd.clear_plan_cache()
+
+
+def test_eager_gradients_are_the_registered_ops():
+    """With inputs that require grad, eager `flash_attention` runs its own autograd route (no op dispatcher):
+    the same output, LSE and gradients, bit for bit, as the registered op `attnscope::flash_attention`."""
+    base = _inputs(1, 2, 1, 20, 24, 64, torch.float16, False, seed=23)
+    sinks0 = torch.randn(2, generator=torch.Generator().manual_seed(24)).to(DEVICE)
+    do = torch.randn(1, 2, 20, 64, generator=torch.Generator().manual_seed(25)).to(torch.float16).to(DEVICE)
+    got = []
+    for route in ("eager", "op"):
+        q, k, v, sinks = (t.clone().requires_grad_() for t in (*base, sinks0))
+        if route == "eager":
+            o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, window=(5, 0),
+                                               sinks=sinks)
+        else:
+            o, lse = fwd._op(q, k, v, True, 0.125, True, None, "auto", [5, 0], 0.0, sinks)
+        (o.float() * do.float()).sum().backward()
+        got.append([o, lse, q.grad, k.grad, v.grad, sinks.grad])
+    assert got[0][0].grad_fn is not None
+    for name, x, y in zip(("o", "lse", "dq", "dk", "dv", "dsinks"), *got, strict=True):
+        assert torch.equal(x, y), name
 
 
 def test_auto_picks_the_variant_of_the_dispatch_rule(monkeypatch):
@@ -417,6 +490,8 @@ def test_auto_picks_the_variant_of_the_dispatch_rule(monkeypatch):
     assert fwd._pick_impl("auto", q, False, 2.0, None, k) == "portable"  # huge scale: portable only
     assert fwd._pick_impl("auto", q, False, 0.18, fwd.FwdConfig(64, 64, 4, 2), k) == "portable"
     assert fwd._pick_impl("hopper", q, False, 0.18, None, k) == dispatch.DEFAULT_VARIANT  # forced
+    for name in dispatch.VARIANTS:  # a variant forced by its name (benchmarks)
+        assert fwd._pick_impl(name, q, True, 0.18, None, k) == name
     with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) > 1"):
         fwd._pick_impl("hopper", q, False, 2.0, None, k)
     # a softcap past 2^60 x scale (tanh's argument could be subnormal): portable, which takes any cap

@@ -128,15 +128,14 @@ MOD_CASES = [  # (causal, window, softcap, sinks scale or None, nq, nk)
                                        if v != "hopper_wg3_pp" or d == 64])
 @pytest.mark.parametrize("causal,window,softcap,sinks_scale,nq,nk", MOD_CASES)
 def test_mods_match_float64(monkeypatch, variant, d, causal, window, softcap, sinks_scale, nq, nk):
-    monkeypatch.setattr(dispatch, "DEFAULT_VARIANT", variant)  # impl="hopper" runs this variant
     dtype = torch.bfloat16 if d == 128 else torch.float16
     torch.manual_seed(nq * 7 + nk)
     q = torch.randn(2, 8, nq, d, device="cuda", dtype=dtype) * (4.0 if softcap == 2.0 else 1.0)
     k, v = (torch.randn(2, 2, nk, d, device="cuda", dtype=dtype) for _ in range(2))
     sinks = None if sinks_scale is None else torch.randn(8, device="cuda") * sinks_scale
     _poisoned_empty(monkeypatch)
-    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, impl="hopper", window=window,
-                                       softcap=softcap, sinks=sinks)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, impl=variant, window=window,
+                                       softcap=softcap, sinks=sinks)  # a variant's name forces it
     monkeypatch.undo()
     ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal,
                                          return_lse=True, window=window, softcap=softcap,
@@ -190,3 +189,44 @@ def test_kernel_window_bounds_are_the_model_closed_form():
         r0, rows, nq, nk, left, right = c
         want = window_kv_bounds0(r0, rows, nq, nk, 128, False, (left, right))
         assert tuple(got) == want, (c, got, want)
+
+
+# --- the host path on the GPU: planned launches and CUDA-graph capture -----------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (compiled kernels)")
+@pytest.mark.parametrize("impl,d", [("portable", 64), *((v, d) for v in dispatch.VARIANTS for d in (64, 128)
+                                                         if v != "hopper_wg3_pp" or d == 64)])
+def test_planned_launches_and_graph_replays_equal_a_fresh_plan(impl, d):
+    """Per forced variant: a call of a planned layout with new values, and a CUDA-graph replay of a captured
+    call on those values, give a freshly planned call's output and LSE bit for bit."""
+    from attnscope.kernels import fwd
+
+    if impl != "portable" and not _is_sm90():
+        pytest.skip("the Gluon Hopper kernels need an sm_90 GPU")
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    a, b = ([torch.randn(2, h, 300, d, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (8, 2, 2)]
+            for _ in range(2))
+
+    def call(*t):
+        return attnscope.flash_attention(*t, causal=True, return_lse=True, impl=impl)
+
+    fwd.clear_plan_cache()
+    call(*a)  # plans the layout
+    planned = call(*b)
+    fwd.clear_plan_cache()
+    fresh = call(*b)
+    static = [t.clone() for t in a]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(*static)  # warm-up on a side stream, as torch.cuda.graph recommends
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(*static)
+    for s, t in zip(static, b, strict=True):
+        s.copy_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, x, y, z in zip(("o", "lse"), planned, fresh, captured, strict=True):
+        assert torch.equal(x, y) and torch.equal(z, y), (impl, d, name)

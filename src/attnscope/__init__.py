@@ -52,7 +52,8 @@ def __getattr__(name: str):
     if name not in _KERNELS:
         raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
     module, attr = _KERNELS[name]
-    return getattr(importlib.import_module(module), attr)
+    value = globals()[name] = getattr(importlib.import_module(module), attr)  # later lookups: no import call
+    return value
 
 
 def __dir__() -> list[str]:

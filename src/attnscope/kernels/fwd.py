@@ -25,14 +25,18 @@ scale (one FMA per score). Causal query tiles launch heaviest first.
 
 Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
 per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
+Host path: the first call of a layout (shapes, strides, dtypes, devices, flags) is checked and leaves a
+launch plan (`_plan_key`, `PLAN_CACHE_SIZE`); a later call of it allocates the output and launches.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import NamedTuple
 
 from attnscope.errors import InputError, choice, expect
+from attnscope.kernels import _common
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -42,6 +46,8 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
+    descriptor_over,
+    descriptor_template,
     hopper_unavailable,
     import_torch_triton,
     interpreting,
@@ -50,6 +56,7 @@ from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
+Tensor = torch.Tensor
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
@@ -267,29 +274,147 @@ def _check_config(config) -> FwdConfig:
 
 
 def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
-    """"portable", or the `fwd_hopper.VARIANTS` name to run: ``impl="hopper"`` its default variant,
-    ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant`, else portable (both kernels
-    carry the score mods)."""
-    choice("impl", impl, IMPLS)
+    """"portable", or the `fwd_hopper.VARIANTS` name to run: ``impl="hopper"`` its default variant, a
+    variant's name that variant, ``impl="auto"`` on sm_90 the variant of `model.dispatch.hopper_variant`,
+    else portable (both kernels carry the score mods)."""
+    if impl not in dispatch.VARIANTS:
+        choice("impl", impl, IMPLS)
     huge_cap = mods is not None and mods.softcap > HOPPER_MAX_SOFTCAP * (qk_scale / LOG2E)
-    if impl == "hopper":
+    if impl == "hopper" or impl in dispatch.VARIANTS:
         if why := _hopper_possible(q):
-            raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
+            raise NotImplementedError(f"impl={impl!r}: {why}; supported elsewhere: impl='portable'")
         if qk_scale > 1.0:
-            raise NotImplementedError("impl='hopper': scale * log2(e) > 1 is not supported; "
+            raise NotImplementedError(f"impl={impl!r}: scale * log2(e) > 1 is not supported; "
                                       "supported: impl='portable' (any finite scale)")
         if huge_cap:
             raise NotImplementedError("impl='hopper': softcap / scale > 2^60 is not supported; supported: "
                                       "impl='portable' (any softcap)")
         if cfg is not None:
-            raise InputError("config: applies to impl='portable' only, got impl='hopper'")
-        return dispatch.DEFAULT_VARIANT
+            raise InputError(f"config: applies to impl='portable' only, got impl={impl!r}")
+        return dispatch.DEFAULT_VARIANT if impl == "hopper" else impl
     if impl == "auto" and cfg is None and qk_scale <= 1.0 and not huge_cap and _hopper_possible(q) is None:
         (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         window = (mods.left, mods.right) if mods is not None and mods.windowed else None
         return dispatch.hopper_variant(d, causal, B, Hq, Hkv, Nq, Nk, sms, window) or "portable"
     return "portable"
+
+
+def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: bool, sm_scale: float, mods):
+    """``run(q, k, v, o, lse, sinks=None)``: the portable kernel on tensors of these layouts (shapes, strides,
+    dtype), its grid, constexprs and scalars worked out once (`_plan`)."""
+    (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
+    bm, bn, num_warps, num_stages = cfg
+    margs = mod_args(mods, sm_scale, Nq, Nk)
+    # host-built 4-D TMA descriptors (no device scratch, no allocator)
+    descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, d])
+             for t, rows in ((q, bm), (k, bn), (v, bn), (o, bm))]
+    kernel = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)]  # T_r query tiles x (batch, head)
+    scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"])
+    consts = dict(
+        HEAD_DIM=d, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
+        STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
+        MAX_UNSCALED=margs["qk_scale"] > 1.0 and not margs["SOFTCAP"],  # see _attn_tile: huge scales
+        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
+        WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"], HAS_SINKS=mods.sinks is not None,
+        num_warps=num_warps, num_stages=num_stages)
+
+    def run(q, k, v, o, lse, sinks=None):
+        dq, dk, dv, do = (descriptor_over(x, t) for x, t in zip(descs, (q, k, v, o), strict=True))
+        return kernel(dq, dk, dv, do, lse, lse if sinks is None else sinks, *scalars, **consts)
+    return run
+
+
+class _Plan(NamedTuple):
+    """The launch of one call layout (`_plan_key`): output shapes and the kernel's ``run(q, k, v, o, lse,
+    sinks)`` with grid, constexprs and scalars fixed. It holds no user tensor."""
+
+    o_shape: tuple
+    lse_shape: tuple  # (1,) without return_lse: a placeholder the kernel never touches
+    dtype: object
+    device: object
+    run: object
+    placeholder: object  # a 1-element float32 tensor: the LSE argument of a call that drops the LSE
+
+
+#: Plans of the most recent call layouts, at most `PLAN_CACHE_SIZE` (the oldest dropped first): a call whose
+#: layout was planned skips the input checks, the dispatch rule and the argument packing (`launch`).
+PLAN_CACHE_SIZE = 64
+_PLANS: dict = {}
+_PLANS_LOCK = threading.Lock()
+
+
+def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks):
+    """All a plan depends on: the shapes, strides, dtypes and devices of q, k, v (and sinks), and the flags
+    and options with their types (``scale=1`` and ``scale=1.0`` are two keys); None when the checks must see
+    the call (a flag that is not a bool, an input that is not a tensor, a base address not 16-byte aligned).
+    Raises TypeError for an unhashable option."""
+    if type(causal) is not bool or type(return_lse) is not bool or not (
+            isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)) or (
+            (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
+        return None
+    if sinks is not None:
+        if not isinstance(sinks, Tensor):
+            return None
+        sinks = (sinks.shape, sinks.dtype, sinks.device)
+    key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
+           v.stride(), v.dtype, v.device, causal, return_lse, scale, type(scale), impl, softcap,
+           type(softcap), sinks)
+    if config is not None or window is not None:  # 1.0 == 1: the checks refuse a float block size or side
+        key += (config, window, *(tuple(map(type, x)) for x in (config, window) if x is not None))
+    if q.device.type != "cuda":  # CPU tensors run under the interpreter only
+        key += (_common.interpreting(),)
+    return key
+
+
+def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks) -> _Plan:
+    """Check the call (every documented error) and plan its launch."""
+    _check_flags(causal, scale, return_lse)
+    cfg = _check_config(config)
+    B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    qk_scale = sm_scale * LOG2E
+    chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
+    o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device="meta")  # the output's layout
+    if chosen != "portable":  # a fwd_hopper.VARIANTS name
+        from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
+
+        run = fwd_hopper.launcher(q, k, v, o, qk_scale, causal, return_lse, chosen, mods)
+    else:
+        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
+        run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
+    return _Plan((B, Hq, Nq, d), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
+                 torch.empty((1,), dtype=torch.float32, device=q.device))
+
+
+def _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, placeholder_lse):
+    """`launch`; ``placeholder_lse``: without ``return_lse``, pass the plan's placeholder, not a fresh LSE
+    (the caller drops it)."""
+    try:
+        key = _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks)
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable option: the checks name it
+        key = plan = None
+    if plan is None:
+        plan = _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks)
+        if key is not None:
+            with _PLANS_LOCK:
+                _PLANS[key] = plan
+                if len(_PLANS) > PLAN_CACHE_SIZE:
+                    del _PLANS[next(iter(_PLANS))]
+    o = torch.empty(plan.o_shape, dtype=plan.dtype, device=plan.device)
+    if placeholder_lse and not return_lse:
+        lse = plan.placeholder
+    else:
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    return o, lse, plan.run(q, k, v, o, lse, sinks)
+
+
+def clear_plan_cache() -> None:
+    """Drop every launch plan `launch` kept (`PLAN_CACHE_SIZE`)."""
+    with _PLANS_LOCK:
+        _PLANS.clear()
 
 
 def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
@@ -299,38 +424,11 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
     ``.metadata.shared``: the resource report bench/diag_fwd.py prints). ``lse`` is a 1-element dummy
-    unless ``return_lse``. Arguments as `flash_attention`.
+    unless ``return_lse``. Arguments as `flash_attention`. The first call of a layout (`_plan_key`: shapes,
+    strides, dtypes, devices, flags, options) checks it and keeps its launch plan (`PLAN_CACHE_SIZE`); a
+    later call of that layout allocates the outputs and launches.
     """
-    _check_flags(causal, scale, return_lse)
-    cfg = _check_config(config)
-    B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
-    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
-    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    qk_scale = sm_scale * LOG2E
-    chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
-    o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Nq) if return_lse else (1,), dtype=torch.float32, device=q.device)
-    if chosen != "portable":  # a fwd_hopper.VARIANTS name
-        from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
-
-        return o, lse, fwd_hopper.launch(q, k, v, o, lse, qk_scale, causal, return_lse, chosen, mods)
-    bm, bn, num_warps, num_stages = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
-    margs = mod_args(mods, sm_scale, Nq, Nk)
-
-    def desc(t, rows):  # host-built 4-D TMA descriptor: no device scratch, no allocator
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
-
-    causal_path = causal and not mods.windowed  # a window folds causal in as right = 0
-    compiled = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)](  # T_r query tiles x (batch, head)
-        desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm), lse, lse if sinks is None else sinks,
-        B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"],
-        HEAD_DIM=d, CAUSAL=causal_path, STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
-        MAX_UNSCALED=margs["qk_scale"] > 1.0 and not margs["SOFTCAP"],  # see _attn_tile: huge scales
-        EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
-        WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"], HAS_SINKS=sinks is not None,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    return o, lse, compiled
+    return _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, False)
 
 
 # Registered at import (torch.compile cannot trace a registration): `attnscope::flash_attention`, so
@@ -344,7 +442,7 @@ _SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool return
 @torch.library.custom_op("attnscope::flash_attention", mutates_args=(), schema=_SCHEMA)
 def _op(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0, sinks=None,
         deterministic=False):
-    return launch(q, k, v, causal, scale, return_lse, config, impl,  # config: a list, checked there
+    return launch(q, k, v, causal, scale, return_lse, None if config is None else tuple(config), impl,
                   window=None if window is None else tuple(window), softcap=softcap, sinks=sinks)[:2]
 
 
@@ -384,7 +482,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         FlashAttention-3's warp-specialised schedule, its default (persistent) variant (kernels/fwd_hopper.py;
         needs an sm_90 GPU, ``scale * log2(e) <= 1`` and ``softcap <= 2^60 scale``); ``"auto"``: on sm_90,
         the Hopper variant `attnscope.model.dispatch.hopper_variant` picks from the launch geometry, else
-        portable.
+        portable. A `fwd_hopper.VARIANTS` name (e.g. ``"hopper_wg3_pp"``) forces that variant: for
+        benchmarks and tests, not a stable option.
     window : (left, right) or None
         Sliding window, flash-attn's ``window_size``: key c is visible to row r iff
         ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;
@@ -417,25 +516,25 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     >>> q = k = v = torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
     >>> o = attnscope.flash_attention(q, k, v, causal=True, window=(1024, 0), softcap=50.0)
     """
-    _check_flags(causal, scale, return_lse)
-    check_flags(deterministic=deterministic)
-    cfg = _check_config(config)
     grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sinks))
     compiling = torch.compiler.is_compiling()
-    if grad and not compiling:  # eager autograd: check here, or the dispatcher's type errors (a list for
-        _check_inputs(q, k, v)  # q) or its device choice (a meta q: a meta output, no launch) come first
-        check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
-        choice("impl", impl, IMPLS)
-    if compiling or grad:
-        # one opaque op for torch.compile (no graph break) and autograd (kernels/bwd.py); LSE kept for it
-        d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
-        sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+    if not (grad or compiling):  # eager inference: the launch (a planned layout: no checks beyond its key)
+        if type(deterministic) is not bool:
+            check_flags(deterministic=deterministic)
+        o, lse, _ = _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, True)
+        return (o, lse) if return_lse else o
+    if type(causal) is not bool or type(return_lse) is not bool or type(deterministic) is not bool:
+        check_flags(causal=causal, return_lse=return_lse, deterministic=deterministic)
+    check_scale(scale)  # the op takes the scale as a float
+    d = q.shape[-1] if hasattr(q, "shape") and len(q.shape) else 0
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
+    if compiling:  # one opaque op for torch.compile (no graph break; autograd through its registration)
+        cfg = _check_config(config)
         o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl,
                      None if window is None else list(window), softcap, sinks, deterministic)
-    else:
-        # eager: the same launch without the custom-op dispatcher (~20 us of host time per call)
-        o, lse, _ = launch(q, k, v, causal, scale, return_lse, cfg, impl, window=window, softcap=softcap,
-                           sinks=sinks)
+    else:  # eager autograd: the same launch and backward, without the op dispatcher's per-call cost
+        o, lse = _Attention.apply(q, k, v, causal, sm_scale, True, config, impl, window, softcap, sinks,
+                                  deterministic)
     return (o, lse) if return_lse else o
 
 
@@ -443,3 +542,19 @@ from attnscope.kernels import bwd as _bwd  # noqa: E402  the FA-2 backward: the 
 
 torch.library.register_autograd("attnscope::flash_attention", _bwd._backward,
                                setup_context=_bwd._setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """Eager autograd of `flash_attention`: `_launch` forward, and the backward registered for `_op`
+    (`bwd._setup_context`, `bwd._backward`, same inputs), without the custom-op dispatcher, whose autograd
+    wrapper re-fills the schema's defaults on every call. ``forward(ctx, ...)``, as that wrapper's: a
+    ``setup_context`` would have `Function.apply` bind the arguments to the signature on every call.
+    torch.compile sees `_op`."""
+
+    @staticmethod
+    def forward(ctx, *inputs):  # the 12 of `_op`: q, k, v, causal, scale, return_lse, .., deterministic
+        o, lse, _ = _launch(*inputs[:11], False)
+        _bwd._setup_context(ctx, inputs, (o, lse))
+        return o, lse
+
+    backward = staticmethod(_bwd._backward)

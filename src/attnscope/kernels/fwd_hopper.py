@@ -33,9 +33,10 @@ store). Contract as `attnscope.kernels.fwd`; ``impl="hopper"`` runs the default 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import descriptor_over, descriptor_template, import_torch_triton, num_sms
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -653,46 +654,45 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
             "num_warps": NUM_WARPS}
 
 
-def _layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+@functools.lru_cache(maxsize=16)  # (block, element type): a handful, each ~10 us of Python to build
+def _layout(block: tuple, elem):
+    return gl.NVMMASharedLayout.get_default_for(list(block), elem)
+
+
+def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
+             mods=None):
+    """``run(q, k, v, o, lse, sinks=None)``: `launch` on tensors of these layouts (shapes, strides, dtype),
+    its grid, constexprs, scalars and shared layouts worked out once (kernels/fwd.py keeps one per layout)."""
+    (B, Hq, Nq, d), (Hkv, Nk), cfg = q.shape, k.shape[1:3], config(q.shape[3], variant)
+    windowed, softcap = (mods.windowed, mods.softcap) if mods is not None else (False, 0.0)
+    flags = mods_flags(windowed, softcap, mods is not None and mods.sinks is not None)
+    causal = causal and not windowed  # a window carries the diagonal in its right bound
+    left, right = (mods.left, mods.right) if windowed else (-1, -1)
+    # softcap: log2-unit score = cap log2(e) tanh(s scale / cap) (`_softmax`, the hardware tanh)
+    cap_in, cap_out = (qk_scale / LOG2E.value / softcap, softcap * LOG2E.value) if softcap > 0 else (0.0, 0.0)
+    elem = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    descs = [descriptor_template(TensorDescriptor, t, [1, 1, r, d], _layout((1, 1, r, d), elem))
+             for t, r in ((q, cfg.BM), (k, cfg.BN), (v, cfg.BN), (o, cfg.BM))]
+    tiles = triton.cdiv(Nq, cfg.NWG * cfg.BM)
+    consts = constexprs(d, causal, return_lse, variant, flags)
+    if VARIANTS[variant].persistent:
+        items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
+        grid = (min(items * B * Hq, num_sms(torch, q.device)),)
+        kernel, sizes = _attnscope_fwd_hopper_persistent_kernel[grid], (B, Hq, Hkv, Nq, Nk, qk_scale)
+    else:
+        kernel, sizes = _attnscope_fwd_hopper_kernel[(tiles, B * Hq)], (Hq, Hkv, Nq, Nk, qk_scale)
+
+    def run(q, k, v, o, lse, sinks=None):
+        dq, dk, dv, do = (descriptor_over(x, t) for x, t in zip(descs, (q, k, v, o), strict=True))
+        return kernel(dq, dk, dv, do, lse, *sizes, left, right, cap_in, cap_out,
+                      lse if sinks is None else sinks, **consts)  # an unused SINKS pointer: any fp32
+    return run
 
 
 def launch(q, k, v, o, lse, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
            mods=None):
-    """Launch on checked inputs (fwd.launch checks them); writes ``o`` and ``lse`` in place.
-
-    ``variant``: a `VARIANTS` name (`attnscope.model.dispatch.hopper_variant` picks it for ``impl="auto"``;
-    bench/prefill.py times each). ``mods``: a `_common.Mods` (window, softcap, sinks; None: none). Each
-    (variant, d, dtype, causal, mods used, return_lse) compiles once per process. Returns the compiled
-    kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
-    """
-    B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    cfg = config(d, variant)
-    windowed = mods is not None and mods.windowed
-    softcap = 0.0 if mods is None else mods.softcap
-    sinks = None if mods is None else mods.sinks
-    flags = mods_flags(windowed, softcap, sinks is not None)
-    causal = causal and not windowed  # a window carries the diagonal in its right bound
-    left, right = (mods.left, mods.right) if windowed else (-1, -1)
-    scale = qk_scale / LOG2E.value
-    # softcap: log2-unit score = cap log2(e) tanh(s scale / cap) (`_softmax`)
-    cap_in, cap_out = (0.0, 0.0)
-    if softcap > 0:
-        cap_in, cap_out = scale / softcap, softcap * LOG2E.value
-    mod_args = (left, right, cap_in, cap_out, lse if sinks is None else sinks)  # unused pointer: any fp32
-
-    def desc(t, rows):
-        block = [1, 1, rows, d]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype))
-
-    descs = (desc(q, cfg.BM), desc(k, cfg.BN), desc(v, cfg.BN), desc(o, cfg.BM))
-    tiles = triton.cdiv(Nq, cfg.NWG * cfg.BM)
-    consts = constexprs(d, causal, return_lse, variant, flags)
-    if VARIANTS[variant].persistent:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
-        return _attnscope_fwd_hopper_persistent_kernel[(min(items * B * Hq, sms),)](
-            *descs, lse, B, Hq, Hkv, Nq, Nk, qk_scale, *mod_args, **consts)
-    return _attnscope_fwd_hopper_kernel[(tiles, B * Hq)](
-        *descs, lse, Hq, Hkv, Nq, Nk, qk_scale, *mod_args, **consts)
+    """Launch ``variant`` (a `VARIANTS` name) on inputs fwd.launch checked, writing ``o`` and ``lse``;
+    ``mods``: a `_common.Mods` or None. Each (variant, d, dtype, causal, mods used, return_lse) compiles once
+    per process. Returns the compiled kernel (``.n_regs``, ``.n_spills``, ``.metadata.shared``)."""
+    run = launcher(q, k, v, o, qk_scale, causal, return_lse, variant, mods)
+    return run(q, k, v, o, lse, None if mods is None else mods.sinks)

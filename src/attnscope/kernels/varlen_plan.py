@@ -222,8 +222,8 @@ def plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q: int, max_seqlen_k: int,
     """The sanitised cu_seqlens and the work lists of one launch, on the device, without a host sync:
     ``(cu_q, cu_k, [(seq, tile), ...])``, one pair per ``(n_items, tile, causal, kv_tiles)`` of ``lists``.
     Up to `PLAN_MAX_B` sequences one `_plan_kernel` launch per list (each also sanitises, the same
-    values); above, the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values were checked on the
-    host, used as given."""
+    values); above, the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values were
+    checked on the host, used as given."""
     total_q, _, _, total_k, _ = dims
     B = cu_seqlens_q.shape[0] - 1
     dev = cu_seqlens_q.device
