@@ -623,7 +623,8 @@ def fp8_types(n):
 split_types.pointers = fp8_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O",
                                              "LSE", "SEM", "ERR", "K_SCALE", "V_SCALE", "SINKS")
 # e4m3 K/V with every score mod on (names without "paged": their K/V tiles take half the shared memory)
-MODS = dict(FP8=True, SCALE_PER_HEAD=True, WINDOW=True, SOFTCAP=True, HAS_SINKS=True)
+MODS = dict(FP8=True, SCALE_PER_HEAD=True, FP8_WORDS=True, FP8_ASM=True, WINDOW=True, SOFTCAP=True,
+            HAS_SINKS=True)
 # name, use_dot, fuse, block_m, paged, page_size, chunk: decode (MMA, elementwise, fused merge), paged
 # pages of 16 and 64, chunked prefill with 32- and 128-row tiles (dense and paged), each with the block
 # config the plan picks for its row tile (heuristics._block_config); int32 offsets (OFF32) but where named
@@ -655,7 +656,7 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
 
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
-    cfg = heuristics._block_config(block_m, page if paged else 0)
+    cfg = heuristics._block_config(block_m, page if paged else 0, name.startswith("fp8"))
     c = compile_(split_kernel, fp8_types if name.startswith("fp8") else split_types,
                  dict(**(MODS if name.startswith("fp8") else {}), GROUP=4, BLOCK_M=block_m, HEAD_DIM=128,
                       BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],

@@ -109,10 +109,11 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
             "total": kv + q + 2 * partial + out}
 
 
-def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
+def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
-    ``page_size`` keys (0: dense): one measured config per tile kind (bench/decode_configs.py), no
-    autotuner. Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
+    ``page_size`` keys (0: dense), e4m3 K/V or not: one measured config per tile kind
+    (bench/decode_configs.py), no autotuner. Interpreter: small blocks, still multi-block splits and
+    (pages of 16) pages per block.
     """
     if interpreting():
         return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
@@ -122,6 +123,10 @@ def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
     # inside one page (whose load mask depends on the page index checked on the device) gets them all:
     # 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at BLOCK_N = 128)
     stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
+    if fp8 and not page_size and block_m <= 32:
+        # e4m3 tiles are half the bytes: 5 stages keep the bf16 config's bytes in flight per program
+        # (sm_90 compile: 172 KiB of shared memory with V's fp16 staging tile, 134 registers)
+        stages = 5
     return {**cfg, "STAGES": stages, "num_stages": stages}
 
 

@@ -8,7 +8,7 @@ import math
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect
-from attnscope.kernels._common import LOG2E, check_disjoint, check_flags, import_torch_triton
+from attnscope.kernels._common import LOG2E, check_disjoint, check_flags, import_torch_triton, interpreting
 from attnscope.kernels.decode._kernel import (
     _attnscope_decode_combine_kernel,
     _attnscope_decode_split_kernel,
@@ -134,7 +134,7 @@ class DecodePlan:
             page = _block_config(block_m)["BLOCK_N"]
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
-        cfg = dict(_config or _block_config(block_m, page))
+        cfg = dict(_config or _block_config(block_m, page, facts.fp8))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
@@ -180,7 +180,9 @@ class DecodePlan:
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         # the optional constexprs are passed only when on: the plain launch passes what it always did
+        words = facts.fp8 and _words_aligned(v_cache)
         for name, on in (("MAX_UNSCALED", raw), ("FP8", facts.fp8), ("SCALE_PER_HEAD", facts.scale_per_head),
+                         ("FP8_WORDS", words), ("FP8_ASM", words and not interpreting()),
                          ("WINDOW", mods.windowed), ("SOFTCAP", mods.softcap > 0),
                          ("HAS_SINKS", sinks is not None)):
             if on:
@@ -297,6 +299,12 @@ def _dense_pages(k_cache, v_cache, L_max: int, page: int):
         return None
     j = torch.arange(n, dtype=torch.int32, device=k_cache.device)
     return torch.arange(B, dtype=torch.int32, device=k_cache.device)[:, None] * R + j[None, :]
+
+
+def _words_aligned(v_cache) -> bool:
+    """Whether an e4m3 V cache can be read as int32 words of four elements (the kernel's ``FP8_WORDS``):
+    its address and strides are multiples of 4 bytes (16 for 16-byte loads, which Triton specialises)."""
+    return v_cache.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in v_cache.stride()[:3])
 
 
 def _offsets_fit_int32(k_cache, v_cache, dims) -> bool:
