@@ -868,6 +868,35 @@ def test_cuda_graph_capture_of_plan_run(fuse):
     assert torch.equal(out, eager)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launch needs a GPU")
+@pytest.mark.gpu
+@pytest.mark.parametrize("fuse", (True, False))
+def test_gpu_direct_launch_equals_tritons_and_falls_back_on_other_alignments(fuse):
+    # a plan's second launch calls the compiled kernel's launcher itself (plan._DirectLaunch): the same
+    # bits as the first (through kernel[grid]); a misaligned view (another binary) goes through Triton
+    q, k, v = make_inputs(2, 32, 8, 3000, 128, torch.bfloat16, seed=44)
+    lens = torch.tensor([3000, 777], dtype=torch.int32, device=DEVICE)
+    plan = plan_mod._tuned_plan(q, k, v, lens, return_lse=True, fuse_combine=fuse)
+    first = plan.run(q, k, v, lens)
+    split, combine = plan._direct
+    assert split.compiled is not None and (combine.compiled is not None) == (plan.split and not fuse)
+    for _ in range(3):
+        again = plan.run(q, k, v, lens)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    ref_o, _ = reference_decode(q, k, v, lens)
+    err = (first[0].double().cpu() - ref_o).abs().max().item()
+    assert err <= kernel_tolerance(torch_error(q, k, v, lens, ref_o))
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)
+    q_odd = buf[1:].view_as(q)
+    q_odd.copy_(q)
+    assert q_odd.data_ptr() % 16 != 0
+    odd = plan.run(q_odd, k, v, lens)
+    assert (odd[0].float() - first[0].float()).abs().max().item() <= 1e-3
+    assert split.compiled is not None
+    assert torch.equal(plan.run(q, k, v, lens)[0], first[0])  # aligned again: the kept binary
+    decode.check_errors()
+
+
 # --- paged KV cache and Nq >= 1 (chunked prefill / speculative verification) -------------------------------
 def to_paged(k, v, lens, page_size, gen, shared_prefix_pages=0, spare=3):
     """Scatter dense caches [B, Hkv, L, d] into randomly permuted pages [P, page_size, Hkv, d] with a

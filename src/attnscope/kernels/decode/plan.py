@@ -193,6 +193,10 @@ class DecodePlan:
         if sinks is not None:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
+        self._words = words
+        self._direct = None if device.type != "cuda" or interpreting() else (
+            _DirectLaunch(_attnscope_decode_split_kernel, self._consts, device.index),
+            _DirectLaunch(_attnscope_decode_combine_kernel, self._combine_consts, device.index))
 
     def _mismatch(self, tensors):
         for name, want, t in zip(NAMES, self.layout, tensors, strict=True):
@@ -273,16 +277,64 @@ class DecodePlan:
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
         table = block_table if block_table is not None else self.table
-        _attnscope_decode_split_kernel[self._grid](
-            q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
-            table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
-            k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
-            sinks if sinks is not None else o, *self._scalars, **self._consts)
+        if self._words and v_cache.data_ptr() % 4:
+            raise InputError(f"v_cache: expected an address that is a multiple of 4 bytes, as planned (its "
+                             f"e4m3 values are read as int32 words), got {v_cache.data_ptr():#x}; make a new "
+                             f"plan")
+        args = (q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
+                table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
+                k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
+                sinks if sinks is not None else o, *self._scalars)
+        if self._direct is None:  # the interpreter, a CPU tensor
+            _attnscope_decode_split_kernel[self._grid](*args, **self._consts)
+        else:
+            # the tensors whose addresses may change between runs (the plan's scratch never does)
+            bits = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | o.data_ptr() | lse.data_ptr()
+            for t in (cache_seqlens, block_table, k_scale, v_scale, sinks):
+                if t is not None:
+                    bits |= t.data_ptr()
+            aligned = bits % 16 == 0
+            self._direct[0].launch(self._grid, args, aligned)
         if self.split and not self.fuse:
-            _attnscope_decode_combine_kernel[self._combine_grid](
-                o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars,
-                **self._combine_consts)
+            args = (o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars)
+            if self._direct is None:
+                _attnscope_decode_combine_kernel[self._combine_grid](*args, **self._combine_consts)
+            else:
+                self._direct[1].launch(self._combine_grid, args, aligned)
         return (o, lse) if self.return_lse else o
+
+
+class _DirectLaunch:
+    """One Triton kernel of a plan, launched through its compiled binary's launcher.
+
+    ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key and
+    looks the binary up on every call (most of a decode call's host time). A plan fixes everything but
+    the tensors' addresses, so the binary of the first launch through Triton with every tensor 16-byte
+    aligned is kept, and later launches with every tensor aligned (the one fact that changes Triton's
+    choice of binary) call its launcher directly with the constexprs pre-packed. Other alignments,
+    another current device or a launch hook (profilers) go through ``kernel[grid]``. Launches go to the
+    current stream, as Triton's do (CUDA-graph capture included)."""
+
+    __slots__ = ("kernel", "constexprs", "device", "compiled", "tail")
+
+    def __init__(self, kernel, constexprs, device_index):
+        self.kernel, self.constexprs, self.device = kernel, constexprs, device_index
+        self.compiled = self.tail = None
+
+    def launch(self, grid, args, aligned: bool):
+        c = self.compiled
+        hooks = triton.knobs.runtime
+        if (aligned and c is not None and torch._C._cuda_getDevice() == self.device
+                and hooks.launch_enter_hook is None and hooks.launch_exit_hook is None):
+            stream = torch._C._cuda_getCurrentRawStream(self.device)
+            c.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, c.function, c.packed_metadata,
+                  None, None, None, *args, *self.tail)
+            return
+        compiled = self.kernel[grid](*args, **self.constexprs)
+        if aligned and c is None and getattr(compiled, "function", None) is not None:
+            # the launcher takes every parameter in order, the constexprs included (and ignores them)
+            self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
+            self.compiled = compiled
 
 
 def _dense_pages(k_cache, v_cache, L_max: int, page: int):
