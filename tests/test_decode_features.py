@@ -306,6 +306,12 @@ def test_fp8_v_read_as_words_or_as_bytes_gives_the_same_bits(paged):
         assert plan._consts.get("FP8_WORDS", False) is words
         outs.append(plan.run(qd, k8, vc, lens, table, k_scale=k_scale, v_scale=v_scale))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    words_plan = decode.decode_plan(qd, k8, v8, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
+    with pytest.raises(InputError, match="v_cache: expected an address that is a multiple of 4 bytes"):
+        words_plan.run(qd, k8, v_odd, lens, table, k_scale=k_scale, v_scale=v_scale)  # same layout
+    for vc in (v8, v_odd, v8):  # the one-liner keys its plans on it
+        o = flash_decode(qd, k8, vc, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
+        assert torch.equal(o, outs[0][0])
     if not paged:
         check(*outs[0], q, dequantised(k8.cpu(), k_scale.cpu(), 1), dequantised(v8.cpu(), v_scale.cpu(), 1),
               [40, 23])

@@ -108,8 +108,11 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         device = layouts[0][3]
         cuda = device.type == "cuda"
         if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
-            # all a plan fixes but the split count; the stream, as a plan's partials serve one at a time
-            key = (layouts, options, torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
+            # all a plan fixes but the split count: the layouts, the options, whether V can be read as
+            # words (an e4m3 V's address, `plan._words_aligned`); the stream, as a plan's partials serve
+            # one launch at a time
+            key = (layouts, options, v_cache.data_ptr() % 4 == 0,
+                   torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
             plan = None
             try:  # hashing the key also vets the options
                 if check_seqlens:

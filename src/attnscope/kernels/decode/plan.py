@@ -47,7 +47,8 @@ class DecodePlan:
     the allocation of the fp32 partials and merge counters happen here, once. `run` then only compares
     each tensor's layout (shape, strides, dtype, device) with the plan's, raising `InputError` if one
     changed, and launches: no host sync unless ``check_seqlens``, no allocation but the output, so a run
-    can be captured in a CUDA graph. The values of the lengths, block-table entries and K/V scales are
+    can be captured in a CUDA graph. From the second run on a GPU the launch skips Triton's per-call
+    dispatch (`_DirectLaunch`). The values of the lengths, block-table entries and K/V scales are
     checked on the device (see `attnscope.kernels.decode.checks`); `check` raises what they recorded. The
     partials belong to the plan: runs of one plan must be ordered (one stream, or synchronised), as with
     FlashInfer's workspace.
@@ -218,9 +219,10 @@ class DecodePlan:
         plan was made with ``return_lse``. ``out`` / ``lse_out``: contiguous tensors of those shapes and
         dtypes to write into instead of allocating (``lse_out`` only with ``return_lse``), sharing no
         memory with the inputs or each other. Raises `InputError` if a tensor's shape, strides, dtype or
-        device differ from the plan's, or (``check_seqlens``) a length, used page index or K/V scale is
-        out of range; `NotImplementedError` if an input requires grad (decode has no backward). Values
-        are checked on the device: `check` raises what they recorded.
+        device differ from the plan's, an e4m3 ``v_cache`` planned at an address that is a multiple of 4
+        bytes is not at one now (its values are read as int32 words), or (``check_seqlens``) a length,
+        used page index or K/V scale is out of range; `NotImplementedError` if an input requires grad
+        (decode has no backward). Values are checked on the device: `check` raises what they recorded.
         """
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
         for t, want in zip(tensors, self.layout, strict=True):
