@@ -2,9 +2,9 @@
 
     PYTHONPATH=src python bench/decode_sweep.py [--rep 50]   # ~1 min on one H200
 
-1. FP8 (e4m3, per-head scales) dense decode through `decode_plan._tuned_plan` with ``config`` = BLOCK_N
-   128, 4 warps and STAGES 3, 4, 5 (`heuristics._block_config` picks 5 for e4m3 dense tiles), at the
-   points where the bf16 kernel streams at the DRAM ceiling; each checked against the default plan's
+1. FP8 (e4m3, per-head scales) dense decode through `plan._tuned_plan` with ``config`` = BLOCK_N 128,
+   4 or 8 warps, STAGES 3 or 5 (`heuristics._block_config` picks 8 warps, 5 stages for e4m3 dense tiles),
+   at the points where the bf16 kernel streams at the DRAM ceiling; each checked against the default plan's
    output (|diff| <= 1e-2, FAIL otherwise); µs per ``plan.run``, TB/s of K/V bytes, and the bf16
    one-liner and the K/V tokens/s ratio FP8 / bf16 SDPA CUDNN (issue 37's must: >= 1.8 at L >= 32k).
 2. Graph replay at B = 1, Hq = 64, Hkv = 8, L = 2k for num_splits 4 .. 32, fused and separate merge, against
@@ -40,15 +40,15 @@ def fp8_sweep(rep) -> bool:
         cudnn = ms(sdpa_calls(q, k, v)["CUDNN"], rep) * 1e3
         kv_bytes = 2 * B * Hkv * L * 128  # e4m3: one byte per element
         print(f"[{B}, {Hq}, {Hkv}, {L}] bf16 one-liner {bf16:.1f} us, CUDNN bf16 {cudnn:.1f} us", flush=True)
-        for stages in (3, 4, 5):
-            cfg = {"BLOCK_N": 128, "num_warps": 4, "STAGES": stages, "num_stages": stages}
+        for warps, stages in ((4, 3), (4, 5), (8, 3), (8, 5)):
+            cfg = {"BLOCK_N": 128, "num_warps": warps, "STAGES": stages, "num_stages": stages}
             plan = plan_mod._tuned_plan(q, k8, v8, lens, config=cfg, **kw)
             o = plan.run(q, k8, v8, lens, **kw)
             diff = (o.float() - ref.float()).abs().max().item()
             good = diff <= 1e-2
             ok &= good
             us = ms(lambda: plan.run(q, k8, v8, lens, **kw), rep) * 1e3
-            print(f"  {'PASS' if good else 'FAIL'} fp8 STAGES {stages}: {us:8.1f} us  "
+            print(f"  {'PASS' if good else 'FAIL'} fp8 {warps} warps, STAGES {stages}: {us:8.1f} us  "
                   f"{kv_bytes / us / 1e6:5.2f} TB/s  fp8 / bf16 {bf16 / us:5.3f}x  tokens/s vs CUDNN bf16 "
                   f"{cudnn / us:5.3f}x  (|diff| {diff:.2g})", flush=True)
         decode_kernels.check_errors()
