@@ -25,12 +25,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                  check_seqlens: bool = False):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
-    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
-    `PLAN_CACHE_LAYOUTS` most recent layouts (tensor shapes, strides, dtypes, devices, the options, the
-    CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts (`plan_cache_info`,
-    `clear_plan_cache`). A known layout skips the layout checks and the plan build. Inside CUDA-graph
-    capture it builds a private plan (the graph keeps its scratch). No call reads a device value back
-    unless ``check_seqlens``: the values are checked on the device and `check_errors` reports them.
+    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the `PLAN_CACHE_LAYOUTS`
+    most recent layouts (tensor shapes, strides, dtypes, devices, the options, whether V's address is a
+    multiple of 4 bytes, the CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts
+    (`plan_cache_info`, `clear_plan_cache`). A known layout skips the layout checks and the plan build. Inside
+    CUDA-graph capture it builds a private plan (the graph keeps its scratch). No call reads a device value
+    back unless ``check_seqlens``: the values are checked on the device and `check_errors` reports them.
 
     Parameters
     ----------
