@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
@@ -866,6 +866,55 @@ def test_cuda_graph_capture_of_plan_run(fuse):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
+    # plan._DirectLaunch without a GPU: a stand-in for the JIT function and its compiled kernel records
+    # what Triton would be given. The first aligned launch goes through kernel[grid]; later ones call the
+    # launcher with (grid, stream, function, metadata, no hooks, then every kernel parameter in signature
+    # order: the runtime arguments, then each constexpr as the plan sets it or its default); a misaligned
+    # launch goes through kernel[grid] again.
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            calls.append(("direct", a))
+
+    class Kernel:  # the parameters Triton's JIT function has (this one may be the interpreter's)
+        params = triton.runtime.jit.JITFunction(plan_mod._attnscope_decode_split_kernel.fn).params
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                calls.append(("triton", grid, args, kw))
+                return Compiled()
+            return launch
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    params = Kernel.params
+    n_args = next(i for i, p in enumerate(params) if p.is_constexpr)
+    args = tuple(range(n_args))
+    consts = {"GROUP": 4, "BLOCK_M": 16, "HEAD_DIM": 128, "FP8": True, "num_warps": 8}
+    d = plan_mod._DirectLaunch(Kernel(), consts, 0)
+    d.launch((6, 3), args, True)
+    d.launch((6, 3), args, True)
+    d.launch((6, 3), args, False)
+    hooks = triton.knobs.runtime.launch_enter_hook
+    hooks.add(print)  # a profiler's hook: Triton's launch, which calls it
+    try:
+        d.launch((6, 3), args, True)
+    finally:
+        hooks.remove(print)
+    assert [c[0] for c in calls] == ["triton", "direct", "triton", "triton"]
+    assert calls[0][2] == args and calls[0][3] == consts
+    head, rest = calls[1][1][:9], calls[1][1][9:]
+    assert head == (6, 3, 1, 1234, "fn", "meta", None, None, None)
+    assert len(rest) == len(params) and rest[:n_args] == args
+    for p, value in zip(params[n_args:], rest[n_args:], strict=True):
+        assert p.is_constexpr and value == consts.get(p.name, p.default), p.name
+    assert rest[params.index(next(p for p in params if p.name == "FP8"))] is True
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launch needs a GPU")

@@ -325,9 +325,7 @@ class _DirectLaunch:
 
     def launch(self, grid, args, aligned: bool):
         c = self.compiled
-        hooks = triton.knobs.runtime
-        if (aligned and c is not None and torch._C._cuda_getDevice() == self.device
-                and hooks.launch_enter_hook is None and hooks.launch_exit_hook is None):
+        if aligned and c is not None and torch._C._cuda_getDevice() == self.device and _no_launch_hooks():
             stream = torch._C._cuda_getCurrentRawStream(self.device)
             c.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, c.function, c.packed_metadata,
                   None, None, None, *args, *self.tail)
@@ -337,6 +335,13 @@ class _DirectLaunch:
             # the launcher takes every parameter in order, the constexprs included (and ignores them)
             self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
             self.compiled = compiled
+
+
+def _no_launch_hooks() -> bool:
+    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere)."""
+    runtime = triton.knobs.runtime
+    return all(h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
+               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def _dense_pages(k_cache, v_cache, L_max: int, page: int):
