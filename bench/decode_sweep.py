@@ -15,14 +15,17 @@ Prints one line per measurement and PASS/FAIL per correctness check; exits 1 on 
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it
 import argparse
+import os
 import sys
 
 import torch
-from decode import graph_of, inputs, ms, sdpa_calls
 
-import attnscope
-from attnscope.kernels import decode as decode_kernels
-from attnscope.kernels.decode import plan as plan_mod
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/decode.py, also under runpy
+from decode import graph_of, inputs, ms, sdpa_calls  # noqa: E402
+
+import attnscope  # noqa: E402
+from attnscope.kernels import decode as decode_kernels  # noqa: E402
+from attnscope.kernels.decode import plan as plan_mod  # noqa: E402
 
 FP8_POINTS = [(1, 32, 32, 131072), (16, 32, 8, 32768), (1, 32, 8, 131072), (64, 32, 8, 4096)]
 GRAPH_POINT = (1, 64, 8, 2048)
