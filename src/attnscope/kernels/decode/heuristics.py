@@ -127,7 +127,7 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False) -> d
         # e4m3 tiles are half the bytes and cost twice the instructions per byte (the converts, V's fp16
         # staging through shared memory): 5 stages keep the bf16 config's bytes in flight per program,
         # 8 warps give each scheduler two warps to hide the loop's latencies when one program runs per
-        # SM (sm_90 compile, dense: 172 KiB of shared memory, 80 registers, 596 instructions per thread
+        # SM (sm_90 compile, dense: 172 KiB of shared memory, 80-94 registers, 596 instructions per thread
         # and KV block against 973 at 4 warps)
         cfg["num_warps"] = 8
         stages = 5 if not page_size else stages
