@@ -309,13 +309,13 @@ class DecodePlan:
 class _DirectLaunch:
     """One Triton kernel of a plan, launched through its compiled binary's launcher.
 
-    ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key and
-    looks the binary up on every call (most of a decode call's host time). A plan fixes everything but
-    the tensors' addresses, so the binary of the first launch through Triton with every tensor 16-byte
-    aligned is kept, and later launches with every tensor aligned (the one fact that changes Triton's
-    choice of binary) call its launcher directly with the constexprs pre-packed. Other alignments,
-    another current device or a launch hook (profilers) go through ``kernel[grid]``. Launches go to the
-    current stream, as Triton's do (CUDA-graph capture included)."""
+    ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key, looks the
+    binary up and builds launch metadata on every call. A plan fixes everything but the tensors' addresses, so
+    the binary of the first launch through Triton with every tensor 16-byte aligned is kept, and later
+    launches with every tensor aligned (the one fact that changes Triton's choice of binary) call its launcher
+    directly with the constexprs pre-packed. Other alignments, another current device or a launch hook
+    (profilers) go through ``kernel[grid]``. Launches go to the current stream, as Triton's do (CUDA-graph
+    capture included)."""
 
     __slots__ = ("kernel", "constexprs", "device", "compiled", "tail")
 
