@@ -419,11 +419,12 @@ def decode_report() -> None:
                     continue  # d 64: bf16 plain and FP8 with every mod
                 # FP8: one scale per tensor with the mods off, one per kv head with them on
                 opt = {**(DECODE_MODS if mods else {}),
-                       **(dict(FP8=True, SCALE_PER_HEAD=mods) if kv == "fp8" else {})}
+                       **(dict(FP8=True, SCALE_PER_HEAD=mods, FP8_WORDS=True, FP8_ASM=True) if kv == "fp8"
+                          else {})}
                 for label, block_m, page, fuse, chunk in DECODE_SHAPES:
                     if page < 0:
                         page = heuristics._block_config(block_m)["BLOCK_N"]
-                    cfg = heuristics._block_config(block_m, page)
+                    cfg = heuristics._block_config(block_m, page, kv == "fp8")
                     rows = block_m if chunk else 4  # GROUP 4 x 1 query (decode), 128 rows (chunk)
                     merge_m = min(block_m, triton.next_power_of_2(rows))
                     cx = dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
@@ -623,7 +623,8 @@ def fp8_types(n):
 split_types.pointers = fp8_types.pointers = ("Q", "K", "V", "SEQLENS", "BT", "O_PART", "LSE_PART", "O",
                                              "LSE", "SEM", "ERR", "K_SCALE", "V_SCALE", "SINKS")
 # e4m3 K/V with every score mod on (names without "paged": their K/V tiles take half the shared memory)
-MODS = dict(FP8=True, SCALE_PER_HEAD=True, WINDOW=True, SOFTCAP=True, HAS_SINKS=True)
+MODS = dict(FP8=True, SCALE_PER_HEAD=True, FP8_WORDS=True, FP8_ASM=True, WINDOW=True, SOFTCAP=True,
+            HAS_SINKS=True)
 # name, use_dot, fuse, block_m, paged, page_size, chunk: decode (MMA, elementwise, fused merge), paged
 # pages of 16 and 64, chunked prefill with 32- and 128-row tiles (dense and paged), each with the block
 # config the plan picks for its row tile (heuristics._block_config); int32 offsets (OFF32) but where named
@@ -655,7 +656,7 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
 
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
-    cfg = heuristics._block_config(block_m, page if paged else 0)
+    cfg = heuristics._block_config(block_m, page if paged else 0, name.startswith("fp8"))
     c = compile_(split_kernel, fp8_types if name.startswith("fp8") else split_types,
                  dict(**(MODS if name.startswith("fp8") else {}), GROUP=4, BLOCK_M=block_m, HEAD_DIM=128,
                       BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
@@ -865,6 +866,84 @@ def test_cuda_graph_capture_of_plan_run(fuse):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
+    # plan._DirectLaunch without a GPU: a stand-in for the JIT function and its compiled kernel records
+    # what Triton would be given. The first aligned launch goes through kernel[grid]; later ones call the
+    # launcher with (grid, stream, function, metadata, no hooks, then every kernel parameter in signature
+    # order: the runtime arguments, then each constexpr as the plan sets it or its default); a misaligned
+    # launch goes through kernel[grid] again.
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            calls.append(("direct", a))
+
+    class Kernel:  # the parameters Triton's JIT function has (this one may be the interpreter's)
+        params = triton.runtime.jit.JITFunction(plan_mod._attnscope_decode_split_kernel.fn).params
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                calls.append(("triton", grid, args, kw))
+                return Compiled()
+            return launch
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    params = Kernel.params
+    n_args = next(i for i, p in enumerate(params) if p.is_constexpr)
+    args = tuple(range(n_args))
+    consts = {"GROUP": 4, "BLOCK_M": 16, "HEAD_DIM": 128, "FP8": True, "num_warps": 8}
+    d = plan_mod._DirectLaunch(Kernel(), consts, 0)
+    d.launch((6, 3), args, True)
+    d.launch((6, 3), args, True)
+    d.launch((6, 3), args, False)
+    hooks = triton.knobs.runtime.launch_enter_hook
+    hooks.add(print)  # a profiler's hook: Triton's launch, which calls it
+    try:
+        d.launch((6, 3), args, True)
+    finally:
+        hooks.remove(print)
+    assert [c[0] for c in calls] == ["triton", "direct", "triton", "triton"]
+    assert calls[0][2] == args and calls[0][3] == consts
+    head, rest = calls[1][1][:9], calls[1][1][9:]
+    assert head == (6, 3, 1, 1234, "fn", "meta", None, None, None)
+    assert len(rest) == len(params) and rest[:n_args] == args
+    for p, value in zip(params[n_args:], rest[n_args:], strict=True):
+        assert p.is_constexpr and value == consts.get(p.name, p.default), p.name
+    assert rest[params.index(next(p for p in params if p.name == "FP8"))] is True
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launch needs a GPU")
+@pytest.mark.gpu
+@pytest.mark.parametrize("fuse", (True, False))
+def test_gpu_direct_launch_equals_tritons_and_falls_back_on_other_alignments(fuse):
+    # a plan's second launch calls the compiled kernel's launcher itself (plan._DirectLaunch): the same
+    # bits as the first (through kernel[grid]); a misaligned view (another binary) goes through Triton
+    q, k, v = make_inputs(2, 32, 8, 3000, 128, torch.bfloat16, seed=44)
+    lens = torch.tensor([3000, 777], dtype=torch.int32, device=DEVICE)
+    plan = plan_mod._tuned_plan(q, k, v, lens, return_lse=True, fuse_combine=fuse)
+    first = plan.run(q, k, v, lens)
+    split, combine = plan._direct
+    assert split.compiled is not None and (combine.compiled is not None) == (plan.split and not fuse)
+    for _ in range(3):
+        again = plan.run(q, k, v, lens)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    ref_o, _ = reference_decode(q, k, v, lens)
+    err = (first[0].double().cpu() - ref_o).abs().max().item()
+    assert err <= kernel_tolerance(torch_error(q, k, v, lens, ref_o))
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)
+    q_odd = buf[1:].view_as(q)
+    q_odd.copy_(q)
+    assert q_odd.data_ptr() % 16 != 0
+    odd = plan.run(q_odd, k, v, lens)
+    assert (odd[0].float() - first[0].float()).abs().max().item() <= 1e-3
+    assert split.compiled is not None
+    assert torch.equal(plan.run(q, k, v, lens)[0], first[0])  # aligned again: the kept binary
+    decode.check_errors()
 
 
 # --- paged KV cache and Nq >= 1 (chunked prefill / speculative verification) -------------------------------

@@ -282,6 +282,41 @@ def test_fp8_cache_matches_float64_on_the_dequantised_cache(paged, nq, per_head,
     decode.check_errors()
 
 
+@pytest.mark.parametrize("paged", (False, True))
+def test_fp8_v_read_as_words_or_as_bytes_gives_the_same_bits(paged):
+    # An aligned e4m3 V is read as int32 words of four elements (FP8_WORDS), one that is not (a view one
+    # byte into its buffer) element by element: both convert exactly, so the outputs are the same bits
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = inputs(2, 4, 2, 1, 40, dtype=torch.bfloat16, seed=5)
+    k8, k_scale = attnscope.quantize_kv(k)
+    v8, v_scale = attnscope.quantize_kv(v)
+    table = None
+    if paged:
+        k8, v8, table = to_paged(k8.float(), v8.float(), 16, gen)
+        k8, v8 = k8.to(FP8), v8.to(FP8)
+    k8, v8, table, k_scale, v_scale, qd = dev(k8, v8, table, k_scale, v_scale, q)
+    buf = torch.empty(v8.numel() + 1, dtype=FP8, device=DEVICE)
+    v_odd = buf[1:].view(v8.shape)
+    v_odd.copy_(v8)
+    lens = lens_t([40, 23])
+    outs = []
+    for vc, words in ((v8, True), (v_odd, False)):
+        plan = decode.decode_plan(qd, k8, vc, lens, table, num_splits=2, return_lse=True, k_scale=k_scale,
+                                  v_scale=v_scale)
+        assert plan._consts.get("FP8_WORDS", False) is words
+        outs.append(plan.run(qd, k8, vc, lens, table, k_scale=k_scale, v_scale=v_scale))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    words_plan = decode.decode_plan(qd, k8, v8, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
+    with pytest.raises(InputError, match="v_cache: expected an address that is a multiple of 4 bytes"):
+        words_plan.run(qd, k8, v_odd, lens, table, k_scale=k_scale, v_scale=v_scale)  # same layout
+    for vc in (v8, v_odd, v8):  # the one-liner keys its plans on it
+        o = flash_decode(qd, k8, vc, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
+        assert torch.equal(o, outs[0][0])
+    if not paged:
+        check(*outs[0], q, dequantised(k8.cpu(), k_scale.cpu(), 1), dequantised(v8.cpu(), v_scale.cpu(), 1),
+              [40, 23])
+
+
 @pytest.mark.parametrize("head_axis", (-3, 0, -2))
 def test_quantize_kv_in_chunks_gives_the_same_bits(monkeypatch, head_axis):
     x = torch.randn(5, 3, 7, 64, dtype=torch.float16)

@@ -36,12 +36,14 @@ Modules: `_kernel` (the Triton kernels), `heuristics` (split count, blocks, merg
 (input checks, the device error word), `plan` (`DecodePlan`), `api` (`flash_decode` and its plan
 cache), `_op` (the custom op `torch.compile` traces), `quantize` (`quantize_kv`).
 
-Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge,
-and allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
-captured in a CUDA graph. `flash_decode` keeps its plans in a bounded LRU cache. K/V offsets from the
-loop's base pointers are int32 where the plan's span check allows (`plan._offsets_fit_int32`), else int64.
-Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log. Measurements:
-BENCHMARKS.md.
+Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge, and
+allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
+captured in a CUDA graph; it calls the compiled kernel's launcher directly once Triton has picked the binary
+(`plan._DirectLaunch`). An e4m3 V is read as int32 words of four values, converted in registers
+(`_kernel._e4m3_words_to_f16`), and P @ V runs in fp16. `flash_decode` keeps its plans in a bounded LRU cache.
+K/V offsets from the loop's base pointers are int32 where the plan's span check allows
+(`plan._offsets_fit_int32`), else int64. Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the
+public LSE is natural-log. Measurements: BENCHMARKS.md.
 """
 
 from attnscope.kernels.decode import _op  # noqa: F401 - registers torch.ops.attnscope.flash_decode

@@ -28,6 +28,45 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * 
 
 
 @triton.jit
+def _e4m3_to(x, dtype: tl.constexpr):
+    """e4m3 -> fp16 / bf16 (exact): the packed e4m3x2 -> f16x2 convert, then f16 -> f32 -> bf16 for bf16
+    (a direct e4m3 -> bf16 cast takes one slow f16 -> bf16 convert per element on sm_90)."""
+    x = x.to(tl.float16)
+    return x if dtype == tl.float16 else x.to(tl.float32).to(dtype)
+
+
+#: e4m3x4 (one int32 word, byte i = element i) -> four fp16 halves: two packed e4m3x2 -> f16x2 converts
+_E4M3X4_F16 = tl.constexpr("""{
+    .reg .b16 lo, hi;
+    .reg .b32 h0, h1;
+    mov.b32 {lo, hi}, $4;
+    cvt.rn.f16x2.e4m3x2 h0, lo;
+    cvt.rn.f16x2.e4m3x2 h1, hi;
+    mov.b32 {$0, $1}, h0;
+    mov.b32 {$2, $3}, h1;
+}""")
+
+
+@triton.jit
+def _e4m3_words_to_f16(w, ASM: tl.constexpr):
+    """[N, C] int32 words of four e4m3 each (byte i: element 4c + i) -> [N, 4C] fp16 (exact), converted in
+    the words' register layout. Triton moves the convert of an e4m3 tile that feeds `tl.dot` into the
+    dot-operand layout; for the K-major operand V of P @ V that means one 1-byte shared-memory load per
+    element. Words keep the shared-memory loads 16 bytes wide and leave one fp16 round trip (stores +
+    ldmatrix.trans). ``ASM``: the packed converts as PTX (a GPU); else per byte (the interpreter)."""
+    if ASM:
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E4M3X4_F16, "=h,=h,=h,=h,r", [w], is_pure=True, pack=1,
+                                                   dtype=(tl.float16, tl.float16, tl.float16, tl.float16))
+    else:
+        e0 = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        e1 = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        e2 = ((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        e3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    x = tl.join(tl.join(e0, e2), tl.join(e1, e3))  # [N, C, 2, 2]: element 4c + 2r + q at [n, c, r, q]
+    return tl.reshape(x, [w.shape[0], w.shape[1] * 4])
+
+
+@triton.jit
 def _add_sink(m_i, l_i, acc, sink2):
     """Fold a sink (base-2 logit ``sink2`` per row, no value) into a merge state (m, l, acc): the partial
     (O = 0, LSE = sink), joined once (`attnscope.reference.combine`'s sinks)."""
@@ -66,6 +105,8 @@ def _attnscope_decode_split_kernel(
     MAX_UNSCALED: tl.constexpr = False,  # qk_scale > RAW_SCORES_ABOVE: running max of raw scores, 1 split
     FP8: tl.constexpr = False,  # K/V e4m3 with fp32 scales K_SCALE / V_SCALE (one, or one per kv head)
     SCALE_PER_HEAD: tl.constexpr = False,
+    FP8_WORDS: tl.constexpr = False,  # FP8: V read as int32 words (`_e4m3_words_to_f16`; V aligned)
+    FP8_ASM: tl.constexpr = False,  # FP8_WORDS: convert with PTX (not under the interpreter)
     WINDOW: tl.constexpr = False,  # sliding window: row at position p sees keys [p - win_left, p]
     SOFTCAP: tl.constexpr = False,  # base-2 scores s -> softcap2 * tanh(s / softcap2)
     HAS_SINKS: tl.constexpr = False,  # SINKS fp32 [Hq]: one logit per query head joins the denominator
@@ -130,6 +171,11 @@ def _attnscope_decode_split_kernel(
     else:
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
+    if FP8_WORDS:  # the plan checked: V's address and strides are multiples of 4 bytes
+        vw_base = V.to(tl.pointer_type(tl.int32)) + (h_kv * stride_vh) // 4
+        if not PAGED:
+            vw_base += (b * stride_vb) // 4
+        offs_w = tl.arange(0, HEAD_DIM // 4)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
@@ -171,7 +217,7 @@ def _attnscope_decode_split_kernel(
             v_off = key * stride_vn
             k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
         if FP8:
-            k = k.to(Q.dtype.element_ty)  # e4m3 -> fp16 / bf16 is exact; k_scale is in qk_scale
+            k = _e4m3_to(k, Q.dtype.element_ty)  # exact; k_scale is in qk_scale
         if USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
@@ -200,16 +246,25 @@ def _attnscope_decode_split_kernel(
             alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
             p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
-        if PAGED:
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        if FP8_WORDS:  # V as int32 words of four e4m3 (`_e4m3_words_to_f16`)
+            if PAGED:
+                w = tl.load(vw_base + (v_off // 4)[:, None] + offs_w[None, :], mask=n_mask[:, None], other=0)
+            else:
+                w = tl.load(vw_base + (v_off // 4)[:, None] + offs_w[None, :])
+            v = _e4m3_words_to_f16(w, FP8_ASM)
         else:
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
-        if FP8:
-            v = v.to(Q.dtype.element_ty)
+            if PAGED:
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            else:
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+            if FP8:
+                v = v.to(tl.float16)
         if USE_DOT:
-            if EMULATE_BF16:  # P rounded to nearest even (the interpreter's cast truncates), fp32 products
-                p, v = round_bf16(p), v.to(tl.float32)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P in the input dtype, as FlashAttention
+            if EMULATE_BF16 and not FP8:  # P rounded to nearest even (the interpreter's cast truncates)
+                p, v = round_bf16(p), v.to(tl.float32)  # fp32 products
+            # P in the input dtype, as FlashAttention; an e4m3 V is exact in fp16, and P in [0, 1] is
+            # closer in fp16 than in bf16: P @ V in fp16 whatever q's dtype (the one-instruction convert)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new

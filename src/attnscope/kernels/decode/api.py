@@ -25,12 +25,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                  check_seqlens: bool = False):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
-    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the
-    `PLAN_CACHE_LAYOUTS` most recent layouts (tensor shapes, strides, dtypes, devices, the options, the
-    CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts (`plan_cache_info`,
-    `clear_plan_cache`). A known layout skips the layout checks and the plan build. Inside CUDA-graph
-    capture it builds a private plan (the graph keeps its scratch). No call reads a device value back
-    unless ``check_seqlens``: the values are checked on the device and `check_errors` reports them.
+    The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the `PLAN_CACHE_LAYOUTS`
+    most recent layouts (tensor shapes, strides, dtypes, devices, the options, whether V's address is a
+    multiple of 4 bytes, the CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts
+    (`plan_cache_info`, `clear_plan_cache`). A known layout skips the layout checks and the plan build. Inside
+    CUDA-graph capture it builds a private plan (the graph keeps its scratch). No call reads a device value
+    back unless ``check_seqlens``: the values are checked on the device and `check_errors` reports them.
 
     Parameters
     ----------
@@ -100,23 +100,29 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     options = (num_splits, scale, return_lse, window, softcap)
     key = None
     # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
-    layouts = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-                    if isinstance(t, Tensor) else False for t in tensors)
+    layouts = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                     if isinstance(t, Tensor) else False for t in tensors])
     if False not in layouts and None not in layouts[:3]:
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
-        cuda = q.device.type == "cuda"
+        device = layouts[0][3]
+        cuda = device.type == "cuda"
         if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
-            # all a plan fixes but the split count; the stream, as a plan's partials serve one at a time
-            key = (layouts, options, torch.cuda.current_stream(q.device).cuda_stream if cuda else None)
-            try:
-                hash(key)
+            # all a plan fixes but the split count: the layouts, the options, whether V can be read as
+            # words (an e4m3 V's address, `plan._words_aligned`); the stream, as a plan's partials serve
+            # one launch at a time
+            key = (layouts, options, v_cache.data_ptr() % 4 == 0,
+                   torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
+            plan = None
+            try:  # hashing the key also vets the options
+                if check_seqlens:
+                    hash(key)
+                else:  # the common call: a known layout, no value read
+                    plan = _PLAN_CACHE.fast(key)
             except TypeError:  # an unhashable option (a list window): the checks name it
                 key = None
-            if key is not None and not check_seqlens:  # the common call: a known layout, no value read
-                plan = _PLAN_CACHE.fast(key)
-                if plan is not None:
-                    return plan._launch(tensors)
+            if plan is not None:
+                return plan._launch(tensors)
     options = dict(zip(("num_splits", "scale", "return_lse", "window", "softcap"), options, strict=True))
     # a layout seen before passed these checks with these options: its facts are kept with its plans
     facts = _PLAN_CACHE.facts(key) if key is not None else None

@@ -4,7 +4,8 @@ check (`check_errors`), and the opt-in host checks of the values of ``cache_seql
 What is checked where:
 
 - on the host, every call (no device read): types, ranks, shapes, strides, dtypes, devices, the
-  options, the score mods (`_common.check_mods`), and that no input requires grad;
+  options, the score mods (`_common.check_mods`), that no input requires grad, and (an e4m3 cache whose
+  plan reads V as int32 words) that V's address is still a multiple of 4 bytes;
 - on the device, every launch: each ``cache_seqlens`` value in [0, L_max] (else clamped into it) and 0 or
   at least Nq (the queries are the last Nq positions; a shorter one is reported, not refused), each
   block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read), and

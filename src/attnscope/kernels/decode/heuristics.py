@@ -109,10 +109,11 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
             "total": kv + q + 2 * partial + out}
 
 
-def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
+def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
-    ``page_size`` keys (0: dense): one measured config per tile kind (bench/decode_configs.py), no
-    autotuner. Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
+    ``page_size`` keys (0: dense), e4m3 K/V or not: one measured config per tile kind
+    (bench/decode_configs.py), no autotuner. Interpreter: small blocks, still multi-block splits and
+    (pages of 16) pages per block.
     """
     if interpreting():
         return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
@@ -122,6 +123,14 @@ def _block_config(block_m: int = 16, page_size: int = 0) -> dict:
     # inside one page (whose load mask depends on the page index checked on the device) gets them all:
     # 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at BLOCK_N = 128)
     stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
+    if fp8 and block_m <= 32:
+        # e4m3 tiles are half the bytes and cost twice the instructions per byte (the converts, V's fp16
+        # staging through shared memory): 5 stages keep the bf16 config's bytes in flight per program,
+        # 8 warps give each scheduler two warps to hide the loop's latencies when one program runs per
+        # SM (sm_90 compile, dense: 172 KiB of shared memory, 80-94 registers, 596 instructions per thread
+        # and KV block against 973 at 4 warps)
+        cfg["num_warps"] = 8
+        stages = 5 if not page_size else stages
     return {**cfg, "STAGES": stages, "num_stages": stages}
 
 

@@ -8,7 +8,7 @@ import math
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect
-from attnscope.kernels._common import LOG2E, check_disjoint, check_flags, import_torch_triton
+from attnscope.kernels._common import LOG2E, check_disjoint, check_flags, import_torch_triton, interpreting
 from attnscope.kernels.decode._kernel import (
     _attnscope_decode_combine_kernel,
     _attnscope_decode_split_kernel,
@@ -47,7 +47,8 @@ class DecodePlan:
     the allocation of the fp32 partials and merge counters happen here, once. `run` then only compares
     each tensor's layout (shape, strides, dtype, device) with the plan's, raising `InputError` if one
     changed, and launches: no host sync unless ``check_seqlens``, no allocation but the output, so a run
-    can be captured in a CUDA graph. The values of the lengths, block-table entries and K/V scales are
+    can be captured in a CUDA graph. From the second run on a GPU the launch skips Triton's per-call
+    dispatch (`_DirectLaunch`). The values of the lengths, block-table entries and K/V scales are
     checked on the device (see `attnscope.kernels.decode.checks`); `check` raises what they recorded. The
     partials belong to the plan: runs of one plan must be ordered (one stream, or synchronised), as with
     FlashInfer's workspace.
@@ -134,7 +135,7 @@ class DecodePlan:
             page = _block_config(block_m)["BLOCK_N"]
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
-        cfg = dict(_config or _block_config(block_m, page))
+        cfg = dict(_config or _block_config(block_m, page, facts.fp8))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
@@ -180,7 +181,9 @@ class DecodePlan:
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
         # the optional constexprs are passed only when on: the plain launch passes what it always did
+        words = facts.fp8 and _words_aligned(v_cache)
         for name, on in (("MAX_UNSCALED", raw), ("FP8", facts.fp8), ("SCALE_PER_HEAD", facts.scale_per_head),
+                         ("FP8_WORDS", words), ("FP8_ASM", words and not interpreting()),
                          ("WINDOW", mods.windowed), ("SOFTCAP", mods.softcap > 0),
                          ("HAS_SINKS", sinks is not None)):
             if on:
@@ -191,6 +194,10 @@ class DecodePlan:
         if sinks is not None:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
+        self._words = words
+        self._direct = None if device.type != "cuda" or interpreting() else (
+            _DirectLaunch(_attnscope_decode_split_kernel, self._consts, device.index),
+            _DirectLaunch(_attnscope_decode_combine_kernel, self._combine_consts, device.index))
 
     def _mismatch(self, tensors):
         for name, want, t in zip(NAMES, self.layout, tensors, strict=True):
@@ -212,9 +219,10 @@ class DecodePlan:
         plan was made with ``return_lse``. ``out`` / ``lse_out``: contiguous tensors of those shapes and
         dtypes to write into instead of allocating (``lse_out`` only with ``return_lse``), sharing no
         memory with the inputs or each other. Raises `InputError` if a tensor's shape, strides, dtype or
-        device differ from the plan's, or (``check_seqlens``) a length, used page index or K/V scale is
-        out of range; `NotImplementedError` if an input requires grad (decode has no backward). Values
-        are checked on the device: `check` raises what they recorded.
+        device differ from the plan's, an e4m3 ``v_cache`` planned at an address that is a multiple of 4
+        bytes is not at one now (its values are read as int32 words), or (``check_seqlens``) a length,
+        used page index or K/V scale is out of range; `NotImplementedError` if an input requires grad
+        (decode has no backward). Values are checked on the device: `check` raises what they recorded.
         """
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
         for t, want in zip(tensors, self.layout, strict=True):
@@ -271,16 +279,69 @@ class DecodePlan:
         lse_part = self.lse_part if self.split else o
         sem = self.sem if self.fuse else o
         table = block_table if block_table is not None else self.table
-        _attnscope_decode_split_kernel[self._grid](
-            q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
-            table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
-            k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
-            sinks if sinks is not None else o, *self._scalars, **self._consts)
+        if self._words and v_cache.data_ptr() % 4:
+            raise InputError(f"v_cache: expected an address that is a multiple of 4 bytes, as planned (its "
+                             f"e4m3 values are read as int32 words), got {v_cache.data_ptr():#x}; make a new "
+                             f"plan")
+        args = (q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
+                table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
+                k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
+                sinks if sinks is not None else o, *self._scalars)
+        if self._direct is None:  # the interpreter, a CPU tensor
+            _attnscope_decode_split_kernel[self._grid](*args, **self._consts)
+        else:
+            # the tensors whose addresses may change between runs (the plan's scratch never does)
+            bits = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | o.data_ptr() | lse.data_ptr()
+            for t in (cache_seqlens, block_table, k_scale, v_scale, sinks):
+                if t is not None:
+                    bits |= t.data_ptr()
+            aligned = bits % 16 == 0
+            self._direct[0].launch(self._grid, args, aligned)
         if self.split and not self.fuse:
-            _attnscope_decode_combine_kernel[self._combine_grid](
-                o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars,
-                **self._combine_consts)
+            args = (o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars)
+            if self._direct is None:
+                _attnscope_decode_combine_kernel[self._combine_grid](*args, **self._combine_consts)
+            else:
+                self._direct[1].launch(self._combine_grid, args, aligned)
         return (o, lse) if self.return_lse else o
+
+
+class _DirectLaunch:
+    """One Triton kernel of a plan, launched through its compiled binary's launcher.
+
+    ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key, looks the
+    binary up and builds launch metadata on every call. A plan fixes everything but the tensors' addresses, so
+    the binary of the first launch through Triton with every tensor 16-byte aligned is kept, and later
+    launches with every tensor aligned (the one fact that changes Triton's choice of binary) call its launcher
+    directly with the constexprs pre-packed. Other alignments, another current device or a launch hook
+    (profilers) go through ``kernel[grid]``. Launches go to the current stream, as Triton's do (CUDA-graph
+    capture included)."""
+
+    __slots__ = ("kernel", "constexprs", "device", "compiled", "tail")
+
+    def __init__(self, kernel, constexprs, device_index):
+        self.kernel, self.constexprs, self.device = kernel, constexprs, device_index
+        self.compiled = self.tail = None
+
+    def launch(self, grid, args, aligned: bool):
+        c = self.compiled
+        if aligned and c is not None and torch._C._cuda_getDevice() == self.device and _no_launch_hooks():
+            stream = torch._C._cuda_getCurrentRawStream(self.device)
+            c.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, c.function, c.packed_metadata,
+                  None, None, None, *args, *self.tail)
+            return
+        compiled = self.kernel[grid](*args, **self.constexprs)
+        if aligned and c is None and getattr(compiled, "function", None) is not None:
+            # the launcher takes every parameter in order, the constexprs included (and ignores them)
+            self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
+            self.compiled = compiled
+
+
+def _no_launch_hooks() -> bool:
+    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere)."""
+    runtime = triton.knobs.runtime
+    return all(h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
+               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def _dense_pages(k_cache, v_cache, L_max: int, page: int):
@@ -297,6 +358,12 @@ def _dense_pages(k_cache, v_cache, L_max: int, page: int):
         return None
     j = torch.arange(n, dtype=torch.int32, device=k_cache.device)
     return torch.arange(B, dtype=torch.int32, device=k_cache.device)[:, None] * R + j[None, :]
+
+
+def _words_aligned(v_cache) -> bool:
+    """Whether an e4m3 V cache can be read as int32 words of four elements (the kernel's ``FP8_WORDS``):
+    its address and strides are multiples of 4 bytes (16 for 16-byte loads, which Triton specialises)."""
+    return v_cache.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in v_cache.stride()[:3])
 
 
 def _offsets_fit_int32(k_cache, v_cache, dims) -> bool:
