@@ -399,9 +399,8 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
         else:
             p = gl.exp2(st * qk_scale)  # P [BM, BN]
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
-        ds = p * dp  # dS = P * (dP - D) (softcap: x (1 - t^2))
         mbarrier.arrive(v_empty.index(s))  # V read
-        ds_op = gl.convert_layout(ds.to(q_smem.dtype), a_layout)
+        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P (dP - D) (softcap: (1 - t^2))
         dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
         mbarrier.arrive(k_empty.index(s))  # K read
@@ -435,7 +434,7 @@ def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LS
     if MODS & WINDOW:
         t_lo, n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)
     else:
-        t_lo = 0  # a constant for the partitions, not a captured value
+        t_lo: gl.constexpr = 0  # a constant for the partitions, not a captured value
         n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)[1]
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
