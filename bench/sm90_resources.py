@@ -18,8 +18,8 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
   warp-specialised kernel is the launch budget (65,536 / threads); spills are for the whole kernel.
 - ``--kernel bwd``: kernels/bwd.py's dK/dV (with and without atomic dQ), dQ pass and preprocess at the
   table's configs (or ``--dkdv`` / ``--dq``), `BWD_MODS` (sinks have no kernel constexpr); the Gluon dK/dV
-  and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, with their
-  `setmaxnreg` split.
+  and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, and bf16 with
+  the score mods (`HOPPER_BWD_MODS`: window, softcap, both), with their `setmaxnreg` split.
 - ``--kernel varlen``: kernels/varlen.py's forward (TMA and pointer K/V loads) and kernels/varlen_bwd.py's
   dK/dV and dQ pass, `VARLEN_MODS`.
 - ``--kernel decode``: the split-KV decode kernel as `DecodePlan` builds it (`DECODE_SHAPES`: decode

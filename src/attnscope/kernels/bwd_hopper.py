@@ -26,10 +26,11 @@ only tiles straddling the diagonal and the ragged last tiles are masked. Ragged 
 Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr ``MODS``,
 `fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the forward's
 `fwd_hopper._window` bounds; for the dK/dV kernel with rows and keys swapped), masked only on its edge tiles;
-softcap recomputes ``t = tanh(S scale / cap)`` (`fwd_hopper._tanh`), ``P = exp2(cap log2(e) t - LSE2)``,
-and ``dS = P (dP - Delta) (1 - t^2)``; sinks need nothing here (the LSE includes them; their gradient is
-torch on D and LSE). Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides; dQ, dK, dV
-contiguous.
+softcap recomputes ``t = tanh(S scale / cap)`` (`fwd_hopper._tanh`) from the raw S (the mask still its
+initial value), ``P = exp2(cap log2(e) t - LSE2)``, ``dS = P (dP - Delta) (1 - t^2)`` (`_capped`; dK/dV at
+d = 128 on 32-row Q tiles, `SOFTCAP_CONFIGS`); sinks need nothing here (the LSE includes them; their
+gradient is torch on D and LSE). Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides;
+dQ, dK, dV contiguous.
 """
 
 from __future__ import annotations
