@@ -286,7 +286,7 @@ def test_hopper_backward_is_refused_where_it_cannot_run():
 
 def test_hopper_backward_routing(monkeypatch):
     """`impl` picks the dK/dV kernel: "hopper" wherever the Gluon kernel can run, with every score mod (a
-    softcap past the forward's `HOPPER_MAX_SOFTCAP` x scale refused by name), "auto" where
+    softcap past `_common.HOPPER_MAX_SOFTCAP` x scale refused by name), "auto" where
     `dispatch.hopper_backward_ok` allows."""
     q = _good()["q"]
     plain = _common.Mods(-1, -1, 0.0, None)

@@ -45,6 +45,7 @@ import math
 
 from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
+    HOPPER_MAX_SOFTCAP,
     LOG2E,
     check_device,
     check_head_dim,
@@ -420,14 +421,12 @@ HOPPER_QK_SCALE = (1e-30, 1.0)
 
 def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
     """"portable" or "hopper": the kernels of `flash_attention_backward` (``impl`` as there). The
-    Hopper kernels run on sm_90 with every score mod (softcap up to the forward's ``HOPPER_MAX_SOFTCAP`` x
+    Hopper kernels run on sm_90 with every score mod (softcap up to `_common.HOPPER_MAX_SOFTCAP` x
     scale: their tanh is ``tanh.approx.f32`` too); ``impl="auto"`` takes them only where
     `model.dispatch.hopper_backward_ok` allows."""
     choice("impl", impl, IMPLS)
     if impl == "portable":
         return "portable"
-    from attnscope.kernels.fwd import HOPPER_MAX_SOFTCAP  # fwd imports this module
-
     why = hopper_unavailable(torch, q)
     d = q.shape[-1]
     huge_cap = mods.softcap > HOPPER_MAX_SOFTCAP * (qk_scale / LOG2E)

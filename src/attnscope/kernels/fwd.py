@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from attnscope.errors import InputError, choice, expect
 from attnscope.kernels._common import (
+    HOPPER_MAX_SOFTCAP,
     LOG2E,
     check_device,
     check_flags,
@@ -87,10 +88,6 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
 IMPLS = ("auto", "portable", "hopper")
-#: Largest ``softcap / scale`` the Hopper kernel takes: its tanh (``tanh.approx.f32``) may flush a subnormal
-#: argument ``s * scale / softcap`` to 0; below this ratio only scores ``|s| < 2^-66`` have one (their capped
-#: value is 0 either way). A larger cap (tanh is then the identity for any score) runs the portable kernel.
-HOPPER_MAX_SOFTCAP = 2.0 ** 60
 
 
 def _hopper_possible(q) -> str | None:

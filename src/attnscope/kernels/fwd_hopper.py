@@ -208,7 +208,7 @@ def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr
 @gluon.jit
 def _tanh(x):
     """tanh by ``tanh.approx.f32``: one MUFU op (relative error ~2^-11, below a bf16 score's rounding; exp2
-    form: two); x = s scale / softcap is not subnormal for a score that matters (fwd.HOPPER_MAX_SOFTCAP)."""
+    form: two); x = s scale / softcap is not subnormal for a score that matters (HOPPER_MAX_SOFTCAP)."""
     return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
                                      pack=1)
 
