@@ -204,8 +204,8 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
     the keys end in the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM
     rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). One loop
     body for every tile: the mask is a select on the initial value before the MMAs are issued, so masked
-    and unmasked tiles differ in no register after them; under softcap (the cap comes before the LSE) a
-    select on the capped scores instead."""
+    and unmasked tiles differ in no register after them. Softcap: S^T starts from 0 (the raw scores: the cap
+    comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select."""
     s = it % STAGES
     mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
     q = q_smem.index(s).reshape([BM, D])
