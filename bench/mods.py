@@ -20,6 +20,11 @@ counted on the visited query-key pairs, 4 d flops per pair forward, 2.5 x that b
   also against main's tree (``PYTHONPATH=<main>/src python bench/mods.py --only off``: that section
   uses no new keyword) to hold the mods-off kernel against today's.
 
+The window and softcap points also time the backward alone, `kernels.bwd.flash_attention_backward` with
+``impl="hopper"`` (the Gluon sm_90 kernels; sm_90 only) and ``impl="portable"`` (rows
+``attnscope_bwd_hopper`` / ``attnscope_bwd_portable``, no forward), and print the backward's time against
+Flex's and against attnscope's full causal backward scaled by ``visited/causal``.
+
 Every attnscope call is first checked at the full shape against float64 (torch, on the GPU) on batch 0,
 head 0: the output within 2 x PyTorch's own error at the same dtype + 1e-3 and dQ, dK, dV (and dsinks)
 within 3 x (attnscope.checks.kernel_tolerance); a failed check is reported and exits 1 after the table.
@@ -211,6 +216,20 @@ def _impls(torch, section, n, causal, window, softcap, sinks, baseline):
     return impls
 
 
+def _time_backward_alone(torch, q, k, v, do, causal, window, softcap):
+    """Backward ms of `flash_attention_backward` per ``impl`` ("hopper" on sm_90 only, "portable")."""
+    import attnscope
+    from attnscope.kernels import bwd
+
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, window=window, softcap=softcap,
+                                       return_lse=True)
+    impls = ["portable"]
+    if torch.cuda.get_device_capability() == (9, 0):
+        impls.insert(0, "hopper")
+    return {f"attnscope_bwd_{impl}": _ms(lambda impl=impl: bwd.flash_attention_backward(
+        do, q, k, v, o, lse, causal, None, window=window, softcap=softcap, impl=impl)) for impl in impls}
+
+
 def run(torch, args, log):
     dtype = getattr(torch, args.dtype)
     rows, failures = [], []
@@ -242,12 +261,24 @@ def run(torch, args, log):
             flops = fl if not name.endswith("causal") else 4 * args.d * causal_pairs * b * args.heads
             row["ms"][name] = (f_ms, b_ms)
             row["tflops"][name] = (flops / (f_ms * 1e9), None if b_ms is None else 2.5 * flops / (b_ms * 1e9))
+        if section in ("window", "softcap"):
+            for name, b_ms in _time_backward_alone(torch, q, k, v, do, causal, window, softcap).items():
+                row["ms"][name] = (None, b_ms)
+                row["tflops"][name] = (None, 2.5 * fl / (b_ms * 1e9))
         rows.append(row)
         log(f"{label}  visited/causal {row['visited_over_causal']:.3f}")
         for name, (f_ms, b_ms) in row["ms"].items():
             tf, tb = row["tflops"][name]
-            log(f"    {name:22s} fwd {f_ms:8.3f} ms {tf:6.1f} TFLOP/s   bwd "
-                + (f"{b_ms:8.3f} ms {tb:6.1f} TFLOP/s" if b_ms else "       -"))
+            fwd_s = f"{f_ms:8.3f} ms {tf:6.1f} TFLOP/s" if f_ms else f"{'-':>8s}{'':17s}"
+            bwd_s = f"{b_ms:8.3f} ms {tb:6.1f} TFLOP/s" if b_ms else f"{'-':>8s}"
+            log(f"    {name:22s} fwd {fwd_s}   bwd {bwd_s}")
+        ms = row["ms"]
+        if "attnscope_bwd_hopper" in ms:
+            hop = ms["attnscope_bwd_hopper"][1]
+            scaled = ms["attnscope_causal"][1] * row["visited_over_causal"]
+            log(f"    backward: Flex / hopper {ms['flex'][1] / hop:.2f} x, portable / hopper "
+                f"{ms['attnscope_bwd_portable'][1] / hop:.2f} x, hopper / (causal x visited/causal) "
+                f"{hop / scaled:.2f}")
         torch.cuda.empty_cache()
     return rows, failures
 
@@ -262,9 +293,9 @@ def markdown(rows) -> str:
                  + f" (visited/causal {r['visited_over_causal']:.3f})")
         for name, (f_ms, b_ms) in r["ms"].items():
             tf, tb = r["tflops"][name]
-            fx = f"{f_ms / base[0]:.2f}"
+            fx = f"{f_ms / base[0]:.2f}" if f_ms else "-"
             bx = f"{b_ms / base[1]:.2f}" if b_ms and base[1] else "-"
-            out.append(f"| {point} | {name} | {f_ms:.3f} | {tf:.1f} | "
+            out.append(f"| {point} | {name} | " + (f"{f_ms:.3f} | {tf:.1f}" if f_ms else "- | -") + " | "
                        + (f"{b_ms:.3f} | {tb:.1f}" if b_ms else "- | -") + f" | {fx} | {bx} |")
     return "\n".join(out)
 

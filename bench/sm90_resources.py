@@ -18,8 +18,8 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
   warp-specialised kernel is the launch budget (65,536 / threads); spills are for the whole kernel.
 - ``--kernel bwd``: kernels/bwd.py's dK/dV (with and without atomic dQ), dQ pass and preprocess at the
   table's configs (or ``--dkdv`` / ``--dq``), `BWD_MODS` (sinks have no kernel constexpr); the Gluon dK/dV
-  and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, with their
-  `setmaxnreg` split.
+  and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, and bf16 with
+  the score mods (`HOPPER_BWD_MODS`: window, softcap, both), with their `setmaxnreg` split.
 - ``--kernel varlen``: kernels/varlen.py's forward (TMA and pointer K/V loads) and kernels/varlen_bwd.py's
   dK/dV and dQ pass, `VARLEN_MODS`.
 - ``--kernel decode``: the split-KV decode kernel as `DecodePlan` builds it (`DECODE_SHAPES`: decode
@@ -291,20 +291,25 @@ def _bwd_types(dt, dq_fp32):
             "qk_scale": "fp32", "sm_scale": "fp32", "cap_in": "fp32"}
 
 
-def compile_hopper_bwd(d, dt, causal, name):
-    """kernels/bwd_hopper.py's Gluon kernel ``name`` ("dkdv" or "dq") for sm_90."""
+#: (CAUSAL, WINDOW, SOFTCAP) of the Gluon Hopper backward's score-mod builds (a window has CAUSAL off)
+HOPPER_BWD_MODS = ((False, True, False), (False, False, True), (True, False, True), (False, True, True))
+
+
+def compile_hopper_bwd(d, dt, causal, name, mods=0):
+    """kernels/bwd_hopper.py's Gluon kernel ``name`` ("dkdv" or "dq") for sm_90 (``mods``: its ``MODS``)."""
     from attnscope.kernels import bwd_hopper
 
-    src = GluonASTSource(fn=bwd_hopper.kernel(name), signature=bwd_hopper.signature(d, dt, name),
-                         constexprs=bwd_hopper.constexprs(d, causal, name))
+    src = GluonASTSource(fn=bwd_hopper.kernel(name), signature=bwd_hopper.signature(d, dt, name, mods),
+                         constexprs=bwd_hopper.constexprs(d, causal, name, mods))
     return triton.compile(src, target=TARGET, options=dict(num_warps=bwd_hopper.NUM_WARPS))
 
 
 def bwd_report(dkdv=None, dq=None) -> None:
     """Every kernel of kernels/bwd.py: dK/dV with and without atomic dQ, the dQ pass, the preprocess, at
     the table's configs (or ``dkdv`` / ``dq``), d 64 and 128, with the score mods off and on (`BWD_MODS`);
-    kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels, bf16 and fp16, causal and not (no score mods)."""
-    from attnscope.kernels import bwd, bwd_hopper
+    kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels, bf16 and fp16, causal and not, and bf16 with the
+    score mods (`HOPPER_BWD_MODS`)."""
+    from attnscope.kernels import bwd, bwd_hopper, fwd_hopper
 
     dt = "bf16"
     for d in (64, 128):
@@ -319,13 +324,19 @@ def bwd_report(dkdv=None, dq=None) -> None:
             cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
             report(f"bwd dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
                    compile_triton, bwd._bwd_dq_kernel, _bwd_types(dt, False), cx, w, s)
-        for name in bwd_hopper.KERNELS:  # the Gluon Hopper kernels (no score-mod constexprs: none built)
+        for name in bwd_hopper.KERNELS:  # the Gluon Hopper kernels
+            cfg = bwd_hopper.config(d, name)
+            shape = f"BM={cfg.BM} BN={cfg.BN} STAGES={cfg.STAGES} NWG={cfg.NWG}"
             for hdt in ("bf16", "fp16"):
                 for causal in (False, True):
-                    cfg = bwd_hopper.config(d, name)
-                    report(f"bwd hopper {name:4s} d={d:3d} {hdt} CAUSAL={int(causal)} BM={cfg.BM} "
-                           f"BN={cfg.BN} STAGES={cfg.STAGES} NWG={cfg.NWG}", compile_hopper_bwd, d, hdt,
-                           causal, name, extra=setmaxnreg)
+                    report(f"bwd hopper {name:4s} d={d:3d} {hdt} CAUSAL={int(causal)} MODS=0 {shape}",
+                           compile_hopper_bwd, d, hdt, causal, name, extra=setmaxnreg)
+            for causal, window, softcap in HOPPER_BWD_MODS:
+                mods = fwd_hopper.mods_flags(window, 1.0 if softcap else 0.0, False)
+                c = bwd_hopper.config(d, name, mods)
+                report(f"bwd hopper {name:4s} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={c.BM} "
+                       f"BN={c.BN} STAGES={c.STAGES} NWG={c.NWG}",
+                       compile_hopper_bwd, d, "bf16", causal, name, mods, extra=setmaxnreg)
         for pdt in ("bf16", "fp16"):
             cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
             report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",

@@ -285,16 +285,22 @@ def test_hopper_backward_is_refused_where_it_cannot_run():
 
 
 def test_hopper_backward_routing(monkeypatch):
-    """`impl` picks the dK/dV kernel: "hopper" wherever the Gluon kernel can run unless a window or softcap is
-    asked (refused by name), "auto" where `dispatch.hopper_backward_ok` allows."""
+    """`impl` picks the dK/dV kernel: "hopper" wherever the Gluon kernel can run, with every score mod (a
+    softcap past `_common.HOPPER_MAX_SOFTCAP` x scale refused by name), "auto" where
+    `dispatch.hopper_backward_ok` allows."""
     q = _good()["q"]
     plain = _common.Mods(-1, -1, 0.0, None)
     monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)  # as on an sm_90 GPU
     assert bwd._pick_impl("hopper", q, True, plain) == "hopper"
     assert bwd._pick_impl("portable", q, True, plain) == "portable"
-    for mods in (_common.Mods(16, 0, 0.0, None), _common.Mods(-1, -1, 30.0, None)):
-        with pytest.raises(NotImplementedError, match="no window or softcap; supported: impl='portable'"):
-            bwd._pick_impl("hopper", q, False, mods)
+    mods = (_common.Mods(16, 0, 0.0, None), _common.Mods(-1, -1, 30.0, None), _common.Mods(5, 7, 50.0, None))
+    for m in mods:
+        assert bwd._pick_impl("hopper", q, False, m) == "hopper"
+        assert bwd._pick_impl("auto", q, False, m) == "hopper"
+    huge = _common.Mods(-1, -1, 2.0 ** 61 * 0.125, None)  # softcap / scale = 2^61 at the default scale
+    with pytest.raises(NotImplementedError, match="softcap / scale > 2\\^60 is not supported"):
+        bwd._pick_impl("hopper", q, False, huge)
+    assert bwd._pick_impl("auto", q, False, huge) == "portable"
     for qk_scale in (2.0, 1e-31):  # outside `bwd.HOPPER_QK_SCALE`
         with pytest.raises(NotImplementedError, match="scale \\* log2\\(e\\) = .* is not supported"):
             bwd._pick_impl("hopper", q, False, plain, qk_scale)
@@ -302,7 +308,6 @@ def test_hopper_backward_routing(monkeypatch):
     assert bwd._pick_impl("auto", q, False, plain) == "hopper"
     assert bwd._pick_impl("auto", q, False, plain, 2.0) == "portable"
     assert bwd._pick_impl("auto", q, False, _common.Mods(-1, -1, 0.0, torch.zeros(4))) == "hopper"  # sinks
-    assert bwd._pick_impl("auto", q, False, _common.Mods(16, 0, 0.0, None)) == "portable"
 
 
 def test_hopper_backward_dispatch_rule():
@@ -319,40 +324,65 @@ def test_hopper_backward_dispatch_rule():
 def test_hopper_backward_rule():
     assert all(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
     assert not dispatch.hopper_backward_ok(96, False)
-    assert not dispatch.hopper_backward_ok(128, False, windowed=True)
-    assert not dispatch.hopper_backward_ok(128, True, softcap=20.0)
+    assert not dispatch.hopper_backward_ok(96, False, windowed=True, softcap=20.0)
+    assert dispatch.hopper_backward_ok(128, False, windowed=True)
+    assert dispatch.hopper_backward_ok(64, True, softcap=20.0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
 def test_gpu_hopper_q_range_matches_tiles_py():
     """`bwd_hopper._q_range` (query tiles skipped / masked / whole per K/V tile) against model/tiles.py's
-    Grid, as `test_q_bounds_helper_matches_tiles_py` holds the portable kernel's."""
+    Grid, as `test_q_bounds_helper_matches_tiles_py` holds the portable kernel's; under a window against
+    `reference.permitted`: every tile a key of the K/V tile is visible to is visited, none other, and the
+    unmasked ones are exactly those whose every row sees every key."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from attnscope.kernels import bwd_hopper
+    from attnscope.kernels import bwd_hopper, fwd_hopper
 
     @gluon.jit
-    def probe(OUT, NQ, NK, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    def probe(OUT, NQ, NK, LEFT, RIGHT, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+              MODS: gl.constexpr):
         n = gl.program_id(0)
-        lo, hi = bwd_hopper._q_range(n * BN, NQ, NK, BM, BN, CAUSAL)
-        gl.store(OUT + 2 * n, lo)
-        gl.store(OUT + 2 * n + 1, hi)
+        lo, f_lo, f_hi, end = bwd_hopper._q_range(n * BN, NQ, NK, (1.0, LEFT, RIGHT), BM, BN, CAUSAL, MODS)
+        gl.store(OUT + 4 * n, lo)
+        gl.store(OUT + 4 * n + 1, f_lo)
+        gl.store(OUT + 4 * n + 2, f_hi)
+        gl.store(OUT + 4 * n + 3, end)
 
     rng = np.random.default_rng(1)
-    for _ in range(40):
+    bm, bn = 64, 128
+    for it in range(80):
         nq, nk = (int(x) for x in rng.integers(1, 700, 2))
         causal = bool(rng.integers(2))
-        bm, bn = 64, 128
+        window = None
+        if it % 2:  # a window (causal folded in as right = 0, as `_common.check_mods` does)
+            causal = False
+            window = tuple(int(x) if x < 400 else -1 for x in rng.integers(0, 500, 2))
+            window = window if window != (-1, -1) else (37, -1)
         g = Grid(nq, nk, bm, bn, causal=causal)
-        out = torch.full((2 * g.n_kv_tiles,), -7, dtype=torch.int32, device="cuda")
-        probe[(g.n_kv_tiles,)](out, nq, nk, BM=bm, BN=bn, CAUSAL=causal, num_warps=1)
-        for j, (lo, hi) in enumerate(out.view(-1, 2).tolist(), start=1):  # 1-based as Grid
-            loaded = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[1] >= j]
-            whole = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[0] >= j and j * bn <= nk]
-            assert lo == min(loaded) - 1, (nq, nk, causal, j, lo, hi)  # tiles below lo see none of it
-            assert hi == (min(whole) - 1 if whole else g.n_q_tiles), (nq, nk, causal, j, lo, hi)
+        out = torch.full((4 * g.n_kv_tiles,), -7, dtype=torch.int32, device="cuda")
+        left, right = window or (-1, -1)
+        probe[(g.n_kv_tiles,)](out, nq, nk, left, right, BM=bm, BN=bn, CAUSAL=causal,
+                               MODS=fwd_hopper.mods_flags(window is not None, 0.0, False), num_warps=1)
+        if window is None:
+            for j, (lo, hi, f_hi, end) in enumerate(out.view(-1, 4).tolist(), start=1):  # 1-based as Grid
+                loaded = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[1] >= j]
+                whole = [i for i in range(1, g.n_q_tiles + 1) if g.kv_bounds(i)[0] >= j and j * bn <= nk]
+                assert lo == min(loaded) - 1, (nq, nk, causal, j, lo, hi)  # tiles below lo see none of it
+                assert hi == (min(whole) - 1 if whole else g.n_q_tiles), (nq, nk, causal, j, lo, hi)
+                assert f_hi == end == g.n_q_tiles
+            continue
+        seen = reference.permitted(nq, nk, False, window)  # [Nq, Nk]
+        for j, (lo, f_lo, f_hi, end) in enumerate(out.view(-1, 4).tolist()):
+            keys = seen[:, j * bn:(j + 1) * bn]
+            tiles = [keys[i * bm:(i + 1) * bm] for i in range(g.n_q_tiles)]
+            loaded = [i for i, t in enumerate(tiles) if t.any()]
+            whole = [i for i, t in enumerate(tiles) if t.all() and (j + 1) * bn <= nk]
+            case = (nq, nk, window, j, lo, f_lo, f_hi, end)
+            assert (lo, end) == ((loaded[0], loaded[-1] + 1) if loaded else (0, 0)), case
+            assert list(range(f_lo, f_hi)) == whole, case
 
 
 #: (Nq, Nk, d, dtype, causal, GQA group, strided): ragged N, Nq != Nk both ways (bottom-right causal, rows
@@ -396,3 +426,51 @@ def test_gpu_hopper_backward_with_sinks_and_dlse_equals_portable():
     assert torch.equal(a[3], b[3])
     for x, y in zip(a[:3], b[:3], strict=True):
         assert (x.float() - y.float()).abs().max() <= 2e-2 * y.float().abs().max()
+
+
+#: (Nq, Nk, d, dtype, causal, window, softcap, sinks, GQA group, input amplitude) of the Hopper backward's
+#: score mods: windows (W, 0), (W, W), (-1, W) with W not a multiple of the tiles (64 query rows, 128 keys),
+#: a window wider than N, Nq > Nk (rows with no visible key), softcap 30 on large logits, all three mods;
+#: six (d, dtype, causal, mods) builds, so a cold run compiles few kernels
+HOPPER_MOD_CASES = [
+    (2048, 2048, 128, "bfloat16", False, (300, 0), 0.0, None, 2, 1.0),
+    (1537, 1537, 64, "bfloat16", False, (200, 200), 0.0, None, 4, 1.0),
+    (777, 1537, 128, "bfloat16", False, (-1, 100), 0.0, None, 1, 1.0),
+    (500, 500, 64, "bfloat16", True, (4000, 0), 0.0, None, 2, 1.0),
+    (1537, 777, 128, "bfloat16", False, (50, 0), 0.0, None, 2, 1.0),
+    (1000, 1000, 128, "bfloat16", True, None, 30.0, None, 1, 4.0),
+    (700, 700, 64, "float16", False, None, 30.0, None, 8, 4.0),
+    (1000, 1537, 128, "float16", True, (300, 0), 30.0, [0.5, -2.0], 1, 3.0),
+    (1300, 1100, 64, "bfloat16", False, (129, 63), 50.0, [1.0, -30.0, 3.0, 0.0], 2, 3.0),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,window,softcap,sinks,group,amp", HOPPER_MOD_CASES)
+def test_gpu_hopper_backward_mods_match_float64(nq, nk, d, dtype, causal, window, softcap, sinks, group, amp):
+    """The Gluon backward with a window, softcap and sinks (impl="hopper") against float64: dQ, dK, dV (and
+    dsinks) within 3 x PyTorch's own error + 1e-3, bitwise repeatable, dQ = 0 on rows with no visible key."""
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(1, group, 1, nq, nk, d, dt, False, seed=nq + nk + d, device="cuda")
+    q, k = q * amp, k * amp  # large logits under softcap
+    sk = None if sinks is None else torch.tensor((sinks * group)[:group], dtype=torch.float32, device="cuda")
+    mods = dict(window=window, softcap=softcap)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, sinks=sk, **mods)
+    got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, sinks=sk, impl="hopper", **mods)
+    again = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, sinks=sk, impl="hopper", **mods)
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+    def n(t):
+        return t.detach().double().cpu().numpy()
+
+    sk64 = None if sk is None else n(sk)
+    ro, rlse = reference.naive_attention(n(q), n(k), n(v), causal=causal, return_lse=True, sinks=sk64, **mods)
+    ref = reference.attention_backward(n(do), n(q), n(k), n(v), ro, rlse, causal=causal, sinks=sk64, **mods)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    t_sink = None if sk is None else sk.clone().requires_grad_()
+    to, _ = checks.torch_attention(*leaves, causal, window, softcap, t_sink)
+    torch_g = torch.autograd.grad(to, leaves + ([] if t_sink is None else [t_sink]), do)
+    _check_grads(got, torch_g, ref, names="qkv" if sk is None else ("q", "k", "v", "sinks"))
+    empty = ~reference.permitted(nq, nk, causal, window).any(-1)  # [Nq] rows with no visible key
+    assert (n(got[0])[:, :, empty] == 0).all()

@@ -69,6 +69,11 @@ def check_scale(scale) -> None:
     expect(ok, "scale", f"a finite positive number up to {MAX_SCALE:.3g}, or None", scale)
 
 
+#: Largest ``softcap / scale`` the Hopper kernels (forward, backward) take: their tanh (``tanh.approx.f32``)
+#: may flush a subnormal argument ``s * scale / softcap`` to 0; below this ratio only scores ``|s| < 2^-66``
+#: have one (their capped value is 0 either way). A larger cap (tanh is then the identity for any score) runs
+#: the portable kernels.
+HOPPER_MAX_SOFTCAP = 2.0 ** 60
 #: Largest window side a kernel call takes (the kernels' window arithmetic is int32).
 MAX_WINDOW_SIDE = 2**31 - 1
 #: A window side from here up reaches past every sequence the kernels take (the varlen kernels' unbounded

@@ -31,7 +31,7 @@ nothing in the kernels (the saved LSE includes them) and their gradient is
 ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
 
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
-(TMA, warpgroup_mma, warp specialisation; no window or softcap; no atomics), after the same preprocess;
+(TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
 ``impl="auto"`` takes them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
@@ -45,6 +45,7 @@ import math
 
 from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
+    HOPPER_MAX_SOFTCAP,
     LOG2E,
     check_device,
     check_head_dim,
@@ -420,25 +421,27 @@ HOPPER_QK_SCALE = (1e-30, 1.0)
 
 def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
     """"portable" or "hopper": the kernels of `flash_attention_backward` (``impl`` as there). The
-    Hopper kernels run on sm_90 without window and softcap (sinks need no kernel support); ``impl="auto"``
-    takes them only where `model.dispatch.hopper_backward_ok` allows."""
+    Hopper kernels run on sm_90 with every score mod (softcap up to `_common.HOPPER_MAX_SOFTCAP` x
+    scale: their tanh is ``tanh.approx.f32`` too); ``impl="auto"`` takes them only where
+    `model.dispatch.hopper_backward_ok` allows."""
     choice("impl", impl, IMPLS)
     if impl == "portable":
         return "portable"
     why = hopper_unavailable(torch, q)
     d = q.shape[-1]
+    huge_cap = mods.softcap > HOPPER_MAX_SOFTCAP * (qk_scale / LOG2E)
     if impl == "hopper":
         if why:
             raise NotImplementedError(f"impl='hopper': {why}; supported elsewhere: impl='portable'")
-        if mods.windowed or mods.softcap > 0:
-            raise NotImplementedError("impl='hopper': the Hopper backward has no window or softcap; "
-                                      "supported: impl='portable' (every score mod)")
+        if huge_cap:
+            raise NotImplementedError("impl='hopper': softcap / scale > 2^60 is not supported; supported: "
+                                      "impl='portable' (any softcap)")
         if not HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1]:
             raise NotImplementedError(f"impl='hopper': scale * log2(e) = {qk_scale:.3g} is not supported; "
                                       f"supported: {HOPPER_QK_SCALE[0]:g} to {HOPPER_QK_SCALE[1]:g} "
                                       "(impl='portable': any finite scale)")
         return "hopper"
-    ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1]
+    ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1] and not huge_cap
           and dispatch.hopper_backward_ok(d, causal, mods.windowed, mods.softcap))
     return "hopper" if ok else "portable"
 
@@ -479,7 +482,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         in both passes, softcap's tanh is recomputed from the recomputed scores.
     impl : {"auto", "portable", "hopper"}
         The kernels: ``"portable"`` this module's; ``"hopper"`` the Gluon sm_90 dK/dV and dQ kernels of
-        kernels/bwd_hopper.py (needs an sm_90 GPU; no window, no softcap; with either ``deterministic``
+        kernels/bwd_hopper.py (needs an sm_90 GPU; every score mod; with either ``deterministic``
         its gradients are bitwise reproducible: dK, dV are summed in registers and dQ in its own pass);
         ``"auto"``: hopper where `attnscope.model.dispatch.hopper_backward_ok` says so, else portable.
 
@@ -532,7 +535,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
         dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal)
+        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods)
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic

@@ -23,10 +23,14 @@ No atomics: the gradients are bitwise reproducible run to run.
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
 only tiles straddling the diagonal and the ragged last tiles are masked. Ragged N: TMA reads zeros past
-Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods: sinks need nothing
-here (the LSE includes them; their gradient is torch on D and LSE); window and softcap are not built
-(`supports`): kernels/bwd.py refuses them for ``impl="hopper"``. Layout: 4-D TMA descriptors
-``[B, H, N, d]`` over the caller's strides; dQ, dK, dV contiguous.
+Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr ``MODS``,
+`fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the forward's
+`fwd_hopper._window` bounds; for the dK/dV kernel with rows and keys swapped), masked only on its edge tiles;
+softcap recomputes ``t = tanh(S scale / cap)`` (`fwd_hopper._tanh`) from the raw S (the mask still its
+initial value), ``P = exp2(cap log2(e) t - LSE2)``, ``dS = P (dP - Delta) (1 - t^2)`` (`_capped`; dK/dV at
+d = 128 on 32-row Q tiles, `SOFTCAP_CONFIGS`); sinks need nothing here (the LSE includes them; their
+gradient is torch on D and LSE). Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides;
+dQ, dK, dV contiguous.
 """
 
 from __future__ import annotations
@@ -50,9 +54,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
     PRODUCER_REGS,
+    SOFTCAP,
+    WINDOW,
     _kv_full,
     _kv_range,
     _layout,
+    _tanh,
+    _window,
+    mods_flags,
     wgmma_layout,
 )
 from attnscope.kernels.fwd_hopper import _producer as _producer_fwd  # noqa: E402
@@ -79,53 +88,101 @@ class BwdConfig(NamedTuple):
 CONFIGS = {"dkdv": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)},
            "dq": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}}
 KERNELS = tuple(CONFIGS)
+#: Softcap builds that differ (`config`): dK/dV at d = 128 holds P^T (1 - t^2) across the dP^T product on top
+#: of the plain build's registers, which spills with 64-row Q tiles; 32-row tiles halve S^T and dP^T (the
+#: ring is twice as deep for the same shared memory).
+SOFTCAP_CONFIGS = {"dkdv": {128: BwdConfig(32, 128, 4)}}
 
 
-def config(d: int, kernel: str = "dkdv") -> BwdConfig:
-    """The block configuration of ``kernel`` ("dkdv" or "dq") for head dim ``d`` (NotImplementedError if
-    not built for it)."""
+def config(d: int, kernel: str = "dkdv", mods: int = 0) -> BwdConfig:
+    """The block configuration of ``kernel`` ("dkdv" or "dq") for head dim ``d`` and the build ``mods``
+    (`fwd_hopper.mods_flags`) (NotImplementedError if not built for it)."""
     if d not in CONFIGS[kernel]:
         raise NotImplementedError(f"Hopper backward: head_dim {d} is not supported; supported: "
                                   f"{sorted(CONFIGS[kernel])}")
+    if mods & SOFTCAP.value and d in SOFTCAP_CONFIGS.get(kernel, {}):
+        return SOFTCAP_CONFIGS[kernel][d]
     return CONFIGS[kernel][d]
 
 
-def supports(d: int, windowed: bool, softcap: float) -> bool:
-    """Whether the kernel is built for head dim ``d`` with these score mods (sinks need no kernel support)."""
-    return all(d in c for c in CONFIGS.values()) and not windowed and not softcap > 0
+def supports(d: int) -> bool:
+    """Whether the kernels are built for head dim ``d`` (every score mod: window, softcap, sinks)."""
+    return all(d in c for c in CONFIGS.values())
 
 
 @gluon.jit
-def _q_range(start_n, NQ, NK, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """Query tiles of the K/V tile of keys ``[start_n, start_n + BN)``: ``[0, lo)`` skipped (they see none of
-    its keys), ``[lo, hi)`` masked, ``[hi, cdiv(NQ, BM))`` unmasked (every row sees every key). The mirror of
-    the forward's `fwd_hopper._kv_range`; the ragged last K/V tile is masked throughout."""
-    n_m = gl.cdiv(NQ, BM)
-    lo = 0
-    hi = 0
+def _keep(rows, cols, NQ, NK, sc, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """Whether key ``cols`` is visible to query row ``rows`` (broadcasting index tensors): inside Nk, on or
+    left of the bottom-right diagonal (causal), inside the window ``(sc[1], sc[2])`` (-1 unbounded): the
+    forward's mask (`fwd_hopper._softmax`)."""
+    keep = cols < NK
+    diag = rows + (NK - NQ)  # the key on a row's bottom-right diagonal
     if CAUSAL:
-        lo = gl.maximum(start_n - (NK - NQ), 0) // BM  # the first row that sees the tile's first key
-        last = gl.minimum(start_n + BN, NK) - 1
-        hi = gl.cdiv(gl.maximum(last - (NK - NQ), 0), BM)  # from here every row sees the tile's last key
-    if start_n + BN > NK:
-        hi = n_m
-    lo = gl.minimum(lo, n_m)
-    hi = gl.minimum(gl.maximum(hi, lo), n_m)
-    return lo, hi
+        keep = keep & (cols <= diag)
+    if MODS & WINDOW:
+        keep = keep & ((sc[1] < 0) | (cols >= diag - sc[1]))
+        keep = keep & ((sc[2] < 0) | (cols <= diag + sc[2]))
+    return keep
+
+
+@gluon.jit
+def _capped(st, neg_lse, sc):
+    """Softcap: ``(P, P (1 - t^2))`` from the raw scores ``st`` (either orientation; ``neg_lse`` broadcast to
+    it, -LSE2 / qk_scale): ``t = tanh(S scale / cap)``, ``P = exp2(qk_scale (t - LSE2 / qk_scale))``
+    (qk_scale = cap log2 e, `_tl.mod_args`); ``1 - t^2`` is d s' / d s (the scale comes at the end):
+    dS = P (1 - t^2) (dP - Delta). The mask arrives as ``st = -inf`` (the MMA's initial value, as in the
+    plain build): P = 0 there by a select, no index arithmetic after the MMAs."""
+    t = _tanh(st * sc[3])
+    p = gl.where(st == float("-inf"), 0.0, gl.exp2((t + neg_lse) * sc[0]))
+    return p, p * (1.0 - t * t)
+
+
+@gluon.jit
+def _q_range(start_n, NQ, NK, sc, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+             MODS: gl.constexpr):
+    """Query tiles of the K/V tile of keys ``[start_n, start_n + BN)``: ``(lo, f_lo, f_hi, end)``, tiles
+    ``[lo, end)`` visited (the others see none of its keys), ``[f_lo, f_hi)`` unmasked (every row sees every
+    key), the rest masked. Causal or none: ``f_hi = end = cdiv(Nq, BM)``. Window (``MODS & WINDOW``):
+    `fwd_hopper._window` with rows and keys swapped (row r sees key c iff ``c - off - right <= r <= c - off
+    + left``, ``off = Nk - Nq``). The mirror of the forward's `fwd_hopper._kv_range`; the ragged last K/V
+    tile is masked throughout."""
+    n_m = gl.cdiv(NQ, BM)
+    if MODS & WINDOW:
+        keys = gl.minimum(NK - start_n, BN)  # the tile's keys inside Nk
+        w_lo, w_flo, w_fhi, w_hi = _window(start_n, keys, NK, NQ, (sc[0], sc[2], sc[1]), BM)
+        lo = w_lo // BM
+        end = gl.cdiv(w_hi, BM)
+        ragged = start_n + BN > NK
+        f_lo = gl.where(ragged, end, gl.cdiv(w_flo, BM))  # full_lo: a tile start, or w_hi when none is full
+        f_hi = gl.where(ragged, end, gl.cdiv(w_fhi, BM))  # full_hi: a tile start or Nq (P = 0 past Nq)
+    else:
+        lo = 0
+        hi = 0
+        if CAUSAL:
+            lo = gl.maximum(start_n - (NK - NQ), 0) // BM  # the first row that sees the tile's first key
+            last = gl.minimum(start_n + BN, NK) - 1
+            hi = gl.cdiv(gl.maximum(last - (NK - NQ), 0), BM)  # from here every row sees the tile's last key
+        if start_n + BN > NK:
+            hi = n_m
+        lo = gl.minimum(lo, n_m)
+        f_lo = gl.minimum(gl.maximum(hi, lo), n_m)
+        f_hi = n_m
+        end = n_m
+    return lo, f_lo, f_hi, end
 
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, n_m,
+              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end,
               BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
     """K and V of the tile once, then (Q, dO, LSE2, Delta) per query tile in the consumers' order: the
-    group's heads, each from query tile ``lo`` on."""
+    group's heads, each query tiles ``[lo, end)``."""
     mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
     for w in gl.static_range(NWG):
         n0 = start_n + w * BNW
         tma.async_copy_global_to_shared(desc_k, [b, hk, n0, 0], kv_bar.index(0), k_smem.index(w))
         tma.async_copy_global_to_shared(desc_v, [b, hk, n0, 0], kv_bar.index(0), v_smem.index(w))
-    n = n_m - lo  # query tiles per head
+    n = end - lo  # query tiles per head
     for i in range(group * n):
         h = hk * group + i // n
         m = lo + i % n
@@ -141,12 +198,14 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
 
 @gluon.jit
 def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, it, m, masked, offs_n,
-          NQ, NK, qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BM: gl.constexpr,
-          BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or the keys end in
-    the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM rows]. Returns
-    (dK, dV) accumulated (dK unscaled). One loop body for every tile: the mask is a select on the initial
-    value before the MMAs are issued, so masked and unmasked tiles differ in no register after them."""
+          NQ, NK, sc, s_layout: gl.constexpr, a_layout: gl.constexpr, BM: gl.constexpr,
+          BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or a window edge, or
+    the keys end in the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM
+    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). One loop
+    body for every tile: the mask is a select on the initial value before the MMAs are issued, so masked
+    and unmasked tiles differ in no register after them. Softcap: S^T starts from 0 (the raw scores: the cap
+    comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select."""
     s = it % STAGES
     mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
     q = q_smem.index(s).reshape([BM, D])
@@ -155,23 +214,28 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
     # the MMAs): S^T - LSE2 / qk_scale (the ring holds -LSE2 / qk_scale, -inf past Nq; -inf where masked:
     # P = 0) and dP^T - Delta
     neg_lse = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
-    init = gl.zeros([BNW, BM], gl.float32, s_layout) + neg_lse[None, :]
-    if masked:  # rows with no visible key (LSE = -inf: causal with Nq > Nk) are masked by the diagonal
-        keep = offs_n[:, None] < NK
-        if CAUSAL:
-            offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))  # rows: S^T's columns
-            keep = keep & (offs_n[:, None] <= offs_m[None, :] + (NK - NQ))
+    if MODS & SOFTCAP:
+        init = gl.zeros([BNW, BM], gl.float32, s_layout)  # the raw S^T (the cap comes before the LSE)
+    else:
+        init = gl.zeros([BNW, BM], gl.float32, s_layout) + neg_lse[None, :]
+    if masked:  # rows with no visible key (LSE = -inf) are masked by the diagonal or the window
+        offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))  # rows: S^T's columns
+        keep = _keep(offs_m[None, :], offs_n[:, None], NQ, NK, sc, CAUSAL, MODS)
         init = gl.where(keep, init, float("-inf"))
     st_tok = warpgroup_mma(kmat, q.permute((1, 0)), init, is_async=True)  # S^T = K Q^T (+ init)
     delta = delta_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
     init = gl.zeros([BNW, BM], gl.float32, s_layout) - delta[None, :]
     dpt_tok = warpgroup_mma(vmat, do.permute((1, 0)), init, is_async=True)  # dP^T = V dO^T (- Delta)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))  # S^T done, dP^T still running
-    pt = gl.exp2(st * qk_scale)  # P^T [BNW, BM]
+    if MODS & SOFTCAP:
+        pt, pt_cap = _capped(st, neg_lse[None, :], sc)  # P^T, P^T (1 - t^2)
+    else:
+        pt = gl.exp2(st * sc[0])  # P^T [BNW, BM]
+        pt_cap = pt
     pt_op = gl.convert_layout(pt.to(q_smem.dtype), a_layout)
     dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)  # dV += P^T dO
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok,))  # dP^T - D done, P^T dO still running
-    dst = pt * dpt  # dS^T = P^T * (dP^T - D)
+    dst = pt_cap * dpt  # dS^T = P^T * (dP^T - D) (softcap: x (1 - t^2))
     dst_op = gl.convert_layout(dst.to(q_smem.dtype), a_layout)
     dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)  # dK += dS^T Q
     dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
@@ -181,9 +245,9 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
 
 @gluon.jit
 def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
-              q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale, sm_scale,
+              q_empty, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc, sm_scale,
               BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              CAUSAL: gl.constexpr, MODS: gl.constexpr):
     """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale)."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
@@ -195,11 +259,15 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
     mbarrier.wait(kv_bar.index(0), 0)
     kmat = k_smem.index(WG).reshape([BNW, D])
     vmat = v_smem.index(WG).reshape([BNW, D])
-    n = n_m - lo  # query tiles per head, in the producer's order
+    n = end - lo  # query tiles per head, in the producer's order
     for i in range(group * n):  # GQA: the group's query heads, reduced in registers
         m = lo + i % n
+        if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch: the plain build keeps one compare
+            masked = (m < f_lo) | (m >= f_hi)
+        else:
+            masked = m < f_lo  # f_hi = end
         dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       m < hi, offs_n, NQ, NK, qk_scale, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL)
+                       masked, offs_n, NQ, NK, sc, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL, MODS)
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
     v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
@@ -211,10 +279,12 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
 
 
 #: Runtime integers are not specialised (one compile per (d, dtype, causal), as `fwd_hopper`).
-@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale"])
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT",
+                              "cap_in"])
 def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_lse,
-                                      desc_delta, H, HKV, NQ, NK, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-                                      STAGES: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                      desc_delta, H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
+                                      CAUSAL: gl.constexpr, MODS: gl.constexpr, STAGES: gl.constexpr,
+                                      NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                       num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
@@ -225,8 +295,11 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     hk = pid_bh % HKV
     group = H // HKV
     start_n = pid_n * (NWG * BNW)
-    lo, hi = _q_range(start_n, NQ, NK, BM, NWG * BNW, CAUSAL)
-    n_m = gl.cdiv(NQ, BM)
+    if MODS:  # noqa: SIM108 - a constexpr branch
+        sc = (qk_scale, LEFT, RIGHT, cap_in)  # the scale and the score mods' runtime values
+    else:
+        sc = (qk_scale,)  # the plain build captures no unused value into its partitions
+    lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, MODS)
 
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
@@ -247,13 +320,13 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
         [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale,
-                      sm_scale, BM, BNW, D, STAGES, 0, CAUSAL)),
+                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+                      sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS)),
          (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, hi, n_m, NQ, NK, qk_scale,
-                      sm_scale, BM, BNW, D, STAGES, 1, CAUSAL)),
+                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+                      sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, n_m, BM, BNW,
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
                       STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -261,24 +334,24 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
 # --- the dQ pass: per query tile, K and V streamed (the forward's schedule) --------------------------------
 @gluon.jit
 def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
-                 v_ready, k_empty, v_empty, b, h, hk, row0, n_tiles, BM: gl.constexpr, BN: gl.constexpr,
+                 v_ready, k_empty, v_empty, b, h, hk, row0, t_lo, n_tiles, BM: gl.constexpr, BN: gl.constexpr,
                  STAGES: gl.constexpr, NWG: gl.constexpr):
     """The dO tiles, then the forward's producer: the Q tiles and the K/V ring."""
     for w in gl.static_range(NWG):
         mbarrier.expect(do_bar.index(w), desc_do.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_do, [b, h, row0 + w * BM, 0], do_bar.index(w), do_smem.index(w))
     _producer_fwd(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  b, h, hk, row0, 0, n_tiles, BM, BN, STAGES, NWG)
+                  b, h, hk, row0, t_lo, n_tiles, BM, BN, STAGES, NWG)
 
 
 @gluon.jit
 def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
-                 k_empty, v_empty, b, h, pid_bh, row0_cta, n_tiles, NQ, NK, qk_scale, sm_scale,
+                 k_empty, v_empty, b, h, pid_bh, row0_cta, t_lo, n_tiles, NQ, NK, sc, sm_scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-                 CAUSAL: gl.constexpr):
-    """Warpgroup WG's query rows: ``dQ = sum_j dS_j K_j`` over the K/V tiles, with ``S = Q K^T - LSE2 /
-    qk_scale`` and ``dP = dO V^T - Delta`` from the accumulators' initial values (as `_step`); stored
-    x sm_scale through the dead Q buffer by TMA."""
+                 CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """Warpgroup WG's query rows: ``dQ = sum_j dS_j K_j`` over the K/V tiles ``[t_lo, t_lo + n_tiles)``, with
+    ``S = Q K^T - LSE2 / qk_scale`` and ``dP = dO V^T - Delta`` from the accumulators' initial values (as
+    `_step`, softcap too); stored x sm_scale through the dead Q buffer by TMA."""
     s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -287,7 +360,13 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
     row_ok = offs_m < NQ
     lse2 = gl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
     delta = gl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
-    n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, 0, BN, CAUSAL, 0)[1], n_tiles)  # [0, n_full): no mask
+    qk_scale = sc[0]
+    if MODS & WINDOW:  # this warpgroup's unmasked tiles [f_a, f_b) (absolute)
+        f_a, f_b = _kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)
+    else:
+        n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)[1], n_tiles)  # [0, n_full) whole
+    if MODS & SOFTCAP:
+        neg_lse = -(lse2 / qk_scale)
     dq = gl.zeros([BM, D], gl.float32, acc_layout)
     q = q_smem.index(WG).reshape([BM, D])
     do = do_smem.index(WG).reshape([BM, D])
@@ -296,13 +375,18 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
     for j in range(n_tiles):
         s = j % STAGES
         ph = (j // STAGES) & 1
-        init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
-        if j >= n_full:  # the diagonal and the ragged tile (rows with LSE = -inf see no key: all masked)
-            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            keep = offs_n[None, :] < NK
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + (NK - NQ))
-            init = gl.where(keep, init, float("-inf"))
+        if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch
+            masked = (t_lo + j < f_a) | (t_lo + j >= f_b)
+        else:
+            masked = j >= n_full
+        if MODS & SOFTCAP:
+            init = gl.zeros([BM, BN], gl.float32, s_layout)  # the raw S: the cap comes before the LSE
+        else:
+            init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
+        if masked:  # diagonal, window edges, ragged tile (rows with LSE = -inf see no key: all masked)
+            offs_n = (t_lo + j) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, MODS), init,
+                            float("-inf"))
         mbarrier.wait(k_ready.index(s), ph)
         kmat = k_smem.index(s).reshape([BN, D])
         s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
@@ -311,10 +395,13 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
         dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
                                is_async=True)  # dP = dO V^T (- Delta)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        p = gl.exp2(st * qk_scale)  # P [BM, BN]
+        if MODS & SOFTCAP:  # noqa: SIM108 - a constexpr branch
+            p = _capped(st, neg_lse[:, None], sc)[1]  # P (1 - t^2)
+        else:
+            p = gl.exp2(st * qk_scale)  # P [BM, BN]
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
         mbarrier.arrive(v_empty.index(s))  # V read
-        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P * (dP - D)
+        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P (dP - D) (softcap: (1 - t^2))
         dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
         mbarrier.arrive(k_empty.index(s))  # K read
@@ -324,10 +411,11 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
     tma.store_wait(pendings=0)
 
 
-@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale"])
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT", "cap_in"])
 def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, H, HKV, NQ, NK,
-                                    qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                    NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                    qk_scale, sm_scale, LEFT, RIGHT, cap_in, CAUSAL: gl.constexpr,
+                                    MODS: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr,
+                                    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """dQ of ``NWG x BM`` query rows of one (batch, query head) per CTA (heaviest causal tiles first)."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
@@ -340,7 +428,15 @@ def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LS
     h = pid_bh % H
     hk = h // (H // HKV)
     row0 = start_m * (NWG * BM)
-    n_tiles = _kv_range(row0, NWG * BM, NQ, NK, 0, BN, CAUSAL, 0)[1]
+    if MODS:  # noqa: SIM108 - a constexpr branch
+        sc = (qk_scale, LEFT, RIGHT, cap_in)  # the scale and the score mods' runtime values
+    else:
+        sc = (qk_scale,)  # the plain build captures no unused value into its partitions
+    if MODS & WINDOW:
+        t_lo, n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)
+    else:
+        t_lo: gl.constexpr = 0  # a constant for the partitions, not a captured value
+        n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)[1]
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
     do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
@@ -365,13 +461,14 @@ def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LS
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
         [(_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
-                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, sm_scale,
-                         BM, BN, D, STAGES, 0, CAUSAL)),
+                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale,
+                         BM, BN, D, STAGES, 0, CAUSAL, MODS)),
          (_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
-                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, n_tiles, NQ, NK, qk_scale, sm_scale,
-                         BM, BN, D, STAGES, 1, CAUSAL)),
+                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale,
+                         BM, BN, D, STAGES, 1, CAUSAL, MODS)),
          (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
-                         k_ready, v_ready, k_empty, v_empty, b, h, hk, row0, n_tiles, BM, BN, STAGES, NWG))],
+                         k_ready, v_ready, k_empty, v_empty, b, h, hk, row0, t_lo, n_tiles, BM, BN, STAGES,
+                         NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -380,9 +477,9 @@ def kernel(name: str):
     return _attnscope_bwd_hopper_dkdv_kernel if name == "dkdv" else _attnscope_bwd_hopper_dq_kernel
 
 
-def _blocks(d: int, name: str) -> dict:
+def _blocks(d: int, name: str, mods: int = 0) -> dict:
     """Rows of each TMA descriptor's block."""
-    cfg = config(d, name)
+    cfg = config(d, name, mods)
     if name == "dkdv":
         bnw = cfg.BN // cfg.NWG
         return {"desc_q": cfg.BM, "desc_k": bnw, "desc_v": bnw, "desc_do": cfg.BM, "desc_dk": bnw,
@@ -399,7 +496,7 @@ def _row_layout(bm: int):
     return gl.NVMMASharedLayout.get_default_for([1, 1, bm], gl.float32)  # one row: no swizzle
 
 
-def signature(d: int, dtype: str, name: str = "dkdv"):
+def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0):
     """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
     "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
     def ds(rows):
@@ -408,19 +505,22 @@ def signature(d: int, dtype: str, name: str = "dkdv"):
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
     if name == "dkdv":
-        bm = config(d, name).BM
+        bm = config(d, name, mods).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
-    return {**{n: ds(r) for n, r in _blocks(d, name).items()}, **rows,
+    return {**{n: ds(r) for n, r in _blocks(d, name, mods).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
-            **{n: "constexpr" for n in ("CAUSAL", "STAGES", "NWG", "CONSUMER_REGS", "num_warps")}}
+            "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
+            **{n: "constexpr" for n in ("CAUSAL", "MODS", "STAGES", "NWG", "CONSUMER_REGS", "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, name: str = "dkdv") -> dict:
-    """The constexpr arguments of kernel ``name`` for head dim ``d``."""
-    cfg = config(d, name)
-    return {"CAUSAL": causal, "STAGES": cfg.STAGES, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS,
+def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0) -> dict:
+    """The constexpr arguments of kernel ``name`` for head dim ``d`` (``mods``: `fwd_hopper.mods_flags`; a
+    windowed call has ``causal`` False, its right bound carrying the diagonal)."""
+    cfg = config(d, name, mods)
+    return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
+            "CONSUMER_REGS": CONSUMER_REGS,
             "num_warps": NUM_WARPS}
 
 
@@ -432,15 +532,16 @@ def _tma_ready(t):
     return t if ok else t.contiguous()
 
 
-def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: float, causal: bool):
+def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: float, causal: bool, mods=None):
     """dQ, dK and dV on checked inputs (kernels/bwd.py `flash_attention_backward` checks them and runs the
     preprocess); writes ``dq`` (contiguous [B, Hq, Nq, d]), ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in
     place: the dK/dV kernel, then the dQ kernel.
 
     ``lse2``: the forward's LSE x log2(e), contiguous float32 [B, Hq, Nq]; ``delta``: rowsum(dO * O)
-    (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e). Each
-    (kernel, d, dtype, causal) compiles once per process. Returns the two compiled kernels (``.n_regs``,
-    ``.n_spills``, ``.metadata.shared``).
+    (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e), softcap x
+    log2(e) under softcap (`_tl.mod_args`); ``mods``: a `_common.Mods` (None: none; ``causal`` then False
+    under a window). Each (kernel, d, dtype, causal, mods used) compiles once per process. Returns the two
+    compiled kernels (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -450,14 +551,19 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
 
     def descs(name):
         out = []
-        for n, rows in _blocks(d, name).items():
+        for n, rows in _blocks(d, name, flags).items():
             t = tensors[n]
             block = [1, 1, rows, d]
             out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype)))
         return out
 
-    args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale)
-    cfg = config(d, "dkdv")
+    windowed = mods is not None and mods.windowed
+    softcap = 0.0 if mods is None else mods.softcap
+    flags = mods_flags(windowed, softcap, False)  # sinks: no kernel support needed
+    left, right = (mods.left, mods.right) if windowed else (-1, -1)
+    cap_in = sm_scale / softcap if softcap > 0 else 0.0  # t = tanh(s scale / softcap)
+    args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale, left, right, cap_in)
+    cfg = config(d, "dkdv", flags)
     assert ROW_PAD % cfg.BM == 0, (ROW_PAD, cfg)
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
     rows = []
@@ -467,8 +573,8 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
         rows.append(TensorDescriptor(padded, [B, Hq, n_pad], list(padded.stride()), [1, 1, cfg.BM],
                                      _row_layout(cfg.BM)))
     dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        *descs("dkdv"), *rows, *args, **constexprs(d, causal, "dkdv"))
-    cfg = config(d, "dq")
+        *descs("dkdv"), *rows, *args, **constexprs(d, causal, "dkdv", flags))
+    cfg = config(d, "dq", flags)
     dq_k = _attnscope_bwd_hopper_dq_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](
-        *descs("dq"), lse2, delta, *args, **constexprs(d, causal, "dq"))
+        *descs("dq"), lse2, delta, *args, **constexprs(d, causal, "dq", flags))
     return dkdv, dq_k

@@ -38,6 +38,7 @@ from typing import NamedTuple
 from attnscope.errors import InputError, choice, expect
 from attnscope.kernels import _common
 from attnscope.kernels._common import (
+    HOPPER_MAX_SOFTCAP,
     LOG2E,
     check_device,
     check_flags,
@@ -94,10 +95,6 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
 IMPLS = ("auto", "portable", "hopper")
-#: Largest ``softcap / scale`` the Hopper kernel takes: its tanh (``tanh.approx.f32``) may flush a subnormal
-#: argument ``s * scale / softcap`` to 0; below this ratio only scores ``|s| < 2^-66`` have one (their capped
-#: value is 0 either way). A larger cap (tanh is then the identity for any score) runs the portable kernel.
-HOPPER_MAX_SOFTCAP = 2.0 ** 60
 
 
 def _hopper_possible(q) -> str | None:
@@ -494,13 +491,13 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         One logit per query head (natural-log units, neither scaled nor capped) in every row's softmax
         denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a
         gradient when it requires one.
-        The mods run on both kernels of the forward; the backward runs the portable kernels with a
-        window or softcap, the Gluon Hopper ones (kernels/bwd_hopper.py) otherwise on sm_90.
+        The mods run on every kernel of the forward and the backward (portable, and the Gluon Hopper
+        ones on sm_90).
     deterministic : bool, default False
         The backward's mode: False (the default) runs the faster dQ accumulation of
         `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` (the separate dQ pass where that was measured faster, fp32
         atomics otherwise); True always runs the separate dQ pass, whose gradients are bitwise identical
-        run to run. The Gluon Hopper backward (sm_90, no window or softcap) uses no atomics: its gradients
+        run to run. The Gluon Hopper backward (sm_90, every score mod) uses no atomics: its gradients
         are bitwise identical run to run in either mode.
 
     Returns

@@ -207,6 +207,14 @@ def _turn_pass(turn, WG: gl.constexpr, NWG: gl.constexpr, PINGPONG: gl.constexpr
 
 
 @gluon.jit
+def _tanh(x):
+    """tanh by ``tanh.approx.f32``: one MUFU op (relative error ~2^-11, below a bf16 score's rounding; exp2
+    form: two); x = s scale / softcap is not subnormal for a score that matters (HOPPER_MAX_SOFTCAP)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
 def _softmax(s, m_i, l_i, offs_m, j, sc, NQ, NK, s_layout: gl.constexpr, BN: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
     """Online-softmax update of score tile ``j`` (absolute): (p, alpha, m_new, l_new), base 2, max before
@@ -214,11 +222,8 @@ def _softmax(s, m_i, l_i, offs_m, j, sc, NQ, NK, s_layout: gl.constexpr, BN: gl.
     log2-unit score cap_out * tanh(s * cap_in); the window (``MODS & WINDOW``) masks keys
     outside ``[r + off - left, r + off + right]``. ``m_i`` stays -inf on a row that has seen no visible key
     (the exponent then uses 0: p = 0, not NaN)."""
-    if MODS & SOFTCAP:  # tanh.approx.f32: one MUFU op (relative error ~2^-11, below the fp16/bf16 score's
-        # rounding) where the exp2 form costs two (ex2, rcp); x = s scale / softcap, not subnormal for a score
-        # that matters (fwd.HOPPER_MAX_SOFTCAP)
-        s = sc[4] * gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * sc[3]],
-                                              dtype=gl.float32, is_pure=True, pack=1)
+    if MODS & SOFTCAP:
+        s = sc[4] * _tanh(s * sc[3])
     if MASKED:
         if not (MODS & SOFTCAP):
             s = s * sc[0]
@@ -497,17 +502,15 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
     tma.store_wait(pendings=0)
 
 
-#: Runtime integers are not specialised: Triton would otherwise compile a separate kernel when one of them
-#: is 1 (a constexpr) or a multiple of 16 (an alignment hint): one compile per shape class instead of one per
-#: variant. The TMA descriptors specialise only on dtype, block shape and shared layout (not on the tensor's
-#: shape or strides), and the LSE pointer's 16-byte alignment always holds (a fresh torch allocation).
+#: Runtime integers are not specialised (Triton would compile a separate kernel when one is 1 or a multiple
+#: of 16): one compile per shape class. The TMA descriptors specialise only on dtype, block shape and shared
+#: layout; the LSE pointer's 16-byte alignment always holds (a fresh torch allocation).
 @gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in", "cap_out"])
 def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
                                  LEFT, RIGHT, cap_in, cap_out, SINKS,
                                  CAUSAL: gl.constexpr, MODS: gl.constexpr, STORE_LSE: gl.constexpr,
-                                 STAGES: gl.constexpr,
-                                 PINGPONG: gl.constexpr, NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
+                                 CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -564,8 +567,7 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
                                             LEFT, RIGHT, cap_in, cap_out, SINKS,
                                             CAUSAL: gl.constexpr, MODS: gl.constexpr, STORE_LSE: gl.constexpr,
                                             STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
-                                            CONSUMER_REGS: gl.constexpr,
-                                            num_warps: gl.constexpr):
+                                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent form: one CTA per SM walks the tiles of `_work`; the producer loads the next
     tile's Q and K/V while the consumers finish the last one (epilogue, O store) — the fill and drain of
     the pipeline are paid once per CTA instead of once per tile. O has its own buffer (TMA store in flight

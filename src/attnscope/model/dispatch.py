@@ -11,7 +11,7 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
   holds enough CTAs to keep every SM busy to the end.
 
 The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and dQ
-kernels instead of the portable ones: wherever they are built (head dim, no window, no softcap); on the H200
+kernels instead of the portable ones: wherever they are built (head dim; every score mod); on the H200
 they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's grid
 (bench/results/h200-2026-12-02-backward-hopper-first.json).
 
@@ -103,8 +103,8 @@ HOPPER_BACKWARD_DIMS = (64, 128)
 
 
 def hopper_backward_ok(d: int, causal: bool, windowed: bool = False, softcap: float = 0.0) -> bool:
-    """Whether ``impl="auto"`` runs the Gluon Hopper dK/dV kernel on an sm_90 GPU for this call: head dim
-    ``d`` built (64, 128), no sliding window, no softcap (sinks need no kernel support), either mask.
+    """Whether ``impl="auto"`` runs the Gluon Hopper dK/dV and dQ kernels on an sm_90 GPU for this call: head
+    dim ``d`` built (64, 128), either mask, any score mod (window, softcap, sinks).
     ``d`` a positive integer, ``causal``/``windowed`` bools, ``softcap`` >= 0, else
     `InputError` naming the argument."""
     positive_int("d", d)
@@ -112,4 +112,4 @@ def hopper_backward_ok(d: int, causal: bool, windowed: bool = False, softcap: fl
         expect(isinstance(value, bool), name, "True or False", value)
     expect(isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0, "softcap",
            "a real number >= 0", softcap)
-    return d in HOPPER_BACKWARD_DIMS and not windowed and not softcap > 0
+    return d in HOPPER_BACKWARD_DIMS
