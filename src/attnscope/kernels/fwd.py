@@ -491,13 +491,13 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         One logit per query head (natural-log units, neither scaled nor capped) in every row's softmax
         denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a
         gradient when it requires one.
-        The mods run on every kernel of the forward and the backward (portable, and the Gluon Hopper
-        ones on sm_90).
+        The mods run on every kernel of the forward and the backward; on sm_90 the backward runs the Gluon
+        Hopper kernels without a window or softcap and the portable ones with (`model.dispatch`).
     deterministic : bool, default False
         The backward's mode: False (the default) runs the faster dQ accumulation of
         `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` (the separate dQ pass where that was measured faster, fp32
         atomics otherwise); True always runs the separate dQ pass, whose gradients are bitwise identical
-        run to run. The Gluon Hopper backward (sm_90, every score mod) uses no atomics: its gradients
+        run to run. The Gluon Hopper backward (sm_90) uses no atomics: its gradients
         are bitwise identical run to run in either mode.
 
     Returns

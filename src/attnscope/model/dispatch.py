@@ -11,9 +11,11 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
   holds enough CTAs to keep every SM busy to the end.
 
 The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and dQ
-kernels instead of the portable ones: wherever they are built (head dim; every score mod); on the H200
-they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's grid
-(bench/results/h200-2026-12-02-backward-hopper-first.json).
+kernels instead of the portable ones: wherever they are built (head dim) and without a window or softcap
+(sinks need no kernel support); on the H200 they ran 1.39-1.77 x the portable backward at every point of
+bench/backward.py's grid (bench/results/h200-2026-12-02-backward-hopper-first.json). The Hopper kernels also
+carry a window and softcap (``impl="hopper"``), but those builds have not yet run on a GPU: until their GPU
+tests have passed, ``impl="auto"`` sends window and softcap backwards to the portable kernels, which have.
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
@@ -104,7 +106,7 @@ HOPPER_BACKWARD_DIMS = (64, 128)
 
 def hopper_backward_ok(d: int, causal: bool, windowed: bool = False, softcap: float = 0.0) -> bool:
     """Whether ``impl="auto"`` runs the Gluon Hopper dK/dV and dQ kernels on an sm_90 GPU for this call: head
-    dim ``d`` built (64, 128), either mask, any score mod (window, softcap, sinks).
+    dim ``d`` built (64, 128), either mask, sinks or none, no window and no softcap (module docstring).
     ``d`` a positive integer, ``causal``/``windowed`` bools, ``softcap`` >= 0, else
     `InputError` naming the argument."""
     positive_int("d", d)
@@ -112,4 +114,4 @@ def hopper_backward_ok(d: int, causal: bool, windowed: bool = False, softcap: fl
         expect(isinstance(value, bool), name, "True or False", value)
     expect(isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0, "softcap",
            "a real number >= 0", softcap)
-    return d in HOPPER_BACKWARD_DIMS
+    return d in HOPPER_BACKWARD_DIMS and not windowed and not softcap > 0
