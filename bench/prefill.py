@@ -60,8 +60,8 @@ def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
     return out
 
 
-#: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing rule
-#: per family. Every point fits an H200 with room (its tensors under ~8 GB) and one ncu pass of it takes seconds.
+#: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing
+#: rule per family. Every point fits an H200 with room (tensors under ~9 GB); one ncu pass of it takes seconds.
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
                  "cache_lens", "page_size", "kv_dtype", "splits", "lens")
 SWEEP_FAMILIES = ("backward", "decode", "varlen", "fwd_openclass")
@@ -405,8 +405,8 @@ def main() -> int:
                    help="points from a CSV (batch,q_heads,kv_heads,n,d,causal,dtype)")
     p.add_argument("--draw", metavar="SEED", type=int, help="print 24 held-out shapes as CSV and exit (CPU)")
     p.add_argument("--family", choices=SWEEP_FAMILIES,
-                   help="with --draw: print 48 rows of an `attnscope bytes --sweep` grid of this family instead "
-                        "(issue 39's held-out grids; CPU)")
+                   help="with --draw: print 48 rows of an `attnscope bytes --sweep` grid of this family "
+                        "instead (issue 39's held-out grids; CPU)")
     p.add_argument("--mods", action="store_true", help="window / softcap / sinks: checks and timings")
     p.add_argument("--host", action="store_true", help="host us per call of flash_attention and SDPA only "
                    "(also printed first by --grid and --shapes)")

@@ -121,7 +121,7 @@ def point(got: dict, spec: dict, where: str) -> dict:
     if impl != "attnscope":  # SDPA: one dense [B, Hkv, L, d] cache, no per-sequence length
         for col, v in (("page_size", page), ("kv_dtype", kv), ("splits", splits)):
             if v not in ("", None) and not (col == "kv_dtype" and v == spec["dtype"]):
-                raise _unsupported(where, col, f"{short(v)} with impl {impl}", "a dense cache of the "
+                raise _unsupported(where, col, f"{v} with impl {impl}", "a dense cache of the "
                                    "queries' dtype, SDPA's own splits")
         if len(set(spec["cache_lens"])) > 1:
             raise _unsupported(where, "cache_lens", f"unequal lengths with impl {impl}", "one length "

@@ -379,7 +379,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         expect(isinstance(p, dict), where, "an object with spec and measured", p)
         expect(isinstance(p.get("spec"), dict), f"{where}: spec", "an object of grid fields", p.get("spec"))
         spec = point(p["spec"], where)  # an unknown field ("kv_head") is refused, not dropped
-        key = tuple(sorted(spec.items()))
+        key = json.dumps(spec, sort_keys=True)  # a family spec holds lists (cache_lens, lens)
         runs[key] = runs.get(key, 0) + 1
         if runs[key] > repeat:
             raise InputError(f"{where}: spec: expected each point {repeat} time{'s' if repeat > 1 else ''} "
@@ -410,7 +410,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                              f"measured.read and .write ({read:,}, {write:,}), got {sums[0]:,}, {sums[1]:,}")
         pairs.append((spec, total, names))
     if "partial" not in env:  # a sweep cut short records fewer runs; a whole one, `repeat` of each point
-        short_of = next((dict(k) for k, n in runs.items() if n != repeat), None)
+        short_of = next((json.loads(k) for k, n in runs.items() if n != repeat), None)
         expect(short_of is None, f"{field}: points", f"each point {repeat} times (env.repeat)", short_of)
     if not pairs:
         raise InputError(f"{field}: points: expected at least one measured point, got "
