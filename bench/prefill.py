@@ -61,7 +61,7 @@ def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
 
 
 #: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing
-#: rule per family. Every point fits an H200 with room (tensors under ~9 GB); one ncu pass of it takes seconds.
+#: rule per family. Every point fits an H200 with room (tensors under ~9 GB); an ncu pass takes seconds.
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
                  "cache_lens", "page_size", "kv_dtype", "splits", "lens")
 SWEEP_FAMILIES = ("backward", "decode", "varlen", "fwd_openclass")
