@@ -134,3 +134,78 @@ def test_sweep_of_families_reports_ledger_error_and_no_estimate(tmp_path, capsys
     assert main(["bytes", "--from-json", str(out)]) == 0  # and it reads back, family rows included
     text = capsys.readouterr().out
     assert "backward: 1 points, no estimate yet" in text and "estimate vs ncu over 1 points" in text
+
+
+# --- the measured callables, on tiny shapes under the Triton interpreter --------------------------------
+def _spec(text):
+    (s,) = physical.parse_grid("g.csv", text=text)
+    return s
+
+
+def _grads_err(torch, spec, causal):
+    """Max abs error of the gradients of one backward callable against the float64 reference."""
+    from attnscope import reference
+    from attnscope.measure.family_calls import call
+
+    torch.manual_seed(0)  # every callable draws q, k, v, dO in the same order: the same inputs
+    fn, keep = call(torch, spec, device="cpu")
+    grads = fn()
+    q, k, v = (x.detach().double().numpy() for x in keep[:3])
+    o, lse = reference.naive_attention(q, k, v, causal, return_lse=True)
+    want = reference.attention_backward(keep[-1].double().numpy(), q, k, v, o, lse, causal)
+    return max(float(abs(g.double() - torch.from_numpy(w)).max())
+               for g, w in zip(grads[:3], want, strict=True))
+
+
+def test_backward_callables_compute_the_gradients():
+    torch = pytest.importorskip("torch")
+    from attnscope.checks import GRAD_FACTOR, kernel_tolerance
+
+    row = "pass,impl,batch,heads,kv_heads,n,d,causal,deterministic\nbackward,{},1,2,{},40,64,true,{}\n"
+    naive = _grads_err(torch, _spec(row.format("naive", 2, "")), True)  # PyTorch's own error (autograd)
+    assert naive > 0
+    for det in ("false", "true"):
+        err = _grads_err(torch, _spec(row.format("attnscope", 1, det)), True)
+        assert err <= kernel_tolerance(naive, GRAD_FACTOR), (det, err, naive)
+
+
+@pytest.mark.parametrize("cols,vals", [("", ""), (",page_size", ",16"), (",kv_dtype", ",fp8"),
+                                       (",page_size,kv_dtype", ",16,fp8")])
+def test_decode_callables_attend_over_each_sequence_cache(cols, vals):
+    # wiring, not accuracy (test_decode.py holds the kernels to `kernel_tolerance`): the callable must hand
+    # each sequence its own cache rows, pages and scales; 2e-2 is far below the O(0.1) a wrong row gives
+    torch = pytest.importorskip("torch")
+    from attnscope import reference
+    from attnscope.measure.family_calls import call
+
+    spec = _spec(f"pass,impl,heads,kv_heads,d,cache_lens,splits{cols}\n"
+                 f"decode,attnscope,4,2,64,40;17,2{vals}\n")
+    fn, keep = call(torch, spec, device="cpu")
+    o = fn()
+    q, k, v, _, table, scales = keep
+    assert o.shape == (2, 4, 1, 64) and torch.isfinite(o).all()
+    if scales:  # dequantise: what the kernel attends to
+        shape = (-1, 1, 1) if table is None else (-1, 1)  # the kv-head axis: dense [B, Hkv, L, d], paged -2
+        k, v = (x.float() * s.view(shape) for x, s in ((k, scales["k_scale"]), (v, scales["v_scale"])))
+    for i, n in enumerate(spec["cache_lens"]):
+        if table is None:
+            ki, vi = k[i, :, :n], v[i, :, :n]
+        else:  # pages [P, page, Hkv, d] -> the sequence's rows [Hkv, n, d]
+            ki, vi = (x[table[i, : -(-n // 16)].long()].flatten(0, 1)[:n].transpose(0, 1) for x in (k, v))
+        want = reference.naive_attention(q[i].double().numpy(), ki.double().numpy(), vi.double().numpy())
+        assert float(abs(o[i].double() - torch.from_numpy(want)).max()) < 2e-2
+
+
+def test_varlen_callable_attends_within_each_sequence():
+    # wiring, as the decode test above (test_varlen.py holds the kernel to `kernel_tolerance`)
+    torch = pytest.importorskip("torch")
+    from attnscope import reference
+    from attnscope.measure.family_calls import call
+
+    spec = _spec("pass,impl,heads,kv_heads,d,causal,lens\nvarlen,attnscope,2,1,64,true,30;9\n")
+    fn, (q, k, v, cu) = call(torch, spec, device="cpu")
+    o = fn()
+    assert o.shape == (39, 2, 64)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        want = reference.naive_attention(*(x[a:b].transpose(0, 1).double().numpy() for x in (q, k, v)), True)
+        assert float(abs(o[a:b].transpose(0, 1).double() - torch.from_numpy(want)).max()) < 2e-2
