@@ -30,6 +30,16 @@ def test_issue39_grids_parse_with_48_valid_rows(name, family):
     assert any(s.get("kv_heads") for s in specs)  # GQA
 
 
+def test_the_smoke_grid_holds_every_measured_callable():
+    specs = physical.parse_grid(GRIDS / "families_smoke.csv")
+    got = {(s["pass"], s["impl"], s.get("deterministic"), "page_size" in s, s.get("kv_dtype")) for s in specs}
+    want = {(f, i, None, False, None) for f in ("backward", "decode", "varlen") for i in families.IMPLS[f]}
+    want -= {("backward", "attnscope", None, False, None), ("decode", "attnscope", None, False, None)}
+    want |= {("backward", "attnscope", det, False, None) for det in (False, True)}
+    want |= {("decode", "attnscope", None, paged, kv) for paged in (False, True) for kv in (None, "fp8")}
+    assert got == want
+
+
 def _grid(tmp_path, text):
     p = tmp_path / "g.csv"
     p.write_text(text)
