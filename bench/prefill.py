@@ -6,6 +6,7 @@ against SDPA CUDNN and SDPA FLASH, same inputs, same run.
     PYTHONPATH=src python bench/prefill.py --mods [--json F]   # window / softcap / sinks, Hopper kernel
     PYTHONPATH=src python bench/prefill.py --host             # host us per call: flash_attention vs SDPA
     python bench/prefill.py --draw 33 > bench/grids/dispatch_heldout.csv   # CPU: draw held-out shapes
+    python bench/prefill.py --draw 39 --family backward > bench/grids/heldout_backward.csv  # a bytes grid
 
 ``--grid 16k``: H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} x d {64, 128} x causal/not x bf16/fp16.
 ``--shapes CSV``: rows ``batch,q_heads,kv_heads,n,d,causal,dtype`` (e.g. the dispatch check's held-out
@@ -57,6 +58,72 @@ def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
             continue
         out.append((b, hkv * group, hkv, n, d, c, dt))
     return out
+
+
+#: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing
+#: rule per family. Every point fits an H200 with room (tensors under ~9 GB); an ncu pass takes seconds.
+SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
+                 "cache_lens", "page_size", "kv_dtype", "splits", "lens")
+SWEEP_FAMILIES = ("backward", "decode", "varlen", "fwd_openclass")
+
+
+def _log_uniform(rng, lo: int, hi: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
+    """``count`` grid rows for one family, round-robin over its implementations (and modes), each (d, dtype)
+    pair equally often, GQA groups 1-8 where the implementation takes them:
+
+    - backward: naive (MHA, N 512-4k), SDPA flash, cudnn, attnscope atomic dQ and deterministic (N 1k-16k),
+      B 1-4, Hq 8-32, causal or not;
+    - decode: SDPA flash, cudnn (B 1-32, one length 1k-64k), attnscope dense, paged (page 16-256) and fp8
+      (dense or paged), lengths drawn per sequence in [L/4, L], splits 1-16;
+    - varlen: attnscope and Flex (document mask), 2-16 sequences of 64-8k, causal or not;
+    - fwd_openclass: the forward's open class, SDPA FLASH causal, Hkv 1-4 (Hq >= 4 Hkv), N 20k-40k, B 2-4.
+    """
+    rng = random.Random(seed)
+    modes = {"backward": [("naive", {}), ("flash", {}), ("cudnn", {}), ("attnscope", {"deterministic": 0}),
+                          ("attnscope", {"deterministic": 1})],
+             "decode": [("flash", {}), ("cudnn", {}), ("attnscope", {}), ("attnscope", {"page_size": 1}),
+                        ("attnscope", {"kv_dtype": "fp8"})],
+             "varlen": [("attnscope", {}), ("flex", {})],
+             "fwd_openclass": [("flash", {})]}[family]
+    combos = [(d, dt) for d in (64, 128) for dt in ("fp16", "bf16")]
+    rows = []
+    while len(rows) < count:
+        impl, extra = modes[len(rows) % len(modes)]
+        d, dt = combos[(len(rows) // len(modes)) % len(combos)]
+        row = {"pass": "forward" if family == "fwd_openclass" else family, "impl": impl, "d": d, "dtype": dt,
+               **extra}
+        group = 1 if impl == "naive" else rng.choice((1, 2, 4, 8))
+        hq = rng.choice([x for x in (8, 12, 16, 24, 32) if x % group == 0])
+        row["heads"], row["kv_heads"] = hq, hq // group
+        if family == "backward":
+            n_lo, n_hi = (512, 4096) if impl == "naive" else (1024, 16384)
+            row |= {"batch": rng.randint(1, 4), "n": _log_uniform(rng, n_lo, n_hi),
+                    "causal": int(rng.random() < 0.5)}
+        elif family == "fwd_openclass":
+            hkv = rng.choice((1, 2, 4))
+            row |= {"batch": rng.randint(2, 4), "kv_heads": hkv,
+                    "heads": hkv * rng.choice([g for g in (4, 8, 16) if hkv * g <= 32]),
+                    "n": _log_uniform(rng, 20_001, 40_000), "causal": 1}
+        elif family == "varlen":
+            lens = [_log_uniform(rng, 64, 8192) for _ in range(rng.randint(2, 16))]
+            row |= {"lens": ";".join(map(str, lens)), "causal": int(rng.random() < 0.5)}
+        else:
+            b, top = rng.randint(1, 32), _log_uniform(rng, 1024, 65536)
+            if b * row["kv_heads"] * top * d * 4 > 4 * 10**9:  # K and V of the cache at most 4 GB
+                continue
+            if impl == "attnscope":
+                lens = [rng.randint(max(1, top // 4), top) for _ in range(b)]
+                row |= {"cache_lens": ";".join(map(str, lens)), "splits": rng.choice((1, 2, 4, 8, 16))}
+                if extra.get("page_size") or (extra.get("kv_dtype") and rng.random() < 0.5):
+                    row["page_size"] = rng.choice((16, 32, 64, 128, 256))
+            else:
+                row |= {"batch": b, "cache_lens": top}
+        rows.append(row)
+    return rows
 
 
 def read_shapes(path: str) -> list[tuple]:
@@ -337,6 +404,9 @@ def main() -> int:
     p.add_argument("--shapes", metavar="CSV",
                    help="points from a CSV (batch,q_heads,kv_heads,n,d,causal,dtype)")
     p.add_argument("--draw", metavar="SEED", type=int, help="print 24 held-out shapes as CSV and exit (CPU)")
+    p.add_argument("--family", choices=SWEEP_FAMILIES,
+                   help="with --draw: print 48 rows of an `attnscope bytes --sweep` grid of this family "
+                        "instead (issue 39's held-out grids; CPU)")
     p.add_argument("--mods", action="store_true", help="window / softcap / sinks: checks and timings")
     p.add_argument("--host", action="store_true", help="host us per call of flash_attention and SDPA only "
                    "(also printed first by --grid and --shapes)")
@@ -344,6 +414,13 @@ def main() -> int:
     p.add_argument("--markdown", action="store_true", help="print a markdown table of the results")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE (after every point)")
     a = p.parse_args()
+    if a.family is not None and a.draw is None:
+        p.error("--family needs --draw SEED")
+    if a.family is not None:
+        w = csv.DictWriter(sys.stdout, SWEEP_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(draw_sweep(a.family, a.draw))
+        return 0
     if a.draw is not None:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(FIELDS)

@@ -18,7 +18,7 @@ from attnscope.cli import serving
 from attnscope.cli._out import MiB, _clean, console, int_list, path_arg, print_json, table
 from attnscope.errors import InputError, expect, positive_int, visible
 from attnscope.inputs import distinct, out_file, write_atomic
-from attnscope.measure import backends, ncu, physical, share
+from attnscope.measure import backends, families, ncu, physical, share
 from attnscope.measure.backends import gpu_problem
 from attnscope.measure.plots import PLOT_NAMES
 from attnscope.model import l2 as l2_model
@@ -292,9 +292,16 @@ def _bytes_sweep(args) -> int:
     c = console(quiet=args.json == "-")
     if args.from_json:
         rows, env = physical.rows_from_json(args.from_json, l2_bytes=args.l2_bytes, sms=args.sms)
-        _print_rows(c, rows, f"recorded {env.get('date', '?')} on {env.get('gpu', '?')}")
-        _write_or_print(args, {"kind": "attnscope-bytes-reevaluated", "env": env,
-                               "rows": [r.to_json() for r in rows], "summary": physical.summarize(rows)})
+        fam = env.pop("family_rows")
+        caption = f"recorded {env.get('date', '?')} on {env.get('gpu', '?')}"
+        if rows or not fam:
+            _print_rows(c, rows, caption)
+        _print_family_rows(c, fam, caption)
+        out = {"kind": "attnscope-bytes-reevaluated", "env": env, "rows": [r.to_json() for r in rows],
+               "summary": physical.summarize(rows)}
+        if fam:
+            out |= {"family_rows": [r.to_json() for r in fam], "family_summary": families.summarize(fam)}
+        _write_or_print(args, out)
         return 0
     _positive(args, "per_child")
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
@@ -312,9 +319,11 @@ def _bytes_sweep(args) -> int:
     def progress(done, total):
         print(f"measured {len(done)}/{total}", file=sys.stderr, flush=True)
         if args.sweep and args.json not in (None, "-"):  # keep what is measured if the run is cut short
-            part = physical.compare([(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
-                                     for p in done if p.measured], l2, sms, repeated=repeat > 1)
-            _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"}))
+            got = [(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
+                   for p in done if p.measured]
+            part = physical.compare(got, l2, sms, repeated=repeat > 1)
+            _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"},
+                                                      families.compare(got, repeated=repeat > 1)))
 
     try:
         points = ncu.measure_many(specs, cache_control=args.cache_control, per_child=args.per_child,
@@ -334,13 +343,32 @@ def _bytes_sweep(args) -> int:
         _write_or_print(args, {"kind": "attnscope-bytes-calibration", "env": env, "rows": crows,
                                "points": [p.to_json() for p in points]})
         return 1 if failed else 0
-    rows = physical.compare([(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
-                             for p in points if p.measured], l2, sms, repeated=repeat > 1)
-    _print_rows(c, rows, f"{env.get('gpu', '')}, {env['ncu']}")
+    got = [(p.spec, p.measured.total, [k.name for k in p.measured.kernels]) for p in points if p.measured]
+    rows = physical.compare(got, l2, sms, repeated=repeat > 1)
+    fam = families.compare(got, repeated=repeat > 1)
+    caption = f"{env.get('gpu', '')}, {env['ncu']}"
+    if rows or not fam:
+        _print_rows(c, rows, caption)
+    _print_family_rows(c, fam, caption)
     for p in failed:
-        c.print(f"not measured: {physical.Row(p.spec, 1, 0, 0, ()).label()}: {p.error}")
-    _write_or_print(args, physical.sweep_json(points, rows, env))
+        what = families.label(p.spec) if "pass" in p.spec else physical.Row(p.spec, 1, 0, 0, ()).label()
+        c.print(f"not measured: {what}: {p.error}")
+    _write_or_print(args, physical.sweep_json(points, rows, env, fam))
     return 1 if failed else 0
+
+
+def _print_family_rows(c, rows, caption: str) -> None:
+    """Backward, decode and varlen points (measure/families.py): ncu against the logical ledger and the
+    compulsory bytes, whole call; these families have no estimate yet, and the table says so."""
+    if not rows:
+        return
+    trows = [[r.label(), f"{r.measured / MiB:,.2f}", f"{r.logical / MiB:,.2f}", f"{r.compulsory / MiB:,.2f}",
+              f"{r.error:+.1%}", families.NO_ESTIMATE] for r in rows]
+    c.print(table("DRAM bytes of the whole call, MiB: ncu vs the logical ledger (backward, decode, varlen)",
+                  ["point", "measured", "logical", "compulsory", "logical vs measured", "estimate"], trows,
+                  caption=caption))
+    for line in families.summary_lines(families.summarize(rows)):
+        c.print(line)
 
 
 def _print_rows(c, rows, caption: str) -> None:
@@ -456,7 +484,10 @@ def configure(sub) -> None:
                         "every point's counters to FILE (atomically)")
     p.add_argument("--sweep", metavar="GRID", default=None, type=path_arg,
                    help="measure every point of GRID (CSV with a header impl,B,H,Hkv,N,d,causal,dtype; or a "
-                        "JSON / YAML list of such objects) and print the estimate's error distribution")
+                        "JSON / YAML list of such objects) and print the estimate's error distribution; a "
+                        "pass column (forward, backward, decode, varlen) with deterministic, cache_lens, "
+                        "page_size, kv_dtype, splits, lens measures the other families against their "
+                        "logical ledgers (no estimate yet)")
     p.add_argument("--from-json", metavar="FILE", default=None, type=path_arg,
                    help="no GPU: re-evaluate the current estimate against a sweep that --sweep --json wrote")
     p.add_argument("--calibrate", action="store_true",

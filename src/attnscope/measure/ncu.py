@@ -17,7 +17,8 @@ cuDNN MQA call of 43 MiB, 0.14 for an FA-2 GQA one of 32 MiB; bench/first_spec_p
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
 marker separates the calls when one child measures several configurations (`measure_many`). A spec is
 an attention call (``impl``, ``batch``, ``heads``, ``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``,
-``d``, ``dtype``, ``causal``) or a calibration stream of known size (``kind`` in `STREAMS`, ``bytes``):
+``d``, ``dtype``, ``causal``; a backward, decode or varlen call with ``pass``: measure/families.py)
+or a calibration stream of known size (``kind`` in `STREAMS`, ``bytes``):
 `exact_bytes` gives its exact DRAM bytes, so the counters themselves are checked through this same path
 (`attnscope bytes --calibrate`).
 
@@ -352,6 +353,10 @@ def _call(torch, spec: dict):
         if spec["kind"] == "sum":
             return (lambda: src.sum()), (src,)
         return (lambda: src.fill_(1.0)), (src,)
+    if spec.get("pass", "forward") != "forward":  # backward, decode, varlen (measure/families.py)
+        from attnscope.measure.family_calls import call
+
+        return call(torch, spec)
     dt = torch_dtype(torch, spec.get("dtype", "fp16"))
     b, h, n, d = spec.get("batch", 1), spec["heads"], spec["n"], spec["d"]
     hkv = spec.get("kv_heads") or h

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from attnscope import inputs
 from attnscope.errors import InputError, expect, positive_int, short
-from attnscope.measure import ncu
+from attnscope.measure import families, ncu
+from attnscope.measure.families import grid_bool, grid_int
 from attnscope.model import l2
 
 #: Grid columns: canonical name -> (accepted spellings, default or None when required).
@@ -30,10 +31,18 @@ FIELDS = {
     "batch": (("batch", "b"), 1),
     "heads": (("heads", "h"), None),
     "kv_heads": (("kv_heads", "hkv"), 0),  # 0: as many as heads
-    "n": (("n",), None),
+    "n": (("n",), ""),  # required by forward and backward (measure/families.py: COLUMNS)
     "d": (("d",), None),
-    "causal": (("causal",), False),
+    "causal": (("causal",), ""),
     "dtype": (("dtype",), "fp16"),
+    "pass": (("pass", "family"), "forward"),  # measure/families.py: FAMILIES
+    # the family columns (measure/families.py: COLUMNS); empty where a family does not take them
+    "deterministic": (("deterministic",), ""),
+    "cache_lens": (("cache_lens", "l"), ""),
+    "page_size": (("page_size",), ""),
+    "kv_dtype": (("kv_dtype",), ""),
+    "splits": (("splits",), ""),
+    "lens": (("lens",), ""),
 }
 #: Most points in one grid (each is a GPU call under ncu: about 2-5 s).
 MAX_POINTS = 400
@@ -47,14 +56,6 @@ TRUE, FALSE = ("true", "1", "yes", "y", "t"), ("false", "0", "no", "n", "f", "")
 #: ``attnscope bytes --calibrate``: streams of 1 GiB and 4 GiB (two sizes: the slope between them cancels
 #: the few MiB a write-back L2 keeps dirty past the end of a kernel).
 CALIBRATION = tuple({"kind": k, "bytes": s * 2**30} for k in ncu.STREAMS for s in (1, 4))
-
-
-def _int(where: str, name: str, value) -> int:
-    if isinstance(value, str) and inputs.number_text(value) and value.strip().lstrip("+").isdigit():
-        value = int(value.strip().lstrip("+"))
-    expect(isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 10**9,
-           f"{where}: {name}", "a positive integer up to 10^9", value)
-    return value
 
 
 #: The SM count and the L2 size an estimate may take (`bytes --sms`, `--l2-bytes`, a sweep's env): far
@@ -79,14 +80,6 @@ def _byte_count(name: str, value) -> int:
     expect(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_RECORDED_BYTES,
            name, "a byte count (an integer from 0 to 10^15)", value)
     return value
-
-
-def _bool(where: str, value) -> bool:
-    if isinstance(value, int) and value in (0, 1):  # bool included
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
-        return value.strip().lower() in TRUE
-    raise InputError(f"{where}: causal: expected true or false, got {short(value)}")
 
 
 def point(raw: dict, where: str) -> dict:
@@ -114,31 +107,53 @@ def point(raw: dict, where: str) -> dict:
             if default is None:
                 raise InputError(f"{where}: {canon}: expected a value, got none")
             got[canon] = default
+    family = got["pass"]
+    if family not in families.FAMILIES:
+        raise InputError(f"{where}: pass: expected one of {', '.join(families.FAMILIES)}, got "
+                         f"{short(family)}")
     impl = got["impl"]
-    if impl not in ncu.IMPLS:
-        raise InputError(f"{where}: impl: expected one of {', '.join(ncu.IMPLS)}, got {short(impl)}")
-    spec = {"impl": impl, "batch": _int(where, "batch", got["batch"]),
-            "heads": _int(where, "heads", got["heads"]),
-            "n": _int(where, "n", got["n"]), "d": _int(where, "d", got["d"]),
-            "causal": _bool(where, got["causal"])}
+    impls = ncu.IMPLS if family == "forward" else families.IMPLS[family]
+    if impl not in impls:
+        raise InputError(f"{where}: impl: expected one of {', '.join(impls)}"
+                         + ("" if family == "forward" else f" with pass {family}") + f", got {short(impl)}")
+    spec = {"impl": impl, "batch": grid_int(where, "batch", got["batch"]),
+            "heads": grid_int(where, "heads", got["heads"])}
     dtype = got["dtype"]
     if dtype not in ("fp16", "bf16"):
         raise InputError(f"{where}: dtype: expected one of fp16, bf16, got {short(dtype)}")
-    spec["dtype"] = dtype
     hkv = got["kv_heads"]
-    hkv = spec["heads"] if hkv in (0, "0") else _int(where, "kv_heads", hkv)
+    hkv = spec["heads"] if hkv in (0, "0") else grid_int(where, "kv_heads", hkv)
     if spec["heads"] % hkv:
         raise InputError(f"{where}: kv_heads: expected a divisor of heads ({spec['heads']}), got {hkv}")
+    d = grid_int(where, "d", got["d"])
+    if d not in HEAD_DIMS:
+        raise NotImplementedError(f"{where}: d: {d} is not measured; supported: "
+                                  f"{', '.join(map(str, HEAD_DIMS))}")
+    if family != "forward":  # the spec names its family; a forward spec stays as recorded sweeps hold it
+        spec = {"pass": family, **spec, "d": d, "dtype": dtype}
+        if hkv != spec["heads"]:
+            spec["kv_heads"] = hkv
+        spec = families.point(got, spec, where)
+        size = families.tensor_bytes(spec)
+        if size > MAX_POINT_BYTES:
+            raise InputError(f"{where}: {families.COLUMNS[family][0]}: expected the point's tensors to fit "
+                             f"one GPU (at most {MAX_POINT_BYTES / 1e9:g} GB), got {size / 1e9:,.4g} GB")
+        return spec
+    for col in families.FAMILY_COLUMNS:
+        if got[col] not in ("", None):
+            raise InputError(f"{where}: {col}: expected no value with pass forward (it takes n, causal), got "
+                             f"{short(got[col])}")
+    if got["n"] in ("", None):
+        raise InputError(f"{where}: n: expected a value, got none")
+    spec |= {"n": grid_int(where, "n", got["n"]), "d": d,
+             "causal": grid_bool(where, "causal", got["causal"] or "false"), "dtype": dtype}
     if hkv != spec["heads"]:
         if impl == "naive":
             raise NotImplementedError(f"{where}: naive with kv_heads != heads is not measured; supported: "
                                       "GQA with flash, cudnn, efficient, attnscope")
         spec["kv_heads"] = hkv
-    if spec["d"] not in HEAD_DIMS:
-        raise NotImplementedError(f"{where}: d: {spec['d']} is not measured; supported: "
-                                  f"{', '.join(map(str, HEAD_DIMS))}")
     elt = 2
-    bh, n, d = spec["batch"] * spec["heads"], spec["n"], spec["d"]
+    bh, n = spec["batch"] * spec["heads"], spec["n"]
     size = (2 * bh + 2 * spec["batch"] * hkv) * n * d * elt
     if impl == "naive":
         size += (3 if spec["causal"] else 2) * bh * n * n * elt + (n * n if spec["causal"] else 0)
@@ -267,12 +282,13 @@ def attnscope_impl_of(spec: dict, kernels: list[str] | None = None) -> str:
 
 def compare(measured: list[tuple], l2_bytes: int, sms: int, repeated: bool = False) -> list[Row]:
     """Rows for (spec, measured DRAM bytes[, measured kernel names]) tuples; points measured as 0 bytes are
-    skipped. ``repeated`` (a sweep measured ``--repeat`` times): the tuples of one spec make one row whose
+    skipped, and so are the points of the other families (measure/families.py). ``repeated`` (a sweep
+    measured ``--repeat`` times): the tuples of one spec make one row whose
     measurement is the median of theirs (the lower one of an even count: a measured value), in the order
     of the specs' first appearance."""
     groups: dict = {}
     for spec, total, *names in measured:
-        if not total:
+        if not total or "pass" in spec:  # a family point: families.compare, against its ledger
             continue
         key = json.dumps(spec, sort_keys=True) if repeated else len(groups)
         groups.setdefault(key, (spec, names[0] if names else None, []))[2].append(int(total))
@@ -326,17 +342,24 @@ def summary_lines(s: dict) -> list[str]:
     return lines
 
 
-def sweep_json(points: list[ncu.Point], rows: list[Row], env: dict) -> dict:
+def sweep_json(points: list[ncu.Point], rows: list[Row], env: dict,
+               family_rows: list[families.FamilyRow] = ()) -> dict:
     """What `--sweep --json` writes: the environment, every point's raw counters (or its error), the
-    rows and the summary. `rows_from_json` reads it back."""
-    return {"kind": "attnscope-bytes-sweep", "env": env, "points": [p.to_json() for p in points],
-            "rows": [r.to_json() for r in rows], "summary": summarize(rows)}
+    forward rows and their summary, the other families' rows against their ledgers (``family_rows``,
+    ``family_summary``: no estimate). `rows_from_json` reads it back."""
+    out = {"kind": "attnscope-bytes-sweep", "env": env, "points": [p.to_json() for p in points],
+           "rows": [r.to_json() for r in rows], "summary": summarize(rows)}
+    if family_rows:
+        out |= {"family_rows": [r.to_json() for r in family_rows],
+                "family_summary": families.summarize(list(family_rows))}
+    return out
 
 
 def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None,
                    sms: int | None = None) -> tuple[list[Row], dict]:
     """Re-evaluate the current estimate against a recorded sweep (no GPU): (rows, env); env is the
-    recorded one plus ``estimated_with``, the L2 size and SM count the estimate used."""
+    recorded one plus ``estimated_with``, the L2 size and SM count the estimate used, and
+    ``family_rows``, the other families' points against their ledgers (`families.compare`)."""
     data = inputs.load_json(path, field)
     if not (isinstance(data, dict) and data.get("kind") == "attnscope-bytes-sweep"
             and isinstance(data.get("points"), list) and isinstance(data.get("env"), dict)):
@@ -356,7 +379,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         expect(isinstance(p, dict), where, "an object with spec and measured", p)
         expect(isinstance(p.get("spec"), dict), f"{where}: spec", "an object of grid fields", p.get("spec"))
         spec = point(p["spec"], where)  # an unknown field ("kv_head") is refused, not dropped
-        key = tuple(sorted(spec.items()))
+        key = json.dumps(spec, sort_keys=True)  # a family spec holds lists (cache_lens, lens)
         runs[key] = runs.get(key, 0) + 1
         if runs[key] > repeat:
             raise InputError(f"{where}: spec: expected each point {repeat} time{'s' if repeat > 1 else ''} "
@@ -387,14 +410,16 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                              f"measured.read and .write ({read:,}, {write:,}), got {sums[0]:,}, {sums[1]:,}")
         pairs.append((spec, total, names))
     if "partial" not in env:  # a sweep cut short records fewer runs; a whole one, `repeat` of each point
-        short_of = next((dict(k) for k, n in runs.items() if n != repeat), None)
+        short_of = next((json.loads(k) for k, n in runs.items() if n != repeat), None)
         expect(short_of is None, f"{field}: points", f"each point {repeat} times (env.repeat)", short_of)
     if not pairs:
         raise InputError(f"{field}: points: expected at least one measured point, got "
                          f"{'none' if not data['points'] else 'only failed ones'}")
     # the recorded env stays as recorded; what the estimate used (an override or the recorded) beside it
+    fam = families.compare(pairs, repeated=repeat > 1)
     return compare(pairs, l2_size, sm, repeated=repeat > 1), {**env, "estimated_with": {"l2_bytes": l2_size,
-                                                                                          "sms": sm}}
+                                                                                          "sms": sm},
+                                                              "family_rows": fam}
 
 
 NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"
