@@ -329,6 +329,48 @@ def test_hopper_backward_rule():
     assert not dispatch.hopper_backward_ok(64, True, softcap=20.0)
 
 
+@pytest.mark.parametrize("d,dtype,mods", [(64, "float16", None),
+                                          (128, "bfloat16", _common.Mods(100, 0, 30.0, None))])
+def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype, mods):
+    """`bwd_hopper.launch`'s host side, no GPU (the two Gluon kernels replaced by recorders): each TMA
+    descriptor gets its block and the NVMMA shared layout of its Gluon element type (`fwd_hopper._layout`
+    takes a tuple and a Gluon dtype), the grids and constexprs are the build's (softcap d = 128: 32-row Q
+    tiles)."""
+    from triton.experimental.gluon import language as gl
+
+    from attnscope.kernels import bwd_hopper, fwd_hopper
+
+    calls = {}
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.setdefault(self.name, (grid, a, kw))
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    dt = getattr(torch, dtype)
+    B, Hq, Hkv, Nq, Nk = 2, 4, 2, 100, 300
+    q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=dt) for _ in range(3))
+    k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=dt) for _ in range(4))
+    lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, mods)
+    flags = 0 if mods is None else fwd_hopper.mods_flags(mods.windowed, mods.softcap, False)
+    elem = gl.bfloat16 if dt == torch.bfloat16 else gl.float16
+    for name, n_rows, heads in (("dkdv", Nk, B * Hkv), ("dq", Nq, B * Hq)):
+        grid, args, kw = calls[name]
+        cfg = bwd_hopper.config(d, name, flags)
+        assert grid == (-(-n_rows // (cfg.BN if name == "dkdv" else cfg.NWG * cfg.BM)), heads)
+        assert kw == bwd_hopper.constexprs(d, False, name, flags)
+        blocks = bwd_hopper._blocks(d, name, flags)
+        for desc, rows in zip(args[:len(blocks)], blocks.values(), strict=True):
+            assert list(desc.block_shape) == [1, 1, rows, d]
+            assert desc.layout == gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
+    assert (flags == 3) == (bwd_hopper.config(d, "dkdv", flags).BM == 32)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
 def test_gpu_hopper_q_range_matches_tiles_py():

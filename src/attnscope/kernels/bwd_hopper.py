@@ -553,8 +553,10 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
         out = []
         for n, rows in _blocks(d, name, flags).items():
             t = tensors[n]
-            block = [1, 1, rows, d]
-            out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, _layout(block, t.dtype)))
+            block = (1, 1, rows, d)  # `_layout` (cached) takes a tuple and a Gluon element type
+            elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+            layout = _layout(block, elem)
+            out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout))
         return out
 
     windowed = mods is not None and mods.windowed
