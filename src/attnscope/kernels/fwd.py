@@ -353,7 +353,7 @@ def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap,
     if sinks is not None:
         if not isinstance(sinks, Tensor):
             return None
-        sinks = (sinks.shape, sinks.dtype, sinks.device)
+        sinks = (sinks.shape, sinks.stride(), sinks.dtype, sinks.device)
     key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
            v.stride(), v.dtype, v.device, causal, return_lse, scale, type(scale), impl, softcap,
            type(softcap), sinks)
