@@ -915,6 +915,12 @@ def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
     for p, value in zip(params[n_args:], rest[n_args:], strict=True):
         assert p.is_constexpr and value == consts.get(p.name, p.default), p.name
     assert rest[params.index(next(p for p in params if p.name == "FP8"))] is True
+    # a plan of device 1 launched while device 0 is current: Triton's launch each time, no binary kept
+    calls.clear()
+    other = plan_mod._DirectLaunch(Kernel(), consts, 1)
+    other.launch((6, 3), args, True)
+    other.launch((6, 3), args, True)
+    assert [c[0] for c in calls] == ["triton", "triton"] and other.compiled is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launch needs a GPU")

@@ -444,6 +444,29 @@ def test_the_plan_cache_is_bounded(monkeypatch):
     fwd.clear_plan_cache()
 
 
+def test_strided_sinks_are_refused_even_after_a_planned_call():
+    """The kernels read sinks[h] at offset h: a strided [Hq] view is refused (it read other values), also
+    when a contiguous sinks tensor of the same shape planned the layout first (the plan key has strides)."""
+    q, k, v = _inputs(1, 4, 2, 16, 16, 64, torch.float16, False, seed=6)
+    wide = torch.randn(4, 2, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    fwd.clear_plan_cache()
+    attnscope.flash_attention(q, k, v, sinks=wide[:, 0].contiguous())
+    with pytest.raises(ValueError, match=r"sinks: expected a contiguous \[Hq\] tensor, got stride 2"):
+        attnscope.flash_attention(q, k, v, sinks=wide[:, 0])
+    fwd.clear_plan_cache()
+
+
+def test_past_the_grid_y_limit_is_refused_before_a_launch():
+    """The portable kernel launches B x Hq programs on grid y, whose CUDA limit is 65535: past it, a
+    NotImplementedError naming the limit, not a CUDA launch error."""
+    q = torch.zeros(fwd.MAX_GRID_Y + 1, 1, 1, 64, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(NotImplementedError, match=r"= 65536 \(batch, head\).* supported: B x Hq <= 65535"):
+        attnscope.flash_attention(q, q, q, impl="portable")
+    at = q[: fwd.MAX_GRID_Y]  # at the limit: planned (not launched here: 65535 interpreted programs)
+    plan = fwd._plan(at, at, at, False, None, False, None, "portable", None, 0.0, None)
+    assert plan.o_shape == tuple(at.shape)
+
+
 def test_eager_gradients_are_the_registered_ops():
     """With inputs that require grad, eager `flash_attention` runs its own autograd route (no op dispatcher):
     the same output, LSE and gradients, bit for bit, as the registered op `attnscope::flash_attention`."""

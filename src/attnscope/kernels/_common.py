@@ -101,7 +101,7 @@ def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device
     `model.tiles.normalize_window`): ``window`` None or (left, right) ints from -1 to `MAX_WINDOW_SIDE`
     (causal forces right = 0, and a causal call with left = -1 is plain causal: ``windowed`` False; a side
     >= `UNBOUNDED_SIDE` is folded to -1, the same visibility); ``softcap`` a finite real >= 0 (0 = off);
-    ``sinks`` None or a float32 tensor [Hq] on ``device`` (its values are not read on the host; the
+    ``sinks`` None or a contiguous float32 tensor [Hq] on ``device`` (its values are not read on the host; the
     kernels keep them finite, `_tl.sink_log2`: a +inf sink takes all the weight, O = 0 and LSE = the
     largest finite fp32 (base 2) in natural log, about 2.36e38; a -inf or NaN sink takes none, O as without
     sinks, and a row with no visible key then gets LSE about -2.36e38, not -inf).
@@ -123,6 +123,8 @@ def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device
                              f"{sinks.dtype} of shape {tuple(sinks.shape)}")
         if sinks.device != device:
             raise InputError(f"sinks: expected device {device} (as q), got {sinks.device}")
+        if q_heads > 1 and sinks.stride(0) != 1:  # the kernels read sinks[h] at offset h
+            raise InputError(f"sinks: expected a contiguous [Hq] tensor, got stride {sinks.stride(0)}")
     return Mods(left, right, float(softcap), sinks)
 
 

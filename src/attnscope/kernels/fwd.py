@@ -353,7 +353,7 @@ def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap,
     if sinks is not None:
         if not isinstance(sinks, Tensor):
             return None
-        sinks = (sinks.shape, sinks.dtype, sinks.device)
+        sinks = (sinks.shape, sinks.stride(), sinks.dtype, sinks.device)
     key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
            v.stride(), v.dtype, v.device, causal, return_lse, scale, type(scale), impl, softcap,
            type(softcap), sinks)
@@ -362,6 +362,17 @@ def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap,
     if q.device.type != "cuda":  # CPU tensors run under the interpreter only
         key += (_common.interpreting(),)
     return key
+
+
+#: Largest grid y (CUDA's limit): the portable and the one-CTA-per-tile Hopper kernels launch B x Hq there.
+MAX_GRID_Y = 65535
+
+
+def _refuse_grid(B: int, Hq: int, chosen: str):
+    raise NotImplementedError(
+        f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the launch grid's {MAX_GRID_Y} "
+        f"for impl {chosen!r}; supported: B x Hq <= {MAX_GRID_Y}, or on sm_90 impl='hopper' (its persistent "
+        f"kernel's grid is one SM each)")
 
 
 def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks) -> _Plan:
@@ -377,8 +388,12 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
     if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
+        if B * Hq > MAX_GRID_Y and not fwd_hopper.VARIANTS[chosen].persistent:
+            _refuse_grid(B, Hq, chosen)
         run = fwd_hopper.launcher(q, k, v, o, qk_scale, causal, return_lse, chosen, mods)
     else:
+        if B * Hq > MAX_GRID_Y:
+            _refuse_grid(B, Hq, chosen)
         cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
     return _Plan((B, Hq, Nq, d), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,

@@ -311,11 +311,11 @@ class _DirectLaunch:
 
     ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key, looks the
     binary up and builds launch metadata on every call. A plan fixes everything but the tensors' addresses, so
-    the binary of the first launch through Triton with every tensor 16-byte aligned is kept, and later
-    launches with every tensor aligned (the one fact that changes Triton's choice of binary) call its launcher
-    directly with the constexprs pre-packed. Other alignments, another current device or a launch hook
-    (profilers) go through ``kernel[grid]``. Launches go to the current stream, as Triton's do (CUDA-graph
-    capture included)."""
+    the binary of the first launch through Triton on the plan's device with every tensor 16-byte aligned is
+    kept, and later launches with every tensor aligned (the one fact that changes Triton's choice of binary)
+    call its launcher directly with the constexprs pre-packed. Other alignments, another current device or a
+    launch hook (profilers) go through ``kernel[grid]``. Launches go to the current stream, as Triton's do
+    (CUDA-graph capture included)."""
 
     __slots__ = ("kernel", "constexprs", "device", "compiled", "tail")
 
@@ -331,7 +331,9 @@ class _DirectLaunch:
                   None, None, None, *args, *self.tail)
             return
         compiled = self.kernel[grid](*args, **self.constexprs)
-        if aligned and c is None and getattr(compiled, "function", None) is not None:
+        # kept only from a launch on the plan's device: a binary's function is loaded per device
+        if aligned and c is None and getattr(compiled, "function", None) is not None and \
+                torch._C._cuda_getDevice() == self.device:
             # the launcher takes every parameter in order, the constexprs included (and ignores them)
             self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
             self.compiled = compiled
