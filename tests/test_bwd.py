@@ -516,3 +516,12 @@ def test_gpu_hopper_backward_mods_match_float64(nq, nk, d, dtype, causal, window
     _check_grads(got, torch_g, ref, names="qkv" if sk is None else ("q", "k", "v", "sinks"))
     empty = ~reference.permitted(nq, nk, causal, window).any(-1)  # [Nq] rows with no visible key
     assert (n(got[0])[:, :, empty] == 0).all()
+
+
+def test_past_the_grid_y_limit_is_refused_before_a_launch():
+    """Every backward kernel launches (batch, head) programs on grid y (CUDA's limit 65535): past it, one
+    NotImplementedError naming the limit before any launch, not a CUDA launch error."""
+    t = torch.zeros(_common.MAX_GRID_Y + 1, 1, 1, 64, dtype=torch.float16, device=DEVICE)
+    lse = torch.zeros(_common.MAX_GRID_Y + 1, 1, 1, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(NotImplementedError, match=r"= 65536 \(batch, head\).* backward; supported: B x Hq"):
+        bwd.flash_attention_backward(t, t, t, t, t, lse, False, None)

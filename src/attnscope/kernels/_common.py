@@ -201,6 +201,10 @@ def check_head_dim(d: int) -> None:
             f"head_dim {d} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
 
 
+#: CUDA's limit on a launch grid's y (and z) size: kernels with (batch, head) on y refuse past it.
+MAX_GRID_Y = 65535
+
+
 def descriptor_template(cls, t, block, *layout):
     """A host TMA descriptor of class ``cls`` (Triton's or Gluon's ``TensorDescriptor``, whose constructor
     validates it) for ``t``'s shape, strides and dtype with block shape ``block``, holding no tensor:

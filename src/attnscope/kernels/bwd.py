@@ -47,6 +47,7 @@ from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
+    MAX_GRID_Y,
     check_device,
     check_head_dim,
     check_same,
@@ -507,6 +508,10 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
+    if B * Hq > MAX_GRID_Y:  # every backward kernel's grid puts (batch, head) on the y axis
+        raise NotImplementedError(f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the "
+                                  f"launch grid's {MAX_GRID_Y} for the backward; supported: B x Hq <= "
+                                  f"{MAX_GRID_Y}")
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16

@@ -40,6 +40,7 @@ from attnscope.kernels import _common
 from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
+    MAX_GRID_Y,
     check_device,
     check_flags,
     check_head_dim,
@@ -365,7 +366,6 @@ def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap,
 
 
 #: Largest grid y (CUDA's limit): the portable and the one-CTA-per-tile Hopper kernels launch B x Hq there.
-MAX_GRID_Y = 65535
 
 
 def _refuse_grid(B: int, Hq: int, chosen: str):
