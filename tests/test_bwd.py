@@ -525,3 +525,19 @@ def test_past_the_grid_y_limit_is_refused_before_a_launch():
     lse = torch.zeros(_common.MAX_GRID_Y + 1, 1, 1, dtype=torch.float32, device=DEVICE)
     with pytest.raises(NotImplementedError, match=r"= 65536 \(batch, head\).* backward; supported: B x Hq"):
         bwd.flash_attention_backward(t, t, t, t, t, lse, False, None)
+
+
+def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
+    """`bwd._off64`: a tensor (a view: its span, not its numel) of 2^31 elements or more needs the int64
+    build; that build's gradients are the int32 build's bit for bit (portable kernels, GQA, causal)."""
+    meta = dict(device="meta", dtype=torch.float16)
+    small = torch.empty(2, 4, 8, 64, **meta)
+    wide = torch.empty_strided((2, 1, 1, 64), (2 ** 31, 64, 64, 1), **meta)  # numel 128, span 2^31 + 63
+    assert not bwd._off64(small, small)
+    assert bwd._off64(small, wide)
+    args = _good(causal=True)
+    want = bwd.flash_attention_backward(**args, impl="portable")
+    monkeypatch.setattr(bwd, "_off64", lambda *t: True)
+    got = bwd.flash_attention_backward(**args, impl="portable")
+    for w, g, name in zip(want, got, ("dq", "dk", "dv"), strict=True):
+        assert torch.equal(w, g), name

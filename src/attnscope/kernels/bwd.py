@@ -162,11 +162,12 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, st
                     H, NQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
+    b = (pid_bh // H).to(tl.int64)  # int64 offsets: a tensor may hold 2^31 elements or more
     h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row = offs_m[:, None] < NQ
+    offs_m = offs_m.to(tl.int64)  # varlen: a row of the packed [total, H, d] is H * d elements apart
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=row,
                 other=0.0)
     do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :], mask=row,
@@ -230,11 +231,13 @@ def _bwd_dkdv_kernel(
     H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HKV
+    if OFF64:  # int64 bases and offsets: a tensor of 2^31 elements or more (`_off64`)
+        b = b.to(tl.int64)
     hk = pid_bh % HKV
     group = H // HKV
     start_n = pid_n * BLOCK_N
@@ -332,7 +335,7 @@ def _bwd_dq_kernel(
     H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -340,6 +343,8 @@ def _bwd_dq_kernel(
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - pid_m  # heaviest query tiles first
     b = pid_bh // H
+    if OFF64:  # int64 bases and offsets: a tensor of 2^31 elements or more (`_off64`)
+        b = b.to(tl.int64)
     h = pid_bh % H
     hk = h // (H // HKV)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -418,6 +423,14 @@ IMPLS = ("auto", "portable", "hopper")
 #: accumulator (kernels/bwd_hopper.py), which must stay finite, and as the Hopper forward they need
 #: ``qk_scale <= 1``.
 HOPPER_QK_SCALE = (1e-30, 1.0)
+
+
+def _off64(*tensors) -> bool:
+    """Whether the dK/dV and dQ kernels need int64 offsets: a tensor whose elements span 2^31 or more from
+    its first (a view's span, not its numel: q of a packed qkv spans three times its size). int32 offsets
+    cover every smaller one, and the int64 build holds more registers."""
+    span = max(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) for t in tensors)
+    return span >= 2 ** 31 - 1
 
 
 def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
@@ -544,11 +557,13 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic
+    off64 = _off64(q, k, v, do)
     dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
         q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
         margs["LEFT"], margs["RIGHT"], margs["cap_in"],
         HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
+        OFF64=off64,
         num_warps=warps, num_stages=stages)
     if atomic:
         grads = (dq_acc.to(q.dtype), dk, dv)
@@ -558,7 +573,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     _bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
         q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
         margs["LEFT"], margs["RIGHT"], margs["cap_in"],
-        HEAD_DIM=d, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
+        HEAD_DIM=d, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod, OFF64=off64,
         num_warps=warps, num_stages=stages)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
