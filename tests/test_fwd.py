@@ -662,3 +662,61 @@ def test_missing_extra_gives_install_command():
             "try:\n    import attnscope.kernels.fwd\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'attnscope[kernels]'" in out
+
+
+def test_launchers_run_on_their_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device: every launcher makes its first tensor's device current
+    (`_common.device_guard`) when it is another one (tensors on cuda:1 while cuda:0 is current, as a model
+    split over GPUs runs), and does nothing otherwise."""
+    from types import SimpleNamespace
+
+    from attnscope.kernels import _common, bwd, varlen, varlen_bwd
+    from attnscope.kernels.decode import plan
+
+    entered = []
+    fake = SimpleNamespace(cuda=SimpleNamespace(current_device=lambda: 0,
+                                                device=lambda dev: entered.append(dev) or _nullctx()))
+    on = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=1))
+    same = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))
+    cpu = SimpleNamespace(is_cuda=False, device=SimpleNamespace(index=None))
+    for t in (same, cpu):
+        with _common.device_guard(fake, t):
+            pass
+    assert entered == []
+    with _common.device_guard(fake, on):
+        pass
+    assert entered == [on.device]
+    for launcher in (fwd._launch, bwd.flash_attention_backward, varlen._launch,
+                     varlen_bwd.flash_attention_varlen_backward, plan.DecodePlan.run):
+        assert hasattr(launcher, "__wrapped__"), launcher  # under `_common.on_tensor_device`
+    seen = []
+    monkeypatch.setattr(_common, "device_guard", lambda torch_, t: seen.append(t) or _nullctx())
+    wrapped = _common.on_tensor_device(torch)(lambda name, x, y: (name, y))
+    x, y = torch.zeros(1), torch.ones(1)
+    assert wrapped("n", x, y) == ("n", y) and seen == [x]  # the first tensor argument decides
+
+
+def _nullctx():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs")
+def test_gpu_tensors_on_another_device_than_the_current_one():
+    """flash_attention (forward and backward) and flash_decode on cuda:1 while cuda:0 is current equal the
+    same calls with cuda:1 current."""
+    g = torch.Generator(device="cuda:1").manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda:1", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))
+    runs = []
+    for current in (0, 1):
+        with torch.cuda.device(current):
+            o = attnscope.flash_attention(q, k, v, causal=True)
+            grads = torch.autograd.grad(o.float().square().sum(), (q, k, v))
+            dec = attnscope.flash_decode(q[:, :, -1:].detach(), k.detach(), v.detach())
+            runs.append((o, *grads, dec))
+    for a, b in zip(*runs, strict=True):
+        assert a.device == b.device == torch.device("cuda:1") and torch.equal(a, b)

@@ -3,6 +3,8 @@ argument, or `NotImplementedError` listing what is supported), device facts."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import threading
 from typing import NamedTuple
@@ -15,6 +17,28 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into t
 FP32_MAX = 3.4028234663852886e38
 #: Largest softmax scale: the kernels take ``scale * log2(e)`` as an fp32 argument, which must stay finite.
 MAX_SCALE = FP32_MAX / LOG2E  # about 2.36e38
+
+
+def device_guard(torch, t):
+    """A context that makes ``t``'s CUDA device current, or a no-op where it already is (or ``t`` is not on a
+    CUDA device): Triton launches on the current device, not the tensors' (flash-attn's CUDAGuard)."""
+    if not t.is_cuda or t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
+
+
+def on_tensor_device(torch):
+    """Decorator: run a launcher under `device_guard` of its first tensor argument."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def launcher(*args, **kwargs):
+            t = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if t is None:
+                return fn(*args, **kwargs)
+            with device_guard(torch, t):
+                return fn(*args, **kwargs)
+        return launcher
+    return wrap
 
 
 def import_torch_triton():

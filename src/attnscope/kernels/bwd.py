@@ -55,6 +55,7 @@ from attnscope.kernels._common import (
     check_tensor,
     import_torch_triton,
     interpreting,
+    on_tensor_device,
 )
 from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
@@ -466,6 +467,7 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
 ATOMIC_DQ_BY_DEFAULT = False
 
 
+@on_tensor_device(torch)
 def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | None,
                              deterministic: bool = True, dlse=None, *, window=None, softcap: float = 0.0,
                              sinks=None, impl: str = "auto"):

@@ -53,6 +53,7 @@ from attnscope.kernels._common import (
     hopper_unavailable,
     import_torch_triton,
     interpreting,
+    on_tensor_device,
 )
 from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
@@ -400,6 +401,7 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
                  torch.empty((1,), dtype=torch.float32, device=q.device))
 
 
+@on_tensor_device(torch)
 def _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, placeholder_lse):
     """`launch`; ``placeholder_lse``: without ``return_lse``, pass the plan's placeholder, not a fresh LSE
     (the caller drops it)."""

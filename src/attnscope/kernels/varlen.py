@@ -49,6 +49,7 @@ from attnscope.kernels._common import (
     check_scale,
     import_torch_triton,
     interpreting,
+    on_tensor_device,
     raise_device_errors,
 )
 
@@ -248,6 +249,7 @@ def _desc(t, block_n: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_n, 1, t.shape[2]])
 
 
+@on_tensor_device(torch)
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse,
             check_seqlens, config=None, tma=None, window=None, softcap=0.0, sinks=None, bounds=None,
             items=None):

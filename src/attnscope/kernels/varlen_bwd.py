@@ -27,7 +27,7 @@ pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense ba
 from __future__ import annotations
 
 from attnscope.errors import InputError
-from attnscope.kernels._common import LOG2E, check_flags, import_torch_triton, interpreting
+from attnscope.kernels._common import LOG2E, check_flags, import_torch_triton, interpreting, on_tensor_device
 from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
@@ -198,6 +198,7 @@ def _check_saved(do, o, lse, dlse, q):
                              f"got {got}")
 
 
+@on_tensor_device(torch)
 def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal=False, scale=None, *, window=None, softcap=0.0,
                                     sinks=None, deterministic=False, dlse=None, check_seqlens=False,

@@ -8,7 +8,14 @@ import math
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect
-from attnscope.kernels._common import LOG2E, check_disjoint, check_flags, import_torch_triton, interpreting
+from attnscope.kernels._common import (
+    LOG2E,
+    check_disjoint,
+    check_flags,
+    import_torch_triton,
+    interpreting,
+    on_tensor_device,
+)
 from attnscope.kernels.decode._kernel import (
     _attnscope_decode_combine_kernel,
     _attnscope_decode_split_kernel,
@@ -211,6 +218,7 @@ class DecodePlan:
                                   f"make a new plan")
         return None
 
+    @on_tensor_device(torch)
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, k_scale=None, v_scale=None,
             sinks=None, out=None, lse_out=None):
         """Launch on tensors with the planned layouts (values may change freely).
