@@ -240,16 +240,9 @@ def host_times():
     pt = Point(*HOST_SHAPE)
     calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run")},
              **sdpa_calls(pt.q, pt.k, pt.v)}
-    out = {}
-    for name, fn in calls.items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(HOST_CALLS):
-            fn()
-        out[name] = (time.perf_counter() - t0) / HOST_CALLS * 1e6
-        torch.cuda.synchronize()
+    from attnscope.measure.bench import host_us_per_call
+
+    out = host_us_per_call(torch, calls, HOST_CALLS)
     out["one-liner / CUDNN (must <= 1.25)"] = out["one-liner"] / out["CUDNN"]
     print("host time per call: " + ", ".join(f"{n} {v:.1f}" for n, v in out.items()), flush=True)
     return out

@@ -158,7 +158,6 @@ def host_times(torch, log=print) -> dict:
     """Host microseconds per call: the wall time of ``HOST_CALLS`` back-to-back calls at ``HOST_SHAPE``
     (synchronised before and after), for `flash_attention` and SDPA's default call, each without and with
     inputs that require grad (forward only)."""
-    import time
 
     import torch.nn.functional as F
 
@@ -171,16 +170,9 @@ def host_times(torch, log=print) -> dict:
              "flash_attention grad": lambda: attnscope.flash_attention(qg, kg, vg),
              "SDPA": lambda: F.scaled_dot_product_attention(q, k, v),
              "SDPA grad": lambda: F.scaled_dot_product_attention(qg, kg, vg)}
-    out = {}
-    for name, fn in calls.items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(HOST_CALLS):
-            fn()
-        out[name] = (time.perf_counter() - t0) / HOST_CALLS * 1e6
-        torch.cuda.synchronize()
+    from attnscope.measure.bench import host_us_per_call
+
+    out = host_us_per_call(torch, calls, HOST_CALLS)
     out["flash_attention / SDPA"] = out["flash_attention"] / out["SDPA"]
     out["flash_attention grad / SDPA grad"] = out["flash_attention grad"] / out["SDPA grad"]
     log(f"host us per call (B={b} H={h} N={n} d={d} bf16, {HOST_CALLS:,} back-to-back calls, wall time of "

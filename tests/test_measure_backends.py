@@ -138,3 +138,18 @@ def test_attention_fn_on_the_cpu(impl, causal):
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out = backends.attention_fn(impl, causal)(q, k, v)
     assert (out - ref).abs().max().item() < 1e-12
+
+
+def test_host_us_per_call_times_back_to_back_calls():
+    """`measure.bench.host_us_per_call`: 20 warm-up calls then ``n`` timed ones per callable, synchronised
+    around the timed loop; µs per call."""
+    from types import SimpleNamespace
+
+    from attnscope.measure.bench import host_us_per_call
+
+    syncs, counts = [], {"a": 0, "b": 0}
+    fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: syncs.append(1)))
+    calls = {name: (lambda name=name: counts.__setitem__(name, counts[name] + 1)) for name in counts}
+    out = host_us_per_call(fake, calls, 50)
+    assert counts == {"a": 70, "b": 70} and len(syncs) == 4
+    assert set(out) == {"a", "b"} and all(0 < us < 1e5 for us in out.values())

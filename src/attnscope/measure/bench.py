@@ -59,6 +59,25 @@ def _median_ms(fn, graph: bool = False) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def host_us_per_call(torch, calls: dict, n: int) -> dict:
+    """Host microseconds per call of each of ``calls`` (name -> no-argument callable): 20 warm-up calls,
+    then the wall time of ``n`` back-to-back calls (the issuing loop: where a call's GPU work is shorter
+    than its launch, what the GPU waits on), synchronised before and after."""
+    import time
+
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+    return out
+
+
 def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
     """Max abs error of ``out`` against float64 attention on heads [0, heads) of batch 0 (all keys,
     the last ``rows`` queries: the causal rows that see the most keys)."""
