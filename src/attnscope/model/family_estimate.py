@@ -1,0 +1,369 @@
+"""DRAM-byte estimates of a decode step and a packed varlen prefill: compulsory bytes plus the terms the
+hardware adds (split-KV partials written and read back, extra row tiles, metadata, FA-2's LSE) or that the
+L2 saves (re-reads of K/V that stay resident), whole call, the counter ncu's
+``dram__bytes_read.sum + dram__bytes_write.sum`` reads.
+
+Decode (`decode_estimate`): attnscope `flash_decode` (grid (B x Hkv x row tiles, S): one program per
+(sequence, kv head, row tile, split) reads its keys once for the GQA group; kernels/decode/plan.py), SDPA
+FLASH (PyTorch's FA-2 `mha_fwd`: at one query row with GQA it folds the group into the query rows, so each
+CTA reads its kv head's K/V once, and `set_params_splitkv` picks the splits; `flash_splits`), SDPA CUDNN
+(closed source: its terms are all probe constants). Varlen (`varlen_estimate`): attnscope
+`flash_attention_varlen` (1-D grid over (sequence, query tile) items x query heads, heads fastest) and Flex
+attention with a document mask (grid (query blocks, batch, heads), 128 x 128 sparse blocks,
+torch/_inductor/kernel/flex; no LSE without grad).
+
+Every constant comes from `model.family_params.FamilyParams` (None: not measured; the estimate refuses with
+`NotMeasured`). Cost: a loop over the sequences, never over tokens. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnscope.errors import choice, expect, positive_int
+from attnscope.model import roofline
+from attnscope.model.family_params import (
+    H200_FAMILY_PARAMS,
+    RESIDENT_BELOW,
+    FamilyParams,
+    NotMeasured,
+    need,
+)
+from attnscope.model.l2_params import miss
+from attnscope.model.tiles import Grid
+from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
+
+DECODE_IMPLS = ("flash", "cudnn", "attnscope")
+VARLEN_IMPLS = ("attnscope", "flex")
+SECTOR = 32  # bytes: the DRAM/L2 access granule a small read is rounded up to
+#: attnscope decode: rows (GQA group x nq) per program at most (kernels/decode/heuristics.py BLOCK_M_MAX),
+#: and the fused merge's limit on one program's partials (FUSE_MAX_BYTES).
+DECODE_BLOCK_M_MAX = 128
+DECODE_FUSE_MAX_BYTES = 64 * 1024
+#: PyTorch's FA-2 split-KV: query rows per m-block, the most splits (flash_api.cpp set_params_splitkv).
+FLASH_SPLIT_BLOCK_M = 64
+FLASH_MAX_SPLITS = 128
+#: attnscope varlen's work item: (sequence, query tile) + the 4 cu_seqlens bounds, int32 (model/serving.py).
+VARLEN_ITEM_BYTES = 6 * 4
+VARLEN_BLOCK_Q, VARLEN_BLOCK_KV = 128, 64  # the ledger's tiles (model/serving.py `packed`)
+#: Flex attention's sparse block (torch.nn.attention.flex_attention _DEFAULT_SPARSE_BLOCK_SIZE).
+FLEX_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class FamilyEstimate:
+    """One call's estimated DRAM bytes: ``compulsory`` plus each named ``terms`` entry (bytes, >= 0)."""
+
+    family: str
+    impl: str
+    compulsory: int
+    terms: tuple  # ((name, bytes, what), ...)
+    facts: dict  # the kernel geometry the estimate used (splits, row tiles, footprints)
+
+    @property
+    def total(self) -> float:
+        return self.compulsory + sum(b for _, b, _ in self.terms)
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "impl": self.impl, "total": self.total, "compulsory": self.compulsory,
+                "terms": [{"name": n, "bytes": b, "what": w} for n, b, w in self.terms], "facts": self.facts}
+
+
+def _sectors(nbytes: int) -> int:
+    return -(-nbytes // SECTOR) * SECTOR
+
+
+def _l2_bytes(l2_bytes, device: str) -> int:
+    return roofline.device(device).l2 if l2_bytes is None else positive_int("l2_bytes", l2_bytes)
+
+
+def _sms(sms, device: str) -> int:
+    return roofline.device(device).sms if sms is None else positive_int("sms", sms)
+
+
+def _heads(heads: int, kv_heads: int | None) -> tuple[int, int]:
+    positive_int("heads", heads)
+    hkv = heads if kv_heads is None else positive_int("kv_heads", kv_heads)
+    expect(heads % hkv == 0, "kv_heads", f"a divisor of heads ({heads})", hkv)
+    return heads, hkv
+
+
+def _lens(name: str, values) -> list[int]:
+    vals = list(values) if isinstance(values, list | tuple) else None
+    expect(bool(vals) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals), name,
+           "a non-empty list of positive integers", values)
+    return vals
+
+
+# --- decode -------------------------------------------------------------------------------------------
+def decode_compulsory(cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp16", heads: int = 32,
+                      kv_heads: int | None = None, kv_dtype: str | None = None) -> int:
+    """Q read and O written once, the valid K/V rows read once per kv head at the cache's width, and the
+    e4m3 cache's per-head fp32 scales (2 x Hkv): the least a decode call moves, whole call."""
+    lens = _lens("cache_lens", cache_lens)
+    h, hkv = _heads(heads, kv_heads)
+    b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
+    kv_b = DTYPE_BYTES[choice("kv_dtype", kv_dtype or dtype, (dtype, "fp8"))]
+    comp = 2 * len(lens) * h * positive_int("nq", nq) * positive_int("d", d) * b + \
+        2 * hkv * sum(lens) * d * kv_b
+    return comp + (2 * hkv * STAT_BYTES if kv_b == 1 else 0)
+
+
+def flash_splits(batch: int, heads: int, kv_heads: int, seqlen_k: int, d: int, sms: int) -> tuple[int, int]:
+    """(splits, query rows per CTA row) PyTorch's FA-2 runs one decode row per (sequence, head) with: GQA
+    folds the group into the query rows (``seqlenq_ngroups_swapped``: heads -> kv heads, rows -> group),
+    then `num_splits_heuristic` over batch x heads x m-blocks, 2 x SMs, key blocks of 256 (d <= 64) or 128
+    (flash_api.cpp, `set_params_splitkv`; d <= 128)."""
+    rows, h = (heads // kv_heads, kv_heads) if heads > kv_heads else (1, heads)
+    block_n = 256 if d <= 64 else 128
+    n_blocks = -(-seqlen_k // block_n)
+    m_blocks = -(-rows // FLASH_SPLIT_BLOCK_M)
+    work, slots = batch * h * m_blocks, 2 * sms
+    if work >= 0.8 * slots:
+        return 1, rows
+    top = min(FLASH_MAX_SPLITS, slots, n_blocks)
+
+    def eligible(s):
+        return s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))
+
+    eff = {s: (work * s / slots) / -(-(work * s) // slots) for s in range(1, top + 1) if eligible(s)}
+    best = max(eff.values())
+    return next(s for s in sorted(eff) if eff[s] >= 0.85 * best), rows
+
+
+def _attnscope_decode_geometry(group: int, nq: int, splits: int, d: int) -> dict:
+    """Row tiles and merge of `flash_decode` (kernels/decode/heuristics.py `_tiling`, `_fuse_by_default`):
+    ``group x nq`` rows in tiles of at most 128; the merge runs in the last program (fused) while its
+    partials (next_pow2(rows) x S x d fp32) fit 64 KiB, else in its own kernel, which writes the LSE."""
+    rows = group * nq
+    block_m = min(1 << (rows - 1).bit_length(), DECODE_BLOCK_M_MAX)
+    m_tiles = -(-rows // block_m)
+    fused = splits == 1 or (1 << (min(block_m, rows) - 1).bit_length()) * splits * d * 4 <= \
+        DECODE_FUSE_MAX_BYTES
+    return {"rows": rows, "block_m": max(block_m, 16), "row_tiles": m_tiles, "merge": "fused" if fused else
+            "separate"}
+
+
+def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp16", heads: int = 32,
+                    kv_heads: int | None = None, page_size: int | None = None, kv_dtype: str | None = None,
+                    splits: int | None = None, sms: int | None = None, device: str = "h200",
+                    params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+    """Estimated DRAM bytes of one decode call, whole call.
+
+    Parameters
+    ----------
+    impl: "attnscope" (`flash_decode`: dense or paged cache, fp16/bf16 or e4m3, ``splits`` given, nq >= 1),
+        "flash" or "cudnn" (SDPA on a dense cache [B, Hkv, L, d] of equal lengths, nq = 1).
+    cache_lens: the B sequences' key counts (including the step's nq queries).
+    nq, d, dtype, heads, kv_heads, page_size, kv_dtype: the call's shape (as `model.serving.paged`).
+    splits: attnscope's KV splits (required for it); SDPA FLASH's come from PyTorch's heuristic.
+    sms, device: the GPU's SM count (default: the device table's).
+    params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
+
+    Returns
+    -------
+    FamilyEstimate: compulsory (`decode_compulsory`) and the terms, each >= 0.
+    """
+    choice("impl", impl, DECODE_IMPLS)
+    lens = _lens("cache_lens", cache_lens)
+    h, hkv = _heads(heads, kv_heads)
+    group, B = h // hkv, len(lens)
+    comp = decode_compulsory(lens, nq=nq, d=d, dtype=dtype, heads=h, kv_heads=hkv, kv_dtype=kv_dtype)
+    kv_b = DTYPE_BYTES[kv_dtype or dtype]
+    kv = 2 * hkv * sum(lens) * d * kv_b
+    what = f"decode {impl}"
+    terms, facts = [], {"group": group}
+    if impl != "attnscope":
+        if nq != 1 or page_size is not None or (kv_dtype or dtype) != dtype or splits is not None:
+            raise NotImplementedError(f"{what}: nq, page_size, kv_dtype and splits are attnscope's; "
+                                      "supported for SDPA: one query row on a dense cache of the queries' "
+                                      "dtype")
+        expect(len(set(lens)) == 1, "cache_lens", "one length (SDPA takes a dense cache)", lens)
+    if impl == "flash":
+        s, rows = flash_splits(B, h, hkv, lens[0], d, _sms(sms, device))
+        if rows > FLASH_SPLIT_BLOCK_M:
+            raise NotImplementedError(f"{what}: a GQA group of {rows} query heads runs {-(-rows // 64)} "
+                                      "m-blocks per kv head; modelled: groups of at most 64")
+        facts |= {"splits": s, "rows_per_cta": rows}
+        terms.append(("lse", B * h * STAT_BYTES, "FA-2 writes the fp32 logsumexp of every row"))
+        if s > 1:
+            acc = 2 * s * B * h * (-(-d // 32) * 32 + 1) * STAT_BYTES  # out_accum + lse_accum, written + read
+            share = need(params, "flash_partials_dram", f"{what} with {s} splits")
+            terms.append(("partials", share * acc, f"fp32 accumulators of {s} splits, {acc:,} B written and "
+                                                   f"read back, x {share} reaching DRAM"))
+        return FamilyEstimate("decode", impl, comp, tuple(terms), facts)
+    if impl == "cudnn":
+        kv_share = need(params, "cudnn_kv_dram", what)
+        terms.append(("kv_excess", (kv_share - 1.0) * kv, f"K/V at {kv_share} x the valid bytes"))
+        if group > 1:
+            g = need(params, "cudnn_gqa_kv_dram", f"{what} with GQA")
+            terms.append(("gqa_kv", g * (group - 1) * kv, f"K/V re-read for {group - 1} more query heads per "
+                                                         f"kv head, x {g}"))
+        other = need(params, "cudnn_other_per_row", what)
+        terms.append(("other", other * B * h, f"{other} B per (sequence, query head) beyond Q, K/V, O"))
+        return FamilyEstimate("decode", impl, comp, tuple(terms), facts)
+    expect(splits is not None, "splits", "a split count for attnscope (the grid's second dimension)", splits)
+    positive_int("splits", splits)
+    geo = _attnscope_decode_geometry(group, nq, splits, d)
+    facts |= geo | {"splits": splits}
+    terms.append(("cache_seqlens", _sectors(B * 4), "one int32 per sequence, read once (the other programs' "
+                                                   "reads hit the L2)"))
+    if page_size is not None:
+        positive_int("page_size", page_size)
+        table = sum(_sectors(-(-n // page_size) * 4) for n in lens)
+        terms.append(("block_table", table, "each sequence's page ids once, in 32 B sectors"))
+    elif nq > 1:  # the plan pages a dense cache for a chunk: its own table, one id per BLOCK_N keys
+        block_n = 64 if geo["block_m"] > 32 else 128  # heuristics.py `_block_config`
+        table = sum(_sectors(-(-n // block_n) * 4) for n in lens)
+        terms.append(("block_table", table, f"the plan's table over the dense cache ({block_n} keys per id)"))
+    if geo["row_tiles"] > 1:
+        share = need(params, "row_tile_kv_miss", f"{what} with {geo['row_tiles']} row tiles")
+        terms.append(("row_tiles", share * (geo["row_tiles"] - 1) * kv,
+                      f"K/V re-read by {geo['row_tiles'] - 1} more row tile(s), x {share} missing the L2"))
+    if splits > 1:
+        part = 2 * B * h * nq * splits * (d + 1) * STAT_BYTES  # O_s and lse_s, written and read back
+        share = need(params, "attnscope_partials_dram", f"{what} with {splits} splits")
+        terms.append(("partials", share * part, f"fp32 partials of {splits} splits, {part:,} B written and "
+                                                f"read back, x {share} reaching DRAM"))
+        if geo["merge"] == "separate":
+            terms.append(("lse", B * h * nq * STAT_BYTES, "the separate merge kernel writes the fp32 LSE"))
+    return FamilyEstimate("decode", impl, comp, tuple(terms), facts)
+
+
+# --- varlen -------------------------------------------------------------------------------------------
+def varlen_compulsory(lens, *, d: int = 128, dtype: str = "fp16", heads: int = 32,
+                      kv_heads: int | None = None) -> int:
+    """Q, K, V read once and O written once over the packed tokens, whole call."""
+    lens = _lens("lens", lens)
+    h, hkv = _heads(heads, kv_heads)
+    return sum(lens) * positive_int("d", d) * DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))] * \
+        (2 * h + 2 * hkv)
+
+
+def flex_blocks(lens, causal: bool, block: int = FLEX_BLOCK) -> tuple[int, int]:
+    """(query blocks, (query block, KV block) pairs) Flex's document-mask block mask holds over the packed
+    ``lens`` (blocks of ``block`` tokens; a pair is loaded when any of its (q, k) is in one document and,
+    causal, k <= q). Query block i spans documents first(i)..last(i) and loads KV blocks from the block of
+    first(i)'s start to that of last(i)'s end (causal: to block i). Closed form per document: the query
+    blocks inside one document load the same span (unmasked) or an arithmetic run (causal)."""
+    lens = _lens("lens", lens)
+    total = sum(lens)
+    n_q = -(-total // block)
+    starts, at = [], 0
+    for n in lens:
+        starts.append(at)
+        at += n
+    ends = [s + n for s, n in zip(starts, lens, strict=True)]
+    pairs, counted = 0, 0  # counted: query blocks summed so far (each once)
+    for s, e in zip(starts, ends, strict=True):
+        # the query blocks whose first row is in this document: from the block holding s (if s starts it,
+        # or if it is the document's own) -- count each block by the document holding its first row
+        b0, b1 = -(-s // block), (e - 1) // block  # blocks starting inside [s, e)
+        if b0 > b1:
+            continue
+        for i in (b0, b1) if b1 > b0 else (b0,):  # the edge blocks, directly
+            pairs += _flex_span(i, starts, ends, block, total, causal)
+        inner = b1 - b0 - 1  # blocks b0+1 .. b1-1 lie inside this document (start and end in it)
+        if inner > 0:
+            lo = s // block
+            if causal:  # block i loads lo..i: i - lo + 1, summed over i = b0+1 .. b1-1
+                pairs += sum_range(b0 + 1 - lo + 1, b1 - 1 - lo + 1)
+            else:
+                pairs += inner * ((e - 1) // block - lo + 1)
+        counted += b1 - b0 + 1
+    assert counted == n_q, (counted, n_q)  # every query block starts in exactly one document
+    return n_q, pairs
+
+
+def sum_range(a: int, b: int) -> int:
+    """a + (a + 1) + ... + b (0 when b < a)."""
+    return 0 if b < a else (a + b) * (b - a + 1) // 2
+
+
+def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> int:
+    """KV blocks query block i loads: from the block of its first document's start to that of its last
+    document's end (causal: at most block i)."""
+    import bisect
+
+    q0, q1 = i * block, min(total, (i + 1) * block) - 1
+    first = bisect.bisect_right(starts, q0) - 1
+    last = bisect.bisect_right(starts, q1) - 1
+    lo, hi = starts[first] // block, (ends[last] - 1) // block
+    return (min(hi, i) if causal else hi) - lo + 1
+
+
+def _resident_miss(ratio: float, what: str, params: FamilyParams) -> float:
+    """Share of a re-read set's counted re-reads that reach DRAM at footprint ``ratio`` x the L2: 0 below
+    `RESIDENT_BELOW`; above, the varlen probe's capacity and ramp (`NotMeasured` until measured)."""
+    if ratio <= RESIDENT_BELOW:
+        return 0.0
+    cap = need(params, "varlen_capacity", f"{what} at a K/V footprint of {ratio:.2f} x L2")
+    ramp = need(params, "varlen_ramp", what)
+    return miss(ratio / cap, ramp / cap)
+
+
+def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
+                    heads: int = 32, kv_heads: int | None = None, l2_bytes: int | None = None,
+                    device: str = "h200",
+                    params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+    """Estimated DRAM bytes of one packed varlen prefill (q, k, v [total, H, d], one cu_seqlens for both),
+    whole call.
+
+    attnscope: compulsory + the work list (24 B per (sequence, query tile) item, read once) + each
+    sequence's K/V re-reads across its query tiles (the ledger's K/V per kv head less one pass; ragged tiles'
+    rows past the sequence included) x their miss share at the sequence's footprint (Q, K, V, O of all heads:
+    a query tile's programs of all heads run together, so the next tile re-reads after all of them).
+    flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
+    block, read once: H and B broadcast) + the re-reads of its 128-token KV blocks (neighbouring documents'
+    rows included, and with GQA each query head of a group re-reading its kv head a whole head's pass later)
+    x their miss share at one head's footprint (its Q, O and its kv head's K, V).
+    A re-read set below `RESIDENT_BELOW` x the L2 is taken as resident (no DRAM bytes); above, the
+    `FamilyParams.varlen_capacity` probe is needed.
+    """
+    choice("impl", impl, VARLEN_IMPLS)
+    lens = _lens("lens", lens)
+    h, hkv = _heads(heads, kv_heads)
+    b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
+    positive_int("d", d)
+    l2 = _l2_bytes(l2_bytes, device)
+    comp = varlen_compulsory(lens, d=d, dtype=dtype, heads=h, kv_heads=hkv)
+    what = f"varlen {impl}"
+    terms, facts = [], {}
+    if impl == "attnscope":
+        items = sum(-(-n // VARLEN_BLOCK_Q) for n in lens)
+        terms.append(("work_list", _sectors(items * VARLEN_ITEM_BYTES),
+                      f"{items} work items x 6 int32, once"))
+        total_k, k0, rereads, worst = sum(lens), 0, 0.0, 0.0
+        for n in lens:
+            g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal)
+            pairs, last = g.loaded_pairs()
+            t_c = -(-n // VARLEN_BLOCK_KV)
+            rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
+            over = last * (min(k0 + t_c * VARLEN_BLOCK_KV, total_k) - (k0 + n)) if n % VARLEN_BLOCK_KV else 0
+            extra = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
+            ratio = (2 * h + 2 * hkv) * n * d * b / l2
+            worst = max(worst, ratio)
+            if extra:
+                rereads += extra * _resident_miss(ratio, what, params)
+            k0 += n
+        facts["largest_footprint_l2"] = worst
+        terms.append(("kv_rereads", rereads, "K/V re-read by a sequence's later query tiles, missing the L2"))
+        return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
+    n_q, pairs = flex_blocks(lens, causal)
+    facts |= {"q_blocks": n_q, "block_pairs": pairs}
+    terms.append(("block_mask", _sectors(n_q * 2 * 4 + pairs * 4), f"{n_q} query blocks' counts and {pairs} "
+                                                                  "KV block indices, once"))
+    ratio = 4 * sum(lens) * d * b / l2  # one head's Q, O and its kv head's K, V
+    facts["head_footprint_l2"] = ratio
+    rows = pairs * FLEX_BLOCK  # K rows loaded per query head (the ragged last block: at most 127 too many)
+    extra = 2 * (h * rows - hkv * sum(lens)) * d * b
+    terms.append(("kv_rereads", max(extra, 0) * _resident_miss(ratio, what, params),
+                  "K/V blocks re-read by later query blocks and by a group's other heads, missing the L2"))
+    return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
+
+
+def error_text(exc: Exception) -> str:
+    """The one line a sweep prints where an estimate refuses (`NotMeasured`, a shape not modelled)."""
+    kind = "not measured" if isinstance(exc, NotMeasured) else "not modelled"
+    return f"{kind}: {exc}"
+

@@ -1,0 +1,86 @@
+"""The constants of the decode and varlen DRAM-byte estimates (`attnscope.model.family_estimate`): one table,
+`FamilyParams`, each field naming the probe that measures it (`PROBES`: rows of bench/grids/probe_decode.csv
+and probe_varlen.csv). A field that no probe has measured yet is None, and an estimate that needs it refuses
+(`NotMeasured`, naming the field and its probe) rather than run on a guessed number. The kernels' geometry
+that the estimate reads from their sources (split counts, row tiles, block sizes) is not in this table: it is
+in `family_estimate`, each fact with the source it was read from. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnscope.model.l2_params import H200_L2_PARAMS
+
+
+class NotMeasured(NotImplementedError):
+    """An estimate that needs a constant of `FamilyParams` no probe has measured yet."""
+
+
+@dataclass(frozen=True)
+class FamilyParams:
+    """The one table of the decode and varlen estimates' measured constants (None: not measured yet; the
+    estimates that need it refuse). Each field's probe is `PROBES[field]`."""
+
+    #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
+    #: lse_s written by phase 1 and read back by the merge): 0 when they stay in the L2 and are never
+    #: written back inside the call, 1 when every byte goes to DRAM and back.
+    attnscope_partials_dram: float | None = None
+    #: attnscope `flash_decode` with more than one row tile per (sequence, kv head) (GQA group x nq above the
+    #: row-tile cap): share of the extra tiles' K/V reads that reach DRAM (0: all hit the L2, as the tiles of
+    #: one (sequence, kv head, split) are adjacent in the grid).
+    row_tile_kv_miss: float | None = None
+    #: SDPA FLASH decode (PyTorch's FA-2, split-KV kernel + combine) with S > 1: DRAM bytes per logical byte
+    #: of its fp32 accumulators (out_accum, lse_accum written and read back by the combine kernel).
+    flash_partials_dram: float | None = None
+    #: SDPA CUDNN decode: DRAM bytes of K/V per byte of the valid K/V rows of one kv head, MHA (1: each read
+    #: once; more: re-reads or padding of the cuDNN kernel, which is closed source).
+    cudnn_kv_dram: float | None = None
+    #: SDPA CUDNN decode with GQA: K/V DRAM bytes per kv-head byte, per query head of the group (0: the group
+    #: shares one read; 1: each query head reads its own, K/V expanded or re-read from DRAM).
+    cudnn_gqa_kv_dram: float | None = None
+    #: SDPA CUDNN decode: DRAM bytes it moves beyond Q, K/V and O, per (sequence, query head) (workspace,
+    #: statistics, partials of its own split).
+    cudnn_other_per_row: float | None = None
+    #: attnscope varlen and Flex: the L2 share above which a sequence's K/V re-reads across its query tiles
+    #: (and Flex's per-head re-reads of a GQA group) start to miss. Below `RESIDENT_BELOW` x the L2 they are
+    #: taken as hits without this constant (see there).
+    varlen_capacity: float | None = None
+    #: ... and from ``varlen_ramp`` x the L2 they all miss (linear between, as `l2_params.miss`).
+    varlen_ramp: float | None = None
+
+
+#: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 without a varlen
+#: probe: the lowest capacity measured for any access pattern on the H200 (`L2Params.shared`,
+#: bench/l2_reuse.py --share, probe 4). Above it the estimates need `FamilyParams.varlen_capacity`.
+RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PARAMS.wide,
+                     H200_L2_PARAMS.capacity)
+
+H200_FAMILY_PARAMS = FamilyParams()
+
+#: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
+PROBES = {
+    "attnscope_partials_dram": "probe_decode.csv d-split1 vs d-split8 (same cache, 1 vs 8 splits): the "
+                               "difference of ncu bytes over the partials' logical bytes",
+    "row_tile_kv_miss": "probe_decode.csv d-chunk1 vs d-chunk2 (nq 16 vs 64 at group 4: one vs two row "
+                        "tiles): the difference over the second tile's K/V bytes",
+    "flash_partials_dram": "probe_decode.csv f-nosplit vs f-split (PyTorch's heuristic picks 1 vs 2+ "
+                           "splits): the excess over compulsory + LSE, over the accumulators' logical bytes",
+    "cudnn_kv_dram": "probe_decode.csv c-mha (MHA): ncu bytes less Q and O, over the K/V bytes",
+    "cudnn_gqa_kv_dram": "probe_decode.csv c-gqa (group 8, the same K/V bytes as c-mha): the excess over "
+                         "c-mha's per kv-head bytes, per extra query head",
+    "cudnn_other_per_row": "probe_decode.csv c-mha and c-mha-wide (B x Hq 4 x larger, the same K/V bytes): "
+                           "the excess over Q, K/V and O, per (sequence, query head)",
+    "varlen_capacity": "probe_varlen.csv v-long* (one sequence, K/V footprint 0.3-1.5 x L2): the footprint "
+                       "where the excess over compulsory starts",
+    "varlen_ramp": "probe_varlen.csv v-long*: the footprint where every counted re-read misses",
+}
+
+
+def need(params: FamilyParams, field: str, what: str) -> float:
+    """``params.field``, or `NotMeasured` naming the field, ``what`` needs it, and its probe."""
+    value = getattr(params, field)
+    if value is None:
+        raise NotMeasured(f"{what}: the constant {field} is not measured yet (probe: {PROBES[field]}); "
+                          "estimated: the kernels whose terms are all measured or read from source")
+    return value
