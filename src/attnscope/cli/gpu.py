@@ -144,9 +144,16 @@ def _bytes_decode(args) -> int:
     lens = int_list("--cache-lens", args.cache_lens)
     g = paged(lens, args.page_size, kv_dtype=args.kv_dtype, **kw)
     base = g if g.kv_dtype == args.dtype else paged(lens, args.page_size, **kw)
+    from attnscope.cli import family_bytes
+
+    spec = {"pass": "decode", "impl": "attnscope", "heads": args.heads, "kv_heads": args.kv_heads,
+            "d": args.d, "dtype": args.dtype, "cache_lens": lens, "page_size": args.page_size,
+            "splits": args.splits, "nq": nq,
+            **({"kv_dtype": "fp8"} if g.kv_dtype == "fp8" else {})}
     if args.json:
         out = {"impl": "attnscope decode", "device": dev.name, "hbm_bytes_per_s": dev.hbm,
-               "ceiling_s": g.row.total / dev.hbm, **g.to_json()}
+               "ceiling_s": g.row.total / dev.hbm, **g.to_json(),
+               "dram_estimate": family_bytes.decode_estimate_json(spec, dev.sms)}
         if base is not g:
             out["vs_kv_dtype"] = {"kv_dtype": base.kv_dtype, "total": base.row.total,
                                   "ceiling_s": base.row.total / dev.hbm}
@@ -156,6 +163,7 @@ def _bytes_decode(args) -> int:
     serving.print_paged(con, g)
     con.print(f"DRAM ceiling ({dev.label}, {dev.hbm / 1e12:g} TB/s): {g.row.total / dev.hbm * 1e6:,.2f} µs "
               f"for {g.row.total:,} B")
+    con.print(family_bytes.decode_estimate_line(spec, dev.sms))
     if base is not g:
         saved = base.row.total - g.row.total
         con.print(f"vs a cache in {base.kv_dtype}: {base.row.total:,} B, "
@@ -284,6 +292,13 @@ def _bytes_sweep(args) -> int:
     --calibrate (streams of known size through the same ncu path)."""
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
+    if args.estimate_only:  # no GPU: each grid point's ledger, compulsory bytes and estimate
+        expect(bool(args.sweep), "--estimate-only", "--sweep GRID (or a single point's flags), not "
+               "--from-json or --calibrate", "--from-json" if args.from_json else "--calibrate")
+        expect(args.repeat == 1, "--repeat", "1 with --estimate-only", args.repeat)
+        from attnscope.cli import family_bytes
+
+        return family_bytes.sweep_estimates(args)
     if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
         out_file(args.json, "--json")
         distinct({"--json": args.json}, {"--sweep": args.sweep, "--from-json": args.from_json})
@@ -323,7 +338,8 @@ def _bytes_sweep(args) -> int:
                    for p in done if p.measured]
             part = physical.compare(got, l2, sms, repeated=repeat > 1)
             _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"},
-                                                      families.compare(got, repeated=repeat > 1)))
+                                                      families.compare(got, repeated=repeat > 1,
+                                                                       l2_bytes=l2, sms=sms)))
 
     try:
         points = ncu.measure_many(specs, cache_control=args.cache_control, per_child=args.per_child,
@@ -345,7 +361,7 @@ def _bytes_sweep(args) -> int:
         return 1 if failed else 0
     got = [(p.spec, p.measured.total, [k.name for k in p.measured.kernels]) for p in points if p.measured]
     rows = physical.compare(got, l2, sms, repeated=repeat > 1)
-    fam = families.compare(got, repeated=repeat > 1)
+    fam = families.compare(got, repeated=repeat > 1, l2_bytes=l2, sms=sms)
     caption = f"{env.get('gpu', '')}, {env['ncu']}"
     if rows or not fam:
         _print_rows(c, rows, caption)
@@ -358,15 +374,20 @@ def _bytes_sweep(args) -> int:
 
 
 def _print_family_rows(c, rows, caption: str) -> None:
-    """Backward, decode and varlen points (measure/families.py): ncu against the logical ledger and the
-    compulsory bytes, whole call; these families have no estimate yet, and the table says so."""
+    """Backward, decode and varlen points (measure/families.py): ncu against the logical ledger, the
+    compulsory bytes and the DRAM estimate (model/family_estimate.py), whole call; where a point has no
+    estimate the column says why (a family without one, a constant not measured yet)."""
     if not rows:
         return
+
+    def est(r):
+        return families.NO_ESTIMATE if r.estimate is None else \
+            f"{r.estimate / MiB:,.2f} ({r.estimate_error:+.1%})"
     trows = [[r.label(), f"{r.measured / MiB:,.2f}", f"{r.logical / MiB:,.2f}", f"{r.compulsory / MiB:,.2f}",
-              f"{r.error:+.1%}", families.NO_ESTIMATE] for r in rows]
-    c.print(table("DRAM bytes of the whole call, MiB: ncu vs the logical ledger (backward, decode, varlen)",
-                  ["point", "measured", "logical", "compulsory", "logical vs measured", "estimate"], trows,
-                  caption=caption))
+              f"{r.error:+.1%}", est(r)] for r in rows]
+    c.print(table("DRAM bytes of the whole call, MiB: ncu vs the logical ledger and the estimate (backward, "
+                  "decode, varlen)", ["point", "measured", "logical", "compulsory", "logical vs measured",
+                                      "estimate (vs measured)"], trows, caption=caption))
     for line in families.summary_lines(families.summarize(rows)):
         c.print(line)
 

@@ -1,4 +1,4 @@
-"""Byte-sweep points beyond the forward: backward, decode and varlen, with their ledgers (no estimate).
+"""Byte-sweep points beyond the forward: backward, decode and varlen, with their ledgers and estimates.
 
 A grid row of `attnscope bytes --sweep` names its kernel family in the ``pass`` column (``family`` is
 accepted too): ``forward`` (the default; measure/physical.py, against the L2-aware estimate of
@@ -11,14 +11,15 @@ model/l2.py), or one of
   SDPA's against FA-2's atomic-dQ row.
 - ``decode``: one query row per sequence against a KV cache of ``cache_lens``: SDPA ``flash`` / ``cudnn``
   on a dense cache of equal lengths, ``attnscope`` `flash_decode` on a dense cache, a paged one
-  (``page_size``) and an e4m3 one (``kv_dtype`` fp8), with ``splits`` KV splits. Ledger:
-  model/serving.py's `paged` (SDPA's with one split).
+  (``page_size``) and an e4m3 one (``kv_dtype`` fp8), with ``splits`` KV splits and ``nq`` query rows
+  per sequence (a chunk; default 1). Ledger: model/serving.py's `paged` (SDPA's with one split).
 - ``varlen``: one packed call over sequences of ``lens``: ``attnscope`` `flash_attention_varlen`, ``flex``
   (Flex attention with a document mask, compiled). Ledger: model/serving.py's `packed`.
 
-These families have no L2-aware estimate yet: a sweep reports each point's ncu bytes against its logical
-ledger and its compulsory bytes (`compulsory`), and says so, never an estimate. Pure Python: the calls
-themselves are measure/family_calls.py's, run in ncu's child.
+A sweep reports each point's ncu bytes against its logical ledger, its compulsory bytes and, for decode
+and varlen, the DRAM estimate of model/family_estimate.py (`estimate`); where the estimate needs a constant
+no probe has measured yet (model/family_params.py) or the family has none (backward), the row says why
+instead of a number. Pure Python: the calls themselves are measure/family_calls.py's, run in ncu's child.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash
          "varlen": ("attnscope", "flex")}
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
 COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic"),
-           "decode": ("cache_lens", "page_size", "kv_dtype", "splits"), "varlen": ("lens", "causal")}
-FAMILY_COLUMNS = ("deterministic", "cache_lens", "page_size", "kv_dtype", "splits", "lens")
+           "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq"), "varlen": ("lens", "causal")}
+FAMILY_COLUMNS = ("deterministic", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq")
 PAGE_SIZES = (16, 32, 64, 128, 256)  # flash_decode's
 MAX_SPLITS = 64
 MAX_SEQUENCES = 256  # lengths in one cache_lens / lens cell
@@ -118,6 +119,15 @@ def point(got: dict, spec: dict, where: str) -> dict:
     spec["cache_lens"] = lens * spec["batch"] if len(lens) == 1 else lens
     _batch(where, spec, "cache_lens")
     page, kv, splits = (got.get(c) for c in ("page_size", "kv_dtype", "splits"))
+    if got.get("nq") not in ("", None):
+        nq = grid_int(where, "nq", got["nq"])
+        if nq > 1 and impl != "attnscope":
+            raise _unsupported(where, "nq", f"{nq} with impl {impl}", "nq 1 (one decode row) with SDPA")
+        if nq > min(spec["cache_lens"]):
+            raise InputError(f"{where}: nq: expected at most the shortest cache length "
+                             f"({min(spec['cache_lens'])}: the queries are the last nq positions), got {nq}")
+        if nq > 1:
+            spec["nq"] = nq
     if impl != "attnscope":  # SDPA: one dense [B, Hkv, L, d] cache, no per-sequence length
         for col, v in (("page_size", page), ("kv_dtype", kv), ("splits", splits)):
             if v not in ("", None) and not (col == "kv_dtype" and v == spec["dtype"]):
@@ -167,7 +177,8 @@ def tensor_bytes(spec: dict) -> int:
         return (2 * h + 2 * hkv) * sum(spec["lens"]) * d * b
     kv = DTYPE_BYTES[spec.get("kv_dtype", spec["dtype"])]
     cap = max(spec["cache_lens"])
-    return 2 * spec["batch"] * h * d * b + 2 * spec["batch"] * hkv * cap * d * (kv + b)  # + a staging copy
+    q_o = 2 * spec["batch"] * h * spec.get("nq", 1) * d * b
+    return q_o + 2 * spec["batch"] * hkv * cap * d * (kv + b)  # + a staging copy
 
 
 # --- the ledgers --------------------------------------------------------------------------------------
@@ -179,7 +190,7 @@ def ledger(spec: dict) -> tuple[int, int, str]:
     backwards (naive's autograd keeps P instead: not counted); decode: Q, the valid K/V rows at the
     cache's width (and the fp32 scales) read, O written; varlen: Q, K, V read and O written.
     """
-    from attnscope.model import backward, serving
+    from attnscope.model import backward, family_estimate, serving
 
     b, h, d = DTYPE_BYTES[spec["dtype"]], spec["heads"], spec["d"]
     hkv = spec.get("kv_heads") or h
@@ -200,14 +211,14 @@ def ledger(spec: dict) -> tuple[int, int, str]:
     if spec["pass"] == "varlen":
         row = "flash-causal" if spec["causal"] else "flash"
         p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,))
-        total = sum(spec["lens"])
-        return p[row].total * h, total * d * b * (2 * h + 2 * hkv), f"model/serving.py packed {row}"
-    lens, kv_dtype = spec["cache_lens"], spec.get("kv_dtype", spec["dtype"])
-    g = serving.paged(lens, spec.get("page_size"), d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
+        comp = family_estimate.varlen_compulsory(spec["lens"], d=d, dtype=spec["dtype"], heads=h,
+                                                 kv_heads=hkv)
+        return p[row].total * h, comp, f"model/serving.py packed {row}"
+    lens, kv_dtype, nq = spec["cache_lens"], spec.get("kv_dtype", spec["dtype"]), spec.get("nq", 1)
+    g = serving.paged(lens, spec.get("page_size"), nq=nq, d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
                       num_splits=spec.get("splits", 1), kv_dtype=kv_dtype)
-    comp = 2 * len(lens) * h * d * b + 2 * hkv * sum(lens) * d * DTYPE_BYTES[kv_dtype]
-    if kv_dtype == "fp8":
-        comp += 2 * hkv * STAT_BYTES
+    comp = family_estimate.decode_compulsory(lens, nq=nq, d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
+                                             kv_dtype=kv_dtype)
     return g.row.total, comp, f"model/serving.py paged ({g.row.name}, {g.num_splits} split(s))"
 
 
@@ -222,7 +233,8 @@ def label(spec: dict) -> str:
         return f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
     cache = f"paged {s['page_size']}" if s.get("page_size") else "dense"
     return (f"{head} cache_lens={_lens_text(s['cache_lens'])} {cache} {s.get('kv_dtype', s['dtype'])}"
-            + (f" splits={s['splits']}" if s.get("splits") else ""))
+            + (f" splits={s['splits']}" if s.get("splits") else "")
+            + (f" nq={s['nq']}" if s.get("nq") else ""))
 
 
 def _lens_text(lens: list[int]) -> str:
@@ -231,7 +243,8 @@ def _lens_text(lens: list[int]) -> str:
 
 @dataclass(frozen=True)
 class FamilyRow:
-    """One measured family point against its logical ledger (no estimate exists for it yet)."""
+    """One measured family point against its logical ledger and, where it runs, its DRAM estimate
+    (``estimate`` None: ``note`` says why)."""
 
     spec: dict
     measured: int  # DRAM bytes, ncu (read + write)
@@ -239,6 +252,9 @@ class FamilyRow:
     compulsory: int
     ledger: str
     runs: tuple = ()
+    estimate: float | None = None
+    note: str = NO_ESTIMATE
+    terms: tuple = ()  # the estimate's ((name, bytes, what), ...) beyond the compulsory bytes
 
     @property
     def error(self) -> float:
@@ -248,8 +264,14 @@ class FamilyRow:
     def label(self) -> str:
         return label(self.spec)
 
+    @property
+    def estimate_error(self) -> float | None:
+        return None if self.estimate is None else self.estimate / self.measured - 1.0
+
     def to_json(self) -> dict:
-        out = {"spec": self.spec, "measured": self.measured, "estimate": None, "note": NO_ESTIMATE,
+        out = {"spec": self.spec, "measured": self.measured, "estimate": self.estimate, "note": self.note,
+               "estimate_error": self.estimate_error,
+               "estimate_terms": [{"name": n, "bytes": b, "what": w} for n, b, w in self.terms],
                "logical": self.logical, "ledger": self.ledger, "compulsory": self.compulsory,
                "logical_error": self.error, "measured_over_compulsory": self.measured / self.compulsory}
         if self.runs:
@@ -257,37 +279,83 @@ class FamilyRow:
         return out
 
 
-def compare(measured: list[tuple], repeated: bool = False) -> list[FamilyRow]:
+def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
+    """``(FamilyEstimate, "")`` of a decode or varlen point (model/family_estimate.py; ``l2_bytes``, ``sms``:
+    the GPU's, default the H200's), or ``(None, why not)``: the family has no estimate (backward), or the
+    estimate needs a constant no probe has measured yet or a shape it does not model (one line)."""
+    from attnscope.model import family_estimate as fe
+
+    h, d, dtype = spec["heads"], spec["d"], spec["dtype"]
+    hkv = spec.get("kv_heads") or h
+    try:
+        if spec["pass"] == "decode":
+            return fe.decode_estimate(spec["impl"], spec["cache_lens"], nq=spec.get("nq", 1), d=d,
+                                      dtype=dtype, heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
+                                      kv_dtype=spec.get("kv_dtype"), splits=spec.get("splits"), sms=sms), ""
+        if spec["pass"] == "varlen":
+            return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
+                                      heads=h, kv_heads=hkv, l2_bytes=l2_bytes), ""
+    except NotImplementedError as e:  # NotMeasured is one
+        return None, fe.error_text(e)
+    return None, NO_ESTIMATE
+
+
+def row(spec: dict, totals: list[int], l2_bytes: int | None = None, sms: int | None = None) -> FamilyRow:
+    """The FamilyRow of one family point measured ``totals`` (its median run), with its estimate."""
+    logical, comp, name = ledger(spec)
+    est, note = estimate(spec, l2_bytes, sms)
+    return FamilyRow(spec, statistics.median_low(totals), logical, comp, name,
+                     tuple(totals) if len(totals) > 1 else (), None if est is None else est.total, note,
+                     () if est is None else est.terms)
+
+
+def compare(measured: list[tuple], repeated: bool = False, l2_bytes: int | None = None,
+            sms: int | None = None) -> list[FamilyRow]:
     """FamilyRows for the (spec, measured bytes[, kernel names]) tuples of family points (forward ones
     and points measured as 0 bytes are skipped); ``repeated``: one row per spec, its median run (as
-    physical.compare)."""
+    physical.compare); ``l2_bytes``, ``sms``: the measuring GPU's, for the estimates."""
     groups: dict = {}
     for spec, total, *_ in measured:
         if not total or spec.get("pass", "forward") == "forward":
             continue
         key = json.dumps(spec, sort_keys=True) if repeated else len(groups)
         groups.setdefault(key, (spec, []))[1].append(int(total))
-    rows = []
-    for spec, totals in groups.values():
-        logical, comp, name = ledger(spec)
-        rows.append(FamilyRow(spec, statistics.median_low(totals), logical, comp, name,
-                              tuple(totals) if len(totals) > 1 else ()))
-    return rows
+    return [row(spec, totals, l2_bytes, sms) for spec, totals in groups.values()]
+
+
+BANDS = (0.05, 0.10, 0.15)  # as measure/physical.py's
 
 
 def summarize(rows: list[FamilyRow]) -> dict:
-    """Per family: points, the logical ledger's mean |error| and its worst point, and the points measured
-    below the compulsory bytes (a counter or a ledger to look at); ``estimate``: NO_ESTIMATE."""
+    """Per family: points, the logical ledger's mean |error| and its worst point, the points measured
+    below the compulsory bytes (a counter or a ledger to look at), and the estimates: how many ran, within
+    each of `BANDS` of ncu, mean |error|, worst, below the compulsory bytes, and why the others did not
+    (``estimate``: NO_ESTIMATE where none ran)."""
     out = {}
     for fam in FAMILIES[1:]:
         rs = [r for r in rows if r.spec["pass"] == fam]
         if not rs:
             continue
         worst = max(rs, key=lambda r: abs(r.error))
-        out[fam] = {"count": len(rs), "estimate": NO_ESTIMATE,
-                    "logical_mean_abs_error": sum(abs(r.error) for r in rs) / len(rs),
-                    "logical_worst": {"point": worst.label(), "error": worst.error},
-                    "measured_below_compulsory": [r.label() for r in rs if r.measured < r.compulsory]}
+        v = {"count": len(rs), "estimate": NO_ESTIMATE,
+             "logical_mean_abs_error": sum(abs(r.error) for r in rs) / len(rs),
+             "logical_worst": {"point": worst.label(), "error": worst.error},
+             "measured_below_compulsory": [r.label() for r in rs if r.measured < r.compulsory]}
+        est = [r for r in rs if r.estimate is not None]
+        why: dict = {}
+        for r in rs:
+            if r.estimate is None:
+                why[r.note] = why.get(r.note, 0) + 1
+        v["not_estimated"] = why
+        if est:
+            w = max(est, key=lambda r: abs(r.estimate_error))
+            v |= {"estimate": "model/family_estimate.py", "estimated": len(est),
+                  "estimate_within": {f"{b:.0%}": sum(abs(r.estimate_error) <= b for r in est)
+                                      for b in BANDS},
+                  "estimate_mean_abs_error": sum(abs(r.estimate_error) for r in est) / len(est),
+                  "estimate_worst": {"point": w.label(), "error": w.estimate_error},
+                  "estimate_below_compulsory": [r.label() for r in est if r.estimate < r.compulsory]}
+        out[fam] = v
     return out
 
 
@@ -295,7 +363,18 @@ def summary_lines(s: dict) -> list[str]:
     lines = []
     for fam, v in s.items():
         below = v["measured_below_compulsory"]
-        lines.append(f"{fam}: {v['count']} points, {NO_ESTIMATE}; logical ledger vs ncu: mean |error| "
+        if v.get("estimated"):
+            within = ", ".join(f"{k}: {n}" for k, n in v["estimate_within"].items())
+            head = (f"{v['estimated']} estimated (within {within}; mean |error| "
+                    f"{v['estimate_mean_abs_error']:.1%}, worst {v['estimate_worst']['point']} "
+                    f"{v['estimate_worst']['error']:+.1%}; below compulsory: "
+                    f"{len(v['estimate_below_compulsory'])})")
+        else:
+            head = NO_ESTIMATE
+        for note, n in v.get("not_estimated", {}).items():
+            if note != NO_ESTIMATE:
+                lines.append(f"{fam}: {n} point(s) without an estimate: {note}")
+        lines.append(f"{fam}: {v['count']} points, {head}; logical ledger vs ncu: mean |error| "
                      f"{v['logical_mean_abs_error']:.1%}, worst {v['logical_worst']['point']} "
                      f"({v['logical_worst']['error']:+.1%}); measured below the compulsory bytes: "
                      f"{len(below)}"

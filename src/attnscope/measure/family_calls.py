@@ -47,7 +47,7 @@ def _decode(torch, spec, dt, h, hkv, d, dev):
 
     lens = spec["cache_lens"]
     b, cap = len(lens), max(lens)
-    q = torch.randn((b, h, 1, d), device=dev, dtype=dt)
+    q = torch.randn((b, h, spec.get("nq", 1), d), device=dev, dtype=dt)  # the last nq positions
     if spec["impl"] != "attnscope":  # SDPA: a dense cache, every sequence `cap` long (parse_grid checks)
         k, v = (torch.randn((b, hkv, cap, d), device=dev, dtype=dt) for _ in range(2))
         run = sdpa(spec["impl"])

@@ -43,6 +43,7 @@ FIELDS = {
     "kv_dtype": (("kv_dtype",), ""),
     "splits": (("splits",), ""),
     "lens": (("lens",), ""),
+    "nq": (("nq",), ""),
 }
 #: Most points in one grid (each is a GPU call under ncu: about 2-5 s).
 MAX_POINTS = 400
@@ -416,7 +417,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
         raise InputError(f"{field}: points: expected at least one measured point, got "
                          f"{'none' if not data['points'] else 'only failed ones'}")
     # the recorded env stays as recorded; what the estimate used (an override or the recorded) beside it
-    fam = families.compare(pairs, repeated=repeat > 1)
+    fam = families.compare(pairs, repeated=repeat > 1, l2_bytes=l2_size, sms=sm)
     return compare(pairs, l2_size, sm, repeated=repeat > 1), {**env, "estimated_with": {"l2_bytes": l2_size,
                                                                                           "sms": sm},
                                                               "family_rows": fam}
