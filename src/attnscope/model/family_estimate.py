@@ -311,8 +311,9 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
 
     attnscope: compulsory + the work list (24 B per (sequence, query tile) item, read once) + each
     sequence's K/V re-reads across its query tiles (the ledger's K/V per kv head less one pass; ragged tiles'
-    rows past the sequence included) x their miss share at the sequence's footprint (Q, K, V, O of all heads:
-    a query tile's programs of all heads run together, so the next tile re-reads after all of them).
+    rows past the sequence included) x their miss share at the sequence's footprint (the K/V of all its kv
+    heads and one Q and O tile per query head: a query tile's programs of all heads run together, so the
+    next tile re-reads a line after all of them).
     flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
     block, read once: H and B broadcast) + the re-reads of its 128-token KV blocks (neighbouring documents'
     rows included, and with GQA each query head of a group re-reading its kv head a whole head's pass later)
@@ -341,7 +342,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
             over = last * (min(k0 + t_c * VARLEN_BLOCK_KV, total_k) - (k0 + n)) if n % VARLEN_BLOCK_KV else 0
             extra = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
-            ratio = (2 * h + 2 * hkv) * n * d * b / l2
+            # between two query tiles' reads of a line: every kv head's K/V and each head's Q and O tile
+            ratio = (2 * hkv * n + 2 * h * min(n, VARLEN_BLOCK_Q)) * d * b / l2
             worst = max(worst, ratio)
             if extra:
                 rereads += extra * _resident_miss(ratio, what, params)

@@ -60,20 +60,20 @@ H200_FAMILY_PARAMS = FamilyParams()
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
 PROBES = {
-    "attnscope_partials_dram": "probe_decode.csv d-split1 vs d-split8 (same cache, 1 vs 8 splits): the "
+    "attnscope_partials_dram": "probe_decode.csv d-split1 vs d-split16 (the same cache, 1 vs 16 splits): the "
                                "difference of ncu bytes over the partials' logical bytes",
     "row_tile_kv_miss": "probe_decode.csv d-chunk1 vs d-chunk2 (nq 16 vs 64 at group 4: one vs two row "
                         "tiles): the difference over the second tile's K/V bytes",
-    "flash_partials_dram": "probe_decode.csv f-nosplit vs f-split (PyTorch's heuristic picks 1 vs 2+ "
-                           "splits): the excess over compulsory + LSE, over the accumulators' logical bytes",
+    "flash_partials_dram": "probe_decode.csv f-split (PyTorch's heuristic picks 32 splits) against "
+                           "f-nosplit's excess: the excess over compulsory + LSE, over the accumulators",
     "cudnn_kv_dram": "probe_decode.csv c-mha (MHA): ncu bytes less Q and O, over the K/V bytes",
     "cudnn_gqa_kv_dram": "probe_decode.csv c-gqa (group 8, the same K/V bytes as c-mha): the excess over "
-                         "c-mha's per kv-head bytes, per extra query head",
-    "cudnn_other_per_row": "probe_decode.csv c-mha and c-mha-wide (B x Hq 4 x larger, the same K/V bytes): "
-                           "the excess over Q, K/V and O, per (sequence, query head)",
-    "varlen_capacity": "probe_varlen.csv v-long* (one sequence, K/V footprint 0.3-1.5 x L2): the footprint "
-                       "where the excess over compulsory starts",
-    "varlen_ramp": "probe_varlen.csv v-long*: the footprint where every counted re-read misses",
+                         "c-mha's, over (group - 1) x the K/V bytes",
+    "cudnn_other_per_row": "probe_decode.csv c-mha-wide (4 x c-mha's (sequence, head) rows, the same K/V "
+                           "bytes): the excess over c-mha's, per extra row",
+    "varlen_capacity": "probe_varlen.csv v-long1..4, v-gqa and x-long (footprints 0.6-4.4 x L2): the "
+                       "footprint where the excess over compulsory starts",
+    "varlen_ramp": "probe_varlen.csv v-long1..4, x-long: the footprint where every counted re-read misses",
 }
 
 
