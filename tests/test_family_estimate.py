@@ -1,0 +1,214 @@
+"""model/family_estimate.py: the decode and varlen DRAM estimates, their constant table, the probe grids,
+and their place in `attnscope bytes` (CPU; no GPU, ncu stood in for)."""
+
+import json
+import random
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from attnscope.cli import main
+from attnscope.measure import families, ncu, physical
+from attnscope.measure.ncu import KernelBytes
+from attnscope.model import family_estimate as fe
+from attnscope.model import serving
+from attnscope.model.family_params import PROBES, FamilyParams, NotMeasured
+
+GRIDS = Path(__file__).resolve().parents[1] / "bench" / "grids"
+#: Test values for every constant (never shipped: the shipped table holds None until a probe measures it).
+SET = FamilyParams(**{f.name: 0.5 for f in fields(FamilyParams)}
+                   | {"cudnn_kv_dram": 1.1, "varlen_capacity": 0.6, "varlen_ramp": 1.4})
+
+DECODE = [("attnscope", dict(heads=32, kv_heads=8, splits=1)),
+          ("attnscope", dict(heads=32, kv_heads=8, splits=8)),
+          ("attnscope", dict(heads=16, kv_heads=2, splits=4, page_size=16, kv_dtype="fp8")),
+          ("attnscope", dict(heads=32, kv_heads=4, splits=2, nq=64)), ("flash", dict(heads=32, kv_heads=8)),
+          ("flash", dict(heads=64, kv_heads=4)), ("cudnn", dict(heads=16, kv_heads=2)),
+          ("cudnn", dict(heads=8))]
+
+
+def test_light_core_imports_neither_torch_nor_triton():
+    code = ("import sys; import attnscope.model.family_estimate, attnscope.model.family_params; "
+            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.mark.parametrize("impl,kw", DECODE)
+def test_decode_estimate_is_compulsory_plus_nonnegative_terms_and_grows_with_the_cache(impl, kw):
+    lens = [3000] * 3
+    kw = dict(kw, d=128, dtype="bf16")
+    totals = []
+    for n in (1000, 3000, 9000):
+        est = fe.decode_estimate(impl, [n] * 3, params=SET, **kw)
+        assert est.total == est.compulsory + sum(b for _, b, _ in est.terms)
+        assert all(b >= 0 for _, b, _ in est.terms) and est.total >= est.compulsory
+        totals.append(est.total)
+    assert totals[0] < totals[1] < totals[2]
+    shape = ("nq", "d", "dtype", "heads", "kv_heads", "kv_dtype")
+    c = fe.decode_compulsory(lens, **{k: v for k, v in kw.items() if k in shape})
+    assert c == fe.decode_estimate(impl, lens, params=SET, **kw).compulsory
+
+
+def test_decode_compulsory_is_the_ledger_less_its_overheads():
+    # the ledger's K/V lines are the compulsory K/V; Q and O once (one split): the rest is metadata
+    g = serving.paged([700, 1500], None, d=64, dtype="fp16", heads=8, kv_heads=2)
+    kv = sum(t.nbytes for k in g.row.kernels for t in k.transfers if t.tensor in ("K", "V"))
+    comp = fe.decode_compulsory([700, 1500], d=64, dtype="fp16", heads=8, kv_heads=2)
+    assert comp == kv + 2 * 2 * 8 * 64 * 2
+    bf16 = fe.decode_compulsory([700, 1500], d=64, dtype="bf16", heads=8, kv_heads=2)
+    fp8 = fe.decode_compulsory([700, 1500], d=64, dtype="bf16", heads=8, kv_heads=2, kv_dtype="fp8")
+    assert bf16 - fp8 == kv // 2 - 2 * 2 * 4  # half the K/V bytes, plus the 2 x Hkv fp32 scales
+
+
+def test_paged_costs_the_dense_estimate_plus_its_block_table_only():
+    kw = dict(heads=32, kv_heads=8, d=128, dtype="bf16", splits=1)
+    dense = fe.decode_estimate("attnscope", [4096, 100], **kw)
+    paged = fe.decode_estimate("attnscope", [4096, 100], page_size=16, **kw)
+    (table,) = [b for n, b, _ in paged.terms if n == "block_table"]
+    assert table == 32 * ((256 * 4 + 31) // 32) + 32 * 1  # 256 and 7 page ids, in 32 B sectors
+    assert paged.total - dense.total == table
+
+
+def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
+    with pytest.raises(NotMeasured, match="attnscope_partials_dram is not measured yet.*d-split1 vs "
+                                          "d-split16"):
+        fe.decode_estimate("attnscope", [4096], heads=8, splits=4)
+    with pytest.raises(NotMeasured, match="row_tile_kv_miss"):
+        fe.decode_estimate("attnscope", [4096], heads=32, kv_heads=4, nq=64, splits=1)
+    with pytest.raises(NotMeasured, match="cudnn_kv_dram"):
+        fe.decode_estimate("cudnn", [4096], heads=8)
+    with pytest.raises(NotMeasured, match="flash_partials_dram"):
+        fe.decode_estimate("flash", [4096], heads=64, kv_heads=4)
+    with pytest.raises(NotMeasured, match="varlen_capacity"):
+        fe.varlen_estimate("attnscope", [8192], heads=32)
+    assert set(PROBES) == {f.name for f in fields(FamilyParams)}  # every constant names its probe
+    assert all(getattr(FamilyParams(), f.name) is None for f in fields(FamilyParams))  # none measured yet
+    # what needs no constant runs: one split, one row tile; FA-2 filling the GPU; resident varlen
+    assert fe.decode_estimate("attnscope", [4096], heads=8, splits=1).total > 0
+    assert fe.decode_estimate("flash", [4096] * 64, heads=32, kv_heads=8).facts["splits"] == 1
+    assert fe.varlen_estimate("flex", [500, 700], heads=8).total > 0
+
+
+def test_flash_splits_follow_pytorchs_heuristic():
+    assert fe.flash_splits(64, 32, 8, 4096, 128, 132) == (1, 4)  # 512 CTAs >= 0.8 x 264: no split
+    assert fe.flash_splits(1, 64, 4, 4096, 128, 132) == (32, 16)  # GQA folded: 4 CTAs, 32 key blocks
+    assert fe.flash_splits(1, 8, 8, 1000, 64, 132)[0] == 4  # 4 key blocks of 256 at most
+    with pytest.raises(NotImplementedError, match="groups of at most 64"):
+        fe.decode_estimate("flash", [4096], heads=128, kv_heads=1)
+
+
+def _flex_brute(lens, causal, block=128):
+    doc = [i for i, n in enumerate(lens) for _ in range(n)]
+    t = len(doc)
+    nb = -(-t // block)
+    def rows(i):
+        return range(i * block, min(t, (i + 1) * block))
+    pairs = sum(any(doc[q] == doc[k] and (not causal or k <= q) for q in rows(i) for k in rows(j))
+                for i in range(nb) for j in range(nb))
+    return nb, pairs
+
+
+def test_flex_block_mask_closed_form_equals_the_brute_force():
+    rng = random.Random(39)
+    for _ in range(12):
+        lens = [rng.randint(1, 300) for _ in range(rng.randint(1, 5))]
+        for causal in (False, True):
+            assert fe.flex_blocks(lens, causal, block=64) == _flex_brute(lens, causal, 64), (lens, causal)
+
+
+@pytest.mark.parametrize("impl", fe.VARLEN_IMPLS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_estimate_is_compulsory_plus_terms_and_grows_with_the_lengths(impl, causal):
+    prev = 0
+    for n in (300, 1500, 6000, 24000):  # from resident to past the L2 (the test constants)
+        est = fe.varlen_estimate(impl, [n, 200, 77], causal=causal, heads=16, kv_heads=4, d=64, dtype="bf16",
+                                 params=SET)
+        assert est.total == est.compulsory + sum(b for _, b, _ in est.terms) and est.total >= est.compulsory
+        assert est.compulsory == fe.varlen_compulsory([n, 200, 77], heads=16, kv_heads=4, d=64, dtype="bf16")
+        assert est.total > prev
+        prev = est.total
+    # resident: the K/V re-reads cost nothing; past the ramp every counted re-read is paid
+    small = fe.varlen_estimate(impl, [300, 200], causal=causal, heads=16, d=64, params=SET)
+    assert dict((n, b) for n, b, _ in small.terms)["kv_rereads"] == 0
+
+
+def test_cost_does_not_grow_with_n():
+    t0 = time.perf_counter()
+    fe.decode_estimate("attnscope", [10**9] * 4, heads=8, splits=1, page_size=16)
+    fe.varlen_estimate("flex", [10**8, 3, 10**8], heads=8, params=SET)
+    fe.varlen_estimate("attnscope", [10**8, 3], heads=8, params=SET)
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
+    for fam in ("decode", "varlen"):
+        probe = physical.parse_grid(GRIDS / f"probe_{fam}.csv")
+        held = physical.parse_grid(GRIDS / f"heldout_{fam}.csv")
+        assert 6 <= len(probe) <= 12 and {s["pass"] for s in probe} == {fam}
+        assert {s["impl"] for s in probe} == set(families.IMPLS[fam])
+        key = [json.dumps(s, sort_keys=True) for s in probe]
+        assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
+        text = (GRIDS / f"probe_{fam}.csv").read_text()
+        for field, probe_text in PROBES.items():  # each row name a probe cites is in its grid
+            if f"probe_{fam}.csv" in probe_text:
+                name = probe_text.split(f"probe_{fam}.csv ")[1].split(" ")[0].split("..")[0].rstrip(",")
+                assert f"# {name}" in text or f"/ {name}" in text or f"{name} /" in text, (field, name)
+    chunk = [s for s in physical.parse_grid(GRIDS / "probe_decode.csv") if s.get("nq")]
+    assert [s["nq"] for s in chunk] == [16, 64]
+
+
+def test_nq_column_is_attnscopes_and_counts_in_the_ledger():
+    (s,) = physical.parse_grid("g.csv", text="pass,impl,heads,kv_heads,d,cache_lens,splits,nq\n"
+                                             "decode,attnscope,8,2,64,100;200,1,4\n")
+    logical, comp, _ = families.ledger(s)
+    assert comp == fe.decode_compulsory([100, 200], nq=4, d=64, heads=8, kv_heads=2)
+    assert logical == serving.paged([100, 200], nq=4, d=64, dtype="fp16", heads=8, kv_heads=2).row.total
+    with pytest.raises(NotImplementedError, match="nq: 4 with impl flash"):
+        physical.parse_grid("g.csv", text="pass,impl,heads,d,cache_lens,nq\ndecode,flash,8,64,100,4\n")
+
+
+def test_estimate_only_sweep_prints_every_point_without_a_gpu(capsys):
+    assert main(["bytes", "--estimate-only", "--sweep", str(GRIDS / "probe_decode.csv"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 12
+    for r in rows:
+        assert (r["estimate"] is None) == r["note"].startswith("not measured")
+        assert r["estimate"] is None or r["estimate"] >= r["compulsory"]
+    assert sum(r["estimate"] is not None for r in rows) == 6  # base, split1, paged, fp8, chunk1, f-nosplit
+    argv = ["bytes", "--estimate-only", "--cache-lens", "900,4000", "--heads", "8", "--kv-heads", "2"]
+    assert main(argv) == 0
+    assert "DRAM estimate (model/family_estimate.py):" in capsys.readouterr().out
+
+
+def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+    grid = tmp_path / "g.csv"
+    grid.write_text("pass,impl,heads,kv_heads,d,cache_lens,splits,lens,causal\n"
+                    "decode,attnscope,8,2,64,4096;1000,1,,\n"
+                    "decode,attnscope,8,2,64,4096;1000,4,,\n"
+                    "varlen,flex,8,8,64,,,300;500,true\n")
+    want = fe.decode_estimate("attnscope", [4096, 1000], heads=8, kv_heads=2, d=64, splits=1).total
+
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+        pts = [ncu.Point(s, ncu.Measured([KernelBytes(1, "k", int(want * 1.04), 0)], "none", "ncu x"))
+               for s in specs]
+        progress(pts, len(pts))
+        return pts
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    out = tmp_path / "s.json"
+    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "decode: 1 point(s) without an estimate: not measured: decode attnscope with 4 splits" in text
+    assert "decode: 2 points, 1 estimated (within 5%: 1" in text
+    rows = json.loads(out.read_text())["family_rows"]
+    assert rows[0]["estimate"] == want and rows[0]["estimate_error"] == pytest.approx(1 / 1.04 - 1, abs=1e-6)
+    assert rows[1]["estimate"] is None and "attnscope_partials_dram" in rows[1]["note"]
+    assert rows[2]["estimate"] is not None and rows[2]["estimate_terms"][0]["name"] == "block_mask"
