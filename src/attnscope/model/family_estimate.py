@@ -29,7 +29,8 @@ from attnscope.model.family_params import (
     NotMeasured,
     need,
 )
-from attnscope.model.l2_params import miss
+from attnscope.model.l2 import DIRTY_O, _retained  # the forward estimate's one rule for dirty output lines
+from attnscope.model.l2_params import H200_L2_PARAMS, miss
 from attnscope.model.tiles import Grid
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
@@ -50,9 +51,14 @@ VARLEN_BLOCK_Q, VARLEN_BLOCK_KV = 128, 64  # the ledger's tiles (model/serving.p
 FLEX_BLOCK = 128
 
 
+#: The one term allowed below zero: O still dirty in the L2 when the call ends (`model.l2.DIRTY_O`).
+CREDIT = "dirty_o"
+
+
 @dataclass(frozen=True)
 class FamilyEstimate:
-    """One call's estimated DRAM bytes: ``compulsory`` plus each named ``terms`` entry (bytes, >= 0)."""
+    """One call's estimated DRAM bytes: ``compulsory`` plus each named ``terms`` entry (bytes; >= 0 except
+    the `CREDIT`, the named reason an estimate may fall below the compulsory bytes)."""
 
     family: str
     impl: str
@@ -64,9 +70,26 @@ class FamilyEstimate:
     def total(self) -> float:
         return self.compulsory + sum(b for _, b, _ in self.terms)
 
+    @property
+    def credits(self) -> list[tuple[str, float]]:
+        """(reason, bytes) the estimate counts below the compulsory bytes."""
+        return [(w, -b) for n, b, w in self.terms if n == CREDIT and b < 0]
+
     def to_json(self) -> dict:
         return {"family": self.family, "impl": self.impl, "total": self.total, "compulsory": self.compulsory,
                 "terms": [{"name": n, "bytes": b, "what": w} for n, b, w in self.terms], "facts": self.facts}
+
+
+def _dirty_o(o: int, kv_read: float, q: int, l2: int) -> tuple:
+    """The `CREDIT` term: bytes of the output ``o`` still dirty in the write-back L2 when the call ends, which
+    ncu does not count. The forward estimate's rule (model/l2.py, `_retained`, measured there against the
+    H200's counters): O written uniformly over the call's stream of insertions (the K/V bytes read from DRAM
+    at weight 1, Q and O at `L2Params.qo_weight`), random replacement at the `L2Params.shared` capacity."""
+    p = H200_L2_PARAMS
+    w = p.qo_weight()
+    room = kv_read + (q + o) * w
+    kept = _retained(0.0, o * w, room, p.shared * l2, total_span=room) / w
+    return (CREDIT, -kept, DIRTY_O)
 
 
 def _sectors(nbytes: int) -> int:
@@ -146,8 +169,8 @@ def _attnscope_decode_geometry(group: int, nq: int, splits: int, d: int) -> dict
 
 def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp16", heads: int = 32,
                     kv_heads: int | None = None, page_size: int | None = None, kv_dtype: str | None = None,
-                    splits: int | None = None, sms: int | None = None, device: str = "h200",
-                    params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+                    splits: int | None = None, sms: int | None = None, l2_bytes: int | None = None,
+                    device: str = "h200", params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
     """Estimated DRAM bytes of one decode call, whole call.
 
     Parameters
@@ -157,7 +180,7 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     cache_lens: the B sequences' key counts (including the step's nq queries).
     nq, d, dtype, heads, kv_heads, page_size, kv_dtype: the call's shape (as `model.serving.paged`).
     splits: attnscope's KV splits (required for it); SDPA FLASH's come from PyTorch's heuristic.
-    sms, device: the GPU's SM count (default: the device table's).
+    sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
     params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
 
     Returns
@@ -171,6 +194,8 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     comp = decode_compulsory(lens, nq=nq, d=d, dtype=dtype, heads=h, kv_heads=hkv, kv_dtype=kv_dtype)
     kv_b = DTYPE_BYTES[kv_dtype or dtype]
     kv = 2 * hkv * sum(lens) * d * kv_b
+    qo = B * h * nq * d * DTYPE_BYTES[dtype]  # Q (= O) bytes
+    l2 = _l2_bytes(l2_bytes, device)
     what = f"decode {impl}"
     terms, facts = [], {"group": group}
     if impl != "attnscope":
@@ -191,6 +216,7 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
             share = need(params, "flash_partials_dram", f"{what} with {s} splits")
             terms.append(("partials", share * acc, f"fp32 accumulators of {s} splits, {acc:,} B written and "
                                                    f"read back, x {share} reaching DRAM"))
+        terms.append(_dirty_o(qo, kv, qo, l2))
         return FamilyEstimate("decode", impl, comp, tuple(terms), facts)
     if impl == "cudnn":
         kv_share = need(params, "cudnn_kv_dram", what)
@@ -201,6 +227,7 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
                                                          f"kv head, x {g}"))
         other = need(params, "cudnn_other_per_row", what)
         terms.append(("other", other * B * h, f"{other} B per (sequence, query head) beyond Q, K/V, O"))
+        terms.append(_dirty_o(qo, kv, qo, l2))
         return FamilyEstimate("decode", impl, comp, tuple(terms), facts)
     expect(splits is not None, "splits", "a split count for attnscope (the grid's second dimension)", splits)
     positive_int("splits", splits)
@@ -227,6 +254,7 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
                                                 f"read back, x {share} reaching DRAM"))
         if geo["merge"] == "separate":
             terms.append(("lse", B * h * nq * STAT_BYTES, "the separate merge kernel writes the fp32 LSE"))
+    terms.append(_dirty_o(qo, kv, qo, l2))
     return FamilyEstimate("decode", impl, comp, tuple(terms), facts)
 
 
@@ -328,6 +356,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     positive_int("d", d)
     l2 = _l2_bytes(l2_bytes, device)
     comp = varlen_compulsory(lens, d=d, dtype=dtype, heads=h, kv_heads=hkv)
+    kv, qo = 2 * hkv * sum(lens) * d * b, h * sum(lens) * d * b  # compulsory K/V; Q (= O) bytes
     what = f"varlen {impl}"
     terms, facts = [], {}
     if impl == "attnscope":
@@ -350,6 +379,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             k0 += n
         facts["largest_footprint_l2"] = worst
         terms.append(("kv_rereads", rereads, "K/V re-read by a sequence's later query tiles, missing the L2"))
+        terms.append(_dirty_o(qo, kv + rereads, qo, l2))
         return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
     n_q, pairs = flex_blocks(lens, causal)
     facts |= {"q_blocks": n_q, "block_pairs": pairs}
@@ -359,8 +389,10 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     facts["head_footprint_l2"] = ratio
     rows = pairs * FLEX_BLOCK  # K rows loaded per query head (the ragged last block: at most 127 too many)
     extra = 2 * (h * rows - hkv * sum(lens)) * d * b
-    terms.append(("kv_rereads", max(extra, 0) * _resident_miss(ratio, what, params),
-                  "K/V blocks re-read by later query blocks and by a group's other heads, missing the L2"))
+    rereads = max(extra, 0) * _resident_miss(ratio, what, params)
+    terms.append(("kv_rereads", rereads, "K/V blocks re-read by later query blocks and by a group's other "
+                                         "heads, missing the L2"))
+    terms.append(_dirty_o(qo, kv + rereads, qo, l2))
     return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
 
 
