@@ -232,3 +232,23 @@ def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys,
     assert rows[0]["estimate"] == want and rows[0]["estimate_error"] == pytest.approx(1 / 1.04 - 1, abs=1e-6)
     assert rows[1]["estimate"] is None and "attnscope_partials_dram" in rows[1]["note"]
     assert rows[2]["estimate"] is not None and rows[2]["estimate_terms"][0]["name"] == "block_mask"
+
+
+def test_decode_callable_with_nq_attends_bottom_right_over_each_cache():
+    # wiring of the nq column (test_decode.py holds the kernel to `kernel_tolerance`): q holds the last nq
+    # positions of each sequence; 2e-2 is far below the O(0.1) a wrong row or mask gives
+    torch = pytest.importorskip("torch")
+    from attnscope import reference
+    from attnscope.measure.family_calls import call
+
+    (spec,) = physical.parse_grid("g.csv", text="pass,impl,heads,kv_heads,d,cache_lens,splits,nq\n"
+                                                "decode,attnscope,4,2,64,40;23,2,3\n")
+    torch.manual_seed(0)
+    fn, keep = call(torch, spec, device="cpu")
+    o = fn()
+    q, k, v = keep[:3]
+    assert o.shape == (2, 4, 3, 64) and torch.isfinite(o).all()
+    for i, n in enumerate(spec["cache_lens"]):
+        want = reference.naive_attention(q[i].double().numpy(), k[i, :, :n].double().numpy(),
+                                         v[i, :, :n].double().numpy(), causal=True)
+        assert float(abs(o[i].double() - torch.from_numpy(want)).max()) < 2e-2
