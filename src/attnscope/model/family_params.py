@@ -71,9 +71,9 @@ PROBES = {
                          "c-mha's, over (group - 1) x the K/V bytes",
     "cudnn_other_per_row": "probe_decode.csv c-mha-wide (4 x c-mha's (sequence, head) rows, the same K/V "
                            "bytes): the excess over c-mha's, per extra row",
-    "varlen_capacity": "probe_varlen.csv v-long1..4, v-gqa and x-long (footprints 0.6-4.4 x L2): the "
+    "varlen_capacity": "probe_varlen.csv v-long1..3, v-gqa and x-long (footprints 0.6-2.2 x L2): the "
                        "footprint where the excess over compulsory starts",
-    "varlen_ramp": "probe_varlen.csv v-long1..4, x-long: the footprint where every counted re-read misses",
+    "varlen_ramp": "probe_varlen.csv v-long1..3, x-long: the footprint where every counted re-read misses",
 }
 
 
