@@ -50,7 +50,8 @@ def _grid(tmp_path, text):
     ("pass,impl,heads,n,d\nsideways,flash,8,1024,64\n", ValueError,
      r"row 2: pass: expected one of forward, backward, decode, varlen, got 'sideways'"),
     ("pass,impl,heads,n,d,cache_lens\ndecode,flash,8,1024,64,4096\n", ValueError,
-     r"row 2: n: expected no value with pass decode \(it takes cache_lens, page_size, kv_dtype, splits, nq\)"),
+     r"row 2: n: expected no value with pass decode \(it takes cache_lens, page_size, kv_dtype, splits, "
+     r"nq\)"),
     ("impl,heads,n,d,lens\nflash,8,1024,64,100;200\n", ValueError,
      r"row 2: lens: expected no value with pass forward"),
     ("pass,impl,heads,d,cache_lens,page_size\ndecode,flash,8,64,4096,64\n", NotImplementedError,
