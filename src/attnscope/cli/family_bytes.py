@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
-from attnscope.cli._out import MiB, console, print_json, table
+import json
+
+from attnscope.cli._out import MiB, _clean, console, print_json, table
+from attnscope.inputs import write_atomic
 from attnscope.measure import families, physical
 from attnscope.model import l2 as l2_model
 from attnscope.model import roofline
@@ -35,10 +38,8 @@ def sweep_estimates(args) -> int:
     if args.json == "-":
         print_json(out)
         return 0
-    if args.json:
-        from attnscope.cli.gpu import _write_or_print
-
-        _write_or_print(args, out)
+    if args.json:  # a file, checked by the caller (`inputs.out_file`)
+        write_atomic(args.json, json.dumps(_clean(out), indent=1) + "\n", "--json")
     trows = [[r["label"], f"{r['logical'] / MiB:,.2f}", f"{r['compulsory'] / MiB:,.2f}",
               f"{r['estimate'] / MiB:,.2f}" if r["estimate"] is not None else "-",
               "" if r["estimate"] is not None else r["note"]] for r in rows]

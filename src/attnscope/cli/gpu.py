@@ -292,6 +292,9 @@ def _bytes_sweep(args) -> int:
     --calibrate (streams of known size through the same ncu path)."""
     if sum(map(bool, (args.sweep, args.from_json, args.calibrate))) > 1:
         raise InputError("--sweep: expected one of --sweep, --from-json, --calibrate, got more than one")
+    if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
+        out_file(args.json, "--json")
+        distinct({"--json": args.json}, {"--sweep": args.sweep, "--from-json": args.from_json})
     if args.estimate_only:  # no GPU: each grid point's ledger, compulsory bytes and estimate
         expect(bool(args.sweep), "--estimate-only", "--sweep GRID (or a single point's flags), not "
                "--from-json or --calibrate", "--from-json" if args.from_json else "--calibrate")
@@ -299,9 +302,6 @@ def _bytes_sweep(args) -> int:
         from attnscope.cli import family_bytes
 
         return family_bytes.sweep_estimates(args)
-    if args.json not in (None, "-"):  # before the tables or minutes of measuring, not after
-        out_file(args.json, "--json")
-        distinct({"--json": args.json}, {"--sweep": args.sweep, "--from-json": args.from_json})
     repeat = args.repeat  # checked in `_bytes`; --from-json reads a sweep's own repeat from its env
     # --json alone: JSON on stdout *instead of* the tables, as every other --json
     c = console(quiet=args.json == "-")

@@ -82,5 +82,5 @@ def need(params: FamilyParams, field: str, what: str) -> float:
     value = getattr(params, field)
     if value is None:
         raise NotMeasured(f"{what}: the constant {field} is not measured yet (probe: {PROBES[field]}); "
-                          "estimated: the kernels whose terms are all measured or read from source")
+                          "supported now: the calls whose terms need no unmeasured constant")
     return value
