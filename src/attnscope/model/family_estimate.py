@@ -1,7 +1,7 @@
 """DRAM-byte estimates of a decode step and a packed varlen prefill: compulsory bytes plus the terms the
-hardware adds (split-KV partials written and read back, extra row tiles, metadata, FA-2's LSE) or that the
-L2 saves (re-reads of K/V that stay resident), whole call, the counter ncu's
-``dram__bytes_read.sum + dram__bytes_write.sum`` reads.
+hardware adds (split-KV partials written and read back, extra row tiles, metadata, FA-2's LSE, K/V re-reads
+that miss the L2) less the output still dirty in the L2 when the call ends (the forward estimate's rule,
+model/l2.py), whole call: the counter ncu's ``dram__bytes_read.sum + dram__bytes_write.sum`` reads.
 
 Decode (`decode_estimate`): attnscope `flash_decode` (grid (B x Hkv x row tiles, S): one program per
 (sequence, kv head, row tile, split) reads its keys once for the GQA group; kernels/decode/plan.py), SDPA
@@ -13,7 +13,8 @@ attention with a document mask (grid (query blocks, batch, heads), 128 x 128 spa
 torch/_inductor/kernel/flex; no LSE without grad).
 
 Every constant comes from `model.family_params.FamilyParams` (None: not measured; the estimate refuses with
-`NotMeasured`). Cost: a loop over the sequences, never over tokens. Pure Python.
+`NotMeasured`). Cost: a loop over the sequences (and FA-2's at most 128 split counts), never over tokens.
+Pure Python.
 """
 
 from __future__ import annotations
