@@ -257,3 +257,41 @@ def test_decode_callable_with_nq_attends_bottom_right_over_each_cache():
         want = reference.naive_attention(q[i].double().numpy(), k[i, :, :n].double().numpy(),
                                          v[i, :, :n].double().numpy(), causal=True)
         assert float(abs(o[i].double() - torch.from_numpy(want)).max()) < 2e-2
+
+
+def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsys, monkeypatch):
+    # the probes are enough to determine every constant: sweeps whose "ncu" bytes are the estimate under
+    # known constants (a stand-in, not a measurement) give those constants back through the fit script
+    import importlib.util
+
+    from attnscope.cli import gpu
+    from attnscope.measure import family_fit
+
+    true = FamilyParams(attnscope_partials_dram=0.3, row_tile_kv_miss=0.1, flash_partials_dram=0.2,
+                        cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
+                        varlen_capacity=0.7, varlen_ramp=1.5)
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+        pts = []
+        for s in specs:
+            b = int(round(family_fit._estimate(s, true, 62914560, 132)))
+            pts.append(ncu.Point(s, ncu.Measured([KernelBytes(1, "k", b, 0)], "none", "ncu x")))
+        progress(pts, len(pts))
+        return pts
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    files = []
+    for g in ("probe_decode", "probe_varlen"):
+        files.append(str(tmp_path / f"{g}.json"))
+        argv = ["bytes", "--sweep", str(GRIDS / f"{g}.csv"), "--l2-bytes", "62914560", "--sms", "132",
+                "--json", files[-1]]
+        assert main(argv) == 0
+    capsys.readouterr()
+    spec = importlib.util.spec_from_file_location("fit", GRIDS.parent / "fit_family_params.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([*files, "--json", str(tmp_path / "fit.json")]) == 0
+    got = json.loads((tmp_path / "fit.json").read_text())["params"]
+    assert got == {f.name: pytest.approx(getattr(true, f.name), rel=1e-2) for f in fields(FamilyParams)}
+    assert "attnscope_partials_dram = 0.3" in capsys.readouterr().out

@@ -1,0 +1,43 @@
+"""The decode and varlen estimates' constants (model/family_params.py) from measured probe sweeps (no GPU).
+
+    python bench/fit_family_params.py probe_decode.json probe_varlen.json [--json OUT]
+
+Each FILE is what ``attnscope bytes --sweep bench/grids/probe_{decode,varlen}.csv --json FILE`` wrote on the
+GPU; its decode and varlen rows go to `attnscope.measure.family_fit.fit` (least squares for the linear
+constants, a grid search for the varlen capacity and ramp) with the recorded L2 and SM count. Prints each
+constant (None: no row informs it) and every row's estimate against ncu with the fitted constants, to be
+copied into `FamilyParams` with the result files' names; judge the result on the held-out grids only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from attnscope.measure import families, family_fit, physical
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sweeps", nargs="+", metavar="FILE", help="sweep JSON files (bytes --sweep --json)")
+    ap.add_argument("--json", metavar="OUT", default=None, help="also write the fit as JSON to OUT")
+    args = ap.parse_args(argv)
+    points, env = [], {}
+    for path in args.sweeps:
+        _, env = physical.rows_from_json(path)
+        points += [(r.spec, r.measured) for r in env["family_rows"] if r.spec["pass"] in ("decode", "varlen")]
+    used = env.get("estimated_with", {})
+    out = family_fit.fit(points, used.get("l2_bytes"), used.get("sms"))
+    for name, value in out["params"].items():
+        print(f"{name} = {value}")
+    for r in out["rows"]:
+        est = "-" if r["estimate"] is None else f"{r['estimate']:,.0f} B ({r['error']:+.1%})"
+        print(f"{families.label(r['spec'])}: ncu {r['measured']:,} B, estimate {est} {r['note']}".rstrip())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
