@@ -12,7 +12,7 @@ skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bo
 in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
-Score mods (issue 35; DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
+Score mods (DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
 sliding window (``WINDOW``) runs the unmasked tiles, then the left- and right-masked ones in one loop,
 between the bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never
 loaded); softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
@@ -84,7 +84,7 @@ class FwdConfig(NamedTuple):
     num_stages: int  # software-pipelining depth of the KV loop
 
 
-#: Measured config table (bench/tune_prefill.py; BENCHMARKS.md): (head_dim, causal, largest max(Nq, Nk)
+#: Measured config table (`bench/tune.py prefill`; BENCHMARKS.md): (head_dim, causal, largest max(Nq, Nk)
 #: the row covers or None = any) -> config, first matching row wins; fp16 and bf16 alike.
 CONFIG_TABLE = (
     (128, False, None, FwdConfig(128, 64, 4, 2)),
@@ -445,7 +445,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
-    ``.metadata.shared``: the resource report bench/diag_fwd.py prints). ``lse`` is a 1-element dummy
+    ``.metadata.shared``: what bench/sm90_resources.py reports). ``lse`` is a 1-element dummy
     unless ``return_lse``. Arguments as `flash_attention`. The first call of a layout (`_plan_key`: shapes,
     strides, dtypes, devices, flags, options) checks it and keeps its launch plan (`PLAN_CACHE_SIZE`); a
     later call of that layout allocates the outputs and launches.
