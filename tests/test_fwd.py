@@ -409,7 +409,15 @@ def test_a_planned_layout_runs_new_values_as_a_fresh_plan_does():
     assert torch.equal(o_a, attnscope.flash_attention(*a, causal=True, return_lse=True)[0])
     strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in b]  # b's values, [B, N, H, d] memory
     assert strided[0].stride() != b[0].stride()
-    assert torch.equal(attnscope.flash_attention(*strided, causal=True), o_b)
+    o_s = attnscope.flash_attention(*strided, causal=True)
+    assert torch.equal(o_s, o_b)
+    # the output takes q's memory order: flash-attn's [B, N, H, d] back without a copy
+    assert o_s.stride() == strided[0].stride() and o_s.transpose(1, 2).is_contiguous()
+    assert o_b.is_contiguous()
+    with torch.device("meta"):  # torch.compile's fake output has the real one's strides
+        fake = attnscope.kernels.fwd._op._abstract_fn(*(t.to("meta") for t in strided), True, None, False,
+                                                      None, "auto")
+    assert fake[0].stride() == o_s.stride()
 
 
 def test_a_planned_layout_still_refuses_bad_calls():

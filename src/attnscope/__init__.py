@@ -14,20 +14,6 @@ Public API (the kernels load torch and triton on first use; everything else runs
     attnscope.checks                                      the algorithm checks and the kernel tolerance rule
     attnscope.report                                      the latency attribution report
     `attnscope` (command line)                            traffic, tiles, verify, report, bench, ...
-
-Layers (data flows downward; a module imports only from layers below it):
-
-    cli/                     the `attnscope` command: parse, call one function, print
-    integrations/            adapters to other libraries (transformers); optional imports
-    flash_attn_interface.py  flash-attn 2.x's names and layouts over the kernels
-    report/                  latency attribution report
-    measure/                 GPU only: timing, SDPA backend check, ncu counters, profiler time share
-    distributed/             context parallelism (ring attention)
-    kernels/                 Triton: FA-2 prefill (dense, packed varlen), backward, split-KV decode
-    reference.py             float64 NumPy reference
-    model/                   analytic, pure Python
-
-Importing `attnscope` is light: torch and triton load when a kernel is first used.
 """
 
 from __future__ import annotations

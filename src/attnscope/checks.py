@@ -540,7 +540,7 @@ def _kernel_case(torch, device, rng, dtype, b, hq, hkv, nq, nk, d=64, causal=Fal
     for i, n in enumerate(lens):
         o_ref[i], lse_ref[i] = reference.naive_attention(_np(q[i]), _np(k[i, :, :n]), _np(v[i, :, :n]),
                                                          causal=causal, return_lse=True)
-    permitted = reference._causal_permitted(nq, nk) if causal else np.ones((nq, nk), bool)
+    permitted = reference.permitted(nq, nk, causal)
     permitted = permitted & (np.arange(nk) < lens[:, None, None, None])  # [B, 1, Nq, Nk]
     # PyTorch SDPA's own error at this dtype, over the rows with a permitted key
     k_rep, v_rep = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))  # [B, Hq, Nk, d]

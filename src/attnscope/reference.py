@@ -104,22 +104,18 @@ def _prepare(q, k, v, scale):
     return q, k, v, scale
 
 
-def _causal_permitted(nq: int, nk: int) -> np.ndarray:
-    """[Nq, Nk] boolean: key c visible to query r iff c <= r + (Nk - Nq) (bottom-right, tiles.py)."""
-    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + Grid(nq, nk, causal=True).offset
+def _keep(d: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
+    """Boolean of ``d = c - (r + off)``'s shape: inside the effective window ``bounds = (left, right)``
+    (-1 unbounded; causal alone is ``(-1, 0)``)."""
+    left, right = bounds
+    return ((left < 0) | (d >= -left)) & ((right < 0) | (d <= right))
 
 
 def permitted(nq: int, nk: int, causal: bool = False, window=None) -> np.ndarray:
     """[Nq, Nk] boolean: key c visible to query r under ``causal`` and ``window`` (flash-attn's
     ``window_size``: `model.tiles.normalize_window`), bottom-right aligned (``off = Nk - Nq``)."""
-    left, right = normalize_window(causal, window)
     d = np.arange(nk)[None, :] - (np.arange(nq)[:, None] + (nk - nq))  # c - (r + off)
-    keep = np.ones((nq, nk), dtype=bool)
-    if left >= 0:
-        keep &= d >= -left
-    if right >= 0:
-        keep &= d <= right
-    return keep
+    return _keep(d, normalize_window(causal, window))
 
 
 def _check_mods(causal, softcap, sinks, heads: int | None):
@@ -217,14 +213,8 @@ def _mask_tile(s: np.ndarray, row0: int, col0: int, offset: int, bounds=(-1, 0))
     effective window ``bounds = (left, right)`` (-1 unbounded; causal alone is ``(-1, 0)``): -inf where
     column > row + offset + right or column < row + offset - left. Module-level, so a test can omit it and
     watch the checks catch that."""
-    left, right = bounds
     d = (col0 + np.arange(s.shape[-1])[None, :]) - (row0 + np.arange(s.shape[-2])[:, None] + offset)
-    keep = np.ones(d.shape, dtype=bool)
-    if right >= 0:
-        keep &= d <= right
-    if left >= 0:
-        keep &= d >= -left
-    return np.where(keep, s, -np.inf)
+    return np.where(_keep(d, bounds), s, -np.inf)
 
 
 @dataclass(frozen=True)

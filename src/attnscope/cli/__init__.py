@@ -3,9 +3,10 @@
 DESIGN: one subcommand per job; the parsers live beside the layer they serve, one file each, so every
 file reads in one sitting and no file imports torch at module level:
 
-    cli/analytic.py   traffic, footprint, tiles, amdahl       (model/)
+    cli/analytic.py   traffic, footprint, tiles, amdahl       (model/; serving.py: --lengths, --cache-lens)
     cli/reference.py  trace, verify                           (reference.py, kernels when they run)
     cli/report.py     report                                  (report/)
+    cli/ring.py       ring                                    (model/ring.py)
     cli/gpu.py        bench, which, bytes, share              (measure/; GPU)
 
 Each module has `configure(subparsers)`, which adds its subcommands with `set_defaults(func=...)`; the

@@ -37,7 +37,7 @@ def _shape_flags(p: argparse.ArgumentParser, d: bool = True, dtype: bool = True)
 
 
 def _mods_flags(p: argparse.ArgumentParser, mods: bool = True) -> None:
-    """--window (and with ``mods`` --softcap, --sinks): the score mods of issue 35."""
+    """--window (and with ``mods`` --softcap, --sinks): the score mods."""
     p.add_argument("--window", default=None, metavar="L,R",
                    help="sliding window, flash-attn's window_size: row r sees keys r+off-L .. r+off+R "
                         "(off = Nk - Nq, bottom-right), -1 = unbounded on that side; causal forces R = 0 "

@@ -212,11 +212,7 @@ def _bytes(args) -> int:
     if not args.estimate_only:
         if (code := _no_gpu("bytes")) is not None:
             return code
-        if not (l2 and sms):  # the running GPU's own L2 and SM count
-            import torch
-
-            props = torch.cuda.get_device_properties(0)
-            l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
+        l2, sms = _l2_sms(args)
         try:
             measured = ncu.measure(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                                    cache_control=args.cache_control, kv_heads=hkv)
@@ -267,6 +263,16 @@ def _bytes(args) -> int:
             + (f"; {'the estimate is below it by' if est.total < est.compulsory else 'the estimate credits'} "
                f"what it states: {credits}" if credits else ""))
     return 0
+
+
+def _l2_sms(args) -> tuple[int, int]:
+    """--l2-bytes and --sms, each defaulting to the running GPU's own (there: `_no_gpu` has passed)."""
+    if args.l2_bytes and args.sms:
+        return args.l2_bytes, args.sms
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return args.l2_bytes or props.L2_cache_size, args.sms or props.multi_processor_count
 
 
 def _env(l2: int, sms: int) -> dict:
@@ -323,12 +329,7 @@ def _bytes_sweep(args) -> int:
     specs = specs * repeat  # K rounds over the grid, each point once a round
     if (code := _no_gpu("bytes")) is not None:
         return code
-    l2, sms = args.l2_bytes, args.sms
-    if not (l2 and sms):  # the running GPU's own L2 and SM count
-        import torch
-
-        props = torch.cuda.get_device_properties(0)
-        l2, sms = l2 or props.L2_cache_size, sms or props.multi_processor_count
+    l2, sms = _l2_sms(args)
     env = {**_env(l2, sms), **({"repeat": repeat} if repeat > 1 else {})}
 
     def progress(done, total):

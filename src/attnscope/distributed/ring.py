@@ -329,7 +329,7 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.
 
 
 def _sinks_grad(do, o, lse, sinks):
-    """This rank's rows' share of dsinks[h] = -sum_rows exp(sink_h - LSE) rowsum(dO * O) (issue 35); the
+    """This rank's rows' share of dsinks[h] = -sum_rows exp(sink_h - LSE) rowsum(dO * O); the
     ranks' shares add up to the whole (as every weight's gradient under context parallelism)."""
     import torch
 

@@ -12,7 +12,7 @@ skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bo
 in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
-Score mods (issue 35; DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
+Score mods (DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
 sliding window (``WINDOW``) runs the unmasked tiles, then the left- and right-masked ones in one loop,
 between the bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never
 loaded); softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
@@ -84,7 +84,7 @@ class FwdConfig(NamedTuple):
     num_stages: int  # software-pipelining depth of the KV loop
 
 
-#: Measured config table (bench/tune_prefill.py; BENCHMARKS.md): (head_dim, causal, largest max(Nq, Nk)
+#: Measured config table (`bench/tune.py prefill`; BENCHMARKS.md): (head_dim, causal, largest max(Nq, Nk)
 #: the row covers or None = any) -> config, first matching row wins; fp16 and bf16 alike.
 CONFIG_TABLE = (
     (128, False, None, FwdConfig(128, 64, 4, 2)),
@@ -329,6 +329,7 @@ class _Plan(NamedTuple):
     sinks)`` with grid, constexprs and scalars fixed. It holds no user tensor."""
 
     o_shape: tuple
+    o_stride: tuple  # q's layout (`_out_like`)
     lse_shape: tuple  # (1,) without return_lse: a placeholder the kernel never touches
     dtype: object
     device: object
@@ -376,6 +377,13 @@ def _refuse_grid(B: int, Hq: int, chosen: str):
         f"kernel's grid is one SM each)")
 
 
+def _out_like(q, device=None):
+    """The output [B, Hq, Nq, d] in q's layout: flash-attn's [B, N, H, d] memory order when q is a transposed
+    view of it (as transformers passes q), so the caller's ``transpose(1, 2)`` back is contiguous, no copy
+    (``torch.empty_like``'s rule: dense strides in the order of q's)."""
+    return torch.empty_like(q, device=device if device is not None else q.device)
+
+
 def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks) -> _Plan:
     """Check the call (every documented error) and plan its launch."""
     _check_flags(causal, scale, return_lse)
@@ -385,7 +393,7 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
     qk_scale = sm_scale * LOG2E
     chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
-    o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device="meta")  # the output's layout
+    o = _out_like(q, "meta")  # the output's layout
     if chosen != "portable":  # a fwd_hopper.VARIANTS name
         from attnscope.kernels import fwd_hopper  # Gluon: imported only when used
 
@@ -397,7 +405,7 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
             _refuse_grid(B, Hq, chosen)
         cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
-    return _Plan((B, Hq, Nq, d), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
+    return _Plan((B, Hq, Nq, d), o.stride(), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
                  torch.empty((1,), dtype=torch.float32, device=q.device))
 
 
@@ -417,7 +425,7 @@ def _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, s
                 _PLANS[key] = plan
                 if len(_PLANS) > PLAN_CACHE_SIZE:
                     del _PLANS[next(iter(_PLANS))]
-    o = torch.empty(plan.o_shape, dtype=plan.dtype, device=plan.device)
+    o = torch.empty_strided(plan.o_shape, plan.o_stride, dtype=plan.dtype, device=plan.device)
     if placeholder_lse and not return_lse:
         lse = plan.placeholder
     else:
@@ -437,7 +445,7 @@ def launch(q, k, v, causal: bool = False, scale: float | None = None, return_lse
     """Check, allocate, launch; returns ``(o, lse, compiled)``.
 
     ``compiled`` is Triton's compiled kernel of this launch (``.n_regs``, ``.n_spills``,
-    ``.metadata.shared``: the resource report bench/diag_fwd.py prints). ``lse`` is a 1-element dummy
+    ``.metadata.shared``: what bench/sm90_resources.py reports). ``lse`` is a 1-element dummy
     unless ``return_lse``. Arguments as `flash_attention`. The first call of a layout (`_plan_key`: shapes,
     strides, dtypes, devices, flags, options) checks it and keeps its launch plan (`PLAN_CACHE_SIZE`); a
     later call of that layout allocates the outputs and launches.
@@ -463,7 +471,7 @@ def _op(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0
 @_op.register_fake
 def _(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0, sinks=None,
       deterministic=False):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
+    return _out_like(q), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,

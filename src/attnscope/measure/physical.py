@@ -242,12 +242,10 @@ class Row:
 
 PORTABLE_KERNEL = "_attnscope_fwd_kernel"  # kernels/fwd.py's portable kernel (the Gluon ones: _hopper)
 
-#: The recorded grid (tests/data/measure/recorded, 2026-11-29) ran attnscope's portable kernel autotuned per
-#: power-of-two N, before kernels/fwd.py's measured CONFIG_TABLE (7f60fd8): at d = 128 one of (BLOCK_M,
-#: BLOCK_N, warps, stages) (128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3) (e71f731's CONFIGS). ncu's block
-#: size (threads) and grid (query tiles: BLOCK_M) name the one that ran -> its `l2.Kernel`. Shared memory
-#: (Q + stages x (K + V) tiles): 128 KiB for 8 warps and 3 stages, so one CTA per SM (BENCHMARKS.md,
-#: 2026-11-29 config sweep); 112 KiB for BLOCK_M 64, so two. (128, 64, 4, 2) is `l2.KERNELS`' own.
+#: The recorded grid (tests/data/measure/recorded) ran the portable kernel autotuned per power-of-two N, at
+#: d = 128 one of (BLOCK_M, BLOCK_N, warps, stages) (128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3). ncu's
+#: block size (threads) and grid (query tiles: BLOCK_M) name the one that ran -> its `l2.Kernel`: Q + stages x
+#: (K + V) tiles take 128 KiB for 8 warps and 3 stages (one CTA per SM), 112 KiB for BLOCK_M 64 (two).
 RECORDED_PORTABLE = {(256, 128): l2.Kernel(128, 64, 1, "hb", False, False, threads=256),
                      (128, 64): l2.Kernel(64, 64, 2, "hb", False, False)}
 

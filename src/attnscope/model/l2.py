@@ -3,36 +3,25 @@
 A byte is read from DRAM again when more than the L2 keeps was touched since its last use (its reuse
 distance); `miss` maps distance / capacity to a miss fraction (0, then a ramp to 1). Closed forms, pure
 Python, cost independent of N. Floor: Q, K, V read and O (+ LSE) written once from a cold L2 (ncu evicts
-it); anything below is a named credit (O still dirty at the end). Naive attention (`_naive`): S (S', P)
-written by one kernel and read back by the next: LRU stack distances in closed form, where they fit the
-intermediates are re-read and left dirty in the L2 without reaching DRAM. Fused kernels
-(`_fused`, `wave_rereads`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a time,
-the CTAs of one (batch, kv head) consecutive. A K/V tile is read by CTAs on both L2 partitions, so each
-partition holds a copy (`COPIES`): K/V re-reads miss from 0.43 of the L2, a CTA's Q and O take less room
-(`L2Params.qo_weight`); unmasked MHA sets take the parameters bench/l2_reuse.py measured for that pattern,
-read by at most C readers (`L2Params.for_lockstep`) or by more (`L2Params.for_wide`). Unmasked CTAs run in
-lockstep waves: the set a wave boundary cuts is re-read after
-the rest of the a sets of one wave and the start of the b sets of the next; boundaries fall at multiples of
-gcd(C, T) in a set of T CTAs (`wave_pairs`, exact). Causal: forward walkers a launch interval apart; a set
-of FA-2's backward walkers stays live over its longest CTA plus the span its CTAs start over (C per mean
-lifetime), its re-reads a window of W = s C CTAs apart that holds W / T to W / T + 1 sets (a causal CTA
-reads up to its diagonal only: the window's newest set only as far as its CTAs launched), and where a K/V
-set's next query head starts, its top tiles after a gap that the resident
-spill frames lengthen (`head_gap_rereads`); a static persistent schedule a diagonal step apart;
-attnscope's persistent causal schedule in lockstep round pairs (`paired_rereads`). GQA heads split by the
-batch re-read their set: unmasked, only where a wave boundary falls between the two heads' CTAs, after the
-waves between (`batch_gap_rereads`); causal, its top tiles after a gap (B - 1) T launches longer, over which
-the other batches' sets are touched (`head_gap_rereads` with ``batch``); those re-reads scale by the
-share of them the H200 measured to miss at the B sets' footprint (`hot_miss`). Spills
-(`spill_bytes`): dead dirty frames reach DRAM unless reused first; FA-2's d 64 causal MHA frames as the
-L2 fills (`L2Params.frame_fill_share`). FA-2's causal re-reads ramp up over the first waves after the
-launch, while the L2 fills (`launch_fill_share`).
-Writes (`_retained`): what is still dirty in the L2 at the end is not counted (counted in the same room
-as the re-reads: Q, O and frames take less than K/V). The constants (model/l2_params.py: `L2Params`,
-the one table of them, and the kernels' geometry) each say whether they are measured on the H200, read
-from a kernel's source, or assumed; one is fitted to an attention kernel's own counters (`L2Params.hot`,
-FA-2's hot sets: the class the microbenchmarks did not reproduce), and the structure was developed on the
-recorded sweeps, so only a fresh grid tests it.
+it); anything below is a named credit (O still dirty at the end).
+
+- Naive attention (`_naive`): S (S', P) written by one kernel and read back by the next; LRU stack
+  distances in closed form decide which intermediates are re-read from the L2 and left dirty there.
+- Fused kernels (`_fused`): CTAs start in grid order (`KERNELS`, `kernel_of`), C = SMs x CTAs/SM at a
+  time, the CTAs of one (batch, kv head) consecutive; model/l2_reuse.py counts the K/V re-reads of each
+  launch order: lockstep waves (`wave_pairs`, `lockstep_rereads`), causal forward and backward walkers
+  (`wave_rereads`, `head_gap_rereads`, `launch_fill_share`), attnscope's persistent causal schedule
+  (`paired_rereads`), GQA heads split by the batch (`batch_gap_rereads`, `hot_miss`).
+- Room: a K/V tile read by CTAs on both L2 partitions is held twice (`COPIES`: re-reads miss from
+  `L2Params.shared` of the L2; unmasked MHA sets: `L2Params.for_lockstep`, `for_wide`); a CTA's Q and O
+  take less room (`L2Params.qo_weight`); dead dirty spill frames (`spill_bytes`) reach DRAM unless reused
+  first (`L2Params.frame_fill_share`).
+- Writes (`_retained`): what is still dirty in the L2 at the end is not counted.
+
+The constants (model/l2_params.py: `L2Params`, the one table of them, and the kernels' geometry) each say
+whether they are measured on the H200, read from a kernel's source, or assumed; `L2Params.hot` is fitted
+to an attention kernel's own counters, and the structure was developed on the recorded sweeps, so only a
+fresh grid tests it.
 """
 
 from __future__ import annotations

@@ -185,10 +185,7 @@ def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
     bench/results/h200-2026-12-01-bytes-hotprobe.json) and 18 shapes of held-out grids 1-22. The H200 loses
     the sets gradually from about 0.1 x L2 of footprint, all the counted re-reads by 0.55 x L2 (with the
     `COPIES` of both partitions, about the whole L2), and past 0.75 x L2 more than counted (1.8 x at 1.0:
-    the walkers of one window also miss each other's tiles). The shared capacity's cliff (0.434, ramp
-    1.38) had all of them miss from 0.3 x L2: grids 14 and 22's +80 % at B = 2, N = 26-29k.
-    bench/l2_reuse.py H (a synthetic kernel of the same rotation) showed the same gradual loss at a lower
-    level (its persistent readers run in lockstep).
+    the walkers of one window also miss each other's tiles).
 
     FA-2's d 64 kernel (`L2Params.hot_d64`: the same fit over that class's 14 development shapes: the hot
     probe's two, held-out grids 1-27's twelve, footprint 0.01-0.47 x L2) loses far fewer of its counted

@@ -122,12 +122,8 @@ def head_gap_rereads(per_head: float, c: int, kv_bytes: float, qo_bytes: float, 
     and the spill frames of the CTAs live then (``frame_bytes`` each; the c running ones and the G started,
     at most the (1 + s) c warp slots the frames cycle through, s = `L2Params.slot_reuse_lifetimes`):
     D(x) = x kv + G qo + min(c + G, (1 + s) c) frame. Each such tile misses with `miss` (D / ``cap``,
-    ``ramp``); D is piecewise linear, so the mean is exact (`mean_miss` per piece). The same ramp on the
-    exact LRU stack distances of the ideal schedule (bench/l2_sim.py --frames --ramp 1.38) gives these
-    re-reads within 0.06 sets at FA-2 MQA B = 1, N 16-32k, and none without the frames; the H200's counters
-    show 0.07-0.21 sets more (about 0.1 where none is estimated: N 16,385, 24,576 even, 20,481). The frames
-    are what separates N = 24,577 (ragged kernel, 274 B a thread: 0.31 sets measured, 0.11 estimated) from
-    24,576 (Is_even_MN, 74 B: 0.11 measured, none estimated) at H = 13/1.
+    ``ramp``); D is piecewise linear, so the mean is exact (`mean_miss` per piece). Checked against the exact
+    LRU stack distances of the ideal schedule (bench/l2_sim.py --frames).
 
     ``batch`` B > 1 (FA-2's (m, b, h) grid: the batch between a group's heads): the next head of the set
     starts (B - 1) T launches later, G(x) = (B - 1) T + x T - spread c (1 - x), and the B - 1 pairs (head,
@@ -135,12 +131,8 @@ def head_gap_rereads(per_head: float, c: int, kv_bytes: float, qo_bytes: float, 
     reads its tile y from q T + y T (its CTA y T's diagonal) to (q + 1) T + spread c (1 - y) (its heaviest
     CTA): inside the gap for y < x + q u, u = T / (spread c); the pair of the same batch one head earlier
     (q - B) only for y < x - (B - q) u, within that. So the gap also touches min(1, x + q u) of each other
-    batch's set: D(x) gains the sum of those over q, piecewise linear with knots at x = 1 - q u. The exact
-    LRU of the ideal schedule (bench/l2_sim.py --frames --ramp 1.38; the misses of a tile's first read by a
-    later head) puts these re-reads at 7.74 / 2.65 / 1.53 / 27.31 / 0.24 sets at B = 2 GQA 19/1 N = 26,154,
-    5 45/5 8,111, 5 21/3 7,353, 4 29/1 23,103, 5 9/3 5,755 (this form: 7.74 / 2.59 / 1.48 / 27.32 / 0.14),
-    where counting the other batches' whole sets and B T Q/O tiles put them at 18.0 / 4.35 / 1.48 / 28.0 /
-    0."""
+    batch's set: D(x) gains the sum of those over q, piecewise linear with knots at x = 1 - q u (checked
+    against the exact LRU of the ideal schedule, bench/l2_sim.py --frames)."""
     t, sc = per_head, spread * c
     lead = (batch - 1) * t  # launches from the set's pair to its next head's, less one pair
     slots = H200_L2_PARAMS.slot_reuse_lifetimes * c  # G past which the frames cycle through every warp slot
@@ -166,12 +158,9 @@ def launch_fill_share(waves: float, w0: float = H200_L2_PARAMS.launch_fill_waves
     (`wave_rereads`) and mostly hit. The miss share ramps as 1 - exp(-w / ``w0``) over the launch's waves w;
     its mean over W waves is 1 - (w0 / W) (1 - exp(-W / w0)).
 
-    bench/grids/heads_probe.csv (FA-2 causal MHA, d 128, B = 1, the head count alone scaling the waves;
-    bench/results/h200-2026-12-01-bytes-headsprobe.json) measured the re-reads per K/V set
-    growing with the waves and levelling off by about ten: at N = 15,033, 0.12 / 0.53 / 0.40 / 0.66 / 1.0 /
-    1.05 sets at 1.3 / 2.7 / 5.4 / 10 / 21 / 41 waves, where the steady-state estimate is 1.07 at each.
-    ``w0`` = 1 wave is the least-squares choice over FA-2's causal development points (0.5-1.5 all help:
-    332 -> 343-354 of 408 rows within ±10 %; 2 and more lose the many-wave points)."""
+    bench/grids/heads_probe.csv (FA-2 causal MHA, d 128, B = 1, the head count alone scaling the waves)
+    measured the re-reads per K/V set growing with the waves and levelling off by about ten; ``w0``:
+    `L2Params.launch_fill_waves`."""
     if waves <= 0:
         return 0.0
     return 1.0 - w0 / waves * (1.0 - math.exp(-waves / w0))
@@ -196,10 +185,8 @@ def paired_rereads(sets: int, group: int, num_m: int, n_kv: int, c: int, tile_by
     light re-reads) and its programs' Q and O (``qo_bytes`` per item); bytes over ``cap`` become misses
     through `miss` with ``ramp`` (the shared K/V lines' measured ramp, `L2Params`). Counting the light
     re-reads as insertions overstates the distinct lines of an ideal LRU (which re-reads less than the
-    H200: at GQA 7/1, B = 2, N = 24,973 an exact LRU of this schedule re-reads 0.17 sets, the counters
-    0.65-0.90); it is the choice that matches the development points at an even ``num_m`` (bench/l2_dev.py:
-    all within 3 %), and the held-out grids test it. With ``ramp`` 1 (a sharp LRU cliff) and MHA it tracks
-    an exact-LRU simulation of the schedule (tests/test_model_l2.py). Past `PAIRED_ROUNDS` round pairs the
+    H200); it matches the development points at an even ``num_m``. With ``ramp`` 1 (a sharp LRU cliff) and
+    MHA it tracks an exact-LRU simulation of the schedule (tests/test_model_l2.py). Past `PAIRED_ROUNDS` the
     inner ones are sampled evenly, so the cost is bounded and independent of N."""
     half = (num_m + 1) // 2
     per_set = group * half
@@ -289,10 +276,7 @@ def batch_gap_rereads(batch: int, group: int, kv_heads: int, per_set: int, c: in
     earlier wave, the k - 1 waves between and the first x of the later wave's sets, about k c / T + 1 pairs
     (their different sets: at most B kv sets, fewer where a window ends within a group, as `wave_rereads`'s
     ``group_batch``), spread one set wide, plus the Q and O of k waves (``wave_other`` each, as
-    `lockstep_rereads`). An exact LRU of the ideal schedule (bench/l2_sim.py --ramp 1.38) puts these
-    re-reads at 17.2 / 11.1 / 11.5 / 12.2 sets at B = 2 GQA 23/1 N = 22,669, 2 7/1 29,753, 4 11/1 15,121,
-    4 17/1 d = 64 25,628 (H200: 18.6 / 9.2 / 10.6 / 16.0) where counting B whole sets and B T Q/O tiles
-    between the heads put them at 29.0 / 12.0 / 13.0 / 16.0."""
+    `lockstep_rereads`; checked against the exact LRU of the ideal schedule, bench/l2_sim.py)."""
     t = max(1, int(per_set))
     gap = (batch - 1) * t + 1
     k0, f = divmod(gap / max(1, c), 1.0)
