@@ -25,7 +25,6 @@ descriptors; dq, dk, dv contiguous.
 
 from __future__ import annotations
 
-from attnscope.errors import InputError
 from attnscope.kernels._common import import_torch_triton
 from attnscope.model.tiles import cdiv
 
@@ -95,7 +94,8 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
                         + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [0, h, q0 + m * BM, 0], q_ready.index(s), q_smem.index(s))
         tma.async_copy_global_to_shared(desc_do, [0, h, q0 + m * BM, 0], q_ready.index(s), do_smem.index(s))
-        tma.async_copy_global_to_shared(desc_lse, [0, h, row_pad + m * BM], q_ready.index(s), lse_smem.index(s))
+        tma.async_copy_global_to_shared(desc_lse, [0, h, row_pad + m * BM], q_ready.index(s),
+                                        lse_smem.index(s))
         tma.async_copy_global_to_shared(desc_delta, [0, h, row_pad + m * BM], q_ready.index(s),
                                         delta_smem.index(s))
 
@@ -361,7 +361,8 @@ def unsupported(d: int, dtype, windowed: bool, softcap: float, bounds) -> str | 
     if dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {dtype} is not supported; supported: torch.float16, torch.bfloat16"
     if windowed or softcap > 0 or bounds is not None:
-        return "a window or softcap is not supported; supported: causal or not, sinks (impl='portable': every mod)"
+        return ("a window or softcap is not supported; supported: causal or not, sinks "
+                "(impl='portable': every mod)")
     return None
 
 
@@ -390,7 +391,8 @@ def constexprs(d: int, causal: bool, name: str) -> dict:
 
 def kernel(name: str):
     """The Gluon kernel function of ``name`` ("dkdv" or "dq")."""
-    return _attnscope_varlen_bwd_hopper_dkdv_kernel if name == "dkdv" else _attnscope_varlen_bwd_hopper_dq_kernel
+    kernels = {"dkdv": _attnscope_varlen_bwd_hopper_dkdv_kernel, "dq": _attnscope_varlen_bwd_hopper_dq_kernel}
+    return kernels[name]
 
 
 def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
@@ -399,7 +401,8 @@ def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
     elem = gl.bfloat16 if dtype == "bf16" else gl.float16
 
     def ds(rows):
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)!r}>"
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
+        return f"tensordesc<{dtype}[1,1,{rows},{d}],{layout!r}>"
 
     ptrs = {n: "*i32" for n in ("CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE")}
     if name == "dkdv":
@@ -412,7 +415,8 @@ def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
         sig = {"desc_q": ds(cfg.BM), "desc_k": ds(cfg.BN), "desc_v": ds(cfg.BN), "desc_do": ds(cfg.BM),
                "desc_dq": ds(cfg.BM), "DQ": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", **ptrs,
                "H": "i32", "HKV": "i32", "TOTAL_Q": "i32"}
-    return {**sig, "qk_scale": "fp32", "sm_scale": "fp32", **{n: "constexpr" for n in constexprs(d, False, name)}}
+    cx = {n: "constexpr" for n in constexprs(d, False, name)}
+    return {**sig, "qk_scale": "fp32", "sm_scale": "fp32", **cx}
 
 
 def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: float, sm_scale: float,
