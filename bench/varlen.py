@@ -429,7 +429,8 @@ def compile_report() -> int:
         types.update(DQ="*fp32", LSE2="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", cap_in="fp32")
         report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._bwd_dkdv_kernel,
                {"HEAD_DIM": d, "CAUSAL": True, "ATOMIC_DQ": False, "BLOCK_M": bm, "BLOCK_N": bn,
-                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False}, warps, stages, types=types)
+                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False, "OFF64": False}, warps, stages,
+               types=types)
     return 0
 
 

@@ -253,7 +253,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
         as `attnscope.kernels.varlen.flash_attention_varlen` (cu_seqlens values checked the same way).
     lse : torch.Tensor, [Hq, total_q], float32: the forward's natural-log LSE.
     deterministic : bool: True gives bitwise-identical gradients (dQ in its own pass); False (default)
-        accumulates dQ with fp32 atomics.
+        accumulates dQ with fp32 atomics in the portable kernels (the Gluon ones have no atomics).
     dlse : torch.Tensor, [Hq, total_q], optional: the gradient of the returned LSE.
     bounds : signed (left, right) band instead of ``window`` (`varlen_plan.mod_args`; the ring's blocks).
     impl : {"auto", "portable", "hopper"}
