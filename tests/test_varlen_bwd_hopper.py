@@ -47,7 +47,8 @@ def test_padded_rows_put_each_sequence_before_row_pad_rows_of_padding():
     lens = [3, 0, 130, 1, 64]
     cu = _cu(lens)
     x = torch.randn(3, sum(lens), device=DEVICE)
-    out = vh.padded_rows(x, cu, float("-inf"))
+    out, zero = vh.padded_rows([(x, float("-inf")), (x * 2, 0.0)], cu)
+    assert torch.equal(torch.where(torch.isneginf(out), 0.0, out * 2), zero)
     assert out.shape[0] == 3 and out.shape[1] % 4 == 0 and out.shape[1] >= sum(lens) + len(lens) * vh.ROW_PAD
     expected = torch.full_like(out, float("-inf"))
     for s, n in enumerate(lens):

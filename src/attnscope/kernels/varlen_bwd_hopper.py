@@ -41,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
-    CONFIGS,
     CONSUMER_REGS,
     ROW_PAD,
     _keep,
@@ -50,7 +49,6 @@ from attnscope.kernels.bwd_hopper import (  # noqa: E402
     _step,
     _tma_ready,
     config,
-    supports,
 )
 from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_full, _kv_range, _layout, wgmma_layout  # noqa: E402
 
@@ -339,36 +337,25 @@ def work_lists(total_q: int, total_k: int, batch: int, d: int, causal: bool) -> 
             (cdiv(total_q, t["dq"]) + batch, t["dq"], bool(causal), False)]
 
 
-def padded_rows(x, cu_q, pad: float):
-    """``x`` [H, total_q] laid out per sequence for the dK/dV kernel's TMA reads: [H, n_pad] float32 with
-    sequence s's rows at ``cu_q[s] + s ROW_PAD``, each sequence followed by ``ROW_PAD`` rows of ``pad``, and
-    n_pad a multiple of 4 (16-byte row stride). ``cu_q``: the sanitised int32 [B + 1] on x's device; no
-    host sync."""
-    H, total_q = x.shape
+def padded_rows(xs, cu_q) -> list:
+    """Each ``(x, pad)`` of ``xs`` (x [H, total_q]) laid out per sequence for the dK/dV kernel's TMA reads:
+    [H, n_pad] float32 with sequence s's rows at ``cu_q[s] + s ROW_PAD``, each sequence followed by
+    ``ROW_PAD`` rows of ``pad``, n_pad a multiple of 4 (16-byte row stride). ``cu_q``: the sanitised int32
+    [B + 1] on x's device; no host sync."""
+    H, total_q = xs[0][0].shape
+    dev = xs[0][0].device
     B = cu_q.shape[0] - 1
     n_pad = cdiv(total_q + B * ROW_PAD, 4) * 4
-    out = torch.full((H, n_pad), pad, dtype=torch.float32, device=x.device)
-    rows = torch.arange(total_q, device=x.device, dtype=torch.int32)
+    rows = torch.arange(total_q, device=dev, dtype=torch.int32)
     seq = torch.searchsorted(cu_q, rows, right=True) - 1  # [total_q] the sequence of each packed row
-    out.index_copy_(1, rows + seq * ROW_PAD, x.to(torch.float32))
-    return out
-
-
-def unsupported(d: int, dtype, windowed: bool, softcap: float, bounds) -> str | None:
-    """None when this path takes the call, else what it supports (the NotImplementedError's text)."""
-    if not supports(d):
-        return f"head_dim {d} is not supported; supported: {sorted(CONFIGS['dq'])}"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {dtype} is not supported; supported: torch.float16, torch.bfloat16"
-    if windowed or softcap > 0 or bounds is not None:
-        return ("a window or softcap is not supported; supported: causal or not, sinks "
-                "(impl='portable': every mod)")
-    return None
+    at = rows + seq * ROW_PAD
+    out = [torch.full((H, n_pad), pad, dtype=torch.float32, device=dev) for _, pad in xs]
+    return [o.index_copy_(1, at, x.to(torch.float32)) for o, (x, _) in zip(out, xs, strict=True)]
 
 
 def _view(t):
     """[total, H, d] as the [1, H, total, d] view the 4-D TMA descriptors address (the caller's strides)."""
-    return _tma_ready(t).permute(1, 0, 2).unsqueeze(0)
+    return t.permute(1, 0, 2).unsqueeze(0)
 
 
 def _descs(tensors: dict, blocks: dict, d: int) -> list:
@@ -431,8 +418,9 @@ def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: fl
     total_q, Hq, d = q.shape
     total_k, Hkv = k.shape[0], k.shape[1]
     assert all(t.is_contiguous() for t in (dq, dk, dv, lse2, delta)), "dq, dk, dv, lse2, delta: contiguous"
-    views = {"desc_q": _view(q), "desc_k": _view(k), "desc_v": _view(v), "desc_do": _view(do),
-             "desc_dk": _view(dk), "desc_dv": _view(dv), "desc_dq": _view(dq)}
+    views = {"desc_q": _view(_tma_ready(q)), "desc_k": _view(_tma_ready(k)), "desc_v": _view(_tma_ready(v)),
+             "desc_do": _view(_tma_ready(do)), "desc_dk": _view(dk), "desc_dv": _view(dv),
+             "desc_dq": _view(dq)}  # outputs: fresh contiguous tensors, written in place
     kv, qc = config(d, "dkdv"), config(d, "dq")
     bnw = kv.BN // kv.NWG
     assert ROW_PAD >= kv.BM, (ROW_PAD, kv)  # a tile past a sequence's end reads its padding only
@@ -440,7 +428,7 @@ def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: fl
         dq.zero_()
         return None, None
     # the S^T and dP^T initial values per query row: -LSE2 / qk_scale (-inf past each sequence: P = 0), Delta
-    rows = [padded_rows(lse2 / -qk_scale, cu_q, float("-inf")), padded_rows(delta, cu_q, 0.0)]
+    rows = padded_rows([(lse2 / -qk_scale, float("-inf")), (delta, 0.0)], cu_q)
     rows = [TensorDescriptor(r.unsqueeze(0), [1, *r.shape], [r.numel(), *r.stride()], [1, 1, kv.BM],
                              _row_layout(kv.BM)) for r in rows]
     (seq_kv, tile_kv), (seq_q, tile_q) = items
