@@ -181,3 +181,66 @@ def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows():
         alone = grads(q[rq], k[rk], v[rk], do[rq], o[rq], lse[:, rq].contiguous(), [nq], [nk])
         for x, y in zip((a[0][rq], a[1][rk], a[2][rk]), alone, strict=True):
             assert torch.equal(x, y), s
+
+
+class _Recorder:
+    """Stands in for a Gluon kernel on the CPU: records ``kernel[grid](*args, **constexprs)``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((grid, args, kw))
+
+
+def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkeypatch):
+    """The host side of ``impl="hopper"`` (the kernels recorded, not run): grids (work items, kv heads) and
+    (work items, heads); Q/K/V/dO and the outputs as [1, H, total, d] views of the caller's memory with
+    the configs' blocks; the -LSE2 / qk_scale and Delta copies padded per sequence; the plan's lists."""
+    monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
+    rec = {name: _Recorder() for name in ("dkdv", "dq")}
+    monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dkdv_kernel", rec["dkdv"])
+    monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dq_kernel", rec["dq"])
+    lq, lk = [3, 0, 150, 1], [5, 2, 129, 0]
+    hq, hkv, d = 4, 2, 64
+    g = torch.Generator().manual_seed(1)
+    q = _packed(sum(lq), hq, d, torch.bfloat16, True, g)  # strided: [H, total, d] memory
+    do = _packed(sum(lq), hq, d, torch.bfloat16, False, g)
+    k, v = (_packed(sum(lk), hkv, d, torch.bfloat16, False, g) for _ in range(2))
+    o = torch.randn(sum(lq), hq, d, generator=g).to(torch.bfloat16)
+    lse = torch.randn(hq, sum(lq), generator=g)
+    dq, dk, dv, _ = varlen_bwd.flash_attention_varlen_backward(do, q, k, v, o, lse, _cu(lq), _cu(lk), max(lq),
+                                                               max(lk), True, impl="hopper")
+    (grid_kv, a_kv, kw_kv), = rec["dkdv"].calls
+    (grid_q, a_q, kw_q), = rec["dq"].calls
+    lists = vh.work_lists(sum(lq), sum(lk), len(lq), d, True)
+    assert grid_kv == (lists[0][0], hkv) and grid_q == (lists[1][0], hq)
+    assert kw_kv["CAUSAL"] is True and kw_kv["ROWS_PAD"] == vh.ROW_PAD and kw_q["CAUSAL"] is True
+    cfg_kv, cfg_q = vh.config(d, "dkdv"), vh.config(d, "dq")
+
+    def same_memory(desc, t, rows):
+        assert desc.base.data_ptr() == t.data_ptr() and desc.shape == [1, t.shape[1], t.shape[0], d]
+        assert desc.strides[1:] == [t.stride(1), t.stride(0), 1] and desc.block_shape == [1, 1, rows, d]
+
+    bnw = cfg_kv.BN // cfg_kv.NWG
+    for desc, t, rows in zip(a_kv[:4], (q, k, v, do), (cfg_kv.BM, bnw, bnw, cfg_kv.BM), strict=True):
+        same_memory(desc, t, rows)
+    same_memory(a_kv[6], dk, bnw)
+    same_memory(a_kv[7], dv, bnw)
+    assert a_kv[8] is dk and a_kv[9] is dv
+    for desc, t, rows in zip(a_q[:5], (q, k, v, do, dq), (cfg_q.BM, cfg_q.BN, cfg_q.BN, cfg_q.BM, cfg_q.BM),
+                             strict=True):
+        same_memory(desc, t, rows)
+    assert a_q[5] is dq
+    qk_scale = d ** -0.5 * _common.LOG2E
+    neg_lse = a_kv[4].base[0]  # [Hq, n_pad]
+    assert a_kv[4].block_shape == [1, 1, cfg_kv.BM] and a_kv[5].block_shape == [1, 1, cfg_kv.BM]
+    cq = np.cumsum([0, *lq])
+    for s, n in enumerate(lq):
+        at = cq[s] + s * vh.ROW_PAD
+        torch.testing.assert_close(neg_lse[:, at:at + n], lse[:, cq[s]:cq[s] + n] * _common.LOG2E / -qk_scale)
+        assert torch.isneginf(neg_lse[:, at + n:at + n + vh.ROW_PAD]).all()
+    # the work lists: every (sequence, 128-key tile) and (sequence, 128-row tile) once
+    seq_kv, seq_q = a_kv[12].tolist(), a_q[10].tolist()
+    assert sorted(s for s in seq_kv if s >= 0) == [0, 1, 2, 2]
+    assert sorted(s for s in seq_q if s >= 0) == [0, 2, 2, 3]
