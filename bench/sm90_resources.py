@@ -21,7 +21,8 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
   and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, and bf16 with
   the score mods (`HOPPER_BWD_MODS`: window, softcap, both), with their `setmaxnreg` split.
 - ``--kernel varlen``: kernels/varlen.py's forward (TMA and pointer K/V loads) and kernels/varlen_bwd.py's
-  dK/dV and dQ pass, `VARLEN_MODS`.
+  dK/dV and dQ pass, `VARLEN_MODS`; the Gluon dK/dV and dQ kernels of kernels/varlen_bwd_hopper.py, bf16 and
+  fp16, causal and not.
 - ``--kernel decode``: the split-KV decode kernel as `DecodePlan` builds it (`DECODE_SHAPES`: decode
   tiles with fused / separate merge, dense and paged, chunked prefill), bf16 and FP8 e4m3 caches, score
   mods off and on; the combine kernel and `kernels.merge`'s kernel; whether the KV loop uses cp.async.
@@ -385,6 +386,21 @@ def varlen_report() -> None:
             cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
             report(f"varlen dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
                    compile_triton, varlen_bwd._varlen_dq_kernel, _varlen_types(dt, False), cx, w, s)
+    for d in (64, 128):  # the Gluon backward `varlen_bwd.pick_impl` takes on sm_90 (no mods)
+        for dt in ("bf16", "fp16"):
+            for causal in (False, True):
+                for name in ("dkdv", "dq"):
+                    report(f"varlen gluon {name} d={d:3d} {dt} CAUSAL={int(causal)}",
+                           compile_varlen_hopper_bwd, d, dt, causal, name, extra=setmaxnreg)
+
+
+def compile_varlen_hopper_bwd(d, dt, causal, name):
+    """kernels/varlen_bwd_hopper.py's Gluon kernel ``name`` ("dkdv" or "dq") for sm_90."""
+    from attnscope.kernels import varlen_bwd_hopper as vh
+
+    src = GluonASTSource(fn=vh.kernel(name), signature=vh.signature(d, dt, name),
+                         constexprs=vh.constexprs(d, causal, name))
+    return triton.compile(src, target=TARGET, options=dict(num_warps=vh.NUM_WARPS))
 
 
 # --- --kernel decode ---------------------------------------------------------------------------------

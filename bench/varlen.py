@@ -15,8 +15,10 @@ prompt; forward+backward = 3.5 x forward). Peers:
   heads beforehand, untimed), outputs written into one packed tensor.
 
 attnscope is timed as users call it: `flash_attention_varlen` with its defaults (no host sync; the
-cu_seqlens check is on the device; dQ in its own pass while `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` is False),
-and as ``attnscope-atomic-dq`` with that switch set True for its rows (dQ by fp32 atomics in the dK/dV
+cu_seqlens check is on the device; on sm_90 the backward runs the Gluon kernels of
+kernels/varlen_bwd_hopper.py, as `kernels.varlen_bwd.pick_impl` chooses: the line before the table says
+which); ``attnscope-portable-bwd`` runs the portable Triton backward instead, and ``attnscope-atomic-dq``
+the portable one with `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` set True (dQ by fp32 atomics in the dK/dV
 kernel), so the switch can follow the measurement. ``--sweep`` adds forward variants (`_sweep`).
 Correctness first: before timing, the output and dQ, dK, dV of every implementation are compared with
 float64 autograd on four sampled prompts (shortest, longest, two random; query heads 0 and 1): attnscope
@@ -87,13 +89,18 @@ def main(argv=None) -> int:
     def rep_ms(fn) -> float:
         return float(triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median"))
 
-    from attnscope.kernels import bwd
+    from attnscope.kernels import _common, bwd, varlen_bwd
 
+    mods = _common.check_mods(torch, causal, None, 0.0, None, HQ, dev)
+    chosen = varlen_bwd.pick_impl("auto", q, causal, mods, D ** -0.5)
+    print(f"attnscope backward kernels (impl='auto'): {chosen}", flush=True)
     rows, failed = [], False
-    atomic_default = bwd.ATOMIC_DQ_BY_DEFAULT
+    atomic_default, pick_impl = bwd.ATOMIC_DQ_BY_DEFAULT, varlen_bwd.pick_impl
     for name, fn in impls.items():
         row = {"impl": name}
         bwd.ATOMIC_DQ_BY_DEFAULT = atomic_default or name == "attnscope-atomic-dq"
+        portable = name in ("attnscope-atomic-dq", "attnscope-portable-bwd")  # atomics: portable only
+        varlen_bwd.pick_impl = (lambda *a, **kw: "portable") if portable else pick_impl
         try:
             errs = _errors(torch, fn, q, k, v, do, lens, sample, ref)
             row["err"] = errs
@@ -115,7 +122,7 @@ def main(argv=None) -> int:
             print(f"  {name} n/a: {row['error']}", flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
-    bwd.ATOMIC_DQ_BY_DEFAULT = atomic_default
+    bwd.ATOMIC_DQ_BY_DEFAULT, varlen_bwd.pick_impl = atomic_default, pick_impl
     _print(rows, args.markdown, bound_o, bound_g)
     if args.sweep:
         failed |= _sweep(torch, q, k, v, lens, causal, sample, ref, bound_o, rep_ms, useful)
@@ -138,7 +145,9 @@ def _impls(torch, q, k, v, lens, causal, no_flex):
     impls = {
         "attnscope": lambda q, k, v: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal),
         "attnscope-atomic-dq": lambda q, k, v: attnscope.flash_attention_varlen(
-            q, k, v, cu, cu, m, m, causal=causal),  # run with bwd.ATOMIC_DQ_BY_DEFAULT = True
+            q, k, v, cu, cu, m, m, causal=causal),  # run with bwd.ATOMIC_DQ_BY_DEFAULT = True, portable
+        "attnscope-portable-bwd": lambda q, k, v: attnscope.flash_attention_varlen(
+            q, k, v, cu, cu, m, m, causal=causal),  # run with the portable backward kernels
     }
     if not no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -360,6 +369,9 @@ def compile_report() -> int:
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": warps, "num_stages": stages})
+        ptxas_report(label, k)
+
+    def ptxas_report(label, k):
         with tempfile.TemporaryDirectory() as t:
             with open(os.path.join(t, "k.ptx"), "w") as f:
                 f.write(k.asm["ptx"])
@@ -391,8 +403,18 @@ def compile_report() -> int:
             report(f"dq {tag} {bm}x{bn}", varlen_bwd._varlen_dq_kernel,
                    {"HEAD_DIM": d, "CAUSAL": not mods, "BLOCK_M": bm, "BLOCK_N": bn, "EMULATE_BF16": False,
                     **m}, warps, stages)
-    from attnscope.kernels import fwd
+    from triton.experimental.gluon._runtime import GluonASTSource
 
+    from attnscope.kernels import fwd, varlen_bwd_hopper
+
+    for d in (64, 128):  # the Gluon sm_90 backward (`impl="auto"` on sm_90: no mods)
+        for name in ("dkdv", "dq"):
+            src = GluonASTSource(fn=varlen_bwd_hopper.kernel(name),
+                                 signature=varlen_bwd_hopper.signature(d, "bf16", name),
+                                 constexprs=varlen_bwd_hopper.constexprs(d, True, name))
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": varlen_bwd_hopper.NUM_WARPS})
+            ptxas_report(f"gluon {name} d={d} causal", k)
     for d in (64, 128):  # the dense kernels the varlen ones mirror: the hot loops to compare
         bm, bn, warps, stages = fwd.pick_config(d, True, 1)
         types = {n: f"tensordesc<bf16[1,1,{bm if n in ('desc_q', 'desc_o') else bn},{d}]>"
@@ -407,7 +429,8 @@ def compile_report() -> int:
         types.update(DQ="*fp32", LSE2="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", cap_in="fp32")
         report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._bwd_dkdv_kernel,
                {"HEAD_DIM": d, "CAUSAL": True, "ATOMIC_DQ": False, "BLOCK_M": bm, "BLOCK_N": bn,
-                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False}, warps, stages, types=types)
+                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False, "OFF64": False}, warps, stages,
+               types=types)
     return 0
 
 

@@ -363,7 +363,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         Backward only. True: dQ in a separate pass, no atomics: bitwise-identical gradients run to run.
         False (default): the faster mode by the dense backward's rule, `kernels.bwd.ATOMIC_DQ_BY_DEFAULT`:
         while it is False (the separate pass measured faster, here too: bench/varlen.py), the same pass;
-        else fp32 atomics inside the dK/dV kernel.
+        else fp32 atomics inside the dK/dV kernel. On sm_90 (d 64 / 128, fp16 / bf16, no window or
+        softcap) the backward runs the Gluon kernels of kernels/varlen_bwd_hopper.py, deterministic either
+        way.
     check_seqlens : bool, keyword-only
         False (default): the cu_seqlens *values* are checked on the device without a host sync: any
         values are clamped into a partition of the packed rows (never a read or write outside the

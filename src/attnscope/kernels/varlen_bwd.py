@@ -19,6 +19,9 @@ packed row goes into the base offset.
 The cu_seqlens are sanitised and the work lists built on the device by `varlen_plan.plan` (one launch
 for both lists; the forward's order: sequence-major, heaviest first): no host sync, no access outside
 the tensors.
+On sm_90, ``impl="auto"`` runs steps 2 and 3 as kernels/varlen_bwd_hopper.py's Gluon dK/dV and dQ kernels
+(work lists of their tile sizes; no atomics either way) where `pick_impl` says so: the rule of the dense
+backward, `model.dispatch.hopper_backward_ok` (head dim 64 / 128, no window, no softcap), fp16 / bf16.
 Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch (issue 35).
 Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
 pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
@@ -26,8 +29,16 @@ pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense ba
 
 from __future__ import annotations
 
-from attnscope.errors import InputError
-from attnscope.kernels._common import LOG2E, check_flags, import_torch_triton, interpreting, on_tensor_device
+from attnscope.errors import InputError, choice
+from attnscope.kernels._common import (
+    LOG2E,
+    check_flags,
+    hopper_unavailable,
+    import_torch_triton,
+    interpreting,
+    on_tensor_device,
+)
+from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
@@ -181,6 +192,35 @@ def _varlen_dq_kernel(
 
 
 # --- the launcher ---------------------------------------------------------------------------------
+def pick_impl(impl: str, q, causal: bool, mods, sm_scale: float, bounds=None) -> str:
+    """"portable" or "hopper": the dK/dV and dQ kernels of `flash_attention_varlen_backward` (``impl`` as
+    there). "hopper" (kernels/varlen_bwd_hopper.py) needs an sm_90 GPU, head dim 64 or 128, fp16 / bf16, no
+    window or softcap, ``scale * log2(e)`` in `bwd.HOPPER_QK_SCALE`; ``impl="auto"`` takes it where that
+    holds and `model.dispatch.hopper_backward_ok` allows, else the portable kernels; ``impl="hopper"``
+    raises NotImplementedError saying what is supported where it does not hold."""
+    choice("impl", impl, bwd.IMPLS)
+    if impl == "portable":
+        return "portable"
+    d = q.shape[-1]
+    qk_scale = sm_scale * LOG2E
+    why = hopper_unavailable(torch, q)
+    if why is None and d not in dispatch.HOPPER_BACKWARD_DIMS:
+        why = f"head_dim {d} is not supported; supported: {list(dispatch.HOPPER_BACKWARD_DIMS)}"
+    if why is None and q.dtype not in (torch.float16, torch.bfloat16):
+        why = f"dtype {q.dtype} is not supported; supported: torch.float16, torch.bfloat16"
+    if why is None and (mods.windowed or mods.softcap > 0 or bounds is not None):
+        why = "a window or softcap is not supported; supported: causal or not, sinks"
+    if why is None and not bwd.HOPPER_QK_SCALE[0] <= qk_scale <= bwd.HOPPER_QK_SCALE[1]:
+        why = (f"scale * log2(e) = {qk_scale:.3g} is not supported; supported: {bwd.HOPPER_QK_SCALE[0]:g} "
+               f"to {bwd.HOPPER_QK_SCALE[1]:g}")
+    if impl == "hopper":
+        if why is not None:
+            raise NotImplementedError(f"impl='hopper': {why} (impl='portable': every case)")
+        return "hopper"
+    ok = why is None and dispatch.hopper_backward_ok(d, bool(causal), mods.windowed, mods.softcap)
+    return "hopper" if ok else "portable"
+
+
 def _check_saved(do, o, lse, dlse, q):
     total_q, Hq, d = q.shape
     for name, t in (("do", do), ("o", o)):
@@ -202,7 +242,7 @@ def _check_saved(do, o, lse, dlse, q):
 def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal=False, scale=None, *, window=None, softcap=0.0,
                                     sinks=None, deterministic=False, dlse=None, check_seqlens=False,
-                                    bounds=None):
+                                    bounds=None, impl="auto"):
     """Gradients of ``o = flash_attention_varlen(q, k, v, ...)`` (the forward's arguments, its ``o`` and
     its LSE [Hq, total_q]).
 
@@ -213,9 +253,13 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
         as `attnscope.kernels.varlen.flash_attention_varlen` (cu_seqlens values checked the same way).
     lse : torch.Tensor, [Hq, total_q], float32: the forward's natural-log LSE.
     deterministic : bool: True gives bitwise-identical gradients (dQ in its own pass); False (default)
-        accumulates dQ with fp32 atomics.
+        accumulates dQ with fp32 atomics in the portable kernels (the Gluon ones have no atomics).
     dlse : torch.Tensor, [Hq, total_q], optional: the gradient of the returned LSE.
     bounds : signed (left, right) band instead of ``window`` (`varlen_plan.mod_args`; the ring's blocks).
+    impl : {"auto", "portable", "hopper"}
+        ``"hopper"``: the Gluon sm_90 kernels of kernels/varlen_bwd_hopper.py (dQ in its own pass whatever
+        ``deterministic``: bitwise reproducible); ``"portable"``: this module's Triton kernels; ``"auto"``
+        (default): hopper where `pick_impl` allows, else portable.
 
     Returns
     -------
@@ -228,6 +272,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
                                                check_seqlens)
     total_q, Hq, d, total_k, Hkv = dims
     _check_saved(do, o, lse, dlse, q)
+    hopper = pick_impl(impl, q, causal, mods, sm_scale, bounds) == "hopper"
     dev, dt = q.device, q.dtype
     dk = torch.zeros((total_k, Hkv, d), dtype=dt, device=dev)  # zeros: rows of no item stay 0 (no keys)
     dv = torch.zeros((total_k, Hkv, d), dtype=dt, device=dev)
@@ -246,6 +291,16 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     lse2 = (lse * LOG2E).contiguous()
     qk_scale = sm_scale * LOG2E
     B = cu_seqlens_q.shape[0] - 1
+    if hopper:
+        from attnscope.kernels import varlen_bwd_hopper  # Gluon: imported only when used
+
+        lists = varlen_bwd_hopper.work_lists(total_q, total_k, B, d, causal)
+        cu_q, cu_k, items = varlen_plan.plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k,
+                                             lists, sanitize=not check_seqlens)
+        dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
+        varlen_bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), cu_q, cu_k, items, dq, dk, dv,
+                                 qk_scale, sm_scale, causal)
+        return dq, dk, dv, dsinks
     emulate = interpreting() and dt == torch.bfloat16
     mod_kw = varlen_plan.mod_args(mods, sm_scale, causal, bounds)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -16,6 +16,8 @@ kernels instead of the portable ones: wherever they are built (head dim) and wit
 bench/backward.py's grid (bench/results/h200-2026-12-02-backward-hopper-first.json). The Hopper kernels also
 carry a window and softcap (``impl="hopper"``), but those builds have not yet run on a GPU: until their GPU
 tests have passed, ``impl="auto"`` sends window and softcap backwards to the portable kernels, which have.
+The packed backward (kernels/varlen_bwd.py `pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py
+(which builds no window or softcap at all).
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and

@@ -1,0 +1,445 @@
+"""Packed variable-length FlashAttention backward for Hopper (sm_90) in Gluon: kernels/bwd_hopper.py's dK/dV
+and dQ kernels run over work lists of (sequence, tile) items.
+
+Algorithm: the backward of FlashAttention-2 (Dao, arXiv:2307.08691, Algorithm 2) with FlashAttention-3's
+machinery (Shah et al., arXiv:2407.08608), as kernels/bwd_hopper.py, whose @gluon.jit pieces run here with a
+sequence's first packed row added to the TMA coordinates; tile indices and the mask (`bwd_hopper._keep`,
+`_q_range`, `fwd_hopper._kv_range` / `_kv_full`) stay 0-based within the sequence.
+
+- dK/dV (`_attnscope_varlen_bwd_hopper_dkdv_kernel`): one CTA per (work item = (sequence, 128-key tile),
+  kv head); K/V of the tile resident, (Q, dO, -LSE2 / qk_scale, Delta) tiles of the group's query heads
+  through the TMA ring, `bwd_hopper._step` per tile. A Q/dO tile may run past the sequence's last row into
+  the next sequence's rows: the -LSE2 / qk_scale and Delta copies are laid out per sequence (`padded_rows`:
+  sequence s's rows start at ``cu_q[s] + s ROW_PAD``, followed by ``ROW_PAD`` rows of -inf and 0), so those
+  rows enter S^T as -inf and give P = 0 and dS = 0, as past Nq in the dense kernel. dK, dV leave by TMA when
+  the warpgroup's 64 keys are all inside the sequence, else by masked pointer stores (never a row of
+  another sequence).
+- dQ (`_attnscope_varlen_bwd_hopper_dq_kernel`): one CTA per (sequence, 128-row query tile) x query head,
+  the K/V ring from the sequence's first key; LSE2 and Delta by masked loads (+inf and 0 past Nq: P = 0);
+  dQ by TMA for whole 64-row warpgroup tiles, masked pointer stores for the ragged one.
+No atomics: the gradients are bitwise reproducible run to run. Causal is bottom-right per sequence. No score
+mods on this path (window and softcap run the portable kernels of kernels/varlen_bwd.py; sinks need nothing
+here). Layout: q, dO [total_q, Hq, d], k, v [total_k, Hkv, d] viewed as [1, H, total, d] for 4-D TMA
+descriptors; dq, dk, dv contiguous.
+"""
+
+from __future__ import annotations
+
+from attnscope.kernels._common import import_torch_triton
+from attnscope.model.tiles import cdiv
+
+torch, triton = import_torch_triton()
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from attnscope.kernels.bwd_hopper import (  # noqa: E402
+    CONSUMER_REGS,
+    ROW_PAD,
+    _keep,
+    _q_range,
+    _row_layout,
+    _step,
+    _tma_ready,
+    config,
+)
+from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_full, _kv_range, _layout, wgmma_layout  # noqa: E402
+
+#: The score mods this path builds (`fwd_hopper.mods_flags`): none.
+PLAIN: gl.constexpr = gl.constexpr(0)
+
+
+@gluon.jit
+def _seq(CU_Q, CU_K, WORK_SEQ, w):
+    """(sequence, first query row, Nq, first key row, Nk) of work item ``w``; an idle item (sequence -1)
+    reads sequence 0 with Nq = Nk = 0: no tile visited, nothing stored."""
+    s = gl.load(WORK_SEQ + w)
+    idle = s < 0
+    s = gl.maximum(s, 0)
+    q0 = gl.load(CU_Q + s)
+    k0 = gl.load(CU_K + s)
+    nq = gl.where(idle, 0, gl.load(CU_Q + s + 1) - q0)
+    nk = gl.where(idle, 0, gl.load(CU_K + s + 1) - k0)
+    return s, q0, nq, k0, nk
+
+
+# --- dK/dV: per (sequence, K/V tile), the group's query tiles streamed ------------------------------------
+@gluon.jit
+def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
+              lse_smem, delta_smem, kv_bar, q_ready, q_empty, hk, group, k_row, q0, row_pad, lo, end,
+              BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
+    """`bwd_hopper._producer` on packed rows: K, V from packed row ``k_row``, the query tiles' rows from
+    ``q0`` (Q, dO) and ``row_pad`` (the padded -LSE2 / qk_scale and Delta copies)."""
+    mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
+    for w in gl.static_range(NWG):
+        n0 = k_row + w * BNW
+        tma.async_copy_global_to_shared(desc_k, [0, hk, n0, 0], kv_bar.index(0), k_smem.index(w))
+        tma.async_copy_global_to_shared(desc_v, [0, hk, n0, 0], kv_bar.index(0), v_smem.index(w))
+    n = end - lo  # query tiles per head
+    for i in range(group * n):
+        h = hk * group + i // n
+        m = lo + i % n
+        s = i % STAGES
+        mbarrier.wait(q_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
+                        + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [0, h, q0 + m * BM, 0], q_ready.index(s), q_smem.index(s))
+        tma.async_copy_global_to_shared(desc_do, [0, h, q0 + m * BM, 0], q_ready.index(s), do_smem.index(s))
+        tma.async_copy_global_to_shared(desc_lse, [0, h, row_pad + m * BM], q_ready.index(s),
+                                        lse_smem.index(s))
+        tma.async_copy_global_to_shared(desc_delta, [0, h, row_pad + m * BM], q_ready.index(s),
+                                        delta_smem.index(s))
+
+
+@gluon.jit
+def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
+              q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
+              BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)`` of the sequence: `bwd_hopper._consumer`'s loop, then
+    dK x sm_scale and dV stored inside the sequence only."""
+    s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
+    acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    n0 = start_n + WG * BNW
+    offs_n = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([BNW, D], gl.float32, acc_layout)
+    dv = gl.zeros([BNW, D], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar.index(0), 0)
+    kmat = k_smem.index(WG).reshape([BNW, D])
+    vmat = v_smem.index(WG).reshape([BNW, D])
+    n = end - lo  # query tiles per head, in the producer's order
+    for i in range(group * n):  # GQA: the group's query heads, reduced in registers
+        m = lo + i % n
+        dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
+                       m < f_lo, offs_n, NQ, NK, sc, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL, PLAIN)
+    dk = dk * sm_scale
+    if n0 + BNW <= NK:  # every key inside the sequence: TMA through the dead K/V buffers
+        v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
+        k_smem.index(WG).reshape([BNW, D]).store(dk.to(desc_dk.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(desc_dv, [0, hk, k0 + n0, 0], v_smem.index(WG))
+        tma.async_copy_shared_to_global(desc_dk, [0, hk, k0 + n0, 0], k_smem.index(WG))
+        tma.store_wait(pendings=0)
+    else:  # the ragged tile: the keys past Nk are the next sequence's rows, never written
+        rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+        off = (k0 + rows).to(gl.int64)[:, None] * (HKV * D) + (hk * D + cols)[None, :]  # [total_k, Hkv, d]
+        ok = (rows[:, None] < NK) & (cols[None, :] < D)
+        gl.store(DK + off, dk.to(DK.dtype.element_ty), mask=ok)
+        gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@gluon.jit(do_not_specialize=["H", "HKV", "qk_scale", "sm_scale"])
+def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, desc_dk,
+                                             desc_dv, DK, DV, CU_Q, CU_K, WORK_SEQ, WORK_TILE, H, HKV,
+                                             qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                                             NWG: gl.constexpr, ROWS_PAD: gl.constexpr,
+                                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """dK, dV of ``NWG x BNW`` keys of one (sequence, kv head) per CTA: program (work item, kv head)."""
+    BM: gl.constexpr = desc_q.block_type.shape[2]
+    BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
+    D: gl.constexpr = desc_q.block_type.shape[3]
+    w = gl.program_id(0)
+    hk = gl.program_id(1)
+    s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
+    group = H // HKV
+    start_n = gl.load(WORK_TILE + w) * (NWG * BNW)  # keys within the sequence
+    sc = (qk_scale,)
+    lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, PLAIN)
+    row_pad = q0 + s * ROWS_PAD  # the sequence's first row in the padded -LSE2 / qk_scale and Delta copies
+
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
+    rows: gl.constexpr = [STAGES] + desc_lse.block_type.shape  # LSE2 and Delta per query tile
+    lse_smem = gl.allocate_shared_memory(gl.float32, rows, desc_lse.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, rows, desc_delta.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar.index(0), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=NWG)  # every consumer warpgroup's
+    fence_async_shared()
+
+    gl.static_assert(NWG == 2, "two consumer warpgroups (bwd_hopper.CONFIGS)")
+    gl.warp_specialize(
+        [(_consumer, (desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
+                      q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
+                      BM, BNW, D, STAGES, 0, CAUSAL)),
+         (_consumer, (desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
+                      q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
+                      BM, BNW, D, STAGES, 1, CAUSAL)),
+         (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, hk, group, k0 + start_n, q0, row_pad,
+                      lo, end, BM, BNW, STAGES, NWG))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --- dQ: per (sequence, query tile), K and V streamed -----------------------------------------------------
+@gluon.jit
+def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                 v_ready, k_empty, v_empty, h, hk, q_row, k0, n_tiles, BM: gl.constexpr, BN: gl.constexpr,
+                 STAGES: gl.constexpr, NWG: gl.constexpr):
+    """Q and dO of the CTA's rows (from packed row ``q_row``), then the K/V ring from the sequence's first
+    key ``k0`` (`fwd_hopper._producer`'s order)."""
+    for w in gl.static_range(NWG):
+        mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [0, h, q_row + w * BM, 0], q_bar.index(w), q_smem.index(w))
+        mbarrier.expect(do_bar.index(w), desc_do.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_do, [0, h, q_row + w * BM, 0], do_bar.index(w), do_smem.index(w))
+    for i in range(n_tiles):
+        s = i % STAGES
+        ph = ((i // STAGES) & 1) ^ 1  # a fresh barrier passes parity 1 at once: the first round is free
+        mbarrier.wait(k_empty.index(s), ph)
+        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [0, hk, k0 + i * BN, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), ph)
+        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [0, hk, k0 + i * BN, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
+                 k_empty, v_empty, h, H, TOTAL_Q, q0, row0_cta, n_tiles, NQ, NK, sc, sm_scale,
+                 BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper._dq_consumer`'s loop
+    (plain build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ x sm_scale stored inside the
+    sequence only."""
+    s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
+    acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    row0 = row0_cta + WG * BM
+    offs_m = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    row_ok = offs_m < NQ
+    base = h.to(gl.int64) * TOTAL_Q + q0  # LSE2, Delta: [Hq, total_q]
+    lse2 = gl.load(LSE2 + base + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
+    delta = gl.load(DELTA + base + offs_m, mask=row_ok, other=0.0)
+    qk_scale = sc[0]
+    n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, PLAIN)[1], n_tiles)  # [0, n_full) whole
+    dq = gl.zeros([BM, D], gl.float32, acc_layout)
+    q = q_smem.index(WG).reshape([BM, D])
+    do = do_smem.index(WG).reshape([BM, D])
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(do_bar.index(WG), 0)
+    for j in range(n_tiles):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
+        if j >= n_full:  # diagonal, ragged tile (rows with LSE = -inf see no key: all masked)
+            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, PLAIN), init,
+                            float("-inf"))
+        mbarrier.wait(k_ready.index(s), ph)
+        kmat = k_smem.index(s).reshape([BN, D])
+        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
+        mbarrier.wait(v_ready.index(s), ph)
+        init = gl.zeros([BM, BN], gl.float32, s_layout) - delta[:, None]
+        dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
+                               is_async=True)  # dP = dO V^T (- Delta)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        p = gl.exp2(st * qk_scale)  # P [BM, BN]
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+        mbarrier.arrive(v_empty.index(s))  # V read
+        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P (dP - D)
+        dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
+        mbarrier.arrive(k_empty.index(s))  # K read
+    dq = dq * sm_scale
+    if row0 + BM <= NQ:  # every row inside the sequence: TMA through the dead Q buffer
+        q_smem.index(WG).reshape([BM, D]).store(dq.to(desc_dq.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(desc_dq, [0, h, q0 + row0, 0], q_smem.index(WG))
+        tma.store_wait(pendings=0)
+    else:  # the ragged tile: the rows past Nq are the next sequence's, never written
+        rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+        off = (q0 + rows).to(gl.int64)[:, None] * (H * D) + (h * D + cols)[None, :]  # [total_q, Hq, d]
+        gl.store(DQ + off, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < NQ) & (cols[None, :] < D))
+
+
+@gluon.jit(do_not_specialize=["H", "HKV", "TOTAL_Q", "qk_scale", "sm_scale"])
+def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, DQ, LSE2, DELTA, CU_Q,
+                                           CU_K, WORK_SEQ, WORK_TILE, H, HKV, TOTAL_Q, qk_scale, sm_scale,
+                                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr,
+                                           CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """dQ of ``NWG x BM`` query rows of one (sequence, query head) per CTA: program (work item, head)."""
+    BM: gl.constexpr = desc_q.block_type.shape[2]
+    BN: gl.constexpr = desc_k.block_type.shape[2]
+    D: gl.constexpr = desc_q.block_type.shape[3]
+    w = gl.program_id(0)
+    h = gl.program_id(1)
+    s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
+    hk = h // (H // HKV)
+    row0 = gl.load(WORK_TILE + w) * (NWG * BM)  # rows within the sequence
+    sc = (qk_scale,)
+    n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, PLAIN)[1]
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NWG):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(do_bar.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=NWG)
+        mbarrier.init(v_empty.index(i), count=NWG)
+    fence_async_shared()
+
+    gl.static_assert(NWG == 2, "two consumer warpgroups (bwd_hopper.CONFIGS)")
+    gl.warp_specialize(
+        [(_dq_consumer, (desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                         v_ready, k_empty, v_empty, h, H, TOTAL_Q, q0, row0, n_tiles, NQ, NK, sc, sm_scale,
+                         BM, BN, D, STAGES, 0, CAUSAL)),
+         (_dq_consumer, (desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                         v_ready, k_empty, v_empty, h, H, TOTAL_Q, q0, row0, n_tiles, NQ, NK, sc, sm_scale,
+                         BM, BN, D, STAGES, 1, CAUSAL)),
+         (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
+                         k_ready, v_ready, k_empty, v_empty, h, hk, q0 + row0, k0, n_tiles, BM, BN, STAGES,
+                         NWG))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --- the host side ----------------------------------------------------------------------------------------
+def tiles(d: int) -> dict:
+    """Rows of one work item's tile per kernel for head dim ``d``: {"dkdv": keys, "dq": query rows}: the
+    ``tile`` of `varlen_plan.plan`'s lists."""
+    kv, dq = config(d, "dkdv"), config(d, "dq")
+    return {"dkdv": kv.BN, "dq": dq.NWG * dq.BM}
+
+
+def work_lists(total_q: int, total_k: int, batch: int, d: int, causal: bool) -> list:
+    """The `varlen_plan.plan` lists of the two kernels, ``[(n_items, tile, causal, kv_tiles)]``: dK/dV over
+    (sequence, K/V tile), dQ over (sequence, query tile). ``cdiv(total, tile) + batch`` items bound the
+    tiles of any partition of ``total`` rows into ``batch`` sequences (the rest idle)."""
+    t = tiles(d)
+    return [(cdiv(total_k, t["dkdv"]) + batch, t["dkdv"], bool(causal), True),
+            (cdiv(total_q, t["dq"]) + batch, t["dq"], bool(causal), False)]
+
+
+def padded_rows(xs, cu_q) -> list:
+    """Each ``(x, pad)`` of ``xs`` (x [H, total_q]) laid out per sequence for the dK/dV kernel's TMA reads:
+    [H, n_pad] float32 with sequence s's rows at ``cu_q[s] + s ROW_PAD``, each sequence followed by
+    ``ROW_PAD`` rows of ``pad``, n_pad a multiple of 4 (16-byte row stride). ``cu_q``: the sanitised int32
+    [B + 1] on x's device; no host sync."""
+    H, total_q = xs[0][0].shape
+    dev = xs[0][0].device
+    B = cu_q.shape[0] - 1
+    n_pad = cdiv(total_q + B * ROW_PAD, 4) * 4
+    rows = torch.arange(total_q, device=dev, dtype=torch.int32)
+    seq = torch.searchsorted(cu_q, rows, right=True) - 1  # [total_q] the sequence of each packed row
+    at = rows + seq * ROW_PAD
+    out = [torch.full((H, n_pad), pad, dtype=torch.float32, device=dev) for _, pad in xs]
+    return [o.index_copy_(1, at, x.to(torch.float32)) for o, (x, _) in zip(out, xs, strict=True)]
+
+
+def _view(t):
+    """[total, H, d] as the [1, H, total, d] view the 4-D TMA descriptors address (the caller's strides)."""
+    return t.permute(1, 0, 2).unsqueeze(0)
+
+
+def _descs(tensors: dict, blocks: dict, d: int) -> list:
+    out = []
+    for name, rows in blocks.items():
+        t = tensors[name]
+        block = (1, 1, rows, d)
+        elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+        out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, elem)))
+    return out
+
+
+def constexprs(d: int, causal: bool, name: str) -> dict:
+    """The constexpr arguments of kernel ``name`` ("dkdv" or "dq") for head dim ``d``."""
+    cfg = config(d, name)
+    cx = {"CAUSAL": bool(causal), "STAGES": cfg.STAGES, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS,
+          "num_warps": NUM_WARPS}
+    return {**cx, "ROWS_PAD": ROW_PAD} if name == "dkdv" else cx
+
+
+def kernel(name: str):
+    """The Gluon kernel function of ``name`` ("dkdv" or "dq")."""
+    kernels = {"dkdv": _attnscope_varlen_bwd_hopper_dkdv_kernel, "dq": _attnscope_varlen_bwd_hopper_dq_kernel}
+    return kernels[name]
+
+
+def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
+    """Signature of kernel ``name`` for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16")."""
+    cfg = config(d, name)
+    elem = gl.bfloat16 if dtype == "bf16" else gl.float16
+
+    def ds(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
+        return f"tensordesc<{dtype}[1,1,{rows},{d}],{layout!r}>"
+
+    ptrs = {n: "*i32" for n in ("CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE")}
+    if name == "dkdv":
+        bnw = cfg.BN // cfg.NWG
+        row = f"tensordesc<fp32[1,1,{cfg.BM}],{_row_layout(cfg.BM)!r}>"
+        sig = {"desc_q": ds(cfg.BM), "desc_k": ds(bnw), "desc_v": ds(bnw), "desc_do": ds(cfg.BM),
+               "desc_lse": row, "desc_delta": row, "desc_dk": ds(bnw), "desc_dv": ds(bnw),
+               "DK": f"*{dtype}", "DV": f"*{dtype}", **ptrs, "H": "i32", "HKV": "i32"}
+    else:
+        sig = {"desc_q": ds(cfg.BM), "desc_k": ds(cfg.BN), "desc_v": ds(cfg.BN), "desc_do": ds(cfg.BM),
+               "desc_dq": ds(cfg.BM), "DQ": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", **ptrs,
+               "H": "i32", "HKV": "i32", "TOTAL_Q": "i32"}
+    cx = {n: "constexpr" for n in constexprs(d, False, name)}
+    return {**sig, "qk_scale": "fp32", "sm_scale": "fp32", **cx}
+
+
+def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: float, sm_scale: float,
+           causal: bool):
+    """dQ, dK, dV on inputs kernels/varlen_bwd.py checked, writing ``dq`` [total_q, Hq, d], ``dk``, ``dv``
+    [total_k, Hkv, d] (contiguous) in place: the dK/dV kernel, then the dQ kernel.
+
+    ``lse2``: the forward's LSE x log2(e), contiguous float32 [Hq, total_q]; ``delta``: rowsum(dO * O)
+    (minus dLSE), contiguous float32 [Hq, total_q]; ``cu_q``, ``cu_k``: the sanitised cu_seqlens and
+    ``items`` the two (seq, tile) lists of `varlen_plan.plan` on `work_lists`. Returns the two compiled
+    kernels."""
+    total_q, Hq, d = q.shape
+    total_k, Hkv = k.shape[0], k.shape[1]
+    assert all(t.is_contiguous() for t in (dq, dk, dv, lse2, delta)), "dq, dk, dv, lse2, delta: contiguous"
+    views = {"desc_q": _view(_tma_ready(q)), "desc_k": _view(_tma_ready(k)), "desc_v": _view(_tma_ready(v)),
+             "desc_do": _view(_tma_ready(do)), "desc_dk": _view(dk), "desc_dv": _view(dv),
+             "desc_dq": _view(dq)}  # outputs: fresh contiguous tensors, written in place
+    kv, qc = config(d, "dkdv"), config(d, "dq")
+    bnw = kv.BN // kv.NWG
+    assert ROW_PAD >= kv.BM, (ROW_PAD, kv)  # a tile past a sequence's end reads its padding only
+    if total_k == 0:  # no keys: every row's dQ is 0
+        dq.zero_()
+        return None, None
+    # the S^T and dP^T initial values per query row: -LSE2 / qk_scale (-inf past each sequence: P = 0), Delta
+    rows = padded_rows([(lse2 / -qk_scale, float("-inf")), (delta, 0.0)], cu_q)
+    rows = [TensorDescriptor(r.unsqueeze(0), [1, *r.shape], [r.numel(), *r.stride()], [1, 1, kv.BM],
+                             _row_layout(kv.BM)) for r in rows]
+    (seq_kv, tile_kv), (seq_q, tile_q) = items
+    descs = _descs(views, {"desc_q": kv.BM, "desc_k": bnw, "desc_v": bnw, "desc_do": kv.BM}, d)
+    outs = _descs(views, {"desc_dk": bnw, "desc_dv": bnw}, d)
+    dkdv = _attnscope_varlen_bwd_hopper_dkdv_kernel[(seq_kv.shape[0], Hkv)](
+        *descs, *rows, *outs, dk, dv, cu_q, cu_k, seq_kv, tile_kv, Hq, Hkv, qk_scale, sm_scale,
+        **constexprs(d, causal, "dkdv"))
+    descs = _descs(views, {"desc_q": qc.BM, "desc_k": qc.BN, "desc_v": qc.BN, "desc_do": qc.BM,
+                           "desc_dq": qc.BM}, d)
+    dq_k = _attnscope_varlen_bwd_hopper_dq_kernel[(seq_q.shape[0], Hq)](
+        *descs, dq, lse2, delta, cu_q, cu_k, seq_q, tile_q, Hq, Hkv, total_q, qk_scale, sm_scale,
+        **constexprs(d, causal, "dq"))
+    return dkdv, dq_k
