@@ -436,6 +436,20 @@ def fp8_summary(rows, cands):
         print(f"  {name:20s} eager x bf16 min {min(eager):.3f} ({must1}/{len(eager)} >= 1.0); L >= 32k x "
               f"CUDNN min {min(long, default=float('nan')):.3f} ({must2}/{len(long)} >= 1.8); graph x bf16 "
               f"geomean {geo:.3f}", flush=True)
+    from attnscope.kernels.decode import heuristics as hs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    picks = [(r, hs._fp8_config_name(r["B"] * r["Hkv"] * r["candidates"][hs.FP8_DEFAULT]["splits"], sms))
+             for r in rows]
+    got = [(r, r["candidates"][n]) for r, n in picks if "us" in r["candidates"][n]]
+    if got:
+        eager = [c["vs_bf16"]["eager"] for _, c in got]
+        long = [c["vs_cudnn"][m] for r, c in got if r["L"] >= 32768 for m in ("graph", "eager")]
+        one = [r["bf16_us"]["eager"] / r["fp8_one_liner_us"] for r in rows]
+        print(f"  shipped rule (FP8_DEFAULT {hs.FP8_DEFAULT}, FP8_MANY {hs.FP8_MANY} past {sms} programs): "
+              f"eager x bf16 min {min(eager):.3f} ({sum(x >= 1 for x in eager)}/{len(eager)} >= 1.0); "
+              f"L >= 32k x CUDNN min {min(long, default=float('nan')):.3f} ({sum(x >= 1.8 for x in long)}/"
+              f"{len(long)} >= 1.8); the one-liner eager x bf16 plan.run min {min(one):.3f}", flush=True)
     print("best per point (graph replay; eager):", flush=True)
     for r in rows:
         timed = {n: c for n, c in r["candidates"].items() if "us" in c}

@@ -356,6 +356,28 @@ def test_fp8_bf16qk_config_matches_float64(paged, nq, per_head):
     decode.check_errors()
 
 
+def test_fp8_tile_config_rule_and_paged_stages():
+    # e4m3 decode tiles: FP8_DEFAULT up to one program per SM, FP8_MANY past it; the candidates are
+    # complete block configs, dense tiles at their own stages, paged ones at most the bf16 paged rule's
+    # (5 for blocks of several pages, 3 inside one page)
+    assert heuristics.FP8_DEFAULT in heuristics.FP8_CONFIGS and heuristics.FP8_MANY in heuristics.FP8_CONFIGS
+    assert heuristics._fp8_config_name(132, 132) == heuristics.FP8_DEFAULT
+    assert heuristics._fp8_config_name(133, 132) == heuristics.FP8_MANY
+    for name, want in heuristics.FP8_CONFIGS.items():
+        dense = heuristics._fp8_config(name)
+        assert dense["STAGES"] == dense["num_stages"] == want["STAGES"]
+        assert {k: dense[k] for k in ("BLOCK_N", "num_warps", "F16QK")} == \
+            {k: want[k] for k in ("BLOCK_N", "num_warps", "F16QK")}
+        for page in heuristics.PAGE_SIZES:
+            paged = heuristics._fp8_config(name, page)
+            rule = 5 if want["BLOCK_N"] > page else 3
+            assert paged["STAGES"] == paged["num_stages"] == min(want["STAGES"], rule), (name, page)
+    # splits sized on bytes: twice the keys per split for e4m3, bf16 unchanged
+    assert heuristics._split_min_keys(True, True) == 2 * heuristics.MIN_KEYS_PER_SPLIT
+    assert heuristics._split_min_keys(False, True) == heuristics._split_min_keys(True, False) == \
+        heuristics.MIN_KEYS_PER_SPLIT
+
+
 @pytest.mark.parametrize("q_mult", (3e4, 1e-25, 1.0))
 def test_fp8_f16qk_scales_bf16_query_rows_of_any_magnitude(q_mult):
     # F16QK runs Q K^T in fp16 on bf16 rows scaled by powers of two (`_kernel._rows_to_f16`): rows far past
@@ -585,6 +607,36 @@ def test_gpu_fp8_and_mods_at_full_size(paged, nq):
                               **mods)
         ref_mods = {**mods, "sinks": sinks} if mods else {}
         check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens, **ref_mods)
+    decode.check_errors()
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(heuristics.FP8_CONFIGS))
+@pytest.mark.parametrize("paged, nq, per_head", [(False, 1, True), (True, 4, False)])
+def test_gpu_each_fp8_tile_config_matches_float64(name, paged, nq, per_head):
+    # every e4m3 candidate config a benchmark can pick (heuristics.FP8_CONFIGS), compiled for the GPU:
+    # dense with one query and per-head scales, paged (pages of 64) with four and a per-tensor scale;
+    # ragged lengths with 0, one split and several, bf16 queries
+    gen = torch.Generator().manual_seed(len(name) + nq)
+    B, Hq, Hkv, L, d = 3, 32, 8, 5000, 128
+    q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq, q_mult=2.0)
+    lens = [L, 0, 1777]
+    k8, ks = attnscope.quantize_kv(k * 4, per_head=per_head)
+    v8, vs = attnscope.quantize_kv(v, per_head=per_head)
+    if paged:
+        kc, vc, table = to_paged(k8.float(), v8.float(), 64, gen)
+        kc, vc = kc.to(FP8), vc.to(FP8)
+    else:
+        kc, vc, table = k8, v8, None
+    kc, vc, table, ksd, vsd, qd = dev(kc, vc, table, ks, vs, q)
+    cfg = heuristics._fp8_config(name, 64 if paged else 0)
+    for splits in (1, 6):
+        plan = plan_mod._tuned_plan(qd, kc, vc, lens_t(lens), table, num_splits=splits, return_lse=True,
+                                    k_scale=ksd, v_scale=vsd, config=cfg)
+        assert plan._consts.get("FP8_F16QK", False) is cfg["F16QK"]
+        o, lse = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=ksd, v_scale=vsd)
+        check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens)
     decode.check_errors()
 
 

@@ -109,17 +109,19 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
             "total": kv + q + 2 * partial + out}
 
 
-def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False) -> dict:
+def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, programs: int = 0,
+                  sms: int = 132) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
     ``page_size`` keys (0: dense), e4m3 K/V or not: one measured config per tile kind
-    (bench/decode_configs.py), no autotuner; e4m3 decode tiles: `FP8_DEFAULT` of `FP8_CONFIGS`
-    (`_fp8_config`). Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
+    (bench/decode_configs.py), no autotuner; e4m3 decode tiles: `FP8_CONFIGS` [`_fp8_config_name`
+    (``programs``, ``sms``)] (`_fp8_config`), ``programs`` the launch's B x Hkv x row tiles x splits.
+    Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
     """
     if interpreting():
         cfg = {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
         return {**cfg, "F16QK": True} if fp8 else cfg
     if fp8 and block_m <= 32:
-        return _fp8_config(FP8_DEFAULT, page_size)
+        return _fp8_config(_fp8_config_name(programs, sms), page_size)
     cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
     # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block only
     # part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each. A block
@@ -144,10 +146,16 @@ FP8_CONFIGS = {
     "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 104 KiB: 2 per SM
     "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
 }
-#: The shipped e4m3 decode-tile config: one program per SM streams at the bandwidth only if its loop can
-#: issue ~1.8 warp instructions per cycle (90.8 per KiB x 20 B per SM-cycle at 4.8 TB/s); two warps per
-#: scheduler hide the converts' and loads' latencies where 4 warps would leave one.
+#: The shipped e4m3 decode-tile config where the launch has at most one program per SM (the split
+#: regime): that one program streams at the bandwidth only if its loop issues ~1.8 warp instructions per
+#: cycle (90.8 per KiB x 20 B per SM-cycle at 4.8 TB/s); two warps per scheduler hide the converts' and
+#: loads' latencies where 4 warps would leave one.
 FP8_DEFAULT = "f16qk-w8"
+#: ... and where it has more programs than SMs (None: `FP8_DEFAULT` there too): 4-warp programs in 104 KiB
+#: of shared memory, two per SM: the same 8 warps per SM, 20 % fewer instructions per byte (72.5 per
+#: KiB), and one program's prologue and partial write overlap the other's stream; B x Hkv = 256 programs
+#: then all run at once on 132 SMs, where one 8-warp program per SM leaves a second wave of 124.
+FP8_MANY = "f16qk-w4-s3"
 #: e4m3 splits are sized on bytes (`_split_min_keys`): at least the bf16 minimum's bytes per split
 FP8_SPLIT_BYTES = False
 
@@ -161,6 +169,12 @@ def _fp8_config(name: str, page_size: int = 0) -> dict:
         cfg["STAGES"] = min(cfg["STAGES"], 5 if cfg["BLOCK_N"] > page_size else 3)
     cfg["num_stages"] = cfg["STAGES"]
     return cfg
+
+
+def _fp8_config_name(programs: int, sms: int) -> str:
+    """The `FP8_CONFIGS` key of an e4m3 decode launch of ``programs`` programs on ``sms`` SMs: `FP8_MANY`
+    past one program per SM (where set), else `FP8_DEFAULT`."""
+    return FP8_MANY if FP8_MANY is not None and programs > sms else FP8_DEFAULT
 
 
 def _split_min_keys(fp8: bool, split_bytes: bool | None = None) -> int:

@@ -38,6 +38,7 @@ from attnscope.kernels.decode.heuristics import (
     _fuse_by_default,
     _is_int,
     _raw_scores,
+    _sms,
     _split_min_keys,
     _tiling,
 )
@@ -143,7 +144,8 @@ class DecodePlan:
             page = _block_config(block_m)["BLOCK_N"]
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
-        cfg = dict(_config or _block_config(block_m, page, facts.fp8))
+        cfg = dict(_config or _block_config(block_m, page, facts.fp8, B * Hkv * m_tiles * num_splits,
+                                            _sms(q.device)))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
