@@ -137,10 +137,10 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
 #: 16-bit; sm_90 compile, dense, Hq/Hkv 32/8: 72.5 warp instructions per KiB of K/V at 4 warps, 90.8 at
 #: 8, against 149.8 for ``bf16qk-w8``, whose e4m3 -> bf16 converts and 8-bit MMA operand layout (q
 #: re-read with 8-byte shared loads and register moves, P through shared memory) bound it by issue:
-#: parity with bf16 in time for half the bytes). ``bench/decode_fp8.py`` times each; the lead settles
-#: `FP8_DEFAULT` and `FP8_SPLIT_BYTES` from one run.
+#: parity with bf16 in time for half the bytes). ``bench/decode.py --fp8-sweep`` times each beside
+#: attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s choice.
 FP8_CONFIGS = {
-    "bf16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": False},  # the config before F16QK
+    "bf16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": False},  # converts to q's dtype
     "f16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": True},  # two warps per scheduler
     "f16qk-w4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 5, "F16QK": True},  # fewest instructions/byte
     "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 104 KiB: 2 per SM
@@ -156,7 +156,8 @@ FP8_DEFAULT = "f16qk-w8"
 #: KiB), and one program's prologue and partial write overlap the other's stream; B x Hkv = 256 programs
 #: then all run at once on 132 SMs, where one 8-warp program per SM leaves a second wave of 124.
 FP8_MANY = "f16qk-w4-s3"
-#: e4m3 splits are sized on bytes (`_split_min_keys`): at least the bf16 minimum's bytes per split
+#: Whether e4m3 splits are sized on bytes rather than keys (`_split_min_keys`: at least the bf16
+#: minimum's bytes, twice its keys, per split)
 FP8_SPLIT_BYTES = False
 
 
