@@ -277,11 +277,20 @@ def main():
     p.add_argument("--markdown", action="store_true", help="print the tables BENCHMARKS.md needs")
     p.add_argument("--json", metavar="PATH", help="write every check, time, TB/s and ratio as JSON")
     p.add_argument("--rep", type=int, default=None, help="do_bench time per measurement, ms (default 50)")
+    p.add_argument("--fp8-sweep", action="store_true",
+                   help="only the FP8 decode-tile candidates (heuristics.FP8_CONFIGS): B 1/8/32, Hq/Hkv "
+                        "32/8, L 4k/32k/128k, dense and paged; PASS/FAIL vs float64, then graph and eager "
+                        "beside attnscope bf16 and SDPA CUDNN (default --rep 20)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.time()
+    if args.fp8_sweep:
+        fails = fp8_sweep(args.rep or 20, args.json)
+        print(f"FP8 sweep: {'all PASS' if not fails else f'{fails} FAIL'}; done in {time.time() - t0:.0f} s",
+              flush=True)
+        return 1 if fails else 0
     points = QUICK if args.quick else POINTS + EXTRA
     rep = args.rep or (20 if args.quick else 50)
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}",
@@ -318,6 +327,141 @@ def main():
     if args.json:
         write_rows(args.json, rows, host_us=host, seconds=time.time() - t0)
     return 1 if failures else 0
+
+
+# --- --fp8-sweep: the e4m3 decode-tile candidates (`heuristics.FP8_CONFIGS`) -------------------------------
+SWEEP_B = (1, 8, 32)
+SWEEP_L = (4096, 32768, 131072)
+SWEEP_HEADS = (32, 8)  # Hq, Hkv
+
+
+def fp8_candidates():
+    """name -> (`heuristics.FP8_CONFIGS` key, splits sized on bytes): every config with the shipped split
+    rule, and the shipped config with the other rule."""
+    from attnscope.kernels.decode import heuristics as hs
+
+    out = {name: (name, hs.FP8_SPLIT_BYTES) for name in hs.FP8_CONFIGS}
+    other = not hs.FP8_SPLIT_BYTES
+    out[f"{hs.FP8_DEFAULT}+{'bytes' if other else 'tokens'}"] = (hs.FP8_DEFAULT, other)
+    return out
+
+
+def fp8_sweep(rep, json_path=None):
+    """For B in `SWEEP_B`, L in `SWEEP_L`, Hq/Hkv 32/8, d 128, dense and paged (pages of `PAGE`, shuffled):
+    each FP8 candidate checked on sequence 0 against float64 on the dequantised cache (PASS/FAIL, the
+    bound `checks.kernel_tolerance` of SDPA's error there), then timed (CUDA-graph replay and eager
+    ``plan.run``) beside attnscope bf16 (its default plan on the bf16 cache) and SDPA CUDNN bf16 (dense)
+    from the same run; the shipped one-liner on the e4m3 cache too. Ratios are K/V tokens per second
+    (same tokens: time ratios); GB/s from the ledger (`model.serving.paged`)."""
+    from attnscope.kernels.decode import heuristics as hs
+    from attnscope.kernels.decode import plan as plan_mod
+
+    Hq, Hkv = SWEEP_HEADS
+    cands = fp8_candidates()
+    rows, fails = [], 0
+    for B in SWEEP_B:
+        for L in SWEEP_L:
+            q, k, v, lens = inputs(B, Hq, Hkv, L)
+            k8, ks = attnscope.quantize_kv(k)
+            v8, vs = attnscope.quantize_kv(v)
+            k0, v0 = dequantised(k8[:1], ks), dequantised(v8[:1], vs)  # sequence 0, fp32
+            kp, vp, table = paged_copy(k, v, PAGE, seed=PAGE)
+            k8p, v8p = (attnscope.quantize_kv(t, head_axis=-2)[0] for t in (kp, vp))  # same scales
+            cudnn = sdpa_calls(q, k, v)["CUDNN"]
+            t_cudnn = {"eager": ms(cudnn, rep) * 1e3, "graph": ms(graph_of(cudnn).replay, rep) * 1e3}
+            for layout in ("dense", "paged"):
+                paged = layout == "paged"
+                kb, vb, k8x, v8x, tb = (kp, vp, k8p, v8p, table) if paged else (k, v, k8, v8, None)
+                page = PAGE if paged else None
+                base = attnscope.decode_plan(q, kb, vb, lens, tb)
+                t_bf16 = {"eager": ms(lambda: base.run(q, kb, vb, lens, tb), rep) * 1e3,
+                          "graph": ms(graph_of(lambda: base.run(q, kb, vb, lens, tb)).replay, rep) * 1e3}
+                one = lambda: attnscope.flash_decode(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs)  # noqa: E731
+                t_one = ms(one, rep) * 1e3
+                t_one_bf16 = ms(lambda: attnscope.flash_decode(q, kb, vb, lens, tb), rep) * 1e3
+                print(f"[B {B}, Hq {Hq}, Hkv {Hkv}, L {L}, {layout}] bf16 attnscope graph "
+                      f"{t_bf16['graph']:.1f} us eager {t_bf16['eager']:.1f} us; CUDNN bf16 (dense) graph "
+                      f"{t_cudnn['graph']:.1f} eager {t_cudnn['eager']:.1f}; one-liner fp8 {t_one:.1f} us, "
+                      f"bf16 {t_one_bf16:.1f} us ({t_one_bf16 / t_one:.3f}x)", flush=True)
+                row = {"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "layout": layout, "bf16_us": t_bf16,
+                       "cudnn_us": t_cudnn, "fp8_one_liner_us": t_one, "bf16_one_liner_us": t_one_bf16,
+                       "candidates": {}}
+                for name, (cfg_name, split_bytes) in cands.items():
+                    splits = hs._tiling(q.device, B, Hq, 1, Hkv, L, None, None, True, False,
+                                        hs._split_min_keys(True, split_bytes))[2]
+                    p = plan_mod._tuned_plan(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs, num_splits=splits,
+                                             config=hs._fp8_config(cfg_name, PAGE if paged else 0))
+                    run = lambda: p.run(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs)  # noqa: E731
+                    err, bound = reference_error(run(), q, k0, v0)
+                    ok = err <= bound
+                    decode.check_errors()
+                    c = {"splits": splits, "err": err, "bound": bound, "ok": ok}
+                    row["candidates"][name] = c
+                    if not ok:
+                        fails += 1
+                        print(f"  FAIL {name:20s} err {err:.3g} > bound {bound:.3g}", flush=True)
+                        continue
+                    t = {"eager": ms(run, rep) * 1e3, "graph": ms(graph_of(run).replay, rep) * 1e3}
+                    gbs = ledger([L] * B, page, kv_dtype="fp8", nq=1, d=D, dtype="bf16", heads=Hq,
+                                 kv_heads=Hkv, num_splits=splits).row.total / (t["graph"] * 1e-6) / 1e9
+                    c.update(us=t, GBs_graph=gbs, vs_bf16={m: t_bf16[m] / t[m] for m in t},
+                             vs_cudnn={m: t_cudnn[m] / t[m] for m in t})
+                    print(f"  PASS {name:20s} splits {splits:3d} err {err:.2e} <= {bound:.2e} | graph "
+                          f"{t['graph']:8.1f} us {gbs:6.0f} GB/s x bf16 {c['vs_bf16']['graph']:.3f} x CUDNN "
+                          f"{c['vs_cudnn']['graph']:.3f} | eager {t['eager']:8.1f} us x bf16 "
+                          f"{c['vs_bf16']['eager']:.3f} x CUDNN {c['vs_cudnn']['eager']:.3f}", flush=True)
+                rows.append(row)
+            q = k = v = k8 = v8 = kp = vp = k8p = v8p = kb = vb = k8x = v8x = base = p = None  # freed
+            torch.cuda.empty_cache()
+    fp8_summary(rows, cands)
+    if json_path:
+        write_rows(json_path, rows, sweep="fp8")
+    return fails
+
+
+def fp8_summary(rows, cands):
+    """Per candidate, issue 37's FP8 musts over the sweep (eager >= 1.0 x attnscope bf16 at every point;
+    at L >= 32k >= 1.8 x CUDNN bf16's tokens/s) and the geometric mean against bf16; the best candidate per
+    point (graph replay)."""
+    print("\nFP8 candidates over the sweep (x: tokens/s ratio; musts: eager >= 1.0 x attnscope bf16 "
+          "everywhere, >= 1.8 x CUDNN bf16 at L >= 32k):", flush=True)
+    for name in cands:
+        got = [(r, r["candidates"][name]) for r in rows if "us" in r["candidates"].get(name, {})]
+        if not got:
+            print(f"  {name:20s} no timing (FAIL)", flush=True)
+            continue
+        eager = [c["vs_bf16"]["eager"] for _, c in got]
+        long = [c["vs_cudnn"][m] for r, c in got if r["L"] >= 32768 for m in ("graph", "eager")]
+        geo = math.exp(sum(math.log(c["vs_bf16"]["graph"]) for _, c in got) / len(got))
+        must1 = sum(x >= 1.0 for x in eager)
+        must2 = sum(x >= 1.8 for x in long)
+        print(f"  {name:20s} eager x bf16 min {min(eager):.3f} ({must1}/{len(eager)} >= 1.0); L >= 32k x "
+              f"CUDNN min {min(long, default=float('nan')):.3f} ({must2}/{len(long)} >= 1.8); graph x bf16 "
+              f"geomean {geo:.3f}", flush=True)
+    from attnscope.kernels.decode import heuristics as hs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    picks = [(r, hs._fp8_config_name(r["B"] * r["Hkv"] * r["candidates"][hs.FP8_DEFAULT]["splits"], sms))
+             for r in rows]
+    got = [(r, r["candidates"][n]) for r, n in picks if "us" in r["candidates"][n]]
+    if got:
+        eager = [c["vs_bf16"]["eager"] for _, c in got]
+        long = [c["vs_cudnn"][m] for r, c in got if r["L"] >= 32768 for m in ("graph", "eager")]
+        one = [r["bf16_one_liner_us"] / r["fp8_one_liner_us"] for r in rows]
+        print(f"  shipped rule (FP8_DEFAULT {hs.FP8_DEFAULT}, FP8_MANY {hs.FP8_MANY} past {sms} programs): "
+              f"eager x bf16 min {min(eager):.3f} ({sum(x >= 1 for x in eager)}/{len(eager)} >= 1.0); "
+              f"L >= 32k x CUDNN min {min(long, default=float('nan')):.3f} ({sum(x >= 1.8 for x in long)}/"
+              f"{len(long)} >= 1.8); one-liner fp8 x bf16 min {min(one):.3f} ({sum(x >= 1 for x in one)}/"
+              f"{len(one)} >= 1.0)", flush=True)
+    print("best per point (graph replay; eager):", flush=True)
+    for r in rows:
+        timed = {n: c for n, c in r["candidates"].items() if "us" in c}
+        if timed:
+            g = min(timed, key=lambda n: timed[n]["us"]["graph"])
+            e = min(timed, key=lambda n: timed[n]["us"]["eager"])
+            print(f"  B {r['B']:2d} L {r['L']:6d} {r['layout']:5s}: {g} "
+                  f"({timed[g]['vs_bf16']['graph']:.3f}x bf16); {e} "
+                  f"({timed[e]['vs_bf16']['eager']:.3f}x bf16)", flush=True)
 
 
 if __name__ == "__main__":

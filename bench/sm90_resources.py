@@ -452,13 +452,15 @@ def decode_report() -> None:
                     if page < 0:
                         page = heuristics._block_config(block_m)["BLOCK_N"]
                     cfg = heuristics._block_config(block_m, page, kv == "fp8")
+                    f16qk = kv == "fp8" and bool(cfg.get("F16QK"))  # as the plan: fp16 Q K^T, V per byte
+                    shape_opt = {**opt, "FP8_WORDS": False, "FP8_F16QK": True} if f16qk else opt
                     rows = block_m if chunk else 4  # GROUP 4 x 1 query (decode), 128 rows (chunk)
                     merge_m = min(block_m, triton.next_power_of_2(rows))
                     cx = dict(GROUP=4, BLOCK_M=block_m, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
                               STAGES=cfg["STAGES"], USE_DOT=True, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
                               MERGE_M=merge_m, MERGE_S=max(1, min(8, heuristics.MERGE_ELEMS // merge_m // d)),
                               WRITE_LSE=True, HAS_SEQLENS=True, PAGED=page > 0, PAGE_SIZE=max(page, 1),
-                              CHUNK=chunk, OFF32=True, **opt)
+                              CHUNK=chunk, OFF32=True, **shape_opt)
                     types = _decode_types("*fp8e4nv" if kv == "fp8" else "*bf16")
                     report(f"decode split d={d:3d} kv {kv:4s} mods={int(mods)} {label:30s} "
                            f"BLOCK_N {cfg['BLOCK_N']} STAGES {cfg['STAGES']} w{cfg['num_warps']}",

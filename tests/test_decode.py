@@ -657,8 +657,11 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
     cfg = heuristics._block_config(block_m, page if paged else 0, name.startswith("fp8"))
+    # e4m3 as the plan builds it: Q K^T in fp16 (F16QK, V per byte) where the config says, else V as words
+    f16qk = name.startswith("fp8") and bool(cfg.get("F16QK"))
+    mods = dict(MODS, FP8_WORDS=not f16qk, FP8_F16QK=f16qk) if name.startswith("fp8") else {}
     c = compile_(split_kernel, fp8_types if name.startswith("fp8") else split_types,
-                 dict(**(MODS if name.startswith("fp8") else {}), GROUP=4, BLOCK_M=block_m, HEAD_DIM=128,
+                 dict(**mods, GROUP=4, BLOCK_M=block_m, HEAD_DIM=128,
                       BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=use_dot, EMULATE_BF16=False, SPLIT=True, FUSE=fuse,
                       MERGE_M=block_m if chunk else min(block_m, 4), MERGE_S=8 if block_m <= 16 else 1,

@@ -282,10 +282,17 @@ def test_fp8_cache_matches_float64_on_the_dequantised_cache(paged, nq, per_head,
     decode.check_errors()
 
 
+def _bf16qk_config(page):
+    """The interpreter's block config for pages of ``page`` keys, with e4m3 -> q's dtype converts and Q K^T
+    in q's dtype (`heuristics.FP8_CONFIGS` "bf16qk-w8"'s path) instead of the default fp16 Q K^T."""
+    return {**heuristics._block_config(16, page, fp8=True), "F16QK": False}
+
+
 @pytest.mark.parametrize("paged", (False, True))
 def test_fp8_v_read_as_words_or_as_bytes_gives_the_same_bits(paged):
-    # An aligned e4m3 V is read as int32 words of four elements (FP8_WORDS), one that is not (a view one
-    # byte into its buffer) element by element: both convert exactly, so the outputs are the same bits
+    # Q K^T in q's dtype (F16QK off): an aligned e4m3 V is read as int32 words of four elements
+    # (FP8_WORDS), one that is not (a view one byte into its buffer) element by element: both convert
+    # exactly, so the outputs are the same bits
     gen = torch.Generator().manual_seed(3)
     q, k, v = inputs(2, 4, 2, 1, 40, dtype=torch.bfloat16, seed=5)
     k8, k_scale = attnscope.quantize_kv(k)
@@ -299,22 +306,97 @@ def test_fp8_v_read_as_words_or_as_bytes_gives_the_same_bits(paged):
     v_odd = buf[1:].view(v8.shape)
     v_odd.copy_(v8)
     lens = lens_t([40, 23])
+    cfg = _bf16qk_config(16 if paged else 0)
     outs = []
     for vc, words in ((v8, True), (v_odd, False)):
-        plan = decode.decode_plan(qd, k8, vc, lens, table, num_splits=2, return_lse=True, k_scale=k_scale,
-                                  v_scale=v_scale)
-        assert plan._consts.get("FP8_WORDS", False) is words
+        plan = plan_mod._tuned_plan(qd, k8, vc, lens, table, num_splits=2, return_lse=True, k_scale=k_scale,
+                                    v_scale=v_scale, config=cfg)
+        assert plan._consts.get("FP8_WORDS", False) is words and "FP8_F16QK" not in plan._consts
         outs.append(plan.run(qd, k8, vc, lens, table, k_scale=k_scale, v_scale=v_scale))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    words_plan = decode.decode_plan(qd, k8, v8, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
+    words_plan = plan_mod._tuned_plan(qd, k8, v8, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale,
+                                      config=cfg)
     with pytest.raises(InputError, match="v_cache: expected an address that is a multiple of 4 bytes"):
         words_plan.run(qd, k8, v_odd, lens, table, k_scale=k_scale, v_scale=v_scale)  # same layout
+    # the default (fp16 Q K^T) reads V per byte at any address: one result for both, no refusal
+    plan = decode.decode_plan(qd, k8, v8, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
+    assert plan._consts.get("FP8_F16QK") is True and "FP8_WORDS" not in plan._consts
+    o_default = plan.run(qd, k8, v8, lens, table, k_scale=k_scale, v_scale=v_scale)
     for vc in (v8, v_odd, v8):  # the one-liner keys its plans on it
         o = flash_decode(qd, k8, vc, lens, table, num_splits=2, k_scale=k_scale, v_scale=v_scale)
-        assert torch.equal(o, outs[0][0])
+        assert torch.equal(o, o_default)
     if not paged:
-        check(*outs[0], q, dequantised(k8.cpu(), k_scale.cpu(), 1), dequantised(v8.cpu(), v_scale.cpu(), 1),
-              [40, 23])
+        kd, vd = dequantised(k8.cpu(), k_scale.cpu(), 1), dequantised(v8.cpu(), v_scale.cpu(), 1)
+        check(*outs[0], q, kd, vd, [40, 23])
+        check(o_default, outs[0][1], q, kd, vd, [40, 23])
+
+
+@pytest.mark.parametrize("paged, nq, per_head", [(False, 1, True), (True, 1, False), (False, 3, False),
+                                                 (True, 3, True)])
+def test_fp8_bf16qk_config_matches_float64(paged, nq, per_head):
+    # the e4m3 -> bf16 path (`FP8_CONFIGS` "bf16qk-w8", a benchmark candidate) stays correct: dense and
+    # paged, one and several queries, per-tensor and per-head scales, ragged lengths with 0
+    gen = torch.Generator().manual_seed(11)
+    B, Hkv, L = 3, 2, 45
+    q, k, v = inputs(B, 4, Hkv, nq, L, dtype=torch.bfloat16, seed=20 + nq)
+    k8, k_scale = attnscope.quantize_kv(k * 5, per_head=per_head)
+    v8, v_scale = attnscope.quantize_kv(v, per_head=per_head)
+    kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)
+    lens = [L, 0, 17]
+    if paged:
+        kc, vc, table = to_paged(k8.float(), v8.float(), 16, gen)
+        kc, vc = kc.to(FP8), vc.to(FP8)
+    else:
+        kc, vc, table = k8, v8, None
+    kc, vc, table, k_scale, v_scale, qd = dev(kc, vc, table, k_scale, v_scale, q)
+    plan = plan_mod._tuned_plan(qd, kc, vc, lens_t(lens), table, num_splits=2, return_lse=True,
+                                k_scale=k_scale, v_scale=v_scale, config=_bf16qk_config(16 if paged else 0))
+    assert "FP8_F16QK" not in plan._consts
+    check(*plan.run(qd, kc, vc, lens_t(lens), table, k_scale=k_scale, v_scale=v_scale), q, kd, vd, lens)
+    decode.check_errors()
+
+
+def test_fp8_tile_config_rule_and_paged_stages():
+    # e4m3 decode tiles: FP8_DEFAULT up to one program per SM, FP8_MANY past it; the candidates are
+    # complete block configs, dense tiles at their own stages, paged ones at most the bf16 paged rule's
+    # (5 for blocks of several pages, 3 inside one page)
+    assert heuristics.FP8_DEFAULT in heuristics.FP8_CONFIGS and heuristics.FP8_MANY in heuristics.FP8_CONFIGS
+    assert heuristics._fp8_config_name(132, 132) == heuristics.FP8_DEFAULT
+    assert heuristics._fp8_config_name(133, 132) == heuristics.FP8_MANY
+    for name, want in heuristics.FP8_CONFIGS.items():
+        dense = heuristics._fp8_config(name)
+        assert dense["STAGES"] == dense["num_stages"] == want["STAGES"]
+        assert {k: dense[k] for k in ("BLOCK_N", "num_warps", "F16QK")} == \
+            {k: want[k] for k in ("BLOCK_N", "num_warps", "F16QK")}
+        for page in heuristics.PAGE_SIZES:
+            paged = heuristics._fp8_config(name, page)
+            rule = 5 if want["BLOCK_N"] > page else 3
+            assert paged["STAGES"] == paged["num_stages"] == min(want["STAGES"], rule), (name, page)
+    # splits sized on bytes: twice the keys per split for e4m3, bf16 unchanged
+    assert heuristics._split_min_keys(True, True) == 2 * heuristics.MIN_KEYS_PER_SPLIT
+    assert heuristics._split_min_keys(False, True) == heuristics._split_min_keys(True, False) == \
+        heuristics.MIN_KEYS_PER_SPLIT
+
+
+@pytest.mark.parametrize("q_mult", (3e4, 1e-25, 1.0))
+def test_fp8_f16qk_scales_bf16_query_rows_of_any_magnitude(q_mult):
+    # F16QK runs Q K^T in fp16 on bf16 rows scaled by powers of two (`_kernel._rows_to_f16`): rows far past
+    # fp16's range (3e4 x randn reaches 1e5 > 65504) or far below it (1e-25) give the float64 answer, as
+    # does a row of zeros (the padded rows); the scale folds back into the scores
+    B, Hkv, L = 2, 2, 40
+    q, k, v = inputs(B, 8, Hkv, 1, L, dtype=torch.bfloat16, seed=31, q_mult=q_mult)
+    q[1, 3] = 0  # an all-zero row: uniform attention
+    k8, k_scale = attnscope.quantize_kv(k)
+    v8, v_scale = attnscope.quantize_kv(v)
+    kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)
+    lens = [L, 29]
+    scale = 1.0 / (q_mult * 8) if q_mult > 1 else None  # keep the softmax soft for the large rows
+    k8, v8, k_scale, v_scale, qd = dev(k8, v8, k_scale, v_scale, q)
+    plan = decode.decode_plan(qd, k8, v8, lens_t(lens), num_splits=2, return_lse=True, k_scale=k_scale,
+                              v_scale=v_scale, scale=scale)
+    assert plan._consts.get("FP8_F16QK") is True
+    o, lse = plan.run(qd, k8, v8, lens_t(lens), k_scale=k_scale, v_scale=v_scale)
+    check(o, lse, q, kd, vd, lens, scale=scale)
 
 
 @pytest.mark.parametrize("head_axis", (-3, 0, -2))
@@ -525,6 +607,36 @@ def test_gpu_fp8_and_mods_at_full_size(paged, nq):
                               **mods)
         ref_mods = {**mods, "sinks": sinks} if mods else {}
         check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens, **ref_mods)
+    decode.check_errors()
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(heuristics.FP8_CONFIGS))
+@pytest.mark.parametrize("paged, nq, per_head", [(False, 1, True), (True, 4, False)])
+def test_gpu_each_fp8_tile_config_matches_float64(name, paged, nq, per_head):
+    # every e4m3 candidate config a benchmark can pick (heuristics.FP8_CONFIGS), compiled for the GPU:
+    # dense with one query and per-head scales, paged (pages of 64) with four and a per-tensor scale;
+    # ragged lengths with 0, one split and several, bf16 queries
+    gen = torch.Generator().manual_seed(len(name) + nq)
+    B, Hq, Hkv, L, d = 3, 32, 8, 5000, 128
+    q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq, q_mult=2.0)
+    lens = [L, 0, 1777]
+    k8, ks = attnscope.quantize_kv(k * 4, per_head=per_head)
+    v8, vs = attnscope.quantize_kv(v, per_head=per_head)
+    if paged:
+        kc, vc, table = to_paged(k8.float(), v8.float(), 64, gen)
+        kc, vc = kc.to(FP8), vc.to(FP8)
+    else:
+        kc, vc, table = k8, v8, None
+    kc, vc, table, ksd, vsd, qd = dev(kc, vc, table, ks, vs, q)
+    cfg = heuristics._fp8_config(name, 64 if paged else 0)
+    for splits in (1, 6):
+        plan = plan_mod._tuned_plan(qd, kc, vc, lens_t(lens), table, num_splits=splits, return_lse=True,
+                                    k_scale=ksd, v_scale=vsd, config=cfg)
+        assert plan._consts.get("FP8_F16QK", False) is cfg["F16QK"]
+        o, lse = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=ksd, v_scale=vsd)
+        check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens)
     decode.check_errors()
 
 

@@ -20,8 +20,8 @@ page_size, Hkv, d]`` with ``block_table int32 [B, max_pages]`` (flash-attn / vLL
 whole pages, in any order, possibly shared. Chunk tiles (Nq > 1) on a dense cache take the paged loop
 over a plan-owned table of BLOCK_N-key pages (`plan._dense_pages`) when the strides allow: Triton
 pipelines it better. K/V may be ``torch.float8_e4m3fn`` with fp32 scales (per tensor or per kv head):
-the kernel converts each tile to q's dtype, folds ``k_scale`` into the softmax scale and multiplies the
-output by ``v_scale`` (`quantize_kv` makes such a cache).
+the kernel converts each tile exactly to fp16 (or q's dtype), folds ``k_scale`` into the softmax scale
+and multiplies the output by ``v_scale`` (`quantize_kv` makes such a cache).
 
 Score mods (DESIGN.md's contract; `_common.check_mods`): a sliding window (decode is causal, so only
 its left side bounds; a row tile's keys start at the block holding its first query's window,
@@ -39,8 +39,11 @@ cache), `_op` (the custom op `torch.compile` traces), `quantize` (`quantize_kv`)
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge, and
 allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
 captured in a CUDA graph; it calls the compiled kernel's launcher directly once Triton has picked the binary
-(`plan._DirectLaunch`). An e4m3 V is read as int32 words of four values, converted in registers
-(`_kernel._e4m3_words_to_f16`), and P @ V runs in fp16. `flash_decode` keeps its plans in a bounded LRU cache.
+(`plan._DirectLaunch`). An e4m3 cache runs Q K^T and P @ V in fp16: bf16 query rows are scaled by powers of
+two into fp16 (`_kernel._rows_to_f16`) and K, V convert four values per two instructions
+(`_kernel._e4m3_to_f16_opaque`); the tile config is `heuristics.FP8_DEFAULT` of `heuristics.FP8_CONFIGS`
+(whose ``bf16qk-w8`` converts to q's dtype and reads an aligned V as int32 words,
+`_kernel._e4m3_words_to_f16`). `flash_decode` keeps its plans in a bounded LRU cache.
 K/V offsets from the loop's base pointers are int32 where the plan's span check allows
 (`plan._offsets_fit_int32`), else int64. Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the
 public LSE is natural-log. Measurements: BENCHMARKS.md.

@@ -47,6 +47,28 @@ _E4M3X4_F16 = tl.constexpr("""{
 }""")
 
 
+#: four e4m3 (one b32, byte i = element i) -> four fp16 (two f16x2): `_e4m3_to_f16_opaque`
+_E4M3X4_F16X2 = tl.constexpr("""{
+    .reg .b16 lo, hi;
+    mov.b32 {lo, hi}, $2;
+    cvt.rn.f16x2.e4m3x2 $0, lo;
+    cvt.rn.f16x2.e4m3x2 $1, hi;
+}""")
+
+
+@triton.jit
+def _e4m3_to_f16_opaque(x, ASM: tl.constexpr):
+    """e4m3 (any shape, loaded as e4m3) -> fp16 (exact), four per two converts, in an asm statement Triton
+    does not look through (``is_pure=False``): its choice of the MMA operand layout (``kWidth``) then sees
+    16-bit operands, so Q / P stay in registers and ldmatrix loads them, where an 8-bit load upstream gives
+    kWidth 4 (q re-read with 8-byte shared loads and register moves, P through shared memory). ``ASM``:
+    the PTX (a GPU); else Triton's convert (the interpreter)."""
+    if ASM:
+        return tl.inline_asm_elementwise(_E4M3X4_F16X2, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
+                                         dtype=tl.float16, is_pure=False, pack=4)
+    return x.to(tl.float16)
+
+
 @triton.jit
 def _e4m3_words_to_f16(w, ASM: tl.constexpr):
     """[N, C] int32 words of four e4m3 each (byte i: element 4c + i) -> [N, 4C] fp16 (exact), converted in
@@ -64,6 +86,23 @@ def _e4m3_words_to_f16(w, ASM: tl.constexpr):
         e3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
     x = tl.join(tl.join(e0, e2), tl.join(e1, e3))  # [N, C, 2, 2]: element 4c + 2r + q at [n, c, r, q]
     return tl.reshape(x, [w.shape[0], w.shape[1] * 4])
+
+
+@triton.jit
+def _rows_to_f16(q):
+    """bf16 rows [M, d] -> (fp16 rows, fp32 [M] factors): row i times 2^k_i, the power of two that brings
+    its largest |value| into [2^14, 2^15), and 2^-k_i to undo it in the scores. Exact for every value at
+    least 2^-31 of its row's largest (fp16's 11 bits hold bf16's 8 down to 2^-17); smaller ones round at
+    2^-25 absolute (fp16 subnormals), 2^-39 of the row's largest, far below the bf16 scores' own rounding.
+    A zero row gets 2^126 and stays 0. With an fp16 K, Q K^T then runs on the one-instruction e4m3 -> f16
+    convert of each key instead of e4m3 -> f16 -> f32 -> bf16."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), 1)  # [M]
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent: |max| in [2^(e-127), 2^(e-126))
+    up = tl.minimum(tl.maximum(268 - e, 1), 253)  # biased exponent of 2^(14 - (e - 127)), kept normal
+    f_up = (up << 23).to(tl.float32, bitcast=True)
+    f_down = ((254 - up) << 23).to(tl.float32, bitcast=True)  # 2^-k, normal as 2^k is
+    return (qf * f_up[:, None]).to(tl.float16), f_down
 
 
 @triton.jit
@@ -107,6 +146,7 @@ def _attnscope_decode_split_kernel(
     SCALE_PER_HEAD: tl.constexpr = False,
     FP8_WORDS: tl.constexpr = False,  # FP8: V read as int32 words (`_e4m3_words_to_f16`; V aligned)
     FP8_ASM: tl.constexpr = False,  # FP8_WORDS: convert with PTX (not under the interpreter)
+    FP8_F16QK: tl.constexpr = False,  # FP8, USE_DOT: Q K^T in fp16 (bf16 q: rows scaled, `_rows_to_f16`)
     WINDOW: tl.constexpr = False,  # sliding window: row at position p sees keys [p - win_left, p]
     SOFTCAP: tl.constexpr = False,  # base-2 scores s -> softcap2 * tanh(s / softcap2)
     HAS_SINKS: tl.constexpr = False,  # SINKS fp32 [Hq]: one logit per query head joins the denominator
@@ -164,6 +204,12 @@ def _attnscope_decode_split_kernel(
         q = q.to(tl.float32)
         if not MAX_UNSCALED:
             q = q * qk_scale  # exact enough: one fp32 rounding per element
+    if FP8_F16QK:  # K and V then convert in one instruction per two elements (`_e4m3_to_f16_opaque`)
+        if Q.dtype.element_ty == tl.bfloat16:
+            q, row_mul = _rows_to_f16(q)
+        else:
+            row_mul = tl.full([BLOCK_M], 1.0, tl.float32)
+        s_mul = row_mul if MAX_UNSCALED else row_mul * qk_scale  # [BLOCK_M]
     if PAGED:
         k_base = K + h_kv * stride_kh
         v_base = V + h_kv * stride_vh
@@ -216,9 +262,13 @@ def _attnscope_decode_split_kernel(
             k_off = key * stride_kn
             v_off = key * stride_vn
             k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
-        if FP8:
+        if FP8_F16QK:
+            k = _e4m3_to_f16_opaque(k, FP8_ASM)  # exact; k_scale is in s_mul
+        elif FP8:
             k = _e4m3_to(k, Q.dtype.element_ty)  # exact; k_scale is in qk_scale
-        if USE_DOT:
+        if FP8_F16QK:
+            s = tl.dot(q, tl.trans(k)) * s_mul[:, None]  # [BLOCK_M, BLOCK_N]: q's rows scaled back
+        elif USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) if EMULATE_BF16 else tl.dot(q, kt)
             if not MAX_UNSCALED:
@@ -257,7 +307,9 @@ def _attnscope_decode_split_kernel(
                 v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
             else:
                 v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
-            if FP8:
+            if FP8_F16QK:
+                v = _e4m3_to_f16_opaque(v, FP8_ASM)
+            elif FP8:
                 v = v.to(tl.float16)
         if USE_DOT:
             if EMULATE_BF16 and not FP8:  # P rounded to nearest even (the interpreter's cast truncates)

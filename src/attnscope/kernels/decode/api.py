@@ -13,7 +13,7 @@ from attnscope.kernels.decode.checks import (
     _check_scale_values,
     _check_seqlen_values,
 )
-from attnscope.kernels.decode.heuristics import _raw_scores, _tiling
+from attnscope.kernels.decode.heuristics import _raw_scores, _split_min_keys, _tiling
 from attnscope.kernels.decode.plan import NAMES, DecodePlan
 
 torch, _ = import_torch_triton()
@@ -147,7 +147,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         if facts.mods.windowed:
             longest = min(facts.L_max if longest is None else longest, facts.mods.left + facts.Nq)
         splits = _tiling(q.device, facts.B, facts.Hq, facts.Nq, facts.Hkv, facts.L_max, longest, num_splits,
-                         None, _raw_scores(scale, facts.d, facts.mods.softcap))[2]
+                         None, _raw_scores(scale, facts.d, facts.mods.softcap), _split_min_keys(facts.fp8))[2]
         plan = _PLAN_CACHE.plan(key, facts, splits, lambda: DecodePlan(
             *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
             **{**options, "num_splits": splits}), default=not check_seqlens)

@@ -109,29 +109,81 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
             "total": kv + q + 2 * partial + out}
 
 
-def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False) -> dict:
+def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, programs: int = 0,
+                  sms: int = 132) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
     ``page_size`` keys (0: dense), e4m3 K/V or not: one measured config per tile kind
-    (bench/decode_configs.py), no autotuner. Interpreter: small blocks, still multi-block splits and
-    (pages of 16) pages per block.
+    (bench/decode_configs.py), no autotuner; e4m3 decode tiles: `FP8_CONFIGS` [`_fp8_config_name`
+    (``programs``, ``sms``)] (`_fp8_config`), ``programs`` the launch's B x Hkv x row tiles x splits.
+    Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
     """
     if interpreting():
-        return {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+        cfg = {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+        return {**cfg, "F16QK": True} if fp8 else cfg
+    if fp8 and block_m <= 32:
+        return _fp8_config(_fp8_config_name(programs, sms), page_size)
     cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
     # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block only
     # part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each. A block
     # inside one page (whose load mask depends on the page index checked on the device) gets them all:
     # 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at BLOCK_N = 128)
     stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
-    if fp8 and block_m <= 32:
-        # e4m3 tiles are half the bytes and cost twice the instructions per byte (the converts, V's fp16
-        # staging through shared memory): 5 stages keep the bf16 config's bytes in flight per program,
-        # 8 warps give each scheduler two warps to hide the loop's latencies when one program runs per
-        # SM (sm_90 compile, dense: 172 KiB of shared memory, 80-94 registers, 596 instructions per thread
-        # and KV block against 973 at 4 warps)
-        cfg["num_warps"] = 8
-        stages = 5 if not page_size else stages
     return {**cfg, "STAGES": stages, "num_stages": stages}
+
+
+#: e4m3 decode-tile (rows <= 32) block configs: BLOCK_N, warps, dense stages (paged: `_fp8_config`), and
+#: ``F16QK``: Q K^T in fp16 (the kernel's ``FP8_F16QK``: bf16 q rows scaled by powers of two into fp16,
+#: K and V converted four e4m3 per two instructions in an asm statement that keeps the MMA operands
+#: 16-bit; sm_90 compile, dense, Hq/Hkv 32/8: 72.5 warp instructions per KiB of K/V at 4 warps, 90.8 at
+#: 8, against 149.8 for ``bf16qk-w8``, whose e4m3 -> bf16 converts and 8-bit MMA operand layout (q
+#: re-read with 8-byte shared loads and register moves, P through shared memory) bound it by issue:
+#: parity with bf16 in time for half the bytes). ``bench/decode.py --fp8-sweep`` times each beside
+#: attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s choice.
+FP8_CONFIGS = {
+    "bf16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": False},  # converts to q's dtype
+    "f16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": True},  # two warps per scheduler
+    "f16qk-w4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 5, "F16QK": True},  # fewest instructions/byte
+    "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 104 KiB: 2 per SM
+    "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
+}
+#: The shipped e4m3 decode-tile config where the launch has at most one program per SM (the split
+#: regime): that one program streams at the bandwidth only if its loop issues ~1.8 warp instructions per
+#: cycle (90.8 per KiB x 20 B per SM-cycle at 4.8 TB/s); two warps per scheduler hide the converts' and
+#: loads' latencies where 4 warps would leave one.
+FP8_DEFAULT = "f16qk-w8"
+#: ... and where it has more programs than SMs (None: `FP8_DEFAULT` there too): 4-warp programs in 104 KiB
+#: of shared memory, two per SM: the same 8 warps per SM, 20 % fewer instructions per byte (72.5 per
+#: KiB), and one program's prologue and partial write overlap the other's stream; B x Hkv = 256 programs
+#: then all run at once on 132 SMs, where one 8-warp program per SM leaves a second wave of 124.
+FP8_MANY = "f16qk-w4-s3"
+#: Whether e4m3 splits are sized on bytes rather than keys (`_split_min_keys`: at least the bf16
+#: minimum's bytes, twice its keys, per split)
+FP8_SPLIT_BYTES = False
+
+
+def _fp8_config(name: str, page_size: int = 0) -> dict:
+    """`FP8_CONFIGS` [name] as a phase-1 block config for pages of ``page_size`` keys (0: dense): dense
+    tiles take the config's stages; paged ones `_block_config`'s rule (5 for blocks of several pages,
+    which the pipeliner buffers only in part; 3 inside one page)."""
+    cfg = dict(FP8_CONFIGS[name])
+    if page_size:
+        cfg["STAGES"] = min(cfg["STAGES"], 5 if cfg["BLOCK_N"] > page_size else 3)
+    cfg["num_stages"] = cfg["STAGES"]
+    return cfg
+
+
+def _fp8_config_name(programs: int, sms: int) -> str:
+    """The `FP8_CONFIGS` key of an e4m3 decode launch of ``programs`` programs on ``sms`` SMs: `FP8_MANY`
+    past one program per SM (where set), else `FP8_DEFAULT`."""
+    return FP8_MANY if FP8_MANY is not None and programs > sms else FP8_DEFAULT
+
+
+def _split_min_keys(fp8: bool, split_bytes: bool | None = None) -> int:
+    """Fewest keys per split: `MIN_KEYS_PER_SPLIT`, doubled for e4m3 K/V when splits are sized on bytes
+    (``split_bytes``, default `FP8_SPLIT_BYTES`): one byte per element reads the same bytes in twice the
+    keys."""
+    split_bytes = FP8_SPLIT_BYTES if split_bytes is None else split_bytes
+    return MIN_KEYS_PER_SPLIT * (2 if fp8 and split_bytes else 1)
 
 
 #: The fused merge (see `_fuse_by_default`) holds at most this many bytes of partials per last program.
@@ -161,10 +213,11 @@ def _raw_scores(scale, d, softcap=0.0) -> bool:
     return not softcap and sm_scale * LOG2E > RAW_SCORES_ABOVE
 
 
-def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=False):
+def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=False,
+            min_keys=MIN_KEYS_PER_SPLIT):
     """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
     depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max); ``raw``
-    (`_raw_scores`): one split."""
+    (`_raw_scores`): one split; ``min_keys``: fewest keys per split (`_split_min_keys`)."""
     rows = (Hq // Hkv) * Nq
     cap = 16 if interpreting() else BLOCK_M_MAX
     block_m = min(triton.next_power_of_2(rows), cap)
@@ -175,5 +228,5 @@ def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=
         num_splits = 1
     if num_splits is None:
         longest = L_max if max_seqlen is None else max_seqlen
-        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), tail=Nq == 1)
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), min_keys=min_keys, tail=Nq == 1)
     return block_m, m_tiles, num_splits

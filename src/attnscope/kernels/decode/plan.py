@@ -38,6 +38,8 @@ from attnscope.kernels.decode.heuristics import (
     _fuse_by_default,
     _is_int,
     _raw_scores,
+    _sms,
+    _split_min_keys,
     _tiling,
 )
 
@@ -132,7 +134,7 @@ class DecodePlan:
             longest = L_max if max_seqlen is None else max_seqlen
             max_seqlen = min(longest, mods.left + Nq)
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
-                                               use_dot, raw)
+                                               use_dot, raw, _split_min_keys(facts.fp8))
         paged = block_table is not None
         # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
         # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
@@ -142,7 +144,8 @@ class DecodePlan:
             page = _block_config(block_m)["BLOCK_N"]
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
-        cfg = dict(_config or _block_config(block_m, page, facts.fp8))
+        cfg = dict(_config or _block_config(block_m, page, facts.fp8, B * Hkv * m_tiles * num_splits,
+                                            _sms(q.device)))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
@@ -187,10 +190,13 @@ class DecodePlan:
                 k_cache, v_cache, (0, 1) if paged else (0, 2) if self.table is not None else (2,))),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
         }
-        # the optional constexprs are passed only when on: the plain launch passes what it always did
-        words = facts.fp8 and _words_aligned(v_cache)
+        # the optional constexprs are passed only when on: the plain launch passes what it always did.
+        # e4m3 with Q K^T in fp16 (F16QK) converts K and V per byte; else V is read as words where aligned
+        f16qk = facts.fp8 and use_dot and bool(cfg.get("F16QK", False))
+        words = facts.fp8 and not f16qk and _words_aligned(v_cache)
         for name, on in (("MAX_UNSCALED", raw), ("FP8", facts.fp8), ("SCALE_PER_HEAD", facts.scale_per_head),
-                         ("FP8_WORDS", words), ("FP8_ASM", words and not interpreting()),
+                         ("FP8_WORDS", words), ("FP8_F16QK", f16qk),
+                         ("FP8_ASM", (words or f16qk) and not interpreting()),
                          ("WINDOW", mods.windowed), ("SOFTCAP", mods.softcap > 0),
                          ("HAS_SINKS", sinks is not None)):
             if on:
@@ -396,7 +402,8 @@ class _Tuning(NamedTuple):
     """A plan's tuning knobs (benchmarks): ``use_dot`` tl.dot (default) or elementwise products;
     ``fuse_combine`` fused (default when small, `heuristics._fuse_by_default`) or separate merge;
     ``config`` a phase-1 block config (``BLOCK_N``, ``STAGES``, ``num_warps``, ``num_stages``, optional
-    ``OFF32``) in place of `heuristics._block_config`."""
+    ``OFF32``, and for e4m3 K/V ``F16QK``: `heuristics.FP8_CONFIGS`) in place of
+    `heuristics._block_config`."""
 
     use_dot: bool | None = None
     fuse_combine: bool | None = None
