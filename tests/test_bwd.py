@@ -545,8 +545,8 @@ def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
 
 # --- the Hopper one-pass build (deterministic=False: dQ by fp32 atomics inside the dK/dV kernel) ---------
 def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch):
-    """`bwd_hopper.launch(onepass=True)`'s host side, no GPU: only the dK/dV kernel runs, built with
-    ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and dQ is that buffer in q's dtype
+    """`bwd_hopper.launch(mode=...)`'s host side, no GPU: one-pass, only the dK/dV kernel runs, built with
+    its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and dQ is that buffer in q's dtype
     after the kernel (the recorder adds into it as the kernel's atomics would)."""
     from attnscope.kernels import bwd_hopper
 
@@ -571,16 +571,21 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
     lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
-    out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, onepass=True)
-    assert set(calls) == {"dkdv"} and len(out) == 1
-    grid, args, kw = calls["dkdv"]
-    assert kw == bwd_hopper.constexprs(d, True, "dkdv", 0, True) and kw["ONEPASS"] and kw["DQ"] == 64
-    assert tuple(args[8].shape) == (B, Hq, Nq, d)
     want = (torch.arange(B * Hq * Nq * d, dtype=torch.float32) * 0.25).view(B, Hq, Nq, d).to(torch.bfloat16)
-    assert torch.equal(dq, want)
+    for mode, flag in (("onepass", 2), ("onepass-wg", 1)):
+        calls.clear()
+        dq.zero_()
+        out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode=mode)
+        assert set(calls) == {"dkdv"} and len(out) == 1
+        grid, args, kw = calls["dkdv"]
+        assert kw == bwd_hopper.constexprs(d, True, "dkdv", 0, mode) and kw["ONEPASS"] == flag
+        assert kw["DQ"] == 64 and tuple(args[8].shape) == (B, Hq, Nq, d)
+        assert torch.equal(dq, want)
     calls.clear()  # the two-kernel build: both kernels, ONEPASS off
     bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None)
-    assert set(calls) == {"dkdv", "dq"} and calls["dkdv"][2]["ONEPASS"] is False
+    assert set(calls) == {"dkdv", "dq"} and calls["dkdv"][2]["ONEPASS"] == 0
+    with pytest.raises(ValueError, match="mode: expected one of twokernel, onepass-wg, onepass, got 'fast'"):
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="fast")
 
 
 def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
@@ -614,8 +619,11 @@ def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
     with pytest.raises(ValueError, match="configs: expected"):
         bwd_hopper.check_configs({"dQ": BC(64, 128, 2)})
     with pytest.raises(NotImplementedError, match="one-pass: dK/dV BM = 32; supported: a multiple of 64"):
-        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, onepass=True,
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass-wg",
                           configs={"dkdv": BC(32, 128, 4)})
+    with pytest.raises(NotImplementedError, match="'onepass': DQ = 16 at head_dim 64; supported: DQ ="):
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass",
+                          configs={"dkdv": BC(64, 128, 2, DQ=16)})
     capped, windowed = _common.Mods(-1, -1, 30.0, None), _common.Mods(100, 0, 0.0, None)
     assert bwd_hopper.onepass_ok(64) and bwd_hopper.onepass_ok(128) and bwd_hopper.onepass_ok(128, windowed)
     assert bwd_hopper.onepass_ok(64, capped) and not bwd_hopper.onepass_ok(128, capped)
@@ -645,9 +653,9 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import bwd_hopper as bh
 for spec in sys.argv[1:]:
-    d, causal, onepass = (int(x) for x in spec.split(":"))
-    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(d, "bf16", "dkdv"),
-                         constexprs=bh.constexprs(d, causal == 1, "dkdv", 0, onepass == 1))
+    d, causal, mode = spec.split(":")
+    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(int(d), "bf16", "dkdv"),
+                         constexprs=bh.constexprs(int(d), causal == "1", "dkdv", 0, mode))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh.NUM_WARPS})
     ptx = k.asm["ptx"]
     print(spec, ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.relaxed.add.f32"), k.metadata.shared)
@@ -655,25 +663,26 @@ for spec in sys.argv[1:]:
 
 
 def test_hopper_onepass_builds_for_sm90_on_the_cpu():
-    """The one-pass dK/dV build compiled for sm_90 without a GPU (a child process, ~1 s a build): more
+    """The one-pass dK/dV builds compiled for sm_90 without a GPU (a child process, ~1 s a build): more
     wgmma instructions than the two-kernel build's dK/dV (the dS K product) and fp32 atomic adds (none in
-    the two-kernel build), inside the 227 KB of shared memory a CTA may have."""
+    the two-kernel build), inside the 227 KB of shared memory a CTA may have, more than the two-kernel
+    build (the dS^T tiles; "onepass" a ring of two)."""
     pytest.importorskip("triton.experimental.gluon")
     import os
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    specs = ["64:1:1", "64:1:0", "128:0:1"]
+    specs = ["64:1:onepass", "64:1:twokernel", "128:0:onepass", "64:0:onepass-wg"]
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", _ONEPASS_COMPILE, *specs], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()}
-    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128) = (rows[s] for s in specs)
-    assert w1 > w0 and a1 > 0 and a0 == 0 and a128 > 0
-    assert s0 < s1 <= 227 * 1024 and s128 <= 227 * 1024
+    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg) = (rows[s] for s in specs)
+    assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0
+    assert s0 < swg < s1 <= 227 * 1024 and s128 <= 227 * 1024
 
 
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group): the one-pass build: GQA, causal, ragged N,

@@ -470,6 +470,8 @@ ATOMIC_DQ_BY_DEFAULT = False
 #: The same switch for the Hopper kernels: True runs their one-pass dK/dV kernel (dQ by fp32 atomics) for
 #: ``flash_attention(deterministic=False)``; False, their dK/dV then dQ kernels (bitwise reproducible).
 HOPPER_ONEPASS_BY_DEFAULT = False
+#: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
+HOPPER_ONEPASS_MODE = "onepass"
 
 
 def atomic_dq_by_default(q, causal: bool, scale, window=None, softcap: float = 0.0) -> bool:
@@ -575,7 +577,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
         onepass = not deterministic and bwd_hopper.onepass_ok(d, mods)
         bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods,
-                          onepass=onepass)
+                          mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from attnscope.errors import choice
 from attnscope.kernels._common import import_torch_triton
 
 torch, triton = import_torch_triton()
@@ -68,6 +69,14 @@ from attnscope.kernels.fwd_hopper import _producer as _producer_fwd  # noqa: E40
 
 #: setmaxnreg of the consumer warpgroup that is a worker partition (the other is the default partition)
 CONSUMER_REGS = 240
+#: The dK/dV kernel's ``ONEPASS`` builds (`MODES`): 0 dK, dV only (the dQ kernel follows); `ONEPASS_WG`
+#: each warpgroup adds dS_w K_w, its own keys' share of dQ [BM, d]; `ONEPASS_CTA` the warpgroups share
+#: their dS^T through shared memory (an mbarrier per tile) and add dS K over the CTA's keys once: d / DQ
+#: column slices, one per warpgroup (d = NWG DQ), or the whole [BM, d] by one warpgroup in turns (d = DQ).
+ONEPASS_WG = gl.constexpr(1)
+ONEPASS_CTA = gl.constexpr(2)
+#: launch's ``mode`` -> ``ONEPASS``
+MODES = {"twokernel": 0, "onepass-wg": 1, "onepass": 2}
 
 
 class BwdConfig(NamedTuple):
@@ -107,9 +116,9 @@ def config(d: int, kernel: str = "dkdv", mods: int = 0) -> BwdConfig:
 
 
 def onepass_ok(d: int, mods=None) -> bool:
-    """Whether the one-pass build (``launch(onepass=True)``) runs for head dim ``d`` and the `_common.Mods`
-    ``mods``: its dQ product needs 64-row Q tiles (wgmma's warpgroup tile), so softcap at d = 128
-    (`SOFTCAP_CONFIGS`, 32-row tiles) takes the two kernels."""
+    """Whether the one-pass builds (``launch(mode="onepass" | "onepass-wg")``) run for head dim ``d`` and
+    the `_common.Mods` ``mods``: its dQ product needs 64-row Q tiles (wgmma's warpgroup tile), so softcap
+    at d = 128 (`SOFTCAP_CONFIGS`, 32-row tiles) takes the two kernels."""
     flags = 0 if mods is None else mods_flags(mods.windowed, mods.softcap, False)
     return config(d, "dkdv", flags).BM % 64 == 0
 
@@ -226,15 +235,31 @@ def _add_dq(dq_ptrs, ds_t, kmat, row_ok, sm_scale, acc_layout: gl.constexpr, BM:
 
 
 @gluon.jit
+def _add_dq_shared(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf, sm_scale, acc_layout: gl.constexpr,
+                   BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
+                   NWG: gl.constexpr):
+    """One-pass dQ over the CTA's keys (every warpgroup's dS^T, ring slot ``buf`` of ``ds_smem``; all of K):
+    ``dQ[rows, C0:C0 + DQ] += sm_scale sum_w dS_w K_w[:, C0:C0 + DQ]`` by fp32 atomics into the head's dQ at
+    ``dq_base`` [Nq, D] (rows ``offs_m``, columns ``C0 + offs_d``; rows past Nq masked)."""
+    part = gl.zeros([BM, DQ], gl.float32, acc_layout)
+    for w in gl.static_range(NWG):
+        kcols = k_smem.index(w).reshape([BNW, D]).slice(C0, DQ, dim=1)  # K_w[:, C0:C0 + DQ]
+        part = warpgroup_mma(ds_smem.index(buf * NWG + w).permute((1, 0)), kcols, part, use_acc=w > 0)
+    ptrs = dq_base + offs_m[:, None] * D + (C0 + offs_d[None, :])  # after the product: fewer live registers
+    gl.atomic_add(ptrs, part * sm_scale, mask=(offs_m < NQ)[:, None], sem="relaxed")
+
+
+@gluon.jit
 def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, it, m, masked, offs_n,
-          NQ, NK, sc, ds_t, dq_base, sm_scale, s_layout: gl.constexpr, a_layout: gl.constexpr,
-          BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-          MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr):
+          NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout: gl.constexpr,
+          a_layout: gl.constexpr, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+          CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr,
+          NWG: gl.constexpr):
     """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or a window edge, or
     the keys end in the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM
-    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). ``ONEPASS``:
-    dS^T also goes to this warpgroup's shared ``ds_t`` and `_add_dq` adds ``sm_scale dS K`` into the fp32
-    dQ accumulator of the tile's query head (``dq_base``: its element 0; ``DQ`` columns per product). One loop
+    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). ``ONEPASS``
+    (`ONEPASS_WG`, `ONEPASS_CTA`): dS^T also goes to shared memory (``ds_smem``) and ``sm_scale dS K`` is
+    added into the fp32 dQ accumulator of the tile's query head (``dq_base``: its element 0). One loop
     body for every tile: the mask is a select on the initial value before the MMAs are issued, so masked
     and unmasked tiles differ in no register after them. Softcap: S^T starts from 0 (the raw scores: the cap
     comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select."""
@@ -270,8 +295,12 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
     dst = pt_cap * dpt  # dS^T = P^T * (dP^T - D) (softcap: x (1 - t^2))
     dst_op = gl.convert_layout(dst.to(q_smem.dtype), a_layout)
     dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)  # dK += dS^T Q
-    if ONEPASS:  # dS^T to shared memory under the dK product: the dQ product's A operand (transposed)
-        ds_t.store(dst.to(q_smem.dtype))
+    buf = it % 2  # `ONEPASS_CTA`'s dS^T ring slot (`ONEPASS_WG`: one slot per warpgroup)
+    if ONEPASS == ONEPASS_WG:  # dS^T to shared memory under the dK product: the dQ product's A operand
+        ds_smem.index(WG).store(dst.to(q_smem.dtype))
+        fence_async_shared()
+    if ONEPASS == ONEPASS_CTA:
+        ds_smem.index(buf * NWG + WG).store(dst.to(q_smem.dtype))
         fence_async_shared()
     dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
     mbarrier.arrive(q_empty.index(s))  # Q and dO read: the slot goes back
@@ -279,17 +308,29 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
         dq_layout: gl.constexpr = wgmma_layout(DQ)
         offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout))
         offs_d = gl.arange(0, DQ, layout=gl.SliceLayout(0, dq_layout))
-        dq_ptrs = dq_base + offs_m[:, None] * D + offs_d[None, :]
-        _add_dq(dq_ptrs, ds_t, kmat, offs_m < NQ, sm_scale, dq_layout, BM, DQ, D)
+        if ONEPASS == ONEPASS_WG:
+            dq_ptrs = dq_base + offs_m[:, None] * D + offs_d[None, :]
+            _add_dq(dq_ptrs, ds_smem.index(WG), kmat, offs_m < NQ, sm_scale, dq_layout, BM, DQ, D)
+        else:  # every warpgroup's dS^T stored: DQ columns each (D = NWG DQ), or the whole dQ in turns
+            gl.thread_barrier()  # this warpgroup's stores (and fences) all done before its arrival
+            mbarrier.arrive(ds_bar.index(buf))
+            mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)
+            if D == NWG * DQ:
+                _add_dq_shared(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf, sm_scale, dq_layout, BM,
+                               BNW, DQ, D, WG * DQ, NWG)
+            else:
+                if it % NWG == WG:
+                    _add_dq_shared(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf, sm_scale, dq_layout, BM,
+                                   BNW, DQ, D, 0, NWG)
     return dk, dv
 
 
 @gluon.jit
 def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
-              q_empty, ds_smem, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+              q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
               sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
               WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
-              DQ: gl.constexpr):
+              DQ: gl.constexpr, NWG: gl.constexpr):
     """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale);
     ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`)."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
@@ -303,7 +344,6 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
     kmat = k_smem.index(WG).reshape([BNW, D])
     vmat = v_smem.index(WG).reshape([BNW, D])
     n = end - lo  # query tiles per head, in the producer's order
-    ds_t = ds_smem.index(WG)
     for i in range(group * n):  # GQA: the group's query heads, reduced in registers
         m = lo + i % n
         dq_base = DQACC + (b * H + hk * group + i // n).to(gl.int64) * NQ * D  # the head's dQ [Nq, D]
@@ -312,8 +352,11 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
         else:
             masked = m < f_lo  # f_hi = end
         dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       masked, offs_n, NQ, NK, sc, ds_t, dq_base, sm_scale, s_layout, a_layout, BM, BNW, D,
-                       STAGES, CAUSAL, MODS, ONEPASS, DQ)
+                       masked, offs_n, NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout,
+                       a_layout, BM, BNW, D, STAGES, CAUSAL, MODS, ONEPASS, DQ, WG, NWG)
+    if ONEPASS == ONEPASS_CTA:  # the other warpgroups' last dS K product read this one's K: done first
+        mbarrier.arrive(ds_bar.index(2))
+        mbarrier.wait(ds_bar.index(2), 0)
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
     v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
@@ -360,10 +403,16 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if ONEPASS:  # each consumer warpgroup's dS^T, the one-pass dQ product's A operand
+    if ONEPASS == ONEPASS_WG:  # each consumer warpgroup's dS^T, the one-pass dQ product's A operand
         ds_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG, BNW, BM], ds_layout(BNW, BM))
+    elif ONEPASS == ONEPASS_CTA:  # every warpgroup's, a ring of 2: [slot x NWG + warpgroup]
+        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * NWG, BNW, BM], ds_layout(BNW, BM))
     else:
         ds_smem = k_smem  # not read
+    # `ONEPASS_CTA`: slots 0, 1 "every warpgroup's dS^T of ring slot 0 / 1 stored", 2 "the loop done"
+    ds_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(3):
+        mbarrier.init(ds_bar.index(i), count=NWG)
     mbarrier.init(kv_bar.index(0), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(s), count=1)
@@ -373,11 +422,13 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
         [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, ds_smem, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end,
-                      NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS, ONEPASS, DQ)),
+                      q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
+                      f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS, ONEPASS, DQ,
+                      NWG)),
          (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, ds_smem, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end,
-                      NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ)),
+                      q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
+                      f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
+                      NWG)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                       lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
                       STAGES, NWG))],
@@ -572,13 +623,13 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
                                         "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, onepass: bool = False,
+def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, mode: str = "twokernel",
                cfg: BwdConfig | None = None) -> dict:
     """The constexpr arguments of kernel ``name`` for head dim ``d`` (``mods``: `fwd_hopper.mods_flags`; a
-    windowed call has ``causal`` False, its right bound carrying the diagonal; ``onepass``: the dK/dV
-    kernel also adds dQ; ``cfg``: another block configuration than `config`'s)."""
+    windowed call has ``causal`` False, its right bound carrying the diagonal; ``mode``: a `MODES` key, the
+    dK/dV kernel's ``ONEPASS``; ``cfg``: another block configuration than `config`'s)."""
     cfg = cfg or config(d, name, mods)
-    extra = {"ONEPASS": onepass, "DQ": min(cfg.DQ, d)} if name == "dkdv" else {}
+    extra = {"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d)} if name == "dkdv" else {}
     return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
             "CONSUMER_REGS": CONSUMER_REGS, **extra,
             "num_warps": NUM_WARPS}
@@ -613,12 +664,13 @@ def check_configs(configs) -> dict:
 
 
 def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: float, causal: bool, mods=None,
-           onepass: bool = False, configs=None):
+           mode: str = "twokernel", configs=None):
     """dQ, dK and dV on checked inputs (kernels/bwd.py `flash_attention_backward` checks them and runs the
     preprocess); writes ``dq`` (contiguous [B, Hq, Nq, d]), ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in
-    place: the dK/dV kernel, then the dQ kernel; ``onepass``: the dK/dV kernel alone, adding dQ by fp32
+    place. ``mode`` (`MODES`): "twokernel", the dK/dV kernel then the dQ kernel (bitwise reproducible);
+    "onepass" (`ONEPASS_CTA`) or "onepass-wg" (`ONEPASS_WG`), the dK/dV kernel alone, adding dQ by fp32
     atomics into a zeroed fp32 [B, Hq, Nq, d] buffer, then cast into ``dq`` (5 MMAs per tile pair instead of
-    7; the summation order varies run to run, so dQ is not bitwise reproducible).
+    7; the atomics' order varies run to run, so dQ is not bitwise reproducible).
 
     ``lse2``: the forward's LSE x log2(e), contiguous float32 [B, Hq, Nq]; ``delta``: rowsum(dO * O)
     (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e), softcap x
@@ -626,10 +678,12 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     under a window); ``configs``: {"dkdv": BwdConfig, "dq": BwdConfig} in place of `config`'s (either
     optional; `check_configs`), for tuning. Each (kernel, d, dtype, causal, mods used, mode, config)
     compiles once per process. Returns the compiled kernels (``.n_regs``, ``.n_spills``,
-    ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,) with ``onepass``.
+    ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,) one-pass.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    choice("mode", mode, tuple(MODES))
+    onepass = MODES[mode] > 0
     configs = check_configs(configs)
     tensors = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
                "desc_do": _tma_ready(do), "desc_dk": dk, "desc_dv": dv, "desc_dq": dq}  # outputs: contiguous
@@ -654,6 +708,9 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale, left, right, cap_in)
     cfg = cfgs["dkdv"]
     assert ROW_PAD % cfg.BM == 0, (ROW_PAD, cfg)
+    if MODES[mode] == ONEPASS_CTA.value and d not in (cfg.DQ, cfg.NWG * cfg.DQ):
+        raise NotImplementedError(f"Hopper backward mode 'onepass': DQ = {cfg.DQ} at head_dim {d}; "
+                                  f"supported: DQ = head_dim or head_dim / NWG = {d // cfg.NWG}")
     if onepass and cfg.BM % 64:
         raise NotImplementedError(f"Hopper backward one-pass: dK/dV BM = {cfg.BM}; supported: a multiple of "
                                   "64 (`onepass_ok`; deterministic=True takes every config)")
@@ -666,7 +723,7 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
                                      _row_layout(cfg.BM)))
     dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=q.device) if onepass else rows[0].base
     dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        *descs("dkdv"), *rows, dq_acc, *args, **constexprs(d, causal, "dkdv", flags, onepass, cfg))
+        *descs("dkdv"), *rows, dq_acc, *args, **constexprs(d, causal, "dkdv", flags, mode, cfg))
     if onepass:
         dq.copy_(dq_acc)  # fp32 -> q's dtype (the kernel added sm_scale dS K)
         return (dkdv,)
