@@ -618,10 +618,10 @@ def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
             bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, configs=bad)
     with pytest.raises(ValueError, match="configs: expected"):
         bwd_hopper.check_configs({"dQ": BC(64, 128, 2)})
-    with pytest.raises(NotImplementedError, match="one-pass: dK/dV BM = 32; supported: a multiple of 64"):
+    with pytest.raises(NotImplementedError, match="'onepass-wg': dK/dV BM = 32, DQ = 64 at head_dim 64"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass-wg",
                           configs={"dkdv": BC(32, 128, 4)})
-    with pytest.raises(NotImplementedError, match="'onepass': DQ = 16 at head_dim 64; supported: DQ ="):
+    with pytest.raises(NotImplementedError, match="'onepass': dK/dV BM = 64, DQ = 16 at head_dim 64"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass",
                           configs={"dkdv": BC(64, 128, 2, DQ=16)})
     capped, windowed = _common.Mods(-1, -1, 30.0, None), _common.Mods(100, 0, 0.0, None)

@@ -18,7 +18,12 @@ P is recomputed from the forward's LSE (no running max); LSE2 = LSE log2 e, Delt
 - dQ (`_attnscope_bwd_hopper_dq_kernel`): the forward's schedule (`fwd_hopper._producer` streams the K/V
   ring): a CTA owns NWG x 64 query rows of one (batch, head); per K/V tile S = Q K^T, dP = dO V^T,
   dQ += dS K; dQ leaves by TMA through the dead Q buffer.
-No atomics: the gradients are bitwise reproducible run to run.
+Those two (mode "twokernel", ``deterministic=True``) use no atomics: bitwise reproducible run to run. One-pass
+(``deterministic=False``; FA-3's dQ): the dK/dV kernel alone, built with ``ONEPASS``, also stores dS^T to
+shared memory and adds ``sm_scale dS K`` into a zeroed fp32 dQ [B, Hq, Nq, d] by fp32 atomics (5 MMAs per tile
+pair instead of 7), cast to the input dtype after: "onepass" (`ONEPASS_CTA`) over the CTA's keys once per
+query tile (the warpgroups meet at an mbarrier; d = 128 a 64-column slice each, d = 64 the whole tile by one
+warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics).
 
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
@@ -69,14 +74,9 @@ from attnscope.kernels.fwd_hopper import _producer as _producer_fwd  # noqa: E40
 
 #: setmaxnreg of the consumer warpgroup that is a worker partition (the other is the default partition)
 CONSUMER_REGS = 240
-#: The dK/dV kernel's ``ONEPASS`` builds (`MODES`): 0 dK, dV only (the dQ kernel follows); `ONEPASS_WG`
-#: each warpgroup adds dS_w K_w, its own keys' share of dQ [BM, d]; `ONEPASS_CTA` the warpgroups share
-#: their dS^T through shared memory (an mbarrier per tile) and add dS K over the CTA's keys once: d / DQ
-#: column slices, one per warpgroup (d = NWG DQ), or the whole [BM, d] by one warpgroup in turns (d = DQ).
-ONEPASS_WG = gl.constexpr(1)
-ONEPASS_CTA = gl.constexpr(2)
-#: launch's ``mode`` -> ``ONEPASS``
-MODES = {"twokernel": 0, "onepass-wg": 1, "onepass": 2}
+#: launch's ``mode`` -> the dK/dV kernel's ``ONEPASS`` (the module docstring): 0 dK, dV only
+ONEPASS_WG, ONEPASS_CTA = gl.constexpr(1), gl.constexpr(2)
+MODES = {"twokernel": 0, "onepass-wg": ONEPASS_WG.value, "onepass": ONEPASS_CTA.value}
 
 
 class BwdConfig(NamedTuple):
@@ -214,39 +214,21 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
         tma.async_copy_global_to_shared(desc_delta, [b, h, m * BM], q_ready.index(s), delta_smem.index(s))
 
 
-@gluon.constexpr_function
-def ds_layout(bnw, bm):
-    """Shared layout of a warpgroup's dS^T tile [BNW, BM] (16-bit; the one-pass dQ product reads it
-    transposed as its A operand)."""
-    return gl.NVMMASharedLayout.get_default_for([bnw, bm], gl.bfloat16)
-
-
 @gluon.jit
-def _add_dq(dq_ptrs, ds_t, kmat, row_ok, sm_scale, acc_layout: gl.constexpr, BM: gl.constexpr,
-            DQ: gl.constexpr, D: gl.constexpr):
-    """One-pass dQ: ``dQ[rows, :] += sm_scale dS K`` for this warpgroup's keys, ``ds_t`` the shared dS^T
-    [BNW, BM] (written and fenced), ``kmat`` K [BNW, D] in shared memory; in ``D / DQ`` column slices of
-    ``DQ`` (fewer registers live across the product), each added to the fp32 accumulator in global memory
-    by fp32 atomics (``dq_ptrs`` [BM, DQ] of the first slice; rows past Nq masked)."""
-    for c in gl.static_range(D // DQ):
-        part = warpgroup_mma(ds_t.permute((1, 0)), kmat.slice(c * DQ, DQ, dim=1),
-                             gl.zeros([BM, DQ], gl.float32, acc_layout), use_acc=False)  # [BM, DQ]
-        gl.atomic_add(dq_ptrs + c * DQ, part * sm_scale, mask=row_ok[:, None], sem="relaxed")
-
-
-@gluon.jit
-def _add_dq_shared(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf, sm_scale, acc_layout: gl.constexpr,
-                   BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
-                   NWG: gl.constexpr):
-    """One-pass dQ over the CTA's keys (every warpgroup's dS^T, ring slot ``buf`` of ``ds_smem``; all of K):
-    ``dQ[rows, C0:C0 + DQ] += sm_scale sum_w dS_w K_w[:, C0:C0 + DQ]`` by fp32 atomics into the head's dQ at
-    ``dq_base`` [Nq, D] (rows ``offs_m``, columns ``C0 + offs_d``; rows past Nq masked)."""
-    part = gl.zeros([BM, DQ], gl.float32, acc_layout)
-    for w in gl.static_range(NWG):
-        kcols = k_smem.index(w).reshape([BNW, D]).slice(C0, DQ, dim=1)  # K_w[:, C0:C0 + DQ]
-        part = warpgroup_mma(ds_smem.index(buf * NWG + w).permute((1, 0)), kcols, part, use_acc=w > 0)
-    ptrs = dq_base + offs_m[:, None] * D + (C0 + offs_d[None, :])  # after the product: fewer live registers
-    gl.atomic_add(ptrs, part * sm_scale, mask=(offs_m < NQ)[:, None], sem="relaxed")
+def _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, slot, sm_scale, acc_layout: gl.constexpr,
+            BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
+            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr):
+    """One-pass dQ: ``dQ[rows, cols] += sm_scale sum_w dS_w K_w[:, cols]`` over the dS^T tiles ``slot +
+    [0, NW)`` of ``ds_smem`` (written and fenced) and the K buffers ``W0 + [0, NW)``, for ``NC`` slices of
+    ``DQ`` columns from ``C0``, each added by fp32 atomics into the head's fp32 dQ at ``dq_base`` [Nq, D]
+    (rows ``offs_m``; past Nq masked)."""
+    for c in gl.static_range(NC):
+        part = gl.zeros([BM, DQ], gl.float32, acc_layout)
+        for w in gl.static_range(NW):
+            kcols = k_smem.index(W0 + w).reshape([BNW, D]).slice(C0 + c * DQ, DQ, dim=1)
+            part = warpgroup_mma(ds_smem.index(slot + w).permute((1, 0)), kcols, part, use_acc=w > 0)
+        ptrs = dq_base + offs_m[:, None] * D + (C0 + c * DQ + offs_d[None, :])  # after the product
+        gl.atomic_add(ptrs, part * sm_scale, mask=(offs_m < NQ)[:, None], sem="relaxed")
 
 
 @gluon.jit
@@ -295,11 +277,8 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
     dst = pt_cap * dpt  # dS^T = P^T * (dP^T - D) (softcap: x (1 - t^2))
     dst_op = gl.convert_layout(dst.to(q_smem.dtype), a_layout)
     dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)  # dK += dS^T Q
-    buf = it % 2  # `ONEPASS_CTA`'s dS^T ring slot (`ONEPASS_WG`: one slot per warpgroup)
-    if ONEPASS == ONEPASS_WG:  # dS^T to shared memory under the dK product: the dQ product's A operand
-        ds_smem.index(WG).store(dst.to(q_smem.dtype))
-        fence_async_shared()
-    if ONEPASS == ONEPASS_CTA:
+    buf = it % 2  # the dS^T ring slot
+    if ONEPASS:  # dS^T to shared memory under the dK product: the dQ product's A operand
         ds_smem.index(buf * NWG + WG).store(dst.to(q_smem.dtype))
         fence_async_shared()
     dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
@@ -308,20 +287,19 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
         dq_layout: gl.constexpr = wgmma_layout(DQ)
         offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout))
         offs_d = gl.arange(0, DQ, layout=gl.SliceLayout(0, dq_layout))
-        if ONEPASS == ONEPASS_WG:
-            dq_ptrs = dq_base + offs_m[:, None] * D + offs_d[None, :]
-            _add_dq(dq_ptrs, ds_smem.index(WG), kmat, offs_m < NQ, sm_scale, dq_layout, BM, DQ, D)
+        if ONEPASS == ONEPASS_WG:  # this warpgroup's keys, every column
+            _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG + WG, sm_scale, dq_layout, BM,
+                    BNW, DQ, D, 0, D // DQ, WG, 1)
         else:  # every warpgroup's dS^T stored: DQ columns each (D = NWG DQ), or the whole dQ in turns
             gl.thread_barrier()  # this warpgroup's stores (and fences) all done before its arrival
             mbarrier.arrive(ds_bar.index(buf))
             mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)
             if D == NWG * DQ:
-                _add_dq_shared(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf, sm_scale, dq_layout, BM,
-                               BNW, DQ, D, WG * DQ, NWG)
-            else:
-                if it % NWG == WG:
-                    _add_dq_shared(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf, sm_scale, dq_layout, BM,
-                                   BNW, DQ, D, 0, NWG)
+                _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
+                        DQ, D, WG * DQ, 1, 0, NWG)
+            elif it % NWG == WG:
+                _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
+                        DQ, D, 0, 1, 0, NWG)
     return dk, dv
 
 
@@ -376,8 +354,6 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
                                       CAUSAL: gl.constexpr, MODS: gl.constexpr, STAGES: gl.constexpr,
                                       NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, ONEPASS: gl.constexpr,
                                       DQ: gl.constexpr, num_warps: gl.constexpr):
-    """dK, dV of ``NWG x BNW`` keys of one (batch, kv head) per CTA; ``ONEPASS``: also dQ (fp32 atomics
-    into ``DQACC`` [B, H, Nq, D], x sm_scale; else ``DQACC`` is unused)."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -403,14 +379,12 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if ONEPASS == ONEPASS_WG:  # each consumer warpgroup's dS^T, the one-pass dQ product's A operand
-        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG, BNW, BM], ds_layout(BNW, BM))
-    elif ONEPASS == ONEPASS_CTA:  # every warpgroup's, a ring of 2: [slot x NWG + warpgroup]
-        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * NWG, BNW, BM], ds_layout(BNW, BM))
+    if ONEPASS:  # every warpgroup's dS^T, a ring of 2: [slot x NWG + warpgroup] (the dQ product's A)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * NWG, BNW, BM], ds_layout)  # 128-byte rows
     else:
         ds_smem = k_smem  # not read
-    # `ONEPASS_CTA`: slots 0, 1 "every warpgroup's dS^T of ring slot 0 / 1 stored", 2 "the loop done"
-    ds_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    ds_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # dS^T 0/1 stored; done
     for i in gl.static_range(3):
         mbarrier.init(ds_bar.index(i), count=NWG)
     mbarrier.init(kv_bar.index(0), count=1)
@@ -652,14 +626,10 @@ def check_configs(configs) -> dict:
         if name not in KERNELS or not isinstance(cfg, BwdConfig):
             raise ValueError(f"configs: expected {{'dkdv' | 'dq': BwdConfig}}, got {name!r}: {cfg!r}")
         rows = cfg.BN // cfg.NWG if name == "dkdv" else cfg.BM
-        ok = (cfg.NWG == 2 and rows % 64 == 0 and cfg.BN % cfg.NWG == 0 and cfg.STAGES >= 1
-              and cfg.BM % 16 == 0 and cfg.BN % 16 == 0 and cfg.DQ >= 16 and cfg.DQ & (cfg.DQ - 1) == 0
-              and (name == "dq" or ROW_PAD % cfg.BM == 0))
-        if not ok:
-            what = "BN / NWG" if name == "dkdv" else "BM"
-            raise NotImplementedError(f"configs[{name!r}] = {cfg}: supported: NWG = 2, {what} a multiple "
-                                      f"of 64, BM and BN multiples of 16, dK/dV BM dividing {ROW_PAD}, DQ a "
-                                      "power of two >= 16")
+        if not (cfg.NWG == 2 and rows % 64 == 0 and cfg.BN % 32 == 0 and cfg.STAGES >= 1 and cfg.BM % 16 == 0
+                and cfg.DQ in (16, 32, 64, 128, 256) and (name == "dq" or ROW_PAD % cfg.BM == 0)):
+            raise NotImplementedError(f"configs[{name!r}] = {cfg}: supported: NWG = 2, dK/dV BN / NWG and dQ "
+                                      f"BM multiples of 64, BM of 16, dK/dV BM dividing {ROW_PAD}, DQ 16-256")
     return configs
 
 
@@ -668,9 +638,8 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     """dQ, dK and dV on checked inputs (kernels/bwd.py `flash_attention_backward` checks them and runs the
     preprocess); writes ``dq`` (contiguous [B, Hq, Nq, d]), ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in
     place. ``mode`` (`MODES`): "twokernel", the dK/dV kernel then the dQ kernel (bitwise reproducible);
-    "onepass" (`ONEPASS_CTA`) or "onepass-wg" (`ONEPASS_WG`), the dK/dV kernel alone, adding dQ by fp32
-    atomics into a zeroed fp32 [B, Hq, Nq, d] buffer, then cast into ``dq`` (5 MMAs per tile pair instead of
-    7; the atomics' order varies run to run, so dQ is not bitwise reproducible).
+    "onepass" or "onepass-wg", the dK/dV kernel alone, adding dQ by fp32 atomics into a zeroed fp32 buffer,
+    then cast into ``dq`` (the atomics' order varies run to run: not bitwise reproducible).
 
     ``lse2``: the forward's LSE x log2(e), contiguous float32 [B, Hq, Nq]; ``delta``: rowsum(dO * O)
     (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e), softcap x
@@ -708,12 +677,10 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale, left, right, cap_in)
     cfg = cfgs["dkdv"]
     assert ROW_PAD % cfg.BM == 0, (ROW_PAD, cfg)
-    if MODES[mode] == ONEPASS_CTA.value and d not in (cfg.DQ, cfg.NWG * cfg.DQ):
-        raise NotImplementedError(f"Hopper backward mode 'onepass': DQ = {cfg.DQ} at head_dim {d}; "
-                                  f"supported: DQ = head_dim or head_dim / NWG = {d // cfg.NWG}")
-    if onepass and cfg.BM % 64:
-        raise NotImplementedError(f"Hopper backward one-pass: dK/dV BM = {cfg.BM}; supported: a multiple of "
-                                  "64 (`onepass_ok`; deterministic=True takes every config)")
+    if onepass and (cfg.BM % 64 or d not in (cfg.DQ, cfg.NWG * cfg.DQ)):
+        raise NotImplementedError(f"Hopper backward mode {mode!r}: dK/dV BM = {cfg.BM}, DQ = {cfg.DQ} at "
+                                  f"head_dim {d}; supported: BM a multiple of 64 (`onepass_ok`), DQ = "
+                                  "head_dim or head_dim / NWG (mode 'twokernel': every config)")
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
     rows = []
     for t, pad in ((lse2 / -qk_scale, float("-inf")), (delta, 0.0)):  # the S^T, dP^T initial values
