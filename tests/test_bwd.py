@@ -685,27 +685,32 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
     assert s0 < swg < s1 <= 227 * 1024 and s128 <= 227 * 1024
 
 
-#: (Nq, Nk, d, dtype, causal, window, softcap, GQA group): the one-pass build: GQA, causal, ragged N,
+#: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
-#: kernels, `bwd_hopper.onepass_ok`)
-ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4),
-                 (2048, 2048, 64, "float16", False, None, 0.0, 1),
-                 (777, 1537, 128, "float16", True, None, 0.0, 1),
-                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2),
-                 (129, 65, 128, "bfloat16", False, None, 0.0, 8),
-                 (1537, 1537, 64, "bfloat16", False, (200, 200), 0.0, 2),
-                 (1537, 777, 128, "bfloat16", False, (50, 0), 0.0, 2),
-                 (700, 700, 64, "float16", True, None, 30.0, 2),
-                 (1000, 1000, 128, "bfloat16", True, None, 30.0, 1)]
+#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`) and "onepass-wg"
+ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
+                 (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
+                 (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass"),
+                 (129, 65, 128, "bfloat16", False, None, 0.0, 8, "onepass"),
+                 (1537, 1537, 64, "bfloat16", False, (200, 200), 0.0, 2, "onepass"),
+                 (1537, 777, 128, "bfloat16", False, (50, 0), 0.0, 2, "onepass"),
+                 (700, 700, 64, "float16", True, None, 30.0, 2, "onepass"),
+                 (1000, 1000, 128, "bfloat16", True, None, 30.0, 1, "onepass"),
+                 (1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass-wg"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass-wg"),
+                 (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg")]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
-@pytest.mark.parametrize("nq,nk,d,dtype,causal,window,softcap,group", ONEPASS_CASES)
-def test_gpu_hopper_onepass_backward_matches_float64(nq, nk, d, dtype, causal, window, softcap, group):
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,window,softcap,group,mode", ONEPASS_CASES)
+def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, window, softcap,
+                                                     group, mode):
     """impl="hopper", deterministic=False (the one-pass kernel) against float64: dQ, dK, dV within 3 x
     PyTorch's own error + 1e-3; dQ = 0 on rows with no visible key; dK, dV as the two-kernel build's (the
     same products in the same order) up to its rounding."""
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
     amp = 4.0 if softcap else 1.0
