@@ -609,11 +609,14 @@ def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
     cfgs = {"dkdv": BC(128, 128, 3), "dq": BC(64, 64, 4)}
     bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, configs=cfgs)
     assert calls["dkdv"][0] == (4, B * Hkv) and calls["dq"][0] == (3, B * Hq)
-    assert calls["dkdv"][2]["STAGES"] == 3 and calls["dq"][2]["STAGES"] == 4
+    assert calls["dkdv"][2]["STAGES"] == 3 and calls["dq"][2]["STAGES"] == 4 and calls["dkdv"][2]["RED"] == 1
     assert list(calls["dkdv"][1][0].block_shape) == [1, 1, 128, d]  # Q tiles of 128 rows
     assert list(calls["dq"][1][1].block_shape) == [1, 1, 64, d]  # K tiles of 64 keys
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass",
+                      configs={"dkdv": BC(64, 128, 2, RED=2)})
+    assert calls["dkdv"][2]["RED"] == 2 and calls["dkdv"][2]["ONEPASS"] == 2
     for bad in ({"dkdv": BC(64, 192, 2)}, {"dq": BC(32, 128, 2)}, {"dkdv": BC(64, 128, 2, DQ=48)},
-                {"dkdv": BC(64, 128, 2, NWG=3)}):
+                {"dkdv": BC(64, 128, 2, NWG=3)}, {"dkdv": BC(64, 128, 2, RED=4)}):
         with pytest.raises(NotImplementedError, match=r"configs\['(dkdv|dq)'\] = BwdConfig.*supported: NWG"):
             bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, configs=bad)
     with pytest.raises(ValueError, match="configs: expected"):
@@ -653,41 +656,43 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import bwd_hopper as bh
 for spec in sys.argv[1:]:
-    d, causal, mode = spec.split(":")
-    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(int(d), "bf16", "dkdv"),
-                         constexprs=bh.constexprs(int(d), causal == "1", "dkdv", 0, mode))
+    d, causal, mode, red = spec.split(":")
+    cfg = bh.config(int(d))._replace(RED=int(red))
+    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(int(d), "bf16", "dkdv", 0, cfg),
+                         constexprs=bh.constexprs(int(d), causal == "1", "dkdv", 0, mode, cfg))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh.NUM_WARPS})
     ptx = k.asm["ptx"]
-    print(spec, ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.relaxed.add.f32"), k.metadata.shared)
+    atoms = ptx.count("atom.global.gpu.relaxed.add.f32") + ptx.count("red.relaxed.gpu.global.add.v2.f32")
+    print(spec, ptx.count("wgmma.mma_async"), atoms, k.metadata.shared)
 """
 
 
 def test_hopper_onepass_builds_for_sm90_on_the_cpu():
     """The one-pass dK/dV builds compiled for sm_90 without a GPU (a child process, ~1 s a build): more
     wgmma instructions than the two-kernel build's dK/dV (the dS K product) and fp32 atomic adds (none in
-    the two-kernel build), inside the 227 KB of shared memory a CTA may have, more than the two-kernel
-    build (the dS^T tiles; "onepass" a ring of two)."""
+    the two-kernel build; ``RED`` = 2: half as many, two fp32 each), inside the 227 KB of shared memory a
+    CTA may have, more than the two-kernel build (the dS^T tiles)."""
     pytest.importorskip("triton.experimental.gluon")
     import os
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    specs = ["64:1:onepass", "64:1:twokernel", "128:0:onepass", "64:0:onepass-wg"]
+    specs = ["64:1:onepass:1", "64:1:twokernel:1", "128:0:onepass:1", "64:0:onepass-wg:1", "64:1:onepass:2"]
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", _ONEPASS_COMPILE, *specs], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()}
-    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg) = (rows[s] for s in specs)
-    assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0
-    assert s0 < swg < s1 <= 227 * 1024 and s128 <= 227 * 1024
+    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _) = (rows[s] for s in specs)
+    assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0 and 2 * a2 == a1
+    assert s0 < s1 <= 227 * 1024 and s0 < swg <= 227 * 1024 and s128 <= 227 * 1024
 
 
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
-#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`) and "onepass-wg"
+#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg", "+red2": ``RED`` = 2
 ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
                  (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
@@ -699,7 +704,9 @@ ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (1000, 1000, 128, "bfloat16", True, None, 30.0, 1, "onepass"),
                  (1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass-wg"),
                  (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass-wg"),
-                 (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg")]
+                 (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass+red2"),
+                 (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass+red2")]
 
 
 @pytest.mark.gpu
@@ -710,7 +717,12 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     """impl="hopper", deterministic=False (the one-pass kernel) against float64: dQ, dK, dV within 3 x
     PyTorch's own error + 1e-3; dQ = 0 on rows with no visible key; dK, dV as the two-kernel build's (the
     same products in the same order) up to its rounding."""
+    from attnscope.kernels import bwd_hopper
+
+    mode, _, red = mode.partition("+")
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
+    if red:  # two fp32 per reduction instruction (`_gluon_red.red_add`)
+        monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
     amp = 4.0 if softcap else 1.0

@@ -57,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._gluon_red import red_add  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
     PRODUCER_REGS,
@@ -88,6 +89,7 @@ class BwdConfig(NamedTuple):
     STAGES: int  # depth of the shared-memory ring (dK/dV: Q/dO; dQ: K/V)
     NWG: int = 2  # consumer warpgroups
     DQ: int = 64  # one-pass dK/dV kernel: dQ columns per dS K product (head dim / DQ products per tile)
+    RED: int = 1  # one-pass: fp32 per reduction instruction into dQ (`_gluon_red.red_add`: 1 or 2)
 
 
 #: Per kernel and head dim. dK/dV registers per consumer thread: dK + dV (BN/NWG x d fp32 each) and S^T, dP^T
@@ -116,9 +118,8 @@ def config(d: int, kernel: str = "dkdv", mods: int = 0) -> BwdConfig:
 
 
 def onepass_ok(d: int, mods=None) -> bool:
-    """Whether the one-pass builds (``launch(mode="onepass" | "onepass-wg")``) run for head dim ``d`` and
-    the `_common.Mods` ``mods``: its dQ product needs 64-row Q tiles (wgmma's warpgroup tile), so softcap
-    at d = 128 (`SOFTCAP_CONFIGS`, 32-row tiles) takes the two kernels."""
+    """Whether the one-pass builds run for head dim ``d`` and the `_common.Mods` ``mods``: the dQ product
+    needs 64-row Q tiles (a warpgroup's wgmma): softcap at d = 128 (`SOFTCAP_CONFIGS`) takes two kernels."""
     flags = 0 if mods is None else mods_flags(mods.windowed, mods.softcap, False)
     return config(d, "dkdv", flags).BM % 64 == 0
 
@@ -217,18 +218,18 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
 @gluon.jit
 def _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, slot, sm_scale, acc_layout: gl.constexpr,
             BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
-            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr):
+            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr, RED: gl.constexpr):
     """One-pass dQ: ``dQ[rows, cols] += sm_scale sum_w dS_w K_w[:, cols]`` over the dS^T tiles ``slot +
     [0, NW)`` of ``ds_smem`` (written and fenced) and the K buffers ``W0 + [0, NW)``, for ``NC`` slices of
-    ``DQ`` columns from ``C0``, each added by fp32 atomics into the head's fp32 dQ at ``dq_base`` [Nq, D]
-    (rows ``offs_m``; past Nq masked)."""
+    ``DQ`` columns from ``C0``, each added by fp32 reductions of ``RED`` elements (`_gluon_red.red_add`)
+    into the head's fp32 dQ at ``dq_base`` [Nq, D] (rows ``offs_m``; past Nq masked)."""
     for c in gl.static_range(NC):
         part = gl.zeros([BM, DQ], gl.float32, acc_layout)
         for w in gl.static_range(NW):
             kcols = k_smem.index(W0 + w).reshape([BNW, D]).slice(C0 + c * DQ, DQ, dim=1)
             part = warpgroup_mma(ds_smem.index(slot + w).permute((1, 0)), kcols, part, use_acc=w > 0)
         ptrs = dq_base + offs_m[:, None] * D + (C0 + c * DQ + offs_d[None, :])  # after the product
-        gl.atomic_add(ptrs, part * sm_scale, mask=(offs_m < NQ)[:, None], sem="relaxed")
+        red_add(ptrs, part * sm_scale, (offs_m < NQ)[:, None], RED)
 
 
 @gluon.jit
@@ -236,12 +237,11 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
           NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout: gl.constexpr,
           a_layout: gl.constexpr, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
           CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr,
-          NWG: gl.constexpr):
+          NWG: gl.constexpr, RED: gl.constexpr):
     """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or a window edge, or
     the keys end in the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM
-    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). ``ONEPASS``
-    (`ONEPASS_WG`, `ONEPASS_CTA`): dS^T also goes to shared memory (``ds_smem``) and ``sm_scale dS K`` is
-    added into the fp32 dQ accumulator of the tile's query head (``dq_base``: its element 0). One loop
+    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). ``ONEPASS``:
+    dS^T also to ``ds_smem``, `_add_dq` adds ``sm_scale dS K`` to the head's fp32 dQ at ``dq_base``. One loop
     body for every tile: the mask is a select on the initial value before the MMAs are issued, so masked
     and unmasked tiles differ in no register after them. Softcap: S^T starts from 0 (the raw scores: the cap
     comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select."""
@@ -289,17 +289,17 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
         offs_d = gl.arange(0, DQ, layout=gl.SliceLayout(0, dq_layout))
         if ONEPASS == ONEPASS_WG:  # this warpgroup's keys, every column
             _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG + WG, sm_scale, dq_layout, BM,
-                    BNW, DQ, D, 0, D // DQ, WG, 1)
+                    BNW, DQ, D, 0, D // DQ, WG, 1, RED)
         else:  # every warpgroup's dS^T stored: DQ columns each (D = NWG DQ), or the whole dQ in turns
             gl.thread_barrier()  # this warpgroup's stores (and fences) all done before its arrival
             mbarrier.arrive(ds_bar.index(buf))
             mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)
             if D == NWG * DQ:
                 _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
-                        DQ, D, WG * DQ, 1, 0, NWG)
+                        DQ, D, WG * DQ, 1, 0, NWG, RED)
             elif it % NWG == WG:
                 _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
-                        DQ, D, 0, 1, 0, NWG)
+                        DQ, D, 0, 1, 0, NWG, RED)
     return dk, dv
 
 
@@ -308,7 +308,7 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
               q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
               sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
               WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
-              DQ: gl.constexpr, NWG: gl.constexpr):
+              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr):
     """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale);
     ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`)."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
@@ -331,7 +331,7 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
             masked = m < f_lo  # f_hi = end
         dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
                        masked, offs_n, NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout,
-                       a_layout, BM, BNW, D, STAGES, CAUSAL, MODS, ONEPASS, DQ, WG, NWG)
+                       a_layout, BM, BNW, D, STAGES, CAUSAL, MODS, ONEPASS, DQ, WG, NWG, RED)
     if ONEPASS == ONEPASS_CTA:  # the other warpgroups' last dS K product read this one's K: done first
         mbarrier.arrive(ds_bar.index(2))
         mbarrier.wait(ds_bar.index(2), 0)
@@ -353,7 +353,7 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
                                       cap_in,
                                       CAUSAL: gl.constexpr, MODS: gl.constexpr, STAGES: gl.constexpr,
                                       NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, ONEPASS: gl.constexpr,
-                                      DQ: gl.constexpr, num_warps: gl.constexpr):
+                                      DQ: gl.constexpr, RED: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -398,11 +398,11 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
         [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
                       q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS, ONEPASS, DQ,
-                      NWG)),
+                      NWG, RED)),
          (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
                       q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
-                      NWG)),
+                      NWG, RED)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                       lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
                       STAGES, NWG))],
@@ -586,7 +586,7 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
         bm = (cfg or config(d, name, mods)).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
         rows["DQACC"] = "*fp32"
-        extra = ("ONEPASS", "DQ")
+        extra = ("ONEPASS", "DQ", "RED")
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
         extra = ()
@@ -603,7 +603,7 @@ def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, mode: st
     windowed call has ``causal`` False, its right bound carrying the diagonal; ``mode``: a `MODES` key, the
     dK/dV kernel's ``ONEPASS``; ``cfg``: another block configuration than `config`'s)."""
     cfg = cfg or config(d, name, mods)
-    extra = {"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d)} if name == "dkdv" else {}
+    extra = {"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": cfg.RED} if name == "dkdv" else {}
     return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
             "CONSUMER_REGS": CONSUMER_REGS, **extra,
             "num_warps": NUM_WARPS}
@@ -619,17 +619,17 @@ def _tma_ready(t):
 
 def check_configs(configs) -> dict:
     """``configs`` ({"dkdv": BwdConfig, "dq": BwdConfig}, either optional) checked against what the kernels
-    are built for: two consumer warpgroups, wgmma's 64-row warpgroup tiles (dK/dV ``BN / NWG``; dQ
-    ``BM``), `ROW_PAD` a multiple of the dK/dV ``BM``, ``DQ`` a power of two >= 16."""
+    are built for (wgmma's 64-row warpgroup tiles: dK/dV ``BN / NWG``, dQ ``BM``; `ROW_PAD`)."""
     configs = dict(configs or {})
     for name, cfg in configs.items():
         if name not in KERNELS or not isinstance(cfg, BwdConfig):
             raise ValueError(f"configs: expected {{'dkdv' | 'dq': BwdConfig}}, got {name!r}: {cfg!r}")
         rows = cfg.BN // cfg.NWG if name == "dkdv" else cfg.BM
-        if not (cfg.NWG == 2 and rows % 64 == 0 and cfg.BN % 32 == 0 and cfg.STAGES >= 1 and cfg.BM % 16 == 0
-                and cfg.DQ in (16, 32, 64, 128, 256) and (name == "dq" or ROW_PAD % cfg.BM == 0)):
+        if (cfg.NWG, rows % 64, cfg.BN % 64, cfg.BM % 16, cfg.DQ in (16, 32, 64, 128, 256), cfg.RED in (1, 2),
+                cfg.STAGES >= 1, name == "dq" or ROW_PAD % cfg.BM == 0) != (2, 0, 0, 0, *[True] * 4):
             raise NotImplementedError(f"configs[{name!r}] = {cfg}: supported: NWG = 2, dK/dV BN / NWG and dQ "
-                                      f"BM multiples of 64, BM of 16, dK/dV BM dividing {ROW_PAD}, DQ 16-256")
+                                      f"BM multiples of 64, BM of 16, dK/dV BM dividing {ROW_PAD}, DQ 16-256,"
+                                      " RED 1 or 2")
     return configs
 
 
