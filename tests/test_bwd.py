@@ -692,7 +692,7 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
 
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
-#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg", "+red2": ``RED`` = 2
+#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2
 ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
                  (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
