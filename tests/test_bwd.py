@@ -750,3 +750,30 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
         _check_grads((got[0][sl], got[1][ks], got[2][ks]), torch_g, ref)
         empty = ~reference.permitted(nq, nk, causal, window).any(-1)
         assert (n(got[0][sl])[:, :, empty] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
+    """`bwd.HOPPER_ONEPASS_BY_DEFAULT` on: ``flash_attention(deterministic=False)``'s backward launches the
+    one-pass build, ``deterministic=True`` the two kernels; the gradients agree to bf16 rounding."""
+    from attnscope.kernels import bwd_hopper
+
+    seen = []
+    launch = bwd_hopper.launch
+
+    def recording(*a, **kw):
+        seen.append(kw.get("mode", "twokernel"))
+        return launch(*a, **kw)
+
+    monkeypatch.setattr(bwd_hopper, "launch", recording)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", True)
+    q, k, v, do = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, False, seed=5, device="cuda")
+    grads = {}
+    for det in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attnscope.flash_attention(*leaves, causal=True, deterministic=det).backward(do)
+        grads[det] = [t.grad for t in leaves]
+    assert seen == [bwd.HOPPER_ONEPASS_MODE, "twokernel"]
+    for a, b in zip(grads[False], grads[True], strict=True):
+        assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()
