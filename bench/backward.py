@@ -114,8 +114,8 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
         ours["attnscope_hopper"] = dict(impl="hopper")
         ours["attnscope_hopper_onepass"] = dict(impl="hopper", deterministic=False)
         for name in ("attnscope_hopper", "attnscope_hopper_onepass"):
-            errs[name] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, **ours[name]),
-                                   ref)
+            grads = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, **ours[name])
+            errs[name] = _grad_err(grads, ref)
     torch_err = errs["sdpa_flash"]
     bound = checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR)
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
