@@ -32,9 +32,9 @@ nothing in the kernels (the saved LSE includes them) and their gradient is
 
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
 (TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
-``deterministic=False`` there runs its one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way),
-autograd's default where `HOPPER_ONEPASS_BY_DEFAULT` is True; ``impl="auto"`` takes them where
-`model.dispatch.hopper_backward_ok` says so.
+``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
+autograd's ``deterministic=False`` where `HOPPER_ONEPASS_BY_DEFAULT` is True); ``impl="auto"`` takes
+them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
