@@ -9,7 +9,8 @@ implementation is first checked against float64 on one head at the full shape (d
 backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward). attnscope runs
 twice: the default deterministic separate dQ pass (`attnscope`, also autograd's) and dQ by atomics
 (`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
-kernels/bwd_hopper.py, after the same preprocess), checked and timed the same way. Flex (torch.compile'd
+kernels/bwd_hopper.py, after the same preprocess) and their one-pass build (`attnscope_hopper_onepass`,
+``deterministic=False``: dQ by fp32 atomics), checked and timed the same way. Flex (torch.compile'd
 flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
@@ -109,10 +110,12 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
     errs["attnscope_atomic"] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None,
                                                                       deterministic=False), ref)
     ours = {"attnscope": dict(deterministic=True), "attnscope_atomic": dict(deterministic=False)}
-    if hopper:
+    if hopper:  # the two Gluon kernels, and the one-pass build (deterministic=False: atomic dQ)
         ours["attnscope_hopper"] = dict(impl="hopper")
-        errs["attnscope_hopper"] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None,
-                                                                          impl="hopper"), ref)
+        ours["attnscope_hopper_onepass"] = dict(impl="hopper", deterministic=False)
+        for name in ("attnscope_hopper", "attnscope_hopper_onepass"):
+            grads = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, **ours[name])
+            errs[name] = _grad_err(grads, ref)
     torch_err = errs["sdpa_flash"]
     bound = checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR)
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
@@ -158,10 +161,12 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
         + f"  x CUDNN {bt['attnscope'] / bt['sdpa_cudnn']:.2f}"
         + (f"  | hopper x FLASH {bt['attnscope_hopper'] / bt['sdpa_flash']:.2f}"
            f"  x CUDNN {bt['attnscope_hopper'] / bt['sdpa_cudnn']:.2f}"
-           f"  x portable {bt['attnscope_hopper'] / bt['attnscope']:.2f}" if hopper else ""))
+           f"  x portable {bt['attnscope_hopper'] / bt['attnscope']:.2f}"
+           f"  | onepass x CUDNN {bt['attnscope_hopper_onepass'] / bt['sdpa_cudnn']:.2f}" if hopper else ""))
     log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())
         + f"  | grad check PASS: attnscope {errs['attnscope']:.2e}"
-        + (f" hopper {errs['attnscope_hopper']:.2e}" if hopper else "") + f" (SDPA FLASH {torch_err:.2e})")
+        + (f" hopper {errs['attnscope_hopper']:.2e} onepass {errs['attnscope_hopper_onepass']:.2e}"
+           if hopper else "") + f" (SDPA FLASH {torch_err:.2e})")
     return row, failures
 
 
@@ -249,7 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--flex-all", action="store_true", help="time Flex at every shape (a compile per shape)")
     p.add_argument("--impl", choices=("portable", "hopper"), default="portable",
                    help="hopper: also check and time the Gluon sm_90 backward kernels (impl='hopper') as "
-                        "attnscope_hopper beside the portable ones")
+                        "attnscope_hopper, and their one-pass build as attnscope_hopper_onepass, beside the "
+                        "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
                    help="--impl hopper: another dK/dV config, both head dims (default: bwd_hopper.CONFIGS)")

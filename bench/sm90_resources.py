@@ -19,7 +19,8 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
 - ``--kernel bwd``: kernels/bwd.py's dK/dV (with and without atomic dQ), dQ pass and preprocess at the
   table's configs (or ``--dkdv`` / ``--dq``), `BWD_MODS` (sinks have no kernel constexpr); the Gluon dK/dV
   and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, and bf16 with
-  the score mods (`HOPPER_BWD_MODS`: window, softcap, both), with their `setmaxnreg` split.
+  the score mods (`HOPPER_BWD_MODS`: window, softcap, both), with their `setmaxnreg` split; its one-pass
+  dK/dV builds (``deterministic=False``: "onepass", "onepass-wg"), causal and not, window + softcap.
 - ``--kernel varlen``: kernels/varlen.py's forward (TMA and pointer K/V loads) and kernels/varlen_bwd.py's
   dK/dV and dQ pass, `VARLEN_MODS`; the Gluon dK/dV and dQ kernels of kernels/varlen_bwd_hopper.py, bf16 and
   fp16, causal and not.
@@ -296,12 +297,13 @@ def _bwd_types(dt, dq_fp32):
 HOPPER_BWD_MODS = ((False, True, False), (False, False, True), (True, False, True), (False, True, True))
 
 
-def compile_hopper_bwd(d, dt, causal, name, mods=0):
-    """kernels/bwd_hopper.py's Gluon kernel ``name`` ("dkdv" or "dq") for sm_90 (``mods``: its ``MODS``)."""
+def compile_hopper_bwd(d, dt, causal, name, mods=0, mode="twokernel"):
+    """kernels/bwd_hopper.py's Gluon kernel ``name`` ("dkdv" or "dq") for sm_90 (``mods``: its ``MODS``;
+    ``mode``: the dK/dV kernel's build, a ``bwd_hopper.MODES`` key)."""
     from attnscope.kernels import bwd_hopper
 
     src = GluonASTSource(fn=bwd_hopper.kernel(name), signature=bwd_hopper.signature(d, dt, name, mods),
-                         constexprs=bwd_hopper.constexprs(d, causal, name, mods))
+                         constexprs=bwd_hopper.constexprs(d, causal, name, mods, mode))
     return triton.compile(src, target=TARGET, options=dict(num_warps=bwd_hopper.NUM_WARPS))
 
 
@@ -310,7 +312,7 @@ def bwd_report(dkdv=None, dq=None) -> None:
     the table's configs (or ``dkdv`` / ``dq``), d 64 and 128, with the score mods off and on (`BWD_MODS`);
     kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels, bf16 and fp16, causal and not, and bf16 with the
     score mods (`HOPPER_BWD_MODS`)."""
-    from attnscope.kernels import bwd, bwd_hopper, fwd_hopper
+    from attnscope.kernels import _common, bwd, bwd_hopper, fwd_hopper
 
     dt = "bf16"
     for d in (64, 128):
@@ -338,6 +340,14 @@ def bwd_report(dkdv=None, dq=None) -> None:
                 report(f"bwd hopper {name:4s} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={c.BM} "
                        f"BN={c.BN} STAGES={c.STAGES} NWG={c.NWG}",
                        compile_hopper_bwd, d, "bf16", causal, name, mods, extra=setmaxnreg)
+        for mode in ("onepass", "onepass-wg"):  # the one-pass dK/dV builds (deterministic=False)
+            cfg = bwd_hopper.config(d, "dkdv")
+            for causal, mods in ((False, 0), (True, 0), (False, 3)):
+                if not bwd_hopper.onepass_ok(d, _common.Mods(-1, -1, 1.0 if mods & 2 else 0.0, None)):
+                    continue
+                report(f"bwd hopper {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={cfg.BM} "
+                       f"BN={cfg.BN} STAGES={cfg.STAGES} DQ={cfg.DQ}",
+                       compile_hopper_bwd, d, "bf16", causal, "dkdv", mods, mode, extra=setmaxnreg)
         for pdt in ("bf16", "fp16"):
             cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
             report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",

@@ -541,3 +541,239 @@ def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
     got = bwd.flash_attention_backward(**args, impl="portable")
     for w, g, name in zip(want, got, ("dq", "dk", "dv"), strict=True):
         assert torch.equal(w, g), name
+
+
+# --- the Hopper one-pass build (deterministic=False: dQ by fp32 atomics inside the dK/dV kernel) ---------
+def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch):
+    """`bwd_hopper.launch(mode=...)`'s host side, no GPU: one-pass, only the dK/dV kernel runs, built with
+    its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and dQ is that buffer in q's dtype
+    after the kernel (the recorder adds into it as the kernel's atomics would)."""
+    from attnscope.kernels import bwd_hopper
+
+    calls = {}
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                calls[self.name] = (grid, a, kw)
+                if kw.get("ONEPASS"):
+                    acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
+                    assert acc.dtype == torch.float32 and bool((acc == 0).all())
+                    acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * 0.25
+            return run
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 64
+    q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
+    k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
+    lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
+    want = (torch.arange(B * Hq * Nq * d, dtype=torch.float32) * 0.25).view(B, Hq, Nq, d).to(torch.bfloat16)
+    for mode, flag in (("onepass", 2), ("onepass-wg", 1)):
+        calls.clear()
+        dq.zero_()
+        out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode=mode)
+        assert set(calls) == {"dkdv"} and len(out) == 1
+        grid, args, kw = calls["dkdv"]
+        assert kw == bwd_hopper.constexprs(d, True, "dkdv", 0, mode) and kw["ONEPASS"] == flag
+        assert kw["DQ"] == 64 and tuple(args[8].shape) == (B, Hq, Nq, d)
+        assert torch.equal(dq, want)
+    calls.clear()  # the two-kernel build: both kernels, ONEPASS off
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None)
+    assert set(calls) == {"dkdv", "dq"} and calls["dkdv"][2]["ONEPASS"] == 0
+    with pytest.raises(ValueError, match="mode: expected one of twokernel, onepass-wg, onepass, got 'fast'"):
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="fast")
+
+
+def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
+    """``launch(configs=...)`` (the sweep's d = 64 tiles): a config changes the grid, the descriptors'
+    blocks and the constexprs; one the kernels are not built for raises NotImplementedError naming it;
+    the one-pass build is refused on 32-row Q tiles (softcap at d = 128: `onepass_ok`)."""
+    from attnscope.kernels import bwd_hopper
+
+    BC = bwd_hopper.BwdConfig
+    calls = {}
+    for name in bwd_hopper.KERNELS:
+        def launch(grid, name=name):
+            return lambda *a, **kw: calls.update({name: (grid, a, kw)})
+
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel",
+                            type("R", (), {"__getitem__": lambda s, g, f=launch: f(g)})())
+    B, Hq, Hkv, Nq, Nk, d = 1, 2, 1, 300, 500, 64
+    q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.float16) for _ in range(3))
+    k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.float16) for _ in range(4))
+    lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
+    cfgs = {"dkdv": BC(128, 128, 3), "dq": BC(64, 64, 4)}
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, configs=cfgs)
+    assert calls["dkdv"][0] == (4, B * Hkv) and calls["dq"][0] == (3, B * Hq)
+    assert calls["dkdv"][2]["STAGES"] == 3 and calls["dq"][2]["STAGES"] == 4 and calls["dkdv"][2]["RED"] == 1
+    assert list(calls["dkdv"][1][0].block_shape) == [1, 1, 128, d]  # Q tiles of 128 rows
+    assert list(calls["dq"][1][1].block_shape) == [1, 1, 64, d]  # K tiles of 64 keys
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass",
+                      configs={"dkdv": BC(64, 128, 2, RED=2)})
+    assert calls["dkdv"][2]["RED"] == 2 and calls["dkdv"][2]["ONEPASS"] == 2
+    for bad in ({"dkdv": BC(64, 192, 2)}, {"dq": BC(32, 128, 2)}, {"dkdv": BC(64, 128, 2, DQ=48)},
+                {"dkdv": BC(64, 128, 2, NWG=3)}, {"dkdv": BC(64, 128, 2, RED=4)}):
+        with pytest.raises(NotImplementedError, match=r"configs\['(dkdv|dq)'\] = BwdConfig.*supported: NWG"):
+            bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, configs=bad)
+    with pytest.raises(ValueError, match="configs: expected"):
+        bwd_hopper.check_configs({"dQ": BC(64, 128, 2)})
+    with pytest.raises(NotImplementedError, match="'onepass-wg': dK/dV BM = 32, DQ = 64 at head_dim 64"):
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass-wg",
+                          configs={"dkdv": BC(32, 128, 4)})
+    with pytest.raises(NotImplementedError, match="'onepass': dK/dV BM = 64, DQ = 16 at head_dim 64"):
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False, None, mode="onepass",
+                          configs={"dkdv": BC(64, 128, 2, DQ=16)})
+    capped, windowed = _common.Mods(-1, -1, 30.0, None), _common.Mods(100, 0, 0.0, None)
+    assert bwd_hopper.onepass_ok(64) and bwd_hopper.onepass_ok(128) and bwd_hopper.onepass_ok(128, windowed)
+    assert bwd_hopper.onepass_ok(64, capped) and not bwd_hopper.onepass_ok(128, capped)
+
+
+def test_autograd_atomic_dq_default_is_per_implementation(monkeypatch):
+    """`bwd.atomic_dq_by_default`: `HOPPER_ONEPASS_BY_DEFAULT` where impl="auto" picks the Hopper kernels,
+    `ATOMIC_DQ_BY_DEFAULT` elsewhere (this machine: no sm_90, so the portable flag)."""
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16, device=DEVICE)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", True)
+    for portable_flag in (False, True):
+        monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", portable_flag)
+        want = True if bwd._pick_impl("auto", q, False, _common.Mods(-1, -1, 0.0, None)) == "hopper" \
+            else portable_flag
+        assert bwd.atomic_dq_by_default(q, False, None) is want
+    monkeypatch.setattr(bwd, "_pick_impl", lambda *a, **kw: "hopper")
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", False)
+    assert bwd.atomic_dq_by_default(q, True, 0.1, [100, 0], 20.0) is True
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", False)
+    assert bwd.atomic_dq_by_default(q, True, None) is False
+
+
+_ONEPASS_COMPILE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from attnscope.kernels import bwd_hopper as bh
+for spec in sys.argv[1:]:
+    d, causal, mode, red = spec.split(":")
+    cfg = bh.config(int(d))._replace(RED=int(red))
+    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(int(d), "bf16", "dkdv", 0, cfg),
+                         constexprs=bh.constexprs(int(d), causal == "1", "dkdv", 0, mode, cfg))
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh.NUM_WARPS})
+    ptx = k.asm["ptx"]
+    atoms = ptx.count("atom.global.gpu.relaxed.add.f32") + ptx.count("red.relaxed.gpu.global.add.v2.f32")
+    print(spec, ptx.count("wgmma.mma_async"), atoms, k.metadata.shared)
+"""
+
+
+def test_hopper_onepass_builds_for_sm90_on_the_cpu():
+    """The one-pass dK/dV builds compiled for sm_90 without a GPU (a child process, ~1 s a build): more
+    wgmma instructions than the two-kernel build's dK/dV (the dS K product) and fp32 atomic adds (none in
+    the two-kernel build; ``RED`` = 2: half as many, two fp32 each), inside the 227 KB of shared memory a
+    CTA may have, more than the two-kernel build (the dS^T tiles)."""
+    pytest.importorskip("triton.experimental.gluon")
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    specs = ["64:1:onepass:1", "64:1:twokernel:1", "128:0:onepass:1", "64:0:onepass-wg:1", "64:1:onepass:2"]
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _ONEPASS_COMPILE, *specs], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()}
+    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _) = (rows[s] for s in specs)
+    assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0 and 2 * a2 == a1
+    assert s0 < s1 <= 227 * 1024 and s0 < swg <= 227 * 1024 and s128 <= 227 * 1024
+
+
+#: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
+#: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
+#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2
+ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
+                 (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
+                 (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass"),
+                 (129, 65, 128, "bfloat16", False, None, 0.0, 8, "onepass"),
+                 (1537, 1537, 64, "bfloat16", False, (200, 200), 0.0, 2, "onepass"),
+                 (1537, 777, 128, "bfloat16", False, (50, 0), 0.0, 2, "onepass"),
+                 (700, 700, 64, "float16", True, None, 30.0, 2, "onepass"),
+                 (1000, 1000, 128, "bfloat16", True, None, 30.0, 1, "onepass"),
+                 (1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass-wg"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass-wg"),
+                 (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass+red2"),
+                 (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass+red2")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,window,softcap,group,mode", ONEPASS_CASES)
+def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, window, softcap,
+                                                     group, mode):
+    """impl="hopper", deterministic=False (the one-pass kernel) against float64: dQ, dK, dV within 3 x
+    PyTorch's own error + 1e-3; dQ = 0 on rows with no visible key; dK, dV as the two-kernel build's (the
+    same products in the same order) up to its rounding."""
+    from attnscope.kernels import bwd_hopper
+
+    mode, _, red = mode.partition("+")
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
+    if red:  # two fp32 per reduction instruction (`_gluon_red.red_add`)
+        monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
+    amp = 4.0 if softcap else 1.0
+    q, k = q * amp, k * amp
+    mods = dict(window=window, softcap=softcap)
+    o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, **mods)
+    got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=False, impl="hopper",
+                                       **mods)
+    det = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper", **mods)
+    for x, y in zip(got[1:], det[1:], strict=True):
+        assert (x.float() - y.float()).abs().max() <= 1e-2 * y.float().abs().max()
+
+    def n(t):
+        return t.detach().double().cpu().numpy()
+
+    for hk in (0, 1):  # both kv heads of batch 1
+        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
+        ks = (slice(1, 2), slice(hk, hk + 1))
+        qs, kk, vv, dos = q[sl], k[ks], v[ks], do[sl]
+        ro, rlse = reference.naive_attention(n(qs), n(kk), n(vv), causal=causal, return_lse=True, **mods)
+        ref = reference.attention_backward(n(dos), n(qs), n(kk), n(vv), ro, rlse, causal=causal, **mods)
+        leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
+        to, _ = checks.torch_attention(*leaves, causal, window, softcap, None)
+        torch_g = torch.autograd.grad(to, leaves, dos)
+        _check_grads((got[0][sl], got[1][ks], got[2][ks]), torch_g, ref)
+        empty = ~reference.permitted(nq, nk, causal, window).any(-1)
+        assert (n(got[0][sl])[:, :, empty] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
+    """`bwd.HOPPER_ONEPASS_BY_DEFAULT` on: ``flash_attention(deterministic=False)``'s backward launches the
+    one-pass build, ``deterministic=True`` the two kernels; the gradients agree to bf16 rounding."""
+    from attnscope.kernels import bwd_hopper
+
+    seen = []
+    launch = bwd_hopper.launch
+
+    def recording(*a, **kw):
+        seen.append(kw.get("mode", "twokernel"))
+        return launch(*a, **kw)
+
+    monkeypatch.setattr(bwd_hopper, "launch", recording)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", True)
+    q, k, v, do = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, False, seed=5, device="cuda")
+    grads = {}
+    for det in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attnscope.flash_attention(*leaves, causal=True, deterministic=det).backward(do)
+        grads[det] = [t.grad for t in leaves]
+    assert seen == [bwd.HOPPER_ONEPASS_MODE, "twokernel"]
+    for a, b in zip(grads[False], grads[True], strict=True):
+        assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()

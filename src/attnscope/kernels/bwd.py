@@ -32,7 +32,9 @@ nothing in the kernels (the saved LSE includes them) and their gradient is
 
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
 (TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
-``impl="auto"`` takes them where `model.dispatch.hopper_backward_ok` says so.
+``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
+autograd's ``deterministic=False`` where `HOPPER_ONEPASS_BY_DEFAULT` is True); ``impl="auto"`` takes
+them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
@@ -465,6 +467,24 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
 #: dK/dV kernel when True; False: the separate dQ pass, measured faster at nearly every shape (BENCHMARKS.md,
 #: backward), which is also bit-reproducible.
 ATOMIC_DQ_BY_DEFAULT = False
+#: The same switch for the Hopper kernels: True runs their one-pass dK/dV kernel (dQ by fp32 atomics) for
+#: ``flash_attention(deterministic=False)``; False, their dK/dV then dQ kernels (bitwise reproducible).
+HOPPER_ONEPASS_BY_DEFAULT = False
+#: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
+HOPPER_ONEPASS_MODE = "onepass"
+
+
+def atomic_dq_by_default(q, causal: bool, scale, window=None, softcap: float = 0.0) -> bool:
+    """Whether autograd's ``deterministic=False`` runs dQ by atomics for this call:
+    `HOPPER_ONEPASS_BY_DEFAULT` where ``impl="auto"`` picks the Hopper kernels (`_pick_impl`), else
+    `ATOMIC_DQ_BY_DEFAULT`."""
+    if ATOMIC_DQ_BY_DEFAULT == HOPPER_ONEPASS_BY_DEFAULT:
+        return ATOMIC_DQ_BY_DEFAULT
+    window = None if window is None else tuple(window)
+    mods = check_mods(torch, causal, window, softcap, None, q.shape[1], q.device)
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    hopper = _pick_impl("auto", q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
+    return HOPPER_ONEPASS_BY_DEFAULT if hopper else ATOMIC_DQ_BY_DEFAULT
 
 
 @on_tensor_device(torch)
@@ -488,9 +508,9 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     scale : float or None
         Softmax scale; None means ``1/sqrt(d)``.
     deterministic : bool, default True
-        False: dQ accumulated with fp32 atomics inside the portable dK/dV kernel (one pass). True: dQ in
-        a separate pass over the KV tiles (bit-reproducible, re-reads K and V). The Hopper kernels
-        (``impl``) always take the separate pass.
+        False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass; the Hopper kernels'
+        one-pass build, 5 MMAs per tile pair instead of 7, except softcap at d = 128, which takes the
+        separate pass). True: dQ in a separate pass over the KV tiles (bit-reproducible, re-reads K and V).
     dlse : torch.Tensor, [B, Hq, Nq], optional
         Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
     window, softcap, sinks
@@ -498,8 +518,8 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         in both passes, softcap's tanh is recomputed from the recomputed scores.
     impl : {"auto", "portable", "hopper"}
         The kernels: ``"portable"`` this module's; ``"hopper"`` the Gluon sm_90 dK/dV and dQ kernels of
-        kernels/bwd_hopper.py (needs an sm_90 GPU; every score mod; with either ``deterministic``
-        its gradients are bitwise reproducible: dK, dV are summed in registers and dQ in its own pass);
+        kernels/bwd_hopper.py (needs an sm_90 GPU; every score mod; with ``deterministic=True`` its
+        gradients are bitwise reproducible: dK, dV are summed in registers and dQ in its own pass);
         ``"auto"``: hopper where `attnscope.model.dispatch.hopper_backward_ok` says so, else portable.
 
     Returns
@@ -551,11 +571,13 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     qk_scale = margs["qk_scale"]
     mod = dict(WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"])
-    if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel (no atomics: deterministic either way)
+    if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
         dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods)
+        onepass = not deterministic and bwd_hopper.onepass_ok(d, mods)
+        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods,
+                          mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic
@@ -625,7 +647,8 @@ def _backward(ctx, grad_o, grad_lse):
         grad_o = torch.zeros_like(o)
     elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
         grad_o = grad_o.contiguous()
-    deterministic = ctx.deterministic or not ATOMIC_DQ_BY_DEFAULT
+    deterministic = ctx.deterministic or not atomic_dq_by_default(q, ctx.causal, ctx.scale, ctx.window,
+                                                                  ctx.softcap)
     dq, dk, dv, dsinks = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, deterministic,
                                  ctx.window, ctx.softcap, sinks)
     dsinks = dsinks if sinks is not None else None

@@ -18,7 +18,12 @@ P is recomputed from the forward's LSE (no running max); LSE2 = LSE log2 e, Delt
 - dQ (`_attnscope_bwd_hopper_dq_kernel`): the forward's schedule (`fwd_hopper._producer` streams the K/V
   ring): a CTA owns NWG x 64 query rows of one (batch, head); per K/V tile S = Q K^T, dP = dO V^T,
   dQ += dS K; dQ leaves by TMA through the dead Q buffer.
-No atomics: the gradients are bitwise reproducible run to run.
+Those two (mode "twokernel", ``deterministic=True``) use no atomics: bitwise reproducible run to run. One-pass
+(``deterministic=False``; FA-3's dQ): the dK/dV kernel alone, built with ``ONEPASS``, also stores dS^T to
+shared memory and adds ``sm_scale dS K`` into a zeroed fp32 dQ [B, Hq, Nq, d] by fp32 atomics (5 MMAs per tile
+pair instead of 7), cast to the input dtype after: "onepass" (`ONEPASS_CTA`) over the CTA's keys once per
+query tile (the warpgroups meet at an mbarrier; d = 128 a 64-column slice each, d = 64 the whole tile by one
+warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics).
 
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from attnscope.errors import choice
 from attnscope.kernels._common import import_torch_triton
 
 torch, triton = import_torch_triton()
@@ -51,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._gluon_red import red_add  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
     PRODUCER_REGS,
@@ -68,6 +75,9 @@ from attnscope.kernels.fwd_hopper import _producer as _producer_fwd  # noqa: E40
 
 #: setmaxnreg of the consumer warpgroup that is a worker partition (the other is the default partition)
 CONSUMER_REGS = 240
+#: launch's ``mode`` -> the dK/dV kernel's ``ONEPASS`` (the module docstring): 0 dK, dV only
+ONEPASS_WG, ONEPASS_CTA = gl.constexpr(1), gl.constexpr(2)
+MODES = {"twokernel": 0, "onepass-wg": ONEPASS_WG.value, "onepass": ONEPASS_CTA.value}
 
 
 class BwdConfig(NamedTuple):
@@ -78,6 +88,8 @@ class BwdConfig(NamedTuple):
     BN: int  # keys per K/V tile
     STAGES: int  # depth of the shared-memory ring (dK/dV: Q/dO; dQ: K/V)
     NWG: int = 2  # consumer warpgroups
+    DQ: int = 64  # one-pass dK/dV kernel: dQ columns per dS K product (head dim / DQ products per tile)
+    RED: int = 1  # one-pass: fp32 per reduction instruction into dQ (`_gluon_red.red_add`: 1 or 2)
 
 
 #: Per kernel and head dim. dK/dV registers per consumer thread: dK + dV (BN/NWG x d fp32 each) and S^T, dP^T
@@ -103,6 +115,13 @@ def config(d: int, kernel: str = "dkdv", mods: int = 0) -> BwdConfig:
     if mods & SOFTCAP.value and d in SOFTCAP_CONFIGS.get(kernel, {}):
         return SOFTCAP_CONFIGS[kernel][d]
     return CONFIGS[kernel][d]
+
+
+def onepass_ok(d: int, mods=None) -> bool:
+    """Whether the one-pass builds run for head dim ``d`` and the `_common.Mods` ``mods``: the dQ product
+    needs 64-row Q tiles (a warpgroup's wgmma): softcap at d = 128 (`SOFTCAP_CONFIGS`) takes two kernels."""
+    flags = 0 if mods is None else mods_flags(mods.windowed, mods.softcap, False)
+    return config(d, "dkdv", flags).BM % 64 == 0
 
 
 def supports(d: int) -> bool:
@@ -197,12 +216,32 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
 
 
 @gluon.jit
+def _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, slot, sm_scale, acc_layout: gl.constexpr,
+            BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
+            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr, RED: gl.constexpr):
+    """One-pass dQ: ``dQ[rows, cols] += sm_scale sum_w dS_w K_w[:, cols]`` over the dS^T tiles ``slot +
+    [0, NW)`` of ``ds_smem`` (written and fenced) and the K buffers ``W0 + [0, NW)``, for ``NC`` slices of
+    ``DQ`` columns from ``C0``, each added by fp32 reductions of ``RED`` elements (`_gluon_red.red_add`)
+    into the head's fp32 dQ at ``dq_base`` [Nq, D] (rows ``offs_m``; past Nq masked)."""
+    for c in gl.static_range(NC):
+        part = gl.zeros([BM, DQ], gl.float32, acc_layout)
+        for w in gl.static_range(NW):
+            kcols = k_smem.index(W0 + w).reshape([BNW, D]).slice(C0 + c * DQ, DQ, dim=1)
+            part = warpgroup_mma(ds_smem.index(slot + w).permute((1, 0)), kcols, part, use_acc=w > 0)
+        ptrs = dq_base + offs_m[:, None] * D + (C0 + c * DQ + offs_d[None, :])  # after the product
+        red_add(ptrs, part * sm_scale, (offs_m < NQ)[:, None], RED)
+
+
+@gluon.jit
 def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, it, m, masked, offs_n,
-          NQ, NK, sc, s_layout: gl.constexpr, a_layout: gl.constexpr, BM: gl.constexpr,
-          BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+          NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout: gl.constexpr,
+          a_layout: gl.constexpr, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+          CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr,
+          NWG: gl.constexpr, RED: gl.constexpr):
     """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or a window edge, or
     the keys end in the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM
-    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). One loop
+    rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). ``ONEPASS``:
+    dS^T also to ``ds_smem``, `_add_dq` adds ``sm_scale dS K`` to the head's fp32 dQ at ``dq_base``. One loop
     body for every tile: the mask is a select on the initial value before the MMAs are issued, so masked
     and unmasked tiles differ in no register after them. Softcap: S^T starts from 0 (the raw scores: the cap
     comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select."""
@@ -238,17 +277,40 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
     dst = pt_cap * dpt  # dS^T = P^T * (dP^T - D) (softcap: x (1 - t^2))
     dst_op = gl.convert_layout(dst.to(q_smem.dtype), a_layout)
     dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)  # dK += dS^T Q
+    buf = it % 2  # the dS^T ring slot
+    if ONEPASS:  # dS^T to shared memory under the dK product: the dQ product's A operand
+        ds_smem.index(buf * NWG + WG).store(dst.to(q_smem.dtype))
+        fence_async_shared()
     dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
     mbarrier.arrive(q_empty.index(s))  # Q and dO read: the slot goes back
+    if ONEPASS:  # dQ += dS K, once the register operands are dead (fewer registers live across it)
+        dq_layout: gl.constexpr = wgmma_layout(DQ)
+        offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout))
+        offs_d = gl.arange(0, DQ, layout=gl.SliceLayout(0, dq_layout))
+        if ONEPASS == ONEPASS_WG:  # this warpgroup's keys, every column
+            _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG + WG, sm_scale, dq_layout, BM,
+                    BNW, DQ, D, 0, D // DQ, WG, 1, RED)
+        else:  # every warpgroup's dS^T stored: DQ columns each (D = NWG DQ), or the whole dQ in turns
+            gl.thread_barrier()  # this warpgroup's stores (and fences) all done before its arrival
+            mbarrier.arrive(ds_bar.index(buf))
+            mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)
+            if D == NWG * DQ:
+                _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
+                        DQ, D, WG * DQ, 1, 0, NWG, RED)
+            elif it % NWG == WG:
+                _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
+                        DQ, D, 0, 1, 0, NWG, RED)
     return dk, dv
 
 
 @gluon.jit
 def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
-              q_empty, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc, sm_scale,
-              BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              CAUSAL: gl.constexpr, MODS: gl.constexpr):
-    """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale)."""
+              q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+              sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+              WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
+              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr):
+    """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale);
+    ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`)."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -262,12 +324,17 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
     n = end - lo  # query tiles per head, in the producer's order
     for i in range(group * n):  # GQA: the group's query heads, reduced in registers
         m = lo + i % n
+        dq_base = DQACC + (b * H + hk * group + i // n).to(gl.int64) * NQ * D  # the head's dQ [Nq, D]
         if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch: the plain build keeps one compare
             masked = (m < f_lo) | (m >= f_hi)
         else:
             masked = m < f_lo  # f_hi = end
         dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       masked, offs_n, NQ, NK, sc, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL, MODS)
+                       masked, offs_n, NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout,
+                       a_layout, BM, BNW, D, STAGES, CAUSAL, MODS, ONEPASS, DQ, WG, NWG, RED)
+    if ONEPASS == ONEPASS_CTA:  # the other warpgroups' last dS K product read this one's K: done first
+        mbarrier.arrive(ds_bar.index(2))
+        mbarrier.wait(ds_bar.index(2), 0)
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
     v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
@@ -282,10 +349,11 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
 @gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT",
                               "cap_in"])
 def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_lse,
-                                      desc_delta, H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
+                                      desc_delta, DQACC, H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT,
+                                      cap_in,
                                       CAUSAL: gl.constexpr, MODS: gl.constexpr, STAGES: gl.constexpr,
-                                      NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                      num_warps: gl.constexpr):
+                                      NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, ONEPASS: gl.constexpr,
+                                      DQ: gl.constexpr, RED: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -311,6 +379,14 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if ONEPASS:  # every warpgroup's dS^T, a ring of 2: [slot x NWG + warpgroup] (the dQ product's A)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * NWG, BNW, BM], ds_layout)  # 128-byte rows
+    else:
+        ds_smem = k_smem  # not read
+    ds_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # dS^T 0/1 stored; done
+    for i in gl.static_range(3):
+        mbarrier.init(ds_bar.index(i), count=NWG)
     mbarrier.init(kv_bar.index(0), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(s), count=1)
@@ -320,11 +396,13 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
         [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
-                      sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS)),
+                      q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
+                      f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS, ONEPASS, DQ,
+                      NWG, RED)),
          (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
-                      sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS)),
+                      q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
+                      f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
+                      NWG, RED)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                       lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
                       STAGES, NWG))],
@@ -477,9 +555,9 @@ def kernel(name: str):
     return _attnscope_bwd_hopper_dkdv_kernel if name == "dkdv" else _attnscope_bwd_hopper_dq_kernel
 
 
-def _blocks(d: int, name: str, mods: int = 0) -> dict:
+def _blocks(d: int, name: str, mods: int = 0, cfg: BwdConfig | None = None) -> dict:
     """Rows of each TMA descriptor's block."""
-    cfg = config(d, name, mods)
+    cfg = cfg or config(d, name, mods)
     if name == "dkdv":
         bnw = cfg.BN // cfg.NWG
         return {"desc_q": cfg.BM, "desc_k": bnw, "desc_v": bnw, "desc_do": cfg.BM, "desc_dk": bnw,
@@ -496,7 +574,7 @@ def _row_layout(bm: int):
     return gl.NVMMASharedLayout.get_default_for([1, 1, bm], gl.float32)  # one row: no swizzle
 
 
-def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0):
+def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdConfig | None = None):
     """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
     "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
     def ds(rows):
@@ -505,22 +583,29 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0):
         return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
 
     if name == "dkdv":
-        bm = config(d, name, mods).BM
+        bm = (cfg or config(d, name, mods)).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
+        rows["DQACC"] = "*fp32"
+        extra = ("ONEPASS", "DQ", "RED")
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
-    return {**{n: ds(r) for n, r in _blocks(d, name, mods).items()}, **rows,
+        extra = ()
+    return {**{n: ds(r) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
-            **{n: "constexpr" for n in ("CAUSAL", "MODS", "STAGES", "NWG", "CONSUMER_REGS", "num_warps")}}
+            **{n: "constexpr" for n in ("CAUSAL", "MODS", "STAGES", "NWG", "CONSUMER_REGS", *extra,
+                                        "num_warps")}}
 
 
-def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0) -> dict:
+def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, mode: str = "twokernel",
+               cfg: BwdConfig | None = None) -> dict:
     """The constexpr arguments of kernel ``name`` for head dim ``d`` (``mods``: `fwd_hopper.mods_flags`; a
-    windowed call has ``causal`` False, its right bound carrying the diagonal)."""
-    cfg = config(d, name, mods)
+    windowed call has ``causal`` False, its right bound carrying the diagonal; ``mode``: a `MODES` key, the
+    dK/dV kernel's ``ONEPASS``; ``cfg``: another block configuration than `config`'s)."""
+    cfg = cfg or config(d, name, mods)
+    extra = {"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": cfg.RED} if name == "dkdv" else {}
     return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
-            "CONSUMER_REGS": CONSUMER_REGS,
+            "CONSUMER_REGS": CONSUMER_REGS, **extra,
             "num_warps": NUM_WARPS}
 
 
@@ -532,26 +617,50 @@ def _tma_ready(t):
     return t if ok else t.contiguous()
 
 
-def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: float, causal: bool, mods=None):
+def check_configs(configs) -> dict:
+    """``configs`` ({"dkdv": BwdConfig, "dq": BwdConfig}, either optional) checked against what the kernels
+    are built for (wgmma's 64-row warpgroup tiles: dK/dV ``BN / NWG``, dQ ``BM``; `ROW_PAD`)."""
+    configs = dict(configs or {})
+    for name, cfg in configs.items():
+        if name not in KERNELS or not isinstance(cfg, BwdConfig):
+            raise ValueError(f"configs: expected {{'dkdv' | 'dq': BwdConfig}}, got {name!r}: {cfg!r}")
+        rows = cfg.BN // cfg.NWG if name == "dkdv" else cfg.BM
+        if (cfg.NWG, rows % 64, cfg.BN % 64, cfg.BM % 16, cfg.DQ in (16, 32, 64, 128, 256), cfg.RED in (1, 2),
+                cfg.STAGES >= 1, name == "dq" or ROW_PAD % cfg.BM == 0) != (2, 0, 0, 0, *[True] * 4):
+            raise NotImplementedError(f"configs[{name!r}] = {cfg}: supported: NWG = 2, dK/dV BN / NWG and dQ "
+                                      f"BM multiples of 64, BM of 16, dK/dV BM dividing {ROW_PAD}, DQ 16-256,"
+                                      " RED 1 or 2")
+    return configs
+
+
+def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: float, causal: bool, mods=None,
+           mode: str = "twokernel", configs=None):
     """dQ, dK and dV on checked inputs (kernels/bwd.py `flash_attention_backward` checks them and runs the
     preprocess); writes ``dq`` (contiguous [B, Hq, Nq, d]), ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in
-    place: the dK/dV kernel, then the dQ kernel.
+    place. ``mode`` (`MODES`): "twokernel", the dK/dV kernel then the dQ kernel (bitwise reproducible);
+    "onepass" or "onepass-wg", the dK/dV kernel alone, adding dQ by fp32 atomics into a zeroed fp32 buffer,
+    then cast into ``dq`` (the atomics' order varies run to run: not bitwise reproducible).
 
     ``lse2``: the forward's LSE x log2(e), contiguous float32 [B, Hq, Nq]; ``delta``: rowsum(dO * O)
     (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e), softcap x
     log2(e) under softcap (`_tl.mod_args`); ``mods``: a `_common.Mods` (None: none; ``causal`` then False
-    under a window). Each (kernel, d, dtype, causal, mods used) compiles once per process. Returns the two
-    compiled kernels (``.n_regs``, ``.n_spills``, ``.metadata.shared``).
+    under a window); ``configs``: {"dkdv": BwdConfig, "dq": BwdConfig} in place of `config`'s (either
+    optional; `check_configs`), for tuning. Each (kernel, d, dtype, causal, mods used, mode, config)
+    compiles once per process. Returns the compiled kernels (``.n_regs``, ``.n_spills``,
+    ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,) one-pass.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    choice("mode", mode, tuple(MODES))
+    onepass = MODES[mode] > 0
+    configs = check_configs(configs)
     tensors = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
                "desc_do": _tma_ready(do), "desc_dk": dk, "desc_dv": dv, "desc_dq": dq}  # outputs: contiguous
     assert all(t.is_contiguous() for t in (dq, dk, dv)), "dq, dk, dv: expected fresh contiguous tensors"
 
     def descs(name):
         out = []
-        for n, rows in _blocks(d, name, flags).items():
+        for n, rows in _blocks(d, name, flags, cfgs[name]).items():
             t = tensors[n]
             block = (1, 1, rows, d)  # `_layout` (cached) takes a tuple and a Gluon element type
             elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
@@ -562,11 +671,16 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     windowed = mods is not None and mods.windowed
     softcap = 0.0 if mods is None else mods.softcap
     flags = mods_flags(windowed, softcap, False)  # sinks: no kernel support needed
+    cfgs = {name: configs.get(name) or config(d, name, flags) for name in KERNELS}
     left, right = (mods.left, mods.right) if windowed else (-1, -1)
     cap_in = sm_scale / softcap if softcap > 0 else 0.0  # t = tanh(s scale / softcap)
     args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale, left, right, cap_in)
-    cfg = config(d, "dkdv", flags)
+    cfg = cfgs["dkdv"]
     assert ROW_PAD % cfg.BM == 0, (ROW_PAD, cfg)
+    if onepass and (cfg.BM % 64 or d not in (cfg.DQ, cfg.NWG * cfg.DQ)):
+        raise NotImplementedError(f"Hopper backward mode {mode!r}: dK/dV BM = {cfg.BM}, DQ = {cfg.DQ} at "
+                                  f"head_dim {d}; supported: BM a multiple of 64 (`onepass_ok`), DQ = "
+                                  "head_dim or head_dim / NWG (mode 'twokernel': every config)")
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
     rows = []
     for t, pad in ((lse2 / -qk_scale, float("-inf")), (delta, 0.0)):  # the S^T, dP^T initial values
@@ -574,9 +688,13 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
         padded[:, :, :Nq] = t
         rows.append(TensorDescriptor(padded, [B, Hq, n_pad], list(padded.stride()), [1, 1, cfg.BM],
                                      _row_layout(cfg.BM)))
+    dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=q.device) if onepass else rows[0].base
     dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        *descs("dkdv"), *rows, *args, **constexprs(d, causal, "dkdv", flags))
-    cfg = config(d, "dq", flags)
+        *descs("dkdv"), *rows, dq_acc, *args, **constexprs(d, causal, "dkdv", flags, mode, cfg))
+    if onepass:
+        dq.copy_(dq_acc)  # fp32 -> q's dtype (the kernel added sm_scale dS K)
+        return (dkdv,)
+    cfg = cfgs["dq"]
     dq_k = _attnscope_bwd_hopper_dq_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](
-        *descs("dq"), lse2, delta, *args, **constexprs(d, causal, "dq", flags))
+        *descs("dq"), lse2, delta, *args, **constexprs(d, causal, "dq", flags, cfg=cfg))
     return dkdv, dq_k
