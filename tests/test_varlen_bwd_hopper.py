@@ -244,3 +244,38 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     seq_kv, seq_q = a_kv[12].tolist(), a_q[10].tolist()
     assert sorted(s for s in seq_kv if s >= 0) == [0, 1, 2, 2]
     assert sorted(s for s in seq_q if s >= 0) == [0, 2, 2, 3]
+
+
+_COMPILE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from attnscope.kernels import varlen_bwd_hopper as vh
+for name in ("dkdv", "dq"):
+    src = GluonASTSource(fn=vh.kernel(name), signature=vh.signature(64, "bf16", name),
+                         constexprs=vh.constexprs(64, True, name))
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": vh.NUM_WARPS})
+    print(name, k.asm["ptx"].count("wgmma.mma_async"), k.metadata.shared)
+"""
+
+
+def test_both_kernels_build_for_sm90_on_the_cpu():
+    """Both Gluon kernels compile for sm_90 without a GPU (a child process): the build reaches ptx with
+    wgmma products and stays inside the 227 KB of shared memory a CTA may have. This kernel's pieces come
+    from kernels/bwd_hopper.py, so a change of their signatures shows here, not first on a GPU."""
+    pytest.importorskip("triton.experimental.gluon")
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(root, "src")
+    out = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["dkdv", "dq"]
+    for _, wgmma, shared in rows:
+        assert int(wgmma) > 0 and 0 < int(shared) <= 227 * 1024

@@ -119,7 +119,8 @@ def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_sme
     for i in range(group * n):  # GQA: the group's query heads, reduced in registers
         m = lo + i % n
         dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       m < f_lo, offs_n, NQ, NK, sc, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL, PLAIN)
+                       m < f_lo, offs_n, NQ, NK, sc, k_smem, kv_bar, k_smem, DK, sm_scale, s_layout, a_layout,
+                       BM, BNW, D, STAGES, CAUSAL, PLAIN, 0, D, WG, 2, 1)  # two kernels: no one-pass dQ
     dk = dk * sm_scale
     if n0 + BNW <= NK:  # every key inside the sequence: TMA through the dead K/V buffers
         v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
