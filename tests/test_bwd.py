@@ -633,10 +633,10 @@ def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
 
 
 def test_autograd_atomic_dq_default_is_per_implementation(monkeypatch):
-    """`bwd.atomic_dq_by_default`: `HOPPER_ONEPASS_BY_DEFAULT` where impl="auto" picks the Hopper kernels,
+    """`bwd.atomic_dq_by_default`: d in `HOPPER_ONEPASS_DIMS` where impl="auto" picks the Hopper kernels,
     `ATOMIC_DQ_BY_DEFAULT` elsewhere (this machine: no sm_90, so the portable flag)."""
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16, device=DEVICE)
-    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", True)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64,))
     for portable_flag in (False, True):
         monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", portable_flag)
         want = True if bwd._pick_impl("auto", q, False, _common.Mods(-1, -1, 0.0, None)) == "hopper" \
@@ -645,7 +645,7 @@ def test_autograd_atomic_dq_default_is_per_implementation(monkeypatch):
     monkeypatch.setattr(bwd, "_pick_impl", lambda *a, **kw: "hopper")
     monkeypatch.setattr(bwd, "ATOMIC_DQ_BY_DEFAULT", False)
     assert bwd.atomic_dq_by_default(q, True, 0.1, [100, 0], 20.0) is True
-    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", False)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (128,))
     assert bwd.atomic_dq_by_default(q, True, None) is False
 
 
@@ -721,6 +721,7 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
 
     mode, _, red = mode.partition("+")
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))  # the one-pass build at every head dim
     if red:  # two fp32 per reduction instruction (`_gluon_red.red_add`)
         monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
     dt = getattr(torch, dtype)
@@ -755,7 +756,7 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
 def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
-    """`bwd.HOPPER_ONEPASS_BY_DEFAULT` on: ``flash_attention(deterministic=False)``'s backward launches the
+    """d in `bwd.HOPPER_ONEPASS_DIMS`: ``flash_attention(deterministic=False)``'s backward launches the
     one-pass build, ``deterministic=True`` the two kernels; the gradients agree to bf16 rounding."""
     from attnscope.kernels import bwd_hopper
 
@@ -767,7 +768,7 @@ def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
         return launch(*a, **kw)
 
     monkeypatch.setattr(bwd_hopper, "launch", recording)
-    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_BY_DEFAULT", True)
+    monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))
     q, k, v, do = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, False, seed=5, device="cuda")
     grads = {}
     for det in (False, True):

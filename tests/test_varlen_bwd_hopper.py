@@ -18,7 +18,8 @@ vh = pytest.importorskip("attnscope.kernels.varlen_bwd_hopper")
 from test_varlen import DEVICE, _check_varlen_grads, _cu, _packed  # noqa: E402 - the varlen tests' helpers
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting(), reason="needs an sm_90 GPU")
+needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting() or not varlen_bwd.HOPPER_VALIDATED,
+                                reason="needs an sm_90 GPU and the Gluon varlen backward enabled")
 
 
 # --- host side (CPU) -----------------------------------------------------------------------------------
@@ -75,6 +76,11 @@ def test_pick_impl_rule_and_refusals(monkeypatch):
     assert varlen_bwd.pick_impl("portable", q, True, _mods(), 0.088) == "portable"
 
     monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
+    if not varlen_bwd.HOPPER_VALIDATED:  # not enabled: auto keeps the portable kernels, "hopper" says why
+        assert varlen_bwd.pick_impl("auto", q, True, _mods(), 0.088) == "portable"
+        with pytest.raises(NotImplementedError, match="not enabled"):
+            varlen_bwd.pick_impl("hopper", q, True, _mods(), 0.088)
+    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
     for d in (64, 128):
         for dt in (torch.float16, torch.bfloat16):
             for causal in (False, True):
@@ -198,6 +204,7 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     (work items, heads); Q/K/V/dO and the outputs as [1, H, total, d] views of the caller's memory with
     the configs' blocks; the -LSE2 / qk_scale and Delta copies padded per sequence; the plan's lists."""
     monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
+    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
     rec = {name: _Recorder() for name in ("dkdv", "dq")}
     monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dkdv_kernel", rec["dkdv"])
     monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dq_kernel", rec["dq"])

@@ -33,7 +33,7 @@ nothing in the kernels (the saved LSE includes them) and their gradient is
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
 (TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
 ``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
-autograd's ``deterministic=False`` where `HOPPER_ONEPASS_BY_DEFAULT` is True); ``impl="auto"`` takes
+autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); ``impl="auto"`` takes
 them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
@@ -467,24 +467,27 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
 #: dK/dV kernel when True; False: the separate dQ pass, measured faster at nearly every shape (BENCHMARKS.md,
 #: backward), which is also bit-reproducible.
 ATOMIC_DQ_BY_DEFAULT = False
-#: The same switch for the Hopper kernels: True runs their one-pass dK/dV kernel (dQ by fp32 atomics) for
-#: ``flash_attention(deterministic=False)``; False, their dK/dV then dQ kernels (bitwise reproducible).
-HOPPER_ONEPASS_BY_DEFAULT = False
+#: The head dims at which the Hopper kernels run ``deterministic=False`` (`attnscope.flash_attention`'s
+#: default) as their one-pass dK/dV kernel (dQ by fp32 atomics: 5 MMAs per tile pair, not 7); elsewhere
+#: the dK/dV then dQ kernels (bitwise reproducible). Measured on the H200 (BENCHMARKS.md, backward): at
+#: d = 64 the one-pass build is 1.03-1.07 x the two kernels; at d = 128 it is 0.78-0.90 x.
+HOPPER_ONEPASS_DIMS = (64,)
 #: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
 HOPPER_ONEPASS_MODE = "onepass"
 
 
 def atomic_dq_by_default(q, causal: bool, scale, window=None, softcap: float = 0.0) -> bool:
-    """Whether autograd's ``deterministic=False`` runs dQ by atomics for this call:
-    `HOPPER_ONEPASS_BY_DEFAULT` where ``impl="auto"`` picks the Hopper kernels (`_pick_impl`), else
+    """Whether autograd's ``deterministic=False`` runs dQ by atomics for this call: the head dim in
+    `HOPPER_ONEPASS_DIMS` where ``impl="auto"`` picks the Hopper kernels (`_pick_impl`), else
     `ATOMIC_DQ_BY_DEFAULT`."""
-    if ATOMIC_DQ_BY_DEFAULT == HOPPER_ONEPASS_BY_DEFAULT:
+    onepass = q.shape[-1] in HOPPER_ONEPASS_DIMS
+    if onepass == ATOMIC_DQ_BY_DEFAULT:
         return ATOMIC_DQ_BY_DEFAULT
     window = None if window is None else tuple(window)
     mods = check_mods(torch, causal, window, softcap, None, q.shape[1], q.device)
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     hopper = _pick_impl("auto", q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
-    return HOPPER_ONEPASS_BY_DEFAULT if hopper else ATOMIC_DQ_BY_DEFAULT
+    return onepass if hopper else ATOMIC_DQ_BY_DEFAULT
 
 
 @on_tensor_device(torch)
@@ -575,7 +578,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
         dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-        onepass = not deterministic and bwd_hopper.onepass_ok(d, mods)
+        onepass = not deterministic and d in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(d, mods)
         bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods,
                           mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)

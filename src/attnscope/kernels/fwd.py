@@ -519,11 +519,11 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         The mods run on every kernel of the forward and the backward; on sm_90 the backward runs the Gluon
         Hopper kernels without a window or softcap and the portable ones with (`model.dispatch`).
     deterministic : bool, default False
-        The backward's mode: False (the default) runs the faster dQ accumulation of
-        `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` (the separate dQ pass where that was measured faster, fp32
-        atomics otherwise); True always runs the separate dQ pass, whose gradients are bitwise identical
-        run to run. The Gluon Hopper backward (sm_90) uses no atomics: its gradients
-        are bitwise identical run to run in either mode.
+        The backward's mode. True: dQ in a separate pass, no atomics, gradients bitwise identical run to
+        run. False (the default): the faster mode where the two differ -- on sm_90 at the head dims of
+        `kernels.bwd.HOPPER_ONEPASS_DIMS` (64) the Gluon one-pass kernel, dQ by fp32 atomics (not bitwise
+        reproducible); elsewhere the separate pass (`kernels.bwd.ATOMIC_DQ_BY_DEFAULT` for the portable
+        kernels), so bitwise reproducible there too.
 
     Returns
     -------
