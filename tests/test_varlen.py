@@ -361,6 +361,26 @@ def test_cpu_tensors_without_interpreter_error():
     assert "q: expected CUDA tensors" in out.stdout, out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("d, causal, window, tma", [(128, False, None, False), (128, True, None, True),
+                                                     (128, False, (8, 8), True), (64, False, None, True)])
+def test_default_load_path_avoids_the_tma_build_ptxas_crashes_on(monkeypatch, d, causal, window, tma):
+    """The default K/V loads: TMA, except d = 128 without a mask, whose TMA build ptxas (sm_90a) crashes on:
+    there the pointer loads (`varlen._tma_builds`)."""
+    seen = []
+
+    class Grid:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw["USE_TMA"])
+
+    monkeypatch.setattr(varlen, "_attnscope_varlen_kernel", Grid())
+    lq = [5, 9]
+    g = torch.Generator().manual_seed(3)
+    q = _packed(sum(lq), 2, d, torch.float16, False, g)
+    k, v = (_packed(sum(lq), 2, d, torch.float16, False, g) for _ in range(2))
+    varlen._launch(q, k, v, _cu(lq), _cu(lq), 9, 9, causal, None, True, True, window=window)
+    assert seen == [tma]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_tma_and_pointer_paths_agree(causal):
     """Whole K/V tiles by TMA (aligned K/V, the default) or by pointer loads (forced, or a K/V whose base

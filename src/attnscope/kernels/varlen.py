@@ -243,6 +243,13 @@ def _tma_ok(k, v) -> bool:
                for t in (k, v) for x in (*t.stride()[:2], t.storage_offset()))
 
 
+def _tma_builds(d: int, masked: bool) -> bool:
+    """Whether the default takes TMA K/V loads: not for d = 128 without a mask (causal or window), whose TMA
+    build ptxas (Triton 3.6's, sm_90a) crashes on (SIGSEGV, every tile config tried; bench/sm90_resources.py
+    --kernel varlen shows it); the pointer-load build of that case compiles and runs."""
+    return d != 128 or masked
+
+
 def _desc(t, block_n: int):
     """Host-built TMA descriptor over the whole packed ``[total_k, Hkv, d]`` (a kernel argument: no device
     scratch, no per-program descriptor set-up), blocks of ``[block_n, 1, d]``."""
@@ -279,7 +286,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     if items is not None:
         seq, tile = items
         n_items = seq.shape[0]
-    use_tma = (_tma_ok(k, v) if tma is None else bool(tma)) and total_k > 0  # no descriptor of 0 rows
+    use_tma = (_tma_ok(k, v) and _tma_builds(d, masked) if tma is None else bool(tma)) and total_k > 0
     desc_k, desc_v = (_desc(t, block_n) for t in (k, v)) if use_tma else (k, v)  # pointers: placeholders
     qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
     _attnscope_varlen_kernel[(n_items * Hq,)](
