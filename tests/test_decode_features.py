@@ -363,6 +363,7 @@ def test_fp8_tile_config_rule_and_paged_stages():
     assert heuristics.FP8_DEFAULT in heuristics.FP8_CONFIGS and heuristics.FP8_MANY in heuristics.FP8_CONFIGS
     assert heuristics._fp8_config_name(132, 132) == heuristics.FP8_DEFAULT
     assert heuristics._fp8_config_name(133, 132) == heuristics.FP8_MANY
+    assert heuristics._fp8_config_name(133, 132, paged=True) == heuristics.FP8_DEFAULT
     for name, want in heuristics.FP8_CONFIGS.items():
         dense = heuristics._fp8_config(name)
         assert dense["STAGES"] == dense["num_stages"] == want["STAGES"]

@@ -121,7 +121,7 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
         cfg = {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
         return {**cfg, "F16QK": True} if fp8 else cfg
     if fp8 and block_m <= 32:
-        return _fp8_config(_fp8_config_name(programs, sms), page_size)
+        return _fp8_config(_fp8_config_name(programs, sms, page_size != 0), page_size)
     cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
     # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block only
     # part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each. A block
@@ -146,18 +146,17 @@ FP8_CONFIGS = {
     "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 104 KiB: 2 per SM
     "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
 }
-#: The shipped e4m3 decode-tile config where the launch has at most one program per SM (the split
-#: regime): that one program streams at the bandwidth only if its loop issues ~1.8 warp instructions per
-#: cycle (90.8 per KiB x 20 B per SM-cycle at 4.8 TB/s); two warps per scheduler hide the converts' and
-#: loads' latencies where 4 warps would leave one.
-FP8_DEFAULT = "f16qk-w8"
-#: ... and where it has more programs than SMs (None: `FP8_DEFAULT` there too): 4-warp programs in 104 KiB
-#: of shared memory, two per SM: the same 8 warps per SM, 20 % fewer instructions per byte (72.5 per
-#: KiB), and one program's prologue and partial write overlap the other's stream; B x Hkv = 256 programs
-#: then all run at once on 132 SMs, where one 8-warp program per SM leaves a second wave of 124.
+#: The shipped e4m3 decode-tile config (H200 sweep, `bench/decode.py --fp8-sweep`, B 1/8/32, Hq/Hkv 32/8,
+#: L 4k-128k, dense and paged): 4 warps, the fewest instructions per byte, had the best graph-replay geomean
+#: against attnscope bf16 (0.98 x; 8 warps 0.89 x) and won or tied at every dense point with one program
+#: per SM or fewer.
+FP8_DEFAULT = "f16qk-w4"
+#: ... and on a dense cache with more programs than SMs (None: `FP8_DEFAULT` there too): 4-warp programs
+#: in 104 KiB of shared memory, two per SM (B x Hkv = 256 programs all run at once on 132 SMs): 1.14-1.19 x
+#: attnscope bf16 at B = 32, against 1.03-1.07 x for `FP8_DEFAULT`; on paged caches it lost (0.96 x).
 FP8_MANY = "f16qk-w4-s3"
 #: Whether e4m3 splits are sized on bytes rather than keys (`_split_min_keys`: at least the bf16
-#: minimum's bytes, twice its keys, per split)
+#: minimum's bytes, twice its keys, per split); measured no faster
 FP8_SPLIT_BYTES = False
 
 
@@ -172,10 +171,10 @@ def _fp8_config(name: str, page_size: int = 0) -> dict:
     return cfg
 
 
-def _fp8_config_name(programs: int, sms: int) -> str:
-    """The `FP8_CONFIGS` key of an e4m3 decode launch of ``programs`` programs on ``sms`` SMs: `FP8_MANY`
-    past one program per SM (where set), else `FP8_DEFAULT`."""
-    return FP8_MANY if FP8_MANY is not None and programs > sms else FP8_DEFAULT
+def _fp8_config_name(programs: int, sms: int, paged: bool = False) -> str:
+    """The `FP8_CONFIGS` key of an e4m3 decode launch of ``programs`` programs on ``sms`` SMs: on a dense
+    cache `FP8_MANY` past one program per SM (where set), else `FP8_DEFAULT`."""
+    return FP8_MANY if FP8_MANY is not None and programs > sms and not paged else FP8_DEFAULT
 
 
 def _split_min_keys(fp8: bool, split_bytes: bool | None = None) -> int:
