@@ -470,7 +470,7 @@ ATOMIC_DQ_BY_DEFAULT = False
 #: The head dims at which the Hopper kernels run ``deterministic=False`` (`attnscope.flash_attention`'s
 #: default) as their one-pass dK/dV kernel (dQ by fp32 atomics: 5 MMAs per tile pair, not 7); elsewhere
 #: the dK/dV then dQ kernels (bitwise reproducible). Measured on the H200 (BENCHMARKS.md, backward): at
-#: d = 64 the one-pass build is 1.03-1.07 x the two kernels; at d = 128 it is 0.78-0.90 x.
+#: d = 64 the one-pass build is 1.03-1.08 x the two kernels; at d = 128 it is 0.78-0.90 x.
 HOPPER_ONEPASS_DIMS = (64,)
 #: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
 HOPPER_ONEPASS_MODE = "onepass"
