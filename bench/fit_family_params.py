@@ -1,12 +1,13 @@
-"""The decode and varlen estimates' constants (model/family_params.py) from measured probe sweeps (no GPU).
+"""The decode, varlen and backward estimates' constants (model/family_params.py) from measured probe sweeps
+(no GPU).
 
-    python bench/fit_family_params.py probe_decode.json probe_varlen.json [--json OUT]
+    python bench/fit_family_params.py probe_decode.json probe_varlen.json probe_backward.json [--json OUT]
 
-Each FILE is what ``attnscope bytes --sweep bench/grids/probe_{decode,varlen}.csv --json FILE`` wrote on the
-GPU; its decode and varlen rows go to `attnscope.measure.family_fit.fit` (least squares for the linear
-constants, a grid search for the varlen capacity and ramp) with the recorded L2 and SM count. Prints each
-constant (None: no row informs it) and every row's estimate against ncu with the fitted constants, to be
-copied into `FamilyParams` with the result files' names; judge the result on the held-out grids only.
+Each FILE is what ``attnscope bytes --sweep bench/grids/probe_{decode,varlen,backward}.csv --json FILE`` wrote
+on the GPU; its decode, varlen and backward rows go to `attnscope.measure.family_fit.fit` (least squares for
+the linear constants, a grid search for the varlen capacity and ramp) with the recorded L2 and SM count.
+Prints each constant (None: no row informs it) and every row's estimate against ncu with the fitted constants,
+to be copied into `FamilyParams` with the result files' names; judge the result on the held-out grids only.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def main(argv=None) -> int:
     points, env = [], {}
     for path in args.sweeps:
         _, env = physical.rows_from_json(path)
-        points += [(r.spec, r.measured) for r in env["family_rows"] if r.spec["pass"] in ("decode", "varlen")]
+        points += [(r.spec, r.measured) for r in env["family_rows"]
+                   if r.spec["pass"] in ("decode", "varlen", "backward")]
     used = env.get("estimated_with", {})
     out = family_fit.fit(points, used.get("l2_bytes"), used.get("sms"))
     for name, value in out["params"].items():

@@ -169,7 +169,7 @@ def test_cost_does_not_grow_with_n():
 
 
 def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
-    for fam in ("decode", "varlen"):
+    for fam in ("decode", "varlen", "backward"):
         probe = physical.parse_grid(GRIDS / f"probe_{fam}.csv")
         held = physical.parse_grid(GRIDS / f"heldout_{fam}.csv")
         assert 6 <= len(probe) <= 12 and {s["pass"] for s in probe} == {fam}
@@ -269,7 +269,9 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
 
     true = FamilyParams(attnscope_partials_dram=0.3, row_tile_kv_miss=0.1, flash_partials_dram=0.2,
                         cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
-                        varlen_capacity=0.7, varlen_ramp=1.5)
+                        varlen_capacity=0.7, varlen_ramp=1.5, naive_bwd_s_dram=1.1,
+                        portable_bwd_reread_dram=0.8, hopper_bwd_reread_dram=0.6, flash_bwd_reread_dram=0.9,
+                        cudnn_bwd_reread_dram=0.7, cudnn_bwd_other_per_row=400.0, cudnn_bwd_gqa_dram=0.3)
     monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
 
     def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
@@ -282,7 +284,7 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
 
     monkeypatch.setattr(ncu, "measure_many", fake_many)
     files = []
-    for g in ("probe_decode", "probe_varlen"):
+    for g in ("probe_decode", "probe_varlen", "probe_backward"):
         files.append(str(tmp_path / f"{g}.json"))
         argv = ["bytes", "--sweep", str(GRIDS / f"{g}.csv"), "--l2-bytes", "62914560", "--sms", "132",
                 "--json", files[-1]]

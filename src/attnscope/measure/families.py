@@ -16,10 +16,11 @@ model/l2.py), or one of
 - ``varlen``: one packed call over sequences of ``lens``: ``attnscope`` `flash_attention_varlen`, ``flex``
   (Flex attention with a document mask, compiled). Ledger: model/serving.py's `packed`.
 
-A sweep reports each point's ncu bytes against its logical ledger, its compulsory bytes and, for decode
-and varlen, the DRAM estimate of model/family_estimate.py (`estimate`); where the estimate needs a constant
-no probe has measured yet (model/family_params.py) or the family has none (backward), the row says why
-instead of a number. Pure Python: the calls themselves are measure/family_calls.py's, run in ncu's child.
+A sweep reports each point's ncu bytes against its logical ledger, its compulsory bytes and the DRAM
+estimate of model/backward_estimate.py (backward) or model/family_estimate.py (decode, varlen)
+(`estimate`); where the estimate needs a constant no probe has measured yet (model/family_params.py) or a
+shape it does not model, the row says why instead of a number. Pure Python: the calls themselves are
+measure/family_calls.py's, run in ncu's child.
 """
 
 from __future__ import annotations
@@ -190,9 +191,9 @@ def ledger(spec: dict) -> tuple[int, int, str]:
     backwards (naive's autograd keeps P instead: not counted); decode: Q, the valid K/V rows at the
     cache's width (and the fp32 scales) read, O written; varlen: Q, K, V read and O written.
     """
-    from attnscope.model import backward, family_estimate, serving
+    from attnscope.model import backward, backward_estimate, family_estimate, serving
 
-    b, h, d = DTYPE_BYTES[spec["dtype"]], spec["heads"], spec["d"]
+    h, d = spec["heads"], spec["d"]
     hkv = spec.get("kv_heads") or h
     impl = spec["impl"]
     if spec["pass"] == "backward":
@@ -203,10 +204,8 @@ def ledger(spec: dict) -> tuple[int, int, str]:
             row = ("flash-causal-backward" if causal else "flash-backward") + \
                 ("-det" if spec.get("deterministic") else "")
         t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,))
-        comp = bsz * n * d * b * ((2 * h + 2 * hkv)  # Q, dO, K, V read
-                                  + (h + 2 * hkv))  # dQ, dK, dV written
-        if impl != "naive":
-            comp += bsz * h * n * (d * b + STAT_BYTES)  # O and LSE
+        comp = backward_estimate.backward_compulsory(impl, n, d=d, dtype=spec["dtype"], batch=bsz, heads=h,
+                                                     kv_heads=hkv)
         return t[row].total * t.config.batch_heads, comp, f"model/backward.py {row}"
     if spec["pass"] == "varlen":
         row = "flash-causal" if spec["causal"] else "flash"
@@ -279,15 +278,28 @@ class FamilyRow:
         return out
 
 
+def backward_args(spec: dict) -> dict:
+    """`model.backward_estimate.backward_estimate`'s arguments for a backward point, with the kernels
+    measure/family_calls.py runs: the portable ones for atomic dQ, ``impl="auto"`` for deterministic."""
+    det = bool(spec.get("deterministic"))
+    return {"impl": spec["impl"], "n": spec["n"], "causal": spec["causal"], "d": spec["d"],
+            "dtype": spec["dtype"], "batch": spec["batch"], "heads": spec["heads"],
+            "kv_heads": spec.get("kv_heads") or spec["heads"], "deterministic": det,
+            "kernels": "auto" if det else "portable"}
+
+
 def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
-    """``(FamilyEstimate, "")`` of a decode or varlen point (model/family_estimate.py; ``l2_bytes``, ``sms``:
-    the GPU's, default the H200's), or ``(None, why not)``: the family has no estimate (backward), or the
-    estimate needs a constant no probe has measured yet or a shape it does not model (one line)."""
+    """``(FamilyEstimate, "")`` of a backward, decode or varlen point (model/backward_estimate.py,
+    model/family_estimate.py; ``l2_bytes``, ``sms``: the GPU's, default the H200's), or ``(None, why not)``:
+    the estimate needs a constant no probe has measured yet or a shape it does not model (one line)."""
+    from attnscope.model import backward_estimate as be
     from attnscope.model import family_estimate as fe
 
     h, d, dtype = spec["heads"], spec["d"], spec["dtype"]
     hkv = spec.get("kv_heads") or h
     try:
+        if spec["pass"] == "backward":
+            return be.backward_estimate(**backward_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "decode":
             return fe.decode_estimate(spec["impl"], spec["cache_lens"], nq=spec.get("nq", 1), d=d,
                                       dtype=dtype, heads=h, kv_heads=hkv, page_size=spec.get("page_size"),

@@ -1,21 +1,24 @@
 """The constants of model/family_params.py from measured probe rows (`attnscope bytes --sweep
-bench/grids/probe_{decode,varlen}.csv --json F`): each decode constant enters its estimate linearly (a term's
-logical bytes x the constant), so one least-squares solve over the probe rows gives them, with the estimate
-itself as the design (column f: the estimate with f = 1 less with f = 0, the others 0); the varlen
-capacity and ramp (`l2_params.miss` between them) by a grid search (then steps of 0.005) of the rows past
-`RESIDENT_BELOW`. A
-constant no row informs stays None. Pure Python + NumPy; no GPU.
+bench/grids/probe_{decode,varlen,backward}.csv --json F`): each decode and backward constant enters its
+estimate linearly (a term's logical bytes x the constant), so one least-squares solve over the probe rows
+gives them, with the estimate itself as the design (column f: the estimate with f = 1 less with f = 0, the
+others 0); the varlen capacity and ramp (`l2_params.miss` between them) by a grid search (then steps of 0.005)
+of the rows past `RESIDENT_BELOW`. A constant no row informs stays None. Pure Python + NumPy; no GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields, replace
 
+from attnscope.measure import families
 from attnscope.model import family_estimate as fe
+from attnscope.model.backward_estimate import backward_estimate
 from attnscope.model.family_params import RESIDENT_BELOW, FamilyParams
 
 LINEAR = ("attnscope_partials_dram", "row_tile_kv_miss", "flash_partials_dram", "cudnn_kv_dram",
-          "cudnn_gqa_kv_dram", "cudnn_other_per_row")
+          "cudnn_gqa_kv_dram", "cudnn_other_per_row", "naive_bwd_s_dram", "portable_bwd_reread_dram",
+          "hopper_bwd_reread_dram", "flash_bwd_reread_dram", "cudnn_bwd_reread_dram",
+          "cudnn_bwd_other_per_row", "cudnn_bwd_gqa_dram")
 #: The varlen search grid: capacity (steps of 0.02) and ramp - capacity (steps of 0.1), shares of the L2.
 CAPACITIES = tuple(round(RESIDENT_BELOW + 0.02 * i, 2) for i in range(0, 80))
 RAMP_WIDTHS = tuple(round(0.1 * i, 2) for i in range(1, 40))
@@ -24,6 +27,9 @@ RAMP_WIDTHS = tuple(round(0.1 * i, 2) for i in range(1, 40))
 def _estimate(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
     h = spec["heads"]
     hkv = spec.get("kv_heads") or h
+    if spec["pass"] == "backward":
+        return backward_estimate(**families.backward_args(spec), sms=sms, l2_bytes=l2_bytes,
+                                 params=params).total
     if spec["pass"] == "decode":
         return fe.decode_estimate(spec["impl"], spec["cache_lens"], nq=spec.get("nq", 1), d=spec["d"],
                                   dtype=spec["dtype"], heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
@@ -49,7 +55,7 @@ def fit(points: list[tuple[dict, int]], l2_bytes: int | None = None, sms: int | 
     import numpy as np
 
     zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0), varlen_capacity=10.0, varlen_ramp=11.0)  # resident
-    dec = [(s, m) for s, m in points if s["pass"] == "decode"]
+    dec = [(s, m) for s, m in points if s["pass"] in ("decode", "backward")]  # the linear constants
     got: dict = dict.fromkeys(f.name for f in fields(FamilyParams))
     if dec:
         base = np.array([_estimate(s, zero, l2_bytes, sms) for s, _ in dec])

@@ -1,6 +1,7 @@
-"""The constants of the decode and varlen DRAM-byte estimates (`attnscope.model.family_estimate`): one table,
-`FamilyParams`, each field naming the probe that measures it (`PROBES`: rows of bench/grids/probe_decode.csv
-and probe_varlen.csv). A field that no probe has measured yet is None, and an estimate that needs it refuses
+"""The constants of the decode, varlen and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
+`attnscope.model.backward_estimate`): one table, `FamilyParams`, each field naming the probe that measures it
+(`PROBES`: rows of bench/grids/probe_decode.csv, probe_varlen.csv and probe_backward.csv). A field that no
+probe has measured yet is None, and an estimate that needs it refuses
 (`NotMeasured`, naming the field and its probe) rather than run on a guessed number. The kernels' geometry
 that the estimate reads from their sources (split counts, row tiles, block sizes) is not in this table: it is
 in `family_estimate`, each fact with the source it was read from. Pure Python.
@@ -19,8 +20,8 @@ class NotMeasured(NotImplementedError):
 
 @dataclass(frozen=True)
 class FamilyParams:
-    """The one table of the decode and varlen estimates' measured constants (None: not measured yet; the
-    estimates that need it refuse). Each field's probe is `PROBES[field]`."""
+    """The one table of the decode, varlen and backward estimates' measured constants (None: not measured
+    yet; the estimates that need it refuse). Each field's probe is `PROBES[field]`."""
 
     #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
     #: lse_s written by phase 1 and read back by the merge): 0 when they stay in the L2 and are never
@@ -48,6 +49,23 @@ class FamilyParams:
     varlen_capacity: float | None = None
     #: ... and from ``varlen_ramp`` x the L2 they all miss (linear between, as `l2_params.miss`).
     varlen_ramp: float | None = None
+    #: Backward, naive autograd: DRAM bytes per byte of its ledger beyond the compulsory ones (P, dP, dS
+    #: written and read back, dO read twice) that the forward's L2 rule counts as missing.
+    naive_bwd_s_dram: float | None = None
+    #: Backward, share of the counted re-reads (Q, dO, LSE2, Delta and the fp32 dQ accumulator's atomic adds
+    #: by later key tiles; K, V by the dQ kernel's later query tiles: `l2_reuse.wave_rereads`) that reach
+    #: DRAM, per build: attnscope's portable kernels, its Hopper two-kernel build, SDPA FLASH (FA-2), SDPA
+    #: CUDNN (FA-2's pattern assumed). One constant per build: the Q/dO and accumulator counts are in a
+    #: fixed ratio for a head dim, so no probe could tell two apart.
+    portable_bwd_reread_dram: float | None = None
+    hopper_bwd_reread_dram: float | None = None
+    flash_bwd_reread_dram: float | None = None
+    cudnn_bwd_reread_dram: float | None = None
+    #: SDPA CUDNN backward: DRAM bytes per (row, query head) beyond the compulsory ones and the re-reads.
+    cudnn_bwd_other_per_row: float | None = None
+    #: SDPA CUDNN backward with GQA: DRAM bytes per byte of K, V read and dK, dV written once more per extra
+    #: query head of the group (0: the group shares them; 1: each query head moves its own).
+    cudnn_bwd_gqa_dram: float | None = None
 
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 without a varlen
@@ -74,6 +92,22 @@ PROBES = {
     "varlen_capacity": "probe_varlen.csv v-long1..3, v-gqa and x-long (footprints 0.6-2.2 x L2): the "
                        "footprint where the excess over compulsory starts",
     "varlen_ramp": "probe_varlen.csv v-long1..3, x-long: the footprint where every counted re-read misses",
+    "naive_bwd_s_dram": "probe_backward.csv n-big (one [B, H, N, N] tensor ~10 x L2) and n-causal: ncu less "
+                        "compulsory, over the counted intermediates",
+    "portable_bwd_reread_dram": "probe_backward.csv p-group (GQA 16, causal, the group's Q/dO set ~0.55 x "
+                                "L2, atomic dQ) against p-resident (no counted re-read): the excess over the "
+                                "exact terms, over the counted re-reads and atomics",
+    "hopper_bwd_reread_dram": "probe_backward.csv h-group (GQA 16, causal, two kernels) against h-resident: "
+                              "the excess over the exact terms, over the counted re-reads",
+    "flash_bwd_reread_dram": "probe_backward.csv f-long (causal, N 32k, one head's Q/dO set ~0.3 x L2) "
+                             "against f-gqa (no counted re-read): the excess over the exact terms, over the "
+                             "counted re-reads and atomics",
+    "cudnn_bwd_reread_dram": "probe_backward.csv c-long (as f-long): the excess over c-short's per-row "
+                             "bytes, over the counted re-reads",
+    "cudnn_bwd_other_per_row": "probe_backward.csv c-short (resident: no counted re-read): ncu less "
+                               "compulsory, per (row, query head)",
+    "cudnn_bwd_gqa_dram": "probe_backward.csv c-gqa (group 8) against c-short's per-row bytes: the excess, "
+                          "over (group - 1) x K, V, dK, dV bytes",
 }
 
 

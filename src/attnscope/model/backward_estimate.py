@@ -1,0 +1,268 @@
+"""DRAM-byte estimate of an attention backward call (the gradient call alone: the forward ran before), whole
+call: compulsory bytes plus the terms the hardware adds, the counter ncu's ``dram__bytes_read.sum +
+dram__bytes_write.sum`` reads (as model/family_estimate.py's decode and varlen estimates).
+
+Compulsory (`backward_compulsory`): Q, K, V, dO read and dQ, dK, dV written once; the fused backwards also
+read O and the fp32 LSE once (naive's autograd reads its saved P instead, counted as a term).
+
+- naive (autograd of the 3-kernel baseline; model/backward.py's ledger): the ledger's bytes beyond the
+  compulsory ones (P, dP, dS and the mask written and read back; dO read twice) x the share the forward's
+  L2 rule (`l2_params.miss` at `L2Params.capacity`) says misses at one [B, H, N, N] tensor's footprint, x
+  `FamilyParams.naive_bwd_s_dram`.
+- attnscope (kernels/bwd.py `flash_attention_backward`): the preprocess reads O and dO and writes Delta,
+  the LSE2 copy is written; a dK/dV kernel per (batch, kv head, 128-key tile) streams Q, dO, LSE2, Delta of
+  every query tile of the GQA group; dQ either by fp32 atomics (portable, ``deterministic=False``: a zeroed
+  fp32 buffer, read-modify-writes per tile pair, a cast) or by a dQ kernel per query tile (the Hopper
+  two-kernel build; the portable one with ``deterministic=True``) that reads Q, dO, LSE2, Delta again and
+  K/V per query tile; the Hopper kernels read -LSE2 / scale and Delta from copies padded to 128 rows.
+- flash (PyTorch's FA-2 ``mha_bwd``): the same structure per *query* head (grid (key blocks, B, H)): a
+  zeroed fp32 dQ accumulator (rows rounded to 128), atomics, a convert kernel; with GQA, dK and dV written
+  per query head and summed over the group by torch.
+- cudnn (closed source): FA-2's re-read pattern assumed, its other bytes per row and its GQA bytes
+  constants.
+
+Re-reads (Q/dO by the key tiles, K/V by the query tiles) use the forward's rule, one definition:
+`l2_reuse.wave_rereads` (CTAs of a set consecutive in the grid, C at a time; what the L2 keeps at the
+forward's measured capacities), scaled by the kernel's probe constant. A term whose constant is None refuses
+(`NotMeasured`, naming it and its probe); a term whose counted bytes are 0 needs none. Pure Python; cost
+independent of N.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from attnscope.errors import choice, expect, positive_int
+from attnscope.model import dispatch
+from attnscope.model.family_estimate import FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
+from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
+from attnscope.model.l2_params import H200_L2_PARAMS, miss
+from attnscope.model.l2_reuse import wave_rereads
+from attnscope.model.tiles import Grid
+from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
+
+BACKWARD_IMPLS = ("naive", "flash", "cudnn", "attnscope")
+KERNEL_CHOICES = ("auto", "portable", "hopper")
+
+
+class BwdKernel(NamedTuple):
+    """The tiles of a backward build: dK/dV, ``kv`` keys per CTA against ``q``-row query tiles; dQ,
+    ``dq_rows`` query rows per CTA against ``dq_kv``-key tiles (0: no dQ kernel); ``ctas_per_sm``
+    co-resident CTAs (assumed 1: each build holds most of an SM's registers or shared memory)."""
+
+    q: int
+    kv: int
+    dq_rows: int
+    dq_kv: int
+    ctas_per_sm: int = 1
+
+
+#: Read from the sources: kernels/bwd.py DKDV_CONFIGS / DQ_CONFIGS (both head dims), kernels/bwd_hopper.py
+#: CONFIGS (dQ: NWG x BM rows), PyTorch's FA-2 flash_bwd_launch_template.h (hdim 64 and 128 on sm90:
+#: kBlockM 64, kBlockN 128); tests/test_backward_estimate.py checks the attnscope ones against the kernels.
+BWD_KERNELS = {"portable": BwdKernel(32, 128, 128, 64), "hopper": BwdKernel(64, 128, 128, 128),
+               "flash": BwdKernel(64, 128, 0, 0), "cudnn": BwdKernel(64, 128, 0, 0)}
+#: Head dims at which the Hopper kernels' ``deterministic=False`` runs the one-pass build (atomic dQ inside
+#: the dK/dV kernel; kernels/bwd.py HOPPER_ONEPASS_DIMS): not modelled. Elsewhere it runs the two kernels.
+HOPPER_ONEPASS_DIMS = (64,)
+#: Rows of the Hopper kernels' padded -LSE2 / scale and Delta copies (kernels/bwd_hopper.py ROW_PAD).
+ROW_PAD = 128
+#: FA-2 rounds the fp32 dQ accumulator's rows to 128 (flash_api.cpp mha_bwd ``seqlen_q_rounded``).
+FLASH_DQ_ROUND = 128
+DIRTY_DQ = ("dQ still dirty in the write-back L2 when the call ends (ncu counts a write only when its line "
+            "is written back): the forward's rule for O (model/l2.py `DIRTY_O`), dQ being written last")
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
+
+
+def backward_compulsory(impl: str, n: int, *, d: int = 128, dtype: str = "fp16", batch: int = 1,
+                        heads: int = 32, kv_heads: int | None = None) -> int:
+    """Q, K, V, dO read and dQ, dK, dV written once, and for the fused backwards O and the fp32 LSE read
+    once: the least the gradient call moves, whole call (naive's autograd reads its saved P instead)."""
+    choice("impl", impl, BACKWARD_IMPLS)
+    h, hkv = _heads(heads, kv_heads)
+    b, bsz = _dtype_bytes(dtype), positive_int("batch", batch)
+    comp = bsz * positive_int("n", n) * positive_int("d", d) * b * ((2 * h + 2 * hkv) + (h + 2 * hkv))
+    if impl != "naive":
+        comp += bsz * h * n * (d * b + STAT_BYTES)  # O and LSE
+    return comp
+
+
+def q_rows_per_key_pass(n: int, q: int, kv: int, causal: bool) -> int:
+    """Query rows the dK/dV kernel's key tiles of ``kv`` keys read over one head (``q``-row tiles): key tile
+    j reads every query tile holding a row that sees one of its keys (causal, square: rows >= its first
+    key). The forward's grid transposed: keys as the rows, the causal mask as the window (0, -1)."""
+    g = Grid(n, n, kv, q, causal=False, window=(0, -1)) if causal else Grid(n, n, kv, q)
+    return g.kv_rows_total()
+
+
+def _miss_share(footprint: float, l2: int) -> float:
+    """Share of re-reads after ``footprint`` bytes of other traffic that reach DRAM: the forward's rule
+    (`l2_params.miss` at the measured `L2Params.shared` capacity and ramp)."""
+    p = H200_L2_PARAMS
+    return miss(footprint / (p.shared * l2), p.shared_ramp)
+
+
+def _set_rereads(sets: int, per_set: int, c: int, set_bytes: float, other: float, causal: bool,
+                 walk_from_end: bool, l2: int, share: float = 1.0) -> float:
+    """Bytes re-read from DRAM beyond one read of each of ``sets`` sets, each read by ``per_set``
+    consecutive CTAs, C at a time: `l2_reuse.wave_rereads` (the forward's rule) with the forward's
+    parameters for lockstep, wide and other sets (model/l2.py `_fused`)."""
+    p = H200_L2_PARAMS
+    kv_params = p.for_shared() if causal else p.for_lockstep() if per_set <= c else p.for_wide()
+    amp = wave_rereads(sets, per_set, c, set_bytes, other * p.qo_weight(), causal, walk_from_end, "head",
+                       l2_bytes=l2, share=share, params=kv_params)
+    return (amp - 1.0) * sets * set_bytes
+
+
+def _scaled(terms: list, name: str, logical: float, params: FamilyParams, field: str, what: str,
+            text: str) -> None:
+    """Append ``(name, logical x params.field, text)`` when ``logical`` > 0 (the constant only then)."""
+    if logical > 0:
+        f = need(params, field, what)
+        terms.append((name, logical * f, f"{text} ({logical:,.0f} B counted, x {f})"))
+
+
+def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
+                      batch: int = 1, heads: int = 32, kv_heads: int | None = None,
+                      deterministic: bool = False, kernels: str = "auto", sms: int | None = None,
+                      l2_bytes: int | None = None, device: str = "h200",
+                      params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+    """Estimated DRAM bytes of one backward call (q, dO [B, H, N, d]; k, v [B, Hkv, N, d]), whole call.
+
+    Parameters
+    ----------
+    impl: "naive", "flash", "cudnn" (autograd through SDPA's backends) or "attnscope"
+        (`flash_attention_backward` given O and LSE).
+    n, causal, d, dtype, batch, heads, kv_heads: the call's shape (square, N queries and keys; naive MHA).
+    deterministic: attnscope's dQ in its own pass (True) or by fp32 atomics (False).
+    kernels: attnscope's build ("auto" as `flash_attention_backward` on an sm_90 GPU: the Hopper kernels
+        where `model.dispatch.hopper_backward_ok` says so); the Hopper one-pass build
+        (``deterministic=False`` at d = 64, `HOPPER_ONEPASS_DIMS`) is not modelled.
+    sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
+    params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
+
+    Returns
+    -------
+    FamilyEstimate (family "backward"): compulsory (`backward_compulsory`) and the terms, each >= 0 but the
+    dirty-dQ credit.
+    """
+    choice("impl", impl, BACKWARD_IMPLS)
+    choice("kernels", kernels, KERNEL_CHOICES)
+    expect(isinstance(causal, bool), "causal", "True or False", causal)
+    expect(isinstance(deterministic, bool), "deterministic", "True or False", deterministic)
+    h, hkv = _heads(heads, kv_heads)
+    b = _dtype_bytes(dtype)
+    n, d, bsz = positive_int("n", n), positive_int("d", d), positive_int("batch", batch)
+    comp = backward_compulsory(impl, n, d=d, dtype=dtype, batch=bsz, heads=h, kv_heads=hkv)
+    l2, c = _l2_bytes(l2_bytes, device), _sms(sms, device)
+    bh, bkv, g = bsz * h, bsz * hkv, h // hkv
+    row = 2 * d * b + 2 * STAT_BYTES  # a query row's Q, dO, LSE2 (LSE), Delta
+    qd = bh * n * d * b  # Q (= dO = O = dQ) bytes
+    what = f"backward {impl}"
+    terms: list = []
+    facts: dict = {"group": g}
+    if impl == "naive":
+        if hkv != h:
+            raise NotImplementedError(f"{what}: kv_heads {hkv} != heads {h}; supported: MHA (the naive "
+                                      "baseline repeats no kv head)")
+        from attnscope.model import backward
+
+        name = "naive-causal-eager-backward" if causal else "naive-backward"
+        t = backward.backward_traffic(n, d, dtype, batch=bsz, heads=h, rows=(name,))
+        logical = t[name].total * t.config.batch_heads
+        share = miss(bh * n * n * b / (H200_L2_PARAMS.capacity * l2), H200_L2_PARAMS.ramp)
+        facts |= {"ledger": f"model/backward.py {name}", "square_footprint_l2": bh * n * n * b / l2}
+        _scaled(terms, "intermediates", (logical - comp) * share, params, "naive_bwd_s_dram", what,
+                "the ledger's bytes beyond the compulsory (P, dP, dS written and read back, dO again), x the "
+                "share missing the L2 at one [B, H, N, N] tensor's footprint")
+        return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
+
+    build = impl
+    if impl == "attnscope":
+        hopper = kernels == "hopper" or (kernels == "auto" and dispatch.hopper_backward_ok(d, causal))
+        build = "hopper" if hopper else "portable"
+        if hopper and d not in dispatch.HOPPER_BACKWARD_DIMS:
+            raise NotImplementedError(f"{what}: the Hopper kernels are built for head dims "
+                                      f"{dispatch.HOPPER_BACKWARD_DIMS}, got {d}")
+        if hopper and not deterministic and d in HOPPER_ONEPASS_DIMS:
+            raise NotImplementedError(f"{what}: the Hopper one-pass build (deterministic=False at d = {d}) "
+                                      "is not modelled; supported: the Hopper two-kernel build "
+                                      "(deterministic=True, or d = 128) and the portable kernels in either "
+                                      "mode")
+        deterministic = deterministic or hopper  # the two-kernel build: dQ in its own kernel
+    ker = BWD_KERNELS[build]
+    conc = c * ker.ctas_per_sm
+    per_set = -(-n // ker.kv)  # key tiles: the CTAs of one set
+    facts |= {"kernels": build, "key_tiles": per_set}
+    # the preprocess: O and dO read (compulsory: dO is read again by the dK/dV kernel), Delta written
+    stats = bh * n * STAT_BYTES
+    if impl in ("attnscope", "flash"):
+        terms.append(("delta", stats, "the preprocess writes Delta = rowsum(dO O), fp32 per row"))
+    if impl == "attnscope":
+        terms.append(("lse2", stats, "LSE x log2(e) written, fp32 per row"))
+        if build == "hopper":
+            pad = -(-n // ROW_PAD) * ROW_PAD
+            terms.append(("padded_copies", bh * (6 * n + 2 * pad) * STAT_BYTES,
+                          f"-LSE2 / scale and Delta copied into rows padded to {ROW_PAD} (divide, two "
+                          "fills, two copies): 3 fp32 reads and 3 writes per row, 2 per padded row"))
+    if impl != "cudnn":
+        share = _miss_share(2 * qd + stats, l2)
+        if share > 0:
+            terms.append(("do_reread", qd * share, "dO read again after the preprocess's O and dO, x "
+                                                   f"{share:.2f} missing the L2 (the forward's rule)"))
+    # Q, dO, LSE2, Delta re-read by the key tiles: sets per (batch, kv head) (attnscope: its dK/dV CTA loops
+    # over the group) or per (batch, query head) (FA-2's grid)
+    sets, set_rows = (bkv, g * n) if impl == "attnscope" else (bh, n)
+    rows = q_rows_per_key_pass(n, ker.q, ker.kv, causal)
+    frac = rows / (per_set * n)  # mean share of the set a key tile reads
+    other = 4 * ker.kv * d * b  # a CTA's K, V tile in, dK, dV out
+    rereads = _set_rereads(sets, per_set, conc, set_rows * row, other, causal, True, l2, frac)
+    facts["q_set_l2"] = set_rows * row / l2
+    field = {"attnscope": f"{build}_bwd_reread_dram", "flash": "flash_bwd_reread_dram",
+             "cudnn": "cudnn_bwd_reread_dram"}[impl]
+    _scaled(terms, "q_rereads", rereads, params, field, what, "Q, dO, LSE2, Delta re-read by later key "
+            "tiles, missing the L2 (the forward's wave rule)")
+    if impl == "cudnn":
+        _scaled(terms, "other", bh * n, params, "cudnn_bwd_other_per_row", what,
+                "bytes per (row, query head) beyond the compulsory ones (workspace, statistics, dQ "
+                "accumulator)")
+        _scaled(terms, "gqa", (g - 1) * bkv * 4 * n * d * b, params, "cudnn_bwd_gqa_dram",
+                f"{what} with GQA", f"K, V read and dK, dV written for {g - 1} more query heads per kv head")
+        return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
+    atomic = impl == "flash" or not deterministic
+    if atomic:  # a zeroed fp32 dQ, read-modify-written per tile pair, cast to dQ
+        acc_rows = -(-n // FLASH_DQ_ROUND) * FLASH_DQ_ROUND if impl == "flash" else n
+        acc = bh * acc_rows * d * STAT_BYTES
+        cast = _miss_share(acc, l2)
+        terms.append(("dq_acc", acc * (1.0 + cast), "fp32 dQ accumulator zeroed (written back once) and "
+                                                    f"read by the cast, x {cast:.2f} missing the L2"))
+        rmw = _set_rereads(sets, per_set, conc, set_rows * d * STAT_BYTES, other, causal, True, l2, frac)
+        _scaled(terms, "dq_atomics", 2 * rmw, params, field, what, "fp32 dQ lines evicted between the key "
+                "tiles' atomic adds, read and written back (the wave rule on the accumulator; the re-reads' "
+                "constant: both follow the key tiles)")
+    else:  # the dQ kernel: Q, dO, LSE2, Delta once more, K/V per query tile of every head of the group
+        share = _miss_share(comp, l2)  # between the two kernels: the dK/dV kernel's whole stream
+        kv_set = 2 * n * d * b
+        if share > 0:
+            terms.append(("dq_pass", (bh * n * row + bkv * kv_set) * share, "the dQ kernel reads Q, dO, "
+                          f"LSE2, Delta and K, V once more after the dK/dV kernel, x {share:.2f} missing"))
+        gq = Grid(n, n, ker.dq_rows, ker.dq_kv, causal=causal)
+        per_q = gq.n_q_tiles * g  # the group's query heads adjacent in the (tiles, B x H) grid
+        kv_frac = gq.kv_rows_total() / (gq.n_q_tiles * n)
+        kv_re = _set_rereads(bkv, per_q, conc, kv_set, 2 * ker.dq_rows * d * b, causal, False, l2, kv_frac)
+        _scaled(terms, "kv_rereads", kv_re, params, field, what,
+                "K, V re-read by the dQ kernel's later query tiles, missing the L2")
+    if impl == "flash" and g > 1:  # dK, dV [B, N, Hq, d] per query head, summed over the group by torch
+        expanded = 2 * bh * n * d * b
+        terms.append(("gqa_expand", expanded - 2 * bkv * n * d * b + expanded * _miss_share(expanded, l2),
+                      f"dK, dV written per query head ({g} per kv head) and read back by the group sum"))
+        kv_gap = _miss_share(bsz * (n * row + 2 * n * d * b), l2)
+        if kv_gap > 0:
+            terms.append(("gqa_kv", (g - 1) * bkv * 2 * n * d * b * kv_gap,
+                          f"K, V read again by the group's {g - 1} other query heads, {bsz} set(s) apart"))
+    credit, kept, _ = _dirty_o(qd, comp - 2 * qd, qd, l2)  # dQ, written last, as the forward's O
+    terms.append((credit, kept, DIRTY_DQ))
+    return FamilyEstimate("backward", impl, comp, tuple(terms), facts)

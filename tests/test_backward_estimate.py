@@ -1,0 +1,178 @@
+"""model/backward_estimate.py: the backward family's DRAM estimate, its constants, its probe grid and its
+place in `attnscope bytes` (CPU; no GPU, ncu stood in for)."""
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from attnscope.cli import main
+from attnscope.errors import InputError
+from attnscope.measure import families, physical
+from attnscope.model import backward
+from attnscope.model import backward_estimate as be
+from attnscope.model.family_params import PROBES, FamilyParams, NotMeasured
+
+GRIDS = Path(__file__).resolve().parents[1] / "bench" / "grids"
+#: Test values for every constant (never shipped: the shipped table holds None until a probe measures it).
+SET = FamilyParams(**{f.name: 0.5 for f in fields(FamilyParams)} | {"cudnn_bwd_other_per_row": 300.0})
+BWD = ("naive_bwd_s_dram", "portable_bwd_reread_dram", "hopper_bwd_reread_dram", "flash_bwd_reread_dram",
+       "cudnn_bwd_reread_dram", "cudnn_bwd_other_per_row", "cudnn_bwd_gqa_dram")
+
+CASES = [("naive", dict(heads=8)), ("naive", dict(heads=8, causal=True, d=64)),
+         ("flash", dict(heads=8, kv_heads=2, causal=True)), ("flash", dict(heads=4, d=64)),
+         ("cudnn", dict(heads=16, kv_heads=4)), ("cudnn", dict(heads=8, causal=True, dtype="bf16")),
+         ("attnscope", dict(heads=32, kv_heads=2, causal=True, kernels="portable")),
+         ("attnscope", dict(heads=32, kv_heads=2, causal=True, deterministic=True)),
+         ("attnscope", dict(heads=16, d=64, deterministic=True, kernels="portable")),
+         ("attnscope", dict(heads=16, kv_heads=4, kernels="hopper"))]  # d 128: two kernels
+
+
+def test_light_core_imports_neither_torch_nor_triton():
+    code = ("import sys; import attnscope.model.backward_estimate; "
+            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.mark.parametrize("impl,kw", CASES)
+def test_estimate_is_compulsory_plus_nonnegative_terms_and_grows_with_n(impl, kw):
+    totals = []
+    for n in (512, 1000, 4096, 8192, 20000, 40000):
+        e = be.backward_estimate(impl, n, batch=2, params=SET, **kw)
+        assert e.family == "backward" and e.compulsory == be.backward_compulsory(
+            impl, n, d=kw.get("d", 128), dtype=kw.get("dtype", "fp16"), batch=2, heads=kw["heads"],
+            kv_heads=kw.get("kv_heads"))
+        for name, b, _ in e.terms:  # only the named credit may go below zero
+            assert b >= 0 or name == "dirty_o", (name, b)
+        assert e.total + sum(b for _, b in e.credits) >= e.compulsory  # below it only by the credit
+        totals.append(e.total)
+    assert all(a < b for a, b in zip(totals, totals[1:], strict=False)), totals
+
+
+def test_compulsory_is_the_sweeps_and_the_naive_term_is_its_ledger_past_the_l2():
+    (s,) = physical.parse_grid("g.csv", text="pass,impl,batch,heads,kv_heads,n,d,causal\n"
+                                             "backward,flash,3,8,2,1500,64,1\n")
+    # Q, dO, K, V read; dQ, dK, dV written; O and LSE read
+    comp = be.backward_compulsory("flash", 1500, d=64, batch=3, heads=8, kv_heads=2)
+    assert families.ledger(s)[1] == comp == \
+        3 * 1500 * 64 * 2 * (2 * 8 + 2 * 2 + 8 + 2 * 2) + 3 * 8 * 1500 * (64 * 2 + 4)
+    assert be.backward_compulsory("naive", 1500, d=64, heads=8) == 1500 * 64 * 2 * (4 * 8 + 3 * 8)
+    # far past the L2, every byte of the naive ledger beyond the compulsory ones counts, x the constant
+    n, h = 16384, 8
+    e = be.backward_estimate("naive", n, heads=h, causal=True, params=FamilyParams(naive_bwd_s_dram=1.0))
+    t = backward.backward_traffic(n, 128, "fp16", heads=h, rows=("naive-causal-eager-backward",))
+    assert e.total == pytest.approx(t["naive-causal-eager-backward"].total * h)
+    # resident intermediates (a tiny [N, N]): no term, no constant needed
+    assert be.backward_estimate("naive", 256, heads=2).total == be.backward_compulsory("naive", 256, heads=2)
+
+
+def test_query_rows_per_key_pass_is_the_brute_force_count():
+    for n, q, kv, causal in [(1000, 64, 128, True), (777, 32, 128, False), (4096, 64, 128, True),
+                             (130, 64, 128, True)]:
+        brute = 0
+        for j in range(-(-n // kv)):
+            for i in range(-(-n // q)):
+                r0, r1 = i * q, min(n, (i + 1) * q) - 1
+                if not causal or r1 >= j * kv:  # key tile j: a row that sees its first key
+                    brute += r1 - r0 + 1
+        assert be.q_rows_per_key_pass(n, q, kv, causal) == brute
+
+
+def test_exact_terms_of_a_resident_call():
+    # small sets: every re-read hits, no constant is needed, and the terms are the kernels' own buffers
+    n, h, d = 1024, 8, 64
+    e = be.backward_estimate("attnscope", n, heads=h, d=d, deterministic=True, kernels="hopper")
+    terms = {name: b for name, b, _ in e.terms}
+    stats = h * n * 4
+    assert terms["delta"] == terms["lse2"] == stats
+    assert terms["padded_copies"] == h * (6 * n + 2 * 1024) * 4  # rows padded to 128
+    assert set(terms) == {"delta", "lse2", "padded_copies", "dirty_o"}
+    p = be.backward_estimate("attnscope", n, heads=h, d=d, kernels="portable")
+    terms = {name: b for name, b, _ in p.terms}
+    assert terms["dq_acc"] == h * n * d * 4  # zeroed and written back; the cast's read hits the L2
+    f = be.backward_estimate("flash", 1000, heads=h, kv_heads=2, d=d)
+    terms = {name: b for name, b, _ in f.terms}
+    assert terms["dq_acc"] == h * 1024 * d * 4  # FA-2's accumulator rows rounded to 128
+    assert terms["gqa_expand"] == 2 * h * 1000 * d * 2 - 2 * 2 * 1000 * d * 2  # dK, dV per query head
+
+
+def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
+    with pytest.raises(NotMeasured, match="naive_bwd_s_dram is not measured yet.*n-big"):
+        be.backward_estimate("naive", 4096, heads=16)
+    with pytest.raises(NotMeasured, match="cudnn_bwd_other_per_row.*c-short"):
+        be.backward_estimate("cudnn", 1024, heads=8)
+    with pytest.raises(NotMeasured, match="portable_bwd_reread_dram.*p-group"):
+        be.backward_estimate("attnscope", 8192, heads=32, kv_heads=2, d=64, causal=True, kernels="portable")
+    with pytest.raises(NotMeasured, match="hopper_bwd_reread_dram.*h-group"):
+        be.backward_estimate("attnscope", 8192, heads=32, kv_heads=2, causal=True, deterministic=True)
+    with pytest.raises(NotMeasured, match="flash_bwd_reread_dram.*f-long"):
+        be.backward_estimate("flash", 32768, heads=2, causal=True)
+    assert set(BWD) <= set(PROBES) and all(getattr(FamilyParams(), f) is None for f in BWD)
+    # not modelled, or bad input: one line naming what
+    with pytest.raises(NotImplementedError, match="one-pass build.*supported: the Hopper two-kernel"):
+        be.backward_estimate("attnscope", 1024, heads=8, d=64, kernels="hopper")
+    with pytest.raises(NotImplementedError, match="built for head dims"):
+        be.backward_estimate("attnscope", 1024, heads=8, d=96, kernels="hopper", deterministic=True)
+    with pytest.raises(NotImplementedError, match="supported: MHA"):
+        be.backward_estimate("naive", 1024, heads=8, kv_heads=2)
+    with pytest.raises((ValueError, InputError), match="kv_heads"):
+        be.backward_estimate("flash", 1024, heads=8, kv_heads=3)
+    with pytest.raises((ValueError, InputError), match="kernels"):
+        be.backward_estimate("attnscope", 1024, heads=8, kernels="gluon")
+    with pytest.raises((ValueError, InputError), match="n"):
+        be.backward_estimate("flash", 0, heads=8)
+
+
+def test_the_kernel_geometry_is_the_kernels():
+    pytest.importorskip("triton")
+    from attnscope.kernels import bwd, bwd_hopper
+
+    for d in (64, 128):
+        (bm, bn, *_), (qm, qn, *_) = bwd.DKDV_CONFIGS[d], bwd.DQ_CONFIGS[d]
+        assert be.BWD_KERNELS["portable"][:4] == (bm, bn, qm, qn)
+        dk, dq = bwd_hopper.CONFIGS["dkdv"][d], bwd_hopper.CONFIGS["dq"][d]
+        assert be.BWD_KERNELS["hopper"][:4] == (dk.BM, dk.BN, dq.NWG * dq.BM, dq.BN)
+    assert be.HOPPER_ONEPASS_DIMS == bwd.HOPPER_ONEPASS_DIMS and be.ROW_PAD == bwd_hopper.ROW_PAD
+
+
+def test_cost_does_not_grow_with_n():
+    def timed(n):
+        t0 = time.perf_counter()
+        for impl, kw in CASES:
+            be.backward_estimate(impl, n, params=SET, **kw)
+        return time.perf_counter() - t0
+
+    timed(1000)
+    small, large = min(timed(1000) for _ in range(3)), min(timed(10**8) for _ in range(3))
+    assert large < 3 * small + 0.01, (small, large)
+
+
+def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grid():
+    probe = physical.parse_grid(GRIDS / "probe_backward.csv")
+    held = physical.parse_grid(GRIDS / "heldout_backward.csv")
+    assert 6 <= len(probe) <= 12 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
+    assert not {json.dumps(s, sort_keys=True) for s in probe} & {json.dumps(s, sort_keys=True) for s in held}
+    # every backward constant is informed by some probe row: its term moves that row's estimate
+    zero = FamilyParams(**dict.fromkeys(BWD, 0.0))
+    for f in BWD:
+        one = FamilyParams(**(dict.fromkeys(BWD, 0.0) | {f: 1.0}))
+        moved = [s for s in probe if be.backward_estimate(**families.backward_args(s), params=one).total >
+                 be.backward_estimate(**families.backward_args(s), params=zero).total]
+        assert moved, f
+
+
+def test_estimate_only_sweep_estimates_or_says_why(capsys):
+    assert main(["bytes", "--estimate-only", "--sweep", str(GRIDS / "probe_backward.csv"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 11
+    resident = [r for r in rows if r["estimate"] is not None]
+    assert {r["spec"]["impl"] for r in resident} == {"flash", "attnscope"}  # f-gqa, p-resident, h-resident
+    for r in resident:
+        assert r["estimate"] == pytest.approx(r["compulsory"] + sum(t["bytes"] for t in r["estimate_terms"]))
+    for r in rows:
+        if r["estimate"] is None:
+            assert r["note"].startswith("not measured: backward ") and "probe_backward.csv" in r["note"]
