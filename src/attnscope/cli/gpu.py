@@ -376,8 +376,9 @@ def _bytes_sweep(args) -> int:
 
 def _print_family_rows(c, rows, caption: str) -> None:
     """Backward, decode and varlen points (measure/families.py): ncu against the logical ledger, the
-    compulsory bytes and the DRAM estimate (model/family_estimate.py), whole call; where a point has no
-    estimate the column says why (a family without one, a constant not measured yet)."""
+    compulsory bytes and the DRAM estimate (model/backward_estimate.py, model/family_estimate.py), whole
+    call; where a point has no estimate the column says why (a constant not measured yet, a shape not
+    modelled)."""
     if not rows:
         return
 
@@ -509,7 +510,7 @@ def configure(sub) -> None:
                         "JSON / YAML list of such objects) and print the estimate's error distribution; a "
                         "pass column (forward, backward, decode, varlen) with deterministic, cache_lens, "
                         "page_size, kv_dtype, splits, lens measures the other families against their "
-                        "logical ledgers (no estimate yet)")
+                        "logical ledgers and DRAM estimates (model/backward_estimate.py, family_estimate.py)")
     p.add_argument("--from-json", metavar="FILE", default=None, type=path_arg,
                    help="no GPU: re-evaluate the current estimate against a sweep that --sweep --json wrote")
     p.add_argument("--calibrate", action="store_true",

@@ -106,14 +106,15 @@ def _miss_share(footprint: float, l2: int) -> float:
 
 
 def _set_rereads(sets: int, per_set: int, c: int, set_bytes: float, other: float, causal: bool,
-                 walk_from_end: bool, l2: int, share: float = 1.0) -> float:
+                 walk_from_end: bool, l2: int, share: float = 1.0, heads: int = 1) -> float:
     """Bytes re-read from DRAM beyond one read of each of ``sets`` sets, each read by ``per_set``
-    consecutive CTAs, C at a time: `l2_reuse.wave_rereads` (the forward's rule) with the forward's
-    parameters for lockstep, wide and other sets (model/l2.py `_fused`)."""
+    consecutive CTAs (of ``heads`` query heads in turn), C at a time: `l2_reuse.wave_rereads` (the
+    forward's rule) with the forward's parameters for lockstep, wide and other sets (model/l2.py
+    `_fused`)."""
     p = H200_L2_PARAMS
     kv_params = p.for_shared() if causal else p.for_lockstep() if per_set <= c else p.for_wide()
     amp = wave_rereads(sets, per_set, c, set_bytes, other * p.qo_weight(), causal, walk_from_end, "head",
-                       l2_bytes=l2, share=share, params=kv_params)
+                       l2_bytes=l2, share=share, heads_per_set=heads, params=kv_params)
     return (amp - 1.0) * sets * set_bytes
 
 
@@ -252,7 +253,8 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         gq = Grid(n, n, ker.dq_rows, ker.dq_kv, causal=causal)
         per_q = gq.n_q_tiles * g  # the group's query heads adjacent in the (tiles, B x H) grid
         kv_frac = gq.kv_rows_total() / (gq.n_q_tiles * n)
-        kv_re = _set_rereads(bkv, per_q, conc, kv_set, 2 * ker.dq_rows * d * b, causal, False, l2, kv_frac)
+        kv_re = _set_rereads(bkv, per_q, conc, kv_set, 3 * ker.dq_rows * d * b, causal, False, l2, kv_frac,
+                             g)  # other: a CTA's Q, dO tiles in, dQ out
         _scaled(terms, "kv_rereads", kv_re, params, field, what,
                 "K, V re-read by the dQ kernel's later query tiles, missing the L2")
     if impl == "flash" and g > 1:  # dK, dV [B, N, Hq, d] per query head, summed over the group by torch
