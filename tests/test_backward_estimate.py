@@ -117,6 +117,8 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
         be.backward_estimate("attnscope", 1024, heads=8, d=64, kernels="hopper")
     with pytest.raises(NotImplementedError, match="built for head dims"):
         be.backward_estimate("attnscope", 1024, heads=8, d=96, kernels="hopper", deterministic=True)
+    with pytest.raises(NotImplementedError, match=r"head dim 96 is not modelled; supported: \[64, 128\]"):
+        be.backward_estimate("flash", 1024, heads=8, d=96)
     with pytest.raises(NotImplementedError, match="supported: MHA"):
         be.backward_estimate("naive", 1024, heads=8, kv_heads=2)
     with pytest.raises((ValueError, InputError), match="kv_heads"):
@@ -133,9 +135,9 @@ def test_the_kernel_geometry_is_the_kernels():
 
     for d in (64, 128):
         (bm, bn, *_), (qm, qn, *_) = bwd.DKDV_CONFIGS[d], bwd.DQ_CONFIGS[d]
-        assert be.BWD_KERNELS["portable"][:4] == (bm, bn, qm, qn)
+        assert be.BWD_KERNELS["portable"][d][:4] == (bm, bn, qm, qn)
         dk, dq = bwd_hopper.CONFIGS["dkdv"][d], bwd_hopper.CONFIGS["dq"][d]
-        assert be.BWD_KERNELS["hopper"][:4] == (dk.BM, dk.BN, dq.NWG * dq.BM, dq.BN)
+        assert be.BWD_KERNELS["hopper"][d][:4] == (dk.BM, dk.BN, dq.NWG * dq.BM, dq.BN)
     assert be.HOPPER_ONEPASS_DIMS == bwd.HOPPER_ONEPASS_DIMS and be.ROW_PAD == bwd_hopper.ROW_PAD
 
 

@@ -57,11 +57,14 @@ class BwdKernel(NamedTuple):
     ctas_per_sm: int = 1
 
 
-#: Read from the sources: kernels/bwd.py DKDV_CONFIGS / DQ_CONFIGS (both head dims), kernels/bwd_hopper.py
-#: CONFIGS (dQ: NWG x BM rows), PyTorch's FA-2 flash_bwd_launch_template.h (hdim 64 and 128 on sm90:
-#: kBlockM 64, kBlockN 128); tests/test_backward_estimate.py checks the attnscope ones against the kernels.
-BWD_KERNELS = {"portable": BwdKernel(32, 128, 128, 64), "hopper": BwdKernel(64, 128, 128, 128),
-               "flash": BwdKernel(64, 128, 0, 0), "cudnn": BwdKernel(64, 128, 0, 0)}
+#: build -> {head dim: BwdKernel}, read from the sources: kernels/bwd.py DKDV_CONFIGS / DQ_CONFIGS,
+#: kernels/bwd_hopper.py CONFIGS (dQ: NWG x BM rows), PyTorch's FA-2 flash_bwd_launch_template.h
+#: (`run_mha_bwd_hdim64` / ``128`` with 144 KiB of shared memory, as the H200 has: kBlockM 128 / 64,
+#: kBlockN 128); cuDNN's taken as FA-2's. tests/test_backward_estimate.py checks attnscope's against the
+#: kernels.
+_FA2 = {64: BwdKernel(128, 128, 0, 0), 128: BwdKernel(64, 128, 0, 0)}
+BWD_KERNELS = {"portable": dict.fromkeys((64, 128), BwdKernel(32, 128, 128, 64)),
+               "hopper": dict.fromkeys((64, 128), BwdKernel(64, 128, 128, 128)), "flash": _FA2, "cudnn": _FA2}
 #: Head dims at which the Hopper kernels' ``deterministic=False`` runs the one-pass build (atomic dQ inside
 #: the dK/dV kernel; kernels/bwd.py HOPPER_ONEPASS_DIMS): not modelled. Elsewhere it runs the two kernels.
 HOPPER_ONEPASS_DIMS = (64,)
@@ -194,7 +197,10 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                                       "(deterministic=True, or d = 128) and the portable kernels in either "
                                       "mode")
         deterministic = deterministic or hopper  # the two-kernel build: dQ in its own kernel
-    ker = BWD_KERNELS[build]
+    if d not in BWD_KERNELS[build]:
+        raise NotImplementedError(f"{what}: head dim {d} is not modelled; supported: "
+                                  f"{sorted(BWD_KERNELS[build])}")
+    ker = BWD_KERNELS[build][d]
     conc = c * ker.ctas_per_sm
     per_set = -(-n // ker.kv)  # key tiles: the CTAs of one set
     facts |= {"kernels": build, "key_tiles": per_set}
