@@ -66,23 +66,19 @@ def sync(dev):
 
 
 def timed(fn, dev, reps: int, warmup: int = 1) -> float:
-    """Median ms of ``reps`` calls after ``warmup``: CUDA events on a GPU, wall clock on a CPU."""
+    """Median ms of ``reps`` calls after ``warmup``: CUDA events on a GPU (`measure.share.cuda_time_ms`),
+    wall clock on a CPU."""
+    if dev == "cuda":
+        from attnscope.measure.share import cuda_time_ms
+
+        return cuda_time_ms(fn, warmup, reps)
     for _ in range(warmup):
         fn()
-    sync(dev)
     out = []
     for _ in range(reps):
-        if dev == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        fn()
+        out.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(out)
 
 

@@ -252,6 +252,19 @@ def dequantised(x8, scale, head_axis):
     return x8.float() * scale.reshape(shape).float()
 
 
+def fp8_cache(k, v, per_head, page_size, gen):
+    """k, v [B, Hkv, L, d] as an e4m3 cache (`attnscope.quantize_kv`, per head or per tensor), in pages of
+    ``page_size`` keys (`to_paged`; 0: dense): (k cache, v cache, block table or None, k_scale, v_scale,
+    and the dequantised dense k, v in fp32, the reference's inputs)."""
+    k8, k_scale = attnscope.quantize_kv(k, per_head=per_head)
+    v8, v_scale = attnscope.quantize_kv(v, per_head=per_head)
+    kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)  # fp32 [B, Hkv, L, d]
+    if not page_size:
+        return k8, v8, None, k_scale, v_scale, kd, vd
+    kc, vc, table = to_paged(k8.float(), v8.float(), page_size, gen)
+    return kc.to(FP8), vc.to(FP8), table, k_scale, v_scale, kd, vd
+
+
 @pytest.mark.parametrize("paged, nq, per_head, dtype, num_splits, group", [
     (False, 1, True, torch.bfloat16, 1, 2), (False, 1, False, torch.float16, 3, 4),
     (True, 1, True, torch.float16, 2, 2), (True, 1, False, torch.bfloat16, 1, 1),
@@ -262,15 +275,8 @@ def test_fp8_cache_matches_float64_on_the_dequantised_cache(paged, nq, per_head,
     B, Hkv, L = 4, 2, 37
     q, k, v = inputs(B, group * Hkv, Hkv, nq, L, dtype=dtype, seed=nq + group)
     k = k * (torch.arange(1, Hkv + 1, dtype=dtype)[None, :, None, None] * 3)  # per-head ranges differ
-    k8, k_scale = attnscope.quantize_kv(k, per_head=per_head)
-    v8, v_scale = attnscope.quantize_kv(v, per_head=per_head)
-    kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)  # fp32 [B, Hkv, L, d]
+    kc, vc, table, k_scale, v_scale, kd, vd = fp8_cache(k, v, per_head, 16 if paged else 0, gen)
     lens = [L, nq, 0, 20]  # a nonzero length holds its nq queries
-    if paged:
-        kc, vc, table = to_paged(k8.float(), v8.float(), 16, gen)
-        kc, vc = kc.to(FP8), vc.to(FP8)
-    else:
-        kc, vc, table = k8, v8, None
     kc, vc, table, k_scale, v_scale, qd = dev(kc, vc, table, k_scale, v_scale, q)
     o, lse = flash_decode(qd, kc, vc, lens_t(lens), table, num_splits=num_splits, return_lse=True,
                           k_scale=k_scale, v_scale=v_scale)
@@ -339,15 +345,8 @@ def test_fp8_bf16qk_config_matches_float64(paged, nq, per_head):
     gen = torch.Generator().manual_seed(11)
     B, Hkv, L = 3, 2, 45
     q, k, v = inputs(B, 4, Hkv, nq, L, dtype=torch.bfloat16, seed=20 + nq)
-    k8, k_scale = attnscope.quantize_kv(k * 5, per_head=per_head)
-    v8, v_scale = attnscope.quantize_kv(v, per_head=per_head)
-    kd, vd = dequantised(k8, k_scale, 1), dequantised(v8, v_scale, 1)
+    kc, vc, table, k_scale, v_scale, kd, vd = fp8_cache(k * 5, v, per_head, 16 if paged else 0, gen)
     lens = [L, 0, 17]
-    if paged:
-        kc, vc, table = to_paged(k8.float(), v8.float(), 16, gen)
-        kc, vc = kc.to(FP8), vc.to(FP8)
-    else:
-        kc, vc, table = k8, v8, None
     kc, vc, table, k_scale, v_scale, qd = dev(kc, vc, table, k_scale, v_scale, q)
     plan = plan_mod._tuned_plan(qd, kc, vc, lens_t(lens), table, num_splits=2, return_lse=True,
                                 k_scale=k_scale, v_scale=v_scale, config=_bf16qk_config(16 if paged else 0))
@@ -594,20 +593,14 @@ def test_gpu_fp8_and_mods_at_full_size(paged, nq):
     B, Hq, Hkv, L, d = 3, 32, 8, 16384, 128
     q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq, q_mult=3.0)
     lens = [L, 1000, nq]
-    k8, ks = attnscope.quantize_kv(k)
-    v8, vs = attnscope.quantize_kv(v)
-    if paged:
-        kc, vc, table = to_paged(k8.float(), v8.float(), 64, gen)
-        kc, vc = kc.to(FP8), vc.to(FP8)
-    else:
-        kc, vc, table = k8, v8, None
+    kc, vc, table, ks, vs, kd, vd = fp8_cache(k, v, True, 64 if paged else 0, gen)
     sinks = torch.randn(Hq, generator=gen) * 2
     kc, vc, table, ksd, vsd, qd, sd = dev(kc, vc, table, ks, vs, q, sinks)
     for mods in ({}, {"window": (4000, 0), "softcap": 50.0, "sinks": sd}):
         o, lse = flash_decode(qd, kc, vc, lens_t(lens), table, return_lse=True, k_scale=ksd, v_scale=vsd,
                               **mods)
         ref_mods = {**mods, "sinks": sinks} if mods else {}
-        check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens, **ref_mods)
+        check(o, lse, q, kd, vd, lens, **ref_mods)
     decode.check_errors()
 
 
@@ -623,13 +616,7 @@ def test_gpu_each_fp8_tile_config_matches_float64(name, paged, nq, per_head):
     B, Hq, Hkv, L, d = 3, 32, 8, 5000, 128
     q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq, q_mult=2.0)
     lens = [L, 0, 1777]
-    k8, ks = attnscope.quantize_kv(k * 4, per_head=per_head)
-    v8, vs = attnscope.quantize_kv(v, per_head=per_head)
-    if paged:
-        kc, vc, table = to_paged(k8.float(), v8.float(), 64, gen)
-        kc, vc = kc.to(FP8), vc.to(FP8)
-    else:
-        kc, vc, table = k8, v8, None
+    kc, vc, table, ks, vs, kd, vd = fp8_cache(k * 4, v, per_head, 64 if paged else 0, gen)
     kc, vc, table, ksd, vsd, qd = dev(kc, vc, table, ks, vs, q)
     cfg = heuristics._fp8_config(name, 64 if paged else 0)
     for splits in (1, 6):
@@ -637,7 +624,7 @@ def test_gpu_each_fp8_tile_config_matches_float64(name, paged, nq, per_head):
                                     k_scale=ksd, v_scale=vsd, config=cfg)
         assert plan._consts.get("FP8_F16QK", False) is cfg["F16QK"]
         o, lse = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=ksd, v_scale=vsd)
-        check(o, lse, q, dequantised(k8, ks, 1), dequantised(v8, vs, 1), lens)
+        check(o, lse, q, kd, vd, lens)
     decode.check_errors()
 
 
