@@ -112,15 +112,15 @@ def _bhnd(t: Tensor) -> Tensor:
 
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
            return_attn_probs):
-    """The shared body of the three dense functions: q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d] (views)."""
+    """The shared body of the three dense functions: q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], the kernels'
+    layout as views of flash-attn's tensors."""
     mods = _mods(causal, window_size, softcap, dropout_p)
     if alibi_slopes is not None:
         _unsupported(alibi_slopes=(alibi_slopes, None))
     if deterministic is not False:
         mods.update(_deterministic(deterministic))
     expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
-    res = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
-                          return_attn_probs, **mods)
+    res = flash_attention(q, k, v, causal, softmax_scale, return_attn_probs, **mods)
     if not return_attn_probs:
         return _bhnd(res)
     o, lse = res
@@ -171,8 +171,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_rank(name, t, 4, "[B, Nq, Hq, d]" if name == "q" else "[B, Nk, Hkv, d]")
-    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+    return _dense(_bhnd(q), _bhnd(k), _bhnd(v), dropout_p, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
@@ -187,7 +187,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
     _check_rank("qkv", qkv, 5, "[B, N, 3, H, d]")
     if qkv.shape[2] != 3:
         raise InputError(f"qkv: expected shape [B, N, 3, H, d], got {tuple(qkv.shape)}")
-    q, k, v = qkv.unbind(2)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, d] views: two ops, not four
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs)
 
@@ -205,8 +205,8 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0,
     _check_rank("kv", kv, 5, "[B, Nk, 2, Hkv, d]")
     if kv.shape[2] != 2:
         raise InputError(f"kv: expected shape [B, Nk, 2, Hkv, d], got {tuple(kv.shape)}")
-    k, v = kv.unbind(2)
-    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, Hkv, Nk, d] views: two ops, not three
+    return _dense(_bhnd(q), k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs)
 
 
