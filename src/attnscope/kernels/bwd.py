@@ -38,7 +38,7 @@ them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
-the forward. Configs: a fixed table per head_dim (no autotune), to be tuned on the H200.
+the forward. Configs: a fixed table per head_dim (no autotune).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ from attnscope.kernels._tl import (  # noqa: E402
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head_dim: a first choice after the Triton
 # tutorial's FA-2 backward (few query rows against many resident keys for dK/dV, the mirror for dQ),
 # picked by compiling candidates for sm_90 and reading ptxas's register/spill report: dK/dV holds K, V,
-# dK and dV of its KV tile in registers, so 4 warps spill at every size tried and 8 warps with 32 query
-# rows against 128 keys spill least (none at d = 64). To be timed on the H200 with bench/backward.py
+# dK and dV of its KV tile in registers, so 4 warps spill and 8 warps with 32 query
+# rows against 128 keys spill least (none at d = 64); bench/backward.py times it
 # (--dkdv / --dq try others). No runtime autotuning.
 DKDV_CONFIGS = {64: (32, 128, 8, 2), 128: (32, 128, 8, 2)}
 DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)}
@@ -470,7 +470,7 @@ ATOMIC_DQ_BY_DEFAULT = False
 #: The head dims at which the Hopper kernels run ``deterministic=False`` (`attnscope.flash_attention`'s
 #: default) as their one-pass dK/dV kernel (dQ by fp32 atomics: 5 MMAs per tile pair, not 7); elsewhere
 #: the dK/dV then dQ kernels (bitwise reproducible). Measured on the H200 (BENCHMARKS.md, backward): at
-#: d = 64 the one-pass build is 1.03-1.07 x the two kernels; at d = 128 it is 0.78-0.90 x.
+#: d = 64 the one-pass build is 1.03-1.08 x the two kernels; at d = 128 it is 0.78-0.90 x.
 HOPPER_ONEPASS_DIMS = (64,)
 #: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
 HOPPER_ONEPASS_MODE = "onepass"

@@ -19,10 +19,11 @@ packed row goes into the base offset.
 The cu_seqlens are sanitised and the work lists built on the device by `varlen_plan.plan` (one launch
 for both lists; the forward's order: sequence-major, heaviest first): no host sync, no access outside
 the tensors.
-On sm_90, ``impl="auto"`` runs steps 2 and 3 as kernels/varlen_bwd_hopper.py's Gluon dK/dV and dQ kernels
-(work lists of their tile sizes; no atomics either way) where `pick_impl` says so: the rule of the dense
+With `HOPPER_VALIDATED` (False: they have not passed their GPU tests), on sm_90 ``impl="auto"`` would run
+steps 2 and 3 as kernels/varlen_bwd_hopper.py's Gluon dK/dV and dQ kernels (work lists of their tile
+sizes; no atomics either way) where `pick_impl` says so: the rule of the dense
 backward, `model.dispatch.hopper_backward_ok` (head dim 64 / 128, no window, no softcap), fp16 / bf16.
-Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch (issue 35).
+Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch.
 Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
 pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
 """

@@ -14,10 +14,10 @@ The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_ho
 kernels instead of the portable ones: wherever they are built (head dim) and without a window or softcap
 (sinks need no kernel support); on the H200 they ran 1.39-1.77 x the portable backward at every point of
 bench/backward.py's grid (bench/results/h200-2026-12-02-backward-hopper-first.json). The Hopper kernels also
-carry a window and softcap (``impl="hopper"``), but those builds have not yet run on a GPU: until their GPU
-tests have passed, ``impl="auto"`` sends window and softcap backwards to the portable kernels, which have.
-The packed backward (kernels/varlen_bwd.py `pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py
-(which builds no window or softcap at all).
+carry a window and softcap (``impl="hopper"``; their GPU tests pass), but their speed against the portable
+kernels has not been measured, so ``impl="auto"`` sends window and softcap backwards to the portable kernels.
+The packed backward (kernels/varlen_bwd.py `pick_impl`) would follow the same rule for
+kernels/varlen_bwd_hopper.py, which is not enabled (`varlen_bwd.HOPPER_VALIDATED`).
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and

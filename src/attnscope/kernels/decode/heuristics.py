@@ -32,16 +32,16 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     Without splitting, decode launches ``batch * kv_heads`` programs. Split until about ``waves * sms``
     programs run (one program per SM already streams at the bandwidth ceiling; each extra split costs a
     partial write and a longer merge), never below ``min_keys`` keys per split, never above ``cap``
-    (measured: bench/decode_splits.py, BENCHMARKS.md):
+    (measured with probes now at 5eeec86, `git show 5eeec86:bench/decode_splits.py`):
 
         num_splits = clamp(floor(waves * sms / (batch * kv_heads)), 1, min(cap, seqlen // min_keys))
 
     With ``waves * sms`` items or more that formula gives 1 split, unless the keys are long (at least
     `TAIL_MIN_KEYS`) and the last wave of programs would keep fewer than `TAIL_FILL` of the SMs busy: then
     the fewest splits (2 .. `TAIL_MAX_SPLITS`) that fill it that far, else the fullest (`_tail_splits`).
-    Measured (bench/decode_coresident.py --tail): B = 34, Hkv = 32, L = 32k runs 1,088 programs, 32 SMs busy
-    in the last wave, at 0.953 x CUDNN; 3 splits fill it and reach 1.004 x. (Plans for Nq > 1, whose 128-row
-    chunk tiles were not measured this way, keep 1 split there.)
+    Measured (5eeec86's bench/decode_coresident.py --tail): B = 34, Hkv = 32, L = 32k runs 1,088 programs,
+    32 SMs busy in the last wave, at 0.953 x CUDNN; 3 splits fill it and reach 1.004 x. (Plans for Nq > 1,
+    128-row chunk tiles, keep 1 split there: the rule is measured for decode tiles only.)
 
     Parameters
     ----------
@@ -71,7 +71,7 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
 def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP,
             tail=True) -> int:
     """`default_num_splits`'s formula on checked values (the plan's call path; ``tail=False``: without the
-    tail rule, for chunk tiles, where it was not measured)."""
+    tail rule, for chunk tiles: the rule is measured for decode tiles only)."""
     items = batch * kv_heads
     if items >= waves * sms:
         return _tail_splits(items, seqlen, sms) if tail else 1
@@ -113,7 +113,7 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
                   sms: int = 132) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
     ``page_size`` keys (0: dense), e4m3 K/V or not: one measured config per tile kind
-    (bench/decode_configs.py), no autotuner; e4m3 decode tiles: `FP8_CONFIGS` [`_fp8_config_name`
+    (`bench/tune.py decode`), no autotuner; e4m3 decode tiles: `FP8_CONFIGS` [`_fp8_config_name`
     (``programs``, ``sms``)] (`_fp8_config`), ``programs`` the launch's B x Hkv x row tiles x splits.
     Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
     """
@@ -196,7 +196,8 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 
 def _fuse_by_default(rows: int, num_splits: int, head_dim: int) -> bool:
     """Merge in the last program (one launch) while its ``rows x S x d`` fp32 partials stay within
-    `FUSE_MAX_BYTES` (beyond, the separate kernel's B x Hq x Nq programs win; bench/decode_variants.py)."""
+    `FUSE_MAX_BYTES` (beyond, the separate kernel's B x Hq x Nq programs win; 5eeec86's
+    bench/decode_variants.py)."""
     return triton.next_power_of_2(rows) * num_splits * head_dim * 4 <= FUSE_MAX_BYTES
 
 
