@@ -1,6 +1,6 @@
 """Decode benchmark: attnscope's split-KV decode as users call it, against SDPA FLASH and CUDNN, in one run.
 
-    PYTHONPATH=src python bench/decode.py [--quick] [--markdown] [--json out.json] [--rep 50]
+    PYTHONPATH=src python bench/decode.py [--quick] [--markdown] [--json out.json] [--rep 50] [--host]
 
 bf16, d = 128, one query token per sequence, every sequence full (``cache_seqlens = L``). The grid: (B, Hq,
 Hkv) in {(1,32,32), (1,32,8), (16,32,8), (64,32,8), (64,32,32)} x L in {4k, 32k, 128k} (points whose K + V
@@ -20,12 +20,15 @@ nothing. It prints "all results match, starting benchmarks" or exits 1. Pass 2 t
 
 TB/s = the logical bytes (`model.serving.paged`, the ledger of ``attnscope traffic --cache-lens``) over
 the time. Host time per call: 1,000 back-to-back calls at B = 1, Hq = 32, Hkv = 8, L = 512 (the GPU idles),
-wall time of the issuing loop, for the one-liner, ``plan.run`` and SDPA. The summary checks issue 37's
-musts. About 3 min full, 40 s ``--quick`` on one H200 (estimated).
+wall time of the issuing loop, for the one-liner, ``plan.run`` and SDPA, and for the one-liner and SDPA
+FLASH on a cache one key longer each call (transformers' DynamicCache: a new shape and strides each step,
+`growing_views`). ``--host``: only that section, after `check_growing` (PASS/FAIL). The summary checks
+issue 37's musts. About 3 min full, 40 s ``--quick`` on one H200 (estimated).
 """
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -235,15 +238,73 @@ def time_point(pt, row, rep):
         print(f"  {name:42s} {x:6.3f}x", flush=True)
 
 
+def growing_views(pt, n):
+    """K, V of ``pt``'s batch and heads as transformers' DynamicCache hands them over on ``n`` decode steps:
+    lengths L .. L + n - 1, each contiguous [B, Hkv, L, d] (``torch.cat``'s result: a new shape and new
+    strides each step), here views of one buffer, so no copy is timed."""
+    B, Hkv, L, d = pt.k.shape
+    buf = torch.randn(2, B * Hkv * (L + n) * d, device=pt.k.device, dtype=pt.k.dtype)
+    return [tuple(buf[i].as_strided((B, Hkv, m, d), (Hkv * m * d, m * d, d, 1)) for i in (0, 1))
+            for m in range(L, L + n)]
+
+
+def growing_calls(pt, views):
+    """The one-liner as transformers' eager decode step calls it (``flash_decode(q, k, v, scale=...)``, no
+    lengths) on `growing_views`, one step per call (then from the first again), and SDPA FLASH on them."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    step = itertools.cycle(range(len(views)))
+    scale = pt.q.shape[-1] ** -0.5
+
+    def grown():
+        return attnscope.flash_decode(pt.q, *views[next(step)], scale=scale)
+
+    def grown_flash():
+        k, v = views[next(step)]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa(pt.q, k, v, scale=scale, enable_gqa=True)
+    return {"one-liner, growing cache": grown, "FLASH, growing cache": grown_flash}
+
+
+def check_growing(pt, n=48):
+    """PASS/FAIL: on a cache growing by one key per call (`growing_views`: lengths across multiples of 16,
+    which Triton compiles apart) the one-liner gives a fresh plan's bits at every length and float64's
+    values within the bound at the last, and builds one plan per split count at most. Returns the failures."""
+    decode.clear_plan_cache()
+    views = growing_views(pt, n)
+    grown = growing_calls(pt, views)["one-liner, growing cache"]
+    scale = pt.q.shape[-1] ** -0.5
+    bad, splits = 0, set()
+    for k, v in views:
+        o = grown()
+        fresh = decode.DecodePlan(pt.q, k, v, scale=scale)
+        splits.add(fresh.num_splits)
+        ref = fresh.run(pt.q, k, v)
+        if not torch.equal(o, ref):
+            bad += 1
+            print(f"FAIL growing cache, L = {k.shape[2]}: differs from a fresh plan by "
+                  f"{(o.float() - ref.float()).abs().max().item():.3g}", flush=True)
+    err, bound = reference_error(o, pt.q, k, v)
+    info = decode.plan_cache_info()
+    ok = err <= bound and info.misses <= len(splits) and bad == 0
+    print(f"{'PASS' if ok else 'FAIL'} growing cache, L = {views[0][0].shape[2]} .. {k.shape[2]}: equal to a "
+          f"fresh plan at {n - bad} of {n} lengths; max error {err:.3g} (bound {bound:.3g}); plans built "
+          f"{info.misses} (split counts {sorted(splits)}), reused {info.hits} times", flush=True)
+    decode.check_errors()
+    return 0 if ok else 1
+
+
 def host_times():
     """µs of host time per call: 1,000 back-to-back calls at a shape where the GPU idles."""
     pt = Point(*HOST_SHAPE)
     calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run")},
-             **sdpa_calls(pt.q, pt.k, pt.v)}
+             **sdpa_calls(pt.q, pt.k, pt.v), **growing_calls(pt, growing_views(pt, HOST_CALLS + 20))}
     from attnscope.measure.bench import host_us_per_call
 
     out = host_us_per_call(torch, calls, HOST_CALLS)
     out["one-liner / CUDNN (must <= 1.25)"] = out["one-liner"] / out["CUDNN"]
+    out["growing / fixed one-liner"] = out["one-liner, growing cache"] / out["one-liner"]
     print("host time per call: " + ", ".join(f"{n} {v:.1f}" for n, v in out.items()), flush=True)
     return out
 
@@ -281,11 +342,21 @@ def main():
                    help="only the FP8 decode-tile candidates (heuristics.FP8_CONFIGS): B 1/8/32, Hq/Hkv "
                         "32/8, L 4k/32k/128k, dense and paged; PASS/FAIL vs float64, then graph and eager "
                         "beside attnscope bf16 and SDPA CUDNN (default --rep 20)")
+    p.add_argument("--host", action="store_true",
+                   help=f"only the host-time section (B, Hq, Hkv, L = {HOST_SHAPE}), after the growing-cache "
+                        "check (PASS/FAIL: a cache one key longer each call, as transformers' DynamicCache)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.time()
+    if args.host:
+        fails = check_growing(Point(*HOST_SHAPE))
+        host = host_times()
+        if args.json:
+            write_rows(args.json, [], host_us=host, seconds=time.time() - t0)
+        print(f"done in {time.time() - t0:.0f} s", flush=True)
+        return 1 if fails else 0
     if args.fp8_sweep:
         fails = fp8_sweep(args.rep or 20, args.json)
         print(f"FP8 sweep: {'all PASS' if not fails else f'{fails} FAIL'}; done in {time.time() - t0:.0f} s",

@@ -21,6 +21,9 @@ Timed (CUDA events, median; wall clock on a CPU):
 - generate: greedy ``generate`` of the new tokens after the first prompt, eager (dynamic cache) and with
   ``cache_implementation="static"``, which transformers compiles (``torch.compile`` of the forward,
   mode reduce-overhead) on CUDA; a warm-up generation (compiles, records graphs) precedes the timed one;
+- attention host time: in one more eager ``generate``, µs of host time per attention-function call
+  (prefill and decode calls apart; the calls do not synchronise) for each implementation, and the
+  decode plans attnscope built and reused over the growing dynamic cache;
 - interface: ``flash_attn_func``, ``flash_attn_kvpacked_func``, ``flash_attn_qkvpacked_func``,
   ``flash_attn_varlen_func`` at one prefill shape and ``flash_attn_with_kvcache`` at one decode shape,
   each beside the native call it wraps (the same strided views of flash-attn's layout the interface
@@ -195,6 +198,46 @@ def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows):
                     tokens_per_s={k: new / (v / 1e3) for k, v in res.items()}))
 
 
+def attention_host(models, ids, new, dev):
+    """Host µs per attention call in an eager ``generate`` (the dynamic cache: K/V one key longer each
+    decode step), each implementation's attention function wrapped in a wall-clock timer (the calls do not
+    synchronise, so this is the host time they add to the issuing loop), split into prefill and decode
+    calls; and the decode plans attnscope built and reused (`decode.plan_cache_info`)."""
+    from transformers import AttentionInterface
+
+    from attnscope.kernels import decode
+
+    out = {}
+    for name, m in (("sdpa", models[0]), ("attnscope", models[1])):
+        key = m.config._attn_implementation
+        inner = AttentionInterface._global_mapping[key]
+        acc = {"prefill": [0.0, 0], "decode": [0.0, 0]}
+
+        def timed_attention(module, query, *args, **kwargs):
+            t0 = time.perf_counter()
+            res = inner(module, query, *args, **kwargs)
+            a = acc["decode" if query.shape[2] == 1 else "prefill"]
+            a[0] += time.perf_counter() - t0
+            a[1] += 1
+            return res
+        AttentionInterface.register(key, timed_attention)
+        before = decode.plan_cache_info()
+        try:
+            generate(m, ids, new, False, dev)
+        finally:
+            AttentionInterface.register(key, inner)
+        after = decode.plan_cache_info()
+        out[name] = {k: 1e6 * t / max(n, 1) for k, (t, n) in acc.items()}
+        out[name]["decode calls"] = acc["decode"][1]
+        if name == "attnscope":
+            out[name]["decode plans built"] = after.misses - before.misses
+            out[name]["decode plans reused"] = after.hits - before.hits
+        print(f"attention host time in eager generate, {name}: " + ", ".join(
+            f"{k} {v:.1f} us/call" if isinstance(v, float) else f"{k} {v}" for k, v in out[name].items()),
+            flush=True)
+    return out
+
+
 def row(label, t_sdpa, t_ours, target, **extra):
     r = {"what": label, "sdpa_ms": t_sdpa, "attnscope_ms": t_ours, "ratio": t_sdpa / t_ours, "target": target,
          **extra}
@@ -359,6 +402,7 @@ def main(argv=None) -> int:
     modes = ["eager"] + ([] if args.no_compile else ["static"])
     bench_generate([sdpa, ours, None], prompts[0], setup["new"], bounds[prompts[0].shape[1]], dev, modes,
                    failed, rows)
+    host = attention_host([sdpa, ours], prompts[0], setup["new"], dev)
     del sdpa, ours, models
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -373,7 +417,8 @@ def main(argv=None) -> int:
         print(markdown(rows, iface, env))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**env, "failed": failed, "rows": rows, "interface": iface}, f, indent=1,
+            json.dump({**env, "failed": failed, "rows": rows, "interface": iface, "attention_host_us": host},
+                      f, indent=1,
                       default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else str(x))
     print(f"{'FAIL' if failed else 'PASS'}: {len(failed)} failed check(s) {failed}; "
           f"{env['seconds']:.0f} s in all", flush=True)

@@ -408,6 +408,29 @@ def test_bad_layout_and_values():
         fai.flash_attn_qkvpacked_func(torch.stack([q, k], 2))
 
 
+@pytest.mark.parametrize("fn, kw, match", [
+    ("func", {"window_size": (-1.0, -1)}, "window_size: expected a pair"),
+    ("func", {"softcap": False}, "softcap: expected a finite number"),
+    ("func", {"causal": 1}, "causal: expected True or False"),
+    ("func", {"dropout_p": False}, "dropout_p: expected a number"),
+    ("func", {"return_attn_probs": 0}, "return_attn_probs: expected True or False"),
+    ("kvcache", {"num_splits": False}, "num_splits: expected an int >= 0"),
+    ("kvcache", {"return_softmax_lse": 0}, "return_softmax_lse: expected True or False"),
+    ("kvcache", {"rotary_interleaved": 1}, "rotary_interleaved: expected True or False"),
+    ("kvcache", {"window_size": (-1.0, -1)}, "window_size: expected a pair"),
+    ("kvcache", {"causal": None}, "causal: expected True or False"),
+])
+def test_values_that_equal_the_defaults_but_are_not_them_are_refused(fn, kw, match):
+    """The default options skip the option checks by their types and values: a look-alike (-1.0, False
+    for 0, 1 for True) still gets its one-line error."""
+    q, k, v = _small(torch.Generator().manual_seed(0))
+    with pytest.raises(InputError, match=match):
+        if fn == "func":
+            fai.flash_attn_func(q, k, v, **kw)
+        else:
+            fai.flash_attn_with_kvcache(q[:, :1], k, v, **kw)
+
+
 # --- packaging -------------------------------------------------------------------------------------
 def test_help_lists_the_public_api():
     """help(attnscope) shows the lazily imported kernels (via __dir__), and the docstring names each entry."""

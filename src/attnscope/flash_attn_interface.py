@@ -64,6 +64,8 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     window_size (left, right): key j visible to query i (bottom-right aligned position i') iff
     ``i' - left <= j <= i' + right``, -1 unbounded; ``causal`` forces right = 0. (-1, -1), or causal with
     left = -1, is no window. softcap 0 is off."""
+    if _defaults(causal, window_size, softcap, dropout_p):  # the common call: nothing to pass
+        return {}
     expect(isinstance(causal, bool), "causal", "True or False", causal)
     expect(finite_real(dropout_p) and 0.0 <= dropout_p <= 1.0, "dropout_p", "a number in [0, 1]", dropout_p)
     _unsupported(dropout_p=(float(dropout_p), 0.0))
@@ -78,6 +80,15 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     if softcap != 0:
         mods["softcap"] = float(softcap)
     return mods
+
+
+def _defaults(causal, window_size, softcap, dropout_p) -> bool:
+    """Whether the score options are exactly their off values (a bool ``causal``, the int pair (-1, -1),
+    softcap and dropout_p 0), which need no further check: a few type tests in place of `_mods`' checks."""
+    return (type(causal) is bool and type(window_size) is tuple and window_size == (-1, -1)
+            and type(window_size[0]) is int and type(window_size[1]) is int
+            and type(softcap) in (int, float) and softcap == 0 and type(dropout_p) in (int, float)
+            and dropout_p == 0)
 
 
 def _deterministic(deterministic) -> dict:
@@ -101,12 +112,15 @@ def _bhnd(t: Tensor) -> Tensor:
 
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
            return_attn_probs):
-    """The shared body of the three dense functions: q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d] (views)."""
+    """The shared body of the three dense functions: q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], the kernels'
+    layout as views of flash-attn's tensors."""
     mods = _mods(causal, window_size, softcap, dropout_p)
-    _unsupported(alibi_slopes=(alibi_slopes, None))
-    mods.update(_deterministic(deterministic))
+    if alibi_slopes is not None:
+        _unsupported(alibi_slopes=(alibi_slopes, None))
+    if deterministic is not False:
+        mods.update(_deterministic(deterministic))
     expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
-    res = flash_attention(_bhnd(q), _bhnd(k), _bhnd(v), causal, softmax_scale, return_attn_probs, **mods)
+    res = flash_attention(q, k, v, causal, softmax_scale, return_attn_probs, **mods)
     if not return_attn_probs:
         return _bhnd(res)
     o, lse = res
@@ -157,8 +171,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_rank(name, t, 4, "[B, Nq, Hq, d]" if name == "q" else "[B, Nk, Hkv, d]")
-    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+    return _dense(_bhnd(q), _bhnd(k), _bhnd(v), dropout_p, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
@@ -173,7 +187,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
     _check_rank("qkv", qkv, 5, "[B, N, 3, H, d]")
     if qkv.shape[2] != 3:
         raise InputError(f"qkv: expected shape [B, N, 3, H, d], got {tuple(qkv.shape)}")
-    q, k, v = qkv.unbind(2)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, d] views: two ops, not four
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs)
 
@@ -191,8 +205,8 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0,
     _check_rank("kv", kv, 5, "[B, Nk, 2, Hkv, d]")
     if kv.shape[2] != 2:
         raise InputError(f"kv: expected shape [B, Nk, 2, Hkv, d], got {tuple(kv.shape)}")
-    k, v = kv.unbind(2)
-    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, Hkv, Nk, d] views: two ops, not three
+    return _dense(_bhnd(q), k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs)
 
 
@@ -360,21 +374,28 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     layout = "[num_pages, page_size, Hkv, d]" if block_table is not None else "[B, L, Hkv, d]"
     _check_rank("k_cache", k_cache, 4, layout)
     _check_rank("v_cache", v_cache, 4, layout)
-    _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
-                 cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
-                 alibi_slopes=(alibi_slopes, None))
-    expect(isinstance(rotary_interleaved, bool), "rotary_interleaved", "True or False", rotary_interleaved)
-    expect(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 0, "num_splits",
-           "an int >= 0 (0: the kernel's heuristic)", num_splits)
-    expect(isinstance(return_softmax_lse, bool), "return_softmax_lse", "True or False", return_softmax_lse)
+    if not (rotary_cos is None and rotary_sin is None and cache_batch_idx is None and cache_leftpad is None
+            and alibi_slopes is None):
+        _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
+                     cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
+                     alibi_slopes=(alibi_slopes, None))
+    if not (type(rotary_interleaved) is bool and type(num_splits) is int and num_splits >= 0
+            and type(return_softmax_lse) is bool):
+        expect(isinstance(rotary_interleaved, bool), "rotary_interleaved", "True or False",
+               rotary_interleaved)
+        expect(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 0,
+               "num_splits", "an int >= 0 (0: the kernel's heuristic)", num_splits)
+        expect(isinstance(return_softmax_lse, bool), "return_softmax_lse", "True or False",
+               return_softmax_lse)
     mods = _mods(causal, window_size, softcap)
     if q.shape[1] > 1 and not causal:
         raise NotImplementedError(f"causal: with Nq > 1 new queries only causal=True is supported (the "
                                   f"chunked kernel is causal among the new queries), got causal=False and "
                                   f"Nq = {q.shape[1]}")
-    left = mods.pop("window", (-1, 0))[0]
-    if left != -1:  # the queries are their sequence's last positions: no key lies to their right
-        mods["window"] = (left, 0)
+    if mods:
+        left = mods.pop("window", (-1, 0))[0]
+        if left != -1:  # the queries are their sequence's last positions: no key lies to their right
+            mods["window"] = (left, 0)
     if (k is None) != (v is None):
         raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
@@ -386,12 +407,12 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                                  f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
         _append(k_cache, v_cache, k, v, seqlens, block_table)
         seqlens = seqlens + k.shape[1]
-    if block_table is None:
-        k_cache, v_cache = _bhnd(k_cache), _bhnd(v_cache)  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
-    res = flash_decode(_bhnd(q), k_cache, v_cache, seqlens, block_table=block_table,
+    if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views (as `_bhnd`, inline on this path)
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    res = flash_decode(q.transpose(1, 2), k_cache, v_cache, seqlens, block_table=block_table,
                        num_splits=num_splits or None, scale=softmax_scale, return_lse=return_softmax_lse,
                        **mods)
     if not return_softmax_lse:
-        return _bhnd(res)
+        return res.transpose(1, 2)
     o, lse = res
     return _bhnd(o), lse

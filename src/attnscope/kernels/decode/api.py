@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import NamedTuple
 
 from attnscope.kernels._common import check_flags, import_torch_triton
 from attnscope.kernels.decode.checks import (
@@ -13,7 +14,7 @@ from attnscope.kernels.decode.checks import (
     _check_scale_values,
     _check_seqlen_values,
 )
-from attnscope.kernels.decode.heuristics import _raw_scores, _split_min_keys, _tiling
+from attnscope.kernels.decode.heuristics import _raw_scores, _sms, _split_min_keys, _splits, _tiling
 from attnscope.kernels.decode.plan import NAMES, DecodePlan
 
 torch, _ = import_torch_triton()
@@ -28,9 +29,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the `PLAN_CACHE_LAYOUTS`
     most recent layouts (tensor shapes, strides, dtypes, devices, the options, whether V's address is a
     multiple of 4 bytes, the CUDA stream), per layout for the `PLAN_CACHE_SPLITS` most recent split counts
-    (`plan_cache_info`, `clear_plan_cache`). A known layout skips the layout checks and the plan build. Inside
-    CUDA-graph capture it builds a private plan (the graph keeps its scratch). No call reads a device value
-    back unless ``check_seqlens``: the values are checked on the device and `check_errors` reports them.
+    (`plan_cache_info`, `clear_plan_cache`). A known layout skips the layout checks and the plan build. A
+    dense cache with one query per sequence is keyed without its length L and the strides that follow it, so
+    a cache that grows call to call (transformers' DynamicCache appends by ``torch.cat``) reuses its plans:
+    L and those strides are launch arguments, and the split count follows L by `default_num_splits`' rule
+    (a new plan only for a split count not yet held). Inside CUDA-graph capture it builds a private plan
+    (the graph keeps its scratch). No call reads a device value back unless ``check_seqlens``: the values
+    are checked on the device and `check_errors` reports them.
 
     Parameters
     ----------
@@ -102,6 +107,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
     layouts = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device)
                      if isinstance(t, Tensor) else False for t in tensors])
+    grown = None  # a dense cache of one query per sequence: K's and V's length and strides (`_grown_key`)
     if False not in layouts and None not in layouts[:3]:
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
@@ -110,7 +116,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
             # all a plan fixes but the split count: the layouts, the options, whether V can be read as
             # words (an e4m3 V's address, `plan._words_aligned`); the stream, as a plan's partials serve
-            # one launch at a time
+            # one launch at a time. A cache whose length changes call to call (grown by torch.cat) keeps
+            # its plans: its key leaves the length out
+            layouts, grown = _grown_key(layouts)
             key = (layouts, options, v_cache.data_ptr() % 4 == 0,
                    torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
             plan = None
@@ -118,17 +126,19 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                 if check_seqlens:
                     hash(key)
                 else:  # the common call: a known layout, no value read
-                    plan = _PLAN_CACHE.fast(key)
+                    plan = _PLAN_CACHE.fast(key, grown[6] if grown else None)
             except TypeError:  # an unhashable option (a list window): the checks name it
                 key = None
             if plan is not None:
-                return plan._launch(tensors)
+                return plan._launch(tensors, grown=grown)
     options = dict(zip(("num_splits", "scale", "return_lse", "window", "softcap"), options, strict=True))
     # a layout seen before passed these checks with these options: its facts are kept with its plans
     facts = _PLAN_CACHE.facts(key) if key is not None else None
     if facts is None:
         facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale,
                               v_scale, window, softcap, sinks)
+    elif grown is not None:  # the layout's facts, at this call's length
+        facts = facts._replace(L_max=grown[6])
     longest = None
     if check_seqlens:
         num_pages = k_cache.shape[0] if block_table is not None else 0
@@ -142,27 +152,79 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     if key is None:
         plan = DecodePlan(*tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
                           **options)
-    else:
-        # the split count the heuristic picks for these lengths completes the key
-        if facts.mods.windowed:
-            longest = min(facts.L_max if longest is None else longest, facts.mods.left + facts.Nq)
-        splits = _tiling(q.device, facts.B, facts.Hq, facts.Nq, facts.Hkv, facts.L_max, longest, num_splits,
-                         None, _raw_scores(scale, facts.d, facts.mods.softcap), _split_min_keys(facts.fp8))[2]
-        plan = _PLAN_CACHE.plan(key, facts, splits, lambda: DecodePlan(
-            *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
-            **{**options, "num_splits": splits}), default=not check_seqlens)
-    return plan._launch(tensors)
+        return plan._launch(tensors)
+    rule = _SplitRule.of(q.device, facts, num_splits, scale, longest)
+    plan = _PLAN_CACHE.plan(key, facts, rule, lambda splits: DecodePlan(
+        *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
+        **{**options, "num_splits": splits}), default=not check_seqlens, length=grown and grown[6])
+    return plan._launch(tensors, grown=grown)
+
+
+def _grown_key(layouts):
+    """``(layouts, grown)``: for a dense cache of one query per sequence (no block table, K and V of one
+    length L >= 1: all the layout checks ask of L), the layouts with K's and V's length and strides left
+    out, and in their place what a plan derives from them: the last stride (unit, checked), whether the
+    K/V element offsets fit int32 (`plan._offsets_fit_int32`) and whether V's strides allow int32 words
+    (`plan._words_aligned`); ``grown`` K's and V's strides of dims 0-2 and L, for `DecodePlan._launch`.
+    Else ``(layouts, None)``."""
+    (qs, _, _, _), (kshape, ks, kt, kd), (vshape, vs, vt, vd) = layouts[:3]
+    if layouts[4] is not None or len(qs) != 4 or qs[2] != 1 or len(kshape) != 4 or len(vshape) != 4:
+        return layouts, None
+    length = kshape[2]
+    if length < 1 or vshape[2] != length:
+        return layouts, None
+    off32 = (length - 1) * max(ks[2], vs[2]) + kshape[3] < 2**31
+    words = (vs[0] | vs[1] | vs[2]) % 4 == 0
+    key = (layouts[0], (kshape[:2], kshape[3], ks[3], kt, kd), (vshape[:2], vshape[3], vs[3], vt, vd),
+           *layouts[3:], off32, words)
+    return key, (ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], length)
+
+
+class _SplitRule(NamedTuple):
+    """The split count of a layout's calls, from their length in O(1): ``fixed`` (given, or one split for
+    raw scores, or the longest length read with ``check_seqlens``), else the heuristic (`heuristics._splits`)
+    on the length, capped at the keys a windowed row tile reads (``span``)."""
+
+    fixed: int | None
+    items: int
+    kv_heads: int
+    sms: int
+    min_keys: int
+    tail: bool
+    span: int | None
+
+    @staticmethod
+    def of(device, facts, num_splits, scale, longest):
+        raw = _raw_scores(scale, facts.d, facts.mods.softcap)
+        span = facts.mods.left + facts.Nq if facts.mods.windowed else None
+        fixed = None
+        if num_splits is not None or raw or longest is not None:
+            if longest is not None and span is not None:
+                longest = min(longest, span)
+            fixed = _tiling(device, facts.B, facts.Hq, facts.Nq, facts.Hkv, facts.L_max, longest, num_splits,
+                            None, raw, _split_min_keys(facts.fp8))[2]
+        m_tiles = _tiling(device, facts.B, facts.Hq, facts.Nq, facts.Hkv, 1, None, 1, None)[1]
+        return _SplitRule(fixed, facts.B * m_tiles, facts.Hkv, _sms(device), _split_min_keys(facts.fp8),
+                          facts.Nq == 1, span)
+
+    def splits(self, length: int) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.span is not None and self.span < length:
+            length = self.span
+        return _splits(self.items, self.kv_heads, length, self.sms, min_keys=self.min_keys, tail=self.tail)
 
 
 class _PlanCache:
     """`flash_decode`'s plans (thread-safe): an LRU of `layouts` layouts (key: shapes, strides, dtypes
-    and devices of the tensors, the options, the stream), each with its checked facts, an LRU of plans
-    for up to `per_layout` split counts, and the split count of a call that reads no lengths (the
-    heuristic's on L_max: `fast`)."""
+    and devices of the tensors, the options, the stream; a dense cache of one query per sequence without
+    its length, `_grown_key`), each with its checked facts, an LRU of plans for up to `per_layout` split
+    counts, and the split rule of a call that reads no lengths (`_SplitRule`: `fast`)."""
 
     def __init__(self, layouts: int, per_layout: int):
         self.layouts, self.per_layout = layouts, per_layout
-        # key -> [facts, {splits: plan}, the default split count or None]
+        # key -> [facts, {splits: plan}, the split rule of calls that read no lengths or None, the last
+        # length `fast` was asked for and its split count]
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -171,23 +233,34 @@ class _PlanCache:
         with self._lock:
             return self._entries.get(key, (None,))[0]
 
-    def fast(self, key):
-        """The plan of a known layout's default split count, or None: one dict lookup, no checks."""
+    def fast(self, key, length=None):
+        """The plan of a known layout's default split count at ``length`` keys (None: the layout's L_max),
+        or None: a dict lookup and the split rule, no checks."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry[2] not in entry[1]:
+            if entry is None or entry[2] is None:
+                return None
+            n = entry[0].L_max if length is None else length
+            if n != entry[3]:  # the split count of the last length asked, kept
+                entry[3:] = n, entry[2].splits(n)
+            splits = entry[4]
+            plan = entry[1].get(splits)
+            if plan is None:
                 return None
             self._entries.move_to_end(key)
-            entry[1].move_to_end(entry[2])
+            entry[1].move_to_end(splits)
             self.hits += 1
-            return entry[1][entry[2]]
+            return plan
 
-    def plan(self, key, facts, splits, build, default=False):
+    def plan(self, key, facts, rule, build, default=False, length=None):
+        """The plan of ``key`` for the split count ``rule`` gives at ``length`` (None: ``facts.L_max``),
+        built by ``build(splits)`` if missing; ``default``: ``rule`` serves `fast` from now on."""
+        splits = rule.splits(facts.L_max if length is None else length)
         with self._lock:
-            entry = self._entries.setdefault(key, [facts, collections.OrderedDict(), None])
+            entry = self._entries.setdefault(key, [facts, collections.OrderedDict(), None, None, None])
             plans = entry[1]
             if default:
-                entry[2] = splits
+                entry[2:] = rule, None, None
             self._entries.move_to_end(key)
             if len(self._entries) > self.layouts:
                 self._entries.popitem(last=False)  # least recently used layout: its scratch is freed
@@ -196,7 +269,7 @@ class _PlanCache:
                 plans.move_to_end(splits)
             else:
                 self.misses += 1
-                plans[splits] = build()
+                plans[splits] = build(splits)
                 if len(plans) > self.per_layout:
                     plans.popitem(last=False)
             return plans[splits]

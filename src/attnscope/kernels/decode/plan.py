@@ -208,6 +208,7 @@ class DecodePlan:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
         self._words = words
+        self._last = (None, None)  # the last ``grown`` of `_launch` and its `_int_classes`
         self._direct = None if device.type != "cuda" or interpreting() else (
             _DirectLaunch(_attnscope_decode_split_kernel, self._consts, device.index),
             _DirectLaunch(_attnscope_decode_combine_kernel, self._combine_consts, device.index))
@@ -273,9 +274,20 @@ class DecodePlan:
             _check_scale_values(k_scale, v_scale, self.scale, self.d)
         return longest
 
-    def _launch(self, tensors, out=None, lse_out=None):
-        """Allocate (or check) the outputs and launch; the layouts are already known to match."""
+    def _launch(self, tensors, out=None, lse_out=None, grown=None):
+        """Allocate (or check) the outputs and launch; the layouts are already known to match, or (a
+        dense cache, Nq = 1: `api._grown_key` says what else a plan fixes of them) to differ from the
+        plan's only in K's and V's length and strides, passed as ``grown`` (K's and V's strides of dims 0-2,
+        then L)."""
         q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks = tensors
+        scalars, spec = self._scalars, None
+        if grown is not None:
+            scalars = (*scalars[:3], *grown[:6], *scalars[9:12], grown[6], *scalars[13:])
+            if self._direct is not None:  # the binary depends on how Triton classes these integers
+                last = self._last
+                if last[0] != grown:
+                    last = self._last = (grown, _int_classes(grown))
+                spec = last[1]
         if out is None:
             o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
         else:
@@ -300,7 +312,7 @@ class DecodePlan:
         args = (q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
                 table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
                 k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
-                sinks if sinks is not None else o, *self._scalars)
+                sinks if sinks is not None else o, *scalars)
         if self._direct is None:  # the interpreter, a CPU tensor
             _attnscope_decode_split_kernel[self._grid](*args, **self._consts)
         else:
@@ -310,7 +322,7 @@ class DecodePlan:
                 if t is not None:
                     bits |= t.data_ptr()
             aligned = bits % 16 == 0
-            self._direct[0].launch(self._grid, args, aligned)
+            self._direct[0].launch(self._grid, args, aligned, spec)
         if self.split and not self.fuse:
             args = (o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars)
             if self._direct is None:
@@ -324,21 +336,23 @@ class _DirectLaunch:
     """One Triton kernel of a plan, launched through its compiled binary's launcher.
 
     ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key, looks the
-    binary up and builds launch metadata on every call. A plan fixes everything but the tensors' addresses, so
-    the binary of the first launch through Triton on the plan's device with every tensor 16-byte aligned is
-    kept, and later launches with every tensor aligned (the one fact that changes Triton's choice of binary)
-    call its launcher directly with the constexprs pre-packed. Other alignments, another current device or a
-    launch hook (profilers) go through ``kernel[grid]``. Launches go to the current stream, as Triton's do
-    (CUDA-graph capture included)."""
+    binary up and builds launch metadata on every call. A plan fixes everything but the tensors' addresses
+    (and, for a cache served at any length, ``spec``: `_int_classes` of the integers that follow the length),
+    so the binary of the first launch through Triton on the plan's device with every tensor 16-byte aligned
+    is kept (per ``spec``), and later launches with every tensor aligned (the one other fact that changes
+    Triton's choice of binary) call its launcher directly with the constexprs pre-packed. Other alignments,
+    another current device or a launch hook (profilers) go through ``kernel[grid]``. Launches go to the
+    current stream, as Triton's do (CUDA-graph capture included)."""
 
-    __slots__ = ("kernel", "constexprs", "device", "compiled", "tail")
+    __slots__ = ("kernel", "constexprs", "device", "compiled", "tail", "by_spec")
 
     def __init__(self, kernel, constexprs, device_index):
         self.kernel, self.constexprs, self.device = kernel, constexprs, device_index
         self.compiled = self.tail = None
+        self.by_spec = {}  # spec -> binary, for launches whose integers' classes vary
 
-    def launch(self, grid, args, aligned: bool):
-        c = self.compiled
+    def launch(self, grid, args, aligned: bool, spec=None):
+        c = self.compiled if spec is None else self.by_spec.get(spec)
         if aligned and c is not None and torch._C._cuda_getDevice() == self.device and _no_launch_hooks():
             stream = torch._C._cuda_getCurrentRawStream(self.device)
             c.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, c.function, c.packed_metadata,
@@ -350,7 +364,21 @@ class _DirectLaunch:
                 torch._C._cuda_getDevice() == self.device:
             # the launcher takes every parameter in order, the constexprs included (and ignores them)
             self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
-            self.compiled = compiled
+            if spec is None:
+                self.compiled = compiled
+            elif len(self.by_spec) < _MAX_SPECS:
+                self.by_spec[spec] = compiled
+
+
+#: Binaries a `_DirectLaunch` keeps for integer classes (`_int_classes`) other than its plan's own.
+_MAX_SPECS = 16
+
+
+def _int_classes(values) -> tuple:
+    """How Triton specialises each integer argument (Triton 3.6, `get_int_specialization`): 1 is a
+    constant, a multiple of 16 is marked divisible, a value past int32 is 64-bit; each class its own
+    binary."""
+    return tuple(-1 if v == 1 else (v % 16 == 0) + 2 * (v >= 2**31) for v in values)
 
 
 def _no_launch_hooks() -> bool:
