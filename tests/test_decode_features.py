@@ -718,3 +718,33 @@ def test_gpu_graph_replay_reports_out_of_range_values_and_stays_in_bounds():
     assert torch.isfinite(out).all()
     with pytest.raises(InputError, match="cache_seqlens"):
         plan.check()
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", (False, True))
+@pytest.mark.parametrize("nq", (1, 4))
+def test_gpu_window_decode_replays_in_a_cuda_graph(paged, nq):
+    # At full size (BLOCK_N 128: a 4k window is 33 blocks, dealt over the splits the visible keys size), a
+    # windowed plan captured in a CUDA graph and replayed with new lengths (never read on the host) gives
+    # float64's result and the one-liner's bits
+    gen = torch.Generator().manual_seed(nq + 7)
+    B, Hq, Hkv, L, d, W = 3, 32, 8, 16384, 128, 4096
+    q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq)
+    kc, vc, table = (k, v, None) if not paged else to_paged(k, v, 64, gen)
+    kc, vc, table, qd = dev(kc, vc, table, q)
+    lens = lens_t([L, 5000, nq])
+    plan = decode.decode_plan(qd, kc, vc, lens, table, window=(W, 0), return_lse=True)
+    plan.run(qd, kc, vc, lens, table)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, lse = plan.run(qd, kc, vc, lens, table)
+    for values in ([L, 5000, nq], [9000, L, W + 3]):
+        lens.copy_(lens_t(values))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(o, lse, q, k, v, values, window=(W, 0))
+        one = flash_decode(qd, kc, vc, lens, table, window=(W, 0), return_lse=True)
+        assert torch.equal(one[0], o) and torch.equal(one[1], lse)
+    plan.check()
