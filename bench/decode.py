@@ -1,6 +1,7 @@
 """Decode benchmark: attnscope's split-KV decode as users call it, against SDPA FLASH and CUDNN, in one run.
 
     PYTHONPATH=src python bench/decode.py [--quick] [--markdown] [--json out.json] [--rep 50] [--host]
+    PYTHONPATH=src python bench/decode.py --window [--json out.json] [--rep 20]
 
 bf16, d = 128, one query token per sequence, every sequence full (``cache_seqlens = L``). The grid: (B, Hq,
 Hkv) in {(1,32,32), (1,32,8), (16,32,8), (64,32,8), (64,32,32)} x L in {4k, 32k, 128k} (points whose K + V
@@ -24,6 +25,12 @@ wall time of the issuing loop, for the one-liner, ``plan.run`` and SDPA, and for
 FLASH on a cache one key longer each call (transformers' DynamicCache: a new shape and strides each step,
 `growing_views`). ``--host``: only that section, after `check_growing` (PASS/FAIL). The summary checks
 issue 37's musts. About 3 min full, 40 s ``--quick`` on one H200 (estimated).
+
+``--window`` (`window_sweep`, issue 35: a window reads only its bytes): the one-liner with
+``window=(W, 0)``, W in {4k, 8k}, and without one, at B in {1, 16, 64}, Hq/Hkv 32/8, L in {32k, 128k}; each
+checked first (PASS/FAIL, float64 over the keys the query sees), then eager and graph replay of
+``plan.run``: µs, TB/s over the ledger's bytes (the K/V blocks the kernel loads), the fraction of the read
+ceiling (`measure.bench.read_ceiling`, same run) and the time and bytes against the call without a window.
 """
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it
@@ -345,6 +352,11 @@ def main():
     p.add_argument("--host", action="store_true",
                    help=f"only the host-time section (B, Hq, Hkv, L = {HOST_SHAPE}), after the growing-cache "
                         "check (PASS/FAIL: a cache one key longer each call, as transformers' DynamicCache)")
+    p.add_argument("--window", action="store_true",
+                   help="only the sliding-window section: the one-liner with window=(W, 0), W 4k/8k, and "
+                        "without one, B 1/16/64, Hq/Hkv 32/8, L 32k/128k; PASS/FAIL vs float64, then eager "
+                        "and graph replay, TB/s over the ledger's window bytes and the fraction of the read "
+                        "ceiling (default --rep 20)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
@@ -356,6 +368,11 @@ def main():
         if args.json:
             write_rows(args.json, [], host_us=host, seconds=time.time() - t0)
         print(f"done in {time.time() - t0:.0f} s", flush=True)
+        return 1 if fails else 0
+    if args.window:
+        fails = window_sweep(args.rep or 20, args.json)
+        print(f"window sweep: {'all PASS' if not fails else f'{fails} FAIL'}; done in "
+              f"{time.time() - t0:.0f} s", flush=True)
         return 1 if fails else 0
     if args.fp8_sweep:
         fails = fp8_sweep(args.rep or 20, args.json)
@@ -534,6 +551,91 @@ def fp8_summary(rows, cands):
                   f"({timed[g]['vs_bf16']['graph']:.3f}x bf16); {e} "
                   f"({timed[e]['vs_bf16']['eager']:.3f}x bf16)", flush=True)
 
+
+
+# --- --window: a sliding window reads only the window's bytes (issue 35) ----------------------------------
+WINDOW_B = (1, 16, 64)
+WINDOW_L = (32768, 131072)
+WINDOW_W = (4096, 8192)
+WINDOW_HEADS = (32, 8)  # Hq, Hkv
+WINDOW_TARGET = 0.9  # issue 35: the window's bytes at >= 0.9 of the read ceiling at W >= 4k
+
+
+def window_sweep(rep, json_path=None):
+    """For B in `WINDOW_B`, L in `WINDOW_L` (points whose K + V pass `BUDGET` skipped), Hq/Hkv 32/8, d 128,
+    bf16, full caches: the one-liner ``flash_decode(q, k, v, cache_seqlens=lens, window=(W, 0))`` for W in
+    `WINDOW_W` and without a window, each first checked on sequence 0 against float64 attention over the keys
+    its query sees (PASS/FAIL; ``plan.run`` must give the one-liner's bits), then timed eager and as a
+    CUDA-graph replay of ``plan.run``. TB/s = the ledger's bytes (`model.serving.paged` with the window: the
+    K/V blocks the kernel loads) / time; the fraction of the read ceiling (`measure.bench.read_ceiling`,
+    measured in the same run) against `WINDOW_TARGET`. Returns the number of FAILs."""
+    from attnscope.measure.bench import read_ceiling
+
+    ceiling = read_ceiling(torch)
+    print(f"read ceiling (measure.bench.read_ceiling, sum of 4 GiB bf16): {ceiling:.3f} TB/s", flush=True)
+    Hq, Hkv = WINDOW_HEADS
+    points = []
+    for B, L in itertools.product(WINDOW_B, WINDOW_L):
+        if 2 * B * Hkv * L * D * 2 > BUDGET:
+            print(f"skipped B {B} L {L}: K + V pass BUDGET ({BUDGET / 2**30:.0f} GiB)", flush=True)
+        else:
+            points.append((B, L))
+    fails = 0
+
+    def measure(point, q, k, v, lens):
+        nonlocal fails
+        B, L = point
+        row = {"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "calls": {}}
+        for W in (None, *WINDOW_W):
+            window = None if W is None else (W, 0)
+            o = attnscope.flash_decode(q, k, v, cache_seqlens=lens, window=window)
+            seen = slice(0 if W is None else max(0, L - 1 - W), L)  # the keys the last query sees
+            err, bound = reference_error(o, q, k[:, :, seen], v[:, :, seen])
+            plan = attnscope.decode_plan(q, k, v, lens, window=window)
+            run = lambda: plan.run(q, k, v, lens)  # noqa: E731
+            same = torch.equal(o, run())
+            decode.check_errors()
+            name = "no window" if W is None else f"window {W}"
+            ok = err <= bound and same
+            c = {"window": window, "splits": plan.num_splits, "err": err, "bound": bound, "same_bits": same,
+                 "ok": ok}
+            row["calls"][name] = c
+            print(f"{'PASS' if ok else 'FAIL'} B {B} L {L} {name}: err {err:.2e} (bound {bound:.2e}), "
+                  f"plan.run {'same' if same else 'DIFFERENT'} bits, {plan.num_splits} split(s)", flush=True)
+            if not ok:
+                fails += 1
+                continue
+            nbytes = ledger([L] * B, None, nq=1, d=D, dtype="bf16", heads=Hq, kv_heads=Hkv,  # the kernel's
+                            num_splits=plan.num_splits, block_kv=plan._consts["BLOCK_N"],  # blocks
+                            window=window).row.total
+            one = lambda: attnscope.flash_decode(q, k, v, cache_seqlens=lens, window=window)  # noqa: E731
+            t = {"eager": ms(one, rep) * 1e3, "graph": ms(graph_of(run).replay, rep) * 1e3}
+            tbs = {m: nbytes / (us * 1e-6) / 1e12 for m, us in t.items()}
+            c.update(bytes=nbytes, us=t, TBs=tbs, of_ceiling={m: x / ceiling for m, x in tbs.items()})
+            line = f"  {name:12s} {nbytes / 2**20:9.1f} MiB"
+            for m in t:
+                line += f" | {m} {t[m]:8.1f} us {tbs[m]:5.2f} TB/s {tbs[m] / ceiling:5.3f} of ceiling"
+            full = row["calls"].get("no window", {})
+            if W is not None and "us" in full:
+                c["vs_no_window"] = {"bytes": nbytes / full["bytes"],
+                                     **{m: t[m] / full["us"][m] for m in t}}
+                line += (f" | x no window: bytes {c['vs_no_window']['bytes']:.3f}, time eager "
+                         f"{c['vs_no_window']['eager']:.3f} graph {c['vs_no_window']['graph']:.3f}")
+            print(line, flush=True)
+        return row
+
+    rows = each_point(points, measure, shape=lambda p: (p[0], Hq, Hkv, p[1]))
+    met = [(r, n, c) for r in rows for n, c in r["calls"].items() if n != "no window" and "us" in c]
+    print(f"\nwindowed points at >= {WINDOW_TARGET} of the read ceiling ({ceiling:.2f} TB/s), graph replay: "
+          f"{sum(c['of_ceiling']['graph'] >= WINDOW_TARGET for _, _, c in met)} of {len(met)}; eager: "
+          f"{sum(c['of_ceiling']['eager'] >= WINDOW_TARGET for _, _, c in met)} of {len(met)}", flush=True)
+    for r, n, c in met:
+        if c["of_ceiling"]["graph"] < WINDOW_TARGET:
+            print(f"  below: B {r['B']} L {r['L']} {n}: graph {c['of_ceiling']['graph']:.3f}, eager "
+                  f"{c['of_ceiling']['eager']:.3f} of the ceiling", flush=True)
+    if json_path:
+        write_rows(json_path, rows, sweep="window", read_ceiling_tbs=ceiling)
+    return fails
 
 if __name__ == "__main__":
     sys.exit(main())

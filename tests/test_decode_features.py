@@ -537,6 +537,74 @@ def test_a_window_reads_only_its_blocks(paged):
         check(o, lse, q, k, v, lens, window=(left, 0))
 
 
+def window_cache(paged, B, Hkv, L, d, gen):
+    """A cache of L keys per sequence whose values are never read (plans only): dense [B, Hkv, L, d] or
+    pages of 16 [B * L / 16, 16, Hkv, d] with a block table in order."""
+    if not paged:
+        k = torch.empty(B, Hkv, L, d, dtype=torch.float16, device=DEVICE)
+        return k, k, None
+    k = torch.empty(B * L // 16, 16, Hkv, d, dtype=torch.float16, device=DEVICE)
+    return k, k, torch.arange(B * L // 16, dtype=torch.int32, device=DEVICE).view(B, L // 16)
+
+
+@pytest.mark.parametrize("paged, nq", [(False, 1), (True, 1), (False, 3), (True, 3)])
+def test_a_window_sizes_the_split_grid_by_the_keys_its_rows_see(paged, nq):
+    # The rows of a call see min(L, left + Nq) keys (`model.tiles.window_kv_bounds0`): the split count is
+    # the heuristic's at that length (max_seqlen, the heuristic's input), not at L, whatever the lengths
+    # (cache_seqlens is never read to plan: ragged, the grid covers the longest), and the one-liner's plan
+    # has it too (same bits as the plan's)
+    gen = torch.Generator().manual_seed(nq)
+    B, Hkv, G, d, left = 2, 2, 2, 64, 1000
+    for n in (1, nq, 500, left + nq - 1, left + nq, left + nq + 1, 4 * left + 17):
+        lo, _, _, hi = window_kv_bounds0(0, nq, nq, n, 1, True, (left, 0))
+        assert min(n, heuristics._window_span(nq, left)) == hi - lo, n
+    assert heuristics._window_span(nq, -1) is None
+    q = dev(inputs(B, G * Hkv, Hkv, nq, 16, seed=nq)[0])[0]
+    for L in (16384, 4096, 1024):
+        kc, vc, table = window_cache(paged, B, Hkv, L, d, gen)
+        lens = lens_t([L, 40])
+        seen = min(L, left + nq)
+        for window in ((left, 0), (left, -1), (left, 7)):  # decode is causal: the right side is 0
+            plan = decode.decode_plan(q, kc, vc, lens, table, window=window)
+            assert plan.num_splits == decode.decode_plan(q, kc, vc, lens, table, max_seqlen=seen).num_splits
+        full = decode.decode_plan(q, kc, vc, lens, table).num_splits  # sized by L
+        assert plan.num_splits == 3 and full == {16384: 33, 4096: 16, 1024: 4}[L], (L, plan.num_splits, full)
+    q, k, v = inputs(B, G * Hkv, Hkv, nq, 1024, seed=nq + 1)  # at L = 1,024 with values: 3 splits
+    kc, vc, table = (k, v, None) if not paged else to_paged(k, v, 16, gen)
+    qd, kc, vc, table = dev(q, kc, vc, table)
+    plan = decode.decode_plan(qd, kc, vc, lens_t([1024, 40]), table, window=(left, 0), return_lse=True)
+    o, lse = flash_decode(qd, kc, vc, lens_t([1024, 40]), table, window=(left, 0), return_lse=True)
+    assert torch.equal(o, plan.run(qd, kc, vc, lens_t([1024, 40]), table)[0])
+    check(o, lse, q, k, v, [1024, 40], window=(left, 0))
+
+
+@pytest.mark.parametrize("paged", (False, True))
+def test_every_split_of_a_window_loads_keys(paged):
+    # The kernel deals a row tile's window blocks evenly over the splits (n_blocks // S each, the first
+    # n_blocks % S one more): 9 blocks over 4 splits are 3, 2, 2, 2, never 3, 3, 3, 0. Each split of the
+    # longest sequence then has a key: its partial LSE is finite (the fp32 partials, kept by the separate
+    # merge). Keys outside the window's blocks are NaN: none is loaded.
+    gen = torch.Generator().manual_seed(6)
+    B, Hkv, G, L, nq = 2, 2, 2, 400, 1
+    block = heuristics._block_config(16, 16 if paged else 0)["BLOCK_N"]
+    left = L - 1 - (-(-L // block) - 9) * block  # the last 9 blocks, from a block's first key
+    lo, _, _, hi = window_kv_bounds0(0, nq, nq, L, block, True, (left, 0))
+    assert -(-(hi - lo) // block) == 9 and lo == L - 1 - left
+    q, k, v = inputs(B, G * Hkv, Hkv, nq, L, seed=6)
+    lens = [L, 20]
+    kn, vn = k.clone(), v.clone()
+    for t in (kn, vn):
+        t[0, :, :lo] = float("nan")
+    kc, vc, table = (kn, vn, None) if not paged else to_paged(kn, vn, 16, gen)
+    kc, vc, table, qd = dev(kc, vc, table, q)
+    plan = plan_mod._tuned_plan(qd, kc, vc, lens_t(lens), table, num_splits=4, return_lse=True,
+                                window=(left, 0), fuse_combine=False)
+    o, lse = plan.run(qd, kc, vc, lens_t(lens), table)
+    rows = G * Hkv * nq  # sequence 0's rows of the partials [B * Hq * Nq, S]
+    assert torch.isfinite(plan.lse_part[:rows]).all(), plan.lse_part[:rows]
+    check(o, lse, q, k, v, lens, window=(left, 0))
+
+
 def test_sinks_join_once_whatever_the_split_count_and_merge():
     B, Hkv, G, L = 2, 2, 2, 64
     q, k, v = dev(*inputs(B, G * Hkv, Hkv, 1, L, seed=9))
@@ -650,3 +718,33 @@ def test_gpu_graph_replay_reports_out_of_range_values_and_stays_in_bounds():
     assert torch.isfinite(out).all()
     with pytest.raises(InputError, match="cache_seqlens"):
         plan.check()
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", (False, True))
+@pytest.mark.parametrize("nq", (1, 4))
+def test_gpu_window_decode_replays_in_a_cuda_graph(paged, nq):
+    # At full size (BLOCK_N 128: a 4k window is 33 blocks, dealt over the splits the visible keys size), a
+    # windowed plan captured in a CUDA graph and replayed with new lengths (never read on the host) gives
+    # float64's result and the one-liner's bits
+    gen = torch.Generator().manual_seed(nq + 7)
+    B, Hq, Hkv, L, d, W = 3, 32, 8, 16384, 128, 4096
+    q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq)
+    kc, vc, table = (k, v, None) if not paged else to_paged(k, v, 64, gen)
+    kc, vc, table, qd = dev(kc, vc, table, q)
+    lens = lens_t([L, 5000, nq])
+    plan = decode.decode_plan(qd, kc, vc, lens, table, window=(W, 0), return_lse=True)
+    plan.run(qd, kc, vc, lens, table)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, lse = plan.run(qd, kc, vc, lens, table)
+    for values in ([L, 5000, nq], [9000, L, W + 3]):
+        lens.copy_(lens_t(values))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(o, lse, q, k, v, values, window=(W, 0))
+        one = flash_decode(qd, kc, vc, lens, table, window=(W, 0), return_lse=True)
+        assert torch.equal(one[0], o) and torch.equal(one[1], lse)
+    plan.check()

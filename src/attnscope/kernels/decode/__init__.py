@@ -5,8 +5,9 @@ sequence a prefill kernel launches only B x H programs, so the long axis, the KV
 
 - **phase 1** (`_kernel._attnscope_decode_split_kernel`), grid ``(B * Hkv * M_tiles, num_splits)``: a
   program streams one contiguous chunk of the keys of one (batch, kv head, row tile) through the online
-  softmax. Rows pack the ``G = Hq / Hkv`` heads sharing the kv head and the ``Nq`` queries (row
-  ``r = i * G + g``), so each K/V byte leaves HBM once per tile. Query i sits at position
+  softmax (the tile's BLOCK_N blocks dealt evenly: none empty while there are as many blocks as splits).
+  Rows pack the ``G = Hq / Hkv`` heads sharing the kv head and the ``Nq`` queries (row ``r = i * G + g``),
+  so each K/V byte leaves HBM once per tile. Query i sits at position
   ``len - Nq + i`` and sees keys ``0 .. len - Nq + i`` (causal, bottom-right); a query at a negative
   position sees nothing.
 - **phase 2**, the logsumexp merge of the splits (`_tl.lse_merge_step`, also the ring's; float64 spec:
@@ -25,7 +26,8 @@ and multiplies the output by ``v_scale`` (`quantize_kv` makes such a cache).
 
 Score mods (DESIGN.md's contract; `_common.check_mods`): a sliding window (decode is causal, so only
 its left side bounds; a row tile's keys start at the block holding its first query's window,
-`model.tiles.window_kv_bounds0`, so blocks before it are never loaded), softcap (``softcap * tanh``
+`model.tiles.window_kv_bounds0`, so blocks before it are never loaded, and the split count is sized by the
+keys the rows see, `heuristics._window_span`, not by L), softcap (``softcap * tanh``
 of the scaled score, before the mask), and sinks (one logit per query head, joined once: in the merge,
 or in phase 1 with one split).
 

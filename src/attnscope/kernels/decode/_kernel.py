@@ -193,10 +193,13 @@ def _attnscope_decode_split_kernel(
         first_q = (m_tile * BLOCK_M) // GROUP
         kv_lo = tl.maximum(seqlen - n_q + first_q - win_left, 0)
         kv_lo = tl.minimum(kv_lo // BLOCK_N * BLOCK_N, kv_len)
-    # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's key range split evenly
-    blocks_per_split = tl.cdiv(tl.cdiv(kv_len - kv_lo, BLOCK_N), num_splits)
-    lo = kv_lo + split * blocks_per_split * BLOCK_N
-    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+    # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's n_blocks dealt evenly, the first
+    # n_blocks % num_splits splits one more: no split is empty while n_blocks >= num_splits
+    n_blocks = tl.cdiv(kv_len - kv_lo, BLOCK_N)
+    per_split = n_blocks // num_splits
+    extra = n_blocks % num_splits
+    lo = kv_lo + (split * per_split + tl.minimum(split, extra)) * BLOCK_N
+    hi = tl.minimum(lo + (per_split + (split < extra).to(tl.int32)) * BLOCK_N, kv_len)
 
     q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
                 + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0

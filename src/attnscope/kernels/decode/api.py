@@ -14,7 +14,14 @@ from attnscope.kernels.decode.checks import (
     _check_scale_values,
     _check_seqlen_values,
 )
-from attnscope.kernels.decode.heuristics import _raw_scores, _sms, _split_min_keys, _splits, _tiling
+from attnscope.kernels.decode.heuristics import (
+    _raw_scores,
+    _sms,
+    _split_min_keys,
+    _splits,
+    _tiling,
+    _window_span,
+)
 from attnscope.kernels.decode.plan import NAMES, DecodePlan
 
 torch, _ = import_torch_triton()
@@ -183,7 +190,8 @@ def _grown_key(layouts):
 class _SplitRule(NamedTuple):
     """The split count of a layout's calls, from their length in O(1): ``fixed`` (given, or one split for
     raw scores, or the longest length read with ``check_seqlens``), else the heuristic (`heuristics._splits`)
-    on the length, capped at the keys a windowed row tile reads (``span``)."""
+    on the length, capped at the keys a window lets the call's rows see (``span``,
+    `heuristics._window_span`)."""
 
     fixed: int | None
     items: int
@@ -196,7 +204,7 @@ class _SplitRule(NamedTuple):
     @staticmethod
     def of(device, facts, num_splits, scale, longest):
         raw = _raw_scores(scale, facts.d, facts.mods.softcap)
-        span = facts.mods.left + facts.Nq if facts.mods.windowed else None
+        span = _window_span(facts.Nq, facts.mods.left)
         fixed = None
         if num_splits is not None or raw or longest is not None:
             if longest is not None and span is not None:

@@ -8,6 +8,7 @@ import math
 
 from attnscope.errors import expect
 from attnscope.kernels._common import LOG2E, import_torch_triton, interpreting, num_sms
+from attnscope.model.tiles import window_kv_bounds0
 
 torch, triton = import_torch_triton()
 
@@ -88,6 +89,19 @@ def _tail_splits(items: int, seqlen: int, sms: int) -> int:
         return 1
     fits = [s for s in range(2, TAIL_MAX_SPLITS + 1) if fill(s) >= TAIL_FILL]
     return fits[0] if fits else max(range(1, TAIL_MAX_SPLITS + 1), key=fill)
+
+
+def _window_span(nq: int, left: int) -> int | None:
+    """The most keys the ``nq`` queries of one sequence see under a window of ``left`` keys (decode is
+    causal), None without a window (``left < 0``: every key): ``[lo, hi)`` of `model.tiles.window_kv_bounds0`
+    at key granularity for the last ``nq`` rows of a cache longer than the window, ``left + nq``. A sequence
+    of n keys sees ``min(n, span)`` of them, the length the split count is sized by (the kernel splits a row
+    tile's window, from the block holding its first key; splits sized by L would mostly load nothing)."""
+    if left < 0:
+        return None
+    n = left + nq + 1  # longer than the window: its first key is inside the cache
+    lo, _, _, hi = window_kv_bounds0(0, nq, nq, n, 1, True, (left, 0))
+    return hi - lo
 
 
 def _is_int(value) -> bool:

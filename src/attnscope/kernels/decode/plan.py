@@ -41,6 +41,7 @@ from attnscope.kernels.decode.heuristics import (
     _sms,
     _split_min_keys,
     _tiling,
+    _window_span,
 )
 
 torch, triton = import_torch_triton()
@@ -130,9 +131,9 @@ class DecodePlan:
         rows = group * Nq
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
         raw = _raw_scores(scale, d, mods.softcap)
-        if mods.windowed:  # the keys a row tile reads: at most its window and its queries
-            longest = L_max if max_seqlen is None else max_seqlen
-            max_seqlen = min(longest, mods.left + Nq)
+        span = _window_span(Nq, mods.left)  # a window: the split grid covers the keys a row sees, not L
+        if span is not None:
+            max_seqlen = min(L_max if max_seqlen is None else max_seqlen, span)
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
                                                use_dot, raw, _split_min_keys(facts.fp8))
         paged = block_table is not None
