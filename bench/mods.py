@@ -14,8 +14,8 @@ counted on the visited query-key pairs, 4 d flops per pair forward, 2.5 x that b
 - softcap: causal, softcap 50, N = 8k; peers: Flex with the tanh score_mod, attnscope plain causal;
 - sinks: causal, one sink per head, N = 8k; peers: Flex with ``return_lse`` plus the LSE correction
   ``o * sigmoid(lse - sink)``, attnscope plain causal;
-- off: the portable kernel (the one the mods live in; ``impl="auto"`` runs it whenever a mod is on)
-  with no mod and with an all-covering window ``(N, N)`` (the WINDOW code path, nothing skipped) at
+- off: the portable kernel with no mod and with an all-covering window ``(N, N)`` (the WINDOW code path,
+  nothing skipped) at
   N = 8k, causal and not. Run this section
   also against main's tree (``PYTHONPATH=<main>/src python bench/mods.py --only off``: that section
   uses no new keyword) to hold the mods-off kernel against today's.

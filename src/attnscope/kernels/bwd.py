@@ -459,7 +459,7 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
                                       "(impl='portable': any finite scale)")
         return "hopper"
     ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1] and not huge_cap
-          and dispatch.hopper_backward_ok(d, causal, mods.windowed, mods.softcap))
+          and dispatch.hopper_backward_ok(d, causal))
     return "hopper" if ok else "portable"
 
 

@@ -21,8 +21,8 @@ for both lists; the forward's order: sequence-major, heaviest first): no host sy
 the tensors.
 With `HOPPER_VALIDATED` (False: they have not passed their GPU tests), on sm_90 ``impl="auto"`` would run
 steps 2 and 3 as kernels/varlen_bwd_hopper.py's Gluon dK/dV and dQ kernels (work lists of their tile
-sizes; no atomics either way) where `pick_impl` says so: the rule of the dense
-backward, `model.dispatch.hopper_backward_ok` (head dim 64 / 128, no window, no softcap), fp16 / bf16.
+sizes; no atomics either way) where `pick_impl` says so: the rule of the dense backward,
+`model.dispatch.hopper_backward_ok` (head dim 64 / 128), no window or softcap (not built), fp16 / bf16.
 Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch.
 Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
 pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
@@ -226,7 +226,7 @@ def pick_impl(impl: str, q, causal: bool, mods, sm_scale: float, bounds=None) ->
         if why is not None:
             raise NotImplementedError(f"impl='hopper': {why} (impl='portable': every case)")
         return "hopper"
-    ok = why is None and dispatch.hopper_backward_ok(d, bool(causal), mods.windowed, mods.softcap)
+    ok = why is None and dispatch.hopper_backward_ok(d, bool(causal))
     return "hopper" if ok else "portable"
 
 

@@ -10,14 +10,13 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
   fill and drain per tile and 192-row wave quantisation; it wins once the KV loop is long and the grid
   holds enough CTAs to keep every SM busy to the end.
 
-The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and dQ
-kernels instead of the portable ones: wherever they are built (head dim) and without a window or softcap
-(sinks need no kernel support); on the H200 they ran 1.39-1.77 x the portable backward at every point of
-bench/backward.py's grid (bench/results/h200-2026-12-02-backward-hopper-first.json). The Hopper kernels also
-carry a window and softcap (``impl="hopper"``; their GPU tests pass), but their speed against the portable
-kernels has not been measured, so ``impl="auto"`` sends window and softcap backwards to the portable kernels.
-The packed backward (kernels/varlen_bwd.py `pick_impl`) would follow the same rule for
-kernels/varlen_bwd_hopper.py, which is not enabled (`varlen_bwd.HOPPER_VALIDATED`).
+The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and
+dQ kernels instead of the portable ones: wherever they are built (head dim), with every score mod (window,
+softcap, sinks). On the H200 they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's
+grid (bench/results/h200-2026-12-02-backward-hopper-first.json) and 1.41-1.68 x with a window or softcap at
+d = 64 and 128 (bench/results/h200-2026-12-02-mods-d*.json). The packed backward (kernels/varlen_bwd.py
+`pick_impl`) would follow the same rule for kernels/varlen_bwd_hopper.py, which is not enabled
+(`varlen_bwd.HOPPER_VALIDATED`).
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
@@ -106,14 +105,10 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
 HOPPER_BACKWARD_DIMS = (64, 128)
 
 
-def hopper_backward_ok(d: int, causal: bool, windowed: bool = False, softcap: float = 0.0) -> bool:
+def hopper_backward_ok(d: int, causal: bool) -> bool:
     """Whether ``impl="auto"`` runs the Gluon Hopper dK/dV and dQ kernels on an sm_90 GPU for this call: head
-    dim ``d`` built (64, 128), either mask, sinks or none, no window and no softcap (module docstring).
-    ``d`` a positive integer, ``causal``/``windowed`` bools, ``softcap`` >= 0, else
-    `InputError` naming the argument."""
+    dim ``d`` built (64, 128), either mask, any score mod (module docstring). ``d`` a positive integer,
+    ``causal`` a bool, else `InputError` naming the argument."""
     positive_int("d", d)
-    for name, value in (("causal", causal), ("windowed", windowed)):
-        expect(isinstance(value, bool), name, "True or False", value)
-    expect(isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0, "softcap",
-           "a real number >= 0", softcap)
-    return d in HOPPER_BACKWARD_DIMS and not windowed and not softcap > 0
+    expect(isinstance(causal, bool), "causal", "True or False", causal)
+    return d in HOPPER_BACKWARD_DIMS
