@@ -322,11 +322,11 @@ def bwd_report(dkdv=None, dq=None) -> None:
             for atomic in (False, True):
                 cx = dict(HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
                 report(f"bwd dK/dV d={d:3d} {dt} {_fmt(mods)} ATOMIC_DQ={int(atomic)} {bm}x{bn} w{w} s{s}",
-                       compile_triton, bwd._bwd_dkdv_kernel, _bwd_types(dt, True), cx, w, s)
+                       compile_triton, bwd._attnscope_bwd_dkdv_kernel, _bwd_types(dt, True), cx, w, s)
             bm, bn, w, s = dq or bwd.DQ_CONFIGS[d]
             cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
             report(f"bwd dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
-                   compile_triton, bwd._bwd_dq_kernel, _bwd_types(dt, False), cx, w, s)
+                   compile_triton, bwd._attnscope_bwd_dq_kernel, _bwd_types(dt, False), cx, w, s)
         for name in bwd_hopper.KERNELS:  # the Gluon Hopper kernels
             cfg = bwd_hopper.config(d, name)
             shape = f"BM={cfg.BM} BN={cfg.BN} STAGES={cfg.STAGES} NWG={cfg.NWG}"
@@ -351,7 +351,7 @@ def bwd_report(dkdv=None, dq=None) -> None:
         for pdt in ("bf16", "fp16"):
             cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
             report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",
-                   compile_triton, bwd._bwd_preprocess, _bwd_types(pdt, False), cx, 4, 1)
+                   compile_triton, bwd._attnscope_bwd_preprocess, _bwd_types(pdt, False), cx, 4, 1)
 
 
 # --- --kernel varlen ---------------------------------------------------------------------------------
@@ -392,11 +392,12 @@ def varlen_report() -> None:
             for atomic in (False, True):
                 cx = dict(HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
                 report(f"varlen dK/dV d={d:3d} {dt} {_fmt(mods)} ATOMIC_DQ={int(atomic)} {bm}x{bn} w{w} s{s}",
-                       compile_triton, varlen_bwd._varlen_dkdv_kernel, _varlen_types(dt, True), cx, w, s)
+                       compile_triton, varlen_bwd._attnscope_varlen_dkdv_kernel, _varlen_types(dt, True), cx,
+                       w, s)
             bm, bn, w, s = bwd.DQ_CONFIGS[d]
             cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
             report(f"varlen dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
-                   compile_triton, varlen_bwd._varlen_dq_kernel, _varlen_types(dt, False), cx, w, s)
+                   compile_triton, varlen_bwd._attnscope_varlen_dq_kernel, _varlen_types(dt, False), cx, w, s)
     for d in (64, 128):  # the Gluon backward `varlen_bwd.pick_impl` takes on sm_90 (no mods)
         for dt in ("bf16", "fp16"):
             for causal in (False, True):

@@ -396,11 +396,11 @@ def compile_report() -> int:
                        warps, stages, desc_type=f"tensordesc<bf16[{bn},1,{d}]>" if tma else "*bf16")
             for atomic in (True, False):
                 bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
-                report(f"dkdv {tag} atomic_dq={atomic} {bm}x{bn}", varlen_bwd._varlen_dkdv_kernel,
+                report(f"dkdv {tag} atomic_dq={atomic} {bm}x{bn}", varlen_bwd._attnscope_varlen_dkdv_kernel,
                        {"HEAD_DIM": d, "CAUSAL": not mods, "ATOMIC_DQ": atomic, "BLOCK_M": bm, "BLOCK_N": bn,
                         "EMULATE_BF16": False, **m}, warps, stages, dq_fp32=True)
             bm, bn, warps, stages = bwd.DQ_CONFIGS[d]
-            report(f"dq {tag} {bm}x{bn}", varlen_bwd._varlen_dq_kernel,
+            report(f"dq {tag} {bm}x{bn}", varlen_bwd._attnscope_varlen_dq_kernel,
                    {"HEAD_DIM": d, "CAUSAL": not mods, "BLOCK_M": bm, "BLOCK_N": bn, "EMULATE_BF16": False,
                     **m}, warps, stages)
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -427,7 +427,7 @@ def compile_report() -> int:
         bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
         types = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV")}
         types.update(DQ="*fp32", LSE2="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", cap_in="fp32")
-        report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._bwd_dkdv_kernel,
+        report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._attnscope_bwd_dkdv_kernel,
                {"HEAD_DIM": d, "CAUSAL": True, "ATOMIC_DQ": False, "BLOCK_M": bm, "BLOCK_N": bn,
                 "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False, "OFF64": False}, warps, stages,
                types=types)

@@ -142,3 +142,23 @@ def test_range_matching_is_not_quadratic():
     s = ct.attention_share(ev)
     assert time.perf_counter() - t0 < 3.0  # a quadratic match would take minutes
     assert s.attention_kernels == n and s.share == pytest.approx(0.5)
+
+
+def test_every_launched_kernel_is_named_as_attnscope():
+    """Each Triton / Gluon kernel src/attnscope launches (``name[grid](...)``) carries the ``_attnscope_``
+    prefix, so `chrome_trace.family` counts it as attnscope's attention in `attnscope share`, `which` and
+    `report --profile` (a portable backward once ran as ``_bwd_dkdv_kernel``: its time was not counted)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(ct.__file__).parent
+    jit = re.compile(r"@(?:triton|gluon)\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+)\(")
+    launched = []
+    for path in sorted(root.rglob("*.py")):
+        src = path.read_text()
+        for name in jit.findall(src):
+            if re.search(rf"(?<![\w.]){name}\[", src):
+                launched.append((path.name, name))
+    assert len(launched) >= 10, launched  # the forward, backward, decode, varlen and plan kernels at least
+    wrong = [(f, n) for f, n in launched if ct.family(n) != "attnscope"]
+    assert not wrong, wrong

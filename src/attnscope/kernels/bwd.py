@@ -161,7 +161,7 @@ def _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
+def _attnscope_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
                     H, NQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -225,7 +225,7 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
+def _attnscope_bwd_dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV, DQ,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -329,7 +329,7 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn,
 
 
 @triton.jit
-def _bwd_dq_kernel(
+def _attnscope_bwd_dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -560,7 +560,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     lse2 = (lse * LOG2E).contiguous()  # log2 domain, as the kernels' exp2
 
     pre_m = 16 if interpreting() else PRE_BLOCK_M
-    _bwd_preprocess[(cdiv(Nq, pre_m), B * Hq)](o, do, delta, o.stride(0), o.stride(1), o.stride(2),
+    _attnscope_bwd_preprocess[(cdiv(Nq, pre_m), B * Hq)](o, do, delta, o.stride(0), o.stride(1), o.stride(2),
                                               do.stride(0), do.stride(1), do.stride(2), Hq, Nq,
                                               HEAD_DIM=d, BLOCK_M=pre_m)
     if dlse is not None:
@@ -586,7 +586,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     atomic = not deterministic
     off64 = _off64(q, k, v, do)
     dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
-    _bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
+    _attnscope_bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
         q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
         margs["LEFT"], margs["RIGHT"], margs["cap_in"],
         HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
@@ -597,7 +597,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         return grads if dsinks is None else (*grads, dsinks)
     dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
     bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
-    _bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
+    _attnscope_bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
         q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
         margs["LEFT"], margs["RIGHT"], margs["cap_in"],
         HEAD_DIM=d, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod, OFF64=off64,

@@ -2,12 +2,12 @@
 `attnscope::flash_attention_varlen`.
 
 Algorithm: the dense backward of `attnscope.kernels.bwd` (Dao, *FlashAttention-2*, arXiv:2307.08691,
-Algorithm 2, §3.1.2): P recomputed from Q, K and the saved LSE; its @triton.jit pieces (`_bwd_preprocess`,
-`_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and `_tl._window_bounds`) run here
-with per-sequence row offsets: a tile's rows are 0-based within its sequence, and the sequence's first
-packed row goes into the base offset.
+Algorithm 2, §3.1.2): P recomputed from Q, K and the saved LSE; its @triton.jit pieces
+(`_attnscope_bwd_preprocess`, `_dkdv_tile`, `_dq_tile`, `_q_bounds`, the forward's `_kv_bounds` and
+`_tl._window_bounds`) run here with per-sequence row offsets: a tile's rows are 0-based within its sequence,
+and the sequence's first packed row goes into the base offset.
 
-1. ``D = rowsum(dO * O)`` [Hq, total_q] fp32: `_bwd_preprocess` over the packed rows (one "batch");
+1. ``D = rowsum(dO * O)`` [Hq, total_q] fp32: `_attnscope_bwd_preprocess` over the packed rows (one "batch");
 2. dK/dV: one program per (sequence, K/V tile) work item x kv head, K and V resident, looping over the
    GQA group's query heads and the query tiles that see the tile (causal / window bounds per sequence);
    ``deterministic=False`` also adds ``dS K`` into an fp32 dQ buffer [Hq, total_q, d] with atomics;
@@ -52,7 +52,7 @@ from attnscope.kernels.bwd import (  # noqa: E402
     DQ_CONFIGS,
     INTERPRET_CONFIG,
     PRE_BLOCK_M,
-    _bwd_preprocess,
+    _attnscope_bwd_preprocess,
     _dkdv_tile,
     _dq_tile,
     _q_bounds,
@@ -68,7 +68,7 @@ def _seq(CU_Q, CU_K, s):
 
 
 @triton.jit
-def _varlen_dkdv_kernel(
+def _attnscope_varlen_dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     H, HKV, TOTAL_Q, qk_scale, sm_scale, left, right, sc_in, sc_out,
@@ -133,7 +133,7 @@ def _varlen_dkdv_kernel(
 
 
 @triton.jit
-def _varlen_dq_kernel(
+def _attnscope_varlen_dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ, CU_Q, CU_K, WORK_SEQ, WORK_TILE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     H, HKV, TOTAL_Q, qk_scale, sm_scale, left, right, sc_in, sc_out,
@@ -291,8 +291,9 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=dev)
     pre_m = 16 if interpreting() else PRE_BLOCK_M
     # the packed rows as one batch: [1, Hq, total_q, d] through strides (0, head, row)
-    _bwd_preprocess[(cdiv(total_q, pre_m), Hq)](o, do, delta, 0, o.stride(1), o.stride(0), 0, do.stride(1),
-                                                do.stride(0), Hq, total_q, HEAD_DIM=d, BLOCK_M=pre_m)
+    _attnscope_bwd_preprocess[(cdiv(total_q, pre_m), Hq)](o, do, delta, 0, o.stride(1), o.stride(0), 0,
+                                                          do.stride(1), do.stride(0), Hq, total_q, HEAD_DIM=d,
+                                                          BLOCK_M=pre_m)
     if dlse is not None:
         delta = delta - dlse.to(torch.float32)  # dS = P * (dP - (D - dLSE))
     if mods.sinks is not None:  # dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)
@@ -326,7 +327,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     seq, tile = items[0]
     dq_acc = torch.zeros((Hq, total_q, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     if total_k > 0:
-        _varlen_dkdv_kernel[(n_kv * Hkv,)](
+        _attnscope_varlen_dkdv_kernel[(n_kv * Hkv,)](
             q, k, v, do, lse2, delta, dk, dv, dq_acc, cu_q, cu_k, seq, tile, *strides,
             Hq, Hkv, total_q, qk_scale, sm_scale, **mod_kw, HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm,
             BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps, num_stages=stages)
@@ -334,7 +335,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
         return dq_acc.transpose(0, 1).to(dt).contiguous(), dk, dv, dsinks
     dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
     seq, tile = items[1]
-    _varlen_dq_kernel[(n_q * Hq,)](
+    _attnscope_varlen_dq_kernel[(n_q * Hq,)](
         q, k, v, do, lse2, delta, dq, cu_q, cu_k, seq, tile, *strides, Hq, Hkv, total_q, qk_scale, sm_scale,
         **mod_kw, HEAD_DIM=d, BLOCK_M=qm, BLOCK_N=qn, EMULATE_BF16=emulate, num_warps=q_warps,
         num_stages=q_stages)

@@ -96,8 +96,8 @@ def _sanitize(cu, total: int, max_seqlen: int, flag, bit_cu: int, bit_max: int):
     ``total``, so the sequences always partition ``[0, total)`` (a decreasing pair becomes an empty
     sequence, an out-of-range value is clamped): every row is read and written once, inside the tensors,
     whatever ``cu`` holds. Where ``cu`` differs from it, or a length exceeds ``max_seqlen``, the bit is
-    ORed into ``flag`` (raised by `check_errors`). The torch form of `_plan_kernel`'s sanitising (used
-    for batches of more than `PLAN_MAX_B` sequences, and by the tests as its reference)."""
+    ORed into ``flag`` (raised by `check_errors`). The torch form of `_attnscope_varlen_plan_kernel`'s
+    sanitising (used for batches of more than `PLAN_MAX_B` sequences, and by the tests as its reference)."""
     fixed = torch.cummax(cu.clamp(0, total), 0).values
     fixed[:1].zero_()  # fill_ of a slice: no host-to-device copy of a Python scalar (a sync)
     fixed[-1:].fill_(total)
@@ -109,8 +109,8 @@ def _sanitize(cu, total: int, max_seqlen: int, flag, bit_cu: int, bit_max: int):
 
 def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool, kv_tiles: bool = False):
     """(sequence, tile) work items, padded with sequence -1 to ``n_items``; on the device, no host sync.
-    The torch form of `_plan_kernel`'s list (the same order; used above `PLAN_MAX_B` sequences and by
-    the tests as its reference).
+    The torch form of `_attnscope_varlen_plan_kernel`'s list (the same order; used above `PLAN_MAX_B`
+    sequences and by the tests as its reference).
 
     Order: sequence-major, the sequences by their heaviest tile (the K/V rows a query tile loads:
     ``Nk_s``; with ``kv_tiles``, the query rows that see a K/V tile: ``Nq_s``) descending, ties by index;
@@ -136,7 +136,8 @@ def _work_items(cu_q, cu_k, n_items: int, block_m: int, causal: bool, kv_tiles: 
     return seq, tile
 
 
-#: The most sequences `_plan_kernel` (one program) takes; larger batches run the torch forms above.
+#: The most sequences `_attnscope_varlen_plan_kernel` (one program) takes; larger batches run the torch forms
+#: above.
 PLAN_MAX_B = 4096
 
 
@@ -163,7 +164,7 @@ def _fix_cu(CU, i, B, TOTAL, MAX_SEQLEN):
 
 
 @triton.jit
-def _plan_kernel(CU_Q, CU_K, FIX_Q, FIX_K, FLAG, ORDER, ENDS, WORK_SEQ, WORK_TILE,
+def _attnscope_varlen_plan_kernel(CU_Q, CU_K, FIX_Q, FIX_K, FLAG, ORDER, ENDS, WORK_SEQ, WORK_TILE,
                  B, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, N_ITEMS, TILE,
                  CAUSAL: tl.constexpr, KV_TILES: tl.constexpr, BLOCK_B: tl.constexpr, LOG_B: tl.constexpr,
                  BLOCK_W: tl.constexpr):
@@ -221,9 +222,9 @@ def plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q: int, max_seqlen_k: int,
          sanitize: bool = True):
     """The sanitised cu_seqlens and the work lists of one launch, on the device, without a host sync:
     ``(cu_q, cu_k, [(seq, tile), ...])``, one pair per ``(n_items, tile, causal, kv_tiles)`` of ``lists``.
-    Up to `PLAN_MAX_B` sequences one `_plan_kernel` launch per list (each also sanitises, the same
-    values); above, the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values were
-    checked on the host, used as given."""
+    Up to `PLAN_MAX_B` sequences one `_attnscope_varlen_plan_kernel` launch per list (each also sanitises,
+    the same values); above, the torch forms `_sanitize` and `_work_items`. ``sanitize=False``: the values
+    were checked on the host, used as given."""
     total_q, _, _, total_k, _ = dims
     B = cu_seqlens_q.shape[0] - 1
     dev = cu_seqlens_q.device
@@ -246,10 +247,10 @@ def plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q: int, max_seqlen_k: int,
         seq, til = buf[at:at + n], buf[at + n_all:at + n_all + n]
         at += n
         # each launch sanitises the given arrays again (the same values; the same bits ORed, idempotent)
-        _plan_kernel[(1,)](cu_seqlens_q, cu_seqlens_k, fix_q, fix_k, flag, order, ends, seq, til, B, total_q,
-                           total_k, max_seqlen_q, max_seqlen_k, n, tile, CAUSAL=bool(causal),
-                           KV_TILES=bool(kv_tiles), BLOCK_B=block_b, LOG_B=block_b.bit_length(), BLOCK_W=1024,
-                           num_warps=warps)
+        _attnscope_varlen_plan_kernel[(1,)](
+            cu_seqlens_q, cu_seqlens_k, fix_q, fix_k, flag, order, ends, seq, til, B, total_q, total_k,
+            max_seqlen_q, max_seqlen_k, n, tile, CAUSAL=bool(causal), KV_TILES=bool(kv_tiles),
+            BLOCK_B=block_b, LOG_B=block_b.bit_length(), BLOCK_W=1024, num_warps=warps)
         out.append((seq, til))
     if not sanitize:
         return cu_seqlens_q, cu_seqlens_k, out
