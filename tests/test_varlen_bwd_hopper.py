@@ -42,21 +42,47 @@ def test_work_lists_hold_every_tile_of_every_sequence_once(causal):
         assert len(seq) == n_items and seq.count(-1) == n_items - len(want)
 
 
-def test_padded_rows_put_each_sequence_before_row_pad_rows_of_padding():
-    """Sequence s's rows at ``cu[s] + s ROW_PAD``, everything else the pad value: a tile of up to ROW_PAD
-    rows from inside a sequence reads only its rows and the pad."""
-    lens = [3, 0, 130, 1, 64]
+def test_padded_rows_put_each_sequence_at_an_aligned_row_before_row_pad_rows_of_padding():
+    """Sequence s's rows from ``row_starts[s]``, a multiple of ROW_ALIGN (16 bytes of fp32: the TMA
+    loads' innermost coordinate; lengths that make ``cu[s] + s ROW_PAD`` unaligned), at least ROW_PAD pad
+    rows after each sequence (the last's inside n_pad), everything else the pad value: a tile of up to
+    ROW_PAD rows from inside a sequence reads only its rows and the pad."""
+    lens = [3, 0, 130, 1, 64, 5, 2]
     cu = _cu(lens)
     x = torch.randn(3, sum(lens), device=DEVICE)
-    out, zero = vh.padded_rows([(x, float("-inf")), (x * 2, 0.0)], cu)
+    starts, (out, zero) = vh.padded_rows([(x, float("-inf")), (x * 2, 0.0)], cu)
+    assert torch.equal(starts, vh.row_starts(cu)) and starts.dtype == torch.int32
+    starts = starts.tolist()
+    assert all(a % vh.ROW_ALIGN == 0 for a in starts) and vh.ROW_ALIGN * 4 == 16
+    assert any((int(cu[s]) + s * vh.ROW_PAD) % vh.ROW_ALIGN for s in range(len(lens)))  # the old layout's
     assert torch.equal(torch.where(torch.isneginf(out), 0.0, out * 2), zero)
-    assert out.shape[0] == 3 and out.shape[1] % 4 == 0 and out.shape[1] >= sum(lens) + len(lens) * vh.ROW_PAD
+    assert out.shape[0] == 3 and out.shape[1] % vh.ROW_ALIGN == 0
     expected = torch.full_like(out, float("-inf"))
     for s, n in enumerate(lens):
-        a = int(cu[s])
-        expected[:, a + s * vh.ROW_PAD:a + s * vh.ROW_PAD + n] = x[:, a:a + n]
-        assert torch.isneginf(out[:, a + s * vh.ROW_PAD + n:a + (s + 1) * vh.ROW_PAD + n]).all()
+        a, c = starts[s], int(cu[s])
+        expected[:, a:a + n] = x[:, c:c + n]
+        nxt = starts[s + 1] if s + 1 < len(lens) else out.shape[1]
+        assert nxt - (a + n) >= vh.ROW_PAD
     assert torch.equal(out, expected)
+
+
+def test_every_row_the_dkdv_producer_loads_by_tma_is_16_byte_aligned():
+    """The producer's -LSE2 / Delta TMA coordinates ``row_starts[s] + m BM`` (m a query tile of sequence s)
+    are multiples of 4 fp32 for any lengths (an unaligned innermost coordinate is an illegal instruction on
+    the H200), and each tile stays inside its sequence's rows and padding."""
+    g = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        lens = torch.randint(0, 300, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+        cu = _cu(lens)
+        starts = vh.row_starts(cu).tolist()
+        for d in (64, 128):
+            bm = vh.config(d, "dkdv").BM
+            for s, n in enumerate(lens):
+                for m in range(-(-n // bm)):
+                    row = starts[s] + m * bm
+                    assert row * 4 % 16 == 0, (lens, s, m)
+                    nxt = starts[s + 1] if s + 1 < len(lens) else None
+                    assert nxt is None or row + bm <= nxt, (lens, s, m)
 
 
 def _mods(causal=True, window=None, softcap=0.0):
@@ -222,7 +248,7 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     (grid_q, a_q, kw_q), = rec["dq"].calls
     lists = vh.work_lists(sum(lq), sum(lk), len(lq), d, True)
     assert grid_kv == (lists[0][0], hkv) and grid_q == (lists[1][0], hq)
-    assert kw_kv["CAUSAL"] is True and kw_kv["ROWS_PAD"] == vh.ROW_PAD and kw_q["CAUSAL"] is True
+    assert kw_kv["CAUSAL"] is True and "ROWS_PAD" not in kw_kv and kw_q["CAUSAL"] is True
     cfg_kv, cfg_q = vh.config(d, "dkdv"), vh.config(d, "dq")
 
     def same_memory(desc, t, rows):
@@ -243,8 +269,10 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     neg_lse = a_kv[4].base[0]  # [Hq, n_pad]
     assert a_kv[4].block_shape == [1, 1, cfg_kv.BM] and a_kv[5].block_shape == [1, 1, cfg_kv.BM]
     cq = np.cumsum([0, *lq])
+    starts = a_kv[14]  # ROW0: each sequence's first row in the copies, 16-byte aligned (TMA coordinate)
+    assert torch.equal(starts, vh.row_starts(_cu(lq))) and all(a % vh.ROW_ALIGN == 0 for a in starts.tolist())
     for s, n in enumerate(lq):
-        at = cq[s] + s * vh.ROW_PAD
+        at = int(starts[s])
         torch.testing.assert_close(neg_lse[:, at:at + n], lse[:, cq[s]:cq[s] + n] * _common.LOG2E / -qk_scale)
         assert torch.isneginf(neg_lse[:, at + n:at + n + vh.ROW_PAD]).all()
     # the work lists: every (sequence, 128-key tile) and (sequence, 128-row tile) once
