@@ -18,8 +18,14 @@ vh = pytest.importorskip("attnscope.kernels.varlen_bwd_hopper")
 from test_varlen import DEVICE, _check_varlen_grads, _cu, _packed  # noqa: E402 - the varlen tests' helpers
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting() or not varlen_bwd.HOPPER_VALIDATED,
-                                reason="needs an sm_90 GPU and the Gluon varlen backward enabled")
+needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting(), reason="needs an sm_90 GPU")
+
+
+@pytest.fixture
+def enabled(monkeypatch):
+    """The Gluon kernels enabled whatever `varlen_bwd.HOPPER_VALIDATED` says: these GPU tests are what it
+    waits for."""
+    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
 
 
 # --- host side (CPU) -----------------------------------------------------------------------------------
@@ -171,7 +177,8 @@ def _spy(monkeypatch):
     (128, True, torch.bfloat16, 4, False), (128, False, torch.bfloat16, 4, True),
     (64, True, torch.float16, 2, False), (64, False, torch.bfloat16, 1, False),
     (128, True, torch.float16, 1, True)])
-def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, d, causal, dtype, group, strided):
+def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, enabled, d, causal, dtype, group,
+                                                            strided):
     """The default autograd call on sm_90 runs the Gluon kernels; per sequence within 3 x PyTorch's own
     gradient error + 1e-3 of float64 (`test_varlen._check_varlen_grads`), empty sides exactly 0."""
     calls = _spy(monkeypatch)
@@ -187,7 +194,7 @@ def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, d, cau
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows():
+def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows(enabled):
     """Two calls give the same bits (no atomics), and no tile writes into a neighbour's rows: each
     sequence's dq / dk / dv in the batch equal those of the sequence run alone (bit for bit)."""
     lq, lk = [65, 0, 130, 1], [129, 3, 70, 64]
@@ -213,6 +220,25 @@ def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows():
         alone = grads(q[rq], k[rk], v[rk], do[rq], o[rq], lse[:, rq].contiguous(), [nq], [nk])
         for x, y in zip((a[0][rq], a[1][rk], a[2][rk]), alone, strict=True):
             assert torch.equal(x, y), s
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4)])
+def test_gpu_issue36_lengths_with_unaligned_sequence_starts(monkeypatch, enabled, d, causal, hq, hkv):
+    """Issue 36's H200 case (an illegal instruction before the fix): packed lengths 300, 1, 0, 777, whose
+    last sequence starts at row 301 (its -LSE2 / Delta rows once at an unaligned TMA coordinate), bf16,
+    GQA and not, through the default autograd call: the Gluon kernels run and every gradient is within
+    3 x PyTorch's error + 1e-3 of float64 per sequence."""
+    calls = _spy(monkeypatch)
+    lens = [300, 1, 0, 777]
+    g = torch.Generator().manual_seed(d + hq + causal)
+    q, do = (_packed(sum(lens), hq, d, torch.bfloat16, False, g) for _ in range(2))
+    k, v = (_packed(sum(lens), hkv, d, torch.bfloat16, False, g) for _ in range(2))
+    _check_varlen_grads(q, k, v, do, lens, lens, causal)
+    assert calls, "the default backward did not run kernels/varlen_bwd_hopper.py"
 
 
 class _Recorder:
