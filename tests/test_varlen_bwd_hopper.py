@@ -18,8 +18,14 @@ vh = pytest.importorskip("attnscope.kernels.varlen_bwd_hopper")
 from test_varlen import DEVICE, _check_varlen_grads, _cu, _packed  # noqa: E402 - the varlen tests' helpers
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting() or not varlen_bwd.HOPPER_VALIDATED,
-                                reason="needs an sm_90 GPU and the Gluon varlen backward enabled")
+needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting(), reason="needs an sm_90 GPU")
+
+
+@pytest.fixture
+def enabled(monkeypatch):
+    """The Gluon kernels enabled whatever `varlen_bwd.HOPPER_VALIDATED` says: these GPU tests are what it
+    waits for."""
+    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
 
 
 # --- host side (CPU) -----------------------------------------------------------------------------------
@@ -42,21 +48,47 @@ def test_work_lists_hold_every_tile_of_every_sequence_once(causal):
         assert len(seq) == n_items and seq.count(-1) == n_items - len(want)
 
 
-def test_padded_rows_put_each_sequence_before_row_pad_rows_of_padding():
-    """Sequence s's rows at ``cu[s] + s ROW_PAD``, everything else the pad value: a tile of up to ROW_PAD
-    rows from inside a sequence reads only its rows and the pad."""
-    lens = [3, 0, 130, 1, 64]
+def test_padded_rows_put_each_sequence_at_an_aligned_row_before_row_pad_rows_of_padding():
+    """Sequence s's rows from ``row_starts[s]``, a multiple of ROW_ALIGN (16 bytes of fp32: the TMA
+    loads' innermost coordinate; lengths that make ``cu[s] + s ROW_PAD`` unaligned), at least ROW_PAD pad
+    rows after each sequence (the last's inside n_pad), everything else the pad value: a tile of up to
+    ROW_PAD rows from inside a sequence reads only its rows and the pad."""
+    lens = [3, 0, 130, 1, 64, 5, 2]
     cu = _cu(lens)
     x = torch.randn(3, sum(lens), device=DEVICE)
-    out, zero = vh.padded_rows([(x, float("-inf")), (x * 2, 0.0)], cu)
+    starts, (out, zero) = vh.padded_rows([(x, float("-inf")), (x * 2, 0.0)], cu)
+    assert torch.equal(starts, vh.row_starts(cu)) and starts.dtype == torch.int32
+    starts = starts.tolist()
+    assert all(a % vh.ROW_ALIGN == 0 for a in starts) and vh.ROW_ALIGN * 4 == 16
+    assert any((int(cu[s]) + s * vh.ROW_PAD) % vh.ROW_ALIGN for s in range(len(lens)))  # the old layout's
     assert torch.equal(torch.where(torch.isneginf(out), 0.0, out * 2), zero)
-    assert out.shape[0] == 3 and out.shape[1] % 4 == 0 and out.shape[1] >= sum(lens) + len(lens) * vh.ROW_PAD
+    assert out.shape[0] == 3 and out.shape[1] % vh.ROW_ALIGN == 0
     expected = torch.full_like(out, float("-inf"))
     for s, n in enumerate(lens):
-        a = int(cu[s])
-        expected[:, a + s * vh.ROW_PAD:a + s * vh.ROW_PAD + n] = x[:, a:a + n]
-        assert torch.isneginf(out[:, a + s * vh.ROW_PAD + n:a + (s + 1) * vh.ROW_PAD + n]).all()
+        a, c = starts[s], int(cu[s])
+        expected[:, a:a + n] = x[:, c:c + n]
+        nxt = starts[s + 1] if s + 1 < len(lens) else out.shape[1]
+        assert nxt - (a + n) >= vh.ROW_PAD
     assert torch.equal(out, expected)
+
+
+def test_every_row_the_dkdv_producer_loads_by_tma_is_16_byte_aligned():
+    """The producer's -LSE2 / Delta TMA coordinates ``row_starts[s] + m BM`` (m a query tile of sequence s)
+    are multiples of 4 fp32 for any lengths (an unaligned innermost coordinate is an illegal instruction on
+    the H200), and each tile stays inside its sequence's rows and padding."""
+    g = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        lens = torch.randint(0, 300, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+        cu = _cu(lens)
+        starts = vh.row_starts(cu).tolist()
+        for d in (64, 128):
+            bm = vh.config(d, "dkdv").BM
+            for s, n in enumerate(lens):
+                for m in range(-(-n // bm)):
+                    row = starts[s] + m * bm
+                    assert row * 4 % 16 == 0, (lens, s, m)
+                    nxt = starts[s + 1] if s + 1 < len(lens) else None
+                    assert nxt is None or row + bm <= nxt, (lens, s, m)
 
 
 def _mods(causal=True, window=None, softcap=0.0):
@@ -145,7 +177,8 @@ def _spy(monkeypatch):
     (128, True, torch.bfloat16, 4, False), (128, False, torch.bfloat16, 4, True),
     (64, True, torch.float16, 2, False), (64, False, torch.bfloat16, 1, False),
     (128, True, torch.float16, 1, True)])
-def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, d, causal, dtype, group, strided):
+def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, enabled, d, causal, dtype, group,
+                                                            strided):
     """The default autograd call on sm_90 runs the Gluon kernels; per sequence within 3 x PyTorch's own
     gradient error + 1e-3 of float64 (`test_varlen._check_varlen_grads`), empty sides exactly 0."""
     calls = _spy(monkeypatch)
@@ -161,7 +194,7 @@ def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, d, cau
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows():
+def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows(enabled):
     """Two calls give the same bits (no atomics), and no tile writes into a neighbour's rows: each
     sequence's dq / dk / dv in the batch equal those of the sequence run alone (bit for bit)."""
     lq, lk = [65, 0, 130, 1], [129, 3, 70, 64]
@@ -187,6 +220,25 @@ def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows():
         alone = grads(q[rq], k[rk], v[rk], do[rq], o[rq], lse[:, rq].contiguous(), [nq], [nk])
         for x, y in zip((a[0][rq], a[1][rk], a[2][rk]), alone, strict=True):
             assert torch.equal(x, y), s
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4)])
+def test_gpu_issue36_lengths_with_unaligned_sequence_starts(monkeypatch, enabled, d, causal, hq, hkv):
+    """Issue 36's H200 case (an illegal instruction before the fix): packed lengths 300, 1, 0, 777, whose
+    last sequence starts at row 301 (its -LSE2 / Delta rows once at an unaligned TMA coordinate), bf16,
+    GQA and not, through the default autograd call: the Gluon kernels run and every gradient is within
+    3 x PyTorch's error + 1e-3 of float64 per sequence."""
+    calls = _spy(monkeypatch)
+    lens = [300, 1, 0, 777]
+    g = torch.Generator().manual_seed(d + hq + causal)
+    q, do = (_packed(sum(lens), hq, d, torch.bfloat16, False, g) for _ in range(2))
+    k, v = (_packed(sum(lens), hkv, d, torch.bfloat16, False, g) for _ in range(2))
+    _check_varlen_grads(q, k, v, do, lens, lens, causal)
+    assert calls, "the default backward did not run kernels/varlen_bwd_hopper.py"
 
 
 class _Recorder:
@@ -222,7 +274,7 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     (grid_q, a_q, kw_q), = rec["dq"].calls
     lists = vh.work_lists(sum(lq), sum(lk), len(lq), d, True)
     assert grid_kv == (lists[0][0], hkv) and grid_q == (lists[1][0], hq)
-    assert kw_kv["CAUSAL"] is True and kw_kv["ROWS_PAD"] == vh.ROW_PAD and kw_q["CAUSAL"] is True
+    assert kw_kv["CAUSAL"] is True and "ROWS_PAD" not in kw_kv and kw_q["CAUSAL"] is True
     cfg_kv, cfg_q = vh.config(d, "dkdv"), vh.config(d, "dq")
 
     def same_memory(desc, t, rows):
@@ -243,8 +295,10 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     neg_lse = a_kv[4].base[0]  # [Hq, n_pad]
     assert a_kv[4].block_shape == [1, 1, cfg_kv.BM] and a_kv[5].block_shape == [1, 1, cfg_kv.BM]
     cq = np.cumsum([0, *lq])
+    starts = a_kv[14]  # ROW0: each sequence's first row in the copies, 16-byte aligned (TMA coordinate)
+    assert torch.equal(starts, vh.row_starts(_cu(lq))) and all(a % vh.ROW_ALIGN == 0 for a in starts.tolist())
     for s, n in enumerate(lq):
-        at = cq[s] + s * vh.ROW_PAD
+        at = int(starts[s])
         torch.testing.assert_close(neg_lse[:, at:at + n], lse[:, cq[s]:cq[s] + n] * _common.LOG2E / -qk_scale)
         assert torch.isneginf(neg_lse[:, at + n:at + n + vh.ROW_PAD]).all()
     # the work lists: every (sequence, 128-key tile) and (sequence, 128-row tile) once

@@ -193,9 +193,9 @@ def _attnscope_varlen_dq_kernel(
 
 
 # --- the launcher ---------------------------------------------------------------------------------
-#: Whether kernels/varlen_bwd_hopper.py may run: it compiles for sm_90 but its first H200 run raised an
-#: illegal instruction (tests/test_varlen_bwd_hopper.py's GPU tests), so ``auto`` keeps the portable kernels
-#: and ``impl="hopper"`` refuses until those tests pass.
+#: Whether kernels/varlen_bwd_hopper.py may run: False until tests/test_varlen_bwd_hopper.py's GPU tests
+#: (which force it on) pass on an sm_90 GPU; meanwhile ``auto`` keeps the portable kernels and
+#: ``impl="hopper"`` refuses.
 HOPPER_VALIDATED = False
 
 

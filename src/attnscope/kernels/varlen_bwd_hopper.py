@@ -10,8 +10,10 @@ sequence's first packed row added to the TMA coordinates; tile indices and the m
   kv head); K/V of the tile resident, (Q, dO, -LSE2 / qk_scale, Delta) tiles of the group's query heads
   through the TMA ring, `bwd_hopper._step` per tile. A Q/dO tile may run past the sequence's last row into
   the next sequence's rows: the -LSE2 / qk_scale and Delta copies are laid out per sequence (`padded_rows`:
-  sequence s's rows start at ``cu_q[s] + s ROW_PAD``, followed by ``ROW_PAD`` rows of -inf and 0), so those
-  rows enter S^T as -inf and give P = 0 and dS = 0, as past Nq in the dense kernel. dK, dV leave by TMA when
+  sequence s's rows from `row_starts`' entry s, a multiple of `ROW_ALIGN`, followed by at least ``ROW_PAD``
+  rows of -inf and 0), so those rows enter S^T as -inf and give P = 0 and dS = 0, as past Nq in the dense
+  kernel. The rows are the TMA loads' innermost coordinate, which must be 16-byte aligned (an unaligned one
+  is an illegal instruction on the GPU, not an error the host sees). dK, dV leave by TMA when
   the warpgroup's 64 keys are all inside the sequence, else by masked pointer stores (never a row of
   another sequence).
 - dQ (`_attnscope_varlen_bwd_hopper_dq_kernel`): one CTA per (sequence, 128-row query tile) x query head,
@@ -54,6 +56,9 @@ from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_full, _kv
 
 #: The score mods this path builds (`fwd_hopper.mods_flags`): none.
 PLAIN: gl.constexpr = gl.constexpr(0)
+#: fp32 rows per 16 bytes: each sequence's first row in the padded -LSE2 / qk_scale and Delta copies is a
+#: multiple of it (`row_starts`), and so is every row the dK/dV producer loads by TMA (BM is one too)
+ROW_ALIGN = 4
 
 
 @gluon.jit
@@ -140,11 +145,12 @@ def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_sme
 
 @gluon.jit(do_not_specialize=["H", "HKV", "qk_scale", "sm_scale"])
 def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, desc_dk,
-                                             desc_dv, DK, DV, CU_Q, CU_K, WORK_SEQ, WORK_TILE, H, HKV,
+                                             desc_dv, DK, DV, CU_Q, CU_K, WORK_SEQ, WORK_TILE, ROW0, H, HKV,
                                              qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                             NWG: gl.constexpr, ROWS_PAD: gl.constexpr,
-                                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """dK, dV of ``NWG x BNW`` keys of one (sequence, kv head) per CTA: program (work item, kv head)."""
+                                             NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                             num_warps: gl.constexpr):
+    """dK, dV of ``NWG x BNW`` keys of one (sequence, kv head) per CTA: program (work item, kv head).
+    ``ROW0``: `row_starts`, each sequence's first row in the padded copies ``desc_lse`` / ``desc_delta``."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -155,7 +161,7 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
     start_n = gl.load(WORK_TILE + w) * (NWG * BNW)  # keys within the sequence
     sc = (qk_scale,)
     lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, PLAIN)
-    row_pad = q0 + s * ROWS_PAD  # the sequence's first row in the padded -LSE2 / qk_scale and Delta copies
+    row_pad = gl.load(ROW0 + s)  # the sequence's first row in the padded -LSE2 / qk_scale and Delta copies
 
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
@@ -338,20 +344,33 @@ def work_lists(total_q: int, total_k: int, batch: int, d: int, causal: bool) -> 
             (cdiv(total_q, t["dq"]) + batch, t["dq"], bool(causal), False)]
 
 
-def padded_rows(xs, cu_q) -> list:
+def row_starts(cu_q):
+    """Each sequence's first row in `padded_rows`' copies, int32 [B] on ``cu_q``'s device (no host sync):
+    ``ROW_ALIGN ceil((cu_q[s] + s (ROW_PAD + ROW_ALIGN - 1)) / ROW_ALIGN)``, a multiple of `ROW_ALIGN`
+    (16 bytes of fp32: the TMA loads' innermost coordinate), at least ``ROW_PAD`` rows after the previous
+    sequence's last. ``cu_q``: the sanitised int32 [B + 1]."""
+    B = cu_q.shape[0] - 1
+    step = ROW_PAD + ROW_ALIGN - 1
+    first = cu_q[:B] + torch.arange(B, device=cu_q.device, dtype=cu_q.dtype) * step
+    return (first + (ROW_ALIGN - 1)).div(ROW_ALIGN, rounding_mode="floor").mul(ROW_ALIGN).to(torch.int32)
+
+
+def padded_rows(xs, cu_q):
     """Each ``(x, pad)`` of ``xs`` (x [H, total_q]) laid out per sequence for the dK/dV kernel's TMA reads:
-    [H, n_pad] float32 with sequence s's rows at ``cu_q[s] + s ROW_PAD``, each sequence followed by
-    ``ROW_PAD`` rows of ``pad``, n_pad a multiple of 4 (16-byte row stride). ``cu_q``: the sanitised int32
-    [B + 1] on x's device; no host sync."""
+    ``(starts, [padded, ...])``, ``starts`` = `row_starts` and each padded [H, n_pad] float32 with sequence
+    s's rows from ``starts[s]``, every other entry ``pad`` (at least ``ROW_PAD`` of them after each
+    sequence), n_pad a multiple of `ROW_ALIGN` (16-byte row stride). ``cu_q``: the sanitised int32 [B + 1]
+    on x's device; no host sync."""
     H, total_q = xs[0][0].shape
     dev = xs[0][0].device
     B = cu_q.shape[0] - 1
-    n_pad = cdiv(total_q + B * ROW_PAD, 4) * 4
+    n_pad = cdiv(total_q + B * (ROW_PAD + ROW_ALIGN - 1), ROW_ALIGN) * ROW_ALIGN  # holds `row_starts`' layout
+    starts = row_starts(cu_q)
     rows = torch.arange(total_q, device=dev, dtype=torch.int32)
     seq = torch.searchsorted(cu_q, rows, right=True) - 1  # [total_q] the sequence of each packed row
-    at = rows + seq * ROW_PAD
+    at = (rows + (starts - cu_q[:B])[seq]).long()  # [total_q] each packed row's place in the copies
     out = [torch.full((H, n_pad), pad, dtype=torch.float32, device=dev) for _, pad in xs]
-    return [o.index_copy_(1, at, x.to(torch.float32)) for o, (x, _) in zip(out, xs, strict=True)]
+    return starts, [o.index_copy_(1, at, x.to(torch.float32)) for o, (x, _) in zip(out, xs, strict=True)]
 
 
 def _view(t):
@@ -372,9 +391,8 @@ def _descs(tensors: dict, blocks: dict, d: int) -> list:
 def constexprs(d: int, causal: bool, name: str) -> dict:
     """The constexpr arguments of kernel ``name`` ("dkdv" or "dq") for head dim ``d``."""
     cfg = config(d, name)
-    cx = {"CAUSAL": bool(causal), "STAGES": cfg.STAGES, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS,
-          "num_warps": NUM_WARPS}
-    return {**cx, "ROWS_PAD": ROW_PAD} if name == "dkdv" else cx
+    return {"CAUSAL": bool(causal), "STAGES": cfg.STAGES, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS,
+            "num_warps": NUM_WARPS}
 
 
 def kernel(name: str):
@@ -398,7 +416,7 @@ def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
         row = f"tensordesc<fp32[1,1,{cfg.BM}],{_row_layout(cfg.BM)!r}>"
         sig = {"desc_q": ds(cfg.BM), "desc_k": ds(bnw), "desc_v": ds(bnw), "desc_do": ds(cfg.BM),
                "desc_lse": row, "desc_delta": row, "desc_dk": ds(bnw), "desc_dv": ds(bnw),
-               "DK": f"*{dtype}", "DV": f"*{dtype}", **ptrs, "H": "i32", "HKV": "i32"}
+               "DK": f"*{dtype}", "DV": f"*{dtype}", **ptrs, "ROW0": "*i32", "H": "i32", "HKV": "i32"}
     else:
         sig = {"desc_q": ds(cfg.BM), "desc_k": ds(cfg.BN), "desc_v": ds(cfg.BN), "desc_do": ds(cfg.BM),
                "desc_dq": ds(cfg.BM), "DQ": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", **ptrs,
@@ -424,19 +442,19 @@ def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: fl
              "desc_dq": _view(dq)}  # outputs: fresh contiguous tensors, written in place
     kv, qc = config(d, "dkdv"), config(d, "dq")
     bnw = kv.BN // kv.NWG
-    assert ROW_PAD >= kv.BM, (ROW_PAD, kv)  # a tile past a sequence's end reads its padding only
+    assert ROW_PAD >= kv.BM and kv.BM % ROW_ALIGN == 0, (ROW_PAD, kv)  # padding only past a sequence's end
     if total_k == 0:  # no keys: every row's dQ is 0
         dq.zero_()
         return None, None
     # the S^T and dP^T initial values per query row: -LSE2 / qk_scale (-inf past each sequence: P = 0), Delta
-    rows = padded_rows([(lse2 / -qk_scale, float("-inf")), (delta, 0.0)], cu_q)
+    starts, rows = padded_rows([(lse2 / -qk_scale, float("-inf")), (delta, 0.0)], cu_q)
     rows = [TensorDescriptor(r.unsqueeze(0), [1, *r.shape], [r.numel(), *r.stride()], [1, 1, kv.BM],
                              _row_layout(kv.BM)) for r in rows]
     (seq_kv, tile_kv), (seq_q, tile_q) = items
     descs = _descs(views, {"desc_q": kv.BM, "desc_k": bnw, "desc_v": bnw, "desc_do": kv.BM}, d)
     outs = _descs(views, {"desc_dk": bnw, "desc_dv": bnw}, d)
     dkdv = _attnscope_varlen_bwd_hopper_dkdv_kernel[(seq_kv.shape[0], Hkv)](
-        *descs, *rows, *outs, dk, dv, cu_q, cu_k, seq_kv, tile_kv, Hq, Hkv, qk_scale, sm_scale,
+        *descs, *rows, *outs, dk, dv, cu_q, cu_k, seq_kv, tile_kv, starts, Hq, Hkv, qk_scale, sm_scale,
         **constexprs(d, causal, "dkdv"))
     descs = _descs(views, {"desc_q": qc.BM, "desc_k": qc.BN, "desc_v": qc.BN, "desc_do": qc.BM,
                            "desc_dq": qc.BM}, d)
