@@ -21,13 +21,6 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
 needs_sm90 = pytest.mark.skipif(not SM90 or _common.interpreting(), reason="needs an sm_90 GPU")
 
 
-@pytest.fixture
-def enabled(monkeypatch):
-    """The Gluon kernels enabled whatever `varlen_bwd.HOPPER_VALIDATED` says: these GPU tests are what it
-    waits for."""
-    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
-
-
 # --- host side (CPU) -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("causal", [False, True])
 def test_work_lists_hold_every_tile_of_every_sequence_once(causal):
@@ -108,11 +101,6 @@ def test_pick_impl_rule_and_refusals(monkeypatch):
     assert varlen_bwd.pick_impl("portable", q, True, _mods(), 0.088) == "portable"
 
     monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
-    if not varlen_bwd.HOPPER_VALIDATED:  # not enabled: auto keeps the portable kernels, "hopper" says why
-        assert varlen_bwd.pick_impl("auto", q, True, _mods(), 0.088) == "portable"
-        with pytest.raises(NotImplementedError, match="not enabled"):
-            varlen_bwd.pick_impl("hopper", q, True, _mods(), 0.088)
-    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
     for d in (64, 128):
         for dt in (torch.float16, torch.bfloat16):
             for causal in (False, True):
@@ -177,7 +165,7 @@ def _spy(monkeypatch):
     (128, True, torch.bfloat16, 4, False), (128, False, torch.bfloat16, 4, True),
     (64, True, torch.float16, 2, False), (64, False, torch.bfloat16, 1, False),
     (128, True, torch.float16, 1, True)])
-def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, enabled, d, causal, dtype, group,
+def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, d, causal, dtype, group,
                                                             strided):
     """The default autograd call on sm_90 runs the Gluon kernels; per sequence within 3 x PyTorch's own
     gradient error + 1e-3 of float64 (`test_varlen._check_varlen_grads`), empty sides exactly 0."""
@@ -194,7 +182,7 @@ def test_gpu_default_backward_runs_gluon_and_matches_float64(monkeypatch, enable
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows(enabled):
+def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows():
     """Two calls give the same bits (no atomics), and no tile writes into a neighbour's rows: each
     sequence's dq / dk / dv in the batch equal those of the sequence run alone (bit for bit)."""
     lq, lk = [65, 0, 130, 1], [129, 3, 70, 64]
@@ -227,7 +215,7 @@ def test_gpu_gluon_backward_is_bitwise_repeatable_and_writes_only_its_rows(enabl
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4)])
-def test_gpu_issue36_lengths_with_unaligned_sequence_starts(monkeypatch, enabled, d, causal, hq, hkv):
+def test_gpu_issue36_lengths_with_unaligned_sequence_starts(monkeypatch, d, causal, hq, hkv):
     """Issue 36's H200 case (an illegal instruction before the fix): packed lengths 300, 1, 0, 777, whose
     last sequence starts at row 301 (its -LSE2 / Delta rows once at an unaligned TMA coordinate), bf16,
     GQA and not, through the default autograd call: the Gluon kernels run and every gradient is within
@@ -256,7 +244,6 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     (work items, heads); Q/K/V/dO and the outputs as [1, H, total, d] views of the caller's memory with
     the configs' blocks; the -LSE2 / qk_scale and Delta copies padded per sequence; the plan's lists."""
     monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
-    monkeypatch.setattr(varlen_bwd, "HOPPER_VALIDATED", True)
     rec = {name: _Recorder() for name in ("dkdv", "dq")}
     monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dkdv_kernel", rec["dkdv"])
     monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dq_kernel", rec["dq"])

@@ -19,10 +19,10 @@ and the sequence's first packed row goes into the base offset.
 The cu_seqlens are sanitised and the work lists built on the device by `varlen_plan.plan` (one launch
 for both lists; the forward's order: sequence-major, heaviest first): no host sync, no access outside
 the tensors.
-With `HOPPER_VALIDATED` (False: they have not passed their GPU tests), on sm_90 ``impl="auto"`` would run
-steps 2 and 3 as kernels/varlen_bwd_hopper.py's Gluon dK/dV and dQ kernels (work lists of their tile
-sizes; no atomics either way) where `pick_impl` says so: the rule of the dense backward,
-`model.dispatch.hopper_backward_ok` (head dim 64 / 128), no window or softcap (not built), fp16 / bf16.
+On sm_90 ``impl="auto"`` runs steps 2 and 3 as kernels/varlen_bwd_hopper.py's Gluon dK/dV and dQ kernels
+(work lists of their tile sizes; no atomics either way) where `pick_impl` says so: the rule of the dense
+backward, `model.dispatch.hopper_backward_ok` (head dim 64 / 128), no window or softcap (not built), fp16 /
+bf16.
 Sinks: ``dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)`` from D and the LSE, in torch.
 Layout: q, dO, o [total_q, Hq, d], k, v [total_k, Hkv, d] (any strides with a unit last stride; plain
 pointer loads); dq, dk, dv contiguous in the same layouts. Configs: the dense backward's tables.
@@ -193,11 +193,6 @@ def _attnscope_varlen_dq_kernel(
 
 
 # --- the launcher ---------------------------------------------------------------------------------
-#: Whether kernels/varlen_bwd_hopper.py may run: False until tests/test_varlen_bwd_hopper.py's GPU tests
-#: (which force it on) pass on an sm_90 GPU; meanwhile ``auto`` keeps the portable kernels and
-#: ``impl="hopper"`` refuses.
-HOPPER_VALIDATED = False
-
 
 def pick_impl(impl: str, q, causal: bool, mods, sm_scale: float, bounds=None) -> str:
     """"portable" or "hopper": the dK/dV and dQ kernels of `flash_attention_varlen_backward` (``impl`` as
@@ -220,8 +215,6 @@ def pick_impl(impl: str, q, causal: bool, mods, sm_scale: float, bounds=None) ->
     if why is None and not bwd.HOPPER_QK_SCALE[0] <= qk_scale <= bwd.HOPPER_QK_SCALE[1]:
         why = (f"scale * log2(e) = {qk_scale:.3g} is not supported; supported: {bwd.HOPPER_QK_SCALE[0]:g} "
                f"to {bwd.HOPPER_QK_SCALE[1]:g}")
-    if why is None and not HOPPER_VALIDATED:
-        why = "the Gluon varlen backward is not enabled (it has not passed its GPU tests)"
     if impl == "hopper":
         if why is not None:
             raise NotImplementedError(f"impl='hopper': {why} (impl='portable': every case)")

@@ -15,8 +15,8 @@ dQ kernels instead of the portable ones: wherever they are built (head dim), wit
 softcap, sinks). On the H200 they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's
 grid (bench/results/h200-2026-12-02-backward-hopper-first.json) and 1.41-1.68 x with a window or softcap at
 d = 64 and 128 (bench/results/h200-2026-12-02-mods-d*.json). The packed backward (kernels/varlen_bwd.py
-`pick_impl`) would follow the same rule for kernels/varlen_bwd_hopper.py, which is not enabled
-(`varlen_bwd.HOPPER_VALIDATED`).
+`pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py's Gluon kernels (no window or softcap
+there: not built).
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
