@@ -31,7 +31,9 @@ def main(argv=None) -> int:
     used = env.get("estimated_with", {})
     out = family_fit.fit(points, used.get("l2_bytes"), used.get("sms"))
     for name, value in out["params"].items():
-        print(f"{name} = {value}")
+        why = f"  (least squares {out['zeroed'][name]}: a byte term below 0, fixed at 0)" \
+            if name in out["zeroed"] else ""
+        print(f"{name} = {value}{why}")
     for r in out["rows"]:
         est = "-" if r["estimate"] is None else f"{r['estimate']:,.0f} B ({r['error']:+.1%})"
         print(f"{families.label(r['spec'])}: ncu {r['measured']:,} B, estimate {est} {r['note']}".rstrip())
