@@ -4,10 +4,11 @@
     python bench/fit_family_params.py probe_decode.json probe_varlen.json probe_backward.json [--json OUT]
 
 Each FILE is what ``attnscope bytes --sweep bench/grids/probe_{decode,varlen,backward}.csv --json FILE`` wrote
-on the GPU; its decode, varlen and backward rows go to `attnscope.measure.family_fit.fit` (least squares for
-the linear constants, a grid search for the varlen capacity and ramp) with the recorded L2 and SM count.
-Prints each constant (None: no row informs it) and every row's estimate against ncu with the fitted constants,
-to be copied into `FamilyParams` with the result files' names; judge the result on the held-out grids only.
+on the GPU; its decode, varlen and backward rows go to `attnscope.measure.family_fit.fit` (non-negative least
+squares for the decode and backward constants; the varlen estimate has none) with the recorded L2 and SM
+count. Prints each constant (None: no row informs it; a value fixed at 0 with its negative unconstrained
+value) and every row's estimate against ncu with the fitted constants, to be copied into
+`H200_FAMILY_PARAMS` with the result files' names; judge the result on the held-out grids only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The constants of the decode, varlen and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
-`attnscope.model.backward_estimate`): one table, `FamilyParams`, each field naming the probe that measures it
-(`PROBES`: rows of bench/grids/probe_decode.csv, probe_varlen.csv and probe_backward.csv). A field that no
-probe has measured yet is None, and an estimate that needs it refuses
-(`NotMeasured`, naming the field and its probe) rather than run on a guessed number; `H200_FAMILY_PARAMS`
-holds the values fitted from the probes measured on the H200. The kernels' geometry
-that the estimate reads from their sources (split counts, row tiles, block sizes) is not in this table: it is
-in `family_estimate`, each fact with the source it was read from. Pure Python.
+"""The constants of the decode and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
+`attnscope.model.backward_estimate`; the varlen estimate needs none): one table, `FamilyParams`, each field
+naming the probe that measures it (`PROBES`: rows of bench/grids/probe_decode.csv and probe_backward.csv). A
+field that no probe has measured is None, and an estimate that needs it refuses (`NotMeasured`, naming the
+field and its probe) rather than run on a guessed number; `H200_FAMILY_PARAMS` holds the values fitted from
+the probes measured on the H200. The kernels' geometry that the estimate reads from their sources (split
+counts, row tiles, block sizes) is not in this table: it is in `family_estimate`, each fact with the source
+it was read from. Pure Python.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class NotMeasured(NotImplementedError):
 
 @dataclass(frozen=True)
 class FamilyParams:
-    """The one table of the decode, varlen and backward estimates' measured constants (None: not measured
+    """The one table of the decode and backward estimates' measured constants (None: not measured
     yet; the estimates that need it refuse). Each field's probe is `PROBES[field]`."""
 
     #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
