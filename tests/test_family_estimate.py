@@ -117,9 +117,17 @@ def test_the_shipped_constants_are_measured_and_nonnegative():
     assert values["row_tile_kv_miss"] == values["cudnn_gqa_kv_dram"] == 0.0
 
 
-def test_flex_past_the_l2_refuses_what_the_forward_rule_does_not_cover():
-    with pytest.raises(NotImplementedError, match="documents of different lengths"):
-        fe.varlen_estimate("flex", [30000, 20000], heads=16)
+def test_flex_past_the_l2_is_the_forward_estimate_of_its_documents_as_a_batch():
+    from attnscope.model import l2
+
+    kw = dict(heads=16, d=128, sms=132, l2_bytes=62914560)
+    est = fe.varlen_estimate("flex", [30000, 30000], **kw)
+    (k,) = l2.estimate("efficient", 30000, 128, 16, 2, "fp16", False, l2_bytes=62914560, sms=132,
+                       kernel=fe.FLEX_KERNELS[128]).kernels
+    rereads = dict((n, b) for n, b, _ in est.terms)["kv_rereads"]
+    assert rereads == pytest.approx(k.read - 2 * 30000 * 128 * 2 * 48) and rereads > 0
+    mixed = fe.varlen_estimate("flex", [30000, 20000], **kw)  # each document its share of a batch of two
+    assert 0 < dict((n, b) for n, b, _ in mixed.terms)["kv_rereads"] < rereads
     with pytest.raises(NotImplementedError, match="causal GQA over several documents"):
         fe.varlen_estimate("flex", [30000, 30000], causal=True, heads=32, kv_heads=4)
     fe.varlen_estimate("flex", [3000, 2000, 77], causal=True, heads=8, kv_heads=2)  # resident: runs
@@ -246,7 +254,7 @@ def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys,
                     "decode,attnscope,8,2,64,4096;1000,1,,\n"
                     "decode,attnscope,8,2,64,4096;1000,4,,\n"
                     "varlen,flex,8,8,64,,,300;500,true\n"
-                    "varlen,flex,16,16,128,,,30000;20000,false\n")
+                    "varlen,flex,32,4,128,,,30000;20000,true\n")
     want = fe.decode_estimate("attnscope", [4096, 1000], heads=8, kv_heads=2, d=64, splits=1).total
 
     def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
@@ -260,14 +268,14 @@ def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys,
     argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "varlen: 1 point(s) without an estimate: not modelled: varlen flex: documents of different" in text
+    assert "varlen: 1 point(s) without an estimate: not modelled: varlen flex: causal GQA over" in text
     assert "decode: 2 points, 2 estimated (within 5%: 2" in text
     rows = json.loads(out.read_text())["family_rows"]
     assert rows[0]["estimate"] == want and rows[0]["estimate_error"] == pytest.approx(1 / 1.04 - 1, abs=1e-6)
     assert rows[1]["estimate"] == fe.decode_estimate("attnscope", [4096, 1000], heads=8, kv_heads=2, d=64,
                                                      splits=4).total
     assert rows[2]["estimate"] is not None and rows[2]["estimate_terms"][0]["name"] == "block_mask"
-    assert rows[3]["estimate"] is None and "different lengths" in rows[3]["note"]
+    assert rows[3]["estimate"] is None and "causal GQA over several documents" in rows[3]["note"]
 
 
 def test_decode_callable_with_nq_attends_bottom_right_over_each_cache():

@@ -421,22 +421,23 @@ def _flex_rereads(lens, causal: bool, d: int, dtype: str, h: int, hkv: int, sms:
     """Flex's K/V reads beyond one pass, past residency: its grid (query blocks, 1, H), query blocks fastest
     over the packed documents, is the dense forward's grid of a batch of the documents in "bh" order (the
     other documents between a group's heads), so the forward estimate (`model.l2.estimate`) with Flex's
-    tiles (`FLEX_KERNELS`) counts them, for documents of one length. Refused (not modelled): documents of
-    different lengths, and causal GQA over several documents (the forward's rule for it is FA-2's own
-    measured curve, `l2_params.hot_miss`)."""
-    if len(set(lens)) > 1:
-        raise NotImplementedError(f"{what}: documents of different lengths past the L2 (one head's pass "
-                                  f"over {RESIDENT_BELOW:.2f} x L2) are not modelled; supported: one length, "
-                                  "or a batch whose one head's Q, O, K, V stay under that")
+    tiles (`FLEX_KERNELS`) counts them: exactly so for documents of one length; for several lengths, each
+    document's share of a batch of ``len(lens)`` documents of its length (its own re-reads, its neighbours
+    taken as its length). Refused (not modelled): causal GQA over several documents (the forward's rule for
+    that order is FA-2's own measured curve, `l2_params.hot_miss`)."""
     if causal and h > hkv and len(lens) > 1:
-        raise NotImplementedError(f"{what}: causal GQA over several documents past the L2 is not modelled "
-                                  "(the forward's rule for that order is FA-2's measured curve); supported: "
-                                  "MHA, one document, or a batch under the resident footprint")
-    n, docs = lens[0], len(lens)
-    est = _forward_estimate("efficient", n, d, h, docs, dtype, causal, kv_heads=hkv, l2_bytes=l2, sms=sms,
-                       kernel=FLEX_KERNELS[d])
-    (k,) = est.kernels
-    return max(0.0, k.read - docs * n * d * DTYPE_BYTES[dtype] * (h + 2 * hkv))
+        raise NotImplementedError(f"{what}: causal GQA over several documents past the L2 (one head's pass "
+                                  f"over {RESIDENT_BELOW:.2f} x L2) is not modelled (the forward's rule for "
+                                  "that order is FA-2's measured curve); supported: MHA, one document, or a "
+                                  "batch under that footprint")
+    docs, b = len(lens), DTYPE_BYTES[dtype]
+    extra = {}
+    for n in set(lens):  # the forward estimate of a batch of `docs` documents of length n, less one pass
+        # ("efficient": a fused kernel with no FA-2-only term; the geometry is Flex's own, `kernel`)
+        (k,) = _forward_estimate("efficient", n, d, h, docs, dtype, causal, kv_heads=hkv, l2_bytes=l2,
+                                 sms=sms, kernel=FLEX_KERNELS[d]).kernels
+        extra[n] = max(0.0, k.read - docs * n * d * b * (h + 2 * hkv)) / docs
+    return sum(extra[n] for n in lens)
 
 
 def error_text(exc: Exception) -> str:
