@@ -366,6 +366,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
     block, read once: H and B broadcast) + its K/V re-reads: none while one head's pass (its Q, O and its
     kv head's K, V) stays under `RESIDENT_BELOW` x the L2, else the forward estimate's (`_flex_rereads`).
+    ``params`` is not read (no varlen term has a constant); it keeps the decode and backward signature.
     """
     choice("impl", impl, VARLEN_IMPLS)
     lens = _lens("lens", lens)
