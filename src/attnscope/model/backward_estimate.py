@@ -256,7 +256,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
     atomic = impl == "flash" or not deterministic
     kv_w = 2 * (bh if impl == "flash" else bkv) * n * d * b  # dK, dV as written (FA-2: per query head)
-    if impl == "flash":  # grad_out and out made contiguous in FA-2's [B, N, H, d] layout before mha_bwd
+    if impl == "flash":  # _flash_attention_backward: grad_out.contiguous(), out.contiguous() ([B, N, H, d])
         terms.append(("layout_copies", 4 * qd, "dO and O copied into FA-2's [B, N, H, d] layout: two copy "
                                                "kernels, each reading and writing a [B, H, N, d] tensor"))
     acc = 0
