@@ -4,10 +4,11 @@
     python bench/fit_family_params.py probe_decode.json probe_varlen.json probe_backward.json [--json OUT]
 
 Each FILE is what ``attnscope bytes --sweep bench/grids/probe_{decode,varlen,backward}.csv --json FILE`` wrote
-on the GPU; its decode, varlen and backward rows go to `attnscope.measure.family_fit.fit` (least squares for
-the linear constants, a grid search for the varlen capacity and ramp) with the recorded L2 and SM count.
-Prints each constant (None: no row informs it) and every row's estimate against ncu with the fitted constants,
-to be copied into `FamilyParams` with the result files' names; judge the result on the held-out grids only.
+on the GPU; its decode, varlen and backward rows go to `attnscope.measure.family_fit.fit` (non-negative least
+squares for the decode and backward constants; the varlen estimate has none) with the recorded L2 and SM
+count. Prints each constant (None: no row informs it; a value fixed at 0 with its negative unconstrained
+value) and every row's estimate against ncu with the fitted constants, to be copied into
+`H200_FAMILY_PARAMS` with the result files' names; judge the result on the held-out grids only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def main(argv=None) -> int:
     used = env.get("estimated_with", {})
     out = family_fit.fit(points, used.get("l2_bytes"), used.get("sms"))
     for name, value in out["params"].items():
-        print(f"{name} = {value}")
+        why = f"  (least squares {out['zeroed'][name]}: a byte term below 0, fixed at 0)" \
+            if name in out["zeroed"] else ""
+        print(f"{name} = {value}{why}")
     for r in out["rows"]:
         est = "-" if r["estimate"] is None else f"{r['estimate']:,.0f} B ({r['error']:+.1%})"
         print(f"{families.label(r['spec'])}: ncu {r['measured']:,} B, estimate {est} {r['note']}".rstrip())

@@ -112,7 +112,7 @@ def _point(spec, read, write):
     return ncu.Point(spec, ncu.Measured([KernelBytes(1, "k", read, write)], "none", "ncu x"))
 
 
-def test_sweep_of_families_reports_ledger_error_and_no_estimate(tmp_path, capsys, monkeypatch):
+def test_sweep_of_families_reports_ledger_error_and_estimate(tmp_path, capsys, monkeypatch):
     from attnscope.cli import gpu
 
     monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
@@ -136,16 +136,16 @@ def test_sweep_of_families_reports_ledger_error_and_no_estimate(tmp_path, capsys
     assert main(argv) == 1  # the decode point was not measured
     text = capsys.readouterr().out
     assert "estimate vs ncu over 1 points" in text  # the forward point alone, against the L2 estimate
-    assert "backward: 1 points, no estimate yet; logical ledger vs ncu: mean |error| 0.0%" in text
+    assert "backward: 1 points, 1 estimated" in text and "logical ledger vs ncu: mean |error| 0.0%" in text
     assert "not measured: decode attnscope H=8 d=64 fp16 cache_lens=4096 dense fp16 splits=2" in text
     saved = json.loads(out.read_text())
     (row,) = saved["family_rows"]
-    assert row["estimate"] is None and row["logical"] == bwd_logical  # the estimate's constant is unmeasured
-    assert row["note"].startswith("not measured: backward cudnn: the constant cudnn_bwd_other_per_row")
+    assert row["logical"] == bwd_logical  # the shipped constants estimate it
+    assert row["estimate"] == pytest.approx(families.estimate(specs[1], 62914560, 132)[0].total)
     assert saved["family_summary"]["backward"]["count"] == 1 and saved["summary"]["count"] == 1
     assert main(["bytes", "--from-json", str(out)]) == 0  # and it reads back, family rows included
     text = capsys.readouterr().out
-    assert "backward: 1 points, no estimate yet" in text and "estimate vs ncu over 1 points" in text
+    assert "backward: 1 points, 1 estimated" in text and "estimate vs ncu over 1 points" in text
 
 
 # --- the measured callables, on tiny shapes under the Triton interpreter --------------------------------

@@ -307,7 +307,7 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
                                       l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":
             return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
-                                      heads=h, kv_heads=hkv, l2_bytes=l2_bytes), ""
+                                      heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes), ""
     except NotImplementedError as e:  # NotMeasured is one
         return None, fe.error_text(e)
     return None, NO_ESTIMATE

@@ -15,9 +15,13 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
   fp32 buffer, read-modify-writes per tile pair, a cast) or by a dQ kernel per query tile (the Hopper
   two-kernel build; the portable one with ``deterministic=True``) that reads Q, dO, LSE2, Delta again and
   K/V per query tile; the Hopper kernels read -LSE2 / scale and Delta from copies padded to 128 rows.
-- flash (PyTorch's FA-2 ``mha_bwd``): the same structure per *query* head (grid (key blocks, B, H)): a
-  zeroed fp32 dQ accumulator (rows rounded to 128), atomics, a convert kernel; with GQA, dK and dV written
-  per query head and summed over the group by torch.
+- flash (PyTorch's FA-2 ``mha_bwd``): dO and O first copied into its [B, N, H, d] layout (two copy
+  kernels), then the same structure per *query* head (grid (key blocks, B, H)): a zeroed fp32 dQ
+  accumulator (rows rounded to 128), atomics, a convert kernel; with GQA, dK and dV written per query head
+  and summed over the group after the convert.
+- The fp32 dQ accumulator of the atomic builds goes round DRAM twice when the L2 cannot hold it: its zeros
+  are written back and re-read by the first atomic add of each line, and the sums written back and re-read
+  by the cast (`_gap_miss`: the share evicted over each gap, the dK/dV kernel's stream in between).
 - cudnn (closed source): FA-2's re-read pattern assumed, its other bytes per row and its GQA bytes
   constants.
 
@@ -36,7 +40,7 @@ from attnscope.errors import choice, expect, positive_int
 from attnscope.model import dispatch
 from attnscope.model.family_estimate import FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
-from attnscope.model.l2_params import H200_L2_PARAMS, miss
+from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import wave_rereads
 from attnscope.model.tiles import Grid
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
@@ -106,6 +110,17 @@ def _miss_share(footprint: float, l2: int) -> float:
     (`l2_params.miss` at the measured `L2Params.shared` capacity and ramp)."""
     p = H200_L2_PARAMS
     return miss(footprint / (p.shared * l2), p.shared_ramp)
+
+
+def _gap_miss(before: float, after: float, l2: int) -> float:
+    """Mean share of a buffer's lines that reach DRAM between two passes over it in the same order: the line
+    at fraction x of the buffer is touched again after the rest of the first pass's stream, ``before`` x
+    (1 - x) bytes, and the part of the second's before it, ``after`` x x bytes (for the fp32 dQ accumulator:
+    its fill, then the dK/dV kernel's stream, then the cast). The distance is linear in x, from ``before`` to
+    ``after``: `mean_miss` of the forward's rule for lines touched from both L2 partitions
+    (`L2Params.shared`, ``shared_ramp``)."""
+    p = H200_L2_PARAMS
+    return mean_miss(before / (p.shared * l2), after / (p.shared * l2), p.shared_ramp)
 
 
 def _set_rereads(sets: int, per_set: int, c: int, set_bytes: float, other: float, causal: bool,
@@ -240,12 +255,23 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                 f"{what} with GQA", f"K, V read and dK, dV written for {g - 1} more query heads per kv head")
         return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
     atomic = impl == "flash" or not deterministic
+    kv_w = 2 * (bh if impl == "flash" else bkv) * n * d * b  # dK, dV as written (FA-2: per query head)
+    if impl == "flash":  # _flash_attention_backward: grad_out.contiguous(), out.contiguous() ([B, N, H, d])
+        terms.append(("layout_copies", 4 * qd, "dO and O copied into FA-2's [B, N, H, d] layout: two copy "
+                                               "kernels, each reading and writing a [B, H, N, d] tensor"))
+    acc = 0
     if atomic:  # a zeroed fp32 dQ, read-modify-written per tile pair, cast to dQ
         acc_rows = -(-n // FLASH_DQ_ROUND) * FLASH_DQ_ROUND if impl == "flash" else n
         acc = bh * acc_rows * d * STAT_BYTES
-        cast = _miss_share(acc, l2)
-        terms.append(("dq_acc", acc * (1.0 + cast), "fp32 dQ accumulator zeroed (written back once) and "
-                                                    f"read by the cast, x {cast:.2f} missing the L2"))
+        # the dK/dV kernel's stream: Q, dO, K, V, LSE, Delta read, dK, dV written, the accumulator touched
+        stream = 2 * qd + 2 * bkv * n * d * b + 2 * stats + kv_w + acc
+        fill = acc + (2 * qd if impl == "flash" else 0)  # FA-2 zeroes it in the preprocess (O, dO read)
+        first, cast = _gap_miss(fill, stream, l2), _gap_miss(stream, acc + qd, l2)
+        facts |= {"acc_first_touch_miss": first, "acc_cast_miss": cast}
+        terms.append(("dq_acc", acc * (1.0 + first + 2.0 * cast),
+                      "fp32 dQ accumulator: zeroed and written back once; re-read by the atomics' first add "
+                      f"to a line evicted since the fill (x {first:.2f}); written back after the last add "
+                      f"and read by the cast, evicted since (2 x {cast:.2f})"))
         rmw = _set_rereads(sets, per_set, conc, set_rows * d * STAT_BYTES, other, causal, True, l2, frac)
         _scaled(terms, "dq_atomics", 2 * rmw, params, field, what, "fp32 dQ lines evicted between the key "
                 "tiles' atomic adds, read and written back (the wave rule on the accumulator; the re-reads' "
@@ -264,9 +290,11 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         _scaled(terms, "kv_rereads", kv_re, params, field, what,
                 "K, V re-read by the dQ kernel's later query tiles, missing the L2")
     if impl == "flash" and g > 1:  # dK, dV [B, N, Hq, d] per query head, summed over the group by torch
-        expanded = 2 * bh * n * d * b
-        terms.append(("gqa_expand", expanded - 2 * bkv * n * d * b + expanded * _miss_share(expanded, l2),
-                      f"dK, dV written per query head ({g} per kv head) and read back by the group sum"))
+        expanded = kv_w
+        back = _miss_share(expanded + acc + qd, l2)  # the convert kernel (acc read, dQ written) runs between
+        terms.append(("gqa_expand", expanded - 2 * bkv * n * d * b + expanded * back,
+                      f"dK, dV written per query head ({g} per kv head) and read back by the group sum "
+                      f"after the dQ convert, x {back:.2f} missing the L2"))
         kv_gap = _miss_share(bsz * (n * row + 2 * n * d * b), l2)
         if kv_gap > 0:
             terms.append(("gqa_kv", (g - 1) * bkv * 2 * n * d * b * kv_gap,

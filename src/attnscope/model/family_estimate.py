@@ -31,7 +31,8 @@ from attnscope.model.family_params import (
     need,
 )
 from attnscope.model.l2 import DIRTY_O, _retained  # the forward estimate's one rule for dirty output lines
-from attnscope.model.l2_params import H200_L2_PARAMS, miss
+from attnscope.model.l2 import estimate as _forward_estimate
+from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
 from attnscope.model.tiles import Grid
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
@@ -50,6 +51,12 @@ VARLEN_ITEM_BYTES = 6 * 4
 VARLEN_BLOCK_Q, VARLEN_BLOCK_KV = 128, 64  # the ledger's tiles (model/serving.py `packed`)
 #: Flex attention's sparse block (torch.nn.attention.flex_attention _DEFAULT_SPARSE_BLOCK_SIZE).
 FLEX_BLOCK = 128
+#: Flex's forward kernel on sm_90 (torch/_inductor/template_heuristics/triton.py h100_default_flex_config,
+#: fp16/bf16: d 128 (BLOCK_M 128, BLOCK_N 64, 3 stages, 8 warps), d 64 (128, 128, 3 stages, 4 warps)), grid
+#: (query blocks, batch, heads): query blocks fastest, then the documents (one packed batch), then the
+#: heads ("bh"); K/V walked forwards, no LSE without grad. CTAs per SM from shared memory (not measured):
+#: Q 32 KiB + 3 stages x K, V 16 KiB each at d 128 (128 KiB: one fits 228 KiB), 16 + 3 x 32 KiB at d 64.
+FLEX_KERNELS = {128: Kernel(128, 64, 1, "bh", False, False), 64: Kernel(128, 128, 2, "bh", False, False)}
 
 
 #: The one term allowed below zero: O still dirty in the L2 when the call ends (`model.l2.DIRTY_O`).
@@ -321,34 +328,45 @@ def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> in
     return (min(hi, i) if causal else hi) - lo + 1
 
 
-def _resident_miss(ratio: float, what: str, params: FamilyParams) -> float:
-    """Share of a re-read set's counted re-reads that reach DRAM at footprint ``ratio`` x the L2: 0 below
-    `RESIDENT_BELOW`; above, the varlen probe's capacity and ramp (`NotMeasured` until measured)."""
-    if ratio <= RESIDENT_BELOW:
-        return 0.0
-    cap = need(params, "varlen_capacity", f"{what} at a K/V footprint of {ratio:.2f} x L2")
-    ramp = need(params, "varlen_ramp", what)
-    return miss(ratio / cap, ramp / cap)
+def _varlen_waves(n: int, heads: int, c: int, causal: bool, kv_seq: int, qo_tile: int) -> tuple[float, float]:
+    """(K/V passes, live bytes) of one sequence of ``n`` rows in attnscope's varlen grid: work items
+    (sequence, query tile) x heads, heads fastest, so ``c`` programs at a time hold ``c / heads`` query
+    tiles of *every* head, and each wave of them streams the K/V of all the sequence's kv heads
+    (``kv_seq`` bytes) once; a later wave reads it again. Waves: ceil(tiles x heads / c) (a partial wave
+    still spans every head); causal, heaviest tile first, wave w reads up to its heaviest tile's diagonal,
+    1 - w k / T of the set (k = c / heads tiles per wave, T tiles): sum over waves, closed form. Live
+    bytes between two waves' reads of a line: the K/V of all kv heads and the resident programs' Q and O
+    tiles (``qo_tile`` each, at `L2Params.qo_weight` of a K/V byte): `l2_reuse.wave_rereads`'s "tile"
+    order, whose live window is min(sets, C) sets."""
+    tiles = -(-n // VARLEN_BLOCK_Q)
+    programs = tiles * heads
+    waves = -(-programs // c)
+    if causal:
+        w_f = programs / c  # = T / k
+        passes = waves - waves * (waves - 1) / (2 * w_f)
+    else:
+        passes = float(waves)
+    live = kv_seq + min(c, programs) * qo_tile * H200_L2_PARAMS.qo_weight()
+    return passes, live
 
 
 def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
-                    heads: int = 32, kv_heads: int | None = None, l2_bytes: int | None = None,
-                    device: str = "h200",
+                    heads: int = 32, kv_heads: int | None = None, sms: int | None = None,
+                    l2_bytes: int | None = None, device: str = "h200",
                     params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
     """Estimated DRAM bytes of one packed varlen prefill (q, k, v [total, H, d], one cu_seqlens for both),
-    whole call.
+    whole call. No probe constant: both re-read terms are the forward estimate's L2 rules.
 
     attnscope: compulsory + the work list (24 B per (sequence, query tile) item, read once) + each
-    sequence's K/V re-reads across its query tiles (the ledger's K/V per kv head less one pass; ragged tiles'
-    rows past the sequence included) x their miss share at the sequence's footprint (the K/V of all its kv
-    heads and one Q and O tile per query head: a query tile's programs of all heads run together, so the
-    next tile re-reads a line after all of them).
+    sequence's K/V re-reads by its later waves of programs (`_varlen_waves`: the grid runs heads fastest, so
+    a wave holds every head's programs and streams the K/V of all the sequence's kv heads; each later wave
+    re-reads it), at most the ledger's re-reads, x their miss share at the live set (`l2_params.miss` at
+    `L2Params.shared`: lines read from both partitions). ``sms``: concurrent programs are SMs x the
+    portable forward's CTAs per SM (`l2_params.KERNELS`, the same tile config).
     flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
-    block, read once: H and B broadcast) + the re-reads of its 128-token KV blocks (neighbouring documents'
-    rows included, and with GQA each query head of a group re-reading its kv head a whole head's pass later)
-    x their miss share at one head's footprint (its Q, O and its kv head's K, V).
-    A re-read set below `RESIDENT_BELOW` x the L2 is taken as resident (no DRAM bytes); above, the
-    `FamilyParams.varlen_capacity` probe is needed.
+    block, read once: H and B broadcast) + its K/V re-reads: none while one head's pass (its Q, O and its
+    kv head's K, V) stays under `RESIDENT_BELOW` x the L2, else the forward estimate's (`_flex_rereads`).
+    ``params`` is not read (no varlen term has a constant); it keeps the decode and backward signature.
     """
     choice("impl", impl, VARLEN_IMPLS)
     lens = _lens("lens", lens)
@@ -364,6 +382,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         items = sum(-(-n // VARLEN_BLOCK_Q) for n in lens)
         terms.append(("work_list", _sectors(items * VARLEN_ITEM_BYTES),
                       f"{items} work items x 6 int32, once"))
+        c = _sms(sms, device) * KERNELS["attnscope"][-d if causal else d].ctas_per_sm
         total_k, k0, rereads, worst = sum(lens), 0, 0.0, 0.0
         for n in lens:
             g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal)
@@ -372,29 +391,54 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
             over = last * (min(k0 + t_c * VARLEN_BLOCK_KV, total_k) - (k0 + n)) if n % VARLEN_BLOCK_KV else 0
             extra = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
-            # between two query tiles' reads of a line: every kv head's K/V and each head's Q and O tile
-            ratio = (2 * hkv * n + 2 * h * min(n, VARLEN_BLOCK_Q)) * d * b / l2
-            worst = max(worst, ratio)
-            if extra:
-                rereads += extra * _resident_miss(ratio, what, params)
+            passes, live = _varlen_waves(n, h, c, causal, 2 * hkv * n * d * b, 2 * VARLEN_BLOCK_Q * d * b)
+            worst = max(worst, live / l2)
+            if passes > 1.0:
+                m = miss(live / (H200_L2_PARAMS.shared * l2), H200_L2_PARAMS.shared_ramp)
+                rereads += min(extra, (passes - 1.0) * 2 * hkv * n * d * b) * m
             k0 += n
-        facts["largest_footprint_l2"] = worst
-        terms.append(("kv_rereads", rereads, "K/V re-read by a sequence's later query tiles, missing the L2"))
+        facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}
+        terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
+                                             "(heads fastest: a wave spans all heads), missing the L2"))
         terms.append(_dirty_o(qo, kv + rereads, qo, l2))
         return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
     n_q, pairs = flex_blocks(lens, causal)
     facts |= {"q_blocks": n_q, "block_pairs": pairs}
     terms.append(("block_mask", _sectors(n_q * 2 * 4 + pairs * 4), f"{n_q} query blocks' counts and {pairs} "
                                                                   "KV block indices, once"))
-    ratio = 4 * sum(lens) * d * b / l2  # one head's Q, O and its kv head's K, V
+    ratio = 4 * sum(lens) * d * b / l2  # one head's Q, O and its kv head's K, V: one head's pass
     facts["head_footprint_l2"] = ratio
-    rows = pairs * FLEX_BLOCK  # K rows loaded per query head (the ragged last block: at most 127 too many)
-    extra = 2 * (h * rows - hkv * sum(lens)) * d * b
-    rereads = max(extra, 0) * _resident_miss(ratio, what, params)
+    rereads = 0.0
+    if ratio > RESIDENT_BELOW:
+        rereads = _flex_rereads(lens, causal, d, dtype, h, hkv, _sms(sms, device), l2, what)
     terms.append(("kv_rereads", rereads, "K/V blocks re-read by later query blocks and by a group's other "
-                                         "heads, missing the L2"))
+                                         "heads, missing the L2 (the forward estimate's wave rule)"))
     terms.append(_dirty_o(qo, kv + rereads, qo, l2))
     return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
+
+
+def _flex_rereads(lens, causal: bool, d: int, dtype: str, h: int, hkv: int, sms: int, l2: int,
+                  what: str) -> float:
+    """Flex's K/V reads beyond one pass, past residency: its grid (query blocks, 1, H), query blocks fastest
+    over the packed documents, is the dense forward's grid of a batch of the documents in "bh" order (the
+    other documents between a group's heads), so the forward estimate (`model.l2.estimate`) with Flex's
+    tiles (`FLEX_KERNELS`) counts them: exactly so for documents of one length; for several lengths, each
+    document's share of a batch of ``len(lens)`` documents of its length (its own re-reads, its neighbours
+    taken as its length). Refused (not modelled): causal GQA over several documents (the forward's rule for
+    that order is FA-2's own measured curve, `l2_params.hot_miss`)."""
+    if causal and h > hkv and len(lens) > 1:
+        raise NotImplementedError(f"{what}: causal GQA over several documents past the L2 (one head's pass "
+                                  f"over {RESIDENT_BELOW:.2f} x L2) is not modelled (the forward's rule for "
+                                  "that order is FA-2's measured curve); supported: MHA, one document, or a "
+                                  "batch under that footprint")
+    docs, b = len(lens), DTYPE_BYTES[dtype]
+    extra = {}
+    for n in set(lens):  # the forward estimate of a batch of `docs` documents of length n, less one pass
+        # ("efficient": a fused kernel with no FA-2-only term; the geometry is Flex's own, `kernel`)
+        (k,) = _forward_estimate("efficient", n, d, h, docs, dtype, causal, kv_heads=hkv, l2_bytes=l2,
+                                 sms=sms, kernel=FLEX_KERNELS[d]).kernels
+        extra[n] = max(0.0, k.read - docs * n * d * b * (h + 2 * hkv)) / docs
+    return sum(extra[n] for n in lens)
 
 
 def error_text(exc: Exception) -> str:

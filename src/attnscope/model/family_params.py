@@ -1,10 +1,11 @@
-"""The constants of the decode, varlen and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
-`attnscope.model.backward_estimate`): one table, `FamilyParams`, each field naming the probe that measures it
-(`PROBES`: rows of bench/grids/probe_decode.csv, probe_varlen.csv and probe_backward.csv). A field that no
-probe has measured yet is None, and an estimate that needs it refuses
-(`NotMeasured`, naming the field and its probe) rather than run on a guessed number. The kernels' geometry
-that the estimate reads from their sources (split counts, row tiles, block sizes) is not in this table: it is
-in `family_estimate`, each fact with the source it was read from. Pure Python.
+"""The constants of the decode and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
+`attnscope.model.backward_estimate`; the varlen estimate needs none): one table, `FamilyParams`, each field
+naming the probe that measures it (`PROBES`: rows of bench/grids/probe_decode.csv and probe_backward.csv). A
+field that no probe has measured is None, and an estimate that needs it refuses (`NotMeasured`, naming the
+field and its probe) rather than run on a guessed number; `H200_FAMILY_PARAMS` holds the values fitted from
+the probes measured on the H200. The kernels' geometry that the estimate reads from their sources (split
+counts, row tiles, block sizes) is not in this table: it is in `family_estimate`, each fact with the source
+it was read from. Pure Python.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class NotMeasured(NotImplementedError):
 
 @dataclass(frozen=True)
 class FamilyParams:
-    """The one table of the decode, varlen and backward estimates' measured constants (None: not measured
+    """The one table of the decode and backward estimates' measured constants (None: not measured
     yet; the estimates that need it refuse). Each field's probe is `PROBES[field]`."""
 
     #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
@@ -43,12 +44,6 @@ class FamilyParams:
     #: SDPA CUDNN decode: DRAM bytes it moves beyond Q, K/V and O, per (sequence, query head) (workspace,
     #: statistics, partials of its own split).
     cudnn_other_per_row: float | None = None
-    #: attnscope varlen and Flex: the L2 share above which a sequence's K/V re-reads across its query tiles
-    #: (and Flex's per-head re-reads of a GQA group) start to miss. Below `RESIDENT_BELOW` x the L2 they are
-    #: taken as hits without this constant (see there).
-    varlen_capacity: float | None = None
-    #: ... and from ``varlen_ramp`` x the L2 they all miss (linear between, as `l2_params.miss`).
-    varlen_ramp: float | None = None
     #: Backward, naive autograd: DRAM bytes per byte of its ledger beyond the compulsory ones (P, dP, dS
     #: written and read back, dO read twice) that the forward's L2 rule counts as missing.
     naive_bwd_s_dram: float | None = None
@@ -68,13 +63,32 @@ class FamilyParams:
     cudnn_bwd_gqa_dram: float | None = None
 
 
-#: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 without a varlen
-#: probe: the lowest capacity measured for any access pattern on the H200 (`L2Params.shared`,
-#: bench/l2_reuse.py --share, probe 4). Above it the estimates need `FamilyParams.varlen_capacity`.
+#: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
+#: lowest capacity measured for any access pattern on the H200 (`L2Params.shared`, bench/l2_reuse.py --share,
+#: probe 4).
 RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PARAMS.wide,
                      H200_L2_PARAMS.capacity)
 
-H200_FAMILY_PARAMS = FamilyParams()
+#: The H200's constants, fitted 2026-12-02 from bench/results/h200-2026-12-02-probe-{decode,varlen,
+#: backward}.json (`python bench/fit_family_params.py bench/results/h200-2026-12-02-probe-*.json`:
+#: non-negative least squares over the probe rows, relative errors; each value's probe rows in `PROBES`).
+#: "measured ~0": the unconstrained least-squares value was below 0 (a byte term cannot be), so it is 0.
+H200_FAMILY_PARAMS = FamilyParams(
+    attnscope_partials_dram=0.15,  # d-split16 vs d-split1
+    row_tile_kv_miss=0.0,  # measured ~0 (least squares -0.0077): the second row tile's K/V hits the L2
+    flash_partials_dram=0.0363,  # f-split vs f-nosplit
+    cudnn_kv_dram=1.0,  # c-mha: K/V read once
+    cudnn_gqa_kv_dram=0.0,  # measured ~0 (least squares -0.00013): the group shares one K/V read
+    cudnn_other_per_row=0.0,  # measured ~0 (c-mha-wide vs c-mha: 0 under the non-negative fit; 336 B
+    # unconstrained only beside the negative cudnn_gqa_kv_dram)
+    naive_bwd_s_dram=1.33,  # n-big, n-causal
+    portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
+    hopper_bwd_reread_dram=4.97,  # h-group: above 1, the counted re-reads undercount this build's
+    flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.032), f-long
+    cudnn_bwd_reread_dram=0.4,  # c-long
+    cudnn_bwd_other_per_row=889.0,  # c-short
+    cudnn_bwd_gqa_dram=2.72,  # c-gqa: above 1, more than each query head moving its own K, V, dK, dV
+)
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
 PROBES = {
@@ -89,9 +103,6 @@ PROBES = {
                          "c-mha's, over (group - 1) x the K/V bytes",
     "cudnn_other_per_row": "probe_decode.csv c-mha-wide (4 x c-mha's (sequence, head) rows, the same K/V "
                            "bytes): the excess over c-mha's, per extra row",
-    "varlen_capacity": "probe_varlen.csv v-long1..3, v-gqa and x-long (footprints 0.6-2.2 x L2): the "
-                       "footprint where the excess over compulsory starts",
-    "varlen_ramp": "probe_varlen.csv v-long1..3, x-long: the footprint where every counted re-read misses",
     "naive_bwd_s_dram": "probe_backward.csv n-big (one [B, H, N, N] tensor ~10 x L2) and n-causal: ncu less "
                         "compulsory, over the counted intermediates",
     "portable_bwd_reread_dram": "probe_backward.csv p-group (GQA 16, causal, the group's Q/dO set ~0.55 x "
