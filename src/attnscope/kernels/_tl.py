@@ -32,7 +32,7 @@ def window_args(left: int, right: int, nq: int, nk: int) -> tuple[int, int]:
 def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
     """The kernels' mod arguments of one call (`_common.Mods`): ``LEFT``/``RIGHT`` (`_tl.window_args`),
     ``qk_scale`` (``softcap * log2(e)`` under softcap, else ``scale * log2(e)``), ``cap_in`` (``scale /
-    softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is today's kernel."""
+    softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is the plain kernel."""
     left, right = window_args(mods.left, mods.right, nq, nk)
     if mods.softcap > 0:
         if mods.softcap > MAX_SCALE:

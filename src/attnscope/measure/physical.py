@@ -262,8 +262,8 @@ def recorded_kernel(spec: dict, kernels: list) -> l2.Kernel | None:
 def estimate_of(spec: dict, l2_bytes: int, sms: int, kernels: list[str] | None = None,
                 kernel: l2.Kernel | None = None):
     """model/l2.py's estimate for an ncu spec. ``kernels``: the measured call's kernel names, where known:
-    an attnscope call that ran the portable kernel (a sweep recorded before kernels/fwd.py's Hopper table
-    named a Gluon variant for it) is estimated for that kernel, not for what the table picks today.
+    an attnscope call that ran the portable kernel (a recorded sweep where the dispatch rule did not name a
+    Gluon variant) is estimated for that kernel, not for what the rule picks now.
     ``kernel``: the geometry a measured call ran where it differs from the table's (`recorded_kernel`)."""
     impl = "portable" if kernel is not None else attnscope_impl_of(spec, kernels)
     return l2.estimate(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
