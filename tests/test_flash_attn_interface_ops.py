@@ -114,3 +114,34 @@ def test_the_log_sees_a_copy():
                    lambda: attnscope.flash_attention(*(t.transpose(1, 2) for t in (q, k, v))))
     assert _data_ops(extra), extra
     assert any("clone" in name or "copy" in name or "empty" in name for name in _data_ops(extra))
+
+
+#: the data-touching ops the append may add over flash_decode on the appended lengths, at most: per K and
+#: V one index_put_ (the writes), and without a host-checked int length the device checks and the
+#: unwritten sequences' slots written with their own values (one gather and one select each)
+APPEND_OPS = {("dense", "int"): 5, ("dense", "tensor"): 13, ("paged", "int"): 15, ("paged", "tensor"): 20}
+
+
+@pytest.mark.parametrize("layout, lens", list(APPEND_OPS))
+def test_kvcache_append_adds_only_the_writes(layout, lens):
+    """flash_attn_with_kvcache with new k/v: two index_put_ (flash-attn's in-place append), the index and
+    check arithmetic on [B, Nnew], no host read (``_local_scalar_dense``: ``.item()``, ``bool()``)."""
+    g = torch.Generator().manual_seed(3)
+    q, kn, vn = _rnd(2, 1, 4, 64, g=g), _rnd(2, 1, 2, 64, g=g), _rnd(2, 1, 2, 64, g=g)
+    seqlens = torch.tensor([30, 17], dtype=torch.int32, device=DEVICE)
+    table = None
+    if layout == "dense":
+        kc, vc = _rnd(2, 40, 2, 64, g=g), _rnd(2, 40, 2, 64, g=g)
+        native = (q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2))
+    else:
+        kc, vc = _rnd(5, 16, 2, 64, g=g), _rnd(5, 16, 2, 64, g=g)
+        table = torch.tensor([[4, 0, 2], [1, 3, 0]], dtype=torch.int32, device=DEVICE)
+        native = (q.transpose(1, 2), kc, vc)
+    after = seqlens + 1
+    extra = _extra(lambda: fai.flash_attn_with_kvcache(q, kc, vc, kn, vn, block_table=table,
+                                                       cache_seqlens=seqlens if lens == "tensor" else 30),
+                   lambda: attnscope.flash_decode(*native, after, table))
+    data = _data_ops(extra)
+    assert not any("_local_scalar_dense" in name for name in data), data
+    assert data.get("aten.index_put_.default") == 2, data
+    assert sum(data.values()) <= APPEND_OPS[layout, lens], data
