@@ -270,17 +270,21 @@ def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
 
 
-@functools.lru_cache(maxsize=16)
 def _append_index(B: int, n_new: int, device) -> tuple[Tensor, Tensor]:
     """The append's fixed indices for (B, Nnew, device): sequence rows [B, 1] and new-key offsets
-    [1, Nnew], int64 (a bounded cache: a decode loop asks for the same few every step)."""
+    [1, Nnew], int64."""
     return torch.arange(B, device=device)[:, None], torch.arange(n_new, device=device)[None, :]
 
 
+#: a decode loop asks for the same few (B, Nnew, device) every step: a bounded cache, not used inside
+#: torch.compile (traced as ops) or CUDA-graph capture (the graph keeps its own)
+_append_index_cached = functools.lru_cache(maxsize=16)(_append_index)
+
+
 def _indices(B: int, n_new: int, device) -> tuple[Tensor, Tensor]:
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # capture: the graph's own
-        return _append_index.__wrapped__(B, n_new, device)
-    return _append_index(B, n_new, device)
+    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return _append_index(B, n_new, device)
+    return _append_index_cached(B, n_new, device)
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, fixed: int | None) -> Tensor:
