@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 from attnscope import checks  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common  # noqa: E402
+from attnscope.kernels import _common, decode  # noqa: E402
 
 fai = pytest.importorskip("attnscope.flash_attn_interface")
 
@@ -348,6 +348,60 @@ def test_kvcache_window_and_softcap(paged):
     _assert_close(o, o_ref, _torch_own(q, k_cache, v_cache, ok, 4.0), ok)
 
 
+def _attended(o, q, k_cache, v_cache, lens, rows):
+    """The outputs of ``rows`` are their attention over the first ``lens`` keys (causal)."""
+    o_ref, _, ok = _reference(q[rows], k_cache[rows], v_cache[rows], True, lens=lens)
+    _assert_close(o[rows], o_ref, _torch_own(q[rows], k_cache[rows], v_cache[rows], ok), ok)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_append_that_does_not_fit_is_not_written_and_is_recorded(paged):
+    """A tensor cache_seqlens is checked on the device (no host read): a sequence whose new keys do not
+    fit (63 + 2 > 64; -1) is left as it was, the others are appended and attended, check_errors raises."""
+    g = torch.Generator().manual_seed(11)
+    b, length, hq, hkv, nq = 3, 64, 4, 2, 2
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    lens = torch.tensor([10, 63, -1], dtype=torch.int32, device=DEVICE)
+    q, k_new, v_new = _randn(b, nq, hq, 64, g=g), *_cache(b, nq, hkv, g)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[0, 10:12], expected_v[0, 10:12] = k_new[0], v_new[0]
+    kc, vc, table = _paged(k_cache, v_cache, 16, g) if paged else (k_cache, v_cache, None)
+    pages_before = kc.clone()
+    decode.check_errors()  # nothing pending from other tests
+    o = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table,
+                                    causal=True)
+    got_k, got_v = (_gather(kc, table, length), _gather(vc, table, length)) if paged else (kc, vc)
+    assert torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
+    if paged:
+        assert torch.equal(kc[-1], pages_before[-1])  # the page no sequence owns
+    with pytest.raises(InputError, match="cache_seqlens: expected values in"):
+        decode.check_errors()
+    _attended(o, q, expected_k, expected_v, [12], [0])
+
+
+@pytest.mark.parametrize("as_int", [False, True])
+def test_kvcache_append_to_a_page_outside_the_cache_is_not_written_and_is_recorded(as_int):
+    """A block-table entry outside [0, num_pages) where a new key would go: that sequence is not written
+    (no page changes but the other sequence's), the other is appended and attended, check_errors raises."""
+    g = torch.Generator().manual_seed(12)
+    b, length, hq, hkv, nq = 2, 64, 2, 2, 1
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    q, k_new, v_new = _randn(b, nq, hq, 64, g=g), *_cache(b, nq, hkv, g)
+    kc, vc, table = _paged(k_cache, v_cache, 16, g)
+    table[1, 1] = kc.shape[0] + 5  # sequence 1's new key (position 20) would go to page table[1, 1]
+    k_before, v_before = kc.clone(), vc.clone()
+    decode.check_errors()
+    lens = 20 if as_int else torch.tensor([20, 20], dtype=torch.int32, device=DEVICE)
+    o = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table)
+    page, slot = int(table[0, 1]), 20 % 16
+    k_before[page, slot], v_before[page, slot] = k_new[0, 0], v_new[0, 0]
+    assert torch.equal(kc, k_before) and torch.equal(vc, v_before)
+    with pytest.raises(InputError, match="block_table: expected used page indices"):
+        decode.check_errors()
+    _attended(o, q, _gather(kc, table[:1], 21).expand(b, -1, -1, -1),
+              _gather(vc, table[:1], 21).expand(b, -1, -1, -1), [21], [0])
+
+
 # --- what attnscope refuses ------------------------------------------------------------------------
 def _small(g):
     return _randn(1, 8, 2, 64, g=g), _randn(1, 8, 2, 64, g=g), _randn(1, 8, 2, 64, g=g)
@@ -394,6 +448,33 @@ def test_kvcache_refusals():
         fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k=kc[:, :1], cache_seqlens=2)
     with pytest.raises(InputError, match="cache_seqlens: expected the current cache lengths"):
         fai.flash_attn_with_kvcache(q[:, :1], kc, vc, kc[:, :1], vc[:, :1])
+
+
+@pytest.mark.parametrize("what, match", [
+    ("v_cache", "v_cache: expected the shape of k_cache"), ("v dtype", "v: expected \\[B, Nnew, 2, 64\\]"),
+    ("batch", "k_cache: expected \\[B = 2, L, Hkv, d\\]"), ("table", "block_table: expected an int32 tensor"),
+    ("Nnew", "k: expected Nnew <= 8")])
+def test_kvcache_append_bad_layouts_refused_before_writing(what, match):
+    g = torch.Generator().manual_seed(13)
+    q, kc, vc = _randn(2, 1, 2, 64, g=g), _randn(2, 8, 2, 64, g=g), _randn(2, 8, 2, 64, g=g)
+    k, v, table = kc[:, :1].clone(), vc[:, :1].clone(), None
+    lens = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    if what == "v_cache":
+        vc = vc[:, :7]
+    elif what == "v dtype":
+        v = v.half()
+    elif what == "batch":
+        q, k, v, lens = q[:1].expand(2, -1, -1, -1), k, v, lens
+        kc, vc = _randn(3, 8, 2, 64, g=g), _randn(3, 8, 2, 64, g=g)
+    elif what == "table":
+        kc, vc = _randn(4, 16, 2, 64, g=g), _randn(4, 16, 2, 64, g=g)
+        table = torch.zeros(2, 1, dtype=torch.int64, device=DEVICE)
+    else:
+        k, v = _randn(2, 9, 2, 64, g=g), _randn(2, 9, 2, 64, g=g)
+    before = kc.clone()
+    with pytest.raises(InputError, match=match):
+        fai.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True)
+    assert torch.equal(kc, before)
 
 
 def test_bad_layout_and_values():
@@ -461,3 +542,41 @@ def test_optional_dependencies():
     users = sorted(str(p.relative_to(root)) for p in (root / "src").rglob("*.py")
                    if "from transformers" in p.read_text() or "import transformers" in p.read_text())
     assert users == ["src/attnscope/integrations/transformers.py"]
+
+
+# --- GPU ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_kvcache_append_captured_in_a_cuda_graph(paged):
+    """The append reads nothing back to the host: a decode step with new k/v captures in a CUDA graph,
+    and each replay appends at the lengths the tensor holds then, as the eager call does."""
+    g = torch.Generator().manual_seed(14)
+    b, length, hq, hkv = 4, 512, 8, 2
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    kc, vc, table = _paged(k_cache, v_cache, 64, g) if paged else (k_cache, v_cache, None)
+    q, k_new, v_new = _randn(b, 1, hq, 64, g=g), *_cache(b, 1, hkv, g)
+    lens = torch.tensor([0, 17, 300, 510], dtype=torch.int32, device=DEVICE)
+    eager_k, eager_v, eager_lens = kc.clone(), vc.clone(), lens.clone()
+    expected = []
+    for _ in range(2):  # eager: two steps on copies
+        expected.append(fai.flash_attn_with_kvcache(q, eager_k, eager_v, k_new, v_new,
+                                                    cache_seqlens=eager_lens, block_table=table))
+        eager_lens += 1
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up off the capture (plans, compiled kernels, the index cache)
+        fai.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), k_new, v_new, cache_seqlens=lens,
+                                    block_table=table)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table)
+    for step in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        # the capture's private plan may split the keys otherwise than the eager call's: not bitwise
+        torch.testing.assert_close(out, expected[step], atol=1e-2, rtol=1e-2)
+        lens += 1
+    assert torch.equal(kc, eager_k) and torch.equal(vc, eager_v)
+    decode.check_errors()

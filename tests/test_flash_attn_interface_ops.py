@@ -1,0 +1,149 @@
+"""The flash-attn interface adds no data-touching aten op over the native call it wraps (TRITON_INTERPRET=1).
+
+Each interface function and the native attnscope call it wraps, on the same views of flash-attn's layout
+(the pairs `bench/hf.py` times), run under a `TorchDispatchMode` that records every aten op they dispatch;
+the Triton launches themselves are not aten ops (the interpreter's own copies of the kernel arguments are,
+in both calls alike). What the interface dispatches beyond the native call must be views only
+(``transpose``, ``permute``, ``unbind``): a copy, cast, cat, contiguous, fill or extra allocation would
+be device work the native call does not do. ``flash_attn_with_kvcache`` with new ``k``/``v`` adds the
+writes flash-attn's semantics ask for: `test_kvcache_append_adds_only_the_writes` names them.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import attnscope  # noqa: E402
+from attnscope.kernels import _common  # noqa: E402
+
+fai = pytest.importorskip("attnscope.flash_attn_interface")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not _common.interpreting():
+    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+
+
+class _Ops(TorchDispatchMode):
+    """Records the aten ops dispatched inside it: (name, whether the op only makes a view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[(str(func), func.is_view)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _dispatched(fn) -> collections.Counter:
+    fn()  # plan caches and compiled kernels warm: the second call is the steady state
+    with torch.no_grad(), _Ops() as log:
+        fn()
+    return log.ops
+
+
+def _extra(interface, native) -> collections.Counter:
+    return _dispatched(interface) - _dispatched(native)
+
+
+def _data_ops(ops: collections.Counter) -> dict:
+    return {name: n for (name, view), n in ops.items() if not view}
+
+
+def _rnd(*shape, g):
+    return torch.randn(*shape, generator=g).to(device=DEVICE, dtype=torch.bfloat16)
+
+
+def _calls(return_lse: bool):
+    """The (interface, native) pairs of bench/hf.py's interface table at a tiny shape, with or without LSE."""
+    g = torch.Generator().manual_seed(1)
+    B, N, Hq, Hkv, d = 1, 32, 4, 2, 64
+    q, k, v = _rnd(B, N, Hq, d, g=g), _rnd(B, N, Hkv, d, g=g), _rnd(B, N, Hkv, d, g=g)
+    kv, qkv = torch.stack([k, v], 2), _rnd(B, N, 3, Hq, d, g=g)
+    cu = torch.tensor([0, 13, N], dtype=torch.int32, device=DEVICE)
+    qp, kp, vp = (t[0] for t in (q, k, v))
+    qd, kc, vc = _rnd(2, 1, Hq, d, g=g), _rnd(2, 40, Hkv, d, g=g), _rnd(2, 40, Hkv, d, g=g)
+    lens = torch.tensor([40, 17], dtype=torch.int32, device=DEVICE)
+    kp_, vp_ = _rnd(5, 16, Hkv, d, g=g), _rnd(5, 16, Hkv, d, g=g)  # paged: 5 pages of 16
+    table = torch.tensor([[4, 0, 2], [1, 3, 0]], dtype=torch.int32, device=DEVICE)
+    t = [x.transpose(1, 2) for x in (q, k, v, kv[:, :, 0], kv[:, :, 1], *qkv.unbind(2), qd, kc, vc)]
+    qv, kv_, vv, kkv, vkv, qq, kq, vq, qdv, kcv, vcv = t  # the views the interface hands the kernels
+    lse = {"return_attn_probs": True} if return_lse else {}
+    lse_n = {"return_lse": True} if return_lse else {}
+    lse_d = {"return_softmax_lse": True} if return_lse else {}
+    return {
+        "flash_attn_func": (lambda: fai.flash_attn_func(q, k, v, causal=True, **lse),
+                            lambda: attnscope.flash_attention(qv, kv_, vv, causal=True, **lse_n)),
+        "flash_attn_kvpacked_func": (lambda: fai.flash_attn_kvpacked_func(q, kv, causal=True, **lse),
+                                     lambda: attnscope.flash_attention(qv, kkv, vkv, causal=True, **lse_n)),
+        "flash_attn_qkvpacked_func": (lambda: fai.flash_attn_qkvpacked_func(qkv, causal=True, **lse),
+                                      lambda: attnscope.flash_attention(qq, kq, vq, causal=True, **lse_n)),
+        "flash_attn_varlen_func": (
+            lambda: fai.flash_attn_varlen_func(qp, kp, vp, cu, cu, 19, 19, causal=True, **lse),
+            lambda: attnscope.flash_attention_varlen(qp, kp, vp, cu, cu, 19, 19, causal=True, **lse_n)),
+        "flash_attn_with_kvcache": (
+            lambda: fai.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, **lse_d),
+            lambda: attnscope.flash_decode(qdv, kcv, vcv, cache_seqlens=lens, **lse_n)),
+        "flash_attn_with_kvcache paged": (
+            lambda: fai.flash_attn_with_kvcache(qd, kp_, vp_, cache_seqlens=lens, block_table=table, **lse_d),
+            lambda: attnscope.flash_decode(qdv, kp_, vp_, cache_seqlens=lens, block_table=table, **lse_n)),
+    }
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("name", ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+                                  "flash_attn_varlen_func", "flash_attn_with_kvcache",
+                                  "flash_attn_with_kvcache paged"])
+def test_interface_adds_only_views(name, return_lse):
+    interface, native = _calls(return_lse)[name]
+    extra = _extra(interface, native)
+    assert _data_ops(extra) == {}, f"{name} dispatches data-touching ops the native call does not: {extra}"
+    assert sum(extra.values()) <= 5, f"{name}: more views than the layout change needs: {extra}"
+
+
+def test_the_log_sees_a_copy():
+    """The check can fail: a wrapper that makes the kernels' inputs contiguous is caught."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = _rnd(1, 32, 4, 64, g=g), _rnd(1, 32, 2, 64, g=g), _rnd(1, 32, 2, 64, g=g)
+    extra = _extra(lambda: attnscope.flash_attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v))),
+                   lambda: attnscope.flash_attention(*(t.transpose(1, 2) for t in (q, k, v))))
+    assert _data_ops(extra), extra
+    assert any("clone" in name or "copy" in name or "empty" in name for name in _data_ops(extra))
+
+
+#: the data-touching ops the append may add over flash_decode on the appended lengths, at most: per K and
+#: V one index_put_ (the writes), and without a host-checked int length the device checks and the
+#: unwritten sequences' slots written with their own values (one gather and one select each)
+APPEND_OPS = {("dense", "int"): 5, ("dense", "tensor"): 13, ("paged", "int"): 15, ("paged", "tensor"): 20}
+
+
+@pytest.mark.parametrize("layout, lens", list(APPEND_OPS))
+def test_kvcache_append_adds_only_the_writes(layout, lens):
+    """flash_attn_with_kvcache with new k/v: two index_put_ (flash-attn's in-place append), the index and
+    check arithmetic on [B, Nnew], no host read (``_local_scalar_dense``: ``.item()``, ``bool()``)."""
+    g = torch.Generator().manual_seed(3)
+    q, kn, vn = _rnd(2, 1, 4, 64, g=g), _rnd(2, 1, 2, 64, g=g), _rnd(2, 1, 2, 64, g=g)
+    seqlens = torch.tensor([30, 17], dtype=torch.int32, device=DEVICE)
+    table = None
+    if layout == "dense":
+        kc, vc = _rnd(2, 40, 2, 64, g=g), _rnd(2, 40, 2, 64, g=g)
+        native = (q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2))
+    else:
+        kc, vc = _rnd(5, 16, 2, 64, g=g), _rnd(5, 16, 2, 64, g=g)
+        table = torch.tensor([[4, 0, 2], [1, 3, 0]], dtype=torch.int32, device=DEVICE)
+        native = (q.transpose(1, 2), kc, vc)
+    after = seqlens + 1
+    extra = _extra(lambda: fai.flash_attn_with_kvcache(q, kc, vc, kn, vn, block_table=table,
+                                                       cache_seqlens=seqlens if lens == "tensor" else 30),
+                   lambda: attnscope.flash_decode(*native, after, table))
+    data = _data_ops(extra)
+    assert not any("_local_scalar_dense" in name for name in data), data
+    assert data.get("aten.index_put_.default") == 2, data
+    assert sum(data.values()) <= APPEND_OPS[layout, lens], data
