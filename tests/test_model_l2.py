@@ -115,8 +115,8 @@ def test_cost_does_not_grow_with_n():
             estimate(impl, n, 128, 32, causal=True)
         return time.perf_counter() - t
 
-    # the estimate's loops are capped (a few ms from N ~ 2^17 on): 64 x the keys must not cost more; both sizes
-    # timed interleaved, best of 5, so a loaded machine slows both alike
+    # the estimate's loops are capped (a few ms from N ~ 2^17 on): 64 x the keys must not cost more; both
+    # sizes timed interleaved, best of 5, so a loaded machine slows both alike
     timed(2**18)
     mid, large = [], []
     for _ in range(5):
