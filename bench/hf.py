@@ -307,11 +307,11 @@ def interface(dev, shapes, failed, budget_ms):
             failed.append(name)
             continue
         reps = reps_for(timed(native, dev, 1), budget_ms, lo=20, hi=200) if dev == "cuda" else 1
-        # interleaved rounds: drift of the clock or the GPU's state hits both alike
+        # interleaved rounds, the order alternating: drift of the clock or the GPU's state hits both alike
         t_native, t_fa, t_contig = [], [], []
-        for _ in range(3 if dev == "cuda" else 1):
-            t_native.append(timed(native, dev, reps, warmup=int(dev == "cuda")))
-            t_fa.append(timed(wrapped, dev, reps, warmup=int(dev == "cuda")))
+        for i in range(5 if dev == "cuda" else 1):
+            for fn, out in ((native, t_native), (wrapped, t_fa))[::1 if i % 2 == 0 else -1]:
+                out.append(timed(fn, dev, reps, warmup=int(dev == "cuda")))
             if contiguous is not None:
                 t_contig.append(timed(contiguous, dev, reps, warmup=int(dev == "cuda")))
         tn, tf = min(t_native), min(t_fa)
