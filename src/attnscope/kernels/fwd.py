@@ -63,6 +63,7 @@ Tensor = torch.Tensor
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._direct import planned_launch  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -308,7 +309,6 @@ def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: boo
     # host-built 4-D TMA descriptors (no device scratch, no allocator)
     descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, d])
              for t, rows in ((q, bm), (k, bn), (v, bn), (o, bm))]
-    kernel = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)]  # T_r query tiles x (batch, head)
     scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"])
     consts = dict(
         HEAD_DIM=d, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
@@ -317,10 +317,14 @@ def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: boo
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"], HAS_SINKS=mods.sinks is not None,
         num_warps=num_warps, num_stages=num_stages)
+    # T_r query tiles x (batch, head)
+    launch = planned_launch(_attnscope_fwd_kernel, (cdiv(Nq, bm), B * Hq), consts, q.device)
 
     def run(q, k, v, o, lse, sinks=None):
-        dq, dk, dv, do = (descriptor_over(x, t) for x, t in zip(descs, (q, k, v, o), strict=True))
-        return kernel(dq, dk, dv, do, lse, lse if sinks is None else sinks, *scalars, **consts)
+        s = lse if sinks is None else sinks
+        # the binary's key: the descriptors' dtypes and blocks (fixed) and the pointers' 16-byte alignment
+        return launch((*map(descriptor_over, descs, (q, k, v, o)), lse, s, *scalars),
+                      (lse.data_ptr() | s.data_ptr()) % 16 == 0)
     return run
 
 
