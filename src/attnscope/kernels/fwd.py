@@ -26,7 +26,8 @@ scale (one FMA per score). Causal query tiles launch heaviest first.
 Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
 per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
 Host path: the first call of a layout (shapes, strides, dtypes, devices, flags) is checked and leaves a
-launch plan (`_plan_key`, `PLAN_CACHE_SIZE`); a later call of it allocates the output and launches.
+launch plan (`_plan_key`, `PLAN_CACHE_SIZE`); a later call of it allocates the output and, on a GPU, calls the
+launcher of the binary Triton's first launch picked (`_direct.DirectLaunch`), not Triton's dispatch.
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
 
 def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: bool, sm_scale: float, mods):
     """``run(q, k, v, o, lse, sinks=None)``: the portable kernel on tensors of these layouts (shapes, strides,
-    dtype), its grid, constexprs and scalars worked out once (`_plan`)."""
+    dtype), its grid, constexprs and scalars fixed once (`_plan`); launched by `_direct.planned_launch`."""
     (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
     bm, bn, num_warps, num_stages = cfg
     margs = mod_args(mods, sm_scale, Nq, Nk)
