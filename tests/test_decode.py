@@ -20,7 +20,7 @@ import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common, decode  # noqa: E402
+from attnscope.kernels import _common, _direct, decode  # noqa: E402
 from attnscope.kernels.decode import (  # noqa: E402
     _kernel,
     api,
@@ -872,7 +872,7 @@ def test_cuda_graph_capture_of_plan_run(fuse):
 
 
 def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
-    # plan._DirectLaunch without a GPU: a stand-in for the JIT function and its compiled kernel records
+    # _direct.DirectLaunch without a GPU: a stand-in for the JIT function and its compiled kernel records
     # what Triton would be given. The first aligned launch goes through kernel[grid]; later ones call the
     # launcher with (grid, stream, function, metadata, no hooks, then every kernel parameter in signature
     # order: the runtime arguments, then each constexpr as the plan sets it or its default); a misaligned
@@ -900,7 +900,7 @@ def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
     n_args = next(i for i, p in enumerate(params) if p.is_constexpr)
     args = tuple(range(n_args))
     consts = {"GROUP": 4, "BLOCK_M": 16, "HEAD_DIM": 128, "FP8": True, "num_warps": 8}
-    d = plan_mod._DirectLaunch(Kernel(), consts, 0)
+    d = _direct.DirectLaunch(Kernel(), consts, 0)
     d.launch((6, 3), args, True)
     d.launch((6, 3), args, True)
     d.launch((6, 3), args, False)
@@ -920,7 +920,7 @@ def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
     assert rest[params.index(next(p for p in params if p.name == "FP8"))] is True
     # a plan of device 1 launched while device 0 is current: Triton's launch each time, no binary kept
     calls.clear()
-    other = plan_mod._DirectLaunch(Kernel(), consts, 1)
+    other = _direct.DirectLaunch(Kernel(), consts, 1)
     other.launch((6, 3), args, True)
     other.launch((6, 3), args, True)
     assert [c[0] for c in calls] == ["triton", "triton"] and other.compiled is None
@@ -930,7 +930,7 @@ def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse", (True, False))
 def test_gpu_direct_launch_equals_tritons_and_falls_back_on_other_alignments(fuse):
-    # a plan's second launch calls the compiled kernel's launcher itself (plan._DirectLaunch): the same
+    # a plan's second launch calls the compiled kernel's launcher itself (_direct.DirectLaunch): the same
     # bits as the first (through kernel[grid]); a misaligned view (another binary) goes through Triton
     q, k, v = make_inputs(2, 32, 8, 3000, 128, torch.bfloat16, seed=44)
     lens = torch.tensor([3000, 777], dtype=torch.int32, device=DEVICE)

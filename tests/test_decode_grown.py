@@ -11,7 +11,7 @@ triton = pytest.importorskip("triton")
 
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import decode  # noqa: E402
+from attnscope.kernels import _direct, decode  # noqa: E402
 from attnscope.kernels.decode import api  # noqa: E402
 from attnscope.kernels.decode import plan as plan_mod  # noqa: E402
 from test_decode import reference_decode, torch_error  # noqa: E402 - the decode tests' float64 reference
@@ -177,7 +177,7 @@ def test_grown_key_keeps_what_a_plan_derives_from_length_and_strides():
 def test_int_classes_and_a_binary_per_class(monkeypatch):
     # Triton compiles a binary per class of each integer argument (1, a multiple of 16, past int32, other);
     # a plan serving every length keeps one per class and never launches one class's binary for another
-    assert plan_mod._int_classes((1, 16, 17, 2**31, 2**31 + 1, 0)) == (-1, 1, 0, 3, 2, 1)
+    assert _direct.int_classes((1, 16, 17, 2**31, 2**31 + 1, 0)) == (-1, 1, 0, 3, 2, 1)
     calls = []
 
     class Compiled:
@@ -203,7 +203,7 @@ def test_int_classes_and_a_binary_per_class(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1, raising=False)
     n_args = next(i for i, p in enumerate(Kernel.params) if p.is_constexpr)
-    d = plan_mod._DirectLaunch(Kernel(), {"GROUP": 4}, 0)
+    d = _direct.DirectLaunch(Kernel(), {"GROUP": 4}, 0)
     for spec in ((1,), (0,), (1,), (0,), (-1,)):
         current[0] = spec
         d.launch((2, 1), tuple(range(n_args)), True, spec)

@@ -26,7 +26,8 @@ scale (one FMA per score). Causal query tiles launch heaviest first.
 Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
 per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
 Host path: the first call of a layout (shapes, strides, dtypes, devices, flags) is checked and leaves a
-launch plan (`_plan_key`, `PLAN_CACHE_SIZE`); a later call of it allocates the output and launches.
+launch plan (`_plan_key`, `PLAN_CACHE_SIZE`); a later call of it allocates the output and, on a GPU, calls the
+launcher of the binary Triton's first launch picked (`_direct.DirectLaunch`), not Triton's dispatch.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ Tensor = torch.Tensor
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._direct import planned_launch  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -301,14 +303,13 @@ def _pick_impl(impl, q, causal, qk_scale, cfg, k, mods=None) -> str:
 
 def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: bool, sm_scale: float, mods):
     """``run(q, k, v, o, lse, sinks=None)``: the portable kernel on tensors of these layouts (shapes, strides,
-    dtype), its grid, constexprs and scalars worked out once (`_plan`)."""
+    dtype), its grid, constexprs and scalars fixed once (`_plan`); launched by `_direct.planned_launch`."""
     (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
     bm, bn, num_warps, num_stages = cfg
     margs = mod_args(mods, sm_scale, Nq, Nk)
     # host-built 4-D TMA descriptors (no device scratch, no allocator)
     descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, d])
              for t, rows in ((q, bm), (k, bn), (v, bn), (o, bm))]
-    kernel = _attnscope_fwd_kernel[(cdiv(Nq, bm), B * Hq)]  # T_r query tiles x (batch, head)
     scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"])
     consts = dict(
         HEAD_DIM=d, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
@@ -317,10 +318,14 @@ def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: boo
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"], HAS_SINKS=mods.sinks is not None,
         num_warps=num_warps, num_stages=num_stages)
+    # T_r query tiles x (batch, head)
+    launch = planned_launch(_attnscope_fwd_kernel, (cdiv(Nq, bm), B * Hq), consts, q.device)
 
     def run(q, k, v, o, lse, sinks=None):
-        dq, dk, dv, do = (descriptor_over(x, t) for x, t in zip(descs, (q, k, v, o), strict=True))
-        return kernel(dq, dk, dv, do, lse, lse if sinks is None else sinks, *scalars, **consts)
+        s = lse if sinks is None else sinks
+        # the binary's key: the descriptors' dtypes and blocks (fixed) and the pointers' 16-byte alignment
+        return launch((*map(descriptor_over, descs, (q, k, v, o)), lse, s, *scalars),
+                      (lse.data_ptr() | s.data_ptr()) % 16 == 0)
     return run
 
 

@@ -37,6 +37,7 @@ import functools
 from typing import NamedTuple
 
 from attnscope.kernels._common import descriptor_over, descriptor_template, import_torch_triton, num_sms
+from attnscope.kernels._direct import planned_launch
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -675,19 +676,18 @@ def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, varian
     elem = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     descs = [descriptor_template(TensorDescriptor, t, [1, 1, r, d], _layout((1, 1, r, d), elem))
              for t, r in ((q, cfg.BM), (k, cfg.BN), (v, cfg.BN), (o, cfg.BM))]
-    tiles = triton.cdiv(Nq, cfg.NWG * cfg.BM)
-    consts = constexprs(d, causal, return_lse, variant, flags)
+    tiles, consts = triton.cdiv(Nq, cfg.NWG * cfg.BM), constexprs(d, causal, return_lse, variant, flags)
     if VARIANTS[variant].persistent:
         items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
-        grid = (min(items * B * Hq, num_sms(torch, q.device)),)
-        kernel, sizes = _attnscope_fwd_hopper_persistent_kernel[grid], (B, Hq, Hkv, Nq, Nk, qk_scale)
+        grid, sizes = (min(items * B * Hq, num_sms(torch, q.device)),), (B, Hq, Hkv, Nq, Nk, qk_scale)
     else:
-        kernel, sizes = _attnscope_fwd_hopper_kernel[(tiles, B * Hq)], (Hq, Hkv, Nq, Nk, qk_scale)
+        grid, sizes = (tiles, B * Hq), (Hq, Hkv, Nq, Nk, qk_scale)
+    launch = planned_launch(kernel(variant), grid, consts, q.device)
 
     def run(q, k, v, o, lse, sinks=None):
-        dq, dk, dv, do = (descriptor_over(x, t) for x, t in zip(descs, (q, k, v, o), strict=True))
-        return kernel(dq, dk, dv, do, lse, *sizes, left, right, cap_in, cap_out,
-                      lse if sinks is None else sinks, **consts)  # an unused SINKS pointer: any fp32
+        s = lse if sinks is None else sinks  # an unused SINKS pointer: any fp32
+        args = (*map(descriptor_over, descs, (q, k, v, o)), lse, *sizes, left, right, cap_in, cap_out, s)
+        return launch(args, (lse.data_ptr() | s.data_ptr()) % 16 == 0)  # a descriptor's key has no address
     return run
 
 

@@ -41,7 +41,7 @@ cache), `_op` (the custom op `torch.compile` traces), `quantize` (`quantize_kv`)
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge, and
 allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
 captured in a CUDA graph; it calls the compiled kernel's launcher directly once Triton has picked the binary
-(`plan._DirectLaunch`). An e4m3 cache runs Q K^T and P @ V in fp16: bf16 query rows are scaled by powers of
+(`_direct.DirectLaunch`). An e4m3 cache runs Q K^T and P @ V in fp16: bf16 query rows are scaled by powers of
 two into fp16 (`_kernel._rows_to_f16`) and K, V convert four values per two instructions
 (`_kernel._e4m3_to_f16_opaque`); the tile config is `heuristics.FP8_DEFAULT` of `heuristics.FP8_CONFIGS`
 (whose ``bf16qk-w8`` converts to q's dtype and reads an aligned V as int32 words,

@@ -16,6 +16,7 @@ from attnscope.kernels._common import (
     interpreting,
     on_tensor_device,
 )
+from attnscope.kernels._direct import direct_launch, int_classes
 from attnscope.kernels.decode._kernel import (
     _attnscope_decode_combine_kernel,
     _attnscope_decode_split_kernel,
@@ -58,7 +59,7 @@ class DecodePlan:
     each tensor's layout (shape, strides, dtype, device) with the plan's, raising `InputError` if one
     changed, and launches: no host sync unless ``check_seqlens``, no allocation but the output, so a run
     can be captured in a CUDA graph. From the second run on a GPU the launch skips Triton's per-call
-    dispatch (`_DirectLaunch`). The values of the lengths, block-table entries and K/V scales are
+    dispatch (`_direct.DirectLaunch`). The values of the lengths, block-table entries and K/V scales are
     checked on the device (see `attnscope.kernels.decode.checks`); `check` raises what they recorded. The
     partials belong to the plan: runs of one plan must be ordered (one stream, or synchronised), as with
     FlashInfer's workspace.
@@ -209,10 +210,10 @@ class DecodePlan:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
         self._words = words
-        self._last = (None, None)  # the last ``grown`` of `_launch` and its `_int_classes`
-        self._direct = None if device.type != "cuda" or interpreting() else (
-            _DirectLaunch(_attnscope_decode_split_kernel, self._consts, device.index),
-            _DirectLaunch(_attnscope_decode_combine_kernel, self._combine_consts, device.index))
+        self._last = (None, None)  # the last ``grown`` of `_launch` and its `_direct.int_classes`
+        split_kernel = direct_launch(_attnscope_decode_split_kernel, self._consts, device)
+        self._direct = None if split_kernel is None else (
+            split_kernel, direct_launch(_attnscope_decode_combine_kernel, self._combine_consts, device))
 
     def _mismatch(self, tensors):
         for name, want, t in zip(NAMES, self.layout, tensors, strict=True):
@@ -287,7 +288,7 @@ class DecodePlan:
             if self._direct is not None:  # the binary depends on how Triton classes these integers
                 last = self._last
                 if last[0] != grown:
-                    last = self._last = (grown, _int_classes(grown))
+                    last = self._last = (grown, int_classes(grown))
                 spec = last[1]
         if out is None:
             o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
@@ -331,62 +332,6 @@ class DecodePlan:
             else:
                 self._direct[1].launch(self._combine_grid, args, aligned)
         return (o, lse) if self.return_lse else o
-
-
-class _DirectLaunch:
-    """One Triton kernel of a plan, launched through its compiled binary's launcher.
-
-    ``kernel[grid](*args, **constexprs)`` re-binds the arguments, recomputes the specialisation key, looks the
-    binary up and builds launch metadata on every call. A plan fixes everything but the tensors' addresses
-    (and, for a cache served at any length, ``spec``: `_int_classes` of the integers that follow the length),
-    so the binary of the first launch through Triton on the plan's device with every tensor 16-byte aligned
-    is kept (per ``spec``), and later launches with every tensor aligned (the one other fact that changes
-    Triton's choice of binary) call its launcher directly with the constexprs pre-packed. Other alignments,
-    another current device or a launch hook (profilers) go through ``kernel[grid]``. Launches go to the
-    current stream, as Triton's do (CUDA-graph capture included)."""
-
-    __slots__ = ("kernel", "constexprs", "device", "compiled", "tail", "by_spec")
-
-    def __init__(self, kernel, constexprs, device_index):
-        self.kernel, self.constexprs, self.device = kernel, constexprs, device_index
-        self.compiled = self.tail = None
-        self.by_spec = {}  # spec -> binary, for launches whose integers' classes vary
-
-    def launch(self, grid, args, aligned: bool, spec=None):
-        c = self.compiled if spec is None else self.by_spec.get(spec)
-        if aligned and c is not None and torch._C._cuda_getDevice() == self.device and _no_launch_hooks():
-            stream = torch._C._cuda_getCurrentRawStream(self.device)
-            c.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, c.function, c.packed_metadata,
-                  None, None, None, *args, *self.tail)
-            return
-        compiled = self.kernel[grid](*args, **self.constexprs)
-        # kept only from a launch on the plan's device: a binary's function is loaded per device
-        if aligned and c is None and getattr(compiled, "function", None) is not None and \
-                torch._C._cuda_getDevice() == self.device:
-            # the launcher takes every parameter in order, the constexprs included (and ignores them)
-            self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
-            if spec is None:
-                self.compiled = compiled
-            elif len(self.by_spec) < _MAX_SPECS:
-                self.by_spec[spec] = compiled
-
-
-#: Binaries a `_DirectLaunch` keeps for integer classes (`_int_classes`) other than its plan's own.
-_MAX_SPECS = 16
-
-
-def _int_classes(values) -> tuple:
-    """How Triton specialises each integer argument (Triton 3.6, `get_int_specialization`): 1 is a
-    constant, a multiple of 16 is marked divisible, a value past int32 is 64-bit; each class its own
-    binary."""
-    return tuple(-1 if v == 1 else (v % 16 == 0) + 2 * (v >= 2**31) for v in values)
-
-
-def _no_launch_hooks() -> bool:
-    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere)."""
-    runtime = triton.knobs.runtime
-    return all(h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def _dense_pages(k_cache, v_cache, L_max: int, page: int):
