@@ -479,6 +479,33 @@ def test_bad_scale_values_are_reported(bad):
     decode.check_errors()
 
 
+@pytest.mark.parametrize("group, paged, per_head, num_splits, scale, window, softcap, sink", [
+    (16, False, True, 2, None, None, 0.0, None),  # 16 query rows: no pad rows in the keys-as-rows tile
+    (8, True, False, 3, None, (9, 0), 5.0, 1.0),  # every mod, pages of 16 (two per 32-key block)
+    (3, True, True, 1, None, (20, 0), 0.0, None),  # three query rows of eight
+    (4, False, False, 1, 1e4, None, 0.0, None),  # scale * log2 e > 1e4: the running max of raw scores
+])
+def test_fp8_decode_tiles_match_float64(group, paged, per_head, num_splits, scale, window, softcap, sink):
+    # e4m3 decode tiles (one query, F16QK) compute S^T = K Q^T and O^T = V^T P^T on 8 or 16 query rows:
+    # GQA groups that fill 16 rows, 8 and fewer, every score mod, raw-score maxima; ragged lengths incl. 0, 1
+    gen = torch.Generator().manual_seed(group)
+    B, Hkv, L = 3, 2, 41
+    q, k, v = inputs(B, group * Hkv, Hkv, 1, L, dtype=torch.bfloat16, seed=50 + group,
+                     q_mult=1e-4 if scale else 3.0)
+    kc, vc, table, k_scale, v_scale, kd, vd = fp8_cache(k * 2, v, per_head, 16 if paged else 0, gen)
+    sinks = None if sink is None else sink + torch.randn(group * Hkv, generator=gen)
+    lens = [L, 0, 1]
+    kc, vc, table, k_scale, v_scale, qd, sd = dev(kc, vc, table, k_scale, v_scale, q, sinks)
+    mods = {"window": window, "softcap": softcap, "sinks": sd}
+    plan = decode.decode_plan(qd, kc, vc, lens_t(lens), table, num_splits=num_splits, return_lse=True,
+                              k_scale=k_scale, v_scale=v_scale, scale=scale, **mods)
+    assert plan._consts["FP8_F16QK"] and plan._consts["BLOCK_M"] == 16 and not plan._consts["CHUNK"]
+    assert plan._consts.get("MAX_UNSCALED", False) == (scale is not None)
+    o, lse = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=k_scale, v_scale=v_scale, sinks=sd)
+    check(o, lse, q, kd, vd, lens, scale=scale, window=window, softcap=softcap, sinks=sinks)
+    decode.check_errors()
+
+
 # --- score mods: window, softcap, sinks -------------------------------------------------------------------
 @pytest.mark.parametrize("paged, nq, group, num_splits, window, softcap, sink", [
     (False, 1, 2, 1, (5, 0), 0.0, None),

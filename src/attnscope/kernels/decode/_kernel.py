@@ -201,8 +201,19 @@ def _attnscope_decode_split_kernel(
     lo = kv_lo + (split * per_split + tl.minimum(split, extra)) * BLOCK_N
     hi = tl.minimum(lo + (per_split + (split < extra).to(tl.int32)) * BLOCK_N, kv_len)
 
-    q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
-                + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
+    # e4m3 decode tiles (one query, 16 rows) run keys as the MMA rows: S^T = K Q^T [BLOCK_N, ROWS] and
+    # O^T = V^T P^T [d, ROWS] on ROWS = 8 (GROUP <= 8) or 16 query rows, not 16 rows padded from G: the
+    # m16n8k16 MMA pads N to 8, where M pads to 16, so half the MMAs and the softmax of half the scores
+    KEYS_AS_ROWS: tl.constexpr = FP8_F16QK and not CHUNK and BLOCK_M == 16
+    ROWS: tl.constexpr = 8 if GROUP <= 8 else 16
+    if KEYS_AS_ROWS:
+        offs_r = tl.arange(0, ROWS)  # the GROUP query heads of the one query, then pad rows (0)
+        r_heads = h_kv * GROUP + offs_r % GROUP
+        q = tl.load(Q + b * stride_qb + r_heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_r < GROUP)[:, None], other=0.0)  # [ROWS, d]
+    else:
+        q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
+                    + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
     if not USE_DOT:
         q = q.to(tl.float32)
         if not MAX_UNSCALED:
@@ -211,8 +222,8 @@ def _attnscope_decode_split_kernel(
         if Q.dtype.element_ty == tl.bfloat16:
             q, row_mul = _rows_to_f16(q)
         else:
-            row_mul = tl.full([BLOCK_M], 1.0, tl.float32)
-        s_mul = row_mul if MAX_UNSCALED else row_mul * qk_scale  # [BLOCK_M]
+            row_mul = tl.full([q.shape[0]], 1.0, tl.float32)
+        s_mul = row_mul if MAX_UNSCALED else row_mul * qk_scale  # [BLOCK_M] (KEYS_AS_ROWS: [ROWS])
     if PAGED:
         k_base = K + h_kv * stride_kh
         v_base = V + h_kv * stride_vh
@@ -226,9 +237,16 @@ def _attnscope_decode_split_kernel(
             vw_base += (b * stride_vb) // 4
         offs_w = tl.arange(0, HEAD_DIM // 4)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+    # m_i: running max of base-2 (MAX_UNSCALED: raw) scores; l_i: running sum of exp2(s - m_i); acc: running
+    # unnormalised sum of p @ V
+    if KEYS_AS_ROWS:
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([HEAD_DIM, ROWS], tl.float32)  # O^T
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     bad_page = tl.zeros([BLOCK_N], tl.int1)  # keys whose block-table entry was out of range
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
@@ -269,7 +287,9 @@ def _attnscope_decode_split_kernel(
             k = _e4m3_to_f16_opaque(k, FP8_ASM)  # exact; k_scale is in s_mul
         elif FP8:
             k = _e4m3_to(k, Q.dtype.element_ty)  # exact; k_scale is in qk_scale
-        if FP8_F16QK:
+        if KEYS_AS_ROWS:
+            s = tl.dot(k, tl.trans(q)) * s_mul[None, :]  # [BLOCK_N, ROWS]: S^T, q's rows scaled back
+        elif FP8_F16QK:
             s = tl.dot(q, tl.trans(k)) * s_mul[:, None]  # [BLOCK_M, BLOCK_N]: q's rows scaled back
         elif USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
@@ -280,7 +300,9 @@ def _attnscope_decode_split_kernel(
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:  # s' = softcap * tanh(s * scale / softcap), in base 2 (softcap2 = softcap * log2 e)
             s = softcap2 * tanh_(s / softcap2)
-        if CHUNK:
+        if KEYS_AS_ROWS:  # one query: a key is visible to every row or to none
+            visible = (n_mask & (rows >= lim - 1 - win_left))[:, None] if WINDOW else n_mask[:, None]
+        elif CHUNK:
             visible = n_mask[None, :] & (rows[None, :] < lim[:, None])
             if WINDOW:
                 visible = visible & (rows[None, :] >= (lim - 1 - win_left)[:, None])
@@ -289,16 +311,27 @@ def _attnscope_decode_split_kernel(
         else:
             visible = n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
-            alpha = tl.exp2((m_i - m_safe) * qk_scale)
-            p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+        if KEYS_AS_ROWS:  # the same online softmax over axis 0 of S^T
+            m_new = tl.maximum(m_i, tl.max(s, 0))  # [ROWS]
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            if MAX_UNSCALED:
+                alpha = tl.exp2((m_i - m_safe) * qk_scale)
+                p = tl.exp2((s - m_safe[None, :]) * qk_scale)
+            else:
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[None, :])  # [BLOCK_N, ROWS]
+            l_i = l_i * alpha + tl.sum(p, 0)
         else:
-            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+            # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
+                alpha = tl.exp2((m_i - m_safe) * qk_scale)
+                p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+            else:
+                alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+                p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, 1)
         if FP8_WORDS:  # V as int32 words of four e4m3 (`_e4m3_words_to_f16`)
             if PAGED:
                 w = tl.load(vw_base + (v_off // 4)[:, None] + offs_w[None, :], mask=n_mask[:, None], other=0)
@@ -314,7 +347,9 @@ def _attnscope_decode_split_kernel(
                 v = _e4m3_to_f16_opaque(v, FP8_ASM)
             elif FP8:
                 v = v.to(tl.float16)
-        if USE_DOT:
+        if KEYS_AS_ROWS:
+            acc = tl.dot(tl.trans(v), p.to(tl.float16), acc * alpha[None, :])  # O^T [d, ROWS]
+        elif USE_DOT:
             if EMULATE_BF16 and not FP8:  # P rounded to nearest even (the interpreter's cast truncates)
                 p, v = round_bf16(p), v.to(tl.float32)  # fp32 products
             # P in the input dtype, as FlashAttention; an e4m3 V is exact in fp16, and P in [0, 1] is
@@ -327,6 +362,12 @@ def _attnscope_decode_split_kernel(
         if tl.max(bad_page.to(tl.int32), 0) != 0:
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
 
+    if KEYS_AS_ROWS:  # back to [BLOCK_M] rows: rows ROWS.. repeat rows 0.. (pad rows, never stored)
+        acc = tl.trans(acc)  # [ROWS, d]
+        if ROWS < BLOCK_M:
+            acc = tl.reshape(tl.permute(tl.join(acc, acc), (2, 0, 1)), (BLOCK_M, HEAD_DIM))
+            m_i = tl.reshape(tl.permute(tl.join(m_i, m_i), (1, 0)), (BLOCK_M,))
+            l_i = tl.reshape(tl.permute(tl.join(l_i, l_i), (1, 0)), (BLOCK_M,))
     if FP8:
         acc = acc * v_sc
     if MAX_UNSCALED:
