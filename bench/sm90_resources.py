@@ -573,13 +573,14 @@ def sass_report(names=None) -> None:
     """Instructions per KiB of K/V in the decode KV loop (`loop_per_kib`) as the plan builds it for a
     decode tile (GROUP 4, one query, 16 rows, d 128, fused split merge, lengths read, int32 offsets): the
     bf16 cache at `heuristics._block_config`'s tile and each e4m3 config of `heuristics.FP8_CONFIGS` (or
-    ``names``), dense and paged (`SASS_LAYOUTS`); with ptxas's registers and spills."""
+    ``names``), dense and paged (`SASS_LAYOUTS`); with ptxas's registers and spill bytes and the kernel's
+    shared memory (bytes)."""
     from attnscope.kernels.decode import _kernel, heuristics
 
     names = list(heuristics.FP8_CONFIGS) if names is None else names
     classes = (*SASS_CLASSES, "other")
     print(f"{'kernel':28s} {'layout':8s} {'BN':>4s} {'w':>2s} {'st':>2s} {'regs':>4s} {'spill':>5s} "
-          f"{'loop':>5s} {'/KiB':>6s} | " + " ".join(f"{c:>11s}" for c in classes), flush=True)
+          f"{'smem':>6s} {'loop':>5s} {'/KiB':>6s} | " + " ".join(f"{c:>11s}" for c in classes), flush=True)
     for kv, name in [("bf16", "bf16"), *(("fp8", n) for n in names)]:
         for layout, page in SASS_LAYOUTS:
             if kv == "fp8":
@@ -605,7 +606,8 @@ def sass_report(names=None) -> None:
                 continue
             info = ptxas_info(k.asm["ptx"])
             print(f"{label:28s} {layout:8s} {cfg['BLOCK_N']:4d} {cfg['num_warps']:2d} {cfg['STAGES']:2d} "
-                  f"{info['regs']:4d} {info['stores']:5d} {r['total']:5d} {r['per_kib']:6.1f} | "
+                  f"{info['regs']:4d} {info['stores']:5d} {k.metadata.shared:6d} {r['total']:5d} "
+                  f"{r['per_kib']:6.1f} | "
                   + " ".join(f"{r['class_per_kib'][c]:11.1f}" for c in classes), flush=True)
 
 

@@ -224,6 +224,11 @@ def _attnscope_decode_split_kernel(
         else:
             row_mul = tl.full([q.shape[0]], 1.0, tl.float32)
         s_mul = row_mul if MAX_UNSCALED else row_mul * qk_scale  # [BLOCK_M] (KEYS_AS_ROWS: [ROWS])
+    # KEYS_AS_ROWS without softcap or raw maxima: s_mul > 0 multiplies the raw scores' max and folds into
+    # the exponent (one FFMA per score); kept normal, so a masked score (-inf) times it stays -inf
+    FOLD: tl.constexpr = KEYS_AS_ROWS and not SOFTCAP and not MAX_UNSCALED
+    if FOLD:
+        s_mul = tl.maximum(s_mul, 1.1754943508222875e-38)  # FLT_MIN
     if PAGED:
         k_base = K + h_kv * stride_kh
         v_base = V + h_kv * stride_vh
@@ -239,9 +244,9 @@ def _attnscope_decode_split_kernel(
 
     # m_i: running max of base-2 (MAX_UNSCALED: raw) scores; l_i: running sum of exp2(s - m_i); acc: running
     # unnormalised sum of p @ V
-    if KEYS_AS_ROWS:
+    if KEYS_AS_ROWS:  # l_i per key slot [BLOCK_N, ROWS], summed after the loop (no reduction per block)
         m_i = tl.full([ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([ROWS], tl.float32)
+        l_i = tl.zeros([BLOCK_N, ROWS], tl.float32)
         acc = tl.zeros([HEAD_DIM, ROWS], tl.float32)  # O^T
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -287,7 +292,9 @@ def _attnscope_decode_split_kernel(
             k = _e4m3_to_f16_opaque(k, FP8_ASM)  # exact; k_scale is in s_mul
         elif FP8:
             k = _e4m3_to(k, Q.dtype.element_ty)  # exact; k_scale is in qk_scale
-        if KEYS_AS_ROWS:
+        if FOLD:
+            s = tl.dot(k, tl.trans(q))  # [BLOCK_N, ROWS]: raw S^T (s_mul below)
+        elif KEYS_AS_ROWS:
             s = tl.dot(k, tl.trans(q)) * s_mul[None, :]  # [BLOCK_N, ROWS]: S^T, q's rows scaled back
         elif FP8_F16QK:
             s = tl.dot(q, tl.trans(k)) * s_mul[:, None]  # [BLOCK_M, BLOCK_N]: q's rows scaled back
@@ -312,15 +319,19 @@ def _attnscope_decode_split_kernel(
             visible = n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
         if KEYS_AS_ROWS:  # the same online softmax over axis 0 of S^T
-            m_new = tl.maximum(m_i, tl.max(s, 0))  # [ROWS]
+            # FOLD: max(s) * s_mul = max(s * s_mul), rounding is monotone and s_mul > 0
+            m_new = tl.maximum(m_i, tl.max(s, 0) * s_mul if FOLD else tl.max(s, 0))  # [ROWS]
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             if MAX_UNSCALED:
                 alpha = tl.exp2((m_i - m_safe) * qk_scale)
                 p = tl.exp2((s - m_safe[None, :]) * qk_scale)
+            elif FOLD:
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s * s_mul[None, :] - m_safe[None, :])  # [BLOCK_N, ROWS]
             else:
                 alpha = tl.exp2(m_i - m_safe)
-                p = tl.exp2(s - m_safe[None, :])  # [BLOCK_N, ROWS]
-            l_i = l_i * alpha + tl.sum(p, 0)
+                p = tl.exp2(s - m_safe[None, :])
+            l_i = l_i * alpha[None, :] + p
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
             # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
@@ -363,6 +374,7 @@ def _attnscope_decode_split_kernel(
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
 
     if KEYS_AS_ROWS:  # back to [BLOCK_M] rows: rows ROWS.. repeat rows 0.. (pad rows, never stored)
+        l_i = tl.sum(l_i, 0)  # [ROWS]
         acc = tl.trans(acc)  # [ROWS, d]
         if ROWS < BLOCK_M:
             acc = tl.reshape(tl.permute(tl.join(acc, acc), (2, 0, 1)), (BLOCK_M, HEAD_DIM))

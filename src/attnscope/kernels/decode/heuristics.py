@@ -159,6 +159,11 @@ FP8_CONFIGS = {
     "f16qk-w4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 5, "F16QK": True},  # fewest instructions/byte
     "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 104 KiB: 2 per SM
     "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
+    "X-n256-w4-s2": {"BLOCK_N": 256, "num_warps": 4, "STAGES": 2, "F16QK": True},
+    "X-n256-w4-s3": {"BLOCK_N": 256, "num_warps": 4, "STAGES": 3, "F16QK": True},
+    "X-n64-w4-s5": {"BLOCK_N": 64, "num_warps": 4, "STAGES": 5, "F16QK": True},
+    "X-n64-w4-s8": {"BLOCK_N": 64, "num_warps": 4, "STAGES": 8, "F16QK": True},
+    "X-n128-w2-s5": {"BLOCK_N": 128, "num_warps": 2, "STAGES": 5, "F16QK": True},
 }
 #: The shipped e4m3 decode-tile config (H200 sweep, `bench/decode.py --fp8-sweep`, B 1/8/32, Hq/Hkv 32/8,
 #: L 4k-128k, dense and paged): 4 warps, the fewest instructions per byte, had the best graph-replay geomean
