@@ -204,7 +204,7 @@ def _attnscope_decode_split_kernel(
     # e4m3 decode tiles (one query, 16 rows) run keys as the MMA rows: S^T = K Q^T [BLOCK_N, ROWS] and
     # O^T = V^T P^T [d, ROWS] on ROWS = 8 (GROUP <= 8) or 16 query rows, not 16 rows padded from G: the
     # m16n8k16 MMA pads N to 8, where M pads to 16, so half the MMAs and the softmax of half the scores
-    KEYS_AS_ROWS: tl.constexpr = FP8_F16QK and not CHUNK and BLOCK_M == 16
+    KEYS_AS_ROWS: tl.constexpr = FP8_F16QK and not CHUNK and BLOCK_M == 16 and GROUP <= 16  # one row tile
     ROWS: tl.constexpr = 8 if GROUP <= 8 else 16
     if KEYS_AS_ROWS:
         offs_r = tl.arange(0, ROWS)  # the GROUP query heads of the one query, then pad rows (0)
@@ -261,6 +261,12 @@ def _attnscope_decode_split_kernel(
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
                 page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
                 slot = start_n % PAGE_SIZE + offs_n  # [BLOCK_N] rows of the page
+            elif KEYS_AS_ROWS:
+                # several pages per block: each row reads its page's block-table entry (cached loads of
+                # BLOCK_N // PAGE_SIZE words; past the length: page 0, masked)
+                pidx = rows // PAGE_SIZE
+                page = tl.load(bt_base + pidx, mask=rows < hi, other=0)  # [BLOCK_N]
+                slot = offs_n % PAGE_SIZE
             else:
                 # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
                 # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
