@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/sm90_resources.py [--kernel fwd|bwd|varlen|decode|all]  # no GPU needed
     PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched forward kernels
     PYTHONPATH=src python bench/sm90_resources.py --evidence  # where a Gluon loop's bar.syncs come from
+    PYTHONPATH=src python bench/sm90_resources.py --sass-per-kib  # decode KV loop: instructions per KiB
 
 Without ``--gpu``: every kernel the dispatch can launch is compiled for ``GPUTarget("cuda", 90, 32)``
 with the configs the launchers pick (no GPU: Triton 3.6 bundles ptxas), with the score-mod constexprs
@@ -27,6 +28,13 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
 - ``--kernel decode``: the split-KV decode kernel as `DecodePlan` builds it (`DECODE_SHAPES`: decode
   tiles with fused / separate merge, dense and paged, chunked prefill), bf16 and FP8 e4m3 caches, score
   mods off and on; the combine kernel and `kernels.merge`'s kernel; whether the KV loop uses cp.async.
+
+``--sass-per-kib``: the decode tile of Hq/Hkv 32/8, one query, d 128, compiled as `DecodePlan` builds it
+for the bf16 cache and each e4m3 config of `decode.heuristics.FP8_CONFIGS` (or ``--fp8-config NAME``),
+dense and in pages of 64, 16 and 256 keys; the cubin disassembled (Triton's bundled nvdisasm), the KV loop
+found (the loop with the most MMAs) and its instructions counted by class (`SASS_CLASSES`: loads and
+stores, converts and bit operations, MMA, softmax float math, integer addressing, barriers and branches),
+times the warps, over the bytes of K and V one iteration reads: warp instructions per KiB of K/V.
 
 ``--gpu``: each forward variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
 B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and the compiled
@@ -573,14 +581,15 @@ def sass_report(names=None) -> None:
     """Instructions per KiB of K/V in the decode KV loop (`loop_per_kib`) as the plan builds it for a
     decode tile (GROUP 4, one query, 16 rows, d 128, fused split merge, lengths read, int32 offsets): the
     bf16 cache at `heuristics._block_config`'s tile and each e4m3 config of `heuristics.FP8_CONFIGS` (or
-    ``names``), dense and paged (`SASS_LAYOUTS`); with ptxas's registers and spill bytes and the kernel's
-    shared memory (bytes)."""
+    ``names``), dense and paged (`SASS_LAYOUTS`); with ptxas's registers and spill bytes, the kernel's
+    shared memory (bytes) and the loop's cp.async copies (LDGSTS: 0 if the loop is not pipelined)."""
     from attnscope.kernels.decode import _kernel, heuristics
 
     names = list(heuristics.FP8_CONFIGS) if names is None else names
     classes = (*SASS_CLASSES, "other")
     print(f"{'kernel':28s} {'layout':8s} {'BN':>4s} {'w':>2s} {'st':>2s} {'regs':>4s} {'spill':>5s} "
-          f"{'smem':>6s} {'loop':>5s} {'/KiB':>6s} | " + " ".join(f"{c:>11s}" for c in classes), flush=True)
+          f"{'smem':>6s} {'LDGSTS':>6s} {'loop':>5s} {'/KiB':>6s} | "
+          + " ".join(f"{c:>11s}" for c in classes), flush=True)
     for kv, name in [("bf16", "bf16"), *(("fp8", n) for n in names)]:
         for layout, page in SASS_LAYOUTS:
             if kv == "fp8":
@@ -606,8 +615,8 @@ def sass_report(names=None) -> None:
                 continue
             info = ptxas_info(k.asm["ptx"])
             print(f"{label:28s} {layout:8s} {cfg['BLOCK_N']:4d} {cfg['num_warps']:2d} {cfg['STAGES']:2d} "
-                  f"{info['regs']:4d} {info['stores']:5d} {k.metadata.shared:6d} {r['total']:5d} "
-                  f"{r['per_kib']:6.1f} | "
+                  f"{info['regs']:4d} {info['stores']:5d} {k.metadata.shared:6d} "
+                  f"{r['op'].get('LDGSTS', 0):6d} {r['total']:5d} {r['per_kib']:6.1f} | "
                   + " ".join(f"{r['class_per_kib'][c]:11.1f}" for c in classes), flush=True)
 
 

@@ -2,6 +2,8 @@
 one (sequence, kv head, row tile) through the online softmax and writes fp32 partials (or, with one split,
 the output); phase 2 merges the splits with the one logsumexp merge (`_tl.lse_merge_step`), fused into the
 last program of a row tile or as a separate kernel. Layouts and the host side: `attnscope.kernels.decode`.
+An e4m3 tile of one query with Q K^T in fp16 (``FP8_F16QK``) puts the keys on the MMA rows: S^T = K Q^T and
+O^T = V^T P^T on the G query rows padded to 8 (m16n8k16 pads N to 8 where M pads to 16).
 
 Values are checked on the device: a length outside [0, L_max] is clamped into it (one in (0, Nq), shorter
 than the queries it holds, runs as given) and a used block-table entry outside [0, num_pages) is never
@@ -294,7 +296,11 @@ def _attnscope_decode_split_kernel(
             k_off = key * stride_kn
             v_off = key * stride_vn
             k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
-        if FP8_F16QK:
+        if KEYS_AS_ROWS:
+            # K is the row-major A operand of S^T: Triton converts it after loading the e4m3 bytes in the
+            # MMA operand layout (ldmatrix), no fp16 round trip through shared memory; exact
+            k = k.to(tl.float16)
+        elif FP8_F16QK:
             k = _e4m3_to_f16_opaque(k, FP8_ASM)  # exact; k_scale is in s_mul
         elif FP8:
             k = _e4m3_to(k, Q.dtype.element_ty)  # exact; k_scale is in qk_scale
