@@ -278,10 +278,15 @@ def _attnscope_decode_split_kernel(
                 pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
                 page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
                 slot = offs_n % PAGE_SIZE  # [BLOCK_N]
-            out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
-            bad_page = bad_page | (n_mask & out_of_range)
-            n_mask = n_mask & (page >= 0) & (page < num_pages)
-            page = tl.where(out_of_range, 0, page)
+            if KEYS_AS_ROWS:  # one unsigned compare per row; the entries are reported after the loop
+                in_range = page.to(tl.uint32, bitcast=True) < num_pages.to(tl.uint32, bitcast=True)
+                n_mask = n_mask & in_range
+                page = tl.where(in_range, page, 0)
+            else:
+                out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
+                bad_page = bad_page | (n_mask & out_of_range)
+                n_mask = n_mask & (page >= 0) & (page < num_pages)
+                page = tl.where(out_of_range, 0, page)
             if not OFF32:
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
@@ -381,7 +386,17 @@ def _attnscope_decode_split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
-    if PAGED:  # noqa: SIM102 - a constexpr branch around a runtime one
+    if PAGED and KEYS_AS_ROWS:
+        # the block-table entries of this split's keys [lo, hi), read again (cached) and checked once
+        n_used = tl.cdiv(hi, PAGE_SIZE)
+        bad = tl.zeros([64], tl.int32)
+        for p0 in range(lo // PAGE_SIZE, n_used, 64):
+            pidx = p0 + tl.arange(0, 64)
+            e = tl.load(bt_base + pidx, mask=pidx < n_used, other=0)
+            bad = bad | (e.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32, bitcast=True)).to(tl.int32)
+        if tl.max(bad, 0) != 0:
+            tl.atomic_or(ERR, ERR_BLOCK_TABLE)
+    elif PAGED:  # noqa: SIM102 - a constexpr branch around a runtime one
         if tl.max(bad_page.to(tl.int32), 0) != 0:
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
 
