@@ -3,7 +3,7 @@ one (sequence, kv head, row tile) through the online softmax and writes fp32 par
 the output); phase 2 merges the splits with the one logsumexp merge (`_tl.lse_merge_step`), fused into the
 last program of a row tile or as a separate kernel. Layouts and the host side: `attnscope.kernels.decode`.
 An e4m3 tile of one query with Q K^T in fp16 (``FP8_F16QK``) puts the keys on the MMA rows: S^T = K Q^T and
-O^T = V^T P^T on the G query rows padded to 8 (m16n8k16 pads N to 8 where M pads to 16).
+O^T = V^T P^T on the G <= 16 query rows padded to 8 or 16 (m16n8k16 pads N to 8 where M pads to 16).
 
 Values are checked on the device: a length outside [0, L_max] is clamped into it (one in (0, Nq), shorter
 than the queries it holds, runs as given) and a used block-table entry outside [0, num_pages) is never
