@@ -488,7 +488,7 @@ def test_bad_scale_values_are_reported(bad):
 @pytest.mark.parametrize("group, paged, per_head, num_splits, scale, window, softcap, sink", [
     (16, False, True, 2, None, None, 0.0, None),  # 16 query rows: no pad rows in the keys-as-rows tile
     (8, True, False, 3, None, (9, 0), 5.0, 1.0),  # every mod, pages of 16 (two per 32-key block)
-    (3, True, True, 1, None, (20, 0), 0.0, None),  # three query rows of eight
+    (3, True, True, 1, None, (20, 0), 0.0, -2.0),  # three query rows of eight; one split: the sink here
     (4, False, False, 1, 1e4, None, 0.0, None),  # scale * log2 e > 1e4: the running max of raw scores
     (32, True, True, 2, None, None, 0.0, None),  # 32 rows: the 16-row tiles (interpreter) keep Q K^T
 ])

@@ -151,16 +151,17 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
 #: rows, S^T = K Q^T and O^T = V^T P^T on 8 or 16 query rows). Warp instructions per KiB of K/V in the KV
 #: loop, sm_90 SASS, Hq/Hkv 32/8, dense / pages of 64 (``python bench/sm90_resources.py --sass-per-kib``;
 #: the bf16 cache: 30.6 / 43.7): bf16qk-w8 148.5 / 188.0 (e4m3 -> bf16 converts, 8-bit MMA operand
-#: layout), f16qk-w8 66.8 / 113.2, f16qk-w4 56.2 / 77.0, f16qk-n256-w8 57.1 / 72.0, f16qk-n256-w4 49.8 /
-#: 60.2 (244-255 registers, 20 B of spills paged). ``bench/decode.py --fp8-sweep`` times each beside
-#: attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s choice.
+#: layout), f16qk-w8 66.8 / 101.8, f16qk-w4 56.2 / 73.6, f16qk-w4-s3 56.2 / 71.1, f16qk-n256-w8 57.1 / 68.2,
+#: f16qk-n256-w4 49.8 / 58.5 (244-255 registers, 28 B of spills paged). ``bench/decode.py --fp8-sweep``
+#: times each beside attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s
+#: choice.
 FP8_CONFIGS = {
     "bf16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": False},  # converts to q's dtype
     "f16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": True},  # two warps per scheduler
     "f16qk-w4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 5, "F16QK": True},  # one warp per scheduler
     "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 98 KiB: 2 per SM
     "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
-    # 64 keys per thread and block: the fewest instructions per byte; 130 KiB, 64 KiB of K/V in flight
+    # 64 keys per warp and block: the fewest instructions per byte; 130 KiB, 64 KiB of K/V in flight
     "f16qk-n256-w4": {"BLOCK_N": 256, "num_warps": 4, "STAGES": 2, "F16QK": True},
 }
 #: The shipped e4m3 decode-tile config (H200 sweep, `bench/decode.py --fp8-sweep`, B 1/8/32, Hq/Hkv 32/8,
