@@ -387,7 +387,7 @@ def _attnscope_decode_split_kernel(
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
     if PAGED and KEYS_AS_ROWS:
-        # the block-table entries of this split's keys [lo, hi), read again (cached) and checked once
+        # the block-table entries of this split's keys [lo, hi), read again (cached) 64 per load, checked once
         n_used = tl.cdiv(hi, PAGE_SIZE)
         bad = tl.zeros([64], tl.int32)
         for p0 in range(lo // PAGE_SIZE, n_used, 64):
