@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/sm90_resources.py [--kernel fwd|bwd|varlen|decode|all]  # no GPU needed
     PYTHONPATH=src python bench/sm90_resources.py --gpu    # on the H200: the launched forward kernels
     PYTHONPATH=src python bench/sm90_resources.py --evidence  # where a Gluon loop's bar.syncs come from
+    PYTHONPATH=src python bench/sm90_resources.py --sass-per-kib  # decode KV loop: instructions per KiB
 
 Without ``--gpu``: every kernel the dispatch can launch is compiled for ``GPUTarget("cuda", 90, 32)``
 with the configs the launchers pick (no GPU: Triton 3.6 bundles ptxas), with the score-mod constexprs
@@ -27,6 +28,13 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
 - ``--kernel decode``: the split-KV decode kernel as `DecodePlan` builds it (`DECODE_SHAPES`: decode
   tiles with fused / separate merge, dense and paged, chunked prefill), bf16 and FP8 e4m3 caches, score
   mods off and on; the combine kernel and `kernels.merge`'s kernel; whether the KV loop uses cp.async.
+
+``--sass-per-kib``: the decode tile of Hq/Hkv 32/8, one query, d 128, compiled as `DecodePlan` builds it
+for the bf16 cache and each e4m3 config of `decode.heuristics.FP8_CONFIGS` (or ``--fp8-config NAME``),
+dense and in pages of 64, 16 and 256 keys; the cubin disassembled (Triton's bundled nvdisasm), the KV loop
+found (the loop with the most MMAs) and its instructions counted by class (`SASS_CLASSES`: loads and
+stores, converts and bit operations, MMA, softmax float math, integer addressing, barriers and branches),
+times the warps, over the bytes of K and V one iteration reads: warp instructions per KiB of K/V.
 
 ``--gpu``: each forward variant is launched once on a small ragged GQA input (bf16, or each ``--dtype``;
 B 2, 4 query / 2 KV heads, N 1000), checked against float64 (exit 1 on a failure), and the compiled
@@ -488,6 +496,130 @@ def decode_report() -> None:
                dict(BLOCK_R=merge.BLOCK_R, BLOCK_D=d), 4, 1)
 
 
+# --- --sass-per-kib: instructions per KiB of K/V in the decode KV loop --------------------------------
+NVDISASM = os.path.join(os.path.dirname(PTXAS), "nvdisasm")
+#: SASS opcode (the name before the first ".") -> class; a ``U``-prefixed uniform-datapath opcode counts
+#: as "int" (loop counters and shared-memory bases), an opcode in no class as "other" (MOV, NOP, CS2R, ...)
+SASS_CLASSES = {
+    "ld/st": ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "STSM", "STG", "LDC", "LDL", "STL"),
+    "cvt/bit": ("F2FP", "F2F", "I2F", "F2I", "I2FP", "F2IP", "PRMT", "SHF", "LOP3", "SGXT", "BMSK", "HADD2",
+                "HMUL2", "HFMA2"),
+    "mma": ("HMMA", "HGMMA", "QMMA", "IMMA"),
+    "softmax": ("FFMA", "FMUL", "FADD", "MUFU", "FMNMX", "FSEL", "FSETP", "SHFL", "FSWZADD"),
+    "int": ("IMAD", "IADD3", "LEA", "VIADD", "VIADDMNMX", "IMNMX", "VIMNMX", "SEL", "ISETP", "IABS"),
+    "sync/branch": ("BAR", "BRA", "BSSY", "BSYNC", "DEPBAR", "LDGDEPBAR", "WARPSYNC", "PLOP3", "ARRIVES",
+                    "SYNCS", "EXIT"),
+}
+_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
+_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+def sass_class(op: str) -> str:
+    for cls, ops in SASS_CLASSES.items():
+        if op in ops:
+            return cls
+    return "int" if op.startswith("U") else "other"
+
+
+def sass_loop(sass: str) -> dict:
+    """The hot loop of a kernel's SASS (``nvdisasm -c`` text): of the loops closed by a backward branch,
+    the one with the most MMA instructions (the KV loop; the fused merge's loop has none). Returns its
+    instruction count per class (`SASS_CLASSES`), per opcode, and in all, over the loop body from its
+    label to the branch (every instruction once: the loop has no inner loop; its forward branches skip
+    little)."""
+    insts, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        m = _SASS_LABEL.match(line.strip())
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _SASS_LINE.match(line)
+        if m:
+            for lab in pending:
+                labels[lab] = len(insts)
+            pending = []
+            target = re.search(r"`\((\.L_x_\d+)\)", line)
+            insts.append((m.group(2), target.group(1) if m.group(2) == "BRA" and target else None))
+    loops = [(labels[t], i) for i, (op, t) in enumerate(insts) if t in labels and labels[t] <= i]
+    if not loops:
+        raise ValueError("no loop (backward branch) in the SASS")
+    lo, hi = max(loops, key=lambda r: sum(sass_class(op) == "mma" for op, _ in insts[r[0]:r[1] + 1]))
+    ops = [op for op, _ in insts[lo:hi + 1]]
+    by_op = {}
+    for op in ops:
+        by_op[op] = by_op.get(op, 0) + 1
+    by_class = {cls: 0 for cls in (*SASS_CLASSES, "other")}
+    for op in ops:
+        by_class[sass_class(op)] += 1
+    return {"total": len(ops), "class": by_class, "op": by_op}
+
+
+def sass_of(kernel) -> str:
+    """``nvdisasm -c`` of a compiled kernel's cubin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        return subprocess.run([NVDISASM, "-c", path], capture_output=True, text=True, check=True).stdout
+
+
+def loop_per_kib(kernel, block_n: int, head_dim: int, kv_bytes: int, warps: int) -> dict:
+    """Warp instructions per KiB of K/V of the KV loop (`sass_loop`): each SASS instruction of the loop
+    body issues once per warp per iteration, and an iteration reads ``block_n`` keys of K and of V
+    (``2 * block_n * head_dim * kv_bytes`` bytes). Per class and in all, with the loop's raw counts."""
+    loop = sass_loop(sass_of(kernel))
+    kib = 2 * block_n * head_dim * kv_bytes / 1024
+    return {"per_kib": loop["total"] * warps / kib,
+            "class_per_kib": {c: n * warps / kib for c, n in loop["class"].items()}, **loop}
+
+
+#: (label, page size (0: dense)) of `sass_report`: the decode tile of Hq/Hkv 32/8, Nq 1 (GROUP 4, 16 rows)
+SASS_LAYOUTS = (("dense", 0), ("paged64", 64), ("paged16", 16), ("paged256", 256))
+
+
+def sass_report(names=None) -> None:
+    """Instructions per KiB of K/V in the decode KV loop (`loop_per_kib`) as the plan builds it for a
+    decode tile (GROUP 4, one query, 16 rows, d 128, fused split merge, lengths read, int32 offsets): the
+    bf16 cache at `heuristics._block_config`'s tile and each e4m3 config of `heuristics.FP8_CONFIGS` (or
+    ``names``), dense and paged (`SASS_LAYOUTS`); with ptxas's registers and spill bytes, the kernel's
+    shared memory (bytes) and the loop's cp.async copies (LDGSTS: 0 if the loop is not pipelined)."""
+    from attnscope.kernels.decode import _kernel, heuristics
+
+    names = list(heuristics.FP8_CONFIGS) if names is None else names
+    classes = (*SASS_CLASSES, "other")
+    print(f"{'kernel':28s} {'layout':8s} {'BN':>4s} {'w':>2s} {'st':>2s} {'regs':>4s} {'spill':>5s} "
+          f"{'smem':>6s} {'LDGSTS':>6s} {'loop':>5s} {'/KiB':>6s} | "
+          + " ".join(f"{c:>11s}" for c in classes), flush=True)
+    for kv, name in [("bf16", "bf16"), *(("fp8", n) for n in names)]:
+        for layout, page in SASS_LAYOUTS:
+            if kv == "fp8":
+                cfg = heuristics._fp8_config(name, page)
+                f16qk = bool(cfg.get("F16QK"))
+                opt = dict(FP8=True, FP8_WORDS=not f16qk, FP8_F16QK=f16qk, FP8_ASM=True)
+            else:
+                cfg, opt = heuristics._block_config(16, page), {}
+            cx = dict(GROUP=4, BLOCK_M=16, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
+                      USE_DOT=True, EMULATE_BF16=False, SPLIT=True, FUSE=True, MERGE_M=4, MERGE_S=8,
+                      WRITE_LSE=False, HAS_SEQLENS=True, PAGED=page > 0, PAGE_SIZE=max(page, 1), CHUNK=False,
+                      OFF32=True, **opt)
+            label = f"{kv} {name}" if kv == "fp8" else "bf16"
+            try:
+                types = _decode_types("*fp8e4nv" if kv == "fp8" else "*bf16")
+                k = compile_triton(_kernel._attnscope_decode_split_kernel, types, cx, cfg["num_warps"],
+                                   cfg["num_stages"], ("stride_sb", "stride_tb"))
+                r = loop_per_kib(k, cfg["BLOCK_N"], 128, 1 if kv == "fp8" else 2, cfg["num_warps"])
+            except Exception as e:  # noqa: BLE001 - a failed build is the row's content
+                FAILED.append(f"{label} {layout}")
+                msg = " ".join(str(e).split())[:300]
+                print(f"FAIL {label} {layout}: {type(e).__name__}: {msg}", flush=True)
+                continue
+            info = ptxas_info(k.asm["ptx"])
+            print(f"{label:28s} {layout:8s} {cfg['BLOCK_N']:4d} {cfg['num_warps']:2d} {cfg['STAGES']:2d} "
+                  f"{info['regs']:4d} {info['stores']:5d} {k.metadata.shared:6d} "
+                  f"{r['op'].get('LDGSTS', 0):6d} {r['total']:5d} {r['per_kib']:6.1f} | "
+                  + " ".join(f"{r['class_per_kib'][c]:11.1f}" for c in classes), flush=True)
+
+
 def _config(flag):
     parts = flag.split(",")
     if len(parts) != 4 or not all(x.strip().isdigit() for x in parts):
@@ -507,12 +639,20 @@ def main() -> int:
     p.add_argument("--variant", action="append", help="portable or a fwd_hopper.VARIANTS name (default: all)")
     p.add_argument("--evidence", action="store_true",
                    help="compile minimal loops of mbarrier waits/arrives; print where the bar.syncs are")
+    p.add_argument("--sass-per-kib", action="store_true",
+                   help="warp instructions per KiB of K/V in the decode KV loop by class (SASS), bf16 "
+                        "and each e4m3 config of decode.heuristics.FP8_CONFIGS (or --fp8-config), dense and "
+                        "paged")
+    p.add_argument("--fp8-config", action="append", help="with --sass-per-kib: an FP8_CONFIGS name")
     p.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
                    help="with --gpu: the dtype(s) launched (default bf16)")
     a = p.parse_args()
     names = a.variant or ["portable", *fwd_hopper.VARIANTS]
     if a.evidence:
         return evidence()
+    if a.sass_per_kib:
+        sass_report(a.fp8_config)
+        return 1 if FAILED else 0
     if a.gpu:
         return gpu_report(names, tuple(a.dtype or ("bf16",)))
     print(f"triton {triton.__version__}, target sm_90 (ptxas --gpu-name sm_90a), no GPU; shared-memory limit "

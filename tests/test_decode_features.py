@@ -174,32 +174,38 @@ def test_out_of_range_lengths_are_clamped_on_the_device_and_reported(nq, num_spl
     plan.check()  # in range: nothing recorded
 
 
-@pytest.mark.parametrize("nq, num_splits", [(1, 1), (1, 2), (2, 2)])
-def test_out_of_range_block_table_entries_are_never_dereferenced_and_reported(nq, num_splits):
+@pytest.mark.parametrize("nq, num_splits, fp8", [(1, 1, False), (1, 2, False), (2, 2, False), (1, 2, True)])
+def test_out_of_range_block_table_entries_are_never_dereferenced_and_reported(nq, num_splits, fp8):
     decode.check_errors()
     gen = torch.Generator().manual_seed(3)
     B, Hq, Hkv, L, ps = 3, 4, 2, 48, 16
     q, k, v = inputs(B, Hq, Hkv, nq, L, seed=5 + nq)
+    scales = {}
+    if fp8:  # an e4m3 cache at unit scales (e4m3 values are exact in fp16: the reference reads them)
+        k, v = k.to(FP8).to(q.dtype), v.to(FP8).to(q.dtype)
+        one = torch.ones((), dtype=torch.float32, device=DEVICE)
+        scales = {"k_scale": one, "v_scale": one}
     kp, vp, table = to_paged(k, v, ps, gen)
     P = kp.shape[0]
-    kp_buf, kpc = carve(kp.to(DEVICE), float("nan"))  # the pages before and after: NaN
-    vp_buf, vpc = carve(vp.to(DEVICE), float("nan"))
+    dt = FP8 if fp8 else kp.dtype
+    kp_buf, kpc = carve(kp.to(DEVICE, dt), float("nan"))  # the pages before and after: NaN
+    vp_buf, vpc = carve(vp.to(DEVICE, dt), float("nan"))
     bad = table.clone()
     bad[0, 1], bad[2, 2] = -1, P  # the page before / after the cache
     tab_buf, tab = carve(bad.to(DEVICE), 2**30, dim=1)  # entries around the table: huge
     lens = lens_t([L, 20, 40])  # sequence 1 uses 2 pages: its third entry may be anything
     tab[1, 2] = -(2**30)
-    o, lse = flash_decode(q.to(DEVICE), kpc, vpc, lens, tab, num_splits=num_splits, return_lse=True)
+    o, lse = flash_decode(q.to(DEVICE), kpc, vpc, lens, tab, num_splits=num_splits, return_lse=True, **scales)
     assert torch.isfinite(o).all() and not torch.isnan(lse).any()
-    assert torch.isnan(kp_buf[:3]).all() and torch.isnan(kp_buf[-3:]).all()
+    assert torch.isnan(kp_buf[:3].float()).all() and torch.isnan(kp_buf[-3:].float()).all()
     ok = [1]  # sequence 1's used pages are all valid: its result is the reference's
     check(o[ok], lse[ok], q[ok], k[ok], v[ok], [20])
     with pytest.raises(InputError, match=r"block_table: expected used page indices in \[0, num_pages\)"):
         decode.check_errors()
-    flash_decode(q.to(DEVICE), kpc, vpc, lens, table.to(DEVICE), num_splits=num_splits)
+    flash_decode(q.to(DEVICE), kpc, vpc, lens, table.to(DEVICE), num_splits=num_splits, **scales)
     decode.check_errors()  # valid entries: nothing recorded
     with pytest.raises(InputError, match=r"block_table: expected page indices in \[0, num_pages = 11\)"):
-        flash_decode(q.to(DEVICE), kpc, vpc, lens, tab, check_seqlens=True)
+        flash_decode(q.to(DEVICE), kpc, vpc, lens, tab, check_seqlens=True, **scales)
 
 
 def test_inputs_that_require_grad_are_refused():
@@ -476,6 +482,34 @@ def test_bad_scale_values_are_reported(bad):
             decode.check_errors()
         with pytest.raises(InputError, match=f"{name}: expected finite positive values"):
             flash_decode(q, k8, v8, **kw, check_seqlens=True)
+    decode.check_errors()
+
+
+@pytest.mark.parametrize("group, paged, per_head, num_splits, scale, window, softcap, sink", [
+    (16, False, True, 2, None, None, 0.0, None),  # 16 query rows: no pad rows in the keys-as-rows tile
+    (8, True, False, 3, None, (9, 0), 5.0, 1.0),  # every mod, pages of 16 (two per 32-key block)
+    (3, True, True, 1, None, (20, 0), 0.0, -2.0),  # three query rows of eight; one split: the sink here
+    (4, False, False, 1, 1e4, None, 0.0, None),  # scale * log2 e > 1e4: the running max of raw scores
+    (32, True, True, 2, None, None, 0.0, None),  # 32 rows: the 16-row tiles (interpreter) keep Q K^T
+])
+def test_fp8_decode_tiles_match_float64(group, paged, per_head, num_splits, scale, window, softcap, sink):
+    # e4m3 decode tiles (one query, F16QK) compute S^T = K Q^T and O^T = V^T P^T on 8 or 16 query rows:
+    # GQA groups that fill 16 rows, 8 and fewer, every score mod, raw-score maxima; ragged lengths incl. 0, 1
+    gen = torch.Generator().manual_seed(group)
+    B, Hkv, L = 3, 2, 41
+    q, k, v = inputs(B, group * Hkv, Hkv, 1, L, dtype=torch.bfloat16, seed=50 + group,
+                     q_mult=1e-4 if scale else 3.0)
+    kc, vc, table, k_scale, v_scale, kd, vd = fp8_cache(k * 2, v, per_head, 16 if paged else 0, gen)
+    sinks = None if sink is None else sink + torch.randn(group * Hkv, generator=gen)
+    lens = [L, 0, 1]
+    kc, vc, table, k_scale, v_scale, qd, sd = dev(kc, vc, table, k_scale, v_scale, q, sinks)
+    mods = {"window": window, "softcap": softcap, "sinks": sd}
+    plan = decode.decode_plan(qd, kc, vc, lens_t(lens), table, num_splits=num_splits, return_lse=True,
+                              k_scale=k_scale, v_scale=v_scale, scale=scale, **mods)
+    assert plan._consts["FP8_F16QK"] and plan._consts["BLOCK_M"] == 16 and not plan._consts["CHUNK"]
+    assert plan._consts.get("MAX_UNSCALED", False) == (scale is not None)
+    o, lse = plan.run(qd, kc, vc, lens_t(lens), table, k_scale=k_scale, v_scale=v_scale, sinks=sd)
+    check(o, lse, q, kd, vd, lens, scale=scale, window=window, softcap=softcap, sinks=sinks)
     decode.check_errors()
 
 

@@ -2,6 +2,8 @@
 one (sequence, kv head, row tile) through the online softmax and writes fp32 partials (or, with one split,
 the output); phase 2 merges the splits with the one logsumexp merge (`_tl.lse_merge_step`), fused into the
 last program of a row tile or as a separate kernel. Layouts and the host side: `attnscope.kernels.decode`.
+An e4m3 tile of one query with Q K^T in fp16 (``FP8_F16QK``) puts the keys on the MMA rows: S^T = K Q^T and
+O^T = V^T P^T on the G <= 16 query rows padded to 8 or 16 (m16n8k16 pads N to 8 where M pads to 16).
 
 Values are checked on the device: a length outside [0, L_max] is clamped into it (one in (0, Nq), shorter
 than the queries it holds, runs as given) and a used block-table entry outside [0, num_pages) is never
@@ -201,8 +203,19 @@ def _attnscope_decode_split_kernel(
     lo = kv_lo + (split * per_split + tl.minimum(split, extra)) * BLOCK_N
     hi = tl.minimum(lo + (per_split + (split < extra).to(tl.int32)) * BLOCK_N, kv_len)
 
-    q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
-                + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
+    # e4m3 decode tiles (one query, 16 rows) run keys as the MMA rows: S^T = K Q^T [BLOCK_N, ROWS] and
+    # O^T = V^T P^T [d, ROWS] on ROWS = 8 (GROUP <= 8) or 16 query rows, not 16 rows padded from G: the
+    # m16n8k16 MMA pads N to 8, where M pads to 16, so half the MMAs and the softmax of half the scores
+    KEYS_AS_ROWS: tl.constexpr = FP8_F16QK and not CHUNK and BLOCK_M == 16 and GROUP <= 16  # one row tile
+    ROWS: tl.constexpr = 8 if GROUP <= 8 else 16
+    if KEYS_AS_ROWS:
+        offs_r = tl.arange(0, ROWS)  # the GROUP query heads of the one query, then pad rows (0)
+        r_heads = h_kv * GROUP + offs_r % GROUP
+        q = tl.load(Q + b * stride_qb + r_heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_r < GROUP)[:, None], other=0.0)  # [ROWS, d]
+    else:
+        q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
+                    + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
     if not USE_DOT:
         q = q.to(tl.float32)
         if not MAX_UNSCALED:
@@ -211,8 +224,13 @@ def _attnscope_decode_split_kernel(
         if Q.dtype.element_ty == tl.bfloat16:
             q, row_mul = _rows_to_f16(q)
         else:
-            row_mul = tl.full([BLOCK_M], 1.0, tl.float32)
-        s_mul = row_mul if MAX_UNSCALED else row_mul * qk_scale  # [BLOCK_M]
+            row_mul = tl.full([q.shape[0]], 1.0, tl.float32)
+        s_mul = row_mul if MAX_UNSCALED else row_mul * qk_scale  # [BLOCK_M] (KEYS_AS_ROWS: [ROWS])
+    # KEYS_AS_ROWS without softcap or raw maxima: s_mul > 0 multiplies the raw scores' max and folds into
+    # the exponent (one FFMA per score); kept normal, so a masked score (-inf) times it stays -inf
+    FOLD: tl.constexpr = KEYS_AS_ROWS and not SOFTCAP and not MAX_UNSCALED
+    if FOLD:
+        s_mul = tl.maximum(s_mul, 1.1754943508222875e-38)  # FLT_MIN
     if PAGED:
         k_base = K + h_kv * stride_kh
         v_base = V + h_kv * stride_vh
@@ -226,9 +244,16 @@ def _attnscope_decode_split_kernel(
             vw_base += (b * stride_vb) // 4
         offs_w = tl.arange(0, HEAD_DIM // 4)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 (MAX_UNSCALED: raw) scores
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running unnormalised sum of p @ V
+    # m_i: running max of base-2 (MAX_UNSCALED: raw) scores; l_i: running sum of exp2(s - m_i); acc: running
+    # unnormalised sum of p @ V
+    if KEYS_AS_ROWS:  # l_i per key slot [BLOCK_N, ROWS], summed after the loop (no reduction per block)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_N, ROWS], tl.float32)
+        acc = tl.zeros([HEAD_DIM, ROWS], tl.float32)  # O^T
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     bad_page = tl.zeros([BLOCK_N], tl.int1)  # keys whose block-table entry was out of range
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
@@ -238,6 +263,12 @@ def _attnscope_decode_split_kernel(
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
                 page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
                 slot = start_n % PAGE_SIZE + offs_n  # [BLOCK_N] rows of the page
+            elif KEYS_AS_ROWS:
+                # several pages per block: each row reads its page's block-table entry (cached loads of
+                # BLOCK_N // PAGE_SIZE words; past the length: page 0, masked)
+                pidx = rows // PAGE_SIZE
+                page = tl.load(bt_base + pidx, mask=rows < hi, other=0)  # [BLOCK_N]
+                slot = offs_n % PAGE_SIZE
             else:
                 # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
                 # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
@@ -247,10 +278,15 @@ def _attnscope_decode_split_kernel(
                 pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
                 page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
                 slot = offs_n % PAGE_SIZE  # [BLOCK_N]
-            out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
-            bad_page = bad_page | (n_mask & out_of_range)
-            n_mask = n_mask & (page >= 0) & (page < num_pages)
-            page = tl.where(out_of_range, 0, page)
+            if KEYS_AS_ROWS:  # one unsigned compare per row; the entries are reported after the loop
+                in_range = page.to(tl.uint32, bitcast=True) < num_pages.to(tl.uint32, bitcast=True)
+                n_mask = n_mask & in_range
+                page = tl.where(in_range, page, 0)
+            else:
+                out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
+                bad_page = bad_page | (n_mask & out_of_range)
+                n_mask = n_mask & (page >= 0) & (page < num_pages)
+                page = tl.where(out_of_range, 0, page)
             if not OFF32:
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
@@ -265,11 +301,19 @@ def _attnscope_decode_split_kernel(
             k_off = key * stride_kn
             v_off = key * stride_vn
             k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
-        if FP8_F16QK:
+        if KEYS_AS_ROWS:
+            # K is the row-major A operand of S^T: Triton converts it after loading the e4m3 bytes in the
+            # MMA operand layout (ldmatrix), no fp16 round trip through shared memory; exact
+            k = k.to(tl.float16)
+        elif FP8_F16QK:
             k = _e4m3_to_f16_opaque(k, FP8_ASM)  # exact; k_scale is in s_mul
         elif FP8:
             k = _e4m3_to(k, Q.dtype.element_ty)  # exact; k_scale is in qk_scale
-        if FP8_F16QK:
+        if FOLD:
+            s = tl.dot(k, tl.trans(q))  # [BLOCK_N, ROWS]: raw S^T (s_mul below)
+        elif KEYS_AS_ROWS:
+            s = tl.dot(k, tl.trans(q)) * s_mul[None, :]  # [BLOCK_N, ROWS]: S^T, q's rows scaled back
+        elif FP8_F16QK:
             s = tl.dot(q, tl.trans(k)) * s_mul[:, None]  # [BLOCK_M, BLOCK_N]: q's rows scaled back
         elif USE_DOT:
             kt = tl.trans(k)  # [d, BLOCK_N]
@@ -280,7 +324,9 @@ def _attnscope_decode_split_kernel(
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:  # s' = softcap * tanh(s * scale / softcap), in base 2 (softcap2 = softcap * log2 e)
             s = softcap2 * tanh_(s / softcap2)
-        if CHUNK:
+        if KEYS_AS_ROWS:  # one query: a key is visible to every row or to none
+            visible = (n_mask & (rows >= lim - 1 - win_left))[:, None] if WINDOW else n_mask[:, None]
+        elif CHUNK:
             visible = n_mask[None, :] & (rows[None, :] < lim[:, None])
             if WINDOW:
                 visible = visible & (rows[None, :] >= (lim - 1 - win_left)[:, None])
@@ -289,16 +335,31 @@ def _attnscope_decode_split_kernel(
         else:
             visible = n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-        # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
-            alpha = tl.exp2((m_i - m_safe) * qk_scale)
-            p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+        if KEYS_AS_ROWS:  # the same online softmax over axis 0 of S^T
+            # FOLD: max(s) * s_mul = max(s * s_mul), rounding is monotone and s_mul > 0
+            m_new = tl.maximum(m_i, tl.max(s, 0) * s_mul if FOLD else tl.max(s, 0))  # [ROWS]
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            if MAX_UNSCALED:
+                alpha = tl.exp2((m_i - m_safe) * qk_scale)
+                p = tl.exp2((s - m_safe[None, :]) * qk_scale)
+            elif FOLD:
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s * s_mul[None, :] - m_safe[None, :])  # [BLOCK_N, ROWS]
+            else:
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[None, :])
+            l_i = l_i * alpha[None, :] + p
         else:
-            alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
-            p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+            # a row with no visible key yet (causal) keeps m = -inf: shift by 0 there, so no NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            if MAX_UNSCALED:  # the scale multiplies differences <= 0: exp2(-inf) = 0, never inf - inf
+                alpha = tl.exp2((m_i - m_safe) * qk_scale)
+                p = tl.exp2((s - m_safe[:, None]) * qk_scale)
+            else:
+                alpha = tl.exp2(m_i - m_safe)  # rescale of the old state
+                p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, 1)
         if FP8_WORDS:  # V as int32 words of four e4m3 (`_e4m3_words_to_f16`)
             if PAGED:
                 w = tl.load(vw_base + (v_off // 4)[:, None] + offs_w[None, :], mask=n_mask[:, None], other=0)
@@ -314,7 +375,9 @@ def _attnscope_decode_split_kernel(
                 v = _e4m3_to_f16_opaque(v, FP8_ASM)
             elif FP8:
                 v = v.to(tl.float16)
-        if USE_DOT:
+        if KEYS_AS_ROWS:
+            acc = tl.dot(tl.trans(v), p.to(tl.float16), acc * alpha[None, :])  # O^T [d, ROWS]
+        elif USE_DOT:
             if EMULATE_BF16 and not FP8:  # P rounded to nearest even (the interpreter's cast truncates)
                 p, v = round_bf16(p), v.to(tl.float32)  # fp32 products
             # P in the input dtype, as FlashAttention; an e4m3 V is exact in fp16, and P in [0, 1] is
@@ -323,10 +386,27 @@ def _attnscope_decode_split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
-    if PAGED:  # noqa: SIM102 - a constexpr branch around a runtime one
+    if PAGED and KEYS_AS_ROWS:
+        # the block-table entries of this split's keys [lo, hi), read again (cached) 64 per load, checked once
+        n_used = tl.cdiv(hi, PAGE_SIZE)
+        bad = tl.zeros([64], tl.int32)
+        for p0 in range(lo // PAGE_SIZE, n_used, 64):
+            pidx = p0 + tl.arange(0, 64)
+            e = tl.load(bt_base + pidx, mask=pidx < n_used, other=0)
+            bad = bad | (e.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32, bitcast=True)).to(tl.int32)
+        if tl.max(bad, 0) != 0:
+            tl.atomic_or(ERR, ERR_BLOCK_TABLE)
+    elif PAGED:  # noqa: SIM102 - a constexpr branch around a runtime one
         if tl.max(bad_page.to(tl.int32), 0) != 0:
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
 
+    if KEYS_AS_ROWS:  # back to [BLOCK_M] rows: rows ROWS.. repeat rows 0.. (pad rows, never stored)
+        l_i = tl.sum(l_i, 0)  # [ROWS]
+        acc = tl.trans(acc)  # [ROWS, d]
+        if ROWS < BLOCK_M:
+            acc = tl.reshape(tl.permute(tl.join(acc, acc), (2, 0, 1)), (BLOCK_M, HEAD_DIM))
+            m_i = tl.reshape(tl.permute(tl.join(m_i, m_i), (1, 0)), (BLOCK_M,))
+            l_i = tl.reshape(tl.permute(tl.join(l_i, l_i), (1, 0)), (BLOCK_M,))
     if FP8:
         acc = acc * v_sc
     if MAX_UNSCALED:

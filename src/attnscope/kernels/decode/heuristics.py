@@ -146,27 +146,31 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
 
 
 #: e4m3 decode-tile (rows <= 32) block configs: BLOCK_N, warps, dense stages (paged: `_fp8_config`), and
-#: ``F16QK``: Q K^T in fp16 (the kernel's ``FP8_F16QK``: bf16 q rows scaled by powers of two into fp16,
-#: K and V converted four e4m3 per two instructions in an asm statement that keeps the MMA operands
-#: 16-bit; sm_90 compile, dense, Hq/Hkv 32/8: 72.5 warp instructions per KiB of K/V at 4 warps, 90.8 at
-#: 8, against 149.8 for ``bf16qk-w8``, whose e4m3 -> bf16 converts and 8-bit MMA operand layout (q
-#: re-read with 8-byte shared loads and register moves, P through shared memory) bound it by issue:
-#: parity with bf16 in time for half the bytes). ``bench/decode.py --fp8-sweep`` times each beside
-#: attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s choice.
+#: ``F16QK``: Q K^T in fp16 (the kernel's ``FP8_F16QK``: bf16 q rows scaled by powers of two into fp16, K and
+#: V converted one instruction per two e4m3, MMA operands 16-bit; a tile of one query runs keys as the MMA
+#: rows, S^T = K Q^T and O^T = V^T P^T on 8 or 16 query rows). Warp instructions per KiB of K/V in the KV
+#: loop, sm_90 SASS, Hq/Hkv 32/8, dense / pages of 64 (``python bench/sm90_resources.py --sass-per-kib``;
+#: the bf16 cache: 30.6 / 43.7): bf16qk-w8 148.5 / 188.0 (e4m3 -> bf16 converts, 8-bit MMA operand
+#: layout), f16qk-w8 66.8 / 101.8, f16qk-w4 56.2 / 73.6, f16qk-w4-s3 56.2 / 71.1, f16qk-n256-w8 57.1 / 68.2,
+#: f16qk-n256-w4 49.8 / 58.5 (244-255 registers, 28 B of spills paged). ``bench/decode.py --fp8-sweep``
+#: times each beside attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s
+#: choice.
 FP8_CONFIGS = {
     "bf16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": False},  # converts to q's dtype
     "f16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": True},  # two warps per scheduler
-    "f16qk-w4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 5, "F16QK": True},  # fewest instructions/byte
-    "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 104 KiB: 2 per SM
+    "f16qk-w4": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 5, "F16QK": True},  # one warp per scheduler
+    "f16qk-w4-s3": {"BLOCK_N": 128, "num_warps": 4, "STAGES": 3, "F16QK": True},  # 98 KiB: 2 per SM
     "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
+    # 64 keys per warp and block: the fewest instructions per byte; 130 KiB, 64 KiB of K/V in flight
+    "f16qk-n256-w4": {"BLOCK_N": 256, "num_warps": 4, "STAGES": 2, "F16QK": True},
 }
 #: The shipped e4m3 decode-tile config (H200 sweep, `bench/decode.py --fp8-sweep`, B 1/8/32, Hq/Hkv 32/8,
-#: L 4k-128k, dense and paged): 4 warps, the fewest instructions per byte, had the best graph-replay geomean
+#: L 4k-128k, dense and paged): 4 warps, fewer instructions per byte than 8, had the best graph-replay geomean
 #: against attnscope bf16 (0.98 x; 8 warps 0.89 x) and won or tied at every dense point with one program
 #: per SM or fewer.
 FP8_DEFAULT = "f16qk-w4"
 #: ... and on a dense cache with more programs than SMs (None: `FP8_DEFAULT` there too): 4-warp programs
-#: in 104 KiB of shared memory, two per SM (B x Hkv = 256 programs all run at once on 132 SMs): 1.14-1.19 x
+#: in 98 KiB of shared memory, two per SM (B x Hkv = 256 programs all run at once on 132 SMs): 1.14-1.19 x
 #: attnscope bf16 at B = 32, against 1.03-1.07 x for `FP8_DEFAULT`; on paged caches it lost (0.96 x).
 FP8_MANY = "f16qk-w4-s3"
 #: Whether e4m3 splits are sized on bytes rather than keys (`_split_min_keys`: at least the bf16
