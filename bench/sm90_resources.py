@@ -384,9 +384,11 @@ def _sass_class(op: str) -> str:
 def sass_steps(cubin: bytes) -> list:
     """The loops of a compiled kernel that issue wgmma (``HGMMA``): for each, in program order, its
     instructions by class (`SASS_CLASSES`: opcodes of one loop trip, every instruction between the loop's
-    head and its back-branch, both sides of a branch inside it counted), and the MMA FLOPs of one trip
-    (from the HGMMA shapes). A warp-specialised kernel has one such loop per consumer partition (more if
-    the source splits the loop); the partitions' code is laid out in turn."""
+    head and its back-branch, both sides of a branch inside it counted), of which ``conditional`` (by class
+    in ``conditional_classes``) a forward branch inside the loop may skip (the one-pass dS K product at
+    d = 64 runs on every other trip of a warpgroup), and the MMA FLOPs of one trip (from the HGMMA shapes).
+    A warp-specialised kernel has one such loop per consumer partition (more if the source splits the
+    loop); the partitions' code is laid out in turn."""
     from collections import Counter
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -413,10 +415,16 @@ def sass_steps(cubin: bytes) -> list:
         if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in edges):
             continue
         body = insts[lo:hi + 1]
+        skipped = set()  # instructions a forward branch inside the loop jumps over (executed on some trips)
+        for i, (op, args) in enumerate(body):
+            target = re.search(r"`\((\.L_x_\d+)\)", args) if op == "BRA" else None
+            if target and i < labels.get(target.group(1), -1) - lo <= len(body):
+                skipped.update(range(i + 1, labels[target.group(1)] - lo))
         flops = sum(2 * math.prod(int(x) for x in o.split(".")[1].split("x")) for o, _ in body
                     if o.startswith("HGMMA"))
         loops.append({"classes": Counter(_sass_class(o) for o, _ in body), "total": len(body),
-                      "mma_flops": flops, "span": (lo, hi)})
+                      "mma_flops": flops, "span": (lo, hi), "conditional": len(skipped),
+                      "conditional_classes": Counter(_sass_class(body[i][0]) for i in skipped)})
     return loops
 
 
@@ -453,9 +461,12 @@ def sass_step_report(d_list=(64, 128), dkdv_cfg=None) -> int:
               f"keys x d {d} ({mflop:.2f} useful MFLOP)", flush=True)
         for w, loop in enumerate(sass_steps(k.asm["cubin"])):
             body = ", ".join(f"{cl} {loop['classes'][cl]}" for cl in classes if loop["classes"][cl])
+            cond = ", ".join(f"{cl} {loop['conditional_classes'][cl]}" for cl in classes
+                             if loop["conditional_classes"][cl])
             print(f"  loop {w}: {loop['total']} instructions ({loop['total'] / mflop:.0f} per MFLOP; "
                   f"non-HGMMA {loop['total'] - loop['classes']['HGMMA']}), MMA {loop['mma_flops'] / 1e6:.2f}"
-                  f" MFLOP: {body}", flush=True)
+                  f" MFLOP: {body}" + (f" | of which behind a branch {loop['conditional']}: {cond}" if cond
+                                       else ""), flush=True)
     return 1 if FAILED else 0
 
 

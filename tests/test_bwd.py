@@ -437,7 +437,9 @@ HOPPER_LEAN_CASES = [(1537, 777, 64, "bfloat16", True, 2, False), (300, 333, 64,
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
 @pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided,lean",
-                         [(*c, False) for c in HOPPER_CASES] + [(*c, True) for c in HOPPER_LEAN_CASES])
+                         [pytest.param(*c, False, id="-".join(map(str, c))) for c in HOPPER_CASES]
+                         + [pytest.param(*c, True, id="lean-" + "-".join(map(str, c)))
+                            for c in HOPPER_LEAN_CASES])
 def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, lean):
     if lean:
         from attnscope.kernels import bwd_hopper
