@@ -10,8 +10,10 @@ backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward
 twice: the default deterministic separate dQ pass (`attnscope`, also autograd's) and dQ by atomics
 (`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
 kernels/bwd_hopper.py, after the same preprocess) and their one-pass build (`attnscope_hopper_onepass`,
-``deterministic=False``: dQ by fp32 atomics), checked and timed the same way. Flex (torch.compile'd
-flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
+``deterministic=False``: dQ by fp32 atomics), checked and timed the same way; ``--hopper-lean``
+adds both with the lean d = 64 dK/dV build (`bwd_hopper.LEAN_CONFIGS`) beside them (``--d 64``: that head
+dim only). Flex (torch.compile'd flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all
+for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
 A shape whose gradients fail the check is not timed (exit 1). About 1.5 minutes on an H200.
@@ -283,10 +285,11 @@ def main(argv=None) -> int:
                         "attnscope_hopper, and their one-pass build as attnscope_hopper_onepass, beside the "
                         "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    p.add_argument("--hopper-lean", action="store_true",
+    p.add_argument("--hopper-lean", nargs="?", const="", default=None, metavar="BM,BN,STAGES[,NWG,DQ,RED]",
                    help="--impl hopper: also both Hopper builds with the lean dK/dV kernel "
-                        "(bwd_hopper.LEAN_CONFIGS: d = 64) as attnscope_hopper_lean and "
-                        "attnscope_hopper_onepass_lean, checked and timed beside the default")
+                        "(bwd_hopper.LEAN_CONFIGS: d = 64; or this config, LEAN = 1) as "
+                        "attnscope_hopper_lean and attnscope_hopper_onepass_lean, checked and timed beside "
+                        "the default")
     p.add_argument("--d", type=int, action="append", choices=(64, 128),
                    help="only this head dim (repeatable; default: 64 and 128)")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
@@ -325,10 +328,15 @@ def main(argv=None) -> int:
     if hopper and torch.cuda.get_device_capability() != (9, 0):
         print("bench/backward.py: --impl hopper needs an sm_90 GPU", file=sys.stderr)
         return 2
-    if args.hopper_lean and not hopper:
+    if args.hopper_lean is not None and not hopper:
         p.error("--hopper-lean needs --impl hopper")
+    if args.hopper_lean:  # this process only: the lean table _backward reads
+        cfg = tuple(int(x) for x in args.hopper_lean.split(","))
+        if not 3 <= len(cfg) <= 6:
+            p.error(f"--hopper-lean: expected BM,BN,STAGES[,NWG,DQ,RED], got {args.hopper_lean!r}")
+        bwd_hopper.LEAN_CONFIGS["dkdv"][64] = bwd_hopper.BwdConfig(*cfg)._replace(LEAN=1)
     rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper,
-                           args.hopper_lean)
+                           args.hopper_lean is not None)
     mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)

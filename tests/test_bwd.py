@@ -597,8 +597,9 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
 def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatch):
     """The lean dK/dV build's host side (`bwd_hopper.LEAN_CONFIGS`), no GPU: its row copies hold
     log2(sm_scale) - LSE2 (the exp2's FFMA addend; -inf past Nq) and -Delta (0 past Nq), its fp32 dQ has
-    rows padded to `ROW_PAD` (unmasked reductions) and dQ is that buffer's first Nq rows; with softcap it is
-    refused; a LEAN other than 0 or 1 is refused."""
+    rows padded to `ROW_PAD` (unmasked reductions) and dQ is that buffer's first Nq rows; with softcap, or
+    fp16 with a scale under `LEAN_MIN_FP16_SCALE` (P^T carries the scale), it is refused, and so is a LEAN
+    other than 0 or 1."""
     from attnscope.kernels import bwd_hopper
 
     calls = {}
@@ -641,6 +642,10 @@ def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatc
     with pytest.raises(NotImplementedError, match=r"LEAN = 1\) with softcap; supported: LEAN = 0"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False,
                           _common.Mods(-1, -1, 30.0, None), configs=lean)
+    with pytest.raises(NotImplementedError, match=r"fp16 and scale 0.01; supported: scale >= 0.0625 in fp16"):
+        half = [t.half() for t in (q, k, v, do)]
+        bwd_hopper.launch(*half, lse2, delta, dq.half(), dk.half(), dv.half(), 0.0144, 0.01, False, None,
+                          configs=lean)
     with pytest.raises(NotImplementedError, match="LEAN 0 or 1"):
         bwd_hopper.check_configs({"dkdv": lean["dkdv"]._replace(LEAN=2)})
 

@@ -107,6 +107,9 @@ KERNELS = tuple(CONFIGS)
 #: The lean d = 64 dK/dV build (`BwdConfig.LEAN`, two fp32 per dQ reduction): selectable (bench/backward.py
 #: --hopper-lean, `launch(configs=...)`), not the default until measured on the GPU.
 LEAN_CONFIGS = {"dkdv": {64: BwdConfig(64, 128, 2, RED=2, LEAN=1)}}
+#: The lean build's P^T and dS^T carry the softmax scale in the input dtype: in fp16 a scale under this (d >
+#: 256's 1 / sqrt(d)) would push P^T below fp16's normal range (bf16 has fp32's)
+LEAN_MIN_FP16_SCALE = 2.0**-4
 #: Softcap builds that differ (`config`): dK/dV at d = 128 holds P^T (1 - t^2) across the dP^T product on top
 #: of the plain build's registers, which spills with 64-row Q tiles; 32-row tiles halve S^T and dP^T (the
 #: ring is twice as deep for the same shared memory).
@@ -569,6 +572,10 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
                                   "head_dim or head_dim / NWG (mode 'twokernel': every config)")
     if cfg.LEAN and flags & SOFTCAP.value:
         raise NotImplementedError(f"Hopper backward: dK/dV config {cfg} (LEAN = 1) with softcap; supported: "
+                                  "LEAN = 0")
+    if cfg.LEAN and q.dtype == torch.float16 and sm_scale < LEAN_MIN_FP16_SCALE:
+        raise NotImplementedError(f"Hopper backward: dK/dV config {cfg} (LEAN = 1) with fp16 and scale "
+                                  f"{sm_scale:.3g}; supported: scale >= {LEAN_MIN_FP16_SCALE} in fp16, or "
                                   "LEAN = 0")
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
     rows = []
