@@ -11,7 +11,7 @@ twice: the default deterministic separate dQ pass (`attnscope`, also autograd's)
 (`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
 kernels/bwd_hopper.py, after the same preprocess) and their one-pass build (`attnscope_hopper_onepass`,
 ``deterministic=False``: dQ by fp32 atomics), checked and timed the same way; ``--hopper-lean``
-adds both with the lean d = 64 dK/dV build (`bwd_hopper.LEAN_CONFIGS`) beside them (``--d 64``: that head
+adds both with the lean d = 64 builds (`bwd_hopper.LEAN_CONFIGS`) beside them (``--d 64``: that head
 dim only). Flex (torch.compile'd flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all
 for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
@@ -93,25 +93,28 @@ def _ms(torch, fn):
 
 
 def _backward(bwd, args, kw):
-    """``bwd.flash_attention_backward(*args, **kw)``; ``kw["lean"]``: with the dK/dV kernel's lean build
-    (`bwd_hopper.LEAN_CONFIGS`) in place of the default at this head dim, for this call only."""
+    """``bwd.flash_attention_backward(*args, **kw)``; ``kw["lean"]``: with the kernels' lean builds
+    (`bwd_hopper.LEAN_CONFIGS`) in place of the defaults at this head dim, for this call only."""
     kw = dict(kw)
     if not kw.pop("lean", False):
         return bwd.flash_attention_backward(*args, **kw)
     from attnscope.kernels import bwd_hopper
 
-    table, d = bwd_hopper.CONFIGS["dkdv"], args[1].shape[-1]
-    saved, table[d] = table[d], bwd_hopper.LEAN_CONFIGS["dkdv"][d]
+    d = args[1].shape[-1]
+    saved = {name: bwd_hopper.CONFIGS[name][d] for name in bwd_hopper.LEAN_CONFIGS}
     try:
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():
+            bwd_hopper.CONFIGS[name][d] = table[d]
         return bwd.flash_attention_backward(*args, **kw)
     finally:
-        table[d] = saved
+        for name, cfg in saved.items():
+            bwd_hopper.CONFIGS[name][d] = cfg
 
 
 def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, lean=False):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
     attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``lean``:
-    also both Hopper builds with the lean dK/dV kernel where it is built (`bwd_hopper.LEAN_CONFIGS`)."""
+    also both Hopper builds with the lean kernels where they are built (`bwd_hopper.LEAN_CONFIGS`)."""
     from attnscope import checks
     from attnscope.kernels import bwd, fwd
 
@@ -286,8 +289,8 @@ def main(argv=None) -> int:
                         "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--hopper-lean", nargs="?", const="", default=None, metavar="BM,BN,STAGES[,NWG,DQ,RED]",
-                   help="--impl hopper: also both Hopper builds with the lean dK/dV kernel "
-                        "(bwd_hopper.LEAN_CONFIGS: d = 64; or this config, LEAN = 1) as "
+                   help="--impl hopper: also both Hopper builds with the lean kernels "
+                        "(bwd_hopper.LEAN_CONFIGS: d = 64; this dK/dV config, LEAN = 1, if given) as "
                         "attnscope_hopper_lean and attnscope_hopper_onepass_lean, checked and timed beside "
                         "the default")
     p.add_argument("--d", type=int, action="append", choices=(64, 128),

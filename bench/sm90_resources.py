@@ -431,9 +431,10 @@ def sass_steps(cubin: bytes) -> list:
 def sass_step_report(d_list=(64, 128), dkdv_cfg=None) -> int:
     """Instructions per main-loop step of the Gluon backward's consumers, by class: the d = 64 builds the
     dispatch runs (one-pass dK/dV for ``deterministic=False``, the dK/dV + dQ kernels for True) and d = 128's
-    two kernels (the build that meets issue 36's bar), bf16, not causal; ``dkdv_cfg``: also the dK/dV kernel
-    built with that ``BwdConfig`` at d = 64. Per step and per useful MFLOP of the step's tile pair (the
-    backward's 2.5 x forward convention: 10 rows keys d FLOPs, whichever kernel does the product)."""
+    two kernels (the build that meets issue 36's bar), then the lean builds (`bwd_hopper.LEAN_CONFIGS`; the
+    dK/dV one replaced by ``dkdv_cfg`` if given), bf16, not causal. Per step and per useful MFLOP of the
+    step's tile pair (the backward's 2.5 x forward convention: 10 rows keys d FLOPs, whichever kernel does
+    the product)."""
     from attnscope.kernels import bwd, bwd_hopper
 
     builds = []
@@ -441,8 +442,11 @@ def sass_step_report(d_list=(64, 128), dkdv_cfg=None) -> int:
         if d in bwd.HOPPER_ONEPASS_DIMS:
             builds.append((d, "dkdv", bwd.HOPPER_ONEPASS_MODE, None))
         builds += [(d, "dkdv", "twokernel", None), (d, "dq", "twokernel", None)]
-    if dkdv_cfg is not None:
-        builds += [(64, "dkdv", bwd.HOPPER_ONEPASS_MODE, dkdv_cfg), (64, "dkdv", "twokernel", dkdv_cfg)]
+    for name, table in bwd_hopper.LEAN_CONFIGS.items():  # the lean builds (``dkdv_cfg``: another dK/dV one)
+        for d, cfg in table.items():
+            cfg = dkdv_cfg if dkdv_cfg is not None and name == "dkdv" else cfg
+            modes = ["twokernel"] + ([bwd.HOPPER_ONEPASS_MODE] if name == "dkdv" else [])
+            builds += [(d, name, mode, cfg) for mode in modes]
     classes = list(dict.fromkeys(SASS_CLASSES.values())) + ["int/pred", "other"]
     classes = list(dict.fromkeys(classes))
     for d, name, mode, cfg in builds:
@@ -629,7 +633,8 @@ def main() -> int:
                    help="SASS instructions per main-loop step of the Gluon backward's consumers, by class "
                         "(nvdisasm), d 64 and 128")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES[,NWG,DQ,RED,...]",
-                   help="with --sass-step: also the d = 64 dK/dV kernel built with this bwd_hopper.BwdConfig")
+                   help="with --sass-step: this bwd_hopper.BwdConfig for the d = 64 dK/dV kernel in place of "
+                        "the lean one (bwd_hopper.LEAN_CONFIGS)")
     a = p.parse_args()
     if a.sass_step:
         from attnscope.kernels import bwd_hopper

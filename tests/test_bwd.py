@@ -429,7 +429,7 @@ HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, 
                 (777, 1537, 128, "float16", True, 1, True), (1537, 777, 64, "bfloat16", True, 2, False),
                 (1024, 1024, 128, "bfloat16", False, 8, False), (300, 333, 64, "float16", False, 1, True),
                 (2048, 2048, 128, "float16", True, 1, False), (129, 65, 128, "bfloat16", False, 2, False)]
-#: d = 64 cases of the two kernels with the lean dK/dV build (`bwd_hopper.LEAN_CONFIGS`)
+#: d = 64 cases of the two kernels' lean builds (`bwd_hopper.LEAN_CONFIGS`)
 HOPPER_LEAN_CASES = [(1537, 777, 64, "bfloat16", True, 2, False), (300, 333, 64, "float16", False, 1, True),
                      (777, 1537, 64, "float16", True, 4, False)]
 
@@ -441,10 +441,11 @@ HOPPER_LEAN_CASES = [(1537, 777, 64, "bfloat16", True, 2, False), (300, 333, 64,
                          + [pytest.param(*c, True, id="lean-" + "-".join(map(str, c)))
                             for c in HOPPER_LEAN_CASES])
 def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, lean):
-    if lean:
+    if lean:  # the lean dK/dV and dQ kernels
         from attnscope.kernels import bwd_hopper
 
-        monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.LEAN_CONFIGS["dkdv"][d])
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():
+            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, strided, seed=nq + nk + d, device="cuda")
     o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
@@ -623,8 +624,8 @@ def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatc
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
     lse2, delta = torch.randn(B, Hq, Nq, generator=g) * 5, torch.randn(B, Hq, Nq, generator=g)
-    lean = {"dkdv": bwd_hopper.LEAN_CONFIGS["dkdv"][d]}
-    assert lean["dkdv"].LEAN == 1 and lean["dkdv"].RED == 2
+    lean = {name: table[d] for name, table in bwd_hopper.LEAN_CONFIGS.items()}
+    assert lean["dkdv"].LEAN == lean["dq"].LEAN == 1 and lean["dkdv"].RED == 2
     bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="onepass",
                       configs=lean)
     grid, args, kw = calls["dkdv"]
@@ -635,9 +636,9 @@ def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatc
     assert bool((lse_rows[..., Nq:] == float("-inf")).all())
     assert torch.equal(delta_rows[..., :Nq], -delta) and bool((delta_rows[..., Nq:] == 0).all())
     assert torch.equal(dq, acc[:, :, :Nq].to(torch.bfloat16))
-    calls.clear()  # the two-kernel build with the lean dK/dV kernel: the dQ kernel reads LSE2, Delta as given
+    calls.clear()  # the two-kernel build, both lean: the dQ kernel reads LSE2, Delta as given
     bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, configs=lean)
-    assert calls["dkdv"][2]["LEAN"] == 1 and calls["dkdv"][2]["ONEPASS"] == 0
+    assert calls["dkdv"][2]["LEAN"] == calls["dq"][2]["LEAN"] == 1 and calls["dkdv"][2]["ONEPASS"] == 0
     assert calls["dq"][1][5] is lse2 and calls["dq"][1][6] is delta
     with pytest.raises(NotImplementedError, match=r"LEAN = 1\) with softcap; supported: LEAN = 0"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False,
@@ -719,9 +720,11 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import bwd_hopper as bh
 for spec in sys.argv[1:]:
     d, causal, mode, red, *lean = spec.split(":")
-    cfg = bh.config(int(d))._replace(RED=int(red), LEAN=int(lean[0]) if lean else 0)
-    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(int(d), "bf16", "dkdv", 0, cfg),
-                         constexprs=bh.constexprs(int(d), causal == "1", "dkdv", 0, mode, cfg))
+    name = "dq" if mode == "dq" else "dkdv"  # "dq": the dQ kernel (two-kernel build)
+    cfg = bh.config(int(d), name)._replace(RED=int(red), LEAN=int(lean[0]) if lean else 0)
+    src = GluonASTSource(fn=bh.kernel(name), signature=bh.signature(int(d), "bf16", name, 0, cfg),
+                         constexprs=bh.constexprs(int(d), causal == "1", name, 0,
+                                                  "twokernel" if name == "dq" else mode, cfg))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh.NUM_WARPS})
     ptx = k.asm["ptx"]
     atoms = ptx.count("atom.global.gpu.relaxed.add.f32") + ptx.count("red.relaxed.gpu.global.add.v2.f32")
@@ -734,7 +737,8 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
     wgmma instructions than the two-kernel build's dK/dV (the dS K product) and fp32 atomic adds (none in
     the two-kernel build; ``RED`` = 2: half as many, two fp32 each), inside the 227 KB of shared memory a
     CTA may have, more than the two-kernel build (the dS^T tiles); the lean build (``LEAN`` = 1) compiles
-    too, its step twice (the masked and the whole run) in the same shared memory."""
+    too, its step twice (the masked and the whole run) in the same shared memory, and so does the lean dQ
+    kernel."""
     pytest.importorskip("triton.experimental.gluon")
     import os
     import subprocess
@@ -742,15 +746,17 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     specs = ["64:1:onepass:1", "64:1:twokernel:1", "128:0:onepass:1", "64:0:onepass-wg:1", "64:1:onepass:2",
-             "64:1:onepass:2:1"]
+             "64:1:onepass:2:1", "64:1:dq:1:1"]
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", _ONEPASS_COMPILE, *specs], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()}
-    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _), (wl, al, sl) = (
+    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _), (wl, al, sl), lean_dq = (
         rows[s] for s in specs)
+    wq, aq, sq = lean_dq
+    assert wq > 0 and aq == 0 and sq <= 227 * 1024  # the lean dQ kernel: no atomics
     assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0 and 2 * a2 == a1
     assert wl == 2 * w1 and al == 2 * a2 and sl == s1  # lean: a _step per run (masked, whole), same smem
     assert s0 < s1 <= 227 * 1024 and s0 < swg <= 227 * 1024 and s128 <= 227 * 1024
@@ -790,7 +796,8 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
                                                      group, mode):
     """impl="hopper", deterministic=False (the one-pass kernel) against float64: dQ, dK, dV within 3 x
     PyTorch's own error + 1e-3; dQ = 0 on rows with no visible key; dK, dV as the two-kernel build's (the
-    same products in the same order) up to its rounding."""
+    same products in the same order) up to its rounding; "+lean": the two-kernel run (both lean kernels)
+    against float64 too."""
     from attnscope.kernels import bwd_hopper
 
     mode, _, build = mode.partition("+")
@@ -798,8 +805,9 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))  # the one-pass build at every head dim
     if build == "red2":  # two fp32 per reduction instruction (`_gluon_red.red_add`)
         monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
-    elif build == "lean":
-        monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.LEAN_CONFIGS["dkdv"][d])
+    elif build == "lean":  # both lean kernels: the two-kernel run below (det) is checked against float64 too
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():
+            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
     amp = 4.0 if softcap else 1.0
@@ -824,9 +832,10 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
         leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
         to, _ = checks.torch_attention(*leaves, causal, window, softcap, None)
         torch_g = torch.autograd.grad(to, leaves, dos)
-        _check_grads((got[0][sl], got[1][ks], got[2][ks]), torch_g, ref)
         empty = ~reference.permitted(nq, nk, causal, window).any(-1)
-        assert (n(got[0][sl])[:, :, empty] == 0).all()
+        for g in (got, det) if build == "lean" else (got,):
+            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
+            assert (n(g[0][sl])[:, :, empty] == 0).all()
 
 
 @pytest.mark.gpu

@@ -104,9 +104,9 @@ class BwdConfig(NamedTuple):
 CONFIGS = {"dkdv": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)},
            "dq": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}}
 KERNELS = tuple(CONFIGS)
-#: The lean d = 64 dK/dV build (`BwdConfig.LEAN`, two fp32 per dQ reduction): selectable (bench/backward.py
-#: --hopper-lean, `launch(configs=...)`), not the default until measured on the GPU.
-LEAN_CONFIGS = {"dkdv": {64: BwdConfig(64, 128, 2, RED=2, LEAN=1)}}
+#: The lean d = 64 builds (`BwdConfig.LEAN`; dK/dV with two fp32 per dQ reduction): selectable
+#: (bench/backward.py --hopper-lean, `launch(configs=...)`), not the default until measured on the GPU.
+LEAN_CONFIGS = {"dkdv": {64: BwdConfig(64, 128, 2, RED=2, LEAN=1)}, "dq": {64: BwdConfig(64, 128, 2, LEAN=1)}}
 #: The lean build's P^T and dS^T carry the softmax scale in the input dtype: in fp16 a scale under this (d >
 #: 256's 1 / sqrt(d)) would push P^T below fp16's normal range (bf16 has fp32's)
 LEAN_MIN_FP16_SCALE = 2.0**-4
@@ -476,7 +476,7 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
         extra = ("ONEPASS", "DQ", "RED", "LEAN")
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
-        extra = ()
+        extra = ("LEAN",)
     return {**{n: ds(r) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
@@ -491,7 +491,7 @@ def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, mode: st
     dK/dV kernel's ``ONEPASS``; ``cfg``: another block configuration than `config`'s)."""
     cfg = cfg or config(d, name, mods)
     extra = ({"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": cfg.RED, "LEAN": cfg.LEAN}
-             if name == "dkdv" else {})
+             if name == "dkdv" else {"LEAN": cfg.LEAN})
     return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
             "CONSUMER_REGS": CONSUMER_REGS, **extra,
             "num_warps": NUM_WARPS}
@@ -570,11 +570,12 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
         raise NotImplementedError(f"Hopper backward mode {mode!r}: dK/dV BM = {cfg.BM}, DQ = {cfg.DQ} at "
                                   f"head_dim {d}; supported: BM a multiple of 64 (`onepass_ok`), DQ = "
                                   "head_dim or head_dim / NWG (mode 'twokernel': every config)")
-    if cfg.LEAN and flags & SOFTCAP.value:
-        raise NotImplementedError(f"Hopper backward: dK/dV config {cfg} (LEAN = 1) with softcap; supported: "
+    lean = any(c.LEAN for c in cfgs.values())
+    if lean and flags & SOFTCAP.value:
+        raise NotImplementedError("Hopper backward: the lean build (LEAN = 1) with softcap; supported: "
                                   "LEAN = 0")
-    if cfg.LEAN and q.dtype == torch.float16 and sm_scale < LEAN_MIN_FP16_SCALE:
-        raise NotImplementedError(f"Hopper backward: dK/dV config {cfg} (LEAN = 1) with fp16 and scale "
+    if lean and q.dtype == torch.float16 and sm_scale < LEAN_MIN_FP16_SCALE:
+        raise NotImplementedError(f"Hopper backward: the lean build (LEAN = 1) with fp16 and scale "
                                   f"{sm_scale:.3g}; supported: scale >= {LEAN_MIN_FP16_SCALE} in fp16, or "
                                   "LEAN = 0")
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD

@@ -73,10 +73,12 @@ def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_sme
 def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
                  k_empty, v_empty, b, h, pid_bh, row0_cta, t_lo, n_tiles, NQ, NK, sc, sm_scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-                 CAUSAL: gl.constexpr, MODS: gl.constexpr):
+                 CAUSAL: gl.constexpr, MODS: gl.constexpr, LEAN: gl.constexpr):
     """Warpgroup WG's query rows: ``dQ = sum_j dS_j K_j`` over the K/V tiles ``[t_lo, t_lo + n_tiles)``, with
     ``S = Q K^T - LSE2 / qk_scale`` and ``dP = dO V^T - Delta`` from the accumulators' initial values (as
-    `_step`, softcap too); stored x sm_scale through the dead Q buffer by TMA."""
+    `_step`, softcap too); stored x sm_scale through the dead Q buffer by TMA. ``LEAN`` (no softcap): S from
+    nothing, P = exp2(S qk_scale + log2(sm_scale) - LSE2) by one FFMA (dS carries the scale: dQ is stored as
+    it is), P = 0 where masked by a select on masked tiles only."""
     s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -92,6 +94,8 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
         n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)[1], n_tiles)  # [0, n_full) whole
     if MODS & SOFTCAP:
         neg_lse = -(lse2 / qk_scale)
+    if LEAN:
+        neg_lse = gl.log2(sm_scale) - lse2  # -inf past Nq: P = 0
     dq = gl.zeros([BM, D], gl.float32, acc_layout)
     q = q_smem.index(WG).reshape([BM, D])
     do = do_smem.index(WG).reshape([BM, D])
@@ -104,23 +108,32 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
             masked = (t_lo + j < f_a) | (t_lo + j >= f_b)
         else:
             masked = j >= n_full
-        if MODS & SOFTCAP:
-            init = gl.zeros([BM, BN], gl.float32, s_layout)  # the raw S: the cap comes before the LSE
+        if LEAN:
+            init = gl.zeros([BM, BN], gl.float32, s_layout)  # not read (use_acc False)
         else:
-            init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
-        if masked:  # diagonal, window edges, ragged tile (rows with LSE = -inf see no key: all masked)
-            offs_n = (t_lo + j) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, MODS), init,
-                            float("-inf"))
+            if MODS & SOFTCAP:
+                init = gl.zeros([BM, BN], gl.float32, s_layout)  # the raw S: the cap comes before the LSE
+            else:
+                init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
+            if masked:  # diagonal, window edges, ragged tile (rows with LSE = -inf see no key: all masked)
+                offs_n = (t_lo + j) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+                init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, MODS), init,
+                                float("-inf"))
         mbarrier.wait(k_ready.index(s), ph)
         kmat = k_smem.index(s).reshape([BN, D])
-        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
+        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, use_acc=not LEAN,
+                              is_async=True)  # S = Q K^T (+ init)
         mbarrier.wait(v_ready.index(s), ph)
         init = gl.zeros([BM, BN], gl.float32, s_layout) - delta[:, None]
         dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
                                is_async=True)  # dP = dO V^T (- Delta)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        if MODS & SOFTCAP:  # noqa: SIM108 - a constexpr branch
+        if LEAN:
+            p = gl.exp2(st * qk_scale + neg_lse[:, None])  # sm_scale P [BM, BN]
+            if masked:
+                offs_n = (t_lo + j) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+                p = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, MODS), p, 0.0)
+        elif MODS & SOFTCAP:
             p = _capped(st, neg_lse[:, None], sc)[1]  # P (1 - t^2)
         else:
             p = gl.exp2(st * qk_scale)  # P [BM, BN]
@@ -130,6 +143,8 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
         dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
         mbarrier.arrive(k_empty.index(s))  # K read
+    if LEAN:  # dS carried the scale
+        sm_scale = 1.0
     q_smem.index(WG).reshape([BM, D]).store((dq * sm_scale).to(desc_dq.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(desc_dq, [b, h, row0, 0], q_smem.index(WG))
@@ -140,7 +155,7 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
 def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, H, HKV, NQ, NK,
                                     qk_scale, sm_scale, LEFT, RIGHT, cap_in, CAUSAL: gl.constexpr,
                                     MODS: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                    CONSUMER_REGS: gl.constexpr, LEAN: gl.constexpr, num_warps: gl.constexpr):
     """dQ of ``NWG x BM`` query rows of one (batch, query head) per CTA (heaviest causal tiles first)."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
@@ -187,10 +202,10 @@ def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LS
     gl.warp_specialize(
         [(_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
                          v_ready, k_empty, v_empty, b, h, pid_bh, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale,
-                         BM, BN, D, STAGES, 0, CAUSAL, MODS)),
+                         BM, BN, D, STAGES, 0, CAUSAL, MODS, LEAN)),
          (_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
                          v_ready, k_empty, v_empty, b, h, pid_bh, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale,
-                         BM, BN, D, STAGES, 1, CAUSAL, MODS)),
+                         BM, BN, D, STAGES, 1, CAUSAL, MODS, LEAN)),
          (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
                          k_ready, v_ready, k_empty, v_empty, b, h, hk, row0, t_lo, n_tiles, BM, BN, STAGES,
                          NWG))],
