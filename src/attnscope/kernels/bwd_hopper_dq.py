@@ -2,7 +2,8 @@
 both of its kernels share: a CTA owns NWG x 64 query rows of one (batch, head), the forward's schedule
 (`fwd_hopper._producer` streams the K/V ring); per K/V tile S = Q K^T, dP = dO V^T, dQ += dS K, with
 ``S - LSE2 / qk_scale`` and ``dP - Delta`` the accumulators' initial values (-inf where masked); dQ leaves
-by TMA through the dead Q buffer. Launched by `bwd_hopper.launch`.
+by TMA through the dead Q buffer; the lean build (``LEAN``, `bwd_hopper.LEAN_CONFIGS`) starts S from
+nothing and takes P by one FFMA instead (`_dq_consumer`). Launched by `bwd_hopper.launch`.
 """
 
 from __future__ import annotations
