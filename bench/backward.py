@@ -10,8 +10,10 @@ backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward
 twice: the default deterministic separate dQ pass (`attnscope`, also autograd's) and dQ by atomics
 (`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
 kernels/bwd_hopper.py, after the same preprocess) and their one-pass build (`attnscope_hopper_onepass`,
-``deterministic=False``: dQ by fp32 atomics), checked and timed the same way. Flex (torch.compile'd
-flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
+``deterministic=False``: dQ by fp32 atomics), checked and timed the same way; ``--hopper-lean``
+adds both with the lean d = 64 builds (`bwd_hopper.LEAN_CONFIGS`) beside them (``--d 64``: that head
+dim only). Flex (torch.compile'd flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all
+for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
 A shape whose gradients fail the check is not timed (exit 1). About 1.5 minutes on an H200.
@@ -90,9 +92,29 @@ def _ms(torch, fn):
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
-def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
+def _backward(bwd, args, kw):
+    """``bwd.flash_attention_backward(*args, **kw)``; ``kw["lean"]``: with the kernels' lean builds
+    (`bwd_hopper.LEAN_CONFIGS`) in place of the defaults at this head dim, for this call only."""
+    kw = dict(kw)
+    if not kw.pop("lean", False):
+        return bwd.flash_attention_backward(*args, **kw)
+    from attnscope.kernels import bwd_hopper
+
+    d = args[1].shape[-1]
+    saved = {name: bwd_hopper.CONFIGS[name][d] for name in bwd_hopper.LEAN_CONFIGS}
+    try:
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():
+            bwd_hopper.CONFIGS[name][d] = table[d]
+        return bwd.flash_attention_backward(*args, **kw)
+    finally:
+        for name, cfg in saved.items():
+            bwd_hopper.CONFIGS[name][d] = cfg
+
+
+def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, lean=False):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
-    attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``."""
+    attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``lean``:
+    also both Hopper builds with the lean kernels where they are built (`bwd_hopper.LEAN_CONFIGS`)."""
     from attnscope import checks
     from attnscope.kernels import bwd, fwd
 
@@ -113,9 +135,13 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
     if hopper:  # the two Gluon kernels, and the one-pass build (deterministic=False: atomic dQ)
         ours["attnscope_hopper"] = dict(impl="hopper")
         ours["attnscope_hopper_onepass"] = dict(impl="hopper", deterministic=False)
-        for name in ("attnscope_hopper", "attnscope_hopper_onepass"):
-            grads = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, **ours[name])
-            errs[name] = _grad_err(grads, ref)
+        from attnscope.kernels import bwd_hopper
+
+        if lean and d in bwd_hopper.LEAN_CONFIGS["dkdv"]:
+            ours["attnscope_hopper_lean"] = dict(impl="hopper", lean=True)
+            ours["attnscope_hopper_onepass_lean"] = dict(impl="hopper", deterministic=False, lean=True)
+        for name in [x for x in ours if x.startswith("attnscope_hopper")]:
+            errs[name] = _grad_err(_backward(bwd, (do, q, k, v, o, lse, causal, None), ours[name]), ref)
     torch_err = errs["sdpa_flash"]
     bound = checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR)
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
@@ -127,8 +153,8 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
         return row, failures
     # backward only: attnscope's kernels called directly; the peers through a retained graph
     for name, kw in ours.items():
-        row["backward_ms"][name] = _ms(torch, lambda kw=kw: bwd.flash_attention_backward(
-            do, q, k, v, o, lse, causal, None, **kw))
+        row["backward_ms"][name] = _ms(torch, lambda kw=kw: _backward(
+            bwd, (do, q, k, v, o, lse, causal, None), kw))
     for name, f in impls.items():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         if name != "attnscope":
@@ -144,11 +170,14 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
 
     def fwd_bwd(**kw):
         o2, lse2 = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
-        return bwd.flash_attention_backward(do, q, k, v, o2, lse2, causal, None, **kw)
+        return _backward(bwd, (do, q, k, v, o2, lse2, causal, None), kw)
 
     for name, kw in ours.items():
         if name != "attnscope":  # the user's call (autograd) is timed above
             row["fwd_bwd_ms"][name] = _ms(torch, lambda kw=kw: fwd_bwd(**kw))
+    ms = row["backward_ms"]
+    lean_ratios = "".join(f"  | {x[10:]} x CUDNN {ms['sdpa_cudnn'] / ms[x]:.2f}"
+                          for x in ours if x.endswith("_lean"))
     fl_b = attention_flops(b, heads, n, n, d, causal, "backward")
     fl_fb = attention_flops(b, heads, n, n, d, causal, "forward+backward")
     row["backward_tflops"] = {k_: (fl_b / (ms * 1e9) if ms else None)
@@ -162,20 +191,22 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False):
         + (f"  | hopper x FLASH {bt['attnscope_hopper'] / bt['sdpa_flash']:.2f}"
            f"  x CUDNN {bt['attnscope_hopper'] / bt['sdpa_cudnn']:.2f}"
            f"  x portable {bt['attnscope_hopper'] / bt['attnscope']:.2f}"
-           f"  | onepass x CUDNN {bt['attnscope_hopper_onepass'] / bt['sdpa_cudnn']:.2f}" if hopper else ""))
+           f"  | onepass x CUDNN {bt['attnscope_hopper_onepass'] / bt['sdpa_cudnn']:.2f}" if hopper else "")
+        + lean_ratios)
     log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())
         + f"  | grad check PASS: attnscope {errs['attnscope']:.2e}"
         + (f" hopper {errs['attnscope_hopper']:.2e} onepass {errs['attnscope_hopper_onepass']:.2e}"
-           if hopper else "") + f" (SDPA FLASH {torch_err:.2e})")
+           if hopper else "") + "".join(f" {x[10:]} {errs[x]:.2e}" for x in ours if x.endswith("_lean"))
+        + f" (SDPA FLASH {torch_err:.2e})")
     return row, failures
 
 
-def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False):
+def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, lean=False):
     rows, failures = [], []
     for d in ds:
         for causal in (False, True):
             for n in ns:
-                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper)
+                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, lean)
                 rows.append(row)
                 failures += bad
                 torch.cuda.empty_cache()
@@ -257,6 +288,13 @@ def main(argv=None) -> int:
                         "attnscope_hopper, and their one-pass build as attnscope_hopper_onepass, beside the "
                         "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--hopper-lean", nargs="?", const="", default=None, metavar="BM,BN,STAGES[,NWG,DQ,RED]",
+                   help="--impl hopper: also both Hopper builds with the lean kernels "
+                        "(bwd_hopper.LEAN_CONFIGS: d = 64; this dK/dV config, LEAN = 1, if given) as "
+                        "attnscope_hopper_lean and attnscope_hopper_onepass_lean, checked and timed beside "
+                        "the default")
+    p.add_argument("--d", type=int, action="append", choices=(64, 128),
+                   help="only this head dim (repeatable; default: 64 and 128)")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
                    help="--impl hopper: another dK/dV config, both head dims (default: bwd_hopper.CONFIGS)")
     p.add_argument("--hopper-dq", metavar="BM,BN,STAGES", default=None,
@@ -277,7 +315,7 @@ def main(argv=None) -> int:
             table.update({64: cfg, 128: cfg})  # this process only: the table the launcher reads
     t0 = time.time()
     ns = (1024, 4096) if args.quick else (1024, 4096, 16384)
-    ds = (128,) if args.quick else (64, 128)
+    ds = tuple(args.d or ((128,) if args.quick else (64, 128)))
     print(f"backward bench: bf16, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against float64 "
           "at every shape before timing it", flush=True)
     hopper = args.impl == "hopper"
@@ -293,7 +331,15 @@ def main(argv=None) -> int:
     if hopper and torch.cuda.get_device_capability() != (9, 0):
         print("bench/backward.py: --impl hopper needs an sm_90 GPU", file=sys.stderr)
         return 2
-    rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper)
+    if args.hopper_lean is not None and not hopper:
+        p.error("--hopper-lean needs --impl hopper")
+    if args.hopper_lean:  # this process only: the lean table _backward reads
+        cfg = tuple(int(x) for x in args.hopper_lean.split(","))
+        if not 3 <= len(cfg) <= 6:
+            p.error(f"--hopper-lean: expected BM,BN,STAGES[,NWG,DQ,RED], got {args.hopper_lean!r}")
+        bwd_hopper.LEAN_CONFIGS["dkdv"][64] = bwd_hopper.BwdConfig(*cfg)._replace(LEAN=1)
+    rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper,
+                           args.hopper_lean is not None)
     mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)

@@ -305,13 +305,14 @@ def _bwd_types(dt, dq_fp32):
 HOPPER_BWD_MODS = ((False, True, False), (False, False, True), (True, False, True), (False, True, True))
 
 
-def compile_hopper_bwd(d, dt, causal, name, mods=0, mode="twokernel"):
+def compile_hopper_bwd(d, dt, causal, name, mods=0, mode="twokernel", cfg=None):
     """kernels/bwd_hopper.py's Gluon kernel ``name`` ("dkdv" or "dq") for sm_90 (``mods``: its ``MODS``;
-    ``mode``: the dK/dV kernel's build, a ``bwd_hopper.MODES`` key)."""
+    ``mode``: the dK/dV kernel's build, a ``bwd_hopper.MODES`` key; ``cfg``: a ``BwdConfig`` in place of
+    ``bwd_hopper.config``'s)."""
     from attnscope.kernels import bwd_hopper
 
-    src = GluonASTSource(fn=bwd_hopper.kernel(name), signature=bwd_hopper.signature(d, dt, name, mods),
-                         constexprs=bwd_hopper.constexprs(d, causal, name, mods, mode))
+    src = GluonASTSource(fn=bwd_hopper.kernel(name), signature=bwd_hopper.signature(d, dt, name, mods, cfg),
+                         constexprs=bwd_hopper.constexprs(d, causal, name, mods, mode, cfg))
     return triton.compile(src, target=TARGET, options=dict(num_warps=bwd_hopper.NUM_WARPS))
 
 
@@ -360,6 +361,125 @@ def bwd_report(dkdv=None, dq=None) -> None:
             cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
             report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",
                    compile_triton, bwd._attnscope_bwd_preprocess, _bwd_types(pdt, False), cx, 4, 1)
+
+
+# --- --sass-step: instructions per main-loop step of the Gluon backward's consumers --------------------
+NVDISASM = os.path.join(os.path.dirname(PTXAS), "nvdisasm")
+#: SASS opcode (its first dot-separated part, or the whole opcode) -> class, in the order printed
+SASS_CLASSES = {
+    "HGMMA": "HGMMA", "WARPGROUP.ARRIVE": "wgmma fence", "WARPGROUP.DEPBAR": "wgmma wait",
+    "MUFU.EX2": "MUFU.EX2", "MUFU": "MUFU other", "FFMA": "FFMA", "FMUL": "FMUL", "FADD": "FADD",
+    "FSEL": "FSEL/FMNMX", "FMNMX": "FSEL/FMNMX", "FSETP": "FSETP", "F2FP": "F2FP", "LDS": "LDS/LDSM",
+    "LDSM": "LDS/LDSM", "STS": "STS/STSM", "STSM": "STS/STSM", "REDG": "RED/ATOM", "RED": "RED/ATOM",
+    "ATOMG": "RED/ATOM", "ATOM": "RED/ATOM", "BAR": "BAR.SYNC", "SYNCS": "mbarrier", "MEMBAR": "fence",
+    "FENCE": "fence", "BSSY": "BSSY/BSYNC", "BSYNC": "BSSY/BSYNC", "BRA": "BRA", "IMAD.MOV": "MOV",
+    "MOV": "MOV", "UMOV": "uniform", "R2UR": "uniform", "S2UR": "uniform", "LDG": "LDG/STG", "STG": "LDG/STG",
+    "ISETP": "int/pred", "PLOP3": "int/pred", "P2R": "int/pred", "R2P": "int/pred", "VOTE": "int/pred",
+    "VOTEU": "uniform", "NOP": "NOP"}
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
+
+
+def _sass_class(op: str) -> str:
+    for key in (op, ".".join(op.split(".")[:2]), op.split(".")[0]):
+        if key in SASS_CLASSES:
+            return SASS_CLASSES[key]
+    head = op.split(".")[0]
+    if head.startswith("U"):
+        return "uniform"
+    return "int/pred" if head[0] in "ILSPV" or head in ("SEL", "SHF", "LEA", "LOP3", "PRMT") else "other"
+
+
+def sass_steps(cubin: bytes) -> list:
+    """The loops of a compiled kernel that issue wgmma (``HGMMA``): for each, in program order, its
+    instructions by class (`SASS_CLASSES`: opcodes of one loop trip, every instruction between the loop's
+    head and its back-branch, both sides of a branch inside it counted), of which ``conditional`` (by class
+    in ``conditional_classes``) a forward branch inside the loop may skip (the one-pass dS K product at
+    d = 64 runs on every other trip of a warpgroup), and the MMA FLOPs of one trip (from the HGMMA shapes).
+    A warp-specialised kernel has one such loop per consumer partition (more if the source splits the
+    loop); the partitions' code is laid out in turn."""
+    from collections import Counter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([NVDISASM, "-c", path], capture_output=True, text=True, check=True).stdout
+    insts, labels = [], {}
+    for line in text.splitlines():
+        if re.match(r"^\.L_x_\d+:", line):
+            labels[line.split(":")[0]] = len(insts)
+        m = _SASS_LINE.search(line)
+        if m:
+            insts.append((m.group(3), m.group(4)))
+    edges = []  # (head, back-branch) of every backward branch whose span issues wgmma
+    tail = max(i for i, (op, _) in enumerate(insts) if op == "EXIT")  # mbarrier retries are laid out after
+    for i, (op, args) in enumerate(insts[:tail]):
+        target = re.search(r"`\((\.L_x_\d+)\)", args) if op == "BRA" else None
+        head = labels.get(target.group(1), i) if target else i
+        if head < i and any(o.startswith("HGMMA") for o, _ in insts[head:i]):
+            edges.append((head, i))
+    loops = []
+    for lo, hi in edges:  # innermost only
+        if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in edges):
+            continue
+        body = insts[lo:hi + 1]
+        skipped = set()  # instructions a forward branch inside the loop jumps over (executed on some trips)
+        for i, (op, args) in enumerate(body):
+            target = re.search(r"`\((\.L_x_\d+)\)", args) if op == "BRA" else None
+            if target and i < labels.get(target.group(1), -1) - lo <= len(body):
+                skipped.update(range(i + 1, labels[target.group(1)] - lo))
+        flops = sum(2 * math.prod(int(x) for x in o.split(".")[1].split("x")) for o, _ in body
+                    if o.startswith("HGMMA"))
+        loops.append({"classes": Counter(_sass_class(o) for o, _ in body), "total": len(body),
+                      "mma_flops": flops, "span": (lo, hi), "conditional": len(skipped),
+                      "conditional_classes": Counter(_sass_class(body[i][0]) for i in skipped)})
+    return loops
+
+
+def sass_step_report(d_list=(64, 128), dkdv_cfg=None) -> int:
+    """Instructions per main-loop step of the Gluon backward's consumers, by class: the d = 64 builds the
+    dispatch runs (one-pass dK/dV for ``deterministic=False``, the dK/dV + dQ kernels for True) and d = 128's
+    two kernels (the build that meets issue 36's bar), then the lean builds (`bwd_hopper.LEAN_CONFIGS`; the
+    dK/dV one replaced by ``dkdv_cfg`` if given), bf16, not causal. Per step and per useful MFLOP of the
+    step's tile pair (the backward's 2.5 x forward convention: 10 rows keys d FLOPs, whichever kernel does
+    the product)."""
+    from attnscope.kernels import bwd, bwd_hopper
+
+    builds = []
+    for d in d_list:
+        if d in bwd.HOPPER_ONEPASS_DIMS:
+            builds.append((d, "dkdv", bwd.HOPPER_ONEPASS_MODE, None))
+        builds += [(d, "dkdv", "twokernel", None), (d, "dq", "twokernel", None)]
+    for name, table in bwd_hopper.LEAN_CONFIGS.items():  # the lean builds (``dkdv_cfg``: another dK/dV one)
+        for d, cfg in table.items():
+            cfg = dkdv_cfg if dkdv_cfg is not None and name == "dkdv" else cfg
+            modes = ["twokernel"] + ([bwd.HOPPER_ONEPASS_MODE] if name == "dkdv" else [])
+            builds += [(d, name, mode, cfg) for mode in modes]
+    classes = list(dict.fromkeys(SASS_CLASSES.values())) + ["int/pred", "other"]
+    classes = list(dict.fromkeys(classes))
+    for d, name, mode, cfg in builds:
+        c = cfg or bwd_hopper.config(d, name)
+        label = f"sass-step {name:4s} d={d:3d} {mode:10s} {tuple(c)}"
+        try:
+            k = compile_hopper_bwd(d, "bf16", False, name, 0, mode, cfg)
+        except Exception as e:  # noqa: BLE001 - a compile error is the report's content
+            FAILED.append(label)
+            print(f"FAIL {label}: {type(e).__name__}: {' '.join(str(e).split())[:800]}", flush=True)
+            continue
+        info = ptxas_info(k.asm["ptx"])
+        rows, keys = (c.BM, c.BN // c.NWG) if name == "dkdv" else (c.BM, c.BN)
+        mflop = 10 * rows * keys * d / 1e6
+        print(f"{label}: regs {info['regs']}, spill stores {info['stores']} B; step = {rows} rows x {keys} "
+              f"keys x d {d} ({mflop:.2f} useful MFLOP)", flush=True)
+        for w, loop in enumerate(sass_steps(k.asm["cubin"])):
+            body = ", ".join(f"{cl} {loop['classes'][cl]}" for cl in classes if loop["classes"][cl])
+            cond = ", ".join(f"{cl} {loop['conditional_classes'][cl]}" for cl in classes
+                             if loop["conditional_classes"][cl])
+            print(f"  loop {w}: {loop['total']} instructions ({loop['total'] / mflop:.0f} per MFLOP; "
+                  f"non-HGMMA {loop['total'] - loop['classes']['HGMMA']}), MMA {loop['mma_flops'] / 1e6:.2f}"
+                  f" MFLOP: {body}" + (f" | of which behind a branch {loop['conditional']}: {cond}" if cond
+                                       else ""), flush=True)
+    return 1 if FAILED else 0
 
 
 # --- --kernel varlen ---------------------------------------------------------------------------------
@@ -646,7 +766,18 @@ def main() -> int:
     p.add_argument("--fp8-config", action="append", help="with --sass-per-kib: an FP8_CONFIGS name")
     p.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
                    help="with --gpu: the dtype(s) launched (default bf16)")
+    p.add_argument("--sass-step", action="store_true",
+                   help="SASS instructions per main-loop step of the Gluon backward's consumers, by class "
+                        "(nvdisasm), d 64 and 128")
+    p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES[,NWG,DQ,RED,...]",
+                   help="with --sass-step: this bwd_hopper.BwdConfig for the d = 64 dK/dV kernel in place of "
+                        "the lean one (bwd_hopper.LEAN_CONFIGS)")
     a = p.parse_args()
+    if a.sass_step:
+        from attnscope.kernels import bwd_hopper
+
+        cfg = bwd_hopper.BwdConfig(*map(int, a.hopper_dkdv.split(","))) if a.hopper_dkdv else None
+        return sass_step_report(dkdv_cfg=cfg)
     names = a.variant or ["portable", *fwd_hopper.VARIANTS]
     if a.evidence:
         return evidence()

@@ -429,12 +429,23 @@ HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, 
                 (777, 1537, 128, "float16", True, 1, True), (1537, 777, 64, "bfloat16", True, 2, False),
                 (1024, 1024, 128, "bfloat16", False, 8, False), (300, 333, 64, "float16", False, 1, True),
                 (2048, 2048, 128, "float16", True, 1, False), (129, 65, 128, "bfloat16", False, 2, False)]
+#: d = 64 cases of the two kernels' lean builds (`bwd_hopper.LEAN_CONFIGS`)
+HOPPER_LEAN_CASES = [(1537, 777, 64, "bfloat16", True, 2, False), (300, 333, 64, "float16", False, 1, True),
+                     (777, 1537, 64, "float16", True, 4, False)]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
-@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided", HOPPER_CASES)
-def test_gpu_hopper_backward_matches_float64(nq, nk, d, dtype, causal, group, strided):
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided,lean",
+                         [pytest.param(*c, False, id="-".join(map(str, c))) for c in HOPPER_CASES]
+                         + [pytest.param(*c, True, id="lean-" + "-".join(map(str, c)))
+                            for c in HOPPER_LEAN_CASES])
+def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, lean):
+    if lean:  # the lean dK/dV and dQ kernels
+        from attnscope.kernels import bwd_hopper
+
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():
+            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, strided, seed=nq + nk + d, device="cuda")
     o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
@@ -584,6 +595,62 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="fast")
 
 
+def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatch):
+    """The lean dK/dV build's host side (`bwd_hopper.LEAN_CONFIGS`), no GPU: its row copies hold
+    log2(sm_scale) - LSE2 (the exp2's FFMA addend; -inf past Nq) and -Delta (0 past Nq), its fp32 dQ has
+    rows padded to `ROW_PAD` (unmasked reductions) and dQ is that buffer's first Nq rows; with softcap, or
+    fp16 with a scale under `LEAN_MIN_FP16_SCALE` (P^T carries the scale), it is refused, and so is a LEAN
+    other than 0 or 1."""
+    from attnscope.kernels import bwd_hopper
+
+    calls = {}
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                calls[self.name] = (grid, a, kw)
+                if kw.get("ONEPASS"):
+                    acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
+                    acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape)
+            return run
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 64
+    g = torch.Generator().manual_seed(3)
+    q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
+    k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
+    lse2, delta = torch.randn(B, Hq, Nq, generator=g) * 5, torch.randn(B, Hq, Nq, generator=g)
+    lean = {name: table[d] for name, table in bwd_hopper.LEAN_CONFIGS.items()}
+    assert lean["dkdv"].LEAN == lean["dq"].LEAN == 1 and lean["dkdv"].RED == 2
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="onepass",
+                      configs=lean)
+    grid, args, kw = calls["dkdv"]
+    assert set(calls) == {"dkdv"} and kw["LEAN"] == 1 and kw["RED"] == 2 and kw["ONEPASS"] == 2
+    lse_rows, delta_rows, acc = args[6].base, args[7].base, args[8]
+    assert tuple(acc.shape) == (B, Hq, bwd_hopper.ROW_PAD, d)  # 100 rows padded to 128
+    assert torch.allclose(lse_rows[..., :Nq], -3.0 - lse2)  # log2(0.125) - LSE2
+    assert bool((lse_rows[..., Nq:] == float("-inf")).all())
+    assert torch.equal(delta_rows[..., :Nq], -delta) and bool((delta_rows[..., Nq:] == 0).all())
+    assert torch.equal(dq, acc[:, :, :Nq].to(torch.bfloat16))
+    calls.clear()  # the two-kernel build, both lean: the dQ kernel reads LSE2, Delta as given
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, configs=lean)
+    assert calls["dkdv"][2]["LEAN"] == calls["dq"][2]["LEAN"] == 1 and calls["dkdv"][2]["ONEPASS"] == 0
+    assert calls["dq"][1][5] is lse2 and calls["dq"][1][6] is delta
+    with pytest.raises(NotImplementedError, match=r"LEAN = 1\) with softcap; supported: LEAN = 0"):
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, False,
+                          _common.Mods(-1, -1, 30.0, None), configs=lean)
+    with pytest.raises(NotImplementedError, match=r"fp16 and scale 0.01; supported: scale >= 0.0625 in fp16"):
+        half = [t.half() for t in (q, k, v, do)]
+        bwd_hopper.launch(*half, lse2, delta, dq.half(), dk.half(), dv.half(), 0.0144, 0.01, False, None,
+                          configs=lean)
+    with pytest.raises(NotImplementedError, match="LEAN 0 or 1"):
+        bwd_hopper.check_configs({"dkdv": lean["dkdv"]._replace(LEAN=2)})
+
+
 def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
     """``launch(configs=...)`` (the sweep's d = 64 tiles): a config changes the grid, the descriptors'
     blocks and the constexprs; one the kernels are not built for raises NotImplementedError naming it;
@@ -652,10 +719,12 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import bwd_hopper as bh
 for spec in sys.argv[1:]:
-    d, causal, mode, red = spec.split(":")
-    cfg = bh.config(int(d))._replace(RED=int(red))
-    src = GluonASTSource(fn=bh.kernel("dkdv"), signature=bh.signature(int(d), "bf16", "dkdv", 0, cfg),
-                         constexprs=bh.constexprs(int(d), causal == "1", "dkdv", 0, mode, cfg))
+    d, causal, mode, red, *lean = spec.split(":")
+    name = "dq" if mode == "dq" else "dkdv"  # "dq": the dQ kernel (two-kernel build)
+    cfg = bh.config(int(d), name)._replace(RED=int(red), LEAN=int(lean[0]) if lean else 0)
+    src = GluonASTSource(fn=bh.kernel(name), signature=bh.signature(int(d), "bf16", name, 0, cfg),
+                         constexprs=bh.constexprs(int(d), causal == "1", name, 0,
+                                                  "twokernel" if name == "dq" else mode, cfg))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh.NUM_WARPS})
     ptx = k.asm["ptx"]
     atoms = ptx.count("atom.global.gpu.relaxed.add.f32") + ptx.count("red.relaxed.gpu.global.add.v2.f32")
@@ -667,28 +736,37 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
     """The one-pass dK/dV builds compiled for sm_90 without a GPU (a child process, ~1 s a build): more
     wgmma instructions than the two-kernel build's dK/dV (the dS K product) and fp32 atomic adds (none in
     the two-kernel build; ``RED`` = 2: half as many, two fp32 each), inside the 227 KB of shared memory a
-    CTA may have, more than the two-kernel build (the dS^T tiles)."""
+    CTA may have, more than the two-kernel build (the dS^T tiles); the lean build (``LEAN`` = 1) compiles
+    too, its step twice (the masked and the whole run) in the same shared memory, and so does the lean dQ
+    kernel."""
     pytest.importorskip("triton.experimental.gluon")
     import os
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    specs = ["64:1:onepass:1", "64:1:twokernel:1", "128:0:onepass:1", "64:0:onepass-wg:1", "64:1:onepass:2"]
+    specs = ["64:1:onepass:1", "64:1:twokernel:1", "128:0:onepass:1", "64:0:onepass-wg:1", "64:1:onepass:2",
+             "64:1:onepass:2:1", "64:1:dq:1:1"]
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", _ONEPASS_COMPILE, *specs], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()}
-    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _) = (rows[s] for s in specs)
+    (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _), (wl, al, sl), lean_dq = (
+        rows[s] for s in specs)
+    wq, aq, sq = lean_dq
+    assert wq > 0 and aq == 0 and sq <= 227 * 1024  # the lean dQ kernel: no atomics
     assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0 and 2 * a2 == a1
+    assert wl == 2 * w1 and al == 2 * a2 and sl == s1  # lean: a _step per run (masked, whole), same smem
     assert s0 < s1 <= 227 * 1024 and s0 < swg <= 227 * 1024 and s128 <= 227 * 1024
 
 
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
-#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2
+#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2;
+#: "+lean": the lean dK/dV build (`bwd_hopper.LEAN_CONFIGS`: masked and whole tiles in runs, both MMAs issued
+#: at once, the scale folded into P, unmasked paired dQ reductions into padded rows)
 ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
                  (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
@@ -702,7 +780,13 @@ ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass-wg"),
                  (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg"),
                  (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass+red2"),
-                 (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass+red2")]
+                 (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass+red2"),
+                 (1537, 777, 64, "bfloat16", True, None, 0.0, 2, "onepass+lean"),
+                 (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass+lean"),
+                 (777, 1537, 64, "bfloat16", True, None, 0.0, 4, "onepass+lean"),
+                 (1537, 1537, 64, "bfloat16", False, (200, 200), 0.0, 2, "onepass+lean"),
+                 (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg+lean"),
+                 (129, 65, 64, "bfloat16", False, None, 0.0, 8, "onepass+lean")]
 
 
 @pytest.mark.gpu
@@ -712,14 +796,18 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
                                                      group, mode):
     """impl="hopper", deterministic=False (the one-pass kernel) against float64: dQ, dK, dV within 3 x
     PyTorch's own error + 1e-3; dQ = 0 on rows with no visible key; dK, dV as the two-kernel build's (the
-    same products in the same order) up to its rounding."""
+    same products in the same order) up to its rounding; "+lean": the two-kernel run (both lean kernels)
+    against float64 too."""
     from attnscope.kernels import bwd_hopper
 
-    mode, _, red = mode.partition("+")
+    mode, _, build = mode.partition("+")
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))  # the one-pass build at every head dim
-    if red:  # two fp32 per reduction instruction (`_gluon_red.red_add`)
+    if build == "red2":  # two fp32 per reduction instruction (`_gluon_red.red_add`)
         monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
+    elif build == "lean":  # both lean kernels: the two-kernel run below (det) is checked against float64 too
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():
+            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
     amp = 4.0 if softcap else 1.0
@@ -744,9 +832,10 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
         leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
         to, _ = checks.torch_attention(*leaves, causal, window, softcap, None)
         torch_g = torch.autograd.grad(to, leaves, dos)
-        _check_grads((got[0][sl], got[1][ks], got[2][ks]), torch_g, ref)
         empty = ~reference.permitted(nq, nk, causal, window).any(-1)
-        assert (n(got[0][sl])[:, :, empty] == 0).all()
+        for g in (got, det) if build == "lean" else (got,):
+            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
+            assert (n(g[0][sl])[:, :, empty] == 0).all()
 
 
 @pytest.mark.gpu

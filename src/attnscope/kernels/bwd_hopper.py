@@ -15,15 +15,20 @@ P is recomputed from the forward's LSE (no running max); LSE2 = LSE log2 e, Delt
   dP^T = V dO^T issued together; P^T once S^T is done and dV += P^T dO under the dP^T product; then
   dS^T = P^T (dP^T - Delta) and dK += dS^T Q (P^T, dS^T the register A operands in the input dtype). dK, dV
   are summed over the group in registers and leave by TMA through the dead K/V buffers.
-- dQ (`_attnscope_bwd_hopper_dq_kernel`): the forward's schedule (`fwd_hopper._producer` streams the K/V
-  ring): a CTA owns NWG x 64 query rows of one (batch, head); per K/V tile S = Q K^T, dP = dO V^T,
-  dQ += dS K; dQ leaves by TMA through the dead Q buffer.
+- dQ (kernels/bwd_hopper_dq.py, `_attnscope_bwd_hopper_dq_kernel`): the forward's schedule
+  (`fwd_hopper._producer` streams the K/V ring): a CTA owns NWG x 64 query rows of one (batch, head); per
+  K/V tile S = Q K^T, dP = dO V^T, dQ += dS K; dQ leaves by TMA through the dead Q buffer.
 Those two (mode "twokernel", ``deterministic=True``) use no atomics: bitwise reproducible run to run. One-pass
 (``deterministic=False``; FA-3's dQ): the dK/dV kernel alone, built with ``ONEPASS``, also stores dS^T to
 shared memory and adds ``sm_scale dS K`` into a zeroed fp32 dQ [B, Hq, Nq, d] by fp32 atomics (5 MMAs per tile
 pair instead of 7), cast to the input dtype after: "onepass" (`ONEPASS_CTA`) over the CTA's keys once per
 query tile (the warpgroups meet at an mbarrier; d = 128 a 64-column slice each, d = 64 the whole tile by one
 warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics).
+The lean dK/dV build (``BwdConfig.LEAN``, `LEAN_CONFIGS`; either mode; no softcap) cuts the work per tile
+pair that is not MMA: masked and whole query tiles in separate runs (the mask a constant), S^T from nothing
+and dP^T from -Delta issued back to back, P^T = exp2(S^T qk_scale + log2(scale) - LSE2) by one FFMA (so
+P^T, dS^T carry the scale: dK and dQ need no product, dV / scale once), dQ into rows padded to `ROW_PAD`
+by unmasked reductions.
 
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
@@ -40,6 +45,7 @@ dQ, dK, dV contiguous.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from attnscope.errors import choice
@@ -58,20 +64,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from attnscope.kernels._gluon_red import red_add  # noqa: E402
+from attnscope.kernels.bwd_hopper_dq import _attnscope_bwd_hopper_dq_kernel, _capped, _keep  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
     PRODUCER_REGS,
     SOFTCAP,
     WINDOW,
-    _kv_full,
-    _kv_range,
     _layout,
-    _tanh,
     _window,
     mods_flags,
     wgmma_layout,
 )
-from attnscope.kernels.fwd_hopper import _producer as _producer_fwd  # noqa: E402
 
 #: setmaxnreg of the consumer warpgroup that is a worker partition (the other is the default partition)
 CONSUMER_REGS = 240
@@ -90,6 +93,7 @@ class BwdConfig(NamedTuple):
     NWG: int = 2  # consumer warpgroups
     DQ: int = 64  # one-pass dK/dV kernel: dQ columns per dS K product (head dim / DQ products per tile)
     RED: int = 1  # one-pass: fp32 per reduction instruction into dQ (`_gluon_red.red_add`: 1 or 2)
+    LEAN: int = 0  # dK/dV: 1 the lean step (`_step`; no softcap), 0 the plain one
 
 
 #: Per kernel and head dim. dK/dV registers per consumer thread: dK + dV (BN/NWG x d fp32 each) and S^T, dP^T
@@ -100,6 +104,12 @@ class BwdConfig(NamedTuple):
 CONFIGS = {"dkdv": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)},
            "dq": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}}
 KERNELS = tuple(CONFIGS)
+#: The lean d = 64 builds (`BwdConfig.LEAN`; dK/dV with two fp32 per dQ reduction): selectable
+#: (bench/backward.py --hopper-lean, `launch(configs=...)`), not the default until measured on the GPU.
+LEAN_CONFIGS = {"dkdv": {64: BwdConfig(64, 128, 2, RED=2, LEAN=1)}, "dq": {64: BwdConfig(64, 128, 2, LEAN=1)}}
+#: The lean build's P^T and dS^T carry the softmax scale in the input dtype: in fp16 a scale under this (d >
+#: 256's 1 / sqrt(d)) would push P^T below fp16's normal range (bf16 has fp32's)
+LEAN_MIN_FP16_SCALE = 2.0**-4
 #: Softcap builds that differ (`config`): dK/dV at d = 128 holds P^T (1 - t^2) across the dP^T product on top
 #: of the plain build's registers, which spills with 64-row Q tiles; 32-row tiles halve S^T and dP^T (the
 #: ring is twice as deep for the same shared memory).
@@ -127,33 +137,6 @@ def onepass_ok(d: int, mods=None) -> bool:
 def supports(d: int) -> bool:
     """Whether the kernels are built for head dim ``d`` (every score mod: window, softcap, sinks)."""
     return all(d in c for c in CONFIGS.values())
-
-
-@gluon.jit
-def _keep(rows, cols, NQ, NK, sc, CAUSAL: gl.constexpr, MODS: gl.constexpr):
-    """Whether key ``cols`` is visible to query row ``rows`` (broadcasting index tensors): inside Nk, on or
-    left of the bottom-right diagonal (causal), inside the window ``(sc[1], sc[2])`` (-1 unbounded): the
-    forward's mask (`fwd_hopper._softmax`)."""
-    keep = cols < NK
-    diag = rows + (NK - NQ)  # the key on a row's bottom-right diagonal
-    if CAUSAL:
-        keep = keep & (cols <= diag)
-    if MODS & WINDOW:
-        keep = keep & ((sc[1] < 0) | (cols >= diag - sc[1]))
-        keep = keep & ((sc[2] < 0) | (cols <= diag + sc[2]))
-    return keep
-
-
-@gluon.jit
-def _capped(st, neg_lse, sc):
-    """Softcap: ``(P, P (1 - t^2))`` from the raw scores ``st`` (either orientation; ``neg_lse`` broadcast to
-    it, -LSE2 / qk_scale): ``t = tanh(S scale / cap)``, ``P = exp2(qk_scale (t - LSE2 / qk_scale))``
-    (qk_scale = cap log2 e, `_tl.mod_args`); ``1 - t^2`` is d s' / d s (the scale comes at the end):
-    dS = P (1 - t^2) (dP - Delta). The mask arrives as ``st = -inf`` (the MMA's initial value, as in the
-    plain build): P = 0 there by a select, no index arithmetic after the MMAs."""
-    t = _tanh(st * sc[3])
-    p = gl.where(st == float("-inf"), 0.0, gl.exp2((t + neg_lse) * sc[0]))
-    return p, p * (1.0 - t * t)
 
 
 @gluon.jit
@@ -218,18 +201,25 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
 @gluon.jit
 def _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, slot, sm_scale, acc_layout: gl.constexpr,
             BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
-            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr, RED: gl.constexpr):
+            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr = 0):
     """One-pass dQ: ``dQ[rows, cols] += sm_scale sum_w dS_w K_w[:, cols]`` over the dS^T tiles ``slot +
     [0, NW)`` of ``ds_smem`` (written and fenced) and the K buffers ``W0 + [0, NW)``, for ``NC`` slices of
     ``DQ`` columns from ``C0``, each added by fp32 reductions of ``RED`` elements (`_gluon_red.red_add`)
-    into the head's fp32 dQ at ``dq_base`` [Nq, D] (rows ``offs_m``; past Nq masked)."""
+    into the head's fp32 dQ at ``dq_base`` [Nq, D] (rows ``offs_m``; past Nq masked); ``LEAN``: dS^T
+    carries sm_scale, dQ's rows are padded to `ROW_PAD` (no mask, no product)."""
     for c in gl.static_range(NC):
         part = gl.zeros([BM, DQ], gl.float32, acc_layout)
         for w in gl.static_range(NW):
             kcols = k_smem.index(W0 + w).reshape([BNW, D]).slice(C0 + c * DQ, DQ, dim=1)
-            part = warpgroup_mma(ds_smem.index(slot + w).permute((1, 0)), kcols, part, use_acc=w > 0)
+            part = warpgroup_mma(ds_smem.index(slot + w).permute((1, 0)), kcols, part, use_acc=w > 0,
+                                 is_async=LEAN)
+        if LEAN:  # the NW products issued back to back, one wait
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
         ptrs = dq_base + offs_m[:, None] * D + (C0 + c * DQ + offs_d[None, :])  # after the product
-        red_add(ptrs, part * sm_scale, (offs_m < NQ)[:, None], RED)
+        if LEAN:
+            red_add(ptrs, part, (offs_m == offs_m)[:, None], RED)
+        else:
+            red_add(ptrs, part * sm_scale, (offs_m < NQ)[:, None], RED)
 
 
 @gluon.jit
@@ -237,40 +227,57 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
           NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout: gl.constexpr,
           a_layout: gl.constexpr, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
           CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr,
-          NWG: gl.constexpr, RED: gl.constexpr):
+          NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr = 0):
     """Query tile ``m`` (ring slot counter ``it``; ``masked``: it straddles the diagonal or a window edge, or
     the keys end in the tile) against this warpgroup's keys ``offs_n``; everything transposed: [BNW keys, BM
     rows]. ``sc`` = (qk_scale, left, right, cap_in). Returns (dK, dV) accumulated (dK unscaled). ``ONEPASS``:
     dS^T also to ``ds_smem``, `_add_dq` adds ``sm_scale dS K`` to the head's fp32 dQ at ``dq_base``. One loop
     body for every tile: the mask is a select on the initial value before the MMAs are issued, so masked
     and unmasked tiles differ in no register after them. Softcap: S^T starts from 0 (the raw scores: the cap
-    comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select."""
+    comes before the LSE), -inf where masked, and `_capped` makes P^T = 0 there by one select. ``LEAN``
+    (``masked`` a constant): S^T from nothing, dP^T from the ring's -Delta, both issued before any wait;
+    P^T = exp2(S^T qk_scale + log2(sm_scale) - LSE2) (one FFMA: the ring holds log2(sm_scale) - LSE2), so
+    P^T, dS^T and dV carry sm_scale; masked tiles only: P^T = 0 where masked, by a select."""
     s = it % STAGES
     mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
     q = q_smem.index(s).reshape([BM, D])
     do = do_smem.index(s).reshape([BM, D])
-    # LSE2, Delta and the mask enter as the accumulators' initial values (no registers of their own across
-    # the MMAs): S^T - LSE2 / qk_scale (the ring holds -LSE2 / qk_scale, -inf past Nq; -inf where masked:
-    # P = 0) and dP^T - Delta
-    neg_lse = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
-    if MODS & SOFTCAP:
-        init = gl.zeros([BNW, BM], gl.float32, s_layout)  # the raw S^T (the cap comes before the LSE)
-    else:
-        init = gl.zeros([BNW, BM], gl.float32, s_layout) + neg_lse[None, :]
-    if masked:  # rows with no visible key (LSE = -inf) are masked by the diagonal or the window
-        offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))  # rows: S^T's columns
-        keep = _keep(offs_m[None, :], offs_n[:, None], NQ, NK, sc, CAUSAL, MODS)
-        init = gl.where(keep, init, float("-inf"))
-    st_tok = warpgroup_mma(kmat, q.permute((1, 0)), init, is_async=True)  # S^T = K Q^T (+ init)
-    delta = delta_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
-    init = gl.zeros([BNW, BM], gl.float32, s_layout) - delta[None, :]
-    dpt_tok = warpgroup_mma(vmat, do.permute((1, 0)), init, is_async=True)  # dP^T = V dO^T (- Delta)
-    st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))  # S^T done, dP^T still running
-    if MODS & SOFTCAP:
-        pt, pt_cap = _capped(st, neg_lse[None, :], sc)  # P^T, P^T (1 - t^2)
-    else:
-        pt = gl.exp2(st * sc[0])  # P^T [BNW, BM]
+    if LEAN:
+        neg_lse = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))  # log2(scale) - LSE2
+        neg_delta = delta_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([BNW, BM], gl.float32, s_layout)
+        st_tok = warpgroup_mma(kmat, q.permute((1, 0)), zero, use_acc=False, is_async=True)  # S^T = K Q^T
+        dpt_tok = warpgroup_mma(vmat, do.permute((1, 0)), neg_delta[None, :].broadcast_to([BNW, BM]),
+                                is_async=True)  # dP^T = V dO^T - Delta
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))
+        pt = gl.exp2(st * sc[0] + neg_lse[None, :])  # sm_scale P^T [BNW, BM]
+        if masked:
+            offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
+            pt = gl.where(_keep(offs_m[None, :], offs_n[:, None], NQ, NK, sc, CAUSAL, MODS), pt, 0.0)
         pt_cap = pt
+    else:
+        # LSE2, Delta and the mask enter as the accumulators' initial values (no registers of their own across
+        # the MMAs): S^T - LSE2 / qk_scale (the ring holds -LSE2 / qk_scale, -inf past Nq; -inf where masked:
+        # P = 0) and dP^T - Delta
+        neg_lse = lse_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
+        if MODS & SOFTCAP:
+            init = gl.zeros([BNW, BM], gl.float32, s_layout)  # the raw S^T (the cap comes before the LSE)
+        else:
+            init = gl.zeros([BNW, BM], gl.float32, s_layout) + neg_lse[None, :]
+        if masked:  # rows with no visible key (LSE = -inf) are masked by the diagonal or the window
+            offs_m = m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))  # rows: S^T's columns
+            keep = _keep(offs_m[None, :], offs_n[:, None], NQ, NK, sc, CAUSAL, MODS)
+            init = gl.where(keep, init, float("-inf"))
+        st_tok = warpgroup_mma(kmat, q.permute((1, 0)), init, is_async=True)  # S^T = K Q^T (+ init)
+        delta = delta_smem.index(s).reshape([BM]).load(gl.SliceLayout(0, s_layout))
+        init = gl.zeros([BNW, BM], gl.float32, s_layout) - delta[None, :]
+        dpt_tok = warpgroup_mma(vmat, do.permute((1, 0)), init, is_async=True)  # dP^T = V dO^T (- Delta)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))  # S^T done, dP^T still running
+        if MODS & SOFTCAP:
+            pt, pt_cap = _capped(st, neg_lse[None, :], sc)  # P^T, P^T (1 - t^2)
+        else:
+            pt = gl.exp2(st * sc[0])  # P^T [BNW, BM]
+            pt_cap = pt
     pt_op = gl.convert_layout(pt.to(q_smem.dtype), a_layout)
     dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)  # dV += P^T dO
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok,))  # dP^T - D done, P^T dO still running
@@ -289,17 +296,17 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
         offs_d = gl.arange(0, DQ, layout=gl.SliceLayout(0, dq_layout))
         if ONEPASS == ONEPASS_WG:  # this warpgroup's keys, every column
             _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG + WG, sm_scale, dq_layout, BM,
-                    BNW, DQ, D, 0, D // DQ, WG, 1, RED)
+                    BNW, DQ, D, 0, D // DQ, WG, 1, RED, LEAN)
         else:  # every warpgroup's dS^T stored: DQ columns each (D = NWG DQ), or the whole dQ in turns
             gl.thread_barrier()  # this warpgroup's stores (and fences) all done before its arrival
             mbarrier.arrive(ds_bar.index(buf))
             mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)
             if D == NWG * DQ:
                 _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
-                        DQ, D, WG * DQ, 1, 0, NWG, RED)
+                        DQ, D, WG * DQ, 1, 0, NWG, RED, LEAN)
             elif it % NWG == WG:
                 _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
-                        DQ, D, 0, 1, 0, NWG, RED)
+                        DQ, D, 0, 1, 0, NWG, RED, LEAN)
     return dk, dv
 
 
@@ -308,9 +315,11 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
               q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
               sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
               WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
-              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr):
-    """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale);
-    ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`)."""
+              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale;
+    ``LEAN``: dV / sm_scale); ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`). ``LEAN``: each head's
+    tiles in runs, masked ``[lo, f_lo)``, whole ``[f_lo, f_hi)``, masked ``[f_hi, end)`` (bounds clipped in
+    order; a `_step` each, ``masked`` a constant; no division per tile), dQ rows padded to `ROW_PAD`."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -321,22 +330,39 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
     mbarrier.wait(kv_bar.index(0), 0)
     kmat = k_smem.index(WG).reshape([BNW, D])
     vmat = v_smem.index(WG).reshape([BNW, D])
-    n = end - lo  # query tiles per head, in the producer's order
-    for i in range(group * n):  # GQA: the group's query heads, reduced in registers
-        m = lo + i % n
-        dq_base = DQACC + (b * H + hk * group + i // n).to(gl.int64) * NQ * D  # the head's dQ [Nq, D]
-        if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch: the plain build keeps one compare
-            masked = (m < f_lo) | (m >= f_hi)
-        else:
-            masked = m < f_lo  # f_hi = end
-        dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       masked, offs_n, NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout,
-                       a_layout, BM, BNW, D, STAGES, CAUSAL, MODS, ONEPASS, DQ, WG, NWG, RED)
+    if LEAN:
+        runs = (lo, gl.minimum(gl.maximum(f_lo, lo), end))  # masked, whole, masked: bounds clipped in order
+        runs = runs + (gl.minimum(gl.maximum(f_hi, runs[1]), end), end)
+        it = 0
+        for g in range(group):  # GQA: the group's query heads, reduced in registers
+            dq_base = DQACC + (b * H + hk * group + g).to(gl.int64) * gl.cdiv(NQ, ROWS) * (ROWS * D)
+            for r in gl.static_range(3 if MODS & WINDOW else 2):
+                for m in range(runs[r], runs[r + 1]):
+                    dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                                   q_empty, it, m, r != 1, offs_n, NQ, NK, sc, ds_smem, ds_bar, k_smem,
+                                   dq_base, sm_scale, s_layout, a_layout, BM, BNW, D, STAGES, CAUSAL, MODS,
+                                   ONEPASS, DQ, WG, NWG, RED, 1)
+                    it += 1
+    else:
+        n = end - lo  # query tiles per head, in the producer's order
+        for i in range(group * n):  # GQA: the group's query heads, reduced in registers
+            m = lo + i % n
+            dq_base = DQACC + (b * H + hk * group + i // n).to(gl.int64) * NQ * D  # the head's dQ [Nq, D]
+            if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch: the plain build keeps one compare
+                masked = (m < f_lo) | (m >= f_hi)
+            else:
+                masked = m < f_lo  # f_hi = end
+            dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
+                           masked, offs_n, NQ, NK, sc, ds_smem, ds_bar, k_smem, dq_base, sm_scale, s_layout,
+                           a_layout, BM, BNW, D, STAGES, CAUSAL, MODS, ONEPASS, DQ, WG, NWG, RED)
     if ONEPASS == ONEPASS_CTA:  # the other warpgroups' last dS K product read this one's K: done first
         mbarrier.arrive(ds_bar.index(2))
         mbarrier.wait(ds_bar.index(2), 0)
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
+    if LEAN:  # P^T carried sm_scale (`_step`): dK is whole, dV has it once too many
+        dv = dv * (1.0 / sm_scale)
+        sm_scale = 1.0
     v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
     k_smem.index(WG).reshape([BNW, D]).store((dk * sm_scale).to(desc_dk.dtype))
     fence_async_shared()
@@ -353,7 +379,8 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
                                       cap_in,
                                       CAUSAL: gl.constexpr, MODS: gl.constexpr, STAGES: gl.constexpr,
                                       NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, ONEPASS: gl.constexpr,
-                                      DQ: gl.constexpr, RED: gl.constexpr, num_warps: gl.constexpr):
+                                      DQ: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr,
+                                      num_warps: gl.constexpr):
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
@@ -398,155 +425,14 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
         [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
                       q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS, ONEPASS, DQ,
-                      NWG, RED)),
+                      NWG, RED, LEAN)),
          (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
                       q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
-                      NWG, RED)),
+                      NWG, RED, LEAN)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                       lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
                       STAGES, NWG))],
-        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
-
-# --- the dQ pass: per query tile, K and V streamed (the forward's schedule) --------------------------------
-@gluon.jit
-def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
-                 v_ready, k_empty, v_empty, b, h, hk, row0, t_lo, n_tiles, BM: gl.constexpr, BN: gl.constexpr,
-                 STAGES: gl.constexpr, NWG: gl.constexpr):
-    """The dO tiles, then the forward's producer: the Q tiles and the K/V ring."""
-    for w in gl.static_range(NWG):
-        mbarrier.expect(do_bar.index(w), desc_do.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_do, [b, h, row0 + w * BM, 0], do_bar.index(w), do_smem.index(w))
-    _producer_fwd(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  b, h, hk, row0, t_lo, n_tiles, BM, BN, STAGES, NWG)
-
-
-@gluon.jit
-def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
-                 k_empty, v_empty, b, h, pid_bh, row0_cta, t_lo, n_tiles, NQ, NK, sc, sm_scale,
-                 BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-                 CAUSAL: gl.constexpr, MODS: gl.constexpr):
-    """Warpgroup WG's query rows: ``dQ = sum_j dS_j K_j`` over the K/V tiles ``[t_lo, t_lo + n_tiles)``, with
-    ``S = Q K^T - LSE2 / qk_scale`` and ``dP = dO V^T - Delta`` from the accumulators' initial values (as
-    `_step`, softcap too); stored x sm_scale through the dead Q buffer by TMA."""
-    s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
-    acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    row0 = row0_cta + WG * BM
-    offs_m = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    row_ok = offs_m < NQ
-    lse2 = gl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
-    delta = gl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
-    qk_scale = sc[0]
-    if MODS & WINDOW:  # this warpgroup's unmasked tiles [f_a, f_b) (absolute)
-        f_a, f_b = _kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)
-    else:
-        n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)[1], n_tiles)  # [0, n_full) whole
-    if MODS & SOFTCAP:
-        neg_lse = -(lse2 / qk_scale)
-    dq = gl.zeros([BM, D], gl.float32, acc_layout)
-    q = q_smem.index(WG).reshape([BM, D])
-    do = do_smem.index(WG).reshape([BM, D])
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(do_bar.index(WG), 0)
-    for j in range(n_tiles):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
-        if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch
-            masked = (t_lo + j < f_a) | (t_lo + j >= f_b)
-        else:
-            masked = j >= n_full
-        if MODS & SOFTCAP:
-            init = gl.zeros([BM, BN], gl.float32, s_layout)  # the raw S: the cap comes before the LSE
-        else:
-            init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
-        if masked:  # diagonal, window edges, ragged tile (rows with LSE = -inf see no key: all masked)
-            offs_n = (t_lo + j) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, MODS), init,
-                            float("-inf"))
-        mbarrier.wait(k_ready.index(s), ph)
-        kmat = k_smem.index(s).reshape([BN, D])
-        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
-        mbarrier.wait(v_ready.index(s), ph)
-        init = gl.zeros([BM, BN], gl.float32, s_layout) - delta[:, None]
-        dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
-                               is_async=True)  # dP = dO V^T (- Delta)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        if MODS & SOFTCAP:  # noqa: SIM108 - a constexpr branch
-            p = _capped(st, neg_lse[:, None], sc)[1]  # P (1 - t^2)
-        else:
-            p = gl.exp2(st * qk_scale)  # P [BM, BN]
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
-        mbarrier.arrive(v_empty.index(s))  # V read
-        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P (dP - D) (softcap: (1 - t^2))
-        dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
-        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
-        mbarrier.arrive(k_empty.index(s))  # K read
-    q_smem.index(WG).reshape([BM, D]).store((dq * sm_scale).to(desc_dq.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(desc_dq, [b, h, row0, 0], q_smem.index(WG))
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT", "cap_in"])
-def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, H, HKV, NQ, NK,
-                                    qk_scale, sm_scale, LEFT, RIGHT, cap_in, CAUSAL: gl.constexpr,
-                                    MODS: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """dQ of ``NWG x BM`` query rows of one (batch, query head) per CTA (heaviest causal tiles first)."""
-    BM: gl.constexpr = desc_q.block_type.shape[2]
-    BN: gl.constexpr = desc_k.block_type.shape[2]
-    D: gl.constexpr = desc_q.block_type.shape[3]
-    start_m = gl.program_id(0)
-    if CAUSAL:
-        start_m = gl.num_programs(0) - 1 - start_m
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // (H // HKV)
-    row0 = start_m * (NWG * BM)
-    if MODS:  # noqa: SIM108 - a constexpr branch
-        sc = (qk_scale, LEFT, RIGHT, cap_in)  # the scale and the score mods' runtime values
-    else:
-        sc = (qk_scale,)  # the plain build captures no unused value into its partitions
-    if MODS & WINDOW:
-        t_lo, n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)
-    else:
-        t_lo: gl.constexpr = 0  # a constant for the partitions, not a captured value
-        n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)[1]
-
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    do_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(NWG):
-        mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(do_bar.index(w), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=NWG)
-        mbarrier.init(v_empty.index(s), count=NWG)
-    fence_async_shared()
-
-    gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
-    gl.warp_specialize(
-        [(_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
-                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale,
-                         BM, BN, D, STAGES, 0, CAUSAL, MODS)),
-         (_dq_consumer, (desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
-                         v_ready, k_empty, v_empty, b, h, pid_bh, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale,
-                         BM, BN, D, STAGES, 1, CAUSAL, MODS)),
-         (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
-                         k_ready, v_ready, k_empty, v_empty, b, h, hk, row0, t_lo, n_tiles, BM, BN, STAGES,
-                         NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -568,6 +454,7 @@ def _blocks(d: int, name: str, mods: int = 0, cfg: BwdConfig | None = None) -> d
 #: Rows of the padded -LSE2 / qk_scale and Delta copies the dK/dV kernel reads by TMA: a multiple of every
 #: ``BM`` (TMA also needs 16-byte row strides); the padding is -inf (P = 0) and 0.
 ROW_PAD = 128
+ROWS = gl.constexpr(ROW_PAD)  # in the kernels: the lean build's padded fp32 dQ rows
 
 
 def _row_layout(bm: int):
@@ -586,10 +473,10 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
         bm = (cfg or config(d, name, mods)).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
         rows["DQACC"] = "*fp32"
-        extra = ("ONEPASS", "DQ", "RED")
+        extra = ("ONEPASS", "DQ", "RED", "LEAN")
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
-        extra = ()
+        extra = ("LEAN",)
     return {**{n: ds(r) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
@@ -603,7 +490,8 @@ def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, mode: st
     windowed call has ``causal`` False, its right bound carrying the diagonal; ``mode``: a `MODES` key, the
     dK/dV kernel's ``ONEPASS``; ``cfg``: another block configuration than `config`'s)."""
     cfg = cfg or config(d, name, mods)
-    extra = {"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": cfg.RED} if name == "dkdv" else {}
+    extra = ({"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": cfg.RED, "LEAN": cfg.LEAN}
+             if name == "dkdv" else {"LEAN": cfg.LEAN})
     return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
             "CONSUMER_REGS": CONSUMER_REGS, **extra,
             "num_warps": NUM_WARPS}
@@ -626,10 +514,11 @@ def check_configs(configs) -> dict:
             raise ValueError(f"configs: expected {{'dkdv' | 'dq': BwdConfig}}, got {name!r}: {cfg!r}")
         rows = cfg.BN // cfg.NWG if name == "dkdv" else cfg.BM
         if (cfg.NWG, rows % 64, cfg.BN % 64, cfg.BM % 16, cfg.DQ in (16, 32, 64, 128, 256), cfg.RED in (1, 2),
-                cfg.STAGES >= 1, name == "dq" or ROW_PAD % cfg.BM == 0) != (2, 0, 0, 0, *[True] * 4):
+                cfg.STAGES >= 1, name == "dq" or ROW_PAD % cfg.BM == 0, cfg.LEAN in (0, 1)) != (2, 0, 0, 0,
+                                                                                             *[True] * 5):
             raise NotImplementedError(f"configs[{name!r}] = {cfg}: supported: NWG = 2, dK/dV BN / NWG and dQ "
                                       f"BM multiples of 64, BM of 16, dK/dV BM dividing {ROW_PAD}, DQ 16-256,"
-                                      " RED 1 or 2")
+                                      " RED 1 or 2, LEAN 0 or 1")
     return configs
 
 
@@ -681,18 +570,30 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
         raise NotImplementedError(f"Hopper backward mode {mode!r}: dK/dV BM = {cfg.BM}, DQ = {cfg.DQ} at "
                                   f"head_dim {d}; supported: BM a multiple of 64 (`onepass_ok`), DQ = "
                                   "head_dim or head_dim / NWG (mode 'twokernel': every config)")
+    lean = any(c.LEAN for c in cfgs.values())
+    if lean and flags & SOFTCAP.value:
+        raise NotImplementedError("Hopper backward: the lean build (LEAN = 1) with softcap; supported: "
+                                  "LEAN = 0")
+    if lean and q.dtype == torch.float16 and sm_scale < LEAN_MIN_FP16_SCALE:
+        raise NotImplementedError(f"Hopper backward: the lean build (LEAN = 1) with fp16 and scale "
+                                  f"{sm_scale:.3g}; supported: scale >= {LEAN_MIN_FP16_SCALE} in fp16, or "
+                                  "LEAN = 0")
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
     rows = []
-    for t, pad in ((lse2 / -qk_scale, float("-inf")), (delta, 0.0)):  # the S^T, dP^T initial values
+    # lean: the FFMA's addend and dP^T's initial value; else S^T's and dP^T's initial values (`_step`)
+    lean_rows = ((math.log2(sm_scale) - lse2, float("-inf")), (-delta, 0.0))
+    for t, pad in lean_rows if cfg.LEAN else ((lse2 / -qk_scale, float("-inf")), (delta, 0.0)):
         padded = torch.full((B, Hq, n_pad), pad, dtype=torch.float32, device=q.device)
         padded[:, :, :Nq] = t
         rows.append(TensorDescriptor(padded, [B, Hq, n_pad], list(padded.stride()), [1, 1, cfg.BM],
                                      _row_layout(cfg.BM)))
-    dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=q.device) if onepass else rows[0].base
+    rows_acc = n_pad if cfg.LEAN else Nq  # the lean build adds unmasked rows up to n_pad
+    dq_acc = (torch.zeros((B, Hq, rows_acc, d), dtype=torch.float32, device=q.device) if onepass
+              else rows[0].base)
     dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
         *descs("dkdv"), *rows, dq_acc, *args, **constexprs(d, causal, "dkdv", flags, mode, cfg))
     if onepass:
-        dq.copy_(dq_acc)  # fp32 -> q's dtype (the kernel added sm_scale dS K)
+        dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
         return (dkdv,)
     cfg = cfgs["dq"]
     dq_k = _attnscope_bwd_hopper_dq_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](

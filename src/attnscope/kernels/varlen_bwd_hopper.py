@@ -221,7 +221,7 @@ def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_ba
                  k_empty, v_empty, h, H, TOTAL_Q, q0, row0_cta, n_tiles, NQ, NK, sc, sm_scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
                  CAUSAL: gl.constexpr):
-    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper._dq_consumer`'s loop
+    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper_dq._dq_consumer`'s loop
     (plain build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ x sm_scale stored inside the
     sequence only."""
     s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
