@@ -20,14 +20,13 @@ from attnscope import checks, reference  # noqa: E402
 from attnscope.kernels import _common  # noqa: E402
 from attnscope.model import dispatch  # noqa: E402
 from attnscope.model.tiles import Grid  # noqa: E402
+from kernel_env import kernel_device  # noqa: E402
 
 bwd = pytest.importorskip("attnscope.kernels.bwd")
 fwd = pytest.importorskip("attnscope.kernels.fwd")
 import attnscope  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not _common.interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+DEVICE = kernel_device()
 
 NS = (1, 17, 64, 97, 128, 200)
 

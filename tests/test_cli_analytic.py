@@ -241,6 +241,23 @@ def test_traffic_imports_neither_torch_nor_triton():
     assert p.stdout.strip().splitlines()[-1] == "HEAVY [] 0"
 
 
+def test_light_core_modules_import_neither_torch_nor_triton():
+    """Every module of model/ and report/, and reference, chrome_trace, inputs, errors: imported together in a
+    fresh interpreter, none pulls in torch or triton (DESIGN.md's light core)."""
+    code = ("import sys, pkgutil, importlib, attnscope.model, attnscope.report\n"
+            "mods = ['attnscope.' + m for m in ('reference', 'chrome_trace', 'inputs', 'errors')]\n"
+            "for pkg in (attnscope.model, attnscope.report):\n"
+            "    mods += [pkg.__name__ + '.' + i.name for i in pkgutil.iter_modules(pkg.__path__)]\n"
+            "for m in mods:\n"
+            "    importlib.import_module(m)\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton'))\n"
+            "print(len(mods), 'HEAVY', heavy)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    n, rest = p.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(n) >= 20 and rest == "HEAVY []", p.stdout
+
+
 def test_traffic_answers_under_half_a_second():
     # CPU time (user + system) of the whole subprocess, interpreter start included, best of three: the
     # suite shares 2 cores with a second pytest worker (often busy in the Triton interpreter), which

@@ -20,13 +20,12 @@ pytest.importorskip("triton")
 
 from attnscope import checks  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common, decode  # noqa: E402
+from attnscope.kernels import decode  # noqa: E402
+from kernel_env import kernel_device  # noqa: E402
 
 fai = pytest.importorskip("attnscope.flash_attn_interface")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not _common.interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+DEVICE = kernel_device()
 DT = torch.bfloat16
 
 

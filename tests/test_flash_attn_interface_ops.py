@@ -21,13 +21,11 @@ pytest.importorskip("triton")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import attnscope  # noqa: E402
-from attnscope.kernels import _common  # noqa: E402
+from kernel_env import kernel_device  # noqa: E402
 
 fai = pytest.importorskip("attnscope.flash_attn_interface")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not _common.interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+DEVICE = kernel_device()
 
 
 class _Ops(TorchDispatchMode):

@@ -21,15 +21,14 @@ from attnscope import checks, reference  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
 from attnscope.kernels import _common  # noqa: E402
 from attnscope.model.tiles import window_kv_bounds0  # noqa: E402
+from kernel_env import kernel_device  # noqa: E402
 
 fwd = pytest.importorskip("attnscope.kernels.fwd")
 bwd = pytest.importorskip("attnscope.kernels.bwd")
 import attnscope  # noqa: E402
 from attnscope.kernels import _tl  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not _common.interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+DEVICE = kernel_device()
 
 
 def _inputs(b, hq, hkv, nq, nk, d, dtype, seed, amp=1.0, device=DEVICE):

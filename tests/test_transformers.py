@@ -19,17 +19,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+
+from kernel_env import kernel_device  # noqa: E402
+
 transformers = pytest.importorskip("transformers")
 
 from attnscope import checks  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common  # noqa: E402
 
 hf = pytest.importorskip("attnscope.integrations.transformers")
 
-if not torch.cuda.is_available() and not _common.interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = kernel_device()
 NAME = hf.register()
 SEQ, NEW = 12, 8
 COMMON = dict(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=1,

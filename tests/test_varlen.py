@@ -19,16 +19,15 @@ pytest.importorskip("triton")
 from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
-from attnscope.kernels import _common, _tl, bwd  # noqa: E402
+from attnscope.kernels import _tl, bwd  # noqa: E402
+from kernel_env import kernel_device  # noqa: E402
 
 varlen = pytest.importorskip("attnscope.kernels.varlen")
 import attnscope  # noqa: E402
 from attnscope.kernels import varlen_plan  # noqa: E402
 from attnscope.kernels._common import device_error_flag  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not _common.interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+DEVICE = kernel_device()
 
 
 def _cu(lengths):
