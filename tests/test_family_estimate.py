@@ -102,10 +102,12 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
 
 
 def test_the_shipped_constants_are_measured_and_nonnegative():
-    # fitted from the H200 probes (bench/results/h200-2026-12-02-probe-*.json): none left None, no byte term
-    # below 0 (non-negative least squares: a term the data puts below 0 is 0)
+    # fitted from the H200 probes (bench/results/h200-2026-12-02-probe-*.json): none left None but the one
+    # whose probes (h-mid, h-mid-unmasked) are not measured yet, no byte term below 0 (non-negative least
+    # squares: a term the data puts below 0 is 0)
     values = {f.name: getattr(H200_FAMILY_PARAMS, f.name) for f in fields(FamilyParams)}
-    assert all(v is not None and v >= 0 for v in values.values()), values
+    assert [k for k, v in values.items() if v is None] == ["hopper_bwd_reread_dram"]
+    assert all(v >= 0 for v in values.values() if v is not None), values
     assert values["row_tile_kv_miss"] == values["cudnn_gqa_kv_dram"] == 0.0
 
 
@@ -202,7 +204,7 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
     for fam in ("decode", "varlen", "backward"):
         probe = physical.parse_grid(GRIDS / f"probe_{fam}.csv")
         held = physical.parse_grid(GRIDS / f"heldout_{fam}.csv")
-        assert 6 <= len(probe) <= 12 and {s["pass"] for s in probe} == {fam}
+        assert 6 <= len(probe) <= 14 and {s["pass"] for s in probe} == {fam}
         assert {s["impl"] for s in probe} == set(families.IMPLS[fam])
         key = [json.dumps(s, sort_keys=True) for s in probe]
         assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
@@ -302,13 +304,16 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
                         cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
                         naive_bwd_s_dram=1.1,
                         portable_bwd_reread_dram=0.8, hopper_bwd_reread_dram=0.6, flash_bwd_reread_dram=0.9,
-                        cudnn_bwd_reread_dram=0.7, cudnn_bwd_other_per_row=400.0, cudnn_bwd_gqa_dram=0.3)
+                        cudnn_bwd_reread_dram=0.7)
     monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
 
     def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
         pts = []
         for s in specs:
-            b = int(round(family_fit._estimate(s, true, 62914560, 132)))
+            try:
+                b = int(round(family_fit._estimate(s, true, 62914560, 132)))
+            except NotImplementedError:  # a probe row the estimate refuses (h-group): the fit skips it
+                b = 10**9
             pts.append(ncu.Point(s, ncu.Measured([KernelBytes(1, "k", b, 0)], "none", "ncu x")))
         progress(pts, len(pts))
         return pts
@@ -334,10 +339,15 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
 def test_fit_check_the_committed_h200_probes_within_10_percent(family, capsys):
     # a fit check, not the held-out judgement: the frozen constants were fitted to these very rows
     # (bench/results/h200-2026-12-02-probe-*.json, ncu DRAM bytes on the H200); re-read through the CLI,
-    # every row is estimated and within +-10 % of its counter
+    # every row is estimated and within +-10 % of its counter, but the backward's h-group, whose query set
+    # (1.08 x L2) the estimate does not model: it says so
     path = GRIDS.parent / "results" / f"h200-2026-12-02-probe-{family}.json"
     assert main(["bytes", "--from-json", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["family_rows"]
     assert len(rows) == {"decode": 12, "varlen": 9, "backward": 11}[family]
-    errors = {families.label(r["spec"]): r["estimate_error"] for r in rows}
-    assert all(e is not None and abs(e) <= 0.10 for e in errors.values()), errors
+    refused = [r for r in rows if r["estimate"] is None]
+    assert [(r["spec"]["heads"], r["spec"]["kv_heads"], r["spec"]["n"]) for r in refused] == \
+        ([(32, 2, 8192)] if family == "backward" else [])
+    assert all("larger than the L2" in r["note"] for r in refused)
+    errors = {families.label(r["spec"]): r["estimate_error"] for r in rows if r not in refused}
+    assert all(abs(e) <= 0.10 for e in errors.values()), errors

@@ -4,8 +4,9 @@ estimate linearly (a term's logical bytes x the constant), so one least-squares 
 gives them, with the estimate itself as the design (column f: the estimate with f = 1 less with f = 0, the
 others 0), relative errors weighing each row alike. A byte term cannot be negative: the solve is
 non-negative least squares, and a constant whose unconstrained value is below 0 is reported ("measured ~0").
-A constant no row informs stays None. The varlen rows need no constant (their estimate is the forward's L2
-rules); they are estimated and printed beside the others. Pure Python + NumPy/SciPy; no GPU.
+A constant no row informs stays None; a row the estimate does not model (it refuses the shape) is skipped.
+The varlen rows need no constant (their estimate is the forward's L2 rules); they are estimated and printed
+beside the others. Pure Python + NumPy/SciPy; no GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _estimate(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int |
                               params=params).total
 
 
+def _modelled(spec: dict, zero: FamilyParams, l2_bytes: int | None, sms: int | None) -> bool:
+    """Whether the estimate models the point at all (every constant given): a point it refuses (a shape
+    outside the model, `NotImplementedError`) informs no constant; its row says why."""
+    try:
+        _estimate(spec, zero, l2_bytes, sms)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def fit(points: list[tuple[dict, int]], l2_bytes: int | None = None, sms: int | None = None) -> dict:
     """``{"params": {field: value or None}, "zeroed": {field: its negative unconstrained value}, "rows":
     [{spec, measured, fitted estimate, error, note}]}`` from (decode / varlen / backward spec, ncu bytes)
@@ -45,7 +56,8 @@ def fit(points: list[tuple[dict, int]], l2_bytes: int | None = None, sms: int | 
     from scipy.optimize import nnls
 
     zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0))
-    lin = [(s, m) for s, m in points if s["pass"] in ("decode", "backward")]
+    lin = [(s, m) for s, m in points
+           if s["pass"] in ("decode", "backward") and _modelled(s, zero, l2_bytes, sms)]
     got: dict = dict.fromkeys(LINEAR)
     zeroed: dict = {}
     if lin:

@@ -19,11 +19,20 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
   kernels), then the same structure per *query* head (grid (key blocks, B, H)): a zeroed fp32 dQ
   accumulator (rows rounded to 128), atomics, a convert kernel; with GQA, dK and dV written per query head
   and summed over the group after the convert.
-- The fp32 dQ accumulator of the atomic builds goes round DRAM twice when the L2 cannot hold it: its zeros
-  are written back and re-read by the first atomic add of each line, and the sums written back and re-read
-  by the cast (`_gap_miss`: the share evicted over each gap, the dK/dV kernel's stream in between).
-- cudnn (closed source): FA-2's re-read pattern assumed, its other bytes per row and its GQA bytes
-  constants.
+- The fp32 dQ accumulator of the atomic builds reaches DRAM only when evicted (`_gap_miss`: the share
+  evicted over each gap, at the L2's whole capacity: atomics resolve at a line's one home slice): its
+  zeros written back and re-read by the first atomic add of each line, the sums written back and re-read
+  by the cast, and the rest written back by the end of the cast's stream; four times the accumulator when
+  the L2 cannot hold it.
+- cudnn (closed source; its kernels' names and per-kernel bytes show FA-2's structure): FA-2's terms
+  without the layout copies: Delta and a zeroed fp32 dQ (compute_dot_do_o), atomics, a convert, and with
+  GQA dK, dV per query head summed by its reduce kernels.
+- A call whose footprint (compulsory bytes and every buffer it writes) fits the L2 evicts nothing: its
+  writes stay dirty (ncu counts none) and its re-reads hit, so it moves its compulsory reads only. The
+  share of the bytes beyond those reads kept so is 1 - the forward's rule (`l2_params.miss` at
+  `L2Params.capacity`) at the footprint, a credit beside the dirty dQ's (`RESIDENT`).
+- attnscope's query set of a GQA group larger than the L2 (the key tiles' walkers evict each other's
+  rows) is not modelled: the estimate refuses.
 
 Re-reads (Q/dO by the key tiles, K/V by the query tiles) use the forward's rule, one definition:
 `l2_reuse.wave_rereads` (CTAs of a set consecutive in the grid, C at a time; what the L2 keeps at the
@@ -76,6 +85,9 @@ HOPPER_ONEPASS_DIMS = (64,)
 ROW_PAD = 128
 #: FA-2 rounds the fp32 dQ accumulator's rows to 128 (flash_api.cpp mha_bwd ``seqlen_q_rounded``).
 FLASH_DQ_ROUND = 128
+RESIDENT = ("the call's footprint (compulsory bytes and every buffer it writes) within the L2: no line is "
+            "evicted, so its writes stay dirty (ncu counts none) and its re-reads hit; the share kept is 1 - "
+            "the forward's miss rule (`l2_params.miss` at `L2Params.capacity`) at that footprint")
 DIRTY_DQ = ("dQ still dirty in the write-back L2 when the call ends (ncu counts a write only when its line "
             "is written back): the forward's rule for O (model/l2.py `DIRTY_O`), dQ being written last")
 
@@ -113,14 +125,16 @@ def _miss_share(footprint: float, l2: int) -> float:
 
 
 def _gap_miss(before: float, after: float, l2: int) -> float:
-    """Mean share of a buffer's lines that reach DRAM between two passes over it in the same order: the line
-    at fraction x of the buffer is touched again after the rest of the first pass's stream, ``before`` x
-    (1 - x) bytes, and the part of the second's before it, ``after`` x x bytes (for the fp32 dQ accumulator:
-    its fill, then the dK/dV kernel's stream, then the cast). The distance is linear in x, from ``before`` to
-    ``after``: `mean_miss` of the forward's rule for lines touched from both L2 partitions
-    (`L2Params.shared`, ``shared_ramp``)."""
+    """Mean share of the fp32 dQ accumulator's lines that reach DRAM between two passes over it in the same
+    order: the line at fraction x of the buffer is touched again after the rest of the first pass's stream,
+    ``before`` x (1 - x) bytes, and the part of the second's before it, ``after`` x x bytes (its fill, then
+    the dK/dV kernel's stream, then the cast). The distance is linear in x, from ``before`` to ``after``:
+    `mean_miss` of the forward's rule at the L2's whole capacity (`L2Params.capacity`, ``ramp``), not the
+    ``shared`` one of lines read by SMs of both partitions: the accumulator is only written and
+    atomically added to, which the L2 does at the line's one home slice, so no copy of it takes room in the
+    other partition."""
     p = H200_L2_PARAMS
-    return mean_miss(before / (p.shared * l2), after / (p.shared * l2), p.shared_ramp)
+    return mean_miss(before / (p.capacity * l2), after / (p.capacity * l2), p.ramp)
 
 
 def _set_rereads(sets: int, per_set: int, c: int, set_bytes: float, other: float, causal: bool,
@@ -221,20 +235,21 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     facts |= {"kernels": build, "key_tiles": per_set}
     # the preprocess: O and dO read (compulsory: dO is read again by the dK/dV kernel), Delta written
     stats = bh * n * STAT_BYTES
-    if impl in ("attnscope", "flash"):
-        terms.append(("delta", stats, "the preprocess writes Delta = rowsum(dO O), fp32 per row"))
+    terms.append(("delta", stats, "the preprocess writes Delta = rowsum(dO O), fp32 per row"))
+    scratch = stats  # bytes of the buffers the call writes besides dQ, dK, dV (its footprint beyond comp)
     if impl == "attnscope":
         terms.append(("lse2", stats, "LSE x log2(e) written, fp32 per row"))
+        scratch += stats
         if build == "hopper":
             pad = -(-n // ROW_PAD) * ROW_PAD
+            scratch += 2 * bh * pad * STAT_BYTES
             terms.append(("padded_copies", bh * (6 * n + 2 * pad) * STAT_BYTES,
                           f"-LSE2 / scale and Delta copied into rows padded to {ROW_PAD} (divide, two "
                           "fills, two copies): 3 fp32 reads and 3 writes per row, 2 per padded row"))
-    if impl != "cudnn":
-        share = _miss_share(2 * qd + stats, l2)
-        if share > 0:
-            terms.append(("do_reread", qd * share, "dO read again after the preprocess's O and dO, x "
-                                                   f"{share:.2f} missing the L2 (the forward's rule)"))
+    share = _miss_share(2 * qd + stats, l2)
+    if share > 0:
+        terms.append(("do_reread", qd * share, "dO read again after the preprocess's O and dO, x "
+                                               f"{share:.2f} missing the L2 (the forward's rule)"))
     # Q, dO, LSE2, Delta re-read by the key tiles: sets per (batch, kv head) (attnscope: its dK/dV CTA loops
     # over the group) or per (batch, query head) (FA-2's grid)
     sets, set_rows = (bkv, g * n) if impl == "attnscope" else (bh, n)
@@ -243,19 +258,19 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     other = 4 * ker.kv * d * b  # a CTA's K, V tile in, dK, dV out
     rereads = _set_rereads(sets, per_set, conc, set_rows * row, other, causal, True, l2, frac)
     facts["q_set_l2"] = set_rows * row / l2
+    if impl == "attnscope" and rereads > 0 and set_rows * row > l2:
+        raise NotImplementedError(f"{what}: the dK/dV kernel's query set (Q, dO, LSE2, Delta of the {g} "
+                                  f"query heads of a kv head: {facts['q_set_l2']:.2f} x the L2) is larger "
+                                  "than the L2, where the key tiles' walkers evict each other's rows (probe "
+                                  "h-group: 5 x the re-reads the wave rule counts): not modelled; supported: "
+                                  "query sets within the L2")
     field = {"attnscope": f"{build}_bwd_reread_dram", "flash": "flash_bwd_reread_dram",
              "cudnn": "cudnn_bwd_reread_dram"}[impl]
     _scaled(terms, "q_rereads", rereads, params, field, what, "Q, dO, LSE2, Delta re-read by later key "
             "tiles, missing the L2 (the forward's wave rule)")
-    if impl == "cudnn":
-        _scaled(terms, "other", bh * n, params, "cudnn_bwd_other_per_row", what,
-                "bytes per (row, query head) beyond the compulsory ones (workspace, statistics, dQ "
-                "accumulator)")
-        _scaled(terms, "gqa", (g - 1) * bkv * 4 * n * d * b, params, "cudnn_bwd_gqa_dram",
-                f"{what} with GQA", f"K, V read and dK, dV written for {g - 1} more query heads per kv head")
-        return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
-    atomic = impl == "flash" or not deterministic
-    kv_w = 2 * (bh if impl == "flash" else bkv) * n * d * b  # dK, dV as written (FA-2: per query head)
+    fa2 = impl in ("flash", "cudnn")  # FA-2's kernels: per query head, atomic dQ, dK/dV summed over the group
+    atomic = fa2 or not deterministic
+    kv_w = 2 * (bh if fa2 else bkv) * n * d * b  # dK, dV as written (FA-2: per query head)
     if impl == "flash":  # _flash_attention_backward: grad_out.contiguous(), out.contiguous() ([B, N, H, d])
         terms.append(("layout_copies", 4 * qd, "dO and O copied into FA-2's [B, N, H, d] layout: two copy "
                                                "kernels, each reading and writing a [B, H, N, d] tensor"))
@@ -263,15 +278,19 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     if atomic:  # a zeroed fp32 dQ, read-modify-written per tile pair, cast to dQ
         acc_rows = -(-n // FLASH_DQ_ROUND) * FLASH_DQ_ROUND if impl == "flash" else n
         acc = bh * acc_rows * d * STAT_BYTES
+        scratch += acc
         # the dK/dV kernel's stream: Q, dO, K, V, LSE, Delta read, dK, dV written, the accumulator touched
         stream = 2 * qd + 2 * bkv * n * d * b + 2 * stats + kv_w + acc
-        fill = acc + (2 * qd if impl == "flash" else 0)  # FA-2 zeroes it in the preprocess (O, dO read)
+        fill = acc + (2 * qd if fa2 else 0)  # FA-2 zeroes it in the preprocess (O, dO read)
         first, cast = _gap_miss(fill, stream, l2), _gap_miss(stream, acc + qd, l2)
-        facts |= {"acc_first_touch_miss": first, "acc_cast_miss": cast}
-        terms.append(("dq_acc", acc * (1.0 + first + 2.0 * cast),
-                      "fp32 dQ accumulator: zeroed and written back once; re-read by the atomics' first add "
-                      f"to a line evicted since the fill (x {first:.2f}); written back after the last add "
-                      f"and read by the cast, evicted since (2 x {cast:.2f})"))
+        last = _gap_miss(acc + qd, 0.0, l2)  # a line the cast read, evicted by the rest of the cast's stream
+        facts |= {"acc_first_touch_miss": first, "acc_cast_miss": cast, "acc_end_writeback": last}
+        terms.append(("dq_acc", acc * (2.0 * first + 2.0 * cast + (1.0 - cast) * last),
+                      "fp32 dQ accumulator (a dirty line reaches DRAM only when evicted): the zeros evicted "
+                      f"before the atomics' first add, written back and read again (2 x {first:.2f}); the "
+                      f"sums evicted before the cast, written back and read by it (2 x {cast:.2f}); the rest "
+                      f"written back after the cast read them, evicted by its stream before the call ends "
+                      f"({1.0 - cast:.2f} x {last:.2f})"))
         rmw = _set_rereads(sets, per_set, conc, set_rows * d * STAT_BYTES, other, causal, True, l2, frac)
         _scaled(terms, "dq_atomics", 2 * rmw, params, field, what, "fp32 dQ lines evicted between the key "
                 "tiles' atomic adds, read and written back (the wave rule on the accumulator; the re-reads' "
@@ -289,8 +308,11 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                              g)  # other: a CTA's Q, dO tiles in, dQ out
         _scaled(terms, "kv_rereads", kv_re, params, field, what,
                 "K, V re-read by the dQ kernel's later query tiles, missing the L2")
-    if impl == "flash" and g > 1:  # dK, dV [B, N, Hq, d] per query head, summed over the group by torch
+    if impl == "flash":
+        scratch += 2 * qd  # the layout copies
+    if fa2 and g > 1:  # dK, dV per query head, summed over the group (torch; cuDNN's reduce kernels)
         expanded = kv_w
+        scratch += expanded
         back = _miss_share(expanded + acc + qd, l2)  # the convert kernel (acc read, dQ written) runs between
         terms.append(("gqa_expand", expanded - 2 * bkv * n * d * b + expanded * back,
                       f"dK, dV written per query head ({g} per kv head) and read back by the group sum "
@@ -300,5 +322,15 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
             terms.append(("gqa_kv", (g - 1) * bkv * 2 * n * d * b * kv_gap,
                           f"K, V read again by the group's {g - 1} other query heads, {bsz} set(s) apart"))
     credit, kept, _ = _dirty_o(qd, comp - 2 * qd, qd, l2)  # dQ, written last, as the forward's O
-    terms.append((credit, kept, DIRTY_DQ))
+    # the call's footprint within the L2: nothing evicted, so no write reaches DRAM and no re-read misses
+    reads = comp - qd - 2 * bkv * n * d * b  # the compulsory reads: cold whatever the L2 holds
+    fits = 1.0 - miss((comp + scratch) / (H200_L2_PARAMS.capacity * l2))
+    facts["footprint_l2"] = (comp + scratch) / l2
+    total = comp + sum(t[1] for t in terms) + kept
+    why = DIRTY_DQ
+    if fits > 0:
+        kept -= fits * (total - reads)
+        why = (f"{RESIDENT} ({fits:.2f} of the bytes beyond the compulsory reads at "
+               f"{facts['footprint_l2']:.2f} x L2); the rest as: {DIRTY_DQ}")
+    terms.append((credit, kept, why))
     return FamilyEstimate("backward", impl, comp, tuple(terms), facts)

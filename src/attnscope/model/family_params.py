@@ -56,11 +56,6 @@ class FamilyParams:
     hopper_bwd_reread_dram: float | None = None
     flash_bwd_reread_dram: float | None = None
     cudnn_bwd_reread_dram: float | None = None
-    #: SDPA CUDNN backward: DRAM bytes per (row, query head) beyond the compulsory ones and the re-reads.
-    cudnn_bwd_other_per_row: float | None = None
-    #: SDPA CUDNN backward with GQA: DRAM bytes per byte of K, V read and dK, dV written once more per extra
-    #: query head of the group (0: the group shares them; 1: each query head moves its own).
-    cudnn_bwd_gqa_dram: float | None = None
 
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
@@ -83,11 +78,10 @@ H200_FAMILY_PARAMS = FamilyParams(
     # unconstrained only beside the negative cudnn_gqa_kv_dram)
     naive_bwd_s_dram=1.33,  # n-big, n-causal
     portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
-    hopper_bwd_reread_dram=4.97,  # h-group: above 1, the counted re-reads undercount this build's
+    # hopper_bwd_reread_dram: not measured where it applies (probes h-mid, h-mid-unmasked); h-group's query
+    # set is larger than the L2, which the estimate does not model
     flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.032), f-long
-    cudnn_bwd_reread_dram=0.4,  # c-long
-    cudnn_bwd_other_per_row=889.0,  # c-short
-    cudnn_bwd_gqa_dram=2.72,  # c-gqa: above 1, more than each query head moving its own K, V, dK, dV
+    cudnn_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0142), c-long
 )
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
@@ -108,17 +102,15 @@ PROBES = {
     "portable_bwd_reread_dram": "probe_backward.csv p-group (GQA 16, causal, the group's Q/dO set ~0.55 x "
                                 "L2, atomic dQ) against p-resident (no counted re-read): the excess over the "
                                 "exact terms, over the counted re-reads and atomics",
-    "hopper_bwd_reread_dram": "probe_backward.csv h-group (GQA 16, causal, two kernels) against h-resident: "
-                              "the excess over the exact terms, over the counted re-reads",
+    "hopper_bwd_reread_dram": "probe_backward.csv h-mid and h-mid-unmasked (GQA 8, the group's query set "
+                              "~0.55 x L2, two kernels) against h-resident: the excess over the exact terms, "
+                              "over the counted re-reads",
     "flash_bwd_reread_dram": "probe_backward.csv f-long (causal, N 32k, one head's Q/dO set ~0.3 x L2) "
                              "against f-gqa (no counted re-read): the excess over the exact terms, over the "
                              "counted re-reads and atomics",
-    "cudnn_bwd_reread_dram": "probe_backward.csv c-long (as f-long): the excess over c-short's per-row "
-                             "bytes, over the counted re-reads",
-    "cudnn_bwd_other_per_row": "probe_backward.csv c-short (resident: no counted re-read): ncu less "
-                               "compulsory, per (row, query head)",
-    "cudnn_bwd_gqa_dram": "probe_backward.csv c-gqa (group 8) against c-short's per-row bytes: the excess, "
-                          "over (group - 1) x K, V, dK, dV bytes",
+    "cudnn_bwd_reread_dram": "probe_backward.csv c-long (as f-long) against c-short and c-gqa (no counted "
+                             "re-read): the excess over the exact terms (FA-2's), over the counted re-reads "
+                             "and atomics",
 }
 
 
