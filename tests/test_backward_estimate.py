@@ -59,6 +59,14 @@ def test_compulsory_is_the_sweeps_and_the_naive_term_is_its_ledger_past_the_l2()
     e = be.backward_estimate("naive", n, heads=h, causal=True, params=FamilyParams(naive_bwd_s_dram=1.0))
     t = backward.backward_traffic(n, 128, "fp16", heads=h, rows=("naive-causal-eager-backward",))
     assert e.total == pytest.approx(t["naive-causal-eager-backward"].total * h)
+    # causal, the [N, N] tensors of all heads past the L2 but one head's dS, dS' and the mask within it: the
+    # bool mask (the same for every batch and head) reaches DRAM once, not once per head as the ledger has it
+    n, bsz, h = 2048, 2, 16
+    e = be.backward_estimate("naive", n, batch=bsz, heads=h, causal=True,
+                              params=FamilyParams(naive_bwd_s_dram=1.0))
+    row = "naive-causal-eager-backward"
+    t = backward.backward_traffic(n, 128, "fp16", batch=bsz, heads=h, rows=(row,))
+    assert e.total == pytest.approx(t[row].total * bsz * h - (bsz * h - 1) * n * n)
     # resident intermediates (a tiny [N, N]): no term, no constant needed
     assert be.backward_estimate("naive", 256, heads=2).total == be.backward_compulsory("naive", 256, heads=2)
 

@@ -8,7 +8,8 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
 - naive (autograd of the 3-kernel baseline; model/backward.py's ledger): the ledger's bytes beyond the
   compulsory ones (P, dP, dS and the mask written and read back; dO read twice) x the share the forward's
   L2 rule (`l2_params.miss` at `L2Params.capacity`) says misses at one [B, H, N, N] tensor's footprint, x
-  `FamilyParams.naive_bwd_s_dram`.
+  `FamilyParams.naive_bwd_s_dram`; causal, the bool mask (one [N, N] for every head) counted once, then
+  re-read at the forward's rule.
 - attnscope (kernels/bwd.py `flash_attention_backward`): the preprocess reads O and dO and writes Delta,
   the LSE2 copy is written; a dK/dV kernel per (batch, kv head, 128-key tile) streams Q, dO, LSE2, Delta of
   every query tile of the GQA group; dQ either by fp32 atomics (portable, ``deterministic=False``: a zeroed
@@ -206,7 +207,12 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         name = "naive-causal-eager-backward" if causal else "naive-backward"
         t = backward.backward_traffic(n, d, dtype, batch=bsz, heads=h, rows=(name,))
         logical = t[name].total * t.config.batch_heads
-        share = miss(bh * n * n * b / (H200_L2_PARAMS.capacity * l2), H200_L2_PARAMS.ramp)
+        p = H200_L2_PARAMS
+        share = miss(bh * n * n * b / (p.capacity * l2), p.ramp)
+        if causal:  # the bool mask is one [N, N] for every (batch, head): cold once, then re-read one head's
+            # dS and dS' later (the forward's naive rule, model/l2.py `_naive`); the ledger reads it per head
+            again = miss((2 * b + 1) * n * n / (p.capacity * l2), p.ramp)
+            logical -= (bh - 1) * n * n * (1.0 - again)
         facts |= {"ledger": f"model/backward.py {name}", "square_footprint_l2": bh * n * n * b / l2}
         _scaled(terms, "intermediates", (logical - comp) * share, params, "naive_bwd_s_dram", what,
                 "the ledger's bytes beyond the compulsory (P, dP, dS written and read back, dO again), x the "

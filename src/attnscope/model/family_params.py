@@ -76,7 +76,7 @@ H200_FAMILY_PARAMS = FamilyParams(
     cudnn_gqa_kv_dram=0.0,  # measured ~0 (least squares -0.00013): the group shares one K/V read
     cudnn_other_per_row=0.0,  # measured ~0 (c-mha-wide vs c-mha: 0 under the non-negative fit; 336 B
     # unconstrained only beside the negative cudnn_gqa_kv_dram)
-    naive_bwd_s_dram=1.33,  # n-big, n-causal
+    naive_bwd_s_dram=1.36,  # n-big, n-causal
     portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
     # hopper_bwd_reread_dram: not measured where it applies (probes h-mid, h-mid-unmasked); h-group's query
     # set is larger than the L2, which the estimate does not model
