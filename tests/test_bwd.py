@@ -324,13 +324,113 @@ def test_hopper_backward_rule():
     assert not dispatch.hopper_backward_ok(96, False)
 
 
+def test_hopper_lean_rule():
+    """`dispatch.hopper_backward_lean`: the lean build at d = 64 in bf16 at any scale and in fp16 from 2^-4 up,
+    never under softcap, never at d = 128; bad arguments name themselves."""
+    lean = dispatch.hopper_backward_lean
+    assert dispatch.HOPPER_LEAN_DIMS == (64,)
+    for dtype in ("fp16", "bf16"):
+        assert lean(64, dtype) and lean(64, dtype, 0.125) and lean(64, dtype, 0.0625) and lean(64, dtype, 0.5)
+        assert not lean(64, dtype, None, 30.0) and not lean(64, dtype, 0.125, 1e-3)  # softcap: plain
+        assert not any(lean(128, dtype, s) for s in (None, 0.125, 0.01))  # no lean d = 128 build
+        assert not lean(96, dtype)
+    assert not lean(64, "fp16", 0.0624) and not lean(64, "fp16", 1e-6)  # fp16 under 2^-4: plain
+    assert lean(64, "bf16", 0.0624) and lean(64, "bf16", 1e-6)  # bf16 has fp32's range
+    for kw, msg in (({"d": 0}, "d: expected a positive integer"), ({"dtype": "fp32"}, "dtype: expected one of"),
+                    ({"scale": -1.0}, "scale: expected None or a positive finite"),
+                    ({"scale": float("nan")}, "scale: expected None or a positive finite"),
+                    ({"softcap": -1.0}, "softcap: expected a number >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            lean(**{"d": 64, "dtype": "bf16", **kw})
+
+
+def test_hopper_default_build_is_one_rule_of_the_call():
+    """`bwd_hopper.config(d, kernel, mods, dtype, sm_scale)`: a call's build, both kernels alike: the lean one
+    (`LEAN_CONFIGS`) exactly where `dispatch.hopper_backward_lean` says so (window too), the plain one
+    (`CONFIGS`, `SOFTCAP_CONFIGS`) elsewhere and without a dtype (the packed backward's); the tables and
+    the rule's constants agree, and every lean config passes `check_configs` and the one-pass bounds."""
+    from attnscope.kernels import bwd_hopper, fwd_hopper
+
+    assert set(dispatch.HOPPER_LEAN_DIMS) == set(bwd_hopper.LEAN_CONFIGS["dkdv"]) == set(
+        bwd_hopper.LEAN_CONFIGS["dq"])
+    assert bwd_hopper.ROW_PAD == dispatch.HOPPER_BWD_ROW_PAD
+    assert bwd_hopper.LEAN_MIN_FP16_SCALE == dispatch.HOPPER_LEAN_MIN_FP16_SCALE
+    for d in (64, 128):
+        for windowed, cap in itertools.product((False, True), (0.0, 30.0)):
+            flags = fwd_hopper.mods_flags(windowed, cap, False)
+            for dtype, scale in itertools.product(("fp16", "bf16"), (None, 0.125, 0.05, 0.3)):
+                want = dispatch.hopper_backward_lean(d, dtype, scale, cap)
+                assert want == (d == 64 and not cap and (dtype == "bf16" or scale != 0.05))
+                for name in bwd_hopper.KERNELS:
+                    cfg = bwd_hopper.config(d, name, flags, dtype, scale)
+                    plain = bwd_hopper.config(d, name, flags)
+                    assert cfg == (bwd_hopper.LEAN_CONFIGS[name][d] if want else plain), (d, name, dtype, scale)
+                    assert plain.LEAN == 0 and cfg.BM == plain.BM and cfg.BN == plain.BN
+        lean = {n: t[d] for n, t in bwd_hopper.LEAN_CONFIGS.items() if d in t}
+        assert bwd_hopper.check_configs(lean) == lean
+        if lean:
+            assert lean["dkdv"].BM % 64 == 0 and d in (lean["dkdv"].DQ, lean["dkdv"].NWG * lean["dkdv"].DQ)
+    assert bwd_hopper.config(128, "dkdv", fwd_hopper.mods_flags(False, 30.0, False), "bf16") == \
+        bwd_hopper.SOFTCAP_CONFIGS["dkdv"][128]
+
+
+#: (d, dtype, scale, window, softcap, deterministic) of the default backward path's choice (below)
+DEFAULT_PATH_CASES = list(itertools.product((64, 128), ("float16", "bfloat16"), (None, 0.05), (None, (20, 0)),
+                                            (0.0, 30.0), (False, True)))
+
+
+def test_default_backward_path_picks_the_lean_build_and_never_refuses(monkeypatch):
+    """`flash_attention_backward`'s default path as on an sm_90 GPU (`hopper_unavailable` None; the Gluon
+    kernels replaced by recorders): for every (d, dtype, scale, window, softcap, deterministic) it launches
+    without a NotImplementedError, the mode `deterministic` and `HOPPER_ONEPASS_DIMS` say, the build
+    `dispatch.hopper_backward_lean` says (LEAN, RED of the dK/dV kernel; LEAN of the dQ kernel); autograd's
+    default (``flash_attention(...).backward()``, deterministic=False) at d = 64 runs the one-pass lean
+    build."""
+    from attnscope.kernels import bwd_hopper
+
+    calls = []
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((self.name, kw))
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)
+    for d, dtype, scale, window, softcap, det in DEFAULT_PATH_CASES:
+        dt = getattr(torch, dtype)
+        q, k, v, do = _inputs(1, 2, 1, 24, 40, d, dt, False, seed=d)
+        o, lse = torch.randn_like(q), torch.randn(1, 2, 24)
+        calls.clear()
+        bwd.flash_attention_backward(do, q, k, v, o, lse, True, scale, deterministic=det, window=window,
+                                     softcap=softcap)
+        lean = dispatch.hopper_backward_lean(d, "bf16" if dt == torch.bfloat16 else "fp16", scale, softcap)
+        onepass = not det and d in bwd.HOPPER_ONEPASS_DIMS
+        assert [c[0] for c in calls] == (["dkdv"] if onepass else ["dkdv", "dq"])
+        case = (d, dtype, scale, window, softcap, det)
+        assert calls[0][1]["ONEPASS"] == (bwd_hopper.MODES[bwd.HOPPER_ONEPASS_MODE] if onepass else 0), case
+        assert all(kw["LEAN"] == lean for _, kw in calls), case
+        assert calls[0][1]["RED"] == (2 if lean else 1), case
+    assert bwd.HOPPER_ONEPASS_DIMS == (64,) and bwd.HOPPER_ONEPASS_MODE == "onepass"
+    for d in (64, 128):
+        calls.clear()
+        q, k, v, do = _inputs(1, 2, 1, 24, 24, d, torch.bfloat16, False, seed=1)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attnscope.flash_attention(*leaves, causal=True).backward(do)
+        want = [("dkdv", 2, 1)] if d == 64 else [("dkdv", 0, 0), ("dq", None, 0)]
+        assert [(n, kw.get("ONEPASS"), kw["LEAN"]) for n, kw in calls] == want
+
+
 @pytest.mark.parametrize("d,dtype,mods", [(64, "float16", None),
                                           (128, "bfloat16", _common.Mods(100, 0, 30.0, None))])
 def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype, mods):
     """`bwd_hopper.launch`'s host side, no GPU (the two Gluon kernels replaced by recorders): each TMA
     descriptor gets its block and the NVMMA shared layout of its Gluon element type (`fwd_hopper._layout`
     takes a tuple and a Gluon dtype), the grids and constexprs are the build's (softcap d = 128: 32-row Q
-    tiles)."""
+    tiles), the call's default (`bwd_hopper.config` of its dtype and scale: d = 64 the lean build)."""
     from triton.experimental.gluon import language as gl
 
     from attnscope.kernels import bwd_hopper, fwd_hopper
@@ -356,10 +456,11 @@ def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype,
     elem = gl.bfloat16 if dt == torch.bfloat16 else gl.float16
     for name, n_rows, heads in (("dkdv", Nk, B * Hkv), ("dq", Nq, B * Hq)):
         grid, args, kw = calls[name]
-        cfg = bwd_hopper.config(d, name, flags)
+        cfg = bwd_hopper.config(d, name, flags, "bf16" if dt == torch.bfloat16 else "fp16", 0.125)
+        assert cfg.LEAN == (d == 64) == kw["LEAN"]  # softcap at d = 128: plain
         assert grid == (-(-n_rows // (cfg.BN if name == "dkdv" else cfg.NWG * cfg.BM)), heads)
-        assert kw == bwd_hopper.constexprs(d, False, name, flags)
-        blocks = bwd_hopper._blocks(d, name, flags)
+        assert kw == bwd_hopper.constexprs(d, False, name, flags, cfg=cfg)
+        blocks = bwd_hopper._blocks(d, name, flags, cfg)
         for desc, rows in zip(args[:len(blocks)], blocks.values(), strict=True):
             assert list(desc.block_shape) == [1, 1, rows, d]
             assert desc.layout == gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
@@ -551,9 +652,10 @@ def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
 
 # --- the Hopper one-pass build (deterministic=False: dQ by fp32 atomics inside the dK/dV kernel) ---------
 def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch):
-    """`bwd_hopper.launch(mode=...)`'s host side, no GPU: one-pass, only the dK/dV kernel runs, built with
-    its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and dQ is that buffer in q's dtype
-    after the kernel (the recorder adds into it as the kernel's atomics would)."""
+    """`bwd_hopper.launch(mode=...)`'s host side, no GPU, the plain build (`CONFIGS`): one-pass, only the
+    dK/dV kernel runs, built with its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and
+    dQ is that buffer in q's dtype after the kernel (the recorder adds into it as the kernel's atomics
+    would)."""
     from attnscope.kernels import bwd_hopper
 
     calls = {}
@@ -578,17 +680,19 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
     lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
     want = (torch.arange(B * Hq * Nq * d, dtype=torch.float32) * 0.25).view(B, Hq, Nq, d).to(torch.bfloat16)
+    plain = {name: table[d] for name, table in bwd_hopper.CONFIGS.items()}
     for mode, flag in (("onepass", 2), ("onepass-wg", 1)):
         calls.clear()
         dq.zero_()
-        out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode=mode)
+        out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode=mode,
+                                configs=plain)
         assert set(calls) == {"dkdv"} and len(out) == 1
         grid, args, kw = calls["dkdv"]
         assert kw == bwd_hopper.constexprs(d, True, "dkdv", 0, mode) and kw["ONEPASS"] == flag
         assert kw["DQ"] == 64 and tuple(args[8].shape) == (B, Hq, Nq, d)
         assert torch.equal(dq, want)
     calls.clear()  # the two-kernel build: both kernels, ONEPASS off
-    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None)
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, configs=plain)
     assert set(calls) == {"dkdv", "dq"} and calls["dkdv"][2]["ONEPASS"] == 0
     with pytest.raises(ValueError, match="mode: expected one of twokernel, onepass-wg, onepass, got 'fast'"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="fast")
