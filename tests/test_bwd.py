@@ -47,13 +47,13 @@ def _mask(nq, nk, device):
     return torch.arange(nk, device=device)[None, :] <= r + (nk - nq)
 
 
-def _torch_grads(q, k, v, do, causal):
+def _torch_grads(q, k, v, do, causal, scale=None):
     """PyTorch's own gradients at the input dtype (math attention with an explicit bottom-right mask;
     rows with no visible key are zeroed as the kernel and the reference define them)."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     g = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:
         s = s.masked_fill(~_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(q.dtype)  # empty rows: 0/0 -> 0
@@ -61,10 +61,10 @@ def _torch_grads(q, k, v, do, causal):
     return q.grad, k.grad, v.grad
 
 
-def _ref_grads(q, k, v, do, causal):
+def _ref_grads(q, k, v, do, causal, scale=None):
     qn, kn, vn, don = (t.double().cpu().numpy() for t in (q, k, v, do))
-    o, lse = reference.naive_attention(qn, kn, vn, causal=causal, return_lse=True)
-    return reference.attention_backward(don, qn, kn, vn, o, lse, causal=causal), np.isfinite(lse)
+    o, lse = reference.naive_attention(qn, kn, vn, causal=causal, scale=scale, return_lse=True)
+    return reference.attention_backward(don, qn, kn, vn, o, lse, causal=causal, scale=scale), np.isfinite(lse)
 
 
 def _check_grads(got, torch_g, ref, names="qkv"):
@@ -325,8 +325,8 @@ def test_hopper_backward_rule():
 
 
 def test_hopper_lean_rule():
-    """`dispatch.hopper_backward_lean`: the lean build at d = 64 in bf16 at any scale and in fp16 from 2^-4 up,
-    never under softcap, never at d = 128; bad arguments name themselves."""
+    """`dispatch.hopper_backward_lean`: the lean build at d = 64 in bf16 at any scale and in fp16 from 2^-4
+    up, never under softcap, never at d = 128; bad arguments name themselves."""
     lean = dispatch.hopper_backward_lean
     assert dispatch.HOPPER_LEAN_DIMS == (64,)
     for dtype in ("fp16", "bf16"):
@@ -336,7 +336,8 @@ def test_hopper_lean_rule():
         assert not lean(96, dtype)
     assert not lean(64, "fp16", 0.0624) and not lean(64, "fp16", 1e-6)  # fp16 under 2^-4: plain
     assert lean(64, "bf16", 0.0624) and lean(64, "bf16", 1e-6)  # bf16 has fp32's range
-    for kw, msg in (({"d": 0}, "d: expected a positive integer"), ({"dtype": "fp32"}, "dtype: expected one of"),
+    for kw, msg in (({"d": 0}, "d: expected a positive integer"),
+                    ({"dtype": "fp32"}, "dtype: expected one of"),
                     ({"scale": -1.0}, "scale: expected None or a positive finite"),
                     ({"scale": float("nan")}, "scale: expected None or a positive finite"),
                     ({"softcap": -1.0}, "softcap: expected a number >= 0")):
@@ -364,7 +365,8 @@ def test_hopper_default_build_is_one_rule_of_the_call():
                 for name in bwd_hopper.KERNELS:
                     cfg = bwd_hopper.config(d, name, flags, dtype, scale)
                     plain = bwd_hopper.config(d, name, flags)
-                    assert cfg == (bwd_hopper.LEAN_CONFIGS[name][d] if want else plain), (d, name, dtype, scale)
+                    lean_cfg = bwd_hopper.LEAN_CONFIGS[name].get(d)
+                    assert cfg == (lean_cfg if want else plain), (d, name, dtype, scale)
                     assert plain.LEAN == 0 and cfg.BM == plain.BM and cfg.BN == plain.BN
         lean = {n: t[d] for n, t in bwd_hopper.LEAN_CONFIGS.items() if d in t}
         assert bwd_hopper.check_configs(lean) == lean
@@ -529,29 +531,55 @@ HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, 
                 (777, 1537, 128, "float16", True, 1, True), (1537, 777, 64, "bfloat16", True, 2, False),
                 (1024, 1024, 128, "bfloat16", False, 8, False), (300, 333, 64, "float16", False, 1, True),
                 (2048, 2048, 128, "float16", True, 1, False), (129, 65, 128, "bfloat16", False, 2, False)]
-#: d = 64 cases of the two kernels' lean builds (`bwd_hopper.LEAN_CONFIGS`)
-HOPPER_LEAN_CASES = [(1537, 777, 64, "bfloat16", True, 2, False), (300, 333, 64, "float16", False, 1, True),
-                     (777, 1537, 64, "float16", True, 4, False)]
+#: d = 64 cases of the two kernels' plain builds (`bwd_hopper.CONFIGS`; the default runs the lean ones there)
+HOPPER_PLAIN64_CASES = [(1537, 777, 64, "bfloat16", True, 2, False),
+                        (300, 333, 64, "float16", False, 1, True),
+                        (777, 1537, 64, "float16", True, 4, False)]
+
+
+def _plain_only(monkeypatch, d):
+    """The plain Hopper build at head dim ``d`` for this test: `bwd_hopper.config` finds no lean one."""
+    from attnscope.kernels import bwd_hopper
+
+    for table in bwd_hopper.LEAN_CONFIGS.values():
+        if d in table:
+            monkeypatch.delitem(table, d)
+
+
+def _lean_seen(monkeypatch):
+    """A list that collects each Hopper launch's (kernel, LEAN, ONEPASS) from its constexprs."""
+    from attnscope.kernels import bwd_hopper
+
+    seen, constexprs = [], bwd_hopper.constexprs
+
+    def recording(d, causal, name="dkdv", *a, **kw):
+        out = constexprs(d, causal, name, *a, **kw)
+        seen.append((name, out["LEAN"], out.get("ONEPASS")))
+        return out
+
+    monkeypatch.setattr(bwd_hopper, "constexprs", recording)
+    return seen
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
-@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided,lean",
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided,plain",
                          [pytest.param(*c, False, id="-".join(map(str, c))) for c in HOPPER_CASES]
-                         + [pytest.param(*c, True, id="lean-" + "-".join(map(str, c)))
-                            for c in HOPPER_LEAN_CASES])
-def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, lean):
-    if lean:  # the lean dK/dV and dQ kernels
-        from attnscope.kernels import bwd_hopper
-
-        for name, table in bwd_hopper.LEAN_CONFIGS.items():
-            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
+                         + [pytest.param(*c, True, id="plain-" + "-".join(map(str, c)))
+                            for c in HOPPER_PLAIN64_CASES])
+def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, plain):
+    """impl="hopper" (two kernels) against float64: the default build (d = 64: the lean one), and the plain
+    build at d = 64."""
+    if plain:
+        _plain_only(monkeypatch, d)
+    seen = _lean_seen(monkeypatch)
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, strided, seed=nq + nk + d, device="cuda")
     o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
     got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper")
     again = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper")
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))  # no atomics: bitwise repeatable
+    assert {lean for _, lean, _ in seen} == {int(d == 64 and not plain)}
     for hk in (0, 1):  # both kv heads of batch 1: the group's query heads and their shared K/V
         sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
         ks = (slice(1, 2), slice(hk, hk + 1))
@@ -868,8 +896,9 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
 #: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2;
-#: "+lean": the lean dK/dV build (`bwd_hopper.LEAN_CONFIGS`: masked and whole tiles in runs, both MMAs issued
-#: at once, the scale folded into P, unmasked paired dQ reductions into padded rows)
+#: without "+lean" the plain build (at d = 64 forced: `_plain_only`); "+lean": the default build, at d = 64
+#: the lean one (`bwd_hopper.LEAN_CONFIGS`: masked and whole tiles in runs, both MMAs issued at once, the
+#: scale folded into P, unmasked paired dQ reductions into padded rows)
 ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
                  (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
@@ -906,11 +935,11 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     mode, _, build = mode.partition("+")
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))  # the one-pass build at every head dim
+    if build != "lean":  # the plain build (the default at d = 64 is the lean one)
+        _plain_only(monkeypatch, d)
     if build == "red2":  # two fp32 per reduction instruction (`_gluon_red.red_add`)
         monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
-    elif build == "lean":  # both lean kernels: the two-kernel run below (det) is checked against float64 too
-        for name, table in bwd_hopper.LEAN_CONFIGS.items():
-            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
+    seen = _lean_seen(monkeypatch)
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
     amp = 4.0 if softcap else 1.0
@@ -920,6 +949,7 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=False, impl="hopper",
                                        **mods)
     det = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper", **mods)
+    assert {lean for _, lean, _ in seen} == {int(build == "lean")}  # "+lean": d = 64 cases only
     for x, y in zip(got[1:], det[1:], strict=True):
         assert (x.float() - y.float()).abs().max() <= 1e-2 * y.float().abs().max()
 
@@ -966,3 +996,60 @@ def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
     assert seen == [bwd.HOPPER_ONEPASS_MODE, "twokernel"]
     for a, b in zip(grads[False], grads[True], strict=True):
         assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()
+
+
+#: (Nq, Nk, dtype, causal, GQA group, scale, softcap, lean) of the default backward at d = 64: bf16 and fp16
+#: at the default scale (the lean build), ragged N, Nq != Nk both ways, GQA 1 / 2 / 4; the plain fallbacks
+#: (fp16 under `bwd_hopper.LEAN_MIN_FP16_SCALE`, softcap)
+DEFAULT64_CASES = [(1537, 1537, "bfloat16", True, 4, None, 0.0, True),
+                   (1000, 1000, "float16", False, 1, None, 0.0, True),
+                   (777, 1537, "float16", True, 2, None, 0.0, True),
+                   (1537, 777, "bfloat16", False, 2, None, 0.0, True),
+                   (700, 900, "float16", True, 2, 0.05, 0.0, False),
+                   (700, 700, "bfloat16", True, 1, None, 30.0, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+@pytest.mark.parametrize("nq,nk,dtype,causal,group,scale,softcap,lean", DEFAULT64_CASES)
+def test_gpu_default_backward_d64_matches_float64(monkeypatch, nq, nk, dtype, causal, group, scale, softcap,
+                                                  lean):
+    """The default d = 64 backward, ``flash_attention(q, k, v, causal=...)`` then ``.backward()``: the
+    one-pass build (deterministic=False, the default) and the two kernels (deterministic=True, bitwise
+    repeatable), each lean where `dispatch.hopper_backward_lean` says so (plain under fp16 with a small scale
+    or softcap, never an error), dQ, dK, dV within 3 x PyTorch's own error + 1e-3 of float64."""
+    seen = _lean_seen(monkeypatch)
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, 64, dt, False, seed=nq + nk + group, device="cuda")
+    q, k = (q * 4.0, k * 4.0) if softcap else (q, k)
+    mods = {"softcap": softcap} if softcap else {}
+    grads = {}
+    for det in (False, True, True):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        attnscope.flash_attention(*leaves, causal=causal, scale=scale, deterministic=det, **mods).backward(do)
+        if det in grads:
+            assert all(torch.equal(t.grad, g) for t, g in zip(leaves, grads[det], strict=True))
+        grads[det] = [t.grad for t in leaves]
+    assert seen == [("dkdv", int(lean), 2)] + [("dkdv", int(lean), 0), ("dq", int(lean), None)] * 2
+
+    def n(t):
+        return t.detach().double().cpu().numpy()
+
+    for hk in (0, 1):  # both kv heads of batch 1
+        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
+        ks = (slice(1, 2), slice(hk, hk + 1))
+        qs, kk, vv, dos = q[sl], k[ks], v[ks], do[sl]
+        ro, rlse = reference.naive_attention(n(qs), n(kk), n(vv), causal=causal, scale=scale, return_lse=True,
+                                             **mods)
+        ref = reference.attention_backward(n(dos), n(qs), n(kk), n(vv), ro, rlse, causal=causal, scale=scale,
+                                           **mods)
+        if softcap:
+            leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
+            to, _ = checks.torch_attention(*leaves, causal, None, softcap, None)
+            torch_g = torch.autograd.grad(to, leaves, dos)
+        else:
+            torch_g = _torch_grads(qs, kk, vv, dos, causal, scale)
+        empty = ~reference.permitted(nq, nk, causal, None).any(-1)
+        for g in grads.values():
+            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
+            assert (n(g[0][sl])[:, :, empty] == 0).all()

@@ -26,10 +26,10 @@ query tile (the warpgroups meet at an mbarrier; d = 128 a 64-column slice each, 
 warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics).
 The lean dK/dV build (``BwdConfig.LEAN``, `LEAN_CONFIGS`; either mode; the default where
 `model.dispatch.hopper_backward_lean` says so, `config`: d = 64 without softcap, fp16 with a scale >= 2^-4)
-cuts the work per tile pair that is not MMA: masked and whole query tiles in separate runs (the mask a constant), S^T from nothing
-and dP^T from -Delta issued back to back, P^T = exp2(S^T qk_scale + log2(scale) - LSE2) by one FFMA (so
-P^T, dS^T carry the scale: dK and dQ need no product, dV / scale once), dQ into rows padded to `ROW_PAD`
-by unmasked reductions.
+cuts the work per tile pair that is not MMA: masked and whole query tiles in separate runs (the mask a
+constant), S^T from nothing and dP^T from -Delta issued back to back, P^T = exp2(S^T qk_scale +
+log2(scale) - LSE2) by one FFMA (so P^T, dS^T carry the scale: dK and dQ need no product, dV / scale
+once), dQ into rows padded to `ROW_PAD` by unmasked reductions.
 
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
@@ -546,8 +546,9 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     log2(e) under softcap (`_tl.mod_args`); ``mods``: a `_common.Mods` (None: none; ``causal`` then False
     under a window); ``configs``: {"dkdv": BwdConfig, "dq": BwdConfig} in place of `config`'s (either
     optional; `check_configs`; the lean build refused with softcap, and in fp16 under `LEAN_MIN_FP16_SCALE`),
-    for tuning. Each (kernel, d, dtype, causal, mods used, mode, config) compiles once per process. Returns the compiled kernels (``.n_regs``, ``.n_spills``,
-    ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,) one-pass.
+    for tuning. Each (kernel, d, dtype, causal, mods used, mode, config) compiles once per process. Returns
+    the compiled kernels (``.n_regs``, ``.n_spills``, ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,)
+    one-pass.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
