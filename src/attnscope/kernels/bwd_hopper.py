@@ -129,7 +129,7 @@ def config(d: int, kernel: str = "dkdv", mods: int = 0, dtype: str | None = None
                                   f"{sorted(CONFIGS[kernel])}")
     capped = bool(mods & SOFTCAP.value)
     if (dtype is not None and d in LEAN_CONFIGS[kernel]
-            and dispatch.hopper_backward_lean(d, dtype, sm_scale, 1.0 if capped else 0.0)):  # any cap: 1
+            and dispatch.hopper_backward_lean(d, dtype, sm_scale, float(capped))):  # the flag: 1 is any cap
         return LEAN_CONFIGS[kernel][d]
     if capped and d in SOFTCAP_CONFIGS.get(kernel, {}):
         return SOFTCAP_CONFIGS[kernel][d]
