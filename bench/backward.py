@@ -357,7 +357,9 @@ def main(argv=None) -> int:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "dkdv_configs": dict(bwd.DKDV_CONFIGS), "dq_configs": dict(bwd.DQ_CONFIGS),
            **({"hopper_configs": {k: {d: tuple(c) for d, c in v.items()}
-                                  for k, v in bwd_hopper.CONFIGS.items()}} if hopper else {}),
+                                  for k, v in bwd_hopper.CONFIGS.items()},
+               "hopper_lean_configs": {k: {d: tuple(c) for d, c in v.items()}
+                                       for k, v in bwd_hopper.LEAN_CONFIGS.items()}} if hopper else {}),
            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")
