@@ -82,8 +82,25 @@ def test_exact_terms_of_a_resident_call():
     terms = {name: b for name, b, _ in e.terms}
     stats = h * n * 4
     assert terms["delta"] == terms["lse2"] == stats
-    assert terms["padded_copies"] == h * (6 * n + 2 * 1024) * 4  # rows padded to 128
+    # d = 64: the lean build (log2(scale) - LSE2 and -Delta: 4 reads, 4 writes per row), rows padded to 128
+    assert (e.facts["build"], e.facts["mode"]) == ("lean", "twokernel")
+    assert terms["padded_copies"] == h * (8 * n + 2 * 1024) * 4
     assert set(terms) == {"delta", "lse2", "padded_copies", "dirty_o"}
+    e = be.backward_estimate("attnscope", n, heads=h, d=128, deterministic=True, kernels="hopper")
+    terms = {name: b for name, b, _ in e.terms}
+    assert (e.facts["build"], e.facts["mode"]) == ("plain", "twokernel")
+    assert terms["padded_copies"] == h * (6 * n + 2 * 1024) * 4  # -LSE2 / scale and Delta: 3 and 3
+    # the default (deterministic=False) at d = 64: the one-pass lean build, its fp32 dQ rows padded to 128
+    for kw in ({"kernels": "hopper"}, {}):
+        e = be.backward_estimate("attnscope", 1000, heads=h, d=d, **kw)
+        terms = {name: b for name, b, _ in e.terms}
+        assert (e.facts["kernels"], e.facts["build"], e.facts["mode"]) == ("hopper", "lean", "onepass")
+        assert terms["dq_acc"] == h * 1024 * d * 4  # zeroed and written back; the cast's read hits the L2
+        assert terms["padded_copies"] == h * (8 * 1000 + 2 * 1024) * 4
+        assert set(terms) == {"delta", "lse2", "padded_copies", "dq_acc", "dirty_o"}
+    e = be.backward_estimate("attnscope", 1000, heads=h, d=128, kernels="hopper")  # d = 128: two kernels
+    assert (e.facts["build"], e.facts["mode"]) == ("plain", "twokernel") and "dq_acc" not in dict(
+        (name, b) for name, b, _ in e.terms)
     p = be.backward_estimate("attnscope", n, heads=h, d=d, kernels="portable")
     terms = {name: b for name, b, _ in p.terms}
     assert terms["dq_acc"] == h * n * d * 4  # zeroed and written back; the cast's read hits the L2
@@ -119,9 +136,9 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
     with pytest.raises(NotMeasured, match="flash_bwd_reread_dram.*f-long"):
         be.backward_estimate("flash", 32768, heads=2, causal=True, params=NONE)
     assert set(BWD) <= set(PROBES)
+    with pytest.raises(NotMeasured, match="hopper_bwd_reread_dram.*h-group"):  # the one-pass build's atomics
+        be.backward_estimate("attnscope", 8192, heads=32, kv_heads=2, d=64, causal=True, params=NONE)
     # not modelled, or bad input: one line naming what
-    with pytest.raises(NotImplementedError, match="one-pass build.*supported: the Hopper two-kernel"):
-        be.backward_estimate("attnscope", 1024, heads=8, d=64, kernels="hopper")
     with pytest.raises(NotImplementedError, match="built for head dims"):
         be.backward_estimate("attnscope", 1024, heads=8, d=96, kernels="hopper", deterministic=True)
     with pytest.raises(NotImplementedError, match=r"head dim 96 is not modelled; supported: \[64, 128\]"):
@@ -145,6 +162,9 @@ def test_the_kernel_geometry_is_the_kernels():
         assert be.BWD_KERNELS["portable"][d][:4] == (bm, bn, qm, qn)
         dk, dq = bwd_hopper.CONFIGS["dkdv"][d], bwd_hopper.CONFIGS["dq"][d]
         assert be.BWD_KERNELS["hopper"][d][:4] == (dk.BM, dk.BN, dq.NWG * dq.BM, dq.BN)
+        for name, table in bwd_hopper.CONFIGS.items():  # the lean build (d = 64) has the plain one's tiles
+            lean, cfg = bwd_hopper.config(d, name, 0, "bf16"), table[d]
+            assert (lean.BM, lean.BN, lean.NWG) == (cfg.BM, cfg.BN, cfg.NWG)
     assert be.HOPPER_ONEPASS_DIMS == bwd.HOPPER_ONEPASS_DIMS and be.ROW_PAD == bwd_hopper.ROW_PAD
 
 
