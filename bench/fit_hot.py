@@ -8,8 +8,9 @@ Each SWEEP is what ``attnscope bytes --sweep GRID --json SWEEP`` wrote on the GP
 recorded run, are fitted: the estimate is e0 + (e1 - e0) x share, where e0 and e1 are the estimate with a
 share of 0 and of 1 (`hot_miss`), and the share is piecewise linear in the footprint through knots at
 `L2Params.hot`'s footprints (the first at share 0, as `hot`'s), so it is linear in the knots' shares:
-non-negative least squares on relative errors. Prints the knots (to copy into `L2Params.hot_groups` with the files' names) and each run's error
-with them; judge the result on a grid drawn after it, never on the sweeps it was fitted to.
+non-negative least squares on relative errors. Prints the knots (to copy into `L2Params.hot_groups` with
+the files' names) and each run's error with them; judge the result on a grid drawn after it, never on the
+sweeps it was fitted to.
 """
 
 from __future__ import annotations
