@@ -24,8 +24,9 @@ the time. Host time per call: 1,000 back-to-back calls at B = 1, Hq = 32, Hkv = 
 wall time of the issuing loop, for the one-liner, ``plan.run`` and SDPA, and for the one-liner and SDPA
 FLASH on a cache one key longer each call (transformers' DynamicCache: a new shape and strides each step,
 `growing_views`), timed call by call: the median, and the slowest call apart (on a cold Triton cache the
-one-off compile for a new integer class of the length). ``--host``: only that section, after `check_growing` (PASS/FAIL). The summary checks
-issue 37's musts. About 3 min full, 40 s ``--quick`` on one H200 (estimated).
+one-off compile for a new integer class of the length). ``--host``: only that section, after
+`check_growing` (PASS/FAIL). The summary checks issue 37's musts. About 3 min full, 40 s ``--quick`` on one
+H200 (estimated).
 
 ``--window`` (`window_sweep`, issue 35: a window reads only its bytes): the one-liner with
 ``window=(W, 0)``, W in {4k, 8k}, and without one, at B in {1, 16, 64}, Hq/Hkv 32/8, L in {32k, 128k}; each

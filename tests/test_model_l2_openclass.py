@@ -1,6 +1,7 @@
 """The forward's open class (issue 39: SDPA FLASH causal, few K/V heads, N > 20k, B > 1): model/l2.py's
-hot-set curve for several K/V heads (`L2Params.hot_groups`, `hot_knots`), its fit (bench/fit_hot.py) against
-the recorded sweeps, the held-out grids and the probe grid (CPU)."""
+hot-set curve for several K/V heads (`L2Params.hot_groups`, `hot_knots`), its fit
+(bench/fit_family_params.py --hot) against the recorded sweeps, the held-out grids and the probe grid
+(CPU)."""
 
 import importlib.util
 import time
@@ -23,7 +24,8 @@ H200_L2 = 62_914_560
 
 
 def _fit_hot():
-    spec = importlib.util.spec_from_file_location("fit_hot", ROOT / "bench" / "fit_hot.py")
+    path = ROOT / "bench" / "fit_family_params.py"
+    spec = importlib.util.spec_from_file_location("fit_family_params", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -111,9 +111,9 @@ class L2Params:
     hot_d64: tuple = ((0.1, 0.0), (0.2, 0.15), (0.3, 0.23), (0.5, 0.27))
     #: ... at d 128 with several K/V heads (Hkv > 1), which lose more of their counted re-reads at 0.2-0.5 x
     #: L2 of footprint and fewer past 0.75 x L2 than one K/V head's: `hot`'s footprints, the shares fitted by
-    #: bench/fit_hot.py (non-negative least squares) to the class's 41 runs in bench/results: the hot probe's
-    #: and held-out grids 3, 7, 11, 19, 25's (h200-2026-12-01-bytes-*.json) and the first open-class grid's
-    #: 19 (h200-2026-12-02-heldout-fwd-openclass.json)
+    #: bench/fit_family_params.py --hot (non-negative least squares) to the class's 41 runs in bench/results:
+    #: the hot probe's and held-out grids 3, 7, 11, 19, 25's (h200-2026-12-01-bytes-*.json) and the first
+    #: open-class grid's 19 (h200-2026-12-02-heldout-fwd-openclass.json)
     hot_groups: tuple = ((0.1, 0.0), (0.25, 0.34), (0.4, 0.8), (0.55, 1.0), (0.75, 1.06), (1.0, 1.57))
     #: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties
     #: its dead local lines in the L2 before they are written back): assumed, not measured.
