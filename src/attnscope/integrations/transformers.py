@@ -8,8 +8,7 @@ Then:
 
 - no mask, one new token per sequence of a causal model (a decode step against the full cache K/V
   transformers passes): `attnscope.flash_decode`;
-- no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal
-  (at batch 1, one host read per forward checks that ``position_ids`` do not restart: packed sequences);
+- no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
 - a mask without padding over the first ``n`` cache slots (a static cache): the same kernels on the
   filled keys (a view; `flash_decode` with ``cache_seqlens``). `padding_mask` marks such a mask by its
   form, stride 0 (`filled`), so the attention call needs no host read to know it; eagerly it finds one by
@@ -25,15 +24,21 @@ Then:
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
 ``scale=``, ``window=``, ``softcap=`` and ``sinks=`` keywords. Dropout during training, attention weights
-(``output_attentions``), 4-D custom masks, packed sequences given by ``position_ids`` alone, and a sliding
-window over a padding mask with holes raise NotImplementedError; nothing is ignored.
+(``output_attentions``), 4-D custom masks, a mask pattern the padding form cannot hold (packed sequences
+that transformers finds in ``position_ids``, a model's extra mask function: refused by `padding_mask`), and a
+sliding window over a padding mask with holes raise NotImplementedError; nothing is ignored.
+
+Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
+a padding mask (one read per call, the holes check). `padding_mask` reads one (per mask built) where
+transformers' own flash mask does, and for a static cache's mask eagerly (see `padding_mask`). Packed
+sequences are found by transformers (its own read of ``position_ids`` in a forward without a cache, made
+for every implementation); with a cache transformers takes positions as positions for every
+implementation, and so does attnscope.
 
 transformers is an optional extra: ``pip install 'attnscope[transformers]'``.
 """
 
 from __future__ import annotations
-
-import weakref
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import import_torch_triton
@@ -83,13 +88,22 @@ def _is_filled(mask: Tensor) -> bool:
 
 
 def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
-                 attention_mask: Tensor | None = None, device=None, **kwargs) -> Tensor | None:
+                 attention_mask: Tensor | None = None, device=None, allow_is_causal_skip: bool = True,
+                 **kwargs) -> Tensor | None:
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
     padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`
     (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without
     a mask, the filled slots of a cache with unfilled ones as `filled` (a host read where the cache keeps
-    its offset on the device). transformers may pass what this returns back in as ``attention_mask``."""
+    its offset on the device). transformers may pass what this returns back in as ``attention_mask``.
+
+    transformers clears ``allow_is_causal_skip`` for more than one query exactly when its mask holds more than
+    causality, a sliding window and padding (packed sequences it found in ``position_ids``, a model's ``and``
+    / ``or`` mask function); the padding form cannot hold that, so it is refused (NotImplementedError)."""
+    if not allow_is_causal_skip and q_length > 1:
+        raise NotImplementedError("attention_mask: transformers asks for a mask beyond causal, sliding "
+                                  "window and padding (packed sequences in position_ids, or a model's extra "
+                                  "mask function); supported: a padded batch with a 2-D attention_mask")
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                                 attention_mask=attention_mask, device=device, **kwargs)
     if mask is not None:
@@ -117,7 +131,7 @@ def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
     return mods
 
 
-def _refuse(dropout, attention_mask, kwargs, query) -> None:
+def _refuse(dropout, attention_mask, kwargs) -> None:
     if dropout:
         raise NotImplementedError(f"dropout: attention dropout is not supported by attnscope (supported: "
                                   f"0.0, i.e. model.eval()), got {dropout}")
@@ -129,27 +143,6 @@ def _refuse(dropout, attention_mask, kwargs, query) -> None:
         got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
         raise NotImplementedError(f"attention_mask: supported: None or a 2-D padding mask [B, kv_len] "
                                   f"(transformers' flash-attention mask form), got {got}")
-    pos = kwargs.get("position_ids")
-    if (mask is None and isinstance(pos, torch.Tensor) and query.shape[0] == 1 and query.shape[2] > 1
-            and pos.dim() == 2 and _packed_positions(pos)):
-        raise NotImplementedError("position_ids: packed sequences (positions restarting inside one row) are "
-                                  "not supported; pass a padded batch with an attention_mask instead")
-
-
-#: The last ``position_ids`` found unpacked (a weak reference) and its version counter: transformers passes
-#: one tensor to every layer of a forward, so the host read that checks it happens once per forward.
-_UNPACKED = [lambda: None, -1]
-
-
-def _packed_positions(pos: Tensor) -> bool:
-    """Whether the positions restart inside the row (packed sequences): one host read per new tensor."""
-    ref, version = _UNPACKED
-    if ref() is pos and pos._version == version:
-        return False
-    packed = bool((pos.diff(dim=-1) != 1).any())
-    if not packed:
-        _UNPACKED[:] = [weakref.ref(pos), pos._version]
-    return packed
 
 
 def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -175,7 +168,7 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     out : torch.Tensor, [B, Nq, Hq, d], query's dtype
     None (no attention weights)
     """
-    _refuse(dropout, attention_mask, kwargs, query)
+    _refuse(dropout, attention_mask, kwargs)
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     mods = _mods(module, query, sliding_window, softcap, s_aux, causal)
     if attention_mask is not None:

@@ -1,0 +1,147 @@
+"""No host sync in the default path of any public call (CPU, TRITON_INTERPRET=1, tiny shapes).
+
+On a GPU a host read of a device value (``.item()``, ``bool(t)``, ``.tolist()``, ``nonzero``, a pageable
+host-to-device copy, ...) stalls the host until the device drains: per layer of a transformer that is
+the difference between a queued and a serialised forward. On CPU tensors nothing syncs, so
+`sync_guard.count_syncs` records every such call with its call site; each test runs one user call with its
+default arguments and asserts that none was made from attnscope's own frames. A call that needs one by
+design (``check_seqlens=True``) shows that the guard sees it. transformers' own reads are counted apart
+and compared with the ``"sdpa"`` implementation's on the same forward.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import attnscope  # noqa: E402
+from kernel_env import kernel_device  # noqa: E402
+from sync_guard import count_syncs  # noqa: E402
+
+DEVICE = kernel_device()
+DT = torch.float16
+
+
+def _rnd(*shape, grad=False):
+    return torch.randn(*shape, dtype=DT, device=DEVICE).requires_grad_(grad)
+
+
+def _no_syncs(fn):
+    """Run ``fn`` under the guard; fail naming every call site in attnscope that would sync."""
+    with count_syncs() as s:
+        out = fn()
+    assert s.count("attnscope") == 0, s.report("attnscope")
+    return out, s
+
+
+def test_guard_sees_a_sync_by_design():
+    """``check_seqlens=True`` reads cu_seqlens back (documented): the guard must report it, in attnscope."""
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32, device=DEVICE)
+    q, k, v = _rnd(7, 2, 64), _rnd(7, 1, 64), _rnd(7, 1, 64)
+    with count_syncs() as s:
+        attnscope.flash_attention_varlen(q, k, v, cu, cu, 4, 4, check_seqlens=True)
+    assert s.count("attnscope") == 2 and "varlen_plan.py" in s.report("attnscope")
+    with count_syncs() as s:
+        bool(cu.any()), cu[cu > 0], torch.tensor([1], device=DEVICE)
+    assert s.count("attnscope") == 0 and s.count("other") == 3
+
+
+def test_flash_attention_forward_and_backward():
+    q, k, v = _rnd(1, 4, 17, 64, grad=True), _rnd(1, 2, 17, 64, grad=True), _rnd(1, 2, 17, 64, grad=True)
+    _no_syncs(lambda: attnscope.flash_attention(q.detach(), k.detach(), v.detach()))
+
+    def train():
+        attnscope.flash_attention(q, k, v, causal=True).sum().backward()
+
+    _no_syncs(train)
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+def test_flash_attention_varlen_forward_and_backward():
+    cu = torch.tensor([0, 5, 5, 17], dtype=torch.int32, device=DEVICE)  # an empty sequence in the middle
+    q, k, v = _rnd(17, 4, 64, grad=True), _rnd(17, 2, 64, grad=True), _rnd(17, 2, 64, grad=True)
+    _no_syncs(lambda: attnscope.flash_attention_varlen(q.detach(), k.detach(), v.detach(), cu, cu, 12, 12))
+
+    def train():
+        attnscope.flash_attention_varlen(q, k, v, cu, cu, 12, 12).sum().backward()
+
+    _no_syncs(train)
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+def test_flash_decode_and_plan_run():
+    q, kc, vc = _rnd(2, 4, 1, 64), _rnd(2, 2, 40, 64), _rnd(2, 2, 40, 64)
+    lens = torch.tensor([7, 40], dtype=torch.int32, device=DEVICE)
+    o, _ = _no_syncs(lambda: attnscope.flash_decode(q, kc, vc, cache_seqlens=lens))
+    plan = attnscope.kernels.decode.decode_plan(q, kc, vc, lens)
+    o_plan, _ = _no_syncs(lambda: plan.run(q, kc, vc, lens))
+    assert torch.equal(o, o_plan)
+
+
+def test_flash_attn_interface_calls():
+    fai = pytest.importorskip("attnscope.flash_attn_interface")
+    q, k, v = _rnd(2, 9, 4, 64), _rnd(2, 9, 2, 64), _rnd(2, 9, 2, 64)
+    _no_syncs(lambda: fai.flash_attn_func(q, k, v, causal=True))
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32, device=DEVICE)
+    _no_syncs(lambda: fai.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu,
+                                                 9, 9, causal=True))
+    kc, vc = _rnd(2, 32, 2, 64), _rnd(2, 32, 2, 64)
+    lens = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
+    k_new, v_new = _rnd(2, 1, 2, 64), _rnd(2, 1, 2, 64)
+    _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k_new, v_new, cache_seqlens=lens,
+                                                  causal=True))
+    assert torch.equal(kc[1, 20], k_new[1, 0]) and torch.equal(vc[0, 3], v_new[0, 0])  # appended in place
+
+
+# --- transformers ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llamas():
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("attnscope.integrations.transformers")
+    name = hf.register()
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                   max_position_embeddings=64, pad_token_id=0, eos_token_id=None,
+                                   bos_token_id=None)
+    out = {}
+    for impl in ("sdpa", name):
+        torch.manual_seed(0)  # from_config writes the implementation into its config: one copy each
+        m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl,
+                                                          dtype=torch.bfloat16)
+        out[impl] = m.eval().to(DEVICE)
+    return out
+
+
+def _forwards(model, ids, mask):
+    """Prefill (with a cache, as inference runs), then one decode step; the syncs of each."""
+    with torch.no_grad():
+        with count_syncs() as pre:
+            out = model(ids, attention_mask=mask, use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+        mask2 = None if mask is None else torch.cat([mask, torch.ones_like(nxt)], 1)
+        with count_syncs() as dec:
+            model(nxt, attention_mask=mask2, past_key_values=out.past_key_values, use_cache=True)
+    return pre, dec
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["batch1-unpadded", "batch2-left-padded"])
+def test_transformers_forward_syncs_no_more_than_sdpa(llamas, padded):
+    """A tiny Llama's prefill and decode step through attention_forward: no sync in attnscope's frames;
+    transformers' own (its mask and cache code) no more than with "sdpa"."""
+    ids = torch.randint(1, 96, (2 if padded else 1, 12), device=DEVICE)
+    mask = None
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[1, :4] = 0
+    counts = {}
+    for impl, model in llamas.items():
+        pre, dec = _forwards(model, ids, mask)
+        counts[impl] = (pre.count("transformers"), dec.count("transformers"))
+        if impl != "sdpa":
+            for s in (pre, dec):
+                assert s.count("attnscope") == 0, s.report("attnscope")
+    assert counts["attnscope"][0] <= counts["sdpa"][0] and counts["attnscope"][1] <= counts["sdpa"][1], counts
