@@ -82,6 +82,18 @@ def test_flash_decode_and_plan_run():
     assert torch.equal(o, o_plan)
 
 
+def test_flash_decode_paged_fp8_and_chunked():
+    q = _rnd(2, 4, 1, 64)
+    pages_k, pages_v = _rnd(6, 16, 2, 64), _rnd(6, 16, 2, 64)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
+    _no_syncs(lambda: attnscope.flash_decode(q, pages_k, pages_v, lens, block_table=table))
+    kc, vc = _rnd(2, 2, 48, 64), _rnd(2, 2, 48, 64)
+    (k8, k_scale), (v8, v_scale) = attnscope.quantize_kv(kc), attnscope.quantize_kv(vc)
+    _no_syncs(lambda: attnscope.flash_decode(q, k8, v8, lens, k_scale=k_scale, v_scale=v_scale))
+    _no_syncs(lambda: attnscope.flash_decode(_rnd(2, 4, 3, 64), kc, vc, lens))
+
+
 def test_flash_attn_interface_calls():
     fai = pytest.importorskip("attnscope.flash_attn_interface")
     q, k, v = _rnd(2, 9, 4, 64), _rnd(2, 9, 2, 64), _rnd(2, 9, 2, 64)
@@ -145,3 +157,22 @@ def test_transformers_forward_syncs_no_more_than_sdpa(llamas, padded):
             for s in (pre, dec):
                 assert s.count("attnscope") == 0, s.report("attnscope")
     assert counts["attnscope"][0] <= counts["sdpa"][0] and counts["attnscope"][1] <= counts["sdpa"][1], counts
+
+
+def test_transformers_sliding_window_padded_reads_once_per_forward():
+    """A sliding window over a padding mask needs the holes check (a host read by design, documented in
+    the module): once per mask tensor, not once per layer (two sliding layers here)."""
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("attnscope.integrations.transformers")
+    cfg = transformers.MistralConfig(vocab_size=96, hidden_size=128, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                     head_dim=64, max_position_embeddings=64, sliding_window=5,
+                                     pad_token_id=0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=hf.register(),
+                                                          dtype=torch.bfloat16).eval().to(DEVICE)
+    ids = torch.randint(1, 96, (2, 12), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    with torch.no_grad(), count_syncs() as s:
+        model(ids, attention_mask=mask)
+    assert s.count("attnscope") == 1 and "_has_holes" in s.report("attnscope"), s.report("attnscope")

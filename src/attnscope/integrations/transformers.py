@@ -18,8 +18,8 @@ Then:
   order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
   sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
   `attnscope.flash_attention_varlen`, and gathered back (padded query rows give 0). The queries are the
-  last ``Nq`` mask columns. No host read, except with a sliding window: one read per call refuses a mask
-  with holes.
+  last ``Nq`` mask columns. No host read, except with a sliding window: one read per mask tensor (once
+  per forward: transformers passes one mask to every layer) refuses a mask with holes.
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
@@ -29,7 +29,7 @@ that transformers finds in ``position_ids``, a model's extra mask function: refu
 sliding window over a padding mask with holes raise NotImplementedError; nothing is ignored.
 
 Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
-a padding mask (one read per call, the holes check). `padding_mask` reads one (per mask built) where
+a padding mask (the holes check: one read per mask tensor). `padding_mask` reads one (per mask built) where
 transformers' own flash mask does, and for a static cache's mask eagerly (see `padding_mask`). Packed
 sequences are found by transformers (its own read of ``position_ids`` in a forward without a cache, made
 for every implementation); with a cache transformers takes positions as positions for every
@@ -39,6 +39,8 @@ transformers is an optional extra: ``pip install 'attnscope[transformers]'``.
 """
 
 from __future__ import annotations
+
+import weakref
 
 from attnscope.errors import InputError
 from attnscope.kernels._common import import_torch_triton
@@ -112,7 +114,7 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
         return mask
     if attention_mask is not None:  # transformers found it all ones over all kv_length slots
         return None
-    n = int(q_offset) + q_length - int(kv_offset)  # positions written once this step's keys are in
+    n = int(q_offset - kv_offset) + q_length  # positions written once this step's keys are in (one read)
     return filled(batch_size, n, device) if n < kv_length else None
 
 
@@ -180,6 +182,26 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     return o.transpose(1, 2), None
 
 
+#: The last padding mask found without holes (a weak reference) and its version counter: transformers passes
+#: one mask tensor to every layer of a forward, so `_has_holes` reads back once per mask, not once per layer.
+_NO_HOLES = [lambda: None, -1]
+
+
+def _has_holes(mask: Tensor) -> bool:
+    """Whether a row of the bool mask [B, n] has padding between real tokens: one host read per new mask
+    (every call while tracing)."""
+    ref, version = _NO_HOLES
+    if ref() is mask and mask._version == version:
+        return False
+    n_k = mask.sum(1)
+    cols = torch.arange(mask.shape[1], device=mask.device)
+    span = torch.where(mask, cols, -1).amax(1) - torch.where(mask, cols, mask.shape[1]).amin(1) + 1
+    holes = bool(((span != n_k) & (n_k > 0)).any())
+    if not holes and not torch.compiler.is_compiling():
+        _NO_HOLES[:] = [weakref.ref(mask), mask._version]
+    return holes
+
+
 def _pack_order(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """For a bool mask [B, N] (True = a real token): ``cu`` int32 [B + 2] (row b's real tokens, then all
     the padding as one more sequence), ``dest`` int64 [B * N] (each token's packed row: the real tokens
@@ -214,12 +236,8 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
     mask = mask.to(device=query.device, dtype=torch.bool)
     q_mask = mask[:, -Nq:]  # the queries are the last Nq positions the mask covers
     k_mask = torch.nn.functional.pad(mask, (0, Nk - mask.shape[1]), value=False)  # unfilled slots: padding
-    if "window" in mods:  # the packed positions close holes, the window would count across them
-        n_k = k_mask.sum(1)
-        cols = torch.arange(Nk, device=mask.device)
-        span = torch.where(k_mask, cols, -1).amax(1) - torch.where(k_mask, cols, Nk).amin(1) + 1
-        if bool(((span != n_k) & (n_k > 0)).any()):  # the one host read, sliding-window models only
-            raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
+    if "window" in mods and _has_holes(mask):  # packing closes holes: the window would count across them
+        raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
                                       "(padding between real tokens) is not supported; supported: left or "
                                       "right padding")
     # the valid queries of a row are its last valid keys, so bottom-right causal per sequence is exact
