@@ -148,3 +148,28 @@ def count_syncs():
     finally:
         for owner, attr, orig in reversed(patched):
             setattr(owner, attr, orig)
+
+
+@contextlib.contextmanager
+def cuda_syncs():
+    """On a CUDA GPU: CUDA's own detector (``torch.cuda.set_sync_debug_mode("warn")``) over the block; the
+    yielded `Syncs` gets one `Hit` per synchronising CUDA call, attributed by the Python frame that made it
+    (its stack holds that frame only)."""
+    import warnings
+
+    rec = _Recorder()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield rec.syncs
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchronizing CUDA operation" not in str(w.message):
+            continue
+        f = os.path.abspath(w.filename)
+        owner = next((name for name in ("attnscope", "transformers", "triton")
+                      if f.startswith(rec.pkgs.get(name, "\0"))), "other")
+        rec.syncs.hits.append(Hit("cuda sync", owner, [(f, w.lineno, "?")]))

@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 import attnscope  # noqa: E402
 from kernel_env import kernel_device  # noqa: E402
-from sync_guard import count_syncs  # noqa: E402
+from sync_guard import count_syncs, cuda_syncs  # noqa: E402
 
 DEVICE = kernel_device()
 DT = torch.float16
@@ -176,3 +176,85 @@ def test_transformers_sliding_window_padded_reads_once_per_forward():
     with torch.no_grad(), count_syncs() as s:
         model(ids, attention_mask=mask)
     assert s.count("attnscope") == 1 and "_has_holes" in s.report("attnscope"), s.report("attnscope")
+
+
+# --- on a GPU: CUDA's own detector, on shapes the Hopper kernels take ------------------------------------
+def _gpu_calls():
+    """(name, call) of each public call's default path, on shapes the sm_90 dispatch sends to its kernels."""
+    from attnscope import flash_attn_interface as fai
+
+    def rnd(*shape, grad=False):
+        return torch.randn(*shape, dtype=torch.bfloat16, device="cuda").requires_grad_(grad)
+
+    calls = []
+    for d in (64, 128):
+        q, k, v = rnd(1, 16, 1024, d, grad=True), rnd(1, 4, 1024, d, grad=True), rnd(1, 4, 1024, d, grad=True)
+        calls.append((f"flash_attention d={d}", lambda q=q, k=k, v=v: attnscope.flash_attention(
+            q.detach(), k.detach(), v.detach(), causal=True)))
+        calls.append((f"flash_attention fwd+bwd d={d}", lambda q=q, k=k, v=v: attnscope.flash_attention(
+            q, k, v, causal=True).sum().backward()))
+    cu = torch.tensor([0, 700, 700, 2048], dtype=torch.int32, device="cuda")
+    qv, kv, vv = rnd(2048, 16, 128, grad=True), rnd(2048, 4, 128, grad=True), rnd(2048, 4, 128, grad=True)
+    calls.append(("flash_attention_varlen", lambda: attnscope.flash_attention_varlen(
+        qv.detach(), kv.detach(), vv.detach(), cu, cu, 1348, 1348, causal=True)))
+    calls.append(("flash_attention_varlen fwd+bwd", lambda: attnscope.flash_attention_varlen(
+        qv, kv, vv, cu, cu, 1348, 1348, causal=True).sum().backward()))
+    calls.append(("flash_attn_varlen_func", lambda: fai.flash_attn_varlen_func(
+        qv.detach(), kv.detach(), vv.detach(), cu, cu, 1348, 1348, causal=True)))
+    qd, kc, vc = rnd(4, 32, 1, 128), rnd(4, 8, 4096, 128), rnd(4, 8, 4096, 128)
+    lens = torch.tensor([4096, 17, 0, 3000], dtype=torch.int32, device="cuda")
+    calls.append(("flash_decode", lambda: attnscope.flash_decode(qd, kc, vc, cache_seqlens=lens)))
+    plan = attnscope.kernels.decode.decode_plan(qd, kc, vc, lens)
+    calls.append(("DecodePlan.run", lambda: plan.run(qd, kc, vc, lens)))
+    kb, vb = kc.transpose(1, 2), vc.transpose(1, 2)  # [B, L, Hkv, d] views
+    k_new, v_new = rnd(4, 1, 8, 128), rnd(4, 1, 8, 128)
+    small = torch.tensor([5, 17, 0, 3000], dtype=torch.int32, device="cuda")
+    calls.append(("flash_attn_with_kvcache append", lambda: fai.flash_attn_with_kvcache(
+        qd.transpose(1, 2), kb, vb, k_new, v_new, cache_seqlens=small, causal=True)))
+    return calls
+
+
+@pytest.mark.gpu
+def test_no_cuda_sync_in_default_paths():
+    """Each call, warm (compiled, planned), makes no synchronising CUDA call at all (CUDA's detector: this
+    covers the sm_90 paths the CPU never takes)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    failed = []
+    for name, call in _gpu_calls():
+        call()  # warm: compiles, plans
+        with cuda_syncs() as s:
+            call()
+        if s.count():
+            failed.append(f"{name}:\n{s.report()}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.gpu
+def test_no_cuda_sync_in_transformers_forward():
+    """A small Llama (head_dim 128, 2k prompt, batch 1: the prefill bench/hf.py times) and its decode step:
+    no synchronising CUDA call from attnscope's frames; transformers' own no more than with "sdpa"."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("attnscope.integrations.transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=1024, intermediate_size=1024,
+                                   num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                   head_dim=128, max_position_embeddings=4096)
+    ids = torch.randint(0, 256, (1, 2048), device="cuda")
+    counts = {}
+    for impl in ("sdpa", hf.register()):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl,
+                                                              dtype=torch.bfloat16).eval().cuda()
+        with torch.no_grad():
+            out = model(ids, use_cache=True)  # warm
+            model(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+            with cuda_syncs() as pre:
+                out = model(ids, use_cache=True)
+            with cuda_syncs() as dec:
+                model(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+        counts[impl] = [s.count("transformers") + s.count("other") for s in (pre, dec)]
+        if impl != "sdpa":
+            assert pre.count("attnscope") == 0 and dec.count("attnscope") == 0, pre.report() + dec.report()
+    assert all(a <= b for a, b in zip(counts["attnscope"], counts["sdpa"], strict=True)), counts
