@@ -178,6 +178,34 @@ def test_transformers_sliding_window_padded_reads_once_per_forward():
     assert s.count("attnscope") == 1 and "_has_holes" in s.report("attnscope"), s.report("attnscope")
 
 
+def test_transformers_packs_a_padding_mask_once_per_forward(llamas, monkeypatch):
+    """transformers passes one padding mask to every layer: the packing (cu_seqlens, permutations, about 30
+    small kernels) is built once per forward and mask shape, not per layer; a mask changed in place is
+    packed again."""
+    hf = pytest.importorskip("attnscope.integrations.transformers")
+    built = []
+    pack = hf._pack_order
+    monkeypatch.setattr(hf, "_pack_order", lambda m: built.append(m.shape) or pack(m))
+    q, k, v = (torch.randn(2, h, 6, 64, dtype=torch.bfloat16, device=DEVICE) for h in (4, 2, 2))
+    mask = torch.ones(2, 6, dtype=torch.bool, device=DEVICE)
+    mask[0, :2] = False
+
+    class Attn(torch.nn.Module):
+        is_causal = True
+
+    outs = [hf.attention_forward(Attn(), q, k, v, mask)[0] for _ in range(3)]  # three layers
+    assert len(built) == 2 and all(torch.equal(o, outs[0]) for o in outs)  # queries and keys, once
+    mask[1, :3] = False  # in place: a new packing
+    o = hf.attention_forward(Attn(), q, k, v, mask)[0]
+    assert len(built) == 4 and not o[1, :3].any() and o[1, 3:].abs().sum() > 0
+    ids = torch.randint(1, 96, (2, 12), device=DEVICE)
+    ids_mask = torch.ones_like(ids)
+    ids_mask[1, :4] = 0
+    built.clear()
+    with torch.no_grad():
+        llamas[hf.register()](ids, attention_mask=ids_mask)  # two layers
+    assert len(built) == 2
+
 # --- on a GPU: CUDA's own detector, on shapes the Hopper kernels take ------------------------------------
 def _gpu_calls():
     """(name, call) of each public call's default path, on shapes the sm_90 dispatch sends to its kernels."""

@@ -18,8 +18,9 @@ Then:
   order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
   sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
   `attnscope.flash_attention_varlen`, and gathered back (padded query rows give 0). The queries are the
-  last ``Nq`` mask columns. No host read, except with a sliding window: one read per mask tensor (once
-  per forward: transformers passes one mask to every layer) refuses a mask with holes.
+  last ``Nq`` mask columns; the packing is built once per mask tensor (transformers passes one mask to
+  every layer; a one-entry cache, `_packing`). No host read, except with a sliding window: one read per
+  mask tensor refuses a mask with holes.
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
@@ -190,14 +191,16 @@ _NO_HOLES = [lambda: None, -1]
 def _has_holes(mask: Tensor) -> bool:
     """Whether a row of the bool mask [B, n] has padding between real tokens: one host read per new mask
     (every call while tracing)."""
+    compiling = torch.compiler.is_compiling()
     ref, version = _NO_HOLES
-    if ref() is mask and mask._version == version:
+    if not compiling and ref() is mask and mask._version == version:
         return False
-    n_k = mask.sum(1)
+    real = mask.to(dtype=torch.bool)
+    n_k = real.sum(1)
     cols = torch.arange(mask.shape[1], device=mask.device)
-    span = torch.where(mask, cols, -1).amax(1) - torch.where(mask, cols, mask.shape[1]).amin(1) + 1
+    span = torch.where(real, cols, -1).amax(1) - torch.where(real, cols, mask.shape[1]).amin(1) + 1
     holes = bool(((span != n_k) & (n_k > 0)).any())
-    if not holes and not torch.compiler.is_compiling():
+    if not holes and not compiling:
         _NO_HOLES[:] = [weakref.ref(mask), mask._version]
     return holes
 
@@ -233,19 +236,40 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
         else:
             o = flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods)
         return o.transpose(1, 2)
-    mask = mask.to(device=query.device, dtype=torch.bool)
-    q_mask = mask[:, -Nq:]  # the queries are the last Nq positions the mask covers
-    k_mask = torch.nn.functional.pad(mask, (0, Nk - mask.shape[1]), value=False)  # unfilled slots: padding
     if "window" in mods and _has_holes(mask):  # packing closes holes: the window would count across them
         raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
-                                      "(padding between real tokens) is not supported; supported: left or "
-                                      "right padding")
+                                  "(padding between real tokens) is not supported; supported: left or right "
+                                  "padding")
+    q_mask, cu_q, dest_q, (q_rows, q_cols), cu_k, (k_rows, k_cols) = _packing(mask, Nq, Nk, query.device)
     # the valid queries of a row are its last valid keys, so bottom-right causal per sequence is exact
-    cu_q, dest_q, src_q = _pack_order(q_mask)
-    cu_k, _, src_k = _pack_order(k_mask)
-    q = query[src_q // Nq, :, src_q % Nq]  # [B * Nq, Hq, d], packed order
-    k = key[src_k // Nk, :, src_k % Nk]  # [B * Nk, Hkv, d]
-    v = value[src_k // Nk, :, src_k % Nk]
+    q = query[q_rows, :, q_cols]  # [B * Nq, Hq, d], packed order
+    k = key[k_rows, :, k_cols]  # [B * Nk, Hkv, d]
+    v = value[k_rows, :, k_cols]
     o = flash_attention_varlen(q, k, v, cu_q, cu_k, B * Nq, B * Nk, causal, scaling, **mods)
     out = o[dest_q].view(B, Nq, Hq, d)  # padded query rows attended the padding sequence: zeroed
     return torch.where(q_mask[:, :, None, None], out, out.new_zeros(()))
+
+
+#: The packing of the last padding mask (a weak reference to it, its version counter, Nq, Nk, device) and
+#: the packing: transformers passes one mask tensor to every layer of a forward, so `_packing` computes it
+#: once per forward, not once per layer (about 30 small kernels).
+_PACKING = [lambda: None, None, None]
+
+
+def _packing(mask: Tensor, Nq: int, Nk: int, device):
+    """For a padding mask [B, n] (n <= Nk): the query mask [B, Nq] (its last Nq columns), ``cu_q``, ``dest_q``
+    and the (row, position) gather indices of the packed queries, ``cu_k`` and those of the packed keys
+    (the slots past n are padding); see `_pack_order`. On the device, no host read."""
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else (mask._version, Nq, Nk, device)
+    if not compiling and _PACKING[0]() is mask and _PACKING[1] == key:
+        return _PACKING[2]
+    bool_mask = mask.to(device=device, dtype=torch.bool)
+    q_mask = bool_mask[:, -Nq:]
+    k_mask = torch.nn.functional.pad(bool_mask, (0, Nk - mask.shape[1]), value=False)  # unfilled: padding
+    cu_q, dest_q, src_q = _pack_order(q_mask)
+    cu_k, _, src_k = _pack_order(k_mask)
+    packing = (q_mask, cu_q, dest_q, (src_q // Nq, src_q % Nq), cu_k, (src_k // Nk, src_k % Nk))
+    if not compiling:
+        _PACKING[:] = [weakref.ref(mask), key, packing]
+    return packing
