@@ -14,6 +14,7 @@ import os
 import platform
 import signal
 import sys
+import time
 from pathlib import Path
 
 from attnscope.cli import serving
@@ -364,10 +365,11 @@ def _bytes_sweep(args) -> int:
         raise InputError(f"--resume: expected a sweep measured on this GPU ({env.get('gpu')}), got one "
                          f"measured on {old['gpu']}")
 
-    written = []
+    written, start = [], time.monotonic()
 
     def progress(done, total):
-        print(f"measured {len(done)}/{total}", file=sys.stderr, flush=True)
+        print(f"measured {len(done)}/{total} ({time.monotonic() - start:,.0f} s)", file=sys.stderr,
+              flush=True)
         if args.sweep and args.json not in (None, "-"):  # keep what is measured if the run is cut short
             written.append(len(done))
             got = [(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
