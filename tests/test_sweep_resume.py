@@ -82,7 +82,7 @@ def test_measuring_order_puts_points_of_one_compile_side_by_side_within_each_rou
     assert sorted(two[:5]) == list(range(5)) and [i - 5 for i in two[5:]] == order
 
 
-def test_measure_many_groups_by_compile_keeps_grid_order_and_skips_done(stand_in):
+def test_measure_many_groups_by_compile_keeps_grid_order_and_skips_done(stand_in, monkeypatch):
     calls, _ = stand_in
     specs = physical.parse_grid("g.csv", text=GRID)
     seen = []
@@ -96,14 +96,17 @@ def test_measure_many_groups_by_compile_keeps_grid_order_and_skips_done(stand_in
         assert done == [s for s in specs if s in done]
     calls.clear()
     kept = {0: pts[0], 4: pts[4]}
-    again = ncu.measure_many(specs, per_child=2, done=kept)
+    warmed = []
+    monkeypatch.setattr(ncu, "warm_up", lambda todo, workers, timeout_s: warmed.append((todo, workers)))
+    again = ncu.measure_many(specs, per_child=2, done=kept, warm_workers=3)
     assert again[0] is pts[0] and again[4] is pts[4]
+    assert warmed == [([specs[2], specs[1], specs[3]], 3)]  # before the children, what they will measure
     assert calls == [[specs[2], specs[1]], [specs[3]]]  # only the others, in the same order
     calls.clear()
     assert ncu.measure_many(specs, done=dict(enumerate(pts))) == pts and calls == []  # nothing left
 
 
-def test_warm_up_compiles_each_group_k_processes_at_a_time(monkeypatch):
+def test_warm_up_deals_the_compiled_specs_to_k_processes_at_once(monkeypatch):
     started, live, most = [], [0], [0]
 
     class FakeProc:
@@ -123,12 +126,15 @@ def test_warm_up_compiles_each_group_k_processes_at_a_time(monkeypatch):
 
     monkeypatch.setattr(ncu.subprocess, "Popen", FakeProc)
     a, f, s = ({"impl": i, "heads": 8, "d": 64} for i in ("attnscope", "flex", "flash"))
-    groups = [[a, s], [s], [f, a], [f], [a]]
-    assert ncu.warm_up(groups, workers=2) == 3  # 4 groups compile; the second process exited 1
-    assert most[0] == 2
-    assert [json.loads(cmd[4]) for cmd, _ in started] == [[a], [f, a], [f], [a]]  # SDPA compiles nothing
+    f2 = {**f, "d": 128}
+    assert ncu.warm_up([a, s, a, f, f2, s, f], workers=3) == 2  # the second process exited 1
+    assert most[0] == 3
+    # SDPA compiles nothing; the rest dealt out in turn, so the Flex compiles spread over the processes
+    assert [json.loads(cmd[4]) for cmd, _ in started] == [[a, f2], [a, f], [f]]
     assert all(cmd[1:4] == ["-m", "attnscope.measure.ncu", "--warm"] for cmd, _ in started)
     assert all(env["TORCHINDUCTOR_COMPILE_THREADS"] == "1" for _, env in started)
+    started.clear()
+    assert ncu.warm_up([s, s], workers=8) == 0 and started == []  # nothing to compile: no process
 
 
 def test_run_child_stops_ncu_and_its_child_when_interrupted(tmp_path, monkeypatch):

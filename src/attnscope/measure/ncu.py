@@ -345,18 +345,20 @@ def measuring_order(specs: list[dict], rounds: int = 1) -> list[int]:
     return sorted(range(len(specs)), key=lambda i: (i // max(size, 1), compile_key(specs[i]), i))
 
 
-def warm_up(groups: list[list[dict]], workers: int, timeout_s: float | None = None) -> int:
-    """Compile the kernels of each child's group before ncu measures it, ``workers`` processes at once.
+def warm_up(specs: list[dict], workers: int, timeout_s: float | None = None) -> int:
+    """Compile the kernels of the `COMPILED` specs before ncu measures them, in up to ``workers``
+    processes at once (specs dealt out in turn, so each process gets a share of every kind).
 
     Each process (``python -m attnscope.measure.ncu --warm``, no ncu, no profiler) makes the first call of
-    the group's `COMPILED` specs in the child's order, so Triton's and inductor's on-disk caches hold
-    what the measuring child then loads instead of compiling; the compiles, CPU work, run side by side.
-    A process that fails or passes ``timeout_s`` (`run`'s default) is stopped and ignored: the measuring
-    child compiles for itself. Nothing runs on the GPU while ncu measures. Returns how many processes
-    exited cleanly.
+    its specs, so Triton's and inductor's on-disk caches hold what the measuring child then loads instead
+    of compiling: the compiles, CPU work, run side by side. A spec's kernels depend on the spec alone
+    (Flex compiles afresh for each point: measure/family_calls.py), so any split of the specs warms the
+    children's. A process that fails or passes ``timeout_s`` (`run`'s default) is stopped and ignored:
+    the measuring child compiles for itself. Nothing runs on the GPU while ncu measures. Returns how many
+    processes exited cleanly.
     """
-    todo = [[s for s in g if s.get("impl") in COMPILED] for g in groups]
-    todo = [g for g in todo if g]
+    todo = [s for s in specs if s.get("impl") in COMPILED]
+    shares = [todo[w::workers] for w in range(min(workers, len(todo)))]
     if timeout_s is None:
         timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
     # one compile at a time in each process (the processes are the parallelism); not in inductor's key
@@ -364,11 +366,11 @@ def warm_up(groups: list[list[dict]], workers: int, timeout_s: float | None = No
     running: list[tuple[subprocess.Popen, float]] = []
     ok = 0
     try:
-        while todo or running:
-            while todo and len(running) < workers:
-                p = subprocess.Popen(child_command(todo.pop(0), "--warm"), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-                running.append((p, time.monotonic()))
+        for share in shares:
+            p = subprocess.Popen(child_command(share, "--warm"), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+            running.append((p, time.monotonic()))
+        while running:
             time.sleep(0.05)
             for p, t0 in list(running):
                 if p.poll() is not None:
@@ -393,8 +395,8 @@ def measure_many(specs: list[dict], cache_control: str = "none", per_child: int 
     ``per_child`` specs go to one child process (one start-up of ncu, torch and the kernels' compilation
     per group; a group that times out or crashes loses only its own points), taken in `measuring_order`
     (``rounds``: ``specs`` is a grid repeated that many times), so specs that compile the same kernels
-    share a child. ``warm_workers`` > 0 first compiles every group's kernels in that many processes at
-    once (`warm_up`). ``done`` maps indices of ``specs`` to Points already measured (a resumed sweep):
+    share a child. ``warm_workers`` > 0 first compiles the specs' kernels in that many processes at once
+    (`warm_up`). ``done`` maps indices of ``specs`` to Points already measured (a resumed sweep):
     they are kept, not measured again. ``timeout_s`` is per group (`run`). ``progress(points so far,
     total)`` is called after each group with the points done so far (``done`` included) in the order of
     ``specs`` (`attnscope bytes --sweep` writes its JSON there, so a run cut short keeps what it
@@ -407,7 +409,7 @@ def measure_many(specs: list[dict], cache_control: str = "none", per_child: int 
         return [got[i] for i in range(len(specs))]
     version = ncu_version(find_ncu())
     if warm_workers > 0:
-        warm_up([[specs[i] for i in grp] for grp in groups], warm_workers, timeout_s)
+        warm_up([specs[i] for i in order], warm_workers, timeout_s)
     for grp in groups:
         group = [specs[i] for i in grp]
         out: list[Point] = []
