@@ -14,6 +14,7 @@ import os
 import platform
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -381,7 +382,9 @@ def _bytes_sweep(args) -> int:
 
     if before:
         print(f"resumed: {len(before)}/{len(specs)} measured in {args.resume}", file=sys.stderr, flush=True)
-    term = signal.signal(signal.SIGTERM, _terminated)  # `timeout`: stop ncu and its child, keep the JSON
+    main_thread = threading.current_thread() is threading.main_thread()  # where a handler can be set
+    # `timeout` sends SIGTERM: stop ncu and its child, keep the JSON
+    term = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         points = ncu.measure_many(specs, cache_control=args.cache_control, per_child=args.per_child,
                                   progress=progress, rounds=repeat, done=before, warm_workers=workers)
@@ -391,7 +394,8 @@ def _bytes_sweep(args) -> int:
         kept = f"; {written[-1]}/{len(specs)} points are in {args.json} (--resume it)" if written else ""
         return _fail("bytes", f"interrupted{kept}", 130 if isinstance(e, KeyboardInterrupt) else 143)
     finally:
-        signal.signal(signal.SIGTERM, term)
+        if main_thread:
+            signal.signal(signal.SIGTERM, term)
     env["ncu"] = next((p.measured.ncu_version for p in points if p.measured), "")
     failed = [p for p in points if p.measured is None]
     if args.calibrate:
