@@ -173,6 +173,7 @@ def test_a_sweep_cut_short_keeps_a_partial_json_that_resume_completes(tmp_path, 
     part = json.loads(out.read_text())
     specs = physical.parse_grid(grid)
     assert part["env"]["partial"] == "2/5" and part["env"]["grid_sha256"] == physical.grid_digest(specs)
+    assert isinstance(part["env"]["seconds"], int)  # the run's time so far
     first = [p["spec"] for p in part["points"]]
     assert first == [s for s in specs if s in calls[0]]  # the first child's points, in grid order
     assert all(p["measured"]["total"] == _bytes_of(p["spec"]) for p in part["points"])

@@ -376,12 +376,17 @@ def _bytes_sweep(args) -> int:
             got = [(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
                    for p in done if p.measured]
             part = physical.compare(got, l2, sms, repeated=repeat > 1)
-            _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"},
+            now = {**env, "partial": f"{len(done)}/{total}", "seconds": round(time.monotonic() - start)}
+            _write_or_print(args, physical.sweep_json(done, part, now,
                                                       families.compare(got, repeated=repeat > 1,
                                                                        l2_bytes=l2, sms=sms)))
 
     if before:
         print(f"resumed: {len(before)}/{len(specs)} measured in {args.resume}", file=sys.stderr, flush=True)
+    compiled = sum(s.get("impl") in ncu.COMPILED for i, s in enumerate(specs) if i not in before)
+    if workers and compiled:
+        print(f"compiling the kernels of {compiled} points first, in {min(workers, compiled)} processes "
+              "(--warm-workers)", file=sys.stderr, flush=True)
     main_thread = threading.current_thread() is threading.main_thread()  # where a handler can be set
     # `timeout` sends SIGTERM: stop ncu and its child, keep the JSON
     term = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
@@ -397,6 +402,8 @@ def _bytes_sweep(args) -> int:
         if main_thread:
             signal.signal(signal.SIGTERM, term)
     env["ncu"] = next((p.measured.ncu_version for p in points if p.measured), "")
+    if args.sweep:
+        env["seconds"] = round(time.monotonic() - start)  # this run's, warm-up included
     failed = [p for p in points if p.measured is None]
     if args.calibrate:
         crows = physical.calibration_rows(points)
