@@ -17,9 +17,9 @@ cuDNN MQA call of 43 MiB, 0.14 for an FA-2 GQA one of 32 MiB; bench/first_spec_p
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
 marker separates the calls when one child measures several configurations (`measure_many`, which puts
 the specs that compile the same kernels in one child: `measuring_order`). The compiles (Triton's JIT,
-Flex's torch.compile) are CPU work and most of a cold child's time; `warm_up` can first run them in
-several processes at once without ncu, so the measuring child loads them from Triton's and inductor's
-on-disk caches (their default directories, shared by every process of the user). A spec is
+Flex's torch.compile) are CPU work, and with a cold cache most of a Flex point's time; `warm_up` runs
+them first, in several processes at once without ncu, so the measuring child loads them from Triton's
+and inductor's on-disk caches (their default directories, shared by the user's processes). A spec is
 an attention call (``impl``, ``batch``, ``heads``, ``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``,
 ``d``, ``dtype``, ``causal``; a backward, decode or varlen call with ``pass``: measure/families.py)
 or a calibration stream of known size (``kind`` in `STREAMS`, ``bytes``):
@@ -248,7 +248,7 @@ def run_child(child: list[str], cache_control: str = "none", timeout_s: float = 
         except subprocess.TimeoutExpired as e:
             _kill(p)
             raise NcuError(f"ncu: timed out after {timeout_s:.0f} s") from e
-        except BaseException:  # Ctrl-C, SIGTERM (`attnscope bytes` raises SystemExit): no orphan on the GPU
+        except BaseException:  # Ctrl-C, SIGTERM (`attnscope bytes` raises on it): no orphan left on the GPU
             _kill(p)
             raise
         with open(log, encoding="utf-8", errors="replace") as f:
