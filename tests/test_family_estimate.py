@@ -249,7 +249,8 @@ def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys,
                     "varlen,flex,32,4,128,,,30000;20000,true\n")
     want = fe.decode_estimate("attnscope", [4096, 1000], heads=8, kv_heads=2, d=64, splits=1).total
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
+                  **kw):
         pts = [ncu.Point(s, ncu.Measured([KernelBytes(1, "k", int(want * 1.04), 0)], "none", "ncu x"))
                for s in specs]
         progress(pts, len(pts))
@@ -305,7 +306,8 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
                         cudnn_bwd_reread_dram=0.7, cudnn_bwd_other_per_row=400.0, cudnn_bwd_gqa_dram=0.3)
     monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
+                  **kw):
         pts = []
         for s in specs:
             b = int(round(family_fit._estimate(s, true, 62914560, 132)))
