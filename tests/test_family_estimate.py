@@ -1,6 +1,7 @@
 """model/family_estimate.py: the decode and varlen DRAM estimates, their constant table, the probe grids,
 and their place in `attnscope bytes` (CPU; no GPU, ncu stood in for)."""
 
+import csv
 import json
 import random
 import time
@@ -266,6 +267,10 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
         assert {s["impl"] for s in probe} == set(families.IMPLS[fam])
         key = [json.dumps(s, sort_keys=True) for s in probe]
         assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
+        if fam == "varlen":  # the second grid, drawn after the first missed: disjoint from both
+            second = physical.parse_grid(GRIDS / "heldout_varlen2.csv")
+            held2 = {json.dumps(s, sort_keys=True) for s in second}
+            assert len(held2) == 48 and not held2 & (set(key) | {json.dumps(s, sort_keys=True) for s in held})
         text = (GRIDS / f"probe_{fam}.csv").read_text()
         for field, probe_text in PROBES.items():  # each row name a probe cites is in its grid
             if f"probe_{fam}.csv" in probe_text:
@@ -273,6 +278,22 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
                 assert f"# {name}" in text or f"/ {name}" in text or f"{name} /" in text, (field, name)
     chunk = [s for s in physical.parse_grid(GRIDS / "probe_decode.csv") if s.get("nq")]
     assert [s["nq"] for s in chunk] == [16, 64]
+
+
+def test_the_second_varlen_grid_is_what_its_header_command_draws():
+    # committed before measurement: the seed in its header reproduces it, row for row; Flex 2-8 sequences
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
+    prefill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefill)
+    text = (GRIDS / "heldout_varlen2.csv").read_text()
+    assert "--draw 3902 --family varlen2" in text
+    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("varlen2", 3902)]
+    got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [{k: v for k, v in r.items() if v} for r in got] == rows
+    assert sum(r["impl"] == "flex" for r in rows) == 16
+    assert max(len(r["lens"].split(";")) for r in rows if r["impl"] == "flex") <= 8
 
 
 def test_nq_column_is_attnscopes_and_counts_in_the_ledger():
