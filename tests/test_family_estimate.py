@@ -164,6 +164,13 @@ def test_attnscope_varlen_waves_run_on_across_sequences():
     kv = 2 * 32 * 4096 * 128 * 2  # past the L2: every re-read misses
     assert rereads([4096]) == pytest.approx(3 * kv)  # programs 0..1023: waves 0..3
     assert rereads([4096, 4096]) == pytest.approx((3 + 4) * kv)  # 1024..2047: waves 3..7
+    # a wave that ends one sequence and starts the next streams both: the pair, each under the L2 alone,
+    # re-reads more than the two apart (H 16, d 64: 27 MB and 12 MB of K/V)
+    kw = dict(heads=16, d=64, sms=132, l2_bytes=62914560)
+
+    def alone(lens):
+        return dict((n, b) for n, b, _ in fe.varlen_estimate("attnscope", lens, **kw).terms)["kv_rereads"]
+    assert alone([7000, 3000]) > alone([7000]) + alone([3000]) > 0
     # the kernel orders the list by length (ties by index), whatever the packed order
     assert rereads([2048, 4096, 4096]) == pytest.approx(rereads([4096, 4096, 2048]))
     assert rereads([2048, 4096, 4096], causal=True) == pytest.approx(rereads([4096, 4096, 2048], causal=True))
@@ -176,10 +183,11 @@ def test_causal_wave_passes_closed_form_equals_the_sum_over_waves(p0, n):
     c, heads = 264, 32
     programs = -(-n // 128) * heads
     waves = range(p0 // c, (p0 + programs - 1) // c + 1)
-    want = sum(1 - max(0, j * c - p0) / programs for j in waves)
-    got, _ = fe._varlen_waves(p0, n, heads, c, True, 1, 1)
-    assert got == pytest.approx(want)
-    assert fe._varlen_waves(p0, n, heads, c, False, 1, 1)[0] == len(waves)
+    share = [1 - max(0, j * c - p0) / programs for j in waves]
+    got, last, end = fe._varlen_waves(p0, n, heads, c, True)
+    assert got == pytest.approx(sum(share))
+    assert last == pytest.approx(share[-1] if len(share) > 1 else 0.0) and end == (waves[-1] + 1) * c
+    assert fe._varlen_waves(p0, n, heads, c, False)[:2] == (len(waves), 1.0 if len(share) > 1 else 0.0)
 
 
 def test_attnscope_varlen_spill_frames_of_finished_programs():

@@ -341,37 +341,36 @@ def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> in
     return (min(hi, i) if causal else hi) - lo + 1
 
 
-def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool, kv_seq: int,
-                  qo_tile: int) -> tuple[float, float]:
-    """(K/V passes, live bytes) of one sequence of ``n`` rows whose programs start at position ``p0`` of
-    attnscope's varlen grid: work items (sequence, query tile) x heads, heads fastest, so ``c`` programs at
-    a time hold ``c / heads`` query tiles of *every* head, and each wave of them streams the K/V of all the
-    sequence's kv heads (``kv_seq`` bytes) once; a later wave reads it again. The list is sequence-major
-    and the waves do not restart at a sequence: the sequence's P = tiles x heads programs meet waves
-    floor(p0 / c) .. ceil((p0 + P) / c) - 1, the first of them shared with the sequence before (a partial
-    wave still spans every head). Causal, heaviest tile first: a wave reads up to its heaviest tile's
-    diagonal, 1 - p / P of the set for its first program p of the sequence (p = j c - p0 mod c in wave j
-    >= 1): the sum over waves, closed form. Live bytes between two waves' reads of a line: the K/V of all
-    kv heads and the resident programs' Q and O tiles (``qo_tile`` each, at `L2Params.qo_weight` of a K/V
-    byte): `l2_reuse.wave_rereads`'s "tile" order, whose live window is min(sets, C) sets."""
+def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool) -> tuple[float, float, int]:
+    """(K/V passes, the last wave's share of them, the program that ends the last wave) of one sequence of
+    ``n`` rows whose programs start at position ``p0`` of attnscope's varlen grid: work items (sequence,
+    query tile) x heads, heads fastest, so ``c`` programs at a time hold ``c / heads`` query tiles of
+    *every* head, and each wave of them streams the K/V of all the sequence's kv heads once; a later wave
+    reads it again. The list is sequence-major and the waves do not restart at a sequence: the sequence's
+    P = tiles x heads programs meet waves floor(p0 / c) .. ceil((p0 + P) / c) - 1, the first of them shared
+    with the sequences before, the last with those after (a partial wave still spans every head). Causal,
+    heaviest tile first: a wave reads up to its heaviest tile's diagonal, 1 - p / P of the set for its
+    first program p of the sequence (p = j c - p0 in wave j after the first): the sum over waves, closed
+    form."""
     programs = -(-n // VARLEN_BLOCK_Q) * heads
-    r = p0 % c
-    waves = -(-(r + programs) // c)
-    # causal: wave 0 reads the whole set; wave j >= 1 from the sequence's program j c - r on
+    w0, w1 = p0 // c, (p0 + programs - 1) // c
+    waves, r = w1 - w0 + 1, p0 % c
+    # causal: wave w0 reads the whole set; wave j > w0 from the sequence's program j c - p0 on
     passes = waves - (c * waves * (waves - 1) / 2 - (waves - 1) * r) / programs if causal else float(waves)
-    live = kv_seq + min(c, programs) * qo_tile * H200_L2_PARAMS.qo_weight()
-    return passes, live
+    last = (1.0 - (w1 * c - p0) / programs if causal else 1.0) if waves > 1 else 0.0
+    return passes, last, (w1 + 1) * c
 
 
-def _list_offsets(lens) -> list[int]:
-    """Each sequence's first program in attnscope's varlen grid, in units of work items (query tiles):
-    the list is sequence-major, the sequences by length descending, ties by index
-    (kernels/varlen_plan.py `_work_items`, one cu_seqlens for queries and keys)."""
-    at, first = 0, [0] * len(lens)
+def _list_order(lens, heads: int) -> list[tuple[int, int, int]]:
+    """(sequence, first program, programs) in attnscope's varlen grid order: the list is sequence-major,
+    the sequences by length descending, ties by index (kernels/varlen_plan.py `_work_items`, one cu_seqlens
+    for queries and keys), each sequence's query tiles x ``heads`` programs."""
+    at, out = 0, []
     for i in sorted(range(len(lens)), key=lambda i: (-lens[i], i)):
-        first[i] = at
-        at += -(-lens[i] // VARLEN_BLOCK_Q)
-    return first
+        progs = -(-lens[i] // VARLEN_BLOCK_Q) * heads
+        out.append((i, at, progs))
+        at += progs
+    return out
 
 
 def _varlen_spill(programs: int, c: int, d: int, causal: bool, inserted: float, l2: int,
@@ -406,7 +405,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     attnscope (d 64 or 128): compulsory + the work list (24 B per (sequence, query tile) item, read once)
     + each sequence's K/V re-reads by its later waves of programs (`_varlen_waves`: the grid runs heads
     fastest, so a wave holds every head's programs and streams the K/V of all the sequence's kv heads;
-    each later wave re-reads it; the waves run on across sequence boundaries, `_list_offsets`), at most the
+    each later wave re-reads it; the waves run on across sequence boundaries, `_list_order`, and the last wave
+    of a sequence also streams the sequences after it that start there), at most the
     ledger's re-reads, x their miss share at the live set (`l2_params.miss` at `L2Params.shared`: lines
     read from both partitions) + the spill frames of finished programs written back (`_varlen_spill`).
     ``sms``: concurrent programs are SMs x the portable forward's CTAs per SM (`l2_params.KERNELS`, the
@@ -434,21 +434,36 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         terms.append(("work_list", _sectors(items * VARLEN_ITEM_BYTES),
                       f"{items} work items x 6 int32, once"))
         c = _sms(sms, device) * KERNELS["attnscope"][-d if causal else d].ctas_per_sm
+        # live bytes beside a sequence's K/V: the resident programs' Q and O tiles, at `L2Params.qo_weight`
+        qo_live = 2 * VARLEN_BLOCK_Q * d * b * H200_L2_PARAMS.qo_weight()
+        order, extra = _list_order(lens, h), {}
+        starts, ends = [0] * len(lens), [0] * len(lens)
+        for i, p0, progs in order:
+            starts[i], ends[i] = p0, p0 + progs
         total_k, k0, rereads, worst = sum(lens), 0, 0.0, 0.0
-        for n, first in zip(lens, _list_offsets(lens), strict=True):
+        for i, n in enumerate(lens):  # the ledger's re-reads: at most what the waves can re-read
             g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal)
             pairs, last = g.loaded_pairs()
             t_c = -(-n // VARLEN_BLOCK_KV)
             rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
             over = last * (min(k0 + t_c * VARLEN_BLOCK_KV, total_k) - (k0 + n)) if n % VARLEN_BLOCK_KV else 0
-            extra = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
-            passes, live = _varlen_waves(first * h, n, h, c, causal, 2 * hkv * n * d * b,
-                                         2 * VARLEN_BLOCK_Q * d * b)
-            worst = max(worst, live / l2)
-            if passes > 1.0:
-                m = miss(live / (H200_L2_PARAMS.shared * l2), H200_L2_PARAMS.shared_ramp)
-                rereads += min(extra, (passes - 1.0) * 2 * hkv * n * d * b) * m
+            extra[i] = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
             k0 += n
+        for at, (i, p0, progs) in enumerate(order):
+            kv_i = 2 * hkv * lens[i] * d * b  # the sequence's K/V, every kv head
+            passes, last, wave_end = _varlen_waves(p0, lens[i], h, c, causal)
+            # a wave between two of the sequence's own streams it alone; its last wave also streams the K/V
+            # of the sequences after it that start there (each in full once all its heads have a program)
+            beside = sum(2 * hkv * lens[j] * d * b * min(1.0, (min(ends[j], wave_end) - q0) / h)
+                         for j, q0, _ in order[at + 1:] if q0 < wave_end)
+            live = kv_i + min(c, progs) * qo_live
+            worst = max(worst, (live + beside) / l2)
+            if passes > 1.0:
+                cap = H200_L2_PARAMS.shared * l2
+                m_own = miss(live / cap, H200_L2_PARAMS.shared_ramp)
+                m_last = miss((live + beside) / cap, H200_L2_PARAMS.shared_ramp)
+                want = ((passes - 1.0 - last) * m_own + last * m_last) * kv_i
+                rereads += min(extra[i] * max(m_own, m_last), want)
         facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}
         terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
                                              "(heads fastest: a wave spans all heads), missing the L2"))
