@@ -6,7 +6,7 @@
 
 Each FILE is what ``attnscope bytes --sweep bench/grids/probe_{decode,varlen,backward}.csv --json FILE`` wrote
 on the GPU; its decode, varlen and backward rows go to `attnscope.measure.family_fit.fit` (non-negative least
-squares for the decode and backward constants; the varlen estimate has none) with the recorded L2 and SM
+squares for every constant: the decode, backward and varlen spill-frame terms) with the recorded L2 and SM
 count. Prints each constant (None: no row informs it; a value fixed at 0 with its negative unconstrained
 value) and every row's estimate against ncu with the fitted constants, to be copied into
 `H200_FAMILY_PARAMS` with the result files' names; judge the result on the held-out grids only.
@@ -132,8 +132,12 @@ def main(argv=None) -> int:
     points, env = [], {}
     for path in args.sweeps:
         _, env = physical.rows_from_json(path)
-        points += [(r.spec, r.measured) for r in env["family_rows"]
-                   if r.spec["pass"] in ("decode", "varlen", "backward")]
+        with open(path) as f:  # the write counters (the varlen spill frames are fitted on them)
+            raw = json.load(f)["points"]
+        writes = {json.dumps(physical.point(p["spec"], path), sort_keys=True): p["measured"]["write"]
+                  for p in raw if p.get("measured")}
+        points += [(r.spec, r.measured, writes.get(json.dumps(r.spec, sort_keys=True)))
+                   for r in env["family_rows"] if r.spec["pass"] in ("decode", "varlen", "backward")]
     used = env.get("estimated_with", {})
     out = family_fit.fit(points, used.get("l2_bytes"), used.get("sms"))
     for name, value in out["params"].items():

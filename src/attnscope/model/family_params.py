@@ -1,6 +1,6 @@
-"""The constants of the decode and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
-`attnscope.model.backward_estimate`; the varlen estimate needs none): one table, `FamilyParams`, each field
-naming the probe that measures it (`PROBES`: rows of bench/grids/probe_decode.csv and probe_backward.csv). A
+"""The constants of the decode, varlen and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
+`attnscope.model.backward_estimate`): one table, `FamilyParams`, each field naming the probe that measures it
+(`PROBES`: rows of bench/grids/probe_decode.csv, probe_varlen.csv and probe_backward.csv). A
 field that no probe has measured is None, and an estimate that needs it refuses (`NotMeasured`, naming the
 field and its probe) rather than run on a guessed number; `H200_FAMILY_PARAMS` holds the values fitted from
 the probes measured on the H200. The kernels' geometry that the estimate reads from their sources (split
@@ -21,7 +21,7 @@ class NotMeasured(NotImplementedError):
 
 @dataclass(frozen=True)
 class FamilyParams:
-    """The one table of the decode and backward estimates' measured constants (None: not measured
+    """The one table of the decode, varlen and backward estimates' measured constants (None: not measured
     yet; the estimates that need it refuse). Each field's probe is `PROBES[field]`."""
 
     #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
@@ -61,6 +61,13 @@ class FamilyParams:
     #: SDPA CUDNN backward with GQA: DRAM bytes per byte of K, V read and dK, dV written once more per extra
     #: query head of the group (0: the group shares them; 1: each query head moves its own).
     cudnn_bwd_gqa_dram: float | None = None
+    #: attnscope varlen forward: bytes of register-spill frame each thread of a finished program writes
+    #: back to DRAM (its dirty local-memory lines evicted before a later program re-dirties them), per build:
+    #: d 128 unmasked (pointer K/V loads), d 128 causal (TMA), d 64 unmasked (128 x 128 tiles). d 64 causal
+    #: has no stack frame (ptxas), so no constant.
+    varlen_frame_d128: float | None = None
+    varlen_frame_d128_causal: float | None = None
+    varlen_frame_d64: float | None = None
 
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
@@ -88,6 +95,12 @@ H200_FAMILY_PARAMS = FamilyParams(
     cudnn_bwd_reread_dram=0.4,  # c-long
     cudnn_bwd_other_per_row=889.0,  # c-short
     cudnn_bwd_gqa_dram=2.72,  # c-gqa: above 1, more than each query head moving its own K, V, dK, dV
+    # the varlen spill frames: fitted on the write counters of h200-2026-12-02-probe-varlen.json and
+    # -probe-varlen-new.json (the same command with both files); ptxas's stack frames for comparison
+    # (bench/results/sm90-varlen-compile-2026-12-02.txt): 352 B pointer-load causal, 200 B TMA causal
+    varlen_frame_d128=109.0,  # v-multi, v-long1..2
+    varlen_frame_d128_causal=27.9,  # v-gqa, v-long3
+    varlen_frame_d64=27.7,  # v-d64
 )
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
@@ -117,6 +130,12 @@ PROBES = {
                              "bytes, over the counted re-reads",
     "cudnn_bwd_other_per_row": "probe_backward.csv c-short (resident: no counted re-read): ncu less "
                                "compulsory, per (row, query head)",
+    "varlen_frame_d128": "probe_varlen.csv v-multi, v-long1..2 (d 128 unmasked, 512-2560 programs of which "
+                         "all but 264 finish before the call ends): the writes beyond O less the dirty-O "
+                         "credit, per thread of a finished program whose frame is evicted",
+    "varlen_frame_d128_causal": "probe_varlen.csv v-gqa and v-long3 (d 128 causal, 2048 and 4096 programs): "
+                                "as varlen_frame_d128",
+    "varlen_frame_d64": "probe_varlen.csv v-d64 (d 64 unmasked, 2048 programs): as varlen_frame_d128",
     "cudnn_bwd_gqa_dram": "probe_backward.csv c-gqa (group 8) against c-short's per-row bytes: the excess, "
                           "over (group - 1) x K, V, dK, dV bytes",
 }
