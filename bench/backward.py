@@ -5,15 +5,18 @@
 bf16, H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not. Per shape, every
 implementation is first checked against float64 on one head at the full shape (dQ, dK, dV within
 3 x SDPA FLASH's own bf16 error + 1e-3), then timed (triton.testing.do_bench, median): backward only
-(the gradient of a retained forward graph; attnscope's backward called directly) and forward +
-backward. FLOPs: attnscope.model.flops.attention_flops (backward = 2.5 x forward). attnscope runs
-twice: the default deterministic separate dQ pass (`attnscope`, also autograd's) and dQ by atomics
-(`attnscope_atomic`); ``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`,
-kernels/bwd_hopper.py, after the same preprocess) and their one-pass build (`attnscope_hopper_onepass`,
-``deterministic=False``: dQ by fp32 atomics), checked and timed the same way; ``--hopper-lean``
-adds both with the lean d = 64 builds (`bwd_hopper.LEAN_CONFIGS`) beside them (``--d 64``: that head
-dim only). Flex (torch.compile'd flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all
-for every shape).
+(the gradient of a retained forward graph) and forward + backward. FLOPs:
+attnscope.model.flops.attention_flops (backward = 2.5 x forward). `attnscope` is the user's call,
+``attnscope.flash_attention(q, k, v, causal=...)`` and its ``.backward()`` with every default (autograd
+picks the kernels, the mode and the build: on sm_90 at d = 64 the one-pass lean build), timed exactly as
+the peers; `flash_attention_backward` called directly adds `attnscope_det` (``deterministic=True``: dQ in
+its own pass) and `attnscope_atomic` (``deterministic=False``: dQ by atomics where the kernels have it).
+``--impl hopper`` adds the Gluon sm_90 dK/dV and dQ kernels (`attnscope_hopper`, kernels/bwd_hopper.py,
+after the same preprocess) and their one-pass build (`attnscope_hopper_onepass`, ``deterministic=False``:
+dQ by fp32 atomics), both in the default build (`bwd_hopper.config`: lean at d = 64), checked and timed
+the same way; ``--hopper-plain`` adds both in the plain build where the default is the lean one
+(`attnscope_hopper_plain`, `attnscope_hopper_onepass_plain`); ``--d 64``: that head dim only. Flex
+(torch.compile'd flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
 A shape whose gradients fail the check is not timed (exit 1). About 1.5 minutes on an H200.
@@ -93,28 +96,26 @@ def _ms(torch, fn):
 
 
 def _backward(bwd, args, kw):
-    """``bwd.flash_attention_backward(*args, **kw)``; ``kw["lean"]``: with the kernels' lean builds
-    (`bwd_hopper.LEAN_CONFIGS`) in place of the defaults at this head dim, for this call only."""
+    """``bwd.flash_attention_backward(*args, **kw)``; ``kw["plain"]``: with the kernels' plain builds
+    (`bwd_hopper.CONFIGS`) where the default is the lean one (`bwd_hopper.config`), for this call only."""
     kw = dict(kw)
-    if not kw.pop("lean", False):
+    if not kw.pop("plain", False):
         return bwd.flash_attention_backward(*args, **kw)
     from attnscope.kernels import bwd_hopper
 
     d = args[1].shape[-1]
-    saved = {name: bwd_hopper.CONFIGS[name][d] for name in bwd_hopper.LEAN_CONFIGS}
+    saved = {name: table.pop(d) for name, table in bwd_hopper.LEAN_CONFIGS.items() if d in table}
     try:
-        for name, table in bwd_hopper.LEAN_CONFIGS.items():
-            bwd_hopper.CONFIGS[name][d] = table[d]
         return bwd.flash_attention_backward(*args, **kw)
     finally:
         for name, cfg in saved.items():
-            bwd_hopper.CONFIGS[name][d] = cfg
+            bwd_hopper.LEAN_CONFIGS[name][d] = cfg
 
 
-def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, lean=False):
+def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, plain=False):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
-    attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``lean``:
-    also both Hopper builds with the lean kernels where they are built (`bwd_hopper.LEAN_CONFIGS`)."""
+    attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``plain``:
+    also both Hopper builds in the plain build where the default is the lean one (`bwd_hopper.config`)."""
     from attnscope import checks
     from attnscope.kernels import bwd, fwd
 
@@ -129,23 +130,23 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         errs[name] = _grad_err(torch.autograd.grad(f(*leaves), leaves, do), ref)
     o, lse = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
-    errs["attnscope_atomic"] = _grad_err(bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None,
-                                                                      deterministic=False), ref)
-    ours = {"attnscope": dict(deterministic=True), "attnscope_atomic": dict(deterministic=False)}
+    # flash_attention_backward called directly (`attnscope`, the user's call, is in `impls`)
+    ours = {"attnscope_det": dict(deterministic=True), "attnscope_atomic": dict(deterministic=False)}
     if hopper:  # the two Gluon kernels, and the one-pass build (deterministic=False: atomic dQ)
         ours["attnscope_hopper"] = dict(impl="hopper")
         ours["attnscope_hopper_onepass"] = dict(impl="hopper", deterministic=False)
         from attnscope.kernels import bwd_hopper
 
-        if lean and d in bwd_hopper.LEAN_CONFIGS["dkdv"]:
-            ours["attnscope_hopper_lean"] = dict(impl="hopper", lean=True)
-            ours["attnscope_hopper_onepass_lean"] = dict(impl="hopper", deterministic=False, lean=True)
-        for name in [x for x in ours if x.startswith("attnscope_hopper")]:
-            errs[name] = _grad_err(_backward(bwd, (do, q, k, v, o, lse, causal, None), ours[name]), ref)
+        if plain and d in bwd_hopper.LEAN_CONFIGS["dkdv"]:
+            ours["attnscope_hopper_plain"] = dict(impl="hopper", plain=True)
+            ours["attnscope_hopper_onepass_plain"] = dict(impl="hopper", deterministic=False, plain=True)
+    for name, kw in ours.items():
+        errs[name] = _grad_err(_backward(bwd, (do, q, k, v, o, lse, causal, None), kw), ref)
     torch_err = errs["sdpa_flash"]
     bound = checks.kernel_tolerance(torch_err, checks.GRAD_FACTOR)
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
-                f"(3 x SDPA FLASH's {torch_err:.3g} + 1e-3)" for name in ours if not errs[name] <= bound]
+                f"(3 x SDPA FLASH's {torch_err:.3g} + 1e-3)" for name in ("attnscope", *ours)
+                if not errs[name] <= bound]
     row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "grad_err": errs,
            "backward_ms": {}, "fwd_bwd_ms": {}}
     if failures:
@@ -155,16 +156,15 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
     for name, kw in ours.items():
         row["backward_ms"][name] = _ms(torch, lambda kw=kw: _backward(
             bwd, (do, q, k, v, o, lse, causal, None), kw))
-    for name, f in impls.items():
+    for name, f in impls.items():  # the user's calls: attnscope's default and the peers, alike
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        if name != "attnscope":
-            out = f(*leaves)
-            try:  # compiled Flex donates its buffers: no retained graph, so no backward-only timing
-                row["backward_ms"][name] = _ms(torch, lambda out=out, leaves=leaves: torch.autograd.grad(
-                    out, leaves, do, retain_graph=True))
-            except RuntimeError as e:
-                print(f"  {name}: backward-only not timed ({str(e).splitlines()[0][:80]})")
-                row["backward_ms"][name] = None
+        out = f(*leaves)
+        try:  # compiled Flex donates its buffers: no retained graph, so no backward-only timing
+            row["backward_ms"][name] = _ms(torch, lambda out=out, leaves=leaves: torch.autograd.grad(
+                out, leaves, do, retain_graph=True))
+        except RuntimeError as e:
+            print(f"  {name}: backward-only not timed ({str(e).splitlines()[0][:80]})")
+            row["backward_ms"][name] = None
         row["fwd_bwd_ms"][name] = _ms(torch, lambda f=f, leaves=leaves: torch.autograd.grad(
             f(*leaves), leaves, do))
 
@@ -173,11 +173,10 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
         return _backward(bwd, (do, q, k, v, o2, lse2, causal, None), kw)
 
     for name, kw in ours.items():
-        if name != "attnscope":  # the user's call (autograd) is timed above
-            row["fwd_bwd_ms"][name] = _ms(torch, lambda kw=kw: fwd_bwd(**kw))
+        row["fwd_bwd_ms"][name] = _ms(torch, lambda kw=kw: fwd_bwd(**kw))
     ms = row["backward_ms"]
-    lean_ratios = "".join(f"  | {x[10:]} x CUDNN {ms['sdpa_cudnn'] / ms[x]:.2f}"
-                          for x in ours if x.endswith("_lean"))
+    plain_ratios = "".join(f"  | {x[10:]} x CUDNN {ms['sdpa_cudnn'] / ms[x]:.2f}"
+                           for x in ours if x.endswith("_plain"))
     fl_b = attention_flops(b, heads, n, n, d, causal, "backward")
     fl_fb = attention_flops(b, heads, n, n, d, causal, "forward+backward")
     row["backward_tflops"] = {k_: (fl_b / (ms * 1e9) if ms else None)
@@ -190,23 +189,22 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
         + f"  x CUDNN {bt['attnscope'] / bt['sdpa_cudnn']:.2f}"
         + (f"  | hopper x FLASH {bt['attnscope_hopper'] / bt['sdpa_flash']:.2f}"
            f"  x CUDNN {bt['attnscope_hopper'] / bt['sdpa_cudnn']:.2f}"
-           f"  x portable {bt['attnscope_hopper'] / bt['attnscope']:.2f}"
            f"  | onepass x CUDNN {bt['attnscope_hopper_onepass'] / bt['sdpa_cudnn']:.2f}" if hopper else "")
-        + lean_ratios)
+        + plain_ratios)
     log("      fwd+bwd TFLOP/s: " + "  ".join(f"{k_} {x:6.1f}" for k_, x in row["fwd_bwd_tflops"].items())
         + f"  | grad check PASS: attnscope {errs['attnscope']:.2e}"
         + (f" hopper {errs['attnscope_hopper']:.2e} onepass {errs['attnscope_hopper_onepass']:.2e}"
-           if hopper else "") + "".join(f" {x[10:]} {errs[x]:.2e}" for x in ours if x.endswith("_lean"))
+           if hopper else "") + "".join(f" {x[10:]} {errs[x]:.2e}" for x in ours if x.endswith("_plain"))
         + f" (SDPA FLASH {torch_err:.2e})")
     return row, failures
 
 
-def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, lean=False):
+def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, plain=False):
     rows, failures = [], []
     for d in ds:
         for causal in (False, True):
             for n in ns:
-                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, lean)
+                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, plain)
                 rows.append(row)
                 failures += bad
                 torch.cuda.empty_cache()
@@ -288,17 +286,22 @@ def main(argv=None) -> int:
                         "attnscope_hopper, and their one-pass build as attnscope_hopper_onepass, beside the "
                         "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    p.add_argument("--hopper-lean", nargs="?", const="", default=None, metavar="BM,BN,STAGES[,NWG,DQ,RED]",
-                   help="--impl hopper: also both Hopper builds with the lean kernels "
-                        "(bwd_hopper.LEAN_CONFIGS: d = 64; this dK/dV config, LEAN = 1, if given) as "
-                        "attnscope_hopper_lean and attnscope_hopper_onepass_lean, checked and timed beside "
+    p.add_argument("--hopper-plain", action="store_true",
+                   help="--impl hopper: also both Hopper builds in the plain build where the default is the "
+                        "lean one (d = 64: bwd_hopper.CONFIGS in place of LEAN_CONFIGS) as "
+                        "attnscope_hopper_plain and attnscope_hopper_onepass_plain, checked and timed beside "
                         "the default")
+    p.add_argument("--hopper-lean", metavar="BM,BN,STAGES[,NWG,DQ,RED]", default=None,
+                   help="another lean d = 64 dK/dV config (LEAN = 1; default: bwd_hopper.LEAN_CONFIGS), for "
+                        "every call that runs the lean build (the default one included)")
     p.add_argument("--d", type=int, action="append", choices=(64, 128),
                    help="only this head dim (repeatable; default: 64 and 128)")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
-                   help="--impl hopper: another dK/dV config, both head dims (default: bwd_hopper.CONFIGS)")
+                   help="--impl hopper: another dK/dV config of the plain build, both head dims (default: "
+                        "bwd_hopper.CONFIGS; d = 64 runs the lean build unless --hopper-plain)")
     p.add_argument("--hopper-dq", metavar="BM,BN,STAGES", default=None,
-                   help="--impl hopper: another dQ config, both head dims (default: bwd_hopper.CONFIGS)")
+                   help="--impl hopper: another dQ config of the plain build, both head dims (default: "
+                        "bwd_hopper.CONFIGS)")
     p.add_argument("--dkdv", metavar="BM,BN,WARPS,STAGES", default=None,
                    help="try another dK/dV config for both head dims (default: bwd.DKDV_CONFIGS)")
     p.add_argument("--dq", metavar="BM,BN,WARPS,STAGES", default=None,
@@ -318,6 +321,10 @@ def main(argv=None) -> int:
     ds = tuple(args.d or ((128,) if args.quick else (64, 128)))
     print(f"backward bench: bf16, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against float64 "
           "at every shape before timing it", flush=True)
+    print("column attnscope: exactly the user's call, attnscope.flash_attention(q, k, v, causal=...) and its "
+          ".backward() with every default (autograd picks the kernels, mode and build); attnscope_det / "
+          "attnscope_atomic: flash_attention_backward(deterministic=True / False) called directly",
+          flush=True)
     hopper = args.impl == "hopper"
     if hopper:
         from attnscope.kernels import bwd_hopper
@@ -331,15 +338,17 @@ def main(argv=None) -> int:
     if hopper and torch.cuda.get_device_capability() != (9, 0):
         print("bench/backward.py: --impl hopper needs an sm_90 GPU", file=sys.stderr)
         return 2
-    if args.hopper_lean is not None and not hopper:
-        p.error("--hopper-lean needs --impl hopper")
-    if args.hopper_lean:  # this process only: the lean table _backward reads
+    if args.hopper_plain and not hopper:
+        p.error("--hopper-plain needs --impl hopper")
+    if args.hopper_lean:  # this process only: the lean table bwd_hopper.config reads
+        from attnscope.kernels import bwd_hopper
+
         cfg = tuple(int(x) for x in args.hopper_lean.split(","))
         if not 3 <= len(cfg) <= 6:
             p.error(f"--hopper-lean: expected BM,BN,STAGES[,NWG,DQ,RED], got {args.hopper_lean!r}")
         bwd_hopper.LEAN_CONFIGS["dkdv"][64] = bwd_hopper.BwdConfig(*cfg)._replace(LEAN=1)
     rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper,
-                           args.hopper_lean is not None)
+                           args.hopper_plain)
     mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)
@@ -348,7 +357,9 @@ def main(argv=None) -> int:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "dkdv_configs": dict(bwd.DKDV_CONFIGS), "dq_configs": dict(bwd.DQ_CONFIGS),
            **({"hopper_configs": {k: {d: tuple(c) for d, c in v.items()}
-                                  for k, v in bwd_hopper.CONFIGS.items()}} if hopper else {}),
+                                  for k, v in bwd_hopper.CONFIGS.items()},
+               "hopper_lean_configs": {k: {d: tuple(c) for d, c in v.items()}
+                                       for k, v in bwd_hopper.LEAN_CONFIGS.items()}} if hopper else {}),
            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")

@@ -23,8 +23,10 @@ TB/s = the logical bytes (`model.serving.paged`, the ledger of ``attnscope traff
 the time. Host time per call: 1,000 back-to-back calls at B = 1, Hq = 32, Hkv = 8, L = 512 (the GPU idles),
 wall time of the issuing loop, for the one-liner, ``plan.run`` and SDPA, and for the one-liner and SDPA
 FLASH on a cache one key longer each call (transformers' DynamicCache: a new shape and strides each step,
-`growing_views`). ``--host``: only that section, after `check_growing` (PASS/FAIL). The summary checks
-issue 37's musts. About 3 min full, 40 s ``--quick`` on one H200 (estimated).
+`growing_views`), timed call by call: the median, and the slowest call apart (on a cold Triton cache the
+one-off compile for a new integer class of the length). ``--host``: only that section, after
+`check_growing` (PASS/FAIL). The summary checks issue 37's musts. About 3 min full, 40 s ``--quick`` on one
+H200 (estimated).
 
 ``--window`` (`window_sweep`, issue 35: a window reads only its bytes): the one-liner with
 ``window=(W, 0)``, W in {4k, 8k}, and without one, at B in {1, 16, 64}, Hq/Hkv 32/8, L in {32k, 128k}; each
@@ -303,15 +305,28 @@ def check_growing(pt, n=48):
 
 
 def host_times():
-    """µs of host time per call: 1,000 back-to-back calls at a shape where the GPU idles."""
+    """µs of host time per call: 1,000 back-to-back calls at a shape where the GPU idles. The growing cache
+    (a new length every call) is timed call by call: its median, and apart from it the slowest call, which
+    on a cold Triton cache is the one-off compile of a binary for a new integer class of the length."""
     pt = Point(*HOST_SHAPE)
     calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run")},
-             **sdpa_calls(pt.q, pt.k, pt.v), **growing_calls(pt, growing_views(pt, HOST_CALLS + 20))}
+             **sdpa_calls(pt.q, pt.k, pt.v)}
     from attnscope.measure.bench import host_us_per_call
 
     out = host_us_per_call(torch, calls, HOST_CALLS)
     out["one-liner / CUDNN (must <= 1.25)"] = out["one-liner"] / out["CUDNN"]
-    out["growing / fixed one-liner"] = out["one-liner, growing cache"] / out["one-liner"]
+    for name, fn in growing_calls(pt, growing_views(pt, HOST_CALLS)).items():
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(HOST_CALLS):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        ts = sorted(1e6 * t for t in ts)
+        out[f"{name}, median"] = ts[len(ts) // 2]
+        out[f"{name}, slowest call"] = ts[-1]
+    out["growing / fixed one-liner"] = out["one-liner, growing cache, median"] / out["one-liner"]
     print("host time per call: " + ", ".join(f"{n} {v:.1f}" for n, v in out.items()), flush=True)
     return out
 

@@ -64,7 +64,7 @@ def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
 #: rule per family. Every point fits an H200 with room (tensors under ~9 GB); an ncu pass takes seconds.
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
                  "cache_lens", "page_size", "kv_dtype", "splits", "lens")
-SWEEP_FAMILIES = ("backward", "decode", "varlen", "fwd_openclass")
+SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass")
 
 
 def _log_uniform(rng, lo: int, hi: int) -> int:
@@ -80,6 +80,9 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
     - decode: SDPA flash, cudnn (B 1-32, one length 1k-64k), attnscope dense, paged (page 16-256) and fp8
       (dense or paged), lengths drawn per sequence in [L/4, L], splits 1-16;
     - varlen: attnscope and Flex (document mask), 2-16 sequences of 64-8k, causal or not;
+    - varlen2 (the varlen family's second grid, rows of pass varlen): two attnscope rows per Flex row, Flex
+      with 2-8 sequences (each Flex point compiles its own kernel and evaluates its mask over total^2
+      pairs: fewer and smaller ones keep the sweep short), otherwise as varlen;
     - fwd_openclass: the forward's open class, SDPA FLASH causal, Hkv 1-4 (Hq >= 4 Hkv), N 20k-40k, B 2-4.
     """
     rng = random.Random(seed)
@@ -88,13 +91,15 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
              "decode": [("flash", {}), ("cudnn", {}), ("attnscope", {}), ("attnscope", {"page_size": 1}),
                         ("attnscope", {"kv_dtype": "fp8"})],
              "varlen": [("attnscope", {}), ("flex", {})],
+             "varlen2": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
              "fwd_openclass": [("flash", {})]}[family]
     combos = [(d, dt) for d in (64, 128) for dt in ("fp16", "bf16")]
     rows = []
     while len(rows) < count:
         impl, extra = modes[len(rows) % len(modes)]
         d, dt = combos[(len(rows) // len(modes)) % len(combos)]
-        row = {"pass": "forward" if family == "fwd_openclass" else family, "impl": impl, "d": d, "dtype": dt,
+        kind = {"fwd_openclass": "forward", "varlen2": "varlen"}.get(family, family)
+        row = {"pass": kind, "impl": impl, "d": d, "dtype": dt,
                **extra}
         group = 1 if impl == "naive" else rng.choice((1, 2, 4, 8))
         hq = rng.choice([x for x in (8, 12, 16, 24, 32) if x % group == 0])
@@ -108,8 +113,9 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
             row |= {"batch": rng.randint(2, 4), "kv_heads": hkv,
                     "heads": hkv * rng.choice([g for g in (4, 8, 16) if hkv * g <= 32]),
                     "n": _log_uniform(rng, 20_001, 40_000), "causal": 1}
-        elif family == "varlen":
-            lens = [_log_uniform(rng, 64, 8192) for _ in range(rng.randint(2, 16))]
+        elif kind == "varlen":
+            most = 8 if family == "varlen2" and impl == "flex" else 16
+            lens = [_log_uniform(rng, 64, 8192) for _ in range(rng.randint(2, most))]
             row |= {"lens": ";".join(map(str, lens)), "causal": int(rng.random() < 0.5)}
         else:
             b, top = rng.randint(1, 32), _log_uniform(rng, 1024, 65536)

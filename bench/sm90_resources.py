@@ -357,6 +357,15 @@ def bwd_report(dkdv=None, dq=None) -> None:
                 report(f"bwd hopper {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={cfg.BM} "
                        f"BN={cfg.BN} STAGES={cfg.STAGES} DQ={cfg.DQ}",
                        compile_hopper_bwd, d, "bf16", causal, "dkdv", mods, mode, extra=setmaxnreg)
+        for name, table in bwd_hopper.LEAN_CONFIGS.items():  # the lean builds: the default where built
+            if d not in table:
+                continue
+            cfg, windowed = table[d], fwd_hopper.mods_flags(True, 0.0, False)
+            for mode in ("twokernel", bwd.HOPPER_ONEPASS_MODE) if name == "dkdv" else ("twokernel",):
+                for causal, mods in ((False, 0), (True, 0), (False, windowed)):
+                    report(f"bwd hopper lean {name:4s} {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} "
+                           f"BM={cfg.BM} BN={cfg.BN} STAGES={cfg.STAGES} RED={cfg.RED}",
+                           compile_hopper_bwd, d, "bf16", causal, name, mods, mode, cfg, extra=setmaxnreg)
         for pdt in ("bf16", "fp16"):
             cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
             report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",
@@ -437,12 +446,12 @@ def sass_steps(cubin: bytes) -> list:
 
 
 def sass_step_report(d_list=(64, 128), dkdv_cfg=None) -> int:
-    """Instructions per main-loop step of the Gluon backward's consumers, by class: the d = 64 builds the
-    dispatch runs (one-pass dK/dV for ``deterministic=False``, the dK/dV + dQ kernels for True) and d = 128's
-    two kernels (the build that meets issue 36's bar), then the lean builds (`bwd_hopper.LEAN_CONFIGS`; the
-    dK/dV one replaced by ``dkdv_cfg`` if given), bf16, not causal. Per step and per useful MFLOP of the
-    step's tile pair (the backward's 2.5 x forward convention: 10 rows keys d FLOPs, whichever kernel does
-    the product)."""
+    """Instructions per main-loop step of the Gluon backward's consumers, by class: the plain builds (d = 64:
+    one-pass dK/dV for ``deterministic=False``, the dK/dV + dQ kernels for True; the fallback under softcap or
+    fp16 with a small scale) and d = 128's two kernels, then the lean builds (`bwd_hopper.LEAN_CONFIGS`, the
+    default at d = 64; the dK/dV one replaced by ``dkdv_cfg`` if given), bf16, not causal. Per step and per
+    useful MFLOP of the step's tile pair (the backward's 2.5 x forward convention: 10 rows keys d FLOPs,
+    whichever kernel does the product)."""
     from attnscope.kernels import bwd, bwd_hopper
 
     builds = []

@@ -90,8 +90,25 @@ def test_exact_terms_of_small_sets():
     terms = {name: b for name, b, _ in e.terms}
     stats = h * n * 4
     assert terms["delta"] == terms["lse2"] == stats
-    assert terms["padded_copies"] == h * (6 * n + 2 * 1024) * 4  # rows padded to 128
+    # d = 64: the lean build (log2(scale) - LSE2 and -Delta: 4 reads, 4 writes per row), rows padded to 128
+    assert (e.facts["build"], e.facts["mode"]) == ("lean", "twokernel")
+    assert terms["padded_copies"] == h * (8 * n + 2 * 1024) * 4
     assert set(terms) == {"delta", "lse2", "padded_copies", "dirty_o"}
+    e = be.backward_estimate("attnscope", n, heads=h, d=128, deterministic=True, kernels="hopper")
+    terms = {name: b for name, b, _ in e.terms}
+    assert (e.facts["build"], e.facts["mode"]) == ("plain", "twokernel")
+    assert terms["padded_copies"] == h * (6 * n + 2 * 1024) * 4  # -LSE2 / scale and Delta: 3 and 3
+    # the default (deterministic=False) at d = 64: the one-pass lean build, its fp32 dQ rows padded to 128
+    for kw in ({"kernels": "hopper"}, {}):
+        e = be.backward_estimate("attnscope", 1000, heads=h, d=d, **kw)
+        terms = {name: b for name, b, _ in e.terms}
+        assert (e.facts["kernels"], e.facts["build"], e.facts["mode"]) == ("hopper", "lean", "onepass")
+        assert terms["dq_acc"] == 0  # the accumulator never leaves the L2 (its padded rows: see below)
+        assert terms["padded_copies"] == h * (8 * 1000 + 2 * 1024) * 4
+        assert set(terms) == {"delta", "lse2", "padded_copies", "dq_acc", "dirty_o"}
+    e = be.backward_estimate("attnscope", 1000, heads=h, d=128, kernels="hopper")  # d = 128: two kernels
+    assert (e.facts["build"], e.facts["mode"]) == ("plain", "twokernel") and "dq_acc" not in dict(
+        (name, b) for name, b, _ in e.terms)
     f = be.backward_estimate("flash", 1000, heads=h, kv_heads=2, d=d)
     terms = {name: b for name, b, _ in f.terms}
     assert terms["dq_acc"] == 0  # the accumulator never leaves the L2
@@ -127,6 +144,10 @@ def test_the_dq_accumulator_makes_two_round_trips_when_the_l2_cannot_hold_it():
         terms = {name: b for name, b, _ in e.terms}
         assert terms["dq_acc"] == pytest.approx(4 * 2 * h * n * d * 4), impl
         assert (e.facts["acc_first_touch_miss"], e.facts["acc_cast_miss"]) == pytest.approx((1.0, 1.0))
+    # the Hopper one-pass lean build (the default at d = 64): the same rule on its buffer of padded rows
+    e = be.backward_estimate("attnscope", 8000, heads=h, d=64, batch=2, params=SET)
+    assert (e.facts["build"], e.facts["mode"]) == ("lean", "onepass")
+    assert {name: b for name, b, _ in e.terms}["dq_acc"] == pytest.approx(4 * 2 * h * 8064 * 64 * 4)
     # one that the L2 holds (an MHA head set of a few MiB) never reaches DRAM
     e = be.backward_estimate("attnscope", 2048, heads=8, d=64, kernels="portable", params=SET)
     assert {name: b for name, b, _ in e.terms}["dq_acc"] == 0
@@ -152,9 +173,9 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
     with pytest.raises(NotMeasured, match="flash_bwd_reread_dram.*f-long"):
         be.backward_estimate("flash", 32768, heads=2, causal=True, params=NONE)
     assert set(BWD) <= set(PROBES)
+    with pytest.raises(NotMeasured, match="hopper_bwd_reread_dram.*h-mid"):  # the one-pass build's atomics
+        be.backward_estimate("attnscope", 8192, heads=32, kv_heads=2, d=64, causal=True, params=NONE)
     # not modelled, or bad input: one line naming what
-    with pytest.raises(NotImplementedError, match="one-pass build.*supported: the Hopper two-kernel"):
-        be.backward_estimate("attnscope", 1024, heads=8, d=64, kernels="hopper")
     with pytest.raises(NotImplementedError, match="built for head dims"):
         be.backward_estimate("attnscope", 1024, heads=8, d=96, kernels="hopper", deterministic=True)
     with pytest.raises(NotImplementedError, match=r"head dim 96 is not modelled; supported: \[64, 128\]"):
@@ -178,6 +199,9 @@ def test_the_kernel_geometry_is_the_kernels():
         assert be.BWD_KERNELS["portable"][d][:4] == (bm, bn, qm, qn)
         dk, dq = bwd_hopper.CONFIGS["dkdv"][d], bwd_hopper.CONFIGS["dq"][d]
         assert be.BWD_KERNELS["hopper"][d][:4] == (dk.BM, dk.BN, dq.NWG * dq.BM, dq.BN)
+        for name, table in bwd_hopper.CONFIGS.items():  # the lean build (d = 64) has the plain one's tiles
+            lean, cfg = bwd_hopper.config(d, name, 0, "bf16"), table[d]
+            assert (lean.BM, lean.BN, lean.NWG) == (cfg.BM, cfg.BN, cfg.NWG)
     assert be.HOPPER_ONEPASS_DIMS == bwd.HOPPER_ONEPASS_DIMS and be.ROW_PAD == bwd_hopper.ROW_PAD
 
 

@@ -47,13 +47,13 @@ def _mask(nq, nk, device):
     return torch.arange(nk, device=device)[None, :] <= r + (nk - nq)
 
 
-def _torch_grads(q, k, v, do, causal):
+def _torch_grads(q, k, v, do, causal, scale=None):
     """PyTorch's own gradients at the input dtype (math attention with an explicit bottom-right mask;
     rows with no visible key are zeroed as the kernel and the reference define them)."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     g = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    s = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:
         s = s.masked_fill(~_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(q.dtype)  # empty rows: 0/0 -> 0
@@ -61,10 +61,10 @@ def _torch_grads(q, k, v, do, causal):
     return q.grad, k.grad, v.grad
 
 
-def _ref_grads(q, k, v, do, causal):
+def _ref_grads(q, k, v, do, causal, scale=None):
     qn, kn, vn, don = (t.double().cpu().numpy() for t in (q, k, v, do))
-    o, lse = reference.naive_attention(qn, kn, vn, causal=causal, return_lse=True)
-    return reference.attention_backward(don, qn, kn, vn, o, lse, causal=causal), np.isfinite(lse)
+    o, lse = reference.naive_attention(qn, kn, vn, causal=causal, scale=scale, return_lse=True)
+    return reference.attention_backward(don, qn, kn, vn, o, lse, causal=causal, scale=scale), np.isfinite(lse)
 
 
 def _check_grads(got, torch_g, ref, names="qkv"):
@@ -324,13 +324,115 @@ def test_hopper_backward_rule():
     assert not dispatch.hopper_backward_ok(96, False)
 
 
+def test_hopper_lean_rule():
+    """`dispatch.hopper_backward_lean`: the lean build at d = 64 in bf16 at any scale and in fp16 from 2^-4
+    up, never under softcap, never at d = 128; bad arguments name themselves."""
+    lean = dispatch.hopper_backward_lean
+    assert dispatch.HOPPER_LEAN_DIMS == (64,)
+    for dtype in ("fp16", "bf16"):
+        assert lean(64, dtype) and lean(64, dtype, 0.125) and lean(64, dtype, 0.0625) and lean(64, dtype, 0.5)
+        assert not lean(64, dtype, None, 30.0) and not lean(64, dtype, 0.125, 1e-3)  # softcap: plain
+        assert not any(lean(128, dtype, s) for s in (None, 0.125, 0.01))  # no lean d = 128 build
+        assert not lean(96, dtype)
+    assert not lean(64, "fp16", 0.0624) and not lean(64, "fp16", 1e-6)  # fp16 under 2^-4: plain
+    assert lean(64, "bf16", 0.0624) and lean(64, "bf16", 1e-6)  # bf16 has fp32's range
+    for kw, msg in (({"d": 0}, "d: expected a positive integer"),
+                    ({"dtype": "fp32"}, "dtype: expected one of"),
+                    ({"scale": -1.0}, "scale: expected None or a positive finite"),
+                    ({"scale": float("nan")}, "scale: expected None or a positive finite"),
+                    ({"softcap": -1.0}, "softcap: expected a number >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            lean(**{"d": 64, "dtype": "bf16", **kw})
+
+
+def test_hopper_default_build_is_one_rule_of_the_call():
+    """`bwd_hopper.config(d, kernel, mods, dtype, sm_scale)`: a call's build, both kernels alike: the lean one
+    (`LEAN_CONFIGS`) exactly where `dispatch.hopper_backward_lean` says so (window too), the plain one
+    (`CONFIGS`, `SOFTCAP_CONFIGS`) elsewhere and without a dtype (the packed backward's); the tables and
+    the rule's constants agree, and every lean config passes `check_configs` and the one-pass bounds."""
+    from attnscope.kernels import bwd_hopper, fwd_hopper
+
+    assert set(dispatch.HOPPER_LEAN_DIMS) == set(bwd_hopper.LEAN_CONFIGS["dkdv"]) == set(
+        bwd_hopper.LEAN_CONFIGS["dq"])
+    assert bwd_hopper.ROW_PAD == dispatch.HOPPER_BWD_ROW_PAD
+    assert bwd_hopper.LEAN_MIN_FP16_SCALE == dispatch.HOPPER_LEAN_MIN_FP16_SCALE
+    for d in (64, 128):
+        for windowed, cap in itertools.product((False, True), (0.0, 30.0)):
+            flags = fwd_hopper.mods_flags(windowed, cap, False)
+            for dtype, scale in itertools.product(("fp16", "bf16"), (None, 0.125, 0.05, 0.3)):
+                want = dispatch.hopper_backward_lean(d, dtype, scale, cap)
+                assert want == (d == 64 and not cap and (dtype == "bf16" or scale != 0.05))
+                for name in bwd_hopper.KERNELS:
+                    cfg = bwd_hopper.config(d, name, flags, dtype, scale)
+                    plain = bwd_hopper.config(d, name, flags)
+                    lean_cfg = bwd_hopper.LEAN_CONFIGS[name].get(d)
+                    assert cfg == (lean_cfg if want else plain), (d, name, dtype, scale)
+                    assert plain.LEAN == 0 and cfg.BM == plain.BM and cfg.BN == plain.BN
+        lean = {n: t[d] for n, t in bwd_hopper.LEAN_CONFIGS.items() if d in t}
+        assert bwd_hopper.check_configs(lean) == lean
+        if lean:
+            assert lean["dkdv"].BM % 64 == 0 and d in (lean["dkdv"].DQ, lean["dkdv"].NWG * lean["dkdv"].DQ)
+    assert bwd_hopper.config(128, "dkdv", fwd_hopper.mods_flags(False, 30.0, False), "bf16") == \
+        bwd_hopper.SOFTCAP_CONFIGS["dkdv"][128]
+
+
+#: (d, dtype, scale, window, softcap, deterministic) of the default backward path's choice (below)
+DEFAULT_PATH_CASES = list(itertools.product((64, 128), ("float16", "bfloat16"), (None, 0.05), (None, (20, 0)),
+                                            (0.0, 30.0), (False, True)))
+
+
+def test_default_backward_path_picks_the_lean_build_and_never_refuses(monkeypatch):
+    """`flash_attention_backward`'s default path as on an sm_90 GPU (`hopper_unavailable` None; the Gluon
+    kernels replaced by recorders): for every (d, dtype, scale, window, softcap, deterministic) it launches
+    without a NotImplementedError, the mode `deterministic` and `HOPPER_ONEPASS_DIMS` say, the build
+    `dispatch.hopper_backward_lean` says (LEAN, RED of the dK/dV kernel; LEAN of the dQ kernel); autograd's
+    default (``flash_attention(...).backward()``, deterministic=False) at d = 64 runs the one-pass lean
+    build."""
+    from attnscope.kernels import bwd_hopper
+
+    calls = []
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((self.name, kw))
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)
+    for d, dtype, scale, window, softcap, det in DEFAULT_PATH_CASES:
+        dt = getattr(torch, dtype)
+        q, k, v, do = _inputs(1, 2, 1, 24, 40, d, dt, False, seed=d)
+        o, lse = torch.randn_like(q), torch.randn(1, 2, 24)
+        calls.clear()
+        bwd.flash_attention_backward(do, q, k, v, o, lse, True, scale, deterministic=det, window=window,
+                                     softcap=softcap)
+        lean = dispatch.hopper_backward_lean(d, "bf16" if dt == torch.bfloat16 else "fp16", scale, softcap)
+        onepass = not det and d in bwd.HOPPER_ONEPASS_DIMS
+        assert [c[0] for c in calls] == (["dkdv"] if onepass else ["dkdv", "dq"])
+        case = (d, dtype, scale, window, softcap, det)
+        assert calls[0][1]["ONEPASS"] == (bwd_hopper.MODES[bwd.HOPPER_ONEPASS_MODE] if onepass else 0), case
+        assert all(kw["LEAN"] == lean for _, kw in calls), case
+        assert calls[0][1]["RED"] == (2 if lean else 1), case
+    assert bwd.HOPPER_ONEPASS_DIMS == (64,) and bwd.HOPPER_ONEPASS_MODE == "onepass"
+    for d in (64, 128):
+        calls.clear()
+        q, k, v, do = _inputs(1, 2, 1, 24, 24, d, torch.bfloat16, False, seed=1)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attnscope.flash_attention(*leaves, causal=True).backward(do)
+        want = [("dkdv", 2, 1)] if d == 64 else [("dkdv", 0, 0), ("dq", None, 0)]
+        assert [(n, kw.get("ONEPASS"), kw["LEAN"]) for n, kw in calls] == want
+
+
 @pytest.mark.parametrize("d,dtype,mods", [(64, "float16", None),
                                           (128, "bfloat16", _common.Mods(100, 0, 30.0, None))])
 def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype, mods):
     """`bwd_hopper.launch`'s host side, no GPU (the two Gluon kernels replaced by recorders): each TMA
     descriptor gets its block and the NVMMA shared layout of its Gluon element type (`fwd_hopper._layout`
     takes a tuple and a Gluon dtype), the grids and constexprs are the build's (softcap d = 128: 32-row Q
-    tiles)."""
+    tiles), the call's default (`bwd_hopper.config` of its dtype and scale: d = 64 the lean build)."""
     from triton.experimental.gluon import language as gl
 
     from attnscope.kernels import bwd_hopper, fwd_hopper
@@ -356,10 +458,11 @@ def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype,
     elem = gl.bfloat16 if dt == torch.bfloat16 else gl.float16
     for name, n_rows, heads in (("dkdv", Nk, B * Hkv), ("dq", Nq, B * Hq)):
         grid, args, kw = calls[name]
-        cfg = bwd_hopper.config(d, name, flags)
+        cfg = bwd_hopper.config(d, name, flags, "bf16" if dt == torch.bfloat16 else "fp16", 0.125)
+        assert cfg.LEAN == (d == 64) == kw["LEAN"]  # softcap at d = 128: plain
         assert grid == (-(-n_rows // (cfg.BN if name == "dkdv" else cfg.NWG * cfg.BM)), heads)
-        assert kw == bwd_hopper.constexprs(d, False, name, flags)
-        blocks = bwd_hopper._blocks(d, name, flags)
+        assert kw == bwd_hopper.constexprs(d, False, name, flags, cfg=cfg)
+        blocks = bwd_hopper._blocks(d, name, flags, cfg)
         for desc, rows in zip(args[:len(blocks)], blocks.values(), strict=True):
             assert list(desc.block_shape) == [1, 1, rows, d]
             assert desc.layout == gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
@@ -428,29 +531,55 @@ HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, 
                 (777, 1537, 128, "float16", True, 1, True), (1537, 777, 64, "bfloat16", True, 2, False),
                 (1024, 1024, 128, "bfloat16", False, 8, False), (300, 333, 64, "float16", False, 1, True),
                 (2048, 2048, 128, "float16", True, 1, False), (129, 65, 128, "bfloat16", False, 2, False)]
-#: d = 64 cases of the two kernels' lean builds (`bwd_hopper.LEAN_CONFIGS`)
-HOPPER_LEAN_CASES = [(1537, 777, 64, "bfloat16", True, 2, False), (300, 333, 64, "float16", False, 1, True),
-                     (777, 1537, 64, "float16", True, 4, False)]
+#: d = 64 cases of the two kernels' plain builds (`bwd_hopper.CONFIGS`; the default runs the lean ones there)
+HOPPER_PLAIN64_CASES = [(1537, 777, 64, "bfloat16", True, 2, False),
+                        (300, 333, 64, "float16", False, 1, True),
+                        (777, 1537, 64, "float16", True, 4, False)]
+
+
+def _plain_only(monkeypatch, d):
+    """The plain Hopper build at head dim ``d`` for this test: `bwd_hopper.config` finds no lean one."""
+    from attnscope.kernels import bwd_hopper
+
+    for table in bwd_hopper.LEAN_CONFIGS.values():
+        if d in table:
+            monkeypatch.delitem(table, d)
+
+
+def _lean_seen(monkeypatch):
+    """A list that collects each Hopper launch's (kernel, LEAN, ONEPASS) from its constexprs."""
+    from attnscope.kernels import bwd_hopper
+
+    seen, constexprs = [], bwd_hopper.constexprs
+
+    def recording(d, causal, name="dkdv", *a, **kw):
+        out = constexprs(d, causal, name, *a, **kw)
+        seen.append((name, out["LEAN"], out.get("ONEPASS")))
+        return out
+
+    monkeypatch.setattr(bwd_hopper, "constexprs", recording)
+    return seen
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
-@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided,lean",
+@pytest.mark.parametrize("nq,nk,d,dtype,causal,group,strided,plain",
                          [pytest.param(*c, False, id="-".join(map(str, c))) for c in HOPPER_CASES]
-                         + [pytest.param(*c, True, id="lean-" + "-".join(map(str, c)))
-                            for c in HOPPER_LEAN_CASES])
-def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, lean):
-    if lean:  # the lean dK/dV and dQ kernels
-        from attnscope.kernels import bwd_hopper
-
-        for name, table in bwd_hopper.LEAN_CONFIGS.items():
-            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
+                         + [pytest.param(*c, True, id="plain-" + "-".join(map(str, c)))
+                            for c in HOPPER_PLAIN64_CASES])
+def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, causal, group, strided, plain):
+    """impl="hopper" (two kernels) against float64: the default build (d = 64: the lean one), and the plain
+    build at d = 64."""
+    if plain:
+        _plain_only(monkeypatch, d)
+    seen = _lean_seen(monkeypatch)
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, strided, seed=nq + nk + d, device="cuda")
     o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
     got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper")
     again = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper")
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))  # no atomics: bitwise repeatable
+    assert {lean for _, lean, _ in seen} == {int(d == 64 and not plain)}
     for hk in (0, 1):  # both kv heads of batch 1: the group's query heads and their shared K/V
         sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
         ks = (slice(1, 2), slice(hk, hk + 1))
@@ -462,10 +591,11 @@ def test_gpu_hopper_backward_matches_float64(monkeypatch, nq, nk, d, dtype, caus
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
-def test_gpu_hopper_backward_with_sinks_and_dlse_equals_portable():
-    """Sinks and an LSE gradient enter through the LSE and Delta only: the Hopper gradients agree with the
-    portable kernels' (dsinks, torch on D and LSE, exactly)."""
-    q, k, v, do = _inputs(1, 4, 2, 700, 900, 128, torch.bfloat16, False, seed=21, device="cuda")
+@pytest.mark.parametrize("d", [128, 64])
+def test_gpu_hopper_backward_with_sinks_and_dlse_equals_portable(d):
+    """Sinks and an LSE gradient enter through the LSE and Delta only: the Hopper gradients (d = 64: the lean
+    build) agree with the portable kernels' (dsinks, torch on D and LSE, exactly)."""
+    q, k, v, do = _inputs(1, 4, 2, 700, 900, d, torch.bfloat16, False, seed=21, device="cuda")
     sinks = torch.randn(4, device="cuda")
     o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, sinks=sinks)
     dlse = torch.randn_like(lse)
@@ -551,9 +681,10 @@ def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
 
 # --- the Hopper one-pass build (deterministic=False: dQ by fp32 atomics inside the dK/dV kernel) ---------
 def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch):
-    """`bwd_hopper.launch(mode=...)`'s host side, no GPU: one-pass, only the dK/dV kernel runs, built with
-    its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and dQ is that buffer in q's dtype
-    after the kernel (the recorder adds into it as the kernel's atomics would)."""
+    """`bwd_hopper.launch(mode=...)`'s host side, no GPU, the plain build (`CONFIGS`): one-pass, only the
+    dK/dV kernel runs, built with its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and
+    dQ is that buffer in q's dtype after the kernel (the recorder adds into it as the kernel's atomics
+    would)."""
     from attnscope.kernels import bwd_hopper
 
     calls = {}
@@ -578,17 +709,19 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
     lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
     want = (torch.arange(B * Hq * Nq * d, dtype=torch.float32) * 0.25).view(B, Hq, Nq, d).to(torch.bfloat16)
+    plain = {name: table[d] for name, table in bwd_hopper.CONFIGS.items()}
     for mode, flag in (("onepass", 2), ("onepass-wg", 1)):
         calls.clear()
         dq.zero_()
-        out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode=mode)
+        out = bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode=mode,
+                                configs=plain)
         assert set(calls) == {"dkdv"} and len(out) == 1
         grid, args, kw = calls["dkdv"]
         assert kw == bwd_hopper.constexprs(d, True, "dkdv", 0, mode) and kw["ONEPASS"] == flag
         assert kw["DQ"] == 64 and tuple(args[8].shape) == (B, Hq, Nq, d)
         assert torch.equal(dq, want)
     calls.clear()  # the two-kernel build: both kernels, ONEPASS off
-    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None)
+    bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, configs=plain)
     assert set(calls) == {"dkdv", "dq"} and calls["dkdv"][2]["ONEPASS"] == 0
     with pytest.raises(ValueError, match="mode: expected one of twokernel, onepass-wg, onepass, got 'fast'"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="fast")
@@ -764,8 +897,9 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
 #: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2;
-#: "+lean": the lean dK/dV build (`bwd_hopper.LEAN_CONFIGS`: masked and whole tiles in runs, both MMAs issued
-#: at once, the scale folded into P, unmasked paired dQ reductions into padded rows)
+#: without "+lean" the plain build (at d = 64 forced: `_plain_only`); "+lean": the default build, at d = 64
+#: the lean one (`bwd_hopper.LEAN_CONFIGS`: masked and whole tiles in runs, both MMAs issued at once, the
+#: scale folded into P, unmasked paired dQ reductions into padded rows)
 ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (2048, 2048, 64, "float16", False, None, 0.0, 1, "onepass"),
                  (777, 1537, 128, "float16", True, None, 0.0, 1, "onepass"),
@@ -802,11 +936,11 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     mode, _, build = mode.partition("+")
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))  # the one-pass build at every head dim
+    if build != "lean":  # the plain build (the default at d = 64 is the lean one)
+        _plain_only(monkeypatch, d)
     if build == "red2":  # two fp32 per reduction instruction (`_gluon_red.red_add`)
         monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
-    elif build == "lean":  # both lean kernels: the two-kernel run below (det) is checked against float64 too
-        for name, table in bwd_hopper.LEAN_CONFIGS.items():
-            monkeypatch.setitem(bwd_hopper.CONFIGS[name], d, table[d])
+    seen = _lean_seen(monkeypatch)
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
     amp = 4.0 if softcap else 1.0
@@ -816,6 +950,7 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=False, impl="hopper",
                                        **mods)
     det = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper", **mods)
+    assert {lean for _, lean, _ in seen} == {int(build == "lean")}  # "+lean": d = 64 cases only
     for x, y in zip(got[1:], det[1:], strict=True):
         assert (x.float() - y.float()).abs().max() <= 1e-2 * y.float().abs().max()
 
@@ -862,3 +997,60 @@ def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
     assert seen == [bwd.HOPPER_ONEPASS_MODE, "twokernel"]
     for a, b in zip(grads[False], grads[True], strict=True):
         assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()
+
+
+#: (Nq, Nk, dtype, causal, GQA group, scale, softcap, lean) of the default backward at d = 64: bf16 and fp16
+#: at the default scale (the lean build), ragged N, Nq != Nk both ways, GQA 1 / 2 / 4; the plain fallbacks
+#: (fp16 under `bwd_hopper.LEAN_MIN_FP16_SCALE`, softcap)
+DEFAULT64_CASES = [(1537, 1537, "bfloat16", True, 4, None, 0.0, True),
+                   (1000, 1000, "float16", False, 1, None, 0.0, True),
+                   (777, 1537, "float16", True, 2, None, 0.0, True),
+                   (1537, 777, "bfloat16", False, 2, None, 0.0, True),
+                   (700, 900, "float16", True, 2, 0.05, 0.0, False),
+                   (700, 700, "bfloat16", True, 1, None, 30.0, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the Gluon Hopper backward needs an sm_90 GPU")
+@pytest.mark.parametrize("nq,nk,dtype,causal,group,scale,softcap,lean", DEFAULT64_CASES)
+def test_gpu_default_backward_d64_matches_float64(monkeypatch, nq, nk, dtype, causal, group, scale, softcap,
+                                                  lean):
+    """The default d = 64 backward, ``flash_attention(q, k, v, causal=...)`` then ``.backward()``: the
+    one-pass build (deterministic=False, the default) and the two kernels (deterministic=True, bitwise
+    repeatable), each lean where `dispatch.hopper_backward_lean` says so (plain under fp16 with a small scale
+    or softcap, never an error), dQ, dK, dV within 3 x PyTorch's own error + 1e-3 of float64."""
+    seen = _lean_seen(monkeypatch)
+    dt = getattr(torch, dtype)
+    q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, 64, dt, False, seed=nq + nk + group, device="cuda")
+    q, k = (q * 4.0, k * 4.0) if softcap else (q, k)
+    mods = {"softcap": softcap} if softcap else {}
+    grads = {}
+    for det in (False, True, True):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        attnscope.flash_attention(*leaves, causal=causal, scale=scale, deterministic=det, **mods).backward(do)
+        if det in grads:
+            assert all(torch.equal(t.grad, g) for t, g in zip(leaves, grads[det], strict=True))
+        grads[det] = [t.grad for t in leaves]
+    assert seen == [("dkdv", int(lean), 2)] + [("dkdv", int(lean), 0), ("dq", int(lean), None)] * 2
+
+    def n(t):
+        return t.detach().double().cpu().numpy()
+
+    for hk in (0, 1):  # both kv heads of batch 1
+        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
+        ks = (slice(1, 2), slice(hk, hk + 1))
+        qs, kk, vv, dos = q[sl], k[ks], v[ks], do[sl]
+        ro, rlse = reference.naive_attention(n(qs), n(kk), n(vv), causal=causal, scale=scale, return_lse=True,
+                                             **mods)
+        ref = reference.attention_backward(n(dos), n(qs), n(kk), n(vv), ro, rlse, causal=causal, scale=scale,
+                                           **mods)
+        if softcap:
+            leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
+            to, _ = checks.torch_attention(*leaves, causal, None, softcap, None)
+            torch_g = torch.autograd.grad(to, leaves, dos)
+        else:
+            torch_g = _torch_grads(qs, kk, vv, dos, causal, scale)
+        empty = ~reference.permitted(nq, nk, causal, None).any(-1)
+        for g in grads.values():
+            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
+            assert (n(g[0][sl])[:, :, empty] == 0).all()

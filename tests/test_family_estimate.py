@@ -1,6 +1,7 @@
 """model/family_estimate.py: the decode and varlen DRAM estimates, their constant table, the probe grids,
 and their place in `attnscope bytes` (CPU; no GPU, ncu stood in for)."""
 
+import csv
 import json
 import random
 import time
@@ -94,11 +95,16 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
     with pytest.raises(NotMeasured, match="flash_partials_dram"):
         fe.decode_estimate("flash", [4096], heads=64, kv_heads=4, params=NONE)
     assert set(PROBES) == {f.name for f in fields(FamilyParams)}  # every constant names its probe
-    # what needs no constant runs: one split, one row tile; FA-2 filling the GPU; varlen (the L2 rules)
+    with pytest.raises(NotMeasured, match="varlen_frame_d128_causal is not measured yet.*v-gqa"):
+        fe.varlen_estimate("attnscope", [16384], causal=True, heads=32, kv_heads=8, params=NONE)
+    # what needs no constant runs: one split, one row tile; FA-2 filling the GPU; Flex (the L2 rules);
+    # attnscope varlen where no spill frame is written back (d 64 causal: none; one wave: none dead)
     assert fe.decode_estimate("attnscope", [4096], heads=8, splits=1, params=NONE).total > 0
     assert fe.decode_estimate("flash", [4096] * 64, heads=32, kv_heads=8, params=NONE).facts["splits"] == 1
     assert fe.varlen_estimate("flex", [30000, 30000], heads=16, params=NONE).total > 0
-    assert fe.varlen_estimate("attnscope", [16384], causal=True, heads=32, kv_heads=8, params=NONE).total > 0
+    assert fe.varlen_estimate("attnscope", [16384], causal=True, d=64, heads=32, kv_heads=8,
+                              params=NONE).total > 0
+    assert fe.varlen_estimate("attnscope", [1024], heads=32, params=NONE).total > 0  # 256 programs <= 264
 
 
 def test_the_shipped_constants_are_measured_and_nonnegative():
@@ -122,6 +128,14 @@ def test_flex_past_the_l2_is_the_forward_estimate_of_its_documents_as_a_batch():
     assert rereads == pytest.approx(k.read - 2 * 30000 * 128 * 2 * 48) and rereads > 0
     mixed = fe.varlen_estimate("flex", [30000, 20000], **kw)  # each document its share of a batch of two
     assert 0 < dict((n, b) for n, b, _ in mixed.terms)["kv_rereads"] < rereads
+    # a group's next head re-reads a document one head's pass over the *packed* tokens later: short
+    # resident documents beside a long one lengthen that gap by their own tokens only, not by
+    # (documents - 1) copies of the long one
+    gqa = dict(heads=24, kv_heads=3, d=128, sms=132, l2_bytes=62914560)
+    alone = dict((n, b) for n, b, _ in fe.varlen_estimate("flex", [60000], **gqa).terms)["kv_rereads"]
+    packed = dict((n, b) for n, b, _ in fe.varlen_estimate("flex", [60000] + [100] * 14, **gqa).terms)
+    short_kv = 14 * 2 * 3 * 100 * 128 * 2  # the short documents' K/V, re-read by at most 7 more heads
+    assert alone > 0 and alone <= packed["kv_rereads"] <= alone + 7 * short_kv
     with pytest.raises(NotImplementedError, match="causal GQA over several documents"):
         fe.varlen_estimate("flex", [30000, 30000], causal=True, heads=32, kv_heads=4)
     fe.varlen_estimate("flex", [3000, 2000, 77], causal=True, heads=8, kv_heads=2)  # resident: runs
@@ -141,6 +155,61 @@ def test_attnscope_varlen_rereads_follow_the_waves_of_its_head_fastest_grid():
     causal, _ = rereads(4096, causal=True)  # heaviest first: wave w reads 1 - w k / T of the K/V
     w, waves = 1024 / 264, 4
     assert causal == pytest.approx((waves - waves * (waves - 1) / (2 * w) - 1) * kv)
+
+
+def test_attnscope_varlen_waves_run_on_across_sequences():
+    # the work list is sequence-major, longest first; a wave of C programs that holds the end of one
+    # sequence and the start of the next streams both sets, so the second sequence is streamed once more
+    def rereads(lens, **kw):
+        est = fe.varlen_estimate("attnscope", lens, heads=32, d=128, sms=132, l2_bytes=62914560, **kw)
+        return dict((name, b) for name, b, _ in est.terms)["kv_rereads"]
+    kv = 2 * 32 * 4096 * 128 * 2  # past the L2: every re-read misses
+    assert rereads([4096]) == pytest.approx(3 * kv)  # programs 0..1023: waves 0..3
+    assert rereads([4096, 4096]) == pytest.approx((3 + 4) * kv)  # 1024..2047: waves 3..7
+    # a wave that ends one sequence and starts the next streams both: the pair, each under the L2 alone,
+    # re-reads more than the two apart (H 16, d 64: 27 MB and 12 MB of K/V)
+    kw = dict(heads=16, d=64, sms=132, l2_bytes=62914560)
+
+    def alone(lens):
+        return dict((n, b) for n, b, _ in fe.varlen_estimate("attnscope", lens, **kw).terms)["kv_rereads"]
+    assert alone([7000, 3000]) > alone([7000]) + alone([3000]) > 0
+    # the kernel orders the list by length (ties by index), whatever the packed order
+    assert rereads([2048, 4096, 4096]) == pytest.approx(rereads([4096, 4096, 2048]))
+    assert rereads([2048, 4096, 4096], causal=True) == pytest.approx(rereads([4096, 4096, 2048], causal=True))
+
+
+@pytest.mark.parametrize("p0", [0, 1, 100, 263, 264, 1000])
+@pytest.mark.parametrize("n", [128, 1000, 4096, 9000])
+def test_causal_wave_passes_closed_form_equals_the_sum_over_waves(p0, n):
+    # heaviest tile first: a wave reads the set down to its first program's diagonal, 1 - p / P
+    c, heads = 264, 32
+    programs = -(-n // 128) * heads
+    waves = range(p0 // c, (p0 + programs - 1) // c + 1)
+    share = [1 - max(0, j * c - p0) / programs for j in waves]
+    got, last, end = fe._varlen_waves(p0, n, heads, c, True)
+    assert got == pytest.approx(sum(share))
+    assert last == pytest.approx(share[-1] if len(share) > 1 else 0.0) and end == (waves[-1] + 1) * c
+    assert fe._varlen_waves(p0, n, heads, c, False)[:2] == (len(waves), 1.0 if len(share) > 1 else 0.0)
+
+
+def test_attnscope_varlen_spill_frames_of_finished_programs():
+    # each program past the last C (= 264) leaves a dead dirty frame; evicted (the call streams far past
+    # the L2) it is written back: programs x 128 threads x the build's frame; d 64 causal has none
+    params = FamilyParams(varlen_frame_d128=100.0, varlen_frame_d128_causal=30.0, varlen_frame_d64=20.0)
+    kw = dict(heads=32, sms=132, l2_bytes=62914560, params=params)
+
+    def spill(lens, **more):
+        est = fe.varlen_estimate("attnscope", lens, **kw, **more)
+        _below_compulsory_only_by_the_named_credit(est)
+        return dict((n, b) for n, b, _ in est.terms)["spill"]
+    assert spill([1024], d=128) == 0  # 256 programs: all live at the end
+    # 2048 programs, the last 264 live at the end, the dead ones ~all evicted
+    assert spill([8192], d=128) == pytest.approx((2048 - 264) * 128 * 100.0, rel=0.02)
+    assert spill([8192], d=128, causal=True) == pytest.approx(spill([8192], d=128) * 0.3, rel=0.02)
+    assert spill([8192], d=64) == pytest.approx(spill([8192], d=128) * 0.2, rel=0.02)
+    assert spill([8192], d=64, causal=True) == 0
+    with pytest.raises(NotImplementedError, match="head dim 96; supported: 64 and 128"):
+        fe.varlen_estimate("attnscope", [8192], d=96, heads=32)
 
 
 def test_flash_splits_follow_pytorchs_heuristic():
@@ -204,10 +273,14 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
     for fam in ("decode", "varlen", "backward"):
         probe = physical.parse_grid(GRIDS / f"probe_{fam}.csv")
         held = physical.parse_grid(GRIDS / f"heldout_{fam}.csv")
-        assert 6 <= len(probe) <= 14 and {s["pass"] for s in probe} == {fam}
+        assert 6 <= len(probe) <= 15 and {s["pass"] for s in probe} == {fam}
         assert {s["impl"] for s in probe} == set(families.IMPLS[fam])
         key = [json.dumps(s, sort_keys=True) for s in probe]
         assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
+        if fam == "varlen":  # the second grid, drawn after the first missed: disjoint from both
+            second = physical.parse_grid(GRIDS / "heldout_varlen2.csv")
+            held2 = {json.dumps(s, sort_keys=True) for s in second}
+            assert len(held2) == 48 and not held2 & (set(key) | {json.dumps(s, sort_keys=True) for s in held})
         text = (GRIDS / f"probe_{fam}.csv").read_text()
         for field, probe_text in PROBES.items():  # each row name a probe cites is in its grid
             if f"probe_{fam}.csv" in probe_text:
@@ -215,6 +288,22 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
                 assert f"# {name}" in text or f"/ {name}" in text or f"{name} /" in text, (field, name)
     chunk = [s for s in physical.parse_grid(GRIDS / "probe_decode.csv") if s.get("nq")]
     assert [s["nq"] for s in chunk] == [16, 64]
+
+
+def test_the_second_varlen_grid_is_what_its_header_command_draws():
+    # committed before measurement: the seed in its header reproduces it, row for row; Flex 2-8 sequences
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
+    prefill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefill)
+    text = (GRIDS / "heldout_varlen2.csv").read_text()
+    assert "--draw 3902 --family varlen2" in text
+    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("varlen2", 3902)]
+    got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [{k: v for k, v in r.items() if v} for r in got] == rows
+    assert sum(r["impl"] == "flex" for r in rows) == 16
+    assert max(len(r["lens"].split(";")) for r in rows if r["impl"] == "flex") <= 8
 
 
 def test_nq_column_is_attnscopes_and_counts_in_the_ledger():
@@ -251,7 +340,8 @@ def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys,
                     "varlen,flex,32,4,128,,,30000;20000,true\n")
     want = fe.decode_estimate("attnscope", [4096, 1000], heads=8, kv_heads=2, d=64, splits=1).total
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
+                  **kw):
         pts = [ncu.Point(s, ncu.Measured([KernelBytes(1, "k", int(want * 1.04), 0)], "none", "ncu x"))
                for s in specs]
         progress(pts, len(pts))
@@ -304,17 +394,20 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
                         cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
                         naive_bwd_s_dram=1.1,
                         portable_bwd_reread_dram=0.8, hopper_bwd_reread_dram=0.6, flash_bwd_reread_dram=0.9,
-                        cudnn_bwd_reread_dram=0.7)
+                        cudnn_bwd_reread_dram=0.7,
+                        varlen_frame_d128=120.0, varlen_frame_d128_causal=30.0, varlen_frame_d64=25.0)
     monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
+                  **kw):
         pts = []
-        for s in specs:
+        for s in specs:  # the varlen frames are fitted on the writes: attnscope's varlen rows carry them
             try:
                 b = int(round(family_fit._estimate(s, true, 62914560, 132)))
             except NotImplementedError:  # a probe row the estimate refuses (h-group): the fit skips it
                 b = 10**9
-            pts.append(ncu.Point(s, ncu.Measured([KernelBytes(1, "k", b, 0)], "none", "ncu x")))
+            w = int(round(family_fit._writes(s, true, 62914560, 132))) if s["pass"] == "varlen" else 0
+            pts.append(ncu.Point(s, ncu.Measured([KernelBytes(1, "k", b - w, w)], "none", "ncu x")))
         progress(pts, len(pts))
         return pts
 

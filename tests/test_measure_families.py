@@ -123,7 +123,8 @@ def test_sweep_of_families_reports_ledger_error_and_estimate(tmp_path, capsys, m
     specs = physical.parse_grid(grid)
     bwd_logical = families.ledger(specs[1])[0]
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
+                  **kw):
         half = bwd_logical // 2
         pts = [_point(specs[0], 3 * 8 * 2**20, 8 * 2**20), _point(specs[1], half, bwd_logical - half),
                ncu.Point(specs[2], None, "RuntimeError: refused")]

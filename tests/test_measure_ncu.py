@@ -22,6 +22,7 @@ def test_command_line():
     s = " ".join(cmd)
     assert "--metrics dram__bytes_read.sum,dram__bytes_write.sum" in s
     assert "--clock-control none" in s and "--profile-from-start off" in s and "--csv" in s
+    assert "--target-processes application-only" in s  # inductor's compile workers are not injected
     assert "--cache-control none" in s and "--print-units base" in s and "--log-file /tmp/log.csv" in s
     assert "--cache-control all" in " ".join(ncu.ncu_command(["x"], "l", cache_control="all"))
     with pytest.raises(ValueError, match=r"cache_control: expected one of none, all, got 'some'"):
@@ -636,7 +637,8 @@ def test_sweep_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, monkeypatch)
     grid.write_text("impl,B,H,N,d,causal\nflash,1,8,4096,128,false\ncudnn,2,3,999,64,true\n")
     written = []
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None):
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
+                  **kw):
         pts = [_point(specs[0], 3 * 8 * 2**20, 8 * 2**20), ncu.Point(specs[1], None, "RuntimeError: refused")]
         progress(pts[:1], 2)
         written.append(json.loads((tmp_path / "s.json").read_text()))  # the partial file, after group 1

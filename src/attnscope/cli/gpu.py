@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from attnscope.cli import serving
@@ -125,8 +129,8 @@ def _bytes_decode(args) -> int:
         expect(getattr(args, name) == default, "--" + name, "none with --cache-lens (its lengths give the "
                "batch and the keys; the ledger is attnscope's split-KV decode, bottom-right causal)",
                getattr(args, name))
-    for flag in ("sweep", "from_json", "calibrate"):
-        expect(not getattr(args, flag), "--" + flag.replace("_", "-"), "none with --cache-lens",
+    for flag in ("sweep", "from_json", "calibrate", "resume", "warm_workers"):
+        expect(getattr(args, flag) in (None, False), "--" + flag.replace("_", "-"), "none with --cache-lens",
                getattr(args, flag))
     expect(args.repeat == 1, "--repeat", "1 with --cache-lens", args.repeat)
     expect(args.json in (None, "-"), "--json", "no file name with --cache-lens (JSON goes to stdout)",
@@ -185,6 +189,10 @@ def _bytes(args) -> int:
         raise InputError(f"--repeat: expected an integer in [1, {physical.MAX_REPEAT}], got {args.repeat}")
     if args.repeat > 1 and not args.sweep:  # one call, --from-json (its env says) and --calibrate: 1
         raise InputError(f"--repeat: expected 1 without --sweep, got {args.repeat}")
+    expect(args.resume is None or bool(args.sweep) and not args.estimate_only, "--resume",
+           "none without a measured --sweep", args.resume)
+    expect(args.warm_workers is None or bool(args.sweep or args.calibrate) and not args.estimate_only,
+           "--warm-workers", "none without a measured --sweep or --calibrate", args.warm_workers)
     if args.sweep or args.from_json or args.calibrate:
         if args.kv_heads is not None:  # each grid point names its own: never silently ignored
             raise InputError(f"--kv-heads: expected none with --sweep, --from-json or --calibrate (a grid "
@@ -293,6 +301,23 @@ def _write_or_print(args, obj) -> None:
         write_atomic(args.json, json.dumps(_clean(obj), indent=1) + "\n", "--json")
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived while a sweep measured (`timeout` sends it)."""
+
+
+def _terminated(signum, frame):
+    raise _Terminated()
+
+
+def _warm_workers(args) -> int:
+    """--warm-workers: as given (0: off), else half the CPU cores, at most 8."""
+    if args.warm_workers is None:
+        return min(8, max(1, (os.cpu_count() or 2) // 2))
+    expect(isinstance(args.warm_workers, int) and 0 <= args.warm_workers <= 64, "--warm-workers",
+           "an integer from 0 to 64", args.warm_workers)
+    return args.warm_workers
+
+
 def _bytes_sweep(args) -> int:
     """--sweep GRID (measure every point), --from-json FILE (re-evaluate a recorded sweep, no GPU),
     --calibrate (streams of known size through the same ncu path)."""
@@ -325,29 +350,60 @@ def _bytes_sweep(args) -> int:
         _write_or_print(args, out)
         return 0
     _positive(args, "per_child")
+    workers = _warm_workers(args)
     specs = physical.parse_grid(args.sweep) if args.sweep else list(physical.CALIBRATION)
     specs = specs * repeat  # K rounds over the grid, each point once a round
+    env = {"grid_sha256": physical.grid_digest(specs)} if args.sweep else {}
+    before: dict = {}  # grid index -> the Point a resumed file measured
+    if args.resume:  # before the GPU is asked for: a file of another grid is one line, exit 2
+        before, old = physical.resume_points(args.resume, specs, repeat, args.cache_control)
+        env["resumed"] = {"file": str(args.resume), "date": old.get("date"), "points": len(before)}
     if (code := _no_gpu("bytes")) is not None:
         return code
     l2, sms = _l2_sms(args)
-    env = {**_env(l2, sms), **({"repeat": repeat} if repeat > 1 else {})}
+    env = {**_env(l2, sms), **({"repeat": repeat} if repeat > 1 else {}), **env}
+    if args.resume and old.get("gpu") not in (None, env.get("gpu")):
+        raise InputError(f"--resume: expected a sweep measured on this GPU ({env.get('gpu')}), got one "
+                         f"measured on {old['gpu']}")
+
+    written, start = [], time.monotonic()
 
     def progress(done, total):
-        print(f"measured {len(done)}/{total}", file=sys.stderr, flush=True)
+        print(f"measured {len(done)}/{total} ({time.monotonic() - start:,.0f} s)", file=sys.stderr,
+              flush=True)
         if args.sweep and args.json not in (None, "-"):  # keep what is measured if the run is cut short
+            written.append(len(done))
             got = [(p.spec, p.measured.total, [k.name for k in p.measured.kernels])
                    for p in done if p.measured]
             part = physical.compare(got, l2, sms, repeated=repeat > 1)
-            _write_or_print(args, physical.sweep_json(done, part, {**env, "partial": f"{len(done)}/{total}"},
+            now = {**env, "partial": f"{len(done)}/{total}", "seconds": round(time.monotonic() - start)}
+            _write_or_print(args, physical.sweep_json(done, part, now,
                                                       families.compare(got, repeated=repeat > 1,
                                                                        l2_bytes=l2, sms=sms)))
 
+    if before:
+        print(f"resumed: {len(before)}/{len(specs)} measured in {args.resume}", file=sys.stderr, flush=True)
+    compiled = sum(s.get("impl") in ncu.COMPILED for i, s in enumerate(specs) if i not in before)
+    if workers and compiled:
+        print(f"compiling the kernels of {compiled} points first, in {min(workers, compiled)} processes "
+              "(--warm-workers)", file=sys.stderr, flush=True)
+    main_thread = threading.current_thread() is threading.main_thread()  # where a handler can be set
+    # `timeout` sends SIGTERM: stop ncu and its child, keep the JSON
+    term = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         points = ncu.measure_many(specs, cache_control=args.cache_control, per_child=args.per_child,
-                                  progress=progress)
+                                  progress=progress, rounds=repeat, done=before, warm_workers=workers)
     except ncu.NcuError as e:
         return _fail("bytes", str(e))
+    except (KeyboardInterrupt, _Terminated) as e:
+        kept = f"; {written[-1]}/{len(specs)} points are in {args.json} (--resume it)" if written else ""
+        return _fail("bytes", f"interrupted{kept}", 130 if isinstance(e, KeyboardInterrupt) else 143)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, term)
     env["ncu"] = next((p.measured.ncu_version for p in points if p.measured), "")
+    if args.sweep:
+        env["seconds"] = round(time.monotonic() - start)  # this run's, warm-up included
     failed = [p for p in points if p.measured is None]
     if args.calibrate:
         crows = physical.calibration_rows(points)
@@ -521,7 +577,16 @@ def configure(sub) -> None:
                         "compare the estimate with each point's median run and print the counters' "
                         "run-to-run spread")
     p.add_argument("--per-child", type=int, default=8,
-                   help=f"points measured per ncu process in --sweep {SPEC}")
+                   help=f"points measured per ncu process in --sweep (points that compile the same kernels "
+                        f"share one) {SPEC}")
+    p.add_argument("--warm-workers", type=int, default=None, metavar="K",
+                   help="with --sweep/--calibrate: first compile the points' kernels (attnscope's Triton, "
+                        "Flex's torch.compile) in K processes at once without ncu, so the measuring "
+                        "processes load them from the on-disk caches; 0: off (default: half the CPU "
+                        "cores, at most 8)")
+    p.add_argument("--resume", metavar="FILE", default=None, type=path_arg,
+                   help="with --sweep: keep the points measured in FILE (the JSON a run of the same grid "
+                        "wrote, whole or cut short), measure the rest and write the whole sweep to --json")
     p.add_argument("--cache-control", default="none", choices=ncu.CACHE_CONTROL,
                    help="ncu --cache-control: none keeps L2 between kernels as inference does; all flushes "
                         f"it before each kernel {SPEC}")

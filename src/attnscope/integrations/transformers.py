@@ -8,8 +8,7 @@ Then:
 
 - no mask, one new token per sequence of a causal model (a decode step against the full cache K/V
   transformers passes): `attnscope.flash_decode`;
-- no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal
-  (at batch 1, one host read per forward checks that ``position_ids`` do not restart: packed sequences);
+- no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
 - a mask without padding over the first ``n`` cache slots (a static cache): the same kernels on the
   filled keys (a view; `flash_decode` with ``cache_seqlens``). `padding_mask` marks such a mask by its
   form, stride 0 (`filled`), so the attention call needs no host read to know it; eagerly it finds one by
@@ -19,14 +18,23 @@ Then:
   order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
   sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
   `attnscope.flash_attention_varlen`, and gathered back (padded query rows give 0). The queries are the
-  last ``Nq`` mask columns. No host read, except with a sliding window: one read per call refuses a mask
-  with holes.
+  last ``Nq`` mask columns; the packing is built once per mask tensor (transformers passes one mask to
+  every layer; a one-entry cache, `_packing`). No host read, except with a sliding window: one read per
+  mask tensor refuses a mask with holes.
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
 ``scale=``, ``window=``, ``softcap=`` and ``sinks=`` keywords. Dropout during training, attention weights
-(``output_attentions``), 4-D custom masks, packed sequences given by ``position_ids`` alone, and a sliding
-window over a padding mask with holes raise NotImplementedError; nothing is ignored.
+(``output_attentions``), 4-D custom masks, a mask pattern the padding form cannot hold (packed sequences
+that transformers finds in ``position_ids``, a model's extra mask function: refused by `padding_mask`), and a
+sliding window over a padding mask with holes raise NotImplementedError; nothing is ignored.
+
+Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
+a padding mask (the holes check: one read per mask tensor). `padding_mask` reads one (per mask built) where
+transformers' own flash mask does, and for a static cache's mask eagerly (see `padding_mask`). Packed
+sequences are found by transformers (its own read of ``position_ids`` in a forward without a cache, made
+for every implementation); with a cache transformers takes positions as positions for every
+implementation, and so does attnscope.
 
 transformers is an optional extra: ``pip install 'attnscope[transformers]'``.
 """
@@ -83,13 +91,22 @@ def _is_filled(mask: Tensor) -> bool:
 
 
 def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
-                 attention_mask: Tensor | None = None, device=None, **kwargs) -> Tensor | None:
+                 attention_mask: Tensor | None = None, device=None, allow_is_causal_skip: bool = True,
+                 **kwargs) -> Tensor | None:
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
     padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`
     (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without
     a mask, the filled slots of a cache with unfilled ones as `filled` (a host read where the cache keeps
-    its offset on the device). transformers may pass what this returns back in as ``attention_mask``."""
+    its offset on the device). transformers may pass what this returns back in as ``attention_mask``.
+
+    transformers clears ``allow_is_causal_skip`` for more than one query exactly when its mask holds more than
+    causality, a sliding window and padding (packed sequences it found in ``position_ids``, a model's ``and``
+    / ``or`` mask function); the padding form cannot hold that, so it is refused (NotImplementedError)."""
+    if not allow_is_causal_skip and q_length > 1:
+        raise NotImplementedError("attention_mask: transformers asks for a mask beyond causal, sliding "
+                                  "window and padding (packed sequences in position_ids, or a model's extra "
+                                  "mask function); supported: a padded batch with a 2-D attention_mask")
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                                 attention_mask=attention_mask, device=device, **kwargs)
     if mask is not None:
@@ -98,7 +115,7 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
         return mask
     if attention_mask is not None:  # transformers found it all ones over all kv_length slots
         return None
-    n = int(q_offset) + q_length - int(kv_offset)  # positions written once this step's keys are in
+    n = int(q_offset - kv_offset) + q_length  # positions written once this step's keys are in (one read)
     return filled(batch_size, n, device) if n < kv_length else None
 
 
@@ -117,7 +134,7 @@ def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
     return mods
 
 
-def _refuse(dropout, attention_mask, kwargs, query) -> None:
+def _refuse(dropout, attention_mask, kwargs) -> None:
     if dropout:
         raise NotImplementedError(f"dropout: attention dropout is not supported by attnscope (supported: "
                                   f"0.0, i.e. model.eval()), got {dropout}")
@@ -129,27 +146,6 @@ def _refuse(dropout, attention_mask, kwargs, query) -> None:
         got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
         raise NotImplementedError(f"attention_mask: supported: None or a 2-D padding mask [B, kv_len] "
                                   f"(transformers' flash-attention mask form), got {got}")
-    pos = kwargs.get("position_ids")
-    if (mask is None and isinstance(pos, torch.Tensor) and query.shape[0] == 1 and query.shape[2] > 1
-            and pos.dim() == 2 and _packed_positions(pos)):
-        raise NotImplementedError("position_ids: packed sequences (positions restarting inside one row) are "
-                                  "not supported; pass a padded batch with an attention_mask instead")
-
-
-#: The last ``position_ids`` found unpacked (a weak reference) and its version counter: transformers passes
-#: one tensor to every layer of a forward, so the host read that checks it happens once per forward.
-_UNPACKED = [lambda: None, -1]
-
-
-def _packed_positions(pos: Tensor) -> bool:
-    """Whether the positions restart inside the row (packed sequences): one host read per new tensor."""
-    ref, version = _UNPACKED
-    if ref() is pos and pos._version == version:
-        return False
-    packed = bool((pos.diff(dim=-1) != 1).any())
-    if not packed:
-        _UNPACKED[:] = [weakref.ref(pos), pos._version]
-    return packed
 
 
 def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -175,7 +171,7 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     out : torch.Tensor, [B, Nq, Hq, d], query's dtype
     None (no attention weights)
     """
-    _refuse(dropout, attention_mask, kwargs, query)
+    _refuse(dropout, attention_mask, kwargs)
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     mods = _mods(module, query, sliding_window, softcap, s_aux, causal)
     if attention_mask is not None:
@@ -185,6 +181,28 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     else:
         o = flash_attention(query, key, value, causal, scaling, **mods)
     return o.transpose(1, 2), None
+
+
+#: The last padding mask found without holes (a weak reference) and its version counter: transformers passes
+#: one mask tensor to every layer of a forward, so `_has_holes` reads back once per mask, not once per layer.
+_NO_HOLES = [lambda: None, -1]
+
+
+def _has_holes(mask: Tensor) -> bool:
+    """Whether a row of the bool mask [B, n] has padding between real tokens: one host read per new mask
+    (every call while tracing)."""
+    compiling = torch.compiler.is_compiling()
+    ref, version = _NO_HOLES
+    if not compiling and ref() is mask and mask._version == version:
+        return False
+    real = mask.to(dtype=torch.bool)
+    n_k = real.sum(1)
+    cols = torch.arange(mask.shape[1], device=mask.device)
+    span = torch.where(real, cols, -1).amax(1) - torch.where(real, cols, mask.shape[1]).amin(1) + 1
+    holes = bool(((span != n_k) & (n_k > 0)).any())
+    if not holes and not compiling:
+        _NO_HOLES[:] = [weakref.ref(mask), mask._version]
+    return holes
 
 
 def _pack_order(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -218,23 +236,40 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
         else:
             o = flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods)
         return o.transpose(1, 2)
-    mask = mask.to(device=query.device, dtype=torch.bool)
-    q_mask = mask[:, -Nq:]  # the queries are the last Nq positions the mask covers
-    k_mask = torch.nn.functional.pad(mask, (0, Nk - mask.shape[1]), value=False)  # unfilled slots: padding
-    if "window" in mods:  # the packed positions close holes, the window would count across them
-        n_k = k_mask.sum(1)
-        cols = torch.arange(Nk, device=mask.device)
-        span = torch.where(k_mask, cols, -1).amax(1) - torch.where(k_mask, cols, Nk).amin(1) + 1
-        if bool(((span != n_k) & (n_k > 0)).any()):  # the one host read, sliding-window models only
-            raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
-                                      "(padding between real tokens) is not supported; supported: left or "
-                                      "right padding")
+    if "window" in mods and _has_holes(mask):  # packing closes holes: the window would count across them
+        raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
+                                  "(padding between real tokens) is not supported; supported: left or right "
+                                  "padding")
+    q_mask, cu_q, dest_q, (q_rows, q_cols), cu_k, (k_rows, k_cols) = _packing(mask, Nq, Nk, query.device)
     # the valid queries of a row are its last valid keys, so bottom-right causal per sequence is exact
-    cu_q, dest_q, src_q = _pack_order(q_mask)
-    cu_k, _, src_k = _pack_order(k_mask)
-    q = query[src_q // Nq, :, src_q % Nq]  # [B * Nq, Hq, d], packed order
-    k = key[src_k // Nk, :, src_k % Nk]  # [B * Nk, Hkv, d]
-    v = value[src_k // Nk, :, src_k % Nk]
+    q = query[q_rows, :, q_cols]  # [B * Nq, Hq, d], packed order
+    k = key[k_rows, :, k_cols]  # [B * Nk, Hkv, d]
+    v = value[k_rows, :, k_cols]
     o = flash_attention_varlen(q, k, v, cu_q, cu_k, B * Nq, B * Nk, causal, scaling, **mods)
     out = o[dest_q].view(B, Nq, Hq, d)  # padded query rows attended the padding sequence: zeroed
     return torch.where(q_mask[:, :, None, None], out, out.new_zeros(()))
+
+
+#: The packing of the last padding mask (a weak reference to it, its version counter, Nq, Nk, device) and
+#: the packing: transformers passes one mask tensor to every layer of a forward, so `_packing` computes it
+#: once per forward, not once per layer (about 30 small kernels).
+_PACKING = [lambda: None, None, None]
+
+
+def _packing(mask: Tensor, Nq: int, Nk: int, device):
+    """For a padding mask [B, n] (n <= Nk): the query mask [B, Nq] (its last Nq columns), ``cu_q``, ``dest_q``
+    and the (row, position) gather indices of the packed queries, ``cu_k`` and those of the packed keys
+    (the slots past n are padding); see `_pack_order`. On the device, no host read."""
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else (mask._version, Nq, Nk, device)
+    if not compiling and _PACKING[0]() is mask and _PACKING[1] == key:
+        return _PACKING[2]
+    bool_mask = mask.to(device=device, dtype=torch.bool)
+    q_mask = bool_mask[:, -Nq:]
+    k_mask = torch.nn.functional.pad(bool_mask, (0, Nk - mask.shape[1]), value=False)  # unfilled: padding
+    cu_q, dest_q, src_q = _pack_order(q_mask)
+    cu_k, _, src_k = _pack_order(k_mask)
+    packing = (q_mask, cu_q, dest_q, (src_q // Nq, src_q % Nq), cu_k, (src_k // Nk, src_k % Nk))
+    if not compiling:
+        _PACKING[:] = [weakref.ref(mask), key, packing]
+    return packing

@@ -33,8 +33,9 @@ nothing in the kernels (the saved LSE includes them) and their gradient is
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
 (TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
 ``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
-autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); ``impl="auto"`` takes
-them where `model.dispatch.hopper_backward_ok` says so.
+autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); either mode in the lean
+build where `model.dispatch.hopper_backward_lean` says so (d = 64; `bwd_hopper.config`); ``impl="auto"``
+takes them where `model.dispatch.hopper_backward_ok` says so.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
 loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
@@ -511,9 +512,11 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     scale : float or None
         Softmax scale; None means ``1/sqrt(d)``.
     deterministic : bool, default True
-        False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass; the Hopper kernels'
-        one-pass build, 5 MMAs per tile pair instead of 7, except softcap at d = 128, which takes the
-        separate pass). True: dQ in a separate pass over the KV tiles (bit-reproducible, re-reads K and V).
+        False: dQ accumulated with fp32 atomics inside the dK/dV kernel (one pass; the Hopper kernels at the
+        head dims of `HOPPER_ONEPASS_DIMS` by their one-pass build, 5 MMAs per tile pair instead of 7, at
+        the others by the separate pass). True: dQ in a separate pass over the KV tiles (bit-reproducible,
+        re-reads K and V). The Hopper kernels run their lean build in either mode where
+        `model.dispatch.hopper_backward_lean` says so (`bwd_hopper.config`).
     dlse : torch.Tensor, [B, Hq, Nq], optional
         Gradient of the returned LSE (``dS += P * dLSE``, folded into D), e.g. for a ring merge.
     window, softcap, sinks

@@ -24,11 +24,12 @@ shared memory and adds ``sm_scale dS K`` into a zeroed fp32 dQ [B, Hq, Nq, d] by
 pair instead of 7), cast to the input dtype after: "onepass" (`ONEPASS_CTA`) over the CTA's keys once per
 query tile (the warpgroups meet at an mbarrier; d = 128 a 64-column slice each, d = 64 the whole tile by one
 warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics).
-The lean dK/dV build (``BwdConfig.LEAN``, `LEAN_CONFIGS`; either mode; no softcap) cuts the work per tile
-pair that is not MMA: masked and whole query tiles in separate runs (the mask a constant), S^T from nothing
-and dP^T from -Delta issued back to back, P^T = exp2(S^T qk_scale + log2(scale) - LSE2) by one FFMA (so
-P^T, dS^T carry the scale: dK and dQ need no product, dV / scale once), dQ into rows padded to `ROW_PAD`
-by unmasked reductions.
+The lean dK/dV build (``BwdConfig.LEAN``, `LEAN_CONFIGS`; either mode; the default where
+`model.dispatch.hopper_backward_lean` says so, `config`: d = 64 without softcap, fp16 with a scale >= 2^-4)
+cuts the work per tile pair that is not MMA: masked and whole query tiles in separate runs (the mask a
+constant), S^T from nothing and dP^T from -Delta issued back to back, P^T = exp2(S^T qk_scale +
+log2(scale) - LSE2) by one FFMA (so P^T, dS^T carry the scale: dK and dQ need no product, dV / scale
+once), dQ into rows padded to `ROW_PAD` by unmasked reductions.
 
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
@@ -50,6 +51,7 @@ from typing import NamedTuple
 
 from attnscope.errors import choice
 from attnscope.kernels._common import import_torch_triton
+from attnscope.model import dispatch
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -104,25 +106,32 @@ class BwdConfig(NamedTuple):
 CONFIGS = {"dkdv": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)},
            "dq": {128: BwdConfig(64, 128, 2), 64: BwdConfig(64, 128, 2)}}
 KERNELS = tuple(CONFIGS)
-#: The lean d = 64 builds (`BwdConfig.LEAN`; dK/dV with two fp32 per dQ reduction): selectable
-#: (bench/backward.py --hopper-lean, `launch(configs=...)`), not the default until measured on the GPU.
+#: The lean d = 64 builds (`BwdConfig.LEAN`; dK/dV with two fp32 per dQ reduction): a call's default where
+#: `model.dispatch.hopper_backward_lean` says so (`config`), both modes; `CONFIGS` elsewhere.
 LEAN_CONFIGS = {"dkdv": {64: BwdConfig(64, 128, 2, RED=2, LEAN=1)}, "dq": {64: BwdConfig(64, 128, 2, LEAN=1)}}
-#: The lean build's P^T and dS^T carry the softmax scale in the input dtype: in fp16 a scale under this (d >
-#: 256's 1 / sqrt(d)) would push P^T below fp16's normal range (bf16 has fp32's)
-LEAN_MIN_FP16_SCALE = 2.0**-4
+#: The lowest scale of the lean build in fp16 (`model.dispatch.HOPPER_LEAN_MIN_FP16_SCALE`, which says why)
+LEAN_MIN_FP16_SCALE = dispatch.HOPPER_LEAN_MIN_FP16_SCALE
 #: Softcap builds that differ (`config`): dK/dV at d = 128 holds P^T (1 - t^2) across the dP^T product on top
 #: of the plain build's registers, which spills with 64-row Q tiles; 32-row tiles halve S^T and dP^T (the
 #: ring is twice as deep for the same shared memory).
 SOFTCAP_CONFIGS = {"dkdv": {128: BwdConfig(32, 128, 4)}}
 
 
-def config(d: int, kernel: str = "dkdv", mods: int = 0) -> BwdConfig:
+def config(d: int, kernel: str = "dkdv", mods: int = 0, dtype: str | None = None,
+           sm_scale: float | None = None) -> BwdConfig:
     """The block configuration of ``kernel`` ("dkdv" or "dq") for head dim ``d`` and the build ``mods``
-    (`fwd_hopper.mods_flags`) (NotImplementedError if not built for it)."""
+    (`fwd_hopper.mods_flags`) (NotImplementedError if not built for it). With ``dtype`` ("fp16" or "bf16")
+    and ``sm_scale`` (None: ``1 / sqrt(d)``): a call's default build, `LEAN_CONFIGS`' where
+    `model.dispatch.hopper_backward_lean` says so (both modes), else the plain one; without ``dtype``: the
+    plain build (`CONFIGS`, `SOFTCAP_CONFIGS`), as kernels/varlen_bwd_hopper.py runs it."""
     if d not in CONFIGS[kernel]:
         raise NotImplementedError(f"Hopper backward: head_dim {d} is not supported; supported: "
                                   f"{sorted(CONFIGS[kernel])}")
-    if mods & SOFTCAP.value and d in SOFTCAP_CONFIGS.get(kernel, {}):
+    capped = bool(mods & SOFTCAP.value)
+    if (dtype is not None and d in LEAN_CONFIGS[kernel]
+            and dispatch.hopper_backward_lean(d, dtype, sm_scale, float(capped))):  # the flag: 1 is any cap
+        return LEAN_CONFIGS[kernel][d]
+    if capped and d in SOFTCAP_CONFIGS.get(kernel, {}):
         return SOFTCAP_CONFIGS[kernel][d]
     return CONFIGS[kernel][d]
 
@@ -452,8 +461,9 @@ def _blocks(d: int, name: str, mods: int = 0, cfg: BwdConfig | None = None) -> d
 
 
 #: Rows of the padded -LSE2 / qk_scale and Delta copies the dK/dV kernel reads by TMA: a multiple of every
-#: ``BM`` (TMA also needs 16-byte row strides); the padding is -inf (P = 0) and 0.
-ROW_PAD = 128
+#: ``BM`` (TMA also needs 16-byte row strides); the padding is -inf (P = 0) and 0. The lean one-pass build's
+#: fp32 dQ rows too. One value with model/ (`model.dispatch.HOPPER_BWD_ROW_PAD`).
+ROW_PAD = dispatch.HOPPER_BWD_ROW_PAD
 ROWS = gl.constexpr(ROW_PAD)  # in the kernels: the lean build's padded fp32 dQ rows
 
 
@@ -528,15 +538,17 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     preprocess); writes ``dq`` (contiguous [B, Hq, Nq, d]), ``dk``, ``dv`` (contiguous [B, Hkv, Nk, d]) in
     place. ``mode`` (`MODES`): "twokernel", the dK/dV kernel then the dQ kernel (bitwise reproducible);
     "onepass" or "onepass-wg", the dK/dV kernel alone, adding dQ by fp32 atomics into a zeroed fp32 buffer,
-    then cast into ``dq`` (the atomics' order varies run to run: not bitwise reproducible).
+    then cast into ``dq`` (the atomics' order varies run to run: not bitwise reproducible). Either mode runs
+    the call's default build (`config` of q's dtype and ``sm_scale``: the lean one where it applies).
 
     ``lse2``: the forward's LSE x log2(e), contiguous float32 [B, Hq, Nq]; ``delta``: rowsum(dO * O)
     (minus dLSE), contiguous float32 [B, Hq, Nq]; ``qk_scale``: the softmax scale x log2(e), softcap x
     log2(e) under softcap (`_tl.mod_args`); ``mods``: a `_common.Mods` (None: none; ``causal`` then False
     under a window); ``configs``: {"dkdv": BwdConfig, "dq": BwdConfig} in place of `config`'s (either
-    optional; `check_configs`), for tuning. Each (kernel, d, dtype, causal, mods used, mode, config)
-    compiles once per process. Returns the compiled kernels (``.n_regs``, ``.n_spills``,
-    ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,) one-pass.
+    optional; `check_configs`; the lean build refused with softcap, and in fp16 under `LEAN_MIN_FP16_SCALE`),
+    for tuning. Each (kernel, d, dtype, causal, mods used, mode, config) compiles once per process. Returns
+    the compiled kernels (``.n_regs``, ``.n_spills``, ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,)
+    one-pass.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -560,7 +572,8 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     windowed = mods is not None and mods.windowed
     softcap = 0.0 if mods is None else mods.softcap
     flags = mods_flags(windowed, softcap, False)  # sinks: no kernel support needed
-    cfgs = {name: configs.get(name) or config(d, name, flags) for name in KERNELS}
+    dtype = "fp16" if q.dtype == torch.float16 else "bf16"
+    cfgs = {name: configs.get(name) or config(d, name, flags, dtype, sm_scale) for name in KERNELS}
     left, right = (mods.left, mods.right) if windowed else (-1, -1)
     cap_in = sm_scale / softcap if softcap > 0 else 0.0  # t = tanh(s scale / softcap)
     args = (Hq, Hkv, Nq, Nk, qk_scale, sm_scale, left, right, cap_in)

@@ -528,7 +528,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
         run. False (the default): the faster mode where the two differ -- on sm_90 at the head dims of
         `kernels.bwd.HOPPER_ONEPASS_DIMS` (64) the Gluon one-pass kernel, dQ by fp32 atomics (not bitwise
         reproducible); elsewhere the separate pass (`kernels.bwd.ATOMIC_DQ_BY_DEFAULT` for the portable
-        kernels), so bitwise reproducible there too.
+        kernels), so bitwise reproducible there too. On sm_90 at d = 64 both modes run the Gluon kernels'
+        lean build (plain under softcap, or fp16 with a scale under 2^-4:
+        `model.dispatch.hopper_backward_lean`).
 
     Returns
     -------

@@ -19,6 +19,9 @@ sequence's first packed row added to the TMA coordinates; tile indices and the m
 - dQ (`_attnscope_varlen_bwd_hopper_dq_kernel`): one CTA per (sequence, 128-row query tile) x query head,
   the K/V ring from the sequence's first key; LSE2 and Delta by masked loads (+inf and 0 past Nq: P = 0);
   dQ by TMA for whole 64-row warpgroup tiles, masked pointer stores for the ragged one.
+Both kernels run the plain build (`bwd_hopper.config` without a dtype), never the lean one
+(`bwd_hopper.LEAN_CONFIGS`): the lean step needs the masked and whole tiles in separate runs, rows of
+log2(scale) - LSE2 and -Delta and a lean dQ kernel, none of which this path has.
 No atomics: the gradients are bitwise reproducible run to run. Causal is bottom-right per sequence. No score
 mods on this path (window and softcap run the portable kernels of kernels/varlen_bwd.py; sinks need nothing
 here). Layout: q, dO [total_q, Hq, d], k, v [total_k, Hkv, d] viewed as [1, H, total, d] for 4-D TMA

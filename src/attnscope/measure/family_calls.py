@@ -2,8 +2,8 @@
 
 `call(torch, spec)` returns ``(fn, keep)`` as measure/ncu.py's child wants them: everything ``fn`` needs is
 built first (inputs, the forward whose gradient is asked, caches, block tables, Flex's block mask and its
-compile at the first warm-up call), so the profiled range holds only the family's kernels -- the
-backward kernels alone for ``backward``. GPU only; imported by the child.
+compile, static for the point's shape, at the first warm-up call), so the profiled range holds only the
+family's kernels -- the backward kernels alone for ``backward``. GPU only; imported by the child.
 """
 
 from __future__ import annotations
@@ -97,6 +97,10 @@ def _varlen(torch, spec, dt, h, hkv, d, dev):
         return same & (qi >= ki) if causal else same
 
     mask = create_block_mask(document, None, None, total, total, device=dev)
+    # a fresh compile for this point's shape, whatever the process compiled before: without the reset a
+    # later point recompiles with dynamic shapes (dynamo's automatic dynamic) and past dynamo's recompile
+    # limit runs Flex unfused; with it a point's kernel, and its on-disk cache entry, depend on it alone
+    torch.compiler.reset()
     flex = torch.compile(flex_attention)
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, total, d] views
     return (lambda: flex(qt, kt, vt, block_mask=mask, enable_gqa=hkv != h)), (q, k, v, mask, doc)

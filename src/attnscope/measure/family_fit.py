@@ -5,8 +5,9 @@ gives them, with the estimate itself as the design (column f: the estimate with 
 others 0), relative errors weighing each row alike. A byte term cannot be negative: the solve is
 non-negative least squares, and a constant whose unconstrained value is below 0 is reported ("measured ~0").
 A constant no row informs stays None; a row the estimate does not model (it refuses the shape) is skipped.
-The varlen rows need no constant (their estimate is the forward's L2 rules); they are estimated and printed
-beside the others. Pure Python + NumPy/SciPy; no GPU.
+The varlen spill frames (`WRITE_FIT`) are fitted the same way on the write counters of attnscope's varlen
+rows (Flex's rows and those without a finished program's frame only print their estimate). Pure Python +
+NumPy/SciPy; no GPU.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from attnscope.measure import families
 from attnscope.model import family_estimate as fe
 from attnscope.model.backward_estimate import backward_estimate
 from attnscope.model.family_params import FamilyParams
+from attnscope.model.traffic import DTYPE_BYTES
 
 LINEAR = tuple(f.name for f in fields(FamilyParams))  # every constant enters its estimate linearly
+#: constants of a write-only term, fitted on the write counters (on the totals, a read-side miss of the same
+#: rows would leak into them): the varlen spill frames
+WRITE_FIT = ("varlen_frame_d128", "varlen_frame_d128_causal", "varlen_frame_d64")
 
 
 def _estimate(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
@@ -47,37 +52,62 @@ def _modelled(spec: dict, zero: FamilyParams, l2_bytes: int | None, sms: int | N
     return True
 
 
-def fit(points: list[tuple[dict, int]], l2_bytes: int | None = None, sms: int | None = None) -> dict:
-    """``{"params": {field: value or None}, "zeroed": {field: its negative unconstrained value}, "rows":
-    [{spec, measured, fitted estimate, error, note}]}`` from (decode / varlen / backward spec, ncu bytes)
-    pairs; values are rounded to 3 significant digits. A constant whose unconstrained least-squares value is
-    negative (a byte term below zero: not physical) is 0 and listed in "zeroed"."""
+def _writes(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
+    """A varlen point's estimated DRAM writes: O, the spill frames written back, less the dirty-O credit."""
+    h = spec["heads"]
+    est = fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=spec["d"],
+                             dtype=spec["dtype"], heads=h, kv_heads=spec.get("kv_heads") or h, sms=sms,
+                             l2_bytes=l2_bytes, params=params)
+    o = sum(spec["lens"]) * h * spec["d"] * DTYPE_BYTES[spec["dtype"]]
+    return o + sum(b for n, b, _ in est.terms if n in ("spill", fe.CREDIT))
+
+
+def _solve(rows: list, names: tuple, value, got: dict, zeroed: dict, zero: FamilyParams) -> None:
+    """Non-negative least squares of ``names`` over ``rows`` (spec, total, target counter): the design is
+    ``value(spec, params)`` with one constant at 1 less all at 0, fitted to ``target`` less the all-0 value,
+    each row weighed by 1 / its total; fills ``got`` and ``zeroed``."""
     import numpy as np
     from scipy.optimize import nnls
 
+    if not rows:
+        return
+    base = np.array([value(s, zero) for s, _, _ in rows])
+    cols = np.array([[value(s, replace(zero, **{f: 1.0})) for f in names] for s, _, _ in rows])
+    cols -= base[:, None]
+    y = np.array([t for _, _, t in rows], dtype=float) - base
+    used = [j for j in range(len(names)) if np.any(np.abs(cols[:, j]) > 0)]
+    w = 1.0 / np.array([m for _, m, _ in rows], dtype=float)  # relative errors weigh each row alike
+    if used:
+        a_w, y_w = cols[:, used] * w[:, None], y * w
+        free, *_ = np.linalg.lstsq(a_w, y_w, rcond=None)
+        sol, _ = nnls(a_w, y_w)
+        for j, v, f in zip(used, sol, free, strict=True):
+            got[names[j]] = float(f"{v:.3g}")
+            if f < 0:
+                zeroed[names[j]] = float(f"{f:.3g}")
+
+
+def fit(points: list[tuple], l2_bytes: int | None = None, sms: int | None = None) -> dict:
+    """``{"params": {field: value or None}, "zeroed": {field: its negative unconstrained value}, "rows":
+    [{spec, measured, fitted estimate, error, note}]}`` from (decode / varlen / backward spec, ncu bytes[,
+    ncu write bytes]) tuples; values are rounded to 3 significant digits. A constant whose unconstrained
+    least-squares value is negative (a byte term below zero: not physical) is 0 and listed in "zeroed".
+    The decode and backward constants are fitted on the totals; `WRITE_FIT` on the write counters of the
+    varlen points that carry them."""
     zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0))
-    lin = [(s, m) for s, m in points
-           if s["pass"] in ("decode", "backward") and _modelled(s, zero, l2_bytes, sms)]
     got: dict = dict.fromkeys(LINEAR)
     zeroed: dict = {}
-    if lin:
-        base = np.array([_estimate(s, zero, l2_bytes, sms) for s, _ in lin])
-        cols = np.array([[_estimate(s, replace(zero, **{f: 1.0}), l2_bytes, sms) for f in LINEAR]
-                         for s, _ in lin]) - base[:, None]
-        y = np.array([m for _, m in lin], dtype=float) - base
-        used = [j for j in range(len(LINEAR)) if np.any(np.abs(cols[:, j]) > 0)]
-        w = 1.0 / np.array([m for _, m in lin], dtype=float)  # relative errors weigh each row alike
-        if used:
-            a_w, y_w = cols[:, used] * w[:, None], y * w
-            free, *_ = np.linalg.lstsq(a_w, y_w, rcond=None)
-            sol, _ = nnls(a_w, y_w)
-            for j, v, f in zip(used, sol, free, strict=True):
-                got[LINEAR[j]] = float(f"{v:.3g}")
-                if f < 0:
-                    zeroed[LINEAR[j]] = float(f"{f:.3g}")
+    lin = [(s, m, m) for s, m, *_ in points
+           if s["pass"] in ("decode", "backward") and _modelled(s, zero, l2_bytes, sms)]
+    _solve(lin, tuple(f for f in LINEAR if f not in WRITE_FIT), lambda s, p: _estimate(s, p, l2_bytes, sms),
+           got, zeroed, zero)
+    wrote = [(s, m, w[0]) for s, m, *w in points
+             if s["pass"] == "varlen" and s["impl"] == "attnscope" and w and w[0] is not None
+             and _modelled(s, zero, l2_bytes, sms)]
+    _solve(wrote, WRITE_FIT, lambda s, p: _writes(s, p, l2_bytes, sms), got, zeroed, zero)
     params = FamilyParams(**got)
     rows = []
-    for s, m in points:
+    for s, m, *_ in points:
         try:
             e = _estimate(s, params, l2_bytes, sms)
         except NotImplementedError as exc:

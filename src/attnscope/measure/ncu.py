@@ -15,7 +15,11 @@ lines in the L2, which the first measured call wrote back as its own (0.05 MiB p
 cuDNN MQA call of 43 MiB, 0.14 for an FA-2 GQA one of 32 MiB; bench/first_spec_probe.py at commit 5eeec86).
 
 ``ncu --profile-from-start off`` therefore profiles exactly the marker and the call's kernels; the
-marker separates the calls when one child measures several configurations (`measure_many`). A spec is
+marker separates the calls when one child measures several configurations (`measure_many`, which puts
+the specs that compile the same kernels in one child: `measuring_order`). The compiles (Triton's JIT,
+Flex's torch.compile) are CPU work, and with a cold cache most of a Flex point's time; `warm_up` runs
+them first, in several processes at once without ncu, so the measuring child loads them from Triton's
+and inductor's on-disk caches (their default directories, shared by the user's processes). A spec is
 an attention call (``impl``, ``batch``, ``heads``, ``kv_heads`` (GQA: SDPA with ``enable_gqa``), ``n``,
 ``d``, ``dtype``, ``causal``; a backward, decode or varlen call with ``pass``: measure/families.py)
 or a calibration stream of known size (``kind`` in `STREAMS`, ``bytes``):
@@ -32,6 +36,7 @@ Parsing is pure Python and tested on a CPU with recorded CSV files.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -41,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 from attnscope.errors import InputError, choice, short
@@ -102,13 +108,31 @@ def ncu_command(child: list[str], log_file: str, ncu: str = "ncu", cache_control
     own output.
     """
     choice("cache_control", cache_control, CACHE_CONTROL)
+    # application-only: the child launches every measured kernel itself; the processes it starts
+    # (inductor's compile workers, ptxas) need no injection
     return [ncu, "--metrics", ",".join(metrics), "--clock-control", "none", "--cache-control", cache_control,
-            "--profile-from-start", "off", "--csv", "--print-units", "base", "--log-file", log_file, *child]
+            "--profile-from-start", "off", "--target-processes", "application-only", "--csv",
+            "--print-units", "base", "--log-file", log_file, *child]
 
 
-def child_command(specs: list[dict]) -> list[str]:
-    """The child process: this module with ``--child`` and the configurations as JSON."""
-    return [sys.executable, "-m", "attnscope.measure.ncu", "--child", json.dumps(specs)]
+def child_command(specs: list[dict], mode: str = "--child") -> list[str]:
+    """The child process: this module with ``--child`` (or ``--warm``: `warm_up`) and the configurations
+    as JSON."""
+    return [sys.executable, "-m", "attnscope.measure.ncu", mode, json.dumps(specs)]
+
+
+def _child_env() -> dict:
+    """The environment of a child: it imports attnscope from wherever this process found it (installed or
+    a source tree)."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return {**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _kill(p: subprocess.Popen) -> None:
+    """Stop ``p`` and everything it started (it runs in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(p.pid, signal.SIGKILL)
+    p.communicate()
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -216,18 +240,17 @@ def run_child(child: list[str], cache_control: str = "none", timeout_s: float = 
     os.close(fd)
     try:
         cmd = ncu_command(child, log, ncu=ncu, cache_control=cache_control)
-        # the child imports attnscope from wherever this process found it (installed or a source tree)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         # a session of its own, so a timeout can stop ncu *and* the child it launched
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
                              start_new_session=True)
         try:
             out, err = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+            _kill(p)
             raise NcuError(f"ncu: timed out after {timeout_s:.0f} s") from e
+        except BaseException:  # Ctrl-C, SIGTERM (`attnscope bytes` raises on it): no orphan left on the GPU
+            _kill(p)
+            raise
         with open(log, encoding="utf-8", errors="replace") as f:
             text = f.read()
     finally:
@@ -299,18 +322,97 @@ class Point:
                 "error": self.error}
 
 
-def measure_many(specs: list[dict], cache_control: str = "none", per_child: int = 8,
-                 timeout_s: float | None = None, progress=None) -> list[Point]:
-    """Measure several specs (attention calls and calibration streams) under ncu, ``per_child`` to one
-    child process (one start-up of ncu, torch and the kernels' compilation per group; a group that times
-    out or crashes loses only its own points). ``timeout_s`` is per group (`run`). ``progress(points so
-    far, total)`` is called after each group (`attnscope bytes --sweep` writes its JSON there, so a run cut
-    short keeps what it measured).
+#: Implementations whose kernels compile at their first call (Triton's JIT, Flex's torch.compile): the
+#: ones `warm_up` runs.
+COMPILED = ("attnscope", "flex")
+#: The fields that pick a spec's compiled kernels (with `compile_key`'s GQA flag): points that agree on
+#: them share compiled kernels, in one process and through the on-disk caches.
+_COMPILE_FIELDS = ("pass", "kind", "impl", "d", "dtype", "causal", "deterministic", "kv_dtype", "page_size")
+
+
+def compile_key(spec: dict) -> tuple:
+    """A sort key that puts specs compiling the same kernels side by side: family, implementation, head
+    dim, dtype, masking, mode, GQA or not, then the head counts."""
+    gqa = spec.get("kv_heads", spec.get("heads")) != spec.get("heads")
+    return (*(str(spec.get(f, "")) for f in _COMPILE_FIELDS), gqa, str(spec.get("heads", "")),
+            str(spec.get("kv_heads", "")))
+
+
+def measuring_order(specs: list[dict], rounds: int = 1) -> list[int]:
+    """Indices of ``specs`` in the order `measure_many` measures them: within each of ``rounds`` equal
+    rounds (``--repeat``: the grid K times), by `compile_key`, then grid order."""
+    size = len(specs) // rounds if rounds > 0 and len(specs) % rounds == 0 else len(specs)
+    return sorted(range(len(specs)), key=lambda i: (i // max(size, 1), compile_key(specs[i]), i))
+
+
+def warm_up(specs: list[dict], workers: int, timeout_s: float | None = None) -> int:
+    """Compile the kernels of the `COMPILED` specs before ncu measures them, in up to ``workers``
+    processes at once (specs dealt out in turn, so each process gets a share of every kind).
+
+    Each process (``python -m attnscope.measure.ncu --warm``, no ncu, no profiler) makes the first call of
+    its specs, so Triton's and inductor's on-disk caches hold what the measuring child then loads instead
+    of compiling: the compiles, CPU work, run side by side. A spec's kernels depend on the spec alone
+    (Flex compiles afresh for each point: measure/family_calls.py), so any split of the specs warms the
+    children's. A process that fails or passes ``timeout_s`` (`run`'s default) is stopped and ignored:
+    the measuring child compiles for itself. Nothing runs on the GPU while ncu measures. Returns how many
+    processes exited cleanly.
     """
+    todo = [s for s in specs if s.get("impl") in COMPILED]
+    shares = [todo[w::workers] for w in range(min(workers, len(todo)))]
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("ATTNSCOPE_NCU_TIMEOUT_S", "600"))
+    # one compile at a time in each process (the processes are the parallelism); not in inductor's key
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", **_child_env()}
+    running: list[tuple[subprocess.Popen, float]] = []
+    ok = 0
+    try:
+        for share in shares:
+            p = subprocess.Popen(child_command(share, "--warm"), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+            running.append((p, time.monotonic()))
+        while running:
+            time.sleep(0.05)
+            for p, t0 in list(running):
+                if p.poll() is not None:
+                    ok += p.returncode == 0
+                    running.remove((p, t0))
+                elif time.monotonic() - t0 > timeout_s:
+                    _kill(p)
+                    running.remove((p, t0))
+    except BaseException:
+        for p, _ in running:
+            _kill(p)
+        raise
+    return ok
+
+
+def measure_many(specs: list[dict], cache_control: str = "none", per_child: int = 8,
+                 timeout_s: float | None = None, progress=None, rounds: int = 1,
+                 done: dict[int, Point] | None = None, warm_workers: int = 0) -> list[Point]:
+    """Measure several specs (attention calls and calibration streams) under ncu; one Point per spec, in
+    the order of ``specs``.
+
+    ``per_child`` specs go to one child process (one start-up of ncu, torch and the kernels' compilation
+    per group; a group that times out or crashes loses only its own points), taken in `measuring_order`
+    (``rounds``: ``specs`` is a grid repeated that many times), so specs that compile the same kernels
+    share a child. ``warm_workers`` > 0 first compiles the specs' kernels in that many processes at once
+    (`warm_up`). ``done`` maps indices of ``specs`` to Points already measured (a resumed sweep):
+    they are kept, not measured again. ``timeout_s`` is per group (`run`). ``progress(points so far,
+    total)`` is called after each group with the points done so far (``done`` included) in the order of
+    ``specs`` (`attnscope bytes --sweep` writes its JSON there, so a run cut short keeps what it
+    measured).
+    """
+    got: dict[int, Point] = dict(done or {})
+    order = [i for i in measuring_order(specs, rounds) if i not in got]
+    groups = [order[g:g + per_child] for g in range(0, len(order), per_child)]
+    if not groups:
+        return [got[i] for i in range(len(specs))]
     version = ncu_version(find_ncu())
-    out: list[Point] = []
-    for g in range(0, len(specs), per_child):
-        group = specs[g:g + per_child]
+    if warm_workers > 0:
+        warm_up([specs[i] for i in order], warm_workers, timeout_s)
+    for grp in groups:
+        group = [specs[i] for i in grp]
+        out: list[Point] = []
         try:
             text, output = run(group, cache_control=cache_control, timeout_s=timeout_s)
             status = child_status(output)
@@ -333,9 +435,10 @@ def measure_many(specs: list[dict], cache_control: str = "none", per_child: int 
                     else:
                         out.append(Point(s, Measured(paired[id(st)], cache_control, version)))
                 out += [Point(s, None, "the child stopped before this call") for s in group[len(status):]]
+        got.update(zip(grp, out, strict=True))
         if progress is not None:
-            progress(list(out), len(specs))
-    return out
+            progress([got[i] for i in sorted(got)], len(specs))
+    return [got[i] for i in range(len(specs))]
 
 
 # --- the child -------------------------------------------------------------------------------------
@@ -422,7 +525,24 @@ def child_status(output: str) -> list[dict]:
     return []
 
 
-if __name__ == "__main__":  # pragma: no cover - runs on the GPU machine under ncu
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        sys.exit(_child(json.loads(sys.argv[2])))
-    sys.exit("usage: python -m attnscope.measure.ncu --child SPECS_JSON")
+def _warm(specs: list[dict]) -> int:
+    """`warm_up`'s process: the first call of each spec, in order, no profiler; a failing one is passed
+    over (the measuring child reports it)."""
+    import torch
+
+    for spec in specs:
+        try:
+            fn, keep = _call(torch, spec)
+            fn()
+            torch.cuda.synchronize()
+            del fn, keep
+        except Exception:  # an OOM or a refused shape here only loses the warm cache
+            pass
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - runs on the GPU machine (--child: under ncu)
+    if len(sys.argv) == 3 and sys.argv[1] in ("--child", "--warm"):
+        sys.exit((_child if sys.argv[1] == "--child" else _warm)(json.loads(sys.argv[2])))
+    sys.exit("usage: python -m attnscope.measure.ncu --child|--warm SPECS_JSON")

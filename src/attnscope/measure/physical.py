@@ -15,6 +15,7 @@ Everything here but the measuring itself is pure Python and tested on a CPU.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from dataclasses import dataclass
@@ -419,6 +420,72 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
     return compare(pairs, l2_size, sm, repeated=repeat > 1), {**env, "estimated_with": {"l2_bytes": l2_size,
                                                                                           "sms": sm},
                                                               "family_rows": fam}
+
+
+def spec_label(spec: dict) -> str:
+    """A grid point in one line, as the sweep's tables name it."""
+    return families.label(spec) if "pass" in spec else Row(spec, 1, 0, 0, ()).label()
+
+
+def grid_digest(specs: list[dict]) -> str:
+    """sha256 of the specs a sweep measures (``--repeat`` rounds included), in order: the sweep's env
+    records it (``grid_sha256``), so `resume_points` tells the same grid from another."""
+    return hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()
+
+
+def resume_points(path, specs: list[dict], rounds: int, cache_control: str,
+                  field: str = "--resume") -> tuple[dict[int, ncu.Point], dict]:
+    """The measured points of a sweep JSON (`--sweep --json`, whole or cut short) by index into the
+    grid ``specs`` (``rounds`` times the grid's points), and the file's env; its failed points are left
+    out (measured again).
+
+    The file must be of the same grid: the same ``repeat``, the same number of points (env.partial's
+    "k/N", else its point count), the same `grid_digest` where it records one, and its points' specs
+    those of ``specs`` in the same order (a prefix where it records no digest: what a sweep wrote
+    before the digest). Its points must have been measured with ``cache_control``. Every violation is
+    one InputError line.
+    """
+    rows_from_json(path, field)  # every field of the file checked, as --from-json does
+    data = inputs.load_json(path, field)
+    env, recorded = data["env"], data["points"]
+    expect(env.get("repeat", 1) == rounds, f"{field}: env.repeat", f"{rounds} (--repeat)",
+           env.get("repeat", 1))
+    total = len(recorded)
+    if "partial" in env:
+        part = env["partial"]
+        done, _, of = part.partition("/") if isinstance(part, str) else ("", "", "")
+        expect(done.isdigit() and of.isdigit() and int(done) == len(recorded), f"{field}: env.partial",
+               f"'{len(recorded)}/N' (its point count over the grid's)", part)
+        total = int(of)
+    expect(total == len(specs), field, f"a sweep of the grid's {len(specs)} points (--sweep, --repeat)",
+           f"a sweep of {total}")
+    if "grid_sha256" in env:
+        expect(env["grid_sha256"] == grid_digest(specs), f"{field}: env.grid_sha256",
+               "the digest of the grid's points (a sweep of this grid)", env["grid_sha256"])
+    keys = [json.dumps(s, sort_keys=True) for s in specs]
+    out: dict[int, ncu.Point] = {}
+    at = 0
+    for j, p in enumerate(recorded):
+        where = f"{field} point {j + 1}"
+        spec = point(p["spec"], where)
+        key = json.dumps(spec, sort_keys=True)
+        start = at
+        while at < len(keys) and keys[at] != key and "grid_sha256" in env:
+            at += 1
+        if at >= len(keys) or keys[at] != key:
+            want = f"its point {start + 1} ({spec_label(specs[start])})" if start < len(keys) else "none"
+            raise InputError(f"{where}: spec: expected the grid's points in its order, here {want}"
+                             f"{' or a later one' if 'grid_sha256' in env else ''}, got {spec_label(spec)}")
+        m = p.get("measured")
+        if m is not None:
+            expect(m.get("cache_control") == cache_control, f"{where}: measured.cache_control",
+                   f"{cache_control!r} (--cache-control)", m.get("cache_control"))
+            kernels = [ncu.KernelBytes(k.get("id", i), k["name"], k["read"], k["write"])
+                       for i, k in enumerate(m["kernels"])]
+            version = str(m.get("ncu_version", ""))
+            out[at] = ncu.Point(specs[at], ncu.Measured(kernels, cache_control, version))
+        at += 1
+    return out, env
 
 
 NO_KERNEL = "no SM kernel was profiled (a copy-engine transfer is invisible to ncu)"

@@ -12,10 +12,14 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
   re-read at the forward's rule.
 - attnscope (kernels/bwd.py `flash_attention_backward`): the preprocess reads O and dO and writes Delta,
   the LSE2 copy is written; a dK/dV kernel per (batch, kv head, 128-key tile) streams Q, dO, LSE2, Delta of
-  every query tile of the GQA group; dQ either by fp32 atomics (portable, ``deterministic=False``: a zeroed
-  fp32 buffer, read-modify-writes per tile pair, a cast) or by a dQ kernel per query tile (the Hopper
-  two-kernel build; the portable one with ``deterministic=True``) that reads Q, dO, LSE2, Delta again and
-  K/V per query tile; the Hopper kernels read -LSE2 / scale and Delta from copies padded to 128 rows.
+  every query tile of the GQA group; dQ either by fp32 atomics (portable, ``deterministic=False``; the
+  Hopper one-pass build, ``deterministic=False`` at `HOPPER_ONEPASS_DIMS`: a zeroed fp32 buffer,
+  read-modify-writes per tile pair, a cast) or by a dQ kernel per query tile (the Hopper two-kernel build;
+  the portable one with ``deterministic=True``) that reads Q, dO, LSE2, Delta again and K/V per query tile.
+  The Hopper kernels read their per-row terms from copies padded to `dispatch.HOPPER_BWD_ROW_PAD` rows:
+  -LSE2 / scale and Delta (plain build), log2(scale) - LSE2 and -Delta (the lean build, the default where
+  `dispatch.hopper_backward_lean` says so at the default scale: d = 64), whose one-pass fp32 dQ rows are
+  padded too.
 - flash (PyTorch's FA-2 ``mha_bwd``): dO and O first copied into its [B, N, H, d] layout (two copy
   kernels), then the same structure per *query* head (grid (key blocks, B, H)): a zeroed fp32 dQ
   accumulator (rows rounded to 128), atomics, a convert kernel; with GQA, dK and dV written per query head
@@ -48,6 +52,7 @@ from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
 from attnscope.model import dispatch
+from attnscope.model.dispatch import HOPPER_BWD_ROW_PAD as ROW_PAD
 from attnscope.model.family_estimate import FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
@@ -80,10 +85,8 @@ _FA2 = {64: BwdKernel(128, 128, 0, 0), 128: BwdKernel(64, 128, 0, 0)}
 BWD_KERNELS = {"portable": dict.fromkeys((64, 128), BwdKernel(32, 128, 128, 64)),
                "hopper": dict.fromkeys((64, 128), BwdKernel(64, 128, 128, 128)), "flash": _FA2, "cudnn": _FA2}
 #: Head dims at which the Hopper kernels' ``deterministic=False`` runs the one-pass build (atomic dQ inside
-#: the dK/dV kernel; kernels/bwd.py HOPPER_ONEPASS_DIMS): not modelled. Elsewhere it runs the two kernels.
+#: the dK/dV kernel; kernels/bwd.py HOPPER_ONEPASS_DIMS). Elsewhere it runs the two kernels.
 HOPPER_ONEPASS_DIMS = (64,)
-#: Rows of the Hopper kernels' padded -LSE2 / scale and Delta copies (kernels/bwd_hopper.py ROW_PAD).
-ROW_PAD = 128
 #: FA-2 rounds the fp32 dQ accumulator's rows to 128 (flash_api.cpp mha_bwd ``seqlen_q_rounded``).
 FLASH_DQ_ROUND = 128
 RESIDENT = ("the call's footprint (compulsory bytes and every buffer it writes) within the L2: no line is "
@@ -173,8 +176,9 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     n, causal, d, dtype, batch, heads, kv_heads: the call's shape (square, N queries and keys; naive MHA).
     deterministic: attnscope's dQ in its own pass (True) or by fp32 atomics (False).
     kernels: attnscope's build ("auto" as `flash_attention_backward` on an sm_90 GPU: the Hopper kernels
-        where `model.dispatch.hopper_backward_ok` says so); the Hopper one-pass build
-        (``deterministic=False`` at d = 64, `HOPPER_ONEPASS_DIMS`) is not modelled.
+        where `model.dispatch.hopper_backward_ok` says so; their one-pass build with ``deterministic=False``
+        at `HOPPER_ONEPASS_DIMS`, the lean build where `model.dispatch.hopper_backward_lean` says so at the
+        default scale, no softcap).
     sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
     params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
 
@@ -219,19 +223,19 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                 "share missing the L2 at one [B, H, N, N] tensor's footprint")
         return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
 
-    build = impl
+    build, lean = impl, False
+    pad = -(-n // ROW_PAD) * ROW_PAD  # rows of the Hopper build's padded copies
     if impl == "attnscope":
         hopper = kernels == "hopper" or (kernels == "auto" and dispatch.hopper_backward_ok(d, causal))
         build = "hopper" if hopper else "portable"
         if hopper and d not in dispatch.HOPPER_BACKWARD_DIMS:
             raise NotImplementedError(f"{what}: the Hopper kernels are built for head dims "
                                       f"{dispatch.HOPPER_BACKWARD_DIMS}, got {d}")
-        if hopper and not deterministic and d in HOPPER_ONEPASS_DIMS:
-            raise NotImplementedError(f"{what}: the Hopper one-pass build (deterministic=False at d = {d}) "
-                                      "is not modelled; supported: the Hopper two-kernel build "
-                                      "(deterministic=True, or d = 128) and the portable kernels in either "
-                                      "mode")
-        deterministic = deterministic or hopper  # the two-kernel build: dQ in its own kernel
+        onepass = hopper and not deterministic and d in HOPPER_ONEPASS_DIMS  # dQ by atomics
+        lean = hopper and dispatch.hopper_backward_lean(d, dtype)  # the default scale, no softcap
+        deterministic = deterministic or (hopper and not onepass)  # two kernels: dQ in its own kernel
+        if hopper:
+            facts |= {"build": "lean" if lean else "plain", "mode": "onepass" if onepass else "twokernel"}
     if d not in BWD_KERNELS[build]:
         raise NotImplementedError(f"{what}: head dim {d} is not modelled; supported: "
                                   f"{sorted(BWD_KERNELS[build])}")
@@ -247,11 +251,15 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         terms.append(("lse2", stats, "LSE x log2(e) written, fp32 per row"))
         scratch += stats
         if build == "hopper":
-            pad = -(-n // ROW_PAD) * ROW_PAD
-            scratch += 2 * bh * pad * STAT_BYTES
-            terms.append(("padded_copies", bh * (6 * n + 2 * pad) * STAT_BYTES,
-                          f"-LSE2 / scale and Delta copied into rows padded to {ROW_PAD} (divide, two "
-                          "fills, two copies): 3 fp32 reads and 3 writes per row, 2 per padded row"))
+            scratch += 2 * bh * pad * STAT_BYTES  # the two padded copies
+            per_row = 8 if lean else 6
+            what_rows = ("log2(scale) - LSE2 and -Delta computed and copied into rows padded to "
+                         f"{ROW_PAD} (two element-wise ops, two fills, two copies)" if lean else
+                         f"-LSE2 / scale and Delta copied into rows padded to {ROW_PAD} (divide, two fills, "
+                         "two copies)")
+            terms.append(("padded_copies", bh * (per_row * n + 2 * pad) * STAT_BYTES,
+                          f"{what_rows}: {per_row // 2} fp32 reads and {per_row // 2} writes per row, 2 per "
+                          "padded row"))
     share = _miss_share(2 * qd + stats, l2)
     if share > 0:
         terms.append(("do_reread", qd * share, "dO read again after the preprocess's O and dO, x "
@@ -282,7 +290,8 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                                                "kernels, each reading and writing a [B, H, N, d] tensor"))
     acc = 0
     if atomic:  # a zeroed fp32 dQ, read-modify-written per tile pair, cast to dQ
-        acc_rows = -(-n // FLASH_DQ_ROUND) * FLASH_DQ_ROUND if impl == "flash" else n
+        # FA-2 rounds the rows to 128, the lean Hopper build pads them (unmasked reductions)
+        acc_rows = -(-n // FLASH_DQ_ROUND) * FLASH_DQ_ROUND if impl == "flash" else pad if lean else n
         acc = bh * acc_rows * d * STAT_BYTES
         scratch += acc
         # the dK/dV kernel's stream: Q, dO, K, V, LSE, Delta read, dK, dV written, the accumulator touched

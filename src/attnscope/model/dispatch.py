@@ -18,6 +18,15 @@ d = 64 and 128 (bench/results/h200-2026-12-02-mods-d*.json). The packed backward
 `pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py's Gluon kernels (no window or softcap
 there: not built).
 
+Which Hopper backward build runs (`hopper_backward_lean`): the lean one (kernels/bwd_hopper.py
+``LEAN_CONFIGS``: its P^T and dS^T carry the softmax scale, its one-pass dQ rows are padded to
+`HOPPER_BWD_ROW_PAD`) at the head dims it is built for, in both modes, except under softcap (not built) and
+in fp16 with a scale under `HOPPER_LEAN_MIN_FP16_SCALE`; the plain build elsewhere. On the H200 at d = 64
+(bf16, B*N = 16k, N = 1k-16k; bench/results/h200-2026-12-02b-backward-d64-lean.txt), x SDPA CUDNN: one-pass
+lean 0.88-1.03 unmasked, 0.94-0.97 causal (plain 0.88-1.00, 0.92-0.94); two-kernel lean 0.85-1.13,
+0.96-0.98 (plain 0.86-0.95, 0.87-0.90). The packed backward (kernels/varlen_bwd_hopper.py) runs the plain
+build: its dK/dV kernel's rows and loop are the plain step's.
+
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
 bf16, and for any GQA group (no measurement showed the group moving the choice). Where no variant beats
@@ -28,7 +37,9 @@ that grid to check them are bench/grids/dispatch_heldout.csv (``bench/prefill.py
 
 from __future__ import annotations
 
-from attnscope.errors import MAX_DIM, expect, positive_int
+import math
+
+from attnscope.errors import MAX_DIM, choice, expect, positive_int
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -112,3 +123,31 @@ def hopper_backward_ok(d: int, causal: bool) -> bool:
     positive_int("d", d)
     expect(isinstance(causal, bool), "causal", "True or False", causal)
     return d in HOPPER_BACKWARD_DIMS
+
+
+#: Rows the Hopper backward pads its per-row fp32 copies to (kernels/bwd_hopper.py ``ROW_PAD``): the dK/dV
+#: kernel's -LSE2 and Delta rows, and the lean one-pass build's fp32 dQ accumulator.
+HOPPER_BWD_ROW_PAD = 128
+#: Head dims with a lean Hopper backward build (kernels/bwd_hopper.py ``LEAN_CONFIGS``).
+HOPPER_LEAN_DIMS = (64,)
+#: The lean build's P^T and dS^T carry the softmax scale in the input dtype: in fp16 a scale under this (d >
+#: 256's 1 / sqrt(d)) would push P^T below fp16's normal range (bf16 has fp32's).
+HOPPER_LEAN_MIN_FP16_SCALE = 2.0**-4
+
+
+def hopper_backward_lean(d: int, dtype: str, scale: float | None = None, softcap: float = 0.0) -> bool:
+    """Whether the Hopper backward runs its lean build (module docstring) for head dim ``d``, ``dtype``
+    ("fp16" or "bf16"), softmax ``scale`` (None: ``1 / sqrt(d)``) and ``softcap`` (0: none): ``d`` in
+    `HOPPER_LEAN_DIMS`, no softcap, and in fp16 a scale of at least `HOPPER_LEAN_MIN_FP16_SCALE`. Both
+    modes (the one-pass and the two-kernel build) take the same answer. Bad arguments raise `InputError`
+    naming them."""
+    positive_int("d", d)
+    choice("dtype", dtype, ("fp16", "bf16"))
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else scale
+    expect(isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool) and math.isfinite(sm_scale)
+           and sm_scale > 0, "scale", "None or a positive finite number", scale)
+    expect(isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0, "softcap",
+           "a number >= 0", softcap)
+    if d not in HOPPER_LEAN_DIMS or softcap > 0:
+        return False
+    return dtype == "bf16" or sm_scale >= HOPPER_LEAN_MIN_FP16_SCALE

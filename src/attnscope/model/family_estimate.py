@@ -1,7 +1,8 @@
 """DRAM-byte estimates of a decode step and a packed varlen prefill: compulsory bytes plus the terms the
 hardware adds (split-KV partials written and read back, extra row tiles, metadata, FA-2's LSE, K/V re-reads
-that miss the L2) less the output still dirty in the L2 when the call ends (the forward estimate's rule,
-model/l2.py), whole call: the counter ncu's ``dram__bytes_read.sum + dram__bytes_write.sum`` reads.
+that miss the L2, register-spill frames written back) less the output still dirty in the L2 when the call
+ends (the forward estimate's rule, model/l2.py), whole call: the counter ncu's
+``dram__bytes_read.sum + dram__bytes_write.sum`` reads.
 
 Decode (`decode_estimate`): attnscope `flash_decode` (grid (B x Hkv x row tiles, S): one program per
 (sequence, kv head, row tile, split) reads its keys once for the GQA group; kernels/decode/plan.py), SDPA
@@ -13,7 +14,8 @@ attention with a document mask (grid (query blocks, batch, heads), 128 x 128 spa
 torch/_inductor/kernel/flex; no LSE without grad).
 
 Every constant comes from `model.family_params.FamilyParams` (None: not measured; the estimate refuses with
-`NotMeasured`). Cost: a loop over the sequences (and FA-2's at most 128 split counts), never over tokens.
+`NotMeasured`). Cost: a loop (and a sort) over the sequences (and FA-2's at most 128 split counts), never over
+tokens.
 Pure Python.
 """
 
@@ -30,7 +32,11 @@ from attnscope.model.family_params import (
     NotMeasured,
     need,
 )
-from attnscope.model.l2 import DIRTY_O, _retained  # the forward estimate's one rule for dirty output lines
+from attnscope.model.l2 import (  # the forward estimate's rules for dirty output lines and dead spill frames
+    DIRTY_O,
+    _retained,
+    dead_frame_evicted,
+)
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
 from attnscope.model.tiles import Grid
@@ -49,6 +55,13 @@ FLASH_MAX_SPLITS = 128
 #: attnscope varlen's work item: (sequence, query tile) + the 4 cu_seqlens bounds, int32 (model/serving.py).
 VARLEN_ITEM_BYTES = 6 * 4
 VARLEN_BLOCK_Q, VARLEN_BLOCK_KV = 128, 64  # the ledger's tiles (model/serving.py `packed`)
+#: attnscope varlen's threads per program: 4 warps in every row of kernels/fwd.py CONFIG_TABLE.
+VARLEN_THREADS = 128
+#: (d, causal) -> the `FamilyParams` field of the bytes a thread's spill frame writes back, per build the
+#: varlen forward compiles (kernels/varlen.py: TMA K/V except d 128 unmasked; ptxas stack frames in
+#: bench/results/sm90-varlen-compile-2026-12-02.txt); None: ptxas reports no stack frame (d 64 causal).
+VARLEN_FRAMES = {(128, False): "varlen_frame_d128", (128, True): "varlen_frame_d128_causal",
+                 (64, False): "varlen_frame_d64", (64, True): None}
 #: Flex attention's sparse block (torch.nn.attention.flex_attention _DEFAULT_SPARSE_BLOCK_SIZE).
 FLEX_BLOCK = 128
 #: Flex's forward kernel on sm_90 (torch/_inductor/template_heuristics/triton.py h100_default_flex_config,
@@ -328,26 +341,57 @@ def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> in
     return (min(hi, i) if causal else hi) - lo + 1
 
 
-def _varlen_waves(n: int, heads: int, c: int, causal: bool, kv_seq: int, qo_tile: int) -> tuple[float, float]:
-    """(K/V passes, live bytes) of one sequence of ``n`` rows in attnscope's varlen grid: work items
-    (sequence, query tile) x heads, heads fastest, so ``c`` programs at a time hold ``c / heads`` query
-    tiles of *every* head, and each wave of them streams the K/V of all the sequence's kv heads
-    (``kv_seq`` bytes) once; a later wave reads it again. Waves: ceil(tiles x heads / c) (a partial wave
-    still spans every head); causal, heaviest tile first, wave w reads up to its heaviest tile's diagonal,
-    1 - w k / T of the set (k = c / heads tiles per wave, T tiles): sum over waves, closed form. Live
-    bytes between two waves' reads of a line: the K/V of all kv heads and the resident programs' Q and O
-    tiles (``qo_tile`` each, at `L2Params.qo_weight` of a K/V byte): `l2_reuse.wave_rereads`'s "tile"
-    order, whose live window is min(sets, C) sets."""
-    tiles = -(-n // VARLEN_BLOCK_Q)
-    programs = tiles * heads
-    waves = -(-programs // c)
-    if causal:
-        w_f = programs / c  # = T / k
-        passes = waves - waves * (waves - 1) / (2 * w_f)
-    else:
-        passes = float(waves)
-    live = kv_seq + min(c, programs) * qo_tile * H200_L2_PARAMS.qo_weight()
-    return passes, live
+def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool) -> tuple[float, float, int]:
+    """(K/V passes, the last wave's share of them, the program that ends the last wave) of one sequence of
+    ``n`` rows whose programs start at position ``p0`` of attnscope's varlen grid: work items (sequence,
+    query tile) x heads, heads fastest, so ``c`` programs at a time hold ``c / heads`` query tiles of
+    *every* head, and each wave of them streams the K/V of all the sequence's kv heads once; a later wave
+    reads it again. The list is sequence-major and the waves do not restart at a sequence: the sequence's
+    P = tiles x heads programs meet waves floor(p0 / c) .. ceil((p0 + P) / c) - 1, the first of them shared
+    with the sequences before, the last with those after (a partial wave still spans every head). Causal,
+    heaviest tile first: a wave reads up to its heaviest tile's diagonal, 1 - p / P of the set for its
+    first program p of the sequence (p = j c - p0 in wave j after the first): the sum over waves, closed
+    form."""
+    programs = -(-n // VARLEN_BLOCK_Q) * heads
+    w0, w1 = p0 // c, (p0 + programs - 1) // c
+    waves, r = w1 - w0 + 1, p0 % c
+    # causal: wave w0 reads the whole set; wave j > w0 from the sequence's program j c - p0 on
+    passes = waves - (c * waves * (waves - 1) / 2 - (waves - 1) * r) / programs if causal else float(waves)
+    last = (1.0 - (w1 * c - p0) / programs if causal else 1.0) if waves > 1 else 0.0
+    return passes, last, (w1 + 1) * c
+
+
+def _list_order(lens, heads: int) -> list[tuple[int, int, int]]:
+    """(sequence, first program, programs) in attnscope's varlen grid order: the list is sequence-major,
+    the sequences by length descending, ties by index (kernels/varlen_plan.py `_work_items`, one cu_seqlens
+    for queries and keys), each sequence's query tiles x ``heads`` programs."""
+    at, out = 0, []
+    for i in sorted(range(len(lens)), key=lambda i: (-lens[i], i)):
+        progs = -(-lens[i] // VARLEN_BLOCK_Q) * heads
+        out.append((i, at, progs))
+        at += progs
+    return out
+
+
+def _varlen_spill(programs: int, c: int, d: int, causal: bool, inserted: float, l2: int,
+                  params: FamilyParams, what: str) -> tuple:
+    """The "spill" term: register-spill frames of attnscope's varlen kernel written back to DRAM. Each of the
+    ``programs`` (`VARLEN_THREADS` threads) dirties its local-memory frame in the L2 (`VARLEN_FRAMES`: the
+    bytes a thread's frame writes back, per build); the frames of the last ``c`` programs are live when the
+    call ends, the others dead, and a dead frame reaches DRAM when evicted before a later program takes
+    its slot (the forward estimate's rule, `model.l2.dead_frame_evicted`, over the call's ``inserted``
+    bytes at the `L2Params.capacity`). Linear in the constant (not counted in the dirty-O room)."""
+    field = VARLEN_FRAMES[d, causal]
+    if field is None:
+        return ("spill", 0.0, f"no spill frame (ptxas: 0 bytes stack frame at d {d}, causal)")
+    dead = max(0, programs - c) / programs * dead_frame_evicted(inserted, programs, c,
+                                                                H200_L2_PARAMS.capacity * l2)
+    if dead == 0.0:
+        return ("spill", 0.0, "no finished program's frame evicted before the call ends")
+    frame = need(params, field, f"{what} at d {d}{' causal' if causal else ''}")
+    return ("spill", programs * VARLEN_THREADS * frame * dead,
+            f"{programs} programs x {VARLEN_THREADS} threads x {frame} B of spill frame, x {dead:.2f} dead "
+            "and evicted before a later program re-dirties it")
 
 
 def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
@@ -355,18 +399,23 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
                     l2_bytes: int | None = None, device: str = "h200",
                     params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
     """Estimated DRAM bytes of one packed varlen prefill (q, k, v [total, H, d], one cu_seqlens for both),
-    whole call. No probe constant: both re-read terms are the forward estimate's L2 rules.
+    whole call. Both re-read terms are the forward estimate's L2 rules; the one probe constant is
+    attnscope's spill frame (`VARLEN_FRAMES`).
 
-    attnscope: compulsory + the work list (24 B per (sequence, query tile) item, read once) + each
-    sequence's K/V re-reads by its later waves of programs (`_varlen_waves`: the grid runs heads fastest, so
-    a wave holds every head's programs and streams the K/V of all the sequence's kv heads; each later wave
-    re-reads it), at most the ledger's re-reads, x their miss share at the live set (`l2_params.miss` at
-    `L2Params.shared`: lines read from both partitions). ``sms``: concurrent programs are SMs x the
-    portable forward's CTAs per SM (`l2_params.KERNELS`, the same tile config).
+    attnscope (d 64 or 128): compulsory + the work list (24 B per (sequence, query tile) item, read once)
+    + each sequence's K/V re-reads by its later waves of programs (`_varlen_waves`: the grid runs heads
+    fastest, so a wave holds every head's programs and streams the K/V of all the sequence's kv heads;
+    each later wave re-reads it; the waves run on across sequence boundaries, `_list_order`, and the last wave
+    of a sequence also streams the sequences after it that start there), at most the
+    ledger's re-reads, x their miss share at the live set (`l2_params.miss` at `L2Params.shared`: lines
+    read from both partitions) + the spill frames of finished programs written back (`_varlen_spill`).
+    ``sms``: concurrent programs are SMs x the portable forward's CTAs per SM (`l2_params.KERNELS`, the
+    same tile config).
     flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
     block, read once: H and B broadcast) + its K/V re-reads: none while one head's pass (its Q, O and its
     kv head's K, V) stays under `RESIDENT_BELOW` x the L2, else the forward estimate's (`_flex_rereads`).
-    ``params`` is not read (no varlen term has a constant); it keeps the decode and backward signature.
+    ``params``: the constants (`FamilyParams`, the spill frames); a term whose constant is None raises
+    `NotMeasured`.
     """
     choice("impl", impl, VARLEN_IMPLS)
     lens = _lens("lens", lens)
@@ -379,27 +428,46 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     what = f"varlen {impl}"
     terms, facts = [], {}
     if impl == "attnscope":
+        if d not in (64, 128):
+            raise NotImplementedError(f"{what}: head dim {d}; supported: 64 and 128 (the kernel's)")
         items = sum(-(-n // VARLEN_BLOCK_Q) for n in lens)
         terms.append(("work_list", _sectors(items * VARLEN_ITEM_BYTES),
                       f"{items} work items x 6 int32, once"))
         c = _sms(sms, device) * KERNELS["attnscope"][-d if causal else d].ctas_per_sm
+        # live bytes beside a sequence's K/V: the resident programs' Q and O tiles, at `L2Params.qo_weight`
+        qo_live = 2 * VARLEN_BLOCK_Q * d * b * H200_L2_PARAMS.qo_weight()
+        order, extra = _list_order(lens, h), {}
+        starts, ends = [0] * len(lens), [0] * len(lens)
+        for i, p0, progs in order:
+            starts[i], ends[i] = p0, p0 + progs
         total_k, k0, rereads, worst = sum(lens), 0, 0.0, 0.0
-        for n in lens:
+        for i, n in enumerate(lens):  # the ledger's re-reads: at most what the waves can re-read
             g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal)
             pairs, last = g.loaded_pairs()
             t_c = -(-n // VARLEN_BLOCK_KV)
             rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
             over = last * (min(k0 + t_c * VARLEN_BLOCK_KV, total_k) - (k0 + n)) if n % VARLEN_BLOCK_KV else 0
-            extra = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
-            passes, live = _varlen_waves(n, h, c, causal, 2 * hkv * n * d * b, 2 * VARLEN_BLOCK_Q * d * b)
-            worst = max(worst, live / l2)
-            if passes > 1.0:
-                m = miss(live / (H200_L2_PARAMS.shared * l2), H200_L2_PARAMS.shared_ramp)
-                rereads += min(extra, (passes - 1.0) * 2 * hkv * n * d * b) * m
+            extra[i] = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
             k0 += n
+        for at, (i, p0, progs) in enumerate(order):
+            kv_i = 2 * hkv * lens[i] * d * b  # the sequence's K/V, every kv head
+            passes, last, wave_end = _varlen_waves(p0, lens[i], h, c, causal)
+            # a wave between two of the sequence's own streams it alone; its last wave also streams the K/V
+            # of the sequences after it that start there (each in full once all its heads have a program)
+            beside = sum(2 * hkv * lens[j] * d * b * min(1.0, (min(ends[j], wave_end) - q0) / h)
+                         for j, q0, _ in order[at + 1:] if q0 < wave_end)
+            live = kv_i + min(c, progs) * qo_live
+            worst = max(worst, (live + beside) / l2)
+            if passes > 1.0:
+                cap = H200_L2_PARAMS.shared * l2
+                m_own = miss(live / cap, H200_L2_PARAMS.shared_ramp)
+                m_last = miss((live + beside) / cap, H200_L2_PARAMS.shared_ramp)
+                want = ((passes - 1.0 - last) * m_own + last * m_last) * kv_i
+                rereads += min(extra[i] * max(m_own, m_last), want)
         facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}
         terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
                                              "(heads fastest: a wave spans all heads), missing the L2"))
+        terms.append(_varlen_spill(items * h, c, d, causal, comp + rereads, l2, params, what))
         terms.append(_dirty_o(qo, kv + rereads, qo, l2))
         return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
     n_q, pairs = flex_blocks(lens, causal)
@@ -423,18 +491,21 @@ def _flex_rereads(lens, causal: bool, d: int, dtype: str, h: int, hkv: int, sms:
     over the packed documents, is the dense forward's grid of a batch of the documents in "bh" order (the
     other documents between a group's heads), so the forward estimate (`model.l2.estimate`) with Flex's
     tiles (`FLEX_KERNELS`) counts them: exactly so for documents of one length; for several lengths, each
-    document's share of a batch of ``len(lens)`` documents of its length (its own re-reads, its neighbours
-    taken as its length). Refused (not modelled): causal GQA over several documents (the forward's rule for
-    that order is FA-2's own measured curve, `l2_params.hot_miss`)."""
+    document's share of a batch of documents of its length as long as the packed batch (round(total / n),
+    at least one): a group's next head re-reads the document's K/V one head's pass over *all* the packed
+    tokens later, so the gap is the packed batch's, whatever its documents' lengths. Refused (not
+    modelled): causal GQA over several documents (the forward's rule for that order is FA-2's own measured
+    curve, `l2_params.hot_miss`)."""
     if causal and h > hkv and len(lens) > 1:
         raise NotImplementedError(f"{what}: causal GQA over several documents past the L2 (one head's pass "
                                   f"over {RESIDENT_BELOW:.2f} x L2) is not modelled (the forward's rule for "
                                   "that order is FA-2's measured curve); supported: MHA, one document, or a "
                                   "batch under that footprint")
-    docs, b = len(lens), DTYPE_BYTES[dtype]
+    total, b = sum(lens), DTYPE_BYTES[dtype]
     extra = {}
-    for n in set(lens):  # the forward estimate of a batch of `docs` documents of length n, less one pass
+    for n in set(lens):  # the forward estimate of a batch of documents of length n as long as the packed one
         # ("efficient": a fused kernel with no FA-2-only term; the geometry is Flex's own, `kernel`)
+        docs = max(1, round(total / n))
         (k,) = _forward_estimate("efficient", n, d, h, docs, dtype, causal, kv_heads=hkv, l2_bytes=l2,
                                  sms=sms, kernel=FLEX_KERNELS[d]).kernels
         extra[n] = max(0.0, k.read - docs * n * d * b * (h + 2 * hkv)) / docs

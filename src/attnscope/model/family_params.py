@@ -1,6 +1,6 @@
-"""The constants of the decode and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
-`attnscope.model.backward_estimate`; the varlen estimate needs none): one table, `FamilyParams`, each field
-naming the probe that measures it (`PROBES`: rows of bench/grids/probe_decode.csv and probe_backward.csv). A
+"""The constants of the decode, varlen and backward DRAM-byte estimates (`attnscope.model.family_estimate`,
+`attnscope.model.backward_estimate`): one table, `FamilyParams`, each field naming the probe that measures it
+(`PROBES`: rows of bench/grids/probe_decode.csv, probe_varlen.csv and probe_backward.csv). A
 field that no probe has measured is None, and an estimate that needs it refuses (`NotMeasured`, naming the
 field and its probe) rather than run on a guessed number; `H200_FAMILY_PARAMS` holds the values fitted from
 the probes measured on the H200. The kernels' geometry that the estimate reads from their sources (split
@@ -21,7 +21,7 @@ class NotMeasured(NotImplementedError):
 
 @dataclass(frozen=True)
 class FamilyParams:
-    """The one table of the decode and backward estimates' measured constants (None: not measured
+    """The one table of the decode, varlen and backward estimates' measured constants (None: not measured
     yet; the estimates that need it refuse). Each field's probe is `PROBES[field]`."""
 
     #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
@@ -56,6 +56,13 @@ class FamilyParams:
     hopper_bwd_reread_dram: float | None = None
     flash_bwd_reread_dram: float | None = None
     cudnn_bwd_reread_dram: float | None = None
+    #: attnscope varlen forward: bytes of register-spill frame each thread of a finished program writes
+    #: back to DRAM (its dirty local-memory lines evicted before a later program re-dirties them), per build:
+    #: d 128 unmasked (pointer K/V loads), d 128 causal (TMA), d 64 unmasked (128 x 128 tiles). d 64 causal
+    #: has no stack frame (ptxas), so no constant.
+    varlen_frame_d128: float | None = None
+    varlen_frame_d128_causal: float | None = None
+    varlen_frame_d64: float | None = None
 
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
@@ -82,6 +89,12 @@ H200_FAMILY_PARAMS = FamilyParams(
     # set is larger than the L2, which the estimate does not model
     flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.032), f-long
     cudnn_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0142), c-long
+    # the varlen spill frames: fitted on the write counters of h200-2026-12-02-probe-varlen.json and
+    # -probe-varlen-new.json (the same command with both files); ptxas's stack frames for comparison
+    # (bench/results/sm90-varlen-compile-2026-12-02.txt): 352 B pointer-load causal, 200 B TMA causal
+    varlen_frame_d128=109.0,  # v-multi, v-long1..2
+    varlen_frame_d128_causal=27.9,  # v-gqa, v-long3
+    varlen_frame_d64=27.7,  # v-d64
 )
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
@@ -111,6 +124,12 @@ PROBES = {
     "cudnn_bwd_reread_dram": "probe_backward.csv c-long (as f-long) against c-short and c-gqa (no counted "
                              "re-read): the excess over the exact terms (FA-2's), over the counted re-reads "
                              "and atomics",
+    "varlen_frame_d128": "probe_varlen.csv v-multi, v-long1..2 (d 128 unmasked, 512-2560 programs of which "
+                         "all but 264 finish before the call ends): the writes beyond O less the dirty-O "
+                         "credit, per thread of a finished program whose frame is evicted",
+    "varlen_frame_d128_causal": "probe_varlen.csv v-gqa and v-long3 (d 128 causal, 2048 and 4096 programs): "
+                                "as varlen_frame_d128",
+    "varlen_frame_d64": "probe_varlen.csv v-d64 (d 64 unmasked, 2048 programs): as varlen_frame_d128",
 }
 
 

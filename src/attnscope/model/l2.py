@@ -42,6 +42,7 @@ from attnscope.model.l2_params import (  # noqa: F401 - the estimate's parameter
     KERNELS,
     Kernel,
     L2Params,
+    hot_knots,
     hot_miss,
     mean_miss,
     miss,
@@ -229,7 +230,8 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
     q_o_kv = 2 * ker.block_q * d * b * (params.lockstep_qo if lockstep else params.wide_qo) \
         if lockstep or wide else q_o
     # FA-2's (m, b, h) grid with GQA at B > 1 (the batch's B sets in rotation): `hot_miss`, one measured
-    # curve per FA-2 kernel (d 128: 128 x 64 tiles; d 64: 128 x 128, whose share is several times lower)
+    # curve per FA-2 kernel (d 128: 128 x 64 tiles, one K/V head or several; d 64: 128 x 128, whose share is
+    # several times lower): `hot_knots`
     hot = causal and adjacent < group
     if hot:  # the re-reads as if the L2 kept nothing, scaled by the measured share below (`hot_miss`)
         kv_params = replace(kv_params, capacity=1e-9)
@@ -255,7 +257,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         extra += (group - 1) * batch * kv_heads * kv_set * head_gap_rereads(
             tr, c, kv_set, q_o, frame, spread, kv_params.capacity * l2, kv_params.ramp, batch)
     if hot:
-        extra *= hot_miss((batch - 0.5) * kv_set / l2, params.hot if d > 64 else params.hot_d64)
+        extra *= hot_miss((batch - 0.5) * kv_set / l2, hot_knots(d, kv_heads, params))
     elif impl == "flash" and causal:  # the re-reads ramp up as the L2 fills after the launch
         extra *= launch_fill_share(bh * tr / c)
     lse = bh * nq * STAT_BYTES if ker.lse else 0

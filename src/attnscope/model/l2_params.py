@@ -109,6 +109,12 @@ class L2Params:
     #: and at d 64
     hot: tuple = ((0.1, 0.0), (0.25, 0.25), (0.4, 0.43), (0.55, 0.96), (0.75, 0.98), (1.0, 1.79))
     hot_d64: tuple = ((0.1, 0.0), (0.2, 0.15), (0.3, 0.23), (0.5, 0.27))
+    #: ... at d 128 with several K/V heads (Hkv > 1), which lose more of their counted re-reads at 0.2-0.5 x
+    #: L2 of footprint and fewer past 0.75 x L2 than one K/V head's: `hot`'s footprints, the shares fitted by
+    #: bench/fit_family_params.py --hot (non-negative least squares) to the class's 41 runs in bench/results:
+    #: the hot probe's and held-out grids 3, 7, 11, 19, 25's (h200-2026-12-01-bytes-*.json) and the first
+    #: open-class grid's 19 (h200-2026-12-02-heldout-fwd-openclass.json)
+    hot_groups: tuple = ((0.1, 0.0), (0.25, 0.34), (0.4, 0.8), (0.55, 1.0), (0.75, 1.06), (1.0, 1.57))
     #: CTA lifetimes between a finished CTA and the next one that takes its warp slots (and so re-dirties
     #: its dead local lines in the L2 before they are written back): assumed, not measured.
     slot_reuse_lifetimes: float = 2.0
@@ -190,7 +196,13 @@ def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
     FA-2's d 64 kernel (`L2Params.hot_d64`: the same fit over that class's 14 development shapes: the hot
     probe's two, held-out grids 1-27's twelve, footprint 0.01-0.47 x L2) loses far fewer of its counted
     re-reads (its zero-capacity count is several times d 128's): 0.15 of them at 0.2 x L2, 0.27 at 0.5;
-    held at 0.27 past the last measured point."""
+    held at 0.27 past the last measured point.
+
+    With several K/V heads (Hkv > 1) FA-2's d 128 kernel has its own knots (`L2Params.hot_groups`,
+    `hot_knots`): at the same footprint more of the counted re-reads reach DRAM (0.34 at 0.25 x L2, 0.8 at
+    0.4; one K/V head: 0.25, 0.43), and from 0.75 x L2 on fewer beyond them (1.57 at 1.0; one K/V head:
+    1.79). The footprint alone does not say why; one head's B sets are adjacent in memory, several heads'
+    interleaved."""
     (x0, y0), (xn, yn) = knots[0], knots[-1]
     if ratio <= x0:
         return y0
@@ -200,6 +212,15 @@ def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
         if a <= ratio <= b:
             return ya + (yb - ya) * (ratio - a) / (b - a)
     return yn
+
+
+def hot_knots(d: int, kv_heads: int, params: L2Params = H200_L2_PARAMS) -> tuple:
+    """The `hot_miss` knots of FA-2's causal GQA at B > 1 for head dim ``d`` and ``kv_heads`` K/V heads:
+    the d 64 kernel's (`L2Params.hot_d64`), else the d 128 kernel's with one K/V head (`hot`) or several
+    (`hot_groups`)."""
+    if d <= 64:
+        return params.hot_d64
+    return params.hot_groups if kv_heads > 1 else params.hot
 
 
 def mean_miss(lo: float, hi: float, ramp: float = H200_L2_PARAMS.ramp) -> float:
