@@ -87,7 +87,7 @@ H200_FAMILY_PARAMS = FamilyParams(
     portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
     # hopper_bwd_reread_dram: not measured where it applies (probes h-mid, h-mid-unmasked); h-group's query
     # set is larger than the L2, which the estimate does not model
-    flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.032), f-long
+    flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0279), f-long
     cudnn_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0142), c-long
     # the varlen spill frames: fitted on the write counters of h200-2026-12-02-probe-varlen.json and
     # -probe-varlen-new.json (the same command with both files); ptxas's stack frames for comparison
