@@ -207,3 +207,26 @@ def test_train_is_passed_on_and_labelled(monkeypatch, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["train"] is True and doc["share"]["train"] is True
     assert doc["projected_speedup"] == pytest.approx(speedup(0.30, 1.5))
+
+
+def test_step_functions_clear_gradients_between_steps():
+    # the timed training step and attention-alone forward + backward: the same gradients on every call
+    torch = pytest.importorskip("torch")
+    from attnscope.measure.share import attention_step_fn, step_fn
+
+    small = LlamaShape(hidden=64, heads=4, head_dim=16, mlp=96, layers=1)
+    model = decoder.build_decoder(small, "naive", device="cpu", dtype=torch.float64, train=True)
+    step = step_fn(model, torch.randn(1, 23, 64, dtype=torch.float64), train=True)
+    step()
+    first = [w.grad.clone() for w in model.weights]
+    step()
+    assert all(torch.equal(a, w.grad) for a, w in zip(first, model.weights, strict=True))
+    qkv = [torch.randn(1, 4, 23, 16, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    fwd_bwd = attention_step_fn("naive", qkv, train=True)
+    fwd_bwd()
+    dq = qkv[0].grad.clone()
+    fwd_bwd()
+    assert torch.equal(dq, qkv[0].grad) and dq.abs().sum() > 0
+    with torch.inference_mode():
+        o = attention_step_fn("naive", [t.detach() for t in qkv], train=False)()
+    assert o.shape == (1, 4, 23, 16)
