@@ -230,3 +230,17 @@ def test_step_functions_clear_gradients_between_steps():
     with torch.inference_mode():
         o = attention_step_fn("naive", [t.detach() for t in qkv], train=False)()
     assert o.shape == (1, 4, 23, 16)
+
+
+def test_naive_mask_cached_in_inference_mode_serves_a_later_backward():
+    # the serving loop (inference mode) and the training loop share naive's cached causal mask
+    torch = pytest.importorskip("torch")
+    from attnscope.measure.backends import naive_attention
+
+    q, k, v = (torch.randn(1, 2, 41, 8, dtype=torch.float64) for _ in range(3))
+    with torch.inference_mode():
+        ref = naive_attention(q, k, v, causal=True)
+    qg = q.clone().requires_grad_()
+    out = naive_attention(qg, k, v, causal=True)
+    out.sum().backward()
+    assert torch.equal(out.detach(), ref) and torch.isfinite(qg.grad).all()

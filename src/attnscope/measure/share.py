@@ -103,16 +103,16 @@ class ShareResult:
                 "top": [{"name": n, "ms": ms, "attention": a} for n, ms, a in self.top]}
 
 
+def _step_name(train: bool) -> str:
+    return "training step" if train else "prefill"
+
+
 def share_from_trace(trace, attention: str, p: int, shape: LlamaShape, train: bool = False) -> ShareResult:
     """f_time from a Chrome trace of one prefill, or of one training step with ``train`` (pure Python:
     recorded traces are tested on a CPU)."""
     s = chrome_trace.attention_share(trace, f"trace of the {attention} {_step_name(train)}")
     return ShareResult(attention, p, shape.layers, s.attention_ms, s.busy_ms,
                        flops(shape, p, train=train)["share"], s.kernels, list(s.longest), s.span_ms, train)
-
-
-def _step_name(train: bool) -> str:
-    return "training step" if train else "prefill"
 
 
 def step_fn(model, x, train: bool):
