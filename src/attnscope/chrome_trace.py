@@ -18,6 +18,8 @@ the field.
   a range whose name contains the word ``attention`` or ``attn`` -- whole words only, so
   ``attnscope::prefill`` is not attention but ``attnscope::attention`` and ``self_attn`` are; or a
   kernel whose name is a fused attention kernel (`family` below) or contains the word attn/attention.
+  A training step (``share --train``) is profiled with no prefill range, so all its kernels count; its
+  backward's attention kernels are those launched in ``attnscope::attention_backward`` (measure/decoder.py).
 - **Share** = attention kernel time / the prefill's kernel time (both a union of intervals, so
   overlapping streams count once). Kernel time, not the wall span: under the profiler the CPU launch
   path slows and the GPU idles between kernels, gaps that an unprofiled prefill does not have. Applied
@@ -38,11 +40,14 @@ from attnscope.inputs import load_json, read_text
 #: Kernel families, fused attention ones first.
 FUSED = ("attnscope", "flash", "efficient", "cudnn")
 
-#: (family, predicate on the lower-cased kernel name); first match wins (torch 2.x, SM80/SM90).
+#: (family, predicate on the lower-cased kernel name); first match wins (torch 2.x, SM80/SM90), forward
+#: and backward: flash_fwd_* / flash_bwd_* (FA-2 in SDPA), fmha_cutlassF/B (efficient), cuDNN's
+#: *_sdpa_*_fprop/_bprop, _attnscope_*_fwd/_bwd. A naive backward (GEMMs, softmax backward, the mask's
+#: backward) has no such name: the attention range counts it.
 #: Fused families come before gemm/softmax because fused kernels' names can contain "cutlass" or "flash".
 _TABLE = (
     ("attnscope", lambda s: s.startswith("_attnscope_")),
-    ("flash", lambda s: "flash_fwd" in s and "cudnn" not in s),
+    ("flash", lambda s: ("flash_fwd" in s or "flash_bwd" in s) and "cudnn" not in s),
     ("efficient", lambda s: "fmha_cutlass" in s or "pytorchmemeffattention" in s or "attentionkernel" in s),
     ("cudnn", lambda s: "cudnn" in s and any(t in s for t in ("sdpa", "fmha", "flash", "fprop"))),
     ("softmax", lambda s: "softmax" in s),

@@ -480,29 +480,33 @@ def _share(args) -> int:
         return code
     loop = None
     if args.project_to is None:
-        r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace)
+        r = share.measure_share(args.attention, args.prefill, args.layers, args.dtype, keep_trace=args.trace,
+                                train=args.train)
     else:
         loop = share.closed_loop(args.attention, args.project_to, args.prefill, args.layers, args.dtype,
-                                 args.reps)
+                                 args.reps, train=args.train)
         r = loop.share
     if args.json:
         print_json((loop or r).to_json())
         return 0
     c = console()
+    step = "training step (forward + backward)" if args.train else "prefill"
     rows = [[_short(n, 80), f"{ms:,.3f}", "attention" if att else ""] for n, ms, att in r.top]
-    c.print(table(f"Longest kernels of one prefill ({r.attention}, P = {r.p:,}, {r.layers} layers)",
+    c.print(table(f"Longest kernels of one {step} ({r.attention}, P = {r.p:,}, {r.layers} layers)",
                   ["kernel", "ms", ""], rows))
     c.print(f"f_time = {r.attention_ms:,.3f} ms attention / {r.total_ms:,.3f} ms of kernels = {r.f_time:.3f}"
             f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
     if loop is None:
         return 0
     a, b = loop.baseline, loop.candidate
-    rows = [["f_time (profiler, baseline prefill)", f"{loop.f_time:.3f}"],
-            [f"attention alone: {a} / {b} (ms)", f"{loop.kernel_ms[a]:,.3f} / {loop.kernel_ms[b]:,.3f}"],
+    step, alone = ("training step", "attention alone, forward + backward") if args.train \
+        else ("prefill", "attention alone")
+    rows = [[f"f_time (profiler, baseline {step})", f"{loop.f_time:.3f}"],
+            [f"{alone}: {a} / {b} (ms)", f"{loop.kernel_ms[a]:,.3f} / {loop.kernel_ms[b]:,.3f}"],
             ["S_kernel", f"{loop.s_kernel:.3f}x"],
-            ["projected prefill speedup (Amdahl)", f"{loop.projected:.3f}x"],
-            [f"prefill: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
-            ["measured prefill speedup", f"{loop.measured:.3f}x"],
+            [f"projected {step} speedup (Amdahl)", f"{loop.projected:.3f}x"],
+            [f"{step}: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
+            [f"measured {step} speedup", f"{loop.measured:.3f}x"],
             ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
     c.print(table(f"Closed loop: {a} -> {b}, P = {loop.p:,}, {loop.layers} layers", ["", ""], rows))
     return 0
@@ -604,19 +608,25 @@ def configure(sub) -> None:
                    help="--cache-lens: new query rows per sequence (default 1: one decode step)")
     p.set_defaults(func=_one_line(_bytes))
 
-    p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill from torch.profiler "
-                                     "(GPU); --project-to closes the Amdahl loop",
+    p = sub.add_parser("share", help="attention time share of a Llama-shaped prefill or training step from "
+                                     "torch.profiler (GPU); --project-to closes the Amdahl loop",
                        description="Build a Llama-shaped decoder (hidden 4096, 32 heads, d 128, MLP 14336, "
-                                   "random weights), profile a prefill, print f_time beside the FLOP share. "
-                                   "With --project-to, project the prefill speedup from f_time and the "
-                                   "kernel speedup, then swap the kernel and measure it.")
+                                   "random weights), profile a prefill (or with --train a training step), "
+                                   "print f_time beside the FLOP share. With --project-to, project the "
+                                   "step's speedup from f_time and the kernel speedup, then swap the kernel "
+                                   "and measure it.")
     p.add_argument("--attention", default="flash", choices=share.ATTENTIONS,
-                   help=f"attention used in the prefill (the baseline of --project-to) {SPEC}")
+                   help=f"attention used in the prefill or training step (the baseline of --project-to) "
+                        f"{SPEC}")
     p.add_argument("--prefill", "-P", type=int, default=4096, help=f"prompt tokens P {SPEC}")
     p.add_argument("--layers", type=int, default=2, help=f"decoder layers {SPEC}")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
     p.add_argument("--project-to", default=None, choices=share.ATTENTIONS,
                    help="candidate attention: project with Amdahl, then swap it in and measure")
+    p.add_argument("--train", action="store_true",
+                   help="a training step instead of a prefill: weights that require grad (in --dtype, no "
+                        "autocast), forward, loss, backward, no optimizer step; f_time and the kernel "
+                        "speedup count attention's forward and backward")
     p.add_argument("--reps", type=int, default=10, help=f"timed repetitions per median {SPEC}")
     p.add_argument("--trace", default=None, metavar="FILE.json.gz", type=path_arg,
                    help="keep the profiler Chrome trace")

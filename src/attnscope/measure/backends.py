@@ -31,8 +31,10 @@ DTYPES = ("fp16", "bf16")
 # --- the naive baseline (GPU or CPU) -----------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
 def _future_mask(torch, n: int, device):
-    """Bool [n, n], True above the diagonal; cached, so building it is not part of the measured call."""
-    return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+    """Bool [n, n], True above the diagonal; cached, so building it is not part of the measured call.
+    Built outside inference mode: masked_fill saves it for a backward, which an inference tensor cannot be."""
+    with torch.inference_mode(False):
+        return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):

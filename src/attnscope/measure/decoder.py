@@ -5,6 +5,13 @@
 the decoder layers only. The attention core of every layer runs inside
 ``record_function("attnscope::attention")`` and a whole prefill inside ``"attnscope::prefill"``: the
 ranges `attnscope.chrome_trace` reads. Layout: x [B, P, hidden]; q, k, v [B, H, P, d].
+
+Training (``train=True``): the weights are leaf tensors that require grad. Autograd runs the backward
+on its own thread, outside the forward's ranges, so each attention core's backward gets a range of its
+own, ``"attnscope::attention_backward"``: opened by a hook on the output o when its gradient arrives and
+closed by the first hook on q, k or v. Autograd runs the ready node of the highest sequence number
+first, and every node of the attention's backward was created after q, k and v, so the range holds that
+backward and nothing else.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from attnscope.measure.backends import attention_fn
 ATTENTIONS = ("naive", "flash", "cudnn", "efficient", "math", "attnscope")
 ANNOTATION = "attnscope::attention"
 PREFILL = "attnscope::prefill"
+BACKWARD = "attnscope::attention_backward"
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,34 @@ class LlamaShape:
                              f"got {self.heads} x {self.head_dim}")
 
 
-def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, seed: int = 0):
-    """The decoder with random weights whose attention core is ``attention``: ``x [B, P, hidden] -> same``."""
+def annotate_backward(q, k, v, o) -> None:
+    """Put the backward of ``o = attention(q, k, v)`` inside ``record_function(BACKWARD)`` (module
+    docstring): open at o's gradient, close at the first of q's, k's and v's."""
+    import torch
+
+    open_range = []
+
+    def start(grad):
+        rf = torch.profiler.record_function(BACKWARD)
+        rf.__enter__()
+        open_range.append(rf)
+
+    def stop(grad):
+        while open_range:
+            open_range.pop().__exit__(None, None, None)
+
+    o.register_hook(start)
+    for t in (q, k, v):
+        t.register_hook(stop)
+
+
+def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, seed: int = 0,
+                  train: bool = False):
+    """The decoder with random weights whose attention core is ``attention``: ``x [B, P, hidden] -> same``.
+
+    ``train``: the weights require grad (listed in the returned function's ``weights``) and each
+    attention's backward runs inside ``record_function(BACKWARD)``. The weights are in ``dtype``.
+    """
     import torch
     from torch.nn.functional import linear, silu
 
@@ -56,6 +90,7 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
 
     # per layer: wqkv [3h, h], wo [h, h], w_gate_up [2m, h], w_down [h, m]; RMSNorm weights are ones
     layers = [(weight(3 * h, h), weight(h, h), weight(2 * m, h), weight(h, m)) for _ in range(shape.layers)]
+    weights = [w.requires_grad_(train) for layer in layers for w in layer]
     ones = torch.ones(h, device=device, dtype=dtype)
 
     def rms_norm(x):
@@ -76,9 +111,12 @@ def build_decoder(shape: LlamaShape, attention: str, device="cuda", dtype=None, 
             q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.contiguous()  # all contiguous, every impl alike
             with torch.profiler.record_function(ANNOTATION):
                 o = attn(q, k, v)  # [B, H, P, d]
+            if o.requires_grad:
+                annotate_backward(q, k, v, o)
             x = x + linear(o.transpose(1, 2).reshape(B, P, -1), wo)
             gate, up = linear(rms_norm(x), w_gate_up).chunk(2, dim=-1)
             x = x + linear(silu(gate) * up, w_down)
         return rms_norm(x)
 
+    decoder.weights = weights
     return decoder

@@ -1,4 +1,5 @@
-"""Attention's time share of a transformer prefill, measured, and the closed Amdahl loop (spec §5, §5.1).
+"""Attention's time share of a transformer prefill or training step, measured, and the closed Amdahl loop
+(spec §5, §5.1).
 
 A prefill of P tokens runs through the Llama-shaped decoder of measure/decoder.py with one attention:
 ``naive`` (the explicit 3-kernel baseline, spec §1), one SDPA backend (``flash``, ``cudnn``,
@@ -9,9 +10,16 @@ A prefill of P tokens runs through the Llama-shaped decoder of measure/decoder.p
 kernels inside the ``attnscope::attention`` range: QK^T, mask, softmax, PV). The FLOP share is printed
 beside it; it is not a time share.
 
+**Training step** (``train``): the same decoder with weights that require grad, in the given dtype
+(no autocast); one step is the forward, the loss sum(out * g) for a fixed random g [B, P, hidden], and
+the backward; no optimizer step. f_time counts the forward's attention and each attention's backward
+(its own range, measure/decoder.py); the FLOP share counts forward + backward (attention backward =
+2.5 x forward, model/flops.py; the linear layers' backward = 2 x forward, so 3 x in all).
+
 **Closed loop** (``project_to``): measure f_time(A) of the baseline A and the kernel speedup
-S = t_A / t_B of attention alone ([1, 32, P, 128], causal), project the prefill speedup with Amdahl
-(model/amdahl.py), then swap B in, time both prefills, and report projected vs measured and the error.
+S = t_A / t_B of attention alone ([1, 32, P, 128], causal; forward + backward for a training step),
+project the step's speedup with Amdahl (model/amdahl.py), then swap B in, time both steps (prefills or
+training steps), and report projected vs measured and the error.
 """
 
 from __future__ import annotations
@@ -26,19 +34,26 @@ from attnscope.measure.decoder import ATTENTIONS, PREFILL, LlamaShape, build_dec
 from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
 
+#: The range around one profiled training step: no word "prefill", so the share counts all its kernels.
+TRAIN_STEP = "attnscope::train_step"
+
 
 # --- FLOPs (analytic, CPU) --------------------------------------------------------------------------
-def flops(shape: LlamaShape, p: int, causal: bool = True) -> dict:
-    """FLOPs of a P-token prefill through ``shape.layers`` layers, split attention core / the rest.
+def flops(shape: LlamaShape, p: int, causal: bool = True, train: bool = False) -> dict:
+    """FLOPs of a P-token prefill (or, with ``train``, a training step's forward + backward) through
+    ``shape.layers`` layers, split attention core / the rest.
 
     Per layer: QKV projection 2*P*h*3h, output projection 2*P*h*h, SwiGLU MLP 3 x 2*P*h*m; attention
-    core from `attnscope.model.flops.attention_flops` (4*P^2*d*H, halved when causal). Norms, RoPE and the
-    softmax's elementwise work are not counted (they are FLOP-cheap; that is spec §5.1's point).
+    core from `attnscope.model.flops.attention_flops` (4*P^2*d*H, halved when causal). Training: the
+    linear layers x 3 (forward, then the gradients of the input and of the weight), attention forward +
+    backward (x 3.5). Norms, RoPE and the softmax's elementwise work are not counted (they are
+    FLOP-cheap; that is spec §5.1's point).
     """
     positive_int("p", p)
     h, m = shape.hidden, shape.mlp
-    linear = 2 * p * h * 3 * h + 2 * p * h * h + 3 * 2 * p * h * m
-    attn = attention_flops(1, shape.heads, p, p, shape.head_dim, causal)
+    linear = (3 if train else 1) * (2 * p * h * 3 * h + 2 * p * h * h + 3 * 2 * p * h * m)
+    attn = attention_flops(1, shape.heads, p, p, shape.head_dim, causal,
+                           pass_="forward+backward" if train else "forward")
     total = shape.layers * (linear + attn)
     return {"attention": shape.layers * attn, "other": shape.layers * linear, "total": total,
             "share": shape.layers * attn / total}
@@ -65,7 +80,8 @@ def cuda_time_ms(fn, warmup: int = 3, reps: int = 10) -> float:
 
 @dataclass
 class ShareResult:
-    """f_time of one prefill: attention and total kernel device time (ms), the FLOP share beside it."""
+    """f_time of one prefill or training step (``train``): attention and total kernel device time (ms),
+    the FLOP share beside it."""
 
     attention: str
     p: int
@@ -76,6 +92,7 @@ class ShareResult:
     kernels: int
     top: list = field(default_factory=list)  # [(name, ms, is_attention)] the longest kernels
     span_ms: float | None = None  # the prefill's wall span on the GPU, idle gaps included
+    train: bool = False      # a training step (forward + backward), not a prefill
 
     @property
     def f_time(self) -> float:  # as chrome_trace.Share.share
@@ -86,34 +103,78 @@ class ShareResult:
                 "top": [{"name": n, "ms": ms, "attention": a} for n, ms, a in self.top]}
 
 
-def share_from_trace(trace, attention: str, p: int, shape: LlamaShape) -> ShareResult:
-    """f_time from a Chrome trace of one prefill (pure Python: recorded traces are tested on a CPU)."""
-    s = chrome_trace.attention_share(trace, f"trace of the {attention} prefill")
-    return ShareResult(attention, p, shape.layers, s.attention_ms, s.busy_ms, flops(shape, p)["share"],
-                       s.kernels, list(s.longest), s.span_ms)
+def _step_name(train: bool) -> str:
+    return "training step" if train else "prefill"
+
+
+def share_from_trace(trace, attention: str, p: int, shape: LlamaShape, train: bool = False) -> ShareResult:
+    """f_time from a Chrome trace of one prefill, or of one training step with ``train`` (pure Python:
+    recorded traces are tested on a CPU)."""
+    s = chrome_trace.attention_share(trace, f"trace of the {attention} {_step_name(train)}")
+    return ShareResult(attention, p, shape.layers, s.attention_ms, s.busy_ms,
+                       flops(shape, p, train=train)["share"], s.kernels, list(s.longest), s.span_ms, train)
+
+
+def step_fn(model, x, train: bool):
+    """One step of ``model`` on ``x [B, P, hidden]``: the prefill ``model(x)``, or with ``train`` the
+    training step of the module docstring (weight gradients cleared first, so none accumulates)."""
+    import torch
+
+    if not train:
+        return functools.partial(model, x)
+    g = torch.randn_like(x)  # d loss / d out: loss = sum(out * g)
+
+    def step():
+        for w in model.weights:
+            w.grad = None
+        model(x).backward(g)
+
+    return step
+
+
+def attention_step_fn(attention: str, qkv, train: bool):
+    """Attention alone on ``qkv`` ([1, H, P, d] each, causal): the forward, or with ``train`` forward +
+    backward against a fixed random dO (input gradients cleared first)."""
+    import torch
+
+    call = functools.partial(attention_fn(attention, True), *qkv)
+    if not train:
+        return call
+    do = torch.randn_like(qkv[0])  # dO [1, H, P, d]
+
+    def fwd_bwd():
+        for t in qkv:
+            t.grad = None
+        call().backward(do)
+
+    return fwd_bwd
 
 
 def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtype: str = "fp16",
-                  keep_trace: str | None = None) -> ShareResult:
-    """Build the decoder, warm it up, profile one prefill, and return f_time (see module docstring)."""
+                  keep_trace: str | None = None, train: bool = False) -> ShareResult:
+    """Build the decoder, warm it up, profile one prefill (or training step, ``train``), and return
+    f_time (see module docstring)."""
     torch = require_cuda()
     positive_int("p", p)  # attention: checked by build_decoder, layers by LlamaShape
     shape = LlamaShape(layers=layers)
     dt = torch_dtype(torch, dtype)
-    model = build_decoder(shape, attention, dtype=dt)
+    model = build_decoder(shape, attention, dtype=dt, train=train)
     x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # [B, P, hidden]
-    with torch.inference_mode():
-        model(x)  # warm-up: cuBLAS heuristics, Triton autotuning
+    step = step_fn(model, x, train)
+    with torch.inference_mode(not train):
+        step()  # warm-up: cuBLAS heuristics, Triton autotuning
         torch.cuda.synchronize()
-        trace = profile_trace(lambda: model(x), PREFILL)
+        trace = profile_trace(step, TRAIN_STEP if train else PREFILL)
     if keep_trace:
         save_trace(trace, keep_trace)
-    return share_from_trace(trace, attention, p, shape)
+    return share_from_trace(trace, attention, p, shape, train)
 
 
 @dataclass
 class ClosedLoop:
-    """Projected vs measured prefill speedup when attention ``baseline`` is swapped for ``candidate``."""
+    """Projected vs measured step speedup when attention ``baseline`` is swapped for ``candidate``; the
+    step is a prefill, or a training step with ``train`` (then ``kernel_ms`` is attention's forward +
+    backward and ``prefill_ms`` holds the training steps' times)."""
 
     baseline: str
     candidate: str
@@ -121,8 +182,9 @@ class ClosedLoop:
     layers: int
     f_time: float
     kernel_ms: dict          # attention alone: {baseline: ms, candidate: ms}
-    prefill_ms: dict         # the whole prefill: {baseline: ms, candidate: ms}
+    prefill_ms: dict         # the whole step: {baseline: ms, candidate: ms}
     share: ShareResult | None = None
+    train: bool = False
 
     @property
     def s_kernel(self) -> float:
@@ -148,23 +210,26 @@ class ClosedLoop:
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
-                dtype: str = "fp16", reps: int = 10) -> ClosedLoop:
-    """The closed loop of the module docstring: f_time(baseline), S, Amdahl's projection, both prefills."""
+                dtype: str = "fp16", reps: int = 10, train: bool = False) -> ClosedLoop:
+    """The closed loop of the module docstring: f_time(baseline), S, Amdahl's projection, both steps
+    (prefills, or training steps with ``train``)."""
     torch = require_cuda()
     choice("baseline", baseline, ATTENTIONS)
     choice("project_to", candidate, ATTENTIONS)
     shape = LlamaShape(layers=layers)
-    sh = measure_share(baseline, p, layers, dtype)
+    sh = measure_share(baseline, p, layers, dtype, train=train)
     dt = torch_dtype(torch, dtype)
-    qkv = [torch.randn(1, shape.heads, p, shape.head_dim, device="cuda", dtype=dt) for _ in range(3)]
+    qkv = [torch.randn(1, shape.heads, p, shape.head_dim, device="cuda", dtype=dt, requires_grad=train)
+           for _ in range(3)]
     kernel_ms, prefill_ms = {}, {}
-    with torch.inference_mode():
+    with torch.inference_mode(not train):
         for name in (baseline, candidate):
-            kernel_ms[name] = cuda_time_ms(functools.partial(attention_fn(name, True), *qkv), reps=reps)
-        qkv.clear()  # free the attention-alone inputs before the prefills
+            kernel_ms[name] = cuda_time_ms(attention_step_fn(name, qkv, train), reps=reps)
+        qkv.clear()  # free the attention-alone inputs before the steps
         x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)
         for name in (baseline, candidate):  # each decoder (its weights) is freed when its timing returns
-            prefill_ms[name] = cuda_time_ms(functools.partial(build_decoder(shape, name, dtype=dt), x),
-                                            reps=reps)
+            model = build_decoder(shape, name, dtype=dt, train=train)
+            prefill_ms[name] = cuda_time_ms(step_fn(model, x, train), reps=reps)
+            del model
             torch.cuda.empty_cache()
-    return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh)
+    return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh, train)
