@@ -443,6 +443,11 @@ def test_kvcache_refusals():
     with pytest.raises(InputError, match="k_cache: expected q's dtype torch.float16"):
         fai.flash_attn_with_kvcache(q[:, :1].half(), kc, vc, kc[:, :1], vc[:, :1], cache_seqlens=2)
     assert torch.equal(kc, before)
+    q32, kc32, vc32 = q[:, :1].float(), kc.float(), vc.float()  # a dtype the kernel refuses: nothing written
+    before32 = kc32.clone()
+    with pytest.raises(NotImplementedError, match="q: dtype torch.float32 is not supported"):
+        fai.flash_attn_with_kvcache(q32, kc32, vc32, kc32[:, :1] + 1, vc32[:, :1] + 1, cache_seqlens=2)
+    assert torch.equal(kc32, before32)
     with pytest.raises(InputError, match="v: expected a tensor"):
         fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k=kc[:, :1], cache_seqlens=2)
     with pytest.raises(InputError, match="cache_seqlens: expected the current cache lengths"):

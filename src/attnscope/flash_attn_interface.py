@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 
 from attnscope.errors import InputError, expect, finite_real
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import check_tensor, import_torch_triton
 from attnscope.model.tiles import normalize_window
 
 torch, _ = import_torch_triton()
@@ -458,6 +458,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
     seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
     if k is not None:  # what the kernel would refuse after the append is refused before it
+        check_tensor(torch, "q", q, 4, "[B, Nq, Hq, d]")
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if t.dtype != q.dtype or t.shape[3] != q.shape[3] or t.device != q.device:
                 raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
