@@ -25,14 +25,30 @@ Before training, each backend's attention is checked at the full size of one lay
 dQ, dK, dV on the first two heads against float64 attention, `attnscope.checks.kernel_tolerance`'s rule)
 and a backend that fails is not run. Per backend and seed it reports the median step time (after
 ``--warmup`` steps), tokens/s, peak memory, the final loss (mean of the last 10 %), and the attention
-share of a step two ways: from one profiled step by `attnscope.chrome_trace.attention_share` (kernels
-launched inside ``attnscope::attention`` ranges or named as fused attention kernels; backward kernels
-count by name only, so compiled Flex's backward is missed; under ``--compile`` Dynamo drops the ranges, so
-every kernel counts by name) and as ``layers x`` the time of one layer's
-attention forward + backward alone over the step time. The loss curves are overlaid in one PNG.
+share of a step (below). The loss curves are overlaid in one PNG.
 With two or more ``--seeds`` it also prints each backend's final-loss spread over the seeds and whether
 attnscope's final loss (first seed) lies within each peer's spread of that peer's first-seed loss.
-Not yet timed on a GPU; ``--tiny`` takes about 12 s for 2 steps on a CPU.
+``--tiny`` takes about 12 s for 2 steps on a CPU (no share there: it needs CUDA kernels).
+
+Attention share (GPU), per backend, from the last step's batch and packing:
+- ``share_trace``, the one to read: one profiled step through `attnscope.chrome_trace.attention_share`,
+  attention kernel time / the step's kernel time (unions of intervals). Attention = the kernels launched
+  inside each layer's ``attnscope::attention`` range (the forward, with the packing copies of the varlen
+  wrapper), inside its ``attnscope::attention_backward`` range (the backward on autograd's thread: opened
+  by `attnscope.measure.decoder.annotate_backward`, so Flex's compiled backward and the torch ops of
+  attnscope's -- dK/dV zeros, the scaled LSE, the padded rows -- count), or named as fused attention
+  kernels (every attnscope kernel, ``_attnscope_*``: forward, plan, Delta, dK/dV, dQ, portable and Gluon).
+  Under ``--compile`` Dynamo drops both ranges and the hooks are not registered: only the names count
+  (attnscope, FA-2, cuDNN, efficient), so Flex's compiled kernels and attnscope's torch ops are missed.
+  This is the Amdahl fraction of a GPU-bound step: the time attention's kernels hold the GPU.
+- ``share_alone_kernels``: ``layers x`` the kernel time of one layer's attention forward + backward run
+  alone (random inputs, the same shapes and packing) / the step's kernel time. It checks the trace's
+  attribution: the two agree when every attention kernel of the step is found.
+- ``share_timed``: ``layers x`` the CUDA-event time of that call alone / the median step time. The events
+  also count the GPU's idle time inside the call, while the host prepares and launches its kernels
+  (attnscope's packed backward: host checks, the plan, the padded rows' torch ops, TMA descriptors, two
+  Gluon launches), which in a GPU-bound step overlaps the other layers' kernels. So it exceeds
+  ``share_alone_kernels`` by the call's host-bound time, and is not the step's share when it does.
 """
 
 from __future__ import annotations
@@ -223,6 +239,8 @@ def build_model(torch, args, seed: int, device):
     """Parameters (fp32) of the Llama-shaped decoder, drawn from ``seed``, and its forward."""
     import torch.nn.functional as F
 
+    from attnscope.measure.decoder import ANNOTATION, annotate_backward
+
     g = torch.Generator().manual_seed(seed)
     h, hd, hq, hkv, m = args.hidden, args.head_dim, args.heads, args.kv_heads, args.mlp
 
@@ -259,8 +277,11 @@ def build_model(torch, args, seed: int, device):
             qkv = F.linear(rms(x, params[f"{i}.n1"]), params[f"{i}.wqkv"]).to(dt)
             q, k, v = qkv.view(B, S, hq + 2 * hkv, hd).transpose(1, 2).split((hq, hkv, hkv), dim=1)
             q, k = rope(q, cos, sin).to(dt), rope(k, cos, sin).to(dt)
-            with torch.profiler.record_function("attnscope::attention"):
-                o = attn(q, k, v.contiguous(), ctx)  # [B, Hq, S, d]
+            v = v.contiguous()
+            with torch.profiler.record_function(ANNOTATION):
+                o = attn(q, k, v, ctx)  # [B, Hq, S, d]
+            if o.requires_grad and not torch.compiler.is_compiling():  # compiled: no hooks, no ranges
+                annotate_backward(q, k, v, o)
             x = x + F.linear(o.transpose(1, 2).reshape(B, S, hq * hd), params[f"{i}.wo"])
             gate, up = F.linear(rms(x, params[f"{i}.n2"]), params[f"{i}.w13"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, params[f"{i}.w2"])
@@ -384,8 +405,14 @@ def run(torch, backend, seed, args, device):
 
 
 def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step_ms):
-    """The attention share of a step: from one profiled step (chrome_trace's rule) and as layers x one
-    layer's attention forward + backward timed alone over the median step time."""
+    """The attention share of a step, two ways (module docstring): ``share_trace`` from one profiled step
+    (chrome_trace's rule: attention kernel time / the step's kernel time) and ``share_timed`` = layers x one
+    layer's attention forward + backward timed alone (CUDA events) / the median step time. Beside them, the
+    same standalone call's kernel time (``attention_kernel_ms``: layers x the union of its kernels, one
+    profiled call) and its share of the step's kernel time (``share_alone_kernels``): it agrees with
+    ``share_trace`` when the trace finds every attention kernel; ``share_timed`` exceeds it by the time the
+    GPU idles inside the standalone call (waiting for the host's launches), which a GPU-bound step hides.
+    ``alone_unnamed_ms``: that call's kernels that are attention by range only, not by name."""
     from attnscope import chrome_trace
     from attnscope.measure.backends import profile_trace
     from attnscope.measure.share import cuda_time_ms
@@ -394,7 +421,8 @@ def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step
     try:
         trace = profile_trace(lambda: step(toks, pos, tmask, ctx), "attnscope::step")
         s = chrome_trace.attention_share(trace)
-        res["share_trace"] = s.share
+        res.update(share_trace=s.share, attention_ms_trace=s.attention_ms, busy_ms_trace=s.busy_ms,
+                   span_ms_trace=s.span_ms, trace_longest=[list(x) for x in s.longest])
     except Exception as e:  # a trace without recognisable attention kernels: say so, keep the run
         res["share_trace"] = None
         res["share_trace_error"] = str(e).splitlines()[0]
@@ -403,14 +431,31 @@ def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step
     k, v = (torch.randn(B, args.kv_heads, S, d, device=device, dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2))
     do = torch.randn_like(q)
-    ms = cuda_time_ms(lambda: torch.autograd.grad(attn(q, k, v, ctx), (q, k, v), do))
+
+    def alone():
+        return torch.autograd.grad(attn(q, k, v, ctx), (q, k, v), do)
+    ms = cuda_time_ms(alone)
     res["attention_ms"] = args.layers * ms
     res["share_timed"] = args.layers * ms / step_ms
+    try:  # every kernel of the call counts: no prefill range, so attention_share's busy time is all of them
+        trace = profile_trace(alone, "attnscope::attention")
+        one = chrome_trace.attention_share(trace)
+        res["attention_kernel_ms"] = args.layers * one.busy_ms
+        unnamed = {}  # kernels of the call that only a range makes attention (lost under --compile)
+        for kern in chrome_trace.kernels(trace):
+            if not chrome_trace.is_attention_kernel(kern.name):
+                unnamed[kern.name] = unnamed.get(kern.name, 0.0) + kern.dur_us / 1e3
+        res["alone_unnamed_ms"] = sorted(([n[:160], t] for n, t in unnamed.items()), key=lambda x: -x[1])
+        if res.get("busy_ms_trace"):
+            res["share_alone_kernels"] = args.layers * one.busy_ms / res["busy_ms_trace"]
+    except Exception as e:
+        res["attention_kernel_error"] = str(e).splitlines()[0]
     return res
 
 
 # --- reporting ---------------------------------------------------------------------------------------
-COLUMNS = ("setting", "backend", "seed", "step ms", "tokens/s", "peak GiB", "attention share (trace / timed)",
+COLUMNS = ("setting", "backend", "seed", "step ms", "tokens/s", "peak GiB",
+           "attention share (trace / alone kernels / timed)",
            "final loss", "/ first backend's step time")
 
 
@@ -418,10 +463,10 @@ def rows(runs, setting):
     base = runs[0]["step_ms"]
     out = []
     for r in runs:
-        tr = "n/a" if r.get("share_trace") is None else f"{r['share_trace']:.2f}"
-        tm = f"{r['share_timed']:.2f}" if "share_timed" in r else "n/a"
+        tr, ak, tm = (f"{r[k]:.2f}" if r.get(k) is not None else "n/a"
+                      for k in ("share_trace", "share_alone_kernels", "share_timed"))
         out.append((setting, r["backend"], str(r["seed"]), f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
-                    f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a", f"{tr} / {tm}",
+                    f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a", f"{tr} / {ak} / {tm}",
                     f"{r['final_loss']:.3f}", f"{r['step_ms'] / base:.3f}"))
     return out
 
@@ -519,6 +564,16 @@ def main(argv=None) -> int:
             runs.append(r)
             print(f"{backend} seed {seed}: loss {r['losses'][0]:.3f} -> {r['final_loss']:.3f}, "
                   f"{r['step_ms']:.1f} ms/step, grads on every parameter: {r['grads_seen']}")
+            if "share_timed" in r:
+                print(f"  attention: in the step's trace {r.get('attention_ms_trace', math.nan):.1f} of "
+                      f"{r.get('busy_ms_trace', math.nan):.1f} ms kernel time (span "
+                      f"{r.get('span_ms_trace', math.nan):.1f} ms; share_trace {r['share_trace']}); alone "
+                      f"x {args.layers} layers: {r.get('attention_kernel_ms', math.nan):.1f} ms kernel time "
+                      f"(share_alone_kernels {r.get('share_alone_kernels')}), {r['attention_ms']:.1f} ms "
+                      f"CUDA-event time (share_timed {r['share_timed']:.3f})")
+                unnamed = r.get("alone_unnamed_ms", [])
+                print(f"  alone, kernels attention by range only: {len(unnamed)} names, "
+                      f"{sum(ms for _, ms in unnamed):.3f} ms per layer; longest: {unnamed[:3]}")
     if runs:
         table = rows(runs, args.setting)
         if args.markdown:
