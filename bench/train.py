@@ -412,7 +412,9 @@ def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step
     profiled call) and its share of the step's kernel time (``share_alone_kernels``): it agrees with
     ``share_trace`` when the trace finds every attention kernel; ``share_timed`` exceeds it by the time the
     GPU idles inside the standalone call (waiting for the host's launches), which a GPU-bound step hides.
-    ``alone_unnamed_ms``: that call's kernels that are attention by range only, not by name."""
+    ``alone_unnamed_ms``: that call's kernels that are attention by range only, not by name;
+    ``attention_host_ms``: layers x the host's time to issue that call (near ``attention_ms`` when the call
+    is host-bound, or when it waits for the GPU inside)."""
     from attnscope import chrome_trace
     from attnscope.measure.backends import profile_trace
     from attnscope.measure.share import cuda_time_ms
@@ -436,6 +438,14 @@ def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step
         return torch.autograd.grad(attn(q, k, v, ctx), (q, k, v), do)
     ms = cuda_time_ms(alone)
     res["attention_ms"] = args.layers * ms
+    host = []  # the host's time to issue the call from an idle, synchronised start (no sync inside it)
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        alone()
+        host.append(1e3 * (time.perf_counter() - t0))
+    torch.cuda.synchronize()
+    res["attention_host_ms"] = args.layers * sorted(host)[len(host) // 2]
     res["share_timed"] = args.layers * ms / step_ms
     try:  # every kernel of the call counts: no prefill range, so attention_share's busy time is all of them
         trace = profile_trace(alone, "attnscope::attention")
@@ -468,6 +478,28 @@ def rows(runs, setting):
         out.append((setting, r["backend"], str(r["seed"]), f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
                     f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a", f"{tr} / {ak} / {tm}",
                     f"{r['final_loss']:.3f}", f"{r['step_ms'] / base:.3f}"))
+    return out
+
+
+def share_lines(r, layers: int) -> list[str]:
+    """The attention share of one run in ms and as the three shares (`attention_share`'s keys; none on a
+    CPU), then the standalone call's kernels that are attention by range only."""
+    if "share_timed" not in r:
+        return []
+
+    def f(key, fmt=".1f"):
+        return "n/a" if r.get(key) is None else format(r[key], fmt)
+    out = [f"  attention share: trace {f('share_trace', '.3f')} ({f('attention_ms_trace')} of "
+           f"{f('busy_ms_trace')} ms kernel time in the step, span {f('span_ms_trace')} ms) | alone kernels "
+           f"{f('share_alone_kernels', '.3f')} ({layers} layers x one call: {f('attention_kernel_ms')} ms "
+           f"kernel time) | timed {f('share_timed', '.3f')} ({f('attention_ms')} ms CUDA-event time of "
+           f"the {layers} calls, {f('attention_host_ms')} ms host time to issue them)"]
+    if r.get("share_trace_error") or r.get("attention_kernel_error"):
+        out.append(f"  share errors: {r.get('share_trace_error')} | {r.get('attention_kernel_error')}")
+    unnamed = r.get("alone_unnamed_ms", [])
+    longest = [(n[:60], round(t, 4)) for n, t in unnamed[:3]]
+    out.append(f"  one call's kernels that are attention by range only (not by name): {len(unnamed)} names, "
+               f"{sum(t for _, t in unnamed):.3f} ms; longest {longest}")
     return out
 
 
@@ -564,16 +596,8 @@ def main(argv=None) -> int:
             runs.append(r)
             print(f"{backend} seed {seed}: loss {r['losses'][0]:.3f} -> {r['final_loss']:.3f}, "
                   f"{r['step_ms']:.1f} ms/step, grads on every parameter: {r['grads_seen']}")
-            if "share_timed" in r:
-                print(f"  attention: in the step's trace {r.get('attention_ms_trace', math.nan):.1f} of "
-                      f"{r.get('busy_ms_trace', math.nan):.1f} ms kernel time (span "
-                      f"{r.get('span_ms_trace', math.nan):.1f} ms; share_trace {r['share_trace']}); alone "
-                      f"x {args.layers} layers: {r.get('attention_kernel_ms', math.nan):.1f} ms kernel time "
-                      f"(share_alone_kernels {r.get('share_alone_kernels')}), {r['attention_ms']:.1f} ms "
-                      f"CUDA-event time (share_timed {r['share_timed']:.3f})")
-                unnamed = r.get("alone_unnamed_ms", [])
-                print(f"  alone, kernels attention by range only: {len(unnamed)} names, "
-                      f"{sum(ms for _, ms in unnamed):.3f} ms per layer; longest: {unnamed[:3]}")
+            for line in share_lines(r, args.layers):
+                print(line)
     if runs:
         table = rows(runs, args.setting)
         if args.markdown:

@@ -150,3 +150,22 @@ def test_bench_train_model_opens_one_backward_range_per_layer():
                   and r.time_range.start <= o.time_range.start < r.time_range.end}
         assert {"SoftmaxBackward0", "MaskedFillBackward0"} <= inside, inside
         assert not inside & {"SiluBackward0", "CatBackward0", "MmBackward0", "AddBackward0"}, inside
+
+
+def test_share_lines_show_the_three_shares_and_what_is_missing():
+    train = _bench_train()
+    assert train.share_lines({"step_ms": 10.0}, 12) == []  # a CPU run: no share
+    r = {"share_trace": 0.092, "attention_ms_trace": 17.3, "busy_ms_trace": 188.0, "span_ms_trace": 190.0,
+         "share_alone_kernels": 0.0921, "attention_kernel_ms": 17.32, "share_timed": 0.241,
+         "attention_ms": 45.4, "attention_host_ms": 44.0,
+         "alone_unnamed_ms": [["void at::native::FillFunctor<c10::BFloat16>", 0.01], ["index_copy", 0.002]]}
+    head, tail = train.share_lines(r, 12)
+    assert "trace 0.092 (17.3 of 188.0 ms" in head
+    assert "alone kernels 0.092 (12 layers x one call: 17.3 ms" in head
+    assert "timed 0.241 (45.4 ms CUDA-event time" in head and "44.0 ms host time" in head
+    assert "2 names, 0.012 ms" in tail
+    r.update(share_trace=None, share_trace_error="trace: expected attention kernels")
+    r.pop("share_alone_kernels")
+    lines = train.share_lines(r, 12)
+    assert "trace n/a" in lines[0] and "alone kernels n/a" in lines[0]
+    assert "expected attention kernels" in lines[1]
