@@ -39,7 +39,9 @@ Attention share (GPU), per backend, from the last step's batch and packing:
   attnscope's -- dK/dV zeros, the scaled LSE, the padded rows -- count), or named as fused attention
   kernels (every attnscope kernel, ``_attnscope_*``: forward, plan, Delta, dK/dV, dQ, portable and Gluon).
   Under ``--compile`` Dynamo drops both ranges and the hooks are not registered: only the names count
-  (attnscope, FA-2, cuDNN, efficient), so Flex's compiled kernels and attnscope's torch ops are missed.
+  (`chrome_trace.is_attention_kernel`: attnscope's, FA-2's, cuDNN's, efficient's, and any name holding the
+  word attn or attention), so attnscope's backward torch ops are missed, and Flex's kernels unless Inductor
+  names them after flex_attention.
   This is the Amdahl fraction of a GPU-bound step: the time attention's kernels hold the GPU.
 - ``share_alone_kernels``: ``layers x`` the kernel time of one layer's attention forward + backward run
   alone (random inputs, the same shapes and packing) / the step's kernel time. It checks the trace's
