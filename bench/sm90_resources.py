@@ -32,7 +32,7 @@ needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the
 ``--sass-per-kib``: the decode tile of Hq/Hkv 32/8, one query, d 128, compiled as `DecodePlan` builds it
 for the bf16 cache and each e4m3 config of `decode.heuristics.FP8_CONFIGS` (or ``--fp8-config NAME``),
 dense and in pages of 64, 16 and 256 keys; the cubin disassembled (Triton's bundled nvdisasm), the KV loop
-found (the loop with the most MMAs) and its instructions counted by class (`SASS_CLASSES`: loads and
+found (the loop with the most MMAs) and its instructions counted by class (`KIB_CLASSES`: loads and
 stores, converts and bit operations, MMA, softmax float math, integer addressing, barriers and branches),
 times the warps, over the bytes of K and V one iteration reads: warp instructions per KiB of K/V.
 
@@ -626,10 +626,9 @@ def decode_report() -> None:
 
 
 # --- --sass-per-kib: instructions per KiB of K/V in the decode KV loop --------------------------------
-NVDISASM = os.path.join(os.path.dirname(PTXAS), "nvdisasm")
 #: SASS opcode (the name before the first ".") -> class; a ``U``-prefixed uniform-datapath opcode counts
 #: as "int" (loop counters and shared-memory bases), an opcode in no class as "other" (MOV, NOP, CS2R, ...)
-SASS_CLASSES = {
+KIB_CLASSES = {
     "ld/st": ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "STSM", "STG", "LDC", "LDL", "STL"),
     "cvt/bit": ("F2FP", "F2F", "I2F", "F2I", "I2FP", "F2IP", "PRMT", "SHF", "LOP3", "SGXT", "BMSK", "HADD2",
                 "HMUL2", "HFMA2"),
@@ -639,12 +638,12 @@ SASS_CLASSES = {
     "sync/branch": ("BAR", "BRA", "BSSY", "BSYNC", "DEPBAR", "LDGDEPBAR", "WARPSYNC", "PLOP3", "ARRIVES",
                     "SYNCS", "EXIT"),
 }
-_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
+_KIB_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
 _SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
 
 
 def sass_class(op: str) -> str:
-    for cls, ops in SASS_CLASSES.items():
+    for cls, ops in KIB_CLASSES.items():
         if op in ops:
             return cls
     return "int" if op.startswith("U") else "other"
@@ -653,7 +652,7 @@ def sass_class(op: str) -> str:
 def sass_loop(sass: str) -> dict:
     """The hot loop of a kernel's SASS (``nvdisasm -c`` text): of the loops closed by a backward branch,
     the one with the most MMA instructions (the KV loop; the fused merge's loop has none). Returns its
-    instruction count per class (`SASS_CLASSES`), per opcode, and in all, over the loop body from its
+    instruction count per class (`KIB_CLASSES`), per opcode, and in all, over the loop body from its
     label to the branch (every instruction once: the loop has no inner loop; its forward branches skip
     little)."""
     insts, labels, pending = [], {}, []
@@ -662,7 +661,7 @@ def sass_loop(sass: str) -> dict:
         if m:
             pending.append(m.group(1))
             continue
-        m = _SASS_LINE.match(line)
+        m = _KIB_LINE.match(line)
         if m:
             for lab in pending:
                 labels[lab] = len(insts)
@@ -677,7 +676,7 @@ def sass_loop(sass: str) -> dict:
     by_op = {}
     for op in ops:
         by_op[op] = by_op.get(op, 0) + 1
-    by_class = {cls: 0 for cls in (*SASS_CLASSES, "other")}
+    by_class = {cls: 0 for cls in (*KIB_CLASSES, "other")}
     for op in ops:
         by_class[sass_class(op)] += 1
     return {"total": len(ops), "class": by_class, "op": by_op}
@@ -715,7 +714,7 @@ def sass_report(names=None) -> None:
     from attnscope.kernels.decode import _kernel, heuristics
 
     names = list(heuristics.FP8_CONFIGS) if names is None else names
-    classes = (*SASS_CLASSES, "other")
+    classes = (*KIB_CLASSES, "other")
     print(f"{'kernel':28s} {'layout':8s} {'BN':>4s} {'w':>2s} {'st':>2s} {'regs':>4s} {'spill':>5s} "
           f"{'smem':>6s} {'LDGSTS':>6s} {'loop':>5s} {'/KiB':>6s} | "
           + " ".join(f"{c:>11s}" for c in classes), flush=True)
