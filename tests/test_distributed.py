@@ -158,6 +158,11 @@ def _worker(rank, port, qout, cases=CASES, device="cpu"):
             results["bad_layout"] = "no error"
         except InputError as e:
             results["bad_layout"] = str(e)
+        try:
+            ad.unshard(x, causal=False)
+            results["bad_unshard"] = "no error"
+        except InputError as e:
+            results["bad_unshard"] = str(e)
         dist.destroy_process_group()
     except Exception:  # report to the parent instead of hanging it
         results["error"] = traceback.format_exc()
@@ -271,7 +276,11 @@ def test_ring_window_blocks_skip_pairs_outside_the_window():
 
 
 def test_ring_bad_layout(ring_results):
-    assert "q: expected rank" in ring_results["bad_layout"], ring_results["bad_layout"]
+    """A shard of the wrong length is refused by `ring_attention` (q) and by `unshard` (x), with one
+    message: ranks 0 and 1 hold 5 and 8 tokens of N = 13, `shard`'s layout 7 and 6 (either mask)."""
+    for key, name, layout in (("bad_layout", "q", "causal"), ("bad_unshard", "x", "unmasked")):
+        assert ring_results[key] == (f"{name}: expected rank 0 to hold 7 tokens of N = 13 (the {layout} "
+                                     "layout of `shard`), got 5"), ring_results[key]
 
 
 def test_chunk_sizes_pad_free():

@@ -76,17 +76,9 @@ def unshard(x, causal: bool, group=None):
     import torch.distributed as dist
 
     _check_x(x)
-    rank, p = _world(group)
-    lens = _all_lengths(x.shape[2], x.device, group)
-    n = sum(lens)
-    sizes, _ = _bounds(n, p, causal)
-    for r in range(p):  # every rank's length must match the layout of `shard`
-        want = sum(sizes[j] for j in _rank_chunks(r, p, causal))
-        if lens[r] != want:
-            raise InputError(f"x: expected rank {r} to hold {want} tokens of N = {n} "
-                             f"({'causal' if causal else 'unmasked'} layout), got {lens[r]}")
+    _, p, chunks = _chunk_sizes(x, "x", causal, group)
     # gather into equal-size buffers (gloo and NCCL all_gather need equal shapes)
-    m = max(lens)
+    m = max(sum(c) for c in chunks)
     buf = x.new_zeros(x.shape[0], x.shape[1], m, x.shape[3])
     buf[:, :, :x.shape[2]] = x
     bufs = [torch.empty_like(buf) for _ in range(p)]
@@ -94,9 +86,9 @@ def unshard(x, causal: bool, group=None):
     pieces = [None] * (2 * p if causal else p)
     for r in range(p):
         off = 0
-        for j in _rank_chunks(r, p, causal):
-            pieces[j] = bufs[r][:, :, off:off + sizes[j]]
-            off += sizes[j]
+        for j, size in zip(_rank_chunks(r, p, causal), chunks[r], strict=True):
+            pieces[j] = bufs[r][:, :, off:off + size]
+            off += size
     return torch.cat(pieces, dim=2)
 
 
@@ -143,19 +135,25 @@ def _check_qkv(q, k, v):
                          f"got {tuple(k.shape)}")
 
 
-def _layout(q, causal, group):
+def _chunk_sizes(x, name: str, causal: bool, group):
+    """This rank, the world size P and every rank's chunk lengths in the layout of `shard` (rank r holds
+    chunks `_rank_chunks(r, P, causal)`), checked against the lengths the ranks' ``x`` [B, H, N_local, d]
+    hold; a mismatch raises naming ``name``."""
     rank, p = _world(group)
-    lens = _all_lengths(q.shape[2], q.device, group)
+    lens = _all_lengths(x.shape[2], x.device, group)
     n = sum(lens)
     sizes, _ = _bounds(n, p, causal)
     chunks = [tuple(sizes[j] for j in _rank_chunks(r, p, causal)) for r in range(p)]
     for r in range(p):
         if sum(chunks[r]) != lens[r]:
-            raise InputError(f"q: expected rank {r} to hold {sum(chunks[r])} tokens of N = {n} "
-                             f"(the layout of `shard`), got {lens[r]}")
-    if causal:
-        return rank, p, [c for c in chunks]
-    return rank, p, [(c[0], 0) for c in chunks]
+            raise InputError(f"{name}: expected rank {r} to hold {sum(chunks[r])} tokens of N = {n} "
+                             f"(the {'causal' if causal else 'unmasked'} layout of `shard`), got {lens[r]}")
+    return rank, p, chunks
+
+
+def _layout(q, causal, group):
+    rank, p, chunks = _chunk_sizes(q, "q", causal, group)
+    return rank, p, chunks if causal else [(c[0], 0) for c in chunks]
 
 
 def _packed(x):
