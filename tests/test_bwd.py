@@ -391,16 +391,7 @@ def test_default_backward_path_picks_the_lean_build_and_never_refuses(monkeypatc
     from attnscope.kernels import bwd_hopper
 
     calls = []
-
-    class _Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((self.name, kw))
-
-    for name in bwd_hopper.KERNELS:
-        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    _record_launches(monkeypatch, lambda name, grid, a, kw: calls.append((name, kw)))
     monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)
     for d, dtype, scale, window, softcap, det in DEFAULT_PATH_CASES:
         dt = getattr(torch, dtype)
@@ -438,16 +429,7 @@ def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype,
     from attnscope.kernels import bwd_hopper, fwd_hopper
 
     calls = {}
-
-    class _Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *a, **kw: calls.setdefault(self.name, (grid, a, kw))
-
-    for name in bwd_hopper.KERNELS:
-        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    _record_launches(monkeypatch, lambda name, grid, a, kw: calls.setdefault(name, (grid, a, kw)))
     dt = getattr(torch, dtype)
     B, Hq, Hkv, Nq, Nk = 2, 4, 2, 100, 300
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=dt) for _ in range(3))
@@ -535,6 +517,22 @@ HOPPER_CASES = [(1000, 1000, 128, "bfloat16", True, 4, False), (2048, 2048, 64, 
 HOPPER_PLAIN64_CASES = [(1537, 777, 64, "bfloat16", True, 2, False),
                         (300, 333, 64, "float16", False, 1, True),
                         (777, 1537, 64, "float16", True, 4, False)]
+
+
+def _record_launches(monkeypatch, record):
+    """Replace each Hopper Gluon kernel by a recorder: ``kernel[grid](*args, **kw)`` calls
+    ``record(name, grid, args, kw)`` (name: "dkdv" or "dq") and launches nothing."""
+    from attnscope.kernels import bwd_hopper
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: record(self.name, grid, a, kw)
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
 
 
 def _plain_only(monkeypatch, d):
@@ -689,21 +687,14 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
 
     calls = {}
 
-    class _Recorder:
-        def __init__(self, name):
-            self.name = name
+    def record(name, grid, a, kw):
+        calls[name] = (grid, a, kw)
+        if kw.get("ONEPASS"):
+            acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
+            assert acc.dtype == torch.float32 and bool((acc == 0).all())
+            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * 0.25
 
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                calls[self.name] = (grid, a, kw)
-                if kw.get("ONEPASS"):
-                    acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
-                    assert acc.dtype == torch.float32 and bool((acc == 0).all())
-                    acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * 0.25
-            return run
-
-    for name in bwd_hopper.KERNELS:
-        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    _record_launches(monkeypatch, record)
     B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 64
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
@@ -737,20 +728,13 @@ def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatc
 
     calls = {}
 
-    class _Recorder:
-        def __init__(self, name):
-            self.name = name
+    def record(name, grid, a, kw):
+        calls[name] = (grid, a, kw)
+        if kw.get("ONEPASS"):
+            acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
+            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape)
 
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                calls[self.name] = (grid, a, kw)
-                if kw.get("ONEPASS"):
-                    acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
-                    acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape)
-            return run
-
-    for name in bwd_hopper.KERNELS:
-        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    _record_launches(monkeypatch, record)
     B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 64
     g = torch.Generator().manual_seed(3)
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
@@ -791,12 +775,7 @@ def test_hopper_tuning_configs_are_checked_and_reach_the_kernel(monkeypatch):
 
     BC = bwd_hopper.BwdConfig
     calls = {}
-    for name in bwd_hopper.KERNELS:
-        def launch(grid, name=name):
-            return lambda *a, **kw: calls.update({name: (grid, a, kw)})
-
-        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel",
-                            type("R", (), {"__getitem__": lambda s, g, f=launch: f(g)})())
+    _record_launches(monkeypatch, lambda name, grid, a, kw: calls.update({name: (grid, a, kw)}))
     B, Hq, Hkv, Nq, Nk, d = 1, 2, 1, 300, 500, 64
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.float16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.float16) for _ in range(4))
