@@ -3,7 +3,7 @@ with a document mask (compiled) and a Python loop of SDPA CUDNN calls, one per p
 in the same run.
 
     PYTHONPATH=src python bench/varlen.py [--markdown] [--no-flex] [--json out.json]
-    PYTHONPATH=src python bench/varlen.py --compile-only   # no GPU: sm_90 registers / spills / smem
+    PYTHONPATH=src python bench/sm90_resources.py --kernel varlen   # no GPU: sm_90 registers / spills / smem
 
 The packed batch: 16 prompts with lengths drawn uniformly from 128 to 4,096 tokens (seed 0), causal,
 Hq = 32, Hkv = 8, d = 128, bf16. TFLOP/s count useful FLOPs (`model.flops.attention_flops` summed per
@@ -52,18 +52,14 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="also time forward variants (work-list order, K/V loads, block configs), each "
                         "checked against float64 first")
-    p.add_argument("--compile-only", action="store_true",
-                   help="no GPU needed: compile the varlen forward and backward kernels for sm_90 (mods off "
-                        "and on) and print registers, spills and shared memory (ptxas -v), then exit")
     args = p.parse_args(argv)
-    if args.compile_only:
-        return compile_report()
 
     import torch
     import triton
 
     if not torch.cuda.is_available():
-        print("bench/varlen.py: needs a CUDA GPU (--compile-only runs without one)", file=sys.stderr)
+        print("bench/varlen.py: needs a CUDA GPU (sm90_resources.py --kernel varlen compiles the kernels "
+              "without one)", file=sys.stderr)
         return 2
     from attnscope.measure.bench import environment
     from attnscope.model.flops import attention_flops
@@ -321,136 +317,6 @@ def _print(rows, markdown, bound_o, bound_g):
         for line in [head, *lines]:
             print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
     print(f"bounds: o {bound_o:.3g}, dq / dk / dv {' / '.join(f'{b:.3g}' for b in bound_g)}")
-
-
-def compile_report() -> int:
-    """Compile the varlen kernels for sm_90 without a GPU (mods off / window + softcap + sinks on) and print
-    ptxas's resource use."""
-    import os
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from attnscope.kernels import bwd, varlen, varlen_bwd
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    floats = {"qk_scale", "sm_scale", "sc_in", "sc_out"}
-    ints = {"H", "HKV", "TOTAL_Q", "TOTAL_K", "left", "right"}
-    i32_ptrs = {"CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE"}
-    f32_ptrs = {"LSE", "LSE2", "DELTA", "SINKS"}
-
-    def sig_of(fn, dq_fp32, desc_type="*bf16"):
-        sig = {}
-        for n in fn.arg_names:
-            if n.startswith("stride") or n in ints:
-                sig[n] = "i32"
-            elif n in floats:
-                sig[n] = "fp32"
-            elif n in ("desc_k", "desc_v"):
-                sig[n] = desc_type
-            elif n in i32_ptrs:
-                sig[n] = "*i32"
-            elif n in f32_ptrs or (n == "DQ" and dq_fp32):
-                sig[n] = "*fp32"
-            elif n.isupper() and len(n) <= 2 or n in ("DO", "DK", "DV", "DQ"):
-                sig[n] = "*bf16"
-            else:
-                sig[n] = "constexpr"
-        return sig
-
-    def report(label, fn, cx, warps, stages, dq_fp32=False, desc_type="*bf16", types=None):
-        sig = sig_of(fn, dq_fp32, desc_type) if types is None else {
-            n: "constexpr" if n in cx else types.get(n, "i32") for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if sig[n].startswith("*") or n.startswith("stride")}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps, "num_stages": stages})
-        ptxas_report(label, k)
-
-    def ptxas_report(label, k):
-        with tempfile.TemporaryDirectory() as t:
-            with open(os.path.join(t, "k.ptx"), "w") as f:
-                f.write(k.asm["ptx"])
-            r = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(t, "k.ptx"), "-o",
-                                os.path.join(t, "k.cubin")], capture_output=True, text=True)
-            sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass",
-                                   os.path.join(t, "k.cubin")], capture_output=True, text=True).stdout
-        info = " | ".join(x.split("info    :")[-1].strip() for x in r.stderr.splitlines()
-                          if "spill" in x or "Used" in x)
-        print(f"{label}: shared {k.metadata.shared} B | {info} | {_loop_spills(sass)}", flush=True)
-
-    for d in (64, 128):
-        for mods in (False, True):
-            m = {"WINDOW": mods, "SOFTCAP": mods}
-            tag = f"d={d} causal{' +window+softcap+sinks' if mods else ''}"
-            bm, bn, warps, stages = varlen.pick_config(d, True, 1)
-            for tma in (True, False):
-                report(f"fwd {tag} {bm}x{bn} {'TMA' if tma else 'pointer'} K/V",
-                       varlen._attnscope_varlen_kernel,
-                       {"HEAD_DIM": d, "CAUSAL": not mods, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
-                        "USE_TMA": tma, "MAX_UNSCALED": False, "EMULATE_BF16": False, "HAS_SINKS": mods, **m},
-                       warps, stages, desc_type=f"tensordesc<bf16[{bn},1,{d}]>" if tma else "*bf16")
-            for atomic in (True, False):
-                bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
-                report(f"dkdv {tag} atomic_dq={atomic} {bm}x{bn}", varlen_bwd._attnscope_varlen_dkdv_kernel,
-                       {"HEAD_DIM": d, "CAUSAL": not mods, "ATOMIC_DQ": atomic, "BLOCK_M": bm, "BLOCK_N": bn,
-                        "EMULATE_BF16": False, **m}, warps, stages, dq_fp32=True)
-            bm, bn, warps, stages = bwd.DQ_CONFIGS[d]
-            report(f"dq {tag} {bm}x{bn}", varlen_bwd._attnscope_varlen_dq_kernel,
-                   {"HEAD_DIM": d, "CAUSAL": not mods, "BLOCK_M": bm, "BLOCK_N": bn, "EMULATE_BF16": False,
-                    **m}, warps, stages)
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from attnscope.kernels import fwd, varlen_bwd_hopper
-
-    for d in (64, 128):  # the Gluon sm_90 backward (`impl="auto"` on sm_90: no mods)
-        for name in ("dkdv", "dq"):
-            src = GluonASTSource(fn=varlen_bwd_hopper.kernel(name),
-                                 signature=varlen_bwd_hopper.signature(d, "bf16", name),
-                                 constexprs=varlen_bwd_hopper.constexprs(d, True, name))
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": varlen_bwd_hopper.NUM_WARPS})
-            ptxas_report(f"gluon {name} d={d} causal", k)
-    for d in (64, 128):  # the dense kernels the varlen ones mirror: the hot loops to compare
-        bm, bn, warps, stages = fwd.pick_config(d, True, 1)
-        types = {n: f"tensordesc<bf16[1,1,{bm if n in ('desc_q', 'desc_o') else bn},{d}]>"
-                 for n in ("desc_q", "desc_k", "desc_v", "desc_o")}
-        types.update(LSE="*fp32", SINKS="*fp32", qk_scale="fp32", cap_in="fp32")
-        report(f"dense fwd d={d} causal {bm}x{bn}", fwd._attnscope_fwd_kernel,
-               {"HEAD_DIM": d, "CAUSAL": True, "STORE_LSE": True, "BLOCK_M": bm, "BLOCK_N": bn,
-                "MAX_UNSCALED": False, "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False,
-                "HAS_SINKS": False}, warps, stages, types=types)
-        bm, bn, warps, stages = bwd.DKDV_CONFIGS[d]
-        types = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV")}
-        types.update(DQ="*fp32", LSE2="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", cap_in="fp32")
-        report(f"dense dkdv d={d} causal atomic_dq=False {bm}x{bn}", bwd._attnscope_bwd_dkdv_kernel,
-               {"HEAD_DIM": d, "CAUSAL": True, "ATOMIC_DQ": False, "BLOCK_M": bm, "BLOCK_N": bn,
-                "EMULATE_BF16": False, "WINDOW": False, "SOFTCAP": False, "OFF64": False}, warps, stages,
-               types=types)
-    return 0
-
-
-def _loop_spills(sass: str) -> str:
-    """Spill instructions (STL / LDL) inside the hot loops of a kernel's SASS: each backward branch whose
-    body holds a wgmma (HGMMA) closes a K/V (or query) tile loop; the rest of the spills are in the
-    prologue / epilogue, run once per program."""
-    import re
-
-    ins = [(int(m.group(1), 16), m.group(2)) for m in
-           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
-    loops = []
-    for addr, txt in ins:
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", txt)
-        if m and int(m.group(1), 16) < addr:
-            body = [x for a, x in ins if int(m.group(1), 16) <= a <= addr]
-            # a tile loop: a wgmma inside, no EXIT (out-of-line stubs after the exit jump back too)
-            if any("HGMMA" in x for x in body) and not any(re.search(r"\bEXIT\b", x) for x in body):
-                loops.append(f"{sum('STL' in x for x in body)}/{sum('LDL' in x for x in body)}")
-    return "hot-loop STL/LDL " + (", ".join(loops) or "none found")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def pick_config(d: int, masked: bool, n: int):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim ``d``, ``masked`` (causal or a window) and
     the longest sequence ``n``: the dense forward's measured table (`fwd.pick_config`; the small
     interpreter tiles under TRITON_INTERPRET=1): the inner loop is the same, K/V by TMA too. Compiled
-    for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA): see bench/varlen.py --compile-only."""
+    for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA): bench/sm90_resources.py --kernel varlen."""
     return tuple(_fwd.pick_config(d, masked, n))
 
 
