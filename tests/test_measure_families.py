@@ -53,7 +53,11 @@ def _grid(tmp_path, text):
      r"row 2: n: expected no value with pass decode \(it takes cache_lens, page_size, kv_dtype, splits, "
      r"nq\)"),
     ("impl,heads,n,d,lens\nflash,8,1024,64,100;200\n", ValueError,
-     r"row 2: lens: expected no value with pass forward"),
+     r"row 2: lens: expected no value with pass forward \(it takes n, causal\), got '100;200'"),
+    ("impl,heads,d\nflash,8,64\n", ValueError, r"row 2: n: expected a value, got none"),
+    ("pass,impl,heads,d\nbackward,flash,8,64\n", ValueError, r"row 2: n: expected a value, got none"),
+    ("pass,impl,heads,d,splits\ndecode,attnscope,8,64,2\n", ValueError,
+     r"row 2: cache_lens: expected a value, got none"),
     ("pass,impl,heads,d,cache_lens,page_size\ndecode,flash,8,64,4096,64\n", NotImplementedError,
      r"row 2: page_size: 64 with impl flash is not measured; supported: a dense cache"),
     ("pass,impl,heads,d,cache_lens\ndecode,cudnn,8,64,100;200\n", NotImplementedError,

@@ -76,27 +76,34 @@ def _lengths(where: str, name: str, value) -> list[int]:
     return [grid_int(where, name, c) for c in cells]
 
 
+def required(where: str, got: dict, name: str):
+    """The raw cell ``got[name]``; one line naming it when it is empty or missing."""
+    if got.get(name) in ("", None):
+        raise InputError(f"{where}: {name}: expected a value, got none")
+    return got[name]
+
+
+def refuse_other_columns(where: str, got: dict, family: str) -> None:
+    """One line naming the first shape column with a value that ``family`` does not take (`COLUMNS`)."""
+    for col in FAMILY_COLUMNS + ("n", "causal"):
+        if col not in COLUMNS[family] and got.get(col) not in ("", None):
+            raise InputError(f"{where}: {col}: expected no value with pass {family} (it takes "
+                             f"{', '.join(COLUMNS[family])}), got {short(got[col])}")
+
+
 def _unsupported(where: str, column: str, what: str, supported: str):
     return NotImplementedError(f"{where}: {column}: {what} is not measured; supported: {supported}")
 
 
 def point(got: dict, spec: dict, where: str) -> dict:
-    """Complete ``spec`` (impl, batch, heads, kv_heads where it differs, d, dtype: validated by
-    physical.point) for the family ``spec["pass"]`` from the raw cells ``got``; refuses a column the
-    family does not take, in one line naming it."""
+    """Complete ``spec`` (impl, one of the family's `IMPLS`, batch, heads, kv_heads where it differs, d,
+    dtype: validated by physical.point) for the family ``spec["pass"]`` from the raw cells ``got``;
+    refuses a column the family does not take, in one line naming it."""
     family, impl = spec["pass"], spec["impl"]
-    for col in FAMILY_COLUMNS + ("n", "causal"):
-        if col not in COLUMNS[family] and got.get(col) not in ("", None):
-            raise InputError(f"{where}: {col}: expected no value with pass {family} (it takes "
-                             f"{', '.join(COLUMNS[family])}), got {short(got[col])}")
-    if impl not in IMPLS[family]:
-        raise InputError(f"{where}: impl: expected one of {', '.join(IMPLS[family])} with pass {family}, got "
-                         f"{short(impl)}")
+    refuse_other_columns(where, got, family)
     gqa = spec.get("kv_heads") is not None
     if family == "backward":
-        if got.get("n") in ("", None):
-            raise InputError(f"{where}: n: expected a value, got none")
-        spec["n"] = grid_int(where, "n", got["n"])
+        spec["n"] = grid_int(where, "n", required(where, got, "n"))
         spec["causal"] = grid_bool(where, "causal", got.get("causal") or "false")
         det = grid_bool(where, "deterministic", got.get("deterministic") or "false")
         if det and impl != "attnscope":
@@ -108,15 +115,11 @@ def point(got: dict, spec: dict, where: str) -> dict:
             spec["deterministic"] = det
         return spec
     if family == "varlen":
-        if got.get("lens") in ("", None):
-            raise InputError(f"{where}: lens: expected a value, got none")
-        spec["lens"] = _lengths(where, "lens", got["lens"])
+        spec["lens"] = _lengths(where, "lens", required(where, got, "lens"))
         spec["causal"] = grid_bool(where, "causal", got.get("causal") or "false")
         _batch(where, spec, "lens")
         return spec
-    if got.get("cache_lens") in ("", None):
-        raise InputError(f"{where}: cache_lens: expected a value, got none")
-    lens = _lengths(where, "cache_lens", got["cache_lens"])
+    lens = _lengths(where, "cache_lens", required(where, got, "cache_lens"))
     spec["cache_lens"] = lens * spec["batch"] if len(lens) == 1 else lens
     _batch(where, spec, "cache_lens")
     page, kv, splits = (got.get(c) for c in ("page_size", "kv_dtype", "splits"))

@@ -141,13 +141,8 @@ def point(raw: dict, where: str) -> dict:
             raise InputError(f"{where}: {families.COLUMNS[family][0]}: expected the point's tensors to fit "
                              f"one GPU (at most {MAX_POINT_BYTES / 1e9:g} GB), got {size / 1e9:,.4g} GB")
         return spec
-    for col in families.FAMILY_COLUMNS:
-        if got[col] not in ("", None):
-            raise InputError(f"{where}: {col}: expected no value with pass forward (it takes n, causal), got "
-                             f"{short(got[col])}")
-    if got["n"] in ("", None):
-        raise InputError(f"{where}: n: expected a value, got none")
-    spec |= {"n": grid_int(where, "n", got["n"]), "d": d,
+    families.refuse_other_columns(where, got, "forward")
+    spec |= {"n": grid_int(where, "n", families.required(where, got, "n")), "d": d,
              "causal": grid_bool(where, "causal", got["causal"] or "false"), "dtype": dtype}
     if hkv != spec["heads"]:
         if impl == "naive":
