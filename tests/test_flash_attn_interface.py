@@ -415,7 +415,8 @@ def test_dense_unsupported_named(kw, name):
 
 
 @pytest.mark.parametrize("kw, name", [({"block_table": torch.zeros(1, 1, dtype=torch.int32)}, "block_table"),
-                                      ({"dropout_p": 0.5}, "dropout_p")])
+                                      ({"dropout_p": 0.5}, "dropout_p"),
+                                      ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes")])
 def test_varlen_unsupported_named(kw, name):
     q, k, v = (t[0] for t in _small(torch.Generator().manual_seed(0)))
     cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
@@ -499,6 +500,10 @@ def test_bad_layout_and_values():
     ("func", {"causal": 1}, "causal: expected True or False"),
     ("func", {"dropout_p": False}, "dropout_p: expected a number"),
     ("func", {"return_attn_probs": 0}, "return_attn_probs: expected True or False"),
+    ("func", {"deterministic": 0}, "deterministic: expected True or False"),
+    ("varlen", {"return_attn_probs": 0}, "return_attn_probs: expected True or False"),
+    ("varlen", {"deterministic": 0}, "deterministic: expected True or False"),
+    ("varlen", {"causal": 1}, "causal: expected True or False"),
     ("kvcache", {"num_splits": False}, "num_splits: expected an int >= 0"),
     ("kvcache", {"return_softmax_lse": 0}, "return_softmax_lse: expected True or False"),
     ("kvcache", {"rotary_interleaved": 1}, "rotary_interleaved: expected True or False"),
@@ -512,6 +517,9 @@ def test_values_that_equal_the_defaults_but_are_not_them_are_refused(fn, kw, mat
     with pytest.raises(InputError, match=match):
         if fn == "func":
             fai.flash_attn_func(q, k, v, **kw)
+        elif fn == "varlen":
+            cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+            fai.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, **kw)
         else:
             fai.flash_attn_with_kvcache(q[:, :1], k, v, **kw)
 

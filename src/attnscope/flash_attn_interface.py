@@ -112,16 +112,26 @@ def _bhnd(t: Tensor) -> Tensor:
     return t.transpose(1, 2)
 
 
+def _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic, return_attn_probs,
+                block_table=None) -> dict:
+    """The kernels' keywords of the differentiable functions' flash-attn options, checked: `_mods`,
+    ``alibi_slopes`` and ``block_table`` refused, ``deterministic`` (`_deterministic`), a bool
+    ``return_attn_probs``."""
+    mods = _mods(causal, window_size, softcap, dropout_p)
+    if alibi_slopes is not None or block_table is not None:
+        _unsupported(alibi_slopes=(alibi_slopes, None), block_table=(block_table, None))
+    if deterministic is not False:
+        mods.update(_deterministic(deterministic))
+    expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
+    return mods
+
+
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
            return_attn_probs):
     """The shared body of the three dense functions: q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], the kernels'
     layout as views of flash-attn's tensors."""
-    mods = _mods(causal, window_size, softcap, dropout_p)
-    if alibi_slopes is not None:
-        _unsupported(alibi_slopes=(alibi_slopes, None))
-    if deterministic is not False:
-        mods.update(_deterministic(deterministic))
-    expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
+    mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
+                       return_attn_probs)
     res = flash_attention(q, k, v, causal, softmax_scale, return_attn_probs, **mods)
     if not return_attn_probs:
         return _bhnd(res)
@@ -251,10 +261,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_rank(name, t, 3, "[total_q, Hq, d]" if name == "q" else "[total_k, Hkv, d]")
-    mods = _mods(causal, window_size, softcap, dropout_p)
-    _unsupported(alibi_slopes=(alibi_slopes, None), block_table=(block_table, None))
-    mods.update(_deterministic(deterministic))
-    expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
+    mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
+                       return_attn_probs, block_table)
     res = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                  softmax_scale, return_attn_probs, **mods)
     return (*res, None) if return_attn_probs else res
