@@ -108,6 +108,12 @@ class _Ring:
         ops += [self.dist.P2POp(self.dist.irecv, t, self.prv, self.group) for t in recvs]
         return self.dist.batch_isend_irecv(ops)
 
+    def pass_on(self, tensors, n_in: int):
+        """Post the exchange of ``tensors`` ([B, H, n, d] each): the previous rank's, ``n_in`` rows each,
+        arrive in fresh buffers. Returns (the buffers, the requests to wait on)."""
+        bufs = [t.new_empty(t.shape[0], t.shape[1], n_in, t.shape[3]) for t in tensors]
+        return bufs, self.start(tensors, bufs)
+
 
 def _step_plan(r: int, s: int, p: int, causal: bool, lens_src: tuple[int, int] | None, n_q: tuple[int, int]):
     """Which sub-block rank r computes with the K/V of rank s.
@@ -259,10 +265,7 @@ def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None, window
         src = (rank - step) % p
         reqs = None
         if step + 1 < p:  # post the exchange first so it overlaps this step's kernel
-            n_in = sum(chunks[(rank - step - 1) % p])
-            kn = kc.new_empty(B, kc.shape[1], n_in, d)
-            vn = vc.new_empty(B, vc.shape[1], n_in, d)
-            reqs = ring.start([kc, vc], [kn, vn])
+            (kn, vn), reqs = ring.pass_on([kc, vc], sum(chunks[(rank - step - 1) % p]))
         for lo, hi, k_lo, k_hi, cflag, bounds in _blocks(rank, src, p, causal, chunks, window):
             ob, lb = _block_forward(q[:, :, lo:hi], kc[:, :, k_lo:k_hi], vc[:, :, k_lo:k_hi], cflag, scale,
                                     softcap, bounds)
@@ -292,17 +295,14 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.
     kc, vc = k.contiguous(), v.contiguous()
     dkc = torch.zeros_like(kc, dtype=torch.float32)
     dvc = torch.zeros_like(vc, dtype=torch.float32)
-    B, _, _, d = q.shape
     do = do.contiguous()
     for step in range(p):
         src = (rank - step) % p
         blocks = _blocks(rank, src, p, causal, chunks, window)
         reqs = None
+        n_in = sum(chunks[(rank - step - 1) % p])
         if step + 1 < p:  # K/V for the next step can move now; dK/dV only after this step's kernel
-            n_in = sum(chunks[(rank - step - 1) % p])
-            kn = kc.new_empty(B, kc.shape[1], n_in, d)
-            vn = vc.new_empty(B, vc.shape[1], n_in, d)
-            reqs = ring.start([kc, vc], [kn, vn])
+            (kn, vn), reqs = ring.pass_on([kc, vc], n_in)
         for lo, hi, k_lo, k_hi, cflag, bounds in blocks:
             # sub-blocks as contiguous tensors: the block backward may assume a packed layout
             rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
@@ -312,12 +312,10 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.
             dq[:, :, lo:hi] += dqb.float()
             dkc[:, :, k_lo:k_hi] += dkb.float()
             dvc[:, :, k_lo:k_hi] += dvb.float()
-        # pass dK/dV on (after P-1 passes plus this final one they are home)
-        n_in = sum(chunks[(rank - step - 1) % p])
-        dkn = dkc.new_empty(B, dkc.shape[1], n_in, d)
-        dvn = dvc.new_empty(B, dvc.shape[1], n_in, d)
-        greqs = ring.start([dkc, dvc], [dkn, dvn]) if p > 1 else []
-        for r_ in list(reqs or []) + list(greqs):
+        greqs = []
+        if p > 1:  # pass dK/dV on (after P-1 passes plus this final one they are home)
+            (dkn, dvn), greqs = ring.pass_on([dkc, dvc], n_in)
+        for r_ in list(reqs or []) + greqs:
             r_.wait()
         if p > 1:
             dkc, dvc = dkn, dvn
