@@ -78,6 +78,30 @@ def _check_grads(got, torch_g, ref, names="qkv"):
             f"d{name}: kernel error {err:.3g} > 3 x torch's {torch_err:.3g} + 1e-3"
 
 
+def _check_each_kv_head(grads, q, k, v, do, group, causal, baseline, scale=None, window=None, softcap=0.0):
+    """Each of ``grads`` ((dq, dk, dv) of [2, 2 group, N, d] queries and 2 kv heads) against float64, kv
+    head by kv head of batch 1, by the one rule against ``baseline(q, k, v, do)`` (PyTorch's gradients at
+    the input dtype); rows with no visible key get dQ = 0."""
+    def n(t):
+        return t.detach().double().cpu().numpy()
+
+    nq, nk = q.shape[2], k.shape[2]
+    mods = dict(window=window, softcap=softcap)
+    for hk in (0, 1):
+        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
+        ks = (slice(1, 2), slice(hk, hk + 1))
+        qs, kk, vv, dos = q[sl], k[ks], v[ks], do[sl]
+        ro, rlse = reference.naive_attention(n(qs), n(kk), n(vv), causal=causal, scale=scale, return_lse=True,
+                                             **mods)
+        ref = reference.attention_backward(n(dos), n(qs), n(kk), n(vv), ro, rlse, causal=causal, scale=scale,
+                                           **mods)
+        torch_g = baseline(qs, kk, vv, dos)
+        empty = ~reference.permitted(nq, nk, causal, window).any(-1)
+        for g in grads:
+            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
+            assert (n(g[0][sl])[:, :, empty] == 0).all()
+
+
 # Every (Nq, Nk) pair of the forward's list once; causal, GQA ratio, head dim, dtype and layout cycle
 # across the pairs (each value meets many pairs) so the interpreted run stays bounded.
 CASES = []
@@ -933,22 +957,13 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     for x, y in zip(got[1:], det[1:], strict=True):
         assert (x.float() - y.float()).abs().max() <= 1e-2 * y.float().abs().max()
 
-    def n(t):
-        return t.detach().double().cpu().numpy()
-
-    for hk in (0, 1):  # both kv heads of batch 1
-        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
-        ks = (slice(1, 2), slice(hk, hk + 1))
-        qs, kk, vv, dos = q[sl], k[ks], v[ks], do[sl]
-        ro, rlse = reference.naive_attention(n(qs), n(kk), n(vv), causal=causal, return_lse=True, **mods)
-        ref = reference.attention_backward(n(dos), n(qs), n(kk), n(vv), ro, rlse, causal=causal, **mods)
+    def baseline(qs, kk, vv, dos):
         leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
         to, _ = checks.torch_attention(*leaves, causal, window, softcap, None)
-        torch_g = torch.autograd.grad(to, leaves, dos)
-        empty = ~reference.permitted(nq, nk, causal, window).any(-1)
-        for g in (got, det) if build == "lean" else (got,):
-            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
-            assert (n(g[0][sl])[:, :, empty] == 0).all()
+        return torch.autograd.grad(to, leaves, dos)
+
+    grads = (got, det) if build == "lean" else (got,)
+    _check_each_kv_head(grads, q, k, v, do, group, causal, baseline, **mods)
 
 
 @pytest.mark.gpu
@@ -1012,24 +1027,11 @@ def test_gpu_default_backward_d64_matches_float64(monkeypatch, nq, nk, dtype, ca
         grads[det] = [t.grad for t in leaves]
     assert seen == [("dkdv", int(lean), 2)] + [("dkdv", int(lean), 0), ("dq", int(lean), None)] * 2
 
-    def n(t):
-        return t.detach().double().cpu().numpy()
+    def baseline(qs, kk, vv, dos):
+        if not softcap:
+            return _torch_grads(qs, kk, vv, dos, causal, scale)
+        leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
+        to, _ = checks.torch_attention(*leaves, causal, None, softcap, None)
+        return torch.autograd.grad(to, leaves, dos)
 
-    for hk in (0, 1):  # both kv heads of batch 1
-        sl = (slice(1, 2), slice(hk * group, (hk + 1) * group))
-        ks = (slice(1, 2), slice(hk, hk + 1))
-        qs, kk, vv, dos = q[sl], k[ks], v[ks], do[sl]
-        ro, rlse = reference.naive_attention(n(qs), n(kk), n(vv), causal=causal, scale=scale, return_lse=True,
-                                             **mods)
-        ref = reference.attention_backward(n(dos), n(qs), n(kk), n(vv), ro, rlse, causal=causal, scale=scale,
-                                           **mods)
-        if softcap:
-            leaves = [t.detach().clone().requires_grad_() for t in (qs, kk, vv)]
-            to, _ = checks.torch_attention(*leaves, causal, None, softcap, None)
-            torch_g = torch.autograd.grad(to, leaves, dos)
-        else:
-            torch_g = _torch_grads(qs, kk, vv, dos, causal, scale)
-        empty = ~reference.permitted(nq, nk, causal, None).any(-1)
-        for g in grads.values():
-            _check_grads((g[0][sl], g[1][ks], g[2][ks]), torch_g, ref)
-            assert (n(g[0][sl])[:, :, empty] == 0).all()
+    _check_each_kv_head(tuple(grads.values()), q, k, v, do, group, causal, baseline, scale=scale, **mods)
