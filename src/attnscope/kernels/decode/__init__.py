@@ -36,7 +36,8 @@ block-table entries never dereferenced, bad scales flagged; `check_errors` raise
 
 Modules: `_kernel` (the Triton kernels), `heuristics` (split count, blocks, merge, byte ledger), `checks`
 (input checks, the device error word), `plan` (`DecodePlan`), `api` (`flash_decode` and its plan
-cache), `_op` (the custom op `torch.compile` traces), `quantize` (`quantize_kv`).
+cache), `append` (`kv_append`: new keys and values into the cache in one launch, flash-attn's in-place
+append), `_op` (the custom ops `torch.compile` traces), `quantize` (`quantize_kv`).
 
 Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge, and
 allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
@@ -52,7 +53,7 @@ K/V offsets from the loop's base pointers are int32 where the plan's span check 
 public LSE is natural-log. Measurements: BENCHMARKS.md.
 """
 
-from attnscope.kernels.decode import _op  # noqa: F401 - registers torch.ops.attnscope.flash_decode
+from attnscope.kernels.decode import _op  # noqa: F401 - registers torch.ops.attnscope.flash_decode, kv_append
 from attnscope.kernels.decode.api import (
     PLAN_CACHE_LAYOUTS,
     PLAN_CACHE_SPLITS,
@@ -61,6 +62,7 @@ from attnscope.kernels.decode.api import (
     flash_decode,
     plan_cache_info,
 )
+from attnscope.kernels.decode.append import kv_append
 from attnscope.kernels.decode.checks import check_errors
 from attnscope.kernels.decode.heuristics import (
     MAX_NUM_SPLITS,
@@ -74,4 +76,5 @@ from attnscope.kernels.decode.quantize import quantize_kv
 
 __all__ = ["MAX_NUM_SPLITS", "PAGE_SIZES", "PLAN_CACHE_LAYOUTS", "PLAN_CACHE_SPLITS", "RAW_SCORES_ABOVE",
            "DecodePlan", "PlanCacheInfo", "check_errors", "clear_plan_cache", "decode_plan",
-           "default_num_splits", "flash_decode", "logical_bytes", "plan_cache_info", "quantize_kv"]
+           "default_num_splits", "flash_decode", "kv_append", "logical_bytes", "plan_cache_info",
+           "quantize_kv"]

@@ -1,9 +1,11 @@
-"""`flash_decode` as a PyTorch custom op (``torch.ops.attnscope.flash_decode``), the form it takes inside
-`torch.compile`: the compiler sees one opaque call with a fake (shape-only) implementation; at run time
-the op is `flash_decode` itself (its checks, plan cache and launch). It always computes the LSE."""
+"""`flash_decode` and `append.kv_append` as PyTorch custom ops (``torch.ops.attnscope.flash_decode``,
+``torch.ops.attnscope.kv_append``), the form they take inside `torch.compile`: the compiler sees one opaque
+call with a fake (shape-only) implementation; at run time the op is the function itself (its checks, plan
+cache and launch). The decode op always computes the LSE; the append op mutates the two caches."""
 
 from attnscope.kernels._common import import_torch_triton
 from attnscope.kernels.decode.api import flash_decode
+from attnscope.kernels.decode.append import kv_append
 
 torch, _ = import_torch_triton()
 Tensor = torch.Tensor
@@ -25,3 +27,15 @@ def flash_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: 
 def _(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, num_splits, scale,
       window_left, window_right, softcap):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("attnscope::kv_append", mutates_args=("k_cache", "v_cache"))
+def kv_append_op(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: Tensor | None,
+                 block_table: Tensor | None, fixed: int) -> Tensor:
+    """lengths int32 [B]: `append.kv_append` with ``cache_seqlens``, or the int ``fixed`` where it is None."""
+    return kv_append(k_cache, v_cache, k, v, fixed if cache_seqlens is None else cache_seqlens, block_table)
+
+
+@kv_append_op.register_fake
+def _(k_cache, v_cache, k, v, cache_seqlens, block_table, fixed):
+    return k.new_empty(k.shape[:1], dtype=torch.int32)
