@@ -2,21 +2,24 @@
 
 Each interface function and the native attnscope call it wraps, on the same views of flash-attn's layout
 (the pairs `bench/hf.py` times), run under a `TorchDispatchMode` that records every aten op they dispatch;
-the Triton launches themselves are not aten ops (the interpreter's own copies of the kernel arguments are,
-in both calls alike). What the interface dispatches beyond the native call must be views only
-(``transpose``, ``permute``, ``unbind``): a copy, cast, cat, contiguous, fill or extra allocation would
-be device work the native call does not do. ``flash_attn_with_kvcache`` with new ``k``/``v`` adds the
-writes flash-attn's semantics ask for: `test_kvcache_append_adds_only_the_writes` names them.
+the Triton launches themselves are not aten ops, and what Triton's interpreter dispatches while it stands in
+for the GPU (its copies of the kernel arguments) is left out. What the interface dispatches beyond the
+native call must be views only (``transpose``, ``permute``, ``unbind``): a copy, cast, cat, contiguous,
+fill or extra allocation would be device work the native call does not do. ``flash_attn_with_kvcache``
+with new ``k``/``v`` adds the append flash-attn's semantics ask for: `test_kvcache_append_adds_one_launch`
+names what it may dispatch.
 """
 
 from __future__ import annotations
 
 import collections
+import os
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -28,15 +31,30 @@ fai = pytest.importorskip("attnscope.flash_attn_interface")
 DEVICE = kernel_device()
 
 
+_TRITON = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+
+
+def _in_triton() -> bool:
+    """Whether a frame of Triton's (its interpreter running a kernel on the CPU) is on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if os.path.abspath(frame.f_code.co_filename).startswith(_TRITON):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Ops(TorchDispatchMode):
-    """Records the aten ops dispatched inside it: (name, whether the op only makes a view)."""
+    """Records the aten ops dispatched inside it but not by Triton's interpreter: (name, whether the op only
+    makes a view)."""
 
     def __init__(self):
         super().__init__()
         self.ops = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[(str(func), func.is_view)] += 1
+        if not _in_triton():
+            self.ops[(str(func), func.is_view)] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -116,16 +134,12 @@ def test_the_log_sees_a_copy():
     assert any("clone" in name or "copy" in name or "empty" in name for name in _data_ops(extra))
 
 
-#: the data-touching ops the append may add over flash_decode on the appended lengths, at most: per K and
-#: V one index_put_ (the writes), and without a host-checked int length the device checks and the
-#: unwritten sequences' slots written with their own values (one gather and one select each)
-APPEND_OPS = {("dense", "int"): 5, ("dense", "tensor"): 13, ("paged", "int"): 15, ("paged", "tensor"): 20}
-
-
-@pytest.mark.parametrize("layout, lens", list(APPEND_OPS))
-def test_kvcache_append_adds_only_the_writes(layout, lens):
-    """flash_attn_with_kvcache with new k/v: two index_put_ (flash-attn's in-place append), the index and
-    check arithmetic on [B, Nnew], no host read (``_local_scalar_dense``: ``.item()``, ``bool()``)."""
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+@pytest.mark.parametrize("lens", ["int", "tensor"])
+def test_kvcache_append_adds_one_launch(layout, lens):
+    """flash_attn_with_kvcache with new k/v over flash_decode on the appended lengths: the append's one
+    launch (`decode.kv_append`) and the allocation of the lengths it writes; no index arithmetic, no
+    lengths tensor built from an int, no host read (``_local_scalar_dense``: ``.item()``, ``bool()``)."""
     g = torch.Generator().manual_seed(3)
     q, kn, vn = _rnd(2, 1, 4, 64, g=g), _rnd(2, 1, 2, 64, g=g), _rnd(2, 1, 2, 64, g=g)
     seqlens = torch.tensor([30, 17], dtype=torch.int32, device=DEVICE)
@@ -141,7 +155,5 @@ def test_kvcache_append_adds_only_the_writes(layout, lens):
     extra = _extra(lambda: fai.flash_attn_with_kvcache(q, kc, vc, kn, vn, block_table=table,
                                                        cache_seqlens=seqlens if lens == "tensor" else 30),
                    lambda: attnscope.flash_decode(*native, after, table))
-    data = _data_ops(extra)
-    assert not any("_local_scalar_dense" in name for name in data), data
-    assert data.get("aten.index_put_.default") == 2, data
-    assert sum(data.values()) <= APPEND_OPS[layout, lens], data
+    assert _data_ops(extra) == {"aten.empty.memory_format": 1}, extra
+    assert sum(n for (_, view), n in extra.items() if view) <= 5, f"more views than the layout needs: {extra}"

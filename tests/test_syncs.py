@@ -107,6 +107,16 @@ def test_flash_attn_interface_calls():
     _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k_new, v_new, cache_seqlens=lens,
                                                   causal=True))
     assert torch.equal(kc[1, 20], k_new[1, 0]) and torch.equal(vc[0, 3], v_new[0, 0])  # appended in place
+    _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k_new, v_new, cache_seqlens=25))
+    assert torch.equal(kc[0, 25], k_new[0, 0])
+    pages_k, pages_v = _rnd(5, 16, 2, 64), _rnd(5, 16, 2, 64)
+    table = torch.tensor([[4, 0], [1, 3]], dtype=torch.int32, device=DEVICE)
+    k3, v3 = _rnd(2, 3, 2, 64), _rnd(2, 3, 2, 64)  # three new keys: 15 .. 17 cross a page
+    lens3 = torch.tensor([15, 29], dtype=torch.int32, device=DEVICE)
+    _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :3], pages_k, pages_v, k3, v3, cache_seqlens=lens3,
+                                                  block_table=table, causal=True))
+    assert torch.equal(pages_k[4, 15], k3[0, 0]) and torch.equal(pages_v[0, 1], v3[0, 2])
+    attnscope.kernels.decode.check_errors()  # every length and page in range: nothing recorded
 
 
 # --- transformers ---------------------------------------------------------------------------------------
@@ -239,6 +249,13 @@ def _gpu_calls():
     small = torch.tensor([5, 17, 0, 3000], dtype=torch.int32, device="cuda")
     calls.append(("flash_attn_with_kvcache append", lambda: fai.flash_attn_with_kvcache(
         qd.transpose(1, 2), kb, vb, k_new, v_new, cache_seqlens=small, causal=True)))
+    calls.append(("flash_attn_with_kvcache append, int length", lambda: fai.flash_attn_with_kvcache(
+        qd.transpose(1, 2), kb, vb, k_new, v_new, cache_seqlens=2000, causal=True)))
+    pages_k, pages_v = rnd(4 * 64, 64, 8, 128), rnd(4 * 64, 64, 8, 128)
+    table = torch.randperm(4 * 64, device="cuda").to(torch.int32).view(4, 64)
+    calls.append(("flash_attn_with_kvcache paged append", lambda: fai.flash_attn_with_kvcache(
+        qd.transpose(1, 2), pages_k, pages_v, k_new, v_new, cache_seqlens=small, block_table=table,
+        causal=True)))
     return calls
 
 

@@ -28,15 +28,13 @@ argument; nothing is ignored.
 
 from __future__ import annotations
 
-import functools
-
 from attnscope.errors import InputError, expect, finite_real
 from attnscope.kernels._common import check_tensor, import_torch_triton
 from attnscope.model.tiles import normalize_window
 
 torch, _ = import_torch_triton()
 
-from attnscope.kernels.decode import flash_decode  # noqa: E402
+from attnscope.kernels.decode import flash_decode, kv_append  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
@@ -278,100 +276,6 @@ def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
 
 
-def _append_index(B: int, n_new: int, device) -> tuple[Tensor, Tensor]:
-    """The append's fixed indices for (B, Nnew, device): sequence rows [B, 1] and new-key offsets
-    [1, Nnew], int64."""
-    return torch.arange(B, device=device)[:, None], torch.arange(n_new, device=device)[None, :]
-
-
-#: a decode loop asks for the same few (B, Nnew, device) every step: a bounded cache, not used inside
-#: torch.compile (traced as ops) or CUDA-graph capture (the graph keeps its own)
-_append_index_cached = functools.lru_cache(maxsize=16)(_append_index)
-
-
-def _indices(B: int, n_new: int, device) -> tuple[Tensor, Tensor]:
-    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return _append_index(B, n_new, device)
-    return _append_index_cached(B, n_new, device)
-
-
-def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, fixed: int | None) -> Tensor:
-    """Write k, v [B, Nnew, Hkv, d] into the cache at positions ``cache_seqlens[b] + j``, in place, by one
-    ``index_put_`` each for all sequences; return the lengths after the append, int32 [B].
-
-    No value is read back to the host. With an int length (``fixed``) the host has refused a length that
-    does not fit; with a tensor the values are checked on the device: a sequence whose new keys do not fit
-    (``cache_seqlens[b] < 0`` or beyond the capacity) or would land on a block-table entry outside [0,
-    num_pages) is not written (its new keys' slots, clamped into the cache, are written with their own
-    values), and `flash_decode` records it for `attnscope.kernels.decode.check_errors`: its length after
-    the append is -1 (out of range), or for a block-table fault unchanged (the kernel meets the entry)."""
-    for name, t in (("k", k), ("v", v)):
-        _check_rank(name, t, 4, "[B, Nnew, Hkv, d]")
-    B, n_new, Hkv, d = k.shape
-    if cache_seqlens is None:
-        raise InputError("cache_seqlens: expected the current cache lengths when k and v are appended, "
-                         "got None")
-    if not (isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32
-            and tuple(cache_seqlens.shape) == (B,) and cache_seqlens.device == k_cache.device):
-        got = _short(cache_seqlens)
-        if isinstance(cache_seqlens, torch.Tensor):
-            got += f", {cache_seqlens.dtype} on {cache_seqlens.device}"
-        raise InputError(f"cache_seqlens: expected an int32 tensor [B = {B}] on {k_cache.device}, got {got}")
-    if v.shape != k.shape:
-        raise InputError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
-    if v_cache.shape != k_cache.shape:
-        raise InputError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, "
-                         f"got {tuple(v_cache.shape)}")
-    for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
-        if t.shape[2:] != cache.shape[2:] or t.dtype != cache.dtype or t.device != cache.device:
-            raise InputError(f"{name}: expected [B, Nnew, {cache.shape[2]}, {cache.shape[3]}] {cache.dtype} "
-                             f"on {cache.device} (as {name}_cache), got {tuple(t.shape)} {t.dtype} on "
-                             f"{t.device}")
-    if block_table is None:
-        if k_cache.shape[0] != B:
-            raise InputError(f"k_cache: expected [B = {B}, L, Hkv, d] (B as k), got {tuple(k_cache.shape)}")
-        capacity = k_cache.shape[1]
-    else:
-        if not (isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and block_table.shape[0] == B
-                and block_table.dtype == torch.int32 and block_table.device == k_cache.device):
-            got = _short(block_table)
-            if isinstance(block_table, torch.Tensor):
-                got += f", {block_table.dtype} on {block_table.device}"
-            raise InputError(f"block_table: expected an int32 tensor [B = {B}, max_pages] on "
-                             f"{k_cache.device}, got {got}")
-        if k_cache.shape[0] == 0:
-            raise InputError(f"k_cache: expected num_pages >= 1, got shape {tuple(k_cache.shape)}")
-        page = k_cache.shape[1]
-        capacity = block_table.shape[1] * page
-    if fixed is not None and fixed + n_new > capacity:
-        raise InputError(f"cache_seqlens: expected cache_seqlens + Nnew <= {capacity} (the cache's "
-                         f"capacity), got {fixed} + {n_new}")
-    if n_new > capacity:
-        raise InputError(f"k: expected Nnew <= {capacity} (the cache's capacity), got shape {tuple(k.shape)}")
-    rows, offsets = _indices(B, n_new, k.device)
-    pos = cache_seqlens[:, None] + offsets  # [B, Nnew] int64, the new keys' positions
-    lengths = cache_seqlens + n_new
-    ok = None  # [B] bool: whose new keys are written (None: every sequence's, known on the host)
-    if fixed is None:
-        pos = pos.clamp_(0, capacity - 1)
-        ok = lengths.clamp(n_new, capacity) == lengths  # cache_seqlens in [0, capacity - Nnew]
-        lengths = torch.where(ok, lengths, -1)
-    if block_table is None:
-        where = (rows, pos)
-    else:
-        pages = block_table.gather(1, pos // page)  # [B, Nnew] int32
-        safe = pages.clamp(0, k_cache.shape[0] - 1)
-        in_range = (safe == pages).all(1)
-        ok = in_range if ok is None else ok & in_range
-        where = (safe, pos % page)
-    if ok is not None:  # a sequence not written keeps its slots' values (one gather and select each)
-        keep = ok.view(B, 1, 1, 1)
-        k, v = torch.where(keep, k, k_cache[where]), torch.where(keep, v, v_cache[where])
-    k_cache.index_put_(where, k)  # [B, Nnew, Hkv, d] into [.., .., Hkv, d]
-    v_cache.index_put_(where, v)
-    return lengths
-
-
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None,
                             v: Tensor | None = None, rotary_cos: Tensor | None = None,
                             rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
@@ -384,17 +288,17 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     """Decode / chunked prefill against a KV cache, appending new keys and values first (in place).
 
     If ``k`` and ``v`` are given they are written into ``k_cache`` / ``v_cache`` at positions
-    ``cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1`` of each sequence (one ``index_put_`` each for all
-    sequences), then the Nq queries attend to the first ``cache_seqlens[b] + Nnew`` keys
-    (``cache_seqlens[b]`` without new keys; the whole cache without ``cache_seqlens``) through
+    ``cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1`` of each sequence (one launch for all sequences,
+    `attnscope.kernels.decode.kv_append`), then the Nq queries attend to the first ``cache_seqlens[b] +
+    Nnew`` keys (``cache_seqlens[b]`` without new keys; the whole cache without ``cache_seqlens``) through
     `attnscope.flash_decode`. The queries are the last Nq positions of each sequence; with Nq > 1 they are
     causal among themselves. No backward (as flash-attn). No value is read back to the host (the call can
     be captured in a CUDA graph): an int ``cache_seqlens`` that leaves no room for the new keys is refused
     before anything is written; a tensor's values are checked on the device, as `attnscope.flash_decode`
     checks its inputs: a sequence whose new keys do not fit (a length below 0 or above the capacity minus
     Nnew) or would go to a block-table entry outside [0, num_pages) is not written, its output is not its
-    attention, and `attnscope.kernels.decode.check_errors` raises for the call (paged: a slot another
-    sequence's new key also targets in that call may then keep either value).
+    attention, and `attnscope.kernels.decode.check_errors` raises for the call (paged: a slot that new
+    keys of two sequences target in one call keeps either value).
 
     Parameters
     ----------
@@ -464,15 +368,15 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     if (k is None) != (v is None):
         raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
-    seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
-    if k is not None:  # what the kernel would refuse after the append is refused before it
+    if k is None:
+        seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
+    else:  # what the kernel would refuse after the append is refused before it
         check_tensor(torch, "q", q, 4, "[B, Nq, Hq, d]")
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if t.dtype != q.dtype or t.shape[3] != q.shape[3] or t.device != q.device:
                 raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
                                  f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
-        seqlens = _append(k_cache, v_cache, k, v, seqlens, block_table,
-                          cache_seqlens if seqlens is not cache_seqlens else None)
+        seqlens = kv_append(k_cache, v_cache, k, v, cache_seqlens, block_table)  # int32 [B], after it
     if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views (as `_bhnd`, inline on this path)
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     res = flash_decode(q.transpose(1, 2), k_cache, v_cache, seqlens, block_table=block_table,
