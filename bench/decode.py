@@ -21,12 +21,14 @@ nothing. It prints "all results match, starting benchmarks" or exits 1. Pass 2 t
 
 TB/s = the logical bytes (`model.serving.paged`, the ledger of ``attnscope traffic --cache-lens``) over
 the time. Host time per call: 1,000 back-to-back calls at B = 1, Hq = 32, Hkv = 8, L = 512 (the GPU idles),
-wall time of the issuing loop, for the one-liner, ``plan.run`` and SDPA, and for the one-liner and SDPA
+wall time of the issuing loop, for the one-liner, ``plan.run``, SDPA and flash-attn's
+``flash_attn_with_kvcache`` (without new keys; appending one with tensor lengths, an int length, and on the
+paged copy: `kvcache_calls`; with their device time beside the one-liner's), and for the one-liner and SDPA
 FLASH on a cache one key longer each call (transformers' DynamicCache: a new shape and strides each step,
 `growing_views`), timed call by call: the median, and the slowest call apart (on a cold Triton cache the
 one-off compile for a new integer class of the length). ``--host``: only that section, after
-`check_growing` (PASS/FAIL). The summary checks issue 37's musts. About 3 min full, 40 s ``--quick`` on one
-H200 (estimated).
+`check_growing` and `check_kvcache` (PASS/FAIL). The summary checks issue 37's musts. About 3 min full,
+40 s ``--quick`` on one H200 (estimated).
 
 ``--window`` (`window_sweep`, issue 35: a window reads only its bytes): the one-liner with
 ``window=(W, 0)``, W in {4k, 8k}, and without one, at B in {1, 16, 64}, Hq/Hkv 32/8, L in {32k, 128k}; each
@@ -304,17 +306,75 @@ def check_growing(pt, n=48):
     return 0 if ok else 1
 
 
+def kvcache_calls(pt):
+    """flash-attn's ``flash_attn_with_kvcache`` on ``pt``'s cache as [B, L, Hkv, d] views (the paged copy
+    as is): without new keys (lengths L), and appending one new key per sequence at L - 1 (the lengths after
+    it are L: the one-liner's attention), with tensor lengths, an int length, and on the paged copy. The new
+    key and value are the cache's own row L - 1, so repeated calls leave the cache as it was."""
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache as fa
+
+    q = pt.q.transpose(1, 2)  # [B, 1, Hq, d]
+    kc, vc = pt.k.transpose(1, 2), pt.v.transpose(1, 2)  # [B, L, Hkv, d]
+    k_new, v_new = kc[:, -1:].clone(), vc[:, -1:].clone()
+    before = pt.lens - 1
+    return {"with_kvcache, no append": lambda: fa(q, kc, vc, cache_seqlens=pt.lens),
+            "with_kvcache + append, tensor lens": lambda: fa(q, kc, vc, k_new, v_new, cache_seqlens=before),
+            "with_kvcache + append, int lens": lambda: fa(q, kc, vc, k_new, v_new, cache_seqlens=pt.L - 1),
+            "with_kvcache paged + append": lambda: fa(q, pt.kp, pt.vp, k_new, v_new, cache_seqlens=before,
+                                                      block_table=pt.table)}
+
+
+def check_kvcache(pt):
+    """PASS/FAIL: on copies of ``pt``'s dense and paged caches, ``flash_attn_with_kvcache`` with a random
+    new key per sequence at L - 1 (tensor and int lengths) writes exactly that row, and its output has the
+    bits of the one-liner on the updated cache. Returns the failures."""
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache as fa
+
+    B, Hkv, L, d = pt.k.shape
+    g = torch.Generator(device="cuda").manual_seed(38)
+    k_new, v_new = (torch.randn(B, 1, Hkv, d, device="cuda", dtype=pt.k.dtype, generator=g) for _ in range(2))
+    q = pt.q.transpose(1, 2)
+    bad = 0
+    for name, lens in (("dense, tensor lens", pt.lens - 1), ("dense, int lens", L - 1),
+                       ("paged", pt.lens - 1)):
+        paged = name == "paged"
+        kc, vc = (pt.kp.clone(), pt.vp.clone()) if paged else (pt.k.clone(), pt.v.clone())
+        want_k, want_v = kc.clone(), vc.clone()
+        if paged:  # key L - 1 of sequence b: slot (L - 1) % PAGE of page table[b, (L - 1) // PAGE]
+            pages = pt.table[:, (L - 1) // PAGE].long()
+            want_k[pages, (L - 1) % PAGE], want_v[pages, (L - 1) % PAGE] = k_new[:, 0], v_new[:, 0]
+            o = fa(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=pt.table)
+            ref = attnscope.flash_decode(pt.q, kc, vc, pt.lens, pt.table)
+        else:
+            want_k[:, :, L - 1], want_v[:, :, L - 1] = k_new[:, 0], v_new[:, 0]
+            o = fa(q, kc.transpose(1, 2), vc.transpose(1, 2), k_new, v_new, cache_seqlens=lens)
+            ref = attnscope.flash_decode(pt.q, kc, vc, cache_seqlens=pt.lens)
+        ok = torch.equal(kc, want_k) and torch.equal(vc, want_v) and torch.equal(o.transpose(1, 2), ref)
+        bad += not ok
+        print(f"{'PASS' if ok else 'FAIL'} with_kvcache + append, {name}: the new row written, nothing else; "
+              f"output {'equals' if ok else 'vs'} the one-liner on the updated cache", flush=True)
+    decode.check_errors()
+    return bad
+
+
 def host_times():
     """µs of host time per call: 1,000 back-to-back calls at a shape where the GPU idles. The growing cache
     (a new length every call) is timed call by call: its median, and apart from it the slowest call, which
-    on a cold Triton cache is the one-off compile of a binary for a new integer class of the length."""
+    on a cold Triton cache is the one-off compile of a binary for a new integer class of the length. The
+    ``flash_attn_with_kvcache`` calls (`kvcache_calls`) also get their device time (do_bench) beside the
+    one-liner's."""
     pt = Point(*HOST_SHAPE)
-    calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run")},
+    kv = kvcache_calls(pt)
+    calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run")}, **kv,
              **sdpa_calls(pt.q, pt.k, pt.v)}
     from attnscope.measure.bench import host_us_per_call
 
     out = host_us_per_call(torch, calls, HOST_CALLS)
     out["one-liner / CUDNN (must <= 1.25)"] = out["one-liner"] / out["CUDNN"]
+    for name in kv:
+        out[f"{name} / one-liner"] = out[name] / out["one-liner"]
+    for name, fn in {"one-liner": calls["one-liner"], **kv}.items():
+        out[f"{name}, device us"] = ms(fn, 20) * 1e3
     for name, fn in growing_calls(pt, growing_views(pt, HOST_CALLS)).items():
         torch.cuda.synchronize()
         ts = []
@@ -378,7 +438,8 @@ def main():
         return 2
     t0 = time.time()
     if args.host:
-        fails = check_growing(Point(*HOST_SHAPE))
+        pt = Point(*HOST_SHAPE)
+        fails = check_growing(pt) + check_kvcache(pt)
         host = host_times()
         if args.json:
             write_rows(args.json, [], host_us=host, seconds=time.time() - t0)
