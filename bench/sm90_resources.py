@@ -583,9 +583,10 @@ def decode_report() -> None:
     """The split-KV decode kernel as `DecodePlan` builds it (`heuristics._block_config` per row tile and
     page size; `DECODE_SHAPES`), bf16 and FP8 e4m3 caches (per-tensor scales with the mods off, per-head
     with them on), score mods off and on, d 64 and 128 (d 64: bf16 plain and FP8 with every mod); then the
-    combine kernel (with and without sinks) and `kernels.merge`'s kernel."""
+    combine kernel (with and without sinks), `kernels.merge`'s kernel and the KV-cache append
+    (`decode.append`)."""
     from attnscope.kernels import merge
-    from attnscope.kernels.decode import _kernel, heuristics
+    from attnscope.kernels.decode import _kernel, append, heuristics
 
     unaligned = ("stride_sb", "stride_tb")
     for d in (128, 64):
@@ -623,6 +624,15 @@ def decode_report() -> None:
         mtypes = {"O": "*fp32", "LSE": "*fp32", "O_PART": "*bf16", "LSE_PART": "*fp32"}
         report(f"merge_ d={d:3d}", compile_triton, merge._attnscope_merge_kernel, mtypes,
                dict(BLOCK_R=merge.BLOCK_R, BLOCK_D=d), 4, 1)
+        atypes = {"K": "*bf16", "V": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16", "SEQLENS": "*i32",
+                  "BT": "*i32", "LENS_OUT": "*i32"}
+        for page in (0, 64):  # flash_attn_with_kvcache's append (`decode.append`), 8 kv heads, one new key
+            for lens in (True, False):
+                cx = dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_H=8, BLOCK_P=1, HAS_SEQLENS=lens, PAGED=page > 0,
+                          PAGE_SIZE=max(page, 1))
+                label = f"{'paged' if page else 'dense'} {'tensor' if lens else 'int'} lengths"
+                report(f"kv_append d={d:3d} {label}", compile_triton, append._attnscope_kv_append_kernel,
+                       atypes, cx, 2, 1, ("stride_tb",))  # 2 warps: `append._build` for 8 x d <= 1024
 
 
 # --- --sass-per-kib: instructions per KiB of K/V in the decode KV loop --------------------------------
