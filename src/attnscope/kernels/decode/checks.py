@@ -8,7 +8,8 @@ What is checked where:
   plan reads V as int32 words) that V's address is still a multiple of 4 bytes;
 - on the device, every launch: each ``cache_seqlens`` value in [0, L_max] (else clamped into it) and 0 or
   at least Nq (the queries are the last Nq positions; a shorter one is reported, not refused), each
-  block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read), and
+  block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read; an e4m3
+  tile of one query masks every key of the split holding it), and
   ``k_scale`` / ``v_scale`` finite and positive with ``scale * k_scale`` finite in fp32. A violation sets
   a bit of a per-device int32 error word; nothing is read or written outside the tensors;
 - `check_errors` (and ``DecodePlan.check``) reads that word (one device sync, when the caller asks),
@@ -208,10 +209,10 @@ def check_errors(device=None) -> None:
 
     The kernels check every value on the device (`attnscope.kernels.decode.checks`): a length outside
     [0, L_max] was clamped into it (one in (0, Nq) ran as given, fewer keys than queries), a used
-    block-table entry outside [0, num_pages) was masked out (its keys not read), a K/V scale was not
-    finite and positive; those calls' outputs are not the attention of the inputs as given. Reading the
-    record is one device sync: call it where a sync is cheap (after a generation step, in tests), never
-    inside CUDA-graph capture.
+    block-table entry outside [0, num_pages) was masked out (its keys, or its split's, not read), a K/V
+    scale was not finite and positive; those calls' outputs are not the attention of the inputs as given.
+    Reading the record is one device sync: call it where a sync is cheap (after a generation step, in
+    tests), never inside CUDA-graph capture.
     """
     raise_device_errors(torch, "decode", {
         bit: f"{name}: expected {want}, got an out-of-range value in a decode call since the last check"
