@@ -454,8 +454,32 @@ def test_quantize_kv_scales_and_round_trip():
         attnscope.quantize_kv(x, head_axis=4)
     with pytest.raises(NotImplementedError, match="x: dtype torch.int32 is not supported"):
         attnscope.quantize_kv(torch.zeros(2, 2, dtype=torch.int32))
-    with pytest.raises(InputError, match="x: expected finite values"):
-        attnscope.quantize_kv(torch.full((2, 2, 2), float("nan")))
+    with pytest.raises(InputError, match="check_finite: expected True or False"):
+        attnscope.quantize_kv(x, check_finite=1)
+
+
+@pytest.mark.parametrize("bad", (float("nan"), float("inf"), -float("inf")))
+def test_quantize_kv_records_a_non_finite_input_on_the_device(bad):
+    # no host sync by default: NaN / inf in x stays in its head's scale and is raised by the next
+    # check_errors; check_finite=True raises at once (a sync) and records nothing
+    x = torch.randn(2, 3, 5, 64, dtype=torch.bfloat16)
+    x[1, 2, 4, 7] = bad
+    x8, s = attnscope.quantize_kv(x.to(DEVICE))
+    s = s.cpu()
+    assert torch.isfinite(s[:2]).all() and not torch.isfinite(s[2])  # the other heads as without it
+    ok8 = attnscope.quantize_kv(x[:, :2].to(DEVICE))[0]
+    assert torch.equal(x8[:, :2].view(torch.uint8), ok8.view(torch.uint8))
+    with pytest.raises(InputError, match="x: expected finite values, got NaN or inf in a quantize_kv call"):
+        decode.check_errors()
+    decode.check_errors()  # cleared by the check that raised
+    for per_head in (True, False):
+        with pytest.raises(InputError, match="x: expected finite values, got NaN or inf"):
+            attnscope.quantize_kv(x.to(DEVICE), per_head=per_head, check_finite=True)
+    decode.check_errors()  # nothing recorded
+    _, s = attnscope.quantize_kv(x.to(DEVICE), per_head=False)
+    assert not torch.isfinite(s.cpu())
+    with pytest.raises(InputError, match="quantize_kv"):
+        decode.check_errors()
 
 
 def _fp8_ok():

@@ -26,6 +26,7 @@ from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16, 
 ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max], or in (0, Nq)
 ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
 ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
+ERR_QUANTIZE = tl.constexpr(8)  # NaN or inf in `quantize_kv`'s input (set by its torch ops, not a kernel)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
 
 
