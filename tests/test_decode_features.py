@@ -384,6 +384,29 @@ def test_fp8_tile_config_rule_and_paged_stages():
         heuristics.MIN_KEYS_PER_SPLIT
 
 
+@pytest.mark.parametrize("name", sorted(heuristics.FP8_CONFIGS))
+@pytest.mark.parametrize("page", (0, 64, 256))
+def test_each_fp8_tile_config_matches_float64(name, page):
+    # every e4m3 candidate a benchmark can pick (heuristics.FP8_CONFIGS) at its own block size, one query:
+    # dense, pages of 64 (several per block) and of 256 (a block inside one page); lengths that end inside
+    # a block and inside a page, ragged, 0; one split and several. (The slots past a length are NaN, but
+    # the interpreter converts an e4m3 NaN to 480: that no such slot is loaded, `test_gpu_*` checks.)
+    gen = torch.Generator().manual_seed(len(name) + page)
+    B, Hkv, L = 3, 2, 600
+    q, k, v = inputs(B, 8, Hkv, 1, L, dtype=torch.bfloat16, seed=page + 1, q_mult=2.0)
+    kc, vc, table, k_scale, v_scale, kd, vd = fp8_cache(k * 4, v, True, page, gen)
+    lens = [L, 0, 299]
+    kc, vc, table, k_scale, v_scale, qd = dev(kc, vc, table, k_scale, v_scale, q)
+    cfg = heuristics._fp8_config(name, page)
+    for splits in (1, 3):
+        plan = plan_mod._tuned_plan(qd, kc, vc, lens_t(lens), table, num_splits=splits, return_lse=True,
+                                    k_scale=k_scale, v_scale=v_scale, config=cfg)
+        assert plan._consts["BLOCK_N"] == cfg["BLOCK_N"]
+        assert plan._consts.get("FP8_F16QK", False) is cfg["F16QK"]
+        check(*plan.run(qd, kc, vc, lens_t(lens), table, k_scale=k_scale, v_scale=v_scale), q, kd, vd, lens)
+    decode.check_errors()
+
+
 @pytest.mark.parametrize("q_mult", (3e4, 1e-25, 1.0))
 def test_fp8_f16qk_scales_bf16_query_rows_of_any_magnitude(q_mult):
     # F16QK runs Q K^T in fp16 on bf16 rows scaled by powers of two (`_kernel._rows_to_f16`): rows far past
@@ -431,8 +454,32 @@ def test_quantize_kv_scales_and_round_trip():
         attnscope.quantize_kv(x, head_axis=4)
     with pytest.raises(NotImplementedError, match="x: dtype torch.int32 is not supported"):
         attnscope.quantize_kv(torch.zeros(2, 2, dtype=torch.int32))
-    with pytest.raises(InputError, match="x: expected finite values"):
-        attnscope.quantize_kv(torch.full((2, 2, 2), float("nan")))
+    with pytest.raises(InputError, match="check_finite: expected True or False"):
+        attnscope.quantize_kv(x, check_finite=1)
+
+
+@pytest.mark.parametrize("bad", (float("nan"), float("inf"), -float("inf")))
+def test_quantize_kv_records_a_non_finite_input_on_the_device(bad):
+    # no host sync by default: NaN / inf in x stays in its head's scale and is raised by the next
+    # check_errors; check_finite=True raises at once (a sync) and records nothing
+    x = torch.randn(2, 3, 5, 64, dtype=torch.bfloat16)
+    x[1, 2, 4, 7] = bad
+    x8, s = attnscope.quantize_kv(x.to(DEVICE))
+    s = s.cpu()
+    assert torch.isfinite(s[:2]).all() and not torch.isfinite(s[2])  # the other heads as without it
+    ok8 = attnscope.quantize_kv(x[:, :2].to(DEVICE))[0]
+    assert torch.equal(x8[:, :2].view(torch.uint8), ok8.view(torch.uint8))
+    with pytest.raises(InputError, match="x: expected finite values, got NaN or inf in a quantize_kv call"):
+        decode.check_errors()
+    decode.check_errors()  # cleared by the check that raised
+    for per_head in (True, False):
+        with pytest.raises(InputError, match="x: expected finite values, got NaN or inf"):
+            attnscope.quantize_kv(x.to(DEVICE), per_head=per_head, check_finite=True)
+    decode.check_errors()  # nothing recorded
+    _, s = attnscope.quantize_kv(x.to(DEVICE), per_head=False)
+    assert not torch.isfinite(s.cpu())
+    with pytest.raises(InputError, match="quantize_kv"):
+        decode.check_errors()
 
 
 def _fp8_ok():
@@ -709,11 +756,11 @@ def test_gpu_fp8_and_mods_at_full_size(paged, nq):
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(heuristics.FP8_CONFIGS))
-@pytest.mark.parametrize("paged, nq, per_head", [(False, 1, True), (True, 4, False)])
+@pytest.mark.parametrize("paged, nq, per_head", [(False, 1, True), (True, 1, True), (True, 4, False)])
 def test_gpu_each_fp8_tile_config_matches_float64(name, paged, nq, per_head):
     # every e4m3 candidate config a benchmark can pick (heuristics.FP8_CONFIGS), compiled for the GPU:
-    # dense with one query and per-head scales, paged (pages of 64) with four and a per-tensor scale;
-    # ragged lengths with 0, one split and several, bf16 queries
+    # dense and paged (pages of 64) with one query and per-head scales, paged with four and a per-tensor
+    # scale; ragged lengths with 0 (the slots past them NaN, `to_paged`), one split and several, bf16 queries
     gen = torch.Generator().manual_seed(len(name) + nq)
     B, Hq, Hkv, L, d = 3, 32, 8, 5000, 128
     q, k, v = inputs(B, Hq, Hkv, nq, L, d=d, dtype=torch.bfloat16, seed=nq, q_mult=2.0)

@@ -45,6 +45,9 @@ def test_guard_sees_a_sync_by_design():
     with count_syncs() as s:
         attnscope.flash_attention_varlen(q, k, v, cu, cu, 4, 4, check_seqlens=True)
     assert s.count("attnscope") == 2 and "varlen_plan.py" in s.report("attnscope")
+    with count_syncs() as s:  # quantize_kv's opt-in finiteness read-back
+        attnscope.quantize_kv(k, check_finite=True)
+    assert s.count("attnscope") == 1 and "quantize.py" in s.report("attnscope")
     with count_syncs() as s:
         bool(cu.any()), cu[cu > 0], torch.tensor([1], device=DEVICE)
     assert s.count("attnscope") == 0 and s.count("other") == 3
@@ -89,7 +92,8 @@ def test_flash_decode_paged_fp8_and_chunked():
     lens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
     _no_syncs(lambda: attnscope.flash_decode(q, pages_k, pages_v, lens, block_table=table))
     kc, vc = _rnd(2, 2, 48, 64), _rnd(2, 2, 48, 64)
-    (k8, k_scale), (v8, v_scale) = attnscope.quantize_kv(kc), attnscope.quantize_kv(vc)
+    ((k8, k_scale), (v8, v_scale)), _ = _no_syncs(lambda: tuple(map(attnscope.quantize_kv, (kc, vc))))
+    _no_syncs(lambda: attnscope.quantize_kv(pages_k, head_axis=-2, per_head=False))
     _no_syncs(lambda: attnscope.flash_decode(q, k8, v8, lens, k_scale=k_scale, v_scale=v_scale))
     _no_syncs(lambda: attnscope.flash_decode(_rnd(2, 4, 3, 64), kc, vc, lens))
 

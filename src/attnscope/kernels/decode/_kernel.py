@@ -7,10 +7,10 @@ O^T = V^T P^T on the G <= 16 query rows padded to 8 or 16 (m16n8k16 pads N to 8 
 
 Values are checked on the device: a length outside [0, L_max] is clamped into it (one in (0, Nq), shorter
 than the queries it holds, runs as given) and a used block-table entry outside [0, num_pages) is never
-dereferenced (its keys are masked out); either sets a bit of the int32 error word ``ERR`` (`ERR_SEQLENS`,
-`ERR_BLOCK_TABLE`), as does a K/V scale that is not finite and positive, or whose product with the softmax
-scale is not finite (`ERR_SCALES`). `checks.check_errors` reads the word. A sink is kept finite
-(`_tl.sink_log2`).
+dereferenced (its keys are masked out; in a tile of one query with keys as the MMA rows, every key of its
+split); either sets a bit of the int32 error word ``ERR`` (`ERR_SEQLENS`, `ERR_BLOCK_TABLE`), as does a K/V
+scale that is not finite and positive, or whose product with the softmax scale is not finite (`ERR_SCALES`).
+`checks.check_errors` reads the word. A sink is kept finite (`_tl.sink_log2`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16, 
 ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max], or in (0, Nq)
 ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
 ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
+ERR_QUANTIZE = tl.constexpr(8)  # NaN or inf in `quantize_kv`'s input (set by its torch ops, not a kernel)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
 
 
@@ -208,6 +209,7 @@ def _attnscope_decode_split_kernel(
     # m16n8k16 MMA pads N to 8, where M pads to 16, so half the MMAs and the softmax of half the scores
     KEYS_AS_ROWS: tl.constexpr = FP8_F16QK and not CHUNK and BLOCK_M == 16 and GROUP <= 16  # one row tile
     ROWS: tl.constexpr = 8 if GROUP <= 8 else 16
+    MASKED: tl.constexpr = PAGED and not KEYS_AS_ROWS  # K/V loads masked by n_mask (keys as rows: clamped)
     if KEYS_AS_ROWS:
         offs_r = tl.arange(0, ROWS)  # the GROUP query heads of the one query, then pad rows (0)
         r_heads = h_kv * GROUP + offs_r % GROUP
@@ -238,6 +240,19 @@ def _attnscope_decode_split_kernel(
     else:
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
+    if PAGED and KEYS_AS_ROWS:
+        # the block-table entries of this split's keys [lo, hi), checked once before the loop, 64 per load:
+        # a split holding one outside [0, num_pages) reports it and attends to no key, so the loop reads
+        # its entries without a per-key range check
+        n_used = tl.cdiv(hi, PAGE_SIZE)
+        bad = tl.zeros([64], tl.int32)
+        for p0 in range(lo // PAGE_SIZE, n_used, 64):
+            pidx = p0 + tl.arange(0, 64)
+            e = tl.load(bt_base + pidx, mask=pidx < n_used, other=0)
+            bad = bad | (e.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32, bitcast=True)).to(tl.int32)
+        if tl.max(bad, 0) != 0:
+            tl.atomic_or(ERR, ERR_BLOCK_TABLE)
+        hi = tl.where(tl.max(bad, 0) != 0, lo, hi)
     if FP8_WORDS:  # the plan checked: V's address and strides are multiples of 4 bytes
         vw_base = V.to(tl.pointer_type(tl.int32)) + (h_kv * stride_vh) // 4
         if not PAGED:
@@ -258,17 +273,25 @@ def _attnscope_decode_split_kernel(
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
         n_mask = rows < hi
-        if PAGED:
+        if PAGED and KEYS_AS_ROWS:
+            # the entries were checked before the loop: rows past the range load the last key in it, as
+            # the dense loop does, so the copies need no per-row predicate
+            rows_c = tl.minimum(rows, hi - 1)
+            if BLOCK_N <= PAGE_SIZE:  # inside one page (BLOCK_N divides PAGE_SIZE): one index
+                page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
+            else:  # several pages per block: each row reads its page's entry (cached loads)
+                page = tl.load(bt_base + rows_c // PAGE_SIZE)  # [BLOCK_N]
+            slot = rows_c & (PAGE_SIZE - 1)  # [BLOCK_N] rows of the pages (rows_c >= 0: one AND)
+            if not OFF32:
+                page, slot = page.to(tl.int64), slot.to(tl.int64)
+            k_off = page * stride_kb + slot * stride_kn
+            v_off = page * stride_vb + slot * stride_vn
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+        elif PAGED:
             if BLOCK_N <= PAGE_SIZE:
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
                 page = tl.load(bt_base + start_n // PAGE_SIZE)  # scalar
                 slot = start_n % PAGE_SIZE + offs_n  # [BLOCK_N] rows of the page
-            elif KEYS_AS_ROWS:
-                # several pages per block: each row reads its page's block-table entry (cached loads of
-                # BLOCK_N // PAGE_SIZE words; past the length: page 0, masked)
-                pidx = rows // PAGE_SIZE
-                page = tl.load(bt_base + pidx, mask=rows < hi, other=0)  # [BLOCK_N]
-                slot = offs_n % PAGE_SIZE
             else:
                 # BLOCK_N // PAGE_SIZE whole pages, one index each (past the length: page 0, masked),
                 # spread over the rows by a select-and-sum (a reshape would lose the alignment facts
@@ -278,15 +301,10 @@ def _attnscope_decode_split_kernel(
                 pick = (offs_n // PAGE_SIZE)[:, None] == tl.arange(0, BLOCK_N // PAGE_SIZE)[None, :]
                 page = tl.sum(tl.where(pick, pages[None, :], 0), 1)  # [BLOCK_N]
                 slot = offs_n % PAGE_SIZE  # [BLOCK_N]
-            if KEYS_AS_ROWS:  # one unsigned compare per row; the entries are reported after the loop
-                in_range = page.to(tl.uint32, bitcast=True) < num_pages.to(tl.uint32, bitcast=True)
-                n_mask = n_mask & in_range
-                page = tl.where(in_range, page, 0)
-            else:
-                out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
-                bad_page = bad_page | (n_mask & out_of_range)
-                n_mask = n_mask & (page >= 0) & (page < num_pages)
-                page = tl.where(out_of_range, 0, page)
+            out_of_range = (page < 0) | (page >= num_pages)  # such an entry is never dereferenced
+            bad_page = bad_page | (n_mask & out_of_range)
+            n_mask = n_mask & (page >= 0) & (page < num_pages)
+            page = tl.where(out_of_range, 0, page)
             if not OFF32:
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
@@ -295,7 +313,7 @@ def _attnscope_decode_split_kernel(
         else:
             # Dense: rows past the range load the last key in it instead of a masked load. Every load is
             # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
-            # predicate. Paged blocks keep masked loads.
+            # predicate. Paged tiles but those with keys as rows keep masked loads.
             rows_c = tl.minimum(rows, hi - 1)
             key = rows_c if OFF32 else rows_c.to(tl.int64)
             k_off = key * stride_kn
@@ -361,13 +379,13 @@ def _attnscope_decode_split_kernel(
                 p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
             l_i = l_i * alpha + tl.sum(p, 1)
         if FP8_WORDS:  # V as int32 words of four e4m3 (`_e4m3_words_to_f16`)
-            if PAGED:
+            if MASKED:
                 w = tl.load(vw_base + (v_off // 4)[:, None] + offs_w[None, :], mask=n_mask[:, None], other=0)
             else:
                 w = tl.load(vw_base + (v_off // 4)[:, None] + offs_w[None, :])
             v = _e4m3_words_to_f16(w, FP8_ASM)
         else:
-            if PAGED:
+            if MASKED:
                 v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
             else:
                 v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
@@ -386,17 +404,7 @@ def _attnscope_decode_split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
-    if PAGED and KEYS_AS_ROWS:
-        # the block-table entries of this split's keys [lo, hi), read again (cached) 64 per load, checked once
-        n_used = tl.cdiv(hi, PAGE_SIZE)
-        bad = tl.zeros([64], tl.int32)
-        for p0 in range(lo // PAGE_SIZE, n_used, 64):
-            pidx = p0 + tl.arange(0, 64)
-            e = tl.load(bt_base + pidx, mask=pidx < n_used, other=0)
-            bad = bad | (e.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32, bitcast=True)).to(tl.int32)
-        if tl.max(bad, 0) != 0:
-            tl.atomic_or(ERR, ERR_BLOCK_TABLE)
-    elif PAGED:  # noqa: SIM102 - a constexpr branch around a runtime one
+    if PAGED and not KEYS_AS_ROWS:  # noqa: SIM102 - a constexpr branch around a runtime one
         if tl.max(bad_page.to(tl.int32), 0) != 0:
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
 

@@ -8,11 +8,14 @@ What is checked where:
   plan reads V as int32 words) that V's address is still a multiple of 4 bytes;
 - on the device, every launch: each ``cache_seqlens`` value in [0, L_max] (else clamped into it) and 0 or
   at least Nq (the queries are the last Nq positions; a shorter one is reported, not refused), each
-  block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read), and
-  ``k_scale`` / ``v_scale`` finite and positive with ``scale * k_scale`` finite in fp32. A violation sets
-  a bit of a per-device int32 error word; nothing is read or written outside the tensors;
+  block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read; an e4m3
+  tile of one query masks every key of the split holding it), and ``k_scale`` / ``v_scale`` finite and
+  positive with ``scale * k_scale`` finite in fp32. A violation sets a bit of a per-device int32 error
+  word; nothing is read or written outside the tensors. `quantize_kv` sets a bit of the same word when its
+  input holds NaN or inf (`_kernel.ERR_QUANTIZE`);
 - `check_errors` (and ``DecodePlan.check``) reads that word (one device sync, when the caller asks),
-  clears it and raises `InputError` naming ``cache_seqlens``, ``block_table`` or ``k_scale/v_scale``;
+  clears it and raises `InputError` naming ``cache_seqlens``, ``block_table``, ``k_scale/v_scale`` or
+  `quantize_kv`'s ``x``;
 - with ``check_seqlens=True``, the same value checks run eagerly on the host before the launch (a
   device sync per call, which also breaks CUDA-graph capture).
 """
@@ -35,7 +38,7 @@ from attnscope.kernels._common import (
     import_torch_triton,
     raise_device_errors,
 )
-from attnscope.kernels.decode._kernel import ERR_BLOCK_TABLE, ERR_SCALES, ERR_SEQLENS
+from attnscope.kernels.decode._kernel import ERR_BLOCK_TABLE, ERR_QUANTIZE, ERR_SCALES, ERR_SEQLENS
 from attnscope.kernels.decode.heuristics import (
     MAX_NUM_SPLITS,
     PAGE_SIZES,
@@ -197,28 +200,33 @@ def _check_scale_values(k_scale, v_scale, scale, d) -> None:
 
 
 def _error_word(device):
-    """The decode error word of ``device`` (bits: `_kernel.ERR_SEQLENS`, `ERR_BLOCK_TABLE`, `ERR_SCALES`),
-    set by the kernels with an atomic or (`_common.device_error_flag`; make a plan before graph capture)."""
+    """The decode error word of ``device`` (bits: `_kernel.ERR_SEQLENS`, `ERR_BLOCK_TABLE`, `ERR_SCALES`,
+    `ERR_QUANTIZE`), set by the kernels with an atomic or, and by `quantize_kv` (`_common.device_error_flag`;
+    make a plan before graph capture)."""
     return device_error_flag(torch, device, "decode")
 
 
 def check_errors(device=None) -> None:
-    """Raise `InputError` if a decode launch on ``device`` (default: every device used) since the last
-    check met an out-of-range value, and clear the record.
+    """Raise `InputError` if a decode launch or a `quantize_kv` call on ``device`` (default: every device
+    used) since the last check met an out-of-range value, and clear the record.
 
     The kernels check every value on the device (`attnscope.kernels.decode.checks`): a length outside
     [0, L_max] was clamped into it (one in (0, Nq) ran as given, fewer keys than queries), a used
-    block-table entry outside [0, num_pages) was masked out (its keys not read), a K/V scale was not
-    finite and positive; those calls' outputs are not the attention of the inputs as given. Reading the
-    record is one device sync: call it where a sync is cheap (after a generation step, in tests), never
-    inside CUDA-graph capture.
+    block-table entry outside [0, num_pages) was masked out (its keys, or its split's, not read), a K/V
+    scale was not finite and positive; those calls' outputs are not the attention of the inputs as given.
+    `quantize_kv` records NaN or inf in its input (its scales are then not finite). Reading the record is
+    one device sync: call it where a sync is cheap (after a generation step, in tests), never inside
+    CUDA-graph capture.
     """
-    raise_device_errors(torch, "decode", {
+    messages = {
         bit: f"{name}: expected {want}, got an out-of-range value in a decode call since the last check"
         for bit, name, want in (
             (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max], each 0 or >= Nq"),
             (ERR_BLOCK_TABLE.value, "block_table", "used page indices in [0, num_pages)"),
-            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"))}, device)
+            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"))}
+    messages[ERR_QUANTIZE.value] = ("x: expected finite values, got NaN or inf in a quantize_kv call since "
+                                    "the last check")
+    raise_device_errors(torch, "decode", messages, device)
 
 
 def _check_seqlen_values(cache_seqlens, L_max: int, block_table, page_size: int, num_pages: int,

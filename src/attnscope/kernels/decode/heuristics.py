@@ -149,12 +149,13 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
 #: ``F16QK``: Q K^T in fp16 (the kernel's ``FP8_F16QK``: bf16 q rows scaled by powers of two into fp16, K and
 #: V converted one instruction per two e4m3, MMA operands 16-bit; a tile of one query runs keys as the MMA
 #: rows, S^T = K Q^T and O^T = V^T P^T on 8 or 16 query rows). Warp instructions per KiB of K/V in the KV
-#: loop, sm_90 SASS, Hq/Hkv 32/8, dense / pages of 64 (``python bench/sm90_resources.py --sass-per-kib``;
-#: the bf16 cache: 30.6 / 43.7): bf16qk-w8 148.5 / 188.0 (e4m3 -> bf16 converts, 8-bit MMA operand
-#: layout), f16qk-w8 66.8 / 101.8, f16qk-w4 56.2 / 73.6, f16qk-w4-s3 56.2 / 71.1, f16qk-n256-w8 57.1 / 68.2,
-#: f16qk-n256-w4 49.8 / 58.5 (244-255 registers, 28 B of spills paged). ``bench/decode.py --fp8-sweep``
-#: times each beside attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` / `FP8_SPLIT_BYTES`'s
-#: choice.
+#: loop, counted in the sm_90 SASS of a CPU compile (Triton's bundled ptxas, no GPU), Hq/Hkv 32/8, dense /
+#: pages of 64 (``python bench/sm90_resources.py --sass-per-kib``; the bf16 cache: 30.6 / 43.7): bf16qk-w8
+#: 148.5 / 188.0 (e4m3 -> bf16 converts, 8-bit MMA operand layout), f16qk-w8 66.8 / 83.5, f16qk-w4
+#: 56.2 / 64.4, f16qk-w4-s3 56.2 / 62.5, f16qk-n256-w8 57.1 / 62.5, f16qk-n256-w4 49.8 / 49.6 (244-255
+#: registers), f16qk-w2-s3 50.4 / 56.6, f16qk-w2-s2 49.8 / 49.4 (253-255 registers). ``bench/decode.py
+#: --fp8-sweep`` times each beside attnscope bf16 and SDPA CUDNN, with `FP8_DEFAULT` / `FP8_MANY` /
+#: `FP8_SPLIT_BYTES`'s choice.
 FP8_CONFIGS = {
     "bf16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": False},  # converts to q's dtype
     "f16qk-w8": {"BLOCK_N": 128, "num_warps": 8, "STAGES": 5, "F16QK": True},  # two warps per scheduler
@@ -163,6 +164,9 @@ FP8_CONFIGS = {
     "f16qk-n256-w8": {"BLOCK_N": 256, "num_warps": 8, "STAGES": 3, "F16QK": True},  # bf16's bytes per tile
     # 64 keys per warp and block: the fewest instructions per byte; 130 KiB, 64 KiB of K/V in flight
     "f16qk-n256-w4": {"BLOCK_N": 256, "num_warps": 4, "STAGES": 2, "F16QK": True},
+    # 64 keys per warp as f16qk-n256-w4, at half its tile: 98 KiB, 2 programs per SM; 66 KiB, 3 per SM
+    "f16qk-w2-s3": {"BLOCK_N": 128, "num_warps": 2, "STAGES": 3, "F16QK": True},
+    "f16qk-w2-s2": {"BLOCK_N": 128, "num_warps": 2, "STAGES": 2, "F16QK": True},
 }
 #: The shipped e4m3 decode-tile config (H200 sweep, `bench/decode.py --fp8-sweep`, B 1/8/32, Hq/Hkv 32/8,
 #: L 4k-128k, dense and paged): 4 warps, fewer instructions per byte than 8, had the best graph-replay geomean
@@ -171,7 +175,8 @@ FP8_CONFIGS = {
 FP8_DEFAULT = "f16qk-w4"
 #: ... and on a dense cache with more programs than SMs (None: `FP8_DEFAULT` there too): 4-warp programs
 #: in 98 KiB of shared memory, two per SM (B x Hkv = 256 programs all run at once on 132 SMs): 1.14-1.19 x
-#: attnscope bf16 at B = 32, against 1.03-1.07 x for `FP8_DEFAULT`; on paged caches it lost (0.96 x).
+#: attnscope bf16 at B = 32, against 1.03-1.07 x for `FP8_DEFAULT`; on paged caches it lost (0.96 x, a
+#: paged loop with a range check per key).
 FP8_MANY = "f16qk-w4-s3"
 #: Whether e4m3 splits are sized on bytes rather than keys (`_split_min_keys`: at least the bf16
 #: minimum's bytes, twice its keys, per split); measured no faster

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from attnscope.errors import InputError, expect
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import check_flags, import_torch_triton
+from attnscope.kernels.decode._kernel import ERR_QUANTIZE
+from attnscope.kernels.decode.checks import _error_word
 
 torch, _ = import_torch_triton()
 
@@ -11,12 +13,15 @@ E4M3_MAX = 448.0  # the largest finite torch.float8_e4m3fn
 CHUNK_ELEMENTS = 1 << 26  # elements converted at a time (256 MiB of fp32 temporaries)
 
 
-def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3):
+def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3, check_finite: bool = False):
     """Quantise a K or V cache (or new tokens) to ``torch.float8_e4m3fn`` with amax scales.
 
     ``scale = amax(|x|) / 448`` over each kv head (``per_head``) or the whole tensor, 1 where that amax is
     0; ``x_fp8 = x / scale`` rounded to nearest e4m3. Dequantised, ``x_fp8.float() * scale`` (per head:
     broadcast along ``head_axis``) is what `flash_decode` attends to with ``k_scale`` / ``v_scale``.
+    No host sync: NaN or inf in ``x`` (which make its head's scale NaN or inf) is recorded on the device
+    and raised by the next `attnscope.kernels.decode.check_errors` (a `flash_decode` with such a scale
+    records that too), unless ``check_finite``.
 
     Parameters
     ----------
@@ -26,6 +31,9 @@ def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3):
         One scale per kv head ([Hkv]) or one for the tensor (0-d).
     head_axis : int
         The kv-head axis of ``x`` (``per_head`` only).
+    check_finite : bool
+        Read back whether ``x`` is finite and raise `InputError` here if not: a host sync (default False:
+        recorded on the device only).
 
     Returns
     -------
@@ -42,12 +50,12 @@ def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3):
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"x: dtype {x.dtype} is not supported; supported: torch.float16, "
                                   f"torch.bfloat16, torch.float32")
-    expect(isinstance(per_head, bool), "per_head", "True or False", per_head)
+    check_flags(per_head=per_head, check_finite=check_finite)
     if x.dim() == 0 or x.numel() == 0:
         raise InputError(f"x: expected a non-empty tensor with at least one dimension, got shape "
                          f"{tuple(x.shape)}")
     x = x.detach()
-    if not bool(torch.isfinite(x).all()):
+    if check_finite and not bool(torch.isfinite(x).all()):  # the opt-in host sync
         raise InputError("x: expected finite values, got NaN or inf")
     if per_head:
         ok = type(head_axis) is int and -x.dim() <= head_axis < x.dim()
@@ -59,7 +67,10 @@ def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3):
     else:
         amax = x.abs().amax().float()
         shape = []
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    if not check_finite:  # amax propagates NaN and inf: finite exactly when x is; recorded, no sync
+        err = _error_word(x.device)
+        err.bitwise_or_(torch.isfinite(amax).logical_not().any().to(torch.int32) * ERR_QUANTIZE.value)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / E4M3_MAX)  # NaN / inf stay in the scale
     x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     inv = scale.reshape(shape)
     step = max(1, CHUNK_ELEMENTS // max(1, x[0].numel()))  # fp32 temporaries of a chunk, not of the cache
