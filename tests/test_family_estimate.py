@@ -108,11 +108,10 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
 
 
 def test_the_shipped_constants_are_measured_and_nonnegative():
-    # fitted from the H200 probes (bench/results/h200-2026-12-02-probe-*.json): none left None but the one
-    # whose probes (h-mid, h-mid-unmasked) are not measured yet, no byte term below 0 (non-negative least
-    # squares: a term the data puts below 0 is 0)
+    # fitted from the H200 probes (bench/results/h200-2026-12-02*-probe-*.json): none left None, no byte
+    # term below 0 (non-negative least squares: a term the data puts below 0 is 0)
     values = {f.name: getattr(H200_FAMILY_PARAMS, f.name) for f in fields(FamilyParams)}
-    assert [k for k, v in values.items() if v is None] == ["hopper_bwd_reread_dram"]
+    assert [k for k, v in values.items() if v is None] == []
     assert all(v >= 0 for v in values.values() if v is not None), values
     assert values["row_tile_kv_miss"] == values["cudnn_gqa_kv_dram"] == 0.0
 

@@ -72,7 +72,7 @@ RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PAR
                      H200_L2_PARAMS.capacity)
 
 #: The H200's constants, fitted 2026-12-02 from bench/results/h200-2026-12-02-probe-{decode,varlen,
-#: backward}.json (`python bench/fit_family_params.py bench/results/h200-2026-12-02-probe-*.json`:
+#: backward}.json and h200-2026-12-02c-probe-backward-hmid.json (`python bench/fit_family_params.py F ...`:
 #: non-negative least squares over the probe rows, relative errors; each value's probe rows in `PROBES`).
 #: "measured ~0": the unconstrained least-squares value was below 0 (a byte term cannot be), so it is 0.
 H200_FAMILY_PARAMS = FamilyParams(
@@ -85,8 +85,9 @@ H200_FAMILY_PARAMS = FamilyParams(
     # unconstrained only beside the negative cudnn_gqa_kv_dram)
     naive_bwd_s_dram=1.36,  # n-big, n-causal
     portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
-    # hopper_bwd_reread_dram: not measured where it applies (probes h-mid, h-mid-unmasked); h-group's query
-    # set is larger than the L2, which the estimate does not model
+    # h-mid, h-mid-unmasked (h200-2026-12-02c-probe-backward-hmid.json; h-group's query set is larger than
+    # the L2, which the estimate does not model)
+    hopper_bwd_reread_dram=0.713,
     flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0279), f-long
     cudnn_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0142), c-long
     # the varlen spill frames: fitted on the write counters of h200-2026-12-02-probe-varlen.json and
