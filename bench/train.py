@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/train.py --setting dense  [--steps 500] [--json F] [--plot F] [--compile]
     PYTHONPATH=src python bench/train.py --setting packed [--steps 500] [--json F] [--plot F]
     PYTHONPATH=src python bench/train.py --tiny --backends attnscope --steps 2   # CPU, TRITON_INTERPRET=1
+    PYTHONPATH=src python bench/train.py --grad-agreement [--agreement-steps 150] [--batch 1] [--json F]
 
 Model: RMSNorm, RoPE, SwiGLU, GQA; 12 layers, hidden 2,048, 16 query heads / 4 KV heads of d = 128, MLP
 5,632, vocabulary 32,768, untied embedding and LM head; bf16 autocast, AdamW (fp32 master weights).
@@ -17,9 +18,10 @@ Settings:
   and no target crosses a document boundary.
 
 Backends (``--backends``): ``attnscope`` (`attnscope.flash_attention` dense,
-`attnscope.flash_attention_varlen(..., causal=True)` packed), ``sdpa-cudnn`` (dense only: SDPA restricted
-to CUDNN, K/V repeated to the query heads since cuDNN's SDPA takes no GQA) and ``flex`` (compiled
-FlexAttention, a causal block mask dense and a causal document mask packed, GQA native).
+`attnscope.flash_attention_varlen(..., causal=True)` packed), ``sdpa-cudnn``, ``sdpa-flash``,
+``sdpa-efficient``, ``sdpa-math`` (dense only: SDPA restricted to that backend, K/V repeated to the query
+heads since cuDNN's SDPA takes no GQA) and ``flex`` (compiled FlexAttention, a causal block mask dense and a
+causal document mask packed, GQA native).
 
 Before training, each backend's attention is checked at the full size of one layer (forward output and
 dQ, dK, dV on the first two heads against float64 attention, `attnscope.checks.kernel_tolerance`'s rule)
@@ -29,6 +31,13 @@ share of a step (below). The loss curves are overlaid in one PNG.
 With two or more ``--seeds`` it also prints each backend's final-loss spread over the seeds and whether
 attnscope's final loss (first seed) lies within each peer's spread of that peer's first-seed loss.
 ``--tiny`` takes about 12 s for 2 steps on a CPU (no share there: it needs CUDA kernels).
+
+``--grad-agreement [--agreement-steps K]`` (dense) trains nothing timed: do the backends train the same model?
+On one batch, the loss and every parameter's gradient of the first seed's model with each ``--backends``
+entry and with SDPA's backends as references (CUDA: CUDNN, FLASH, EFFICIENT; CPU: MATH, FLASH); per backend
+the median / max over parameters of the relative L2 difference against the first reference, and the
+references' spread among themselves; then K steps (150) with the first reference and the same again. PASS
+when every candidate's max is within 2 x the references' spread + 1e-3 at both states, else FAIL (exit 1).
 
 Attention share (GPU), per backend, from the last step's batch and packing:
 - ``share_trace``, the one to read: one profiled step through `attnscope.chrome_trace.attention_share`,
@@ -61,7 +70,9 @@ import math
 import sys
 import time
 
-BACKENDS = ("attnscope", "sdpa-cudnn", "flex")
+SDPA = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION",  # name -> SDPBackend member
+        "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
+BACKENDS = ("attnscope", *SDPA, "flex")
 
 
 def parse_args(argv=None):
@@ -92,6 +103,12 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true",
                    help="2 layers, hidden 64, 2 heads / 1 KV head of d 64, seq 128, vocab 256, batch 1: "
                    "runs on a CPU under TRITON_INTERPRET=1")
+    p.add_argument("--grad-agreement", action="store_true",
+                   help="no timed training: the loss and every parameter's gradient on one batch with each "
+                   "--backends entry against the SDPA references (CUDA: cudnn, flash, efficient; CPU: math, "
+                   "flash), at init and after --agreement-steps steps; PASS or FAIL (exit 1)")
+    p.add_argument("--agreement-steps", type=int, default=150, metavar="K",
+                   help="--grad-agreement: AdamW steps with the first reference before the second comparison")
     p.add_argument("--json", metavar="PATH", help="write the runs (curves included) as JSON")
     p.add_argument("--plot", metavar="PATH", help="overlaid loss curves (PNG)")
     p.add_argument("--markdown", action="store_true", help="print the summary as a Markdown table")
@@ -105,8 +122,12 @@ def parse_args(argv=None):
     for b in args.backends:
         if b not in BACKENDS:
             p.error(f"--backends: expected names from {', '.join(BACKENDS)}, got {b!r}")
-    if args.setting == "packed" and "sdpa-cudnn" in args.backends:
-        p.error("--backends: sdpa-cudnn has no document mask; packed runs attnscope and flex")
+    if args.setting == "packed" and any(b in SDPA for b in args.backends):
+        p.error("--backends: SDPA has no document mask here; packed runs attnscope and flex")
+    if args.grad_agreement and args.setting == "packed":
+        p.error("--grad-agreement: expected --setting dense (its SDPA references have no document mask)")
+    if args.agreement_steps < 0:
+        p.error(f"--agreement-steps: expected a non-negative integer, got {args.agreement_steps}")
     args.seeds = [int(s) for s in args.seeds.split(",")]
     for name in ("steps", "batch", "seq", "layers", "hidden", "heads", "kv_heads", "head_dim", "mlp",
                  "vocab"):
@@ -192,16 +213,18 @@ def attention_fn(torch, backend: str, setting: str, args):
                                                  causal=True)
             return o.view(B, S, H, d).transpose(1, 2)
         return varlen
-    if backend == "sdpa-cudnn":
+    if backend in SDPA:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-        def cudnn(q, k, v, ctx):
+        only = getattr(SDPBackend, SDPA[backend])
+
+        def sdpa_fn(q, k, v, ctx):
             g = q.shape[1] // k.shape[1]
-            k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))  # cuDNN's SDPA takes no GQA
+            with sdpa_kernel(only):
                 return sdpa(q, k, v, is_causal=True)
-        return cudnn
+        return sdpa_fn
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
@@ -336,19 +359,29 @@ def check(torch, backend, args, device, dt, ctx_for):
 
 
 # --- one run -----------------------------------------------------------------------------------------
-def run(torch, backend, seed, args, device):
-    dt = torch.bfloat16
-    params, forward = build_model(torch, args, seed, device)
-    opt = torch.optim.AdamW(params.values(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=device.type == "cuda")
-    attn = attention_fn(torch, backend, args.setting, args)
+def optimizer(torch, params, args, device):
+    """AdamW on the fp32 parameters (fused on CUDA)."""
+    return torch.optim.AdamW(params.values(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                             fused=device.type == "cuda")
 
+
+def make_loss(torch, forward, attn, device):
+    """``loss_of(tokens [B, S + 1], pos [B, S], tmask [B, S] or None, ctx)``: the mean next-token
+    cross-entropy under bf16 autocast; ``tmask`` False drops a target (packed: each document's last token)."""
     def loss_of(tokens, pos, tmask, ctx):
-        with torch.autocast(device.type, dtype=dt):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = forward(tokens[:, :-1], pos, attn, ctx)
         target = tokens[:, 1:] if tmask is None else tokens[:, 1:].masked_fill(~tmask, -100)
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten(),
                                                  ignore_index=-100)
+    return loss_of
+
+
+def run(torch, backend, seed, args, device):
+    params, forward = build_model(torch, args, seed, device)
+    opt = optimizer(torch, params, args, device)
+    attn = attention_fn(torch, backend, args.setting, args)
+    loss_of = make_loss(torch, forward, attn, device)
 
     # --compile: the forward and the loss in one graph (fullgraph: a graph break is an error); AOTAutograd
     # compiles their backward; the optimizer step stays eager
@@ -465,6 +498,91 @@ def attention_share(torch, step, attn, args, device, ctx, toks, pos, tmask, step
     return res
 
 
+# --- gradient agreement ------------------------------------------------------------------------------
+REFERENCES = {"cuda": ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient"), "cpu": ("sdpa-math", "sdpa-flash")}
+AGREEMENT_FLOOR = 1e-3  # relative L2 added to the bound: references that agree to the bit still allow this
+
+
+def rel_l2(torch, g, ref) -> float:
+    """||g - ref|| / ||ref|| in float64; NaN (a non-finite gradient, or two zero ones) counts as infinite."""
+    r = (torch.linalg.vector_norm((g - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
+    return r if r == r else math.inf
+
+
+def grad_agreement(torch, args, device) -> dict:
+    """Does each candidate (``--backends``, dense) give the model the same gradients as SDPA's backends?
+
+    On the first seed's model and one batch: the loss and every parameter's gradient with each reference
+    (`REFERENCES`, the first is the one compared against) and each candidate. Per backend: the median and max
+    over parameters of the relative L2 gradient difference against the first reference; the references'
+    spread: the max over their pairs. Done at init and again after ``--agreement-steps`` AdamW steps with the
+    first reference (on the next batch). PASS when, at both states, every candidate's max is at most
+    2 x the spread + `AGREEMENT_FLOOR` (the kernel checker's 2 x PyTorch's own error + a floor, applied
+    to the whole model's gradients)."""
+    refs = REFERENCES[device.type]
+    cands = [b for b in args.backends if b not in refs]
+    params, forward = build_model(torch, args, args.seeds[0], device)
+    names = list(params)
+    pos = torch.arange(args.seq, device=device).expand(args.batch, -1)
+    ctx = {"block_mask": flex_masker(torch, "dense", args.batch, args.seq, device)({})} if "flex" in cands \
+        else {}
+    loss_fns = {b: make_loss(torch, forward, attention_fn(torch, b, "dense", args), device)
+                for b in (*refs, *cands)}
+    k = args.agreement_steps
+    stream = [t for t, _ in batches(torch, argparse.Namespace(**{**vars(args), "steps": k + 1}))]
+
+    def gradients(loss_of, toks):
+        for p in params.values():
+            p.grad = None
+        loss = loss_of(toks, pos, None, ctx)
+        loss.backward()
+        out = [params[n].grad.detach().clone() for n in names]
+        for p in params.values():
+            p.grad = None
+        return loss.item(), out
+
+    def compare(step):
+        toks = stream[step].to(device)
+        res = {b: gradients(f, toks) for b, f in loss_fns.items()}
+        ref = res[refs[0]][1]
+        print(f"[step {step}] {refs[0]:15s} loss {res[refs[0]][0]:.5f} (the reference)")
+        rows = {}
+        for b, (loss, g) in list(res.items())[1:]:
+            d = [rel_l2(torch, x, r) for x, r in zip(g, ref, strict=True)]
+            worst = max(range(len(d)), key=d.__getitem__)
+            rows[b] = {"median": sorted(d)[len(d) // 2], "max": d[worst], "worst": names[worst]}
+            print(f"[step {step}] {b:15s} loss {loss:.5f}; gradients vs {refs[0]}: relative L2 median "
+                  f"{rows[b]['median']:.4f} max {d[worst]:.4f} ({names[worst]})")
+        spread = max((max(rel_l2(torch, x, r) for x, r in zip(res[a][1], res[b][1], strict=True))
+                      for i, a in enumerate(refs) for b in refs[i + 1:]), default=0.0)
+        bound = 2 * spread + AGREEMENT_FLOOR
+        ok = all(rows[b]["max"] <= bound for b in cands)
+        verdicts = (f"{b} {rows[b]['max']:.4f} {'ok' if rows[b]['max'] <= bound else 'OUTSIDE'}"
+                    for b in cands)
+        print(f"[step {step}] references' spread (max over pairs) {spread:.4f}; bound 2 x spread + "
+              f"{AGREEMENT_FLOOR:g} = {bound:.4f}: " + ", ".join(verdicts))
+        return {"step": step, "loss": {b: r[0] for b, r in res.items()}, "vs_reference": rows,
+                "reference_spread": spread, "bound": bound, "pass": ok}
+
+    phases = [compare(0)]
+    if k:
+        opt, train_loss = optimizer(torch, params, args, device), loss_fns[refs[0]]
+        t0 = time.perf_counter()
+        for i, toks in enumerate(stream[:-1]):
+            loss = train_loss(toks.to(device), pos, None, ctx)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i == 0 or (i + 1) % 50 == 0 or i + 1 == k:
+                print(f"  training with {refs[0]}: step {i + 1}/{k} loss {loss.item():.4f} "
+                      f"({time.perf_counter() - t0:.0f} s)")
+        phases.append(compare(k))
+    ok = all(ph["pass"] for ph in phases)
+    print(f"grad agreement: {'PASS' if ok else 'FAIL'} ({', '.join(cands)} against {', '.join(refs)})")
+    return {"references": list(refs), "candidates": cands, "floor": AGREEMENT_FLOOR, "phases": phases,
+            "pass": ok}
+
+
 # --- reporting ---------------------------------------------------------------------------------------
 COLUMNS = ("setting", "backend", "seed", "step ms", "tokens/s", "peak GiB",
            "attention share (trace / alone kernels / timed)",
@@ -562,8 +680,9 @@ def main(argv=None) -> int:
         print("bench/train.py: needs a CUDA GPU (or --tiny on a CPU under TRITON_INTERPRET=1)",
               file=sys.stderr)
         return 2
-    if device.type == "cpu" and args.backends != ["attnscope"]:
-        print("bench/train.py: on a CPU only --backends attnscope runs", file=sys.stderr)
+    if device.type == "cpu" and not set(args.backends) <= {"attnscope", *REFERENCES["cpu"]}:
+        print(f"bench/train.py: on a CPU only --backends attnscope, {', '.join(REFERENCES['cpu'])} run, got "
+              f"{','.join(args.backends)}", file=sys.stderr)
         return 2
     env = {"torch": torch.__version__,
            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -571,7 +690,18 @@ def main(argv=None) -> int:
     print(f"{env['device']}, torch {env['torch']}, {args.setting}, {args.layers} layers, "
           f"hidden {args.hidden}, "
           f"{args.heads}/{args.kv_heads} heads of {args.head_dim}, {args.batch} x {args.seq} tokens, "
-          f"{args.steps} steps")
+          + (f"gradient agreement at init{f' and step {args.agreement_steps}' * bool(args.agreement_steps)}"
+             if args.grad_agreement else f"{args.steps} steps"))
+    if args.grad_agreement:
+        if not set(args.backends) - set(REFERENCES[device.type]):
+            print(f"bench/train.py: --grad-agreement: expected a backend besides the references "
+                  f"{', '.join(REFERENCES[device.type])}, got {','.join(args.backends)}", file=sys.stderr)
+            return 2
+        res = grad_agreement(torch, args, device)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"env": env, "args": vars(args), "grad_agreement": res}, f, indent=1)
+        return 0 if res["pass"] else 1
 
     def ctx_for(B, S):  # the packing of step 0, for the check
         toks, docs = next(iter(batches(torch, args)))
