@@ -66,6 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from attnscope.kernels._gluon_red import red_add  # noqa: E402
+from attnscope.kernels._gluon_smem import dkdv_smem  # noqa: E402
 from attnscope.kernels.bwd_hopper_dq import _attnscope_bwd_hopper_dq_kernel, _capped, _keep  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
@@ -184,13 +185,14 @@ def _q_range(start_n, NQ, NK, sc, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end,
+              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, k_row, q_row, lse_row, lo, end,
               BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
-    """K and V of the tile once, then (Q, dO, LSE2, Delta) per query tile in the consumers' order: the
-    group's heads, each query tiles ``[lo, end)``."""
+    """K and V of the tile from row ``k_row`` once, then (Q, dO, LSE2, Delta) per query tile in the consumers'
+    order: the group's heads, each query tiles ``[lo, end)`` (rows from ``q_row``; LSE2, Delta from
+    ``lse_row``: 0 dense, the sequence's first rows packed, kernels/varlen_bwd_hopper.py)."""
     mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
     for w in gl.static_range(NWG):
-        n0 = start_n + w * BNW
+        n0 = k_row + w * BNW
         tma.async_copy_global_to_shared(desc_k, [b, hk, n0, 0], kv_bar.index(0), k_smem.index(w))
         tma.async_copy_global_to_shared(desc_v, [b, hk, n0, 0], kv_bar.index(0), v_smem.index(w))
     n = end - lo  # query tiles per head
@@ -201,10 +203,12 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
         mbarrier.wait(q_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
         mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
                         + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [b, h, m * BM, 0], q_ready.index(s), q_smem.index(s))
-        tma.async_copy_global_to_shared(desc_do, [b, h, m * BM, 0], q_ready.index(s), do_smem.index(s))
-        tma.async_copy_global_to_shared(desc_lse, [b, h, m * BM], q_ready.index(s), lse_smem.index(s))
-        tma.async_copy_global_to_shared(desc_delta, [b, h, m * BM], q_ready.index(s), delta_smem.index(s))
+        r = q_row + m * BM
+        tma.async_copy_global_to_shared(desc_q, [b, h, r, 0], q_ready.index(s), q_smem.index(s))
+        tma.async_copy_global_to_shared(desc_do, [b, h, r, 0], q_ready.index(s), do_smem.index(s))
+        r = lse_row + m * BM
+        tma.async_copy_global_to_shared(desc_lse, [b, h, r], q_ready.index(s), lse_smem.index(s))
+        tma.async_copy_global_to_shared(desc_delta, [b, h, r], q_ready.index(s), delta_smem.index(s))
 
 
 @gluon.jit
@@ -405,29 +409,9 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
         sc = (qk_scale,)  # the plain build captures no unused value into its partitions
     lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, MODS)
 
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
-    rows: gl.constexpr = [STAGES] + desc_lse.block_type.shape  # LSE2 and Delta per query tile
-    lse_smem = gl.allocate_shared_memory(gl.float32, rows, desc_lse.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, rows, desc_delta.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if ONEPASS:  # every warpgroup's dS^T, a ring of 2: [slot x NWG + warpgroup] (the dQ product's A)
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * NWG, BNW, BM], ds_layout)  # 128-byte rows
-    else:
-        ds_smem = k_smem  # not read
-    ds_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # dS^T 0/1 stored; done
-    for i in gl.static_range(3):
-        mbarrier.init(ds_bar.index(i), count=NWG)
-    mbarrier.init(kv_bar.index(0), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(s), count=1)
-        mbarrier.init(q_empty.index(s), count=NWG)  # every consumer warpgroup's
-    fence_async_shared()
+    # ds_bar: dS^T 0/1 stored; done (`_step`, `_consumer`)
+    smem = dkdv_smem(desc_k, desc_v, desc_q, desc_do, desc_lse, desc_delta, STAGES, NWG, ONEPASS, 3)
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, ds_smem, ds_bar = smem
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
@@ -440,8 +424,8 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
                       NWG, RED, LEAN)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
-                      STAGES, NWG))],
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, 0, 0, lo, end,
+                      BM, BNW, STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

@@ -45,10 +45,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._gluon_smem import buffers, dkdv_smem, kv_ring, load_kv  # noqa: E402
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
     CONSUMER_REGS,
     ROW_PAD,
     _keep,
+    _producer,
     _q_range,
     _row_layout,
     _step,
@@ -78,34 +80,7 @@ def _seq(CU_Q, CU_K, WORK_SEQ, w):
     return s, q0, nq, k0, nk
 
 
-# --- dK/dV: per (sequence, K/V tile), the group's query tiles streamed ------------------------------------
-@gluon.jit
-def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, hk, group, k_row, q0, row_pad, lo, end,
-              BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
-    """`bwd_hopper._producer` on packed rows: K, V from packed row ``k_row``, the query tiles' rows from
-    ``q0`` (Q, dO) and ``row_pad`` (the padded -LSE2 / qk_scale and Delta copies)."""
-    mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
-    for w in gl.static_range(NWG):
-        n0 = k_row + w * BNW
-        tma.async_copy_global_to_shared(desc_k, [0, hk, n0, 0], kv_bar.index(0), k_smem.index(w))
-        tma.async_copy_global_to_shared(desc_v, [0, hk, n0, 0], kv_bar.index(0), v_smem.index(w))
-    n = end - lo  # query tiles per head
-    for i in range(group * n):
-        h = hk * group + i // n
-        m = lo + i % n
-        s = i % STAGES
-        mbarrier.wait(q_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
-                        + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [0, h, q0 + m * BM, 0], q_ready.index(s), q_smem.index(s))
-        tma.async_copy_global_to_shared(desc_do, [0, h, q0 + m * BM, 0], q_ready.index(s), do_smem.index(s))
-        tma.async_copy_global_to_shared(desc_lse, [0, h, row_pad + m * BM], q_ready.index(s),
-                                        lse_smem.index(s))
-        tma.async_copy_global_to_shared(desc_delta, [0, h, row_pad + m * BM], q_ready.index(s),
-                                        delta_smem.index(s))
-
-
+# --- dK/dV: per (sequence, K/V tile), the group's query tiles streamed (`bwd_hopper._producer`) ---------
 @gluon.jit
 def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
               q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
@@ -166,21 +141,8 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
     lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, PLAIN)
     row_pad = gl.load(ROW0 + s)  # the sequence's first row in the padded -LSE2 / qk_scale and Delta copies
 
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
-    rows: gl.constexpr = [STAGES] + desc_lse.block_type.shape  # LSE2 and Delta per query tile
-    lse_smem = gl.allocate_shared_memory(gl.float32, rows, desc_lse.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, rows, desc_delta.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar.index(0), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=NWG)  # every consumer warpgroup's
-    fence_async_shared()
+    smem = dkdv_smem(desc_k, desc_v, desc_q, desc_do, desc_lse, desc_delta, STAGES, NWG, 0, 0)
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, _, _ = smem
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (bwd_hopper.CONFIGS)")
     gl.warp_specialize(
@@ -191,7 +153,7 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
                       q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
                       BM, BNW, D, STAGES, 1, CAUSAL)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, hk, group, k0 + start_n, q0, row_pad,
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, 0, hk, group, k0 + start_n, q0, row_pad,
                       lo, end, BM, BNW, STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -209,14 +171,7 @@ def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_sme
         mbarrier.expect(do_bar.index(w), desc_do.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_do, [0, h, q_row + w * BM, 0], do_bar.index(w), do_smem.index(w))
     for i in range(n_tiles):
-        s = i % STAGES
-        ph = ((i // STAGES) & 1) ^ 1  # a fresh barrier passes parity 1 at once: the first round is free
-        mbarrier.wait(k_empty.index(s), ph)
-        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [0, hk, k0 + i * BN, 0], k_ready.index(s), k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), ph)
-        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [0, hk, k0 + i * BN, 0], v_ready.index(s), v_smem.index(s))
+        load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, 0, hk, k0, i, STAGES)
 
 
 @gluon.jit
@@ -296,25 +251,10 @@ def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc
     sc = (qk_scale,)
     n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, PLAIN)[1]
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    do_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NWG):
-        mbarrier.init(q_bar.index(i), count=1)
-        mbarrier.init(do_bar.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NWG)
-        mbarrier.init(v_empty.index(i), count=NWG)
-    fence_async_shared()
+    q_smem = buffers(desc_q, NWG)
+    do_smem = buffers(desc_do, NWG)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, wg_bars = kv_ring(desc_k, desc_v, STAGES, NWG, 2)
+    q_bar, do_bar = wg_bars
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (bwd_hopper.CONFIGS)")
     gl.warp_specialize(
