@@ -324,15 +324,16 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
 
 
 @gluon.jit
-def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
-              q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
-              sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-              WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
-              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
-    """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale;
-    ``LEAN``: dV / sm_scale); ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`). ``LEAN``: each head's
-    tiles in runs, masked ``[lo, f_lo)``, whole ``[f_lo, f_hi)``, masked ``[f_hi, end)`` (bounds clipped in
-    order; a `_step` each, ``masked`` a constant; no division per tile), dQ rows padded to `ROW_PAD`."""
+def _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, ds_smem,
+               ds_bar, DQACC, b, hk, H, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc, sm_scale,
+               BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+               CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr,
+               NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)``: (dK, dV) [BNW, D] over the group's query tiles (dK
+    without sm_scale; ``LEAN``: dV with it); ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`), and
+    every warpgroup done with this one's K before it returns. ``LEAN``: each head's tiles in runs, masked
+    ``[lo, f_lo)``, whole ``[f_lo, f_hi)``, masked ``[f_hi, end)`` (bounds clipped in order; a `_step` each,
+    ``masked`` a constant; no division per tile), dQ rows padded to `ROW_PAD`."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -371,6 +372,21 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
     if ONEPASS == ONEPASS_CTA:  # the other warpgroups' last dS K product read this one's K: done first
         mbarrier.arrive(ds_bar.index(2))
         mbarrier.wait(ds_bar.index(2), 0)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
+              q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+              sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+              WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
+              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's keys of the tile: dK, dV (`_dkdv_tile`) stored (dK x sm_scale; ``LEAN``: dV /
+    sm_scale)."""
+    dk, dv = _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty,
+                        ds_smem, ds_bar, DQACC, b, hk, H, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+                        sm_scale, BM, BNW, D, STAGES, WG, CAUSAL, MODS, ONEPASS, DQ, NWG, RED, LEAN)
+    n0 = start_n + WG * BNW
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
     if LEAN:  # P^T carried sm_scale (`_step`): dK is whole, dV has it once too many

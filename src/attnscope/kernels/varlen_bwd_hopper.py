@@ -40,8 +40,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
@@ -49,15 +47,15 @@ from attnscope.kernels._gluon_smem import buffers, dkdv_smem, kv_ring, load_kv  
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
     CONSUMER_REGS,
     ROW_PAD,
-    _keep,
+    _dkdv_tile,
     _producer,
     _q_range,
     _row_layout,
-    _step,
     _tma_ready,
     config,
 )
-from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_full, _kv_range, _layout, wgmma_layout  # noqa: E402
+from attnscope.kernels.bwd_hopper_dq import _dq_tile  # noqa: E402
+from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_range, _layout, wgmma_layout  # noqa: E402
 
 #: The score mods this path builds (`fwd_hopper.mods_flags`): none.
 PLAIN: gl.constexpr = gl.constexpr(0)
@@ -86,24 +84,13 @@ def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_sme
               q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
               BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
-    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)`` of the sequence: `bwd_hopper._consumer`'s loop, then
-    dK x sm_scale and dV stored inside the sequence only."""
-    s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
+    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)`` of the sequence: `bwd_hopper._dkdv_tile` (plain
+    build, two kernels: no one-pass dQ), then dK x sm_scale and dV stored inside the sequence only."""
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dk, dv = _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty,
+                        k_smem, kv_bar, DK, 0, hk, 0, group, start_n, lo, f_lo, end, end, NQ, NK, sc,
+                        sm_scale, BM, BNW, D, STAGES, WG, CAUSAL, PLAIN, 0, D, 2, 1, 0)
     n0 = start_n + WG * BNW
-    offs_n = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, s_layout))
-    dk = gl.zeros([BNW, D], gl.float32, acc_layout)
-    dv = gl.zeros([BNW, D], gl.float32, acc_layout)
-    mbarrier.wait(kv_bar.index(0), 0)
-    kmat = k_smem.index(WG).reshape([BNW, D])
-    vmat = v_smem.index(WG).reshape([BNW, D])
-    n = end - lo  # query tiles per head, in the producer's order
-    for i in range(group * n):  # GQA: the group's query heads, reduced in registers
-        m = lo + i % n
-        dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       m < f_lo, offs_n, NQ, NK, sc, k_smem, kv_bar, k_smem, DK, sm_scale, s_layout, a_layout,
-                       BM, BNW, D, STAGES, CAUSAL, PLAIN, 0, D, WG, 2, 1)  # two kernels: no one-pass dQ
     dk = dk * sm_scale
     if n0 + BNW <= NK:  # every key inside the sequence: TMA through the dead K/V buffers
         v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
@@ -179,49 +166,13 @@ def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_ba
                  k_empty, v_empty, h, H, TOTAL_Q, q0, row0_cta, n_tiles, NQ, NK, sc, sm_scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
                  CAUSAL: gl.constexpr):
-    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper_dq._dq_consumer`'s loop
-    (plain build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ x sm_scale stored inside the
-    sequence only."""
-    s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
+    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper_dq._dq_tile` (plain
+    build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ stored inside the sequence only."""
     acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row0 = row0_cta + WG * BM
-    offs_m = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    row_ok = offs_m < NQ
-    base = h.to(gl.int64) * TOTAL_Q + q0  # LSE2, Delta: [Hq, total_q]
-    lse2 = gl.load(LSE2 + base + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
-    delta = gl.load(DELTA + base + offs_m, mask=row_ok, other=0.0)
-    qk_scale = sc[0]
-    n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, PLAIN)[1], n_tiles)  # [0, n_full) whole
-    dq = gl.zeros([BM, D], gl.float32, acc_layout)
-    q = q_smem.index(WG).reshape([BM, D])
-    do = do_smem.index(WG).reshape([BM, D])
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(do_bar.index(WG), 0)
-    for j in range(n_tiles):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
-        init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
-        if j >= n_full:  # diagonal, ragged tile (rows with LSE = -inf see no key: all masked)
-            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, PLAIN), init,
-                            float("-inf"))
-        mbarrier.wait(k_ready.index(s), ph)
-        kmat = k_smem.index(s).reshape([BN, D])
-        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
-        mbarrier.wait(v_ready.index(s), ph)
-        init = gl.zeros([BM, BN], gl.float32, s_layout) - delta[:, None]
-        dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
-                               is_async=True)  # dP = dO V^T (- Delta)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        p = gl.exp2(st * qk_scale)  # P [BM, BN]
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
-        mbarrier.arrive(v_empty.index(s))  # V read
-        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P (dP - D)
-        dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
-        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
-        mbarrier.arrive(k_empty.index(s))  # K read
-    dq = dq * sm_scale
+    dq = _dq_tile(LSE2, DELTA, h.to(gl.int64), TOTAL_Q, q0, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
+                  k_ready, v_ready, k_empty, v_empty, row0, 0, n_tiles, NQ, NK, sc, sm_scale, BM, BN, D,
+                  STAGES, WG, CAUSAL, PLAIN, 0)  # LSE2, Delta: [Hq, total_q]
     if row0 + BM <= NQ:  # every row inside the sequence: TMA through the dead Q buffer
         q_smem.index(WG).reshape([BM, D]).store(dq.to(desc_dq.dtype))
         fence_async_shared()
