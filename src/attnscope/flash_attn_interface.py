@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 
 from attnscope.errors import InputError, expect, finite_real, is_int
-from attnscope.kernels._common import check_tensor, import_torch_triton
+from attnscope.kernels._common import check_rank, check_tensor, import_torch_triton
 from attnscope.model.tiles import normalize_window
 
 torch, _ = import_torch_triton()
@@ -99,12 +99,7 @@ def _deterministic(deterministic) -> dict:
     return {"deterministic": True} if deterministic else {}
 
 
-def _check_rank(name: str, t, rank: int, layout: str) -> None:
-    """flash-attn's layout in the message (the kernels name their own [B, H, N, d])."""
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise InputError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(t.shape)}")
+_check_rank = functools.partial(check_rank, torch)  # flash-attn's layouts in messages (kernels: [B, H, N, d])
 
 
 def _bhnd(t: Tensor) -> Tensor:
