@@ -73,8 +73,9 @@ from attnscope.kernels.fwd_hopper import (  # noqa: E402
     PRODUCER_REGS,
     SOFTCAP,
     WINDOW,
-    _layout,
     _window,
+    desc_type,
+    descriptor,
     mods_flags,
     wgmma_layout,
 )
@@ -474,11 +475,6 @@ def _row_layout(bm: int):
 def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdConfig | None = None):
     """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
     "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
-    def ds(rows):
-        elem = gl.bfloat16 if dtype == "bf16" else gl.float16
-        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
-
     if name == "dkdv":
         bm = (cfg or config(d, name, mods)).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
@@ -487,7 +483,7 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
         extra = ("LEAN",)
-    return {**{n: ds(r) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
+    return {**{n: desc_type(dtype, r, d) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "MODS", "STAGES", "NWG", "CONSUMER_REGS", *extra,
@@ -560,14 +556,7 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     assert all(t.is_contiguous() for t in (dq, dk, dv)), "dq, dk, dv: expected fresh contiguous tensors"
 
     def descs(name):
-        out = []
-        for n, rows in _blocks(d, name, flags, cfgs[name]).items():
-            t = tensors[n]
-            block = (1, 1, rows, d)  # `_layout` (cached) takes a tuple and a Gluon element type
-            elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-            layout = _layout(block, elem)
-            out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout))
-        return out
+        return [descriptor(tensors[n], rows, d) for n, rows in _blocks(d, name, flags, cfgs[name]).items()]
 
     windowed = mods is not None and mods.windowed
     softcap = 0.0 if mods is None else mods.softcap

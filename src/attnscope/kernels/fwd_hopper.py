@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from attnscope.kernels._common import descriptor_over, descriptor_template, import_torch_triton, num_sms
+from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
 from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
 
@@ -576,17 +576,32 @@ def kernel(variant: str = DEFAULT_VARIANT):
             else _attnscope_fwd_hopper_kernel)
 
 
+@functools.lru_cache(maxsize=16)  # (block, element type): a handful, each ~10 us of Python to build
+def _layout(block: tuple, elem):
+    return gl.NVMMASharedLayout.get_default_for(list(block), elem)
+
+
+def desc_type(dtype: str, rows: int, d: int) -> str:
+    """``triton.compile``'s type of a TMA descriptor of ``dtype`` ("fp16"/"bf16") with [1, 1, rows, d] blocks
+    in the default shared layout (`descriptor`'s)."""
+    lay = _layout((1, 1, rows, d), gl.bfloat16 if dtype == "bf16" else gl.float16)
+    return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
+
+
+def descriptor(t, rows: int, d: int):
+    """The Gluon TMA descriptor of ``t`` (fp16/bf16; its shape and strides) with [1, 1, rows, d] blocks in the
+    default shared layout."""
+    block = (1, 1, rows, d)
+    elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, elem))
+
+
 def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
     """Signature of `kernel` (``variant``) for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"):
     resource reports (bench/sm90_resources.py)."""
     bm, bn = config(d, variant)[:2]
     persistent = VARIANTS[variant].persistent
-
-    def ds(rows):
-        elem = gl.bfloat16 if dtype == "bf16" else gl.float16
-        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
-
+    ds = functools.partial(desc_type, dtype, d=d)
     return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32", "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32", "cap_out": "fp32",
@@ -609,11 +624,6 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
             "num_warps": NUM_WARPS}
 
 
-@functools.lru_cache(maxsize=16)  # (block, element type): a handful, each ~10 us of Python to build
-def _layout(block: tuple, elem):
-    return gl.NVMMASharedLayout.get_default_for(list(block), elem)
-
-
 def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
              mods=None):
     """``run(q, k, v, o, lse, sinks=None)``: `launch` on tensors of these layouts (shapes, strides, dtype),
@@ -625,8 +635,7 @@ def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, varian
     left, right = (mods.left, mods.right) if windowed else (-1, -1)
     # softcap: log2-unit score = cap log2(e) tanh(s scale / cap) (`_softmax`, the hardware tanh)
     cap_in, cap_out = (qk_scale / LOG2E.value / softcap, softcap * LOG2E.value) if softcap > 0 else (0.0, 0.0)
-    elem = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    descs = [descriptor_template(TensorDescriptor, t, [1, 1, r, d], _layout((1, 1, r, d), elem))
+    descs = [descriptor_over(descriptor(t, r, d), None)  # templates: `run` puts the tensors in
              for t, r in ((q, cfg.BM), (k, cfg.BN), (v, cfg.BN), (o, cfg.BM))]
     tiles, consts = triton.cdiv(Nq, cfg.NWG * cfg.BM), constexprs(d, causal, return_lse, variant, flags)
     if VARIANTS[variant].persistent:

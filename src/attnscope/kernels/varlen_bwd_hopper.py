@@ -30,6 +30,8 @@ descriptors; dq, dk, dv contiguous.
 
 from __future__ import annotations
 
+import functools
+
 from attnscope.kernels._common import import_torch_triton
 from attnscope.model.tiles import cdiv
 
@@ -55,7 +57,14 @@ from attnscope.kernels.bwd_hopper import (  # noqa: E402
     config,
 )
 from attnscope.kernels.bwd_hopper_dq import _dq_tile  # noqa: E402
-from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_range, _layout, wgmma_layout  # noqa: E402
+from attnscope.kernels.fwd_hopper import (  # noqa: E402
+    NUM_WARPS,
+    PRODUCER_REGS,
+    _kv_range,
+    desc_type,
+    descriptor,
+    wgmma_layout,
+)
 
 #: The score mods this path builds (`fwd_hopper.mods_flags`): none.
 PLAIN: gl.constexpr = gl.constexpr(0)
@@ -273,13 +282,7 @@ def _view(t):
 
 
 def _descs(tensors: dict, blocks: dict, d: int) -> list:
-    out = []
-    for name, rows in blocks.items():
-        t = tensors[name]
-        block = (1, 1, rows, d)
-        elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-        out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, elem)))
-    return out
+    return [descriptor(tensors[name], rows, d) for name, rows in blocks.items()]
 
 
 def constexprs(d: int, causal: bool, name: str) -> dict:
@@ -298,12 +301,7 @@ def kernel(name: str):
 def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
     """Signature of kernel ``name`` for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16")."""
     cfg = config(d, name)
-    elem = gl.bfloat16 if dtype == "bf16" else gl.float16
-
-    def ds(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{layout!r}>"
-
+    ds = functools.partial(desc_type, dtype, d=d)
     ptrs = {n: "*i32" for n in ("CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE")}
     if name == "dkdv":
         bnw = cfg.BN // cfg.NWG
