@@ -445,8 +445,8 @@ def test_default_backward_path_picks_the_lean_build_and_never_refuses(monkeypatc
                                           (128, "bfloat16", _common.Mods(100, 0, 30.0, None))])
 def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype, mods):
     """`bwd_hopper.launch`'s host side, no GPU (the two Gluon kernels replaced by recorders): each TMA
-    descriptor gets its block and the NVMMA shared layout of its Gluon element type (`fwd_hopper._layout`
-    takes a tuple and a Gluon dtype), the grids and constexprs are the build's (softcap d = 128: 32-row Q
+    descriptor gets its block and the NVMMA shared layout of its Gluon element type (`fwd_hopper.descriptor`),
+    the grids and constexprs are the build's (softcap d = 128: 32-row Q
     tiles), the call's default (`bwd_hopper.config` of its dtype and scale: d = 64 the lean build)."""
     from triton.experimental.gluon import language as gl
 

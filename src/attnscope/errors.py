@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+from typing import TypeGuard
 
 #: Longest echo of a bad value inside an error message.
 ECHO_CHARS = 60
@@ -33,6 +34,11 @@ def visible(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def is_int(value: object) -> TypeGuard[int]:
+    """Is ``value`` an int and not a bool (``True`` is an int to Python, never to an argument check)?"""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def short(value: object, limit: int = ECHO_CHARS) -> str:
     """A one-line, bounded description of `value` for an error message: at most `limit` characters,
     containers by a bounded repr or by type and length, control and bidi characters escaped."""
@@ -47,7 +53,7 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
         if len(text) > limit:
             return f"{type(value).__name__} of {len(value)} item{'' if len(value) == 1 else 's'}"
         return text
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 190:
+    if is_int(value) and value.bit_length() > 190:
         # ~57 digits: a giant int is never converted to text in full
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
     if isinstance(value, str):
@@ -81,8 +87,7 @@ MAX_DIM = 10**24
 
 def positive_int(name: str, value: object) -> int:
     """Validate a positive integer (bools are refused) up to `MAX_DIM` and return it."""
-    expect(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
-           "a positive integer", value)
+    expect(is_int(value) and value > 0, name, "a positive integer", value)
     expect(value <= MAX_DIM, name, "a positive integer up to 10^24", value)  # type: ignore[operator]
     return value  # type: ignore[return-value]
 

@@ -28,8 +28,10 @@ argument; nothing is ignored.
 
 from __future__ import annotations
 
-from attnscope.errors import InputError, expect, finite_real
-from attnscope.kernels._common import check_tensor, import_torch_triton
+import functools
+
+from attnscope.errors import InputError, expect, finite_real, is_int
+from attnscope.kernels._common import check_rank, check_tensor, import_torch_triton
 from attnscope.model.tiles import normalize_window
 
 torch, _ = import_torch_triton()
@@ -70,7 +72,7 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     expect(finite_real(dropout_p) and 0.0 <= dropout_p <= 1.0, "dropout_p", "a number in [0, 1]", dropout_p)
     _unsupported(dropout_p=(float(dropout_p), 0.0))
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
-          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+          and all(is_int(w) and w >= -1 for w in window_size))
     expect(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)
     expect(finite_real(softcap) and softcap >= 0, "softcap", "a finite number >= 0 (0: off)", softcap)
     left, right = normalize_window(causal, tuple(window_size))
@@ -97,12 +99,7 @@ def _deterministic(deterministic) -> dict:
     return {"deterministic": True} if deterministic else {}
 
 
-def _check_rank(name: str, t, rank: int, layout: str) -> None:
-    """flash-attn's layout in the message (the kernels name their own [B, H, N, d])."""
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise InputError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(t.shape)}")
+_check_rank = functools.partial(check_rank, torch)  # flash-attn's layouts in messages (kernels: [B, H, N, d])
 
 
 def _bhnd(t: Tensor) -> Tensor:
@@ -271,7 +268,7 @@ def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
     """An int (same length for all) as the int32 [B] tensor the kernel takes."""
     if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor):
         return cache_seqlens
-    expect(isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and cache_seqlens >= 0,
+    expect(is_int(cache_seqlens) and cache_seqlens >= 0,
            "cache_seqlens", "a non-negative int, an int32 tensor [B] or None", cache_seqlens)
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
 
@@ -352,7 +349,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
             and type(return_softmax_lse) is bool):
         expect(isinstance(rotary_interleaved, bool), "rotary_interleaved", "True or False",
                rotary_interleaved)
-        expect(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 0,
+        expect(is_int(num_splits) and num_splits >= 0,
                "num_splits", "an int >= 0 (0: the kernel's heuristic)", num_splits)
         expect(isinstance(return_softmax_lse, bool), "return_softmax_lse", "True or False",
                return_softmax_lse)

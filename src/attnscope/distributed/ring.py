@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnscope.errors import MAX_DIM, InputError, expect, positive_int, short
+from attnscope.errors import MAX_DIM, InputError, expect, is_int, positive_int, short
 
 #: Most chunks `chunk_sizes` makes.
 MAX_CHUNKS = 2**21
@@ -10,8 +10,7 @@ MAX_CHUNKS = 2**21
 
 def chunk_sizes(n: int, chunks: int) -> list[int]:
     """Sizes of `chunks` pad-free chunks of n tokens: the first ``n % chunks`` get one more."""
-    expect(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_DIM, "n",
-           "a non-negative integer up to 10^24", n)
+    expect(is_int(n) and 0 <= n <= MAX_DIM, "n", "a non-negative integer up to 10^24", n)
     positive_int("chunks", chunks)
     if chunks > MAX_CHUNKS:  # 2 per rank: far beyond any process group, and a list memory holds
         raise InputError(f"chunks: expected at most {MAX_CHUNKS:,}, got {short(chunks)}")

@@ -67,12 +67,17 @@ def hopper_unavailable(torch, t) -> str | None:
     return None
 
 
-def check_tensor(torch, name: str, t, rank: int, layout: str):
-    """Type, rank, dtype, and unit stride in the last dimension."""
+def check_rank(torch, name: str, t, rank: int, layout: str) -> None:
+    """A torch.Tensor of ``rank`` dimensions (``layout`` names them in the message)."""
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
     if t.dim() != rank:
         raise InputError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(t.shape)}")
+
+
+def check_tensor(torch, name: str, t, rank: int, layout: str):
+    """`check_rank`, dtype, and unit stride in the last dimension."""
+    check_rank(torch, name, t, rank, layout)
     if t.dtype not in (torch.float16, torch.bfloat16):
         raise NotImplementedError(
             f"{name}: dtype {t.dtype} is not supported; supported: torch.float16, torch.bfloat16")

@@ -66,14 +66,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from attnscope.kernels._gluon_red import red_add  # noqa: E402
+from attnscope.kernels._gluon_smem import dkdv_smem  # noqa: E402
 from attnscope.kernels.bwd_hopper_dq import _attnscope_bwd_hopper_dq_kernel, _capped, _keep  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
     PRODUCER_REGS,
     SOFTCAP,
     WINDOW,
-    _layout,
     _window,
+    desc_type,
+    descriptor,
     mods_flags,
     wgmma_layout,
 )
@@ -184,13 +186,14 @@ def _q_range(start_n, NQ, NK, sc, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end,
+              lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, k_row, q_row, lse_row, lo, end,
               BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
-    """K and V of the tile once, then (Q, dO, LSE2, Delta) per query tile in the consumers' order: the
-    group's heads, each query tiles ``[lo, end)``."""
+    """K and V of the tile from row ``k_row`` once, then (Q, dO, LSE2, Delta) per query tile in the consumers'
+    order: the group's heads, each query tiles ``[lo, end)`` (rows from ``q_row``; LSE2, Delta from
+    ``lse_row``: 0 dense, the sequence's first rows packed, kernels/varlen_bwd_hopper.py)."""
     mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
     for w in gl.static_range(NWG):
-        n0 = start_n + w * BNW
+        n0 = k_row + w * BNW
         tma.async_copy_global_to_shared(desc_k, [b, hk, n0, 0], kv_bar.index(0), k_smem.index(w))
         tma.async_copy_global_to_shared(desc_v, [b, hk, n0, 0], kv_bar.index(0), v_smem.index(w))
     n = end - lo  # query tiles per head
@@ -201,10 +204,12 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
         mbarrier.wait(q_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
         mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
                         + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [b, h, m * BM, 0], q_ready.index(s), q_smem.index(s))
-        tma.async_copy_global_to_shared(desc_do, [b, h, m * BM, 0], q_ready.index(s), do_smem.index(s))
-        tma.async_copy_global_to_shared(desc_lse, [b, h, m * BM], q_ready.index(s), lse_smem.index(s))
-        tma.async_copy_global_to_shared(desc_delta, [b, h, m * BM], q_ready.index(s), delta_smem.index(s))
+        r = q_row + m * BM
+        tma.async_copy_global_to_shared(desc_q, [b, h, r, 0], q_ready.index(s), q_smem.index(s))
+        tma.async_copy_global_to_shared(desc_do, [b, h, r, 0], q_ready.index(s), do_smem.index(s))
+        r = lse_row + m * BM
+        tma.async_copy_global_to_shared(desc_lse, [b, h, r], q_ready.index(s), lse_smem.index(s))
+        tma.async_copy_global_to_shared(desc_delta, [b, h, r], q_ready.index(s), delta_smem.index(s))
 
 
 @gluon.jit
@@ -320,15 +325,16 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
 
 
 @gluon.jit
-def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
-              q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
-              sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-              WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
-              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
-    """Warpgroup WG's keys of the tile: dK, dV over the group's query tiles, then stored (dK x sm_scale;
-    ``LEAN``: dV / sm_scale); ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`). ``LEAN``: each head's
-    tiles in runs, masked ``[lo, f_lo)``, whole ``[f_lo, f_hi)``, masked ``[f_hi, end)`` (bounds clipped in
-    order; a `_step` each, ``masked`` a constant; no division per tile), dQ rows padded to `ROW_PAD`."""
+def _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, ds_smem,
+               ds_bar, DQACC, b, hk, H, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc, sm_scale,
+               BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+               CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr, DQ: gl.constexpr,
+               NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)``: (dK, dV) [BNW, D] over the group's query tiles (dK
+    without sm_scale; ``LEAN``: dV with it); ``ONEPASS``: dQ added into ``DQACC`` on the way (`_step`), and
+    every warpgroup done with this one's K before it returns. ``LEAN``: each head's tiles in runs, masked
+    ``[lo, f_lo)``, whole ``[f_lo, f_hi)``, masked ``[f_hi, end)`` (bounds clipped in order; a `_step` each,
+    ``masked`` a constant; no division per tile), dQ rows padded to `ROW_PAD`."""
     s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -367,6 +373,21 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
     if ONEPASS == ONEPASS_CTA:  # the other warpgroups' last dS K product read this one's K: done first
         mbarrier.arrive(ds_bar.index(2))
         mbarrier.wait(ds_bar.index(2), 0)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready,
+              q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+              sm_scale, BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+              WG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr, ONEPASS: gl.constexpr,
+              DQ: gl.constexpr, NWG: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's keys of the tile: dK, dV (`_dkdv_tile`) stored (dK x sm_scale; ``LEAN``: dV /
+    sm_scale)."""
+    dk, dv = _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty,
+                        ds_smem, ds_bar, DQACC, b, hk, H, group, start_n, lo, f_lo, f_hi, end, NQ, NK, sc,
+                        sm_scale, BM, BNW, D, STAGES, WG, CAUSAL, MODS, ONEPASS, DQ, NWG, RED, LEAN)
+    n0 = start_n + WG * BNW
     # epilogue: dK, dV through this warpgroup's K and V buffers (read for the last time above) by TMA,
     # which clips the keys past Nk
     if LEAN:  # P^T carried sm_scale (`_step`): dK is whole, dV has it once too many
@@ -405,29 +426,9 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
         sc = (qk_scale,)  # the plain build captures no unused value into its partitions
     lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, MODS)
 
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
-    rows: gl.constexpr = [STAGES] + desc_lse.block_type.shape  # LSE2 and Delta per query tile
-    lse_smem = gl.allocate_shared_memory(gl.float32, rows, desc_lse.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, rows, desc_delta.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if ONEPASS:  # every warpgroup's dS^T, a ring of 2: [slot x NWG + warpgroup] (the dQ product's A)
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * NWG, BNW, BM], ds_layout)  # 128-byte rows
-    else:
-        ds_smem = k_smem  # not read
-    ds_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # dS^T 0/1 stored; done
-    for i in gl.static_range(3):
-        mbarrier.init(ds_bar.index(i), count=NWG)
-    mbarrier.init(kv_bar.index(0), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(s), count=1)
-        mbarrier.init(q_empty.index(s), count=NWG)  # every consumer warpgroup's
-    fence_async_shared()
+    # ds_bar: dS^T 0/1 stored; done (`_step`, `_consumer`)
+    smem = dkdv_smem(desc_k, desc_v, desc_q, desc_do, desc_lse, desc_delta, STAGES, NWG, ONEPASS, 3)
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, ds_smem, ds_bar = smem
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
@@ -440,8 +441,8 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
                       NWG, RED, LEAN)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, lo, end, BM, BNW,
-                      STAGES, NWG))],
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, b, hk, group, start_n, 0, 0, lo, end,
+                      BM, BNW, STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -474,11 +475,6 @@ def _row_layout(bm: int):
 def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdConfig | None = None):
     """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
     "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
-    def ds(rows):
-        elem = gl.bfloat16 if dtype == "bf16" else gl.float16
-        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
-
     if name == "dkdv":
         bm = (cfg or config(d, name, mods)).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
@@ -487,7 +483,7 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
         extra = ("LEAN",)
-    return {**{n: ds(r) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
+    return {**{n: desc_type(dtype, r, d) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
             "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
             **{n: "constexpr" for n in ("CAUSAL", "MODS", "STAGES", "NWG", "CONSUMER_REGS", *extra,
@@ -560,14 +556,7 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     assert all(t.is_contiguous() for t in (dq, dk, dv)), "dq, dk, dv: expected fresh contiguous tensors"
 
     def descs(name):
-        out = []
-        for n, rows in _blocks(d, name, flags, cfgs[name]).items():
-            t = tensors[n]
-            block = (1, 1, rows, d)  # `_layout` (cached) takes a tuple and a Gluon element type
-            elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-            layout = _layout(block, elem)
-            out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout))
-        return out
+        return [descriptor(tensors[n], rows, d) for n, rows in _blocks(d, name, flags, cfgs[name]).items()]
 
     windowed = mods is not None and mods.windowed
     softcap = 0.0 if mods is None else mods.softcap

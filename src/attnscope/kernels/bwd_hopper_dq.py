@@ -3,7 +3,7 @@ both of its kernels share: a CTA owns NWG x 64 query rows of one (batch, head), 
 (`fwd_hopper._producer` streams the K/V ring); per K/V tile S = Q K^T, dP = dO V^T, dQ += dS K, with
 ``S - LSE2 / qk_scale`` and ``dP - Delta`` the accumulators' initial values (-inf where masked); dQ leaves
 by TMA through the dead Q buffer; the lean build (``LEAN``, `bwd_hopper.LEAN_CONFIGS`) starts S from
-nothing and takes P by one FFMA instead (`_dq_consumer`). Launched by `bwd_hopper.launch`.
+nothing and takes P by one FFMA instead (`_dq_tile`). Launched by `bwd_hopper.launch`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from attnscope.kernels._gluon_smem import buffers, kv_ring
 from attnscope.kernels.fwd_hopper import (
     PRODUCER_REGS,
     SOFTCAP,
@@ -71,23 +72,23 @@ def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_sme
 
 
 @gluon.jit
-def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
-                 k_empty, v_empty, b, h, pid_bh, row0_cta, t_lo, n_tiles, NQ, NK, sc, sm_scale,
-                 BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-                 CAUSAL: gl.constexpr, MODS: gl.constexpr, LEAN: gl.constexpr):
-    """Warpgroup WG's query rows: ``dQ = sum_j dS_j K_j`` over the K/V tiles ``[t_lo, t_lo + n_tiles)``, with
+def _dq_tile(LSE2, DELTA, head, stride, q0, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
+             k_empty, v_empty, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale, BM: gl.constexpr, BN: gl.constexpr,
+             D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, CAUSAL: gl.constexpr,
+             MODS: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's query rows ``[row0, row0 + BM)`` (LSE2 and Delta of row r at ``head stride + q0 + r``):
+    ``sm_scale sum_j dS_j K_j`` [BM, D] over the K/V tiles ``[t_lo, t_lo + n_tiles)``, with
     ``S = Q K^T - LSE2 / qk_scale`` and ``dP = dO V^T - Delta`` from the accumulators' initial values (as
-    `_step`, softcap too); stored x sm_scale through the dead Q buffer by TMA. ``LEAN`` (no softcap): S from
-    nothing, P = exp2(S qk_scale + log2(sm_scale) - LSE2) by one FFMA (dS carries the scale: dQ is stored as
-    it is), P = 0 where masked by a select on masked tiles only."""
+    `_step`, softcap too). ``LEAN`` (no softcap): S from nothing, P = exp2(S qk_scale + log2(sm_scale) - LSE2)
+    by one FFMA (dS carries the scale), P = 0 where masked by a select on masked tiles only."""
     s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
     acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    row0 = row0_cta + WG * BM
     offs_m = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
     row_ok = offs_m < NQ
-    lse2 = gl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
-    delta = gl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
+    base = head * stride + q0
+    lse2 = gl.load(LSE2 + base + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
+    delta = gl.load(DELTA + base + offs_m, mask=row_ok, other=0.0)
     qk_scale = sc[0]
     if MODS & WINDOW:  # this warpgroup's unmasked tiles [f_a, f_b) (absolute)
         f_a, f_b = _kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, MODS)
@@ -146,7 +147,20 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
         mbarrier.arrive(k_empty.index(s))  # K read
     if LEAN:  # dS carried the scale
         sm_scale = 1.0
-    q_smem.index(WG).reshape([BM, D]).store((dq * sm_scale).to(desc_dq.dtype))
+    return dq * sm_scale
+
+
+@gluon.jit
+def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
+                 k_empty, v_empty, b, h, pid_bh, row0_cta, t_lo, n_tiles, NQ, NK, sc, sm_scale,
+                 BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                 CAUSAL: gl.constexpr, MODS: gl.constexpr, LEAN: gl.constexpr):
+    """Warpgroup WG's query rows: dQ (`_dq_tile`) stored through the dead Q buffer by TMA."""
+    row0 = row0_cta + WG * BM
+    dq = _dq_tile(LSE2, DELTA, pid_bh, NQ, 0, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
+                  v_ready, k_empty, v_empty, row0, t_lo, n_tiles, NQ, NK, sc, sm_scale, BM, BN, D, STAGES, WG,
+                  CAUSAL, MODS, LEAN)
+    q_smem.index(WG).reshape([BM, D]).store(dq.to(desc_dq.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(desc_dq, [b, h, row0, 0], q_smem.index(WG))
     tma.store_wait(pendings=0)
@@ -179,25 +193,10 @@ def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LS
         t_lo: gl.constexpr = 0  # a constant for the partitions, not a captured value
         n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)[1]
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    do_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(NWG):
-        mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(do_bar.index(w), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=NWG)
-        mbarrier.init(v_empty.index(s), count=NWG)
-    fence_async_shared()
+    q_smem = buffers(desc_q, NWG)
+    do_smem = buffers(desc_do, NWG)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, wg_bars = kv_ring(desc_k, desc_v, STAGES, NWG, 2)
+    q_bar, do_bar = wg_bars
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(

@@ -36,7 +36,7 @@ import math
 import threading
 from typing import NamedTuple
 
-from attnscope.errors import InputError, choice, expect
+from attnscope.errors import InputError, choice, expect, is_int
 from attnscope.kernels import _common
 from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
@@ -266,7 +266,7 @@ def _check_config(config) -> FwdConfig:
     except TypeError:
         raise InputError(f"config: expected FwdConfig(BLOCK_M, BLOCK_N, num_warps, num_stages), "
                          f"got {config!r}") from None
-    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in cfg)
+    ints = all(is_int(x) for x in cfg)
     pow2 = ints and all(x >= 1 and not x & (x - 1) for x in (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps))
     expect(pow2 and 16 <= cfg.BLOCK_M <= 256 and 16 <= cfg.BLOCK_N <= 256 and 1 <= cfg.num_stages <= 8,
            "config",

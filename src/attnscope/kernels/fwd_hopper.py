@@ -36,8 +36,9 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from attnscope.kernels._common import descriptor_over, descriptor_template, import_torch_triton, num_sms
+from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
+from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -176,16 +177,8 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [b, h, row0 + w * BM, 0], q_bar.index(w), q_smem.index(w))
     for i in range(n_tiles):
-        s = i % STAGES
-        ph = ((i // STAGES) & 1) ^ 1  # a fresh barrier passes parity 1 at once: the first round is free
-        mbarrier.wait(k_empty.index(s), ph)
-        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [b, hk, (t_lo + i) * BN, 0], k_ready.index(s),
-                                        k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), ph)
-        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [b, hk, (t_lo + i) * BN, 0], v_ready.index(s),
-                                        v_smem.index(s))
+        load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, b, hk, 0, t_lo + i,
+                STAGES)
 
 
 @gluon.jit
@@ -458,17 +451,8 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
             # K_0, V_0 first (their slots free up while the consumers finish the last tile), then Q, whose
             # buffers come back only when the consumers' last Q K^T of the last tile is done
             for j in range(n_tiles):
-                it = kv_base + j
-                s = it % STAGES
-                ph = ((it // STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(s), ph)
-                mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_k, [b, hk, (t_lo + j) * BN, 0], k_ready.index(s),
-                                                k_smem.index(s))
-                mbarrier.wait(v_empty.index(s), ph)
-                mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_v, [b, hk, (t_lo + j) * BN, 0], v_ready.index(s),
-                                                v_smem.index(s))
+                load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_base + j, b,
+                        hk, 0, t_lo + j, STAGES)
                 if j == 0:
                     _load_q(desc_q, q_smem, q_bar, q_empty, c, b, h, row0, BM, NWG)
             if n_tiles == 0:
@@ -527,24 +511,9 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     row0 = start_m * (NWG * BM)
     t_lo, n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, MODS)  # every warpgroup runs every tile
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())  # ping-pong
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(NWG):
-        mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(turn.index(w), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=NWG)  # every consumer warpgroup's
-        mbarrier.init(v_empty.index(s), count=NWG)
-    fence_async_shared()
+    q_smem = buffers(desc_q, NWG)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, wg_bars = kv_ring(desc_k, desc_v, STAGES, NWG, 2)
+    q_bar, turn = wg_bars  # turn: ping-pong
 
     gl.static_assert(NWG == 3, "one CTA per tile: three consumer warpgroups (VARIANTS)")
     # consumers: O is staged in the dead Q buffer (no q_empty hand-back: q_bar stands in)
@@ -582,27 +551,10 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     if CAUSAL:
         n_work = (num_m + 1) // 2 * B * H
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [NWG] + desc_o.block_type.shape, desc_o.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())  # ping-pong
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(NWG):
-        mbarrier.init(q_bar.index(w), count=1)
-        mbarrier.init(q_empty.index(w), count=1)
-        mbarrier.init(turn.index(w), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=NWG)
-        mbarrier.init(v_empty.index(s), count=NWG)
-    fence_async_shared()
+    q_smem = buffers(desc_q, NWG)
+    o_smem = buffers(desc_o, NWG)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, wg_bars = kv_ring(desc_k, desc_v, STAGES, NWG, 3)
+    q_bar, q_empty, turn = wg_bars  # turn: ping-pong
 
     gl.static_assert(NWG == 2, "persistent: two consumer warpgroups (VARIANTS)")
     gl.warp_specialize(
@@ -624,17 +576,32 @@ def kernel(variant: str = DEFAULT_VARIANT):
             else _attnscope_fwd_hopper_kernel)
 
 
+@functools.lru_cache(maxsize=16)  # (block, element type): a handful, each ~10 us of Python to build
+def _layout(block: tuple, elem):
+    return gl.NVMMASharedLayout.get_default_for(list(block), elem)
+
+
+def desc_type(dtype: str, rows: int, d: int) -> str:
+    """``triton.compile``'s type of a TMA descriptor of ``dtype`` ("fp16"/"bf16") with [1, 1, rows, d] blocks
+    in the default shared layout (`descriptor`'s)."""
+    lay = _layout((1, 1, rows, d), gl.bfloat16 if dtype == "bf16" else gl.float16)
+    return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
+
+
+def descriptor(t, rows: int, d: int):
+    """The Gluon TMA descriptor of ``t`` (fp16/bf16; its shape and strides) with [1, 1, rows, d] blocks in the
+    default shared layout."""
+    block = (1, 1, rows, d)
+    elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, elem))
+
+
 def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
     """Signature of `kernel` (``variant``) for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16"):
     resource reports (bench/sm90_resources.py)."""
     bm, bn = config(d, variant)[:2]
     persistent = VARIANTS[variant].persistent
-
-    def ds(rows):
-        elem = gl.bfloat16 if dtype == "bf16" else gl.float16
-        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{lay!r}>"
-
+    ds = functools.partial(desc_type, dtype, d=d)
     return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
             "qk_scale": "fp32", "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32", "cap_out": "fp32",
@@ -657,11 +624,6 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
             "num_warps": NUM_WARPS}
 
 
-@functools.lru_cache(maxsize=16)  # (block, element type): a handful, each ~10 us of Python to build
-def _layout(block: tuple, elem):
-    return gl.NVMMASharedLayout.get_default_for(list(block), elem)
-
-
 def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
              mods=None):
     """``run(q, k, v, o, lse, sinks=None)``: `launch` on tensors of these layouts (shapes, strides, dtype),
@@ -673,8 +635,7 @@ def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, varian
     left, right = (mods.left, mods.right) if windowed else (-1, -1)
     # softcap: log2-unit score = cap log2(e) tanh(s scale / cap) (`_softmax`, the hardware tanh)
     cap_in, cap_out = (qk_scale / LOG2E.value / softcap, softcap * LOG2E.value) if softcap > 0 else (0.0, 0.0)
-    elem = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    descs = [descriptor_template(TensorDescriptor, t, [1, 1, r, d], _layout((1, 1, r, d), elem))
+    descs = [descriptor_over(descriptor(t, r, d), None)  # templates: `run` puts the tensors in
              for t, r in ((q, cfg.BM), (k, cfg.BN), (v, cfg.BN), (o, cfg.BM))]
     tiles, consts = triton.cdiv(Nq, cfg.NWG * cfg.BM), constexprs(d, causal, return_lse, variant, flags)
     if VARIANTS[variant].persistent:

@@ -30,6 +30,8 @@ descriptors; dq, dk, dv contiguous.
 
 from __future__ import annotations
 
+import functools
+
 from attnscope.kernels._common import import_torch_triton
 from attnscope.model.tiles import cdiv
 
@@ -40,22 +42,29 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._gluon_smem import buffers, dkdv_smem, kv_ring, load_kv  # noqa: E402
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
     CONSUMER_REGS,
     ROW_PAD,
-    _keep,
+    _dkdv_tile,
+    _producer,
     _q_range,
     _row_layout,
-    _step,
     _tma_ready,
     config,
 )
-from attnscope.kernels.fwd_hopper import NUM_WARPS, PRODUCER_REGS, _kv_full, _kv_range, _layout, wgmma_layout  # noqa: E402
+from attnscope.kernels.bwd_hopper_dq import _dq_tile  # noqa: E402
+from attnscope.kernels.fwd_hopper import (  # noqa: E402
+    NUM_WARPS,
+    PRODUCER_REGS,
+    _kv_range,
+    desc_type,
+    descriptor,
+    wgmma_layout,
+)
 
 #: The score mods this path builds (`fwd_hopper.mods_flags`): none.
 PLAIN: gl.constexpr = gl.constexpr(0)
@@ -78,57 +87,19 @@ def _seq(CU_Q, CU_K, WORK_SEQ, w):
     return s, q0, nq, k0, nk
 
 
-# --- dK/dV: per (sequence, K/V tile), the group's query tiles streamed ------------------------------------
-@gluon.jit
-def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, hk, group, k_row, q0, row_pad, lo, end,
-              BM: gl.constexpr, BNW: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr):
-    """`bwd_hopper._producer` on packed rows: K, V from packed row ``k_row``, the query tiles' rows from
-    ``q0`` (Q, dO) and ``row_pad`` (the padded -LSE2 / qk_scale and Delta copies)."""
-    mbarrier.expect(kv_bar.index(0), NWG * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
-    for w in gl.static_range(NWG):
-        n0 = k_row + w * BNW
-        tma.async_copy_global_to_shared(desc_k, [0, hk, n0, 0], kv_bar.index(0), k_smem.index(w))
-        tma.async_copy_global_to_shared(desc_v, [0, hk, n0, 0], kv_bar.index(0), v_smem.index(w))
-    n = end - lo  # query tiles per head
-    for i in range(group * n):
-        h = hk * group + i // n
-        m = lo + i % n
-        s = i % STAGES
-        mbarrier.wait(q_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
-                        + desc_lse.block_type.nbytes + desc_delta.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [0, h, q0 + m * BM, 0], q_ready.index(s), q_smem.index(s))
-        tma.async_copy_global_to_shared(desc_do, [0, h, q0 + m * BM, 0], q_ready.index(s), do_smem.index(s))
-        tma.async_copy_global_to_shared(desc_lse, [0, h, row_pad + m * BM], q_ready.index(s),
-                                        lse_smem.index(s))
-        tma.async_copy_global_to_shared(desc_delta, [0, h, row_pad + m * BM], q_ready.index(s),
-                                        delta_smem.index(s))
-
-
+# --- dK/dV: per (sequence, K/V tile), the group's query tiles streamed (`bwd_hopper._producer`) ---------
 @gluon.jit
 def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
               q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
               BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
-    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)`` of the sequence: `bwd_hopper._consumer`'s loop, then
-    dK x sm_scale and dV stored inside the sequence only."""
-    s_layout: gl.constexpr = wgmma_layout(BM)  # S^T, dP^T [BNW, BM]
+    """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)`` of the sequence: `bwd_hopper._dkdv_tile` (plain
+    build, two kernels: no one-pass dQ), then dK x sm_scale and dV stored inside the sequence only."""
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dk, dv = _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty,
+                        k_smem, kv_bar, DK, 0, hk, 0, group, start_n, lo, f_lo, end, end, NQ, NK, sc,
+                        sm_scale, BM, BNW, D, STAGES, WG, CAUSAL, PLAIN, 0, D, 2, 1, 0)
     n0 = start_n + WG * BNW
-    offs_n = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, s_layout))
-    dk = gl.zeros([BNW, D], gl.float32, acc_layout)
-    dv = gl.zeros([BNW, D], gl.float32, acc_layout)
-    mbarrier.wait(kv_bar.index(0), 0)
-    kmat = k_smem.index(WG).reshape([BNW, D])
-    vmat = v_smem.index(WG).reshape([BNW, D])
-    n = end - lo  # query tiles per head, in the producer's order
-    for i in range(group * n):  # GQA: the group's query heads, reduced in registers
-        m = lo + i % n
-        dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_empty, i, m,
-                       m < f_lo, offs_n, NQ, NK, sc, k_smem, kv_bar, k_smem, DK, sm_scale, s_layout, a_layout,
-                       BM, BNW, D, STAGES, CAUSAL, PLAIN, 0, D, WG, 2, 1)  # two kernels: no one-pass dQ
     dk = dk * sm_scale
     if n0 + BNW <= NK:  # every key inside the sequence: TMA through the dead K/V buffers
         v_smem.index(WG).reshape([BNW, D]).store(dv.to(desc_dv.dtype))
@@ -166,21 +137,8 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
     lo, f_lo, f_hi, end = _q_range(start_n, NQ, NK, sc, BM, NWG * BNW, CAUSAL, PLAIN)
     row_pad = gl.load(ROW0 + s)  # the sequence's first row in the padded -LSE2 / qk_scale and Delta copies
 
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [NWG] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [NWG] + desc_v.block_type.shape, desc_v.layout)
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
-    rows: gl.constexpr = [STAGES] + desc_lse.block_type.shape  # LSE2 and Delta per query tile
-    lse_smem = gl.allocate_shared_memory(gl.float32, rows, desc_lse.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, rows, desc_delta.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar.index(0), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=NWG)  # every consumer warpgroup's
-    fence_async_shared()
+    smem = dkdv_smem(desc_k, desc_v, desc_q, desc_do, desc_lse, desc_delta, STAGES, NWG, 0, 0)
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, _, _ = smem
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (bwd_hopper.CONFIGS)")
     gl.warp_specialize(
@@ -191,7 +149,7 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
                       q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
                       BM, BNW, D, STAGES, 1, CAUSAL)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, hk, group, k0 + start_n, q0, row_pad,
+                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, 0, hk, group, k0 + start_n, q0, row_pad,
                       lo, end, BM, BNW, STAGES, NWG))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -209,14 +167,7 @@ def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_sme
         mbarrier.expect(do_bar.index(w), desc_do.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_do, [0, h, q_row + w * BM, 0], do_bar.index(w), do_smem.index(w))
     for i in range(n_tiles):
-        s = i % STAGES
-        ph = ((i // STAGES) & 1) ^ 1  # a fresh barrier passes parity 1 at once: the first round is free
-        mbarrier.wait(k_empty.index(s), ph)
-        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [0, hk, k0 + i * BN, 0], k_ready.index(s), k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), ph)
-        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [0, hk, k0 + i * BN, 0], v_ready.index(s), v_smem.index(s))
+        load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, 0, hk, k0, i, STAGES)
 
 
 @gluon.jit
@@ -224,49 +175,13 @@ def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_ba
                  k_empty, v_empty, h, H, TOTAL_Q, q0, row0_cta, n_tiles, NQ, NK, sc, sm_scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
                  CAUSAL: gl.constexpr):
-    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper_dq._dq_consumer`'s loop
-    (plain build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ x sm_scale stored inside the
-    sequence only."""
-    s_layout: gl.constexpr = wgmma_layout(BN)  # S, dP [BM, BN]
+    """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper_dq._dq_tile` (plain
+    build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ stored inside the sequence only."""
     acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row0 = row0_cta + WG * BM
-    offs_m = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    row_ok = offs_m < NQ
-    base = h.to(gl.int64) * TOTAL_Q + q0  # LSE2, Delta: [Hq, total_q]
-    lse2 = gl.load(LSE2 + base + offs_m, mask=row_ok, other=float("inf"))  # +inf past Nq: P = 0
-    delta = gl.load(DELTA + base + offs_m, mask=row_ok, other=0.0)
-    qk_scale = sc[0]
-    n_full = gl.minimum(_kv_full(row0, BM, NQ, NK, sc, BN, CAUSAL, PLAIN)[1], n_tiles)  # [0, n_full) whole
-    dq = gl.zeros([BM, D], gl.float32, acc_layout)
-    q = q_smem.index(WG).reshape([BM, D])
-    do = do_smem.index(WG).reshape([BM, D])
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(do_bar.index(WG), 0)
-    for j in range(n_tiles):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
-        init = gl.zeros([BM, BN], gl.float32, s_layout) - (lse2 / qk_scale)[:, None]
-        if j >= n_full:  # diagonal, ragged tile (rows with LSE = -inf see no key: all masked)
-            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            init = gl.where(_keep(offs_m[:, None], offs_n[None, :], NQ, NK, sc, CAUSAL, PLAIN), init,
-                            float("-inf"))
-        mbarrier.wait(k_ready.index(s), ph)
-        kmat = k_smem.index(s).reshape([BN, D])
-        s_tok = warpgroup_mma(q, kmat.permute((1, 0)), init, is_async=True)  # S = Q K^T (+ init)
-        mbarrier.wait(v_ready.index(s), ph)
-        init = gl.zeros([BM, BN], gl.float32, s_layout) - delta[:, None]
-        dp_tok = warpgroup_mma(do, v_smem.index(s).reshape([BN, D]).permute((1, 0)), init,
-                               is_async=True)  # dP = dO V^T (- Delta)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        p = gl.exp2(st * qk_scale)  # P [BM, BN]
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
-        mbarrier.arrive(v_empty.index(s))  # V read
-        ds_op = gl.convert_layout((p * dp).to(q_smem.dtype), a_layout)  # dS = P (dP - D)
-        dq_tok = warpgroup_mma(ds_op, kmat, dq, is_async=True)  # dQ += dS K
-        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
-        mbarrier.arrive(k_empty.index(s))  # K read
-    dq = dq * sm_scale
+    dq = _dq_tile(LSE2, DELTA, h.to(gl.int64), TOTAL_Q, q0, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
+                  k_ready, v_ready, k_empty, v_empty, row0, 0, n_tiles, NQ, NK, sc, sm_scale, BM, BN, D,
+                  STAGES, WG, CAUSAL, PLAIN, 0)  # LSE2, Delta: [Hq, total_q]
     if row0 + BM <= NQ:  # every row inside the sequence: TMA through the dead Q buffer
         q_smem.index(WG).reshape([BM, D]).store(dq.to(desc_dq.dtype))
         fence_async_shared()
@@ -296,25 +211,10 @@ def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc
     sc = (qk_scale,)
     n_tiles = _kv_range(row0, NWG * BM, NQ, NK, sc, BN, CAUSAL, PLAIN)[1]
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [NWG] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [NWG] + desc_do.block_type.shape, desc_do.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    do_bar = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NWG):
-        mbarrier.init(q_bar.index(i), count=1)
-        mbarrier.init(do_bar.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NWG)
-        mbarrier.init(v_empty.index(i), count=NWG)
-    fence_async_shared()
+    q_smem = buffers(desc_q, NWG)
+    do_smem = buffers(desc_do, NWG)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, wg_bars = kv_ring(desc_k, desc_v, STAGES, NWG, 2)
+    q_bar, do_bar = wg_bars
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (bwd_hopper.CONFIGS)")
     gl.warp_specialize(
@@ -382,13 +282,7 @@ def _view(t):
 
 
 def _descs(tensors: dict, blocks: dict, d: int) -> list:
-    out = []
-    for name, rows in blocks.items():
-        t = tensors[name]
-        block = (1, 1, rows, d)
-        elem = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-        out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _layout(block, elem)))
-    return out
+    return [descriptor(tensors[name], rows, d) for name, rows in blocks.items()]
 
 
 def constexprs(d: int, causal: bool, name: str) -> dict:
@@ -407,12 +301,7 @@ def kernel(name: str):
 def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
     """Signature of kernel ``name`` for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16")."""
     cfg = config(d, name)
-    elem = gl.bfloat16 if dtype == "bf16" else gl.float16
-
-    def ds(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], elem)
-        return f"tensordesc<{dtype}[1,1,{rows},{d}],{layout!r}>"
-
+    ds = functools.partial(desc_type, dtype, d=d)
     ptrs = {n: "*i32" for n in ("CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE")}
     if name == "dkdv":
         bnw = cfg.BN // cfg.NWG

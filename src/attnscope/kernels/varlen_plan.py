@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, expect, is_int
 from attnscope.kernels._common import (
     LOG2E,
     check_device,
@@ -24,10 +24,6 @@ torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels.bwd import WINDOW_UNBOUNDED  # noqa: E402
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
@@ -59,7 +55,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                          f"kv heads ({Hkv})")
     check_head_dim(d)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not (_is_int(value) and value >= 0):
+        if not (is_int(value) and value >= 0):
             raise InputError(f"{name}: expected a non-negative int, got {value!r}")
         expect(value <= 2**31 - 1, name, "at most 2**31 - 1 (int32 on the device)", value)
     return total_q, Hq, d, total_k, Hkv

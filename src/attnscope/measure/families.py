@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass
 
 from attnscope import inputs
-from attnscope.errors import InputError, short
+from attnscope.errors import InputError, is_int, short
 
 FAMILIES = ("forward", "backward", "decode", "varlen")
 #: The implementations measured per family (the forward's: model/l2.py's IMPLS).
@@ -53,7 +53,7 @@ def grid_int(where: str, name: str, value) -> int:
     """A positive integer up to 10^9 of a grid cell (text or a JSON number); one line naming it if not."""
     if isinstance(value, str) and inputs.number_text(value) and value.strip().lstrip("+").isdigit():
         value = int(value.strip().lstrip("+"))
-    if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 10**9):
+    if not (is_int(value) and 0 < value <= 10**9):
         raise InputError(f"{where}: {name}: expected a positive integer up to 10^9, got {short(value)}")
     return value
 

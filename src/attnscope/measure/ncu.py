@@ -49,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from attnscope.errors import InputError, choice, short
+from attnscope.errors import InputError, choice, is_int, short
 from attnscope.model.l2 import IMPLS, KernelTotals
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -304,7 +304,7 @@ def exact_bytes(spec: dict) -> tuple[int, int]:
     """
     kind = choice("kind", spec.get("kind"), STREAMS)
     n = spec.get("bytes")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0 and n % 4 == 0):
+    if not (is_int(n) and n > 0 and n % 4 == 0):
         raise InputError(f"bytes: expected a positive multiple of 4, got {short(n)}")
     return {"copy": (n, n), "sum": (n, 0), "fill": (0, n)}[kind]
 

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 
 from attnscope import inputs
-from attnscope.errors import InputError, expect, positive_int, short
+from attnscope.errors import InputError, expect, is_int, positive_int, short
 from attnscope.measure import families, ncu
 from attnscope.measure.families import grid_bool, grid_int
 from attnscope.model import l2
@@ -79,7 +79,7 @@ def machine_int(name: str, value, bounds: tuple[int, int]) -> int:
 
 
 def _byte_count(name: str, value) -> int:
-    expect(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_RECORDED_BYTES,
+    expect(is_int(value) and 0 <= value <= MAX_RECORDED_BYTES,
            name, "a byte count (an integer from 0 to 10^15)", value)
     return value
 
@@ -362,7 +362,7 @@ def rows_from_json(path, field: str = "--from-json", l2_bytes: int | None = None
                          f"{short(data)}")
     env = data["env"]
     repeat = env.get("repeat", 1)
-    expect(isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT,
+    expect(is_int(repeat) and 1 <= repeat <= MAX_REPEAT,
            f"{field}: env.repeat", f"an integer in [1, {MAX_REPEAT}]", repeat)
     # the caller's --l2-bytes / --sms (validated by the caller) override the recorded ones
     l2_size = machine_int(f"{field}: env.l2_bytes", env.get("l2_bytes"), L2_RANGE) if l2_bytes is None \

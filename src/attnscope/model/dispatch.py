@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 
-from attnscope.errors import MAX_DIM, choice, expect, positive_int
+from attnscope.errors import MAX_DIM, choice, expect, is_int, positive_int
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -65,8 +65,7 @@ def mean_keys(nq: int, nk: int, causal: bool) -> float:
     ``nq``, ``nk`` integers >= 0 (0 when either is 0), ``causal`` a bool, else `InputError` naming the
     argument."""
     for name, value in (("nq", nq), ("nk", nk)):
-        expect(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DIM, name,
-               "an integer from 0 to 10^24", value)
+        expect(is_int(value) and 0 <= value <= MAX_DIM, name, "an integer from 0 to 10^24", value)
     expect(isinstance(causal, bool), "causal", "True or False", causal)
     if nq == 0 or nk == 0:
         return 0.0

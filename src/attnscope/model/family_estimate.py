@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnscope.errors import choice, expect, positive_int
+from attnscope.errors import choice, expect, is_int, positive_int
 from attnscope.model import roofline
 from attnscope.model.family_params import (
     H200_FAMILY_PARAMS,
@@ -134,7 +134,7 @@ def _heads(heads: int, kv_heads: int | None) -> tuple[int, int]:
 
 def _lens(name: str, values) -> list[int]:
     vals = list(values) if isinstance(values, list | tuple) else None
-    expect(bool(vals) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals), name,
+    expect(bool(vals) and all(is_int(v) and v > 0 for v in vals), name,
            "a non-empty list of positive integers", values)
     return vals
 

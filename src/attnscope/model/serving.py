@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, replace
 
-from attnscope.errors import InputError, choice, expect, positive_int
+from attnscope.errors import InputError, choice, expect, is_int, positive_int
 from attnscope.model import roofline
 from attnscope.model.flops import visible_pairs
 from attnscope.model.tiles import Grid, window_kv_bounds0
@@ -49,8 +49,7 @@ def _lengths(name: str, values) -> tuple[int, ...]:
     except TypeError:
         raise InputError(f"{name}: expected a list of non-negative integers, got {values!r}") from None
     expect(len(vals) > 0, name, "at least one length", list(vals))
-    expect(all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals), name,
-           "a list of non-negative integers", list(vals))
+    expect(all(is_int(v) and v >= 0 for v in vals), name, "a list of non-negative integers", list(vals))
     return vals
 
 
@@ -393,7 +392,7 @@ def decode_step(batch: int, prompt: int, output: int, *, layers: int, heads: int
     """
     for name, v in (("batch", batch), ("prompt", prompt), ("layers", layers)):
         positive_int(name, v)
-    expect(isinstance(output, int) and not isinstance(output, bool) and output >= 2, "output",
+    expect(is_int(output) and output >= 2, "output",
            "at least 2 tokens (the first comes from the prefill; decode steps make the rest)", output)
     kw = dict(nq=1, d=d, dtype=dtype, heads=heads, kv_heads=kv_heads, kv_dtype=kv_dtype)
     first, last = (paged([prompt + t], **kw) for t in (1, output - 1))

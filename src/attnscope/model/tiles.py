@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from attnscope.errors import MAX_DIM, InputError, expect, positive_int, short
+from attnscope.errors import MAX_DIM, InputError, expect, is_int, positive_int, short
 
 #: Largest T_c for which `Grid.schedule` builds explicit lists of tile numbers.
 MAX_LISTED = 1 << 20
@@ -44,8 +44,7 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
     Euclid-like reduction of the lattice-point count under a line). Anything else (a float, a bool, a
     negative, m = 0) raises `InputError` naming the argument."""
     for name, value, least in (("n", n, 0), ("m", m, 1), ("a", a, 0), ("b", b, 0)):
-        expect(isinstance(value, int) and not isinstance(value, bool) and value >= least, name,
-               f"an integer >= {least}", value)
+        expect(is_int(value) and value >= least, name, f"an integer >= {least}", value)
     total = 0
     while True:
         if a >= m:
@@ -63,8 +62,8 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for any integer ``a`` and positive ``b`` (else `InputError` naming ``b``)."""
-    expect(isinstance(a, int) and not isinstance(a, bool), "a", "an integer", a)
-    if not (isinstance(b, int) and not isinstance(b, bool) and b > 0):
+    expect(is_int(a), "a", "an integer", a)
+    if not (is_int(b) and b > 0):
         raise InputError(f"b: expected a positive integer divisor, got {short(b)}")
     return -(-a // b)
 
@@ -115,7 +114,7 @@ class Grid:
     # --- 1-based geometry ------------------------------------------------------------------------
     def rows(self, i: int) -> tuple[int, int]:
         """Rows (1-based, inclusive) of query tile ``i``."""
-        if not (isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= self.n_q_tiles):
+        if not (is_int(i) and 1 <= i <= self.n_q_tiles):
             raise InputError(f"query_tile: expected an integer in 1..{self.n_q_tiles}, got {short(i)}")
         return (self.block_q * (i - 1) + 1, min(self.block_q * i, self.nq))
 
@@ -349,7 +348,7 @@ def normalize_window(causal: bool, window) -> tuple[int, int]:
         left, right = -1, -1
     else:
         ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and -1 <= x <= MAX_DIM for x in window)
+            is_int(x) and -1 <= x <= MAX_DIM for x in window)
         if not ok:
             raise InputError("window: expected None or a pair (left, right) of integers from -1 to 10^24 "
                              f"(-1 = unbounded), got {short(window)}")
@@ -368,8 +367,7 @@ def window_kv_bounds0(row0: int, rows: int, nq: int, nk: int, block_kv: int, cau
     (never loaded). ``lo == hi`` when no row sees any key; ``full_lo == full_hi == hi`` when no tile is
     wholly visible. A kernel recomputes this in-kernel (tests hold the two against each other); kernels
     also mask the ragged last tile (a bounds check, not a mask of the attention)."""
-    expect(isinstance(row0, int) and not isinstance(row0, bool) and row0 >= 0, "row0",
-           "a non-negative integer", row0)
+    expect(is_int(row0) and row0 >= 0, "row0", "a non-negative integer", row0)
     for name, v in (("rows", rows), ("nq", nq), ("nk", nk), ("block_kv", block_kv)):
         positive_int(name, v)
     left, right = normalize_window(causal, window)
@@ -396,9 +394,8 @@ def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
     ``k < num_m / 2`` pair ``(num_m - 1 - k, k)``; odd: items ``k < (num_m - 1) / 2`` pair
     ``(num_m - 2 - k, k)`` and item ``(num_m - 1) / 2`` is tile ``num_m - 1`` alone. With Nq = Nk every item
     of a call then loads the same number of KV tiles (num_m + 1 even, num_m odd, square tiles)."""
-    expect(isinstance(num_m, int) and not isinstance(num_m, bool) and num_m >= 0, "num_m",
-           "an integer >= 0", num_m)
-    expect(isinstance(k, int) and not isinstance(k, bool), "k", "an integer", k)
+    expect(is_int(num_m) and num_m >= 0, "num_m", "an integer >= 0", num_m)
+    expect(is_int(k), "k", "an integer", k)
     half = (num_m + 1) // 2
     if not 0 <= k < half:
         raise ValueError(f"k: expected 0 <= k < {half}, got {k}")
@@ -411,6 +408,6 @@ def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
 def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
     """Every item of one head, in order (`persistent_item`); cost grows with ``num_m``: for tests and the
     development simulator, never on an analytic path: ``num_m`` up to `MAX_LISTED`, else `InputError`."""
-    expect(isinstance(num_m, int) and not isinstance(num_m, bool) and 0 <= num_m <= MAX_LISTED, "num_m",
+    expect(is_int(num_m) and 0 <= num_m <= MAX_LISTED, "num_m",
            f"an integer from 0 to {MAX_LISTED:,} (explicit item lists)", num_m)
     return [persistent_item(k, num_m) for k in range((num_m + 1) // 2)]

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.errors import InputError, choice, expect, finite_real, short
+from attnscope.errors import InputError, choice, expect, finite_real, is_int, short
 from attnscope.inputs import load_json, load_yaml, read_text
 from attnscope.model import amdahl, roofline
 
@@ -168,8 +168,7 @@ def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
 
 def _int(data: dict, key: str, name: str) -> int:
     v = data.get(key)
-    expect(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 10**12, f"{name}.{key}",
-           "a positive integer up to 10^12", v)
+    expect(is_int(v) and 0 < v <= 10**12, f"{name}.{key}", "a positive integer up to 10^12", v)
     return v
 
 

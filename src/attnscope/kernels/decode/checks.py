@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from attnscope.errors import InputError, expect, short
+from attnscope.errors import InputError, expect, is_int, short
 from attnscope.kernels._common import (
     LOG2E,
     Mods,
@@ -43,7 +43,6 @@ from attnscope.kernels.decode.heuristics import (
     MAX_NUM_SPLITS,
     PAGE_SIZES,
     RAW_SCORES_ABOVE,
-    _is_int,
     _raw_scores,
 )
 
@@ -176,7 +175,7 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
         raise InputError(f"q: expected Nq <= L_max = {L_max} (cache_seqlens None: every length is L_max), "
                          f"got Nq = {Nq}")
     if num_splits is not None:
-        expect(_is_int(num_splits) and num_splits > 0, "num_splits", "a positive integer or None", num_splits)
+        expect(is_int(num_splits) and num_splits > 0, "num_splits", "a positive integer or None", num_splits)
         if num_splits > MAX_NUM_SPLITS:
             raise NotImplementedError(f"num_splits: at most {MAX_NUM_SPLITS} supported, got {num_splits}")
     check_scale(scale)

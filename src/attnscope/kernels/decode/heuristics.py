@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import math
 
-from attnscope.errors import expect
+from attnscope.errors import expect, is_int
 from attnscope.kernels._common import LOG2E, import_torch_triton, interpreting, num_sms
 from attnscope.model.tiles import window_kv_bounds0
 
@@ -64,8 +64,8 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
     """
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("sms", sms), ("waves", waves),
                         ("min_keys", min_keys), ("cap", cap)):
-        expect(_is_int(value) and value > 0, name, "a positive integer", value)
-    expect(_is_int(seqlen) and seqlen >= 0, "seqlen", "a non-negative integer", seqlen)
+        expect(is_int(value) and value > 0, name, "a positive integer", value)
+    expect(is_int(seqlen) and seqlen >= 0, "seqlen", "a non-negative integer", seqlen)
     return _splits(batch, kv_heads, seqlen, sms, waves, min_keys, cap)
 
 
@@ -103,9 +103,6 @@ def _window_span(nq: int, left: int) -> int | None:
     lo, _, _, hi = window_kv_bounds0(0, nq, nq, n, 1, True, (left, 0))
     return hi - lo
 
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head_dim: int, elt: int,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from attnscope.errors import InputError, expect
+from attnscope.errors import InputError, expect, is_int
 from attnscope.kernels._common import (
     LOG2E,
     check_disjoint,
@@ -37,7 +37,6 @@ from attnscope.kernels.decode.heuristics import (
     MERGE_ELEMS,
     _block_config,
     _fuse_by_default,
-    _is_int,
     _raw_scores,
     _sms,
     _split_min_keys,
@@ -122,7 +121,7 @@ class DecodePlan:
         facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale,
                               v_scale, window, softcap, sinks)
         B, Hq, Nq, d, Hkv, L_max, page_size, mods = facts[:8]
-        expect(max_seqlen is None or _is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
+        expect(max_seqlen is None or is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
                f"an integer in [0, L_max = {L_max}] or None", max_seqlen)
         self.layout = tuple(_layout(t) for t in tensors)
         self.check_seqlens, self.return_lse, self.scale = check_seqlens, return_lse, scale
