@@ -53,6 +53,24 @@ def test_guard_sees_a_sync_by_design():
     assert s.count("attnscope") == 0 and s.count("other") == 3
 
 
+def test_guard_sees_host_to_device_copies():
+    """A tensor made on the host (a factory without ``device``) and moved to the inputs' device is a
+    pageable host-to-device copy on a GPU, which syncs: the guard reports each form of the move; moving a
+    device tensor, keeping a host tensor on the host and assigning a 0-d host scalar are not such copies."""
+    x = _rnd(4, 8)
+    with count_syncs() as s:
+        idx = torch.arange(2)
+        idx.to(x.device), idx.to(x), x[idx]
+        x[:2].copy_(torch.zeros(2, 8, dtype=DT))
+        x[0] = torch.ones(8, dtype=DT)
+    assert s.count("other") == 5 and s.count("attnscope") == 0, s.report()
+    assert all("host" in h.op for h in s.of("other")), s.report()
+    with count_syncs() as s:
+        x.to(x.device), x[torch.arange(2, device=x.device)], torch.arange(3).to("cpu") + 1
+        x[0] = torch.tensor(1.0, dtype=DT)
+    assert s.count() == 0, s.report()
+
+
 def test_flash_attention_forward_and_backward():
     q, k, v = _rnd(1, 4, 17, 64, grad=True), _rnd(1, 2, 17, 64, grad=True), _rnd(1, 2, 17, 64, grad=True)
     _no_syncs(lambda: attnscope.flash_attention(q.detach(), k.detach(), v.detach()))
