@@ -21,9 +21,12 @@ Timed (CUDA events, median; wall clock on a CPU):
 - generate: greedy ``generate`` of the new tokens after the first prompt, eager (dynamic cache) and with
   ``cache_implementation="static"``, which transformers compiles (``torch.compile`` of the forward,
   mode reduce-overhead) on CUDA; a warm-up generation (compiles, records graphs) precedes the timed one;
+- prefill host time: the wall time from the forward's call to its return with the GPU idle at the call
+  and not awaited (the host's time to issue the forward; near the CUDA-event time: host-bound);
 - attention host time: in one more eager ``generate``, µs of host time per attention-function call
-  (prefill and decode calls apart; the calls do not synchronise) for each implementation, and the
-  decode plans attnscope built and reused over the growing dynamic cache;
+  (prefill and decode calls apart; the calls do not synchronise) for each implementation, then in another
+  with the GPU synchronised just before each call (its own host work: busy above idle means the call
+  waited on the GPU), and the decode plans attnscope built and reused over the growing dynamic cache;
 - interface: ``flash_attn_func``, ``flash_attn_kvpacked_func``, ``flash_attn_qkvpacked_func``,
   ``flash_attn_varlen_func`` at one prefill shape and ``flash_attn_with_kvcache`` at one decode shape,
   each beside the native call it wraps (the same strided views of flash-attn's layout the interface
@@ -82,6 +85,19 @@ def timed(fn, dev, reps: int, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         out.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(out)
+
+
+def issue_ms(fn, dev, reps: int) -> float:
+    """Median wall ms from calling ``fn`` to its return, the GPU idle at each call and not awaited inside
+    (the host's time to issue its work; synchronised after, untimed)."""
+    out = []
+    for _ in range(reps):
+        sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        out.append(1e3 * (time.perf_counter() - t0))
+        sync(dev)
     return statistics.median(out)
 
 
@@ -202,7 +218,9 @@ def attention_host(models, ids, new, dev):
     """Host µs per attention call in an eager ``generate`` (the dynamic cache: K/V one key longer each
     decode step), each implementation's attention function wrapped in a wall-clock timer (the calls do not
     synchronise, so this is the host time they add to the issuing loop), split into prefill and decode
-    calls; and the decode plans attnscope built and reused (`decode.plan_cache_info`)."""
+    calls; then the same with the GPU idle at each call (synchronised just before its timer starts: the
+    call's own host work; a call that waits on the GPU shows as busy > idle); and the decode plans attnscope
+    built and reused (`decode.plan_cache_info`)."""
     from transformers import AttentionInterface
 
     from attnscope.kernels import decode
@@ -211,23 +229,30 @@ def attention_host(models, ids, new, dev):
     for name, m in (("sdpa", models[0]), ("attnscope", models[1])):
         key = m.config._attn_implementation
         inner = AttentionInterface._global_mapping[key]
-        acc = {"prefill": [0.0, 0], "decode": [0.0, 0]}
+        out[name] = {}
+        for idle in (False, True):
+            acc = {"prefill": [0.0, 0], "decode": [0.0, 0]}
 
-        def timed_attention(module, query, *args, **kwargs):
-            t0 = time.perf_counter()
-            res = inner(module, query, *args, **kwargs)
-            a = acc["decode" if query.shape[2] == 1 else "prefill"]
-            a[0] += time.perf_counter() - t0
-            a[1] += 1
-            return res
-        AttentionInterface.register(key, timed_attention)
-        before = decode.plan_cache_info()
-        try:
-            generate(m, ids, new, False, dev)
-        finally:
-            AttentionInterface.register(key, inner)
-        after = decode.plan_cache_info()
-        out[name] = {k: 1e6 * t / max(n, 1) for k, (t, n) in acc.items()}
+            def timed_attention(module, query, *args, **kwargs):
+                if idle:
+                    sync(dev)
+                t0 = time.perf_counter()
+                res = inner(module, query, *args, **kwargs)
+                a = acc["decode" if query.shape[2] == 1 else "prefill"]
+                a[0] += time.perf_counter() - t0
+                a[1] += 1
+                return res
+            AttentionInterface.register(key, timed_attention)
+            if not idle:
+                before = decode.plan_cache_info()
+            try:
+                generate(m, ids, new, False, dev)
+            finally:
+                AttentionInterface.register(key, inner)
+            if not idle:
+                after = decode.plan_cache_info()
+            tag = ", GPU idle" if idle else ""
+            out[name].update({k + tag: 1e6 * t / max(n, 1) for k, (t, n) in acc.items()})
         out[name]["decode calls"] = acc["decode"][1]
         if name == "attnscope":
             out[name]["decode plans built"] = after.misses - before.misses
@@ -392,13 +417,18 @@ def main(argv=None) -> int:
     for ids in prompts:  # prefill: one forward, the last position's logits (as generate's prefill)
         n = ids.shape[1]
         res = {}
+        issue = {}
         for impl, m in (("sdpa", sdpa), ("attnscope", ours)):
             with torch.no_grad():
                 fn = lambda: m(ids, logits_to_keep=1)  # noqa: E731
                 reps = reps_for(timed(fn, dev, 1), 2000, lo=5) if dev == "cuda" else 1
                 res[impl] = timed(fn, dev, reps, warmup=0)
+                issue[impl] = issue_ms(fn, dev, reps)
         target = TARGETS["prefill 32k"] if n >= 32768 else TARGETS["prefill"]
-        rows.append(row(f"prefill {n:,}", res["sdpa"], res["attnscope"], target))
+        rows.append(row(f"prefill {n:,}", res["sdpa"], res["attnscope"], target, host_issue_ms=issue))
+        print(f"  host time to issue the forward (not awaiting the GPU): sdpa {issue['sdpa']:,.2f} ms, "
+              f"attnscope {issue['attnscope']:,.2f} ms (near the time above: the forward is host-bound)",
+              flush=True)
     modes = ["eager"] + ([] if args.no_compile else ["static"])
     bench_generate([sdpa, ours, None], prompts[0], setup["new"], bounds[prompts[0].shape[1]], dev, modes,
                    failed, rows)

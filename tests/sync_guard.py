@@ -10,7 +10,13 @@ patched, recording each call with the call site that made it:
 - outputs whose size depends on device data: ``nonzero`` (also ``torch.where(cond)``), ``masked_select``,
   ``unique``, ``repeat_interleave`` without ``output_size``, indexing (get or set) with a bool mask;
 - ``torch.tensor`` / ``torch.as_tensor`` of non-empty data with an explicit ``device`` (a pageable
-  host-to-device copy, which PyTorch synchronises).
+  host-to-device copy, which PyTorch synchronises);
+- a host tensor copied to a device: a tensor made in the block by a factory without a ``device``
+  (``torch.tensor``, ``as_tensor``, ``from_numpy``, ``arange``, ``zeros``, ``full``, ...: on a GPU run
+  it lives on the CPU) then moved by ``.to(device)`` / ``.to(tensor)`` / ``.cuda()``, ``copy_`` into
+  another tensor, assigned into one (``t[i] = host``, more than one element), or used as an index of
+  another (``t[host_idx]``: PyTorch copies index tensors to the indexed tensor's device). On the CPU the
+  block's inputs stand for device tensors, so a move counts unless its destination is spelled ``"cpu"``.
 
 Python methods are patched rather than a ``TorchDispatchMode`` used, because a dispatch mode does not see
 the aten ops inside a custom op (``attnscope::flash_attention``) that it intercepts. Each hit is attributed
@@ -29,6 +35,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import weakref
 
 import torch
 
@@ -106,6 +113,23 @@ def _bool_index(index) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
 
 
+#: Factories whose result, without a ``device`` argument, is a host tensor on a GPU run.
+_HOST_FACTORIES = ("tensor", "as_tensor", "asarray", "from_numpy", "arange", "zeros", "ones", "empty", "full",
+                   "empty_strided", "linspace", "randperm", "randint", "randn", "rand")
+
+
+def _destination(args, kwargs):
+    """The device a ``Tensor.to`` call names (a device, a string, an index or a tensor's), else None."""
+    dest = kwargs.get("device")
+    if dest is None and args:
+        first = args[0]
+        if isinstance(first, torch.Tensor):
+            dest = first.device
+        elif isinstance(first, (torch.device, str, int)) and not isinstance(first, bool):
+            dest = first
+    return dest
+
+
 @contextlib.contextmanager
 def count_syncs():
     """Record, in the yielded `Syncs`, every operation in the block that would sync with a GPU."""
@@ -128,6 +152,45 @@ def count_syncs():
         data = args[0] if args else kwargs.get("data")
         return kwargs.get("device") is not None and not (isinstance(data, (list, tuple)) and not data)
 
+    host = {}  # id -> weak reference of each tensor made in the block on the host (`_HOST_FACTORIES`)
+
+    def is_host(t) -> bool:
+        ref = host.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return ref is not None and ref() is t
+
+    def mark(owner, attr):
+        orig = getattr(owner, attr)
+
+        def factory(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            if kwargs.get("device") is None and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
+                    and not (args and isinstance(args[0], torch.Tensor)):  # torch.tensor(t): t's device
+                key = id(out)
+                host[key] = weakref.ref(out, lambda _: host.pop(key, None))
+            return out
+
+        factory.__wrapped__ = orig
+        setattr(owner, attr, factory)
+        patched.append((owner, attr, orig))
+
+    def moved(args, kwargs) -> bool:  # host.to(device): a copy unless to the CPU (spelled "cpu" on a CPU run)
+        dest = _destination(args[1:], kwargs)
+        if not is_host(args[0]) or dest is None or dest == "cpu":
+            return False
+        return not torch.cuda.is_available() or torch.device(dest).type != "cpu"
+
+    def indexed_by_host(args, kwargs) -> bool:
+        items = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return not is_host(args[0]) and any(is_host(i) for i in items)
+
+    def assigned_from_host(args, kwargs) -> bool:
+        value = args[2] if len(args) > 2 else None
+        return not is_host(args[0]) and is_host(value) and value.dim() > 0
+
+    def copied_from_host(args, kwargs) -> bool:
+        src = args[1] if len(args) > 1 else kwargs.get("src")
+        return not is_host(args[0]) and is_host(src)
+
     try:
         for attr in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__",
                      "nonzero", "masked_select", "unique"):
@@ -144,6 +207,15 @@ def count_syncs():
              lambda args, kwargs: _bool_index(args[1]))
         wrap(torch, "tensor", "torch.tensor(device=...)", explicit_device)
         wrap(torch, "as_tensor", "torch.as_tensor(device=...)", explicit_device)
+        for attr in _HOST_FACTORIES:
+            mark(torch, attr)
+        wrap(torch.Tensor, "to", "host tensor .to(device) (a host-to-device copy)", moved)
+        wrap(torch.Tensor, "cuda", "host tensor .cuda() (a host-to-device copy)", lambda a, k: is_host(a[0]))
+        wrap(torch.Tensor, "copy_", "copy_ from a host tensor (a host-to-device copy)", copied_from_host)
+        wrap(torch.Tensor, "__getitem__", "indexing with a host index tensor (a host-to-device copy)",
+             indexed_by_host)
+        wrap(torch.Tensor, "__setitem__", "assignment from a host tensor (a host-to-device copy)",
+             lambda a, k: assigned_from_host(a, k) or indexed_by_host(a, k))
         yield rec.syncs
     finally:
         for owner, attr, orig in reversed(patched):

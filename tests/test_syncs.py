@@ -53,6 +53,24 @@ def test_guard_sees_a_sync_by_design():
     assert s.count("attnscope") == 0 and s.count("other") == 3
 
 
+def test_guard_sees_host_to_device_copies():
+    """A tensor made on the host (a factory without ``device``) and moved to the inputs' device is a
+    pageable host-to-device copy on a GPU, which syncs: the guard reports each form of the move; moving a
+    device tensor, keeping a host tensor on the host and assigning a 0-d host scalar are not such copies."""
+    x = _rnd(4, 8)
+    with count_syncs() as s:
+        idx = torch.arange(2)
+        idx.to(x.device), idx.to(x), x[idx]
+        x[:2].copy_(torch.zeros(2, 8, dtype=DT))
+        x[0] = torch.ones(8, dtype=DT)
+    assert s.count("other") == 5 and s.count("attnscope") == 0, s.report()
+    assert all("host" in h.op for h in s.of("other")), s.report()
+    with count_syncs() as s:
+        x.to(x.device), x[torch.arange(2, device=x.device)], torch.arange(3).to("cpu") + 1
+        x[0] = torch.tensor(1.0, dtype=DT)
+    assert s.count() == 0, s.report()
+
+
 def test_flash_attention_forward_and_backward():
     q, k, v = _rnd(1, 4, 17, 64, grad=True), _rnd(1, 2, 17, 64, grad=True), _rnd(1, 2, 17, 64, grad=True)
     _no_syncs(lambda: attnscope.flash_attention(q.detach(), k.detach(), v.detach()))
@@ -280,16 +298,19 @@ def test_no_cuda_sync_in_default_paths():
 
 
 @pytest.mark.gpu
-def test_no_cuda_sync_in_transformers_forward():
-    """A small Llama (head_dim 128, 2k prompt, batch 1: the prefill bench/hf.py times) and its decode step:
-    no synchronising CUDA call from attnscope's frames; transformers' own no more than with "sdpa"."""
+@pytest.mark.parametrize("heads", [(8, 2, 128), (32, 8, 64)], ids=["d128", "d64-hf-bench"])
+def test_no_cuda_sync_in_transformers_forward(heads):
+    """A small Llama (2k prompt, batch 1: the prefill bench/hf.py times; its heads 32 / 8 of 64 and d 128)
+    and its decode step: no synchronising CUDA call (CUDA's detector) and no host read or host-to-device copy
+    (`count_syncs`) from attnscope's frames; transformers' own no more than with "sdpa"."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     transformers = pytest.importorskip("transformers")
     hf = pytest.importorskip("attnscope.integrations.transformers")
+    hq, hkv, d = heads
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=1024, intermediate_size=1024,
-                                   num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                                   head_dim=128, max_position_embeddings=4096)
+                                   num_hidden_layers=4, num_attention_heads=hq, num_key_value_heads=hkv,
+                                   head_dim=d, max_position_embeddings=4096)
     ids = torch.randint(0, 256, (1, 2048), device="cuda")
     counts = {}
     for impl in ("sdpa", hf.register()):
@@ -299,11 +320,12 @@ def test_no_cuda_sync_in_transformers_forward():
         with torch.no_grad():
             out = model(ids, use_cache=True)  # warm
             model(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
-            with cuda_syncs() as pre:
+            with cuda_syncs() as pre, count_syncs() as pre_py:
                 out = model(ids, use_cache=True)
-            with cuda_syncs() as dec:
+            with cuda_syncs() as dec, count_syncs() as dec_py:
                 model(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
-        counts[impl] = [s.count("transformers") + s.count("other") for s in (pre, dec)]
+        counts[impl] = [s.count("transformers") + s.count("other") for s in (pre, dec, pre_py, dec_py)]
         if impl != "sdpa":
-            assert pre.count("attnscope") == 0 and dec.count("attnscope") == 0, pre.report() + dec.report()
+            for s in (pre, dec, pre_py, dec_py):
+                assert s.count("attnscope") == 0, s.report()
     assert all(a <= b for a, b in zip(counts["attnscope"], counts["sdpa"], strict=True)), counts

@@ -247,6 +247,25 @@ def test_static_cache_mask_is_filled_without_padding():
     assert torch.equal(o, o_ref)
 
 
+def test_static_cache_decode_fills_the_lengths_once_per_mask(monkeypatch):
+    """transformers passes one `filled` mask to every layer of a static cache's decode step: every layer's
+    `flash_decode` gets the same lengths tensor (one fill per forward, not per layer), with the output of
+    the dense call on the filled keys; the next step's mask (one key more) gets its own lengths."""
+    lengths = []
+    real = hf.flash_decode
+    monkeypatch.setattr(hf, "flash_decode",
+                        lambda q, k, v, lens=None, **kw: lengths.append(lens) or real(q, k, v, lens, **kw))
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    for n in (6, 7):
+        ones = torch.ones(2, n, dtype=torch.bool, device=DEVICE)  # a static cache's mask: n of 10 slots
+        mask = hf.padding_mask(2, 1, 10, n - 1, 0, attention_mask=ones, device=DEVICE)
+        lengths.clear()
+        outs = [hf.attention_forward(_Attn(), q, k, v, mask)[0] for _ in range(3)]  # three layers
+        assert len(lengths) == 3 and all(t is lengths[0] for t in lengths) and lengths[0].tolist() == [n, n]
+        want = hf.attention_forward(_Attn(), q, k[:, :, :n], v[:, :, :n], None)[0]
+        assert all(torch.equal(o, want) for o in outs)
+
+
 def test_padded_and_filled_paths_compile_without_a_graph_break():
     """torch.compile(fullgraph=True) traces both mask paths (a host read would break the graph); the compiled
     call gives the eager call's bits (dynamo only: the eager backend)."""

@@ -10,10 +10,11 @@ Then:
   transformers passes): `attnscope.flash_decode`;
 - no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
 - a mask without padding over the first ``n`` cache slots (a static cache): the same kernels on the
-  filled keys (a view; `flash_decode` with ``cache_seqlens``). `padding_mask` marks such a mask by its
-  form, stride 0 (`filled`), so the attention call needs no host read to know it; eagerly it finds one by
-  one host read of a static cache's mask per mask built (as transformers' own flash mask does for a
-  dynamic cache's), under ``torch.compile`` it reads nothing and the mask takes the padded path;
+  filled keys (a view; `flash_decode` with ``cache_seqlens``, filled once per mask tensor). `padding_mask`
+  marks such a mask by its form, stride 0 (`filled`), so the attention call needs no host read to know it;
+  eagerly it finds one by one host read of a static cache's mask per mask built (as transformers' own flash
+  mask does for a dynamic cache's), under ``torch.compile`` it reads nothing and the mask takes the padded
+  path;
 - a padding mask: the tokens are permuted on the device into a packed batch, the real ones first in
   order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
   sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
@@ -231,8 +232,7 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
     if _is_filled(mask):  # keys [0, n) of every row, queries the last Nq of them: a view, no gather
         n = mask.shape[1]
         if causal and Nq == 1:
-            lens = torch.full((B,), n, dtype=torch.int32, device=query.device)
-            o = flash_decode(query, key, value, lens, scale=scaling, **mods)
+            o = flash_decode(query, key, value, _filled_lens(mask, query.device), scale=scaling, **mods)
         else:
             o = flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods)
         return o.transpose(1, 2)
@@ -248,6 +248,27 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
     o = flash_attention_varlen(q, k, v, cu_q, cu_k, B * Nq, B * Nk, causal, scaling, **mods)
     out = o[dest_q].view(B, Nq, Hq, d)  # padded query rows attended the padding sequence: zeroed
     return torch.where(q_mask[:, :, None, None], out, out.new_zeros(()))
+
+
+#: The cache lengths of the last `filled` mask (a weak reference to it, its shape and device) and the lengths:
+#: transformers passes one mask tensor to every layer, so a static cache's decode step fills them once per
+#: forward, not once per layer.
+_FILLED_LENS = [(lambda: None, None, None)]
+
+
+def _filled_lens(mask: Tensor, device) -> Tensor:
+    """int32 [B] of n for a `filled` mask [B, n] (keys [0, n) of every row): one fill per mask tensor, kept
+    only eagerly (not while compiling, nor in CUDA-graph capture, where the fill runs only on replay)."""
+    B, n = mask.shape
+    if torch.compiler.is_compiling():
+        return torch.full((B,), n, dtype=torch.int32, device=device)
+    ref, key, lens = _FILLED_LENS[0]  # one read of the entry: another thread replaces it whole
+    if ref() is mask and key == (B, n, device):
+        return lens
+    lens = torch.full((B,), n, dtype=torch.int32, device=device)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _FILLED_LENS[0] = (weakref.ref(mask), (B, n, device), lens)
+    return lens
 
 
 #: The packing of the last padding mask (a weak reference to it, its version counter, Nq, Nk, device) and
