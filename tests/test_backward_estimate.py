@@ -190,6 +190,25 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
         be.backward_estimate("flash", 0, heads=8)
 
 
+def test_dq_by_atomics_is_the_estimates_mode():
+    # the rule the sweep's ledger reads (measure/families.py) and the estimate's dQ terms: atomic dQ for
+    # deterministic=False in the portable kernels and the Hopper one-pass build (d 64); dQ in its own kernel
+    # for deterministic=True and the Hopper two-kernel build (d 128, either mode)
+    for kernels in be.KERNEL_CHOICES:
+        for d in (64, 128):
+            for det in (False, True):
+                atomic = be.dq_by_atomics(kernels, d, True, det)
+                assert atomic == (not det and (kernels == "portable" or d == 64)), (kernels, d, det)
+                e = be.backward_estimate("attnscope", 8192, heads=32, kv_heads=4, d=d, causal=True,
+                                         deterministic=det, kernels=kernels, params=SET)
+                names = {name for name, _, _ in e.terms}  # the accumulator, or the dQ kernel's pass
+                assert ("dq_acc" in names) == atomic and ("dq_pass" in names) == (not atomic)
+                if "mode" in e.facts:
+                    assert (e.facts["mode"] == "onepass") == atomic
+    with pytest.raises((ValueError, InputError), match="kernels"):
+        be.dq_by_atomics("gluon", 64, True, False)
+
+
 def test_the_kernel_geometry_is_the_kernels():
     pytest.importorskip("triton")
     from attnscope.kernels import bwd, bwd_hopper
