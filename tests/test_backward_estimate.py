@@ -190,6 +190,25 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
         be.backward_estimate("flash", 0, heads=8)
 
 
+def test_dq_by_atomics_is_the_estimates_mode():
+    # the rule the sweep's ledger reads (measure/families.py) and the estimate's dQ terms: atomic dQ for
+    # deterministic=False in the portable kernels and the Hopper one-pass build (d 64); dQ in its own kernel
+    # for deterministic=True and the Hopper two-kernel build (d 128, either mode)
+    for kernels in be.KERNEL_CHOICES:
+        for d in (64, 128):
+            for det in (False, True):
+                atomic = be.dq_by_atomics(kernels, d, True, det)
+                assert atomic == (not det and (kernels == "portable" or d == 64)), (kernels, d, det)
+                e = be.backward_estimate("attnscope", 8192, heads=32, kv_heads=4, d=d, causal=True,
+                                         deterministic=det, kernels=kernels, params=SET)
+                names = {name for name, _, _ in e.terms}  # the accumulator, or the dQ kernel's pass
+                assert ("dq_acc" in names) == atomic and ("dq_pass" in names) == (not atomic)
+                if "mode" in e.facts:
+                    assert (e.facts["mode"] == "onepass") == atomic
+    with pytest.raises((ValueError, InputError), match="kernels"):
+        be.dq_by_atomics("gluon", 64, True, False)
+
+
 def test_the_kernel_geometry_is_the_kernels():
     pytest.importorskip("triton")
     from attnscope.kernels import bwd, bwd_hopper
@@ -227,7 +246,7 @@ def _keys(name: str) -> set:
 
 def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
     probe = physical.parse_grid(GRIDS / "probe_backward.csv")
-    assert 6 <= len(probe) <= 14 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
+    assert 6 <= len(probe) <= 16 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
     held, held2 = _keys("heldout_backward.csv"), _keys("heldout_backward2.csv")
     assert len(held2) == 48 and not _keys("probe_backward.csv") & (held | held2) and not held & held2
     # every backward constant is informed by some probe row the estimate models: its term moves that row
@@ -237,24 +256,39 @@ def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
         try:
             be.backward_estimate(**families.backward_args(s), params=zero)
             modelled.append(s)
-        except NotImplementedError:
-            assert (s["heads"], s["kv_heads"], s["n"], s["d"]) == (32, 2, 8192, 128)  # h-group only
+        except NotImplementedError:  # h-group, h-onepass-group: query sets larger than the L2
+            assert (s["heads"], s["kv_heads"], s["n"], s["d"]) in ((32, 2, 8192, 128), (32, 2, 16384, 64))
     for f in BWD:
         one = FamilyParams(**(dict.fromkeys(BWD, 0.0) | {f: 1.0}))
         moved = [s for s in modelled if be.backward_estimate(**families.backward_args(s), params=one).total >
                  be.backward_estimate(**families.backward_args(s), params=zero).total]
         assert moved, f
+    # the h-onepass rows: the user's default call (kernels=auto, deterministic 0) at d 64, GQA, estimated as
+    # the Hopper one-pass lean build; two with the group's query set within the L2, one past it
+    onepass = [s for s in probe if s.get("kernels") == "auto"]
+    assert len(onepass) == 3 and all(s["d"] == 64 and not s["deterministic"] and s["kv_heads"] < s["heads"]
+                                     for s in onepass)
+    sets = []
+    for s in onepass:
+        args = families.backward_args(s)
+        assert (args["kernels"], args["deterministic"]) == ("auto", False)
+        if s in modelled:
+            e = be.backward_estimate(**args, params=zero)
+            assert (e.facts["build"], e.facts["mode"]) == ("lean", "onepass")
+            sets.append(e.facts["q_set_l2"])
+    assert len(sets) == 2 and all(0.5 < x < 0.6 for x in sets)
 
 
 def test_estimate_only_sweep_estimates_or_says_why(capsys):
     assert main(["bytes", "--estimate-only", "--sweep", str(GRIDS / "probe_backward.csv"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert len(rows) == 13
+    assert len(rows) == 16
     why = {}
     for r in rows:  # the compulsory bytes plus the terms, or one line saying why not
         if r["estimate"] is None:
-            why[(r["spec"]["heads"], r["spec"]["kv_heads"])] = r["note"]
+            why[(r["spec"]["n"], r["spec"]["d"])] = r["note"]
             continue
         assert r["estimate"] == pytest.approx(r["compulsory"] + sum(t["bytes"] for t in r["estimate_terms"]))
-    assert set(why) == {(32, 2)}  # h-group: its query set is larger than the L2
-    assert "larger than the L2" in why[(32, 2)]
+    # h-group and h-onepass-group: their query sets are larger than the L2
+    assert set(why) == {(8192, 128), (16384, 64)}
+    assert all("larger than the L2" in w and "\n" not in w for w in why.values())

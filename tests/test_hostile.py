@@ -1008,6 +1008,34 @@ def test_bytes_sweep_unsupported_point_exits_2(capsys, tmp_path):
     assert err.strip() == "attnscope bytes: error: GRID row 2: d: 96 is not measured; supported: 64, 128"
 
 
+@pytest.mark.parametrize("name, text, needle", [
+    ("g.csv", "pass,impl,heads,n,d,kernels\nbackward,attnscope,8,1024,64,AUTO\n",
+     "GRID row 2: kernels: expected one of auto, portable or none, got 'AUTO'"),
+    ("g.json", '[{"pass": "backward", "impl": "attnscope", "heads": 8, "n": 1024, "d": 64, "kernels": [1]}]',
+     "GRID row 1: kernels: expected one of auto, portable or none, got [1]"),
+    ("g.json", '[{"pass": "backward", "impl": "attnscope", "heads": 8, "n": 1024, "d": 64, "kernels": 7}]',
+     "GRID row 1: kernels: expected one of auto, portable or none, got 7"),
+    ("g.csv", "pass,impl,heads,n,d,kernels\nbackward,cudnn,8,1024,64,portable\n",
+     "GRID row 2: kernels: expected no value with impl cudnn"),
+])
+def test_bytes_sweep_bad_kernels_cell_exits_2(capsys, tmp_path, name, text, needle):
+    """The backward points' optional kernels column: a value outside auto / portable, or one on a point that
+    is not attnscope's, is one line naming the field (exit 2), with or without a GPU."""
+    p = tmp_path / name
+    p.write_text(text)
+    refused(capsys, ["bytes", "--sweep", p, "--estimate-only"], needle)
+
+
+def test_bytes_from_json_bad_kernels_in_a_recorded_backward_point(capsys, tmp_path):
+    doc = json.loads((RESULTS / "h200-2026-12-02-heldout-backward.json").read_text())
+    at = next(i for i, p in enumerate(doc["points"]) if p["spec"]["impl"] == "attnscope")
+    doc["points"][at]["spec"]["kernels"] = "hopper"
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(doc))
+    refused(capsys, ["bytes", "--from-json", p],
+            f"--from-json point {at + 1}: kernels: expected one of auto, portable or none, got 'hopper'")
+
+
 @pytest.mark.parametrize("argv, field", [
     (["which", "--n", "0"], "--n"), (["which", "--batch", "-1"], "--batch"), (["which", "--d", "0"], "--d"),
     (["share", "--prefill", "0"], "--prefill"), (["share", "--layers", "0"], "--layers"),

@@ -32,11 +32,15 @@ def test_issue39_grids_parse_with_48_valid_rows(name, family):
 
 def test_the_smoke_grid_holds_every_measured_callable():
     specs = physical.parse_grid(GRIDS / "families_smoke.csv")
-    got = {(s["pass"], s["impl"], s.get("deterministic"), "page_size" in s, s.get("kv_dtype")) for s in specs}
-    want = {(f, i, None, False, None) for f in ("backward", "decode", "varlen") for i in families.IMPLS[f]}
-    want -= {("backward", "attnscope", None, False, None), ("decode", "attnscope", None, False, None)}
-    want |= {("backward", "attnscope", det, False, None) for det in (False, True)}
-    want |= {("decode", "attnscope", None, paged, kv) for paged in (False, True) for kv in (None, "fp8")}
+    got = {(s["pass"], s["impl"], s.get("deterministic"), s.get("kernels"), "page_size" in s,
+            s.get("kv_dtype")) for s in specs}
+    want = {(f, i, None, None, False, None) for f in ("backward", "decode", "varlen")
+            for i in families.IMPLS[f]}
+    want -= {(f, "attnscope", None, None, False, None) for f in ("backward", "decode")}
+    want |= {("backward", "attnscope", det, None, False, None) for det in (False, True)}
+    want |= {("backward", "attnscope", False, "auto", False, None)}  # the user's default call
+    want |= {("decode", "attnscope", None, None, paged, kv) for paged in (False, True)
+             for kv in (None, "fp8")}
     assert got == want
 
 
@@ -70,6 +74,14 @@ def _grid(tmp_path, text):
      r"row 2: kv_dtype: expected fp16 \(as dtype\) or fp8, got 'int4'"),
     ("pass,impl,heads,n,d,deterministic\nbackward,flash,8,1024,64,true\n", NotImplementedError,
      r"row 2: deterministic: true with impl flash is not measured; supported: true with attnscope"),
+    ("pass,impl,heads,n,d,kernels\nbackward,attnscope,8,1024,64,hopper\n", ValueError,
+     r"row 2: kernels: expected one of auto, portable or none, got 'hopper'"),
+    ("pass,impl,heads,n,d,kernels\nbackward,flash,8,1024,64,auto\n", ValueError,
+     r"row 2: kernels: expected no value with impl flash \(it names attnscope's kernels\), got 'auto'"),
+    ("pass,impl,heads,d,cache_lens,splits,kernels\ndecode,attnscope,8,64,100,2,auto\n", ValueError,
+     r"row 2: kernels: expected no value with pass decode"),
+    ("impl,heads,n,d,kernels\nattnscope,8,1024,64,portable\n", ValueError,
+     r"row 2: kernels: expected no value with pass forward \(it takes n, causal\), got 'portable'"),
     ("pass,impl,heads,n,d\nbackward,efficient,8,1024,64\n", ValueError,
      r"row 2: impl: expected one of naive, flash, cudnn, attnscope with pass backward, got 'efficient'"),
     ("pass,impl,heads,kv_heads,n,d\nbackward,naive,8,2,1024,64\n", NotImplementedError,
@@ -110,6 +122,42 @@ def test_family_specs_and_ledgers():
     (sd,) = physical.parse_grid("g.csv", text="pass,impl,batch,heads,d,cache_lens\ndecode,flash,3,8,64,512\n")
     assert sd["cache_lens"] == [512] * 3 and "splits" not in sd
     assert families.ledger(sd)[0] == serving.paged([512] * 3, d=64, dtype="fp16", heads=8).row.total
+
+
+def test_backward_kernels_column_names_the_build_the_ledger_and_the_estimate(monkeypatch):
+    from attnscope.model import backward_estimate as be
+
+    head = "pass,impl,heads,kv_heads,n,d,causal,dtype,deterministic,kernels\n"
+    rows = [f"backward,attnscope,32,2,4096,{d},1,fp16,{det},{k}"
+            for d in (64, 128) for det in (0, 1) for k in ("", "portable", "auto")]
+    specs = physical.parse_grid("g.csv", text=head + "\n".join(rows) + "\n")
+    plain = physical.parse_grid("g.csv", text=head.replace(",kernels", "") + "\n".join(
+        r.rsplit(",", 1)[0] for r in rows) + "\n")
+    for s, r in zip(specs, rows, strict=True):
+        d, det, k = int(r.split(",")[5]), r.split(",")[-2] == "1", r.split(",")[-1]
+        default = "auto" if det else "portable"
+        assert s.get("kernels") == (k if k not in ("", default) else None), r  # the default stays out
+        assert families.backward_kernels(s) == (k or default)
+        if s.get("kernels") is None:  # a grid without the column means what it meant: the same spec
+            assert s in plain and "kernels=" not in families.label(s)
+        else:
+            assert families.label(s).endswith(f" deterministic={str(det).lower()} kernels={k}")
+        # the ledger's row: dQ by atomics (the portable kernels, or the Hopper one-pass build at d 64), or
+        # dQ in its own pass (deterministic, or the Hopper two-kernel build at d 128)
+        own_pass = det or (k or default) == "auto" and d == 128
+        assert families.ledger(s)[2].endswith("-det") == own_pass, r
+    # the estimate is called with the point's kernels: kernels=auto, deterministic 0 at d 64 models the
+    # one-pass lean build the user's call runs, not the portable kernels of the column's default
+    onepass = next(s for s in specs if s.get("kernels") == "auto" and s["d"] == 64)
+    calls = []
+    real = be.backward_estimate
+    monkeypatch.setattr(be, "backward_estimate", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    est, why = families.estimate(onepass, 62914560, 132)
+    assert why == "" and (calls[-1]["kernels"], calls[-1]["deterministic"]) == ("auto", False)
+    assert (est.facts["build"], est.facts["mode"]) == ("lean", "onepass")
+    portable = families.estimate({k: v for k, v in onepass.items() if k != "kernels"}, 62914560, 132)[0]
+    assert calls[-1]["kernels"] == "portable" and "build" not in portable.facts
+    assert portable.total != est.total
 
 
 def _point(spec, read, write):
@@ -159,18 +207,18 @@ def _spec(text):
     return s
 
 
-def _grads_err(torch, spec, causal):
+def _grads_err(torch, spec, causal, device="cpu"):
     """Max abs error of the gradients of one backward callable against the float64 reference."""
     from attnscope import reference
     from attnscope.measure.family_calls import call
 
     torch.manual_seed(0)  # every callable draws q, k, v, dO in the same order: the same inputs
-    fn, keep = call(torch, spec, device="cpu")
+    fn, keep = call(torch, spec, device=device)
     grads = fn()
-    q, k, v = (x.detach().double().numpy() for x in keep[:3])
+    q, k, v = (x.detach().double().cpu().numpy() for x in keep[:3])
     o, lse = reference.naive_attention(q, k, v, causal, return_lse=True)
-    want = reference.attention_backward(keep[-1].double().numpy(), q, k, v, o, lse, causal)
-    return max(float(abs(g.double() - torch.from_numpy(w)).max())
+    want = reference.attention_backward(keep[-1].double().cpu().numpy(), q, k, v, o, lse, causal)
+    return max(float(abs(g.double().cpu() - torch.from_numpy(w)).max())
                for g, w in zip(grads[:3], want, strict=True))
 
 
@@ -184,6 +232,112 @@ def test_backward_callables_compute_the_gradients():
     for det in ("false", "true"):
         err = _grads_err(torch, _spec(row.format("attnscope", 1, det)), True)
         assert err <= kernel_tolerance(naive, GRAD_FACTOR), (det, err, naive)
+    auto = _spec(row.replace("deterministic", "deterministic,kernels").strip().format("attnscope", 1, "false")
+                 + ",auto\n")
+    err = _grads_err(torch, auto, True)
+    assert err <= kernel_tolerance(naive, GRAD_FACTOR), (err, naive)
+
+
+def test_backward_callable_with_kernels_auto_runs_what_autograd_runs(monkeypatch):
+    # kernels=auto, deterministic 0: flash_attention_backward with impl="auto" and the dQ mode autograd's
+    # default picks (`atomic_dq_by_default`: on a CPU the portable kernels, dQ in its own pass; on an H200
+    # at d 64 the Hopper one-pass build); without the column, deterministic 0 stays the portable atomic dQ
+    torch = pytest.importorskip("torch")
+    from attnscope.kernels import bwd
+    from attnscope.measure.family_calls import call
+
+    seen, real = [], bwd.flash_attention_backward
+    monkeypatch.setattr(bwd, "flash_attention_backward",
+                        lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    row = "pass,impl,heads,kv_heads,n,d,causal,deterministic,kernels\nbackward,attnscope,2,1,16,64,true,{}\n"
+    cases = [("false,auto", None, ("auto", True)), ("false,auto", True, ("auto", False)),
+             ("false,", None, ("portable", False)), ("true,", None, ("auto", True)),
+             ("true,portable", None, ("portable", True))]
+    rule = bwd.atomic_dq_by_default
+    for cells, autograd_atomic, want in cases:  # autograd_atomic True: as on an sm_90 GPU at d 64
+        monkeypatch.setattr(bwd, "atomic_dq_by_default",
+                            rule if autograd_atomic is None else lambda *a, v=autograd_atomic, **kw: v)
+        fn, keep = call(torch, _spec(row.format(cells)), device="cpu")
+        q = keep[0]
+        if autograd_atomic is None:
+            assert bwd.atomic_dq_by_default(q, True, None) is False  # a CPU: the portable kernels' own pass
+        dq, dk, dv = fn()
+        assert (seen[-1]["impl"], seen[-1]["deterministic"]) == want, cells
+        assert dq.shape == q.shape and dk.shape == dv.shape == (1, 1, 16, 64) and torch.isfinite(dq).all()
+
+
+def test_backward_callable_with_kernels_auto_launches_what_autograd_launches(monkeypatch):
+    # as on an sm_90 GPU (`hopper_unavailable` None, the Gluon kernels replaced by recorders): the harness's
+    # kernels=auto, deterministic 0 launches what `flash_attention(...).backward()` launches -- at d 64 the
+    # one-pass lean dK/dV kernel alone, at d 128 the two kernels -- and without the column no Gluon kernel
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import attnscope
+    from attnscope.kernels import bwd, bwd_hopper
+    from attnscope.measure.family_calls import call
+
+    seen = []
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append((self.name, kw.get("ONEPASS"), kw["LEAN"]))
+
+    for name in bwd_hopper.KERNELS:
+        monkeypatch.setattr(bwd_hopper, f"_attnscope_bwd_hopper_{name}_kernel", _Recorder(name))
+    monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)
+    row = ("pass,impl,heads,kv_heads,n,d,causal,dtype,deterministic,kernels\n"
+           "backward,attnscope,2,1,24,{},true,bf16,0,{}\n")
+    for d, want in ((64, [("dkdv", 2, 1)]), (128, [("dkdv", 0, 0), ("dq", None, 0)])):
+        fn, keep = call(torch, _spec(row.format(d, "auto")), device="cpu")
+        seen.clear()
+        fn()
+        harness = list(seen)
+        leaves = [x.detach().clone().requires_grad_() for x in keep[:3]]
+        seen.clear()
+        attnscope.flash_attention(*leaves, causal=True).backward(keep[-1])
+        assert harness == seen == want, d
+    fn, _ = call(torch, _spec(row.format(64, "")), device="cpu")
+    seen.clear()
+    fn()
+    assert seen == []  # the column's default: the portable kernels, atomic dQ, as the recorded sweeps ran
+
+
+def _sm90() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (the Hopper kernels)")
+def test_gpu_kernels_auto_point_runs_the_users_kernels_on_sm90():
+    # the h-onepass probe rows' callable on the hardware: the Hopper one-pass build at d 64 (its dK/dV kernel
+    # alone), the two kernels at d 128, with gradients within the kernel tolerance of the reference
+    import torch
+
+    from attnscope.checks import GRAD_FACTOR, kernel_tolerance
+    from attnscope.measure.family_calls import call
+
+    row = ("pass,impl,batch,heads,kv_heads,n,d,causal,dtype,deterministic,kernels\n"
+           "backward,{},1,4,{},300,{},true,bf16,{}\n")
+    for d, want in ((64, {"dkdv"}), (128, {"dkdv", "dq"})):
+        naive = _grads_err(torch, _spec(row.format("naive", 4, d, ",")), True, "cuda")
+        auto = _spec(row.format("attnscope", 2, d, "0,auto"))
+        err = _grads_err(torch, auto, True, "cuda")
+        assert err <= kernel_tolerance(naive, GRAD_FACTOR), (d, err, naive)
+        fn, _ = call(torch, auto, device="cuda")
+        fn()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names = " ".join(e.key for e in prof.key_averages())
+        assert {k for k in ("dkdv", "dq") if f"_attnscope_bwd_hopper_{k}_kernel" in names} == want, names
 
 
 @pytest.mark.parametrize("cols,vals", [("", ""), (",page_size", ",16"), (",kv_dtype", ",fp8"),

@@ -27,8 +27,8 @@ GRID = ("pass,impl,heads,kv_heads,d,causal,dtype,lens\n"
         "varlen,attnscope,8,2,64,1,fp16,77;33\n")
 
 
-def _bytes_of(spec) -> int:
-    return 1000 * sum(spec["lens"]) + spec["heads"]  # distinct per point, so a mix-up shows
+def _bytes_of(spec) -> int:  # distinct per point, so a mix-up shows
+    return 1000 * sum(spec.get("lens", [spec.get("n", 0)])) + spec["heads"] + (spec.get("kernels") == "auto")
 
 
 def _csv(group) -> str:
@@ -245,6 +245,51 @@ def test_resume_refuses_another_grid_with_one_line(tmp_path, capsys, stand_in):
     assert main(["bytes", "--warm-workers", "2", "--estimate-only"]) == 2
     assert "--warm-workers: expected none without a measured --sweep" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_backward_kernels_column_keeps_recorded_sweeps_and_resumes(tmp_path, capsys, stand_in):
+    # a grid given the optional kernels column, empty, is the grid it was: the same specs and digest, and the
+    # recorded held-out backward sweep resumes against it (every point measured, none again)
+    grid = ROOT / "bench" / "grids" / "heldout_backward.csv"
+    rec = ROOT / "bench" / "results" / "h200-2026-12-02-heldout-backward.json"
+    lines = grid.read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("pass,"))
+    widened = [line if line.startswith("#") else line + (",kernels" if i == head else ",")
+               for i, line in enumerate(lines)]
+    specs = physical.parse_grid("g.csv", text="\n".join(widened) + "\n")
+    assert specs == physical.parse_grid(grid) and all("kernels" not in s for s in specs)
+    done, _ = physical.resume_points(rec, specs, 1, "none")
+    assert sorted(done) == list(range(len(specs))) == list(range(48))
+    rows = [i for i, line in enumerate(widened) if i > head and not line.startswith("#")]
+    at = rows[next(j for j, s in enumerate(specs) if s["impl"] == "attnscope" and not s["deterministic"])]
+    auto = widened[:at] + [widened[at] + "auto"] + widened[at + 1:]  # one point now the user's default call
+    changed = physical.parse_grid("g.csv", text="\n".join(auto) + "\n")
+    assert sum(s.get("kernels") == "auto" for s in changed) == 1
+    with pytest.raises(ValueError, match=r"--resume point \d+: spec: expected the grid's points in its"):
+        physical.resume_points(rec, changed, 1, "none")
+
+    # a sweep of kernels=auto points cut short resumes, and its JSON reads back with their spec
+    calls, stop = stand_in
+    text = ("pass,impl,heads,kv_heads,n,d,causal,dtype,deterministic,kernels\n"
+            "backward,attnscope,8,2,1024,64,1,fp16,0,auto\n"
+            "backward,attnscope,8,2,1024,64,1,fp16,0,\n"
+            "backward,attnscope,8,2,2048,128,0,bf16,0,auto\n")
+    g = tmp_path / "g.csv"
+    g.write_text(text)
+    part, full = tmp_path / "s.json", tmp_path / "full.json"
+    stop.update(at=2, exc=KeyboardInterrupt())
+    assert main(_argv(g, part)) == 130
+    stop.clear()
+    assert main(_argv(g, full, "--resume", str(part))) == 0
+    capsys.readouterr()
+    data = json.loads(full.read_text())
+    specs = physical.parse_grid(g)
+    assert [p["spec"] for p in data["points"]] == specs
+    assert [s.get("kernels") for s in specs] == ["auto", None, "auto"]
+    assert [p["measured"]["total"] for p in data["points"]] == [_bytes_of(s) for s in specs]
+    _, env = physical.rows_from_json(full)
+    labels = [r.label() for r in env["family_rows"]]
+    assert labels[0].endswith("deterministic=false kernels=auto") and labels[1].endswith("atomic-dQ")
 
 
 def test_resume_reads_the_recorded_heldout_varlen_partial():

@@ -7,8 +7,10 @@ model/l2.py), or one of
 - ``backward``: the gradient call alone (the forward runs before the profiled range): ``naive`` (autograd
   through the 3-kernel baseline), SDPA ``flash`` / ``cudnn`` (autograd), ``attnscope``
   (`flash_attention_backward` given O and LSE; ``deterministic`` false: the portable kernels with atomic
-  dQ, true: the default kernels with dQ in its own pass). Ledger: model/backward.py's row of that mode;
-  SDPA's against FA-2's atomic-dQ row.
+  dQ, true: the default kernels with dQ in its own pass; ``kernels`` names the build instead, `KERNELS`:
+  ``auto`` with ``deterministic`` false runs the dQ mode autograd's default picks, the user's call: the
+  Hopper one-pass build at d = 64 on an sm_90 GPU). Ledger: model/backward.py's row of the dQ mode that
+  ran; SDPA's against FA-2's atomic-dQ row.
 - ``decode``: one query row per sequence against a KV cache of ``cache_lens``: SDPA ``flash`` / ``cudnn``
   on a dense cache of equal lengths, ``attnscope`` `flash_decode` on a dense cache, a paged one
   (``page_size``) and an e4m3 one (``kv_dtype`` fp8), with ``splits`` KV splits and ``nq`` query rows
@@ -37,9 +39,12 @@ FAMILIES = ("forward", "backward", "decode", "varlen")
 IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash", "cudnn", "attnscope"),
          "varlen": ("attnscope", "flex")}
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
-COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic"),
+COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels"),
            "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq"), "varlen": ("lens", "causal")}
-FAMILY_COLUMNS = ("deterministic", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq")
+FAMILY_COLUMNS = ("deterministic", "kernels", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq")
+#: attnscope backward's ``kernels`` column: `flash_attention_backward`'s ``impl`` (and
+#: `model.backward_estimate.backward_estimate`'s ``kernels``); empty: `backward_kernels`'s default.
+KERNELS = ("auto", "portable")
 PAGE_SIZES = (16, 32, 64, 128, 256)  # flash_decode's
 MAX_SPLITS = 64
 MAX_SEQUENCES = 256  # lengths in one cache_lens / lens cell
@@ -111,8 +116,17 @@ def point(got: dict, spec: dict, where: str) -> dict:
         if gqa and impl == "naive":
             raise _unsupported(where, "kv_heads", "kv_heads != heads with naive", "GQA with flash, cudnn, "
                                "attnscope")
+        kernels = got.get("kernels")
+        if kernels not in ("", None) and impl != "attnscope":
+            raise InputError(f"{where}: kernels: expected no value with impl {impl} (it names attnscope's "
+                             f"kernels), got {short(kernels)}")
         if impl == "attnscope":
             spec["deterministic"] = det
+            if kernels not in ("", None) and kernels not in KERNELS:
+                raise InputError(f"{where}: kernels: expected one of {', '.join(KERNELS)} or none, got "
+                                 f"{short(kernels)}")
+            if kernels not in ("", None, backward_kernels(spec)):  # the default stays out: one spec per call
+                spec["kernels"] = kernels
         return spec
     if family == "varlen":
         spec["lens"] = _lengths(where, "lens", required(where, got, "lens"))
@@ -204,8 +218,9 @@ def ledger(spec: dict) -> tuple[int, int, str]:
         if impl == "naive":
             row = "naive-causal-eager-backward" if causal else "naive-backward"
         else:
-            row = ("flash-causal-backward" if causal else "flash-backward") + \
-                ("-det" if spec.get("deterministic") else "")
+            own_pass = impl == "attnscope" and not backward_estimate.dq_by_atomics(
+                backward_kernels(spec), d, causal, spec["deterministic"])
+            row = ("flash-causal-backward" if causal else "flash-backward") + ("-det" if own_pass else "")
         t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,))
         comp = backward_estimate.backward_compulsory(impl, n, d=d, dtype=spec["dtype"], batch=bsz, heads=h,
                                                      kv_heads=hkv)
@@ -230,6 +245,8 @@ def label(spec: dict) -> str:
     head = f"{s['pass']} {s['impl']} H={s['heads']}{kv} d={s['d']} {s['dtype']}"
     if s["pass"] == "backward":
         det = {True: " deterministic", False: " atomic-dQ"}.get(s.get("deterministic"), "")
+        if "kernels" in s:  # not the mode's default build: atomic-dQ would not say what ran
+            det = f" deterministic={str(s['deterministic']).lower()} kernels={s['kernels']}"
         return f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
     if s["pass"] == "varlen":
         return f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
@@ -281,14 +298,19 @@ class FamilyRow:
         return out
 
 
+def backward_kernels(spec: dict) -> str:
+    """The kernels (`KERNELS`) of an attnscope backward point: its ``kernels``, else the mode's default (the
+    portable ones for atomic dQ, ``"auto"`` for deterministic: what a grid without the column measures)."""
+    return spec.get("kernels") or ("auto" if spec.get("deterministic") else "portable")
+
+
 def backward_args(spec: dict) -> dict:
     """`model.backward_estimate.backward_estimate`'s arguments for a backward point, with the kernels
-    measure/family_calls.py runs: the portable ones for atomic dQ, ``impl="auto"`` for deterministic."""
-    det = bool(spec.get("deterministic"))
+    measure/family_calls.py runs (`backward_kernels`)."""
     return {"impl": spec["impl"], "n": spec["n"], "causal": spec["causal"], "d": spec["d"],
             "dtype": spec["dtype"], "batch": spec["batch"], "heads": spec["heads"],
-            "kv_heads": spec.get("kv_heads") or spec["heads"], "deterministic": det,
-            "kernels": "auto" if det else "portable"}
+            "kv_heads": spec.get("kv_heads") or spec["heads"],
+            "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec)}
 
 
 def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):

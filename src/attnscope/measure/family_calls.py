@@ -30,11 +30,17 @@ def _backward(torch, spec, dt, h, hkv, d, dev):
     q = torch.randn((b, h, n, d), device=dev, dtype=dt, requires_grad=True)
     k, v = (torch.randn((b, hkv, n, d), device=dev, dtype=dt, requires_grad=True) for _ in range(2))
     do = torch.randn((b, h, n, d), device=dev, dtype=dt)
-    if impl == "attnscope":  # each mode by its kernels: atomic dQ (portable) or dQ in its own pass (auto)
+    if impl == "attnscope":  # the point's kernels (families.backward_kernels): by default atomic dQ in the
+        # portable ones or dQ in its own pass (auto); auto with deterministic false: the dQ mode of autograd's
+        # default (`atomic_dq_by_default`), the kernels the user's call runs
+        from attnscope.kernels.bwd import atomic_dq_by_default
+        from attnscope.measure.families import backward_kernels
+
         with torch.no_grad():
             o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
-        det = spec["deterministic"]
-        kernels = "auto" if det else "portable"
+        det, kernels = spec["deterministic"], backward_kernels(spec)
+        if kernels == "auto" and not det:
+            det = not atomic_dq_by_default(q, causal, None)
         return (lambda: flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=det,
                                                  impl=kernels)), (q, k, v, o, lse, do)
     o = attention_fn(impl, causal)(q, k, v)  # naive: autograd through the 3 kernels; SDPA: its backward

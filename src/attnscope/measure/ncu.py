@@ -327,7 +327,8 @@ class Point:
 COMPILED = ("attnscope", "flex")
 #: The fields that pick a spec's compiled kernels (with `compile_key`'s GQA flag): points that agree on
 #: them share compiled kernels, in one process and through the on-disk caches.
-_COMPILE_FIELDS = ("pass", "kind", "impl", "d", "dtype", "causal", "deterministic", "kv_dtype", "page_size")
+_COMPILE_FIELDS = ("pass", "kind", "impl", "d", "dtype", "causal", "deterministic", "kernels", "kv_dtype",
+                   "page_size")
 
 
 def compile_key(spec: dict) -> tuple:

@@ -39,6 +39,7 @@ FIELDS = {
     "pass": (("pass", "family"), "forward"),  # measure/families.py: FAMILIES
     # the family columns (measure/families.py: COLUMNS); empty where a family does not take them
     "deterministic": (("deterministic",), ""),
+    "kernels": (("kernels",), ""),
     "cache_lens": (("cache_lens", "l"), ""),
     "page_size": (("page_size",), ""),
     "kv_dtype": (("kv_dtype",), ""),

@@ -100,6 +100,22 @@ def _dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
 
 
+def _hopper(kernels: str, d: int, causal: bool) -> bool:
+    """Whether attnscope's backward runs the Hopper kernels on an sm_90 GPU for ``kernels`` (as
+    `flash_attention_backward`'s ``impl``): "hopper", or "auto" where `model.dispatch.hopper_backward_ok`
+    says so."""
+    return kernels == "hopper" or (kernels == "auto" and dispatch.hopper_backward_ok(d, causal))
+
+
+def dq_by_atomics(kernels: str, d: int, causal: bool, deterministic: bool) -> bool:
+    """Whether attnscope's backward on an sm_90 GPU (``impl=kernels``, `KERNEL_CHOICES`) accumulates dQ by
+    fp32 atomics inside the dK/dV kernel (``deterministic=False``: the portable kernels, or the Hopper
+    one-pass build at `HOPPER_ONEPASS_DIMS`) rather than in a dQ kernel of its own (``deterministic=True``,
+    or the Hopper kernels' two-kernel build at the other head dims)."""
+    choice("kernels", kernels, KERNEL_CHOICES)
+    return not deterministic and (not _hopper(kernels, d, causal) or d in HOPPER_ONEPASS_DIMS)
+
+
 def backward_compulsory(impl: str, n: int, *, d: int = 128, dtype: str = "fp16", batch: int = 1,
                         heads: int = 32, kv_heads: int | None = None) -> int:
     """Q, K, V, dO read and dQ, dK, dV written once, and for the fused backwards O and the fp32 LSE read
@@ -226,14 +242,15 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     build, lean = impl, False
     pad = -(-n // ROW_PAD) * ROW_PAD  # rows of the Hopper build's padded copies
     if impl == "attnscope":
-        hopper = kernels == "hopper" or (kernels == "auto" and dispatch.hopper_backward_ok(d, causal))
+        hopper = _hopper(kernels, d, causal)
         build = "hopper" if hopper else "portable"
         if hopper and d not in dispatch.HOPPER_BACKWARD_DIMS:
             raise NotImplementedError(f"{what}: the Hopper kernels are built for head dims "
                                       f"{dispatch.HOPPER_BACKWARD_DIMS}, got {d}")
-        onepass = hopper and not deterministic and d in HOPPER_ONEPASS_DIMS  # dQ by atomics
+        atomic = dq_by_atomics(kernels, d, causal, deterministic)
+        onepass = hopper and atomic
         lean = hopper and dispatch.hopper_backward_lean(d, dtype)  # the default scale, no softcap
-        deterministic = deterministic or (hopper and not onepass)  # two kernels: dQ in its own kernel
+        deterministic = not atomic  # the two kernels' dQ kernel, or the portable one's with deterministic
         if hopper:
             facts |= {"build": "lean" if lean else "plain", "mode": "onepass" if onepass else "twokernel"}
     if d not in BWD_KERNELS[build]:

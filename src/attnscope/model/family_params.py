@@ -118,7 +118,9 @@ PROBES = {
                                 "exact terms, over the counted re-reads and atomics",
     "hopper_bwd_reread_dram": "probe_backward.csv h-mid and h-mid-unmasked (GQA 8, the group's query set "
                               "~0.55 x L2, two kernels) against h-resident: the excess over the exact terms, "
-                              "over the counted re-reads",
+                              "over the counted re-reads; h-onepass and h-onepass-unmasked (kernels=auto, "
+                              "deterministic 0, d 64: the one-pass build, whose re-reads and atomics reuse "
+                              "it)",
     "flash_bwd_reread_dram": "probe_backward.csv f-long (causal, N 32k, one head's Q/dO set ~0.3 x L2) "
                              "against f-gqa (no counted re-read): the excess over the exact terms, over the "
                              "counted re-reads and atomics",
