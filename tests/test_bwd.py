@@ -1035,3 +1035,23 @@ def test_gpu_default_backward_d64_matches_float64(monkeypatch, nq, nk, dtype, ca
         return torch.autograd.grad(to, leaves, dos)
 
     _check_each_kv_head(tuple(grads.values()), q, k, v, do, group, causal, baseline, scale=scale, **mods)
+
+
+def test_autograd_passes_no_lse_gradient_unless_the_lse_is_used(monkeypatch):
+    # the common call (the LSE not returned) hands the backward dlse=None, not a zero-filled tensor (a fill and
+    # a `delta - dlse` pass saved); a returned LSE that takes part in the loss still reaches it
+    seen = []
+    real = bwd.flash_attention_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("dlse"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bwd, "flash_attention_backward", spy)
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.float16).requires_grad_() for _ in range(3))
+    attnscope.flash_attention(q, k, v, causal=True).float().sum().backward()
+    assert seen == [None]
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+    (o.float().sum() + lse.sum()).backward()
+    assert len(seen) == 2 and isinstance(seen[1], torch.Tensor) and bool((seen[1] == 1).all())

@@ -639,6 +639,9 @@ def _setup_context(ctx, inputs, output):
     window, softcap, sinks, deterministic = (*inputs[8:], *_OP_DEFAULTS[len(inputs) - 8:])
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, sinks)
+    # an output without a gradient (the LSE, unless returned and used) comes as None, not a zero-filled
+    # tensor: no fill and no ``delta - dlse`` pass in the backward of the common call
+    ctx.set_materialize_grads(False)
     ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
     ctx.window, ctx.softcap, ctx.deterministic = window, softcap, deterministic
     ctx.n_inputs = len(inputs)
