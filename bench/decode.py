@@ -308,9 +308,10 @@ def check_growing(pt, n=48):
 
 def kvcache_calls(pt):
     """flash-attn's ``flash_attn_with_kvcache`` on ``pt``'s cache as [B, L, Hkv, d] views (the paged copy
-    as is): without new keys (lengths L), and appending one new key per sequence at L - 1 (the lengths after
-    it are L: the one-liner's attention), with tensor lengths, an int length, and on the paged copy. The new
-    key and value are the cache's own row L - 1, so repeated calls leave the cache as it was."""
+    as is): without new keys (lengths L, as a tensor and as an int), and appending one new key per sequence
+    at L - 1 (the lengths after it are L: the one-liner's attention), with tensor lengths, an int length,
+    and on the paged copy. The new key and value are the cache's own row L - 1, so repeated calls leave the
+    cache as it was."""
     from attnscope.flash_attn_interface import flash_attn_with_kvcache as fa
 
     q = pt.q.transpose(1, 2)  # [B, 1, Hq, d]
@@ -318,6 +319,7 @@ def kvcache_calls(pt):
     k_new, v_new = kc[:, -1:].clone(), vc[:, -1:].clone()
     before = pt.lens - 1
     return {"with_kvcache, no append": lambda: fa(q, kc, vc, cache_seqlens=pt.lens),
+            "with_kvcache, no append, int lens": lambda: fa(q, kc, vc, cache_seqlens=pt.L),
             "with_kvcache + append, tensor lens": lambda: fa(q, kc, vc, k_new, v_new, cache_seqlens=before),
             "with_kvcache + append, int lens": lambda: fa(q, kc, vc, k_new, v_new, cache_seqlens=pt.L - 1),
             "with_kvcache paged + append": lambda: fa(q, pt.kp, pt.vp, k_new, v_new, cache_seqlens=before,
@@ -361,19 +363,20 @@ def host_times():
     """µs of host time per call: 1,000 back-to-back calls at a shape where the GPU idles. The growing cache
     (a new length every call) is timed call by call: its median, and apart from it the slowest call, which
     on a cold Triton cache is the one-off compile of a binary for a new integer class of the length. The
-    ``flash_attn_with_kvcache`` calls (`kvcache_calls`) also get their device time (do_bench) beside the
-    one-liner's."""
+    one-liner on the e4m3 cache ("fp8") and the ``flash_attn_with_kvcache`` calls (`kvcache_calls`) also get
+    their device time (do_bench) beside the one-liner's."""
     pt = Point(*HOST_SHAPE)
     kv = kvcache_calls(pt)
-    calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run")}, **kv,
+    calls = {**{n: f for n, f in pt.calls().items() if n in ("one-liner", "plan.run", "fp8")}, **kv,
              **sdpa_calls(pt.q, pt.k, pt.v)}
     from attnscope.measure.bench import host_us_per_call
 
     out = host_us_per_call(torch, calls, HOST_CALLS)
     out["one-liner / CUDNN (must <= 1.25)"] = out["one-liner"] / out["CUDNN"]
+    out["fp8 / one-liner"] = out["fp8"] / out["one-liner"]
     for name in kv:
         out[f"{name} / one-liner"] = out[name] / out["one-liner"]
-    for name, fn in {"one-liner": calls["one-liner"], **kv}.items():
+    for name, fn in {"one-liner": calls["one-liner"], "fp8": calls["fp8"], **kv}.items():
         out[f"{name}, device us"] = ms(fn, 20) * 1e3
     for name, fn in growing_calls(pt, growing_views(pt, HOST_CALLS)).items():
         torch.cuda.synchronize()

@@ -28,10 +28,10 @@ Timed (CUDA events, median; wall clock on a CPU):
   with the GPU synchronised just before each call (its own host work: busy above idle means the call
   waited on the GPU), and the decode plans attnscope built and reused over the growing dynamic cache;
 - interface: ``flash_attn_func``, ``flash_attn_kvpacked_func``, ``flash_attn_qkvpacked_func``,
-  ``flash_attn_varlen_func`` at one prefill shape and ``flash_attn_with_kvcache`` at one decode shape,
-  each beside the native call it wraps (the same strided views of flash-attn's layout the interface
-  hands the kernels), and the native call on contiguous [B, H, N, d] copies, the layout's own cost
-  (`INTERFACE`).
+  ``flash_attn_varlen_func`` at one prefill shape and ``flash_attn_with_kvcache`` (tensor and int lengths)
+  at one decode shape, each beside the native call it wraps (the same strided views of flash-attn's layout
+  the interface hands the kernels), and the native call on contiguous [B, H, N, d] copies, the layout's own
+  cost (`INTERFACE`).
 
 Speed ratios are attnscope / sdpa (t_sdpa / t_attnscope: above 1 attnscope is faster) and interface /
 native (t_native / t_interface); issue 38's targets are printed beside them. About 5 min full, 2 min
@@ -319,6 +319,11 @@ def interface(dev, shapes, failed, budget_ms):
                                     lambda: attnscope.flash_decode(qdv, kcv, vcv, cache_seqlens=lens),
                                     lambda: attnscope.flash_decode(qdn, kcn, vcn, cache_seqlens=lens),
                                     lambda o: o.transpose(1, 2)),
+        # an int length (L: every key) against the native call without lengths, as the interface passes it
+        "flash_attn_with_kvcache, int lens": (lambda: fa.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=L),
+                                              lambda: attnscope.flash_decode(qdv, kcv, vcv),
+                                              lambda: attnscope.flash_decode(qdn, kcn, vcn),
+                                              lambda o: o.transpose(1, 2)),
     }
     rows = []
     for name, (wrapped, native, contiguous, layout) in pairs.items():

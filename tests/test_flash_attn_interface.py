@@ -333,6 +333,68 @@ def test_kvcache_int_seqlens_and_no_append():
     _assert_close(o_full, o_ref, _torch_own(q, k_cache, v_cache, ok), ok)
 
 
+@pytest.mark.parametrize("paged, nq", [(False, 1), (False, 3), (True, 1), (True, 2)])
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_kvcache_known_layout_launches_as_the_first_call(paged, nq, return_lse):
+    """A layout flash_decode has planned is launched on flash-attn's tensors as given: the same bits as the
+    first call (which plans through the views) and as the native call on the views, one plan for all three;
+    out [B, Nq, Hq, d] (contiguous with one query per sequence)."""
+    g = torch.Generator().manual_seed(21)
+    k_cache, v_cache = _cache(2, 64, 2, g)
+    q = _randn(2, nq, 4, 64, g=g)
+    lens = torch.tensor([40, 64], dtype=torch.int32, device=DEVICE)
+    kc, vc, table = _paged(k_cache, v_cache, 16, g) if paged else (k_cache, v_cache, None)
+    decode.clear_plan_cache()
+    calls = [fai.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+                                         return_softmax_lse=return_lse) for _ in range(2)]
+    native = decode.flash_decode(q.transpose(1, 2), kc if paged else kc.transpose(1, 2),
+                                 vc if paged else vc.transpose(1, 2), lens, table, return_lse=return_lse)
+    assert decode.plan_cache_info()[:2] == (2, 1)  # planned once, then served from the cache
+    native = (native[0].transpose(1, 2), native[1]) if return_lse else native.transpose(1, 2)
+    for got in calls:
+        o = got[0] if return_lse else got
+        assert o.shape == q.shape and (nq > 1 or o.is_contiguous())
+        for a, b in zip(got if return_lse else (got,), native if return_lse else (native,), strict=True):
+            assert torch.equal(a, b)
+    o_ref, _, ok = _reference(q, k_cache, v_cache, True, lens=lens.tolist())
+    _assert_close(calls[1][0] if return_lse else calls[1], o_ref, _torch_own(q, k_cache, v_cache, ok), ok)
+
+
+def test_kvcache_int_seqlens_one_plan_for_every_length():
+    """An int cache_seqlens of a dense cache, one query per sequence: every sequence's first that many keys
+    (checked against float64 at 1, 17, 30, 47, 48 = L), served by one plan (a plan per split count: one
+    here), the same bits call to call."""
+    g = torch.Generator().manual_seed(22)
+    k_cache, v_cache = _cache(2, 48, 2, g)
+    q = _randn(2, 1, 4, 64, g=g)
+    decode.clear_plan_cache()
+    for n in (1, 17, 30, 47, 48):
+        o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=n)
+        o_ref, _, ok = _reference(q, k_cache, v_cache, lens=[n, n])
+        _assert_close(o, o_ref, _torch_own(q, k_cache, v_cache, ok), ok)
+        again = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=n)
+        assert torch.equal(o, again)
+    assert decode.plan_cache_info()[:2] == (9, 1)  # one split at every length: one plan
+    decode.check_errors()  # every length was in range: nothing recorded
+
+
+def test_kvcache_int_seqlens_outside_the_cache_as_before():
+    """An int 0 attends to nothing (out 0, LSE -inf); one past L is recorded as out of range (a lengths
+    tensor, checked on the device); caches of two shapes are named with their shapes as given."""
+    g = torch.Generator().manual_seed(23)
+    k_cache, v_cache = _cache(2, 48, 2, g)
+    q = _randn(2, 1, 4, 64, g=g)
+    o, lse = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=0, return_softmax_lse=True)
+    assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+    decode.check_errors()
+    fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=49)
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
+        decode.check_errors()
+    with pytest.raises(InputError, match=r"v_cache: expected shape \(as k_cache\) \(2, 2, 48, 64\), got "
+                                         r"\(2, 2, 40, 64\)"):
+        fai.flash_attn_with_kvcache(q, k_cache, v_cache[:, :40], cache_seqlens=30)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_kvcache_window_and_softcap(paged):
     """window_size / softcap reach flash_decode (needs its window= / softcap= keywords)."""
@@ -591,4 +653,33 @@ def test_gpu_kvcache_append_captured_in_a_cuda_graph(paged):
         torch.testing.assert_close(out, expected[step], atol=1e-2, rtol=1e-2)
         lens += 1
     assert torch.equal(kc, eager_k) and torch.equal(vc, eager_v)
+    decode.check_errors()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("lens", ["tensor", "int", "paged"])
+def test_gpu_kvcache_known_layout_same_bits_as_the_native_call(lens):
+    """On a GPU a planned layout launches through the kept binary (`_direct.DirectLaunch`) on flash-attn's
+    tensors as given: the bits of the native call on the views (an int length: on the cache's first that
+    many keys), call after call, the output contiguous in flash-attn's layout."""
+    g = torch.Generator().manual_seed(15)
+    b, length, hq, hkv, n = 4, 4096, 32, 8, 3001
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    q = _randn(b, 1, hq, 64, g=g)
+    seqlens = torch.tensor([n, 17, 4096, 1000], dtype=torch.int32, device=DEVICE)
+    table = None
+    if lens == "paged":
+        k_cache, v_cache, table = _paged(k_cache, v_cache, 64, g)
+        native = decode.flash_decode(q.transpose(1, 2), k_cache, v_cache, seqlens, table)
+    elif lens == "int":
+        native = decode.flash_decode(q.transpose(1, 2), k_cache[:, :n].transpose(1, 2),
+                                     v_cache[:, :n].transpose(1, 2))
+    else:
+        native = decode.flash_decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                     seqlens)
+    for _ in range(3):  # the first plans (through Triton), the others launch the kept binary
+        o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=n if lens == "int" else seqlens,
+                                        block_table=table)
+        assert o.is_contiguous() and torch.equal(o, native.transpose(1, 2))
     decode.check_errors()

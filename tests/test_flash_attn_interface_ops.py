@@ -7,7 +7,8 @@ for the GPU (its copies of the kernel arguments) is left out. What the interface
 native call must be views only (``transpose``, ``permute``, ``unbind``): a copy, cast, cat, contiguous,
 fill or extra allocation would be device work the native call does not do. ``flash_attn_with_kvcache``
 with new ``k``/``v`` adds the append flash-attn's semantics ask for: `test_kvcache_append_adds_one_launch`
-names what it may dispatch.
+names what it may dispatch. Without them, on a layout already planned, it dispatches exactly what the native
+call does (`test_kvcache_known_layout_dispatches_only_what_the_native_call_does`).
 """
 
 from __future__ import annotations
@@ -157,3 +158,22 @@ def test_kvcache_append_adds_one_launch(layout, lens):
                    lambda: attnscope.flash_decode(*native, after, table))
     assert _data_ops(extra) == {"aten.empty.memory_format": 1}, extra
     assert sum(n for (_, view), n in extra.items() if view) <= 5, f"more views than the layout needs: {extra}"
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("name", ["flash_attn_with_kvcache", "flash_attn_with_kvcache paged"])
+def test_kvcache_known_layout_dispatches_only_what_the_native_call_does(name, return_lse):
+    """One query per sequence on a layout flash_decode has planned: the interface launches on flash-attn's
+    tensors as given and allocates the output in flash-attn's layout, so not even a view is added."""
+    interface, native = _calls(return_lse)[name]
+    assert _dispatched(interface) == _dispatched(native)
+
+
+def test_kvcache_int_seqlens_builds_no_lengths_tensor():
+    """An int cache_seqlens (dense cache, one query per sequence) builds no int32 [B] tensor per call: the
+    call dispatches what the native call on the cache's first that many keys does."""
+    g = torch.Generator().manual_seed(4)
+    q, kc, vc = _rnd(2, 1, 4, 64, g=g), _rnd(2, 40, 2, 64, g=g), _rnd(2, 40, 2, 64, g=g)
+    native = (q.transpose(1, 2), kc[:, :17].transpose(1, 2), vc[:, :17].transpose(1, 2))
+    ops = _dispatched(lambda: fai.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=17))
+    assert ops == _dispatched(lambda: attnscope.flash_decode(*native)), ops

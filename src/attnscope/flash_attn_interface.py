@@ -16,10 +16,11 @@ function                        flash-attn layout                           kern
 ==============================  ==========================================  ============================
 
 The [B, N, H, d] outputs are views of the kernels' ``[B, H, N, d]`` outputs (``.reshape`` copies where a
-caller needs contiguous memory). ``return_attn_probs=True`` returns ``(out, softmax_lse,
-None)``: the natural-log LSE, float32 ``[B, Hq, Nq]`` (``[Hq, total_q]`` for varlen); attention
-probabilities are never materialised. ``causal`` is bottom-right aligned (flash-attn >= 2.1);
-``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
+caller needs contiguous memory). `flash_attn_with_kvcache` on a layout `flash_decode` has planned makes no
+view: the plan launches on the tensors as given (`_attend`). ``return_attn_probs=True`` returns
+``(out, softmax_lse, None)``: the natural-log LSE, float32 ``[B, Hq, Nq]`` (``[Hq, total_q]`` for
+varlen); attention probabilities are never materialised. ``causal`` is bottom-right aligned (flash-attn >=
+2.1); ``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
 
 What flash-attn has and attnscope does not (dropout, ALiBi, rotary embedding inside the kernel,
 ``cache_batch_idx``, ``cache_leftpad``, a paged varlen call) raises NotImplementedError naming the
@@ -37,6 +38,8 @@ from attnscope.model.tiles import normalize_window
 torch, _ = import_torch_triton()
 
 from attnscope.kernels.decode import flash_decode, kv_append  # noqa: E402
+from attnscope.kernels.decode.api import _cached  # noqa: E402
+from attnscope.kernels.decode.checks import _layout  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
@@ -365,21 +368,62 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     if (k is None) != (v is None):
         raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
-    if k is None:
-        seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
-    else:  # what the kernel would refuse after the append is refused before it
+    if k is not None:  # what the kernel would refuse after the append is refused before it
         check_tensor(torch, "q", q, 4, "[B, Nq, Hq, d]")
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if t.dtype != q.dtype or t.shape[3] != q.shape[3] or t.device != q.device:
                 raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
                                  f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
-        seqlens = kv_append(k_cache, v_cache, k, v, cache_seqlens, block_table)  # int32 [B], after it
-    if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views (as `_bhnd`, inline on this path)
-        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    res = flash_decode(q.transpose(1, 2), k_cache, v_cache, seqlens, block_table=block_table,
-                       num_splits=num_splits or None, scale=softmax_scale, return_lse=return_softmax_lse,
-                       **mods)
-    if not return_softmax_lse:
-        return res.transpose(1, 2)
+        cache_seqlens = kv_append(k_cache, v_cache, k, v, cache_seqlens, block_table)  # int32 [B], after it
+    return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
+                   return_softmax_lse, mods)
+
+
+def _kernel_layout(t, length=None):
+    """(shape, strides, dtype, device) of ``_bhnd(t)`` (of ``_bhnd(t[:, :length])``), the view not made."""
+    s, st = t.shape, t.stride()
+    return ((s[0], s[2], s[1] if length is None else length, s[3]), (st[0], st[2], st[1], st[3]), t.dtype,
+            t.device)
+
+
+def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods):
+    """`flash_decode` on flash-attn's layouts: q [B, Nq, Hq, d], a dense cache [B, L, Hkv, d] (`_bhnd`
+    views) or a paged one; o [B, Nq, Hq, d] (with ``return_lse`` also the LSE [B, Hq, Nq]).
+
+    An int ``cache_seqlens`` in 1 .. L of a dense cache with one query per sequence attends to every
+    sequence's first that many keys: the cache's first that many positions with no lengths (a plan keeps a
+    dense one-query cache's length a launch argument, so one plan serves every such int); another int is
+    the int32 [B] tensor `_seqlens`. Outside torch.compile a layout `flash_decode` has planned (`api._cached`,
+    given the views' layouts) launches on the tensors as they are: no view is made, and with Nq = 1 o is
+    allocated in flash-attn's layout (the same memory as the kernel's [B, Hq, 1, d])."""
+    dense = block_table is None
+    compiling = torch.compiler.is_compiling()
+    length = None  # keys every sequence attends to, in place of an int cache_seqlens
+    if type(cache_seqlens) is int and 0 < cache_seqlens <= k_cache.shape[1] and dense and q.shape[1] == 1 \
+            and not compiling and k_cache.shape == v_cache.shape:  # (else the checks name the shapes)
+        length, cache_seqlens = cache_seqlens, None
+    elif not (cache_seqlens is None or isinstance(cache_seqlens, Tensor)):
+        cache_seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
+    window, softcap = mods.get("window"), mods.get("softcap", 0.0)
+    if not compiling and (dense or isinstance(block_table, Tensor)):
+        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, None, None, None)
+        kv = (_kernel_layout(k_cache, length), _kernel_layout(v_cache, length)) if dense else \
+            (_layout(k_cache), _layout(v_cache))
+        layouts = (_kernel_layout(q), *kv, _layout(cache_seqlens), _layout(block_table), None, None, None)
+        _, grown, plan = _cached(tensors, layouts, (num_splits, scale, return_lse, window, softcap))
+        if plan is not None:
+            nq1 = q.shape[1] == 1
+            res = plan._launch(tensors, grown=grown, heads_last=nq1)
+            if nq1:
+                return res
+            return (_bhnd(res[0]), res[1]) if return_lse else _bhnd(res)
+    if length is not None:
+        k_cache, v_cache = k_cache[:, :length], v_cache[:, :length]
+    if dense:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
+        k_cache, v_cache = _bhnd(k_cache), _bhnd(v_cache)
+    res = flash_decode(_bhnd(q), k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits,
+                       scale=scale, return_lse=return_lse, **mods)
+    if not return_lse:
+        return _bhnd(res)
     o, lse = res
     return _bhnd(o), lse

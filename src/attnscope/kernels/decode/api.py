@@ -13,6 +13,7 @@ from attnscope.kernels.decode.checks import (
     _check_no_grad,
     _check_scale_values,
     _check_seqlen_values,
+    _requires_grad,
 )
 from attnscope.kernels.decode.heuristics import (
     _raw_scores,
@@ -110,34 +111,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         return (o, lse) if return_lse else o
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
     options = (num_splits, scale, return_lse, window, softcap)
-    key = None
     # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
     layouts = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device)
                      if isinstance(t, Tensor) else False for t in tensors])
-    grown = None  # a dense cache of one query per sequence: K's and V's length and strides (`_grown_key`)
-    if False not in layouts and None not in layouts[:3]:
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-            _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
-        device = layouts[0][3]
-        cuda = device.type == "cuda"
-        if not (cuda and torch.cuda.is_current_stream_capturing()):  # capture: a private plan, no key
-            # all a plan fixes but the split count: the layouts, the options, whether V can be read as
-            # words (an e4m3 V's address, `plan._words_aligned`); the stream, as a plan's partials serve
-            # one launch at a time. A cache whose length changes call to call (grown by torch.cat) keeps
-            # its plans: its key leaves the length out
-            layouts, grown = _grown_key(layouts)
-            key = (layouts, options, v_cache.data_ptr() % 4 == 0,
-                   torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
-            plan = None
-            try:  # hashing the key also vets the options
-                if check_seqlens:
-                    hash(key)
-                else:  # the common call: a known layout, no value read
-                    plan = _PLAN_CACHE.fast(key, grown[6] if grown else None)
-            except TypeError:  # an unhashable option (a list window): the checks name it
-                key = None
-            if plan is not None:
-                return plan._launch(tensors, grown=grown)
+    key, grown, plan = _cached(tensors, layouts, options, check_seqlens)
+    if plan is not None:
+        return plan._launch(tensors, grown=grown)
     options = dict(zip(("num_splits", "scale", "return_lse", "window", "softcap"), options, strict=True))
     # a layout seen before passed these checks with these options: its facts are kept with its plans
     facts = _PLAN_CACHE.facts(key) if key is not None else None
@@ -165,6 +144,36 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
         **{**options, "num_splits": splits}), default=not check_seqlens, length=grown and grown[6])
     return plan._launch(tensors, grown=grown)
+
+
+def _cached(tensors, layouts, options, check_seqlens=False):
+    """``(key, grown, plan)`` of a call: its plan-cache key (None: a private plan, inside CUDA-graph capture,
+    or an argument the checks must name), `_grown_key`'s ``grown``, and the cached plan of the key's default
+    split count (None: none yet, or ``check_seqlens``). ``layouts``: each tensor's (shape, strides, dtype,
+    device) as the kernel reads it, None for no tensor, False for an argument that is not one; ``tensors``
+    hold those values (any views of them: a plan reads their addresses)."""
+    if False in layouts or None in layouts[:3]:
+        return None, None, None
+    if _requires_grad(tensors):
+        _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
+    device = layouts[0][3]
+    cuda = device.type == "cuda"
+    if cuda and torch.cuda.is_current_stream_capturing():  # capture: a private plan, no key
+        return None, None, None
+    # all a plan fixes but the split count: the layouts, the options, whether V can be read as words (an e4m3
+    # V's address, `plan._words_aligned`); the stream, as a plan's partials serve one launch at a time. A
+    # cache whose length changes call to call (grown by torch.cat) keeps its plans: its key leaves the length
+    # out
+    layouts, grown = _grown_key(layouts)
+    key = (layouts, options, tensors[2].data_ptr() % 4 == 0,
+           torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
+    try:  # hashing the key also vets the options
+        if check_seqlens:
+            hash(key)
+            return key, grown, None
+        return key, grown, _PLAN_CACHE.fast(key, grown[6] if grown else None)  # a known layout, no value read
+    except TypeError:  # an unhashable option (a list window): the checks name it
+        return None, None, None
 
 
 def _grown_key(layouts):

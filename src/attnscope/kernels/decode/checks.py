@@ -118,6 +118,15 @@ def _check_no_grad(**tensors) -> None:
                                           "under torch.no_grad())")
 
 
+def _requires_grad(tensors) -> bool:
+    """Whether grad mode is on and a tensor of ``tensors`` (None entries skipped) requires grad."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
+
+
 def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale=None,
                   v_scale=None, window=None, softcap=0.0, sinks=None) -> Facts:
     """Validate everything that needs no device read; return the call's `Facts`."""

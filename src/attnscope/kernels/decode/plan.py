@@ -31,6 +31,7 @@ from attnscope.kernels.decode.checks import (
     _check_seqlen_values,
     _error_word,
     _layout,
+    _requires_grad,
     check_errors,
 )
 from attnscope.kernels.decode.heuristics import (
@@ -157,6 +158,7 @@ class DecodePlan:
         n_rows = B * Hq * Nq
         device = q.device
         self.o_shape, self.lse_shape, self.dtype, self.device = (B, Hq, Nq, d), (B, Hq, Nq), q.dtype, device
+        self.o_heads_last = (B, 1, Hq, d) if Nq == 1 else None  # `_launch`'s ``heads_last``
         self.split, self.fuse = split, fuse
         self.need_lse = return_lse or (split and not fuse)  # the separate merge always writes the LSE
         # scratch, owned by the plan: fp32 partials and the fused merge's counters (left at 0 by the kernel)
@@ -209,7 +211,7 @@ class DecodePlan:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
         self._words = words
-        self._last = (None, None)  # the last ``grown`` of `_launch` and its `_direct.int_classes`
+        self._last = (None, None, None)  # the last ``grown`` of `_launch`, its scalars, `_direct.int_classes`
         split_kernel = direct_launch(_attnscope_decode_split_kernel, self._consts, device)
         self._direct = None if split_kernel is None else (
             split_kernel, direct_launch(_attnscope_decode_combine_kernel, self._combine_consts, device))
@@ -245,7 +247,7 @@ class DecodePlan:
             if (t is None) != (want is None) or t is not None and (
                     not isinstance(t, torch.Tensor) or (t.shape, t.stride(), t.dtype, t.device) != want):
                 raise self._mismatch(tensors)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        if _requires_grad(tensors):
             _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
         if self.check_seqlens:
             self._check_values(tensors)
@@ -275,22 +277,25 @@ class DecodePlan:
             _check_scale_values(k_scale, v_scale, self.scale, self.d)
         return longest
 
-    def _launch(self, tensors, out=None, lse_out=None, grown=None):
+    def _launch(self, tensors, out=None, lse_out=None, grown=None, heads_last=False):
         """Allocate (or check) the outputs and launch; the layouts are already known to match, or (a
         dense cache, Nq = 1: `api._grown_key` says what else a plan fixes of them) to differ from the
         plan's only in K's and V's length and strides, passed as ``grown`` (K's and V's strides of dims 0-2,
-        then L)."""
+        then L). ``heads_last`` (Nq = 1, no ``out``): o allocated as [B, 1, Hq, d], flash-attn's layout
+        (the same memory as [B, Hq, 1, d])."""
         q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks = tensors
         scalars, spec = self._scalars, None
         if grown is not None:
-            scalars = (*scalars[:3], *grown[:6], *scalars[9:12], grown[6], *scalars[13:])
-            if self._direct is not None:  # the binary depends on how Triton classes these integers
-                last = self._last
-                if last[0] != grown:
-                    last = self._last = (grown, int_classes(grown))
-                spec = last[1]
+            last = self._last
+            if last[0] != grown:
+                s = self._scalars
+                # the binary depends on how Triton classes these integers
+                last = self._last = (grown, (*s[:3], *grown[:6], *s[9:12], grown[6], *s[13:]),
+                                     int_classes(grown) if self._direct is not None else None)
+            scalars, spec = last[1], last[2]
         if out is None:
-            o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
+            o = torch.empty(self.o_heads_last if heads_last else self.o_shape, dtype=self.dtype,
+                            device=self.device)
         else:
             _check_out("out", out, self.o_shape, self.dtype, self.device)
             o = out
