@@ -1038,8 +1038,8 @@ def test_gpu_default_backward_d64_matches_float64(monkeypatch, nq, nk, dtype, ca
 
 
 def test_autograd_passes_no_lse_gradient_unless_the_lse_is_used(monkeypatch):
-    # the common call (the LSE not returned) hands the backward dlse=None, not a zero-filled tensor (a fill and
-    # a `delta - dlse` pass saved); a returned LSE that takes part in the loss still reaches it
+    # the common call (the LSE not returned) hands the backward dlse=None, not a zero-filled tensor (a fill
+    # and a `delta - dlse` pass saved); a returned LSE that takes part in the loss still reaches it
     seen = []
     real = bwd.flash_attention_backward
 
