@@ -21,7 +21,8 @@ interleaved rounds, the order rotated round to round; a point's TFLOP/s (`model.
 the median over rounds. The closing lines say, per point, auto / best kept variant and auto / portable, and
 the minimum of each (the dispatch check: auto >= 0.98 x the best variant and >= 1.0 x portable).
 ``--mods``: every kept variant with window, softcap and sinks against float64 (`MOD_CASES`), then causal
-windows against full causal (`MOD_TIMINGS`). Takes about 2-4 minutes per 40 points on an H200 (the Gluon
+windows against full causal (`MOD_TIMINGS`), the window also on the portable kernel and on each kept variant
+built for that head dim (is auto's pick the fastest with a window?). Takes about 2-4 minutes per 40 points on an H200 (the Gluon
 compiles, about 3 s each, included).
 """
 
@@ -329,6 +330,10 @@ def run_mods(torch, log=print, save=lambda out: None) -> dict:
             calls = {"causal": dict(causal=True), f"window ({w},0)": dict(causal=True, window=(w, 0)),
                      "causal softcap 50": dict(causal=True, softcap=50.0),
                      "causal sinks": dict(causal=True, sinks=sinks)}
+            # the window on each kernel auto could pick (the dispatch rule's choice at this point, checked)
+            calls.update({f"window ({w},0) {impl}": dict(causal=True, window=(w, 0), impl=impl)
+                          for impl in ("portable", *dispatch.VARIANTS)
+                          if impl == "portable" or d in fwd_hopper.VARIANTS[impl].configs})
             try:
                 ms = {name: _median_ms(functools.partial(fwd.flash_attention, q, k, v, **kw))
                       for name, kw in calls.items()}
