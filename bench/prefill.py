@@ -22,8 +22,8 @@ the median over rounds. The closing lines say, per point, auto / best kept varia
 the minimum of each (the dispatch check: auto >= 0.98 x the best variant and >= 1.0 x portable).
 ``--mods``: every kept variant with window, softcap and sinks against float64 (`MOD_CASES`), then causal
 windows against full causal (`MOD_TIMINGS`), the window also on the portable kernel and on each kept variant
-built for that head dim (is auto's pick the fastest with a window?). Takes about 2-4 minutes per 40 points on an H200 (the Gluon
-compiles, about 3 s each, included).
+built for that head dim (is auto's pick the fastest with a window?). Takes about 2-4 minutes per 40 points
+on an H200 (the Gluon compiles, about 3 s each, included).
 """
 
 import argparse
