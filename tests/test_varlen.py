@@ -785,3 +785,22 @@ def test_gpu_backward_full_size(d, mods):
     kw = {"window": mods.get("window"), "softcap": mods.get("softcap", 0.0), "sinks": sinks}
     for det in (False, True):
         _check_varlen_grads(q, k, v, do, lq, lq, True, deterministic=det, **kw)
+
+
+def test_top_level_check_errors_raises_each_familys_record_once():
+    # attnscope.check_errors(): the one call after a step that raises what any kernel's device-side check met
+    import attnscope.kernels.decode as decode
+
+    attnscope.check_errors()  # nothing recorded yet (or what earlier tests left: cleared here)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (_packed(12, 1, 64, torch.float16, False, g) for _ in range(3))
+    attnscope.flash_attention_varlen(q, k, v, _i(0, 13, 12), _cu([5, 7]), 13, 7)  # bad cu_seqlens_q
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected int32 values from 0 to total_q"):
+        attnscope.check_errors()
+    attnscope.check_errors()  # cleared
+    qd = torch.randn(2, 4, 1, 64, generator=g).half()
+    kd, vd = (torch.randn(2, 2, 48, 64, generator=g).half() for _ in range(2))
+    attnscope.flash_decode(qd, kd, vd, torch.tensor([49, 0], dtype=torch.int32))  # past L_max = 48
+    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
+        attnscope.check_errors()
+    decode.check_errors()  # the family's own check sees the record cleared too

@@ -6,6 +6,8 @@ Public API (the kernels load torch and triton on first use; everything else runs
     flash_attention_varlen(q, k, v, cu_seqlens_q, ...)    packed variable-length batch; q [total_q, Hq, d]
     flash_decode(q, k_cache, v_cache, cache_seqlens)      split-KV decode / chunked prefill, dense or paged
     decode_plan(q, k_cache, v_cache, cache_seqlens)       plan a decode once, then ``plan.run(...)``
+    quantize_kv(x)                                        an e4m3 KV cache and its per-head scales
+    check_errors(device=None)                             raise the bad values the kernels met on the device
     attnscope.flash_attn_interface                        flash-attn 2.x's functions: flash_attn_func, ...
     attnscope.integrations.transformers.register()        attn_implementation="attnscope" in transformers
     attnscope.distributed.ring_attention(q, k, v, causal) context parallelism over torch.distributed
@@ -31,7 +33,22 @@ _KERNELS = {"flash_attention": ("attnscope.kernels.fwd", "flash_attention"),
             "decode_plan": ("attnscope.kernels.decode", "decode_plan"),
             "DecodePlan": ("attnscope.kernels.decode", "DecodePlan"),
             "quantize_kv": ("attnscope.kernels.decode", "quantize_kv")}
-__all__ = [*_KERNELS, "__version__"]
+__all__ = [*_KERNELS, "check_errors", "__version__"]
+
+
+def check_errors(device=None) -> None:
+    """Raise `attnscope.errors.InputError` for the out-of-range values the kernels' device-side checks met
+    since the last check -- decode (lengths, block-table entries, K/V scales), `quantize_kv` (NaN or inf),
+    the KV-cache append, varlen (``cu_seqlens``, ``max_seqlen``) -- and clear the records. The default calls
+    never read them back (no host sync); this is one sync: call it where one is cheap (after a generation
+    or training step, in tests), never inside CUDA-graph capture. ``device``: one device, or every device
+    used. The kernels' own `attnscope.kernels.decode.check_errors` / `attnscope.kernels.varlen.check_errors`
+    check one family each; a family whose module was never imported launched nothing and is skipped."""
+    import sys
+
+    for module in ("attnscope.kernels.decode", "attnscope.kernels.varlen"):
+        if module in sys.modules:
+            sys.modules[module].check_errors(device)
 
 
 def __getattr__(name: str):
