@@ -22,9 +22,10 @@ view: the plan launches on the tensors as given (`_attend`). ``return_attn_probs
 varlen); attention probabilities are never materialised. ``causal`` is bottom-right aligned (flash-attn >=
 2.1); ``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
 
-What flash-attn has and attnscope does not (dropout, ALiBi, rotary embedding inside the kernel,
-``cache_batch_idx``, ``cache_leftpad``, a paged varlen call) raises NotImplementedError naming the
-argument; nothing is ignored.
+`flash_attn_with_kvcache`'s rotary embedding (``rotary_cos`` / ``rotary_sin``) is applied with torch ops
+before the append and the attention (`_rotary`), not inside the kernels. What flash-attn has and attnscope
+does not (dropout, ALiBi, ``cache_batch_idx``, ``cache_leftpad``, a paged varlen call) raises
+NotImplementedError naming the argument; nothing is ignored.
 """
 
 from __future__ import annotations
@@ -276,6 +277,77 @@ def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
 
 
+def _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens) -> None:
+    """The rotary tables' metadata (no value is read): both given, with new keys, [seqlen_ro, rotary_dim / 2]
+    of q's dtype and device, rotary_dim <= d; ``k`` [B, Nnew, Hkv, d] of q's batch, head dim and dtype;
+    ``cache_seqlens`` the positions' base (an int >= 0 or an int32 [B] tensor on q's device); an int leaves
+    every position used inside the tables."""
+    for name, t, other in (("rotary_cos", rotary_cos, "rotary_sin"),
+                           ("rotary_sin", rotary_sin, "rotary_cos")):
+        if not isinstance(t, Tensor):
+            raise InputError(f"{name}: expected a tensor [seqlen_ro, rotary_dim / 2] (with {other}: both or "
+                             f"neither), got {_short(t)}")
+    if k is None:
+        raise InputError("k: expected new keys with rotary_cos / rotary_sin (as flash-attn, rotary applies "
+                         "to the new keys and the queries), got None")
+    B, Nq, _, d = q.shape
+    _check_rank("k", k, 4, "[B, Nnew, Hkv, d]")
+    if k.shape[0] != B or k.shape[3] != d or k.dtype != q.dtype:
+        raise InputError(f"k: expected batch {B}, head_dim {d} and dtype {q.dtype} (q's), got "
+                         f"{k.shape[0]}, {k.shape[3]}, {k.dtype}")
+    _check_rank("rotary_cos", rotary_cos, 2, "[seqlen_ro, rotary_dim / 2]")
+    if not (0 < 2 * rotary_cos.shape[1] <= d and rotary_cos.shape[0] > 0):
+        raise InputError(f"rotary_cos: expected [seqlen_ro, rotary_dim / 2] with seqlen_ro > 0 and 0 < "
+                         f"rotary_dim <= head_dim = {d}, got shape {tuple(rotary_cos.shape)}")
+    if rotary_sin.shape != rotary_cos.shape:
+        raise InputError(f"rotary_sin: expected rotary_cos's shape {tuple(rotary_cos.shape)}, got "
+                         f"{tuple(rotary_sin.shape)}")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if t.dtype != q.dtype or t.device != q.device:
+            raise InputError(f"{name}: expected q's dtype {q.dtype} and device {q.device}, got {t.dtype}, "
+                             f"{t.device}")
+    if isinstance(cache_seqlens, Tensor):
+        if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,) \
+                or cache_seqlens.device != q.device:
+            raise InputError(f"cache_seqlens: expected an int32 tensor [{B}] on {q.device}, got "
+                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+        return
+    expect(is_int(cache_seqlens) and cache_seqlens >= 0, "cache_seqlens",
+           "the current cache lengths with rotary (a non-negative int or an int32 tensor [B])", cache_seqlens)
+    last = cache_seqlens + max(k.shape[1], Nq) - 1
+    if last >= rotary_cos.shape[0]:
+        raise InputError(f"rotary_cos: expected seqlen_ro > {last} (the last position rotated: cache_seqlens "
+                         f"{cache_seqlens} + max(Nnew, Nq) - 1), got seqlen_ro = {rotary_cos.shape[0]}")
+
+
+def _rotate(x: Tensor, pos: Tensor, rotary_cos: Tensor, rotary_sin: Tensor, interleaved: bool) -> Tensor:
+    """x [B, N, H, d] rotated at positions ``pos`` [B, N] (flash-attn's rotary, in fp32, cast back); the
+    dims past rotary_dim as they are. interleaved: pairs (2i, 2i + 1) (GPT-J); else (i, i + rotary_dim / 2)
+    (GPT-NeoX)."""
+    half = rotary_cos.shape[1]
+    cos = rotary_cos[pos].float()[:, :, None]  # [B, N, 1, rotary_dim / 2]
+    sin = rotary_sin[pos].float()[:, :, None]
+    xr = x[..., :2 * half].float()
+    x1, x2 = (xr[..., 0::2], xr[..., 1::2]) if interleaved else (xr[..., :half], xr[..., half:])
+    y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    y = torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
+    return torch.cat((y.to(x.dtype), x[..., 2 * half:]), -1)
+
+
+def _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, interleaved) -> tuple[Tensor, Tensor]:
+    """q and the new keys k rotated at their cache positions, as flash-attn: key j at ``cache_seqlens[b] +
+    j``; query j at ``cache_seqlens[b] + j`` when causal or local, else all at ``cache_seqlens[b]`` — the
+    same here, where Nq > 1 is causal. A tensor's positions stay on the device: one past the tables (its
+    length is out of range, which the append records) is clamped to the tables' last row."""
+    n = max(q.shape[1], k.shape[1])
+    j = torch.arange(n, dtype=torch.int32, device=q.device)
+    base = cache_seqlens[:, None] if isinstance(cache_seqlens, Tensor) else \
+        torch.full((q.shape[0], 1), cache_seqlens, dtype=torch.int32, device=q.device)
+    pos = (base + j).clamp_(0, rotary_cos.shape[0] - 1).long()  # [B, max(Nq, Nnew)]
+    return (_rotate(q, pos[:, :q.shape[1]], rotary_cos, rotary_sin, interleaved),
+            _rotate(k, pos[:, :k.shape[1]], rotary_cos, rotary_sin, interleaved))
+
+
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None,
                             v: Tensor | None = None, rotary_cos: Tensor | None = None,
                             rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
@@ -309,8 +381,18 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         (page_size in {16, 32, 64, 128, 256}); q's dtype.
     k, v : torch.Tensor, [B, Nnew, Hkv, d], optional
         New keys and values to append (both or neither; needs ``cache_seqlens``).
-    rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes : None
-        Not supported (NotImplementedError); ``rotary_interleaved`` only matters with rotary.
+    rotary_cos, rotary_sin : torch.Tensor, [seqlen_ro, rotary_dim / 2], optional
+        Rotary embedding (both or neither; q's dtype and device; rotary_dim <= d; needs ``k``, ``v`` and
+        ``cache_seqlens``): the new keys are rotated at their cache positions ``cache_seqlens[b] + j``
+        before they are appended, and query j at ``cache_seqlens[b] + j`` (flash-attn: with Nq = 1 and
+        neither causal nor local, at ``cache_seqlens[b]``: the same position). Computed in fp32 with
+        torch ops, cast back; dims past rotary_dim are left as they are. An int ``cache_seqlens`` whose
+        positions pass seqlen_ro is refused; a tensor's positions are clamped into the tables (a valid
+        length needs seqlen_ro > its last position; an invalid one is recorded by the append).
+    rotary_interleaved : bool
+        True: rotate dims (0, 1), (2, 3), ... (GPT-J); False: dims i and i + rotary_dim / 2 (GPT-NeoX).
+    cache_batch_idx, cache_leftpad, alibi_slopes : None
+        Not supported (NotImplementedError).
     cache_seqlens : int or torch.Tensor int32 [B], optional
         Keys already in the cache per sequence.
     block_table : torch.Tensor, int32 [B, max_pages], optional
@@ -343,10 +425,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         layout = "[num_pages, page_size, Hkv, d]" if block_table is not None else "[B, L, Hkv, d]"
         _check_rank("k_cache", k_cache, 4, layout)
         _check_rank("v_cache", v_cache, 4, layout)
-    if not (rotary_cos is None and rotary_sin is None and cache_batch_idx is None and cache_leftpad is None
-            and alibi_slopes is None):
-        _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
-                     cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
+    if not (cache_batch_idx is None and cache_leftpad is None and alibi_slopes is None):
+        _unsupported(cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
                      alibi_slopes=(alibi_slopes, None))
     if not (type(rotary_interleaved) is bool and type(num_splits) is int and num_splits >= 0
             and type(return_softmax_lse) is bool):
@@ -365,6 +445,9 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         left = mods.pop("window", (-1, 0))[0]
         if left != -1:  # the queries are their sequence's last positions: no key lies to their right
             mods["window"] = (left, 0)
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary:
+        _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens)
     if (k is None) != (v is None):
         raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
@@ -374,6 +457,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
             if t.dtype != q.dtype or t.shape[3] != q.shape[3] or t.device != q.device:
                 raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
                                  f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
+        if rotary:
+            q, k = _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
         cache_seqlens = kv_append(k_cache, v_cache, k, v, cache_seqlens, block_table)  # int32 [B], after it
     return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
                    return_softmax_lse, mods)
