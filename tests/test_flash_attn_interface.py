@@ -463,6 +463,131 @@ def test_kvcache_append_to_a_page_outside_the_cache_is_not_written_and_is_record
               _gather(vc, table[:1], 21).expand(b, -1, -1, -1), [21], [0])
 
 
+# --- with_kvcache: rotary embedding ---------------------------------------------------------------
+def _tables(seqlen_ro, rotary_dim):
+    """flash-attn's cos / sin tables [seqlen_ro, rotary_dim / 2] at DT (RoPE's frequencies, base 10000)."""
+    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angle = torch.arange(seqlen_ro, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angle.cos().to(DT).to(DEVICE), angle.sin().to(DT).to(DEVICE)
+
+
+def _rope(x, pos, cos, sin, interleaved):
+    """float64 reference of flash-attn's rotary: x [B, N, H, d] at positions pos [B, N]; pair i of the
+    first rotary_dim dims is (2i, 2i + 1) interleaved, else (i, i + rotary_dim / 2); the rest untouched."""
+    half = cos.shape[1]
+    x, c, s = x.double().cpu(), cos.double().cpu()[pos], sin.double().cpu()[pos]  # c, s: [B, N, half]
+    out = x.clone()
+    for i in range(half):
+        a, b = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+        ci, si = c[..., i, None], s[..., i, None]  # [B, N, 1]: every head
+        out[..., a] = x[..., a] * ci - x[..., b] * si
+        out[..., b] = x[..., a] * si + x[..., b] * ci
+    return out
+
+
+@pytest.mark.parametrize("paged, nq, n_new, interleaved, rotary_dim, as_int, causal", [
+    (False, 1, 1, True, 64, False, True),     # the whole head rotated, GPT-J pairs
+    (False, 3, 3, False, 32, False, True),    # chunked prefill, GPT-NeoX halves, half the head rotated
+    (False, 1, 3, True, 16, False, True),     # three new keys, one query: it sits at cache_seqlens + 0
+    (False, 1, 1, False, 48, True, False),    # int lengths; non-causal: the query at cache_seqlens
+    (True, 1, 1, False, 16, True, True),
+    (True, 4, 4, True, 48, False, True),
+])
+def test_kvcache_rotary_then_append_then_attend(paged, nq, n_new, interleaved, rotary_dim, as_int, causal):
+    """flash-attn's rotary: new key j rotated at cache_seqlens[b] + j before it is appended, query j at
+    cache_seqlens[b] + j (causal / local) or cache_seqlens[b]; the cache's old keys as they were."""
+    g = torch.Generator().manual_seed(21)
+    b, length, hq, hkv, d = 3, 64, 4, 2, 64
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    base = [13] * b if as_int else [0, 17, length - n_new]
+    lens = 13 if as_int else torch.tensor(base, dtype=torch.int32, device=DEVICE)
+    q, k_new, v_new = _randn(b, nq, hq, d, g=g, scale=2.0), *_cache(b, n_new, hkv, g)
+    cos, sin = _tables(length, rotary_dim)
+    k_pos = torch.tensor(base)[:, None] + torch.arange(n_new)
+    q_pos = torch.tensor(base)[:, None] + (torch.arange(nq) if causal else torch.zeros(nq, dtype=torch.long))
+    k_rot, q_rot = _rope(k_new, k_pos, cos, sin, interleaved), _rope(q, q_pos, cos, sin, interleaved)
+    assert not torch.allclose(k_rot, k_new.double().cpu())  # the rotation moves the keys
+    expected_k, expected_v = k_cache.double().cpu(), v_cache.double().cpu()
+    for x in range(b):
+        expected_k[x, base[x]:base[x] + n_new], expected_v[x, base[x]:base[x] + n_new] = k_rot[x], v_new[x]
+    kc, vc, table = _paged(k_cache, v_cache, 16, g) if paged else (k_cache.clone(), v_cache.clone(), None)
+    q_before, k_before = q.clone(), k_new.clone()
+    o, lse = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                         cache_seqlens=lens, block_table=table, causal=causal,
+                                         rotary_interleaved=interleaved, return_softmax_lse=True)
+    assert torch.equal(q, q_before) and torch.equal(k_new, k_before)  # the inputs are not rotated in place
+    got_k, got_v = (_gather(kc, table, length), _gather(vc, table, length)) if paged else (kc, vc)
+    assert torch.equal(got_v.double().cpu(), expected_v)
+    # the appended keys: the fp32 rotation rounded once to DT (half an ulp of |k| <= ~8: 2^-5)
+    assert (got_k.double().cpu() - expected_k).abs().max() <= 2.0 ** -5
+    assert torch.equal(got_k[..., rotary_dim:].double().cpu(), expected_k[..., rotary_dim:])
+    # attention over the rotated q and k as held at DT (flash-attn's kernel holds them at q's dtype too):
+    # the LSE bound is for the attention, not for the rounding of a rotated q of |q| ~ 2
+    q_rot, expected_k = q_rot.to(DT).double(), expected_k.to(DT).double()
+    o_ref, lse_ref, ok = _reference(q_rot, expected_k, expected_v, causal, lens=[n + n_new for n in base])
+    _assert_close(o, o_ref, _torch_own(q_rot.to(DT), expected_k.to(DT), expected_v.to(DT), ok), ok)
+    _assert_lse(lse, lse_ref)
+
+
+def test_kvcache_rotary_positions_outside_the_tables_are_clamped():
+    """A tensor length whose new keys do not fit (63 + 2 > 64; -1) is not read back: its positions are
+    clamped into the tables (never a read outside them), the append records it, the other sequence is
+    rotated, appended and attended as flash-attn would."""
+    g = torch.Generator().manual_seed(22)
+    b, length, hq, hkv, nq = 3, 64, 4, 2, 2
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    lens = torch.tensor([10, 63, -1], dtype=torch.int32, device=DEVICE)
+    q, k_new, v_new = _randn(b, nq, hq, 64, g=g), *_cache(b, nq, hkv, g)
+    cos, sin = _tables(length, 64)
+    decode.check_errors()
+    o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                    cache_seqlens=lens, causal=True)
+    with pytest.raises(InputError, match="cache_seqlens: expected values in"):
+        decode.check_errors()
+    pos = torch.tensor([[10, 11]])
+    k_rot, q_rot = _rope(k_new[:1], pos, cos, sin, True), _rope(q[:1], pos, cos, sin, True)
+    assert (k_cache[:1, 10:12].double().cpu() - k_rot).abs().max() <= 2.0 ** -5
+    expected_k = k_cache[:1].double().cpu()
+    o_ref, _, ok = _reference(q_rot, expected_k, v_cache[:1], True, lens=[12])
+    _assert_close(o[:1], o_ref, _torch_own(q_rot.to(DT), expected_k.to(DT), v_cache[:1].cpu(), ok), ok)
+
+
+def _rotary_bad(g):
+    q, kc, vc = _small(g)
+    cos, sin = _tables(6, 32)  # seqlen_ro 6 < the cache's 8
+    return q[:, :1], kc, vc, kc[:, :1], vc[:, :1], cos, sin
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"rotary_sin": None}, "rotary_sin: expected a tensor \\[seqlen_ro, rotary_dim / 2\\] \\(with rotary_c"),
+    ({"rotary_cos": None}, "rotary_cos: expected a tensor"),
+    ({"k": None, "v": None}, "k: expected new keys with rotary_cos / rotary_sin"),
+    ({"rotary_cos": "cos"}, "rotary_cos: expected a tensor"),
+    ({"rotary_cos": torch.ones(8, 40, dtype=DT), "rotary_sin": torch.ones(8, 40, dtype=DT)},
+     "rotary_cos: expected \\[seqlen_ro, rotary_dim / 2\\] with seqlen_ro > 0 and 0 < rotary_dim <= head_dim "
+     "= 64, got shape \\(8, 40\\)"),
+    ({"rotary_cos": torch.ones(0, 8, dtype=DT), "rotary_sin": torch.ones(0, 8, dtype=DT)},
+     "rotary_cos: expected \\[seqlen_ro, rotary_dim / 2\\] with seqlen_ro > 0"),
+    ({"rotary_cos": torch.ones(8, dtype=DT)}, "rotary_cos: expected a 2-d tensor"),
+    ({"rotary_sin": torch.ones(6, 8, dtype=DT)}, "rotary_sin: expected rotary_cos's shape \\(6, 16\\)"),
+    ({"rotary_cos": torch.ones(6, 16)}, "rotary_cos: expected q's dtype torch.bfloat16"),
+    ({"cache_seqlens": 6}, "rotary_cos: expected seqlen_ro > 6 \\(the last position rotated: cache_seqlens 6 "
+     "\\+ max\\(Nnew, Nq\\) - 1\\), got seqlen_ro = 6"),
+    ({"cache_seqlens": None}, "cache_seqlens: expected the current cache lengths with rotary"),
+    ({"cache_seqlens": torch.zeros(1)}, "cache_seqlens: expected an int32 tensor \\[1\\]"),
+    ({"k": torch.ones(1, 1, 2, 32, dtype=DT)}, "k: expected batch 1, head_dim 64 and dtype torch.bfloat16"),
+])
+def test_kvcache_rotary_bad_arguments_refused_before_writing(kw, match):
+    q, kc, vc, k, v, cos, sin = _rotary_bad(torch.Generator().manual_seed(23))
+    args = {"k": k, "v": v, "rotary_cos": cos, "rotary_sin": sin, "cache_seqlens": 2, **kw}
+    if isinstance(args["rotary_cos"], torch.Tensor):
+        args["rotary_cos"] = args["rotary_cos"].to(DEVICE)
+    before = kc.clone()
+    with pytest.raises(InputError, match=match):
+        fai.flash_attn_with_kvcache(q, kc, vc, **args)
+    assert torch.equal(kc, before)
+
+
 # --- what attnscope refuses ------------------------------------------------------------------------
 def _small(g):
     return _randn(1, 8, 2, 64, g=g), _randn(1, 8, 2, 64, g=g), _randn(1, 8, 2, 64, g=g)
@@ -486,8 +611,7 @@ def test_varlen_unsupported_named(kw, name):
         fai.flash_attn_varlen_func(q, k, v, cu, cu, 8, 8, **kw)
 
 
-@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad",
-                                  "alibi_slopes"])
+@pytest.mark.parametrize("name", ["cache_batch_idx", "cache_leftpad", "alibi_slopes"])
 def test_kvcache_unsupported_named(name):
     q, k, v = _small(torch.Generator().manual_seed(0))
     with pytest.raises(NotImplementedError, match=name):

@@ -138,6 +138,12 @@ def test_flash_attn_interface_calls():
     _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :3], pages_k, pages_v, k3, v3, cache_seqlens=lens3,
                                                   block_table=table, causal=True))
     assert torch.equal(pages_k[4, 15], k3[0, 0]) and torch.equal(pages_v[0, 1], v3[0, 2])
+    cos, sin = _rnd(32, 16), _rnd(32, 16)  # rotary: positions gathered on the device
+    _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :3], pages_k, pages_v, k3, v3, rotary_cos=cos,
+                                                  rotary_sin=sin, cache_seqlens=lens3 - 12, block_table=table,
+                                                  causal=True, rotary_interleaved=False))
+    _no_syncs(lambda: fai.flash_attn_with_kvcache(q[:, :1], kc, vc, k_new, v_new, rotary_cos=cos,
+                                                  rotary_sin=sin, cache_seqlens=26))
     attnscope.kernels.decode.check_errors()  # every length and page in range: nothing recorded
 
 
@@ -277,6 +283,10 @@ def _gpu_calls():
     table = torch.randperm(4 * 64, device="cuda").to(torch.int32).view(4, 64)
     calls.append(("flash_attn_with_kvcache paged append", lambda: fai.flash_attn_with_kvcache(
         qd.transpose(1, 2), pages_k, pages_v, k_new, v_new, cache_seqlens=small, block_table=table,
+        causal=True)))
+    cos, sin = rnd(4096, 64), rnd(4096, 64)
+    calls.append(("flash_attn_with_kvcache append, rotary", lambda: fai.flash_attn_with_kvcache(
+        qd.transpose(1, 2), kb, vb, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=small,
         causal=True)))
     return calls
 
