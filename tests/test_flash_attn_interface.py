@@ -548,7 +548,7 @@ def test_kvcache_rotary_positions_outside_the_tables_are_clamped():
     k_rot, q_rot = _rope(k_new[:1], pos, cos, sin, True), _rope(q[:1], pos, cos, sin, True)
     assert (k_cache[:1, 10:12].double().cpu() - k_rot).abs().max() <= 2.0 ** -5
     expected_k = k_cache[:1].double().cpu()
-    o_ref, _, ok = _reference(q_rot, expected_k, v_cache[:1], True, lens=[12])
+    o_ref, _, ok = _reference(q_rot, expected_k, v_cache[:1].cpu(), True, lens=[12])
     _assert_close(o[:1], o_ref, _torch_own(q_rot.to(DT), expected_k.to(DT), v_cache[:1].cpu(), ok), ok)
 
 
@@ -745,31 +745,35 @@ def test_optional_dependencies():
 # --- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("paged", [False, True])
-def test_gpu_kvcache_append_captured_in_a_cuda_graph(paged):
-    """The append reads nothing back to the host: a decode step with new k/v captures in a CUDA graph,
-    and each replay appends at the lengths the tensor holds then, as the eager call does."""
+@pytest.mark.parametrize("paged, rotary", [(False, False), (True, False), (False, True), (True, True)])
+def test_gpu_kvcache_append_captured_in_a_cuda_graph(paged, rotary):
+    """The append (and the rotary embedding's gather) reads nothing back to the host: a decode step with
+    new k/v captures in a CUDA graph, and each replay appends at the lengths the tensor holds then (rotated
+    at those positions), as the eager call does."""
     g = torch.Generator().manual_seed(14)
     b, length, hq, hkv = 4, 512, 8, 2
     k_cache, v_cache = _cache(b, length, hkv, g)
     kc, vc, table = _paged(k_cache, v_cache, 64, g) if paged else (k_cache, v_cache, None)
     q, k_new, v_new = _randn(b, 1, hq, 64, g=g), *_cache(b, 1, hkv, g)
     lens = torch.tensor([0, 17, 300, 510], dtype=torch.int32, device=DEVICE)
+    cos, sin = _tables(length, 32)
+    kw = {"rotary_cos": cos, "rotary_sin": sin, "rotary_interleaved": False} if rotary else {}
     eager_k, eager_v, eager_lens = kc.clone(), vc.clone(), lens.clone()
     expected = []
     for _ in range(2):  # eager: two steps on copies
         expected.append(fai.flash_attn_with_kvcache(q, eager_k, eager_v, k_new, v_new,
-                                                    cache_seqlens=eager_lens, block_table=table))
+                                                    cache_seqlens=eager_lens, block_table=table, **kw))
         eager_lens += 1
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up off the capture (plans, compiled kernels, the index cache)
         fai.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), k_new, v_new, cache_seqlens=lens,
-                                    block_table=table)
+                                    block_table=table, **kw)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table)
+        out = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table,
+                                          **kw)
     for step in range(2):
         graph.replay()
         torch.cuda.synchronize()
