@@ -49,6 +49,8 @@ def test_the_rule_reads_the_geometry_only():
         {"hopper_persist"}
     assert rule(64, False, 2, 32, 32, 8192, 8192) == rule(64, True, 2, 32, 32, 8192, 8192) == "hopper_wg3_pp"
     assert rule(64, True, 4, 32, 32, 4096, 4096) == "hopper_persist"  # causal needs the longer loop
+    assert rule(64, True, 14, 48, 12, 7024, 7024) == "hopper_wg3_pp"  # 3,512 keys: past the causal cut
+    assert rule(64, True, 8, 32, 32, 6142, 6142) == "hopper_persist"  # 3,071 keys: before it
     assert rule(64, False, 4, 32, 32, 4096, 4096) == "hopper_wg3_pp"
     assert rule(64, True, 16, 32, 32, 1024, 1024) is None  # short causal loop: portable
     assert rule(64, False, 16, 32, 32, 1024, 1024) == "hopper_persist"
