@@ -42,18 +42,22 @@ def test_mean_keys_is_the_mean_over_rows_of_the_visible_keys():
 
 
 def test_the_rule_reads_the_geometry_only():
-    """d = 128: the persistent kernel; d = 64: three warpgroups once the KV loop is long and the grid fills
-    the machine twice over, portable where the loop is short; no dtype in the rule."""
+    """d = 128: the persistent kernel; d = 64: three warpgroups once the KV loop is long, the grid fills
+    the machine twice over and their 192-row tiles pad no more than 128-row ones, portable where the loop is
+    short; no dtype in the rule."""
     rule = dispatch.hopper_variant
     assert {rule(128, c, b, 32, 8, n, n) for c in (False, True) for b, n in ((1, 1024), (4, 32768))} == \
         {"hopper_persist"}
     assert rule(64, False, 2, 32, 32, 8192, 8192) == rule(64, True, 2, 32, 32, 8192, 8192) == "hopper_wg3_pp"
     assert rule(64, True, 4, 32, 32, 4096, 4096) == "hopper_persist"  # causal needs the longer loop
-    assert rule(64, True, 14, 48, 12, 7024, 7024) == "hopper_wg3_pp"  # 3,512 keys: past the causal cut
-    assert rule(64, True, 8, 32, 32, 6142, 6142) == "hopper_persist"  # 3,071 keys: before it
+    cut = dispatch.WG3_MIN_KEYS[True]
+    assert rule(64, True, 8, 32, 32, 2 * cut + 192, 2 * cut + 192) == "hopper_wg3_pp"  # past the causal cut
+    assert rule(64, True, 8, 32, 32, 2 * cut - 192, 2 * cut - 192) == "hopper_persist"  # before it
+    # 192-row tiles that pad more rows than 128-row tiles lose: N = 1,024 pads 6 x 192 = 1,152 rows, not 1,024
+    assert rule(64, False, 16, 32, 32, 1024, 1024) == "hopper_persist"
+    assert rule(64, False, 16, 32, 32, 1152, 1152) == "hopper_wg3_pp"  # no padding either way
     assert rule(64, False, 4, 32, 32, 4096, 4096) == "hopper_wg3_pp"
     assert rule(64, True, 16, 32, 32, 1024, 1024) is None  # short causal loop: portable
-    assert rule(64, False, 16, 32, 32, 1024, 1024) == "hopper_persist"
     # too few 192-row CTAs for two waves: the 128-row persistent kernel instead
     assert rule(64, False, 1, 4, 4, 8192, 8192) == "hopper_persist"  # 172 CTAs on 132 SMs
     assert rule(64, False, 1, 4, 4, 8192, 8192, sms=16) == "hopper_wg3_pp"
@@ -63,6 +67,14 @@ def test_the_rule_reads_the_geometry_only():
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
     # GQA does not move the choice
     assert rule(64, False, 4, 32, 32, 4096, 4096) == rule(64, False, 4, 32, 4, 4096, 4096)
+
+
+def test_the_rule_counts_the_kernels_rows():
+    """The rule's rows per CTA are the variants' (NWG x BM of kernels/fwd_hopper.py VARIANTS)."""
+    from attnscope.kernels import fwd_hopper
+
+    rows = {name: {c.NWG * c.BM for c in v.configs.values()} for name, v in fwd_hopper.VARIANTS.items()}
+    assert rows == {"hopper_persist": {dispatch.PERSIST_ROWS}, "hopper_wg3_pp": {dispatch.WG3_ROWS}}
 
 
 # --- the score mods: input checks (CPU) ---------------------------------------------------------------------

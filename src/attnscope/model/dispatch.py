@@ -28,11 +28,13 @@ lean 0.88-1.03 unmasked, 0.94-0.97 causal (plain 0.88-1.00, 0.92-0.94); two-kern
 build: its dK/dV kernel's rows and loop are the plain step's.
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
-query row (keys each row visits), and the waves of 192-row tiles on the SMs. It is the same for fp16 and
-bf16, and for any GQA group (no measurement showed the group moving the choice). Where no variant beats
-the portable Triton kernel (d = 64 with a short KV loop) it returns None. The thresholds come from
-the H200 sweeps at B*N = 16k, H = 32 (bench/results/h200-2026-12-01-prefill-*.json); the shapes drawn off
-that grid to check them are bench/grids/dispatch_heldout.csv (``bench/prefill.py --shapes``).
+query row (keys each row visits), the waves of 192-row tiles on the SMs and the rows those tiles pad
+beyond 128-row tiles. It is the same for fp16 and bf16, and for any GQA group (no measurement showed the
+group moving the choice). Where no variant beats the portable Triton kernel (d = 64 with a short KV loop)
+it returns None. The thresholds come from the H200 sweeps at B*N = 16k, H = 32
+(bench/results/h200-2026-12-01-prefill-*.json) and the held-out shapes bench/grids/dispatch_heldout.csv and
+dispatch_heldout2.csv; bench/grids/dispatch_heldout3.csv, drawn after the last change, checks them
+(``bench/prefill.py --shapes``).
 """
 
 from __future__ import annotations
@@ -46,13 +48,19 @@ VARIANTS = ("hopper_persist", "hopper_wg3_pp")
 DEFAULT_VARIANT = VARIANTS[0]
 #: Query rows per CTA of ``hopper_wg3_pp`` (3 warpgroups x 64 rows).
 WG3_ROWS = 192
+#: Query rows per CTA of ``hopper_persist`` (2 warpgroups x 64 rows).
+PERSIST_ROWS = 128
 #: d = 64: mean keys per query row from which three warpgroups win, (unmasked, causal). Causal needs the
-#: longer loop: its non-persistent grid pays the imbalance of short diagonal tiles (B*N = 16k sweeps:
-#: unmasked wins from N = 2k, causal from N = 8k, i.e. 4,096 keys; causal N = 4k, 2,048 keys, runs
-#: hopper_persist 1.05 x portable). The causal cut sits between: on the held-out shapes
-#: (bench/grids/dispatch_heldout.csv, 5 rounds) three warpgroups ran 1.055-1.064 x hopper_persist at 3,512
-#: keys and 0.99-1.04 x at 1,964-2,120.
-WG3_MIN_KEYS = {False: 2048, True: 3072}
+#: longer loop: its non-persistent grid pays the imbalance of short diagonal tiles. Fitted on the B*N = 16k
+#: sweep and the first two held-out sets (bench/grids/dispatch_heldout.csv, dispatch_heldout2.csv, 5 rounds
+#: each; 44 d = 64 points in all): unmasked, three warpgroups ran 1.02-1.10 x hopper_persist from 1,150 keys
+#: wherever their 192-row tiles padded no more rows than 128-row tiles (`WG3_MIN_FILL`); causal, 0.91-1.01 x
+#: up to 2,120 keys and 1.04-1.11 x from 2,478.
+WG3_MIN_KEYS = {False: 1024, True: 2304}
+#: Least ratio of the query rows 128-row tiles cover to those 192-row tiles cover
+#: (``ceil(nq / 128) * 128 / (ceil(nq / 192) * 192)``) for ``hopper_wg3_pp``: at N = 1,024 its 6 x 192 rows
+#: pad 11 % more than 8 x 128 and it ran 0.90 x hopper_persist (N = 1,380: 8 % more, 0.95 x).
+WG3_MIN_FILL = 0.95
 #: d = 64: mean keys per row below which the portable kernel is as fast as any Gluon variant, (unmasked,
 #: causal) (B*N = 16k: unmasked N = 1k runs hopper_persist 1.04-1.05 x portable in three runs; causal N = 1k
 #: 0.80-0.85 x, N = 2k 0.99-1.00 x).
@@ -106,8 +114,10 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     if window is not None and (window[0] >= 0 or window[1] >= 0):
         width = (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
         keys = min(keys, width)
-    waves = -(-nq // WG3_ROWS) * batch * q_heads / sms
-    if keys >= WG3_MIN_KEYS[causal] and waves >= WG3_MIN_WAVES:
+    tiles = -(-nq // WG3_ROWS)
+    waves = tiles * batch * q_heads / sms
+    fill = -(-nq // PERSIST_ROWS) * PERSIST_ROWS / (tiles * WG3_ROWS)
+    if keys >= WG3_MIN_KEYS[causal] and waves >= WG3_MIN_WAVES and fill >= WG3_MIN_FILL:
         return "hopper_wg3_pp"
     if keys < D64_MIN_KEYS[causal]:
         return None
