@@ -2,10 +2,10 @@
 
     PYTHONPATH=src python bench/backward.py [--quick] [--json out.json] [--markdown] [--impl hopper]
 
-bf16, H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not. Per shape, every
-implementation is first checked against float64 on one head at the full shape (dQ, dK, dV within
-3 x SDPA FLASH's own bf16 error + 1e-3), then timed (triton.testing.do_bench, median): backward only
-(the gradient of a retained forward graph) and forward + backward. FLOPs:
+bf16 (``--dtype float16``: fp16), H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not.
+Per shape, every implementation is first checked against float64 on one head at the full shape (dQ, dK, dV
+within 3 x SDPA FLASH's own error at that dtype + 1e-3), then timed (triton.testing.do_bench, median):
+backward only (the gradient of a retained forward graph) and forward + backward. FLOPs:
 attnscope.model.flops.attention_flops (backward = 2.5 x forward). `attnscope` is the user's call,
 ``attnscope.flash_attention(q, k, v, causal=...)`` and its ``.backward()`` with every default (autograd
 picks the kernels, the mode and the build: on sm_90 at d = 64 the one-pass lean build), timed exactly as
@@ -112,7 +112,8 @@ def _backward(bwd, args, kw):
             bwd_hopper.LEAN_CONFIGS[name][d] = cfg
 
 
-def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, plain=False):
+def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, plain=False,
+               dtype="bfloat16"):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
     attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``plain``:
     also both Hopper builds in the plain build where the default is the lean one (`bwd_hopper.config`)."""
@@ -121,7 +122,7 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
 
     b = max(1, tokens // n)
     g = torch.Generator(device="cuda").manual_seed(n + d + causal)
-    q, k, v, do = (torch.randn(b, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v, do = (torch.randn(b, heads, n, d, device="cuda", dtype=getattr(torch, dtype), generator=g)
                    for _ in range(4))
     ref = _ref_grads(torch, q, k, v, do, causal)
     impls = _impls(torch, causal, d, n, flex_all)
@@ -147,7 +148,7 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
                 f"(3 x SDPA FLASH's {torch_err:.3g} + 1e-3)" for name in ("attnscope", *ours)
                 if not errs[name] <= bound]
-    row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "grad_err": errs,
+    row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "dtype": dtype, "grad_err": errs,
            "backward_ms": {}, "fwd_bwd_ms": {}}
     if failures:
         log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAIL, not timed: " + "; ".join(failures))
@@ -199,12 +200,12 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
     return row, failures
 
 
-def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, plain=False):
+def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, plain=False, dtype="bfloat16"):
     rows, failures = [], []
     for d in ds:
         for causal in (False, True):
             for n in ns:
-                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, plain)
+                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, plain, dtype)
                 rows.append(row)
                 failures += bad
                 torch.cuda.empty_cache()
@@ -294,6 +295,8 @@ def main(argv=None) -> int:
     p.add_argument("--hopper-lean", metavar="BM,BN,STAGES[,NWG,DQ,RED]", default=None,
                    help="another lean d = 64 dK/dV config (LEAN = 1; default: bwd_hopper.LEAN_CONFIGS), for "
                         "every call that runs the lean build (the default one included)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                   help="the inputs' dtype for the timed sweep (the peak-memory point stays bf16)")
     p.add_argument("--d", type=int, action="append", choices=(64, 128),
                    help="only this head dim (repeatable; default: 64 and 128)")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
@@ -319,8 +322,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     ns = (1024, 4096) if args.quick else (1024, 4096, 16384)
     ds = tuple(args.d or ((128,) if args.quick else (64, 128)))
-    print(f"backward bench: bf16, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against float64 "
-          "at every shape before timing it", flush=True)
+    print(f"backward bench: {args.dtype}, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against "
+          "float64 at every shape before timing it", flush=True)
     print("column attnscope: exactly the user's call, attnscope.flash_attention(q, k, v, causal=...) and its "
           ".backward() with every default (autograd picks the kernels, mode and build); attnscope_det / "
           "attnscope_atomic: flash_attention_backward(deterministic=True / False) called directly",
@@ -348,7 +351,7 @@ def main(argv=None) -> int:
             p.error(f"--hopper-lean: expected BM,BN,STAGES[,NWG,DQ,RED], got {args.hopper_lean!r}")
         bwd_hopper.LEAN_CONFIGS["dkdv"][64] = bwd_hopper.BwdConfig(*cfg)._replace(LEAN=1)
     rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper,
-                           args.hopper_plain)
+                           args.hopper_plain, args.dtype)
     mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)
@@ -360,7 +363,7 @@ def main(argv=None) -> int:
                                   for k, v in bwd_hopper.CONFIGS.items()},
                "hopper_lean_configs": {k: {d: tuple(c) for d, c in v.items()}
                                        for k, v in bwd_hopper.LEAN_CONFIGS.items()}} if hopper else {}),
-           "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
+           "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"), "dtype": args.dtype,
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")
     if args.markdown:
