@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import attnscope  # noqa: E402
 from attnscope import checks  # noqa: E402
 from attnscope.errors import InputError  # noqa: E402
 from attnscope.kernels import decode  # noqa: E402
@@ -131,10 +132,10 @@ def test_func_forward_and_lse(causal, hq, hkv, nq, nk, monkeypatch):
     g = torch.Generator().manual_seed(1)
     q, k, v = _randn(2, nq, hq, 64, g=g, scale=2.0), _randn(2, nk, hkv, 64, g=g), _randn(2, nk, hkv, 64, g=g)
     seen = []
-    real = fai.flash_attention
-    monkeypatch.setattr(fai, "flash_attention", lambda *a, **kw: seen.append(a[:3]) or real(*a, **kw))
+    real = fai._launch_fwd
+    monkeypatch.setattr(fai, "_launch_fwd", lambda *a, **kw: seen.append(a[:3]) or real(*a, **kw))
     o, lse, probs = fai.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    # views of the caller's buffers went to the kernel: no copy
+    # the caller's buffers went to the kernel's launch: no copy
     assert [t.data_ptr() for t in seen[0]] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
     assert probs is None and o.shape == q.shape and lse.shape == (2, hq, nq) and lse.dtype == torch.float32
     o_ref, lse_ref, ok = _reference(q, k, v, causal)
@@ -200,16 +201,23 @@ def test_func_window_and_softcap(causal, window, softcap):
     ({"window_size": (-1, 3)}, {"window": (-1, 3)}),
     ({"softcap": 30, "deterministic": True}, {"softcap": 30.0, "deterministic": True}),
 ])
-def test_keywords_reach_the_kernels(kw, passed, monkeypatch):
+@pytest.mark.parametrize("grad", [True, False])
+def test_keywords_reach_the_kernels(kw, passed, grad, monkeypatch):
     """flash-attn's window_size / softcap / deterministic become the kernels' keywords, only where they are on
-    (a call with defaults passes none, so it runs on kernels without them)."""
+    (a call with defaults passes none, so it runs on kernels without them): through autograd (inputs that
+    require grad) and through the eager launch (the window and softcap; deterministic is the backward's)."""
     seen = []
     for name in ("flash_attention", "flash_attention_varlen"):
         monkeypatch.setattr(fai, name, lambda *a, **k: seen.append(k) or a[0])
-    q, k, v = _small(torch.Generator().manual_seed(0))
+    # the eager launches: fwd._launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, ..)
+    monkeypatch.setattr(fai, "_launch_fwd", lambda *a: seen.append(dict(window=a[8], softcap=a[9])) or a[:3])
+    monkeypatch.setattr(fai, "_launch_varlen", lambda *a, **k: seen.append(k) or a[:2])
+    q, k, v = (t.requires_grad_(grad) for t in _small(torch.Generator().manual_seed(0)))
     fai.flash_attn_func(q, k, v, **kw)
     cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
     fai.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, **kw)
+    if not grad:
+        passed = {"window": passed.get("window"), "softcap": passed.get("softcap", 0.0)}
     assert seen == [passed, passed]
 
 
@@ -811,3 +819,36 @@ def test_gpu_kvcache_known_layout_same_bits_as_the_native_call(lens):
                                         block_table=table)
         assert o.is_contiguous() and torch.equal(o, native.transpose(1, 2))
     decode.check_errors()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fn", ["func", "kvpacked", "qkvpacked"])
+@pytest.mark.parametrize("d, return_lse", [(128, False), (64, True)])
+def test_gpu_dense_same_bits_as_the_native_call(fn, d, return_lse):
+    """On a GPU the eager dense call launches on flash-attn's tensors as given, through the kept binary after
+    the first call (the kernel `flash_attention`'s dispatch rule picks: a Hopper one on sm_90): the bits of
+    `flash_attention` on the [B, H, N, d] views, call after call, the output [B, N, H, d] with the strides
+    of the native output's transpose."""
+    g = torch.Generator().manual_seed(16)
+    b, n, hq = 2, 2048, 8
+    hkv = hq if fn == "qkvpacked" else 2
+    qkv = _randn(b, n, 3, hq, d, g=g)  # [B, N, 3, H, d]
+    kv = _randn(b, n, 2, hkv, d, g=g)  # [B, N, 2, Hkv, d]
+    q = _randn(b, n, hq, d, g=g)
+    kw = {"causal": True, "return_attn_probs": return_lse}
+    if fn == "qkvpacked":
+        views, call = qkv.unbind(2), lambda: fai.flash_attn_qkvpacked_func(qkv, **kw)
+    elif fn == "kvpacked":
+        views, call = (q, *kv.unbind(2)), lambda: fai.flash_attn_kvpacked_func(q, kv, **kw)
+    else:
+        views, call = (q, *kv.unbind(2)), lambda: fai.flash_attn_func(q, *kv.unbind(2), **kw)
+    native = attnscope.flash_attention(*(t.transpose(1, 2) for t in views), causal=True,
+                                       return_lse=return_lse)
+    o_native = (native[0] if return_lse else native).transpose(1, 2)
+    for _ in range(3):  # the first plans (through Triton), the others launch the kept binary
+        res = call()
+        o = res[0] if return_lse else res
+        assert o.shape == (b, n, hq, d) and o.stride() == o_native.stride() and torch.equal(o, o_native)
+        if return_lse:
+            assert res[2] is None and torch.equal(res[1], native[1])

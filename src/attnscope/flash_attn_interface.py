@@ -15,9 +15,11 @@ function                        flash-attn layout                           kern
                                 or paged [pages, page, Hkv, d]
 ==============================  ==========================================  ============================
 
-The [B, N, H, d] outputs are views of the kernels' ``[B, H, N, d]`` outputs (``.reshape`` copies where a
-caller needs contiguous memory). `flash_attn_with_kvcache` on a layout `flash_decode` has planned makes no
-view: the plan launches on the tensors as given (`_attend`). ``return_attn_probs=True`` returns
+Eager inference (no input requires grad, outside torch.compile) launches the kernel's plan on flash-attn's
+tensors as given and allocates the output in flash-attn's layout: no view of the caller's tensors but the
+q, k, v of a packed one (`_infer`, `_launch_varlen`; `flash_attn_with_kvcache` on a layout `flash_decode`
+has planned: `_attend`). With autograd or under torch.compile the kernels get ``[B, H, N, d]`` views and the
+outputs are views of theirs (`_autograd`). ``return_attn_probs=True`` returns
 ``(out, softmax_lse, None)``: the natural-log LSE, float32 ``[B, Hq, Nq]`` (``[Hq, total_q]`` for
 varlen); attention probabilities are never materialised. ``causal`` is bottom-right aligned (flash-attn >=
 2.1); ``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
@@ -31,6 +33,7 @@ NotImplementedError naming the argument; nothing is ignored.
 from __future__ import annotations
 
 import functools
+import operator
 
 from attnscope.errors import InputError, expect, finite_real, is_int
 from attnscope.kernels._common import check_rank, check_tensor, import_torch_triton
@@ -41,7 +44,9 @@ torch, _ = import_torch_triton()
 from attnscope.kernels.decode import flash_decode, kv_append  # noqa: E402
 from attnscope.kernels.decode.api import _cached  # noqa: E402
 from attnscope.kernels.decode.checks import _layout  # noqa: E402
+from attnscope.kernels.fwd import _launch as _launch_fwd  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
+from attnscope.kernels.varlen import _launch as _launch_varlen  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
@@ -88,13 +93,20 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     return mods
 
 
+#: The signatures' default window_size, softcap and dropout_p: a call that leaves them passes these objects,
+#: which `_defaults` recognises before any type or value test.
+_NO_WINDOW, _OFF = (-1, -1), 0.0
+
+
 def _defaults(causal, window_size, softcap, dropout_p) -> bool:
     """Whether the score options are exactly their off values (a bool ``causal``, the int pair (-1, -1),
-    softcap and dropout_p 0), which need no further check: a few type tests in place of `_mods`' checks."""
-    return (type(causal) is bool and type(window_size) is tuple and window_size == (-1, -1)
-            and type(window_size[0]) is int and type(window_size[1]) is int
-            and type(softcap) in (int, float) and softcap == 0 and type(dropout_p) in (int, float)
-            and dropout_p == 0)
+    softcap and dropout_p 0), which need no further check: a few type tests in place of `_mods`' checks,
+    none for an argument left at its default (the signature's object)."""
+    return ((causal is True or causal is False)
+            and (window_size is _NO_WINDOW or type(window_size) is tuple and window_size == (-1, -1)
+                 and type(window_size[0]) is int and type(window_size[1]) is int)
+            and (softcap is _OFF or type(softcap) in (int, float) and softcap == 0)
+            and (dropout_p is _OFF or type(dropout_p) in (int, float) and dropout_p == 0))
 
 
 def _deterministic(deterministic) -> dict:
@@ -121,27 +133,47 @@ def _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, determini
         _unsupported(alibi_slopes=(alibi_slopes, None), block_table=(block_table, None))
     if deterministic is not False:
         mods.update(_deterministic(deterministic))
-    expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
+    if type(return_attn_probs) is not bool:
+        expect(isinstance(return_attn_probs, bool), "return_attn_probs", "True or False", return_attn_probs)
     return mods
 
 
-def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-           return_attn_probs):
-    """The shared body of the three dense functions: q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], the kernels'
-    layout as views of flash-attn's tensors."""
-    mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
-                       return_attn_probs)
-    res = flash_attention(q, k, v, causal, softmax_scale, return_attn_probs, **mods)
-    if not return_attn_probs:
+def _eager(*tensors) -> bool:
+    """Whether the call is eager inference (outside torch.compile; no input requires grad, or grad mode is
+    off): `_infer` on flash-attn's tensors as they are, else `_autograd` on [B, H, N, d] views."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t.requires_grad:
+                return False
+    return True
+
+
+def _infer(q, k, v, causal, scale, return_lse, mods):
+    """Eager inference on flash-attn's q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d] (any strides with a unit last
+    stride): the forward's launch of their [B, H, N, d] layout (`fwd._launch` with ``bnhd``: a planned
+    layout makes no view), o allocated as [B, Nq, Hq, d]. ``mods``: `_train_mods`' keywords (the backward's
+    ``deterministic`` has nothing to do here)."""
+    o, lse, _ = _launch_fwd(q, k, v, causal, scale, return_lse, None, "auto", mods.get("window"),
+                            mods.get("softcap", 0.0), None, True, True)
+    return (o, lse, None) if return_lse else o
+
+
+def _autograd(q, k, v, causal, scale, return_lse, mods):
+    """`flash_attention` (differentiable; torch.compile's op) on q [B, Hq, Nq, d], k, v [B, Hkv, Nk, d],
+    views of flash-attn's tensors; o back as [B, Nq, Hq, d]."""
+    res = flash_attention(q, k, v, causal, scale, return_lse, **mods)
+    if not return_lse:
         return _bhnd(res)
     o, lse = res
     return _bhnd(o), lse, None
 
 
 # --- the dense functions -------------------------------------------------------------------------
-def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = _OFF,
                     softmax_scale: float | None = None, causal: bool = False,
-                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _OFF,
                     alibi_slopes: Tensor | None = None, deterministic: bool = False,
                     return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
     """Attention in flash-attn's layout, differentiable (through `attnscope.flash_attention`).
@@ -180,52 +212,65 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     >>> q = k = v = torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16)
     >>> out = flash_attn_func(q, k, v, causal=True)
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_rank(name, t, 4, "[B, Nq, Hq, d]" if name == "q" else "[B, Nk, Hkv, d]")
-    return _dense(_bhnd(q), _bhnd(k), _bhnd(v), dropout_p, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, deterministic, return_attn_probs)
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_rank(name, t, 4, "[B, Nq, Hq, d]" if name == "q" else "[B, Nk, Hkv, d]")
+    mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
+                       return_attn_probs)
+    if _eager(q, k, v):
+        return _infer(q, k, v, causal, softmax_scale, return_attn_probs, mods)
+    return _autograd(_bhnd(q), _bhnd(k), _bhnd(v), causal, softmax_scale, return_attn_probs, mods)
 
 
-def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                              causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-                              softcap: float = 0.0, alibi_slopes: Tensor | None = None,
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = _OFF, softmax_scale: float | None = None,
+                              causal: bool = False, window_size: tuple[int, int] = _NO_WINDOW,
+                              softcap: float = _OFF, alibi_slopes: Tensor | None = None,
                               deterministic: bool = False,
                               return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
     """`flash_attn_func` with q, k, v packed: ``qkv`` [B, N, 3, H, d] (q, k, v = qkv.unbind(2), as views).
 
     Returns out [B, N, H, d] (and, with ``return_attn_probs``, softmax_lse [B, H, N] and None); the
     gradient flows back into ``qkv``."""
-    _check_rank("qkv", qkv, 5, "[B, N, 3, H, d]")
+    if not (isinstance(qkv, Tensor) and qkv.dim() == 5):
+        _check_rank("qkv", qkv, 5, "[B, N, 3, H, d]")
     if qkv.shape[2] != 3:
         raise InputError(f"qkv: expected shape [B, N, 3, H, d], got {tuple(qkv.shape)}")
+    mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
+                       return_attn_probs)
+    if _eager(qkv):
+        return _infer(*qkv.unbind(2), causal, softmax_scale, return_attn_probs, mods)  # [B, N, H, d] views
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, d] views: two ops, not four
-    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+    return _autograd(q, k, v, causal, softmax_scale, return_attn_probs, mods)
 
 
-def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0,
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = _OFF,
                              softmax_scale: float | None = None, causal: bool = False,
-                             window_size: tuple[int, int] = (-1, -1),
-                             softcap: float = 0.0, alibi_slopes: Tensor | None = None,
+                             window_size: tuple[int, int] = _NO_WINDOW,
+                             softcap: float = _OFF, alibi_slopes: Tensor | None = None,
                              deterministic: bool = False,
                              return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
     """`flash_attn_func` with k, v packed: q [B, Nq, Hq, d], ``kv`` [B, Nk, 2, Hkv, d] (views, no copy).
 
     Returns out [B, Nq, Hq, d] (and, with ``return_attn_probs``, softmax_lse [B, Hq, Nq] and None)."""
-    _check_rank("q", q, 4, "[B, Nq, Hq, d]")
-    _check_rank("kv", kv, 5, "[B, Nk, 2, Hkv, d]")
+    if not (isinstance(q, Tensor) and isinstance(kv, Tensor) and q.dim() == 4 and kv.dim() == 5):
+        _check_rank("q", q, 4, "[B, Nq, Hq, d]")
+        _check_rank("kv", kv, 5, "[B, Nk, 2, Hkv, d]")
     if kv.shape[2] != 2:
         raise InputError(f"kv: expected shape [B, Nk, 2, Hkv, d], got {tuple(kv.shape)}")
+    mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
+                       return_attn_probs)
+    if _eager(q, kv):
+        return _infer(q, *kv.unbind(2), causal, softmax_scale, return_attn_probs, mods)  # [B, Nk, Hkv, d]
     k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, Hkv, Nk, d] views: two ops, not three
-    return _dense(_bhnd(q), k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+    return _autograd(_bhnd(q), k, v, causal, softmax_scale, return_attn_probs, mods)
 
 
 # --- varlen --------------------------------------------------------------------------------------
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = _OFF,
                            softmax_scale: float | None = None, causal: bool = False,
-                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _OFF,
                            alibi_slopes: Tensor | None = None, deterministic: bool = False,
                            return_attn_probs: bool = False,
                            block_table: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, None]:
@@ -258,10 +303,17 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     >>> q = k = v = torch.randn(4196, 32, 128, device="cuda", dtype=torch.bfloat16)
     >>> out = flash_attn_varlen_func(q, k, v, cu, cu, 4096, 4096, causal=True)
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_rank(name, t, 3, "[total_q, Hq, d]" if name == "q" else "[total_k, Hkv, d]")
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and q.dim() == 3 and k.dim() == 3 and v.dim() == 3):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_rank(name, t, 3, "[total_q, Hq, d]" if name == "q" else "[total_k, Hkv, d]")
     mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
                        return_attn_probs, block_table)
+    if _eager(q, k, v):  # flash_attention_varlen's eager launch (its checks) without its wrapper's
+        res = _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                             softmax_scale, return_attn_probs, False, window=mods.get("window"),
+                             softcap=mods.get("softcap", 0.0))
+        return (*res, None) if return_attn_probs else res[0]
     res = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                  softmax_scale, return_attn_probs, **mods)
     return (*res, None) if return_attn_probs else res
@@ -353,8 +405,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                             rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
                             cache_batch_idx: Tensor | None = None, cache_leftpad: Tensor | None = None,
                             block_table: Tensor | None = None, softmax_scale: float | None = None,
-                            causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-                            softcap: float = 0.0, rotary_interleaved: bool = True,
+                            causal: bool = False, window_size: tuple[int, int] = _NO_WINDOW,
+                            softcap: float = _OFF, rotary_interleaved: bool = True,
                             alibi_slopes: Tensor | None = None, num_splits: int = 0,
                             return_softmax_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Decode / chunked prefill against a KV cache, appending new keys and values first (in place).
@@ -436,15 +488,12 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                "num_splits", "an int >= 0 (0: the kernel's heuristic)", num_splits)
         expect(isinstance(return_softmax_lse, bool), "return_softmax_lse", "True or False",
                return_softmax_lse)
-    mods = _mods(causal, window_size, softcap)
-    if q.shape[1] > 1 and not causal:
+    mods = {} if _defaults(causal, window_size, softcap, _OFF) else _decode_mods(causal, window_size, softcap)
+    nq = q.shape[1]
+    if nq > 1 and not causal:
         raise NotImplementedError(f"causal: with Nq > 1 new queries only causal=True is supported (the "
                                   f"chunked kernel is causal among the new queries), got causal=False and "
-                                  f"Nq = {q.shape[1]}")
-    if mods:
-        left = mods.pop("window", (-1, 0))[0]
-        if left != -1:  # the queries are their sequence's last positions: no key lies to their right
-            mods["window"] = (left, 0)
+                                  f"Nq = {nq}")
     rotary = rotary_cos is not None or rotary_sin is not None
     if rotary:
         _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens)
@@ -461,17 +510,28 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
             q, k = _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
         cache_seqlens = kv_append(k_cache, v_cache, k, v, cache_seqlens, block_table)  # int32 [B], after it
     return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
-                   return_softmax_lse, mods)
+                   return_softmax_lse, mods, nq == 1)
 
 
-def _kernel_layout(t, length=None):
-    """(shape, strides, dtype, device) of ``_bhnd(t)`` (of ``_bhnd(t[:, :length])``), the view not made."""
-    s, st = t.shape, t.stride()
-    return ((s[0], s[2], s[1] if length is None else length, s[3]), (st[0], st[2], st[1], st[3]), t.dtype,
-            t.device)
+def _decode_mods(causal, window_size, softcap) -> dict:
+    """`_mods` for queries that are their sequence's last positions: no key lies to their right, so a window
+    is (left, 0)."""
+    mods = _mods(causal, window_size, softcap)
+    left = mods.pop("window", (-1, 0))[0]
+    if left != -1:
+        mods["window"] = (left, 0)
+    return mods
 
 
-def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods):
+_SWAP12 = operator.itemgetter(0, 2, 1, 3)  # a [B, N, H, d] shape or strides as [B, H, N, d]'s
+
+
+def _kernel_layout(t, shape=None):
+    """(shape, strides, dtype, device) of ``_bhnd(t)``, the view not made (``shape``: the view's, given)."""
+    return shape or _SWAP12(t.shape), _SWAP12(t.stride()), t.dtype, t.device
+
+
+def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1):
     """`flash_decode` on flash-attn's layouts: q [B, Nq, Hq, d], a dense cache [B, L, Hkv, d] (`_bhnd`
     views) or a paged one; o [B, Nq, Hq, d] (with ``return_lse`` also the LSE [B, Hq, Nq]).
 
@@ -484,21 +544,25 @@ def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, 
     dense = block_table is None
     compiling = torch.compiler.is_compiling()
     length = None  # keys every sequence attends to, in place of an int cache_seqlens
-    if type(cache_seqlens) is int and 0 < cache_seqlens <= k_cache.shape[1] and dense and q.shape[1] == 1 \
-            and not compiling and k_cache.shape == v_cache.shape:  # (else the checks name the shapes)
+    if type(cache_seqlens) is int and dense and nq1 and not compiling and cache_seqlens > 0 \
+            and cache_seqlens <= (shape := k_cache.shape)[1] and shape == v_cache.shape:  # (else the checks)
         length, cache_seqlens = cache_seqlens, None
     elif not (cache_seqlens is None or isinstance(cache_seqlens, Tensor)):
         cache_seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
-    window, softcap = mods.get("window"), mods.get("softcap", 0.0)
     if not compiling and (dense or isinstance(block_table, Tensor)):
+        window, softcap = (mods.get("window"), mods.get("softcap", 0.0)) if mods else (None, 0.0)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, None, None, None)
-        kv = (_kernel_layout(k_cache, length), _kernel_layout(v_cache, length)) if dense else \
-            (_layout(k_cache), _layout(v_cache))
-        layouts = (_kernel_layout(q), *kv, _layout(cache_seqlens), _layout(block_table), None, None, None)
+        lens = None if cache_seqlens is None else \
+            (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
+        if dense:  # with a length, the views [:, :length]
+            shape = None if length is None else (shape[0], shape[2], length, shape[3])
+            kv = (_kernel_layout(k_cache, shape), _kernel_layout(v_cache, shape), lens, None)
+        else:
+            kv = (_layout(k_cache), _layout(v_cache), lens, _layout(block_table))
+        layouts = (_kernel_layout(q), *kv, None, None, None)
         _, grown, plan = _cached(tensors, layouts, (num_splits, scale, return_lse, window, softcap))
         if plan is not None:
-            nq1 = q.shape[1] == 1
-            res = plan._launch(tensors, grown=grown, heads_last=nq1)
+            res = plan._launch(tensors, None, None, grown, nq1)  # (out, lse_out, grown, heads_last)
             if nq1:
                 return res
             return (_bhnd(res[0]), res[1]) if return_lse else _bhnd(res)

@@ -349,11 +349,12 @@ _PLANS: dict = {}
 _PLANS_LOCK = threading.Lock()
 
 
-def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks):
+def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, bnhd=False):
     """All a plan depends on: the shapes, strides, dtypes and devices of q, k, v (and sinks), and the flags
-    and options with their types (``scale=1`` and ``scale=1.0`` are two keys); None when the checks must see
-    the call (a flag that is not a bool, an input that is not a tensor, a base address not 16-byte aligned).
-    Raises TypeError for an unhashable option."""
+    and options with their types (``scale=1`` and ``scale=1.0`` are two keys), and whether q, k, v are
+    given as [B, N, H, d] (``bnhd``, `_launch`); None when the checks must see the call (a flag that is not a
+    bool, an input that is not a tensor, a base address not 16-byte aligned). Raises TypeError for an
+    unhashable option."""
     if type(causal) is not bool or type(return_lse) is not bool or not (
             isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)) or (
             (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
@@ -364,7 +365,7 @@ def _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap,
         sinks = (sinks.shape, sinks.stride(), sinks.dtype, sinks.device)
     key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
            v.stride(), v.dtype, v.device, causal, return_lse, scale, type(scale), impl, softcap,
-           type(softcap), sinks)
+           type(softcap), sinks, bnhd)
     if config is not None or window is not None:  # 1.0 == 1: the checks refuse a float block size or side
         key += (config, window, *(tuple(map(type, x)) for x in (config, window) if x is not None))
     if q.device.type != "cuda":  # CPU tensors run under the interpreter only
@@ -414,17 +415,31 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
                  torch.empty((1,), dtype=torch.float32, device=q.device))
 
 
+def _plan_bnhd(q, k, v, *options) -> _Plan:
+    """`_plan` of the [B, H, N, d] views of flash-attn's q [B, Nq, Hq, d], k, v [B, Nk, Hkv, d], its output
+    [B, Nq, Hq, d]: the same memory as the views' output (`_out_like`), so its ``run`` takes the
+    [B, N, H, d] tensors as they are (it reads only their addresses: the descriptors' layouts are the
+    views')."""
+    plan = _plan(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *options)
+    (B, Hq, Nq, d), st = plan.o_shape, plan.o_stride
+    return plan._replace(o_shape=(B, Nq, Hq, d), o_stride=(st[0], st[2], st[1], st[3]))
+
+
 @on_tensor_device(torch)
-def _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, placeholder_lse):
+def _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, placeholder_lse,
+            bnhd=False):
     """`launch`; ``placeholder_lse``: without ``return_lse``, pass the plan's placeholder, not a fresh LSE
-    (the caller drops it)."""
+    (the caller drops it). ``bnhd``: q, k, v and o are flash-attn's [B, N, H, d] (the kernel runs on their
+    [B, H, N, d] views, which a planned layout never makes: `_plan_bnhd`); the LSE is [B, Hq, Nq] either
+    way."""
     try:
-        key = _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks)
+        key = _plan_key(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks, bnhd)
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable option: the checks name it
         key = plan = None
     if plan is None:
-        plan = _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks)
+        plan = (_plan_bnhd if bnhd else _plan)(q, k, v, causal, scale, return_lse, config, impl, window,
+                                               softcap, sinks)
         if key is not None:
             with _PLANS_LOCK:
                 _PLANS[key] = plan
