@@ -26,7 +26,7 @@ import functools
 from typing import NamedTuple
 
 from attnscope.errors import InputError, short
-from attnscope.kernels._common import device_guard, import_torch_triton
+from attnscope.kernels._common import import_torch_triton
 from attnscope.kernels._direct import direct_launch
 from attnscope.kernels.decode.checks import _check_no_grad
 
@@ -195,8 +195,7 @@ def kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seql
         bits |= cache_seqlens.data_ptr()
     if block_table is not None:
         bits |= block_table.data_ptr()
-    with device_guard(torch, k_cache):
-        plan.direct.launch(plan.grid, args, bits % 16 == 0)
+    plan.direct.launch(plan.grid, args, bits % 16 == 0)  # on the cache's device, whichever is current
     return lengths
 
 
