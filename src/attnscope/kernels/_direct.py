@@ -74,10 +74,14 @@ def int_classes(values) -> tuple:
 
 
 def no_launch_hooks() -> bool:
-    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere)."""
+    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere). Runs
+    before every kept-binary launch: no generator, no ``all``."""
     runtime = triton.knobs.runtime
-    return all(h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    return _no_hook(runtime.launch_enter_hook) and _no_hook(runtime.launch_exit_hook)
+
+
+def _no_hook(h) -> bool:
+    return h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
 
 
 def planned_launch(kernel, grid, constexprs, device):
