@@ -21,14 +21,14 @@ nothing. It prints "all results match, starting benchmarks" or exits 1. Pass 2 t
 
 TB/s = the logical bytes (`model.serving.paged`, the ledger of ``attnscope traffic --cache-lens``) over
 the time. Host time per call: 1,000 back-to-back calls at B = 1, Hq = 32, Hkv = 8, L = 512 (the GPU idles),
-wall time of the issuing loop, for the one-liner, ``plan.run``, SDPA and flash-attn's
-``flash_attn_with_kvcache`` (without new keys; appending one with tensor lengths, an int length, and on the
-paged copy: `kvcache_calls`; with their device time beside the one-liner's), and for the one-liner and SDPA
-FLASH on a cache one key longer each call (transformers' DynamicCache: a new shape and strides each step,
-`growing_views`), timed call by call: the median, and the slowest call apart (on a cold Triton cache the
-one-off compile for a new integer class of the length). ``--host``: only that section, after
-`check_growing` and `check_kvcache` (PASS/FAIL). The summary checks issue 37's musts. About 3 min full,
-40 s ``--quick`` on one H200 (estimated).
+wall time of the issuing loop, the median of 5 rounds that interleave the calls (`host_us_per_call`),
+for the one-liner, ``plan.run``, SDPA and flash-attn's ``flash_attn_with_kvcache`` (without new keys;
+appending one with tensor lengths, an int length, and on the paged copy: `kvcache_calls`; with their
+device time beside the one-liner's), and for the one-liner and SDPA FLASH on a cache one key longer each
+call (transformers' DynamicCache: a new shape and strides each step, `growing_views`), timed call by call:
+the median, and the slowest call apart (on a cold Triton cache the one-off compile for a new integer class
+of the length). ``--host``: only that section, after `check_growing` and `check_kvcache` (PASS/FAIL). The
+summary checks issue 37's musts. About 3 min full, 40 s ``--quick`` on one H200 (estimated).
 
 ``--window`` (`window_sweep`, issue 35: a window reads only its bytes): the one-liner with
 ``window=(W, 0)``, W in {4k, 8k}, and without one, at B in {1, 16, 64}, Hq/Hkv 32/8, L in {32k, 128k}; each

@@ -163,8 +163,9 @@ HOST_CALLS = 1000
 
 def host_times(torch, log=print) -> dict:
     """Host microseconds per call: the wall time of ``HOST_CALLS`` back-to-back calls at ``HOST_SHAPE``
-    (synchronised before and after), for `flash_attention` and SDPA's default call, each without and with
-    inputs that require grad (forward only)."""
+    (synchronised before and after; the median of interleaved rounds, `host_us_per_call`), for
+    `flash_attention` and SDPA's default call, each without and with inputs that require grad (forward
+    only)."""
 
     import torch.nn.functional as F
 

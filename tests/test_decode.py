@@ -918,12 +918,29 @@ def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
     for p, value in zip(params[n_args:], rest[n_args:], strict=True):
         assert p.is_constexpr and value == consts.get(p.name, p.default), p.name
     assert rest[params.index(next(p for p in params if p.name == "FP8"))] is True
-    # a plan of device 1 launched while device 0 is current: Triton's launch each time, no binary kept
+    # a plan of device 1 launched while device 0 is current: device 1 made current around each launch
+    # (Triton launches on the current device), the first through Triton, the next through the kept binary
     calls.clear()
+    current, entered = [0], []
+
+    @contextlib.contextmanager
+    def on(index):
+        entered.append(index)
+        before, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)
+    monkeypatch.setattr(torch.cuda, "device", on)
     other = _direct.DirectLaunch(Kernel(), consts, 1)
     other.launch((6, 3), args, True)
     other.launch((6, 3), args, True)
-    assert [c[0] for c in calls] == ["triton", "triton"] and other.compiled is None
+    assert [c[0] for c in calls] == ["triton", "direct"] and other.compiled is not None
+    assert entered == [1, 1] and current == [0]
+    d.launch((6, 3), args, True)  # device 0's plan, device 0 current: no switch
+    assert entered == [1, 1] and calls[-1][0] == "direct"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launch needs a GPU")

@@ -327,6 +327,28 @@ def test_kvcache_append_then_attend(paged, nq):
     _assert_lse(lse, lse_ref)
 
 
+@pytest.mark.parametrize("n_new", [0, 1, 2])
+def test_kvcache_int_seqlens_append_then_attend(n_new):
+    """An int cache_seqlens with new k/v on a dense cache, one query per sequence (no lengths tensor is made:
+    the append writes only the keys, the attention takes cache_seqlens + Nnew as an int): the new rows land
+    at cache_seqlens, nothing else changes, and the output is the native call's on the first cache_seqlens
+    + Nnew keys, bit for bit, within the float64 bound."""
+    g = torch.Generator().manual_seed(9)
+    b, length, hq, hkv, base = 3, 48, 4, 2, 29
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    q, k_new, v_new = _randn(b, 1, hq, 64, g=g, scale=2.0), *_cache(b, n_new, hkv, g)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[:, base:base + n_new], expected_v[:, base:base + n_new] = k_new, v_new
+    o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=base)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    n = base + n_new
+    native = decode.flash_decode(q.transpose(1, 2), k_cache[:, :n].transpose(1, 2),
+                                 v_cache[:, :n].transpose(1, 2))
+    assert torch.equal(o, native.transpose(1, 2))
+    o_ref, _, ok = _reference(q, expected_k, expected_v, lens=[n] * b)
+    _assert_close(o, o_ref, _torch_own(q, expected_k, expected_v, ok), ok)
+
+
 def test_kvcache_int_seqlens_and_no_append():
     g = torch.Generator().manual_seed(8)
     k_cache, v_cache = _cache(2, 48, 1, g)

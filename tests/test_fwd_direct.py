@@ -11,6 +11,7 @@ is tests/test_fwd_hopper.py's.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -130,7 +131,8 @@ def test_portable_hits_call_the_kept_binary_and_match_float64(recorded):
 
 def test_hits_fall_back_to_triton_where_the_binary_may_differ(recorded, monkeypatch):
     """A SINKS pointer that is not 16-byte aligned (Triton specialises pointers on it), a launch hook (a
-    profiler's), another current device: Triton's launch each time, and the kept binary after."""
+    profiler's): Triton's launch each time, and the kept binary after. Another current device: the plan's
+    device made current around the launch (Triton launches on the current one), then the kept binary."""
     q, k, v = _inputs(1, 4, 2, 24, 24, 64, torch.float16, False, seed=3)
     buf = torch.randn(8, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     aligned, odd = buf[:4], buf[1:5]  # the same layout ([4], stride 1, fp32); odd's address is 4 bytes in
@@ -149,11 +151,25 @@ def test_hits_fall_back_to_triton_where_the_binary_may_differ(recorded, monkeypa
         call(aligned)
     finally:
         hooks.remove(print)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)  # the plan is device 0's
+    current, entered = [1], []  # the plan is device 0's
+
+    @contextlib.contextmanager
+    def on(index):
+        entered.append(index)
+        before, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)
+    monkeypatch.setattr(torch.cuda, "device", on)
     call(aligned)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    assert entered == [0] and current == [1]
+    current[0] = 0
     o, lse = call(aligned)
-    assert [c[0] for c in recorded] == ["triton", "direct", "triton", "triton", "triton", "direct"]
+    assert entered == [0]
+    assert [c[0] for c in recorded] == ["triton", "direct", "triton", "triton", "direct", "direct"]
     _check_float64(q, k, v, False, aligned, o, lse)
 
 

@@ -141,15 +141,24 @@ def test_attention_fn_on_the_cpu(impl, causal):
 
 
 def test_host_us_per_call_times_back_to_back_calls():
-    """`measure.bench.host_us_per_call`: 20 warm-up calls then ``n`` timed ones per callable, synchronised
-    around the timed loop; µs per call."""
+    """`measure.bench.host_us_per_call`: 20 warm-up calls per callable, then rounds of ``n`` timed calls of
+    each in turn, synchronised around each timed loop; the median round's µs per call."""
+    import time
     from types import SimpleNamespace
 
     from attnscope.measure.bench import host_us_per_call
 
-    syncs, counts = [], {"a": 0, "b": 0}
+    order, syncs, counts = [], [], {"a": 0, "b": 0}
     fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: syncs.append(1)))
-    calls = {name: (lambda name=name: counts.__setitem__(name, counts[name] + 1)) for name in counts}
-    out = host_us_per_call(fake, calls, 50)
-    assert counts == {"a": 70, "b": 70} and len(syncs) == 4
-    assert set(out) == {"a", "b"} and all(0 < us < 1e5 for us in out.values())
+
+    def call(name):
+        counts[name] += 1
+        if not order or order[-1] != name:
+            order.append(name)
+        if name == "b" and len(order) == 4:  # b's first timed round: one slow loop, left out by the median
+            time.sleep(0.002)
+    calls = {name: (lambda name=name: call(name)) for name in counts}
+    out = host_us_per_call(fake, calls, 50, rounds=3)
+    assert counts == {"a": 170, "b": 170} and len(syncs) == 12
+    assert order == ["a", "b"] * 4  # warm-ups, then the rounds interleaved
+    assert set(out) == {"a", "b"} and all(0 < us < 30 for us in out.values()), out

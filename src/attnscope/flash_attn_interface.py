@@ -41,8 +41,9 @@ from attnscope.model.tiles import normalize_window
 
 torch, _ = import_torch_triton()
 
-from attnscope.kernels.decode import flash_decode, kv_append  # noqa: E402
+from attnscope.kernels.decode import flash_decode  # noqa: E402
 from attnscope.kernels.decode.api import _cached  # noqa: E402
+from attnscope.kernels.decode.append import _append  # noqa: E402
 from attnscope.kernels.decode.checks import _layout  # noqa: E402
 from attnscope.kernels.fwd import _launch as _launch_fwd  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
@@ -508,7 +509,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                                  f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
         if rotary:
             q, k = _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
-        cache_seqlens = kv_append(k_cache, v_cache, k, v, cache_seqlens, block_table)  # int32 [B], after it
+        # the lengths after it: int32 [B]; an int stays an int where `_attend` takes one (no tensor made)
+        int_length = type(cache_seqlens) is int and block_table is None and q.shape[1] == 1
+        lengths = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, not int_length)
+        cache_seqlens = cache_seqlens + k.shape[1] if lengths is None else lengths
     return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
                    return_softmax_lse, mods, nq == 1)
 

@@ -26,9 +26,11 @@ class DirectLaunch:
     launch through Triton on the plan's device with every pointer argument 16-byte aligned is kept (per
     ``spec``), and later launches with every pointer aligned (the one other fact that changes Triton's choice
     of binary; a host tensor descriptor's key is its dtype, block shape and layout, not its address) call its
-    launcher directly with the constexprs pre-packed. Other alignments, another current device or a launch
-    hook (profilers) go through ``kernel[grid]``. Launches go to the current stream, as Triton's do
-    (CUDA-graph capture included). `launch` returns the binary that ran (Triton's ``CompiledKernel``)."""
+    launcher directly with the constexprs pre-packed. Other alignments or a launch hook (profilers) go through
+    ``kernel[grid]``. A launch while another device is current makes the plan's device current first
+    (Triton launches on the current device; flash-attn's CUDAGuard), so a launcher needs no guard of its
+    own. Launches go to the current stream, as Triton's do (CUDA-graph capture included). `launch` returns
+    the binary that ran (Triton's ``CompiledKernel``)."""
 
     __slots__ = ("kernel", "constexprs", "device", "compiled", "tail", "by_spec")
 
@@ -38,16 +40,17 @@ class DirectLaunch:
         self.by_spec = {}  # spec -> binary, for launches whose integers' classes vary
 
     def launch(self, grid, args, aligned: bool, spec=None):
+        if torch._C._cuda_getDevice() != self.device:  # tensors on another device than the current one
+            with torch.cuda.device(self.device):
+                return self.launch(grid, args, aligned, spec)
         c = self.compiled if spec is None else self.by_spec.get(spec)
-        if aligned and c is not None and torch._C._cuda_getDevice() == self.device and no_launch_hooks():
+        if aligned and c is not None and no_launch_hooks():
             stream = torch._C._cuda_getCurrentRawStream(self.device)
             c.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, c.function, c.packed_metadata,
                   None, None, None, *args, *self.tail)
             return c
         compiled = self.kernel[grid](*args, **self.constexprs)
-        # kept only from a launch on the plan's device: a binary's function is loaded per device
-        if aligned and c is None and getattr(compiled, "function", None) is not None and \
-                torch._C._cuda_getDevice() == self.device:
+        if aligned and c is None and getattr(compiled, "function", None) is not None:
             # the launcher takes every parameter in order, the constexprs included (and ignores them)
             self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
             if spec is None:
@@ -71,10 +74,14 @@ def int_classes(values) -> tuple:
 
 
 def no_launch_hooks() -> bool:
-    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere)."""
+    """Whether Triton has no launch hook to call (Triton 3.6: empty `HookChain`s; None elsewhere). Runs
+    before every kept-binary launch: no generator, no ``all``."""
     runtime = triton.knobs.runtime
-    return all(h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    return _no_hook(runtime.launch_enter_hook) and _no_hook(runtime.launch_exit_hook)
+
+
+def _no_hook(h) -> bool:
+    return h is None or (type(getattr(h, "calls", None)) is list and not h.calls)
 
 
 def planned_launch(kernel, grid, constexprs, device):

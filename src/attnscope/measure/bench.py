@@ -59,23 +59,29 @@ def _median_ms(fn, graph: bool = False) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def host_us_per_call(torch, calls: dict, n: int) -> dict:
-    """Host microseconds per call of each of ``calls`` (name -> no-argument callable): 20 warm-up calls,
-    then the wall time of ``n`` back-to-back calls (the issuing loop: where a call's GPU work is shorter
-    than its launch, what the GPU waits on), synchronised before and after."""
+def host_us_per_call(torch, calls: dict, n: int, rounds: int = 5) -> dict:
+    """Host microseconds per call of each of ``calls`` (name -> no-argument callable): 20 warm-up calls
+    each, then ``rounds`` rounds that each time ``n`` back-to-back calls of every callable in turn (the
+    issuing loop: where a call's GPU work is shorter than its launch, what the GPU waits on), synchronised
+    before and after each loop; the median round per callable. Interleaved rounds put every callable
+    through the same drift of the host (one loop of identical code has read 27 and 47 µs five minutes
+    apart on a shared GPU host), so their ratios hold where a single loop each would not."""
+    import statistics
     import time
 
-    out = {}
-    for name, fn in calls.items():
+    for fn in calls.values():
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out[name] = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
-    return out
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):

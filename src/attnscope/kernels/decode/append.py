@@ -5,14 +5,16 @@ of sequence b goes to position ``pos = cache_seqlens[b] + j``. One program per (
 of kv heads) copies the rows ``k[b, j], v[b, j]`` ([Hkv, d]) to position ``pos`` of the dense cache
 ``[B, L, Hkv, d]`` or, through ``block_table``, to slot ``pos % page_size`` of page
 ``block_table[b, pos // page_size]`` of the paged cache ``[num_pages, page_size, Hkv, d]`` (the layout
-`flash_decode` reads); the (j = 0, first head block) program writes the sequence's length after the append.
+`flash_decode` reads); the (j = 0, first head block) program writes the sequence's length after the append
+(unless the caller has it: an int length, `_append`).
 
 Checked on the host, metadata only (shapes, strides, dtypes, devices), once per layout (`_plan`, a bounded
-cache): the rest of the call is a key, an allocation (the lengths out) and the launch. A length given as an
-int is checked on the host (room for the new keys, else refused before anything is written) and passed as a
-kernel scalar. A tensor's values are checked on the device, per sequence: a length with no room for the new
-keys (below 0, above capacity - Nnew), or a block-table entry outside [0, num_pages) among the pages the new
-keys go to, and the sequence is not written at all. Its length out is -1 for the former and its length +
+cache): the rest of the call is a key, an allocation (the lengths out; none where `_append` is told the
+caller keeps an int length) and the launch. A length given as an int is checked on the host (room for the
+new keys, else refused before anything is written) and passed as a kernel scalar. A tensor's values are
+checked on the device, per sequence: a length with no room for the new keys (below 0, above capacity -
+Nnew), or a block-table entry outside [0, num_pages) among the pages the new keys go to, and the sequence is
+not written at all. Its length out is -1 for the former and its length +
 Nnew for the latter, so the decode kernel that reads them records either (out-of-range length; the bad
 entry met) for `attnscope.kernels.decode.check_errors`. Nothing is read or written outside the tensors.
 
@@ -26,7 +28,7 @@ import functools
 from typing import NamedTuple
 
 from attnscope.errors import InputError, short
-from attnscope.kernels._common import device_guard, import_torch_triton
+from attnscope.kernels._common import import_torch_triton
 from attnscope.kernels._direct import direct_launch
 from attnscope.kernels.decode.checks import _check_no_grad
 
@@ -58,6 +60,7 @@ def _attnscope_kv_append_kernel(
     HAS_SEQLENS: tl.constexpr,  # lengths from SEQLENS int32 [B], else the scalar ``fixed`` (host-checked)
     PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    WRITE_LENGTHS: tl.constexpr = True,  # LENS_OUT written (else an int length's caller knows them)
 ):
     row = tl.program_id(0)  # b * max(Nnew, 1) + j
     h_block = tl.program_id(1)
@@ -97,8 +100,8 @@ def _attnscope_kv_append_kernel(
              mask=mask)
     tl.store(V_CACHE + dst_v + offs_h[:, None] * stride_dh + offs_d[None, :], tl.load(V + src_v, mask=mask),
              mask=mask)
-    # the length after the append; -1 (out of range, recorded by the decode kernel) if the keys do not fit
-    tl.store(LENS_OUT + b, tl.where(fits, length + n_new, -1), mask=(j == 0) & (h_block == 0))
+    if WRITE_LENGTHS:  # the length after the append; -1 (out of range, recorded by decode) if it does not fit
+        tl.store(LENS_OUT + b, tl.where(fits, length + n_new, -1), mask=(j == 0) & (h_block == 0))
 
 
 class _Plan(NamedTuple):
@@ -153,6 +156,12 @@ def kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seql
     -------
     >>> lens = kv_append(k_cache, v_cache, k_new, v_new, cache_seqlens)  # then flash_decode(..., lens)
     """
+    return _append(k_cache, v_cache, k, v, cache_seqlens, block_table, True)
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool):
+    """`kv_append`; with an int ``cache_seqlens`` and ``lengths`` False (eager) no lengths tensor is made or
+    written and None is returned: they are ``cache_seqlens + Nnew`` (the caller knows them)."""
     fixed = None
     if not isinstance(cache_seqlens, Tensor):
         fixed = cache_seqlens
@@ -170,7 +179,8 @@ def kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seql
     key = (*((t.shape, t.stride(), t.dtype, t.device) for t in (k_cache, v_cache, k, v)),
            None if block_table is None else (block_table.shape, block_table.stride(), block_table.dtype,
                                              block_table.device),
-           None if fixed is not None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device))
+           None if fixed is not None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device),
+           lengths or fixed is None)
     compiling = torch.compiler.is_compiling()
     plan = _build(*key) if compiling else _plan(*key)  # symbolic shapes are not kept
     if fixed is not None and fixed + plan.n_new > plan.capacity:
@@ -181,28 +191,30 @@ def kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seql
     if compiling:  # torch.compile traces the custom op (`_op`); it runs this function
         return torch.ops.attnscope.kv_append(k_cache, v_cache, k, v, None if fixed is not None else
                                              cache_seqlens, block_table, 0 if fixed is None else fixed)
-    lengths = torch.empty(plan.B, dtype=torch.int32, device=k.device)
-    if plan.grid[0] == 0:  # no sequence
+    if plan.constexprs["WRITE_LENGTHS"]:
+        lengths = out = torch.empty(plan.B, dtype=torch.int32, device=k.device)
+    else:  # nothing to write but the new keys; ``k`` stands in for the pointers never read
+        lengths, out = None, k
+    if plan.grid[0] == 0:  # nothing to write
         return lengths
-    args = (k, v, k_cache, v_cache, cache_seqlens if fixed is None else lengths,
-            block_table if block_table is not None else lengths, lengths, 0 if fixed is None else fixed,
+    args = (k, v, k_cache, v_cache, cache_seqlens if fixed is None else out,
+            block_table if block_table is not None else out, out, 0 if fixed is None else fixed,
             *plan.scalars)
     if plan.direct is None:  # the interpreter, a CPU tensor
         _attnscope_kv_append_kernel[plan.grid](*args, **plan.constexprs)
         return lengths
-    bits = k.data_ptr() | v.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | lengths.data_ptr()
+    bits = k.data_ptr() | v.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | out.data_ptr()
     if fixed is None:
         bits |= cache_seqlens.data_ptr()
     if block_table is not None:
         bits |= block_table.data_ptr()
-    with device_guard(torch, k_cache):
-        plan.direct.launch(plan.grid, args, bits % 16 == 0)
+    plan.direct.launch(plan.grid, args, bits % 16 == 0)  # on the cache's device, whichever is current
     return lengths
 
 
-def _build(kc, vc, k, v, table, lens) -> _Plan:
+def _build(kc, vc, k, v, table, lens, write_lengths=True) -> _Plan:
     """Check the layouts (each tensor's (shape, strides, dtype, device); ``lens`` the lengths tensor's
-    (shape, dtype, device), None for an int) and derive the launch."""
+    (shape, dtype, device), None for an int) and derive the launch (``write_lengths``: the lengths out)."""
     kc, vc, k, v = (_Meta(*x) for x in (kc, vc, k, v))
     paged = table is not None
     layout = "[num_pages, page_size, Hkv, d]" if paged else "[B, L, Hkv, d]"
@@ -256,11 +268,11 @@ def _build(kc, vc, k, v, table, lens) -> _Plan:
     constexprs = {"HEAD_DIM": d, "BLOCK_D": triton.next_power_of_2(d), "BLOCK_H": block_h,
                   "BLOCK_P": min(triton.next_power_of_2(max(touched, 1)), MAX_BLOCK_P),
                   "HAS_SEQLENS": lens is not None, "PAGED": paged, "PAGE_SIZE": page,
-                  "num_warps": 4 if block_h * d >= 2048 else 2}
+                  "WRITE_LENGTHS": write_lengths, "num_warps": 4 if block_h * d >= 2048 else 2}
     scalars = (n_new, capacity, num_pages, Hkv, *k.stride[:3], *v.stride[:3], *kc.stride[:3], *vc.stride[:3],
                stride_tb)
-    # one program per (sequence, new key; with Nnew = 0 only the lengths), block of kv heads
-    grid = (B * max(n_new, 1), triton.cdiv(Hkv, block_h))
+    # one program per (sequence, new key; with Nnew = 0 only the lengths, if written), block of kv heads
+    grid = (B * max(n_new, int(write_lengths)), triton.cdiv(Hkv, block_h))
     return _Plan(B, n_new, capacity, grid, scalars, constexprs,
                  direct_launch(_attnscope_kv_append_kernel, constexprs, device))
 
