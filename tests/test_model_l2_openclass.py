@@ -188,7 +188,13 @@ def test_second_open_class_grid_is_drawn_by_the_first_ones_rule_and_shares_no_n(
 
 def test_probe_grid_parses_and_each_k_set_changes_only_the_kv_heads():
     rows = physical.parse_grid(GRIDS / "probe_fwd_openclass.csv")
-    assert len(rows) == 12 and all(s["impl"] == "flash" and s["causal"] and s["d"] == 128 for s in rows)
+    assert len(rows) == 20 and all(s["impl"] == "flash" and s["causal"] for s in rows)
+    d64 = [s for s in rows if s["d"] == 64]  # s: one footprint, several B
+    assert len(d64) == 5
+    feet = {(s["batch"], round(l2.hot_footprint(s["batch"], 2 * s["n"] * 64 * 2, H200_L2), 3)) for s in d64}
+    assert feet == {(2, 0.2), (3, 0.2), (5, 0.2), (3, 0.4), (5, 0.4)}
+    rows = [s for s in rows if s["d"] == 128]
+    assert len(rows) == 15
     by_n = {}
     for s in rows:
         by_n.setdefault((s["batch"], s["n"]), []).append(s)
