@@ -157,25 +157,27 @@ def test_the_hot_path_costs_no_more_at_huge_n():
     assert min(large) < 1.5 * min(mid) + 0.002, (min(mid), min(large))
 
 
-def test_second_open_class_grid_is_drawn_by_the_first_ones_rule_and_shares_no_n():
-    fresh = physical.parse_grid(GRIDS / "heldout_fwd_openclass2.csv")
+@pytest.mark.parametrize("name, seed", [("heldout_fwd_openclass2.csv", 393),
+                                        ("heldout_fwd_openclass3.csv", 394)])
+def test_later_open_class_grids_are_drawn_by_the_first_ones_rule_and_share_no_n(name, seed):
+    fresh = physical.parse_grid(GRIDS / name)
     assert len(fresh) == 48
     assert all(s["impl"] == "flash" and s["causal"] and 20_000 < s["n"] <= 40_000 and 2 <= s["batch"] <= 4
                and s.get("kv_heads", s["heads"]) in (1, 2, 4) and s["heads"] // s["kv_heads"] >= 4
                for s in fresh)
     assert {(s["d"], s["dtype"]) for s in fresh} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
-    header = (GRIDS / "heldout_fwd_openclass2.csv").read_text().splitlines()
-    assert any("--draw 393 --family fwd_openclass" in line for line in header if line.startswith("#"))
+    header = (GRIDS / name).read_text().splitlines()
+    assert any(f"--draw {seed} --family fwd_openclass" in line for line in header if line.startswith("#"))
     spec = importlib.util.spec_from_file_location("prefill", ROOT / "bench" / "prefill.py")
     prefill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prefill)
-    drawn = prefill.draw_sweep("fwd_openclass", 393)
+    drawn = prefill.draw_sweep("fwd_openclass", seed)
     assert [(r["batch"], r["heads"], r["kv_heads"], r["n"], r["d"], r["dtype"]) for r in drawn] == \
         [(s["batch"], s["heads"], s["kv_heads"], s["n"], s["d"], s["dtype"]) for s in fresh]
     # no N in any other grid (the first open-class grid, the probes, issue 18's grids)
     fresh_n = {s["n"] for s in fresh}
     assert len(fresh_n) == 48
-    others = [g for g in GRIDS.glob("*.csv") if g.name != "heldout_fwd_openclass2.csv"]
+    others = [g for g in GRIDS.glob("*.csv") if g.name != name]
     assert len(others) > 40
     for g in others:
         try:
