@@ -289,10 +289,12 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
         assert {s["impl"] for s in probe} == set(families.IMPLS[fam])
         key = [json.dumps(s, sort_keys=True) for s in probe]
         assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
-        if fam == "varlen":  # the second grid, drawn after the first missed: disjoint from both
-            second = physical.parse_grid(GRIDS / "heldout_varlen2.csv")
-            held2 = {json.dumps(s, sort_keys=True) for s in second}
-            assert len(held2) == 48 and not held2 & (set(key) | {json.dumps(s, sort_keys=True) for s in held})
+        if fam == "varlen":  # the later grids, each drawn after the one before missed: disjoint from all
+            seen = set(key) | {json.dumps(s, sort_keys=True) for s in held}
+            for name in ("heldout_varlen2.csv", "heldout_varlen3.csv"):
+                later = {json.dumps(s, sort_keys=True) for s in physical.parse_grid(GRIDS / name)}
+                assert len(later) == 48 and not later & seen, name
+                seen |= later
         text = (GRIDS / f"probe_{fam}.csv").read_text()
         for field, probe_text in PROBES.items():  # each row name a probe cites is in its grid
             if f"probe_{fam}.csv" in probe_text:
@@ -302,16 +304,17 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
     assert [s["nq"] for s in chunk] == [16, 64]
 
 
-def test_the_second_varlen_grid_is_what_its_header_command_draws():
+@pytest.mark.parametrize("name, seed", [("heldout_varlen2.csv", 3902), ("heldout_varlen3.csv", 3903)])
+def test_the_later_varlen_grids_are_what_their_header_commands_draw(name, seed):
     # committed before measurement: the seed in its header reproduces it, row for row; Flex 2-8 sequences
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
     prefill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prefill)
-    text = (GRIDS / "heldout_varlen2.csv").read_text()
-    assert "--draw 3902 --family varlen2" in text
-    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("varlen2", 3902)]
+    text = (GRIDS / name).read_text()
+    assert f"--draw {seed} --family varlen2" in text
+    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("varlen2", seed)]
     got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
     assert [{k: v for k, v in r.items() if v} for r in got] == rows
     assert sum(r["impl"] == "flex" for r in rows) == 16
