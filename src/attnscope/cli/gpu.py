@@ -228,17 +228,18 @@ def _bytes(args) -> int:
             return _fail("bytes", str(e))
     est = l2_model.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                             l2_bytes=l2, sms=sms, device=args.device, kv_heads=hkv)
-    why = l2_model.not_modelled(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
-                                kv_heads=hkv, l2_bytes=est.params["l2_bytes"])
+    unmodelled = l2_model.not_modelled(args.impl, args.n, args.d, args.heads, args.batch, args.dtype,
+                                       args.causal, kv_heads=hkv, l2_bytes=est.params["l2_bytes"])
     logical = l2_model.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
     credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
     errors = {"logical_error": l2_model.error(logical, measured.total)} if measured and measured.total else {}
-    if errors and not why:
+    if errors and not unmodelled:
         errors["estimate_error"] = l2_model.error(est.total, measured.total)
     if args.json:
         print_json({"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
-                    "estimate": None if why else est.to_json(), **({"note": why} if why else {}),
+                    "estimate": None if unmodelled else est.to_json(),
+                    **({"note": unmodelled} if unmodelled else {}),
                     "measured": measured.to_json() if measured else None, **errors})
         return 0
 
@@ -250,7 +251,7 @@ def _bytes(args) -> int:
     vs = {k: f"{v:+.1%}" for k, v in errors.items()}
     rows = [[label, "", "", per_head(logical), vs.get("logical_error", "")],
             ["physical estimate (L2-aware, model/l2.py)",
-             *(["-"] * 3 if why else [per_head(est.read), per_head(est.write), per_head(est.total)]),
+             *(["-"] * 3 if unmodelled else [per_head(est.read), per_head(est.write), per_head(est.total)]),
              vs.get("estimate_error", "")]]
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
@@ -266,8 +267,8 @@ def _bytes(args) -> int:
         krows = [[_short(k.name), per_head(k.read), per_head(k.write)] for k in measured.kernels]
         c.print(table("Measured per kernel (MiB per head)", ["kernel", "read", "write"], krows,
                       caption=measured.ncu_version or None))
-    if why:
-        c.print(f"physical estimate: {why}")
+    if unmodelled:
+        c.print(f"physical estimate: {unmodelled}")
     else:
         erows = [[k.name, per_head(k.logical_read + k.logical_write), per_head(k.read), per_head(k.write)]
                  for k in est.kernels]
@@ -276,7 +277,7 @@ def _bytes(args) -> int:
     c.print(f"compulsory (Q, K, V read once, O{' + LSE' if lse else ''} written once): "
             f"{per_head(est.compulsory)} MiB per head"
             + (f"; {'the estimate is below it by' if est.total < est.compulsory else 'the estimate credits'} "
-               f"what it states: {credits}" if credits and not why else ""))
+               f"what it states: {credits}" if credits and not unmodelled else ""))
     return 0
 
 
