@@ -82,8 +82,8 @@ def fit(points: list[tuple[dict, int]], l2_bytes: int, sms: int) -> dict:
     with knots(((0.0, 1.0), (9.0, 1.0))):
         e1 = np.array([total(s, l2_bytes, sms) for s, _ in points], dtype=float)
     meas = np.array([m for _, m in points], dtype=float)
-    ratio = [(s["batch"] - 0.5) * 2 * s["n"] * s["d"] * (4 if s.get("dtype") == "fp32" else 2) / l2_bytes
-             for s, _ in points]
+    ratio = [l2.hot_footprint(s["batch"], 2 * s["n"] * s["d"] * (4 if s.get("dtype") == "fp32" else 2),
+                              l2_bytes) for s, _ in points]
     # the first knot's share is 0, as `hot`'s: a rotation that small stays in the L2 (each set read once)
     a = (np.array([weights(r, xs) for r in ratio]) * ((e1 - e0) / meas)[:, None])[:, 1:]
     y = 1.0 - e0 / meas

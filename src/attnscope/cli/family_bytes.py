@@ -26,9 +26,10 @@ def sweep_estimates(args) -> int:
             logical = l2_model.logical(spec["impl"], spec["n"], spec["d"], spec["heads"],
                                        spec.get("batch", 1), spec.get("dtype", "fp16"),
                                        bool(spec.get("causal")))
+            why = physical.not_modelled_of(spec, l2)
             rows.append({"spec": spec, "label": physical.Row(spec, 1, 0, 0, ()).label(), "logical": logical,
-                         "compulsory": est.compulsory, "estimate": est.total, "note": "model/l2.py",
-                         "estimate_terms": []})
+                         "compulsory": est.compulsory, "estimate": None if why else est.total,
+                         "note": why or "model/l2.py", "estimate_terms": []})
             continue
         r = families.row(spec, [1], l2, sms)
         rows.append({"spec": spec, "label": r.label(), "logical": r.logical, "compulsory": r.compulsory,

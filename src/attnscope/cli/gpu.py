@@ -228,15 +228,19 @@ def _bytes(args) -> int:
             return _fail("bytes", str(e))
     est = l2_model.estimate(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal,
                             l2_bytes=l2, sms=sms, device=args.device, kv_heads=hkv)
+    unmodelled = l2_model.not_modelled(args.impl, args.n, args.d, args.heads, args.batch, args.dtype,
+                                       args.causal, kv_heads=hkv, l2_bytes=est.params["l2_bytes"])
     logical = l2_model.logical(args.impl, args.n, args.d, args.heads, args.batch, args.dtype, args.causal)
     bh = args.batch * args.heads
     credits = "; ".join(f"{why}: -{b / bh / MiB:,.2f} MiB per head" for why, b in est.credits)
-    errors = {"estimate_error": l2_model.error(est.total, measured.total),
-              "logical_error": l2_model.error(logical, measured.total)} if measured and measured.total else {}
+    errors = {"logical_error": l2_model.error(logical, measured.total)} if measured and measured.total else {}
+    if errors and not unmodelled:
+        errors["estimate_error"] = l2_model.error(est.total, measured.total)
     if args.json:
         print_json({"impl": args.impl, "params": est.params, "logical": logical, "compulsory": est.compulsory,
-                    "estimate": est.to_json(), "measured": measured.to_json() if measured else None,
-                    **errors})
+                    "estimate": None if unmodelled else est.to_json(),
+                    **({"note": unmodelled} if unmodelled else {}),
+                    "measured": measured.to_json() if measured else None, **errors})
         return 0
 
     def per_head(b):
@@ -246,8 +250,9 @@ def _bytes(args) -> int:
     label = "logical model (cold cache, model/traffic.py" + (", incl. the 4 B/row LSE write)" if lse else ")")
     vs = {k: f"{v:+.1%}" for k, v in errors.items()}
     rows = [[label, "", "", per_head(logical), vs.get("logical_error", "")],
-            ["physical estimate (L2-aware, model/l2.py)", per_head(est.read), per_head(est.write),
-             per_head(est.total), vs.get("estimate_error", "")]]
+            ["physical estimate (L2-aware, model/l2.py)",
+             *(["-"] * 3 if unmodelled else [per_head(est.read), per_head(est.write), per_head(est.total)]),
+             vs.get("estimate_error", "")]]
     if measured:
         rows.append([f"measured (ncu, cache-control {measured.cache_control})", per_head(measured.read),
                      per_head(measured.write), per_head(measured.total), ""])
@@ -262,14 +267,17 @@ def _bytes(args) -> int:
         krows = [[_short(k.name), per_head(k.read), per_head(k.write)] for k in measured.kernels]
         c.print(table("Measured per kernel (MiB per head)", ["kernel", "read", "write"], krows,
                       caption=measured.ncu_version or None))
-    erows = [[k.name, per_head(k.logical_read + k.logical_write), per_head(k.read), per_head(k.write)]
-             for k in est.kernels]
-    c.print(table("Estimate per kernel (MiB per head)", ["kernel", "touched", "DRAM read", "DRAM write"],
-                  erows))
+    if unmodelled:
+        c.print(f"physical estimate: {unmodelled}")
+    else:
+        erows = [[k.name, per_head(k.logical_read + k.logical_write), per_head(k.read), per_head(k.write)]
+                 for k in est.kernels]
+        c.print(table("Estimate per kernel (MiB per head)", ["kernel", "touched", "DRAM read", "DRAM write"],
+                      erows))
     c.print(f"compulsory (Q, K, V read once, O{' + LSE' if lse else ''} written once): "
             f"{per_head(est.compulsory)} MiB per head"
             + (f"; {'the estimate is below it by' if est.total < est.compulsory else 'the estimate credits'} "
-               f"what it states: {credits}" if credits else ""))
+               f"what it states: {credits}" if credits and not unmodelled else ""))
     return 0
 
 
@@ -454,15 +462,17 @@ def _print_rows(c, rows, caption: str) -> None:
     def mib(r, b):
         return f"{b / (r.spec.get('batch', 1) * r.spec['heads']) / MiB:,.2f}"
 
-    def below(r):  # the estimate's own reason for being under the compulsory bytes, if it is
+    def below(r):  # the estimate's own reason for being under the compulsory bytes, or for having none
+        if r.estimate is None:
+            return r.note.split(":")[0]
         if r.estimate >= r.compulsory:
             return ""
         return "; ".join(f"{why.split(' (')[0]}: -{mib(r, b)}" for why, b in r.credits)
 
-    trows = [[r.label(), mib(r, r.measured), mib(r, r.estimate), mib(r, r.compulsory), f"{r.error:+.1%}",
-              below(r)] for r in rows]
+    trows = [[r.label(), mib(r, r.measured), "-" if r.estimate is None else mib(r, r.estimate),
+              mib(r, r.compulsory), "-" if r.error is None else f"{r.error:+.1%}", below(r)] for r in rows]
     c.print(table("DRAM bytes per (batch, head), MiB: ncu vs the L2-aware estimate",
-                  ["point", "measured", "estimate", "compulsory", "error", "below compulsory because"],
+                  ["point", "measured", "estimate", "compulsory", "error", "below compulsory because / none"],
                   trows, caption=caption))
     for line in physical.summary_lines(physical.summarize(rows)):
         c.print(line)

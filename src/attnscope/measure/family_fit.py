@@ -6,8 +6,10 @@ others 0), relative errors weighing each row alike. A byte term cannot be negati
 non-negative least squares, and a constant whose unconstrained value is below 0 is reported ("measured ~0").
 A constant no row informs stays None; a row the estimate does not model (it refuses the shape) is skipped.
 The varlen spill frames (`WRITE_FIT`) are fitted the same way on the write counters of attnscope's varlen
-rows (Flex's rows and those without a finished program's frame only print their estimate). Pure Python +
-NumPy/SciPy; no GPU.
+rows (Flex's rows and those without a finished program's frame only print their estimate). The one constant
+that is not linear, `varlen_qo_weight` (`SEARCHED`: it moves a miss curve's argument), is fitted first, by a
+search over its values (`QO_WEIGHTS`) on the read counters of attnscope's varlen rows (the reads hold no
+frame term). Pure Python + NumPy/SciPy; no GPU.
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ from attnscope.model.backward_estimate import backward_estimate
 from attnscope.model.family_params import FamilyParams
 from attnscope.model.traffic import DTYPE_BYTES
 
-LINEAR = tuple(f.name for f in fields(FamilyParams))  # every constant enters its estimate linearly
+#: constants fitted by a search (not linear in their estimate): the varlen Q/O room, on the read counters
+SEARCHED = ("varlen_qo_weight",)
+LINEAR = tuple(f.name for f in fields(FamilyParams) if f.name not in SEARCHED)  # linear in their estimates
 #: constants of a write-only term, fitted on the write counters (on the totals, a read-side miss of the same
 #: rows would leak into them): the varlen spill frames
 WRITE_FIT = ("varlen_frame_d128", "varlen_frame_d128_causal", "varlen_frame_d64")
+#: `varlen_qo_weight`'s search: 0 to 3 K/V bytes per Q/O byte in steps of 0.01 (the dense forward's
+#: measured patterns: 0.58 to 1.15)
+QO_WEIGHTS = tuple(round(0.01 * i, 2) for i in range(301))
 
 
 def _estimate(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
@@ -50,6 +57,31 @@ def _modelled(spec: dict, zero: FamilyParams, l2_bytes: int | None, sms: int | N
     except NotImplementedError:
         return False
     return True
+
+
+def _reads(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
+    """A varlen point's estimated DRAM reads: Q, K, V, the metadata and the K/V re-reads (no frame term)."""
+    h = spec["heads"]
+    hkv = spec.get("kv_heads") or h
+    est = fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=spec["d"],
+                             dtype=spec["dtype"], heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
+                             params=params)
+    qkv = sum(spec["lens"]) * spec["d"] * DTYPE_BYTES[spec["dtype"]] * (h + 2 * hkv)
+    return qkv + sum(b for n, b, _ in est.terms if n in ("work_list", "kv_rereads"))
+
+
+def _search_qo_weight(rows: list, l2_bytes: int | None, sms: int | None, zero: FamilyParams,
+                      got: dict) -> None:
+    """`varlen_qo_weight` from (spec, total, reads) of attnscope varlen rows: the `QO_WEIGHTS` value with the
+    least squared relative read error over the rows whose estimate moves with it (the least such value
+    where several tie); left None when no row's estimate moves with it."""
+    def err(w):
+        p = replace(zero, varlen_qo_weight=w)
+        return [_reads(s, p, l2_bytes, sms) / r - 1.0 for s, _, r in rows]
+    table = {w: err(w) for w in QO_WEIGHTS} if rows else {}
+    moving = [j for j in range(len(rows)) if len({round(e[j], 12) for e in table.values()}) > 1]
+    if moving:
+        got["varlen_qo_weight"] = min(QO_WEIGHTS, key=lambda w: (sum(table[w][j] ** 2 for j in moving), w))
 
 
 def _writes(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
@@ -90,17 +122,24 @@ def _solve(rows: list, names: tuple, value, got: dict, zeroed: dict, zero: Famil
 def fit(points: list[tuple], l2_bytes: int | None = None, sms: int | None = None) -> dict:
     """``{"params": {field: value or None}, "zeroed": {field: its negative unconstrained value}, "rows":
     [{spec, measured, fitted estimate, error, note}]}`` from (decode / varlen / backward spec, ncu bytes[,
-    ncu write bytes]) tuples; values are rounded to 3 significant digits. A constant whose unconstrained
-    least-squares value is negative (a byte term below zero: not physical) is 0 and listed in "zeroed".
-    The decode and backward constants are fitted on the totals; `WRITE_FIT` on the write counters of the
-    varlen points that carry them."""
+    ncu write bytes]) tuples; values are rounded to 3 significant digits (`varlen_qo_weight`: to its search
+    step). A constant whose unconstrained least-squares value is negative (a byte term below zero: not
+    physical) is 0 and listed in "zeroed". The decode and backward constants are fitted on the totals;
+    `varlen_qo_weight` on the read counters and then `WRITE_FIT` on the write counters of the attnscope varlen
+    points that carry them."""
     zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0))
-    got: dict = dict.fromkeys(LINEAR)
+    got: dict = dict.fromkeys(f.name for f in fields(FamilyParams))
     zeroed: dict = {}
     lin = [(s, m, m) for s, m, *_ in points
            if s["pass"] in ("decode", "backward") and _modelled(s, zero, l2_bytes, sms)]
     _solve(lin, tuple(f for f in LINEAR if f not in WRITE_FIT), lambda s, p: _estimate(s, p, l2_bytes, sms),
            got, zeroed, zero)
+    any_w = replace(zero, varlen_qo_weight=1.0)  # which rows the estimate models at all, whatever the room
+    read = [(s, m, m - w[0]) for s, m, *w in points
+            if s["pass"] == "varlen" and s["impl"] == "attnscope" and w and w[0] is not None
+            and _modelled(s, any_w, l2_bytes, sms)]
+    _search_qo_weight(read, l2_bytes, sms, zero, got)
+    zero = replace(zero, varlen_qo_weight=got["varlen_qo_weight"])
     wrote = [(s, m, w[0]) for s, m, *w in points
              if s["pass"] == "varlen" and s["impl"] == "attnscope" and w and w[0] is not None
              and _modelled(s, zero, l2_bytes, sms)]

@@ -200,23 +200,24 @@ def parse_grid(path, field: str = "GRID", text: str | None = None) -> list[dict]
 # --- the comparison -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Row:
-    """One measured point against the estimate."""
+    """One measured point against the estimate (None where `l2.not_modelled` names why: ``note``)."""
 
     spec: dict
     measured: int  # DRAM bytes, ncu (read + write)
-    estimate: int
+    estimate: int | None
     compulsory: int  # Q, K, V read once + O (+ LSE) written once
     credits: tuple  # (reason, bytes) the estimate subtracts below the compulsory bytes, each stated
     runs: tuple = ()  # measured more than once (--repeat): every run's bytes; `measured` is their median
+    note: str = ""  # why there is no estimate
 
     @property
-    def error(self) -> float:
-        return self.estimate / self.measured - 1.0
+    def error(self) -> float | None:
+        return None if self.estimate is None else self.estimate / self.measured - 1.0
 
     @property
     def silently_below(self) -> bool:
         """Below the compulsory bytes by more than the credits it states (never, by construction)."""
-        return self.estimate < self.compulsory - sum(b for _, b in self.credits)
+        return self.estimate is not None and self.estimate < self.compulsory - sum(b for _, b in self.credits)
 
     def label(self) -> str:
         s = self.spec
@@ -229,6 +230,8 @@ class Row:
                "compulsory": self.compulsory, "credits": [list(c) for c in self.credits], "error": self.error}
         if self.runs:
             out["runs"] = list(self.runs)
+        if self.note:
+            out["note"] = self.note
         return out
 
     @property
@@ -291,24 +294,35 @@ def compare(measured: list[tuple], l2_bytes: int, sms: int, repeated: bool = Fal
     rows = []
     for spec, names, totals in groups.values():
         e = estimate_of(spec, l2_bytes, sms, names)
-        rows.append(Row(spec, statistics.median_low(totals), e.total, e.compulsory, tuple(e.credits),
-                        tuple(totals) if len(totals) > 1 else ()))
+        why = not_modelled_of(spec, l2_bytes) or ""
+        rows.append(Row(spec, statistics.median_low(totals), None if why else e.total, e.compulsory,
+                        () if why else tuple(e.credits), tuple(totals) if len(totals) > 1 else (), why))
     return rows
+
+
+def not_modelled_of(spec: dict, l2_bytes: int) -> str | None:
+    """`l2.not_modelled` for an ncu spec: why its estimate makes no +-10 % promise, or None."""
+    return l2.not_modelled(spec["impl"], spec["n"], spec["d"], spec["heads"], spec.get("batch", 1),
+                           spec.get("dtype", "fp16"), bool(spec.get("causal")), kv_heads=spec.get("kv_heads"),
+                           l2_bytes=l2_bytes)
 
 
 BANDS = (0.05, 0.10, 0.15)
 
 
 def summarize(rows: list[Row], worst: int = 8) -> dict:
-    """The error distribution: count, within each of `BANDS`, mean |error|, the ``worst`` points, and
-    the points whose estimate is below the compulsory bytes without a stated reason."""
-    errs = [abs(r.error) for r in rows]
-    ranked = sorted(rows, key=lambda r: -abs(r.error))
+    """The error distribution: count, within each of `BANDS` (a point with no estimate is within none),
+    mean |error| and the ``worst`` points of those estimated, the points whose estimate is below the
+    compulsory bytes without a stated reason, and those not modelled."""
+    est = [r for r in rows if r.estimate is not None]
+    errs = [abs(r.error) for r in est]
+    ranked = sorted(est, key=lambda r: -abs(r.error))
     out = {"count": len(rows),
            "within": {f"{b:.0%}": sum(e <= b + 1e-12 for e in errs) for b in BANDS},
            "mean_abs_error": sum(errs) / len(errs) if errs else None,
            "worst": [{"point": r.label(), "error": r.error} for r in ranked[:worst]],
-           "silently_below_compulsory": [r.label() for r in rows if r.silently_below]}
+           "silently_below_compulsory": [r.label() for r in rows if r.silently_below],
+           "not_modelled": [r.label() for r in rows if r.estimate is None]}
     repeated = [r for r in rows if r.runs]
     if repeated:  # how far the counters themselves move between runs of one point
         spreads = sorted(r.spread for r in repeated)
@@ -325,8 +339,11 @@ def summary_lines(s: dict) -> list[str]:
     if not n:
         return ["no measured points"]
     within = ", ".join(f"±{k}: {v}/{n}" for k, v in s["within"].items())
-    lines = [f"estimate vs ncu over {n} points: {within}; mean |error| {s['mean_abs_error']:.1%}",
+    mean = "none estimated" if s["mean_abs_error"] is None else f"mean |error| {s['mean_abs_error']:.1%}"
+    lines = [f"estimate vs ncu over {n} points: {within}; {mean}",
              "worst: " + "; ".join(f"{w['point']} ({w['error']:+.1%})" for w in s["worst"])]
+    if skipped := s.get("not_modelled"):
+        lines.append(f"not modelled (no estimate, within no band): {len(skipped)}: " + "; ".join(skipped))
     below = s["silently_below_compulsory"]
     lines.append(f"below the compulsory bytes without a stated reason: {len(below)}"
                  + (": " + "; ".join(below) if below else ""))

@@ -399,16 +399,17 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
                     l2_bytes: int | None = None, device: str = "h200",
                     params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
     """Estimated DRAM bytes of one packed varlen prefill (q, k, v [total, H, d], one cu_seqlens for both),
-    whole call. Both re-read terms are the forward estimate's L2 rules; the one probe constant is
-    attnscope's spill frame (`VARLEN_FRAMES`).
+    whole call. Both re-read terms are the forward estimate's L2 rules; attnscope's probe constants are its
+    spill frames (`VARLEN_FRAMES`) and the room its resident programs' Q/O take (`varlen_qo_weight`).
 
     attnscope (d 64 or 128): compulsory + the work list (24 B per (sequence, query tile) item, read once)
     + each sequence's K/V re-reads by its later waves of programs (`_varlen_waves`: the grid runs heads
     fastest, so a wave holds every head's programs and streams the K/V of all the sequence's kv heads;
     each later wave re-reads it; the waves run on across sequence boundaries, `_list_order`, and the last wave
     of a sequence also streams the sequences after it that start there), at most the
-    ledger's re-reads, x their miss share at the live set (`l2_params.miss` at `L2Params.shared`: lines
-    read from both partitions) + the spill frames of finished programs written back (`_varlen_spill`).
+    ledger's re-reads, x their miss share at the live set (the K/V + the resident programs' Q/O at
+    `FamilyParams.varlen_qo_weight`; `l2_params.miss` at `L2Params.shared`: lines read from both partitions)
+    + the spill frames of finished programs written back (`_varlen_spill`).
     ``sms``: concurrent programs are SMs x the portable forward's CTAs per SM (`l2_params.KERNELS`, the
     same tile config).
     flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
@@ -434,8 +435,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         terms.append(("work_list", _sectors(items * VARLEN_ITEM_BYTES),
                       f"{items} work items x 6 int32, once"))
         c = _sms(sms, device) * KERNELS["attnscope"][-d if causal else d].ctas_per_sm
-        # live bytes beside a sequence's K/V: the resident programs' Q and O tiles, at `L2Params.qo_weight`
-        qo_live = 2 * VARLEN_BLOCK_Q * d * b * H200_L2_PARAMS.qo_weight()
+        qo_tile = 2 * VARLEN_BLOCK_Q * d * b  # a resident program's Q and O tiles
         order, extra = _list_order(lens, h), {}
         starts, ends = [0] * len(lens), [0] * len(lens)
         for i, p0, progs in order:
@@ -456,15 +456,17 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             # of the sequences after it that start there (each in full once all its heads have a program)
             beside = sum(2 * hkv * lens[j] * d * b * min(1.0, (min(ends[j], wave_end) - q0) / h)
                          for j, q0, _ in order[at + 1:] if q0 < wave_end)
-            live = kv_i + min(c, progs) * qo_live
-            worst = max(worst, (live + beside) / l2)
-            if passes > 1.0:
+            if passes > 1.0:  # live bytes beside the K/V: the resident programs' Q and O (`varlen_qo_weight`)
+                w = need(params, "varlen_qo_weight", f"{what} with a sequence over more than one wave of "
+                                                     f"{c} programs")
+                live = kv_i + min(c, progs) * qo_tile * w
+                worst = max(worst, (live + beside) / l2)
                 cap = H200_L2_PARAMS.shared * l2
                 m_own = miss(live / cap, H200_L2_PARAMS.shared_ramp)
                 m_last = miss((live + beside) / cap, H200_L2_PARAMS.shared_ramp)
                 want = ((passes - 1.0 - last) * m_own + last * m_last) * kv_i
                 rereads += min(extra[i] * max(m_own, m_last), want)
-        facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}
+        facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}  # of the re-read sequences
         terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
                                              "(heads fastest: a wave spans all heads), missing the L2"))
         terms.append(_varlen_spill(items * h, c, d, causal, comp + rereads, l2, params, what))

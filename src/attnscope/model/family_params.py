@@ -63,6 +63,12 @@ class FamilyParams:
     varlen_frame_d128: float | None = None
     varlen_frame_d128_causal: float | None = None
     varlen_frame_d64: float | None = None
+    #: attnscope varlen forward: L2 room a byte of a resident program's Q and O tiles takes while a
+    #: sequence's K/V waits for its next wave of programs, in K/V bytes (the wave rule's live set: K/V + the
+    #: resident programs' Q/O x this). The dense forward measures its own per access pattern
+    #: (`L2Params.qo_weight`, `lockstep_qo` 0.70, `wide_qo` 1.15); the varlen waves have no probe of it yet.
+    #: Not linear in the estimate: fitted by a search over the read counters (measure/family_fit.py).
+    varlen_qo_weight: float | None = None
 
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
@@ -96,6 +102,8 @@ H200_FAMILY_PARAMS = FamilyParams(
     varlen_frame_d128=109.0,  # v-multi, v-long1..2
     varlen_frame_d128_causal=27.9,  # v-gqa, v-long3
     varlen_frame_d64=27.7,  # v-d64
+    # varlen_qo_weight: not measured yet (probe_varlen.csv v-qo1..6): the recorded probes' rows sit where
+    # every value from 0.58 to 1.5 gives their reads within 0.3 % of each other
 )
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
@@ -133,6 +141,11 @@ PROBES = {
     "varlen_frame_d128_causal": "probe_varlen.csv v-gqa and v-long3 (d 128 causal, 2048 and 4096 programs): "
                                 "as varlen_frame_d128",
     "varlen_frame_d64": "probe_varlen.csv v-d64 (d 64 unmasked, 2048 programs): as varlen_frame_d128",
+    "varlen_qo_weight": "probe_varlen.csv v-qo1..6 (one unmasked sequence over two or three waves, its K/V "
+                        "0.10-0.30 x L2 beside the resident programs' Q/O, ~0.27 x L2 at d 128, half that at "
+                        "d 64): where the later wave's re-reads start to miss; a search over the read "
+                        "counters of attnscope's varlen rows (with v-tail and v-tail-next: the causal last "
+                        "wave)",
 }
 
 

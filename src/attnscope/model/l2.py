@@ -17,6 +17,8 @@ it); anything below is a named credit (O still dirty at the end).
   take less room (`L2Params.qo_weight`); dead dirty spill frames (`spill_bytes`) reach DRAM unless reused
   first (`L2Params.frame_fill_share`).
 - Writes (`_retained`): what is still dirty in the L2 at the end is not counted.
+- Where it makes no +-10 % promise (`not_modelled`): FA-2's d 128 causal GQA at B > 1 from a hot footprint
+  on, where the H200's counters of one call move more than that between runs.
 
 The constants (model/l2_params.py: `L2Params`, the one table of them, and the kernels' geometry) each say
 whether they are measured on the H200, read from a kernel's source, or assumed; `L2Params.hot` is fitted
@@ -174,6 +176,33 @@ def kernel_of(impl: str, d: int, causal: bool, dtype: str = "fp16", n: int = 409
     return impl_name, table.get(-near if causal else near) or table[near]
 
 
+def hot_footprint(batch: int, kv_set: float, l2_bytes: float) -> float:
+    """FA-2's hot-set footprint with GQA at B > 1, a share of the L2 (`hot_miss`'s argument): a line of one
+    kv head's K/V set (``kv_set`` bytes) is re-used after the other B - 1 batches' sets and half its own."""
+    return (batch - 0.5) * kv_set / l2_bytes
+
+
+def not_modelled(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str = "fp16",
+                 causal: bool = False, *, kv_heads: int | None = None, l2_bytes: int | None = None,
+                 device: str = "h200", params: L2Params = H200_L2_PARAMS) -> str | None:
+    """Why `estimate` makes no +-10 % promise for this call (one line), or None where it does: SDPA FLASH
+    (FA-2's d 128 kernel) causal at B > 1 with several K/V heads (`hot_knots`' ``hot_groups``) at a hot
+    footprint (`hot_footprint`) of ``params.hot_groups_modelled_below`` x the L2 or more, where repeated runs
+    of one call move by more than a +-10 % band can hold (`L2Params.hot_groups_modelled_below` names them).
+    `estimate` still computes the call (what the curve gives); the sweeps report no estimate for it."""
+    hkv = heads if kv_heads is None else kv_heads
+    if not (impl == "flash" and causal and d > 64 and batch > 1 and 1 < hkv < heads):
+        return None
+    l2 = roofline.device(device).l2 if l2_bytes is None else l2_bytes
+    foot = hot_footprint(batch, 2 * n * d * _traffic.DTYPE_BYTES[dtype], l2)
+    if foot < params.hot_groups_modelled_below:
+        return None
+    return (f"not modelled: FA-2 d {d} causal at B {batch} with {hkv} K/V heads, a hot footprint of "
+            f"{foot:.2f} x L2 (>= {params.hot_groups_modelled_below}): repeated runs of one such call moved "
+            "by up to 32 % on the H200, more than a +-10 % estimate can hold "
+            "(L2Params.hot_groups_modelled_below)")
+
+
 def spill_bytes(ker: Kernel, ctas: int, nq: int, nk: int) -> int:
     """Local-memory (register spill) bytes the CTAs of a kernel touch: each CTA's threads write their
     frame (``ker.frame``: FA-2's Is_even_MN kernel when N is a multiple of both blocks, else the ragged
@@ -257,7 +286,7 @@ def _fused(est: Estimate, impl: str, nq: int, nk: int, d: int, b: int, batch: in
         extra += (group - 1) * batch * kv_heads * kv_set * head_gap_rereads(
             tr, c, kv_set, q_o, frame, spread, kv_params.capacity * l2, kv_params.ramp, batch)
     if hot:
-        extra *= hot_miss((batch - 0.5) * kv_set / l2, hot_knots(d, kv_heads, params))
+        extra *= hot_miss(hot_footprint(batch, kv_set, l2), hot_knots(d, kv_heads, params))
     elif impl == "flash" and causal:  # the re-reads ramp up as the L2 fills after the launch
         extra *= launch_fill_share(bh * tr / c)
     lse = bh * nq * STAT_BYTES if ker.lse else 0
