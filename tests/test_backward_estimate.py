@@ -11,7 +11,6 @@ import pytest
 from attnscope.cli import main
 from attnscope.errors import InputError
 from attnscope.measure import families, physical
-from attnscope.model import backward
 from attnscope.model import backward_estimate as be
 from attnscope.model.family_params import PROBES, FamilyParams, NotMeasured
 
@@ -46,7 +45,7 @@ def test_estimate_is_compulsory_plus_nonnegative_terms_and_grows_with_n(impl, kw
     assert all(a < b for a, b in zip(totals, totals[1:], strict=False)), totals
 
 
-def test_compulsory_is_the_sweeps_and_the_naive_term_is_its_ledger_past_the_l2():
+def test_compulsory_is_the_sweeps():
     (s,) = physical.parse_grid("g.csv", text="pass,impl,batch,heads,kv_heads,n,d,causal\n"
                                              "backward,flash,3,8,2,1500,64,1\n")
     # Q, dO, K, V read; dQ, dK, dV written; O and LSE read
@@ -54,21 +53,56 @@ def test_compulsory_is_the_sweeps_and_the_naive_term_is_its_ledger_past_the_l2()
     assert families.ledger(s)[1] == comp == \
         3 * 1500 * 64 * 2 * (2 * 8 + 2 * 2 + 8 + 2 * 2) + 3 * 8 * 1500 * (64 * 2 + 4)
     assert be.backward_compulsory("naive", 1500, d=64, heads=8) == 1500 * 64 * 2 * (4 * 8 + 3 * 8)
-    # far past the L2, every byte of the naive ledger beyond the compulsory ones counts, x the constant
-    n, h = 16384, 8
-    e = be.backward_estimate("naive", n, heads=h, causal=True, params=FamilyParams(naive_bwd_s_dram=1.0))
-    t = backward.backward_traffic(n, 128, "fp16", heads=h, rows=("naive-causal-eager-backward",))
-    assert e.total == pytest.approx(t["naive-causal-eager-backward"].total * h)
-    # causal, the [N, N] tensors of all heads past the L2 but one head's dS, dS' and the mask within it: the
-    # bool mask (the same for every batch and head) reaches DRAM once, not once per head as the ledger has it
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_past_the_l2_moves_every_tensor_of_its_kernels(causal):
+    # far past the L2 every re-read misses and every write is written back: the estimate is the sum of the
+    # kernels' reads and writes (PyTorch's: softmax's backward a product then the reduction, baddbmm's scale
+    # a product on dQ and on dK), the bool mask read per (batch, head) once one head's [N, N] is past it too,
+    # but for the part of the last kernel's output (dK) still dirty when the call ends
+    n, bsz, h, d = 16384, 2, 8, 64
+    e = be.backward_estimate("naive", n, batch=bsz, heads=h, d=d, causal=causal,
+                             params=FamilyParams(naive_bwd_s_dram=1.0))
+    s, q = bsz * h * n * n * 2, bsz * h * n * d * 2
+    kernels = be.naive_kernels(causal)
+    assert len(kernels) == 8 + causal
+    moved = sum(n * n * bsz * h if t == "mask" else s if t in ("P", "dP", "T", "dS", "dS'") else q
+                for _, r, w in kernels for t in (*r, *w))
+    (credit,) = [b for _, b in e.credits]
+    assert 0 < credit < q and e.total + credit == pytest.approx(moved, rel=1e-9)
+    # unmasked: seven [N, N] reads (P three times, dP, T, dS twice) and three writes (dP, T, dS)
+    assert not causal and moved == 10 * s + 12 * q or causal and moved == 12 * s + 12 * q + bsz * h * n * n
+
+
+def test_naive_within_the_l2_reads_its_inputs_and_the_saved_p_only():
+    # resident intermediates (a tiny [N, N]): no re-read misses and nothing is written back, so the call
+    # reads Q, K, V, dO, the saved P (causal: the mask, once for every head) and writes nothing
+    for causal in (False, True):
+        n, h, d = 256, 2, 64
+        e = be.backward_estimate("naive", n, heads=h, d=d, causal=causal)
+        terms = {name: b for name, b, _ in e.terms}
+        assert "intermediates" not in terms  # nothing past the L2: no term, no constant needed
+        assert e.total == pytest.approx(4 * h * n * d * 2 + h * n * n * 2 + causal * n * n)
+        (why,) = [w for w, _ in e.credits]
+        assert why == be.DIRTY_NAIVE
+    # the bool mask reaches DRAM once while one head's dS, dS' and the mask stay within the L2
     n, bsz, h = 2048, 2, 16
-    e = be.backward_estimate("naive", n, batch=bsz, heads=h, causal=True,
-                              params=FamilyParams(naive_bwd_s_dram=1.0))
-    row = "naive-causal-eager-backward"
-    t = backward.backward_traffic(n, 128, "fp16", batch=bsz, heads=h, rows=(row,))
-    assert e.total == pytest.approx(t[row].total * bsz * h - (bsz * h - 1) * n * n)
-    # resident intermediates (a tiny [N, N]): no term, no constant needed
-    assert be.backward_estimate("naive", 256, heads=2).total == be.backward_compulsory("naive", 256, heads=2)
+    e = be.backward_estimate("naive", n, batch=bsz, heads=h, causal=True)
+    assert {name: b for name, b, _ in e.terms}["mask"] == n * n
+
+
+def test_stream_reuse_counts_misses_by_the_bytes_between():
+    size = {"A": 10.0, "B": 40.0, "C": 40.0, "X": 5.0}
+    chain = (("k0", ("A",), ("X",)), ("k1", ("B",), ()), ("k2", ("C",), ()), ("k3", ("A", "X"), ()))
+    cold = ("A", "B", "C")
+    big, small = be.stream_reuse(chain, size, cold, 1.0, 1.5), be.stream_reuse(chain, size, cold, 1e3, 1.5)
+    assert big["cold"] == small["cold"] == 90.0  # A, B, C read once each, whatever the L2
+    assert big["rereads"] == 15.0 and big["writebacks"] == {"X": 1.0}  # A and X re-read, X evicted dirty
+    assert small["rereads"] == 0.0 and small["writebacks"] == {"X": 0.0}
+    # the miss share grows with the bytes between the two uses
+    shares = [be.stream_reuse(chain, size | {"B": b}, cold, 60.0, 1.5)["rereads"] for b in (1, 30, 60, 90)]
+    assert shares == sorted(shares) and shares[0] == 0 and shares[-1] == 15.0
 
 
 def test_query_rows_per_key_pass_is_the_brute_force_count():
@@ -246,7 +280,7 @@ def _keys(name: str) -> set:
 
 def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
     probe = physical.parse_grid(GRIDS / "probe_backward.csv")
-    assert 6 <= len(probe) <= 16 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
+    assert 6 <= len(probe) <= 24 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
     held, held2 = _keys("heldout_backward.csv"), _keys("heldout_backward2.csv")
     assert len(held2) == 48 and not _keys("probe_backward.csv") & (held | held2) and not held & held2
     # every backward constant is informed by some probe row the estimate models: its term moves that row
@@ -282,7 +316,7 @@ def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
 def test_estimate_only_sweep_estimates_or_says_why(capsys):
     assert main(["bytes", "--estimate-only", "--sweep", str(GRIDS / "probe_backward.csv"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert len(rows) == 16
+    assert len(rows) == len(physical.parse_grid(GRIDS / "probe_backward.csv"))
     why = {}
     for r in rows:  # the compulsory bytes plus the terms, or one line saying why not
         if r["estimate"] is None:

@@ -53,7 +53,7 @@ from typing import NamedTuple
 from attnscope.errors import choice, expect, positive_int
 from attnscope.model import dispatch
 from attnscope.model.dispatch import HOPPER_BWD_ROW_PAD as ROW_PAD
-from attnscope.model.family_estimate import FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
+from attnscope.model.family_estimate import CREDIT, FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import wave_rereads
@@ -178,6 +178,103 @@ def _scaled(terms: list, name: str, logical: float, params: FamilyParams, field:
         terms.append((name, logical * f, f"{text} ({logical:,.0f} B counted, x {f})"))
 
 
+#: The kernels autograd runs for the naive baseline's backward (measure/backends.py `naive_attention`), in
+#: launch order, as ncu names them on the H200 (every naive point of
+#: bench/results/h200-2026-12-02-heldout-backward.json): (what, tensors read, tensors written). P, dP, T, dS,
+#: dS' are [B x H, N, N] in the input dtype (the forward saved P); the rest [B, H, N, d]. Softmax's backward
+#: is two kernels (a product T = dP * P, then dS = T - P rowsum(T)); baddbmm's alpha is a product on dQ and
+#: on dK after their GEMMs. Causal, the masked_fill backward (`NAIVE_MASK`) runs after softmax's and the
+#: GEMMs read its dS'.
+NAIVE_BWD = (("dV = P^T dO (GEMM)", ("P", "dO"), ("dV",)),
+             ("dP = dO V^T (GEMM)", ("dO", "V"), ("dP",)),
+             ("T = dP * P", ("dP", "P"), ("T",)),
+             ("dS = T - P rowsum(T) (softmax backward)", ("T", "P"), ("dS",)),
+             ("dQ0 = dS K (GEMM)", ("dS", "K"), ("dQ0",)),
+             ("dQ = scale dQ0", ("dQ0",), ("dQ",)),
+             ("dK0 = dS^T Q (GEMM)", ("dS", "Q"), ("dK0",)),
+             ("dK = scale dK0", ("dK0",), ("dK",)))
+NAIVE_MASK = ("dS' = masked_fill backward", ("dS", "mask"), ("dS'",))
+#: What the naive call reads cold: its inputs (compulsory) and what the forward saved (P; causal, the mask).
+NAIVE_COLD = ("Q", "K", "V", "dO", "P", "mask")
+NAIVE_OUT = ("dQ", "dK", "dV")
+DIRTY_NAIVE = ("dQ, dK, dV still dirty in the write-back L2 when the call ends: each output's share that its "
+               "reuse distance to the call's end keeps (the forward's miss rule)")
+
+
+def naive_kernels(causal: bool) -> tuple:
+    """`NAIVE_BWD` with, causal, `NAIVE_MASK` after softmax's backward and the GEMMs reading its dS'."""
+    if not causal:
+        return NAIVE_BWD
+    swap = tuple((w, tuple("dS'" if t == "dS" else t for t in r), o) for w, r, o in NAIVE_BWD[4:])
+    return (*NAIVE_BWD[:4], NAIVE_MASK, *swap)
+
+
+def stream_reuse(kernels: tuple, size: dict, cold: tuple, cap: float, ramp: float) -> dict:
+    """DRAM traffic of a chain of kernels that each stream their tensors once, in the same order, through an
+    L2 of ``cap`` bytes (the forward's rule: `l2_params.miss` with ``ramp``). A tensor touched in kernel a and
+    read again in kernel k misses at its reuse distance, the distinct bytes touched in between: for its line
+    at fraction x, the rest of kernel a's stream, every kernel between and the first x of kernel k's, from the
+    tensors of kernels a .. k - 1 (x = 0) to those of a + 1 .. k (x = 1), linear in x (`mean_miss`). A written
+    line reaches DRAM once, when evicted dirty: its largest miss share over its gaps, the last one to the
+    call's end. Returns {"cold": bytes of the ``cold`` tensors' first reads, "rereads": bytes read again from
+    DRAM, "writebacks": {tensor: share written back}}."""
+    touched = [set(r) | set(w) for _, r, w in kernels]
+
+    def distinct(a: int, k: int) -> float:  # bytes of the tensors kernels a .. k - 1 touch
+        return sum(size[t] for t in set().union(*touched[a:k]))
+
+    def share(a: int, k: int) -> float:  # mean miss from kernel a's touch to kernel k's (len: the call's end)
+        return mean_miss(distinct(a, k) / cap, distinct(a + 1, k + 1) / cap, ramp)
+
+    last, gaps = {}, {}
+    out = {"cold": 0.0, "rereads": 0.0, "writebacks": {}}
+    for k, (_, reads, writes) in enumerate(kernels):
+        for t in reads:
+            if t not in last:
+                assert t in cold, (t, cold)
+                out["cold"] += size[t]
+            else:
+                m = share(last[t], k)
+                out["rereads"] += m * size[t]
+                if t in gaps:
+                    gaps[t].append(m)
+            last[t] = k
+        for t in writes:
+            last[t], gaps[t] = k, []
+    for t, g in gaps.items():
+        out["writebacks"][t] = max([*g, share(last[t], len(kernels))])
+    return out
+
+
+def _naive(comp: int, n: int, d: int, b: int, bsz: int, h: int, causal: bool, l2: int, params: FamilyParams,
+           what: str) -> FamilyEstimate:
+    """The naive baseline's autograd (`NAIVE_BWD`): its saved P (causal: and the bool mask, one [N, N] for
+    every (batch, head), cold once and re-read per head at the forward's naive rule) read cold, every other
+    [N, N] re-read and write-back at its reuse distance (`stream_reuse` at `L2Params.capacity`), x
+    `FamilyParams.naive_bwd_s_dram`; dQ, dK, dV still dirty at the end as the credit."""
+    p = H200_L2_PARAMS
+    bh = bsz * h
+    s, q = bh * n * n * b, bh * n * d * b
+    kernels = naive_kernels(causal)
+    size = dict.fromkeys(("P", "dP", "T", "dS", "dS'"), s) | dict.fromkeys(
+        ("Q", "K", "V", "dO", "dQ0", "dQ", "dK0", "dK", "dV"), q) | {"mask": n * n}
+    r = stream_reuse(kernels, size, NAIVE_COLD, p.capacity * l2, p.ramp)
+    terms = [("saved_p", s, "P [B x H, N, N] saved by the forward, read cold by the dV GEMM")]
+    facts = {"kernels": len(kernels), "square_footprint_l2": s / l2}
+    if causal:  # the same [N, N] mask for every (batch, head): cold once, then re-read one head's dS and dS'
+        # later (the forward's naive rule, model/l2.py `_naive`)
+        again = miss((2 * b + 1) * n * n / (p.capacity * l2), p.ramp)
+        terms.append(("mask", n * n * (1.0 + (bh - 1) * again), f"the bool mask [N, N], cold once, then "
+                      f"re-read by each of the {bh - 1} other (batch, head)s x {again:.2f} missing"))
+    inter = r["rereads"] + sum(share * size[t] for t, share in r["writebacks"].items() if t not in NAIVE_OUT)
+    _scaled(terms, "intermediates", inter, params, "naive_bwd_s_dram", what,
+            f"{len(kernels)} kernels' [N, N] and [N, d] intermediates re-read and written back past the L2 "
+            "(each at its reuse distance: the forward's miss rule)")
+    kept = sum((1.0 - r["writebacks"][t]) * size[t] for t in NAIVE_OUT)
+    terms.append((CREDIT, -kept, DIRTY_NAIVE))
+    return FamilyEstimate("backward", "naive", comp, tuple(terms), facts)
+
+
 def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
                       batch: int = 1, heads: int = 32, kv_heads: int | None = None,
                       deterministic: bool = False, kernels: str = "auto", sms: int | None = None,
@@ -222,22 +319,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         if hkv != h:
             raise NotImplementedError(f"{what}: kv_heads {hkv} != heads {h}; supported: MHA (the naive "
                                       "baseline repeats no kv head)")
-        from attnscope.model import backward
-
-        name = "naive-causal-eager-backward" if causal else "naive-backward"
-        t = backward.backward_traffic(n, d, dtype, batch=bsz, heads=h, rows=(name,))
-        logical = t[name].total * t.config.batch_heads
-        p = H200_L2_PARAMS
-        share = miss(bh * n * n * b / (p.capacity * l2), p.ramp)
-        if causal:  # the bool mask is one [N, N] for every (batch, head): cold once, then re-read one head's
-            # dS and dS' later (the forward's naive rule, model/l2.py `_naive`); the ledger reads it per head
-            again = miss((2 * b + 1) * n * n / (p.capacity * l2), p.ramp)
-            logical -= (bh - 1) * n * n * (1.0 - again)
-        facts |= {"ledger": f"model/backward.py {name}", "square_footprint_l2": bh * n * n * b / l2}
-        _scaled(terms, "intermediates", (logical - comp) * share, params, "naive_bwd_s_dram", what,
-                "the ledger's bytes beyond the compulsory (P, dP, dS written and read back, dO again), x the "
-                "share missing the L2 at one [B, H, N, N] tensor's footprint")
-        return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
+        return _naive(comp, n, d, b, bsz, h, causal, l2, params, what)
 
     build, lean = impl, False
     pad = -(-n // ROW_PAD) * ROW_PAD  # rows of the Hopper build's padded copies

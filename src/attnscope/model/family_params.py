@@ -44,8 +44,9 @@ class FamilyParams:
     #: SDPA CUDNN decode: DRAM bytes it moves beyond Q, K/V and O, per (sequence, query head) (workspace,
     #: statistics, partials of its own split).
     cudnn_other_per_row: float | None = None
-    #: Backward, naive autograd: DRAM bytes per byte of its ledger beyond the compulsory ones (P, dP, dS
-    #: written and read back, dO read twice) that the forward's L2 rule counts as missing.
+    #: Backward, naive autograd: DRAM bytes per byte its kernels (`backward_estimate.NAIVE_BWD`: the [N, N]
+    #: and [N, d] intermediates re-read and written back) move past the L2 at their reuse distances (the
+    #: forward's miss rule; the saved P's cold read and the bool mask are exact terms).
     naive_bwd_s_dram: float | None = None
     #: Backward, share of the counted re-reads (Q, dO, LSE2, Delta and the fp32 dQ accumulator's atomic adds
     #: by later key tiles; K, V by the dQ kernel's later query tiles: `l2_reuse.wave_rereads`) that reach
@@ -83,7 +84,7 @@ H200_FAMILY_PARAMS = FamilyParams(
     cudnn_gqa_kv_dram=0.0,  # measured ~0 (least squares -0.00013): the group shares one K/V read
     cudnn_other_per_row=0.0,  # measured ~0 (c-mha-wide vs c-mha: 0 under the non-negative fit; 336 B
     # unconstrained only beside the negative cudnn_gqa_kv_dram)
-    naive_bwd_s_dram=1.36,  # n-big, n-causal
+    naive_bwd_s_dram=0.982,  # n-big, n-causal (the kernel list of `backward_estimate.NAIVE_BWD`)
     portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
     # h-mid, h-mid-unmasked (h200-2026-12-02c-probe-backward-hmid.json; h-group's query set is larger than
     # the L2, which the estimate does not model)
@@ -112,7 +113,8 @@ PROBES = {
     "cudnn_other_per_row": "probe_decode.csv c-mha-wide (4 x c-mha's (sequence, head) rows, the same K/V "
                            "bytes): the excess over c-mha's, per extra row",
     "naive_bwd_s_dram": "probe_backward.csv n-big (one [B, H, N, N] tensor ~10 x L2) and n-causal: ncu less "
-                        "compulsory, over the counted intermediates",
+                        "compulsory and the saved P, over the counted intermediates; n-small and n-mid (one "
+                        "tensor ~0.25 and ~0.8 x L2) check their reuse distances",
     "portable_bwd_reread_dram": "probe_backward.csv p-group (GQA 16, causal, the group's Q/dO set ~0.55 x "
                                 "L2, atomic dQ) against p-resident (no counted re-read): the excess over the "
                                 "exact terms, over the counted re-reads and atomics",
