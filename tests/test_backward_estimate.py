@@ -12,14 +12,15 @@ from attnscope.cli import main
 from attnscope.errors import InputError
 from attnscope.measure import families, physical
 from attnscope.model import backward_estimate as be
+from attnscope.model import l2_reuse
 from attnscope.model.family_params import PROBES, FamilyParams, NotMeasured
 
 GRIDS = Path(__file__).resolve().parents[1] / "bench" / "grids"
 #: Test values for every constant (never shipped; the shipped ones are `H200_FAMILY_PARAMS`).
 SET = FamilyParams(**{f.name: 0.5 for f in fields(FamilyParams)})
 NONE = FamilyParams()  # nothing measured: every estimate that needs a constant refuses
-BWD = ("naive_bwd_s_dram", "portable_bwd_reread_dram", "hopper_bwd_reread_dram", "flash_bwd_reread_dram",
-       "cudnn_bwd_reread_dram")
+BWD = ("naive_bwd_s_dram", "portable_bwd_reread_dram", "hopper_bwd_reread_dram", "onepass_bwd_reread_dram",
+       "flash_bwd_reread_dram", "cudnn_bwd_reread_dram")
 
 CASES = [("naive", dict(heads=8)), ("naive", dict(heads=8, causal=True, d=64)),
          ("flash", dict(heads=8, kv_heads=2, causal=True)), ("flash", dict(heads=4, d=64)),
@@ -103,6 +104,66 @@ def test_stream_reuse_counts_misses_by_the_bytes_between():
     # the miss share grows with the bytes between the two uses
     shares = [be.stream_reuse(chain, size | {"B": b}, cold, 60.0, 1.5)["rereads"] for b in (1, 30, 60, 90)]
     assert shares == sorted(shares) and shares[0] == 0 and shares[-1] == 15.0
+
+
+def _l2_sim():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("l2_sim", GRIDS.parent / "l2_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("sets,per_set,q_tiles,step,heads,c", [(2, 16, 64, 4, 4, 32), (6, 16, 64, 4, 4, 32),
+                                                              (2, 16, 32, 2, 8, 32), (3, 8, 32, 4, 8, 16)])
+def test_diagonal_walk_share_tracks_the_ideal_schedules_stack_distances(sets, per_set, q_tiles, step, heads,
+                                                                        c):
+    # the closed form against bench/l2_sim.py's exact LRU stack distances of the same walk (sets starting
+    # together, and staggered by the block scheduler), with the shared lines' ramp: the same regime (all hit
+    # when the band fits, most miss when a head's rows alone pass the capacity) and within 0.35 between
+    sim = _l2_sim().backward_walk
+    for cap in (100.0, 200.0, 1000.0):
+        want = sim(sets, per_set, q_tiles, step, heads, c, 1.0, cap, 1.38)
+        got = l2_reuse.diagonal_walk_share(sets, per_set, q_tiles, step, heads, c, 1.0, cap, 1.38)
+        assert 0.0 <= got <= 1.0 and abs(got - want) <= 0.35, (cap, got, want)
+        assert (got < 0.01) == (want < 0.01), (cap, got, want)
+
+
+def test_diagonal_walk_share_grows_with_the_band_and_costs_the_same_at_any_n():
+    shares = [l2_reuse.diagonal_walk_share(4, 64, 256, 2, 8, 132, tile, 27e6, 1.38)
+              for tile in (1e3, 1e4, 3e4, 1e5, 1e6)]
+    assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] == 1.0
+    assert l2_reuse.diagonal_walk_share(4, 1, 256, 2, 8, 132, 1e6, 27e6, 1.38) == 0.0  # one reader
+
+    def timed(per_set):
+        t0 = time.perf_counter()
+        l2_reuse.diagonal_walk_share(4, per_set, 4 * per_set, 2, 32, 132, 1e4, 27e6, 1.38)
+        return time.perf_counter() - t0
+
+    small, large = min(timed(64) for _ in range(3)), min(timed(10**6) for _ in range(3))
+    assert large < 3 * small + 0.01, (small, large)
+
+
+def test_attnscope_causal_rereads_follow_the_diagonal_walkers_unmasked_the_waves_at_face_value():
+    # causal: the key tiles walk from their diagonal (the build's constant scales the walk's misses); the
+    # one-pass build has a constant of its own (h-onepass); unmasked: the forward's lockstep wave rule on the
+    # rows and their fp32 dQ together, as measured (no constant to refuse on)
+    e = be.backward_estimate("attnscope", 8192, heads=32, kv_heads=4, d=128, causal=True, deterministic=True)
+    assert 0 < e.facts["walk_miss"] <= 1
+    for kw, field in ((dict(kernels="portable", d=128, batch=2), "portable"),
+                      (dict(deterministic=True, d=128, batch=2), "hopper"),
+                      (dict(d=64, kv_heads=2), "onepass")):
+        kw = {"kv_heads": 4} | kw
+        assert be.backward_estimate("attnscope", 8192, heads=32, causal=True, **kw).facts["walk_miss"] > 0
+        with pytest.raises(NotMeasured, match=f"{field}_bwd_reread_dram"):
+            be.backward_estimate("attnscope", 8192, heads=32, causal=True, params=NONE, **kw)
+        u = be.backward_estimate("attnscope", 8192, heads=32, params=NONE, **kw)
+        assert "walk_miss" not in u.facts
+    wide = be.backward_estimate("attnscope", 16384, batch=4, heads=32, kv_heads=4, d=64, kernels="portable",
+                                params=NONE)
+    terms = {name: b for name, b, _ in wide.terms}
+    assert terms["q_rereads"] > 0 and terms["dq_atomics"] > 0  # a wave boundary cuts a set past the L2
 
 
 def test_query_rows_per_key_pass_is_the_brute_force_count():
@@ -207,7 +268,7 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
     with pytest.raises(NotMeasured, match="flash_bwd_reread_dram.*f-long"):
         be.backward_estimate("flash", 32768, heads=2, causal=True, params=NONE)
     assert set(BWD) <= set(PROBES)
-    with pytest.raises(NotMeasured, match="hopper_bwd_reread_dram.*h-mid"):  # the one-pass build's atomics
+    with pytest.raises(NotMeasured, match="onepass_bwd_reread_dram.*h-onepass"):  # the one-pass build's own
         be.backward_estimate("attnscope", 8192, heads=32, kv_heads=2, d=64, causal=True, params=NONE)
     # not modelled, or bad input: one line naming what
     with pytest.raises(NotImplementedError, match="built for head dims"):

@@ -5,11 +5,11 @@ dram__bytes_write.sum`` reads (as model/family_estimate.py's decode and varlen e
 Compulsory (`backward_compulsory`): Q, K, V, dO read and dQ, dK, dV written once; the fused backwards also
 read O and the fp32 LSE once (naive's autograd reads its saved P instead, counted as a term).
 
-- naive (autograd of the 3-kernel baseline; model/backward.py's ledger): the ledger's bytes beyond the
-  compulsory ones (P, dP, dS and the mask written and read back; dO read twice) x the share the forward's
-  L2 rule (`l2_params.miss` at `L2Params.capacity`) says misses at one [B, H, N, N] tensor's footprint, x
-  `FamilyParams.naive_bwd_s_dram`; causal, the bool mask (one [N, N] for every head) counted once, then
-  re-read at the forward's rule.
+- naive (autograd of the 3-kernel baseline): the kernels PyTorch runs (`NAIVE_BWD`: softmax's backward a
+  product then the reduction, baddbmm's scale a product on dQ and dK), the saved P (causal: the bool mask,
+  one [N, N] for every head) read cold, every other [N, N] and [N, d] intermediate re-read and written back
+  at its reuse distance (`stream_reuse`: the forward's miss rule at `L2Params.capacity`), x
+  `FamilyParams.naive_bwd_s_dram`.
 - attnscope (kernels/bwd.py `flash_attention_backward`): the preprocess reads O and dO and writes Delta,
   the LSE2 copy is written; a dK/dV kernel per (batch, kv head, 128-key tile) streams Q, dO, LSE2, Delta of
   every query tile of the GQA group; dQ either by fp32 atomics (portable, ``deterministic=False``; the
@@ -39,9 +39,13 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
 - attnscope's query set of a GQA group larger than the L2 (the key tiles' walkers evict each other's
   rows) is not modelled: the estimate refuses.
 
-Re-reads (Q/dO by the key tiles, K/V by the query tiles) use the forward's rule, one definition:
-`l2_reuse.wave_rereads` (CTAs of a set consecutive in the grid, C at a time; what the L2 keeps at the
-forward's measured capacities), scaled by the kernel's probe constant. A term whose constant is None refuses
+Re-reads of Q, dO, LSE2, Delta and the fp32 dQ rows (touched together by each key tile) and K/V by the
+dQ kernel's query tiles: unmasked, the forward's lockstep wave rule as it stands, one definition
+(`l2_reuse.wave_rereads`: CTAs of a set consecutive in the grid, C at a time; what the L2 keeps at the
+forward's measured capacities); causal, FA-2's key tiles walk from the end (the wave rule) and attnscope's
+from their diagonal forward (`l2_reuse.diagonal_walk_share`: successive readers of a row drift apart by a
+head's walk per head of the group, so the distance is the band the live walkers sweep), each x the build's
+probe constant. A term whose constant is None refuses
 (`NotMeasured`, naming it and its probe); a term whose counted bytes are 0 needs none. Pure Python; cost
 independent of N.
 """
@@ -56,7 +60,7 @@ from attnscope.model.dispatch import HOPPER_BWD_ROW_PAD as ROW_PAD
 from attnscope.model.family_estimate import CREDIT, FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
-from attnscope.model.l2_reuse import wave_rereads
+from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
 from attnscope.model.tiles import Grid
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
@@ -174,7 +178,7 @@ def _scaled(terms: list, name: str, logical: float, params: FamilyParams, field:
             text: str) -> None:
     """Append ``(name, logical x params.field, text)`` when ``logical`` > 0 (the constant only then)."""
     if logical > 0:
-        f = need(params, field, what)
+        f = 1.0 if field is None else need(params, field, what)
         terms.append((name, logical * f, f"{text} ({logical:,.0f} B counted, x {f})"))
 
 
@@ -369,20 +373,36 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     rows = q_rows_per_key_pass(n, ker.q, ker.kv, causal)
     frac = rows / (per_set * n)  # mean share of the set a key tile reads
     other = 4 * ker.kv * d * b  # a CTA's K, V tile in, dK, dV out
-    rereads = _set_rereads(sets, per_set, conc, set_rows * row, other, causal, True, l2, frac)
+    fa2 = impl in ("flash", "cudnn")  # FA-2's kernels: per query head, atomic dQ, dK/dV summed over the group
+    atomic = fa2 or not deterministic
+    acc_row = d * STAT_BYTES if atomic else 0  # a row's fp32 dQ, touched with its Q, dO by each key tile
     facts["q_set_l2"] = set_rows * row / l2
+    field = {"attnscope": f"{build}_bwd_reread_dram", "flash": "flash_bwd_reread_dram",
+             "cudnn": "cudnn_bwd_reread_dram"}[impl]
+    if impl == "attnscope" and atomic and build == "hopper":
+        field = "onepass_bwd_reread_dram"
+    if impl == "attnscope" and causal:  # walkers from the diagonal forward: `l2_reuse.diagonal_walk_share`
+        p = H200_L2_PARAMS
+        walk = diagonal_walk_share(sets, per_set, -(-n // ker.q), ker.kv / ker.q, g, conc,
+                                   ker.q * (row + acc_row), p.shared * l2, p.shared_ramp)
+        counted = sets * g * (rows - n)  # query rows read beyond once, over the group's heads
+        facts["walk_miss"] = walk
+        rereads, rmw = counted * row * walk, counted * acc_row * walk
+        how = "at the diagonal walkers' reuse distances (l2_reuse.diagonal_walk_share)"
+    else:  # the wave rule on the rows and their fp32 dQ, touched together
+        both = _set_rereads(sets, per_set, conc, set_rows * (row + acc_row), other, causal, True, l2, frac)
+        rereads, rmw = both * row / (row + acc_row), both * acc_row / (row + acc_row)
+        how = "at the forward's wave rule"
     if impl == "attnscope" and rereads > 0 and set_rows * row > l2:
         raise NotImplementedError(f"{what}: the dK/dV kernel's query set (Q, dO, LSE2, Delta of the {g} "
                                   f"query heads of a kv head: {facts['q_set_l2']:.2f} x the L2) is larger "
                                   "than the L2, where the key tiles' walkers evict each other's rows (probe "
                                   "h-group: 5 x the re-reads the wave rule counts): not modelled; supported: "
                                   "query sets within the L2")
-    field = {"attnscope": f"{build}_bwd_reread_dram", "flash": "flash_bwd_reread_dram",
-             "cudnn": "cudnn_bwd_reread_dram"}[impl]
+    if not causal:  # lockstep waves: the forward's measured rule as it stands, no constant
+        field = None
     _scaled(terms, "q_rereads", rereads, params, field, what, "Q, dO, LSE2, Delta re-read by later key "
-            "tiles, missing the L2 (the forward's wave rule)")
-    fa2 = impl in ("flash", "cudnn")  # FA-2's kernels: per query head, atomic dQ, dK/dV summed over the group
-    atomic = fa2 or not deterministic
+            f"tiles, missing the L2 {how}")
     kv_w = 2 * (bh if fa2 else bkv) * n * d * b  # dK, dV as written (FA-2: per query head)
     if impl == "flash":  # _flash_attention_backward: grad_out.contiguous(), out.contiguous() ([B, N, H, d])
         terms.append(("layout_copies", 4 * qd, "dO and O copied into FA-2's [B, N, H, d] layout: two copy "
@@ -405,10 +425,9 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                       f"sums evicted before the cast, written back and read by it (2 x {cast:.2f}); the rest "
                       f"written back after the cast read them, evicted by its stream before the call ends "
                       f"({1.0 - cast:.2f} x {last:.2f})"))
-        rmw = _set_rereads(sets, per_set, conc, set_rows * d * STAT_BYTES, other, causal, True, l2, frac)
         _scaled(terms, "dq_atomics", 2 * rmw, params, field, what, "fp32 dQ lines evicted between the key "
-                "tiles' atomic adds, read and written back (the wave rule on the accumulator; the re-reads' "
-                "constant: both follow the key tiles)")
+                f"tiles' atomic adds, read and written back {how} (the re-reads' constant: both follow "
+                "the key tiles)")
     else:  # the dQ kernel: Q, dO, LSE2, Delta once more, K/V per query tile of every head of the group
         share = _miss_share(comp, l2)  # between the two kernels: the dK/dV kernel's whole stream
         kv_set = 2 * n * d * b
