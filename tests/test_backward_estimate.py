@@ -342,8 +342,9 @@ def _keys(name: str) -> set:
 def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
     probe = physical.parse_grid(GRIDS / "probe_backward.csv")
     assert 6 <= len(probe) <= 24 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
-    held, held2 = _keys("heldout_backward.csv"), _keys("heldout_backward2.csv")
-    assert len(held2) == 48 and not _keys("probe_backward.csv") & (held | held2) and not held & held2
+    held, held2, held3 = (_keys(f"heldout_backward{i}.csv") for i in ("", "2", "3"))
+    assert len(held2) == len(held3) == 48 and not _keys("probe_backward.csv") & (held | held2 | held3)
+    assert not held & held2 and not held3 & (held | held2)
     # every backward constant is informed by some probe row the estimate models: its term moves that row
     zero = FamilyParams(**dict.fromkeys(BWD, 0.0))
     modelled = []
@@ -372,6 +373,24 @@ def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
             assert (e.facts["build"], e.facts["mode"]) == ("lean", "onepass")
             sets.append(e.facts["q_set_l2"])
     assert len(sets) == 2 and all(0.5 < x < 0.6 for x in sets)
+
+
+def test_the_third_heldout_grid_is_what_its_header_command_draws():
+    # committed before measurement: the seed in its header reproduces it row for row, the first two grids'
+    # distribution (prefill.py's backward rule), every point estimated by the model it judges
+    import csv
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
+    prefill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefill)
+    text = (GRIDS / "heldout_backward3.csv").read_text()
+    assert "--draw 4639 --family backward" in text
+    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("backward", 4639)]
+    got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [{k: v for k, v in r.items() if v} for r in got] == rows
+    for s in physical.parse_grid(GRIDS / "heldout_backward3.csv"):
+        assert be.backward_estimate(**families.backward_args(s)).total > 0
 
 
 def test_estimate_only_sweep_estimates_or_says_why(capsys):
