@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python bench/l2_sim.py B H N d [--causal] [--impl flash] [--kv-heads HKV] [--cap 0.434]
         [--cliff] [--persistent [--middle-alone]] [--jitter SIGMA [--seed S]] [--dtype bf16]
-        [--attnscope-impl auto]
+        [--attnscope-impl auto] [--backward portable|hopper [--atomic]]
 
 The check on model/l2.py's re-read closed forms (`wave_rereads`) that no GPU gives: the same kernel geometry
 (`l2.kernel_of`: block sizes, CTAs per SM, walk direction, grid order) run through an ideal machine and an LRU
@@ -26,6 +26,10 @@ cliff): the check on `l2.head_gap_rereads`.
 normal per CTA), so each slot's chain of CTAs drifts (about SIGMA x sqrt(waves) lifetimes) and the lockstep
 waves `l2.lockstep_rereads` assumes blur. The check on whether drift explains FA-2's many-wave unmasked
 points measuring fewer re-reads than the ideal schedule (issue 18; no measurement gives SIGMA).
+
+``--backward BUILD`` (attnscope's dK/dV kernel, `backward_walk`): its CTAs walk the query tiles from their
+diagonal forward, the GQA group's heads in turn; prints the share of the counted re-reads (of Q, dO, LSE2,
+Delta and, ``--atomic``, the fp32 dQ rows) that miss: the check on `model.l2_reuse.diagonal_walk_share`.
 
 ``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
 (kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
@@ -288,6 +292,49 @@ def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=Fal
                                lambda t: g.kv_bounds(t + 1)[1], middle_alone, g.n_kv_tiles, ramp)
 
 
+def backward_walk(sets, per_set, q_tiles, step, heads, concurrent, tile_bytes, capacity, ramp, causal=True):
+    """Share of the counted re-reads of attnscope's dK/dV kernel (kernels/bwd.py, kernels/bwd_hopper.py) that
+    miss, under the ideal schedule: ``sets`` x ``per_set`` CTAs in grid order (key tiles fastest), C =
+    ``concurrent`` slots, a finished CTA's slot taken by the next at once; CTA j walks query tiles from its
+    diagonal (causal: tile int(j ``step``)) to the last of ``q_tiles``, for each of ``heads`` query heads in
+    turn, one tile (``tile_bytes``: its rows and their fp32 dQ) per step. Each re-use misses `l2.miss` of its
+    LRU stack distance over ``capacity`` with ``ramp`` (`StackDistance`). The check on
+    `model.l2_reuse.diagonal_walk_share`."""
+    ctas = [(s, j) for s in range(sets) for j in range(per_set)]
+    first = [min(q_tiles, int(j * step)) if causal else 0 for j in range(per_set)]
+    touches = sum(heads * (q_tiles - first[j]) for _, j in ctas)
+    sd = StackDistance(capacity, ramp, touches + 1)
+    seen, missed, counted = set(), 0.0, 0
+
+    def walk(s, j):
+        for g in range(heads):
+            for m in range(first[j], q_tiles):
+                yield (s, g, m)
+
+    queue, live = iter(ctas), []
+    while True:
+        while len(live) < concurrent:
+            nxt = next(queue, None)
+            if nxt is None:
+                break
+            live.append(walk(*nxt))
+        if not live:
+            break
+        still = []
+        for it in live:
+            key = next(it, None)
+            if key is None:
+                continue
+            still.append(it)
+            m = sd.touch(key, tile_bytes)
+            if key in seen:
+                missed += m
+                counted += 1
+            seen.add(key)
+        live = still
+    return missed / counted if counted else 0.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("batch", "heads", "n", "d"):
@@ -307,10 +354,29 @@ def main():
                     help="relative spread (sigma) of CTA lifetimes: CTAs drift out of step (no --frames)")
     ap.add_argument("--seed", type=int, default=0, help="with --jitter: the random seed")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
+    ap.add_argument("--backward", choices=("portable", "hopper"),
+                    help="attnscope's dK/dV kernel of this build instead (`backward_walk`): the share of its "
+                    "counted re-reads that miss (--ramp default: the shared lines' 1.38)")
+    ap.add_argument("--atomic", action="store_true",
+                    help="with --backward: dQ by fp32 atomics (its rows re-read too)")
     ap.add_argument("--attnscope-impl", default="portable", choices=("portable", "auto"),
                     help="attnscope's kernel: the portable one, or the Gluon variant `attnscope bytes` "
                     "estimates for the call (model.dispatch.hopper_variant; non-persistent ones only)")
     a = ap.parse_args()
+    if a.backward:
+        from attnscope.model.backward_estimate import BWD_KERNELS
+        from attnscope.model.traffic import DTYPE_BYTES
+
+        ker, b, g = BWD_KERNELS[a.backward][a.d], DTYPE_BYTES[a.dtype], a.heads // (a.kv_heads or a.heads)
+        tile = ker.q * (2 * a.d * b + 8 + (4 * a.d if a.atomic else 0))
+        share = backward_walk(a.batch * (a.kv_heads or a.heads), -(-a.n // ker.kv), -(-a.n // ker.q),
+                              ker.kv / ker.q, g, 132, tile, a.cap * 62_914_560,
+                              a.ramp or l2.H200_L2_PARAMS.shared_ramp, a.causal)
+        heads = f"{a.heads}/{a.kv_heads or a.heads}"
+        print(f"attnscope backward {a.backward} B={a.batch} H={heads} N={a.n} d={a.d} "
+              f"{'causal' if a.causal else 'unmasked'}{' atomic dQ' if a.atomic else ''}: share of the "
+              f"counted re-reads that miss at {a.cap:.3f} x L2: {share:.3f}")
+        return
     if a.persistent:
         extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone, dtype=a.dtype,
                            ramp=a.ramp)

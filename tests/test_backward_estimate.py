@@ -11,16 +11,16 @@ import pytest
 from attnscope.cli import main
 from attnscope.errors import InputError
 from attnscope.measure import families, physical
-from attnscope.model import backward
 from attnscope.model import backward_estimate as be
+from attnscope.model import l2_reuse
 from attnscope.model.family_params import PROBES, FamilyParams, NotMeasured
 
 GRIDS = Path(__file__).resolve().parents[1] / "bench" / "grids"
 #: Test values for every constant (never shipped; the shipped ones are `H200_FAMILY_PARAMS`).
 SET = FamilyParams(**{f.name: 0.5 for f in fields(FamilyParams)})
 NONE = FamilyParams()  # nothing measured: every estimate that needs a constant refuses
-BWD = ("naive_bwd_s_dram", "portable_bwd_reread_dram", "hopper_bwd_reread_dram", "flash_bwd_reread_dram",
-       "cudnn_bwd_reread_dram")
+BWD = ("naive_bwd_s_dram", "portable_bwd_reread_dram", "hopper_bwd_reread_dram", "onepass_bwd_reread_dram",
+       "flash_bwd_reread_dram", "cudnn_bwd_reread_dram")
 
 CASES = [("naive", dict(heads=8)), ("naive", dict(heads=8, causal=True, d=64)),
          ("flash", dict(heads=8, kv_heads=2, causal=True)), ("flash", dict(heads=4, d=64)),
@@ -46,7 +46,7 @@ def test_estimate_is_compulsory_plus_nonnegative_terms_and_grows_with_n(impl, kw
     assert all(a < b for a, b in zip(totals, totals[1:], strict=False)), totals
 
 
-def test_compulsory_is_the_sweeps_and_the_naive_term_is_its_ledger_past_the_l2():
+def test_compulsory_is_the_sweeps():
     (s,) = physical.parse_grid("g.csv", text="pass,impl,batch,heads,kv_heads,n,d,causal\n"
                                              "backward,flash,3,8,2,1500,64,1\n")
     # Q, dO, K, V read; dQ, dK, dV written; O and LSE read
@@ -54,21 +54,116 @@ def test_compulsory_is_the_sweeps_and_the_naive_term_is_its_ledger_past_the_l2()
     assert families.ledger(s)[1] == comp == \
         3 * 1500 * 64 * 2 * (2 * 8 + 2 * 2 + 8 + 2 * 2) + 3 * 8 * 1500 * (64 * 2 + 4)
     assert be.backward_compulsory("naive", 1500, d=64, heads=8) == 1500 * 64 * 2 * (4 * 8 + 3 * 8)
-    # far past the L2, every byte of the naive ledger beyond the compulsory ones counts, x the constant
-    n, h = 16384, 8
-    e = be.backward_estimate("naive", n, heads=h, causal=True, params=FamilyParams(naive_bwd_s_dram=1.0))
-    t = backward.backward_traffic(n, 128, "fp16", heads=h, rows=("naive-causal-eager-backward",))
-    assert e.total == pytest.approx(t["naive-causal-eager-backward"].total * h)
-    # causal, the [N, N] tensors of all heads past the L2 but one head's dS, dS' and the mask within it: the
-    # bool mask (the same for every batch and head) reaches DRAM once, not once per head as the ledger has it
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_past_the_l2_moves_every_tensor_of_its_kernels(causal):
+    # far past the L2 every re-read misses and every write is written back: the estimate is the sum of the
+    # kernels' reads and writes (PyTorch's: softmax's backward a product then the reduction, baddbmm's scale
+    # a product on dQ and on dK), the bool mask read per (batch, head) once one head's [N, N] is past it too,
+    # but for the part of the last kernel's output (dK) still dirty when the call ends
+    n, bsz, h, d = 16384, 2, 8, 64
+    e = be.backward_estimate("naive", n, batch=bsz, heads=h, d=d, causal=causal,
+                             params=FamilyParams(naive_bwd_s_dram=1.0))
+    s, q = bsz * h * n * n * 2, bsz * h * n * d * 2
+    kernels = be.naive_kernels(causal)
+    assert len(kernels) == 8 + causal
+    moved = sum(n * n * bsz * h if t == "mask" else s if t in ("P", "dP", "T", "dS", "dS'") else q
+                for _, r, w in kernels for t in (*r, *w))
+    (credit,) = [b for _, b in e.credits]
+    assert 0 < credit < q and e.total + credit == pytest.approx(moved, rel=1e-9)
+    # unmasked: seven [N, N] reads (P three times, dP, T, dS twice) and three writes (dP, T, dS)
+    assert not causal and moved == 10 * s + 12 * q or causal and moved == 12 * s + 12 * q + bsz * h * n * n
+
+
+def test_naive_within_the_l2_reads_its_inputs_and_the_saved_p_only():
+    # resident intermediates (a tiny [N, N]): no re-read misses and nothing is written back, so the call
+    # reads Q, K, V, dO, the saved P (causal: the mask, once for every head) and writes nothing
+    for causal in (False, True):
+        n, h, d = 256, 2, 64
+        e = be.backward_estimate("naive", n, heads=h, d=d, causal=causal)
+        terms = {name: b for name, b, _ in e.terms}
+        assert "intermediates" not in terms  # nothing past the L2: no term, no constant needed
+        assert e.total == pytest.approx(4 * h * n * d * 2 + h * n * n * 2 + causal * n * n)
+        (why,) = [w for w, _ in e.credits]
+        assert why == be.DIRTY_NAIVE
+    # the bool mask reaches DRAM once while one head's dS, dS' and the mask stay within the L2
     n, bsz, h = 2048, 2, 16
-    e = be.backward_estimate("naive", n, batch=bsz, heads=h, causal=True,
-                              params=FamilyParams(naive_bwd_s_dram=1.0))
-    row = "naive-causal-eager-backward"
-    t = backward.backward_traffic(n, 128, "fp16", batch=bsz, heads=h, rows=(row,))
-    assert e.total == pytest.approx(t[row].total * bsz * h - (bsz * h - 1) * n * n)
-    # resident intermediates (a tiny [N, N]): no term, no constant needed
-    assert be.backward_estimate("naive", 256, heads=2).total == be.backward_compulsory("naive", 256, heads=2)
+    e = be.backward_estimate("naive", n, batch=bsz, heads=h, causal=True)
+    assert {name: b for name, b, _ in e.terms}["mask"] == n * n
+
+
+def test_stream_reuse_counts_misses_by_the_bytes_between():
+    size = {"A": 10.0, "B": 40.0, "C": 40.0, "X": 5.0}
+    chain = (("k0", ("A",), ("X",)), ("k1", ("B",), ()), ("k2", ("C",), ()), ("k3", ("A", "X"), ()))
+    cold = ("A", "B", "C")
+    big, small = be.stream_reuse(chain, size, cold, 1.0, 1.5), be.stream_reuse(chain, size, cold, 1e3, 1.5)
+    assert big["cold"] == small["cold"] == 90.0  # A, B, C read once each, whatever the L2
+    assert big["rereads"] == 15.0 and big["writebacks"] == {"X": 1.0}  # A and X re-read, X evicted dirty
+    assert small["rereads"] == 0.0 and small["writebacks"] == {"X": 0.0}
+    # the miss share grows with the bytes between the two uses
+    shares = [be.stream_reuse(chain, size | {"B": b}, cold, 60.0, 1.5)["rereads"] for b in (1, 30, 60, 90)]
+    assert shares == sorted(shares) and shares[0] == 0 and shares[-1] == 15.0
+
+
+def _l2_sim():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("l2_sim", GRIDS.parent / "l2_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("sets,per_set,q_tiles,step,heads,c", [(2, 16, 64, 4, 4, 32), (6, 16, 64, 4, 4, 32),
+                                                              (2, 16, 32, 2, 8, 32), (3, 8, 32, 4, 8, 16)])
+def test_diagonal_walk_share_tracks_the_ideal_schedules_stack_distances(sets, per_set, q_tiles, step, heads,
+                                                                        c):
+    # the closed form against bench/l2_sim.py's exact LRU stack distances of the same walk (sets starting
+    # together, and staggered by the block scheduler), with the shared lines' ramp: the same regime (all hit
+    # when the band fits, most miss when a head's rows alone pass the capacity) and within 0.35 between
+    sim = _l2_sim().backward_walk
+    for cap in (100.0, 200.0, 1000.0):
+        want = sim(sets, per_set, q_tiles, step, heads, c, 1.0, cap, 1.38)
+        got = l2_reuse.diagonal_walk_share(sets, per_set, q_tiles, step, heads, c, 1.0, cap, 1.38)
+        assert 0.0 <= got <= 1.0 and abs(got - want) <= 0.35, (cap, got, want)
+        assert (got < 0.01) == (want < 0.01), (cap, got, want)
+
+
+def test_diagonal_walk_share_grows_with_the_band_and_costs_the_same_at_any_n():
+    shares = [l2_reuse.diagonal_walk_share(4, 64, 256, 2, 8, 132, tile, 27e6, 1.38)
+              for tile in (1e3, 1e4, 3e4, 1e5, 1e6)]
+    assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] == 1.0
+    assert l2_reuse.diagonal_walk_share(4, 1, 256, 2, 8, 132, 1e6, 27e6, 1.38) == 0.0  # one reader
+
+    def timed(per_set):
+        t0 = time.perf_counter()
+        l2_reuse.diagonal_walk_share(4, per_set, 4 * per_set, 2, 32, 132, 1e4, 27e6, 1.38)
+        return time.perf_counter() - t0
+
+    small, large = min(timed(64) for _ in range(3)), min(timed(10**6) for _ in range(3))
+    assert large < 3 * small + 0.01, (small, large)
+
+
+def test_attnscope_causal_rereads_follow_the_diagonal_walkers_unmasked_the_waves_at_face_value():
+    # causal: the key tiles walk from their diagonal (the build's constant scales the walk's misses); the
+    # one-pass build has a constant of its own (h-onepass); unmasked: the forward's lockstep wave rule on the
+    # rows and their fp32 dQ together, as measured (no constant to refuse on)
+    e = be.backward_estimate("attnscope", 8192, heads=32, kv_heads=4, d=128, causal=True, deterministic=True)
+    assert 0 < e.facts["walk_miss"] <= 1
+    for kw, field in ((dict(kernels="portable", d=128, batch=2), "portable"),
+                      (dict(deterministic=True, d=128, batch=2), "hopper"),
+                      (dict(d=64, kv_heads=2), "onepass")):
+        kw = {"kv_heads": 4} | kw
+        assert be.backward_estimate("attnscope", 8192, heads=32, causal=True, **kw).facts["walk_miss"] > 0
+        with pytest.raises(NotMeasured, match=f"{field}_bwd_reread_dram"):
+            be.backward_estimate("attnscope", 8192, heads=32, causal=True, params=NONE, **kw)
+        u = be.backward_estimate("attnscope", 8192, heads=32, params=NONE, **kw)
+        assert "walk_miss" not in u.facts
+    wide = be.backward_estimate("attnscope", 16384, batch=4, heads=32, kv_heads=4, d=64, kernels="portable",
+                                params=NONE)
+    terms = {name: b for name, b, _ in wide.terms}
+    assert terms["q_rereads"] > 0 and terms["dq_atomics"] > 0  # a wave boundary cuts a set past the L2
 
 
 def test_query_rows_per_key_pass_is_the_brute_force_count():
@@ -173,7 +268,7 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
     with pytest.raises(NotMeasured, match="flash_bwd_reread_dram.*f-long"):
         be.backward_estimate("flash", 32768, heads=2, causal=True, params=NONE)
     assert set(BWD) <= set(PROBES)
-    with pytest.raises(NotMeasured, match="hopper_bwd_reread_dram.*h-mid"):  # the one-pass build's atomics
+    with pytest.raises(NotMeasured, match="onepass_bwd_reread_dram.*h-onepass"):  # the one-pass build's own
         be.backward_estimate("attnscope", 8192, heads=32, kv_heads=2, d=64, causal=True, params=NONE)
     # not modelled, or bad input: one line naming what
     with pytest.raises(NotImplementedError, match="built for head dims"):
@@ -246,9 +341,10 @@ def _keys(name: str) -> set:
 
 def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
     probe = physical.parse_grid(GRIDS / "probe_backward.csv")
-    assert 6 <= len(probe) <= 16 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
-    held, held2 = _keys("heldout_backward.csv"), _keys("heldout_backward2.csv")
-    assert len(held2) == 48 and not _keys("probe_backward.csv") & (held | held2) and not held & held2
+    assert 6 <= len(probe) <= 24 and {s["impl"] for s in probe} == set(families.IMPLS["backward"])
+    held, held2, held3 = (_keys(f"heldout_backward{i}.csv") for i in ("", "2", "3"))
+    assert len(held2) == len(held3) == 48 and not _keys("probe_backward.csv") & (held | held2 | held3)
+    assert not held & held2 and not held3 & (held | held2)
     # every backward constant is informed by some probe row the estimate models: its term moves that row
     zero = FamilyParams(**dict.fromkeys(BWD, 0.0))
     modelled = []
@@ -279,10 +375,28 @@ def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
     assert len(sets) == 2 and all(0.5 < x < 0.6 for x in sets)
 
 
+def test_the_third_heldout_grid_is_what_its_header_command_draws():
+    # committed before measurement: the seed in its header reproduces it row for row, the first two grids'
+    # distribution (prefill.py's backward rule), every point estimated by the model it judges
+    import csv
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
+    prefill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefill)
+    text = (GRIDS / "heldout_backward3.csv").read_text()
+    assert "--draw 4639 --family backward" in text
+    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("backward", 4639)]
+    got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [{k: v for k, v in r.items() if v} for r in got] == rows
+    for s in physical.parse_grid(GRIDS / "heldout_backward3.csv"):
+        assert be.backward_estimate(**families.backward_args(s)).total > 0
+
+
 def test_estimate_only_sweep_estimates_or_says_why(capsys):
     assert main(["bytes", "--estimate-only", "--sweep", str(GRIDS / "probe_backward.csv"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert len(rows) == 16
+    assert len(rows) == len(physical.parse_grid(GRIDS / "probe_backward.csv"))
     why = {}
     for r in rows:  # the compulsory bytes plus the terms, or one line saying why not
         if r["estimate"] is None:

@@ -285,7 +285,7 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
         probe = physical.parse_grid(GRIDS / f"probe_{fam}.csv")
         held = physical.parse_grid(GRIDS / f"heldout_{fam}.csv")
         # short enough for one sweep call; varlen's attnscope rows take seconds, Flex's the compile
-        assert 6 <= len(probe) <= (24 if fam == "varlen" else 16) and {s["pass"] for s in probe} == {fam}
+        assert 6 <= len(probe) <= 24 and {s["pass"] for s in probe} == {fam}
         assert {s["impl"] for s in probe} == set(families.IMPLS[fam])
         key = [json.dumps(s, sort_keys=True) for s in probe]
         assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
@@ -408,7 +408,8 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
     true = FamilyParams(attnscope_partials_dram=0.3, row_tile_kv_miss=0.1, flash_partials_dram=0.2,
                         cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
                         naive_bwd_s_dram=1.1,
-                        portable_bwd_reread_dram=0.8, hopper_bwd_reread_dram=0.6, flash_bwd_reread_dram=0.9,
+                        portable_bwd_reread_dram=0.8, hopper_bwd_reread_dram=0.6, onepass_bwd_reread_dram=0.4,
+                        flash_bwd_reread_dram=0.9,
                         cudnn_bwd_reread_dram=0.7,
                         varlen_frame_d128=120.0, varlen_frame_d128_causal=30.0, varlen_frame_d64=25.0,
                         varlen_qo_weight=0.9)

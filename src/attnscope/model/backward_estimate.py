@@ -5,11 +5,11 @@ dram__bytes_write.sum`` reads (as model/family_estimate.py's decode and varlen e
 Compulsory (`backward_compulsory`): Q, K, V, dO read and dQ, dK, dV written once; the fused backwards also
 read O and the fp32 LSE once (naive's autograd reads its saved P instead, counted as a term).
 
-- naive (autograd of the 3-kernel baseline; model/backward.py's ledger): the ledger's bytes beyond the
-  compulsory ones (P, dP, dS and the mask written and read back; dO read twice) x the share the forward's
-  L2 rule (`l2_params.miss` at `L2Params.capacity`) says misses at one [B, H, N, N] tensor's footprint, x
-  `FamilyParams.naive_bwd_s_dram`; causal, the bool mask (one [N, N] for every head) counted once, then
-  re-read at the forward's rule.
+- naive (autograd of the 3-kernel baseline): the kernels PyTorch runs (`NAIVE_BWD`: softmax's backward a
+  product then the reduction, baddbmm's scale a product on dQ and dK), the saved P (causal: the bool mask,
+  one [N, N] for every head) read cold, every other [N, N] and [N, d] intermediate re-read and written back
+  at its reuse distance (`stream_reuse`: the forward's miss rule at `L2Params.capacity`), x
+  `FamilyParams.naive_bwd_s_dram`.
 - attnscope (kernels/bwd.py `flash_attention_backward`): the preprocess reads O and dO and writes Delta,
   the LSE2 copy is written; a dK/dV kernel per (batch, kv head, 128-key tile) streams Q, dO, LSE2, Delta of
   every query tile of the GQA group; dQ either by fp32 atomics (portable, ``deterministic=False``; the
@@ -39,9 +39,13 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
 - attnscope's query set of a GQA group larger than the L2 (the key tiles' walkers evict each other's
   rows) is not modelled: the estimate refuses.
 
-Re-reads (Q/dO by the key tiles, K/V by the query tiles) use the forward's rule, one definition:
-`l2_reuse.wave_rereads` (CTAs of a set consecutive in the grid, C at a time; what the L2 keeps at the
-forward's measured capacities), scaled by the kernel's probe constant. A term whose constant is None refuses
+Re-reads of Q, dO, LSE2, Delta and the fp32 dQ rows (touched together by each key tile) and K/V by the
+dQ kernel's query tiles: unmasked, the forward's lockstep wave rule as it stands, one definition
+(`l2_reuse.wave_rereads`: CTAs of a set consecutive in the grid, C at a time; what the L2 keeps at the
+forward's measured capacities); causal, FA-2's key tiles walk from the end (the wave rule) and attnscope's
+from their diagonal forward (`l2_reuse.diagonal_walk_share`: successive readers of a row drift apart by a
+head's walk per head of the group, so the distance is the band the live walkers sweep), each x the build's
+probe constant. A term whose constant is None refuses
 (`NotMeasured`, naming it and its probe); a term whose counted bytes are 0 needs none. Pure Python; cost
 independent of N.
 """
@@ -53,10 +57,10 @@ from typing import NamedTuple
 from attnscope.errors import choice, expect, positive_int
 from attnscope.model import dispatch
 from attnscope.model.dispatch import HOPPER_BWD_ROW_PAD as ROW_PAD
-from attnscope.model.family_estimate import FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
+from attnscope.model.family_estimate import CREDIT, FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
-from attnscope.model.l2_reuse import wave_rereads
+from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
 from attnscope.model.tiles import Grid
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
@@ -174,8 +178,105 @@ def _scaled(terms: list, name: str, logical: float, params: FamilyParams, field:
             text: str) -> None:
     """Append ``(name, logical x params.field, text)`` when ``logical`` > 0 (the constant only then)."""
     if logical > 0:
-        f = need(params, field, what)
+        f = 1.0 if field is None else need(params, field, what)
         terms.append((name, logical * f, f"{text} ({logical:,.0f} B counted, x {f})"))
+
+
+#: The kernels autograd runs for the naive baseline's backward (measure/backends.py `naive_attention`), in
+#: launch order, as ncu names them on the H200 (every naive point of
+#: bench/results/h200-2026-12-02-heldout-backward.json): (what, tensors read, tensors written). P, dP, T, dS,
+#: dS' are [B x H, N, N] in the input dtype (the forward saved P); the rest [B, H, N, d]. Softmax's backward
+#: is two kernels (a product T = dP * P, then dS = T - P rowsum(T)); baddbmm's alpha is a product on dQ and
+#: on dK after their GEMMs. Causal, the masked_fill backward (`NAIVE_MASK`) runs after softmax's and the
+#: GEMMs read its dS'.
+NAIVE_BWD = (("dV = P^T dO (GEMM)", ("P", "dO"), ("dV",)),
+             ("dP = dO V^T (GEMM)", ("dO", "V"), ("dP",)),
+             ("T = dP * P", ("dP", "P"), ("T",)),
+             ("dS = T - P rowsum(T) (softmax backward)", ("T", "P"), ("dS",)),
+             ("dQ0 = dS K (GEMM)", ("dS", "K"), ("dQ0",)),
+             ("dQ = scale dQ0", ("dQ0",), ("dQ",)),
+             ("dK0 = dS^T Q (GEMM)", ("dS", "Q"), ("dK0",)),
+             ("dK = scale dK0", ("dK0",), ("dK",)))
+NAIVE_MASK = ("dS' = masked_fill backward", ("dS", "mask"), ("dS'",))
+#: What the naive call reads cold: its inputs (compulsory) and what the forward saved (P; causal, the mask).
+NAIVE_COLD = ("Q", "K", "V", "dO", "P", "mask")
+NAIVE_OUT = ("dQ", "dK", "dV")
+DIRTY_NAIVE = ("dQ, dK, dV still dirty in the write-back L2 when the call ends: each output's share that its "
+               "reuse distance to the call's end keeps (the forward's miss rule)")
+
+
+def naive_kernels(causal: bool) -> tuple:
+    """`NAIVE_BWD` with, causal, `NAIVE_MASK` after softmax's backward and the GEMMs reading its dS'."""
+    if not causal:
+        return NAIVE_BWD
+    swap = tuple((w, tuple("dS'" if t == "dS" else t for t in r), o) for w, r, o in NAIVE_BWD[4:])
+    return (*NAIVE_BWD[:4], NAIVE_MASK, *swap)
+
+
+def stream_reuse(kernels: tuple, size: dict, cold: tuple, cap: float, ramp: float) -> dict:
+    """DRAM traffic of a chain of kernels that each stream their tensors once, in the same order, through an
+    L2 of ``cap`` bytes (the forward's rule: `l2_params.miss` with ``ramp``). A tensor touched in kernel a and
+    read again in kernel k misses at its reuse distance, the distinct bytes touched in between: for its line
+    at fraction x, the rest of kernel a's stream, every kernel between and the first x of kernel k's, from the
+    tensors of kernels a .. k - 1 (x = 0) to those of a + 1 .. k (x = 1), linear in x (`mean_miss`). A written
+    line reaches DRAM once, when evicted dirty: its largest miss share over its gaps, the last one to the
+    call's end. Returns {"cold": bytes of the ``cold`` tensors' first reads, "rereads": bytes read again from
+    DRAM, "writebacks": {tensor: share written back}}."""
+    touched = [set(r) | set(w) for _, r, w in kernels]
+
+    def distinct(a: int, k: int) -> float:  # bytes of the tensors kernels a .. k - 1 touch
+        return sum(size[t] for t in set().union(*touched[a:k]))
+
+    def share(a: int, k: int) -> float:  # mean miss from kernel a's touch to kernel k's (len: the call's end)
+        return mean_miss(distinct(a, k) / cap, distinct(a + 1, k + 1) / cap, ramp)
+
+    last, gaps = {}, {}
+    out = {"cold": 0.0, "rereads": 0.0, "writebacks": {}}
+    for k, (_, reads, writes) in enumerate(kernels):
+        for t in reads:
+            if t not in last:
+                assert t in cold, (t, cold)
+                out["cold"] += size[t]
+            else:
+                m = share(last[t], k)
+                out["rereads"] += m * size[t]
+                if t in gaps:
+                    gaps[t].append(m)
+            last[t] = k
+        for t in writes:
+            last[t], gaps[t] = k, []
+    for t, g in gaps.items():
+        out["writebacks"][t] = max([*g, share(last[t], len(kernels))])
+    return out
+
+
+def _naive(comp: int, n: int, d: int, b: int, bsz: int, h: int, causal: bool, l2: int, params: FamilyParams,
+           what: str) -> FamilyEstimate:
+    """The naive baseline's autograd (`NAIVE_BWD`): its saved P (causal: and the bool mask, one [N, N] for
+    every (batch, head), cold once and re-read per head at the forward's naive rule) read cold, every other
+    [N, N] re-read and write-back at its reuse distance (`stream_reuse` at `L2Params.capacity`), x
+    `FamilyParams.naive_bwd_s_dram`; dQ, dK, dV still dirty at the end as the credit."""
+    p = H200_L2_PARAMS
+    bh = bsz * h
+    s, q = bh * n * n * b, bh * n * d * b
+    kernels = naive_kernels(causal)
+    size = dict.fromkeys(("P", "dP", "T", "dS", "dS'"), s) | dict.fromkeys(
+        ("Q", "K", "V", "dO", "dQ0", "dQ", "dK0", "dK", "dV"), q) | {"mask": n * n}
+    r = stream_reuse(kernels, size, NAIVE_COLD, p.capacity * l2, p.ramp)
+    terms = [("saved_p", s, "P [B x H, N, N] saved by the forward, read cold by the dV GEMM")]
+    facts = {"kernels": len(kernels), "square_footprint_l2": s / l2}
+    if causal:  # the same [N, N] mask for every (batch, head): cold once, then re-read one head's dS and dS'
+        # later (the forward's naive rule, model/l2.py `_naive`)
+        again = miss((2 * b + 1) * n * n / (p.capacity * l2), p.ramp)
+        terms.append(("mask", n * n * (1.0 + (bh - 1) * again), f"the bool mask [N, N], cold once, then "
+                      f"re-read by each of the {bh - 1} other (batch, head)s x {again:.2f} missing"))
+    inter = r["rereads"] + sum(share * size[t] for t, share in r["writebacks"].items() if t not in NAIVE_OUT)
+    _scaled(terms, "intermediates", inter, params, "naive_bwd_s_dram", what,
+            f"{len(kernels)} kernels' [N, N] and [N, d] intermediates re-read and written back past the L2 "
+            "(each at its reuse distance: the forward's miss rule)")
+    kept = sum((1.0 - r["writebacks"][t]) * size[t] for t in NAIVE_OUT)
+    terms.append((CREDIT, -kept, DIRTY_NAIVE))
+    return FamilyEstimate("backward", "naive", comp, tuple(terms), facts)
 
 
 def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
@@ -222,22 +323,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         if hkv != h:
             raise NotImplementedError(f"{what}: kv_heads {hkv} != heads {h}; supported: MHA (the naive "
                                       "baseline repeats no kv head)")
-        from attnscope.model import backward
-
-        name = "naive-causal-eager-backward" if causal else "naive-backward"
-        t = backward.backward_traffic(n, d, dtype, batch=bsz, heads=h, rows=(name,))
-        logical = t[name].total * t.config.batch_heads
-        p = H200_L2_PARAMS
-        share = miss(bh * n * n * b / (p.capacity * l2), p.ramp)
-        if causal:  # the bool mask is one [N, N] for every (batch, head): cold once, then re-read one head's
-            # dS and dS' later (the forward's naive rule, model/l2.py `_naive`); the ledger reads it per head
-            again = miss((2 * b + 1) * n * n / (p.capacity * l2), p.ramp)
-            logical -= (bh - 1) * n * n * (1.0 - again)
-        facts |= {"ledger": f"model/backward.py {name}", "square_footprint_l2": bh * n * n * b / l2}
-        _scaled(terms, "intermediates", (logical - comp) * share, params, "naive_bwd_s_dram", what,
-                "the ledger's bytes beyond the compulsory (P, dP, dS written and read back, dO again), x the "
-                "share missing the L2 at one [B, H, N, N] tensor's footprint")
-        return FamilyEstimate("backward", impl, comp, tuple(terms), facts)
+        return _naive(comp, n, d, b, bsz, h, causal, l2, params, what)
 
     build, lean = impl, False
     pad = -(-n // ROW_PAD) * ROW_PAD  # rows of the Hopper build's padded copies
@@ -287,20 +373,36 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     rows = q_rows_per_key_pass(n, ker.q, ker.kv, causal)
     frac = rows / (per_set * n)  # mean share of the set a key tile reads
     other = 4 * ker.kv * d * b  # a CTA's K, V tile in, dK, dV out
-    rereads = _set_rereads(sets, per_set, conc, set_rows * row, other, causal, True, l2, frac)
+    fa2 = impl in ("flash", "cudnn")  # FA-2's kernels: per query head, atomic dQ, dK/dV summed over the group
+    atomic = fa2 or not deterministic
+    acc_row = d * STAT_BYTES if atomic else 0  # a row's fp32 dQ, touched with its Q, dO by each key tile
     facts["q_set_l2"] = set_rows * row / l2
+    field = {"attnscope": f"{build}_bwd_reread_dram", "flash": "flash_bwd_reread_dram",
+             "cudnn": "cudnn_bwd_reread_dram"}[impl]
+    if impl == "attnscope" and atomic and build == "hopper":
+        field = "onepass_bwd_reread_dram"
+    if impl == "attnscope" and causal:  # walkers from the diagonal forward: `l2_reuse.diagonal_walk_share`
+        p = H200_L2_PARAMS
+        walk = diagonal_walk_share(sets, per_set, -(-n // ker.q), ker.kv / ker.q, g, conc,
+                                   ker.q * (row + acc_row), p.shared * l2, p.shared_ramp)
+        counted = sets * g * (rows - n)  # query rows read beyond once, over the group's heads
+        facts["walk_miss"] = walk
+        rereads, rmw = counted * row * walk, counted * acc_row * walk
+        how = "at the diagonal walkers' reuse distances (l2_reuse.diagonal_walk_share)"
+    else:  # the wave rule on the rows and their fp32 dQ, touched together
+        both = _set_rereads(sets, per_set, conc, set_rows * (row + acc_row), other, causal, True, l2, frac)
+        rereads, rmw = both * row / (row + acc_row), both * acc_row / (row + acc_row)
+        how = "at the forward's wave rule"
     if impl == "attnscope" and rereads > 0 and set_rows * row > l2:
         raise NotImplementedError(f"{what}: the dK/dV kernel's query set (Q, dO, LSE2, Delta of the {g} "
                                   f"query heads of a kv head: {facts['q_set_l2']:.2f} x the L2) is larger "
                                   "than the L2, where the key tiles' walkers evict each other's rows (probe "
                                   "h-group: 5 x the re-reads the wave rule counts): not modelled; supported: "
                                   "query sets within the L2")
-    field = {"attnscope": f"{build}_bwd_reread_dram", "flash": "flash_bwd_reread_dram",
-             "cudnn": "cudnn_bwd_reread_dram"}[impl]
+    if not causal:  # lockstep waves: the forward's measured rule as it stands, no constant
+        field = None
     _scaled(terms, "q_rereads", rereads, params, field, what, "Q, dO, LSE2, Delta re-read by later key "
-            "tiles, missing the L2 (the forward's wave rule)")
-    fa2 = impl in ("flash", "cudnn")  # FA-2's kernels: per query head, atomic dQ, dK/dV summed over the group
-    atomic = fa2 or not deterministic
+            f"tiles, missing the L2 {how}")
     kv_w = 2 * (bh if fa2 else bkv) * n * d * b  # dK, dV as written (FA-2: per query head)
     if impl == "flash":  # _flash_attention_backward: grad_out.contiguous(), out.contiguous() ([B, N, H, d])
         terms.append(("layout_copies", 4 * qd, "dO and O copied into FA-2's [B, N, H, d] layout: two copy "
@@ -323,10 +425,9 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                       f"sums evicted before the cast, written back and read by it (2 x {cast:.2f}); the rest "
                       f"written back after the cast read them, evicted by its stream before the call ends "
                       f"({1.0 - cast:.2f} x {last:.2f})"))
-        rmw = _set_rereads(sets, per_set, conc, set_rows * d * STAT_BYTES, other, causal, True, l2, frac)
         _scaled(terms, "dq_atomics", 2 * rmw, params, field, what, "fp32 dQ lines evicted between the key "
-                "tiles' atomic adds, read and written back (the wave rule on the accumulator; the re-reads' "
-                "constant: both follow the key tiles)")
+                f"tiles' atomic adds, read and written back {how} (the re-reads' constant: both follow "
+                "the key tiles)")
     else:  # the dQ kernel: Q, dO, LSE2, Delta once more, K/V per query tile of every head of the group
         share = _miss_share(comp, l2)  # between the two kernels: the dK/dV kernel's whole stream
         kv_set = 2 * n * d * b

@@ -44,16 +44,20 @@ class FamilyParams:
     #: SDPA CUDNN decode: DRAM bytes it moves beyond Q, K/V and O, per (sequence, query head) (workspace,
     #: statistics, partials of its own split).
     cudnn_other_per_row: float | None = None
-    #: Backward, naive autograd: DRAM bytes per byte of its ledger beyond the compulsory ones (P, dP, dS
-    #: written and read back, dO read twice) that the forward's L2 rule counts as missing.
+    #: Backward, naive autograd: DRAM bytes per byte its kernels (`backward_estimate.NAIVE_BWD`: the [N, N]
+    #: and [N, d] intermediates re-read and written back) move past the L2 at their reuse distances (the
+    #: forward's miss rule; the saved P's cold read and the bool mask are exact terms).
     naive_bwd_s_dram: float | None = None
-    #: Backward, share of the counted re-reads (Q, dO, LSE2, Delta and the fp32 dQ accumulator's atomic adds
-    #: by later key tiles; K, V by the dQ kernel's later query tiles: `l2_reuse.wave_rereads`) that reach
-    #: DRAM, per build: attnscope's portable kernels, its Hopper two-kernel build, SDPA FLASH (FA-2), SDPA
-    #: CUDNN (FA-2's pattern assumed). One constant per build: the Q/dO and accumulator counts are in a
-    #: fixed ratio for a head dim, so no probe could tell two apart.
+    #: Backward, causal: share of the re-reads a causal dK/dV kernel's walkers count (Q, dO, LSE2, Delta and
+    #: the fp32 dQ rows its atomics add into, by later key tiles; K, V by the dQ kernel's later query tiles)
+    #: that reach DRAM, per build: attnscope's portable kernels, its Hopper two-kernel build, its Hopper
+    #: one-pass build (`l2_reuse.diagonal_walk_share`: walkers from the diagonal forward), SDPA FLASH (FA-2),
+    #: SDPA CUDNN (FA-2's pattern assumed; `l2_reuse.wave_rereads`: walkers from the end). Unmasked, the
+    #: lockstep waves' re-reads are the forward's measured rule as it stands: no constant. One constant per
+    #: build: the rows' and the accumulator's re-reads share one reuse distance, so no probe tells them apart.
     portable_bwd_reread_dram: float | None = None
     hopper_bwd_reread_dram: float | None = None
+    onepass_bwd_reread_dram: float | None = None
     flash_bwd_reread_dram: float | None = None
     cudnn_bwd_reread_dram: float | None = None
     #: attnscope varlen forward: bytes of register-spill frame each thread of a finished program writes
@@ -78,7 +82,8 @@ RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PAR
                      H200_L2_PARAMS.capacity)
 
 #: The H200's constants, fitted 2026-12-02 from bench/results/h200-2026-12-02-probe-{decode,varlen,
-#: backward}.json and h200-2026-12-02c-probe-backward-hmid.json (`python bench/fit_family_params.py F ...`:
+#: backward}.json, h200-2026-12-02c-probe-backward-hmid.json and h200-2026-12-02d-probe-backward-onepass.json
+#: (the h-onepass rows) (`python bench/fit_family_params.py F ...`:
 #: non-negative least squares over the probe rows, relative errors; each value's probe rows in `PROBES`).
 #: "measured ~0": the unconstrained least-squares value was below 0 (a byte term cannot be), so it is 0.
 H200_FAMILY_PARAMS = FamilyParams(
@@ -89,13 +94,14 @@ H200_FAMILY_PARAMS = FamilyParams(
     cudnn_gqa_kv_dram=0.0,  # measured ~0 (least squares -0.00013): the group shares one K/V read
     cudnn_other_per_row=0.0,  # measured ~0 (c-mha-wide vs c-mha: 0 under the non-negative fit; 336 B
     # unconstrained only beside the negative cudnn_gqa_kv_dram)
-    naive_bwd_s_dram=1.36,  # n-big, n-causal
-    portable_bwd_reread_dram=1.0,  # p-group (p-resident has no counted re-read)
-    # h-mid, h-mid-unmasked (h200-2026-12-02c-probe-backward-hmid.json; h-group's query set is larger than
-    # the L2, which the estimate does not model)
-    hopper_bwd_reread_dram=0.713,
-    flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0279), f-long
-    cudnn_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0142), c-long
+    naive_bwd_s_dram=0.982,  # n-big, n-causal (the kernel list of `backward_estimate.NAIVE_BWD`)
+    portable_bwd_reread_dram=0.0569,  # p-group (p-resident has no counted re-read)
+    # h-mid (h200-2026-12-02c-probe-backward-hmid.json; h-mid-unmasked's lockstep waves need no constant;
+    # h-group's query set is larger than the L2, which the estimate does not model)
+    hopper_bwd_reread_dram=0.489,
+    onepass_bwd_reread_dram=0.176,  # h-onepass, h-onepass-unmasked
+    flash_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.0193), f-long
+    cudnn_bwd_reread_dram=0.0,  # measured ~0 (least squares -0.00982), c-long
     # the varlen spill frames: fitted on the write counters of h200-2026-12-02-probe-varlen.json and
     # -probe-varlen-new.json (the same command with both files); ptxas's stack frames for comparison
     # (bench/results/sm90-varlen-compile-2026-12-02.txt): 352 B pointer-load causal, 200 B TMA causal
@@ -120,15 +126,19 @@ PROBES = {
     "cudnn_other_per_row": "probe_decode.csv c-mha-wide (4 x c-mha's (sequence, head) rows, the same K/V "
                            "bytes): the excess over c-mha's, per extra row",
     "naive_bwd_s_dram": "probe_backward.csv n-big (one [B, H, N, N] tensor ~10 x L2) and n-causal: ncu less "
-                        "compulsory, over the counted intermediates",
+                        "compulsory and the saved P, over the counted intermediates; n-small and n-mid (one "
+                        "tensor ~0.25 and ~0.8 x L2) check their reuse distances",
     "portable_bwd_reread_dram": "probe_backward.csv p-group (GQA 16, causal, the group's Q/dO set ~0.55 x "
-                                "L2, atomic dQ) against p-resident (no counted re-read): the excess over the "
+                                "L2, atomic dQ, its 2 sets starting together) and p-stagger (6 sets, "
+                                "staggered) against p-resident (no counted re-read): the excess over the "
                                 "exact terms, over the counted re-reads and atomics",
-    "hopper_bwd_reread_dram": "probe_backward.csv h-mid and h-mid-unmasked (GQA 8, the group's query set "
-                              "~0.55 x L2, two kernels) against h-resident: the excess over the exact terms, "
-                              "over the counted re-reads; h-onepass and h-onepass-unmasked (kernels=auto, "
-                              "deterministic 0, d 64: the one-pass build, whose re-reads and atomics reuse "
-                              "it)",
+    "hopper_bwd_reread_dram": "probe_backward.csv h-mid (causal GQA 8, the group's query set ~0.55 x L2, two "
+                              "kernels) against h-resident and h-mid-unmasked: the excess over the exact "
+                              "terms, over the counted re-reads",
+    "onepass_bwd_reread_dram": "probe_backward.csv h-onepass (kernels=auto, deterministic 0, d 64: the "
+                               "Hopper one-pass build, causal GQA 16, the group's query set ~0.55 x L2) "
+                               "beside h-onepass-unmasked: the excess over the exact terms, over the counted "
+                               "re-reads and atomics",
     "flash_bwd_reread_dram": "probe_backward.csv f-long (causal, N 32k, one head's Q/dO set ~0.3 x L2) "
                              "against f-gqa (no counted re-read): the excess over the exact terms, over the "
                              "counted re-reads and atomics",

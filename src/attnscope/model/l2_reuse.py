@@ -318,3 +318,69 @@ def lockstep_rereads(sets: int, per_set: int, c: int, kv_bytes: float, other: fl
 
 
 # --- the estimate --------------------------------------------------------------------------------------
+
+
+#: Samples per axis (reader, row; heads past it) of `diagonal_walk_share`'s mean (its cost bound).
+WALK_SAMPLES = 8
+
+
+def _band(t: float, window: float, heads: int, m: int, r: float, per_set: int) -> float:
+    """Query tiles of one set the live walkers of `diagonal_walk_share` touch in ``window`` steps from step
+    ``t`` (all the set's CTAs started at 0): in head h the CTAs whose per-head walk L is in (t / (h + 1),
+    t / h] sit (h + 1) r tiles apart at the head's last t / h tiles, so for (h + 1) r <= ``window`` their
+    sweeps join into one band (its span and one sweep), else each sweeps ``window`` tiles of its own; at
+    most the head's ``m`` tiles."""
+    l_min, tiles = max(m - r * (per_set - 1), 1e-9), 0.0
+    for h in range(heads):
+        lo, hi = max(l_min, t / (h + 1)), (min(m, t / h) if h else m)
+        if hi <= lo:
+            continue
+        n = (hi - lo) / r  # CTAs in head h
+        tiles += min(m, (h + 1) * r * n + window if (h + 1) * r <= window else n * window)
+    return tiles
+
+
+def diagonal_walk_share(sets: int, per_set: int, q_tiles: int, step: float, heads: int, concurrent: int,
+                        tile_bytes: float, cap: float, ramp: float, samples: int = WALK_SAMPLES) -> float:
+    """Share of the re-reads of a causal dK/dV kernel whose CTAs walk from their diagonal forward (attnscope's
+    kernels/bwd.py and kernels/bwd_hopper.py, not FA-2's walk from the end, `wave_rereads`) that miss an L2
+    of ``cap`` bytes (`l2_params.miss` with ``ramp``). A set's ``per_set`` (J) CTAs, one per key tile,
+    each walk the ``q_tiles`` (M) query tiles from their diagonal (CTA j from tile r j, r = ``step`` = BN /
+    BM) for each of ``heads`` (G) query heads in turn, one tile per step, each step touching
+    ``tile_bytes`` of room (its Q, dO, LSE2, Delta rows and, atomic dQ, their fp32 dQ rows). Row m of head
+    g is read by CTA j + 1, then (g + 1) r steps later by CTA j: successive readers drift apart by a
+    head's walk each head, so the reuse distance is the band the live walkers sweep meanwhile, not a wave of
+    sets. Sets starting together (sets x J <= C): the set's band (`_band`) x min(sets, C / J) at the
+    reader's step. Staggered (the block scheduler starts the next set's CTAs as slots free, one per mean
+    lifetime / C): CTA j + 1 starts kappa = G J f / C heads' walk after j (f the mean walk over M), so the
+    readers are |g + 1 - kappa| r steps apart, and each of the C live CTAs (uniform over heads) adds r min(
+    |h + 1 - kappa|, |g + 1 - kappa|) tiles; the larger of the two. Mean over the re-reads (readers and rows
+    sampled ``samples`` each, at most ``samples`` heads): bounded cost, independent of N. The ideal
+    schedule's exact LRU stack distances (bench/l2_sim.py --backward) are its check."""
+    j_n, m, r, g_n = per_set, q_tiles, step, heads
+    if j_n < 2 or m < 2:
+        return 0.0
+    k = min(sets, concurrent / j_n)
+    walking = min(j_n, math.ceil(m / r))  # CTAs whose diagonal is inside the query tiles
+    f = (walking * m - r * walking * (walking - 1) / 2) / (j_n * m)  # mean walk per head, over M
+    kappa = g_n * j_n * f / concurrent if sets * j_n > concurrent else 0.0
+    hs = range(g_n) if g_n <= samples else [int((i + 0.5) * g_n / samples) for i in range(samples)]
+    total = missed = 0.0
+    for g in hs:
+        window = (g + 1) * r
+        spread = abs(g + 1 - kappa)
+        staggered = (concurrent * r / g_n * sum(max(min(abs(h + 1 - kappa), spread), 1.0 / r)
+                                               for h in range(g_n)) if kappa else 0.0)
+        for a in range(samples):
+            j = (a + 0.5) * (j_n - 1) / samples  # reader j, after reader j + 1
+            first = r * (j + 1)  # rows from here are read by both
+            if first >= m:
+                continue
+            w = m - first  # re-reads of reader j in head g
+            for i in range(samples):
+                row = first + (i + 0.5) * w / samples
+                t0 = g * m + row - (g + 1) * r * (j + 1)  # reader j + 1's step at the row
+                dist = max(_band(t0, window, g_n, m, r, j_n) * k, staggered) * tile_bytes
+                total += w
+                missed += w * miss(dist / cap, ramp)
+    return missed / total if total else 0.0
