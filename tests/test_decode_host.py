@@ -216,3 +216,40 @@ def test_gpu_each_call_launches_the_kept_binaries_and_allocates_the_one_liners(m
             f"{name}: {allocated} allocations, {dict(ops)}"
     torch.cuda.synchronize()
     decode.check_errors()
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the stand-in kernels replace the CPU's interpreter")
+def test_transformers_decode_call_issues_the_one_liners(launches):
+    """A warm decode step through the transformers backend (`attention_forward`, as a Llama layer calls it: q
+    a transposed view of [B, 1, Hq, d], the cache's K/V [B, Hkv, L, d], one key longer each step) issues the
+    bf16 one-liner's launches and its one allocation, and no other aten op (no transpose, no cast, no lengths
+    made): also with a sliding window, softcap, fp32 sinks (``s_aux``) and a static cache's `filled` mask."""
+    hf = pytest.importorskip("attnscope.integrations.transformers")
+    g = torch.Generator().manual_seed(41)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=DEVICE, dtype=torch.bfloat16)
+
+    class Attn(torch.nn.Module):  # a transformers attention layer: is_causal, no sinks attribute
+        is_causal = True
+
+    layer = Attn()
+    q = rnd(B, 1, HQ, D).transpose(1, 2)  # [B, Hq, 1, d], as transformers passes it
+    kv = {n: (rnd(B, HKV, n, D), rnd(B, HKV, n, D)) for n in (L, L + 1)}  # a DynamicCache one step apart
+    sinks = torch.randn(HQ, generator=g).to(DEVICE)
+    base_launches, base_ops = _warm_call(lambda: attnscope.flash_decode(q, *kv[L], scale=0.125), launches)
+    assert base_ops == {"aten.empty.memory_format": 1}, base_ops
+    cases = {"no mods": {}, "window": {"sliding_window": 64}, "softcap": {"softcap": 30.0},
+             "sinks": {"s_aux": sinks}}
+    for name, mods in cases.items():
+        for n in (L, L + 1):
+            def call(n=n, mods=mods):
+                return hf.attention_forward(layer, q, *kv[n], None, scaling=0.125, use_cache=True, **mods)[0]
+            got, ops = _warm_call(call, launches)
+            assert got == base_launches, f"{name}, L {n}: {got}"
+            assert ops == base_ops, f"{name}, L {n}: {dict(ops)}"
+    mask = hf.filled(B, L - 3, DEVICE)  # a static cache's first L - 3 slots
+    got, ops = _warm_call(lambda: hf.attention_forward(layer, q, *kv[L], mask, scaling=0.125)[0], launches)
+    assert got == base_launches and ops == base_ops, (got, dict(ops))
+    out = hf.attention_forward(layer, q, *kv[L], None, scaling=0.125)[0]
+    assert out.shape == (B, 1, HQ, D) and out.is_contiguous(), (out.shape, out.stride())

@@ -77,11 +77,14 @@ def models(request):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Which attnscope kernels the backend called (so a test knows attnscope ran, and which path)."""
+    """Which attnscope kernels the backend called (so a test knows attnscope ran, and which path); a decode
+    step is `hf._decode` (`flash_decode`, or its planned launch)."""
     seen = []
-    for name in ("flash_attention", "flash_attention_varlen", "flash_decode"):
-        real = getattr(hf, name)
-        monkeypatch.setattr(hf, name, lambda *a, _n=name, _f=real, **kw: seen.append(_n) or _f(*a, **kw))
+    spied = {"flash_attention": "flash_attention", "flash_attention_varlen": "flash_attention_varlen",
+             "_decode": "flash_decode"}
+    for attr, name in spied.items():
+        real = getattr(hf, attr)
+        monkeypatch.setattr(hf, attr, lambda *a, _n=name, _f=real, **kw: seen.append(_n) or _f(*a, **kw))
     return seen
 
 
@@ -159,6 +162,27 @@ def _qkv(b, hq, hkv, nq, nk, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(b, h, n, 64, generator=g).to(torch.bfloat16).to(DEVICE)
             for h, n in ((hq, nq), (hkv, nk), (hkv, nk))]
+
+
+def test_module_sinks_without_s_aux():
+    """A module's own ``sinks`` (a model that does not pass ``s_aux``) is used on every call, decode and
+    prefill, as if passed as ``s_aux``; a module without one attends without sinks."""
+    class WithSinks(_Attn):
+        def __init__(self, sinks):
+            super().__init__()
+            self.sinks = torch.nn.Parameter(sinks)
+
+    sinks = (3.0 * torch.randn(4, generator=torch.Generator().manual_seed(5))).to(torch.bfloat16).to(DEVICE)
+    with_sinks, without = WithSinks(sinks), _Attn()
+    for nq in (1, 6):
+        q, k, v = _qkv(2, 4, 2, nq, 10)
+        with torch.no_grad():
+            want = hf.attention_forward(without, q, k, v, None, s_aux=sinks)[0]
+            plain = hf.attention_forward(without, q, k, v, None)[0]
+            for _ in range(2):  # the first call and a cached one
+                assert torch.equal(hf.attention_forward(with_sinks, q, k, v, None)[0], want)
+                assert torch.equal(hf.attention_forward(without, q, k, v, None)[0], plain)
+        assert not torch.equal(want, plain)
 
 
 def test_padding_mask_with_holes_is_exact():
@@ -249,12 +273,13 @@ def test_static_cache_mask_is_filled_without_padding():
 
 def test_static_cache_decode_fills_the_lengths_once_per_mask(monkeypatch):
     """transformers passes one `filled` mask to every layer of a static cache's decode step: every layer's
-    `flash_decode` gets the same lengths tensor (one fill per forward, not per layer), with the output of
-    the dense call on the filled keys; the next step's mask (one key more) gets its own lengths."""
+    decode call (`hf._decode`: `flash_decode` or its planned launch) gets the same lengths tensor (one fill
+    per forward, not per layer), with the output of the dense call on the filled keys; the next step's mask
+    (one key more) gets its own lengths."""
     lengths = []
-    real = hf.flash_decode
-    monkeypatch.setattr(hf, "flash_decode",
-                        lambda q, k, v, lens=None, **kw: lengths.append(lens) or real(q, k, v, lens, **kw))
+    real = hf._decode
+    monkeypatch.setattr(hf, "_decode",
+                        lambda q, k, v, lens, *a: lengths.append(lens) or real(q, k, v, lens, *a))
     q, k, v = _qkv(2, 4, 2, 1, 10)
     for n in (6, 7):
         ones = torch.ones(2, n, dtype=torch.bool, device=DEVICE)  # a static cache's mask: n of 10 slots

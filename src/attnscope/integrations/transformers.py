@@ -56,6 +56,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       f"pip install 'attnscope[transformers]' ({e})") from e
 
 from attnscope.kernels.decode import flash_decode  # noqa: E402
+from attnscope.kernels.decode.api import _cached  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
@@ -120,6 +121,24 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     return filled(batch_size, n, device) if n < kv_length else None
 
 
+#: Whether each attention module has a ``sinks`` attribute (weak keys: an entry goes with its module), found
+#: on its first call: a module without one would raise and catch an AttributeError on every call.
+_HAS_SINKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _module_sinks(module):
+    """``module.sinks``, or None for a module that had no ``sinks`` attribute at its first eager call."""
+    if torch.compiler.is_compiling():  # traced once per graph: no cache
+        return getattr(module, "sinks", None)
+    has = _HAS_SINKS.get(module)
+    if has is None:
+        try:
+            has = _HAS_SINKS[module] = hasattr(module, "sinks")
+        except TypeError:  # a module that takes no weak reference: looked up every call
+            has = hasattr(module, "sinks")
+    return module.sinks if has else None
+
+
 def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
     """The module's score mods as the kernels' keywords (only those that are on)."""
     mods = {}
@@ -129,9 +148,10 @@ def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
         mods["window"] = (sliding_window - 1, 0 if causal else sliding_window - 1)
     if softcap:
         mods["softcap"] = float(softcap)
-    sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
+    sinks = s_aux if s_aux is not None else _module_sinks(module)
     if sinks is not None:
-        mods["sinks"] = sinks.to(device=query.device, dtype=torch.float32).reshape(-1)  # differentiable
+        sinks = sinks.to(device=query.device, dtype=torch.float32)  # differentiable; fp32 [Hq]: itself
+        mods["sinks"] = sinks if sinks.dim() == 1 else sinks.reshape(-1)
     return mods
 
 
@@ -178,10 +198,30 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     if attention_mask is not None:
         return _padded(query, key, value, attention_mask, causal, scaling, mods), None
     if causal and query.shape[2] == 1:  # a decode step: split-KV over the whole cache
-        o = flash_decode(query, key, value, scale=scaling, **mods)
-    else:
-        o = flash_attention(query, key, value, causal, scaling, **mods)
-    return o.transpose(1, 2), None
+        return _decode(query, key, value, None, scaling, mods), None
+    return flash_attention(query, key, value, causal, scaling, **mods).transpose(1, 2), None
+
+
+def _decode(query, key, value, lens, scaling, mods) -> Tensor:
+    """``flash_decode(query, key, value, lens, scale=scaling, **mods)`` as [B, 1, Hq, d]. Eagerly, a layout
+    `flash_decode` has planned (`api._cached`: the same key it makes) launches its plan directly, the output
+    allocated as [B, 1, Hq, d] (the same memory as [B, Hq, 1, d]): the one-liner's launch and allocation,
+    without its argument handling or a transpose."""
+    if not torch.compiler.is_compiling():
+        sinks = mods.get("sinks")
+        tensors = (query, key, value, lens, None, None, None, sinks)
+        layouts = ((query.shape, query.stride(), query.dtype, query.device),
+                   (key.shape, key.stride(), key.dtype, key.device),
+                   (value.shape, value.stride(), value.dtype, value.device),
+                   None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.device),
+                   None, None, None,
+                   None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
+        # flash_decode's options: (num_splits, scale, return_lse, window, softcap)
+        options = (None, scaling, False, mods.get("window"), mods.get("softcap", 0.0))
+        _, grown, plan = _cached(tensors, layouts, options)
+        if plan is not None:
+            return plan._launch(tensors, None, None, grown, True)  # (out, lse_out, grown, heads_last)
+    return flash_decode(query, key, value, lens, scale=scaling, **mods).transpose(1, 2)
 
 
 #: The last padding mask found without holes (a weak reference) and its version counter: transformers passes
@@ -232,10 +272,8 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
     if _is_filled(mask):  # keys [0, n) of every row, queries the last Nq of them: a view, no gather
         n = mask.shape[1]
         if causal and Nq == 1:
-            o = flash_decode(query, key, value, _filled_lens(mask, query.device), scale=scaling, **mods)
-        else:
-            o = flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods)
-        return o.transpose(1, 2)
+            return _decode(query, key, value, _filled_lens(mask, query.device), scaling, mods)
+        return flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods).transpose(1, 2)
     if "window" in mods and _has_holes(mask):  # packing closes holes: the window would count across them
         raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
                                   "(padding between real tokens) is not supported; supported: left or right "
