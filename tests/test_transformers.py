@@ -335,3 +335,30 @@ def test_packed_position_ids_are_refused_not_read():
         with pytest.raises(NotImplementedError, match="packed sequences in position_ids"):
             m(ids, position_ids=packed, use_cache=False)
         m(ids, position_ids=torch.arange(6, device=DEVICE)[None], use_cache=False)  # one sequence: runs
+
+
+def test_module_sinks_set_or_deleted_between_calls_are_seen():
+    """A module's ``sinks`` is looked up on every call, as ``getattr``: one set after the module's first
+    call is used from the next call on (not ignored), one deleted is no longer used (no AttributeError);
+    a class attribute (a property) counts as well."""
+    class WithProperty(_Attn):
+        @property
+        def sinks(self):
+            return self.logits
+
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    sinks = 3.0 * torch.randn(4, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    module = _Attn()
+    with torch.no_grad():
+        plain = hf.attention_forward(module, q, k, v, None)[0]
+        want = hf.attention_forward(_Attn(), q, k, v, None, s_aux=sinks)[0]
+        assert not torch.equal(want, plain)
+        module.sinks = torch.nn.Parameter(sinks)  # gained after the first call
+        assert torch.equal(hf.attention_forward(module, q, k, v, None)[0], want)
+        del module.sinks
+        assert torch.equal(hf.attention_forward(module, q, k, v, None)[0], plain)
+        module.register_buffer("sinks", sinks)
+        assert torch.equal(hf.attention_forward(module, q, k, v, None)[0], want)
+        prop = WithProperty()
+        prop.logits = sinks
+        assert torch.equal(hf.attention_forward(prop, q, k, v, None)[0], want)

@@ -121,22 +121,21 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     return filled(batch_size, n, device) if n < kv_length else None
 
 
-#: Whether each attention module has a ``sinks`` attribute (weak keys: an entry goes with its module), found
-#: on its first call: a module without one would raise and catch an AttributeError on every call.
-_HAS_SINKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _module_sinks(module):
-    """``module.sinks``, or None for a module that had no ``sinks`` attribute at its first eager call."""
-    if torch.compiler.is_compiling():  # traced once per graph: no cache
+    """``getattr(module, "sinks", None)``, looked up in a torch module's own dicts first (its instance
+    attributes, parameters, buffers, submodules: where ``nn.Module.__getattr__`` looks) and its classes', so a
+    module without sinks raises and catches no AttributeError per call; a sinks attribute set or deleted
+    between calls is seen on the next one."""
+    d = getattr(module, "__dict__", None)
+    if d is None or "sinks" in d or torch.compiler.is_compiling():
         return getattr(module, "sinks", None)
-    has = _HAS_SINKS.get(module)
-    if has is None:
-        try:
-            has = _HAS_SINKS[module] = hasattr(module, "sinks")
-        except TypeError:  # a module that takes no weak reference: looked up every call
-            has = hasattr(module, "sinks")
-    return module.sinks if has else None
+    for store in (d.get("_parameters"), d.get("_buffers"), d.get("_modules")):
+        if isinstance(store, dict) and "sinks" in store:
+            return store["sinks"]
+    for c in type(module).__mro__:
+        if "sinks" in c.__dict__:
+            return getattr(module, "sinks", None)
+    return None
 
 
 def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
