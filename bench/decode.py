@@ -502,14 +502,23 @@ SWEEP_L = (4096, 32768, 131072)
 SWEEP_HEADS = (32, 8)  # Hq, Hkv
 
 
+#: Configs whose shared memory fits several programs per SM (`heuristics.FP8_CONFIGS`' comments), tried
+#: with the splits sized for that many waves: below one program per SM (B x Hkv < SMs) the shipped rule
+#: gives each SM one 4-warp program, one warp per scheduler, which cannot hide the e4m3 loop's latencies.
+FP8_WAVES = {"f16qk-w4-s3": 2, "f16qk-w2-s3": 2, "f16qk-w2-s2": 3}
+
+
 def fp8_candidates():
-    """name -> (`heuristics.FP8_CONFIGS` key, splits sized on bytes): every config with the shipped split
-    rule, and the shipped config with the other rule."""
+    """name -> (`heuristics.FP8_CONFIGS` key, splits sized on bytes, waves): every config with the shipped
+    split rule (one wave), the shipped config with the other rule, and the `FP8_WAVES` configs with splits
+    for their waves."""
     from attnscope.kernels.decode import heuristics as hs
 
-    out = {name: (name, hs.FP8_SPLIT_BYTES) for name in hs.FP8_CONFIGS}
+    out = {name: (name, hs.FP8_SPLIT_BYTES, 1) for name in hs.FP8_CONFIGS}
     other = not hs.FP8_SPLIT_BYTES
-    out[f"{hs.FP8_DEFAULT}+{'bytes' if other else 'tokens'}"] = (hs.FP8_DEFAULT, other)
+    out[f"{hs.FP8_DEFAULT}+{'bytes' if other else 'tokens'}"] = (hs.FP8_DEFAULT, other, 1)
+    for name, waves in FP8_WAVES.items():
+        out[f"{name}+{waves}waves"] = (name, hs.FP8_SPLIT_BYTES, waves)
     return out
 
 
@@ -553,9 +562,12 @@ def fp8_sweep(rep, json_path=None):
                 row = {"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "layout": layout, "bf16_us": t_bf16,
                        "cudnn_us": t_cudnn, "fp8_one_liner_us": t_one, "bf16_one_liner_us": t_one_bf16,
                        "candidates": {}}
-                for name, (cfg_name, split_bytes) in cands.items():
-                    splits = hs._tiling(q.device, B, Hq, 1, Hkv, L, None, None, True, False,
-                                        hs._split_min_keys(True, split_bytes))[2]
+                for name, (cfg_name, split_bytes, waves) in cands.items():
+                    _, m_tiles, splits = hs._tiling(q.device, B, Hq, 1, Hkv, L, None, None, True, False,
+                                                    hs._split_min_keys(True, split_bytes))
+                    if waves > 1:  # the same rule aiming at `waves` programs per SM
+                        splits = hs._splits(B * m_tiles, Hkv, L, hs._sms(q.device), waves=waves,
+                                            min_keys=hs._split_min_keys(True, split_bytes))
                     p = plan_mod._tuned_plan(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs, num_splits=splits,
                                              config=hs._fp8_config(cfg_name, PAGE if paged else 0))
                     run = lambda: p.run(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs)  # noqa: E731
