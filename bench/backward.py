@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python bench/backward.py [--quick] [--json out.json] [--markdown] [--impl hopper]
 
-bf16 (``--dtype float16``: fp16), H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not.
+bf16 (``--dtype float16``: fp16), H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not;
+contiguous [B, H, N, d] inputs (``--layout bshd``: views of [B, N, H, d] memory, dO too, as in a decoder).
 Per shape, every implementation is first checked against float64 on one head at the full shape (dQ, dK, dV
 within 3 x SDPA FLASH's own error at that dtype + 1e-3), then timed (triton.testing.do_bench, median):
 backward only (the gradient of a retained forward graph) and forward + backward. FLOPs:
@@ -113,17 +114,22 @@ def _backward(bwd, args, kw):
 
 
 def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, plain=False,
-               dtype="bfloat16"):
+               dtype="bfloat16", layout="bhsd"):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
     attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``plain``:
-    also both Hopper builds in the plain build where the default is the lean one (`bwd_hopper.config`)."""
+    also both Hopper builds in the plain build where the default is the lean one (`bwd_hopper.config`).
+    ``layout`` "bshd": q, k, v and dO are [B, H, N, d] views of [B, N, H, d] memory, as a decoder's
+    projections and its output projection's gradient hand them over."""
     from attnscope import checks
     from attnscope.kernels import bwd, fwd
 
     b = max(1, tokens // n)
     g = torch.Generator(device="cuda").manual_seed(n + d + causal)
-    q, k, v, do = (torch.randn(b, heads, n, d, device="cuda", dtype=getattr(torch, dtype), generator=g)
+    shape = (b, n, heads, d) if layout == "bshd" else (b, heads, n, d)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=getattr(torch, dtype), generator=g)
                    for _ in range(4))
+    if layout == "bshd":
+        q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
     ref = _ref_grads(torch, q, k, v, do, causal)
     impls = _impls(torch, causal, d, n, flex_all)
     errs = {}
@@ -148,7 +154,8 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
     failures = [f"{name} N={n} d={d} causal={causal}: grad error {errs[name]:.3g} > bound {bound:.3g} "
                 f"(3 x SDPA FLASH's {torch_err:.3g} + 1e-3)" for name in ("attnscope", *ours)
                 if not errs[name] <= bound]
-    row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "dtype": dtype, "grad_err": errs,
+    row = {"n": n, "batch": b, "heads": heads, "d": d, "causal": causal, "dtype": dtype, "layout": layout,
+           "grad_err": errs,
            "backward_ms": {}, "fwd_bwd_ms": {}}
     if failures:
         log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAIL, not timed: " + "; ".join(failures))
@@ -200,12 +207,14 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
     return row, failures
 
 
-def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, plain=False, dtype="bfloat16"):
+def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, plain=False, dtype="bfloat16",
+          layout="bhsd"):
     rows, failures = [], []
     for d in ds:
         for causal in (False, True):
             for n in ns:
-                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, plain, dtype)
+                row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, plain, dtype,
+                                      layout)
                 rows.append(row)
                 failures += bad
                 torch.cuda.empty_cache()
@@ -297,6 +306,9 @@ def main(argv=None) -> int:
                         "every call that runs the lean build (the default one included)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                    help="the inputs' dtype for the timed sweep (the peak-memory point stays bf16)")
+    p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
+                   help="bshd: q, k, v and dO as [B, H, N, d] views of [B, N, H, d] memory (a decoder's "
+                        "layout in training) for every implementation; default contiguous [B, H, N, d]")
     p.add_argument("--d", type=int, action="append", choices=(64, 128),
                    help="only this head dim (repeatable; default: 64 and 128)")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
@@ -351,7 +363,7 @@ def main(argv=None) -> int:
             p.error(f"--hopper-lean: expected BM,BN,STAGES[,NWG,DQ,RED], got {args.hopper_lean!r}")
         bwd_hopper.LEAN_CONFIGS["dkdv"][64] = bwd_hopper.BwdConfig(*cfg)._replace(LEAN=1)
     rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper,
-                           args.hopper_plain, args.dtype)
+                           args.hopper_plain, args.dtype, args.layout)
     mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)
@@ -364,6 +376,7 @@ def main(argv=None) -> int:
                "hopper_lean_configs": {k: {d: tuple(c) for d, c in v.items()}
                                        for k, v in bwd_hopper.LEAN_CONFIGS.items()}} if hopper else {}),
            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"), "dtype": args.dtype,
+           "layout": args.layout,
            "seconds": round(time.time() - t0, 1)}
     print(f"done in {env['seconds']} s")
     if args.markdown:
