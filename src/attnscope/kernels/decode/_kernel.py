@@ -7,9 +7,10 @@ O^T = V^T P^T on the G <= 16 query rows padded to 8 or 16 (m16n8k16 pads N to 8 
 
 Values are checked on the device: a length outside [0, L_max] is clamped into it (one in (0, Nq), shorter
 than the queries it holds, runs as given) and a used block-table entry outside [0, num_pages) is never
-dereferenced (its keys are masked out; in a tile of one query with keys as the MMA rows, every key of its
-split); either sets a bit of the int32 error word ``ERR`` (`ERR_SEQLENS`, `ERR_BLOCK_TABLE`), as does a K/V
-scale that is not finite and positive, or whose product with the softmax scale is not finite (`ERR_SCALES`).
+dereferenced (its keys are masked out; in a tile of one query with keys as the MMA rows, or with
+``PAGE_PRECHECK``, every key of its split: the entries are checked once before the loop); either sets a bit
+of the int32 error word ``ERR`` (`ERR_SEQLENS`, `ERR_BLOCK_TABLE`), as does a K/V scale that is not finite
+and positive, or whose product with the softmax scale is not finite (`ERR_SCALES`).
 `checks.check_errors` reads the word. A sink is kept finite (`_tl.sink_log2`).
 """
 
@@ -117,6 +118,22 @@ def _add_sink(m_i, l_i, acc, sink2):
     return m_new, l_i * alpha + tl.exp2(sink2 - m_new), acc * tl.expand_dims(alpha, -1)
 
 
+@triton.jit
+def _checked_split_end(bt_base, lo, hi, num_pages, ERR, PAGE_SIZE: tl.constexpr):
+    """The end of a split's keys [lo, hi) after checking their block-table entries once, 64 per load: a
+    split holding one outside [0, num_pages) reports it (`ERR_BLOCK_TABLE`) and attends to no key (``lo``),
+    so its loop reads the entries with no per-key range check."""
+    n_used = tl.cdiv(hi, PAGE_SIZE)
+    bad = tl.zeros([64], tl.int32)
+    for p0 in range(lo // PAGE_SIZE, n_used, 64):
+        pidx = p0 + tl.arange(0, 64)
+        e = tl.load(bt_base + pidx, mask=pidx < n_used, other=0)
+        bad = bad | (e.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32, bitcast=True)).to(tl.int32)
+    if tl.max(bad, 0) != 0:
+        tl.atomic_or(ERR, ERR_BLOCK_TABLE)
+    return tl.where(tl.max(bad, 0) != 0, lo, hi)
+
+
 # sizes that vary per call are not value-specialised: one binary per layout
 @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles", "num_pages",
                                "win_left"])
@@ -153,6 +170,7 @@ def _attnscope_decode_split_kernel(
     WINDOW: tl.constexpr = False,  # sliding window: row at position p sees keys [p - win_left, p]
     SOFTCAP: tl.constexpr = False,  # base-2 scores s -> softcap2 * tanh(s / softcap2)
     HAS_SINKS: tl.constexpr = False,  # SINKS fp32 [Hq]: one logit per query head joins the denominator
+    PAGE_PRECHECK: tl.constexpr = False,  # PAGED: entries checked once per split (`_checked_split_end`)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -209,7 +227,10 @@ def _attnscope_decode_split_kernel(
     # m16n8k16 MMA pads N to 8, where M pads to 16, so half the MMAs and the softmax of half the scores
     KEYS_AS_ROWS: tl.constexpr = FP8_F16QK and not CHUNK and BLOCK_M == 16 and GROUP <= 16  # one row tile
     ROWS: tl.constexpr = 8 if GROUP <= 8 else 16
-    MASKED: tl.constexpr = PAGED and not KEYS_AS_ROWS  # K/V loads masked by n_mask (keys as rows: clamped)
+    # a paged split's entries checked once before its loop (keys as rows always; else PAGE_PRECHECK): rows
+    # clamped, loads unmasked. Else each key's entry is range-checked and K/V loads are masked by n_mask
+    PRECHECKED: tl.constexpr = PAGED and (KEYS_AS_ROWS or PAGE_PRECHECK)
+    MASKED: tl.constexpr = PAGED and not PRECHECKED
     if KEYS_AS_ROWS:
         offs_r = tl.arange(0, ROWS)  # the GROUP query heads of the one query, then pad rows (0)
         r_heads = h_kv * GROUP + offs_r % GROUP
@@ -240,19 +261,8 @@ def _attnscope_decode_split_kernel(
     else:
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
-    if PAGED and KEYS_AS_ROWS:
-        # the block-table entries of this split's keys [lo, hi), checked once before the loop, 64 per load:
-        # a split holding one outside [0, num_pages) reports it and attends to no key, so the loop reads
-        # its entries without a per-key range check
-        n_used = tl.cdiv(hi, PAGE_SIZE)
-        bad = tl.zeros([64], tl.int32)
-        for p0 in range(lo // PAGE_SIZE, n_used, 64):
-            pidx = p0 + tl.arange(0, 64)
-            e = tl.load(bt_base + pidx, mask=pidx < n_used, other=0)
-            bad = bad | (e.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32, bitcast=True)).to(tl.int32)
-        if tl.max(bad, 0) != 0:
-            tl.atomic_or(ERR, ERR_BLOCK_TABLE)
-        hi = tl.where(tl.max(bad, 0) != 0, lo, hi)
+    if PRECHECKED:
+        hi = _checked_split_end(bt_base, lo, hi, num_pages, ERR, PAGE_SIZE)
     if FP8_WORDS:  # the plan checked: V's address and strides are multiples of 4 bytes
         vw_base = V.to(tl.pointer_type(tl.int32)) + (h_kv * stride_vh) // 4
         if not PAGED:
@@ -273,7 +283,7 @@ def _attnscope_decode_split_kernel(
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):  # STAGES: K/V tiles in flight
         rows = start_n + offs_n  # [BLOCK_N] key positions
         n_mask = rows < hi
-        if PAGED and KEYS_AS_ROWS:
+        if PRECHECKED:
             # the entries were checked before the loop: rows past the range load the last key in it, as
             # the dense loop does, so the copies need no per-row predicate
             rows_c = tl.minimum(rows, hi - 1)
@@ -313,7 +323,7 @@ def _attnscope_decode_split_kernel(
         else:
             # Dense: rows past the range load the last key in it instead of a masked load. Every load is
             # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
-            # predicate. Paged tiles but those with keys as rows keep masked loads.
+            # predicate. Paged tiles but prechecked ones (`PRECHECKED`) keep masked loads.
             rows_c = tl.minimum(rows, hi - 1)
             key = rows_c if OFF32 else rows_c.to(tl.int64)
             k_off = key * stride_kn
@@ -404,7 +414,7 @@ def _attnscope_decode_split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
-    if PAGED and not KEYS_AS_ROWS:  # noqa: SIM102 - a constexpr branch around a runtime one
+    if MASKED:  # noqa: SIM102 - a constexpr branch around a runtime one
         if tl.max(bad_page.to(tl.int32), 0) != 0:
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
 

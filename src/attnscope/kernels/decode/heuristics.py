@@ -120,6 +120,14 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
             "total": kv + q + 2 * partial + out}
 
 
+#: Whether a paged launch checks each split's block-table entries once before its KV loop and then loads
+#: K/V rows unmasked (the kernel's ``PAGE_PRECHECK``; e4m3 tiles with keys as the MMA rows always do): a
+#: split holding an entry outside [0, num_pages) attends to no key and reports ``ERR_BLOCK_TABLE``, where
+#: the per-key check drops only that entry's keys. Off by default (``bench/decode.py
+#: --paged-precheck`` times it beside the per-key check).
+PAGE_PRECHECK = False
+
+
 def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, programs: int = 0,
                   sms: int = 132) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
@@ -130,16 +138,22 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
     """
     if interpreting():
         cfg = {"BLOCK_N": 32 if page_size == 16 else 16, "STAGES": 1, "num_warps": 4, "num_stages": 1}
-        return {**cfg, "F16QK": True} if fp8 else cfg
-    if fp8 and block_m <= 32:
+        if fp8:
+            cfg["F16QK"] = True
+    elif fp8 and block_m <= 32:
         return _fp8_config(_fp8_config_name(programs, sms, page_size != 0), page_size)
-    cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
-    # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block only
-    # part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each. A block
-    # inside one page (whose load mask depends on the page index checked on the device) gets them all:
-    # 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at BLOCK_N = 128)
-    stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
-    return {**cfg, "STAGES": stages, "num_stages": stages}
+    else:
+        cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
+        # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block
+        # only part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each.
+        # A block inside one page (whose load mask depends on the page index checked on the device) gets
+        # them all: 3, the dense kernel's two of each (5 would pass the 227 KiB of shared memory at
+        # BLOCK_N = 128)
+        stages = 5 if page_size and cfg["BLOCK_N"] > page_size else 3
+        cfg = {**cfg, "STAGES": stages, "num_stages": stages}
+    if page_size and PAGE_PRECHECK:
+        cfg["PAGE_PRECHECK"] = True
+    return cfg
 
 
 #: e4m3 decode-tile (rows <= 32) block configs: BLOCK_N, warps, dense stages (paged: `_fp8_config`), and

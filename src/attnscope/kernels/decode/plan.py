@@ -201,7 +201,8 @@ class DecodePlan:
                          ("FP8_WORDS", words), ("FP8_F16QK", f16qk),
                          ("FP8_ASM", (words or f16qk) and not interpreting()),
                          ("WINDOW", mods.windowed), ("SOFTCAP", mods.softcap > 0),
-                         ("HAS_SINKS", sinks is not None)):
+                         ("HAS_SINKS", sinks is not None),
+                         ("PAGE_PRECHECK", paged and bool(cfg.get("PAGE_PRECHECK", False)))):
             if on:
                 self._consts[name] = True
         self._combine_grid = (n_rows,)
@@ -380,7 +381,8 @@ class _Tuning(NamedTuple):
     """A plan's tuning knobs (benchmarks): ``use_dot`` tl.dot (default) or elementwise products;
     ``fuse_combine`` fused (default when small, `heuristics._fuse_by_default`) or separate merge;
     ``config`` a phase-1 block config (``BLOCK_N``, ``STAGES``, ``num_warps``, ``num_stages``, optional
-    ``OFF32``, and for e4m3 K/V ``F16QK``: `heuristics.FP8_CONFIGS`) in place of
+    ``OFF32``, ``PAGE_PRECHECK`` (a paged cache: `heuristics.PAGE_PRECHECK`), and for e4m3 K/V ``F16QK``:
+    `heuristics.FP8_CONFIGS`) in place of
     `heuristics._block_config`."""
 
     use_dot: bool | None = None
