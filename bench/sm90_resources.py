@@ -718,9 +718,10 @@ SASS_LAYOUTS = (("dense", 0), ("paged64", 64), ("paged16", 16), ("paged256", 256
 def sass_report(names=None) -> None:
     """Instructions per KiB of K/V in the decode KV loop (`loop_per_kib`) as the plan builds it for a
     decode tile (GROUP 4, one query, 16 rows, d 128, fused split merge, lengths read, int32 offsets): the
-    bf16 cache at `heuristics._block_config`'s tile and each e4m3 config of `heuristics.FP8_CONFIGS` (or
-    ``names``), dense and paged (`SASS_LAYOUTS`); with ptxas's registers and spill bytes, the kernel's
-    shared memory (bytes) and the loop's cp.async copies (LDGSTS: 0 if the loop is not pipelined)."""
+    bf16 cache at `heuristics._block_config`'s tile (paged: also with ``PAGE_PRECHECK`` on, "bf16
+    precheck") and each e4m3 config of `heuristics.FP8_CONFIGS` (or ``names``), dense and paged
+    (`SASS_LAYOUTS`); with ptxas's registers and spill bytes, the kernel's shared memory (bytes) and the
+    loop's cp.async copies (LDGSTS: 0 if the loop is not pipelined)."""
     from attnscope.kernels.decode import _kernel, heuristics
 
     names = list(heuristics.FP8_CONFIGS) if names is None else names
@@ -728,19 +729,24 @@ def sass_report(names=None) -> None:
     print(f"{'kernel':28s} {'layout':8s} {'BN':>4s} {'w':>2s} {'st':>2s} {'regs':>4s} {'spill':>5s} "
           f"{'smem':>6s} {'LDGSTS':>6s} {'loop':>5s} {'/KiB':>6s} | "
           + " ".join(f"{c:>11s}" for c in classes), flush=True)
-    for kv, name in [("bf16", "bf16"), *(("fp8", n) for n in names)]:
+    for kv, name in [("bf16", "bf16"), ("bf16", "precheck"), *(("fp8", n) for n in names)]:
         for layout, page in SASS_LAYOUTS:
             if kv == "fp8":
                 cfg = heuristics._fp8_config(name, page)
                 f16qk = bool(cfg.get("F16QK"))
                 opt = dict(FP8=True, FP8_WORDS=not f16qk, FP8_F16QK=f16qk, FP8_ASM=True)
+            elif name == "precheck":  # the paged loop with PAGE_PRECHECK on, whatever the shipped default
+                if not page:
+                    continue
+                cfg, opt = heuristics._block_config(16, page), {"PAGE_PRECHECK": True}
             else:
-                cfg, opt = heuristics._block_config(16, page), {}
+                cfg = heuristics._block_config(16, page)
+                opt = {"PAGE_PRECHECK": True} if cfg.get("PAGE_PRECHECK") else {}
             cx = dict(GROUP=4, BLOCK_M=16, HEAD_DIM=128, BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                       USE_DOT=True, EMULATE_BF16=False, SPLIT=True, FUSE=True, MERGE_M=4, MERGE_S=8,
                       WRITE_LSE=False, HAS_SEQLENS=True, PAGED=page > 0, PAGE_SIZE=max(page, 1), CHUNK=False,
                       OFF32=True, **opt)
-            label = f"{kv} {name}" if kv == "fp8" else "bf16"
+            label = f"{kv} {name}" if kv == "fp8" or name != "bf16" else "bf16"
             try:
                 types = _decode_types("*fp8e4nv" if kv == "fp8" else "*bf16")
                 k = compile_triton(_kernel._attnscope_decode_split_kernel, types, cx, cfg["num_warps"],
