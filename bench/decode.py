@@ -17,7 +17,10 @@ nothing. It prints "all results match, starting benchmarks" or exits 1. Pass 2 t
 - ``one-liner``: ``flash_decode(q, k, v, cache_seqlens=lens)``, the default call (no host sync);
 - ``plan.run`` and ``graph`` (replay of a captured ``plan.run``);
 - ``paged``: the one-liner on the paged copy; ``fp8`` / ``fp8 paged``: the one-liner on the e4m3 cache;
-- ``FLASH``, ``CUDNN`` (``sdpa_kernel``, ``enable_gqa=True``) eager and ``FLASH graph``, ``CUDNN graph``.
+- ``FLASH``, ``CUDNN`` (``sdpa_kernel``, ``enable_gqa=True``) eager and ``FLASH graph``, ``CUDNN graph``;
+- ``--paged-precheck``: also ``paged plan.run`` and ``paged precheck``, the paged copy's ``plan.run`` with
+  the per-key block-table check and with each split's entries checked once (``PAGE_PRECHECK``), same
+  config and splits (`precheck_plans`); the latter checked against float64 and the one-liner in pass 1.
 
 TB/s = the logical bytes (`model.serving.paged`, the ledger of ``attnscope traffic --cache-lens``) over
 the time. Host time per call: 1,000 back-to-back calls at B = 1, Hq = 32, Hkv = 8, L = 512 (the GPU idles),
@@ -65,6 +68,7 @@ PAGE = 64
 D = 128
 BUDGET = 100 * 2**30  # bytes of K + V per point
 PAGED_MAX = 24 * 2**30  # paged and FP8 copies only up to this bf16 K + V size (memory)
+PAGED_PRECHECK = False  # --paged-precheck: also time the paged plan with PAGE_PRECHECK on
 HOST_SHAPE = (1, 32, 8, 512)
 HOST_CALLS = 1000
 
@@ -161,6 +165,8 @@ class Point:
             self.v8, self.vs = attnscope.quantize_kv(self.v)
             # the pages hold the same rows, so the same per-head amax and scales
             self.k8p, self.v8p = (attnscope.quantize_kv(t, head_axis=-2)[0] for t in (self.kp, self.vp))
+            if PAGED_PRECHECK:
+                self.paged_plans = precheck_plans(self.q, self.kp, self.vp, self.lens, self.table)
 
     def calls(self):
         """name -> the call timed eagerly (the one-liner and its variants, plan.run)."""
@@ -172,6 +178,9 @@ class Point:
             c["fp8"] = lambda: fd(q, self.k8, self.v8, lens, k_scale=self.ks, v_scale=self.vs)
             c["fp8 paged"] = lambda: fd(q, self.k8p, self.v8p, lens, self.table, k_scale=self.ks,
                                         v_scale=self.vs)
+            if PAGED_PRECHECK:
+                for name, plan in self.paged_plans.items():
+                    c[name] = lambda plan=plan: plan.run(q, self.kp, self.vp, lens, self.table)
         return c
 
     def bytes_of(self, name):
@@ -180,6 +189,20 @@ class Point:
         fp8 = name.startswith("fp8")
         page = PAGE if "paged" in name else None
         return ledger([self.L] * self.B, page, kv_dtype="fp8" if fp8 else None, **kw).row.total
+
+
+def precheck_plans(q, kp, vp, lens, table):
+    """``--paged-precheck``: the default paged plan ("paged plan.run") and the same plan with the block
+    table checked once per split (`heuristics.PAGE_PRECHECK`, "paged precheck"): same block config, splits
+    and merge, so the two differ only in the loop."""
+    base = attnscope.decode_plan(q, kp, vp, lens, table)
+    cfg = {name: base._consts[key] for name, key in (("BLOCK_N", "BLOCK_N"), ("STAGES", "STAGES"),
+                                                     ("num_warps", "num_warps"), ("num_stages", "num_stages"),
+                                                     ("OFF32", "OFF32"))}
+    on = decode.plan._tuned_plan(q, kp, vp, lens, table, num_splits=base.num_splits,
+                                 fuse_combine=base.fuse, config={**cfg, "PAGE_PRECHECK": True})
+    assert on._consts.get("PAGE_PRECHECK") and not base._consts.get("PAGE_PRECHECK"), "precheck plan"
+    return {"paged plan.run": base, "paged precheck": on}
 
 
 def sdpa_calls(q, k, v):
@@ -209,6 +232,11 @@ def check(pt):
         row["fp8_paged_diff"] = (c["fp8 paged"]().float() - c["fp8"]().float()).abs().max().item()
         row["fp8_err"], row["fp8_bound"] = e8, b8
         ok = ok and row["paged_diff"] <= 1e-2 and e8 <= b8 and row["fp8_paged_diff"] <= 1e-2
+        if PAGED_PRECHECK:  # sequence 0 against float64, and the whole batch against the dense one-liner
+            op = c["paged precheck"]()
+            row["precheck_err"], row["precheck_bound"] = reference_error(op, pt.q, pt.k, pt.v)
+            row["precheck_diff"] = (op.float() - o.float()).abs().max().item()
+            ok = ok and row["precheck_err"] <= row["precheck_bound"] and row["precheck_diff"] <= 1e-2
     decode.check_errors()  # raises if a length or page index was out of range: none is
     row["ok"] = ok
     print(f"{row['point']}: {'ok' if ok else 'MISMATCH'} {json.dumps(row)}", flush=True)
@@ -241,6 +269,9 @@ def time_point(pt, row, rep):
         r["fp8 / bf16 (must >= 1)"] = t["one-liner"] / t["fp8"]
         if "CUDNN" in t and pt.L >= 32768:
             r["fp8 tokens/s / CUDNN bf16 (must >= 1.8)"] = t["CUDNN"] / t["fp8"]
+    if "paged precheck" in t:  # plan.run beside plan.run: the same host path
+        r["paged precheck / paged plan.run"] = t["paged plan.run"] / t["paged precheck"]
+        r["paged precheck / dense plan.run (goal >= 0.97)"] = t["plan.run"] / t["paged precheck"]
     row["ratios"] = r
     for name, us in t.items():
         tbs = row["TB/s"].get(name)
@@ -397,6 +428,8 @@ def host_times():
 def markdown(rows, host):
     cols = ["one-liner", "plan.run", "graph", "paged", "fp8", "fp8 paged", "FLASH", "CUDNN", "FLASH graph",
             "CUDNN graph"]
+    if any("paged precheck" in r.get("us", {}) for r in rows):
+        cols += ["paged plan.run", "paged precheck"]
     print("\n| B, Hq, Hkv, L | " + " | ".join(cols) + " |")
     print("|" + " --- |" * (len(cols) + 1))
     for r in rows:
@@ -423,6 +456,9 @@ def main():
     p.add_argument("--markdown", action="store_true", help="print the tables BENCHMARKS.md needs")
     p.add_argument("--json", metavar="PATH", help="write every check, time, TB/s and ratio as JSON")
     p.add_argument("--rep", type=int, default=None, help="do_bench time per measurement, ms (default 50)")
+    p.add_argument("--paged-precheck", action="store_true",
+                   help="also time the paged copy's plan.run with the default block table check and with "
+                        "PAGE_PRECHECK on (heuristics.PAGE_PRECHECK; checked against float64 first)")
     p.add_argument("--fp8-sweep", action="store_true",
                    help="only the FP8 decode-tile candidates (heuristics.FP8_CONFIGS): B 1/8/32, Hq/Hkv "
                         "32/8, L 4k/32k/128k, dense and paged; PASS/FAIL vs float64, then graph and eager "
@@ -436,6 +472,8 @@ def main():
                         "and graph replay, TB/s over the ledger's window bytes and the fraction of the read "
                         "ceiling (default --rep 20)")
     args = p.parse_args()
+    global PAGED_PRECHECK
+    PAGED_PRECHECK = args.paged_precheck
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
         return 2
