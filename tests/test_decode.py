@@ -30,6 +30,7 @@ from attnscope.kernels.decode import (  # noqa: E402
     logical_bytes,
 )
 from attnscope.kernels.decode import plan as plan_mod  # noqa: E402
+from kernel_env import fake_current_device  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -921,19 +922,7 @@ def test_direct_launch_passes_every_parameter_in_order(monkeypatch):
     # a plan of device 1 launched while device 0 is current: device 1 made current around each launch
     # (Triton launches on the current device), the first through Triton, the next through the kept binary
     calls.clear()
-    current, entered = [0], []
-
-    @contextlib.contextmanager
-    def on(index):
-        entered.append(index)
-        before, current[0] = current[0], index
-        try:
-            yield
-        finally:
-            current[0] = before
-
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)
-    monkeypatch.setattr(torch.cuda, "device", on)
+    current, entered = fake_current_device(monkeypatch, 0)
     other = _direct.DirectLaunch(Kernel(), consts, 1)
     other.launch((6, 3), args, True)
     other.launch((6, 3), args, True)

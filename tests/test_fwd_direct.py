@@ -11,7 +11,6 @@ is tests/test_fwd_hopper.py's.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -24,6 +23,7 @@ import attnscope  # noqa: E402
 from attnscope import reference  # noqa: E402
 from attnscope.checks import kernel_tolerance  # noqa: E402
 from attnscope.kernels import _common, _direct  # noqa: E402
+from kernel_env import fake_current_device  # noqa: E402
 
 fwd = pytest.importorskip("attnscope.kernels.fwd")
 from test_fwd import _inputs, _torch_attention  # noqa: E402 - the forward tests' inputs and torch's bound
@@ -151,19 +151,7 @@ def test_hits_fall_back_to_triton_where_the_binary_may_differ(recorded, monkeypa
         call(aligned)
     finally:
         hooks.remove(print)
-    current, entered = [1], []  # the plan is device 0's
-
-    @contextlib.contextmanager
-    def on(index):
-        entered.append(index)
-        before, current[0] = current[0], index
-        try:
-            yield
-        finally:
-            current[0] = before
-
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)
-    monkeypatch.setattr(torch.cuda, "device", on)
+    current, entered = fake_current_device(monkeypatch, 1)  # the plan is device 0's
     call(aligned)
     assert entered == [0] and current == [1]
     current[0] = 0
