@@ -20,7 +20,8 @@ Timed (CUDA events, median; wall clock on a CPU):
 - prefill: one forward of each prompt (``logits_to_keep=1``, as ``generate``'s prefill);
 - generate: greedy ``generate`` of the new tokens after the first prompt, eager (dynamic cache) and with
   ``cache_implementation="static"``, which transformers compiles (``torch.compile`` of the forward,
-  mode reduce-overhead) on CUDA; a warm-up generation (compiles, records graphs) precedes the timed one;
+  mode reduce-overhead) on CUDA; a warm-up generation (compiles, records graphs) precedes the timed ones,
+  `GENERATE_RUNS` per model, alternating between the models (wall clock; the median of each);
 - prefill host time: the wall time from the forward's call to its return with the GPU idle at the call
   and not awaited (the host's time to issue the forward; near the CUDA-event time: host-bound);
 - attention host time: in one more eager ``generate``, µs of host time per attention-function call
@@ -63,6 +64,8 @@ KEEP = 256  # logits compared at the last KEEP positions of each prompt (the one
 #: the interface shapes: prefill (B, N, Hq, Hkv, d) causal, decode (B, L, Hq, Hkv, d) one new token
 INTERFACE = {"full": ((1, 8192, 32, 8, 128), (8, 8192, 32, 8, 128)),
              "tiny": ((1, 96, 4, 2, 64), (2, 80, 4, 2, 64))}
+#: timed generations per model and mode (alternating; the median is reported)
+GENERATE_RUNS = 3
 TARGETS = {"prefill": 1.0, "prefill 32k": 1.05, "generate": 0.97, "interface": 0.98}
 
 
@@ -186,31 +189,36 @@ def bench_generate(models, ids, new, bound, dev, modes, failed, rows):
             failed.append(f"generate {mode} raised")
 
 
-def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows):
-    """One generation mode: warm-up (checked against SDPA's tokens), then the timed run, both models."""
+def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows, runs=GENERATE_RUNS):
+    """One generation mode: warm-up (checked against SDPA's tokens), then ``runs`` timed generations of each
+    model, alternating (sdpa, attnscope, sdpa, ...), each model's median. An eager generate is host-bound,
+    and the host's speed drifts between runs by more than the difference looked for (one run of each read
+    0.66 x where alternating runs on that machine read 0.92-1.03 x)."""
     n = ids.shape[1]
     static = mode != "eager"
-    res, compiled = {}, {}
-    for name, m in (("sdpa", sdpa), ("attnscope", ours)):
-        warm = generate(m, ids, new, static, dev, logits=name == "sdpa")  # compiles, records graphs
-        if name == "sdpa":
-            want = warm
-        else:
-            ok, why = same_tokens(want, warm, n, bound)
+    models = (("sdpa", sdpa), ("attnscope", ours))
+    times, compiled, warm = {name: [] for name, _ in models}, {}, {}
+    for name, m in models:
+        warm[name] = generate(m, ids, new, static, dev, logits=name == "sdpa")  # compiles, records graphs
+        if name == "attnscope":
+            ok, why = same_tokens(warm["sdpa"], warm[name], n, bound)
             print(f"{'PASS' if ok else 'FAIL'} generate {mode}, {new} tokens after {n:,}: {why}",
                   flush=True)
             if not ok:
                 failed.append(f"generate {mode}")
-        t0 = time.perf_counter()
-        got = generate(m, ids, new, static, dev)
-        res[name] = 1e3 * (time.perf_counter() - t0)
-        compiled[name] = "yes" if getattr(m, "_compiled_call", None) is not None else "NO"
-        if name == "attnscope" and not torch.equal(got, warm):
-            print(f"FAIL generate {mode}: attnscope's timed run gave other tokens than its warm-up")
-            failed.append(f"generate {mode} repeat")
+    for _ in range(runs):
+        for name, m in models:
+            t0 = time.perf_counter()
+            got = generate(m, ids, new, static, dev)
+            times[name].append(1e3 * (time.perf_counter() - t0))
+            compiled[name] = "yes" if getattr(m, "_compiled_call", None) is not None else "NO"
+            if name == "attnscope" and not torch.equal(got, warm[name]):
+                print(f"FAIL generate {mode}: attnscope's timed run gave other tokens than its warm-up")
+                failed.append(f"generate {mode} repeat")
+    res = {name: statistics.median(t) for name, t in times.items()}
     label = f"generate {new} after {n:,}, {mode}" + (
         f" (compiled: sdpa {compiled['sdpa']}, attnscope {compiled['attnscope']})" if static else "")
-    rows.append(row(label, res["sdpa"], res["attnscope"], TARGETS["generate"],
+    rows.append(row(label, res["sdpa"], res["attnscope"], TARGETS["generate"], runs_ms=times,
                     tokens_per_s={k: new / (v / 1e3) for k, v in res.items()}))
 
 
