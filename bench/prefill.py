@@ -19,7 +19,8 @@ rows; bound `checks.kernel_tolerance` of SDPA FLASH's error on the same inputs);
 is reported and not timed. Step 2 times the rest (triton.testing.do_bench, median) in ``--rounds``
 interleaved rounds, the order rotated round to round; a point's TFLOP/s (`model.flops.attention_flops`) is
 the median over rounds. The closing lines say, per point, auto / best kept variant and auto / portable, and
-the minimum of each (the dispatch check: auto >= 0.98 x the best variant and >= 1.0 x portable).
+the minimum of each (the dispatch check: auto >= 0.98 x the best variant and >= 1.0 x portable), then the
+rule's picks apart from timing noise (the kernel auto ran, under its own name, against the fastest kernel).
 ``--mods``: every kept variant with window, softcap and sinks against float64 (`MOD_CASES`), then causal
 windows against full causal (`MOD_TIMINGS`), the window also on the portable kernel and on each kept variant
 built for that head dim (is auto's pick the fastest with a window?). Takes about 2-4 minutes per 40 points
@@ -358,10 +359,13 @@ def run_mods(torch, log=print, save=lambda out: None) -> dict:
 
 
 def verdict(rows) -> list[str]:
-    """auto / best kept variant and auto / portable per point, and their minima."""
+    """auto / best kept variant and auto / portable per point, and their minima; then the rule's picks apart
+    from timing noise: the kernel auto ran (``auto_runs``) timed under its own name against the fastest of the
+    portable kernel and the kept variants (a wrong pick costs that ratio; auto against its own kernel's column
+    is noise between two timings of one kernel)."""
     from attnscope.model import dispatch
 
-    lines, vs_best, vs_port = [], [], []
+    lines, vs_best, vs_port, picks = [], [], [], []
     for r in rows:
         t = r["tflops"]
         kept = [t[x] for x in dispatch.VARIANTS if x in t]
@@ -371,11 +375,20 @@ def verdict(rows) -> list[str]:
         best = max(kept or [t["auto"]])
         vs_best.append(t["auto"] / best)
         vs_port.append(t["auto"] / t["portable"])
+        if r.get("auto_runs") in t:
+            fastest = max(("portable", *dispatch.VARIANTS), key=lambda x: t.get(x, 0.0))
+            picks.append((t[r["auto_runs"]] / t[fastest], _label(r), r["auto_runs"], fastest))
     if vs_best:
         ok = min(vs_best) >= 0.98 and min(vs_port) >= 1.0
         lines.append(f"dispatch {'PASS' if ok else 'FAIL'}: min auto / best kept variant {min(vs_best):.3f} "
                      f"(need >= 0.98), min auto / portable {min(vs_port):.3f} (need >= 1.0), "
                      f"{len(vs_best)} points")
+    if picks:
+        right = sum(ran == fastest for _, _, ran, fastest in picks)
+        cost, label, ran, fastest = min(picks)
+        lines.append(f"dispatch picks: auto ran the fastest kernel at {right} of {len(picks)} points"
+                     + ("" if right == len(picks) else
+                        f"; worst pick {label}: {ran} at {cost:.3f} x {fastest}"))
     return lines
 
 

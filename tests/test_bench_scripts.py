@@ -55,3 +55,22 @@ def test_bench_has_at_most_15_scripts_and_small_results():
     assert sorted(rows) == [p.name for p in SCRIPTS], "one README row per script, none for a removed one"
     size = sum(p.stat().st_size for p in (BENCH / "results").rglob("*") if p.is_file())
     assert size < 2 * 2**20, size
+
+
+def test_prefill_verdict_tells_a_wrong_pick_from_noise(monkeypatch):
+    """bench/prefill.py's closing lines: a point where auto ran the fastest kernel but timed a little under
+    its column counts as a right pick; a point where another kernel was faster is named with its cost."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import prefill
+
+    def row(n, ran, **tf):
+        return {"dtype": "bfloat16", "batch": 1, "q_heads": 8, "kv_heads": 8, "n": n, "d": 64, "causal": True,
+                "auto_runs": ran, "fail": {}, "tflops": tf}
+    p = "hopper_persist"
+    rows = [row(1000, p, portable=100.0, hopper_persist=120.0, hopper_wg3_pp=110.0, auto=117.0),
+            row(2000, p, portable=100.0, hopper_persist=120.0, hopper_wg3_pp=150.0, auto=120.0)]
+    lines = prefill.verdict(rows)
+    assert lines[0].startswith("dispatch FAIL: min auto / best kept variant 0.800")
+    assert lines[1] == ("dispatch picks: auto ran the fastest kernel at 1 of 2 points; worst pick bf16 B=1 "
+                        "Hq=8 Hkv=8 N=2000 d=64 causal: hopper_persist at 0.800 x hopper_wg3_pp")
+    assert prefill.verdict(rows[:1])[1] == "dispatch picks: auto ran the fastest kernel at 1 of 1 points"
