@@ -123,8 +123,8 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
 #: Whether a paged launch checks each split's block-table entries once before its KV loop and then loads
 #: K/V rows unmasked (the kernel's ``PAGE_PRECHECK``; e4m3 tiles with keys as the MMA rows always do): a
 #: split holding an entry outside [0, num_pages) attends to no key and reports ``ERR_BLOCK_TABLE``, where
-#: the per-key check drops only that entry's keys. Off by default (``bench/decode.py
-#: --paged-precheck`` times it beside the per-key check).
+#: the per-key check drops only that entry's keys. Off: on the H200 it was not faster everywhere than the
+#: per-key check (``bench/decode.py --paged-precheck``, BENCHMARKS.md's decode section).
 PAGE_PRECHECK = False
 
 
