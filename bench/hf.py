@@ -108,9 +108,41 @@ def reps_for(ms_once: float, budget_ms: float, lo: int = 3, hi: int = 50) -> int
     return max(lo, min(hi, int(budget_ms / max(ms_once, 1e-3))))
 
 
+#: the float32 reference's attention: queries in chunks of this many rows (its scores [B, H, REF_CHUNK, Nk])
+REF_CHUNK = 1024
+REF_NAME = "float32-chunked"
+
+
+def reference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The float32 reference model's attention: causal softmax(Q K^T scale) V in the model's dtype, K/V
+    repeated over the group, the queries in chunks of REF_CHUNK rows (the prompts have no padding: queries
+    are the last Nq of the Nk positions). SDPA's float32 path with GQA materialises [B, H, N, N] (128 GiB at
+    32k); this holds one chunk's scores."""
+    b, h, nq, d = query.shape
+    g = h // key.shape[1]
+    k, v = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
+    nk = k.shape[2]
+    scale = d ** -0.5 if scaling is None else scaling
+    out = torch.empty_like(query)
+    keys = torch.arange(nk, device=query.device)
+    for s in range(0, nq, REF_CHUNK):
+        q = query[:, :, s:s + REF_CHUNK]
+        scores = (q @ k.transpose(-1, -2)) * scale
+        rows = torch.arange(s, s + q.shape[2], device=query.device) + (nk - nq)  # absolute query positions
+        scores.masked_fill_(keys[None, :] > rows[:, None], float("-inf"))
+        out[:, :, s:s + REF_CHUNK] = scores.softmax(-1) @ v
+        del scores
+    return out.transpose(1, 2).contiguous(), None
+
+
 def build(cfg_kw, dev, name):
-    """The bf16 models with "sdpa" and ``name`` (the same weights) and a float32 copy (the reference)."""
+    """The bf16 models with "sdpa" and ``name`` (the same weights) and a float32 copy (the reference, its
+    attention `reference_attention`)."""
     import transformers
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    AttentionInterface.register(REF_NAME, reference_attention)
+    AttentionMaskInterface.register(REF_NAME, lambda *args, **kwargs: None)  # causal in the function
 
     cfg = transformers.LlamaConfig(**cfg_kw, head_dim=64, max_position_embeddings=65536,
                                    tie_word_embeddings=False,
@@ -122,13 +154,13 @@ def build(cfg_kw, dev, name):
                                                              dtype=torch.bfloat16).eval()
         ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=name,
                                                              dtype=torch.bfloat16).eval()
-        ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa",
+        ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=REF_NAME,
                                                             dtype=torch.float32).eval()
     sdpa, ours, ref = (m.to(dev) for m in (sdpa, ours, ref))  # where a version ignored the device context
     state = sdpa.state_dict()
     ours.load_state_dict(state)
     ref.load_state_dict(state)  # bf16 weights upcast: both bf16 models approximate this one
-    assert [m.config._attn_implementation for m in (sdpa, ours, ref)] == ["sdpa", name, "sdpa"]
+    assert [m.config._attn_implementation for m in (sdpa, ours, ref)] == ["sdpa", name, REF_NAME]
     return [sdpa, ours, ref]
 
 
