@@ -1397,3 +1397,27 @@ def test_ordinary_scales_keep_the_scaled_running_max_and_the_split_heuristic():
     with pytest.raises(InputError, match=r"num_splits: expected 1 or None with scale above 6931 \(raw-score "
                                          r"softmax, one split\), got 4"):
         flash_decode(q, k, v, num_splits=4, scale=1e37)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_gpu_decode_under_compiled_cuda_graphs_keeps_nothing_in_the_graph_pool(monkeypatch):
+    # torch.compile's CUDA graphs warm the compiled code up with this thread's allocations routed to the
+    # graph's pool, and refuse a pool that holds tensors it does not own: the plan a first call makes (its
+    # split buffers) and the error word are kept past the call, so they are allocated outside the pool
+    # (`_common.kept_allocation`); without that the second call raised "not tracked as outputs"
+    monkeypatch.setattr(_common, "_DEVICE_ERROR_FLAGS", {})  # the first decode call in this process
+    decode.clear_plan_cache()
+    B, Hq, Hkv, L, d = 2, 32, 8, 3000, 128
+    _, k, v = make_inputs(B, Hq, Hkv, L, d, torch.bfloat16, seed=5)
+    k, v = k.to(DEVICE), v.to(DEVICE)
+    lens = torch.tensor([L, 1777], dtype=torch.int32, device=DEVICE)
+    step = torch.compile(lambda q: attnscope.flash_decode(q, k, v, cache_seqlens=lens, return_lse=True),
+                         mode="reduce-overhead", fullgraph=True)
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(4):  # warm-up, recording, replays
+        q = torch.randn(B, Hq, 1, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+        o, lse = (t.clone() for t in step(q))
+        check_chunk(o, lse, q, k.cpu(), v.cpu(), lens.cpu())
+    assert decode.plan_cache_info().currsize >= 1  # the warm-up's plan, kept
+    attnscope.check_errors()

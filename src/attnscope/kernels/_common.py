@@ -180,6 +180,33 @@ _DEVICE_ERROR_FLAGS: dict = {}
 _FLAGS_LOCK = threading.Lock()
 
 
+def kept_allocation(torch, device, make):
+    """``make()`` for tensors a cache keeps past the call (a plan's buffers, an error word), allocated outside
+    any CUDA-graph memory pool: torch.compile's CUDA graphs (``mode="reduce-overhead"``, transformers' static
+    cache) run a warm-up of the compiled code with the calling thread's allocations routed to the graph's
+    private pool, and refuse a pool holding tensors that are not the graph's outputs ("tensor(s) in the
+    cudagraph pool not tracked as outputs"). The routing is per thread, so on a CUDA device ``make`` runs in a
+    short-lived thread on the caller's current stream (its allocations and fills ordered before the caller's
+    later work, no sync). Inside stream capture and on a CPU it runs here, as before."""
+    if torch.device(device).type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    stream = torch.cuda.current_stream(device)
+    box: list = []
+
+    def run():
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                box.append(make())
+        except BaseException as exc:  # re-raised in the caller's thread
+            box.append(exc)
+    worker = threading.Thread(target=run, name="attnscope-kept-allocation")
+    worker.start()
+    worker.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
 def device_error_flag(torch, device, owner: str):
     """The int32 [1] error word of ``owner`` (e.g. ``"varlen"``) on ``device``, zero until a launcher's
     device-side check ORs a bit into it (no host sync); `raise_device_errors` reads and clears it."""
@@ -187,7 +214,10 @@ def device_error_flag(torch, device, owner: str):
     flag = _DEVICE_ERROR_FLAGS.get(key)
     if flag is None:
         with _FLAGS_LOCK:  # two threads' first calls must share one word
-            flag = _DEVICE_ERROR_FLAGS.setdefault(key, torch.zeros(1, dtype=torch.int32, device=device))
+            flag = _DEVICE_ERROR_FLAGS.get(key)
+            if flag is None:
+                flag = _DEVICE_ERROR_FLAGS[key] = kept_allocation(
+                    torch, device, lambda: torch.zeros(1, dtype=torch.int32, device=device))
     return flag
 
 

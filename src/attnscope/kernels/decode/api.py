@@ -6,7 +6,7 @@ import collections
 import threading
 from typing import NamedTuple
 
-from attnscope.kernels._common import check_flags, import_torch_triton
+from attnscope.kernels._common import check_flags, import_torch_triton, kept_allocation
 from attnscope.kernels.decode.checks import (
     _check_block_table_values,
     _check_inputs,
@@ -140,9 +140,11 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                           **options)
         return plan._launch(tensors)
     rule = _SplitRule.of(q.device, facts, num_splits, scale, longest)
-    plan = _PLAN_CACHE.plan(key, facts, rule, lambda splits: DecodePlan(
-        *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
-        **{**options, "num_splits": splits}), default=not check_seqlens, length=grown and grown[6])
+    def make(splits):  # a kept plan's buffers outside any CUDA-graph pool (`kept_allocation`)
+        return kept_allocation(torch, q.device, lambda: DecodePlan(
+            *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
+            **{**options, "num_splits": splits}))
+    plan = _PLAN_CACHE.plan(key, facts, rule, make, default=not check_seqlens, length=grown and grown[6])
     return plan._launch(tensors, grown=grown)
 
 
