@@ -255,20 +255,69 @@ def test_padded_path_reads_nothing_back(monkeypatch):
 
 
 def test_static_cache_mask_is_filled_without_padding():
-    """`padding_mask` gives a static cache's all-ones mask (shorter than the cache) in the stride-0 form that
-    `attention_forward` reads as "no padding" (the dense kernels on a view); a mask with padding stays."""
+    """`padding_mask` gives a static cache's all-ones mask (shorter than the cache) in a form that
+    `attention_forward` reads as "no padding": stride 0 (`filled`: the dense kernels on a view) for a chunk of
+    queries, the lengths on the device (`lengths`) for a decode step; a mask with padding stays."""
     ones = torch.ones(2, 6, dtype=torch.bool, device=DEVICE)
-    got = hf.padding_mask(2, 1, 10, 5, 0, attention_mask=ones, device=DEVICE)
+    got = hf.padding_mask(2, 3, 10, 3, 0, attention_mask=ones, device=DEVICE)
     assert got.shape == (2, 6) and got.stride() == (0, 0) and bool(got.all())
+    step = hf.padding_mask(2, 1, 10, 5, 0, attention_mask=ones, device=DEVICE)
+    assert step.dtype == torch.int32 and step.shape == (2, 1, 1, 1) and step.flatten().tolist() == [6, 6]
     pad = ones.clone()
     pad[1, 0] = False
-    assert torch.equal(hf.padding_mask(2, 1, 10, 5, 0, attention_mask=pad, device=DEVICE), pad)
-    assert hf.padding_mask(2, 1, 10, torch.tensor(5), 0, device=DEVICE).stride() == (0, 0)  # no mask given
+    for n_q in (1, 3):
+        assert torch.equal(hf.padding_mask(2, n_q, 10, 6 - n_q, 0, attention_mask=pad, device=DEVICE), pad)
+    # no mask given, the offset on the device (a static cache): no read for a decode step
+    assert hf.padding_mask(2, 3, 10, torch.tensor(3), 0, device=DEVICE).stride() == (0, 0)
+    assert hf.padding_mask(2, 1, 10, torch.tensor(5), 0, device=DEVICE).flatten().tolist() == [6, 6]
     assert hf.padding_mask(2, 1, 6, 5, 0, attention_mask=ones, device=DEVICE) is None  # every slot filled
-    q, k, v = _qkv(2, 4, 2, 1, 10)
+    q, k, v = _qkv(2, 4, 2, 3, 10)
     o, _ = hf.attention_forward(_Attn(), q, k, v, got)
     o_ref, _ = hf.attention_forward(_Attn(), q, k[:, :, :6], v[:, :, :6], None)
     assert torch.equal(o, o_ref)
+    o, _ = hf.attention_forward(_Attn(), q[:, :, :1], k, v, step)
+    o_ref, _ = hf.attention_forward(_Attn(), q[:, :, :1], k[:, :, :6], v[:, :, :6], None)
+    assert torch.equal(o, o_ref)
+
+
+def test_lengths_mask_is_per_row_and_refused_off_a_decode_step():
+    """A `lengths` mask attends row b over keys [0, lens[b]) (each row as its own dense call); with more than
+    one query, or another batch size, it is refused in one line."""
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    o, _ = hf.attention_forward(_Attn(), q, k, v, hf.lengths(torch.tensor([4, 9], device=DEVICE)))
+    for b, n in enumerate((4, 9)):
+        want, _ = hf.attention_forward(_Attn(), q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], None)
+        torch.testing.assert_close(o[b:b + 1], want, atol=0, rtol=0)
+    with pytest.raises(InputError, match="attention_mask: a cache-lengths mask"):
+        hf.attention_forward(_Attn(), q, k, v, hf.lengths(torch.tensor([4], device=DEVICE)))
+    q3, _, _ = _qkv(2, 4, 2, 3, 10)
+    with pytest.raises(InputError, match="Nq = 3"):
+        hf.attention_forward(_Attn(), q3, k, v, hf.lengths(torch.tensor([4, 9], device=DEVICE)))
+
+
+def test_compiled_static_decode_step_compiles_once_as_the_cache_fills():
+    """A static cache's decode step under torch.compile: the mask (`padding_mask` with the offset on the
+    device, as transformers' static layer gives it) and the attention trace into one graph, without a
+    graph break, and the next steps (one key more each) run it again: no recompile, the eager bits."""
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(q, k, v, offset):
+        mask = hf.padding_mask(2, 1, 10, offset, 0, device=DEVICE)
+        return hf.attention_forward(_Attn(), q, k, v, mask)[0]
+
+    torch.compiler.reset()
+    f = torch.compile(step, backend=count, fullgraph=True, dynamic=False)
+    for n in (5, 6, 7, 9):
+        offset = torch.tensor(n - 1)
+        assert torch.equal(f(q, k, v, offset), step(q, k, v, offset))
+        want, _ = hf.attention_forward(_Attn(), q, k[:, :, :n], v[:, :, :n], None)
+        assert torch.equal(f(q, k, v, offset), want)
+    assert len(graphs) == 1
 
 
 def test_static_cache_decode_fills_the_lengths_once_per_mask(monkeypatch):
@@ -282,8 +331,7 @@ def test_static_cache_decode_fills_the_lengths_once_per_mask(monkeypatch):
                         lambda q, k, v, lens, *a: lengths.append(lens) or real(q, k, v, lens, *a))
     q, k, v = _qkv(2, 4, 2, 1, 10)
     for n in (6, 7):
-        ones = torch.ones(2, n, dtype=torch.bool, device=DEVICE)  # a static cache's mask: n of 10 slots
-        mask = hf.padding_mask(2, 1, 10, n - 1, 0, attention_mask=ones, device=DEVICE)
+        mask = hf.filled(2, n, DEVICE)  # a static cache's mask: n of 10 slots
         lengths.clear()
         outs = [hf.attention_forward(_Attn(), q, k, v, mask)[0] for _ in range(3)]  # three layers
         assert len(lengths) == 3 and all(t is lengths[0] for t in lengths) and lengths[0].tolist() == [n, n]

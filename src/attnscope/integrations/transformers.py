@@ -14,7 +14,9 @@ Then:
   marks such a mask by its form, stride 0 (`filled`), so the attention call needs no host read to know it;
   eagerly it finds one by one host read of a static cache's mask per mask built (as transformers' own flash
   mask does for a dynamic cache's), under ``torch.compile`` it reads nothing and the mask takes the padded
-  path;
+  path. A decode step's such mask is `lengths` instead: int32 [B, 1, 1, 1], the filled lengths on the
+  device (`flash_decode`'s ``cache_seqlens``), a shape that stays the same as the cache fills, so
+  transformers' compiled decode step (a static cache under ``torch.compile``) is traced and recorded once;
 - a padding mask: the tokens are permuted on the device into a packed batch, the real ones first in
   order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
   sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
@@ -26,9 +28,10 @@ Then:
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
 ``scale=``, ``window=``, ``softcap=`` and ``sinks=`` keywords. Dropout during training, attention weights
-(``output_attentions``), 4-D custom masks, a mask pattern the padding form cannot hold (packed sequences
-that transformers finds in ``position_ids``, a model's extra mask function: refused by `padding_mask`), and a
-sliding window over a padding mask with holes raise NotImplementedError; nothing is ignored.
+(``output_attentions``), 4-D custom masks (other than `lengths`), a mask pattern the padding form cannot
+hold (packed sequences that transformers finds in ``position_ids``, a model's extra mask function: refused by
+`padding_mask`), and a sliding window over a padding mask with holes raise NotImplementedError; nothing is
+ignored.
 
 Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
 a padding mask (the holes check: one read per mask tensor). `padding_mask` reads one (per mask built) where
@@ -92,15 +95,28 @@ def _is_filled(mask: Tensor) -> bool:
     return mask.dtype == torch.bool and mask.stride() == (0, 0)
 
 
+def lengths(lens: Tensor) -> Tensor:
+    """The mask form of a decode step over a cache filled to lengths held on the device: ``lens`` (int [B])
+    as int32 [B, 1, 1, 1], row b's keys [0, lens[b]) filled, no padding, one query each. Its shape does not
+    change as the cache fills, so a compiled decode step (a static cache under ``torch.compile``) records
+    one graph, not one per length; transformers passes a 4-D mask to the attention function as it is."""
+    return lens.to(torch.int32).reshape(-1, 1, 1, 1).contiguous()
+
+
+def _is_lengths(mask: Tensor) -> bool:
+    return mask.dim() == 4 and mask.dtype == torch.int32 and tuple(mask.shape[1:]) == (1, 1, 1)
+
+
 def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                  attention_mask: Tensor | None = None, device=None, allow_is_causal_skip: bool = True,
                  **kwargs) -> Tensor | None:
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
-    padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`
-    (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without
-    a mask, the filled slots of a cache with unfilled ones as `filled` (a host read where the cache keeps
-    its offset on the device). transformers may pass what this returns back in as ``attention_mask``.
+    padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`, or for a
+    decode step `lengths` (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays
+    as it is). Without a mask, the filled slots of a cache with unfilled ones: for a decode step where the
+    cache keeps its offset on the device (a static cache), `lengths` computed there (no read); otherwise
+    `filled` (one read of the offset). transformers may pass what this returns back in as ``attention_mask``.
 
     transformers clears ``allow_is_causal_skip`` for more than one query exactly when its mask holds more than
     causality, a sliding window and padding (packed sequences it found in ``position_ids``, a model's ``and``
@@ -113,10 +129,15 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
                                 attention_mask=attention_mask, device=device, **kwargs)
     if mask is not None:
         if mask.shape[1] < kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
+            if q_length == 1:
+                return lengths(torch.full((batch_size,), mask.shape[1], dtype=torch.int32, device=mask.device))
             mask = filled(batch_size, mask.shape[1], mask.device)
         return mask
     if attention_mask is not None:  # transformers found it all ones over all kv_length slots
         return None
+    if q_length == 1 and isinstance(q_offset, torch.Tensor):  # a static cache's decode step: no read
+        n = (q_offset.reshape(-1)[:1] - kv_offset + 1).clamp(max=kv_length)
+        return lengths(n.to(device=device).expand(batch_size))
     n = int(q_offset - kv_offset) + q_length  # positions written once this step's keys are in (one read)
     return filled(batch_size, n, device) if n < kv_length else None
 
@@ -162,7 +183,7 @@ def _refuse(dropout, attention_mask, kwargs) -> None:
         raise NotImplementedError("output_attentions: attnscope never materialises the attention weights "
                                   "(supported: output_attentions=False)")
     mask = attention_mask
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+    if mask is not None and (not isinstance(mask, torch.Tensor) or (mask.dim() != 2 and not _is_lengths(mask))):
         got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
         raise NotImplementedError(f"attention_mask: supported: None or a 2-D padding mask [B, kv_len] "
                                   f"(transformers' flash-attention mask form), got {got}")
@@ -194,6 +215,12 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     _refuse(dropout, attention_mask, kwargs)
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     mods = _mods(module, query, sliding_window, softcap, s_aux, causal)
+    if attention_mask is not None and _is_lengths(attention_mask):
+        B, Nq = query.shape[0], query.shape[2]
+        if attention_mask.shape[0] != B or Nq != 1:
+            raise InputError(f"attention_mask: a cache-lengths mask is for one query per sequence, [B = {B}, "
+                             f"1, 1, 1]; got {tuple(attention_mask.shape)} with Nq = {Nq}")
+        return _decode(query, key, value, attention_mask.view(B), scaling, mods), None
     if attention_mask is not None:
         return _padded(query, key, value, attention_mask, causal, scaling, mods), None
     if causal and query.shape[2] == 1:  # a decode step: split-KV over the whole cache
