@@ -130,7 +130,8 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     if mask is not None:
         if mask.shape[1] < kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
             if q_length == 1:
-                return lengths(torch.full((batch_size,), mask.shape[1], dtype=torch.int32, device=mask.device))
+                n = mask.shape[1]
+                return lengths(torch.full((batch_size,), n, dtype=torch.int32, device=mask.device))
             mask = filled(batch_size, mask.shape[1], mask.device)
         return mask
     if attention_mask is not None:  # transformers found it all ones over all kv_length slots
@@ -183,7 +184,7 @@ def _refuse(dropout, attention_mask, kwargs) -> None:
         raise NotImplementedError("output_attentions: attnscope never materialises the attention weights "
                                   "(supported: output_attentions=False)")
     mask = attention_mask
-    if mask is not None and (not isinstance(mask, torch.Tensor) or (mask.dim() != 2 and not _is_lengths(mask))):
+    if mask is not None and not (isinstance(mask, torch.Tensor) and (mask.dim() == 2 or _is_lengths(mask))):
         got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
         raise NotImplementedError(f"attention_mask: supported: None or a 2-D padding mask [B, kv_len] "
                                   f"(transformers' flash-attention mask form), got {got}")
