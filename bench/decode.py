@@ -37,7 +37,8 @@ summary checks issue 37's musts. About 3 min full, 40 s ``--quick`` on one H200 
 ``window=(W, 0)``, W in {4k, 8k}, and without one, at B in {1, 16, 64}, Hq/Hkv 32/8, L in {32k, 128k}; each
 checked first (PASS/FAIL, float64 over the keys the query sees), then eager and graph replay of
 ``plan.run``: µs, TB/s over the ledger's bytes (the K/V blocks the kernel loads), the fraction of the read
-ceiling (`measure.bench.read_ceiling`, same run) and the time and bytes against the call without a window.
+ceiling (`measure.bench.read_ceiling`, same run) and the time and bytes against the call without a window;
+beside each windowed call a plain read of its bytes timed alike (a sum: the fixed costs of a read that size).
 """
 
 # ruff: noqa: B023 - every timed closure is called (do_bench) inside the iteration that defines it
@@ -744,6 +745,10 @@ def window_sweep(rep, json_path=None):
             line = f"  {name:12s} {nbytes / 2**20:9.1f} MiB"
             for m in t:
                 line += f" | {m} {t[m]:8.1f} us {tbs[m]:5.2f} TB/s {tbs[m] / ceiling:5.3f} of ceiling"
+            if W is not None:  # a plain read of the same bytes, timed alike: its fixed costs at this size
+                c["same_size_read_tbs"] = same = read_ceiling(torch, nbytes=nbytes)
+                c["of_same_size_read"] = {m: x / same for m, x in tbs.items()}
+                line += f" | a read this size {same:4.2f} TB/s, graph / it {tbs['graph'] / same:5.3f}"
             full = row["calls"].get("no window", {})
             if W is not None and "us" in full:
                 c["vs_no_window"] = {"bytes": nbytes / full["bytes"],
@@ -761,7 +766,8 @@ def window_sweep(rep, json_path=None):
     for r, n, c in met:
         if c["of_ceiling"]["graph"] < WINDOW_TARGET:
             print(f"  below: B {r['B']} L {r['L']} {n}: graph {c['of_ceiling']['graph']:.3f}, eager "
-                  f"{c['of_ceiling']['eager']:.3f} of the ceiling", flush=True)
+                  f"{c['of_ceiling']['eager']:.3f} of the ceiling; a plain read of its "
+                  f"{c['bytes'] / 2**20:.0f} MiB: {c['same_size_read_tbs'] / ceiling:.3f} of it", flush=True)
     if json_path:
         write_rows(json_path, rows, sweep="window", read_ceiling_tbs=ceiling)
     return fails

@@ -155,9 +155,11 @@ def prefill_sweep(torch, ns, ds, tokens, heads, naive=True, dtypes=None, log=pri
     return results
 
 
-def read_ceiling(torch, gib=4):
-    """A read-only streaming ceiling: sum of a large bf16 tensor (bytes read / time), TB/s."""
-    x = torch.randn(gib * 2**30 // 2, device="cuda", dtype=torch.bfloat16)
+def read_ceiling(torch, gib=4, nbytes=None):
+    """A read-only streaming ceiling: sum of a large bf16 tensor (bytes read / time), TB/s. ``nbytes``: of a
+    tensor of that many bytes instead of ``gib`` GiB (a read of a given size, its fixed costs included)."""
+    size = gib * 2**30 if nbytes is None else int(nbytes)
+    x = torch.randn(size // 2, device="cuda", dtype=torch.bfloat16)
     return x.numel() * 2 / _median_ms(lambda: x.sum(dtype=torch.float32)) / 1e9
 
 
