@@ -116,7 +116,8 @@ def test_prefill_logits_match_reference(models, padded, calls):
 #: (padded, cache) each model generates with: the decode paths (flash_decode unpadded, varlen padded) and a
 #: static cache (transformers passes all its slots; the mask says which are filled)
 GENERATE = {"llama": ((False, "dynamic"), (True, "dynamic"), (False, "static"), (True, "static")),
-            "mistral": ((True, "dynamic"), (False, "static")), "gpt_oss": ((False, "dynamic"), (False, "static"))}
+            "mistral": ((True, "dynamic"), (False, "static")),
+            "gpt_oss": ((False, "dynamic"), (False, "static"))}
 
 
 def test_greedy_generate_same_tokens(models, calls):
@@ -153,7 +154,7 @@ def test_greedy_generate_same_tokens(models, calls):
             # layers of two kinds: transformers builds a dict of masks once per step and makes each
             # contiguous, which turns a full layer's `filled` mask into an all-ones padding mask (the packed
             # path: the same keys); a decode step's `lengths` is contiguous already
-            prefill = [c if c == "flash_attention_varlen" else p for c, p in zip(calls[:layers], prefill)]
+            prefill = [c if c == "flash_attention_varlen" else p for c, p in zip(calls[:layers], prefill, strict=True)]
         assert calls[:layers] == prefill
         if not padded:  # a decode step without padding: split-KV decode over the whole cache
             assert calls[layers:] == ["flash_decode"] * (NEW - 1) * layers
