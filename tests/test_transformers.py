@@ -154,7 +154,8 @@ def test_greedy_generate_same_tokens(models, calls):
             # layers of two kinds: transformers builds a dict of masks once per step and makes each
             # contiguous, which turns a full layer's `filled` mask into an all-ones padding mask (the packed
             # path: the same keys); a decode step's `lengths` is contiguous already
-            prefill = [c if c == "flash_attention_varlen" else p for c, p in zip(calls[:layers], prefill, strict=True)]
+            prefill = [c if c == "flash_attention_varlen" else p
+                       for c, p in zip(calls[:layers], prefill, strict=True)]
         assert calls[:layers] == prefill
         if not padded:  # a decode step without padding: split-KV decode over the whole cache
             assert calls[layers:] == ["flash_decode"] * (NEW - 1) * layers
