@@ -116,8 +116,33 @@ def test_prefill_logits_match_reference(models, padded, calls):
 #: (padded, cache) each model generates with: the decode paths (flash_decode unpadded, varlen padded) and a
 #: static cache (transformers passes all its slots; the mask says which are filled)
 GENERATE = {"llama": ((False, "dynamic"), (True, "dynamic"), (False, "static"), (True, "static")),
-            "mistral": ((True, "dynamic"), (False, "static")),
-            "gpt_oss": ((False, "dynamic"), (False, "static"))}
+            "mistral": ((True, "dynamic"), (False, "static"), (True, "static")),
+            "gpt_oss": ((False, "dynamic"), (False, "static"), (True, "static"))}
+
+
+def _assert_same_tokens(m64, ref, ours, padded, cache, before_ours=lambda: None):
+    """``ours.generate`` gives the greedy tokens of ``ref.generate`` (8 new, a batch of 2), up to a tie at
+    bf16 precision (`test_greedy_generate_same_tokens`); ``before_ours`` runs between the two generations."""
+    ids, mask = _batch(padded)
+    kw = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+              cache_implementation=cache)
+    with torch.no_grad():
+        real = mask.bool()
+        tol = checks.kernel_tolerance((ref(ids, attention_mask=mask).logits.double()
+                                       - m64(ids, attention_mask=mask).logits)[real].abs().max().item())
+        want = ref.generate(ids, output_logits=True, return_dict_in_generate=True, **kw)
+        before_ours()
+        got = ours.generate(ids, **kw)[:, SEQ:]
+    assert got.shape == (2, NEW)
+    for row in range(2):
+        differ = (got[row] != want.sequences[row, SEQ:]).nonzero()
+        if len(differ):
+            t = int(differ[0])
+            a, b = int(want.sequences[row, SEQ + t]), int(got[row, t])
+            gap = (want.logits[t][row, a] - want.logits[t][row, b]).item()
+            assert gap <= tol, (f"padded={padded}, {cache} cache, row {row}, token {t}: attnscope chose "
+                                f"{b}, the reference {a} by a logit margin {gap:.3g} > {tol:.3g}: "
+                                f"{got.tolist()} vs {want.sequences[:, SEQ:].tolist()}")
 
 
 def test_greedy_generate_same_tokens(models, calls):
@@ -127,26 +152,7 @@ def test_greedy_generate_same_tokens(models, calls):
     attention diverges at a step with a clear winner."""
     name, (m64, ref, ours) = models
     for padded, cache in GENERATE[name]:
-        ids, mask = _batch(padded)
-        kw = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                  cache_implementation=cache)
-        with torch.no_grad():
-            real = mask.bool()
-            tol = checks.kernel_tolerance((ref(ids, attention_mask=mask).logits.double()
-                                           - m64(ids, attention_mask=mask).logits)[real].abs().max().item())
-            want = ref.generate(ids, output_logits=True, return_dict_in_generate=True, **kw)
-            calls.clear()
-            got = ours.generate(ids, **kw)[:, SEQ:]
-        assert got.shape == (2, NEW)
-        for row in range(2):
-            differ = (got[row] != want.sequences[row, SEQ:]).nonzero()
-            if len(differ):
-                t = int(differ[0])
-                a, b = int(want.sequences[row, SEQ + t]), int(got[row, t])
-                gap = (want.logits[t][row, a] - want.logits[t][row, b]).item()
-                assert gap <= tol, (f"padded={padded}, {cache} cache, row {row}, token {t}: attnscope chose "
-                                    f"{b}, the reference {a} by a logit margin {gap:.3g} > {tol:.3g}: "
-                                    f"{got.tolist()} vs {want.sequences[:, SEQ:].tolist()}")
+        _assert_same_tokens(m64, ref, ours, padded, cache, calls.clear)
         layers = ours.config.num_hidden_layers
         assert len(calls) == NEW * layers  # every layer of the prefill and of each decode step
         prefill = ["flash_attention_varlen" if padded else "flash_attention"] * layers
@@ -159,6 +165,19 @@ def test_greedy_generate_same_tokens(models, calls):
         assert calls[:layers] == prefill
         if not padded:  # a decode step without padding: split-KV decode over the whole cache
             assert calls[layers:] == ["flash_decode"] * (NEW - 1) * layers
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_static_cache_generate_same_tokens(models):
+    """On CUDA transformers compiles a static cache's decode step (torch.compile, CUDA graphs): the compiled
+    step gives the reference's tokens (unpadded and left-padded), for each model kind (full attention, sliding
+    window, sinks with layers of two kinds)."""
+    if DEVICE != "cuda":
+        pytest.skip("needs a CUDA GPU")
+    name, (m64, ref, ours) = models
+    for padded in (False, True):
+        _assert_same_tokens(m64, ref, ours, padded, "static")
+    assert getattr(ours, "_compiled_call", None) is not None  # the decode steps ran compiled
 
 
 # --- the attention function called directly --------------------------------------------------------
