@@ -1421,3 +1421,24 @@ def test_gpu_decode_under_compiled_cuda_graphs_keeps_nothing_in_the_graph_pool(m
         check_chunk(o, lse, q, k.cpu(), v.cpu(), lens.cpu())
     assert decode.plan_cache_info().size >= 1  # the warm-up's plan, kept
     attnscope.check_errors()
+
+
+def test_plan_cache_keeps_no_tensor_of_a_call():
+    """`flash_decode` keeps a layout's plans and facts past the call, but no tensor the call was given (q,
+    the cache, the lengths, the sinks): each is freed when the caller drops it. (A kept sinks tensor that
+    torch.compile's CUDA-graph warm-up allocated sits in the graph's pool, which then refuses to record.)"""
+    import gc
+    import weakref
+
+    decode.clear_plan_cache()
+    B, Hq, Hkv, L, d = 2, 4, 2, 40, 64
+    q, k, v = (t.to(DEVICE) for t in make_inputs(B, Hq, Hkv, L, d, torch.bfloat16, seed=7))
+    lens = torch.tensor([L, 17], dtype=torch.int32, device=DEVICE)
+    sinks = torch.randn(Hq, device=DEVICE)
+    refs = [weakref.ref(t) for t in (q, k, v, lens, sinks)]
+    for _ in range(2):  # the plan built, then the cached plan's launch
+        attnscope.flash_decode(q, k, v, cache_seqlens=lens, sinks=sinks, window=(16, 0))
+    assert decode.plan_cache_info().size >= 1
+    del q, k, v, lens, sinks
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * 5

@@ -727,3 +727,22 @@ def test_gpu_tensors_on_another_device_than_the_current_one():
             runs.append((o, *grads, dec))
     for a, b in zip(*runs, strict=True):
         assert a.device == b.device == torch.device("cuda:1") and torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_forward_under_compiled_cuda_graphs_keeps_nothing_in_the_graph_pool():
+    """torch.compile's CUDA graphs (mode "reduce-overhead") warm the compiled code up with this thread's
+    allocations routed to the graph's pool and refuse a pool holding tensors it does not own: the plan a
+    first call makes (its placeholder LSE) is kept past the call, so it is allocated outside the pool."""
+    if DEVICE != "cuda":
+        pytest.skip("needs a CUDA GPU")
+    fwd.clear_plan_cache()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 8, 300, 64, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(3))
+    sinks = torch.randn(8, generator=g).to(DEVICE)
+    step = torch.compile(lambda q: attnscope.flash_attention(q, k, v, causal=True, sinks=sinks),
+                         mode="reduce-overhead", fullgraph=True)
+    want = attnscope.flash_attention(q, k, v, causal=True, sinks=sinks)
+    fwd.clear_plan_cache()  # the compiled call's warm-up makes the plan
+    for _ in range(4):  # warm-up, recording, replays
+        torch.testing.assert_close(step(q).clone(), want, atol=0, rtol=0)

@@ -54,6 +54,7 @@ from attnscope.kernels._common import (
     hopper_unavailable,
     import_torch_triton,
     interpreting,
+    kept_allocation,
     on_tensor_device,
 )
 from attnscope.model import dispatch
@@ -438,8 +439,11 @@ def _launch(q, k, v, causal, scale, return_lse, config, impl, window, softcap, s
     except TypeError:  # an unhashable option: the checks name it
         key = plan = None
     if plan is None:
-        plan = (_plan_bnhd if bnhd else _plan)(q, k, v, causal, scale, return_lse, config, impl, window,
-                                               softcap, sinks)
+        def build():
+            return (_plan_bnhd if bnhd else _plan)(q, k, v, causal, scale, return_lse, config, impl, window,
+                                                   softcap, sinks)
+        # a kept plan's placeholder LSE outside any CUDA-graph pool (`kept_allocation`)
+        plan = build() if key is None else kept_allocation(torch, q.device, build)
         if key is not None:
             with _PLANS_LOCK:
                 _PLANS[key] = plan

@@ -54,7 +54,9 @@ CACHE_DTYPES = "q's dtype (torch.float16 or torch.bfloat16) or torch.float8_e4m3
 
 
 class Facts(NamedTuple):
-    """What `_check_inputs` learns about a call: sizes, the page size (0: dense), the mods, fp8 scales."""
+    """What `_check_inputs` learns about a call: sizes, the page size (0: dense), the mods (their sinks left
+    out: `flash_decode` keeps a layout's facts with its plans, and a kept tensor of one call would outlive it,
+    e.g. in a CUDA-graph pool; each launch takes its call's sinks), fp8 scales."""
 
     B: int
     Hq: int
@@ -193,7 +195,7 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
         raise InputError(f"num_splits: expected 1 or None with scale above {RAW_SCORES_ABOVE / LOG2E:.4g} "
                          f"(raw-score softmax, one split), got {num_splits}")
     per_head = _check_scales(k_scale, v_scale, fp8, Hkv, q.device)
-    return Facts(B, Hq, Nq, d, Hkv, L_max, page_size, mods, fp8, per_head)
+    return Facts(B, Hq, Nq, d, Hkv, L_max, page_size, mods._replace(sinks=None), fp8, per_head)
 
 
 def _check_scale_values(k_scale, v_scale, scale, d) -> None:
