@@ -212,6 +212,67 @@ def test_module_sinks_without_s_aux():
         assert not torch.equal(want, plain)
 
 
+def test_key_mask_decode_step_is_exact():
+    """A 4-D bool mask [B, 1, 1, Nk] for one query per sequence (a padded batch's static-cache decode step):
+    each row's query attends to the keys it marks, whatever they are (left padding, unfilled slots, holes),
+    as SDPA with that mask; a row marking none gives 0. With a window: exact without holes (the window counts
+    back from the query, the last marked key), refused with them; a mask for more queries is refused."""
+    q, k, v = _qkv(3, 4, 2, 1, 10)
+    keys = torch.zeros(3, 10, dtype=torch.bool, device=DEVICE)
+    keys[0, 3:8] = True  # left padding 3, 2 slots unfilled
+    keys[1, [0, 2, 3, 5]] = True  # holes
+    keys[2, :10] = True
+    kr, vr = (t.repeat_interleave(2, 1).double() for t in (k, v))
+
+    def want(allowed, like):
+        o64 = torch.nn.functional.scaled_dot_product_attention(q.double(), kr, vr, allowed[:, None, None, :],
+                                                               scale=0.2).transpose(1, 2)
+        o16 = torch.nn.functional.scaled_dot_product_attention(q, *(t.to(q.dtype) for t in (kr, vr)),
+                                                               allowed[:, None, None, :], scale=0.2)
+        err = (like.double() - o64).abs().max().item()
+        assert err <= checks.kernel_tolerance((o16.transpose(1, 2).double() - o64).abs().max().item())
+
+    o, _ = hf.attention_forward(_Attn(), q, k, v, keys[:, None, None, :], scaling=0.2)
+    assert o.shape == (3, 1, 4, 64)
+    want(keys, o)
+    none = keys.clone()
+    none[1] = False
+    o, _ = hf.attention_forward(_Attn(), q, k, v, none[:, None, None, :], scaling=0.2)
+    assert not o[1].any()
+    no_holes = keys[[0, 2, 0]]
+    o, _ = hf.attention_forward(_Attn(), q, k, v, no_holes[:, None, None, :], scaling=0.2, sliding_window=3)
+    last = torch.tensor([7, 9, 7], device=DEVICE)[:, None]  # each query's position: its last marked key
+    pos = torch.arange(10, device=DEVICE)[None]
+    want(no_holes & (pos > last - 3), o)
+    with pytest.raises(NotImplementedError, match="sliding window over a padding mask with holes"):
+        hf.attention_forward(_Attn(), q, k, v, keys[:, None, None, :], sliding_window=3)
+    q2, _, _ = _qkv(3, 4, 2, 2, 10)
+    with pytest.raises(InputError, match="a 4-D mask is for one query per sequence"):
+        hf.attention_forward(_Attn(), q2, k, v, keys[:, None, None, :])
+
+
+def test_compiled_padded_static_decode_step_compiles_once():
+    """A padded batch's static-cache decode step: `padding_mask` gives the fixed-shape key mask [B, 1, 1,
+    kv_len] (the padding, then the slots not yet filled, unmarked), so the compiled step runs for each new
+    length without a recompile, with the eager call's bits."""
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compiler.reset()
+    f = torch.compile(lambda *a: hf.attention_forward(_Attn(), *a)[0], backend=count, fullgraph=True)
+    for n in (6, 7, 9):
+        pad = torch.ones(2, n, dtype=torch.bool, device=DEVICE)
+        pad[1, :2] = False  # left padding
+        mask = hf.padding_mask(2, 1, 10, n - 1, 0, attention_mask=pad, device=DEVICE)
+        assert mask.shape == (2, 1, 1, 10) and torch.equal(mask[:, 0, 0, :n], pad) and not mask[..., n:].any()
+        assert torch.equal(f(q, k, v, mask), hf.attention_forward(_Attn(), q, k, v, mask)[0])
+    assert len(graphs) == 1
+
+
 def test_padding_mask_with_holes_is_exact():
     """Any 2-D padding mask (here: holes between real tokens) gives the masked causal attention."""
     q, k, v = _qkv(2, 4, 2, 6, 10)
@@ -238,7 +299,7 @@ def test_refusals():
         hf.attention_forward(_Attn(), q, k, v, None, dropout=0.1)
     with pytest.raises(NotImplementedError, match="output_attentions"):
         hf.attention_forward(_Attn(), q, k, v, None, output_attentions=True)
-    with pytest.raises(NotImplementedError, match="attention_mask: supported: None or a 2-D padding mask"):
+    with pytest.raises(NotImplementedError, match="attention_mask: supported: None, a 2-D padding mask"):
         hf.attention_forward(_Attn(), q, k, v, torch.ones(1, 1, 4, 4, dtype=torch.bool))
     with pytest.raises(NotImplementedError, match="attention_mask: transformers asks for a mask beyond"):
         hf.padding_mask(1, 4, 4, attention_mask=None, device=DEVICE, allow_is_causal_skip=False)
@@ -284,7 +345,7 @@ def test_padded_path_reads_nothing_back(monkeypatch):
 def test_static_cache_mask_is_filled_without_padding():
     """`padding_mask` gives a static cache's all-ones mask (shorter than the cache) in a form that
     `attention_forward` reads as "no padding": stride 0 (`filled`: the dense kernels on a view) for a chunk of
-    queries, the lengths on the device (`lengths`) for a decode step; a mask with padding stays."""
+    queries, the lengths on the device (`lengths`) for a decode step; a chunk's mask with padding stays."""
     ones = torch.ones(2, 6, dtype=torch.bool, device=DEVICE)
     got = hf.padding_mask(2, 3, 10, 3, 0, attention_mask=ones, device=DEVICE)
     assert got.shape == (2, 6) and got.stride() == (0, 0) and bool(got.all())
@@ -292,8 +353,9 @@ def test_static_cache_mask_is_filled_without_padding():
     assert step.dtype == torch.int32 and step.shape == (2, 1, 1, 1) and step.flatten().tolist() == [6, 6]
     pad = ones.clone()
     pad[1, 0] = False
-    for n_q in (1, 3):
-        assert torch.equal(hf.padding_mask(2, n_q, 10, 6 - n_q, 0, attention_mask=pad, device=DEVICE), pad)
+    assert torch.equal(hf.padding_mask(2, 3, 10, 3, 0, attention_mask=pad, device=DEVICE), pad)
+    # a decode step: the keys it sees, over every slot (test_compiled_padded_static_decode_step_compiles_once)
+    assert hf.padding_mask(2, 1, 10, 5, 0, attention_mask=pad, device=DEVICE).shape == (2, 1, 1, 10)
     # no mask given, the offset on the device (a static cache): no read for a decode step
     assert hf.padding_mask(2, 3, 10, torch.tensor(3), 0, device=DEVICE).stride() == (0, 0)
     assert hf.padding_mask(2, 1, 10, torch.tensor(5), 0, device=DEVICE).flatten().tolist() == [6, 6]

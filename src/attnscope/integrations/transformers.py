@@ -24,6 +24,10 @@ Then:
   last ``Nq`` mask columns; the packing is built once per mask tensor (transformers passes one mask to
   every layer; a one-entry cache, `_packing`). No host read, except with a sliding window: one read per
   mask tensor refuses a mask with holes.
+- a 4-D bool mask [B, 1, 1, kv_len] with one query per sequence (SDPA's sense: the keys each query sees;
+  what `padding_mask` gives a padded batch's decode step over a static cache, a shape that stays the same as
+  the cache fills): each row's marked keys packed on the device, `flash_attention_varlen` (`_key_masked_step`;
+  it gathers the marked keys of every row each call).
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
@@ -107,14 +111,19 @@ def _is_lengths(mask: Tensor) -> bool:
     return mask.dim() == 4 and mask.dtype == torch.int32 and tuple(mask.shape[1:]) == (1, 1, 1)
 
 
+def _is_key_mask(mask: Tensor) -> bool:
+    """A 4-D bool mask [B, 1, 1, kv_len]: for one query per sequence, the keys it sees (True, as SDPA's)."""
+    return mask.dim() == 4 and mask.dtype == torch.bool and mask.shape[1] == 1 and mask.shape[2] == 1
+
+
 def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                  attention_mask: Tensor | None = None, device=None, allow_is_causal_skip: bool = True,
                  **kwargs) -> Tensor | None:
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
     padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`, or for a
-    decode step `lengths` (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays
-    as it is). Without a mask, the filled slots of a cache with unfilled ones: for a decode step where the
+    decode step `lengths`; with padding, a decode step's becomes the 4-D key mask [B, 1, 1, kv_length]
+    (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without a mask, the filled slots of a cache with unfilled ones: for a decode step where the
     cache keeps its offset on the device (a static cache), `lengths` computed there (no read); otherwise
     `filled` (one read of the offset). transformers may pass what this returns back in as ``attention_mask``.
 
@@ -128,11 +137,14 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                                 attention_mask=attention_mask, device=device, **kwargs)
     if mask is not None:
-        if mask.shape[1] < kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
-            if q_length == 1:
-                n = mask.shape[1]
-                return lengths(torch.full((batch_size,), n, dtype=torch.int32, device=mask.device))
-            mask = filled(batch_size, mask.shape[1], mask.device)
+        if mask.shape[1] < kv_length and not torch.compiler.is_compiling():
+            n = mask.shape[1]
+            if bool(mask.all()):
+                if q_length == 1:
+                    return lengths(torch.full((batch_size,), n, dtype=torch.int32, device=mask.device))
+                return filled(batch_size, n, mask.device)
+            if q_length == 1:  # padding: the keys each row's query sees, over every slot (a fixed shape)
+                return torch.nn.functional.pad(mask.to(torch.bool), (0, kv_length - n))[:, None, None, :]
         return mask
     if attention_mask is not None:  # transformers found it all ones over all kv_length slots
         return None
@@ -184,10 +196,12 @@ def _refuse(dropout, attention_mask, kwargs) -> None:
         raise NotImplementedError("output_attentions: attnscope never materialises the attention weights "
                                   "(supported: output_attentions=False)")
     mask = attention_mask
-    if mask is not None and not (isinstance(mask, torch.Tensor) and (mask.dim() == 2 or _is_lengths(mask))):
+    if mask is not None and not (isinstance(mask, torch.Tensor)
+                                 and (mask.dim() == 2 or _is_lengths(mask) or _is_key_mask(mask))):
         got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
-        raise NotImplementedError(f"attention_mask: supported: None or a 2-D padding mask [B, kv_len] "
-                                  f"(transformers' flash-attention mask form), got {got}")
+        raise NotImplementedError(f"attention_mask: supported: None, a 2-D padding mask [B, kv_len] "
+                                  f"(transformers' flash-attention mask form) or, for one query per "
+                                  f"sequence, a 4-D bool mask [B, 1, 1, kv_len], got {got}")
 
 
 def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -222,6 +236,8 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
             raise InputError(f"attention_mask: a cache-lengths mask is for one query per sequence, [B = {B}, "
                              f"1, 1, 1]; got {tuple(attention_mask.shape)} with Nq = {Nq}")
         return _decode(query, key, value, attention_mask.view(B), scaling, mods), None
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return _key_masked_step(query, key, value, attention_mask, scaling, mods), None
     if attention_mask is not None:
         return _padded(query, key, value, attention_mask, causal, scaling, mods), None
     if causal and query.shape[2] == 1:  # a decode step: split-KV over the whole cache
@@ -313,6 +329,31 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
     o = flash_attention_varlen(q, k, v, cu_q, cu_k, B * Nq, B * Nk, causal, scaling, **mods)
     out = o[dest_q].view(B, Nq, Hq, d)  # padded query rows attended the padding sequence: zeroed
     return torch.where(q_mask[:, :, None, None], out, out.new_zeros(()))
+
+
+def _key_masked_step(query, key, value, mask, scaling, mods) -> Tensor:
+    """One query per sequence attending to the keys a 4-D bool mask [B, 1, 1, Nk] marks (a padded batch's
+    decode step over a static cache: `padding_mask`): each row's marked keys packed in order on the device
+    (`_pack_order`: the unmarked ones as one more sequence), its query their last position (it sees them
+    all; a sliding window counts back over the marked keys, so a row whose marked keys have holes is
+    refused), `flash_attention_varlen`; a row with no marked key gives 0. No host read but the holes check
+    with a window."""
+    B, Hq, Nq, d = query.shape
+    Nk = key.shape[2]
+    if Nq != 1 or tuple(mask.shape) != (B, 1, 1, Nk):
+        raise InputError(f"attention_mask: a 4-D mask is for one query per sequence, [B = {B}, 1, 1, Nk = "
+                         f"{Nk}]; got {tuple(mask.shape)} with Nq = {Nq}")
+    keys = mask.view(B, Nk)
+    if "window" in mods and _has_holes(keys):
+        raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
+                                  "(padding between real tokens) is not supported; supported: left or right "
+                                  "padding")
+    cu_k, _, src_k = _pack_order(keys)
+    rows, cols = src_k // Nk, src_k % Nk
+    cu_q = torch.arange(B + 2, dtype=torch.int32, device=query.device).clamp_(max=B)  # row b: query b
+    o = flash_attention_varlen(query[:, :, 0], key[rows, :, cols], value[rows, :, cols], cu_q, cu_k, 1,
+                               B * Nk, True, scaling, **mods)
+    return o.view(B, 1, Hq, d)
 
 
 #: The cache lengths of the last `filled` mask (a weak reference to it, its shape and device) and the lengths:
