@@ -32,10 +32,10 @@ Then:
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
 ``scale=``, ``window=``, ``softcap=`` and ``sinks=`` keywords. Dropout during training, attention weights
-(``output_attentions``), 4-D custom masks (other than `lengths`), a mask pattern the padding form cannot
-hold (packed sequences that transformers finds in ``position_ids``, a model's extra mask function: refused by
-`padding_mask`), and a sliding window over a padding mask with holes raise NotImplementedError; nothing is
-ignored.
+(``output_attentions``), other 4-D masks (more than one query, not bool), a mask pattern the padding form
+cannot hold (packed sequences that transformers finds in ``position_ids``, a model's extra mask function:
+refused by `padding_mask`), and a sliding window over a padding mask with holes raise NotImplementedError;
+nothing is ignored.
 
 Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
 a padding mask (the holes check: one read per mask tensor). `padding_mask` reads one (per mask built) where
@@ -123,9 +123,10 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
     padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`, or for a
     decode step `lengths`; with padding, a decode step's becomes the 4-D key mask [B, 1, 1, kv_length]
-    (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without a mask, the filled slots of a cache with unfilled ones: for a decode step where the
-    cache keeps its offset on the device (a static cache), `lengths` computed there (no read); otherwise
-    `filled` (one read of the offset). transformers may pass what this returns back in as ``attention_mask``.
+    (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without a
+    mask, the filled slots of a cache with unfilled ones: for a decode step where the cache keeps its offset
+    on the device (a static cache), `lengths` computed there (no read); otherwise `filled` (one read of the
+    offset). transformers may pass what this returns back in as ``attention_mask``.
 
     transformers clears ``allow_is_causal_skip`` for more than one query exactly when its mask holds more than
     causality, a sliding window and padding (packed sequences it found in ``position_ids``, a model's ``and``
