@@ -251,6 +251,22 @@ def test_key_mask_decode_step_is_exact():
         hf.attention_forward(_Attn(), q2, k, v, keys[:, None, None, :])
 
 
+def test_key_mask_is_packed_once_per_mask(monkeypatch):
+    """transformers passes one mask to every layer: the key mask is packed once for all of them (and again
+    for a new mask, or the same one changed in place)."""
+    packed = []
+    real = hf._pack_order
+    monkeypatch.setattr(hf, "_pack_order", lambda m: packed.append(1) or real(m))
+    q, k, v = _qkv(2, 4, 2, 1, 10)
+    keys = torch.ones(2, 1, 1, 10, dtype=torch.bool, device=DEVICE)
+    keys[0, ..., :4] = False
+    outs = [hf.attention_forward(_Attn(), q, k, v, keys)[0] for _ in range(3)]
+    assert len(packed) == 1 and all(torch.equal(o, outs[0]) for o in outs)
+    keys[1, ..., 9] = False  # in place: packed again, and seen
+    o = hf.attention_forward(_Attn(), q, k, v, keys)[0]
+    assert len(packed) == 2 and not torch.equal(o[1], outs[0][1]) and torch.equal(o[0], outs[0][0])
+
+
 def test_compiled_padded_static_decode_step_compiles_once():
     """A padded batch's static-cache decode step: `padding_mask` gives the fixed-shape key mask [B, 1, 1,
     kv_len] (the padding, then the slots not yet filled, unmarked), so the compiled step runs for each new

@@ -349,12 +349,32 @@ def _key_masked_step(query, key, value, mask, scaling, mods) -> Tensor:
         raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
                                   "(padding between real tokens) is not supported; supported: left or right "
                                   "padding")
-    cu_k, _, src_k = _pack_order(keys)
-    rows, cols = src_k // Nk, src_k % Nk
-    cu_q = torch.arange(B + 2, dtype=torch.int32, device=query.device).clamp_(max=B)  # row b: query b
+    cu_q, cu_k, (rows, cols) = _key_packing(keys, query.device)
     o = flash_attention_varlen(query[:, :, 0], key[rows, :, cols], value[rows, :, cols], cu_q, cu_k, 1,
                                B * Nk, True, scaling, **mods)
     return o.view(B, 1, Hq, d)
+
+
+#: The packing of the last 4-D key mask (a weak reference to its [B, Nk] view's base, its version counter,
+#: device) and the packing: transformers passes one mask to every layer, so once per step, not per layer.
+_KEY_PACKING = [lambda: None, None, None]
+
+
+def _key_packing(keys: Tensor, device):
+    """``cu_q`` (row b: query b), ``cu_k`` and the (row, position) gather indices of the keys a [B, Nk] key
+    mask marks (`_pack_order`); kept for the mask tensor eagerly, not while compiling."""
+    compiling = torch.compiler.is_compiling()
+    base = keys._base if keys._base is not None else keys  # the 4-D mask the caller holds
+    key = None if compiling else (base._version, tuple(keys.shape), device)
+    if not compiling and _KEY_PACKING[0]() is base and _KEY_PACKING[1] == key:
+        return _KEY_PACKING[2]
+    B, Nk = keys.shape
+    cu_k, _, src_k = _pack_order(keys.to(device=device))
+    cu_q = torch.arange(B + 2, dtype=torch.int32, device=device).clamp_(max=B)
+    packing = (cu_q, cu_k, (src_k // Nk, src_k % Nk))
+    if not compiling:
+        _KEY_PACKING[:] = [weakref.ref(base), key, packing]
+    return packing
 
 
 #: The cache lengths of the last `filled` mask (a weak reference to it, its shape and device) and the lengths:
