@@ -21,7 +21,8 @@ Timed (CUDA events, median; wall clock on a CPU):
 - generate: greedy ``generate`` of the new tokens after the first prompt, eager (dynamic cache) and with
   ``cache_implementation="static"``, which transformers compiles (``torch.compile`` of the forward,
   mode reduce-overhead) on CUDA; a warm-up generation (compiles, records graphs) precedes the timed ones,
-  `GENERATE_RUNS` per model, alternating between the models (wall clock; the median of each);
+  `GENERATE_RUNS` per model, alternating between the models, the order swapped each round (wall clock; the
+  median of each);
 - prefill host time: the wall time from the forward's call to its return with the GPU idle at the call
   and not awaited (the host's time to issue the forward; near the CUDA-event time: host-bound);
 - attention host time: in one more eager ``generate``, µs of host time per attention-function call
@@ -65,7 +66,7 @@ KEEP = 256  # logits compared at the last KEEP positions of each prompt (the one
 INTERFACE = {"full": ((1, 8192, 32, 8, 128), (8, 8192, 32, 8, 128)),
              "tiny": ((1, 96, 4, 2, 64), (2, 80, 4, 2, 64))}
 #: timed generations per model and mode (alternating; the median is reported)
-GENERATE_RUNS = 3
+GENERATE_RUNS = 5
 TARGETS = {"prefill": 1.0, "prefill 32k": 1.05, "generate": 0.97, "interface": 0.98}
 
 
@@ -238,8 +239,8 @@ def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows, runs=GENERATE
                   flush=True)
             if not ok:
                 failed.append(f"generate {mode}")
-    for _ in range(runs):
-        for name, m in models:
+    for i in range(runs):  # the order alternates round by round: drift of the host hits both alike
+        for name, m in models[::1 if i % 2 == 0 else -1]:
             t0 = time.perf_counter()
             got = generate(m, ids, new, static, dev)
             times[name].append(1e3 * (time.perf_counter() - t0))
