@@ -22,7 +22,8 @@ Timed (CUDA events, median; wall clock on a CPU):
   ``cache_implementation="static"``, which transformers compiles (``torch.compile`` of the forward,
   mode reduce-overhead) on CUDA; a warm-up generation (compiles, records graphs) precedes the timed ones,
   `GENERATE_RUNS` per model, alternating between the models, the order swapped each round (wall clock; the
-  median of each);
+  median of each); then the same for a batch of `PADDED` prompts cut from the first, left-padded
+  (`padded_batch`: transformers' padding mask, every row's tokens checked);
 - prefill host time: the wall time from the forward's call to its return with the GPU idle at the call
   and not awaited (the host's time to issue the forward; near the CUDA-event time: host-bound);
 - attention host time: in one more eager ``generate``, µs of host time per attention-function call
@@ -36,7 +37,7 @@ Timed (CUDA events, median; wall clock on a CPU):
   cost (`INTERFACE`).
 
 Speed ratios are attnscope / sdpa (t_sdpa / t_attnscope: above 1 attnscope is faster) and interface /
-native (t_native / t_interface); issue 38's targets are printed beside them. About 5 min full, 2 min
+native (t_native / t_interface); issue 38's targets are printed beside them. About 6 min full, 3 min
 ``--quick`` on one H200 with a cold Triton cache (estimated: the two compiles of the static-cache
 generation dominate).
 """
@@ -65,6 +66,8 @@ KEEP = 256  # logits compared at the last KEEP positions of each prompt (the one
 #: the interface shapes: prefill (B, N, Hq, Hkv, d) causal, decode (B, L, Hq, Hkv, d) one new token
 INTERFACE = {"full": ((1, 8192, 32, 8, 128), (8, 8192, 32, 8, 128)),
              "tiny": ((1, 96, 4, 2, 64), (2, 80, 4, 2, 64))}
+#: prompts in the left-padded batch generate (the last n, 3n/4, n/2, n/4 tokens of the first prompt)
+PADDED = 4
 #: timed generations per model and mode (alternating; the median is reported)
 GENERATE_RUNS = 5
 TARGETS = {"prefill": 1.0, "prefill 32k": 1.05, "generate": 0.97, "interface": 0.98}
@@ -186,8 +189,9 @@ def check_prefill(models, prompts, failed):
     return bounds
 
 
-def generate(model, ids, new, static, dev, logits=False):
-    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False)
+def generate(model, ids, new, static, dev, logits=False, mask=None):
+    kw = dict(attention_mask=torch.ones_like(ids) if mask is None else mask, max_new_tokens=new,
+              min_new_tokens=new, do_sample=False)
     if static:
         kw["cache_implementation"] = "static"
     if logits:
@@ -199,40 +203,59 @@ def generate(model, ids, new, static, dev, logits=False):
 
 
 def same_tokens(want, got, n, bound) -> tuple[bool, str]:
-    """Greedy tokens equal, or at the first difference SDPA's two logits are within ``bound`` (a tie)."""
-    seq = want.sequences[0, n:]
-    differ = (got[0, n:] != seq).nonzero()
-    if not len(differ):
-        return True, "same tokens"
-    t = int(differ[0])
-    a, b = int(seq[t]), int(got[0, n + t])
-    gap = (want.logits[t][0, a] - want.logits[t][0, b]).item()
-    return gap <= bound, f"first difference at token {t}: sdpa {a}, attnscope {b}, sdpa margin {gap:.3g} " \
-                         f"({'a tie' if gap <= bound else 'NOT a tie'}: bound {bound:.3g})"
+    """Greedy tokens equal in every row, or at a row's first difference SDPA's two logits are within
+    ``bound`` (a tie)."""
+    ok, why = True, []
+    for r in range(got.shape[0]):
+        seq = want.sequences[r, n:]
+        differ = (got[r, n:] != seq).nonzero()
+        if not len(differ):
+            continue
+        t = int(differ[0])
+        a, b = int(seq[t]), int(got[r, n + t])
+        gap = (want.logits[t][r, a] - want.logits[t][r, b]).item()
+        ok &= gap <= bound
+        why.append(f"{f'row {r}: ' if got.shape[0] > 1 else ''}first difference at token {t}: sdpa {a}, "
+                   f"attnscope {b}, sdpa margin {gap:.3g} ({'a tie' if gap <= bound else 'NOT a tie'}: "
+                   f"bound {bound:.3g})")
+    return ok, "; ".join(why) or "same tokens"
 
 
-def bench_generate(models, ids, new, bound, dev, modes, failed, rows):
+def padded_batch(ids):
+    """`PADDED` prompts: the last n, 3n/4, n/2 and n/4 tokens of ``ids`` [1, n], left-padded (pad id 0, mask
+    0) to n: a batch as transformers' tokenizer pads it for generation."""
+    n = ids.shape[1]
+    batch = ids.repeat(PADDED, 1)
+    mask = torch.ones_like(batch)
+    for r in range(PADDED):
+        mask[r, :n * r // PADDED] = 0
+    return batch.masked_fill(mask == 0, 0), mask
+
+
+def bench_generate(models, ids, new, bound, dev, modes, failed, rows, mask=None):
     sdpa, ours, _ = models
     for mode in modes:
         try:
-            one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows)
+            one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows, mask=mask)
         except Exception as e:  # noqa: BLE001 - reported as a failure; the rest of the benchmark still runs
             first = (str(e).strip().splitlines() or [""])[0][:300]
             print(f"FAIL generate {mode}: {type(e).__name__}: {first}", flush=True)
             failed.append(f"generate {mode} raised")
 
 
-def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows, runs=GENERATE_RUNS):
+def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows, runs=GENERATE_RUNS, mask=None):
     """One generation mode: warm-up (checked against SDPA's tokens), then ``runs`` timed generations of each
     model, alternating (sdpa, attnscope, sdpa, ...), each model's median. An eager generate is host-bound,
     and the host's speed drifts between runs by more than the difference looked for (one run of each read
     0.66 x where alternating runs on that machine read 0.92-1.03 x)."""
     n = ids.shape[1]
     static = mode != "eager"
+    if mask is not None:  # a batch of prompts, left-padded
+        mode = f"{mode}, batch of {ids.shape[0]} left-padded"
     models = (("sdpa", sdpa), ("attnscope", ours))
     times, compiled, warm = {name: [] for name, _ in models}, {}, {}
     for name, m in models:
-        warm[name] = generate(m, ids, new, static, dev, logits=name == "sdpa")  # compiles, records graphs
+        warm[name] = generate(m, ids, new, static, dev, logits=name == "sdpa", mask=mask)  # compiles, records
         if name == "attnscope":
             ok, why = same_tokens(warm["sdpa"], warm[name], n, bound)
             print(f"{'PASS' if ok else 'FAIL'} generate {mode}, {new} tokens after {n:,}: {why}",
@@ -242,7 +265,7 @@ def one_mode(sdpa, ours, ids, new, bound, dev, mode, failed, rows, runs=GENERATE
     for i in range(runs):  # the order alternates round by round: drift of the host hits both alike
         for name, m in models[::1 if i % 2 == 0 else -1]:
             t0 = time.perf_counter()
-            got = generate(m, ids, new, static, dev)
+            got = generate(m, ids, new, static, dev, mask=mask)
             times[name].append(1e3 * (time.perf_counter() - t0))
             compiled[name] = "yes" if getattr(m, "_compiled_call", None) is not None else "NO"
             if name == "attnscope" and not torch.equal(got, warm[name]):
@@ -478,6 +501,9 @@ def main(argv=None) -> int:
     modes = ["eager"] + ([] if args.no_compile else ["static"])
     bench_generate([sdpa, ours, None], prompts[0], setup["new"], bounds[prompts[0].shape[1]], dev, modes,
                    failed, rows)
+    ids, mask = padded_batch(prompts[0])
+    bench_generate([sdpa, ours, None], ids, setup["new"], bounds[prompts[0].shape[1]], dev, modes, failed,
+                   rows, mask=mask)
     host = attention_host([sdpa, ours], prompts[0], setup["new"], dev)
     del sdpa, ours, models
     if dev == "cuda":
