@@ -515,3 +515,24 @@ def test_module_sinks_set_or_deleted_between_calls_are_seen():
         prop = WithProperty()
         prop.logits = sinks
         assert torch.equal(hf.attention_forward(prop, q, k, v, None)[0], want)
+
+
+def test_mask_caches_are_neither_read_nor_kept_while_transient(monkeypatch):
+    """While compiling or capturing a CUDA graph (`hf._transient`) the per-mask caches (packing, key packing,
+    filled lengths) are neither read nor written: a graph captured on a kept tensor would read freed memory
+    once the entry is replaced. Eagerly each is computed once per mask tensor."""
+    mask = torch.ones(2, 10, dtype=torch.bool, device=DEVICE)
+    mask[0, :3] = False
+    keys = mask[:, None, None, :]
+    filled = hf.filled(2, 7, DEVICE)
+    dev = torch.device(DEVICE)
+    calls = (lambda: hf._packing(mask, 1, 10, dev), lambda: hf._key_packing(keys.view(2, 10), dev),
+             lambda: hf._filled_lens(filled, dev))
+    kept = [f() for f in calls]
+    assert all(f() is k for f, k in zip(calls, kept, strict=True))  # eagerly: kept
+    monkeypatch.setattr(hf, "_transient", lambda device: True)
+    for f, k in zip(calls, kept, strict=True):
+        a, b = f(), f()
+        assert a is not b and k is not a and k is not b  # not read
+    monkeypatch.undo()
+    assert all(f() is k for f, k in zip(calls, kept, strict=True))  # and not written

@@ -360,10 +360,17 @@ def _key_masked_step(query, key, value, mask, scaling, mods) -> Tensor:
 _KEY_PACKING = [lambda: None, None, None]
 
 
+def _transient(device) -> bool:
+    """Whether what this call computes must not be kept for later calls: while compiling (traced, not run)
+    or capturing a CUDA graph (it runs only on replay)."""
+    return torch.compiler.is_compiling() or (torch.device(device).type == "cuda"
+                                             and torch.cuda.is_current_stream_capturing())
+
+
 def _key_packing(keys: Tensor, device):
     """``cu_q`` (row b: query b), ``cu_k`` and the (row, position) gather indices of the keys a [B, Nk] key
-    mask marks (`_pack_order`); kept for the mask tensor eagerly, not while compiling."""
-    compiling = torch.compiler.is_compiling()
+    mask marks (`_pack_order`); kept for the mask tensor, except when `_transient`."""
+    compiling = _transient(device)
     base = keys._base if keys._base is not None else keys  # the 4-D mask the caller holds
     key = None if compiling else (base._version, tuple(keys.shape), device)
     if not compiling and _KEY_PACKING[0]() is base and _KEY_PACKING[1] == key:
@@ -385,16 +392,16 @@ _FILLED_LENS = [(lambda: None, None, None)]
 
 def _filled_lens(mask: Tensor, device) -> Tensor:
     """int32 [B] of n for a `filled` mask [B, n] (keys [0, n) of every row): one fill per mask tensor, kept
-    only eagerly (not while compiling, nor in CUDA-graph capture, where the fill runs only on replay)."""
+    and reused except when `_transient` (a CUDA graph captured on a kept tensor would read freed memory once
+    the entry is replaced)."""
     B, n = mask.shape
-    if torch.compiler.is_compiling():
+    if _transient(device):
         return torch.full((B,), n, dtype=torch.int32, device=device)
     ref, key, lens = _FILLED_LENS[0]  # one read of the entry: another thread replaces it whole
     if ref() is mask and key == (B, n, device):
         return lens
     lens = torch.full((B,), n, dtype=torch.int32, device=device)
-    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        _FILLED_LENS[0] = (weakref.ref(mask), (B, n, device), lens)
+    _FILLED_LENS[0] = (weakref.ref(mask), (B, n, device), lens)
     return lens
 
 
@@ -407,8 +414,9 @@ _PACKING = [lambda: None, None, None]
 def _packing(mask: Tensor, Nq: int, Nk: int, device):
     """For a padding mask [B, n] (n <= Nk): the query mask [B, Nq] (its last Nq columns), ``cu_q``, ``dest_q``
     and the (row, position) gather indices of the packed queries, ``cu_k`` and those of the packed keys
-    (the slots past n are padding); see `_pack_order`. On the device, no host read."""
-    compiling = torch.compiler.is_compiling()
+    (the slots past n are padding); see `_pack_order`. On the device, no host read; kept for the mask tensor,
+    except when `_transient`."""
+    compiling = _transient(device)
     key = None if compiling else (mask._version, Nq, Nk, device)
     if not compiling and _PACKING[0]() is mask and _PACKING[1] == key:
         return _PACKING[2]
