@@ -493,6 +493,63 @@ def test_kvcache_append_to_a_page_outside_the_cache_is_not_written_and_is_record
               _gather(vc, table[:1], 21).expand(b, -1, -1, -1), [21], [0])
 
 
+@pytest.mark.parametrize("nq, n_new, as_int", [(1, 0, False), (1, 1, False), (3, 3, False), (1, 1, True)])
+def test_kvcache_batch_idx_reads_and_appends_the_rows_named(nq, n_new, as_int):
+    """cache_batch_idx: query row b reads (and appends to) row cache_batch_idx[b] of the dense cache, in
+    place; the other rows are untouched; the output is the attention over those rows' updated keys."""
+    g = torch.Generator().manual_seed(13)
+    rows, b, length, hq, hkv = 4, 3, 48, 4, 2  # L 48: pages of 16
+    k_cache, v_cache = _cache(rows, length, hkv, g)
+    idx = torch.tensor([2, 0, 3], dtype=torch.int64, device=DEVICE)
+    lens_list = [20, 20, 20] if as_int else [5, 20, 40]
+    lens = 20 if as_int else torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    q = _randn(b, nq, hq, 64, g=g, scale=2.0)
+    new = _cache(b, n_new, hkv, g) if n_new else (None, None)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for x in range(b):
+        if n_new:
+            r, n = int(idx[x]), lens_list[x]
+            want_k[r, n:n + n_new], want_v[r, n:n + n_new] = new[0][x], new[1][x]
+    o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, *new, cache_seqlens=lens, cache_batch_idx=idx,
+                                    causal=True)
+    decode.check_errors()
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # row 1 untouched too
+    seen = [n + n_new for n in lens_list]
+    o_ref, _, ok = _reference(q, want_k[idx], want_v[idx], True, lens=seen)
+    _assert_close(o, o_ref, _torch_own(q, want_k[idx], want_v[idx], ok), ok)
+
+
+def test_kvcache_batch_idx_refusals_and_an_index_outside_the_cache():
+    """cache_batch_idx: one clear line for a paged cache, a length that is not whole pages, strides the
+    pages cannot follow and a wrong index tensor; an index outside [0, B_c) is not followed (nothing is
+    written) and check_errors reports it."""
+    g = torch.Generator().manual_seed(14)
+    k_cache, v_cache = _cache(2, 32, 2, g)
+    q = _randn(2, 1, 2, 64, g=g)
+    idx = torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)
+    table = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="cache_batch_idx: supported with a dense cache"):
+        fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4, block_table=table,
+                                    cache_batch_idx=idx)
+    short_k, short_v = _cache(2, 40, 2, g)
+    with pytest.raises(NotImplementedError, match="a multiple of 16 .* got L = 40"):
+        fai.flash_attn_with_kvcache(q, short_k, short_v, cache_seqlens=4, cache_batch_idx=idx)
+    wide_k, wide_v = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (k_cache, v_cache))
+    with pytest.raises(NotImplementedError, match="rows follow each other"):
+        fai.flash_attn_with_kvcache(q, wide_k, wide_v, cache_seqlens=4, cache_batch_idx=idx)
+    for bad in (idx[:1], idx.float(), [1, 0]):
+        with pytest.raises(InputError, match="cache_batch_idx: expected an int32 or int64 tensor"):
+            fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4, cache_batch_idx=bad)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    k_new, v_new = _cache(2, 1, 2, g)
+    far = torch.tensor([1, 2**32], dtype=torch.int64, device=DEVICE)  # 2**32: wraps to 0 as int32
+    fai.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=4, cache_batch_idx=far)
+    before_k[1, 4], before_v[1, 4] = k_new[0, 0], v_new[0, 0]  # row 0 of q appended to cache row 1 only
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+    with pytest.raises(InputError, match="block_table"):
+        decode.check_errors()
+
+
 # --- with_kvcache: rotary embedding ---------------------------------------------------------------
 def _tables(seqlen_ro, rotary_dim):
     """flash-attn's cos / sin tables [seqlen_ro, rotary_dim / 2] at DT (RoPE's frequencies, base 10000)."""
@@ -641,7 +698,7 @@ def test_varlen_unsupported_named(kw, name):
         fai.flash_attn_varlen_func(q, k, v, cu, cu, 8, 8, **kw)
 
 
-@pytest.mark.parametrize("name", ["cache_batch_idx", "cache_leftpad", "alibi_slopes"])
+@pytest.mark.parametrize("name", ["cache_leftpad", "alibi_slopes"])
 def test_kvcache_unsupported_named(name):
     q, k, v = _small(torch.Generator().manual_seed(0))
     with pytest.raises(NotImplementedError, match=name):

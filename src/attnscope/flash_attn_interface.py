@@ -26,7 +26,7 @@ varlen); attention probabilities are never materialised. ``causal`` is bottom-ri
 
 `flash_attn_with_kvcache`'s rotary embedding (``rotary_cos`` / ``rotary_sin``) is applied with torch ops
 before the append and the attention (`_rotary`), not inside the kernels. What flash-attn has and attnscope
-does not (dropout, ALiBi, ``cache_batch_idx``, ``cache_leftpad``, a paged varlen call) raises
+does not (dropout, ALiBi, ``cache_leftpad``, a paged varlen call) raises
 NotImplementedError naming the argument; nothing is ignored.
 """
 
@@ -330,6 +330,48 @@ def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
 
 
+#: page sizes `_batch_pages` tries, largest first (the paged kernel's)
+_BATCH_PAGES = (256, 128, 64, 32, 16)
+
+
+def _batch_pages(q, k_cache, v_cache, cache_batch_idx, block_table):
+    """``cache_batch_idx`` (query row b uses cache row ``cache_batch_idx[b]`` of a dense cache [B_c, L, Hkv,
+    d]) as the paged kernels' form: the cache viewed as pages of the largest size in `_BATCH_PAGES` dividing
+    L (no copy) and a block table [B, L / page] of row ``cache_batch_idx[b]``'s pages, built on the device. An
+    index outside [0, B_c) becomes an entry outside the pages: the call's device check reports it
+    (`attnscope.check_errors`), nothing is read or written through it."""
+    if block_table is not None:
+        raise NotImplementedError("cache_batch_idx: supported with a dense cache [B_c, L, Hkv, d] (as "
+                                  "flash-attn), got a block_table too")
+    B = q.shape[0]
+    if not (isinstance(cache_batch_idx, Tensor) and cache_batch_idx.dtype in (torch.int32, torch.int64)
+            and tuple(cache_batch_idx.shape) == (B,) and cache_batch_idx.device == q.device):
+        got = (f"{cache_batch_idx.dtype} of shape {tuple(cache_batch_idx.shape)} on {cache_batch_idx.device}"
+               if isinstance(cache_batch_idx, Tensor) else _short(cache_batch_idx))
+        raise InputError(f"cache_batch_idx: expected an int32 or int64 tensor [B = {B}] on {q.device}, got "
+                         f"{got}")
+    if k_cache.shape != v_cache.shape:
+        raise InputError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+    rows, L, hkv, d = k_cache.shape
+    page = next((p for p in _BATCH_PAGES if L % p == 0), None)
+    if page is None:
+        raise NotImplementedError(f"cache_batch_idx: supported with a cache length L that is a multiple of "
+                                  f"{_BATCH_PAGES[-1]} (the paged kernel's pages), got L = {L}")
+    pages = []
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        st = t.stride()
+        if st[0] != L * st[1]:
+            raise NotImplementedError(f"cache_batch_idx: supported with a cache whose rows follow each other "
+                                      f"(stride(0) = L x stride(1)); {name} has strides {tuple(st)}")
+        pages.append(t.as_strided((rows * L // page, page, hkv, d), (page * st[1], st[1], st[2], st[3])))
+    per_row = L // page
+    idx = cache_batch_idx.to(torch.int64)
+    table = idx[:, None] * per_row + torch.arange(per_row, device=q.device)
+    table = torch.where(((idx >= 0) & (idx < rows))[:, None], table, -1).to(torch.int32)  # no wrap-around
+    return pages[0], pages[1], table
+
+
 def _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens) -> None:
     """The rotary tables' metadata (no value is read): both given, with new keys, [seqlen_ro, rotary_dim / 2]
     of q's dtype and device, rotary_dim <= d; ``k`` [B, Nnew, Hkv, d] of q's batch, head dim and dtype;
@@ -444,7 +486,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         length needs seqlen_ro > its last position; an invalid one is recorded by the append).
     rotary_interleaved : bool
         True: rotate dims (0, 1), (2, 3), ... (GPT-J); False: dims i and i + rotary_dim / 2 (GPT-NeoX).
-    cache_batch_idx, cache_leftpad, alibi_slopes : None
+    cache_batch_idx : torch.Tensor, int32 or int64 [B], optional
+        Query row b uses row ``cache_batch_idx[b]`` of a dense cache ``[B_c, L, Hkv, d]`` (L a multiple of
+        16, rows stride(0) = L x stride(1) apart): the cache read, and written by an append, through the
+        paged kernels (`_batch_pages`, no copy); an index outside [0, B_c) is reported by
+        `attnscope.check_errors`, never followed. With duplicate indices and new keys, which row's keys a
+        shared slot keeps is unspecified (as flash-attn).
+    cache_leftpad, alibi_slopes : None
         Not supported (NotImplementedError).
     cache_seqlens : int or torch.Tensor int32 [B], optional
         Keys already in the cache per sequence.
@@ -478,9 +526,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         layout = "[num_pages, page_size, Hkv, d]" if block_table is not None else "[B, L, Hkv, d]"
         _check_rank("k_cache", k_cache, 4, layout)
         _check_rank("v_cache", v_cache, 4, layout)
-    if not (cache_batch_idx is None and cache_leftpad is None and alibi_slopes is None):
-        _unsupported(cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
-                     alibi_slopes=(alibi_slopes, None))
+    if not (cache_leftpad is None and alibi_slopes is None):
+        _unsupported(cache_leftpad=(cache_leftpad, None), alibi_slopes=(alibi_slopes, None))
+    if cache_batch_idx is not None:  # the dense cache's rows as pages, in q's batch order
+        k_cache, v_cache, block_table = _batch_pages(q, k_cache, v_cache, cache_batch_idx, block_table)
     if not (type(rotary_interleaved) is bool and type(num_splits) is int and num_splits >= 0
             and type(return_softmax_lse) is bool):
         expect(isinstance(rotary_interleaved, bool), "rotary_interleaved", "True or False",
