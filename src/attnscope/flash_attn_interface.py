@@ -33,7 +33,6 @@ NotImplementedError naming the argument; nothing is ignored.
 from __future__ import annotations
 
 import functools
-import operator
 
 from attnscope.errors import InputError, expect, finite_real, is_int
 from attnscope.kernels._common import check_rank, check_tensor, import_torch_triton
@@ -538,7 +537,11 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                "num_splits", "an int >= 0 (0: the kernel's heuristic)", num_splits)
         expect(isinstance(return_softmax_lse, bool), "return_softmax_lse", "True or False",
                return_softmax_lse)
-    mods = {} if _defaults(causal, window_size, softcap, _OFF) else _decode_mods(causal, window_size, softcap)
+    if window_size is _NO_WINDOW and softcap is _OFF and (causal is True or causal is False):  # the defaults
+        mods = {}
+    else:
+        mods = {} if _defaults(causal, window_size, softcap, _OFF) else _decode_mods(causal, window_size,
+                                                                                      softcap)
     nq = q.shape[1]
     if nq > 1 and not causal:
         raise NotImplementedError(f"causal: with Nq > 1 new queries only causal=True is supported (the "
@@ -576,12 +579,13 @@ def _decode_mods(causal, window_size, softcap) -> dict:
     return mods
 
 
-_SWAP12 = operator.itemgetter(0, 2, 1, 3)  # a [B, N, H, d] shape or strides as [B, H, N, d]'s
-
-
 def _kernel_layout(t, shape=None):
-    """(shape, strides, dtype, device) of ``_bhnd(t)``, the view not made (``shape``: the view's, given)."""
-    return shape or _SWAP12(t.shape), _SWAP12(t.stride()), t.dtype, t.device
+    """(shape, strides, dtype, device) of ``_bhnd(t)`` for a 4-D ``t``, the view not made (``shape``: the
+    view's, given). Unpacked and re-packed in place: a call of every decode step (an itemgetter per tuple
+    cost ~0.2 us more)."""
+    n0, n1, n2, n3 = t.shape
+    s0, s1, s2, s3 = t.stride()
+    return shape or (n0, n2, n1, n3), (s0, s2, s1, s3), t.dtype, t.device
 
 
 def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1):
