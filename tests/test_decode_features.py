@@ -829,3 +829,64 @@ def test_gpu_window_decode_replays_in_a_cuda_graph(paged, nq):
         one = flash_decode(qd, kc, vc, lens, table, window=(W, 0), return_lse=True)
         assert torch.equal(one[0], o) and torch.equal(one[1], lse)
     plan.check()
+
+
+# --- cache_leftpad: each sequence's keys start at its own position ---------------------------------------
+def _from_starts(k, starts, lens):
+    """k [B, Hkv, L, d] with sequence b's keys [starts[b], lens[b]) moved to its front (the rest 0): the
+    cache a call without left padding would attend to, with lengths lens - starts."""
+    out = torch.zeros_like(k)
+    for b, (s, n) in enumerate(zip(starts, lens, strict=True)):
+        out[b, :, :n - s] = k[b, :, s:n]
+    return out
+
+
+@pytest.mark.parametrize("nq, num_splits, window, fp8", [
+    (1, None, None, False), (1, 3, None, False), (3, 2, None, False), (1, 2, (6, 0), False),
+    (3, None, (4, 0), False), (1, 2, None, True), (3, 1, None, True),
+])
+def test_cache_leftpad_attends_from_each_sequences_start(nq, num_splits, window, fp8):
+    """cache_leftpad: sequence b attends to its keys [starts[b], lens[b]) only (the float64 attention over
+    those keys moved to the front, the window counted from the query as before); a start of 0 changes
+    nothing, a start at the length leaves no key (0 and -inf); `DecodePlan.run` gives the same bits."""
+    gen = torch.Generator().manual_seed(11)
+    B, Hkv, L, G = 4, 2, 45, 2
+    q, k, v = inputs(B, G * Hkv, Hkv, nq, L, seed=nq + 2 * fp8)
+    lens, starts = [45, 30, 20, 12], [0, 7, 17, 12]
+    if fp8:
+        kc, vc, _, k_scale, v_scale, kd, vd = fp8_cache(k, v, True, 0, gen)
+        scales = dict(k_scale=k_scale.to(DEVICE), v_scale=v_scale.to(DEVICE))
+    else:
+        kc, vc, kd, vd, scales = k, v, k, v, {}
+    qd, kc, vc = dev(q, kc, vc)
+    o, lse = flash_decode(qd, kc, vc, lens_t(lens), num_splits=num_splits, return_lse=True, window=window,
+                          cache_leftpad=lens_t(starts), **scales)
+    decode.check_errors()
+    moved = [n - s for s, n in zip(starts, lens, strict=True)]
+    check(o, lse, q, _from_starts(kd, starts, lens), _from_starts(vd, starts, lens), moved, window=window)
+    plan = decode.decode_plan(qd, kc, vc, lens_t(lens), num_splits=num_splits, return_lse=True, window=window,
+                              cache_leftpad=lens_t(starts), **scales)
+    o2, lse2 = plan.run(qd, kc, vc, lens_t(lens), cache_leftpad=lens_t(starts), **scales)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    plain = flash_decode(qd, kc, vc, lens_t(lens), num_splits=num_splits, window=window, **scales)
+    assert torch.equal(o[0], plain[0])  # start 0: the call without left padding
+
+
+def test_cache_leftpad_out_of_range_is_clamped_and_reported_and_refused_forms():
+    """A start outside [0, length] is clamped (a negative one to 0, one past the length to it: no key) and
+    recorded for check_errors; a paged cache, another dtype or shape are refused in one line."""
+    q, k, v = dev(*inputs(2, 2, 2, 1, 24))
+    lens = lens_t([24, 10])
+    o, lse = flash_decode(q, k, v, lens, return_lse=True, cache_leftpad=lens_t([-3, 11]))
+    with pytest.raises(InputError, match="cache_leftpad: expected values in"):
+        decode.check_errors()
+    assert torch.equal(o[0], flash_decode(q, k, v, lens)[0]) and not o[1].any()
+    assert torch.isneginf(lse[1]).all()
+    with pytest.raises(InputError, match="cache_leftpad: expected dtype torch.int32"):
+        flash_decode(q, k, v, lens, cache_leftpad=lens.long())
+    with pytest.raises(InputError, match="cache_leftpad: expected a contiguous shape"):
+        flash_decode(q, k, v, lens, cache_leftpad=lens_t([0]))
+    kp = k.permute(0, 2, 1, 3).reshape(-1, 16, 2, 64)  # 3 pages of 16 keys
+    table = torch.arange(3, dtype=torch.int32, device=DEVICE).view(1, 3).expand(2, 3).contiguous()
+    with pytest.raises(NotImplementedError, match="cache_leftpad: supported with a dense cache"):
+        flash_decode(q, kp, kp, lens, table, cache_leftpad=lens_t([0, 0]))

@@ -550,6 +550,39 @@ def test_kvcache_batch_idx_refusals_and_an_index_outside_the_cache():
         decode.check_errors()
 
 
+@pytest.mark.parametrize("nq, n_new", [(1, 0), (1, 1), (3, 3)])
+def test_kvcache_leftpad_attends_from_each_start(nq, n_new):
+    """cache_leftpad: sequence b attends to its cache positions [cache_leftpad[b], cache_seqlens[b] + Nnew),
+    the new keys appended at cache_seqlens[b] as without it (flash-attn's left-padded batch)."""
+    g = torch.Generator().manual_seed(15)
+    b, length, hq, hkv = 3, 48, 4, 2
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    lens_list, starts_list = [30, 12, 40], [0, 9, 25]
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor(starts_list, dtype=torch.int32, device=DEVICE)
+    q = _randn(b, nq, hq, 64, g=g, scale=2.0)
+    new = _cache(b, n_new, hkv, g) if n_new else (None, None)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for x in range(b):
+        if n_new:
+            n = lens_list[x]
+            want_k[x, n:n + n_new], want_v[x, n:n + n_new] = new[0][x], new[1][x]
+    o = fai.flash_attn_with_kvcache(q, k_cache, v_cache, *new, cache_seqlens=lens, cache_leftpad=starts,
+                                    causal=True)
+    decode.check_errors()
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    moved_k, moved_v = torch.zeros_like(want_k), torch.zeros_like(want_v)  # each sequence from its start
+    for x, (s0, n) in enumerate(zip(starts_list, lens_list, strict=True)):
+        e = n + n_new
+        moved_k[x, :e - s0], moved_v[x, :e - s0] = want_k[x, s0:e], want_v[x, s0:e]
+    seen = [n + n_new - s0 for s0, n in zip(starts_list, lens_list, strict=True)]
+    o_ref, _, ok = _reference(q, moved_k, moved_v, True, lens=seen)
+    _assert_close(o, o_ref, _torch_own(q, moved_k, moved_v, ok), ok)
+    with pytest.raises(NotImplementedError, match="cache_leftpad: supported without cache_batch_idx"):
+        fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=starts,
+                                    cache_batch_idx=torch.arange(b, device=DEVICE))
+
+
 # --- with_kvcache: rotary embedding ---------------------------------------------------------------
 def _tables(seqlen_ro, rotary_dim):
     """flash-attn's cos / sin tables [seqlen_ro, rotary_dim / 2] at DT (RoPE's frequencies, base 10000)."""
@@ -698,7 +731,7 @@ def test_varlen_unsupported_named(kw, name):
         fai.flash_attn_varlen_func(q, k, v, cu, cu, 8, 8, **kw)
 
 
-@pytest.mark.parametrize("name", ["cache_leftpad", "alibi_slopes"])
+@pytest.mark.parametrize("name", ["alibi_slopes"])
 def test_kvcache_unsupported_named(name):
     q, k, v = _small(torch.Generator().manual_seed(0))
     with pytest.raises(NotImplementedError, match=name):

@@ -163,8 +163,8 @@ def test_greedy_generate_same_tokens(models, calls):
             prefill = [c if c == "flash_attention_varlen" else p
                        for c, p in zip(calls[:layers], prefill, strict=True)]
         assert calls[:layers] == prefill
-        if not padded:  # a decode step without padding: split-KV decode over the whole cache
-            assert calls[layers:] == ["flash_decode"] * (NEW - 1) * layers
+        # a decode step: split-KV decode over the whole cache (left padding: from each row's first key)
+        assert calls[layers:] == ["flash_decode"] * (NEW - 1) * layers
 
 
 @pytest.mark.gpu
@@ -252,19 +252,48 @@ def test_key_mask_decode_step_is_exact():
 
 
 def test_key_mask_is_packed_once_per_mask(monkeypatch):
-    """transformers passes one mask to every layer: the key mask is packed once for all of them (and again
-    for a new mask, or the same one changed in place)."""
+    """transformers passes one mask to every layer: a key mask with holes is packed once for all of them (and
+    again for a new mask, or the same one changed in place)."""
     packed = []
     real = hf._pack_order
     monkeypatch.setattr(hf, "_pack_order", lambda m: packed.append(1) or real(m))
     q, k, v = _qkv(2, 4, 2, 1, 10)
     keys = torch.ones(2, 1, 1, 10, dtype=torch.bool, device=DEVICE)
-    keys[0, ..., :4] = False
+    keys[0, ..., [1, 4]] = False  # holes
     outs = [hf.attention_forward(_Attn(), q, k, v, keys)[0] for _ in range(3)]
     assert len(packed) == 1 and all(torch.equal(o, outs[0]) for o in outs)
     keys[1, ..., 9] = False  # in place: packed again, and seen
     o = hf.attention_forward(_Attn(), q, k, v, keys)[0]
     assert len(packed) == 2 and not torch.equal(o[1], outs[0][1]) and torch.equal(o[0], outs[0][0])
+
+
+@pytest.mark.parametrize("four_d", [False, True])
+def test_left_padded_decode_step_attends_in_place(monkeypatch, four_d):
+    """A decode step whose mask rows each hold one run of real keys (left padding; the 4-D key mask also
+    unfilled slots after it) runs `flash_decode` with ``cache_leftpad`` on the cache as it is: no packing,
+    the mask read back once for every layer, the bits of the packed path's attention within tolerance."""
+    q, k, v = _qkv(3, 4, 2, 1, 10)
+    mask = torch.ones(3, 10, dtype=torch.bool, device=DEVICE)
+    mask[0, :4] = False
+    mask[1, :9] = False
+    if four_d:
+        mask[:, 8:] = False  # two slots not yet filled
+        mask[1, 7] = True
+    form = mask[:, None, None, :] if four_d else mask
+    kept, packs = [], []
+    real_spans, real_pack = hf._spans, hf._pack_order
+    monkeypatch.setattr(hf, "_pack_order", lambda m: packs.append(1) or real_pack(m))
+    outs = []
+    for _ in range(3):  # three layers share the mask
+        outs.append(hf.attention_forward(_Attn(), q, k, v, form, scaling=0.2)[0])
+        kept.append(hf._SPANS[2])
+    assert not packs and all(torch.equal(o, outs[0]) for o in outs)
+    assert kept[0] is not None and all(x is kept[0] for x in kept)  # read back once, kept for the mask
+    monkeypatch.setattr(hf, "_spans", lambda m: None)  # the packed path, for reference
+    want = hf.attention_forward(_Attn(), q, k, v, form, scaling=0.2)[0]
+    assert packs
+    torch.testing.assert_close(outs[0].float(), want.float(), atol=2e-2, rtol=0)
+    monkeypatch.setattr(hf, "_spans", real_spans)
 
 
 def test_compiled_padded_static_decode_step_compiles_once():

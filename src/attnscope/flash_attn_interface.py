@@ -26,7 +26,7 @@ varlen); attention probabilities are never materialised. ``causal`` is bottom-ri
 
 `flash_attn_with_kvcache`'s rotary embedding (``rotary_cos`` / ``rotary_sin``) is applied with torch ops
 before the append and the attention (`_rotary`), not inside the kernels. What flash-attn has and attnscope
-does not (dropout, ALiBi, ``cache_leftpad``, a paged varlen call) raises
+does not (dropout, ALiBi, a paged varlen call) raises
 NotImplementedError naming the argument; nothing is ignored.
 """
 
@@ -491,7 +491,11 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         paged kernels (`_batch_pages`, no copy); an index outside [0, B_c) is reported by
         `attnscope.check_errors`, never followed. With duplicate indices and new keys, which row's keys a
         shared slot keeps is unspecified (as flash-attn).
-    cache_leftpad, alibi_slopes : None
+    cache_leftpad : torch.Tensor, int32 [B], optional
+        A dense cache only (without rotary or cache_batch_idx): sequence b's keys start at
+        ``cache_leftpad[b]``, the positions before it are left padding, never attended (`flash_decode`'s
+        ``cache_leftpad``); new keys still go to ``cache_seqlens[b]``.
+    alibi_slopes : None
         Not supported (NotImplementedError).
     cache_seqlens : int or torch.Tensor int32 [B], optional
         Keys already in the cache per sequence.
@@ -525,8 +529,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         layout = "[num_pages, page_size, Hkv, d]" if block_table is not None else "[B, L, Hkv, d]"
         _check_rank("k_cache", k_cache, 4, layout)
         _check_rank("v_cache", v_cache, 4, layout)
-    if not (cache_leftpad is None and alibi_slopes is None):
-        _unsupported(cache_leftpad=(cache_leftpad, None), alibi_slopes=(alibi_slopes, None))
+    if alibi_slopes is not None:
+        _unsupported(alibi_slopes=(alibi_slopes, None))
+    if cache_leftpad is not None and (cache_batch_idx is not None or rotary_cos is not None
+                                      or rotary_sin is not None):
+        other = "cache_batch_idx" if cache_batch_idx is not None else "rotary_cos/rotary_sin"
+        raise NotImplementedError(f"cache_leftpad: supported without {other} (a dense cache, keys at their "
+                                  f"cache positions)")
     if cache_batch_idx is not None:  # the dense cache's rows as pages, in q's batch order
         k_cache, v_cache, block_table = _batch_pages(q, k_cache, v_cache, cache_batch_idx, block_table)
     if not (type(rotary_interleaved) is bool and type(num_splits) is int and num_splits >= 0
@@ -566,7 +575,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         lengths = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, not int_length)
         cache_seqlens = cache_seqlens + k.shape[1] if lengths is None else lengths
     return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
-                   return_softmax_lse, mods, nq == 1)
+                   return_softmax_lse, mods, nq == 1, cache_leftpad)
 
 
 def _decode_mods(causal, window_size, softcap) -> dict:
@@ -588,7 +597,8 @@ def _kernel_layout(t, shape=None):
     return shape or (n0, n2, n1, n3), (s0, s2, s1, s3), t.dtype, t.device
 
 
-def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1):
+def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1,
+            cache_leftpad=None):
     """`flash_decode` on flash-attn's layouts: q [B, Nq, Hq, d], a dense cache [B, L, Hkv, d] (`_bhnd`
     views) or a paged one; o [B, Nq, Hq, d] (with ``return_lse`` also the LSE [B, Hq, Nq]).
 
@@ -608,7 +618,7 @@ def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, 
         cache_seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
     if not compiling and (dense or isinstance(block_table, Tensor)):
         window, softcap = (mods.get("window"), mods.get("softcap", 0.0)) if mods else (None, 0.0)
-        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, None, None, None)
+        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, None, None, None, cache_leftpad)
         lens = None if cache_seqlens is None else \
             (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
         if dense:  # with a length, the views [:, :length]
@@ -616,7 +626,9 @@ def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, 
             kv = (_kernel_layout(k_cache, shape), _kernel_layout(v_cache, shape), lens, None)
         else:
             kv = (_layout(k_cache), _layout(v_cache), lens, _layout(block_table))
-        layouts = (_kernel_layout(q), *kv, None, None, None)
+        layouts = (_kernel_layout(q), *kv, None, None, None, None if cache_leftpad is None else (
+            (cache_leftpad.shape, cache_leftpad.stride(), cache_leftpad.dtype, cache_leftpad.device)
+            if isinstance(cache_leftpad, Tensor) else False))
         _, grown, plan = _cached(tensors, layouts, (num_splits, scale, return_lse, window, softcap))
         if plan is not None:
             res = plan._launch(tensors, None, None, grown, nq1)  # (out, lse_out, grown, heads_last)
@@ -628,7 +640,7 @@ def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, 
     if dense:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
         k_cache, v_cache = _bhnd(k_cache), _bhnd(v_cache)
     res = flash_decode(_bhnd(q), k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits,
-                       scale=scale, return_lse=return_lse, **mods)
+                       scale=scale, return_lse=return_lse, cache_leftpad=cache_leftpad, **mods)
     if not return_lse:
         return _bhnd(res)
     o, lse = res

@@ -23,11 +23,15 @@ Then:
   `attnscope.flash_attention_varlen`, and gathered back (padded query rows give 0). The queries are the
   last ``Nq`` mask columns; the packing is built once per mask tensor (transformers passes one mask to
   every layer; a one-entry cache, `_packing`). No host read, except with a sliding window: one read per
-  mask tensor refuses a mask with holes.
+  mask tensor refuses a mask with holes. A decode step (one query, causal) eagerly reads the mask back once
+  per mask tensor (`_spans`): left padding only (each row's real tokens end at its query) runs
+  `flash_decode` with ``cache_leftpad`` (each row's first real key) on the cache as it is, no gather.
 - a 4-D bool mask [B, 1, 1, kv_len] with one query per sequence (SDPA's sense: the keys each query sees;
   what `padding_mask` gives a padded batch's decode step over a static cache, a shape that stays the same as
-  the cache fills): each row's marked keys packed on the device, `flash_attention_varlen` (`_key_masked_step`;
-  it gathers the marked keys of every row each call).
+  the cache fills): eagerly, rows that each mark one run of keys (`_spans`, one read per mask tensor) run
+  `flash_decode` on their runs (``cache_seqlens`` its ends, ``cache_leftpad`` its starts, the query the last
+  marked key); otherwise, and under ``torch.compile``, each row's marked keys are packed on the device,
+  `flash_attention_varlen` (`_key_masked_step`; it gathers the marked keys of every row each call).
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
@@ -38,7 +42,8 @@ refused by `padding_mask`), and a sliding window over a padding mask with holes 
 nothing is ignored.
 
 Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
-a padding mask (the holes check: one read per mask tensor). `padding_mask` reads one (per mask built) where
+a padding mask, or eagerly in a padded batch's decode step (the runs of real keys, `_spans`: one read per
+mask tensor). `padding_mask` reads one (per mask built) where
 transformers' own flash mask does, and for a static cache's mask eagerly (see `padding_mask`). Packed
 sequences are found by transformers (its own read of ``position_ids`` in a forward without a cache, made
 for every implementation); with a cache transformers takes positions as positions for every
@@ -246,48 +251,63 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     return flash_attention(query, key, value, causal, scaling, **mods).transpose(1, 2), None
 
 
-def _decode(query, key, value, lens, scaling, mods) -> Tensor:
-    """``flash_decode(query, key, value, lens, scale=scaling, **mods)`` as [B, 1, Hq, d]. Eagerly, a layout
-    `flash_decode` has planned (`api._cached`: the same key it makes) launches its plan directly, the output
-    allocated as [B, 1, Hq, d] (the same memory as [B, Hq, 1, d]): the one-liner's launch and allocation,
-    without its argument handling or a transpose."""
+def _decode(query, key, value, lens, scaling, mods, starts=None) -> Tensor:
+    """``flash_decode(query, key, value, lens, scale=scaling, cache_leftpad=starts, **mods)`` as
+    [B, 1, Hq, d]. Eagerly, a layout `flash_decode` has planned (`api._cached`: the same key it makes)
+    launches its plan directly, the output allocated as [B, 1, Hq, d] (the same memory as [B, Hq, 1, d]):
+    the one-liner's launch and allocation, without its argument handling or a transpose."""
     if not torch.compiler.is_compiling():
         sinks = mods.get("sinks")
-        tensors = (query, key, value, lens, None, None, None, sinks)
+        tensors = (query, key, value, lens, None, None, None, sinks, starts)
         layouts = ((query.shape, query.stride(), query.dtype, query.device),
                    (key.shape, key.stride(), key.dtype, key.device),
                    (value.shape, value.stride(), value.dtype, value.device),
                    None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.device),
                    None, None, None,
-                   None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
+                   None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device),
+                   None if starts is None else (starts.shape, starts.stride(), starts.dtype, starts.device))
         # flash_decode's options: (num_splits, scale, return_lse, window, softcap)
         options = (None, scaling, False, mods.get("window"), mods.get("softcap", 0.0))
         _, grown, plan = _cached(tensors, layouts, options)
         if plan is not None:
             return plan._launch(tensors, None, None, grown, True)  # (out, lse_out, grown, heads_last)
-    return flash_decode(query, key, value, lens, scale=scaling, **mods).transpose(1, 2)
+    return flash_decode(query, key, value, lens, scale=scaling, cache_leftpad=starts, **mods).transpose(1, 2)
 
 
-#: The last padding mask found without holes (a weak reference) and its version counter: transformers passes
-#: one mask tensor to every layer of a forward, so `_has_holes` reads back once per mask, not once per layer.
-_NO_HOLES = [lambda: None, -1]
+#: The spans of the last padding mask read back (a weak reference to its base tensor, its version counter,
+#: shape and device) and the spans: transformers passes one mask tensor to every layer of a forward, so
+#: `_spans` reads back once per mask, not once per layer.
+_SPANS = [lambda: None, None, None]
+
+
+def _spans(mask: Tensor):
+    """For the bool mask [B, n]: None if a row has padding between real tokens; else ``(starts, ends,
+    tail)``: each row's run of real tokens [starts, ends) (int32 [B]; a row without one: [n, n)) and whether
+    every run ends at the last column (left padding only). One host read per mask tensor, kept for it except
+    when `_transient` (then every call)."""
+    transient = _transient(mask.device)
+    base = mask._base if mask._base is not None else mask
+    key = (base._version, tuple(mask.shape), mask.device)
+    ref, known, spans = _SPANS
+    if not transient and ref() is base and known == key:
+        return spans
+    real = mask.to(dtype=torch.bool)
+    n = real.shape[1]
+    count = real.sum(1, dtype=torch.int32)
+    cols = torch.arange(n, device=mask.device, dtype=torch.int32)
+    starts = torch.where(real, cols, n).amin(1).to(torch.int32)  # n for a row without a real token
+    ends = torch.where(real, cols + 1, 0).amax(1).to(torch.int32)
+    ends = torch.where(count > 0, ends, n).to(torch.int32)
+    holes, tail = torch.stack([(ends - starts != count).any(), (ends == n).all()]).tolist()  # the read
+    spans = None if holes else (starts, ends, bool(tail))
+    if not transient:
+        _SPANS[:] = [weakref.ref(base), key, spans]
+    return spans
 
 
 def _has_holes(mask: Tensor) -> bool:
-    """Whether a row of the bool mask [B, n] has padding between real tokens: one host read per new mask
-    (every call while tracing)."""
-    compiling = torch.compiler.is_compiling()
-    ref, version = _NO_HOLES
-    if not compiling and ref() is mask and mask._version == version:
-        return False
-    real = mask.to(dtype=torch.bool)
-    n_k = real.sum(1)
-    cols = torch.arange(mask.shape[1], device=mask.device)
-    span = torch.where(real, cols, -1).amax(1) - torch.where(real, cols, mask.shape[1]).amin(1) + 1
-    holes = bool(((span != n_k) & (n_k > 0)).any())
-    if not holes and not compiling:
-        _NO_HOLES[:] = [weakref.ref(mask), mask._version]
-    return holes
+    """Whether a row of the bool mask [B, n] has padding between real tokens (`_spans`)."""
+    return _spans(mask) is None
 
 
 def _pack_order(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -318,6 +338,10 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
         if causal and Nq == 1:
             return _decode(query, key, value, _filled_lens(mask, query.device), scaling, mods)
         return flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods).transpose(1, 2)
+    if causal and Nq == 1 and not _transient(query.device):  # a decode step: left padding in place
+        spans = _spans(mask)
+        if spans is not None and spans[2]:  # each row's real keys [start, n): no gather
+            return _decode(query, key, value, spans[1], scaling, mods, spans[0])
     if "window" in mods and _has_holes(mask):  # packing closes holes: the window would count across them
         raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
                                   "(padding between real tokens) is not supported; supported: left or right "
@@ -345,6 +369,10 @@ def _key_masked_step(query, key, value, mask, scaling, mods) -> Tensor:
         raise InputError(f"attention_mask: a 4-D mask is for one query per sequence, [B = {B}, 1, 1, Nk = "
                          f"{Nk}]; got {tuple(mask.shape)} with Nq = {Nq}")
     keys = mask.view(B, Nk)
+    if not _transient(query.device):  # eagerly: rows of one run each attend in place (no gather)
+        spans = _spans(keys)
+        if spans is not None:
+            return _decode(query, key, value, spans[1], scaling, mods, spans[0])
     if "window" in mods and _has_holes(keys):
         raise NotImplementedError("attention_mask: a sliding window over a padding mask with holes "
                                   "(padding between real tokens) is not supported; supported: left or right "

@@ -28,6 +28,7 @@ ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max], or in
 ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
 ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
 ERR_QUANTIZE = tl.constexpr(8)  # NaN or inf in `quantize_kv`'s input (set by its torch ops, not a kernel)
+ERR_LEFTPAD = tl.constexpr(16)  # a cache_leftpad value outside [0, the sequence's length]
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
 
 
@@ -138,7 +139,7 @@ def _checked_split_end(bt_base, lo, hi, num_pages, ERR, PAGE_SIZE: tl.constexpr)
 @triton.jit(do_not_specialize=["n_kv_heads", "l_max", "num_splits", "n_q", "n_m_tiles", "num_pages",
                                "win_left"])
 def _attnscope_decode_split_kernel(
-    Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM, ERR, K_SCALE, V_SCALE, SINKS,
+    Q, K, V, SEQLENS, BT, O_PART, LSE_PART, O, LSE, SEM, ERR, K_SCALE, V_SCALE, SINKS, STARTS,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,  # dense: batch, head, position; paged: page, head, slot
     stride_vb, stride_vh, stride_vn,
@@ -170,6 +171,7 @@ def _attnscope_decode_split_kernel(
     WINDOW: tl.constexpr = False,  # sliding window: row at position p sees keys [p - win_left, p]
     SOFTCAP: tl.constexpr = False,  # base-2 scores s -> softcap2 * tanh(s / softcap2)
     HAS_SINKS: tl.constexpr = False,  # SINKS fp32 [Hq]: one logit per query head joins the denominator
+    HAS_STARTS: tl.constexpr = False,  # dense: STARTS int32 [B], sequence b's keys are [STARTS[b], seqlen)
     PAGE_PRECHECK: tl.constexpr = False,  # PAGED: entries checked once per split (`_checked_split_end`)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
@@ -187,6 +189,12 @@ def _attnscope_decode_split_kernel(
         seqlen = tl.minimum(tl.maximum(seqlen, 0), l_max)
     else:
         seqlen = l_max
+    start = 0  # the sequence's first key (cache_leftpad); the keys before it are padding, never visible
+    if HAS_STARTS:
+        start = tl.load(STARTS + b)
+        if (start < 0) | (start > seqlen):
+            tl.atomic_or(ERR, ERR_LEFTPAD)
+        start = tl.minimum(tl.maximum(start, 0), seqlen)
     if FP8:  # k_scale folds into the softmax scale, v_scale multiplies the output
         k_sc = tl.load(K_SCALE + h_kv) if SCALE_PER_HEAD else tl.load(K_SCALE)
         v_sc = tl.load(V_SCALE + h_kv) if SCALE_PER_HEAD else tl.load(V_SCALE)
@@ -214,6 +222,8 @@ def _attnscope_decode_split_kernel(
         first_q = (m_tile * BLOCK_M) // GROUP
         kv_lo = tl.maximum(seqlen - n_q + first_q - win_left, 0)
         kv_lo = tl.minimum(kv_lo // BLOCK_N * BLOCK_N, kv_len)
+    if HAS_STARTS:  # nor the padding's whole blocks
+        kv_lo = tl.maximum(kv_lo, tl.minimum(start // BLOCK_N * BLOCK_N, kv_len))
     # this split's keys [lo, hi): whole BLOCK_N blocks, the row tile's n_blocks dealt evenly, the first
     # n_blocks % num_splits splits one more: no split is empty while n_blocks >= num_splits
     n_blocks = tl.cdiv(kv_len - kv_lo, BLOCK_N)
@@ -352,16 +362,17 @@ def _attnscope_decode_split_kernel(
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:  # s' = softcap * tanh(s * scale / softcap), in base 2 (softcap2 = softcap * log2 e)
             s = softcap2 * tanh_(s / softcap2)
+        seen = (n_mask & (rows >= start)) if HAS_STARTS else n_mask  # keys of the sequence in range
         if KEYS_AS_ROWS:  # one query: a key is visible to every row or to none
-            visible = (n_mask & (rows >= lim - 1 - win_left))[:, None] if WINDOW else n_mask[:, None]
+            visible = (seen & (rows >= lim - 1 - win_left))[:, None] if WINDOW else seen[:, None]
         elif CHUNK:
-            visible = n_mask[None, :] & (rows[None, :] < lim[:, None])
+            visible = seen[None, :] & (rows[None, :] < lim[:, None])
             if WINDOW:
                 visible = visible & (rows[None, :] >= (lim - 1 - win_left)[:, None])
         elif WINDOW:
-            visible = n_mask[None, :] & (rows[None, :] >= lim - 1 - win_left)
+            visible = seen[None, :] & (rows[None, :] >= lim - 1 - win_left)
         else:
-            visible = n_mask[None, :]
+            visible = seen[None, :]
         s = tl.where(visible, s, float("-inf"))
         if KEYS_AS_ROWS:  # the same online softmax over axis 0 of S^T
             # FOLD: max(s) * s_mul = max(s * s_mul), rounding is monotone and s_mul > 0

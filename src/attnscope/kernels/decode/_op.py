@@ -14,18 +14,19 @@ Tensor = torch.Tensor
 @torch.library.custom_op("attnscope::flash_decode", mutates_args=())
 def flash_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None,
                     block_table: Tensor | None, k_scale: Tensor | None, v_scale: Tensor | None,
-                    sinks: Tensor | None, num_splits: int | None, scale: float | None,
+                    sinks: Tensor | None, cache_leftpad: Tensor | None, num_splits: int | None,
+                    scale: float | None,
                     window_left: int, window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
     """(o [B, Hq, Nq, d], lse [B, Hq, Nq] fp32): `api.flash_decode` with ``return_lse=True``."""
     window = None if window_left < 0 and window_right < 0 else (window_left, window_right)
     return flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits, scale=scale,
                         return_lse=True, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
-                        sinks=sinks)
+                        sinks=sinks, cache_leftpad=cache_leftpad)
 
 
 @flash_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, num_splits, scale,
-      window_left, window_right, softcap):
+def _(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad, num_splits,
+      scale, window_left, window_right, softcap):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 

@@ -31,7 +31,7 @@ Tensor = torch.Tensor
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
                  return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0, sinks=None,
-                 check_seqlens: bool = False):
+                 cache_leftpad=None, check_seqlens: bool = False):
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
     The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the `PLAN_CACHE_LAYOUTS`
@@ -77,6 +77,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     window, softcap, sinks : keyword-only
         The score mods (`DecodePlan`; DESIGN.md): a sliding window ``(left, right)`` (decode is causal:
         right is 0), logit softcapping, one sink logit per query head (fp32 [Hq]).
+    cache_leftpad : torch.Tensor, int32 [B], keyword-only
+        A dense cache only: sequence b's keys start at ``cache_leftpad[b]``, the positions before it are
+        left padding (never attended; their whole key blocks never read). Checked on the device (a value
+        outside [0, its length] is clamped and recorded for `check_errors`).
     check_seqlens : bool, keyword-only
         Also check the lengths, used block-table entries and scales on the host before the launch: a
         device sync per call that breaks CUDA-graph capture (default False); the split heuristic then
@@ -107,9 +111,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
                                       "call decode.check_errors() outside the compiled region")
         w = (-1, -1) if window is None else tuple(window)
         o, lse = torch.ops.attnscope.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
-                                                  v_scale, sinks, num_splits, scale, w[0], w[1], softcap)
+                                                  v_scale, sinks, cache_leftpad, num_splits, scale, w[0],
+                                                  w[1], softcap)
         return (o, lse) if return_lse else o
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
     options = (num_splits, scale, return_lse, window, softcap)
     # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
     layouts = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device)
@@ -122,7 +127,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
     facts = _PLAN_CACHE.facts(key) if key is not None else None
     if facts is None:
         facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale,
-                              v_scale, window, softcap, sinks)
+                              v_scale, window, softcap, sinks, cache_leftpad)
     elif grown is not None:  # the layout's facts, at this call's length
         facts = facts._replace(L_max=grown[6])
     longest = None
@@ -136,14 +141,14 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         if k_scale is not None:
             _check_scale_values(k_scale, v_scale, scale, facts.d)
     if key is None:
-        plan = DecodePlan(*tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
-                          **options)
+        plan = DecodePlan(*tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks,
+                          cache_leftpad=cache_leftpad, max_seqlen=longest, **options)
         return plan._launch(tensors)
     rule = _SplitRule.of(q.device, facts, num_splits, scale, longest)
     def make(splits):  # a kept plan's buffers outside any CUDA-graph pool (`kept_allocation`)
         return kept_allocation(torch, q.device, lambda: DecodePlan(
-            *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, max_seqlen=longest,
-            **{**options, "num_splits": splits}))
+            *tensors[:5], k_scale=k_scale, v_scale=v_scale, sinks=sinks, cache_leftpad=cache_leftpad,
+            max_seqlen=longest, **{**options, "num_splits": splits}))
     plan = _PLAN_CACHE.plan(key, facts, rule, make, default=not check_seqlens, length=grown and grown[6])
     return plan._launch(tensors, grown=grown)
 

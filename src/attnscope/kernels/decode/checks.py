@@ -38,7 +38,13 @@ from attnscope.kernels._common import (
     import_torch_triton,
     raise_device_errors,
 )
-from attnscope.kernels.decode._kernel import ERR_BLOCK_TABLE, ERR_QUANTIZE, ERR_SCALES, ERR_SEQLENS
+from attnscope.kernels.decode._kernel import (
+    ERR_BLOCK_TABLE,
+    ERR_LEFTPAD,
+    ERR_QUANTIZE,
+    ERR_SCALES,
+    ERR_SEQLENS,
+)
 from attnscope.kernels.decode.heuristics import (
     MAX_NUM_SPLITS,
     PAGE_SIZES,
@@ -130,7 +136,7 @@ def _requires_grad(tensors) -> bool:
 
 
 def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale=None,
-                  v_scale=None, window=None, softcap=0.0, sinks=None) -> Facts:
+                  v_scale=None, window=None, softcap=0.0, sinks=None, cache_leftpad=None) -> Facts:
     """Validate everything that needs no device read; return the call's `Facts`."""
     paged = block_table is not None
     layout = "[num_pages, page_size, Hkv, d]" if paged else "[B, Hkv, L_max, d]"
@@ -139,7 +145,8 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
     _check_cache("v_cache", v_cache, layout)
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     for name, t, shape in (("cache_seqlens", cache_seqlens, "[B]"),
-                           ("block_table", block_table, "[B, max_pages]")):
+                           ("block_table", block_table, "[B, max_pages]"),
+                           ("cache_leftpad", cache_leftpad, "[B]")):
         if t is not None:
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"{name}: expected a torch.Tensor of int32 {shape} or None, "
@@ -182,6 +189,14 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
     if cache_seqlens is not None and tuple(cache_seqlens.shape) != (B,):
         raise InputError(f"cache_seqlens: expected shape ({B},) (one length per sequence), "
                          f"got {tuple(cache_seqlens.shape)}")
+    if cache_leftpad is not None:
+        if paged:
+            raise NotImplementedError("cache_leftpad: supported with a dense cache (as flash-attn), got a "
+                                      "block_table too")
+        if tuple(cache_leftpad.shape) != (B,) or cache_leftpad.stride(0) != 1 and B > 1:
+            raise InputError(f"cache_leftpad: expected a contiguous shape ({B},) (one start per "
+                             f"sequence), got shape {tuple(cache_leftpad.shape)}, strides "
+                             f"{tuple(cache_leftpad.stride())}")
     if cache_seqlens is None and Nq > L_max:
         raise InputError(f"q: expected Nq <= L_max = {L_max} (cache_seqlens None: every length is L_max), "
                          f"got Nq = {Nq}")
@@ -233,7 +248,8 @@ def check_errors(device=None) -> None:
         for bit, name, want in (
             (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max], each 0 or >= Nq"),
             (ERR_BLOCK_TABLE.value, "block_table", "used page indices in [0, num_pages)"),
-            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"))}
+            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"),
+            (ERR_LEFTPAD.value, "cache_leftpad", "values in [0, the sequence's length]"))}
     messages[ERR_QUANTIZE.value] = ("x: expected finite values, got NaN or inf in a quantize_kv call since "
                                     "the last check")
     raise_device_errors(torch, "decode", messages, device)

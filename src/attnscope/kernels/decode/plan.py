@@ -48,7 +48,8 @@ from attnscope.kernels.decode.heuristics import (
 torch, triton = import_torch_triton()
 
 
-NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "k_scale", "v_scale", "sinks")
+NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "k_scale", "v_scale", "sinks",
+         "cache_leftpad")
 
 
 class DecodePlan:
@@ -97,6 +98,10 @@ class DecodePlan:
         Scores become ``softcap * tanh(s * scale / softcap)``; 0 (default) disables.
     sinks : torch.Tensor, float32 [Hq], optional
         One logit per query head joining each row's softmax denominator (no value; the LSE includes it).
+    cache_leftpad : torch.Tensor, int32 [B], optional
+        A dense cache only: sequence b's keys start at ``cache_leftpad[b]`` (flash-attn's argument: the
+        positions before it are padding, never attended, and their whole key blocks never read); a value
+        outside [0, its length] is clamped into it and recorded (`check`).
     max_seqlen : int, optional
         Longest length expected, for the split heuristic only (default L_max); results never depend
         on it.
@@ -110,17 +115,18 @@ class DecodePlan:
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
                  scale=None, return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0,
-                 sinks=None, max_seqlen=None, check_seqlens=False):
-        self._build((q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks), num_splits,
+                 sinks=None, cache_leftpad=None, max_seqlen=None, check_seqlens=False):
+        self._build((q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad),
+                    num_splits,
                     scale, return_lse, window, softcap, max_seqlen, check_seqlens, _Tuning())
 
     def _build(self, tensors, num_splits, scale, return_lse, window, softcap, max_seqlen, check_seqlens,
                tuning):
         check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
         use_dot, fuse_combine, _config = tuning
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks = tensors
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad = tensors
         facts = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, k_scale,
-                              v_scale, window, softcap, sinks)
+                              v_scale, window, softcap, sinks, cache_leftpad)
         B, Hq, Nq, d, Hkv, L_max, page_size, mods = facts[:8]
         expect(max_seqlen is None or is_int(max_seqlen) and 0 <= max_seqlen <= L_max, "max_seqlen",
                f"an integer in [0, L_max = {L_max}] or None", max_seqlen)
@@ -201,7 +207,7 @@ class DecodePlan:
                          ("FP8_WORDS", words), ("FP8_F16QK", f16qk),
                          ("FP8_ASM", (words or f16qk) and not interpreting()),
                          ("WINDOW", mods.windowed), ("SOFTCAP", mods.softcap > 0),
-                         ("HAS_SINKS", sinks is not None),
+                         ("HAS_SINKS", sinks is not None), ("HAS_STARTS", cache_leftpad is not None),
                          ("PAGE_PRECHECK", paged and bool(cfg.get("PAGE_PRECHECK", False)))):
             if on:
                 self._consts[name] = True
@@ -231,7 +237,7 @@ class DecodePlan:
 
     @on_tensor_device(torch)
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, k_scale=None, v_scale=None,
-            sinks=None, out=None, lse_out=None):
+            sinks=None, cache_leftpad=None, out=None, lse_out=None):
         """Launch on tensors with the planned layouts (values may change freely).
 
         Returns ``o`` [B, Hq, Nq, d] in q's dtype, and ``lse`` [B, Hq, Nq] fp32 (natural log) when the
@@ -243,7 +249,7 @@ class DecodePlan:
         used page index or K/V scale is out of range; `NotImplementedError` if an input requires grad
         (decode has no backward). Values are checked on the device: `check` raises what they recorded.
         """
-        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
+        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
         for t, want in zip(tensors, self.layout, strict=True):
             if (t is None) != (want is None) or t is not None and (
                     not isinstance(t, torch.Tensor) or (t.shape, t.stride(), t.dtype, t.device) != want):
@@ -267,7 +273,7 @@ class DecodePlan:
 
     def _check_values(self, tensors):
         """The eager host checks of ``check_seqlens=True`` (a device sync)."""
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, _ = tensors
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, _, _ = tensors
         longest = None
         if cache_seqlens is not None:
             longest = _check_seqlen_values(cache_seqlens, self.L_max, block_table, self.page_size,
@@ -284,7 +290,7 @@ class DecodePlan:
         plan's only in K's and V's length and strides, passed as ``grown`` (K's and V's strides of dims 0-2,
         then L). ``heads_last`` (Nq = 1, no ``out``): o allocated as [B, 1, Hq, d], flash-attn's layout
         (the same memory as [B, Hq, 1, d])."""
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks = tensors
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, starts = tensors
         scalars, spec = self._scalars, None
         if grown is not None:
             last = self._last
@@ -319,13 +325,13 @@ class DecodePlan:
         args = (q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else o,
                 table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
                 k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
-                sinks if sinks is not None else o, *scalars)
+                sinks if sinks is not None else o, starts if starts is not None else o, *scalars)
         if self._direct is None:  # the interpreter, a CPU tensor
             _attnscope_decode_split_kernel[self._grid](*args, **self._consts)
         else:
             # the tensors whose addresses may change between runs (the plan's scratch never does)
             bits = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | o.data_ptr() | lse.data_ptr()
-            for t in (cache_seqlens, block_table, k_scale, v_scale, sinks):
+            for t in (cache_seqlens, block_table, k_scale, v_scale, sinks, starts):
                 if t is not None:
                     bits |= t.data_ptr()
             aligned = bits % 16 == 0
@@ -392,14 +398,14 @@ class _Tuning(NamedTuple):
 
 def _tuned_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
                 return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0, sinks=None,
-                max_seqlen=None, check_seqlens=False, use_dot=None, fuse_combine=None,
+                cache_leftpad=None, max_seqlen=None, check_seqlens=False, use_dot=None, fuse_combine=None,
                 config=None) -> DecodePlan:
     """A `DecodePlan` with its tuning knobs set (`_Tuning`): the benchmarks' entry point."""
     for name, value in (("use_dot", use_dot), ("fuse_combine", fuse_combine)):
         expect(value is None or isinstance(value, bool), name, "True, False or None", value)
     expect(config is None or isinstance(config, dict), "config", "a dict or None", config)
     plan = DecodePlan.__new__(DecodePlan)
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
     plan._build(tensors, num_splits, scale, return_lse, window, softcap, max_seqlen, check_seqlens,
                 _Tuning(use_dot, fuse_combine, config))
     return plan
