@@ -29,7 +29,9 @@ its left side bounds; a row tile's keys start at the block holding its first que
 `model.tiles.window_kv_bounds0`, so blocks before it are never loaded, and the split count is sized by the
 keys the rows see, `heuristics._window_span`, not by L), softcap (``softcap * tanh``
 of the scaled score, before the mask), and sinks (one logit per query head, joined once: in the merge,
-or in phase 1 with one split).
+or in phase 1 with one split). A dense cache's ``cache_leftpad`` (flash-attn's left padding) starts sequence
+b at its own key: the keys before it are masked and their whole blocks skipped (the split count still
+follows the length).
 
 Values are checked on the device, never read back by default (`checks`): lengths clamped, out-of-range
 block-table entries never dereferenced, bad scales flagged; `check_errors` raises what was recorded.
