@@ -296,10 +296,12 @@ def test_left_padded_decode_step_attends_in_place(monkeypatch, four_d):
     monkeypatch.setattr(hf, "_spans", real_spans)
 
 
-def test_compiled_padded_static_decode_step_compiles_once():
-    """A padded batch's static-cache decode step: `padding_mask` gives the fixed-shape key mask [B, 1, 1,
-    kv_len] (the padding, then the slots not yet filled, unmarked), so the compiled step runs for each new
-    length without a recompile, with the eager call's bits."""
+@pytest.mark.parametrize("holes", [False, True])
+def test_compiled_padded_static_decode_step_compiles_once(holes):
+    """A padded batch's static-cache decode step: `padding_mask` gives a fixed-shape form, `lengths` with
+    the starts for left padding, else the key mask [B, 1, 1, kv_len] (the padding and the slots not yet
+    filled unmarked), so the compiled step runs for each new length without a recompile, with the eager
+    call's bits, which are the attention over the real keys."""
     q, k, v = _qkv(2, 4, 2, 1, 10)
     graphs = []
 
@@ -312,9 +314,19 @@ def test_compiled_padded_static_decode_step_compiles_once():
     for n in (6, 7, 9):
         pad = torch.ones(2, n, dtype=torch.bool, device=DEVICE)
         pad[1, :2] = False  # left padding
+        if holes:
+            pad[0, 3] = False
         mask = hf.padding_mask(2, 1, 10, n - 1, 0, attention_mask=pad, device=DEVICE)
-        assert mask.shape == (2, 1, 1, 10) and torch.equal(mask[:, 0, 0, :n], pad) and not mask[..., n:].any()
-        assert torch.equal(f(q, k, v, mask), hf.attention_forward(_Attn(), q, k, v, mask)[0])
+        if holes:
+            assert mask.shape == (2, 1, 1, 10) and torch.equal(mask[:, 0, 0, :n], pad)
+            assert not mask[..., n:].any()
+        else:
+            assert mask.shape == (2, 1, 1, 2) and mask[:, 0, 0].tolist() == [[n, 0], [n, 2]]
+        got = f(q, k, v, mask)
+        assert torch.equal(got, hf.attention_forward(_Attn(), q, k, v, mask)[0])
+        keys = torch.nn.functional.pad(pad, (0, 10 - n))[:, None, None, :]  # the same keys, packed
+        torch.testing.assert_close(got.float(), hf.attention_forward(_Attn(), q, k, v, keys)[0].float(),
+                                   atol=2e-2, rtol=0)
     assert len(graphs) == 1
 
 
@@ -399,8 +411,9 @@ def test_static_cache_mask_is_filled_without_padding():
     pad = ones.clone()
     pad[1, 0] = False
     assert torch.equal(hf.padding_mask(2, 3, 10, 3, 0, attention_mask=pad, device=DEVICE), pad)
-    # a decode step: the keys it sees, over every slot (test_compiled_padded_static_decode_step_compiles_once)
-    assert hf.padding_mask(2, 1, 10, 5, 0, attention_mask=pad, device=DEVICE).shape == (2, 1, 1, 10)
+    # a decode step: left padding as the lengths and starts (test_compiled_padded_static_decode_step_...)
+    left = hf.padding_mask(2, 1, 10, 5, 0, attention_mask=pad, device=DEVICE)
+    assert left.shape == (2, 1, 1, 2) and left[:, 0, 0].tolist() == [[6, 0], [6, 1]]
     # no mask given, the offset on the device (a static cache): no read for a decode step
     assert hf.padding_mask(2, 3, 10, torch.tensor(3), 0, device=DEVICE).stride() == (0, 0)
     assert hf.padding_mask(2, 1, 10, torch.tensor(5), 0, device=DEVICE).flatten().tolist() == [6, 6]
@@ -548,15 +561,18 @@ def test_module_sinks_set_or_deleted_between_calls_are_seen():
 
 def test_mask_caches_are_neither_read_nor_kept_while_transient(monkeypatch):
     """While compiling or capturing a CUDA graph (`hf._transient`) the per-mask caches (packing, key packing,
-    filled lengths) are neither read nor written: a graph captured on a kept tensor would read freed memory
-    once the entry is replaced. Eagerly each is computed once per mask tensor."""
+    filled lengths, runs of real keys, lengths and starts) are neither read nor written: a graph captured on
+    a kept tensor would read freed memory once the entry is replaced. Eagerly each is computed once per mask
+    tensor."""
     mask = torch.ones(2, 10, dtype=torch.bool, device=DEVICE)
     mask[0, :3] = False
     keys = mask[:, None, None, :]
     filled = hf.filled(2, 7, DEVICE)
     dev = torch.device(DEVICE)
+    starts = hf.lengths(torch.tensor([5, 7], device=DEVICE), torch.tensor([0, 2], device=DEVICE))
     calls = (lambda: hf._packing(mask, 1, 10, dev), lambda: hf._key_packing(keys.view(2, 10), dev),
-             lambda: hf._filled_lens(filled, dev))
+             lambda: hf._filled_lens(filled, dev), lambda: hf._spans(mask),
+             lambda: hf._length_columns(starts))
     kept = [f() for f in calls]
     assert all(f() is k for f, k in zip(calls, kept, strict=True))  # eagerly: kept
     monkeypatch.setattr(hf, "_transient", lambda device: True)

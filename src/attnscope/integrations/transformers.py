@@ -17,6 +17,7 @@ Then:
   path. A decode step's such mask is `lengths` instead: int32 [B, 1, 1, 1], the filled lengths on the
   device (`flash_decode`'s ``cache_seqlens``), a shape that stays the same as the cache fills, so
   transformers' compiled decode step (a static cache under ``torch.compile``) is traced and recorded once;
+  with left padding [B, 1, 1, 2], each row's first real key too (``cache_leftpad``: no gather);
 - a padding mask: the tokens are permuted on the device into a packed batch, the real ones first in
   order, one sequence per row, then the padding as one more sequence (cu_seqlens from the mask's row
   sums, ``max_seqlen`` the packed sizes, known from the shapes), run through
@@ -104,16 +105,41 @@ def _is_filled(mask: Tensor) -> bool:
     return mask.dtype == torch.bool and mask.stride() == (0, 0)
 
 
-def lengths(lens: Tensor) -> Tensor:
+def lengths(lens: Tensor, starts: Tensor | None = None) -> Tensor:
     """The mask form of a decode step over a cache filled to lengths held on the device: ``lens`` (int [B])
-    as int32 [B, 1, 1, 1], row b's keys [0, lens[b]) filled, no padding, one query each. Its shape does not
-    change as the cache fills, so a compiled decode step (a static cache under ``torch.compile``) records
-    one graph, not one per length; transformers passes a 4-D mask to the attention function as it is."""
-    return lens.to(torch.int32).reshape(-1, 1, 1, 1).contiguous()
+    as int32 [B, 1, 1, 1], row b's keys [0, lens[b]) filled, no padding, one query each; with ``starts``
+    (left padding) int32 [B, 1, 1, 2], row b's keys [starts[b], lens[b]). Its shape does not change as the
+    cache fills, so a compiled decode step (a static cache under ``torch.compile``) records one graph, not
+    one per length; transformers passes a 4-D mask to the attention function as it is."""
+    cols = (lens,) if starts is None else (lens, starts)
+    return torch.stack([c.reshape(-1).to(torch.int32) for c in cols], 1).reshape(-1, 1, 1, len(cols))
 
 
 def _is_lengths(mask: Tensor) -> bool:
-    return mask.dim() == 4 and mask.dtype == torch.int32 and tuple(mask.shape[1:]) == (1, 1, 1)
+    return (mask.dim() == 4 and mask.dtype == torch.int32 and tuple(mask.shape[1:3]) == (1, 1)
+            and mask.shape[3] in (1, 2))
+
+
+#: The columns of the last `lengths` mask with starts (a weak reference to it, its version counter, device)
+#: and the columns as contiguous tensors: every layer of a step shares the mask, so one split per step.
+_LENGTH_COLUMNS = [lambda: None, None, None]
+
+
+def _length_columns(mask: Tensor):
+    """``(lens, starts)`` int32 [B] of a `lengths` mask (starts None without them), each contiguous (the
+    kernel reads ``cache_leftpad`` at unit stride); kept for the mask tensor except when `_transient`."""
+    B = mask.shape[0]
+    if mask.shape[3] == 1:
+        return mask.view(B), None
+    transient = _transient(mask.device)
+    key = (mask._version, mask.device)
+    ref, known, cols = _LENGTH_COLUMNS
+    if not transient and ref() is mask and known == key:
+        return cols
+    cols = (mask[:, 0, 0, 0].contiguous(), mask[:, 0, 0, 1].contiguous())
+    if not transient:
+        _LENGTH_COLUMNS[:] = [weakref.ref(mask), key, cols]
+    return cols
 
 
 def _is_key_mask(mask: Tensor) -> bool:
@@ -127,8 +153,9 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
     padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`, or for a
-    decode step `lengths`; with padding, a decode step's becomes the 4-D key mask [B, 1, 1, kv_length]
-    (eagerly: one host read per mask; under ``torch.compile`` none, and the mask stays as it is). Without a
+    decode step `lengths`; with left padding a decode step's becomes `lengths` with the starts, with other
+    padding the 4-D key mask [B, 1, 1, kv_length] (eagerly: one host read per mask; under ``torch.compile``
+    none, and the mask stays as it is). Without a
     mask, the filled slots of a cache with unfilled ones: for a decode step where the cache keeps its offset
     on the device (a static cache), `lengths` computed there (no read); otherwise `filled` (one read of the
     offset). transformers may pass what this returns back in as ``attention_mask``.
@@ -149,7 +176,10 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
                 if q_length == 1:
                     return lengths(torch.full((batch_size,), n, dtype=torch.int32, device=mask.device))
                 return filled(batch_size, n, mask.device)
-            if q_length == 1:  # padding: the keys each row's query sees, over every slot (a fixed shape)
+            if q_length == 1:  # padding: left padding as starts, else the keys each row's query sees
+                spans = _spans(mask)
+                if spans is not None and spans[2]:
+                    return lengths(spans[1], spans[0])
                 return torch.nn.functional.pad(mask.to(torch.bool), (0, kv_length - n))[:, None, None, :]
         return mask
     if attention_mask is not None:  # transformers found it all ones over all kv_length slots
@@ -240,8 +270,9 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
         B, Nq = query.shape[0], query.shape[2]
         if attention_mask.shape[0] != B or Nq != 1:
             raise InputError(f"attention_mask: a cache-lengths mask is for one query per sequence, [B = {B}, "
-                             f"1, 1, 1]; got {tuple(attention_mask.shape)} with Nq = {Nq}")
-        return _decode(query, key, value, attention_mask.view(B), scaling, mods), None
+                             f"1, 1, 1 or 2]; got {tuple(attention_mask.shape)} with Nq = {Nq}")
+        lens, starts = _length_columns(attention_mask)
+        return _decode(query, key, value, lens, scaling, mods, starts), None
     if attention_mask is not None and attention_mask.dim() == 4:
         return _key_masked_step(query, key, value, attention_mask, scaling, mods), None
     if attention_mask is not None:
