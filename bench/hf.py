@@ -34,7 +34,8 @@ Timed (CUDA events, median; wall clock on a CPU):
   ``flash_attn_varlen_func`` at one prefill shape and ``flash_attn_with_kvcache`` (tensor and int lengths)
   at one decode shape, each beside the native call it wraps (the same strided views of flash-attn's layout
   the interface hands the kernels), and the native call on contiguous [B, H, N, d] copies, the layout's own
-  cost (`INTERFACE`).
+  cost (`INTERFACE`); `INTERFACE_ROUNDS` interleaved rounds, the order swapped each round, the ratio the
+  median of the rounds' ratios.
 
 Speed ratios are attnscope / sdpa (t_sdpa / t_attnscope: above 1 attnscope is faster) and interface /
 native (t_native / t_interface); issue 38's targets are printed beside them. About 6 min full, 3 min
@@ -70,6 +71,8 @@ INTERFACE = {"full": ((1, 8192, 32, 8, 128), (8, 8192, 32, 8, 128)),
 PADDED = 4
 #: timed generations per model and mode (alternating; the median is reported)
 GENERATE_RUNS = 5
+#: interleaved timing rounds per interface function (its ratio: the median of the rounds' ratios)
+INTERFACE_ROUNDS = 11
 TARGETS = {"prefill": 1.0, "prefill 32k": 1.05, "generate": 0.97, "interface": 0.98}
 
 
@@ -401,19 +404,21 @@ def interface(dev, shapes, failed, budget_ms):
             failed.append(name)
             continue
         reps = reps_for(timed(native, dev, 1), budget_ms, lo=20, hi=200) if dev == "cuda" else 1
-        # interleaved rounds, the order alternating: drift of the clock or the GPU's state hits both alike
+        # interleaved rounds, the order alternating: drift of the clock or the GPU's state hits both alike;
+        # the ratio is the median of the rounds' paired ratios (each round's two medians taken side by side)
         t_native, t_fa, t_contig = [], [], []
-        for i in range(5 if dev == "cuda" else 1):
+        for i in range(INTERFACE_ROUNDS if dev == "cuda" else 1):
             for fn, out in ((native, t_native), (wrapped, t_fa))[::1 if i % 2 == 0 else -1]:
                 out.append(timed(fn, dev, reps, warmup=int(dev == "cuda")))
             if contiguous is not None:
                 t_contig.append(timed(contiguous, dev, reps, warmup=int(dev == "cuda")))
-        tn, tf = min(t_native), min(t_fa)
-        tc = min(t_contig) if t_contig else None
-        r = {"what": name, "native_ms": tn, "interface_ms": tf, "ratio": tn / tf,
-             "contiguous_ms": tc, "target": TARGETS["interface"]}
+        paired = sorted(a / b for a, b in zip(t_native, t_fa, strict=True))
+        tn, tf = statistics.median(t_native), statistics.median(t_fa)
+        tc = statistics.median(t_contig) if t_contig else None
+        r = {"what": name, "native_ms": tn, "interface_ms": tf, "ratio": statistics.median(paired),
+             "round_ratios": paired, "contiguous_ms": tc, "target": TARGETS["interface"]}
         print(f"{name}: native {tn * 1e3:,.1f} µs, interface {tf * 1e3:,.1f} µs, interface/native "
-              f"{r['ratio']:.3f} (target >= {r['target']}: "
+              f"{r['ratio']:.3f} (rounds {paired[0]:.3f}-{paired[-1]:.3f}; target >= {r['target']}: "
               f"{'met' if r['ratio'] >= r['target'] else 'MISSED'})"
               + ("" if tc is None else f"; native on contiguous [B, H, N, d] copies {tc * 1e3:,.1f} µs"),
               flush=True)

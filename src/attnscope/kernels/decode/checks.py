@@ -247,7 +247,9 @@ def check_errors(device=None) -> None:
         bit: f"{name}: expected {want}, got an out-of-range value in a decode call since the last check"
         for bit, name, want in (
             (ERR_SEQLENS.value, "cache_seqlens", "values in [0, L_max], each 0 or >= Nq"),
-            (ERR_BLOCK_TABLE.value, "block_table", "used page indices in [0, num_pages)"),
+            (ERR_BLOCK_TABLE.value, "block_table",
+             "used page indices in [0, num_pages) (flash_attn_with_kvcache's cache_batch_idx, made a block "
+             "table: cache_batch_idx rows in [0, the cache's batch))"),
             (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"),
             (ERR_LEFTPAD.value, "cache_leftpad", "values in [0, the sequence's length]"))}
     messages[ERR_QUANTIZE.value] = ("x: expected finite values, got NaN or inf in a quantize_kv call since "
