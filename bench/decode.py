@@ -548,12 +548,13 @@ FP8_WAVES = {"f16qk-w4-s3": 2, "f16qk-w2-s3": 2, "f16qk-w2-s2": 3}
 
 
 def fp8_candidates():
-    """name -> (`heuristics.FP8_CONFIGS` key, splits sized on bytes, waves): every config with the shipped
-    split rule (one wave), the shipped config with the other rule, and the `FP8_WAVES` configs with splits
-    for their waves."""
+    """name -> (`heuristics.FP8_CONFIGS` key, splits sized on bytes, waves), or None for "shipped" (the
+    default plan): every config with one-wave splits, `FP8_DEFAULT` with the other split size, and the
+    `FP8_WAVES` configs with splits for their waves."""
     from attnscope.kernels.decode import heuristics as hs
 
-    out = {name: (name, hs.FP8_SPLIT_BYTES, 1) for name in hs.FP8_CONFIGS}
+    out = {"shipped": None}  # the default plan (`decode_plan` without a config or a split count)
+    out.update({name: (name, hs.FP8_SPLIT_BYTES, 1) for name in hs.FP8_CONFIGS})
     other = not hs.FP8_SPLIT_BYTES
     out[f"{hs.FP8_DEFAULT}+{'bytes' if other else 'tokens'}"] = (hs.FP8_DEFAULT, other, 1)
     for name, waves in FP8_WAVES.items():
@@ -601,14 +602,17 @@ def fp8_sweep(rep, json_path=None):
                 row = {"B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "layout": layout, "bf16_us": t_bf16,
                        "cudnn_us": t_cudnn, "fp8_one_liner_us": t_one, "bf16_one_liner_us": t_one_bf16,
                        "candidates": {}}
-                for name, (cfg_name, split_bytes, waves) in cands.items():
-                    _, m_tiles, splits = hs._tiling(q.device, B, Hq, 1, Hkv, L, None, None, True, False,
-                                                    hs._split_min_keys(True, split_bytes))
-                    if waves > 1:  # the same rule aiming at `waves` programs per SM
-                        splits = hs._splits(B * m_tiles, Hkv, L, hs._sms(q.device), waves=waves,
-                                            min_keys=hs._split_min_keys(True, split_bytes))
-                    p = plan_mod._tuned_plan(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs, num_splits=splits,
-                                             config=hs._fp8_config(cfg_name, PAGE if paged else 0))
+                for name, spec in cands.items():
+                    if spec is None:
+                        p = attnscope.decode_plan(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs)
+                        splits = p.num_splits
+                    else:
+                        cfg_name, split_bytes, waves = spec
+                        splits = hs._tiling(q.device, B, Hq, 1, Hkv, L, None, None, True, False,
+                                            hs._split_min_keys(True, split_bytes), waves)[2]
+                        p = plan_mod._tuned_plan(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs,
+                                                 num_splits=splits,
+                                                 config=hs._fp8_config(cfg_name, PAGE if paged else 0))
                     run = lambda: p.run(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs)  # noqa: E731
                     err, bound = reference_error(run(), q, k0, v0)
                     ok = err <= bound
@@ -658,15 +662,13 @@ def fp8_summary(rows, cands):
               f"geomean {geo:.3f}", flush=True)
     from attnscope.kernels.decode import heuristics as hs
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    picks = [(r, hs._fp8_config_name(r["B"] * r["Hkv"] * r["candidates"][hs.FP8_DEFAULT]["splits"], sms))
-             for r in rows]
-    got = [(r, r["candidates"][n]) for r, n in picks if "us" in r["candidates"][n]]
+    got = [(r, r["candidates"]["shipped"]) for r in rows if "us" in r["candidates"]["shipped"]]
     if got:
         eager = [c["vs_bf16"]["eager"] for _, c in got]
         long = [c["vs_cudnn"][m] for r, c in got if r["L"] >= 32768 for m in ("graph", "eager")]
         one = [r["bf16_one_liner_us"] / r["fp8_one_liner_us"] for r in rows]
-        print(f"  shipped rule (FP8_DEFAULT {hs.FP8_DEFAULT}, FP8_MANY {hs.FP8_MANY} past {sms} programs): "
+        print(f"  shipped rule (FP8_DEFAULT {hs.FP8_DEFAULT}, FP8_MANY {hs.FP8_MANY} past one program per "
+              f"SM, dense splits for {hs.FP8_DENSE_WAVES} programs per SM): "
               f"eager x bf16 min {min(eager):.3f} ({sum(x >= 1 for x in eager)}/{len(eager)} >= 1.0); "
               f"L >= 32k x CUDNN min {min(long, default=float('nan')):.3f} ({sum(x >= 1.8 for x in long)}/"
               f"{len(long)} >= 1.8); one-liner fp8 x bf16 min {min(one):.3f} ({sum(x >= 1 for x in one)}/"

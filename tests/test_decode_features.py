@@ -361,6 +361,40 @@ def test_fp8_bf16qk_config_matches_float64(paged, nq, per_head):
     decode.check_errors()
 
 
+def test_fp8_dense_decode_splits_for_two_programs_per_sm():
+    # e4m3 on a dense cache, one query per sequence: the split heuristic aims for FP8_DENSE_WAVES programs
+    # per SM (in FP8_MANY's config); a bf16 cache, a paged cache and chunk tiles keep one wave
+    assert heuristics._split_waves(True, False, 1) == heuristics.FP8_DENSE_WAVES
+    assert heuristics._split_waves(True, True, 1) == heuristics.WAVES
+    assert heuristics._split_waves(False, False, 1) == heuristics.WAVES
+    assert heuristics._split_waves(True, False, 3) == heuristics.WAVES
+    # the H200's (132 SMs) measured points, Hq 32: (B, Hkv, L) -> splits of one wave, of the e4m3 rule
+    waves = heuristics.FP8_DENSE_WAVES
+    for (b, hkv, length), want in {(1, 8, 32768): (16, 16), (1, 8, 131072): (16, 33), (1, 32, 32768): (4, 8),
+                                   (8, 8, 32768): (2, 4), (16, 8, 131072): (1, 2), (32, 8, 32768): (1, 1),
+                                   (1, 8, 4096): (16, 16), (34, 32, 32768): (3, 3)}.items():
+        got = tuple(heuristics._splits(b, hkv, length, 132, w) for w in (heuristics.WAVES, waves))
+        assert got == want, (b, hkv, length, got)
+    B, Hq, Hkv, L = 16, 8, 4, 8192  # 64 items: one wave 2 splits, two waves 4 (of 2,048 keys)
+    q, k, v = dev(*inputs(B, Hq, Hkv, 1, L, dtype=torch.bfloat16)[:3])
+    k8, ks = attnscope.quantize_kv(k)
+    v8, vs = attnscope.quantize_kv(v)
+    sms, items = heuristics._sms(q.device), B * Hkv
+    bf16 = attnscope.decode_plan(q, k, v)
+    fp8 = attnscope.decode_plan(q, k8, v8, k_scale=ks, v_scale=vs)
+    assert bf16.num_splits == min(heuristics.WAVES * sms // items, L // heuristics.MIN_KEYS_PER_SPLIT)
+    most = L // heuristics.WAVE_MIN_KEYS
+    assert fp8.num_splits == min(heuristics.FP8_DENSE_WAVES * sms // items, most)
+    assert fp8.num_splits > bf16.num_splits
+    assert items * fp8.num_splits > sms and heuristics._fp8_config_name(items * fp8.num_splits, sms) == \
+        heuristics.FP8_MANY  # the config two programs per SM fit in (the interpreter runs its own)
+    # the one-liner's plan (the split rule kept for a layout that reads no lengths) agrees
+    assert decode.api._SplitRule.of(q.device, decode.api._check_inputs(
+        q, k8, v8, None, None, None, None, ks, vs, None, 0.0, None, None), None, None, None).splits(L) == \
+        fp8.num_splits
+    decode.check_errors()
+
+
 def test_fp8_tile_config_rule_and_paged_stages():
     # e4m3 decode tiles: FP8_DEFAULT up to one program per SM, FP8_MANY past it; the candidates are
     # complete block configs, dense tiles at their own stages, paged ones at most the bf16 paged rule's

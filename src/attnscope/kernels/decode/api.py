@@ -19,6 +19,7 @@ from attnscope.kernels.decode.heuristics import (
     _raw_scores,
     _sms,
     _split_min_keys,
+    _split_waves,
     _splits,
     _tiling,
     _window_span,
@@ -66,7 +67,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, n
         on the device: a used entry outside [0, num_pages) is never read (its keys are left out) and is
         recorded for `check_errors`; entries past a sequence's length are never read at all.
     num_splits : int, optional, keyword-only
-        KV splits per sequence; default `default_num_splits`. 1 runs phase 1 only.
+        KV splits per sequence; default `default_num_splits` (an e4m3 dense cache: `DecodePlan`'s rule).
+        1 runs phase 1 only.
     scale : float, optional, keyword-only
         Softmax scale; default ``1/sqrt(d)``; see `DecodePlan` for its range.
     return_lse : bool, keyword-only
@@ -214,6 +216,7 @@ class _SplitRule(NamedTuple):
     kv_heads: int
     sms: int
     min_keys: int
+    waves: int
     tail: bool
     span: int | None
 
@@ -221,22 +224,23 @@ class _SplitRule(NamedTuple):
     def of(device, facts, num_splits, scale, longest):
         raw = _raw_scores(scale, facts.d, facts.mods.softcap)
         span = _window_span(facts.Nq, facts.mods.left)
+        waves = _split_waves(facts.fp8, bool(facts.page_size), facts.Nq)
         fixed = None
         if num_splits is not None or raw or longest is not None:
             if longest is not None and span is not None:
                 longest = min(longest, span)
             fixed = _tiling(device, facts.B, facts.Hq, facts.Nq, facts.Hkv, facts.L_max, longest, num_splits,
-                            None, raw, _split_min_keys(facts.fp8))[2]
+                            None, raw, _split_min_keys(facts.fp8), waves)[2]
         m_tiles = _tiling(device, facts.B, facts.Hq, facts.Nq, facts.Hkv, 1, None, 1, None)[1]
         return _SplitRule(fixed, facts.B * m_tiles, facts.Hkv, _sms(device), _split_min_keys(facts.fp8),
-                          facts.Nq == 1, span)
+                          waves, facts.Nq == 1, span)
 
     def splits(self, length: int) -> int:
         if self.fixed is not None:
             return self.fixed
         if self.span is not None and self.span < length:
             length = self.span
-        return _splits(self.items, self.kv_heads, length, self.sms, min_keys=self.min_keys, tail=self.tail)
+        return _splits(self.items, self.kv_heads, length, self.sms, self.waves, self.min_keys, tail=self.tail)
 
 
 class _PlanCache:

@@ -72,8 +72,15 @@ def default_num_splits(batch: int, kv_heads: int, seqlen: int, sms: int = 132, *
 def _splits(batch, kv_heads, seqlen, sms, waves=WAVES, min_keys=MIN_KEYS_PER_SPLIT, cap=SPLIT_CAP,
             tail=True) -> int:
     """`default_num_splits`'s formula on checked values (the plan's call path; ``tail=False``: without the
-    tail rule, for chunk tiles: the rule is measured for decode tiles only)."""
+    tail rule, for chunk tiles: the rule is measured for decode tiles only). ``waves`` above `WAVES` (e4m3:
+    `FP8_DENSE_WAVES`): the splits toward that many programs per SM, each split at least `WAVE_MIN_KEYS`
+    keys, and never fewer than one wave's."""
     items = batch * kv_heads
+    if waves > WAVES:
+        one = _splits(batch, kv_heads, seqlen, sms, WAVES, min_keys, cap, tail)
+        if items >= waves * sms:
+            return one
+        return max(one, min((waves * sms) // items, seqlen // max(min_keys, WAVE_MIN_KEYS), cap))
     if items >= waves * sms:
         return _tail_splits(items, seqlen, sms) if tail else 1
     return max(1, min((waves * sms) // items, seqlen // min_keys, cap))
@@ -211,6 +218,23 @@ def _fp8_config_name(programs: int, sms: int, paged: bool = False) -> str:
     return FP8_MANY if FP8_MANY is not None and programs > sms and not paged else FP8_DEFAULT
 
 
+#: Programs per SM the split heuristic aims for on an e4m3 dense cache with one query per sequence (`WAVES`
+#: elsewhere): two, so a launch under two waves of (sequence, kv head) items splits until two programs per
+#: SM run, in `FP8_MANY`'s config (two fit per SM): one 4-warp program per SM cannot hide the e4m3 loop's
+#: latencies. H200, Hq 32, graph replay, against one wave (gpu probe, 2026-12-03, BENCHMARKS.md): B 16 Hkv 8,
+#: L 32k / 128k 1.205 / 1.201 x (1.83 x SDPA CUDNN bf16's tokens/s), B 8 1.11-1.14 x, B 1 Hkv 32 L 32k
+#: 1.108 x, B 1 Hkv 8 L 128k 1.030 x; B 1 Hkv 8 L 32k (splits of ~1k keys) 0.951 x: hence `WAVE_MIN_KEYS`.
+FP8_DENSE_WAVES = 2
+#: Fewest keys per split when the heuristic seeks more than one wave (`_splits`).
+WAVE_MIN_KEYS = 2048
+
+
+def _split_waves(fp8: bool, paged: bool, nq: int) -> int:
+    """The heuristic's ``waves`` for a decode layout: `FP8_DENSE_WAVES` for e4m3 on a dense cache with one
+    query per sequence, else `WAVES`."""
+    return FP8_DENSE_WAVES if fp8 and not paged and nq == 1 else WAVES
+
+
 def _split_min_keys(fp8: bool, split_bytes: bool | None = None) -> int:
     """Fewest keys per split: `MIN_KEYS_PER_SPLIT`, doubled for e4m3 K/V when splits are sized on bytes
     (``split_bytes``, default `FP8_SPLIT_BYTES`): one byte per element reads the same bytes in twice the
@@ -248,10 +272,11 @@ def _raw_scores(scale, d, softcap=0.0) -> bool:
 
 
 def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=False,
-            min_keys=MIN_KEYS_PER_SPLIT):
+            min_keys=MIN_KEYS_PER_SPLIT, waves=WAVES):
     """(rows per tile BLOCK_M, row tiles, split count) of a layout: the plan's only choices that
     depend on sizes (``max_seqlen``: the longest length, for the split heuristic; None: L_max); ``raw``
-    (`_raw_scores`): one split; ``min_keys``: fewest keys per split (`_split_min_keys`)."""
+    (`_raw_scores`): one split; ``min_keys``: fewest keys per split (`_split_min_keys`); ``waves``: programs
+    per SM aimed for (`_split_waves`)."""
     rows = (Hq // Hkv) * Nq
     cap = 16 if interpreting() else BLOCK_M_MAX
     block_m = min(triton.next_power_of_2(rows), cap)
@@ -262,5 +287,5 @@ def _tiling(device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits, use_dot, raw=
         num_splits = 1
     if num_splits is None:
         longest = L_max if max_seqlen is None else max_seqlen
-        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), min_keys=min_keys, tail=Nq == 1)
+        num_splits = _splits(B * m_tiles, Hkv, longest, _sms(device), waves, min_keys, tail=Nq == 1)
     return block_m, m_tiles, num_splits

@@ -41,6 +41,7 @@ from attnscope.kernels.decode.heuristics import (
     _raw_scores,
     _sms,
     _split_min_keys,
+    _split_waves,
     _tiling,
     _window_span,
 )
@@ -79,7 +80,8 @@ class DecodePlan:
         Page of each block of ``page_size`` keys; pages may be in any order and shared. L_max is
         ``max_pages * page_size``.
     num_splits : int, optional
-        KV splits; default `default_num_splits` of (B x row tiles, Hkv, ``max_seqlen``, SMs).
+        KV splits; default `default_num_splits` of (B x row tiles, Hkv, ``max_seqlen``, SMs); on an e4m3
+        dense cache with one query per sequence, toward `heuristics.FP8_DENSE_WAVES` programs per SM.
     scale : float, optional
         Softmax scale, default ``1/sqrt(d)``; positive, at most ``_common.MAX_SCALE``. Past
         ``RAW_SCORES_ABOVE / log2(e)`` (about 7e3) the kernel keeps its running max in raw scores and the
@@ -142,7 +144,8 @@ class DecodePlan:
         if span is not None:
             max_seqlen = min(L_max if max_seqlen is None else max_seqlen, span)
         block_m, m_tiles, num_splits = _tiling(q.device, B, Hq, Nq, Hkv, L_max, max_seqlen, num_splits,
-                                               use_dot, raw, _split_min_keys(facts.fp8))
+                                               use_dot, raw, _split_min_keys(facts.fp8),
+                                               _split_waves(facts.fp8, block_table is not None, Nq))
         paged = block_table is not None
         # Chunk tiles (Nq > 1) on a dense cache run the paged loop over a plan-owned table of "pages"
         # of BLOCK_N consecutive keys: Triton 3.6 pipelines that loop (K/V addresses from a table load)
