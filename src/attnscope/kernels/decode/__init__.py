@@ -47,8 +47,9 @@ captured in a CUDA graph; it calls the compiled kernel's launcher directly once 
 (`_direct.DirectLaunch`). An e4m3 cache runs Q K^T and P @ V in fp16: bf16 query rows are scaled by powers of
 two into fp16 (`_kernel._rows_to_f16`) and K, V convert four values per two instructions
 (`_kernel._e4m3_to_f16_opaque`); the tile config is `heuristics.FP8_DEFAULT` of `heuristics.FP8_CONFIGS`
-(whose ``bf16qk-w8`` converts to q's dtype and reads an aligned V as int32 words,
-`_kernel._e4m3_words_to_f16`). `flash_decode` keeps its plans in a bounded LRU cache;
+up to one program per SM, `heuristics.FP8_MANY` (two fit per SM) past it, and a dense cache splits toward two
+programs per SM (`heuristics.FP8_DENSE_WAVES`) (``bf16qk-w8`` converts to q's dtype and reads an aligned V as
+int32 words, `_kernel._e4m3_words_to_f16`). `flash_decode` keeps its plans in a bounded LRU cache;
 a dense cache of one query per sequence is keyed without its length, so a growing cache reuses them.
 K/V offsets from the loop's base pointers are int32 where the plan's span check allows
 (`plan._offsets_fit_int32`), else int64. Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the
