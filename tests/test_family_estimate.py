@@ -2,6 +2,7 @@
 and their place in `attnscope bytes` (CPU; no GPU, ncu stood in for)."""
 
 import csv
+import gzip
 import itertools
 import json
 import random
@@ -444,6 +445,18 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
     assert got == {f.name: pytest.approx(getattr(true, f.name), rel=1e-2) for f in fields(FamilyParams)}
     out = capsys.readouterr().out
     assert "attnscope_partials_dram = 0.3" in out and "varlen_qo_weight = 0.9" in out
+
+
+def test_from_json_reads_a_gzipped_sweep_as_its_text(capsys, tmp_path):
+    # bench/results keeps large sweeps gzipped; --from-json reprints one as it does the decompressed file
+    path = GRIDS.parent / "results" / "h200-2026-12-02d-heldout-varlen2.json.gz"
+    plain = tmp_path / "sweep.json"
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    outs = []
+    for p in (path, plain):
+        assert main(["bytes", "--from-json", str(p), "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert len(outs[0]["family_rows"]) == 48 and outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("family", ["decode", "varlen", "backward"])

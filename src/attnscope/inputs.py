@@ -205,8 +205,9 @@ def gc_paused():
 
 
 def load_json(path, field: str, text: str | None = None):
-    """Parse a JSON file (or `text`, already read) safely; see the module docstring."""
-    text = read_text(path, field) if text is None else text
+    """Parse a JSON file (or `text`, already read) safely; see the module docstring. A path ending in
+    ``.gz`` is read decompressed (`read_text`'s limits)."""
+    text = read_text(path, field, gz=str(path).endswith(".gz")) if text is None else text
     _check_size_json(text, field)
     try:
         with gc_paused():
