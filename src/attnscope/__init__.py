@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: importing attnscope never imports torch
+    import torch
 
 __version__ = "0.1.0"
 
@@ -36,7 +40,7 @@ _KERNELS = {"flash_attention": ("attnscope.kernels.fwd", "flash_attention"),
 __all__ = [*_KERNELS, "check_errors", "__version__"]
 
 
-def check_errors(device=None) -> None:
+def check_errors(device: torch.device | str | int | None = None) -> None:
     """Raise `attnscope.errors.InputError` for the out-of-range values the kernels' device-side checks met
     since the last check -- decode (lengths, block-table entries, K/V scales), `quantize_kv` (NaN or inf),
     the KV-cache append, varlen (``cu_seqlens``, ``max_seqlen``) -- and clear the records. The default calls

@@ -498,9 +498,10 @@ def _(q, k, v, causal, scale, return_lse, config, impl, window=None, softcap=0.0
     return _out_like(q), q.new_empty(q.shape[:3] if return_lse else (1,), dtype=torch.float32)
 
 
-def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                    config: FwdConfig | None = None, impl: str = "auto", *, window=None, softcap: float = 0.0,
-                    sinks=None, deterministic: bool = False):
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None,
+                    return_lse: bool = False, config: FwdConfig | None = None, impl: str = "auto", *,
+                    window: tuple[int, int] | None = None, softcap: float = 0.0, sinks: Tensor | None = None,
+                    deterministic: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """FlashAttention-2 forward (differentiable: the backward is kernels/bwd.py).
 
     Parameters

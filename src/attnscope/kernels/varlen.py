@@ -302,7 +302,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     return o, lse
 
 
-def check_errors(device=None) -> None:
+def check_errors(device: torch.device | str | int | None = None) -> None:
     """Raise `InputError` if a `flash_attention_varlen` call (forward or backward) since the last check
     got bad ``cu_seqlens_q`` / ``cu_seqlens_k`` values or too small ``max_seqlen_*`` (the default call
     checks them on the device, without a host sync; this reads the error word: one sync), and clear it.
@@ -331,10 +331,12 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                            causal: bool = False, scale: float | None = None, return_lse: bool = False, *,
-                           window=None, softcap: float = 0.0, sinks=None, deterministic: bool = False,
-                           check_seqlens: bool = False):
+                           window: tuple[int, int] | None = None, softcap: float = 0.0,
+                           sinks: torch.Tensor | None = None, deterministic: bool = False,
+                           check_seqlens: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2 over a packed batch of variable-length sequences (flash-attn's varlen API),
     differentiable w.r.t. q, k, v and sinks (kernels/varlen_bwd.py).
 

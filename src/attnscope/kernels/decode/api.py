@@ -30,9 +30,12 @@ torch, _ = import_torch_triton()
 Tensor = torch.Tensor
 
 
-def flash_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None, scale=None,
-                 return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0, sinks=None,
-                 cache_leftpad=None, check_seqlens: bool = False):
+def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None = None,
+                 block_table: Tensor | None = None, *, num_splits: int | None = None,
+                 scale: float | None = None, return_lse: bool = False, k_scale: Tensor | None = None,
+                 v_scale: Tensor | None = None, window: tuple[int, int] | None = None, softcap: float = 0.0,
+                 sinks: Tensor | None = None, cache_leftpad: Tensor | None = None,
+                 check_seqlens: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Decode (or chunked-prefill) attention of Nq new queries per sequence against a KV cache.
 
     The one-line convenience over `DecodePlan`, with a bounded plan cache: plans for the `PLAN_CACHE_LAYOUTS`

@@ -231,7 +231,7 @@ def _error_word(device):
     return device_error_flag(torch, device, "decode")
 
 
-def check_errors(device=None) -> None:
+def check_errors(device: torch.device | str | int | None = None) -> None:
     """Raise `InputError` if a decode launch or a `quantize_kv` call on ``device`` (default: every device
     used) since the last check met an out-of-range value, and clear the record.
 

@@ -5,7 +5,7 @@ graph."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from attnscope.errors import InputError, expect, is_int
 from attnscope.kernels._common import (
@@ -115,9 +115,14 @@ class DecodePlan:
     `_tuned_plan`.
     """
 
-    def __init__(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, num_splits=None,
-                 scale=None, return_lse=False, k_scale=None, v_scale=None, window=None, softcap=0.0,
-                 sinks=None, cache_leftpad=None, max_seqlen=None, check_seqlens=False):
+    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, *,
+                 num_splits: int | None = None, scale: float | None = None, return_lse: bool = False,
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 window: tuple[int, int] | None = None, softcap: float = 0.0,
+                 sinks: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                 max_seqlen: int | None = None,
+                 check_seqlens: bool = False) -> None:
         self._build((q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad),
                     num_splits,
                     scale, return_lse, window, softcap, max_seqlen, check_seqlens, _Tuning())
@@ -381,7 +386,9 @@ def _offsets_fit_int32(k_cache, v_cache, dims) -> bool:
     return max(span(k_cache), span(v_cache)) < 2**31
 
 
-def decode_plan(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **options) -> DecodePlan:
+def decode_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                **options: Any) -> DecodePlan:
     """`DecodePlan` (same arguments): ``plan = decode_plan(q, k, v, lens); o = plan.run(q, k, v, lens)``."""
     return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, **options)
 

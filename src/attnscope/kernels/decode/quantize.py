@@ -13,7 +13,8 @@ E4M3_MAX = 448.0  # the largest finite torch.float8_e4m3fn
 CHUNK_ELEMENTS = 1 << 26  # elements converted at a time (256 MiB of fp32 temporaries)
 
 
-def quantize_kv(x, per_head: bool = True, *, head_axis: int = -3, check_finite: bool = False):
+def quantize_kv(x: torch.Tensor, per_head: bool = True, *, head_axis: int = -3,
+                check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a K or V cache (or new tokens) to ``torch.float8_e4m3fn`` with amax scales.
 
     ``scale = amax(|x|) / 448`` over each kv head (``per_head``) or the whole tensor, 1 where that amax is
