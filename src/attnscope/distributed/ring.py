@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from attnscope.errors import MAX_DIM, InputError, expect, is_int, positive_int, short
+
+if TYPE_CHECKING:  # annotations only (torch is imported where it runs)
+    import torch
+    import torch.distributed
 
 #: Most chunks `chunk_sizes` makes.
 MAX_CHUNKS = 2**21
@@ -356,8 +362,10 @@ def _autograd_fn():
     return _RingAttention
 
 
-def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, group=None,
-                   return_lse: bool = False, *, window=None, softcap: float = 0.0, sinks=None):
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                   scale: float | None = None, group: torch.distributed.ProcessGroup | None = None,
+                   return_lse: bool = False, *, window: tuple[int, int] | None = None, softcap: float = 0.0,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a sequence sharded across the ranks of `group` (ring attention).
 
     Parameters
