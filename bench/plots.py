@@ -23,7 +23,7 @@ import pathlib
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 FORWARD = RESULTS / "h200-2026-12-01-prefill-dispatch-16k.json"
 BACKWARD = RESULTS / "h200-2026-12-02-backward-hopper-first.json"
-DECODE = RESULTS / "h200-2026-12-03c-decode.json"
+DECODE = RESULTS / "h200-2026-12-03d-decode.json"
 VARLEN = RESULTS / "h200-2026-12-02-varlen.json"
 
 
