@@ -7,10 +7,11 @@
 
 Without ``--gpu``: every kernel the dispatch can launch is compiled for ``GPUTarget("cuda", 90, 32)``
 with the configs the launchers pick (no GPU: Triton 3.6 bundles ptxas), with the score-mod constexprs
-off and on, d 64 and 128, bf16 (and fp16 where the kernel is built per dtype without mods). One line per
-kernel: ptxas's registers and spill bytes (`ptxas -v --gpu-name sm_90a`), the compiled kernel's shared
-memory, ptxas's performance warnings (C7511/C7515: wgmma serialised); a kernel that fails to compile or
-needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the run exits 1.
+off and on, d 64, 128 and (portable kernels) 256, bf16 (and fp16 where the kernel is built per dtype
+without mods). One line per kernel: ptxas's registers and spill bytes (`ptxas -v --gpu-name sm_90a`), the
+compiled kernel's shared memory, ptxas's performance warnings (C7511/C7515: wgmma serialised); a kernel that
+fails to compile or needs more than `SMEM_LIMIT` bytes of shared memory is printed with FAIL and the run
+exits 1.
 
 - ``--kernel fwd`` (default): the portable kernel (kernels/fwd.py, its table config) and every Gluon
   Hopper variant (kernels/fwd_hopper.py ``VARIANTS``; ``--variant NAME`` for some), each for the head
@@ -60,7 +61,8 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier  # noqa: E402
 
-from attnscope.kernels import fwd, fwd_hopper  # noqa: E402
+from attnscope.kernels import _common, fwd, fwd_hopper  # noqa: E402
+from attnscope.model import dispatch  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -167,7 +169,9 @@ def compile_hopper(d, dt, causal, name, mods=0, lse=True):
 
 
 def head_dims(name):
-    return (64, 128) if name == "portable" else tuple(sorted(fwd_hopper.VARIANTS[name].configs))
+    if name == "portable":
+        return _common.SUPPORTED_HEAD_DIMS
+    return tuple(sorted(fwd_hopper.VARIANTS[name].configs))
 
 
 def built(name, d, causal):
@@ -318,13 +322,13 @@ def compile_hopper_bwd(d, dt, causal, name, mods=0, mode="twokernel", cfg=None):
 
 def bwd_report(dkdv=None, dq=None) -> None:
     """Every kernel of kernels/bwd.py: dK/dV with and without atomic dQ, the dQ pass, the preprocess, at
-    the table's configs (or ``dkdv`` / ``dq``), d 64 and 128, with the score mods off and on (`BWD_MODS`);
+    the table's configs (or ``dkdv`` / ``dq``), each supported d, the score mods off and on (`BWD_MODS`);
     kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels, bf16 and fp16, causal and not, and bf16 with the
     score mods (`HOPPER_BWD_MODS`)."""
-    from attnscope.kernels import _common, bwd, bwd_hopper, fwd_hopper
+    from attnscope.kernels import bwd, bwd_hopper
 
     dt = "bf16"
-    for d in (64, 128):
+    for d in _common.SUPPORTED_HEAD_DIMS:
         for causal, window, softcap in BWD_MODS:
             mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
             bm, bn, w, s = dkdv or bwd.DKDV_CONFIGS[d]
@@ -336,7 +340,7 @@ def bwd_report(dkdv=None, dq=None) -> None:
             cx = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
             report(f"bwd dQ    d={d:3d} {dt} {_fmt(mods)} {bm}x{bn} w{w} s{s}",
                    compile_triton, bwd._attnscope_bwd_dq_kernel, _bwd_types(dt, False), cx, w, s)
-        for name in bwd_hopper.KERNELS:  # the Gluon Hopper kernels
+        for name in bwd_hopper.KERNELS if d in dispatch.HOPPER_BACKWARD_DIMS else ():  # the Gluon kernels
             cfg = bwd_hopper.config(d, name)
             shape = f"BM={cfg.BM} BN={cfg.BN} STAGES={cfg.STAGES} NWG={cfg.NWG}"
             for hdt in ("bf16", "fp16"):
@@ -349,7 +353,7 @@ def bwd_report(dkdv=None, dq=None) -> None:
                 report(f"bwd hopper {name:4s} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={c.BM} "
                        f"BN={c.BN} STAGES={c.STAGES} NWG={c.NWG}",
                        compile_hopper_bwd, d, "bf16", causal, name, mods, extra=setmaxnreg)
-        for mode in ("onepass", "onepass-wg"):  # the one-pass dK/dV builds (deterministic=False)
+        for mode in ("onepass", "onepass-wg") if d in dispatch.HOPPER_BACKWARD_DIMS else ():  # one-pass
             cfg = bwd_hopper.config(d, "dkdv")
             for causal, mods in ((False, 0), (True, 0), (False, 3)):
                 if not bwd_hopper.onepass_ok(d, _common.Mods(-1, -1, 1.0 if mods & 2 else 0.0, None)):
@@ -506,11 +510,11 @@ def _varlen_types(dt, dq_fp32):
 
 def varlen_report() -> None:
     """The packed variable-length kernels: the forward (TMA and pointer K/V loads) and the backward's
-    dK/dV (atomic dQ on and off) and dQ pass, d 64 and 128, mods off and on (`VARLEN_MODS`); the
+    dK/dV (atomic dQ on and off) and dQ pass, each supported d, mods off and on (`VARLEN_MODS`); the
     preprocess is the dense backward's (``--kernel bwd``)."""
     from attnscope.kernels import bwd, varlen, varlen_bwd
 
-    for d in (64, 128):
+    for d in _common.SUPPORTED_HEAD_DIMS:
         for causal, window, softcap, sinks in VARLEN_MODS:
             mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
             for dt in ("bf16", "fp16") if not (window or softcap) else ("bf16",):
@@ -582,26 +586,27 @@ def _decode_types(kv):
 def decode_report() -> None:
     """The split-KV decode kernel as `DecodePlan` builds it (`heuristics._block_config` per row tile and
     page size; `DECODE_SHAPES`), bf16 and FP8 e4m3 caches (per-tensor scales with the mods off, per-head
-    with them on), score mods off and on, d 64 and 128 (d 64: bf16 plain and FP8 with every mod); then the
+    with them on), score mods off and on, d 64, 128 and 256 (d 64 and 256: bf16 plain and FP8 with every mod;
+    past d = 128 the plan's tiles hold fewer keys, `heuristics._keys_for_dim`); then the
     combine kernel (with and without sinks), `kernels.merge`'s kernel and the KV-cache append
     (`decode.append`)."""
     from attnscope.kernels import merge
     from attnscope.kernels.decode import _kernel, append, heuristics
 
     unaligned = ("stride_sb", "stride_tb")
-    for d in (128, 64):
+    for d in (128, 64, 256):
         for kv in ("bf16", "fp8"):
             for mods in (False, True):
-                if d == 64 and mods != (kv == "fp8"):
-                    continue  # d 64: bf16 plain and FP8 with every mod
+                if d != 128 and mods != (kv == "fp8"):
+                    continue  # d 64 and 256: bf16 plain and FP8 with every mod
                 # FP8: one scale per tensor with the mods off, one per kv head with them on
                 opt = {**(DECODE_MODS if mods else {}),
                        **(dict(FP8=True, SCALE_PER_HEAD=mods, FP8_WORDS=True, FP8_ASM=True) if kv == "fp8"
                           else {})}
                 for label, block_m, page, fuse, chunk in DECODE_SHAPES:
                     if page < 0:
-                        page = heuristics._block_config(block_m)["BLOCK_N"]
-                    cfg = heuristics._block_config(block_m, page, kv == "fp8")
+                        page = heuristics._block_config(block_m, head_dim=d)["BLOCK_N"]
+                    cfg = heuristics._block_config(block_m, page, kv == "fp8", head_dim=d)
                     f16qk = kv == "fp8" and bool(cfg.get("F16QK"))  # as the plan: fp16 Q K^T, V per byte
                     shape_opt = {**opt, "FP8_WORDS": False, "FP8_F16QK": True} if f16qk else opt
                     rows = block_m if chunk else 4  # GROUP 4 x 1 query (decode), 128 rows (chunk)

@@ -361,9 +361,10 @@ def test_cpu_tensors_without_interpreter_error():
 
 
 @pytest.mark.parametrize("d, causal, window, tma", [(128, False, None, False), (128, True, None, True),
-                                                     (128, False, (8, 8), True), (64, False, None, True)])
+                                                     (128, False, (8, 8), True), (64, False, None, True),
+                                                     (256, False, None, False), (256, True, None, True)])
 def test_default_load_path_avoids_the_tma_build_ptxas_crashes_on(monkeypatch, d, causal, window, tma):
-    """The default K/V loads: TMA, except d = 128 without a mask, whose TMA build ptxas (sm_90a) crashes on:
+    """The default K/V loads: TMA, except d >= 128 without a mask, whose TMA build ptxas (sm_90a) crashes on:
     there the pointer loads (`varlen._tma_builds`)."""
     seen = []
 

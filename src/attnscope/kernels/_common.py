@@ -12,7 +12,10 @@ from typing import NamedTuple
 from attnscope.errors import InputError, expect, finite_real, short
 from attnscope.model.tiles import normalize_window
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+#: Head dims the portable Triton kernels are built for (forward, backward, varlen, decode); the Gluon Hopper
+#: kernels' own dims are `model.dispatch.HOPPER_BACKWARD_DIMS` and kernels/fwd_hopper.py ``VARIANTS``
+#: (d = 256, Gemma's, runs the portable kernels everywhere).
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
 FP32_MAX = 3.4028234663852886e38
 #: Largest softmax scale: the kernels take ``scale * log2(e)`` as an fp32 argument, which must stay finite.

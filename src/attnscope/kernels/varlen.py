@@ -244,10 +244,11 @@ def _tma_ok(k, v) -> bool:
 
 
 def _tma_builds(d: int, masked: bool) -> bool:
-    """Whether the default takes TMA K/V loads: not for d = 128 without a mask (causal or window), whose TMA
-    build ptxas (Triton 3.6's, sm_90a) crashes on (SIGSEGV, every tile config tried; bench/sm90_resources.py
-    --kernel varlen shows it); the pointer-load build of that case compiles and runs."""
-    return d != 128 or masked
+    """Whether the default takes TMA K/V loads: not for d >= 128 without a mask (causal or window), whose TMA
+    build ptxas (Triton 3.6's, sm_90a) crashes on (SIGSEGV; d = 128: every tile config tried, d = 256: the
+    table's; bench/sm90_resources.py --kernel varlen shows it); the pointer-load build of that case compiles
+    and runs."""
+    return d < 128 or masked
 
 
 def _desc(t, block_n: int):
@@ -387,7 +388,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     o : torch.Tensor, [total_q, Hq, d], q's dtype (contiguous)
     lse : torch.Tensor, [Hq, total_q], float32 — only when ``return_lse``.
 
-    Supported: d in {64, 128}; fp16 and bf16 (NotImplementedError otherwise); malformed input raises
+    Supported: d in {64, 128, 256}; fp16 and bf16 (NotImplementedError otherwise); malformed input raises
     ValueError naming the argument.
 
     Example

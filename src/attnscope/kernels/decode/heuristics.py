@@ -135,12 +135,20 @@ def logical_bytes(batch: int, q_heads: int, kv_heads: int, total_keys: int, head
 PAGE_PRECHECK = False
 
 
+def _keys_for_dim(block_n: int, head_dim: int) -> int:
+    """A tile's keys at head dim ``head_dim``: the d <= 128 tables' ``block_n``, scaled down past d = 128 so a
+    tile holds the bytes it holds at d = 128 (d = 256: half the keys; shared memory and registers as there).
+    Compiled for sm_90 on a CPU (bench/sm90_resources.py --kernel decode), not timed on a GPU."""
+    return max(16, block_n * 128 // head_dim) if head_dim > 128 else block_n
+
+
 def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, programs: int = 0,
-                  sms: int = 132) -> dict:
+                  sms: int = 132, head_dim: int = 128) -> dict:
     """The phase-1 block config (BLOCK_N, STAGES, warps) for a row tile of ``block_m`` rows and pages of
     ``page_size`` keys (0: dense), e4m3 K/V or not: one measured config per tile kind
     (`bench/tune.py decode`), no autotuner; e4m3 decode tiles: `FP8_CONFIGS` [`_fp8_config_name`
-    (``programs``, ``sms``)] (`_fp8_config`), ``programs`` the launch's B x Hkv x row tiles x splits.
+    (``programs``, ``sms``)] (`_fp8_config`), ``programs`` the launch's B x Hkv x row tiles x splits;
+    past d = 128 fewer keys per tile (`_keys_for_dim`).
     Interpreter: small blocks, still multi-block splits and (pages of 16) pages per block.
     """
     if interpreting():
@@ -148,9 +156,10 @@ def _block_config(block_m: int = 16, page_size: int = 0, fp8: bool = False, prog
         if fp8:
             cfg["F16QK"] = True
     elif fp8 and block_m <= 32:
-        return _fp8_config(_fp8_config_name(programs, sms, page_size != 0), page_size)
+        return _fp8_config(_fp8_config_name(programs, sms, page_size != 0), page_size, head_dim)
     else:
         cfg = {"BLOCK_N": 64, "num_warps": 8} if block_m > 32 else {"BLOCK_N": 128, "num_warps": 4}
+        cfg["BLOCK_N"] = _keys_for_dim(cfg["BLOCK_N"], head_dim)
         # Triton's pipeliner gives K/V loads addressed through a block table of several pages per block
         # only part of the stages: 3 would buffer one K and one V tile, 5 the dense kernel's two of each.
         # A block inside one page (whose load mask depends on the page index checked on the device) gets
@@ -201,11 +210,12 @@ FP8_MANY = "f16qk-w4-s3"
 FP8_SPLIT_BYTES = False
 
 
-def _fp8_config(name: str, page_size: int = 0) -> dict:
-    """`FP8_CONFIGS` [name] as a phase-1 block config for pages of ``page_size`` keys (0: dense): dense
-    tiles take the config's stages; paged ones `_block_config`'s rule (5 for blocks of several pages,
-    which the pipeliner buffers only in part; 3 inside one page)."""
+def _fp8_config(name: str, page_size: int = 0, head_dim: int = 128) -> dict:
+    """`FP8_CONFIGS` [name] as a phase-1 block config for pages of ``page_size`` keys (0: dense) at head dim
+    ``head_dim`` (`_keys_for_dim`): dense tiles take the config's stages; paged ones `_block_config`'s rule
+    (5 for blocks of several pages, which the pipeliner buffers only in part; 3 inside one page)."""
     cfg = dict(FP8_CONFIGS[name])
+    cfg["BLOCK_N"] = _keys_for_dim(cfg["BLOCK_N"], head_dim)
     if page_size:
         cfg["STAGES"] = min(cfg["STAGES"], 5 if cfg["BLOCK_N"] > page_size else 3)
     cfg["num_stages"] = cfg["STAGES"]

@@ -157,11 +157,11 @@ class DecodePlan:
         # 1.3 x better at the same tile (BENCHMARKS.md)
         page, self.table = page_size, None
         if Nq > 1 and not paged and _config is None:
-            page = _block_config(block_m)["BLOCK_N"]
+            page = _block_config(block_m, head_dim=d)["BLOCK_N"]
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
         cfg = dict(_config or _block_config(block_m, page, facts.fp8, B * Hkv * m_tiles * num_splits,
-                                            _sms(q.device)))
+                                            _sms(q.device), d))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
