@@ -3,9 +3,10 @@
     PYTHONPATH=src python bench/decode.py [--quick] [--markdown] [--json out.json] [--rep 50] [--host]
     PYTHONPATH=src python bench/decode.py --window [--json out.json] [--rep 20]
 
-bf16, d = 128, one query token per sequence, every sequence full (``cache_seqlens = L``). The grid: (B, Hq,
-Hkv) in {(1,32,32), (1,32,8), (16,32,8), (64,32,8), (64,32,32)} x L in {4k, 32k, 128k} (points whose K + V
-pass `BUDGET` are skipped), plus B = 1, Hq/Hkv = 64/8, L = 2k. ``--quick``: `QUICK`.
+bf16, d = 128 (``--d``: another head dim), one query token per sequence, every sequence full
+(``cache_seqlens = L``). The grid: (B, Hq, Hkv) in {(1,32,32), (1,32,8), (16,32,8), (64,32,8), (64,32,32)} x
+L in {4k, 32k, 128k} (points whose K + V pass `BUDGET` are skipped), plus B = 1, Hq/Hkv = 64/8, L = 2k.
+``--quick``: `QUICK`.
 
 Pass 1, before anything is timed, at full size: sequence 0 of the one-liner against float64 attention
 (bound: `checks.kernel_tolerance` of SDPA's own error); ``plan.run`` gives the one-liner's bits; the paged
@@ -55,6 +56,7 @@ import triton
 import attnscope
 from attnscope.checks import kernel_tolerance
 from attnscope.kernels import decode
+from attnscope.kernels._common import SUPPORTED_HEAD_DIMS
 from attnscope.model.serving import paged as ledger
 
 GRID = [(1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8), (64, 32, 32)]
@@ -452,6 +454,7 @@ def markdown(rows, host):
 
 
 def main():
+    global PAGED_PRECHECK, D
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"{len(QUICK)} points, short timing")
     p.add_argument("--markdown", action="store_true", help="print the tables BENCHMARKS.md needs")
@@ -467,14 +470,15 @@ def main():
     p.add_argument("--host", action="store_true",
                    help=f"only the host-time section (B, Hq, Hkv, L = {HOST_SHAPE}), after the growing-cache "
                         "check (PASS/FAIL: a cache one key longer each call, as transformers' DynamicCache)")
+    p.add_argument("--d", type=int, default=D, choices=SUPPORTED_HEAD_DIMS,
+                   help=f"head dim of every point (default {D}; the grid's points over BUDGET bytes skipped)")
     p.add_argument("--window", action="store_true",
                    help="only the sliding-window section: the one-liner with window=(W, 0), W 4k/8k, and "
                         "without one, B 1/16/64, Hq/Hkv 32/8, L 32k/128k; PASS/FAIL vs float64, then eager "
                         "and graph replay, TB/s over the ledger's window bytes and the fraction of the read "
                         "ceiling (default --rep 20)")
     args = p.parse_args()
-    global PAGED_PRECHECK
-    PAGED_PRECHECK = args.paged_precheck
+    PAGED_PRECHECK, D = args.paged_precheck, args.d
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
         return 2

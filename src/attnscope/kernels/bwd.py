@@ -81,10 +81,11 @@ from attnscope.kernels._tl import (  # noqa: E402
 # picked by compiling candidates for sm_90 and reading ptxas's register/spill report: dK/dV holds K, V,
 # dK and dV of its KV tile in registers, so 4 warps spill and 8 warps with 32 query
 # rows against 128 keys spill least (none at d = 64); bench/backward.py times it
-# (--dkdv / --dq try others). No runtime autotuning. d = 256: the configs without spills in that report
-# (16 rows x 64 keys for dK/dV, 128 x 32 for dQ; bf16, every score mod), not timed on a GPU.
+# (--dkdv / --dq try others). No runtime autotuning. d = 256: configs without spills in that report (16
+# rows x 64 keys for dK/dV, 64 x 32 for dQ; bf16, every score mod) in at most 147 KiB of shared memory (an
+# A100's 163 KiB holds them), not timed on a GPU.
 DKDV_CONFIGS = {64: (32, 128, 8, 2), 128: (32, 128, 8, 2), 256: (16, 64, 8, 2)}
-DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (128, 32, 8, 2)}
+DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)}
 PRE_BLOCK_M = 64  # 128 rows x d = 128 spills (ptxas, sm_90)
 INTERPRET_CONFIG = (16, 32, 4, 1)  # CPU tests: small tiles, still multi-tile, ragged and diagonal
 
