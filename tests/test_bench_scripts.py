@@ -1,5 +1,5 @@
 """bench/ holds only maintained scripts: each answers --help at HEAD on a CPU, at most 15 of them, and
-bench/results stays under 2 MB."""
+bench/results stays under 2 MB, BENCHMARKS.md at most 400 lines."""
 
 import json
 import os
@@ -55,6 +55,8 @@ def test_bench_has_at_most_15_scripts_and_small_results():
     assert sorted(rows) == [p.name for p in SCRIPTS], "one README row per script, none for a removed one"
     size = sum(p.stat().st_size for p in (BENCH / "results").rglob("*") if p.is_file())
     assert size < 2_000_000, size  # issue 33: "under 2 MB"
+    lines = (BENCH.parent / "BENCHMARKS.md").read_text().count("\n")
+    assert lines <= 400, f"BENCHMARKS.md has {lines} lines (issue 33: at most 400)"
 
 
 def test_prefill_verdict_tells_a_wrong_pick_from_noise(monkeypatch):
