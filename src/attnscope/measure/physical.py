@@ -54,7 +54,7 @@ MAX_POINTS = 400
 MAX_REPEAT = 5
 #: Largest Q + K + V + O (and, for naive, S and P) of one point: what one 141 GB H200 can hold with room.
 MAX_POINT_BYTES = 80 * 10**9
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = l2.VALIDATED_HEAD_DIMS
 TRUE, FALSE = ("true", "1", "yes", "y", "t"), ("false", "0", "no", "n", "f", "")
 #: ``attnscope bytes --calibrate``: streams of 1 GiB and 4 GiB (two sizes: the slope between them cancels
 #: the few MiB a write-back L2 keeps dirty past the end of a kernel).

@@ -182,14 +182,22 @@ def hot_footprint(batch: int, kv_set: float, l2_bytes: float) -> float:
     return (batch - 0.5) * kv_set / l2_bytes
 
 
+#: Head dims the estimate's probes and held-out grids measured (`measure.physical` sweeps only these).
+VALIDATED_HEAD_DIMS = (64, 128)
+
+
 def not_modelled(impl: str, n: int, d: int, heads: int, batch: int = 1, dtype: str = "fp16",
                  causal: bool = False, *, kv_heads: int | None = None, l2_bytes: int | None = None,
                  device: str = "h200", params: L2Params = H200_L2_PARAMS) -> str | None:
-    """Why `estimate` makes no +-10 % promise for this call (one line), or None where it does: SDPA FLASH
-    (FA-2's d 128 kernel) causal at B > 1 with several K/V heads (`hot_knots`' ``hot_groups``) at a hot
-    footprint (`hot_footprint`) of ``params.hot_groups_modelled_below`` x the L2 or more, where repeated runs
-    of one call move by more than a +-10 % band can hold (`L2Params.hot_groups_modelled_below` names them).
+    """Why `estimate` makes no +-10 % promise for this call (one line), or None where it does: a head dim
+    outside `VALIDATED_HEAD_DIMS` (no probe or held-out point measured one); SDPA FLASH (FA-2's d 128
+    kernel) causal at B > 1 with several K/V heads (`hot_knots`' ``hot_groups``) at a hot footprint
+    (`hot_footprint`) of ``params.hot_groups_modelled_below`` x the L2 or more, where repeated runs of one
+    call move by more than a +-10 % band can hold (`L2Params.hot_groups_modelled_below` names them).
     `estimate` still computes the call (what the curve gives); the sweeps report no estimate for it."""
+    if d not in VALIDATED_HEAD_DIMS:
+        return (f"not modelled: head dim {d}: the estimate's constants were fitted and checked at d "
+                f"{' and '.join(map(str, VALIDATED_HEAD_DIMS))} only (probes and held-out grids, H200)")
     hkv = heads if kv_heads is None else kv_heads
     if not (impl == "flash" and causal and d > 64 and batch > 1 and 1 < hkv < heads):
         return None
