@@ -1014,3 +1014,18 @@ def test_fa2_causal_rereads_ramp_up_with_the_waves_after_the_launch():
         kv_set = 2 * 15033 * 128 * 2
         excess[h] = (k.read - h * 15033 * 128 * 2 - h * kv_set) / (h * kv_set)
     assert excess[3] < 0.5 * excess[23] < excess[92] < 1.1
+
+
+def test_no_promise_at_a_head_dim_no_probe_measured():
+    """`not_modelled` names a head dim outside `VALIDATED_HEAD_DIMS` (d 256 runs attnscope's kernels, but no
+    probe or held-out grid measured its bytes), for every implementation; at d 64 and 128 the unmasked call
+    keeps its promise. The sweeps' dims are the same constant."""
+    from attnscope.measure import physical as sweeps
+
+    assert sweeps.HEAD_DIMS == physical.VALIDATED_HEAD_DIMS == (64, 128)
+    for impl in ("naive", "flash", "cudnn", "efficient", "attnscope"):
+        for d in (32, 96, 256):
+            why = physical.not_modelled(impl, 4096, d, 32)
+            assert why is not None and f"head dim {d}" in why and "64 and 128" in why, (impl, d)
+        for d in physical.VALIDATED_HEAD_DIMS:
+            assert physical.not_modelled(impl, 4096, d, 32) is None, (impl, d)
