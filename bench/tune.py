@@ -2,6 +2,8 @@
 
     PYTHONPATH=src python bench/tune.py prefill [--d 128] [--n 4096 --n 16384] [--causal 0 --causal 1]
         [--bm 128] [--bn 64 --bn 128] [--warps 4 --warps 8] [--stages 2 --stages 3] [--out FILE.json]
+    PYTHONPATH=src python bench/tune.py backward [--d 256] [--n 4096] [--causal 0 --causal 1]
+        [--dkdv BM,BN,WARPS,STAGES ...] [--dq BM,BN,WARPS,STAGES ...] [--out FILE.json]
     PYTHONPATH=src python bench/tune.py decode [--out FILE.json]
 
 ``prefill``: for the rows of kernels/fwd.py's ``CONFIG_TABLE`` (the portable kernel). bf16, H = 32,
@@ -9,6 +11,12 @@ B * N = ``--tokens``; each config is checked against float64 attention (heads 0-
 1,024 query rows; `attnscope.checks.kernel_tolerance` of SDPA FLASH's own error) and only then timed
 (median of ``triton.testing.do_bench``); SDPA FLASH and CUDNN on the same tensors. About 1 minute per
 (d, causal, N) with the default 12 configs on an H200.
+
+``backward``: for kernels/bwd.py's ``DKDV_CONFIGS`` and ``DQ_CONFIGS`` (the portable backward, dQ in its
+own pass: the default mode). bf16, H = ``--heads``, B * N = ``--tokens``. The dK/dV candidates
+run with the table's dQ config, then the dQ candidates with the fastest dK/dV one; each is checked against
+float64 gradients (head 0 of batch 0; 3 x SDPA FLASH's own error + 1e-3, as bench/backward.py) and only then
+timed (the backward call alone, median); SDPA FLASH and CUDNN's backward (a retained graph) beside it.
 
 ``decode``: for the decode kernel's block configs and split heuristic. bf16, d = 128, the issue's
 (B, Hq, Hkv) x L grid (`attnscope.measure.bench.DECODE_GRID` / ``DECODE_LS``); at each point the default
@@ -29,6 +37,27 @@ DECODE_CONFIGS = [(64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 2)
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+#: default candidates of ``backward`` per head dim: (BLOCK_M query rows, BLOCK_N keys, warps, stages)
+BWD_DKDV = {64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2)],
+            128: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 8, 2)],
+            256: [(16, 64, 8, 2), (32, 64, 8, 2), (32, 64, 8, 1), (16, 128, 8, 1), (32, 128, 8, 1),
+                  (64, 64, 8, 1), (16, 64, 4, 2), (32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 1)]}
+BWD_DQ = {64: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2)],
+          128: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2)],
+          256: [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 1), (64, 32, 4, 2),
+                (32, 64, 4, 2), (128, 32, 8, 1)]}
+
+
+def _config(text):
+    try:
+        cfg = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        cfg = ()
+    if len(cfg) != 4:
+        raise argparse.ArgumentTypeError(f"expected BM,BN,WARPS,STAGES (four integers), got {text!r}")
+    return cfg
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="kernel", required=True)
@@ -43,6 +72,15 @@ def parse_args(argv=None):
     pf.add_argument("--warps", type=int, action="append")
     pf.add_argument("--stages", type=int, action="append")
     pf.add_argument("--out", metavar="FILE.json")
+    bw = sub.add_parser("backward", help="portable backward kernel configs")
+    bw.add_argument("--d", type=int, action="append")
+    bw.add_argument("--n", type=int, action="append")
+    bw.add_argument("--causal", type=int, action="append", choices=(0, 1))
+    bw.add_argument("--tokens", type=int, default=16384)
+    bw.add_argument("--heads", type=int, default=16)
+    bw.add_argument("--dkdv", type=_config, action="append", metavar="BM,BN,WARPS,STAGES")
+    bw.add_argument("--dq", type=_config, action="append", metavar="BM,BN,WARPS,STAGES")
+    bw.add_argument("--out", metavar="FILE.json")
     dc = sub.add_parser("decode", help="decode kernel configs and split counts")
     dc.add_argument("--out", metavar="FILE.json")
     return p.parse_args(argv)
@@ -188,9 +226,92 @@ def decode(a) -> int:
     return 1 if bad else 0
 
 
+def backward(a) -> int:
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from attnscope.kernels import bwd, fwd
+    from attnscope.model.flops import attention_flops
+
+    def ms(fn):
+        return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+    results, bad = [], 0
+    for d, causal, n in itertools.product(a.d or [128], a.causal or [0, 1], a.n or [4096]):
+        b, hq = max(1, a.tokens // n), a.heads
+        hkv = hq
+        gen = torch.Generator(device="cuda").manual_seed(n + d + causal)
+        q, do = (torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                 for _ in range(2))
+        k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+        tflop = attention_flops(b, hq, n, n, d, bool(causal), pass_="backward") / 1e9
+        g = 1  # float64 gradients of head 0 of batch 0
+        qs, ks, vs = (t[:1, :h].double().requires_grad_() for t, h in ((q, g), (k, 1), (v, 1)))
+        s = qs @ ks.transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        (torch.softmax(s, -1) @ vs).backward(do[:1, :g].double())
+        ref = (qs.grad, ks.grad, vs.grad)
+
+        def err(grads, ref=ref, g=g):
+            return max((x[:1, :h].double() - r).abs().max().item()
+                       for x, r, h in zip(grads[:3], ref, (g, 1, 1), strict=True))
+
+        peers, bound = {}, None
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            with sdpa_kernel(backend):
+                o = sdpa(*leaves, is_causal=bool(causal))
+            if name == "flash":
+                bound = 3 * err(torch.autograd.grad(o, leaves, do, retain_graph=True)) + 1e-3
+            peers[name] = tflop / ms(lambda o=o, leaves=leaves, do=do: torch.autograd.grad(o, leaves, do,
+                                                                                          retain_graph=True))
+        o, lse = fwd.flash_attention(q, k, v, causal=bool(causal), return_lse=True)
+        print(f"d={d} causal={causal} N={n} B={b} Hq={hq} Hkv={hkv}: flash {peers['flash']:.0f} "
+              f"cudnn {peers['cudnn']:.0f} TFLOP/s; bound {bound:.2e}", flush=True)
+        saved = bwd.DKDV_CONFIGS.get(d), bwd.DQ_CONFIGS.get(d)
+        best = {}
+        for table, cands in (("dkdv", a.dkdv or BWD_DKDV.get(d, [])), ("dq", a.dq or BWD_DQ.get(d, []))):
+            for cfg in cands:
+                bwd.DKDV_CONFIGS[d] = best.get("dkdv", (None, saved[0]))[1] if table == "dq" else cfg
+                bwd.DQ_CONFIGS[d] = cfg if table == "dq" else saved[1]
+                row = dict(d=d, causal=causal, n=n, table=table, cfg=cfg)
+                try:
+                    def call(q=q, k=k, v=v, o=o, lse=lse, do=do, c=bool(causal)):
+                        return bwd.flash_attention_backward(do, q, k, v, o, lse, c, None, impl="portable")
+                    e = err(call())
+                    row.update(err=e, bound=bound)
+                    if not e <= bound:
+                        bad += 1
+                        print(f"  {table} {cfg}: error {e:.2e} > bound {bound:.2e}: not timed", flush=True)
+                        results.append(row)
+                        continue
+                    tf = tflop / ms(call)
+                    row.update(tflops=tf, vs_cudnn=tf / peers["cudnn"], vs_flash=tf / peers["flash"])
+                    print(f"  {table} {cfg}: {tf:6.1f} TFLOP/s  /cudnn {tf / peers['cudnn']:.3f}  /flash "
+                          f"{tf / peers['flash']:.3f}  err {e:.1e}", flush=True)
+                    if tf > best.get(table, (0.0, None))[0]:
+                        best[table] = (tf, cfg)
+                except Exception as e:  # noqa: BLE001 - a config the compiler refuses is reported, the rest run
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    print(f"  {table} {cfg}: FAILED {row['error'][:150]}", flush=True)
+                results.append(row)
+        bwd.DKDV_CONFIGS[d], bwd.DQ_CONFIGS[d] = saved
+        print(f"  best: dK/dV {best.get('dkdv')}, dQ {best.get('dq')}", flush=True)
+        results.append(dict(d=d, causal=causal, n=n, peers=peers, best=best))
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    return prefill(a) if a.kernel == "prefill" else decode(a)
+    return {"prefill": prefill, "decode": decode, "backward": backward}[a.kernel](a)
 
 
 if __name__ == "__main__":
