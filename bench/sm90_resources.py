@@ -331,8 +331,8 @@ def bwd_report(dkdv=None, dq=None) -> None:
     for d in _common.SUPPORTED_HEAD_DIMS:
         for causal, window, softcap in BWD_MODS:
             mods = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
-            bm, bn, w, s = dkdv or bwd.DKDV_CONFIGS[d]
             for atomic in (False, True):
+                bm, bn, w, s = dkdv or bwd.dkdv_config(d, atomic)
                 cx = dict(HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
                 report(f"bwd dK/dV d={d:3d} {dt} {_fmt(mods)} ATOMIC_DQ={int(atomic)} {bm}x{bn} w{w} s{s}",
                        compile_triton, bwd._attnscope_bwd_dkdv_kernel, _bwd_types(dt, True), cx, w, s)
@@ -529,8 +529,8 @@ def varlen_report() -> None:
                            compile_triton, varlen._attnscope_varlen_kernel,
                            {**_varlen_types(dt, False), "desc_k": desc, "desc_v": desc}, cx, w, s)
             dt = "bf16"
-            bm, bn, w, s = bwd.DKDV_CONFIGS[d]
             for atomic in (False, True):
+                bm, bn, w, s = bwd.dkdv_config(d, atomic)
                 cx = dict(HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=False, **mods)
                 report(f"varlen dK/dV d={d:3d} {dt} {_fmt(mods)} ATOMIC_DQ={int(atomic)} {bm}x{bn} w{w} s{s}",
                        compile_triton, varlen_bwd._attnscope_varlen_dkdv_kernel, _varlen_types(dt, True), cx,

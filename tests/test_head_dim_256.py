@@ -133,14 +133,17 @@ def test_auto_runs_the_portable_kernels_at_256(monkeypatch):
 def test_varlen_forward_and_backward_match_float64(causal):
     """flash_attention_varlen at d = 256, a packed batch with an empty and a one-token sequence, GQA: each
     sequence's output and dQ, dK, dV against float64 attention on that sequence alone."""
-    lens_q, lens_k = [23, 0, 1, 40], [30, 5, 1, 40]
-    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=DEVICE)
-    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=DEVICE)
+    _varlen_case(causal, [23, 0, 1, 40], [30, 5, 1, 40], DEVICE)
+
+
+def _varlen_case(causal, lens_q, lens_k, device):
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=device)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=device)
     g = torch.Generator().manual_seed(256)
-    q = _rand((sum(lens_q), 4, D), torch.bfloat16, g).requires_grad_()
-    k = _rand((sum(lens_k), 2, D), torch.bfloat16, g).requires_grad_()
-    v = _rand((sum(lens_k), 2, D), torch.bfloat16, g).requires_grad_()
-    do = _rand((sum(lens_q), 4, D), torch.bfloat16, g)
+    q = _rand((sum(lens_q), 4, D), torch.bfloat16, g, device=device).requires_grad_()
+    k = _rand((sum(lens_k), 2, D), torch.bfloat16, g, device=device).requires_grad_()
+    v = _rand((sum(lens_k), 2, D), torch.bfloat16, g, device=device).requires_grad_()
+    do = _rand((sum(lens_q), 4, D), torch.bfloat16, g, device=device)
     o = attnscope.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     for i in range(len(lens_q)):
@@ -242,6 +245,54 @@ def test_gpu_forward_and_backward_match_float64(nq, nk, group, causal, dtype, wi
     """The same check on the GPU at the table's d = 256 configs (several tiles each way, ragged edges), with
     `impl="auto"`: the kernels a user's call takes."""
     _fwd_backward_case(nq, nk, group, causal, dtype, window, softcap, sinks, "cuda", "auto")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (the table configs)")
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_varlen_forward_and_backward_match_float64(causal):
+    """The packed check on the GPU at the table's d = 256 tiles: sequences of several 128-row tiles, ragged
+    ends, an empty and a one-token one."""
+    _varlen_case(causal, [700, 0, 1, 1300], [900, 5, 1, 1300], "cuda")
+
+
+def test_a_smaller_shared_memory_takes_the_fallback_tiles(monkeypatch):
+    """The d = 256 table tiles need 193 KiB of shared memory; a device offering a block less (an A100's 163
+    KiB) gets each table's smaller config, one whose own need `SMEM_NEEDS` does not list; the table's own
+    where the device has enough or is unknown."""
+    monkeypatch.setattr(fwd, "interpreting", lambda: False)
+    monkeypatch.setattr(bwd, "interpreting", lambda: False)
+    a100, h200 = 163 * 1024, 227 * 1024
+    for causal in (False, True):
+        table = fwd.pick_config(D, causal, 4096)
+        assert fwd.pick_config(D, causal, 4096, h200) == fwd.pick_config(D, causal, 4096, None) == table
+        small = fwd.pick_config(D, causal, 4096, a100)
+        assert table in fwd.SMEM_NEEDS and fwd.SMEM_NEEDS[table][0] > a100 >= 0
+        assert small == fwd.SMEM_NEEDS[table][1] and small not in fwd.SMEM_NEEDS
+        assert small.BLOCK_N < table.BLOCK_N
+    for tables in (bwd.DKDV_CONFIGS, bwd.DQ_CONFIGS):
+        cfg = tables[D]
+        assert _common.fitting(cfg, bwd.SMEM_NEEDS, h200) == _common.fitting(cfg, bwd.SMEM_NEEDS, None) == cfg
+        small = _common.fitting(cfg, bwd.SMEM_NEEDS, a100)
+        assert small == bwd.SMEM_NEEDS[cfg][1] != cfg and small not in bwd.SMEM_NEEDS
+    monkeypatch.setattr(bwd, "smem_per_block", lambda torch, t: None)  # the atomic dK/dV kernel: own tiles
+    assert bwd.configs(D, None, atomic=True)[0] == bwd.ATOMIC_DKDV_CONFIGS[D] != bwd.DKDV_CONFIGS[D]
+    assert bwd.configs(128, None, atomic=True)[0] == bwd.DKDV_CONFIGS[128] == bwd.configs(128, None)[0]
+    for d in (64, 128):  # their tiles fit an A100
+        assert fwd.pick_config(d, True, 4096, a100) == fwd.pick_config(d, True, 4096)
+        assert _common.fitting(bwd.DKDV_CONFIGS[d], bwd.SMEM_NEEDS, a100) == bwd.DKDV_CONFIGS[d]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (the table configs)")
+def test_gpu_the_fallback_tiles_match_float64(monkeypatch):
+    """The smaller tiles a device of 163 KiB per block runs (forced here on this GPU), dense and packed."""
+    from attnscope.kernels import varlen
+
+    for mod in (fwd, bwd, varlen):
+        monkeypatch.setattr(mod, "smem_per_block", lambda torch, t: 163 * 1024)
+    _fwd_backward_case(*GPU_CASES[2], "cuda", "portable")
+    _varlen_case(True, [300, 1, 650], [300, 7, 650], "cuda")
 
 
 @pytest.mark.gpu

@@ -60,6 +60,28 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.cache
+def _smem_optin(torch, index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def smem_per_block(torch, t) -> int | None:
+    """The shared memory a block may opt into on tensor ``t``'s CUDA device, bytes (an A100: 163 KiB, an
+    H100/H200: 227 KiB); None in the interpreter or off CUDA."""
+    if interpreting() or t.device.type != "cuda":
+        return None
+    return _smem_optin(torch, t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def fitting(config, needs: dict, smem: int | None):
+    """``config`` (a table's tile config at one head dim), or the smaller one ``needs`` names where the
+    device's per-block shared memory ``smem`` (`smem_per_block`) is under what ``config`` needs: ``needs``
+    maps a config to (its bytes of shared memory, compiled for sm_90; the config used below that)."""
+    if smem is None or config not in needs or smem >= needs[config][0]:
+        return config
+    return needs[config][1]
+
+
 def hopper_unavailable(torch, t) -> str | None:
     """None when a Gluon Hopper kernel can run on tensor ``t``'s device, else the reason it cannot."""
     if interpreting() or t.device.type != "cuda":

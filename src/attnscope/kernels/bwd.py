@@ -66,7 +66,13 @@ from attnscope.model.tiles import cdiv
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
-from attnscope.kernels._common import UNBOUNDED_SIDE, check_mods, hopper_unavailable  # noqa: E402
+from attnscope.kernels._common import (  # noqa: E402
+    UNBOUNDED_SIDE,
+    check_mods,
+    fitting,
+    hopper_unavailable,
+    smem_per_block,
+)
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
@@ -81,13 +87,36 @@ from attnscope.kernels._tl import (  # noqa: E402
 # picked by compiling candidates for sm_90 and reading ptxas's register/spill report: dK/dV holds K, V,
 # dK and dV of its KV tile in registers, so 4 warps spill and 8 warps with 32 query
 # rows against 128 keys spill least (none at d = 64); bench/backward.py times it
-# (--dkdv / --dq try others). No runtime autotuning. d = 256: configs without spills in that report (16
-# rows x 64 keys for dK/dV, 64 x 32 for dQ; bf16, every score mod) in at most 147 KiB of shared memory (an
-# A100's 163 KiB holds them), not timed on a GPU.
-DKDV_CONFIGS = {64: (32, 128, 8, 2), 128: (32, 128, 8, 2), 256: (16, 64, 8, 2)}
-DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)}
+# (--dkdv / --dq try others). No runtime autotuning. d = 256: the fastest of `bench/tune.py backward --d 256`
+# (H200, N 4k: 224-230 TFLOP/s against 107 for the spill-free 16 x 64 / 64 x 32; up to 1.1 KiB of spills
+# with softcap), each in 193 KiB of shared memory (`SMEM_NEEDS`).
+DKDV_CONFIGS = {64: (32, 128, 8, 2), 128: (32, 128, 8, 2), 256: (64, 64, 8, 2)}
+DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (128, 64, 8, 1)}
+#: The dK/dV kernel with dQ by fp32 atomics (``deterministic=False``), where its tiles differ: at d = 256
+#: 64 x 64 needs 257 KiB of shared memory with the atomics (over an H200's 227), so the first d = 256 tiles
+#: (144 KiB, <= 88 B of spills; bench/sm90_resources.py --kernel bwd); not tuned (the default is the dQ pass).
+ATOMIC_DKDV_CONFIGS = {256: (16, 64, 8, 2)}
+#: config -> (its shared memory compiled for sm_90, bytes; the first d = 256 tiles, run on a device that
+#: offers a block less, e.g. an A100's 163 KiB: 96 / 128 KiB, no spills); `_common.fitting`
+SMEM_NEEDS = {(64, 64, 8, 2): (197632, (16, 64, 8, 2)), (128, 64, 8, 1): (196608, (64, 32, 8, 2))}
 PRE_BLOCK_M = 64  # 128 rows x d = 128 spills (ptxas, sm_90)
 INTERPRET_CONFIG = (16, 32, 4, 1)  # CPU tests: small tiles, still multi-tile, ragged and diagonal
+INTERPRET_DQ_CONFIG = (32, 16, 4, 1)
+
+
+def dkdv_config(d: int, atomic: bool) -> tuple:
+    """The dK/dV kernel's table config at head dim ``d``, with (``atomic``) or without dQ atomics."""
+    return ATOMIC_DKDV_CONFIGS.get(d, DKDV_CONFIGS[d]) if atomic else DKDV_CONFIGS[d]
+
+
+def configs(d: int, t, atomic: bool = False) -> tuple:
+    """((dK/dV BLOCK_M, BLOCK_N, warps, stages), (dQ ...)) at head dim ``d`` on tensor ``t``'s device, the
+    dK/dV kernel with (``atomic``) or without dQ atomics: the tables' or their `SMEM_NEEDS` fallbacks; the
+    small interpreter tiles under TRITON_INTERPRET=1."""
+    if interpreting():
+        return INTERPRET_CONFIG, INTERPRET_DQ_CONFIG
+    smem = smem_per_block(torch, t)
+    return fitting(dkdv_config(d, atomic), SMEM_NEEDS, smem), fitting(DQ_CONFIGS[d], SMEM_NEEDS, smem)
 
 
 @triton.jit
@@ -587,8 +616,8 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods,
                           mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
-    bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
     atomic = not deterministic
+    (bm, bn, warps, stages), dq_config = configs(d, q, atomic)
     off64 = _off64(q, k, v, do)
     dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
     _attnscope_bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
@@ -601,7 +630,7 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
         grads = (dq_acc.to(q.dtype), dk, dv)
         return grads if dsinks is None else (*grads, dsinks)
     dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-    bm, bn, warps, stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
+    bm, bn, warps, stages = dq_config
     _attnscope_bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
         q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
         margs["LEFT"], margs["RIGHT"], margs["cap_in"],

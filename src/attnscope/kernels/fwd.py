@@ -51,11 +51,13 @@ from attnscope.kernels._common import (
     check_tensor,
     descriptor_over,
     descriptor_template,
+    fitting,
     hopper_unavailable,
     import_torch_triton,
     interpreting,
     kept_allocation,
     on_tensor_device,
+    smem_per_block,
 )
 from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
@@ -94,12 +96,14 @@ CONFIG_TABLE = (
     (128, True, None, FwdConfig(128, 64, 4, 2)),
     (64, False, None, FwdConfig(128, 128, 4, 3)),
     (64, True, None, FwdConfig(128, 64, 4, 3)),
-    # d = 256: compiled for sm_90 on a CPU (bench/sm90_resources.py: no spills, 128 KiB of shared memory,
-    # which an A100 holds too), not timed on a GPU; half d = 128's keys per tile and twice its warps for the
-    # 128 x 256 fp32 accumulator
-    (256, False, None, FwdConfig(128, 32, 8, 2)),
-    (256, True, None, FwdConfig(128, 32, 8, 2)),
+    # d = 256: twice d = 128's warps for the 128 x 256 fp32 accumulator (`bench/tune.py prefill --d 256`,
+    # H200: 492-543 TFLOP/s against 340 with 32 keys per tile); 193 KiB of shared memory (`SMEM_NEEDS`)
+    (256, False, None, FwdConfig(128, 64, 8, 2)),
+    (256, True, None, FwdConfig(128, 64, 8, 2)),
 )
+#: table config -> (its shared memory, compiled for sm_90, bytes; the config run on a device that offers a
+#: block less, e.g. an A100's 163 KiB: 128 KiB with 32 keys per tile); `_common.fitting`
+SMEM_NEEDS = {FwdConfig(128, 64, 8, 2): (197632, FwdConfig(128, 32, 8, 2))}
 #: Interpreter: small tiles keep CPU tests fast and still cover multi-tile, ragged and diagonal paths.
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
@@ -112,13 +116,15 @@ def _hopper_possible(q) -> str | None:
     return hopper_unavailable(torch, q)
 
 
-def pick_config(d: int, causal: bool, n: int) -> FwdConfig:
-    """The table's config for head dim ``d``, ``causal``, ``n = max(Nq, Nk)`` (interpreter: a small one)."""
+def pick_config(d: int, causal: bool, n: int, smem: int | None = None) -> FwdConfig:
+    """The table's config for head dim ``d``, ``causal``, ``n = max(Nq, Nk)`` (interpreter: a small one),
+    or its `SMEM_NEEDS` fallback on a device with ``smem`` bytes of shared memory per block
+    (`smem_per_block`)."""
     if interpreting():
         return INTERPRETER_CONFIG
     for td, tc, n_max, cfg in CONFIG_TABLE:
         if td == d and tc == causal and (n_max is None or n <= n_max):
-            return cfg
+            return fitting(cfg, SMEM_NEEDS, smem)
     raise NotImplementedError(f"head_dim {d}: no measured config; supported: "
                               f"{sorted({row[0] for row in CONFIG_TABLE})}")
 
@@ -415,7 +421,7 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
     else:
         if B * Hq > MAX_GRID_Y:
             _refuse_grid(B, Hq, chosen)
-        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk))
+        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk), smem_per_block(torch, q))
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
     return _Plan((B, Hq, Nq, d), o.stride(), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
                  torch.empty((1,), dtype=torch.float32, device=q.device))

@@ -51,6 +51,7 @@ from attnscope.kernels._common import (
     interpreting,
     on_tensor_device,
     raise_device_errors,
+    smem_per_block,
 )
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
@@ -79,12 +80,12 @@ from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
 )
 
 
-def pick_config(d: int, masked: bool, n: int):
+def pick_config(d: int, masked: bool, n: int, smem: int | None = None):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim ``d``, ``masked`` (causal or a window) and
     the longest sequence ``n``: the dense forward's measured table (`fwd.pick_config`; the small
     interpreter tiles under TRITON_INTERPRET=1): the inner loop is the same, K/V by TMA too. Compiled
     for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA): bench/sm90_resources.py --kernel varlen."""
-    return tuple(_fwd.pick_config(d, masked, n))
+    return tuple(_fwd.pick_config(d, masked, n, smem))
 
 
 
@@ -275,8 +276,9 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         return o, lse
     kw = mod_args(mods, sm_scale, causal, bounds)
     masked = kw["WINDOW"] or bool(causal)
-    block_m, block_n, num_warps, num_stages = config or pick_config(d, masked,
-                                                                   max(max_seqlen_q, max_seqlen_k))
+    longest = max(max_seqlen_q, max_seqlen_k)
+    smem = smem_per_block(torch, q)
+    block_m, block_n, num_warps, num_stages = config or pick_config(d, masked, longest, smem)
     B = cu_seqlens_q.shape[0] - 1
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
     if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too

@@ -48,15 +48,13 @@ import triton.language as tl  # noqa: E402
 from attnscope.kernels import bwd, varlen_plan  # noqa: E402
 from attnscope.kernels._tl import _kv_bounds, _kv_bounds_window, _window_bounds  # noqa: E402
 from attnscope.kernels.bwd import (  # noqa: E402
-    DKDV_CONFIGS,
-    DQ_CONFIGS,
-    INTERPRET_CONFIG,
     PRE_BLOCK_M,
     _attnscope_bwd_preprocess,
     _dkdv_tile,
     _dq_tile,
     _q_bounds,
 )
+from attnscope.kernels.bwd import configs as bwd_configs  # noqa: E402
 
 
 @triton.jit
@@ -308,12 +306,11 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     mod_kw = varlen_plan.mod_args(mods, sm_scale, causal, bounds)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
-    bm, bn, warps, stages = INTERPRET_CONFIG if interpreting() else DKDV_CONFIGS[d]
-    qm, qn, q_warps, q_stages = (32, 16, 4, 1) if interpreting() else DQ_CONFIGS[d]
+    atomic = not deterministic
+    (bm, bn, warps, stages), (qm, qn, q_warps, q_stages) = bwd_configs(d, q, atomic)
     n_kv = cdiv(total_k, bn) + B  # >= sum_s ceil(Nk_s / BLOCK_N) for any partition of total_k
     n_q = cdiv(total_q, qm) + B
     masked = mod_kw["WINDOW"] or bool(causal)
-    atomic = not deterministic
     lists = [(n_kv, bn, masked, True)] + ([] if atomic else [(n_q, qm, masked, False)])
     cu_q, cu_k, items = varlen_plan.plan(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q, max_seqlen_k, lists,
                                          sanitize=not check_seqlens)

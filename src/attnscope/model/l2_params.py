@@ -60,9 +60,9 @@ KERNELS = {
                   -128: Kernel(128, 64, 2, "hb", False, False, frame=ATTNSCOPE_FRAME[128, True]),
                   64: Kernel(128, 128, 2, "hb", False, False),
                   -64: Kernel(128, 64, 2, "hb", False, False),
-                  # d 256: the table's tiles, one CTA per SM by its 128 KiB of shared memory (not measured:
+                  # d 256: the table's tiles, one CTA per SM by its 193 KiB of shared memory (not measured:
                   # `l2.not_modelled` makes no promise at this head dim)
-                  256: Kernel(128, 32, 1, "hb", False, False)},
+                  256: Kernel(128, 64, 1, "hb", False, False)},
 }
 
 #: The Gluon Hopper variants (kernels/fwd_hopper.py VARIANTS, `attnscope.model.dispatch`) -> {head dim:

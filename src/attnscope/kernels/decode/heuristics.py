@@ -138,7 +138,8 @@ PAGE_PRECHECK = False
 def _keys_for_dim(block_n: int, head_dim: int) -> int:
     """A tile's keys at head dim ``head_dim``: the d <= 128 tables' ``block_n``, scaled down past d = 128 so a
     tile holds the bytes it holds at d = 128 (d = 256: half the keys; shared memory and registers as there).
-    Compiled for sm_90 on a CPU (bench/sm90_resources.py --kernel decode), not timed on a GPU."""
+    Compiled for sm_90 on a CPU (bench/sm90_resources.py --kernel decode); on the H200 (`bench/decode.py
+    --d 256 --quick`, BENCHMARKS.md) 19 of the 22 d = 128 musts held."""
     return max(16, block_n * 128 // head_dim) if head_dim > 128 else block_n
 
 
