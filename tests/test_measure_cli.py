@@ -216,6 +216,13 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out
     assert "1.364x" in out and "1.250x" in out and "+9.1%" in out  # 1.3636 / 1.25 - 1
+    assert "S in the prefill" not in out  # without the candidate's profile: no split
+    cand = share.ShareResult("attnscope", 4096, 2, 16.0, 70.0, 0.0645, 40)
+    loop.candidate_share = cand
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    out = capsys.readouterr().out
+    assert "40.000 / 16.000" in out and "2.500x" in out  # attention in the step, S in it: 40 / 16
+    assert "1.316x" in out and "60.000 / 54.000" in out  # Amdahl with it: 1 / (0.6 + 0.4 / 2.5); the rest
 
 
 def test_runtime_failure_is_one_line_exit_1(fake_gpu, monkeypatch, capsys):

@@ -8,7 +8,7 @@ import pytest
 
 from attnscope.measure import backends, decoder
 from attnscope.measure.backends import backend_of, kernels_within
-from attnscope.measure.share import ClosedLoop, LlamaShape, flops, share_from_trace
+from attnscope.measure.share import ClosedLoop, LlamaShape, ShareResult, flops, share_from_trace
 
 DATA = Path(__file__).parent / "data" / "measure"
 RECORDED = DATA / "recorded"
@@ -100,6 +100,26 @@ def test_closed_loop_arithmetic_is_the_exit_task():
                         {"naive": 290.0, "attnscope": 250.0})
     assert slower.error > 0  # Amdahl promised more than the swap delivered
     assert slower.to_json()["projected_speedup"] == pytest.approx(1.3636, abs=1e-4)
+
+
+def test_closed_loop_splits_its_error_between_the_kernel_in_the_step_and_the_rest():
+    # the kernel times alone and the steps of FLASH -> attnscope at P = 16k as measured (bench/results/
+    # h200-2026-12-02c-closed-loops.json: 1.94 x alone, the step 1.09 x against Amdahl's 1.16 x); the
+    # candidate's profile is made up: its attention 1.59 x in its step, the rest of its step 0.3 ms longer
+    base = ShareResult("flash", 16384, 2, 12.73, 43.93, 0.22, 104)
+    cand = ShareResult("attnscope", 16384, 2, 8.0, 39.5, 0.22, 100)
+    loop = ClosedLoop("flash", "attnscope", 16384, 2, base.f_time, {"flash": 6.734, "attnscope": 3.469},
+                      {"flash": 46.96, "attnscope": 42.98}, base, False, cand)
+    assert loop.s_in_step == pytest.approx(12.73 / 8.0)
+    assert loop.projected_in_step == pytest.approx(1 / (1 - base.f_time + base.f_time * 8.0 / 12.73))
+    assert loop.projected > loop.projected_in_step > loop.measured  # most of it: the kernel in the step
+    assert loop.rest_ms == pytest.approx({"flash": 43.93 - 12.73, "attnscope": 39.5 - 8.0})
+    j = loop.to_json()
+    assert j["s_in_step"] == loop.s_in_step and j["candidate_share"]["attention_ms"] == 8.0
+    alone = ClosedLoop("flash", "attnscope", 16384, 2, 0.29, {"flash": 6.7, "attnscope": 3.5},
+                       {"flash": 47.0, "attnscope": 43.0}, base)
+    assert alone.s_in_step is None and alone.projected_in_step is None and alone.rest_ms is None
+    assert alone.to_json()["candidate_share"] is None
 
 
 def _recorded(name):

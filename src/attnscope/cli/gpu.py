@@ -518,6 +518,14 @@ def _share(args) -> int:
             [f"{step}: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
             [f"measured {step} speedup", f"{loop.measured:.3f}x"],
             ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
+    if loop.s_in_step is not None:  # where the error comes from: both steps profiled
+        cs, rest = loop.candidate_share, loop.rest_ms
+        rows += [[f"attention in the {step} (profiler): {a} / {b} (ms)",
+                  f"{loop.share.attention_ms:,.3f} / {cs.attention_ms:,.3f}"],
+                 [f"S in the {step} (alone: S_kernel)", f"{loop.s_in_step:.3f}x"],
+                 ["Amdahl with S in the step", f"{loop.projected_in_step:.3f}x"],
+                 [f"rest of the {step}, kernels outside attention: {a} / {b} (ms)",
+                  f"{rest[a]:,.3f} / {rest[b]:,.3f}"]]
     c.print(table(f"Closed loop: {a} -> {b}, P = {loop.p:,}, {loop.layers} layers", ["", ""], rows))
     return 0
 

@@ -19,7 +19,11 @@ the backward; no optimizer step. f_time counts the forward's attention and each 
 **Closed loop** (``project_to``): measure f_time(A) of the baseline A and the kernel speedup
 S = t_A / t_B of attention alone ([1, 32, P, 128], causal; forward + backward for a training step),
 project the step's speedup with Amdahl (model/amdahl.py), then swap B in, time both steps (prefills or
-training steps), and report projected vs measured and the error.
+training steps), and report projected vs measured and the error. Where the error comes from: B's step is
+profiled too, so its attention time *in the step* stands beside its time alone (S in the step =
+attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S), and the rest of the step
+(kernel time outside attention) beside A's: a kernel slower in the step than alone, or a rest of the step
+that changed with the swap, is what Amdahl's two numbers cannot see.
 """
 
 from __future__ import annotations
@@ -185,10 +189,34 @@ class ClosedLoop:
     prefill_ms: dict         # the whole step: {baseline: ms, candidate: ms}
     share: ShareResult | None = None
     train: bool = False
+    candidate_share: ShareResult | None = None  # the candidate's step profiled the same way
 
     @property
     def s_kernel(self) -> float:
         return self.kernel_ms[self.baseline] / self.kernel_ms[self.candidate]
+
+    @property
+    def s_in_step(self) -> float | None:
+        """attention_ms(baseline) / attention_ms(candidate), each profiled in its own step (None without
+        both profiles)."""
+        if self.share is None or self.candidate_share is None or self.candidate_share.attention_ms <= 0:
+            return None
+        return self.share.attention_ms / self.candidate_share.attention_ms
+
+    @property
+    def projected_in_step(self) -> float | None:
+        """Amdahl with the baseline's f_time and `s_in_step`: the projection had the kernel run in the step
+        as fast as it did (what is left of the error is the rest of the step)."""
+        s = self.s_in_step
+        return None if s is None else amdahl.speedup(self.f_time, s)
+
+    @property
+    def rest_ms(self) -> dict | None:
+        """Kernel time outside attention in each profiled step: {baseline: ms, candidate: ms}."""
+        if self.share is None or self.candidate_share is None:
+            return None
+        return {self.baseline: self.share.total_ms - self.share.attention_ms,
+                self.candidate: self.candidate_share.total_ms - self.candidate_share.attention_ms}
 
     @property
     def projected(self) -> float:
@@ -206,7 +234,10 @@ class ClosedLoop:
     def to_json(self) -> dict:
         return {**asdict(self), "s_kernel": self.s_kernel, "projected_speedup": self.projected,
                 "measured_speedup": self.measured, "error": self.error,
-                "share": self.share.to_json() if self.share else None}
+                "share": self.share.to_json() if self.share else None,
+                "candidate_share": self.candidate_share.to_json() if self.candidate_share else None,
+                "s_in_step": self.s_in_step, "projected_in_step": self.projected_in_step,
+                "rest_ms": self.rest_ms}
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
@@ -232,4 +263,7 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
             prefill_ms[name] = cuda_time_ms(step_fn(model, x, train), reps=reps)
             del model
             torch.cuda.empty_cache()
-    return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh, train)
+    del x  # the steps' input: the candidate's profiled step makes its own
+    candidate_share = measure_share(candidate, p, layers, dtype, train=train)
+    return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh, train,
+                      candidate_share)
