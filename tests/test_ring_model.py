@@ -75,6 +75,9 @@ def test_bad_input(kw, name):
 def test_unmeasured_device_needs_rates():
     with pytest.raises(InputError, match="tflops: expected"):
         ring.predict(2, 4096, 32, dev="a100")
+    with pytest.raises(InputError, match=r"d = 96; measured: h200 with d in 64, 128, 256\)"):
+        ring.predict(2, 4096, 32, d=96)  # the message lists the rates the table holds
+    assert ring.kernel_rate("h200", 256, True) == ring.KERNEL_RATE["h200", 256, True]
     with pytest.raises(InputError, match="link_gbps: expected"):
         ring.predict(2, 4096, 32, dev="a100", tflops=200.0)
 

@@ -40,9 +40,11 @@ NVLINK_H200 = ((64 * MiB, 212e9), (256 * MiB, 291e9), (1 * GiB, 354e9))
 LINKS = {"h200": NVLINK_H200}
 
 #: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto" (the Hopper variant then measured)
-#: (bench/prefill.py; BENCHMARKS.md, forward)
+#: (bench/prefill.py; BENCHMARKS.md, forward); d = 256: the portable kernel auto runs there, at its table
+#: tiles (bench/tune.py prefill --d 256 --n 16384; BENCHMARKS.md, head dim 256)
 KERNEL_RATE = {("h200", 64, False): 489.6e12, ("h200", 64, True): 456.4e12,
-               ("h200", 128, False): 599.1e12, ("h200", 128, True): 604.9e12}
+               ("h200", 128, False): 599.1e12, ("h200", 128, True): 604.9e12,
+               ("h200", 256, False): 539.0e12, ("h200", 256, True): 542.5e12}
 
 #: assumed host/launch overhead per ring step (two kernel launches + posting the P2P batch)
 STEP_OVERHEAD_S = 10e-6
@@ -119,8 +121,13 @@ def kernel_rate(dev: str, d: int, causal: bool, tflops: float | None = None) -> 
         return tflops * 1e12
     key = (dev, d, bool(causal))
     if key not in KERNEL_RATE:
+        dims = {}
+        for device, dim, _ in KERNEL_RATE:
+            dims.setdefault(device, set()).add(dim)
+        measured = "; ".join(f"{k} with d in {', '.join(map(str, sorted(v)))}"
+                             for k, v in sorted(dims.items()))
         raise InputError(f"tflops: expected a number (no measured kernel rate for device {dev!r}, "
-                         f"d = {d}; measured: h200 with d in 64, 128), got None")
+                         f"d = {d}; measured: {measured}), got None")
     return KERNEL_RATE[key]
 
 
