@@ -34,6 +34,7 @@ from attnscope.model.family_params import (
 )
 from attnscope.model.l2 import (  # the forward estimate's rules for dirty output lines and dead spill frames
     DIRTY_O,
+    VALIDATED_HEAD_DIMS,
     _retained,
     dead_frame_evicted,
 )
@@ -429,8 +430,9 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     what = f"varlen {impl}"
     terms, facts = [], {}
     if impl == "attnscope":
-        if d not in (64, 128):
-            raise NotImplementedError(f"{what}: head dim {d}; supported: 64 and 128 (the kernel's)")
+        if d not in VALIDATED_HEAD_DIMS:  # the kernel runs d 256 too; its probes measured these only
+            raise NotImplementedError(f"{what}: head dim {d} is not modelled; supported: "
+                                      f"{', '.join(map(str, VALIDATED_HEAD_DIMS))} (the probes' head dims)")
         items = sum(-(-n // VARLEN_BLOCK_Q) for n in lens)
         terms.append(("work_list", _sectors(items * VARLEN_ITEM_BYTES),
                       f"{items} work items x 6 int32, once"))
