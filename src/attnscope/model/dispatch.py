@@ -98,10 +98,11 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
 
     Parameters
     ----------
-    d: head dim (64 or 128); causal: the mask; batch, q_heads, kv_heads, nq, nk: the call's
-    ``[batch, q_heads, nq, d]`` queries and ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU;
-    window: the effective ``(left, right)`` of a sliding window (`model.tiles.normalize_window`; -1
-    unbounded), which bounds the keys a row visits by ``left + right + 1``.
+    d: head dim (the variants are built for 64 and 128; any other: None); causal: the mask; batch,
+    q_heads, kv_heads, nq, nk: the call's ``[batch, q_heads, nq, d]`` queries and
+    ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU; window: the effective ``(left, right)`` of a
+    sliding window (`model.tiles.normalize_window`; -1 unbounded), which bounds the keys a row visits by
+    ``left + right + 1``.
     """
     for name, v in (("d", d), ("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads), ("nq", nq),
                     ("nk", nk), ("sms", sms)):
