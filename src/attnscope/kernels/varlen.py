@@ -276,9 +276,9 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         return o, lse
     kw = mod_args(mods, sm_scale, causal, bounds)
     masked = kw["WINDOW"] or bool(causal)
-    longest = max(max_seqlen_q, max_seqlen_k)
-    smem = smem_per_block(torch, q)
-    block_m, block_n, num_warps, num_stages = config or pick_config(d, masked, longest, smem)
+    if config is None:
+        config = pick_config(d, masked, max(max_seqlen_q, max_seqlen_k), smem_per_block(torch, q))
+    block_m, block_n, num_warps, num_stages = config
     B = cu_seqlens_q.shape[0] - 1
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
     if check_seqlens:  # values known good: the tighter bound of max_seqlen_q holds too
