@@ -10,6 +10,7 @@ through a subprocess to prove the exit code end to end.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -1027,7 +1028,7 @@ def test_bytes_sweep_bad_kernels_cell_exits_2(capsys, tmp_path, name, text, need
 
 
 def test_bytes_from_json_bad_kernels_in_a_recorded_backward_point(capsys, tmp_path):
-    doc = json.loads((RESULTS / "h200-2026-12-02-heldout-backward.json").read_text())
+    doc = json.loads(gzip.decompress((RESULTS / "h200-2026-12-02-heldout-backward.json.gz").read_bytes()))
     at = next(i for i, p in enumerate(doc["points"]) if p["spec"]["impl"] == "attnscope")
     doc["points"][at]["spec"]["kernels"] = "hopper"
     p = tmp_path / "s.json"

@@ -251,7 +251,7 @@ def test_the_backward_kernels_column_keeps_recorded_sweeps_and_resumes(tmp_path,
     # a grid given the optional kernels column, empty, is the grid it was: the same specs and digest, and the
     # recorded held-out backward sweep resumes against it (every point measured, none again)
     grid = ROOT / "bench" / "grids" / "heldout_backward.csv"
-    rec = ROOT / "bench" / "results" / "h200-2026-12-02-heldout-backward.json"
+    rec = ROOT / "bench" / "results" / "h200-2026-12-02-heldout-backward.json.gz"
     lines = grid.read_text().splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("pass,"))
     widened = [line if line.startswith("#") else line + (",kernels" if i == head else ",")

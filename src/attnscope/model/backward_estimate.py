@@ -183,12 +183,12 @@ def _scaled(terms: list, name: str, logical: float, params: FamilyParams, field:
 
 
 #: The kernels autograd runs for the naive baseline's backward (measure/backends.py `naive_attention`), in
-#: launch order, as ncu names them on the H200 (every naive point of
-#: bench/results/h200-2026-12-02-heldout-backward.json): (what, tensors read, tensors written). P, dP, T, dS,
-#: dS' are [B x H, N, N] in the input dtype (the forward saved P); the rest [B, H, N, d]. Softmax's backward
-#: is two kernels (a product T = dP * P, then dS = T - P rowsum(T)); baddbmm's alpha is a product on dQ and
-#: on dK after their GEMMs. Causal, the masked_fill backward (`NAIVE_MASK`) runs after softmax's and the
-#: GEMMs read its dS'.
+#: launch order, as ncu names them on the H200 (every naive point of bench/results/
+#: h200-2026-12-02-heldout-backward.json.gz): (what, tensors read, tensors written). P, dP, T, dS, dS' are
+#: [B x H, N, N] in the input dtype (the forward saved P); the rest [B, H, N, d]. Softmax's backward is two
+#: kernels (a product T = dP * P, then dS = T - P rowsum(T)); baddbmm's alpha is a product on dQ and on dK
+#: after their GEMMs. Causal, the masked_fill backward (`NAIVE_MASK`) runs after softmax's and the GEMMs
+#: read its dS'.
 NAIVE_BWD = (("dV = P^T dO (GEMM)", ("P", "dO"), ("dV",)),
              ("dP = dO V^T (GEMM)", ("dO", "V"), ("dP",)),
              ("T = dP * P", ("dP", "P"), ("T",)),
