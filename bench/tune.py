@@ -58,26 +58,24 @@ def _config(text):
     return cfg
 
 
+def _shape_args(sp, heads: int):
+    """The shape flags ``prefill`` and ``backward`` share: head dims, lengths, masks, tokens, heads."""
+    sp.add_argument("--d", type=int, action="append")
+    sp.add_argument("--n", type=int, action="append")
+    sp.add_argument("--causal", type=int, action="append", choices=(0, 1))
+    sp.add_argument("--tokens", type=int, default=16384)
+    sp.add_argument("--heads", type=int, default=heads)
+    return sp
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="kernel", required=True)
-    pf = sub.add_parser("prefill", help="portable prefill kernel configs")
-    pf.add_argument("--d", type=int, action="append")
-    pf.add_argument("--n", type=int, action="append")
-    pf.add_argument("--causal", type=int, action="append", choices=(0, 1))
-    pf.add_argument("--tokens", type=int, default=16384)
-    pf.add_argument("--heads", type=int, default=32)
-    pf.add_argument("--bm", type=int, action="append")
-    pf.add_argument("--bn", type=int, action="append")
-    pf.add_argument("--warps", type=int, action="append")
-    pf.add_argument("--stages", type=int, action="append")
+    pf = _shape_args(sub.add_parser("prefill", help="portable prefill kernel configs"), heads=32)
+    for flag in ("--bm", "--bn", "--warps", "--stages"):
+        pf.add_argument(flag, type=int, action="append")
     pf.add_argument("--out", metavar="FILE.json")
-    bw = sub.add_parser("backward", help="portable backward kernel configs")
-    bw.add_argument("--d", type=int, action="append")
-    bw.add_argument("--n", type=int, action="append")
-    bw.add_argument("--causal", type=int, action="append", choices=(0, 1))
-    bw.add_argument("--tokens", type=int, default=16384)
-    bw.add_argument("--heads", type=int, default=16)
+    bw = _shape_args(sub.add_parser("backward", help="portable backward kernel configs"), heads=16)
     bw.add_argument("--dkdv", type=_config, action="append", metavar="BM,BN,WARPS,STAGES")
     bw.add_argument("--dq", type=_config, action="append", metavar="BM,BN,WARPS,STAGES")
     bw.add_argument("--out", metavar="FILE.json")
