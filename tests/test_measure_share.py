@@ -171,3 +171,42 @@ def test_a_trace_without_attention_kernels_is_refused():
             e["name"] = "void some_generic_kernel<float>"
     with pytest.raises(ValueError, match="expected attention kernels in the prefill"):
         share_from_trace(trace, "flash", 4096, LlamaShape(layers=1))
+
+
+def test_paired_timing_interleaves_the_functions_and_takes_each_ones_median(monkeypatch):
+    # CUDA events faked on a clock that each call advances by its function's cost: the order of the calls
+    # (warm-up, then one of each per round, reversed every other round) and the medians are what is checked
+    import torch
+
+    from attnscope.measure.share import paired_time_ms
+
+    clock, calls = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    def fn(name, costs):
+        it = iter(costs)
+
+        def run():
+            calls.append(name)
+            clock[0] += next(it)
+        return run
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    a = fn("a", [9.0, 9.0, 1.0, 2.0, 3.0, 4.0])   # 2 warm-up, then 4 timed
+    b = fn("b", [9.0, 9.0, 10.0, 30.0, 20.0, 40.0])
+    ms = paired_time_ms({"a": a, "b": b}, warmup=2, reps=4)
+    assert calls == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert ms == {"a": 3.0, "b": 30.0}  # the upper median of each function's 4 timings

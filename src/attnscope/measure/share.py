@@ -19,11 +19,13 @@ the backward; no optimizer step. f_time counts the forward's attention and each 
 **Closed loop** (``project_to``): measure f_time(A) of the baseline A and the kernel speedup
 S = t_A / t_B of attention alone ([1, 32, P, 128], causal; forward + backward for a training step),
 project the step's speedup with Amdahl (model/amdahl.py), then swap B in, time both steps (prefills or
-training steps), and report projected vs measured and the error. Where the error comes from: B's step is
-profiled too, so its attention time *in the step* stands beside its time alone (S in the step =
-attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S), and the rest of the step
-(kernel time outside attention) beside A's: a kernel slower in the step than alone, or a rest of the step
-that changed with the swap, is what Amdahl's two numbers cannot see.
+training steps), and report projected vs measured and the error. A and B are timed interleaved (alone and
+in the step, `paired_time_ms`) on one input, and both steps are profiled one after the other, so that both
+sides of every ratio meet the same clocks (a GPU at its power cap slows the later of two series). Where the
+error comes from: B's step is profiled too, so its attention time *in the step* stands beside its time
+alone (S in the step = attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S), and
+the rest of the step (kernel time outside attention) beside A's: a kernel slower in the step than alone,
+or a rest of the step that changed with the swap, is what Amdahl's two numbers cannot see.
 """
 
 from __future__ import annotations
@@ -66,20 +68,32 @@ def flops(shape: LlamaShape, p: int, causal: bool = True, train: bool = False) -
 # --- timing and the profile (GPU) --------------------------------------------------------------------
 def cuda_time_ms(fn, warmup: int = 3, reps: int = 10) -> float:
     """Median device time of ``fn()`` in ms, CUDA events around each repetition, after warm-up."""
+    return paired_time_ms({"fn": fn}, warmup, reps)["fn"]
+
+
+def paired_time_ms(fns: dict, warmup: int = 3, reps: int = 10) -> dict:
+    """Median device time in ms of each function in ``fns`` ({name: fn}), the repetitions interleaved (one
+    of each per round, the order reversed every other round; CUDA events around each, synchronized), so
+    that every function meets the same clocks: a GPU at its power cap (an H200 prefill at P 16k draws
+    ~690 W of 700 and its SM clock falls from 1,980 to 1,260-1,700 MHz) slows the later of two series
+    timed one after the other."""
     import torch
 
-    for _ in range(warmup):
-        fn()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    times = {name: [] for name in fns}
+    order = list(fns)
+    for rep in range(reps):
+        for name in (order if rep % 2 == 0 else order[::-1]):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[name]()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 @dataclass
@@ -164,9 +178,16 @@ def measure_share(attention: str = "flash", p: int = 4096, layers: int = 2, dtyp
     dt = torch_dtype(torch, dtype)
     model = build_decoder(shape, attention, dtype=dt, train=train)
     x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # [B, P, hidden]
-    step = step_fn(model, x, train)
+    return _profiled_share(step_fn(model, x, train), attention, p, shape, train, keep_trace)
+
+
+def _profiled_share(step, attention: str, p: int, shape: LlamaShape, train: bool,
+                    keep_trace: str | None = None) -> ShareResult:
+    """One warm-up ``step()`` (cuBLAS heuristics, Triton autotuning), then one profiled: its f_time."""
+    import torch
+
     with torch.inference_mode(not train):
-        step()  # warm-up: cuBLAS heuristics, Triton autotuning
+        step()
         torch.cuda.synchronize()
         trace = profile_trace(step, TRAIN_STEP if train else PREFILL)
     if keep_trace:
@@ -247,23 +268,19 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     torch = require_cuda()
     choice("baseline", baseline, ATTENTIONS)
     choice("project_to", candidate, ATTENTIONS)
+    positive_int("p", p)
     shape = LlamaShape(layers=layers)
-    sh = measure_share(baseline, p, layers, dtype, train=train)
     dt = torch_dtype(torch, dtype)
+    names = (baseline, candidate)
     qkv = [torch.randn(1, shape.heads, p, shape.head_dim, device="cuda", dtype=dt, requires_grad=train)
            for _ in range(3)]
-    kernel_ms, prefill_ms = {}, {}
     with torch.inference_mode(not train):
-        for name in (baseline, candidate):
-            kernel_ms[name] = cuda_time_ms(attention_step_fn(name, qkv, train), reps=reps)
-        qkv.clear()  # free the attention-alone inputs before the steps
-        x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)
-        for name in (baseline, candidate):  # each decoder (its weights) is freed when its timing returns
-            model = build_decoder(shape, name, dtype=dt, train=train)
-            prefill_ms[name] = cuda_time_ms(step_fn(model, x, train), reps=reps)
-            del model
-            torch.cuda.empty_cache()
-    del x  # the steps' input: the candidate's profiled step makes its own
-    candidate_share = measure_share(candidate, p, layers, dtype, train=train)
-    return ClosedLoop(baseline, candidate, p, layers, sh.f_time, kernel_ms, prefill_ms, sh, train,
-                      candidate_share)
+        kernel_ms = paired_time_ms({n: attention_step_fn(n, qkv, train) for n in names}, reps=reps)
+    qkv.clear()  # free the attention-alone inputs before the steps
+    x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # one input for both steps
+    steps = {n: step_fn(build_decoder(shape, n, dtype=dt, train=train), x, train) for n in names}
+    shares = {n: _profiled_share(steps[n], n, p, shape, train) for n in names}  # one after the other
+    with torch.inference_mode(not train):
+        prefill_ms = paired_time_ms(steps, reps=reps)
+    return ClosedLoop(baseline, candidate, p, layers, shares[baseline].f_time, kernel_ms, prefill_ms,
+                      shares[baseline], train, shares[candidate])
