@@ -223,6 +223,14 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "40.000 / 16.000" in out and "2.500x" in out  # attention in the step, S in it: 40 / 16
     assert "1.316x" in out and "60.000 / 54.000" in out  # Amdahl with it: 1 / (0.6 + 0.4 / 2.5); the rest
+    assert "0.000 / 10.000" in out and "graph" not in out  # GPU idle: 100 - 100, 80 - 70; no replays
+    loop.graph_ms = {"naive": 99.0, "attnscope": 72.0}
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    out = capsys.readouterr().out
+    assert "99.000 / 72.000" in out and "1.375x" in out and "-0.8%" in out  # 1.3636 / 1.375 - 1
+    loop.graph_ms, loop.graph_note = None, "capture failed: RuntimeError: operation not permitted"
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    assert "capture failed: RuntimeError: operation not permitted" in capsys.readouterr().out
 
 
 def test_runtime_failure_is_one_line_exit_1(fake_gpu, monkeypatch, capsys):

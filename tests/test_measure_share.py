@@ -116,9 +116,15 @@ def test_closed_loop_splits_its_error_between_the_kernel_in_the_step_and_the_res
     assert loop.rest_ms == pytest.approx({"flash": 43.93 - 12.73, "attnscope": 39.5 - 8.0})
     j = loop.to_json()
     assert j["s_in_step"] == loop.s_in_step and j["candidate_share"]["attention_ms"] == 8.0
+    assert loop.host_gap_ms == pytest.approx({"flash": 46.96 - 43.93, "attnscope": 42.98 - 39.5})
+    assert loop.measured_graph is None and j["error_graph"] is None  # no replays timed
+    loop.graph_ms = {"flash": 44.0, "attnscope": 38.0}
+    assert loop.measured_graph == pytest.approx(44.0 / 38.0)
+    assert loop.to_json()["error_graph"] == pytest.approx(loop.projected / (44.0 / 38.0) - 1)
     alone = ClosedLoop("flash", "attnscope", 16384, 2, 0.29, {"flash": 6.7, "attnscope": 3.5},
                        {"flash": 47.0, "attnscope": 43.0}, base)
     assert alone.s_in_step is None and alone.projected_in_step is None and alone.rest_ms is None
+    assert alone.host_gap_ms is None
     assert alone.to_json()["candidate_share"] is None
 
 

@@ -526,6 +526,16 @@ def _share(args) -> int:
                  ["Amdahl with S in the step", f"{loop.projected_in_step:.3f}x"],
                  [f"rest of the {step}, kernels outside attention: {a} / {b} (ms)",
                   f"{rest[a]:,.3f} / {rest[b]:,.3f}"]]
+        gap = loop.host_gap_ms
+        rows.append([f"GPU idle in the {step} (measured - kernel time): {a} / {b} (ms)",
+                     f"{gap[a]:,.3f} / {gap[b]:,.3f}"])
+    if loop.graph_ms:
+        rows += [[f"{step} as CUDA-graph replays: {a} / {b} (ms)",
+                  f"{loop.graph_ms[a]:,.3f} / {loop.graph_ms[b]:,.3f}"],
+                 ["measured speedup, graph replays", f"{loop.measured_graph:.3f}x"],
+                 ["error on device time (projected / graph speedup - 1)", f"{loop.error_graph:+.1%}"]]
+    elif loop.graph_note and not args.train:
+        rows.append([f"{step} as CUDA-graph replays", loop.graph_note])
     c.print(table(f"Closed loop: {a} -> {b}, P = {loop.p:,}, {loop.layers} layers", ["", ""], rows))
     return 0
 

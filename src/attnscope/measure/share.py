@@ -21,11 +21,13 @@ S = t_A / t_B of attention alone ([1, 32, P, 128], causal; forward + backward fo
 project the step's speedup with Amdahl (model/amdahl.py), then swap B in, time both steps (prefills or
 training steps), and report projected vs measured and the error. A and B are timed interleaved (alone and
 in the step, `paired_time_ms`) on one input, and both steps are profiled one after the other, so that both
-sides of every ratio meet the same clocks (a GPU at its power cap slows the later of two series). Where the
-error comes from: B's step is profiled too, so its attention time *in the step* stands beside its time
-alone (S in the step = attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S), and
-the rest of the step (kernel time outside attention) beside A's: a kernel slower in the step than alone,
-or a rest of the step that changed with the swap, is what Amdahl's two numbers cannot see.
+sides of every ratio meet the same clocks (a GPU at its power cap slows the later of two series). A
+prefill is also timed as CUDA-graph replays (device time, no host path; beside it each eager step's idle
+time, wall less kernel time): a short prefill can be host-bound, which Amdahl on kernel time cannot see.
+Where the error comes from: B's step is profiled too, so its attention time *in the step* stands beside its
+time alone (S in the step = attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S),
+and the rest of the step (kernel time outside attention) beside A's: a kernel slower in the step than
+alone, or a rest of the step that changed with the swap, is what Amdahl's two numbers cannot see.
 """
 
 from __future__ import annotations
@@ -211,6 +213,8 @@ class ClosedLoop:
     share: ShareResult | None = None
     train: bool = False
     candidate_share: ShareResult | None = None  # the candidate's step profiled the same way
+    graph_ms: dict | None = None  # the prefills replayed from CUDA graphs: device time, no host path
+    graph_note: str | None = None  # why there are no replays (a capture that failed)
 
     @property
     def s_kernel(self) -> float:
@@ -252,13 +256,34 @@ class ClosedLoop:
         """projected / measured - 1: positive when Amdahl promised more than the swap delivered."""
         return self.projected / self.measured - 1.0
 
+    @property
+    def measured_graph(self) -> float | None:
+        """The swap's speedup on CUDA-graph replays of both prefills (None without them)."""
+        return None if not self.graph_ms else self.graph_ms[self.baseline] / self.graph_ms[self.candidate]
+
+    @property
+    def error_graph(self) -> float | None:
+        """projected / measured_graph - 1: Amdahl's error on the device time alone."""
+        m = self.measured_graph
+        return None if m is None else self.projected / m - 1.0
+
+    @property
+    def host_gap_ms(self) -> dict | None:
+        """Per step, its measured time less its profiled kernel time: the GPU idle, waiting for the host's
+        launches (where it is large, the step is host-bound: Amdahl on kernel time does not describe it)."""
+        if self.share is None or self.candidate_share is None:
+            return None
+        return {self.baseline: self.prefill_ms[self.baseline] - self.share.total_ms,
+                self.candidate: self.prefill_ms[self.candidate] - self.candidate_share.total_ms}
+
     def to_json(self) -> dict:
         return {**asdict(self), "s_kernel": self.s_kernel, "projected_speedup": self.projected,
                 "measured_speedup": self.measured, "error": self.error,
                 "share": self.share.to_json() if self.share else None,
                 "candidate_share": self.candidate_share.to_json() if self.candidate_share else None,
                 "s_in_step": self.s_in_step, "projected_in_step": self.projected_in_step,
-                "rest_ms": self.rest_ms}
+                "rest_ms": self.rest_ms, "measured_graph": self.measured_graph,
+                "error_graph": self.error_graph, "host_gap_ms": self.host_gap_ms}
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
@@ -282,5 +307,25 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     shares = {n: _profiled_share(steps[n], n, p, shape, train) for n in names}  # one after the other
     with torch.inference_mode(not train):
         prefill_ms = paired_time_ms(steps, reps=reps)
+        graph_ms, note = None, "a training step is not replayed" if train else None
+        if not train:
+            try:
+                graph_ms = paired_time_ms({n: graph_replay(torch, steps[n]) for n in names}, reps=reps)
+            except RuntimeError as e:  # a capture refused: the eager loop stands, the reason printed
+                torch.cuda.synchronize()
+                note = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return ClosedLoop(baseline, candidate, p, layers, shares[baseline].f_time, kernel_ms, prefill_ms,
-                      shares[baseline], train, shares[candidate])
+                      shares[baseline], train, shares[candidate], graph_ms, note)
+
+
+def graph_replay(torch, fn):
+    """``fn`` captured in a CUDA graph (after a warm-up on a side stream), as a function that replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
