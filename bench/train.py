@@ -4,6 +4,7 @@
     PYTHONPATH=src python bench/train.py --setting packed [--steps 500] [--json F] [--plot F]
     PYTHONPATH=src python bench/train.py --tiny --backends attnscope --steps 2   # CPU, TRITON_INTERPRET=1
     PYTHONPATH=src python bench/train.py --grad-agreement [--agreement-steps 150] [--batch 1] [--json F]
+    PYTHONPATH=src python bench/train.py --paired-steps 40 --backends attnscope,sdpa-cudnn [--json F]
 
 Model: RMSNorm, RoPE, SwiGLU, GQA; 12 layers, hidden 2,048, 16 query heads / 4 KV heads of d = 128, MLP
 5,632, vocabulary 32,768, untied embedding and LM head; bf16 autocast, AdamW (fp32 master weights).
@@ -39,6 +40,11 @@ the median / max over parameters of the relative L2 difference against the first
 references' spread among themselves; then K steps (150) with the first reference and the same again. PASS
 when every candidate's max is within 2 x the references' spread + 1e-3 at both states, else FAIL (exit 1).
 
+``--paired-steps K`` trains no curves either: one model per backend, the first batch, K rounds of one timed
+step of each backend, the order reversed every other round, so each backend meets the same clocks (at the
+power cap a series timed after another runs slower); per backend the median step, per other backend the
+median of its step / the first backend's over the rounds (`paired_steps`).
+
 Attention share (GPU), per backend, from the last step's batch and packing:
 - ``share_trace``, the one to read: one profiled step through `attnscope.chrome_trace.attention_share`,
   attention kernel time / the step's kernel time (unions of intervals). Attention = the kernels launched
@@ -67,6 +73,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 
@@ -109,6 +116,9 @@ def parse_args(argv=None):
                    "flash), at init and after --agreement-steps steps; PASS or FAIL (exit 1)")
     p.add_argument("--agreement-steps", type=int, default=150, metavar="K",
                    help="--grad-agreement: AdamW steps with the first reference before the second comparison")
+    p.add_argument("--paired-steps", type=int, default=0, metavar="K",
+                   help="no training curves: K rounds of one timed step of each --backends entry on one "
+                   "batch, interleaved; the median of each backend's step / the first's")
     p.add_argument("--json", metavar="PATH", help="write the runs (curves included) as JSON")
     p.add_argument("--plot", metavar="PATH", help="overlaid loss curves (PNG)")
     p.add_argument("--markdown", action="store_true", help="print the summary as a Markdown table")
@@ -126,6 +136,9 @@ def parse_args(argv=None):
         p.error("--backends: SDPA has no document mask here; packed runs attnscope and flex")
     if args.grad_agreement and args.setting == "packed":
         p.error("--grad-agreement: expected --setting dense (its SDPA references have no document mask)")
+    if args.paired_steps < 0 or (args.paired_steps and (len(args.backends) < 2 or args.grad_agreement)):
+        p.error(f"--paired-steps: expected a positive K with two or more --backends and no --grad-agreement, "
+                f"got {args.paired_steps} with {','.join(args.backends)}")
     if args.agreement_steps < 0:
         p.error(f"--agreement-steps: expected a non-negative integer, got {args.agreement_steps}")
     args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -377,7 +390,10 @@ def make_loss(torch, forward, attn, device):
     return loss_of
 
 
-def run(torch, backend, seed, args, device):
+def trainer(torch, backend, seed, args, device):
+    """The model of ``seed`` with ``backend``'s attention, its AdamW, and ``step(tokens, pos, tmask, ctx)``
+    (forward, loss, backward, optimizer step; returns the loss); also the parameters, the loss function,
+    the attention and Flex's block-mask maker (None for the others)."""
     params, forward = build_model(torch, args, seed, device)
     opt = optimizer(torch, params, args, device)
     attn = attention_fn(torch, backend, args.setting, args)
@@ -394,22 +410,69 @@ def run(torch, backend, seed, args, device):
         opt.zero_grad(set_to_none=True)
         return loss.detach()
     masker = flex_masker(torch, args.setting, args.batch, args.seq, device) if backend == "flex" else None
+    return params, opt, step, loss_of, attn, masker
+
+
+def step_inputs(torch, args, device, toks, docs, masker):
+    """One batch's (tokens, positions, target mask, ctx) on the device: the packing of its documents
+    (packed), Flex's block mask when ``masker``."""
+    toks, ctx = toks.to(device), {}
+    if docs is not None:
+        cu, pos, tmask, doc_id, max_len = packing(torch, docs, args.seq, device)
+        ctx = {"cu": cu, "max_len": max_len, "doc_id": doc_id}
+    else:
+        pos = torch.arange(args.seq, device=device).expand(args.batch, -1)
+        tmask = None
+    if masker is not None:
+        ctx["block_mask"] = masker(ctx)
+    return toks, pos, tmask, ctx
+
+
+def paired_steps(torch, args, device) -> dict:
+    """``--paired-steps K``: one model per backend (the first seed), the first batch, then K rounds of one
+    timed step of each backend, the order reversed every other round (a GPU at its power cap slows the
+    later of two series timed one after the other). Per backend the median step ms; per other backend
+    the median over rounds of (its step / the first backend's step) and their range."""
+    toks, docs = next(iter(batches(torch, args)))
+    steps = {}
+    for backend in args.backends:
+        _, _, step, _, _, masker = trainer(torch, backend, args.seeds[0], args, device)
+        inputs = step_inputs(torch, args, device, toks, docs, masker)
+        steps[backend] = (step, inputs)
+        for _ in range(args.warmup):
+            step(*inputs)
+    times = {b: [] for b in steps}
+    order = list(steps)
+    for k in range(args.paired_steps):
+        for b in order if k % 2 == 0 else order[::-1]:
+            step, inputs = steps[b]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(*inputs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[b].append(1e3 * (time.perf_counter() - t0))
+    first = order[0]
+    res = {"step_ms": {b: statistics.median(t) for b, t in times.items()}, "times_ms": times, "ratios": {}}
+    for b in order[1:]:
+        r = [x / y for x, y in zip(times[b], times[first], strict=True)]
+        res["ratios"][b] = {"median": statistics.median(r), "min": min(r), "max": max(r)}
+        print(f"paired: {b} step / {first} step, median of {len(r)} rounds {statistics.median(r):.3f} "
+              f"(range {min(r):.3f}-{max(r):.3f}); medians {res['step_ms'][b]:.1f} / "
+              f"{res['step_ms'][first]:.1f} ms")
+    return res
+
+
+def run(torch, backend, seed, args, device):
+    params, opt, step, loss_of, attn, masker = trainer(torch, backend, seed, args, device)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     losses, times, grads_seen = [], [], False
-    ctx = {}
     for i, (toks, docs) in enumerate(batches(torch, args)):
-        toks = toks.to(device)
-        if docs is not None:
-            cu, pos, tmask, doc_id, max_len = packing(torch, docs, args.seq, device)
-            ctx = {"cu": cu, "max_len": max_len, "doc_id": doc_id}
-        else:
-            pos = torch.arange(args.seq, device=device).expand(args.batch, -1)
-            tmask = None
-        if masker is not None:
-            ctx["block_mask"] = masker(ctx)
+        toks, pos, tmask, ctx = step_inputs(torch, args, device, toks, docs, masker)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -702,6 +765,13 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"env": env, "args": vars(args), "grad_agreement": res}, f, indent=1)
         return 0 if res["pass"] else 1
+
+    if args.paired_steps:
+        res = paired_steps(torch, args, device)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"env": env, "args": vars(args), "paired": res}, f, indent=1)
+        return 0
 
     def ctx_for(B, S):  # the packing of step 0, for the check
         toks, docs = next(iter(batches(torch, args)))

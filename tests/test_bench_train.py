@@ -104,3 +104,30 @@ def test_grad_agreement_on_the_gpu_against_cudnn_flash_and_efficient(tmp_path):
     doc = json.loads(out.read_text())["grad_agreement"]
     assert doc["references"] == ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient"] and doc["pass"] is True
     assert all(0 < ph["vs_reference"]["attnscope"]["max"] <= ph["bound"] for ph in doc["phases"])
+
+
+def test_paired_steps_times_each_backend_per_round_and_takes_the_medians(tmp_path):
+    import statistics
+
+    out = tmp_path / "paired.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--tiny", "--backends",
+                        "sdpa-math,sdpa-flash", "--paired-steps", "3", "--steps", "2", "--warmup", "1",
+                        "--json", str(out)], env=run_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())["paired"]
+    times = doc["times_ms"]
+    assert list(times) == ["sdpa-math", "sdpa-flash"]
+    assert all(len(t) == 3 and min(t) > 0 for t in times.values())
+    assert doc["step_ms"] == {b: statistics.median(t) for b, t in times.items()}
+    ratios = [f / m for f, m in zip(times["sdpa-flash"], times["sdpa-math"], strict=True)]
+    assert doc["ratios"]["sdpa-flash"] == {"median": statistics.median(ratios), "min": min(ratios),
+                                           "max": max(ratios)}
+    assert "paired: sdpa-flash step / sdpa-math step, median of 3 rounds" in r.stdout
+
+
+def test_paired_steps_needs_two_backends():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--tiny", "--backends", "attnscope",
+                        "--paired-steps", "3", "--steps", "2"], env=run_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2
+    assert "--paired-steps: expected a positive K with two or more --backends" in r.stderr
