@@ -5,7 +5,8 @@
 bf16 (``--dtype float16``: fp16), H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not;
 contiguous [B, H, N, d] inputs (``--layout bshd``: views of [B, N, H, d] memory, dO too, as in a decoder).
 Per shape, every implementation is first checked against float64 on one head at the full shape (dQ, dK, dV
-within 3 x SDPA FLASH's own error at that dtype + 1e-3), then timed (triton.testing.do_bench, median):
+within 3 x SDPA FLASH's own error at that dtype + 1e-3), then timed (triton.testing.do_bench, median; in
+``--rounds`` interleaved rounds, the order rotated round to round, the median over rounds):
 backward only (the gradient of a retained forward graph) and forward + backward. FLOPs:
 attnscope.model.flops.attention_flops (backward = 2.5 x forward). `attnscope` is the user's call,
 ``attnscope.flash_attention(q, k, v, causal=...)`` and its ``.backward()`` with every default (autograd
@@ -20,7 +21,8 @@ the same way; ``--hopper-plain`` adds both in the plain build where the default 
 (torch.compile'd flex_attention) runs at d = 128, N = 1k (one compile per mask; --flex-all for every shape).
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
-A shape whose gradients fail the check is not timed (exit 1). About 1.5 minutes on an H200.
+A shape whose gradients fail the check is not timed (exit 1). About 1.5 minutes on an H200 (one round;
+2 rounds, the default, not timed yet).
 ``--markdown`` prints BENCHMARKS.md's backward table (its columns, in its order).
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 
@@ -115,7 +118,7 @@ def _backward(bwd, args, kw):
 
 
 def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, plain=False,
-               dtype="bfloat16", layout="bhsd"):
+               dtype="bfloat16", layout="bhsd", rounds=2):
     """Check, then time, every implementation at one shape; returns (row, failures). ``hopper``: also
     attnscope's backward on the Gluon sm_90 kernels (``impl="hopper"``) as ``attnscope_hopper``; ``plain``:
     also both Hopper builds in the plain build where the default is the lean one (`bwd_hopper.config`).
@@ -162,27 +165,40 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
         log(f"d={d:3d} causal={causal} N={n:6d}: gradient check FAIL, not timed: " + "; ".join(failures))
         return row, failures
     # backward only: attnscope's kernels called directly; the peers through a retained graph
+    timers = {}  # (metric, name) -> the timed call, None where it cannot run
     for name, kw in ours.items():
-        row["backward_ms"][name] = _ms(torch, lambda kw=kw: _backward(
-            bwd, (do, q, k, v, o, lse, causal, None), kw))
+        timers["backward_ms", name] = lambda kw=kw: _backward(bwd, (do, q, k, v, o, lse, causal, None), kw)
+    fwd_bwd_calls = {}
     for name, f in impls.items():  # the user's calls: attnscope's default and the peers, alike
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         out = f(*leaves)
+
+        def bwd_only(out=out, leaves=leaves):
+            return torch.autograd.grad(out, leaves, do, retain_graph=True)
         try:  # compiled Flex donates its buffers: no retained graph, so no backward-only timing
-            row["backward_ms"][name] = _ms(torch, lambda out=out, leaves=leaves: torch.autograd.grad(
-                out, leaves, do, retain_graph=True))
+            bwd_only()
+            timers["backward_ms", name] = bwd_only
         except RuntimeError as e:
             print(f"  {name}: backward-only not timed ({str(e).splitlines()[0][:80]})")
-            row["backward_ms"][name] = None
-        row["fwd_bwd_ms"][name] = _ms(torch, lambda f=f, leaves=leaves: torch.autograd.grad(
-            f(*leaves), leaves, do))
+            timers["backward_ms", name] = None
+        fwd_bwd_calls[name] = lambda f=f, leaves=leaves: torch.autograd.grad(f(*leaves), leaves, do)
 
     def fwd_bwd(**kw):
         o2, lse2 = fwd.flash_attention(q, k, v, causal=causal, return_lse=True)
         return _backward(bwd, (do, q, k, v, o2, lse2, causal, None), kw)
 
-    for name, kw in ours.items():
-        row["fwd_bwd_ms"][name] = _ms(torch, lambda kw=kw: fwd_bwd(**kw))
+    timers.update({("fwd_bwd_ms", name): fn for name, fn in fwd_bwd_calls.items()})
+    timers.update({("fwd_bwd_ms", name): (lambda kw=kw: fwd_bwd(**kw)) for name, kw in ours.items()})
+    # interleaved rounds, the order rotated round to round: each call meets the clocks the others do (a GPU
+    # at its power cap slows whatever runs after a long hot series); the median over rounds
+    keys = [key for key, fn in timers.items() if fn is not None]
+    per_round = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            per_round[key].append(_ms(torch, timers[key]))
+    for key in timers:
+        row[key[0]][key[1]] = statistics.median(per_round[key]) if key in per_round else None
+    row["rounds"] = rounds
     ms = row["backward_ms"]
     plain_ratios = "".join(f"  | {x[10:]} x CUDNN {ms['sdpa_cudnn'] / ms[x]:.2f}"
                            for x in ours if x.endswith("_plain"))
@@ -209,13 +225,13 @@ def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, 
 
 
 def sweep(torch, ns, ds, tokens, heads, flex_all, log, hopper=False, plain=False, dtype="bfloat16",
-          layout="bhsd"):
+          layout="bhsd", rounds=2):
     rows, failures = [], []
     for d in ds:
         for causal in (False, True):
             for n in ns:
                 row, bad = _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper, plain, dtype,
-                                      layout)
+                                      layout, rounds)
                 rows.append(row)
                 failures += bad
                 torch.cuda.empty_cache()
@@ -297,6 +313,8 @@ def main(argv=None) -> int:
                         "attnscope_hopper, and their one-pass build as attnscope_hopper_onepass, beside the "
                         "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="interleaved timing rounds per shape, the order rotated (the median; default 2)")
     p.add_argument("--hopper-plain", action="store_true",
                    help="--impl hopper: also both Hopper builds in the plain build where the default is the "
                         "lean one (d = 64: bwd_hopper.CONFIGS in place of LEAN_CONFIGS) as "
@@ -323,6 +341,8 @@ def main(argv=None) -> int:
     p.add_argument("--dq", metavar="BM,BN,WARPS,STAGES", default=None,
                    help="try another dQ-pass config for both head dims (default: bwd.DQ_CONFIGS)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds: expected a positive integer, got {args.rounds}")
     torch = _require_gpu()
     from attnscope.kernels import bwd
 
@@ -364,7 +384,7 @@ def main(argv=None) -> int:
             p.error(f"--hopper-lean: expected BM,BN,STAGES[,NWG,DQ,RED], got {args.hopper_lean!r}")
         bwd_hopper.LEAN_CONFIGS["dkdv"][64] = bwd_hopper.BwdConfig(*cfg)._replace(LEAN=1)
     rows, failures = sweep(torch, ns, ds, 16384, 32, args.flex_all, lambda s: print(s, flush=True), hopper,
-                           args.hopper_plain, args.dtype, args.layout)
+                           args.hopper_plain, args.dtype, args.layout, args.rounds)
     mem = None if args.no_memory else peak_memory(torch, log=lambda s: print(s, flush=True))
     if failures:
         print("GRADIENT MISMATCH:\n  " + "\n  ".join(failures), file=sys.stderr)
