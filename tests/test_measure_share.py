@@ -216,3 +216,21 @@ def test_paired_timing_interleaves_the_functions_and_takes_each_ones_median(monk
     ms = paired_time_ms({"a": a, "b": b}, warmup=2, reps=4)
     assert calls == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
     assert ms == {"a": 3.0, "b": 30.0}  # the upper median of each function's 4 timings
+
+
+@pytest.mark.gpu
+def test_gpu_closed_loop_runs_both_steps_eager_and_as_graph_replays():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from attnscope.measure.share import closed_loop
+
+    loop = closed_loop("flash", "attnscope", p=512, layers=1, reps=3)
+    names = {"flash", "attnscope"}
+    for times in (loop.kernel_ms, loop.prefill_ms, loop.graph_ms):
+        assert set(times) == names and all(t > 0 for t in times.values())
+    assert loop.graph_note is None and loop.candidate_share.attention == "attnscope"
+    assert 0 < loop.f_time < 1 and 0 < loop.candidate_share.f_time < 1
+    # a replay has no host path: it is not slower than the eager step by more than timing noise
+    assert all(loop.graph_ms[n] <= 1.1 * loop.prefill_ms[n] for n in names)
+    assert loop.to_json()["error_graph"] == pytest.approx(loop.projected / loop.measured_graph - 1)
