@@ -196,7 +196,7 @@ def _sentences(r: Report) -> None:
     r.plan = [
         "Confirm by kernel name that prefill dispatches the fused flash kernel (attnscope which).",
         f"Check GPU prefill against the {b.inner_projected_ms:.2f} ms projection with matched spans "
-        "(CUDA events, torch.profiler; attnscope share)."
+        "(CUDA events, torch.profiler; attnscope share), before and after interleaved (power-capped clocks)."
         + (f" Server prefill p50 now {pm.mark('p50')}{pm.p50_ms:.1f} ms." if pm else ""),
         "Diff server histograms request_prefill_time_seconds and request_queue_time_seconds per run.",
         collect,
