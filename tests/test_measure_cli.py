@@ -224,6 +224,11 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     assert "40.000 / 16.000" in out and "2.500x" in out  # attention in the step, S in it: 40 / 16
     assert "1.316x" in out and "60.000 / 54.000" in out  # Amdahl with it: 1 / (0.6 + 0.4 / 2.5); the rest
     assert "0.000 / 10.000" in out and "graph" not in out  # GPU idle: 100 - 100, 80 - 70; no replays
+    assert "sustained" not in out
+    loop.sustained_ms = {"naive": 104.0, "attnscope": 86.0}
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    out = capsys.readouterr().out
+    assert "104.000 / 86.000" in out and "1.209x" in out and "+12.8%" in out  # 1.3636 / (104 / 86) - 1
     loop.graph_ms = {"naive": 99.0, "attnscope": 72.0}
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out

@@ -118,6 +118,10 @@ def test_closed_loop_splits_its_error_between_the_kernel_in_the_step_and_the_res
     assert j["s_in_step"] == loop.s_in_step and j["candidate_share"]["attention_ms"] == 8.0
     assert loop.host_gap_ms == pytest.approx({"flash": 46.96 - 43.93, "attnscope": 42.98 - 39.5})
     assert loop.measured_graph is None and j["error_graph"] is None  # no replays timed
+    assert loop.measured_sustained is None and j["error_sustained"] is None
+    loop.sustained_ms = {"flash": 48.3, "attnscope": 44.3}
+    assert loop.measured_sustained == pytest.approx(48.3 / 44.3)
+    assert loop.to_json()["error_sustained"] == pytest.approx(loop.projected / (48.3 / 44.3) - 1)
     loop.graph_ms = {"flash": 44.0, "attnscope": 38.0}
     assert loop.measured_graph == pytest.approx(44.0 / 38.0)
     assert loop.to_json()["error_graph"] == pytest.approx(loop.projected / (44.0 / 38.0) - 1)
@@ -216,6 +220,11 @@ def test_paired_timing_interleaves_the_functions_and_takes_each_ones_median(monk
     ms = paired_time_ms({"a": a, "b": b}, warmup=2, reps=4)
     assert calls == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
     assert ms == {"a": 3.0, "b": 30.0}  # the upper median of each function's 4 timings
+    calls.clear()
+    a = fn("a", [1.0, 3.0, 2.0, 2.0])  # no warm-up, bursts of 2: the mean of each burst
+    b = fn("b", [5.0, 7.0, 9.0, 9.0])
+    ms = paired_time_ms({"a": a, "b": b}, warmup=0, reps=2, burst=2)
+    assert calls == ["a", "a", "b", "b", "b", "b", "a", "a"] and ms == {"a": 2.0, "b": 9.0}
 
 
 @pytest.mark.gpu
@@ -227,7 +236,7 @@ def test_gpu_closed_loop_runs_both_steps_eager_and_as_graph_replays():
 
     loop = closed_loop("flash", "attnscope", p=512, layers=1, reps=3)
     names = {"flash", "attnscope"}
-    for times in (loop.kernel_ms, loop.prefill_ms, loop.graph_ms):
+    for times in (loop.kernel_ms, loop.prefill_ms, loop.graph_ms, loop.sustained_ms):
         assert set(times) == names and all(t > 0 for t in times.values())
     assert loop.graph_note is None and loop.candidate_share.attention == "attnscope"
     assert 0 < loop.f_time < 1 and 0 < loop.candidate_share.f_time < 1

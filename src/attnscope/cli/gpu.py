@@ -518,6 +518,11 @@ def _share(args) -> int:
             [f"{step}: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
             [f"measured {step} speedup", f"{loop.measured:.3f}x"],
             ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
+    if loop.sustained_ms:
+        rows += [[f"{step}s back to back (sustained load): {a} / {b} (ms)",
+                  f"{loop.sustained_ms[a]:,.3f} / {loop.sustained_ms[b]:,.3f}"],
+                 ["measured speedup, sustained", f"{loop.measured_sustained:.3f}x"],
+                 ["error, sustained (projected / sustained speedup - 1)", f"{loop.error_sustained:+.1%}"]]
     if loop.s_in_step is not None:  # where the error comes from: both steps profiled
         cs, rest = loop.candidate_share, loop.rest_ms
         rows += [[f"attention in the {step} (profiler): {a} / {b} (ms)",

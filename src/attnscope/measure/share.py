@@ -21,7 +21,8 @@ S = t_A / t_B of attention alone ([1, 32, P, 128], causal; forward + backward fo
 project the step's speedup with Amdahl (model/amdahl.py), then swap B in, time both steps (prefills or
 training steps), and report projected vs measured and the error. A and B are timed interleaved (alone and
 in the step, `paired_time_ms`) on one input, and both steps are profiled one after the other, so that both
-sides of every ratio meet the same clocks (a GPU at its power cap slows the later of two series). A
+sides of every ratio meet the same clocks (a GPU at its power cap slows the later of two series); the steps
+are timed once more back to back (sustained load: at the cap the faster step loses more clock). A
 prefill is also timed as CUDA-graph replays (device time, no host path; beside it each eager step's idle
 time, wall less kernel time): a short prefill can be host-bound, which Amdahl on kernel time cannot see.
 Where the error comes from: B's step is profiled too, so its attention time *in the step* stands beside its
@@ -41,6 +42,9 @@ from attnscope.measure.backends import attention_fn, profile_trace, require_cuda
 from attnscope.measure.decoder import ATTENTIONS, PREFILL, LlamaShape, build_decoder
 from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
+
+#: Steps run back to back per timed repetition of the closed loop's sustained-load timing.
+SUSTAINED_BURST = 10
 
 #: The range around one profiled training step: no word "prefill", so the share counts all its kernels.
 TRAIN_STEP = "attnscope::train_step"
@@ -73,12 +77,13 @@ def cuda_time_ms(fn, warmup: int = 3, reps: int = 10) -> float:
     return paired_time_ms({"fn": fn}, warmup, reps)["fn"]
 
 
-def paired_time_ms(fns: dict, warmup: int = 3, reps: int = 10) -> dict:
+def paired_time_ms(fns: dict, warmup: int = 3, reps: int = 10, burst: int = 1) -> dict:
     """Median device time in ms of each function in ``fns`` ({name: fn}), the repetitions interleaved (one
     of each per round, the order reversed every other round; CUDA events around each, synchronized), so
     that every function meets the same clocks: a GPU at its power cap (an H200 prefill at P 16k draws
     ~690 W of 700 and its SM clock falls from 1,980 to 1,260-1,700 MHz) slows the later of two series
-    timed one after the other."""
+    timed one after the other. ``burst``: each repetition runs the function that many times back to back
+    (no synchronization between: sustained load, as a busy server runs it) and counts the mean."""
     import torch
 
     for fn in fns.values():
@@ -91,10 +96,11 @@ def paired_time_ms(fns: dict, warmup: int = 3, reps: int = 10) -> dict:
         for name in (order if rep % 2 == 0 else order[::-1]):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fns[name]()
+            for _ in range(burst):
+                fns[name]()
             b.record()
             b.synchronize()
-            times[name].append(a.elapsed_time(b))
+            times[name].append(a.elapsed_time(b) / burst)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
@@ -215,6 +221,7 @@ class ClosedLoop:
     candidate_share: ShareResult | None = None  # the candidate's step profiled the same way
     graph_ms: dict | None = None  # the prefills replayed from CUDA graphs: device time, no host path
     graph_note: str | None = None  # why there are no replays (a capture that failed)
+    sustained_ms: dict | None = None  # the steps under sustained load: `SUSTAINED_BURST` back to back, mean
 
     @property
     def s_kernel(self) -> float:
@@ -268,6 +275,18 @@ class ClosedLoop:
         return None if m is None else self.projected / m - 1.0
 
     @property
+    def measured_sustained(self) -> float | None:
+        """The swap's speedup under sustained load (steps back to back; None without that timing)."""
+        m = self.sustained_ms
+        return None if not m else m[self.baseline] / m[self.candidate]
+
+    @property
+    def error_sustained(self) -> float | None:
+        """projected / measured_sustained - 1: Amdahl's error where the GPU stays at its power cap."""
+        m = self.measured_sustained
+        return None if m is None else self.projected / m - 1.0
+
+    @property
     def host_gap_ms(self) -> dict | None:
         """Per step, its measured time less its profiled kernel time: the GPU idle, waiting for the host's
         launches (where it is large, the step is host-bound: Amdahl on kernel time does not describe it)."""
@@ -283,7 +302,8 @@ class ClosedLoop:
                 "candidate_share": self.candidate_share.to_json() if self.candidate_share else None,
                 "s_in_step": self.s_in_step, "projected_in_step": self.projected_in_step,
                 "rest_ms": self.rest_ms, "measured_graph": self.measured_graph,
-                "error_graph": self.error_graph, "host_gap_ms": self.host_gap_ms}
+                "error_graph": self.error_graph, "host_gap_ms": self.host_gap_ms,
+                "measured_sustained": self.measured_sustained, "error_sustained": self.error_sustained}
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
@@ -307,6 +327,7 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     shares = {n: _profiled_share(steps[n], n, p, shape, train) for n in names}  # one after the other
     with torch.inference_mode(not train):
         prefill_ms = paired_time_ms(steps, reps=reps)
+        sustained_ms = paired_time_ms(steps, warmup=0, reps=max(2, reps // 3), burst=SUSTAINED_BURST)
         graph_ms, note = None, "a training step is not replayed" if train else None
         if not train:
             try:
@@ -315,7 +336,7 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
                 torch.cuda.synchronize()
                 note = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return ClosedLoop(baseline, candidate, p, layers, shares[baseline].f_time, kernel_ms, prefill_ms,
-                      shares[baseline], train, shares[candidate], graph_ms, note)
+                      shares[baseline], train, shares[candidate], graph_ms, note, sustained_ms)
 
 
 def graph_replay(torch, fn):
