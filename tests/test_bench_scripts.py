@@ -76,3 +76,40 @@ def test_prefill_verdict_tells_a_wrong_pick_from_noise(monkeypatch):
     assert lines[1] == ("dispatch picks: auto ran the fastest kernel at 1 of 2 points; worst pick bf16 B=1 "
                         "Hq=8 Hkv=8 N=2000 d=64 causal: hopper_persist at 0.800 x hopper_wg3_pp")
     assert prefill.verdict(rows[:1])[1] == "dispatch picks: auto ran the fastest kernel at 1 of 1 points"
+
+
+def _stem(name: str) -> str:
+    for ext in (".json.gz", ".txt.gz", ".json", ".txt", ".csv", ".log", ".png"):
+        if name.endswith(ext):
+            return name[:-len(ext)]
+    return name
+
+
+def _citing_text() -> str:
+    """BENCHMARKS.md, README.md, docs/, bench/README.md and the code of src/, tests/ and bench/."""
+    root = BENCH.parent
+    files = [root / "BENCHMARKS.md", root / "README.md", BENCH / "README.md", *root.glob("docs/*.md"),
+             *root.glob("src/**/*.py"), *root.glob("tests/**/*.py"), *BENCH.glob("*.py")]
+    return "".join(p.read_text(errors="replace") for p in files)
+
+
+def test_every_result_file_is_cited_and_every_cited_one_exists():
+    import fnmatch
+
+    text = _citing_text()
+    patterns = set()  # cited by a pattern: h200-...-bytes-*.json, h200-...-probe-{decode,varlen}.json
+    for pat in re.findall(r"h200-[\w.*{},-]+", text):
+        if "{" in pat and "}" in pat:
+            pre, rest = pat.split("{", 1)
+            mid, post = rest.split("}", 1)
+            patterns |= {pre + m + post for m in mid.split(",")}
+        elif "*" in pat:
+            patterns.add(pat)
+    results = sorted(p.name for p in (BENCH / "results").rglob("*") if p.is_file())
+    uncited = [n for n in results if n not in text and _stem(n) not in text
+               and not any(fnmatch.fnmatch(n, p) or fnmatch.fnmatch(_stem(n), _stem(p)) for p in patterns)]
+    assert not uncited, f"bench/results files nothing cites (issue 33: keep what is cited): {uncited}"
+    docs = "".join((BENCH.parent / f).read_text() for f in ("BENCHMARKS.md", "README.md", "bench/README.md"))
+    links = set(re.findall(r"\]\((bench/results/[^)#\s]+)\)", docs))
+    missing = sorted(p for p in links if not (BENCH.parent / p).exists())
+    assert not missing, f"links to result files that are not there: {missing}"

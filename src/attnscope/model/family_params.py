@@ -77,7 +77,7 @@ class FamilyParams:
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
 #: lowest capacity measured for any access pattern on the H200 (`L2Params.shared`, bench/l2_reuse.py --share,
-#: probe 4).
+#: probe 4; the script is in git at commit 5eeec86).
 RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PARAMS.wide,
                      H200_L2_PARAMS.capacity)
 

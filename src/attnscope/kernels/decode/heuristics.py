@@ -232,9 +232,10 @@ def _fp8_config_name(programs: int, sms: int, paged: bool = False) -> str:
 #: Programs per SM the split heuristic aims for on an e4m3 dense cache with one query per sequence (`WAVES`
 #: elsewhere): two, so a launch under two waves of (sequence, kv head) items splits until two programs per
 #: SM run, in `FP8_MANY`'s config (two fit per SM): one 4-warp program per SM cannot hide the e4m3 loop's
-#: latencies. H200, Hq 32, graph replay, against one wave (gpu probe, 2026-12-03, BENCHMARKS.md): B 16 Hkv 8,
-#: L 32k / 128k 1.205 / 1.201 x (1.83 x SDPA CUDNN bf16's tokens/s), B 8 1.11-1.14 x, B 1 Hkv 32 L 32k
-#: 1.108 x, B 1 Hkv 8 L 128k 1.030 x; B 1 Hkv 8 L 32k (splits of ~1k keys) 0.951 x: hence `WAVE_MIN_KEYS`.
+#: latencies. H200, Hq 32, graph replay, against one wave (bench/results/h200-2026-12-03c-fp8-waves.txt):
+#: B 16 Hkv 8, L 32k / 128k 1.205 / 1.201 x (1.83 x SDPA CUDNN bf16's tokens/s), B 8 1.11-1.14 x, B 1 Hkv 32
+#: L 32k 1.108 x, B 1 Hkv 8 L 128k 1.030 x; B 1 Hkv 8 L 32k (splits of ~1k keys) 0.951 x: hence
+#: `WAVE_MIN_KEYS`.
 FP8_DENSE_WAVES = 2
 #: Fewest keys per split when the heuristic seeks more than one wave (`_splits`).
 WAVE_MIN_KEYS = 2048
