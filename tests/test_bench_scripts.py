@@ -113,3 +113,16 @@ def test_every_result_file_is_cited_and_every_cited_one_exists():
     links = set(re.findall(r"\]\((bench/results/[^)#\s]+)\)", docs))
     missing = sorted(p for p in links if not (BENCH.parent / p).exists())
     assert not missing, f"links to result files that are not there: {missing}"
+
+
+def test_src_modules_stay_small_and_carry_no_session_history():
+    # issue 33: no module over 700 lines; no session, run or clock-time history in src/ (git holds it)
+    src = BENCH.parent / "src" / "attnscope"
+    long = {str(p.relative_to(src)): n for p in src.rglob("*.py")
+            if (n := p.read_text().count("\n")) > 700}
+    assert not long, long
+    history = re.compile(r"\b\d{1,2}:\d{2} ?UTC\b|\b(first|second|third|fourth|fifth|sixth|seventh|eighth|"
+                         r"ninth|tenth|this|last|previous) session\b|\brun \d+\b", re.I)
+    hits = [f"{p.relative_to(src)}:{i}: {line.strip()[:80]}" for p in src.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if history.search(line)]
+    assert not hits, hits
