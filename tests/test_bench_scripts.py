@@ -126,3 +126,6 @@ def test_src_modules_stay_small_and_carry_no_session_history():
     hits = [f"{p.relative_to(src)}:{i}: {line.strip()[:80]}" for p in src.rglob("*.py")
             for i, line in enumerate(p.read_text().splitlines(), 1) if history.search(line)]
     assert not hits, hits
+    parsing = re.compile(r"^\s*(import ast|from ast import)|\bast\.parse\(|inspect\.getsource", re.M)
+    parsed = [str(p.relative_to(src)) for p in src.rglob("*.py") if parsing.search(p.read_text())]
+    assert not parsed, f"no source parsing in src/ (issue 33: one dispatch rule, imported): {parsed}"
