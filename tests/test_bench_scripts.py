@@ -1,5 +1,6 @@
-"""bench/ holds only maintained scripts: each answers --help at HEAD on a CPU, at most 15 of them, and
-bench/results stays under 2 MB, BENCHMARKS.md at most 400 lines."""
+"""The repository as a product (issue 33): bench/ holds only maintained scripts (each answers --help at HEAD
+on a CPU, at most 15 of them), bench/results stays under 2 MB and holds only cited files, BENCHMARKS.md at
+most 400 lines; src/ modules at most 700 lines, with no session history and no source parsing."""
 
 import json
 import os
