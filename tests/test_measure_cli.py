@@ -229,6 +229,12 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out
     assert "104.000 / 86.000" in out and "1.209x" in out and "+12.8%" in out  # 1.3636 / (104 / 86) - 1
+    assert "host-aware" not in out
+    loop.host_us, loop.issue_ms = {"naive": 30.0, "attnscope": 40.0}, {"naive": 5.0, "attnscope": 5.1}
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    out = capsys.readouterr().out
+    assert "30.0 / 40.0" in out and "5.000 / 5.100" in out  # device-bound (100 ms of kernels): Amdahl again
+    assert "error, host-aware" in out and "1.364x" in out
     loop.graph_ms = {"naive": 99.0, "attnscope": 72.0}
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out

@@ -132,6 +132,27 @@ def test_closed_loop_splits_its_error_between_the_kernel_in_the_step_and_the_res
     assert alone.to_json()["candidate_share"] is None
 
 
+def test_host_aware_projection_is_amdahl_when_device_bound_and_follows_the_host_when_host_bound():
+    # device-bound: issuing a step (5 ms) is shorter than its device time (40 ms): plain Amdahl
+    base = ShareResult("naive", 1024, 2, 10.0, 40.0, 0.2, 100)
+    loop = ClosedLoop("naive", "attnscope", 1024, 2, 0.25, {"naive": 4.0, "attnscope": 1.0},
+                      {"naive": 41.0, "attnscope": 33.0}, base, host_us={"naive": 30.0, "attnscope": 40.0},
+                      issue_ms={"naive": 5.0, "attnscope": 5.02})
+    assert loop.projected_host_aware == pytest.approx(40.0 / (40.0 * (0.75 + 0.25 / 4)))
+    assert loop.projected_host_aware == pytest.approx(loop.projected)
+    # host-bound: issuing takes 3 ms against 2.5 ms of kernels; the swap adds 2 x 10 us of host per step
+    base = ShareResult("naive", 1024, 2, 0.45, 2.5, 0.2, 100)
+    loop = ClosedLoop("naive", "attnscope", 1024, 2, 0.18, {"naive": 0.3, "attnscope": 0.067},
+                      {"naive": 3.45, "attnscope": 3.6}, base, graph_ms={"naive": 2.48, "attnscope": 2.1},
+                      host_us={"naive": 30.0, "attnscope": 40.0}, issue_ms={"naive": 3.0, "attnscope": 3.02})
+    dev_b = 2.48 * (1 - 0.18 + 0.18 / (0.3 / 0.067))  # the graph replay is the baseline's device time
+    assert loop.projected_host_aware == pytest.approx(3.0 / max(3.0 + 2 * 10.0 / 1e3, dev_b))
+    assert loop.projected_host_aware < 1.0 < loop.projected  # the host says slower; Amdahl said faster
+    assert loop.to_json()["error_host_aware"] == pytest.approx(loop.projected_host_aware / (3.45 / 3.6) - 1)
+    assert ClosedLoop("naive", "attnscope", 1024, 2, 0.18, {"naive": 0.3, "attnscope": 0.067},
+                      {"naive": 3.45, "attnscope": 3.6}, base).projected_host_aware is None
+
+
 def _recorded(name):
     path = RECORDED / name
     if not path.exists():
@@ -236,7 +257,8 @@ def test_gpu_closed_loop_runs_both_steps_eager_and_as_graph_replays():
 
     loop = closed_loop("flash", "attnscope", p=512, layers=1, reps=3)
     names = {"flash", "attnscope"}
-    for times in (loop.kernel_ms, loop.prefill_ms, loop.graph_ms, loop.sustained_ms):
+    for times in (loop.kernel_ms, loop.prefill_ms, loop.graph_ms, loop.sustained_ms, loop.host_us,
+                  loop.issue_ms):
         assert set(times) == names and all(t > 0 for t in times.values())
     assert loop.graph_note is None and loop.candidate_share.attention == "attnscope"
     assert 0 < loop.f_time < 1 and 0 < loop.candidate_share.f_time < 1

@@ -7,7 +7,8 @@ file reads in one sitting and no file imports torch at module level:
     cli/reference.py  trace, verify                           (reference.py, kernels when they run)
     cli/report.py     report                                  (report/)
     cli/ring.py       ring                                    (model/ring.py)
-    cli/gpu.py        bench, which, bytes, share              (measure/; GPU)
+    cli/gpu.py        bench, which, bytes, share              (measure/; GPU; share's closed-loop table
+                                                              in cli/closed_loop.py)
 
 Each module has `configure(subparsers)`, which adds its subcommands with `set_defaults(func=...)`; the
 function takes the parsed args and returns the exit code. Bad input (`InputError`, a ValueError) and

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from attnscope.cli import serving
 from attnscope.cli._out import MiB, _clean, console, int_list, path_arg, print_json, table
+from attnscope.cli.closed_loop import loop_rows
 from attnscope.errors import InputError, expect, positive_int, visible
 from attnscope.inputs import distinct, out_file, write_atomic
 from attnscope.measure import backends, families, ncu, physical, share
@@ -508,40 +509,8 @@ def _share(args) -> int:
             f"   (FLOP share {r.flop_share:.3f}: not a time share, spec §5.1)")
     if loop is None:
         return 0
-    a, b = loop.baseline, loop.candidate
-    step, alone = ("training step", "attention alone, forward + backward") if args.train \
-        else ("prefill", "attention alone")
-    rows = [[f"f_time (profiler, baseline {step})", f"{loop.f_time:.3f}"],
-            [f"{alone}: {a} / {b} (ms)", f"{loop.kernel_ms[a]:,.3f} / {loop.kernel_ms[b]:,.3f}"],
-            ["S_kernel", f"{loop.s_kernel:.3f}x"],
-            [f"projected {step} speedup (Amdahl)", f"{loop.projected:.3f}x"],
-            [f"{step}: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
-            [f"measured {step} speedup", f"{loop.measured:.3f}x"],
-            ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
-    if loop.sustained_ms:
-        rows += [[f"{step}s back to back (sustained load): {a} / {b} (ms)",
-                  f"{loop.sustained_ms[a]:,.3f} / {loop.sustained_ms[b]:,.3f}"],
-                 ["measured speedup, sustained", f"{loop.measured_sustained:.3f}x"],
-                 ["error, sustained (projected / sustained speedup - 1)", f"{loop.error_sustained:+.1%}"]]
-    if loop.s_in_step is not None:  # where the error comes from: both steps profiled
-        cs, rest = loop.candidate_share, loop.rest_ms
-        rows += [[f"attention in the {step} (profiler): {a} / {b} (ms)",
-                  f"{loop.share.attention_ms:,.3f} / {cs.attention_ms:,.3f}"],
-                 [f"S in the {step} (alone: S_kernel)", f"{loop.s_in_step:.3f}x"],
-                 ["Amdahl with S in the step", f"{loop.projected_in_step:.3f}x"],
-                 [f"rest of the {step}, kernels outside attention: {a} / {b} (ms)",
-                  f"{rest[a]:,.3f} / {rest[b]:,.3f}"]]
-        gap = loop.host_gap_ms
-        rows.append([f"GPU idle in the {step} (measured - kernel time): {a} / {b} (ms)",
-                     f"{gap[a]:,.3f} / {gap[b]:,.3f}"])
-    if loop.graph_ms:
-        rows += [[f"{step} as CUDA-graph replays: {a} / {b} (ms)",
-                  f"{loop.graph_ms[a]:,.3f} / {loop.graph_ms[b]:,.3f}"],
-                 ["measured speedup, graph replays", f"{loop.measured_graph:.3f}x"],
-                 ["error on device time (projected / graph speedup - 1)", f"{loop.error_graph:+.1%}"]]
-    elif loop.graph_note and not args.train:
-        rows.append([f"{step} as CUDA-graph replays", loop.graph_note])
-    c.print(table(f"Closed loop: {a} -> {b}, P = {loop.p:,}, {loop.layers} layers", ["", ""], rows))
+    c.print(table(f"Closed loop: {loop.baseline} -> {loop.candidate}, P = {loop.p:,}, {loop.layers} layers",
+                  ["", ""], loop_rows(loop, args.train)))
     return 0
 
 

@@ -25,6 +25,8 @@ sides of every ratio meet the same clocks (a GPU at its power cap slows the late
 are timed once more back to back (sustained load: at the cap the faster step loses more clock). A
 prefill is also timed as CUDA-graph replays (device time, no host path; beside it each eager step's idle
 time, wall less kernel time): a short prefill can be host-bound, which Amdahl on kernel time cannot see.
+So the loop also projects with the host beside the device (`ClosedLoop.projected_host_aware`: a step takes
+max(host, device); the swap changes the host time by the two attention calls' host difference per layer).
 Where the error comes from: B's step is profiled too, so its attention time *in the step* stands beside its
 time alone (S in the step = attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S),
 and the rest of the step (kernel time outside attention) beside A's: a kernel slower in the step than
@@ -45,6 +47,9 @@ from attnscope.model.flops import attention_flops
 
 #: Steps run back to back per timed repetition of the closed loop's sustained-load timing.
 SUSTAINED_BURST = 10
+#: Query rows of the attention call whose host time the closed loop measures (its GPU work shorter than its
+#: launch: what a host-bound step waits on), and the calls per timing.
+HOST_ROWS, HOST_CALLS = 128, 200
 
 #: The range around one profiled training step: no word "prefill", so the share counts all its kernels.
 TRAIN_STEP = "attnscope::train_step"
@@ -222,6 +227,8 @@ class ClosedLoop:
     graph_ms: dict | None = None  # the prefills replayed from CUDA graphs: device time, no host path
     graph_note: str | None = None  # why there are no replays (a capture that failed)
     sustained_ms: dict | None = None  # the steps under sustained load: `SUSTAINED_BURST` back to back, mean
+    host_us: dict | None = None  # host µs per attention call alone (`HOST_ROWS` rows: the GPU waits on it)
+    issue_ms: dict | None = None  # host ms to issue one whole step (its launches, no wait on the GPU)
 
     @property
     def s_kernel(self) -> float:
@@ -287,6 +294,27 @@ class ClosedLoop:
         return None if m is None else self.projected / m - 1.0
 
     @property
+    def projected_host_aware(self) -> float | None:
+        """Amdahl with the host beside the device: a step takes max(host, device) time, the launches issued
+        while the GPU runs the earlier ones. The baseline's step: max(issue_ms, device ms: its graph replay,
+        else its profiled kernel time); the candidate's: the host time less ``layers`` x the two attention
+        calls' host difference (`host_us`; a training step's call is forward + backward), the device time
+        by Amdahl. Their ratio; None without the host timings."""
+        if not self.host_us or not self.issue_ms or (self.graph_ms is None and self.share is None):
+            return None
+        a, b = self.baseline, self.candidate
+        dev_a = self.graph_ms[a] if self.graph_ms else self.share.total_ms
+        host_b = self.issue_ms[a] - self.layers * (self.host_us[a] - self.host_us[b]) / 1e3
+        dev_b = dev_a * (1.0 - self.f_time + self.f_time / self.s_kernel)
+        return max(self.issue_ms[a], dev_a) / max(host_b, dev_b)
+
+    @property
+    def error_host_aware(self) -> float | None:
+        """projected_host_aware / measured - 1 (the eager steps' speedup)."""
+        p = self.projected_host_aware
+        return None if p is None else p / self.measured - 1.0
+
+    @property
     def host_gap_ms(self) -> dict | None:
         """Per step, its measured time less its profiled kernel time: the GPU idle, waiting for the host's
         launches (where it is large, the step is host-bound: Amdahl on kernel time does not describe it)."""
@@ -303,7 +331,8 @@ class ClosedLoop:
                 "s_in_step": self.s_in_step, "projected_in_step": self.projected_in_step,
                 "rest_ms": self.rest_ms, "measured_graph": self.measured_graph,
                 "error_graph": self.error_graph, "host_gap_ms": self.host_gap_ms,
-                "measured_sustained": self.measured_sustained, "error_sustained": self.error_sustained}
+                "measured_sustained": self.measured_sustained, "error_sustained": self.error_sustained,
+                "projected_host_aware": self.projected_host_aware, "error_host_aware": self.error_host_aware}
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
@@ -319,8 +348,13 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     names = (baseline, candidate)
     qkv = [torch.randn(1, shape.heads, p, shape.head_dim, device="cuda", dtype=dt, requires_grad=train)
            for _ in range(3)]
+    tiny = [torch.randn(1, shape.heads, HOST_ROWS, shape.head_dim, device="cuda", dtype=dt,
+                        requires_grad=train) for _ in range(3)]
+    from attnscope.measure.bench import host_us_per_call
+
     with torch.inference_mode(not train):
         kernel_ms = paired_time_ms({n: attention_step_fn(n, qkv, train) for n in names}, reps=reps)
+        host_us = host_us_per_call(torch, {n: attention_step_fn(n, tiny, train) for n in names}, HOST_CALLS)
     qkv.clear()  # free the attention-alone inputs before the steps
     x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # one input for both steps
     steps = {n: step_fn(build_decoder(shape, n, dtype=dt, train=train), x, train) for n in names}
@@ -328,6 +362,7 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
     with torch.inference_mode(not train):
         prefill_ms = paired_time_ms(steps, reps=reps)
         sustained_ms = paired_time_ms(steps, warmup=0, reps=max(2, reps // 3), burst=SUSTAINED_BURST)
+        issue_ms = {n: us / 1e3 for n, us in host_us_per_call(torch, steps, 1, rounds=reps).items()}
         graph_ms, note = None, "a training step is not replayed" if train else None
         if not train:
             try:
@@ -336,7 +371,8 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
                 torch.cuda.synchronize()
                 note = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return ClosedLoop(baseline, candidate, p, layers, shares[baseline].f_time, kernel_ms, prefill_ms,
-                      shares[baseline], train, shares[candidate], graph_ms, note, sustained_ms)
+                      shares[baseline], train, shares[candidate], graph_ms, note, sustained_ms, host_us,
+                      issue_ms)
 
 
 def graph_replay(torch, fn):
