@@ -28,8 +28,9 @@ Flex's and against attnscope's full causal backward scaled by ``visited/causal``
 Every attnscope call is first checked at the full shape against float64 (torch, on the GPU) on batch 0,
 head 0: the output within 2 x PyTorch's own error at the same dtype + 1e-3 and dQ, dK, dV (and dsinks)
 within 3 x (attnscope.checks.kernel_tolerance); a failed check is reported and exits 1 after the table.
-Timing: triton.testing.do_bench, median; backward = the gradient of a retained graph (compiled Flex
-with sinks or a score_mod donates its buffers: there forward+backward minus forward).
+Timing: triton.testing.do_bench, median, in ``--rounds`` interleaved rounds (the order rotated round to
+round; the median over rounds); backward = the gradient of a retained graph (compiled Flex with sinks or a
+score_mod donates its buffers: there forward+backward minus forward).
 """
 
 from __future__ import annotations
@@ -131,19 +132,37 @@ def _ms(fn):
     return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
-def _time_pair(torch, f, inputs, do):
-    """(forward ms, backward ms) of ``f(*inputs) -> o``; backward through a retained graph, or, where the
-    graph cannot be retained (compiled Flex with donated buffers), forward+backward minus forward."""
+def _timers(torch, f, inputs, do) -> dict:
+    """The timed calls of ``f(*inputs) -> o``: ``fwd`` (no grad), and ``bwd`` through a retained graph or,
+    where the graph cannot be retained (compiled Flex with donated buffers), ``fwdbwd`` (forward + backward,
+    the backward then reported as fwdbwd - fwd)."""
     leaves = [t.detach().requires_grad_() for t in inputs]
-    with torch.no_grad():
-        fwd_ms = _ms(lambda: f(*inputs))
+
+    def fwd():
+        with torch.no_grad():
+            return f(*inputs)
     out = f(*leaves)
+
+    def bwd():
+        return torch.autograd.grad(out, leaves, do, retain_graph=True)
     try:
-        bwd_ms = _ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+        bwd()
+        return {"fwd": fwd, "bwd": bwd}
     except RuntimeError as e:
         print(f"    backward timed as fwd+bwd - fwd ({str(e).splitlines()[0][:70]})")
-        bwd_ms = _ms(lambda: torch.autograd.grad(f(*leaves), leaves, do)) - fwd_ms
-    return fwd_ms, bwd_ms
+        return {"fwd": fwd, "fwdbwd": lambda: torch.autograd.grad(f(*leaves), leaves, do)}
+
+
+def _time_rounds(timers: dict, rounds: int) -> dict:
+    """Median ms of each timed call over ``rounds`` interleaved rounds, the order rotated round to round, so
+    every call meets the clocks the others do (a GPU at its power cap slows a call timed after a hot one)."""
+    import statistics
+
+    keys, per = list(timers), {key: [] for key in timers}
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            per[key].append(_ms(timers[key]))
+    return {key: statistics.median(xs) for key, xs in per.items()}
 
 
 def _flex(torch, n, causal, window, softcap, with_lse):
@@ -216,8 +235,8 @@ def _impls(torch, section, n, causal, window, softcap, sinks, baseline):
     return impls
 
 
-def _time_backward_alone(torch, q, k, v, do, causal, window, softcap):
-    """Backward ms of `flash_attention_backward` per ``impl`` ("hopper" on sm_90 only, "portable")."""
+def _backward_alone(torch, q, k, v, do, causal, window, softcap) -> dict:
+    """`flash_attention_backward`'s timed calls per ``impl`` ("hopper" on sm_90 only, "portable")."""
     import attnscope
     from attnscope.kernels import bwd
 
@@ -226,8 +245,8 @@ def _time_backward_alone(torch, q, k, v, do, causal, window, softcap):
     impls = ["portable"]
     if torch.cuda.get_device_capability() == (9, 0):
         impls.insert(0, "hopper")
-    return {f"attnscope_bwd_{impl}": _ms(lambda impl=impl: bwd.flash_attention_backward(
-        do, q, k, v, o, lse, causal, None, window=window, softcap=softcap, impl=impl)) for impl in impls}
+    return {f"attnscope_bwd_{impl}": lambda impl=impl: bwd.flash_attention_backward(
+        do, q, k, v, o, lse, causal, None, window=window, softcap=softcap, impl=impl) for impl in impls}
 
 
 def run(torch, args, log):
@@ -256,15 +275,21 @@ def run(torch, args, log):
                "mods": {a: x for a, x in kw.items() if a != "sinks"} | ({"sinks": True} if sinks is not None
                                                                          else {}),
                "visited_over_causal": pairs / causal_pairs, "ms": {}, "tflops": {}}
-        for name, f in impls.items():
-            f_ms, b_ms = _time_pair(torch, f, (q, k, v), do)
+        timers = {(name, kind): fn for name, f in impls.items()
+                  for kind, fn in _timers(torch, f, (q, k, v), do).items()}
+        alone = (_backward_alone(torch, q, k, v, do, causal, window, softcap)
+                 if section in ("window", "softcap") else {})
+        timers |= {(name, "bwd"): fn for name, fn in alone.items()}
+        timed = _time_rounds(timers, args.rounds)
+        for name in impls:
+            f_ms = timed[name, "fwd"]
+            b_ms = timed[name, "bwd"] if (name, "bwd") in timed else timed[name, "fwdbwd"] - f_ms
             flops = fl if not name.endswith("causal") else 4 * args.d * causal_pairs * b * args.heads
             row["ms"][name] = (f_ms, b_ms)
-            row["tflops"][name] = (flops / (f_ms * 1e9), None if b_ms is None else 2.5 * flops / (b_ms * 1e9))
-        if section in ("window", "softcap"):
-            for name, b_ms in _time_backward_alone(torch, q, k, v, do, causal, window, softcap).items():
-                row["ms"][name] = (None, b_ms)
-                row["tflops"][name] = (None, 2.5 * fl / (b_ms * 1e9))
+            row["tflops"][name] = (flops / (f_ms * 1e9), 2.5 * flops / (b_ms * 1e9))
+        for name in alone:
+            row["ms"][name] = (None, timed[name, "bwd"])
+            row["tflops"][name] = (None, 2.5 * fl / (timed[name, "bwd"] * 1e9))
         rows.append(row)
         log(f"{label}  visited/causal {row['visited_over_causal']:.3f}")
         for name, (f_ms, b_ms) in row["ms"].items():
@@ -312,6 +337,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32768, help="B * N (default 32k)")
     ap.add_argument("--baseline", action="store_true",
                     help="only plain calls (for --only off under an older tree without the mods)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="interleaved timing rounds per point, the order rotated (the median; default 2)")
     ap.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args(argv)
@@ -319,6 +346,8 @@ def main(argv=None) -> int:
     bad = [s for s in args.only if s not in SECTIONS]
     if bad or (args.baseline and args.only != ["off"]):
         ap.error(f"--only: expected sections of {SECTIONS} (--baseline: off only), got {args.only}")
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected a positive integer, got {args.rounds}")
     torch = _require_gpu()
     rows, failures = run(torch, args, print)
     if args.markdown:

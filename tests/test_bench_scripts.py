@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(BENCH.glob("*.py"))
@@ -130,3 +132,25 @@ def test_src_modules_stay_small_and_carry_no_session_history():
     parsing = re.compile(r"^\s*(import ast|from ast import)|\bast\.parse\(|inspect\.getsource", re.M)
     parsed = [str(p.relative_to(src)) for p in src.rglob("*.py") if parsing.search(p.read_text())]
     assert not parsed, f"no source parsing in src/ (issue 33: one dispatch rule, imported): {parsed}"
+
+
+def test_mods_times_every_call_in_rotated_rounds_and_takes_the_median(monkeypatch):
+    import importlib.util
+
+    torch = pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("bench_mods", BENCH / "mods.py")
+    mods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mods)
+    order, costs = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([9.0, 7.0, 8.0])}
+
+    def fake_ms(fn):
+        order.append(fn())
+        return next(costs[order[-1]])
+    monkeypatch.setattr(mods, "_ms", fake_ms)
+    assert mods._time_rounds({"a": lambda: "a", "b": lambda: "b"}, 3) == {"a": 2.0, "b": 8.0}
+    assert order == ["a", "b", "b", "a", "a", "b"]  # the order rotated round to round
+    # a graph that can be retained: backward alone; the forward runs without grad
+    x = torch.randn(4, 4)
+    t = mods._timers(torch, lambda q, k, v: q @ k.T @ v, (x, x, x), torch.ones(4, 4))
+    assert set(t) == {"fwd", "bwd"} and not t["fwd"]().requires_grad
+    assert [g.shape for g in t["bwd"]()] == [(4, 4)] * 3 and len(t["bwd"]()) == 3  # retained: runs again
