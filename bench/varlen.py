@@ -19,7 +19,8 @@ cu_seqlens check is on the device; on sm_90 the backward runs the Gluon kernels 
 kernels/varlen_bwd_hopper.py, as `kernels.varlen_bwd.pick_impl` chooses: the line before the table says
 which); ``attnscope-portable-bwd`` runs the portable Triton backward instead, and ``attnscope-atomic-dq``
 the portable one with `kernels.bwd.ATOMIC_DQ_BY_DEFAULT` set True (dQ by fp32 atomics in the dK/dV
-kernel), so the switch can follow the measurement. ``--sweep`` adds forward variants (`_sweep`).
+kernel), so the switch can follow the measurement. ``--sweep`` adds forward variants (`_sweep`). Every
+call is timed in ``--rounds`` interleaved rounds, the order rotated round to round (the median).
 Correctness first: before timing, the output and dQ, dK, dV of every implementation are compared with
 float64 autograd on four sampled prompts (shortest, longest, two random; query heads 0 and 1): attnscope
 must be within 2 x (output) / 3 x (gradients) PyTorch's own error (SDPA at bf16 on the same prompt)
@@ -32,6 +33,7 @@ import argparse
 import itertools
 import json
 import random
+import statistics
 import sys
 import time
 
@@ -49,10 +51,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON to FILE")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes ~10-30 s)")
     p.add_argument("--unmasked", action="store_true", help="no causal mask inside the prompts")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="interleaved timing rounds, the order rotated (the median; default 2)")
     p.add_argument("--sweep", action="store_true",
                    help="also time forward variants (work-list order, K/V loads, block configs), each "
                         "checked against float64 first")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds: expected a positive integer, got {args.rounds}")
 
     import torch
     import triton
@@ -92,32 +98,61 @@ def main(argv=None) -> int:
     print(f"attnscope backward kernels (impl='auto'): {chosen}", flush=True)
     rows, failed = [], False
     atomic_default, pick_impl = bwd.ATOMIC_DQ_BY_DEFAULT, varlen_bwd.pick_impl
+
+    def under(name, call):
+        """``call`` with ``name``'s backward switches set for its duration (restored after)."""
+        atomic = atomic_default or name == "attnscope-atomic-dq"
+        portable = name in ("attnscope-atomic-dq", "attnscope-portable-bwd")  # atomics: portable only
+
+        def run():
+            bwd.ATOMIC_DQ_BY_DEFAULT = atomic
+            varlen_bwd.pick_impl = (lambda *a, **kw: "portable") if portable else pick_impl
+            try:
+                return call()
+            finally:
+                bwd.ATOMIC_DQ_BY_DEFAULT, varlen_bwd.pick_impl = atomic_default, pick_impl
+        return run
+
+    timers = {}  # (impl, "fwd" | "fwdbwd") -> the timed call, for the implementations that passed
     for name, fn in impls.items():
         row = {"impl": name}
-        bwd.ATOMIC_DQ_BY_DEFAULT = atomic_default or name == "attnscope-atomic-dq"
-        portable = name in ("attnscope-atomic-dq", "attnscope-portable-bwd")  # atomics: portable only
-        varlen_bwd.pick_impl = (lambda *a, **kw: "portable") if portable else pick_impl
+        rows.append(row)
         try:
-            errs = _errors(torch, fn, q, k, v, do, lens, sample, ref)
+            errs = under(name, lambda fn=fn: _errors(torch, fn, q, k, v, do, lens, sample, ref))()
             row["err"] = errs
             ok = errs[0] <= bound_o and all(e <= b for e, b in zip(errs[1:], bound_g, strict=True))
             if name.startswith("attnscope") and not ok:
                 print(f"  FAIL {name}: errors {errs} > bounds {bound_o:.3g} / {bound_g}; not timed",
                       flush=True)
                 failed = True
-                rows.append(row)
                 continue
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            with torch.no_grad():
-                row["fwd_ms"] = rep_ms(lambda fn=fn: fn(q, k, v))
-            row["fwdbwd_ms"] = rep_ms(lambda fn=fn, x=leaves: torch.autograd.grad(fn(*x), x, do))
-            row["fwd_tflops"] = useful / row["fwd_ms"] / 1e9
-            row["fwdbwd_tflops"] = 3.5 * useful / row["fwdbwd_ms"] / 1e9
+
+            def fwd(fn=fn):
+                with torch.no_grad():
+                    return fn(q, k, v)
+            timers[name, "fwd"] = under(name, fwd)
+            timers[name, "fwdbwd"] = under(name, lambda fn=fn, x=leaves: torch.autograd.grad(fn(*x), x, do))
+            timers[name, "fwd"](), timers[name, "fwdbwd"]()  # a peer that cannot run fails here
         except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
             print(f"  {name} n/a: {row['error']}", flush=True)
-        rows.append(row)
-        torch.cuda.empty_cache()
+            timers.pop((name, "fwd"), None)
+            timers.pop((name, "fwdbwd"), None)
+    # interleaved rounds, the order rotated round to round (a GPU at its power cap slows a call timed
+    # after a hot series), the median over rounds
+    keys, per = list(timers), {key: [] for key in timers}
+    for r in range(args.rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            per[key].append(rep_ms(timers[key]))
+    for row in rows:
+        name = row["impl"]
+        if (name, "fwd") in per:
+            row["fwd_ms"] = statistics.median(per[name, "fwd"])
+            row["fwdbwd_ms"] = statistics.median(per[name, "fwdbwd"])
+            row["fwd_tflops"] = useful / row["fwd_ms"] / 1e9
+            row["fwdbwd_tflops"] = 3.5 * useful / row["fwdbwd_ms"] / 1e9
+    torch.cuda.empty_cache()
     bwd.ATOMIC_DQ_BY_DEFAULT, varlen_bwd.pick_impl = atomic_default, pick_impl
     _print(rows, args.markdown, bound_o, bound_g)
     if args.sweep:
