@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     # interleaved rounds, the order rotated round to round (a GPU at its power cap slows a call timed
     # after a hot series), the median over rounds
     keys, per = list(timers), {key: [] for key in timers}
-    for r in range(args.rounds):
+    for r in range(args.rounds if keys else 0):
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
             per[key].append(rep_ms(timers[key]))
     for row in rows:
