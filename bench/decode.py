@@ -57,6 +57,7 @@ import attnscope
 from attnscope.checks import kernel_tolerance
 from attnscope.kernels import decode
 from attnscope.kernels._common import SUPPORTED_HEAD_DIMS
+from attnscope.measure.backends import capture_graph
 from attnscope.model.serving import paged as ledger
 
 GRID = [(1, 32, 32), (1, 32, 8), (16, 32, 8), (64, 32, 8), (64, 32, 32)]
@@ -99,18 +100,6 @@ def write_rows(path, rows, **extra):
     with open(path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                    "triton": triton.__version__, **extra, "rows": rows}, f, indent=1)
-
-
-def graph_of(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def inputs(B, Hq, Hkv, L):
@@ -249,12 +238,12 @@ def check(pt):
 def time_point(pt, row, rep):
     """Pass 2 at one point: µs, TB/s and ratios into ``row``."""
     t = {name: ms(fn, rep) * 1e3 for name, fn in pt.calls().items()}
-    t["graph"] = ms(graph_of(lambda: pt.plan.run(pt.q, pt.k, pt.v, pt.lens)).replay, rep) * 1e3
+    t["graph"] = ms(capture_graph(lambda: pt.plan.run(pt.q, pt.k, pt.v, pt.lens)).replay, rep) * 1e3
     for name, fn in sdpa_calls(pt.q, pt.k, pt.v).items():
         try:
             fn()
             t[name] = ms(fn, rep) * 1e3
-            t[name + " graph"] = ms(graph_of(fn).replay, rep) * 1e3
+            t[name + " graph"] = ms(capture_graph(fn).replay, rep) * 1e3
         except RuntimeError as e:  # a backend that refuses the shape is reported
             print(f"  {name}: n/a ({str(e).splitlines()[0][:80]})", flush=True)
     row["us"] = t
@@ -588,14 +577,14 @@ def fp8_sweep(rep, json_path=None):
             kp, vp, table = paged_copy(k, v, PAGE, seed=PAGE)
             k8p, v8p = (attnscope.quantize_kv(t, head_axis=-2)[0] for t in (kp, vp))  # same scales
             cudnn = sdpa_calls(q, k, v)["CUDNN"]
-            t_cudnn = {"eager": ms(cudnn, rep) * 1e3, "graph": ms(graph_of(cudnn).replay, rep) * 1e3}
+            t_cudnn = {"eager": ms(cudnn, rep) * 1e3, "graph": ms(capture_graph(cudnn).replay, rep) * 1e3}
             for layout in ("dense", "paged"):
                 paged = layout == "paged"
                 kb, vb, k8x, v8x, tb = (kp, vp, k8p, v8p, table) if paged else (k, v, k8, v8, None)
                 page = PAGE if paged else None
                 base = attnscope.decode_plan(q, kb, vb, lens, tb)
                 t_bf16 = {"eager": ms(lambda: base.run(q, kb, vb, lens, tb), rep) * 1e3,
-                          "graph": ms(graph_of(lambda: base.run(q, kb, vb, lens, tb)).replay, rep) * 1e3}
+                          "graph": ms(capture_graph(lambda: base.run(q, kb, vb, lens, tb)).replay, rep) * 1e3}
                 one = lambda: attnscope.flash_decode(q, k8x, v8x, lens, tb, k_scale=ks, v_scale=vs)  # noqa: E731
                 t_one = ms(one, rep) * 1e3
                 t_one_bf16 = ms(lambda: attnscope.flash_decode(q, kb, vb, lens, tb), rep) * 1e3
@@ -627,7 +616,7 @@ def fp8_sweep(rep, json_path=None):
                         fails += 1
                         print(f"  FAIL {name:20s} err {err:.3g} > bound {bound:.3g}", flush=True)
                         continue
-                    t = {"eager": ms(run, rep) * 1e3, "graph": ms(graph_of(run).replay, rep) * 1e3}
+                    t = {"eager": ms(run, rep) * 1e3, "graph": ms(capture_graph(run).replay, rep) * 1e3}
                     gbs = ledger([L] * B, page, kv_dtype="fp8", nq=1, d=D, dtype="bf16", heads=Hq,
                                  kv_heads=Hkv, num_splits=splits).row.total / (t["graph"] * 1e-6) / 1e9
                     c.update(us=t, GBs_graph=gbs, vs_bf16={m: t_bf16[m] / t[m] for m in t},
@@ -745,7 +734,7 @@ def window_sweep(rep, json_path=None):
                             num_splits=plan.num_splits, block_kv=plan._consts["BLOCK_N"],  # blocks
                             window=window).row.total
             one = lambda: attnscope.flash_decode(q, k, v, cache_seqlens=lens, window=window)  # noqa: E731
-            t = {"eager": ms(one, rep) * 1e3, "graph": ms(graph_of(run).replay, rep) * 1e3}
+            t = {"eager": ms(one, rep) * 1e3, "graph": ms(capture_graph(run).replay, rep) * 1e3}
             tbs = {m: nbytes / (us * 1e-6) / 1e12 for m, us in t.items()}
             c.update(bytes=nbytes, us=t, TBs=tbs, of_ceiling={m: x / ceiling for m, x in tbs.items()})
             line = f"  {name:12s} {nbytes / 2**20:9.1f} MiB"

@@ -129,6 +129,21 @@ def sdpa(backend: str):
     return run
 
 
+def capture_graph(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up call on a side stream); ``.replay()`` runs it."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def profile_trace(fn, annotation: str = "attnscope::call") -> dict:
     """Run ``fn()`` once inside ``record_function(annotation)`` under torch.profiler (CPU + CUDA) and
     return the Chrome trace as a dict."""

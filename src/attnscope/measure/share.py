@@ -40,7 +40,14 @@ from dataclasses import asdict, dataclass, field
 
 from attnscope import chrome_trace
 from attnscope.errors import choice, positive_int
-from attnscope.measure.backends import attention_fn, profile_trace, require_cuda, save_trace, torch_dtype
+from attnscope.measure.backends import (
+    attention_fn,
+    capture_graph,
+    profile_trace,
+    require_cuda,
+    save_trace,
+    torch_dtype,
+)
 from attnscope.measure.decoder import ATTENTIONS, PREFILL, LlamaShape, build_decoder
 from attnscope.model import amdahl
 from attnscope.model.flops import attention_flops
@@ -270,28 +277,33 @@ class ClosedLoop:
         """projected / measured - 1: positive when Amdahl promised more than the swap delivered."""
         return self.projected / self.measured - 1.0
 
+    def _speedup(self, times: dict | None) -> float | None:
+        """baseline / candidate of ``times`` ({name: ms}; None without them)."""
+        return None if not times else times[self.baseline] / times[self.candidate]
+
+    def _error_against(self, measured: float | None) -> float | None:
+        """projected / ``measured`` - 1 (None without a measurement)."""
+        return None if measured is None else self.projected / measured - 1.0
+
     @property
     def measured_graph(self) -> float | None:
         """The swap's speedup on CUDA-graph replays of both prefills (None without them)."""
-        return None if not self.graph_ms else self.graph_ms[self.baseline] / self.graph_ms[self.candidate]
+        return self._speedup(self.graph_ms)
 
     @property
     def error_graph(self) -> float | None:
         """projected / measured_graph - 1: Amdahl's error on the device time alone."""
-        m = self.measured_graph
-        return None if m is None else self.projected / m - 1.0
+        return self._error_against(self.measured_graph)
 
     @property
     def measured_sustained(self) -> float | None:
         """The swap's speedup under sustained load (steps back to back; None without that timing)."""
-        m = self.sustained_ms
-        return None if not m else m[self.baseline] / m[self.candidate]
+        return self._speedup(self.sustained_ms)
 
     @property
     def error_sustained(self) -> float | None:
         """projected / measured_sustained - 1: Amdahl's error where the GPU stays at its power cap."""
-        m = self.measured_sustained
-        return None if m is None else self.projected / m - 1.0
+        return self._error_against(self.measured_sustained)
 
     @property
     def projected_host_aware(self) -> float | None:
@@ -366,23 +378,10 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
         graph_ms, note = None, "a training step is not replayed" if train else None
         if not train:
             try:
-                graph_ms = paired_time_ms({n: graph_replay(torch, steps[n]) for n in names}, reps=reps)
+                graph_ms = paired_time_ms({n: capture_graph(steps[n]).replay for n in names}, reps=reps)
             except RuntimeError as e:  # a capture refused: the eager loop stands, the reason printed
                 torch.cuda.synchronize()
                 note = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return ClosedLoop(baseline, candidate, p, layers, shares[baseline].f_time, kernel_ms, prefill_ms,
                       shares[baseline], train, shares[candidate], graph_ms, note, sustained_ms, host_us,
                       issue_ms)
-
-
-def graph_replay(torch, fn):
-    """``fn`` captured in a CUDA graph (after a warm-up on a side stream), as a function that replays it."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
