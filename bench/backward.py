@@ -106,15 +106,20 @@ def _backward(bwd, args, kw):
     kw = dict(kw)
     if not kw.pop("plain", False):
         return bwd.flash_attention_backward(*args, **kw)
-    from attnscope.kernels import bwd_hopper
+    from attnscope.kernels import bwd_hopper, bwd_plan
 
     d = args[1].shape[-1]
     saved = {name: table.pop(d) for name, table in bwd_hopper.LEAN_CONFIGS.items() if d in table}
+    plans, bwd_plan._PLANS = bwd_plan._PLANS, _PLAIN_PLANS  # the plain build's launch plans: their own
     try:
         return bwd.flash_attention_backward(*args, **kw)
     finally:
+        bwd_plan._PLANS = plans
         for name, cfg in saved.items():
             bwd_hopper.LEAN_CONFIGS[name][d] = cfg
+
+
+_PLAIN_PLANS: dict = {}
 
 
 def _one_shape(torch, n, d, causal, tokens, heads, flex_all, log, hopper=False, plain=False,

@@ -6,7 +6,20 @@ when no GPU is visible (nvidia-smi absent) and the user did not choose otherwise
 
 import os
 import shutil
+import sys
+
+import pytest
 
 HAS_GPU_HINT = shutil.which("nvidia-smi") is not None
 if not HAS_GPU_HINT:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backward_plans():
+    """Each test plans its backward calls afresh: a kept plan (`kernels.bwd_plan`, GPU only) would hide a
+    dispatch table or kernel a test replaces."""
+    plans = sys.modules.get("attnscope.kernels.bwd_plan")
+    if plans is not None:
+        plans.clear_plan_cache()
+    yield

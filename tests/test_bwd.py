@@ -299,6 +299,86 @@ def _is_sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def test_the_backward_plan_key_names_every_fact_of_a_call():
+    """`bwd_plan.plan_key`: the same layout with new values is one key; each tensor's shape, stride and
+    dtype, each flag, the scale's type, every option and the presence of dlse / sinks make another; a flag
+    that is not a bool or a base not 16-byte aligned is no key (the checks see those calls each time); an
+    unhashable option makes an unhashable key (`run` then plans the call, whose checks name it)."""
+    from attnscope.kernels import bwd_plan
+
+    def key(**over):
+        a = _good()
+        a.update(deterministic=True, dlse=None, window=None, softcap=0.0, sinks=None, impl="auto")
+        a.update(over)
+        return bwd_plan.plan_key(*(a[n] for n in ("do", "q", "k", "v", "o", "lse", "causal", "scale",
+                                                  "deterministic", "dlse", "window", "softcap", "sinks",
+                                                  "impl")))
+
+    base = key()
+    a = _good()
+    assert key(q=torch.randn_like(a["q"]), do=torch.randn_like(a["do"])) == base
+    q2 = torch.zeros(1, 8, 4, 64, dtype=a["q"].dtype).transpose(1, 2)  # [B, N, H, d] memory: other strides
+    others = [key(q=q2), key(do=a["do"].to(torch.bfloat16)), key(causal=True), key(deterministic=False),
+              key(scale=1), key(scale=1.0), key(window=(2, 0)), key(window=(2.0, 0)), key(softcap=5.0),
+              key(softcap=5), key(sinks=torch.zeros(4)), key(dlse=torch.zeros(1, 4, 8)),
+              key(impl="portable")]
+    assert all(x is not None for x in others) and len({base, *others}) == len(others) + 1
+    assert key(causal=1) is None and key(deterministic=0) is None
+    flat = torch.zeros(1 * 4 * 8 * 64 + 1, dtype=a["q"].dtype)
+    assert key(q=flat[1:].view(1, 4, 8, 64)) is None  # a 2-byte offset: Triton's key and TMA change
+    with pytest.raises(TypeError):
+        hash(key(window=[2, 0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (compiled kernels)")
+@pytest.mark.parametrize("impl,d,det", [("portable", 64, True), ("portable", 128, False),
+                                        *(("hopper", d, det) for d in (64, 128) for det in (True, False))])
+def test_gpu_a_planned_backward_and_its_graph_replay_equal_a_fresh_plan(impl, d, det):
+    """A planned layout's backward on new values, and a CUDA-graph replay of a captured call on those values,
+    give a freshly planned call's gradients (bit for bit where they are deterministic, else within 1e-2)."""
+    from attnscope.kernels import bwd_plan
+
+    if impl == "hopper" and not _is_sm90():
+        pytest.skip("the Gluon Hopper backward needs an sm_90 GPU")
+    gen = torch.Generator(device="cuda").manual_seed(d)
+
+    def inputs():
+        q, do, k, v = (torch.randn(2, h, 300, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                       for h in (8, 8, 2, 2))
+        o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+        return [do, q, k, v, o, lse]
+
+    def call(*t):
+        return bwd.flash_attention_backward(*t, True, None, deterministic=det, impl=impl)
+
+    a, b = inputs(), inputs()
+    bwd_plan.clear_plan_cache()
+    call(*a)  # plans the layout
+    assert len(bwd_plan._PLANS) == 1
+    planned = call(*b)
+    bwd_plan.clear_plan_cache()
+    fresh = call(*b)
+    static = [t.clone() for t in a]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(*static)  # warm-up on a side stream, as torch.cuda.graph recommends
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(*static)
+    for s, t in zip(static, b, strict=True):
+        s.copy_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, x, y, z in zip(("dq", "dk", "dv"), planned, fresh, captured, strict=True):
+        if det:
+            assert torch.equal(x, y) and torch.equal(z, y), (impl, d, name)
+        else:
+            assert (x - y).abs().max() < 1e-2 and (z - y).abs().max() < 1e-2, (impl, d, name)
+
+
 @pytest.mark.skipif(_is_sm90(), reason="checks the refusal off sm_90")
 def test_hopper_backward_is_refused_where_it_cannot_run():
     with pytest.raises(NotImplementedError, match="impl='hopper': it needs .*elsewhere: impl='portable'"):
@@ -569,7 +649,8 @@ def _plain_only(monkeypatch, d):
 
 
 def _lean_seen(monkeypatch):
-    """A list that collects each Hopper launch's (kernel, LEAN, ONEPASS) from its constexprs."""
+    """A list that collects each Hopper kernel's (kernel, LEAN, ONEPASS) from its constexprs: once per
+    launch plan (`bwd_hopper.launcher`)."""
     from attnscope.kernels import bwd_hopper
 
     seen, constexprs = [], bwd_hopper.constexprs
@@ -974,13 +1055,13 @@ def test_gpu_autograd_takes_the_onepass_build_by_its_switch(monkeypatch):
     from attnscope.kernels import bwd_hopper
 
     seen = []
-    launch = bwd_hopper.launch
+    launcher = bwd_hopper.launcher
 
     def recording(*a, **kw):
         seen.append(kw.get("mode", "twokernel"))
-        return launch(*a, **kw)
+        return launcher(*a, **kw)
 
-    monkeypatch.setattr(bwd_hopper, "launch", recording)
+    monkeypatch.setattr(bwd_hopper, "launcher", recording)
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))
     q, k, v, do = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, False, seed=5, device="cuda")
     grads = {}
@@ -1025,7 +1106,8 @@ def test_gpu_default_backward_d64_matches_float64(monkeypatch, nq, nk, dtype, ca
         if det in grads:
             assert all(torch.equal(t.grad, g) for t, g in zip(leaves, grads[det], strict=True))
         grads[det] = [t.grad for t in leaves]
-    assert seen == [("dkdv", int(lean), 2)] + [("dkdv", int(lean), 0), ("dq", int(lean), None)] * 2
+    # each layout planned once (`bwd_plan`): the one-pass build's kernel, then the two kernels
+    assert seen == [("dkdv", int(lean), 2), ("dkdv", int(lean), 0), ("dq", int(lean), None)]
 
     def baseline(qs, kk, vv, dos):
         if not softcap:

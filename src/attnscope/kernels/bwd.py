@@ -50,7 +50,6 @@ from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
-    MAX_GRID_Y,
     check_device,
     check_head_dim,
     check_same,
@@ -61,7 +60,6 @@ from attnscope.kernels._common import (
     on_tensor_device,
 )
 from attnscope.model import dispatch
-from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
@@ -77,7 +75,6 @@ from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
     _window_bounds,
-    mod_args,
     round_bf16,
     tanh_,
 )
@@ -570,73 +567,9 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     >>> o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
     >>> dq, dk, dv = flash_attention_backward(torch.randn_like(o), q, k, v, o, lse, True, None)
     """
-    B, Hq, Nq, d, Hkv, Nk = _check_inputs(do, q, k, v, o, lse, scale)
-    if dlse is not None and (not isinstance(dlse, torch.Tensor) or tuple(dlse.shape) != (B, Hq, Nq)
-                             or dlse.device != q.device):
-        got = (f"{tuple(dlse.shape)} on {dlse.device}" if isinstance(dlse, torch.Tensor)
-               else type(dlse).__name__)
-        raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
-                         f"got {got}")
-    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
-    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-    hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
-    if B * Hq > MAX_GRID_Y:  # every backward kernel's grid puts (batch, head) on the y axis
-        raise NotImplementedError(f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the "
-                                  f"launch grid's {MAX_GRID_Y} for the backward; supported: B x Hq <= "
-                                  f"{MAX_GRID_Y}")
-    margs = mod_args(mods, sm_scale, Nq, Nk)
-    causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
-    emulate = interpreting() and q.dtype == torch.bfloat16
-    dev = q.device
-    dk = torch.empty((B, Hkv, Nk, d), dtype=q.dtype, device=dev)
-    dv = torch.empty((B, Hkv, Nk, d), dtype=q.dtype, device=dev)
-    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
-    lse2 = (lse * LOG2E).contiguous()  # log2 domain, as the kernels' exp2
+    from attnscope.kernels import bwd_plan  # the launch plans (they import this module's kernels)
 
-    pre_m = 16 if interpreting() else PRE_BLOCK_M
-    _attnscope_bwd_preprocess[(cdiv(Nq, pre_m), B * Hq)](o, do, delta, o.stride(0), o.stride(1), o.stride(2),
-                                              do.stride(0), do.stride(1), do.stride(2), Hq, Nq,
-                                              HEAD_DIM=d, BLOCK_M=pre_m)
-    if dlse is not None:
-        delta = delta - dlse.to(torch.float32)  # d LSE / d S = P: dS = P * (dP - (D - dLSE))
-    dsinks = None
-    if sinks is not None:  # dLSE/dsink = exp(sink - LSE); dO . dO/dsink = -exp(sink - LSE) D
-        w = torch.exp(sinks.view(1, Hq, 1) - lse)
-        dsinks = -(torch.where(torch.isneginf(lse), 0.0, w) * delta).sum((0, 2))
-
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    qk_scale = margs["qk_scale"]
-    mod = dict(WINDOW=margs["WINDOW"], SOFTCAP=margs["SOFTCAP"])
-    if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
-        from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
-
-        dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-        onepass = not deterministic and d in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(d, mods)
-        bwd_hopper.launch(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv, qk_scale, sm_scale, causal, mods,
-                          mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
-        return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
-    atomic = not deterministic
-    (bm, bn, warps, stages), dq_config = configs(d, q, atomic)
-    off64 = _off64(q, k, v, do)
-    dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
-    _attnscope_bwd_dkdv_kernel[(cdiv(Nk, bn), B * Hkv)](
-        q, k, v, do, lse2, delta, dk, dv, dq_acc, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
-        margs["LEFT"], margs["RIGHT"], margs["cap_in"],
-        HEAD_DIM=d, CAUSAL=causal, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod,
-        OFF64=off64,
-        num_warps=warps, num_stages=stages)
-    if atomic:
-        grads = (dq_acc.to(q.dtype), dk, dv)
-        return grads if dsinks is None else (*grads, dsinks)
-    dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=dev)
-    bm, bn, warps, stages = dq_config
-    _attnscope_bwd_dq_kernel[(cdiv(Nq, bm), B * Hq)](
-        q, k, v, do, lse2, delta, dq, *strides, Hq, Hkv, Nq, Nk, qk_scale, sm_scale,
-        margs["LEFT"], margs["RIGHT"], margs["cap_in"],
-        HEAD_DIM=d, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, **mod, OFF64=off64,
-        num_warps=warps, num_stages=stages)
-    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+    return bwd_plan.run(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softcap, sinks, impl)
 
 
 # --- autograd for `attnscope::flash_attention` ----------------------------------------------------
@@ -650,10 +583,16 @@ _BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, 
 @torch.library.custom_op("attnscope::flash_attention_backward", mutates_args=(), schema=_BWD_SCHEMA)
 def _bwd_op(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
     """(dq, dk, dv, dsinks); dsinks is an empty float32 tensor without sinks."""
+    grads = _grads(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window, softcap, sinks)
+    return grads if sinks is not None else (*grads[:3], lse.new_empty((0,)))
+
+
+def _grads(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
+    """`_bwd_op`'s gradients, dsinks None without sinks."""
     grads = flash_attention_backward(do, q, k, v, o, lse, causal, scale, deterministic=deterministic,
                                      dlse=dlse, window=None if window is None else tuple(window),
                                      softcap=softcap, sinks=sinks)
-    return grads if sinks is not None else (*grads, lse.new_empty((0,)))
+    return grads if sinks is not None else (*grads, None)
 
 
 @_bwd_op.register_fake
@@ -679,6 +618,17 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_o, grad_lse):
+    """The autograd formula of `_op`: torch.compile traces `_bwd_op`, one opaque node."""
+    return _autograd_grads(ctx, grad_o, grad_lse, _bwd_op)
+
+
+def _eager_backward(ctx, grad_o, grad_lse):
+    """`_backward` of kernels/fwd.py's eager `_Attention`: the same gradients without the custom op's
+    dispatch (its per-call host time)."""
+    return _autograd_grads(ctx, grad_o, grad_lse, _grads)
+
+
+def _autograd_grads(ctx, grad_o, grad_lse, grads_fn):
     q, k, v, o, lse, sinks = ctx.saved_tensors
     if not ctx.return_lse:
         raise RuntimeError("attnscope::flash_attention: the backward needs the LSE; call the op with "
@@ -689,8 +639,8 @@ def _backward(ctx, grad_o, grad_lse):
         grad_o = grad_o.contiguous()
     deterministic = ctx.deterministic or not atomic_dq_by_default(q, ctx.causal, ctx.scale, ctx.window,
                                                                   ctx.softcap)
-    dq, dk, dv, dsinks = _bwd_op(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, deterministic,
-                                 ctx.window, ctx.softcap, sinks)
-    dsinks = dsinks if sinks is not None else None
+    dq, dk, dv, dsinks = grads_fn(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, deterministic,
+                                  ctx.window, ctx.softcap, sinks)
+    dsinks = dsinks if sinks is not None else None  # `_bwd_op`'s is an empty tensor
     grads = [dq, dk, dv, None, None, None, None, None, None, None, dsinks, None]
     return tuple(grads[:ctx.n_inputs])

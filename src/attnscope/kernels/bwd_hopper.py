@@ -50,7 +50,8 @@ import math
 from typing import NamedTuple
 
 from attnscope.errors import choice
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import descriptor_over, import_torch_triton
+from attnscope.kernels._direct import planned_launch
 from attnscope.model import dispatch
 
 torch, triton = import_torch_triton()
@@ -546,18 +547,21 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     the compiled kernels (``.n_regs``, ``.n_spills``, ``.metadata.shared``): (dK/dV, dQ), or (dK/dV,)
     one-pass.
     """
+    run = launcher(q, k, v, do, qk_scale, sm_scale, causal, mods, mode, configs)
+    return run(q, k, v, do, lse2, delta, dq, dk, dv)
+
+
+def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=None, mode: str = "twokernel",
+             configs=None):
+    """`launch` for tensors of these layouts (shapes, strides, dtypes, device; q, k, v, do as `_tma_ready`
+    gives them): ``run(q, k, v, do, lse2, delta, dq, dk, dv) -> compiled kernels`` with the configs, grids,
+    constexprs, scalars and descriptor templates worked out once, the kernels launched through
+    `_direct.planned_launch` (kernels/bwd.py keeps one per call layout). Arguments as `launch`."""
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     choice("mode", mode, tuple(MODES))
     onepass = MODES[mode] > 0
     configs = check_configs(configs)
-    tensors = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
-               "desc_do": _tma_ready(do), "desc_dk": dk, "desc_dv": dv, "desc_dq": dq}  # outputs: contiguous
-    assert all(t.is_contiguous() for t in (dq, dk, dv)), "dq, dk, dv: expected fresh contiguous tensors"
-
-    def descs(name):
-        return [descriptor(tensors[n], rows, d) for n, rows in _blocks(d, name, flags, cfgs[name]).items()]
-
     windowed = mods is not None and mods.windowed
     softcap = 0.0 if mods is None else mods.softcap
     flags = mods_flags(windowed, softcap, False)  # sinks: no kernel support needed
@@ -580,24 +584,49 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
         raise NotImplementedError(f"Hopper backward: the lean build (LEAN = 1) with fp16 and scale "
                                   f"{sm_scale:.3g}; supported: scale >= {LEAN_MIN_FP16_SCALE} in fp16, or "
                                   "LEAN = 0")
+    # descriptor templates: the inputs as `_tma_ready` gives them, the outputs contiguous (`run` puts the
+    # tensors in); the padded LSE / Delta rows too
+    meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in (("desc_dk", k), ("desc_dv", v),
+                                                                             ("desc_dq", q))}
+    shapes = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
+              "desc_do": _tma_ready(do), **meta}
+    templates = {name: [(n, descriptor_over(descriptor(shapes[n], rows, d), None))
+                        for n, rows in _blocks(d, name, flags, cfgs[name]).items()] for name in KERNELS}
     n_pad = triton.cdiv(Nq, ROW_PAD) * ROW_PAD
-    rows = []
-    # lean: the FFMA's addend and dP^T's initial value; else S^T's and dP^T's initial values (`_step`)
-    lean_rows = ((math.log2(sm_scale) - lse2, float("-inf")), (-delta, 0.0))
-    for t, pad in lean_rows if cfg.LEAN else ((lse2 / -qk_scale, float("-inf")), (delta, 0.0)):
-        padded = torch.full((B, Hq, n_pad), pad, dtype=torch.float32, device=q.device)
-        padded[:, :, :Nq] = t
-        rows.append(TensorDescriptor(padded, [B, Hq, n_pad], list(padded.stride()), [1, 1, cfg.BM],
-                                     _row_layout(cfg.BM)))
+    row = torch.empty((B, Hq, n_pad), device="meta")
+    row_t = descriptor_over(TensorDescriptor(row, [B, Hq, n_pad], list(row.stride()), [1, 1, cfg.BM],
+                                             _row_layout(cfg.BM)), None)
     rows_acc = n_pad if cfg.LEAN else Nq  # the lean build adds unmasked rows up to n_pad
-    dq_acc = (torch.zeros((B, Hq, rows_acc, d), dtype=torch.float32, device=q.device) if onepass
-              else rows[0].base)
-    dkdv = _attnscope_bwd_hopper_dkdv_kernel[(triton.cdiv(Nk, cfg.BN), B * Hkv)](
-        *descs("dkdv"), *rows, dq_acc, *args, **constexprs(d, causal, "dkdv", flags, mode, cfg))
-    if onepass:
-        dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
-        return (dkdv,)
-    cfg = cfgs["dq"]
-    dq_k = _attnscope_bwd_hopper_dq_kernel[(triton.cdiv(Nq, cfg.NWG * cfg.BM), B * Hq)](
-        *descs("dq"), lse2, delta, *args, **constexprs(d, causal, "dq", flags, cfg=cfg))
-    return dkdv, dq_k
+    log2_scale, neg_qk = math.log2(sm_scale), -qk_scale
+    dev = q.device
+    dkdv = planned_launch(_attnscope_bwd_hopper_dkdv_kernel, (triton.cdiv(Nk, cfg.BN), B * Hkv),
+                          constexprs(d, causal, "dkdv", flags, mode, cfg), dev)
+    if not onepass:
+        dq_cfg = cfgs["dq"]
+        dq_grid = (triton.cdiv(Nq, dq_cfg.NWG * dq_cfg.BM), B * Hq)
+        dq_run = planned_launch(_attnscope_bwd_hopper_dq_kernel, dq_grid,
+                                constexprs(d, causal, "dq", flags, cfg=dq_cfg), dev)
+
+    def run(q, k, v, do, lse2, delta, dq, dk, dv):
+        tensors = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
+                   "desc_do": _tma_ready(do), "desc_dk": dk, "desc_dv": dv, "desc_dq": dq}
+
+        def descs(name):
+            return [descriptor_over(t, tensors[n]) for n, t in templates[name]]
+        rows = []
+        # lean: the FFMA's addend and dP^T's initial value; else S^T's and dP^T's initial values (`_step`)
+        for t, pad in (((log2_scale - lse2, float("-inf")), (-delta, 0.0)) if cfg.LEAN
+                       else ((lse2 / neg_qk, float("-inf")), (delta, 0.0))):
+            padded = torch.full((B, Hq, n_pad), pad, dtype=torch.float32, device=dev)
+            padded[:, :, :Nq] = t
+            rows.append(descriptor_over(row_t, padded))
+        dq_acc = (torch.zeros((B, Hq, rows_acc, d), dtype=torch.float32, device=dev) if onepass
+                  else rows[0].base)
+        done = (dkdv((*descs("dkdv"), *rows, dq_acc, *args), True),)
+        if onepass:
+            dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
+            return done
+        aligned = (lse2.data_ptr() | delta.data_ptr()) % 16 == 0
+        return (*done, dq_run((*descs("dq"), lse2, delta, *args), aligned))
+    return run
+

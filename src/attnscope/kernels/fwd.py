@@ -605,11 +605,11 @@ torch.library.register_autograd("attnscope::flash_attention", _bwd._backward,
 
 
 class _Attention(torch.autograd.Function):
-    """Eager autograd of `flash_attention`: `_launch` forward, and the backward registered for `_op`
-    (`bwd._setup_context`, `bwd._backward`, same inputs), without the custom-op dispatcher, whose autograd
-    wrapper re-fills the schema's defaults on every call. ``forward(ctx, ...)``, as that wrapper's: a
-    ``setup_context`` would have `Function.apply` bind the arguments to the signature on every call.
-    torch.compile sees `_op`."""
+    """Eager autograd of `flash_attention`: `_launch` forward, and the backward of `_op`'s formula
+    (`bwd._setup_context`; `bwd._eager_backward`, the kernels without the backward op's dispatch), without
+    the custom-op dispatcher, whose autograd wrapper re-fills the schema's defaults on every call.
+    ``forward(ctx, ...)``, as that wrapper's: a ``setup_context`` would have `Function.apply` bind the
+    arguments to the signature on every call. torch.compile sees `_op`."""
 
     @staticmethod
     def forward(ctx, *inputs):  # the 12 of `_op`: q, k, v, causal, scale, return_lse, .., deterministic
@@ -617,4 +617,4 @@ class _Attention(torch.autograd.Function):
         _bwd._setup_context(ctx, inputs, (o, lse))
         return o, lse
 
-    backward = staticmethod(_bwd._backward)
+    backward = staticmethod(_bwd._eager_backward)
