@@ -230,7 +230,7 @@ def backward(a) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    from attnscope.kernels import bwd, fwd
+    from attnscope.kernels import bwd, bwd_plan, fwd
     from attnscope.model.flops import attention_flops
 
     def ms(fn):
@@ -276,6 +276,7 @@ def backward(a) -> int:
             for cfg in cands:
                 bwd.DKDV_CONFIGS[d] = best.get("dkdv", (None, saved[0]))[1] if table == "dq" else cfg
                 bwd.DQ_CONFIGS[d] = cfg if table == "dq" else saved[1]
+                bwd_plan.clear_plan_cache()  # a kept launch plan holds the tables' configs of its first call
                 row = dict(d=d, causal=causal, n=n, table=table, cfg=cfg)
                 try:
                     def call(q=q, k=k, v=v, o=o, lse=lse, do=do, c=bool(causal)):
@@ -298,6 +299,7 @@ def backward(a) -> int:
                     print(f"  {table} {cfg}: FAILED {row['error'][:150]}", flush=True)
                 results.append(row)
         bwd.DKDV_CONFIGS[d], bwd.DQ_CONFIGS[d] = saved
+        bwd_plan.clear_plan_cache()
         print(f"  best: dK/dV {best.get('dkdv')}, dQ {best.get('dq')}", flush=True)
         results.append(dict(d=d, causal=causal, n=n, peers=peers, best=best))
         torch.cuda.empty_cache()
