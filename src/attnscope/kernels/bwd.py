@@ -1,4 +1,5 @@
-"""FlashAttention-2 backward in Triton, and the autograd formula of `attnscope::flash_attention`.
+"""FlashAttention-2 backward in Triton, and `flash_attention_backward`, the backward's launch (autograd's
+formula for `attnscope::flash_attention`: kernels/bwd_autograd.py).
 
 Algorithm: Dao, *FlashAttention-2*, arXiv:2307.08691, Algorithm 2 and §3.1.2 (spec §2.2): nothing
 ``N x N`` is kept from the forward; every tile of ``P = exp(S - LSE)`` is recomputed from Q, K and the
@@ -50,6 +51,7 @@ from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
+    MAX_GRID_Y,
     check_device,
     check_head_dim,
     check_same,
@@ -60,10 +62,12 @@ from attnscope.kernels._common import (
     on_tensor_device,
 )
 from attnscope.model import dispatch
+from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
+from attnscope.kernels import bwd_plan  # noqa: E402  the launch plans' cache
 from attnscope.kernels._common import (  # noqa: E402
     UNBOUNDED_SIDE,
     check_mods,
@@ -71,10 +75,12 @@ from attnscope.kernels._common import (  # noqa: E402
     hopper_unavailable,
     smem_per_block,
 )
+from attnscope.kernels._direct import planned_launch  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
     _window_bounds,
+    mod_args,
     round_bf16,
     tanh_,
 )
@@ -567,80 +573,87 @@ def flash_attention_backward(do, q, k, v, o, lse, causal: bool, scale: float | N
     >>> o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
     >>> dq, dk, dv = flash_attention_backward(torch.randn_like(o), q, k, v, o, lse, True, None)
     """
-    from attnscope.kernels import bwd_plan  # the launch plans (they import this module's kernels)
-
-    return bwd_plan.run(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softcap, sinks, impl)
-
-
-# --- autograd for `attnscope::flash_attention` ----------------------------------------------------
-# The backward is a custom op of its own, so torch.compile sees it as one opaque node (no graph break)
-# and torch.library.opcheck can test it.
-_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? dlse, bool causal, "
-               "float scale, bool deterministic, int[]? window=None, float softcap=0.0, Tensor? sinks=None) "
-               "-> (Tensor, Tensor, Tensor, Tensor)")
+    return bwd_plan.run(_plan, do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softcap,
+                        sinks, impl)
 
 
-@torch.library.custom_op("attnscope::flash_attention_backward", mutates_args=(), schema=_BWD_SCHEMA)
-def _bwd_op(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
-    """(dq, dk, dv, dsinks); dsinks is an empty float32 tensor without sinks."""
-    grads = _grads(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window, softcap, sinks)
-    return grads if sinks is not None else (*grads[:3], lse.new_empty((0,)))
+def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softcap, sinks, impl):
+    """Check the call (every documented error) and plan its launches: ``run(do, q, k, v, o, lse, dlse,
+    sinks) -> gradients``."""
+    B, Hq, Nq, d, Hkv, Nk = _check_inputs(do, q, k, v, o, lse, scale)
+    if dlse is not None and (not isinstance(dlse, torch.Tensor) or tuple(dlse.shape) != (B, Hq, Nq)
+                             or dlse.device != q.device):
+        got = (f"{tuple(dlse.shape)} on {dlse.device}" if isinstance(dlse, torch.Tensor)
+               else type(dlse).__name__)
+        raise InputError(f"dlse: expected None or a tensor [B, Hq, Nq] = {(B, Hq, Nq)} on {q.device}, "
+                         f"got {got}")
+    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)._replace(sinks=None)
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
+    if B * Hq > MAX_GRID_Y:  # every backward kernel's grid puts (batch, head) on the y axis
+        raise NotImplementedError(f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the "
+                                  f"launch grid's {MAX_GRID_Y} for the backward; supported: B x Hq <= "
+                                  f"{MAX_GRID_Y}")
+    margs = mod_args(mods, sm_scale, Nq, Nk)
+    causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
+    emulate = interpreting() and q.dtype == torch.bfloat16
+    dev = q.device
+    pre_m = 16 if interpreting() else PRE_BLOCK_M
+    pre = planned_launch(_attnscope_bwd_preprocess, (cdiv(Nq, pre_m), B * Hq),
+                         dict(HEAD_DIM=d, BLOCK_M=pre_m), dev)
+    pre_strides = (o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), Hq, Nq)
+    grad_shapes = ((B, Hkv, Nk, d), (B, Hkv, Nk, d), (B, Hq, Nq, d))
 
+    def preprocess(do, o, lse, dlse, sinks):
+        """(dk, dv, dq outputs, D = rowsum(dO O) - dLSE, LSE x log2(e), dsinks or None)."""
+        dk, dv, dq = (torch.empty(s, dtype=q.dtype, device=dev) for s in grad_shapes)
+        delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
+        pre((o, do, delta, *pre_strides), (o.data_ptr() | do.data_ptr()) % 16 == 0)
+        if dlse is not None:
+            delta = delta - dlse.to(torch.float32)  # d LSE / d S = P: dS = P * (dP - (D - dLSE))
+        dsinks = None
+        if sinks is not None:  # dLSE/dsink = exp(sink - LSE); dO . dO/dsink = -exp(sink - LSE) D
+            w = torch.exp(sinks.view(1, Hq, 1) - lse)
+            dsinks = -(torch.where(torch.isneginf(lse), 0.0, w) * delta).sum((0, 2))
+        return dk, dv, dq, delta, (lse * LOG2E).contiguous(), dsinks
 
-def _grads(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
-    """`_bwd_op`'s gradients, dsinks None without sinks."""
-    grads = flash_attention_backward(do, q, k, v, o, lse, causal, scale, deterministic=deterministic,
-                                     dlse=dlse, window=None if window is None else tuple(window),
-                                     softcap=softcap, sinks=sinks)
-    return grads if sinks is not None else (*grads, None)
+    if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
+        from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
+        onepass = not deterministic and d in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(d, mods)
+        kernels = bwd_hopper.launcher(q, k, v, do, margs["qk_scale"], sm_scale, causal, mods,
+                                      mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
 
-@_bwd_op.register_fake
-def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic, window=None, softcap=0.0, sinks=None):
-    dsinks = lse.new_empty((0,)) if sinks is None else sinks.new_empty(sinks.shape)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+        def run_hopper(do, q, k, v, o, lse, dlse, sinks):
+            dk, dv, dq, delta, lse2, dsinks = preprocess(do, o, lse, dlse, sinks)
+            kernels(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv)
+            return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+        return run_hopper
 
+    atomic = not deterministic
+    (bm, bn, warps, stages), (dq_bm, dq_bn, dq_warps, dq_stages) = configs(d, q, atomic)
+    off64 = _off64(q, k, v, do)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    scalars = (*strides, Hq, Hkv, Nq, Nk, margs["qk_scale"], sm_scale, margs["LEFT"], margs["RIGHT"],
+               margs["cap_in"])
+    consts = dict(HEAD_DIM=d, CAUSAL=causal, EMULATE_BF16=emulate, WINDOW=margs["WINDOW"],
+                  SOFTCAP=margs["SOFTCAP"], OFF64=off64)
+    dkdv = planned_launch(_attnscope_bwd_dkdv_kernel, (cdiv(Nk, bn), B * Hkv),
+                          dict(consts, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                               num_stages=stages), dev)
+    dq_pass = planned_launch(_attnscope_bwd_dq_kernel, (cdiv(Nq, dq_bm), B * Hq),
+                             dict(consts, BLOCK_M=dq_bm, BLOCK_N=dq_bn, num_warps=dq_warps,
+                                  num_stages=dq_stages), dev)
 
-_OP_DEFAULTS = (None, 0.0, None, False)  # window, softcap, sinks, deterministic of the forward op's schema
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, return_lse = inputs[:6]  # then config, impl (no gradient)
-    window, softcap, sinks, deterministic = (*inputs[8:], *_OP_DEFAULTS[len(inputs) - 8:])
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, sinks)
-    # an output without a gradient (the LSE, unless returned and used) comes as None, not a zero-filled
-    # tensor: no fill and no ``delta - dlse`` pass in the backward of the common call
-    ctx.set_materialize_grads(False)
-    ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
-    ctx.window, ctx.softcap, ctx.deterministic = window, softcap, deterministic
-    ctx.n_inputs = len(inputs)
-
-
-def _backward(ctx, grad_o, grad_lse):
-    """The autograd formula of `_op`: torch.compile traces `_bwd_op`, one opaque node."""
-    return _autograd_grads(ctx, grad_o, grad_lse, _bwd_op)
-
-
-def _eager_backward(ctx, grad_o, grad_lse):
-    """`_backward` of kernels/fwd.py's eager `_Attention`: the same gradients without the custom op's
-    dispatch (its per-call host time)."""
-    return _autograd_grads(ctx, grad_o, grad_lse, _grads)
-
-
-def _autograd_grads(ctx, grad_o, grad_lse, grads_fn):
-    q, k, v, o, lse, sinks = ctx.saved_tensors
-    if not ctx.return_lse:
-        raise RuntimeError("attnscope::flash_attention: the backward needs the LSE; call the op with "
-                           "return_lse=True (attnscope.flash_attention does so when an input requires grad)")
-    if grad_o is None:
-        grad_o = torch.zeros_like(o)
-    elif grad_o.stride(-1) != 1:  # e.g. the expanded gradient of a sum: the kernels need a unit last stride
-        grad_o = grad_o.contiguous()
-    deterministic = ctx.deterministic or not atomic_dq_by_default(q, ctx.causal, ctx.scale, ctx.window,
-                                                                  ctx.softcap)
-    dq, dk, dv, dsinks = grads_fn(grad_o, q, k, v, o, lse, grad_lse, ctx.causal, ctx.scale, deterministic,
-                                  ctx.window, ctx.softcap, sinks)
-    dsinks = dsinks if sinks is not None else None  # `_bwd_op`'s is an empty tensor
-    grads = [dq, dk, dv, None, None, None, None, None, None, None, dsinks, None]
-    return tuple(grads[:ctx.n_inputs])
+    def run_portable(do, q, k, v, o, lse, dlse, sinks):
+        dk, dv, dq, delta, lse2, dsinks = preprocess(do, o, lse, dlse, sinks)
+        aligned = (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | delta.data_ptr()) % 16 == 0
+        dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
+        dkdv((q, k, v, do, lse2, delta, dk, dv, dq_acc, *scalars), aligned)
+        if atomic:
+            dq = dq_acc.to(q.dtype)
+        else:
+            dq_pass((q, k, v, do, lse2, delta, dq, *scalars), aligned)
+        return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+    return run_portable

@@ -598,7 +598,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     return (o, lse) if return_lse else o
 
 
-from attnscope.kernels import bwd as _bwd  # noqa: E402  the FA-2 backward: the autograd formula of _op
+from attnscope.kernels import bwd_autograd as _bwd  # noqa: E402  the autograd formula of _op
 
 torch.library.register_autograd("attnscope::flash_attention", _bwd._backward,
                                setup_context=_bwd._setup_context)
@@ -606,8 +606,8 @@ torch.library.register_autograd("attnscope::flash_attention", _bwd._backward,
 
 class _Attention(torch.autograd.Function):
     """Eager autograd of `flash_attention`: `_launch` forward, and the backward of `_op`'s formula
-    (`bwd._setup_context`; `bwd._eager_backward`, the kernels without the backward op's dispatch), without
-    the custom-op dispatcher, whose autograd wrapper re-fills the schema's defaults on every call.
+    (`bwd_autograd._setup_context`; `._eager_backward`: the kernels without the backward op's dispatch),
+    without the custom-op dispatcher, whose autograd wrapper re-fills the schema's defaults on every call.
     ``forward(ctx, ...)``, as that wrapper's: a ``setup_context`` would have `Function.apply` bind the
     arguments to the signature on every call. torch.compile sees `_op`."""
 
