@@ -17,7 +17,7 @@ if not HAS_GPU_HINT:
 
 @pytest.fixture(autouse=True)
 def _fresh_backward_plans():
-    """Each test plans its backward calls afresh: a kept plan (`kernels.bwd_plan`, GPU only) would hide a
+    """Each test plans its backward calls afresh: a kept plan (`kernels.bwd_plan`) would hide a
     dispatch table or kernel a test replaces."""
     plans = sys.modules.get("attnscope.kernels.bwd_plan")
     if plans is not None:

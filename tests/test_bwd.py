@@ -332,6 +332,39 @@ def test_the_backward_plan_key_names_every_fact_of_a_call():
         hash(key(window=[2, 0]))
 
 
+def test_a_planned_backward_runs_new_values_as_a_fresh_plan_does_and_the_cache_is_bounded(monkeypatch):
+    """A layout's second call runs its kept plan (`bwd_plan`): on new values, with dLSE, its gradients equal a
+    freshly planned call's bit for bit; a layout that differs (here q's dtype) is checked, not run through
+    another's plan; the cache keeps at most `PLAN_CACHE_SIZE` layouts, the oldest dropped first."""
+    from attnscope.kernels import bwd_plan
+
+    def args(seed, dtype=F16, nq=24):
+        q, k, v, do = _inputs(1, 4, 2, nq, 40, 64, dtype, False, seed=seed)
+        o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+        dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(seed))
+        return (do, q, k, v, o, lse, True, None), dict(dlse=dlse, deterministic=True)
+
+    a, b = args(1), args(2)
+    bwd.flash_attention_backward(*a[0], **a[1])
+    planned = bwd.flash_attention_backward(*b[0], **b[1])
+    assert len(bwd_plan._PLANS) == 1
+    bwd_plan.clear_plan_cache()
+    fresh = bwd.flash_attention_backward(*b[0], **b[1])
+    assert all(torch.equal(x, y) for x, y in zip(planned, fresh, strict=True))
+    bad = list(b[0])
+    bad[0] = bad[0].to(torch.bfloat16)  # dO's dtype: another layout, whose checks refuse it
+    with pytest.raises(ValueError, match="do: expected dtype"):
+        bwd.flash_attention_backward(*bad, **b[1])
+    monkeypatch.setattr(bwd_plan, "PLAN_CACHE_SIZE", 2)
+    bwd_plan.clear_plan_cache()
+    keys = []
+    for nq in (8, 16, 24):
+        c = args(3, nq=nq)
+        bwd.flash_attention_backward(*c[0], **c[1])
+        keys.append(bwd_plan.plan_key(*c[0][:8], True, c[1]["dlse"], None, 0.0, None, "auto"))
+    assert list(bwd_plan._PLANS) == keys[1:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (compiled kernels)")
 @pytest.mark.parametrize("impl,d,det", [("portable", 64, True), ("portable", 128, False),

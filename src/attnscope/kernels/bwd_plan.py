@@ -3,14 +3,13 @@ the first call of a layout checks it, picks the kernels and packs their argument
 of that layout allocates the gradients and launches (through the compiled binaries' launchers, `_direct`). A
 plan holds no user tensor. The key (`plan_key`): the shapes, strides, dtypes and devices of every tensor
 argument, the flags and options with their types; calls whose checks must see them (a flag not a bool, an
-argument not a tensor, a base address not 16-byte aligned) and calls on CPU tensors (the interpreter) are
-planned each time."""
+argument not a tensor, a base address not 16-byte aligned) are planned each time."""
 
 from __future__ import annotations
 
 import threading
 
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import import_torch_triton, interpreting
 
 torch, triton = import_torch_triton()
 Tensor = torch.Tensor
@@ -37,6 +36,8 @@ def plan_key(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, so
     key += (causal, deterministic, scale, type(scale), softcap, type(softcap), impl)
     if window is not None:  # 1.0 == 1: the checks refuse a float side
         key += (window, tuple(map(type, window)))
+    if q.device.type != "cuda":  # CPU tensors run under the interpreter only (its tiles)
+        key += (interpreting(),)
     return key
 
 
@@ -50,7 +51,7 @@ def run(build, do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, 
         key = plan = None
     if plan is None:
         plan = build(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softcap, sinks, impl)
-        if key is not None and q.device.type == "cuda":  # CPU tensors (the interpreter): planned each call
+        if key is not None:
             with _PLANS_LOCK:
                 _PLANS[key] = plan
                 if len(_PLANS) > PLAN_CACHE_SIZE:
