@@ -373,6 +373,7 @@ def test_gpu_a_planned_backward_and_its_graph_replay_equal_a_fresh_plan(impl, d,
     """A planned layout's backward on new values, and a CUDA-graph replay of a captured call on those values,
     give a freshly planned call's gradients (bit for bit where they are deterministic, else within 1e-2)."""
     from attnscope.kernels import bwd_plan
+    from attnscope.measure.backends import capture_graph
 
     if impl == "hopper" and not _is_sm90():
         pytest.skip("the Gluon Hopper backward needs an sm_90 GPU")
@@ -394,20 +395,13 @@ def test_gpu_a_planned_backward_and_its_graph_replay_equal_a_fresh_plan(impl, d,
     planned = call(*b)
     bwd_plan.clear_plan_cache()
     fresh = call(*b)
-    static = [t.clone() for t in a]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call(*static)  # warm-up on a side stream, as torch.cuda.graph recommends
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call(*static)
+    static, out = [t.clone() for t in a], {}
+    graph = capture_graph(lambda: out.update(captured=call(*static)))  # the last call is the captured one
     for s, t in zip(static, b, strict=True):
         s.copy_(t)
     graph.replay()
     torch.cuda.synchronize()
-    for name, x, y, z in zip(("dq", "dk", "dv"), planned, fresh, captured, strict=True):
+    for name, x, y, z in zip(("dq", "dk", "dv"), planned, fresh, out["captured"], strict=True):
         if det:
             assert torch.equal(x, y) and torch.equal(z, y), (impl, d, name)
         else:
