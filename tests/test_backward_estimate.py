@@ -185,22 +185,22 @@ def test_exact_terms_of_small_sets():
     terms = {name: b for name, b, _ in e.terms}
     stats = h * n * 4
     assert terms["delta"] == terms["lse2"] == stats
-    # d = 64: the lean build (log2(scale) - LSE2 and -Delta: 4 reads, 4 writes per row), rows padded to 128
+    # d = 64: the lean build (log2(scale) - LSE2 and -Delta, written by the preprocess), rows padded to 128
     assert (e.facts["build"], e.facts["mode"]) == ("lean", "twokernel")
-    assert terms["padded_copies"] == h * (8 * n + 2 * 1024) * 4
-    assert set(terms) == {"delta", "lse2", "padded_copies", "dirty_o"}
+    assert terms["padded_rows"] == h * 2 * 1024 * 4
+    assert set(terms) == {"delta", "lse2", "padded_rows", "dirty_o"}
     e = be.backward_estimate("attnscope", n, heads=h, d=128, deterministic=True, kernels="hopper")
     terms = {name: b for name, b, _ in e.terms}
     assert (e.facts["build"], e.facts["mode"]) == ("plain", "twokernel")
-    assert terms["padded_copies"] == h * (6 * n + 2 * 1024) * 4  # -LSE2 / scale and Delta: 3 and 3
+    assert terms["padded_rows"] == h * 2 * 1024 * 4  # LSE2 / -qk_scale and Delta
     # the default (deterministic=False) at d = 64: the one-pass lean build, its fp32 dQ rows padded to 128
     for kw in ({"kernels": "hopper"}, {}):
         e = be.backward_estimate("attnscope", 1000, heads=h, d=d, **kw)
         terms = {name: b for name, b, _ in e.terms}
         assert (e.facts["kernels"], e.facts["build"], e.facts["mode"]) == ("hopper", "lean", "onepass")
         assert terms["dq_acc"] == 0  # the accumulator never leaves the L2 (its padded rows: see below)
-        assert terms["padded_copies"] == h * (8 * 1000 + 2 * 1024) * 4
-        assert set(terms) == {"delta", "lse2", "padded_copies", "dq_acc", "dirty_o"}
+        assert terms["padded_rows"] == h * 2 * 1024 * 4
+        assert set(terms) == {"delta", "lse2", "padded_rows", "dq_acc", "dirty_o"}
     e = be.backward_estimate("attnscope", 1000, heads=h, d=128, kernels="hopper")  # d = 128: two kernels
     assert (e.facts["build"], e.facts["mode"]) == ("plain", "twokernel") and "dq_acc" not in dict(
         (name, b) for name, b, _ in e.terms)

@@ -550,6 +550,34 @@ def test_default_backward_path_picks_the_lean_build_and_never_refuses(monkeypatc
         assert [(n, kw.get("ONEPASS"), kw["LEAN"]) for n, kw in calls] == want
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_preprocess_writes_every_row_term_in_one_pass(lean):
+    """The preprocess as the Hopper plan launches it (`_attnscope_bwd_preprocess`, PADDED and HAS_DLSE) equals
+    the torch formulas: D = rowsum(dO O) - dLSE, LSE2 = LSE log2(e), and `bwd_hopper.padded_rows` of them (the
+    lean and the plain build's terms); a row without keys (LSE = -inf) gives +inf in row 0 (P = 0 in the
+    kernels), rows past Nq -inf and 0."""
+    from attnscope.kernels import bwd_hopper
+
+    B, H, Nq, d, n_pad, bm = 2, 3, 37, 64, 128, 16
+    g = torch.Generator().manual_seed(5)
+    o, do = (torch.randn(B, H, Nq, d, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    lse, dlse = (torch.randn(B, H, Nq, generator=g).to(DEVICE) for _ in range(2))
+    lse[0, 1, 3] = float("-inf")
+    terms = (n_pad, -1.0, -3.0, -1.0) if lean else (n_pad, 1 / -0.18, 0.0, 1.0)
+    delta, lse2 = (torch.full((B, H, Nq), float("nan"), device=DEVICE) for _ in range(2))
+    rows = [torch.full((B, H, n_pad), float("nan"), device=DEVICE) for _ in range(2)]
+    bwd._attnscope_bwd_preprocess[(-(-n_pad // bm), B * H)](
+        o, do, lse, dlse, delta, lse2, *rows, *o.stride()[:3], *do.stride()[:3], H, Nq, n_pad, *terms[1:],
+        HEAD_DIM=d, BLOCK_M=bm, HAS_DLSE=True, PADDED=True)
+    torch.testing.assert_close(delta, (o.float() * do.float()).sum(-1) - dlse, rtol=1e-5, atol=1e-5)
+    assert torch.equal(lse2, lse * _common.LOG2E)
+    want = bwd_hopper.padded_rows(lse2, delta, terms)
+    for got, w in zip(rows, want, strict=True):
+        torch.testing.assert_close(got, w, rtol=1e-6, atol=0)
+    assert rows[0][0, 1, 3] == float("inf") and rows[0][..., Nq:].eq(float("-inf")).all()
+    assert rows[1][..., Nq:].eq(0).all() and not rows[1].isnan().any()
+
+
 @pytest.mark.parametrize("d,dtype,mods", [(64, "float16", None),
                                           (128, "bfloat16", _common.Mods(100, 0, 30.0, None))])
 def test_hopper_launch_builds_its_descriptors_on_the_host(monkeypatch, d, dtype, mods):

@@ -103,6 +103,7 @@ ATOMIC_DKDV_CONFIGS = {256: (16, 64, 8, 2)}
 #: offers a block less, e.g. an A100's 163 KiB: 96 / 128 KiB, no spills); `_common.fitting`
 SMEM_NEEDS = {(64, 64, 8, 2): (197632, (16, 64, 8, 2)), (128, 64, 8, 1): (196608, (64, 32, 8, 2))}
 PRE_BLOCK_M = 64  # 128 rows x d = 128 spills (ptxas, sm_90)
+_LOG2E = tl.constexpr(LOG2E)
 INTERPRET_CONFIG = (16, 32, 4, 1)  # CPU tests: small tiles, still multi-tile, ragged and diagonal
 INTERPRET_DQ_CONFIG = (32, 16, 4, 1)
 
@@ -196,22 +197,39 @@ def _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _attnscope_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
-                    H, NQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def _attnscope_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, ROW0, ROW1, stride_ob, stride_oh, stride_om,
+                              stride_db, stride_dh, stride_dm, H, NQ, N_PAD, row0_mul, row0_add, row1_mul,
+                              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+                              PADDED: tl.constexpr):
+    """Every per-row term of the backward in one pass, program (query tile, batch x head): ``DELTA = rowsum(dO
+    * O) - dLSE`` and ``LSE2 = LSE log2(e)`` (LSE, dLSE, DELTA, LSE2 contiguous fp32 [B x H, NQ]); with
+    ``PADDED`` also the Hopper kernels' rows padded to ``N_PAD`` ([B x H, N_PAD]): ``ROW0 = row0_mul LSE2 +
+    row0_add`` (-inf past NQ) and ``ROW1 = row1_mul DELTA`` (0 past NQ), `bwd_hopper.launcher`'s terms."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)  # int64 offsets: a tensor may hold 2^31 elements or more
     h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row = offs_m[:, None] < NQ
+    ok = offs_m < NQ
+    row = ok[:, None]
     offs_m = offs_m.to(tl.int64)  # varlen: a row of the packed [total, H, d] is H * d elements apart
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=row,
                 other=0.0)
     do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :], mask=row,
                  other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # D = rowsum(dO * O)  [BLOCK_M]
-    tl.store(DELTA + pid_bh * NQ + offs_m, delta, mask=offs_m < NQ)
+    stat = pid_bh.to(tl.int64) * NQ + offs_m
+    if HAS_DLSE:  # d LSE / d S = P: dS = P * (dP - (D - dLSE))
+        delta -= tl.load(DLSE + stat, mask=ok, other=0.0)
+    lse2 = tl.load(LSE + stat, mask=ok, other=0.0) * _LOG2E
+    tl.store(DELTA + stat, delta, mask=ok)
+    tl.store(LSE2 + stat, lse2, mask=ok)
+    if PADDED:
+        padded = pid_bh.to(tl.int64) * N_PAD + offs_m
+        inside = offs_m < N_PAD
+        tl.store(ROW0 + padded, tl.where(ok, lse2 * row0_mul + row0_add, float("-inf")), mask=inside)
+        tl.store(ROW1 + padded, tl.where(ok, delta * row1_mul, 0.0), mask=inside)
 
 
 @triton.jit
@@ -598,35 +616,46 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16
     dev = q.device
-    pre_m = 16 if interpreting() else PRE_BLOCK_M
-    pre = planned_launch(_attnscope_bwd_preprocess, (cdiv(Nq, pre_m), B * Hq),
-                         dict(HEAD_DIM=d, BLOCK_M=pre_m), dev)
-    pre_strides = (o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), Hq, Nq)
-    grad_shapes = ((B, Hkv, Nk, d), (B, Hkv, Nk, d), (B, Hq, Nq, d))
-
-    def preprocess(do, o, lse, dlse, sinks):
-        """(dk, dv, dq outputs, D = rowsum(dO O) - dLSE, LSE x log2(e), dsinks or None)."""
-        dk, dv, dq = (torch.empty(s, dtype=q.dtype, device=dev) for s in grad_shapes)
-        delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
-        pre((o, do, delta, *pre_strides), (o.data_ptr() | do.data_ptr()) % 16 == 0)
-        if dlse is not None:
-            delta = delta - dlse.to(torch.float32)  # d LSE / d S = P: dS = P * (dP - (D - dLSE))
-        dsinks = None
-        if sinks is not None:  # dLSE/dsink = exp(sink - LSE); dO . dO/dsink = -exp(sink - LSE) D
-            w = torch.exp(sinks.view(1, Hq, 1) - lse)
-            dsinks = -(torch.where(torch.isneginf(lse), 0.0, w) * delta).sum((0, 2))
-        return dk, dv, dq, delta, (lse * LOG2E).contiguous(), dsinks
-
+    kernels = None
     if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
         onepass = not deterministic and d in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(d, mods)
         kernels = bwd_hopper.launcher(q, k, v, do, margs["qk_scale"], sm_scale, causal, mods,
                                       mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
+    # the preprocess writes Delta and LSE2, and the Hopper kernels' padded rows (`bwd_hopper.padded_rows`)
+    n_pad, *row_terms = kernels.row_terms if hopper else (Nq, 1.0, 0.0, 1.0)
+    pre_m = 16 if interpreting() else PRE_BLOCK_M
+    pre = planned_launch(_attnscope_bwd_preprocess, (cdiv(n_pad, pre_m), B * Hq),
+                         dict(HEAD_DIM=d, BLOCK_M=pre_m, HAS_DLSE=dlse is not None, PADDED=hopper), dev)
+    pre_scalars = (o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), Hq, Nq,
+                   n_pad, *row_terms)
+    contiguous = lse.is_contiguous() and (dlse is None or dlse.is_contiguous() and dlse.dtype == lse.dtype)
+    grad_shapes = ((B, Hkv, Nk, d), (B, Hkv, Nk, d), (B, Hq, Nq, d))
 
+    def preprocess(do, o, lse, dlse, sinks):
+        """(dk, dv, dq outputs, D = rowsum(dO O) - dLSE, LSE x log2(e), the padded rows or None, dsinks or
+        None)."""
+        dk, dv, dq = (torch.empty(s, dtype=q.dtype, device=dev) for s in grad_shapes)
+        delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
+        lse2 = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
+        rows = [torch.empty((B, Hq, n_pad), dtype=torch.float32, device=dev) for _ in "01"] if hopper else ()
+        if not contiguous:
+            lse = lse.contiguous()
+            dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+        dl = lse if dlse is None else dlse  # unread without dLSE
+        pre((o, do, lse, dl, delta, lse2, *(rows or (delta, delta)), *pre_scalars),  # rows: unread if ()
+            (o.data_ptr() | do.data_ptr() | lse.data_ptr() | dl.data_ptr()) % 16 == 0)
+        dsinks = None
+        if sinks is not None:  # dLSE/dsink = exp(sink - LSE); dO . dO/dsink = -exp(sink - LSE) D
+            w = torch.exp(sinks.view(1, Hq, 1) - lse)
+            dsinks = -(torch.where(torch.isneginf(lse), 0.0, w) * delta).sum((0, 2))
+        return dk, dv, dq, delta, lse2, rows, dsinks
+
+    if hopper:
         def run_hopper(do, q, k, v, o, lse, dlse, sinks):
-            dk, dv, dq, delta, lse2, dsinks = preprocess(do, o, lse, dlse, sinks)
-            kernels(q, k, v, do, lse2, delta.contiguous(), dq, dk, dv)
+            dk, dv, dq, delta, lse2, rows, dsinks = preprocess(do, o, lse, dlse, sinks)
+            kernels(q, k, v, do, lse2, delta, rows, dq, dk, dv)
             return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
         return run_hopper
 
@@ -647,7 +676,7 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
                                   num_stages=dq_stages), dev)
 
     def run_portable(do, q, k, v, o, lse, dlse, sinks):
-        dk, dv, dq, delta, lse2, dsinks = preprocess(do, o, lse, dlse, sinks)
+        dk, dv, dq, delta, lse2, _, dsinks = preprocess(do, o, lse, dlse, sinks)
         aligned = (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | delta.data_ptr()) % 16 == 0
         dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
         dkdv((q, k, v, do, lse2, delta, dk, dv, dq_acc, *scalars), aligned)

@@ -548,15 +548,31 @@ def launch(q, k, v, do, lse2, delta, dq, dk, dv, qk_scale: float, sm_scale: floa
     one-pass.
     """
     run = launcher(q, k, v, do, qk_scale, sm_scale, causal, mods, mode, configs)
-    return run(q, k, v, do, lse2, delta, dq, dk, dv)
+    return run(q, k, v, do, lse2, delta, padded_rows(lse2, delta, run.row_terms), dq, dk, dv)
+
+
+def padded_rows(lse2, delta, terms):
+    """The two per-row tensors a `launcher` run reads, [B, Hq, n_pad] fp32, in torch ops from ``lse2`` and
+    ``delta`` (contiguous [B, Hq, Nq]) and its ``row_terms`` (n_pad, row0_mul, row0_add, row1_mul):
+    ``row0_mul lse2 + row0_add`` (-inf past Nq) and ``row1_mul delta`` (0 past Nq). kernels/bwd.py's
+    preprocess writes the same in its one pass."""
+    n_pad, row0_mul, row0_add, row1_mul = terms
+    rows = []
+    for t, pad in ((lse2 * row0_mul + row0_add, float("-inf")), (delta * row1_mul, 0.0)):
+        padded = torch.full((*lse2.shape[:2], n_pad), pad, dtype=torch.float32, device=lse2.device)
+        padded[:, :, :lse2.shape[2]] = t
+        rows.append(padded)
+    return rows
 
 
 def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=None, mode: str = "twokernel",
              configs=None):
     """`launch` for tensors of these layouts (shapes, strides, dtypes, device; q, k, v, do as `_tma_ready`
-    gives them): ``run(q, k, v, do, lse2, delta, dq, dk, dv) -> compiled kernels`` with the configs, grids,
-    constexprs, scalars and descriptor templates worked out once, the kernels launched through
-    `_direct.planned_launch` (kernels/bwd.py keeps one per call layout). Arguments as `launch`."""
+    gives them): ``run(q, k, v, do, lse2, delta, rows, dq, dk, dv) -> compiled kernels`` with the configs,
+    grids, constexprs, scalars and descriptor templates worked out once, the kernels launched through
+    `_direct.planned_launch` (kernels/bwd.py keeps one per call layout). ``rows``: the two padded per-row
+    tensors of ``run.row_terms`` (`padded_rows`; kernels/bwd.py's preprocess writes them). Arguments as
+    `launch`."""
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     choice("mode", mode, tuple(MODES))
@@ -607,26 +623,22 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
         dq_run = planned_launch(_attnscope_bwd_hopper_dq_kernel, dq_grid,
                                 constexprs(d, causal, "dq", flags, cfg=dq_cfg), dev)
 
-    def run(q, k, v, do, lse2, delta, dq, dk, dv):
+    def run(q, k, v, do, lse2, delta, rows, dq, dk, dv):
         tensors = {"desc_q": _tma_ready(q), "desc_k": _tma_ready(k), "desc_v": _tma_ready(v),
                    "desc_do": _tma_ready(do), "desc_dk": dk, "desc_dv": dv, "desc_dq": dq}
 
         def descs(name):
             return [descriptor_over(t, tensors[n]) for n, t in templates[name]]
-        rows = []
-        # lean: the FFMA's addend and dP^T's initial value; else S^T's and dP^T's initial values (`_step`)
-        for t, pad in (((log2_scale - lse2, float("-inf")), (-delta, 0.0)) if cfg.LEAN
-                       else ((lse2 / neg_qk, float("-inf")), (delta, 0.0))):
-            padded = torch.full((B, Hq, n_pad), pad, dtype=torch.float32, device=dev)
-            padded[:, :, :Nq] = t
-            rows.append(descriptor_over(row_t, padded))
         dq_acc = (torch.zeros((B, Hq, rows_acc, d), dtype=torch.float32, device=dev) if onepass
-                  else rows[0].base)
-        done = (dkdv((*descs("dkdv"), *rows, dq_acc, *args), True),)
+                  else rows[0])
+        done = (dkdv((*descs("dkdv"), *(descriptor_over(row_t, r) for r in rows), dq_acc, *args), True),)
         if onepass:
             dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
             return done
         aligned = (lse2.data_ptr() | delta.data_ptr()) % 16 == 0
         return (*done, dq_run((*descs("dq"), lse2, delta, *args), aligned))
+    # the rows `run` reads (`padded_rows`): lean, the FFMA's addend log2(scale) - LSE2 and dP^T's initial
+    # value -Delta; else S^T's and dP^T's initial values, LSE2 / -qk_scale and Delta (`_step`)
+    run.row_terms = (n_pad, -1.0, log2_scale, -1.0) if cfg.LEAN else (n_pad, 1.0 / neg_qk, 0.0, 1.0)
     return run
 

@@ -280,16 +280,17 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     if total_q == 0:
         return torch.zeros_like(q), dk, dv, dsinks
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=dev)
+    lse2 = torch.empty((Hq, total_q), dtype=torch.float32, device=dev)
+    lse = lse.contiguous()
+    dl = lse if dlse is None else dlse.to(torch.float32).contiguous()  # unread without dLSE
     pre_m = 16 if interpreting() else PRE_BLOCK_M
-    # the packed rows as one batch: [1, Hq, total_q, d] through strides (0, head, row)
-    _attnscope_bwd_preprocess[(cdiv(total_q, pre_m), Hq)](o, do, delta, 0, o.stride(1), o.stride(0), 0,
-                                                          do.stride(1), do.stride(0), Hq, total_q, HEAD_DIM=d,
-                                                          BLOCK_M=pre_m)
-    if dlse is not None:
-        delta = delta - dlse.to(torch.float32)  # dS = P * (dP - (D - dLSE))
+    # the packed rows as one batch: [1, Hq, total_q, d] through strides (0, head, row); D - dLSE, LSE2
+    _attnscope_bwd_preprocess[(cdiv(total_q, pre_m), Hq)](
+        o, do, lse, dl, delta, lse2, delta, delta, 0, o.stride(1), o.stride(0), 0, do.stride(1), do.stride(0),
+        Hq, total_q, total_q, 1.0, 0.0, 1.0, HEAD_DIM=d, BLOCK_M=pre_m, HAS_DLSE=dlse is not None,
+        PADDED=False)
     if mods.sinks is not None:  # dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)
         dsinks = -(torch.exp(mods.sinks[:, None] - lse) * delta).sum(1)
-    lse2 = (lse * LOG2E).contiguous()
     qk_scale = sm_scale * LOG2E
     B = cu_seqlens_q.shape[0] - 1
     if hopper:

@@ -16,10 +16,10 @@ read O and the fp32 LSE once (naive's autograd reads its saved P instead, counte
   Hopper one-pass build, ``deterministic=False`` at `HOPPER_ONEPASS_DIMS`: a zeroed fp32 buffer,
   read-modify-writes per tile pair, a cast) or by a dQ kernel per query tile (the Hopper two-kernel build;
   the portable one with ``deterministic=True``) that reads Q, dO, LSE2, Delta again and K/V per query tile.
-  The Hopper kernels read their per-row terms from copies padded to `dispatch.HOPPER_BWD_ROW_PAD` rows:
-  -LSE2 / scale and Delta (plain build), log2(scale) - LSE2 and -Delta (the lean build, the default where
-  `dispatch.hopper_backward_lean` says so at the default scale: d = 64), whose one-pass fp32 dQ rows are
-  padded too.
+  The Hopper kernels read their per-row terms from rows padded to `dispatch.HOPPER_BWD_ROW_PAD`, which the
+  same preprocess writes: -LSE2 / scale and Delta (plain build), log2(scale) - LSE2 and -Delta (the lean
+  build, the default where `dispatch.hopper_backward_lean` says so at the default scale: d = 64), whose
+  one-pass fp32 dQ rows are padded too.
 - flash (PyTorch's FA-2 ``mha_bwd``): dO and O first copied into its [B, N, H, d] layout (two copy
   kernels), then the same structure per *query* head (grid (key blocks, B, H)): a zeroed fp32 dQ
   accumulator (rows rounded to 128), atomics, a convert kernel; with GQA, dK and dV written per query head
@@ -354,15 +354,10 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         terms.append(("lse2", stats, "LSE x log2(e) written, fp32 per row"))
         scratch += stats
         if build == "hopper":
-            scratch += 2 * bh * pad * STAT_BYTES  # the two padded copies
-            per_row = 8 if lean else 6
-            what_rows = ("log2(scale) - LSE2 and -Delta computed and copied into rows padded to "
-                         f"{ROW_PAD} (two element-wise ops, two fills, two copies)" if lean else
-                         f"-LSE2 / scale and Delta copied into rows padded to {ROW_PAD} (divide, two fills, "
-                         "two copies)")
-            terms.append(("padded_copies", bh * (per_row * n + 2 * pad) * STAT_BYTES,
-                          f"{what_rows}: {per_row // 2} fp32 reads and {per_row // 2} writes per row, 2 per "
-                          "padded row"))
+            scratch += 2 * bh * pad * STAT_BYTES  # the two padded rows
+            what_rows = "log2(scale) - LSE2 and -Delta" if lean else "LSE2 / -qk_scale and Delta"
+            terms.append(("padded_rows", 2 * bh * pad * STAT_BYTES,
+                          f"the preprocess also writes {what_rows} into rows padded to {ROW_PAD}, fp32"))
     share = _miss_share(2 * qd + stats, l2)
     if share > 0:
         terms.append(("do_reread", qd * share, "dO read again after the preprocess's O and dO, x "
