@@ -5,7 +5,8 @@ Algorithm: Dao, *FlashAttention-2*, arXiv:2307.08691, Algorithm 2 and §3.1.2 (s
 ``N x N`` is kept from the forward; every tile of ``P = exp(S - LSE)`` is recomputed from Q, K and the
 saved natural-log LSE. Three kernels:
 
-1. preprocess, one program per (query tile, batch x query head): ``D = rowsum(dO * O)`` in fp32;
+1. preprocess, one program per (query tile, batch x query head): ``D = rowsum(dO * O) - dLSE`` and
+   ``LSE x log2(e)`` in fp32 (for the Hopper kernels also their padded rows, `bwd_hopper.padded_rows`);
 2. dK/dV, one program per (KV tile, batch x kv head): K and V stay in registers; the loop runs over the
    query heads of the GQA group and, inside, over query tiles, so dK/dV are reduced over the group in
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,

@@ -7,7 +7,8 @@ Algorithm 2, §3.1.2): P recomputed from Q, K and the saved LSE; its @triton.jit
 `_tl._window_bounds`) run here with per-sequence row offsets: a tile's rows are 0-based within its sequence,
 and the sequence's first packed row goes into the base offset.
 
-1. ``D = rowsum(dO * O)`` [Hq, total_q] fp32: `_attnscope_bwd_preprocess` over the packed rows (one "batch");
+1. ``D = rowsum(dO * O) - dLSE`` and ``LSE x log2(e)`` [Hq, total_q] fp32: `_attnscope_bwd_preprocess` over
+   the packed rows (one "batch");
 2. dK/dV: one program per (sequence, K/V tile) work item x kv head, K and V resident, looping over the
    GQA group's query heads and the query tiles that see the tile (causal / window bounds per sequence);
    ``deterministic=False`` also adds ``dS K`` into an fp32 dQ buffer [Hq, total_q, d] with atomics;
