@@ -550,6 +550,23 @@ def test_default_backward_path_picks_the_lean_build_and_never_refuses(monkeypatc
         assert [(n, kw.get("ONEPASS"), kw["LEAN"]) for n, kw in calls] == want
 
 
+def test_lse_and_dlse_of_any_layout_or_float_dtype_give_their_values_gradients():
+    """The preprocess reads LSE and dLSE as contiguous fp32 rows: a strided LSE and a strided bf16 dLSE go
+    through contiguous fp32 copies (the plan knows from their layouts) and give the gradients of the same
+    values passed contiguous in fp32, bit for bit."""
+    q, k, v, do = _inputs(1, 2, 2, 40, 40, 64, torch.float16, False, 3)
+    o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+    dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(DEVICE)
+    want = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, dlse=dlse.float())
+    lse_t, dlse_t = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (lse, dlse))
+    assert not lse_t.is_contiguous() and not dlse_t.is_contiguous()
+    got = bwd.flash_attention_backward(do, q, k, v, o, lse_t, True, None, dlse=dlse_t)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    no_dlse = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None)
+    assert not torch.equal(no_dlse[0], want[0])  # dLSE took part
+
+
 @pytest.mark.parametrize("lean", [True, False])
 def test_preprocess_writes_every_row_term_in_one_pass(lean):
     """The preprocess as the Hopper plan launches it (`_attnscope_bwd_preprocess`, PADDED and HAS_DLSE) equals
