@@ -239,6 +239,12 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out
     assert "99.000 / 72.000" in out and "1.375x" in out and "-0.8%" in out  # 1.3636 / 1.375 - 1
+    assert "S_kernel on kernel time" not in out
+    loop.kernel_busy_ms = {"naive": 2.8, "attnscope": 0.7}  # alone on kernel time: S = 4, Amdahl 1.4286
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    out = capsys.readouterr().out
+    assert "2.800 / 0.700" in out and "4.000x" in out and "1.429x" in out
+    assert "+14.3%" in out and "+3.9%" in out  # 1.4286 / 1.25 - 1, and against the replays' 1.375
     loop.graph_ms, loop.graph_note = None, "capture failed: RuntimeError: operation not permitted"
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     assert "capture failed: RuntimeError: operation not permitted" in capsys.readouterr().out

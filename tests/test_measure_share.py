@@ -132,6 +132,50 @@ def test_closed_loop_splits_its_error_between_the_kernel_in_the_step_and_the_res
     assert alone.to_json()["candidate_share"] is None
 
 
+def test_projection_on_kernel_time_is_amdahl_with_s_in_f_times_unit():
+    # the training loop naive -> attnscope at P 4k as measured (bench/results/h200-2026-12-04-train-loops
+    # .txt): alone, events 9.49 / 1.56 ms; on kernel time made up here as 9.2 / 1.15 ms
+    loop = ClosedLoop("naive", "attnscope", 4096, 2, 0.4353, {"naive": 9.487, "attnscope": 1.561},
+                      {"naive": 42.15, "attnscope": 25.02}, train=True)
+    assert loop.s_kernel_busy is None and loop.projected_busy is None and loop.error_busy is None
+    assert loop.to_json()["error_busy"] is None and loop.error_busy_graph is None
+    loop.kernel_busy_ms = {"naive": 9.2, "attnscope": 1.15}
+    assert loop.s_kernel_busy == pytest.approx(8.0)
+    assert loop.projected_busy == pytest.approx(1 / (1 - 0.4353 + 0.4353 / 8.0))
+    assert loop.error_busy == pytest.approx(loop.projected_busy / (42.15 / 25.02) - 1)
+    assert loop.projected < loop.projected_busy  # the events' S (6.08) counts the GPU idle of a call alone
+    assert abs(loop.error_busy) < abs(loop.error)
+    assert loop.error_busy_graph is None  # a training step is not replayed
+    loop.graph_ms = {"naive": 40.0, "attnscope": 24.0}
+    assert loop.to_json()["error_busy_graph"] == pytest.approx(loop.projected_busy / (40.0 / 24.0) - 1)
+
+
+def test_paired_kernel_time_profiles_each_call_alone_interleaved_and_counts_overlaps_once(monkeypatch):
+    from attnscope.measure import share
+
+    calls = []
+
+    def fn(name, kernels):  # each call's kernels: [(start us, duration us)], one list per call
+        it = iter(kernels)
+
+        def run():
+            calls.append(name)
+            return next(it)
+        return run
+
+    def profile(f, annotation="attnscope::call"):  # the trace of one call: its kernels as X events
+        return {"traceEvents": [{"cat": "kernel", "ph": "X", "name": f"k{i}", "ts": ts, "dur": dur}
+                                for i, (ts, dur) in enumerate(f())]}
+
+    monkeypatch.setattr(share, "profile_trace", profile)
+    a = fn("a", [[(0, 1)], [(0, 100), (50, 100)], [(0, 300)], [(10, 100), (500, 100)]])  # warm-up, 3 timed
+    b = fn("b", [[(0, 1)], [(0, 50)], [(0, 70)], [(0, 10), (20, 10)]])
+    ms = share.paired_kernel_ms({"a": a, "b": b}, reps=3)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    # a: 150 (two kernels overlapping by 50 us), 300, 200 -> median 200 us; b: 50, 70, 20 -> 50 us
+    assert ms == pytest.approx({"a": 0.2, "b": 0.05})
+
+
 def test_host_aware_projection_is_amdahl_when_device_bound_and_follows_the_host_when_host_bound():
     # device-bound: issuing a step (5 ms) is shorter than its device time (40 ms): plain Amdahl
     base = ShareResult("naive", 1024, 2, 10.0, 40.0, 0.2, 100)
@@ -258,10 +302,12 @@ def test_gpu_closed_loop_runs_both_steps_eager_and_as_graph_replays():
     loop = closed_loop("flash", "attnscope", p=512, layers=1, reps=3)
     names = {"flash", "attnscope"}
     for times in (loop.kernel_ms, loop.prefill_ms, loop.graph_ms, loop.sustained_ms, loop.host_us,
-                  loop.issue_ms):
+                  loop.issue_ms, loop.kernel_busy_ms):
         assert set(times) == names and all(t > 0 for t in times.values())
     assert loop.graph_note is None and loop.candidate_share.attention == "attnscope"
     assert 0 < loop.f_time < 1 and 0 < loop.candidate_share.f_time < 1
     # a replay has no host path: it is not slower than the eager step by more than timing noise
     assert all(loop.graph_ms[n] <= 1.1 * loop.prefill_ms[n] for n in names)
     assert loop.to_json()["error_graph"] == pytest.approx(loop.projected / loop.measured_graph - 1)
+    # a call's kernel time is at most its events' time (which also counts the GPU idle around its launches)
+    assert all(loop.kernel_busy_ms[n] <= 1.05 * loop.kernel_ms[n] for n in names)

@@ -240,6 +240,12 @@ def _union_ms(ks) -> float:
     return _Ranges((None, k.ts_us, k.ts_us + k.dur_us) for k in ks).total() / 1e3
 
 
+def kernel_time_ms(trace, where: str = "trace") -> float:
+    """The union of every GPU kernel's time in a trace, ms (overlapping kernels counted once): `Share`'s
+    ``busy_ms`` of a trace that holds one call."""
+    return _union_ms(kernels(trace, where))
+
+
 def attention_share(trace, where: str = "trace") -> Share:
     """Attention's share of the prefill in a Chrome trace (a dict, or the traceEvents list).
 

@@ -16,6 +16,14 @@ def loop_rows(loop, train: bool) -> list[list[str]]:
             [f"{step}: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
             [f"measured {step} speedup", f"{loop.measured:.3f}x"],
             ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
+    if loop.kernel_busy_ms:
+        rows += [[f"{alone}, kernel time (profiler, f_time's unit): {a} / {b} (ms)",
+                  f"{loop.kernel_busy_ms[a]:,.3f} / {loop.kernel_busy_ms[b]:,.3f}"],
+                 ["S_kernel on kernel time", f"{loop.s_kernel_busy:.3f}x"],
+                 ["projected on kernel time (Amdahl)", f"{loop.projected_busy:.3f}x"],
+                 ["error on kernel time (projected / measured - 1)", f"{loop.error_busy:+.1%}"]]
+        if loop.graph_ms:
+            rows.append(["error on kernel time against the graph replays", f"{loop.error_busy_graph:+.1%}"])
     if loop.sustained_ms:
         rows += [[f"{step}s back to back (sustained load): {a} / {b} (ms)",
                   f"{loop.sustained_ms[a]:,.3f} / {loop.sustained_ms[b]:,.3f}"],

@@ -31,6 +31,10 @@ Where the error comes from: B's step is profiled too, so its attention time *in 
 time alone (S in the step = attention_ms(A) / attention_ms(B), both from the profiler; Amdahl with that S),
 and the rest of the step (kernel time outside attention) beside A's: a kernel slower in the step than
 alone, or a rest of the step that changed with the swap, is what Amdahl's two numbers cannot see.
+S is also taken on kernel time (`paired_kernel_ms`: each call alone profiled, the union of its kernels),
+f_time's unit: events around a call alone also count the GPU idle before and between its launches (a
+fused training call waits on the host between its forward and its backward), which the steps hide;
+`ClosedLoop.projected_busy` is Amdahl with that S.
 """
 
 from __future__ import annotations
@@ -113,6 +117,20 @@ def paired_time_ms(fns: dict, warmup: int = 3, reps: int = 10, burst: int = 1) -
             b.record()
             b.synchronize()
             times[name].append(a.elapsed_time(b) / burst)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def paired_kernel_ms(fns: dict, reps: int = 5) -> dict:
+    """Median kernel time in ms of one call of each function in ``fns`` ({name: fn}): each call profiled
+    alone (`profile_trace`, after one warm-up call), the union of its kernels' time
+    (`chrome_trace.kernel_time_ms`: f_time's unit, no GPU idle), in interleaved rounds as `paired_time_ms`."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    order = list(fns)
+    for rep in range(reps):
+        for name in (order if rep % 2 == 0 else order[::-1]):
+            times[name].append(chrome_trace.kernel_time_ms(profile_trace(fns[name]), f"{name}'s trace"))
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
@@ -236,6 +254,7 @@ class ClosedLoop:
     sustained_ms: dict | None = None  # the steps under sustained load: `SUSTAINED_BURST` back to back, mean
     host_us: dict | None = None  # host µs per attention call alone (`HOST_ROWS` rows: the GPU waits on it)
     issue_ms: dict | None = None  # host ms to issue one whole step (its launches, no wait on the GPU)
+    kernel_busy_ms: dict | None = None  # attention alone, its kernel time (`paired_kernel_ms`): f_time's unit
 
     @property
     def s_kernel(self) -> float:
@@ -267,6 +286,31 @@ class ClosedLoop:
     @property
     def projected(self) -> float:
         return amdahl.speedup(self.f_time, self.s_kernel)
+
+    @property
+    def s_kernel_busy(self) -> float | None:
+        """`s_kernel` on kernel time, the unit f_time counts in (events around a call alone also count the GPU
+        idle before and between its launches); None without `kernel_busy_ms`."""
+        b = self.kernel_busy_ms
+        return None if not b else b[self.baseline] / b[self.candidate]
+
+    @property
+    def projected_busy(self) -> float | None:
+        """Amdahl with f_time and `s_kernel_busy` (both on kernel time); None without them."""
+        s = self.s_kernel_busy
+        return None if s is None else amdahl.speedup(self.f_time, s)
+
+    @property
+    def error_busy(self) -> float | None:
+        """projected_busy / measured - 1 (None without it)."""
+        p = self.projected_busy
+        return None if p is None else p / self.measured - 1.0
+
+    @property
+    def error_busy_graph(self) -> float | None:
+        """projected_busy / measured_graph - 1: on device time alone (None without either)."""
+        p, g = self.projected_busy, self.measured_graph
+        return None if p is None or g is None else p / g - 1.0
 
     @property
     def measured(self) -> float:
@@ -344,7 +388,9 @@ class ClosedLoop:
                 "rest_ms": self.rest_ms, "measured_graph": self.measured_graph,
                 "error_graph": self.error_graph, "host_gap_ms": self.host_gap_ms,
                 "measured_sustained": self.measured_sustained, "error_sustained": self.error_sustained,
-                "projected_host_aware": self.projected_host_aware, "error_host_aware": self.error_host_aware}
+                "projected_host_aware": self.projected_host_aware, "error_host_aware": self.error_host_aware,
+                "s_kernel_busy": self.s_kernel_busy, "projected_busy": self.projected_busy,
+                "error_busy": self.error_busy, "error_busy_graph": self.error_busy_graph}
 
 
 def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 4096, layers: int = 2,
@@ -366,6 +412,8 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
 
     with torch.inference_mode(not train):
         kernel_ms = paired_time_ms({n: attention_step_fn(n, qkv, train) for n in names}, reps=reps)
+        kernel_busy_ms = paired_kernel_ms({n: attention_step_fn(n, qkv, train) for n in names},
+                                          reps=max(3, reps // 2))
         host_us = host_us_per_call(torch, {n: attention_step_fn(n, tiny, train) for n in names}, HOST_CALLS)
     qkv.clear()  # free the attention-alone inputs before the steps
     x = torch.randn(1, p, shape.hidden, device="cuda", dtype=dt)  # one input for both steps
@@ -384,4 +432,4 @@ def closed_loop(baseline: str = "naive", candidate: str = "attnscope", p: int = 
                 note = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return ClosedLoop(baseline, candidate, p, layers, shares[baseline].f_time, kernel_ms, prefill_ms,
                       shares[baseline], train, shares[candidate], graph_ms, note, sustained_ms, host_us,
-                      issue_ms)
+                      issue_ms, kernel_busy_ms)
