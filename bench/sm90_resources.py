@@ -44,6 +44,7 @@ kernel's ``n_regs`` / ``n_spills`` / ``metadata.shared`` (what the driver loaded
 
 import argparse
 import inspect
+import itertools
 import math
 import os
 import re
@@ -370,10 +371,12 @@ def bwd_report(dkdv=None, dq=None) -> None:
                     report(f"bwd hopper lean {name:4s} {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} "
                            f"BM={cfg.BM} BN={cfg.BN} STAGES={cfg.STAGES} RED={cfg.RED}",
                            compile_hopper_bwd, d, "bf16", causal, name, mods, mode, cfg, extra=setmaxnreg)
-        for pdt in ("bf16", "fp16"):
-            cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M)
-            report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows w4 s1",
-                   compile_triton, bwd._attnscope_bwd_preprocess, _bwd_types(pdt, False), cx, 4, 1)
+        for pdt, padded in itertools.product(("bf16", "fp16"), (False, True)):  # padded: the Hopper rows too
+            cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M, HAS_DLSE=False, PADDED=padded)
+            types = {**_bwd_types(pdt, False), **dict.fromkeys(("LSE", "DLSE", "ROW0", "ROW1"), "*fp32"),
+                     **dict.fromkeys(("row0_mul", "row0_add", "row1_mul"), "fp32")}
+            report(f"bwd preprocess d={d:3d} {pdt} {bwd.PRE_BLOCK_M} rows PADDED={int(padded)} w4 s1",
+                   compile_triton, bwd._attnscope_bwd_preprocess, types, cx, 4, 1)
 
 
 # --- --sass-step: instructions per main-loop step of the Gluon backward's consumers --------------------
