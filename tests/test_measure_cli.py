@@ -240,6 +240,9 @@ def test_share_and_closed_loop_output(fake_gpu, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "99.000 / 72.000" in out and "1.375x" in out and "-0.8%" in out  # 1.3636 / 1.375 - 1
     assert "S_kernel on kernel time" not in out
+    loop.kernel_busy_ms = {"naive": 2.8, "attnscope": 0.0}  # no candidate kernel in its profile: no rows
+    assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
+    assert "S_kernel on kernel time" not in capsys.readouterr().out
     loop.kernel_busy_ms = {"naive": 2.8, "attnscope": 0.7}  # alone on kernel time: S = 4, Amdahl 1.4286
     assert main(["share", "--attention", "naive", "--project-to", "attnscope"]) == 0
     out = capsys.readouterr().out

@@ -139,6 +139,8 @@ def test_projection_on_kernel_time_is_amdahl_with_s_in_f_times_unit():
                       {"naive": 42.15, "attnscope": 25.02}, train=True)
     assert loop.s_kernel_busy is None and loop.projected_busy is None and loop.error_busy is None
     assert loop.to_json()["error_busy"] is None and loop.error_busy_graph is None
+    loop.kernel_busy_ms = {"naive": 9.2, "attnscope": 0.0}  # a profile without the candidate's kernels
+    assert loop.s_kernel_busy is None and loop.to_json()["error_busy"] is None
     loop.kernel_busy_ms = {"naive": 9.2, "attnscope": 1.15}
     assert loop.s_kernel_busy == pytest.approx(8.0)
     assert loop.projected_busy == pytest.approx(1 / (1 - 0.4353 + 0.4353 / 8.0))

@@ -16,7 +16,7 @@ def loop_rows(loop, train: bool) -> list[list[str]]:
             [f"{step}: {a} / {b} (ms)", f"{loop.prefill_ms[a]:,.3f} / {loop.prefill_ms[b]:,.3f}"],
             [f"measured {step} speedup", f"{loop.measured:.3f}x"],
             ["error (projected / measured - 1)", f"{loop.error:+.1%}"]]
-    if loop.kernel_busy_ms:
+    if loop.s_kernel_busy is not None:
         rows += [[f"{alone}, kernel time (profiler, f_time's unit): {a} / {b} (ms)",
                   f"{loop.kernel_busy_ms[a]:,.3f} / {loop.kernel_busy_ms[b]:,.3f}"],
                  ["S_kernel on kernel time", f"{loop.s_kernel_busy:.3f}x"],

@@ -290,9 +290,10 @@ class ClosedLoop:
     @property
     def s_kernel_busy(self) -> float | None:
         """`s_kernel` on kernel time, the unit f_time counts in (events around a call alone also count the GPU
-        idle before and between its launches); None without `kernel_busy_ms`."""
+        idle before and between its launches); None without `kernel_busy_ms` or without the candidate's
+        kernels in its profile."""
         b = self.kernel_busy_ms
-        return None if not b else b[self.baseline] / b[self.candidate]
+        return None if not b or not b[self.candidate] > 0 else b[self.baseline] / b[self.candidate]
 
     @property
     def projected_busy(self) -> float | None:
