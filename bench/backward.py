@@ -1,6 +1,7 @@
 """Backward benchmark (issue 13): attnscope's FA-2 backward vs SDPA FLASH / CUDNN / EFFICIENT / Flex.
 
     PYTHONPATH=src python bench/backward.py [--quick] [--json out.json] [--markdown] [--impl hopper]
+    PYTHONPATH=src python bench/backward.py --host [--d 128]    # host µs per call vs SDPA
 
 bf16 (``--dtype float16``: fp16), H = 32, B*N = 16,384, N in {1k, 4k, 16k}, d in {64, 128}, causal and not;
 contiguous [B, H, N, d] inputs (``--layout bshd``: views of [B, N, H, d] memory, dO too, as in a decoder).
@@ -22,7 +23,8 @@ the same way; ``--hopper-plain`` adds both in the plain build where the default 
 Then the peak memory of forward + backward at N = 8k, H = 32, d = 128, causal (attnscope, SDPA FLASH,
 naive), beside the analytic counts (`attnscope footprint`'s training retention for the naive path).
 A shape whose gradients fail the check is not timed (exit 1). About 1.5 minutes on an H200 (one round;
-2 rounds, the default, not timed yet).
+2 rounds, the default, not timed yet). ``--host``: only the host µs per call of the user's forward + backward,
+of `flash_attention_backward` alone and of SDPA CUDNN / FLASH (`host_times`).
 ``--markdown`` prints BENCHMARKS.md's backward table (its columns, in its order).
 """
 
@@ -289,6 +291,59 @@ def peak_memory(torch, n=8192, heads=32, d=128, log=print):
             "footprint_training_retention_bytes": retention}
 
 
+#: ``host_times``: B, H, N (bf16, causal) at which the GPU idles (tens of µs of work per call against hundreds
+#: of µs of host time), and the calls per timing.
+HOST_SHAPE = (1, 16, 512)
+HOST_CALLS = 300
+
+
+def _host_calls(torch, d: int) -> dict:
+    """`host_times`' calls at head dim ``d``: name -> no-argument callable."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attnscope
+    from attnscope.kernels import bwd
+
+    b, h, n = HOST_SHAPE
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn_like(q)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    o, lse = attnscope.flash_attention(qd, kd, vd, causal=True, return_lse=True)
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+        return call
+    return {"attnscope fwd+bwd": lambda: attnscope.flash_attention(q, k, v, causal=True).backward(do),
+            "flash_attention_backward": lambda: bwd.flash_attention_backward(do, qd, kd, vd, o, lse, True,
+                                                                             None),
+            "SDPA CUDNN fwd+bwd": sdpa(SDPBackend.CUDNN_ATTENTION),
+            "SDPA FLASH fwd+bwd": sdpa(SDPBackend.FLASH_ATTENTION)}
+
+
+def host_times(torch, ds, log=print) -> dict:
+    """Host µs per call at ``HOST_SHAPE``, causal, bf16, per head dim of ``ds`` (`host_us_per_call`: the wall
+    time of ``HOST_CALLS`` back-to-back calls, synchronised before and after, the median of interleaved
+    rounds): the user's call (`flash_attention` and ``.backward()``), `flash_attention_backward` alone (its
+    defaults), and SDPA CUDNN's and FLASH's forward + backward. Gradients accumulate into ``.grad`` in every
+    call alike."""
+    from attnscope.measure.bench import host_us_per_call
+
+    b, h, n = HOST_SHAPE
+    out = {}
+    for d in ds:
+        t = host_us_per_call(torch, _host_calls(torch, d), HOST_CALLS)
+        t["attnscope / CUDNN"] = t["attnscope fwd+bwd"] / t["SDPA CUDNN fwd+bwd"]
+        log(f"host us per call, d = {d} (B={b} H={h} N={n} causal bf16, {HOST_CALLS} back-to-back calls, "
+            "wall time of the issuing loop): "
+            + ", ".join(f"{x} {y:.{3 if '/' in x else 1}f}" for x, y in t.items()))
+        out[d] = t
+    return out
+
+
 MD_IMPLS = ("attnscope", "attnscope_atomic", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 
 
@@ -318,6 +373,9 @@ def main(argv=None) -> int:
                         "attnscope_hopper, and their one-pass build as attnscope_hopper_onepass, beside the "
                         "portable ones")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--host", action="store_true",
+                   help="only the host µs per call (`host_times`): the user's forward + backward, "
+                        "flash_attention_backward alone and SDPA CUDNN / FLASH, where the GPU idles")
     p.add_argument("--rounds", type=int, default=2,
                    help="interleaved timing rounds per shape, the order rotated (the median; default 2)")
     p.add_argument("--hopper-plain", action="store_true",
@@ -360,6 +418,13 @@ def main(argv=None) -> int:
     t0 = time.time()
     ns = (1024, 4096) if args.quick else (1024, 4096, 16384)
     ds = tuple(args.d or ((128,) if args.quick else (64, 128)))
+    if args.host:
+        host = host_times(torch, ds, lambda s: print(s, flush=True))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"host_us": {str(d): t for d, t in host.items()}, "date": time.strftime("%Y-%m-%d"),
+                           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, fh, indent=1)
+        return 0
     print(f"backward bench: {args.dtype}, H = 32, B*N = 16384, N in {ns}, d in {ds}; checking against "
           "float64 at every shape before timing it", flush=True)
     print("column attnscope: exactly the user's call, attnscope.flash_attention(q, k, v, causal=...) and its "
