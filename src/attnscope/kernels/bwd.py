@@ -635,8 +635,8 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     grad_shapes = ((B, Hkv, Nk, d), (B, Hkv, Nk, d), (B, Hq, Nq, d))
 
     def preprocess(do, o, lse, dlse, sinks):
-        """(dk, dv, dq outputs, D = rowsum(dO O) - dLSE, LSE x log2(e), the padded rows or None, dsinks or
-        None)."""
+        """(dk, dv, dq outputs, D = rowsum(dO O) - dLSE, LSE x log2(e), the Hopper kernels' two padded rows
+        (() for the portable ones), dsinks or None)."""
         dk, dv, dq = (torch.empty(s, dtype=q.dtype, device=dev) for s in grad_shapes)
         delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
         lse2 = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
