@@ -233,6 +233,11 @@ def _profiled_share(step, attention: str, p: int, shape: LlamaShape, train: bool
     return share_from_trace(trace, attention, p, shape, train)
 
 
+def _error(projected: float | None, measured: float | None) -> float | None:
+    """A projection's error, projected / measured - 1 (positive: it promised more); None without either."""
+    return None if projected is None or measured is None else projected / measured - 1.0
+
+
 @dataclass
 class ClosedLoop:
     """Projected vs measured step speedup when attention ``baseline`` is swapped for ``candidate``; the
@@ -304,14 +309,12 @@ class ClosedLoop:
     @property
     def error_busy(self) -> float | None:
         """projected_busy / measured - 1 (None without it)."""
-        p = self.projected_busy
-        return None if p is None else p / self.measured - 1.0
+        return _error(self.projected_busy, self.measured)
 
     @property
     def error_busy_graph(self) -> float | None:
         """projected_busy / measured_graph - 1: on device time alone (None without either)."""
-        p, g = self.projected_busy, self.measured_graph
-        return None if p is None or g is None else p / g - 1.0
+        return _error(self.projected_busy, self.measured_graph)
 
     @property
     def measured(self) -> float:
@@ -328,7 +331,7 @@ class ClosedLoop:
 
     def _error_against(self, measured: float | None) -> float | None:
         """projected / ``measured`` - 1 (None without a measurement)."""
-        return None if measured is None else self.projected / measured - 1.0
+        return _error(self.projected, measured)
 
     @property
     def measured_graph(self) -> float | None:
@@ -368,8 +371,7 @@ class ClosedLoop:
     @property
     def error_host_aware(self) -> float | None:
         """projected_host_aware / measured - 1 (the eager steps' speedup)."""
-        p = self.projected_host_aware
-        return None if p is None else p / self.measured - 1.0
+        return _error(self.projected_host_aware, self.measured)
 
     @property
     def host_gap_ms(self) -> dict | None:
