@@ -381,6 +381,12 @@ def test_config_table_covers_every_supported_variant(monkeypatch):
                 assert isinstance(cfg, fwd.FwdConfig) and cfg.BLOCK_M in (64, 128)
     with pytest.raises(NotImplementedError, match="head_dim 96: no measured config"):
         fwd.pick_config(96, False, 10)
+    # a sliding window at a head dim with a window row: that row; elsewhere the table's
+    for d in _common.SUPPORTED_HEAD_DIMS:
+        for n in (1000, 1 << 20):
+            want = fwd.WINDOW_CONFIGS.get(d, fwd.pick_config(d, True, n))
+            assert fwd.pick_config(d, True, n, windowed=True) == want, (d, n)
+    assert fwd.pick_config(64, True, 8192, windowed=True) != fwd.pick_config(64, True, 8192)
 
 
 def test_impl_argument_errors():

@@ -65,6 +65,14 @@ def test_the_rule_reads_the_geometry_only():
     # a window bounds the loop: W = 1k keys is a short loop (the caller runs the portable kernel)
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
+    # d = 64 windows up to D64_WINDOW_PORTABLE_KEYS keys wide run the portable kernel, unmasked ones too
+    # (1,025 keys is long enough for three warpgroups without a window, not with one)
+    wide = dispatch.D64_WINDOW_PORTABLE_KEYS
+    assert rule(64, False, 4, 32, 32, 8192, 8192, window=(512, 512)) is None
+    assert rule(64, False, 4, 32, 32, 8192, 8192) == "hopper_wg3_pp"
+    assert rule(64, True, 1, 32, 32, 32768, 32768, window=(wide - 1, 0)) is None
+    assert rule(64, True, 1, 32, 32, 32768, 32768, window=(wide, 0)) == "hopper_wg3_pp"
+    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(256, 0)) == "hopper_persist"  # d = 128: Gluon
     # GQA does not move the choice
     assert rule(64, False, 4, 32, 32, 4096, 4096) == rule(64, False, 4, 32, 4, 4096, 4096)
 

@@ -29,7 +29,8 @@ build: its dK/dV kernel's rows and loop are the plain step's.
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), the waves of 192-row tiles on the SMs and the rows those tiles pad
-beyond 128-row tiles. It is the same for fp16 and bf16, and for any GQA group (no measurement showed the
+beyond 128-row tiles, and at d = 64 a sliding window's width (`D64_WINDOW_PORTABLE_KEYS`). It is the same
+for fp16 and bf16, and for any GQA group (no measurement showed the
 group moving the choice). Where no variant beats the portable Triton kernel (d = 64 with a short KV loop)
 it returns None. The thresholds come from the H200 sweeps at B*N = 16k, H = 32
 (bench/results/h200-2026-12-01-prefill-*.json) and the held-out shapes bench/grids/dispatch_heldout.csv and
@@ -70,6 +71,14 @@ D64_MIN_KEYS = {False: 1024, True: 1536}
 #: third of the machine that the 128-row persistent kernel keeps busy. Assumed: every B*N = 16k point has
 #: 20+ waves; the held-out shapes are the first to test it.
 WG3_MIN_WAVES = 2.0
+#: d = 64 with a sliding window: keys per row (the window's width, `hopper_variant`) up to which the portable
+#: kernel runs (with kernels/fwd.py ``WINDOW_CONFIGS``' 64-row tiles). A window's KV loop is short, so each
+#: query tile's fixed cost (pipeline fill and drain, O store) weighs on few key tiles, and 64-row tiles halve
+#: the masked work at the window's two edges. H200, bf16, H = 32, B*N = 32k (bench/results/
+#: h200-2026-12-04-window-rule.json): causal W = 256-4k at N = 8k and 32k, and (W, W) at W = 512, 2k, the
+#: portable kernel in 64 x 64 tiles ran 1.02-2.06 x the faster Gluon variant (the rule had picked
+#: hopper_wg3_pp at (512, 512): 0.59 x); at W = 8k (N = 32k) the Gluon rule's pick ran 1.06 x it.
+D64_WINDOW_PORTABLE_KEYS = 4097
 
 
 def mean_keys(nq: int, nk: int, causal: bool) -> float:
@@ -102,7 +111,8 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     q_heads, kv_heads, nq, nk: the call's ``[batch, q_heads, nq, d]`` queries and
     ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU; window: the effective ``(left, right)`` of a
     sliding window (`model.tiles.normalize_window`; -1 unbounded), which bounds the keys a row visits by
-    ``left + right + 1``.
+    ``left + right + 1`` (at d = 64 a window at most `D64_WINDOW_PORTABLE_KEYS` wide runs the portable
+    kernel).
     """
     for name, v in (("d", d), ("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads), ("nq", nq),
                     ("nk", nk), ("sms", sms)):
@@ -115,6 +125,8 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     keys = mean_keys(nq, nk, causal)
     if window is not None and (window[0] >= 0 or window[1] >= 0):
         width = (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
+        if width <= D64_WINDOW_PORTABLE_KEYS:
+            return None
         keys = min(keys, width)
     tiles = -(-nq // WG3_ROWS)
     waves = tiles * batch * q_heads / sms
