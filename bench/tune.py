@@ -1,7 +1,8 @@
 """Time candidate block configurations of the prefill or decode kernel (the tables bypassed), beside SDPA.
 
     PYTHONPATH=src python bench/tune.py prefill [--d 128] [--n 4096 --n 16384] [--causal 0 --causal 1]
-        [--bm 128] [--bn 64 --bn 128] [--warps 4 --warps 8] [--stages 2 --stages 3] [--out FILE.json]
+        [--bm 128] [--bn 64 --bn 128] [--warps 4 --warps 8] [--stages 2 --stages 3] [--window L,R]
+        [--out FILE.json]
     PYTHONPATH=src python bench/tune.py backward [--d 256] [--n 4096] [--causal 0 --causal 1]
         [--dkdv BM,BN,WARPS,STAGES ...] [--dq BM,BN,WARPS,STAGES ...] [--out FILE.json]
     PYTHONPATH=src python bench/tune.py decode [--out FILE.json]
@@ -10,7 +11,10 @@
 B * N = ``--tokens``; each config is checked against float64 attention (heads 0-1 of batch 0, the last
 1,024 query rows; `attnscope.checks.kernel_tolerance` of SDPA FLASH's own error) and only then timed
 (median of ``triton.testing.do_bench``); SDPA FLASH and CUDNN on the same tensors. About 1 minute per
-(d, causal, N) with the default 12 configs on an H200.
+(d, causal, N) with the default 12 configs on an H200. ``--window L,R``: a sliding window on every call
+(kernels/fwd.py ``WINDOW_CONFIGS``' configs were chosen this way); the error bound is then PyTorch's own
+error with the window (`checks.torch_attention`), no SDPA peer (it has no window), and TFLOP/s count the
+visible query-key pairs.
 
 ``backward``: for kernels/bwd.py's ``DKDV_CONFIGS`` and ``DQ_CONFIGS`` (the portable backward, dQ in its
 own pass: the default mode). bf16, H = ``--heads``, B * N = ``--tokens``. The dK/dV candidates
@@ -58,6 +62,16 @@ def _config(text):
     return cfg
 
 
+def _window(text):
+    try:
+        window = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        window = ()
+    if len(window) != 2 or min(window) < -1:
+        raise argparse.ArgumentTypeError(f"expected L,R (two integers >= -1; -1 unbounded), got {text!r}")
+    return window
+
+
 def _shape_args(sp, heads: int):
     """The shape flags ``prefill`` and ``backward`` share: head dims, lengths, masks, tokens, heads."""
     sp.add_argument("--d", type=int, action="append")
@@ -74,6 +88,7 @@ def parse_args(argv=None):
     pf = _shape_args(sub.add_parser("prefill", help="portable prefill kernel configs"), heads=32)
     for flag in ("--bm", "--bn", "--warps", "--stages"):
         pf.add_argument(flag, type=int, action="append")
+    pf.add_argument("--window", type=_window, metavar="L,R", help="a sliding window (window_size)")
     pf.add_argument("--out", metavar="FILE.json")
     bw = _shape_args(sub.add_parser("backward", help="portable backward kernel configs"), heads=16)
     bw.add_argument("--dkdv", type=_config, action="append", metavar="BM,BN,WARPS,STAGES")
@@ -84,16 +99,32 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _exact_error(torch, o, q, k, v, causal, rows=1024):
-    """max |o - float64 attention| over heads 0-1 of batch 0 and the last ``rows`` query rows."""
-    n, d = q.shape[2], q.shape[3]
+def _exact_error(torch, o, q, k, v, causal, rows=1024, window=None):
+    """max |o - float64 attention| over heads 0-1 of batch 0 and the last ``rows`` query rows, under
+    ``causal`` and ``window`` (bottom-right aligned: those rows see what they see in the whole call)."""
+    from attnscope import reference
+
+    n, d = k.shape[2], q.shape[3]
     qs = q[0, :2, -rows:].double()
     s = qs @ k[0, :2].double().transpose(-1, -2) / math.sqrt(d)
-    if causal:
-        r = torch.arange(n - qs.shape[1], n, device=q.device)[:, None]
-        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > r, -math.inf)
-    ref = torch.softmax(s, -1) @ v[0, :2].double()
+    keep = torch.as_tensor(reference.permitted(qs.shape[1], n, bool(causal), window), device=q.device)
+    ref = torch.softmax(s.masked_fill(~keep, -math.inf), -1).nan_to_num(0.0) @ v[0, :2].double()
     return (o[0, :2, -rows:].double() - ref).abs().max().item()
+
+
+def _visible_pairs(n: int, causal: bool, window) -> int:
+    """Query-key pairs a square (n x n) call sees under ``causal`` and ``window`` (`normalize_window`)."""
+    from attnscope.model.tiles import normalize_window
+
+    left, right = normalize_window(bool(causal), window)
+    if not causal and window is None:
+        return n * n
+    total = 0
+    for r in range(n):
+        lo = max(0, r - left) if left >= 0 else 0
+        hi = min(n - 1, r + right) if right >= 0 else n - 1
+        total += max(0, hi - lo + 1)
+    return total
 
 
 def prefill(a) -> int:
@@ -109,22 +140,31 @@ def prefill(a) -> int:
     for d, causal, n in itertools.product(a.d or [128], a.causal or [0, 1], a.n or [4096, 16384]):
         b = max(1, a.tokens // n)
         q, k, v = (torch.randn(b, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        flops = 4 * b * a.heads * n * n * d * (0.5 if causal else 1)
-        bound = checks.kernel_tolerance(_exact_error(torch, flash(q, k, v, bool(causal)), q, k, v, causal))
-        peers = {}
-        for name, fn in (("flash", flash), ("cudnn", cudnn)):
+        win = a.window
+        pairs = _visible_pairs(n, causal, win) if win else n * n * (0.5 if causal else 1)
+        flops = 4 * b * a.heads * d * pairs
+        if win:  # PyTorch's own error with the window, on the rows _exact_error checks
+            qs, ks, vs = q[:1, :2, -1024:], k[:1, :2], v[:1, :2]
+            t_err = _exact_error(torch, checks.torch_attention(qs, ks, vs, bool(causal), win)[0], qs, ks, vs,
+                                 causal, window=win)
+        else:
+            t_err = _exact_error(torch, flash(q, k, v, bool(causal)), q, k, v, causal)
+        bound = checks.kernel_tolerance(t_err)
+        peers = {}  # SDPA has no window: no peer then
+        for name, fn in () if win else (("flash", flash), ("cudnn", cudnn)):
             ms = triton.testing.do_bench(lambda fn=fn, q=q, k=k, v=v, c=bool(causal): fn(q, k, v, c),
                                          warmup=25, rep=100, return_mode="median")
             peers[name] = flops / ms / 1e9
-        print(f"d={d} causal={causal} N={n} B={b}: flash {peers['flash']:.0f} "
-              f"cudnn {peers['cudnn']:.0f} TFLOP/s; bound {bound:.2e}", flush=True)
+        print(f"d={d} causal={causal} N={n} B={b} window={win}: "
+              + "".join(f"{x} {t:.0f} " for x, t in peers.items()) + f"TFLOP/s; bound {bound:.2e}",
+              flush=True)
         for bm, bn, w, s in itertools.product(a.bm or [128], a.bn or [64, 128], a.warps or [4, 8],
                                               a.stages or [2, 3, 4]):
             cfg = fwd.FwdConfig(bm, bn, w, s)
             t0 = time.time()
             try:
-                o = fwd.flash_attention(q, k, v, bool(causal), config=cfg)
-                err = _exact_error(torch, o, q, k, v, causal)
+                o = fwd.flash_attention(q, k, v, bool(causal), config=cfg, window=win)
+                err = _exact_error(torch, o, q, k, v, causal, window=win)
                 if not err <= bound:
                     bad += 1
                     row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(), err=err, bound=bound, ok=False)
@@ -132,16 +172,15 @@ def prefill(a) -> int:
                     results.append(row)
                     continue
                 ms = triton.testing.do_bench(
-                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal): fwd.flash_attention(q, k, v, c,
-                                                                                        config=cfg),
+                    lambda cfg=cfg, q=q, k=k, v=v, c=bool(causal), win=win: fwd.flash_attention(
+                        q, k, v, c, config=cfg, window=win),
                     warmup=25, rep=100, return_mode="median")
                 tf = flops / ms / 1e9
-                row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(), tflops=tf, err=err, bound=bound,
-                           ok=True, vs_cudnn=tf / peers["cudnn"], vs_flash=tf / peers["flash"])
+                row = dict(d=d, causal=causal, n=n, window=win, cfg=cfg._asdict(), tflops=tf, err=err,
+                           bound=bound, ok=True, **{f"vs_{x}": tf / t for x, t in peers.items()})
                 print(f"  bm={bm} bn={bn} w={w} s={s}: {tf:6.1f} TFLOP/s  "
-                      f"/cudnn {tf / peers['cudnn']:.3f} "
-                      f"/flash {tf / peers['flash']:.3f}  err {err:.2e} ({time.time() - t0:.1f}s)",
-                      flush=True)
+                      + "".join(f"/{x} {tf / t:.3f} " for x, t in peers.items())
+                      + f" err {err:.2e} ({time.time() - t0:.1f}s)", flush=True)
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses is reported, the rest run
                 row = dict(d=d, causal=causal, n=n, cfg=cfg._asdict(),
                            error=f"{type(e).__name__}: {str(e)[:200]}")

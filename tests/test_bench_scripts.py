@@ -154,3 +154,31 @@ def test_mods_times_every_call_in_rotated_rounds_and_takes_the_median(monkeypatc
     t = mods._timers(torch, lambda q, k, v: q @ k.T @ v, (x, x, x), torch.ones(4, 4))
     assert set(t) == {"fwd", "bwd"} and not t["fwd"]().requires_grad
     assert [g.shape for g in t["bwd"]()] == [(4, 4)] * 3 and len(t["bwd"]()) == 3  # retained: runs again
+
+
+def test_tune_window_reference_and_pairs_follow_the_one_mask():
+    """bench/tune.py prefill --window: its float64 check and its FLOP count use `reference.permitted`, the
+    kernels' mask (bottom-right rows of a longer key range included), so a wrong window cannot pass."""
+    import importlib.util
+    import math
+
+    torch = pytest.importorskip("torch")
+    from attnscope import reference
+
+    spec = importlib.util.spec_from_file_location("bench_tune", BENCH / "tune.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    for n, causal, window in ((50, True, (7, 0)), (50, False, (5, 3)), (50, True, None), (50, False, None),
+                              (50, False, (-1, 4)), (50, False, (0, 0))):
+        assert tune._visible_pairs(n, causal, window) == int(reference.permitted(n, n, causal, window).sum())
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    keep = torch.as_tensor(reference.permitted(40, 40, True, (9, 0)))
+    s = (q.double() @ k.double().transpose(-1, -2) / 4).masked_fill(~keep, -math.inf)
+    o = (torch.softmax(s, -1) @ v.double()).float()
+    assert tune._exact_error(torch, o, q, k, v, True, rows=10, window=(9, 0)) < 1e-6
+    assert tune._exact_error(torch, o, q, k, v, True, rows=10, window=(3, 0)) > 0.1
+    # the last rows alone (as the bound's PyTorch slice): the same rows of the same call
+    assert tune._exact_error(torch, o[:, :, -10:], q[:, :, -10:], k, v, True, rows=10, window=(9, 0)) < 1e-6
+    with pytest.raises(SystemExit):
+        tune.parse_args(["prefill", "--window", "3"])
