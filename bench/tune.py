@@ -12,9 +12,9 @@ B * N = ``--tokens``; each config is checked against float64 attention (heads 0-
 1,024 query rows; `attnscope.checks.kernel_tolerance` of SDPA FLASH's own error) and only then timed
 (median of ``triton.testing.do_bench``); SDPA FLASH and CUDNN on the same tensors. About 1 minute per
 (d, causal, N) with the default 12 configs on an H200. ``--window L,R``: a sliding window on every call
-(kernels/fwd.py ``WINDOW_CONFIGS``' configs were chosen this way); the error bound is then PyTorch's own
-error with the window (`checks.torch_attention`), no SDPA peer (it has no window), and TFLOP/s count the
-visible query-key pairs.
+(the sweep behind kernels/fwd.py ``WINDOW_CONFIGS``, first run as a probe); the error bound is then
+PyTorch's own error with the window (`checks.torch_attention`), no SDPA peer (it has no window), and
+TFLOP/s count the visible query-key pairs.
 
 ``backward``: for kernels/bwd.py's ``DKDV_CONFIGS`` and ``DQ_CONFIGS`` (the portable backward, dQ in its
 own pass: the default mode). bf16, H = ``--heads``, B * N = ``--tokens``. The dK/dV candidates
