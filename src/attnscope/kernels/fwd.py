@@ -562,7 +562,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a
         gradient when it requires one.
         The mods run on every kernel of the forward and the backward; on sm_90 the backward runs the Gluon
-        Hopper kernels without a window or softcap and the portable ones with (`model.dispatch`).
+        Hopper kernels with any of them (`model.dispatch.hopper_backward_ok`).
     deterministic : bool, default False
         The backward's mode. True: dQ in a separate pass, no atomics, gradients bitwise identical run to
         run. False (the default): the faster mode where the two differ -- on sm_90 at the head dims of
