@@ -6,12 +6,17 @@ against SDPA CUDNN and SDPA FLASH, same inputs, same run.
     PYTHONPATH=src python bench/prefill.py --mods [--json F]   # window / softcap / sinks, Hopper kernel
     PYTHONPATH=src python bench/prefill.py --host             # host us per call: flash_attention vs SDPA
     python bench/prefill.py --draw 33 > bench/grids/dispatch_heldout.csv   # CPU: draw held-out shapes
+    python bench/prefill.py --draw 35 --windows > bench/grids/window_heldout.csv  # windowed held-out shapes
     python bench/prefill.py --draw 39 --family backward > bench/grids/heldout_backward.csv  # a bytes grid
 
 ``--grid 16k``: H = 32, B*N = 16,384, N in {1k, 2k, 4k, 8k, 16k} x d {64, 128} x causal/not x bf16/fp16.
 ``--shapes CSV``: rows ``batch,q_heads,kv_heads,n,d,causal,dtype`` (e.g. the dispatch check's held-out
-shapes, drawn by ``--draw`` before any run). Every attnscope implementation runs through the public call,
-``flash_attention(q, k, v, causal=c, impl=...)`` (a Hopper variant forced by its name), so auto and each
+shapes, drawn by ``--draw`` before any run), and an optional ``window`` column, ``L:R`` (flash-attn's
+``window_size``; empty: none; ``--draw SEED --windows`` draws such shapes): a windowed point runs
+attnscope's kernels only (SDPA has no window), is checked against float64 under the window with PyTorch's
+own windowed error as the bound (`checks.torch_attention`), and counts the FLOPs of its visible pairs.
+Every attnscope implementation runs through the public call, ``flash_attention(q, k, v, causal=c,
+impl=...)`` (a Hopper variant forced by its name), so auto and each
 variant pay the same host path and auto / variant isolates the dispatch choice; the run opens with the host
 time per call of `flash_attention` and of SDPA (``host_times``; ``--host`` alone). Step 1 checks every
 implementation at every point at its full shape against float64 (heads 0-1 of batch 0, the last 2,048
@@ -40,6 +45,7 @@ import sys
 GRIDS = {"16k": [(16384 // n, 32, 32, n, d, c, dt) for dt in ("bfloat16", "float16") for d in (128, 64)
                  for c in (False, True) for n in (1024, 2048, 4096, 8192, 16384)]}
 FIELDS = ("batch", "q_heads", "kv_heads", "n", "d", "causal", "dtype")
+WINDOW_FIELDS = (*FIELDS, "window")
 
 
 def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
@@ -51,15 +57,47 @@ def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
     out = []
     while len(out) < count:
         d, c, dt = combos[len(out) % len(combos)]
-        b = rng.randint(1, 16)
-        group = rng.choice((1, 2, 4, 6, 8))
-        hkv = rng.choice([x for x in range(1, 97) if 8 <= x * group <= 96])
-        n = int(round(math.exp(rng.uniform(math.log(1024), math.log(32768)))))
-        flops = 4 * b * hkv * group * n * n * d / (2 if c else 1)
-        if (b * n == 16384 and hkv * group == 32) or flops > max_tflop * 1e12:
+        b, hq, hkv = _batch_heads(rng)
+        n = _log_uniform(rng, 1024, 32768)
+        flops = 4 * b * hq * n * n * d / (2 if c else 1)
+        if (b * n == 16384 and hq == 32) or flops > max_tflop * 1e12:
             continue
-        out.append((b, hkv * group, hkv, n, d, c, dt))
+        out.append((b, hq, hkv, n, d, c, dt))
     return out
+
+
+def _batch_heads(rng) -> tuple[int, int, int]:
+    """A held-out shape's (batch 1-16, query heads 8-96, kv heads) with a GQA group of 1, 2, 4, 6 or 8."""
+    b = rng.randint(1, 16)
+    group = rng.choice((1, 2, 4, 6, 8))
+    hkv = rng.choice([x for x in range(1, 97) if 8 <= x * group <= 96])
+    return b, hkv * group, hkv
+
+
+def draw_windows(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
+    """``count`` windowed shapes (``--draw SEED --windows``): B 1-16, Hq 8-96 with a GQA group of 1-8, N and
+    the window's side W log-uniform in 1k-32k and 64-8k (W < N), each (d, window kind, dtype) equally often:
+    causal ``(W, 0)`` or unmasked ``(W, W)``; shapes over ``max_tflop`` TFLOP of visible pairs drawn again."""
+    rng = random.Random(seed)
+    combos = [(d, c, dt) for d in (64, 128) for c in (True, False) for dt in ("bfloat16", "float16")]
+    out = []
+    while len(out) < count:
+        d, c, dt = combos[len(out) % len(combos)]
+        b, hq, hkv = _batch_heads(rng)
+        n = _log_uniform(rng, 1024, 32768)
+        w = _log_uniform(rng, 64, 8192)
+        if w >= n or 4 * b * hq * visible_pairs(n, c, (w, 0 if c else w)) * d > max_tflop * 1e12:
+            continue
+        out.append((b, hq, hkv, n, d, c, dt, (w, 0 if c else w)))
+    return out
+
+
+def visible_pairs(n: int, causal: bool, window) -> int:
+    """Query-key pairs an n x n call sees under ``causal`` and ``window`` (`model.tiles.Grid.visible_pairs`,
+    closed form)."""
+    from attnscope.model.tiles import Grid
+
+    return Grid(n, n, causal=bool(causal), window=window).visible_pairs()
 
 
 #: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing
@@ -135,9 +173,19 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
 
 
 def read_shapes(path: str) -> list[tuple]:
+    """The points of a ``--shapes`` CSV: ``(batch, q_heads, kv_heads, n, d, causal, dtype, window)``, window
+    ``(L, R)`` from an ``L:R`` cell or None (no column, or an empty cell)."""
     with open(path, newline="") as f:
         return [(int(r["batch"]), int(r["q_heads"]), int(r["kv_heads"]), int(r["n"]), int(r["d"]),
-                 r["causal"].strip().lower() in ("1", "true"), r["dtype"].strip()) for r in csv.DictReader(f)]
+                 r["causal"].strip().lower() in ("1", "true"), r["dtype"].strip(), _window(r.get("window")))
+                for r in csv.DictReader(f)]
+
+
+def _window(cell):
+    if cell is None or not cell.strip():
+        return None
+    left, right = cell.split(":")
+    return int(left), int(right)
 
 
 def _impls(torch):
@@ -149,7 +197,8 @@ def _impls(torch):
     from attnscope.model import dispatch
 
     def public(impl):
-        return lambda q, k, v, c: attnscope.flash_attention(q, k, v, causal=c, impl=impl)
+        return lambda q, k, v, c, window=None: attnscope.flash_attention(q, k, v, causal=c, impl=impl,
+                                                                        window=window)
 
     impls = {name: public(name) for name in ("portable", *dispatch.VARIANTS, "auto")}
     impls["cudnn"] = sdpa("cudnn")
@@ -200,7 +249,11 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
     impls = _impls(torch)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for b, hq, hkv, n, d, c, dt in points:
+    from attnscope import checks
+    from attnscope.model.tiles import normalize_window
+
+    for point in points:
+        b, hq, hkv, n, d, c, dt, win = (*point, None)[:8]
         torch.manual_seed(b * 7919 + hq * 31 + n + d)
         dtype = getattr(torch, dt)
         q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
@@ -208,16 +261,27 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         # SDPA's fused kernels take no GQA (enable_gqa finds no FLASH kernel): the peers get K/V expanded to
         # Hq heads, built once outside the timed calls
         kx, vx = (t.repeat_interleave(hq // hkv, dim=1) if hq != hkv else t for t in (k, v))
-        args = {name: (q, kx, vx, c) if name in ("cudnn", "flash") else (q, k, v, c) for name in impls}
+        args = {name: (q, kx, vx, c) if name in ("cudnn", "flash") else (q, k, v, c, win) for name in impls}
+        eff = normalize_window(c, win) if win is not None else None  # what the rule sees (fwd._pick_impl)
+        eff = eff if eff is not None and (eff[0] >= 0 or eff[1] >= 0) else None
         row = {"batch": b, "q_heads": hq, "kv_heads": hkv, "n": n, "d": d, "causal": c, "dtype": dt,
-               "auto_runs": dispatch.hopper_variant(d, c, b, hq, hkv, n, n, sms) or "portable",
-               "flops": attention_flops(b, hq, n, n, d, c, "forward"), "err": {}, "fail": {}, "tflops": {}}
-        names = [x for x in impls if x not in dispatch.VARIANTS or fwd_hopper.supports(x, d, c)]
-        bound = kernel_tolerance(_ref_error(torch, impls["flash"](*args["flash"]), q, k, v, c))
+               "window": None if win is None else list(win),
+               "auto_runs": dispatch.hopper_variant(d, c, b, hq, hkv, n, n, sms, eff) or "portable",
+               "flops": (attention_flops(b, hq, n, n, d, c, "forward") if win is None
+                         else 4 * b * hq * d * visible_pairs(n, c, win)), "err": {}, "fail": {}, "tflops": {}}
+        names = [x for x in impls if (x not in dispatch.VARIANTS or fwd_hopper.supports(x, d, c))
+                 and not (win is not None and x in ("cudnn", "flash"))]  # SDPA has no window
+        if win is None:
+            bound = kernel_tolerance(_ref_error(torch, impls["flash"](*args["flash"]), q, k, v, c))
+        else:  # PyTorch's own error under the window, on the rows _ref_error checks
+            heads = [h // (hq // hkv) for h in range(2)]  # the kv head of query heads 0 and 1
+            qs, ks, vs = q[:1, :2, -2048:], k[:1, heads], v[:1, heads]
+            t_out = checks.torch_attention(qs, ks, vs, c, win)[0]
+            bound = kernel_tolerance(_ref_error(torch, t_out, qs, ks, vs, c, window=win))
         timed = []
         for name in names:
             try:
-                err = _ref_error(torch, impls[name](*args[name]), q, k, v, c)
+                err = _ref_error(torch, impls[name](*args[name]), q, k, v, c, window=win)
             except Exception as e:  # noqa: BLE001 - reported; that implementation is not timed here
                 row["fail"][name] = f"{type(e).__name__}: {str(e)[:160]}"
                 continue
@@ -394,8 +458,10 @@ def verdict(rows) -> list[str]:
 
 
 def _label(r) -> str:
+    win = r.get("window")
     return (f"{'bf16' if r['dtype'] == 'bfloat16' else 'fp16'} B={r['batch']} Hq={r['q_heads']} "
-            f"Hkv={r['kv_heads']} N={r['n']} d={r['d']} {'causal' if r['causal'] else 'full'}")
+            f"Hkv={r['kv_heads']} N={r['n']} d={r['d']} {'causal' if r['causal'] else 'full'}"
+            + (f" window=({win[0]},{win[1]})" if win else ""))
 
 
 def markdown(rows) -> str:
@@ -422,6 +488,7 @@ def main() -> int:
     p.add_argument("--shapes", metavar="CSV",
                    help="points from a CSV (batch,q_heads,kv_heads,n,d,causal,dtype)")
     p.add_argument("--draw", metavar="SEED", type=int, help="print 24 held-out shapes as CSV and exit (CPU)")
+    p.add_argument("--windows", action="store_true", help="with --draw: windowed shapes (a window column)")
     p.add_argument("--family", choices=SWEEP_FAMILIES,
                    help="with --draw: print 48 rows of an `attnscope bytes --sweep` grid of this family "
                         "instead (issue 39's held-out grids; CPU)")
@@ -438,6 +505,14 @@ def main() -> int:
         w = csv.DictWriter(sys.stdout, SWEEP_COLUMNS, lineterminator="\n")
         w.writeheader()
         w.writerows(draw_sweep(a.family, a.draw))
+        return 0
+    if a.windows and (a.draw is None or a.family is not None):
+        p.error("--windows needs --draw SEED (and no --family)")
+    if a.draw is not None and a.windows:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(WINDOW_FIELDS)
+        w.writerows((b, hq, hkv, n, d, int(c), dt, f"{win[0]}:{win[1]}")
+                    for b, hq, hkv, n, d, c, dt, win in draw_windows(a.draw))
         return 0
     if a.draw is not None:
         w = csv.writer(sys.stdout, lineterminator="\n")

@@ -113,18 +113,10 @@ def _exact_error(torch, o, q, k, v, causal, rows=1024, window=None):
 
 
 def _visible_pairs(n: int, causal: bool, window) -> int:
-    """Query-key pairs a square (n x n) call sees under ``causal`` and ``window`` (`normalize_window`)."""
-    from attnscope.model.tiles import normalize_window
+    """Query-key pairs an n x n call sees under ``causal`` and ``window`` (`Grid.visible_pairs`)."""
+    from attnscope.model.tiles import Grid
 
-    left, right = normalize_window(bool(causal), window)
-    if not causal and window is None:
-        return n * n
-    total = 0
-    for r in range(n):
-        lo = max(0, r - left) if left >= 0 else 0
-        hi = min(n - 1, r + right) if right >= 0 else n - 1
-        total += max(0, hi - lo + 1)
-    return total
+    return Grid(n, n, causal=bool(causal), window=window).visible_pairs()
 
 
 def prefill(a) -> int:

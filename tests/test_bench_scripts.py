@@ -182,3 +182,26 @@ def test_tune_window_reference_and_pairs_follow_the_one_mask():
     assert tune._exact_error(torch, o[:, :, -10:], q[:, :, -10:], k, v, True, rows=10, window=(9, 0)) < 1e-6
     with pytest.raises(SystemExit):
         tune.parse_args(["prefill", "--window", "3"])
+
+
+def test_window_heldout_shapes_are_what_seed_35_draws():
+    """bench/grids/window_heldout.csv (the window rule's held-out check, drawn before any run) is
+    `prefill.draw_windows(35)`, read back by ``--shapes`` with its windows; it holds windows either side
+    of `dispatch.D64_WINDOW_PORTABLE_KEYS` at d = 64, both kinds (causal (W, 0), unmasked (W, W)) and
+    both dtypes."""
+    import importlib.util
+
+    from attnscope.model import dispatch
+
+    spec = importlib.util.spec_from_file_location("bench_prefill", BENCH / "prefill.py")
+    prefill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefill)
+    got = prefill.read_shapes(str(BENCH / "grids" / "window_heldout.csv"))
+    assert got == prefill.draw_windows(35) and len(got) == 24
+    assert {(c, w[1] == 0) for *_, c, _, w in got} == {(True, True), (False, False)}
+    widths = [w[0] + w[1] + 1 for _, _, _, n, d, _, _, w in got if d == 64]
+    assert min(widths) <= dispatch.D64_WINDOW_PORTABLE_KEYS < max(widths)
+    assert {dt for *_, dt, _ in got} == {"bfloat16", "float16"}
+    assert all(w[0] < n for _, _, _, n, _, _, _, w in got)
+    # a plain shapes file still reads, without windows
+    assert all(p[-1] is None for p in prefill.read_shapes(str(BENCH / "grids" / "dispatch_heldout4.csv")))

@@ -162,3 +162,29 @@ def test_host_us_per_call_times_back_to_back_calls():
     assert counts == {"a": 170, "b": 170} and len(syncs) == 12
     assert order == ["a", "b"] * 4  # warm-ups, then the rounds interleaved
     assert set(out) == {"a", "b"} and all(0 < us < 30 for us in out.values()), out
+
+
+def test_ref_error_with_a_window_checks_the_last_rows_under_the_one_mask():
+    """`measure.bench._ref_error(window=...)`: the benchmarks' float64 check of a windowed call, the last rows
+    of a longer key range bottom-right aligned (`reference.permitted`), GQA heads mapped; 0 for the exact
+    answer, large for the answer of another window; without a window the causal path is unchanged."""
+    torch = pytest.importorskip("torch")
+    from attnscope import reference
+    from attnscope.measure.bench import _ref_error
+
+    torch.manual_seed(1)
+    q = torch.randn(1, 4, 50, 16, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 70, 16, dtype=torch.float64) for _ in range(2))
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+
+    def exact(causal, window):
+        keep = torch.as_tensor(reference.permitted(50, 70, causal, window))
+        s = (q @ kk.transpose(-1, -2) / 4).masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, -1).nan_to_num(0.0) @ vv
+
+    for causal, window in ((True, (9, 0)), (False, (3, 5)), (False, (0, 0))):
+        o = exact(causal, window)
+        assert _ref_error(torch, o, q, k, v, causal, rows=20, window=window) < 1e-12
+        assert _ref_error(torch, exact(causal, (30, 30)), q, k, v, causal, rows=20, window=window) > 1e-2
+    o = exact(True, None)
+    assert _ref_error(torch, o, q, k, v, True, rows=20) < 1e-12

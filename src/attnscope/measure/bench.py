@@ -84,15 +84,23 @@ def host_us_per_call(torch, calls: dict, n: int, rounds: int = 5) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048):
+def _ref_error(torch, out, q, k, v, causal, heads=2, rows=2048, window=None):
     """Max abs error of ``out`` against float64 attention on heads [0, heads) of batch 0 (all keys,
-    the last ``rows`` queries: the causal rows that see the most keys)."""
+    the last ``rows`` queries: the causal rows that see the most keys); ``window``: a sliding window
+    (`reference.permitted`'s mask of those rows: bottom-right aligned, as in the whole call; a row with no
+    visible key is 0)."""
     g = q.shape[1] // k.shape[1]
     nq, nk = q.shape[2], k.shape[2]
     r0 = max(0, nq - rows)
     qs = q[0, :heads, r0:].double()
     ks, vs = (t[0, [h // g for h in range(heads)]].double() for t in (k, v))  # the kv head of each
     s = qs @ ks.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if window is not None:
+        from attnscope import reference
+
+        keep = torch.as_tensor(reference.permitted(nq - r0, nk, bool(causal), window), device=s.device)
+        ref = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0) @ vs
+        return (out[0, :heads, r0:].double() - ref).abs().max().item()
     if causal:  # query r sees key c iff c <= r + (nk - nq); row i of s is query r0 + i
         s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu_(r0 + nk - nq + 1), float("-inf"))
     ref = torch.softmax(s, dim=-1) @ vs
