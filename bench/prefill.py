@@ -260,7 +260,7 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
         # SDPA's fused kernels take no GQA (enable_gqa finds no FLASH kernel): the peers get K/V expanded to
         # Hq heads, built once outside the timed calls
-        kx, vx = (t.repeat_interleave(hq // hkv, dim=1) if hq != hkv else t for t in (k, v))
+        kx, vx = (t.repeat_interleave(hq // hkv, dim=1) if hq != hkv and win is None else t for t in (k, v))
         args = {name: (q, kx, vx, c) if name in ("cudnn", "flash") else (q, k, v, c, win) for name in impls}
         eff = normalize_window(c, win) if win is not None else None  # what the rule sees (fwd._pick_impl)
         eff = eff if eff is not None and (eff[0] >= 0 or eff[1] >= 0) else None
