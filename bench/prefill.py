@@ -250,7 +250,7 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     from attnscope import checks
-    from attnscope.model.tiles import normalize_window
+    from attnscope.kernels._common import check_mods
 
     for point in points:
         b, hq, hkv, n, d, c, dt, win = (*point, None)[:8]
@@ -262,8 +262,8 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         # Hq heads, built once outside the timed calls
         kx, vx = (t.repeat_interleave(hq // hkv, dim=1) if hq != hkv and win is None else t for t in (k, v))
         args = {name: (q, kx, vx, c) if name in ("cudnn", "flash") else (q, k, v, c, win) for name in impls}
-        eff = normalize_window(c, win) if win is not None else None  # what the rule sees (fwd._pick_impl)
-        eff = eff if eff is not None and (eff[0] >= 0 or eff[1] >= 0) else None
+        mods = check_mods(torch, c, win, 0.0, None, hq, q.device)  # the window the rule sees (fwd._pick_impl)
+        eff = (mods.left, mods.right) if mods.windowed else None
         row = {"batch": b, "q_heads": hq, "kv_heads": hkv, "n": n, "d": d, "causal": c, "dtype": dt,
                "window": None if win is None else list(win),
                "auto_runs": dispatch.hopper_variant(d, c, b, hq, hkv, n, n, sms, eff) or "portable",
