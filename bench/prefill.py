@@ -299,8 +299,7 @@ def run_points(torch, points, rounds: int, log=print, save=lambda rows: None) ->
         row["tflops"] = {name: statistics.median(xs) for name, xs in per_round.items()}
         row["rounds"] = per_round
         t = row["tflops"]
-        log(f"{'bf16' if dt == 'bfloat16' else 'fp16'} B={b} Hq={hq} Hkv={hkv} N={n} d={d} causal={int(c)} "
-            f"auto->{row['auto_runs']} | " + " ".join(f"{x}={y:.1f}" for x, y in t.items())
+        log(f"{_label(row)} auto->{row['auto_runs']} | " + " ".join(f"{x}={y:.1f}" for x, y in t.items())
             + "".join(f" FAIL {x}: {y}" for x, y in row["fail"].items()))
         rows.append(row)
         save(rows)
