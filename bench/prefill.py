@@ -52,17 +52,40 @@ def draw(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
     """``count`` shapes off the B*N = 16k, H = 32 grid: B 1-16, Hq 8-96 with a GQA group of 1-8, N log-uniform
     in 1k-32k, each (d, mask, dtype) combination equally often; shapes over ``max_tflop`` TFLOP are drawn
     again (keeps one timed call under ~30 ms)."""
-    rng = random.Random(seed)
-    combos = [(d, c, dt) for d in (64, 128) for c in (False, True) for dt in ("bfloat16", "float16")]
-    out = []
-    while len(out) < count:
-        d, c, dt = combos[len(out) % len(combos)]
+    def point(rng, d, c, dt):
         b, hq, hkv = _batch_heads(rng)
         n = _log_uniform(rng, 1024, 32768)
         flops = 4 * b * hq * n * n * d / (2 if c else 1)
-        if (b * n == 16384 and hq == 32) or flops > max_tflop * 1e12:
-            continue
-        out.append((b, hq, hkv, n, d, c, dt))
+        off_grid = not (b * n == 16384 and hq == 32)
+        return (b, hq, hkv, n, d, c, dt) if off_grid and flops <= max_tflop * 1e12 else None
+    return _draw_points(seed, count, (False, True), point)
+
+
+def draw_windows(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
+    """``count`` windowed shapes (``--draw SEED --windows``): B 1-16, Hq 8-96 with a GQA group of 1-8, N and
+    the window's side W log-uniform in 1k-32k and 64-8k (W < N), each (d, window kind, dtype) equally often:
+    causal ``(W, 0)`` or unmasked ``(W, W)``; shapes over ``max_tflop`` TFLOP of visible pairs drawn again."""
+    def point(rng, d, c, dt):
+        b, hq, hkv = _batch_heads(rng)
+        n = _log_uniform(rng, 1024, 32768)
+        w = _log_uniform(rng, 64, 8192)
+        window = (w, 0 if c else w)
+        if w >= n or 4 * b * hq * visible_pairs(n, c, window) * d > max_tflop * 1e12:
+            return None
+        return (b, hq, hkv, n, d, c, dt, window)
+    return _draw_points(seed, count, (True, False), point)
+
+
+def _draw_points(seed: int, count: int, masks: tuple, point) -> list[tuple]:
+    """``count`` points of ``point(rng, d, causal, dtype)`` (None: drawn again), cycling through every
+    (d 64 / 128, mask of ``masks``, bf16 / fp16) combination; one seeded generator for all."""
+    rng = random.Random(seed)
+    combos = [(d, c, dt) for d in (64, 128) for c in masks for dt in ("bfloat16", "float16")]
+    out = []
+    while len(out) < count:
+        p = point(rng, *combos[len(out) % len(combos)])
+        if p is not None:
+            out.append(p)
     return out
 
 
@@ -72,24 +95,6 @@ def _batch_heads(rng) -> tuple[int, int, int]:
     group = rng.choice((1, 2, 4, 6, 8))
     hkv = rng.choice([x for x in range(1, 97) if 8 <= x * group <= 96])
     return b, hkv * group, hkv
-
-
-def draw_windows(seed: int, count: int = 24, max_tflop: float = 16.0) -> list[tuple]:
-    """``count`` windowed shapes (``--draw SEED --windows``): B 1-16, Hq 8-96 with a GQA group of 1-8, N and
-    the window's side W log-uniform in 1k-32k and 64-8k (W < N), each (d, window kind, dtype) equally often:
-    causal ``(W, 0)`` or unmasked ``(W, W)``; shapes over ``max_tflop`` TFLOP of visible pairs drawn again."""
-    rng = random.Random(seed)
-    combos = [(d, c, dt) for d in (64, 128) for c in (True, False) for dt in ("bfloat16", "float16")]
-    out = []
-    while len(out) < count:
-        d, c, dt = combos[len(out) % len(combos)]
-        b, hq, hkv = _batch_heads(rng)
-        n = _log_uniform(rng, 1024, 32768)
-        w = _log_uniform(rng, 64, 8192)
-        if w >= n or 4 * b * hq * visible_pairs(n, c, (w, 0 if c else w)) * d > max_tflop * 1e12:
-            continue
-        out.append((b, hq, hkv, n, d, c, dt, (w, 0 if c else w)))
-    return out
 
 
 def visible_pairs(n: int, causal: bool, window) -> int:
