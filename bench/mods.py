@@ -23,7 +23,9 @@ counted on the visited query-key pairs, 4 d flops per pair forward, 2.5 x that b
 The window and softcap points also time the backward alone, `kernels.bwd.flash_attention_backward` with
 ``impl="hopper"`` (the Gluon sm_90 kernels; sm_90 only) and ``impl="portable"`` (rows
 ``attnscope_bwd_hopper`` / ``attnscope_bwd_portable``, no forward), and print the backward's time against
-Flex's and against attnscope's full causal backward scaled by ``visited/causal``.
+Flex's. A window point prints its forward and Hopper backward time against attnscope's full causal time
+scaled by the visited fraction, counted two ways: on the query-key pairs and, as issue 35 words it, on the
+tiles the model says are visited (`TILE`, the Gluon forward's CTA tile: a partly visible tile counts whole).
 
 Every attnscope call is first checked at the full shape against float64 (torch, on the GPU) on batch 0,
 head 0: the output within 2 x PyTorch's own error at the same dtype + 1e-3 and dQ, dK, dV (and dsinks)
@@ -55,17 +57,18 @@ def _require_gpu():
     return torch
 
 
-def visited_pairs(nq: int, nk: int, causal: bool, window) -> int:
-    """Query-key pairs the attention permits (the flop count's pairs), in closed form per row."""
-    import numpy as np
+#: The Gluon forward's CTA tile (query rows x keys): issue 35's "fraction of tiles the model says are visited"
+#: is counted on it (`model.tiles.Grid.loaded_pairs`).
+TILE = (128, 128)
 
-    left, right = window if window is not None else (-1, -1)
-    if causal:
-        right = 0
-    r = np.arange(nq, dtype=np.int64) + (nk - nq)
-    lo = np.zeros(nq, np.int64) if left < 0 else np.maximum(r - left, 0)
-    hi = np.full(nq, nk - 1, np.int64) if right < 0 else np.minimum(r + right, nk - 1)
-    return int(np.maximum(hi - lo + 1, 0).sum())
+
+def visited(n: int, causal: bool, window) -> tuple[int, int]:
+    """(query-key pairs the attention permits: the flop count's; tile pairs a kernel of `TILE` tiles loads),
+    from the model (`attnscope.model.tiles.Grid`, closed forms)."""
+    from attnscope.model.tiles import Grid
+
+    g = Grid(n, n, *TILE, causal=causal, window=window)
+    return g.visible_pairs(), g.loaded_pairs()[0]
 
 
 def _torch_attn(torch, q, k, v, causal, window, softcap, sinks, dtype):
@@ -268,13 +271,14 @@ def run(torch, args, log):
             if why:
                 failures.append(f"{label}: {why}")
                 log(f"CHECK FAILED {label}: {why}")
-        pairs = visited_pairs(n, n, causal, window)
-        causal_pairs = visited_pairs(n, n, True, None)
+        pairs, tiles = visited(n, causal, window)
+        causal_pairs, causal_tiles = visited(n, True, None)
         fl = 4 * args.d * pairs * b * args.heads
         row = {"section": section, "n": n, "batch": b, "heads": args.heads, "d": args.d, "dtype": args.dtype,
                "mods": {a: x for a, x in kw.items() if a != "sinks"} | ({"sinks": True} if sinks is not None
                                                                          else {}),
-               "visited_over_causal": pairs / causal_pairs, "ms": {}, "tflops": {}}
+               "visited_over_causal": pairs / causal_pairs, "tiles_over_causal": tiles / causal_tiles,
+               "ms": {}, "tflops": {}}
         timers = {(name, kind): fn for name, f in impls.items()
                   for kind, fn in _timers(torch, f, (q, k, v), do).items()}
         alone = (_backward_alone(torch, q, k, v, do, causal, window, softcap)
@@ -291,7 +295,8 @@ def run(torch, args, log):
             row["ms"][name] = (None, timed[name, "bwd"])
             row["tflops"][name] = (None, 2.5 * fl / (timed[name, "bwd"] * 1e9))
         rows.append(row)
-        log(f"{label}  visited/causal {row['visited_over_causal']:.3f}")
+        log(f"{label}  visited/causal {row['visited_over_causal']:.3f} (pairs), "
+            f"{row['tiles_over_causal']:.3f} ({TILE[0]} x {TILE[1]} tiles)")
         for name, (f_ms, b_ms) in row["ms"].items():
             tf, tb = row["tflops"][name]
             fwd_s = f"{f_ms:8.3f} ms {tf:6.1f} TFLOP/s" if f_ms else f"{'-':>8s}{'':17s}"
@@ -300,10 +305,15 @@ def run(torch, args, log):
         ms = row["ms"]
         if "attnscope_bwd_hopper" in ms:
             hop = ms["attnscope_bwd_hopper"][1]
-            scaled = ms["attnscope_causal"][1] * row["visited_over_causal"]
             log(f"    backward: Flex / hopper {ms['flex'][1] / hop:.2f} x, portable / hopper "
-                f"{ms['attnscope_bwd_portable'][1] / hop:.2f} x, hopper / (causal x visited/causal) "
-                f"{hop / scaled:.2f}")
+                f"{ms['attnscope_bwd_portable'][1] / hop:.2f} x")
+        if section == "window":
+            for name, i, what in (("attnscope", 0, "forward"), ("attnscope_bwd_hopper", 1, "backward")):
+                if name in ms:
+                    t, c = ms[name][i], ms["attnscope_causal"][i]
+                    log(f"    {what} time / (full causal x visited/causal): "
+                        f"{t / (c * row['visited_over_causal']):.2f} (pairs), "
+                        f"{t / (c * row['tiles_over_causal']):.2f} (tiles)")
         torch.cuda.empty_cache()
     return rows, failures
 
@@ -315,7 +325,7 @@ def markdown(rows) -> str:
     for r in rows:
         base = r["ms"]["attnscope"]
         point = (f"{r['section']} N={r['n']} " + " ".join(f"{a}={x}" for a, x in r["mods"].items())
-                 + f" (visited/causal {r['visited_over_causal']:.3f})")
+                 + f" (visited/causal {r['visited_over_causal']:.3f}, tiles {r['tiles_over_causal']:.3f})")
         for name, (f_ms, b_ms) in r["ms"].items():
             tf, tb = r["tflops"][name]
             fx = f"{f_ms / base[0]:.2f}" if f_ms else "-"

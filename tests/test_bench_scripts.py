@@ -156,6 +156,26 @@ def test_mods_times_every_call_in_rotated_rounds_and_takes_the_median(monkeypatc
     assert [g.shape for g in t["bwd"]()] == [(4, 4)] * 3 and len(t["bwd"]()) == 3  # retained: runs again
 
 
+@pytest.mark.parametrize("n, causal, window", [(700, True, (100, 0)), (512, True, None), (300, False, (64, 64)),
+                                               (1000, True, (5000, 0))])
+def test_mods_visited_counts_pairs_and_tiles_as_a_brute_force_does(n, causal, window):
+    """bench/mods.py's visited fraction (issue 35's time ratio): the permitted pairs and the TILE-sized tiles
+    holding at least one of them, counted on the dense mask."""
+    import importlib.util
+
+    np = pytest.importorskip("numpy")
+    spec = importlib.util.spec_from_file_location("bench_mods", BENCH / "mods.py")
+    mods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mods)
+    r, c = np.arange(n)[:, None], np.arange(n)[None, :]
+    left, right = window if window is not None else (-1, -1)
+    right = 0 if causal else right
+    ok = ((left < 0) | (c >= r - left)) & ((right < 0) | (c <= r + right))
+    bq, bk = mods.TILE
+    tiles = sum(ok[i:i + bq, j:j + bk].any() for i in range(0, n, bq) for j in range(0, n, bk))
+    assert mods.visited(n, causal, window) == (int(ok.sum()), int(tiles))
+
+
 def test_tune_window_reference_and_pairs_follow_the_one_mask():
     """bench/tune.py prefill --window: its float64 check and its FLOP count use `reference.permitted`, the
     kernels' mask (bottom-right rows of a longer key range included), so a wrong window cannot pass."""
