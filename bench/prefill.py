@@ -324,7 +324,7 @@ MOD_CASES = [("window (W,0)", True, (300, 0), 0.0, False, 1000, 1000),
              ("sinks", False, None, 0.0, True, 1000, 1100),
              ("window (-1,W) + softcap + sinks", False, (-1, 150), 20.0, True, 1000, 1000)]
 #: ``--mods`` timings: (N, W) causal windows at B*N = 32k, H = 32, against full causal at the same shape; the
-#: widths span `model.dispatch.D64_WINDOW_PORTABLE_KEYS` (d = 64: portable up to 4k keys, Gluon past it).
+#: widths span `model.dispatch.WINDOW_PORTABLE_KEYS` (d = 64: portable up to 4k keys, Gluon past it).
 MOD_TIMINGS = [(8192, 256), (8192, 1024), (32768, 4096), (32768, 8192)]
 
 

@@ -156,8 +156,8 @@ def test_mods_times_every_call_in_rotated_rounds_and_takes_the_median(monkeypatc
     assert [g.shape for g in t["bwd"]()] == [(4, 4)] * 3 and len(t["bwd"]()) == 3  # retained: runs again
 
 
-@pytest.mark.parametrize("n, causal, window", [(700, True, (100, 0)), (512, True, None), (300, False, (64, 64)),
-                                               (1000, True, (5000, 0))])
+@pytest.mark.parametrize("n, causal, window", [(700, True, (100, 0)), (512, True, None),
+                                               (300, False, (64, 64)), (1000, True, (5000, 0))])
 def test_mods_visited_counts_pairs_and_tiles_as_a_brute_force_does(n, causal, window):
     """bench/mods.py's visited fraction (issue 35's time ratio): the permitted pairs and the TILE-sized tiles
     holding at least one of them, counted on the dense mask."""
@@ -204,11 +204,12 @@ def test_tune_window_reference_and_pairs_follow_the_one_mask():
         tune.parse_args(["prefill", "--window", "3"])
 
 
-def test_window_heldout_shapes_are_what_seed_35_draws():
-    """bench/grids/window_heldout.csv (the window rule's held-out check, drawn before any run) is
-    `prefill.draw_windows(35)`, read back by ``--shapes`` with its windows; it holds windows either side
-    of `dispatch.D64_WINDOW_PORTABLE_KEYS` at d = 64, both kinds (causal (W, 0), unmasked (W, W)) and
-    both dtypes."""
+@pytest.mark.parametrize("name, seed", [("window_heldout.csv", 35), ("window_heldout2.csv", 36)])
+def test_window_heldout_shapes_are_what_their_seed_draws(name, seed):
+    """bench/grids/window_heldout*.csv (the window rule's held-out checks, each drawn before any run) are
+    `prefill.draw_windows(seed)`, read back by ``--shapes`` with their windows; each holds windows either
+    side of `dispatch.WINDOW_PORTABLE_KEYS` at d = 64 and 128, both kinds (causal (W, 0), unmasked (W, W))
+    and both dtypes."""
     import importlib.util
 
     from attnscope.model import dispatch
@@ -216,11 +217,12 @@ def test_window_heldout_shapes_are_what_seed_35_draws():
     spec = importlib.util.spec_from_file_location("bench_prefill", BENCH / "prefill.py")
     prefill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prefill)
-    got = prefill.read_shapes(str(BENCH / "grids" / "window_heldout.csv"))
-    assert got == prefill.draw_windows(35) and len(got) == 24
+    got = prefill.read_shapes(str(BENCH / "grids" / name))
+    assert got == prefill.draw_windows(seed) and len(got) == 24
     assert {(c, w[1] == 0) for *_, c, _, w in got} == {(True, True), (False, False)}
-    widths = [w[0] + w[1] + 1 for _, _, _, n, d, _, _, w in got if d == 64]
-    assert min(widths) <= dispatch.D64_WINDOW_PORTABLE_KEYS < max(widths)
+    for head_dim, keys in dispatch.WINDOW_PORTABLE_KEYS.items():
+        widths = [w[0] + w[1] + 1 for _, _, _, n, d, _, _, w in got if d == head_dim]
+        assert min(widths) <= keys < max(widths), (head_dim, widths)
     assert {dt for *_, dt, _ in got} == {"bfloat16", "float16"}
     assert all(w[0] < n for _, _, _, n, _, _, _, w in got)
     # a plain shapes file still reads, without windows

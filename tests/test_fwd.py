@@ -381,12 +381,39 @@ def test_config_table_covers_every_supported_variant(monkeypatch):
                 assert isinstance(cfg, fwd.FwdConfig) and cfg.BLOCK_M in (64, 128)
     with pytest.raises(NotImplementedError, match="head_dim 96: no measured config"):
         fwd.pick_config(96, False, 10)
-    # a sliding window at a head dim with a window row: that row; elsewhere the table's
+    # a window narrow enough for the portable kernel, at a head dim with a window row: that row; elsewhere
+    # (and for a wider window) the table's
     for d in _common.SUPPORTED_HEAD_DIMS:
         for n in (1000, 1 << 20):
             want = fwd.WINDOW_CONFIGS.get(d, fwd.pick_config(d, True, n))
-            assert fwd.pick_config(d, True, n, windowed=True) == want, (d, n)
-    assert fwd.pick_config(64, True, 8192, windowed=True) != fwd.pick_config(64, True, 8192)
+            assert fwd.pick_config(d, True, n, narrow_window=True) == want, (d, n)
+    assert fwd.pick_config(64, True, 8192, narrow_window=True) != fwd.pick_config(64, True, 8192)
+    assert fwd.pick_config(128, True, 8192, narrow_window=True) != fwd.pick_config(128, True, 8192)
+
+
+def test_a_windows_width_picks_the_portable_tiles(monkeypatch):
+    """The plan asks `pick_config` for the window tiles exactly when `dispatch.portable_window` takes the
+    window: its width (left + right + 1, an unbounded side counting Nk) at most WINDOW_PORTABLE_KEYS[d]."""
+    from attnscope.model import dispatch
+
+    assert dispatch.window_keys(None, 100) is None and dispatch.window_keys((-1, -1), 100) is None
+    assert dispatch.window_keys((3, 0), 100) == 4 and dispatch.window_keys((-1, 5), 100) == 106
+    seen = []
+    real = fwd.pick_config
+
+    def spy(d, causal, n, smem=None, narrow_window=False):
+        seen.append(narrow_window)
+        return real(d, causal, n, smem, narrow_window)
+    monkeypatch.setattr(fwd, "pick_config", spy)
+    q, k, v = _inputs(1, 2, 2, 40, 40, 64, torch.float16, False, seed=3)
+    keys = dispatch.WINDOW_PORTABLE_KEYS[64]
+    for window, causal, narrow in (((4, 4), False, True), ((keys - 1, 0), True, True),
+                                   ((keys, 0), True, False), ((-1, 0), True, False),
+                                   ((-1, 2), False, keys >= 40 + 3)):
+        fwd.clear_plan_cache()
+        attnscope.flash_attention(q, k, v, causal=causal, window=window, impl="portable")
+        assert seen[-1] is (narrow and dispatch.portable_window(64, window, 40)), (window, seen[-1])
+    assert not dispatch.portable_window(96, (4, 4), 40)  # no window tiles at a head dim without a row
 
 
 def test_impl_argument_errors():

@@ -65,14 +65,23 @@ def test_the_rule_reads_the_geometry_only():
     # a window bounds the loop: W = 1k keys is a short loop (the caller runs the portable kernel)
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
-    # d = 64 windows up to D64_WINDOW_PORTABLE_KEYS keys wide run the portable kernel, unmasked ones too
+    # d = 64 windows up to WINDOW_PORTABLE_KEYS[64] keys wide run the portable kernel, unmasked ones too
     # (1,025 keys is long enough for three warpgroups without a window, not with one)
-    wide = dispatch.D64_WINDOW_PORTABLE_KEYS
+    wide = dispatch.WINDOW_PORTABLE_KEYS[64]
     assert rule(64, False, 4, 32, 32, 8192, 8192, window=(512, 512)) is None
     assert rule(64, False, 4, 32, 32, 8192, 8192) == "hopper_wg3_pp"
     assert rule(64, True, 1, 32, 32, 32768, 32768, window=(wide - 1, 0)) is None
     assert rule(64, True, 1, 32, 32, 32768, 32768, window=(wide, 0)) == "hopper_wg3_pp"
-    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(256, 0)) == "hopper_persist"  # d = 128: Gluon
+    # d = 128: windows up to WINDOW_PORTABLE_KEYS[128] keys wide (either side, or both) run portable
+    narrow = dispatch.WINDOW_PORTABLE_KEYS[128]
+    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(256, 0)) is None
+    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(narrow - 1, 0)) is None
+    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(narrow, 0)) == "hopper_persist"
+    assert rule(128, False, 4, 32, 8, 8192, 8192, window=(narrow // 2 - 1, narrow // 2)) is None
+    assert rule(128, False, 4, 32, 8, 8192, 8192, window=(narrow // 2, narrow // 2)) == "hopper_persist"
+    assert rule(128, False, 4, 32, 32, 400, 400, window=(-1, 300)) == "hopper_persist"  # 400 + 301 keys
+    assert rule(128, False, 4, 32, 32, 200, 200, window=(-1, 300)) is None  # 200 + 301
+    assert rule(256, False, 4, 32, 32, 8192, 8192, window=(8, 8)) is None  # no Gluon build at d = 256
     # GQA does not move the choice
     assert rule(64, False, 4, 32, 32, 4096, 4096) == rule(64, False, 4, 32, 4, 4096, 4096)
 

@@ -353,14 +353,15 @@ def test_gpu_auto_runs_the_rules_kernel_with_mods():
     from attnscope.model import dispatch
 
     sm90 = torch.cuda.get_device_capability() == (9, 0)
-    for d in (128, 64):  # d = 64 at W = 1k: the portable kernel in the window's tiles
+    # d = 64 at W = 1k and d = 128 at W = 256: the portable kernel in the window's tiles
+    for d, window in ((128, (1024, 0)), (64, (1024, 0)), (128, (256, 0))):
         q, k, v, _ = _inputs(1, 4, 4, 4096, 4096, d, torch.bfloat16, 5, device="cuda")
-        _, _, compiled = fwd.launch(q, k, v, True, None, False, None, "auto", window=(1024, 0))
-        want = dispatch.hopper_variant(d, True, 1, 4, 4, 4096, 4096, window=(1024, 0)) if sm90 else None
+        _, _, compiled = fwd.launch(q, k, v, True, None, False, None, "auto", window=window)
+        want = dispatch.hopper_variant(d, True, 1, 4, 4, 4096, 4096, window=window) if sm90 else None
         hopper = compiled.name.startswith("_attnscope_fwd_hopper")
-        assert hopper == (want is not None), (d, compiled.name, want)
+        assert hopper == (want is not None), (d, window, compiled.name, want)
         if sm90:
-            assert hopper == (d == 128), (d, compiled.name)
+            assert hopper == (window[0] > dispatch.WINDOW_PORTABLE_KEYS[d]), (d, window, compiled.name)
 
 
 @pytest.mark.parametrize("softcap", [1e3, 1e6, 1e10, 1e38])

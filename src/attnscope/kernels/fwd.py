@@ -104,12 +104,13 @@ CONFIG_TABLE = (
 #: table config -> (its shared memory, compiled for sm_90, bytes; the config run on a device that offers a
 #: block less, e.g. an A100's 163 KiB: 128 KiB with 32 keys per tile); `_common.fitting`
 SMEM_NEEDS = {FwdConfig(128, 64, 8, 2): (197632, FwdConfig(128, 32, 8, 2))}
-#: Sliding-window calls (``window=``), head dim -> config, in place of the table's (`pick_config`): 64-row
-#: query tiles halve the masked work at the window's edges and a short KV loop's fixed cost per tile. H200
-#: (bf16, d = 64, causal W = 1k, N = 8k, 36 configs): 0.737 ms against 0.817 for the table's 128 x 64, 3
-#: stages; 1.01-1.27 x the table's at every window measured, W = 256-8k (bench/results/
-#: h200-2026-12-04-window-rule.json).
-WINDOW_CONFIGS = {64: FwdConfig(64, 64, 4, 2)}
+#: Sliding windows narrow enough for the portable kernel (`dispatch.portable_window`), head dim -> config, in
+#: place of the table's (`pick_config`): 64-row query tiles halve the masked work at the window's edges and
+#: a short KV loop's fixed cost per tile. H200, bf16: d = 64 (causal W = 1k, N = 8k, 36 configs): 0.737 ms
+#: against 0.817 for the table's 128 x 64, 3 stages, 1.01-1.27 x the table's at W = 256-8k (bench/results/
+#: h200-2026-12-04-window-rule.json); d = 128, 3 stages: 1.02-1.12 x the table's 128 x 64 at widths 129-513,
+#: 0.99 x at 769 (bench/results/h200-2026-12-04c-window-d128.json).
+WINDOW_CONFIGS = {64: FwdConfig(64, 64, 4, 2), 128: FwdConfig(64, 64, 4, 3)}
 #: Interpreter: small tiles keep CPU tests fast and still cover multi-tile, ragged and diagonal paths.
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
@@ -122,13 +123,15 @@ def _hopper_possible(q) -> str | None:
     return hopper_unavailable(torch, q)
 
 
-def pick_config(d: int, causal: bool, n: int, smem: int | None = None, windowed: bool = False) -> FwdConfig:
+def pick_config(d: int, causal: bool, n: int, smem: int | None = None,
+                narrow_window: bool = False) -> FwdConfig:
     """The table's config for head dim ``d``, ``causal``, ``n = max(Nq, Nk)`` (interpreter: a small one;
-    ``windowed``: `WINDOW_CONFIGS`' where it has ``d``), or its `SMEM_NEEDS` fallback on a device with
-    ``smem`` bytes of shared memory per block (`smem_per_block`)."""
+    ``narrow_window``, a window `dispatch.portable_window` takes: `WINDOW_CONFIGS`' where it has ``d``), or
+    its `SMEM_NEEDS` fallback on a device with ``smem`` bytes of shared memory per block
+    (`smem_per_block`)."""
     if interpreting():
         return INTERPRETER_CONFIG
-    if windowed and d in WINDOW_CONFIGS:
+    if narrow_window and d in WINDOW_CONFIGS:
         return fitting(WINDOW_CONFIGS[d], SMEM_NEEDS, smem)
     for td, tc, n_max, cfg in CONFIG_TABLE:
         if td == d and tc == causal and (n_max is None or n <= n_max):
@@ -429,8 +432,8 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
     else:
         if B * Hq > MAX_GRID_Y:
             _refuse_grid(B, Hq, chosen)
-        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk), smem_per_block(torch, q),
-                                 mods.windowed)
+        narrow = mods.windowed and dispatch.portable_window(d, (mods.left, mods.right), Nk)
+        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk), smem_per_block(torch, q), narrow)
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
     return _Plan((B, Hq, Nq, d), o.stride(), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
                  torch.empty((1,), dtype=torch.float32, device=q.device))

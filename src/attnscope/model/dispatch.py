@@ -29,7 +29,7 @@ build: its dK/dV kernel's rows and loop are the plain step's.
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), the waves of 192-row tiles on the SMs and the rows those tiles pad
-beyond 128-row tiles, and at d = 64 a sliding window's width (`D64_WINDOW_PORTABLE_KEYS`). It is the same
+beyond 128-row tiles, and a sliding window's width (`WINDOW_PORTABLE_KEYS`). It is the same
 for fp16 and bf16, and for any GQA group (no measurement showed the
 group moving the choice). Where no variant beats the portable Triton kernel (d = 64 with a short KV loop)
 it returns None. The thresholds come from the H200 sweeps at B*N = 16k, H = 32
@@ -71,14 +71,18 @@ D64_MIN_KEYS = {False: 1024, True: 1536}
 #: third of the machine that the 128-row persistent kernel keeps busy. Assumed: every B*N = 16k point has
 #: 20+ waves; the held-out shapes are the first to test it.
 WG3_MIN_WAVES = 2.0
-#: d = 64 with a sliding window: keys per row (the window's width, `hopper_variant`) up to which the portable
-#: kernel runs (with kernels/fwd.py ``WINDOW_CONFIGS``' 64-row tiles). A window's KV loop is short, so each
+#: Sliding windows: head dim -> keys per row (the window's width, `window_keys`) up to which the portable
+#: kernel runs (in kernels/fwd.py ``WINDOW_CONFIGS``' 64 x 64 tiles). A window's KV loop is short, so each
 #: query tile's fixed cost (pipeline fill and drain, O store) weighs on few key tiles, and 64-row tiles halve
-#: the masked work at the window's two edges. H200, bf16, H = 32, B*N = 32k (bench/results/
-#: h200-2026-12-04-window-rule.json): causal W = 256-4k at N = 8k and 32k, and (W, W) at W = 512, 2k, the
-#: portable kernel in 64 x 64 tiles ran 1.02-2.06 x the faster Gluon variant (the rule had picked
-#: hopper_wg3_pp at (512, 512): 0.59 x); at W = 8k (N = 32k) the Gluon rule's pick ran 1.06 x it.
-D64_WINDOW_PORTABLE_KEYS = 4097
+#: the masked work at the window's two edges. H200, bf16:
+#: - d = 64 (H = 32, B*N = 32k, bench/results/h200-2026-12-04-window-rule.json): causal W = 256-4k at N = 8k
+#:   and 32k, and (W, W) at W = 512, 2k, the portable kernel ran 1.02-2.06 x the faster Gluon variant (the
+#:   rule had picked hopper_wg3_pp at (512, 512): 0.59 x); at W = 8k (N = 32k) the Gluon pick 1.06 x it.
+#: - d = 128 (bench/results/h200-2026-12-04c-window-d128.json: N = 8k, H = 32 causal and (W, W), N = 4k,
+#:   GQA 64/8): widths 129-513 ran the portable kernel 1.01-1.41 x hopper_persist, 769 and wider
+#:   hopper_persist 1.04-1.16 x (0.98 x at 1,025 with GQA); the window_heldout.csv points of 87-335 keys
+#:   1.12-1.87 x (bench/results/h200-2026-12-04c-window-heldout.txt).
+WINDOW_PORTABLE_KEYS = {64: 4097, 128: 640}
 
 
 def mean_keys(nq: int, nk: int, causal: bool) -> float:
@@ -111,22 +115,22 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     q_heads, kv_heads, nq, nk: the call's ``[batch, q_heads, nq, d]`` queries and
     ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU; window: the effective ``(left, right)`` of a
     sliding window (`model.tiles.normalize_window`; -1 unbounded), which bounds the keys a row visits by
-    ``left + right + 1`` (at d = 64 a window at most `D64_WINDOW_PORTABLE_KEYS` wide runs the portable
-    kernel).
+    ``left + right + 1`` (`window_keys`; a window at most `WINDOW_PORTABLE_KEYS` wide runs the portable
+    kernel, `portable_window`).
     """
     for name, v in (("d", d), ("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads), ("nq", nq),
                     ("nk", nk), ("sms", sms)):
         positive_int(name, v)
     expect(q_heads % kv_heads == 0, "kv_heads", f"a divisor of q_heads = {q_heads}", kv_heads)
+    if portable_window(d, window, nk):
+        return None
     if d == 128:
         return "hopper_persist"
     if d != 64:
         return None
     keys = mean_keys(nq, nk, causal)
-    if window is not None and (window[0] >= 0 or window[1] >= 0):
-        width = (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
-        if width <= D64_WINDOW_PORTABLE_KEYS:
-            return None
+    width = window_keys(window, nk)
+    if width is not None:
         keys = min(keys, width)
     tiles = -(-nq // WG3_ROWS)
     waves = tiles * batch * q_heads / sms
@@ -136,6 +140,22 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     if keys < D64_MIN_KEYS[causal]:
         return None
     return "hopper_persist"
+
+
+def window_keys(window: tuple[int, int] | None, nk: int) -> int | None:
+    """The most keys a row sees under the effective sliding ``window`` ``(left, right)`` (-1 unbounded, an
+    unbounded side counting ``nk``): ``left + right + 1``; None without a bounded side."""
+    if window is None or (window[0] < 0 and window[1] < 0):
+        return None
+    return (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
+
+
+def portable_window(d: int, window: tuple[int, int] | None, nk: int) -> bool:
+    """Whether a sliding ``window`` (as `window_keys`) is narrow enough at head dim ``d`` for the portable
+    kernel in 64 x 64 tiles: at most `WINDOW_PORTABLE_KEYS` keys wide (sm_90's ``impl="auto"`` then runs
+    it, and the portable kernel takes kernels/fwd.py ``WINDOW_CONFIGS``' tiles on any GPU)."""
+    width = window_keys(window, nk)
+    return width is not None and width <= WINDOW_PORTABLE_KEYS.get(d, 0)
 
 
 #: Head dims the Hopper backward is built for (kernels/bwd_hopper.py ``CONFIGS``).
