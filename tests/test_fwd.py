@@ -391,13 +391,16 @@ def test_config_table_covers_every_supported_variant(monkeypatch):
     assert fwd.pick_config(128, True, 8192, narrow_window=True) != fwd.pick_config(128, True, 8192)
 
 
-def test_a_windows_width_picks_the_portable_tiles(monkeypatch):
+def test_a_short_window_picks_the_portable_tiles(monkeypatch):
     """The plan asks `pick_config` for the window tiles exactly when `dispatch.portable_window` takes the
-    window: its width (left + right + 1, an unbounded side counting Nk) at most WINDOW_PORTABLE_KEYS[d]."""
+    window: it hides a key the mask shows and leaves a row at most WINDOW_PORTABLE_KEYS[d] keys on average
+    (`dispatch.window_mean_keys`: the model's visible pairs / Nq)."""
     from attnscope.model import dispatch
 
-    assert dispatch.window_keys(None, 100) is None and dispatch.window_keys((-1, -1), 100) is None
-    assert dispatch.window_keys((3, 0), 100) == 4 and dispatch.window_keys((-1, 5), 100) == 106
+    n = 40
+    assert dispatch.window_mean_keys(n, n, True, None) == dispatch.mean_keys(n, n, True) == 20.5
+    assert dispatch.window_mean_keys(n, n, True, (8, 0)) == (36 + 32 * 9) / n  # rows 0-7: r + 1 keys
+    assert dispatch.window_mean_keys(n, n, False, (4, 4)) == (n * 9 - 2 * 10) / n  # 4 + 3 + 2 + 1 each end
     seen = []
     real = fwd.pick_config
 
@@ -405,15 +408,14 @@ def test_a_windows_width_picks_the_portable_tiles(monkeypatch):
         seen.append(narrow_window)
         return real(d, causal, n, smem, narrow_window)
     monkeypatch.setattr(fwd, "pick_config", spy)
-    q, k, v = _inputs(1, 2, 2, 40, 40, 64, torch.float16, False, seed=3)
-    keys = dispatch.WINDOW_PORTABLE_KEYS[64]
-    for window, causal, narrow in (((4, 4), False, True), ((keys - 1, 0), True, True),
-                                   ((keys, 0), True, False), ((-1, 0), True, False),
-                                   ((-1, 2), False, keys >= 40 + 3)):
+    monkeypatch.setitem(dispatch.WINDOW_PORTABLE_KEYS, 64, 10)  # at N = 40: a row's mean under 10 keys
+    q, k, v = _inputs(1, 2, 2, n, n, 64, torch.float16, False, seed=3)
+    for window, causal, narrow in (((4, 4), False, True), ((8, 0), True, True), ((12, 0), True, False),
+                                   ((-1, 0), True, False), ((-1, 2), False, False), ((n, 0), True, False)):
         fwd.clear_plan_cache()
         attnscope.flash_attention(q, k, v, causal=causal, window=window, impl="portable")
-        assert seen[-1] is (narrow and dispatch.portable_window(64, window, 40)), (window, seen[-1])
-    assert not dispatch.portable_window(96, (4, 4), 40)  # no window tiles at a head dim without a row
+        assert seen[-1] is narrow, (window, seen[-1])
+    assert not dispatch.portable_window(96, (4, 4), n, n, False)  # no window tiles without a row for d
 
 
 def test_impl_argument_errors():

@@ -10,6 +10,7 @@ or the sink with sinks), outputs poisoned with NaN.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -65,23 +66,34 @@ def test_the_rule_reads_the_geometry_only():
     # a window bounds the loop: W = 1k keys is a short loop (the caller runs the portable kernel)
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"
-    # d = 64 windows up to WINDOW_PORTABLE_KEYS[64] keys wide run the portable kernel, unmasked ones too
-    # (1,025 keys is long enough for three warpgroups without a window, not with one)
-    wide = dispatch.WINDOW_PORTABLE_KEYS[64]
+    # d = 64 windows leaving a row at most WINDOW_PORTABLE_KEYS[64] keys on average run the portable kernel,
+    # unmasked ones too (1,025 keys is long enough for three warpgroups without a window, not with one)
+    keys = dispatch.WINDOW_PORTABLE_KEYS[64]
     assert rule(64, False, 4, 32, 32, 8192, 8192, window=(512, 512)) is None
     assert rule(64, False, 4, 32, 32, 8192, 8192) == "hopper_wg3_pp"
-    assert rule(64, True, 1, 32, 32, 32768, 32768, window=(wide - 1, 0)) is None
-    assert rule(64, True, 1, 32, 32, 32768, 32768, window=(wide, 0)) == "hopper_wg3_pp"
-    # d = 128: windows up to WINDOW_PORTABLE_KEYS[128] keys wide (either side, or both) run portable
+    n = 32768  # a causal (W, 0) window leaves W + 1 keys but to the first W rows: W (W + 1) / 2 fewer in all
+    mean = [(w, ((w + 1) * n - w * (w + 1) // 2) / n) for w in range(keys - 1, keys + 600)]
+    at, past = next(w for w, m in mean if m > keys) - 1, next(w for w, m in mean if m > keys)
+    mean_keys = functools.partial(dispatch.window_mean_keys, n, n, True)
+    assert mean_keys((at, 0)) <= keys < mean_keys((past, 0))
+    assert rule(64, True, 1, 32, 32, n, n, window=(at, 0)) is None
+    assert rule(64, True, 1, 32, 32, n, n, window=(past, 0)) == "hopper_wg3_pp"
+    # d = 128: the same at WINDOW_PORTABLE_KEYS[128], either side or both
     narrow = dispatch.WINDOW_PORTABLE_KEYS[128]
     assert rule(128, True, 4, 32, 32, 8192, 8192, window=(256, 0)) is None
-    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(narrow - 1, 0)) is None
-    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(narrow, 0)) == "hopper_persist"
+    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(narrow - 1, 0)) is None  # 640 keys
+    assert rule(128, True, 4, 32, 32, 8192, 8192, window=(narrow + 100, 0)) == "hopper_persist"
     assert rule(128, False, 4, 32, 8, 8192, 8192, window=(narrow // 2 - 1, narrow // 2)) is None
-    assert rule(128, False, 4, 32, 8, 8192, 8192, window=(narrow // 2, narrow // 2)) == "hopper_persist"
-    assert rule(128, False, 4, 32, 32, 400, 400, window=(-1, 300)) == "hopper_persist"  # 400 + 301 keys
-    assert rule(128, False, 4, 32, 32, 200, 200, window=(-1, 300)) is None  # 200 + 301
+    assert rule(128, False, 4, 32, 8, 8192, 8192, window=(narrow // 2 + 50, narrow // 2 + 50)) == \
+        "hopper_persist"
+    assert rule(128, True, 4, 32, 32, 1024, 1024, window=(narrow + 100, 0)) is None  # short rows on average
+    assert rule(128, False, 4, 32, 32, 1000, 1000, window=(-1, 300)) == "hopper_persist"  # 755 a row
+    assert rule(128, False, 4, 32, 32, 400, 400, window=(-1, 100)) is None  # 288 a row
     assert rule(256, False, 4, 32, 32, 8192, 8192, window=(8, 8)) is None  # no Gluon build at d = 256
+    # a window that hides no key the mask shows is no window: the rule without one
+    for d, causal, n, window in ((128, True, 1024, (5000, 0)), (128, False, 512, (600, 600)),
+                                 (64, True, 8192, (-1, 0)), (64, False, 1024, (-1, 2000))):
+        assert rule(d, causal, 4, 32, 32, n, n, window=window) == rule(d, causal, 4, 32, 32, n, n), window
     # GQA does not move the choice
     assert rule(64, False, 4, 32, 32, 4096, 4096) == rule(64, False, 4, 32, 4, 4096, 4096)
 

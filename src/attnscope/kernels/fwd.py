@@ -104,7 +104,7 @@ CONFIG_TABLE = (
 #: table config -> (its shared memory, compiled for sm_90, bytes; the config run on a device that offers a
 #: block less, e.g. an A100's 163 KiB: 128 KiB with 32 keys per tile); `_common.fitting`
 SMEM_NEEDS = {FwdConfig(128, 64, 8, 2): (197632, FwdConfig(128, 32, 8, 2))}
-#: Sliding windows narrow enough for the portable kernel (`dispatch.portable_window`), head dim -> config, in
+#: Sliding windows short enough for the portable kernel (`dispatch.portable_window`), head dim -> config, in
 #: place of the table's (`pick_config`): 64-row query tiles halve the masked work at the window's edges and
 #: a short KV loop's fixed cost per tile. H200, bf16: d = 64 (causal W = 1k, N = 8k, 36 configs): 0.737 ms
 #: against 0.817 for the table's 128 x 64, 3 stages, 1.01-1.27 x the table's at W = 256-8k (bench/results/
@@ -432,7 +432,7 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
     else:
         if B * Hq > MAX_GRID_Y:
             _refuse_grid(B, Hq, chosen)
-        narrow = mods.windowed and dispatch.portable_window(d, (mods.left, mods.right), Nk)
+        narrow = mods.windowed and dispatch.portable_window(d, (mods.left, mods.right), Nq, Nk, causal)
         cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk), smem_per_block(torch, q), narrow)
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
     return _Plan((B, Hq, Nq, d), o.stride(), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 
 from attnscope.errors import MAX_DIM, choice, expect, is_int, positive_int
+from attnscope.model.tiles import Grid
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -71,17 +72,19 @@ D64_MIN_KEYS = {False: 1024, True: 1536}
 #: third of the machine that the 128-row persistent kernel keeps busy. Assumed: every B*N = 16k point has
 #: 20+ waves; the held-out shapes are the first to test it.
 WG3_MIN_WAVES = 2.0
-#: Sliding windows: head dim -> keys per row (the window's width, `window_keys`) up to which the portable
-#: kernel runs (in kernels/fwd.py ``WINDOW_CONFIGS``' 64 x 64 tiles). A window's KV loop is short, so each
-#: query tile's fixed cost (pipeline fill and drain, O store) weighs on few key tiles, and 64-row tiles halve
-#: the masked work at the window's two edges. H200, bf16:
+#: Sliding windows: head dim -> mean keys per query row under the window (`window_mean_keys`) up to which
+#: the portable kernel runs (in kernels/fwd.py ``WINDOW_CONFIGS``' 64 x 64 tiles). A window's KV loop is
+#: short, so each query tile's fixed cost (pipeline fill and drain, O store) weighs on few key tiles, and
+#: 64-row tiles halve the masked work at the window's two edges. H200, bf16:
 #: - d = 64 (H = 32, B*N = 32k, bench/results/h200-2026-12-04-window-rule.json): causal W = 256-4k at N = 8k
 #:   and 32k, and (W, W) at W = 512, 2k, the portable kernel ran 1.02-2.06 x the faster Gluon variant (the
 #:   rule had picked hopper_wg3_pp at (512, 512): 0.59 x); at W = 8k (N = 32k) the Gluon pick 1.06 x it.
 #: - d = 128 (bench/results/h200-2026-12-04c-window-d128.json: N = 8k, H = 32 causal and (W, W), N = 4k,
 #:   GQA 64/8): widths 129-513 ran the portable kernel 1.01-1.41 x hopper_persist, 769 and wider
 #:   hopper_persist 1.04-1.16 x (0.98 x at 1,025 with GQA); the window_heldout.csv points of 87-335 keys
-#:   1.12-1.87 x (bench/results/h200-2026-12-04c-window-heldout.txt).
+#:   1.12-1.87 x (bench/results/h200-2026-12-04c-window-heldout.txt). The mean, not the width: on
+#:   window_heldout2.csv a (715, 0) window at N = 1,571 (553 keys a row on average) ran portable 1.18 x
+#:   (bench/results/h200-2026-12-04c-window-heldout2.txt).
 WINDOW_PORTABLE_KEYS = {64: 4097, 128: 640}
 
 
@@ -115,23 +118,20 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     q_heads, kv_heads, nq, nk: the call's ``[batch, q_heads, nq, d]`` queries and
     ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU; window: the effective ``(left, right)`` of a
     sliding window (`model.tiles.normalize_window`; -1 unbounded), which bounds the keys a row visits by
-    ``left + right + 1`` (`window_keys`; a window at most `WINDOW_PORTABLE_KEYS` wide runs the portable
-    kernel, `portable_window`).
+    ``left + right + 1`` (a window leaving at most `WINDOW_PORTABLE_KEYS` keys a row on average runs the
+    portable kernel, `portable_window`).
     """
     for name, v in (("d", d), ("batch", batch), ("q_heads", q_heads), ("kv_heads", kv_heads), ("nq", nq),
                     ("nk", nk), ("sms", sms)):
         positive_int(name, v)
     expect(q_heads % kv_heads == 0, "kv_heads", f"a divisor of q_heads = {q_heads}", kv_heads)
-    if portable_window(d, window, nk):
+    if portable_window(d, window, nq, nk, causal):
         return None
     if d == 128:
         return "hopper_persist"
     if d != 64:
         return None
-    keys = mean_keys(nq, nk, causal)
-    width = window_keys(window, nk)
-    if width is not None:
-        keys = min(keys, width)
+    keys = mean_keys(nq, nk, causal) if window is None else window_mean_keys(nq, nk, causal, window)
     tiles = -(-nq // WG3_ROWS)
     waves = tiles * batch * q_heads / sms
     fill = -(-nq // PERSIST_ROWS) * PERSIST_ROWS / (tiles * WG3_ROWS)
@@ -142,20 +142,21 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
     return "hopper_persist"
 
 
-def window_keys(window: tuple[int, int] | None, nk: int) -> int | None:
-    """The most keys a row sees under the effective sliding ``window`` ``(left, right)`` (-1 unbounded, an
-    unbounded side counting ``nk``): ``left + right + 1``; None without a bounded side."""
-    if window is None or (window[0] < 0 and window[1] < 0):
-        return None
-    return (window[0] if window[0] >= 0 else nk) + (window[1] if window[1] >= 0 else nk) + 1
+def window_mean_keys(nq: int, nk: int, causal: bool, window: tuple[int, int] | None) -> float:
+    """Mean keys a query row visits under ``causal`` and a sliding ``window`` ``(left, right)`` (-1 unbounded;
+    None: none): `model.tiles.Grid.visible_pairs` / ``nq`` (closed form), `mean_keys` without a window."""
+    return Grid(nq, nk, causal=causal, window=window).visible_pairs() / nq
 
 
-def portable_window(d: int, window: tuple[int, int] | None, nk: int) -> bool:
-    """Whether a sliding ``window`` (as `window_keys`) is narrow enough at head dim ``d`` for the portable
-    kernel in 64 x 64 tiles: at most `WINDOW_PORTABLE_KEYS` keys wide (sm_90's ``impl="auto"`` then runs
-    it, and the portable kernel takes kernels/fwd.py ``WINDOW_CONFIGS``' tiles on any GPU)."""
-    width = window_keys(window, nk)
-    return width is not None and width <= WINDOW_PORTABLE_KEYS.get(d, 0)
+def portable_window(d: int, window: tuple[int, int] | None, nq: int, nk: int, causal: bool) -> bool:
+    """Whether a sliding ``window`` leaves a row few enough keys at head dim ``d`` for the portable kernel in
+    64 x 64 tiles: it hides some key the mask alone would show, and leaves at most `WINDOW_PORTABLE_KEYS`
+    keys a row on average (`window_mean_keys`; sm_90's ``impl="auto"`` then runs it, and the portable kernel
+    takes kernels/fwd.py ``WINDOW_CONFIGS``' tiles on any GPU)."""
+    if window is None or (window[0] < 0 and window[1] < 0) or d not in WINDOW_PORTABLE_KEYS:
+        return False
+    keys = window_mean_keys(nq, nk, causal, window)
+    return keys < window_mean_keys(nq, nk, causal, None) and keys <= WINDOW_PORTABLE_KEYS[d]
 
 
 #: Head dims the Hopper backward is built for (kernels/bwd_hopper.py ``CONFIGS``).
