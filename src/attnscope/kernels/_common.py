@@ -280,9 +280,15 @@ def check_device(torch, tensors: dict) -> None:
 
 
 def check_head_dim(d: int) -> None:
+    """NotImplementedError unless ``d`` is a built head dim; below the largest, the message names the exact
+    workaround: zero columns add nothing to Q K^T, and zero V columns give zero output columns."""
     if d not in SUPPORTED_HEAD_DIMS:
+        up = [x for x in SUPPORTED_HEAD_DIMS if x > d]
+        hint = (f" (zero-padding q, k and v to {up[0]} with torch.nn.functional.pad and passing "
+                f"scale={d}**-0.5 gives the same attention in the output's first {d} columns)"
+                if up and d > 0 else "")
         raise NotImplementedError(
-            f"head_dim {d} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+            f"head_dim {d} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
 
 
 #: CUDA's limit on a launch grid's y (and z) size: kernels with (batch, head) on y refuse past it.
