@@ -153,7 +153,7 @@ FWD_MODS = ((False, False, False, False), (True, False, False, False), (False, T
 
 
 def portable(d, dt, causal, window=False, softcap=False, sinks=False, lse=True, max_unscaled=False):
-    bm, bn, warps, stages = fwd.pick_config(d, causal or window, 1)
+    bm, bn, warps, stages = fwd.pick_config(d, causal or window, 1, narrow_window=window)  # a short window
     types = {"desc_q": f"tensordesc<{dt}[1,1,{bm},{d}]>", "desc_k": f"tensordesc<{dt}[1,1,{bn},{d}]>",
              "desc_v": f"tensordesc<{dt}[1,1,{bn},{d}]>", "desc_o": f"tensordesc<{dt}[1,1,{bm},{d}]>",
              "LSE": "*fp32", "SINKS": "*fp32", "qk_scale": "fp32", "cap_in": "fp32"}
