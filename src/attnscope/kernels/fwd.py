@@ -109,7 +109,8 @@ SMEM_NEEDS = {FwdConfig(128, 64, 8, 2): (197632, FwdConfig(128, 32, 8, 2))}
 #: a short KV loop's fixed cost per tile. H200, bf16: d = 64 (causal W = 1k, N = 8k, 36 configs): 0.737 ms
 #: against 0.817 for the table's 128 x 64, 3 stages, 1.01-1.27 x the table's at W = 256-8k (bench/results/
 #: h200-2026-12-04-window-rule.json); d = 128, 3 stages: 1.02-1.12 x the table's 128 x 64 at widths 129-513,
-#: 0.99 x at 769 (bench/results/h200-2026-12-04c-window-d128.json).
+#: 0.99 x at 769 (bench/results/h200-2026-12-04c-window-d128.json); ptxas: 157 registers, no spills, against
+#: the table config's 255 with 100-124 B spilled (bench/sm90_resources.py --kernel fwd).
 WINDOW_CONFIGS = {64: FwdConfig(64, 64, 4, 2), 128: FwdConfig(64, 64, 4, 3)}
 #: Interpreter: small tiles keep CPU tests fast and still cover multi-tile, ragged and diagonal paths.
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
