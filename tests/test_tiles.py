@@ -9,9 +9,12 @@ from hypothesis import strategies as st
 
 from attnscope.errors import InputError
 from attnscope.model.tiles import (
+    TAIL_WAVES,
     Grid,
     causal_kv_bounds0,
     floor_sum,
+    launch_tail,
+    launch_tile,
     normalize_window,
     persistent_item,
     persistent_items,
@@ -292,6 +295,34 @@ def test_persistent_items_cover_every_tile_once_at_one_cost(num_m):
     assert all(lt is None or h > lt for h, lt in items)  # the heavy tile first
     with pytest.raises(ValueError, match="k: expected 0 <= k <"):
         persistent_item(len(items), num_m)
+
+
+@pytest.mark.parametrize("blocks,heads,tail", [(5, 3, 1), (5, 3, 3), (7, 10, 4), (7, 10, 10), (1, 1, 1),
+                                                (64, 4, 4), (3, 9, 2)])
+def test_launch_tile_covers_the_grid_once(blocks, heads, tail):
+    """`launch_tile`: every (rank, head) of the grid once; tail 1 is the grid's own order (x fastest); the
+    first heads - tail heads keep it, then the last ``tail`` heads go rank by rank (all ranks 0 first: the
+    heaviest tiles first among them)."""
+    got = [launch_tile(p, blocks, heads, tail) for p in range(blocks * heads)]
+    assert sorted(got) == [(r, h) for r in range(blocks) for h in range(heads)]
+    lead = (heads - tail) * blocks
+    assert got[:lead] == [(p % blocks, p // blocks) for p in range(lead)]
+    assert got[lead:] == [(r, h) for r in range(blocks) for h in range(heads - tail, heads)]
+    if tail == 1:
+        assert got == [(p % blocks, p // blocks) for p in range(blocks * heads)]
+
+
+def test_launch_tail_and_its_bad_values():
+    """Causal: the last ceil(TAIL_WAVES sms / blocks) heads interleave (all when fewer); unmasked: none."""
+    assert TAIL_WAVES == 4
+    assert launch_tail(True, 64, 48, 132) == 9 and launch_tail(True, 64, 4, 132) == 4
+    assert launch_tail(True, 1024, 48, 132) == 1 and launch_tail(False, 64, 48, 132) == 1
+    with pytest.raises(InputError, match="pid: expected an integer from 0 to 5"):
+        launch_tile(6, 3, 2, 1)
+    with pytest.raises(InputError, match="tail: expected an integer from 1 to heads = 2"):
+        launch_tile(0, 3, 2, 3)
+    with pytest.raises(InputError, match="sms"):
+        launch_tail(True, 4, 4, 0)
 
 
 # --- sliding windows ------------------------------------------------------------------------------

@@ -33,15 +33,18 @@ once), dQ into rows padded to `ROW_PAD` by unmasked reductions.
 
 Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/dV kernel skips query tiles
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
-only tiles straddling the diagonal and the ragged last tiles are masked. Ragged N: TMA reads zeros past
-Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr ``MODS``,
-`fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the forward's
-`fwd_hopper._window` bounds; for the dK/dV kernel with rows and keys swapped), masked only on its edge tiles;
-softcap recomputes ``t = tanh(S scale / cap)`` (`fwd_hopper._tanh`) from the raw S (the mask still its
-initial value), ``P = exp2(cap log2(e) t - LSE2)``, ``dS = P (dP - Delta) (1 - t^2)`` (`_capped`; dK/dV at
-d = 128 on 32-row Q tiles, `SOFTCAP_CONFIGS`); sinks need nothing here (the LSE includes them; their
-gradient is torch on D and LSE). Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides;
-dQ, dK, dV contiguous.
+only tiles straddling the diagonal and the ragged last tiles are masked. Both kernels start their heaviest
+tiles first (the dK/dV kernel's first keys, the dQ kernel's last rows) and interleave the last heads rank by
+rank (`model.tiles.launch_tail`, kernels/_gluon_order.py): in the grid's order the last head's heaviest tile
+started when little work was left (B 1, 16 / 4 heads, N 8k: 1.21 x faster, BENCHMARKS.md). Ragged N: TMA reads
+zeros past Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr
+``MODS``, `fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the
+forward's `fwd_hopper._window` bounds; for the dK/dV kernel with rows and keys swapped), masked only on its
+edge tiles; softcap recomputes ``t = tanh(S scale / cap)`` (`fwd_hopper._tanh`) from the raw S (the mask still
+its initial value), ``P = exp2(cap log2(e) t - LSE2)``, ``dS = P (dP - Delta) (1 - t^2)`` (`_capped`; dK/dV at
+d = 128 on 32-row Q tiles, `SOFTCAP_CONFIGS`); sinks need nothing here (the LSE includes them; their gradient
+is torch on D and LSE). Layout: 4-D TMA descriptors ``[B, H, N, d]`` over the caller's strides; dQ, dK, dV
+contiguous.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ import math
 from typing import NamedTuple
 
 from attnscope.errors import choice
-from attnscope.kernels._common import descriptor_over, import_torch_triton
+from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
 from attnscope.model import dispatch
+from attnscope.model.tiles import launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -66,6 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._gluon_order import cta_tile  # noqa: E402
 from attnscope.kernels._gluon_red import red_add  # noqa: E402
 from attnscope.kernels._gluon_smem import dkdv_smem  # noqa: E402
 from attnscope.kernels.bwd_hopper_dq import _attnscope_bwd_hopper_dq_kernel, _capped, _keep  # noqa: E402
@@ -404,10 +409,10 @@ def _consumer(desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta
 
 #: Runtime integers are not specialised (one compile per (d, dtype, causal), as `fwd_hopper`).
 @gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT",
-                              "cap_in"])
+                              "cap_in", "TAIL"])
 def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_lse,
                                       desc_delta, DQACC, H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT,
-                                      cap_in,
+                                      cap_in, TAIL,
                                       CAUSAL: gl.constexpr, MODS: gl.constexpr, STAGES: gl.constexpr,
                                       NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, ONEPASS: gl.constexpr,
                                       DQ: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr,
@@ -415,8 +420,7 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
-    pid_n = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+    pid_n, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the first keys (`_gluon_order`)
     b = pid_bh // HKV
     hk = pid_bh % HKV
     group = H // HKV
@@ -486,7 +490,7 @@ def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdCon
         extra = ("LEAN",)
     return {**{n: desc_type(dtype, r, d) for n, r in _blocks(d, name, mods, cfg).items()}, **rows,
             "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
-            "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32",
+            "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32", "TAIL": "i32",
             **{n: "constexpr" for n in ("CAUSAL", "MODS", "STAGES", "NWG", "CONSUMER_REGS", *extra,
                                         "num_warps")}}
 
@@ -615,11 +619,14 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
     rows_acc = n_pad if cfg.LEAN else Nq  # the lean build adds unmasked rows up to n_pad
     log2_scale, neg_qk = math.log2(sm_scale), -qk_scale
     dev = q.device
+    sms = num_sms(torch, q.device)
+    tails = {"dkdv": launch_tail(causal, triton.cdiv(Nk, cfg.BN), B * Hkv, sms)}
     dkdv = planned_launch(_attnscope_bwd_hopper_dkdv_kernel, (triton.cdiv(Nk, cfg.BN), B * Hkv),
                           constexprs(d, causal, "dkdv", flags, mode, cfg), dev)
     if not onepass:
         dq_cfg = cfgs["dq"]
         dq_grid = (triton.cdiv(Nq, dq_cfg.NWG * dq_cfg.BM), B * Hq)
+        tails["dq"] = launch_tail(causal, *dq_grid, sms)
         dq_run = planned_launch(_attnscope_bwd_hopper_dq_kernel, dq_grid,
                                 constexprs(d, causal, "dq", flags, cfg=dq_cfg), dev)
 
@@ -631,12 +638,13 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
             return [descriptor_over(t, tensors[n]) for n, t in templates[name]]
         dq_acc = (torch.zeros((B, Hq, rows_acc, d), dtype=torch.float32, device=dev) if onepass
                   else rows[0])
-        done = (dkdv((*descs("dkdv"), *(descriptor_over(row_t, r) for r in rows), dq_acc, *args), True),)
+        done = (dkdv((*descs("dkdv"), *(descriptor_over(row_t, r) for r in rows), dq_acc, *args,
+                      tails["dkdv"]), True),)
         if onepass:
             dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
             return done
         aligned = (lse2.data_ptr() | delta.data_ptr()) % 16 == 0
-        return (*done, dq_run((*descs("dq"), lse2, delta, *args), aligned))
+        return (*done, dq_run((*descs("dq"), lse2, delta, *args, tails["dq"]), aligned))
     # the rows `run` reads (`padded_rows`): lean, the FFMA's addend log2(scale) - LSE2 and dP^T's initial
     # value -Delta; else S^T's and dP^T's initial values, LSE2 / -qk_scale and Delta (`_step`)
     run.row_terms = (n_pad, -1.0, log2_scale, -1.0) if cfg.LEAN else (n_pad, 1.0 / neg_qk, 0.0, 1.0)

@@ -18,6 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from attnscope.kernels._gluon_order import cta_tile
 from attnscope.kernels._gluon_smem import buffers, kv_ring
 from attnscope.kernels.fwd_hopper import (
     PRODUCER_REGS,
@@ -166,19 +167,19 @@ def _dq_consumer(desc_dq, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, d
     tma.store_wait(pendings=0)
 
 
-@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT", "cap_in"])
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "sm_scale", "LEFT", "RIGHT", "cap_in",
+                              "TAIL"])
 def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, H, HKV, NQ, NK,
-                                    qk_scale, sm_scale, LEFT, RIGHT, cap_in, CAUSAL: gl.constexpr,
+                                    qk_scale, sm_scale, LEFT, RIGHT, cap_in, TAIL, CAUSAL: gl.constexpr,
                                     MODS: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr,
                                     CONSUMER_REGS: gl.constexpr, LEAN: gl.constexpr, num_warps: gl.constexpr):
-    """dQ of ``NWG x BM`` query rows of one (batch, query head) per CTA (heaviest causal tiles first)."""
+    """dQ of ``NWG x BM`` query rows of one (batch, query head) per CTA (causal: heaviest tiles first)."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
-    start_m = gl.program_id(0)
+    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the last rows (`_gluon_order`)
     if CAUSAL:
         start_m = gl.num_programs(0) - 1 - start_m
-    pid_bh = gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)

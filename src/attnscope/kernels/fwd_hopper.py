@@ -38,7 +38,9 @@ from typing import NamedTuple
 
 from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
+from attnscope.kernels._gluon_order import cta_tile
 from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
+from attnscope.model.tiles import launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -89,7 +91,9 @@ class Variant(NamedTuple):
 #:   tile's epilogue, no ping-pong (d = 128: 197,000 B of shared memory; ptxas spills 4 B stores / 12 B
 #:   loads causal at d = 128, none elsewhere).
 #: - hopper_wg3_pp (d = 64 only): three consumer warpgroups in ping-pong, 192 query rows per CTA (FA-3's
-#:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax.
+#:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax. A grid
+#:   (tiles, B*H); causal, heaviest tiles first and the last heads interleaved rank by rank
+#:   (`model.tiles.launch_tail`, kernels/_gluon_order.py).
 VARIANTS = {
     "hopper_persist": Variant(False, {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)},
                               persistent=True),
@@ -490,8 +494,9 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
 #: Runtime integers are not specialised (Triton would compile a separate kernel when one is 1 or a multiple
 #: of 16): one compile per shape class. The TMA descriptors specialise only on dtype, block shape and shared
 #: layout; the LSE pointer's 16-byte alignment always holds (a fresh torch allocation).
-@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in", "cap_out"])
-def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale,
+@gluon.jit(do_not_specialize=["H", "HKV", "NQ", "NK", "qk_scale", "TAIL", "LEFT", "RIGHT", "cap_in",
+                              "cap_out"])
+def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ, NK, qk_scale, TAIL,
                                  LEFT, RIGHT, cap_in, cap_out, SINKS,
                                  CAUSAL: gl.constexpr, MODS: gl.constexpr, STORE_LSE: gl.constexpr,
                                  STAGES: gl.constexpr, PINGPONG: gl.constexpr, NWG: gl.constexpr,
@@ -500,11 +505,9 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
     sc = (qk_scale, LEFT, RIGHT, cap_in, cap_out, SINKS)  # the scale and the score mods' runtime values
-    pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    start_m = pid_m
+    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest (`_gluon_order`)
     if CAUSAL:
-        start_m = gl.num_programs(0) - 1 - pid_m  # heaviest query tiles first
+        start_m = gl.num_programs(0) - 1 - start_m
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)
@@ -604,7 +607,8 @@ def signature(d: int, dtype: str, variant: str = DEFAULT_VARIANT):
     ds = functools.partial(desc_type, dtype, d=d)
     return {"desc_q": ds(bm), "desc_k": ds(bn), "desc_v": ds(bn), "desc_o": ds(bm), "LSE": "*fp32",
             **({"B": "i32"} if persistent else {}), "H": "i32", "HKV": "i32", "NQ": "i32", "NK": "i32",
-            "qk_scale": "fp32", "LEFT": "i32", "RIGHT": "i32", "cap_in": "fp32", "cap_out": "fp32",
+            "qk_scale": "fp32", **({} if persistent else {"TAIL": "i32"}), "LEFT": "i32", "RIGHT": "i32",
+            "cap_in": "fp32", "cap_out": "fp32",
             "SINKS": "*fp32",
             **{n: "constexpr" for n in ("CAUSAL", "MODS", "STORE_LSE", "STAGES", "PINGPONG", "NWG",
                                         "CONSUMER_REGS", "num_warps")}}
@@ -642,7 +646,8 @@ def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, varian
         items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
         grid, sizes = (min(items * B * Hq, num_sms(torch, q.device)),), (B, Hq, Hkv, Nq, Nk, qk_scale)
     else:
-        grid, sizes = (tiles, B * Hq), (Hq, Hkv, Nq, Nk, qk_scale)
+        tail = launch_tail(causal, tiles, B * Hq, num_sms(torch, q.device))
+        grid, sizes = (tiles, B * Hq), (Hq, Hkv, Nq, Nk, qk_scale, tail)
     launch = planned_launch(kernel(variant), grid, consts, q.device)
 
     def run(q, k, v, o, lse, sinks=None):

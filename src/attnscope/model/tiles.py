@@ -411,3 +411,40 @@ def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
     expect(is_int(num_m) and 0 <= num_m <= MAX_LISTED, "num_m",
            f"an integer from 0 to {MAX_LISTED:,} (explicit item lists)", num_m)
     return [persistent_item(k, num_m) for k in range((num_m + 1) // 2)]
+
+
+
+#: `launch_tail`'s factor: the interleaved tail's work, spread over the SMs, lasts TAIL_WAVES / 2 times the
+#: heaviest tile (list-schedule simulations; the H200 probe of 2026-12-04, BENCHMARKS.md "Backward").
+TAIL_WAVES = 4
+
+
+def launch_tail(causal: bool, blocks: int, heads: int, sms: int) -> int:
+    """How many heads end the one-CTA-per-tile Gluon kernels' launch order interleaved (`launch_tile`).
+    Causal, a head's ``blocks`` tiles cost 1 to ``blocks`` units and start heaviest first; in the grid's
+    order the last head's heaviest tile starts when little work is left and runs alone at the end. The last
+    ``ceil(TAIL_WAVES sms / blocks)`` heads (all when fewer) go rank by rank instead, longest processing
+    time first among them: their work (blocks^2 / 2 units a head) then lasts TAIL_WAVES / 2 heaviest tiles
+    on ``sms`` SMs, time for the heavy ones to finish beside the light ones. The heads before keep the
+    grid's order (a head's CTAs side by side share its K/V, or its Q and dO, in the L2). Unmasked (equal
+    tiles): 1, the grid's own order."""
+    for name, value in (("blocks", blocks), ("heads", heads), ("sms", sms)):
+        positive_int(name, value)
+    return min(heads, -(-TAIL_WAVES * sms // blocks)) if causal else 1
+
+
+def launch_tile(pid: int, blocks: int, heads: int, tail: int) -> tuple[int, int]:
+    """(rank, head) of the CTA launched ``pid``-th (0-based; the hardware starts a 2-D grid's CTAs x
+    fastest) in a grid of ``blocks`` x ``heads``: the first ``heads - tail`` heads in the grid's order (a
+    head's ranks in turn), then the last ``tail`` heads rank by rank (`launch_tail`); ``tail`` 1 is the
+    grid's own order, ``tail`` = ``heads`` all heads rank by rank. The kernels (kernels/_gluon_order.py)
+    map rank 0 to their heaviest tile: a query tile counted from the end, a K/V tile from the start."""
+    for name, value in (("blocks", blocks), ("heads", heads), ("tail", tail)):
+        positive_int(name, value)
+    expect(tail <= heads, "tail", f"an integer from 1 to heads = {heads}", tail)
+    last = blocks * heads - 1
+    expect(is_int(pid) and 0 <= pid <= last, "pid", f"an integer from 0 to {last}", pid)
+    lead = (heads - tail) * blocks
+    if pid < lead:
+        return pid % blocks, pid // blocks
+    return (pid - lead) // tail, heads - tail + (pid - lead) % tail
