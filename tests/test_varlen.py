@@ -125,29 +125,6 @@ def test_matches_per_sequence_float64_reference(monkeypatch, lq, lk, causal, gro
         assert (os_.double().cpu().numpy()[~has_key] == 0).all() and (lse_np[~has_key] == -np.inf).all()
 
 
-def test_a_short_window_takes_the_dense_forwards_window_tiles(monkeypatch):
-    """The varlen launch asks `pick_config` for the dense forward's window tiles exactly where
-    `dispatch.portable_window` takes the window at the longest sequence (as the dense forward's plan)."""
-    from attnscope.kernels import varlen
-    from attnscope.model import dispatch
-
-    seen = []
-    real = varlen.pick_config
-
-    def spy(d, masked, n, smem=None, narrow_window=False):
-        seen.append(narrow_window)
-        return real(d, masked, n, smem, narrow_window)
-    monkeypatch.setattr(varlen, "pick_config", spy)
-    monkeypatch.setitem(dispatch.WINDOW_PORTABLE_KEYS, 64, 10)  # at N = 40: a row's mean under 10 keys
-    g = torch.Generator().manual_seed(4)
-    lens = [40, 17]
-    q, k, v = (_packed(sum(lens), 2, 64, torch.float16, False, g) for _ in range(3))
-    for window, causal, narrow in (((4, 4), False, True), ((8, 0), True, True), ((12, 0), True, False),
-                                   ((-1, 0), True, False), (None, True, False), ((40, 0), True, False)):
-        attnscope.flash_attention_varlen(q, k, v, _cu(lens), _cu(lens), 40, 40, causal=causal, window=window)
-        assert seen[-1] is narrow, (window, seen[-1])
-
-
 def test_packed_equals_dense_calls_and_scale():
     """A packed call gives the same bits as running each sequence alone (packing is invisible), and the
     scale argument reaches the kernel."""

@@ -78,17 +78,14 @@ from attnscope.kernels.varlen_plan import (  # noqa: E402, F401
     plan,
     prepare,
 )
-from attnscope.model import dispatch  # noqa: E402
 
 
-def pick_config(d: int, masked: bool, n: int, smem: int | None = None, narrow_window: bool = False):
+def pick_config(d: int, masked: bool, n: int, smem: int | None = None):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim ``d``, ``masked`` (causal or a window) and
     the longest sequence ``n``: the dense forward's measured table (`fwd.pick_config`; the small
-    interpreter tiles under TRITON_INTERPRET=1; ``narrow_window``: its window tiles, as the dense
-    forward takes them for a window `dispatch.portable_window` takes at the longest sequence): the inner
-    loop is the same, K/V by TMA too. Compiled for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA):
-    bench/sm90_resources.py --kernel varlen."""
-    return tuple(_fwd.pick_config(d, masked, n, smem, narrow_window))
+    interpreter tiles under TRITON_INTERPRET=1): the inner loop is the same, K/V by TMA too. Compiled
+    for sm_90 on a CPU (Triton 3.6, ptxas, bf16, TMA): bench/sm90_resources.py --kernel varlen."""
+    return tuple(_fwd.pick_config(d, masked, n, smem))
 
 
 
@@ -280,9 +277,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     kw = mod_args(mods, sm_scale, causal, bounds)
     masked = kw["WINDOW"] or bool(causal)
     if config is None:
-        narrow = mods.windowed and dispatch.portable_window(d, (mods.left, mods.right), max(max_seqlen_q, 1),
-                                                            max(max_seqlen_k, 1), bool(causal))
-        config = pick_config(d, masked, max(max_seqlen_q, max_seqlen_k), smem_per_block(torch, q), narrow)
+        config = pick_config(d, masked, max(max_seqlen_q, max_seqlen_k), smem_per_block(torch, q))
     block_m, block_n, num_warps, num_stages = config
     B = cu_seqlens_q.shape[0] - 1
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
