@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import functools
 
-from attnscope.kernels._common import import_torch_triton
-from attnscope.model.tiles import cdiv
+from attnscope.kernels._common import import_torch_triton, num_sms
+from attnscope.model.tiles import cdiv, launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from attnscope.kernels._gluon_order import cta_tile  # noqa: E402
 from attnscope.kernels._gluon_smem import buffers, dkdv_smem, kv_ring, load_kv  # noqa: E402
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
     CONSUMER_REGS,
@@ -117,19 +118,18 @@ def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_sme
         gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
 
 
-@gluon.jit(do_not_specialize=["H", "HKV", "qk_scale", "sm_scale"])
+@gluon.jit(do_not_specialize=["H", "HKV", "qk_scale", "sm_scale", "TAIL"])
 def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, desc_dk,
                                              desc_dv, DK, DV, CU_Q, CU_K, WORK_SEQ, WORK_TILE, ROW0, H, HKV,
-                                             qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                             NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                             num_warps: gl.constexpr):
+                                             qk_scale, sm_scale, TAIL, CAUSAL: gl.constexpr,
+                                             STAGES: gl.constexpr, NWG: gl.constexpr,
+                                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """dK, dV of ``NWG x BNW`` keys of one (sequence, kv head) per CTA: program (work item, kv head).
     ``ROW0``: `row_starts`, each sequence's first row in the padded copies ``desc_lse`` / ``desc_delta``."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
-    w = gl.program_id(0)
-    hk = gl.program_id(1)
+    w, hk = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_gluon_order`)
     s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
     group = H // HKV
     start_n = gl.load(WORK_TILE + w) * (NWG * BNW)  # keys within the sequence
@@ -194,17 +194,17 @@ def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_ba
         gl.store(DQ + off, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < NQ) & (cols[None, :] < D))
 
 
-@gluon.jit(do_not_specialize=["H", "HKV", "TOTAL_Q", "qk_scale", "sm_scale"])
+@gluon.jit(do_not_specialize=["H", "HKV", "TOTAL_Q", "qk_scale", "sm_scale", "TAIL"])
 def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, DQ, LSE2, DELTA, CU_Q,
                                            CU_K, WORK_SEQ, WORK_TILE, H, HKV, TOTAL_Q, qk_scale, sm_scale,
-                                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, NWG: gl.constexpr,
-                                           CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                           TAIL, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                                           NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                           num_warps: gl.constexpr):
     """dQ of ``NWG x BM`` query rows of one (sequence, query head) per CTA: program (work item, head)."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
-    w = gl.program_id(0)
-    h = gl.program_id(1)
+    w, h = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_gluon_order`)
     s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
     hk = h // (H // HKV)
     row0 = gl.load(WORK_TILE + w) * (NWG * BM)  # rows within the sequence
@@ -314,7 +314,7 @@ def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
                "desc_dq": ds(cfg.BM), "DQ": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32", **ptrs,
                "H": "i32", "HKV": "i32", "TOTAL_Q": "i32"}
     cx = {n: "constexpr" for n in constexprs(d, False, name)}
-    return {**sig, "qk_scale": "fp32", "sm_scale": "fp32", **cx}
+    return {**sig, "qk_scale": "fp32", "sm_scale": "fp32", "TAIL": "i32", **cx}
 
 
 def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: float, sm_scale: float,
@@ -345,12 +345,17 @@ def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: fl
     (seq_kv, tile_kv), (seq_q, tile_q) = items
     descs = _descs(views, {"desc_q": kv.BM, "desc_k": bnw, "desc_v": bnw, "desc_do": kv.BM}, d)
     outs = _descs(views, {"desc_dk": bnw, "desc_dv": bnw}, d)
+    # a packed batch's items cost unequal amounts either way (sequence lengths; causal, the tiles too),
+    # heaviest first in the lists (`varlen_plan`): the last heads interleave as a causal dense call's
+    # (`launch_tail`)
+    sms = num_sms(torch, q.device)
+    tail_kv = launch_tail(True, seq_kv.shape[0], Hkv, sms)
     dkdv = _attnscope_varlen_bwd_hopper_dkdv_kernel[(seq_kv.shape[0], Hkv)](
         *descs, *rows, *outs, dk, dv, cu_q, cu_k, seq_kv, tile_kv, starts, Hq, Hkv, qk_scale, sm_scale,
-        **constexprs(d, causal, "dkdv"))
+        tail_kv, **constexprs(d, causal, "dkdv"))
     descs = _descs(views, {"desc_q": qc.BM, "desc_k": qc.BN, "desc_v": qc.BN, "desc_do": qc.BM,
                            "desc_dq": qc.BM}, d)
     dq_k = _attnscope_varlen_bwd_hopper_dq_kernel[(seq_q.shape[0], Hq)](
         *descs, dq, lse2, delta, cu_q, cu_k, seq_q, tile_q, Hq, Hkv, total_q, qk_scale, sm_scale,
-        **constexprs(d, causal, "dq"))
+        launch_tail(True, seq_q.shape[0], Hq, sms), **constexprs(d, causal, "dq"))
     return dkdv, dq_k
