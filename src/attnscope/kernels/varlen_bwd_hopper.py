@@ -22,10 +22,12 @@ sequence's first packed row added to the TMA coordinates; tile indices and the m
 Both kernels run the plain build (`bwd_hopper.config` without a dtype), never the lean one
 (`bwd_hopper.LEAN_CONFIGS`): the lean step needs the masked and whole tiles in separate runs, rows of
 log2(scale) - LSE2 and -Delta and a lean dQ kernel, none of which this path has.
-No atomics: the gradients are bitwise reproducible run to run. Causal is bottom-right per sequence. No score
-mods on this path (window and softcap run the portable kernels of kernels/varlen_bwd.py; sinks need nothing
-here). Layout: q, dO [total_q, Hq, d], k, v [total_k, Hkv, d] viewed as [1, H, total, d] for 4-D TMA
-descriptors; dq, dk, dv contiguous.
+Both grids are (work item, head) and launch the last heads interleaved item by item
+(`model.tiles.launch_tail`, kernels/_gluon_order.py), the lists' heaviest items first. No atomics: the
+gradients are bitwise reproducible run to run. Causal is bottom-right per sequence. No score mods on this path
+(window and softcap run the portable kernels of kernels/varlen_bwd.py; sinks need nothing here). Layout: q, dO
+[total_q, Hq, d], k, v [total_k, Hkv, d] viewed as [1, H, total, d] for 4-D TMA descriptors; dq, dk, dv
+contiguous.
 """
 
 from __future__ import annotations
