@@ -665,12 +665,12 @@ def test_hopper_kernel_does_not_specialise_on_runtime_integers():
     pytest.importorskip("triton.experimental.gluon")
     from attnscope.kernels import fwd_hopper as hop
 
-    for variant, ints in (("hopper_wg3_pp", ["H", "HKV", "NQ", "NK"]),
-                          ("hopper_persist", ["B", "H", "HKV", "NQ", "NK"])):
+    for variant, ints, order in (("hopper_wg3_pp", ["H", "HKV", "NQ", "NK"], ["TAIL"]),
+                                 ("hopper_persist", ["B", "H", "HKV", "NQ", "NK"], [])):
         params = {p.name: p for p in hop.kernel(variant).params}
         sig = hop.signature(64, "bf16", variant)
         runtime = [n for n in sig if sig[n] in ("i32", "fp32")]
-        assert runtime == [*ints, "qk_scale", "LEFT", "RIGHT", "cap_in", "cap_out"]
+        assert runtime == [*ints, "qk_scale", *order, "LEFT", "RIGHT", "cap_in", "cap_out"]
         assert all(params[n].do_not_specialize for n in runtime), variant
 
 
