@@ -464,8 +464,8 @@ def test_fit_check_the_committed_h200_probes_within_10_percent(family, capsys):
     # a fit check, not the held-out judgement: the frozen constants were fitted to these very rows
     # (bench/results/h200-2026-12-02-probe-*.json, ncu DRAM bytes on the H200); re-read through the CLI,
     # every row is estimated and within +-10 % of its counter, but the backward's h-group, whose query set
-    # (1.08 x L2) the estimate does not model, which says so; attnscope's varlen rows with a sequence over more
-    # than one wave (v-long1..3, v-gqa, v-ragged) take the Q/O room `varlen_qo_weight` fitted later
+    # (1.08 x L2) the estimate does not model, which says so; attnscope's varlen rows with a sequence over
+    # more than one wave (v-long1..3, v-gqa, v-ragged) take the Q/O room `varlen_qo_weight` fitted later
     path = GRIDS.parent / "results" / f"h200-2026-12-02-probe-{family}.json"
     assert main(["bytes", "--from-json", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["family_rows"]
