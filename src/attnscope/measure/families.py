@@ -18,7 +18,8 @@ model/l2.py), or one of
   per sequence (a chunk; default 1), optionally a sliding ``window`` (``left:right``: decode is causal, the
   left side bounds). Ledger: model/serving.py's `paged` (SDPA's with one split).
 - ``varlen``: one packed call over sequences of ``lens``: ``attnscope`` `flash_attention_varlen`, ``flex``
-  (Flex attention with a document mask, compiled). Ledger: model/serving.py's `packed`.
+  (Flex attention with a document mask, compiled), attnscope's optionally with a sliding ``window`` per
+  sequence. Ledger: model/serving.py's `packed`.
 - ``window``: a forward with a sliding window (``window``: ``left:right``, -1 unbounded, one side bounded at
   least; causal bounds the right) over n x n: ``attnscope`` `flash_attention` (what its dispatch picks),
   ``flex`` (Flex attention with a sliding-window mask, compiled). Ledger: model/traffic.py's flash row with
@@ -48,7 +49,7 @@ IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
 COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels"),
            "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq", "window"),
-           "varlen": ("lens", "causal"),
+           "varlen": ("lens", "causal", "window"),
            "window": ("n", "causal", "window")}
 FAMILY_COLUMNS = ("deterministic", "kernels", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq",
                   "window")
@@ -165,6 +166,10 @@ def point(got: dict, spec: dict, where: str) -> dict:
         spec["lens"] = _lengths(where, "lens", required(where, got, "lens"))
         spec["causal"] = grid_bool(where, "causal", got.get("causal") or "false")
         _batch(where, spec, "lens")
+        if got.get("window") not in ("", None):
+            if impl != "attnscope":
+                raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
+            spec["window"] = _window(where, got["window"], spec["causal"])
         return spec
     lens = _lengths(where, "cache_lens", required(where, got, "cache_lens"))
     spec["cache_lens"] = lens * spec["batch"] if len(lens) == 1 else lens
@@ -272,7 +277,8 @@ def ledger(spec: dict) -> tuple[int, int, str]:
         return logical, comp, name
     if spec["pass"] == "varlen":
         row = "flash-causal" if spec["causal"] else "flash"
-        p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,))
+        p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,),
+                           window=tuple(spec["window"]) if "window" in spec else None)
         comp = family_estimate.varlen_compulsory(spec["lens"], d=d, dtype=spec["dtype"], heads=h,
                                                  kv_heads=hkv)
         return p[row].total * h, comp, f"model/serving.py packed {row}"
@@ -295,7 +301,8 @@ def label(spec: dict) -> str:
             det = f" deterministic={str(s['deterministic']).lower()} kernels={s['kernels']}"
         return f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
     if s["pass"] == "varlen":
-        return f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
+        return (f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
+                + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
     if s["pass"] == "window":
         return (f"{head} B={s['batch']} N={s['n']} {'causal ' if s['causal'] else ''}window "
                 f"{s['window'][0]}:{s['window'][1]}")
@@ -394,7 +401,8 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
             return we.window_estimate(**window_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":
             return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
-                                      heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes), ""
+                                      heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
+                                      window=tuple(spec["window"]) if "window" in spec else None), ""
     except NotImplementedError as e:  # NotMeasured is one
         return None, fe.error_text(e)
     return None, NO_ESTIMATE

@@ -92,8 +92,9 @@ def _varlen(torch, spec, dt, h, hkv, d, dev):
     q = torch.randn((total, h, d), device=dev, dtype=dt)
     k, v = (torch.randn((total, hkv, d), device=dev, dtype=dt) for _ in range(2))
     if spec["impl"] == "attnscope":
-        m = max(lens)
-        return (lambda: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal)), (q, k, v, cu)
+        m, window = max(lens), tuple(spec["window"]) if "window" in spec else None
+        return (lambda: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal,
+                                                         window=window)), (q, k, v, cu)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
