@@ -539,5 +539,5 @@ def test_varlen_window_re_reads_the_band_a_later_wave_shares():
     assert fe.varlen_estimate("attnscope", [12000], params=no_frame, **base).total == full.total
     with pytest.raises(NotImplementedError, match="a window is not modelled; supported: attnscope"):
         fe.varlen_estimate("flex", [1000], window=(10, 10), d=64, heads=8)
-    with pytest.raises(ValueError, match="window: expected a window bounding a side causal does not"):
+    with pytest.raises(ValueError, match="window: expected a window bounding the left side"):
         fe.varlen_estimate("attnscope", [1000], causal=True, window=(-1, 5), d=64, heads=8)

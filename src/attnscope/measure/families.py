@@ -11,7 +11,7 @@ model/l2.py), or one of
   dQ, true: the default kernels with dQ in its own pass; ``kernels`` names the build instead, `KERNELS`:
   ``auto`` with ``deterministic`` false runs the dQ mode autograd's default picks, the user's call: the
   Hopper one-pass build at d = 64 on an sm_90 GPU). Ledger: model/backward.py's row of the dQ mode that
-  ran; SDPA's against FA-2's atomic-dQ row.
+  ran; SDPA's against FA-2's atomic-dQ row. attnscope's with a sliding ``window`` too (``left:right``).
 - ``decode``: one query row per sequence against a KV cache of ``cache_lens``: SDPA ``flash`` / ``cudnn``
   on a dense cache of equal lengths, ``attnscope`` `flash_decode` on a dense cache, a paged one
   (``page_size``) and an e4m3 one (``kv_dtype`` fp8), with ``splits`` KV splits and ``nq`` query rows
@@ -47,7 +47,7 @@ FAMILIES = ("forward", "backward", "decode", "varlen", "window")
 IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash", "cudnn", "attnscope"),
          "varlen": ("attnscope", "flex"), "window": ("attnscope", "flex")}
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
-COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels"),
+COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels", "window"),
            "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq", "window"),
            "varlen": ("lens", "causal", "window"),
            "window": ("n", "causal", "window")}
@@ -156,6 +156,10 @@ def point(got: dict, spec: dict, where: str) -> dict:
                                  f"{short(kernels)}")
             if kernels not in ("", None, backward_kernels(spec)):  # the default stays out: one spec per call
                 spec["kernels"] = kernels
+        if got.get("window") not in ("", None):
+            if impl != "attnscope":
+                raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
+            spec["window"] = _window(where, got["window"], spec["causal"])
         return spec
     if family == "window":
         spec["n"] = grid_int(where, "n", required(where, got, "n"))
@@ -265,7 +269,8 @@ def ledger(spec: dict) -> tuple[int, int, str]:
             own_pass = impl == "attnscope" and not backward_estimate.dq_by_atomics(
                 backward_kernels(spec), d, causal, spec["deterministic"])
             row = ("flash-causal-backward" if causal else "flash-backward") + ("-det" if own_pass else "")
-        t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,))
+        t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,),
+                                      window=tuple(spec["window"]) if "window" in spec else None)
         comp = backward_estimate.backward_compulsory(impl, n, d=d, dtype=spec["dtype"], batch=bsz, heads=h,
                                                      kv_heads=hkv)
         return t[row].total * t.config.batch_heads, comp, f"model/backward.py {row}"
@@ -299,7 +304,8 @@ def label(spec: dict) -> str:
         det = {True: " deterministic", False: " atomic-dQ"}.get(s.get("deterministic"), "")
         if "kernels" in s:  # not the mode's default build: atomic-dQ would not say what ran
             det = f" deterministic={str(s['deterministic']).lower()} kernels={s['kernels']}"
-        return f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
+        return (f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
+                + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
     if s["pass"] == "varlen":
         return (f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
                 + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
@@ -367,7 +373,8 @@ def backward_args(spec: dict) -> dict:
     return {"impl": spec["impl"], "n": spec["n"], "causal": spec["causal"], "d": spec["d"],
             "dtype": spec["dtype"], "batch": spec["batch"], "heads": spec["heads"],
             "kv_heads": spec.get("kv_heads") or spec["heads"],
-            "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec)}
+            "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec),
+            "window": tuple(spec["window"]) if "window" in spec else None}
 
 
 def window_args(spec: dict) -> dict:

@@ -36,13 +36,14 @@ def _backward(torch, spec, dt, h, hkv, d, dev):
         from attnscope.kernels.bwd import atomic_dq_by_default
         from attnscope.measure.families import backward_kernels
 
+        window = tuple(spec["window"]) if "window" in spec else None
         with torch.no_grad():
-            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
         det, kernels = spec["deterministic"], backward_kernels(spec)
         if kernels == "auto" and not det:
-            det = not atomic_dq_by_default(q, causal, None)
+            det = not atomic_dq_by_default(q, causal, None, window)
         return (lambda: flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=det,
-                                                 impl=kernels)), (q, k, v, o, lse, do)
+                                                 window=window, impl=kernels)), (q, k, v, o, lse, do)
     o = attention_fn(impl, causal)(q, k, v)  # naive: autograd through the 3 kernels; SDPA: its backward
     return (lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)), (q, k, v, o, do)
 

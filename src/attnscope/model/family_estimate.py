@@ -466,12 +466,9 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     kv, qo = 2 * hkv * sum(lens) * d * b, h * sum(lens) * d * b  # compulsory K/V; Q (= O) bytes
     what = f"varlen {impl}"
     terms, facts = [], {}
-    win = None if window is None else normalize_window(causal, window)
-    if win is not None:
-        expect(win != normalize_window(causal, None), "window", "a window bounding a side causal does not",
-               window)
-        if impl != "attnscope":
-            raise NotImplementedError(f"{what}: a window is not modelled; supported: attnscope")
+    from attnscope.model.window_estimate import attnscope_window  # (it imports this module)
+
+    win = attnscope_window(what, impl, causal, window)
     if impl == "attnscope":
         if d not in VALIDATED_HEAD_DIMS:  # the kernel runs d 256 too; its probes measured these only
             raise NotImplementedError(f"{what}: head dim {d} is not modelled; supported: "

@@ -64,6 +64,17 @@ def bounded(causal: bool, window) -> tuple[int, int]:
     return left, right
 
 
+def attnscope_window(what: str, impl: str, causal: bool, window) -> tuple[int, int] | None:
+    """The effective window of another family's estimate (`bounded`; None for none), which models it for
+    attnscope's kernels only: NotImplementedError naming ``what`` for another ``impl``."""
+    if window is None:
+        return None
+    win = bounded(causal, window)
+    if impl != "attnscope":
+        raise NotImplementedError(f"{what}: a window is not modelled; supported: attnscope")
+    return win
+
+
 def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: int, kv_heads: int, n: int,
                   sms: int) -> tuple[str, Kernel]:
     """(name, `Kernel`) of what ``impl`` runs for an n x n call with ``window`` on an sm_90 GPU with ``sms``
@@ -98,17 +109,42 @@ def _span(side: int, n: int) -> int:
     return n if side < 0 else min(side, n)
 
 
-def _wave_rows(c: int, ker: Kernel, tiles: int, n: int, together: int, band: int = 0) -> float:
-    """K/V rows of distinct lines a wave of ``c`` CTAs reads: their bands side by side, ``c B_r`` rows plus
-    ``band`` (``together`` heads of one K/V set in the wave read them once), at most the sets the wave
-    spans (``n`` rows each)."""
-    return min(c * ker.block_q / together + band, max(1.0, c / tiles) / together * n)
+def _wave_rows(c: int, block: int, tiles: int, n: int, together: int, band: int = 0) -> float:
+    """Rows of distinct lines a wave of ``c`` CTAs of ``block`` rows reads: their bands side by side,
+    ``c block`` rows plus ``band`` (``together`` heads of one set in the wave read them once), at most the
+    sets the wave spans (``n`` rows each)."""
+    return min(c * block / together + band, max(1.0, c / tiles) / together * n)
 
 
-def _boundary_rows(n: int, left: int, right: int, ker: Kernel) -> int:
-    """K/V rows the first tile of a wave re-reads from the last tile of the wave before: the band's width
-    ``left + right``, one K/V tile of alignment more, at most the set."""
-    return min(n, _span(left, n) + _span(right, n) + ker.block_kv)
+def band_rereads(n: int, tiles: int, c: int, block: int, align: int, width: int, extra: float,
+                 row: float, other: float, cap: float, ramp: float, together: int = 1,
+                 in_turn: int = 1) -> tuple[float, dict]:
+    """(rows re-read from DRAM, facts) of one set's band walk: ``tiles`` CTAs of ``block`` rows each,
+    consecutive, ``c`` at a time in lockstep waves, each reading the band of the other side's rows its
+    window spans (``width`` rows, aligned to ``align``-row tiles); ``extra``: the rows they read beyond
+    one pass (the ledger's). Inside a wave a row is re-read by the neighbouring CTA behind the wave's bands
+    side by side; at each of the set's (tiles - 1) / c wave boundaries the next wave re-reads ``width`` +
+    ``align`` rows behind a whole wave's band, ``in_turn`` times over when each CTA walks that many sets
+    in turn (the backward's group); ``row``: a row's bytes of L2 room, ``other``: a CTA's other bytes of
+    room; each re-read misses with `l2_params.miss` at ``cap`` and ``ramp``."""
+    room_w = _wave_rows(c, block, tiles, n, together) * row + c * other
+    room_x = in_turn * _wave_rows(c, block, tiles, n, together, width) * row + c * other
+    m_w, m_x = miss(room_w / cap, ramp), miss(room_x / cap, ramp)
+    crossing = min(extra, max(0.0, (tiles - 1) / c) * min(n, width + align))
+    return (extra - crossing) * m_w + crossing * m_x, {"wave_room": room_w, "boundary_room": room_x,
+                                                        "wave_miss": m_w, "boundary_miss": m_x,
+                                                        "boundary_rows": crossing}
+
+
+def group_gap_miss(n: int, tiles: int, c: int, block: int, width: int, row: float, other: float,
+                   passes: int, room_w: float, cap: float, ramp: float) -> tuple[float, float]:
+    """(miss share, room) of a GQA group's later head re-reading its set: after ``passes`` heads' passes
+    over the set (``n`` rows of ``row`` bytes) and the ``other`` bytes of the tiles launched between the
+    row's last reader and its next first one (the pass less the band's ``width``); heads that share a wave
+    (``passes`` x ``tiles`` <= ``c``) read it together, at the wave's distance ``room_w``."""
+    room = room_w if passes * tiles <= c else \
+        max(room_w, passes * n * row + max(0.0, passes * tiles - width / block) * other)
+    return miss(room / cap, ramp), room
 
 
 def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int = 128, dtype: str = "fp16",
@@ -148,29 +184,22 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     adjacent = group if (ker.order == "hb" or batch == 1) else 1  # a group's heads adjacent in the order
     together = min(adjacent, max(1, c // tiles))  # heads of one K/V set in one wave
     # inside a head: the ledger's re-reads beyond one pass; those at a wave boundary behind a whole wave
-    per_head = g.kv_rows_total() - n
-    boundaries = max(0.0, (tiles - 1) / c)  # expected wave boundaries inside a head
-    crossing = min(per_head, boundaries * _boundary_rows(n, left, right, ker))
     width = _span(left, n) + _span(right, n)  # keys a row's window spans
-    room_w = _wave_rows(c, ker, tiles, n, together) * kv_row + c * q_o
-    band = _wave_rows(c, ker, tiles, n, together, width) * kv_row + c * q_o
-    m_w = miss(room_w / cap, ramp)
-    m_x = miss(band / cap, ramp)
-    inside = batch * h * ((per_head - crossing) * m_w + crossing * m_x) * kv_row
-    # a group's later heads re-read a line after one head's pass over the set (B passes with the batch between
-    # them) and the Q/O of the tiles launched between its last reader and its next first one (the pass less
-    # the band's width); heads that share a wave read it together
-    passes = 1 if adjacent == group else batch
-    room_g = max(room_w, passes * n * kv_row + max(0.0, passes * tiles - width / ker.block_q) * q_o)
-    m_g = miss(room_g / cap, ramp)
+    rows, f = band_rereads(n, tiles, c, ker.block_q, ker.block_kv, width, g.kv_rows_total() - n, kv_row, q_o,
+                           cap, ramp, together)
+    inside = batch * h * rows * kv_row
+    # a group's later heads re-read the set (B passes apart with the batch between them)
+    m_g, room_g = group_gap_miss(n, tiles, c, ker.block_q, width, kv_row, q_o,
+                                 1 if adjacent == group else batch, f["wave_room"], cap, ramp)
     group_rr = batch * hkv * (group - 1) * n * kv_row * m_g
     facts = {"kernel": name, "block_q": ker.block_q, "block_kv": ker.block_kv, "concurrent_ctas": c,
-             "window": [left, right], "tiles_per_head": tiles, "wave_room_l2": room_w / l2,
-             "boundary_room_l2": band / l2, "group_room_l2": room_g / l2}
+             "window": [left, right], "tiles_per_head": tiles, "wave_room_l2": f["wave_room"] / l2,
+             "boundary_room_l2": f["boundary_room"] / l2, "group_room_l2": room_g / l2}
     terms = [("kv_rereads", inside + group_rr,
-              f"K/V rows re-read inside a head ({m_w:.2f} of the in-wave re-reads, {m_x:.2f} of the "
-              f"{crossing:,.0f} rows a head's wave boundaries re-read, missing) and by {group - 1} more "
-              f"query head(s) of each K/V head ({m_g:.2f} missing)")]
+              f"K/V rows re-read inside a head ({f['wave_miss']:.2f} of the in-wave re-reads, "
+              f"{f['boundary_miss']:.2f} of the {f['boundary_rows']:,.0f} rows a head's wave boundaries "
+              f"re-read, missing) and by {group - 1} more query head(s) of each K/V head ({m_g:.2f} "
+              "missing)")]
     if impl == "flex":  # kv_num_blocks and full_kv_num_blocks per query block, an index per loaded block
         loaded, _ = g.loaded_pairs()
         terms.append(("block_mask", _sectors(tiles * 2 * 4 + loaded * 4),
