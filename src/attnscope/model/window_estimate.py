@@ -11,10 +11,11 @@ take `L2Params.qo_weight` of a K/V byte of room):
 - inside a wave (`_wave_room`): the next tile's CTA reads a line ``B_r / B_c`` steps before (or after) its
   neighbour, while the wave reads ``C B_r`` distinct rows (its bands side by side), so a re-read sits behind
   C B_r rows of K/V and the wave's Q/O tiles;
-- across a wave boundary (`_boundary_rows`): the first tile of the next wave re-reads the ``left + right``
-  rows (one K/V tile of alignment more) the last tile of the wave before read, behind a whole wave's band
-  ``C B_r + left + right`` rows and its Q/O (a windowed launch never pairs or interleaves causal tiles: the
-  window's right bound carries the diagonal, kernels/fwd_hopper.py);
+- across a wave boundary (`band_rereads`): the first tile of the next wave re-reads the ``left + right``
+  rows (one K/V tile of alignment more) the last tile of the wave before read; both walk their bands
+  upwards, so those are the one's last rows and the other's first, at the in-wave distance (a windowed
+  launch never pairs or interleaves causal tiles: the window's right bound carries the diagonal,
+  kernels/fwd_hopper.py);
 - the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after one
   head's pass over the set and the Q/O of the tiles launched between the line's last reader and its next
   first one (the pass less the band's width), with the batch between ("bh", Flex) after B passes; a group
@@ -123,12 +124,14 @@ def band_rereads(n: int, tiles: int, c: int, block: int, align: int, width: int,
     consecutive, ``c`` at a time in lockstep waves, each reading the band of the other side's rows its
     window spans (``width`` rows, aligned to ``align``-row tiles); ``extra``: the rows they read beyond
     one pass (the ledger's). Inside a wave a row is re-read by the neighbouring CTA behind the wave's bands
-    side by side; at each of the set's (tiles - 1) / c wave boundaries the next wave re-reads ``width`` +
-    ``align`` rows behind a whole wave's band, ``in_turn`` times over when each CTA walks that many sets
-    in turn (the backward's group); ``row``: a row's bytes of L2 room, ``other``: a CTA's other bytes of
-    room; each re-read misses with `l2_params.miss` at ``cap`` and ``ramp``."""
+    side by side; at each of the set's (tiles - 1) / c wave boundaries the next wave's first CTA re-reads
+    the ``width`` + ``align`` rows its band shares with the last CTA of the wave before: the walks ascend,
+    so those are the last rows the one reads and the first the other does, at the in-wave distance, plus,
+    when each CTA walks ``in_turn`` sets in turn (the backward's group), the ``in_turn`` - 1 other sets'
+    phases of the waves between; ``row``: a row's bytes of L2 room, ``other``: a CTA's other bytes of room;
+    each re-read misses with `l2_params.miss` at ``cap`` and ``ramp``."""
     room_w = _wave_rows(c, block, tiles, n, together) * row + c * other
-    room_x = in_turn * _wave_rows(c, block, tiles, n, together, width) * row + c * other
+    room_x = (in_turn - 1) * _wave_rows(c, block, tiles, n, together, width) * row + room_w
     m_w, m_x = miss(room_w / cap, ramp), miss(room_x / cap, ramp)
     crossing = min(extra, max(0.0, (tiles - 1) / c) * min(n, width + align))
     return (extra - crossing) * m_w + crossing * m_x, {"wave_room": room_w, "boundary_room": room_x,
@@ -183,7 +186,7 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     group = h // hkv
     adjacent = group if (ker.order == "hb" or batch == 1) else 1  # a group's heads adjacent in the order
     together = min(adjacent, max(1, c // tiles))  # heads of one K/V set in one wave
-    # inside a head: the ledger's re-reads beyond one pass; those at a wave boundary behind a whole wave
+    # inside a head: the ledger's re-reads beyond one pass, in a wave and at its boundaries (`band_rereads`)
     width = _span(left, n) + _span(right, n)  # keys a row's window spans
     rows, f = band_rereads(n, tiles, c, ker.block_q, ker.block_kv, width, g.kv_rows_total() - n, kv_row, q_o,
                            cap, ramp, together)
