@@ -246,11 +246,12 @@ def window_attention(impl, batch, heads, n, d, causal, window, cap_fraction, l2_
                      dtype="fp16", kv_heads=None, ramp=None):
     """`simulate` for one sliding-window forward (``impl`` attnscope or flex) with the geometry
     `model.window_estimate.window_kernel` names; returns (K/V reads beyond one pass in sets, kernel name)."""
-    from attnscope.model.window_estimate import bounded, window_kernel
+    from attnscope.model.tiles import bounded_window
+    from attnscope.model.window_estimate import window_kernel
 
     hkv = heads if kv_heads is None else kv_heads
     group = heads // hkv
-    win = bounded(causal, window)
+    win = bounded_window(causal, window)
     name, ker = window_kernel(impl, d, causal, win, batch, heads, hkv, n, sms)
     g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal, window=win)
     walk = [list(range(t.first - 1, t.last)) for t in (g.kv_tiles(i) for i in range(1, g.n_q_tiles + 1))]

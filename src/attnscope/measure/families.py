@@ -96,7 +96,7 @@ def _window(where: str, value, causal: bool) -> list[int]:
     """A window cell: ``left:right`` (a JSON list too), each an integer >= -1 (-1 unbounded), hiding a key
     ``causal`` alone would show; the effective ``[left, right]`` (causal: right 0), or one line naming
     ``window``."""
-    from attnscope.model.window_estimate import bounded
+    from attnscope.model.tiles import bounded_window
 
     cells = value if isinstance(value, list) else str(value).split(":")
     digits = re.compile(r"-?[0-9]{1,12}")
@@ -105,7 +105,7 @@ def _window(where: str, value, causal: bool) -> list[int]:
         raise InputError(f"{where}: window: expected left:right, two integers from -1 (unbounded), got "
                          f"{short(value)}")
     try:
-        return list(bounded(causal, [int(c) for c in cells]))
+        return list(bounded_window(causal, [int(c) for c in cells]))
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
 

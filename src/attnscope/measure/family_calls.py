@@ -133,7 +133,7 @@ def _window(torch, spec, dt, h, hkv, d, dev):
 
 def window_mask(left: int, right: int):
     """Flex's ``mask_mod`` of flash-attn's ``window_size=(left, right)`` over n x n (the effective window,
-    `model.window_estimate.bounded`; -1 unbounded): query qi sees keys qi - left .. qi + right."""
+    `model.tiles.bounded_window`; -1 unbounded): query qi sees keys qi - left .. qi + right."""
     def mask_mod(b, h, qi, ki):
         keep = qi >= 0
         if left >= 0:

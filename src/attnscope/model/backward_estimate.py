@@ -57,13 +57,21 @@ from typing import NamedTuple
 from attnscope.errors import choice, expect, positive_int
 from attnscope.model import dispatch
 from attnscope.model.dispatch import HOPPER_BWD_ROW_PAD as ROW_PAD
-from attnscope.model.family_estimate import CREDIT, FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
+from attnscope.model.family_estimate import (
+    CREDIT,
+    FamilyEstimate,
+    _dirty_o,
+    _heads,
+    _l2_bytes,
+    _sms,
+    attnscope_window,
+)
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
 from attnscope.model.tiles import Grid, normalize_window
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
-from attnscope.model.window_estimate import attnscope_window, band_rereads, group_gap_miss
+from attnscope.model.window_estimate import band_rereads, group_gap_miss
 
 BACKWARD_IMPLS = ("naive", "flash", "cudnn", "attnscope")
 KERNEL_CHOICES = ("auto", "portable", "hopper")

@@ -40,7 +40,7 @@ from attnscope.model.l2 import (  # the forward estimate's rules for dirty outpu
 )
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, normalize_window, window_kv_bounds0
+from attnscope.model.tiles import Grid, bounded_window, normalize_window, window_kv_bounds0
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
 DECODE_IMPLS = ("flash", "cudnn", "attnscope")
@@ -100,6 +100,17 @@ class FamilyEstimate:
     def to_json(self) -> dict:
         return {"family": self.family, "impl": self.impl, "total": self.total, "compulsory": self.compulsory,
                 "terms": [{"name": n, "bytes": b, "what": w} for n, b, w in self.terms], "facts": self.facts}
+
+
+def attnscope_window(what: str, impl: str, causal: bool, window) -> tuple[int, int] | None:
+    """The effective window of a family's estimate (`tiles.bounded_window`; None for none), which models it
+    for attnscope's kernels only: NotImplementedError naming ``what`` for another ``impl``."""
+    if window is None:
+        return None
+    win = bounded_window(causal, window)
+    if impl != "attnscope":
+        raise NotImplementedError(f"{what}: a window is not modelled; supported: attnscope")
+    return win
 
 
 def _dirty_o(o: int, kv_read: float, q: int, l2: int) -> tuple:
@@ -466,8 +477,6 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     kv, qo = 2 * hkv * sum(lens) * d * b, h * sum(lens) * d * b  # compulsory K/V; Q (= O) bytes
     what = f"varlen {impl}"
     terms, facts = [], {}
-    from attnscope.model.window_estimate import attnscope_window  # (it imports this module)
-
     win = attnscope_window(what, impl, causal, window)
     if impl == "attnscope":
         if d not in VALIDATED_HEAD_DIMS:  # the kernel runs d 256 too; its probes measured these only

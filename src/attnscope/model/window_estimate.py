@@ -34,7 +34,7 @@ of N. Pure Python.
 
 from __future__ import annotations
 
-from attnscope.errors import choice, expect, positive_int
+from attnscope.errors import choice, positive_int
 from attnscope.model import dispatch
 from attnscope.model.family_estimate import (
     FLEX_BLOCK,
@@ -48,32 +48,10 @@ from attnscope.model.family_estimate import (
 )
 from attnscope.model.l2 import VALIDATED_HEAD_DIMS
 from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, KERNELS, WINDOW_KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, normalize_window
+from attnscope.model.tiles import Grid, bounded_window
 from attnscope.model.traffic import DTYPE_BYTES
 
 WINDOW_IMPLS = ("attnscope", "flex")
-
-
-def bounded(causal: bool, window) -> tuple[int, int]:
-    """The effective ``(left, right)`` of a windowed call (`tiles.normalize_window`), refused in one line
-    naming ``window`` when it hides no key the mask alone would show (no window, or causal with an unbounded
-    left side: the forward family's call)."""
-    left, right = normalize_window(causal, window)
-    expect((left, right) != normalize_window(causal, None), "window",
-           "a window bounding the left side (causal bounds the right one)" if causal else
-           "a window bounding at least one side", window)
-    return left, right
-
-
-def attnscope_window(what: str, impl: str, causal: bool, window) -> tuple[int, int] | None:
-    """The effective window of another family's estimate (`bounded`; None for none), which models it for
-    attnscope's kernels only: NotImplementedError naming ``what`` for another ``impl``."""
-    if window is None:
-        return None
-    win = bounded(causal, window)
-    if impl != "attnscope":
-        raise NotImplementedError(f"{what}: a window is not modelled; supported: attnscope")
-    return win
 
 
 def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: int, kv_heads: int, n: int,
@@ -84,7 +62,7 @@ def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: in
     forward (`FLEX_KERNELS`, loading whole 128-key sparse blocks). A head dim the L2 probes did not measure
     (`l2.VALIDATED_HEAD_DIMS`) raises NotImplementedError."""
     choice("impl", impl, WINDOW_IMPLS)
-    win = bounded(causal, window)
+    win = bounded_window(causal, window)
     if d not in VALIDATED_HEAD_DIMS:
         raise NotImplementedError(f"window {impl}: head dim {d} is not modelled; supported: "
                                   f"{', '.join(map(str, VALIDATED_HEAD_DIMS))} (the L2 probes' head dims)")
@@ -172,7 +150,7 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     h, hkv = _heads(heads, kv_heads)
     positive_int("n", n)
     positive_int("batch", batch)
-    left, right = bounded(causal, window)
+    left, right = bounded_window(causal, window)
     b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
     l2, n_sms = _l2_bytes(l2_bytes, device), _sms(sms, device)
     name, ker = window_kernel(impl, d, causal, (left, right), batch, h, hkv, n, n_sms)
@@ -221,7 +199,7 @@ def window_ledger(impl: str, n: int, *, window, causal: bool = False, d: int = 1
     from attnscope.model import traffic
 
     h, hkv = _heads(heads, kv_heads)
-    win = bounded(causal, window)
+    win = bounded_window(causal, window)
     name, ker = window_kernel(impl, d, causal, win, batch, h, hkv, n, _sms(sms, device))
     row = "flash-causal" if causal else "flash"
     t = traffic.traffic(n, d, dtype, ker.block_q, ker.block_kv, batch=batch, heads=h, kv_heads=hkv,
