@@ -40,7 +40,7 @@ from attnscope.model.l2 import (  # the forward estimate's rules for dirty outpu
 )
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, bounded_window, normalize_window, window_kv_bounds0, window_span
+from attnscope.model.tiles import Grid, bounded_window, window_kv_bounds0, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
 DECODE_IMPLS = ("flash", "cudnn", "attnscope")
@@ -168,12 +168,11 @@ def decode_compulsory(cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp
 
 def decode_window_keys(lens, nq: int, window) -> int:
     """Keys the last ``nq`` queries of the sequences see, summed: all of them without a ``window``; with one
-    (decode is causal: `tiles.normalize_window` with causal, a bounded left side) ``min(len, nq + left)``
-    each. A window that bounds no side is refused in one line naming ``window``."""
+    (decode is causal: `tiles.bounded_window` with causal, a bounded left side, else one line naming
+    ``window``) ``min(len, nq + left)`` each."""
     if window is None:
         return sum(lens)
-    left, _ = normalize_window(True, window)
-    expect(left >= 0, "window", "a window bounding the left side (decode is causal)", window)
+    left, _ = bounded_window(True, window)
     return sum(min(n, nq + left) for n in lens)
 
 
@@ -229,8 +228,9 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
     params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
     window: attnscope's sliding window ``(left, right)`` (causal: the left side bounds; None: none): the
-        compulsory K/V are the keys the queries see, and the kernel reads them from the start of the
-        `DECODE_BLOCK_N` block that holds the first (the ``window_edge`` term); every other term as without.
+        compulsory K/V are the keys the queries see, and the kernel reads them from the start of its
+        key block (64 keys with a row tile over 32 rows, else 128) that holds the first (the ``window_edge``
+        term); every other term as without.
 
     Returns
     -------
