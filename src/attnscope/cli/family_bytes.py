@@ -69,17 +69,25 @@ def decode_estimate_line(spec: dict, sms: int | None) -> str:
             f"{est.compulsory / MiB:,.3f} MiB + {terms}")
 
 
-def window_spec(args) -> dict:
-    """The window family's spec of `bytes --window L,R` (one forward with a sliding window, --impl attnscope
-    or flex), validated as a grid row (`physical.point`: one line naming the field)."""
+def family_spec(args, family: str) -> dict:
+    """The spec of one point of ``family`` from `bytes`'s flags (`bytes --window L,R`: a windowed forward,
+    --impl attnscope or flex; `--family backward` / `varlen`, optionally windowed), validated as a grid row
+    (`physical.point`: one line naming the flag)."""
     from attnscope.cli.analytic import window_arg
 
     win = window_arg(args.window)
-    expect(win is not None, "--window", "L,R with --impl flex (Flex's call here is a sliding-window one)",
-           args.window)
-    raw = {"pass": "window", "impl": args.impl, "batch": args.batch, "heads": args.heads,
-           "kv_heads": args.kv_heads or 0, "n": args.n, "d": args.d, "dtype": args.dtype,
-           "causal": args.causal, "window": list(win)}
+    expect(win is not None or family != "window", "--window",
+           "L,R with --impl flex (Flex's call here is a sliding-window one)", args.window)
+    raw = {"pass": family, "impl": args.impl, "batch": args.batch, "heads": args.heads,
+           "kv_heads": args.kv_heads or 0, "d": args.d, "dtype": args.dtype, "causal": args.causal,
+           "window": list(win) if win else ""}
+    if family != "varlen" or args.n != 4096:  # varlen takes --lens (a given --n is refused by name)
+        raw["n"] = args.n
+    if family == "varlen":
+        raw["lens"] = args.lens if args.lens is not None else ""
+        raw["lens"] = raw["lens"].replace(",", ";")
+    if family == "backward":
+        raw |= {"deterministic": args.deterministic, "kernels": args.kernels or ""}
     try:
         return physical.point(raw, "row")
     except (InputError, NotImplementedError) as e:  # "row: field: ..." -> "--field: ..." (the flag given)
@@ -87,10 +95,10 @@ def window_spec(args) -> dict:
             from None
 
 
-def window_report(args, spec: dict, measured, l2: int | None, sms: int | None) -> int:
-    """`bytes --window L,R`: the call's logical ledger, compulsory bytes and DRAM estimate
-    (model/window_estimate.py, on --l2-bytes / --sms or the --device entry's), beside ncu's ``measured``
-    bytes (`ncu.Measured`) where it ran."""
+def family_report(args, spec: dict, measured, l2: int | None, sms: int | None) -> int:
+    """One family point of `bytes` (`family_spec`): the call's logical ledger, compulsory bytes and DRAM
+    estimate (`families.ESTIMATES`' module, on --l2-bytes / --sms or the --device entry's), beside ncu's
+    ``measured`` bytes (`ncu.Measured`) where it ran."""
     dev = roofline.device(args.device)
     l2, sms = l2 or dev.l2, sms or dev.sms
     r = families.row(spec, [measured.total if measured and measured.total else 1], l2, sms)
@@ -105,8 +113,8 @@ def window_report(args, spec: dict, measured, l2: int | None, sms: int | None) -
         return 0
     vs = {k: f"{v:+.1%}" for k, v in errors.items()}
     rows = [[f"logical ledger ({r.ledger})", f"{r.logical / MiB:,.2f}", vs.get("logical_error", "")],
-            ["compulsory (Q, K, V read once, O written once)", f"{r.compulsory / MiB:,.2f}", ""],
-            ["DRAM estimate (model/window_estimate.py)",
+            ["compulsory (each input read once, each output written once)", f"{r.compulsory / MiB:,.2f}", ""],
+            [f"DRAM estimate ({families.ESTIMATES[spec['pass']]})",
              "-" if r.estimate is None else f"{r.estimate / MiB:,.2f}", vs.get("estimate_error", "")]]
     rows += [[f"  {n}", f"{b / MiB:+,.3f}", ""] for n, b, _ in r.terms]
     if measured:

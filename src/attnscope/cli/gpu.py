@@ -193,9 +193,14 @@ def _bytes(args) -> int:
     for flag in ("page_size", "capacity", "kv_dtype", "nq"):
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "to come with --cache-lens",
                getattr(args, flag))
-    windowed = args.window is not None or args.impl == "flex"
-    expect(not windowed or not (args.sweep or args.from_json or args.calibrate), "--window",
-           "none with --sweep, --from-json or --calibrate (a grid row names its own window)", args.window)
+    family = args.family or ("window" if args.window is not None or args.impl == "flex" else None)
+    for flag, ok in (("window", family != "window" or not (args.sweep or args.from_json or args.calibrate)),
+                     ("family", not args.family or not (args.sweep or args.from_json or args.calibrate))):
+        expect(ok, "--" + flag, "none with --sweep, --from-json or --calibrate (a grid row names its own)",
+               getattr(args, flag))
+    for flag, fam in (("lens", "varlen"), ("deterministic", "backward"), ("kernels", "backward")):
+        expect(getattr(args, flag) in (None, False) or family == fam, "--" + flag, f"to come with --family "
+               f"{fam}", getattr(args, flag))
     expect(args.splits == 1, "--splits", "to come with --cache-lens", args.splits)
     _machine_flags(args)
     if not 1 <= args.repeat <= physical.MAX_REPEAT:
@@ -214,10 +219,10 @@ def _bytes(args) -> int:
     if args.json not in (None, "-"):
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
-    if windowed:
+    if family is not None:  # one point of another family: its grid row's spec, ledger and estimate
         from attnscope.cli import family_bytes
 
-        spec = family_bytes.window_spec(args)
+        spec = family_bytes.family_spec(args, family)
         l2, sms, measured = args.l2_bytes, args.sms, None
         if not args.estimate_only:
             if (code := _no_gpu("bytes")) is not None:
@@ -227,7 +232,7 @@ def _bytes(args) -> int:
                 measured = ncu.measure_spec(spec, cache_control=args.cache_control)
             except ncu.NcuError as e:
                 return _fail("bytes", str(e))
-        return family_bytes.window_report(args, spec, measured, l2, sms)
+        return family_bytes.family_report(args, spec, measured, l2, sms)
 
     _positive(args, "n", "d", "heads", "batch", "kv_heads")
     hkv = args.heads if args.kv_heads is None else args.kv_heads
@@ -588,6 +593,16 @@ def configure(sub) -> None:
     p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=(*ncu.IMPLS, "flex"),
                    help=f"implementation measured (flex: with --window only) {SPEC}")
     _shape(p, json_flag=False)
+    p.add_argument("--family", default=None, choices=("backward", "varlen", "window"),
+                   help="one point of another kernel family (a sweep row's pass) against its ledger and "
+                        "estimate: backward (--n, --causal, --deterministic, --kernels), varlen (--lens), "
+                        "window (--window); any of them with --window for attnscope")
+    p.add_argument("--lens", default=None, metavar="L1,L2,...",
+                   help="--family varlen: the packed sequences' lengths")
+    p.add_argument("--deterministic", action="store_true",
+                   help="--family backward: attnscope's dQ in its own pass (default: atomic dQ)")
+    p.add_argument("--kernels", default=None, choices=families.KERNELS,
+                   help="--family backward: attnscope's kernels (default: the mode's, as a sweep row's)")
     p.add_argument("--window", default=None, metavar="L,R",
                    help="a sliding window (flash-attn's window_size; causal forces R = 0; write "
                         "negative values as --window=-1,8): one forward of --impl attnscope or flex "
