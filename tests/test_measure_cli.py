@@ -388,10 +388,10 @@ def test_bytes_window_and_family_estimates_import_neither_torch_nor_triton():
      "pass,impl,heads,kv_heads,n,d,causal,deterministic,window\nbackward,attnscope,16,4,4096,128,1,1,512:0\n"),
     (["--family", "backward", "--impl", "cudnn", "--n", "2048", "--heads", "8", "--d", "64"],
      "pass,impl,heads,n,d\nbackward,cudnn,8,2048,64\n"),
-    (["--family", "varlen", "--impl", "flex", "--lens", "1000,300", "--heads", "8", "--kv-heads", "2",
+    (["--family", "varlen", "--impl", "flex", "--lengths", "1000,300", "--heads", "8", "--kv-heads", "2",
       "--causal"], "pass,impl,heads,kv_heads,d,causal,lens\nvarlen,flex,8,2,128,1,1000;300\n"),
-    (["--family", "varlen", "--impl", "attnscope", "--lens", "700,64,2000", "--window", "100,100", "--dtype",
-      "bf16"], "pass,impl,heads,d,dtype,lens,window\nvarlen,attnscope,32,128,bf16,700;64;2000,100:100\n"),
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", "700,64,2000", "--window", "100,100",
+      "--dtype", "bf16"], "pass,impl,heads,d,dtype,lens,window\nvarlen,attnscope,32,128,bf16,700;64;2000,100:100\n"),
 ])
 def test_bytes_family_point_is_its_sweep_row(argv, row, capsys):
     """`bytes --family F` (one backward or varlen point, windowed or not) reports what the same grid row
@@ -409,11 +409,11 @@ def test_bytes_family_point_is_its_sweep_row(argv, row, capsys):
 
 
 @pytest.mark.parametrize("argv, err", [
-    (["--lens", "100"], "--lens: expected to come with --family varlen"),
+    (["--lengths", "100"], "--lengths: expected to come with --family varlen"),
     (["--deterministic"], "--deterministic: expected to come with --family backward"),
     (["--kernels", "auto"], "--kernels: expected to come with --family backward"),
-    (["--family", "varlen", "--impl", "attnscope"], "--lens: expected a value, got none"),
-    (["--family", "varlen", "--impl", "attnscope", "--lens", "100", "--n", "50"],
+    (["--family", "varlen", "--impl", "attnscope"], "--lengths: expected a value, got none"),
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", "100", "--n", "50"],
      "--n: expected no value with pass varlen"),
     (["--family", "backward", "--impl", "flash", "--deterministic"],
      "--deterministic: true with impl flash is not measured"),

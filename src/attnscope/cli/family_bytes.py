@@ -72,7 +72,7 @@ def decode_estimate_line(spec: dict, sms: int | None) -> str:
 def family_spec(args, family: str) -> dict:
     """The spec of one point of ``family`` from `bytes`'s flags (`bytes --window L,R`: a windowed forward,
     --impl attnscope or flex; `--family backward` / `varlen`, optionally windowed), validated as a grid row
-    (`physical.point`: one line naming the flag)."""
+    (`physical.point`: one line naming the flag; the row's ``lens`` is --lengths)."""
     from attnscope.cli.analytic import window_arg
 
     win = window_arg(args.window)
@@ -81,18 +81,18 @@ def family_spec(args, family: str) -> dict:
     raw = {"pass": family, "impl": args.impl, "batch": args.batch, "heads": args.heads,
            "kv_heads": args.kv_heads or 0, "d": args.d, "dtype": args.dtype, "causal": args.causal,
            "window": list(win) if win else ""}
-    if family != "varlen" or args.n != 4096:  # varlen takes --lens (a given --n is refused by name)
+    if family != "varlen" or args.n != 4096:  # varlen takes --lengths (a given --n is refused by name)
         raw["n"] = args.n
     if family == "varlen":
-        raw["lens"] = args.lens if args.lens is not None else ""
-        raw["lens"] = raw["lens"].replace(",", ";")
+        raw["lens"] = "" if args.lengths is None else args.lengths.replace(",", ";")
     if family == "backward":
         raw |= {"deterministic": args.deterministic, "kernels": args.kernels or ""}
     try:
         return physical.point(raw, "row")
     except (InputError, NotImplementedError) as e:  # "row: field: ..." -> "--field: ..." (the flag given)
-        raise type(e)(re.sub(r"^row: (\w+):", lambda m: f"--{m.group(1).replace('_', '-')}:", str(e))) \
-            from None
+        flag = {"lens": "lengths"}
+        raise type(e)(re.sub(r"^row: (\w+):", lambda m: f"--{flag.get(m[1], m[1]).replace('_', '-')}:",
+                             str(e))) from None
 
 
 def family_report(args, spec: dict, measured, l2: int | None, sms: int | None) -> int:

@@ -198,7 +198,7 @@ def _bytes(args) -> int:
                      ("family", not args.family or not (args.sweep or args.from_json or args.calibrate))):
         expect(ok, "--" + flag, "none with --sweep, --from-json or --calibrate (a grid row names its own)",
                getattr(args, flag))
-    for flag, fam in (("lens", "varlen"), ("deterministic", "backward"), ("kernels", "backward")):
+    for flag, fam in (("lengths", "varlen"), ("deterministic", "backward"), ("kernels", "backward")):
         expect(getattr(args, flag) in (None, False) or family == fam, "--" + flag, f"to come with --family "
                f"{fam}", getattr(args, flag))
     expect(args.splits == 1, "--splits", "to come with --cache-lens", args.splits)
@@ -595,10 +595,10 @@ def configure(sub) -> None:
     _shape(p, json_flag=False)
     p.add_argument("--family", default=None, choices=("backward", "varlen", "window"),
                    help="one point of another kernel family (a sweep row's pass) against its ledger and "
-                        "estimate: backward (--n, --causal, --deterministic, --kernels), varlen (--lens), "
+                        "estimate: backward (--n, --causal, --deterministic, --kernels), varlen (--lengths), "
                         "window (--window); any of them with --window for attnscope")
-    p.add_argument("--lens", default=None, metavar="L1,L2,...",
-                   help="--family varlen: the packed sequences' lengths")
+    p.add_argument("--lengths", default=None, metavar="N1,N2,...",
+                   help="--family varlen: the packed sequences' lengths (as `traffic --lengths`)")
     p.add_argument("--deterministic", action="store_true",
                    help="--family backward: attnscope's dQ in its own pass (default: atomic dQ)")
     p.add_argument("--kernels", default=None, choices=families.KERNELS,
