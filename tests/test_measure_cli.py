@@ -391,7 +391,8 @@ def test_bytes_window_and_family_estimates_import_neither_torch_nor_triton():
     (["--family", "varlen", "--impl", "flex", "--lengths", "1000,300", "--heads", "8", "--kv-heads", "2",
       "--causal"], "pass,impl,heads,kv_heads,d,causal,lens\nvarlen,flex,8,2,128,1,1000;300\n"),
     (["--family", "varlen", "--impl", "attnscope", "--lengths", "700,64,2000", "--window", "100,100",
-      "--dtype", "bf16"], "pass,impl,heads,d,dtype,lens,window\nvarlen,attnscope,32,128,bf16,700;64;2000,100:100\n"),
+      "--dtype", "bf16"],
+     "pass,impl,heads,d,dtype,lens,window\nvarlen,attnscope,32,128,bf16,700;64;2000,100:100\n"),
 ])
 def test_bytes_family_point_is_its_sweep_row(argv, row, capsys):
     """`bytes --family F` (one backward or varlen point, windowed or not) reports what the same grid row
