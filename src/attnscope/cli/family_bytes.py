@@ -69,6 +69,26 @@ def decode_estimate_line(spec: dict, sms: int | None) -> str:
             f"{est.compulsory / MiB:,.3f} MiB + {terms}")
 
 
+def add_flags(p) -> None:
+    """Add `bytes`'s flags of one point of another family (--family, --lengths, --deterministic, --kernels,
+    --window) to its parser ``p``."""
+    p.add_argument("--family", default=None, choices=("backward", "varlen", "window"),
+                   help="one point of another kernel family (a sweep row's pass) against its ledger and "
+                        "estimate: backward (--n, --causal, --deterministic, --kernels), varlen (--lengths), "
+                        "window (--window); any of them with --window for attnscope")
+    p.add_argument("--lengths", default=None, metavar="N1,N2,...",
+                   help="--family varlen: the packed sequences' lengths (as `traffic --lengths`)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="--family backward: attnscope's dQ in its own pass (default: atomic dQ)")
+    p.add_argument("--kernels", default=None, choices=families.KERNELS,
+                   help="--family backward: attnscope's kernels (default: the mode's, as a sweep row's)")
+    p.add_argument("--window", default=None, metavar="L,R",
+                   help="a sliding window (flash-attn's window_size; causal forces R = 0; write "
+                        "negative values as --window=-1,8): one forward of --impl attnscope or flex "
+                        "against the window family's ledger and estimate (model/window_estimate.py); "
+                        "with --cache-lens the decode's window (L bounds)")
+
+
 def family_spec(args, family: str) -> dict:
     """The spec of one point of ``family`` from `bytes`'s flags (`bytes --window L,R`: a windowed forward,
     --impl attnscope or flex; `--family backward` / `varlen`, optionally windowed), validated as a grid row

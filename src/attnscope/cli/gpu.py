@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from attnscope.cli import serving
+from attnscope.cli import family_bytes, serving
 from attnscope.cli._out import MiB, _clean, console, int_list, path_arg, print_json, table
 from attnscope.cli.closed_loop import loop_rows
 from attnscope.errors import InputError, expect, positive_int, visible
@@ -157,8 +157,6 @@ def _bytes_decode(args) -> int:
     lens = int_list("--cache-lens", args.cache_lens)
     g = paged(lens, args.page_size, kv_dtype=args.kv_dtype, **kw)
     base = g if g.kv_dtype == args.dtype else paged(lens, args.page_size, **kw)
-    from attnscope.cli import family_bytes
-
     spec = {"pass": "decode", "impl": "attnscope", "heads": args.heads, "kv_heads": args.kv_heads,
             "d": args.d, "dtype": args.dtype, "cache_lens": lens, "page_size": args.page_size,
             "splits": args.splits, "nq": nq,
@@ -220,8 +218,6 @@ def _bytes(args) -> int:
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
     if family is not None:  # one point of another family: its grid row's spec, ledger and estimate
-        from attnscope.cli import family_bytes
-
         spec = family_bytes.family_spec(args, family)
         l2, sms, measured = args.l2_bytes, args.sms, None
         if not args.estimate_only:
@@ -370,8 +366,6 @@ def _bytes_sweep(args) -> int:
         expect(bool(args.sweep), "--estimate-only", "--sweep GRID (or a single point's flags), not "
                "--from-json or --calibrate", "--from-json" if args.from_json else "--calibrate")
         expect(args.repeat == 1, "--repeat", "1 with --estimate-only", args.repeat)
-        from attnscope.cli import family_bytes
-
         return family_bytes.sweep_estimates(args)
     repeat = args.repeat  # checked in `_bytes`; --from-json reads a sweep's own repeat from its env
     # --json alone: JSON on stdout *instead of* the tables, as every other --json
@@ -593,21 +587,7 @@ def configure(sub) -> None:
     p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=(*ncu.IMPLS, "flex"),
                    help=f"implementation measured (flex: with --window only) {SPEC}")
     _shape(p, json_flag=False)
-    p.add_argument("--family", default=None, choices=("backward", "varlen", "window"),
-                   help="one point of another kernel family (a sweep row's pass) against its ledger and "
-                        "estimate: backward (--n, --causal, --deterministic, --kernels), varlen (--lengths), "
-                        "window (--window); any of them with --window for attnscope")
-    p.add_argument("--lengths", default=None, metavar="N1,N2,...",
-                   help="--family varlen: the packed sequences' lengths (as `traffic --lengths`)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="--family backward: attnscope's dQ in its own pass (default: atomic dQ)")
-    p.add_argument("--kernels", default=None, choices=families.KERNELS,
-                   help="--family backward: attnscope's kernels (default: the mode's, as a sweep row's)")
-    p.add_argument("--window", default=None, metavar="L,R",
-                   help="a sliding window (flash-attn's window_size; causal forces R = 0; write "
-                        "negative values as --window=-1,8): one forward of --impl attnscope or flex "
-                        "against the window family's ledger and estimate (model/window_estimate.py); "
-                        "with --cache-lens the decode's window (L bounds)")
+    family_bytes.add_flags(p)
     p.add_argument("--kv-heads", type=int, default=None,
                    help="K/V heads (GQA/MQA): a divisor of --heads (default: --heads)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=path_arg,
