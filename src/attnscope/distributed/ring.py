@@ -224,8 +224,8 @@ def _blocks(r: int, s: int, p: int, causal: bool, chunks, window):
 
 
 def _block_forward(q, k, v, causal, scale, softcap, bounds):
-    """(o, lse) of one block: the dense kernel; with softcap or a window band the varlen kernel, one
-    sequence per batch row (the dense kernel of this tree has neither)."""
+    """(o, lse) of one block: the dense kernel; with softcap or a window band (`bounds`: signed, off the
+    diagonal) the varlen kernel, one sequence per batch row."""
     if not softcap and bounds is None:
         from attnscope.kernels.fwd import flash_attention
 

@@ -432,7 +432,7 @@ def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
 
 
 #: `launch_tail`'s factor: the interleaved tail's work, spread over the SMs, lasts TAIL_WAVES / 2 times the
-#: heaviest tile (list-schedule simulations; the H200 probe of 2026-12-04, BENCHMARKS.md "Backward").
+#: heaviest tile (list-schedule simulations; the H200 launch-order probe, BENCHMARKS.md "Backward").
 TAIL_WAVES = 4
 
 
