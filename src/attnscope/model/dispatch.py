@@ -12,7 +12,7 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
 
 The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and
 dQ kernels instead of the portable ones: wherever they are built (head dim), with every score mod (window,
-softcap, sinks). On the H200 they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's
+softcap, sinks). On the H200 they ran 1.39-1.66 x the portable backward at every point of bench/backward.py's
 grid (bench/results/h200-2026-12-02-backward-hopper-first.json) and 1.41-1.68 x with a window or softcap at
 d = 64 and 128 (bench/results/h200-2026-12-02-mods-d*.json). The packed backward (kernels/varlen_bwd.py
 `pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py's Gluon kernels (no window or softcap
