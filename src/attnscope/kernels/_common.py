@@ -151,7 +151,7 @@ class Mods(NamedTuple):
 
 
 def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device) -> Mods:
-    """Validate the score mods (the one contract of every kernel: DESIGN.md,
+    """Validate the score mods (the one contract of every kernel, with
     `model.tiles.normalize_window`): ``window`` None or (left, right) ints from -1 to `MAX_WINDOW_SIDE`
     (causal forces right = 0, and a causal call with left = -1 is plain causal: ``windowed`` False; a side
     >= `UNBOUNDED_SIDE` is folded to -1, the same visibility); ``softcap`` a finite real >= 0 (0 = off);

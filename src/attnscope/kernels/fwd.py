@@ -12,7 +12,7 @@ skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bo
 in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
-Score mods (DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
+Score mods (`_common.check_mods`' contract), constexpr-gated so the kernel without them is unchanged: a
 sliding window (``WINDOW``) runs the unmasked tiles, then the left- and right-masked ones in one loop,
 between the bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never
 loaded); softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
