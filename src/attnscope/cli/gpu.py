@@ -590,7 +590,7 @@ def configure(sub) -> None:
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
     p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=(*ncu.IMPLS, "flex"),
-                   help=f"implementation measured (flex: with --window only) {SPEC}")
+                   help=f"implementation measured (flex: with --window or --family varlen) {SPEC}")
     _shape(p, json_flag=False)
     family_bytes.add_flags(p)
     p.add_argument("--kv-heads", type=int, default=None,
