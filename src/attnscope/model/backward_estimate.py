@@ -69,7 +69,7 @@ from attnscope.model.family_estimate import (
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
-from attnscope.model.tiles import Grid, normalize_window, window_span
+from attnscope.model.tiles import Grid, hides_keys, normalize_window, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 from attnscope.model.window_estimate import band_rereads, group_gap_miss
 
@@ -338,6 +338,8 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     win = attnscope_window(what, impl, causal, window)
     if win is not None:
         facts["window"] = list(win)
+        if not hides_keys(n, n, causal, win):  # the kernels walk what they walk without one
+            win = None
     if impl == "naive":
         if hkv != h:
             raise NotImplementedError(f"{what}: kv_heads {hkv} != heads {h}; supported: MHA (the naive "

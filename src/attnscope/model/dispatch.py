@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 
 from attnscope.errors import MAX_DIM, choice, expect, is_int, positive_int
-from attnscope.model.tiles import Grid
+from attnscope.model.tiles import Grid, hides_keys
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -155,8 +155,8 @@ def portable_window(d: int, window: tuple[int, int] | None, nq: int, nk: int, ca
     takes kernels/fwd.py ``WINDOW_CONFIGS``' tiles on any GPU)."""
     if window is None or (window[0] < 0 and window[1] < 0) or d not in WINDOW_PORTABLE_KEYS:
         return False
-    keys = window_mean_keys(nq, nk, causal, window)
-    return keys < window_mean_keys(nq, nk, causal, None) and keys <= WINDOW_PORTABLE_KEYS[d]
+    return hides_keys(nq, nk, causal, window) and window_mean_keys(nq, nk, causal, window) <= \
+        WINDOW_PORTABLE_KEYS[d]
 
 
 #: Head dims the Hopper backward is built for (kernels/bwd_hopper.py ``CONFIGS``).

@@ -369,6 +369,14 @@ def bounded_window(causal: bool, window) -> tuple[int, int]:
     return left, right
 
 
+def hides_keys(nq: int, nk: int, causal: bool, window) -> bool:
+    """Whether ``window`` (`normalize_window`) hides some (query, key) pair of an ``nq`` x ``nk`` call that
+    the causal flag alone shows: fewer visible pairs (`Grid.visible_pairs`, closed form). A window that hides
+    none (a side at least the call's length) leaves the call as it is without one."""
+    return Grid(nq, nk, causal=causal, window=window).visible_pairs() < \
+        Grid(nq, nk, causal=causal).visible_pairs()
+
+
 def window_span(window: tuple[int, int], n: int) -> int:
     """Keys an effective window ``(left, right)`` spans beside a row's own, within ``n`` keys a side (-1,
     unbounded: ``n``): ``left + right`` clipped."""
