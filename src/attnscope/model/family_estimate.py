@@ -113,6 +113,27 @@ def attnscope_window(what: str, impl: str, causal: bool, window) -> tuple[int, i
     return win
 
 
+def unwindowed_terms(plain) -> dict | None:
+    """Term name -> bytes of a windowed call's estimate without its window (``plain``: a callable giving it),
+    which caps the windowed call's re-read terms: the window's kernel walks a subset of the same walk's tile
+    pairs in the same order, so it re-reads no more, while the band walk's distances, counted alone, can
+    exceed the whole walk's near full width. None where the plain call is not modelled or not measured."""
+    try:
+        return {n: b for n, b, _ in plain().terms}
+    except (NotImplementedError, NotMeasured):
+        return None
+
+
+def capped(value: float, caps: dict | None, name: str, facts: dict) -> float:
+    """``value`` at most ``caps[name]`` (`unwindowed_terms`: 0 where that estimate has no such term; no cap
+    where caps is None), the capped names listed in ``facts["window_capped"]``."""
+    cap = None if caps is None else caps.get(name, 0.0)
+    if cap is not None and value > cap:
+        facts.setdefault("window_capped", []).append(name)
+        return cap
+    return value
+
+
 def _dirty_o(o: int, kv_read: float, q: int, l2: int) -> tuple:
     """The `CREDIT` term: bytes of the output ``o`` still dirty in the write-back L2 when the call ends, which
     ncu does not count. The forward estimate's rule (model/l2.py, `_retained`, measured there against the
@@ -459,8 +480,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     query tile loads the KV tiles of its band, so a later wave re-reads only the band it shares with the wave
     before (``left + right`` keys and one KV tile, per kv head), behind the wave's own band (its C / H query
     tiles' rows and the window's width) and the resident Q/O; the windowed build is the masked one, whose
-    spill frame is taken as the causal build's (ptxas: 176 B against 200 B at d 128, none at d 64). Flex
-    with a window is not modelled.
+    spill frame is taken as the causal build's (ptxas: 176 B against 200 B at d 128, none at d 64); the
+    re-reads at most the call's without the window (`unwindowed_terms`). Flex with a window is not modelled.
     """
     choice("impl", impl, VARLEN_IMPLS)
     lens = _lens("lens", lens)
@@ -522,6 +543,10 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
                 want = ((passes - 1.0 - last) * m_own + last * m_last) * kv_i
                 rereads += min(extra[i] * max(m_own, m_last), want)
         facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}  # of the re-read sequences
+        if any(w is not None for w in wins):
+            rereads = capped(rereads, unwindowed_terms(lambda: varlen_estimate(
+                impl, lens, causal=causal, d=d, dtype=dtype, heads=h, kv_heads=hkv, sms=sms,
+                l2_bytes=l2_bytes, device=device, params=params)), "kv_rereads", facts)
         terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
                                              "(heads fastest: a wave spans all heads), missing the L2"))
         terms.append(_varlen_spill(items * h, c, d, causal or win is not None, comp + rereads, l2, params,
