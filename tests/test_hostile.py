@@ -2377,3 +2377,44 @@ def test_model_api_still_answers_good_arguments():
     assert l2_params.miss(0.5) == 0.0 and l2_params.miss(100.0) == 1.0
     assert dispatch.hopper_variant(128, True, 1, 32, 8, 4096, 4096) == "hopper_persist"
     assert l2.compulsory("flash", 4096, 128, 32) > 4 * 4096 * 128 * 32
+
+
+# --- fourth hostile pass: the kernels' API with odd arguments
+
+
+def _mod_calls(torch, q, k, v):
+    """Each entry point that takes the score mods, on one [1, 2, 16, 64] problem: name -> call(**mods)."""
+    import attnscope
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache
+
+    tq, tk, tv = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # varlen [total, H, d]
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    lens = torch.tensor([16], dtype=torch.int32)
+    return {
+        "flash_attention": lambda **kw: attnscope.flash_attention(q, k, v, **kw),
+        "flash_attention grad": lambda **kw: attnscope.flash_attention(q.clone().requires_grad_(), k, v,
+                                                                        **kw),
+        "flash_attention_varlen": lambda **kw: attnscope.flash_attention_varlen(tq, tk, tv, cu, cu, 10, 10,
+                                                                                **kw),
+        "flash_decode": lambda **kw: attnscope.flash_decode(q[:, :, -1:], k, v, lens, **kw),
+        "flash_attn_with_kvcache": lambda **kw: flash_attn_with_kvcache(
+            q[:, :, -1:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache_seqlens=16, **kw),
+    }
+
+
+def test_softcap_outside_fp32_is_refused_never_nan(torch):
+    """softcap * log2(e) and scale / softcap are fp32 kernel arguments: past fp32 they were inf or 0, and a
+    zero score gave 0 * inf or inf * tanh(0) = NaN (every entry point; varlen and decode also at 3e38)."""
+    from attnscope.kernels._common import FP32_MAX, FP32_TINY, LOG2E, MAX_SCALE
+
+    torch.manual_seed(0)
+    k, v = (torch.randn(1, 2, 16, 64).to(torch.float16) for _ in range(2))
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)  # every score 0
+    low = max(FP32_TINY / LOG2E, 0.125 / FP32_MAX)  # scale 1/sqrt(64)
+    for name, call in _mod_calls(torch, q, k, v).items():
+        for softcap in (1e-300, 1e-40, low * 0.99, MAX_SCALE * 1.01, 3e38, 1e300):
+            with pytest.raises(NotImplementedError, match=r"^softcap: .* is not supported at scale 0.125"):
+                call(softcap=softcap)
+        for softcap in (low, 1e-30, MAX_SCALE):  # the edges themselves: finite, the plain average of V
+            o = call(softcap=softcap)
+            assert torch.isfinite(o).all(), (name, softcap)

@@ -18,6 +18,7 @@ from attnscope.model.tiles import normalize_window
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
 FP32_MAX = 3.4028234663852886e38
+FP32_TINY = 2.0**-126  # the smallest normal fp32
 #: Largest softmax scale: the kernels take ``scale * log2(e)`` as an fp32 argument, which must stay finite.
 MAX_SCALE = FP32_MAX / LOG2E  # about 2.36e38
 
@@ -128,6 +129,18 @@ def check_scale(scale) -> None:
 #: have one (their capped value is 0 either way). A larger cap (tanh is then the identity for any score) runs
 #: the portable kernels.
 HOPPER_MAX_SOFTCAP = 2.0 ** 60
+def check_softcap(softcap: float, sm_scale: float) -> None:
+    """NotImplementedError unless a softcap (> 0) at softmax scale ``sm_scale`` gives the kernels finite,
+    normal fp32 arguments: ``softcap * log2(e)`` (the capped scores' scale; decode divides by it) in
+    [`FP32_TINY`, `FP32_MAX`] and ``scale / softcap`` (the tanh argument's scale) at most `FP32_MAX`.
+    Outside, they overflow to inf or underflow to 0, and a score's ``0 * inf`` or ``inf * tanh(0)`` is NaN."""
+    low = max(FP32_TINY / LOG2E, sm_scale / FP32_MAX)
+    if not low <= softcap <= MAX_SCALE:
+        raise NotImplementedError(
+            f"softcap: {softcap:.3g} is not supported at scale {sm_scale:.3g}; supported: {low:.3g} <= "
+            f"softcap <= {MAX_SCALE:.3g} (softcap * log2(e) and scale / softcap must be normal finite fp32)")
+
+
 #: Largest window side a kernel call takes (the kernels' window arithmetic is int32).
 MAX_WINDOW_SIDE = 2**31 - 1
 #: A window side from here up reaches past every sequence the kernels take (the varlen kernels' unbounded
