@@ -2418,3 +2418,31 @@ def test_softcap_outside_fp32_is_refused_never_nan(torch):
         for softcap in (low, 1e-30, MAX_SCALE):  # the edges themselves: finite, the plain average of V
             o = call(softcap=softcap)
             assert torch.isfinite(o).all(), (name, softcap)
+
+
+def test_kvcache_int_lengths_out_of_range_are_refused_on_the_host(torch):
+    """An int cache_seqlens is known on the host: past the cache (it was clamped to L, with only a device
+    record), past int32 (a raw RuntimeError) or short of the queries is refused by name, as the append's
+    is."""
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache
+    from attnscope.kernels import decode
+
+    torch.manual_seed(0)
+    kc, vc = (torch.randn(2, 32, 1, 64).to(torch.float16) for _ in range(2))
+    q1, q4 = torch.randn(2, 1, 2, 64).to(torch.float16), torch.randn(2, 4, 2, 64).to(torch.float16)
+    pages = kc.view(4, 16, 1, 64), vc.view(4, 16, 1, 64)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with contextlib.suppress(InputError):
+        decode.check_errors()
+    for q, kw, length in ((q1, {}, 33), (q1, {}, 2**40), (q4, dict(causal=True), 3),
+                          (q4, dict(causal=True), 40), (q1, dict(block_table=table), 33)):
+        caches = pages if "block_table" in kw else (kc, vc)
+        with pytest.raises(InputError, match=r"^cache_seqlens: expected 0 or an int from Nq = \d+ to the "
+                                             r"cache's capacity 32"):
+            flash_attn_with_kvcache(q, *caches, cache_seqlens=length, **kw)
+    decode.check_errors()  # nothing launched
+    for q, kw, length in ((q1, {}, 32), (q1, {}, 0), (q4, dict(causal=True), 4),
+                          (q1, dict(block_table=table), 32)):
+        caches = pages if "block_table" in kw else (kc, vc)
+        assert torch.isfinite(flash_attn_with_kvcache(q, *caches, cache_seqlens=length, **kw)).all()
+    decode.check_errors()
