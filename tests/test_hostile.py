@@ -2446,3 +2446,31 @@ def test_kvcache_int_lengths_out_of_range_are_refused_on_the_host(torch):
         caches = pages if "block_table" in kw else (kc, vc)
         assert torch.isfinite(flash_attn_with_kvcache(q, *caches, cache_seqlens=length, **kw)).all()
     decode.check_errors()
+
+
+def test_sinks_gradient_never_inf_or_nan(torch):
+    """A +inf sink takes all the weight and a NaN one none (the forward's rule, `_tl.sink_log2`); their
+    gradient follows it: dsinks = sum dLSE for +inf (LSE = the sink), 0 for NaN and -inf -- it was inf and
+    NaN (exp(sink - LSE) of the raw sink) in the dense and varlen backward."""
+    import attnscope
+
+    q, k, v = _kernel_inputs(torch)
+    tq, tk, tv = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    calls = {
+        "flash_attention": lambda q, k, v, s: attnscope.flash_attention(q, k, v, causal=True, sinks=s,
+                                                                        return_lse=True),
+        "flash_attention_varlen": lambda q, k, v, s: attnscope.flash_attention_varlen(
+            q, k, v, cu, cu, 10, 10, causal=True, sinks=s, return_lse=True),
+    }
+    for name, call in calls.items():
+        for value in (float("inf"), -float("inf"), float("nan")):
+            inputs = (q, k, v) if name == "flash_attention" else (tq, tk, tv)
+            leaves = [x.clone().requires_grad_() for x in inputs]
+            s = torch.tensor([value, 0.5]).requires_grad_()
+            o, lse = call(*leaves, s)
+            (o.float().sum() + 0.5 * lse.sum()).backward()
+            for t in (*leaves, s):
+                assert torch.isfinite(t.grad).all(), (name, value, t.grad)
+            want = 0.5 * 16 if value > 0 else 0.0  # +inf: d(LSE = sink)/dsink = 1 for each of the 16 rows
+            assert s.grad[0].item() == pytest.approx(want, abs=1e-6), (name, value, s.grad)

@@ -195,6 +195,21 @@ def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device
     return Mods(left, right, float(softcap), sinks)
 
 
+def sink_weight(torch, sinks, lse):
+    """``exp(sink - LSE)``, each row's softmax weight on its head's sink (``sinks`` shaped to broadcast
+    against the natural-log ``lse`` by the caller), as the kernels weigh a sink (`_tl.sink_log2`): a NaN sink
+    none, a +inf one all; at most 1 (a weight), never inf or NaN from a sink. The sinks' gradient is made of
+    it."""
+    return torch.exp(torch.where(torch.isnan(sinks), float("-inf"), sinks) - lse).clamp_(max=1.0)
+
+
+def finite_sinks(torch, sinks):
+    """The sinks as the kernels take them (`_tl.sink_log2`): NaN as -`MAX_SCALE` (no weight), the rest clamped
+    to +-`MAX_SCALE` (a +inf sink takes all the weight), so a merge of the sink as one more partial (the ring)
+    meets no inf - inf."""
+    return torch.where(torch.isnan(sinks), -MAX_SCALE, sinks).clamp(-MAX_SCALE, MAX_SCALE)
+
+
 def check_disjoint(torch, name: str, t, others: dict) -> None:
     """``t`` (an output buffer) shares no memory with any tensor of ``others`` (name -> tensor or None):
     the kernels read their inputs while they write, so an overlap would give wrong results silently."""
