@@ -563,7 +563,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;
         ``causal=True`` forces right = 0). KV tiles wholly outside the window are never loaded.
     softcap : float
-        Logit cap, 0 = off: the scaled scores become ``softcap * tanh(s * scale / softcap)``.
+        Logit cap, 0 = off: the scaled scores become ``softcap * tanh(s * scale / softcap)``. A cap whose
+        fp32 arguments would overflow or underflow (`_common.check_softcap`) raises NotImplementedError.
     sinks : torch.Tensor, [Hq], float32, optional
         One logit per query head (natural-log units, neither scaled nor capped) in every row's softmax
         denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a
