@@ -129,6 +129,8 @@ def check_scale(scale) -> None:
 #: have one (their capped value is 0 either way). A larger cap (tanh is then the identity for any score) runs
 #: the portable kernels.
 HOPPER_MAX_SOFTCAP = 2.0 ** 60
+
+
 def check_softcap(softcap: float, sm_scale: float) -> None:
     """NotImplementedError unless a softcap (> 0) at softmax scale ``sm_scale`` gives the kernels finite,
     normal fp32 arguments: ``softcap * log2(e)`` (the capped scores' scale; decode divides by it) in
