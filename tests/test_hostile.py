@@ -2474,3 +2474,23 @@ def test_sinks_gradient_never_inf_or_nan(torch):
                 assert torch.isfinite(t.grad).all(), (name, value, t.grad)
             want = 0.5 * 16 if value > 0 else 0.0  # +inf: d(LSE = sink)/dsink = 1 for each of the 16 rows
             assert s.grad[0].item() == pytest.approx(want, abs=1e-6), (name, value, s.grad)
+
+
+# =====================================================================================================
+# Third hostile pass: evidence read whole -- no cell, series or event silently dropped.
+# =====================================================================================================
+@pytest.mark.parametrize("name, content, needle", [
+    ("a.csv", "ttft_ms\n300\n1,234\n320\n",
+     "expected 1 cell on data row 2 (as the header), got 2: ['1', '234']"),
+    ("b.csv", "300\n1,234\n320\n", "expected 1 cell on data row 2 (as row 1), got 2: ['1', '234']"),
+    ("c.csv", "id,ttft_ms\nr1,300\nr2,310,9\n", "expected 2 cells on data row 2 (as the header), got 3"),
+    ("d.csv", "id,ttft_ms\nr1,300\nr2\n", "expected 2 cells on data row 2 (as the header), got 1"),
+])
+def test_csv_rows_with_other_cell_counts_are_refused_not_cut(capsys, tmp_path, name, content, needle):
+    """A thousands separator (`1,234` unquoted) made two cells: the first, 1 ms, was read as the sample; a
+    row longer than the header lost its extra cells silently."""
+    p = tmp_path / name
+    p.write_text(content)
+    line = refused(capsys, ["report", "--samples", p, "--samples-unit", "ms", "--out", tmp_path / "o"],
+                   f"--samples {name}", out_dir=tmp_path)
+    assert needle in line, line

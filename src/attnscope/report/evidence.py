@@ -111,9 +111,12 @@ def read_samples(path, unit: str | None = None) -> list[float]:
             raise InputError(f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
                              f"{short(rows[0])}")
         factor = _unit_of(found, unit, flag)
-        values = []
+        values, width = [], len(header)
         for i, r in enumerate(rows):
-            cell = r[col].strip() if col < len(r) else ""
+            if len(r) != width:  # `1,234` is two cells: never read its first as the sample
+                raise InputError(f"{flag}: expected {width} cell{'s' * (width > 1)} on data row {i + 1} (as "
+                                 f"{'the header' if named else 'row 1'}), got {len(r)}: {short(r)}")
+            cell = r[col].strip()
             if not number_text(cell):
                 raise InputError(f"{flag}: expected a plain decimal number on data row {i + 1}, "
                                  f"got {short(cell)}")
