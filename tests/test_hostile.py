@@ -2494,3 +2494,26 @@ def test_csv_rows_with_other_cell_counts_are_refused_not_cut(capsys, tmp_path, n
     line = refused(capsys, ["report", "--samples", p, "--samples-unit", "ms", "--out", tmp_path / "o"],
                    f"--samples {name}", out_dir=tmp_path)
     assert needle in line, line
+
+
+def test_prometheus_text_without_type_lines_is_read_not_ignored(capsys, tmp_path):
+    """`# TYPE` lines are optional in the text format; without them every sample is its own untyped
+    family, and a BEFORE scrape written so was read as empty: the run's numbers silently included every
+    request before it (208 instead of 200)."""
+    bare = {n: "".join(x for x in (DATA / f"vllm_{n}.prom").read_text().splitlines(True) if x[0] != "#")
+            for n in ("before", "after")}
+    ref = _metrics(tmp_path, (DATA / "vllm_before.prom").read_text(), (DATA / "vllm_after.prom").read_text())
+    for before, after in ((bare["before"], (DATA / "vllm_after.prom").read_text()),
+                          ((DATA / "vllm_before.prom").read_text(), bare["after"]),
+                          (bare["before"], bare["after"])):
+        got = _metrics(tmp_path, before, after)
+        assert [(m.name, m.hist, m.p95_ms) for m in got] == [(m.name, m.hist, m.p95_ms) for m in ref]
+    assert ref[0].hist.count == 200
+
+
+def test_a_before_scrape_without_the_histograms_is_refused_not_read_as_zero(capsys, tmp_path):
+    """A BEFORE with none of the vLLM histograms (the wrong file, another exporter's) was read as all
+    zeros: AFTER's lifetime counts were reported as the run's."""
+    (tmp_path / "b.prom").write_text("# TYPE process_cpu_seconds counter\nprocess_cpu_seconds 1\n")
+    argv = ["report", "--metrics", tmp_path / "b.prom", DATA / "vllm_after.prom", "--out", tmp_path / "o"]
+    refused(capsys, argv, "--metrics BEFORE: expected at least one vLLM histogram", out_dir=tmp_path)

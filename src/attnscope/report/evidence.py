@@ -297,11 +297,11 @@ def _labels_text(key) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _series(fam, name: str) -> dict:
-    """One family's samples by label set (all labels but `le`): {labels: [buckets, count, sum]} with
+def _series(samples, name: str) -> dict:
+    """One histogram's samples by label set (all labels but `le`): {labels: [buckets, count, sum]} with
     buckets keyed by the numeric bound (le="0.25" and le="0.250" are one bound, given twice: refused)."""
     series: dict = {}
-    for s in fam.samples:
+    for s in samples:
         if not math.isfinite(s.value) or s.value < 0:
             raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
         if s.value > MAX_COUNT:
@@ -345,11 +345,17 @@ def _histograms(text: str, flag: str) -> dict[str, dict[tuple, Histogram]]:
     except Exception as e:  # the parser raises ValueError and others on malformed text
         raise InputError(f"{flag}: expected Prometheus text exposition format, got a parse error "
                          f"({short(str(e), 80)})") from None
+    # by sample name, not family: without `# TYPE` lines (optional in the format) the parser makes each
+    # of _bucket, _count and _sum an untyped family of its own
+    by_name: dict[str, list] = {}
     for fam in families:
-        if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
-            continue
-        name = f"{flag}: {fam.name}"
-        series = {k: v for k, v in _series(fam, name).items() if v[0]}
+        for s in fam.samples:
+            base, _, suffix = s.name.rpartition("_")
+            if suffix in ("bucket", "count", "sum") and (base in VLLM_HISTOGRAMS or base == ITL_FALLBACK):
+                by_name.setdefault(base, []).append(s)
+    for fam_name, samples in by_name.items():
+        name = f"{flag}: {fam_name}"
+        series = {k: v for k, v in _series(samples, name).items() if v[0]}
         if not series:
             continue
         bounds_of = {k: tuple(sorted(v[0])) for k, v in series.items()}
@@ -373,7 +379,7 @@ def _histograms(text: str, flag: str) -> dict[str, dict[tuple, Histogram]]:
                 raise InputError(f"{name}: expected _count equal to the +Inf bucket ({one[-1]:g}), "
                                  f"got {count:g}")
             hists[key] = Histogram(bounds, one, one[-1], total)
-        out[fam.name] = hists
+        out[fam_name] = hists
     return out
 
 
@@ -463,9 +469,10 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         if ITL_FALLBACK in before:
             before["vllm:inter_token_latency_seconds"] = before.pop(ITL_FALLBACK)
     found = [n for n in VLLM_HISTOGRAMS if n in after]
-    if not found:
-        raise InputError(f"--metrics AFTER: expected at least one vLLM histogram "
-                         f"({', '.join(VLLM_HISTOGRAMS)}), got none")
+    for flag, scrape in (("BEFORE", before), ("AFTER", found)):  # an empty BEFORE is not a zero one
+        if not scrape:
+            raise InputError(f"--metrics {flag}: expected at least one vLLM histogram "
+                             f"({', '.join(VLLM_HISTOGRAMS)}), got none")
     targets = {"vllm:time_to_first_token_seconds": ttft_target_ms,
                "vllm:inter_token_latency_seconds": tpot_target_ms}
     out = []
