@@ -2517,3 +2517,19 @@ def test_a_before_scrape_without_the_histograms_is_refused_not_read_as_zero(caps
     (tmp_path / "b.prom").write_text("# TYPE process_cpu_seconds counter\nprocess_cpu_seconds 1\n")
     argv = ["report", "--metrics", tmp_path / "b.prom", DATA / "vllm_after.prom", "--out", tmp_path / "o"]
     refused(capsys, argv, "--metrics BEFORE: expected at least one vLLM histogram", out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("ph, cat", [("B", "gpu_user_annotation"), ("E", "user_annotation"), ("B", "kernel"),
+                                     ("b", "kernel"), ("e", "cuda_runtime")])
+def test_trace_events_other_than_complete_ones_are_refused_not_skipped(capsys, tmp_path, ph, cat):
+    """A prefill range written as a B/E pair was skipped: the share fell back to all kernels (0.4 became
+    0.4017, the decode kernel counted) with no word; a kernel as `B` vanished. (An instant, no duration, is
+    still skipped: test_measure_backends.)"""
+    trace = json.loads((DATA / "prefill_profile.json").read_text())
+    i, e = next((i, e) for i, e in enumerate(trace["traceEvents"]) if e["cat"] == cat)
+    e["ph"] = ph
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps(trace))
+    line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "o"], "--profile", out_dir=tmp_path)
+    assert f"traceEvents[{i}].ph: expected 'X' (a complete event: ts and dur) for a {cat} event, got '{ph}'" \
+        in line, line
