@@ -2533,3 +2533,22 @@ def test_trace_events_other_than_complete_ones_are_refused_not_skipped(capsys, t
     line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "o"], "--profile", out_dir=tmp_path)
     assert f"traceEvents[{i}].ph: expected 'X' (a complete event: ts and dur) for a {cat} event, got '{ph}'" \
         in line, line
+
+
+def test_a_tiny_attention_share_names_its_field_not_an_internal(capsys, tmp_path):
+    """attention_share 1e-300 (or a profile whose attention kernels take 1e-8 us of 5 us) gave an attention
+    time under 1e-6 ms, refused as "part_ms: ..." -- a name the user never wrote."""
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["prefill"] = {"segment": data["prefill"]["segment"], "attention_share": 1e-300}
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    refused(capsys, ["report", p, "--out", tmp_path / "o"], "prefill.attention_share: expected 0 or a share "
+            "giving at least 1e-06 ms of the prefill's 290 ms, got 1e-300", out_dir=tmp_path)
+    ev = [{"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 10.0, "dur": 1e-8, "tid": 7},
+          {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 20.0, "dur": 5.0, "tid": 7}]
+    prof = tmp_path / "prof.json"
+    prof.write_text(json.dumps({"traceEvents": ev}))
+    line = refused(capsys, ["report", "--profile", prof, "--out", tmp_path / "o"], "--profile",
+                   out_dir=tmp_path)
+    assert "expected 0 or a share giving at least 1e-06 ms of the prefill's 290 ms" in line, line
+    assert "part_ms" not in line
