@@ -1828,7 +1828,7 @@ def test_yaml_is_1_2_core_for_bools_and_dates_and_minus_zero_prints_as_zero(caps
     ("z.csv", "ttft_ms\n300\n-0\n", "expected TTFT samples > 0 (a first token takes time), got -0.0 at "),
     ("z.json", '{"ttft_ms": [300, 0]}', "expected TTFT samples > 0 (a first token takes time), got 0 at "),
     ("v.json", '{"ttfts": [0.3, 0.0], "errors": ["", null]}',
-     "expected ttfts > 0 for a successful request (empty errors entry), got 0.0 at index 1"),
+     "expected ttfts > 0 for a successful request (empty errors entry), got 0.0 at ttfts[1]"),
     ("w.json", '{"ttfts": [0.3, 0.0], "errors": ["", false]}',
      "expected errors[1] to be a string (empty or null: the request succeeded), got False"),
 ])
@@ -2552,3 +2552,12 @@ def test_a_tiny_attention_share_names_its_field_not_an_internal(capsys, tmp_path
                    out_dir=tmp_path)
     assert "expected 0 or a share giving at least 1e-06 ms of the prefill's 290 ms" in line, line
     assert "part_ms" not in line
+
+
+def test_vllm_bad_ttft_is_named_by_its_index_in_ttfts(capsys, tmp_path):
+    """With a failed request before it, a bad ttfts entry was named by its index among the successes
+    (0, not 1)."""
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps({"ttfts": [0.0, "x", 0.31], "errors": ["boom", "", ""]}))
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
+    assert "got 'x' at ttfts[1]" in line, line

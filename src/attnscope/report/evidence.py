@@ -64,6 +64,10 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     flag = f"--samples {Path(path).name}"
     flag = flag if len(flag) < 80 else "--samples"
     found = None
+
+    def place(i: int) -> str:  # where the i-th value stands in the file, for the messages below
+        return f"index {i}"
+
     if Path(path).suffix.lower() == ".json":
         values = load_json(path, flag)
         if isinstance(values, dict) and "ttfts" in values:
@@ -81,15 +85,22 @@ def read_samples(path, unit: str | None = None) -> list[float]:
                 raise InputError(f"{flag}: expected errors[{bad}] to be a string (empty or null: the request "
                                  f"succeeded), got {short(errors[bad])}")
             # a failed request is one with a non-empty error; a successful one must have a TTFT > 0
-            values = [t for t, e in zip(ttfts, errors, strict=True) if not e]
-            zero = next((i for i, (t, e) in enumerate(zip(ttfts, errors, strict=True))
-                         if not e and finite_real(t) and t <= 0), None)
+            kept = [i for i, e in enumerate(errors) if not e]
+            values = [ttfts[i] for i in kept]
+
+            def place(i: int) -> str:  # the request's own index, failed ones counted
+                return f"ttfts[{kept[i]}]"
+
+            zero = next((i for i, t in enumerate(values) if finite_real(t) and t <= 0), None)
             if zero is not None:
                 raise InputError(f"{flag}: expected ttfts > 0 for a successful request (empty errors entry), "
-                                 f"got {short(ttfts[zero])} at index {zero}")
+                                 f"got {short(values[zero])} at {place(zero)}")
         elif isinstance(values, dict) and len(set(values) & set(SAMPLE_COLUMNS)) == 1:
             key = next(k for k in SAMPLE_COLUMNS if k in values)
             values, found = values[key], SAMPLE_COLUMNS[key]
+
+            def place(i: int) -> str:
+                return f"{key}[{i}]"
         if not isinstance(values, list):
             raise InputError(f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, '
                              f'{{"ttft_s": [...]}}, a vllm bench serve result with ttfts), got '
@@ -112,6 +123,10 @@ def read_samples(path, unit: str | None = None) -> list[float]:
                              f"{short(rows[0])}")
         factor = _unit_of(found, unit, flag)
         values, width = [], len(header)
+
+        def place(i: int) -> str:
+            return f"data row {i + 1}"
+
         for i, r in enumerate(rows):
             if len(r) != width:  # `1,234` is two cells: never read its first as the sample
                 raise InputError(f"{flag}: expected {width} cell{'s' * (width > 1)} on data row {i + 1} (as "
@@ -124,10 +139,10 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     out = []
     for i, v in enumerate(values):
         if not (finite_real(v) and 0 <= v <= 1e9):
-            raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at index {i}")
+            raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at {place(i)}")
         if v == 0:  # -0 too: a request that got a first token took time
             raise InputError(f"{flag}: expected TTFT samples > 0 (a first token takes time), got {short(v)} "
-                             f"at index {i}")
+                             f"at {place(i)}")
         out.append(float(v) * factor)
     if not out:
         raise InputError(f"{flag}: expected at least one TTFT sample, got none")
