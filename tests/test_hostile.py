@@ -2485,6 +2485,7 @@ def test_sinks_gradient_never_inf_or_nan(torch):
     ("b.csv", "300\n1,234\n320\n", "expected 1 cell on data row 2 (as row 1), got 2: ['1', '234']"),
     ("c.csv", "id,ttft_ms\nr1,300\nr2,310,9\n", "expected 2 cells on data row 2 (as the header), got 3"),
     ("d.csv", "id,ttft_ms\nr1,300\nr2\n", "expected 2 cells on data row 2 (as the header), got 1"),
+    ("f.csv", "ttft_ms\n300\n1e999\n", "expected a finite number on data row 2, got '1e999' (past the float"),
 ])
 def test_csv_rows_with_other_cell_counts_are_refused_not_cut(capsys, tmp_path, name, content, needle):
     """A thousands separator (`1,234` unquoted) made two cells: the first, 1 ms, was read as the sample; a

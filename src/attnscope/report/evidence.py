@@ -135,7 +135,10 @@ def read_samples(path, unit: str | None = None) -> list[float]:
             if not number_text(cell):
                 raise InputError(f"{flag}: expected a plain decimal number on data row {i + 1}, "
                                  f"got {short(cell)}")
-            values.append(float(cell))
+            if not math.isfinite(v := float(cell)):
+                raise InputError(f"{flag}: expected a finite number on data row {i + 1}, got {short(cell)} "
+                                 "(past the float range)")
+            values.append(v)
     out = []
     for i, v in enumerate(values):
         if not (finite_real(v) and 0 <= v <= 1e9):
