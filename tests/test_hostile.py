@@ -2562,3 +2562,17 @@ def test_vllm_bad_ttft_is_named_by_its_index_in_ttfts(capsys, tmp_path):
     p.write_text(json.dumps({"ttfts": [0.0, "x", 0.31], "errors": ["boom", "", ""]}))
     line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
     assert "got 'x' at ttfts[1]" in line, line
+
+
+def test_a_label_set_without_buckets_is_refused_not_left_out(capsys, tmp_path):
+    """Engine 1 with _count 100 and _sum but no _bucket lines was dropped: the report showed 100 requests
+    of the 200 served, engine 0's distribution as the server's."""
+    engine0 = [("0.25", 10), ("0.5", 100), ("+Inf", 100)]
+    def bare(count, total):
+        return f'{_TTFT}_count{{engine="1"}} {count}\n{_TTFT}_sum{{engine="1"}} {total}\n'
+
+    before, after = _engines(("0", ZERO, 0)) + bare(0, 0), _engines(("0", engine0, 35)) + bare(100, 80)
+    with pytest.raises(InputError, match=re.escape(
+            'expected _bucket samples for every label set, got only _count or _sum for {engine="1"}')):
+        _metrics(tmp_path, before, after)
+

@@ -373,9 +373,11 @@ def _histograms(text: str, flag: str) -> dict[str, dict[tuple, Histogram]]:
                 by_name.setdefault(base, []).append(s)
     for fam_name, samples in by_name.items():
         name = f"{flag}: {fam_name}"
-        series = {k: v for k, v in _series(samples, name).items() if v[0]}
-        if not series:
-            continue
+        series = _series(samples, name)
+        bare = next((k for k, v in series.items() if not v[0]), None)
+        if bare is not None:  # left out, its requests would vanish from the sum of the label sets
+            raise InputError(f"{name}: expected _bucket samples for every label set, got only _count or _sum "
+                             f"for {{{_labels_text(bare)}}}")
         bounds_of = {k: tuple(sorted(v[0])) for k, v in series.items()}
         bounds = next(iter(bounds_of.values()))
         odd = next((k for k, b in bounds_of.items() if b != bounds), None)
