@@ -2576,3 +2576,24 @@ def test_a_label_set_without_buckets_is_refused_not_left_out(capsys, tmp_path):
             'expected _bucket samples for every label set, got only _count or _sum for {engine="1"}')):
         _metrics(tmp_path, before, after)
 
+
+@pytest.mark.parametrize("completed, needle", [
+    (3, "expected completed (3) to equal the requests with an empty errors entry, got 4"),
+    (2.5, "expected completed to be a count of requests, got 2.5"),
+    ("4", "expected completed to be a count of requests, got '4'"),
+])
+def test_vllm_completed_that_disagrees_with_errors_is_refused(capsys, tmp_path, completed, needle):
+    """vLLM counts `completed` from each request's success flag, but a failed request's `errors` entry can
+    be "" (an HTTP failure with an empty reason): its ttft was read as a sample. The file's own count of
+    successes disagreeing with the empty entries is refused (absent, it is not required)."""
+    doc = {"ttfts": [0.3, 0.31, 0.32, 0.9], "errors": ["", "", "", ""], "completed": completed}
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps(doc))
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples vllm.json",
+                   out_dir=tmp_path)
+    assert needle in line, line
+    doc["completed"] = 4
+    p.write_text(json.dumps(doc))
+    assert "verdict from 4 samples" in answered(capsys, ["report", "--samples", p, "--out", tmp_path / "o"],
+                                                limit_s=10)
+

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnscope import chrome_trace
-from attnscope.errors import InputError, finite_real, short, visible
+from attnscope.errors import InputError, finite_real, is_int, short, visible
 from attnscope.inputs import load_json, number_text, read_csv, read_text
 from attnscope.model.amdahl import MAX_MS
 
@@ -86,6 +86,12 @@ def read_samples(path, unit: str | None = None) -> list[float]:
                                  f"succeeded), got {short(errors[bad])}")
             # a failed request is one with a non-empty error; a successful one must have a TTFT > 0
             kept = [i for i, e in enumerate(errors) if not e]
+            done = values.get("completed", len(kept))  # vLLM's count of successes, by its success flag
+            if not is_int(done):
+                raise InputError(f"{flag}: expected completed to be a count of requests, got {short(done)}")
+            if done != len(kept):  # a failed request with an empty error: its ttft is no sample
+                raise InputError(f"{flag}: expected completed ({done}) to equal the requests with an empty "
+                                 f"errors entry, got {len(kept)}")
             values = [ttfts[i] for i in kept]
 
             def place(i: int) -> str:  # the request's own index, failed ones counted
