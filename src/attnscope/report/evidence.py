@@ -59,7 +59,10 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     ttft_ms / ttft_s column named in a header row).
 
     The unit must be stated: by the column or key name, or by `unit` ("ms" or "s", --samples-unit).
-    A first CSV row is a header only when it names a known column; "1OO" or "1_000" are errors.
+    A first CSV row is a header only when it names a known column; "1OO" or "1_000" are errors, and so is a
+    row with another cell count than the header (or row 1): `1,234` unquoted is two cells, never 1 ms.
+    A vLLM result's failed requests (a non-empty `errors` entry) are left out; its `completed`, when
+    present, must count the rest.
     """
     flag = f"--samples {Path(path).name}"
     flag = flag if len(flag) < 80 else "--samples"
