@@ -326,7 +326,8 @@ def test_nq_column_is_attnscopes_and_counts_in_the_ledger():
 def test_estimate_only_sweep_prints_every_point_without_a_gpu(capsys):
     assert main(["bytes", "--estimate-only", "--sweep", str(GRIDS / "probe_decode.csv"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert len(rows) == 12
+    lines = (GRIDS / "probe_decode.csv").read_text().splitlines()
+    assert len(rows) == sum(1 for x in lines if x and not x.startswith("#")) - 1 == 14  # the header aside
     for r in rows:  # the shipped constants estimate every probe row
         assert r["estimate"] >= r["compulsory"] - sum(
             -t["bytes"] for t in r["estimate_terms"] if t["name"] == fe.CREDIT)
@@ -387,7 +388,8 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
     from attnscope.measure import family_fit
     from sweep_stub import point, stub_sweep
 
-    true = FamilyParams(attnscope_partials_dram=0.3, row_tile_kv_miss=0.1, flash_partials_dram=0.2,
+    true = FamilyParams(attnscope_partials_dram=0.3, attnscope_partials_onset=0.45, row_tile_kv_miss=0.1,
+                        flash_partials_dram=0.2,
                         cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
                         naive_bwd_s_dram=1.1,
                         portable_bwd_reread_dram=0.8, hopper_bwd_reread_dram=0.6, onepass_bwd_reread_dram=0.4,
@@ -538,3 +540,23 @@ def test_varlen_window_hiding_no_key_of_a_sequence_re_reads_as_without(causal):
     for window in ((8191, 8191), (10**6, 10**6)):
         win = {n: b for n, b, _ in fe.varlen_estimate("attnscope", lens, window=window, **base).terms}
         assert win["kv_rereads"] == pytest.approx(full["kv_rereads"]), window
+
+
+def test_decode_partials_reach_dram_as_the_calls_stream_pushes_them_out_of_the_l2():
+    # the partials' DRAM share: 0 while the call streams under the onset (in L2 sizes), then slope x the
+    # excess, capped at every byte written and read back
+    l2 = 60 * 2**20
+    params = replace(H200_FAMILY_PARAMS, attnscope_partials_dram=0.5, attnscope_partials_onset=1.0)
+
+    def share(lens):
+        e = fe.decode_estimate("attnscope", lens, heads=64, kv_heads=8, d=128, dtype="bf16", splits=16,
+                               l2_bytes=l2, params=params)
+        part = 2 * len(lens) * 64 * 16 * 129 * 4
+        streamed = e.compulsory / l2
+        return dict((n, b) for n, b, _ in e.terms)["partials"] / part, streamed
+
+    for lens, want in (([256] * 32, lambda v: 0.0), ([1024] * 32, lambda v: 0.5 * (v - 1.0)),
+                       ([8192] * 32, lambda v: 1.0)):
+        got, streamed = share(lens)
+        assert got == pytest.approx(want(streamed)) and (got > 0) == (streamed > 1.0)
+    assert 0 < share([1024] * 32)[0] < 1 and share([256] * 32)[1] < 1 < share([1024] * 32)[1]

@@ -389,6 +389,21 @@ def backward_args(spec: dict) -> dict:
             "window": spec_window(spec)}
 
 
+def decode_args(spec: dict) -> dict:
+    """`model.family_estimate.decode_estimate`'s arguments for a decode point (params, sms, L2 aside)."""
+    return {"impl": spec["impl"], "cache_lens": spec["cache_lens"], "nq": spec.get("nq", 1), "d": spec["d"],
+            "dtype": spec["dtype"], "heads": spec["heads"], "kv_heads": spec.get("kv_heads") or spec["heads"],
+            "page_size": spec.get("page_size"), "kv_dtype": spec.get("kv_dtype"),
+            "splits": spec.get("splits"), "window": spec_window(spec)}
+
+
+def varlen_args(spec: dict) -> dict:
+    """`model.family_estimate.varlen_estimate`'s arguments for a varlen point (params, sms, L2 aside)."""
+    return {"impl": spec["impl"], "lens": spec["lens"], "causal": spec["causal"], "d": spec["d"],
+            "dtype": spec["dtype"], "heads": spec["heads"], "kv_heads": spec.get("kv_heads") or spec["heads"],
+            "window": spec_window(spec)}
+
+
 def window_args(spec: dict) -> dict:
     """`model.window_estimate.window_ledger`'s arguments for a window point."""
     return {"impl": spec["impl"], "n": spec["n"], "window": tuple(spec["window"]), "causal": spec["causal"],
@@ -405,23 +420,15 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
     from attnscope.model import family_estimate as fe
     from attnscope.model import window_estimate as we
 
-    h, d, dtype = spec["heads"], spec["d"], spec["dtype"]
-    hkv = spec.get("kv_heads") or h
     try:
         if spec["pass"] == "backward":
             return be.backward_estimate(**backward_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "decode":
-            return fe.decode_estimate(spec["impl"], spec["cache_lens"], nq=spec.get("nq", 1), d=d,
-                                      dtype=dtype, heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
-                                      kv_dtype=spec.get("kv_dtype"), splits=spec.get("splits"), sms=sms,
-                                      l2_bytes=l2_bytes,
-                                      window=spec_window(spec)), ""
+            return fe.decode_estimate(**decode_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "window":
             return we.window_estimate(**window_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":
-            return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
-                                      heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
-                                      window=spec_window(spec)), ""
+            return fe.varlen_estimate(**varlen_args(spec), sms=sms, l2_bytes=l2_bytes), ""
     except NotImplementedError as e:  # NotMeasured is one
         return None, fe.error_text(e)
     return None, NO_ESTIMATE

@@ -7,9 +7,12 @@ non-negative least squares, and a constant whose unconstrained value is below 0 
 A constant no row informs stays None; a row the estimate does not model (it refuses the shape) is skipped.
 The varlen spill frames (`WRITE_FIT`) are fitted the same way on the write counters of attnscope's varlen
 rows (Flex's rows and those without a finished program's frame only print their estimate). The one constant
-that is not linear, `varlen_qo_weight` (`SEARCHED`: it moves a miss curve's argument), is fitted first, by a
-search over its values (`QO_WEIGHTS`) on the read counters of attnscope's varlen rows (the reads hold no
-frame term). Pure Python + NumPy/SciPy; no GPU.
+that is not linear, `varlen_qo_weight` (it moves a miss curve's argument), is fitted first, by a search over
+its values (`QO_WEIGHTS`) on the read counters of attnscope's varlen rows (the reads hold no frame term);
+`attnscope_partials_onset` (where the decode partials start to leave the L2) is searched over `ONSETS`, the
+linear constants solved at each value, the least total squared relative error of the decode and backward
+rows taking it (the partials' share is linear in its slope below its cap of 1). Pure Python + NumPy/SciPy; no
+GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from attnscope.model.family_params import FamilyParams
 from attnscope.model.traffic import DTYPE_BYTES
 
 #: constants fitted by a search (not linear in their estimate): the varlen Q/O room, on the read counters
-SEARCHED = ("varlen_qo_weight",)
+SEARCHED = ("varlen_qo_weight", "attnscope_partials_onset")
 LINEAR = tuple(f.name for f in fields(FamilyParams) if f.name not in SEARCHED)  # linear in their estimates
 #: constants of a write-only term, fitted on the write counters (on the totals, a read-side miss of the same
 #: rows would leak into them): the varlen spill frames
@@ -31,22 +34,17 @@ WRITE_FIT = ("varlen_frame_d128", "varlen_frame_d128_causal", "varlen_frame_d64"
 #: `varlen_qo_weight`'s search: 0 to 3 K/V bytes per Q/O byte in steps of 0.01 (the dense forward's
 #: measured patterns: 0.58 to 1.15)
 QO_WEIGHTS = tuple(round(0.01 * i, 2) for i in range(301))
+#: `attnscope_partials_onset`'s search: 0 to 3 L2 sizes streamed in steps of 0.05
+ONSETS = tuple(round(0.05 * i, 2) for i in range(61))
 
 
 def _estimate(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
-    h = spec["heads"]
-    hkv = spec.get("kv_heads") or h
+    args = {"params": params, "sms": sms, "l2_bytes": l2_bytes}
     if spec["pass"] == "backward":
-        return backward_estimate(**families.backward_args(spec), sms=sms, l2_bytes=l2_bytes,
-                                 params=params).total
+        return backward_estimate(**families.backward_args(spec), **args).total
     if spec["pass"] == "decode":
-        return fe.decode_estimate(spec["impl"], spec["cache_lens"], nq=spec.get("nq", 1), d=spec["d"],
-                                  dtype=spec["dtype"], heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
-                                  kv_dtype=spec.get("kv_dtype"), splits=spec.get("splits"), sms=sms,
-                                  l2_bytes=l2_bytes, params=params).total
-    return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=spec["d"],
-                              dtype=spec["dtype"], heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
-                              params=params).total
+        return fe.decode_estimate(**families.decode_args(spec), **args).total
+    return fe.varlen_estimate(**families.varlen_args(spec), **args).total
 
 
 def _modelled(spec: dict, zero: FamilyParams, l2_bytes: int | None, sms: int | None) -> bool:
@@ -63,9 +61,7 @@ def _reads(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | No
     """A varlen point's estimated DRAM reads: Q, K, V, the metadata and the K/V re-reads (no frame term)."""
     h = spec["heads"]
     hkv = spec.get("kv_heads") or h
-    est = fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=spec["d"],
-                             dtype=spec["dtype"], heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
-                             params=params)
+    est = fe.varlen_estimate(**families.varlen_args(spec), sms=sms, l2_bytes=l2_bytes, params=params)
     qkv = sum(spec["lens"]) * spec["d"] * DTYPE_BYTES[spec["dtype"]] * (h + 2 * hkv)
     return qkv + sum(b for n, b, _ in est.terms if n in ("work_list", "kv_rereads"))
 
@@ -87,36 +83,37 @@ def _search_qo_weight(rows: list, l2_bytes: int | None, sms: int | None, zero: F
 def _writes(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
     """A varlen point's estimated DRAM writes: O, the spill frames written back, less the dirty-O credit."""
     h = spec["heads"]
-    est = fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=spec["d"],
-                             dtype=spec["dtype"], heads=h, kv_heads=spec.get("kv_heads") or h, sms=sms,
-                             l2_bytes=l2_bytes, params=params)
+    est = fe.varlen_estimate(**families.varlen_args(spec), sms=sms, l2_bytes=l2_bytes, params=params)
     o = sum(spec["lens"]) * h * spec["d"] * DTYPE_BYTES[spec["dtype"]]
     return o + sum(b for n, b, _ in est.terms if n in ("spill", fe.CREDIT))
 
 
-def _solve(rows: list, names: tuple, value, got: dict, zeroed: dict, zero: FamilyParams) -> None:
+def _solve(rows: list, names: tuple, value, got: dict, zeroed: dict, zero: FamilyParams) -> float:
     """Non-negative least squares of ``names`` over ``rows`` (spec, total, target counter): the design is
-    ``value(spec, params)`` with one constant at 1 less all at 0, fitted to ``target`` less the all-0 value,
-    each row weighed by 1 / its total; fills ``got`` and ``zeroed``."""
+    ``value(spec, params)``'s slope in each constant at 0 (the others 0), fitted to ``target`` less the all-0
+    value, each row weighed by 1 / its total; fills ``got`` and ``zeroed``, returns the squared residual."""
     import numpy as np
     from scipy.optimize import nnls
 
     if not rows:
-        return
+        return 0.0
     base = np.array([value(s, zero) for s, _, _ in rows])
-    cols = np.array([[value(s, replace(zero, **{f: 1.0})) for f in names] for s, _, _ in rows])
-    cols -= base[:, None]
+    step = 1e-3  # each constant's column is its term's slope at 0 (a capped share is linear below its cap)
+    cols = np.array([[value(s, replace(zero, **{f: step})) for f in names] for s, _, _ in rows])
+    cols = (cols - base[:, None]) / step
     y = np.array([t for _, _, t in rows], dtype=float) - base
     used = [j for j in range(len(names)) if np.any(np.abs(cols[:, j]) > 0)]
     w = 1.0 / np.array([m for _, m, _ in rows], dtype=float)  # relative errors weigh each row alike
-    if used:
-        a_w, y_w = cols[:, used] * w[:, None], y * w
-        free, *_ = np.linalg.lstsq(a_w, y_w, rcond=None)
-        sol, _ = nnls(a_w, y_w)
-        for j, v, f in zip(used, sol, free, strict=True):
-            got[names[j]] = float(f"{v:.3g}")
-            if f < 0:
-                zeroed[names[j]] = float(f"{f:.3g}")
+    if not used:
+        return float(np.sum((y * w) ** 2))
+    a_w, y_w = cols[:, used] * w[:, None], y * w
+    free, *_ = np.linalg.lstsq(a_w, y_w, rcond=None)
+    sol, residual = nnls(a_w, y_w)
+    for j, v, f in zip(used, sol, free, strict=True):
+        got[names[j]] = float(f"{v:.3g}")
+        if f < 0:
+            zeroed[names[j]] = float(f"{f:.3g}")
+    return float(residual) ** 2
 
 
 def fit(points: list[tuple], l2_bytes: int | None = None, sms: int | None = None) -> dict:
@@ -127,13 +124,22 @@ def fit(points: list[tuple], l2_bytes: int | None = None, sms: int | None = None
     physical) is 0 and listed in "zeroed". The decode and backward constants are fitted on the totals;
     `varlen_qo_weight` on the read counters and then `WRITE_FIT` on the write counters of the attnscope varlen
     points that carry them."""
-    zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0))
+    zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0), attnscope_partials_onset=0.0)
     got: dict = dict.fromkeys(f.name for f in fields(FamilyParams))
     zeroed: dict = {}
     lin = [(s, m, m) for s, m, *_ in points
            if s["pass"] in ("decode", "backward") and _modelled(s, zero, l2_bytes, sms)]
-    _solve(lin, tuple(f for f in LINEAR if f not in WRITE_FIT), lambda s, p: _estimate(s, p, l2_bytes, sms),
-           got, zeroed, zero)
+    names = tuple(f for f in LINEAR if f not in WRITE_FIT)
+    solves = {}  # onset -> (residual, got, zeroed)
+    for onset in ONSETS:
+        g, z = dict(got), {}
+        r = _solve(lin, names, lambda s, p: _estimate(s, p, l2_bytes, sms), g, z,
+                   replace(zero, attnscope_partials_onset=onset))
+        solves[onset] = (round(r, 12), g, z)
+    onset = min(ONSETS, key=lambda o: (solves[o][0], o))
+    moves = len({v[0] for v in solves.values()}) > 1  # some row's estimate moves with the onset
+    got, zeroed = solves[onset][1], solves[onset][2]
+    got["attnscope_partials_onset"] = onset if moves else None
     any_w = replace(zero, varlen_qo_weight=1.0)  # which rows the estimate models at all, whatever the room
     read = [(s, m, m - w[0]) for s, m, *w in points
             if s["pass"] == "varlen" and s["impl"] == "attnscope" and w and w[0] is not None

@@ -264,7 +264,7 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     comp = decode_compulsory(lens, nq=nq, d=d, dtype=dtype, heads=h, kv_heads=hkv, kv_dtype=kv_dtype,
                              window=window)
     kv_b = DTYPE_BYTES[kv_dtype or dtype]
-    kv = 2 * hkv * decode_window_keys(lens, nq, window) * d * kv_b
+    kv = kv_valid = 2 * hkv * decode_window_keys(lens, nq, window) * d * kv_b
     qo = B * h * nq * d * DTYPE_BYTES[dtype]  # Q (= O) bytes
     l2 = _l2_bytes(l2_bytes, device)
     what = f"decode {impl}"
@@ -329,9 +329,13 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
                       f"K/V re-read by {geo['row_tiles'] - 1} more row tile(s), x {share} missing the L2"))
     if splits > 1:
         part = 2 * B * h * nq * splits * (d + 1) * STAT_BYTES  # O_s and lse_s, written and read back
-        share = need(params, "attnscope_partials_dram", f"{what} with {splits} splits")
+        slope = need(params, "attnscope_partials_dram", f"{what} with {splits} splits")
+        onset = need(params, "attnscope_partials_onset", f"{what} with {splits} splits")
+        streamed = (comp + (kv - kv_valid)) / l2  # the call's stream past the partials, in L2 sizes
+        share = min(1.0, slope * max(0.0, streamed - onset))
         terms.append(("partials", share * part, f"fp32 partials of {splits} splits, {part:,} B written and "
-                                                f"read back, x {share} reaching DRAM"))
+                                                f"read back, x {share:.3g} reaching DRAM (the call streams "
+                                                f"{streamed:.3g} L2 sizes)"))
         if geo["merge"] == "separate":
             terms.append(("lse", B * h * nq * STAT_BYTES, "the separate merge kernel writes the fp32 LSE"))
     terms.append(_dirty_o(qo, kv, qo, l2))

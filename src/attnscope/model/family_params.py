@@ -24,10 +24,14 @@ class FamilyParams:
     """The one table of the decode, varlen and backward estimates' measured constants (None: not measured
     yet; the estimates that need it refuse). Each field's probe is `PROBES[field]`."""
 
-    #: attnscope `flash_decode` with S > 1 splits: DRAM bytes per logical byte of the fp32 partials (O_s,
-    #: lse_s written by phase 1 and read back by the merge): 0 when they stay in the L2 and are never
-    #: written back inside the call, 1 when every byte goes to DRAM and back.
+    #: attnscope `flash_decode` with S > 1 splits: the share of the fp32 partials' logical bytes (O_s, lse_s
+    #: written by phase 1 and read back by the merge) that reaches DRAM grows by this much per L2 of bytes
+    #: the call streams (its compulsory bytes and the window's edge) past `attnscope_partials_onset`, up to
+    #: 1 (every byte to DRAM and back); below the onset the partials stay in the write-back L2.
     attnscope_partials_dram: float | None = None
+    #: attnscope `flash_decode` with S > 1 splits: the bytes the call streams, in L2 sizes, below which the
+    #: partials never leave the L2 (`attnscope_partials_dram`).
+    attnscope_partials_onset: float | None = None
     #: attnscope `flash_decode` with more than one row tile per (sequence, kv head) (GQA group x nq above the
     #: row-tile cap): share of the extra tiles' K/V reads that reach DRAM (0: all hit the L2, as the tiles of
     #: one (sequence, kv head, split) are adjacent in the grid).
@@ -87,7 +91,8 @@ RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PAR
 #: non-negative least squares over the probe rows, relative errors; each value's probe rows in `PROBES`).
 #: "measured ~0": the unconstrained least-squares value was below 0 (a byte term cannot be), so it is 0.
 H200_FAMILY_PARAMS = FamilyParams(
-    attnscope_partials_dram=0.15,  # d-split16 vs d-split1
+    attnscope_partials_dram=0.21,  # 2026-12-05, the decode sweeps' split rows (PROBES)
+    attnscope_partials_onset=0.4,  # searched with it
     row_tile_kv_miss=0.0,  # measured ~0 (least squares -0.0077): the second row tile's K/V hits the L2
     flash_partials_dram=0.0363,  # f-split vs f-nosplit
     cudnn_kv_dram=1.0,  # c-mha: K/V read once
@@ -118,8 +123,13 @@ H200_FAMILY_PARAMS = FamilyParams(
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
 PROBES = {
-    "attnscope_partials_dram": "probe_decode.csv d-split1 vs d-split16 (the same cache, 1 vs 16 splits): the "
-                               "difference of ncu bytes over the partials' logical bytes",
+    "attnscope_partials_dram": "probe_decode.csv d-split1 vs d-split16, d-split16-mid and d-split16-small "
+                               "(16 splits streaming 0.27-2.1 L2 sizes), fitted with the onset "
+                               "on the totals (bench/fit_family_params.py; 2026-12-05 on the rows of h200-"
+                               "2026-12-02-probe-decode, -heldout-decode and h200-2026-12-05-heldout_decode_"
+                               "window, 58 of them with splits; the last two grids development data since)",
+    "attnscope_partials_onset": "searched with attnscope_partials_dram (measure/family_fit.py SEARCHED) on "
+                                "the same rows",
     "row_tile_kv_miss": "probe_decode.csv d-chunk1 vs d-chunk2 (nq 16 vs 64 at group 4: one vs two row "
                         "tiles): the difference over the second tile's K/V bytes",
     "flash_partials_dram": "probe_decode.csv f-split (PyTorch's heuristic picks 32 splits) against "
