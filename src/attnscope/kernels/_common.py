@@ -279,16 +279,34 @@ def check_device(torch, tensors: dict) -> None:
         raise InputError(f"{first_name}: expected a CUDA device, got {first}")
 
 
-def check_head_dim(d: int) -> None:
-    """NotImplementedError unless ``d`` is a built head dim; below the largest, the message names the exact
-    workaround: zero columns add nothing to Q K^T, and zero V columns give zero output columns."""
+#: Head dims `flash_attention` and its backward take besides `SUPPORTED_HEAD_DIMS`: any multiple of 8 up to
+#: the largest (the portable kernels run them in the next power of two's tiles, `head_block`: TMA reads zeros
+#: past d and clips the stores, pointer loads and stores are masked; 8: a TMA row of 16-byte multiples).
+PADDED_HEAD_DIM_STEP = 8
+
+
+def head_block(d: int) -> int:
+    """The kernels' head-dim tile width for head dim ``d``: the next power of two (``d`` itself for 64, 128,
+    256)."""
+    return 1 << (d - 1).bit_length()
+
+
+def check_head_dim(d: int, padded: bool = False) -> None:
+    """NotImplementedError unless ``d`` is a built head dim (``padded``: or a multiple of
+    `PADDED_HEAD_DIM_STEP` up to the largest, which the dense forward and backward run in `head_block`'s
+    tiles); below the largest, the message names the exact workaround: zero columns add nothing to Q K^T,
+    and zero V columns give zero output columns."""
+    if padded and 0 < d <= SUPPORTED_HEAD_DIMS[-1] and d % PADDED_HEAD_DIM_STEP == 0:
+        return
     if d not in SUPPORTED_HEAD_DIMS:
         up = [x for x in SUPPORTED_HEAD_DIMS if x > d]
         hint = (f" (zero-padding q, k and v to {up[0]} with torch.nn.functional.pad and passing "
                 f"scale={d}**-0.5 gives the same attention in the output's first {d} columns)"
                 if up and d > 0 else "")
-        raise NotImplementedError(
-            f"head_dim {d} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
+        also = (f", or a multiple of {PADDED_HEAD_DIM_STEP} up to {SUPPORTED_HEAD_DIMS[-1]}" if padded
+                else "")
+        raise NotImplementedError(f"head_dim {d} is not supported; supported: "
+                                  f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{also}{hint}")
 
 
 #: CUDA's limit on a launch grid's y (and z) size: kernels with (batch, head) on y refuse past it.

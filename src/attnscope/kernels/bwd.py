@@ -58,6 +58,7 @@ from attnscope.kernels._common import (
     check_same,
     check_scale,
     check_tensor,
+    head_block,
     import_torch_triton,
     interpreting,
     on_tensor_device,
@@ -201,7 +202,7 @@ def _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_
 def _attnscope_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, ROW0, ROW1, stride_ob, stride_oh, stride_om,
                               stride_db, stride_dh, stride_dm, H, NQ, N_PAD, row0_mul, row0_add, row1_mul,
                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
-                              PADDED: tl.constexpr):
+                              PADDED: tl.constexpr, D: tl.constexpr = 0):
     """Every per-row term of the backward in one pass, program (query tile, batch x head): ``DELTA = rowsum(dO
     * O) - dLSE`` and ``LSE2 = LSE log2(e)`` (LSE, dLSE, DELTA, LSE2 contiguous fp32 [B x H, NQ]); with
     ``PADDED`` also the Hopper kernels' rows padded to ``N_PAD`` ([B x H, N_PAD]): ``ROW0 = row0_mul LSE2 +
@@ -213,7 +214,8 @@ def _attnscope_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, ROW0, ROW1, stride_
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m < NQ
-    row = ok[:, None]
+    # ``D``: a head dim below its power-of-two tile HEAD_DIM (0: HEAD_DIM itself); the columns past it read 0
+    row = ok[:, None] if D == 0 or D == HEAD_DIM else ok[:, None] & (offs_d[None, :] < D)
     offs_m = offs_m.to(tl.int64)  # varlen: a row of the packed [total, H, d] is H * d elements apart
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=row,
                 other=0.0)
@@ -238,17 +240,22 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK, LEFT, RIGHT, cap_in,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-               EMULATE_BF16: tl.constexpr):
-    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M]).
+               EMULATE_BF16: tl.constexpr, D: tl.constexpr = 0):
+    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M]); ``D``: a head
+    dim below its power-of-two tile ``HEAD_DIM`` (0: ``HEAD_DIM`` itself), the columns past it masked.
     ``SOFTCAP``: P from the capped scores ``t = tanh(s * cap_in)`` (``qk_scale = softcap * log2(e)``), and
     ``dS`` through the cap: ``dS_raw = dS' * (1 - t^2)`` (the scale is applied at the end)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < NQ
-    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok[None, :],
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D
+    d_ok = offs_d < DIM
+    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None],
+                  mask=row_ok[None, :] if DIM == HEAD_DIM else row_ok[None, :] & d_ok[:, None],
                   other=0.0)  # Q^T [d, BLOCK_M]
-    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok[:, None],
+    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
+                 mask=row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & d_ok[None, :],
                  other=0.0)  # [BLOCK_M, d]
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))  # log2 domain; +inf: P = 0
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
@@ -273,7 +280,8 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
     dk = _mm(ds_lp, tl.trans(q_t), dk, EMULATE_BF16)  # dK += dS^T Q  (scaled at the end)
     if ATOMIC_DQ:
         dq = _mm(tl.trans(ds_lp), k, tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), EMULATE_BF16) * sm_scale
-        tl.atomic_add(DQ + dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq, mask=row_ok[:, None],
+        tl.atomic_add(DQ + dq_base + offs_m[:, None] * DIM + offs_d[None, :], dq,
+                      mask=row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & d_ok[None, :],
                       sem="relaxed")
     return dk, dv
 
@@ -288,7 +296,7 @@ def _attnscope_bwd_dkdv_kernel(
     H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -300,7 +308,10 @@ def _attnscope_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
     col_ok = offs_n[:, None] < NK
+    if DIM != HEAD_DIM:
+        col_ok = col_ok & (offs_d[None, :] < DIM)
     k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
                 mask=col_ok, other=0.0)  # [BLOCK_N, d], resident
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
@@ -316,18 +327,18 @@ def _attnscope_bwd_dkdv_kernel(
             q_base = b * stride_qb + h * stride_qh
             do_base = b * stride_dob + h * stride_doh
             row_base = (b * H + h) * NQ
-            dq_base = row_base * HEAD_DIM
+            dq_base = row_base * DIM
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, False, True,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
             for i in range(0, n_left + (hi - full_hi), BLOCK_M):
                 start_m = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, False, True,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
     else:
         lo, hi = _q_bounds(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
         n_hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
@@ -336,18 +347,18 @@ def _attnscope_bwd_dkdv_kernel(
             q_base = b * stride_qb + h * stride_qh
             do_base = b * stride_dob + h * stride_doh
             row_base = (b * H + h) * NQ
-            dq_base = row_base * HEAD_DIM
+            dq_base = row_base * DIM
             for start_m in range(lo, hi, BLOCK_M):  # straddling the diagonal / ragged: masked
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, False,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
             for start_m in range(hi, n_hi, BLOCK_M):  # every row sees the whole tile: no mask arithmetic
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, False,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
-    out = (b * HKV + hk) * NK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
+    out = (b * HKV + hk) * NK * DIM + offs_n[:, None] * DIM + offs_d[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
 
@@ -356,12 +367,14 @@ def _attnscope_bwd_dkdv_kernel(
 def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
              qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
              MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-             EMULATE_BF16: tl.constexpr):
+             EMULATE_BF16: tl.constexpr, D: tl.constexpr = 0):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < NK
-    k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-    v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+    # ``D``: a head dim below its power-of-two tile HEAD_DIM (0: HEAD_DIM itself); the columns past it read 0
+    kv_ok = col_ok[None, :] if D == 0 or D == HEAD_DIM else col_ok[None, :] & (offs_d[:, None] < D)
+    k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=kv_ok, other=0.0)
+    v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=kv_ok, other=0.0)
     s = _mm(q, k_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # [BLOCK_M, BLOCK_N]
     if SOFTCAP:
         s = tanh_(s * cap_in)  # t; s' = softcap * t
@@ -392,7 +405,7 @@ def _attnscope_bwd_dq_kernel(
     H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -406,11 +419,13 @@ def _attnscope_bwd_dq_kernel(
     hk = h // (H // HKV)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
     row_ok = offs_m < NQ
+    rows = row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & (offs_d[None, :] < DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
+                mask=rows, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
+                 mask=rows, other=0.0)
     lse2 = tl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
     k_base = b * stride_kb + hk * stride_kh
@@ -421,25 +436,25 @@ def _attnscope_bwd_dq_kernel(
         for start_n in range(full_lo, full_hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
-                          SOFTCAP, EMULATE_BF16)
+                          SOFTCAP, EMULATE_BF16, DIM)
         n_left = full_lo - lo
         for i in range(0, n_left + (hi - full_hi), BLOCK_N):
             start_n = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
-                          SOFTCAP, EMULATE_BF16)
+                          SOFTCAP, EMULATE_BF16, DIM)
     else:
         lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
         for start_n in range(0, lo, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, CAUSAL, False,
-                          SOFTCAP, EMULATE_BF16)
+                          SOFTCAP, EMULATE_BF16, DIM)
         for start_n in range(lo, hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
-                          SOFTCAP, EMULATE_BF16)
-    tl.store(DQ + pid_bh * NQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+                          SOFTCAP, EMULATE_BF16, DIM)
+    tl.store(DQ + pid_bh * NQ * DIM + offs_m[:, None] * DIM + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows)
 
 
 # --- the launcher ---------------------------------------------------------------------------------
@@ -468,7 +483,7 @@ def _check_inputs(do, q, k, v, o, lse, scale):
                          f"got Hq = {Hq}")
     if min(B, Hq, Nq, Nk) == 0:
         raise InputError(f"q: expected B, Hq, Nq, Nk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    check_head_dim(d)
+    check_head_dim(d, padded=True)
     check_scale(scale)
     return B, Hq, Nq, d, Hkv, Nk
 
@@ -628,7 +643,8 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     n_pad, *row_terms = kernels.row_terms if hopper else (Nq, 1.0, 0.0, 1.0)
     pre_m = 16 if interpreting() else PRE_BLOCK_M
     pre = planned_launch(_attnscope_bwd_preprocess, (cdiv(n_pad, pre_m), B * Hq),
-                         dict(HEAD_DIM=d, BLOCK_M=pre_m, HAS_DLSE=dlse is not None, PADDED=hopper), dev)
+                         dict(HEAD_DIM=head_block(d), BLOCK_M=pre_m, HAS_DLSE=dlse is not None, PADDED=hopper,
+                              D=d), dev)
     pre_scalars = (o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), Hq, Nq,
                    n_pad, *row_terms)
     contiguous = lse.is_contiguous() and (dlse is None or dlse.is_contiguous() and dlse.dtype == lse.dtype)
@@ -661,14 +677,14 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
         return run_hopper
 
     atomic = not deterministic
-    (bm, bn, warps, stages), (dq_bm, dq_bn, dq_warps, dq_stages) = configs(d, q, atomic)
+    (bm, bn, warps, stages), (dq_bm, dq_bn, dq_warps, dq_stages) = configs(head_block(d), q, atomic)
     off64 = _off64(q, k, v, do)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     scalars = (*strides, Hq, Hkv, Nq, Nk, margs["qk_scale"], sm_scale, margs["LEFT"], margs["RIGHT"],
                margs["cap_in"])
-    consts = dict(HEAD_DIM=d, CAUSAL=causal, EMULATE_BF16=emulate, WINDOW=margs["WINDOW"],
-                  SOFTCAP=margs["SOFTCAP"], OFF64=off64)
+    consts = dict(HEAD_DIM=head_block(d), CAUSAL=causal, EMULATE_BF16=emulate, WINDOW=margs["WINDOW"],
+                  SOFTCAP=margs["SOFTCAP"], OFF64=off64, D=d)
     dkdv = planned_launch(_attnscope_bwd_dkdv_kernel, (cdiv(Nk, bn), B * Hkv),
                           dict(consts, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                num_stages=stages), dev)

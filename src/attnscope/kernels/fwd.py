@@ -52,6 +52,7 @@ from attnscope.kernels._common import (
     descriptor_over,
     descriptor_template,
     fitting,
+    head_block,
     hopper_unavailable,
     import_torch_triton,
     interpreting,
@@ -271,7 +272,7 @@ def _check_inputs(q, k, v):
     for name, t, what, size in (("q", q, "Nq", Nq), ("k", k, "Nk", Nk), ("q", q, "B >= 1 and Hq", B * Hq)):
         if size == 0:
             raise InputError(f"{name}: expected {what} >= 1, got shape {tuple(t.shape)}")
-    check_head_dim(d)
+    check_head_dim(d, padded=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA: every stride but the last must be a multiple of 16 bytes, and the base 16-byte aligned
         if any((s * t.element_size()) % 16 for s in (*t.stride()[:3], t.storage_offset())):
@@ -331,12 +332,14 @@ def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: boo
     (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
     bm, bn, num_warps, num_stages = cfg
     margs = mod_args(mods, sm_scale, Nq, Nk)
-    # host-built 4-D TMA descriptors (no device scratch, no allocator)
-    descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, d])
+    # host-built 4-D TMA descriptors (no device scratch, no allocator), head_block(d) columns wide: past d
+    # they read zeros (no term of Q K^T or P V) and clip O's store
+    dp = head_block(d)
+    descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, dp])
              for t, rows in ((q, bm), (k, bn), (v, bn), (o, bm))]
     scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"])
     consts = dict(
-        HEAD_DIM=d, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
+        HEAD_DIM=dp, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
         STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
         MAX_UNSCALED=margs["qk_scale"] > 1.0 and not margs["SOFTCAP"],  # see _attn_tile: huge scales
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
@@ -434,7 +437,8 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
         if B * Hq > MAX_GRID_Y:
             _refuse_grid(B, Hq, chosen)
         narrow = mods.windowed and dispatch.portable_window(d, (mods.left, mods.right), Nq, Nk, causal)
-        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk), smem_per_block(torch, q), narrow)
+        cfg = cfg or pick_config(head_block(d), causal or mods.windowed, max(Nq, Nk),
+                                 smem_per_block(torch, q), narrow)
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
     return _Plan((B, Hq, Nq, d), o.stride(), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
                  torch.empty((1,), dtype=torch.float32, device=q.device))
