@@ -214,8 +214,7 @@ def _attnscope_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, ROW0, ROW1, stride_
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m < NQ
-    # ``D``: a head dim below its power-of-two tile HEAD_DIM (0: HEAD_DIM itself); the columns past it read 0
-    row = ok[:, None] if D == 0 or D == HEAD_DIM else ok[:, None] & (offs_d[None, :] < D)
+    row = ok[:, None] if D == 0 or D == HEAD_DIM else ok[:, None] & (offs_d[None, :] < D)  # D: `_dkdv_tile`
     offs_m = offs_m.to(tl.int64)  # varlen: a row of the packed [total, H, d] is H * d elements apart
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=row,
                 other=0.0)
@@ -250,13 +249,10 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < NQ
     DIM: tl.constexpr = HEAD_DIM if D == 0 else D
-    d_ok = offs_d < DIM
-    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None],
-                  mask=row_ok[None, :] if DIM == HEAD_DIM else row_ok[None, :] & d_ok[:, None],
-                  other=0.0)  # Q^T [d, BLOCK_M]
-    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & d_ok[None, :],
-                 other=0.0)  # [BLOCK_M, d]
+    m_t = row_ok[None, :] if DIM == HEAD_DIM else row_ok[None, :] & (offs_d[:, None] < DIM)  # [d, BLOCK_M]
+    m_r = row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & (offs_d[None, :] < DIM)  # [BLOCK_M, d]
+    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=m_t, other=0.0)  # Q^T
+    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_r, other=0.0)
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))  # log2 domain; +inf: P = 0
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     s_t = _mm(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # S^T = K Q^T
@@ -280,9 +276,7 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
     dk = _mm(ds_lp, tl.trans(q_t), dk, EMULATE_BF16)  # dK += dS^T Q  (scaled at the end)
     if ATOMIC_DQ:
         dq = _mm(tl.trans(ds_lp), k, tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), EMULATE_BF16) * sm_scale
-        tl.atomic_add(DQ + dq_base + offs_m[:, None] * DIM + offs_d[None, :], dq,
-                      mask=row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & d_ok[None, :],
-                      sem="relaxed")
+        tl.atomic_add(DQ + dq_base + offs_m[:, None] * DIM + offs_d[None, :], dq, mask=m_r, sem="relaxed")
     return dk, dv
 
 
@@ -371,7 +365,6 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn,
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < NK
-    # ``D``: a head dim below its power-of-two tile HEAD_DIM (0: HEAD_DIM itself); the columns past it read 0
     kv_ok = col_ok[None, :] if D == 0 or D == HEAD_DIM else col_ok[None, :] & (offs_d[:, None] < D)
     k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=kv_ok, other=0.0)
     v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=kv_ok, other=0.0)
