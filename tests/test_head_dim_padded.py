@@ -49,16 +49,55 @@ def test_a_padded_head_dim_matches_float64(d, causal, group, nq, nk, dtype, dete
         assert torch.equal(a, b) or deterministic is False
 
 
+@pytest.mark.parametrize("d,causal,deterministic,dtype", [(96, True, True, torch.bfloat16),
+                                                         (40, False, False, torch.float16),
+                                                         (80, True, False, torch.float16)])
+def test_varlen_at_a_padded_head_dim_matches_float64(d, causal, deterministic, dtype):
+    """A packed batch (ragged lengths, GQA 2) at a padded head dim: each sequence's output, LSE and dQ, dK, dV
+    (autograd) against float64 attention of that sequence alone, by the one rule."""
+    from test_bwd import DEVICE
+
+    lens, hq, hkv = [17, 40, 5], 4, 2
+    g = torch.Generator().manual_seed(d)
+    total = sum(lens)
+    q, do = (torch.randn(total, hq, d, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    k, v = (torch.randn(total, hkv, d, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    cu = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32, device=DEVICE)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = attnscope.flash_attention_varlen(*leaves, cu, cu, max(lens), max(lens), causal=causal,
+                                              return_lse=True, deterministic=deterministic)
+    o.backward(do)
+    at = 0
+    for n in lens:
+        sl = slice(at, at + n)
+        one = [t[sl].transpose(0, 1)[None] for t in (q, k, v, do)]  # [1, H, n, d]
+        ref, _ = _ref_grads(*one, causal)
+        ro, rlse = reference.naive_attention(*(t.double().cpu().numpy() for t in one[:3]), causal=causal,
+                                             return_lse=True)
+        own = _torch_grads(*one, causal)
+        kk, vv = (t.repeat_interleave(2, 1) for t in one[1:3])
+        own_o = torch.softmax(((one[0] @ kk.transpose(-1, -2)) * d ** -0.5).float().masked_fill(
+            ~(torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if causal else
+              torch.ones(n, n, dtype=torch.bool, device=q.device)), float("-inf")), -1).to(dtype) @ vv
+        got_o = o[sl].transpose(0, 1)[None].detach().double().cpu().numpy()
+        assert np.abs(got_o - ro).max() <= checks.kernel_tolerance(
+            np.abs(own_o.double().cpu().numpy() - ro).max())
+        assert np.abs(lse[:, sl].detach().double().cpu().numpy() - rlse[0]).max() < 1e-3
+        got = [t.grad[sl].transpose(0, 1)[None] for t in leaves]
+        _check_grads(got, own, ref)
+        at += n
+
+
 def test_padded_head_dims_are_refused_where_they_do_not_run():
     """A head dim not a multiple of 8 (a TMA row must be 16-byte multiples) or past 256 gets one line; the
-    varlen and decode entry points keep the built dims; the Gluon kernels name their own."""
+    decode entry point keeps the built dims; the Gluon kernels name their own."""
     q = torch.zeros(1, 2, 16, 100, dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="head_dim 100 is not supported; supported: 64, 128, 256, "
                                                   "or a multiple of 8 up to 256"):
         attnscope.flash_attention(q, q, q)
-    packed = torch.zeros(16, 2, 96, dtype=torch.float16)
+    packed = torch.zeros(16, 2, 100, dtype=torch.float16)
     cu = torch.tensor([0, 16], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="head_dim 96 is not supported; supported: 64, 128, 256 "):
+    with pytest.raises(NotImplementedError, match="head_dim 100 is not supported; supported: 64, 128, 256,"):
         attnscope.flash_attention_varlen(packed, packed, packed, cu, cu, 16, 16)
     cache = torch.zeros(1, 2, 32, 96, dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="head_dim 96 is not supported; supported: 64, 128, 256 "):

@@ -279,9 +279,10 @@ def check_device(torch, tensors: dict) -> None:
         raise InputError(f"{first_name}: expected a CUDA device, got {first}")
 
 
-#: Head dims `flash_attention` and its backward take besides `SUPPORTED_HEAD_DIMS`: any multiple of 8 up to
-#: the largest (the portable kernels run them in the next power of two's tiles, `head_block`: TMA reads zeros
-#: past d and clips the stores, pointer loads and stores are masked; 8: a TMA row of 16-byte multiples).
+#: Head dims `flash_attention`, `flash_attention_varlen` and their backward take besides
+#: `SUPPORTED_HEAD_DIMS`: any multiple of 8 up to the largest (the portable kernels run them in the next power
+#: of two's tiles, `head_block`: TMA reads zeros past d and clips the stores, pointer loads and stores are
+#: masked; 8: a TMA row of 16-byte multiples). Decode and the Gluon kernels keep the built dims.
 PADDED_HEAD_DIM_STEP = 8
 
 
@@ -293,7 +294,7 @@ def head_block(d: int) -> int:
 
 def check_head_dim(d: int, padded: bool = False) -> None:
     """NotImplementedError unless ``d`` is a built head dim (``padded``: or a multiple of
-    `PADDED_HEAD_DIM_STEP` up to the largest, which the dense forward and backward run in `head_block`'s
+    `PADDED_HEAD_DIM_STEP` up to the largest, which the portable prefill kernels run in `head_block`'s
     tiles); below the largest, the message names the exact workaround: zero columns add nothing to Q K^T,
     and zero V columns give zero output columns."""
     if padded and 0 < d <= SUPPORTED_HEAD_DIMS[-1] and d % PADDED_HEAD_DIM_STEP == 0:
