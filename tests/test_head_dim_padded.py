@@ -88,6 +88,81 @@ def test_varlen_at_a_padded_head_dim_matches_float64(d, causal, deterministic, d
         at += n
 
 
+def _decode_reference(q, k, v, lens, nq):
+    """float64 attention of each sequence's nq queries (bottom-right causal) over its first lens[b] keys:
+    q [B, Hq, nq, d], k, v [B, Hkv, L, d]."""
+    out = np.zeros(q.shape)
+    for b, n in enumerate(lens):
+        one = [t[b:b + 1].double().cpu().numpy() for t in (q, k[:, :, :n], v[:, :, :n])]
+        out[b] = reference.naive_attention(*one, causal=True)[0]
+    return out
+
+
+@pytest.mark.parametrize("d,nq,paged,splits,dtype", [(96, 1, False, 1, torch.bfloat16),
+                                                      (96, 1, True, 3, torch.float16),
+                                                      (40, 3, False, 2, torch.float16),
+                                                      (80, 1, False, 4, torch.bfloat16)])
+def test_decode_at_a_padded_head_dim_matches_float64(d, nq, paged, splits, dtype):
+    """flash_decode (dense and paged caches, ragged lengths, split and not, chunked Nq > 1, GQA 4) at a
+    padded head dim against float64, by the one rule."""
+    from test_bwd import DEVICE
+
+    g = torch.Generator().manual_seed(d + nq)
+    B, hq, hkv, L, page = 2, 8, 2, 70, 16
+    lens = [70, 33]
+    q = torch.randn(B, hq, nq, d, generator=g).to(dtype).to(DEVICE)
+    k, v = (torch.randn(B, hkv, L, d, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    if paged:  # pages of `page` keys in shuffled order: [pages, page, Hkv, d]
+        per = -(-L // page)
+        order = torch.randperm(B * per, generator=g)
+        pages = torch.zeros(B * per, page, hkv, d, dtype=dtype, device=DEVICE)
+        table = order.view(B, per).to(torch.int32).to(DEVICE)
+        for b in range(B):
+            for j in range(per):
+                rows = k[b, :, j * page:(j + 1) * page].transpose(0, 1)
+                pages[table[b, j], :rows.shape[0]] = rows
+        vpages = torch.zeros_like(pages)
+        for b in range(B):
+            for j in range(per):
+                rows = v[b, :, j * page:(j + 1) * page].transpose(0, 1)
+                vpages[table[b, j], :rows.shape[0]] = rows
+        o = attnscope.flash_decode(q, pages, vpages, seqlens, table, num_splits=splits)
+    else:
+        o = attnscope.flash_decode(q, k, v, seqlens, num_splits=splits)
+    assert o.shape == q.shape
+    ref = _decode_reference(q, k, v, lens, nq)
+    kk, vv = (t.repeat_interleave(hq // hkv, 1) for t in (k, v))
+    own = np.zeros(q.shape)
+    for b, n in enumerate(lens):
+        s = (q[b:b + 1] @ kk[b:b + 1, :, :n].transpose(-1, -2)) * d ** -0.5
+        mask = (torch.arange(n, device=q.device)[None, :]
+                <= torch.arange(nq, device=q.device)[:, None] + (n - nq))
+        s = s.masked_fill(~mask, float("-inf"))
+        own[b] = (torch.softmax(s.float(), -1).to(dtype) @ vv[b:b + 1, :, :n]).double().cpu().numpy()[0]
+    err = np.abs(o.double().cpu().numpy() - ref).max()
+    assert err <= checks.kernel_tolerance(np.abs(own - ref).max()), err
+
+
+@pytest.mark.parametrize("d", [96, 40])
+def test_fp8_decode_at_a_padded_head_dim_matches_its_dequantised_cache(d):
+    """An e4m3 cache (`quantize_kv`, per-head scales) at a padded head dim: the output against float64
+    attention over the dequantised cache (V by elements: its word loads need whole power-of-two rows)."""
+    from attnscope.kernels.decode.quantize import quantize_kv
+    from test_bwd import DEVICE
+
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(2, 8, 1, d, generator=g).half().to(DEVICE)
+    k, v = (torch.randn(2, 2, 70, d, generator=g).half().to(DEVICE) for _ in range(2))
+    (kq, ks), (vq, vs) = quantize_kv(k, head_axis=1), quantize_kv(v, head_axis=1)
+    lens = [70, 33]
+    o = attnscope.flash_decode(q, kq, vq, torch.tensor(lens, dtype=torch.int32, device=DEVICE), k_scale=ks,
+                               v_scale=vs)
+    kd, vd = (t.float() * sc.view(1, -1, 1, 1) for t, sc in ((kq, ks), (vq, vs)))
+    ref = _decode_reference(q, kd, vd, lens, 1)
+    assert np.abs(o.double().cpu().numpy() - ref).max() < 2e-3
+
+
 def test_padded_head_dims_are_refused_where_they_do_not_run():
     """A head dim not a multiple of 8 (a TMA row must be 16-byte multiples) or past 256 gets one line; the
     decode entry point keeps the built dims; the Gluon kernels name their own."""
@@ -99,9 +174,9 @@ def test_padded_head_dims_are_refused_where_they_do_not_run():
     cu = torch.tensor([0, 16], dtype=torch.int32)
     with pytest.raises(NotImplementedError, match="head_dim 100 is not supported; supported: 64, 128, 256,"):
         attnscope.flash_attention_varlen(packed, packed, packed, cu, cu, 16, 16)
-    cache = torch.zeros(1, 2, 32, 96, dtype=torch.float16)
-    with pytest.raises(NotImplementedError, match="head_dim 96 is not supported; supported: 64, 128, 256 "):
-        attnscope.flash_decode(torch.zeros(1, 2, 1, 96, dtype=torch.float16), cache, cache)
+    cache = torch.zeros(1, 2, 32, 100, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="head_dim 100 is not supported; supported: 64, 128, 256,"):
+        attnscope.flash_decode(torch.zeros(1, 2, 1, 100, dtype=torch.float16), cache, cache)
     if torch.cuda.is_available():  # a forced Gluon variant names its own head dims
         with pytest.raises(NotImplementedError, match="head_dim 96 is not supported"):
             attnscope.flash_attention(*(torch.zeros(1, 2, 16, 96, dtype=torch.float16, device="cuda"),) * 3,

@@ -49,6 +49,9 @@ def _sinks(model):
 CONFIGS = {
     "llama": (lambda: transformers.LlamaConfig(**COMMON), "sdpa", None, {}),
     "mistral": (lambda: transformers.MistralConfig(sliding_window=5, **COMMON), "sdpa", None, {}),
+    # Phi-3's head dim (96): the portable kernels in 128-wide tiles (`_common.head_block`)
+    "llama_d96": (lambda: transformers.LlamaConfig(**{**COMMON, "head_dim": 96, "hidden_size": 192}), "sdpa",
+                  None, {}),
     "gpt_oss": (lambda: transformers.GptOssConfig(
         sliding_window=5, num_local_experts=2, num_experts_per_tok=1,
         layer_types=["sliding_attention", "full_attention"], **{**COMMON, "num_hidden_layers": 2}),
@@ -136,6 +139,7 @@ def test_prefill_logits_match_reference(models, padded, calls):
 #: static cache (transformers passes all its slots; the mask says which are filled)
 GENERATE = {"llama": ((False, "dynamic"), (True, "dynamic"), (False, "static"), (True, "static")),
             "mistral": ((True, "dynamic"), (False, "static"), (True, "static")),
+            "llama_d96": ((False, "dynamic"), (True, "dynamic")),
             "gpt_oss": ((False, "dynamic"), (False, "static"), (True, "static")),
             "gemma2": ((False, "dynamic"), (False, "static"))}  # padded: its eager reference gives NaN
 

@@ -279,10 +279,10 @@ def check_device(torch, tensors: dict) -> None:
         raise InputError(f"{first_name}: expected a CUDA device, got {first}")
 
 
-#: Head dims `flash_attention`, `flash_attention_varlen` and their backward take besides
-#: `SUPPORTED_HEAD_DIMS`: any multiple of 8 up to the largest (the portable kernels run them in the next power
-#: of two's tiles, `head_block`: TMA reads zeros past d and clips the stores, pointer loads and stores are
-#: masked; 8: a TMA row of 16-byte multiples). Decode and the Gluon kernels keep the built dims.
+#: Head dims the portable kernels take besides `SUPPORTED_HEAD_DIMS` (`flash_attention`,
+#: `flash_attention_varlen`, their backward, `flash_decode`): any multiple of 8 up to the largest, run in the
+#: next power of two's tiles (`head_block`: TMA reads zeros past d and clips the stores, pointer loads and
+#: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon kernels keep the built dims.
 PADDED_HEAD_DIM_STEP = 8
 
 
