@@ -781,3 +781,50 @@ def test_gpu_forward_under_compiled_cuda_graphs_keeps_nothing_in_the_graph_pool(
     fwd.clear_plan_cache()  # the compiled call's warm-up makes the plan
     for _ in range(4):  # warm-up, recording, replays
         torch.testing.assert_close(step(q).clone(), want, atol=0, rtol=0)
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from attnscope.kernels._tl import cta_tile  # noqa: E402
+
+
+@triton.jit
+def _launch_order_probe(T, TAIL):
+    """Writes `_tl.cta_tile`'s (rank, head) of each program at its launch position."""
+    rank, head = cta_tile(TAIL)
+    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    tl.store(T + 2 * pid, rank)
+    tl.store(T + 2 * pid + 1, head)
+
+
+def test_triton_launch_order_is_the_model_launch_tile():
+    """`_tl.cta_tile` (the portable forward's and backward's (rank, head)) at each program's launch position
+    equals `model.tiles.launch_tile`: the grid's order (tail 1), every head interleaved, the last few."""
+    from attnscope.model.tiles import launch_tile
+
+    for blocks, heads, tail in ((7, 5, 1), (7, 5, 5), (7, 5, 2), (3, 4, 4), (1, 3, 3)):
+        t = torch.full((blocks * heads, 2), -1, dtype=torch.int32, device=DEVICE)
+        _launch_order_probe[(blocks, heads)](t, tail)
+        assert t.tolist() == [list(launch_tile(p, blocks, heads, tail)) for p in range(blocks * heads)]
+
+
+def test_the_portable_kernels_launch_order_changes_no_bit(monkeypatch):
+    """The portable forward and backward give the same bits with the last heads interleaved
+    (`model.tiles.launch_tail`) as in the grid's order: each program computes the same tile either way."""
+    from attnscope.kernels import bwd, bwd_plan
+
+    q, k, v = _inputs(2, 4, 2, 70, 70, 64, torch.float16, False, seed=5)[:3]
+    do = torch.randn_like(q)
+    got = {}
+    for name, rule in (("grid", lambda causal, blocks, heads, sms: 1),
+                       ("all", lambda causal, blocks, heads, sms: heads)):
+        monkeypatch.setattr(fwd, "launch_tail", rule)
+        monkeypatch.setattr(bwd, "launch_tail", rule)
+        fwd.clear_plan_cache()
+        bwd_plan.clear_plan_cache()
+        o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, impl="portable")
+        grads = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, deterministic=True,
+                                             impl="portable")
+        got[name] = (o, lse, *grads)
+    assert all(torch.equal(a, b) for a, b in zip(got["grid"], got["all"], strict=True))

@@ -201,3 +201,20 @@ def lse_merge_finish(m_i, l_i, acc):
 
 __all__ = ["_kv_bounds", "_kv_bounds_window", "_window_bounds", "lse_merge_finish", "lse_merge_step",
            "round_bf16", "mod_args", "sink_log2", "softmax_tile", "tanh_", "triton", "window_args"]
+
+
+@triton.jit
+def cta_tile(TAIL):
+    """(rank, head) of this program of a (blocks, heads) grid: `model.tiles.launch_tile` with ``pid`` the
+    program's launch position (x fastest) and the last ``TAIL`` heads interleaved rank by rank (1: the grid's
+    own order); kernels/_gluon_order.py's `cta_tile` for the Triton kernels."""
+    blocks = tl.num_programs(0)
+    pid = tl.program_id(1) * blocks + tl.program_id(0)
+    lead = (tl.num_programs(1) - TAIL) * blocks
+    if pid < lead:
+        rank = pid % blocks
+        head = pid // blocks
+    else:
+        rank = (pid - lead) // TAIL
+        head = tl.num_programs(1) - TAIL + (pid - lead) % TAIL
+    return rank, head

@@ -21,7 +21,8 @@ the final normalisation in base 2 (``m = max(m, sink log2 e)``), so the LSE incl
 Layout: q, o ``[B, Hq, Nq, d]``, k, v ``[B, Hkv, Nk, d]``, any strides with a unit last stride (e.g. a
 transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descriptors: out-of-bounds rows
 of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
-scale (one FMA per score). Causal query tiles launch heaviest first.
+scale (one FMA per score). Causal query tiles launch heaviest first, the last heads interleaved rank by
+rank (`model.tiles.launch_tail`, `_tl.cta_tile`).
 
 Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
 per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
@@ -57,11 +58,12 @@ from attnscope.kernels._common import (
     import_torch_triton,
     interpreting,
     kept_allocation,
+    num_sms,
     on_tensor_device,
     smem_per_block,
 )
 from attnscope.model import dispatch
-from attnscope.model.tiles import cdiv
+from attnscope.model.tiles import cdiv, launch_tail
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 Tensor = torch.Tensor
@@ -72,6 +74,7 @@ from attnscope.kernels._direct import planned_launch  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
+    cta_tile,
     mod_args,
     round_bf16,
     sink_log2,
@@ -176,20 +179,18 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in"])
+@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in", "TAIL"])
 def _attnscope_fwd_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE, SINKS,
-    B, H, HKV, NQ, NK, qk_scale, LEFT, RIGHT, cap_in,
+    B, H, HKV, NQ, NK, qk_scale, LEFT, RIGHT, cap_in, TAIL,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    start_m = pid_m
+    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the last heads interleaved
     if CAUSAL:
-        start_m = tl.num_programs(0) - 1 - pid_m  # heaviest query tiles first
+        start_m = tl.num_programs(0) - 1 - start_m
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)  # GQA: query heads h share kv head h // group
@@ -337,7 +338,8 @@ def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: boo
     dp = head_block(d)
     descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, dp])
              for t, rows in ((q, bm), (k, bn), (v, bn), (o, bm))]
-    scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"])
+    tail = launch_tail(causal and not mods.windowed, cdiv(Nq, bm), B * Hq, num_sms(torch, q.device))
+    scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"], tail)
     consts = dict(
         HEAD_DIM=dp, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
         STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,

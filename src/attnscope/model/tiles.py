@@ -420,7 +420,8 @@ TAIL_WAVES = 4
 
 
 def launch_tail(causal: bool, blocks: int, heads: int, sms: int) -> int:
-    """How many heads end the one-CTA-per-tile Gluon kernels' launch order interleaved (`launch_tile`).
+    """How many heads end the one-CTA-per-tile kernels' launch order interleaved (`launch_tile`; the Gluon
+    kernels and the portable forward and backward).
     Causal, a head's ``blocks`` tiles cost 1 to ``blocks`` units and start heaviest first; in the grid's
     order the last head's heaviest tile starts when little work is left and runs alone at the end. The last
     ``ceil(TAIL_WAVES sms / blocks)`` heads (all when fewer) go rank by rank instead, longest processing
@@ -438,7 +439,8 @@ def launch_tile(pid: int, blocks: int, heads: int, tail: int) -> tuple[int, int]
     fastest) in a grid of ``blocks`` x ``heads``: the first ``heads - tail`` heads in the grid's order (a
     head's ranks in turn), then the last ``tail`` heads rank by rank (`launch_tail`); ``tail`` 1 is the
     grid's own order, ``tail`` = ``heads`` all heads rank by rank. The kernels (kernels/_gluon_order.py)
-    map rank 0 to their heaviest tile: a query tile counted from the end, a K/V tile from the start."""
+    map rank 0 to their heaviest tile: a query tile counted from the end, a K/V tile from the start
+    (kernels/_tl.py `cta_tile` for the Triton kernels)."""
     for name, value in (("blocks", blocks), ("heads", heads), ("tail", tail)):
         positive_int(name, value)
     expect(tail <= heads, "tail", f"an integer from 1 to heads = {heads}", tail)
