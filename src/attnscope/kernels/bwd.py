@@ -294,7 +294,7 @@ def _attnscope_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
-    pid_n, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest (the first keys), the last heads interleaved
+    pid_n, pid_bh = (cta_tile(TAIL) if CAUSAL else (tl.program_id(0), tl.program_id(1)))  # keys 0 first
     b = pid_bh // HKV
     if OFF64:  # int64 bases and offsets: a tensor of 2^31 elements or more (`_off64`)
         b = b.to(tl.int64)
@@ -401,8 +401,8 @@ def _attnscope_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
-    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the last heads interleaved
-    if CAUSAL:
+    start_m, pid_bh = (cta_tile(TAIL) if CAUSAL else (tl.program_id(0), tl.program_id(1)))
+    if CAUSAL:  # rank 0 the heaviest query tile, the last heads interleaved (`_tl.cta_tile`)
         start_m = tl.num_programs(0) - 1 - start_m
     b = pid_bh // H
     if OFF64:  # int64 bases and offsets: a tensor of 2^31 elements or more (`_off64`)

@@ -188,9 +188,11 @@ def _attnscope_fwd_kernel(
     MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the last heads interleaved
-    if CAUSAL:
+    if CAUSAL:  # rank 0 the heaviest query tile, the last heads interleaved (`_tl.cta_tile`)
+        start_m, pid_bh = cta_tile(TAIL)
         start_m = tl.num_programs(0) - 1 - start_m
+    else:
+        start_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)  # GQA: query heads h share kv head h // group
