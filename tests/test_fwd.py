@@ -809,22 +809,14 @@ def test_triton_launch_order_is_the_model_launch_tile():
         assert t.tolist() == [list(launch_tile(p, blocks, heads, tail)) for p in range(blocks * heads)]
 
 
-def test_the_portable_kernels_launch_order_changes_no_bit(monkeypatch):
-    """The portable forward and backward give the same bits with the last heads interleaved
-    (`model.tiles.launch_tail`) as in the grid's order: each program computes the same tile either way."""
-    from attnscope.kernels import bwd, bwd_plan
-
-    q, k, v = _inputs(2, 4, 2, 70, 70, 64, torch.float16, False, seed=5)[:3]
-    do = torch.randn_like(q)
+def test_the_portable_forwards_launch_order_changes_no_bit(monkeypatch):
+    """The portable forward gives the same bits with the last heads interleaved (`model.tiles.launch_tail`)
+    as in the grid's order: each program computes the same tile either way."""
+    q, k, v = _inputs(2, 4, 2, 70, 70, 64, torch.float16, False, seed=5)
     got = {}
     for name, rule in (("grid", lambda causal, blocks, heads, sms: 1),
                        ("all", lambda causal, blocks, heads, sms: heads)):
         monkeypatch.setattr(fwd, "launch_tail", rule)
-        monkeypatch.setattr(bwd, "launch_tail", rule)
         fwd.clear_plan_cache()
-        bwd_plan.clear_plan_cache()
-        o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, impl="portable")
-        grads = bwd.flash_attention_backward(do, q, k, v, o, lse, True, None, deterministic=True,
-                                             impl="portable")
-        got[name] = (o, lse, *grads)
+        got[name] = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, impl="portable")
     assert all(torch.equal(a, b) for a, b in zip(got["grid"], got["all"], strict=True))

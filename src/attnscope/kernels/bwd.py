@@ -61,11 +61,10 @@ from attnscope.kernels._common import (
     head_block,
     import_torch_triton,
     interpreting,
-    num_sms,
     on_tensor_device,
 )
 from attnscope.model import dispatch
-from attnscope.model.tiles import cdiv, launch_tail
+from attnscope.model.tiles import cdiv
 
 torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
@@ -83,7 +82,6 @@ from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
     _window_bounds,
-    cta_tile,
     mod_args,
     round_bf16,
     tanh_,
@@ -289,12 +287,13 @@ def _attnscope_bwd_dkdv_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in, TAIL,
+    H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
-    pid_n, pid_bh = (cta_tile(TAIL) if CAUSAL else (tl.program_id(0), tl.program_id(1)))  # keys 0 first
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
     b = pid_bh // HKV
     if OFF64:  # int64 bases and offsets: a tensor of 2^31 elements or more (`_off64`)
         b = b.to(tl.int64)
@@ -396,14 +395,16 @@ def _attnscope_bwd_dq_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in, TAIL,
+    H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
-    start_m, pid_bh = (cta_tile(TAIL) if CAUSAL else (tl.program_id(0), tl.program_id(1)))
-    if CAUSAL:  # rank 0 the heaviest query tile, the last heads interleaved (`_tl.cta_tile`)
-        start_m = tl.num_programs(0) - 1 - start_m
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    start_m = pid_m
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - pid_m  # heaviest query tiles first
     b = pid_bh // H
     if OFF64:  # int64 bases and offsets: a tensor of 2^31 elements or more (`_off64`)
         b = b.to(tl.int64)
@@ -677,8 +678,6 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
                margs["cap_in"])
     consts = dict(HEAD_DIM=head_block(d), CAUSAL=causal, EMULATE_BF16=emulate, WINDOW=margs["WINDOW"],
                   SOFTCAP=margs["SOFTCAP"], OFF64=off64, D=d)
-    grids = ((cdiv(Nk, bn), B * Hkv), (cdiv(Nq, dq_bm), B * Hq))  # dK/dV, dQ: causal, last heads interleave
-    tails = [launch_tail(causal, *grid, num_sms(torch, dev)) for grid in grids]
     dkdv = planned_launch(_attnscope_bwd_dkdv_kernel, (cdiv(Nk, bn), B * Hkv),
                           dict(consts, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                num_stages=stages), dev)
@@ -690,10 +689,10 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
         dk, dv, dq, delta, lse2, _, dsinks = preprocess(do, o, lse, dlse, sinks)
         aligned = (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | delta.data_ptr()) % 16 == 0
         dq_acc = torch.zeros((B, Hq, Nq, d), dtype=torch.float32, device=dev) if atomic else dk  # dk: unused
-        dkdv((q, k, v, do, lse2, delta, dk, dv, dq_acc, *scalars, tails[0]), aligned)
+        dkdv((q, k, v, do, lse2, delta, dk, dv, dq_acc, *scalars), aligned)
         if atomic:
             dq = dq_acc.to(q.dtype)
         else:
-            dq_pass((q, k, v, do, lse2, delta, dq, *scalars, tails[1]), aligned)
+            dq_pass((q, k, v, do, lse2, delta, dq, *scalars), aligned)
         return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     return run_portable

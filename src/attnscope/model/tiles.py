@@ -421,7 +421,7 @@ TAIL_WAVES = 4
 
 def launch_tail(causal: bool, blocks: int, heads: int, sms: int) -> int:
     """How many heads end the one-CTA-per-tile kernels' launch order interleaved (`launch_tile`; the Gluon
-    kernels and the portable forward and backward).
+    kernels and the portable forward).
     Causal, a head's ``blocks`` tiles cost 1 to ``blocks`` units and start heaviest first; in the grid's
     order the last head's heaviest tile starts when little work is left and runs alone at the end. The last
     ``ceil(TAIL_WAVES sms / blocks)`` heads (all when fewer) go rank by rank instead, longest processing
