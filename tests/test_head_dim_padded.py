@@ -187,3 +187,46 @@ def test_padded_head_dims_are_refused_where_they_do_not_run():
     with pytest.raises(NotImplementedError, match="head_dim 96 is not supported; supported: 64, 128, 256 "):
         _common.check_head_dim(96)
     assert [_common.head_block(d) for d in (8, 40, 64, 72, 128, 136, 256)] == [8, 64, 64, 128, 128, 256, 256]
+
+
+GPU_CASES = [  # d, nq, nk, group, causal, dtype, window, softcap, sinks
+    (96, 1000, 1000, 4, True, "bfloat16", None, 0.0, False),
+    (80, 777, 1537, 1, False, "float16", None, 0.0, False),
+    (96, 1500, 1300, 2, True, "bfloat16", (300, 0), 30.0, True),
+    (40, 1200, 1200, 2, False, "bfloat16", None, 0.0, False),
+    (200, 600, 900, 1, True, "float16", None, 0.0, False),
+]
+_ON_GPU = torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU (the compiled padded tiles)")
+@pytest.mark.parametrize("d,nq,nk,group,causal,dtype,window,softcap,sinks", GPU_CASES)
+def test_gpu_padded_forward_and_backward_match_float64(d, nq, nk, group, causal, dtype, window, softcap,
+                                                       sinks):
+    """On the GPU, `impl="auto"` at padded head dims (several tiles each way, ragged edges, GQA, window,
+    softcap, sinks): the output, the LSE and autograd's dQ, dK, dV against float64."""
+    from test_head_dim_256 import _fwd_backward_case
+
+    _fwd_backward_case(nq, nk, group, causal, dtype, window, softcap, sinks, "cuda", "auto", d=d)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU (the compiled padded tiles)")
+@pytest.mark.parametrize("d,causal", [(96, True), (80, False), (40, True)])
+def test_gpu_padded_varlen_matches_float64(d, causal):
+    """The packed forward and backward on the GPU at padded head dims: sequences of several tiles, ragged
+    ends, an empty and a one-token one."""
+    from test_head_dim_256 import _varlen_case
+
+    _varlen_case(causal, [700, 0, 1, 1300], [900, 5, 1, 1300], "cuda", d=d)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU (the compiled padded tiles)")
+@pytest.mark.parametrize("d,fp8", [(96, False), (96, True), (80, False), (40, True)])
+def test_gpu_padded_decode_matches_float64(d, fp8):
+    """flash_decode on the GPU at padded head dims, a long ragged cache, bf16 and e4m3."""
+    from test_head_dim_256 import _gpu_decode_case
+
+    _gpu_decode_case(fp8, d)

@@ -284,6 +284,8 @@ def check_device(torch, tensors: dict) -> None:
 #: next power of two's tiles (`head_block`: TMA reads zeros past d and clips the stores, pointer loads and
 #: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon kernels keep the built dims.
 PADDED_HEAD_DIM_STEP = 8
+#: Every head dim the entry points take (the built ones among them).
+HEAD_DIMS = range(PADDED_HEAD_DIM_STEP, SUPPORTED_HEAD_DIMS[-1] + 1, PADDED_HEAD_DIM_STEP)
 
 
 def head_block(d: int) -> int:
