@@ -252,7 +252,7 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
         The attention layer (``is_causal``; ``sinks`` when present).
     query : torch.Tensor, [B, Hq, Nq, d]
     key, value : torch.Tensor, [B, Hkv, Nk, d]
-        The whole cache's keys and values for a decode step; fp16 or bf16, d in {64, 128, 256}.
+        The whole cache's keys and values for a decode step; fp16 or bf16, d a multiple of 8 up to 256.
     attention_mask : torch.Tensor or None
         None or the bool padding mask [B, kv_len] (`register` asks transformers for this form).
     dropout, scaling, sliding_window, softcap, is_causal, s_aux

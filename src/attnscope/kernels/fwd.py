@@ -589,8 +589,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     o : torch.Tensor, [B, Hq, Nq, d], q's dtype
     lse : torch.Tensor, [B, Hq, Nq], float32 — only when ``return_lse``.
 
-    Supported: d in {64, 128, 256}; fp16 and bf16. Anything else raises NotImplementedError; malformed input
-    raises ValueError naming the argument.
+    Supported: d a multiple of 8 up to 256 (`_common.head_block`: 64, 128 and 256 are built, others run in
+    the next one's tiles); fp16 and bf16. Anything else raises NotImplementedError; malformed input raises
+    ValueError naming the argument.
 
     Example
     -------

@@ -402,8 +402,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     o : torch.Tensor, [total_q, Hq, d], q's dtype (contiguous)
     lse : torch.Tensor, [Hq, total_q], float32 — only when ``return_lse``.
 
-    Supported: d in {64, 128, 256}; fp16 and bf16 (NotImplementedError otherwise); malformed input raises
-    ValueError naming the argument.
+    Supported: d a multiple of 8 up to 256 (`_common.head_block`); fp16 and bf16 (NotImplementedError
+    otherwise); malformed input raises ValueError naming the argument.
 
     Example
     -------
