@@ -799,8 +799,9 @@ def _launch_order_probe(T, TAIL):
 
 
 def test_triton_launch_order_is_the_model_launch_tile():
-    """`_tl.cta_tile` (the portable forward's and backward's (rank, head)) at each program's launch position
-    equals `model.tiles.launch_tile`: the grid's order (tail 1), every head interleaved, the last few."""
+    """`_tl.cta_tile` (the (rank, head) of the portable forward and of the Gluon kernels, which call it as it
+    is) at each program's launch position equals `model.tiles.launch_tile`: the grid's order (tail 1), every
+    head interleaved, the last few."""
     from attnscope.model.tiles import launch_tile
 
     for blocks, heads, tail in ((7, 5, 1), (7, 5, 5), (7, 5, 2), (3, 4, 4), (1, 3, 3)):

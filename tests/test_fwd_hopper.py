@@ -234,32 +234,6 @@ def test_kernel_window_bounds_are_the_model_closed_form():
         assert tuple(got) == want, (c, got, want)
 
 
-# --- the launch order against model.tiles (GPU) ----------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
-def test_kernel_launch_order_is_the_model_launch_tile():
-    """`_gluon_order.cta_tile` (the fwd, dK/dV and dQ kernels' (rank, head)) at each CTA's launch position
-    equals `model.tiles.launch_tile`: the grid's order (tail 1), every head interleaved, the last few."""
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-
-    from attnscope.kernels._gluon_order import cta_tile
-    from attnscope.model.tiles import launch_tile
-
-    @gluon.jit
-    def probe(T, TAIL):
-        rank, head = cta_tile(TAIL)
-        pid = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
-        gl.store(T + 2 * pid, rank)
-        gl.store(T + 2 * pid + 1, head)
-
-    for blocks, heads, tail in ((7, 5, 1), (7, 5, 5), (7, 5, 2), (64, 4, 4), (1, 3, 3), (43, 32, 13)):
-        t = torch.full((blocks * heads, 2), -1, dtype=torch.int32, device="cuda")
-        probe[(blocks, heads)](t, tail, num_warps=1)
-        want = [list(launch_tile(p, blocks, heads, tail)) for p in range(blocks * heads)]
-        assert t.tolist() == want, (blocks, heads, tail)
-
-
 # --- the host path on the GPU: planned launches and CUDA-graph capture -----------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (compiled kernels)")

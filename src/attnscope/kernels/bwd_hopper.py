@@ -35,7 +35,7 @@ Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/d
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
 only tiles straddling the diagonal and the ragged last tiles are masked. Both kernels start their heaviest
 tiles first (the dK/dV kernel's first keys, the dQ kernel's last rows) and interleave the last heads rank by
-rank (`model.tiles.launch_tail`, kernels/_gluon_order.py): in the grid's order the last head's heaviest tile
+rank (`model.tiles.launch_tail`, `_tl.cta_tile`): in the grid's order the last head's heaviest tile
 started when little work was left (B 1, 16 / 4 heads, N 8k: 1.21 x faster, BENCHMARKS.md). Ragged N: TMA reads
 zeros past Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr
 ``MODS``, `fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the
@@ -70,9 +70,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._gluon_order import cta_tile  # noqa: E402
 from attnscope.kernels._gluon_red import red_add  # noqa: E402
 from attnscope.kernels._gluon_smem import dkdv_smem  # noqa: E402
+from attnscope.kernels._tl import cta_tile  # noqa: E402
 from attnscope.kernels.bwd_hopper_dq import _attnscope_bwd_hopper_dq_kernel, _capped, _keep  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
@@ -420,7 +420,7 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
-    pid_n, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the first keys (`_gluon_order`)
+    pid_n, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the first keys (`_tl.cta_tile`)
     b = pid_bh // HKV
     hk = pid_bh % HKV
     group = H // HKV

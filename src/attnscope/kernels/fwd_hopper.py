@@ -38,8 +38,8 @@ from typing import NamedTuple
 
 from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
-from attnscope.kernels._gluon_order import cta_tile
 from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
+from attnscope.kernels._tl import cta_tile
 from attnscope.model.tiles import launch_tail
 
 torch, triton = import_torch_triton()
@@ -93,7 +93,7 @@ class Variant(NamedTuple):
 #: - hopper_wg3_pp (d = 64 only): three consumer warpgroups in ping-pong, 192 query rows per CTA (FA-3's
 #:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax. A grid
 #:   (tiles, B*H); causal, heaviest tiles first and the last heads interleaved rank by rank
-#:   (`model.tiles.launch_tail`, kernels/_gluon_order.py).
+#:   (`model.tiles.launch_tail`, `_tl.cta_tile`).
 VARIANTS = {
     "hopper_persist": Variant(False, {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)},
                               persistent=True),
@@ -505,7 +505,7 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
     sc = (qk_scale, LEFT, RIGHT, cap_in, cap_out, SINKS)  # the scale and the score mods' runtime values
-    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest (`_gluon_order`)
+    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest (`_tl.cta_tile`)
     if CAUSAL:
         start_m = gl.num_programs(0) - 1 - start_m
     b = pid_bh // H

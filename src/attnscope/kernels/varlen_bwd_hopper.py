@@ -23,7 +23,7 @@ Both kernels run the plain build (`bwd_hopper.config` without a dtype), never th
 (`bwd_hopper.LEAN_CONFIGS`): the lean step needs the masked and whole tiles in separate runs, rows of
 log2(scale) - LSE2 and -Delta and a lean dQ kernel, none of which this path has.
 Both grids are (work item, head) and launch the last heads interleaved item by item
-(`model.tiles.launch_tail`, kernels/_gluon_order.py), the lists' heaviest items first. No atomics: the
+(`model.tiles.launch_tail`, `_tl.cta_tile`), the lists' heaviest items first. No atomics: the
 gradients are bitwise reproducible run to run. Causal is bottom-right per sequence. No score mods on this path
 (window and softcap run the portable kernels of kernels/varlen_bwd.py; sinks need nothing here). Layout: q, dO
 [total_q, Hq, d], k, v [total_k, Hkv, d] viewed as [1, H, total, d] for 4-D TMA descriptors; dq, dk, dv
@@ -47,8 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._gluon_order import cta_tile  # noqa: E402
 from attnscope.kernels._gluon_smem import buffers, dkdv_smem, kv_ring, load_kv  # noqa: E402
+from attnscope.kernels._tl import cta_tile  # noqa: E402
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
     CONSUMER_REGS,
     ROW_PAD,
@@ -131,7 +131,7 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
-    w, hk = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_gluon_order`)
+    w, hk = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_tl.cta_tile`)
     s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
     group = H // HKV
     start_n = gl.load(WORK_TILE + w) * (NWG * BNW)  # keys within the sequence
@@ -206,7 +206,7 @@ def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
-    w, h = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_gluon_order`)
+    w, h = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_tl.cta_tile`)
     s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
     hk = h // (H // HKV)
     row0 = gl.load(WORK_TILE + w) * (NWG * BM)  # rows within the sequence

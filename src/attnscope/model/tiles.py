@@ -438,9 +438,8 @@ def launch_tile(pid: int, blocks: int, heads: int, tail: int) -> tuple[int, int]
     """(rank, head) of the CTA launched ``pid``-th (0-based; the hardware starts a 2-D grid's CTAs x
     fastest) in a grid of ``blocks`` x ``heads``: the first ``heads - tail`` heads in the grid's order (a
     head's ranks in turn), then the last ``tail`` heads rank by rank (`launch_tail`); ``tail`` 1 is the
-    grid's own order, ``tail`` = ``heads`` all heads rank by rank. The kernels (kernels/_gluon_order.py)
-    map rank 0 to their heaviest tile: a query tile counted from the end, a K/V tile from the start
-    (kernels/_tl.py `cta_tile` for the Triton kernels)."""
+    grid's own order, ``tail`` = ``heads`` all heads rank by rank. The kernels (kernels/_tl.py `cta_tile`)
+    map rank 0 to their heaviest tile: a query tile counted from the end, a K/V tile from the start."""
     for name, value in (("blocks", blocks), ("heads", heads), ("tail", tail)):
         positive_int(name, value)
     expect(tail <= heads, "tail", f"an integer from 1 to heads = {heads}", tail)
