@@ -454,7 +454,8 @@ def test_hopper_backward_dispatch_rule():
 
 def test_hopper_backward_rule():
     assert all(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
-    assert not dispatch.hopper_backward_ok(96, False)
+    assert dispatch.hopper_backward_ok(96, False) and dispatch.hopper_backward_ok(40, True)  # `head_block`'s
+    assert not any(dispatch.hopper_backward_ok(d, False) for d in (24, 200, 256))
 
 
 def test_hopper_lean_rule():
@@ -466,7 +467,7 @@ def test_hopper_lean_rule():
         assert lean(64, dtype) and lean(64, dtype, 0.125) and lean(64, dtype, 0.0625) and lean(64, dtype, 0.5)
         assert not lean(64, dtype, None, 30.0) and not lean(64, dtype, 0.125, 1e-3)  # softcap: plain
         assert not any(lean(128, dtype, s) for s in (None, 0.125, 0.01))  # no lean d = 128 build
-        assert not lean(96, dtype)
+        assert not lean(96, dtype) and lean(40, dtype)  # the build of their `head_block`
     assert not lean(64, "fp16", 0.0624) and not lean(64, "fp16", 1e-6)  # fp16 under 2^-4: plain
     assert lean(64, "bf16", 0.0624) and lean(64, "bf16", 1e-6)  # bf16 has fp32's range
     for kw, msg in (({"d": 0}, "d: expected a positive integer"),

@@ -415,7 +415,9 @@ def test_a_short_window_picks_the_portable_tiles(monkeypatch):
         fwd.clear_plan_cache()
         attnscope.flash_attention(q, k, v, causal=causal, window=window, impl="portable")
         assert seen[-1] is narrow, (window, seen[-1])
-    assert not dispatch.portable_window(96, (4, 4), n, n, False)  # no window tiles without a row for d
+    assert not dispatch.portable_window(24, (4, 4), n, n, False)  # no window tiles without a row for d
+    monkeypatch.setitem(dispatch.WINDOW_PORTABLE_KEYS, 128, 10)  # a head dim between: its head_block's row
+    assert all(dispatch.portable_window(x, (4, 4), n, n, False) for x in (96, 128))
 
 
 def test_impl_argument_errors():

@@ -62,7 +62,8 @@ def test_the_rule_reads_the_geometry_only():
     # too few 192-row CTAs for two waves: the 128-row persistent kernel instead
     assert rule(64, False, 1, 4, 4, 8192, 8192) == "hopper_persist"  # 172 CTAs on 132 SMs
     assert rule(64, False, 1, 4, 4, 8192, 8192, sms=16) == "hopper_wg3_pp"
-    assert rule(96, False, 4, 32, 32, 4096, 4096) is None  # no variant for another head dim
+    assert rule(256, False, 4, 32, 32, 4096, 4096) is None and rule(24, False, 4, 32, 32, 4096, 4096) is None
+    assert rule(96, False, 4, 32, 32, 4096, 4096) == rule(128, False, 4, 32, 32, 4096, 4096)  # d 128's tiles
     # a window bounds the loop: W = 1k keys is a short loop (the caller runs the portable kernel)
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(1024, 0)) is None
     assert rule(64, True, 4, 32, 32, 8192, 8192, window=(-1, 0)) == "hopper_wg3_pp"

@@ -1,8 +1,8 @@
-"""Head dims between the built ones (a multiple of 8 up to 256): `flash_attention` and its backward run them
-on the portable kernels in the next power of two's tiles (`_common.head_block`: TMA reads zeros past d and
-clips the stores, the backward's pointer loads and stores are masked). Checked against float64 by the one
-rule (outputs 2 x PyTorch's same-dtype error + 1e-3, gradients 3 x); the other entry points keep the built
-dims."""
+"""Head dims between the built ones (a multiple of 8 up to 256): every entry point runs them in the next power
+of two's tiles (`_common.head_block`): Triton kernels (TMA reads zeros past d and clips the stores, pointer
+loads and stores are masked) and, on sm_90, the Gluon forward and backward of d 64 / 128 for 40-120 (TMA
+alone). Checked against float64 by the one rule (outputs 2 x PyTorch's same-dtype error + 1e-3, gradients
+3 x)."""
 
 from __future__ import annotations
 
@@ -177,9 +177,9 @@ def test_padded_head_dims_are_refused_where_they_do_not_run():
     cache = torch.zeros(1, 2, 32, 100, dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="head_dim 100 is not supported; supported: 64, 128, 256,"):
         attnscope.flash_decode(torch.zeros(1, 2, 1, 100, dtype=torch.float16), cache, cache)
-    if torch.cuda.is_available():  # a forced Gluon variant names its own head dims
-        with pytest.raises(NotImplementedError, match="head_dim 96 is not supported"):
-            attnscope.flash_attention(*(torch.zeros(1, 2, 16, 96, dtype=torch.float16, device="cuda"),) * 3,
+    if torch.cuda.is_available():  # a forced Gluon variant names its own head dims (96 runs in d 128's)
+        with pytest.raises(NotImplementedError, match="head_dim 24 is not supported"):
+            attnscope.flash_attention(*(torch.zeros(1, 2, 16, 24, dtype=torch.float16, device="cuda"),) * 3,
                                       impl="hopper")
     with pytest.raises(NotImplementedError, match="head_dim 264 is not supported"):
         _common.check_head_dim(264, padded=True)
@@ -212,6 +212,21 @@ def test_gpu_padded_forward_and_backward_match_float64(d, nq, nk, group, causal,
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d,nq,nk,group,causal,dtype,window,softcap,sinks", [
+    (96, 1000, 1000, 4, True, "bfloat16", None, 0.0, False),
+    (80, 777, 1537, 1, False, "float16", None, 0.0, False),
+    (40, 1500, 1300, 2, True, "bfloat16", (300, 0), 30.0, True),
+    (120, 1200, 1200, 1, False, "float16", None, 0.0, True)])
+def test_gpu_gluon_at_padded_dims_matches_float64(d, nq, nk, group, causal, dtype, window, softcap, sinks):
+    """The Gluon forward forced (``impl="hopper"``: the d = 64 / 128 build in its tiles) and autograd's
+    backward (the Gluon kernels at these dims) against float64."""
+    from test_head_dim_256 import _fwd_backward_case
+
+    _fwd_backward_case(nq, nk, group, causal, dtype, window, softcap, sinks, "cuda", "hopper", d=d)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU (the compiled padded tiles)")
 @pytest.mark.parametrize("d,causal", [(96, True), (80, False), (40, True)])
 def test_gpu_padded_varlen_matches_float64(d, causal):
@@ -230,3 +245,72 @@ def test_gpu_padded_decode_matches_float64(d, fp8):
     from test_head_dim_256 import _gpu_decode_case
 
     _gpu_decode_case(fp8, d)
+
+
+def test_the_gluon_builds_take_the_head_dims_between(monkeypatch):
+    """Head dims between the built ones run the Gluon builds of their `head_block` (no GPU: the rule and the
+    launch plans): the dispatch picks for d 40-56 what it picks for 64 and for 72-120 what for 128, nothing
+    below 40 or past 128 (the portable kernels); the forward's and the backward's launchers build the d = 64 /
+    128 kernels (their constexprs) with TMA blocks that wide over tensors of the true d (zeros read past it,
+    stores clipped), and a one-pass dQ accumulates that wide, dQ its first d columns."""
+    from attnscope.kernels import bwd, bwd_hopper, fwd_hopper
+    from attnscope.model import dispatch
+    from test_bwd import _record_launches
+
+    for d, built in ((40, 64), (56, 64), (72, 128), (96, 128), (120, 128)):
+        for causal, b, h, hkv, n in ((True, 1, 32, 8, 8192), (False, 4, 16, 16, 1500), (True, 2, 8, 1, 3000)):
+            assert dispatch.hopper_variant(d, causal, b, h, hkv, n, n) == dispatch.hopper_variant(
+                built, causal, b, h, hkv, n, n)
+        assert dispatch.hopper_backward_ok(d, True)
+        assert dispatch.hopper_backward_lean(d, "bf16") == (built == 64)
+    for d in (8, 24, 32, 136, 200):
+        assert dispatch.hopper_variant(d, True, 1, 32, 8, 8192, 8192) is None
+        assert not dispatch.hopper_backward_ok(d, False)
+    monkeypatch.setattr(bwd, "hopper_unavailable", lambda torch, q: None)  # pretend sm_90
+    with pytest.raises(NotImplementedError, match="impl='hopper': head_dim 24 is not supported; supported: "
+                                                  "40-128 in steps of 8"):
+        bwd._pick_impl("hopper", torch.zeros(1, 2, 8, 24), True, _common.Mods(-1, -1, 0.0, None))
+    q = torch.zeros(1, 2, 8, 24, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="'hopper_persist': head_dim 24 is not supported; "
+                                                  r"supported: \[64, 128\] and the multiples of 8"):
+        fwd_hopper.launcher(q, q, q, q, 0.2, True, True)
+
+    seen = []
+    monkeypatch.setattr(fwd_hopper, "planned_launch",
+                        lambda kernel, grid, consts, dev: lambda args, aligned: seen.append((args, consts)))
+    for d, built in ((96, 128), (40, 64)):
+        q, k, v, o = (torch.zeros(2, 4 if t == "q" else 2, 300, d, dtype=torch.bfloat16) for t in "qkvo")
+        lse = torch.zeros(2, 4, 300)
+        seen.clear()
+        fwd_hopper.launch(q, k, v, q.clone(), lse, 0.15, True, True)
+        args, consts = seen[0]
+        assert consts == fwd_hopper.constexprs(built, True, True)
+        for desc in args[:4]:
+            assert desc.block_shape[-1] == built and list(desc.shape)[-1] == d
+
+    calls = {}
+
+    def record(name, grid, a, kw):
+        calls[name] = (a, kw)
+        if kw.get("ONEPASS"):
+            acc = a[8]
+            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape)
+
+    _record_launches(monkeypatch, record)
+    for d, built, mode in ((96, 128, "twokernel"), (96, 128, "onepass"), (40, 64, "onepass")):
+        B, Hq, Hkv, Nq, Nk = 2, 4, 2, 100, 150
+        q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
+        k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
+        lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
+        calls.clear()
+        bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.2, d ** -0.5, True, None, mode=mode)
+        a, kw = calls["dkdv"]
+        cfg = bwd_hopper.config(built, "dkdv", 0, "bf16", d ** -0.5)
+        assert kw == bwd_hopper.constexprs(built, True, "dkdv", 0, mode, cfg)
+        assert [t.block_shape[-1] for t in a[:6]] == [built] * 6 and [t.shape[-1] for t in a[:6]] == [d] * 6
+        if mode == "onepass":
+            acc = a[8]
+            assert acc.shape[-1] == built and set(calls) == {"dkdv"}
+            assert torch.equal(dq, acc[:, :, :Nq, :d].to(torch.bfloat16))
+        else:
+            assert [t.block_shape[-1] for t in calls["dq"][0][:5]] == [built] * 5

@@ -10,7 +10,7 @@ import threading
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect, finite_real, short
-from attnscope.model.tiles import normalize_window
+from attnscope.model.tiles import head_block, normalize_window  # noqa: F401 - head_block: the kernels' name
 
 #: Head dims the portable Triton kernels are built for (forward, backward, varlen, decode); the Gluon Hopper
 #: kernels' own dims are `model.dispatch.HOPPER_BACKWARD_DIMS` and kernels/fwd_hopper.py ``VARIANTS``
@@ -282,21 +282,16 @@ def check_device(torch, tensors: dict) -> None:
 #: Head dims the portable kernels take besides `SUPPORTED_HEAD_DIMS` (`flash_attention`,
 #: `flash_attention_varlen`, their backward, `flash_decode`): any multiple of 8 up to the largest, run in the
 #: next power of two's tiles (`head_block`: TMA reads zeros past d and clips the stores, pointer loads and
-#: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon kernels keep the built dims.
+#: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon forward and backward take 40-120 the same
+#: way in their d = 64 and 128 builds (`model.dispatch`); the packed Gluon backward keeps the built dims.
 PADDED_HEAD_DIM_STEP = 8
 #: Every head dim the entry points take (the built ones among them).
 HEAD_DIMS = range(PADDED_HEAD_DIM_STEP, SUPPORTED_HEAD_DIMS[-1] + 1, PADDED_HEAD_DIM_STEP)
 
 
-def head_block(d: int) -> int:
-    """The kernels' head-dim tile width for head dim ``d``: the next power of two (``d`` itself for 64, 128,
-    256)."""
-    return 1 << (d - 1).bit_length()
-
-
 def check_head_dim(d: int, padded: bool = False) -> None:
     """NotImplementedError unless ``d`` is a built head dim (``padded``: or a multiple of
-    `PADDED_HEAD_DIM_STEP` up to the largest, which the portable prefill kernels run in `head_block`'s
+    `PADDED_HEAD_DIM_STEP` up to the largest, which the kernels run in `head_block`'s
     tiles); below the largest, the message names the exact workaround: zero columns add nothing to Q K^T,
     and zero V columns give zero output columns."""
     if padded and 0 < d <= SUPPORTED_HEAD_DIMS[-1] and d % PADDED_HEAD_DIM_STEP == 0:

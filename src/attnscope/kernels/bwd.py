@@ -12,10 +12,9 @@ saved natural-log LSE. Three kernels:
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
    ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
    buffer with atomics (one read-modify-write per KV tile);
-3. ``deterministic=True`` (this function's default): dQ in a separate pass, one program per (query
-   tile, batch x query head) looping over KV tiles (it re-reads K and V); bit-reproducible, and faster
-   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward), so autograd runs it
-   for ``flash_attention(deterministic=False)`` too while `ATOMIC_DQ_BY_DEFAULT` is False.
+3. ``deterministic=True`` (the default): dQ in a separate pass per (query tile, batch x query head) over
+   the KV tiles (re-reading K and V); bit-reproducible and faster than the atomic variant at nearly
+   every measured shape, so autograd runs it for ``deterministic=False`` too (`ATOMIC_DQ_BY_DEFAULT`).
 
 Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
 the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
@@ -37,11 +36,11 @@ On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's 
 ``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
 autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); either mode in the lean
 build where `model.dispatch.hopper_backward_lean` says so (d = 64; `bwd_hopper.config`); ``impl="auto"``
-takes them where `model.dispatch.hopper_backward_ok` says so.
+takes them where `model.dispatch.hopper_backward_ok` says so (a head dim between the builds' in the
+builds of its `head_block`).
 
-Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
-loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
-the forward. Configs: a fixed table per head_dim (no autotune).
+Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer loads);
+dq, dk, dv allocated contiguous; ``exp2`` with log2(e) in the scale; a fixed config table per head_dim.
 """
 
 from __future__ import annotations
@@ -464,8 +463,8 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     check_same("k", "batch", B, k.shape[0])
     check_same("k", "head_dim", d, k.shape[3])
     check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
-    check_same("o", "shape (as q)", tuple(q.shape), tuple(o.shape))
-    check_same("do", "shape (as q)", tuple(q.shape), tuple(do.shape))
+    for name, t in (("o", o), ("do", do)):
+        check_same(name, "shape (as q)", tuple(q.shape), tuple(t.shape))
     for name, t in (("k", k), ("v", v), ("o", o), ("do", do)):
         check_same(name, "dtype (as q)", q.dtype, t.dtype)
     if tuple(lse.shape) != (B, Hq, Nq) or lse.dtype != torch.float32:
@@ -485,8 +484,7 @@ IMPLS = ("auto", "portable", "hopper")
 
 
 #: The range of ``scale * log2(e)`` the Hopper kernels take: they subtract ``LSE2 / qk_scale`` inside the
-#: accumulator (kernels/bwd_hopper.py), which must stay finite, and as the Hopper forward they need
-#: ``qk_scale <= 1``.
+#: accumulator (kernels/bwd_hopper.py), which must stay finite, and need ``qk_scale <= 1`` as the forward.
 HOPPER_QK_SCALE = (1e-30, 1.0)
 
 
@@ -519,6 +517,9 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
             raise NotImplementedError(f"impl='hopper': scale * log2(e) = {qk_scale:.3g} is not supported; "
                                       f"supported: {HOPPER_QK_SCALE[0]:g} to {HOPPER_QK_SCALE[1]:g} "
                                       "(impl='portable': any finite scale)")
+        if head_block(d) not in dispatch.HOPPER_BACKWARD_DIMS:
+            raise NotImplementedError(f"impl='hopper': head_dim {d} is not supported; supported: 40-128 in "
+                                      "steps of 8 (impl='portable': any)")
         return "hopper"
     ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1] and not huge_cap
           and dispatch.hopper_backward_ok(d, causal))
@@ -532,7 +533,7 @@ ATOMIC_DQ_BY_DEFAULT = False
 #: The head dims at which the Hopper kernels run ``deterministic=False`` (`attnscope.flash_attention`'s
 #: default) as their one-pass dK/dV kernel (dQ by fp32 atomics: 5 MMAs per tile pair, not 7); elsewhere
 #: the dK/dV then dQ kernels (bitwise reproducible). Measured on the H200 (BENCHMARKS.md, backward): at
-#: d = 64 the one-pass build is 1.03-1.08 x the two kernels; at d = 128 it is 0.78-0.90 x.
+#: d = 64 the one-pass build is 1.03-1.08 x the two kernels; at d = 128 it is 0.78-0.90 x (by `head_block`).
 HOPPER_ONEPASS_DIMS = (64,)
 #: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
 HOPPER_ONEPASS_MODE = "onepass"
@@ -542,7 +543,7 @@ def atomic_dq_by_default(q, causal: bool, scale, window=None, softcap: float = 0
     """Whether autograd's ``deterministic=False`` runs dQ by atomics for this call: the head dim in
     `HOPPER_ONEPASS_DIMS` where ``impl="auto"`` picks the Hopper kernels (`_pick_impl`), else
     `ATOMIC_DQ_BY_DEFAULT`."""
-    onepass = q.shape[-1] in HOPPER_ONEPASS_DIMS
+    onepass = head_block(q.shape[-1]) in HOPPER_ONEPASS_DIMS
     if onepass == ATOMIC_DQ_BY_DEFAULT:
         return ATOMIC_DQ_BY_DEFAULT
     window = None if window is None else tuple(window)
@@ -629,7 +630,8 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
-        onepass = not deterministic and d in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(d, mods)
+        db = head_block(d)  # the builds' head dim
+        onepass = not deterministic and db in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(db, mods)
         kernels = bwd_hopper.launcher(q, k, v, do, margs["qk_scale"], sm_scale, causal, mods,
                                       mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
     # the preprocess writes Delta and LSE2, and the Hopper kernels' padded rows (`bwd_hopper.padded_rows`)

@@ -56,7 +56,7 @@ from attnscope.errors import choice
 from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
 from attnscope.model import dispatch
-from attnscope.model.tiles import launch_tail
+from attnscope.model.tiles import head_block, launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -576,8 +576,9 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
     grids, constexprs, scalars and descriptor templates worked out once, the kernels launched through
     `_direct.planned_launch` (kernels/bwd.py keeps one per call layout). ``rows``: the two padded per-row
     tensors of ``run.row_terms`` (`padded_rows`; kernels/bwd.py's preprocess writes them). Arguments as
-    `launch`."""
-    B, Hq, Nq, d = q.shape
+    `launch`. A head dim between the built ones runs the builds of its `head_block` (TMA reads zeros past d
+    and clips the stores; the one-pass fp32 dQ is that wide)."""
+    (B, Hq, Nq, d_in), d = q.shape, head_block(q.shape[3])
     Hkv, Nk = k.shape[1], k.shape[2]
     choice("mode", mode, tuple(MODES))
     onepass = MODES[mode] > 0
@@ -641,7 +642,7 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
         done = (dkdv((*descs("dkdv"), *(descriptor_over(row_t, r) for r in rows), dq_acc, *args,
                       tails["dkdv"]), True),)
         if onepass:
-            dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
+            dq.copy_(dq_acc[:, :, :Nq, :d_in])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
             return done
         aligned = (lse2.data_ptr() | delta.data_ptr()) % 16 == 0
         return (*done, dq_run((*descs("dq"), lse2, delta, *args, tails["dq"]), aligned))

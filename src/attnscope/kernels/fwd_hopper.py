@@ -40,7 +40,7 @@ from attnscope.kernels._common import descriptor_over, import_torch_triton, num_
 from attnscope.kernels._direct import planned_launch
 from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
 from attnscope.kernels._tl import cta_tile
-from attnscope.model.tiles import launch_tail
+from attnscope.model.tiles import head_block, launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -113,8 +113,8 @@ def config(d: int, variant: str = DEFAULT_VARIANT) -> HopperConfig:
 
 
 def supports(variant: str, d: int, causal: bool) -> bool:
-    """Whether ``variant`` is built for head dim ``d`` (either mask)."""
-    return d in VARIANTS[variant].configs
+    """Whether ``variant`` runs head dim ``d`` (either mask): built for it or for its `head_block`."""
+    return head_block(d) in VARIANTS[variant].configs
 
 
 @gluon.jit
@@ -631,8 +631,14 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
 def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
              mods=None):
     """``run(q, k, v, o, lse, sinks=None)``: `launch` on tensors of these layouts (shapes, strides, dtype),
-    its grid, constexprs, scalars and shared layouts worked out once (kernels/fwd.py keeps one per layout)."""
-    (B, Hq, Nq, d), (Hkv, Nk), cfg = q.shape, k.shape[1:3], config(q.shape[3], variant)
+    its grid, constexprs, scalars and shared layouts worked out once (kernels/fwd.py keeps one per layout). A
+    head dim between the built ones runs the build of its `head_block` (TMA reads zeros past d, clips O)."""
+    (B, Hq, Nq, d_in), (Hkv, Nk), d = q.shape, k.shape[1:3], head_block(q.shape[3])
+    if variant in VARIANTS and d not in VARIANTS[variant].configs:
+        built = sorted(VARIANTS[variant].configs)
+        raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d_in} is not supported; supported: "
+                                  f"{built} and the multiples of 8 that run in their tiles (`head_block`)")
+    cfg = config(d, variant)
     windowed, softcap = (mods.windowed, mods.softcap) if mods is not None else (False, 0.0)
     flags = mods_flags(windowed, softcap, mods is not None and mods.sinks is not None)
     causal = causal and not windowed  # a window carries the diagonal in its right bound

@@ -328,6 +328,13 @@ class TileSchedule:
         return asdict(self) | {"rows": list(self.rows), "row_classes": classes}
 
 
+def head_block(d: int) -> int:
+    """The head-dim width of the kernels' tiles for head dim ``d``: the next power of two (``d`` itself for
+    64, 128, 256). A head dim between runs in those tiles, its columns past ``d`` zeros (TMA reads zeros past
+    the tensor and clips the stores; pointer accesses are masked)."""
+    return 1 << (d - 1).bit_length()
+
+
 def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
     """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it in-kernel (tests hold the
     two against each other): for the query tile at row ``start_m * block_q``, columns ``[0, lo)`` need no
