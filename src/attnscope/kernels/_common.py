@@ -282,8 +282,8 @@ def check_device(torch, tensors: dict) -> None:
 #: Head dims the portable kernels take besides `SUPPORTED_HEAD_DIMS` (`flash_attention`,
 #: `flash_attention_varlen`, their backward, `flash_decode`): any multiple of 8 up to the largest, run in the
 #: next power of two's tiles (`head_block`: TMA reads zeros past d and clips the stores, pointer loads and
-#: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon forward and backward take 40-120 the same
-#: way in their d = 64 and 128 builds (`model.dispatch`); the packed Gluon backward keeps the built dims.
+#: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon forward and backward (dense and packed)
+#: take 40-120 the same way in their d = 64 and 128 builds (`model.dispatch`).
 PADDED_HEAD_DIM_STEP = 8
 #: Every head dim the entry points take (the built ones among them).
 HEAD_DIMS = range(PADDED_HEAD_DIM_STEP, SUPPORTED_HEAD_DIMS[-1] + 1, PADDED_HEAD_DIM_STEP)

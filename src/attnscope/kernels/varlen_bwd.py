@@ -200,18 +200,19 @@ def _attnscope_varlen_dq_kernel(
 
 def pick_impl(impl: str, q, causal: bool, mods, sm_scale: float, bounds=None) -> str:
     """"portable" or "hopper": the dK/dV and dQ kernels of `flash_attention_varlen_backward` (``impl`` as
-    there). "hopper" (kernels/varlen_bwd_hopper.py) needs an sm_90 GPU, head dim 64 or 128, fp16 / bf16, no
-    window or softcap, ``scale * log2(e)`` in `bwd.HOPPER_QK_SCALE`; ``impl="auto"`` takes it where that
-    holds and `model.dispatch.hopper_backward_ok` allows, else the portable kernels; ``impl="hopper"``
-    raises NotImplementedError saying what is supported where it does not hold."""
+    there). "hopper" (kernels/varlen_bwd_hopper.py) needs an sm_90 GPU, head dim 40-128 (the builds of 64 and
+    128, `head_block`), fp16 / bf16, no window or softcap, ``scale * log2(e)`` in `bwd.HOPPER_QK_SCALE`;
+    ``impl="auto"`` takes it where that holds and `model.dispatch.hopper_backward_ok` allows, else the
+    portable kernels; ``impl="hopper"`` raises NotImplementedError saying what is supported where it does
+    not hold."""
     choice("impl", impl, bwd.IMPLS)
     if impl == "portable":
         return "portable"
     d = q.shape[-1]
     qk_scale = sm_scale * LOG2E
     why = hopper_unavailable(torch, q)
-    if why is None and d not in dispatch.HOPPER_BACKWARD_DIMS:
-        why = f"head_dim {d} is not supported; supported: {list(dispatch.HOPPER_BACKWARD_DIMS)}"
+    if why is None and head_block(d) not in dispatch.HOPPER_BACKWARD_DIMS:
+        why = f"head_dim {d} is not supported; supported: 40-128 in steps of 8"
     if why is None and q.dtype not in (torch.float16, torch.bfloat16):
         why = f"dtype {q.dtype} is not supported; supported: torch.float16, torch.bfloat16"
     if why is None and (mods.windowed or mods.softcap > 0 or bounds is not None):
