@@ -12,10 +12,9 @@ saved natural-log LSE. Three kernels:
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
    ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
    buffer with atomics (one read-modify-write per KV tile);
-3. ``deterministic=True`` (this function's default): dQ in a separate pass, one program per (query
-   tile, batch x query head) looping over KV tiles (it re-reads K and V); bit-reproducible, and faster
-   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward), so autograd runs it
-   for ``flash_attention(deterministic=False)`` too while `ATOMIC_DQ_BY_DEFAULT` is False.
+3. ``deterministic=True`` (the default): dQ in a separate pass per (query tile, batch x query head) over
+   the KV tiles (re-reading K and V); bit-reproducible and faster than the atomic variant at nearly
+   every measured shape, so autograd runs it for ``deterministic=False`` too (`ATOMIC_DQ_BY_DEFAULT`).
 
 Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
 the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
@@ -39,9 +38,8 @@ autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); e
 build where `model.dispatch.hopper_backward_lean` says so (d = 64; `bwd_hopper.config`); ``impl="auto"``
 takes them where `model.dispatch.hopper_backward_ok` says so.
 
-Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
-loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
-the forward. Configs: a fixed table per head_dim (no autotune).
+Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer loads);
+dq, dk, dv allocated contiguous; ``exp2`` with log2(e) in the scale; a fixed config table per head_dim.
 """
 
 from __future__ import annotations
@@ -139,6 +137,12 @@ def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
     if EMULATE_BF16:
         return round_bf16(x)
     return x.to(dtype)
+
+
+@triton.jit
+def _out(x, dtype, EMULATE_BF16: tl.constexpr):
+    """fp32 -> a gradient in the input dtype, rounded to nearest even (the interpreter's cast truncates)."""
+    return _lowp(x, dtype, EMULATE_BF16).to(dtype)
 
 
 #: An unbounded window side as the kernels take it (`varlen.mod_args`; `_common.UNBOUNDED_SIDE`): larger than
@@ -353,8 +357,8 @@ def _attnscope_bwd_dkdv_kernel(
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, False,
                                     SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
     out = (b * HKV + hk) * NK * DIM + offs_n[:, None] * DIM + offs_d[None, :]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+    tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
+    tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
 
 @triton.jit
@@ -447,7 +451,7 @@ def _attnscope_bwd_dq_kernel(
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
                           SOFTCAP, EMULATE_BF16, DIM)
     tl.store(DQ + pid_bh * NQ * DIM + offs_m[:, None] * DIM + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows)
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=rows)
 
 
 # --- the launcher ---------------------------------------------------------------------------------
@@ -485,8 +489,7 @@ IMPLS = ("auto", "portable", "hopper")
 
 
 #: The range of ``scale * log2(e)`` the Hopper kernels take: they subtract ``LSE2 / qk_scale`` inside the
-#: accumulator (kernels/bwd_hopper.py), which must stay finite, and as the Hopper forward they need
-#: ``qk_scale <= 1``.
+#: accumulator (kernels/bwd_hopper.py), which must stay finite, and need ``qk_scale <= 1`` as the forward.
 HOPPER_QK_SCALE = (1e-30, 1.0)
 
 
@@ -619,8 +622,7 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
     if B * Hq > MAX_GRID_Y:  # every backward kernel's grid puts (batch, head) on the y axis
         raise NotImplementedError(f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the "
-                                  f"launch grid's {MAX_GRID_Y} for the backward; supported: B x Hq <= "
-                                  f"{MAX_GRID_Y}")
+                                  f"launch grid for the backward; supported: B x Hq <= {MAX_GRID_Y}")
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16
