@@ -140,6 +140,12 @@ def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
     return x.to(dtype)
 
 
+@triton.jit
+def _out(x, dtype, EMULATE_BF16: tl.constexpr):
+    """fp32 -> a gradient in the input dtype, rounded to nearest even (the interpreter's cast truncates)."""
+    return _lowp(x, dtype, EMULATE_BF16).to(dtype)
+
+
 #: An unbounded window side as the kernels take it (`varlen.mod_args`; `_common.UNBOUNDED_SIDE`): larger than
 #: any offset, so the bound formulas need no branch, and a side may be negative (a band off the diagonal).
 WINDOW_UNBOUNDED = UNBOUNDED_SIDE
@@ -352,8 +358,8 @@ def _attnscope_bwd_dkdv_kernel(
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, False,
                                     SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
     out = (b * HKV + hk) * NK * DIM + offs_n[:, None] * DIM + offs_d[None, :]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+    tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
+    tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
 
 @triton.jit
@@ -446,7 +452,7 @@ def _attnscope_bwd_dq_kernel(
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
                           SOFTCAP, EMULATE_BF16, DIM)
     tl.store(DQ + pid_bh * NQ * DIM + offs_m[:, None] * DIM + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows)
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=rows)
 
 
 # --- the launcher ---------------------------------------------------------------------------------
@@ -620,8 +626,7 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
     if B * Hq > MAX_GRID_Y:  # every backward kernel's grid puts (batch, head) on the y axis
         raise NotImplementedError(f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the "
-                                  f"launch grid's {MAX_GRID_Y} for the backward; supported: B x Hq <= "
-                                  f"{MAX_GRID_Y}")
+                                  f"launch grid for the backward; supported: B x Hq <= {MAX_GRID_Y}")
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16

@@ -54,6 +54,7 @@ from attnscope.kernels.bwd import (  # noqa: E402
     _attnscope_bwd_preprocess,
     _dkdv_tile,
     _dq_tile,
+    _out,
     _q_bounds,
 )
 from attnscope.kernels.bwd import configs as bwd_configs  # noqa: E402
@@ -132,8 +133,8 @@ def _attnscope_varlen_dkdv_kernel(
                                     right, sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP,
                                     ATOMIC_DQ, EMULATE_BF16, DIM)
     out = k_rows[:, None] * (HKV * DIM) + hk64 * DIM + offs_d[None, :]  # [total_k, Hkv, d]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+    tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
+    tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
 
 @triton.jit
@@ -193,7 +194,7 @@ def _attnscope_varlen_dq_kernel(
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, CAUSAL,
                           False, SOFTCAP, EMULATE_BF16, DIM)
     tl.store(DQ + q_rows[:, None] * (H * DIM) + h64 * DIM + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows)
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=rows)
 
 
 # --- the launcher ---------------------------------------------------------------------------------
