@@ -26,18 +26,16 @@ visible key (LSE = -inf) are masked everywhere, so they contribute zero, never N
 Score mods (constexpr-gated, as the forward): a window runs each kernel's loop as the forward does, the
 whole tiles without mask arithmetic, then the masked tiles of both edges in one loop, the dQ pass between
 the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror `_q_bounds_window`
-(tests/test_mods.py holds it against `reference.permitted`); softcap recomputes
-``t = tanh(s * scale / softcap)`` from the recomputed scores and multiplies dS by ``1 - t^2``; sinks need
-nothing in the kernels (the saved LSE includes them) and their gradient is
-``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
+(tests/test_mods.py holds it against `reference.permitted`); softcap recomputes ``t = tanh(s * scale /
+softcap)`` and multiplies dS by ``1 - t^2``; sinks need nothing in the kernels (the LSE includes them), their
+gradient ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows is torch ops on D and LSE.
 
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
 (TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
 ``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
 autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); either mode in the lean
 build where `model.dispatch.hopper_backward_lean` says so (d = 64; `bwd_hopper.config`); ``impl="auto"``
-takes them where `model.dispatch.hopper_backward_ok` says so (a head dim between the builds' in the
-builds of its `head_block`).
+takes them where `model.dispatch.hopper_backward_ok` says so (other head dims: their `head_block`'s build).
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer loads);
 dq, dk, dv allocated contiguous; ``exp2`` with log2(e) in the scale; a fixed config table per head_dim.
@@ -469,16 +467,15 @@ def _check_inputs(do, q, k, v, o, lse, scale):
     check_same("k", "batch", B, k.shape[0])
     check_same("k", "head_dim", d, k.shape[3])
     check_same("v", "shape (as k)", tuple(k.shape), tuple(v.shape))
-    for name, t in (("o", o), ("do", do)):
-        check_same(name, "shape (as q)", tuple(q.shape), tuple(t.shape))
+    check_same("o", "shape (as q)", tuple(q.shape), tuple(o.shape))
+    check_same("do", "shape (as q)", tuple(q.shape), tuple(do.shape))
     for name, t in (("k", k), ("v", v), ("o", o), ("do", do)):
         check_same(name, "dtype (as q)", q.dtype, t.dtype)
     if tuple(lse.shape) != (B, Hq, Nq) or lse.dtype != torch.float32:
         got = f"{tuple(lse.shape)} {lse.dtype}"
         raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq] = {(B, Hq, Nq)}, got {got}")
     if Hkv == 0 or Hq % Hkv != 0:
-        raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads ({Hkv}), "
-                         f"got Hq = {Hq}")
+        raise InputError(f"q: expected Hq a multiple of the kv heads ({Hkv}), got Hq = {Hq}")
     if min(B, Hq, Nq, Nk) == 0:
         raise InputError(f"q: expected B, Hq, Nq, Nk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     check_head_dim(d, padded=True)
@@ -495,9 +492,8 @@ HOPPER_QK_SCALE = (1e-30, 1.0)
 
 
 def _off64(*tensors) -> bool:
-    """Whether the dK/dV and dQ kernels need int64 offsets: a tensor whose elements span 2^31 or more from
-    its first (a view's span, not its numel: q of a packed qkv spans three times its size). int32 offsets
-    cover every smaller one, and the int64 build holds more registers."""
+    """Whether the dK/dV and dQ kernels need int64 offsets (their int64 build holds more registers): a tensor
+    whose elements span 2^31 or more from its first (a view's span, not its numel: a packed qkv's q)."""
     span = max(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) for t in tensors)
     return span >= 2 ** 31 - 1
 
@@ -512,6 +508,8 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
         return "portable"
     why = hopper_unavailable(torch, q)
     d = q.shape[-1]
+    if why is None and head_block(d) not in dispatch.HOPPER_BACKWARD_DIMS:
+        why = f"head_dim {d} is not supported; supported: 40-128 in steps of 8"
     huge_cap = mods.softcap > HOPPER_MAX_SOFTCAP * (qk_scale / LOG2E)
     if impl == "hopper":
         if why:
@@ -523,9 +521,6 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
             raise NotImplementedError(f"impl='hopper': scale * log2(e) = {qk_scale:.3g} is not supported; "
                                       f"supported: {HOPPER_QK_SCALE[0]:g} to {HOPPER_QK_SCALE[1]:g} "
                                       "(impl='portable': any finite scale)")
-        if head_block(d) not in dispatch.HOPPER_BACKWARD_DIMS:
-            raise NotImplementedError(f"impl='hopper': head_dim {d} is not supported; supported: 40-128 in "
-                                      "steps of 8 (impl='portable': any)")
         return "hopper"
     ok = (why is None and HOPPER_QK_SCALE[0] <= qk_scale <= HOPPER_QK_SCALE[1] and not huge_cap
           and dispatch.hopper_backward_ok(d, causal))
@@ -635,8 +630,8 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
-        db = head_block(d)  # the builds' head dim
-        onepass = not deterministic and db in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(db, mods)
+        onepass = (not deterministic and head_block(d) in HOPPER_ONEPASS_DIMS
+                   and bwd_hopper.onepass_ok(d, mods))
         kernels = bwd_hopper.launcher(q, k, v, do, margs["qk_scale"], sm_scale, causal, mods,
                                       mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
     # the preprocess writes Delta and LSE2, and the Hopper kernels' padded rows (`bwd_hopper.padded_rows`)

@@ -145,10 +145,11 @@ def config(d: int, kernel: str = "dkdv", mods: int = 0, dtype: str | None = None
 
 
 def onepass_ok(d: int, mods=None) -> bool:
-    """Whether the one-pass builds run for head dim ``d`` and the `_common.Mods` ``mods``: the dQ product
-    needs 64-row Q tiles (a warpgroup's wgmma): softcap at d = 128 (`SOFTCAP_CONFIGS`) takes two kernels."""
+    """Whether the one-pass builds run for head dim ``d`` (its `head_block`'s build) and the `_common.Mods`
+    ``mods``: the dQ product needs 64-row Q tiles (a warpgroup's wgmma): softcap at d = 128
+    (`SOFTCAP_CONFIGS`) takes two kernels."""
     flags = 0 if mods is None else mods_flags(mods.windowed, mods.softcap, False)
-    return config(d, "dkdv", flags).BM % 64 == 0
+    return config(head_block(d), "dkdv", flags).BM % 64 == 0
 
 
 def supports(d: int) -> bool:
