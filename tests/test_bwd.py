@@ -1273,3 +1273,30 @@ def test_autograd_passes_no_lse_gradient_unless_the_lse_is_used(monkeypatch):
     o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
     (o.float().sum() + lse.sum()).backward()
     assert len(seen) == 2 and isinstance(seen[1], torch.Tensor) and bool((seen[1] == 1).all())
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_gradients_are_rounded_to_nearest_even(packed):
+    """One key seen by two query heads of its group (P = 1 each): dV is dO_h0 + dO_h1, exact in fp32, so the
+    kernels' bf16 dV must be that sum rounded to nearest even (torch's cast) in every element. The Triton
+    interpreter's own cast truncates (half the elements one ulp low); the kernels round first, as the GPU's
+    cast does. Dense and packed (the varlen backward), the portable kernels."""
+    g = torch.Generator().manual_seed(11)
+    q, do = (torch.randn(1, 2, 1, 64, generator=g).mul(3).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    k, v = (torch.randn(1, 1, 1, 64, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    exact = (do[0, 0, 0].float() + do[0, 1, 0].float()).cpu()  # exact: two bf16 summed in fp32
+    want = exact.to(torch.bfloat16)
+    truncated = (exact.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    assert not torch.equal(want, truncated)  # the case tells rounding from truncation
+    if packed:
+        from attnscope.kernels import varlen_bwd
+
+        cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+        qp, kp, vp, dop = (t[0].transpose(0, 1).contiguous() for t in (q, k, v, do))  # [1, H, d]
+        o, lse = attnscope.flash_attention_varlen(qp, kp, vp, cu, cu, 1, 1, return_lse=True)
+        dv = varlen_bwd.flash_attention_varlen_backward(dop, qp, kp, vp, o, lse, cu, cu, 1, 1,
+                                                        impl="portable")[2][0, 0]
+    else:
+        o, lse = attnscope.flash_attention(q, k, v, return_lse=True, impl="portable")
+        dv = bwd.flash_attention_backward(do, q, k, v, o, lse, False, None, impl="portable")[2][0, 0, 0]
+    assert torch.equal(dv.cpu(), want), (dv.cpu().float() - want.float()).abs().max()

@@ -140,6 +140,12 @@ def _lowp(x, dtype, EMULATE_BF16: tl.constexpr):
     return x.to(dtype)
 
 
+@triton.jit
+def _out(x, dtype, EMULATE_BF16: tl.constexpr):
+    """fp32 -> a gradient in the input dtype, rounded to nearest even (the interpreter's cast truncates)."""
+    return _lowp(x, dtype, EMULATE_BF16).to(dtype)
+
+
 #: An unbounded window side as the kernels take it (`varlen.mod_args`; `_common.UNBOUNDED_SIDE`): larger than
 #: any offset, so the bound formulas need no branch, and a side may be negative (a band off the diagonal).
 WINDOW_UNBOUNDED = UNBOUNDED_SIDE
@@ -348,8 +354,8 @@ def _attnscope_bwd_dkdv_kernel(
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, False,
                                     SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
     out = (b * HKV + hk) * NK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+    tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
+    tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
 
 @triton.jit
@@ -439,7 +445,7 @@ def _attnscope_bwd_dq_kernel(
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
                           SOFTCAP, EMULATE_BF16)
     tl.store(DQ + pid_bh * NQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=row_ok[:, None])
 
 
 # --- the launcher ---------------------------------------------------------------------------------

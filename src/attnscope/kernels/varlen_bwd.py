@@ -53,6 +53,7 @@ from attnscope.kernels.bwd import (  # noqa: E402
     _attnscope_bwd_preprocess,
     _dkdv_tile,
     _dq_tile,
+    _out,
     _q_bounds,
 )
 from attnscope.kernels.bwd import configs as bwd_configs  # noqa: E402
@@ -127,8 +128,8 @@ def _attnscope_varlen_dkdv_kernel(
                                     right, sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP,
                                     ATOMIC_DQ, EMULATE_BF16)
     out = k_rows[:, None] * (HKV * HEAD_DIM) + hk64 * HEAD_DIM + offs_d[None, :]  # [total_k, Hkv, d]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok)
+    tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
+    tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
 
 @triton.jit
@@ -188,7 +189,7 @@ def _attnscope_varlen_dq_kernel(
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, CAUSAL,
                           False, SOFTCAP, EMULATE_BF16)
     tl.store(DQ + q_rows[:, None] * (H * HEAD_DIM) + h64 * HEAD_DIM + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=row_ok[:, None])
 
 
 # --- the launcher ---------------------------------------------------------------------------------
