@@ -857,6 +857,24 @@ def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
 
 
 # --- the Hopper one-pass build (deterministic=False: dQ by fp32 atomics inside the dK/dV kernel) ---------
+def _onepass_recorder(monkeypatch, step: float) -> dict:
+    """Records each Hopper kernel launch as ``{name: (grid, args, constexprs)}`` (`_record_launches`); a
+    one-pass launch's fp32 dQ (``DQACC``, after the six tile and two row descriptors: a tensor, or with
+    RED = 0 a tensor map over one) must arrive zeroed and gets ``step x arange`` added, as the kernel's
+    reductions would."""
+    calls = {}
+
+    def record(name, grid, a, kw):
+        calls[name] = (grid, a, kw)
+        if kw.get("ONEPASS"):
+            acc = a[8] if isinstance(a[8], torch.Tensor) else a[8].base  # a tensor map: its tensor
+            assert acc.dtype == torch.float32 and bool((acc == 0).all())
+            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * step
+
+    _record_launches(monkeypatch, record)
+    return calls
+
+
 def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch):
     """`bwd_hopper.launch(mode=...)`'s host side, no GPU, the plain build (`CONFIGS`): one-pass, only the
     dK/dV kernel runs, built with its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and
@@ -864,16 +882,7 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
     would)."""
     from attnscope.kernels import bwd_hopper
 
-    calls = {}
-
-    def record(name, grid, a, kw):
-        calls[name] = (grid, a, kw)
-        if kw.get("ONEPASS"):
-            acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
-            assert acc.dtype == torch.float32 and bool((acc == 0).all())
-            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * 0.25
-
-    _record_launches(monkeypatch, record)
+    calls = _onepass_recorder(monkeypatch, 0.25)
     B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 64
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
@@ -904,16 +913,7 @@ def test_hopper_onepass_red0_launch_passes_the_fp32_dq_as_a_tensor_map(monkeypat
     keeps RED = 1 (a pointer)."""
     from attnscope.kernels import bwd_hopper
 
-    calls = {}
-
-    def record(name, grid, a, kw):
-        calls[name] = (grid, a, kw)
-        if kw.get("ONEPASS"):
-            acc = a[8].base  # the tensor map's tensor
-            assert acc.dtype == torch.float32 and bool((acc == 0).all())
-            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * 0.5
-
-    _record_launches(monkeypatch, record)
+    calls = _onepass_recorder(monkeypatch, 0.5)
     B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 128
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
