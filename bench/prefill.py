@@ -108,8 +108,8 @@ def visible_pairs(n: int, causal: bool, window) -> int:
 #: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing
 #: rule per family. Every point fits an H200 with room (tensors under ~9 GB); an ncu pass takes seconds.
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
-                 "cache_lens", "page_size", "kv_dtype", "splits", "lens")
-SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass")
+                 "cache_lens", "page_size", "kv_dtype", "splits", "lens", "window")
+SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass", "window")
 
 
 def _log_uniform(rng, lo: int, hi: int) -> int:
@@ -128,7 +128,9 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
     - varlen2 (the varlen family's second grid, rows of pass varlen): two attnscope rows per Flex row, Flex
       with 2-8 sequences (each Flex point compiles its own kernel and evaluates its mask over total^2
       pairs: fewer and smaller ones keep the sweep short), otherwise as varlen;
-    - fwd_openclass: the forward's open class, SDPA FLASH causal, Hkv 1-4 (Hq >= 4 Hkv), N 20k-40k, B 2-4.
+    - fwd_openclass: the forward's open class, SDPA FLASH causal, Hkv 1-4 (Hq >= 4 Hkv), N 20k-40k, B 2-4;
+    - window: a sliding-window forward, two attnscope rows per Flex row (each Flex point compiles), B 1-4,
+      N 1k-32k, half causal (W, 0), else (W, W) or one side unbounded, W 32-N log-uniform.
     """
     rng = random.Random(seed)
     modes = {"backward": [("naive", {}), ("flash", {}), ("cudnn", {}), ("attnscope", {"deterministic": 0}),
@@ -137,7 +139,8 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
                         ("attnscope", {"kv_dtype": "fp8"})],
              "varlen": [("attnscope", {}), ("flex", {})],
              "varlen2": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
-             "fwd_openclass": [("flash", {})]}[family]
+             "fwd_openclass": [("flash", {})],
+             "window": [("attnscope", {}), ("attnscope", {}), ("flex", {})]}[family]
     combos = [(d, dt) for d in (64, 128) for dt in ("fp16", "bf16")]
     rows = []
     while len(rows) < count:
@@ -153,6 +156,12 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
             n_lo, n_hi = (512, 4096) if impl == "naive" else (1024, 16384)
             row |= {"batch": rng.randint(1, 4), "n": _log_uniform(rng, n_lo, n_hi),
                     "causal": int(rng.random() < 0.5)}
+        elif family == "window":
+            n = _log_uniform(rng, 1024, 32768)
+            w, kind = _log_uniform(rng, 32, n - 1), rng.random()
+            win = (w, 0) if kind < 0.5 else (w, w) if kind < 0.8 else (w, -1) if kind < 0.9 else (-1, w)
+            row |= {"batch": rng.randint(1, 4), "n": n, "causal": int(kind < 0.5),
+                    "window": f"{win[0]}:{win[1]}"}
         elif family == "fwd_openclass":
             hkv = rng.choice((1, 2, 4))
             row |= {"batch": rng.randint(2, 4), "kv_heads": hkv,
@@ -506,9 +515,11 @@ def main() -> int:
     if a.family is not None and a.draw is None:
         p.error("--family needs --draw SEED")
     if a.family is not None:
-        w = csv.DictWriter(sys.stdout, SWEEP_COLUMNS, lineterminator="\n")
+        rows = draw_sweep(a.family, a.draw)
+        w = csv.DictWriter(sys.stdout, [c for c in SWEEP_COLUMNS if any(c in r for r in rows)],
+                           lineterminator="\n")
         w.writeheader()
-        w.writerows(draw_sweep(a.family, a.draw))
+        w.writerows(rows)
         return 0
     if a.windows and (a.draw is None or a.family is not None):
         p.error("--windows needs --draw SEED (and no --family)")

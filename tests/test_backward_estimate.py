@@ -378,17 +378,9 @@ def test_probe_grid_isolates_each_constant_and_misses_the_heldout_grids():
 def test_the_third_heldout_grid_is_what_its_header_command_draws():
     # committed before measurement: the seed in its header reproduces it row for row, the first two grids'
     # distribution (prefill.py's backward rule), every point estimated by the model it judges
-    import csv
-    import importlib.util
+    from grid_draws import assert_drawn
 
-    spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
-    prefill = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prefill)
-    text = (GRIDS / "heldout_backward3.csv").read_text()
-    assert "--draw 4639 --family backward" in text
-    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("backward", 4639)]
-    got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
-    assert [{k: v for k, v in r.items() if v} for r in got] == rows
+    assert_drawn("heldout_backward3.csv", "backward", 4639)
     for s in physical.parse_grid(GRIDS / "heldout_backward3.csv"):
         assert be.backward_estimate(**families.backward_args(s)).total > 0
 

@@ -1,7 +1,6 @@
 """model/family_estimate.py: the decode and varlen DRAM estimates, their constant table, the probe grids,
 and their place in `attnscope bytes` (CPU; no GPU, ncu stood in for)."""
 
-import csv
 import gzip
 import itertools
 import json
@@ -308,16 +307,9 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
 @pytest.mark.parametrize("name, seed", [("heldout_varlen2.csv", 3902), ("heldout_varlen3.csv", 3903)])
 def test_the_later_varlen_grids_are_what_their_header_commands_draw(name, seed):
     # committed before measurement: the seed in its header reproduces it, row for row; Flex 2-8 sequences
-    import importlib.util
+    from grid_draws import assert_drawn
 
-    spec = importlib.util.spec_from_file_location("prefill", GRIDS.parent / "prefill.py")
-    prefill = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prefill)
-    text = (GRIDS / name).read_text()
-    assert f"--draw {seed} --family varlen2" in text
-    rows = [{k: str(v) for k, v in r.items()} for r in prefill.draw_sweep("varlen2", seed)]
-    got = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
-    assert [{k: v for k, v in r.items() if v} for r in got] == rows
+    rows = assert_drawn(name, "varlen2", seed)
     assert sum(r["impl"] == "flex" for r in rows) == 16
     assert max(len(r["lens"].split(";")) for r in rows if r["impl"] == "flex") <= 8
 

@@ -15,7 +15,7 @@ GRIDS = Path(__file__).resolve().parents[1] / "bench" / "grids"
 
 
 @pytest.mark.parametrize("name,family", [("backward", "backward"), ("decode", "decode"), ("varlen", "varlen"),
-                                         ("fwd_openclass", "forward")])
+                                         ("fwd_openclass", "forward"), ("window", "window")])
 def test_issue39_grids_parse_with_48_valid_rows(name, family):
     specs = physical.parse_grid(GRIDS / f"heldout_{name}.csv")
     assert len(specs) >= 48
@@ -41,6 +41,7 @@ def test_the_smoke_grid_holds_every_measured_callable():
     want |= {("backward", "attnscope", False, "auto", False, None)}  # the user's default call
     want |= {("decode", "attnscope", None, None, paged, kv) for paged in (False, True)
              for kv in (None, "fp8")}
+    want |= {("window", i, None, None, False, None) for i in families.IMPLS["window"]}
     assert got == want
 
 
@@ -52,7 +53,23 @@ def _grid(tmp_path, text):
 
 @pytest.mark.parametrize("text,err,match", [
     ("pass,impl,heads,n,d\nsideways,flash,8,1024,64\n", ValueError,
-     r"row 2: pass: expected one of forward, backward, decode, varlen, got 'sideways'"),
+     r"row 2: pass: expected one of forward, backward, decode, varlen, window, got 'sideways'"),
+    ("pass,impl,heads,n,d\nwindow,flex,8,1024,64\n", ValueError,
+     r"row 2: window: expected a value, got none"),
+    ("pass,impl,heads,n,d,window\nwindow,flex,8,1024,64,12\n", ValueError,
+     r"row 2: window: expected left:right, two integers from -1 \(unbounded\), got '12'"),
+    ("pass,impl,heads,n,d,window\nwindow,flex,8,1024,64,--5:3\n", ValueError,
+     r"row 2: window: expected left:right, two integers from -1 \(unbounded\), got '--5:3'"),
+    ("pass,impl,heads,n,d,window\nwindow,flex,8,1024,64,-1:-1\n", ValueError,
+     r"row 2: window: expected a window bounding at least one side, got \[-1, -1\]"),
+    ("pass,impl,heads,n,d,causal,window\nwindow,attnscope,8,1024,64,1,-1:9\n", ValueError,
+     r"row 2: window: expected a window bounding the left side \(causal bounds the right one\)"),
+    ("pass,impl,heads,n,d,window\nwindow,cudnn,8,1024,64,4:4\n", ValueError,
+     r"row 2: impl: expected one of attnscope, flex with pass window, got 'cudnn'"),
+    ("pass,impl,heads,n,d,window\nbackward,flash,8,1024,64,4:4\n", ValueError,
+     r"row 2: window: expected no value with pass backward"),
+    ("impl,heads,n,d,window\nflash,8,1024,64,4:4\n", ValueError,
+     r"row 2: window: expected no value with pass forward \(it takes n, causal\)"),
     ("pass,impl,heads,n,d,cache_lens\ndecode,flash,8,1024,64,4096\n", ValueError,
      r"row 2: n: expected no value with pass decode \(it takes cache_lens, page_size, kv_dtype, splits, "
      r"nq\)"),
@@ -380,3 +397,70 @@ def test_varlen_callable_attends_within_each_sequence():
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
         want = reference.naive_attention(*(x[a:b].transpose(0, 1).double().numpy() for x in (q, k, v)), True)
         assert float(abs(o[a:b].transpose(0, 1).double() - torch.from_numpy(want)).max()) < 2e-2
+
+
+def test_window_specs_ledgers_and_estimates():
+    from attnscope.model import window_estimate as we
+
+    causal, wide = physical.parse_grid("g.csv", text=(
+        "pass,impl,batch,heads,kv_heads,n,d,dtype,causal,window\n"
+        "window,attnscope,2,16,4,3000,64,bf16,1,700:9\n"
+        "window,flex,1,8,1,40000,128,fp16,0,-1:300\n"))
+    # the effective window: causal bounds the right side
+    assert causal == {"pass": "window", "impl": "attnscope", "batch": 2, "heads": 16, "d": 64,
+                      "dtype": "bf16", "kv_heads": 4, "n": 3000, "causal": True, "window": [700, 0]}
+    logical, comp, name = families.ledger(causal)
+    assert (logical, name) == we.window_ledger("attnscope", 3000, window=(700, 0), causal=True, d=64,
+                                               dtype="bf16", batch=2, heads=16, kv_heads=4)
+    assert comp == 2 * 3000 * 64 * 2 * (2 * 16 + 2 * 4)
+    assert families.label(causal) == "window attnscope H=16/4 d=64 bf16 B=2 N=3000 causal window 700:0"
+    est, note = families.estimate(wide)
+    assert note == "" and est.family == "window" and est.facts["kernel"] == "flex"
+    assert est.total == we.window_estimate("flex", 40000, window=(-1, 300), d=128, heads=8, kv_heads=1).total
+    assert families.tensor_bytes(wide) == 40000 * 128 * 2 * (2 * 8 + 2)
+    # a sweep's summary names the window family's estimate
+    rows = families.compare([(causal, 30_000_000), (wide, 90_000_000)])
+    s = families.summarize(rows)["window"]
+    assert s["count"] == 2 and s["estimate"] == "model/window_estimate.py" and s["estimated"] == 2
+
+
+def test_heldout_window_grid_is_what_its_seed_draws():
+    from grid_draws import assert_drawn
+
+    rows = assert_drawn("heldout_window.csv", "window", 3950)
+    assert sum(r["impl"] == "flex" for r in rows) == 16 and sum(r["causal"] == "1" for r in rows) >= 16
+    # a probe grid shares no point with it
+    probes = physical.parse_grid(GRIDS / "probe_window.csv")
+    assert not {families.label(p) for p in probes} & {families.label(p) for p in
+                                                       physical.parse_grid(GRIDS / "heldout_window.csv")}
+
+
+@pytest.mark.parametrize("left,right", [(5, 0), (3, 3), (-1, 4), (6, -1), (0, 0)])
+def test_flex_window_mask_is_the_tile_models_window(left, right):
+    torch = pytest.importorskip("torch")
+    from attnscope.measure.family_calls import window_mask
+    from attnscope.model.tiles import Grid
+
+    n = 20
+    qi, ki = torch.arange(n).view(n, 1), torch.arange(n).view(1, n)
+    got = window_mask(left, right)(0, 0, qi.expand(n, n), ki.expand(n, n))
+    g = Grid(n, n, window=(left, right))
+    want = torch.tensor([[g.permitted(r + 1, c + 1) for c in range(n)] for r in range(n)])
+    assert torch.equal(got, want)
+
+
+def test_window_callable_attends_within_the_window():
+    # wiring, as the varlen test below (test_mods.py holds the kernel to `kernel_tolerance`)
+    torch = pytest.importorskip("torch")
+    from attnscope.measure.family_calls import call
+
+    spec = _spec("pass,impl,batch,heads,kv_heads,n,d,causal,window\nwindow,attnscope,1,2,1,40,64,0,5:3\n")
+    fn, (q, k, v) = call(torch, spec, device="cpu")
+    o = fn()
+    assert o.shape == (1, 2, 40, 64)
+    r = torch.arange(40)
+    keep = ((r.view(-1, 1) - r.view(1, -1)) <= 5) & ((r.view(1, -1) - r.view(-1, 1)) <= 3)
+    qd, kd, vd = (x[0].double() for x in (q, k, v))
+    s = (qd @ kd.expand(2, -1, -1).transpose(-1, -2)) / 8.0
+    want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ vd.expand(2, -1, -1)
+    assert float(abs(o[0].double() - want).max()) < 2e-2

@@ -166,14 +166,9 @@ def test_later_open_class_grids_are_drawn_by_the_first_ones_rule_and_share_no_n(
                and s.get("kv_heads", s["heads"]) in (1, 2, 4) and s["heads"] // s["kv_heads"] >= 4
                for s in fresh)
     assert {(s["d"], s["dtype"]) for s in fresh} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
-    header = (GRIDS / name).read_text().splitlines()
-    assert any(f"--draw {seed} --family fwd_openclass" in line for line in header if line.startswith("#"))
-    spec = importlib.util.spec_from_file_location("prefill", ROOT / "bench" / "prefill.py")
-    prefill = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prefill)
-    drawn = prefill.draw_sweep("fwd_openclass", seed)
-    assert [(r["batch"], r["heads"], r["kv_heads"], r["n"], r["d"], r["dtype"]) for r in drawn] == \
-        [(s["batch"], s["heads"], s["kv_heads"], s["n"], s["d"], s["dtype"]) for s in fresh]
+    from grid_draws import assert_drawn
+
+    assert_drawn(name, "fwd_openclass", seed)
     # no N in any other grid (the first open-class grid, the probes, issue 18's grids)
     fresh_n = {s["n"] for s in fresh}
     assert len(fresh_n) == 48

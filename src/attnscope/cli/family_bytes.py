@@ -1,7 +1,7 @@
 """`attnscope bytes --estimate-only` for a grid (`--sweep GRID`, no GPU) and the decode estimate line of
 `bytes --estimate-only --cache-lens`: each point's logical ledger, compulsory bytes and DRAM estimate
-(model/backward_estimate.py for the backward, model/family_estimate.py for decode and varlen, model/l2.py for
-the forward), or why it has none."""
+(model/backward_estimate.py for the backward, model/family_estimate.py for decode and varlen,
+model/window_estimate.py for window, model/l2.py for the forward), or why it has none."""
 
 from __future__ import annotations
 

@@ -570,9 +570,10 @@ def configure(sub) -> None:
     p.add_argument("--sweep", metavar="GRID", default=None, type=path_arg,
                    help="measure every point of GRID (CSV with a header impl,B,H,Hkv,N,d,causal,dtype; or a "
                         "JSON / YAML list of such objects) and print the estimate's error distribution; a "
-                        "pass column (forward, backward, decode, varlen) with deterministic, cache_lens, "
-                        "page_size, kv_dtype, splits, lens measures the other families against their "
-                        "logical ledgers and DRAM estimates (model/backward_estimate.py, family_estimate.py)")
+                        "pass column (forward, backward, decode, varlen, window) with deterministic, "
+                        "cache_lens, page_size, kv_dtype, splits, lens, window measures the other families "
+                        "against their logical ledgers and DRAM estimates (model/backward_estimate.py, "
+                        "family_estimate.py, window_estimate.py)")
     p.add_argument("--from-json", metavar="FILE", default=None, type=path_arg,
                    help="no GPU: re-evaluate the current estimate against a sweep that --sweep --json wrote")
     p.add_argument("--calibrate", action="store_true",

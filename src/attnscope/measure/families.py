@@ -1,4 +1,5 @@
-"""Byte-sweep points beyond the forward: backward, decode and varlen, with their ledgers and estimates.
+"""Byte-sweep points beyond the forward: backward, decode, varlen and window, with their ledgers and
+estimates.
 
 A grid row of `attnscope bytes --sweep` names its kernel family in the ``pass`` column (``family`` is
 accepted too): ``forward`` (the default; measure/physical.py, against the L2-aware estimate of
@@ -17,31 +18,38 @@ model/l2.py), or one of
   per sequence (a chunk; default 1). Ledger: model/serving.py's `paged` (SDPA's with one split).
 - ``varlen``: one packed call over sequences of ``lens``: ``attnscope`` `flash_attention_varlen`, ``flex``
   (Flex attention with a document mask, compiled). Ledger: model/serving.py's `packed`.
+- ``window``: a forward with a sliding window (``window``: ``left:right``, -1 unbounded, one side bounded at
+  least; causal bounds the right) over n x n: ``attnscope`` `flash_attention` (what its dispatch picks),
+  ``flex`` (Flex attention with a sliding-window mask, compiled). Ledger: model/traffic.py's flash row with
+  the tiles of the kernel that runs (`model.window_estimate.window_ledger`).
 
 A sweep reports each point's ncu bytes against its logical ledger, its compulsory bytes and the DRAM
-estimate of model/backward_estimate.py (backward) or model/family_estimate.py (decode, varlen)
-(`estimate`); where the estimate needs a constant no probe has measured yet (model/family_params.py) or a
-shape it does not model, the row says why instead of a number. Pure Python: the calls themselves are
-measure/family_calls.py's, run in ncu's child.
+estimate of model/backward_estimate.py (backward), model/family_estimate.py (decode, varlen) or
+model/window_estimate.py (window) (`estimate`); where the estimate needs a constant no probe has measured
+yet (model/family_params.py) or a shape it does not model, the row says why instead of a number. Pure
+Python: the calls themselves are measure/family_calls.py's, run in ncu's child.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass
 
 from attnscope import inputs
 from attnscope.errors import InputError, is_int, short
 
-FAMILIES = ("forward", "backward", "decode", "varlen")
+FAMILIES = ("forward", "backward", "decode", "varlen", "window")
 #: The implementations measured per family (the forward's: model/l2.py's IMPLS).
 IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash", "cudnn", "attnscope"),
-         "varlen": ("attnscope", "flex")}
+         "varlen": ("attnscope", "flex"), "window": ("attnscope", "flex")}
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
 COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels"),
-           "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq"), "varlen": ("lens", "causal")}
-FAMILY_COLUMNS = ("deterministic", "kernels", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq")
+           "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq"), "varlen": ("lens", "causal"),
+           "window": ("n", "causal", "window")}
+FAMILY_COLUMNS = ("deterministic", "kernels", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq",
+                  "window")
 #: attnscope backward's ``kernels`` column: `flash_attention_backward`'s ``impl`` (and
 #: `model.backward_estimate.backward_estimate`'s ``kernels``); empty: `backward_kernels`'s default.
 KERNELS = ("auto", "portable")
@@ -79,6 +87,24 @@ def _lengths(where: str, name: str, value) -> list[int]:
         raise InputError(f"{where}: {name}: expected 1 to {MAX_SEQUENCES} lengths separated by ';', got "
                          f"{short(value)}")
     return [grid_int(where, name, c) for c in cells]
+
+
+def _window(where: str, value, causal: bool) -> list[int]:
+    """A window cell: ``left:right`` (a JSON list too), each an integer >= -1 (-1 unbounded), hiding a key
+    ``causal`` alone would show; the effective ``[left, right]`` (causal: right 0), or one line naming
+    ``window``."""
+    from attnscope.model.window_estimate import bounded
+
+    cells = value if isinstance(value, list) else str(value).split(":")
+    digits = re.compile(r"-?[0-9]{1,12}")
+    if len(cells) != 2 or not all(is_int(c) or (isinstance(c, str) and digits.fullmatch(c.strip()))
+                                  for c in cells):
+        raise InputError(f"{where}: window: expected left:right, two integers from -1 (unbounded), got "
+                         f"{short(value)}")
+    try:
+        return list(bounded(causal, [int(c) for c in cells]))
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 def required(where: str, got: dict, name: str):
@@ -127,6 +153,11 @@ def point(got: dict, spec: dict, where: str) -> dict:
                                  f"{short(kernels)}")
             if kernels not in ("", None, backward_kernels(spec)):  # the default stays out: one spec per call
                 spec["kernels"] = kernels
+        return spec
+    if family == "window":
+        spec["n"] = grid_int(where, "n", required(where, got, "n"))
+        spec["causal"] = grid_bool(where, "causal", got.get("causal") or "false")
+        spec["window"] = _window(where, required(where, got, "window"), spec["causal"])
         return spec
     if family == "varlen":
         spec["lens"] = _lengths(where, "lens", required(where, got, "lens"))
@@ -193,6 +224,8 @@ def tensor_bytes(spec: dict) -> int:
         return size
     if spec["pass"] == "varlen":
         return (2 * h + 2 * hkv) * sum(spec["lens"]) * d * b
+    if spec["pass"] == "window":
+        return (2 * h + 2 * hkv) * spec["batch"] * spec["n"] * d * b
     kv = DTYPE_BYTES[spec.get("kv_dtype", spec["dtype"])]
     cap = max(spec["cache_lens"])
     q_o = 2 * spec["batch"] * h * spec.get("nq", 1) * d * b
@@ -206,9 +239,9 @@ def ledger(spec: dict) -> tuple[int, int, str]:
     Compulsory: what the call must move at least, each input read once and each output written once --
     backward: Q, K, V, dO read and dQ, dK, dV written, plus O and the fp32 LSE read by the fused
     backwards (naive's autograd keeps P instead: not counted); decode: Q, the valid K/V rows at the
-    cache's width (and the fp32 scales) read, O written; varlen: Q, K, V read and O written.
+    cache's width (and the fp32 scales) read, O written; varlen and window: Q, K, V read and O written.
     """
-    from attnscope.model import backward, backward_estimate, family_estimate, serving
+    from attnscope.model import backward, backward_estimate, family_estimate, serving, window_estimate
 
     h, d = spec["heads"], spec["d"]
     hkv = spec.get("kv_heads") or h
@@ -225,6 +258,12 @@ def ledger(spec: dict) -> tuple[int, int, str]:
         comp = backward_estimate.backward_compulsory(impl, n, d=d, dtype=spec["dtype"], batch=bsz, heads=h,
                                                      kv_heads=hkv)
         return t[row].total * t.config.batch_heads, comp, f"model/backward.py {row}"
+    if spec["pass"] == "window":
+        args = window_args(spec)
+        logical, name = window_estimate.window_ledger(**args)
+        comp = window_estimate.window_compulsory(args["n"], d=d, dtype=args["dtype"], batch=args["batch"],
+                                                 heads=h, kv_heads=hkv)
+        return logical, comp, name
     if spec["pass"] == "varlen":
         row = "flash-causal" if spec["causal"] else "flash"
         p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,))
@@ -250,6 +289,9 @@ def label(spec: dict) -> str:
         return f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
     if s["pass"] == "varlen":
         return f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
+    if s["pass"] == "window":
+        return (f"{head} B={s['batch']} N={s['n']} {'causal ' if s['causal'] else ''}window "
+                f"{s['window'][0]}:{s['window'][1]}")
     cache = f"paged {s['page_size']}" if s.get("page_size") else "dense"
     return (f"{head} cache_lens={_lens_text(s['cache_lens'])} {cache} {s.get('kv_dtype', s['dtype'])}"
             + (f" splits={s['splits']}" if s.get("splits") else "")
@@ -313,12 +355,21 @@ def backward_args(spec: dict) -> dict:
             "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec)}
 
 
+def window_args(spec: dict) -> dict:
+    """`model.window_estimate.window_ledger`'s arguments for a window point."""
+    return {"impl": spec["impl"], "n": spec["n"], "window": tuple(spec["window"]), "causal": spec["causal"],
+            "d": spec["d"], "dtype": spec["dtype"], "batch": spec["batch"], "heads": spec["heads"],
+            "kv_heads": spec.get("kv_heads") or spec["heads"]}
+
+
 def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
-    """``(FamilyEstimate, "")`` of a backward, decode or varlen point (model/backward_estimate.py,
-    model/family_estimate.py; ``l2_bytes``, ``sms``: the GPU's, default the H200's), or ``(None, why not)``:
+    """``(FamilyEstimate, "")`` of a backward, decode, varlen or window point (model/backward_estimate.py,
+    model/family_estimate.py, model/window_estimate.py; ``l2_bytes``, ``sms``: the GPU's, default the
+    H200's), or ``(None, why not)``:
     the estimate needs a constant no probe has measured yet or a shape it does not model (one line)."""
     from attnscope.model import backward_estimate as be
     from attnscope.model import family_estimate as fe
+    from attnscope.model import window_estimate as we
 
     h, d, dtype = spec["heads"], spec["d"], spec["dtype"]
     hkv = spec.get("kv_heads") or h
@@ -330,6 +381,8 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
                                       dtype=dtype, heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
                                       kv_dtype=spec.get("kv_dtype"), splits=spec.get("splits"), sms=sms,
                                       l2_bytes=l2_bytes), ""
+        if spec["pass"] == "window":
+            return we.window_estimate(**window_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":
             return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
                                       heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes), ""
@@ -362,6 +415,9 @@ def compare(measured: list[tuple], repeated: bool = False, l2_bytes: int | None 
 
 
 BANDS = (0.05, 0.10, 0.15)  # as measure/physical.py's
+#: The module of each family's estimate.
+ESTIMATES = {"backward": "model/backward_estimate.py", "decode": "model/family_estimate.py",
+             "varlen": "model/family_estimate.py", "window": "model/window_estimate.py"}
 
 
 def summarize(rows: list[FamilyRow]) -> dict:
@@ -387,7 +443,7 @@ def summarize(rows: list[FamilyRow]) -> dict:
         v["not_estimated"] = why
         if est:
             w = max(est, key=lambda r: abs(r.estimate_error))
-            v |= {"estimate": "model/family_estimate.py", "estimated": len(est),
+            v |= {"estimate": ESTIMATES[fam], "estimated": len(est),
                   "estimate_within": {f"{b:.0%}": sum(abs(r.estimate_error) <= b for r in est)
                                       for b in BANDS},
                   "estimate_mean_abs_error": sum(abs(r.estimate_error) for r in est) / len(est),

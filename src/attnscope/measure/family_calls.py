@@ -1,4 +1,4 @@
-"""The measured callables of the backward, decode and varlen sweep points (measure/families.py).
+"""The measured callables of the backward, decode, varlen and window sweep points (measure/families.py).
 
 `call(torch, spec)` returns ``(fn, keep)`` as measure/ncu.py's child wants them: everything ``fn`` needs is
 built first (inputs, the forward whose gradient is asked, caches, block tables, Flex's block mask and its
@@ -17,8 +17,8 @@ def call(torch, spec: dict, device: str = "cuda"):
     dt = torch_dtype(torch, spec["dtype"])
     h, d = spec["heads"], spec["d"]
     hkv = spec.get("kv_heads") or h
-    return {"backward": _backward, "decode": _decode, "varlen": _varlen}[spec["pass"]](torch, spec, dt, h,
-                                                                                         hkv, d, device)
+    return {"backward": _backward, "decode": _decode, "varlen": _varlen,
+            "window": _window}[spec["pass"]](torch, spec, dt, h, hkv, d, device)
 
 
 def _backward(torch, spec, dt, h, hkv, d, dev):
@@ -110,3 +110,33 @@ def _varlen(torch, spec, dt, h, hkv, d, dev):
     flex = torch.compile(flex_attention)
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, total, d] views
     return (lambda: flex(qt, kt, vt, block_mask=mask, enable_gqa=hkv != h)), (q, k, v, mask, doc)
+
+
+def _window(torch, spec, dt, h, hkv, d, dev):
+    import attnscope
+
+    b, n, causal = spec["batch"], spec["n"], spec["causal"]
+    left, right = spec["window"]  # the effective window (measure/families.py: causal has right 0)
+    q = torch.randn((b, h, n, d), device=dev, dtype=dt)
+    k, v = (torch.randn((b, hkv, n, d), device=dev, dtype=dt) for _ in range(2))
+    if spec["impl"] == "attnscope":  # the user's call: what impl="auto" dispatches to
+        return (lambda: attnscope.flash_attention(q, k, v, causal=causal, window=(left, right))), (q, k, v)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    mask = create_block_mask(window_mask(left, right), None, None, n, n, device=dev)
+    torch.compiler.reset()  # a fresh compile for this point's shape (as `_varlen`'s)
+    flex = torch.compile(flex_attention)
+    return (lambda: flex(q, k, v, block_mask=mask, enable_gqa=hkv != h)), (q, k, v, mask)
+
+
+def window_mask(left: int, right: int):
+    """Flex's ``mask_mod`` of flash-attn's ``window_size=(left, right)`` over n x n (the effective window,
+    `model.window_estimate.bounded`; -1 unbounded): query qi sees keys qi - left .. qi + right."""
+    def mask_mod(b, h, qi, ki):
+        keep = qi >= 0
+        if left >= 0:
+            keep = keep & (qi - ki <= left)
+        if right >= 0:
+            keep = keep & (ki - qi <= right)
+        return keep
+    return mask_mod

@@ -457,7 +457,7 @@ def _call(torch, spec: dict):
         if spec["kind"] == "sum":
             return (lambda: src.sum()), (src,)
         return (lambda: src.fill_(1.0)), (src,)
-    if spec.get("pass", "forward") != "forward":  # backward, decode, varlen (measure/families.py)
+    if spec.get("pass", "forward") != "forward":  # backward, decode, varlen, window (measure/families.py)
         from attnscope.measure.family_calls import call
 
         return call(torch, spec)

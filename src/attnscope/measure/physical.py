@@ -46,6 +46,7 @@ FIELDS = {
     "splits": (("splits",), ""),
     "lens": (("lens",), ""),
     "nq": (("nq",), ""),
+    "window": (("window",), ""),
 }
 #: Most points in one grid (each is a GPU call under ncu: about 2-5 s).
 MAX_POINTS = 400

@@ -73,6 +73,11 @@ KERNELS = {
 #: bench/grids/rerun_order_fwd.csv). One CTA per SM: 168 (NWG 2) / 128 (NWG 3) registers x 9+ warps fill the
 #: register file.
 _G = Kernel(128, 128, 1, "hb", False, False)
+#: attnscope's portable kernel in its sliding-window tiles (kernels/fwd.py ``WINDOW_CONFIGS``: 64 x 64, 4
+#: warps; `dispatch.portable_window`), grid (T_r, B*H) as the table's: CTAs per SM from ptxas
+#: (bench/sm90_resources.py --kernel fwd, not measured on the GPU): d 64 122 registers, 42 KiB of shared
+#: memory (4 by registers); d 128 157 registers, 113 KiB (2 by shared memory); no spills.
+WINDOW_KERNELS = {64: Kernel(64, 64, 4, "hb", False, False), 128: Kernel(64, 64, 2, "hb", False, False)}
 HOPPER_KERNELS = {"hopper_persist": dict.fromkeys((128, 64), _G._replace(persistent=True)),
                   "hopper_wg3_pp": {64: _G._replace(block_q=192)}}
 

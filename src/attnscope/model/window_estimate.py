@@ -1,0 +1,195 @@
+"""DRAM-byte estimate of a sliding-window forward (``window=(left, right)``, flash-attn's ``window_size``):
+compulsory bytes plus the K/V re-reads that miss the L2, the block mask (Flex), less the output still dirty
+in the L2 when the call ends, whole call: the counter ncu's ``dram__bytes_read.sum + dram__bytes_write.sum``.
+
+A window turns each query tile's K/V stream into a band of about ``left + right`` keys, shifted ``B_r`` rows
+per tile. The CTAs run in lockstep waves of C = SMs x CTAs per SM consecutive query tiles (the grid's order:
+a head's tiles consecutive, then the next head, `Kernel.order`). Three distances decide which re-reads of a
+K/V line miss (`l2_params.miss` at `L2Params.shared`: lines read from both partitions; a CTA's Q and O tiles
+take `L2Params.qo_weight` of a K/V byte of room):
+
+- inside a wave (`_wave_room`): the next tile's CTA reads a line ``B_r / B_c`` steps before (or after) its
+  neighbour, while the wave reads ``C B_r`` distinct rows (its bands side by side), so a re-read sits behind
+  C B_r rows of K/V and the wave's Q/O tiles;
+- across a wave boundary (`_boundary_rows`): the first tile of the next wave re-reads the ``left + right``
+  rows (one K/V tile of alignment more) the last tile of the wave before read, behind a whole wave's band
+  ``C B_r + left + right`` rows and its Q/O (a windowed launch never pairs or interleaves causal tiles: the
+  window's right bound carries the diagonal, kernels/fwd_hopper.py);
+- the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after the
+  rest of one head's pass (the set and the head's Q/O, less the band of the line's own readers), with the
+  batch between ("bh", Flex) after B of them; a group whose heads share a wave reads the set together (the
+  wave's distance).
+
+The kernels are what ``flash_attention(..., window=...)`` runs on an sm_90 GPU (`window_kernel`: the
+dispatch rule's pick, `model.dispatch`) and Flex attention's forward with a sliding-window block mask
+(`family_estimate.FLEX_KERNELS`, its 128 x 128 sparse blocks loaded whole). No constant of its own: the
+L2's capacities, ramps and Q/O weight are the forward estimate's (model/l2_params.py, each with its probe);
+the window kernels' CTAs per SM come from ptxas (`l2_params.WINDOW_KERNELS`). Closed form: cost independent
+of N. Pure Python.
+"""
+
+from __future__ import annotations
+
+from attnscope.errors import choice, expect, positive_int
+from attnscope.model import dispatch
+from attnscope.model.family_estimate import (
+    FLEX_BLOCK,
+    FLEX_KERNELS,
+    FamilyEstimate,
+    _dirty_o,
+    _heads,
+    _l2_bytes,
+    _sectors,
+    _sms,
+)
+from attnscope.model.l2 import VALIDATED_HEAD_DIMS
+from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, KERNELS, WINDOW_KERNELS, Kernel, miss
+from attnscope.model.tiles import Grid, normalize_window
+from attnscope.model.traffic import DTYPE_BYTES
+
+WINDOW_IMPLS = ("attnscope", "flex")
+
+
+def bounded(causal: bool, window) -> tuple[int, int]:
+    """The effective ``(left, right)`` of a windowed call (`tiles.normalize_window`), refused in one line
+    naming ``window`` when it hides no key the mask alone would show (no window, or causal with an unbounded
+    left side: the forward family's call)."""
+    left, right = normalize_window(causal, window)
+    expect((left, right) != normalize_window(causal, None), "window",
+           "a window bounding the left side (causal bounds the right one)" if causal else
+           "a window bounding at least one side", window)
+    return left, right
+
+
+def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: int, kv_heads: int, n: int,
+                  sms: int) -> tuple[str, Kernel]:
+    """(name, `Kernel`) of what ``impl`` runs for an n x n call with ``window`` on an sm_90 GPU with ``sms``
+    SMs: attnscope's portable kernel in its window tiles where `dispatch.portable_window` takes the window,
+    else the Gluon variant `dispatch.hopper_variant` picks (else the portable kernel's table tiles); Flex's
+    forward (`FLEX_KERNELS`, loading whole 128-key sparse blocks)."""
+    choice("impl", impl, WINDOW_IMPLS)
+    win = bounded(causal, window)
+    if impl == "flex":
+        return "flex", FLEX_KERNELS[d]._replace(block_kv=FLEX_BLOCK)
+    if dispatch.portable_window(d, win, n, n, causal):
+        return "attnscope portable (window tiles)", WINDOW_KERNELS[d]
+    variant = dispatch.hopper_variant(d, causal, batch, heads, kv_heads, n, n, sms, win)
+    if variant is not None:
+        return variant, HOPPER_KERNELS[variant][d]
+    return "attnscope portable", KERNELS["attnscope"][-d]
+
+
+def window_compulsory(n: int, *, d: int = 128, dtype: str = "fp16", batch: int = 1, heads: int = 32,
+                      kv_heads: int | None = None) -> int:
+    """Q, K, V read once and O written once, whole call (every key is visible to its own query row)."""
+    h, hkv = _heads(heads, kv_heads)
+    b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
+    return positive_int("batch", batch) * positive_int("n", n) * positive_int("d", d) * b * (2 * h + 2 * hkv)
+
+
+def _span(side: int, n: int) -> int:
+    return n if side < 0 else min(side, n)
+
+
+def _wave_rows(c: int, ker: Kernel, tiles: int, n: int, together: int, band: int = 0) -> float:
+    """K/V rows of distinct lines a wave of ``c`` CTAs reads: their bands side by side, ``c B_r`` rows plus
+    ``band`` (``together`` heads of one K/V set in the wave read them once), at most the sets the wave
+    spans (``n`` rows each)."""
+    return min(c * ker.block_q / together + band, max(1.0, c / tiles) / together * n)
+
+
+def _boundary_rows(n: int, left: int, right: int, ker: Kernel) -> int:
+    """K/V rows the first tile of a wave re-reads from the last tile of the wave before: the band's width
+    ``left + right``, one K/V tile of alignment more, at most the set."""
+    return min(n, _span(left, n) + _span(right, n) + ker.block_kv)
+
+
+def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int = 128, dtype: str = "fp16",
+                    batch: int = 1, heads: int = 32, kv_heads: int | None = None, sms: int | None = None,
+                    l2_bytes: int | None = None, device: str = "h200") -> FamilyEstimate:
+    """Estimated DRAM bytes of one sliding-window forward, whole call (module docstring).
+
+    Parameters
+    ----------
+    impl: "attnscope" (``flash_attention(q, k, v, causal=causal, window=window)``, what it dispatches to) or
+        "flex" (Flex attention with a sliding-window ``mask_mod``, compiled).
+    n: Nq = Nk; window: ``(left, right)``, -1 unbounded, at least one side bounded (causal bounds the
+        right); d (64 or 128: the estimate's validated head dims), dtype, batch, heads, kv_heads.
+    sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
+
+    Returns
+    -------
+    FamilyEstimate ("window"): compulsory (`window_compulsory`) and the terms ``kv_rereads`` (inside a head
+    and by a GQA group's later heads, missing the L2), ``block_mask`` (Flex) and ``dirty_o`` (the credit).
+    """
+    choice("impl", impl, WINDOW_IMPLS)
+    h, hkv = _heads(heads, kv_heads)
+    positive_int("n", n)
+    positive_int("batch", batch)
+    left, right = bounded(causal, window)
+    if d not in VALIDATED_HEAD_DIMS:
+        raise NotImplementedError(f"window {impl}: head dim {d} is not modelled; supported: "
+                                  f"{', '.join(map(str, VALIDATED_HEAD_DIMS))} (the L2 probes' head dims)")
+    b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
+    l2, n_sms = _l2_bytes(l2_bytes, device), _sms(sms, device)
+    name, ker = window_kernel(impl, d, causal, (left, right), batch, h, hkv, n, n_sms)
+    comp = window_compulsory(n, d=d, dtype=dtype, batch=batch, heads=h, kv_heads=hkv)
+    p = H200_L2_PARAMS
+    cap, ramp, w = p.shared * l2, p.shared_ramp, p.qo_weight()
+    c = n_sms * ker.ctas_per_sm
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal, window=(left, right))
+    tiles, kv_row = g.n_q_tiles, 2 * d * b  # a K/V row (K and V) of one kv head
+    q_o = 2 * ker.block_q * d * b * w  # a CTA's Q and O tiles, in K/V bytes of room
+    group = h // hkv
+    adjacent = group if (ker.order == "hb" or batch == 1) else 1  # a group's heads adjacent in the order
+    together = min(adjacent, max(1, c // tiles))  # heads of one K/V set in one wave
+    # inside a head: the ledger's re-reads beyond one pass; those at a wave boundary behind a whole wave
+    per_head = g.kv_rows_total() - n
+    boundaries = max(0.0, (tiles - 1) / c)  # expected wave boundaries inside a head
+    crossing = min(per_head, boundaries * _boundary_rows(n, left, right, ker))
+    width = _span(left, n) + _span(right, n)  # keys a row's window spans
+    room_w = _wave_rows(c, ker, tiles, n, together) * kv_row + c * q_o
+    band = _wave_rows(c, ker, tiles, n, together, width) * kv_row + c * q_o
+    m_w = miss(room_w / cap, ramp)
+    m_x = miss(band / cap, ramp)
+    inside = batch * h * ((per_head - crossing) * m_w + crossing * m_x) * kv_row
+    # a group's later heads re-read a line after the rest of one head's pass beyond the line's readers (the
+    # band's width; B passes with the batch between them); heads that share a wave read it together
+    passes = 1 if adjacent == group else batch
+    room_g = max(room_w, max(0, passes * n - width) * kv_row + max(0.0, passes * tiles - width / ker.block_q)
+                 * q_o)
+    m_g = miss(room_g / cap, ramp)
+    group_rr = batch * hkv * (group - 1) * n * kv_row * m_g
+    facts = {"kernel": name, "block_q": ker.block_q, "block_kv": ker.block_kv, "concurrent_ctas": c,
+             "window": [left, right], "tiles_per_head": tiles, "wave_room_l2": room_w / l2,
+             "boundary_room_l2": band / l2, "group_room_l2": room_g / l2}
+    terms = [("kv_rereads", inside + group_rr,
+              f"K/V rows re-read inside a head ({m_w:.2f} of the in-wave re-reads, {m_x:.2f} of the "
+              f"{crossing:,.0f} rows a head's wave boundaries re-read, missing) and by {group - 1} more "
+              f"query head(s) of each K/V head ({m_g:.2f} missing)")]
+    if impl == "flex":  # kv_num_blocks and full_kv_num_blocks per query block, an index per loaded block
+        loaded, _ = g.loaded_pairs()
+        terms.append(("block_mask", _sectors(tiles * 2 * 4 + loaded * 4),
+                      f"{tiles} query blocks' counts and {loaded} KV block indices, once"))
+    qo = batch * h * n * d * b
+    kv_read = batch * hkv * n * kv_row + inside + group_rr
+    terms.append(_dirty_o(qo, kv_read, qo, l2))
+    return FamilyEstimate("window", impl, comp, tuple(terms), facts)
+
+
+def window_ledger(impl: str, n: int, *, window, causal: bool = False, d: int = 128, dtype: str = "fp16",
+                  batch: int = 1, heads: int = 32, kv_heads: int | None = None, sms: int | None = None,
+                  device: str = "h200") -> tuple[int, str]:
+    """(logical bytes, the row's name) of the call: model/traffic.py's flash row with the tiles of the kernel
+    that runs (`window_kernel`), whole call."""
+    from attnscope.model import traffic
+
+    h, hkv = _heads(heads, kv_heads)
+    win = bounded(causal, window)
+    name, ker = window_kernel(impl, d, causal, win, batch, h, hkv, n, _sms(sms, device))
+    row = "flash-causal" if causal else "flash"
+    t = traffic.traffic(n, d, dtype, ker.block_q, ker.block_kv, batch=batch, heads=h, kv_heads=hkv,
+                        window=win, rows=(row,))
+    return t[row].total * t.config.batch_heads, f"model/traffic.py {row}, window {win}, {name} " \
+        f"{ker.block_q} x {ker.block_kv} tiles"
+

@@ -1,0 +1,144 @@
+"""model/window_estimate.py: the DRAM-byte estimate of a sliding-window forward, its kernels, its floor, and
+the re-read terms each distance decides (CPU, no torch)."""
+
+import random
+
+import pytest
+
+from attnscope.errors import InputError
+from attnscope.model import dispatch, traffic
+from attnscope.model import window_estimate as we
+from attnscope.model.family_estimate import FLEX_BLOCK, FLEX_KERNELS
+from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, WINDOW_KERNELS, miss
+
+MIB = 2**20
+
+
+def _terms(est) -> dict:
+    return {n: b for n, b, _ in est.terms}
+
+
+def test_kernel_is_what_the_dispatch_runs():
+    # a short window at d 64: the portable kernel in its 64 x 64 window tiles
+    assert we.window_kernel("attnscope", 64, True, (256, 0), 2, 16, 4, 8192, 132)[1] == WINDOW_KERNELS[64]
+    assert dispatch.portable_window(64, (256, 0), 8192, 8192, True)
+    # a wide one at d 128: the Gluon variant the rule picks, one persistent CTA per SM
+    name, ker = we.window_kernel("attnscope", 128, True, (4096, 0), 1, 32, 8, 32768, 132)
+    assert name == dispatch.hopper_variant(128, True, 1, 32, 8, 32768, 32768, 132, (4096, 0))
+    assert ker == HOPPER_KERNELS[name][128] and ker.persistent
+    # Flex loads whole 128-key sparse blocks, its grid puts the batch between a group's heads
+    _, flex = we.window_kernel("flex", 128, False, (100, 100), 2, 16, 4, 4096, 132)
+    assert flex.block_kv == FLEX_BLOCK and flex.block_q == FLEX_KERNELS[128].block_q and flex.order == "bh"
+
+
+@pytest.mark.parametrize("causal,window,match", [
+    (False, (-1, -1), "a window bounding at least one side"),
+    (True, (-1, 7), r"a window bounding the left side \(causal bounds the right one\)"),
+    (False, (-2, 3), "window: expected None or a pair"),
+    (False, "wide", "window: expected None or a pair"),
+])
+def test_a_window_that_hides_nothing_is_refused_in_one_line(causal, window, match):
+    with pytest.raises(InputError, match=match):
+        we.window_estimate("attnscope", 4096, window=window, causal=causal, d=64)
+
+
+def test_head_dims_without_probes_are_not_modelled():
+    with pytest.raises(NotImplementedError, match="head dim 96 is not modelled; supported: 64, 128"):
+        we.window_estimate("flex", 4096, window=(64, 0), causal=True, d=96)
+
+
+def test_a_small_call_is_its_compulsory_bytes_less_the_dirty_output():
+    est = we.window_estimate("attnscope", 2048, window=(128, 0), causal=True, d=64, heads=8, dtype="fp16")
+    t = _terms(est)
+    assert est.compulsory == we.window_compulsory(2048, d=64, heads=8) == 4 * 2048 * 8 * 64 * 2
+    assert t["kv_rereads"] == 0.0
+    o = 2048 * 8 * 64 * 2
+    assert -o <= t["dirty_o"] < 0 and est.credits == [(est.terms[-1][2], -t["dirty_o"])]
+    assert est.total == pytest.approx(est.compulsory + t["dirty_o"])
+
+
+def test_floor_and_ceiling_over_random_calls():
+    """Every term is >= 0 but the named dirty-O credit (at most O), and the K/V re-reads are at most the
+    ledger's K/V reads beyond one pass (the estimate never exceeds the logical bytes plus the mask)."""
+    rng = random.Random(39)
+    for _ in range(300):
+        impl, d = rng.choice(we.WINDOW_IMPLS), rng.choice((64, 128))
+        group = rng.choice((1, 2, 4, 8))
+        h, n, b = group * rng.choice((1, 2, 4)), rng.randint(1, 70_000), rng.randint(1, 4)
+        causal = rng.random() < 0.5
+        w = rng.randint(0, n)
+        window = (w, 0) if causal else rng.choice(((w, w), (w, -1), (-1, w), (w, rng.randint(0, n))))
+        l2 = rng.choice((None, 8 * MIB, 50 * MIB))
+        est = we.window_estimate(impl, n, window=window, causal=causal, d=d, dtype="bf16", batch=b, heads=h,
+                                 kv_heads=h // group, l2_bytes=l2)
+        t = _terms(est)
+        assert all(v >= 0 for k, v in t.items() if k != "dirty_o")
+        assert -b * h * n * d * 2 - 1 <= t["dirty_o"] <= 0
+        logical, _ = we.window_ledger(impl, n, window=window, causal=causal, d=d, dtype="bf16", batch=b,
+                                      heads=h, kv_heads=h // group)
+        qo = 2 * b * h * n * d * 2
+        kv_once = 2 * b * (h // group) * n * d * 2
+        assert t["kv_rereads"] <= logical - qo - kv_once + 1
+        assert est.total <= logical + t.get("block_mask", 0) + 1
+
+
+def test_ledger_is_the_traffic_row_of_the_tiles_that_run():
+    logical, name = we.window_ledger("attnscope", 8192, window=(256, 0), causal=True, d=64, heads=16,
+                                     kv_heads=4, batch=2)
+    row = traffic.traffic(8192, 64, "fp16", 64, 64, batch=2, heads=16, kv_heads=4, window=(256, 0),
+                          rows=("flash-causal",))
+    assert logical == row["flash-causal"].total * 32 and "64 x 64 tiles" in name
+
+
+def test_one_kv_head_past_the_l2_is_re_read_by_every_later_head():
+    # one head's pass over 64k keys at d 128 (32 MiB of K/V + its Q/O) is more than the L2 keeps, so each of
+    # the 7 later query heads of the one K/V head reads the set again
+    est = we.window_estimate("attnscope", 65536, window=(1024, 0), causal=True, d=128, dtype="bf16", heads=8,
+                             kv_heads=1)
+    room = est.facts["group_room_l2"] * 60 * MIB
+    assert miss(room / (H200_L2_PARAMS.shared * 60 * MIB), H200_L2_PARAMS.shared_ramp) == 1.0
+    assert _terms(est)["kv_rereads"] == pytest.approx(7 * 65536 * 2 * 128 * 2, rel=0.01)
+    # at 4k keys the set and the pass fit: nothing re-read
+    small = we.window_estimate("attnscope", 4096, window=(1024, 0), causal=True, d=128, dtype="bf16",
+                               heads=8, kv_heads=1)
+    assert _terms(small)["kv_rereads"] == 0.0
+
+
+def test_flex_puts_the_batch_between_a_groups_heads():
+    # attnscope's order keeps a group's heads adjacent; Flex's re-reads the set after the other batches
+    args = dict(window=(512, 0), causal=True, d=128, dtype="bf16", heads=16, kv_heads=2, batch=4)
+    a, f = (we.window_estimate(i, 12000, **args) for i in ("attnscope", "flex"))
+    assert f.facts["group_room_l2"] > max(2 * a.facts["group_room_l2"], H200_L2_PARAMS.shared)
+    assert _terms(f)["kv_rereads"] > 0 == _terms(a)["kv_rereads"]
+
+
+def test_wave_boundaries_re_read_the_band_once_it_outgrows_the_l2():
+    # on a small L2 a wide band misses at each of a head's wave boundaries; a narrow one does not
+    def rr(w):
+        est = we.window_estimate("attnscope", 32768, window=(w, 0), causal=True, d=128, dtype="bf16",
+                                 heads=4, l2_bytes=12 * MIB)
+        return _terms(est)["kv_rereads"], est.facts
+
+    narrow, _ = rr(256)
+    wide, facts = rr(8192)
+    assert narrow < wide
+    tiles, c = facts["tiles_per_head"], facts["concurrent_ctas"]
+    rows = 4 * (tiles - 1) / c * (8192 + facts["block_kv"])  # boundaries x band, 4 heads
+    assert wide >= rows * 2 * 128 * 2 * miss(facts["boundary_room_l2"] / H200_L2_PARAMS.shared,
+                                             H200_L2_PARAMS.shared_ramp) * 0.99
+
+
+def test_flex_reads_its_block_mask_once():
+    est = we.window_estimate("flex", 8192, window=(1000, 0), causal=True, d=64, heads=8)
+    blocks = 8192 // FLEX_BLOCK
+    loaded = sum(min(i, 1000 // FLEX_BLOCK + 2) for i in range(1, blocks + 1))  # blocks i - 8 .. i
+    mask = _terms(est)["block_mask"]
+    assert blocks * 8 + loaded * 4 <= mask < blocks * 8 + loaded * 4 + 32
+
+
+def test_cost_does_not_grow_with_n():
+    # closed forms only: a call of 10^9 keys is estimated as quickly as one of 10^3 (a loop over tiles or
+    # rows would not finish)
+    est = we.window_estimate("attnscope", 10**9, window=(4096, 4096), d=128, dtype="bf16", heads=8,
+                             kv_heads=1)
+    assert est.total > est.compulsory
