@@ -31,6 +31,12 @@ points measuring fewer re-reads than the ideal schedule (issue 18; no measuremen
 diagonal forward, the GQA group's heads in turn; prints the share of the counted re-reads (of Q, dO, LSE2,
 Delta and, ``--atomic``, the fp32 dQ rows) that miss: the check on `model.l2_reuse.diagonal_walk_share`.
 
+``--window L,R`` (``--impl attnscope`` or ``flex``): a sliding-window forward with the geometry
+`model.window_estimate.window_kernel` names (what ``impl="auto"`` dispatches to, or Flex's), each query tile
+walking the KV tiles its window loads, the persistent Gluon kernel as a grid of one CTA per SM (a windowed
+launch is never causal-paired); prints the re-reads beside the window estimate's ``kv_rereads``: the check on
+model/window_estimate.py's wave and group terms.
+
 ``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
 (kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
 rounds, heavy tile then light, every program one K/V tile per step with no barrier between rounds (``--ramp``
@@ -236,6 +242,65 @@ def attention(impl, batch, heads, n, d, causal, cap_fraction, l2_bytes=62_914_56
                     ker.block_q * d * b * p.qo_weight(), cap_fraction * l2_bytes, frame, ramp, jitter, seed)
 
 
+def window_attention(impl, batch, heads, n, d, causal, window, cap_fraction, l2_bytes=62_914_560, sms=132,
+                     dtype="fp16", kv_heads=None, ramp=None):
+    """`simulate` for one sliding-window forward (``impl`` attnscope or flex) with the geometry
+    `model.window_estimate.window_kernel` names; returns (K/V reads beyond one pass in sets, kernel name)."""
+    from attnscope.model.window_estimate import bounded, window_kernel
+
+    hkv = heads if kv_heads is None else kv_heads
+    group = heads // hkv
+    win = bounded(causal, window)
+    name, ker = window_kernel(impl, d, causal, win, batch, heads, hkv, n, sms)
+    g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal, window=win)
+    walk = [list(range(t.first - 1, t.last)) for t in (g.kv_tiles(i) for i in range(1, g.n_q_tiles + 1))]
+    walks = [walk] * (batch * hkv)
+    tiles = range(len(walk))
+    if ker.order == "bh":
+        order = [(bb * hkv + h // group, i) for h in range(heads) for bb in range(batch) for i in tiles]
+    else:
+        order = [(bb * hkv + h // group, i) for bb in range(batch) for h in range(heads) for i in tiles]
+    p = l2.H200_L2_PARAMS
+    b = {"fp16": 2, "bf16": 2}[dtype]
+    args = (sms * ker.ctas_per_sm, 2 * ker.block_kv * d * b, ker.block_q * d * b * p.qo_weight(),
+            cap_fraction * l2_bytes)
+    if ker.persistent and ramp is not None:  # its static round-robin, not a grid's slots
+        return window_static(walk, order, *args, ramp), name + " (static)"
+    return simulate(walks, order, *args, ramp=ramp), name
+
+
+def window_static(walk, order, programs, tile_bytes, qo_bytes, capacity, ramp):
+    """K/V reads beyond one pass, in sets, of a persistent kernel's static schedule (kernels/fwd_hopper.py
+    ``_work`` without causal pairs: tile q of the launch ``order`` on program q % ``programs``): every
+    program reads one K/V tile per step, its tiles one after another with no barrier; Q at a tile's start, O
+    at its end (``qo_bytes`` each); ``walk[i]``: the KV tiles query tile i loads; misses by `StackDistance`
+    (``ramp``) of the LRU stack distances."""
+    queues = [deque(order[p::programs]) for p in range(programs)]
+    touches = sum(len(walk[i]) for _, i in order) + 2 * len(order)
+    sd = StackDistance(capacity, ramp, touches)
+    misses, live = 0.0, []
+    for p, q in enumerate(queues):
+        if q:
+            s, i = q.popleft()
+            sd.touch(("q", p, s, i), qo_bytes)
+            live.append([p, s, i, 0])
+    while live:
+        for r in list(live):
+            p, s, i, pos = r
+            misses += sd.touch((s, walk[i][pos]), tile_bytes)
+            r[3] += 1
+            if r[3] == len(walk[i]):
+                sd.touch(("o", p, s, i), qo_bytes)
+                if queues[p]:
+                    s, i = queues[p].popleft()
+                    sd.touch(("q", p, s, i), qo_bytes)
+                    r[1:] = [s, i, 0]
+                else:
+                    live.remove(r)
+    tiles = len({(s, t) for s, i in order for t in walk[i]})
+    return misses / tiles - 1.0
+
+
 def lockstep_persistent(sets, group, num_m, programs, tile_bytes, qo_bytes, capacity, walk=None,
                         middle_alone=False, n_kv=None, ramp=None):
     """Extra K/V reads, in sets, of attnscope's persistent causal schedule (kernels/fwd_hopper.py ``_work``,
@@ -339,7 +404,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("batch", "heads", "n", "d"):
         ap.add_argument(name, type=int)
-    ap.add_argument("--impl", default="flash", choices=l2.IMPLS[1:])
+    ap.add_argument("--impl", default="flash", choices=(*l2.IMPLS[1:], "flex"))
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--kv-heads", type=int, help="K/V heads (GQA; default: heads)")
     ap.add_argument("--cap", type=float, default=l2.H200_L2_PARAMS.shared, help="L2 capacity, x the L2")
@@ -359,6 +424,8 @@ def main():
                     "counted re-reads that miss (--ramp default: the shared lines' 1.38)")
     ap.add_argument("--atomic", action="store_true",
                     help="with --backward: dQ by fp32 atomics (its rows re-read too)")
+    ap.add_argument("--window", default=None, metavar="L,R",
+                    help="a sliding-window forward (--impl attnscope or flex; write --window=-1,8)")
     ap.add_argument("--attnscope-impl", default="portable", choices=("portable", "auto"),
                     help="attnscope's kernel: the portable one, or the Gluon variant `attnscope bytes` "
                     "estimates for the call (model.dispatch.hopper_variant; non-persistent ones only)")
@@ -376,6 +443,21 @@ def main():
         print(f"attnscope backward {a.backward} B={a.batch} H={heads} N={a.n} d={a.d} "
               f"{'causal' if a.causal else 'unmasked'}{' atomic dQ' if a.atomic else ''}: share of the "
               f"counted re-reads that miss at {a.cap:.3f} x L2: {share:.3f}")
+        return
+    if a.window is not None:
+        from attnscope.model.window_estimate import window_estimate
+
+        win = tuple(int(x) for x in a.window.split(","))
+        extra, name = window_attention(a.impl, a.batch, a.heads, a.n, a.d, a.causal, win, a.cap,
+                                       dtype=a.dtype, kv_heads=a.kv_heads, ramp=a.ramp)
+        est = window_estimate(a.impl, a.n, window=win, causal=a.causal, d=a.d, dtype=a.dtype, batch=a.batch,
+                              heads=a.heads, kv_heads=a.kv_heads)
+        kv_set = 2 * a.n * a.d * 2
+        model = {n: b for n, b, _ in est.terms}["kv_rereads"] / (a.batch * (a.kv_heads or a.heads) * kv_set)
+        print(f"{a.impl} ({name}) B={a.batch} H={a.heads}/{a.kv_heads or a.heads} N={a.n} d={a.d} "
+              f"window {win}{' causal' if a.causal else ''}: K/V reads beyond one pass at {a.cap:.3f} x L2 "
+              f"({'LRU' if a.ramp is None else f'ramp {a.ramp}'}): simulated {extra:.3f} sets, the window "
+              f"estimate {model:.3f} sets")
         return
     if a.persistent:
         extra = persistent(a.batch, a.heads, a.n, a.d, a.cap, a.kv_heads, a.middle_alone, dtype=a.dtype,

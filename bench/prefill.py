@@ -108,8 +108,8 @@ def visible_pairs(n: int, causal: bool, window) -> int:
 #: `attnscope bytes --sweep` grids of issue 39 (``--draw SEED --family F``): the columns, then one drawing
 #: rule per family. Every point fits an H200 with room (tensors under ~9 GB); an ncu pass takes seconds.
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
-                 "cache_lens", "page_size", "kv_dtype", "splits", "lens", "window")
-SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass", "window")
+                 "cache_lens", "page_size", "kv_dtype", "splits", "nq", "lens", "window")
+SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass", "window", "decode_window")
 
 
 def _log_uniform(rng, lo: int, hi: int) -> int:
@@ -130,7 +130,9 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
       pairs: fewer and smaller ones keep the sweep short), otherwise as varlen;
     - fwd_openclass: the forward's open class, SDPA FLASH causal, Hkv 1-4 (Hq >= 4 Hkv), N 20k-40k, B 2-4;
     - window: a sliding-window forward, two attnscope rows per Flex row (each Flex point compiles), B 1-4,
-      N 1k-32k, half causal (W, 0), else (W, W) or one side unbounded, W 32-N log-uniform.
+      N 1k-32k, half causal (W, 0), else (W, W) or one side unbounded, W 32-N log-uniform;
+    - decode_window (rows of pass decode): attnscope's decode as the decode rule draws it (dense, paged,
+      fp8), with a window of W 32-L log-uniform keys (W:0), a quarter of the rows a chunk of 16 queries.
     """
     rng = random.Random(seed)
     modes = {"backward": [("naive", {}), ("flash", {}), ("cudnn", {}), ("attnscope", {"deterministic": 0}),
@@ -140,13 +142,16 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
              "varlen": [("attnscope", {}), ("flex", {})],
              "varlen2": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
              "fwd_openclass": [("flash", {})],
-             "window": [("attnscope", {}), ("attnscope", {}), ("flex", {})]}[family]
+             "window": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
+             "decode_window": [("attnscope", {}), ("attnscope", {"page_size": 1}),
+                               ("attnscope", {"kv_dtype": "fp8"})]}[family]
     combos = [(d, dt) for d in (64, 128) for dt in ("fp16", "bf16")]
     rows = []
     while len(rows) < count:
         impl, extra = modes[len(rows) % len(modes)]
         d, dt = combos[(len(rows) // len(modes)) % len(combos)]
-        kind = {"fwd_openclass": "forward", "varlen2": "varlen"}.get(family, family)
+        kind = {"fwd_openclass": "forward", "varlen2": "varlen",
+                "decode_window": "decode"}.get(family, family)
         row = {"pass": kind, "impl": impl, "d": d, "dtype": dt,
                **extra}
         group = 1 if impl == "naive" else rng.choice((1, 2, 4, 8))
@@ -180,6 +185,10 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
                 row |= {"cache_lens": ";".join(map(str, lens)), "splits": rng.choice((1, 2, 4, 8, 16))}
                 if extra.get("page_size") or (extra.get("kv_dtype") and rng.random() < 0.5):
                     row["page_size"] = rng.choice((16, 32, 64, 128, 256))
+                if family == "decode_window":
+                    row["window"] = f"{_log_uniform(rng, 32, top)}:0"
+                    if rng.random() < 0.25 and min(lens) >= 16:
+                        row["nq"] = 16
             else:
                 row |= {"batch": b, "cache_lens": top}
         rows.append(row)

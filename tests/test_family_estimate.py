@@ -487,3 +487,26 @@ def test_varlen_qo_room_only_moves_the_later_waves_misses_and_never_down():
     kv = 2 * 12 * 3072 * 128 * 2
     assert got[-1] == pytest.approx(kv)  # 288 programs: the second wave re-reads the set once, all missed
     assert rereads(0.0, (1024,)) == rereads(3.0, (1024,)) == 0  # 96 programs: one wave, nothing re-read
+
+
+def test_decode_window_reads_the_windows_blocks_only():
+    # the last query of a 3,000-key sequence sees keys 1,999 .. 2,999 under a (1000, 0) window; the kernel
+    # loads from the 128-key block holding 1,999 (1,920): 79 keys before it, per kv head, K and V
+    base = dict(d=128, dtype="bf16", heads=16, kv_heads=4, splits=2)
+    est = fe.decode_estimate("attnscope", [3000, 700], window=(1000, 0), page_size=16, **base)
+    terms = {n: b for n, b, _ in est.terms}
+    assert est.compulsory == fe.decode_compulsory([3000, 700], d=128, dtype="bf16", heads=16, kv_heads=4,
+                                                  window=(1000, 0))
+    assert fe.decode_window_keys([3000, 700], 1, (1000, 0)) == 1001 + 700
+    assert terms["window_edge"] == 2 * 4 * 79 * 128 * 2
+    # the block table: the window's pages only (sequence 0: pages 120 .. 187 of 16 keys; 1: all 44)
+    assert terms["block_table"] == (-(-68 * 4 // 32) + -(-44 * 4 // 32)) * 32
+    full = fe.decode_estimate("attnscope", [3000, 700], page_size=16, **base)
+    assert est.total < full.total and "window_edge" not in {n for n, _, _ in full.terms}
+    # a window wider than every sequence reads what no window reads
+    wide = fe.decode_estimate("attnscope", [3000, 700], window=(5000, 0), page_size=16, **base)
+    assert wide.compulsory == full.compulsory and {n: b for n, b, _ in wide.terms}["window_edge"] == 0
+    with pytest.raises(NotImplementedError, match="window are attnscope's"):
+        fe.decode_estimate("cudnn", [4096], window=(100, 0), d=128, heads=16)
+    with pytest.raises(ValueError, match="window: expected a window bounding the left side"):
+        fe.decode_compulsory([100], window=(-1, 0))

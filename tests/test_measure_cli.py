@@ -298,3 +298,85 @@ def test_bench_run_counts_every_point_of_the_sweep(monkeypatch, capsys, argv, to
 
     assert bench.run(build_parser().parse_args(["bench", *argv])) == 0
     assert seen and seen[-1].total == total and seen[-1].done == total
+
+
+def test_bytes_window_estimate_only_is_the_window_familys_row(capsys):
+    from attnscope.measure import families
+    from attnscope.model import window_estimate as we
+
+    argv = ["bytes", "--estimate-only", "--impl", "attnscope", "--n", "8192", "--heads", "16", "--kv-heads",
+            "4", "--batch", "2", "--causal", "--dtype", "bf16", "--window", "1024,9", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spec"]["window"] == [1024, 0] and out["measured"] is None  # causal: R = 0
+    est = we.window_estimate("attnscope", 8192, window=(1024, 0), causal=True, d=128, dtype="bf16", batch=2,
+                             heads=16, kv_heads=4)
+    assert out["estimate"] == est.total and out["compulsory"] == est.compulsory
+    assert out["logical"] == families.ledger(out["spec"])[0] and "64 x 64" not in out["ledger"]
+    assert main(["bytes", "--estimate-only", "--impl", "flex", "--n", "4096", "--d", "64",
+                 "--window=-1,300"]) == 0
+    text = capsys.readouterr().out
+    assert "window flex H=32 d=64 fp16 B=1 N=4096 window -1:300" in text and "block_mask:" in text
+
+
+@pytest.mark.parametrize("argv,err", [
+    (["--impl", "flex"], "--window: expected L,R with --impl flex"),
+    (["--impl", "flash", "--window", "8,8"],
+     "--impl: expected one of attnscope, flex with pass window, got 'flash'"),
+    (["--impl", "attnscope", "--window=-1,-1"], "--window: expected a window bounding at least one side"),
+    (["--impl", "attnscope", "--d", "96", "--window", "8,0"],
+     "--d: 96 is not measured; supported: 64, 128"),
+    (["--sweep", "bench/grids/heldout_window.csv", "--window", "3,3"],
+     "--window: expected none with --sweep"),
+    (["--cache-lens", "4096", "--window=-1,0"], "--window: expected L,R with L >= 0 (decode is causal"),
+])
+def test_bytes_window_refuses_in_one_line(argv, err, capsys):
+    assert main(["bytes", "--estimate-only", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"attnscope bytes: error: {err}"), lines
+
+
+def test_bytes_decode_window_counts_the_windows_keys(capsys):
+    from attnscope.model import family_estimate as fe
+    from attnscope.model.serving import paged
+
+    argv = ["bytes", "--estimate-only", "--cache-lens", "32768,1000", "--kv-heads", "8", "--dtype", "bf16",
+            "--splits", "4", "--window", "4096,0", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    g = paged([32768, 1000], None, d=128, dtype="bf16", heads=32, kv_heads=8, num_splits=4, window=(4096, 0))
+    assert out["ceiling_s"] * out["hbm_bytes_per_s"] == pytest.approx(g.row.total)
+    est = out["dram_estimate"]["estimate"]
+    assert est["compulsory"] == fe.decode_compulsory([32768, 1000], d=128, dtype="bf16", heads=32, kv_heads=8,
+                                                     window=(4096, 0))
+    assert "window_edge" in {t["name"] for t in est["terms"]}
+
+
+def test_bytes_window_with_a_measurement(fake_gpu, monkeypatch, capsys):
+    from attnscope.measure import ncu
+
+    csv = (Path(__file__).parent / "data" / "measure" / "ncu_handmade.csv").read_text()
+    call = ncu.split_at_markers(ncu.parse_csv(csv))[1]  # read 96 MiB, write 32 MiB
+    seen = []
+    monkeypatch.setattr(ncu, "measure_spec",
+                        lambda spec, **k: seen.append(spec) or ncu.Measured(call, "none"))
+    assert main(["bytes", "--impl", "attnscope", "--window", "256,256", "--l2-bytes", "60000000", "--sms",
+                 "132", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert seen == [out["spec"]] and seen[0]["pass"] == "window"
+    assert out["measured"]["total"] == 128 * 2**20
+    assert out["estimate_error"] == pytest.approx(out["estimate"] / (128 * 2**20) - 1)
+    assert out["env"] == {"l2_bytes": 60_000_000, "sms": 132}
+
+
+def test_bytes_window_and_family_estimates_import_neither_torch_nor_triton():
+    code = ("import sys, attnscope.cli\n"
+            "a = attnscope.cli.main(['bytes', '--estimate-only', '--impl', 'attnscope',\n"
+            "                        '--window', '512,0', '--causal', '--json'])\n"
+            "b = attnscope.cli.main(['bytes', '--estimate-only', '--json', '-',\n"
+            "                        '--sweep', 'bench/grids/heldout_window.csv'])\n"
+            "print('HEAVY', sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')), a, b)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "HEAVY [] 0 0"

@@ -66,13 +66,17 @@ def _grid(tmp_path, text):
      r"row 2: window: expected a window bounding the left side \(causal bounds the right one\)"),
     ("pass,impl,heads,n,d,window\nwindow,cudnn,8,1024,64,4:4\n", ValueError,
      r"row 2: impl: expected one of attnscope, flex with pass window, got 'cudnn'"),
+    ("pass,impl,batch,heads,d,cache_lens,window\ndecode,cudnn,2,8,64,512,100:0\n", NotImplementedError,
+     r"row 2: window: a window with impl cudnn is not measured; supported: windows with attnscope"),
+    ("pass,impl,heads,d,cache_lens,splits,window\ndecode,attnscope,8,64,512,1,-1:0\n", ValueError,
+     r"row 2: window: expected a window bounding the left side"),
     ("pass,impl,heads,n,d,window\nbackward,flash,8,1024,64,4:4\n", ValueError,
      r"row 2: window: expected no value with pass backward"),
     ("impl,heads,n,d,window\nflash,8,1024,64,4:4\n", ValueError,
      r"row 2: window: expected no value with pass forward \(it takes n, causal\)"),
     ("pass,impl,heads,n,d,cache_lens\ndecode,flash,8,1024,64,4096\n", ValueError,
      r"row 2: n: expected no value with pass decode \(it takes cache_lens, page_size, kv_dtype, splits, "
-     r"nq\)"),
+     r"nq, window\)"),
     ("impl,heads,n,d,lens\nflash,8,1024,64,100;200\n", ValueError,
      r"row 2: lens: expected no value with pass forward \(it takes n, causal\), got '100;200'"),
     ("impl,heads,d\nflash,8,64\n", ValueError, r"row 2: n: expected a value, got none"),
@@ -358,7 +362,8 @@ def test_gpu_kernels_auto_point_runs_the_users_kernels_on_sm90():
 
 
 @pytest.mark.parametrize("cols,vals", [("", ""), (",page_size", ",16"), (",kv_dtype", ",fp8"),
-                                       (",page_size,kv_dtype", ",16,fp8")])
+                                       (",page_size,kv_dtype", ",16,fp8"), (",window", ",10:0"),
+                                       (",page_size,kv_dtype,window", ",16,fp8,7:0")])
 def test_decode_callables_attend_over_each_sequence_cache(cols, vals):
     # wiring, not accuracy (test_decode.py holds the kernels to `kernel_tolerance`): the callable must hand
     # each sequence its own cache rows, pages and scales; 2e-2 is far below the O(0.1) a wrong row gives
@@ -380,6 +385,8 @@ def test_decode_callables_attend_over_each_sequence_cache(cols, vals):
             ki, vi = k[i, :, :n], v[i, :, :n]
         else:  # pages [P, page, Hkv, d] -> the sequence's rows [Hkv, n, d]
             ki, vi = (x[table[i, : -(-n // 16)].long()].flatten(0, 1)[:n].transpose(0, 1) for x in (k, v))
+        lo = max(0, n - 1 - spec["window"][0]) if "window" in spec else 0  # keys n - 1 - left .. n - 1
+        ki, vi = ki[:, lo:], vi[:, lo:]
         want = reference.naive_attention(q[i].double().numpy(), ki.double().numpy(), vi.double().numpy())
         assert float(abs(o[i].double() - torch.from_numpy(want)).max()) < 2e-2
 
@@ -464,3 +471,27 @@ def test_window_callable_attends_within_the_window():
     s = (qd @ kd.expand(2, -1, -1).transpose(-1, -2)) / 8.0
     want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ vd.expand(2, -1, -1)
     assert float(abs(o[0].double() - want).max()) < 2e-2
+
+
+def test_windowed_decode_rows_ledgers_and_the_heldout_grid():
+    from attnscope.model import family_estimate as fe
+    from grid_draws import assert_drawn
+
+    (s,) = physical.parse_grid("g.csv", text="pass,impl,heads,kv_heads,d,cache_lens,page_size,splits,window\n"
+                                             "decode,attnscope,8,2,64,3000;500,64,2,1000:5\n")
+    assert s["window"] == [1000, 0]  # decode is causal: the right side is 0
+    logical, comp, _ = families.ledger(s)
+    g = serving.paged([3000, 500], 64, d=64, dtype="fp16", heads=8, kv_heads=2, num_splits=2,
+                      window=(1000, 0))
+    assert logical == g.row.total and "window 1000:0" in families.label(s)
+    assert comp == fe.decode_compulsory([3000, 500], d=64, heads=8, kv_heads=2, window=(1000, 0)) == \
+        2 * 2 * 8 * 64 * 2 + 2 * 2 * (1001 + 500) * 64 * 2
+    est, note = families.estimate(s)
+    assert note == "" and "window_edge" in {n for n, _, _ in est.terms}
+    rows = assert_drawn("heldout_decode_window.csv", "decode_window", 3960)
+    specs = physical.parse_grid(GRIDS / "heldout_decode_window.csv")
+    assert len(specs) == len(rows) == 48 and all(x["impl"] == "attnscope" and "window" in x for x in specs)
+    assert {(x["d"], x["dtype"]) for x in specs} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
+    assert {"page_size" in x for x in specs} == {True, False} and any(x.get("kv_dtype") for x in specs)
+    assert any(x.get("nq") for x in specs)
+    assert all(families.estimate(x)[0] is not None for x in specs)

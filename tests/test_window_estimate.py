@@ -142,3 +142,37 @@ def test_cost_does_not_grow_with_n():
     est = we.window_estimate("attnscope", 10**9, window=(4096, 4096), d=128, dtype="bf16", heads=8,
                              kv_heads=1)
     assert est.total > est.compulsory
+
+
+def _l2_sim():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "l2_sim.py"
+    spec = importlib.util.spec_from_file_location("l2_sim", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_ideal_machine_agrees_where_the_schedule_stays_in_step():
+    # bench/l2_sim.py --window: the same kernels (window_kernel) through an LRU of stack distances at the
+    # shared lines' ramp; a narrow window on the portable kernel re-reads nothing in either, one K/V head
+    # past the L2 makes every later head re-read the set in both, Flex's batch between a group's heads too
+    sim = _l2_sim()
+    ramp = H200_L2_PARAMS.shared_ramp
+    cases = [("attnscope", 2, 16, 4, 8192, 64, True, (256, 0), 0.0),
+             ("attnscope", 1, 8, 1, 65536, 128, True, (8192, 0), 7.0),
+             ("flex", 4, 32, 8, 16384, 128, True, (2048, 0), 3.0)]
+    for impl, b, h, hkv, n, d, causal, window, want in cases:
+        got, name = sim.window_attention(impl, b, h, n, d, causal, window, H200_L2_PARAMS.shared,
+                                         dtype="bf16", kv_heads=hkv, ramp=ramp)
+        est = we.window_estimate(impl, n, window=window, causal=causal, d=d, dtype="bf16", batch=b, heads=h,
+                                 kv_heads=hkv)
+        sets = _terms(est)["kv_rereads"] / (b * hkv * 2 * n * d * 2)
+        assert got == pytest.approx(want, abs=0.5), (name, got)
+        assert sets == pytest.approx(want, abs=0.05), (name, sets)
+    # hopper_persist's static round-robin (program p: tiles p, p + C, ...) is what the machine runs for it
+    _, name = sim.window_attention("attnscope", 1, 4, 32768, 128, True, (16384, 0), H200_L2_PARAMS.shared,
+                                   dtype="bf16", ramp=ramp)
+    assert name == "hopper_persist (static)"

@@ -6,8 +6,10 @@ model/window_estimate.py for window, model/l2.py for the forward), or why it has
 from __future__ import annotations
 
 import json
+import re
 
 from attnscope.cli._out import MiB, _clean, console, print_json, table
+from attnscope.errors import InputError, expect
 from attnscope.inputs import write_atomic
 from attnscope.measure import families, physical
 from attnscope.model import l2 as l2_model
@@ -65,3 +67,55 @@ def decode_estimate_line(spec: dict, sms: int | None) -> str:
     terms = "; ".join(f"{n} {b / MiB:,.3f} MiB" for n, b, _ in est.terms)
     return (f"DRAM estimate (model/family_estimate.py): {est.total / MiB:,.3f} MiB = compulsory "
             f"{est.compulsory / MiB:,.3f} MiB + {terms}")
+
+
+def window_spec(args) -> dict:
+    """The window family's spec of `bytes --window L,R` (one forward with a sliding window, --impl attnscope
+    or flex), validated as a grid row (`physical.point`: one line naming the field)."""
+    from attnscope.cli.analytic import window_arg
+
+    win = window_arg(args.window)
+    expect(win is not None, "--window", "L,R with --impl flex (Flex's call here is a sliding-window one)",
+           args.window)
+    raw = {"pass": "window", "impl": args.impl, "batch": args.batch, "heads": args.heads,
+           "kv_heads": args.kv_heads or 0, "n": args.n, "d": args.d, "dtype": args.dtype,
+           "causal": args.causal, "window": list(win)}
+    try:
+        return physical.point(raw, "row")
+    except (InputError, NotImplementedError) as e:  # "row: field: ..." -> "--field: ..." (the flag given)
+        raise type(e)(re.sub(r"^row: (\w+):", lambda m: f"--{m.group(1).replace('_', '-')}:", str(e))) \
+            from None
+
+
+def window_report(args, spec: dict, measured, l2: int | None, sms: int | None) -> int:
+    """`bytes --window L,R`: the call's logical ledger, compulsory bytes and DRAM estimate
+    (model/window_estimate.py, on --l2-bytes / --sms or the --device entry's), beside ncu's ``measured``
+    bytes (`ncu.Measured`) where it ran."""
+    dev = roofline.device(args.device)
+    l2, sms = l2 or dev.l2, sms or dev.sms
+    r = families.row(spec, [measured.total if measured and measured.total else 1], l2, sms)
+    errors = {"logical_error": r.error, **({"estimate_error": r.estimate_error} if r.estimate else {})} \
+        if measured and measured.total else {}
+    if args.json:
+        print_json({"spec": spec, "label": r.label(), "ledger": r.ledger, "logical": r.logical,
+                    "compulsory": r.compulsory, "estimate": r.estimate, "note": r.note,
+                    "estimate_terms": [{"name": n, "bytes": b, "what": w} for n, b, w in r.terms],
+                    "measured": measured.to_json() if measured else None, **errors,
+                    "env": {"l2_bytes": l2, "sms": sms}})
+        return 0
+    vs = {k: f"{v:+.1%}" for k, v in errors.items()}
+    rows = [[f"logical ledger ({r.ledger})", f"{r.logical / MiB:,.2f}", vs.get("logical_error", "")],
+            ["compulsory (Q, K, V read once, O written once)", f"{r.compulsory / MiB:,.2f}", ""],
+            ["DRAM estimate (model/window_estimate.py)",
+             "-" if r.estimate is None else f"{r.estimate / MiB:,.2f}", vs.get("estimate_error", "")]]
+    rows += [[f"  {n}", f"{b / MiB:+,.3f}", ""] for n, b, _ in r.terms]
+    if measured:
+        rows.append([f"measured (ncu, cache-control {measured.cache_control})",
+                     f"{measured.total / MiB:,.2f}", ""])
+    console().print(table(f"DRAM bytes of the whole call, MiB: {r.label()}", ["", "MiB", "vs measured"], rows,
+                          caption=f"L2 {l2 / MiB:,.1f} MiB, {sms} SMs"))
+    for n, _, w in r.terms:
+        console().print(f"{n}: {w}")
+    if r.estimate is None:
+        console().print(f"DRAM estimate: none, {r.note}")
+    return 0

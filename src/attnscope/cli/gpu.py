@@ -144,8 +144,16 @@ def _bytes_decode(args) -> int:
                getattr(args, flag))
     dev = roofline.device(args.device)
     nq = 1 if args.nq is None else args.nq
+    window = None
+    if args.window is not None:
+        from attnscope.cli.analytic import window_arg
+        from attnscope.model.tiles import normalize_window
+
+        window = normalize_window(True, window_arg(args.window))
+        expect(window[0] >= 0, "--window", "L,R with L >= 0 (decode is causal: the left side bounds)",
+               args.window)
     kw = dict(nq=nq, d=args.d, dtype=args.dtype, heads=args.heads, kv_heads=args.kv_heads,
-              num_splits=args.splits, capacity=args.capacity)
+              num_splits=args.splits, capacity=args.capacity, window=window)
     lens = int_list("--cache-lens", args.cache_lens)
     g = paged(lens, args.page_size, kv_dtype=args.kv_dtype, **kw)
     base = g if g.kv_dtype == args.dtype else paged(lens, args.page_size, **kw)
@@ -154,7 +162,8 @@ def _bytes_decode(args) -> int:
     spec = {"pass": "decode", "impl": "attnscope", "heads": args.heads, "kv_heads": args.kv_heads,
             "d": args.d, "dtype": args.dtype, "cache_lens": lens, "page_size": args.page_size,
             "splits": args.splits, "nq": nq,
-            **({"kv_dtype": "fp8"} if g.kv_dtype == "fp8" else {})}
+            **({"kv_dtype": "fp8"} if g.kv_dtype == "fp8" else {}),
+            **({"window": list(window)} if window else {})}
     if args.json:
         out = {"impl": "attnscope decode", "device": dev.name, "hbm_bytes_per_s": dev.hbm,
                "ceiling_s": g.row.total / dev.hbm, **g.to_json(),
@@ -184,6 +193,9 @@ def _bytes(args) -> int:
     for flag in ("page_size", "capacity", "kv_dtype", "nq"):
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "to come with --cache-lens",
                getattr(args, flag))
+    windowed = args.window is not None or args.impl == "flex"
+    expect(not windowed or not (args.sweep or args.from_json or args.calibrate), "--window",
+           "none with --sweep, --from-json or --calibrate (a grid row names its own window)", args.window)
     expect(args.splits == 1, "--splits", "to come with --cache-lens", args.splits)
     _machine_flags(args)
     if not 1 <= args.repeat <= physical.MAX_REPEAT:
@@ -202,6 +214,20 @@ def _bytes(args) -> int:
     if args.json not in (None, "-"):
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
+    if windowed:
+        from attnscope.cli import family_bytes
+
+        spec = family_bytes.window_spec(args)
+        l2, sms, measured = args.l2_bytes, args.sms, None
+        if not args.estimate_only:
+            if (code := _no_gpu("bytes")) is not None:
+                return code
+            l2, sms = _l2_sms(args)
+            try:
+                measured = ncu.measure_spec(spec, cache_control=args.cache_control)
+            except ncu.NcuError as e:
+                return _fail("bytes", str(e))
+        return family_bytes.window_report(args, spec, measured, l2, sms)
 
     _positive(args, "n", "d", "heads", "batch", "kv_heads")
     hkv = args.heads if args.kv_heads is None else args.kv_heads
@@ -559,9 +585,14 @@ def configure(sub) -> None:
                                    "(dram__bytes_read.sum, dram__bytes_write.sum; profiler started and "
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
-    p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=ncu.IMPLS,
-                   help=f"implementation measured {SPEC}")
+    p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=(*ncu.IMPLS, "flex"),
+                   help=f"implementation measured (flex: with --window only) {SPEC}")
     _shape(p, json_flag=False)
+    p.add_argument("--window", default=None, metavar="L,R",
+                   help="a sliding window (flash-attn's window_size; causal forces R = 0; write "
+                        "negative values as --window=-1,8): one forward of --impl attnscope or flex "
+                        "against the window family's ledger and estimate (model/window_estimate.py); "
+                        "with --cache-lens the decode's window (L bounds)")
     p.add_argument("--kv-heads", type=int, default=None,
                    help="K/V heads (GQA/MQA): a divisor of --heads (default: --heads)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=path_arg,

@@ -15,7 +15,8 @@ model/l2.py), or one of
 - ``decode``: one query row per sequence against a KV cache of ``cache_lens``: SDPA ``flash`` / ``cudnn``
   on a dense cache of equal lengths, ``attnscope`` `flash_decode` on a dense cache, a paged one
   (``page_size``) and an e4m3 one (``kv_dtype`` fp8), with ``splits`` KV splits and ``nq`` query rows
-  per sequence (a chunk; default 1). Ledger: model/serving.py's `paged` (SDPA's with one split).
+  per sequence (a chunk; default 1), optionally a sliding ``window`` (``left:right``: decode is causal, the
+  left side bounds). Ledger: model/serving.py's `paged` (SDPA's with one split).
 - ``varlen``: one packed call over sequences of ``lens``: ``attnscope`` `flash_attention_varlen`, ``flex``
   (Flex attention with a document mask, compiled). Ledger: model/serving.py's `packed`.
 - ``window``: a forward with a sliding window (``window``: ``left:right``, -1 unbounded, one side bounded at
@@ -46,7 +47,8 @@ IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash
          "varlen": ("attnscope", "flex"), "window": ("attnscope", "flex")}
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
 COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels"),
-           "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq"), "varlen": ("lens", "causal"),
+           "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq", "window"),
+           "varlen": ("lens", "causal"),
            "window": ("n", "causal", "window")}
 FAMILY_COLUMNS = ("deterministic", "kernels", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq",
                   "window")
@@ -177,6 +179,10 @@ def point(got: dict, spec: dict, where: str) -> dict:
                              f"({min(spec['cache_lens'])}: the queries are the last nq positions), got {nq}")
         if nq > 1:
             spec["nq"] = nq
+    if got.get("window") not in ("", None):
+        if impl != "attnscope":
+            raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
+        spec["window"] = _window(where, got["window"], True)
     if impl != "attnscope":  # SDPA: one dense [B, Hkv, L, d] cache, no per-sequence length
         for col, v in (("page_size", page), ("kv_dtype", kv), ("splits", splits)):
             if v not in ("", None) and not (col == "kv_dtype" and v == spec["dtype"]):
@@ -271,10 +277,11 @@ def ledger(spec: dict) -> tuple[int, int, str]:
                                                  kv_heads=hkv)
         return p[row].total * h, comp, f"model/serving.py packed {row}"
     lens, kv_dtype, nq = spec["cache_lens"], spec.get("kv_dtype", spec["dtype"]), spec.get("nq", 1)
+    window = tuple(spec["window"]) if "window" in spec else None
     g = serving.paged(lens, spec.get("page_size"), nq=nq, d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
-                      num_splits=spec.get("splits", 1), kv_dtype=kv_dtype)
+                      num_splits=spec.get("splits", 1), kv_dtype=kv_dtype, window=window)
     comp = family_estimate.decode_compulsory(lens, nq=nq, d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
-                                             kv_dtype=kv_dtype)
+                                             kv_dtype=kv_dtype, window=window)
     return g.row.total, comp, f"model/serving.py paged ({g.row.name}, {g.num_splits} split(s))"
 
 
@@ -295,7 +302,8 @@ def label(spec: dict) -> str:
     cache = f"paged {s['page_size']}" if s.get("page_size") else "dense"
     return (f"{head} cache_lens={_lens_text(s['cache_lens'])} {cache} {s.get('kv_dtype', s['dtype'])}"
             + (f" splits={s['splits']}" if s.get("splits") else "")
-            + (f" nq={s['nq']}" if s.get("nq") else ""))
+            + (f" nq={s['nq']}" if s.get("nq") else "")
+            + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
 
 
 def _lens_text(lens: list[int]) -> str:
@@ -380,7 +388,8 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
             return fe.decode_estimate(spec["impl"], spec["cache_lens"], nq=spec.get("nq", 1), d=d,
                                       dtype=dtype, heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
                                       kv_dtype=spec.get("kv_dtype"), splits=spec.get("splits"), sms=sms,
-                                      l2_bytes=l2_bytes), ""
+                                      l2_bytes=l2_bytes,
+                                      window=tuple(spec["window"]) if "window" in spec else None), ""
         if spec["pass"] == "window":
             return we.window_estimate(**window_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":

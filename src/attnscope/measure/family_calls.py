@@ -78,9 +78,9 @@ def _decode(torch, spec, dt, h, hkv, d, dev):
     if spec.get("kv_dtype") == "fp8":
         (k, ks), (v, vs) = (attnscope.quantize_kv(x, head_axis=axis) for x in (k, v))
         scales = {"k_scale": ks, "v_scale": vs}
-    splits = spec["splits"]
-    return (lambda: attnscope.flash_decode(q, k, v, seqlens, table, num_splits=splits, **scales)), \
-        (q, k, v, seqlens, table, scales)
+    splits, window = spec["splits"], tuple(spec["window"]) if "window" in spec else None
+    return (lambda: attnscope.flash_decode(q, k, v, seqlens, table, num_splits=splits, window=window,
+                                           **scales)), (q, k, v, seqlens, table, scales)
 
 
 def _varlen(torch, spec, dt, h, hkv, d, dev):

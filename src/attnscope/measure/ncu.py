@@ -286,6 +286,12 @@ def measure(impl: str, n: int = 4096, d: int = 128, heads: int = 32, batch: int 
     spec = {"impl": impl, "n": n, "d": d, "heads": heads, "batch": batch, "dtype": dtype, "causal": causal}
     if kv_heads is not None and kv_heads != heads:
         spec["kv_heads"] = kv_heads
+    return measure_spec(spec, cache_control, timeout_s)
+
+
+def measure_spec(spec: dict, cache_control: str = "none", timeout_s: float | None = None) -> Measured:
+    """DRAM bytes of one call of a validated spec (a forward one, or a family's: measure/physical.point),
+    measured by ncu (``timeout_s``: `run`)."""
     text, output = run([spec], cache_control=cache_control, timeout_s=timeout_s)
     status = child_status(output)
     if status and not status[0].get("ok"):

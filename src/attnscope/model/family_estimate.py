@@ -40,7 +40,7 @@ from attnscope.model.l2 import (  # the forward estimate's rules for dirty outpu
 )
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid
+from attnscope.model.tiles import Grid, normalize_window, window_kv_bounds0
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
 DECODE_IMPLS = ("flash", "cudnn", "attnscope")
@@ -142,16 +142,28 @@ def _lens(name: str, values) -> list[int]:
 
 # --- decode -------------------------------------------------------------------------------------------
 def decode_compulsory(cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp16", heads: int = 32,
-                      kv_heads: int | None = None, kv_dtype: str | None = None) -> int:
-    """Q read and O written once, the valid K/V rows read once per kv head at the cache's width, and the
-    e4m3 cache's per-head fp32 scales (2 x Hkv): the least a decode call moves, whole call."""
+                      kv_heads: int | None = None, kv_dtype: str | None = None, window=None) -> int:
+    """Q read and O written once, the valid K/V rows read once per kv head at the cache's width (with a
+    sliding ``window``, the keys its queries see: `decode_window_keys`), and the e4m3 cache's per-head fp32
+    scales (2 x Hkv): the least a decode call moves, whole call."""
     lens = _lens("cache_lens", cache_lens)
     h, hkv = _heads(heads, kv_heads)
     b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
     kv_b = DTYPE_BYTES[choice("kv_dtype", kv_dtype or dtype, (dtype, "fp8"))]
     comp = 2 * len(lens) * h * positive_int("nq", nq) * positive_int("d", d) * b + \
-        2 * hkv * sum(lens) * d * kv_b
+        2 * hkv * decode_window_keys(lens, nq, window) * d * kv_b
     return comp + (2 * hkv * STAT_BYTES if kv_b == 1 else 0)
+
+
+def decode_window_keys(lens, nq: int, window) -> int:
+    """Keys the last ``nq`` queries of the sequences see, summed: all of them without a ``window``; with one
+    (decode is causal: `tiles.normalize_window` with causal, a bounded left side) ``min(len, nq + left)``
+    each. A window that bounds no side is refused in one line naming ``window``."""
+    if window is None:
+        return sum(lens)
+    left, _ = normalize_window(True, window)
+    expect(left >= 0, "window", "a window bounding the left side (decode is causal)", window)
+    return sum(min(n, nq + left) for n in lens)
 
 
 def flash_splits(batch: int, heads: int, kv_heads: int, seqlen_k: int, d: int, sms: int) -> tuple[int, int]:
@@ -192,7 +204,8 @@ def _attnscope_decode_geometry(group: int, nq: int, splits: int, d: int) -> dict
 def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp16", heads: int = 32,
                     kv_heads: int | None = None, page_size: int | None = None, kv_dtype: str | None = None,
                     splits: int | None = None, sms: int | None = None, l2_bytes: int | None = None,
-                    device: str = "h200", params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+                    device: str = "h200", params: FamilyParams = H200_FAMILY_PARAMS,
+                    window=None) -> FamilyEstimate:
     """Estimated DRAM bytes of one decode call, whole call.
 
     Parameters
@@ -204,6 +217,9 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     splits: attnscope's KV splits (required for it); SDPA FLASH's come from PyTorch's heuristic.
     sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
     params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
+    window: attnscope's sliding window ``(left, right)`` (causal: the left side bounds; None: none): the
+        compulsory K/V are the keys the queries see, and the kernel reads them from the start of the
+        `DECODE_BLOCK_N` block that holds the first (the ``window_edge`` term); every other term as without.
 
     Returns
     -------
@@ -213,16 +229,18 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     lens = _lens("cache_lens", cache_lens)
     h, hkv = _heads(heads, kv_heads)
     group, B = h // hkv, len(lens)
-    comp = decode_compulsory(lens, nq=nq, d=d, dtype=dtype, heads=h, kv_heads=hkv, kv_dtype=kv_dtype)
+    comp = decode_compulsory(lens, nq=nq, d=d, dtype=dtype, heads=h, kv_heads=hkv, kv_dtype=kv_dtype,
+                             window=window)
     kv_b = DTYPE_BYTES[kv_dtype or dtype]
-    kv = 2 * hkv * sum(lens) * d * kv_b
+    kv = 2 * hkv * decode_window_keys(lens, nq, window) * d * kv_b
     qo = B * h * nq * d * DTYPE_BYTES[dtype]  # Q (= O) bytes
     l2 = _l2_bytes(l2_bytes, device)
     what = f"decode {impl}"
     terms, facts = [], {"group": group}
     if impl != "attnscope":
-        if nq != 1 or page_size is not None or (kv_dtype or dtype) != dtype or splits is not None:
-            raise NotImplementedError(f"{what}: nq, page_size, kv_dtype and splits are attnscope's; "
+        if nq != 1 or page_size is not None or (kv_dtype or dtype) != dtype or splits is not None or \
+                window is not None:
+            raise NotImplementedError(f"{what}: nq, page_size, kv_dtype, splits and window are attnscope's; "
                                       "supported for SDPA: one query row on a dense cache of the queries' "
                                       "dtype")
         expect(len(set(lens)) == 1, "cache_lens", "one length (SDPA takes a dense cache)", lens)
@@ -257,13 +275,21 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     facts |= geo | {"splits": splits}
     terms.append(("cache_seqlens", _sectors(B * 4), "one int32 per sequence, read once (the other programs' "
                                                    "reads hit the L2)"))
+    block_n = 64 if geo["block_m"] > 32 else 128  # heuristics.py `_block_config`
+    # keys [lo, hi) each sequence's row tile loads (all of them without a window)
+    spans = [(0, n) if window is None else window_kv_bounds0(0, nq, nq, n, block_n, True, window)[::3]
+             for n in lens]
+    if window is not None:
+        edge = sum(hi - lo for lo, hi in spans) - decode_window_keys(lens, nq, window)
+        terms.append(("window_edge", 2 * hkv * edge * d * kv_b, f"{edge:,} keys before each window's first "
+                                                                 f"key in its {block_n}-key block, loaded"))
+        kv += 2 * hkv * edge * d * kv_b
     if page_size is not None:
         positive_int("page_size", page_size)
-        table = sum(_sectors(-(-n // page_size) * 4) for n in lens)
-        terms.append(("block_table", table, "each sequence's page ids once, in 32 B sectors"))
+        table = sum(_sectors((-(-hi // page_size) - lo // page_size) * 4) for lo, hi in spans)
+        terms.append(("block_table", table, "each sequence's page ids once (the window's), in 32 B sectors"))
     elif nq > 1:  # the plan pages a dense cache for a chunk: its own table, one id per BLOCK_N keys
-        block_n = 64 if geo["block_m"] > 32 else 128  # heuristics.py `_block_config`
-        table = sum(_sectors(-(-n // block_n) * 4) for n in lens)
+        table = sum(_sectors((-(-hi // block_n) - lo // block_n) * 4) for lo, hi in spans)
         terms.append(("block_table", table, f"the plan's table over the dense cache ({block_n} keys per id)"))
     if geo["row_tiles"] > 1:
         share = need(params, "row_tile_kv_miss", f"{what} with {geo['row_tiles']} row tiles")

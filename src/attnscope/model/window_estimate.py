@@ -15,10 +15,13 @@ take `L2Params.qo_weight` of a K/V byte of room):
   rows (one K/V tile of alignment more) the last tile of the wave before read, behind a whole wave's band
   ``C B_r + left + right`` rows and its Q/O (a windowed launch never pairs or interleaves causal tiles: the
   window's right bound carries the diagonal, kernels/fwd_hopper.py);
-- the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after the
-  rest of one head's pass (the set and the head's Q/O, less the band of the line's own readers), with the
-  batch between ("bh", Flex) after B of them; a group whose heads share a wave reads the set together (the
-  wave's distance).
+- the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after one
+  head's pass over the set and the Q/O of the tiles launched between the line's last reader and its next
+  first one (the pass less the band's width), with the batch between ("bh", Flex) after B passes; a group
+  whose heads share a wave reads the set together (the wave's distance). bench/l2_sim.py --window checks it
+  on an ideal machine: the same K/V between, and the Q/O of as many tiles where the band is wide; with a
+  narrow band (tens of steps a tile) its CTAs drift out of the waves and up to C / 2 fewer tiles' Q/O lie
+  between (a gap about 10 % shorter at N 40k, d 128).
 
 The kernels are what ``flash_attention(..., window=...)`` runs on an sm_90 GPU (`window_kernel`: the
 dispatch rule's pick, `model.dispatch`) and Flex attention's forward with a sliding-window block mask
@@ -153,11 +156,11 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     m_w = miss(room_w / cap, ramp)
     m_x = miss(band / cap, ramp)
     inside = batch * h * ((per_head - crossing) * m_w + crossing * m_x) * kv_row
-    # a group's later heads re-read a line after the rest of one head's pass beyond the line's readers (the
-    # band's width; B passes with the batch between them); heads that share a wave read it together
+    # a group's later heads re-read a line after one head's pass over the set (B passes with the batch between
+    # them) and the Q/O of the tiles launched between its last reader and its next first one (the pass less
+    # the band's width); heads that share a wave read it together
     passes = 1 if adjacent == group else batch
-    room_g = max(room_w, max(0, passes * n - width) * kv_row + max(0.0, passes * tiles - width / ker.block_q)
-                 * q_o)
+    room_g = max(room_w, passes * n * kv_row + max(0.0, passes * tiles - width / ker.block_q) * q_o)
     m_g = miss(room_g / cap, ramp)
     group_rr = batch * hkv * (group - 1) * n * kv_row * m_g
     facts = {"kernel": name, "block_q": ker.block_q, "block_kv": ker.block_kv, "concurrent_ctas": c,
