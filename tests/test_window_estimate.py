@@ -176,3 +176,9 @@ def test_the_ideal_machine_agrees_where_the_schedule_stays_in_step():
     _, name = sim.window_attention("attnscope", 1, 4, 32768, 128, True, (16384, 0), H200_L2_PARAMS.shared,
                                    dtype="bf16", ramp=ramp)
     assert name == "hopper_persist (static)"
+
+
+def test_the_ledger_refuses_an_unprobed_head_dim_as_the_estimate_does():
+    for f in (we.window_ledger, we.window_estimate):
+        with pytest.raises(NotImplementedError, match="head dim 256 is not modelled"):
+            f("attnscope", 4096, window=(64, 0), causal=True, d=256)

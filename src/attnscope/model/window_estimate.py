@@ -69,9 +69,13 @@ def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: in
     """(name, `Kernel`) of what ``impl`` runs for an n x n call with ``window`` on an sm_90 GPU with ``sms``
     SMs: attnscope's portable kernel in its window tiles where `dispatch.portable_window` takes the window,
     else the Gluon variant `dispatch.hopper_variant` picks (else the portable kernel's table tiles); Flex's
-    forward (`FLEX_KERNELS`, loading whole 128-key sparse blocks)."""
+    forward (`FLEX_KERNELS`, loading whole 128-key sparse blocks). A head dim the L2 probes did not measure
+    (`l2.VALIDATED_HEAD_DIMS`) raises NotImplementedError."""
     choice("impl", impl, WINDOW_IMPLS)
     win = bounded(causal, window)
+    if d not in VALIDATED_HEAD_DIMS:
+        raise NotImplementedError(f"window {impl}: head dim {d} is not modelled; supported: "
+                                  f"{', '.join(map(str, VALIDATED_HEAD_DIMS))} (the L2 probes' head dims)")
     if impl == "flex":
         return "flex", FLEX_KERNELS[d]._replace(block_kv=FLEX_BLOCK)
     if dispatch.portable_window(d, win, n, n, causal):
@@ -130,9 +134,6 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     positive_int("n", n)
     positive_int("batch", batch)
     left, right = bounded(causal, window)
-    if d not in VALIDATED_HEAD_DIMS:
-        raise NotImplementedError(f"window {impl}: head dim {d} is not modelled; supported: "
-                                  f"{', '.join(map(str, VALIDATED_HEAD_DIMS))} (the L2 probes' head dims)")
     b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
     l2, n_sms = _l2_bytes(l2_bytes, device), _sms(sms, device)
     name, ker = window_kernel(impl, d, causal, (left, right), batch, h, hkv, n, n_sms)
