@@ -246,11 +246,12 @@ def window_attention(impl, batch, heads, n, d, causal, window, cap_fraction, l2_
                      dtype="fp16", kv_heads=None, ramp=None):
     """`simulate` for one sliding-window forward (``impl`` attnscope or flex) with the geometry
     `model.window_estimate.window_kernel` names; returns (K/V reads beyond one pass in sets, kernel name)."""
-    from attnscope.model.window_estimate import bounded, window_kernel
+    from attnscope.model.tiles import bounded_window
+    from attnscope.model.window_estimate import window_kernel
 
     hkv = heads if kv_heads is None else kv_heads
     group = heads // hkv
-    win = bounded(causal, window)
+    win = bounded_window(causal, window)
     name, ker = window_kernel(impl, d, causal, win, batch, heads, hkv, n, sms)
     g = Grid(n, n, ker.block_q, ker.block_kv, causal=causal, window=win)
     walk = [list(range(t.first - 1, t.last)) for t in (g.kv_tiles(i) for i in range(1, g.n_q_tiles + 1))]
@@ -357,23 +358,27 @@ def persistent(batch, heads, n, d, cap_fraction, kv_heads=None, middle_alone=Fal
                                lambda t: g.kv_bounds(t + 1)[1], middle_alone, g.n_kv_tiles, ramp)
 
 
-def backward_walk(sets, per_set, q_tiles, step, heads, concurrent, tile_bytes, capacity, ramp, causal=True):
+def backward_walk(sets, per_set, q_tiles, step, heads, concurrent, tile_bytes, capacity, ramp, causal=True,
+                  bands=None):
     """Share of the counted re-reads of attnscope's dK/dV kernel (kernels/bwd.py, kernels/bwd_hopper.py) that
     miss, under the ideal schedule: ``sets`` x ``per_set`` CTAs in grid order (key tiles fastest), C =
     ``concurrent`` slots, a finished CTA's slot taken by the next at once; CTA j walks query tiles from its
     diagonal (causal: tile int(j ``step``)) to the last of ``q_tiles``, for each of ``heads`` query heads in
     turn, one tile (``tile_bytes``: its rows and their fp32 dQ) per step. Each re-use misses `l2.miss` of its
     LRU stack distance over ``capacity`` with ``ramp`` (`StackDistance`). The check on
-    `model.l2_reuse.diagonal_walk_share`."""
+    `model.l2_reuse.diagonal_walk_share`. ``bands``: per key tile the query tiles [lo, hi) it walks instead (a
+    sliding window's, `window_bands`): the check on `model.window_estimate.band_rereads` in the backward."""
     ctas = [(s, j) for s in range(sets) for j in range(per_set)]
-    first = [min(q_tiles, int(j * step)) if causal else 0 for j in range(per_set)]
-    touches = sum(heads * (q_tiles - first[j]) for _, j in ctas)
+    if bands is None:
+        bands = [(min(q_tiles, int(j * step)) if causal else 0, q_tiles) for j in range(per_set)]
+    first = [lo for lo, _ in bands]
+    touches = sum(heads * (bands[j][1] - first[j]) for _, j in ctas)
     sd = StackDistance(capacity, ramp, touches + 1)
     seen, missed, counted = set(), 0.0, 0
 
     def walk(s, j):
         for g in range(heads):
-            for m in range(first[j], q_tiles):
+            for m in range(first[j], bands[j][1]):
                 yield (s, g, m)
 
     queue, live = iter(ctas), []
@@ -398,6 +403,17 @@ def backward_walk(sets, per_set, q_tiles, step, heads, concurrent, tile_bytes, c
             seen.add(key)
         live = still
     return missed / counted if counted else 0.0
+
+
+def window_bands(n, q, kv, causal, window):
+    """Per key tile of ``kv`` keys, the query tiles [lo, hi) (of ``q`` rows) holding a row whose window sees
+    one of its keys: the forward's grid transposed, the window mirrored
+    (`backward_estimate.q_rows_per_key_pass`)."""
+    from attnscope.model.tiles import normalize_window
+
+    left, right = normalize_window(causal, window)
+    g = Grid(n, n, kv, q, window=(right, left))
+    return [(t.first - 1, t.last) for t in (g.kv_tiles(j) for j in range(1, g.n_q_tiles + 1))]
 
 
 def main():
@@ -436,9 +452,11 @@ def main():
 
         ker, b, g = BWD_KERNELS[a.backward][a.d], DTYPE_BYTES[a.dtype], a.heads // (a.kv_heads or a.heads)
         tile = ker.q * (2 * a.d * b + 8 + (4 * a.d if a.atomic else 0))
+        bands = None if a.window is None else \
+            window_bands(a.n, ker.q, ker.kv, a.causal, tuple(int(x) for x in a.window.split(",")))
         share = backward_walk(a.batch * (a.kv_heads or a.heads), -(-a.n // ker.kv), -(-a.n // ker.q),
                               ker.kv / ker.q, g, 132, tile, a.cap * 62_914_560,
-                              a.ramp or l2.H200_L2_PARAMS.shared_ramp, a.causal)
+                              a.ramp or l2.H200_L2_PARAMS.shared_ramp, a.causal, bands)
         heads = f"{a.heads}/{a.kv_heads or a.heads}"
         print(f"attnscope backward {a.backward} B={a.batch} H={heads} N={a.n} d={a.d} "
               f"{'causal' if a.causal else 'unmasked'}{' atomic dQ' if a.atomic else ''}: share of the "

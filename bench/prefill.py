@@ -109,7 +109,8 @@ def visible_pairs(n: int, causal: bool, window) -> int:
 #: rule per family. Every point fits an H200 with room (tensors under ~9 GB); an ncu pass takes seconds.
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
                  "cache_lens", "page_size", "kv_dtype", "splits", "nq", "lens", "window")
-SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass", "window", "decode_window")
+SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass", "window", "decode_window",
+                  "varlen_window", "backward_window")
 
 
 def _log_uniform(rng, lo: int, hi: int) -> int:
@@ -132,7 +133,11 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
     - window: a sliding-window forward, two attnscope rows per Flex row (each Flex point compiles), B 1-4,
       N 1k-32k, half causal (W, 0), else (W, W) or one side unbounded, W 32-N log-uniform;
     - decode_window (rows of pass decode): attnscope's decode as the decode rule draws it (dense, paged,
-      fp8), with a window of W 32-L log-uniform keys (W:0), a quarter of the rows a chunk of 16 queries.
+      fp8), with a window of W 32-L log-uniform keys (W:0), a quarter of the rows a chunk of 16 queries;
+    - varlen_window (rows of pass varlen): attnscope's packed call as the varlen rule draws it, with a window
+      of W 32 to the longest sequence, log-uniform: (W, 0) when causal, else (W, W);
+    - backward_window (rows of pass backward): attnscope's backward, atomic dQ and deterministic, as the
+      backward rule draws them, with a window of W 32-N log-uniform: (W, 0) when causal, else (W, W).
     """
     rng = random.Random(seed)
     modes = {"backward": [("naive", {}), ("flash", {}), ("cudnn", {}), ("attnscope", {"deterministic": 0}),
@@ -144,23 +149,29 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
              "fwd_openclass": [("flash", {})],
              "window": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
              "decode_window": [("attnscope", {}), ("attnscope", {"page_size": 1}),
-                               ("attnscope", {"kv_dtype": "fp8"})]}[family]
+                               ("attnscope", {"kv_dtype": "fp8"})],
+             "varlen_window": [("attnscope", {})],
+             "backward_window": [("attnscope", {"deterministic": 0}),
+                                 ("attnscope", {"deterministic": 1})]}[family]
     combos = [(d, dt) for d in (64, 128) for dt in ("fp16", "bf16")]
     rows = []
     while len(rows) < count:
         impl, extra = modes[len(rows) % len(modes)]
         d, dt = combos[(len(rows) // len(modes)) % len(combos)]
-        kind = {"fwd_openclass": "forward", "varlen2": "varlen",
-                "decode_window": "decode"}.get(family, family)
+        kind = {"fwd_openclass": "forward", "varlen2": "varlen", "decode_window": "decode",
+                "varlen_window": "varlen", "backward_window": "backward"}.get(family, family)
         row = {"pass": kind, "impl": impl, "d": d, "dtype": dt,
                **extra}
         group = 1 if impl == "naive" else rng.choice((1, 2, 4, 8))
         hq = rng.choice([x for x in (8, 12, 16, 24, 32) if x % group == 0])
         row["heads"], row["kv_heads"] = hq, hq // group
-        if family == "backward":
+        if kind == "backward":
             n_lo, n_hi = (512, 4096) if impl == "naive" else (1024, 16384)
             row |= {"batch": rng.randint(1, 4), "n": _log_uniform(rng, n_lo, n_hi),
                     "causal": int(rng.random() < 0.5)}
+            if family == "backward_window":
+                w = _log_uniform(rng, 32, row["n"] - 1)
+                row["window"] = f"{w}:0" if row["causal"] else f"{w}:{w}"
         elif family == "window":
             n = _log_uniform(rng, 1024, 32768)
             w, kind = _log_uniform(rng, 32, n - 1), rng.random()
@@ -176,6 +187,9 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
             most = 8 if family == "varlen2" and impl == "flex" else 16
             lens = [_log_uniform(rng, 64, 8192) for _ in range(rng.randint(2, most))]
             row |= {"lens": ";".join(map(str, lens)), "causal": int(rng.random() < 0.5)}
+            if family == "varlen_window":
+                w = _log_uniform(rng, 32, max(lens))
+                row["window"] = f"{w}:0" if row["causal"] else f"{w}:{w}"
         else:
             b, top = rng.randint(1, 32), _log_uniform(rng, 1024, 65536)
             if b * row["kv_heads"] * top * d * 4 > 4 * 10**9:  # K and V of the cache at most 4 GB

@@ -398,3 +398,35 @@ def test_estimate_only_sweep_estimates_or_says_why(capsys):
     # h-group and h-onepass-group: their query sets are larger than the L2
     assert set(why) == {(8192, 128), (16384, 64)}
     assert all("larger than the L2" in w and "\n" not in w for w in why.values())
+
+
+def test_a_window_mirrors_into_the_key_tiles_query_bands():
+    from attnscope.model.tiles import Grid
+
+    # brute force: key tile j (kv keys) reads every q-row query tile holding a row r with r - left <= key <=
+    # r + right for one of its keys
+    n, q, kv = 700, 64, 128
+    for causal, window in ((True, (100, 0)), (False, (37, 250)), (False, (-1, 64)), (True, None)):
+        g = Grid(n, n, q, kv, causal=causal, window=window)
+        rows = 0
+        for j in range(-(-n // kv)):
+            keys = range(j * kv, min(n, (j + 1) * kv))
+            tiles = {r // q for r in range(n) for c in keys if g.permitted(r + 1, c + 1)}
+            rows += sum(min(n, (t + 1) * q) - t * q for t in tiles)
+        assert be.q_rows_per_key_pass(n, q, kv, causal, window) == rows, (causal, window)
+
+
+def test_windowed_backward_is_attnscopes_and_reads_its_bands():
+    base = dict(d=128, dtype="bf16", batch=2, heads=32, kv_heads=8, deterministic=True)
+    full = be.backward_estimate("attnscope", 16384, **base)
+    win = be.backward_estimate("attnscope", 16384, window=(512, 512), **base)
+    assert win.compulsory == full.compulsory and win.facts["window"] == [512, 512]
+    terms = {n: b for n, b, _ in win.terms}
+    assert terms.get("q_rereads", 0) <= {n: b for n, b, _ in full.terms}.get("q_rereads", 0) + 1
+    # a band the L2 cannot hold across a wave boundary is re-read there
+    wide = be.backward_estimate("attnscope", 16384, window=(6000, 6000), **base)
+    assert {n: b for n, b, _ in wide.terms}["q_rereads"] > terms.get("q_rereads", 0)
+    with pytest.raises(NotImplementedError, match="a window is not modelled; supported: attnscope"):
+        be.backward_estimate("cudnn", 4096, window=(64, 0), causal=True, d=128, heads=8)
+    with pytest.raises(InputError, match="window: expected a window bounding the left side"):
+        be.backward_estimate("attnscope", 4096, window=(-1, 9), causal=True, d=128, heads=8)

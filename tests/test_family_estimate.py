@@ -510,3 +510,34 @@ def test_decode_window_reads_the_windows_blocks_only():
         fe.decode_estimate("cudnn", [4096], window=(100, 0), d=128, heads=16)
     with pytest.raises(ValueError, match="window: expected a window bounding the left side"):
         fe.decode_compulsory([100], window=(-1, 0))
+
+
+def test_varlen_window_re_reads_the_band_a_later_wave_shares():
+    # one 12,000-token sequence of 32 heads over 8 kv heads: 94 query tiles x 32 heads = 3,008 programs, ~11
+    # waves of 264; unmasked each later wave re-reads the whole sequence's K/V, with a (256, 256) window only
+    # the band it shares with the wave before (512 + 64 keys a kv head), behind a wave's own band
+    base = dict(d=128, dtype="bf16", heads=32, kv_heads=8)
+    full = fe.varlen_estimate("attnscope", [12000], **base)
+    win = fe.varlen_estimate("attnscope", [12000], window=(256, 256), **base)
+    rr = {n: b for n, b, _ in win.terms}["kv_rereads"]
+    assert win.compulsory == full.compulsory
+    assert 0 <= rr < {n: b for n, b, _ in full.terms}["kv_rereads"] / 10
+    band = 2 * 8 * (512 + 64) * 128 * 2
+    waves = -(-94 * 32 // 264)
+    assert rr <= (waves - 1) * band
+    # a band wider than the L2 keeps is re-read at every boundary
+    wide = fe.varlen_estimate("attnscope", [12000], window=(6000, 6000), **base)
+    assert {n: b for n, b, _ in wide.terms}["kv_rereads"] > rr
+    # the windowed build's spill frame is the masked (causal) build's constant, even unmasked
+    from dataclasses import replace
+
+    from attnscope.model.family_params import H200_FAMILY_PARAMS, NotMeasured
+
+    no_frame = replace(H200_FAMILY_PARAMS, varlen_frame_d128_causal=None)
+    with pytest.raises(NotMeasured, match="varlen_frame_d128_causal"):
+        fe.varlen_estimate("attnscope", [12000], window=(256, 256), params=no_frame, **base)
+    assert fe.varlen_estimate("attnscope", [12000], params=no_frame, **base).total == full.total
+    with pytest.raises(NotImplementedError, match="a window is not modelled; supported: attnscope"):
+        fe.varlen_estimate("flex", [1000], window=(10, 10), d=64, heads=8)
+    with pytest.raises(ValueError, match="window: expected a window bounding the left side"):
+        fe.varlen_estimate("attnscope", [1000], causal=True, window=(-1, 5), d=64, heads=8)

@@ -66,12 +66,14 @@ def _grid(tmp_path, text):
      r"row 2: window: expected a window bounding the left side \(causal bounds the right one\)"),
     ("pass,impl,heads,n,d,window\nwindow,cudnn,8,1024,64,4:4\n", ValueError,
      r"row 2: impl: expected one of attnscope, flex with pass window, got 'cudnn'"),
+    ("pass,impl,heads,d,lens,window\nvarlen,flex,8,64,100;200,5:5\n", NotImplementedError,
+     r"row 2: window: a window with impl flex is not measured; supported: windows with attnscope"),
     ("pass,impl,batch,heads,d,cache_lens,window\ndecode,cudnn,2,8,64,512,100:0\n", NotImplementedError,
      r"row 2: window: a window with impl cudnn is not measured; supported: windows with attnscope"),
     ("pass,impl,heads,d,cache_lens,splits,window\ndecode,attnscope,8,64,512,1,-1:0\n", ValueError,
      r"row 2: window: expected a window bounding the left side"),
-    ("pass,impl,heads,n,d,window\nbackward,flash,8,1024,64,4:4\n", ValueError,
-     r"row 2: window: expected no value with pass backward"),
+    ("pass,impl,heads,n,d,window\nbackward,flash,8,1024,64,4:4\n", NotImplementedError,
+     r"row 2: window: a window with impl flash is not measured; supported: windows with attnscope"),
     ("impl,heads,n,d,window\nflash,8,1024,64,4:4\n", ValueError,
      r"row 2: window: expected no value with pass forward \(it takes n, causal\)"),
     ("pass,impl,heads,n,d,cache_lens\ndecode,flash,8,1024,64,4096\n", ValueError,
@@ -237,8 +239,9 @@ def _grads_err(torch, spec, causal, device="cpu"):
     fn, keep = call(torch, spec, device=device)
     grads = fn()
     q, k, v = (x.detach().double().cpu().numpy() for x in keep[:3])
-    o, lse = reference.naive_attention(q, k, v, causal, return_lse=True)
-    want = reference.attention_backward(keep[-1].double().cpu().numpy(), q, k, v, o, lse, causal)
+    win = tuple(spec["window"]) if "window" in spec else None
+    o, lse = reference.naive_attention(q, k, v, causal, return_lse=True, window=win)
+    want = reference.attention_backward(keep[-1].double().cpu().numpy(), q, k, v, o, lse, causal, window=win)
     return max(float(abs(g.double().cpu() - torch.from_numpy(w)).max())
                for g, w in zip(grads[:3], want, strict=True))
 
@@ -494,4 +497,59 @@ def test_windowed_decode_rows_ledgers_and_the_heldout_grid():
     assert {(x["d"], x["dtype"]) for x in specs} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
     assert {"page_size" in x for x in specs} == {True, False} and any(x.get("kv_dtype") for x in specs)
     assert any(x.get("nq") for x in specs)
+    assert all(families.estimate(x)[0] is not None for x in specs)
+
+
+def test_windowed_varlen_rows_ledgers_callable_and_the_heldout_grid():
+    torch = pytest.importorskip("torch")
+    from attnscope.measure.family_calls import call
+    from grid_draws import assert_drawn
+
+    spec = _spec("pass,impl,heads,kv_heads,d,causal,lens,window\nvarlen,attnscope,2,1,64,true,30;9,5:3\n")
+    assert spec["window"] == [5, 0]
+    p = serving.packed([30, 9], d=64, heads=2, kv_heads=1, rows=("flash-causal",), window=(5, 0))
+    assert families.ledger(spec)[0] == p["flash-causal"].total * 2
+    assert "window 5:0" in families.label(spec) and families.estimate(spec)[1] == ""
+    fn, (q, k, v, cu) = call(torch, spec, device="cpu")
+    o = fn()
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        r = torch.arange(b - a)
+        keep = (r.view(-1, 1) >= r.view(1, -1)) & (r.view(-1, 1) - r.view(1, -1) <= 5)
+        qd, kd, vd = (x[a:b].transpose(0, 1).double() for x in (q, k, v))
+        s = qd @ kd.expand(2, -1, -1).transpose(-1, -2) / 8.0
+        want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ vd.expand(2, -1, -1)
+        assert float(abs(o[a:b].transpose(0, 1).double() - want).max()) < 2e-2
+    rows = assert_drawn("heldout_varlen_window.csv", "varlen_window", 3970)
+    specs = physical.parse_grid(GRIDS / "heldout_varlen_window.csv")
+    assert len(specs) == len(rows) == 48 and all(x["impl"] == "attnscope" and "window" in x for x in specs)
+    assert {(x["d"], x["dtype"]) for x in specs} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
+    assert {x["causal"] for x in specs} == {True, False}
+    assert all(families.estimate(x)[0] is not None for x in specs)
+
+
+def test_windowed_backward_rows_ledgers_callable_and_the_heldout_grid():
+    torch = pytest.importorskip("torch")
+    from attnscope.checks import GRAD_FACTOR, kernel_tolerance
+    from grid_draws import assert_drawn
+
+    row = ("pass,impl,batch,heads,kv_heads,n,d,causal,deterministic,window\n"
+           "backward,{},1,2,{},40,64,{},{},{}\n")
+    spec = _spec(row.format("attnscope", 1, "true", "false", "7:3"))
+    assert spec["window"] == [7, 0] and "window 7:0" in families.label(spec)
+    t = backward.backward_traffic(40, 64, "fp16", heads=2, kv_heads=1, rows=("flash-causal-backward",),
+                                  window=(7, 0))
+    assert families.ledger(spec)[0] == t["flash-causal-backward"].total * 2
+    assert families.estimate(spec)[1] == ""
+    # the callable's gradients are the windowed attention's (PyTorch's error, naive autograd, the bound)
+    naive = _grads_err(torch, _spec("pass,impl,batch,heads,n,d,causal\nbackward,naive,1,2,40,64,true\n"),
+                       True)
+    for det, win, causal in (("false", "7:0", True), ("true", "5:5", False)):
+        s = _spec(row.format("attnscope", 1, str(causal).lower(), det, win))
+        err = _grads_err(torch, s, causal)
+        assert err <= kernel_tolerance(max(naive, 1e-3), GRAD_FACTOR), (det, win, err)
+    rows = assert_drawn("heldout_backward_window.csv", "backward_window", 3980)
+    specs = physical.parse_grid(GRIDS / "heldout_backward_window.csv")
+    assert len(specs) == len(rows) == 48 and all(x["impl"] == "attnscope" and "window" in x for x in specs)
+    assert {x["deterministic"] for x in specs} == {True, False}
+    assert {(x["d"], x["dtype"]) for x in specs} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
     assert all(families.estimate(x)[0] is not None for x in specs)

@@ -11,14 +11,15 @@ model/l2.py), or one of
   dQ, true: the default kernels with dQ in its own pass; ``kernels`` names the build instead, `KERNELS`:
   ``auto`` with ``deterministic`` false runs the dQ mode autograd's default picks, the user's call: the
   Hopper one-pass build at d = 64 on an sm_90 GPU). Ledger: model/backward.py's row of the dQ mode that
-  ran; SDPA's against FA-2's atomic-dQ row.
+  ran; SDPA's against FA-2's atomic-dQ row. attnscope's with a sliding ``window`` too (``left:right``).
 - ``decode``: one query row per sequence against a KV cache of ``cache_lens``: SDPA ``flash`` / ``cudnn``
   on a dense cache of equal lengths, ``attnscope`` `flash_decode` on a dense cache, a paged one
   (``page_size``) and an e4m3 one (``kv_dtype`` fp8), with ``splits`` KV splits and ``nq`` query rows
   per sequence (a chunk; default 1), optionally a sliding ``window`` (``left:right``: decode is causal, the
   left side bounds). Ledger: model/serving.py's `paged` (SDPA's with one split).
 - ``varlen``: one packed call over sequences of ``lens``: ``attnscope`` `flash_attention_varlen`, ``flex``
-  (Flex attention with a document mask, compiled). Ledger: model/serving.py's `packed`.
+  (Flex attention with a document mask, compiled), attnscope's optionally with a sliding ``window`` per
+  sequence. Ledger: model/serving.py's `packed`.
 - ``window``: a forward with a sliding window (``window``: ``left:right``, -1 unbounded, one side bounded at
   least; causal bounds the right) over n x n: ``attnscope`` `flash_attention` (what its dispatch picks),
   ``flex`` (Flex attention with a sliding-window mask, compiled). Ledger: model/traffic.py's flash row with
@@ -46,9 +47,9 @@ FAMILIES = ("forward", "backward", "decode", "varlen", "window")
 IMPLS = {"backward": ("naive", "flash", "cudnn", "attnscope"), "decode": ("flash", "cudnn", "attnscope"),
          "varlen": ("attnscope", "flex"), "window": ("attnscope", "flex")}
 #: The shape columns each family takes beside impl, batch, heads, kv_heads, d, dtype; any other is refused.
-COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels"),
+COLUMNS = {"forward": ("n", "causal"), "backward": ("n", "causal", "deterministic", "kernels", "window"),
            "decode": ("cache_lens", "page_size", "kv_dtype", "splits", "nq", "window"),
-           "varlen": ("lens", "causal"),
+           "varlen": ("lens", "causal", "window"),
            "window": ("n", "causal", "window")}
 FAMILY_COLUMNS = ("deterministic", "kernels", "cache_lens", "page_size", "kv_dtype", "splits", "lens", "nq",
                   "window")
@@ -95,7 +96,7 @@ def _window(where: str, value, causal: bool) -> list[int]:
     """A window cell: ``left:right`` (a JSON list too), each an integer >= -1 (-1 unbounded), hiding a key
     ``causal`` alone would show; the effective ``[left, right]`` (causal: right 0), or one line naming
     ``window``."""
-    from attnscope.model.window_estimate import bounded
+    from attnscope.model.tiles import bounded_window
 
     cells = value if isinstance(value, list) else str(value).split(":")
     digits = re.compile(r"-?[0-9]{1,12}")
@@ -104,7 +105,7 @@ def _window(where: str, value, causal: bool) -> list[int]:
         raise InputError(f"{where}: window: expected left:right, two integers from -1 (unbounded), got "
                          f"{short(value)}")
     try:
-        return list(bounded(causal, [int(c) for c in cells]))
+        return list(bounded_window(causal, [int(c) for c in cells]))
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
 
@@ -155,6 +156,10 @@ def point(got: dict, spec: dict, where: str) -> dict:
                                  f"{short(kernels)}")
             if kernels not in ("", None, backward_kernels(spec)):  # the default stays out: one spec per call
                 spec["kernels"] = kernels
+        if got.get("window") not in ("", None):
+            if impl != "attnscope":
+                raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
+            spec["window"] = _window(where, got["window"], spec["causal"])
         return spec
     if family == "window":
         spec["n"] = grid_int(where, "n", required(where, got, "n"))
@@ -165,6 +170,10 @@ def point(got: dict, spec: dict, where: str) -> dict:
         spec["lens"] = _lengths(where, "lens", required(where, got, "lens"))
         spec["causal"] = grid_bool(where, "causal", got.get("causal") or "false")
         _batch(where, spec, "lens")
+        if got.get("window") not in ("", None):
+            if impl != "attnscope":
+                raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
+            spec["window"] = _window(where, got["window"], spec["causal"])
         return spec
     lens = _lengths(where, "cache_lens", required(where, got, "cache_lens"))
     spec["cache_lens"] = lens * spec["batch"] if len(lens) == 1 else lens
@@ -260,7 +269,8 @@ def ledger(spec: dict) -> tuple[int, int, str]:
             own_pass = impl == "attnscope" and not backward_estimate.dq_by_atomics(
                 backward_kernels(spec), d, causal, spec["deterministic"])
             row = ("flash-causal-backward" if causal else "flash-backward") + ("-det" if own_pass else "")
-        t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,))
+        t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,),
+                                      window=tuple(spec["window"]) if "window" in spec else None)
         comp = backward_estimate.backward_compulsory(impl, n, d=d, dtype=spec["dtype"], batch=bsz, heads=h,
                                                      kv_heads=hkv)
         return t[row].total * t.config.batch_heads, comp, f"model/backward.py {row}"
@@ -272,7 +282,8 @@ def ledger(spec: dict) -> tuple[int, int, str]:
         return logical, comp, name
     if spec["pass"] == "varlen":
         row = "flash-causal" if spec["causal"] else "flash"
-        p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,))
+        p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,),
+                           window=tuple(spec["window"]) if "window" in spec else None)
         comp = family_estimate.varlen_compulsory(spec["lens"], d=d, dtype=spec["dtype"], heads=h,
                                                  kv_heads=hkv)
         return p[row].total * h, comp, f"model/serving.py packed {row}"
@@ -293,9 +304,11 @@ def label(spec: dict) -> str:
         det = {True: " deterministic", False: " atomic-dQ"}.get(s.get("deterministic"), "")
         if "kernels" in s:  # not the mode's default build: atomic-dQ would not say what ran
             det = f" deterministic={str(s['deterministic']).lower()} kernels={s['kernels']}"
-        return f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
+        return (f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
+                + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
     if s["pass"] == "varlen":
-        return f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
+        return (f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
+                + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
     if s["pass"] == "window":
         return (f"{head} B={s['batch']} N={s['n']} {'causal ' if s['causal'] else ''}window "
                 f"{s['window'][0]}:{s['window'][1]}")
@@ -360,7 +373,8 @@ def backward_args(spec: dict) -> dict:
     return {"impl": spec["impl"], "n": spec["n"], "causal": spec["causal"], "d": spec["d"],
             "dtype": spec["dtype"], "batch": spec["batch"], "heads": spec["heads"],
             "kv_heads": spec.get("kv_heads") or spec["heads"],
-            "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec)}
+            "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec),
+            "window": tuple(spec["window"]) if "window" in spec else None}
 
 
 def window_args(spec: dict) -> dict:
@@ -394,7 +408,8 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
             return we.window_estimate(**window_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":
             return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
-                                      heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes), ""
+                                      heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
+                                      window=tuple(spec["window"]) if "window" in spec else None), ""
     except NotImplementedError as e:  # NotMeasured is one
         return None, fe.error_text(e)
     return None, NO_ESTIMATE

@@ -36,13 +36,14 @@ def _backward(torch, spec, dt, h, hkv, d, dev):
         from attnscope.kernels.bwd import atomic_dq_by_default
         from attnscope.measure.families import backward_kernels
 
+        window = tuple(spec["window"]) if "window" in spec else None
         with torch.no_grad():
-            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True)
+            o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
         det, kernels = spec["deterministic"], backward_kernels(spec)
         if kernels == "auto" and not det:
-            det = not atomic_dq_by_default(q, causal, None)
+            det = not atomic_dq_by_default(q, causal, None, window)
         return (lambda: flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=det,
-                                                 impl=kernels)), (q, k, v, o, lse, do)
+                                                 window=window, impl=kernels)), (q, k, v, o, lse, do)
     o = attention_fn(impl, causal)(q, k, v)  # naive: autograd through the 3 kernels; SDPA: its backward
     return (lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)), (q, k, v, o, do)
 
@@ -92,8 +93,9 @@ def _varlen(torch, spec, dt, h, hkv, d, dev):
     q = torch.randn((total, h, d), device=dev, dtype=dt)
     k, v = (torch.randn((total, hkv, d), device=dev, dtype=dt) for _ in range(2))
     if spec["impl"] == "attnscope":
-        m = max(lens)
-        return (lambda: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal)), (q, k, v, cu)
+        m, window = max(lens), tuple(spec["window"]) if "window" in spec else None
+        return (lambda: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal,
+                                                         window=window)), (q, k, v, cu)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
@@ -131,7 +133,7 @@ def _window(torch, spec, dt, h, hkv, d, dev):
 
 def window_mask(left: int, right: int):
     """Flex's ``mask_mod`` of flash-attn's ``window_size=(left, right)`` over n x n (the effective window,
-    `model.window_estimate.bounded`; -1 unbounded): query qi sees keys qi - left .. qi + right."""
+    `model.tiles.bounded_window`; -1 unbounded): query qi sees keys qi - left .. qi + right."""
     def mask_mod(b, h, qi, ki):
         keep = qi >= 0
         if left >= 0:

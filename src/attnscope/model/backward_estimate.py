@@ -57,12 +57,21 @@ from typing import NamedTuple
 from attnscope.errors import choice, expect, positive_int
 from attnscope.model import dispatch
 from attnscope.model.dispatch import HOPPER_BWD_ROW_PAD as ROW_PAD
-from attnscope.model.family_estimate import CREDIT, FamilyEstimate, _dirty_o, _heads, _l2_bytes, _sms
+from attnscope.model.family_estimate import (
+    CREDIT,
+    FamilyEstimate,
+    _dirty_o,
+    _heads,
+    _l2_bytes,
+    _sms,
+    attnscope_window,
+)
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
-from attnscope.model.tiles import Grid
+from attnscope.model.tiles import Grid, normalize_window
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
+from attnscope.model.window_estimate import band_rereads, group_gap_miss
 
 BACKWARD_IMPLS = ("naive", "flash", "cudnn", "attnscope")
 KERNEL_CHOICES = ("auto", "portable", "hopper")
@@ -133,11 +142,13 @@ def backward_compulsory(impl: str, n: int, *, d: int = 128, dtype: str = "fp16",
     return comp
 
 
-def q_rows_per_key_pass(n: int, q: int, kv: int, causal: bool) -> int:
+def q_rows_per_key_pass(n: int, q: int, kv: int, causal: bool, window=None) -> int:
     """Query rows the dK/dV kernel's key tiles of ``kv`` keys read over one head (``q``-row tiles): key tile
     j reads every query tile holding a row that sees one of its keys (causal, square: rows >= its first
-    key). The forward's grid transposed: keys as the rows, the causal mask as the window (0, -1)."""
-    g = Grid(n, n, kv, q, causal=False, window=(0, -1)) if causal else Grid(n, n, kv, q)
+    key). The forward's grid transposed: keys as the rows, the mask's window mirrored (causal: (0, -1); a
+    sliding window (left, right): (right, left))."""
+    left, right = normalize_window(causal, window)
+    g = Grid(n, n, kv, q) if (left, right) == (-1, -1) else Grid(n, n, kv, q, window=(right, left))
     return g.kv_rows_total()
 
 
@@ -283,7 +294,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                       batch: int = 1, heads: int = 32, kv_heads: int | None = None,
                       deterministic: bool = False, kernels: str = "auto", sms: int | None = None,
                       l2_bytes: int | None = None, device: str = "h200",
-                      params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+                      params: FamilyParams = H200_FAMILY_PARAMS, window=None) -> FamilyEstimate:
     """Estimated DRAM bytes of one backward call (q, dO [B, H, N, d]; k, v [B, Hkv, N, d]), whole call.
 
     Parameters
@@ -298,6 +309,11 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         default scale, no softcap).
     sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
     params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
+    window: attnscope's sliding window ``(left, right)`` (causal bounds the right; None: none): each key
+        tile's CTA reads the band of query rows that see its keys (the window mirrored), and the dQ kernel's
+        query tiles their K/V bands; both re-read as the window forward's band walk
+        (`model.window_estimate.band_rereads`: in-wave, at wave boundaries, and a GQA group's later heads
+        in the dQ kernel) at the forward's L2 capacities, with no probe constant; the rest as without.
 
     Returns
     -------
@@ -319,6 +335,9 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     what = f"backward {impl}"
     terms: list = []
     facts: dict = {"group": g}
+    win = attnscope_window(what, impl, causal, window)
+    if win is not None:
+        facts["window"] = list(win)
     if impl == "naive":
         if hkv != h:
             raise NotImplementedError(f"{what}: kv_heads {hkv} != heads {h}; supported: MHA (the naive "
@@ -365,7 +384,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     # Q, dO, LSE2, Delta re-read by the key tiles: sets per (batch, kv head) (attnscope: its dK/dV CTA loops
     # over the group) or per (batch, query head) (FA-2's grid)
     sets, set_rows = (bkv, g * n) if impl == "attnscope" else (bh, n)
-    rows = q_rows_per_key_pass(n, ker.q, ker.kv, causal)
+    rows = q_rows_per_key_pass(n, ker.q, ker.kv, causal, win)
     frac = rows / (per_set * n)  # mean share of the set a key tile reads
     other = 4 * ker.kv * d * b  # a CTA's K, V tile in, dK, dV out
     fa2 = impl in ("flash", "cudnn")  # FA-2's kernels: per query head, atomic dQ, dK/dV summed over the group
@@ -376,7 +395,15 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
              "cudnn": "cudnn_bwd_reread_dram"}[impl]
     if impl == "attnscope" and atomic and build == "hopper":
         field = "onepass_bwd_reread_dram"
-    if impl == "attnscope" and causal:  # walkers from the diagonal forward: `l2_reuse.diagonal_walk_share`
+    if win is not None:  # key tiles walking their bands of query rows, each over the group's heads in turn
+        p = H200_L2_PARAMS
+        width = sum(n if side < 0 else min(side, n) for side in win)
+        band, bf = band_rereads(n, per_set, conc, ker.kv, ker.q, width, rows - n, row + acc_row,
+                                other * p.qo_weight(), p.shared * l2, p.shared_ramp, in_turn=g)
+        facts |= {"band_" + k: v for k, v in bf.items()}
+        rereads, rmw = sets * g * band * row, sets * g * band * acc_row
+        how = "at the band walk's reuse distances (model/window_estimate.py band_rereads)"
+    elif impl == "attnscope" and causal:  # walkers from the diagonal forward: `l2_reuse.diagonal_walk_share`
         p = H200_L2_PARAMS
         walk = diagonal_walk_share(sets, per_set, -(-n // ker.q), ker.kv / ker.q, g, conc,
                                    ker.q * (row + acc_row), p.shared * l2, p.shared_ramp)
@@ -388,13 +415,13 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         both = _set_rereads(sets, per_set, conc, set_rows * (row + acc_row), other, causal, True, l2, frac)
         rereads, rmw = both * row / (row + acc_row), both * acc_row / (row + acc_row)
         how = "at the forward's wave rule"
-    if impl == "attnscope" and rereads > 0 and set_rows * row > l2:
+    if impl == "attnscope" and win is None and rereads > 0 and set_rows * row > l2:
         raise NotImplementedError(f"{what}: the dK/dV kernel's query set (Q, dO, LSE2, Delta of the {g} "
                                   f"query heads of a kv head: {facts['q_set_l2']:.2f} x the L2) is larger "
                                   "than the L2, where the key tiles' walkers evict each other's rows (probe "
                                   "h-group: 5 x the re-reads the wave rule counts): not modelled; supported: "
                                   "query sets within the L2")
-    if not causal:  # lockstep waves: the forward's measured rule as it stands, no constant
+    if not causal or win is not None:  # lockstep waves or bands: the forward's rules as they stand
         field = None
     _scaled(terms, "q_rereads", rereads, params, field, what, "Q, dO, LSE2, Delta re-read by later key "
             f"tiles, missing the L2 {how}")
@@ -429,11 +456,22 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         if share > 0:
             terms.append(("dq_pass", (bh * n * row + bkv * kv_set) * share, "the dQ kernel reads Q, dO, "
                           f"LSE2, Delta and K, V once more after the dK/dV kernel, x {share:.2f} missing"))
-        gq = Grid(n, n, ker.dq_rows, ker.dq_kv, causal=causal)
+        gq = Grid(n, n, ker.dq_rows, ker.dq_kv, causal=causal, window=win)
         per_q = gq.n_q_tiles * g  # the group's query heads adjacent in the (tiles, B x H) grid
         kv_frac = gq.kv_rows_total() / (gq.n_q_tiles * n)
-        kv_re = _set_rereads(bkv, per_q, conc, kv_set, 3 * ker.dq_rows * d * b, causal, False, l2, kv_frac,
-                             g)  # other: a CTA's Q, dO tiles in, dQ out
+        if win is None:
+            kv_re = _set_rereads(bkv, per_q, conc, kv_set, 3 * ker.dq_rows * d * b, causal, False, l2,
+                                 kv_frac, g)  # other: a CTA's Q, dO tiles in, dQ out
+        else:  # the window forward's band walk and group gap, with the dQ kernel's tiles
+            p = H200_L2_PARAMS
+            other_q = 3 * ker.dq_rows * d * b * p.qo_weight()
+            together = min(g, max(1, conc // gq.n_q_tiles))
+            band_q, qf = band_rereads(n, gq.n_q_tiles, conc, ker.dq_rows, ker.dq_kv, width,
+                                      gq.kv_rows_total() - n, 2 * d * b, other_q, p.shared * l2,
+                                      p.shared_ramp, together)
+            m_g, _ = group_gap_miss(n, gq.n_q_tiles, conc, ker.dq_rows, width, 2 * d * b, other_q, 1,
+                                    qf["wave_room"], p.shared * l2, p.shared_ramp)
+            kv_re = bkv * (g * band_q + (g - 1) * n * m_g) * 2 * d * b
         _scaled(terms, "kv_rereads", kv_re, params, field, what,
                 "K, V re-read by the dQ kernel's later query tiles, missing the L2")
     if impl == "flash":

@@ -40,7 +40,7 @@ from attnscope.model.l2 import (  # the forward estimate's rules for dirty outpu
 )
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, normalize_window, window_kv_bounds0
+from attnscope.model.tiles import Grid, bounded_window, normalize_window, window_kv_bounds0
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
 DECODE_IMPLS = ("flash", "cudnn", "attnscope")
@@ -100,6 +100,17 @@ class FamilyEstimate:
     def to_json(self) -> dict:
         return {"family": self.family, "impl": self.impl, "total": self.total, "compulsory": self.compulsory,
                 "terms": [{"name": n, "bytes": b, "what": w} for n, b, w in self.terms], "facts": self.facts}
+
+
+def attnscope_window(what: str, impl: str, causal: bool, window) -> tuple[int, int] | None:
+    """The effective window of a family's estimate (`tiles.bounded_window`; None for none), which models it
+    for attnscope's kernels only: NotImplementedError naming ``what`` for another ``impl``."""
+    if window is None:
+        return None
+    win = bounded_window(causal, window)
+    if impl != "attnscope":
+        raise NotImplementedError(f"{what}: a window is not modelled; supported: attnscope")
+    return win
 
 
 def _dirty_o(o: int, kv_read: float, q: int, l2: int) -> tuple:
@@ -368,6 +379,11 @@ def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> in
     return (min(hi, i) if causal else hi) - lo + 1
 
 
+def _span(win: tuple[int, int], n: int) -> int:
+    """Keys a row's effective window ``(left, right)`` spans within ``n`` (-1: unbounded, the sequence)."""
+    return sum(n if side < 0 else min(side, n) for side in win)
+
+
 def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool) -> tuple[float, float, int]:
     """(K/V passes, the last wave's share of them, the program that ends the last wave) of one sequence of
     ``n`` rows whose programs start at position ``p0`` of attnscope's varlen grid: work items (sequence,
@@ -424,7 +440,7 @@ def _varlen_spill(programs: int, c: int, d: int, causal: bool, inserted: float, 
 def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtype: str = "fp16",
                     heads: int = 32, kv_heads: int | None = None, sms: int | None = None,
                     l2_bytes: int | None = None, device: str = "h200",
-                    params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
+                    params: FamilyParams = H200_FAMILY_PARAMS, window=None) -> FamilyEstimate:
     """Estimated DRAM bytes of one packed varlen prefill (q, k, v [total, H, d], one cu_seqlens for both),
     whole call. Both re-read terms are the forward estimate's L2 rules; attnscope's probe constants are its
     spill frames (`VARLEN_FRAMES`) and the room its resident programs' Q/O take (`varlen_qo_weight`).
@@ -444,6 +460,12 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     kv head's K, V) stays under `RESIDENT_BELOW` x the L2, else the forward estimate's (`_flex_rereads`).
     ``params``: the constants (`FamilyParams`, the spill frames); a term whose constant is None raises
     `NotMeasured`.
+    ``window``: attnscope's sliding window per sequence (``(left, right)``, causal bounds the right): each
+    query tile loads the KV tiles of its band, so a later wave re-reads only the band it shares with the wave
+    before (``left + right`` keys and one KV tile, per kv head), behind the wave's own band (its C / H query
+    tiles' rows and the window's width) and the resident Q/O; the windowed build is the masked one, whose
+    spill frame is taken as the causal build's (ptxas: 176 B against 200 B at d 128, none at d 64). Flex
+    with a window is not modelled.
     """
     choice("impl", impl, VARLEN_IMPLS)
     lens = _lens("lens", lens)
@@ -455,6 +477,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     kv, qo = 2 * hkv * sum(lens) * d * b, h * sum(lens) * d * b  # compulsory K/V; Q (= O) bytes
     what = f"varlen {impl}"
     terms, facts = [], {}
+    win = attnscope_window(what, impl, causal, window)
     if impl == "attnscope":
         if d not in VALIDATED_HEAD_DIMS:  # the kernel runs d 256 too; its probes measured these only
             raise NotImplementedError(f"{what}: head dim {d} is not modelled; supported: "
@@ -470,7 +493,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             starts[i], ends[i] = p0, p0 + progs
         total_k, k0, rereads, worst = sum(lens), 0, 0.0, 0.0
         for i, n in enumerate(lens):  # the ledger's re-reads: at most what the waves can re-read
-            g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal)
+            g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal, window=win)
             pairs, last = g.loaded_pairs()
             t_c = -(-n // VARLEN_BLOCK_KV)
             rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
@@ -478,16 +501,22 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             extra[i] = 2 * hkv * (rows + over - n) * d * b  # K and V re-reads beyond one pass, per kv head
             k0 += n
         for at, (i, p0, progs) in enumerate(order):
-            kv_i = 2 * hkv * lens[i] * d * b  # the sequence's K/V, every kv head
-            passes, last, wave_end = _varlen_waves(p0, lens[i], h, c, causal)
+            n = lens[i]
+            kv_i = 2 * hkv * n * d * b  # the sequence's K/V, every kv head
+            passes, last, wave_end = _varlen_waves(p0, n, h, c, causal and win is None)
+            # rows of one kv head a wave streams: all of them, or with a window its tiles' bands
+            streamed = n if win is None else min(n, c / h * VARLEN_BLOCK_Q + _span(win, n))
             # a wave between two of the sequence's own streams it alone; its last wave also streams the K/V
             # of the sequences after it that start there (each in full once all its heads have a program)
-            beside = sum(2 * hkv * lens[j] * d * b * min(1.0, (min(ends[j], wave_end) - q0) / h)
+            beside = sum(2 * hkv * (lens[j] if win is None else min(lens[j], streamed)) * d * b
+                         * min(1.0, (min(ends[j], wave_end) - q0) / h)
                          for j, q0, _ in order[at + 1:] if q0 < wave_end)
             if passes > 1.0:  # live bytes beside the K/V: the resident programs' Q and O (`varlen_qo_weight`)
                 w = need(params, "varlen_qo_weight", f"{what} with a sequence over more than one wave of "
                                                      f"{c} programs")
-                live = kv_i + min(c, progs) * qo_tile * w
+                if win is not None:  # a later wave re-reads the band it shares with the wave before
+                    kv_i = 2 * hkv * min(n, _span(win, n) + VARLEN_BLOCK_KV) * d * b
+                live = 2 * hkv * streamed * d * b + min(c, progs) * qo_tile * w
                 worst = max(worst, (live + beside) / l2)
                 cap = H200_L2_PARAMS.shared * l2
                 m_own = miss(live / cap, H200_L2_PARAMS.shared_ramp)
@@ -497,7 +526,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}  # of the re-read sequences
         terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
                                              "(heads fastest: a wave spans all heads), missing the L2"))
-        terms.append(_varlen_spill(items * h, c, d, causal, comp + rereads, l2, params, what))
+        terms.append(_varlen_spill(items * h, c, d, causal or win is not None, comp + rereads, l2, params,
+                                   what))
         terms.append(_dirty_o(qo, kv + rereads, qo, l2))
         return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
     n_q, pairs = flex_blocks(lens, causal)

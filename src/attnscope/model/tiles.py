@@ -358,6 +358,17 @@ def normalize_window(causal: bool, window) -> tuple[int, int]:
     return left, right
 
 
+def bounded_window(causal: bool, window) -> tuple[int, int]:
+    """The effective ``(left, right)`` of a windowed call (`normalize_window`), refused in one line naming
+    ``window`` when it hides no key the mask alone would show (no window, or causal with an unbounded left
+    side)."""
+    left, right = normalize_window(causal, window)
+    expect((left, right) != normalize_window(causal, None), "window",
+           "a window bounding the left side (causal bounds the right one)" if causal else
+           "a window bounding at least one side", window)
+    return left, right
+
+
 def window_kv_bounds0(row0: int, rows: int, nq: int, nk: int, block_kv: int, causal: bool,
                       window=None) -> tuple[int, int, int, int]:
     """KV columns (0-based, element units, tile-aligned) of the query rows ``row0 .. row0 + rows - 1`` under

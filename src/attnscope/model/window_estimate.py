@@ -11,10 +11,11 @@ take `L2Params.qo_weight` of a K/V byte of room):
 - inside a wave (`_wave_room`): the next tile's CTA reads a line ``B_r / B_c`` steps before (or after) its
   neighbour, while the wave reads ``C B_r`` distinct rows (its bands side by side), so a re-read sits behind
   C B_r rows of K/V and the wave's Q/O tiles;
-- across a wave boundary (`_boundary_rows`): the first tile of the next wave re-reads the ``left + right``
-  rows (one K/V tile of alignment more) the last tile of the wave before read, behind a whole wave's band
-  ``C B_r + left + right`` rows and its Q/O (a windowed launch never pairs or interleaves causal tiles: the
-  window's right bound carries the diagonal, kernels/fwd_hopper.py);
+- across a wave boundary (`band_rereads`): the first tile of the next wave re-reads the ``left + right``
+  rows (one K/V tile of alignment more) the last tile of the wave before read; both walk their bands
+  upwards, so those are the one's last rows and the other's first, at the in-wave distance (a windowed
+  launch never pairs or interleaves causal tiles: the window's right bound carries the diagonal,
+  kernels/fwd_hopper.py);
 - the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after one
   head's pass over the set and the Q/O of the tiles launched between the line's last reader and its next
   first one (the pass less the band's width), with the batch between ("bh", Flex) after B passes; a group
@@ -33,7 +34,7 @@ of N. Pure Python.
 
 from __future__ import annotations
 
-from attnscope.errors import choice, expect, positive_int
+from attnscope.errors import choice, positive_int
 from attnscope.model import dispatch
 from attnscope.model.family_estimate import (
     FLEX_BLOCK,
@@ -47,21 +48,10 @@ from attnscope.model.family_estimate import (
 )
 from attnscope.model.l2 import VALIDATED_HEAD_DIMS
 from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, KERNELS, WINDOW_KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, normalize_window
+from attnscope.model.tiles import Grid, bounded_window
 from attnscope.model.traffic import DTYPE_BYTES
 
 WINDOW_IMPLS = ("attnscope", "flex")
-
-
-def bounded(causal: bool, window) -> tuple[int, int]:
-    """The effective ``(left, right)`` of a windowed call (`tiles.normalize_window`), refused in one line
-    naming ``window`` when it hides no key the mask alone would show (no window, or causal with an unbounded
-    left side: the forward family's call)."""
-    left, right = normalize_window(causal, window)
-    expect((left, right) != normalize_window(causal, None), "window",
-           "a window bounding the left side (causal bounds the right one)" if causal else
-           "a window bounding at least one side", window)
-    return left, right
 
 
 def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: int, kv_heads: int, n: int,
@@ -72,7 +62,7 @@ def window_kernel(impl: str, d: int, causal: bool, window, batch: int, heads: in
     forward (`FLEX_KERNELS`, loading whole 128-key sparse blocks). A head dim the L2 probes did not measure
     (`l2.VALIDATED_HEAD_DIMS`) raises NotImplementedError."""
     choice("impl", impl, WINDOW_IMPLS)
-    win = bounded(causal, window)
+    win = bounded_window(causal, window)
     if d not in VALIDATED_HEAD_DIMS:
         raise NotImplementedError(f"window {impl}: head dim {d} is not modelled; supported: "
                                   f"{', '.join(map(str, VALIDATED_HEAD_DIMS))} (the L2 probes' head dims)")
@@ -98,17 +88,44 @@ def _span(side: int, n: int) -> int:
     return n if side < 0 else min(side, n)
 
 
-def _wave_rows(c: int, ker: Kernel, tiles: int, n: int, together: int, band: int = 0) -> float:
-    """K/V rows of distinct lines a wave of ``c`` CTAs reads: their bands side by side, ``c B_r`` rows plus
-    ``band`` (``together`` heads of one K/V set in the wave read them once), at most the sets the wave
-    spans (``n`` rows each)."""
-    return min(c * ker.block_q / together + band, max(1.0, c / tiles) / together * n)
+def _wave_rows(c: int, block: int, tiles: int, n: int, together: int, band: int = 0) -> float:
+    """Rows of distinct lines a wave of ``c`` CTAs of ``block`` rows reads: their bands side by side,
+    ``c block`` rows plus ``band`` (``together`` heads of one set in the wave read them once), at most the
+    sets the wave spans (``n`` rows each)."""
+    return min(c * block / together + band, max(1.0, c / tiles) / together * n)
 
 
-def _boundary_rows(n: int, left: int, right: int, ker: Kernel) -> int:
-    """K/V rows the first tile of a wave re-reads from the last tile of the wave before: the band's width
-    ``left + right``, one K/V tile of alignment more, at most the set."""
-    return min(n, _span(left, n) + _span(right, n) + ker.block_kv)
+def band_rereads(n: int, tiles: int, c: int, block: int, align: int, width: int, extra: float,
+                 row: float, other: float, cap: float, ramp: float, together: int = 1,
+                 in_turn: int = 1) -> tuple[float, dict]:
+    """(rows re-read from DRAM, facts) of one set's band walk: ``tiles`` CTAs of ``block`` rows each,
+    consecutive, ``c`` at a time in lockstep waves, each reading the band of the other side's rows its
+    window spans (``width`` rows, aligned to ``align``-row tiles); ``extra``: the rows they read beyond
+    one pass (the ledger's). Inside a wave a row is re-read by the neighbouring CTA behind the wave's bands
+    side by side; at each of the set's (tiles - 1) / c wave boundaries the next wave's first CTA re-reads
+    the ``width`` + ``align`` rows its band shares with the last CTA of the wave before: the walks ascend,
+    so those are the last rows the one reads and the first the other does, at the in-wave distance, plus,
+    when each CTA walks ``in_turn`` sets in turn (the backward's group), the ``in_turn`` - 1 other sets'
+    phases of the waves between; ``row``: a row's bytes of L2 room, ``other``: a CTA's other bytes of room;
+    each re-read misses with `l2_params.miss` at ``cap`` and ``ramp``."""
+    room_w = _wave_rows(c, block, tiles, n, together) * row + c * other
+    room_x = (in_turn - 1) * _wave_rows(c, block, tiles, n, together, width) * row + room_w
+    m_w, m_x = miss(room_w / cap, ramp), miss(room_x / cap, ramp)
+    crossing = min(extra, max(0.0, (tiles - 1) / c) * min(n, width + align))
+    return (extra - crossing) * m_w + crossing * m_x, {"wave_room": room_w, "boundary_room": room_x,
+                                                        "wave_miss": m_w, "boundary_miss": m_x,
+                                                        "boundary_rows": crossing}
+
+
+def group_gap_miss(n: int, tiles: int, c: int, block: int, width: int, row: float, other: float,
+                   passes: int, room_w: float, cap: float, ramp: float) -> tuple[float, float]:
+    """(miss share, room) of a GQA group's later head re-reading its set: after ``passes`` heads' passes
+    over the set (``n`` rows of ``row`` bytes) and the ``other`` bytes of the tiles launched between the
+    row's last reader and its next first one (the pass less the band's ``width``); heads that share a wave
+    (``passes`` x ``tiles`` <= ``c``) read it together, at the wave's distance ``room_w``."""
+    room = room_w if passes * tiles <= c else \
+        max(room_w, passes * n * row + max(0.0, passes * tiles - width / block) * other)
+    return miss(room / cap, ramp), room
 
 
 def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int = 128, dtype: str = "fp16",
@@ -133,7 +150,7 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     h, hkv = _heads(heads, kv_heads)
     positive_int("n", n)
     positive_int("batch", batch)
-    left, right = bounded(causal, window)
+    left, right = bounded_window(causal, window)
     b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
     l2, n_sms = _l2_bytes(l2_bytes, device), _sms(sms, device)
     name, ker = window_kernel(impl, d, causal, (left, right), batch, h, hkv, n, n_sms)
@@ -147,30 +164,23 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     group = h // hkv
     adjacent = group if (ker.order == "hb" or batch == 1) else 1  # a group's heads adjacent in the order
     together = min(adjacent, max(1, c // tiles))  # heads of one K/V set in one wave
-    # inside a head: the ledger's re-reads beyond one pass; those at a wave boundary behind a whole wave
-    per_head = g.kv_rows_total() - n
-    boundaries = max(0.0, (tiles - 1) / c)  # expected wave boundaries inside a head
-    crossing = min(per_head, boundaries * _boundary_rows(n, left, right, ker))
+    # inside a head: the ledger's re-reads beyond one pass, in a wave and at its boundaries (`band_rereads`)
     width = _span(left, n) + _span(right, n)  # keys a row's window spans
-    room_w = _wave_rows(c, ker, tiles, n, together) * kv_row + c * q_o
-    band = _wave_rows(c, ker, tiles, n, together, width) * kv_row + c * q_o
-    m_w = miss(room_w / cap, ramp)
-    m_x = miss(band / cap, ramp)
-    inside = batch * h * ((per_head - crossing) * m_w + crossing * m_x) * kv_row
-    # a group's later heads re-read a line after one head's pass over the set (B passes with the batch between
-    # them) and the Q/O of the tiles launched between its last reader and its next first one (the pass less
-    # the band's width); heads that share a wave read it together
-    passes = 1 if adjacent == group else batch
-    room_g = max(room_w, passes * n * kv_row + max(0.0, passes * tiles - width / ker.block_q) * q_o)
-    m_g = miss(room_g / cap, ramp)
+    rows, f = band_rereads(n, tiles, c, ker.block_q, ker.block_kv, width, g.kv_rows_total() - n, kv_row, q_o,
+                           cap, ramp, together)
+    inside = batch * h * rows * kv_row
+    # a group's later heads re-read the set (B passes apart with the batch between them)
+    m_g, room_g = group_gap_miss(n, tiles, c, ker.block_q, width, kv_row, q_o,
+                                 1 if adjacent == group else batch, f["wave_room"], cap, ramp)
     group_rr = batch * hkv * (group - 1) * n * kv_row * m_g
     facts = {"kernel": name, "block_q": ker.block_q, "block_kv": ker.block_kv, "concurrent_ctas": c,
-             "window": [left, right], "tiles_per_head": tiles, "wave_room_l2": room_w / l2,
-             "boundary_room_l2": band / l2, "group_room_l2": room_g / l2}
+             "window": [left, right], "tiles_per_head": tiles, "wave_room_l2": f["wave_room"] / l2,
+             "boundary_room_l2": f["boundary_room"] / l2, "group_room_l2": room_g / l2}
     terms = [("kv_rereads", inside + group_rr,
-              f"K/V rows re-read inside a head ({m_w:.2f} of the in-wave re-reads, {m_x:.2f} of the "
-              f"{crossing:,.0f} rows a head's wave boundaries re-read, missing) and by {group - 1} more "
-              f"query head(s) of each K/V head ({m_g:.2f} missing)")]
+              f"K/V rows re-read inside a head ({f['wave_miss']:.2f} of the in-wave re-reads, "
+              f"{f['boundary_miss']:.2f} of the {f['boundary_rows']:,.0f} rows a head's wave boundaries "
+              f"re-read, missing) and by {group - 1} more query head(s) of each K/V head ({m_g:.2f} "
+              "missing)")]
     if impl == "flex":  # kv_num_blocks and full_kv_num_blocks per query block, an index per loaded block
         loaded, _ = g.loaded_pairs()
         terms.append(("block_mask", _sectors(tiles * 2 * 4 + loaded * 4),
@@ -189,7 +199,7 @@ def window_ledger(impl: str, n: int, *, window, causal: bool = False, d: int = 1
     from attnscope.model import traffic
 
     h, hkv = _heads(heads, kv_heads)
-    win = bounded(causal, window)
+    win = bounded_window(causal, window)
     name, ker = window_kernel(impl, d, causal, win, batch, h, hkv, n, _sms(sms, device))
     row = "flash-causal" if causal else "flash"
     t = traffic.traffic(n, d, dtype, ker.block_q, ker.block_kv, batch=batch, heads=h, kv_heads=hkv,
