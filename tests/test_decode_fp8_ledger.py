@@ -157,7 +157,50 @@ def test_report_fp8_line_says_when_the_model_does_not_apply(tmp_path, capsys, wo
     ({"kv_heads": 5}, "workload.kv_heads: expected a divisor of heads (32), got 5"),
     ({"kv_heads": 0}, "workload.kv_heads: expected a positive integer"),
     ({"device": "b200"}, "workload.device: expected one of a100, h100, h200, got 'b200'"),
+    ({"window_layers": 4}, "workload.window_layers: expected none without workload.sliding_window, got 4"),
+    ({"sliding_window": 64, "window_layers": 40},
+     "workload.window_layers: expected at most workload.layers (32)"),
+    ({"sliding_window": 0}, "workload.sliding_window: expected a positive integer"),
 ])
 def test_report_workload_kv_fields_refused_by_name(tmp_path, capsys, workload, msg):
     rc, out, err = _run(capsys, "report", str(_trace(tmp_path, **workload)), "--out", str(tmp_path / "r"))
     assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_windowed_decode_step_is_the_exact_mean_over_the_steps():
+    """A window on some layers: those layers' mean over the steps is their ledgers' exact mean (the window's
+    reads are not affine in the length: they stop growing and step with its 128-key block)."""
+    kw = dict(heads=16, kv_heads=4, d=128, dtype="bf16")
+    for prompt, output, left in ((1000, 500, 255), (10, 50, 200), (100, 3000, 1023), (4000, 5, 100)):
+        got = sv.decode_step(3, prompt, output, layers=4, window=(left, 0), window_layers=3, **kw)
+        full = sv.decode_step(3, prompt, output, layers=1, **kw)
+        steps = [sv.paged([n], window=(left, 0), **kw).row.total for n in range(prompt + 1, prompt + output)]
+        assert got.nbytes == pytest.approx(full.nbytes + 3 * 3 * sum(steps) / len(steps), rel=1e-12)
+        assert got.nbytes < 4 * full.nbytes or prompt + output <= left + 1
+    with pytest.raises(ValueError, match="window: expected a window for window_layers > 0"):
+        sv.decode_step(3, 100, 10, layers=4, window_layers=2, **kw)
+    with pytest.raises(ValueError, match="window_layers: expected an integer from 0 to layers"):
+        sv.decode_step(3, 100, 10, layers=4, window=(5, 0), window_layers=5, **kw)
+
+
+def test_report_counts_a_sliding_window_on_some_layers(tmp_path, capsys):
+    from attnscope.report.attribution import flop_share
+
+    p = _trace(tmp_path, dtype="bf16", kv_heads=8, prompt_tokens=8000, output_tokens=301,
+               sliding_window=1024, window_layers=16)
+    rc, out, err = _run(capsys, "report", str(p), "--out", str(tmp_path / "r"), "--json", "--format", "md")
+    assert rc == 0, err
+    d = json.loads(out)["fp8_kv"]
+    kw = dict(layers=32, heads=32, kv_heads=8, d=128, dtype="bf16", window=(1023, 0), window_layers=16)
+    base = sv.decode_step(8, 8000, 301, kv_dtype="bf16", **kw)
+    plain = sv.decode_step(8, 8000, 301, kv_dtype="bf16", **{**kw, "window": None, "window_layers": 0})
+    assert d["base"] == base.to_json() and base.nbytes < 0.65 * plain.nbytes  # half the layers read 1k keys
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "32 layers (a 1,024-key window on 16)" in md
+    _, attn, share = flop_share(8e9, 8000, 128, 32, 32, (1023, 0), 16)
+    _, attn_full, share_full = flop_share(8e9, 8000, 128, 32, 32)
+    assert attn < 0.65 * attn_full and f"Attention is {share:.1%} of prefill FLOPs" in md
+    # every layer windowed when window_layers is not given
+    rc, out, err = _run(capsys, "report", str(_trace(tmp_path, sliding_window=4096)), "--out",
+                        str(tmp_path / "r2"), "--json", "--format", "md")
+    assert rc == 0 and "(a 4,096-key window on 32)" in (tmp_path / "r2" / "report.md").read_text(), err

@@ -33,7 +33,11 @@ def test_issue39_grids_parse_with_48_valid_rows(name, family):
 def test_the_smoke_grid_holds_every_measured_callable():
     specs = physical.parse_grid(GRIDS / "families_smoke.csv")
     got = {(s["pass"], s["impl"], s.get("deterministic"), s.get("kernels"), "page_size" in s,
-            s.get("kv_dtype")) for s in specs}
+            s.get("kv_dtype")) for s in specs if "window" not in s or s["pass"] == "window"}
+    # attnscope's windowed backward (the user's default call), decode (paged) and varlen
+    windowed = {(s["pass"], s.get("kernels"), "page_size" in s) for s in specs
+                if "window" in s and s["pass"] != "window"}
+    assert windowed == {("backward", "auto", False), ("decode", None, True), ("varlen", None, False)}
     want = {(f, i, None, None, False, None) for f in ("backward", "decode", "varlen")
             for i in families.IMPLS[f]}
     want -= {(f, "attnscope", None, None, False, None) for f in ("backward", "decode")}
@@ -553,3 +557,39 @@ def test_windowed_backward_rows_ledgers_callable_and_the_heldout_grid():
     assert {x["deterministic"] for x in specs} == {True, False}
     assert {(x["d"], x["dtype"]) for x in specs} == {(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")}
     assert all(families.estimate(x)[0] is not None for x in specs)
+
+
+def test_sweep_of_windowed_rows_reports_each_family_and_reads_back(tmp_path, capsys, monkeypatch):
+    from attnscope.cli import gpu
+
+    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
+    grid = _grid(tmp_path, "pass,impl,batch,heads,kv_heads,n,d,causal,deterministic,cache_lens,splits,lens,"
+                           "window\n"
+                           "window,attnscope,2,16,4,8192,128,1,,,,,1024:0\n"
+                           "window,flex,1,8,8,4096,64,0,,,,,256:256\n"
+                           "decode,attnscope,,8,2,,64,,,4096;1000,2,,512:0\n"
+                           "varlen,attnscope,,8,2,,64,1,,,,3000;700,300:0\n"
+                           "backward,attnscope,1,8,2,4096,128,0,1,,,,200:200\n")
+
+    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None, **kw):
+        pts = []
+        for s in specs:  # measured at the estimate + 2 % (the sweep's arithmetic, not the model, is tested)
+            total = int(families.estimate(s, 62914560, 132)[0].total * 1.02)
+            pts.append(_point(s, total // 2, total - total // 2))
+        progress(pts, len(pts))
+        return pts
+
+    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    out = tmp_path / "s.json"
+    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for fam, count in (("window", 2), ("decode", 1), ("varlen", 1), ("backward", 1)):
+        assert f"{fam}: {count} points, {count} estimated (within 5%: {count}" in text, fam
+    saved = json.loads(out.read_text())
+    assert saved["family_summary"]["window"]["estimate"] == "model/window_estimate.py"
+    assert {tuple(r["spec"]["window"]) for r in saved["family_rows"]} == {(1024, 0), (256, 256), (512, 0),
+                                                                           (300, 0), (200, 200)}
+    assert [round(r["estimate_error"], 4) for r in saved["family_rows"]] == [round(1 / 1.02 - 1, 4)] * 5
+    assert main(["bytes", "--from-json", str(out)]) == 0  # the windows read back from the JSON specs
+    assert "window: 2 points, 2 estimated" in capsys.readouterr().out

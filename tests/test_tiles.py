@@ -364,3 +364,14 @@ def test_window_rejects_bad_values():
         with pytest.raises(InputError, match="window"):
             normalize_window(False, bad)
     assert normalize_window(True, (4, 9)) == (4, 0) and normalize_window(False, None) == (-1, -1)
+
+
+def test_window_span_and_bounded_window():
+    from attnscope.errors import InputError
+    from attnscope.model.tiles import bounded_window, window_span
+
+    assert window_span((3, 0), 10) == 3 and window_span((-1, 5), 10) == 15 and window_span((20, -1), 10) == 20
+    assert bounded_window(True, (7, 9)) == (7, 0) and bounded_window(False, (-1, 4)) == (-1, 4)
+    for causal, window in ((False, None), (False, (-1, -1)), (True, (-1, 3))):
+        with pytest.raises(InputError, match="window: expected a window bounding"):
+            bounded_window(causal, window)

@@ -110,6 +110,25 @@ def _window(where: str, value, causal: bool) -> list[int]:
         raise InputError(f"{where}: {e}") from None
 
 
+def _optional_window(where: str, got: dict, spec: dict, causal: bool) -> None:
+    """``spec["window"]`` from the row's window cell, where it has one: attnscope's kernels take a window,
+    another implementation's is refused in one line."""
+    if got.get("window") not in ("", None):
+        if spec["impl"] != "attnscope":
+            raise _unsupported(where, "window", f"a window with impl {spec['impl']}",
+                               "windows with attnscope")
+        spec["window"] = _window(where, got["window"], causal)
+
+
+def spec_window(spec: dict) -> tuple[int, int] | None:
+    """A point's effective window as the models take it, or None."""
+    return tuple(spec["window"]) if "window" in spec else None
+
+
+def _window_text(spec: dict) -> str:
+    return f" window {spec['window'][0]}:{spec['window'][1]}" if spec.get("window") else ""
+
+
 def required(where: str, got: dict, name: str):
     """The raw cell ``got[name]``; one line naming it when it is empty or missing."""
     if got.get(name) in ("", None):
@@ -156,10 +175,7 @@ def point(got: dict, spec: dict, where: str) -> dict:
                                  f"{short(kernels)}")
             if kernels not in ("", None, backward_kernels(spec)):  # the default stays out: one spec per call
                 spec["kernels"] = kernels
-        if got.get("window") not in ("", None):
-            if impl != "attnscope":
-                raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
-            spec["window"] = _window(where, got["window"], spec["causal"])
+        _optional_window(where, got, spec, spec["causal"])
         return spec
     if family == "window":
         spec["n"] = grid_int(where, "n", required(where, got, "n"))
@@ -170,10 +186,7 @@ def point(got: dict, spec: dict, where: str) -> dict:
         spec["lens"] = _lengths(where, "lens", required(where, got, "lens"))
         spec["causal"] = grid_bool(where, "causal", got.get("causal") or "false")
         _batch(where, spec, "lens")
-        if got.get("window") not in ("", None):
-            if impl != "attnscope":
-                raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
-            spec["window"] = _window(where, got["window"], spec["causal"])
+        _optional_window(where, got, spec, spec["causal"])
         return spec
     lens = _lengths(where, "cache_lens", required(where, got, "cache_lens"))
     spec["cache_lens"] = lens * spec["batch"] if len(lens) == 1 else lens
@@ -188,10 +201,7 @@ def point(got: dict, spec: dict, where: str) -> dict:
                              f"({min(spec['cache_lens'])}: the queries are the last nq positions), got {nq}")
         if nq > 1:
             spec["nq"] = nq
-    if got.get("window") not in ("", None):
-        if impl != "attnscope":
-            raise _unsupported(where, "window", f"a window with impl {impl}", "windows with attnscope")
-        spec["window"] = _window(where, got["window"], True)
+    _optional_window(where, got, spec, True)  # decode is causal
     if impl != "attnscope":  # SDPA: one dense [B, Hkv, L, d] cache, no per-sequence length
         for col, v in (("page_size", page), ("kv_dtype", kv), ("splits", splits)):
             if v not in ("", None) and not (col == "kv_dtype" and v == spec["dtype"]):
@@ -270,7 +280,7 @@ def ledger(spec: dict) -> tuple[int, int, str]:
                 backward_kernels(spec), d, causal, spec["deterministic"])
             row = ("flash-causal-backward" if causal else "flash-backward") + ("-det" if own_pass else "")
         t = backward.backward_traffic(n, d, spec["dtype"], batch=bsz, heads=h, kv_heads=hkv, rows=(row,),
-                                      window=tuple(spec["window"]) if "window" in spec else None)
+                                      window=spec_window(spec))
         comp = backward_estimate.backward_compulsory(impl, n, d=d, dtype=spec["dtype"], batch=bsz, heads=h,
                                                      kv_heads=hkv)
         return t[row].total * t.config.batch_heads, comp, f"model/backward.py {row}"
@@ -283,12 +293,12 @@ def ledger(spec: dict) -> tuple[int, int, str]:
     if spec["pass"] == "varlen":
         row = "flash-causal" if spec["causal"] else "flash"
         p = serving.packed(spec["lens"], d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv, rows=(row,),
-                           window=tuple(spec["window"]) if "window" in spec else None)
+                           window=spec_window(spec))
         comp = family_estimate.varlen_compulsory(spec["lens"], d=d, dtype=spec["dtype"], heads=h,
                                                  kv_heads=hkv)
         return p[row].total * h, comp, f"model/serving.py packed {row}"
     lens, kv_dtype, nq = spec["cache_lens"], spec.get("kv_dtype", spec["dtype"]), spec.get("nq", 1)
-    window = tuple(spec["window"]) if "window" in spec else None
+    window = spec_window(spec)
     g = serving.paged(lens, spec.get("page_size"), nq=nq, d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
                       num_splits=spec.get("splits", 1), kv_dtype=kv_dtype, window=window)
     comp = family_estimate.decode_compulsory(lens, nq=nq, d=d, dtype=spec["dtype"], heads=h, kv_heads=hkv,
@@ -305,10 +315,10 @@ def label(spec: dict) -> str:
         if "kernels" in s:  # not the mode's default build: atomic-dQ would not say what ran
             det = f" deterministic={str(s['deterministic']).lower()} kernels={s['kernels']}"
         return (f"{head} B={s['batch']} N={s['n']} {'causal' if s['causal'] else 'unmasked'}{det}"
-                + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
+                + _window_text(s))
     if s["pass"] == "varlen":
         return (f"{head} lens={_lens_text(s['lens'])} {'causal' if s['causal'] else 'unmasked'}"
-                + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
+                + _window_text(s))
     if s["pass"] == "window":
         return (f"{head} B={s['batch']} N={s['n']} {'causal ' if s['causal'] else ''}window "
                 f"{s['window'][0]}:{s['window'][1]}")
@@ -316,7 +326,7 @@ def label(spec: dict) -> str:
     return (f"{head} cache_lens={_lens_text(s['cache_lens'])} {cache} {s.get('kv_dtype', s['dtype'])}"
             + (f" splits={s['splits']}" if s.get("splits") else "")
             + (f" nq={s['nq']}" if s.get("nq") else "")
-            + (f" window {s['window'][0]}:{s['window'][1]}" if s.get("window") else ""))
+            + _window_text(s))
 
 
 def _lens_text(lens: list[int]) -> str:
@@ -374,7 +384,7 @@ def backward_args(spec: dict) -> dict:
             "dtype": spec["dtype"], "batch": spec["batch"], "heads": spec["heads"],
             "kv_heads": spec.get("kv_heads") or spec["heads"],
             "deterministic": bool(spec.get("deterministic")), "kernels": backward_kernels(spec),
-            "window": tuple(spec["window"]) if "window" in spec else None}
+            "window": spec_window(spec)}
 
 
 def window_args(spec: dict) -> dict:
@@ -403,13 +413,13 @@ def estimate(spec: dict, l2_bytes: int | None = None, sms: int | None = None):
                                       dtype=dtype, heads=h, kv_heads=hkv, page_size=spec.get("page_size"),
                                       kv_dtype=spec.get("kv_dtype"), splits=spec.get("splits"), sms=sms,
                                       l2_bytes=l2_bytes,
-                                      window=tuple(spec["window"]) if "window" in spec else None), ""
+                                      window=spec_window(spec)), ""
         if spec["pass"] == "window":
             return we.window_estimate(**window_args(spec), sms=sms, l2_bytes=l2_bytes), ""
         if spec["pass"] == "varlen":
             return fe.varlen_estimate(spec["impl"], spec["lens"], causal=spec["causal"], d=d, dtype=dtype,
                                       heads=h, kv_heads=hkv, sms=sms, l2_bytes=l2_bytes,
-                                      window=tuple(spec["window"]) if "window" in spec else None), ""
+                                      window=spec_window(spec)), ""
     except NotImplementedError as e:  # NotMeasured is one
         return None, fe.error_text(e)
     return None, NO_ESTIMATE

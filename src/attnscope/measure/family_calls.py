@@ -8,6 +8,8 @@ family's kernels -- the backward kernels alone for ``backward``. GPU only; impor
 
 from __future__ import annotations
 
+from attnscope.measure.families import spec_window
+
 
 def call(torch, spec: dict, device: str = "cuda"):
     """(fn, keep) for one family spec (validated by measure/physical.point), its tensors on ``device``
@@ -36,7 +38,7 @@ def _backward(torch, spec, dt, h, hkv, d, dev):
         from attnscope.kernels.bwd import atomic_dq_by_default
         from attnscope.measure.families import backward_kernels
 
-        window = tuple(spec["window"]) if "window" in spec else None
+        window = spec_window(spec)
         with torch.no_grad():
             o, lse = attnscope.flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
         det, kernels = spec["deterministic"], backward_kernels(spec)
@@ -79,7 +81,7 @@ def _decode(torch, spec, dt, h, hkv, d, dev):
     if spec.get("kv_dtype") == "fp8":
         (k, ks), (v, vs) = (attnscope.quantize_kv(x, head_axis=axis) for x in (k, v))
         scales = {"k_scale": ks, "v_scale": vs}
-    splits, window = spec["splits"], tuple(spec["window"]) if "window" in spec else None
+    splits, window = spec["splits"], spec_window(spec)
     return (lambda: attnscope.flash_decode(q, k, v, seqlens, table, num_splits=splits, window=window,
                                            **scales)), (q, k, v, seqlens, table, scales)
 
@@ -93,7 +95,7 @@ def _varlen(torch, spec, dt, h, hkv, d, dev):
     q = torch.randn((total, h, d), device=dev, dtype=dt)
     k, v = (torch.randn((total, hkv, d), device=dev, dtype=dt) for _ in range(2))
     if spec["impl"] == "attnscope":
-        m, window = max(lens), tuple(spec["window"]) if "window" in spec else None
+        m, window = max(lens), spec_window(spec)
         return (lambda: attnscope.flash_attention_varlen(q, k, v, cu, cu, m, m, causal=causal,
                                                          window=window)), (q, k, v, cu)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention

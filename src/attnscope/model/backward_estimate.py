@@ -69,7 +69,7 @@ from attnscope.model.family_estimate import (
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
-from attnscope.model.tiles import Grid, normalize_window
+from attnscope.model.tiles import Grid, normalize_window, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 from attnscope.model.window_estimate import band_rereads, group_gap_miss
 
@@ -397,7 +397,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         field = "onepass_bwd_reread_dram"
     if win is not None:  # key tiles walking their bands of query rows, each over the group's heads in turn
         p = H200_L2_PARAMS
-        width = sum(n if side < 0 else min(side, n) for side in win)
+        width = window_span(win, n)
         band, bf = band_rereads(n, per_set, conc, ker.kv, ker.q, width, rows - n, row + acc_row,
                                 other * p.qo_weight(), p.shared * l2, p.shared_ramp, in_turn=g)
         facts |= {"band_" + k: v for k, v in bf.items()}

@@ -40,7 +40,7 @@ from attnscope.model.l2 import (  # the forward estimate's rules for dirty outpu
 )
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, bounded_window, normalize_window, window_kv_bounds0
+from attnscope.model.tiles import Grid, bounded_window, window_kv_bounds0, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
 DECODE_IMPLS = ("flash", "cudnn", "attnscope")
@@ -168,12 +168,11 @@ def decode_compulsory(cache_lens, *, nq: int = 1, d: int = 128, dtype: str = "fp
 
 def decode_window_keys(lens, nq: int, window) -> int:
     """Keys the last ``nq`` queries of the sequences see, summed: all of them without a ``window``; with one
-    (decode is causal: `tiles.normalize_window` with causal, a bounded left side) ``min(len, nq + left)``
-    each. A window that bounds no side is refused in one line naming ``window``."""
+    (decode is causal: `tiles.bounded_window` with causal, a bounded left side, else one line naming
+    ``window``) ``min(len, nq + left)`` each."""
     if window is None:
         return sum(lens)
-    left, _ = normalize_window(True, window)
-    expect(left >= 0, "window", "a window bounding the left side (decode is causal)", window)
+    left, _ = bounded_window(True, window)
     return sum(min(n, nq + left) for n in lens)
 
 
@@ -229,8 +228,9 @@ def decode_estimate(impl: str, cache_lens, *, nq: int = 1, d: int = 128, dtype: 
     sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
     params: the constants (`FamilyParams`); a term whose constant is None raises `NotMeasured`.
     window: attnscope's sliding window ``(left, right)`` (causal: the left side bounds; None: none): the
-        compulsory K/V are the keys the queries see, and the kernel reads them from the start of the
-        `DECODE_BLOCK_N` block that holds the first (the ``window_edge`` term); every other term as without.
+        compulsory K/V are the keys the queries see, and the kernel reads them from the start of its
+        key block (64 keys with a row tile over 32 rows, else 128) that holds the first (the ``window_edge``
+        term); every other term as without.
 
     Returns
     -------
@@ -379,11 +379,6 @@ def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> in
     return (min(hi, i) if causal else hi) - lo + 1
 
 
-def _span(win: tuple[int, int], n: int) -> int:
-    """Keys a row's effective window ``(left, right)`` spans within ``n`` (-1: unbounded, the sequence)."""
-    return sum(n if side < 0 else min(side, n) for side in win)
-
-
 def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool) -> tuple[float, float, int]:
     """(K/V passes, the last wave's share of them, the program that ends the last wave) of one sequence of
     ``n`` rows whose programs start at position ``p0`` of attnscope's varlen grid: work items (sequence,
@@ -505,7 +500,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             kv_i = 2 * hkv * n * d * b  # the sequence's K/V, every kv head
             passes, last, wave_end = _varlen_waves(p0, n, h, c, causal and win is None)
             # rows of one kv head a wave streams: all of them, or with a window its tiles' bands
-            streamed = n if win is None else min(n, c / h * VARLEN_BLOCK_Q + _span(win, n))
+            streamed = n if win is None else min(n, c / h * VARLEN_BLOCK_Q + window_span(win, n))
             # a wave between two of the sequence's own streams it alone; its last wave also streams the K/V
             # of the sequences after it that start there (each in full once all its heads have a program)
             beside = sum(2 * hkv * (lens[j] if win is None else min(lens[j], streamed)) * d * b
@@ -515,7 +510,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
                 w = need(params, "varlen_qo_weight", f"{what} with a sequence over more than one wave of "
                                                      f"{c} programs")
                 if win is not None:  # a later wave re-reads the band it shares with the wave before
-                    kv_i = 2 * hkv * min(n, _span(win, n) + VARLEN_BLOCK_KV) * d * b
+                    kv_i = 2 * hkv * min(n, window_span(win, n) + VARLEN_BLOCK_KV) * d * b
                 live = 2 * hkv * streamed * d * b + min(c, progs) * qo_tile * w
                 worst = max(worst, (live + beside) / l2)
                 cap = H200_L2_PARAMS.shared * l2

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from attnscope.errors import InputError, choice, expect, is_int, positive_int
 from attnscope.model import roofline
 from attnscope.model.flops import visible_pairs
-from attnscope.model.tiles import Grid, window_kv_bounds0
+from attnscope.model.tiles import Grid, bounded_window, floor_sum, window_kv_bounds0
 from attnscope.model.traffic import (
     BUILDERS,
     CAUSAL,
@@ -206,6 +206,10 @@ def _ragged_overread_rows(lq, lk, block_q: int, block_kv: int, causal: bool, win
     return rows
 
 
+#: `paged`'s default KV block: a window's reads start at the block holding its first key.
+WINDOW_BLOCK = 128
+
+
 @dataclass(frozen=True)
 class Paged:
     """Traffic of one decode / chunked-prefill step against a KV cache, the whole call (all heads).
@@ -239,7 +243,7 @@ class Paged:
 
 
 def paged(cache_lens, page_size: int | None = None, *, nq: int = 1, d: int = 128, dtype: str = "bf16",
-          heads: int = 32, kv_heads: int | None = None, num_splits: int = 1, block_kv: int = 128,
+          heads: int = 32, kv_heads: int | None = None, num_splits: int = 1, block_kv: int = WINDOW_BLOCK,
           capacity: int | None = None, lse: bool = False, kv_dtype: str | None = None, window=None,
           softcap: float = 0.0, sinks: bool = False) -> Paged:
     """Logical HBM bytes of one split-KV decode / chunked-prefill step (`flash_decode`), whole call.
@@ -380,7 +384,7 @@ class DecodeStep:
 
 def decode_step(batch: int, prompt: int, output: int, *, layers: int, heads: int, kv_heads: int | None = None,
                 d: int = 128, dtype: str = "bf16", kv_dtype: str | None = None,
-                device: str = "h200") -> DecodeStep:
+                device: str = "h200", window=None, window_layers: int = 0) -> DecodeStep:
     """Mean attention bytes per decode step of ``batch`` sequences generating ``output`` tokens after a
     ``prompt``-token prefill, one split-KV call (`paged`, dense cache, one split) per layer.
 
@@ -389,12 +393,43 @@ def decode_step(batch: int, prompt: int, output: int, *, layers: int, heads: int
     length (K/V grow, Q, O and the scales do not), so the mean over the steps is the mean of the first and
     the last step's: closed form, ``batch`` and ``layers`` multiply one sequence's ledger.
     ``output == 1`` has no decode step (`InputError`).
+
+    ``window`` (``(left, right)``, decode is causal: the left side bounds) on ``window_layers`` of the
+    layers: those read only the KV blocks their query's window visits, ``L - lo(L)`` keys with ``lo`` the
+    start of the 128-key block holding key ``L - 1 - left`` (`_window_blocks`), no longer affine in L: the
+    mean over the steps is its exact sum (`tiles.floor_sum`), still closed form.
     """
     for name, v in (("batch", batch), ("prompt", prompt), ("layers", layers)):
         positive_int(name, v)
     expect(is_int(output) and output >= 2, "output",
            "at least 2 tokens (the first comes from the prefill; decode steps make the rest)", output)
+    expect(is_int(window_layers) and 0 <= window_layers <= layers, "window_layers",
+           f"an integer from 0 to layers ({layers})", window_layers)
+    expect(window_layers == 0 or window is not None, "window", "a window for window_layers > 0", window)
     kw = dict(nq=1, d=d, dtype=dtype, heads=heads, kv_heads=kv_heads, kv_dtype=kv_dtype)
     first, last = (paged([prompt + t], **kw) for t in (1, output - 1))
-    nbytes = batch * layers * (first.row.total + last.row.total) / 2
+    nbytes = batch * (layers - window_layers) * (first.row.total + last.row.total) / 2
+    if window_layers:
+        left, _ = bounded_window(True, window)
+        a, b = prompt + 1, prompt + output - 1  # the steps' cache lengths
+        w = paged([a], window=(left, 0), **kw)
+        per_key = 2 * w.config.kv_heads * d * DTYPE_BYTES[w.kv_dtype]  # K and V of one key, every kv head
+        fixed = w.row.total - per_key * _window_keys_read(a, left)
+        keys = (b * (b + 1) - (a - 1) * a) // 2 - _block_starts(a, b, left)  # sum of L - lo(L), L = a .. b
+        nbytes += batch * window_layers * (fixed + per_key * keys / (b - a + 1))
     return DecodeStep(first.kv_dtype, nbytes, nbytes / roofline.device(device).hbm)
+
+
+def _window_keys_read(n: int, left: int) -> int:
+    """Keys one decode query (the last of ``n``) reads under a window bounded ``left`` keys back, from the
+    start of its 128-key block (`_window_blocks`)."""
+    return n - max(0, n - 1 - left) // WINDOW_BLOCK * WINDOW_BLOCK
+
+
+def _block_starts(a: int, b: int, left: int) -> int:
+    """sum over n = a .. b of ``max(0, n - 1 - left) // WINDOW_BLOCK * WINDOW_BLOCK`` (`_window_keys_read`'s
+    block start), closed form (`tiles.floor_sum`)."""
+    lo = max(a, left + 1)  # from here n - 1 - left >= 0
+    if lo > b:
+        return 0
+    return WINDOW_BLOCK * floor_sum(b - lo + 1, WINDOW_BLOCK, 1, lo - 1 - left)

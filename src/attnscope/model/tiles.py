@@ -369,6 +369,12 @@ def bounded_window(causal: bool, window) -> tuple[int, int]:
     return left, right
 
 
+def window_span(window: tuple[int, int], n: int) -> int:
+    """Keys an effective window ``(left, right)`` spans beside a row's own, within ``n`` keys a side (-1,
+    unbounded: ``n``): ``left + right`` clipped."""
+    return sum(n if side < 0 else min(side, n) for side in window)
+
+
 def window_kv_bounds0(row0: int, rows: int, nq: int, nk: int, block_kv: int, causal: bool,
                       window=None) -> tuple[int, int, int, int]:
     """KV columns (0-based, element units, tile-aligned) of the query rows ``row0 .. row0 + rows - 1`` under

@@ -8,7 +8,7 @@ a head's tiles consecutive, then the next head, `Kernel.order`). Three distances
 K/V line miss (`l2_params.miss` at `L2Params.shared`: lines read from both partitions; a CTA's Q and O tiles
 take `L2Params.qo_weight` of a K/V byte of room):
 
-- inside a wave (`_wave_room`): the next tile's CTA reads a line ``B_r / B_c`` steps before (or after) its
+- inside a wave (`band_rereads`): the next tile's CTA reads a line ``B_r / B_c`` steps before (or after) its
   neighbour, while the wave reads ``C B_r`` distinct rows (its bands side by side), so a re-read sits behind
   C B_r rows of K/V and the wave's Q/O tiles;
 - across a wave boundary (`band_rereads`): the first tile of the next wave re-reads the ``left + right``
@@ -19,10 +19,11 @@ take `L2Params.qo_weight` of a K/V byte of room):
 - the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after one
   head's pass over the set and the Q/O of the tiles launched between the line's last reader and its next
   first one (the pass less the band's width), with the batch between ("bh", Flex) after B passes; a group
-  whose heads share a wave reads the set together (the wave's distance). bench/l2_sim.py --window checks it
-  on an ideal machine: the same K/V between, and the Q/O of as many tiles where the band is wide; with a
-  narrow band (tens of steps a tile) its CTAs drift out of the waves and up to C / 2 fewer tiles' Q/O lie
-  between (a gap about 10 % shorter at N 40k, d 128).
+  whose heads share a wave reads the set together (the wave's distance) (`group_gap_miss`).
+
+bench/l2_sim.py --window runs the same calls through an ideal machine; where hopper_persist's static
+round-robin meets unequal tiles its programs drift out of the lockstep waves assumed here (docs/model.md,
+"Where it may miss"): the probe grid bench/grids/probe_window.csv measures whether the H200 does.
 
 The kernels are what ``flash_attention(..., window=...)`` runs on an sm_90 GPU (`window_kernel`: the
 dispatch rule's pick, `model.dispatch`) and Flex attention's forward with a sliding-window block mask
@@ -35,7 +36,7 @@ of N. Pure Python.
 from __future__ import annotations
 
 from attnscope.errors import choice, positive_int
-from attnscope.model import dispatch
+from attnscope.model import dispatch, traffic
 from attnscope.model.family_estimate import (
     FLEX_BLOCK,
     FLEX_KERNELS,
@@ -48,7 +49,7 @@ from attnscope.model.family_estimate import (
 )
 from attnscope.model.l2 import VALIDATED_HEAD_DIMS
 from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, KERNELS, WINDOW_KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, bounded_window
+from attnscope.model.tiles import Grid, bounded_window, window_span
 from attnscope.model.traffic import DTYPE_BYTES
 
 WINDOW_IMPLS = ("attnscope", "flex")
@@ -82,10 +83,6 @@ def window_compulsory(n: int, *, d: int = 128, dtype: str = "fp16", batch: int =
     h, hkv = _heads(heads, kv_heads)
     b = DTYPE_BYTES[choice("dtype", dtype, ("fp16", "bf16"))]
     return positive_int("batch", batch) * positive_int("n", n) * positive_int("d", d) * b * (2 * h + 2 * hkv)
-
-
-def _span(side: int, n: int) -> int:
-    return n if side < 0 else min(side, n)
 
 
 def _wave_rows(c: int, block: int, tiles: int, n: int, together: int, band: int = 0) -> float:
@@ -165,7 +162,7 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     adjacent = group if (ker.order == "hb" or batch == 1) else 1  # a group's heads adjacent in the order
     together = min(adjacent, max(1, c // tiles))  # heads of one K/V set in one wave
     # inside a head: the ledger's re-reads beyond one pass, in a wave and at its boundaries (`band_rereads`)
-    width = _span(left, n) + _span(right, n)  # keys a row's window spans
+    width = window_span((left, right), n)
     rows, f = band_rereads(n, tiles, c, ker.block_q, ker.block_kv, width, g.kv_rows_total() - n, kv_row, q_o,
                            cap, ramp, together)
     inside = batch * h * rows * kv_row
@@ -196,8 +193,6 @@ def window_ledger(impl: str, n: int, *, window, causal: bool = False, d: int = 1
                   device: str = "h200") -> tuple[int, str]:
     """(logical bytes, the row's name) of the call: model/traffic.py's flash row with the tiles of the kernel
     that runs (`window_kernel`), whole call."""
-    from attnscope.model import traffic
-
     h, hkv = _heads(heads, kv_heads)
     win = bounded_window(causal, window)
     name, ker = window_kernel(impl, d, causal, win, batch, h, hkv, n, _sms(sms, device))

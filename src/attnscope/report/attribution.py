@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from attnscope.model import amdahl, roofline, serving
 from attnscope.model.flops import attention_flops
+from attnscope.model.tiles import Grid
 from attnscope.report.schema import Trace
 
 FLOP_SHARE_FORMULA = ("attn / (dense + attn); per prompt token dense = 2·params, "
@@ -53,13 +54,14 @@ def fp8_kv(trace: Trace) -> tuple[str, dict | None]:
                 "token).", None)
     base, fp8 = (serving.decode_step(w.concurrency, w.prompt_tokens, w.output_tokens, layers=w.layers,
                                      heads=w.heads, kv_heads=w.kv_heads, d=w.d, dtype=dtype, kv_dtype=k,
-                                     device=w.device) for k in (dtype, "fp8"))
+                                     device=w.device, window=w.window, window_layers=w.window_layers)
+                 for k in (dtype, "fp8"))
     dev = roofline.device(w.device)
     saved_ms = (base.ceiling_s - fp8.ceiling_s) * 1e3
     gib, mean = 2**30, w.prompt_tokens + w.output_tokens / 2  # mean of P + 1 .. P + O - 1
     text = (f"FP8 KV cache (model/serving.py): attention reads {base.nbytes / gib:,.2f} → "
             f"{fp8.nbytes / gib:,.2f} GiB per decode step ({dtype} → fp8; {w.concurrency:,} seq. × "
-            f"{w.layers:,} layers, mean cache {mean:,.{0 if mean.is_integer() else 1}f}), "
+            f"{w.layers:,} layers{_windowed(w)}, mean cache {mean:,.{0 if mean.is_integer() else 1}f}), "
             f"{base.ceiling_s * 1e3:,.2f} → {fp8.ceiling_s * 1e3:,.2f} ms at the {dev.name.upper()}'s "
             f"{dev.hbm / 1e12:g} TB/s: −{saved_ms:,.2f} ms of the {trace.tpot_ms:.1f} ms TPOT (weights not "
             "counted).")
@@ -67,12 +69,23 @@ def fp8_kv(trace: Trace) -> tuple[str, dict | None]:
                   "fp8": fp8.to_json(), "saved_ms": saved_ms}
 
 
-def flop_share(params: float, prompt_tokens: int, d: int, heads: int,
-               layers: int) -> tuple[float, float, float]:
-    """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring)."""
+def _windowed(w) -> str:
+    """`` (a W-key window on k)`` for a workload with a sliding window, else ``""``."""
+    return "" if w.sliding_window is None else f" (a {w.sliding_window:,}-key window on {w.window_layers:,})"
+
+
+def flop_share(params: float, prompt_tokens: int, d: int, heads: int, layers: int,
+               window: tuple[int, int] | None = None, window_layers: int = 0) -> tuple[float, float, float]:
+    """(dense FLOPs, causal attention FLOPs, attention share) per prompt token (module docstring); with a
+    sliding ``window`` on ``window_layers`` of the layers, those count the (query, key) pairs it leaves
+    visible (`model.tiles.Grid.visible_pairs`)."""
     dense = 2.0 * params
     # model/flops.py's causal count over the prompt, per token: 4 * (P/2) * d * heads per layer
-    attn = layers * attention_flops(1, heads, prompt_tokens, prompt_tokens, d, causal=True) / prompt_tokens
+    attn = (layers - window_layers) * attention_flops(1, heads, prompt_tokens, prompt_tokens, d,
+                                                      causal=True) / prompt_tokens
+    if window_layers:
+        pairs = Grid(prompt_tokens, prompt_tokens, causal=True, window=window).visible_pairs()
+        attn += window_layers * 4.0 * heads * pairs * d / prompt_tokens
     return dense, attn, attn / (dense + attn)
 
 
@@ -129,7 +142,8 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
     if u > 1e-9:
         rows.append(SegmentRow("Unattributed", u, u / t.ttft_ms, u, t.ttft_source,
                                "Client TTFT minus the serial segments"))
-    dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers)
+    dense, attn, fshare = flop_share(w.params, w.prompt_tokens, w.d, w.heads, w.layers, w.window,
+                                     w.window_layers)
     fs = sorted(set(amdahl.DEFAULT_SENSITIVITY) | {round(b.f_inner, 6)})  # spec §5's rows and this trace
     r = Report(trace=t, rows=rows, attention_ms=attention_ms, attention_source=attention_source, boundary=b,
                naive_ms=t.ttft_ms / t.speedup, flop_dense=dense, flop_attn=attn, flop_share=fshare,
@@ -180,7 +194,8 @@ def _sentences(r: Report) -> None:
          f"{r.naive_ms:.1f} ms, ignoring non-attention compute and queue dwell; the projection is "
          f"{b.outer_projected_ms:.2f} ms."),
         ("FLOP share vs. time share",
-         f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = {t.workload.prompt_tokens:,} (formula "
+         f"Attention is {r.flop_share:.1%} of prefill FLOPs at P = {t.workload.prompt_tokens:,}"
+         f"{_windowed(t.workload)} (formula "
          f"below); Amdahl on it predicts {r.flop_speedup:.3f}× for the prefill, not {b.inner_speedup:.4f}×: "
          f"FLOPs omit the non-matmul work and stalls in the {b.f_inner:.1%} time share."),
         ("Unmeasured components", queue_text),

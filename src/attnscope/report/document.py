@@ -127,7 +127,10 @@ def build(r: Report, source: str = "the spec's Document QA trace") -> Document:
                    " · p95 compliance: ",
                    *(["unknown (single trace)"] if r.samples is None else
                      [(r.samples.verdict, _TONE[r.samples.verdict]), f" (n = {r.samples.n})"]))
-    footer = para(f"FLOP share = {FLOP_SHARE_FORMULA}: dense {r.flop_dense:.3g}, attention {r.flop_attn:.3g} "
+    windowed = "" if t.workload.sliding_window is None else (
+        f" (the {t.workload.window_layers:,} windowed layers: 4·d·heads·pairs / P, pairs the window leaves)")
+    footer = para(f"FLOP share = {FLOP_SHARE_FORMULA}{windowed}: dense {r.flop_dense:.3g}, attention "
+                  f"{r.flop_attn:.3g} "
                   "FLOPs per prompt token. Amdahl: speedup = 1 / ((1 − f) + f / S), f a measured time share "
                   "(model/amdahl.py).")
     return Document(t.title, f"Latency attribution report (attnscope) · input: {source} · one trace; "

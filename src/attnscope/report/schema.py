@@ -7,7 +7,9 @@ targets, and a proposed change (a kernel speedup S on the prefill's attention pa
     title            str, optional
     workload         model (str), params (float, default 8.0e9), dtype (str), layers, heads, d,
                      concurrency, prompt_tokens, output_tokens (positive ints), kv_heads (optional, a
-                     divisor of heads, default heads), device (optional, model/roofline.py, default h200)
+                     divisor of heads, default heads), device (optional, model/roofline.py, default h200),
+                     sliding_window (optional: W keys, transformers' meaning, a query sees itself and the
+                     W - 1 keys before) on window_layers of the layers (optional, 1 to layers, default all)
     targets          p95_ttft_ms (> 0), and tpot_ms or tokens_per_s (> 0; both must agree if given)
     segments         list of {name (unique str), ms (>= 0), source (str), note (str, optional)}
     ttft             optional {ms, source}: the client timer; at least the segments' sum (a larger
@@ -24,7 +26,7 @@ characters (they would reach the page raw); numbers are finite and bounded (`MAX
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from attnscope.errors import InputError, choice, expect, finite_real, is_int, short
@@ -48,6 +50,13 @@ class Workload:
     params: float = DEFAULT_PARAMS
     kv_heads: int | None = None  # None: as heads
     device: str = DEFAULT_DEVICE
+    sliding_window: int | None = None  # W keys a query sees on the windowed layers (None: no window)
+    window_layers: int = 0  # layers with the sliding window
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """The windowed layers' ``(left, right)`` (`model.tiles.normalize_window`), or None."""
+        return None if self.sliding_window is None else (self.sliding_window - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -179,7 +188,8 @@ def validate(data) -> Trace:
     title = _str(top, "title", "trace", default="Latency attribution report")
 
     ints = ("layers", "heads", "d", "concurrency", "prompt_tokens", "output_tokens")
-    w = _mapping(top["workload"], "workload", {"model", "params", "dtype", "kv_heads", "device", *ints},
+    w = _mapping(top["workload"], "workload", {"model", "params", "dtype", "kv_heads", "device",
+                                               "sliding_window", "window_layers", *ints},
                  {"model", "dtype", *ints})
     workload = Workload(
         model=_str(w, "model", "workload"), dtype=_str(w, "dtype", "workload"),
@@ -188,7 +198,15 @@ def validate(data) -> Trace:
         kv_heads=_int(w, "kv_heads", "workload") if "kv_heads" in w else None,
         device=choice("workload.device", _str(w, "device", "workload"), roofline.DEVICES) if "device" in w
         else DEFAULT_DEVICE,
+        sliding_window=_int(w, "sliding_window", "workload") if "sliding_window" in w else None,
+        window_layers=_int(w, "window_layers", "workload") if "window_layers" in w else 0,
     )
+    expect(workload.window_layers == 0 or workload.sliding_window is not None, "workload.window_layers",
+           "none without workload.sliding_window", workload.window_layers)
+    expect(workload.window_layers <= workload.layers, "workload.window_layers",
+           f"at most workload.layers ({workload.layers})", workload.window_layers)
+    if workload.sliding_window is not None and "window_layers" not in w:
+        workload = replace(workload, window_layers=workload.layers)
     expect(workload.kv_heads is None or workload.heads % workload.kv_heads == 0, "workload.kv_heads",
            f"a divisor of heads ({workload.heads})", workload.kv_heads)
 
