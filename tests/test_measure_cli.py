@@ -380,3 +380,48 @@ def test_bytes_window_and_family_estimates_import_neither_torch_nor_triton():
                        cwd=Path(__file__).resolve().parents[1])
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "HEAVY [] 0 0"
+
+
+@pytest.mark.parametrize("argv, row", [
+    (["--family", "backward", "--impl", "attnscope", "--n", "4096", "--causal", "--heads", "16", "--kv-heads",
+      "4", "--deterministic", "--window", "512,0"],
+     "pass,impl,heads,kv_heads,n,d,causal,deterministic,window\nbackward,attnscope,16,4,4096,128,1,1,512:0\n"),
+    (["--family", "backward", "--impl", "cudnn", "--n", "2048", "--heads", "8", "--d", "64"],
+     "pass,impl,heads,n,d\nbackward,cudnn,8,2048,64\n"),
+    (["--family", "varlen", "--impl", "flex", "--lengths", "1000,300", "--heads", "8", "--kv-heads", "2",
+      "--causal"], "pass,impl,heads,kv_heads,d,causal,lens\nvarlen,flex,8,2,128,1,1000;300\n"),
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", "700,64,2000", "--window", "100,100",
+      "--dtype", "bf16"],
+     "pass,impl,heads,d,dtype,lens,window\nvarlen,attnscope,32,128,bf16,700;64;2000,100:100\n"),
+])
+def test_bytes_family_point_is_its_sweep_row(argv, row, capsys):
+    """`bytes --family F` (one backward or varlen point, windowed or not) reports what the same grid row
+    gets from the sweep: its spec, ledger, compulsory bytes and estimate."""
+    from attnscope.measure import families, physical
+
+    assert main(["bytes", "--estimate-only", *argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (spec,) = physical.parse_grid("g.csv", text=row)
+    r = families.row(spec, [1])
+    assert out["spec"] == spec
+    assert (out["logical"], out["compulsory"], out["estimate"]) == (r.logical, r.compulsory, r.estimate)
+    assert main(["bytes", "--estimate-only", *argv]) == 0
+    assert families.ESTIMATES[spec["pass"]] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, err", [
+    (["--lengths", "100"], "--lengths: expected to come with --family varlen"),
+    (["--deterministic"], "--deterministic: expected to come with --family backward"),
+    (["--kernels", "auto"], "--kernels: expected to come with --family backward"),
+    (["--family", "varlen", "--impl", "attnscope"], "--lengths: expected a value, got none"),
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", "100", "--n", "50"],
+     "--n: expected no value with pass varlen"),
+    (["--family", "backward", "--impl", "flash", "--deterministic"],
+     "--deterministic: true with impl flash is not measured"),
+    (["--family", "backward", "--sweep", "bench/grids/heldout_backward4.csv"],
+     "--family: expected none with"),
+])
+def test_bytes_family_flags_refused_in_one_line(argv, err, capsys):
+    assert main(["bytes", "--estimate-only", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"attnscope bytes: error: {err}"), lines

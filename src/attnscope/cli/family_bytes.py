@@ -69,28 +69,56 @@ def decode_estimate_line(spec: dict, sms: int | None) -> str:
             f"{est.compulsory / MiB:,.3f} MiB + {terms}")
 
 
-def window_spec(args) -> dict:
-    """The window family's spec of `bytes --window L,R` (one forward with a sliding window, --impl attnscope
-    or flex), validated as a grid row (`physical.point`: one line naming the field)."""
+def add_flags(p) -> None:
+    """Add `bytes`'s flags of one point of another family (--family, --lengths, --deterministic, --kernels,
+    --window) to its parser ``p``."""
+    p.add_argument("--family", default=None, choices=("backward", "varlen", "window"),
+                   help="one point of another kernel family (a sweep row's pass) against its ledger and "
+                        "estimate: backward (--n, --causal, --deterministic, --kernels), varlen (--lengths), "
+                        "window (--window); any of them with --window for attnscope")
+    p.add_argument("--lengths", default=None, metavar="N1,N2,...",
+                   help="--family varlen: the packed sequences' lengths (as `traffic --lengths`)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="--family backward: attnscope's dQ in its own pass (default: atomic dQ)")
+    p.add_argument("--kernels", default=None, choices=families.KERNELS,
+                   help="--family backward: attnscope's kernels (default: the mode's, as a sweep row's)")
+    p.add_argument("--window", default=None, metavar="L,R",
+                   help="a sliding window (flash-attn's window_size; causal forces R = 0; write "
+                        "negative values as --window=-1,8): one forward of --impl attnscope or flex "
+                        "against the window family's ledger and estimate (model/window_estimate.py); "
+                        "with --cache-lens the decode's window (L bounds)")
+
+
+def family_spec(args, family: str) -> dict:
+    """The spec of one point of ``family`` from `bytes`'s flags (`bytes --window L,R`: a windowed forward,
+    --impl attnscope or flex; `--family backward` / `varlen`, optionally windowed), validated as a grid row
+    (`physical.point`: one line naming the flag; the row's ``lens`` is --lengths)."""
     from attnscope.cli.analytic import window_arg
 
     win = window_arg(args.window)
-    expect(win is not None, "--window", "L,R with --impl flex (Flex's call here is a sliding-window one)",
-           args.window)
-    raw = {"pass": "window", "impl": args.impl, "batch": args.batch, "heads": args.heads,
-           "kv_heads": args.kv_heads or 0, "n": args.n, "d": args.d, "dtype": args.dtype,
-           "causal": args.causal, "window": list(win)}
+    expect(win is not None or family != "window", "--window",
+           "L,R with --impl flex (Flex's call here is a sliding-window one)", args.window)
+    raw = {"pass": family, "impl": args.impl, "batch": args.batch, "heads": args.heads,
+           "kv_heads": args.kv_heads or 0, "d": args.d, "dtype": args.dtype, "causal": args.causal,
+           "window": list(win) if win else ""}
+    if family != "varlen" or args.n != 4096:  # varlen takes --lengths (a given --n is refused by name)
+        raw["n"] = args.n
+    if family == "varlen":
+        raw["lens"] = "" if args.lengths is None else args.lengths.replace(",", ";")
+    if family == "backward":
+        raw |= {"deterministic": args.deterministic, "kernels": args.kernels or ""}
     try:
         return physical.point(raw, "row")
     except (InputError, NotImplementedError) as e:  # "row: field: ..." -> "--field: ..." (the flag given)
-        raise type(e)(re.sub(r"^row: (\w+):", lambda m: f"--{m.group(1).replace('_', '-')}:", str(e))) \
-            from None
+        flag = {"lens": "lengths"}
+        raise type(e)(re.sub(r"^row: (\w+):", lambda m: f"--{flag.get(m[1], m[1]).replace('_', '-')}:",
+                             str(e))) from None
 
 
-def window_report(args, spec: dict, measured, l2: int | None, sms: int | None) -> int:
-    """`bytes --window L,R`: the call's logical ledger, compulsory bytes and DRAM estimate
-    (model/window_estimate.py, on --l2-bytes / --sms or the --device entry's), beside ncu's ``measured``
-    bytes (`ncu.Measured`) where it ran."""
+def family_report(args, spec: dict, measured, l2: int | None, sms: int | None) -> int:
+    """One family point of `bytes` (`family_spec`): the call's logical ledger, compulsory bytes and DRAM
+    estimate (`families.ESTIMATES`' module, on --l2-bytes / --sms or the --device entry's), beside ncu's
+    ``measured`` bytes (`ncu.Measured`) where it ran."""
     dev = roofline.device(args.device)
     l2, sms = l2 or dev.l2, sms or dev.sms
     r = families.row(spec, [measured.total if measured and measured.total else 1], l2, sms)
@@ -105,8 +133,8 @@ def window_report(args, spec: dict, measured, l2: int | None, sms: int | None) -
         return 0
     vs = {k: f"{v:+.1%}" for k, v in errors.items()}
     rows = [[f"logical ledger ({r.ledger})", f"{r.logical / MiB:,.2f}", vs.get("logical_error", "")],
-            ["compulsory (Q, K, V read once, O written once)", f"{r.compulsory / MiB:,.2f}", ""],
-            ["DRAM estimate (model/window_estimate.py)",
+            ["compulsory (each input read once, each output written once)", f"{r.compulsory / MiB:,.2f}", ""],
+            [f"DRAM estimate ({families.ESTIMATES[spec['pass']]})",
              "-" if r.estimate is None else f"{r.estimate / MiB:,.2f}", vs.get("estimate_error", "")]]
     rows += [[f"  {n}", f"{b / MiB:+,.3f}", ""] for n, b, _ in r.terms]
     if measured:

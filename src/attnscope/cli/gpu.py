@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from attnscope.cli import serving
+from attnscope.cli import family_bytes, serving
 from attnscope.cli._out import MiB, _clean, console, int_list, path_arg, print_json, table
 from attnscope.cli.closed_loop import loop_rows
 from attnscope.errors import InputError, expect, positive_int, visible
@@ -157,8 +157,6 @@ def _bytes_decode(args) -> int:
     lens = int_list("--cache-lens", args.cache_lens)
     g = paged(lens, args.page_size, kv_dtype=args.kv_dtype, **kw)
     base = g if g.kv_dtype == args.dtype else paged(lens, args.page_size, **kw)
-    from attnscope.cli import family_bytes
-
     spec = {"pass": "decode", "impl": "attnscope", "heads": args.heads, "kv_heads": args.kv_heads,
             "d": args.d, "dtype": args.dtype, "cache_lens": lens, "page_size": args.page_size,
             "splits": args.splits, "nq": nq,
@@ -193,9 +191,14 @@ def _bytes(args) -> int:
     for flag in ("page_size", "capacity", "kv_dtype", "nq"):
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "to come with --cache-lens",
                getattr(args, flag))
-    windowed = args.window is not None or args.impl == "flex"
-    expect(not windowed or not (args.sweep or args.from_json or args.calibrate), "--window",
-           "none with --sweep, --from-json or --calibrate (a grid row names its own window)", args.window)
+    family = args.family or ("window" if args.window is not None or args.impl == "flex" else None)
+    for flag, ok in (("window", family != "window" or not (args.sweep or args.from_json or args.calibrate)),
+                     ("family", not args.family or not (args.sweep or args.from_json or args.calibrate))):
+        expect(ok, "--" + flag, "none with --sweep, --from-json or --calibrate (a grid row names its own)",
+               getattr(args, flag))
+    for flag, fam in (("lengths", "varlen"), ("deterministic", "backward"), ("kernels", "backward")):
+        expect(getattr(args, flag) in (None, False) or family == fam, "--" + flag, f"to come with --family "
+               f"{fam}", getattr(args, flag))
     expect(args.splits == 1, "--splits", "to come with --cache-lens", args.splits)
     _machine_flags(args)
     if not 1 <= args.repeat <= physical.MAX_REPEAT:
@@ -214,10 +217,8 @@ def _bytes(args) -> int:
     if args.json not in (None, "-"):
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
-    if windowed:
-        from attnscope.cli import family_bytes
-
-        spec = family_bytes.window_spec(args)
+    if family is not None:  # one point of another family: its grid row's spec, ledger and estimate
+        spec = family_bytes.family_spec(args, family)
         l2, sms, measured = args.l2_bytes, args.sms, None
         if not args.estimate_only:
             if (code := _no_gpu("bytes")) is not None:
@@ -227,7 +228,7 @@ def _bytes(args) -> int:
                 measured = ncu.measure_spec(spec, cache_control=args.cache_control)
             except ncu.NcuError as e:
                 return _fail("bytes", str(e))
-        return family_bytes.window_report(args, spec, measured, l2, sms)
+        return family_bytes.family_report(args, spec, measured, l2, sms)
 
     _positive(args, "n", "d", "heads", "batch", "kv_heads")
     hkv = args.heads if args.kv_heads is None else args.kv_heads
@@ -365,8 +366,6 @@ def _bytes_sweep(args) -> int:
         expect(bool(args.sweep), "--estimate-only", "--sweep GRID (or a single point's flags), not "
                "--from-json or --calibrate", "--from-json" if args.from_json else "--calibrate")
         expect(args.repeat == 1, "--repeat", "1 with --estimate-only", args.repeat)
-        from attnscope.cli import family_bytes
-
         return family_bytes.sweep_estimates(args)
     repeat = args.repeat  # checked in `_bytes`; --from-json reads a sweep's own repeat from its env
     # --json alone: JSON on stdout *instead of* the tables, as every other --json
@@ -588,11 +587,7 @@ def configure(sub) -> None:
     p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=(*ncu.IMPLS, "flex"),
                    help=f"implementation measured (flex: with --window only) {SPEC}")
     _shape(p, json_flag=False)
-    p.add_argument("--window", default=None, metavar="L,R",
-                   help="a sliding window (flash-attn's window_size; causal forces R = 0; write "
-                        "negative values as --window=-1,8): one forward of --impl attnscope or flex "
-                        "against the window family's ledger and estimate (model/window_estimate.py); "
-                        "with --cache-lens the decode's window (L bounds)")
+    family_bytes.add_flags(p)
     p.add_argument("--kv-heads", type=int, default=None,
                    help="K/V heads (GQA/MQA): a divisor of --heads (default: --heads)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=path_arg,
