@@ -593,3 +593,23 @@ def test_sweep_of_windowed_rows_reports_each_family_and_reads_back(tmp_path, cap
     assert [round(r["estimate_error"], 4) for r in saved["family_rows"]] == [round(1 / 1.02 - 1, 4)] * 5
     assert main(["bytes", "--from-json", str(out)]) == 0  # the windows read back from the JSON specs
     assert "window: 2 points, 2 estimated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cell", ["5 : 5", "1e3:0", "5.0:0", "5:", ":5", "5:5:5", "abc", "-2:3", "--5:3",
+                                  "9999999999999:0", "\u0663:1", "+5:3", "0x10:0", "5;5", "nan:0", "-1:-1"])
+def test_odd_window_cells_get_one_line_in_every_family(cell):
+    """A window cell no family takes is one InputError or NotImplementedError line, in every family that has
+    the column (never another exception)."""
+    rows = ("pass,impl,heads,n,d,causal,window\nwindow,attnscope,8,1024,64,{c},\"{w}\"\n",
+            "pass,impl,heads,d,cache_lens,splits,window\ndecode,attnscope,8,64,100;200,2,\"{w}\"\n",
+            "pass,impl,heads,d,lens,causal,window\nvarlen,attnscope,8,64,100;200,{c},\"{w}\"\n",
+            "pass,impl,heads,n,d,causal,window\nbackward,attnscope,8,512,64,{c},\"{w}\"\n")
+    for row in rows:
+        for causal in ("0", "1"):
+            try:
+                (s,) = physical.parse_grid("g.csv", text=row.format(w=cell, c=causal))
+            except (ValueError, NotImplementedError) as e:
+                assert "\n" not in str(e) and "window" in str(e), str(e)
+                continue
+            families.ledger(s)  # a cell that parses is a window every model takes
+            assert families.estimate(s)[0] is not None
