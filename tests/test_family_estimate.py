@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnscope.cli import main
-from attnscope.measure import families, ncu, physical
-from attnscope.measure.ncu import KernelBytes
+from attnscope.measure import families, physical
 from attnscope.model import family_estimate as fe
 from attnscope.model import serving
 from attnscope.model.family_params import H200_FAMILY_PARAMS, PROBES, FamilyParams, NotMeasured
@@ -337,9 +336,8 @@ def test_estimate_only_sweep_prints_every_point_without_a_gpu(capsys):
 
 
 def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys, monkeypatch):
-    from attnscope.cli import gpu
+    from sweep_stub import MACHINE, point, stub_sweep
 
-    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
     grid = tmp_path / "g.csv"
     grid.write_text("pass,impl,heads,kv_heads,d,cache_lens,splits,lens,causal\n"
                     "decode,attnscope,8,2,64,4096;1000,1,,\n"
@@ -347,18 +345,9 @@ def test_measured_sweep_reports_the_estimate_beside_the_ledger(tmp_path, capsys,
                     "varlen,flex,8,8,64,,,300;500,true\n"
                     "varlen,flex,32,4,128,,,30000;20000,true\n")
     want = fe.decode_estimate("attnscope", [4096, 1000], heads=8, kv_heads=2, d=64, splits=1).total
-
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
-                  **kw):
-        pts = [ncu.Point(s, ncu.Measured([KernelBytes(1, "k", int(want * 1.04), 0)], "none", "ncu x"))
-               for s in specs]
-        progress(pts, len(pts))
-        return pts
-
-    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    stub_sweep(monkeypatch, lambda specs: [point(s, int(want * 1.04), 0) for s in specs])
     out = tmp_path / "s.json"
-    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
-    assert main(argv) == 0
+    assert main(["bytes", "--sweep", str(grid), *MACHINE, "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "varlen: 1 point(s) without an estimate: not modelled: varlen flex: causal GQA over" in text
     assert "decode: 2 points, 2 estimated (within 5%: 2" in text
@@ -395,8 +384,8 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
     # known constants (a stand-in, not a measurement) give those constants back through the fit script
     import importlib.util
 
-    from attnscope.cli import gpu
     from attnscope.measure import family_fit
+    from sweep_stub import point, stub_sweep
 
     true = FamilyParams(attnscope_partials_dram=0.3, row_tile_kv_miss=0.1, flash_partials_dram=0.2,
                         cudnn_kv_dram=1.05, cudnn_gqa_kv_dram=0.25, cudnn_other_per_row=600.0,
@@ -406,10 +395,7 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
                         cudnn_bwd_reread_dram=0.7,
                         varlen_frame_d128=120.0, varlen_frame_d128_causal=30.0, varlen_frame_d64=25.0,
                         varlen_qo_weight=0.9)
-    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
-
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
-                  **kw):
+    def points(specs):
         pts = []
         for s in specs:  # the varlen frames are fitted on the writes: attnscope's varlen rows carry them
             try:
@@ -417,11 +403,10 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
             except NotImplementedError:  # a probe row the estimate refuses (h-group): the fit skips it
                 b = 10**9
             w = int(round(family_fit._writes(s, true, 62914560, 132))) if s["pass"] == "varlen" else 0
-            pts.append(ncu.Point(s, ncu.Measured([KernelBytes(1, "k", b - w, w)], "none", "ncu x")))
-        progress(pts, len(pts))
+            pts.append(point(s, b - w, w))
         return pts
 
-    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    stub_sweep(monkeypatch, points)
     files = []
     for g in ("probe_decode", "probe_varlen", "probe_backward"):
         files.append(str(tmp_path / f"{g}.json"))

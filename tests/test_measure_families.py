@@ -192,9 +192,8 @@ def _point(spec, read, write):
 
 
 def test_sweep_of_families_reports_ledger_error_and_estimate(tmp_path, capsys, monkeypatch):
-    from attnscope.cli import gpu
+    from sweep_stub import MACHINE, stub_sweep
 
-    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
     grid = _grid(tmp_path, "pass,impl,batch,heads,n,d,causal,cache_lens,splits\n"
                            "forward,flash,1,8,4096,128,false,,\n"
                            "backward,cudnn,2,8,2048,64,true,,\n"
@@ -202,17 +201,12 @@ def test_sweep_of_families_reports_ledger_error_and_estimate(tmp_path, capsys, m
     specs = physical.parse_grid(grid)
     bwd_logical = families.ledger(specs[1])[0]
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None,
-                  **kw):
-        half = bwd_logical // 2
-        pts = [_point(specs[0], 3 * 8 * 2**20, 8 * 2**20), _point(specs[1], half, bwd_logical - half),
-               ncu.Point(specs[2], None, "RuntimeError: refused")]
-        progress(pts, 3)
-        return pts
-
-    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    half = bwd_logical // 2
+    stub_sweep(monkeypatch, lambda specs: [_point(specs[0], 3 * 8 * 2**20, 8 * 2**20),
+                                           _point(specs[1], half, bwd_logical - half),
+                                           ncu.Point(specs[2], None, "RuntimeError: refused")])
     out = tmp_path / "s.json"
-    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
+    argv = ["bytes", "--sweep", str(grid), *MACHINE, "--json", str(out)]
     assert main(argv) == 1  # the decode point was not measured
     text = capsys.readouterr().out
     assert "estimate vs ncu over 1 points" in text  # the forward point alone, against the L2 estimate
@@ -560,9 +554,8 @@ def test_windowed_backward_rows_ledgers_callable_and_the_heldout_grid():
 
 
 def test_sweep_of_windowed_rows_reports_each_family_and_reads_back(tmp_path, capsys, monkeypatch):
-    from attnscope.cli import gpu
+    from sweep_stub import MACHINE, stub_sweep
 
-    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
     grid = _grid(tmp_path, "pass,impl,batch,heads,kv_heads,n,d,causal,deterministic,cache_lens,splits,lens,"
                            "window\n"
                            "window,attnscope,2,16,4,8192,128,1,,,,,1024:0\n"
@@ -571,18 +564,13 @@ def test_sweep_of_windowed_rows_reports_each_family_and_reads_back(tmp_path, cap
                            "varlen,attnscope,,8,2,,64,1,,,,3000;700,300:0\n"
                            "backward,attnscope,1,8,2,4096,128,0,1,,,,200:200\n")
 
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None, **kw):
-        pts = []
-        for s in specs:  # measured at the estimate + 2 % (the sweep's arithmetic, not the model, is tested)
-            total = int(families.estimate(s, 62914560, 132)[0].total * 1.02)
-            pts.append(_point(s, total // 2, total - total // 2))
-        progress(pts, len(pts))
-        return pts
+    def points(specs):  # measured at the estimate + 2 % (the sweep's arithmetic, not the model, is tested)
+        totals = [int(families.estimate(s, 62914560, 132)[0].total * 1.02) for s in specs]
+        return [_point(s, t // 2, t - t // 2) for s, t in zip(specs, totals, strict=True)]
 
-    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    stub_sweep(monkeypatch, points)
     out = tmp_path / "s.json"
-    argv = ["bytes", "--sweep", str(grid), "--l2-bytes", "62914560", "--sms", "132", "--json", str(out)]
-    assert main(argv) == 0
+    assert main(["bytes", "--sweep", str(grid), *MACHINE, "--json", str(out)]) == 0
     text = capsys.readouterr().out
     for fam, count in (("window", 2), ("decode", 1), ("varlen", 1), ("backward", 1)):
         assert f"{fam}: {count} points, {count} estimated (within 5%: {count}" in text, fam

@@ -206,19 +206,10 @@ def test_probe_grid_parses_and_each_k_set_changes_only_the_kv_heads():
 
 
 def test_a_measured_sweep_reports_a_not_modelled_point_without_an_estimate(tmp_path, capsys, monkeypatch):
-    from attnscope.cli import gpu, main
-    from attnscope.measure import ncu
-    from attnscope.measure.ncu import KernelBytes
+    from attnscope.cli import main
+    from sweep_stub import point, stub_sweep
 
-    monkeypatch.setattr(gpu, "gpu_problem", lambda: None)
-
-    def fake_many(specs, cache_control="none", per_child=8, timeout_s=None, progress=None, **kw):
-        pts = [ncu.Point(s, ncu.Measured([KernelBytes(1, "flash_fwd_kernel", 10**9, 10**8)], "none", "ncu x"))
-               for s in specs]
-        progress(pts, len(pts))
-        return pts
-
-    monkeypatch.setattr(ncu, "measure_many", fake_many)
+    stub_sweep(monkeypatch, lambda specs: [point(s, 10**9, 10**8, "flash_fwd_kernel") for s in specs])
     grid = tmp_path / "g.csv"
     grid.write_text("impl,batch,heads,kv_heads,n,d,causal\nflash,3,16,2,30001,128,1\nflash,3,16,2,3001,128,1\n")
     out = tmp_path / "s.json"
