@@ -430,3 +430,18 @@ def test_windowed_backward_is_attnscopes_and_reads_its_bands():
         be.backward_estimate("cudnn", 4096, window=(64, 0), causal=True, d=128, heads=8)
     with pytest.raises(InputError, match="window: expected a window bounding the left side"):
         be.backward_estimate("attnscope", 4096, window=(-1, 9), causal=True, d=128, heads=8)
+
+
+@pytest.mark.parametrize("causal, window", [(False, (4095, 4095)), (False, (10**6, 10**6)),
+                                            (False, (-1, 4095)), (True, (4095, 0)), (True, (10**6, 0))])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_window_hiding_no_key_is_estimated_as_no_window(causal, window, deterministic):
+    """A window at least as wide as the call leaves every pair the mask shows: the kernels walk what they walk
+    without one, so the estimate is the unwindowed one (the band walk had counted 19 % more at N 4096)."""
+    base = dict(causal=causal, d=128, heads=32, kv_heads=8, deterministic=deterministic)
+    full = be.backward_estimate("attnscope", 4096, **base)
+    win = be.backward_estimate("attnscope", 4096, window=window, **base)
+    assert win.total == pytest.approx(full.total) and win.facts["window"] == list(window)
+    assert {n for n, _, _ in win.terms} == {n for n, _, _ in full.terms}
+    narrower = be.backward_estimate("attnscope", 4096, window=(4094, 4094 if not causal else 0), **base)
+    assert any(k.startswith("band_") for k in narrower.facts)  # one key fewer is a window: its band walk

@@ -82,6 +82,7 @@ def test_traffic_device_shows_roofline(capsys):
     rc, out, _ = run(capsys, "traffic", "--device", "h200")
     assert rc == 0
     assert "Roofline on NVIDIA H200" in out and "ridge 206 FLOP/byte" in out and "4.8 TB/s" in out
+    assert "\\n" not in out and "\nRoofline on" in out  # a blank line before it, no escaped newline
     j = run_json(capsys, "traffic", "--device", "h100")
     assert round(j["device"]["ridge"]) == 295
     soft = j["rows"][0]["roofline"][1]

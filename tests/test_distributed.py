@@ -90,6 +90,63 @@ def _mods_case(ad, dist, rank, i, case, device):
             **{f"d{w}": (err(a, r), err(t, r)) for w, a, t, r in zip(names, grads, g_t, ref, strict=True)}}
 
 
+# (name, causal, softcap, sinks, window): a loss that reads the returned LSE too (a ring's output merged
+# with another partial, as ring attention inside a larger ring); the plain blocks and the varlen blocks
+LSE_CASES = [
+    ("lse_grad_causal_sinks", True, 0.0, (0.5, -1.0), None),
+    ("lse_grad_softcap_window", False, 2.0, None, (2, 3)),
+]
+
+
+def _lse_grad_case(ad, dist, rank, i, case):
+    """The gradients of ``sum(o dO) + sum(lse dLSE)`` (the LSE was non-differentiable: its part of the loss
+    was dropped in silence) against float64; and a loss of the LSE alone."""
+    name, causal, softcap, sinks, window = case
+    g = torch.Generator().manual_seed(4000 + i)
+    q, k, v, do = (torch.randn(1, 2, 13, 64, generator=g).half() for _ in range(4))
+    dlse = torch.randn(1, 2, 13, generator=g)
+    sk = None if sinks is None else torch.tensor(sinks, dtype=torch.float32).requires_grad_()
+    ql, kl, vl = (ad.shard(t, causal).requires_grad_() for t in (q, k, v))
+    o, lse = ad.ring_attention(ql, kl, vl, causal=causal, softcap=softcap, sinks=sk, window=window,
+                               return_lse=True)
+    dlse_l = ad.shard(dlse[..., None], causal)[..., 0]
+    torch.autograd.backward((o, lse), (ad.shard(do, causal), dlse_l))
+    if sk is not None:
+        dist.all_reduce(sk.grad)
+    grads = [ad.unshard(t.grad, causal) for t in (ql, kl, vl)] + ([] if sk is None else [sk.grad])
+    lse_only = [t.detach().clone().requires_grad_() for t in (ql, kl, vl)]
+    ad.ring_attention(*lse_only, causal=causal, return_lse=True)[1].sum().backward()
+    lse_only_ok = all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in lse_only)
+    if rank != 0:
+        return None
+    mods = dict(softcap=softcap, window=window, sinks=None if sinks is None else np.asarray(sinks, float))
+    q64, k64, v64, do64 = (t.double().numpy() for t in (q, k, v, do))
+    o_ref, lse_ref = reference.naive_attention(q64, k64, v64, causal=causal, return_lse=True, **mods)
+    ref = reference.attention_backward(do64, q64, k64, v64, o_ref, lse_ref, causal=causal,
+                                       dlse=dlse.double().numpy(), **mods)
+    err = [float(np.abs(a.double().numpy() - r).max()) for a, r in zip(grads, ref, strict=True)]
+    return {"err": err, "scale": [float(np.abs(r).max()) for r in ref], "lse_only": lse_only_ok}
+
+
+def _odd_sinks(ad, dist):
+    """+inf, NaN and -inf sinks through the ring, as through the kernels (`_tl.sink_log2`): finite o and
+    LSE (+inf: O = 0 and LSE the largest finite base-2 logit, in ln), finite dsinks."""
+    g = torch.Generator().manual_seed(5000)
+    q, k, v = (torch.randn(1, 2, 11, 64, generator=g).half() for _ in range(3))
+    ql, kl, vl = (ad.shard(t, False) for t in (q, k, v))
+    out = {}
+    for value in (float("inf"), float("nan"), -float("inf")):
+        sk = torch.tensor([value, 0.0]).requires_grad_()
+        o, lse = ad.ring_attention(ql, kl, vl, sinks=sk, return_lse=True)
+        (o.float().sum() + lse.sum()).backward()
+        dist.all_reduce(sk.grad)
+        out[str(value)] = dict(finite=bool(torch.isfinite(o).all() and torch.isfinite(lse).all()
+                                           and torch.isfinite(sk.grad).all()),
+                               o0_zero=bool((o[:, 0] == 0).all()), lse0=float(lse[0, 0, 0].detach()),
+                               dsink0=float(sk.grad[0]))
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,6 +208,13 @@ def _worker(rank, port, qout, cases=CASES, device="cpu"):
                 res = _mods_case(ad, dist, rank, i, case, device)
                 if rank == 0:
                     results[case[0]] = res
+            for i, case in enumerate(LSE_CASES):
+                res = _lse_grad_case(ad, dist, rank, i, case)
+                if rank == 0:
+                    results[case[0]] = res
+            res = _odd_sinks(ad, dist)
+            if rank == 0:
+                results["odd_sinks"] = res
         # bad input: a shard that does not match the layout of `shard`
         try:
             x = torch.randn(1, 2, 5 + 3 * rank, 64, dtype=torch.float16, device=device)
@@ -230,6 +294,23 @@ def test_ring_mods_match_float64(ring_results, case):
     for what, (err, torch_err) in ring_results[case[0]].items():
         factor = 2 if what == "o" else 3
         assert err <= checks.kernel_tolerance(torch_err, factor), (what, err, torch_err)
+
+
+@pytest.mark.parametrize("case", LSE_CASES, ids=[c[0] for c in LSE_CASES])
+def test_ring_lse_gradient_is_not_dropped(ring_results, case):
+    r = ring_results[case[0]]
+    assert r["lse_only"], "a loss of the LSE alone has no gradient"
+    for err, scale in zip(r["err"], r["scale"], strict=True):
+        assert err <= 5e-3 * max(scale, 1.0), (err, scale)  # fp16 inputs: about 5e-4 here
+
+
+def test_ring_infinite_and_nan_sinks_stay_finite(ring_results):
+    r = ring_results["odd_sinks"]
+    assert all(x["finite"] for x in r.values()), r
+    assert r["inf"]["o0_zero"] and r["inf"]["lse0"] == pytest.approx(3.4028234663852886e38 * np.log(2),
+                                                                      rel=1e-6)
+    assert r["inf"]["dsink0"] == 11.0  # d(sum LSE)/dsink: all the weight on each of the 11 rows
+    assert r["nan"]["dsink0"] == 0.0 and r["-inf"]["dsink0"] == 0.0
 
 
 def test_ring_bad_mods_are_a_clear_error():

@@ -526,3 +526,15 @@ def test_varlen_window_re_reads_the_band_a_later_wave_shares():
         fe.varlen_estimate("flex", [1000], window=(10, 10), d=64, heads=8)
     with pytest.raises(ValueError, match="window: expected a window bounding the left side"):
         fe.varlen_estimate("attnscope", [1000], causal=True, window=(-1, 5), d=64, heads=8)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_window_hiding_no_key_of_a_sequence_re_reads_as_without(causal):
+    """A window at least as wide as a sequence leaves its programs the waves they run without one: the same
+    K/V re-reads (causal: the heaviest-first waves' shrinking share, which the band rule had read as whole
+    passes: 1.6 GB against 1.0 GB over 4096, 8192, 300)."""
+    lens, base = [4096, 8192, 300], dict(causal=causal, d=128, heads=32)
+    full = {n: b for n, b, _ in fe.varlen_estimate("attnscope", lens, **base).terms}
+    for window in ((8191, 8191), (10**6, 10**6)):
+        win = {n: b for n, b, _ in fe.varlen_estimate("attnscope", lens, window=window, **base).terms}
+        assert win["kv_rereads"] == pytest.approx(full["kv_rereads"]), window

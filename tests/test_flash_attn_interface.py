@@ -409,17 +409,19 @@ def test_kvcache_int_seqlens_one_plan_for_every_length():
 
 
 def test_kvcache_int_seqlens_outside_the_cache_as_before():
-    """An int 0 attends to nothing (out 0, LSE -inf); one past L is recorded as out of range (a lengths
-    tensor, checked on the device); caches of two shapes are named with their shapes as given."""
+    """An int 0 attends to nothing (out 0, LSE -inf); one past L is refused on the host (an int is known
+    there; a lengths tensor is checked on the device); caches of two shapes are named with their shapes as
+    given."""
     g = torch.Generator().manual_seed(23)
     k_cache, v_cache = _cache(2, 48, 2, g)
     q = _randn(2, 1, 4, 64, g=g)
     o, lse = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=0, return_softmax_lse=True)
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
     decode.check_errors()
-    fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=49)
-    with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
-        decode.check_errors()
+    with pytest.raises(InputError, match=r"^cache_seqlens: expected 0 or an int from Nq = 1 to the cache's "
+                                         r"capacity 48, got 49$"):
+        fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=49)
+    decode.check_errors()  # refused before any launch: nothing recorded
     with pytest.raises(InputError, match=r"v_cache: expected shape \(as k_cache\) \(2, 2, 48, 64\), got "
                                          r"\(2, 2, 40, 64\)"):
         fai.flash_attn_with_kvcache(q, k_cache, v_cache[:, :40], cache_seqlens=30)

@@ -2377,3 +2377,100 @@ def test_model_api_still_answers_good_arguments():
     assert l2_params.miss(0.5) == 0.0 and l2_params.miss(100.0) == 1.0
     assert dispatch.hopper_variant(128, True, 1, 32, 8, 4096, 4096) == "hopper_persist"
     assert l2.compulsory("flash", 4096, 128, 32) > 4 * 4096 * 128 * 32
+
+
+# --- fourth hostile pass: the kernels' API with odd arguments
+
+
+def _mod_calls(torch, q, k, v):
+    """Each entry point that takes the score mods, on one [1, 2, 16, 64] problem: name -> call(**mods)."""
+    import attnscope
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache
+
+    tq, tk, tv = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # varlen [total, H, d]
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    lens = torch.tensor([16], dtype=torch.int32)
+    return {
+        "flash_attention": lambda **kw: attnscope.flash_attention(q, k, v, **kw),
+        "flash_attention grad": lambda **kw: attnscope.flash_attention(q.clone().requires_grad_(), k, v,
+                                                                        **kw),
+        "flash_attention_varlen": lambda **kw: attnscope.flash_attention_varlen(tq, tk, tv, cu, cu, 10, 10,
+                                                                                **kw),
+        "flash_decode": lambda **kw: attnscope.flash_decode(q[:, :, -1:], k, v, lens, **kw),
+        "flash_attn_with_kvcache": lambda **kw: flash_attn_with_kvcache(
+            q[:, :, -1:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache_seqlens=16, **kw),
+    }
+
+
+def test_softcap_outside_fp32_is_refused_never_nan(torch):
+    """softcap * log2(e) and scale / softcap are fp32 kernel arguments: past fp32 they were inf or 0, and a
+    zero score gave 0 * inf or inf * tanh(0) = NaN (every entry point; varlen and decode also at 3e38)."""
+    from attnscope.kernels._common import FP32_MAX, FP32_TINY, LOG2E, MAX_SCALE
+
+    torch.manual_seed(0)
+    k, v = (torch.randn(1, 2, 16, 64).to(torch.float16) for _ in range(2))
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)  # every score 0
+    low = max(FP32_TINY / LOG2E, 0.125 / FP32_MAX)  # scale 1/sqrt(64)
+    for name, call in _mod_calls(torch, q, k, v).items():
+        for softcap in (1e-300, 1e-40, low * 0.99, MAX_SCALE * 1.01, 3e38, 1e300):
+            with pytest.raises(NotImplementedError, match=r"^softcap: .* is not supported at scale 0.125"):
+                call(softcap=softcap)
+        for softcap in (low, 1e-30, MAX_SCALE):  # the edges themselves: finite, the plain average of V
+            o = call(softcap=softcap)
+            assert torch.isfinite(o).all(), (name, softcap)
+
+
+def test_kvcache_int_lengths_out_of_range_are_refused_on_the_host(torch):
+    """An int cache_seqlens is known on the host: past the cache (it was clamped to L, with only a device
+    record), past int32 (a raw RuntimeError) or short of the queries is refused by name, as the append's
+    is."""
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache
+    from attnscope.kernels import decode
+
+    torch.manual_seed(0)
+    kc, vc = (torch.randn(2, 32, 1, 64).to(torch.float16) for _ in range(2))
+    q1, q4 = torch.randn(2, 1, 2, 64).to(torch.float16), torch.randn(2, 4, 2, 64).to(torch.float16)
+    pages = kc.view(4, 16, 1, 64), vc.view(4, 16, 1, 64)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with contextlib.suppress(InputError):
+        decode.check_errors()
+    for q, kw, length in ((q1, {}, 33), (q1, {}, 2**40), (q4, dict(causal=True), 3),
+                          (q4, dict(causal=True), 40), (q1, dict(block_table=table), 33)):
+        caches = pages if "block_table" in kw else (kc, vc)
+        with pytest.raises(InputError, match=r"^cache_seqlens: expected 0 or an int from Nq = \d+ to the "
+                                             r"cache's capacity 32"):
+            flash_attn_with_kvcache(q, *caches, cache_seqlens=length, **kw)
+    decode.check_errors()  # nothing launched
+    for q, kw, length in ((q1, {}, 32), (q1, {}, 0), (q4, dict(causal=True), 4),
+                          (q1, dict(block_table=table), 32)):
+        caches = pages if "block_table" in kw else (kc, vc)
+        assert torch.isfinite(flash_attn_with_kvcache(q, *caches, cache_seqlens=length, **kw)).all()
+    decode.check_errors()
+
+
+def test_sinks_gradient_never_inf_or_nan(torch):
+    """A +inf sink takes all the weight and a NaN one none (the forward's rule, `_tl.sink_log2`); their
+    gradient follows it: dsinks = sum dLSE for +inf (LSE = the sink), 0 for NaN and -inf -- it was inf and
+    NaN (exp(sink - LSE) of the raw sink) in the dense and varlen backward."""
+    import attnscope
+
+    q, k, v = _kernel_inputs(torch)
+    tq, tk, tv = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    calls = {
+        "flash_attention": lambda q, k, v, s: attnscope.flash_attention(q, k, v, causal=True, sinks=s,
+                                                                        return_lse=True),
+        "flash_attention_varlen": lambda q, k, v, s: attnscope.flash_attention_varlen(
+            q, k, v, cu, cu, 10, 10, causal=True, sinks=s, return_lse=True),
+    }
+    for name, call in calls.items():
+        for value in (float("inf"), -float("inf"), float("nan")):
+            inputs = (q, k, v) if name == "flash_attention" else (tq, tk, tv)
+            leaves = [x.clone().requires_grad_() for x in inputs]
+            s = torch.tensor([value, 0.5]).requires_grad_()
+            o, lse = call(*leaves, s)
+            (o.float().sum() + 0.5 * lse.sum()).backward()
+            for t in (*leaves, s):
+                assert torch.isfinite(t.grad).all(), (name, value, t.grad)
+            want = 0.5 * 16 if value > 0 else 0.0  # +inf: d(LSE = sink)/dsink = 1 for each of the 16 rows
+            assert s.grad[0].item() == pytest.approx(want, abs=1e-6), (name, value, s.grad)

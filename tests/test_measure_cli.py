@@ -420,6 +420,31 @@ def test_bytes_family_point_is_its_sweep_row(argv, row, capsys):
      "--deterministic: true with impl flash is not measured"),
     (["--family", "backward", "--sweep", "bench/grids/heldout_backward4.csv"],
      "--family: expected none with"),
+    # once ignored: --cache-lens is the decode's ledger, a grid's rows name their own shapes
+    (["--cache-lens", "100", "--family", "varlen"],
+     "--family: expected none with --cache-lens, got 'varlen'"),
+    (["--cache-lens", "100", "--lengths", "4"], "--lengths: expected none with --cache-lens, got '4'"),
+    (["--cache-lens", "100", "--deterministic"], "--deterministic: expected none with --cache-lens"),
+    (["--cache-lens", "100", "--kernels", "auto"], "--kernels: expected none with --cache-lens"),
+    (["--sweep", "bench/grids/heldout_backward4.csv", "--n", "5"], "--n: expected none with --sweep"),
+    (["--sweep", "bench/grids/heldout_backward4.csv", "--causal"], "--causal: expected none with --sweep"),
+    (["--sweep", "bench/grids/heldout_backward4.csv", "--heads", "8"], "--heads: expected none with --sweep"),
+    (["--sweep", "bench/grids/heldout_window.csv", "--impl", "flex"],
+     "--impl: expected none with --sweep, --from-json or --calibrate (a grid row names its own), got 'flex'"),
+    # once taken as --heads (the grid's "unset"), as no other bytes command takes it
+    (["--family", "backward", "--impl", "attnscope", "--kv-heads", "0"],
+     "--kv-heads: expected a positive integer"),
+    (["--impl", "attnscope", "--window", "8,8", "--kv-heads", "0"],
+     "--kv-heads: expected a positive integer"),
+    # once named --impl flex for a --family window given with --impl attnscope
+    (["--family", "window", "--impl", "attnscope"], "--window: expected L,R with --family window, got None"),
+    # --lengths reads as `traffic --lengths` does (its message once showed ';;' for ',,')
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", ",,"],
+     "--lengths: expected comma-separated integers, got ',,'"),
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", "1;2"],
+     "--lengths: expected comma-separated integers, got '1;2'"),
+    (["--family", "varlen", "--impl", "attnscope", "--lengths", "0,5"],
+     "--lengths: expected a positive integer up to 10^9, got 0"),
 ])
 def test_bytes_family_flags_refused_in_one_line(argv, err, capsys):
     assert main(["bytes", "--estimate-only", *argv]) == 2

@@ -601,3 +601,13 @@ def test_odd_window_cells_get_one_line_in_every_family(cell):
                 continue
             families.ledger(s)  # a cell that parses is a window every model takes
             assert families.estimate(s)[0] is not None
+
+
+def test_a_window_cell_past_its_digits_names_the_limit():
+    """A 13-digit side (valid on the command line, up to 10^24) was refused as if it were no integer."""
+    row = "pass,impl,heads,n,d,window\nwindow,attnscope,8,1024,64,{}\n"
+    with pytest.raises(ValueError, match=r"window: expected left:right, two integers from -1 "
+                                         r"\(unbounded\) of at most 12 digits, got '1000000000000:0'"):
+        physical.parse_grid("g.csv", text=row.format("1000000000000:0"))
+    (spec,) = physical.parse_grid("g.csv", text=row.format("999999999999:0"))  # a side past every sequence
+    assert spec["window"] == [999999999999, 0]

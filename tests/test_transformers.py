@@ -399,6 +399,9 @@ def test_refusals():
         hf.attention_forward(_Attn(), q, k, v, torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(InputError, match="name"):
         hf.register("")
+    for bad in (True, 0, 2.0, "4"):  # a bool is no window width
+        with pytest.raises(InputError, match="sliding_window: expected a positive int or None"):
+            hf.attention_forward(_Attn(), q, k, v, None, sliding_window=bad)
 
 
 _HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")

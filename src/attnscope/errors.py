@@ -1,6 +1,6 @@
 """The one exception type for bad input, and the small validators every layer shares.
 
-`InputError` is a `ValueError` (so API users catch `ValueError` as DESIGN.md promises); the CLI turns
+`InputError` is a `ValueError` (so API users can catch `ValueError`); the CLI turns
 it, and `NotImplementedError`, into one line on stderr and exit code 2. Anything else that escapes is
 a bug and keeps its traceback.
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 
-from attnscope.errors import InputError, expect, finite_real, is_int
+from attnscope.errors import InputError, expect, finite_real, is_int, short
 from attnscope.kernels._common import check_rank, check_tensor, import_torch_triton
 from attnscope.model.tiles import normalize_window
 
@@ -329,6 +329,24 @@ def _seqlens(cache_seqlens, B: int, device) -> Tensor | None:
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
 
 
+def _check_int_length(cache_seqlens: int, k, nq: int, k_cache, block_table) -> None:
+    """An int ``cache_seqlens`` (plus the ``k`` appended, if any) is 0 or from Nq to the cache's capacity, as
+    the kernels' device check wants each length (a tensor's values are checked there). A negative one, and
+    new keys past the capacity, are named by `_seqlens` and the append."""
+    n_new = k.shape[1] if isinstance(k, Tensor) and k.dim() == 4 else 0
+    if block_table is None:
+        capacity = k_cache.shape[1]
+    elif isinstance(block_table, Tensor) and block_table.dim() == 2:
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        return  # the checks name block_table
+    total = cache_seqlens + n_new
+    if cache_seqlens >= 0 and total != 0 and (total < nq or total > capacity and not n_new):
+        got = f"{short(cache_seqlens)} + Nnew = {n_new}" if n_new else short(cache_seqlens)
+        raise InputError(f"cache_seqlens: expected 0 or an int from Nq = {nq} to the cache's capacity "
+                         f"{capacity}{' (with the new keys)' if n_new else ''}, got {got}")
+
+
 #: page sizes `_batch_pages` tries, largest first (the paged kernel's)
 _BATCH_PAGES = (256, 128, 64, 32, 16)
 
@@ -556,6 +574,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         raise NotImplementedError(f"causal: with Nq > 1 new queries only causal=True is supported (the "
                                   f"chunked kernel is causal among the new queries), got causal=False and "
                                   f"Nq = {nq}")
+    if type(cache_seqlens) is int:  # known on the host: checked before anything is written
+        _check_int_length(cache_seqlens, k, nq, k_cache, block_table)
     rotary = rotary_cos is not None or rotary_sin is not None
     if rotary:
         _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens)

@@ -238,7 +238,8 @@ def cmd_traffic(args) -> int:
 def _print_roofline(con, t, dev, points) -> None:
     c = t.config
     pk = rl.peak(dev, c.dtype)
-    con.print(f"\nRoofline on {dev.label}: {pk / rl.TERA:,.0f} TFLOP/s dense {c.dtype} / "
+    con.print()
+    con.print(f"Roofline on {dev.label}: {pk / rl.TERA:,.0f} TFLOP/s dense {c.dtype} / "
               f"{dev.hbm / rl.TERA:g} TB/s HBM = ridge {rl.ridge(dev, c.dtype):.0f} FLOP/byte; "
               f"elementwise work at the {dev.fp32 / rl.TERA:g} TFLOP/s FP32 CUDA-core peak. "
               f"L2 {dev.l2 / MiB:g} MiB, {dev.sms} SMs.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from attnscope.cli._out import MiB, _clean, console, print_json, table
+from attnscope.cli._out import MiB, _clean, console, int_list, print_json, table
 from attnscope.errors import InputError, expect
 from attnscope.inputs import write_atomic
 from attnscope.measure import families, physical
@@ -96,15 +96,16 @@ def family_spec(args, family: str) -> dict:
     from attnscope.cli.analytic import window_arg
 
     win = window_arg(args.window)
-    expect(win is not None or family != "window", "--window",
-           "L,R with --impl flex (Flex's call here is a sliding-window one)", args.window)
+    expect(win is not None or family != "window", "--window", "L,R with --impl flex (Flex's call here is a "
+           "sliding-window one)" if args.impl == "flex" else "L,R with --family window", args.window)
     raw = {"pass": family, "impl": args.impl, "batch": args.batch, "heads": args.heads,
            "kv_heads": args.kv_heads or 0, "d": args.d, "dtype": args.dtype, "causal": args.causal,
            "window": list(win) if win else ""}
     if family != "varlen" or args.n != 4096:  # varlen takes --lengths (a given --n is refused by name)
         raw["n"] = args.n
     if family == "varlen":
-        raw["lens"] = "" if args.lengths is None else args.lengths.replace(",", ";")
+        raw["lens"] = "" if args.lengths is None else int_list("--lengths", args.lengths,
+                                                                 most=families.MAX_SEQUENCES)
     if family == "backward":
         raw |= {"deterministic": args.deterministic, "kernels": args.kernels or ""}
     try:

@@ -32,6 +32,9 @@ SPEC = "(default: %(default)s)"
 #: `_shape`'s defaults: with --cache-lens a value other than these is refused (the cache lengths and
 #: their count replace them), never ignored.
 _SHAPE_DEFAULTS = {"n": 4096, "batch": 1, "causal": False, "impl": "flash"}
+#: Every shape flag's default: with --sweep, --from-json or --calibrate another value is refused (a grid row
+#: names its own shape), never ignored.
+_GRID_DEFAULTS = {**_SHAPE_DEFAULTS, "d": 128, "heads": 32, "dtype": "fp16", "window": None, "family": None}
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:
@@ -61,10 +64,11 @@ def _one_line(fn):
 
 def _shape(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("--n", type=int, default=_SHAPE_DEFAULTS["n"], help=f"sequence length of Q and K/V {SPEC}")
-    p.add_argument("--d", type=int, default=128, help=f"head dimension {SPEC}")
-    p.add_argument("--heads", type=int, default=32, help=f"attention heads {SPEC}")
+    p.add_argument("--d", type=int, default=_GRID_DEFAULTS["d"], help=f"head dimension {SPEC}")
+    p.add_argument("--heads", type=int, default=_GRID_DEFAULTS["heads"], help=f"attention heads {SPEC}")
     p.add_argument("--batch", type=int, default=_SHAPE_DEFAULTS["batch"], help=f"batch size {SPEC}")
-    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help=f"element type {SPEC}")
+    p.add_argument("--dtype", default=_GRID_DEFAULTS["dtype"], choices=["fp16", "bf16"],
+                   help=f"element type {SPEC}")
     p.add_argument("--causal", action="store_true", help="causal attention (default: unmasked)")
     if json_flag:
         p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -130,7 +134,8 @@ def _bytes_decode(args) -> int:
         expect(getattr(args, name) == default, "--" + name, "none with --cache-lens (its lengths give the "
                "batch and the keys; the ledger is attnscope's split-KV decode, bottom-right causal)",
                getattr(args, name))
-    for flag in ("sweep", "from_json", "calibrate", "resume", "warm_workers"):
+    for flag in ("sweep", "from_json", "calibrate", "resume", "warm_workers", "family", "lengths",
+                 "deterministic", "kernels"):
         expect(getattr(args, flag) in (None, False), "--" + flag.replace("_", "-"), "none with --cache-lens",
                getattr(args, flag))
     expect(args.repeat == 1, "--repeat", "1 with --cache-lens", args.repeat)
@@ -191,11 +196,10 @@ def _bytes(args) -> int:
     for flag in ("page_size", "capacity", "kv_dtype", "nq"):
         expect(getattr(args, flag) is None, "--" + flag.replace("_", "-"), "to come with --cache-lens",
                getattr(args, flag))
+    for flag, default in _GRID_DEFAULTS.items() if args.sweep or args.from_json or args.calibrate else ():
+        expect(getattr(args, flag) == default, "--" + flag, "none with --sweep, --from-json or --calibrate "
+               "(a grid row names its own)", getattr(args, flag))
     family = args.family or ("window" if args.window is not None or args.impl == "flex" else None)
-    for flag, ok in (("window", family != "window" or not (args.sweep or args.from_json or args.calibrate)),
-                     ("family", not args.family or not (args.sweep or args.from_json or args.calibrate))):
-        expect(ok, "--" + flag, "none with --sweep, --from-json or --calibrate (a grid row names its own)",
-               getattr(args, flag))
     for flag, fam in (("lengths", "varlen"), ("deterministic", "backward"), ("kernels", "backward")):
         expect(getattr(args, flag) in (None, False) or family == fam, "--" + flag, f"to come with --family "
                f"{fam}", getattr(args, flag))
@@ -218,6 +222,7 @@ def _bytes(args) -> int:
         raise InputError(f"--json: expected no file name without --sweep or --calibrate (JSON goes to "
                          f"stdout), got {args.json!r}")
     if family is not None:  # one point of another family: its grid row's spec, ledger and estimate
+        _positive(args, "kv_heads")
         spec = family_bytes.family_spec(args, family)
         l2, sms, measured = args.l2_bytes, args.sms, None
         if not args.estimate_only:
@@ -585,7 +590,7 @@ def configure(sub) -> None:
                                    "stopped around the call after warm-up) and print them beside the logical "
                                    "model and the physical estimate.")
     p.add_argument("--impl", default=_SHAPE_DEFAULTS["impl"], choices=(*ncu.IMPLS, "flex"),
-                   help=f"implementation measured (flex: with --window only) {SPEC}")
+                   help=f"implementation measured (flex: with --window or --family varlen) {SPEC}")
     _shape(p, json_flag=False)
     family_bytes.add_flags(p)
     p.add_argument("--kv-heads", type=int, default=None,

@@ -224,8 +224,8 @@ def _blocks(r: int, s: int, p: int, causal: bool, chunks, window):
 
 
 def _block_forward(q, k, v, causal, scale, softcap, bounds):
-    """(o, lse) of one block: the dense kernel; with softcap or a window band the varlen kernel, one
-    sequence per batch row (the dense kernel of this tree has neither)."""
+    """(o, lse) of one block: the dense kernel; with softcap or a window band (`bounds`: signed, off the
+    diagonal) the varlen kernel, one sequence per batch row."""
     if not softcap and bounds is None:
         from attnscope.kernels.fwd import flash_attention
 
@@ -238,25 +238,29 @@ def _block_forward(q, k, v, causal, scale, softcap, bounds):
     return _unpacked(o, B), lse.view(lse.shape[0], B, nq).transpose(0, 1)
 
 
-def _block_backward(do, q, k, v, o, lse, causal, scale, softcap, bounds):
-    """(dq, dk, dv) of one block, the kernels of `_block_forward` (``lse``: the merged one)."""
+def _block_backward(do, q, k, v, o, lse, causal, scale, softcap, bounds, dlse=None):
+    """(dq, dk, dv) of one block, the kernels of `_block_forward` (``lse``: the merged one; ``dlse``: its
+    rows' gradient, None for none)."""
     if not softcap and bounds is None:
         from attnscope.kernels.bwd import flash_attention_backward
 
-        return flash_attention_backward(do, q, k, v, o, lse, causal, scale)
+        return flash_attention_backward(do, q, k, v, o, lse, causal, scale,
+                                        **({} if dlse is None else {"dlse": dlse}))
     from attnscope.kernels.varlen_bwd import flash_attention_varlen_backward
 
     B, nq, nk = q.shape[0], q.shape[2], k.shape[2]
-    lse_p = lse.transpose(0, 1).reshape(lse.shape[1], B * nq)
+    lse_p, dlse_p = (None if x is None else x.transpose(0, 1).reshape(x.shape[1], B * nq)
+                     for x in (lse, dlse))
     dq, dk, dv, _ = flash_attention_varlen_backward(
         *(_packed(t) for t in (do, q, k, v, o)), lse_p, _cu(B, nq, q.device), _cu(B, nk, q.device), nq, nk,
-        causal, scale, softcap=softcap, bounds=bounds)
+        causal, scale, softcap=softcap, bounds=bounds, dlse=dlse_p)
     return _unpacked(dq, B), _unpacked(dk, B), _unpacked(dv, B)
 
 
 def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None, window=None):
     import torch
 
+    from attnscope.kernels._common import finite_sinks
     from attnscope.kernels.merge import merge_
 
     rank, p, chunks = _layout(q, causal, group)
@@ -285,13 +289,15 @@ def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None, window
                 r_.wait()
             kc, vc = kn, vn
     if sinks is not None:  # the sink joins once, as one more partial (O = 0, LSE = sink): reference.combine
-        merge_(o, lse, torch.zeros_like(o), sinks[None, :, None].expand(B, Hq, nq).contiguous())
+        sink_lse = finite_sinks(torch, sinks)[None, :, None].expand(B, Hq, nq).contiguous()
+        merge_(o, lse, torch.zeros_like(o), sink_lse)
     return o.to(q.dtype), lse, chunks
 
 
-def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.0, window=None):
+def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.0, window=None, dlse=None):
     """Ring pass of dK/dV: dK/dV accumulators travel with their K/V and hop home after P steps. The blocks
-    recompute P from the merged LSE (sink included), so a sink needs nothing here (`_sinks_grad`)."""
+    recompute P from the merged LSE (sink included), so a sink needs nothing here (`_sinks_grad`); the LSE's
+    gradient ``dlse`` (None: none) joins each block's rows (``dS = P (dP - rowsum(dO O) + dLSE)``)."""
     import torch
 
     rank, p = _world(group)
@@ -310,10 +316,10 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.
             (kn, vn), reqs = ring.pass_on([kc, vc], n_in)
         for lo, hi, k_lo, k_hi, cflag, bounds in blocks:
             # sub-blocks as contiguous tensors: the block backward may assume a packed layout
-            rows = [t[:, :, lo:hi].contiguous() for t in (do, q, o, lse)]
+            rows = [None if t is None else t[:, :, lo:hi].contiguous() for t in (do, q, o, lse, dlse)]
             dqb, dkb, dvb = _block_backward(rows[0], rows[1], kc[:, :, k_lo:k_hi].contiguous(),
                                             vc[:, :, k_lo:k_hi].contiguous(), rows[2], rows[3], cflag, scale,
-                                            softcap, bounds)
+                                            softcap, bounds, rows[4])
             dq[:, :, lo:hi] += dqb.float()
             dkc[:, :, k_lo:k_hi] += dkb.float()
             dvc[:, :, k_lo:k_hi] += dvb.float()
@@ -329,13 +335,17 @@ def _ring_backward(do, q, k, v, o, lse, causal, scale, group, chunks, softcap=0.
     return dq.to(q.dtype), dkc.to(k.dtype), dvc.to(v.dtype)
 
 
-def _sinks_grad(do, o, lse, sinks):
-    """This rank's rows' share of dsinks[h] = -sum_rows exp(sink_h - LSE) rowsum(dO * O); the
+def _sinks_grad(do, o, lse, sinks, dlse=None):
+    """This rank's rows' share of dsinks[h] = -sum_rows exp(sink_h - LSE) (rowsum(dO * O) - dLSE); the
     ranks' shares add up to the whole (as every weight's gradient under context parallelism)."""
     import torch
 
+    from attnscope.kernels._common import sink_weight
+
     delta = (do.float() * o.float()).sum(-1)  # [B, Hq, N_local]
-    return -(torch.exp(sinks[None, :, None] - lse) * delta).sum((0, 2))
+    if dlse is not None:
+        delta = delta - dlse
+    return -(sink_weight(torch, sinks[None, :, None], lse) * delta).sum((0, 2))
 
 
 def _autograd_fn():
@@ -348,15 +358,16 @@ def _autograd_fn():
             ctx.save_for_backward(q, k, v, o, lse, sinks)
             ctx.causal, ctx.scale, ctx.group, ctx.chunks = causal, scale, group, chunks
             ctx.softcap, ctx.window = softcap, window
-            ctx.mark_non_differentiable(lse)
+            ctx.set_materialize_grads(False)  # an output the loss leaves out: None, not zeros
             return o, lse
 
         @staticmethod
         def backward(ctx, do, dlse):
             q, k, v, o, lse, sinks = ctx.saved_tensors
+            do = torch.zeros_like(o) if do is None else do  # the loss reads only the LSE
             dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks,
-                                        ctx.softcap, ctx.window)
-            dsinks = None if sinks is None else _sinks_grad(do, o, lse, sinks)
+                                        ctx.softcap, ctx.window, dlse)
+            dsinks = None if sinks is None else _sinks_grad(do, o, lse, sinks, dlse)
             return dq, dk, dv, dsinks, None, None, None, None, None
 
     return _RingAttention
@@ -375,7 +386,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     causal : bool — token-level causal over the whole sequence (needs the causal layout of `shard`).
     scale : float, optional — softmax scale; defaults to 1/sqrt(d).
     group : torch.distributed ProcessGroup, optional — defaults to the world.
-    return_lse : bool — also return the natural-log logsumexp of each local row.
+    return_lse : bool — also return the natural-log logsumexp of each local row (differentiable too).
     window : (left, right) or None, keyword-only — a sliding window over the whole sequence (flash-attn's
         ``window_size``; causal forces right = 0): each pair of a q chunk and a k chunk runs as one block
         with the window's band on it (the varlen kernels), pairs wholly outside the window are skipped.

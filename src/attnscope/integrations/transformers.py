@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import weakref
 
-from attnscope.errors import InputError
+from attnscope.errors import InputError, expect, is_int
 from attnscope.kernels._common import import_torch_triton
 
 torch, _ = import_torch_triton()
@@ -212,8 +212,8 @@ def _mods(module, query, sliding_window, softcap, s_aux, causal) -> dict:
     """The module's score mods as the kernels' keywords (only those that are on)."""
     mods = {}
     if sliding_window is not None:  # transformers: key j visible to query i iff i - W < j <= i
-        if not (isinstance(sliding_window, int) and sliding_window >= 1):
-            raise InputError(f"sliding_window: expected a positive int or None, got {sliding_window!r}")
+        expect(is_int(sliding_window) and sliding_window >= 1, "sliding_window", "a positive int or None",
+               sliding_window)
         mods["window"] = (sliding_window - 1, 0 if causal else sliding_window - 1)
     if softcap:
         mods["softcap"] = float(softcap)

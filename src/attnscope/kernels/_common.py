@@ -18,6 +18,7 @@ from attnscope.model.tiles import head_block, normalize_window  # noqa: F401 - h
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e)), folded into the softmax scale
 FP32_MAX = 3.4028234663852886e38
+FP32_TINY = 2.0**-126  # the smallest normal fp32
 #: Largest softmax scale: the kernels take ``scale * log2(e)`` as an fp32 argument, which must stay finite.
 MAX_SCALE = FP32_MAX / LOG2E  # about 2.36e38
 
@@ -128,6 +129,20 @@ def check_scale(scale) -> None:
 #: have one (their capped value is 0 either way). A larger cap (tanh is then the identity for any score) runs
 #: the portable kernels.
 HOPPER_MAX_SOFTCAP = 2.0 ** 60
+
+
+def check_softcap(softcap: float, sm_scale: float) -> None:
+    """NotImplementedError unless a softcap (> 0) at softmax scale ``sm_scale`` gives the kernels finite,
+    normal fp32 arguments: ``softcap * log2(e)`` (the capped scores' scale; decode divides by it) in
+    [`FP32_TINY`, `FP32_MAX`] and ``scale / softcap`` (the tanh argument's scale) at most `FP32_MAX`.
+    Outside, they overflow to inf or underflow to 0, and a score's ``0 * inf`` or ``inf * tanh(0)`` is NaN."""
+    low = max(FP32_TINY / LOG2E, sm_scale / FP32_MAX)
+    if not low <= softcap <= MAX_SCALE:
+        raise NotImplementedError(
+            f"softcap: {softcap:.3g} is not supported at scale {sm_scale:.3g}; supported: {low:.3g} <= "
+            f"softcap <= {MAX_SCALE:.3g} (softcap * log2(e) and scale / softcap must be normal finite fp32)")
+
+
 #: Largest window side a kernel call takes (the kernels' window arithmetic is int32).
 MAX_WINDOW_SIDE = 2**31 - 1
 #: A window side from here up reaches past every sequence the kernels take (the varlen kernels' unbounded
@@ -151,7 +166,7 @@ class Mods(NamedTuple):
 
 
 def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device) -> Mods:
-    """Validate the score mods (the one contract of every kernel: DESIGN.md,
+    """Validate the score mods (the one contract of every kernel, with
     `model.tiles.normalize_window`): ``window`` None or (left, right) ints from -1 to `MAX_WINDOW_SIDE`
     (causal forces right = 0, and a causal call with left = -1 is plain causal: ``windowed`` False; a side
     >= `UNBOUNDED_SIDE` is folded to -1, the same visibility); ``softcap`` a finite real >= 0 (0 = off);
@@ -180,6 +195,21 @@ def check_mods(torch, causal: bool, window, softcap, sinks, q_heads: int, device
         if q_heads > 1 and sinks.stride(0) != 1:  # the kernels read sinks[h] at offset h
             raise InputError(f"sinks: expected a contiguous [Hq] tensor, got stride {sinks.stride(0)}")
     return Mods(left, right, float(softcap), sinks)
+
+
+def sink_weight(torch, sinks, lse):
+    """``exp(sink - LSE)``, each row's softmax weight on its head's sink (``sinks`` shaped to broadcast
+    against the natural-log ``lse`` by the caller), as the kernels weigh a sink (`_tl.sink_log2`): a NaN sink
+    none, a +inf one all; at most 1 (a weight), never inf or NaN from a sink. The sinks' gradient is made of
+    it."""
+    return torch.exp(torch.where(torch.isnan(sinks), float("-inf"), sinks) - lse).clamp_(max=1.0)
+
+
+def finite_sinks(torch, sinks):
+    """The sinks as the kernels take them (`_tl.sink_log2`): NaN as -`MAX_SCALE` (no weight), the rest clamped
+    to +-`MAX_SCALE` (a +inf sink takes all the weight), so a merge of the sink as one more partial (the ring)
+    meets no inf - inf."""
+    return torch.where(torch.isnan(sinks), -MAX_SCALE, sinks).clamp(-MAX_SCALE, MAX_SCALE)
 
 
 def check_disjoint(torch, name: str, t, others: dict) -> None:

@@ -9,7 +9,7 @@ Triton 3.6's CPU interpreter computes bf16 `tl.dot` wrongly and truncates fp32 -
 round with `round_bf16` before casting, which reproduces the GPU. On a GPU that path is never compiled.
 """
 
-from attnscope.kernels._common import LOG2E, MAX_SCALE, import_torch_triton, interpreting
+from attnscope.kernels._common import LOG2E, check_softcap, import_torch_triton, interpreting
 
 _, triton = import_torch_triton()  # ImportError names the install command when the extra is missing
 import triton.language as tl  # noqa: E402
@@ -35,9 +35,7 @@ def mod_args(mods, sm_scale: float, nq: int, nk: int) -> dict:
     softcap``) and the constexprs ``WINDOW`` and ``SOFTCAP``; all off is the plain kernel."""
     left, right = window_args(mods.left, mods.right, nq, nk)
     if mods.softcap > 0:
-        if mods.softcap > MAX_SCALE:
-            raise NotImplementedError(f"softcap: {mods.softcap:.3g} is not supported; supported: "
-                                      f"0 < softcap <= {MAX_SCALE:.3g} (softcap * log2(e) must fit in fp32)")
+        check_softcap(mods.softcap, sm_scale)
         return dict(LEFT=left, RIGHT=right, qk_scale=mods.softcap * LOG2E, cap_in=sm_scale / mods.softcap,
                     WINDOW=mods.windowed, SOFTCAP=True)
     return dict(LEFT=left, RIGHT=right, qk_scale=sm_scale * LOG2E, cap_in=1.0, WINDOW=mods.windowed,

@@ -59,6 +59,7 @@ from attnscope.kernels._common import (
     import_torch_triton,
     interpreting,
     on_tensor_device,
+    sink_weight,
 )
 from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
@@ -660,7 +661,7 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
             (o.data_ptr() | do.data_ptr() | lse.data_ptr() | dl.data_ptr()) % 16 == 0)
         dsinks = None
         if sinks is not None:  # dLSE/dsink = exp(sink - LSE); dO . dO/dsink = -exp(sink - LSE) D
-            w = torch.exp(sinks.view(1, Hq, 1) - lse)
+            w = sink_weight(torch, sinks.view(1, Hq, 1), lse)
             dsinks = -(torch.where(torch.isneginf(lse), 0.0, w) * delta).sum((0, 2))
         return dk, dv, dq, delta, lse2, rows, dsinks
 

@@ -12,7 +12,7 @@ skipped. ``lo``/``hi`` are the closed forms of `attnscope.model.tiles.Grid.kv_bo
 in-kernel (`tests/test_fwd.py` holds the two against each other). Alignment is bottom-right: key c is
 visible to query r iff ``c <= r + (Nk - Nq)``; rows with no visible key give 0 and LSE = -inf.
 
-Score mods (DESIGN.md's contract), constexpr-gated so the kernel without them is unchanged: a
+Score mods (`_common.check_mods`' contract), constexpr-gated so the kernel without them is unchanged: a
 sliding window (``WINDOW``) runs the unmasked tiles, then the left- and right-masked ones in one loop,
 between the bounds of `_tl._kv_bounds_window` (`model.tiles.window_kv_bounds0`; tiles outside are never
 loaded); softcap (``SOFTCAP``) caps the scores with tanh before the online softmax; sinks (``HAS_SINKS``) join
@@ -49,6 +49,7 @@ from attnscope.kernels._common import (
     check_mods,
     check_same,
     check_scale,
+    check_softcap,
     check_tensor,
     descriptor_over,
     descriptor_template,
@@ -428,6 +429,8 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
     B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
     mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    if mods.softcap:
+        check_softcap(mods.softcap, sm_scale)
     qk_scale = sm_scale * LOG2E
     chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
     o = _out_like(q, "meta")  # the output's layout
@@ -568,7 +571,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         ``r + off - left <= c <= r + off + right`` (``off = Nk - Nq``; -1 = unbounded on that side;
         ``causal=True`` forces right = 0). KV tiles wholly outside the window are never loaded.
     softcap : float
-        Logit cap, 0 = off: the scaled scores become ``softcap * tanh(s * scale / softcap)``.
+        Logit cap, 0 = off: the scaled scores become ``softcap * tanh(s * scale / softcap)``. A cap whose
+        fp32 arguments would overflow or underflow (`_common.check_softcap`) raises NotImplementedError.
     sinks : torch.Tensor, [Hq], float32, optional
         One logit per query head (natural-log units, neither scaled nor capped) in every row's softmax
         denominator with no value: a row with no visible key gives 0 and LSE = ``sinks[h]``. It receives a

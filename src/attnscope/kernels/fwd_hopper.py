@@ -23,7 +23,7 @@ variants; `attnscope.model.dispatch.hopper_variant` picks one for ``impl="auto"`
 Causal: the producer streams the CTA's KV range; each warpgroup runs its tiles ``[0, lo_w)`` without
 mask arithmetic and the rest masked before the running max (bottom-right: key c visible to query r iff
 ``c <= r + Nk - Nq``); tile 0 is always masked (the pipeline's prologue). Empty rows give 0, LSE -inf.
-Score mods (constexpr ``MODS``, DESIGN.md's contract): a window loads only the tiles of
+Score mods (constexpr ``MODS``, `_common.check_mods`' contract): a window loads only the tiles of
 `model.tiles.window_kv_bounds0` (`_window`), masked at its left edge, unmasked inside, masked at its right
 edge and the ragged tile; softcap caps the scaled scores with tanh (``tanh.approx``); a sink joins each row's
 denominator at the epilogue (in log2 units, so the LSE includes it). A build without mods is the plain kernel.

@@ -40,6 +40,7 @@ from attnscope.kernels._common import (
     import_torch_triton,
     interpreting,
     on_tensor_device,
+    sink_weight,
 )
 from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
@@ -298,7 +299,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
         Hq, total_q, total_q, 1.0, 0.0, 1.0, HEAD_DIM=head_block(d), BLOCK_M=pre_m, HAS_DLSE=dlse is not None,
         PADDED=False, D=d)
     if mods.sinks is not None:  # dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)
-        dsinks = -(torch.exp(mods.sinks[:, None] - lse) * delta).sum(1)
+        dsinks = -(sink_weight(torch, mods.sinks[:, None], lse) * delta).sum(1)
     qk_scale = sm_scale * LOG2E
     B = cu_seqlens_q.shape[0] - 1
     if hopper:

@@ -15,6 +15,7 @@ from attnscope.kernels._common import (
     check_mods,
     check_same,
     check_scale,
+    check_softcap,
     check_tensor,
     device_error_flag,
     import_torch_triton,
@@ -265,6 +266,8 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         _check_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, "max_seqlen_q")
         _check_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, "max_seqlen_k")
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    if mods.softcap:
+        check_softcap(mods.softcap, sm_scale)
     return dims, mods, sm_scale
 
 

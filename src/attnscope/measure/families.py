@@ -102,8 +102,10 @@ def _window(where: str, value, causal: bool) -> list[int]:
     digits = re.compile(r"-?[0-9]{1,12}")
     if len(cells) != 2 or not all(is_int(c) or (isinstance(c, str) and digits.fullmatch(c.strip()))
                                   for c in cells):
-        raise InputError(f"{where}: window: expected left:right, two integers from -1 (unbounded), got "
-                         f"{short(value)}")
+        long = len(cells) == 2 and all(isinstance(c, str) and re.fullmatch(r"-?[0-9]+", c.strip())
+                                       for c in cells)
+        raise InputError(f"{where}: window: expected left:right, two integers from -1 (unbounded)"
+                         f"{' of at most 12 digits' if long else ''}, got {short(value)}")
     try:
         return list(bounded_window(causal, [int(c) for c in cells]))
     except InputError as e:

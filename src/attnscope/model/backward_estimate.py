@@ -65,11 +65,13 @@ from attnscope.model.family_estimate import (
     _l2_bytes,
     _sms,
     attnscope_window,
+    capped,
+    unwindowed_terms,
 )
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2_params import H200_L2_PARAMS, mean_miss, miss
 from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
-from attnscope.model.tiles import Grid, normalize_window, window_span
+from attnscope.model.tiles import Grid, hides_keys, normalize_window, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 from attnscope.model.window_estimate import band_rereads, group_gap_miss
 
@@ -313,7 +315,8 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         tile's CTA reads the band of query rows that see its keys (the window mirrored), and the dQ kernel's
         query tiles their K/V bands; both re-read as the window forward's band walk
         (`model.window_estimate.band_rereads`: in-wave, at wave boundaries, and a GQA group's later heads
-        in the dQ kernel) at the forward's L2 capacities, with no probe constant; the rest as without.
+        in the dQ kernel) at the forward's L2 capacities, with no probe constant, each at most the call's
+        without the window (`model.family_estimate.unwindowed_terms`); the rest as without.
 
     Returns
     -------
@@ -338,6 +341,8 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
     win = attnscope_window(what, impl, causal, window)
     if win is not None:
         facts["window"] = list(win)
+        if not hides_keys(n, n, causal, win):  # the kernels walk what they walk without one
+            win = None
     if impl == "naive":
         if hkv != h:
             raise NotImplementedError(f"{what}: kv_heads {hkv} != heads {h}; supported: MHA (the naive "
@@ -401,7 +406,12 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         band, bf = band_rereads(n, per_set, conc, ker.kv, ker.q, width, rows - n, row + acc_row,
                                 other * p.qo_weight(), p.shared * l2, p.shared_ramp, in_turn=g)
         facts |= {"band_" + k: v for k, v in bf.items()}
-        rereads, rmw = sets * g * band * row, sets * g * band * acc_row
+        caps = unwindowed_terms(lambda: backward_estimate(
+            impl, n, causal=causal, d=d, dtype=dtype, batch=bsz, heads=h, kv_heads=hkv,
+            deterministic=deterministic, kernels=kernels, sms=sms, l2_bytes=l2_bytes, device=device,
+            params=params))
+        rereads = capped(sets * g * band * row, caps, "q_rereads", facts)
+        rmw = capped(2 * sets * g * band * acc_row, caps, "dq_atomics", facts) / 2
         how = "at the band walk's reuse distances (model/window_estimate.py band_rereads)"
     elif impl == "attnscope" and causal:  # walkers from the diagonal forward: `l2_reuse.diagonal_walk_share`
         p = H200_L2_PARAMS
@@ -471,7 +481,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
                                       p.shared_ramp, together)
             m_g, _ = group_gap_miss(n, gq.n_q_tiles, conc, ker.dq_rows, width, 2 * d * b, other_q, 1,
                                     qf["wave_room"], p.shared * l2, p.shared_ramp)
-            kv_re = bkv * (g * band_q + (g - 1) * n * m_g) * 2 * d * b
+            kv_re = capped(bkv * (g * band_q + (g - 1) * n * m_g) * 2 * d * b, caps, "kv_rereads", facts)
         _scaled(terms, "kv_rereads", kv_re, params, field, what,
                 "K, V re-read by the dQ kernel's later query tiles, missing the L2")
     if impl == "flash":

@@ -12,7 +12,7 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
 
 The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and
 dQ kernels instead of the portable ones: wherever they are built (head dim), with every score mod (window,
-softcap, sinks). On the H200 they ran 1.39-1.77 x the portable backward at every point of bench/backward.py's
+softcap, sinks). On the H200 they ran 1.39-1.66 x the portable backward at every point of bench/backward.py's
 grid (bench/results/h200-2026-12-02-backward-hopper-first.json) and 1.41-1.68 x with a window or softcap at
 d = 64 and 128 (bench/results/h200-2026-12-02-mods-d*.json). The packed backward (kernels/varlen_bwd.py
 `pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py's Gluon kernels (no window or softcap
@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 
 from attnscope.errors import MAX_DIM, choice, expect, is_int, positive_int
-from attnscope.model.tiles import Grid, head_block
+from attnscope.model.tiles import Grid, head_block, hides_keys
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -162,8 +162,8 @@ def portable_window(d: int, window: tuple[int, int] | None, nq: int, nk: int, ca
     d = head_block(d)
     if window is None or (window[0] < 0 and window[1] < 0) or d not in WINDOW_PORTABLE_KEYS:
         return False
-    keys = window_mean_keys(nq, nk, causal, window)
-    return keys < window_mean_keys(nq, nk, causal, None) and keys <= WINDOW_PORTABLE_KEYS[d]
+    return hides_keys(nq, nk, causal, window) and window_mean_keys(nq, nk, causal, window) <= \
+        WINDOW_PORTABLE_KEYS[d]
 
 
 #: Head dims the Hopper backward is built for (kernels/bwd_hopper.py ``CONFIGS``).

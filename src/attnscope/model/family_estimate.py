@@ -40,7 +40,7 @@ from attnscope.model.l2 import (  # the forward estimate's rules for dirty outpu
 )
 from attnscope.model.l2 import estimate as _forward_estimate
 from attnscope.model.l2_params import H200_L2_PARAMS, KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, bounded_window, window_kv_bounds0, window_span
+from attnscope.model.tiles import Grid, bounded_window, hides_keys, window_kv_bounds0, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 
 DECODE_IMPLS = ("flash", "cudnn", "attnscope")
@@ -111,6 +111,27 @@ def attnscope_window(what: str, impl: str, causal: bool, window) -> tuple[int, i
     if impl != "attnscope":
         raise NotImplementedError(f"{what}: a window is not modelled; supported: attnscope")
     return win
+
+
+def unwindowed_terms(plain) -> dict | None:
+    """Term name -> bytes of a windowed call's estimate without its window (``plain``: a callable giving it),
+    which caps the windowed call's re-read terms: the window's kernel walks a subset of the same walk's tile
+    pairs in the same order, so it re-reads no more, while the band walk's distances, counted alone, can
+    exceed the whole walk's near full width. None where the plain call is not modelled or not measured."""
+    try:
+        return {n: b for n, b, _ in plain().terms}
+    except (NotImplementedError, NotMeasured):
+        return None
+
+
+def capped(value: float, caps: dict | None, name: str, facts: dict) -> float:
+    """``value`` at most ``caps[name]`` (`unwindowed_terms`: 0 where that estimate has no such term; no cap
+    where caps is None), the capped names listed in ``facts["window_capped"]``."""
+    cap = None if caps is None else caps.get(name, 0.0)
+    if cap is not None and value > cap:
+        facts.setdefault("window_capped", []).append(name)
+        return cap
+    return value
 
 
 def _dirty_o(o: int, kv_read: float, q: int, l2: int) -> tuple:
@@ -459,8 +480,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     query tile loads the KV tiles of its band, so a later wave re-reads only the band it shares with the wave
     before (``left + right`` keys and one KV tile, per kv head), behind the wave's own band (its C / H query
     tiles' rows and the window's width) and the resident Q/O; the windowed build is the masked one, whose
-    spill frame is taken as the causal build's (ptxas: 176 B against 200 B at d 128, none at d 64). Flex
-    with a window is not modelled.
+    spill frame is taken as the causal build's (ptxas: 176 B against 200 B at d 128, none at d 64); the
+    re-reads at most the call's without the window (`unwindowed_terms`). Flex with a window is not modelled.
     """
     choice("impl", impl, VARLEN_IMPLS)
     lens = _lens("lens", lens)
@@ -487,8 +508,10 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         for i, p0, progs in order:
             starts[i], ends[i] = p0, p0 + progs
         total_k, k0, rereads, worst = sum(lens), 0, 0.0, 0.0
+        # each sequence's window, None where it hides none of its keys (its programs run as without one)
+        wins = [win if win is not None and hides_keys(n, n, causal, win) else None for n in lens]
         for i, n in enumerate(lens):  # the ledger's re-reads: at most what the waves can re-read
-            g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal, window=win)
+            g = Grid(n, n, VARLEN_BLOCK_Q, VARLEN_BLOCK_KV, causal=causal, window=wins[i])
             pairs, last = g.loaded_pairs()
             t_c = -(-n // VARLEN_BLOCK_KV)
             rows = pairs * VARLEN_BLOCK_KV - (t_c * VARLEN_BLOCK_KV - n) * last  # K rows loaded, in-sequence
@@ -498,19 +521,20 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         for at, (i, p0, progs) in enumerate(order):
             n = lens[i]
             kv_i = 2 * hkv * n * d * b  # the sequence's K/V, every kv head
-            passes, last, wave_end = _varlen_waves(p0, n, h, c, causal and win is None)
+            w_i = wins[i]
+            passes, last, wave_end = _varlen_waves(p0, n, h, c, causal and w_i is None)
             # rows of one kv head a wave streams: all of them, or with a window its tiles' bands
-            streamed = n if win is None else min(n, c / h * VARLEN_BLOCK_Q + window_span(win, n))
+            streamed = n if w_i is None else min(n, c / h * VARLEN_BLOCK_Q + window_span(w_i, n))
             # a wave between two of the sequence's own streams it alone; its last wave also streams the K/V
             # of the sequences after it that start there (each in full once all its heads have a program)
-            beside = sum(2 * hkv * (lens[j] if win is None else min(lens[j], streamed)) * d * b
+            beside = sum(2 * hkv * (lens[j] if w_i is None else min(lens[j], streamed)) * d * b
                          * min(1.0, (min(ends[j], wave_end) - q0) / h)
                          for j, q0, _ in order[at + 1:] if q0 < wave_end)
             if passes > 1.0:  # live bytes beside the K/V: the resident programs' Q and O (`varlen_qo_weight`)
                 w = need(params, "varlen_qo_weight", f"{what} with a sequence over more than one wave of "
                                                      f"{c} programs")
-                if win is not None:  # a later wave re-reads the band it shares with the wave before
-                    kv_i = 2 * hkv * min(n, window_span(win, n) + VARLEN_BLOCK_KV) * d * b
+                if w_i is not None:  # a later wave re-reads the band it shares with the wave before
+                    kv_i = 2 * hkv * min(n, window_span(w_i, n) + VARLEN_BLOCK_KV) * d * b
                 live = 2 * hkv * streamed * d * b + min(c, progs) * qo_tile * w
                 worst = max(worst, (live + beside) / l2)
                 cap = H200_L2_PARAMS.shared * l2
@@ -519,6 +543,10 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
                 want = ((passes - 1.0 - last) * m_own + last * m_last) * kv_i
                 rereads += min(extra[i] * max(m_own, m_last), want)
         facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}  # of the re-read sequences
+        if any(w is not None for w in wins):
+            rereads = capped(rereads, unwindowed_terms(lambda: varlen_estimate(
+                impl, lens, causal=causal, d=d, dtype=dtype, heads=h, kv_heads=hkv, sms=sms,
+                l2_bytes=l2_bytes, device=device, params=params)), "kv_rereads", facts)
         terms.append(("kv_rereads", rereads, "K/V of every kv head re-read by each later wave of programs "
                                              "(heads fastest: a wave spans all heads), missing the L2"))
         terms.append(_varlen_spill(items * h, c, d, causal or win is not None, comp + rereads, l2, params,

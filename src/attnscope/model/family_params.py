@@ -111,8 +111,8 @@ H200_FAMILY_PARAMS = FamilyParams(
     # varlen_qo_weight: probe_varlen.csv's rows (v-qo1..6 in h200-2026-12-03-probe-varlen-qo.json too) leave
     # it flat: 12-13 of their 17 attnscope rows within 10 % at any value from 0.3 to 1.0; the 72 attnscope
     # rows of the varlen held-out grids 1-3 (h200-2026-12-02*-heldout-varlen*, now development data) have
-    # their least mean |error| at 0.9 (3.9 %; 65-66 within 10 % from 0.7 to 1.1): fitted 2026-12-04, to be
-    # judged on a grid drawn after it (bench/grids/heldout_varlen4.csv)
+    # their least mean |error| at 0.9 (3.9 %; 65-66 within 10 % from 0.7 to 1.1); a grid drawn before the fit
+    # judges it (bench/grids/heldout_varlen4.csv)
     varlen_qo_weight=0.9,
 )
 

@@ -2,8 +2,8 @@
 (`Kernel`, `KERNELS`, `HOPPER_KERNELS`: read from their sources or measured with ncu) and `L2Params`, the one
 table of the L2's measured and fitted behaviour (each field names the probe and result that gave it), with
 its miss curves (`miss`, `hot_miss`, `mean_miss`). Pure Python. The probe scripts and result files named
-here (bench/*.py, bench/gpu/*.sh, bench/results/*) are in git at commit 5eeec86, where bench/ last held
-the probes."""
+here (bench/*.py, bench/gpu/*.sh, bench/results/*) that are not in the tree are in git at commit 5eeec86,
+where bench/ last held the probes."""
 
 from __future__ import annotations
 

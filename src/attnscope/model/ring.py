@@ -39,11 +39,11 @@ ELT = {"fp16": 2, "bf16": 2, "fp32": 4}
 NVLINK_H200 = ((64 * MiB, 212e9), (256 * MiB, 291e9), (1 * GiB, 354e9))
 LINKS = {"h200": NVLINK_H200}
 
-#: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto" (the Hopper variant then measured)
-#: (bench/prefill.py; BENCHMARKS.md, forward); d = 256: the portable kernel auto runs there, at its table
-#: tiles (bench/tune.py prefill --d 256 --n 16384; BENCHMARKS.md, head dim 256)
-KERNEL_RATE = {("h200", 64, False): 489.6e12, ("h200", 64, True): 456.4e12,
-               ("h200", 128, False): 599.1e12, ("h200", 128, True): 604.9e12,
+#: attnscope forward TFLOP/s on H200, bf16, N = 16,384, impl="auto": BENCHMARKS.md's forward table
+#: (bench/results/h200-2026-12-01-prefill-dispatch-16k.json, median of 2 rounds); d = 256: the portable
+#: kernel auto runs there, at its table tiles (bench/results/h200-2026-12-03e-tune-d256.json)
+KERNEL_RATE = {("h200", 64, False): 504.6e12, ("h200", 64, True): 473.0e12,
+               ("h200", 128, False): 633.5e12, ("h200", 128, True): 600.6e12,
                ("h200", 256, False): 539.0e12, ("h200", 256, True): 542.5e12}
 
 #: assumed host/launch overhead per ring step (two kernel launches + posting the P2P batch)

@@ -1,6 +1,6 @@
 """The device table and the roofline: ridge point, arithmetic intensity, time floor (spec §1.1, §5.1).
 
-One source of truth for device facts (DESIGN.md): peak dense FLOP/s, HBM bandwidth, L2, SMs and the
+One source of truth for device facts: peak dense FLOP/s, HBM bandwidth, L2, SMs and the
 shared-memory carve-out, each with the source it comes from. Peaks are dense (no sparsity), at boost
 clock, and are not sustained rates: the ridge point is arithmetic on peaks, not a property of a kernel.
 

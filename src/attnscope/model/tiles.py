@@ -376,6 +376,14 @@ def bounded_window(causal: bool, window) -> tuple[int, int]:
     return left, right
 
 
+def hides_keys(nq: int, nk: int, causal: bool, window) -> bool:
+    """Whether ``window`` (`normalize_window`) hides some (query, key) pair of an ``nq`` x ``nk`` call that
+    the causal flag alone shows: fewer visible pairs (`Grid.visible_pairs`, closed form). A window that hides
+    none (a side at least the call's length) leaves the call as it is without one."""
+    return Grid(nq, nk, causal=causal, window=window).visible_pairs() < \
+        Grid(nq, nk, causal=causal).visible_pairs()
+
+
 def window_span(window: tuple[int, int], n: int) -> int:
     """Keys an effective window ``(left, right)`` spans beside a row's own, within ``n`` keys a side (-1,
     unbounded: ``n``): ``left + right`` clipped."""
@@ -439,7 +447,7 @@ def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
 
 
 #: `launch_tail`'s factor: the interleaved tail's work, spread over the SMs, lasts TAIL_WAVES / 2 times the
-#: heaviest tile (list-schedule simulations; the H200 probe of 2026-12-04, BENCHMARKS.md "Backward").
+#: heaviest tile (list-schedule simulations; the H200 launch-order probe, BENCHMARKS.md "Backward").
 TAIL_WAVES = 4
 
 

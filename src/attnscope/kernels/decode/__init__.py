@@ -24,7 +24,7 @@ pipelines it better. K/V may be ``torch.float8_e4m3fn`` with fp32 scales (per te
 the kernel converts each tile exactly to fp16 (or q's dtype), folds ``k_scale`` into the softmax scale
 and multiplies the output by ``v_scale`` (`quantize_kv` makes such a cache).
 
-Score mods (DESIGN.md's contract; `_common.check_mods`): a sliding window (decode is causal, so only
+Score mods (`_common.check_mods`' contract): a sliding window (decode is causal, so only
 its left side bounds; a row tile's keys start at the block holding its first query's window,
 `model.tiles.window_kv_bounds0`, so blocks before it are never loaded, and the split count is sized by the
 keys the rows see, `heuristics._window_span`, not by L), softcap (``softcap * tanh``

@@ -80,7 +80,7 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
         Dequantisation scales of an e4m3 cache (`attnscope.quantize_kv`); required with one, refused
         without. Their values are checked on the device (finite, positive).
     window, softcap, sinks : keyword-only
-        The score mods (`DecodePlan`; DESIGN.md): a sliding window ``(left, right)`` (decode is causal:
+        The score mods (`DecodePlan`): a sliding window ``(left, right)`` (decode is causal:
         right is 0), logit softcapping, one sink logit per query head (fp32 [Hq]).
     cache_leftpad : torch.Tensor, int32 [B], keyword-only
         A dense cache only: sequence b's keys start at ``cache_leftpad[b]``, the positions before it are

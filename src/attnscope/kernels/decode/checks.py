@@ -33,6 +33,7 @@ from attnscope.kernels._common import (
     check_mods,
     check_same,
     check_scale,
+    check_softcap,
     check_tensor,
     device_error_flag,
     import_torch_triton,
@@ -206,6 +207,8 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
             raise NotImplementedError(f"num_splits: at most {MAX_NUM_SPLITS} supported, got {num_splits}")
     check_scale(scale)
     mods = check_mods(torch, True, window, softcap, sinks, Hq, q.device)  # decode is causal: right = 0
+    if mods.softcap:
+        check_softcap(mods.softcap, scale if scale is not None else d ** -0.5)
     if num_splits not in (None, 1) and _raw_scores(scale, d, mods.softcap):
         raise InputError(f"num_splits: expected 1 or None with scale above {RAW_SCORES_ABOVE / LOG2E:.4g} "
                          f"(raw-score softmax, one split), got {num_splits}")
