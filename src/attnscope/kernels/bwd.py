@@ -50,16 +50,21 @@ from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
     MAX_GRID_Y,
+    UNBOUNDED_SIDE,
     check_device,
     check_head_dim,
+    check_mods,
     check_same,
     check_scale,
     check_tensor,
+    fitting,
     head_block,
+    hopper_unavailable,
     import_torch_triton,
     interpreting,
     on_tensor_device,
     sink_weight,
+    smem_per_block,
 )
 from attnscope.model import dispatch
 from attnscope.model.tiles import cdiv
@@ -68,13 +73,6 @@ torch, triton = import_torch_triton()
 import triton.language as tl  # noqa: E402
 
 from attnscope.kernels import bwd_plan  # noqa: E402  the launch plans' cache
-from attnscope.kernels._common import (  # noqa: E402
-    UNBOUNDED_SIDE,
-    check_mods,
-    fitting,
-    hopper_unavailable,
-    smem_per_block,
-)
 from attnscope.kernels._direct import planned_launch  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
