@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 
 import numpy as np
 import pytest
@@ -916,6 +917,13 @@ def test_cache_leftpad_out_of_range_is_clamped_and_reported_and_refused_forms():
         decode.check_errors()
     assert torch.equal(o[0], flash_decode(q, k, v, lens)[0]) and not o[1].any()
     assert torch.isneginf(lse[1]).all()
+    # the opt-in host check refuses them before the launch
+    for pad, got in (([-3, 0], "got -3 at [0]"), ([0, 11], "got 11 at [1] (length 10)")):
+        want = re.escape(f"cache_leftpad: expected values in [0, the sequence's length], {got}")
+        with pytest.raises(InputError, match=want):
+            flash_decode(q, k, v, lens, cache_leftpad=lens_t(pad), check_seqlens=True)
+    edge = flash_decode(q, k, v, lens, cache_leftpad=lens_t([0, 10]), check_seqlens=True)
+    assert torch.equal(edge[0], o[0])
     with pytest.raises(InputError, match="cache_leftpad: expected dtype torch.int32"):
         flash_decode(q, k, v, lens, cache_leftpad=lens.long())
     with pytest.raises(InputError, match="cache_leftpad: expected a contiguous shape"):

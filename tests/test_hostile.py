@@ -1828,7 +1828,7 @@ def test_yaml_is_1_2_core_for_bools_and_dates_and_minus_zero_prints_as_zero(caps
     ("z.csv", "ttft_ms\n300\n-0\n", "expected TTFT samples > 0 (a first token takes time), got -0.0 at "),
     ("z.json", '{"ttft_ms": [300, 0]}', "expected TTFT samples > 0 (a first token takes time), got 0 at "),
     ("v.json", '{"ttfts": [0.3, 0.0], "errors": ["", null]}',
-     "expected ttfts > 0 for a successful request (empty errors entry), got 0.0 at index 1"),
+     "expected ttfts > 0 for a successful request (empty errors entry), got 0.0 at ttfts[1]"),
     ("w.json", '{"ttfts": [0.3, 0.0], "errors": ["", false]}',
      "expected errors[1] to be a string (empty or null: the request succeeded), got False"),
 ])
@@ -2474,3 +2474,126 @@ def test_sinks_gradient_never_inf_or_nan(torch):
                 assert torch.isfinite(t.grad).all(), (name, value, t.grad)
             want = 0.5 * 16 if value > 0 else 0.0  # +inf: d(LSE = sink)/dsink = 1 for each of the 16 rows
             assert s.grad[0].item() == pytest.approx(want, abs=1e-6), (name, value, s.grad)
+
+
+# =====================================================================================================
+# Third hostile pass: evidence read whole -- no cell, series or event silently dropped.
+# =====================================================================================================
+@pytest.mark.parametrize("name, content, needle", [
+    ("a.csv", "ttft_ms\n300\n1,234\n320\n",
+     "expected 1 cell on data row 2 (as the header), got 2: ['1', '234']"),
+    ("b.csv", "300\n1,234\n320\n", "expected 1 cell on data row 2 (as row 1), got 2: ['1', '234']"),
+    ("c.csv", "id,ttft_ms\nr1,300\nr2,310,9\n", "expected 2 cells on data row 2 (as the header), got 3"),
+    ("d.csv", "id,ttft_ms\nr1,300\nr2\n", "expected 2 cells on data row 2 (as the header), got 1"),
+    ("f.csv", "ttft_ms\n300\n1e999\n", "expected a finite number on data row 2, got '1e999' (past the float"),
+])
+def test_csv_rows_with_other_cell_counts_are_refused_not_cut(capsys, tmp_path, name, content, needle):
+    """A thousands separator (`1,234` unquoted) made two cells: the first, 1 ms, was read as the sample; a
+    row longer than the header lost its extra cells silently."""
+    p = tmp_path / name
+    p.write_text(content)
+    line = refused(capsys, ["report", "--samples", p, "--samples-unit", "ms", "--out", tmp_path / "o"],
+                   f"--samples {name}", out_dir=tmp_path)
+    assert needle in line, line
+
+
+def test_prometheus_text_without_type_lines_is_read_not_ignored(capsys, tmp_path):
+    """`# TYPE` lines are optional in the text format; without them every sample is its own untyped
+    family, and a BEFORE scrape written so was read as empty: the run's numbers silently included every
+    request before it (208 instead of 200)."""
+    bare = {n: "".join(x for x in (DATA / f"vllm_{n}.prom").read_text().splitlines(True) if x[0] != "#")
+            for n in ("before", "after")}
+    ref = _metrics(tmp_path, (DATA / "vllm_before.prom").read_text(), (DATA / "vllm_after.prom").read_text())
+    for before, after in ((bare["before"], (DATA / "vllm_after.prom").read_text()),
+                          ((DATA / "vllm_before.prom").read_text(), bare["after"]),
+                          (bare["before"], bare["after"])):
+        got = _metrics(tmp_path, before, after)
+        assert [(m.name, m.hist, m.p95_ms) for m in got] == [(m.name, m.hist, m.p95_ms) for m in ref]
+    assert ref[0].hist.count == 200
+
+
+def test_a_before_scrape_without_the_histograms_is_refused_not_read_as_zero(capsys, tmp_path):
+    """A BEFORE with none of the vLLM histograms (the wrong file, another exporter's) was read as all
+    zeros: AFTER's lifetime counts were reported as the run's."""
+    (tmp_path / "b.prom").write_text("# TYPE process_cpu_seconds counter\nprocess_cpu_seconds 1\n")
+    argv = ["report", "--metrics", tmp_path / "b.prom", DATA / "vllm_after.prom", "--out", tmp_path / "o"]
+    refused(capsys, argv, "--metrics BEFORE: expected at least one vLLM histogram", out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("ph, cat", [("B", "gpu_user_annotation"), ("E", "user_annotation"), ("B", "kernel"),
+                                     ("b", "kernel"), ("e", "cuda_runtime")])
+def test_trace_events_other_than_complete_ones_are_refused_not_skipped(capsys, tmp_path, ph, cat):
+    """A prefill range written as a B/E pair was skipped: the share fell back to all kernels (0.4 became
+    0.4017, the decode kernel counted) with no word; a kernel as `B` vanished. (An instant, no duration, is
+    still skipped: test_measure_backends.)"""
+    trace = json.loads((DATA / "prefill_profile.json").read_text())
+    i, e = next((i, e) for i, e in enumerate(trace["traceEvents"]) if e["cat"] == cat)
+    e["ph"] = ph
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps(trace))
+    line = refused(capsys, ["report", "--profile", p, "--out", tmp_path / "o"], "--profile", out_dir=tmp_path)
+    assert f"traceEvents[{i}].ph: expected 'X' (a complete event: ts and dur) for a {cat} event, got '{ph}'" \
+        in line, line
+
+
+def test_a_tiny_attention_share_names_its_field_not_an_internal(capsys, tmp_path):
+    """attention_share 1e-300 (or a profile whose attention kernels take 1e-8 us of 5 us) gave an attention
+    time under 1e-6 ms, refused as "part_ms: ..." -- a name the user never wrote."""
+    data = yaml.safe_load(DEFAULT_TRACE_YAML)
+    data["prefill"] = {"segment": data["prefill"]["segment"], "attention_share": 1e-300}
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    refused(capsys, ["report", p, "--out", tmp_path / "o"], "prefill.attention_share: expected 0 or a share "
+            "giving at least 1e-06 ms of the prefill's 290 ms, got 1e-300", out_dir=tmp_path)
+    ev = [{"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 10.0, "dur": 1e-8, "tid": 7},
+          {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 20.0, "dur": 5.0, "tid": 7}]
+    prof = tmp_path / "prof.json"
+    prof.write_text(json.dumps({"traceEvents": ev}))
+    line = refused(capsys, ["report", "--profile", prof, "--out", tmp_path / "o"], "--profile",
+                   out_dir=tmp_path)
+    assert "expected 0 or a share giving at least 1e-06 ms of the prefill's 290 ms" in line, line
+    assert "part_ms" not in line
+
+
+def test_vllm_bad_ttft_is_named_by_its_index_in_ttfts(capsys, tmp_path):
+    """With a failed request before it, a bad ttfts entry was named by its index among the successes
+    (0, not 1)."""
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps({"ttfts": [0.0, "x", 0.31], "errors": ["boom", "", ""]}))
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples", out_dir=tmp_path)
+    assert "got 'x' at ttfts[1]" in line, line
+
+
+def test_a_label_set_without_buckets_is_refused_not_left_out(capsys, tmp_path):
+    """Engine 1 with _count 100 and _sum but no _bucket lines was dropped: the report showed 100 requests
+    of the 200 served, engine 0's distribution as the server's."""
+    engine0 = [("0.25", 10), ("0.5", 100), ("+Inf", 100)]
+    def bare(count, total):
+        return f'{_TTFT}_count{{engine="1"}} {count}\n{_TTFT}_sum{{engine="1"}} {total}\n'
+
+    before, after = _engines(("0", ZERO, 0)) + bare(0, 0), _engines(("0", engine0, 35)) + bare(100, 80)
+    with pytest.raises(InputError, match=re.escape(
+            'expected _bucket samples for every label set, got only _count or _sum for {engine="1"}')):
+        _metrics(tmp_path, before, after)
+
+
+@pytest.mark.parametrize("completed, needle", [
+    (3, "expected completed (3) to equal the requests with an empty errors entry, got 4"),
+    (2.5, "expected completed to be a count of requests, got 2.5"),
+    ("4", "expected completed to be a count of requests, got '4'"),
+])
+def test_vllm_completed_that_disagrees_with_errors_is_refused(capsys, tmp_path, completed, needle):
+    """vLLM counts `completed` from each request's success flag, but a failed request's `errors` entry can
+    be "" (an HTTP failure with an empty reason): its ttft was read as a sample. The file's own count of
+    successes disagreeing with the empty entries is refused (absent, it is not required)."""
+    doc = {"ttfts": [0.3, 0.31, 0.32, 0.9], "errors": ["", "", "", ""], "completed": completed}
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps(doc))
+    line = refused(capsys, ["report", "--samples", p, "--out", tmp_path / "o"], "--samples vllm.json",
+                   out_dir=tmp_path)
+    assert needle in line, line
+    doc["completed"] = 4
+    p.write_text(json.dumps(doc))
+    assert "verdict from 4 samples" in answered(capsys, ["report", "--samples", p, "--out", tmp_path / "o"],
+                                                limit_s=10)
+

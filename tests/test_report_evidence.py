@@ -95,7 +95,7 @@ def test_sample_file_formats(tmp_path):
 @pytest.mark.parametrize("name, text, needle", [
     ("a.csv", "a,b\n1,2\n", "expected one column, or a header with a ttft_ms or ttft_s column"),
     ("b.csv", "ttft_ms\n1\nfast\n", "expected a plain decimal number on data row 2, got 'fast'"),
-    ("c.json", '{"ttft_ms": [1, -2]}', "expected TTFT samples >= 0 (and finite), got -2 at index 1"),
+    ("c.json", '{"ttft_ms": [1, -2]}', "expected TTFT samples >= 0 (and finite), got -2 at ttft_ms[1]"),
     ("d.json", "{\"x\": 1}", "expected a JSON list of TTFT samples"),
     ("e.json", "[", "expected valid JSON"),
     ("g.csv", "1OO\n200\n", "expected a unit"),

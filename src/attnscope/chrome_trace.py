@@ -3,7 +3,8 @@
 Used by `attnscope share` (measure/share.py), `attnscope which` (measure/backends.py) and
 `attnscope report --profile` (report/evidence.py), so the three cannot disagree. Pure Python: no torch.
 
-Events read (``ph`` "X"; microseconds): ``kernel`` (GPU kernels), ``cuda_runtime``/``cuda_driver``
+Events read (``ph`` "X", complete events; a begin/end pair in these categories is refused, never
+skipped; instants are skipped; microseconds): ``kernel`` (GPU kernels), ``cuda_runtime``/``cuda_driver``
 (their launches; ``args.correlation`` links a launch to its kernel), ``user_annotation`` (a
 ``record_function`` range on the CPU) and ``gpu_user_annotation`` (its projection on the GPU).
 Every such event is checked: ``ts`` and ``dur`` bounded (`MAX_TS_US`, `MAX_DUR_US`; ``dur`` >= 0),
@@ -58,6 +59,8 @@ _ATTENTION_WORD = re.compile(r"(?<![a-z0-9])(attn|attention)(?![a-z0-9])", re.IG
 _PREFILL_WORD = re.compile(r"(?<![a-z0-9])prefill(?![a-z0-9])", re.IGNORECASE)
 _LAUNCH = ("cuda_runtime", "cuda_driver")
 _CHECKED = ("kernel", "user_annotation", "gpu_user_annotation") + _LAUNCH
+#: Begin/end ``ph`` of durations (sync and async): not read, so refused in the categories above.
+_PAIRED = ("B", "E", "b", "e")
 #: Largest |ts| (about 317 years of microseconds: epoch timestamps fit, at sub-microsecond precision)
 #: and dur (about 11.6 days) read; past them ts + dur loses its digits or leaves the float range.
 MAX_TS_US = 1e16
@@ -130,7 +133,12 @@ def events(trace, where: str = "trace") -> list[dict]:
         for key in ("cat", "ph"):  # a non-string would make the event silently not one of ours
             if not isinstance(e.get(key, ""), str):
                 raise InputError(f"{field}.{key}: expected a string, got {type(e[key]).__name__}")
-        if e.get("cat") not in _CHECKED or e.get("ph", "X") != "X":
+        if e.get("cat") not in _CHECKED:
+            continue
+        if e.get("ph") in _PAIRED:  # a begin/end pair: skipped, it would change the share unseen
+            raise InputError(f"{field}.ph: expected 'X' (a complete event: ts and dur) for a {e['cat']} "
+                             f"event, got {e['ph']!r}")
+        if e.get("ph", "X") != "X":  # an instant (no duration) or metadata
             continue
         if not finite_real(e.get("ts")) or abs(e["ts"]) > MAX_TS_US:
             raise InputError(f"{field}.ts: expected a finite number within ±{MAX_TS_US:g} µs, "

@@ -370,12 +370,15 @@ def read_csv(path, field: str, text: str | None = None) -> list[list[str]]:
     return rows
 
 
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
 def number_text(s: str) -> bool:
     """Is `s` a plain decimal number as a person writes it ("12", "-3.5", "1e3")? ASCII digits only (not
     "٣٠٠" or "３００", which float() would read), not "1_000", not "1OO", not "nan"/"inf", not a 400-digit
     integer."""
     s = s.strip()
-    return bool(re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", s, re.ASCII)) and len(s) <= 64
+    return len(s) <= 64 and _NUMBER.fullmatch(s) is not None
 
 
 # ------------------------------------------------------------------------------------------- writing

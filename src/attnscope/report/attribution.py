@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from attnscope.model import amdahl, roofline, serving
 from attnscope.model.flops import attention_flops
 from attnscope.model.tiles import Grid
+from attnscope.report import schema
 from attnscope.report.schema import Trace
 
 FLOP_SHARE_FORMULA = ("attn / (dense + attn); per prompt token dense = 2·params, "
@@ -131,7 +132,7 @@ def attribute(trace: Trace, samples=None, metrics=None, profile=None) -> Report:
     t, w = trace, trace.workload
     attention_ms, attention_source = t.attention_ms, t.prefill_source
     if profile is not None:  # a measured split replaces the trace's assumed one
-        attention_ms = profile.share * t.prefill_ms
+        attention_ms = schema.attention_ms(profile.share, t.prefill_ms, "--profile")
         attention_source = (f"torch.profiler: {profile.share:.1%} of the prefill's kernel time "
                             f"({profile.span})")
     b = amdahl.carry(attention_ms, t.prefill_ms, t.ttft_ms, t.speedup)

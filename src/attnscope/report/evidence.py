@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnscope import chrome_trace
-from attnscope.errors import InputError, finite_real, short, visible
+from attnscope.errors import InputError, finite_real, is_int, short, visible
 from attnscope.inputs import load_json, number_text, read_csv, read_text
 from attnscope.model.amdahl import MAX_MS
 
@@ -59,11 +59,18 @@ def read_samples(path, unit: str | None = None) -> list[float]:
     ttft_ms / ttft_s column named in a header row).
 
     The unit must be stated: by the column or key name, or by `unit` ("ms" or "s", --samples-unit).
-    A first CSV row is a header only when it names a known column; "1OO" or "1_000" are errors.
+    A first CSV row is a header only when it names a known column; "1OO" or "1_000" are errors, and so is a
+    row with another cell count than the header (or row 1): `1,234` unquoted is two cells, never 1 ms.
+    A vLLM result's failed requests (a non-empty `errors` entry) are left out; its `completed`, when
+    present, must count the rest.
     """
     flag = f"--samples {Path(path).name}"
     flag = flag if len(flag) < 80 else "--samples"
     found = None
+
+    def place(i: int) -> str:  # where the i-th value stands in the file, for the messages below
+        return f"index {i}"
+
     if Path(path).suffix.lower() == ".json":
         values = load_json(path, flag)
         if isinstance(values, dict) and "ttfts" in values:
@@ -81,15 +88,28 @@ def read_samples(path, unit: str | None = None) -> list[float]:
                 raise InputError(f"{flag}: expected errors[{bad}] to be a string (empty or null: the request "
                                  f"succeeded), got {short(errors[bad])}")
             # a failed request is one with a non-empty error; a successful one must have a TTFT > 0
-            values = [t for t, e in zip(ttfts, errors, strict=True) if not e]
-            zero = next((i for i, (t, e) in enumerate(zip(ttfts, errors, strict=True))
-                         if not e and finite_real(t) and t <= 0), None)
+            kept = [i for i, e in enumerate(errors) if not e]
+            done = values.get("completed", len(kept))  # vLLM's count of successes, by its success flag
+            if not is_int(done):
+                raise InputError(f"{flag}: expected completed to be a count of requests, got {short(done)}")
+            if done != len(kept):  # a failed request with an empty error: its ttft is no sample
+                raise InputError(f"{flag}: expected completed ({done}) to equal the requests with an empty "
+                                 f"errors entry, got {len(kept)}")
+            values = [ttfts[i] for i in kept]
+
+            def place(i: int) -> str:  # the request's own index, failed ones counted
+                return f"ttfts[{kept[i]}]"
+
+            zero = next((i for i, t in enumerate(values) if finite_real(t) and t <= 0), None)
             if zero is not None:
                 raise InputError(f"{flag}: expected ttfts > 0 for a successful request (empty errors entry), "
-                                 f"got {short(ttfts[zero])} at index {zero}")
+                                 f"got {short(values[zero])} at {place(zero)}")
         elif isinstance(values, dict) and len(set(values) & set(SAMPLE_COLUMNS)) == 1:
             key = next(k for k in SAMPLE_COLUMNS if k in values)
             values, found = values[key], SAMPLE_COLUMNS[key]
+
+            def place(i: int) -> str:
+                return f"{key}[{i}]"
         if not isinstance(values, list):
             raise InputError(f'{flag}: expected a JSON list of TTFT samples (or {{"ttft_ms": [...]}}, '
                              f'{{"ttft_s": [...]}}, a vllm bench serve result with ttfts), got '
@@ -111,20 +131,30 @@ def read_samples(path, unit: str | None = None) -> list[float]:
             raise InputError(f"{flag}: expected one column, or a header with a ttft_ms or ttft_s column, got "
                              f"{short(rows[0])}")
         factor = _unit_of(found, unit, flag)
-        values = []
+        values, width = [], len(header)
+
+        def place(i: int) -> str:
+            return f"data row {i + 1}"
+
         for i, r in enumerate(rows):
-            cell = r[col].strip() if col < len(r) else ""
+            if len(r) != width:  # `1,234` is two cells: never read its first as the sample
+                raise InputError(f"{flag}: expected {width} cell{'s' * (width > 1)} on data row {i + 1} (as "
+                                 f"{'the header' if named else 'row 1'}), got {len(r)}: {short(r)}")
+            cell = r[col].strip()
             if not number_text(cell):
                 raise InputError(f"{flag}: expected a plain decimal number on data row {i + 1}, "
                                  f"got {short(cell)}")
-            values.append(float(cell))
+            if not math.isfinite(v := float(cell)):
+                raise InputError(f"{flag}: expected a finite number on data row {i + 1}, got {short(cell)} "
+                                 "(past the float range)")
+            values.append(v)
     out = []
     for i, v in enumerate(values):
         if not (finite_real(v) and 0 <= v <= 1e9):
-            raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at index {i}")
+            raise InputError(f"{flag}: expected TTFT samples >= 0 (and finite), got {short(v)} at {place(i)}")
         if v == 0:  # -0 too: a request that got a first token took time
             raise InputError(f"{flag}: expected TTFT samples > 0 (a first token takes time), got {short(v)} "
-                             f"at index {i}")
+                             f"at {place(i)}")
         out.append(float(v) * factor)
     if not out:
         raise InputError(f"{flag}: expected at least one TTFT sample, got none")
@@ -294,11 +324,11 @@ def _labels_text(key) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _series(fam, name: str) -> dict:
-    """One family's samples by label set (all labels but `le`): {labels: [buckets, count, sum]} with
+def _series(samples, name: str) -> dict:
+    """One histogram's samples by label set (all labels but `le`): {labels: [buckets, count, sum]} with
     buckets keyed by the numeric bound (le="0.25" and le="0.250" are one bound, given twice: refused)."""
     series: dict = {}
-    for s in fam.samples:
+    for s in samples:
         if not math.isfinite(s.value) or s.value < 0:
             raise InputError(f"{name}: expected finite counts >= 0, got {short(s.value)} in {s.name}")
         if s.value > MAX_COUNT:
@@ -342,13 +372,21 @@ def _histograms(text: str, flag: str) -> dict[str, dict[tuple, Histogram]]:
     except Exception as e:  # the parser raises ValueError and others on malformed text
         raise InputError(f"{flag}: expected Prometheus text exposition format, got a parse error "
                          f"({short(str(e), 80)})") from None
+    # by sample name, not family: without `# TYPE` lines (optional in the format) the parser makes each
+    # of _bucket, _count and _sum an untyped family of its own
+    by_name: dict[str, list] = {}
     for fam in families:
-        if fam.name not in VLLM_HISTOGRAMS and fam.name != ITL_FALLBACK:
-            continue
-        name = f"{flag}: {fam.name}"
-        series = {k: v for k, v in _series(fam, name).items() if v[0]}
-        if not series:
-            continue
+        for s in fam.samples:
+            base, _, suffix = s.name.rpartition("_")
+            if suffix in ("bucket", "count", "sum") and (base in VLLM_HISTOGRAMS or base == ITL_FALLBACK):
+                by_name.setdefault(base, []).append(s)
+    for fam_name, samples in by_name.items():
+        name = f"{flag}: {fam_name}"
+        series = _series(samples, name)
+        bare = next((k for k, v in series.items() if not v[0]), None)
+        if bare is not None:  # left out, its requests would vanish from the sum of the label sets
+            raise InputError(f"{name}: expected _bucket samples for every label set, got only _count or _sum "
+                             f"for {{{_labels_text(bare)}}}")
         bounds_of = {k: tuple(sorted(v[0])) for k, v in series.items()}
         bounds = next(iter(bounds_of.values()))
         odd = next((k for k, b in bounds_of.items() if b != bounds), None)
@@ -370,7 +408,7 @@ def _histograms(text: str, flag: str) -> dict[str, dict[tuple, Histogram]]:
                 raise InputError(f"{name}: expected _count equal to the +Inf bucket ({one[-1]:g}), "
                                  f"got {count:g}")
             hists[key] = Histogram(bounds, one, one[-1], total)
-        out[fam.name] = hists
+        out[fam_name] = hists
     return out
 
 
@@ -460,9 +498,10 @@ def metrics(before_path, after_path, ttft_target_ms: float, tpot_target_ms: floa
         if ITL_FALLBACK in before:
             before["vllm:inter_token_latency_seconds"] = before.pop(ITL_FALLBACK)
     found = [n for n in VLLM_HISTOGRAMS if n in after]
-    if not found:
-        raise InputError(f"--metrics AFTER: expected at least one vLLM histogram "
-                         f"({', '.join(VLLM_HISTOGRAMS)}), got none")
+    for flag, scrape in (("BEFORE", before), ("AFTER", found)):  # an empty BEFORE is not a zero one
+        if not scrape:
+            raise InputError(f"--metrics {flag}: expected at least one vLLM histogram "
+                             f"({', '.join(VLLM_HISTOGRAMS)}), got none")
     targets = {"vllm:time_to_first_token_seconds": ttft_target_ms,
                "vllm:inter_token_latency_seconds": tpot_target_ms}
     out = []

@@ -175,6 +175,15 @@ def _num(data: dict, key: str, name: str, positive: bool = False) -> float:
     return float(v) + 0.0  # -0.0 + 0.0 is 0.0: no "-0.0" on the page
 
 
+def attention_ms(share: float, prefill_ms: float, name: str) -> float:
+    """The attention time a share in [0, 1] gives of the prefill: 0 or at least `amdahl.MIN_MS` (below it,
+    a duration the projection refuses), else one line naming `name` (the trace's field or --profile)."""
+    attn = float(share) * prefill_ms + 0.0  # -0.0 read as 0.0
+    expect(attn == 0 or attn >= amdahl.MIN_MS, name,
+           f"0 or a share giving at least {amdahl.MIN_MS:g} ms of the prefill's {prefill_ms:g} ms", share)
+    return attn
+
+
 def _int(data: dict, key: str, name: str) -> int:
     v = data.get(key)
     expect(is_int(v) and 0 < v <= 10**12, f"{name}.{key}", "a positive integer up to 10^12", v)
@@ -261,7 +270,7 @@ def validate(data) -> Trace:
         v = p["attention_share"]
         expect(finite_real(v) and 0 <= v <= 1, "prefill.attention_share",
                "a fraction in [0, 1] (a share over 100 % is impossible)", v)
-        attn = float(v) * prefill_ms + 0.0  # -0.0 read as 0.0
+        attn = attention_ms(v, prefill_ms, "prefill.attention_share")
 
     dd = _mapping(top["decode"], "decode", {"tpot_ms", "source"}, {"tpot_ms"})
     c = _mapping(top["change"], "change", {"description", "segment", "speedup", "source"},

@@ -10,6 +10,7 @@ from attnscope.kernels._common import check_flags, import_torch_triton, kept_all
 from attnscope.kernels.decode.checks import (
     _check_block_table_values,
     _check_inputs,
+    _check_leftpad_values,
     _check_no_grad,
     _check_scale_values,
     _check_seqlen_values,
@@ -85,11 +86,11 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
     cache_leftpad : torch.Tensor, int32 [B], keyword-only
         A dense cache only: sequence b's keys start at ``cache_leftpad[b]``, the positions before it are
         left padding (never attended; their whole key blocks never read). Checked on the device (a value
-        outside [0, its length] is clamped and recorded for `check_errors`).
+        outside [0, its length] is clamped and recorded for `check_errors`; ``check_seqlens=True``: refused).
     check_seqlens : bool, keyword-only
-        Also check the lengths, used block-table entries and scales on the host before the launch: a
-        device sync per call that breaks CUDA-graph capture (default False); the split heuristic then
-        uses the longest length.
+        Also check the lengths, left pads, used block-table entries and scales on the host before the
+        launch: a device sync per call that breaks CUDA-graph capture (default False); the split heuristic
+        then uses the longest length.
 
     Returns
     -------
@@ -143,6 +144,8 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
                                            num_pages, facts.Nq)
         elif block_table is not None:
             _check_block_table_values(block_table, facts.page_size, num_pages, facts.L_max)
+        if cache_leftpad is not None:
+            _check_leftpad_values(cache_leftpad, cache_seqlens, facts.L_max)
         if k_scale is not None:
             _check_scale_values(k_scale, v_scale, scale, facts.d)
     if key is None:

@@ -285,6 +285,17 @@ def _check_seqlen_values(cache_seqlens, L_max: int, block_table, page_size: int,
     return hi
 
 
+def _check_leftpad_values(cache_leftpad, cache_seqlens, L_max: int) -> None:
+    """Read the left pads back to the host and check them (a device sync): each in [0, its sequence's
+    length] (``cache_seqlens[b]``, or L_max without lengths)."""
+    ends = cache_seqlens.long() if cache_seqlens is not None else torch.full_like(cache_leftpad, L_max).long()
+    bad = (cache_leftpad < 0) | (cache_leftpad.long() > ends)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise InputError(f"cache_leftpad: expected values in [0, the sequence's length], got "
+                         f"{int(cache_leftpad[b])} at [{b}] (length {int(ends[b])})")
+
+
 def _check_block_table_values(block_table, page_size, num_pages, L_max):
     """Without lengths every entry is used: check them all (a device sync)."""
     full = torch.full((block_table.shape[0],), L_max, dtype=torch.int32, device=block_table.device)
