@@ -586,7 +586,11 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         reproducible); elsewhere the separate pass (`kernels.bwd.ATOMIC_DQ_BY_DEFAULT` for the portable
         kernels), so bitwise reproducible there too. On sm_90 at d = 64 both modes run the Gluon kernels'
         lean build (plain under softcap, or fp16 with a scale under 2^-4:
-        `model.dispatch.hopper_backward_lean`).
+        `model.dispatch.hopper_backward_lean`). In either mode the backward's row term ``D = rowsum(dO * O)``
+        reads O as stored, in q's dtype (as FlashAttention does). Against float64 that rounding can dominate
+        the gradients' error, up to ~1,000 x that of PyTorch's math backward (which differentiates through P,
+        not O), mostly where a sink holds much of a row's weight; against a float64 backward given the same
+        D the gradients are within `checks.kernel_tolerance`.
 
     Returns
     -------
