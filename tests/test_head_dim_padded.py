@@ -186,7 +186,7 @@ def test_padded_head_dims_are_refused_where_they_do_not_run():
     _common.check_head_dim(96, padded=True)
     with pytest.raises(NotImplementedError, match="head_dim 96 is not supported; supported: 64, 128, 256 "):
         _common.check_head_dim(96)
-    assert [_common.head_block(d) for d in (8, 40, 64, 72, 128, 136, 256)] == [8, 64, 64, 128, 128, 256, 256]
+    assert [_common.head_block(d) for d in (8, 40, 64, 72, 128, 136, 256)] == [16, 64, 64, 128, 128, 256, 256]
 
 
 GPU_CASES = [  # d, nq, nk, group, causal, dtype, window, softcap, sinks
@@ -195,6 +195,8 @@ GPU_CASES = [  # d, nq, nk, group, causal, dtype, window, softcap, sinks
     (96, 1500, 1300, 2, True, "bfloat16", (300, 0), 30.0, True),
     (40, 1200, 1200, 2, False, "bfloat16", None, 0.0, False),
     (200, 600, 900, 1, True, "float16", None, 0.0, False),
+    (24, 900, 1100, 3, True, "bfloat16", None, 0.0, False),  # a tile narrower than the builds' (MLA-sized)
+    (8, 500, 700, 1, False, "float16", (100, 20), 0.0, True),
 ]
 _ON_GPU = torch.cuda.is_available()
 
@@ -228,7 +230,7 @@ def test_gpu_gluon_at_padded_dims_matches_float64(d, nq, nk, group, causal, dtyp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU (the compiled padded tiles)")
-@pytest.mark.parametrize("d,causal", [(96, True), (80, False), (40, True)])
+@pytest.mark.parametrize("d,causal", [(96, True), (80, False), (40, True), (24, True)])
 def test_gpu_padded_varlen_matches_float64(d, causal):
     """The packed forward and backward on the GPU at padded head dims: sequences of several tiles, ragged
     ends, an empty and a one-token one."""
@@ -239,12 +241,32 @@ def test_gpu_padded_varlen_matches_float64(d, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU (the compiled padded tiles)")
-@pytest.mark.parametrize("d,fp8", [(96, False), (96, True), (80, False), (40, True)])
+@pytest.mark.parametrize("d,fp8", [(96, False), (96, True), (80, False), (40, True), (24, False)])
 def test_gpu_padded_decode_matches_float64(d, fp8):
     """flash_decode on the GPU at padded head dims, a long ragged cache, bf16 and e4m3."""
     from test_head_dim_256 import _gpu_decode_case
 
     _gpu_decode_case(fp8, d)
+
+
+def test_tiles_narrower_than_the_builds_run_the_narrowest_builds_config(monkeypatch):
+    """The portable kernels' config tables are measured at d = 64, 128 and 256; a tile 8-32 wide (d 8-32)
+    takes d = 64's tile config (the forward's, the backward's), as 40-56 in tiles 64 wide do, and a tile wider
+    than every build is not given a smaller build's (no GPU: the tables, the interpreter's config off)."""
+    from attnscope.kernels import bwd, fwd
+
+    monkeypatch.setattr(fwd, "interpreting", lambda: False)
+    monkeypatch.setattr(bwd, "interpreting", lambda: False)
+    assert [_common.built_dim(d, (64, 128, 256)) for d in (8, 16, 32, 64, 72, 128, 256, 512)] == [
+        64, 64, 64, 64, 128, 128, 256, 512]
+    for tile in (8, 16, 32):
+        for causal, n, window in ((True, 8192, False), (False, 1000, False), (True, 4096, True)):
+            assert fwd.pick_config(tile, causal, n, narrow_window=window) == fwd.pick_config(64, causal, n,
+                                                                                             narrow_window=window)
+        for atomic in (False, True):
+            assert bwd.configs(tile, torch.zeros(1), atomic) == bwd.configs(64, torch.zeros(1), atomic)
+    with pytest.raises(NotImplementedError, match="head_dim 512: no measured config"):
+        fwd.pick_config(512, True, 1024)
 
 
 def test_the_gluon_builds_take_the_head_dims_between(monkeypatch):

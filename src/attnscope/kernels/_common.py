@@ -83,6 +83,13 @@ def fitting(config, needs: dict, smem: int | None):
     return needs[config][1]
 
 
+def built_dim(d: int, dims) -> int:
+    """The narrowest of the built tile widths ``dims`` (a config table's head dims) that holds a tile ``d``
+    wide: a tile narrower than the narrowest build (d = 8-32, `model.tiles.head_block`) runs that build's
+    tile config (fewer columns: less shared memory and fewer registers than the config was measured with)."""
+    return min((b for b in dims if b >= d), default=d)
+
+
 def hopper_unavailable(torch, t) -> str | None:
     """None when a Gluon Hopper kernel can run on tensor ``t``'s device, else the reason it cannot."""
     if interpreting() or t.device.type != "cuda":

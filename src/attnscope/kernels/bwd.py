@@ -51,6 +51,7 @@ from attnscope.kernels._common import (
     LOG2E,
     MAX_GRID_Y,
     UNBOUNDED_SIDE,
+    built_dim,
     check_device,
     check_head_dim,
     check_mods,
@@ -117,7 +118,7 @@ def configs(d: int, t, atomic: bool = False) -> tuple:
     small interpreter tiles under TRITON_INTERPRET=1."""
     if interpreting():
         return INTERPRET_CONFIG, INTERPRET_DQ_CONFIG
-    smem = smem_per_block(torch, t)
+    smem, d = smem_per_block(torch, t), built_dim(d, DQ_CONFIGS)
     return fitting(dkdv_config(d, atomic), SMEM_NEEDS, smem), fitting(DQ_CONFIGS[d], SMEM_NEEDS, smem)
 
 

@@ -43,6 +43,7 @@ from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
     MAX_GRID_Y,
+    built_dim,
     check_device,
     check_flags,
     check_head_dim,
@@ -137,6 +138,7 @@ def pick_config(d: int, causal: bool, n: int, smem: int | None = None,
     (`smem_per_block`)."""
     if interpreting():
         return INTERPRETER_CONFIG
+    d = built_dim(d, {row[0] for row in CONFIG_TABLE})
     if narrow_window and d in WINDOW_CONFIGS:
         return fitting(WINDOW_CONFIGS[d], SMEM_NEEDS, smem)
     for td, tc, n_max, cfg in CONFIG_TABLE:

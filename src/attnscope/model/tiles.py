@@ -330,9 +330,10 @@ class TileSchedule:
 
 def head_block(d: int) -> int:
     """The head-dim width of the kernels' tiles for head dim ``d``: the next power of two (``d`` itself for
-    64, 128, 256). A head dim between runs in those tiles, its columns past ``d`` zeros (TMA reads zeros past
-    the tensor and clips the stores; pointer accesses are masked)."""
-    return 1 << (d - 1).bit_length()
+    64, 128, 256), at least 16 (a tensor-core dot's smallest reduction). A head dim between runs in those
+    tiles, its columns past ``d`` zeros (TMA reads zeros past the tensor and clips the stores; pointer
+    accesses are masked)."""
+    return max(16, 1 << (d - 1).bit_length())
 
 
 def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
