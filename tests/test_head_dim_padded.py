@@ -251,22 +251,23 @@ def test_gpu_padded_decode_matches_float64(d, fp8):
 
 def test_tiles_narrower_than_the_builds_run_the_narrowest_builds_config(monkeypatch):
     """The portable kernels' config tables are measured at d = 64, 128 and 256; a tile 8-32 wide (d 8-32)
-    takes d = 64's tile config (the forward's, the backward's), as 40-56 in tiles 64 wide do, and a tile wider
-    than every build is not given a smaller build's (no GPU: the tables, the interpreter's config off)."""
+    takes d = 64's tile config (the forward's, the backward's), as 40-56 in tiles 64 wide do; a width the
+    tables lack otherwise is refused (no GPU: the tables, the interpreter's config off)."""
     from attnscope.kernels import bwd, fwd
 
     monkeypatch.setattr(fwd, "interpreting", lambda: False)
     monkeypatch.setattr(bwd, "interpreting", lambda: False)
-    assert [_common.built_dim(d, (64, 128, 256)) for d in (8, 16, 32, 64, 72, 128, 256, 512)] == [
-        64, 64, 64, 64, 128, 128, 256, 512]
+    assert [_common.built_dim(d, (64, 128, 256)) for d in (8, 16, 32, 64, 96, 128, 256, 512)] == [
+        64, 64, 64, 64, 96, 128, 256, 512]
     for tile in (8, 16, 32):
         for causal, n, window in ((True, 8192, False), (False, 1000, False), (True, 4096, True)):
             assert fwd.pick_config(tile, causal, n, narrow_window=window) == fwd.pick_config(64, causal, n,
                                                                                              narrow_window=window)
         for atomic in (False, True):
             assert bwd.configs(tile, torch.zeros(1), atomic) == bwd.configs(64, torch.zeros(1), atomic)
-    with pytest.raises(NotImplementedError, match="head_dim 512: no measured config"):
-        fwd.pick_config(512, True, 1024)
+    for width in (96, 512):
+        with pytest.raises(NotImplementedError, match=f"head_dim {width}: no measured config"):
+            fwd.pick_config(width, True, 1024)
 
 
 def test_the_gluon_builds_take_the_head_dims_between(monkeypatch):

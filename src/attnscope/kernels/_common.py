@@ -84,10 +84,10 @@ def fitting(config, needs: dict, smem: int | None):
 
 
 def built_dim(d: int, dims) -> int:
-    """The narrowest of the built tile widths ``dims`` (a config table's head dims) that holds a tile ``d``
-    wide: a tile narrower than the narrowest build (d = 8-32, `model.tiles.head_block`) runs that build's
-    tile config (fewer columns: less shared memory and fewer registers than the config was measured with)."""
-    return min((b for b in dims if b >= d), default=d)
+    """The config table row (of head dims ``dims``) a tile ``d`` wide runs: a tile narrower than the
+    narrowest build (d = 8-32, `model.tiles.head_block`) that build's tile config (fewer columns: less shared
+    memory and fewer registers than the config was measured with), any other ``d`` its own row."""
+    return max(d, min(dims))
 
 
 def hopper_unavailable(torch, t) -> str | None:
