@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 
-from attnscope.kernels._common import SUPPORTED_HEAD_DIMS
+from attnscope.kernels._common import HEAD_DIMS
 from attnscope.model.flops import attention_flops
 from attnscope.model.footprint import footprint
 
@@ -391,8 +391,9 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
                    help="bshd: q, k, v and dO as [B, H, N, d] views of [B, N, H, d] memory (a decoder's "
                         "layout in training) for every implementation; default contiguous [B, H, N, d]")
-    p.add_argument("--d", type=int, action="append", choices=SUPPORTED_HEAD_DIMS,
-                   help="only this head dim (repeatable; default: 64 and 128)")
+    p.add_argument("--d", type=int, action="append", choices=HEAD_DIMS, metavar="D",
+                   help="only this head dim (repeatable; default: 64 and 128; a multiple of 8 up to 256 runs "
+                        "the portable kernels in padded tiles)")
     p.add_argument("--hopper-dkdv", metavar="BM,BN,STAGES", default=None,
                    help="--impl hopper: another dK/dV config of the plain build, both head dims (default: "
                         "bwd_hopper.CONFIGS; d = 64 runs the lean build unless --hopper-plain)")

@@ -56,7 +56,7 @@ import triton
 import attnscope
 from attnscope.checks import kernel_tolerance
 from attnscope.kernels import decode
-from attnscope.kernels._common import SUPPORTED_HEAD_DIMS
+from attnscope.kernels._common import HEAD_DIMS
 from attnscope.measure.backends import capture_graph
 from attnscope.model.serving import paged as ledger
 
@@ -459,8 +459,9 @@ def main():
     p.add_argument("--host", action="store_true",
                    help=f"only the host-time section (B, Hq, Hkv, L = {HOST_SHAPE}), after the growing-cache "
                         "check (PASS/FAIL: a cache one key longer each call, as transformers' DynamicCache)")
-    p.add_argument("--d", type=int, default=D, choices=SUPPORTED_HEAD_DIMS,
-                   help=f"head dim of every point (default {D}; the grid's points over BUDGET bytes skipped)")
+    p.add_argument("--d", type=int, default=D, choices=HEAD_DIMS, metavar="D",
+                   help=f"head dim of every point (default {D}; a multiple of 8 up to 256; the grid's points "
+                        "over BUDGET bytes skipped)")
     p.add_argument("--window", action="store_true",
                    help="only the sliding-window section: the one-liner with window=(W, 0), W 4k/8k, and "
                         "without one, B 1/16/64, Hq/Hkv 32/8, L 32k/128k; PASS/FAIL vs float64, then eager "

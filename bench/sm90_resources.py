@@ -22,7 +22,8 @@ exits 1.
   table's configs (or ``--dkdv`` / ``--dq``), `BWD_MODS` (sinks have no kernel constexpr); the Gluon dK/dV
   and dQ kernels of kernels/bwd_hopper.py (``impl="hopper"``), bf16 and fp16, causal and not, and bf16 with
   the score mods (`HOPPER_BWD_MODS`: window, softcap, both), with their `setmaxnreg` split; its one-pass
-  dK/dV builds (``deterministic=False``: "onepass", "onepass-wg"), causal and not, window + softcap.
+  dK/dV builds (``deterministic=False``: "onepass", "onepass-wg"), causal and not, window + softcap, each
+  also with ``RED=0`` (dQ by TMA reduce-adds).
 - ``--kernel varlen``: kernels/varlen.py's forward (TMA and pointer K/V loads) and kernels/varlen_bwd.py's
   dK/dV and dQ pass, `VARLEN_MODS`; the Gluon dK/dV and dQ kernels of kernels/varlen_bwd_hopper.py, bf16 and
   fp16, causal and not.
@@ -316,7 +317,8 @@ def compile_hopper_bwd(d, dt, causal, name, mods=0, mode="twokernel", cfg=None):
     ``bwd_hopper.config``'s)."""
     from attnscope.kernels import bwd_hopper
 
-    src = GluonASTSource(fn=bwd_hopper.kernel(name), signature=bwd_hopper.signature(d, dt, name, mods, cfg),
+    src = GluonASTSource(fn=bwd_hopper.kernel(name),
+                         signature=bwd_hopper.signature(d, dt, name, mods, cfg, mode),
                          constexprs=bwd_hopper.constexprs(d, causal, name, mods, mode, cfg))
     return triton.compile(src, target=TARGET, options=dict(num_warps=bwd_hopper.NUM_WARPS))
 
@@ -362,15 +364,20 @@ def bwd_report(dkdv=None, dq=None) -> None:
                 report(f"bwd hopper {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={cfg.BM} "
                        f"BN={cfg.BN} STAGES={cfg.STAGES} DQ={cfg.DQ}",
                        compile_hopper_bwd, d, "bf16", causal, "dkdv", mods, mode, extra=setmaxnreg)
+                tma = cfg._replace(RED=0)  # dQ by TMA reduce-adds (`_gluon_red.tma_reduce_add`)
+                report(f"bwd hopper {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} BM={cfg.BM} "
+                       f"BN={cfg.BN} STAGES={cfg.STAGES} DQ={cfg.DQ} RED=0",
+                       compile_hopper_bwd, d, "bf16", causal, "dkdv", mods, mode, tma, extra=setmaxnreg)
         for name, table in bwd_hopper.LEAN_CONFIGS.items():  # the lean builds: the default where built
             if d not in table:
                 continue
             cfg, windowed = table[d], fwd_hopper.mods_flags(True, 0.0, False)
             for mode in ("twokernel", bwd.HOPPER_ONEPASS_MODE) if name == "dkdv" else ("twokernel",):
                 for causal, mods in ((False, 0), (True, 0), (False, windowed)):
-                    report(f"bwd hopper lean {name:4s} {mode} d={d:3d} bf16 CAUSAL={int(causal)} MODS={mods} "
-                           f"BM={cfg.BM} BN={cfg.BN} STAGES={cfg.STAGES} RED={cfg.RED}",
-                           compile_hopper_bwd, d, "bf16", causal, name, mods, mode, cfg, extra=setmaxnreg)
+                    for c in (cfg, cfg._replace(RED=0)) if mode != "twokernel" else (cfg,):
+                        report(f"bwd hopper lean {name:4s} {mode} d={d:3d} bf16 CAUSAL={int(causal)} "
+                               f"MODS={mods} BM={c.BM} BN={c.BN} STAGES={c.STAGES} RED={c.RED}",
+                               compile_hopper_bwd, d, "bf16", causal, name, mods, mode, c, extra=setmaxnreg)
         for pdt, padded in itertools.product(("bf16", "fp16"), (False, True)):  # padded: the Hopper rows too
             cx = dict(HEAD_DIM=d, BLOCK_M=bwd.PRE_BLOCK_M, HAS_DLSE=False, PADDED=padded)
             types = {**_bwd_types(pdt, False), **dict.fromkeys(("LSE", "DLSE", "ROW0", "ROW1"), "*fp32"),

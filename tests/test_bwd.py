@@ -259,8 +259,8 @@ def _good(**over):
     ({"v": _z(1, 2, 9, 64)}, ValueError, "v: expected shape (as k)"),
     ({"q": _z(4, 8, 64)}, ValueError, "q: expected a 4-d tensor [B, Hq, Nq, d]"),
     ({"do": _z(1, 4, 64, 8).transpose(2, 3)}, ValueError, "do: expected unit stride"),
-    ({"q": _z(1, 4, 8, 96), "k": _z(1, 2, 8, 96), "v": _z(1, 2, 8, 96), "o": _z(1, 4, 8, 96),
-      "do": _z(1, 4, 8, 96)}, NotImplementedError, "head_dim 96 is not supported"),
+    ({"q": _z(1, 4, 8, 100), "k": _z(1, 2, 8, 100), "v": _z(1, 2, 8, 100), "o": _z(1, 4, 8, 100),
+      "do": _z(1, 4, 8, 100)}, NotImplementedError, "head_dim 100 is not supported"),
     ({"do": _z(1, 4, 8, 64, dtype=torch.float32)}, NotImplementedError, "supported: torch.float16"),
     ({"scale": -1.0}, ValueError, "scale: expected a finite positive number"),
     ({"dlse": torch.zeros(1, 4, 9)}, ValueError, "dlse: expected None or a tensor [B, Hq, Nq]"),
@@ -454,7 +454,8 @@ def test_hopper_backward_dispatch_rule():
 
 def test_hopper_backward_rule():
     assert all(dispatch.hopper_backward_ok(d, c) for d in (64, 128) for c in (False, True))
-    assert not dispatch.hopper_backward_ok(96, False)
+    assert dispatch.hopper_backward_ok(96, False) and dispatch.hopper_backward_ok(40, True)  # `head_block`'s
+    assert not any(dispatch.hopper_backward_ok(d, False) for d in (24, 200, 256))
 
 
 def test_hopper_lean_rule():
@@ -466,7 +467,7 @@ def test_hopper_lean_rule():
         assert lean(64, dtype) and lean(64, dtype, 0.125) and lean(64, dtype, 0.0625) and lean(64, dtype, 0.5)
         assert not lean(64, dtype, None, 30.0) and not lean(64, dtype, 0.125, 1e-3)  # softcap: plain
         assert not any(lean(128, dtype, s) for s in (None, 0.125, 0.01))  # no lean d = 128 build
-        assert not lean(96, dtype)
+        assert not lean(96, dtype) and lean(40, dtype)  # the build of their `head_block`
     assert not lean(64, "fp16", 0.0624) and not lean(64, "fp16", 1e-6)  # fp16 under 2^-4: plain
     assert lean(64, "bf16", 0.0624) and lean(64, "bf16", 1e-6)  # bf16 has fp32's range
     for kw, msg in (({"d": 0}, "d: expected a positive integer"),
@@ -857,6 +858,24 @@ def test_int64_offsets_where_a_tensor_spans_2_31_elements(monkeypatch):
 
 
 # --- the Hopper one-pass build (deterministic=False: dQ by fp32 atomics inside the dK/dV kernel) ---------
+def _onepass_recorder(monkeypatch, step: float) -> dict:
+    """Records each Hopper kernel launch as ``{name: (grid, args, constexprs)}`` (`_record_launches`); a
+    one-pass launch's fp32 dQ (``DQACC``, after the six tile and two row descriptors: a tensor, or with
+    RED = 0 a tensor map over one) must arrive zeroed and gets ``step x arange`` added, as the kernel's
+    reductions would."""
+    calls = {}
+
+    def record(name, grid, a, kw):
+        calls[name] = (grid, a, kw)
+        if kw.get("ONEPASS"):
+            acc = a[8] if isinstance(a[8], torch.Tensor) else a[8].base  # a tensor map: its tensor
+            assert acc.dtype == torch.float32 and bool((acc == 0).all())
+            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * step
+
+    _record_launches(monkeypatch, record)
+    return calls
+
+
 def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch):
     """`bwd_hopper.launch(mode=...)`'s host side, no GPU, the plain build (`CONFIGS`): one-pass, only the
     dK/dV kernel runs, built with its ``ONEPASS``; its ``DQACC`` is a zeroed fp32 [B, Hq, Nq, d] buffer, and
@@ -864,16 +883,7 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
     would)."""
     from attnscope.kernels import bwd_hopper
 
-    calls = {}
-
-    def record(name, grid, a, kw):
-        calls[name] = (grid, a, kw)
-        if kw.get("ONEPASS"):
-            acc = a[8]  # DQACC, after the six tile descriptors and the two row descriptors
-            assert acc.dtype == torch.float32 and bool((acc == 0).all())
-            acc += torch.arange(acc.numel(), dtype=torch.float32).view(acc.shape) * 0.25
-
-    _record_launches(monkeypatch, record)
+    calls = _onepass_recorder(monkeypatch, 0.25)
     B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 64
     q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
     k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
@@ -895,6 +905,37 @@ def test_hopper_onepass_launch_runs_one_kernel_and_casts_its_fp32_dq(monkeypatch
     assert set(calls) == {"dkdv", "dq"} and calls["dkdv"][2]["ONEPASS"] == 0
     with pytest.raises(ValueError, match="mode: expected one of twokernel, onepass-wg, onepass, got 'fast'"):
         bwd_hopper.launch(q, k, v, do, lse2, delta, dq, dk, dv, 0.18, 0.125, True, None, mode="fast")
+
+
+def test_hopper_onepass_red0_launch_passes_the_fp32_dq_as_a_tensor_map(monkeypatch):
+    """``RED = 0`` (dQ by TMA reduce-adds, `_gluon_red.tma_reduce_add`), host side, no GPU: the one-pass
+    dK/dV kernel's ``DQACC`` is a tensor map over the zeroed fp32 dQ as [B Hq, Nq, d] (lean: rows padded to
+    `ROW_PAD`) in [1, BM, DQ] blocks, dQ that buffer in q's dtype; the two-kernel build with the same config
+    keeps RED = 1 (a pointer)."""
+    from attnscope.kernels import bwd_hopper
+
+    calls = _onepass_recorder(monkeypatch, 0.5)
+    B, Hq, Hkv, Nq, Nk, d = 2, 4, 2, 100, 300, 128
+    q, do, dq = (torch.zeros(B, Hq, Nq, d, dtype=torch.bfloat16) for _ in range(3))
+    k, v, dk, dv = (torch.zeros(B, Hkv, Nk, d, dtype=torch.bfloat16) for _ in range(4))
+    lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
+    for d_, table in ((128, bwd_hopper.CONFIGS), (64, bwd_hopper.LEAN_CONFIGS)):
+        qd, dod, dqd = (t[..., :d_].contiguous() for t in (q, do, dq))
+        kd, vd, dkd, dvd = (t[..., :d_].contiguous() for t in (k, v, dk, dv))
+        cfgs = {"dkdv": table["dkdv"][d_]._replace(RED=0), "dq": table["dq"][d_]}
+        rows = bwd_hopper.ROW_PAD if cfgs["dkdv"].LEAN else Nq
+        calls.clear()
+        bwd_hopper.launch(qd, kd, vd, dod, lse2, delta, dqd, dkd, dvd, 0.18, 0.125, True, None,
+                          mode="onepass", configs=cfgs)
+        grid, args, kw = calls["dkdv"]
+        assert set(calls) == {"dkdv"} and kw["RED"] == 0 and kw["ONEPASS"] == 2
+        acc = args[8]
+        assert tuple(acc.base.shape) == (B * Hq, rows, d_) and list(acc.block_shape) == [1, 64, 64]
+        want = (torch.arange(B * Hq * rows * d_, dtype=torch.float32) * 0.5).view(B, Hq, rows, d_)
+        assert torch.equal(dqd, want[:, :, :Nq].to(torch.bfloat16))
+        calls.clear()
+        bwd_hopper.launch(qd, kd, vd, dod, lse2, delta, dqd, dkd, dvd, 0.18, 0.125, True, None, configs=cfgs)
+        assert calls["dkdv"][2]["RED"] == 1 and calls["dkdv"][2]["ONEPASS"] == 0
 
 
 def test_hopper_lean_launch_pads_dq_and_folds_the_scale_into_its_rows(monkeypatch):
@@ -1012,13 +1053,14 @@ for spec in sys.argv[1:]:
     d, causal, mode, red, *lean = spec.split(":")
     name = "dq" if mode == "dq" else "dkdv"  # "dq": the dQ kernel (two-kernel build)
     cfg = bh.config(int(d), name)._replace(RED=int(red), LEAN=int(lean[0]) if lean else 0)
-    src = GluonASTSource(fn=bh.kernel(name), signature=bh.signature(int(d), "bf16", name, 0, cfg),
-                         constexprs=bh.constexprs(int(d), causal == "1", name, 0,
-                                                  "twokernel" if name == "dq" else mode, cfg))
+    mode = "twokernel" if name == "dq" else mode
+    src = GluonASTSource(fn=bh.kernel(name), signature=bh.signature(int(d), "bf16", name, 0, cfg, mode),
+                         constexprs=bh.constexprs(int(d), causal == "1", name, 0, mode, cfg))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh.NUM_WARPS})
     ptx = k.asm["ptx"]
     atoms = ptx.count("atom.global.gpu.relaxed.add.f32") + ptx.count("red.relaxed.gpu.global.add.v2.f32")
-    print(spec, ptx.count("wgmma.mma_async"), atoms, k.metadata.shared)
+    reduces = ptx.count("cp.reduce.async.bulk.tensor")
+    print(spec, ptx.count("wgmma.mma_async"), atoms, k.metadata.shared, reduces)
 """
 
 
@@ -1028,7 +1070,8 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
     the two-kernel build; ``RED`` = 2: half as many, two fp32 each), inside the 227 KB of shared memory a
     CTA may have, more than the two-kernel build (the dS^T tiles); the lean build (``LEAN`` = 1) compiles
     too, its step twice (the masked and the whole run) in the same shared memory, and so does the lean dQ
-    kernel."""
+    kernel; ``RED`` = 0 (plain and lean): no atomics, TMA reduce-adds instead (`_gluon_red.tma_reduce_add`,
+    two 128-byte boxes per 64-column fp32 slice), a staging block of BM x 64 fp32 per warpgroup more."""
     pytest.importorskip("triton.experimental.gluon")
     import os
     import subprocess
@@ -1036,15 +1079,21 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     specs = ["64:1:onepass:1", "64:1:twokernel:1", "128:0:onepass:1", "64:0:onepass-wg:1", "64:1:onepass:2",
-             "64:1:onepass:2:1", "64:1:dq:1:1"]
+             "64:1:onepass:2:1", "64:1:dq:1:1", "128:0:onepass:0", "64:1:onepass:0:1", "64:1:twokernel:0"]
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", _ONEPASS_COMPILE, *specs], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()}
+    assert all(rows[s][3] == 0 for s in specs[:7])  # no TMA reduce-add but in the RED = 0 builds
+    for spec, red_of in (("128:0:onepass:0", "128:0:onepass:1"), ("64:1:onepass:0:1", "64:1:onepass:2:1")):
+        (w, a, s, r), (w_, _, s_, _) = rows[spec], rows[red_of]
+        staging = s - s_ - 2 * 64 * 64 * 4  # two warpgroups' [64, 64] fp32 blocks (and their alignment)
+        assert w == w_ and a == 0 and r > 0 and 0 <= staging < 1024 and s <= 227 * 1024, (spec, rows)
+    assert rows["64:1:twokernel:0"] == rows["64:1:twokernel:1"]  # RED = 0 is a one-pass build's only
     (w1, a1, s1), (w0, a0, s0), (w128, a128, s128), (wwg, awg, swg), (_, a2, _), (wl, al, sl), lean_dq = (
-        rows[s] for s in specs)
+        rows[s][:3] for s in specs[:7])
     wq, aq, sq = lean_dq
     assert wq > 0 and aq == 0 and sq <= 227 * 1024  # the lean dQ kernel: no atomics
     assert w1 > w0 and wwg > w0 and a1 > 0 and a0 == 0 and a128 > 0 and awg > 0 and 2 * a2 == a1
@@ -1054,7 +1103,8 @@ def test_hopper_onepass_builds_for_sm90_on_the_cpu():
 
 #: (Nq, Nk, d, dtype, causal, window, softcap, GQA group, mode): the one-pass builds: GQA, causal, ragged N,
 #: Nq != Nk both ways (rows with no visible key), window, softcap (d = 64: one-pass; d = 128: the two
-#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2;
+#: kernels, `bwd_hopper.onepass_ok`); "onepass" (`bwd.HOPPER_ONEPASS_MODE`), "onepass-wg"; "+red2": RED = 2,
+#: "+red0": RED = 0 (dQ by TMA reduce-adds), "+lean0": the lean build with RED = 0;
 #: without "+lean" the plain build (at d = 64 forced: `_plain_only`); "+lean": the default build, at d = 64
 #: the lean one (`bwd_hopper.LEAN_CONFIGS`: masked and whole tiles in runs, both MMAs issued at once, the
 #: scale folded into P, unmasked paired dQ reductions into padded rows)
@@ -1078,6 +1128,11 @@ ONEPASS_CASES = [(1000, 1000, 128, "bfloat16", True, None, 0.0, 4, "onepass"),
                  (1537, 1537, 64, "bfloat16", False, (200, 200), 0.0, 2, "onepass+lean"),
                  (300, 333, 64, "float16", False, (50, 0), 0.0, 1, "onepass-wg+lean"),
                  (129, 65, 64, "bfloat16", False, None, 0.0, 8, "onepass+lean")]
+#: the same shapes with dQ by TMA reduce-adds: every plain one-pass case at d = 128 without softcap (with it,
+#: two kernels) and the d = 64 fp16 2k one ("+red0"), and the lean ones ("+lean0")
+ONEPASS_CASES += [(*c[:8], c[8] + "0" if c[8].endswith("+lean") else c[8] + "+red0") for c in ONEPASS_CASES
+                  if (c[2] == 128 and c[8] in ("onepass", "onepass-wg") and not c[6]) or c[:2] == (2048, 2048)
+                  or c[8] == "onepass+lean"]
 
 
 @pytest.mark.gpu
@@ -1094,10 +1149,14 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     mode, _, build = mode.partition("+")
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_MODE", mode)
     monkeypatch.setattr(bwd, "HOPPER_ONEPASS_DIMS", (64, 128))  # the one-pass build at every head dim
-    if build != "lean":  # the plain build (the default at d = 64 is the lean one)
+    lean = build.startswith("lean")
+    if not lean:  # the plain build (the default at d = 64 is the lean one)
         _plain_only(monkeypatch, d)
-    if build == "red2":  # two fp32 per reduction instruction (`_gluon_red.red_add`)
-        monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=2))
+    if build in ("red2", "red0"):  # two fp32 per reduction instruction (`_gluon_red.red_add`); 0: TMA
+        monkeypatch.setitem(bwd_hopper.CONFIGS["dkdv"], d, bwd_hopper.config(d)._replace(RED=int(build[3])))
+    if build == "lean0":  # the lean build with dQ by TMA reduce-adds
+        monkeypatch.setitem(bwd_hopper.LEAN_CONFIGS["dkdv"], d,
+                            bwd_hopper.LEAN_CONFIGS["dkdv"][d]._replace(RED=0))
     seen = _lean_seen(monkeypatch)
     dt = getattr(torch, dtype)
     q, k, v, do = _inputs(2, 2 * group, 2, nq, nk, d, dt, False, seed=nq + nk + d + 7, device="cuda")
@@ -1108,7 +1167,7 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
     got = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, deterministic=False, impl="hopper",
                                        **mods)
     det = bwd.flash_attention_backward(do, q, k, v, o, lse, causal, None, impl="hopper", **mods)
-    assert {lean for _, lean, _ in seen} == {int(build == "lean")}  # "+lean": d = 64 cases only
+    assert {x for _, x, _ in seen} == {int(lean)}  # "+lean": d = 64 cases only
     for x, y in zip(got[1:], det[1:], strict=True):
         assert (x.float() - y.float()).abs().max() <= 1e-2 * y.float().abs().max()
 
@@ -1117,7 +1176,7 @@ def test_gpu_hopper_onepass_backward_matches_float64(monkeypatch, nq, nk, d, dty
         to, _ = checks.torch_attention(*leaves, causal, window, softcap, None)
         return torch.autograd.grad(to, leaves, dos)
 
-    grads = (got, det) if build == "lean" else (got,)
+    grads = (got, det) if lean else (got,)
     _check_each_kv_head(grads, q, k, v, do, group, causal, baseline, **mods)
 
 

@@ -287,8 +287,8 @@ def _z(*shape, dtype=F16, device=None):
      "q: expected B >= 1 and Hq >= 1, got shape (0, 4, 8, 64)"),
     ({"q": _z(1, 4, 8, 64, dtype=torch.float32)}, NotImplementedError,
      "supported: torch.float16, torch.bfloat16"),
-    ({"q": _z(1, 4, 8, 96), "k": _z(1, 2, 8, 96), "v": _z(1, 2, 8, 96)}, NotImplementedError,
-     "head_dim 96 is not supported"),
+    ({"q": _z(1, 4, 8, 100), "k": _z(1, 2, 8, 100), "v": _z(1, 2, 8, 100)}, NotImplementedError,
+     "head_dim 100 is not supported"),
     ({"q": _z(1, 4, 8, 64, device="meta")}, ValueError, "k: expected device meta"),
     ({"q": "not a tensor"}, ValueError, "q: expected a torch.Tensor"),
     ({"q": _z(1, 4, 64, 8).transpose(2, 3)}, ValueError, "unit stride"),
@@ -415,7 +415,9 @@ def test_a_short_window_picks_the_portable_tiles(monkeypatch):
         fwd.clear_plan_cache()
         attnscope.flash_attention(q, k, v, causal=causal, window=window, impl="portable")
         assert seen[-1] is narrow, (window, seen[-1])
-    assert not dispatch.portable_window(96, (4, 4), n, n, False)  # no window tiles without a row for d
+    assert not dispatch.portable_window(24, (4, 4), n, n, False)  # no window tiles without a row for d
+    monkeypatch.setitem(dispatch.WINDOW_PORTABLE_KEYS, 128, 10)  # a head dim between: its head_block's row
+    assert all(dispatch.portable_window(x, (4, 4), n, n, False) for x in (96, 128))
 
 
 def test_impl_argument_errors():
@@ -781,3 +783,43 @@ def test_gpu_forward_under_compiled_cuda_graphs_keeps_nothing_in_the_graph_pool(
     fwd.clear_plan_cache()  # the compiled call's warm-up makes the plan
     for _ in range(4):  # warm-up, recording, replays
         torch.testing.assert_close(step(q).clone(), want, atol=0, rtol=0)
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from attnscope.kernels._tl import cta_tile  # noqa: E402
+
+
+@triton.jit
+def _launch_order_probe(T, TAIL):
+    """Writes `_tl.cta_tile`'s (rank, head) of each program at its launch position."""
+    rank, head = cta_tile(TAIL)
+    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    tl.store(T + 2 * pid, rank)
+    tl.store(T + 2 * pid + 1, head)
+
+
+def test_triton_launch_order_is_the_model_launch_tile():
+    """`_tl.cta_tile` (the (rank, head) of the portable forward and of the Gluon kernels, which call it as it
+    is) at each program's launch position equals `model.tiles.launch_tile`: the grid's order (tail 1), every
+    head interleaved, the last few."""
+    from attnscope.model.tiles import launch_tile
+
+    for blocks, heads, tail in ((7, 5, 1), (7, 5, 5), (7, 5, 2), (3, 4, 4), (1, 3, 3)):
+        t = torch.full((blocks * heads, 2), -1, dtype=torch.int32, device=DEVICE)
+        _launch_order_probe[(blocks, heads)](t, tail)
+        assert t.tolist() == [list(launch_tile(p, blocks, heads, tail)) for p in range(blocks * heads)]
+
+
+def test_the_portable_forwards_launch_order_changes_no_bit(monkeypatch):
+    """The portable forward gives the same bits with the last heads interleaved (`model.tiles.launch_tail`)
+    as in the grid's order: each program computes the same tile either way."""
+    q, k, v = _inputs(2, 4, 2, 70, 70, 64, torch.float16, False, seed=5)
+    got = {}
+    for name, rule in (("grid", lambda causal, blocks, heads, sms: 1),
+                       ("all", lambda causal, blocks, heads, sms: heads)):
+        monkeypatch.setattr(fwd, "launch_tail", rule)
+        fwd.clear_plan_cache()
+        got[name] = attnscope.flash_attention(q, k, v, causal=True, return_lse=True, impl="portable")
+    assert all(torch.equal(a, b) for a, b in zip(got["grid"], got["all"], strict=True))

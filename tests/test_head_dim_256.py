@@ -103,13 +103,13 @@ FWD_CASES = [  # nq, nk, group, causal, dtype, window, softcap, sinks
 ]
 
 
-def _fwd_backward_case(nq, nk, group, causal, dtype, window, softcap, sinks, device, impl):
+def _fwd_backward_case(nq, nk, group, causal, dtype, window, softcap, sinks, device, impl, d=D):
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(nq * 31 + nk + group)
-    q = _rand((2, 2 * group, nq, D), dt, g, device=device).requires_grad_()
-    k = _rand((2, 2, nk, D), dt, g, device=device).requires_grad_()
-    v = _rand((2, 2, nk, D), dt, g, device=device).requires_grad_()
-    do = _rand((2, 2 * group, nq, D), dt, g, device=device)
+    q = _rand((2, 2 * group, nq, d), dt, g, device=device).requires_grad_()
+    k = _rand((2, 2, nk, d), dt, g, device=device).requires_grad_()
+    v = _rand((2, 2, nk, d), dt, g, device=device).requires_grad_()
+    do = _rand((2, 2 * group, nq, d), dt, g, device=device)
     sk = torch.tensor([0.5, -1.0, 2.0, 0.0][:2 * group], device=device) if sinks else None  # fp32
     leaves = (q, k, v) if sk is None else (q, k, v, sk.requires_grad_())
     mods = dict(window=window, softcap=softcap)
@@ -167,14 +167,14 @@ def test_varlen_forward_and_backward_match_float64(causal):
     _varlen_case(causal, [23, 0, 1, 40], [30, 5, 1, 40], DEVICE)
 
 
-def _varlen_case(causal, lens_q, lens_k, device):
+def _varlen_case(causal, lens_q, lens_k, device, d=D):
     cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=device)
     cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=device)
     g = torch.Generator().manual_seed(256)
-    q = _rand((sum(lens_q), 4, D), torch.bfloat16, g, device=device).requires_grad_()
-    k = _rand((sum(lens_k), 2, D), torch.bfloat16, g, device=device).requires_grad_()
-    v = _rand((sum(lens_k), 2, D), torch.bfloat16, g, device=device).requires_grad_()
-    do = _rand((sum(lens_q), 4, D), torch.bfloat16, g, device=device)
+    q = _rand((sum(lens_q), 4, d), torch.bfloat16, g, device=device).requires_grad_()
+    k = _rand((sum(lens_k), 2, d), torch.bfloat16, g, device=device).requires_grad_()
+    v = _rand((sum(lens_k), 2, d), torch.bfloat16, g, device=device).requires_grad_()
+    do = _rand((sum(lens_q), 4, d), torch.bfloat16, g, device=device)
     o = attnscope.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     for i in range(len(lens_q)):
@@ -331,12 +331,16 @@ def test_gpu_the_fallback_tiles_match_float64(monkeypatch):
 @pytest.mark.parametrize("fp8", [False, True])
 def test_gpu_decode_matches_float64(fp8):
     """flash_decode at d = 256 on the GPU, the plan's tiles (half d = 128's keys), a long ragged cache."""
+    _gpu_decode_case(fp8, D)
+
+
+def _gpu_decode_case(fp8, d):
     g = torch.Generator().manual_seed(2560 + fp8)
     lens = [5000, 1, 3333, 0]
     B, Hq, Hkv, L = 4, 8, 2, 5000
-    q = _rand((B, Hq, 1, D), torch.bfloat16, g, device="cuda")
-    k = _rand((B, Hkv, L, D), torch.bfloat16, g, device="cuda")
-    v = _rand((B, Hkv, L, D), torch.bfloat16, g, device="cuda")
+    q = _rand((B, Hq, 1, d), torch.bfloat16, g, device="cuda")
+    k = _rand((B, Hkv, L, d), torch.bfloat16, g, device="cuda")
+    v = _rand((B, Hkv, L, d), torch.bfloat16, g, device="cuda")
     kw, k_ref, v_ref = {}, k.cpu().float(), v.cpu().float()
     if fp8:
         (k8, ks), (v8, vs) = attnscope.quantize_kv(k), attnscope.quantize_kv(v)

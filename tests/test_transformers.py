@@ -49,10 +49,20 @@ def _sinks(model):
 CONFIGS = {
     "llama": (lambda: transformers.LlamaConfig(**COMMON), "sdpa", None, {}),
     "mistral": (lambda: transformers.MistralConfig(sliding_window=5, **COMMON), "sdpa", None, {}),
+    # Phi-3's head dim (96): the portable kernels in 128-wide tiles (`_common.head_block`)
+    "llama_d96": (lambda: transformers.LlamaConfig(**{**COMMON, "head_dim": 96, "hidden_size": 192}), "sdpa",
+                  None, {}),
     "gpt_oss": (lambda: transformers.GptOssConfig(
         sliding_window=5, num_local_experts=2, num_experts_per_tok=1,
         layer_types=["sliding_attention", "full_attention"], **{**COMMON, "num_hidden_layers": 2}),
         "eager", _sinks, {"experts_implementation": "eager"}),  # grouped_mm has no float64
+    # DeepSeek-V3's MLA: query and key 24 wide (16 + 8 rotary), value 16 (zero-padded to 24, output cropped)
+    "deepseek_v3": (lambda: transformers.DeepseekV3Config(
+        moe_intermediate_size=32, n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1,
+        first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, **{**{k: v for k, v in COMMON.items() if k != "head_dim"}, "num_hidden_layers": 2,
+                          "num_key_value_heads": 2}), "sdpa", None,
+        {"experts_implementation": "eager"}),
     # Gemma 2: head dim 256, logit softcap, query_pre_attn_scalar's scale, alternating sliding/full layers
     # ("sdpa" has no softcap: the eager implementation is the reference)
     "gemma2": (lambda: transformers.Gemma2Config(
@@ -136,6 +146,8 @@ def test_prefill_logits_match_reference(models, padded, calls):
 #: static cache (transformers passes all its slots; the mask says which are filled)
 GENERATE = {"llama": ((False, "dynamic"), (True, "dynamic"), (False, "static"), (True, "static")),
             "mistral": ((True, "dynamic"), (False, "static"), (True, "static")),
+            "llama_d96": ((False, "dynamic"), (True, "dynamic")),
+            "deepseek_v3": ((False, "dynamic"), (True, "dynamic"), (False, "static")),
             "gpt_oss": ((False, "dynamic"), (False, "static"), (True, "static")),
             "gemma2": ((False, "dynamic"), (False, "static"))}  # padded: its eager reference gives NaN
 

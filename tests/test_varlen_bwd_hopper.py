@@ -90,8 +90,9 @@ def _mods(causal=True, window=None, softcap=0.0):
 
 def test_pick_impl_rule_and_refusals(monkeypatch):
     """Without sm_90: auto is portable, impl="hopper" refuses naming sm_90. With the device check passing
-    (monkeypatched): auto takes the Gluon kernels for d 64 / 128, fp16 / bf16, no window / softcap, and
-    impl="hopper" refuses every other case saying what is supported."""
+    (monkeypatched): auto takes the Gluon kernels for d 40-128 (64 and 128 built, the multiples of 8 between
+    in their tiles), fp16 / bf16, no window / softcap, and impl="hopper" refuses every other case saying what
+    is supported."""
     q = torch.empty(5, 4, 128, dtype=torch.bfloat16, device=DEVICE)
     assert varlen_bwd.pick_impl("auto", q, True, _mods(), 0.088) == "portable"
     with pytest.raises(NotImplementedError, match="impl='hopper': it needs .*sm_90"):
@@ -101,14 +102,14 @@ def test_pick_impl_rule_and_refusals(monkeypatch):
     assert varlen_bwd.pick_impl("portable", q, True, _mods(), 0.088) == "portable"
 
     monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
-    for d in (64, 128):
+    for d in (64, 128, 40, 96):
         for dt in (torch.float16, torch.bfloat16):
             for causal in (False, True):
                 qd = torch.empty(5, 4, d, dtype=dt, device=DEVICE)
                 assert varlen_bwd.pick_impl("auto", qd, causal, _mods(causal), d ** -0.5) == "hopper"
     refused = [
         (torch.empty(5, 4, 32, dtype=torch.bfloat16), _mods(), None, 0.17,
-         r"head_dim 32 .*supported: \[64, 128\]"),
+         "head_dim 32 is not supported; supported: 40-128 in steps of 8"),
         (torch.empty(5, 4, 64, dtype=torch.float32), _mods(), None, 0.125, "dtype torch.float32"),
         (q, _mods(False, window=(16, 0)), None, 0.088, "window or softcap"),
         (q, _mods(softcap=30.0), None, 0.088, "window or softcap"),
@@ -239,16 +240,18 @@ class _Recorder:
         return lambda *args, **kw: self.calls.append((grid, args, kw))
 
 
-def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkeypatch):
+@pytest.mark.parametrize("d", [64, 96])
+def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkeypatch, d):
     """The host side of ``impl="hopper"`` (the kernels recorded, not run): grids (work items, kv heads) and
     (work items, heads); Q/K/V/dO and the outputs as [1, H, total, d] views of the caller's memory with
-    the configs' blocks; the -LSE2 / qk_scale and Delta copies padded per sequence; the plan's lists."""
+    the configs' blocks (d 96: the d 128 build's, 128 columns wide; ``DT`` 96, the ragged stores' row
+    stride); the -LSE2 / qk_scale and Delta copies padded per sequence; the plan's lists."""
     monkeypatch.setattr(varlen_bwd, "hopper_unavailable", lambda torch, t: None)
     rec = {name: _Recorder() for name in ("dkdv", "dq")}
     monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dkdv_kernel", rec["dkdv"])
     monkeypatch.setattr(vh, "_attnscope_varlen_bwd_hopper_dq_kernel", rec["dq"])
     lq, lk = [3, 0, 150, 1], [5, 2, 129, 0]
-    hq, hkv, d = 4, 2, 64
+    hq, hkv, db = 4, 2, _common.head_block(d)
     g = torch.Generator().manual_seed(1)
     q = _packed(sum(lq), hq, d, torch.bfloat16, True, g)  # strided: [H, total, d] memory
     do = _packed(sum(lq), hq, d, torch.bfloat16, False, g)
@@ -262,11 +265,12 @@ def test_launch_hands_the_kernels_packed_views_padded_rows_and_work_lists(monkey
     lists = vh.work_lists(sum(lq), sum(lk), len(lq), d, True)
     assert grid_kv == (lists[0][0], hkv) and grid_q == (lists[1][0], hq)
     assert kw_kv["CAUSAL"] is True and "ROWS_PAD" not in kw_kv and kw_q["CAUSAL"] is True
-    cfg_kv, cfg_q = vh.config(d, "dkdv"), vh.config(d, "dq")
+    assert kw_kv["DT"] == kw_q["DT"] == d
+    cfg_kv, cfg_q = vh.config(db, "dkdv"), vh.config(db, "dq")
 
     def same_memory(desc, t, rows):
         assert desc.base.data_ptr() == t.data_ptr() and desc.shape == [1, t.shape[1], t.shape[0], d]
-        assert desc.strides[1:] == [t.stride(1), t.stride(0), 1] and desc.block_shape == [1, 1, rows, d]
+        assert desc.strides[1:] == [t.stride(1), t.stride(0), 1] and desc.block_shape == [1, 1, rows, db]
 
     bnw = cfg_kv.BN // cfg_kv.NWG
     for desc, t, rows in zip(a_kv[:4], (q, k, v, do), (cfg_kv.BM, bnw, bnw, cfg_kv.BM), strict=True):
@@ -300,16 +304,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from attnscope.kernels import varlen_bwd_hopper as vh
-for name in ("dkdv", "dq"):
-    src = GluonASTSource(fn=vh.kernel(name), signature=vh.signature(64, "bf16", name),
-                         constexprs=vh.constexprs(64, True, name))
+for name, d in (("dkdv", 64), ("dq", 64), ("dkdv", 96), ("dq", 96)):
+    src = GluonASTSource(fn=vh.kernel(name), signature=vh.signature(d, "bf16", name),
+                         constexprs=vh.constexprs(d, True, name))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": vh.NUM_WARPS})
-    print(name, k.asm["ptx"].count("wgmma.mma_async"), k.metadata.shared)
+    print(name, d, k.asm["ptx"].count("wgmma.mma_async"), k.metadata.shared)
 """
 
 
 def test_both_kernels_build_for_sm90_on_the_cpu():
-    """Both Gluon kernels compile for sm_90 without a GPU (a child process): the build reaches ptx with
+    """Both Gluon kernels compile for sm_90 without a GPU (a child process; d 64, and 96 in d 128's build with
+    its own row stride): the build reaches ptx with
     wgmma products and stays inside the 227 KB of shared memory a CTA may have. This kernel's pieces come
     from kernels/bwd_hopper.py, so a change of their signatures shows here, not first on a GPU."""
     pytest.importorskip("triton.experimental.gluon")
@@ -324,6 +329,6 @@ def test_both_kernels_build_for_sm90_on_the_cpu():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines()]
-    assert [r[0] for r in rows] == ["dkdv", "dq"]
-    for _, wgmma, shared in rows:
+    assert [r[:2] for r in rows] == [["dkdv", "64"], ["dq", "64"], ["dkdv", "96"], ["dq", "96"]]
+    for _, _, wgmma, shared in rows:
         assert int(wgmma) > 0 and 0 < int(shared) <= 227 * 1024

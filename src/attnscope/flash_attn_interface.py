@@ -181,7 +181,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = _OFF,
     Parameters
     ----------
     q : torch.Tensor, [B, Nq, Hq, d]
-        fp16 or bf16, d in {64, 128, 256}; any strides with a unit last stride.
+        fp16 or bf16, d a multiple of 8 up to 256; any strides with a unit last stride.
     k, v : torch.Tensor, [B, Nk, Hkv, d]
         Hq a multiple of Hkv (GQA / MQA).
     dropout_p : float
@@ -487,7 +487,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     Parameters
     ----------
     q : torch.Tensor, [B, Nq, Hq, d]
-        fp16 or bf16, d in {64, 128, 256}.
+        fp16 or bf16, d a multiple of 8 up to 256.
     k_cache, v_cache : torch.Tensor
         Dense ``[B, L, Hkv, d]``, or paged ``[num_pages, page_size, Hkv, d]`` with ``block_table``
         (page_size in {16, 32, 64, 128, 256}); q's dtype.

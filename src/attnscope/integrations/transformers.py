@@ -252,7 +252,7 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
         The attention layer (``is_causal``; ``sinks`` when present).
     query : torch.Tensor, [B, Hq, Nq, d]
     key, value : torch.Tensor, [B, Hkv, Nk, d]
-        The whole cache's keys and values for a decode step; fp16 or bf16, d in {64, 128, 256}.
+        The whole cache's keys and values for a decode step; fp16 or bf16, d a multiple of 8 up to 256.
     attention_mask : torch.Tensor or None
         None or the bool padding mask [B, kv_len] (`register` asks transformers for this form).
     dropout, scaling, sliding_window, softcap, is_causal, s_aux
@@ -260,9 +260,19 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
 
     Returns
     -------
-    out : torch.Tensor, [B, Nq, Hq, d], query's dtype
+    out : torch.Tensor, [B, Nq, Hq, d], query's dtype (the value's head dim where it is narrower: MLA)
     None (no attention weights)
+
+    A value narrower than the query and key (DeepSeek's MLA: query and key 192, value 128) is zero-padded to
+    their head dim and the output cropped to its own, as transformers' flash-attention path does: the zero
+    columns add nothing to P V.
     """
+    dv = value.shape[-1] if isinstance(value, Tensor) and value.dim() == 4 else None
+    if dv is not None and isinstance(query, Tensor) and query.dim() == 4 and dv < query.shape[-1]:
+        value = torch.nn.functional.pad(value, [0, query.shape[-1] - dv])
+        out, _ = attention_forward(module, query, key, value, attention_mask, dropout, scaling,
+                                   sliding_window, softcap, is_causal, s_aux, **kwargs)
+        return out[..., :dv], None
     _refuse(dropout, attention_mask, kwargs)
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     mods = _mods(module, query, sliding_window, softcap, s_aux, causal)

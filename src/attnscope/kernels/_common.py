@@ -10,7 +10,7 @@ import threading
 from typing import NamedTuple
 
 from attnscope.errors import InputError, expect, finite_real, short
-from attnscope.model.tiles import normalize_window
+from attnscope.model.tiles import head_block, normalize_window  # noqa: F401 - head_block: the kernels' name
 
 #: Head dims the portable Triton kernels are built for (forward, backward, varlen, decode); the Gluon Hopper
 #: kernels' own dims are `model.dispatch.HOPPER_BACKWARD_DIMS` and kernels/fwd_hopper.py ``VARIANTS``
@@ -81,6 +81,13 @@ def fitting(config, needs: dict, smem: int | None):
     if smem is None or config not in needs or smem >= needs[config][0]:
         return config
     return needs[config][1]
+
+
+def built_dim(d: int, dims) -> int:
+    """The config table row (of head dims ``dims``) a tile ``d`` wide runs: a tile narrower than the
+    narrowest build (d = 8-32, `model.tiles.head_block`) that build's tile config (fewer columns: less shared
+    memory and fewer registers than the config was measured with), any other ``d`` its own row."""
+    return max(d, min(dims))
 
 
 def hopper_unavailable(torch, t) -> str | None:
@@ -309,16 +316,32 @@ def check_device(torch, tensors: dict) -> None:
         raise InputError(f"{first_name}: expected a CUDA device, got {first}")
 
 
-def check_head_dim(d: int) -> None:
-    """NotImplementedError unless ``d`` is a built head dim; below the largest, the message names the exact
-    workaround: zero columns add nothing to Q K^T, and zero V columns give zero output columns."""
+#: Head dims the portable kernels take besides `SUPPORTED_HEAD_DIMS` (`flash_attention`,
+#: `flash_attention_varlen`, their backward, `flash_decode`): any multiple of 8 up to the largest, run in the
+#: next power of two's tiles (`head_block`: TMA reads zeros past d and clips the stores, pointer loads and
+#: stores are masked; 8: a TMA row of 16-byte multiples). The Gluon forward and backward (dense and packed)
+#: take 40-120 the same way in their d = 64 and 128 builds (`model.dispatch`).
+PADDED_HEAD_DIM_STEP = 8
+#: Every head dim the entry points take (the built ones among them).
+HEAD_DIMS = range(PADDED_HEAD_DIM_STEP, SUPPORTED_HEAD_DIMS[-1] + 1, PADDED_HEAD_DIM_STEP)
+
+
+def check_head_dim(d: int, padded: bool = False) -> None:
+    """NotImplementedError unless ``d`` is a built head dim (``padded``: or a multiple of
+    `PADDED_HEAD_DIM_STEP` up to the largest, which the kernels run in `head_block`'s
+    tiles); below the largest, the message names the exact workaround: zero columns add nothing to Q K^T,
+    and zero V columns give zero output columns."""
+    if padded and 0 < d <= SUPPORTED_HEAD_DIMS[-1] and d % PADDED_HEAD_DIM_STEP == 0:
+        return
     if d not in SUPPORTED_HEAD_DIMS:
         up = [x for x in SUPPORTED_HEAD_DIMS if x > d]
         hint = (f" (zero-padding q, k and v to {up[0]} with torch.nn.functional.pad and passing "
                 f"scale={d}**-0.5 gives the same attention in the output's first {d} columns)"
                 if up and d > 0 else "")
-        raise NotImplementedError(
-            f"head_dim {d} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}{hint}")
+        also = (f", or a multiple of {PADDED_HEAD_DIM_STEP} up to {SUPPORTED_HEAD_DIMS[-1]}" if padded
+                else "")
+        raise NotImplementedError(f"head_dim {d} is not supported; supported: "
+                                  f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{also}{hint}")
 
 
 #: CUDA's limit on a launch grid's y (and z) size: kernels with (batch, head) on y refuse past it.

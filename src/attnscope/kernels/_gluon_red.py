@@ -1,4 +1,5 @@
-"""Gluon fp32 reduction into global memory (sm_90): the one-pass backward's dQ accumulation.
+"""Gluon fp32 reduction into global memory (sm_90): the one-pass backward's dQ accumulation, from registers
+(`red_add`) or from shared memory by the tensor map (`tma_reduce_add`).
 
 ``red_add(ptrs, vals, mask, VEC)`` adds ``vals`` at ``ptrs`` where ``mask`` is set, as fire-and-forget
 reductions (relaxed, GPU scope: only the sum after the kernel is read): ``VEC = 1`` one element per
@@ -10,8 +11,10 @@ layout: each thread holds columns 2t, 2t + 1 of a row), half the requests to L2.
 
 from __future__ import annotations
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 
 #: Two adjacent fp32 (the inline asm's pack of 2: outputs $0 $1 (unused), pointers $2 $3 (the first is the
 #: pair's), values $4 $5, masks $6 $7 (one row: equal)).
@@ -29,3 +32,15 @@ def red_add(ptrs, vals, mask, VEC: gl.constexpr):
                                   dtype=gl.int32, is_pure=False, pack=2)
     else:
         gl.atomic_add(ptrs, vals, mask=mask, sem="relaxed")
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``global[coord + block] += src`` by the tensor map ``tensor_desc`` (PTX
+    ``cp.reduce.async.bulk.tensor .add``, sm_90; Triton's ``ttng.async_tma_reduce``, which Gluon 3.6 builds
+    but does not name): one bulk request per 128-byte box from the shared-memory block ``src`` (written and
+    fenced by the caller), issued by elected threads, fire-and-forget; ``tma.store_wait`` before ``src`` is
+    written again. Rows and columns past the tensor map's shape are clipped."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                              src.handle)

@@ -199,3 +199,22 @@ def lse_merge_finish(m_i, l_i, acc):
 
 __all__ = ["_kv_bounds", "_kv_bounds_window", "_window_bounds", "lse_merge_finish", "lse_merge_step",
            "round_bf16", "mod_args", "sink_log2", "softmax_tile", "tanh_", "triton", "window_args"]
+
+
+@triton.jit
+def cta_tile(TAIL):
+    """(rank, head) of this program of a (blocks, heads) grid: `model.tiles.launch_tile` (the one definition;
+    `model.tiles.launch_tail` picks ``TAIL``) with ``pid`` the program's launch position (x fastest) and the
+    last ``TAIL`` heads interleaved rank by rank (1: the grid's own order). Causal, the last heads go rank by
+    rank, heaviest tiles first: in the grid's order the last head's heaviest tile started when little work was
+    left and ran alone at the end. Scalars only, so the Gluon kernels call it as it is."""
+    blocks = tl.num_programs(0)
+    pid = tl.program_id(1) * blocks + tl.program_id(0)
+    lead = (tl.num_programs(1) - TAIL) * blocks
+    if pid < lead:
+        rank = pid % blocks
+        head = pid // blocks
+    else:
+        rank = (pid - lead) // TAIL
+        head = tl.num_programs(1) - TAIL + (pid - lead) % TAIL
+    return rank, head

@@ -12,10 +12,9 @@ saved natural-log LSE. Three kernels:
    registers (no atomics on dK/dV): ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
    ``dK += dS^T Q``. With ``deterministic=False`` the same program also adds ``dS K`` into an fp32 dQ
    buffer with atomics (one read-modify-write per KV tile);
-3. ``deterministic=True`` (this function's default): dQ in a separate pass, one program per (query
-   tile, batch x query head) looping over KV tiles (it re-reads K and V); bit-reproducible, and faster
-   than the atomic variant at nearly every measured shape (BENCHMARKS.md, backward), so autograd runs it
-   for ``flash_attention(deterministic=False)`` too while `ATOMIC_DQ_BY_DEFAULT` is False.
+3. ``deterministic=True`` (the default): dQ in a separate pass per (query tile, batch x query head) over
+   the KV tiles (re-reading K and V); bit-reproducible and faster than the atomic variant at nearly
+   every measured shape, so autograd runs it for ``deterministic=False`` too (`ATOMIC_DQ_BY_DEFAULT`).
 
 Causal alignment is bottom-right (key c visible to query r iff ``c <= r + Nk - Nq``). The dQ pass uses
 the forward's `_kv_bounds` (`model.tiles.causal_kv_bounds0`); the dK/dV kernel its mirror `_q_bounds`:
@@ -27,21 +26,19 @@ visible key (LSE = -inf) are masked everywhere, so they contribute zero, never N
 Score mods (constexpr-gated, as the forward): a window runs each kernel's loop as the forward does, the
 whole tiles without mask arithmetic, then the masked tiles of both edges in one loop, the dQ pass between
 the forward's `_tl._kv_bounds_window`, the dK/dV kernel between their mirror `_q_bounds_window`
-(tests/test_mods.py holds it against `reference.permitted`); softcap recomputes
-``t = tanh(s * scale / softcap)`` from the recomputed scores and multiplies dS by ``1 - t^2``; sinks need
-nothing in the kernels (the saved LSE includes them) and their gradient is
-``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows, in torch ops on D and LSE.
+(tests/test_mods.py holds it against `reference.permitted`); softcap recomputes ``t = tanh(s * scale /
+softcap)`` and multiplies dS by ``1 - t^2``; sinks need nothing in the kernels (the LSE includes them), their
+gradient ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows is torch ops on D and LSE.
 
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
 (TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
 ``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
 autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); either mode in the lean
 build where `model.dispatch.hopper_backward_lean` says so (d = 64; `bwd_hopper.config`); ``impl="auto"``
-takes them where `model.dispatch.hopper_backward_ok` says so.
+takes them where `model.dispatch.hopper_backward_ok` says so (other head dims: their `head_block`'s build).
 
-Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer
-loads, no TMA); dq, dk, dv are allocated contiguous. ``exp2`` with log2(e) folded into the scale as in
-the forward. Configs: a fixed table per head_dim (no autotune).
+Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer loads);
+dq, dk, dv allocated contiguous; ``exp2`` with log2(e) in the scale; a fixed config table per head_dim.
 """
 
 from __future__ import annotations
@@ -54,6 +51,7 @@ from attnscope.kernels._common import (
     LOG2E,
     MAX_GRID_Y,
     UNBOUNDED_SIDE,
+    built_dim,
     check_device,
     check_head_dim,
     check_mods,
@@ -61,6 +59,7 @@ from attnscope.kernels._common import (
     check_scale,
     check_tensor,
     fitting,
+    head_block,
     hopper_unavailable,
     import_torch_triton,
     interpreting,
@@ -119,7 +118,7 @@ def configs(d: int, t, atomic: bool = False) -> tuple:
     small interpreter tiles under TRITON_INTERPRET=1."""
     if interpreting():
         return INTERPRET_CONFIG, INTERPRET_DQ_CONFIG
-    smem = smem_per_block(torch, t)
+    smem, d = smem_per_block(torch, t), built_dim(d, DQ_CONFIGS)
     return fitting(dkdv_config(d, atomic), SMEM_NEEDS, smem), fitting(DQ_CONFIGS[d], SMEM_NEEDS, smem)
 
 
@@ -206,7 +205,7 @@ def _q_bounds_window(start_n, NQ, NK, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_
 def _attnscope_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, ROW0, ROW1, stride_ob, stride_oh, stride_om,
                               stride_db, stride_dh, stride_dm, H, NQ, N_PAD, row0_mul, row0_add, row1_mul,
                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
-                              PADDED: tl.constexpr):
+                              PADDED: tl.constexpr, D: tl.constexpr = 0):
     """Every per-row term of the backward in one pass, program (query tile, batch x head): ``DELTA = rowsum(dO
     * O) - dLSE`` and ``LSE2 = LSE log2(e)`` (LSE, dLSE, DELTA, LSE2 contiguous fp32 [B x H, NQ]); with
     ``PADDED`` also the Hopper kernels' rows padded to ``N_PAD`` ([B x H, N_PAD]): ``ROW0 = row0_mul LSE2 +
@@ -218,7 +217,7 @@ def _attnscope_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, ROW0, ROW1, stride_
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m < NQ
-    row = ok[:, None]
+    row = ok[:, None] if D == 0 or D == HEAD_DIM else ok[:, None] & (offs_d[None, :] < D)  # D: `_dkdv_tile`
     offs_m = offs_m.to(tl.int64)  # varlen: a row of the packed [total, H, d] is H * d elements apart
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=row,
                 other=0.0)
@@ -243,18 +242,20 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
                stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK, LEFT, RIGHT, cap_in,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-               EMULATE_BF16: tl.constexpr):
-    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M]).
+               EMULATE_BF16: tl.constexpr, D: tl.constexpr = 0):
+    """One query tile against the resident KV tile; everything transposed ([BLOCK_N, BLOCK_M]); ``D``: a head
+    dim below its power-of-two tile ``HEAD_DIM`` (0: ``HEAD_DIM`` itself), the columns past it masked.
     ``SOFTCAP``: P from the capped scores ``t = tanh(s * cap_in)`` (``qk_scale = softcap * log2(e)``), and
     ``dS`` through the cap: ``dS_raw = dS' * (1 - t^2)`` (the scale is applied at the end)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < NQ
-    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok[None, :],
-                  other=0.0)  # Q^T [d, BLOCK_M]
-    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=row_ok[:, None],
-                 other=0.0)  # [BLOCK_M, d]
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D
+    m_t = row_ok[None, :] if DIM == HEAD_DIM else row_ok[None, :] & (offs_d[:, None] < DIM)  # [d, BLOCK_M]
+    m_r = row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & (offs_d[None, :] < DIM)  # [BLOCK_M, d]
+    q_t = tl.load(Q + q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=m_t, other=0.0)  # Q^T
+    do = tl.load(DO + do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_r, other=0.0)
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))  # log2 domain; +inf: P = 0
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     s_t = _mm(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), EMULATE_BF16)  # S^T = K Q^T
@@ -278,8 +279,7 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, r
     dk = _mm(ds_lp, tl.trans(q_t), dk, EMULATE_BF16)  # dK += dS^T Q  (scaled at the end)
     if ATOMIC_DQ:
         dq = _mm(tl.trans(ds_lp), k, tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), EMULATE_BF16) * sm_scale
-        tl.atomic_add(DQ + dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq, mask=row_ok[:, None],
-                      sem="relaxed")
+        tl.atomic_add(DQ + dq_base + offs_m[:, None] * DIM + offs_d[None, :], dq, mask=m_r, sem="relaxed")
     return dk, dv
 
 
@@ -293,7 +293,7 @@ def _attnscope_bwd_dkdv_kernel(
     H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -305,7 +305,10 @@ def _attnscope_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
     col_ok = offs_n[:, None] < NK
+    if DIM != HEAD_DIM:
+        col_ok = col_ok & (offs_d[None, :] < DIM)
     k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
                 mask=col_ok, other=0.0)  # [BLOCK_N, d], resident
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
@@ -321,18 +324,18 @@ def _attnscope_bwd_dkdv_kernel(
             q_base = b * stride_qb + h * stride_qh
             do_base = b * stride_dob + h * stride_doh
             row_base = (b * H + h) * NQ
-            dq_base = row_base * HEAD_DIM
+            dq_base = row_base * DIM
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, False, True,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
             for i in range(0, n_left + (hi - full_hi), BLOCK_M):
                 start_m = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, False, True,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
     else:
         lo, hi = _q_bounds(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
         n_hi = tl.cdiv(NQ, BLOCK_M) * BLOCK_M
@@ -341,18 +344,18 @@ def _attnscope_bwd_dkdv_kernel(
             q_base = b * stride_qb + h * stride_qh
             do_base = b * stride_dob + h * stride_doh
             row_base = (b * H + h) * NQ
-            dq_base = row_base * HEAD_DIM
+            dq_base = row_base * DIM
             for start_m in range(lo, hi, BLOCK_M):  # straddling the diagonal / ragged: masked
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, False,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
             for start_m in range(hi, n_hi, BLOCK_M):  # every row sees the whole tile: no mask arithmetic
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qm, stride_dom, start_m, start_n, qk_scale, sm_scale, NQ, NK,
                                     LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, False,
-                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16)
-    out = (b * HKV + hk) * NK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+                                    SOFTCAP, ATOMIC_DQ, EMULATE_BF16, DIM)
+    out = (b * HKV + hk) * NK * DIM + offs_n[:, None] * DIM + offs_d[None, :]
     tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
     tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
@@ -361,12 +364,13 @@ def _attnscope_bwd_dkdv_kernel(
 def _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
              qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
              MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-             EMULATE_BF16: tl.constexpr):
+             EMULATE_BF16: tl.constexpr, D: tl.constexpr = 0):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < NK
-    k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-    v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+    kv_ok = col_ok[None, :] if D == 0 or D == HEAD_DIM else col_ok[None, :] & (offs_d[:, None] < D)
+    k_t = tl.load(K + k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=kv_ok, other=0.0)
+    v_t = tl.load(V + v_base + offs_n[None, :] * stride_vn + offs_d[:, None], mask=kv_ok, other=0.0)
     s = _mm(q, k_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), EMULATE_BF16)  # [BLOCK_M, BLOCK_N]
     if SOFTCAP:
         s = tanh_(s * cap_in)  # t; s' = softcap * t
@@ -397,7 +401,7 @@ def _attnscope_bwd_dq_kernel(
     H, HKV, NQ, NK, qk_scale, sm_scale, LEFT, RIGHT, cap_in,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, OFF64: tl.constexpr = False, D: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -411,11 +415,13 @@ def _attnscope_bwd_dq_kernel(
     hk = h // (H // HKV)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
     row_ok = offs_m < NQ
+    rows = row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & (offs_d[None, :] < DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
+                mask=rows, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
+                 mask=rows, other=0.0)
     lse2 = tl.load(LSE2 + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
     k_base = b * stride_kb + hk * stride_kh
@@ -426,25 +432,25 @@ def _attnscope_bwd_dq_kernel(
         for start_n in range(full_lo, full_hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, False, True,
-                          SOFTCAP, EMULATE_BF16)
+                          SOFTCAP, EMULATE_BF16, DIM)
         n_left = full_lo - lo
         for i in range(0, n_left + (hi - full_hi), BLOCK_N):
             start_n = tl.where(i < n_left, lo + i, full_hi + (i - n_left))
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, False, True,
-                          SOFTCAP, EMULATE_BF16)
+                          SOFTCAP, EMULATE_BF16, DIM)
     else:
         lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
         for start_n in range(0, lo, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, False, CAUSAL, False,
-                          SOFTCAP, EMULATE_BF16)
+                          SOFTCAP, EMULATE_BF16, DIM)
         for start_n in range(lo, hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kn, stride_vn, offs_m, start_n,
                           qk_scale, NQ, NK, LEFT, RIGHT, cap_in, HEAD_DIM, BLOCK_N, True, CAUSAL, False,
-                          SOFTCAP, EMULATE_BF16)
-    tl.store(DQ + pid_bh * NQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
-             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=row_ok[:, None])
+                          SOFTCAP, EMULATE_BF16, DIM)
+    tl.store(DQ + pid_bh * NQ * DIM + offs_m[:, None] * DIM + offs_d[None, :],
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=rows)
 
 
 # --- the launcher ---------------------------------------------------------------------------------
@@ -469,11 +475,10 @@ def _check_inputs(do, q, k, v, o, lse, scale):
         got = f"{tuple(lse.shape)} {lse.dtype}"
         raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq] = {(B, Hq, Nq)}, got {got}")
     if Hkv == 0 or Hq % Hkv != 0:
-        raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads ({Hkv}), "
-                         f"got Hq = {Hq}")
+        raise InputError(f"q: expected Hq a multiple of the kv heads ({Hkv}), got Hq = {Hq}")
     if min(B, Hq, Nq, Nk) == 0:
         raise InputError(f"q: expected B, Hq, Nq, Nk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    check_head_dim(d)
+    check_head_dim(d, padded=True)
     check_scale(scale)
     return B, Hq, Nq, d, Hkv, Nk
 
@@ -482,15 +487,13 @@ IMPLS = ("auto", "portable", "hopper")
 
 
 #: The range of ``scale * log2(e)`` the Hopper kernels take: they subtract ``LSE2 / qk_scale`` inside the
-#: accumulator (kernels/bwd_hopper.py), which must stay finite, and as the Hopper forward they need
-#: ``qk_scale <= 1``.
+#: accumulator (kernels/bwd_hopper.py), which must stay finite, and need ``qk_scale <= 1`` as the forward.
 HOPPER_QK_SCALE = (1e-30, 1.0)
 
 
 def _off64(*tensors) -> bool:
-    """Whether the dK/dV and dQ kernels need int64 offsets: a tensor whose elements span 2^31 or more from
-    its first (a view's span, not its numel: q of a packed qkv spans three times its size). int32 offsets
-    cover every smaller one, and the int64 build holds more registers."""
+    """Whether the dK/dV and dQ kernels need int64 offsets (their int64 build holds more registers): a tensor
+    whose elements span 2^31 or more from its first (a view's span, not its numel: a packed qkv's q)."""
     span = max(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) for t in tensors)
     return span >= 2 ** 31 - 1
 
@@ -505,6 +508,8 @@ def _pick_impl(impl, q, causal: bool, mods, qk_scale: float = LOG2E / 8) -> str:
         return "portable"
     why = hopper_unavailable(torch, q)
     d = q.shape[-1]
+    if why is None and head_block(d) not in dispatch.HOPPER_BACKWARD_DIMS:
+        why = f"head_dim {d} is not supported; supported: 40-128 in steps of 8"
     huge_cap = mods.softcap > HOPPER_MAX_SOFTCAP * (qk_scale / LOG2E)
     if impl == "hopper":
         if why:
@@ -529,7 +534,7 @@ ATOMIC_DQ_BY_DEFAULT = False
 #: The head dims at which the Hopper kernels run ``deterministic=False`` (`attnscope.flash_attention`'s
 #: default) as their one-pass dK/dV kernel (dQ by fp32 atomics: 5 MMAs per tile pair, not 7); elsewhere
 #: the dK/dV then dQ kernels (bitwise reproducible). Measured on the H200 (BENCHMARKS.md, backward): at
-#: d = 64 the one-pass build is 1.03-1.08 x the two kernels; at d = 128 it is 0.78-0.90 x.
+#: d = 64 the one-pass build is 1.03-1.08 x the two kernels; at d = 128 it is 0.78-0.90 x (by `head_block`).
 HOPPER_ONEPASS_DIMS = (64,)
 #: The one-pass build ``deterministic=False`` runs (kernels/bwd_hopper.py ``MODES``)
 HOPPER_ONEPASS_MODE = "onepass"
@@ -539,7 +544,7 @@ def atomic_dq_by_default(q, causal: bool, scale, window=None, softcap: float = 0
     """Whether autograd's ``deterministic=False`` runs dQ by atomics for this call: the head dim in
     `HOPPER_ONEPASS_DIMS` where ``impl="auto"`` picks the Hopper kernels (`_pick_impl`), else
     `ATOMIC_DQ_BY_DEFAULT`."""
-    onepass = q.shape[-1] in HOPPER_ONEPASS_DIMS
+    onepass = head_block(q.shape[-1]) in HOPPER_ONEPASS_DIMS
     if onepass == ATOMIC_DQ_BY_DEFAULT:
         return ATOMIC_DQ_BY_DEFAULT
     window = None if window is None else tuple(window)
@@ -616,8 +621,7 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     hopper = _pick_impl(impl, q, bool(causal), mods, sm_scale * LOG2E) == "hopper"
     if B * Hq > MAX_GRID_Y:  # every backward kernel's grid puts (batch, head) on the y axis
         raise NotImplementedError(f"q: B x Hq = {B} x {Hq} = {B * Hq} (batch, head) programs is past the "
-                                  f"launch grid's {MAX_GRID_Y} for the backward; supported: B x Hq <= "
-                                  f"{MAX_GRID_Y}")
+                                  f"launch grid for the backward; supported: B x Hq <= {MAX_GRID_Y}")
     margs = mod_args(mods, sm_scale, Nq, Nk)
     causal = bool(causal) and not mods.windowed  # a window folds causal in as right = 0
     emulate = interpreting() and q.dtype == torch.bfloat16
@@ -626,14 +630,16 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
     if hopper:  # the Gluon dK/dV kernel then the Gluon dQ kernel, or the one-pass dK/dV kernel (atomic dQ)
         from attnscope.kernels import bwd_hopper  # Gluon: imported only when used
 
-        onepass = not deterministic and d in HOPPER_ONEPASS_DIMS and bwd_hopper.onepass_ok(d, mods)
+        onepass = (not deterministic and head_block(d) in HOPPER_ONEPASS_DIMS
+                   and bwd_hopper.onepass_ok(d, mods))
         kernels = bwd_hopper.launcher(q, k, v, do, margs["qk_scale"], sm_scale, causal, mods,
                                       mode=HOPPER_ONEPASS_MODE if onepass else "twokernel")
     # the preprocess writes Delta and LSE2, and the Hopper kernels' padded rows (`bwd_hopper.padded_rows`)
     n_pad, *row_terms = kernels.row_terms if hopper else (Nq, 1.0, 0.0, 1.0)
     pre_m = 16 if interpreting() else PRE_BLOCK_M
     pre = planned_launch(_attnscope_bwd_preprocess, (cdiv(n_pad, pre_m), B * Hq),
-                         dict(HEAD_DIM=d, BLOCK_M=pre_m, HAS_DLSE=dlse is not None, PADDED=hopper), dev)
+                         dict(HEAD_DIM=head_block(d), BLOCK_M=pre_m, HAS_DLSE=dlse is not None, PADDED=hopper,
+                              D=d), dev)
     pre_scalars = (o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), Hq, Nq,
                    n_pad, *row_terms)
     contiguous = lse.is_contiguous() and (dlse is None or dlse.is_contiguous() and dlse.dtype == lse.dtype)
@@ -666,14 +672,14 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
         return run_hopper
 
     atomic = not deterministic
-    (bm, bn, warps, stages), (dq_bm, dq_bn, dq_warps, dq_stages) = configs(d, q, atomic)
+    (bm, bn, warps, stages), (dq_bm, dq_bn, dq_warps, dq_stages) = configs(head_block(d), q, atomic)
     off64 = _off64(q, k, v, do)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     scalars = (*strides, Hq, Hkv, Nq, Nk, margs["qk_scale"], sm_scale, margs["LEFT"], margs["RIGHT"],
                margs["cap_in"])
-    consts = dict(HEAD_DIM=d, CAUSAL=causal, EMULATE_BF16=emulate, WINDOW=margs["WINDOW"],
-                  SOFTCAP=margs["SOFTCAP"], OFF64=off64)
+    consts = dict(HEAD_DIM=head_block(d), CAUSAL=causal, EMULATE_BF16=emulate, WINDOW=margs["WINDOW"],
+                  SOFTCAP=margs["SOFTCAP"], OFF64=off64, D=d)
     dkdv = planned_launch(_attnscope_bwd_dkdv_kernel, (cdiv(Nk, bn), B * Hkv),
                           dict(consts, ATOMIC_DQ=atomic, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                num_stages=stages), dev)

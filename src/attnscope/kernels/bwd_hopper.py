@@ -23,7 +23,8 @@ Those two (mode "twokernel", ``deterministic=True``) use no atomics: bitwise rep
 shared memory and adds ``sm_scale dS K`` into a zeroed fp32 dQ [B, Hq, Nq, d] by fp32 atomics (5 MMAs per tile
 pair instead of 7), cast to the input dtype after: "onepass" (`ONEPASS_CTA`) over the CTA's keys once per
 query tile (the warpgroups meet at an mbarrier; d = 128 a 64-column slice each, d = 64 the whole tile by one
-warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics).
+warpgroup in turns), "onepass-wg" (`ONEPASS_WG`) per warpgroup over its own keys (twice the atomics);
+``BwdConfig.RED = 0``: each slice through shared memory by one TMA reduce-add, no per-element atomics.
 The lean dK/dV build (``BwdConfig.LEAN``, `LEAN_CONFIGS`; either mode; the default where
 `model.dispatch.hopper_backward_lean` says so, `config`: d = 64 without softcap, fp16 with a scale >= 2^-4)
 cuts the work per tile pair that is not MMA: masked and whole query tiles in separate runs (the mask a
@@ -35,7 +36,7 @@ Causal, bottom-right (key c visible to row r iff ``c <= r + Nk - Nq``): the dK/d
 wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its rows' (`fwd_hopper._kv_range`);
 only tiles straddling the diagonal and the ragged last tiles are masked. Both kernels start their heaviest
 tiles first (the dK/dV kernel's first keys, the dQ kernel's last rows) and interleave the last heads rank by
-rank (`model.tiles.launch_tail`, kernels/_gluon_order.py): in the grid's order the last head's heaviest tile
+rank (`model.tiles.launch_tail`, `_tl.cta_tile`): in the grid's order the last head's heaviest tile
 started when little work was left (B 1, 16 / 4 heads, N 8k: 1.21 x faster, BENCHMARKS.md). Ragged N: TMA reads
 zeros past Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr
 ``MODS``, `fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the
@@ -56,7 +57,7 @@ from attnscope.errors import choice
 from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
 from attnscope.model import dispatch
-from attnscope.model.tiles import launch_tail
+from attnscope.model.tiles import head_block, launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -70,9 +71,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._gluon_order import cta_tile  # noqa: E402
-from attnscope.kernels._gluon_red import red_add  # noqa: E402
+from attnscope.kernels._gluon_red import red_add, tma_reduce_add  # noqa: E402
 from attnscope.kernels._gluon_smem import dkdv_smem  # noqa: E402
+from attnscope.kernels._tl import cta_tile  # noqa: E402
 from attnscope.kernels.bwd_hopper_dq import _attnscope_bwd_hopper_dq_kernel, _capped, _keep  # noqa: E402
 from attnscope.kernels.fwd_hopper import (  # noqa: E402
     NUM_WARPS,
@@ -102,7 +103,7 @@ class BwdConfig(NamedTuple):
     STAGES: int  # depth of the shared-memory ring (dK/dV: Q/dO; dQ: K/V)
     NWG: int = 2  # consumer warpgroups
     DQ: int = 64  # one-pass dK/dV kernel: dQ columns per dS K product (head dim / DQ products per tile)
-    RED: int = 1  # one-pass: fp32 per reduction instruction into dQ (`_gluon_red.red_add`: 1 or 2)
+    RED: int = 1  # one-pass dQ: fp32 per `_gluon_red.red_add` (1, 2), or 0: TMA reduce-adds (`_add_dq`)
     LEAN: int = 0  # dK/dV: 1 the lean step (`_step`; no softcap), 0 the plain one
 
 
@@ -145,10 +146,11 @@ def config(d: int, kernel: str = "dkdv", mods: int = 0, dtype: str | None = None
 
 
 def onepass_ok(d: int, mods=None) -> bool:
-    """Whether the one-pass builds run for head dim ``d`` and the `_common.Mods` ``mods``: the dQ product
-    needs 64-row Q tiles (a warpgroup's wgmma): softcap at d = 128 (`SOFTCAP_CONFIGS`) takes two kernels."""
+    """Whether the one-pass builds run for head dim ``d`` (its `head_block`'s build) and the `_common.Mods`
+    ``mods``: the dQ product needs 64-row Q tiles (a warpgroup's wgmma): softcap at d = 128
+    (`SOFTCAP_CONFIGS`) takes two kernels."""
     flags = 0 if mods is None else mods_flags(mods.windowed, mods.softcap, False)
-    return config(d, "dkdv", flags).BM % 64 == 0
+    return config(head_block(d), "dkdv", flags).BM % 64 == 0
 
 
 def supports(d: int) -> bool:
@@ -221,12 +223,16 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_s
 @gluon.jit
 def _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, slot, sm_scale, acc_layout: gl.constexpr,
             BM: gl.constexpr, BNW: gl.constexpr, DQ: gl.constexpr, D: gl.constexpr, C0: gl.constexpr,
-            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr = 0):
+            NC: gl.constexpr, W0: gl.constexpr, NW: gl.constexpr, RED: gl.constexpr, LEAN: gl.constexpr = 0,
+            row0=0, WG: gl.constexpr = 0):
     """One-pass dQ: ``dQ[rows, cols] += sm_scale sum_w dS_w K_w[:, cols]`` over the dS^T tiles ``slot +
     [0, NW)`` of ``ds_smem`` (written and fenced) and the K buffers ``W0 + [0, NW)``, for ``NC`` slices of
     ``DQ`` columns from ``C0``, each added by fp32 reductions of ``RED`` elements (`_gluon_red.red_add`)
     into the head's fp32 dQ at ``dq_base`` [Nq, D] (rows ``offs_m``; past Nq masked); ``LEAN``: dS^T
-    carries sm_scale, dQ's rows are padded to `ROW_PAD` (no mask, no product)."""
+    carries sm_scale, dQ's rows are padded to `ROW_PAD` (no mask, no product). ``RED = 0``: ``dq_base`` is
+    (the fp32 dQ's tensor map [B Hq, rows, D], the head's index, the staging blocks): the slice goes through
+    warpgroup ``WG``'s staging block [BM, DQ] and leaves by one TMA reduce-add at rows ``row0 +`` (TMA clips
+    the rows past the map's)."""
     for c in gl.static_range(NC):
         part = gl.zeros([BM, DQ], gl.float32, acc_layout)
         for w in gl.static_range(NW):
@@ -235,11 +241,21 @@ def _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, slot, sm_scale, acc_la
                                  is_async=LEAN)
         if LEAN:  # the NW products issued back to back, one wait
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-        ptrs = dq_base + offs_m[:, None] * D + (C0 + c * DQ + offs_d[None, :])  # after the product
-        if LEAN:
-            red_add(ptrs, part, (offs_m == offs_m)[:, None], RED)
+        if RED == 0:  # registers -> this warpgroup's staging block -> one TMA reduce-add
+            stage = dq_base[2].index(WG)
+            tma.store_wait(pendings=0)  # its previous reduce-add has read the block
+            if LEAN:
+                stage.reshape([BM, DQ]).store(part)
+            else:
+                stage.reshape([BM, DQ]).store(part * sm_scale)
+            fence_async_shared()
+            tma_reduce_add(dq_base[0], [dq_base[1], row0, C0 + c * DQ], stage)
         else:
-            red_add(ptrs, part * sm_scale, (offs_m < NQ)[:, None], RED)
+            ptrs = dq_base + offs_m[:, None] * D + (C0 + c * DQ + offs_d[None, :])  # after the product
+            if LEAN:
+                red_add(ptrs, part, (offs_m == offs_m)[:, None], RED)
+            else:
+                red_add(ptrs, part * sm_scale, (offs_m < NQ)[:, None], RED)
 
 
 @gluon.jit
@@ -316,17 +332,17 @@ def _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready, q_
         offs_d = gl.arange(0, DQ, layout=gl.SliceLayout(0, dq_layout))
         if ONEPASS == ONEPASS_WG:  # this warpgroup's keys, every column
             _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG + WG, sm_scale, dq_layout, BM,
-                    BNW, DQ, D, 0, D // DQ, WG, 1, RED, LEAN)
+                    BNW, DQ, D, 0, D // DQ, WG, 1, RED, LEAN, m * BM, WG)
         else:  # every warpgroup's dS^T stored: DQ columns each (D = NWG DQ), or the whole dQ in turns
             gl.thread_barrier()  # this warpgroup's stores (and fences) all done before its arrival
             mbarrier.arrive(ds_bar.index(buf))
             mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)
             if D == NWG * DQ:
                 _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
-                        DQ, D, WG * DQ, 1, 0, NWG, RED, LEAN)
+                        DQ, D, WG * DQ, 1, 0, NWG, RED, LEAN, m * BM, WG)
             elif it % NWG == WG:
                 _add_dq(dq_base, offs_m, offs_d, NQ, ds_smem, k_smem, buf * NWG, sm_scale, dq_layout, BM, BNW,
-                        DQ, D, 0, 1, 0, NWG, RED, LEAN)
+                        DQ, D, 0, 1, 0, NWG, RED, LEAN, m * BM, WG)
     return dk, dv
 
 
@@ -356,7 +372,10 @@ def _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_
         runs = runs + (gl.minimum(gl.maximum(f_hi, runs[1]), end), end)
         it = 0
         for g in range(group):  # GQA: the group's query heads, reduced in registers
-            dq_base = DQACC + (b * H + hk * group + g).to(gl.int64) * gl.cdiv(NQ, ROWS) * (ROWS * D)
+            if RED == 0:  # (tensor map, head, staging blocks): `_add_dq`
+                dq_base = (DQACC[0], b * H + hk * group + g, DQACC[1])
+            else:
+                dq_base = DQACC + (b * H + hk * group + g).to(gl.int64) * gl.cdiv(NQ, ROWS) * (ROWS * D)
             for r in gl.static_range(3 if MODS & WINDOW else 2):
                 for m in range(runs[r], runs[r + 1]):
                     dk, dv = _step(dk, dv, kmat, vmat, q_smem, do_smem, lse_smem, delta_smem, q_ready,
@@ -368,7 +387,10 @@ def _dkdv_tile(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_
         n = end - lo  # query tiles per head, in the producer's order
         for i in range(group * n):  # GQA: the group's query heads, reduced in registers
             m = lo + i % n
-            dq_base = DQACC + (b * H + hk * group + i // n).to(gl.int64) * NQ * D  # the head's dQ [Nq, D]
+            if RED == 0:  # (tensor map, head, staging blocks): `_add_dq`
+                dq_base = (DQACC[0], b * H + hk * group + i // n, DQACC[1])
+            else:
+                dq_base = DQACC + (b * H + hk * group + i // n).to(gl.int64) * NQ * D  # the head's dQ [Nq, D]
             if MODS & WINDOW:  # noqa: SIM108 - a constexpr branch: the plain build keeps one compare
                 masked = (m < f_lo) | (m >= f_hi)
             else:
@@ -420,7 +442,7 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
-    pid_n, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the first keys (`_gluon_order`)
+    pid_n, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the first keys (`_tl.cta_tile`)
     b = pid_bh // HKV
     hk = pid_bh % HKV
     group = H // HKV
@@ -434,15 +456,20 @@ def _attnscope_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, 
     # ds_bar: dS^T 0/1 stored; done (`_step`, `_consumer`)
     smem = dkdv_smem(desc_k, desc_v, desc_q, desc_do, desc_lse, desc_delta, STAGES, NWG, ONEPASS, 3)
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, q_ready, q_empty, ds_smem, ds_bar = smem
+    if ONEPASS and RED == 0:  # DQACC is the fp32 dQ's tensor map: a staging block [1, BM, DQ] per warpgroup
+        dqs = gl.allocate_shared_memory(gl.float32, [NWG, 1, BM, DQ], DQACC.layout)
+        dq_acc = (DQACC, dqs)
+    else:
+        dq_acc = DQACC
 
     gl.static_assert(NWG == 2, "two consumer warpgroups (CONFIGS)")
     gl.warp_specialize(
         [(_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
+                      q_ready, q_empty, ds_smem, ds_bar, dq_acc, b, hk, H, HKV, group, start_n, lo, f_lo,
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 0, CAUSAL, MODS, ONEPASS, DQ,
                       NWG, RED, LEAN)),
          (_consumer, (desc_dk, desc_dv, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                      q_ready, q_empty, ds_smem, ds_bar, DQACC, b, hk, H, HKV, group, start_n, lo, f_lo,
+                      q_ready, q_empty, ds_smem, ds_bar, dq_acc, b, hk, H, HKV, group, start_n, lo, f_lo,
                       f_hi, end, NQ, NK, sc, sm_scale, BM, BNW, D, STAGES, 1, CAUSAL, MODS, ONEPASS, DQ,
                       NWG, RED, LEAN)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
@@ -477,13 +504,24 @@ def _row_layout(bm: int):
     return gl.NVMMASharedLayout.get_default_for([1, 1, bm], gl.float32)  # one row: no swizzle
 
 
-def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdConfig | None = None):
+def _acc_block(cfg: BwdConfig, d: int) -> tuple:
+    """The block of the fp32 dQ's tensor map [B Hq, rows, d] a ``RED = 0`` one-pass build adds by (`_add_dq`),
+    a warpgroup's [BM, DQ] slice, and its shared layout."""
+    block = [1, cfg.BM, min(cfg.DQ, d)]
+    return block, gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+
+
+def signature(d: int, dtype: str, name: str = "dkdv", mods: int = 0, cfg: BwdConfig | None = None,
+              mode: str = "twokernel"):
     """Signature of kernel ``name`` ("dkdv" or "dq") for ``triton.compile`` without a GPU (``dtype``
-    "fp16"/"bf16"): resource reports (bench/sm90_resources.py --kernel bwd)."""
+    "fp16"/"bf16"; ``mode`` as `constexprs`'): resource reports (bench/sm90_resources.py --kernel bwd)."""
     if name == "dkdv":
         bm = (cfg or config(d, name, mods)).BM
         rows = {n: f"tensordesc<fp32[1,1,{bm}],{_row_layout(bm)!r}>" for n in ("desc_lse", "desc_delta")}
-        rows["DQACC"] = "*fp32"
+        cfg = cfg or config(d, name, mods)
+        block, layout = _acc_block(cfg, d)
+        tmap = f"tensordesc<fp32[{','.join(map(str, block))}],{layout!r}>"
+        rows["DQACC"] = tmap if cfg.RED == 0 and MODES[mode] else "*fp32"  # as `constexprs`' RED
         extra = ("ONEPASS", "DQ", "RED", "LEAN")
     else:
         rows = {"LSE2": "*fp32", "DELTA": "*fp32"}
@@ -501,7 +539,8 @@ def constexprs(d: int, causal: bool, name: str = "dkdv", mods: int = 0, mode: st
     windowed call has ``causal`` False, its right bound carrying the diagonal; ``mode``: a `MODES` key, the
     dK/dV kernel's ``ONEPASS``; ``cfg``: another block configuration than `config`'s)."""
     cfg = cfg or config(d, name, mods)
-    extra = ({"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": cfg.RED, "LEAN": cfg.LEAN}
+    red = cfg.RED if cfg.RED or MODES[mode] else 1  # RED = 0 (the tensor map) only for a one-pass build
+    extra = ({"ONEPASS": MODES[mode], "DQ": min(cfg.DQ, d), "RED": red, "LEAN": cfg.LEAN}
              if name == "dkdv" else {"LEAN": cfg.LEAN})
     return {"CAUSAL": causal, "MODS": mods, "STAGES": cfg.STAGES, "NWG": cfg.NWG,
             "CONSUMER_REGS": CONSUMER_REGS, **extra,
@@ -524,12 +563,12 @@ def check_configs(configs) -> dict:
         if name not in KERNELS or not isinstance(cfg, BwdConfig):
             raise ValueError(f"configs: expected {{'dkdv' | 'dq': BwdConfig}}, got {name!r}: {cfg!r}")
         rows = cfg.BN // cfg.NWG if name == "dkdv" else cfg.BM
-        if (cfg.NWG, rows % 64, cfg.BN % 64, cfg.BM % 16, cfg.DQ in (16, 32, 64, 128, 256), cfg.RED in (1, 2),
-                cfg.STAGES >= 1, name == "dq" or ROW_PAD % cfg.BM == 0, cfg.LEAN in (0, 1)) != (2, 0, 0, 0,
-                                                                                             *[True] * 5):
+        ok = (cfg.DQ in (16, 32, 64, 128, 256), cfg.RED in (0, 1, 2), cfg.STAGES >= 1,
+              name == "dq" or ROW_PAD % cfg.BM == 0, cfg.LEAN in (0, 1))
+        if (cfg.NWG, rows % 64, cfg.BN % 64, cfg.BM % 16) != (2, 0, 0, 0) or not all(ok):
             raise NotImplementedError(f"configs[{name!r}] = {cfg}: supported: NWG = 2, dK/dV BN / NWG and dQ "
                                       f"BM multiples of 64, BM of 16, dK/dV BM dividing {ROW_PAD}, DQ 16-256,"
-                                      " RED 1 or 2, LEAN 0 or 1")
+                                      " RED 0, 1 or 2, LEAN 0 or 1")
     return configs
 
 
@@ -576,8 +615,9 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
     grids, constexprs, scalars and descriptor templates worked out once, the kernels launched through
     `_direct.planned_launch` (kernels/bwd.py keeps one per call layout). ``rows``: the two padded per-row
     tensors of ``run.row_terms`` (`padded_rows`; kernels/bwd.py's preprocess writes them). Arguments as
-    `launch`."""
-    B, Hq, Nq, d = q.shape
+    `launch`. A head dim between the built ones runs the builds of its `head_block` (TMA reads zeros past d
+    and clips the stores; the one-pass fp32 dQ is that wide)."""
+    (B, Hq, Nq, d_in), d = q.shape, head_block(q.shape[3])
     Hkv, Nk = k.shape[1], k.shape[2]
     choice("mode", mode, tuple(MODES))
     onepass = MODES[mode] > 0
@@ -617,6 +657,11 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
     row_t = descriptor_over(TensorDescriptor(row, [B, Hq, n_pad], list(row.stride()), [1, 1, cfg.BM],
                                              _row_layout(cfg.BM)), None)
     rows_acc = n_pad if cfg.LEAN else Nq  # the lean build adds unmasked rows up to n_pad
+    acc_t = None
+    if onepass and cfg.RED == 0:  # dQ by TMA reduce-adds: the fp32 dQ's tensor map [B Hq, rows, d]
+        acc = torch.empty((B * Hq, rows_acc, d), dtype=torch.float32, device="meta")
+        acc_t = TensorDescriptor(acc, list(acc.shape), list(acc.stride()), *_acc_block(cfg, d))
+        acc_t = descriptor_over(acc_t, None)
     log2_scale, neg_qk = math.log2(sm_scale), -qk_scale
     dev = q.device
     sms = num_sms(torch, q.device)
@@ -638,10 +683,11 @@ def launcher(q, k, v, do, qk_scale: float, sm_scale: float, causal: bool, mods=N
             return [descriptor_over(t, tensors[n]) for n, t in templates[name]]
         dq_acc = (torch.zeros((B, Hq, rows_acc, d), dtype=torch.float32, device=dev) if onepass
                   else rows[0])
-        done = (dkdv((*descs("dkdv"), *(descriptor_over(row_t, r) for r in rows), dq_acc, *args,
+        acc_arg = dq_acc if acc_t is None else descriptor_over(acc_t, dq_acc.view(B * Hq, rows_acc, d))
+        done = (dkdv((*descs("dkdv"), *(descriptor_over(row_t, r) for r in rows), acc_arg, *args,
                       tails["dkdv"]), True),)
         if onepass:
-            dq.copy_(dq_acc[:, :, :Nq])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
+            dq.copy_(dq_acc[:, :, :Nq, :d_in])  # fp32 -> q's dtype (the kernel added sm_scale dS K)
             return done
         aligned = (lse2.data_ptr() | delta.data_ptr()) % 16 == 0
         return (*done, dq_run((*descs("dq"), lse2, delta, *args, tails["dq"]), aligned))

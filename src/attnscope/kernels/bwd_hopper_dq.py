@@ -18,8 +18,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnscope.kernels._gluon_order import cta_tile
 from attnscope.kernels._gluon_smem import buffers, kv_ring
+from attnscope.kernels._tl import cta_tile
 from attnscope.kernels.fwd_hopper import (
     PRODUCER_REGS,
     SOFTCAP,
@@ -177,7 +177,7 @@ def _attnscope_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LS
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
-    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the last rows (`_gluon_order`)
+    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest, the last rows (`_tl.cta_tile`)
     if CAUSAL:
         start_m = gl.num_programs(0) - 1 - start_m
     b = pid_bh // H

@@ -21,7 +21,8 @@ the final normalisation in base 2 (``m = max(m, sink log2 e)``), so the LSE incl
 Layout: q, o ``[B, Hq, Nq, d]``, k, v ``[B, Hkv, Nk, d]``, any strides with a unit last stride (e.g. a
 transposed ``[B, N, H, d]`` buffer), moved by host-built 4-D TMA tensor descriptors: out-of-bounds rows
 of ragged tiles read as 0 and are not written back. Softmax in base 2 with log2(e) folded into the
-scale (one FMA per score). Causal query tiles launch heaviest first.
+scale (one FMA per score). Causal query tiles launch heaviest first, the last heads interleaved rank by
+rank (`model.tiles.launch_tail`, `_tl.cta_tile`).
 
 Block configurations come from a measured table (`CONFIG_TABLE`), not runtime autotuning: one compile
 per variant, no timing sweep; ``config=FwdConfig(...)`` overrides it. `launch` returns the compiled kernel.
@@ -42,6 +43,7 @@ from attnscope.kernels._common import (
     HOPPER_MAX_SOFTCAP,
     LOG2E,
     MAX_GRID_Y,
+    built_dim,
     check_device,
     check_flags,
     check_head_dim,
@@ -53,15 +55,17 @@ from attnscope.kernels._common import (
     descriptor_over,
     descriptor_template,
     fitting,
+    head_block,
     hopper_unavailable,
     import_torch_triton,
     interpreting,
     kept_allocation,
+    num_sms,
     on_tensor_device,
     smem_per_block,
 )
 from attnscope.model import dispatch
-from attnscope.model.tiles import cdiv
+from attnscope.model.tiles import cdiv, launch_tail
 
 torch, triton = import_torch_triton()  # kernels/ is the optional extra: ImportError names the install command
 Tensor = torch.Tensor
@@ -72,6 +76,7 @@ from attnscope.kernels._direct import planned_launch  # noqa: E402
 from attnscope.kernels._tl import (  # noqa: E402
     _kv_bounds,
     _kv_bounds_window,
+    cta_tile,
     mod_args,
     round_bf16,
     sink_log2,
@@ -133,6 +138,7 @@ def pick_config(d: int, causal: bool, n: int, smem: int | None = None,
     (`smem_per_block`)."""
     if interpreting():
         return INTERPRETER_CONFIG
+    d = built_dim(d, {row[0] for row in CONFIG_TABLE})
     if narrow_window and d in WINDOW_CONFIGS:
         return fitting(WINDOW_CONFIGS[d], SMEM_NEEDS, smem)
     for td, tc, n_max, cfg in CONFIG_TABLE:
@@ -176,20 +182,20 @@ def _attn_tile(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, start_n, qk_scal
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in"])
+@triton.jit(do_not_specialize=["B", "H", "HKV", "NQ", "NK", "qk_scale", "LEFT", "RIGHT", "cap_in", "TAIL"])
 def _attnscope_fwd_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE, SINKS,
-    B, H, HKV, NQ, NK, qk_scale, LEFT, RIGHT, cap_in,
+    B, H, HKV, NQ, NK, qk_scale, LEFT, RIGHT, cap_in, TAIL,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    start_m = pid_m
-    if CAUSAL:
-        start_m = tl.num_programs(0) - 1 - pid_m  # heaviest query tiles first
+    if CAUSAL:  # rank 0 the heaviest query tile, the last heads interleaved (`_tl.cta_tile`)
+        start_m, pid_bh = cta_tile(TAIL)
+        start_m = tl.num_programs(0) - 1 - start_m
+    else:
+        start_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     hk = h // (H // HKV)  # GQA: query heads h share kv head h // group
@@ -272,7 +278,7 @@ def _check_inputs(q, k, v):
     for name, t, what, size in (("q", q, "Nq", Nq), ("k", k, "Nk", Nk), ("q", q, "B >= 1 and Hq", B * Hq)):
         if size == 0:
             raise InputError(f"{name}: expected {what} >= 1, got shape {tuple(t.shape)}")
-    check_head_dim(d)
+    check_head_dim(d, padded=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA: every stride but the last must be a multiple of 16 bytes, and the base 16-byte aligned
         if any((s * t.element_size()) % 16 for s in (*t.stride()[:3], t.storage_offset())):
@@ -332,12 +338,15 @@ def _portable_launcher(q, k, v, o, cfg: FwdConfig, causal: bool, return_lse: boo
     (B, Hq, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
     bm, bn, num_warps, num_stages = cfg
     margs = mod_args(mods, sm_scale, Nq, Nk)
-    # host-built 4-D TMA descriptors (no device scratch, no allocator)
-    descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, d])
+    # host-built 4-D TMA descriptors (no device scratch, no allocator), head_block(d) columns wide: past d
+    # they read zeros (no term of Q K^T or P V) and clip O's store
+    dp = head_block(d)
+    descs = [descriptor_template(TensorDescriptor, t, [1, 1, rows, dp])
              for t, rows in ((q, bm), (k, bn), (v, bn), (o, bm))]
-    scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"])
+    tail = launch_tail(causal and not mods.windowed, cdiv(Nq, bm), B * Hq, num_sms(torch, q.device))
+    scalars = (B, Hq, Hkv, Nq, Nk, margs["qk_scale"], margs["LEFT"], margs["RIGHT"], margs["cap_in"], tail)
     consts = dict(
-        HEAD_DIM=d, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
+        HEAD_DIM=dp, CAUSAL=causal and not mods.windowed,  # a window folds causal in as right = 0
         STORE_LSE=return_lse, BLOCK_M=bm, BLOCK_N=bn,
         MAX_UNSCALED=margs["qk_scale"] > 1.0 and not margs["SOFTCAP"],  # see _attn_tile: huge scales
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16,
@@ -437,7 +446,8 @@ def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sin
         if B * Hq > MAX_GRID_Y:
             _refuse_grid(B, Hq, chosen)
         narrow = mods.windowed and dispatch.portable_window(d, (mods.left, mods.right), Nq, Nk, causal)
-        cfg = cfg or pick_config(d, causal or mods.windowed, max(Nq, Nk), smem_per_block(torch, q), narrow)
+        cfg = cfg or pick_config(head_block(d), causal or mods.windowed, max(Nq, Nk),
+                                 smem_per_block(torch, q), narrow)
         run = _portable_launcher(q, k, v, o, cfg, causal, return_lse, sm_scale, mods)
     return _Plan((B, Hq, Nq, d), o.stride(), (B, Hq, Nq) if return_lse else (1,), q.dtype, q.device, run,
                  torch.empty((1,), dtype=torch.float32, device=q.device))
@@ -589,8 +599,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     o : torch.Tensor, [B, Hq, Nq, d], q's dtype
     lse : torch.Tensor, [B, Hq, Nq], float32 — only when ``return_lse``.
 
-    Supported: d in {64, 128, 256}; fp16 and bf16. Anything else raises NotImplementedError; malformed input
-    raises ValueError naming the argument.
+    Supported: d a multiple of 8 up to 256 (`_common.head_block`: 64, 128 and 256 are built, others run in
+    the next one's tiles); fp16 and bf16. Anything else raises NotImplementedError; malformed input raises
+    ValueError naming the argument.
 
     Example
     -------

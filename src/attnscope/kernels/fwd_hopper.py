@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 from attnscope.kernels._common import descriptor_over, import_torch_triton, num_sms
 from attnscope.kernels._direct import planned_launch
-from attnscope.kernels._gluon_order import cta_tile
 from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
-from attnscope.model.tiles import launch_tail
+from attnscope.kernels._tl import cta_tile
+from attnscope.model.tiles import head_block, launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -93,7 +93,7 @@ class Variant(NamedTuple):
 #: - hopper_wg3_pp (d = 64 only): three consumer warpgroups in ping-pong, 192 query rows per CTA (FA-3's
 #:   d = 64 tile): a K/V tile feeds 1.5x the rows, and three warpgroups hide each other's softmax. A grid
 #:   (tiles, B*H); causal, heaviest tiles first and the last heads interleaved rank by rank
-#:   (`model.tiles.launch_tail`, kernels/_gluon_order.py).
+#:   (`model.tiles.launch_tail`, `_tl.cta_tile`).
 VARIANTS = {
     "hopper_persist": Variant(False, {128: HopperConfig(64, 128, 2), 64: HopperConfig(64, 128, 3)},
                               persistent=True),
@@ -113,8 +113,8 @@ def config(d: int, variant: str = DEFAULT_VARIANT) -> HopperConfig:
 
 
 def supports(variant: str, d: int, causal: bool) -> bool:
-    """Whether ``variant`` is built for head dim ``d`` (either mask)."""
-    return d in VARIANTS[variant].configs
+    """Whether ``variant`` runs head dim ``d`` (either mask): built for it or for its `head_block`."""
+    return head_block(d) in VARIANTS[variant].configs
 
 
 @gluon.jit
@@ -505,7 +505,7 @@ def _attnscope_fwd_hopper_kernel(desc_q, desc_k, desc_v, desc_o, LSE, H, HKV, NQ
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
     sc = (qk_scale, LEFT, RIGHT, cap_in, cap_out, SINKS)  # the scale and the score mods' runtime values
-    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest (`_gluon_order`)
+    start_m, pid_bh = cta_tile(TAIL)  # causal: rank 0 the heaviest (`_tl.cta_tile`)
     if CAUSAL:
         start_m = gl.num_programs(0) - 1 - start_m
     b = pid_bh // H
@@ -631,8 +631,14 @@ def constexprs(d: int, causal: bool, return_lse: bool, variant: str = DEFAULT_VA
 def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, variant: str = DEFAULT_VARIANT,
              mods=None):
     """``run(q, k, v, o, lse, sinks=None)``: `launch` on tensors of these layouts (shapes, strides, dtype),
-    its grid, constexprs, scalars and shared layouts worked out once (kernels/fwd.py keeps one per layout)."""
-    (B, Hq, Nq, d), (Hkv, Nk), cfg = q.shape, k.shape[1:3], config(q.shape[3], variant)
+    its grid, constexprs, scalars and shared layouts worked out once (kernels/fwd.py keeps one per layout). A
+    head dim between the built ones runs the build of its `head_block` (TMA reads zeros past d, clips O)."""
+    (B, Hq, Nq, d_in), (Hkv, Nk), d = q.shape, k.shape[1:3], head_block(q.shape[3])
+    if variant in VARIANTS and d not in VARIANTS[variant].configs:
+        built = sorted(VARIANTS[variant].configs)
+        raise NotImplementedError(f"Hopper variant {variant!r}: head_dim {d_in} is not supported; supported: "
+                                  f"{built} and the multiples of 8 that run in their tiles (`head_block`)")
+    cfg = config(d, variant)
     windowed, softcap = (mods.windowed, mods.softcap) if mods is not None else (False, 0.0)
     flags = mods_flags(windowed, softcap, mods is not None and mods.sinks is not None)
     causal = causal and not windowed  # a window carries the diagonal in its right bound

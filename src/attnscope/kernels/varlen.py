@@ -47,6 +47,7 @@ from attnscope.kernels._common import (
     LOG2E,
     check_flags,
     check_scale,
+    head_block,
     import_torch_triton,
     interpreting,
     on_tensor_device,
@@ -94,7 +95,7 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
                  stride_vn, qk_scale, NQ, NK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
                  MAX_UNSCALED: tl.constexpr, EMULATE_BF16: tl.constexpr, left, right, sc_in, sc_out,
-                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, RAGGED: tl.constexpr):
+                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, RAGGED: tl.constexpr, D: tl.constexpr = 0):
     """One KV tile [start_n, start_n + BLOCK_N) of the online softmax (spec §3.1), FA-2 unnormalised form.
     With TMA the ragged last tile (``RAGGED``, masked) reads rows past the sequence's end (the next
     sequence's, or zeros past the tensor): their scores are replaced by -inf and their V rows by 0 with
@@ -104,14 +105,20 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
     softmax step, with ``MAX_UNSCALED`` for huge scales, is `_tl.softmax_tile` (as
     `attnscope.kernels.fwd._attn_tile`).
     ``SOFTCAP``: scores become ``tanh(s * sc_in) * sc_out`` in log2 units (the launcher passes
-    ``qk_scale = 1``); ``WINDOW``: masked tiles also apply `bwd.window_keep`."""
+    ``qk_scale = 1``); ``WINDOW``: masked tiles also apply `bwd.window_keep`. ``D``: a head dim below
+    its power-of-two tile ``HEAD_DIM`` (0: ``HEAD_DIM`` itself): TMA reads zeros past it, pointers mask it."""
     cols = start_n + offs_n  # [BLOCK_N] key rows of this sequence
     rows64 = cols.to(tl.int64)
     in_seq = cols < NK
+    ODD: tl.constexpr = D != 0 and D != HEAD_DIM
+    d_ok = (tl.arange(0, HEAD_DIM) < D)[None, :]
+    kv_mask = in_seq[:, None] & d_ok if ODD else in_seq[:, None]
     if USE_TMA:
         k = desc_k.load([k0 + start_n, hk, 0]).reshape(BLOCK_N, HEAD_DIM)
     elif MASKED:
-        k = tl.load(k_ptrs + rows64[:, None] * stride_kn, mask=in_seq[:, None], other=0.0)
+        k = tl.load(k_ptrs + rows64[:, None] * stride_kn, mask=kv_mask, other=0.0)
+    elif ODD:
+        k = tl.load(k_ptrs + rows64[:, None] * stride_kn, mask=d_ok, other=0.0)
     else:
         k = tl.load(k_ptrs + rows64[:, None] * stride_kn)
     # [BLOCK_M, BLOCK_N] scores in fp32, never leave the SM
@@ -133,7 +140,9 @@ def _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_
         if RAGGED:
             v = tl.where(in_seq[:, None], v, 0.0)  # rows of the next sequence: 0 * inf would be NaN
     elif MASKED:
-        v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=in_seq[:, None], other=0.0)
+        v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=kv_mask, other=0.0)
+    elif ODD:
+        v = tl.load(v_ptrs + rows64[:, None] * stride_vn, mask=d_ok, other=0.0)
     else:
         v = tl.load(v_ptrs + rows64[:, None] * stride_vn)
     # P goes to the second matmul in the input dtype, as FA-2 and SDPA do
@@ -149,6 +158,7 @@ def _attnscope_varlen_kernel(
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, MAX_UNSCALED: tl.constexpr,
     EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    D: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     w = pid // H  # work item (heaviest first); heads fastest so GQA siblings run together
@@ -169,9 +179,10 @@ def _attnscope_varlen_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < NQ
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
+    rows = row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & (offs_d[None, :] < DIM)
     q_rows = (q0 + offs_m).to(tl.int64)
-    q = tl.load(Q + q_rows[:, None] * stride_qt + h64 * stride_qh + offs_d[None, :], mask=row_ok[:, None],
-                other=0.0)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h64 * stride_qh + offs_d[None, :], mask=rows, other=0.0)
     k_ptrs = K + k0.to(tl.int64) * stride_kt + hk64 * stride_kh + offs_d[None, :]
     v_ptrs = V + k0.to(tl.int64) * stride_vt + hk64 * stride_vh + offs_d[None, :]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain, scaled)
@@ -184,17 +195,17 @@ def _attnscope_varlen_kernel(
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP, True)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, True, DIM)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, False, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP, False)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, False, DIM)
         for start_n in range(full_hi, hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, False, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, True, SOFTCAP, True)
+                                         left, right, sc_in, sc_out, True, SOFTCAP, True, DIM)
     else:
         lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
         whole = tl.maximum(lo, tl.minimum(hi, (NK // BLOCK_N) * BLOCK_N))  # [lo, whole): inside the sequence
@@ -203,19 +214,19 @@ def _attnscope_varlen_kernel(
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, False, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP, False)
+                                         left, right, sc_in, sc_out, False, SOFTCAP, False, DIM)
         # Stage 2: diagonal tiles: masked before the max.
         for start_n in range(lo, whole, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP, False)
+                                         left, right, sc_in, sc_out, False, SOFTCAP, False, DIM)
         # Stage 3: the ragged last tile (at most one; diagonal too when causal): columns past Nk_s masked.
         for start_n in range(whole, hi, BLOCK_N):
             acc, l_i, m_i = _varlen_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, k0, hk, offs_m,
                                          offs_n, start_n, stride_kt, stride_vt, qk_scale, NQ, NK, HEAD_DIM,
                                          BLOCK_N, True, CAUSAL, USE_TMA, MAX_UNSCALED, EMULATE_BF16,
-                                         left, right, sc_in, sc_out, False, SOFTCAP, True)
+                                         left, right, sc_in, sc_out, False, SOFTCAP, True, DIM)
 
     # Epilogue: one division per row; empty rows (no visible key) give 0 and LSE = -inf.
     m_log2 = m_i * qk_scale if MAX_UNSCALED else m_i
@@ -231,7 +242,7 @@ def _attnscope_varlen_kernel(
     if EMULATE_BF16:
         o = round_bf16(o)
     tl.store(O + q_rows[:, None] * stride_ot + h64 * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+             mask=rows)
     if STORE_LSE:
         lse = m_log2 * 0.6931471805599453 + tl.log(l_i)  # natural log; -inf for rows with no key
         tl.store(LSE + h64 * TOTAL_Q + q_rows, lse, mask=row_ok)
@@ -254,8 +265,8 @@ def _tma_builds(d: int, masked: bool) -> bool:
 
 def _desc(t, block_n: int):
     """Host-built TMA descriptor over the whole packed ``[total_k, Hkv, d]`` (a kernel argument: no device
-    scratch, no per-program descriptor set-up), blocks of ``[block_n, 1, d]``."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_n, 1, t.shape[2]])
+    scratch, no per-program descriptor set-up), blocks of ``[block_n, 1, head_block(d)]`` (zeros past d)."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_n, 1, head_block(t.shape[2])])
 
 
 @on_tensor_device(torch)
@@ -277,7 +288,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     kw = mod_args(mods, sm_scale, causal, bounds)
     masked = kw["WINDOW"] or bool(causal)
     if config is None:
-        config = pick_config(d, masked, max(max_seqlen_q, max_seqlen_k), smem_per_block(torch, q))
+        config = pick_config(head_block(d), masked, max(max_seqlen_q, max_seqlen_k), smem_per_block(torch, q))
     block_m, block_n, num_warps, num_stages = config
     B = cu_seqlens_q.shape[0] - 1
     n_items = -(-total_q // block_m) + B  # >= sum_s ceil(Nq_s / BLOCK_M) for any partition of total_q
@@ -289,7 +300,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     if items is not None:
         seq, tile = items
         n_items = seq.shape[0]
-    use_tma = (_tma_ok(k, v) and _tma_builds(d, masked) if tma is None else bool(tma)) and total_k > 0
+    use_tma = (_tma_ok(k, v) and _tma_builds(head_block(d), masked) if tma is None else bool(tma)) \
+        and total_k > 0
     desc_k, desc_v = (_desc(t, block_n) for t in (k, v)) if use_tma else (k, v)  # pointers: placeholders
     qk_scale = 1.0 if mods.softcap else sm_scale * LOG2E  # softcap: scores arrive in log2 units
     _attnscope_varlen_kernel[(n_items * Hq,)](
@@ -297,7 +309,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1),
         Hq, Hkv, total_q, qk_scale, **kw,
-        HEAD_DIM=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_block(d), D=d, STORE_LSE=bool(return_lse), BLOCK_M=block_m, BLOCK_N=block_n,
         USE_TMA=use_tma, MAX_UNSCALED=qk_scale > 1.0,  # see _varlen_tile: huge scales stay NaN-free
         EMULATE_BF16=interpreting() and q.dtype == torch.bfloat16, HAS_SINKS=mods.sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
@@ -390,8 +402,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     o : torch.Tensor, [total_q, Hq, d], q's dtype (contiguous)
     lse : torch.Tensor, [Hq, total_q], float32 — only when ``return_lse``.
 
-    Supported: d in {64, 128, 256}; fp16 and bf16 (NotImplementedError otherwise); malformed input raises
-    ValueError naming the argument.
+    Supported: d a multiple of 8 up to 256 (`_common.head_block`); fp16 and bf16 (NotImplementedError
+    otherwise); malformed input raises ValueError naming the argument.
 
     Example
     -------

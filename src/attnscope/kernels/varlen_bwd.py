@@ -35,6 +35,7 @@ from attnscope.errors import InputError, choice
 from attnscope.kernels._common import (
     LOG2E,
     check_flags,
+    head_block,
     hopper_unavailable,
     import_torch_triton,
     interpreting,
@@ -75,6 +76,7 @@ def _attnscope_varlen_dkdv_kernel(
     H, HKV, TOTAL_Q, qk_scale, sm_scale, left, right, sc_in, sc_out,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    D: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     qk = sc_out if SOFTCAP else qk_scale  # the tiles' log2 scale: softcap * log2(e) under softcap
@@ -88,7 +90,10 @@ def _attnscope_varlen_dkdv_kernel(
     group = H // HKV
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
     col_ok = offs_n[:, None] < NK
+    if DIM != HEAD_DIM:
+        col_ok = col_ok & (offs_d[None, :] < DIM)
     k_rows = (k0 + offs_n).to(tl.int64)
     hk64 = hk.to(tl.int64)
     k = tl.load(K + k_rows[:, None] * stride_kt + hk64 * stride_kh + offs_d[None, :], mask=col_ok, other=0.0)
@@ -111,24 +116,24 @@ def _attnscope_varlen_dkdv_kernel(
         q_base = q064 * stride_qt + h * stride_qh
         do_base = q064 * stride_dot + h * stride_doh
         row_base = h * TOTAL_Q + q064  # LSE, D: [Hq, total_q]
-        dq_base = row_base * HEAD_DIM  # fp32 dQ buffer [Hq, total_q, d]
+        dq_base = row_base * DIM  # fp32 dQ buffer [Hq, total_q, d]
         for start_m in range(lo, full_lo, BLOCK_M):  # masked (diagonal, window edge, ragged K/V tile)
             dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                 stride_qt, stride_dot, start_m, start_n, qk, sm_scale, NQ, NK, left, right,
                                 sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP, ATOMIC_DQ,
-                                EMULATE_BF16)
+                                EMULATE_BF16, DIM)
         for start_m in range(full_lo, full_hi, BLOCK_M):  # every row sees the whole tile: no mask
             dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                 stride_qt, stride_dot, start_m, start_n, qk, sm_scale, NQ, NK, left, right,
                                 sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, SOFTCAP, ATOMIC_DQ,
-                                EMULATE_BF16)
+                                EMULATE_BF16, DIM)
         if WINDOW:
             for start_m in range(full_hi, hi, BLOCK_M):  # the window's far edge: masked
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE2, DELTA, DQ, q_base, do_base, dq_base, row_base,
                                     stride_qt, stride_dot, start_m, start_n, qk, sm_scale, NQ, NK, left,
                                     right, sc_in, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP,
-                                    ATOMIC_DQ, EMULATE_BF16)
-    out = k_rows[:, None] * (HKV * HEAD_DIM) + hk64 * HEAD_DIM + offs_d[None, :]  # [total_k, Hkv, d]
+                                    ATOMIC_DQ, EMULATE_BF16, DIM)
+    out = k_rows[:, None] * (HKV * DIM) + hk64 * DIM + offs_d[None, :]  # [total_k, Hkv, d]
     tl.store(DK + out, _out(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=col_ok)
     tl.store(DV + out, _out(dv, DV.dtype.element_ty, EMULATE_BF16), mask=col_ok)
 
@@ -139,7 +144,7 @@ def _attnscope_varlen_dq_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     H, HKV, TOTAL_Q, qk_scale, sm_scale, left, right, sc_in, sc_out,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     qk = sc_out if SOFTCAP else qk_scale  # the tiles' log2 scale: softcap * log2(e) under softcap
@@ -155,11 +160,11 @@ def _attnscope_varlen_dq_kernel(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the sequence
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < NQ
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D  # the head dim (HEAD_DIM: its power-of-two tile)
+    rows = row_ok[:, None] if DIM == HEAD_DIM else row_ok[:, None] & (offs_d[None, :] < DIM)
     q_rows = (q0 + offs_m).to(tl.int64)
-    q = tl.load(Q + q_rows[:, None] * stride_qt + h64 * stride_qh + offs_d[None, :], mask=row_ok[:, None],
-                other=0.0)
-    do = tl.load(DO + q_rows[:, None] * stride_dot + h64 * stride_doh + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h64 * stride_qh + offs_d[None, :], mask=rows, other=0.0)
+    do = tl.load(DO + q_rows[:, None] * stride_dot + h64 * stride_doh + offs_d[None, :], mask=rows, other=0.0)
     lse2 = tl.load(LSE2 + h64 * TOTAL_Q + q_rows, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + h64 * TOTAL_Q + q_rows, mask=row_ok, other=0.0)
     k_base = k0.to(tl.int64) * stride_kt + hk.to(tl.int64) * stride_kh
@@ -170,45 +175,46 @@ def _attnscope_varlen_dq_kernel(
         for start_n in range(lo, full_lo, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, False, True, SOFTCAP,
-                          EMULATE_BF16)
+                          EMULATE_BF16, DIM)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, False, False, True, SOFTCAP,
-                          EMULATE_BF16)
+                          EMULATE_BF16, DIM)
         for start_n in range(full_hi, hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, False, True, SOFTCAP,
-                          EMULATE_BF16)
+                          EMULATE_BF16, DIM)
     else:
         lo, hi = _kv_bounds(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
         for start_n in range(0, lo, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                          False, SOFTCAP, EMULATE_BF16)
+                          False, SOFTCAP, EMULATE_BF16, DIM)
         for start_n in range(lo, hi, BLOCK_N):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, k_base, v_base, stride_kt, stride_vt, offs_m, start_n,
                           qk, NQ, NK, left, right, sc_in, HEAD_DIM, BLOCK_N, True, CAUSAL,
-                          False, SOFTCAP, EMULATE_BF16)
-    tl.store(DQ + q_rows[:, None] * (H * HEAD_DIM) + h64 * HEAD_DIM + offs_d[None, :],
-             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=row_ok[:, None])
+                          False, SOFTCAP, EMULATE_BF16, DIM)
+    tl.store(DQ + q_rows[:, None] * (H * DIM) + h64 * DIM + offs_d[None, :],
+             _out(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16), mask=rows)
 
 
 # --- the launcher ---------------------------------------------------------------------------------
 
 def pick_impl(impl: str, q, causal: bool, mods, sm_scale: float, bounds=None) -> str:
     """"portable" or "hopper": the dK/dV and dQ kernels of `flash_attention_varlen_backward` (``impl`` as
-    there). "hopper" (kernels/varlen_bwd_hopper.py) needs an sm_90 GPU, head dim 64 or 128, fp16 / bf16, no
-    window or softcap, ``scale * log2(e)`` in `bwd.HOPPER_QK_SCALE`; ``impl="auto"`` takes it where that
-    holds and `model.dispatch.hopper_backward_ok` allows, else the portable kernels; ``impl="hopper"``
-    raises NotImplementedError saying what is supported where it does not hold."""
+    there). "hopper" (kernels/varlen_bwd_hopper.py) needs an sm_90 GPU, head dim 40-128 (the builds of 64 and
+    128, `head_block`), fp16 / bf16, no window or softcap, ``scale * log2(e)`` in `bwd.HOPPER_QK_SCALE`;
+    ``impl="auto"`` takes it where that holds and `model.dispatch.hopper_backward_ok` allows, else the
+    portable kernels; ``impl="hopper"`` raises NotImplementedError saying what is supported where it does
+    not hold."""
     choice("impl", impl, bwd.IMPLS)
     if impl == "portable":
         return "portable"
     d = q.shape[-1]
     qk_scale = sm_scale * LOG2E
     why = hopper_unavailable(torch, q)
-    if why is None and d not in dispatch.HOPPER_BACKWARD_DIMS:
-        why = f"head_dim {d} is not supported; supported: {list(dispatch.HOPPER_BACKWARD_DIMS)}"
+    if why is None and head_block(d) not in dispatch.HOPPER_BACKWARD_DIMS:
+        why = f"head_dim {d} is not supported; supported: 40-128 in steps of 8"
     if why is None and q.dtype not in (torch.float16, torch.bfloat16):
         why = f"dtype {q.dtype} is not supported; supported: torch.float16, torch.bfloat16"
     if why is None and (mods.windowed or mods.softcap > 0 or bounds is not None):
@@ -290,8 +296,8 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     # the packed rows as one batch: [1, Hq, total_q, d] through strides (0, head, row); D - dLSE, LSE2
     _attnscope_bwd_preprocess[(cdiv(total_q, pre_m), Hq)](
         o, do, lse, dl, delta, lse2, delta, delta, 0, o.stride(1), o.stride(0), 0, do.stride(1), do.stride(0),
-        Hq, total_q, total_q, 1.0, 0.0, 1.0, HEAD_DIM=d, BLOCK_M=pre_m, HAS_DLSE=dlse is not None,
-        PADDED=False)
+        Hq, total_q, total_q, 1.0, 0.0, 1.0, HEAD_DIM=head_block(d), BLOCK_M=pre_m, HAS_DLSE=dlse is not None,
+        PADDED=False, D=d)
     if mods.sinks is not None:  # dsinks[h] = -sum_rows exp(sink_h - LSE) (D - dLSE)
         dsinks = -(sink_weight(torch, mods.sinks[:, None], lse) * delta).sum(1)
     qk_scale = sm_scale * LOG2E
@@ -311,7 +317,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
     atomic = not deterministic
-    (bm, bn, warps, stages), (qm, qn, q_warps, q_stages) = bwd_configs(d, q, atomic)
+    (bm, bn, warps, stages), (qm, qn, q_warps, q_stages) = bwd_configs(head_block(d), q, atomic)
     n_kv = cdiv(total_k, bn) + B  # >= sum_s ceil(Nk_s / BLOCK_N) for any partition of total_k
     n_q = cdiv(total_q, qm) + B
     masked = mod_kw["WINDOW"] or bool(causal)
@@ -323,16 +329,16 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     if total_k > 0:
         _attnscope_varlen_dkdv_kernel[(n_kv * Hkv,)](
             q, k, v, do, lse2, delta, dk, dv, dq_acc, cu_q, cu_k, seq, tile, *strides,
-            Hq, Hkv, total_q, qk_scale, sm_scale, **mod_kw, HEAD_DIM=d, ATOMIC_DQ=atomic, BLOCK_M=bm,
-            BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps, num_stages=stages)
+            Hq, Hkv, total_q, qk_scale, sm_scale, **mod_kw, HEAD_DIM=head_block(d), D=d, ATOMIC_DQ=atomic,
+            BLOCK_M=bm, BLOCK_N=bn, EMULATE_BF16=emulate, num_warps=warps, num_stages=stages)
     if atomic:
         return dq_acc.transpose(0, 1).to(dt).contiguous(), dk, dv, dsinks
     dq = torch.empty((total_q, Hq, d), dtype=dt, device=dev)
     seq, tile = items[1]
     _attnscope_varlen_dq_kernel[(n_q * Hq,)](
         q, k, v, do, lse2, delta, dq, cu_q, cu_k, seq, tile, *strides, Hq, Hkv, total_q, qk_scale, sm_scale,
-        **mod_kw, HEAD_DIM=d, BLOCK_M=qm, BLOCK_N=qn, EMULATE_BF16=emulate, num_warps=q_warps,
-        num_stages=q_stages)
+        **mod_kw, HEAD_DIM=head_block(d), D=d, BLOCK_M=qm, BLOCK_N=qn, EMULATE_BF16=emulate,
+        num_warps=q_warps, num_stages=q_stages)
     return dq, dk, dv, dsinks
 
 

@@ -23,11 +23,12 @@ Both kernels run the plain build (`bwd_hopper.config` without a dtype), never th
 (`bwd_hopper.LEAN_CONFIGS`): the lean step needs the masked and whole tiles in separate runs, rows of
 log2(scale) - LSE2 and -Delta and a lean dQ kernel, none of which this path has.
 Both grids are (work item, head) and launch the last heads interleaved item by item
-(`model.tiles.launch_tail`, kernels/_gluon_order.py), the lists' heaviest items first. No atomics: the
+(`model.tiles.launch_tail`, `_tl.cta_tile`), the lists' heaviest items first. No atomics: the
 gradients are bitwise reproducible run to run. Causal is bottom-right per sequence. No score mods on this path
 (window and softcap run the portable kernels of kernels/varlen_bwd.py; sinks need nothing here). Layout: q, dO
 [total_q, Hq, d], k, v [total_k, Hkv, d] viewed as [1, H, total, d] for 4-D TMA descriptors; dq, dk, dv
-contiguous.
+contiguous. A head dim between the builds' (40-120) runs the build of its `head_block`: TMA reads zeros past
+d and clips the stores, the ragged tiles' pointer stores take d's row stride and column bound (``DT``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import functools
 
 from attnscope.kernels._common import import_torch_triton, num_sms
-from attnscope.model.tiles import cdiv, launch_tail
+from attnscope.model.tiles import cdiv, head_block, launch_tail
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -47,8 +48,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from attnscope.kernels._gluon_order import cta_tile  # noqa: E402
 from attnscope.kernels._gluon_smem import buffers, dkdv_smem, kv_ring, load_kv  # noqa: E402
+from attnscope.kernels._tl import cta_tile  # noqa: E402
 from attnscope.kernels.bwd_hopper import (  # noqa: E402
     CONSUMER_REGS,
     ROW_PAD,
@@ -95,7 +96,7 @@ def _seq(CU_Q, CU_K, WORK_SEQ, w):
 def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
               q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
               BM: gl.constexpr, BNW: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              CAUSAL: gl.constexpr, DT: gl.constexpr):
     """Warpgroup WG's keys ``[start_n + WG BNW, + BNW)`` of the sequence: `bwd_hopper._dkdv_tile` (plain
     build, two kernels: no one-pass dQ), then dK x sm_scale and dV stored inside the sequence only."""
     acc_layout: gl.constexpr = wgmma_layout(D)  # dK, dV [BNW, D]
@@ -114,8 +115,8 @@ def _consumer(desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_sme
     else:  # the ragged tile: the keys past Nk are the next sequence's rows, never written
         rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-        off = (k0 + rows).to(gl.int64)[:, None] * (HKV * D) + (hk * D + cols)[None, :]  # [total_k, Hkv, d]
-        ok = (rows[:, None] < NK) & (cols[None, :] < D)
+        off = (k0 + rows).to(gl.int64)[:, None] * (HKV * DT) + (hk * DT + cols)[None, :]  # [total_k, Hkv, DT]
+        ok = (rows[:, None] < NK) & (cols[None, :] < DT)
         gl.store(DK + off, dk.to(DK.dtype.element_ty), mask=ok)
         gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
 
@@ -125,13 +126,14 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
                                              desc_dv, DK, DV, CU_Q, CU_K, WORK_SEQ, WORK_TILE, ROW0, H, HKV,
                                              qk_scale, sm_scale, TAIL, CAUSAL: gl.constexpr,
                                              STAGES: gl.constexpr, NWG: gl.constexpr,
-                                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                             CONSUMER_REGS: gl.constexpr, DT: gl.constexpr,
+                                             num_warps: gl.constexpr):
     """dK, dV of ``NWG x BNW`` keys of one (sequence, kv head) per CTA: program (work item, kv head).
     ``ROW0``: `row_starts`, each sequence's first row in the padded copies ``desc_lse`` / ``desc_delta``."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BNW: gl.constexpr = desc_k.block_type.shape[2]  # keys per consumer warpgroup
     D: gl.constexpr = desc_q.block_type.shape[3]
-    w, hk = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_gluon_order`)
+    w, hk = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_tl.cta_tile`)
     s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
     group = H // HKV
     start_n = gl.load(WORK_TILE + w) * (NWG * BNW)  # keys within the sequence
@@ -146,10 +148,10 @@ def _attnscope_varlen_bwd_hopper_dkdv_kernel(desc_q, desc_k, desc_v, desc_do, de
     gl.warp_specialize(
         [(_consumer, (desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
                       q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
-                      BM, BNW, D, STAGES, 0, CAUSAL)),
+                      BM, BNW, D, STAGES, 0, CAUSAL, DT)),
          (_consumer, (desc_dk, desc_dv, DK, DV, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
                       q_ready, q_empty, hk, HKV, group, start_n, k0, lo, f_lo, end, NQ, NK, sc, sm_scale,
-                      BM, BNW, D, STAGES, 1, CAUSAL)),
+                      BM, BNW, D, STAGES, 1, CAUSAL, DT)),
          (_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                       lse_smem, delta_smem, kv_bar, q_ready, q_empty, 0, hk, group, k0 + start_n, q0, row_pad,
                       lo, end, BM, BNW, STAGES, NWG))],
@@ -176,7 +178,7 @@ def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_sme
 def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready, v_ready,
                  k_empty, v_empty, h, H, TOTAL_Q, q0, row0_cta, n_tiles, NQ, NK, sc, sm_scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-                 CAUSAL: gl.constexpr):
+                 CAUSAL: gl.constexpr, DT: gl.constexpr):
     """Warpgroup WG's rows ``[row0_cta + WG BM, + BM)`` of the sequence: `bwd_hopper_dq._dq_tile` (plain
     build), LSE2 / Delta from the packed [Hq, total_q] rows; dQ stored inside the sequence only."""
     acc_layout: gl.constexpr = wgmma_layout(D)  # dQ [BM, D]
@@ -192,21 +194,21 @@ def _dq_consumer(desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_ba
     else:  # the ragged tile: the rows past Nq are the next sequence's, never written
         rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-        off = (q0 + rows).to(gl.int64)[:, None] * (H * D) + (h * D + cols)[None, :]  # [total_q, Hq, d]
-        gl.store(DQ + off, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < NQ) & (cols[None, :] < D))
+        off = (q0 + rows).to(gl.int64)[:, None] * (H * DT) + (h * DT + cols)[None, :]  # [total_q, Hq, DT]
+        gl.store(DQ + off, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < NQ) & (cols[None, :] < DT))
 
 
 @gluon.jit(do_not_specialize=["H", "HKV", "TOTAL_Q", "qk_scale", "sm_scale", "TAIL"])
 def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, DQ, LSE2, DELTA, CU_Q,
                                            CU_K, WORK_SEQ, WORK_TILE, H, HKV, TOTAL_Q, qk_scale, sm_scale,
                                            TAIL, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                           NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                           NWG: gl.constexpr, CONSUMER_REGS: gl.constexpr, DT: gl.constexpr,
                                            num_warps: gl.constexpr):
     """dQ of ``NWG x BM`` query rows of one (sequence, query head) per CTA: program (work item, head)."""
     BM: gl.constexpr = desc_q.block_type.shape[2]
     BN: gl.constexpr = desc_k.block_type.shape[2]
     D: gl.constexpr = desc_q.block_type.shape[3]
-    w, h = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_gluon_order`)
+    w, h = cta_tile(TAIL)  # the list's heaviest items first, the last heads interleaved (`_tl.cta_tile`)
     s, q0, NQ, k0, NK = _seq(CU_Q, CU_K, WORK_SEQ, w)
     hk = h // (H // HKV)
     row0 = gl.load(WORK_TILE + w) * (NWG * BM)  # rows within the sequence
@@ -222,10 +224,10 @@ def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc
     gl.warp_specialize(
         [(_dq_consumer, (desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
                          v_ready, k_empty, v_empty, h, H, TOTAL_Q, q0, row0, n_tiles, NQ, NK, sc, sm_scale,
-                         BM, BN, D, STAGES, 0, CAUSAL)),
+                         BM, BN, D, STAGES, 0, CAUSAL, DT)),
          (_dq_consumer, (desc_dq, DQ, LSE2, DELTA, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar, k_ready,
                          v_ready, k_empty, v_empty, h, H, TOTAL_Q, q0, row0, n_tiles, NQ, NK, sc, sm_scale,
-                         BM, BN, D, STAGES, 1, CAUSAL)),
+                         BM, BN, D, STAGES, 1, CAUSAL, DT)),
          (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_smem, v_smem, q_bar, do_bar,
                          k_ready, v_ready, k_empty, v_empty, h, hk, q0 + row0, k0, n_tiles, BM, BN, STAGES,
                          NWG))],
@@ -236,7 +238,7 @@ def _attnscope_varlen_bwd_hopper_dq_kernel(desc_q, desc_k, desc_v, desc_do, desc
 def tiles(d: int) -> dict:
     """Rows of one work item's tile per kernel for head dim ``d``: {"dkdv": keys, "dq": query rows}: the
     ``tile`` of `varlen_plan.plan`'s lists."""
-    kv, dq = config(d, "dkdv"), config(d, "dq")
+    kv, dq = config(head_block(d), "dkdv"), config(head_block(d), "dq")
     return {"dkdv": kv.BN, "dq": dq.NWG * dq.BM}
 
 
@@ -288,10 +290,11 @@ def _descs(tensors: dict, blocks: dict, d: int) -> list:
 
 
 def constexprs(d: int, causal: bool, name: str) -> dict:
-    """The constexpr arguments of kernel ``name`` ("dkdv" or "dq") for head dim ``d``."""
-    cfg = config(d, name)
+    """The constexpr arguments of kernel ``name`` ("dkdv" or "dq") for head dim ``d``: the build of its
+    `head_block` (``DT``: ``d`` itself, the row stride and column bound of the ragged tiles' stores)."""
+    cfg = config(head_block(d), name)
     return {"CAUSAL": bool(causal), "STAGES": cfg.STAGES, "NWG": cfg.NWG, "CONSUMER_REGS": CONSUMER_REGS,
-            "num_warps": NUM_WARPS}
+            "DT": d, "num_warps": NUM_WARPS}
 
 
 def kernel(name: str):
@@ -302,8 +305,8 @@ def kernel(name: str):
 
 def signature(d: int, dtype: str, name: str = "dkdv") -> dict:
     """Signature of kernel ``name`` for ``triton.compile`` without a GPU (``dtype`` "fp16"/"bf16")."""
-    cfg = config(d, name)
-    ds = functools.partial(desc_type, dtype, d=d)
+    cfg = config(head_block(d), name)
+    ds = functools.partial(desc_type, dtype, d=head_block(d))
     ptrs = {n: "*i32" for n in ("CU_Q", "CU_K", "WORK_SEQ", "WORK_TILE")}
     if name == "dkdv":
         bnw = cfg.BN // cfg.NWG
@@ -328,8 +331,8 @@ def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: fl
     (minus dLSE), contiguous float32 [Hq, total_q]; ``cu_q``, ``cu_k``: the sanitised cu_seqlens and
     ``items`` the two (seq, tile) lists of `varlen_plan.plan` on `work_lists`. Returns the two compiled
     kernels."""
-    total_q, Hq, d = q.shape
-    total_k, Hkv = k.shape[0], k.shape[1]
+    total_q, Hq, d_in = q.shape
+    total_k, Hkv, d = k.shape[0], k.shape[1], head_block(d_in)  # the build's: TMA reads zeros past d_in
     assert all(t.is_contiguous() for t in (dq, dk, dv, lse2, delta)), "dq, dk, dv, lse2, delta: contiguous"
     views = {"desc_q": _view(_tma_ready(q)), "desc_k": _view(_tma_ready(k)), "desc_v": _view(_tma_ready(v)),
              "desc_do": _view(_tma_ready(do)), "desc_dk": _view(dk), "desc_dv": _view(dv),
@@ -354,10 +357,10 @@ def launch(q, k, v, do, lse2, delta, cu_q, cu_k, items, dq, dk, dv, qk_scale: fl
     tail_kv = launch_tail(True, seq_kv.shape[0], Hkv, sms)
     dkdv = _attnscope_varlen_bwd_hopper_dkdv_kernel[(seq_kv.shape[0], Hkv)](
         *descs, *rows, *outs, dk, dv, cu_q, cu_k, seq_kv, tile_kv, starts, Hq, Hkv, qk_scale, sm_scale,
-        tail_kv, **constexprs(d, causal, "dkdv"))
+        tail_kv, **constexprs(d_in, causal, "dkdv"))
     descs = _descs(views, {"desc_q": qc.BM, "desc_k": qc.BN, "desc_v": qc.BN, "desc_do": qc.BM,
                            "desc_dq": qc.BM}, d)
     dq_k = _attnscope_varlen_bwd_hopper_dq_kernel[(seq_q.shape[0], Hq)](
         *descs, dq, lse2, delta, cu_q, cu_k, seq_q, tile_q, Hq, Hkv, total_q, qk_scale, sm_scale,
-        launch_tail(True, seq_q.shape[0], Hq, sms), **constexprs(d, causal, "dq"))
+        launch_tail(True, seq_q.shape[0], Hq, sms), **constexprs(d_in, causal, "dq"))
     return dkdv, dq_k

@@ -54,7 +54,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if Hq == 0 or Hkv == 0 or Hq % Hkv != 0:
         raise InputError(f"q: expected the number of query heads ({Hq}) to be a positive multiple of the "
                          f"kv heads ({Hkv})")
-    check_head_dim(d)
+    check_head_dim(d, padded=True)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not (is_int(value) and value >= 0):
             raise InputError(f"{name}: expected a non-negative int, got {value!r}")

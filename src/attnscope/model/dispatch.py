@@ -27,6 +27,10 @@ lean 0.88-1.03 unmasked, 0.94-0.97 causal (plain 0.88-1.00, 0.92-0.94); two-kern
 0.96-0.98 (plain 0.86-0.95, 0.87-0.90). The packed backward (kernels/varlen_bwd_hopper.py) runs the plain
 build: its dK/dV kernel's rows and loop are the plain step's.
 
+A head dim between the built ones (a multiple of 8: 40, 80, 96, ...) runs the kernels of the next power of
+two (`model.tiles.head_block`: 40-56 the d = 64 builds, 72-120 the d = 128 ones; TMA reads zeros past d and
+clips the stores), so every rule here reads that width; smaller ones (8-32) run the portable kernels.
+
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), the waves of 192-row tiles on the SMs and the rows those tiles pad
 beyond 128-row tiles, and a sliding window's width (`WINDOW_PORTABLE_KEYS`). It is the same
@@ -44,7 +48,7 @@ from __future__ import annotations
 import math
 
 from attnscope.errors import MAX_DIM, choice, expect, is_int, positive_int
-from attnscope.model.tiles import Grid, hides_keys
+from attnscope.model.tiles import Grid, head_block, hides_keys
 
 #: The Gluon variants kernels/fwd_hopper.py builds (its ``VARIANTS`` keys); the first is the default.
 VARIANTS = ("hopper_persist", "hopper_wg3_pp")
@@ -114,7 +118,8 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
 
     Parameters
     ----------
-    d: head dim (the variants are built for 64 and 128; any other: None); causal: the mask; batch,
+    d: head dim (the variants are built for 64 and 128, which also run the head dims whose `head_block`
+    that is; any other: None); causal: the mask; batch,
     q_heads, kv_heads, nq, nk: the call's ``[batch, q_heads, nq, d]`` queries and
     ``[batch, kv_heads, nk, d]`` keys; sms: SMs of the GPU; window: the effective ``(left, right)`` of a
     sliding window (`model.tiles.normalize_window`; -1 unbounded), which bounds the keys a row visits by
@@ -125,6 +130,7 @@ def hopper_variant(d: int, causal: bool, batch: int, q_heads: int, kv_heads: int
                     ("nk", nk), ("sms", sms)):
         positive_int(name, v)
     expect(q_heads % kv_heads == 0, "kv_heads", f"a divisor of q_heads = {q_heads}", kv_heads)
+    d = head_block(d)
     if portable_window(d, window, nq, nk, causal):
         return None
     if d == 128:
@@ -153,6 +159,7 @@ def portable_window(d: int, window: tuple[int, int] | None, nq: int, nk: int, ca
     64 x 64 tiles: it hides some key the mask alone would show, and leaves at most `WINDOW_PORTABLE_KEYS`
     keys a row on average (`window_mean_keys`; sm_90's ``impl="auto"`` then runs it, and the portable kernel
     takes kernels/fwd.py ``WINDOW_CONFIGS``' tiles on any GPU)."""
+    d = head_block(d)
     if window is None or (window[0] < 0 and window[1] < 0) or d not in WINDOW_PORTABLE_KEYS:
         return False
     return hides_keys(nq, nk, causal, window) and window_mean_keys(nq, nk, causal, window) <= \
@@ -165,11 +172,11 @@ HOPPER_BACKWARD_DIMS = (64, 128)
 
 def hopper_backward_ok(d: int, causal: bool) -> bool:
     """Whether ``impl="auto"`` runs the Gluon Hopper dK/dV and dQ kernels on an sm_90 GPU for this call: head
-    dim ``d`` built (64, 128), either mask, any score mod (module docstring). ``d`` a positive integer,
-    ``causal`` a bool, else `InputError` naming the argument."""
+    dim ``d`` built (64, 128) or run in their tiles (`head_block`), either mask, any score mod (module
+    docstring). ``d`` a positive integer, ``causal`` a bool, else `InputError` naming the argument."""
     positive_int("d", d)
     expect(isinstance(causal, bool), "causal", "True or False", causal)
-    return d in HOPPER_BACKWARD_DIMS
+    return head_block(d) in HOPPER_BACKWARD_DIMS
 
 
 #: Rows the Hopper backward pads its per-row fp32 copies to (kernels/bwd_hopper.py ``ROW_PAD``): the dK/dV
@@ -184,10 +191,10 @@ HOPPER_LEAN_MIN_FP16_SCALE = 2.0**-4
 
 def hopper_backward_lean(d: int, dtype: str, scale: float | None = None, softcap: float = 0.0) -> bool:
     """Whether the Hopper backward runs its lean build (module docstring) for head dim ``d``, ``dtype``
-    ("fp16" or "bf16"), softmax ``scale`` (None: ``1 / sqrt(d)``) and ``softcap`` (0: none): ``d`` in
-    `HOPPER_LEAN_DIMS`, no softcap, and in fp16 a scale of at least `HOPPER_LEAN_MIN_FP16_SCALE`. Both
-    modes (the one-pass and the two-kernel build) take the same answer. Bad arguments raise `InputError`
-    naming them."""
+    ("fp16" or "bf16"), softmax ``scale`` (None: ``1 / sqrt(d)``) and ``softcap`` (0: none): ``d`` (its
+    `head_block`) in `HOPPER_LEAN_DIMS`, no softcap, and in fp16 a scale of at least
+    `HOPPER_LEAN_MIN_FP16_SCALE`. Both modes (the one-pass and the two-kernel build) take the same answer. Bad
+    arguments raise `InputError` naming them."""
     positive_int("d", d)
     choice("dtype", dtype, ("fp16", "bf16"))
     sm_scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -195,6 +202,6 @@ def hopper_backward_lean(d: int, dtype: str, scale: float | None = None, softcap
            and sm_scale > 0, "scale", "None or a positive finite number", scale)
     expect(isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0, "softcap",
            "a number >= 0", softcap)
-    if d not in HOPPER_LEAN_DIMS or softcap > 0:
+    if head_block(d) not in HOPPER_LEAN_DIMS or softcap > 0:
         return False
     return dtype == "bf16" or sm_scale >= HOPPER_LEAN_MIN_FP16_SCALE

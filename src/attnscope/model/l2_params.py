@@ -46,7 +46,8 @@ ATTNSCOPE_FRAME = {key: (st // 2, st // 2) for key, st in ATTNSCOPE_STACK.items(
 #: both blocks) picks another, smaller-framed kernel. efficient: CUTLASS mem-eff 64 x 128, grid (m_blocks,
 #: h, b). cudnn: sm90 flash fprop wgmma, a persistent grid of one CTA per SM (ncu); 128-row tiles in
 #: (m, h, b) order assumed. attnscope: the portable kernel (kernels/fwd.py CONFIG_TABLE), grid (T_r, B*H),
-#: heads fastest; causal tiles heaviest first, each walking K/V forwards to its diagonal. CTAs per SM: ncu's
+#: heads fastest; causal tiles heaviest first, each walking K/V forwards to its diagonal (the last
+#: `tiles.launch_tail` heads interleaved, not modelled). CTAs per SM: ncu's
 #: occupancy section on the H200 (bench/gpu/bytes.sh).
 KERNELS = {
     "flash": {128: Kernel(128, 64, 2, "bh", True, True, frame=FA2_FRAME[128, False]),

@@ -328,6 +328,14 @@ class TileSchedule:
         return asdict(self) | {"rows": list(self.rows), "row_classes": classes}
 
 
+def head_block(d: int) -> int:
+    """The head-dim width of the kernels' tiles for head dim ``d``: the next power of two (``d`` itself for
+    64, 128, 256), at least 16 (a tensor-core dot's smallest reduction). A head dim between runs in those
+    tiles, its columns past ``d`` zeros (TMA reads zeros past the tensor and clips the stores; pointer
+    accesses are masked)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
 def causal_kv_bounds0(start_m: int, nq: int, nk: int, block_q: int, block_kv: int) -> tuple[int, int]:
     """0-based twin of `Grid.kv_bounds` in element units, as a kernel computes it in-kernel (tests hold the
     two against each other): for the query tile at row ``start_m * block_q``, columns ``[0, lo)`` need no
@@ -445,7 +453,8 @@ TAIL_WAVES = 4
 
 
 def launch_tail(causal: bool, blocks: int, heads: int, sms: int) -> int:
-    """How many heads end the one-CTA-per-tile Gluon kernels' launch order interleaved (`launch_tile`).
+    """How many heads end the one-CTA-per-tile kernels' launch order interleaved (`launch_tile`; the Gluon
+    kernels and the portable forward).
     Causal, a head's ``blocks`` tiles cost 1 to ``blocks`` units and start heaviest first; in the grid's
     order the last head's heaviest tile starts when little work is left and runs alone at the end. The last
     ``ceil(TAIL_WAVES sms / blocks)`` heads (all when fewer) go rank by rank instead, longest processing
@@ -462,7 +471,7 @@ def launch_tile(pid: int, blocks: int, heads: int, tail: int) -> tuple[int, int]
     """(rank, head) of the CTA launched ``pid``-th (0-based; the hardware starts a 2-D grid's CTAs x
     fastest) in a grid of ``blocks`` x ``heads``: the first ``heads - tail`` heads in the grid's order (a
     head's ranks in turn), then the last ``tail`` heads rank by rank (`launch_tail`); ``tail`` 1 is the
-    grid's own order, ``tail`` = ``heads`` all heads rank by rank. The kernels (kernels/_gluon_order.py)
+    grid's own order, ``tail`` = ``heads`` all heads rank by rank. The kernels (kernels/_tl.py `cta_tile`)
     map rank 0 to their heaviest tile: a query tile counted from the end, a K/V tile from the start."""
     for name, value in (("blocks", blocks), ("heads", heads), ("tail", tail)):
         positive_int(name, value)

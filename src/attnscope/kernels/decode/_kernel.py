@@ -173,6 +173,7 @@ def _attnscope_decode_split_kernel(
     HAS_SINKS: tl.constexpr = False,  # SINKS fp32 [Hq]: one logit per query head joins the denominator
     HAS_STARTS: tl.constexpr = False,  # dense: STARTS int32 [B], sequence b's keys are [STARTS[b], seqlen)
     PAGE_PRECHECK: tl.constexpr = False,  # PAGED: entries checked once per split (`_checked_split_end`)
+    D: tl.constexpr = 0,  # the head dim when below its power-of-two tile HEAD_DIM (0: HEAD_DIM itself)
 ):
     # attnscope's own buffers are contiguous, so their offsets are computed: O_PART [R, S, d] and
     # LSE_PART [R, S] fp32, O [R, d], LSE [R] with R = B * Hq * Nq rows in (b, head, query) order.
@@ -205,6 +206,9 @@ def _attnscope_decode_split_kernel(
 
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows r = i * G + g
     offs_d = tl.arange(0, HEAD_DIM)
+    DIM: tl.constexpr = HEAD_DIM if D == 0 else D
+    ODD: tl.constexpr = DIM != HEAD_DIM  # columns past DIM: loads read 0, stores skip them
+    d_row = offs_d[None, :] < DIM
     offs_n = tl.arange(0, BLOCK_N)
     qi = offs_m // GROUP  # query index in 0 .. Nq - 1
     q_heads = h_kv * GROUP + offs_m % GROUP  # query head
@@ -245,10 +249,12 @@ def _attnscope_decode_split_kernel(
         offs_r = tl.arange(0, ROWS)  # the GROUP query heads of the one query, then pad rows (0)
         r_heads = h_kv * GROUP + offs_r % GROUP
         q = tl.load(Q + b * stride_qb + r_heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_r < GROUP)[:, None], other=0.0)  # [ROWS, d]
+                    mask=(offs_r < GROUP)[:, None] & d_row if ODD else (offs_r < GROUP)[:, None],
+                    other=0.0)  # [ROWS, d]
     else:
         q = tl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + qi[:, None] * stride_qn
-                    + offs_d[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, d]; pad rows 0
+                    + offs_d[None, :], mask=m_mask[:, None] & d_row if ODD else m_mask[:, None],
+                    other=0.0)  # [BLOCK_M, d]; pad rows 0
     if not USE_DOT:
         q = q.to(tl.float32)
         if not MAX_UNSCALED:
@@ -306,7 +312,8 @@ def _attnscope_decode_split_kernel(
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
             v_off = page * stride_vb + slot * stride_vn
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=d_row if ODD else None,
+                        other=0.0 if ODD else None)
         elif PAGED:
             if BLOCK_N <= PAGE_SIZE:
                 # inside one page (BLOCK_N divides PAGE_SIZE): one index, then contiguous rows
@@ -329,7 +336,8 @@ def _attnscope_decode_split_kernel(
                 page, slot = page.to(tl.int64), slot.to(tl.int64)
             k_off = page * stride_kb + slot * stride_kn
             v_off = page * stride_vb + slot * stride_vn
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :],
+                        mask=n_mask[:, None] & d_row if ODD else n_mask[:, None], other=0.0)
         else:
             # Dense: rows past the range load the last key in it instead of a masked load. Every load is
             # a real key (finite V, so P = 0 there adds exactly 0) and the copies need no per-row
@@ -338,7 +346,8 @@ def _attnscope_decode_split_kernel(
             key = rows_c if OFF32 else rows_c.to(tl.int64)
             k_off = key * stride_kn
             v_off = key * stride_vn
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=d_row if ODD else None,
+                        other=0.0 if ODD else None)
         if KEYS_AS_ROWS:
             # K is the row-major A operand of S^T: Triton converts it after loading the e4m3 bytes in the
             # MMA operand layout (ldmatrix), no fp16 round trip through shared memory; exact
@@ -407,9 +416,11 @@ def _attnscope_decode_split_kernel(
             v = _e4m3_words_to_f16(w, FP8_ASM)
         else:
             if MASKED:
-                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :],
+                            mask=n_mask[:, None] & d_row if ODD else n_mask[:, None], other=0.0)
             else:
-                v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+                v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=d_row if ODD else None,
+                            other=0.0 if ODD else None)
             if FP8_F16QK:
                 v = _e4m3_to_f16_opaque(v, FP8_ASM)
             elif FP8:
@@ -481,16 +492,16 @@ def _attnscope_decode_split_kernel(
                 o_f, lse_f = lse_merge_finish(mm, ll, aa)  # [MERGE_M, d], [MERGE_M] base 2
                 if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
                     o_f = round_bf16(o_f)
-                tl.store(O + rows_m[:, None] * HEAD_DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
-                         mask=mm_mask[:, None])
+                tl.store(O + rows_m[:, None] * DIM + offs_d[None, :], o_f.to(O.dtype.element_ty),
+                         mask=mm_mask[:, None] & d_row if ODD else mm_mask[:, None])
                 if WRITE_LSE:
                     tl.store(LSE + rows_m, lse_f * LN2, mask=mm_mask)  # natural log
                 tl.atomic_xchg(SEM + pid, 0)  # ready for the next launch
     else:
         if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
             o = round_bf16(o)
-        tl.store(O + out_rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
-                 mask=m_mask[:, None])
+        tl.store(O + out_rows[:, None] * DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=m_mask[:, None] & d_row if ODD else m_mask[:, None])
         if WRITE_LSE:
             tl.store(LSE + out_rows, lse2 * LN2, mask=m_mask)  # natural log
 
@@ -503,8 +514,9 @@ def _attnscope_decode_combine_kernel(
     BLOCK_S: tl.constexpr,  # splits merged per iteration
     EMULATE_BF16: tl.constexpr,
     HAS_SINKS: tl.constexpr = False,
+    D: tl.constexpr = 0,  # the head dim when below its power-of-two tile HEAD_DIM (0: HEAD_DIM itself)
 ):
-    # O_PART [R, S, d], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
+    # O_PART [R, S, HEAD_DIM], LSE_PART [R, S] (base 2), O [R, d], LSE [R] (natural log), all contiguous
     row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -531,7 +543,10 @@ def _attnscope_decode_combine_kernel(
     o, lse2 = lse_merge_finish(m_i, l_i, acc)  # [d], base-2 scalar; 0, -inf when every split is empty
     if EMULATE_BF16:  # round to nearest even first: the interpreter's cast truncates
         o = round_bf16(o)
-    tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
+    if D == 0 or D == HEAD_DIM:
+        tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty))
+    else:
+        tl.store(O + row * D + offs_d, o.to(O.dtype.element_ty), mask=offs_d < D)
     tl.store(LSE + row, lse2 * LN2)  # natural log
 
 

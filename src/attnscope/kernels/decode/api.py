@@ -97,8 +97,8 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
     o : torch.Tensor, [B, Hq, Nq, d], q's dtype
     lse : torch.Tensor, [B, Hq, Nq], float32, natural log — only when ``return_lse``.
 
-    Supported: d in {64, 128, 256}; fp16 and bf16 queries; anything else raises NotImplementedError, as does
-    an input that requires grad (decode has no backward). Malformed input raises `InputError` (a
+    Supported: d a multiple of 8 up to 256; fp16 and bf16 queries; anything else raises NotImplementedError,
+    as does an input that requires grad (decode has no backward). Malformed input raises `InputError` (a
     ValueError) naming the argument.
 
     Example

@@ -186,7 +186,7 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
     if Hkv == 0 or Hq % Hkv != 0:
         raise InputError(f"q: expected the number of query heads to be a multiple of the kv heads "
                          f"({Hkv}), got Hq = {Hq}")
-    check_head_dim(d)
+    check_head_dim(d, padded=True)
     if cache_seqlens is not None and tuple(cache_seqlens.shape) != (B,):
         raise InputError(f"cache_seqlens: expected shape ({B},) (one length per sequence), "
                          f"got {tuple(cache_seqlens.shape)}")

@@ -12,6 +12,7 @@ from attnscope.kernels._common import (
     LOG2E,
     check_disjoint,
     check_flags,
+    head_block,
     import_torch_triton,
     interpreting,
     on_tensor_device,
@@ -143,6 +144,7 @@ class DecodePlan:
         self.num_pages = k_cache.shape[0] if block_table is not None else 0
         group = Hq // Hkv
         rows = group * Nq
+        dp = head_block(d)  # the kernels' head-dim tile: d, or the next power of two (columns past d read 0)
         use_dot = True if use_dot is None else use_dot  # pipelined MMA, low register use, every G
         raw = _raw_scores(scale, d, mods.softcap)
         span = _window_span(Nq, mods.left)  # a window: the split grid covers the keys a row sees, not L
@@ -157,18 +159,18 @@ class DecodePlan:
         # 1.3 x better at the same tile (BENCHMARKS.md)
         page, self.table = page_size, None
         if Nq > 1 and not paged and _config is None:
-            page = _block_config(block_m, head_dim=d)["BLOCK_N"]
+            page = _block_config(block_m, head_dim=dp)["BLOCK_N"]
             self.table = _dense_pages(k_cache, v_cache, L_max, page)
             page = page if self.table is not None else page_size
         cfg = dict(_config or _block_config(block_m, page, facts.fp8, B * Hkv * m_tiles * num_splits,
-                                            _sms(q.device), d))
+                                            _sms(q.device), dp))
         self.num_splits = num_splits
         split = num_splits > 1
         merge_m = min(block_m, triton.next_power_of_2(rows))
         if fuse_combine is None:
-            fuse_combine = _fuse_by_default(merge_m, num_splits, d)
+            fuse_combine = _fuse_by_default(merge_m, num_splits, dp)
         fuse = split and fuse_combine
-        merge_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_ELEMS // (merge_m * d)))
+        merge_s = max(1, min(triton.next_power_of_2(num_splits), MERGE_ELEMS // (merge_m * dp)))
         n_rows = B * Hq * Nq
         device = q.device
         self.o_shape, self.lse_shape, self.dtype, self.device = (B, Hq, Nq, d), (B, Hq, Nq), q.dtype, device
@@ -177,7 +179,7 @@ class DecodePlan:
         self.need_lse = return_lse or (split and not fuse)  # the separate merge always writes the LSE
         # scratch, owned by the plan: fp32 partials and the fused merge's counters (left at 0 by the kernel)
         f32 = torch.float32
-        self.o_part = torch.empty((n_rows, num_splits, d), dtype=f32, device=device) if split else None
+        self.o_part = torch.empty((n_rows, num_splits, dp), dtype=f32, device=device) if split else None
         self.lse_part = torch.empty((n_rows, num_splits), dtype=f32, device=device) if split else None
         self.sem = torch.zeros(B * Hkv * m_tiles, dtype=torch.int32, device=device) if fuse else None
         self.err = _error_word(device)
@@ -198,7 +200,7 @@ class DecodePlan:
             max(mods.left, 0), sm_scale * LOG2E, mods.softcap * LOG2E,
         )
         self._consts = {
-            "GROUP": group, "BLOCK_M": block_m, "HEAD_DIM": d, "BLOCK_N": cfg["BLOCK_N"],
+            "GROUP": group, "BLOCK_M": block_m, "HEAD_DIM": dp, "BLOCK_N": cfg["BLOCK_N"],
             "STAGES": cfg["STAGES"], "USE_DOT": use_dot, "EMULATE_BF16": _emulate_bf16(q.dtype),
             "SPLIT": split, "FUSE": fuse, "MERGE_M": merge_m, "MERGE_S": merge_s,
             "WRITE_LSE": self.return_lse, "HAS_SEQLENS": cache_seqlens is not None,
@@ -210,7 +212,7 @@ class DecodePlan:
         # the optional constexprs are passed only when on: the plain launch passes what it always did.
         # e4m3 with Q K^T in fp16 (F16QK) converts K and V per byte; else V is read as words where aligned
         f16qk = facts.fp8 and use_dot and bool(cfg.get("F16QK", False))
-        words = facts.fp8 and not f16qk and _words_aligned(v_cache)
+        words = facts.fp8 and not f16qk and _words_aligned(v_cache) and d == dp  # words: whole rows of d
         for name, on in (("MAX_UNSCALED", raw), ("FP8", facts.fp8), ("SCALE_PER_HEAD", facts.scale_per_head),
                          ("FP8_WORDS", words), ("FP8_F16QK", f16qk),
                          ("FP8_ASM", (words or f16qk) and not interpreting()),
@@ -219,9 +221,11 @@ class DecodePlan:
                          ("PAGE_PRECHECK", paged and bool(cfg.get("PAGE_PRECHECK", False)))):
             if on:
                 self._consts[name] = True
+        if d != dp:
+            self._consts["D"] = d
         self._combine_grid = (n_rows,)
-        self._combine_consts = {"HEAD_DIM": d, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
-                                "EMULATE_BF16": _emulate_bf16(q.dtype)}
+        self._combine_consts = {"HEAD_DIM": dp, "BLOCK_S": min(16, triton.next_power_of_2(num_splits)),
+                                "EMULATE_BF16": _emulate_bf16(q.dtype), **({"D": d} if d != dp else {})}
         if sinks is not None:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
