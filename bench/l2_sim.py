@@ -33,9 +33,9 @@ Delta and, ``--atomic``, the fp32 dQ rows) that miss: the check on `model.l2_reu
 
 ``--window L,R`` (``--impl attnscope`` or ``flex``): a sliding-window forward with the geometry
 `model.window_estimate.window_kernel` names (what ``impl="auto"`` dispatches to, or Flex's), each query tile
-walking the KV tiles its window loads, the persistent Gluon kernel as a grid of one CTA per SM (a windowed
-launch is never causal-paired); prints the re-reads beside the window estimate's ``kv_rereads``: the check on
-model/window_estimate.py's wave and group terms.
+walking the KV tiles its window loads, the persistent Gluon kernel as its static schedule (a causal
+window's first tiles in pairs, `tiles.persistent_ramp`); prints the re-reads beside the window estimate's
+``kv_rereads``: the check on model/window_estimate.py's wave and group terms.
 
 ``--persistent`` (attnscope, causal): the persistent kernel's schedule instead of a grid
 (kernels/fwd_hopper.py ``_work``, `tiles.persistent_item`): 132 programs, item q on program q % 132 in
@@ -265,18 +265,35 @@ def window_attention(impl, batch, heads, n, d, causal, window, cap_fraction, l2_
     b = {"fp16": 2, "bf16": 2}[dtype]
     args = (sms * ker.ctas_per_sm, 2 * ker.block_kv * d * b, ker.block_q * d * b * p.qo_weight(),
             cap_fraction * l2_bytes)
-    if ker.persistent and ramp is not None:  # its static round-robin, not a grid's slots
+    if ker.persistent and ramp is not None:  # its static schedule, not a grid's slots
+        from attnscope.model.tiles import persistent_items, persistent_ramp
+
+        pair = persistent_ramp(len(walk), ker.block_q, n, n, causal, win)
+        if pair:  # a causal window's ramp in pairs (`tiles.persistent_item`): each item its tiles in turn
+            items = [(s, t) for s, _ in order[::len(walk)] for it in persistent_items(len(walk), pair)
+                     for t in it if t is not None]
+            return window_static(walk, items, *args, ramp, per_item=[
+                sum(t is not None for t in it) for _ in order[::len(walk)]
+                for it in persistent_items(len(walk), pair)]), name + " (static, paired)"
         return window_static(walk, order, *args, ramp), name + " (static)"
     return simulate(walks, order, *args, ramp=ramp), name
 
 
-def window_static(walk, order, programs, tile_bytes, qo_bytes, capacity, ramp):
+def window_static(walk, order, programs, tile_bytes, qo_bytes, capacity, ramp, per_item=None):
     """K/V reads beyond one pass, in sets, of a persistent kernel's static schedule (kernels/fwd_hopper.py
-    ``_work`` without causal pairs: tile q of the launch ``order`` on program q % ``programs``): every
-    program reads one K/V tile per step, its tiles one after another with no barrier; Q at a tile's start, O
-    at its end (``qo_bytes`` each); ``walk[i]``: the KV tiles query tile i loads; misses by `StackDistance`
-    (``ramp``) of the LRU stack distances."""
-    queues = [deque(order[p::programs]) for p in range(programs)]
+    ``_work``: tile q of the launch ``order`` on program q % ``programs``, or with ``per_item`` (the tiles of
+    each item, 1 or a pair) item q's tiles on program q % ``programs``): every program reads one K/V tile per
+    step, its tiles one after another with no barrier; Q at a tile's start, O at its end (``qo_bytes``
+    each); ``walk[i]``: the KV tiles query tile i loads; misses by `StackDistance` (``ramp``) of the LRU stack
+    distances."""
+    if per_item is None:
+        queues = [deque(order[p::programs]) for p in range(programs)]
+    else:
+        starts = [0]
+        for c in per_item:
+            starts.append(starts[-1] + c)
+        queues = [deque(t for q in range(p, len(per_item), programs) for t in order[starts[q]:starts[q + 1]])
+                  for p in range(programs)]
     touches = sum(len(walk[i]) for _, i in order) + 2 * len(order)
     sd = StackDistance(capacity, ramp, touches)
     misses, live = 0.0, []

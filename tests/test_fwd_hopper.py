@@ -235,6 +235,60 @@ def test_kernel_window_bounds_are_the_model_closed_form():
         assert tuple(got) == want, (c, got, want)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="Gluon kernels need an sm_90 GPU")
+def test_persistent_work_is_the_model_persistent_item():
+    """The persistent kernel's ``_ramp`` and ``_work`` (every CTA, every round) equal `model.tiles`'
+    `persistent_ramp` and `persistent_item`: causal, causal windows (an even and an odd ramp, a ramp of
+    one, the whole head), windows it leaves unpaired (a right side, keys before the first query's), none."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from attnscope.kernels import fwd_hopper as hop
+    from attnscope.model.tiles import persistent_item, persistent_ramp
+
+    @gluon.jit
+    def probe(T, R, NQ, NK, LEFT, RIGHT, BH, ROUNDS, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+        num_m = gl.cdiv(NQ, 128)
+        ramp = hop._ramp(num_m, NQ, NK, LEFT, RIGHT, 128, CAUSAL, MODS)
+        n_work = (num_m - ramp + (ramp + 1) // 2) * BH
+        gl.store(R, ramp)
+        p = gl.program_id(0)
+        for i in range(ROUNDS):
+            valid, pid_bh, start_m = hop._work(i, num_m, ramp, n_work)
+            row = T + (i * gl.num_programs(0) + p) * 3
+            gl.store(row, valid.to(gl.int32))
+            gl.store(row + 1, pid_bh)
+            gl.store(row + 2, start_m)
+
+    ctas = 5
+    for nq, nk, causal, window in ((1000, 1000, True, None), (1000, 1000, False, None),
+                                   (3000, 3000, False, (900, 0)), (3000, 3000, False, (1000, 0)),
+                                   (3000, 3000, False, (100, 0)), (3000, 3000, False, (-1, 0)),
+                                   (3000, 3100, False, (700, 0)), (1000, 3000, False, (2500, 0)),
+                                   (3000, 3000, False, (300, 40)), (2000, 2000, False, (5000, 0))):
+        num_m, bh = -(-nq // 128), 3
+        ramp = persistent_ramp(num_m, 128, nq, nk, causal, window)
+        items = num_m - ramp + (ramp + 1) // 2
+        rounds = -(-items * bh // ctas) * (2 if ramp else 1)
+        t = torch.full((rounds * ctas, 3), -7, dtype=torch.int32, device="cuda")
+        r = torch.full((1,), -7, dtype=torch.int32, device="cuda")
+        left, right = window or (-1, -1)
+        probe[(ctas,)](t, r, nq, nk, left, right, bh, rounds, causal, 1 if window else 0, num_warps=1)
+        assert r.item() == ramp, (nq, nk, causal, window)
+        want = []
+        for i in range(rounds):
+            for p in range(ctas):
+                q = (i // 2 if ramp else i) * ctas + p
+                if q >= items * bh:
+                    want.append(None)
+                    continue
+                tile = persistent_item(q % items, num_m, ramp)[i % 2 if ramp else 0]
+                want.append(None if tile is None else [1, q // items, tile])
+        got = [row if row[0] == 1 else None for row in t.tolist()]
+        assert got == want, (nq, nk, causal, window)
+
+
 # --- the host path on the GPU: planned launches and CUDA-graph capture -----------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (compiled kernels)")

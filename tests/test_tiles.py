@@ -18,6 +18,7 @@ from attnscope.model.tiles import (
     normalize_window,
     persistent_item,
     persistent_items,
+    persistent_ramp,
     window_kv_bounds0,
 )
 
@@ -295,6 +296,35 @@ def test_persistent_items_cover_every_tile_once_at_one_cost(num_m):
     assert all(lt is None or h > lt for h, lt in items)  # the heavy tile first
     with pytest.raises(ValueError, match="k: expected 0 <= k <"):
         persistent_item(len(items), num_m)
+
+
+@pytest.mark.parametrize("n,nk,left,rows", [
+    (32768, 32768, 16384, 128), (32768, 32768, 12288, 128), (4096, 4096, 1000, 128), (4096, 4096, 1, 128),
+    (5000, 5000, 4999, 128), (3000, 3000, 20000, 128), (1000, 3000, 2500, 128), (1000, 3000, 1500, 128),
+    (4000, 4000, 385, 64), (3000, 3100, 900, 128)])
+def test_a_causal_windows_ramp_goes_in_pairs_and_every_item_costs_about_one_full_tile(n, nk, left, rows):
+    """A causal window (left, 0): `persistent_ramp` counts the first tiles whose windows reach before key 0
+    (each loads fewer KV tiles than the rest); `persistent_item` runs the rest alone and pairs the ramp, so
+    every item loads within one KV tile of the same count (the programs stay in step) and every tile runs
+    once. Kernels/fwd_hopper.py ``_ramp`` and ``_work`` compute the same on the GPU."""
+    num_m = -(-n // rows)
+    ramp = persistent_ramp(num_m, rows, n, nk, True, (left, 0))
+    cost = []
+    for j in range(num_m):
+        lo, _, _, hi = window_kv_bounds0(j * rows, min(rows, n - j * rows), n, nk, rows, True, (left, 0))
+        cost.append(-(-hi // rows) - lo // rows)
+    if ramp == 0:  # keys before the first query's: no tile loads 1, 2, ...; the tiles alone, in turn
+        assert nk - n >= rows and persistent_items(num_m, 0) == [(j, None) for j in range(num_m)]
+        return
+    assert all(c >= max(cost) - 1 for c in cost[ramp:]) and all(c < max(cost) for c in cost[:ramp - 1])
+    items = persistent_items(num_m, ramp)
+    tiles = [h for h, _ in items] + [lt for _, lt in items if lt is not None]
+    assert sorted(tiles) == list(range(num_m))
+    item_cost = [cost[h] + (0 if lt is None else cost[lt]) for h, lt in items]
+    assert max(item_cost) - min(item_cost) <= (2 if ramp < num_m else 1), item_cost
+    assert persistent_ramp(num_m, rows, n, nk, False, (left, 5)) == 0  # a right side: tiles alone, in turn
+    assert persistent_ramp(num_m, rows, n, nk, True, (-1, 0)) == persistent_ramp(num_m, rows, n, nk, True) \
+        == num_m
 
 
 @pytest.mark.parametrize("blocks,heads,tail", [(5, 3, 1), (5, 3, 3), (7, 10, 4), (7, 10, 10), (1, 1, 1),

@@ -40,7 +40,7 @@ from attnscope.kernels._common import descriptor_over, import_torch_triton, num_
 from attnscope.kernels._direct import planned_launch
 from attnscope.kernels._gluon_smem import buffers, kv_ring, load_kv
 from attnscope.kernels._tl import cta_tile
-from attnscope.model.tiles import head_block, launch_tail
+from attnscope.model.tiles import head_block, launch_tail, persistent_ramp
 
 torch, triton = import_torch_triton()
 from triton.experimental import gluon  # noqa: E402
@@ -384,25 +384,32 @@ def _consumer_tile(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, 
 
 
 @gluon.jit
-def _work(i, num_m, n_work, CAUSAL: gl.constexpr):
-    """Persistent kernel: (valid, b*H + h, query tile) of this CTA's round ``i``. Unmasked: round i covers
-    tiles [i P, (i + 1) P) of the P CTAs, head-major. Causal: items are pairs of query tiles of one head
-    (`model.tiles.persistent_item`: equal cost, so the CTAs stay in lockstep every two rounds), head-major;
-    CTA p runs item (i // 2) P + p, the heavy tile in even rounds and the light one in odd rounds."""
+def _work(i, num_m, ramp, n_work):
+    """Persistent kernel: (valid, b*H + h, query tile) of this CTA's round ``i``
+    (`model.tiles.persistent_item`, its Python twin). ``ramp`` 0: round i covers tiles [i P, (i + 1) P) of
+    the P CTAs, head-major. Else items of about equal cost, head-major, two rounds each, so the CTAs stay in
+    lockstep every two rounds: a head's tiles past its first ``ramp`` alone (the last first), then its first
+    ``ramp`` tiles (1 to ``ramp`` KV tiles each: every tile causal, the rows whose window reaches before key
+    0 with a causal window) in pairs, heavy in the even round, light in the odd one; CTA p runs item
+    (i // 2) P + p."""
     p = gl.program_id(0)
     n = gl.num_programs(0)
-    if CAUSAL:
-        half = (num_m + 1) // 2
+    if ramp > 0:
+        uniform = num_m - ramp
+        half = (ramp + 1) // 2
         q = (i // 2) * n + p
-        k = q % half
-        odd = num_m % 2
-        start_m = num_m - 1 - odd - k
-        if (odd == 1) & (k == half - 1):  # odd num_m: the last tile runs alone
-            start_m = num_m - 1
+        k = q % (uniform + half)
+        j = k - uniform
+        odd = ramp % 2
+        start_m = num_m - 1 - k
+        if k >= uniform:
+            start_m = ramp - 1 - odd - j
+        if (k >= uniform) & (odd == 1) & (j == half - 1):  # odd ramp: its last tile runs alone
+            start_m = ramp - 1
         if i % 2 == 1:
-            start_m = k
-        valid = (q < n_work) & ((i % 2 == 0) | (odd == 0) | (k != half - 1))
-        pid_bh = q // half
+            start_m = j
+        valid = (q < n_work) & ((i % 2 == 0) | ((k >= uniform) & ((odd == 0) | (j != half - 1))))
+        pid_bh = q // (uniform + half)
     else:
         t = i * n + p
         valid = t < n_work
@@ -412,12 +419,29 @@ def _work(i, num_m, n_work, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _rounds(n_work, CAUSAL: gl.constexpr):
-    """Persistent kernel: the rounds of `_work` (two per causal pair)."""
+def _rounds(n_work, ramp):
+    """Persistent kernel: the rounds of `_work` (two per item when it pairs tiles)."""
     r = gl.cdiv(n_work, gl.num_programs(0))
-    if CAUSAL:
+    if ramp > 0:
         r = 2 * r
     return r
+
+
+@gluon.jit
+def _ramp(num_m, NQ, NK, LEFT, RIGHT, ROWS: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
+    """The tiles of a head `_work` pairs (`model.tiles.persistent_ramp`, its Python twin): all causal; with a
+    window (left, 0) and fewer than ROWS keys before the first query's, those whose rows' windows reach
+    before key 0; else none."""
+    ramp = num_m * 0
+    if CAUSAL:
+        ramp = num_m
+    if MODS & WINDOW:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        if RIGHT == 0:
+            if LEFT < 0:
+                ramp = num_m
+            if (LEFT >= 0) & (NK - NQ < ROWS):
+                ramp = gl.minimum(gl.maximum(gl.cdiv(LEFT - (NK - NQ), ROWS), 0), num_m)
+    return ramp
 
 
 @gluon.jit
@@ -442,13 +466,13 @@ def _load_q(desc_q, q_smem, q_bar, q_empty, i, b, h, row0, BM: gl.constexpr, NWG
 
 @gluon.jit
 def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, sc, BM: gl.constexpr,
+                         k_empty, v_empty, num_m, ramp, n_work, H, HKV, NQ, NK, sc, BM: gl.constexpr,
                          BN: gl.constexpr,
                          STAGES: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr):
     kv_base = 0
     c = 0  # tiles this CTA ran so far: Q's phase
-    for i in range(_rounds(n_work, CAUSAL)):
-        valid, pid_bh, start_m = _work(i, num_m, n_work, CAUSAL)
+    for i in range(_rounds(n_work, ramp)):
+        valid, pid_bh, start_m = _work(i, num_m, ramp, n_work)
         if valid:
             b, h, hk, pid_bh, row0, t_lo, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, sc, NWG * BM, BN,
                                                           CAUSAL, MODS)
@@ -467,7 +491,7 @@ def _producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, 
 
 @gluon.jit
 def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, sc,
+                         k_empty, v_empty, turn, num_m, ramp, n_work, H, HKV, NQ, NK, sc,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                          WG: gl.constexpr, NWG: gl.constexpr, CAUSAL: gl.constexpr, MODS: gl.constexpr,
                          STORE_LSE: gl.constexpr,
@@ -475,8 +499,8 @@ def _consumer_persistent(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_e
     kv_base = 0
     turn_base = 0
     c = 0  # as _producer_persistent
-    for i in range(_rounds(n_work, CAUSAL)):
-        valid, pid_bh, start_m = _work(i, num_m, n_work, CAUSAL)
+    for i in range(_rounds(n_work, ramp)):
+        valid, pid_bh, start_m = _work(i, num_m, ramp, n_work)
         if valid:
             b, h, hk, pid_bh, row0, t_lo, n_tiles = _tile(pid_bh, start_m, H, HKV, NQ, NK, sc, NWG * BM, BN,
                                                           CAUSAL, MODS)
@@ -550,9 +574,8 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     D: gl.constexpr = desc_q.block_type.shape[3]
     sc = (qk_scale, LEFT, RIGHT, cap_in, cap_out, SINKS)  # the scale and the score mods' runtime values
     num_m = gl.cdiv(NQ, NWG * BM)
-    n_work = num_m * B * H  # tiles; causal: pairs of tiles (`_work`)
-    if CAUSAL:
-        n_work = (num_m + 1) // 2 * B * H
+    ramp = _ramp(num_m, NQ, NK, LEFT, RIGHT, NWG * BM, CAUSAL, MODS)
+    n_work = (num_m - ramp + (ramp + 1) // 2) * B * H  # items (`_work`): tiles alone and pairs of tiles
 
     q_smem = buffers(desc_q, NWG)
     o_smem = buffers(desc_o, NWG)
@@ -562,13 +585,13 @@ def _attnscope_fwd_hopper_persistent_kernel(desc_q, desc_k, desc_v, desc_o, LSE,
     gl.static_assert(NWG == 2, "persistent: two consumer warpgroups (VARIANTS)")
     gl.warp_specialize(
         [(_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                 v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, sc,
+                                 v_ready, k_empty, v_empty, turn, num_m, ramp, n_work, H, HKV, NQ, NK, sc,
                                  BM, BN, D, STAGES, 0, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG)),
          (_consumer_persistent, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                 v_ready, k_empty, v_empty, turn, num_m, n_work, H, HKV, NQ, NK, sc,
+                                 v_ready, k_empty, v_empty, turn, num_m, ramp, n_work, H, HKV, NQ, NK, sc,
                                  BM, BN, D, STAGES, 1, NWG, CAUSAL, MODS, STORE_LSE, PINGPONG)),
          (_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                                 v_ready, k_empty, v_empty, num_m, n_work, H, HKV, NQ, NK, sc, BM, BN,
+                                 v_ready, k_empty, v_empty, num_m, ramp, n_work, H, HKV, NQ, NK, sc, BM, BN,
                                  STAGES, NWG, CAUSAL, MODS))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -649,7 +672,8 @@ def launcher(q, k, v, o, qk_scale: float, causal: bool, return_lse: bool, varian
              for t, r in ((q, cfg.BM), (k, cfg.BN), (v, cfg.BN), (o, cfg.BM))]
     tiles, consts = triton.cdiv(Nq, cfg.NWG * cfg.BM), constexprs(d, causal, return_lse, variant, flags)
     if VARIANTS[variant].persistent:
-        items = (tiles + 1) // 2 if causal else tiles  # `_work`: causal tiles go in pairs
+        ramp = persistent_ramp(tiles, cfg.NWG * cfg.BM, Nq, Nk, causal, (left, right) if windowed else None)
+        items = tiles - ramp + (ramp + 1) // 2  # `_work`: the ramp's tiles go in pairs
         grid, sizes = (min(items * B * Hq, num_sms(torch, q.device)),), (B, Hq, Hkv, Nq, Nk, qk_scale)
     else:
         tail = launch_tail(causal, tiles, B * Hq, num_sms(torch, q.device))

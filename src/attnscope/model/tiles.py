@@ -421,29 +421,59 @@ def window_kv_bounds0(row0: int, rows: int, nq: int, nk: int, block_kv: int, cau
     return (lo, full_lo, full_hi, hi)
 
 
-def persistent_item(k: int, num_m: int) -> tuple[int, int | None]:
-    """(heavy, light) 0-based query tiles of item ``k`` of one head in the persistent causal schedule
-    (kernels/fwd_hopper.py ``_work``; light None: the tile runs alone). Even ``num_m``: items
-    ``k < num_m / 2`` pair ``(num_m - 1 - k, k)``; odd: items ``k < (num_m - 1) / 2`` pair
-    ``(num_m - 2 - k, k)`` and item ``(num_m - 1) / 2`` is tile ``num_m - 1`` alone. With Nq = Nk every item
-    of a call then loads the same number of KV tiles (num_m + 1 even, num_m odd, square tiles)."""
+def persistent_item(k: int, num_m: int, ramp: int | None = None) -> tuple[int, int | None]:
+    """(heavy, light) 0-based query tiles of item ``k`` of one head in the persistent paired schedule
+    (kernels/fwd_hopper.py ``_work``; light None: the tile runs alone). The first ``ramp`` tiles of a head
+    (`persistent_ramp`; default ``num_m``: causal, every tile) cost 1 to ``ramp`` units and go in pairs, the
+    others cost about ``ramp + 1`` each and run alone first, the last tile first: items ``k < num_m - ramp``
+    are tile ``num_m - 1 - k``; then, with ``j = k - (num_m - ramp)``, an even ``ramp`` pairs ``(ramp - 1 -
+    j, j)``; an odd one pairs ``(ramp - 2 - j, j)`` and runs tile ``ramp - 1`` alone as item ``j = (ramp - 1)
+    / 2``. With Nq = Nk every item of a call then loads about the same number of KV tiles (square tiles).
+    ``ramp`` 0: no pairs, item ``k`` is tile ``k`` (the kernel's plain round-robin)."""
+    ramp = num_m if ramp is None else ramp
     expect(is_int(num_m) and num_m >= 0, "num_m", "an integer >= 0", num_m)
+    expect(is_int(ramp) and 0 <= ramp <= num_m, "ramp", f"an integer from 0 to num_m = {num_m}", ramp)
     expect(is_int(k), "k", "an integer", k)
-    half = (num_m + 1) // 2
-    if not 0 <= k < half:
-        raise ValueError(f"k: expected 0 <= k < {half}, got {k}")
-    odd = num_m % 2
-    if odd and k == half - 1:
-        return num_m - 1, None
-    return num_m - 1 - odd - k, k
+    uniform, half = num_m - ramp, (ramp + 1) // 2
+    if not 0 <= k < uniform + half:
+        raise ValueError(f"k: expected 0 <= k < {uniform + half}, got {k}")
+    if ramp == 0:  # nothing paired: the tiles in turn, one round each
+        return k, None
+    if k < uniform:
+        return num_m - 1 - k, None
+    j, odd = k - uniform, ramp % 2
+    if odd and j == half - 1:
+        return ramp - 1, None
+    return ramp - 1 - odd - j, j
 
 
-def persistent_items(num_m: int) -> list[tuple[int, int | None]]:
+def persistent_ramp(num_m: int, rows: int, nq: int, nk: int, causal: bool, window=None) -> int:
+    """How many of a head's first query tiles (``rows`` rows each) the persistent kernel pairs
+    (`persistent_item`; kernels/fwd_hopper.py computes the same in-kernel): every tile causal; with a window
+    whose right side is the diagonal (``(left, 0)``: a causal window) and fewer than ``rows`` keys before
+    the first query's, the tiles whose rows' windows reach before key 0 -- they load 1, 2, ... KV tiles,
+    the others about ``left / rows + 1`` each, so unpaired in a static round-robin the programs drift apart;
+    0 otherwise (every tile alone, in turn)."""
+    if window is None:
+        return num_m if causal else 0
+    left, right = normalize_window(causal, window)
+    if right != 0:
+        return 0
+    if left < 0:  # causal
+        return num_m
+    if nk - nq >= rows:  # keys before the first query's: no tile loads 1, 2, ... KV tiles
+        return 0
+    return min(max(-(-(left - (nk - nq)) // rows), 0), num_m)
+
+
+def persistent_items(num_m: int, ramp: int | None = None) -> list[tuple[int, int | None]]:
     """Every item of one head, in order (`persistent_item`); cost grows with ``num_m``: for tests and the
     development simulator, never on an analytic path: ``num_m`` up to `MAX_LISTED`, else `InputError`."""
     expect(is_int(num_m) and 0 <= num_m <= MAX_LISTED, "num_m",
            f"an integer from 0 to {MAX_LISTED:,} (explicit item lists)", num_m)
-    return [persistent_item(k, num_m) for k in range((num_m + 1) // 2)]
+    ramp = num_m if ramp is None else ramp
+    return [persistent_item(k, num_m, ramp) for k in range(num_m - ramp + (ramp + 1) // 2)]
+
 
 
 

@@ -14,8 +14,8 @@ take `L2Params.qo_weight` of a K/V byte of room):
 - across a wave boundary (`band_rereads`): the first tile of the next wave re-reads the ``left + right``
   rows (one K/V tile of alignment more) the last tile of the wave before read; both walk their bands
   upwards, so those are the one's last rows and the other's first, at the in-wave distance (a windowed
-  launch never pairs or interleaves causal tiles: the window's right bound carries the diagonal,
-  kernels/fwd_hopper.py);
+  launch never interleaves heads; hopper_persist pairs only a causal window's first tiles, whose windows
+  reach before key 0, `tiles.persistent_ramp`, the full tiles running in turn before them);
 - the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after one
   head's pass over the set and the Q/O of the tiles launched between the line's last reader and its next
   first one (the pass less the band's width), with the batch between ("bh", Flex) after B passes; a group
@@ -23,7 +23,9 @@ take `L2Params.qo_weight` of a K/V byte of room):
 
 bench/l2_sim.py --window runs the same calls through an ideal machine; where hopper_persist's static
 round-robin meets unequal tiles its programs drift out of the lockstep waves assumed here (docs/model.md,
-"Where it may miss"): the probe grid bench/grids/probe_window.csv measures whether the H200 does.
+"Where it may miss"; the H200 did on the probe grid, 2026-12-05): a causal window's ramp now goes in pairs
+of about one full tile's cost; a window with a right side, or keys before the first query's, still runs
+unequal tiles in turn.
 
 The kernels are what ``flash_attention(..., window=...)`` runs on an sm_90 GPU (`window_kernel`: the
 dispatch rule's pick, `model.dispatch`) and Flex attention's forward with a sliding-window block mask
