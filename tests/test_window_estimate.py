@@ -172,10 +172,12 @@ def test_the_ideal_machine_agrees_where_the_schedule_stays_in_step():
         sets = _terms(est)["kv_rereads"] / (b * hkv * 2 * n * d * 2)
         assert got == pytest.approx(want, abs=0.5), (name, got)
         assert sets == pytest.approx(want, abs=0.05), (name, sets)
-    # hopper_persist's static round-robin (program p: tiles p, p + C, ...) is what the machine runs for it
-    _, name = sim.window_attention("attnscope", 1, 4, 32768, 128, True, (16384, 0), H200_L2_PARAMS.shared,
-                                   dtype="bf16", ramp=ramp)
-    assert name == "hopper_persist (static)"
+    # hopper_persist's static schedule is what the machine runs for it: a causal window's ramp in pairs
+    # (`tiles.persistent_ramp`), a two-sided window's tiles in turn (program p: tiles p, p + C, ...)
+    for causal, window, kind in ((True, (16384, 0), "static, paired"), (False, (8192, 8192), "static")):
+        _, name = sim.window_attention("attnscope", 1, 4, 32768, 128, causal, window, H200_L2_PARAMS.shared,
+                                       dtype="bf16", ramp=ramp)
+        assert name == f"hopper_persist ({kind})"
 
 
 def test_the_ledger_refuses_an_unprobed_head_dim_as_the_estimate_does():
