@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GRIDS, RESULTS = ROOT / "bench" / "grids", ROOT / "bench" / "results"
 OPEN1 = RESULTS / "h200-2026-12-02-heldout-fwd-openclass.json"
 #: the sweeps `hot_groups` was fitted to (L2Params.hot_groups names them)
-FIT_INPUTS = [RESULTS / f"h200-2026-12-01-bytes-{n}.json"
+FIT_INPUTS = [next(p for ext in (".json", ".json.gz")  # the larger two gzipped
+                   if (p := RESULTS / f"h200-2026-12-01-bytes-{n}{ext}").exists())
               for n in ("hotprobe", "heldout3", "heldout7", "heldout11", "heldout19", "heldout25")] + [OPEN1]
 H200_L2 = 62_914_560
 
