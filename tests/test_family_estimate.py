@@ -16,6 +16,7 @@ from attnscope.measure import families, physical
 from attnscope.model import family_estimate as fe
 from attnscope.model import serving
 from attnscope.model.family_params import H200_FAMILY_PARAMS, PROBES, FamilyParams, NotMeasured
+from attnscope.model.l2_params import H200_L2_PARAMS, miss
 
 GRIDS = Path(__file__).resolve().parents[1] / "bench" / "grids"
 #: Test values for every constant (never shipped; the shipped ones are `H200_FAMILY_PARAMS`).
@@ -159,9 +160,14 @@ def test_attnscope_varlen_rereads_follow_the_waves_of_its_head_fastest_grid():
     got, est = rereads(4096)
     assert est.facts["concurrent_programs"] == 264
     assert got == pytest.approx(3 * kv)  # 1024 programs: 4 waves
-    causal, _ = rereads(4096, causal=True)  # heaviest first: wave w reads 1 - w k / T of the K/V
-    w, waves = 1024 / 264, 4
-    assert causal == pytest.approx((waves - waves * (waves - 1) / (2 * w) - 1) * kv)
+    causal, _ = rereads(4096, causal=True)  # heaviest first: wave k reads 1 - k C / P of the K/V ...
+    programs, c, cap = 1024, 264, H200_L2_PARAMS.shared * 62914560
+    qo = c * 2 * 128 * 128 * 2 * QO.varlen_qo_weight  # ... beside the resident programs' Q and O tiles
+    shares = [1 - k * c / programs for k in (1, 2, 3)]
+    want = sum(f * miss((f * kv + qo) / cap, H200_L2_PARAMS.shared_ramp) for f in shares) * kv
+    assert causal == pytest.approx(want)
+    # the later waves stream less of the set, so their live set misses less than the whole set's would
+    assert 0 < causal < sum(shares) * kv
 
 
 def test_attnscope_varlen_waves_run_on_across_sequences():
@@ -188,16 +194,25 @@ def test_attnscope_varlen_waves_run_on_across_sequences():
 
 @pytest.mark.parametrize("p0", [0, 1, 100, 263, 264, 1000])
 @pytest.mark.parametrize("n", [128, 1000, 4096, 9000])
-def test_causal_wave_passes_closed_form_equals_the_sum_over_waves(p0, n):
-    # heaviest tile first: a wave reads the set down to its first program's diagonal, 1 - p / P
+def test_causal_wave_shares_are_the_waves_diagonals(p0, n):
+    # heaviest tile first: a later wave reads the set down to its first program's diagonal, 1 - p / P
     c, heads = 264, 32
     programs = -(-n // 128) * heads
     waves = range(p0 // c, (p0 + programs - 1) // c + 1)
-    share = [1 - max(0, j * c - p0) / programs for j in waves]
-    got, last, end = fe._varlen_waves(p0, n, heads, c, True)
-    assert got == pytest.approx(sum(share))
-    assert last == pytest.approx(share[-1] if len(share) > 1 else 0.0) and end == (waves[-1] + 1) * c
-    assert fe._varlen_waves(p0, n, heads, c, False)[:2] == (len(waves), 1.0 if len(share) > 1 else 0.0)
+    share = [1 - (j * c - p0) / programs for j in waves[1:]]
+    a, b, later, end = fe._varlen_waves(p0, n, heads, c, True)
+    assert later == len(share) and end == (waves[-1] + 1) * c
+    assert [a - b * k for k in range(1, later + 1)] == pytest.approx(share)
+    assert fe._varlen_waves(p0, n, heads, c, False) == (1.0, 0.0, later, end)
+
+
+@pytest.mark.parametrize("a,b,k0,k1", [(1.0, 0.0, 1, 5), (1.02, 0.031, 1, 30), (1.5, 0.2, 2, 7),
+                                       (1.0, 0.4, 1, 9), (1.0, 0.01, 3, 2)])
+@pytest.mark.parametrize("lo,hi", [(-1.0, -0.5), (0.3, 0.45), (0.5, 0.9), (0.97, 1.2), (2.0, 3.0),
+                                   (0.0, 1e-3)])
+def test_missed_share_closed_form_equals_the_sum_over_waves(a, b, k0, k1, lo, hi):
+    want = sum(f * min(1.0, max(0.0, (f - lo) / (hi - lo))) for f in (a - b * k for k in range(k0, k1 + 1)))
+    assert fe._missed_share(a, b, k0, k1, lo, hi) == pytest.approx(want, abs=1e-12)
 
 
 def test_attnscope_varlen_spill_frames_of_finished_programs():

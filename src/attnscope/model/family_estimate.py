@@ -21,6 +21,7 @@ Pure Python.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from attnscope.errors import choice, expect, is_int, positive_int
@@ -404,24 +405,43 @@ def _flex_span(i: int, starts, ends, block: int, total: int, causal: bool) -> in
     return (min(hi, i) if causal else hi) - lo + 1
 
 
-def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool) -> tuple[float, float, int]:
-    """(K/V passes, the last wave's share of them, the program that ends the last wave) of one sequence of
-    ``n`` rows whose programs start at position ``p0`` of attnscope's varlen grid: work items (sequence,
-    query tile) x heads, heads fastest, so ``c`` programs at a time hold ``c / heads`` query tiles of
-    *every* head, and each wave of them streams the K/V of all the sequence's kv heads once; a later wave
-    reads it again. The list is sequence-major and the waves do not restart at a sequence: the sequence's
-    P = tiles x heads programs meet waves floor(p0 / c) .. ceil((p0 + P) / c) - 1, the first of them shared
-    with the sequences before, the last with those after (a partial wave still spans every head). Causal,
-    heaviest tile first: a wave reads up to its heaviest tile's diagonal, 1 - p / P of the set for its
-    first program p of the sequence (p = j c - p0 in wave j after the first): the sum over waves, closed
-    form."""
+def _varlen_waves(p0: int, n: int, heads: int, c: int, causal: bool) -> tuple[float, float, int, int]:
+    """(a, b, later, end): the waves of one sequence of ``n`` rows whose programs start at position ``p0`` of
+    attnscope's varlen grid. The grid is work items (sequence, query tile) x heads, heads fastest, so ``c``
+    programs at a time hold ``c / heads`` query tiles of *every* head, and each wave of them streams the K/V
+    of all the sequence's kv heads; a later wave reads it again. The list is sequence-major and the waves
+    do not restart at a sequence: the sequence's P = tiles x heads programs meet waves floor(p0 / c) ..
+    ceil((p0 + P) / c) - 1, the first of them shared with the sequences before, the last with those after
+    (a partial wave still spans every head). The first wave reads the whole set; the ``later`` ones after it,
+    k = 1 .. later, read a share a - b k of it: all of it unmasked (a 1, b 0); causal, heaviest tile first,
+    up to the diagonal of the wave's first program p = k c - p0 % c of the sequence, 1 - p / P. ``end``:
+    the program that ends the last wave."""
     programs = -(-n // VARLEN_BLOCK_Q) * heads
     w0, w1 = p0 // c, (p0 + programs - 1) // c
-    waves, r = w1 - w0 + 1, p0 % c
-    # causal: wave w0 reads the whole set; wave j > w0 from the sequence's program j c - p0 on
-    passes = waves - (c * waves * (waves - 1) / 2 - (waves - 1) * r) / programs if causal else float(waves)
-    last = (1.0 - (w1 * c - p0) / programs if causal else 1.0) if waves > 1 else 0.0
-    return passes, last, (w1 + 1) * c
+    if not causal:
+        return 1.0, 0.0, w1 - w0, (w1 + 1) * c
+    return 1.0 + (p0 % c) / programs, c / programs, w1 - w0, (w1 + 1) * c
+
+
+def _missed_share(a: float, b: float, k0: int, k1: int, lo: float, hi: float) -> float:
+    """Sum over k = k0 .. k1 of f x clip((f - lo) / (hi - lo), 0, 1), f = a - b k, b >= 0, lo < hi: the
+    passes of waves that read share f of a set and miss the L2 by `miss` at a live set linear in f (no
+    miss at f <= lo, all at f >= hi). Closed form: sums of k and k^2 over the ranges where the clip is
+    1 and where it is linear, so its cost does not grow with the waves."""
+    def poly(j0, j1, c1, c2):  # sum of c1 f + c2 f^2 over k = j0 .. j1
+        if j1 < j0:
+            return 0.0
+        m = j1 - j0 + 1
+        s1 = (j0 + j1) * m / 2
+        s2 = (j1 * (j1 + 1) * (2 * j1 + 1) - (j0 - 1) * j0 * (2 * j0 - 1)) / 6
+        return c1 * (m * a - b * s1) + c2 * (m * a * a - 2 * a * b * s1 + b * b * s2)
+    if k1 < k0:
+        return 0.0
+    if b <= 0.0:
+        return (k1 - k0 + 1) * a * min(1.0, max(0.0, (a - lo) / (hi - lo)))
+    full = min(k1, math.floor((a - hi) / b))  # f >= hi up to here
+    some = min(k1, math.ceil((a - lo) / b) - 1)  # f > lo up to here
+    return poly(k0, full, 1.0, 0.0) + poly(max(k0, full + 1), some, -lo / (hi - lo), 1.0 / (hi - lo))
 
 
 def _list_order(lens, heads: int) -> list[tuple[int, int, int]]:
@@ -470,8 +490,9 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     fastest, so a wave holds every head's programs and streams the K/V of all the sequence's kv heads;
     each later wave re-reads it; the waves run on across sequence boundaries, `_list_order`, and the last wave
     of a sequence also streams the sequences after it that start there), at most the
-    ledger's re-reads, x their miss share at the live set (the K/V + the resident programs' Q/O at
-    `FamilyParams.varlen_qo_weight`; `l2_params.miss` at `L2Params.shared`: lines read from both partitions)
+    ledger's re-reads, each wave's share of the K/V x its miss share at its live set (the share of the K/V
+    it streams + the resident programs' Q/O at `FamilyParams.varlen_qo_weight`; `l2_params.miss` at
+    `L2Params.shared`: lines read from both partitions; `_missed_share`)
     + the spill frames of finished programs written back (`_varlen_spill`).
     ``sms``: concurrent programs are SMs x the portable forward's CTAs per SM (`l2_params.KERNELS`, the
     same tile config).
@@ -526,7 +547,7 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             n = lens[i]
             kv_i = 2 * hkv * n * d * b  # the sequence's K/V, every kv head
             w_i = wins[i]
-            passes, last, wave_end = _varlen_waves(p0, n, h, c, causal and w_i is None)
+            a, step, later, wave_end = _varlen_waves(p0, n, h, c, causal and w_i is None)
             # rows of one kv head a wave streams: all of them, or with a window its tiles' bands
             streamed = n if w_i is None else min(n, c / h * VARLEN_BLOCK_Q + window_span(w_i, n))
             # a wave between two of the sequence's own streams it alone; its last wave also streams the K/V
@@ -534,18 +555,23 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
             beside = sum(2 * hkv * (lens[j] if w_i is None else min(lens[j], streamed)) * d * b
                          * min(1.0, (min(ends[j], wave_end) - q0) / h)
                          for j, q0, _ in order[at + 1:] if q0 < wave_end)
-            if passes > 1.0:  # live bytes beside the K/V: the resident programs' Q and O (`varlen_qo_weight`)
+            if later:  # live bytes beside the K/V: the resident programs' Q and O (`varlen_qo_weight`)
                 w = need(params, "varlen_qo_weight", f"{what} with a sequence over more than one wave of "
                                                      f"{c} programs")
                 if w_i is not None:  # a later wave re-reads the band it shares with the wave before
                     kv_i = 2 * hkv * min(n, window_span(w_i, n) + VARLEN_BLOCK_KV) * d * b
-                live = 2 * hkv * streamed * d * b + min(c, progs) * qo_tile * w
-                worst = max(worst, (live + beside) / l2)
-                cap = H200_L2_PARAMS.shared * l2
-                m_own = miss(live / cap, H200_L2_PARAMS.shared_ramp)
-                m_last = miss((live + beside) / cap, H200_L2_PARAMS.shared_ramp)
-                want = ((passes - 1.0 - last) * m_own + last * m_last) * kv_i
-                rereads += min(extra[i] * max(m_own, m_last), want)
+                # a later wave's live set: the share f of the K/V it streams and the resident Q/O; the last
+                # wave's also the sequences after it
+                kvs, qo_live = 2 * hkv * streamed * d * b, min(c, progs) * qo_tile * w
+                cap, ramp = H200_L2_PARAMS.shared * l2, H200_L2_PARAMS.shared_ramp
+                f_first, f_last = a - step, a - step * later
+                live_first, live_last = f_first * kvs + qo_live, f_last * kvs + qo_live + beside
+                worst = max(worst, live_first / l2, live_last / l2)
+                m_first, m_last = miss(live_first / cap, ramp), miss(live_last / cap, ramp)
+                lo = (cap - qo_live) / kvs  # the share f at which a wave's live set fills the capacity
+                want = (_missed_share(a, step, 1, later - 1, lo, lo + (ramp - 1.0) * cap / kvs)
+                        + f_last * m_last) * kv_i
+                rereads += min(extra[i] * max(m_first, m_last), want)
         facts |= {"largest_live_set_l2": worst, "concurrent_programs": c}  # of the re-read sequences
         if any(w is not None for w in wins):
             rereads = capped(rereads, unwindowed_terms(lambda: varlen_estimate(
