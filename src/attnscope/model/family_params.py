@@ -85,13 +85,13 @@ class FamilyParams:
 RESIDENT_BELOW = min(H200_L2_PARAMS.shared, H200_L2_PARAMS.lockstep, H200_L2_PARAMS.wide,
                      H200_L2_PARAMS.capacity)
 
-#: The H200's constants, fitted 2026-12-02 from bench/results/h200-2026-12-02-probe-{decode,varlen,
+#: The H200's constants, fitted on bench/results/h200-2026-12-02-probe-{decode,varlen,
 #: backward}.json, h200-2026-12-02c-probe-backward-hmid.json and h200-2026-12-02d-probe-backward-onepass.json
 #: (the h-onepass rows) (`python bench/fit_family_params.py F ...`:
 #: non-negative least squares over the probe rows, relative errors; each value's probe rows in `PROBES`).
 #: "measured ~0": the unconstrained least-squares value was below 0 (a byte term cannot be), so it is 0.
 H200_FAMILY_PARAMS = FamilyParams(
-    attnscope_partials_dram=0.21,  # 2026-12-05, the decode sweeps' split rows (PROBES)
+    attnscope_partials_dram=0.21,  # the decode sweeps' split rows (PROBES)
     attnscope_partials_onset=0.4,  # searched with it
     row_tile_kv_miss=0.0,  # measured ~0 (least squares -0.0077): the second row tile's K/V hits the L2
     flash_partials_dram=0.0363,  # f-split vs f-nosplit
@@ -125,7 +125,7 @@ H200_FAMILY_PARAMS = FamilyParams(
 PROBES = {
     "attnscope_partials_dram": "probe_decode.csv d-split1 vs d-split16, d-split16-mid and d-split16-small "
                                "(16 splits streaming 0.27-2.1 L2 sizes), fitted with the onset "
-                               "on the totals (bench/fit_family_params.py; 2026-12-05 on the rows of h200-"
+                               "on the totals (bench/fit_family_params.py, on the rows of h200-"
                                "2026-12-02-probe-decode, -heldout-decode and h200-2026-12-05-heldout_decode_"
                                "window, 58 of them with splits; the last two grids development data since)",
     "attnscope_partials_onset": "searched with attnscope_partials_dram (measure/family_fit.py SEARCHED) on "

@@ -23,7 +23,7 @@ take `L2Params.qo_weight` of a K/V byte of room):
 
 bench/l2_sim.py --window runs the same calls through an ideal machine; where hopper_persist's static
 round-robin meets unequal tiles its programs drift out of the lockstep waves assumed here (docs/model.md,
-"Where it may miss"; the H200 did on the probe grid, 2026-12-05): a causal window's ramp now goes in pairs
+"Where it may miss"; the H200's counters did on the probe grid): a causal window's ramp now goes in pairs
 of about one full tile's cost; a window with a right side, or keys before the first query's, still runs
 unequal tiles in turn.
 
