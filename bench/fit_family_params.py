@@ -28,6 +28,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import replace
 
+from attnscope import inputs
 from attnscope.measure import families, family_fit, physical
 from attnscope.model import l2
 
@@ -132,8 +133,8 @@ def main(argv=None) -> int:
     points, env = [], {}
     for path in args.sweeps:
         _, env = physical.rows_from_json(path)
-        with open(path) as f:  # the write counters (the varlen spill frames are fitted on them)
-            raw = json.load(f)["points"]
+        raw = inputs.load_json(path, "sweep")["points"]  # the write counters (the varlen spill frames and
+        # Flex's dirty-O room are fitted on them); .json or .json.gz
         writes = {json.dumps(physical.point(p["spec"], path), sort_keys=True): p["measured"]["write"]
                   for p in raw if p.get("measured")}
         points += [(r.spec, r.measured, writes.get(json.dumps(r.spec, sort_keys=True)))

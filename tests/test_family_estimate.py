@@ -101,11 +101,15 @@ def test_unmeasured_constants_refuse_naming_the_field_and_its_probe():
     with pytest.raises(NotMeasured, match="varlen_frame_d128_causal is not measured yet.*v-gqa"):
         fe.varlen_estimate("attnscope", [16384], causal=True, heads=32, kv_heads=8,
                            params=replace(NONE, varlen_qo_weight=0.6))
+    # Flex's dirty-O credit takes its own Q/O room
+    with pytest.raises(NotMeasured, match=r"flex_o_weight is not measured yet.*x-ragged"):
+        fe.varlen_estimate("flex", [30000, 30000], heads=16, params=NONE)
     # what needs no constant runs: one split, one row tile; FA-2 filling the GPU; Flex (the L2 rules);
     # attnscope varlen where no spill frame is written back (d 64 causal: none; one wave: none dead)
     assert fe.decode_estimate("attnscope", [4096], heads=8, splits=1, params=NONE).total > 0
     assert fe.decode_estimate("flash", [4096] * 64, heads=32, kv_heads=8, params=NONE).facts["splits"] == 1
-    assert fe.varlen_estimate("flex", [30000, 30000], heads=16, params=NONE).total > 0
+    flex = replace(NONE, flex_o_weight=0.7)
+    assert fe.varlen_estimate("flex", [30000, 30000], heads=16, params=flex).total > 0
     assert fe.varlen_estimate("attnscope", [1024], heads=32, params=NONE).total > 0  # 256 programs <= 264
     # a sequence over more than one wave: its re-reads' live set needs the Q/O room (the H200's table has it)
     with pytest.raises(NotMeasured, match=r"varlen_qo_weight is not measured yet.*v-qo1\.\.6"):
@@ -305,7 +309,8 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
         assert not set(key) & {json.dumps(s, sort_keys=True) for s in held}
         if fam == "varlen":  # the later grids, each drawn after the one before missed: disjoint from all
             seen = set(key) | {json.dumps(s, sort_keys=True) for s in held}
-            for name in ("heldout_varlen2.csv", "heldout_varlen3.csv"):
+            for name in ("heldout_varlen2.csv", "heldout_varlen3.csv", "heldout_varlen4.csv",
+                         "heldout_varlen5.csv"):
                 later = {json.dumps(s, sort_keys=True) for s in physical.parse_grid(GRIDS / name)}
                 assert len(later) == 48 and not later & seen, name
                 seen |= later
@@ -318,7 +323,8 @@ def test_probe_grids_parse_name_every_term_and_miss_the_heldout_grids():
     assert [s["nq"] for s in chunk] == [16, 64]
 
 
-@pytest.mark.parametrize("name, seed", [("heldout_varlen2.csv", 3902), ("heldout_varlen3.csv", 3903)])
+@pytest.mark.parametrize("name, seed", [("heldout_varlen2.csv", 3902), ("heldout_varlen3.csv", 3903),
+                                        ("heldout_varlen4.csv", 3904), ("heldout_varlen5.csv", 3905)])
 def test_the_later_varlen_grids_are_what_their_header_commands_draw(name, seed):
     # committed before measurement: the seed in its header reproduces it, row for row; Flex 2-8 sequences
     from grid_draws import assert_drawn
@@ -411,7 +417,7 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
                         flash_bwd_reread_dram=0.9,
                         cudnn_bwd_reread_dram=0.7,
                         varlen_frame_d128=120.0, varlen_frame_d128_causal=30.0, varlen_frame_d64=25.0,
-                        varlen_qo_weight=0.9)
+                        varlen_qo_weight=0.9, flex_o_weight=0.7)
     def points(specs):
         pts = []
         for s in specs:  # the varlen frames are fitted on the writes: attnscope's varlen rows carry them

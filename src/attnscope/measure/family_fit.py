@@ -9,6 +9,8 @@ The varlen spill frames (`WRITE_FIT`) are fitted the same way on the write count
 rows (Flex's rows and those without a finished program's frame only print their estimate). The one constant
 that is not linear, `varlen_qo_weight` (it moves a miss curve's argument), is fitted first, by a search over
 its values (`QO_WEIGHTS`) on the read counters of attnscope's varlen rows (the reads hold no frame term);
+`flex_o_weight` (the room of Flex's Q/O in its dirty-O credit) is searched over the same values but 0 on the
+write counters of Flex's varlen rows (absolute write error over each row's total: a resident call writes ~0).
 `attnscope_partials_onset` (where the decode partials start to leave the L2) is searched over `ONSETS`, the
 linear constants solved at each value, the least total squared relative error of the decode and backward
 rows taking it (the partials' share is linear in its slope below its cap of 1). Pure Python + NumPy/SciPy; no
@@ -26,7 +28,7 @@ from attnscope.model.family_params import FamilyParams
 from attnscope.model.traffic import DTYPE_BYTES
 
 #: constants fitted by a search (not linear in their estimate): the varlen Q/O room, on the read counters
-SEARCHED = ("varlen_qo_weight", "attnscope_partials_onset")
+SEARCHED = ("varlen_qo_weight", "flex_o_weight", "attnscope_partials_onset")
 LINEAR = tuple(f.name for f in fields(FamilyParams) if f.name not in SEARCHED)  # linear in their estimates
 #: constants of a write-only term, fitted on the write counters (on the totals, a read-side miss of the same
 #: rows would leak into them): the varlen spill frames
@@ -66,18 +68,14 @@ def _reads(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | No
     return qkv + sum(b for n, b, _ in est.terms if n in ("work_list", "kv_rereads"))
 
 
-def _search_qo_weight(rows: list, l2_bytes: int | None, sms: int | None, zero: FamilyParams,
-                      got: dict) -> None:
-    """`varlen_qo_weight` from (spec, total, reads) of attnscope varlen rows: the `QO_WEIGHTS` value with the
-    least squared relative read error over the rows whose estimate moves with it (the least such value
-    where several tie); left None when no row's estimate moves with it."""
-    def err(w):
-        p = replace(zero, varlen_qo_weight=w)
-        return [_reads(s, p, l2_bytes, sms) / r - 1.0 for s, _, r in rows]
-    table = {w: err(w) for w in QO_WEIGHTS} if rows else {}
+def _search(field: str, values, rows: list, error, zero: FamilyParams, got: dict) -> None:
+    """A constant that is not linear in its estimate: the one of ``values`` with the least sum of squared
+    ``error(params, row)`` over the ``rows`` whose error moves with it (the least such value where several
+    tie), into ``got[field]``; left None when no row's error moves with it."""
+    table = {v: [error(replace(zero, **{field: v}), r) for r in rows] for v in values} if rows else {}
     moving = [j for j in range(len(rows)) if len({round(e[j], 12) for e in table.values()}) > 1]
     if moving:
-        got["varlen_qo_weight"] = min(QO_WEIGHTS, key=lambda w: (sum(table[w][j] ** 2 for j in moving), w))
+        got[field] = min(values, key=lambda v: (sum(table[v][j] ** 2 for j in moving), v))
 
 
 def _writes(spec: dict, params: FamilyParams, l2_bytes: int | None, sms: int | None) -> float:
@@ -123,7 +121,7 @@ def fit(points: list[tuple], l2_bytes: int | None = None, sms: int | None = None
     step). A constant whose unconstrained least-squares value is negative (a byte term below zero: not
     physical) is 0 and listed in "zeroed". The decode and backward constants are fitted on the totals;
     `varlen_qo_weight` on the read counters and then `WRITE_FIT` on the write counters of the attnscope varlen
-    points that carry them."""
+    points that carry them, `flex_o_weight` on the write counters of the Flex varlen points."""
     zero = FamilyParams(**dict.fromkeys(LINEAR, 0.0), attnscope_partials_onset=0.0)
     got: dict = dict.fromkeys(f.name for f in fields(FamilyParams))
     zeroed: dict = {}
@@ -144,12 +142,21 @@ def fit(points: list[tuple], l2_bytes: int | None = None, sms: int | None = None
     read = [(s, m, m - w[0]) for s, m, *w in points
             if s["pass"] == "varlen" and s["impl"] == "attnscope" and w and w[0] is not None
             and _modelled(s, any_w, l2_bytes, sms)]
-    _search_qo_weight(read, l2_bytes, sms, zero, got)
+    # the Q/O room: relative read error of attnscope's rows
+    _search("varlen_qo_weight", QO_WEIGHTS, read, lambda p, r: _reads(r[0], p, l2_bytes, sms) / r[2] - 1.0,
+            zero, got)
     zero = replace(zero, varlen_qo_weight=got["varlen_qo_weight"])
     wrote = [(s, m, w[0]) for s, m, *w in points
              if s["pass"] == "varlen" and s["impl"] == "attnscope" and w and w[0] is not None
              and _modelled(s, zero, l2_bytes, sms)]
     _solve(wrote, WRITE_FIT, lambda s, p: _writes(s, p, l2_bytes, sms), got, zeroed, zero)
+    any_o = replace(zero, flex_o_weight=1.0)
+    flex = [(s, m, w[0]) for s, m, *w in points
+            if s["pass"] == "varlen" and s["impl"] == "flex" and w and w[0] is not None
+            and _modelled(s, any_o, l2_bytes, sms)]
+    # Flex's dirty-O room: write error over each row's total (a resident call writes ~0)
+    _search("flex_o_weight", [w for w in QO_WEIGHTS if w > 0], flex,
+            lambda p, r: (_writes(r[0], p, l2_bytes, sms) - r[2]) / r[1], zero, got)
     params = FamilyParams(**got)
     rows = []
     for s, m, *_ in points:

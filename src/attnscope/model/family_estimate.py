@@ -135,13 +135,14 @@ def capped(value: float, caps: dict | None, name: str, facts: dict) -> float:
     return value
 
 
-def _dirty_o(o: int, kv_read: float, q: int, l2: int) -> tuple:
+def _dirty_o(o: int, kv_read: float, q: int, l2: int, w: float | None = None) -> tuple:
     """The `CREDIT` term: bytes of the output ``o`` still dirty in the write-back L2 when the call ends, which
     ncu does not count. The forward estimate's rule (model/l2.py, `_retained`, measured there against the
     H200's counters): O written uniformly over the call's stream of insertions (the K/V bytes read from DRAM
-    at weight 1, Q and O at `L2Params.qo_weight`), random replacement at the `L2Params.shared` capacity."""
+    at weight 1, Q and O at ``w``: by default `L2Params.qo_weight`; Flex's `FamilyParams.flex_o_weight`),
+    random replacement at the `L2Params.shared` capacity."""
     p = H200_L2_PARAMS
-    w = p.qo_weight()
+    w = p.qo_weight() if w is None else w
     room = kv_read + (q + o) * w
     kept = _retained(0.0, o * w, room, p.shared * l2, total_span=room) / w
     return (CREDIT, -kept, DIRTY_O)
@@ -498,7 +499,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
     same tile config).
     flex: compulsory + the block mask (per query block two int32 counts and an int32 index per loaded KV
     block, read once: H and B broadcast) + its K/V re-reads: none while one head's pass (its Q, O and its
-    kv head's K, V) stays under `RESIDENT_BELOW` x the L2, else the forward estimate's (`_flex_rereads`).
+    kv head's K, V) stays under `RESIDENT_BELOW` x the L2, else the forward estimate's (`_flex_rereads`); its
+    dirty-O credit with Q/O at `FamilyParams.flex_o_weight` of room.
     ``params``: the constants (`FamilyParams`, the spill frames); a term whose constant is None raises
     `NotMeasured`.
     ``window``: attnscope's sliding window per sequence (``(left, right)``, causal bounds the right): each
@@ -594,7 +596,8 @@ def varlen_estimate(impl: str, lens, *, causal: bool = False, d: int = 128, dtyp
         rereads = _flex_rereads(lens, causal, d, dtype, h, hkv, _sms(sms, device), l2, what)
     terms.append(("kv_rereads", rereads, "K/V blocks re-read by later query blocks and by a group's other "
                                          "heads, missing the L2 (the forward estimate's wave rule)"))
-    terms.append(_dirty_o(qo, kv + rereads, qo, l2))
+    w_o = need(params, "flex_o_weight", f"{what}'s dirty-O credit")
+    terms.append(_dirty_o(qo, kv + rereads, qo, l2, w_o))
     return FamilyEstimate("varlen", impl, comp, tuple(terms), facts)
 
 

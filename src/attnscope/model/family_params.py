@@ -77,6 +77,11 @@ class FamilyParams:
     #: (`L2Params.qo_weight`, `lockstep_qo` 0.70, `wide_qo` 1.15). Not linear in the estimate: fitted by a
     #: search over the read counters (measure/family_fit.py; the H200 value: `H200_FAMILY_PARAMS`' note).
     varlen_qo_weight: float | None = None
+    #: Flex attention (a varlen document mask, a sliding window): L2 room a byte of its Q and O takes in the
+    #: dirty-O credit's stream (`family_estimate._dirty_o`), in K/V bytes, in place of the dense forward's
+    #: `L2Params.qo_weight` (0.58, attnscope's and FA-2's pattern): Flex keeps less of O dirty at the end.
+    #: Not linear: fitted by a search over Flex's write counters (measure/family_fit.py).
+    flex_o_weight: float | None = None
 
 
 #: The footprint (share of the L2) below which a re-read set is taken to stay in the L2 (Flex's heads): the
@@ -119,6 +124,10 @@ H200_FAMILY_PARAMS = FamilyParams(
     # their least mean |error| at 0.9 (3.9 %; 65-66 within 10 % from 0.7 to 1.1); a grid drawn before the fit
     # judges it (bench/grids/heldout_varlen4.csv)
     varlen_qo_weight=0.9,
+    # flex_o_weight: searched on the write counters of the 62 Flex rows of probe_varlen.csv (h200-2026-12-02-
+    # probe-varlen.json, -probe-varlen-new.json, h200-2026-12-02c-probe-varlen-last3.json) and the varlen
+    # held-out grids 1-4 (development data); a grid drawn after the fit judges it (heldout_varlen5.csv)
+    flex_o_weight=0.78,
 )
 
 #: field -> the probe rows that measure it (bench/grids/probe_*.csv, column ``probe``) and how.
@@ -128,6 +137,9 @@ PROBES = {
                                "on the totals (bench/fit_family_params.py, on the rows of h200-"
                                "2026-12-02-probe-decode, -heldout-decode and h200-2026-12-05-heldout_decode_"
                                "window, 58 of them with splits; the last two grids development data since)",
+    "flex_o_weight": "probe_varlen.csv x-ragged, x-gqa, x-long, x-d64, x-write (Flex) and the Flex rows of "
+                     "the varlen held-out grids 1-4, searched on the write counters (measure/family_fit.py "
+                     "SEARCHED)",
     "attnscope_partials_onset": "searched with attnscope_partials_dram (measure/family_fit.py SEARCHED) on "
                                 "the same rows",
     "row_tile_kv_miss": "probe_decode.csv d-chunk1 vs d-chunk2 (nq 16 vs 64 at group 4: one vs two row "

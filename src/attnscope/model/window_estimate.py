@@ -30,7 +30,8 @@ unequal tiles in turn.
 The kernels are what ``flash_attention(..., window=...)`` runs on an sm_90 GPU (`window_kernel`: the
 dispatch rule's pick, `model.dispatch`) and Flex attention's forward with a sliding-window block mask
 (`family_estimate.FLEX_KERNELS`, its 128 x 128 sparse blocks loaded whole). No constant of its own: the
-L2's capacities, ramps and Q/O weight are the forward estimate's (model/l2_params.py, each with its probe);
+L2's capacities, ramps and Q/O weight are the forward estimate's (model/l2_params.py, each with its probe),
+Flex's dirty-O room the varlen estimate's (`FamilyParams.flex_o_weight`);
 the window kernels' CTAs per SM come from ptxas (`l2_params.WINDOW_KERNELS`). Closed form: cost independent
 of N. Pure Python.
 """
@@ -49,6 +50,7 @@ from attnscope.model.family_estimate import (
     _sectors,
     _sms,
 )
+from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2 import VALIDATED_HEAD_DIMS
 from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, KERNELS, WINDOW_KERNELS, Kernel, miss
 from attnscope.model.tiles import Grid, bounded_window, window_span
@@ -129,7 +131,8 @@ def group_gap_miss(n: int, tiles: int, c: int, block: int, width: int, row: floa
 
 def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int = 128, dtype: str = "fp16",
                     batch: int = 1, heads: int = 32, kv_heads: int | None = None, sms: int | None = None,
-                    l2_bytes: int | None = None, device: str = "h200") -> FamilyEstimate:
+                    l2_bytes: int | None = None, device: str = "h200",
+                    params: FamilyParams = H200_FAMILY_PARAMS) -> FamilyEstimate:
     """Estimated DRAM bytes of one sliding-window forward, whole call (module docstring).
 
     Parameters
@@ -139,6 +142,7 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     n: Nq = Nk; window: ``(left, right)``, -1 unbounded, at least one side bounded (causal bounds the
         right); d (64 or 128: the estimate's validated head dims), dtype, batch, heads, kv_heads.
     sms, l2_bytes, device: the GPU's SM count and L2 (default: the device table's).
+    params: the constants (`FamilyParams`: Flex's dirty-O room, `flex_o_weight`).
 
     Returns
     -------
@@ -186,7 +190,8 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
                       f"{tiles} query blocks' counts and {loaded} KV block indices, once"))
     qo = batch * h * n * d * b
     kv_read = batch * hkv * n * kv_row + inside + group_rr
-    terms.append(_dirty_o(qo, kv_read, qo, l2))
+    w_o = need(params, "flex_o_weight", "window flex's dirty-O credit") if impl == "flex" else None
+    terms.append(_dirty_o(qo, kv_read, qo, l2, w_o))
     return FamilyEstimate("window", impl, comp, tuple(terms), facts)
 
 
