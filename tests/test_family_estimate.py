@@ -445,6 +445,14 @@ def test_probe_sweeps_fit_back_the_constants_they_were_made_with(tmp_path, capsy
     assert got == {f.name: pytest.approx(getattr(true, f.name), rel=1e-2) for f in fields(FamilyParams)}
     out = capsys.readouterr().out
     assert "attnscope_partials_dram = 0.3" in out and "varlen_qo_weight = 0.9" in out
+    assert "flex_o_weight = 0.7" in out
+    # bench/results keeps large sweeps gzipped: the script reads them as stored, write counters included
+    zipped = []
+    for f in files:
+        zipped.append(f + ".gz")
+        Path(zipped[-1]).write_bytes(gzip.compress(Path(f).read_bytes()))
+    assert script.main([*zipped, "--json", str(tmp_path / "fit_gz.json")]) == 0
+    assert json.loads((tmp_path / "fit_gz.json").read_text())["params"] == got
 
 
 def test_from_json_reads_a_gzipped_sweep_as_its_text(capsys, tmp_path):
