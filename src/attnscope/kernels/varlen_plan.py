@@ -81,8 +81,10 @@ def _check_seqlens(cu, name: str, total: int, max_seqlen: int, max_name: str) ->
 
 #: Bits of the device error word (`_common.device_error_flag(..., "varlen")`), one per argument.
 ERROR_BITS = {
-    1: "cu_seqlens_q: expected int32 values from 0 to total_q, non-decreasing, got others",
-    2: "cu_seqlens_k: expected int32 values from 0 to total_k, non-decreasing, got others",
+    1: "cu_seqlens_q: expected int32 values from 0 to total_q, non-decreasing, the first 0 and the last "
+       "total_q (q.shape[0]), got others",
+    2: "cu_seqlens_k: expected int32 values from 0 to total_k, non-decreasing, the first 0 and the last "
+       "total_k (k.shape[0]), got others",
     4: "max_seqlen_q: expected >= the longest query sequence, got a smaller value",
     8: "max_seqlen_k: expected >= the longest key sequence, got a smaller value",
 }
