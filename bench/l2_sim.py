@@ -463,6 +463,17 @@ def main():
                     help="attnscope's kernel: the portable one, or the Gluon variant `attnscope bytes` "
                     "estimates for the call (model.dispatch.hopper_variant; non-persistent ones only)")
     a = ap.parse_args()
+    if a.impl == "flex" and a.window is None:
+        ap.error("--impl flex: expected --window L,R too (Flex is simulated with a sliding window only), "
+                 "got none")
+    try:
+        run(a)
+    except ValueError as e:  # attnscope's InputError too: one line, exit 2
+        ap.error(str(e))
+
+
+def run(a) -> None:
+    """The simulation ``main`` parsed (module docstring)."""
     if a.backward:
         from attnscope.model.backward_estimate import BWD_KERNELS
         from attnscope.model.traffic import DTYPE_BYTES
@@ -504,10 +515,7 @@ def main():
     args = (a.impl, a.batch, a.heads, a.n, a.d, a.causal)
     kw = {"kv_heads": a.kv_heads, "frames": a.frames, "ramp": a.ramp, "jitter": a.jitter, "seed": a.seed,
           "dtype": a.dtype, "attnscope_impl": a.attnscope_impl}
-    try:
-        extra = attention(*args, a.cap, **kw)
-    except ValueError as e:
-        ap.error(str(e))
+    extra = attention(*args, a.cap, **kw)
     heads = f"{a.heads}/{a.kv_heads}" if a.kv_heads else str(a.heads)
     print(f"{a.impl} B={a.batch} H={heads} N={a.n} d={a.d} {'causal' if a.causal else 'unmasked'}: "
           f"K/V reads beyond one pass at {a.cap:.3f} x L2 ({'LRU' if a.ramp is None else f'ramp {a.ramp}'}"
