@@ -849,6 +849,27 @@ def test_help_lists_the_public_api():
         assert entry in attnscope.__doc__
 
 
+def test_public_functions_carry_type_hints():
+    """Every parameter and return of the public API (attnscope's entries, DecodePlan's methods, the flash-attn
+    interface) is annotated."""
+    import inspect
+
+    import attnscope
+
+    def bare(f):
+        sig = inspect.signature(f)
+        missing = [p for p, v in sig.parameters.items()
+                   if p not in ("self", "cls") and v.annotation is v.empty]
+        return missing + (["return"] if sig.return_annotation is sig.empty else [])
+    funcs = {n: getattr(attnscope, n) for n in attnscope.__all__ if inspect.isfunction(getattr(attnscope, n))}
+    funcs |= {f"DecodePlan.{n}": f for n, f in vars(attnscope.DecodePlan).items()
+              if inspect.isfunction(f) and not n.startswith("_")}
+    funcs |= {n: getattr(fai, n) for n in ("flash_attn_func", "flash_attn_varlen_func",
+                                           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+                                           "flash_attn_with_kvcache")}
+    assert len(funcs) >= 10 and {n: bare(f) for n, f in funcs.items() if bare(f)} == {}
+
+
 def test_optional_dependencies():
     """The kernels extra pins a numpy Triton's interpreter accepts; one module imports transformers."""
     from pathlib import Path

@@ -48,6 +48,7 @@ from attnscope.kernels.decode.heuristics import (
 )
 
 torch, triton = import_torch_triton()
+Tensor = torch.Tensor
 
 
 NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "k_scale", "v_scale", "sinks",
@@ -248,8 +249,10 @@ class DecodePlan:
         return None
 
     @on_tensor_device(torch)
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, k_scale=None, v_scale=None,
-            sinks=None, cache_leftpad=None, out=None, lse_out=None):
+    def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None = None,
+            block_table: Tensor | None = None, *, k_scale: Tensor | None = None,
+            v_scale: Tensor | None = None, sinks: Tensor | None = None, cache_leftpad: Tensor | None = None,
+            out: Tensor | None = None, lse_out: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Launch on tensors with the planned layouts (values may change freely).
 
         Returns ``o`` [B, Hq, Nq, d] in q's dtype, and ``lse`` [B, Hq, Nq] fp32 (natural log) when the
