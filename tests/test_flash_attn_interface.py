@@ -851,7 +851,8 @@ def test_help_lists_the_public_api():
 
 def test_public_functions_carry_type_hints():
     """Every parameter and return of the public API (attnscope's entries, DecodePlan's methods, the flash-attn
-    interface) is annotated."""
+    interface, ring attention, the transformers integration) is annotated."""
+    import importlib.util
     import inspect
 
     import attnscope
@@ -867,7 +868,13 @@ def test_public_functions_carry_type_hints():
     funcs |= {n: getattr(fai, n) for n in ("flash_attn_func", "flash_attn_varlen_func",
                                            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
                                            "flash_attn_with_kvcache")}
-    assert len(funcs) >= 10 and {n: bare(f) for n, f in funcs.items() if bare(f)} == {}
+    from attnscope.distributed import ring
+    funcs |= {f"ring.{n}": getattr(ring, n) for n in ("ring_attention", "shard", "unshard")}
+    if importlib.util.find_spec("transformers") is not None:
+        from attnscope.integrations import transformers as hf
+        funcs |= {f"hf.{n}": getattr(hf, n)
+                  for n in ("register", "filled", "padding_mask", "attention_forward")}
+    assert len(funcs) >= 13 and {n: bare(f) for n, f in funcs.items() if bare(f)} == {}
 
 
 def test_optional_dependencies():

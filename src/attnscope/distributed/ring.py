@@ -49,7 +49,8 @@ def _check_x(x, name="x"):
                          f"{tuple(x.shape) if hasattr(x, 'shape') else type(x).__name__}")
 
 
-def shard(x, causal: bool, group=None):
+def shard(x: torch.Tensor, causal: bool,
+          group: torch.distributed.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's shard of the whole sequence x [B, H, N, d] (dim 2).
 
     Unmasked: contiguous slice i of P. Causal: chunks i and 2P-1-i of 2P, concatenated (load balance).
@@ -75,7 +76,8 @@ def _all_lengths(n_local: int, device, group) -> list[int]:
     return [int(t.item()) for t in out]
 
 
-def unshard(x, causal: bool, group=None):
+def unshard(x: torch.Tensor, causal: bool,
+            group: torch.distributed.ProcessGroup | None = None) -> torch.Tensor:
     """Inverse of `shard`: all-gather every rank's [B, H, N_local, d] and return the whole [B, H, N, d]."""
     import torch
     import torch.distributed as dist

@@ -95,7 +95,7 @@ def register(name: str = "attnscope") -> str:
     return name
 
 
-def filled(batch_size: int, n: int, device=None) -> Tensor:
+def filled(batch_size: int, n: int, device: torch.device | str | None = None) -> Tensor:
     """The padding mask [B, n] of ones in the form that says so without a read: stride 0 (one stored
     True). `attention_forward` takes a stride-0 mask as "no padding, keys [0, n) filled"."""
     return torch.ones((), dtype=torch.bool, device=device).expand(batch_size, n)
@@ -147,9 +147,9 @@ def _is_key_mask(mask: Tensor) -> bool:
     return mask.dim() == 4 and mask.dtype == torch.bool and mask.shape[1] == 1 and mask.shape[2] == 1
 
 
-def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
-                 attention_mask: Tensor | None = None, device=None, allow_is_causal_skip: bool = True,
-                 **kwargs) -> Tensor | None:
+def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                 attention_mask: Tensor | None = None, device: torch.device | str | None = None,
+                 allow_is_causal_skip: bool = True, **kwargs: object) -> Tensor | None:
     """The mask transformers builds for attnscope: flash-attn's form (None, or the 2-D padding mask
     [B, <= kv_length], True = a real token, the queries its last columns; keys beyond its length are
     padding). A static cache's mask (shorter than ``kv_length``) without padding becomes `filled`, or for a
@@ -240,10 +240,11 @@ def _refuse(dropout, attention_mask, kwargs) -> None:
                                   f"sequence, a 4-D bool mask [B, 1, 1, kv_len], got {got}")
 
 
-def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                      attention_mask: Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None, sliding_window: int | None = None,
                       softcap: float | None = None, is_causal: bool | None = None,
-                      s_aux: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+                      s_aux: Tensor | None = None, **kwargs: object) -> tuple[Tensor, None]:
     """transformers' attention-function contract over attnscope's kernels.
 
     Parameters
