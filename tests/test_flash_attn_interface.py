@@ -109,6 +109,9 @@ FLASH_ATTN_SIGNATURES = {
     "flash_attn_kvpacked_func": ["q", "kv", *_DENSE_TAIL],
     "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                                *_DENSE_TAIL, ("block_table", None)],
+    "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen", *_DENSE_TAIL],
+    "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                                        "max_seqlen_k", *_DENSE_TAIL],
     "flash_attn_with_kvcache": ["q", "k_cache", "v_cache", ("k", None), ("v", None), ("rotary_cos", None),
                                 ("rotary_sin", None), ("cache_seqlens", None), ("cache_batch_idx", None),
                                 ("cache_leftpad", None), ("block_table", None), ("softmax_scale", None),
@@ -116,6 +119,10 @@ FLASH_ATTN_SIGNATURES = {
                                 ("rotary_interleaved", True), ("alibi_slopes", None), ("num_splits", 0),
                                 ("return_softmax_lse", False)],
 }
+
+
+def test_every_public_function_has_its_flash_attn_signature_listed():
+    assert sorted(FLASH_ATTN_SIGNATURES) == sorted(fai.__all__)
 
 
 @pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
@@ -273,6 +280,59 @@ def test_varlen_backward():
     rows = torch.ones(1, 33, 1, dtype=torch.bool)
     for name, a, b, c in zip("qkv", got, ref, own, strict=True):
         _assert_close(a[None], b[None], c[None], rows, checks.GRAD_FACTOR, f"d{name}")
+
+
+def test_varlen_kvpacked_forward_and_lse():
+    """kv [total_k, 2, Hkv, d]: the same result as flash_attn_varlen_func on its unbind views, GQA."""
+    g = torch.Generator().manual_seed(8)
+    lq, lk = [17, 1, 40], [30, 5, 40]
+    q, k, v, cq, ck = _packed(lq, lk, 4, 2, g)
+    kv = torch.stack([k, v], 1)
+    o, lse, probs = fai.flash_attn_varlen_kvpacked_func(q, kv, cq, ck, max(lq), max(lk), causal=True,
+                                                        return_attn_probs=True)
+    assert probs is None and o.shape == q.shape and lse.shape == (4, sum(lq))
+    for s, (o_ref, lse_ref, ok) in enumerate(_per_sequence(lambda a, b, c: _reference(a, b, c, True),
+                                                           (q, k, v), (cq, ck, ck))):
+        a, b, x, y = int(cq[s]), int(cq[s + 1]), int(ck[s]), int(ck[s + 1])
+        _assert_close(o[a:b][None], o_ref, _torch_own(q[a:b][None], k[x:y][None], v[x:y][None], ok), ok,
+                      what=f"sequence {s}")
+        _assert_lse(lse[:, a:b][None], lse_ref)
+
+
+def test_varlen_qkvpacked_backward():
+    """qkv [total, 3, H, d], one cu_seqlens: the gradient flows through the unbind views into qkv."""
+    g = torch.Generator().manual_seed(9)
+    spans = ((0, 13), (13, 33))
+    qkv, dout = _randn(33, 3, 2, 64, g=g), _randn(33, 2, 64, g=g)
+    cu = torch.tensor([0, 13, 33], dtype=torch.int32, device=DEVICE)
+    (got,) = _grads(lambda t: fai.flash_attn_varlen_qkvpacked_func(t, cu, 20, causal=True,
+                                                                   window_size=(9, 0)), [qkv], dout)
+
+    def per_sequence(fn, t):  # fn(q, k, v, mask) on each sequence's [1, n, H, d] views
+        return torch.cat([fn(*(x[a:b][None] for x in t.unbind(1)),
+                             _visible(b - a, b - a, [b - a], True, (9, 0)))[0] for a, b in spans])
+    (ref,) = _grads(lambda t: per_sequence(lambda a, b, c, _: _reference(a, b, c, True, (9, 0))[0], t),
+                    [qkv.double()], dout.double())
+    (own,) = _grads(lambda t: per_sequence(_torch_own, t), [qkv], dout)
+    rows = torch.ones(1, 33, 1, dtype=torch.bool)
+    for i in range(3):
+        _assert_close(got[None, :, i], ref[None, :, i], own[None, :, i], rows, checks.GRAD_FACTOR,
+                      f"d{'qkv'[i]}")
+
+
+@pytest.mark.parametrize("fn, args, match", [
+    ("flash_attn_varlen_qkvpacked_func", lambda q, cu: (torch.stack([q, q], 1), cu, 8), r"qkv: .*\[total, 3"),
+    ("flash_attn_varlen_qkvpacked_func", lambda q, cu: (q, cu, 8), r"qkv: expected a 4-d"),
+    ("flash_attn_varlen_kvpacked_func", lambda q, cu: (q, torch.stack([q] * 3, 1), cu, cu, 8, 8),
+     r"kv: .*\[total_k, 2"),
+    ("flash_attn_qkvpacked_func", lambda q, cu: (torch.stack([q, q], 1)[None],), r"qkv: .*\[B, N, 3"),
+    ("flash_attn_kvpacked_func", lambda q, cu: (q[None], torch.stack([q] * 3, 1)[None]),
+     r"kv: .*\[B, Nk, 2")])
+def test_packed_layouts_refused(fn, args, match):
+    q = _small(torch.Generator().manual_seed(0))[0][0]  # [8, 2, 64]
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(InputError, match=match):
+        getattr(fai, fn)(*args(q, cu))
 
 
 # --- with_kvcache ----------------------------------------------------------------------------------
@@ -865,9 +925,7 @@ def test_public_functions_carry_type_hints():
     funcs = {n: getattr(attnscope, n) for n in attnscope.__all__ if inspect.isfunction(getattr(attnscope, n))}
     funcs |= {f"DecodePlan.{n}": f for n, f in vars(attnscope.DecodePlan).items()
               if inspect.isfunction(f) and not n.startswith("_")}
-    funcs |= {n: getattr(fai, n) for n in ("flash_attn_func", "flash_attn_varlen_func",
-                                           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
-                                           "flash_attn_with_kvcache")}
+    funcs |= {n: getattr(fai, n) for n in fai.__all__}
     from attnscope.distributed import ring
     funcs |= {f"ring.{n}": getattr(ring, n) for n in ("ring_attention", "shard", "unshard")}
     if importlib.util.find_spec("transformers") is not None:

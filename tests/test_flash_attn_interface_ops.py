@@ -85,7 +85,9 @@ def _calls(return_lse: bool):
     q, k, v = _rnd(B, N, Hq, d, g=g), _rnd(B, N, Hkv, d, g=g), _rnd(B, N, Hkv, d, g=g)
     kv, qkv = torch.stack([k, v], 2), _rnd(B, N, 3, Hq, d, g=g)
     cu = torch.tensor([0, 13, N], dtype=torch.int32, device=DEVICE)
-    qp, kp, vp = (t[0] for t in (q, k, v))
+    qp, kp, vp, kvp = (t[0] for t in (q, k, v, kv))
+    qkvp = qkv[0]
+    kvu, qkvu = kvp.unbind(1), qkvp.unbind(1)  # varlen packed views: kv, qkv [total, 2|3, H, d]
     qd, kc, vc = _rnd(2, 1, Hq, d, g=g), _rnd(2, 40, Hkv, d, g=g), _rnd(2, 40, Hkv, d, g=g)
     lens = torch.tensor([40, 17], dtype=torch.int32, device=DEVICE)
     kp_, vp_ = _rnd(5, 16, Hkv, d, g=g), _rnd(5, 16, Hkv, d, g=g)  # paged: 5 pages of 16
@@ -105,6 +107,12 @@ def _calls(return_lse: bool):
         "flash_attn_varlen_func": (
             lambda: fai.flash_attn_varlen_func(qp, kp, vp, cu, cu, 19, 19, causal=True, **lse),
             lambda: attnscope.flash_attention_varlen(qp, kp, vp, cu, cu, 19, 19, causal=True, **lse_n)),
+        "flash_attn_varlen_kvpacked_func": (
+            lambda: fai.flash_attn_varlen_kvpacked_func(qp, kvp, cu, cu, 19, 19, causal=True, **lse),
+            lambda: attnscope.flash_attention_varlen(qp, *kvu, cu, cu, 19, 19, causal=True, **lse_n)),
+        "flash_attn_varlen_qkvpacked_func": (
+            lambda: fai.flash_attn_varlen_qkvpacked_func(qkvp, cu, 19, causal=True, **lse),
+            lambda: attnscope.flash_attention_varlen(*qkvu, cu, cu, 19, 19, causal=True, **lse_n)),
         "flash_attn_with_kvcache": (
             lambda: fai.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, **lse_d),
             lambda: attnscope.flash_decode(qdv, kcv, vcv, cache_seqlens=lens, **lse_n)),
@@ -136,9 +144,12 @@ def _launches(fn, monkeypatch) -> collections.Counter:
 #: What an interface call dispatches beyond its native call: the views of a packed tensor (one unbind gives
 #: the kernels' [B, N, H, d] q, k, v at their offsets in qkv / kv, whose addresses the launch reads).
 EXTRA = {"flash_attn_kvpacked_func": {("aten.unbind.int", True): 1},
-         "flash_attn_qkvpacked_func": {("aten.unbind.int", True): 1}}
+         "flash_attn_qkvpacked_func": {("aten.unbind.int", True): 1},
+         "flash_attn_varlen_kvpacked_func": {("aten.unbind.int", True): 1},
+         "flash_attn_varlen_qkvpacked_func": {("aten.unbind.int", True): 1}}
 NAMES = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-         "flash_attn_with_kvcache", "flash_attn_with_kvcache paged"]
+         "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
+         "flash_attn_with_kvcache paged"]
 
 
 @pytest.mark.parametrize("return_lse", [False, True])

@@ -11,6 +11,8 @@ function                        flash-attn layout                           kern
 `flash_attn_qkvpacked_func`     qkv [B, N, 3, H, d]                         `flash_attention` + backward
 `flash_attn_kvpacked_func`      q [B, Nq, Hq, d], kv [B, Nk, 2, Hkv, d]     `flash_attention` + backward
 `flash_attn_varlen_func`        q [total_q, Hq, d], k, v [total_k, Hkv, d]  `flash_attention_varlen` + bwd
+`flash_attn_varlen_qkvpacked_   qkv [total, 3, H, d]; kvpacked: q, kv       `flash_attention_varlen` + bwd
+func`, ``..._kvpacked_func``    [total_k, 2, Hkv, d]
 `flash_attn_with_kvcache`       q [B, Nq, Hq, d]; cache [B, L, Hkv, d]      `flash_decode`
                                 or paged [pages, page, Hkv, d]
 ==============================  ==========================================  ============================
@@ -25,9 +27,8 @@ varlen); attention probabilities are never materialised. ``causal`` is bottom-ri
 2.1); ``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
 
 `flash_attn_with_kvcache`'s rotary embedding (``rotary_cos`` / ``rotary_sin``) is applied with torch ops
-before the append and the attention (`_rotary`), not inside the kernels. What flash-attn has and attnscope
-does not (dropout, ALiBi, a paged varlen call) raises
-NotImplementedError naming the argument; nothing is ignored.
+before the append and the attention (`_rotary`), not in the kernels. What flash-attn has and attnscope lacks
+(dropout, ALiBi, a paged varlen call) raises NotImplementedError naming the argument; nothing is ignored.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ from attnscope.kernels.varlen import _launch as _launch_varlen  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
-           "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+           "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_with_kvcache"]
 
 Tensor = torch.Tensor
 
@@ -116,6 +118,13 @@ def _deterministic(deterministic) -> dict:
 
 
 _check_rank = functools.partial(check_rank, torch)  # flash-attn's layouts in messages (kernels: [B, H, N, d])
+
+
+def _check_packed(name: str, t, rank: int, count: int, layout: str) -> None:
+    """A packed tensor: ``rank`` dims, ``count`` (3: q, k, v; 2: k, v) along dim ``rank - 3``."""
+    _check_rank(name, t, rank, layout)
+    if t.shape[rank - 3] != count:
+        raise InputError(f"{name}: expected shape {layout}, got {tuple(t.shape)}")
 
 
 def _bhnd(t: Tensor) -> Tensor:
@@ -232,10 +241,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = _OFF, softmax_scal
 
     Returns out [B, N, H, d] (and, with ``return_attn_probs``, softmax_lse [B, H, N] and None); the
     gradient flows back into ``qkv``."""
-    if not (isinstance(qkv, Tensor) and qkv.dim() == 5):
-        _check_rank("qkv", qkv, 5, "[B, N, 3, H, d]")
-    if qkv.shape[2] != 3:
-        raise InputError(f"qkv: expected shape [B, N, 3, H, d], got {tuple(qkv.shape)}")
+    _check_packed("qkv", qkv, 5, 3, "[B, N, 3, H, d]")
     mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
                        return_attn_probs)
     if _eager(qkv):
@@ -253,11 +259,8 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = _OFF,
     """`flash_attn_func` with k, v packed: q [B, Nq, Hq, d], ``kv`` [B, Nk, 2, Hkv, d] (views, no copy).
 
     Returns out [B, Nq, Hq, d] (and, with ``return_attn_probs``, softmax_lse [B, Hq, Nq] and None)."""
-    if not (isinstance(q, Tensor) and isinstance(kv, Tensor) and q.dim() == 4 and kv.dim() == 5):
-        _check_rank("q", q, 4, "[B, Nq, Hq, d]")
-        _check_rank("kv", kv, 5, "[B, Nk, 2, Hkv, d]")
-    if kv.shape[2] != 2:
-        raise InputError(f"kv: expected shape [B, Nk, 2, Hkv, d], got {tuple(kv.shape)}")
+    _check_rank("q", q, 4, "[B, Nq, Hq, d]")
+    _check_packed("kv", kv, 5, 2, "[B, Nk, 2, Hkv, d]")
     mods = _train_mods(causal, window_size, softcap, dropout_p, alibi_slopes, deterministic,
                        return_attn_probs)
     if _eager(q, kv):
@@ -317,6 +320,35 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     res = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                  softmax_scale, return_attn_probs, **mods)
     return (*res, None) if return_attn_probs else res
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                                     dropout_p: float = _OFF, softmax_scale: float | None = None,
+                                     causal: bool = False, window_size: tuple[int, int] = _NO_WINDOW,
+                                     softcap: float = _OFF, alibi_slopes: Tensor | None = None,
+                                     deterministic: bool = False,
+                                     return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
+    """`flash_attn_varlen_func` with q, k, v packed: ``qkv`` [total, 3, H, d] (``qkv.unbind(1)``, views), one
+    ``cu_seqlens`` (int32 [B + 1]) and ``max_seqlen`` for q and k. Returns out [total, H, d] (and, with
+    ``return_attn_probs``, softmax_lse [H, total] and None); the gradient flows back into ``qkv``."""
+    _check_packed("qkv", qkv, 4, 3, "[total, 3, H, d]")
+    return flash_attn_varlen_func(*qkv.unbind(1), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = _OFF,
+                                    softmax_scale: float | None = None, causal: bool = False,
+                                    window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _OFF,
+                                    alibi_slopes: Tensor | None = None, deterministic: bool = False,
+                                    return_attn_probs: bool = False) -> Tensor | tuple[Tensor, Tensor, None]:
+    """`flash_attn_varlen_func` with k, v packed: q [total_q, Hq, d], ``kv`` [total_k, 2, Hkv, d] (views).
+    Returns out [total_q, Hq, d] (and, with ``return_attn_probs``, softmax_lse [Hq, total_q] and None)."""
+    _check_packed("kv", kv, 4, 2, "[total_k, 2, Hkv, d]")
+    return flash_attn_varlen_func(q, *kv.unbind(1), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
 
 
 # --- decode with a KV cache ----------------------------------------------------------------------
