@@ -122,11 +122,11 @@ class _Ring:
         return bufs, self.start(tensors, bufs)
 
 
-def _step_plan(r: int, s: int, p: int, causal: bool, lens_src: tuple[int, int] | None, n_q: tuple[int, int]):
+def _step_plan(r: int, s: int, causal: bool, lens_src: tuple[int, int] | None, n_q: tuple[int, int]):
     """Which sub-block rank r computes with the K/V of rank s.
 
-    Returns (q_lo, q_hi, k_hi, causal_flag) — queries [q_lo, q_hi) against keys [0, k_hi) — or None
-    to skip. `n_q` = (low chunk, high chunk) lengths of rank r; `lens_src` = those of rank s.
+    Returns (q_lo, q_hi, k_hi, causal_flag): queries [q_lo, q_hi) against keys [0, k_hi) (None: all).
+    `n_q` = (low chunk, high chunk) lengths of rank r; `lens_src` = those of rank s.
     """
     nq = n_q[0] + n_q[1]
     if not causal:
@@ -192,10 +192,7 @@ def _blocks(r: int, s: int, p: int, causal: bool, chunks, window):
     shares a visible pair, with the signed band ``bounds`` of `kernels.bwd.window_keep` that puts the
     global window on the block's bottom-right diagonal; pairs wholly outside the window are skipped."""
     if window is None:
-        plan = _step_plan(r, s, p, causal, chunks[s], chunks[r])
-        if plan is None:
-            return []
-        lo, hi, kh, cflag = plan
+        lo, hi, kh, cflag = _step_plan(r, s, causal, chunks[s], chunks[r])
         nk = sum(chunks[s]) if kh is None else kh
         return [(lo, hi, 0, nk, cflag, None)] if hi > lo and nk > 0 else []
     from attnscope.kernels.bwd import WINDOW_UNBOUNDED

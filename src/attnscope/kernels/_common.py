@@ -303,7 +303,7 @@ def check_same(name: str, what: str, expected, got) -> None:
         raise InputError(f"{name}: expected {what} {expected}, got {got}")
 
 
-def check_device(torch, tensors: dict) -> None:
+def check_device(tensors: dict) -> None:
     """All on one device; CUDA, or CPU under TRITON_INTERPRET=1."""
     first_name, first = next((n, t.device) for n, t in tensors.items())
     for n, t in tensors.items():

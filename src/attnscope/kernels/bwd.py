@@ -461,7 +461,7 @@ def _check_inputs(do, q, k, v, o, lse, scale):
         check_tensor(torch, name, t, 4, layout)
     if not isinstance(lse, torch.Tensor):
         raise InputError(f"lse: expected a float32 tensor [B, Hq, Nq], got {type(lse).__name__}")
-    check_device(torch, {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse})
+    check_device({"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse})
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     check_same("k", "batch", B, k.shape[0])

@@ -264,7 +264,7 @@ def _check_flags(causal, scale, return_lse) -> None:
 def _check_inputs(q, k, v):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(torch, name, t, 4, "[B, Hq, Nq, d]" if name == "q" else "[B, Hkv, Nk, d]")
-    check_device(torch, {"q": q, "k": k, "v": v})
+    check_device({"q": q, "k": k, "v": v})
     B, Hq, Nq, d = q.shape
     for name, t in (("k", k), ("v", v)):
         check_same(name, "batch", B, t.shape[0])

@@ -42,7 +42,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                              f"got shape {tuple(cu.shape)}")
         if cu.stride(0) != 1:  # the kernel reads cu[s] at offset s
             raise InputError(f"{name}: expected a contiguous tensor, got stride {cu.stride(0)}")
-    check_device(torch, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
+    check_device({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
     check_same("cu_seqlens_k", "length (B + 1, as cu_seqlens_q)", cu_seqlens_q.shape[0],
                cu_seqlens_k.shape[0])
     total_q, Hq, d = q.shape

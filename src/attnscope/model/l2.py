@@ -130,15 +130,10 @@ class Estimate(KernelTotals):
                 "credits": [list(c) for c in self.credits], "kernels": [k.to_json() for k in self.kernels]}
 
 
-def _survival(t_write: float, t_end: float, cap: float) -> float:
-    """Probability that a byte inserted at insertion-time ``t_write`` is resident at ``t_end`` (random
-    replacement once ``cap`` bytes have been inserted)."""
-    return math.exp(-max(0.0, t_end - max(t_write, cap)) / cap)
-
-
 def _retained(start: float, size: float, t_end: float, cap: float, total_span: float | None = None) -> float:
     """Bytes of a buffer of ``size`` written uniformly over insertion-times [start, start + span] still
-    resident at ``t_end`` (closed form of the integral of `_survival`)."""
+    resident at ``t_end`` under random replacement once ``cap`` bytes have been inserted: a byte inserted at
+    t survives to ``t_end`` with exp(-max(0, t_end - max(t, cap)) / cap), integrated in closed form."""
     span = size if total_span is None else total_span
     if size <= 0 or span <= 0:
         return 0.0
@@ -223,7 +218,7 @@ def dead_frame_evicted(inserted: float, ctas: int, concurrent: int, cap: float) 
     """Fraction of the finished CTAs' dead (dirty) spill frames written back to DRAM: evicted before a new
     CTA takes the same warp slots and re-dirties them, `L2Params.slot_reuse_lifetimes` CTA lifetimes later.
     In one lifetime the machine inserts ``inserted`` x concurrent / ctas bytes; a line survives D inserted
-    bytes with exp(-D / cap) (random replacement, `_survival`); a call whose insertions fit evicts nothing."""
+    bytes with exp(-D / cap) (random replacement, `_retained`); a call whose insertions fit evicts nothing."""
     for name, x in (("inserted", inserted), ("cap", cap)):
         expect(finite_real(x) and x >= 0, name, "a finite number >= 0", x)
     positive_int("ctas", ctas)

@@ -154,7 +154,7 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, s
                                  f"got {type(t).__name__}")
             expect(t.dtype == torch.int32, name, "dtype torch.int32", t.dtype)
             tensors[name] = t
-    check_device(torch, tensors)
+    check_device(tensors)
     B, Hq, Nq, d = q.shape
     if B == 0 or Hq == 0 or Nq == 0:
         raise InputError(f"q: expected B >= 1, Hq >= 1 and Nq >= 1, got shape {tuple(q.shape)}")
