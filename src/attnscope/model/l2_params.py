@@ -106,18 +106,20 @@ class L2Params:
     shared: float = 0.434
     shared_ramp: float = 1.38
     private: float = 0.656
-    # unmasked MHA sets read by <= C readers: bench/l2_reuse.py E --fit
-    # (bench/results/h200-2026-12-01-l2-reuse-stream.json); see `for_lockstep`
+    # unmasked MHA sets read by <= C readers (`for_lockstep`): bench/l2_reuse.py E --fit, RMS 0.040 in
+    # amplification (bench/results/h200-2026-12-01-l2-reuse-stream.json)
     lockstep: float = 0.51
     lockstep_ramp: float = 1.45
     lockstep_qo: float = 0.70
-    # ... by > C readers: bench/l2_reuse.py E-wide --fit (bench/results/h200-2026-12-01-l2-reuse-wide.json)
+    # ... by > C readers (`for_wide`): bench/l2_reuse.py E-wide --fit, RMS 0.007
+    # (bench/results/h200-2026-12-01-l2-reuse-wide.json)
     wide: float = 0.45
     wide_ramp: float = 2.0
     wide_qo: float = 1.15
     #: FA-2's causal GQA at B > 1 (`hot_miss`): (hot footprint / L2, share of the re-reads the estimate
-    #: counts as if the L2 kept nothing) measured on the kernel itself (bench/grids/hot_probe.csv), at d 128
-    #: and at d 64
+    #: counts as if the L2 kept nothing), at d 128 and at d 64: least-squares fits (squared errors capped at
+    #: 0.09) to the H200's counters on the kernel itself, bench/grids/hot_probe.csv and held-out grids 1-27
+    #: (bench/results/h200-2026-12-01-bytes-hotprobe.json)
     hot: tuple = ((0.1, 0.0), (0.25, 0.25), (0.4, 0.43), (0.55, 0.96), (0.75, 0.98), (1.0, 1.79))
     hot_d64: tuple = ((0.1, 0.0), (0.2, 0.15), (0.3, 0.23), (0.5, 0.27))
     #: ... at d 128 with several K/V heads (Hkv > 1), which lose more of their counted re-reads at 0.2-0.5 x
@@ -156,23 +158,12 @@ class L2Params:
 
     def for_lockstep(self) -> L2Params:
         """The parameters of K/V sets each read by one run of at most C consecutive, equal CTAs and never
-        again (unmasked MHA with T <= C): ``lockstep``, ``lockstep_ramp``, with streamed Q/O bytes at
-        ``lockstep_qo`` of a K/V byte. bench/l2_reuse.py E measured that pattern (16 sets of 128 readers,
-        P = 132 and 264, with and without private Q/O streams;
-        bench/results/h200-2026-12-01-l2-reuse-stream.json); its least-squares fit (``bench/l2_reuse.py
-        --fit``) is these three numbers, RMS 0.040 in amplification. Such sets keep more room than
-        ``shared`` gives lines re-read once after a stream (F)."""
+        again (unmasked MHA with T <= C): ``lockstep``, ``lockstep_ramp`` (Q/O bytes at ``lockstep_qo``)."""
         return replace(self, capacity=self.lockstep, ramp=self.lockstep_ramp)
 
     def for_wide(self) -> L2Params:
         """The parameters of K/V sets each read by one run of T > C consecutive, equal CTAs (unmasked MHA
-        whose readers span more than one wave of slots): ``wide``, ``wide_ramp``, with streamed Q/O bytes at
-        ``wide_qo`` of a K/V byte. bench/l2_reuse.py E-wide measured that pattern (8 sets of T = 2 P readers,
-        P = 132 and 264, with and without private Q/O streams;
-        bench/results/h200-2026-12-01-l2-reuse-wide.json); its least-squares fit (``bench/l2_reuse.py --fit``
-        on that file) is these three numbers, RMS 0.007 in amplification (the ramp at the fit grid's edge).
-        The later wave's readers re-read the cut set over a wider spread of distances than ``shared``'s ramp
-        (a gentler miss curve), and a streamed byte takes more room than a K/V one."""
+        spanning more than one wave of slots): ``wide``, ``wide_ramp`` (Q/O bytes at ``wide_qo``)."""
         return replace(self, capacity=self.wide, ramp=self.wide_ramp)
 
     def private_weight(self) -> float:
@@ -202,26 +193,8 @@ def hot_miss(ratio: float, knots: tuple = H200_L2_PARAMS.hot) -> float:
     when the L2 keeps nothing (`wave_rereads` and `head_gap_rereads` at zero capacity), by the rotation's
     footprint ``ratio`` x the L2: the reuse distance of a line is the other B - 1 sets and, on average, half
     of its own, (B - 1/2) x (K + V of one kv head). Piecewise linear through ``knots`` ((footprint, share),
-    ...), the first share below the first knot, the last above the last.
-
-    The shipped knots (`L2Params.hot`) are the least-squares fit (robust: squared errors capped at 0.09)
-    of the estimate's total to the H200's counters on every development point of that class at d 128:
-    bench/grids/hot_probe.csv (22 shapes, B = 2-5, footprint 0.1-1.05 x L2,
-    bench/results/h200-2026-12-01-bytes-hotprobe.json) and 18 shapes of held-out grids 1-22. The H200 loses
-    the sets gradually from about 0.1 x L2 of footprint, all the counted re-reads by 0.55 x L2 (with the
-    `COPIES` of both partitions, about the whole L2), and past 0.75 x L2 more than counted (1.8 x at 1.0:
-    the walkers of one window also miss each other's tiles).
-
-    FA-2's d 64 kernel (`L2Params.hot_d64`: the same fit over that class's 14 development shapes: the hot
-    probe's two, held-out grids 1-27's twelve, footprint 0.01-0.47 x L2) loses far fewer of its counted
-    re-reads (its zero-capacity count is several times d 128's): 0.15 of them at 0.2 x L2, 0.27 at 0.5;
-    held at 0.27 past the last measured point.
-
-    With several K/V heads (Hkv > 1) FA-2's d 128 kernel has its own knots (`L2Params.hot_groups`,
-    `hot_knots`): at the same footprint more of the counted re-reads reach DRAM (0.34 at 0.25 x L2, 0.8 at
-    0.4; one K/V head: 0.25, 0.43), and from 0.75 x L2 on fewer beyond them (1.57 at 1.0; one K/V head:
-    1.79). The footprint alone does not say why; one head's B sets are adjacent in memory, several heads'
-    interleaved."""
+    ...), the first share below the first knot, the last above the last; `hot_knots` picks them.
+    """
     (x0, y0), (xn, yn) = knots[0], knots[-1]
     if ratio <= x0:
         return y0
