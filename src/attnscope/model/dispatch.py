@@ -12,20 +12,14 @@ Two variants (kernels/fwd_hopper.py ``VARIANTS``), each an FA-3-style warp-speci
 
 The backward (`hopper_backward_ok`): whether ``impl="auto"`` runs kernels/bwd_hopper.py's Gluon dK/dV and
 dQ kernels instead of the portable ones: wherever they are built (head dim), with every score mod (window,
-softcap, sinks). On the H200 they ran 1.39-1.66 x the portable backward at every point of bench/backward.py's
-grid (bench/results/h200-2026-12-02-backward-hopper-first.json) and 1.41-1.68 x with a window or softcap at
-d = 64 and 128 (bench/results/h200-2026-12-02-mods-d*.json). The packed backward (kernels/varlen_bwd.py
-`pick_impl`) follows the same rule for kernels/varlen_bwd_hopper.py's Gluon kernels (no window or softcap
-there: not built).
+softcap, sinks). The packed backward (kernels/varlen_bwd.py `pick_impl`) follows the same rule for
+kernels/varlen_bwd_hopper.py's Gluon kernels (no window or softcap there: not built).
 
 Which Hopper backward build runs (`hopper_backward_lean`): the lean one (kernels/bwd_hopper.py
 ``LEAN_CONFIGS``: its P^T and dS^T carry the softmax scale, its one-pass dQ rows are padded to
 `HOPPER_BWD_ROW_PAD`) at the head dims it is built for, in both modes, except under softcap (not built) and
-in fp16 with a scale under `HOPPER_LEAN_MIN_FP16_SCALE`; the plain build elsewhere. On the H200 at d = 64
-(bf16, B*N = 16k, N = 1k-16k; bench/results/h200-2026-12-02b-backward-d64-lean.txt), x SDPA CUDNN: one-pass
-lean 0.88-1.03 unmasked, 0.94-0.97 causal (plain 0.88-1.00, 0.92-0.94); two-kernel lean 0.85-1.13,
-0.96-0.98 (plain 0.86-0.95, 0.87-0.90). The packed backward (kernels/varlen_bwd_hopper.py) runs the plain
-build: its dK/dV kernel's rows and loop are the plain step's.
+in fp16 with a scale under `HOPPER_LEAN_MIN_FP16_SCALE`; the plain build elsewhere. The packed backward
+(kernels/varlen_bwd_hopper.py) runs the plain build: its dK/dV kernel's rows and loop are the plain step's.
 
 A head dim between the built ones (a multiple of 8: 40, 80, 96, ...) runs the kernels of the next power of
 two (`model.tiles.head_block`: 40-56 the d = 64 builds, 72-120 the d = 128 ones; TMA reads zeros past d and
@@ -33,14 +27,11 @@ clips the stores), so every rule here reads that width; smaller ones (8-32) run 
 
 The rule (`hopper_variant`) reads only the launch geometry: head dim, mask, the mean KV loop length of a
 query row (keys each row visits), the waves of 192-row tiles on the SMs and the rows those tiles pad
-beyond 128-row tiles, and a sliding window's width (`WINDOW_PORTABLE_KEYS`). It is the same
-for fp16 and bf16, and for any GQA group (no measurement showed the
-group moving the choice). Where no variant beats the portable Triton kernel (d = 64 with a short KV loop)
-it returns None. The thresholds come from the H200 sweeps at B*N = 16k, H = 32
-(bench/results/h200-2026-12-01-prefill-*.json) and the held-out shapes bench/grids/dispatch_heldout.csv and
-dispatch_heldout2.csv; bench/grids/dispatch_heldout3.csv and dispatch_heldout4.csv, drawn after the last
-change, checked them (``bench/prefill.py --shapes``, H200): this rule ran the fastest kept kernel at 23 of
-each set's 24 shapes (the wrong picks cost 2.1 % and 3.0 %; BENCHMARKS.md).
+beyond 128-row tiles, and a sliding window's width (`WINDOW_PORTABLE_KEYS`). It is the same for fp16 and
+bf16, and for any GQA group (no measurement showed the group moving the choice). Where no variant beats the
+portable Triton kernel (d = 64 with a short KV loop) it returns None. The thresholds come from the H200
+sweeps at B*N = 16k, H = 32 and held-out shapes (bench/grids/dispatch_heldout*.csv); how each was measured
+and checked: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -79,16 +70,8 @@ WG3_MIN_WAVES = 2.0
 #: Sliding windows: head dim -> mean keys per query row under the window (`window_mean_keys`) up to which
 #: the portable kernel runs (in kernels/fwd.py ``WINDOW_CONFIGS``' 64 x 64 tiles). A window's KV loop is
 #: short, so each query tile's fixed cost (pipeline fill and drain, O store) weighs on few key tiles, and
-#: 64-row tiles halve the masked work at the window's two edges. H200, bf16:
-#: - d = 64 (H = 32, B*N = 32k, bench/results/h200-2026-12-04-window-rule.json): causal W = 256-4k at N = 8k
-#:   and 32k, and (W, W) at W = 512, 2k, the portable kernel ran 1.02-2.06 x the faster Gluon variant (the
-#:   rule had picked hopper_wg3_pp at (512, 512): 0.59 x); at W = 8k (N = 32k) the Gluon pick 1.06 x it.
-#: - d = 128 (bench/results/h200-2026-12-04c-window-d128.json: N = 8k, H = 32 causal and (W, W), N = 4k,
-#:   GQA 64/8): widths 129-513 ran the portable kernel 1.01-1.41 x hopper_persist, 769 and wider
-#:   hopper_persist 1.04-1.16 x (0.98 x at 1,025 with GQA); the window_heldout.csv points of 87-335 keys
-#:   1.12-1.87 x (bench/results/h200-2026-12-04c-window-heldout.txt). The mean, not the width: on
-#:   window_heldout2.csv a (715, 0) window at N = 1,571 (553 keys a row on average) ran portable 1.18 x
-#:   (bench/results/h200-2026-12-04c-window-heldout2.txt).
+#: 64-row tiles halve the masked work at the window's two edges. Measured on the H200 (d = 64 and 128, held
+#: out on three window grids): BENCHMARKS.md's "Window rule".
 WINDOW_PORTABLE_KEYS = {64: 4097, 128: 640}
 
 
