@@ -41,19 +41,10 @@ Modules: `_kernel` (the Triton kernels), `heuristics` (split count, blocks, merg
 cache), `append` (`kv_append`: new keys and values into the cache in one launch, flash-attn's in-place
 append), `_op` (the custom ops `torch.compile` traces), `quantize` (`quantize_kv`).
 
-Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout, picks the split count, blocks and merge, and
-allocates the partials once; ``plan.run`` makes one launch (two with the separate merge), so it can be
-captured in a CUDA graph; it calls the compiled kernel's launcher directly once Triton has picked the binary
-(`_direct.DirectLaunch`). An e4m3 cache runs Q K^T and P @ V in fp16: bf16 query rows are scaled by powers of
-two into fp16 (`_kernel._rows_to_f16`) and K, V convert four values per two instructions
-(`_kernel._e4m3_to_f16_opaque`); the tile config is `heuristics.FP8_DEFAULT` of `heuristics.FP8_CONFIGS`
-up to one program per SM, `heuristics.FP8_MANY` (two fit per SM) past it, and a dense cache splits toward two
-programs per SM (`heuristics.FP8_DENSE_WAVES`) (``bf16qk-w8`` converts to q's dtype and reads an aligned V as
-int32 words, `_kernel._e4m3_words_to_f16`). `flash_decode` keeps its plans in a bounded LRU cache;
-a dense cache of one query per sequence is keyed without its length, so a growing cache reuses them.
-K/V offsets from the loop's base pointers are int32 where the plan's span check allows
-(`plan._offsets_fit_int32`), else int64. Scores are base 2 (``qk_scale = scale * log2 e``, ``exp2``); the
-public LSE is natural-log. Measurements: BENCHMARKS.md.
+Host side: `DecodePlan` (FlashInfer's plan/run) checks a layout once and picks the split count, blocks and
+merge (`heuristics`, e4m3 tiles included); ``plan.run`` makes one launch (two with the separate merge), so it
+can be captured in a CUDA graph. `flash_decode` keeps its plans in a bounded LRU cache (`api`). Scores are
+base 2 (``qk_scale = scale * log2 e``, ``exp2``); the public LSE is natural-log. Measurements: BENCHMARKS.md.
 """
 
 from attnscope.kernels.decode import _op  # noqa: F401 - registers torch.ops.attnscope.flash_decode, kv_append
