@@ -5,20 +5,12 @@ Algorithm: the FA-2 forward of `attnscope.kernels.fwd` (Dao, *FlashAttention-2*,
 Algorithm 1, §3.1.1: online softmax, two-stage causal KV loop, skip bound, exp2 with log2(e) folded into
 the scale), run per sequence of a packed batch.
 
-Layout (flash-attn's varlen): ``q [total_q, Hq, d]``, ``k, v [total_k, Hkv, d]``; sequence ``s`` owns q rows
-``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` and k/v rows ``cu_seqlens_k[s] : cu_seqlens_k[s+1]``; output
-``[total_q, Hq, d]``, LSE ``[Hq, total_q]`` fp32. Causal alignment is bottom-right per sequence (key c is
-visible to query r iff ``c <= r + Nk_s - Nq_s``); rows with no visible key (a sequence with no keys, or
-the first ``Nq_s - Nk_s`` rows) give 0 and LSE = -inf. Score mods (`_common.check_mods`): a window per
-sequence (three-stage loop: masked, unmasked, masked; tiles outside it skipped, bounds by
-`_tl._kv_bounds_window` = `model.tiles.window_kv_bounds0`), softcap on the scores, a sink per head joined at
-the final normalisation; each is a constexpr, so with the mods off the kernel compiles to the plain one.
-
-cu_seqlens values: by default never read back to the host. `varlen_plan.plan` turns them, on the device,
-into a partition of the packed rows (clamped to [0, total], non-decreasing, ends forced), so any values
-stay inside the tensors and every output row is written once; a difference from the given values sets a
-bit of the device error word that `check_errors` raises. ``check_seqlens=True`` checks them on the host
-instead.
+Layout, masks and the checks of cu_seqlens: `flash_attention_varlen`'s docstring. Score mods
+(`_common.check_mods`): a window per sequence runs a three-stage loop (masked, unmasked, masked; tiles outside
+it skipped, bounds by `_tl._kv_bounds_window` = `model.tiles.window_kv_bounds0`), softcap caps the scores, a
+sink per head joins the final normalisation; each is a constexpr, so with the mods off the kernel compiles to
+the plain one. Unchecked cu_seqlens are clamped on the device by `varlen_plan.plan` into a partition of the
+packed rows, so every output row is written once.
 
 Scheduling: no padding to ``max_seqlen``. The same `varlen_plan.plan` launch (one Triton program, no
 host sync) builds a flat list of work items (sequence, query tile) -- ``sum_s ceil(Nq_s / BLOCK_M)`` of
