@@ -42,13 +42,11 @@ cannot hold (packed sequences that transformers finds in ``position_ids``, a mod
 refused by `padding_mask`), and a sliding window over a padding mask with holes raise NotImplementedError;
 nothing is ignored.
 
-Host reads: `attention_forward` reads no tensor value back to the host, except with a sliding window over
-a padding mask, or eagerly in a padded batch's decode step (the runs of real keys, `_spans`: one read per
-mask tensor). `padding_mask` reads one (per mask built) where
-transformers' own flash mask does, and for a static cache's mask eagerly (see `padding_mask`). Packed
-sequences are found by transformers (its own read of ``position_ids`` in a forward without a cache, made
-for every implementation); with a cache transformers takes positions as positions for every
-implementation, and so does attnscope.
+Host reads: `attention_forward` only those named above (a sliding window over a padding mask; eagerly, a
+padded batch's decode step, `_spans`); `padding_mask` one per mask built where transformers' own flash mask
+does, and eagerly for a static cache's mask. Packed sequences are found by transformers (its own read of
+``position_ids`` in a forward without a cache, made for every implementation); with a cache transformers
+takes positions as positions for every implementation, and so does attnscope.
 
 transformers is an optional extra: ``pip install 'attnscope[transformers]'``.
 """

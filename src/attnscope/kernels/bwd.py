@@ -31,11 +31,8 @@ softcap)`` and multiplies dS by ``1 - t^2``; sinks need nothing in the kernels (
 gradient ``dsinks[h] = -sum exp(sinks[h] - LSE) (D - dLSE)`` over batch and rows is torch ops on D and LSE.
 
 On sm_90, ``impl="hopper"`` replaces kernels 2 and 3 by kernels/bwd_hopper.py's Gluon dK/dV and dQ kernels
-(TMA, warpgroup_mma, warp specialisation; every score mod; no atomics), after the same preprocess;
-``deterministic=False`` there runs their one-pass dK/dV kernel instead (dQ by fp32 atomics, FA-3's way;
-autograd's ``deterministic=False`` at the head dims of `HOPPER_ONEPASS_DIMS`); either mode in the lean
-build where `model.dispatch.hopper_backward_lean` says so (d = 64; `bwd_hopper.config`); ``impl="auto"``
-takes them where `model.dispatch.hopper_backward_ok` says so (other head dims: their `head_block`'s build).
+after the same preprocess; their modes, builds and dispatch: `flash_attention_backward`'s ``deterministic``
+and ``impl``.
 
 Layout: q, dO [B, Hq, Nq, d], k, v [B, Hkv, Nk, d], any strides with a unit last stride (plain pointer loads);
 dq, dk, dv allocated contiguous; ``exp2`` with log2(e) in the scale; a fixed config table per head_dim.

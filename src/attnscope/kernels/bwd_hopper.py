@@ -37,7 +37,7 @@ wholly above its keys' diagonal (`_q_range`), the dQ kernel K/V tiles past its r
 only tiles straddling the diagonal and the ragged last tiles are masked. Both kernels start their heaviest
 tiles first (the dK/dV kernel's first keys, the dQ kernel's last rows) and interleave the last heads rank by
 rank (`model.tiles.launch_tail`, `_tl.cta_tile`): in the grid's order the last head's heaviest tile
-started when little work was left (B 1, 16 / 4 heads, N 8k: 1.21 x faster, BENCHMARKS.md). Ragged N: TMA reads
+started when little work was left. Ragged N: TMA reads
 zeros past Nq / Nk and clips the stores; rows with no visible key (LSE = -inf) give 0. Score mods (constexpr
 ``MODS``, `fwd_hopper.mods_flags`; 0 is the plain build): a window visits only the tiles it reaches (the
 forward's `fwd_hopper._window` bounds; for the dK/dV kernel with rows and keys swapped), masked only on its
