@@ -32,11 +32,11 @@ Timed (CUDA events, median; wall clock on a CPU):
   with the GPU synchronised just before each call (its own host work: busy above idle means the call
   waited on the GPU), and the decode plans attnscope built and reused over the growing dynamic cache;
 - interface: ``flash_attn_func``, ``flash_attn_kvpacked_func``, ``flash_attn_qkvpacked_func``,
-  ``flash_attn_varlen_func`` at one prefill shape and ``flash_attn_with_kvcache`` (tensor and int lengths)
-  at one decode shape, each beside the native call it wraps (the same strided views of flash-attn's layout
-  the interface hands the kernels), and the native call on contiguous [B, H, N, d] copies, the layout's own
-  cost (`INTERFACE`); `INTERFACE_ROUNDS` interleaved rounds, the order swapped each round, the ratio the
-  median of the rounds' ratios.
+  ``flash_attn_varlen_func`` and its packed twins at one prefill shape and ``flash_attn_with_kvcache``
+  (tensor and int lengths) at one decode shape, each beside the native call it wraps (the same strided views
+  of flash-attn's layout the interface hands the kernels), and the native call on contiguous [B, H, N, d]
+  copies, the layout's own cost (`INTERFACE`); `INTERFACE_ROUNDS` interleaved rounds, the order swapped each
+  round, the ratio the median of the rounds' ratios.
 
 Speed ratios are attnscope / sdpa (t_sdpa / t_attnscope: above 1 attnscope is faster) and interface /
 native (t_native / t_interface); issue 38's targets are printed beside them. About 6 min full, 3 min
@@ -365,6 +365,9 @@ def interface(dev, shapes, failed, budget_ms):
     seqs = 4 if N % 4 == 0 else 1
     cu = torch.arange(0, B * N + 1, B * N // seqs, device=dev, dtype=torch.int32)
     qp, kp, vp = (t.reshape(B * N, -1, t.shape[-1]) for t in (q, k, v))
+    kvp, qkvp = kv.reshape(B * N, 2, Hkv, d), qkv.reshape(B * N, 3, Hq, d)  # varlen [total, 2|3, H, d]
+    kvu, qkvu = kvp.unbind(1), qkvp.unbind(1)
+    m = N // seqs * B  # the longest sequence
     qd, kc, vc = rnd(Bd, 1, Hqd, dd), rnd(Bd, L, Hkvd, dd), rnd(Bd, L, Hkvd, dd)
     qdn, kcn, vcn = (t.transpose(1, 2).contiguous() for t in (qd, kc, vc))
     lens = torch.full((Bd,), L, device=dev, dtype=torch.int32)
@@ -385,11 +388,18 @@ def interface(dev, shapes, failed, budget_ms):
                                       lambda: attnscope.flash_attention(qq, kq, vq, causal=True),
                                       lambda: attnscope.flash_attention(*qkv_n, causal=True),
                                       lambda o: o.transpose(1, 2)),
-        "flash_attn_varlen_func": (lambda: fa.flash_attn_varlen_func(qp, kp, vp, cu, cu, N // seqs * B,
-                                                                     N // seqs * B, causal=True),
-                                   lambda: attnscope.flash_attention_varlen(qp, kp, vp, cu, cu, N // seqs * B,
-                                                                            N // seqs * B, causal=True),
-                                   None, lambda o: o),
+        "flash_attn_varlen_func": (
+            lambda: fa.flash_attn_varlen_func(qp, kp, vp, cu, cu, m, m, causal=True),
+            lambda: attnscope.flash_attention_varlen(qp, kp, vp, cu, cu, m, m, causal=True),
+            None, lambda o: o),
+        "flash_attn_varlen_kvpacked_func": (
+            lambda: fa.flash_attn_varlen_kvpacked_func(qp, kvp, cu, cu, m, m, causal=True),
+            lambda: attnscope.flash_attention_varlen(qp, *kvu, cu, cu, m, m, causal=True),
+            None, lambda o: o),
+        "flash_attn_varlen_qkvpacked_func": (
+            lambda: fa.flash_attn_varlen_qkvpacked_func(qkvp, cu, m, causal=True),
+            lambda: attnscope.flash_attention_varlen(*qkvu, cu, cu, m, m, causal=True),
+            None, lambda o: o),
         "flash_attn_with_kvcache": (lambda: fa.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens),
                                     lambda: attnscope.flash_decode(qdv, kcv, vcv, cache_seqlens=lens),
                                     lambda: attnscope.flash_decode(qdn, kcn, vcn, cache_seqlens=lens),
