@@ -294,11 +294,11 @@ def _file_cases():
         ),
         ("python-tag", b"workload: !!python/object:os.system [ls]\n", "expected valid YAML"),
         ("garbage", b"{{{:::\n", "expected valid YAML"),
-        ("empty", b"", "trace: expected a mapping"),
-        ("list", b"- 1\n- 2\n", "trace: expected a mapping"),
+        ("empty", b"", "error: TRACE: expected a mapping"),  # the positional, never a `--trace` flag
+        ("list", b"- 1\n- 2\n", "error: TRACE: expected a mapping"),
     ]
     for cid, content, needle in ycases:
-        field = "trace" if needle.startswith("trace:") else "TRACE"
+        field = "TRACE"
         cases.append((f"report-yaml-{cid}", report_trace, "t.yaml", content, (field, needle)))
     # CSV field over the csv module's limit
     cases.append(

@@ -153,7 +153,7 @@ def test_unreadable_and_malformed_trace(tmp_path, capsys):
     top = tmp_path / "list.yaml"
     top.write_text("- 1\n- 2\n")
     line = _err(capsys, ["report", str(top), "--out", str(tmp_path)])
-    assert "trace: expected a mapping, got 'list'" in line
+    assert "error: TRACE: expected a mapping, got 'list'" in line
 
 
 def test_plain_report_imports_no_heavy_modules(tmp_path):

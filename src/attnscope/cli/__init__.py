@@ -51,8 +51,16 @@ def _strict(kind):
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.positionals: dict[str, str] = {}  # dest -> metavar: how `_flag_name` names a positional
+        self.commands: dict[str, _Parser] = {}  # the top level's subcommands, by name
         for kind in (int, float):  # every `type=int` / `type=float` flag goes through `_strict`
             self.register("type", kind, _strict(kind))
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if not action.option_strings:
+            self.positionals[action.dest] = action.metavar or action.dest.upper()
+        return action
 
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
         # self.prog is "attnscope" for the top level and "attnscope traffic" for a subcommand
@@ -60,13 +68,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message if len(message) <= 300 else message[:297] + '...'}\n")
 
 
-def _flag_name(message: str, args) -> str:
+def _flag_name(message: str, args, positionals: dict[str, str] | None = None) -> str:
     """Name the command-line flag, not the model's parameter: "nq: ..." -> "--n: ..." when the user
-    gave --n, "block_kv: ..." -> "--block-kv: ...". Messages already naming a flag or a file field
+    gave --n, "block_kv: ..." -> "--block-kv: ..."; a positional argument by its metavar ("trace: ..."
+    -> "TRACE: ..."), never as a flag it does not have. Messages already naming a flag or a file field
     are left as they are."""
     head, sep, rest = message.partition(": ")
     if not sep or head.startswith("-") or not head.isidentifier():
         return message
+    if head in (positionals or {}):
+        return f"{positionals[head]}: {rest}"
     given = vars(args)
     if head == "row" and "rows" in given:
         return f"--rows: {rest}"
@@ -82,7 +93,7 @@ def _flag_name(message: str, args) -> str:
 _FLAG_OF = {"num_splits": "splits", "lengths_q": "lengths", "lengths_k": "kv_lengths"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     from attnscope.cli import analytic, gpu, reference, report, ring
 
     parser = _Parser(prog="attnscope", description="Attention data movement, checkable; attention, fast.",
@@ -92,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (analytic, reference, report, gpu, ring):
         module.configure(sub)
+    parser.commands = sub.choices  # name -> its _Parser
     return parser
 
 
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, NotImplementedError) as e:
         line = " ".join(str(e).split())  # always one line, and a bounded one
         line = visible(line if len(line) <= 300 else line[:297] + "...")
-        print(f"attnscope {args.command}: error: {_flag_name(line, args)}", file=sys.stderr)
+        positionals = parser.commands[args.command].positionals
+        print(f"attnscope {args.command}: error: {_flag_name(line, args, positionals)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnscope ... | head`: the reader left; not an error of ours
         _drop_stdout()
