@@ -444,7 +444,8 @@ SAMPLES = [
     ("i.csv", "ttft_ms\n-5\n", "expected TTFT samples >= 0"),
     ("j.csv", "ttft_s\n0.3\n0.4\n", None),  # 300 and 400 ms: a valid file, answered (see the test)
     ("k.csv", "ttft_ms\n0.3\n0.4\n", "expected TTFTs within 30x of the trace's 380 ms"),
-    ("l.json", "[1, 2]", "expected a unit"),
+    ("l.json", "[1, 2]", "or --samples-unit ms|s, got neither"),
+    ("l2.csv", "{}\n", "or --samples-unit ms|s, got neither"),
     ("m.json", '{"ttft_ms": [1, true]}', "expected TTFT samples >= 0 (and finite), got True"),
     ("n.json", '{"ttft_ms": "300"}', "expected a JSON list of TTFT samples"),
     ("o.json", '{"ttfts": 3}', "expected ttfts to be a list"),
@@ -469,7 +470,8 @@ def test_bad_samples(capsys, tmp_path, name, text, needle):
         out = answered(capsys, argv, limit_s=10)  # a whole report with the sample-size search
         assert "verdict from 2 samples" in out
         return
-    refused(capsys, argv, "--samples" if name != "p.json" else "--samples-unit", out_dir=tmp_path)
+    line = refused(capsys, argv, "--samples" if name != "p.json" else "--samples-unit", out_dir=tmp_path)
+    assert needle in line, line
 
 
 def test_seconds_are_not_read_as_milliseconds(capsys, tmp_path):

@@ -49,7 +49,7 @@ def _unit_of(found: str | None, unit: str | None, flag: str) -> float:
     u = found or unit
     if u is None:
         raise InputError(f"{flag}: expected a unit: a ttft_ms or ttft_s column/key, or --samples-unit ms|s, "
-                         "got bare numbers")
+                         "got neither")
     return UNITS[u]
 
 
