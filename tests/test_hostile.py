@@ -616,6 +616,15 @@ def test_out_is_an_existing_file(capsys, tmp_path):
     assert f.read_text() == "keep"
 
 
+@pytest.mark.parametrize("target, what", [("f", "a symlink to something other than a directory"),
+                                          ("missing", "a dangling symlink")])
+def test_out_symlink_that_is_no_directory_is_named_for_what_it_is(capsys, tmp_path, target, what):
+    (tmp_path / "f").write_text("keep")
+    (tmp_path / "o").symlink_to(tmp_path / target)
+    refused(capsys, ["report", "--out", tmp_path / "o"], f"--out: expected a directory, got {what}")
+    assert (tmp_path / "f").read_text() == "keep" and not (tmp_path / "missing").exists()
+
+
 def test_out_under_a_file(capsys, tmp_path):
     f = tmp_path / "f"
     f.write_text("keep")

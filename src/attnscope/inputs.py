@@ -388,7 +388,8 @@ def out_dir(path, field: str = "--out") -> Path:
     where = _name(path)
     try:
         if p.is_symlink() and not p.is_dir():
-            raise InputError(f"{field}: expected a directory, got a dangling symlink {where}")
+            what = "a symlink to something other than a directory" if p.exists() else "a dangling symlink"
+            raise InputError(f"{field}: expected a directory, got {what} {where}")
         if p.exists() and not p.is_dir():
             raise InputError(f"{field}: expected a directory, got an existing file {where}")
         if p.resolve() == Path(p.anchor or "/").resolve():  # "/", "//", "/.", "/..": not for outputs
