@@ -325,6 +325,38 @@ def test_ring_bad_mods_are_a_clear_error():
         ad.ring_attention(x, x, x, sinks=torch.zeros(3))
 
 
+_SECOND_DERIVATIVE = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+from attnscope.distributed import ring_attention
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 2, 16, 64).half().requires_grad_() for _ in range(3))
+sinks = torch.zeros(2, requires_grad=True)
+o = ring_attention(q, k, v, causal=True, sinks=sinks)
+g = torch.autograd.grad(o.float().sum(), q, create_graph=True)[0]
+try:
+    (o.float().sum() + (g.float() ** 2).sum()).backward()
+    print("no error: the penalty's gradient was dropped")
+except NotImplementedError as e:
+    print(e)
+dist.destroy_process_group()
+"""
+
+
+def test_ring_second_derivatives_raise_never_a_dropped_gradient():
+    """A loss on gradients taken with create_graph=True: the ring backward's dq, dk, dv were constants to
+    autograd, so the penalty's term was silently left out. One rank (a ring of one) in a fresh process."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", _SECOND_DERIVATIVE, str(_free_port())], capture_output=True,
+                       text=True, env=env, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ring_attention: second derivatives" in r.stdout and "supported: first derivatives" in r.stdout, \
+        r.stdout
+
+
 def test_ring_window_blocks_skip_pairs_outside_the_window():
     """The block plan of a window: every visible (query, key) pair of the whole sequence is covered by
     exactly one block, and blocks with no visible pair are not planned (float64 check of the plan)."""

@@ -2487,6 +2487,29 @@ def test_sinks_gradient_never_inf_or_nan(torch):
             assert s.grad[0].item() == pytest.approx(want, abs=1e-6), (name, value, s.grad)
 
 
+
+def test_second_derivatives_raise_never_a_dropped_gradient(torch):
+    """The backward is kernels with no backward of their own. A loss on gradients taken with
+    create_graph=True (a gradient penalty) had the eager path's gradients as constants: the penalty's term
+    was silently left out of q.grad. It raises NotImplementedError now; create_graph=True alone still
+    gives the first derivatives."""
+    import attnscope
+    from attnscope.flash_attn_interface import flash_attn_func
+
+    q, k, v = _kernel_inputs(torch)
+    calls = {"flash_attention": (lambda q, k, v: attnscope.flash_attention(q, k, v, causal=True), (q, k, v)),
+             "flash_attn_func": (lambda q, k, v: flash_attn_func(q, k, v, causal=True),
+                                 tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)))}
+    for name, (call, args) in calls.items():
+        leaves = [x.clone().requires_grad_() for x in args]
+        want = torch.autograd.grad(call(*leaves).float().sum(), leaves[0])[0]
+        o = call(*leaves)
+        g = torch.autograd.grad(o.float().sum(), leaves[0], create_graph=True)[0]
+        assert torch.equal(g.detach(), want), name  # first derivatives as without create_graph
+        with pytest.raises(NotImplementedError, match="second derivatives .* supported: first derivatives"):
+            (o.float().sum() + (g.float() ** 2).sum()).backward()
+
+
 # =====================================================================================================
 # Third hostile pass: evidence read whole -- no cell, series or event silently dropped.
 # =====================================================================================================

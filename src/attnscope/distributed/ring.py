@@ -367,7 +367,12 @@ def _autograd_fn():
             dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks,
                                         ctx.softcap, ctx.window, dlse)
             dsinks = None if sinks is None else _sinks_grad(do, o, lse, sinks, dlse)
-            return dq, dk, dv, dsinks, None, None, None, None, None
+            grads = (dq, dk, dv, dsinks, None, None, None, None, None)
+            if not torch.is_grad_enabled():
+                return grads
+            from attnscope.kernels.bwd_autograd import FirstOrderOnly  # create_graph=True: no 2nd derivative
+
+            return FirstOrderOnly.wrap(grads, (*ctx.saved_tensors, do, dlse), "ring_attention")
 
     return _RingAttention
 

@@ -59,8 +59,39 @@ def _backward(ctx, grad_o, grad_lse):
 
 def _eager_backward(ctx, grad_o, grad_lse):
     """`_backward` of kernels/fwd.py's eager `_Attention`: the same gradients without the custom op's
-    dispatch (its per-call host time)."""
-    return _autograd_grads(ctx, grad_o, grad_lse, _grads)
+    dispatch (its per-call host time). Under ``create_graph=True`` they go through `FirstOrderOnly`, so a
+    second derivative raises, as `_bwd_op`'s does, and is never silently zero."""
+    grads = _autograd_grads(ctx, grad_o, grad_lse, _grads)
+    if not torch.is_grad_enabled():  # the common backward: nothing will differentiate the gradients
+        return grads
+    return FirstOrderOnly.wrap(grads, (*ctx.saved_tensors, grad_o, grad_lse), "attnscope.flash_attention")
+
+
+class FirstOrderOnly(torch.autograd.Function):
+    """The identity on a backward's gradients, whose own backward raises NotImplementedError: a backward
+    computed by kernels has no derivative of its own, and without this node its gradients would be
+    constants to autograd (a loss on them, built with ``create_graph=True``, would lose that term)."""
+
+    @staticmethod
+    def forward(ctx, name, n, *tensors):  # the first n tensors: the gradients; the rest: what they depend on
+        ctx.name = name
+        return tuple(t.view_as(t) for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError(f"{ctx.name}: second derivatives (a loss on gradients taken with "
+                                  "create_graph=True) are not supported; supported: first derivatives")
+
+    @staticmethod
+    def wrap(grads, depends_on, name: str) -> tuple:
+        """`grads` (a tuple with None for inputs without a gradient) through the node, when any of
+        `depends_on` requires grad (otherwise nothing could differentiate them)."""
+        inputs = [t for t in depends_on if isinstance(t, torch.Tensor) and t.requires_grad]
+        present = [g for g in grads if g is not None]
+        if not inputs or not present:
+            return grads
+        wrapped = iter(FirstOrderOnly.apply(name, len(present), *present, *inputs))
+        return tuple(None if g is None else next(wrapped) for g in grads)
 
 
 def _autograd_grads(ctx, grad_o, grad_lse, grads_fn):
