@@ -224,6 +224,11 @@ def test_inputs_that_require_grad_are_refused():
     sinks = torch.zeros(4, device=DEVICE, requires_grad=True)
     with pytest.raises(NotImplementedError, match="sinks: decode has no backward"):
         flash_decode(q, k, v, sinks=sinks)
+    # quantize_kv rounds to e4m3 (no backward): refused too, not its input's gradient silently detached
+    with pytest.raises(NotImplementedError, match="x: decode has no backward"):
+        attnscope.quantize_kv(k.clone().requires_grad_(True))
+    with torch.no_grad():
+        attnscope.quantize_kv(k.clone().requires_grad_(True))
 
 
 @pytest.mark.parametrize("kw, exc, match", [

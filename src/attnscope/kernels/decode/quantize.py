@@ -5,7 +5,7 @@ from __future__ import annotations
 from attnscope.errors import InputError, expect
 from attnscope.kernels._common import check_flags, import_torch_triton
 from attnscope.kernels.decode._kernel import ERR_QUANTIZE
-from attnscope.kernels.decode.checks import _error_word
+from attnscope.kernels.decode.checks import _check_no_grad, _error_word
 
 torch, _ = import_torch_triton()
 
@@ -20,6 +20,7 @@ def quantize_kv(x: torch.Tensor, per_head: bool = True, *, head_axis: int = -3,
     ``scale = amax(|x|) / 448`` over each kv head (``per_head``) or the whole tensor, 1 where that amax is
     0; ``x_fp8 = x / scale`` rounded to nearest e4m3. Dequantised, ``x_fp8.float() * scale`` (per head:
     broadcast along ``head_axis``) is what `flash_decode` attends to with ``k_scale`` / ``v_scale``.
+    No backward: an ``x`` that requires grad (with grad mode on) raises NotImplementedError, as decode does.
     No host sync: NaN or inf in ``x`` (which make its head's scale NaN or inf) is recorded on the device
     and raised by the next `attnscope.kernels.decode.check_errors` (a `flash_decode` with such a scale
     records that too), unless ``check_finite``.
@@ -55,6 +56,7 @@ def quantize_kv(x: torch.Tensor, per_head: bool = True, *, head_axis: int = -3,
     if x.dim() == 0 or x.numel() == 0:
         raise InputError(f"x: expected a non-empty tensor with at least one dimension, got shape "
                          f"{tuple(x.shape)}")
+    _check_no_grad(x=x)  # rounding to e4m3 has no backward: refused, never a gradient silently detached
     x = x.detach()
     if check_finite and not bool(torch.isfinite(x).all()):  # the opt-in host sync
         raise InputError("x: expected finite values, got NaN or inf")
