@@ -557,6 +557,25 @@ def test_bad_trace_input(capsys, tmp_path, text, needle):
     refused(capsys, ["trace", "--input", p], needle)
 
 
+class _UnreadableStdin:
+    """stdin opened for writing only (`attnscope trace --input - 0>file`): reading it fails."""
+
+    class buffer:  # noqa: N801  the attribute a text stream has
+        @staticmethod
+        def read(n):
+            raise OSError(9, "Bad file descriptor")
+
+
+@pytest.mark.parametrize("stdin, needle", [
+    (None, "--input: expected text on stdin, got a closed stream"),
+    (_UnreadableStdin(), "--input: expected text on stdin, got an unreadable stream (Bad file descriptor)"),
+], ids=["closed", "unreadable"])
+def test_stdin_closed_or_unreadable_is_one_line(capsys, monkeypatch, stdin, needle):
+    """`--input -` with stdin closed (`<&-`) was an AttributeError traceback and exit 1."""
+    monkeypatch.setattr(sys, "stdin", stdin)
+    refused(capsys, ["trace", "--input", "-"], needle)
+
+
 @pytest.mark.parametrize(
     "tiles, expect",
     [

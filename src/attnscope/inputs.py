@@ -93,9 +93,16 @@ def read_text(path, field: str, gz: bool = False) -> str:
     regular file is opened (a FIFO, a device or a directory is refused by `stat` first, and the open is
     non-blocking). One InputError line on any problem."""
     if str(path) == "-":
-        data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else \
-            sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         where = "stdin"
+        if sys.stdin is None:  # `attnscope trace --input - <&-`
+            raise InputError(f"{field}: expected text on stdin, got a closed stream")
+        try:
+            data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else \
+                sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
+        except (OSError, ValueError) as e:  # a stream that cannot be read (EISDIR, EIO, closed)
+            reason = getattr(e, "strerror", None) or (str(e) or type(e).__name__)
+            raise InputError(f"{field}: expected text on stdin, got an unreadable stream "
+                             f"({visible(reason)[:50]})") from None
     else:
         where = _name(path)
         try:
