@@ -877,6 +877,10 @@ def test_bad_layout_and_values():
     ("kvcache", {"rotary_interleaved": 1}, "rotary_interleaved: expected True or False"),
     ("kvcache", {"window_size": (-1.0, -1)}, "window_size: expected a pair"),
     ("kvcache", {"causal": None}, "causal: expected True or False"),
+    # past the kernels' bound: named as the caller's window_size, not as the kernels' `window`
+    ("func", {"window_size": (10**30, 0)}, r"^window_size: expected a pair .* from -1 to 10\^24"),
+    ("varlen", {"window_size": (0, 10**25)}, r"^window_size: expected a pair .* from -1 to 10\^24"),
+    ("kvcache", {"window_size": (10**30, 0)}, r"^window_size: expected a pair .* from -1 to 10\^24"),
 ])
 def test_values_that_equal_the_defaults_but_are_not_them_are_refused(fn, kw, match):
     """The default options skip the option checks by their types and values: a look-alike (-1.0, False

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 
-from attnscope.errors import InputError, expect, finite_real, is_int, short
+from attnscope.errors import MAX_DIM, InputError, expect, finite_real, is_int, short
 from attnscope.kernels._common import check_rank, check_tensor, import_torch_triton
 from attnscope.model.tiles import normalize_window
 
@@ -83,8 +83,8 @@ def _mods(causal, window_size, softcap, dropout_p=0.0) -> dict:
     expect(finite_real(dropout_p) and 0.0 <= dropout_p <= 1.0, "dropout_p", "a number in [0, 1]", dropout_p)
     _unsupported(dropout_p=(float(dropout_p), 0.0))
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
-          and all(is_int(w) and w >= -1 for w in window_size))
-    expect(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)
+          and all(is_int(w) and -1 <= w <= MAX_DIM for w in window_size))
+    expect(ok, "window_size", "a pair (left, right) of ints from -1 to 10^24 (-1: unbounded)", window_size)
     expect(finite_real(softcap) and softcap >= 0, "softcap", "a finite number >= 0 (0: off)", softcap)
     left, right = normalize_window(causal, tuple(window_size))
     mods = {}
