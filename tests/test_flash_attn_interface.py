@@ -861,13 +861,10 @@ def test_kvcache_append_bad_layouts_refused_before_writing(what, match):
     ({"q": "grad"}, NotImplementedError, "q: decode has no backward"),
 ])
 @pytest.mark.parametrize("as_int", [False, True])
-@pytest.mark.xfail(strict=True, reason="known: the attention's checks run after the append has written the "
-                   "cache; calling decode.checks._check_inputs before it costs views and an allocation per "
-                   "call (test_kvcache_append_adds_one_launch); the fix is a plan lookup before the append")
 def test_kvcache_append_refused_by_the_attention_writes_nothing(kw, exc, match, as_int):
-    """What only the attention after the append checks (the scale, the split count, the softcap's range,
-    cache_leftpad, the heads, the batch, an input that requires grad) is refused after the new keys have
-    been written into the cache: a refused call should leave the cache as it was."""
+    """What the attention after the append checks (the scale, the split count, the softcap's range,
+    cache_leftpad, the heads, the batch, an input that requires grad) is refused before the new keys are
+    written: a refused call leaves the cache as it was."""
     g = torch.Generator().manual_seed(17)
     q, (kc, vc) = _randn(2, 1, 4, 64, g=g), _cache(2, 16, 2, g)
     k, v = _randn(2, 2, 2, 64, g=g), _randn(2, 2, 2, 64, g=g)

@@ -27,8 +27,8 @@ varlen); attention probabilities are never materialised. ``causal`` is bottom-ri
 2.1); ``window_size`` and ``softcap`` go to the kernels' ``window=`` / ``softcap=`` keywords.
 
 `flash_attn_with_kvcache`'s rotary embedding (``rotary_cos`` / ``rotary_sin``) is applied with torch ops
-before the append and the attention (`_rotary`), not in the kernels. What flash-attn has and attnscope lacks
-(dropout, ALiBi, a paged varlen call) raises NotImplementedError naming the argument; nothing is ignored.
+before the append and the attention (`kernels.rotary`), not in the kernels. What flash-attn has and attnscope
+lacks (dropout, ALiBi, a paged varlen call) raises NotImplementedError naming the argument; none is ignored.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ torch, _ = import_torch_triton()
 from attnscope.kernels.decode import flash_decode  # noqa: E402
 from attnscope.kernels.decode.api import _cached  # noqa: E402
 from attnscope.kernels.decode.append import _append  # noqa: E402
-from attnscope.kernels.decode.checks import _layout  # noqa: E402
+from attnscope.kernels.decode.checks import _check_inputs, _layout  # noqa: E402
 from attnscope.kernels.fwd import _launch as _launch_fwd  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
+from attnscope.kernels.rotary import apply_rotary, check_rotary  # noqa: E402
 from attnscope.kernels.varlen import _launch as _launch_varlen  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
@@ -421,77 +422,6 @@ def _batch_pages(q, k_cache, v_cache, cache_batch_idx, block_table):
     return pages[0], pages[1], table
 
 
-def _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens) -> None:
-    """The rotary tables' metadata (no value is read): both given, with new keys, [seqlen_ro, rotary_dim / 2]
-    of q's dtype and device, rotary_dim <= d; ``k`` [B, Nnew, Hkv, d] of q's batch, head dim and dtype;
-    ``cache_seqlens`` the positions' base (an int >= 0 or an int32 [B] tensor on q's device); an int leaves
-    every position used inside the tables."""
-    for name, t, other in (("rotary_cos", rotary_cos, "rotary_sin"),
-                           ("rotary_sin", rotary_sin, "rotary_cos")):
-        if not isinstance(t, Tensor):
-            raise InputError(f"{name}: expected a tensor [seqlen_ro, rotary_dim / 2] (with {other}: both or "
-                             f"neither), got {_short(t)}")
-    if k is None:
-        raise InputError("k: expected new keys with rotary_cos / rotary_sin (as flash-attn, rotary applies "
-                         "to the new keys and the queries), got None")
-    B, Nq, _, d = q.shape
-    _check_rank("k", k, 4, "[B, Nnew, Hkv, d]")
-    if k.shape[0] != B or k.shape[3] != d or k.dtype != q.dtype:
-        raise InputError(f"k: expected batch {B}, head_dim {d} and dtype {q.dtype} (q's), got "
-                         f"{k.shape[0]}, {k.shape[3]}, {k.dtype}")
-    _check_rank("rotary_cos", rotary_cos, 2, "[seqlen_ro, rotary_dim / 2]")
-    if not (0 < 2 * rotary_cos.shape[1] <= d and rotary_cos.shape[0] > 0):
-        raise InputError(f"rotary_cos: expected [seqlen_ro, rotary_dim / 2] with seqlen_ro > 0 and 0 < "
-                         f"rotary_dim <= head_dim = {d}, got shape {tuple(rotary_cos.shape)}")
-    if rotary_sin.shape != rotary_cos.shape:
-        raise InputError(f"rotary_sin: expected rotary_cos's shape {tuple(rotary_cos.shape)}, got "
-                         f"{tuple(rotary_sin.shape)}")
-    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-        if t.dtype != q.dtype or t.device != q.device:
-            raise InputError(f"{name}: expected q's dtype {q.dtype} and device {q.device}, got {t.dtype}, "
-                             f"{t.device}")
-    if isinstance(cache_seqlens, Tensor):
-        if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,) \
-                or cache_seqlens.device != q.device:
-            raise InputError(f"cache_seqlens: expected an int32 tensor [{B}] on {q.device}, got "
-                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
-        return
-    expect(is_int(cache_seqlens) and cache_seqlens >= 0, "cache_seqlens",
-           "the current cache lengths with rotary (a non-negative int or an int32 tensor [B])", cache_seqlens)
-    last = cache_seqlens + max(k.shape[1], Nq) - 1
-    if last >= rotary_cos.shape[0]:
-        raise InputError(f"rotary_cos: expected seqlen_ro > {last} (the last position rotated: cache_seqlens "
-                         f"{cache_seqlens} + max(Nnew, Nq) - 1), got seqlen_ro = {rotary_cos.shape[0]}")
-
-
-def _rotate(x: Tensor, pos: Tensor, rotary_cos: Tensor, rotary_sin: Tensor, interleaved: bool) -> Tensor:
-    """x [B, N, H, d] rotated at positions ``pos`` [B, N] (flash-attn's rotary, in fp32, cast back); the
-    dims past rotary_dim as they are. interleaved: pairs (2i, 2i + 1) (GPT-J); else (i, i + rotary_dim / 2)
-    (GPT-NeoX)."""
-    half = rotary_cos.shape[1]
-    cos = rotary_cos[pos].float()[:, :, None]  # [B, N, 1, rotary_dim / 2]
-    sin = rotary_sin[pos].float()[:, :, None]
-    xr = x[..., :2 * half].float()
-    x1, x2 = (xr[..., 0::2], xr[..., 1::2]) if interleaved else (xr[..., :half], xr[..., half:])
-    y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
-    y = torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
-    return torch.cat((y.to(x.dtype), x[..., 2 * half:]), -1)
-
-
-def _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, interleaved) -> tuple[Tensor, Tensor]:
-    """q and the new keys k rotated at their cache positions, as flash-attn: key j at ``cache_seqlens[b] +
-    j``; query j at ``cache_seqlens[b] + j`` when causal or local, else all at ``cache_seqlens[b]`` — the
-    same here, where Nq > 1 is causal. A tensor's positions stay on the device: one past the tables (its
-    length is out of range, which the append records) is clamped to the tables' last row."""
-    n = max(q.shape[1], k.shape[1])
-    j = torch.arange(n, dtype=torch.int32, device=q.device)
-    base = cache_seqlens[:, None] if isinstance(cache_seqlens, Tensor) else \
-        torch.full((q.shape[0], 1), cache_seqlens, dtype=torch.int32, device=q.device)
-    pos = (base + j).clamp_(0, rotary_cos.shape[0] - 1).long()  # [B, max(Nq, Nnew)]
-    return (_rotate(q, pos[:, :q.shape[1]], rotary_cos, rotary_sin, interleaved),
-            _rotate(k, pos[:, :k.shape[1]], rotary_cos, rotary_sin, interleaved))
-
-
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None,
                             v: Tensor | None = None, rotary_cos: Tensor | None = None,
                             rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
@@ -610,7 +540,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         _check_int_length(cache_seqlens, k, nq, k_cache, block_table)
     rotary = rotary_cos is not None or rotary_sin is not None
     if rotary:
-        _check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens)
+        check_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens)
     if (k is None) != (v is None):
         raise InputError(f"{'v' if k is not None else 'k'}: expected a tensor when "
                          f"{'k' if k is not None else 'v'} is given (append both or neither), got None")
@@ -621,10 +551,14 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                 raise InputError(f"{name}: expected q's dtype {q.dtype}, head_dim {q.shape[3]} and device "
                                  f"{q.device}, got {t.dtype}, {t.shape[3]}, {t.device}")
         if rotary:
-            q, k = _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
+            q, k = apply_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
         # the lengths after it: int32 [B]; an int stays an int where `_attend` takes one (no tensor made)
         int_length = type(cache_seqlens) is int and block_table is None and q.shape[1] == 1
-        lengths = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, not int_length)
+        after = cache_seqlens + k.shape[1] if type(cache_seqlens) is int else cache_seqlens
+        check = functools.partial(_check_attention, q, k_cache, v_cache, after, block_table,
+                                  num_splits or None, softmax_scale, return_softmax_lse, mods, nq == 1,
+                                  cache_leftpad)
+        lengths = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, not int_length, check)
         cache_seqlens = cache_seqlens + k.shape[1] if lengths is None else lengths
     return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
                    return_softmax_lse, mods, nq == 1, cache_leftpad)
@@ -649,6 +583,52 @@ def _kernel_layout(t, shape=None):
     return shape or (n0, n2, n1, n3), (s0, s2, s1, s3), t.dtype, t.device
 
 
+def _planned(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1,
+             cache_leftpad=None):
+    """`_attend`'s plan lookup: (length, cache_seqlens, tensors, grown, plan); plan None where none is kept
+    for the call's layout (then the checks run at the launch) or under torch.compile."""
+    dense = block_table is None
+    compiling = torch.compiler.is_compiling()
+    length = None  # keys every sequence attends to, in place of an int cache_seqlens
+    if type(cache_seqlens) is int and dense and nq1 and not compiling and cache_seqlens > 0 \
+            and cache_seqlens <= (shape := k_cache.shape)[1] and shape == v_cache.shape:  # (else the checks)
+        length, cache_seqlens = cache_seqlens, None
+    elif not (cache_seqlens is None or isinstance(cache_seqlens, Tensor)):
+        cache_seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
+    if compiling or not (dense or isinstance(block_table, Tensor)):
+        return length, cache_seqlens, None, None, None
+    window, softcap = (mods.get("window"), mods.get("softcap", 0.0)) if mods else (None, 0.0)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, None, None, None, cache_leftpad)
+    lens = None if cache_seqlens is None else \
+        (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
+    if dense:  # with a length, the views [:, :length]
+        shape = None if length is None else (shape[0], shape[2], length, shape[3])
+        kv = (_kernel_layout(k_cache, shape), _kernel_layout(v_cache, shape), lens, None)
+    else:
+        kv = (_layout(k_cache), _layout(v_cache), lens, _layout(block_table))
+    layouts = (_kernel_layout(q), *kv, None, None, None, None if cache_leftpad is None else (
+        (cache_leftpad.shape, cache_leftpad.stride(), cache_leftpad.dtype, cache_leftpad.device)
+        if isinstance(cache_leftpad, Tensor) else False))
+    _, grown, plan = _cached(tensors, layouts, (num_splits, scale, return_lse, window, softcap))
+    return length, cache_seqlens, tensors, grown, plan
+
+
+def _check_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods,
+                     nq1, cache_leftpad) -> None:
+    """Refuse, before anything is written, what `_attend` would refuse with these arguments (the lengths
+    after the append): a layout with a kept plan passed its checks when planned; another runs them."""
+    length, lens, plan = None, None, None  # an int the append turns into a tensor: the checks, no tensor made
+    if type(cache_seqlens) is not int or (block_table is None and nq1):
+        length, lens, _, _, plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                                            scale, return_lse, mods, nq1, cache_leftpad)
+    if plan is None:
+        if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
+            k_cache, v_cache = _bhnd(k_cache[:, :length]), _bhnd(v_cache[:, :length])
+        window, softcap = mods.get("window"), mods.get("softcap", 0.0)
+        _check_inputs(_bhnd(q), k_cache, v_cache, lens, block_table, num_splits, scale, window=window,
+                      softcap=softcap, cache_leftpad=cache_leftpad)
+
+
 def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1,
             cache_leftpad=None):
     """`flash_decode` on flash-attn's layouts: q [B, Nq, Hq, d], a dense cache [B, L, Hkv, d] (`_bhnd`
@@ -660,36 +640,17 @@ def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, 
     the int32 [B] tensor `_seqlens`. Outside torch.compile a layout `flash_decode` has planned (`api._cached`,
     given the views' layouts) launches on the tensors as they are: no view is made, and with Nq = 1 o is
     allocated in flash-attn's layout (the same memory as the kernel's [B, Hq, 1, d])."""
-    dense = block_table is None
-    compiling = torch.compiler.is_compiling()
-    length = None  # keys every sequence attends to, in place of an int cache_seqlens
-    if type(cache_seqlens) is int and dense and nq1 and not compiling and cache_seqlens > 0 \
-            and cache_seqlens <= (shape := k_cache.shape)[1] and shape == v_cache.shape:  # (else the checks)
-        length, cache_seqlens = cache_seqlens, None
-    elif not (cache_seqlens is None or isinstance(cache_seqlens, Tensor)):
-        cache_seqlens = _seqlens(cache_seqlens, q.shape[0], q.device)
-    if not compiling and (dense or isinstance(block_table, Tensor)):
-        window, softcap = (mods.get("window"), mods.get("softcap", 0.0)) if mods else (None, 0.0)
-        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, None, None, None, cache_leftpad)
-        lens = None if cache_seqlens is None else \
-            (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
-        if dense:  # with a length, the views [:, :length]
-            shape = None if length is None else (shape[0], shape[2], length, shape[3])
-            kv = (_kernel_layout(k_cache, shape), _kernel_layout(v_cache, shape), lens, None)
-        else:
-            kv = (_layout(k_cache), _layout(v_cache), lens, _layout(block_table))
-        layouts = (_kernel_layout(q), *kv, None, None, None, None if cache_leftpad is None else (
-            (cache_leftpad.shape, cache_leftpad.stride(), cache_leftpad.dtype, cache_leftpad.device)
-            if isinstance(cache_leftpad, Tensor) else False))
-        _, grown, plan = _cached(tensors, layouts, (num_splits, scale, return_lse, window, softcap))
-        if plan is not None:
-            res = plan._launch(tensors, None, None, grown, nq1)  # (out, lse_out, grown, heads_last)
-            if nq1:
-                return res
-            return (_bhnd(res[0]), res[1]) if return_lse else _bhnd(res)
+    length, cache_seqlens, tensors, grown, plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table,
+                                                           num_splits, scale, return_lse, mods, nq1,
+                                                           cache_leftpad)
+    if plan is not None:
+        res = plan._launch(tensors, None, None, grown, nq1)  # (out, lse_out, grown, heads_last)
+        if nq1:
+            return res
+        return (_bhnd(res[0]), res[1]) if return_lse else _bhnd(res)
     if length is not None:
         k_cache, v_cache = k_cache[:, :length], v_cache[:, :length]
-    if dense:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
+    if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
         k_cache, v_cache = _bhnd(k_cache), _bhnd(v_cache)
     res = flash_decode(_bhnd(q), k_cache, v_cache, cache_seqlens, block_table, num_splits=num_splits,
                        scale=scale, return_lse=return_lse, cache_leftpad=cache_leftpad, **mods)

@@ -159,9 +159,11 @@ def kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seql
     return _append(k_cache, v_cache, k, v, cache_seqlens, block_table, True)
 
 
-def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool):
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool, before_write=None):
     """`kv_append`; with an int ``cache_seqlens`` and ``lengths`` False (eager) no lengths tensor is made or
-    written and None is returned: they are ``cache_seqlens + Nnew`` (the caller knows them)."""
+    written and None is returned: they are ``cache_seqlens + Nnew`` (the caller knows them).
+    ``before_write``: called once the append's own checks pass, before anything is written (the caller's
+    checks of what follows the append)."""
     fixed = None
     if not isinstance(cache_seqlens, Tensor):
         fixed = cache_seqlens
@@ -188,6 +190,8 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool):
                          f"capacity), got {fixed} + {plan.n_new}")
     if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
         _check_no_grad(k=k, v=v)
+    if before_write is not None:
+        before_write()
     if compiling:  # torch.compile traces the custom op (`_op`); it runs this function
         return torch.ops.attnscope.kv_append(k_cache, v_cache, k, v, None if fixed is not None else
                                              cache_seqlens, block_table, 0 if fixed is None else fixed)
