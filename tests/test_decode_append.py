@@ -110,6 +110,22 @@ def test_many_heads_odd_head_dim_and_strided_inputs():
     assert torch.equal(big_k[mask], before_k[mask]) and torch.equal(big_v[mask], before_v[mask])
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_strided_lengths_are_read_through_their_stride(paged):
+    """A cache_seqlens view with a stride (every other entry of a longer tensor) gives what its contiguous
+    copy gives: the lengths are read at their strides, not as if packed."""
+    g = torch.Generator().manual_seed(31)
+    B, hkv, d, n_new = 3, 2, 64, 2
+    if paged:
+        kc, vc, table = _paged_cache(B * 3 + 1, 16, hkv, d, B, 3, g)
+    else:
+        (kc, vc), table = (_rnd(B, 48, hkv, d, g=g) for _ in range(2)), None
+    k, v = _rnd(B, n_new, hkv, d, g=g), _rnd(B, n_new, hkv, d, g=g)
+    padded = torch.tensor([5, -7, 20, 999, 46], dtype=torch.int32, device=DEVICE)  # the others: out of range
+    got = _check(kc, vc, k, v, padded[::2], table)
+    assert got.tolist() == [7, 22, 48]
+
+
 def test_lengths_out_of_range_are_not_written():
     """Lengths below 0 or without room for the new keys (23 + 2 > 24; 24; 2**30) write nothing and give
     length -1; the sequences that fit are written."""

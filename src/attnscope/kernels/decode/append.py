@@ -53,6 +53,7 @@ def _attnscope_kv_append_kernel(
     stride_cp, stride_cs, stride_ch,  # K cache: dense (batch, position, head); paged (page, slot, head)
     stride_dp, stride_ds, stride_dh,  # V cache, the same
     stride_tb,
+    stride_sb,  # lengths int32 [B]
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two
     BLOCK_H: tl.constexpr,
@@ -67,7 +68,7 @@ def _attnscope_kv_append_kernel(
     rows = tl.maximum(n_new, 1)
     b = row // rows
     j = row - b * rows
-    length = tl.load(SEQLENS + b) if HAS_SEQLENS else tl.zeros([], dtype=tl.int32) + fixed
+    length = tl.load(SEQLENS + b * stride_sb) if HAS_SEQLENS else tl.zeros([], dtype=tl.int32) + fixed
     fits = (length >= 0) & (length <= capacity - n_new)  # positions length .. length + Nnew - 1 fit
     start = tl.where(fits, length, 0)  # a sequence that does not fit is not written: any in-range base
     ok = fits & (j < n_new)  # (Nnew = 0: the program only writes the length)
@@ -181,7 +182,8 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool, b
     key = (*((t.shape, t.stride(), t.dtype, t.device) for t in (k_cache, v_cache, k, v)),
            None if block_table is None else (block_table.shape, block_table.stride(), block_table.dtype,
                                              block_table.device),
-           None if fixed is not None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device),
+           None if fixed is not None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device,
+                                           cache_seqlens.stride()),
            lengths or fixed is None)
     compiling = torch.compiler.is_compiling()
     plan = _build(*key) if compiling else _plan(*key)  # symbolic shapes are not kept
@@ -218,7 +220,8 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool, b
 
 def _build(kc, vc, k, v, table, lens, write_lengths=True) -> _Plan:
     """Check the layouts (each tensor's (shape, strides, dtype, device); ``lens`` the lengths tensor's
-    (shape, dtype, device), None for an int) and derive the launch (``write_lengths``: the lengths out)."""
+    (shape, dtype, device, strides), None for an int) and derive the launch (``write_lengths``: the lengths
+    out)."""
     kc, vc, k, v = (_Meta(*x) for x in (kc, vc, k, v))
     paged = table is not None
     layout = "[num_pages, page_size, Hkv, d]" if paged else "[B, L, Hkv, d]"
@@ -274,7 +277,7 @@ def _build(kc, vc, k, v, table, lens, write_lengths=True) -> _Plan:
                   "HAS_SEQLENS": lens is not None, "PAGED": paged, "PAGE_SIZE": page,
                   "WRITE_LENGTHS": write_lengths, "num_warps": 4 if block_h * d >= 2048 else 2}
     scalars = (n_new, capacity, num_pages, Hkv, *k.stride[:3], *v.stride[:3], *kc.stride[:3], *vc.stride[:3],
-               stride_tb)
+               stride_tb, 0 if lens is None else lens[3][0])
     # one program per (sequence, new key; with Nnew = 0 only the lengths, if written), block of kv heads
     grid = (B * max(n_new, int(write_lengths)), triton.cdiv(Hkv, block_h))
     return _Plan(B, n_new, capacity, grid, scalars, constexprs,
