@@ -387,6 +387,35 @@ def test_kvcache_append_then_attend(paged, nq):
     _assert_lse(lse, lse_ref)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("lens_kind", ["tensor", "strided", "int"])
+def test_kvcache_append_steps_launch_the_kept_plan_on_the_new_lengths(paged, lens_kind):
+    """Decode steps with an append: from the second step the attention launches the plan its check found
+    before the append (one lookup), on the lengths the append wrote; a lengths tensor laid out unlike the new
+    one (strided) takes the plain path. Each step equals the native flash_decode on the updated cache."""
+    g = torch.Generator().manual_seed(29)
+    b, length, hq, hkv = 2, 48, 4, 2
+    k_cache, v_cache = _cache(b, length, hkv, g)
+    kc, vc, table = _paged(k_cache, v_cache, 16, g) if paged else (k_cache, v_cache, None)
+    start = [7, 7] if lens_kind == "int" else [7, 20]
+    for step in range(3):
+        q, k_new, v_new = _randn(b, 1, hq, 64, g=g, scale=2.0), *_cache(b, 1, hkv, g)
+        now = [x + step for x in start]
+        if lens_kind == "int":
+            lens = now[0]
+        elif lens_kind == "strided":
+            lens = torch.tensor([now[0], -1, now[1], -1], dtype=torch.int32, device=DEVICE)[::2]
+        else:
+            lens = torch.tensor(now, dtype=torch.int32, device=DEVICE)
+        o = fai.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table)
+        after = torch.tensor([x + 1 for x in now], dtype=torch.int32, device=DEVICE)
+        native = attnscope.flash_decode(q.transpose(1, 2), kc if paged else kc.transpose(1, 2),
+                                        vc if paged else vc.transpose(1, 2), after, table)
+        assert torch.equal(o, native.transpose(1, 2)), f"step {step}"
+        got_k = _gather(kc, table, length) if paged else kc
+        assert all(torch.equal(got_k[x, now[x]], k_new[x, 0]) for x in range(b))
+
+
 @pytest.mark.parametrize("n_new", [0, 1, 2])
 def test_kvcache_int_seqlens_append_then_attend(n_new):
     """An int cache_seqlens with new k/v on a dense cache, one query per sequence (no lengths tensor is made:

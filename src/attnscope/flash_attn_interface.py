@@ -555,10 +555,16 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         # the lengths after it: int32 [B]; an int stays an int where `_attend` takes one (no tensor made)
         int_length = type(cache_seqlens) is int and block_table is None and q.shape[1] == 1
         after = cache_seqlens + k.shape[1] if type(cache_seqlens) is int else cache_seqlens
+        found = []  # the attention's kept plan, looked up once
         check = functools.partial(_check_attention, q, k_cache, v_cache, after, block_table,
                                   num_splits or None, softmax_scale, return_softmax_lse, mods, nq == 1,
-                                  cache_leftpad)
+                                  cache_leftpad, found)
         lengths = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, not int_length, check)
+        if found:  # planned on the lengths' layout: the int itself, or a tensor laid out as the new one
+            _, lens, tensors, grown, plan = found[0]
+            if lengths is None or _layout(lens) == _layout(lengths):
+                tensors = tensors if lengths is None else (*tensors[:3], lengths, *tensors[4:])
+                return _launch_planned(plan, tensors, grown, nq == 1, return_softmax_lse)
         cache_seqlens = cache_seqlens + k.shape[1] if lengths is None else lengths
     return _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits or None, softmax_scale,
                    return_softmax_lse, mods, nq == 1, cache_leftpad)
@@ -614,19 +620,31 @@ def _planned(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale,
 
 
 def _check_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods,
-                     nq1, cache_leftpad) -> None:
+                     nq1, cache_leftpad, found: list) -> None:
     """Refuse, before anything is written, what `_attend` would refuse with these arguments (the lengths
-    after the append): a layout with a kept plan passed its checks when planned; another runs them."""
+    after the append): a layout with a kept plan passed its checks when planned (`_planned`'s answer goes
+    to ``found``, for the launch after the append); another runs them."""
     length, lens, plan = None, None, None  # an int the append turns into a tensor: the checks, no tensor made
     if type(cache_seqlens) is not int or (block_table is None and nq1):
-        length, lens, _, _, plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
-                                            scale, return_lse, mods, nq1, cache_leftpad)
+        planned = _planned(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse,
+                           mods, nq1, cache_leftpad)
+        length, lens, _, _, plan = planned
+        if plan is not None:
+            found.append(planned)
     if plan is None:
         if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
             k_cache, v_cache = _bhnd(k_cache[:, :length]), _bhnd(v_cache[:, :length])
         window, softcap = mods.get("window"), mods.get("softcap", 0.0)
         _check_inputs(_bhnd(q), k_cache, v_cache, lens, block_table, num_splits, scale, window=window,
                       softcap=softcap, cache_leftpad=cache_leftpad)
+
+
+def _launch_planned(plan, tensors, grown, nq1: bool, return_lse: bool):
+    """A kept plan's launch on flash-attn's tensors: o [B, Nq, Hq, d] (and the LSE)."""
+    res = plan._launch(tensors, None, None, grown, nq1)  # (out, lse_out, grown, heads_last)
+    if nq1:
+        return res
+    return (_bhnd(res[0]), res[1]) if return_lse else _bhnd(res)
 
 
 def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, return_lse, mods, nq1,
@@ -644,10 +662,7 @@ def _attend(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, 
                                                            num_splits, scale, return_lse, mods, nq1,
                                                            cache_leftpad)
     if plan is not None:
-        res = plan._launch(tensors, None, None, grown, nq1)  # (out, lse_out, grown, heads_last)
-        if nq1:
-            return res
-        return (_bhnd(res[0]), res[1]) if return_lse else _bhnd(res)
+        return _launch_planned(plan, tensors, grown, nq1, return_lse)
     if length is not None:
         k_cache, v_cache = k_cache[:, :length], v_cache[:, :length]
     if block_table is None:  # [B, L, Hkv, d] -> [B, Hkv, L, d], views
