@@ -110,7 +110,7 @@ def visible_pairs(n: int, causal: bool, window) -> int:
 SWEEP_COLUMNS = ("pass", "impl", "batch", "heads", "kv_heads", "n", "d", "causal", "dtype", "deterministic",
                  "cache_lens", "page_size", "kv_dtype", "splits", "nq", "lens", "window")
 SWEEP_FAMILIES = ("backward", "decode", "varlen", "varlen2", "fwd_openclass", "window", "decode_window",
-                  "varlen_window", "backward_window")
+                  "varlen_window", "backward_window", "window_wide")
 
 
 def _log_uniform(rng, lo: int, hi: int) -> int:
@@ -137,7 +137,10 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
     - varlen_window (rows of pass varlen): attnscope's packed call as the varlen rule draws it, with a window
       of W 32 to the longest sequence, log-uniform: (W, 0) when causal, else (W, W);
     - backward_window (rows of pass backward): attnscope's backward, atomic dQ and deterministic, as the
-      backward rule draws them, with a window of W 32-N log-uniform: (W, 0) when causal, else (W, W).
+      backward rule draws them, with a window of W 32-N log-uniform: (W, 0) when causal, else (W, W);
+    - window_wide (rows of pass window): attnscope's causal windows wider than a quarter of the keys, where
+      hopper_persist pairs only the first tiles (`paired_band_rereads`): (W, 0) with W uniform in [N / 4, N),
+      N 16k-48k log-uniform, B 1-2, half the rows MHA.
     """
     rng = random.Random(seed)
     modes = {"backward": [("naive", {}), ("flash", {}), ("cudnn", {}), ("attnscope", {"deterministic": 0}),
@@ -148,6 +151,7 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
              "varlen2": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
              "fwd_openclass": [("flash", {})],
              "window": [("attnscope", {}), ("attnscope", {}), ("flex", {})],
+             "window_wide": [("attnscope", {})],
              "decode_window": [("attnscope", {}), ("attnscope", {"page_size": 1}),
                                ("attnscope", {"kv_dtype": "fp8"})],
              "varlen_window": [("attnscope", {})],
@@ -159,10 +163,12 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
         impl, extra = modes[len(rows) % len(modes)]
         d, dt = combos[(len(rows) // len(modes)) % len(combos)]
         kind = {"fwd_openclass": "forward", "varlen2": "varlen", "decode_window": "decode",
-                "varlen_window": "varlen", "backward_window": "backward"}.get(family, family)
+                "varlen_window": "varlen", "backward_window": "backward",
+                "window_wide": "window"}.get(family, family)
         row = {"pass": kind, "impl": impl, "d": d, "dtype": dt,
                **extra}
-        group = 1 if impl == "naive" else rng.choice((1, 2, 4, 8))
+        group = 1 if impl == "naive" or family == "window_wide" and len(rows) % 2 == 0 else \
+            rng.choice((1, 2, 4, 8))
         hq = rng.choice([x for x in (8, 12, 16, 24, 32) if x % group == 0])
         row["heads"], row["kv_heads"] = hq, hq // group
         if kind == "backward":
@@ -172,6 +178,10 @@ def draw_sweep(family: str, seed: int, count: int = 48) -> list[dict]:
             if family == "backward_window":
                 w = _log_uniform(rng, 32, row["n"] - 1)
                 row["window"] = f"{w}:0" if row["causal"] else f"{w}:{w}"
+        elif family == "window_wide":
+            n = _log_uniform(rng, 16384, 49152)
+            row |= {"batch": rng.randint(1, 2), "n": n, "causal": 1,
+                    "window": f"{rng.randint(n // 4, n - 1)}:0"}
         elif family == "window":
             n = _log_uniform(rng, 1024, 32768)
             w, kind = _log_uniform(rng, 32, n - 1), rng.random()

@@ -220,3 +220,31 @@ def test_windowed_rereads_never_above_the_same_call_without_the_window():
                                   deterministic=rng.random() < 0.5, **shape), win,
                           ["q_rereads", "dq_atomics", "kv_rereads"])
     assert compared >= 60
+
+
+def test_partly_paired_wide_windows_count_the_round_boundaries():
+    """hopper_persist, a causal MHA window wider than a quarter of the keys: the full tile a round boundary
+    cuts re-reads its band one round after the tile above it read it, behind ~2 C B_r rows of other bands, so
+    those re-reads miss once that room passes the shared capacity (`paired_band_rereads`); the in-wave rule
+    alone counts none. A narrow window's boundaries stay in the L2; GQA keeps the group rule."""
+    def sets(heads, kv_heads, n, w):
+        est = we.window_estimate("attnscope", n, window=(w, 0), causal=True, d=128, dtype="bf16",
+                                 heads=heads, kv_heads=kv_heads)
+        assert est.facts["kernel"] == "hopper_persist"
+        return _terms(est)["kv_rereads"] / (kv_heads * 2 * n * 128 * 2), est.facts
+    wide, facts = sets(16, 16, 32768, 16384)
+    assert 0.3 < wide < 1.0 and facts["boundary_room_l2"] > H200_L2_PARAMS.shared
+    assert sets(32, 32, 32768, 4096)[0] == 0.0  # the band and the rounds fit: nothing re-read
+    assert sets(16, 16, 32768, 12288)[0] < wide < sets(16, 16, 32768, 24000)[0]  # wider: more room, more
+    assert sets(32, 4, 32768, 16384)[0] == 0.0  # GQA: a round's heads share the set (the group rule)
+
+
+def test_the_wide_window_grid_is_what_its_header_command_draws():
+    # committed before measurement: attnscope causal windows of N / 4 to N keys, half MHA, none of the first
+    # window grid's points
+    from grid_draws import assert_drawn
+
+    rows = assert_drawn("heldout_window_wide.csv", "window_wide", 3990)
+    assert len(rows) == 48 and {r["impl"] for r in rows} == {"attnscope"}
+    assert all(int(r["n"]) // 4 <= int(r["window"].split(":")[0]) < int(r["n"]) for r in rows)
+    assert sum(r["heads"] == r["kv_heads"] for r in rows) >= 24

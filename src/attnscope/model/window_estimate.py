@@ -4,7 +4,7 @@ in the L2 when the call ends, whole call: the counter ncu's ``dram__bytes_read.s
 
 A window turns each query tile's K/V stream into a band of about ``left + right`` keys, shifted ``B_r`` rows
 per tile. The CTAs run in lockstep waves of C = SMs x CTAs per SM consecutive query tiles (the grid's order:
-a head's tiles consecutive, then the next head, `Kernel.order`). Three distances decide which re-reads of a
+a head's tiles consecutive, then the next head, `Kernel.order`). These distances decide which re-reads of a
 K/V line miss (`l2_params.miss` at `L2Params.shared`: lines read from both partitions; a CTA's Q and O tiles
 take `L2Params.qo_weight` of a K/V byte of room):
 
@@ -16,6 +16,11 @@ take `L2Params.qo_weight` of a K/V byte of room):
   upwards, so those are the one's last rows and the other's first, at the in-wave distance (a windowed
   launch never interleaves heads; hopper_persist pairs only a causal window's first tiles, whose windows
   reach before key 0, `tiles.persistent_ramp`, the full tiles running in turn before them);
+- hopper_persist with a causal window's first tiles paired, MHA (`paired_band_rereads`): its full tiles
+  run from the last down, so the tile a round boundary cuts re-reads its band one round after the tile
+  above it read it, behind the rest of one round's walks and the start of the next's (about 2 C B_r rows
+  of bands, one band and the pairs' first rows, both rounds' Q and O); the ideal machine re-reads about
+  2/3 of what this counts, the H200 between (docs/model.md); with GQA the group rule below stands;
 - the next head of a GQA group: adjacent in the launch order ("hb", or B = 1) it re-reads a line after one
   head's pass over the set and the Q/O of the tiles launched between the line's last reader and its next
   first one (the pass less the band's width), with the batch between ("bh", Flex) after B passes; a group
@@ -53,7 +58,7 @@ from attnscope.model.family_estimate import (
 from attnscope.model.family_params import H200_FAMILY_PARAMS, FamilyParams, need
 from attnscope.model.l2 import VALIDATED_HEAD_DIMS
 from attnscope.model.l2_params import H200_L2_PARAMS, HOPPER_KERNELS, KERNELS, WINDOW_KERNELS, Kernel, miss
-from attnscope.model.tiles import Grid, bounded_window, window_span
+from attnscope.model.tiles import Grid, bounded_window, persistent_ramp, window_span
 from attnscope.model.traffic import DTYPE_BYTES
 
 WINDOW_IMPLS = ("attnscope", "flex")
@@ -118,6 +123,30 @@ def band_rereads(n: int, tiles: int, c: int, block: int, align: int, width: int,
                                                         "boundary_rows": crossing}
 
 
+def paired_band_rereads(n: int, tiles: int, ramp_tiles: int, c: int, block: int, align: int, width: int,
+                        extra: float, row: float, other: float, cap: float, ramp: float, band: dict,
+                        sets: int) -> tuple[float, dict]:
+    """(rows re-read from DRAM, facts) of one head's walk in hopper_persist's partly paired schedule (a causal
+    window over fewer keys than the rows: `tiles.persistent_ramp`'s first ``ramp_tiles`` tiles go in pairs).
+    A head's items are its full tiles from the last down, then the pairs; item q runs on program q % ``c``,
+    all in lockstep rounds. The full tile a round boundary cuts re-reads the ``width`` + ``align`` rows the
+    tile above it read one round before, and a pair the first ``ramp_tiles`` x ``block`` rows: the lines
+    between are the rest of one round's walks and the start of the next's, about 2 c ``block`` rows of
+    full tiles' bands (their share of the items) plus one band and the pairs' first rows, every distinct set
+    of the two rounds (``adjacent`` heads of a set consecutive in the launch), and both rounds' Q and O.
+    Inside a round the neighbours' re-reads are `band_rereads`' (``band``: its facts)."""
+    full, pairs = tiles - ramp_tiles, (ramp_tiles + 1) // 2
+    items = full + pairs
+    span = 1 + 2 * c / items  # distinct sets (heads) two rounds' items read, on average
+    rows_b = min(2 * c * full / items * block + width + min(n, ramp_tiles * block), min(sets, span) * n)
+    room_b = rows_b * row + c * (full + 2 * pairs) / items * other
+    m_b = miss(room_b / cap, ramp)
+    cut = min(extra, max(0.0, (full - 1) / c) * min(n, width + align))  # the boundaries' full tiles
+    cut_pairs = min(extra - cut, max(0.0, (pairs - 1) / c) * min(n, ramp_tiles * block))
+    rows = (extra - cut - cut_pairs) * band["wave_miss"] + (cut + cut_pairs) * m_b
+    return rows, band | {"boundary_room": room_b, "boundary_miss": m_b, "boundary_rows": cut + cut_pairs}
+
+
 def group_gap_miss(n: int, tiles: int, c: int, block: int, width: int, row: float, other: float,
                    passes: int, room_w: float, cap: float, ramp: float) -> tuple[float, float]:
     """(miss share, room) of a GQA group's later head re-reading its set: after ``passes`` heads' passes
@@ -171,6 +200,10 @@ def window_estimate(impl: str, n: int, *, window, causal: bool = False, d: int =
     width = window_span((left, right), n)
     rows, f = band_rereads(n, tiles, c, ker.block_q, ker.block_kv, width, g.kv_rows_total() - n, kv_row, q_o,
                            cap, ramp, together)
+    ramp_tiles = persistent_ramp(tiles, ker.block_q, n, n, causal, (left, right)) if ker.persistent else 0
+    if 0 < ramp_tiles < tiles and group == 1:  # partly paired: full tiles from the last, then the pairs
+        rows, f = paired_band_rereads(n, tiles, ramp_tiles, c, ker.block_q, ker.block_kv, width,
+                                      g.kv_rows_total() - n, kv_row, q_o, cap, ramp, f, batch * hkv)
     inside = batch * h * rows * kv_row
     # a group's later heads re-read the set (B passes apart with the batch between them)
     m_g, room_g = group_gap_miss(n, tiles, c, ker.block_q, width, kv_row, q_o,
