@@ -616,3 +616,22 @@ def test_mask_caches_are_neither_read_nor_kept_while_transient(monkeypatch):
         assert a is not b and k is not a and k is not b  # not read
     monkeypatch.undo()
     assert all(f() is k for f, k in zip(calls, kept, strict=True))  # and not written
+
+
+def test_one_query_step_with_grad_runs_the_differentiable_kernels():
+    """A one-query causal step that needs a backward (a one-token training sequence, a step after a cache
+    under grad; unpadded, `filled` or left-padded) gives SDPA's output and gradients, not `flash_decode`'s
+    refusal (it has no backward)."""
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 4, 2, 1, 10))
+    left = torch.ones(2, 10, dtype=torch.bool, device=DEVICE)
+    left[0, :3] = False
+    kr, vr = (t.repeat_interleave(2, 1) for t in (k, v))
+    for mask, n in ((None, 10), (hf.filled(2, 7, DEVICE), 7), (left, 10)):
+        o = hf.attention_forward(_Attn(), q, k, v, mask, scaling=0.2)[0]
+        keys = left[:, None, None, :] if mask is left else None
+        want = torch.nn.functional.scaled_dot_product_attention(q, kr[:, :, :n], vr[:, :, :n], keys,
+                                                                scale=0.2)
+        do = torch.randn_like(o)
+        got, ref = (torch.autograd.grad(x, (q, k, v), dy) for x, dy in ((o, do), (want.transpose(1, 2), do)))
+        for a, b in zip((o, *got), (want.transpose(1, 2), *ref), strict=True):
+            assert (a.float() - b.float()).abs().max().item() <= 2e-2  # bf16 rounding of O(1) values

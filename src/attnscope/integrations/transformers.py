@@ -7,7 +7,8 @@ either no mask (every key of every sequence is visible, up to causality) or the 
 Then:
 
 - no mask, one new token per sequence of a causal model (a decode step against the full cache K/V
-  transformers passes): `attnscope.flash_decode`;
+  transformers passes): `attnscope.flash_decode`, or where the step needs a backward (grad mode on, an input
+  requiring grad: `flash_decode` has none) the differentiable kernels, as the paths below without it;
 - no mask otherwise (prefill, chunked prefill, non-causal): `attnscope.flash_attention`, bottom-right causal;
 - a mask without padding over the first ``n`` cache slots (a static cache): the same kernels on the
   filled keys (a view; `flash_decode` with ``cache_seqlens``, filled once per mask tensor). `padding_mask`
@@ -68,6 +69,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from attnscope.kernels.decode import flash_decode  # noqa: E402
 from attnscope.kernels.decode.api import _cached  # noqa: E402
+from attnscope.kernels.decode.checks import _requires_grad  # noqa: E402
 from attnscope.kernels.fwd import flash_attention  # noqa: E402
 from attnscope.kernels.varlen import flash_attention_varlen  # noqa: E402
 
@@ -286,9 +288,16 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         return _key_masked_step(query, key, value, attention_mask, scaling, mods), None
     if attention_mask is not None:
         return _padded(query, key, value, attention_mask, causal, scaling, mods), None
-    if causal and query.shape[2] == 1:  # a decode step: split-KV over the whole cache
+    if causal and query.shape[2] == 1 and not _grad(query, key, value, mods):  # a decode step: split-KV
         return _decode(query, key, value, None, scaling, mods), None
     return flash_attention(query, key, value, causal, scaling, **mods).transpose(1, 2), None
+
+
+def _grad(query, key, value, mods) -> bool:
+    """Whether the attention needs a backward (grad mode on, an input requires grad): then the
+    differentiable kernels (`flash_attention`, `flash_attention_varlen`) run a one-query step, not `_decode`,
+    which has none."""
+    return _requires_grad((query, key, value, mods.get("sinks")))
 
 
 def _decode(query, key, value, lens, scaling, mods, starts=None) -> Tensor:
@@ -375,10 +384,11 @@ def _padded(query, key, value, mask, causal, scaling, mods) -> Tensor:
                          f"got {tuple(mask.shape)}")
     if _is_filled(mask):  # keys [0, n) of every row, queries the last Nq of them: a view, no gather
         n = mask.shape[1]
-        if causal and Nq == 1:
+        if causal and Nq == 1 and not _grad(query, key, value, mods):
             return _decode(query, key, value, _filled_lens(mask, query.device), scaling, mods)
         return flash_attention(query, key[:, :, :n], value[:, :, :n], causal, scaling, **mods).transpose(1, 2)
-    if causal and Nq == 1 and not _transient(query.device):  # a decode step: left padding in place
+    if causal and Nq == 1 and not _transient(query.device) and not _grad(query, key, value, mods):
+        # a decode step: left padding in place
         spans = _spans(mask)
         if spans is not None and spans[2]:  # each row's real keys [start, n): no gather
             return _decode(query, key, value, spans[1], scaling, mods, spans[0])
@@ -409,7 +419,7 @@ def _key_masked_step(query, key, value, mask, scaling, mods) -> Tensor:
         raise InputError(f"attention_mask: a 4-D mask is for one query per sequence, [B = {B}, 1, 1, Nk = "
                          f"{Nk}]; got {tuple(mask.shape)} with Nq = {Nq}")
     keys = mask.view(B, Nk)
-    if not _transient(query.device):  # eagerly: rows of one run each attend in place (no gather)
+    if not (_transient(query.device) or _grad(query, key, value, mods)):  # rows of one run attend in place
         spans = _spans(keys)
         if spans is not None:
             return _decode(query, key, value, spans[1], scaling, mods, spans[0])
