@@ -635,3 +635,46 @@ def test_one_query_step_with_grad_runs_the_differentiable_kernels():
         got, ref = (torch.autograd.grad(x, (q, k, v), dy) for x, dy in ((o, do), (want.transpose(1, 2), do)))
         for a, b in zip((o, *got), (want.transpose(1, 2), *ref), strict=True):
             assert (a.float() - b.float()).abs().max().item() <= 2e-2  # bf16 rounding of O(1) values
+
+
+def test_bidirectional_masks_encoder_and_cross_attention():
+    """Bidirectional masks (transformers' ``create_bidirectional_mask``: an encoder, cross-attention): an
+    encoder's padded self-attention gives its float64 SDPA output over the real tokens (a tiny BERT); a
+    cross-attention decode step over a padded encoder output gets the 4-D key mask; more queries over a padded
+    encoder output, and a bidirectional sliding window, are refused by name."""
+    cfg = transformers.BertConfig(vocab_size=96, hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=64)
+    torch.manual_seed(0)
+    m64, ours = (transformers.BertModel._from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=dt)
+                 for impl, dt in (("sdpa", torch.float64), (NAME, torch.bfloat16)))
+    ours.load_state_dict(m64.state_dict())
+    ids = torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = torch.ones(3, 12, dtype=torch.long, device=DEVICE)
+    mask[0, 8:], mask[1, :3], mask[2, 4:6] = 0, 0, 0
+    with torch.no_grad():
+        want, got = (m.eval().to(DEVICE)(ids, attention_mask=mask).last_hidden_state for m in (m64, ours))
+    assert (got.double() - want)[mask.bool()].abs().max().item() <= 5e-2  # bf16 rounding of O(1) states
+    pad = mask.bool()
+    kw = dict(allow_is_causal_skip=False, allow_is_bidirectional_skip=True, device=DEVICE)
+    keys = hf.padding_mask(3, 1, 12, attention_mask=pad, **kw)
+    assert keys.shape == (3, 1, 1, 12) and torch.equal(keys[:, 0, 0], pad)
+    assert hf.padding_mask(3, 5, 12, attention_mask=None, **kw) is None  # no padding: all keys
+    with pytest.raises(NotImplementedError, match="cross-attention to a padded encoder output"):
+        hf.padding_mask(3, 5, 12, attention_mask=pad, **kw)
+    with pytest.raises(NotImplementedError, match="bidirectional sliding-window mask"):
+        hf.padding_mask(3, 12, 12, attention_mask=pad, local_size=4, **kw)
+
+
+def test_chunked_attention_is_refused_past_one_chunk():
+    """Llama 4's chunked attention (``attention_chunk_size``): the padding form has no chunks, so keys past
+    one chunk are refused naming it (transformers refuses flash attention the same way), never attended as
+    full causal attention; within one chunk it is plain causal attention and runs."""
+    cfg = transformers.Llama4TextConfig(**{**COMMON, "num_hidden_layers": 2}, attention_chunk_size=4,
+                                        intermediate_size_mlp=128, num_local_experts=2, no_rope_layers=[1, 1],
+                                        moe_layers=[], interleave_moe_layer_step=0)
+    m = transformers.Llama4ForCausalLM._from_config(cfg, attn_implementation=NAME, dtype=torch.bfloat16)
+    ids = torch.randint(1, 96, (1, 6), device=DEVICE)
+    with torch.no_grad():
+        with pytest.raises(NotImplementedError, match="attention_chunk_size: chunked attention"):
+            m.eval().to(DEVICE)(ids)
+        m(ids[:, :4])

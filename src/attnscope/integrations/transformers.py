@@ -34,14 +34,17 @@ Then:
   `flash_decode` on their runs (``cache_seqlens`` its ends, ``cache_leftpad`` its starts, the query the last
   marked key); otherwise, and under ``torch.compile``, each row's marked keys are packed on the device,
   `flash_attention_varlen` (`_key_masked_step`; it gathers the marked keys of every row each call).
+- a bidirectional mask (an encoder, cross-attention): an encoder's padding mask as above (non-causal); a
+  cross-attention decode step's as the 4-D key mask.
 
 The module's ``scaling``, ``sliding_window`` (transformers' window of W keys is ``window=(W - 1, 0)``),
 ``softcap`` and sinks (``s_aux``, or the module's ``sinks`` parameter, as gpt-oss) go to the kernels'
 ``scale=``, ``window=``, ``softcap=`` and ``sinks=`` keywords. Dropout during training, attention weights
 (``output_attentions``), other 4-D masks (more than one query, not bool), a mask pattern the padding form
-cannot hold (packed sequences that transformers finds in ``position_ids``, a model's extra mask function:
-refused by `padding_mask`), and a sliding window over a padding mask with holes raise NotImplementedError;
-nothing is ignored.
+cannot hold (packed sequences that transformers finds in ``position_ids``, a model's extra mask function,
+Llama 4's chunked attention past one chunk, a bidirectional sliding window, cross-attention of more than one
+query to a padded encoder output: refused by `padding_mask`), and a sliding window over a padding mask
+with holes raise NotImplementedError; nothing is ignored.
 
 Host reads: `attention_forward` only those named above (a sliding window over a padding mask; eagerly, a
 padded batch's decode step, `_spans`); `padding_mask` one per mask built where transformers' own flash mask
@@ -162,13 +165,37 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
 
     transformers clears ``allow_is_causal_skip`` for more than one query exactly when its mask holds more than
     causality, a sliding window and padding (packed sequences it found in ``position_ids``, a model's ``and``
-    / ``or`` mask function); the padding form cannot hold that, so it is refused (NotImplementedError)."""
-    if not allow_is_causal_skip and q_length > 1:
+    / ``or`` mask function); the padding form cannot hold that, so it is refused (NotImplementedError). A
+    bidirectional mask (transformers passes ``allow_is_bidirectional_skip``: an encoder, cross-attention) is
+    the padding mask for self-attention and the 4-D key mask for one cross-attention query; for more it is
+    refused (the padding form's queries are its last columns, an encoder's keys are not the queries)."""
+    bidirectional = "allow_is_bidirectional_skip" in kwargs  # only transformers' bidirectional masks pass it
+    if bidirectional and kwargs.get("local_size") is not None:
+        raise NotImplementedError("attention_mask: a bidirectional sliding-window mask is not supported; "
+                                  "supported: causal masks (with or without a sliding window) and plain "
+                                  "bidirectional ones")
+    skip = kwargs["allow_is_bidirectional_skip"] if bidirectional else allow_is_causal_skip
+    if not skip and q_length > 1:
         raise NotImplementedError("attention_mask: transformers asks for a mask beyond causal, sliding "
                                   "window and padding (packed sequences in position_ids, or a model's extra "
                                   "mask function); supported: a padded batch with a 2-D attention_mask")
+    chunk = getattr(kwargs.get("config"), "attention_chunk_size", None)
+    if chunk is not None and kwargs.get("local_size") == chunk and kv_length + kv_offset > chunk:
+        # transformers refuses this for flash attention the same way: the padding form has no chunks
+        raise NotImplementedError(f"attention_chunk_size: chunked attention (Llama 4's) over more than one "
+                                  f"chunk is not supported; supported: at most attention_chunk_size = "
+                                  f"{chunk} keys, got {kv_length + kv_offset}")
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                                 attention_mask=attention_mask, device=device, **kwargs)
+    if bidirectional:  # an encoder's self-attention (q_length == kv_length) or cross-attention to one
+        if mask is None or q_length == kv_length:
+            return mask
+        if q_length == 1:  # the keys the query sees, for every query: the 4-D key mask
+            return mask.to(torch.bool)[:, None, None, :]
+        raise NotImplementedError(f"attention_mask: cross-attention to a padded encoder output is supported "
+                                  f"for one query at a time (a decode step), got q_length = {q_length} "
+                                  f"queries over {kv_length} keys; supported: an encoder output without "
+                                  f"padding, or q_length = 1")
     if mask is not None:
         if mask.shape[1] < kv_length and not torch.compiler.is_compiling():
             n = mask.shape[1]
