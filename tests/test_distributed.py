@@ -147,6 +147,43 @@ def _odd_sinks(ad, dist):
     return out
 
 
+# (name, what rank 1 passes differently): ranks that disagree, or one that refuses its own arguments
+MISMATCH_CASES = [
+    ("dtype", "q, k, v in bf16 (rank 0: fp16): the P2P buffers are as large"),
+    ("batch_heads", "B x Hq = 1 x 2 (rank 0: 2 x 1): the P2P buffers are as large"),
+    ("causal", "causal=False (the lengths 7 and 6 of N = 13 fit both layouts)"),
+    ("grad", "q requires grad (rank 0's does not: only rank 1 would run the ring backward)"),
+    ("refused", "a window refused by rank 1's own checks"),
+    ("unshard_dtype", "x in bf16"),
+]
+
+
+def _mismatches(ad, dist, rank):
+    """Each MISMATCH_CASES call on both ranks: every rank's error message (None: none), gathered."""
+    out = {}
+    for name, _ in MISMATCH_CASES:
+        g = torch.Generator().manual_seed(6000)
+        q, k, v = (torch.randn(1, 2, 13, 64, generator=g) for _ in range(3))
+        dtype = torch.bfloat16 if rank == 1 and name in ("dtype", "unshard_dtype") else torch.float16
+        ql, kl, vl = (ad.shard(t, True).to(dtype) for t in (q, k, v))
+        kw = {"causal": not (rank == 1 and name == "causal")}
+        if name == "batch_heads" and rank == 0:
+            ql, kl, vl = (t.reshape(2, 1, *t.shape[2:]) for t in (ql, kl, vl))
+        if name == "grad" and rank == 1:
+            ql.requires_grad_()
+        if name == "refused" and rank == 1:
+            kw["window"] = (4, -3)
+        try:
+            ad.unshard(ql, True) if name == "unshard_dtype" else ad.ring_attention(ql, kl, vl, **kw)
+            msg = None
+        except InputError as e:
+            msg = str(e)
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, msg)
+        out[name] = gathered
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -227,6 +264,8 @@ def _worker(rank, port, qout, cases=CASES, device="cpu"):
             results["bad_unshard"] = "no error"
         except InputError as e:
             results["bad_unshard"] = str(e)
+        if device == "cpu":
+            results["mismatch"] = _mismatches(ad, dist, rank)
         dist.destroy_process_group()
     except Exception:  # report to the parent instead of hanging it
         results["error"] = traceback.format_exc()
@@ -394,6 +433,29 @@ def test_ring_bad_layout(ring_results):
     for key, name, layout in (("bad_layout", "q", "causal"), ("bad_unshard", "x", "unmasked")):
         assert ring_results[key] == (f"{name}: expected rank 0 to hold 7 tokens of N = 13 (the {layout} "
                                      "layout of `shard`), got 5"), ring_results[key]
+
+
+def test_ring_ranks_that_disagree_are_an_error_on_every_rank(ring_results):
+    """Ranks whose B, heads, dtypes or options differ got a silently wrong output (fp16 bits read as bf16,
+    [2, 1] read as [1, 2]), an aborted process (buffers of other sizes) or a hang: now the same InputError on
+    every rank, from the all_gather of the lengths; a rank whose own checks refuse still joins it."""
+    got = ring_results["mismatch"]
+    same = {
+        "dtype": "q: expected the same dtype on every rank, got torch.float16 on rank 0 and "
+                 "torch.bfloat16 on rank 1",
+        "batch_heads": "q: expected the same batch size on every rank, got 2 on rank 0 and 1 on rank 1",
+        "causal": "causal: expected the same value on every rank, got True on rank 0 and False on rank 1",
+        "grad": "q: expected the same need of gradients (q, k, v or sinks requires grad) on every rank, got "
+                "False on rank 0 and True on rank 1",
+        "unshard_dtype": "x: expected the same dtype on every rank, got torch.float16 on rank 0 and "
+                         "torch.bfloat16 on rank 1",
+    }
+    assert set(got) == {name for name, _ in MISMATCH_CASES}
+    for name, msg in same.items():
+        assert got[name] == [msg] * WORLD, (name, got[name])
+    assert got["refused"][0] == ("group: expected valid arguments on every rank, got a refusal on rank 1 "
+                                 "(raised there, naming the argument)")
+    assert got["refused"][1].startswith("window: expected None or a pair"), got["refused"]
 
 
 def test_chunk_sizes_pad_free():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import struct
 from typing import TYPE_CHECKING
 
 from attnscope.errors import MAX_DIM, InputError, expect, is_int, positive_int, short
@@ -65,15 +67,79 @@ def shard(x: torch.Tensor, causal: bool,
     return torch.cat(parts, dim=2).contiguous()
 
 
-def _all_lengths(n_local: int, device, group) -> list[int]:
+#: What every rank of a `ring_attention` must agree on besides the layout of `shard` (argument, what, kind),
+#: and `unshard`'s: gathered with the shard lengths in one all_gather (`_agreed`), so a rank whose tensors or
+#: options differ is an error on every rank, never a silently wrong result (P2P buffers of one size
+#: reinterpreted) or a rank left waiting.
+RING_FACTS = (("q", "batch size", "int"), ("q", "number of heads", "int"), ("k", "number of heads", "int"),
+              ("q", "head dim", "int"), ("q", "dtype", "dtype"), ("k", "dtype", "dtype"),
+              ("v", "dtype", "dtype"), ("causal", "value", "bool"), ("scale", "softmax scale", "float"),
+              ("softcap", "value", "float"), ("window", "left side (-1: unbounded)", "int"),
+              ("window", "right side (-1: unbounded)", "int"), ("sinks", "presence", "bool"),
+              ("q", "need of gradients (q, k, v or sinks requires grad)", "bool"))
+UNSHARD_FACTS = (("x", "batch size", "int"), ("x", "number of heads", "int"), ("x", "head dim", "int"),
+                 ("x", "dtype", "dtype"))
+
+
+@functools.cache
+def _dtypes():
+    """Every torch dtype in one order on every rank (of one torch version): `_encode`'s codes."""
+    import torch
+
+    return sorted({t for t in vars(torch).values() if isinstance(t, torch.dtype)}, key=str)
+
+
+def _encode(kind: str, value) -> int:
+    if kind == "dtype":
+        return _dtypes().index(value)
+    if kind == "float":
+        return struct.unpack("<q", struct.pack("<d", float(value)))[0]  # the exact bits
+    return int(value)
+
+
+def _show(kind: str, code: int):
+    if kind == "dtype":
+        return _dtypes()[code]
+    if kind == "float":
+        return struct.unpack("<d", struct.pack("<q", code))[0]
+    return bool(code) if kind == "bool" else code
+
+
+def _agreed(x, group, specs, values, refused=None) -> tuple[int, int, list[int]]:
+    """(rank, P, every rank's N_local) from one all_gather of this rank's N_local (``x.shape[2]``) and
+    ``values`` of the facts ``specs`` ((argument, what, kind) each, `RING_FACTS`): raises `InputError` on
+    every rank, the same message, naming the first fact two ranks disagree on. ``refused``: this rank's
+    own error from its local checks, raised here after the gather (the other ranks raise naming this rank),
+    so no rank waits on a collective the refusing rank never joins."""
     import torch
     import torch.distributed as dist
 
-    _, p = _world(group)
-    mine = torch.tensor([n_local], dtype=torch.int64, device=device)
-    out = [torch.empty_like(mine) for _ in range(p)]
-    dist.all_gather(out, mine, group=group)
-    return [int(t.item()) for t in out]
+    if refused is not None and not (dist.is_available() and dist.is_initialized()):
+        raise refused  # no process group: no rank to wait
+    rank, p = _world(group)
+    if refused is None:
+        device = x.device
+        mine = [0, x.shape[2], *(_encode(kind, v) for (_, _, kind), v in zip(specs, values, strict=True))]
+    else:  # ``x`` may be anything: the device of the group's backend
+        cuda = dist.get_backend(group) == "nccl"
+        device = x.device if isinstance(x, torch.Tensor) else torch.device(
+            "cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        mine = [1, 0] + [0] * len(specs)
+    out = [torch.empty(len(mine), dtype=torch.int64, device=device) for _ in range(p)]
+    dist.all_gather(out, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
+    rows = [t.tolist() for t in out]
+    if refused is not None:
+        raise refused
+    bad = next((r for r in range(p) if rows[r][0]), None)
+    if bad is not None:
+        raise InputError(f"group: expected valid arguments on every rank, got a refusal on rank {bad} "
+                         f"(raised there, naming the argument)")
+    for i, (name, what, kind) in enumerate(specs, start=2):
+        r = next((r for r in range(p) if rows[r][i] != rows[0][i]), None)
+        if r is not None:
+            raise InputError(f"{name}: expected the same {what} on every rank, got {_show(kind, rows[0][i])} "
+                             f"on rank 0 and {_show(kind, rows[r][i])} on rank {r}")
+    return rank, p, [row[1] for row in rows]
 
 
 def unshard(x: torch.Tensor, causal: bool,
@@ -82,8 +148,13 @@ def unshard(x: torch.Tensor, causal: bool,
     import torch
     import torch.distributed as dist
 
-    _check_x(x)
-    _, p, chunks = _chunk_sizes(x, "x", causal, group)
+    try:
+        _check_x(x)
+        values = (*x.shape[:2], x.shape[3], x.dtype)
+    except InputError as e:
+        _agreed(x, group, UNSHARD_FACTS, None, refused=e)
+    _, p, lens = _agreed(x, group, UNSHARD_FACTS, values)
+    chunks = _chunk_sizes(lens, "x", causal, p)
     # gather into equal-size buffers (gloo and NCCL all_gather need equal shapes)
     m = max(sum(c) for c in chunks)
     buf = x.new_zeros(x.shape[0], x.shape[1], m, x.shape[3])
@@ -148,12 +219,10 @@ def _check_qkv(q, k, v):
                          f"got {tuple(k.shape)}")
 
 
-def _chunk_sizes(x, name: str, causal: bool, group):
-    """This rank, the world size P and every rank's chunk lengths in the layout of `shard` (rank r holds
-    chunks `_rank_chunks(r, P, causal)`), checked against the lengths the ranks' ``x`` [B, H, N_local, d]
-    hold; a mismatch raises naming ``name``."""
-    rank, p = _world(group)
-    lens = _all_lengths(x.shape[2], x.device, group)
+def _chunk_sizes(lens, name: str, causal: bool, p: int):
+    """Every rank's chunk lengths in the layout of `shard` (rank r holds chunks `_rank_chunks(r, P, causal)`),
+    checked against ``lens``, the lengths the ranks' [B, H, N_local, d] hold (`_agreed`); a mismatch raises
+    naming ``name``."""
     n = sum(lens)
     sizes, _ = _bounds(n, p, causal)
     chunks = [tuple(sizes[j] for j in _rank_chunks(r, p, causal)) for r in range(p)]
@@ -161,12 +230,7 @@ def _chunk_sizes(x, name: str, causal: bool, group):
         if sum(chunks[r]) != lens[r]:
             raise InputError(f"{name}: expected rank {r} to hold {sum(chunks[r])} tokens of N = {n} "
                              f"(the {'causal' if causal else 'unmasked'} layout of `shard`), got {lens[r]}")
-    return rank, p, chunks
-
-
-def _layout(q, causal, group):
-    rank, p, chunks = _chunk_sizes(q, "q", causal, group)
-    return rank, p, chunks if causal else [(c[0], 0) for c in chunks]
+    return chunks
 
 
 def _packed(x):
@@ -256,13 +320,13 @@ def _block_backward(do, q, k, v, o, lse, causal, scale, softcap, bounds, dlse=No
     return _unpacked(dq, B), _unpacked(dk, B), _unpacked(dv, B)
 
 
-def _ring_forward(q, k, v, causal, scale, group, softcap=0.0, sinks=None, window=None):
+def _ring_forward(q, k, v, causal, scale, group, layout, softcap=0.0, sinks=None, window=None):
     import torch
 
     from attnscope.kernels._common import finite_sinks
     from attnscope.kernels.merge import merge_
 
-    rank, p, chunks = _layout(q, causal, group)
+    rank, p, chunks = layout  # `ring_attention`'s: (rank, P, each rank's (low, high) chunk lengths)
     ring = _Ring(group, rank, p)
     B, Hq, nq, d = q.shape
     o = torch.zeros(B, Hq, nq, d, dtype=torch.float32, device=q.device)
@@ -352,8 +416,8 @@ def _autograd_fn():
 
     class _RingAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, sinks, causal, scale, group, softcap, window):
-            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group, softcap, sinks, window)
+        def forward(ctx, q, k, v, sinks, causal, scale, group, layout, softcap, window):
+            o, lse, chunks = _ring_forward(q, k, v, causal, scale, group, layout, softcap, sinks, window)
             ctx.save_for_backward(q, k, v, o, lse, sinks)
             ctx.causal, ctx.scale, ctx.group, ctx.chunks = causal, scale, group, chunks
             ctx.softcap, ctx.window = softcap, window
@@ -367,7 +431,7 @@ def _autograd_fn():
             dq, dk, dv = _ring_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.group, ctx.chunks,
                                         ctx.softcap, ctx.window, dlse)
             dsinks = None if sinks is None else _sinks_grad(do, o, lse, sinks, dlse)
-            grads = (dq, dk, dv, dsinks, None, None, None, None, None)
+            grads = (dq, dk, dv, dsinks, None, None, None, None, None, None)
             if not torch.is_grad_enabled():
                 return grads
             from attnscope.kernels.bwd_autograd import FirstOrderOnly  # create_graph=True: no 2nd derivative
@@ -403,21 +467,34 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     o : [B, Hq, N_local, d], q's dtype (this rank's rows of the whole attention output);
     lse : [B, Hq, N_local], float32 — only when ``return_lse``.
 
+    Every rank must pass the same B, heads, d, dtypes and options (one all_gather with the shard lengths
+    checks them): a rank that differs, or whose own checks refuse its arguments, is an `InputError` on every
+    rank naming the argument (or, on the others, the refusing rank), never a wrong result or a hang.
+
     Differentiable (w.r.t. q, k, v and sinks) when `attnscope.kernels.bwd` exists (ring pass of dK/dV);
     otherwise backward raises NotImplementedError. Example:
     ``o = unshard(ring_attention(*(shard(t, True) for t in (q, k, v)), causal=True), True)``.
     """
     import math
 
-    from attnscope.kernels._common import check_flags, check_mods, check_scale
-
-    check_flags(causal=causal, return_lse=return_lse)
-    check_scale(scale)
-    _check_qkv(q, k, v)
     import torch
 
-    mods = check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
+    from attnscope.kernels._common import check_flags, check_mods, check_scale
+
+    try:  # a rank whose own checks refuse still joins the gather, so no rank waits for it (`_agreed`)
+        check_flags(causal=causal, return_lse=return_lse)
+        check_scale(scale)
+        _check_qkv(q, k, v)
+        mods = check_mods(torch, causal, window, softcap, sinks, q.shape[1], q.device)
+    except (InputError, NotImplementedError) as e:
+        _agreed(q, group, RING_FACTS, None, refused=e)
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     band = (mods.left, mods.right) if mods.windowed else None
-    o, lse = _autograd_fn().apply(q, k, v, sinks, causal, sm_scale, group, mods.softcap, band)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+    values = (q.shape[0], q.shape[1], k.shape[1], q.shape[3], q.dtype, k.dtype, v.dtype, causal, sm_scale,
+              mods.softcap, *(band or (-1, -1)), sinks is not None, grad)
+    rank, p, lens = _agreed(q, group, RING_FACTS, values)
+    chunks = _chunk_sizes(lens, "q", causal, p)
+    layout = (rank, p, chunks if causal else [(c[0], 0) for c in chunks])
+    o, lse = _autograd_fn().apply(q, k, v, sinks, causal, sm_scale, group, layout, mods.softcap, band)
     return (o, lse) if return_lse else o
