@@ -1149,3 +1149,25 @@ def test_gpu_varlen_packed_same_bits_as_the_native_call(fn):
     assert torch.equal(o, native)
     for got, ref in zip(leaves, views, strict=True):
         assert torch.equal(got.grad, ref.grad)
+
+
+@pytest.mark.parametrize("causal, window, softcap, deterministic", [(True, (6, 0), 0.0, True),
+                                                                     (False, (-1, 4), 5.0, False)])
+def test_func_autograd_semantics_with_softmax_lse(causal, window, softcap, deterministic):
+    """`grad_semantics.check_semantics` through flash_attn_func's [B, N, H, d] layout, the loss reading the
+    softmax_lse of ``return_attn_probs=True`` too."""
+    from grad_semantics import attention, check_semantics
+
+    g = torch.Generator().manual_seed(8)
+    q, k, v = _randn(2, 17, 4, 64, g=g), _randn(2, 33, 2, 64, g=g), _randn(2, 33, 2, 64, g=g)
+
+    def kernel(q, k, v, _):
+        o, lse, _ = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                        deterministic=deterministic, return_attn_probs=True)
+        return o, lse
+
+    def ref(q, k, v, _, f64):
+        o, lse = attention(*(t.transpose(1, 2) for t in (q, k, v)), None, f64, causal, window, softcap)
+        return o.transpose(1, 2), lse
+
+    check_semantics(kernel, ref, (q, k, v, None), (2, 17, 4, 64), (2, 4, 17), seed=9)

@@ -388,3 +388,32 @@ def test_a_huge_softcap_is_no_softcap(softcap):
     od = attnscope.flash_decode(q[:, :, -1:], k, v, lens, softcap=softcap)
     rd = reference.naive_attention(n[0][:, :, -1:], n[1], n[2], softcap=softcap)
     assert _err(od, rd) <= checks.kernel_tolerance(t_err), _err(od, rd)
+
+
+# (Hq, Hkv, Nq, Nk, dtype, causal, window, softcap, sinks, deterministic, strided q/k/v views)
+SEMANTICS = [
+    (4, 2, 17, 33, "float16", False, (5, 0), 0.0, (0.5, -1.0, 2.0, 0.0), False, True),
+    (4, 1, 33, 17, "bfloat16", True, None, 5.0, None, True, False),  # rows with no key: LSE -inf
+    (4, 4, 17, 17, "float16", False, (-1, 6), 0.0, (3.0, 0.0, -2.0, 1.0), True, False),
+    (2, 1, 33, 33, "float16", True, (4, 4), 10.0, (1.0, -1.0), False, True),
+]
+
+
+@pytest.mark.parametrize("i", range(len(SEMANTICS)))
+def test_autograd_semantics_every_output_and_input_against_float64(i):
+    """`grad_semantics.check_semantics`: some of q, k, v, sinks requiring grad, a non-contiguous dO and an
+    expanded dLSE, two backward passes, autograd.grad with allow_unused, a call under no_grad."""
+    from grad_semantics import attention, check_semantics
+
+    hq, hkv, nq, nk, dtype, causal, window, softcap, sinks, det, strided = SEMANTICS[i]
+    q, k, v, _ = _inputs(2, hq, hkv, nq, nk, 64, getattr(torch, dtype), 700 + i)
+    if strided:  # [B, N, H, d] buffers seen as [B, H, N, d]
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    sk = None if sinks is None else torch.tensor(sinks, dtype=torch.float32, device=DEVICE)
+    mods = dict(causal=causal, window=window, softcap=softcap)
+
+    def kernel(q, k, v, s):
+        return attnscope.flash_attention(q, k, v, return_lse=True, sinks=s, deterministic=det, **mods)
+
+    check_semantics(kernel, lambda q, k, v, s, f64: attention(q, k, v, s, f64, **mods), (q, k, v, sk),
+                    (2, hq, nq, 64), (2, hq, nq), seed=i)

@@ -810,3 +810,37 @@ def test_top_level_check_errors_raises_each_familys_record_once():
     with pytest.raises(InputError, match=r"cache_seqlens: expected values in \[0, L_max\]"):
         attnscope.check_errors()
     decode.check_errors()  # the family's own check sees the record cleared too
+
+
+@pytest.mark.parametrize("dtype,causal,window,softcap,sinks,deterministic", [
+    ("float16", True, None, 0.0, (0.5, -1.0, 2.0, 0.0), False),
+    ("bfloat16", False, (4, 4), 5.0, None, True),
+])
+def test_autograd_semantics_with_empty_and_length_one_sequences(dtype, causal, window, softcap, sinks,
+                                                                deterministic):
+    """`grad_semantics.check_semantics` over a packed batch with an empty sequence, one with no keys and
+    length-1 sequences: the reference is `grad_semantics.attention` per sequence, concatenated."""
+    from grad_semantics import attention, check_semantics
+
+    lq, lk = [17, 0, 1, 5, 1], [9, 4, 1, 0, 17]
+    g = torch.Generator().manual_seed(31)
+    q = _packed(sum(lq), 4, 64, getattr(torch, dtype), True, g)
+    k, v = (_packed(sum(lk), 2, 64, getattr(torch, dtype), False, g) for _ in range(2))
+    sk = None if sinks is None else torch.tensor(sinks, dtype=torch.float32, device=DEVICE)
+    mods = dict(causal=causal, window=window, softcap=softcap)
+
+    def kernel(q, k, v, s):
+        return attnscope.flash_attention_varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), return_lse=True,
+                                                sinks=s, deterministic=deterministic, **mods)
+
+    def per_sequence(q, k, v, s, f64):
+        outs, lses, a, c = [], [], 0, 0
+        for nq, nk in zip(lq, lk, strict=True):
+            o, lse = attention(*(t[r:r + n].transpose(0, 1)[None] for t, r, n in ((q, a, nq), (k, c, nk),
+                                                                                (v, c, nk))), s, f64, **mods)
+            outs.append(o[0].transpose(0, 1))
+            lses.append(lse[0])
+            a, c = a + nq, c + nk
+        return torch.cat(outs), torch.cat(lses, 1)
+
+    check_semantics(kernel, per_sequence, (q, k, v, sk), (sum(lq), 4, 64), (4, sum(lq)), seed=5)
