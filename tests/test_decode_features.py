@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -768,6 +769,50 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
     assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
     torch._dynamo.reset()
 
+
+
+@pytest.mark.parametrize("nq", (1, 3))
+def test_torch_compile_fake_output_has_the_real_layout(nq):
+    # the fake (meta) impl's o and LSE have the real op's strides for q contiguous, q a transposed
+    # [B, Nq, Hq, d] buffer (flash_attn_with_kvcache's view) and q sliced; a mismatch corrupts compiled
+    # graphs (inductor asserts it, or reads the output with the fake's strides)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    k, v = dev(*inputs(2, 4, 2, nq, 32)[1:])
+    lens = lens_t([32, 7])
+    for q in (torch.randn(2, 4, nq, 64), torch.randn(2, nq, 4, 64).transpose(1, 2),
+              torch.randn(2, 4, nq, 128)[..., :64]):
+        args = (q.to(DEVICE, torch.float16), k, v, lens, *[None] * 7, -1, -1, 0.0)
+        real = torch.ops.attnscope.flash_decode(*args)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.attnscope.flash_decode(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                                                      else a for a in args))
+        def layout(ts):
+            return [(t.shape, t.stride(), t.dtype) for t in ts]
+        assert layout(fake) == layout(real)
+
+
+@pytest.mark.skipif(DEVICE == "cpu" and not any(map(shutil.which, ("c++", "g++", "clang++"))),
+                    reason="inductor on the CPU needs a C++ compiler")
+def test_torch_compile_inductor_chunked_kvcache_step_matches_eager():
+    # flash_attn_with_kvcache with Nq > 1 hands the op a transposed q; inductor then checks the op's
+    # output strides against the fake impl's (a mismatch raised "expected ... stride" here)
+    from attnscope.flash_attn_interface import flash_attn_with_kvcache
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 4, 64, generator=g).to(DEVICE, torch.float16)
+    kc, vc = (torch.randn(2, 40, 2, 64, generator=g).to(DEVICE, torch.float16) for _ in "kv")
+    lens = lens_t([20, 40])
+
+    def step(q, kc, vc, lens):
+        return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, return_softmax_lse=True)
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # its disk cache does not key on fake impls
+        got = torch.compile(step, fullgraph=True)(q, kc, vc, lens)
+    want = step(q, kc, vc, lens)
+    assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(got, want, strict=True))
+    torch._dynamo.reset()
 
 # --- at full size on the GPU (the block configs the plan picks there) -------------------------------------
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size decode needs a GPU")

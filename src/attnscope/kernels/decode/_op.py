@@ -27,7 +27,9 @@ def flash_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: 
 @flash_decode_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad, num_splits,
       scale, window_left, window_right, softcap):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    # `DecodePlan` allocates o contiguous whatever q's layout (a transposed q included: flash-attn's [B, Nq,
+    # Hq, d] seen as [B, Hq, Nq, d])
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("attnscope::kv_append", mutates_args=("k_cache", "v_cache"))
