@@ -260,6 +260,26 @@ def test_runs_inside_torch_compile_without_graph_break():
     assert torch.equal(compiled(q, k, v), f(q, k, v))
 
 
+
+def test_compiled_dynamic_with_float_arguments_and_shapes_matches_eager():
+    # dynamic=True: sizes and the function's float arguments (scale, softcap) are symbolic; the checks
+    # trace on them (no graph break under fullgraph) and each call, forward and backward, matches eager
+    def f(q, k, v, scale, softcap):
+        return attnscope.flash_attention(q, k, v, causal=True, scale=scale, softcap=softcap, return_lse=True)
+
+    def run(fn, *args):
+        o, lse = fn(*args)
+        return o, lse, *torch.autograd.grad(o.float().square().sum() + lse.sum(), args[:3])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    for b, n, scale, softcap in ((1, 17, None, 0.0), (1, 33, 0.1, 5.0), (3, 40, 0.2, 7.0)):
+        q, k, v = (t.requires_grad_() for t in _inputs(b, 4, 2, n, n + 3, 64, torch.float16, False, seed=n))
+        want, got = run(f, q, k, v, scale, softcap), run(compiled, q, k, v, scale, softcap)
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    torch._dynamo.reset()
+
+
 # ---- errors: each documented error, with its message --------------------------------------------
 def _good(**over):
     q, k, v = _inputs(1, 4, 2, 8, 8, 64, torch.float16, False, seed=5)

@@ -11,8 +11,8 @@ otherwise be expanded into the message).
 
 from __future__ import annotations
 
-import math
 import reprlib
+import sys
 from typing import TypeGuard
 
 #: Longest echo of a bad value inside an error message.
@@ -68,10 +68,10 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
 
 def finite_real(value: object) -> bool:
     """Is `value` an int or float, not a bool, not NaN or inf, nor an int too large for a float?"""
-    try:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    except OverflowError:
-        return False
+    # a comparison, not math.isfinite: torch.compile traces it on a symbolic float (a compiled function's
+    # float argument); NaN compares False, an int past the float range compares exactly
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and abs(value) <= sys.float_info.max
 
 
 def expect(cond: bool, name: str, expected: str, got: object) -> None:

@@ -125,10 +125,15 @@ def check_flags(**flags) -> None:
         expect(isinstance(value, bool), name, "True or False", value)
 
 
+#: `check_scale`'s message, formatted once: under torch.compile(dynamic=True) Dynamo reads a float global as
+#: a symbolic float, which a format spec cannot take (a graph break where fullgraph is asked)
+_SCALE_RANGE = f"a finite positive number up to {MAX_SCALE:.3g}, or None"
+
+
 def check_scale(scale) -> None:
     """None, or a finite positive real (not a bool) whose ``scale * log2(e)`` fits in fp32."""
     ok = scale is None or finite_real(scale) and 0 < scale <= MAX_SCALE
-    expect(ok, "scale", f"a finite positive number up to {MAX_SCALE:.3g}, or None", scale)
+    expect(ok, "scale", _SCALE_RANGE, scale)
 
 
 #: Largest ``softcap / scale`` the Hopper kernels (forward, backward) take: their tanh (``tanh.approx.f32``)
