@@ -771,6 +771,17 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
 
 
 
+def test_torch_compile_refuses_grad_as_eager():
+    # decode has no backward: under torch.compile the trace refuses an input that requires grad with
+    # eager's NotImplementedError (not a BackendCompilerFailed: "no autograd formula was registered")
+    q, k, v = dev(*inputs(2, 4, 2, 1, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: flash_decode(q, k, v), backend="aot_eager")
+    with pytest.raises(NotImplementedError, match="q: decode has no backward"):
+        compiled(q.requires_grad_(), k, v)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("nq", (1, 3))
 def test_torch_compile_fake_output_has_the_real_layout(nq):
     # the fake (meta) impl's o and LSE have the real op's strides for q contiguous, q a transposed

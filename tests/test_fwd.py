@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import subprocess
 import sys
 
@@ -279,6 +280,19 @@ def test_compiled_dynamic_with_float_arguments_and_shapes_matches_eager():
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     torch._dynamo.reset()
 
+
+
+@pytest.mark.parametrize("over,msg", [({"window": (-3, 2)}, "window: expected None or a pair"),
+                                      ({"softcap": -1.0}, "softcap: expected a finite real number >= 0")])
+def test_compiled_training_call_with_bad_mods_raises_their_error(over, msg):
+    # under torch.compile with grad the compiler traces the backward at compile time: the mods are checked
+    # in the trace, so the error is eager's InputError, not a BackendCompilerFailed from the backward
+    q, k, v = _inputs(1, 4, 2, 8, 8, 64, torch.float16, False, seed=6)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attnscope.flash_attention(q, k, v, **over), backend="aot_eager")
+    with pytest.raises(InputError, match=re.escape(msg)):
+        compiled(q.requires_grad_(), k, v)
+    torch._dynamo.reset()
 
 # ---- errors: each documented error, with its message --------------------------------------------
 def _good(**over):

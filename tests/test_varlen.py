@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -620,6 +621,20 @@ def test_compiled_step_has_no_graph_break_and_matches_eager():
     loss_fn(q, k, v, w, sinks).backward()
     assert torch.equal(gw, w.grad) and torch.equal(gs, sinks.grad)
 
+
+def test_compiled_call_checks_the_layout_as_eager():
+    # torch.compile's trace runs the layout checks (the fake impl would index a malformed q's shape: an
+    # IndexError deep in the compiler), forward-only and with grad
+    g = torch.Generator().manual_seed(14)
+    q, k, v = (_packed(12, 2, 64, torch.float16, False, g) for _ in range(3))
+    cu = _cu([5, 7])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attnscope.flash_attention_varlen(q, k, v, cu, cu, 7, 7),
+                             backend="aot_eager")
+    for grad in (False, True):
+        with pytest.raises(InputError, match=re.escape("q: expected a 3-d tensor [total_q, Hq, d]")):
+            compiled(q[:, 0, 0].detach().requires_grad_(grad), k, v)
+    torch._dynamo.reset()
 
 def test_ops_opcheck():
     """The custom ops' fake implementations and schemas, and the forward's autograd registration

@@ -279,14 +279,18 @@ def _check_inputs(q, k, v):
         if size == 0:
             raise InputError(f"{name}: expected {what} >= 1, got shape {tuple(t.shape)}")
     check_head_dim(d, padded=True)
+    return B, Hq, Nq, d, Hkv, Nk
+
+
+def _check_aligned(q, k, v):
+    """TMA: every stride but the last a multiple of 16 bytes, the base 16-byte aligned. Apart from
+    `_check_inputs`: torch.compile cannot trace ``storage_offset`` (the op checks it when it runs)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        # TMA: every stride but the last must be a multiple of 16 bytes, and the base 16-byte aligned
         if any((s * t.element_size()) % 16 for s in (*t.stride()[:3], t.storage_offset())):
             raise NotImplementedError(
                 f"{name}: strides {tuple(t.stride())} / base address are not 16-byte aligned; supported: "
                 f"tensors whose strides (in elements) are multiples of {16 // t.element_size()} "
                 f"(any contiguous tensor or transposed view of one)")
-    return B, Hq, Nq, d, Hkv, Nk
 
 
 def _check_config(config) -> FwdConfig:
@@ -424,15 +428,25 @@ def _out_like(q, device=None):
     return torch.empty_like(q, device=device if device is not None else q.device)
 
 
+def _check_layout_and_mods(q, k, v, causal, scale, window, softcap, sinks):
+    """`_plan`'s checks of the tensors and the score mods; torch.compile's trace runs them too, so a bad
+    one raises its own error there, not inside the compiler's trace of the backward. Returns
+    ``((B, Hq, Nq, d, Hkv, Nk), mods, sm_scale)``."""
+    dims = _check_inputs(q, k, v)
+    mods = check_mods(torch, causal, window, softcap, sinks, dims[1], q.device)
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(dims[3])
+    if mods.softcap:
+        check_softcap(mods.softcap, sm_scale)
+    return dims, mods, sm_scale
+
+
 def _plan(q, k, v, causal, scale, return_lse, config, impl, window, softcap, sinks) -> _Plan:
     """Check the call (every documented error) and plan its launch."""
     _check_flags(causal, scale, return_lse)
     cfg = _check_config(config)
-    B, Hq, Nq, d, Hkv, Nk = _check_inputs(q, k, v)
-    mods = check_mods(torch, causal, window, softcap, sinks, Hq, q.device)
-    sm_scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    if mods.softcap:
-        check_softcap(mods.softcap, sm_scale)
+    (B, Hq, Nq, d, Hkv, Nk), mods, sm_scale = _check_layout_and_mods(q, k, v, causal, scale, window, softcap,
+                                                                     sinks)
+    _check_aligned(q, k, v)
     qk_scale = sm_scale * LOG2E
     chosen = _pick_impl(impl, q, causal, qk_scale, cfg, k, mods)
     o = _out_like(q, "meta")  # the output's layout
@@ -622,6 +636,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(max(d, 1))
     if compiling:  # one opaque op for torch.compile (no graph break; autograd through its registration)
         cfg = _check_config(config)
+        _check_layout_and_mods(q, k, v, causal, scale, window, softcap, sinks)
         o, lse = _op(q, k, v, causal, sm_scale, return_lse or grad, None if cfg is None else list(cfg), impl,
                      None if window is None else list(window), softcap, sinks, deterministic)
     else:  # eager autograd: the same launch and backward, without the op dispatcher's per-call cost

@@ -409,7 +409,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     check_scale(scale)
     grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sinks))
     compiling = torch.compiler.is_compiling()
-    if grad and not compiling:  # eager autograd: the checks first, not the dispatcher's
+    if grad or compiling:  # autograd, or torch.compile's trace (its fake impl reads the shapes): checks first
         prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
                 sinks, scale, False)
     if compiling or grad:

@@ -111,16 +111,16 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
     """
     if type(return_lse) is not bool or type(check_seqlens) is not bool:
         check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (`_op`); it runs this function
         if check_seqlens:
             raise NotImplementedError("check_seqlens: supported: False inside torch.compile (a host sync); "
                                       "call decode.check_errors() outside the compiled region")
+        # the op has no autograd formula: refused as eager refuses it, not in the compiler's backward trace
+        _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
         w = (-1, -1) if window is None else tuple(window)
-        o, lse = torch.ops.attnscope.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
-                                                  v_scale, sinks, cache_leftpad, num_splits, scale, w[0],
-                                                  w[1], softcap)
+        o, lse = torch.ops.attnscope.flash_decode(*tensors, num_splits, scale, w[0], w[1], softcap)
         return (o, lse) if return_lse else o
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
     options = (num_splits, scale, return_lse, window, softcap)
     # what a plan fixes about each tensor; False for an argument that is not a tensor (the checks name it)
     layouts = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device)
