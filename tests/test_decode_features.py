@@ -499,6 +499,30 @@ def test_quantize_kv_scales_and_round_trip():
         attnscope.quantize_kv(x, check_finite=1)
 
 
+@pytest.mark.parametrize("per_head", (True, False))
+def test_quantize_kv_extreme_finite_values_give_positive_scales_and_no_nan(per_head):
+    # heads of: zeros (and -0.0), fp32 values so tiny that amax / 448 underflows to 0 (scale 1, they round
+    # to 0: never a 0 scale and 0 / 0 = NaN codes), fp32 subnormals, values far past e4m3's 448, and one
+    # huge outlier among ordinary values; each dequantises within e4m3's rounding (2^-4 relative) plus
+    # half its smallest step
+    x = torch.randn(2, 5, 6, 64, generator=torch.Generator().manual_seed(3))
+    x[:, 0] = 0.0
+    x[0, 0, 0, :8] = -0.0
+    x[:, 1] = x[:, 1].sign() * 1e-44
+    x[:, 2] *= 1e-40
+    x[:, 3] *= 3e36
+    x[1, 4, 2, 5] = -3e38
+    x8, s = attnscope.quantize_kv(x, per_head=per_head)
+    assert torch.isfinite(s).all() and (s > 0).all()
+    assert not x8.float().isnan().any()
+    back = dequantised(x8, s, 1)
+    step = (s[None, :, None, None] if per_head else s) * 2**-9
+    assert ((back - x).abs() <= x.abs() * 2**-4 + step).all()
+    if per_head:
+        assert s[0] == 1.0 and s[1] == 1.0 and (back[:, 1] == 0).all()
+    decode.check_errors()  # finite input: nothing recorded
+
+
 @pytest.mark.parametrize("bad", (float("nan"), float("inf"), -float("inf")))
 def test_quantize_kv_records_a_non_finite_input_on_the_device(bad):
     # no host sync by default: NaN / inf in x stays in its head's scale and is raised by the next

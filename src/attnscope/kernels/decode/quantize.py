@@ -17,8 +17,9 @@ def quantize_kv(x: torch.Tensor, per_head: bool = True, *, head_axis: int = -3,
                 check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a K or V cache (or new tokens) to ``torch.float8_e4m3fn`` with amax scales.
 
-    ``scale = amax(|x|) / 448`` over each kv head (``per_head``) or the whole tensor, 1 where that amax is
-    0; ``x_fp8 = x / scale`` rounded to nearest e4m3. Dequantised, ``x_fp8.float() * scale`` (per head:
+    ``scale = amax(|x|) / 448`` over each kv head (``per_head``) or the whole tensor, 1 where that quotient
+    is 0 (an amax of 0, or an fp32 one below 448 x its smallest subnormal: those values round to 0), never 0;
+    ``x_fp8 = x / scale`` rounded to nearest e4m3. Dequantised, ``x_fp8.float() * scale`` (per head:
     broadcast along ``head_axis``) is what `flash_decode` attends to with ``k_scale`` / ``v_scale``.
     No backward: an ``x`` that requires grad (with grad mode on) raises NotImplementedError, as decode does.
     No host sync: NaN or inf in ``x`` (which make its head's scale NaN or inf) is recorded on the device
@@ -73,7 +74,8 @@ def quantize_kv(x: torch.Tensor, per_head: bool = True, *, head_axis: int = -3,
     if not check_finite:  # amax propagates NaN and inf: finite exactly when x is; recorded, no sync
         err = _error_word(x.device)
         err.bitwise_or_(torch.isfinite(amax).logical_not().any().to(torch.int32) * ERR_QUANTIZE.value)
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / E4M3_MAX)  # NaN / inf stay in the scale
+    scale = amax / E4M3_MAX  # 0 for amax 0, and for an fp32 amax under 448 x 2^-149 (underflow)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # NaN / inf stay in the scale
     x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     inv = scale.reshape(shape)
     step = max(1, CHUNK_ELEMENTS // max(1, x[0].numel()))  # fp32 temporaries of a chunk, not of the cache
