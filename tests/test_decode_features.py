@@ -581,7 +581,7 @@ def test_unsupported_fp8_combinations(build, exc, match):
         flash_decode(q, kc, vc, **kw)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0, 1e38])  # 448 x 1e38: past fp32
 def test_bad_scale_values_are_reported(bad):
     decode.check_errors()
     q, k, v, k8, v8, ks, vs = _fp8_ok()
@@ -595,6 +595,37 @@ def test_bad_scale_values_are_reported(bad):
         with pytest.raises(InputError, match=f"{name}: expected finite positive values"):
             flash_decode(q, k8, v8, **kw, check_seqlens=True)
     decode.check_errors()
+
+
+@pytest.mark.parametrize("nq, num_splits", [(1, 1), (1, 3), (4, 2)])
+def test_a_k_scale_that_overflows_the_scores_is_reported_and_tiny_scales_stay_finite(nq, num_splits):
+    # k_scale = 1e35 passes the static checks (448 x it and scale x it are finite fp32), but with queries
+    # of 1e3 the scores pass fp32 and the rows are NaN: recorded on the device, never silently. With
+    # ordinary queries the same scale runs (nothing recorded) and gives the float64 arg-max rows (PyTorch
+    # at fp16 overflows on that K, so the bound is the output's fp16 rounding + 1e-3); tiny positive
+    # scales (1e-30, 1e-40) give a finite output within tolerance of the float64 attention
+    B, Hkv, L = 2, 2, 40
+    q, k, v = inputs(B, 4, Hkv, nq, L, seed=17)
+    k8, v8 = attnscope.quantize_kv(k)[0], attnscope.quantize_kv(v)[0]
+    lens = [L, 21]
+    for q_mult, scales in ((1e3, (1e35, 1.0)), (1.0, (1e35, 1.0)), (1.0, (1e-30, 1e-40)),
+                           (1.0, (1e-40, 1e-30))):
+        ks, vs = (torch.tensor(x, dtype=torch.float32) for x in scales)
+        qq = (q.float() * q_mult).half()
+        kd, vd = dequantised(k8, ks, 1), dequantised(v8, vs, 1)
+        o, lse = flash_decode(*dev(qq, k8, v8), lens_t(lens), num_splits=num_splits, return_lse=True,
+                              k_scale=ks.to(DEVICE), v_scale=vs.to(DEVICE))
+        if q_mult > 1:
+            with pytest.raises(InputError, match="k_scale/v_scale: expected finite positive values"):
+                decode.check_errors()
+            continue
+        decode.check_errors()
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+        if scales[0] > 1:
+            ref_o = expected(qq, kd, vd, lens)[0]
+            assert np.abs(o.double().cpu().numpy() - ref_o).max() <= np.abs(ref_o).max() * 2**-11 + 1e-3
+        else:
+            check(o, lse, qq, kd, vd, lens)
 
 
 @pytest.mark.parametrize("group, paged, per_head, num_splits, scale, window, softcap, sink", [

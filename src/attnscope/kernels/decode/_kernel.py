@@ -10,7 +10,8 @@ than the queries it holds, runs as given) and a used block-table entry outside [
 dereferenced (its keys are masked out; in a tile of one query with keys as the MMA rows, or with
 ``PAGE_PRECHECK``, every key of its split: the entries are checked once before the loop); either sets a bit
 of the int32 error word ``ERR`` (`ERR_SEQLENS`, `ERR_BLOCK_TABLE`), as does a K/V scale that is not finite
-and positive, or whose product with the softmax scale is not finite (`ERR_SCALES`).
+and positive, whose product with 448 (the largest dequantised value) or the softmax scale is not finite, or a
+k_scale under which a score passes fp32 (its row's output would be NaN) (`ERR_SCALES`).
 `checks.check_errors` reads the word. A sink is kept finite (`_tl.sink_log2`).
 """
 
@@ -26,9 +27,10 @@ from attnscope.kernels._tl import lse_merge_finish, lse_merge_step, round_bf16, 
 # bits of the error word (constexpr globals: the kernels read them; the host reads ``.value``)
 ERR_SEQLENS = tl.constexpr(1)  # a cache_seqlens value outside [0, L_max], or in (0, Nq)
 ERR_BLOCK_TABLE = tl.constexpr(2)  # a used block_table entry outside [0, num_pages)
-ERR_SCALES = tl.constexpr(4)  # a k_scale / v_scale value not finite and > 0, or scale * k_scale not finite
+ERR_SCALES = tl.constexpr(4)  # k_scale / v_scale not finite and > 0; 448 x it, scale x k_scale or a score inf
 ERR_QUANTIZE = tl.constexpr(8)  # NaN or inf in `quantize_kv`'s input (set by its torch ops, not a kernel)
 ERR_LEFTPAD = tl.constexpr(16)  # a cache_leftpad value outside [0, the sequence's length]
+E4M3_MAX = tl.constexpr(448.0)  # the largest finite torch.float8_e4m3fn
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): natural-log LSE = base-2 LSE * ln 2
 
 
@@ -200,7 +202,8 @@ def _attnscope_decode_split_kernel(
         k_sc = tl.load(K_SCALE + h_kv) if SCALE_PER_HEAD else tl.load(K_SCALE)
         v_sc = tl.load(V_SCALE + h_kv) if SCALE_PER_HEAD else tl.load(V_SCALE)
         qk_scale = qk_scale * k_sc
-        bad = (k_sc <= 0) | (v_sc <= 0) | (v_sc == float("inf")) | (qk_scale == float("inf"))
+        bad = (k_sc <= 0) | (v_sc <= 0) | (qk_scale == float("inf"))
+        bad = bad | (k_sc * E4M3_MAX == float("inf")) | (v_sc * E4M3_MAX == float("inf"))  # dequantised K, V
         if bad | (k_sc != k_sc) | (v_sc != v_sc):  # x != x: NaN
             tl.atomic_or(ERR, ERR_SCALES)
 
@@ -439,6 +442,9 @@ def _attnscope_decode_split_kernel(
     if MASKED:  # noqa: SIM102 - a constexpr branch around a runtime one
         if tl.max(bad_page.to(tl.int32), 0) != 0:
             tl.atomic_or(ERR, ERR_BLOCK_TABLE)
+    if FP8 and not MAX_UNSCALED:  # noqa: SIM102 - a score past fp32 (k_scale too large for q, K): NaN rows
+        if tl.max(m_i, 0) == float("inf"):
+            tl.atomic_or(ERR, ERR_SCALES)
 
     if KEYS_AS_ROWS:  # back to [BLOCK_M] rows: rows ROWS.. repeat rows 0.. (pad rows, never stored)
         l_i = tl.sum(l_i, 0)  # [ROWS]

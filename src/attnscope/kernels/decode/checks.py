@@ -10,9 +10,10 @@ What is checked where:
   at least Nq (the queries are the last Nq positions; a shorter one is reported, not refused), each
   block-table entry a sequence uses in [0, num_pages) (else its keys are masked out, never read; an e4m3
   tile of one query masks every key of the split holding it), and ``k_scale`` / ``v_scale`` finite and
-  positive with ``scale * k_scale`` finite in fp32. A violation sets a bit of a per-device int32 error
-  word; nothing is read or written outside the tensors. `quantize_kv` sets a bit of the same word when its
-  input holds NaN or inf (`_kernel.ERR_QUANTIZE`);
+  positive with ``448 * k_scale``, ``448 * v_scale`` (the largest dequantised values) and ``scale * k_scale``
+  finite in fp32, and no score past fp32 under that k_scale (such a row's output would be NaN). A
+  violation sets a bit of a per-device int32 error word; nothing is read or written outside the tensors.
+  `quantize_kv` sets a bit of the same word when its input holds NaN or inf (`_kernel.ERR_QUANTIZE`);
 - `check_errors` (and ``DecodePlan.check``) reads that word (one device sync, when the caller asks),
   clears it and raises `InputError` naming ``cache_seqlens``, ``block_table``, ``k_scale/v_scale`` or
   `quantize_kv`'s ``x``;
@@ -26,6 +27,7 @@ from typing import NamedTuple
 
 from attnscope.errors import InputError, expect, is_int, short
 from attnscope.kernels._common import (
+    FP32_MAX,
     LOG2E,
     Mods,
     check_device,
@@ -40,6 +42,7 @@ from attnscope.kernels._common import (
     raise_device_errors,
 )
 from attnscope.kernels.decode._kernel import (
+    E4M3_MAX,
     ERR_BLOCK_TABLE,
     ERR_LEFTPAD,
     ERR_QUANTIZE,
@@ -221,10 +224,10 @@ def _check_scale_values(k_scale, v_scale, scale, d) -> None:
     sm_scale = float(scale) if scale is not None else d ** -0.5
     for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
         values = t.detach().reshape(-1).cpu().tolist()
-        bad = [x for x in values if not (0 < x < float("inf"))]
-        if bad or name == "k_scale" and max(values) * sm_scale * LOG2E >= 3.4028234663852886e38:
-            raise InputError(f"{name}: expected finite positive values (with scale * k_scale * log2(e) "
-                             f"finite in fp32), got {bad[0] if bad else max(values)}")
+        bad = [x for x in values if not (x > 0 and x * E4M3_MAX.value < FP32_MAX)]
+        if bad or name == "k_scale" and max(values) * sm_scale * LOG2E >= FP32_MAX:
+            raise InputError(f"{name}: expected finite positive values (with 448 x {name} and scale * "
+                             f"k_scale * log2(e) finite in fp32), got {bad[0] if bad else max(values)}")
 
 
 def _error_word(device):
@@ -241,7 +244,8 @@ def check_errors(device: torch.device | str | int | None = None) -> None:
     The kernels check every value on the device (`attnscope.kernels.decode.checks`): a length outside
     [0, L_max] was clamped into it (one in (0, Nq) ran as given, fewer keys than queries), a used
     block-table entry outside [0, num_pages) was masked out (its keys, or its split's, not read), a K/V
-    scale was not finite and positive; those calls' outputs are not the attention of the inputs as given.
+    scale was not finite and positive, or 448 x it or a score under it passed fp32; those calls' outputs are
+    not the attention of the inputs as given.
     `quantize_kv` records NaN or inf in its input (its scales are then not finite). Reading the record is
     one device sync: call it where a sync is cheap (after a generation step, in tests), never inside
     CUDA-graph capture.
@@ -253,7 +257,8 @@ def check_errors(device: torch.device | str | int | None = None) -> None:
             (ERR_BLOCK_TABLE.value, "block_table",
              "used page indices in [0, num_pages) (flash_attn_with_kvcache's cache_batch_idx, made a block "
              "table: cache_batch_idx rows in [0, the cache's batch))"),
-            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values"),
+            (ERR_SCALES.value, "k_scale/v_scale", "finite positive values (448 x each, the largest "
+             "dequantised value, finite in fp32; the scores scale * k_scale * q.k too)"),
             (ERR_LEFTPAD.value, "cache_leftpad", "values in [0, the sequence's length]"))}
     messages[ERR_QUANTIZE.value] = ("x: expected finite values, got NaN or inf in a quantize_kv call since "
                                     "the last check")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from attnscope.errors import InputError, expect
 from attnscope.kernels._common import check_flags, import_torch_triton
+from attnscope.kernels.decode._kernel import E4M3_MAX as _E4M3_MAX
 from attnscope.kernels.decode._kernel import ERR_QUANTIZE
 from attnscope.kernels.decode.checks import _check_no_grad, _error_word
 
 torch, _ = import_torch_triton()
 
-E4M3_MAX = 448.0  # the largest finite torch.float8_e4m3fn
+E4M3_MAX = _E4M3_MAX.value  # the largest finite torch.float8_e4m3fn
 CHUNK_ELEMENTS = 1 << 26  # elements converted at a time (256 MiB of fp32 temporaries)
 
 
