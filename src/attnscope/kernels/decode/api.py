@@ -79,7 +79,8 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
         Also return the natural-log logsumexp of each query row.
     k_scale, v_scale : torch.Tensor, float32, one element or [Hkv], keyword-only
         Dequantisation scales of an e4m3 cache (`attnscope.quantize_kv`); required with one, refused
-        without. Their values are checked on the device (finite, positive).
+        without. Their values are checked on the device (finite, positive, 448 x each finite in fp32, no
+        score past fp32) and recorded for `check_errors`.
     window, softcap, sinks : keyword-only
         The score mods (`DecodePlan`): a sliding window ``(left, right)`` (decode is causal:
         right is 0), logit softcapping, one sink logit per query head (fp32 [Hq]).
