@@ -122,6 +122,22 @@ def test_gradients_match_float64_reference(nq, nk, causal, group, d, dtype, stri
     assert (got[0].float().cpu().numpy()[~has_key] == 0).all()  # rows with no visible key: zero gradient
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "the backward recomputes P = exp2(S * scale * log2(e) - LSE2) from the saved fp32 LSE, whose rounding "
+    "(|scale * S| x 2^-24) becomes P's exponent error: at scale 1e6 the gradients are O(10) off, at 1e9 P "
+    "overflows (inf dV, NaN dQ / dK), though the forward is exact there; a fix saves the row max apart"))
+@pytest.mark.parametrize("dtype, scale", [("bfloat16", 1e6), ("bfloat16", 1e9), ("float16", 1e9)])
+def test_gradients_at_a_huge_scale_are_finite_and_match_float64(dtype, scale):
+    # the forward takes any scale up to MAX_SCALE (a huge one gives the arg-max row, within tolerance);
+    # its gradients should be finite and, in bf16 (PyTorch's fp16 scores overflow here), within the rule
+    q, k, v, do = _inputs(1, 2, 1, 33, 40, 64, getattr(torch, dtype), False, seed=7)
+    o, lse = attnscope.flash_attention(q, k, v, scale=scale, return_lse=True)
+    got = bwd.flash_attention_backward(do, q, k, v, o, lse, False, scale)
+    assert all(bool(torch.isfinite(g).all()) for g in got), "NaN/inf gradients"
+    if dtype == "bfloat16":
+        _check_grads(got, _torch_grads(q, k, v, do, False, scale), _ref_grads(q, k, v, do, False, scale)[0])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_autograd_through_flash_attention(causal):
     """attnscope.flash_attention is differentiable; LSE's gradient is included when returned."""
