@@ -381,6 +381,35 @@ def test_a_planned_backward_runs_new_values_as_a_fresh_plan_does_and_the_cache_i
     assert list(bwd_plan._PLANS) == keys[1:]
 
 
+@pytest.mark.parametrize("autograd", (False, True))
+def test_a_kept_backward_plan_keeps_no_tensor_of_its_call(autograd):
+    """`bwd_plan` keeps a layout's plan past the call, but no tensor the call was given or made: each is
+    freed when the caller drops it (before, the plan's closure kept the planning call's q, an activation of
+    a training step, alive until 64 other layouts pushed the plan out)."""
+    import gc
+    import weakref
+
+    from attnscope.kernels import bwd_plan
+
+    bwd_plan.clear_plan_cache()
+    q, k, v, do = _inputs(1, 4, 2, 24, 40, 64, F16, False, seed=11)
+    if autograd:  # flash_attention's eager autograd: the backward runs through the same plans
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        o = attnscope.flash_attention(q, k, v, causal=True)
+        o.backward(do)
+        grads = [q.grad, k.grad, v.grad]
+    else:
+        o, lse = attnscope.flash_attention(q, k, v, causal=True, return_lse=True)
+        grads = list(bwd.flash_attention_backward(do, q, k, v, o, lse, True, None))
+    assert len(bwd_plan._PLANS) == 1
+    refs = [weakref.ref(t) for t in (q, k, v, do, o, *grads)]
+    del q, k, v, do, o, grads
+    if not autograd:
+        del lse
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (compiled kernels)")
 @pytest.mark.parametrize("impl,d,det", [("portable", 64, True), ("portable", 128, False),

@@ -641,11 +641,12 @@ def _plan(do, q, k, v, o, lse, causal, scale, deterministic, dlse, window, softc
                    n_pad, *row_terms)
     contiguous = lse.is_contiguous() and (dlse is None or dlse.is_contiguous() and dlse.dtype == lse.dtype)
     grad_shapes = ((B, Hkv, Nk, d), (B, Hkv, Nk, d), (B, Hq, Nq, d))
+    dtype = q.dtype  # the closures below name no tensor of this call: a kept plan must not keep it alive
 
     def preprocess(do, o, lse, dlse, sinks):
         """(dk, dv, dq outputs, D = rowsum(dO O) - dLSE, LSE x log2(e), the Hopper kernels' two padded rows
         (() for the portable ones), dsinks or None)."""
-        dk, dv, dq = (torch.empty(s, dtype=q.dtype, device=dev) for s in grad_shapes)
+        dk, dv, dq = (torch.empty(s, dtype=dtype, device=dev) for s in grad_shapes)
         delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
         lse2 = torch.empty((B, Hq, Nq), dtype=torch.float32, device=dev)
         rows = [torch.empty((B, Hq, n_pad), dtype=torch.float32, device=dev) for _ in "01"] if hopper else ()
