@@ -845,6 +845,23 @@ def test_flash_decode_reuses_a_cached_plan_per_layout(monkeypatch):
     assert decode.plan_cache_info() == (0, 0, 0, most)
 
 
+@pytest.mark.parametrize("name,planned,refused", [
+    ("num_splits", 2, 2.0), ("num_splits", 1, True), ("scale", 1, True), ("softcap", 1, True),
+    ("softcap", 0.0, False), ("window", (3, 0), (3.0, 0)), ("window", (3, 0), (3, False))])
+def test_an_option_refused_fresh_is_refused_after_an_equal_one_was_planned(name, planned, refused):
+    """The plan cache keys the options with their types (as the forward's): 2.0 == 2 and True == 1 hash
+    alike, so without the types a call the checks refuse ran the plan of an equal valid option once that
+    one had been planned -- an error that depended on the calls before it."""
+    q, k, v = make_inputs(2, 4, 2, 40, 64, torch.float16, seed=71)
+    lens = _lens([40, 7])
+    for first in (False, True):
+        decode.clear_plan_cache()
+        if first:
+            flash_decode(q, k, v, lens, **{name: planned})
+        with pytest.raises(InputError, match=name):
+            flash_decode(q, k, v, lens, **{name: refused})
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse", (True, False))

@@ -181,9 +181,12 @@ def _cached(tensors, layouts, options, check_seqlens=False):
     # cache whose length changes call to call (grown by torch.cat) keeps its plans: its key leaves the length
     # out
     layouts, grown = _grown_key(layouts)
-    key = (layouts, options, tensors[2].data_ptr() % 4 == 0,
-           torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
     try:  # hashing the key also vets the options
+        # with their types, as the forward's key: 2 == 2.0 == True, and the checks refuse a float or bool
+        num_splits, scale, _, window, softcap = options
+        key = (layouts, options, type(num_splits), type(scale), type(softcap),
+               window if window is None else tuple(map(type, window)), tensors[2].data_ptr() % 4 == 0,
+               torch._C._cuda_getCurrentRawStream(device.index) if cuda else None)
         if check_seqlens:
             hash(key)
             return key, grown, None
