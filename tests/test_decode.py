@@ -862,6 +862,57 @@ def test_an_option_refused_fresh_is_refused_after_an_equal_one_was_planned(name,
             flash_decode(q, k, v, lens, **{name: refused})
 
 
+def test_threads_sharing_a_separate_merge_plan_never_mix_their_partials(monkeypatch):
+    """Two threads on one stream share a layout's plan (here a growing dense cache at two lengths), whose
+    separate merge reads the plan's partials in a second launch: a call's two launches stay adjacent, so
+    each thread gets its own attention. The kernels run one at a time in the order the host issues them,
+    as on one CUDA stream; a pause after the split kernel lets the other thread issue its launches there
+    (before, the merge then read the other call's partials)."""
+    import threading
+    import time
+
+    order = threading.Lock()
+
+    class _Stream:  # ``kernel[grid](*args)`` run under one lock, as one stream runs kernels
+        def __init__(self, kernel, pause):
+            self.kernel, self.pause = kernel, pause
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                with order:
+                    self.kernel[grid](*args, **kw)
+                time.sleep(self.pause)
+            return run
+
+    monkeypatch.setattr(plan_mod, "_attnscope_decode_split_kernel",
+                        _Stream(plan_mod._attnscope_decode_split_kernel, 0.05))
+    monkeypatch.setattr(plan_mod, "_attnscope_decode_combine_kernel",
+                        _Stream(plan_mod._attnscope_decode_combine_kernel, 0.0))
+    monkeypatch.setattr(plan_mod, "_fuse_by_default", lambda *a: False)  # the separate merge
+    decode.clear_plan_cache()
+    calls = []
+    for seed, L in ((72, 40), (73, 56)):
+        q, k, v = make_inputs(2, 4, 2, L, 64, torch.float16, seed=seed)
+        calls.append((q, k, v, _lens([L, 9])))
+    want = [reference_decode(*c) for c in calls]
+    got = [[] for _ in calls]
+
+    def worker(i):
+        for _ in range(3):
+            got[i].append(flash_decode(*calls[i], num_splits=3))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert decode.plan_cache_info()[1] == 1  # one plan, shared
+    for (o_ref, _), outs in zip(want, got, strict=True):
+        assert len(outs) == 3
+        for o in outs:
+            assert (o.double().cpu() - o_ref).abs().max().item() < 1e-2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse", (True, False))

@@ -5,6 +5,7 @@ graph."""
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, NamedTuple
 
 from attnscope.errors import InputError, expect, is_int
@@ -231,6 +232,9 @@ class DecodePlan:
             self._combine_consts["HAS_SINKS"] = True
         self._combine_scalars = (num_splits, Nq, Hq)
         self._words = words
+        # the separate merge's two launches read the plan's partials between them: a call's pair must not
+        # interleave with another thread's on the stream (a fused call is one launch)
+        self._pair = threading.Lock() if split and not fuse else None
         self._last = (None, None, None)  # the last ``grown`` of `_launch`, its scalars, `_direct.int_classes`
         split_kernel = direct_launch(_attnscope_decode_split_kernel, self._consts, device)
         self._direct = None if split_kernel is None else (
@@ -341,22 +345,29 @@ class DecodePlan:
                 table if table is not None else o, o_part, lse_part, o, lse, sem, self.err,
                 k_scale if k_scale is not None else o, v_scale if v_scale is not None else o,
                 sinks if sinks is not None else o, starts if starts is not None else o, *scalars)
-        if self._direct is None:  # the interpreter, a CPU tensor
-            _attnscope_decode_split_kernel[self._grid](*args, **self._consts)
-        else:
-            # the tensors whose addresses may change between runs (the plan's scratch never does)
-            bits = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | o.data_ptr() | lse.data_ptr()
-            for t in (cache_seqlens, block_table, k_scale, v_scale, sinks, starts):
-                if t is not None:
-                    bits |= t.data_ptr()
-            aligned = bits % 16 == 0
-            self._direct[0].launch(self._grid, args, aligned, spec)
-        if self.split and not self.fuse:
-            args = (o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars)
-            if self._direct is None:
-                _attnscope_decode_combine_kernel[self._combine_grid](*args, **self._combine_consts)
+        pair = self._pair  # None: one launch per call
+        if pair is not None:
+            pair.acquire()
+        try:
+            if self._direct is None:  # the interpreter, a CPU tensor
+                _attnscope_decode_split_kernel[self._grid](*args, **self._consts)
             else:
-                self._direct[1].launch(self._combine_grid, args, aligned)
+                # the tensors whose addresses may change between runs (the plan's scratch never does)
+                bits = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | o.data_ptr() | lse.data_ptr()
+                for t in (cache_seqlens, block_table, k_scale, v_scale, sinks, starts):
+                    if t is not None:
+                        bits |= t.data_ptr()
+                aligned = bits % 16 == 0
+                self._direct[0].launch(self._grid, args, aligned, spec)
+            if self.split and not self.fuse:
+                args = (o_part, lse_part, o, lse, sinks if sinks is not None else o, *self._combine_scalars)
+                if self._direct is None:
+                    _attnscope_decode_combine_kernel[self._combine_grid](*args, **self._combine_consts)
+                else:
+                    self._direct[1].launch(self._combine_grid, args, aligned)
+        finally:
+            if pair is not None:
+                pair.release()
         return (o, lse) if self.return_lse else o
 
 
