@@ -328,6 +328,31 @@ def test_left_padded_decode_step_attends_in_place(monkeypatch, four_d):
     monkeypatch.setattr(hf, "_spans", real_spans)
 
 
+@pytest.mark.parametrize("four_d", [False, True])
+def test_two_slices_of_one_mask_are_two_masks(four_d):
+    """The spans and the key packing kept for a mask are kept for its base tensor: two slices of one base
+    of the same shape (the same version) are still two masks, each attended as if it came first (before,
+    the second slice got the first one's spans or packing)."""
+    q, k, v = _qkv(2, 4, 2, 1, 8, seed=3)
+    base = torch.ones(2, 16, dtype=torch.bool, device=DEVICE)
+    base[0, :3] = False  # left padding in the first slice, none in the second
+    if four_d:
+        base[1, 2] = False  # and a hole: the 4-D key mask's packed path
+    halves = (base[:, :8], base[:, 8:])
+    forms = [m[:, None, None, :] for m in halves] if four_d else halves
+
+    def attend(mask):
+        return hf.attention_forward(_Attn(), q, k, v, mask, scaling=0.2)[0]
+
+    alone = []
+    for mask in forms:
+        for cache in (hf._SPANS, hf._KEY_PACKING, hf._PACKING):
+            cache[:] = [lambda: None, None, None]
+        alone.append(attend(mask))
+    assert not torch.equal(alone[0], alone[1])
+    assert all(torch.equal(attend(m), a) for m, a in zip(forms, alone, strict=True))
+
+
 @pytest.mark.parametrize("holes", [False, True])
 def test_compiled_padded_static_decode_step_compiles_once(holes):
     """A padded batch's static-cache decode step: `padding_mask` gives a fixed-shape form, `lengths` with

@@ -351,8 +351,8 @@ def _decode(query, key, value, lens, scaling, mods, starts=None) -> Tensor:
 
 
 #: The spans of the last padding mask read back (a weak reference to its base tensor, its version counter,
-#: shape and device) and the spans: transformers passes one mask tensor to every layer of a forward, so
-#: `_spans` reads back once per mask, not once per layer.
+#: the view's shape, strides and offset in it, device) and the spans: transformers passes one mask tensor to
+#: every layer of a forward, so `_spans` reads back once per mask, not once per layer.
 _SPANS = [lambda: None, None, None]
 
 
@@ -363,7 +363,8 @@ def _spans(mask: Tensor):
     when `_transient` (then every call)."""
     transient = _transient(mask.device)
     base = mask._base if mask._base is not None else mask
-    key = (base._version, tuple(mask.shape), mask.device)
+    # the view in the base as well: two slices of one mask may share a shape
+    key = (base._version, tuple(mask.shape), mask.stride(), mask.storage_offset(), mask.device)
     ref, known, spans = _SPANS
     if not transient and ref() is base and known == key:
         return spans
@@ -461,7 +462,8 @@ def _key_masked_step(query, key, value, mask, scaling, mods) -> Tensor:
 
 
 #: The packing of the last 4-D key mask (a weak reference to its [B, Nk] view's base, its version counter,
-#: device) and the packing: transformers passes one mask to every layer, so once per step, not per layer.
+#: the view's shape, strides and offset in it, device) and the packing: transformers passes one mask to every
+#: layer, so once per step, not per layer.
 _KEY_PACKING = [lambda: None, None, None]
 
 
@@ -477,7 +479,9 @@ def _key_packing(keys: Tensor, device):
     mask marks (`_pack_order`); kept for the mask tensor, except when `_transient`."""
     compiling = _transient(device)
     base = keys._base if keys._base is not None else keys  # the 4-D mask the caller holds
-    key = None if compiling else (base._version, tuple(keys.shape), device)
+    # the view in the base as well: two slices of one mask may share a shape
+    key = None if compiling else (base._version, tuple(keys.shape), keys.stride(), keys.storage_offset(),
+                                  device)
     if not compiling and _KEY_PACKING[0]() is base and _KEY_PACKING[1] == key:
         return _KEY_PACKING[2]
     B, Nk = keys.shape
