@@ -837,6 +837,27 @@ def test_torch_compile_refuses_grad_as_eager():
     torch._dynamo.reset()
 
 
+def test_torch_compile_runs_check_seqlens_eagerly_and_fullgraph_names_it():
+    # check_seqlens=True is a host sync: in a compiled region the call runs eagerly outside the graph (a
+    # graph break: eager's output, eager's InputError on a bad length); before, the compiler fell back into
+    # the kernels' launch code and died with an unrelated error. fullgraph=True names check_seqlens
+    q, k, v = dev(*inputs(2, 4, 2, 1, 32))
+
+    def step(q, k, v, lens):
+        return flash_decode(q, k, v, lens, check_seqlens=True).float() * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager")
+    lens = lens_t([32, 7])
+    assert torch.equal(compiled(q, k, v, lens), step(q, k, v, lens))
+    with pytest.raises(InputError, match="cache_seqlens"):
+        compiled(q, k, v, lens_t([33, 7]))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="check_seqlens=False inside torch.compile"):
+        torch.compile(step, backend="eager", fullgraph=True)(q, k, v, lens)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("nq", (1, 3))
 def test_torch_compile_fake_output_has_the_real_layout(nq):
     # the fake (meta) impl's o and LSE have the real op's strides for q contiguous, q a transposed

@@ -91,7 +91,8 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
     check_seqlens : bool, keyword-only
         Also check the lengths, left pads, used block-table entries and scales on the host before the
         launch: a device sync per call that breaks CUDA-graph capture (default False); the split heuristic
-        then uses the longest length.
+        then uses the longest length. Inside torch.compile the call runs eagerly (a graph break; refused
+        under ``fullgraph=True``).
 
     Returns
     -------
@@ -114,9 +115,10 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
         check_flags(return_lse=return_lse, check_seqlens=check_seqlens)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (`_op`); it runs this function
-        if check_seqlens:
-            raise NotImplementedError("check_seqlens: supported: False inside torch.compile (a host sync); "
-                                      "call decode.check_errors() outside the compiled region")
+        if check_seqlens:  # a host sync: the call runs eagerly, outside the graph (a graph break)
+            return _checked_eager(*tensors[:5], num_splits=num_splits, scale=scale, return_lse=return_lse,
+                                  k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+                                  sinks=sinks, cache_leftpad=cache_leftpad, check_seqlens=True)
         # the op has no autograd formula: refused as eager refuses it, not in the compiler's backward trace
         _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
         w = (-1, -1) if window is None else tuple(window)
@@ -193,6 +195,14 @@ def _cached(tensors, layouts, options, check_seqlens=False):
         return key, grown, _PLAN_CACHE.fast(key, grown[6] if grown else None)  # a known layout, no value read
     except TypeError:  # an unhashable option (a list window): the checks name it
         return None, None, None
+
+
+@torch.compiler.disable(reason="flash_decode(check_seqlens=True) reads cache_seqlens back to the host: pass "
+                       "check_seqlens=False inside torch.compile and check_errors() outside it")
+def _checked_eager(*args, **kwargs):
+    """`flash_decode` with ``check_seqlens=True`` reached from a compiled region: run eagerly (the kernels'
+    launches are not traced), a graph break; under ``fullgraph=True`` the compiler names this reason."""
+    return flash_decode(*args, **kwargs)
 
 
 def _grown_key(layouts):
