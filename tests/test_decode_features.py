@@ -858,6 +858,26 @@ def test_torch_compile_runs_check_seqlens_eagerly_and_fullgraph_names_it():
     torch._dynamo.reset()
 
 
+def test_torch_compile_runs_a_plan_eagerly_and_fullgraph_names_flash_decode():
+    # a plan launches its kernels directly: in a compiled region DecodePlan.run runs eagerly outside the
+    # graph (before, the compiler traced into the launch code and died); fullgraph=True points to flash_decode
+    q, k, v = dev(*inputs(2, 4, 2, 1, 32))
+    lens = lens_t([32, 7])
+    plan = decode.decode_plan(q, k, v, lens, return_lse=True)
+
+    def step(q, k, v, lens):
+        o, lse = plan.run(q, k, v, lens)
+        return o.float() * 2, lse
+
+    torch._dynamo.reset()
+    got, want = torch.compile(step, backend="eager")(q, k, v, lens), step(q, k, v, lens)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="call attnscope.flash_decode"):
+        torch.compile(step, backend="eager", fullgraph=True)(q, k, v, lens)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("nq", (1, 3))
 def test_torch_compile_fake_output_has_the_real_layout(nq):
     # the fake (meta) impl's o and LSE have the real op's strides for q contiguous, q a transposed

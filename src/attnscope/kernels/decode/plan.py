@@ -267,7 +267,13 @@ class DecodePlan:
         bytes is not at one now (its values are read as int32 words), or (``check_seqlens``) a length,
         used page index or K/V scale is out of range; `NotImplementedError` if an input requires grad
         (decode has no backward). Values are checked on the device: `check` raises what they recorded.
+        Inside torch.compile it runs eagerly (a graph break; refused under ``fullgraph=True``): a compiled
+        region calls `attnscope.flash_decode`, one custom op.
         """
+        if torch.compiler.is_compiling():  # a plan launches directly: eagerly, outside the graph
+            return _run_eager(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale=k_scale,
+                              v_scale=v_scale, sinks=sinks, cache_leftpad=cache_leftpad, out=out,
+                              lse_out=lse_out)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, cache_leftpad)
         for t, want in zip(tensors, self.layout, strict=True):
             if (t is None) != (want is None) or t is not None and (
@@ -369,6 +375,14 @@ class DecodePlan:
             if pair is not None:
                 pair.release()
         return (o, lse) if self.return_lse else o
+
+
+@torch.compiler.disable(reason="DecodePlan.run launches its kernels directly: inside torch.compile call "
+                       "attnscope.flash_decode (one custom op, no graph break)")
+def _run_eager(plan, *args, **kwargs):
+    """`DecodePlan.run` reached from a compiled region: run eagerly (a graph break; ``fullgraph=True``
+    names this reason)."""
+    return plan.run(*args, **kwargs)
 
 
 def _dense_pages(k_cache, v_cache, L_max: int, page: int):
