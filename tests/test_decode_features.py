@@ -826,6 +826,26 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
 
 
 
+@pytest.mark.parametrize("over,msg", [({"window": (3, 0, 1)}, "window: expected None or a pair"),
+                                      ({"window": (2.5, 0)}, "window: expected None or a pair"),
+                                      ({"num_splits": True}, "num_splits: expected a positive integer"),
+                                      ({"num_splits": 2.0}, "num_splits: expected a positive integer"),
+                                      ({"scale": True}, "scale: expected a finite positive number"),
+                                      ({"softcap": None}, "softcap: expected a finite real number")])
+def test_torch_compile_refuses_bad_options_as_eager(over, msg):
+    # the trace runs eager's checks before the custom op: the op's schema took True as 1 and a window's
+    # first two entries, and refused a float window side, a float num_splits or softcap=None with an
+    # unrelated TorchRuntimeError
+    q, k, v = dev(*inputs(2, 4, 2, 1, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: flash_decode(q, k, v, **over), backend="eager")
+    with pytest.raises(InputError, match=re.escape(msg)):
+        flash_decode(q, k, v, **over)
+    with pytest.raises(InputError, match=re.escape(msg)):
+        compiled(q, k, v)
+    torch._dynamo.reset()
+
+
 def test_torch_compile_refuses_grad_as_eager():
     # decode has no backward: under torch.compile the trace refuses an input that requires grad with
     # eager's NotImplementedError (not a BackendCompilerFailed: "no autograd formula was registered")

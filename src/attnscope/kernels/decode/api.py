@@ -121,6 +121,10 @@ def flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
                                   sinks=sinks, cache_leftpad=cache_leftpad, check_seqlens=True)
         # the op has no autograd formula: refused as eager refuses it, not in the compiler's backward trace
         _check_no_grad(**dict(zip(NAMES, tensors, strict=True)))
+        # the trace runs eager's checks: the op's schema would refuse a bad option with an unrelated error (or
+        # take True as 1, or a window's first two entries)
+        _check_inputs(*tensors[:5], num_splits, scale, k_scale, v_scale, window, softcap, sinks,
+                      cache_leftpad)
         w = (-1, -1) if window is None else tuple(window)
         o, lse = torch.ops.attnscope.flash_decode(*tensors, num_splits, scale, w[0], w[1], softcap)
         return (o, lse) if return_lse else o
