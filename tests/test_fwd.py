@@ -282,6 +282,20 @@ def test_compiled_dynamic_with_float_arguments_and_shapes_matches_eager():
 
 
 
+@pytest.mark.parametrize("name", ["scale", "softcap"])
+def test_compiled_dynamic_refuses_a_nan_float_argument_as_eager(name):
+    # dynamic=True: a NaN scale or softcap is a symbolic float whose ordering comparisons fail inside the
+    # compiler (a TorchRuntimeError); the checks rule NaN out with ``==`` first and raise eager's InputError
+    q, k, v = _inputs(1, 2, 2, 8, 8, 64, torch.float16, False, seed=7)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, x: attnscope.flash_attention(q, k, v, **{name: x}),
+                             backend="eager", dynamic=True)
+    assert torch.equal(compiled(q, k, v, 0.5), attnscope.flash_attention(q, k, v, **{name: 0.5}))
+    with pytest.raises(InputError, match=f"{name}: expected a finite"):
+        compiled(q, k, v, float("nan"))
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("over,msg", [({"window": (-3, 2)}, "window: expected None or a pair"),
                                       ({"softcap": -1.0}, "softcap: expected a finite real number >= 0")])
 def test_compiled_training_call_with_bad_mods_raises_their_error(over, msg):

@@ -68,9 +68,10 @@ def short(value: object, limit: int = ECHO_CHARS) -> str:
 
 def finite_real(value: object) -> bool:
     """Is `value` an int or float, not a bool, not NaN or inf, nor an int too large for a float?"""
-    # a comparison, not math.isfinite: torch.compile traces it on a symbolic float (a compiled function's
-    # float argument); NaN compares False, an int past the float range compares exactly
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+    # comparisons, not math.isfinite: torch.compile traces them on a symbolic float (a compiled function's
+    # float argument), an int past the float range compares exactly. NaN is ruled out by ``==`` first: a
+    # symbolic float's ordering comparison with a NaN value fails inside the compiler
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
         and abs(value) <= sys.float_info.max
 
 
