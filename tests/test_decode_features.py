@@ -846,6 +846,21 @@ def test_torch_compile_refuses_bad_options_as_eager(over, msg):
     torch._dynamo.reset()
 
 
+def test_torch_compile_call_after_a_refused_one_matches_eager():
+    # a call whose checks raise makes the compiler give up on the frames it traced: later calls run them
+    # eagerly inside the compiled region, and the plan's launch runs untraced; before, the compiler traced
+    # each launch frame (Triton's too) on its own and the next good call died with an unrelated error
+    q, k, v = dev(*inputs(2, 4, 2, 1, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, s: flash_decode(q, k, v, scale=s), backend="eager")
+    want = flash_decode(q, k, v, scale=0.3)
+    assert torch.equal(compiled(q, k, v, 0.3), want)
+    with pytest.raises(InputError, match="scale: expected a finite"):
+        compiled(q, k, v, -1.0)
+    assert torch.equal(compiled(q, k, v, 0.3), want)
+    torch._dynamo.reset()
+
+
 def test_torch_compile_refuses_grad_as_eager():
     # decode has no backward: under torch.compile the trace refuses an input that requires grad with
     # eager's NotImplementedError (not a BackendCompilerFailed: "no autograd formula was registered")

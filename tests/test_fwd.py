@@ -282,6 +282,21 @@ def test_compiled_dynamic_with_float_arguments_and_shapes_matches_eager():
 
 
 
+def test_compiled_call_after_a_refused_one_matches_eager():
+    # a call whose checks raise makes the compiler give up on the frames it traced: later calls run them
+    # eagerly inside the compiled region, and the launch runs untraced; before, the compiler traced each
+    # launch frame (Triton's too) on its own and the next good call died in Triton's interpreter
+    q, k, v = _inputs(1, 2, 2, 8, 8, 64, torch.float16, False, seed=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, s: attnscope.flash_attention(q, k, v, scale=s), backend="eager")
+    want = attnscope.flash_attention(q, k, v, scale=0.3)
+    assert torch.equal(compiled(q, k, v, 0.3), want)
+    with pytest.raises(InputError, match="scale: expected a finite"):
+        compiled(q, k, v, -1.0)
+    assert torch.equal(compiled(q, k, v, 0.3), want)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", ["scale", "softcap"])
 def test_compiled_dynamic_refuses_a_nan_float_argument_as_eager(name):
     # dynamic=True: a NaN scale or softcap is a symbolic float whose ordering comparisons fail inside the

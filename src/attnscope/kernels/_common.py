@@ -31,16 +31,40 @@ def device_guard(torch, t):
     return torch.cuda.device(t.device)
 
 
-def on_tensor_device(torch):
-    """Decorator: run a launcher under `device_guard` of its first tensor argument."""
+def dynamo_watching(torch):
+    """A function that is non-None while torch.compile's frame hook is set (`get_eval_frame_callback`): the
+    kernels' eager path then runs in a compiled region's graph break (e.g. after the compiler gave up on an
+    entry point's frame, as on a call whose checks raised), where the compiler would trace each launch
+    frame (Triton's among them) on its own and could die or run them wrong. A launcher seeing it runs
+    through `outside_dynamo`."""
+    return torch._C._dynamo.eval_frame.get_eval_frame_callback
+
+
+def outside_dynamo(torch, fn):
+    """``fn`` run with torch.compile's frame hook unset (`torch.compiler.disable`): the eager launch of a
+    compiled region's graph break, never traced."""
+    return torch.compiler.disable(fn, reason="attnscope's eager launch in a compiled region's graph break "
+                                             "runs untraced")
+
+
+def on_tensor_device(torch, watch: bool = True):
+    """Decorator: run a launcher under `device_guard` of its first tensor argument; with ``watch``, outside
+    torch.compile's frame hook where it is set (`dynamo_watching`). ``watch=False``: a launcher whose body
+    routes a traced call itself (torch.compile cannot trace the hook's read: under ``fullgraph=True`` it
+    would raise before the body's own message)."""
+    watching = dynamo_watching(torch) if watch else None
+
     def wrap(fn):
         @functools.wraps(fn)
         def launcher(*args, **kwargs):
+            if watching is not None and watching() is not None:  # eager in a compiled region's graph break
+                return untraced(*args, **kwargs)
             t = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if t is None:
                 return fn(*args, **kwargs)
             with device_guard(torch, t):
                 return fn(*args, **kwargs)
+        untraced = outside_dynamo(torch, launcher)  # the hook unset there: the launcher's own path
         return launcher
     return wrap
 

@@ -28,7 +28,7 @@ import functools
 from typing import NamedTuple
 
 from attnscope.errors import InputError, short
-from attnscope.kernels._common import import_torch_triton
+from attnscope.kernels._common import dynamo_watching, import_torch_triton, outside_dynamo
 from attnscope.kernels._direct import direct_launch
 from attnscope.kernels.decode.checks import _check_no_grad
 
@@ -197,6 +197,13 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool, b
     if compiling:  # torch.compile traces the custom op (`_op`); it runs this function
         return torch.ops.attnscope.kv_append(k_cache, v_cache, k, v, None if fixed is not None else
                                              cache_seqlens, block_table, 0 if fixed is None else fixed)
+    if _watching() is not None:  # eager inside a compiled region's graph break: never traced
+        return _write_untraced(plan, k_cache, v_cache, k, v, cache_seqlens, block_table, fixed)
+    return _write(plan, k_cache, v_cache, k, v, cache_seqlens, block_table, fixed)
+
+
+def _write(plan, k_cache, v_cache, k, v, cache_seqlens, block_table, fixed):
+    """`_append`'s launch of a checked ``plan``; returns the lengths (None where none are written)."""
     if plan.constexprs["WRITE_LENGTHS"]:
         lengths = out = torch.empty(plan.B, dtype=torch.int32, device=k.device)
     else:  # nothing to write but the new keys; ``k`` stands in for the pointers never read
@@ -216,6 +223,10 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, lengths: bool, b
         bits |= block_table.data_ptr()
     plan.direct.launch(plan.grid, args, bits % 16 == 0)  # on the cache's device, whichever is current
     return lengths
+
+
+_watching = dynamo_watching(torch)
+_write_untraced = outside_dynamo(torch, _write)
 
 
 def _build(kc, vc, k, v, table, lens, write_lengths=True) -> _Plan:

@@ -13,10 +13,12 @@ from attnscope.kernels._common import (
     LOG2E,
     check_disjoint,
     check_flags,
+    dynamo_watching,
     head_block,
     import_torch_triton,
     interpreting,
     on_tensor_device,
+    outside_dynamo,
 )
 from attnscope.kernels._direct import direct_launch, int_classes
 from attnscope.kernels.decode._kernel import (
@@ -252,7 +254,7 @@ class DecodePlan:
                                   f"make a new plan")
         return None
 
-    @on_tensor_device(torch)
+    @on_tensor_device(torch, watch=False)  # a traced call runs `_run_eager`, and `_launch` watches
     def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None = None,
             block_table: Tensor | None = None, *, k_scale: Tensor | None = None,
             v_scale: Tensor | None = None, sinks: Tensor | None = None, cache_leftpad: Tensor | None = None,
@@ -315,6 +317,8 @@ class DecodePlan:
         plan's only in K's and V's length and strides, passed as ``grown`` (K's and V's strides of dims 0-2,
         then L). ``heads_last`` (Nq = 1, no ``out``): o allocated as [B, 1, Hq, d], flash-attn's layout
         (the same memory as [B, Hq, 1, d])."""
+        if _watching() is not None:  # eager inside a compiled region's graph break: never traced
+            return _launch_untraced(self, tensors, out, lse_out, grown, heads_last)
         q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, sinks, starts = tensors
         scalars, spec = self._scalars, None
         if grown is not None:
@@ -375,6 +379,10 @@ class DecodePlan:
             if pair is not None:
                 pair.release()
         return (o, lse) if self.return_lse else o
+
+
+_watching = dynamo_watching(torch)
+_launch_untraced = outside_dynamo(torch, DecodePlan._launch)
 
 
 @torch.compiler.disable(reason="DecodePlan.run launches its kernels directly: inside torch.compile call "
