@@ -52,6 +52,7 @@ independent of N.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from attnscope.errors import choice, expect, positive_int
@@ -74,6 +75,10 @@ from attnscope.model.l2_reuse import diagonal_walk_share, wave_rereads
 from attnscope.model.tiles import Grid, hides_keys, normalize_window, window_span
 from attnscope.model.traffic import DTYPE_BYTES, STAT_BYTES
 from attnscope.model.window_estimate import band_rereads, group_gap_miss
+
+#: `diagonal_walk_share` of the same geometry (it reads no FamilyParams constant): a fit over the probe rows
+#: (measure/family_fit.py) asks for each row's share once per constant and onset searched, ~90 % of its time
+_walk_share = functools.lru_cache(maxsize=1024)(diagonal_walk_share)
 
 BACKWARD_IMPLS = ("naive", "flash", "cudnn", "attnscope")
 KERNEL_CHOICES = ("auto", "portable", "hopper")
@@ -415,7 +420,7 @@ def backward_estimate(impl: str, n: int, *, causal: bool = False, d: int = 128, 
         how = "at the band walk's reuse distances (model/window_estimate.py band_rereads)"
     elif impl == "attnscope" and causal:  # walkers from the diagonal forward: `l2_reuse.diagonal_walk_share`
         p = H200_L2_PARAMS
-        walk = diagonal_walk_share(sets, per_set, -(-n // ker.q), ker.kv / ker.q, g, conc,
+        walk = _walk_share(sets, per_set, -(-n // ker.q), ker.kv / ker.q, g, conc,
                                    ker.q * (row + acc_row), p.shared * l2, p.shared_ramp)
         counted = sets * g * (rows - n)  # query rows read beyond once, over the group's heads
         facts["walk_miss"] = walk
