@@ -266,6 +266,14 @@ def _worker(rank, port, qout, cases=CASES, device="cpu"):
             results["bad_unshard"] = str(e)
         if device == "cpu":
             results["mismatch"] = _mismatches(ad, dist, rank)
+            results["bwd"] = _bwd_cases(ad, rank, device)
+            results["second_derivative"] = _second_derivative(ad, dist, rank)
+            import attnscope.kernels.bwd as real  # the ring's dK/dV pass with a float64 block backward
+            kernel, real.flash_attention_backward = real.flash_attention_backward, _block_backward64
+            try:  # `ring._block_backward` imports it at each call: the stand-in runs every plain block
+                results["bwd_fake"] = _bwd_cases(ad, rank, device)
+            finally:
+                real.flash_attention_backward = kernel
         dist.destroy_process_group()
     except Exception:  # report to the parent instead of hanging it
         results["error"] = traceback.format_exc()
@@ -364,36 +372,11 @@ def test_ring_bad_mods_are_a_clear_error():
         ad.ring_attention(x, x, x, sinks=torch.zeros(3))
 
 
-_SECOND_DERIVATIVE = """
-import os, sys, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
-from attnscope.distributed import ring_attention
-torch.manual_seed(0)
-q, k, v = (torch.randn(1, 2, 16, 64).half().requires_grad_() for _ in range(3))
-sinks = torch.zeros(2, requires_grad=True)
-o = ring_attention(q, k, v, causal=True, sinks=sinks)
-g = torch.autograd.grad(o.float().sum(), q, create_graph=True)[0]
-try:
-    (o.float().sum() + (g.float() ** 2).sum()).backward()
-    print("no error: the penalty's gradient was dropped")
-except NotImplementedError as e:
-    print(e)
-dist.destroy_process_group()
-"""
-
-
-def test_ring_second_derivatives_raise_never_a_dropped_gradient():
+def test_ring_second_derivatives_raise_never_a_dropped_gradient(ring_results):
     """A loss on gradients taken with create_graph=True: the ring backward's dq, dk, dv were constants to
-    autograd, so the penalty's term was silently left out. One rank (a ring of one) in a fresh process."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", _SECOND_DERIVATIVE, str(_free_port())], capture_output=True,
-                       text=True, env=env, timeout=TIMEOUT_S)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "ring_attention: second derivatives" in r.stdout and "supported: first derivatives" in r.stdout, \
-        r.stdout
+    autograd, so the penalty's term was silently left out. One rank (a ring of one: rank 0's own group)."""
+    out = ring_results["second_derivative"]
+    assert "ring_attention: second derivatives" in out and "supported: first derivatives" in out, out
 
 
 def test_ring_window_blocks_skip_pairs_outside_the_window():
@@ -537,49 +520,61 @@ GPU_BWD_CASES = [("causal_ragged_bwd_bf16_gpu", 1, 8, 2, 3001, 128, "bfloat16", 
                  ("unmasked_bwd_fp16_gpu", 2, 4, 4, 2047, 64, "float16", False)]
 
 
-def _bwd_worker(rank, port, qout, fake=False, device="cpu"):
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    import sys
-    import types
+def _bwd_cases(ad, rank, device):
+    """BWD_CASES (GPU_BWD_CASES on CUDA) through the ring's backward on every rank; on rank 0, per case, the
+    (kernel's, PyTorch's own) max error of dq, dk, dv against float64."""
+    results = {}
+    cases = BWD_CASES if device == "cpu" else GPU_BWD_CASES
+    for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(cases):
+        g = torch.Generator().manual_seed(2000 + i)
+        dtype = getattr(torch, dt)
+        q, k, v, do = (torch.randn(B, h, N, d, generator=g).to(device, dtype) for h in (Hq, Hkv, Hkv, Hq))
+        ql, kl, vl = (ad.shard(t, causal).requires_grad_() for t in (q, k, v))
+        o = ad.ring_attention(ql, kl, vl, causal=causal)
+        o.backward(ad.shard(do, causal))
+        grads = [ad.unshard(t.grad, causal) for t in (ql, kl, vl)]
+        if rank == 0:
+            ref = _grads64(q, k, v, do, causal)
+            # PyTorch's own gradient error at this dtype (math SDPA, same inputs)
+            qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            gg = Hq // Hkv
+            ot = torch.nn.functional.scaled_dot_product_attention(
+                qt, kt.repeat_interleave(gg, 1), vt.repeat_interleave(gg, 1), is_causal=causal)
+            ot.backward(do)
+            results[name] = [(float((a.double() - r).abs().max()),
+                              float((t.grad.double() - r).abs().max()))
+                             for a, r, t in zip(grads, ref, (qt, kt, vt), strict=True)]
+    return results
 
+
+def _second_derivative(ad, dist, rank):
+    """A loss on gradients taken with create_graph=True through a ring of one (rank 0's own group): the
+    error message, or a note that the penalty's gradient was dropped. None on the other rank."""
+    one = dist.new_group([0])  # collective: every rank calls it
+    if rank != 0:
+        return None
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 64).half().requires_grad_() for _ in range(3))
+    sinks = torch.zeros(2, requires_grad=True)
+    o = ad.ring_attention(q, k, v, causal=True, sinks=sinks, group=one)
+    g = torch.autograd.grad(o.float().sum(), q, create_graph=True)[0]
+    try:
+        (o.float().sum() + (g.float() ** 2).sum()).backward()
+        return "no error: the penalty's gradient was dropped"
+    except NotImplementedError as e:
+        return str(e)
+
+
+def _bwd_worker(rank, port, qout, device):
+    torch.cuda.set_device(rank)
     import torch.distributed as dist
-
-    if fake:  # check the ring's dK/dV pass with a float64 block backward of the same signature
-        import attnscope.kernels.fwd  # noqa: F401  defines the op and registers the real backward first
-
-        mod = types.ModuleType("attnscope.kernels.bwd")
-        mod.flash_attention_backward = _block_backward64
-        sys.modules["attnscope.kernels.bwd"] = mod
 
     from attnscope import distributed as ad
 
     results = {}
     try:
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group("gloo" if device == "cpu" else "nccl",
-                                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-        cases = BWD_CASES if device == "cpu" else GPU_BWD_CASES
-        for i, (name, B, Hq, Hkv, N, d, dt, causal) in enumerate(cases):
-            g = torch.Generator().manual_seed(2000 + i)
-            dtype = getattr(torch, dt)
-            q, k, v, do = (torch.randn(B, h, N, d, generator=g).to(device, dtype) for h in (Hq, Hkv, Hkv, Hq))
-            ql, kl, vl = (ad.shard(t, causal).requires_grad_() for t in (q, k, v))
-            o = ad.ring_attention(ql, kl, vl, causal=causal)
-            o.backward(ad.shard(do, causal))
-            grads = [ad.unshard(t.grad, causal) for t in (ql, kl, vl)]
-            if rank == 0:
-                ref = _grads64(q, k, v, do, causal)
-                # PyTorch's own gradient error at this dtype (math SDPA, same inputs)
-                qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
-                gg = Hq // Hkv
-                ot = torch.nn.functional.scaled_dot_product_attention(
-                    qt, kt.repeat_interleave(gg, 1), vt.repeat_interleave(gg, 1), is_causal=causal)
-                ot.backward(do)
-                results[name] = [(float((a.double() - r).abs().max()),
-                                  float((t.grad.double() - r).abs().max()))
-                                 for a, r, t in zip(grads, ref, (qt, kt, vt), strict=True)]
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+        results = _bwd_cases(ad, rank, device)
         dist.destroy_process_group()
     except Exception:
         results["error"] = traceback.format_exc()
@@ -587,11 +582,25 @@ def _bwd_worker(rank, port, qout, fake=False, device="cpu"):
         qout.put(results)
 
 
-def _run_bwd(fake, device="cpu"):
+def _check_bwd(res, cases):
+    for name, *_ in cases:
+        for which, (err, torch_err) in zip("qkv", res[name], strict=True):
+            assert err <= kernel_tolerance(torch_err, GRAD_FACTOR), (name, "d" + which, err, torch_err)
+
+
+def test_ring_backward(ring_results):
+    _check_bwd(ring_results["bwd"], BWD_CASES)
+
+
+@pytest.mark.gpu
+def test_ring_backward_nccl_two_gpus():
+    """The ring's backward over NCCL on two GPUs with the real block backward: ragged N, GQA, vs float64."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
     ctx = mp.get_context("spawn")
     qout = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_bwd_worker, args=(r, port, qout, fake, device)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_bwd_worker, args=(r, port, qout, "cuda")) for r in range(WORLD)]
     for p in procs:
         p.start()
     try:
@@ -602,23 +611,10 @@ def _run_bwd(fake, device="cpu"):
             if p.is_alive():
                 p.kill()
     assert "error" not in res, res.get("error")
-    for name, *_ in (BWD_CASES if device == "cpu" else GPU_BWD_CASES):
-        for which, (err, torch_err) in zip("qkv", res[name], strict=True):
-            assert err <= kernel_tolerance(torch_err, GRAD_FACTOR), (name, "d" + which, err, torch_err)
+    _check_bwd(res, GPU_BWD_CASES)
 
 
-def test_ring_backward():
-    _run_bwd(fake=False)
-
-
-@pytest.mark.gpu
-def test_ring_backward_nccl_two_gpus():
-    """The ring's backward over NCCL on two GPUs with the real block backward: ragged N, GQA, vs float64."""
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA GPUs")
-    _run_bwd(fake=False, device="cuda")
-
-
-def test_ring_backward_pass_with_float64_block_backward():
-    """The ring's dK/dV rotation and sub-block plan, with a float64 stand-in for the block kernel."""
-    _run_bwd(fake=True)
+def test_ring_backward_pass_with_float64_block_backward(ring_results):
+    """The ring's dK/dV rotation and sub-block plan, with a float64 stand-in for the block kernel (the
+    ring's plain blocks call it: `kernels.bwd.flash_attention_backward` patched in the CPU ranks)."""
+    _check_bwd(ring_results["bwd_fake"], BWD_CASES)
