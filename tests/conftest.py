@@ -14,6 +14,10 @@ HAS_GPU_HINT = shutil.which("nvidia-smi") is not None
 if not HAS_GPU_HINT:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import fast_interpreter  # noqa: E402
+
+fast_interpreter.install()  # the interpreter less a redundant re-patch per helper call (see its docstring)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_backward_plans():
