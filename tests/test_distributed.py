@@ -211,6 +211,9 @@ GPU_CASES = [("gpu_causal_ragged_bf16", 1, 4, 4, 4099, 128, "bfloat16", True),
 def _worker(rank, port, qout, cases=CASES, device="cpu"):
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+        import fast_interpreter  # as conftest does in the test process
+
+        fast_interpreter.install()
     else:
         torch.cuda.set_device(rank)
     import torch.distributed as dist
