@@ -582,6 +582,7 @@ def test_the_default_call_reads_nothing_back_and_check_seqlens_does(monkeypatch)
 
 # --- the GPU build, checked without a GPU -----------------------------------------------------------------
 SM90_COMPILE = r"""
+import concurrent.futures
 import inspect
 import os
 import re
@@ -645,7 +646,7 @@ VARIANTS = [("decode", True, False, 16, False, 1, False),
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 without ptxas)
+def _spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 without ptxas)
     if not os.path.exists(PTXAS):
         return -1
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -654,6 +655,15 @@ def spills(c):  # spill stores in bytes from ptxas -v on the kernel's PTX (-1 wi
                        text=True)
     os.unlink(f.name)
     return int(re.search(r"(\d+) bytes spill stores", r.stderr).group(1))
+
+
+# ptxas runs for each kernel at once (threads waiting on processes): the lines print in order at the end
+pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+lines = []
+
+
+def spills(c):
+    return pool.submit(_spills, c)
 
 
 for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
@@ -671,8 +681,8 @@ for name, use_dot, fuse, block_m, paged, page, chunk in VARIANTS:
                  warps=cfg["num_warps"], stages=cfg["num_stages"])
     ptx = c.asm["ptx"]
     mma = "mma.sync" in ptx or "wgmma" in ptx
-    print("split", name, use_dot, fuse, c.metadata.shared, "cp.async" in ptx, mma,
-          "atom.global.gpu.acq_rel.add" in ptx, "ld.global.cg" in ptx, spills(c))
+    lines.append(("split", name, use_dot, fuse, c.metadata.shared, "cp.async" in ptx, mma,
+                  "atom.global.gpu.acq_rel.add" in ptx, "ld.global.cg" in ptx, spills(c)))
 
 
 def combine_types(n):
@@ -682,10 +692,10 @@ def combine_types(n):
 
 combine_types.pointers = ("O_PART", "LSE_PART", "O", "LSE", "SINKS")
 c = compile_(combine_kernel, combine_types, dict(HEAD_DIM=128, BLOCK_S=16, EMULATE_BF16=False), 4, 1)
-print("combine", c.metadata.shared, spills(c))
+lines.append(("combine", c.metadata.shared, spills(c)))
 c = compile_(combine_kernel, combine_types,
              dict(HEAD_DIM=128, BLOCK_S=16, EMULATE_BF16=False, HAS_SINKS=True), 4, 1)
-print("combine", c.metadata.shared, spills(c))
+lines.append(("combine", c.metadata.shared, spills(c)))
 
 from attnscope.kernels import merge  # noqa: E402
 
@@ -696,7 +706,9 @@ def merge_types(n):
 
 merge_types.pointers = ("O", "LSE", "O_PART", "LSE_PART")
 c = compile_(merge._attnscope_merge_kernel, merge_types, dict(BLOCK_R=merge.BLOCK_R, BLOCK_D=128), 4, 1)
-print("merge", c.metadata.shared, spills(c))
+lines.append(("merge", c.metadata.shared, spills(c)))
+for line in lines:
+    print(*line[:-1], line[-1].result())
 """
 
 
